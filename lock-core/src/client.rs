@@ -1,0 +1,259 @@
+//! The friendly API: `client.lock("key").ttl(..).wait(..).acquire().await`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::LockBackend;
+use crate::capabilities::{Capabilities, Requirements};
+use crate::error::{ErrorKind, LockError, Operation};
+use crate::guard::{LockGuard, RenewalPolicy};
+use crate::key::LockKey;
+use crate::options::check_ttl;
+use crate::types::LockInfo;
+
+/// Defaults applied to every lock request of a [`LockClient`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockDefaults {
+    /// Lease TTL. Default 30 s (renewed by the guard).
+    pub ttl: Duration,
+    /// How long `acquire` waits for a held key. Default: 0 (try once).
+    pub wait: Duration,
+    /// How the guard renews.
+    pub renewal: RenewalPolicy,
+}
+
+impl Default for LockDefaults {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(30),
+            wait: Duration::ZERO,
+            renewal: RenewalPolicy::default(),
+        }
+    }
+}
+
+/// A backend plus defaults: the entry point users hold.
+///
+/// Cheap to clone (the backend is shared).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{LockClient, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let client = LockClient::new(MemoryBackend::new());
+/// let guard = client
+///     .lock("jobs/nightly")
+///     .ttl(Duration::from_secs(10))
+///     .wait(Duration::from_secs(1))
+///     .acquire()
+///     .await?;
+/// println!("holding with fencing token {}", guard.token());
+/// assert!(guard.release().await?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockClient {
+    backend: Arc<dyn LockBackend>,
+    defaults: LockDefaults,
+}
+
+impl LockClient {
+    /// A client over `backend` with default options.
+    pub fn new(backend: impl LockBackend + 'static) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A client over a shared backend (e.g. one chosen at run time).
+    pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
+        Self {
+            backend,
+            defaults: LockDefaults::default(),
+        }
+    }
+
+    /// Replaces the defaults.
+    #[must_use]
+    pub fn with_defaults(mut self, defaults: LockDefaults) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
+    /// Checks the backend against `requirements`.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] naming what is missing.
+    pub fn require(self, requirements: &Requirements) -> Result<Self, LockError> {
+        self.backend
+            .capabilities()
+            .check(requirements)
+            .map_err(|e| e.with_backend(self.backend.name()))?;
+        Ok(self)
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.backend
+    }
+
+    /// The backend's capabilities.
+    pub fn capabilities(&self) -> Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// Starts a request for `key` (validated when the request runs).
+    pub fn lock(&self, key: impl AsRef<str>) -> LockRequest<'_> {
+        LockRequest {
+            client: self,
+            key: LockKey::new(key.as_ref()),
+            ttl: self.defaults.ttl,
+            wait: self.defaults.wait,
+            renewal: self.defaults.renewal,
+        }
+    }
+
+    /// Runs `work` under the lock on `key` (default options, waiting up to
+    /// the default wait), releases afterwards, and cancels `work` if the
+    /// lock is lost.
+    ///
+    /// # Errors
+    ///
+    /// Acquire errors; [`ErrorKind::LeaseLost`] when the lock was lost while
+    /// `work` ran (it was dropped).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `work` and releases in the background.
+    pub async fn with_lock<F: Future>(
+        &self,
+        key: impl AsRef<str>,
+        work: F,
+    ) -> Result<F::Output, LockError> {
+        let guard = self.lock(key).acquire().await?;
+        let out = guard.run(work).await;
+        let _ = guard.release().await;
+        out
+    }
+
+    /// Who holds `key` right now.
+    ///
+    /// # Errors
+    ///
+    /// Invalid key, or the backend's inspect errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only.
+    pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
+        let key = LockKey::new(key.as_ref())?;
+        self.backend.inspect(&key).await
+    }
+}
+
+/// One lock request; finish it with [`acquire`](Self::acquire) or
+/// [`try_acquire`](Self::try_acquire).
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until acquired"]
+pub struct LockRequest<'a> {
+    client: &'a LockClient,
+    key: Result<LockKey, LockError>,
+    ttl: Duration,
+    wait: Duration,
+    renewal: RenewalPolicy,
+}
+
+impl LockRequest<'_> {
+    /// The lease TTL (renewed by the guard about every TTL/3).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait for a held key (0 = try once).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Stop renewing after the lock has been held this long.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.renewal.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Stop renewing after this many renewals.
+    pub fn max_renewals(mut self, count: u64) -> Self {
+        self.renewal.max_renewals = Some(count);
+        self
+    }
+
+    /// Do not renew: the lock is lost at its first deadline.
+    pub fn no_renewal(mut self) -> Self {
+        self.renewal.enabled = false;
+        self
+    }
+
+    /// Replaces the renewal policy.
+    pub fn renewal(mut self, renewal: RenewalPolicy) -> Self {
+        self.renewal = renewal;
+        self
+    }
+
+    /// Takes the lock, waiting up to the request's `wait`.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`] for a bad key or TTL;
+    /// [`ErrorKind::Contended`] when the key stayed held for the whole wait;
+    /// timeouts and backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// See [`LockBackend::acquire`]: dropping withdraws the request and
+    /// leaves nothing held past its TTL.
+    pub async fn acquire(self) -> Result<LockGuard, LockError> {
+        let backend = self.client.backend.clone();
+        let key = self.key?;
+        check_ttl(self.ttl, backend.capabilities().min_ttl, Operation::Acquire)
+            .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
+        let lease = if self.wait.is_zero() {
+            backend.try_acquire(&key, self.ttl).await?.ok_or_else(|| {
+                LockError::new(
+                    ErrorKind::Contended,
+                    Operation::TryAcquire,
+                    "held by another owner",
+                )
+                .with_key(&key)
+                .with_backend(backend.name())
+            })?
+        } else {
+            let deadline = Instant::now() + self.wait;
+            backend.acquire(&key, self.ttl, deadline).await?
+        };
+        Ok(LockGuard::new(backend, lease, self.renewal))
+    }
+
+    /// Tries once; `Ok(None)` when the key is held.
+    ///
+    /// # Errors
+    ///
+    /// Bad key or TTL, timeouts and backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// See [`LockBackend::try_acquire`].
+    pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
+        match self.wait(Duration::ZERO).acquire().await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(err) if err.is_contended() => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+}

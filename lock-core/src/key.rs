@@ -1,0 +1,124 @@
+//! Validated lock names.
+
+use std::fmt;
+
+use crate::error::{ErrorKind, LockError, Operation};
+
+/// The longest key accepted, in bytes.
+///
+/// Chosen so that every backend can store it with its own prefix and suffix:
+/// etcd and Redis keys, ZooKeeper path components (escaped, up to 3x) and a
+/// SQL `VARCHAR(1024)` primary key all fit.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// A validated lock name.
+///
+/// A key is non-empty, at most [`MAX_KEY_LEN`] bytes of UTF-8, and contains no
+/// NUL or other control characters. Everything else (including `/`, spaces
+/// and non-ASCII text) is allowed: each driver maps the key into its own
+/// namespace safely (hash tags, path escaping, bound parameters).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockKey(String);
+
+impl LockKey {
+    /// Validates `name` and wraps it.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`] when the name is empty, longer than
+    /// [`MAX_KEY_LEN`] bytes, or contains a control character.
+    pub fn new(name: impl Into<String>) -> Result<Self, LockError> {
+        let name = name.into();
+        let invalid = |why: String| {
+            Err(LockError::new(
+                ErrorKind::InvalidArgument,
+                Operation::Validate,
+                why,
+            ))
+        };
+        if name.is_empty() {
+            return invalid("lock key must not be empty".to_owned());
+        }
+        if name.len() > MAX_KEY_LEN {
+            return invalid(format!(
+                "lock key is {} bytes long; the limit is {MAX_KEY_LEN}",
+                name.len()
+            ));
+        }
+        if let Some(c) = name.chars().find(|c| c.is_control()) {
+            return invalid(format!("lock key contains the control character {:?}", c));
+        }
+        Ok(Self(name))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LockKey({:?})", self.0)
+    }
+}
+
+impl fmt::Display for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<&str> for LockKey {
+    type Error = LockError;
+    fn try_from(value: &str) -> Result<Self, Self::Error> {
+        Self::new(value)
+    }
+}
+
+impl TryFrom<String> for LockKey {
+    type Error = LockError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::new(value)
+    }
+}
+
+impl std::str::FromStr for LockKey {
+    type Err = LockError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_ordinary_names() {
+        for name in [
+            "a",
+            "jobs/nightly",
+            "ünïcode key",
+            "a.b:c",
+            &"x".repeat(MAX_KEY_LEN),
+        ] {
+            assert_eq!(LockKey::new(name).unwrap().as_str(), name);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_names_with_a_typed_error() {
+        for name in [
+            "",
+            "a\0b",
+            "tab\there",
+            "new\nline",
+            "\u{7f}",
+            &"x".repeat(MAX_KEY_LEN + 1),
+        ] {
+            let err = LockKey::new(name).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{name:?}");
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! The in-memory backend: a real lock service for one process.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
+
+use crate::backend::LockBackend;
+use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
+use crate::error::{ErrorKind, LockError, Operation};
+use crate::key::LockKey;
+use crate::options::check_ttl;
+use crate::types::{FencingToken, Lease, LockInfo, OwnerId};
+
+const NAME: &str = "memory";
+
+/// A fault to inject into a [`MemoryBackend`], standing in for what a
+/// network or a paused server does to the other backends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryFault {
+    /// Normal operation.
+    None,
+    /// Every call fails at once with [`ErrorKind::Unavailable`].
+    Unavailable,
+    /// Every call hangs until the operation timeout, then fails with
+    /// [`ErrorKind::Timeout`] (like a server paused with SIGSTOP).
+    Hang,
+}
+
+/// A lock service inside this process.
+///
+/// - Grants are exact: one mutex orders every operation (linearizable).
+/// - Fencing tokens come from one counter for all keys, so they strictly
+///   increase per key *and* globally, and a free key needs no memory.
+/// - Waiters are served first come, first served: a release or an expiry
+///   hands the key directly to the oldest waiter, woken by a channel, with
+///   no polling. Expiry is noticed by a timer at the holder's expiry instant.
+/// - Clones share the same locks (they are handles to one service), so it
+///   can stand for "several clients of one server" in tests.
+///
+/// It is not a mock: it is the reference the conformance suite runs first
+/// and the embedded default for single-process programs.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{LockBackend, LockKey, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let backend = MemoryBackend::new();
+/// let key = LockKey::new("reports")?;
+/// let lease = backend.try_acquire(&key, Duration::from_secs(5)).await?.expect("free");
+/// assert!(backend.try_acquire(&key, Duration::from_secs(5)).await?.is_none());
+/// assert!(backend.release(&lease).await?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    keys: Mutex<HashMap<LockKey, KeyState>>,
+    last_token: AtomicU64,
+    next_waiter: AtomicU64,
+    fault: AtomicU8,
+    op_timeout: Duration,
+}
+
+#[derive(Debug, Default)]
+struct KeyState {
+    holder: Option<Holder>,
+    waiters: VecDeque<Waiter>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    owner: OwnerId,
+    token: u64,
+    expires_at: Instant,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    ttl: Duration,
+    tx: oneshot::Sender<Lease>,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// A new, empty lock service with a 5 s operation timeout (only used
+    /// by [`MemoryFault::Hang`]).
+    pub fn new() -> Self {
+        Self::with_op_timeout(Duration::from_secs(5))
+    }
+
+    /// A new service whose injected hangs last `op_timeout`.
+    pub fn with_op_timeout(op_timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                keys: Mutex::new(HashMap::new()),
+                last_token: AtomicU64::new(0),
+                next_waiter: AtomicU64::new(0),
+                fault: AtomicU8::new(0),
+                op_timeout,
+            }),
+        }
+    }
+
+    /// Injects (or clears) a fault for every handle of this service.
+    pub fn set_fault(&self, fault: MemoryFault) {
+        let raw = match fault {
+            MemoryFault::None => 0,
+            MemoryFault::Unavailable => 1,
+            MemoryFault::Hang => 2,
+        };
+        self.inner.fault.store(raw, Ordering::SeqCst);
+    }
+
+    /// The fault in force.
+    pub fn fault(&self) -> MemoryFault {
+        match self.inner.fault.load(Ordering::SeqCst) {
+            1 => MemoryFault::Unavailable,
+            2 => MemoryFault::Hang,
+            _ => MemoryFault::None,
+        }
+    }
+
+    /// How many keys currently have a holder or waiters (free keys take no
+    /// memory).
+    pub fn active_keys(&self) -> usize {
+        let now = Instant::now();
+        let mut keys = self.keys();
+        keys.retain(|_, state| {
+            state.reap(now);
+            !state.is_idle()
+        });
+        keys.len()
+    }
+
+    fn keys(&self) -> MutexGuard<'_, HashMap<LockKey, KeyState>> {
+        // No code path panics while holding the lock; recover anyway.
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn check_fault(&self, operation: Operation) -> Result<(), LockError> {
+        match self.fault() {
+            MemoryFault::None => Ok(()),
+            MemoryFault::Unavailable => Err(LockError::new(
+                ErrorKind::Unavailable,
+                operation,
+                "injected fault: backend unavailable",
+            )
+            .with_backend(NAME)),
+            MemoryFault::Hang => {
+                tokio::time::sleep(self.inner.op_timeout).await;
+                Err(LockError::new(
+                    ErrorKind::Timeout,
+                    operation,
+                    "injected fault: no answer within the operation timeout",
+                )
+                .with_backend(NAME))
+            }
+        }
+    }
+
+    fn grant(&self, key: &LockKey, state: &mut KeyState, ttl: Duration, now: Instant) -> Lease {
+        let owner = OwnerId::random();
+        let token = self.inner.last_token.fetch_add(1, Ordering::SeqCst) + 1;
+        state.holder = Some(Holder {
+            owner,
+            token,
+            expires_at: now + ttl,
+        });
+        // Granted and timed in one step under the lock, so `now` is both when
+        // the request was served and when the lease starts: never expired.
+        Lease::from_parts(
+            key.clone(),
+            owner,
+            FencingToken::new(token),
+            ttl,
+            crate::types::validity_deadline(now, ttl),
+            String::new(),
+        )
+    }
+
+    /// Hands a free key to the oldest waiter still listening.
+    fn hand_off(&self, key: &LockKey, state: &mut KeyState, now: Instant) {
+        state.reap(now);
+        while state.holder.is_none() {
+            let Some(waiter) = state.waiters.pop_front() else {
+                return;
+            };
+            if waiter.tx.is_closed() {
+                continue;
+            }
+            let lease = self.grant(key, state, waiter.ttl, now);
+            if waiter.tx.send(lease).is_err() {
+                state.holder = None;
+            }
+        }
+    }
+
+    fn invalid(err: LockError, key: &LockKey) -> LockError {
+        err.with_key(key).with_backend(NAME)
+    }
+}
+
+impl KeyState {
+    fn reap(&mut self, now: Instant) {
+        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
+            self.holder = None;
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holder.is_none() && self.waiters.is_empty()
+    }
+}
+
+/// Removes a waiter on drop (cancellation or timeout) and gives back a grant
+/// that raced with it.
+struct WaiterRegistration<'a> {
+    backend: &'a MemoryBackend,
+    key: &'a LockKey,
+    id: u64,
+    rx: oneshot::Receiver<Lease>,
+    done: bool,
+}
+
+impl Drop for WaiterRegistration<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let now = Instant::now();
+        let mut keys = self.backend.keys();
+        if let Some(state) = keys.get_mut(self.key) {
+            state.waiters.retain(|w| w.id != self.id);
+            if let Ok(lease) = self.rx.try_recv() {
+                // Granted but never seen by the caller: release it now.
+                if state
+                    .holder
+                    .as_ref()
+                    .is_some_and(|h| h.owner == lease.owner())
+                {
+                    state.holder = None;
+                }
+            }
+            self.backend.hand_off(self.key, state, now);
+            if state.is_idle() {
+                keys.remove(self.key);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: FencingScope::Global,
+            // One process, one store: there is no failover to survive.
+            fencing_survives_failover: true,
+            waiting: WaitStrategy::Notify,
+            fifo: true,
+            ttl_model: TtlModel::PerLease,
+            linearizable: true,
+            min_ttl: Duration::from_millis(1),
+            shared_locks: false,
+            semaphores: false,
+        }
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        check_ttl(ttl, self.capabilities().min_ttl, Operation::TryAcquire)
+            .map_err(|e| Self::invalid(e, key))?;
+        self.check_fault(Operation::TryAcquire).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let state = keys.entry(key.clone()).or_default();
+        state.reap(now);
+        // Waiters come first: a try never jumps the queue.
+        if state.holder.is_some() || !state.waiters.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.grant(key, state, ttl, now)))
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        check_ttl(ttl, self.capabilities().min_ttl, Operation::Acquire)
+            .map_err(|e| Self::invalid(e, key))?;
+        self.check_fault(Operation::Acquire).await?;
+        let (tx, rx) = oneshot::channel();
+        let id = self.inner.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let mut expiry = {
+            let now = Instant::now();
+            let mut keys = self.keys();
+            let state = keys.entry(key.clone()).or_default();
+            state.reap(now);
+            if state.holder.is_none() && state.waiters.is_empty() {
+                return Ok(self.grant(key, state, ttl, now));
+            }
+            state.waiters.push_back(Waiter { id, ttl, tx });
+            self.hand_off(key, state, now);
+            state.holder.as_ref().map(|h| h.expires_at)
+        };
+        let mut registration = WaiterRegistration {
+            backend: self,
+            key,
+            id,
+            rx,
+            done: false,
+        };
+        loop {
+            let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
+            tokio::select! {
+                biased;
+                granted = &mut registration.rx => {
+                    registration.done = true;
+                    return granted.map_err(|_| {
+                        LockError::new(ErrorKind::Backend, Operation::Acquire, "waiter dropped by the service")
+                            .with_key(key)
+                            .with_backend(NAME)
+                    });
+                }
+                () = sleep_until(wake_at) => {}
+            }
+            if let Err(err) = self.check_fault(Operation::Acquire).await {
+                return Err(err.with_key(key));
+            }
+            let now = Instant::now();
+            let mut keys = self.keys();
+            let state = keys.entry(key.clone()).or_default();
+            self.hand_off(key, state, now);
+            if let Ok(lease) = registration.rx.try_recv() {
+                registration.done = true;
+                return Ok(lease);
+            }
+            if now >= deadline {
+                drop(keys);
+                // Dropping the registration removes the waiter.
+                return Err(LockError::new(
+                    ErrorKind::Contended,
+                    Operation::Acquire,
+                    "still held by another owner at the wait deadline",
+                )
+                .with_key(key)
+                .with_backend(NAME));
+            }
+            expiry = state.holder.as_ref().map(|h| h.expires_at);
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.check_fault(Operation::Renew).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let held = keys.get_mut(lease.key()).and_then(|state| {
+            state.reap(now);
+            state.holder.as_mut().filter(|h| h.owner == lease.owner())
+        });
+        match held {
+            Some(holder) => {
+                holder.expires_at = now + lease.ttl();
+                Ok(crate::types::validity_deadline(now, lease.ttl()))
+            }
+            None => Err(LockError::new(
+                ErrorKind::NotHeld,
+                Operation::Renew,
+                "the lease expired or belongs to someone else",
+            )
+            .with_key(lease.key())
+            .with_backend(NAME)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.check_fault(Operation::Release).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(lease.key()) else {
+            return Ok(false);
+        };
+        state.reap(now);
+        let ours = state
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.owner == lease.owner());
+        if ours {
+            state.holder = None;
+        }
+        self.hand_off(lease.key(), state, now);
+        if state.is_idle() {
+            keys.remove(lease.key());
+        }
+        Ok(ours)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.check_fault(Operation::Inspect).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key) else {
+            return Ok(None);
+        };
+        self.hand_off(key, state, now);
+        Ok(state.holder.as_ref().map(|h| LockInfo {
+            key: key.clone(),
+            holder: h.owner.to_hex(),
+            token: Some(FencingToken::new(h.token)),
+            remaining_ttl: Some(h.expires_at.saturating_duration_since(now)),
+        }))
+    }
+}

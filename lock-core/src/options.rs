@@ -1,0 +1,232 @@
+//! TTL checks, retry policy with backoff and jitter, per-call timeouts.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::{ErrorKind, LockError, Operation};
+use crate::types::OwnerId;
+
+/// The longest TTL accepted by [`check_ttl`]: one day. A lock held longer
+/// should be renewed by its guard instead.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Checks a TTL against a backend's minimum and [`MAX_TTL`].
+///
+/// # Errors
+///
+/// [`ErrorKind::InvalidArgument`] when `ttl` is zero, below `min_ttl`, or
+/// above [`MAX_TTL`].
+pub fn check_ttl(ttl: Duration, min_ttl: Duration, operation: Operation) -> Result<(), LockError> {
+    if ttl.is_zero() {
+        return Err(LockError::invalid_argument(
+            operation,
+            "TTL must be positive",
+        ));
+    }
+    if ttl < min_ttl {
+        return Err(LockError::invalid_argument(
+            operation,
+            format!("TTL {ttl:?} is below this backend's minimum of {min_ttl:?}"),
+        ));
+    }
+    if ttl > MAX_TTL {
+        return Err(LockError::invalid_argument(
+            operation,
+            format!("TTL {ttl:?} is above the maximum of {MAX_TTL:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs one backend call under its operation timeout.
+///
+/// # Errors
+///
+/// The call's own error, or [`ErrorKind::Timeout`] when it did not finish in
+/// `timeout` (its outcome is then unknown).
+///
+/// # Cancel safety
+///
+/// As cancel-safe as `call` itself.
+pub async fn with_timeout<T, F>(
+    timeout: Duration,
+    operation: Operation,
+    call: F,
+) -> Result<T, LockError>
+where
+    F: Future<Output = Result<T, LockError>>,
+{
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result,
+        Err(_) => Err(LockError::new(
+            ErrorKind::Timeout,
+            operation,
+            format!("no answer within the operation timeout of {timeout:?}"),
+        )),
+    }
+}
+
+/// Exponential backoff with full jitter, a cap, and an optional attempt
+/// limit. Used by polling waiters and by the guard's renewal retries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// The first delay before jitter.
+    pub initial: Duration,
+    /// The largest delay before jitter.
+    pub max: Duration,
+    /// Growth factor per attempt, at least 1.
+    pub multiplier: u32,
+    /// Stop after this many retries (`None`: until the deadline).
+    pub max_attempts: Option<u32>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(500),
+            multiplier: 2,
+            max_attempts: None,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A fresh backoff sequence following this policy.
+    pub fn backoff(&self) -> Backoff {
+        // Seeded from the OS so that processes do not retry in lock-step.
+        let seed = OwnerId::random().as_u128();
+        #[allow(clippy::cast_possible_truncation)] // folding 128 bits into 64 on purpose
+        let state = (seed as u64) ^ ((seed >> 64) as u64) | 1;
+        Backoff {
+            policy: *self,
+            attempt: 0,
+            state,
+        }
+    }
+}
+
+/// The delays of one retry sequence (see [`RetryPolicy`]).
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    policy: RetryPolicy,
+    attempt: u32,
+    state: u64,
+}
+
+impl Backoff {
+    /// The next delay, or `None` once `max_attempts` is used up. Each delay
+    /// is drawn uniformly from `[ceiling / 2, ceiling]` where the ceiling
+    /// grows geometrically up to `max` ("equal jitter": never zero, never
+    /// synchronized).
+    pub fn next_delay(&mut self) -> Option<Duration> {
+        if self
+            .policy
+            .max_attempts
+            .is_some_and(|max| self.attempt >= max)
+        {
+            return None;
+        }
+        let factor = self
+            .policy
+            .multiplier
+            .max(1)
+            .checked_pow(self.attempt.min(30))
+            .unwrap_or(u32::MAX);
+        let ceiling = self
+            .policy
+            .initial
+            .checked_mul(factor)
+            .unwrap_or(self.policy.max)
+            .min(self.policy.max);
+        self.attempt = self.attempt.saturating_add(1);
+        let half = ceiling / 2;
+        let span = u64::try_from((ceiling - half).as_nanos()).unwrap_or(u64::MAX);
+        let jitter = if span == 0 {
+            0
+        } else {
+            self.next_random() % (span + 1)
+        };
+        Some(half + Duration::from_nanos(jitter))
+    }
+
+    /// How many delays were handed out.
+    pub fn attempts(&self) -> u32 {
+        self.attempt
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64*: jitter needs spread, not cryptographic strength.
+        let mut x = self.state;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.state = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// A random delay in `[0, max]`, e.g. Redlock's retry delay.
+pub fn random_delay(max: Duration) -> Duration {
+    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    #[allow(clippy::cast_possible_truncation)] // low 64 bits of a random value
+    let r = OwnerId::random().as_u128() as u64;
+    Duration::from_nanos(r % (nanos + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_bounds() {
+        let min = Duration::from_millis(10);
+        assert!(check_ttl(Duration::from_secs(1), min, Operation::Acquire).is_ok());
+        for bad in [Duration::ZERO, Duration::from_millis(5), MAX_TTL * 2] {
+            let err = check_ttl(bad, min, Operation::Acquire).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_and_caps() {
+        let policy = RetryPolicy {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(80),
+            multiplier: 2,
+            max_attempts: Some(8),
+        };
+        let mut backoff = policy.backoff();
+        let delays: Vec<Duration> = std::iter::from_fn(|| backoff.next_delay()).collect();
+        assert_eq!(delays.len(), 8);
+        assert!(delays[0] >= Duration::from_millis(5) && delays[0] <= Duration::from_millis(10));
+        for d in &delays[4..] {
+            assert!(
+                *d >= Duration::from_millis(40) && *d <= Duration::from_millis(80),
+                "{d:?}"
+            );
+        }
+        // Two sequences are not identical (jitter is seeded per sequence).
+        let a: Vec<_> = std::iter::from_fn({
+            let mut b = policy.backoff();
+            move || b.next_delay()
+        })
+        .collect();
+        assert_ne!(a, delays);
+    }
+
+    #[tokio::test]
+    async fn timeout_is_typed() {
+        let err = with_timeout(Duration::from_millis(10), Operation::Renew, async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<(), LockError>(())
+        })
+        .await
+        .unwrap_err();
+        assert!(err.is_timeout());
+        assert_eq!(err.operation(), Operation::Renew);
+    }
+}

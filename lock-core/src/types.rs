@@ -1,0 +1,430 @@
+//! Owners, tokens, leases and what `inspect` reports.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::{ErrorKind, LockError, Operation};
+use crate::key::LockKey;
+
+/// A 128-bit random value that identifies one grant (not a thread or a
+/// process). Release and renew succeed only for the current owner.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerId(u128);
+
+impl OwnerId {
+    /// A fresh random owner id from the operating system's generator.
+    pub fn random() -> Self {
+        let mut bytes = [0u8; 16];
+        if getrandom::fill(&mut bytes).is_err() {
+            // The OS generator failing is exceedingly rare; fall back to a
+            // value that is still unique within this process and very likely
+            // across processes, rather than panicking.
+            return Self(fallback_random());
+        }
+        Self(u128::from_le_bytes(bytes))
+    }
+
+    /// The raw value.
+    pub fn as_u128(self) -> u128 {
+        self.0
+    }
+
+    /// Wraps a raw value (e.g. read back from a backend).
+    pub fn from_u128(value: u128) -> Self {
+        Self(value)
+    }
+
+    /// 32 lowercase hex digits: the form stored in backends.
+    pub fn to_hex(self) -> String {
+        format!("{:032x}", self.0)
+    }
+
+    /// Parses the 32-hex-digit form.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`] when `text` is not 32 hex digits.
+    pub fn from_hex(text: &str) -> Result<Self, LockError> {
+        if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(LockError::invalid_argument(
+                Operation::Validate,
+                format!("owner id must be 32 hex digits, got {text:?}"),
+            ));
+        }
+        u128::from_str_radix(text, 16).map(Self).map_err(|e| {
+            LockError::invalid_argument(Operation::Validate, "bad owner id").with_source(e)
+        })
+    }
+}
+
+fn fallback_random() -> u128 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut a = RandomState::new().build_hasher();
+    a.write_u64(count);
+    a.write_u128(nanos);
+    a.write_u32(std::process::id());
+    let mut b = RandomState::new().build_hasher();
+    b.write_u64(a.finish());
+    (u128::from(a.finish()) << 64) | u128::from(b.finish())
+}
+
+impl fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerId({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// A number that strictly increases with every grant of a key (see the
+/// backend's [`Capabilities::fencing`](crate::Capabilities::fencing) for its
+/// scope). A protected resource accepts a write only if its token is greater
+/// than the last one it accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// Wraps a raw value.
+    pub const fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// The raw value.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// What a backend session says about the leases attached to it. Backends
+/// whose leases hang off a session (etcd, ZooKeeper) publish it so the guard
+/// can warn its holder before a renewal would have noticed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    /// Connected and the session is alive.
+    Alive,
+    /// Disconnected or keep-alives failing: leases may already be gone.
+    Suspect,
+    /// The session is gone; every lease attached to it is lost.
+    Lost(String),
+}
+
+/// A granted lock, as a backend returns it.
+///
+/// It holds everything needed to renew or release the grant, and can be
+/// turned into a text handle ([`Lease::to_handle`]) so another process can
+/// do so (the `distlock acquire` / `release` commands).
+#[derive(Clone)]
+pub struct Lease {
+    key: LockKey,
+    owner: OwnerId,
+    token: FencingToken,
+    ttl: Duration,
+    validity_deadline: Instant,
+    backend_data: String,
+    session: Option<watch::Receiver<SessionState>>,
+}
+
+impl Lease {
+    /// Builds a lease for a grant whose request was sent at `sent_at`.
+    ///
+    /// The local validity deadline is `sent_at + ttl - drift` (see
+    /// [`clock_drift`]), measured on the monotonic clock from when the
+    /// request was sent, so time spent on the wire counts against the lease.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::LeaseLost`] when that deadline has already passed: such a
+    /// grant must never be handed out (the caller should release it).
+    pub fn granted(
+        key: LockKey,
+        owner: OwnerId,
+        token: FencingToken,
+        ttl: Duration,
+        sent_at: Instant,
+        backend_data: String,
+    ) -> Result<Self, LockError> {
+        let validity_deadline = validity_deadline(sent_at, ttl);
+        if validity_deadline <= Instant::now() {
+            return Err(LockError::new(
+                ErrorKind::LeaseLost,
+                Operation::Acquire,
+                "the grant arrived after its validity deadline",
+            )
+            .with_key(&key));
+        }
+        Ok(Self {
+            key,
+            owner,
+            token,
+            ttl,
+            validity_deadline,
+            backend_data,
+            session: None,
+        })
+    }
+
+    /// Rebuilds a lease from its parts without a deadline check, e.g. from a
+    /// handle read in another process (its deadline is then `now`, so the
+    /// lease must be renewed before it counts as valid locally).
+    pub fn from_parts(
+        key: LockKey,
+        owner: OwnerId,
+        token: FencingToken,
+        ttl: Duration,
+        validity_deadline: Instant,
+        backend_data: String,
+    ) -> Self {
+        Self {
+            key,
+            owner,
+            token,
+            ttl,
+            validity_deadline,
+            backend_data,
+            session: None,
+        }
+    }
+
+    /// Attaches the session signal of a session-based backend.
+    #[must_use]
+    pub fn with_session(mut self, session: watch::Receiver<SessionState>) -> Self {
+        self.session = Some(session);
+        self
+    }
+
+    /// The key.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The owner id of this grant.
+    pub fn owner(&self) -> OwnerId {
+        self.owner
+    }
+
+    /// The fencing token of this grant.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The TTL this lease was granted (and is renewed) with.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The local monotonic instant after which the lease must be presumed
+    /// gone (unless renewed).
+    pub fn validity_deadline(&self) -> Instant {
+        self.validity_deadline
+    }
+
+    /// Moves the validity deadline after a successful renewal.
+    pub fn set_validity_deadline(&mut self, deadline: Instant) {
+        self.validity_deadline = deadline;
+    }
+
+    /// Backend-specific data needed to renew or release (an entry key, a
+    /// node path, ...). Opaque to users.
+    pub fn backend_data(&self) -> &str {
+        &self.backend_data
+    }
+
+    /// The session signal, for session-based backends.
+    pub fn session(&self) -> Option<&watch::Receiver<SessionState>> {
+        self.session.as_ref()
+    }
+
+    /// A one-line text handle holding everything needed to renew or release
+    /// this lease from another process: `v1.<owner>.<token>.<ttl ms>.<data hex>.<key hex>`.
+    pub fn to_handle(&self) -> String {
+        format!(
+            "v1.{}.{}.{}.{}.{}",
+            self.owner.to_hex(),
+            self.token.get(),
+            self.ttl.as_millis(),
+            hex_encode(self.backend_data.as_bytes()),
+            hex_encode(self.key.as_str().as_bytes()),
+        )
+    }
+
+    /// Parses a handle made by [`Lease::to_handle`]. The lease's local
+    /// deadline is set to now: renew it to learn whether it is still held.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`] for anything that is not a handle.
+    pub fn from_handle(handle: &str) -> Result<Self, LockError> {
+        let bad = |why: &str| {
+            LockError::invalid_argument(Operation::Validate, format!("bad lock handle: {why}"))
+        };
+        let parts: Vec<&str> = handle.trim().split('.').collect();
+        let [version, owner, token, ttl, data, key] = parts.as_slice() else {
+            return Err(bad("expected 6 dot-separated fields"));
+        };
+        if *version != "v1" {
+            return Err(bad("unknown version"));
+        }
+        let owner = OwnerId::from_hex(owner).map_err(|_| bad("owner"))?;
+        let token = token.parse::<u64>().map_err(|_| bad("token"))?;
+        let ttl = ttl.parse::<u64>().map_err(|_| bad("ttl"))?;
+        let data = hex_decode(data).ok_or_else(|| bad("backend data"))?;
+        let key = hex_decode(key).ok_or_else(|| bad("key"))?;
+        let key = LockKey::new(key)?;
+        Ok(Self::from_parts(
+            key,
+            owner,
+            FencingToken::new(token),
+            Duration::from_millis(ttl),
+            Instant::now(),
+            data,
+        ))
+    }
+}
+
+fn hex_encode(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+fn hex_decode(text: &str) -> Option<String> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("owner", &self.owner)
+            .field("token", &self.token)
+            .field("ttl", &self.ttl)
+            .field(
+                "valid_for",
+                &self
+                    .validity_deadline
+                    .saturating_duration_since(Instant::now()),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The clock-drift allowance subtracted from a lease's TTL when computing its
+/// local validity deadline: 1% of the TTL plus 2 ms (the Redlock rule).
+pub fn clock_drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// `sent_at + ttl - clock_drift(ttl)`: the local deadline of a lease whose
+/// request was sent at `sent_at`.
+pub fn validity_deadline(sent_at: Instant, ttl: Duration) -> Instant {
+    let valid_for = ttl.saturating_sub(clock_drift(ttl));
+    sent_at.checked_add(valid_for).unwrap_or(sent_at)
+}
+
+/// Who holds a key right now, as [`LockBackend::inspect`](crate::LockBackend::inspect) reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The key.
+    pub key: LockKey,
+    /// The holder's owner value as the backend stores it (an owner id in
+    /// hex, an etcd lease id, a ZooKeeper node name...).
+    pub holder: String,
+    /// The holder's fencing token, when the backend has one.
+    pub token: Option<FencingToken>,
+    /// Time left before the backend frees the key unless renewed, when known.
+    pub remaining_ttl: Option<Duration>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_are_random_and_round_trip() {
+        let a = OwnerId::random();
+        let b = OwnerId::random();
+        assert_ne!(a, b);
+        assert_eq!(OwnerId::from_hex(&a.to_hex()).unwrap(), a);
+        assert!(OwnerId::from_hex("xyz").is_err());
+        assert_ne!(fallback_random(), fallback_random());
+    }
+
+    #[tokio::test]
+    async fn handle_round_trips() {
+        let key = LockKey::new("jobs/nightly.run").unwrap();
+        let lease = Lease::granted(
+            key.clone(),
+            OwnerId::random(),
+            FencingToken::new(42),
+            Duration::from_secs(5),
+            Instant::now(),
+            "/locks/a.b/0001".into(),
+        )
+        .unwrap();
+        let back = Lease::from_handle(&lease.to_handle()).unwrap();
+        assert_eq!(back.key(), &key);
+        assert_eq!(back.owner(), lease.owner());
+        assert_eq!(back.token(), FencingToken::new(42));
+        assert_eq!(back.ttl(), Duration::from_secs(5));
+        assert_eq!(back.backend_data(), "/locks/a.b/0001");
+        for bad in ["", "v1.x", "v2.a.b.c.d.e", "v1.00.1.1.00.00"] {
+            assert!(Lease::from_handle(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn expired_grants_are_refused() {
+        let sent = Instant::now()
+            .checked_sub(Duration::from_secs(2))
+            .unwrap_or_else(Instant::now);
+        let err = Lease::granted(
+            LockKey::new("k").unwrap(),
+            OwnerId::random(),
+            FencingToken::new(1),
+            Duration::from_secs(1),
+            sent,
+            String::new(),
+        )
+        .unwrap_err();
+        assert!(err.is_lost());
+    }
+
+    #[test]
+    fn drift_follows_the_redlock_rule() {
+        assert_eq!(
+            clock_drift(Duration::from_secs(10)),
+            Duration::from_millis(102)
+        );
+    }
+}

@@ -1,0 +1,2 @@
+//! The zk driver of the distlock family. Not implemented yet: this crate
+//! exports nothing until its driver lands.
