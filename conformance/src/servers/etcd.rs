@@ -1,0 +1,1 @@
+//! Spawner for etcd (filled by its driver's work).

@@ -1,0 +1,1 @@
+//! Spawner for mariadb (filled by its driver's work).

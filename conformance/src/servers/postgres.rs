@@ -1,0 +1,1 @@
+//! Spawner for postgres (filled by its driver's work).

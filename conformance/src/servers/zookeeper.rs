@@ -1,0 +1,1 @@
+//! Spawner for zookeeper (filled by its driver's work).
