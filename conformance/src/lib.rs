@@ -2,12 +2,34 @@
 //!
 //! - [`harness`]: the [`Target`] a driver implements in its tests, the
 //!   [`Harness`] cases run against, and [`MemoryTarget`].
+//! - [`cases`]: the cases, public async functions selected by capabilities;
+//!   [`run_suite`] runs them all and returns a [`SuiteReport`].
+//! - [`history`]: the invoke/ok/fail/info recorder, the checker (overlapping
+//!   promised windows, token regressions, stale fenced writes) and a
+//!   [`FencedResource`](history::FencedResource).
+//! - [`bench`]: latency and throughput measurements for ratio benchmarks.
 //! - [`process`] and [`servers`]: real servers on loopback, started from
 //!   binaries on PATH in temporary directories, with pause / kill / restart.
+//!
+//! A driver's test runs the whole suite against a real server:
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # async fn demo() {
+//! use conformance::{Harness, MemoryTarget, run_suite};
+//! let harness = Harness::new(Arc::new(MemoryTarget::new()));
+//! run_suite(&harness).await.assert_passed();
+//! # }
+//! ```
 
+pub mod bench;
+pub mod cases;
 pub mod harness;
+pub mod history;
 pub mod process;
 pub mod servers;
+pub mod suite;
 
 pub use harness::{Harness, MemoryTarget, SuiteConfig, Target};
 pub use process::{HarnessError, OrSkip};
+pub use suite::{Case, CaseReport, SuiteReport, all_cases, run_cases, run_suite};

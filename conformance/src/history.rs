@@ -1,0 +1,511 @@
+//! A history of what clients did and were told, on one monotonic clock, and
+//! a checker that finds safety violations in it.
+//!
+//! Clients record `invoke` / `ok` / `fail` / `info` events. A holder's
+//! *promised window* for a grant runs from the moment its acquire returned
+//! until the earliest of: its validity deadline (moved by renewals), the
+//! moment it started to release, and the moment it learnt the lock was
+//! lost. A correct lock service never lets two promised windows on one key
+//! overlap, and (with fencing) tokens grow in grant order.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use lock_core::{FencingToken, LockKey};
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// What kind of event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A request was sent.
+    Invoke,
+    /// It succeeded.
+    Ok,
+    /// It failed (definitely had no effect).
+    Fail,
+    /// Its outcome is unknown, or a notification (lost signal).
+    Info,
+}
+
+/// Which operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// Acquire.
+    Acquire,
+    /// Renew.
+    Renew,
+    /// Release.
+    Release,
+    /// The holder was told the lock is lost.
+    Lost,
+    /// A fenced write to the protected resource.
+    Write,
+}
+
+/// One event.
+#[derive(Clone, Debug, Serialize)]
+pub struct Event {
+    /// Time since the history started.
+    pub at: Duration,
+    /// Which client process / task.
+    pub process: u64,
+    /// Event kind.
+    pub kind: EventKind,
+    /// Operation.
+    pub op: Op,
+    /// Key.
+    pub key: String,
+    /// Fencing token involved, if any.
+    pub token: Option<u64>,
+    /// For acquire/renew `Ok`: the promised validity deadline. For writes:
+    /// whether the resource accepted it (`Ok`) or rejected it (`Fail`).
+    pub valid_until: Option<Duration>,
+}
+
+/// A thread-safe event log on one monotonic clock.
+#[derive(Debug)]
+pub struct History {
+    start: Instant,
+    events: Mutex<Vec<Event>>,
+    next_process: AtomicU64,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl History {
+    /// An empty history starting now.
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            events: Mutex::new(Vec::new()),
+            next_process: AtomicU64::new(0),
+        }
+    }
+
+    /// A recorder for a new process id.
+    pub fn process(self: &Arc<Self>) -> Recorder {
+        Recorder {
+            history: self.clone(),
+            process: self.next_process.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    fn since(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.start)
+    }
+
+    fn push(&self, event: Event) {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(event);
+    }
+
+    /// A copy of all events, in recording order.
+    pub fn events(&self) -> Vec<Event> {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs the checker over the events so far.
+    pub fn check(&self) -> CheckReport {
+        check(&self.events())
+    }
+}
+
+/// Records events for one process.
+#[derive(Clone, Debug)]
+pub struct Recorder {
+    history: Arc<History>,
+    process: u64,
+}
+
+impl Recorder {
+    /// The process id.
+    pub fn id(&self) -> u64 {
+        self.process
+    }
+
+    fn record(
+        &self,
+        kind: EventKind,
+        op: Op,
+        key: &LockKey,
+        token: Option<FencingToken>,
+        valid_until: Option<Instant>,
+    ) {
+        let h = &self.history;
+        h.push(Event {
+            at: h.since(Instant::now()),
+            process: self.process,
+            kind,
+            op,
+            key: key.as_str().to_owned(),
+            token: token.map(FencingToken::get),
+            valid_until: valid_until.map(|t| h.since(t)),
+        });
+    }
+
+    /// An operation is about to be sent.
+    pub fn invoke(&self, op: Op, key: &LockKey, token: Option<FencingToken>) {
+        self.record(EventKind::Invoke, op, key, token, None);
+    }
+
+    /// Acquire returned a grant valid until `deadline`.
+    pub fn acquired(&self, key: &LockKey, token: FencingToken, deadline: Instant) {
+        self.record(EventKind::Ok, Op::Acquire, key, Some(token), Some(deadline));
+    }
+
+    /// Renew moved the grant's deadline.
+    pub fn renewed(&self, key: &LockKey, token: FencingToken, deadline: Instant) {
+        self.record(EventKind::Ok, Op::Renew, key, Some(token), Some(deadline));
+    }
+
+    /// Release finished (`held`: whether it was still ours).
+    pub fn released(&self, key: &LockKey, token: FencingToken, held: bool) {
+        let kind = if held { EventKind::Ok } else { EventKind::Fail };
+        self.record(kind, Op::Release, key, Some(token), None);
+    }
+
+    /// An operation failed.
+    pub fn failed(&self, op: Op, key: &LockKey, token: Option<FencingToken>) {
+        self.record(EventKind::Fail, op, key, token, None);
+    }
+
+    /// The holder learnt the lock is lost.
+    pub fn lost(&self, key: &LockKey, token: FencingToken) {
+        self.record(EventKind::Info, Op::Lost, key, Some(token), None);
+    }
+
+    /// A fenced write was accepted or rejected by the resource.
+    pub fn wrote(&self, key: &LockKey, token: FencingToken, accepted: bool) {
+        let kind = if accepted {
+            EventKind::Ok
+        } else {
+            EventKind::Fail
+        };
+        self.record(kind, Op::Write, key, Some(token), None);
+    }
+}
+
+/// A promised validity window.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Window {
+    /// Process.
+    pub process: u64,
+    /// Key.
+    pub key: String,
+    /// Token of the grant.
+    pub token: Option<u64>,
+    /// When acquire returned.
+    pub start: Duration,
+    /// When the promise ended.
+    pub end: Duration,
+}
+
+/// What the checker found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CheckReport {
+    /// Grants seen.
+    pub grants: usize,
+    /// The most promised windows open at once on one key.
+    pub max_concurrent_holders: usize,
+    /// Pairs of overlapping promised windows (first few).
+    pub overlaps: Vec<(Window, Window)>,
+    /// How many overlapping pairs in all.
+    pub overlap_count: usize,
+    /// Grants whose token was lower than an earlier grant's on the same key.
+    pub token_regressions: usize,
+    /// Grants whose token equalled an earlier grant's on the same key.
+    pub duplicate_tokens: usize,
+    /// Accepted fenced writes whose token was not above the previously
+    /// accepted one (the resource should have rejected them).
+    pub stale_writes_accepted: usize,
+    /// Fenced writes the resource rejected (expected after a lost lock).
+    pub writes_rejected: usize,
+}
+
+impl CheckReport {
+    /// No overlapping windows and no stale write accepted.
+    pub fn is_exclusive(&self) -> bool {
+        self.overlap_count == 0 && self.stale_writes_accepted == 0
+    }
+
+    /// Exclusive, and tokens grew strictly with every grant.
+    pub fn is_safe_with_fencing(&self) -> bool {
+        self.is_exclusive() && self.token_regressions == 0 && self.duplicate_tokens == 0
+    }
+
+    /// A one-line summary.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} grants, max {} concurrent holder(s), {} overlapping window pair(s), {} token regression(s), {} duplicate token(s), {} stale write(s) accepted, {} write(s) rejected",
+            self.grants,
+            self.max_concurrent_holders,
+            self.overlap_count,
+            self.token_regressions,
+            self.duplicate_tokens,
+            self.stale_writes_accepted,
+            self.writes_rejected
+        )
+    }
+}
+
+/// Checks a history (see the module docs for what a window is).
+pub fn check(events: &[Event]) -> CheckReport {
+    let mut report = CheckReport::default();
+    // Windows, keyed by (process, key, token): built from acquire ok, moved
+    // by renew ok, cut by release invoke and lost info.
+    let mut windows: Vec<Window> = Vec::new();
+    let mut open: HashMap<(u64, String, Option<u64>), usize> = HashMap::new();
+    for event in events {
+        let id = (event.process, event.key.clone(), event.token);
+        match (event.op, event.kind) {
+            (Op::Acquire, EventKind::Ok) => {
+                report.grants += 1;
+                let end = event.valid_until.unwrap_or(event.at);
+                open.insert(id, windows.len());
+                windows.push(Window {
+                    process: event.process,
+                    key: event.key.clone(),
+                    token: event.token,
+                    start: event.at,
+                    end,
+                });
+            }
+            (Op::Renew, EventKind::Ok) => {
+                if let (Some(&i), Some(until)) = (open.get(&id), event.valid_until) {
+                    // A renewal only counts if it came before the window
+                    // closed; a late one cannot reopen a lapsed promise.
+                    if event.at <= windows[i].end {
+                        windows[i].end = windows[i].end.max(until);
+                    }
+                }
+            }
+            (Op::Release, EventKind::Invoke) | (Op::Lost, _) => {
+                if let Some(i) = open.remove(&id) {
+                    windows[i].end = windows[i].end.min(event.at);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    let mut by_key: HashMap<&str, Vec<&Window>> = HashMap::new();
+    for w in &windows {
+        by_key.entry(w.key.as_str()).or_default().push(w);
+    }
+    for list in by_key.values_mut() {
+        list.sort_by_key(|w| w.start);
+        // Sweep for concurrency and overlapping pairs.
+        let mut active: Vec<&Window> = Vec::new();
+        for w in list.iter() {
+            active.retain(|a| a.end > w.start);
+            for a in &active {
+                report.overlap_count += 1;
+                if report.overlaps.len() < 10 {
+                    report.overlaps.push(((*a).clone(), (*w).clone()));
+                }
+            }
+            active.push(w);
+            report.max_concurrent_holders = report.max_concurrent_holders.max(active.len());
+        }
+        // Tokens in grant order.
+        let mut highest: Option<u64> = None;
+        for w in list.iter() {
+            if let Some(token) = w.token {
+                match highest {
+                    Some(h) if token < h => report.token_regressions += 1,
+                    Some(h) if token == h => report.duplicate_tokens += 1,
+                    _ => {}
+                }
+                highest = Some(highest.map_or(token, |h| h.max(token)));
+            }
+        }
+    }
+
+    // Accepted writes must carry strictly growing tokens per key.
+    let mut last_accepted: HashMap<&str, u64> = HashMap::new();
+    for event in events.iter().filter(|e| e.op == Op::Write) {
+        match event.kind {
+            EventKind::Ok => {
+                let token = event.token.unwrap_or(0);
+                let last = last_accepted.entry(event.key.as_str()).or_insert(0);
+                if token <= *last && *last != 0 {
+                    report.stale_writes_accepted += 1;
+                }
+                *last = (*last).max(token);
+            }
+            EventKind::Fail => report.writes_rejected += 1,
+            _ => {}
+        }
+    }
+    report
+}
+
+/// A protected resource that accepts a write only if its token is greater
+/// than the last accepted one, the way a real resource uses fencing tokens
+/// (`UPDATE ... WHERE last_token < $token`).
+#[derive(Debug, Default)]
+pub struct FencedResource {
+    state: Mutex<FencedState>,
+}
+
+#[derive(Debug, Default)]
+struct FencedState {
+    last_token: Option<u64>,
+    value: u64,
+    accepted: u64,
+    rejected: u64,
+}
+
+impl FencedResource {
+    /// A new resource with value 0.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies `update` to the value if `token` is newer than every token
+    /// accepted so far; returns whether it was accepted, and records it.
+    pub fn write(
+        &self,
+        recorder: &Recorder,
+        key: &LockKey,
+        token: FencingToken,
+        update: impl FnOnce(&mut u64),
+    ) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let accepted = state.last_token.is_none_or(|last| token.get() > last);
+        if accepted {
+            state.last_token = Some(token.get());
+            update(&mut state.value);
+            state.accepted += 1;
+        } else {
+            state.rejected += 1;
+        }
+        // Recorded under the resource's lock, so history order is
+        // acceptance order.
+        recorder.wrote(key, token, accepted);
+        accepted
+    }
+
+    /// The current value.
+    pub fn value(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .value
+    }
+
+    /// How many writes were rejected as stale.
+    pub fn rejected(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .rejected
+    }
+
+    /// How many writes were accepted.
+    pub fn accepted(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .accepted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(at: u64, process: u64, kind: EventKind, op: Op, token: u64, until: Option<u64>) -> Event {
+        Event {
+            at: Duration::from_millis(at),
+            process,
+            kind,
+            op,
+            key: "k".into(),
+            token: Some(token),
+            valid_until: until.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn sequential_holds_are_clean() {
+        use EventKind::*;
+        let events = vec![
+            ev(0, 1, Ok, Op::Acquire, 1, Some(100)),
+            ev(10, 1, Invoke, Op::Release, 1, None),
+            ev(12, 2, Ok, Op::Acquire, 2, Some(112)),
+            ev(200, 3, Ok, Op::Acquire, 3, Some(300)),
+        ];
+        let report = check(&events);
+        assert!(report.is_safe_with_fencing(), "{}", report.summary());
+        assert_eq!(report.max_concurrent_holders, 1);
+        assert_eq!(report.grants, 3);
+    }
+
+    #[test]
+    fn overlap_and_regression_are_reported() {
+        use EventKind::*;
+        let events = vec![
+            ev(0, 1, Ok, Op::Acquire, 5, Some(100)),
+            ev(50, 2, Ok, Op::Acquire, 4, Some(150)),
+        ];
+        let report = check(&events);
+        assert_eq!(report.overlap_count, 1);
+        assert_eq!(report.max_concurrent_holders, 2);
+        assert_eq!(report.token_regressions, 1);
+        assert!(!report.is_exclusive());
+    }
+
+    #[test]
+    fn renewal_extends_and_lost_cuts_the_window() {
+        use EventKind::*;
+        let events = vec![
+            ev(0, 1, Ok, Op::Acquire, 1, Some(100)),
+            ev(50, 1, Ok, Op::Renew, 1, Some(200)),
+            ev(150, 2, Ok, Op::Acquire, 2, Some(250)),
+        ];
+        assert_eq!(
+            check(&events).overlap_count,
+            1,
+            "renewed window still open at 150"
+        );
+        let events = vec![
+            ev(0, 1, Ok, Op::Acquire, 1, Some(100)),
+            ev(50, 1, Ok, Op::Renew, 1, Some(200)),
+            ev(120, 1, Info, Op::Lost, 1, None),
+            ev(150, 2, Ok, Op::Acquire, 2, Some(250)),
+        ];
+        assert_eq!(check(&events).overlap_count, 0, "lost at 120 closed it");
+    }
+
+    #[test]
+    fn fenced_resource_rejects_stale_tokens() {
+        let history = Arc::new(History::new());
+        let rec = history.process();
+        let key = LockKey::new("k").unwrap();
+        let resource = FencedResource::new();
+        assert!(resource.write(&rec, &key, FencingToken::new(2), |v| *v += 1));
+        assert!(!resource.write(&rec, &key, FencingToken::new(1), |v| *v += 1));
+        assert!(!resource.write(&rec, &key, FencingToken::new(2), |v| *v += 1));
+        assert!(resource.write(&rec, &key, FencingToken::new(3), |v| *v += 1));
+        assert_eq!(resource.value(), 2);
+        assert_eq!(resource.rejected(), 2);
+        let report = history.check();
+        assert_eq!(report.stale_writes_accepted, 0);
+        assert_eq!(report.writes_rejected, 2);
+    }
+}
