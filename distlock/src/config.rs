@@ -1,0 +1,259 @@
+//! One configuration struct, from a URL, a TOML file or the environment.
+
+use std::path::Path;
+use std::time::Duration;
+
+use lock_core::{LockDefaults, LockError, Requirements};
+use serde::Deserialize;
+
+use crate::duration::parse_duration;
+
+/// Everything needed to connect: the backend URL, what the application
+/// requires of it, and default lock options.
+///
+/// Built from a URL ([`Config::from_url`]), a TOML file
+/// ([`Config::from_toml_str`], [`Config::from_file`]) or the environment
+/// ([`Config::from_env`]); all three give the same struct.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The backend URL (`memory://`, `sqlite://...`, `redis://...`, ...).
+    pub url: String,
+    /// Checked against the backend's capabilities at connect time.
+    pub requirements: Requirements,
+    /// Default TTL, wait and renewal for lock requests.
+    pub defaults: LockDefaults,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("url", &redact_url(&self.url))
+            .field("requirements", &self.requirements)
+            .field("defaults", &self.defaults)
+            .finish()
+    }
+}
+
+/// The URL with any password replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{hosts}{tail}")
+            } else {
+                format!("{scheme}://{user}@{hosts}{tail}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    url: String,
+    ttl: Option<String>,
+    wait: Option<String>,
+    #[serde(default)]
+    require: Vec<String>,
+}
+
+impl Config {
+    /// A config for `url` with no requirements and default options.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) when `url` has no
+    /// `scheme://` (or is not `sqlite::memory:`).
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let url = url.trim();
+        if !url.contains("://") && !url.starts_with("sqlite:") {
+            return Err(LockError::config(format!(
+                "bad backend URL {:?}: expected scheme://..., e.g. redis://127.0.0.1:6379 or sqlite:///var/lib/app/locks.db",
+                redact_url(url)
+            )));
+        }
+        Ok(Self {
+            url: url.to_owned(),
+            requirements: Requirements::none(),
+            defaults: LockDefaults::default(),
+        })
+    }
+
+    /// Parses a TOML config:
+    ///
+    /// ```toml
+    /// url = "redis://127.0.0.1:6379"
+    /// ttl = "30s"                 # default lease TTL
+    /// wait = "10s"                # default wait for a held key
+    /// require = ["fencing", "linearizable"]
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for bad TOML,
+    /// unknown fields, bad durations or unknown requirements.
+    pub fn from_toml_str(text: &str) -> Result<Self, LockError> {
+        let file: FileConfig = toml::from_str(text)
+            .map_err(|e| LockError::config(format!("bad config file: {}", e.message())))?;
+        let mut config = Self::from_url(&file.url)?;
+        if let Some(ttl) = &file.ttl {
+            config.defaults.ttl = parse_duration(ttl)?;
+        }
+        if let Some(wait) = &file.wait {
+            config.defaults.wait = parse_duration(wait)?;
+        }
+        config.requirements = parse_requirements(file.require.iter().map(String::as_str))?;
+        Ok(config)
+    }
+
+    /// Reads and parses a TOML config file.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_toml_str`](Self::from_toml_str), or when the file cannot be
+    /// read.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, LockError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            LockError::config(format!("cannot read config file {}", path.display())).with_source(e)
+        })?;
+        Self::from_toml_str(&text)
+    }
+
+    /// Reads `DISTLOCK_CONFIG` (a TOML file) or `DISTLOCK_URL`, then applies
+    /// `DISTLOCK_TTL`, `DISTLOCK_WAIT` and `DISTLOCK_REQUIRE` (a comma list)
+    /// on top.
+    ///
+    /// # Errors
+    ///
+    /// When neither variable is set, or a value is bad.
+    pub fn from_env() -> Result<Self, LockError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let mut config = match (var("DISTLOCK_CONFIG"), var("DISTLOCK_URL")) {
+            (Some(path), _) => Self::from_file(path)?,
+            (None, Some(url)) => Self::from_url(&url)?,
+            (None, None) => {
+                return Err(LockError::config(
+                    "no backend configured: set DISTLOCK_URL (e.g. sqlite://locks.db) or DISTLOCK_CONFIG",
+                ));
+            }
+        };
+        if let Some(ttl) = var("DISTLOCK_TTL") {
+            config.defaults.ttl = parse_duration(&ttl)?;
+        }
+        if let Some(wait) = var("DISTLOCK_WAIT") {
+            config.defaults.wait = parse_duration(&wait)?;
+        }
+        if let Some(require) = var("DISTLOCK_REQUIRE") {
+            config.requirements = parse_requirements(require.split(','))?;
+        }
+        Ok(config)
+    }
+
+    /// Sets the default TTL.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.defaults.ttl = ttl;
+        self
+    }
+
+    /// Sets the default wait.
+    #[must_use]
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.defaults.wait = wait;
+        self
+    }
+
+    /// Sets the requirements.
+    #[must_use]
+    pub fn require(mut self, requirements: Requirements) -> Self {
+        self.requirements = requirements;
+        self
+    }
+}
+
+/// Parses requirement names: `fencing`, `fencing-survives-failover`,
+/// `linearizable`, `fifo`, `notify`.
+///
+/// # Errors
+///
+/// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for an unknown name.
+pub fn parse_requirements<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<Requirements, LockError> {
+    let mut req = Requirements::none();
+    for name in names {
+        req = match name.trim() {
+            "" => req,
+            "fencing" => req.fencing(),
+            "fencing-survives-failover" => req.fencing_survives_failover(),
+            "linearizable" => req.linearizable(),
+            "fifo" => req.fifo(),
+            "notify" => req.notify(),
+            other => {
+                return Err(LockError::config(format!(
+                    "unknown requirement {other:?}: expected fencing, fencing-survives-failover, linearizable, fifo or notify"
+                )));
+            }
+        };
+    }
+    Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_and_url_give_the_same_struct() {
+        let from_toml = Config::from_toml_str(
+            r#"
+            url = "memory://"
+            ttl = "10s"
+            wait = "500ms"
+            require = ["fencing", "fifo"]
+            "#,
+        )
+        .unwrap();
+        let by_hand = Config::from_url("memory://")
+            .unwrap()
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_millis(500))
+            .require(Requirements::none().fencing().fifo());
+        assert_eq!(from_toml, by_hand);
+    }
+
+    #[test]
+    fn bad_configs_are_config_errors() {
+        for text in [
+            "url = 5",
+            "ttl = \"1s\"",
+            "url = \"memory://\"\nttl = \"soon\"",
+            "url = \"memory://\"\nrequire = [\"magic\"]",
+            "url = \"memory://\"\ncolour = \"blue\"",
+            "url = \"no-scheme\"",
+        ] {
+            let err = Config::from_toml_str(text).unwrap_err();
+            assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("redis://user:s3cret@host:6379/0?x=1"),
+            "redis://user:***@host:6379/0?x=1"
+        );
+        assert_eq!(redact_url("redis://:s3cret@host"), "redis://:***@host");
+        assert_eq!(redact_url("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
+        let config = Config::from_url("postgres://app:hunter2@db/locks").unwrap();
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The whole test suite: installs the servers it needs (Debian packages) if
+# they are missing, then runs every test of the workspace. The tests start
+# their own servers on free loopback ports in temporary directories; no
+# system service is used.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# binary-or-file -> Debian package
+checks=(
+  "redis-server:redis-server"
+  "redis-cli:redis-tools"
+  "etcd:etcd-server"
+  "etcdctl:etcd-client"
+  "/usr/share/java/zookeeper.jar:zookeeper"
+  "java:zookeeper"
+  "mariadbd:mariadb-server"
+  "mariadb-install-db:mariadb-server"
+  "/usr/lib/postgresql/15/bin/postgres:postgresql"
+  "protoc:protobuf-compiler"
+)
+missing=()
+for check in "${checks[@]}"; do
+  thing=${check%%:*}
+  package=${check#*:}
+  if [[ $thing == /* ]]; then
+    [[ -e $thing ]] && continue
+  else
+    PATH="$PATH:/usr/sbin:/sbin" command -v "$thing" >/dev/null 2>&1 && continue
+  fi
+  # PostgreSQL may be another major version.
+  if [[ $package == postgresql ]] && compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
+    continue
+  fi
+  [[ " ${missing[*]} " == *" $package "* ]] || missing+=("$package")
+done
+
+if ((${#missing[@]})); then
+  echo "installing missing server packages: ${missing[*]}"
+  if [[ $(id -u) -eq 0 ]]; then
+    sudo=()
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+  else
+    echo "error: need root (or sudo) to run: apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  # Debian's policy here starts no services on install; the tests start
+  # their own servers anyway.
+  "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# A missing server binary fails the tests instead of skipping them.
+export CI="${CI:-true}"
+exec cargo test --workspace --no-fail-fast "$@"
