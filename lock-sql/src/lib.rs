@@ -1,2 +1,144 @@
-//! The sql driver of the distlock family. Not implemented yet: this crate
-//! exports nothing until its driver lands.
+//! The SQL driver of the distlock family: a unique-row lease table on
+//! PostgreSQL, MySQL/MariaDB and SQLite, through sqlx connection pools.
+//!
+//! SQLite (bundled, no server) is the family's embedded default: several
+//! processes on one host share one database file.
+//!
+//! # URLs
+//!
+//! | scheme | database |
+//! |---|---|
+//! | `postgres://user:pw@host:5432/db`, `postgresql://...` | PostgreSQL |
+//! | `mysql://user:pw@host:3306/db`, `mariadb://...` | MySQL / MariaDB |
+//! | `sqlite://path/to/locks.db`, `sqlite:///abs/path.db` | SQLite file (created if missing) |
+//! | `sqlite::memory:` | SQLite in memory (one process, one backend) |
+//!
+//! Query options `table`, `ttl`, `timeout`, `pool_size`, `busy_timeout`,
+//! `recheck`, `create_table` are ours (see [`SqlConfig`]); every other option
+//! goes to sqlx (`sslmode=...`, SQLite `mode=ro|rw|rwc`). Connect with
+//! [`connect`] / [`SqlBackend::connect_url`], or build a [`SqlConfig`] and call
+//! [`SqlBackend::connect`].
+//!
+//! # The table
+//!
+//! One row per key, never deleted:
+//!
+//! | column | PostgreSQL | MySQL / MariaDB | SQLite |
+//! |---|---|---|---|
+//! | `name` (primary key) | `VARCHAR(1024)` | `VARBINARY(1024)` (exact, case-sensitive) | `TEXT` |
+//! | `owner` (NULL when free) | `VARCHAR(64)` | `VARCHAR(64)` | `TEXT` |
+//! | `token` | `BIGINT` | `BIGINT` | `INTEGER` |
+//! | `expires_at` | `TIMESTAMPTZ` (µs) | `DATETIME(6)` UTC | `INTEGER` µs since the Unix epoch |
+//!
+//! The library creates it with `CREATE TABLE IF NOT EXISTS` (idempotent;
+//! [`SqlBackend::schema_sql`] prints it for teams that create it themselves
+//! and connect with `create_table=false`).
+//!
+//! # How it works
+//!
+//! - **Grant**: one statement inserts the row, or takes over a row whose
+//!   `expires_at` has passed, setting a fresh random owner and
+//!   `token = token + 1`. PostgreSQL and SQLite use
+//!   `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE expires_at <= now RETURNING token`.
+//!   MySQL/MariaDB use `INSERT .. ON DUPLICATE KEY UPDATE` with
+//!   `LAST_INSERT_ID(expr)` carrying the new token (or 0 when held) back in
+//!   the OK packet: row counts cannot be trusted there, because sqlx sets
+//!   `CLIENT_FOUND_ROWS` and an unchanged duplicate also reports 1.
+//! - **Release** clears the owner and sets `expires_at` to now, only if the
+//!   row still has our owner and token and has not expired. The row stays,
+//!   so the next grant's token is larger: tokens per key strictly increase
+//!   forever.
+//! - **Renew** moves `expires_at` to now + TTL only while we own an
+//!   unexpired row.
+//! - **Time** is the database's clock (`now()` on PostgreSQL,
+//!   `UTC_TIMESTAMP(6)` on MySQL/MariaDB), never the client's, with
+//!   microsecond precision. **SQLite has no server: its clock is the host's
+//!   wall clock** (microseconds, bound by each process); processes sharing a
+//!   file share the host's clock, but stepping that clock moves expiries.
+//! - **Waiting**: PostgreSQL waiters `LISTEN` on a channel that the release
+//!   statement `NOTIFY`s in the same statement, with a bounded re-check at
+//!   the holder's expiry (at most `recheck`, default 1 s) for expiries and
+//!   missed notifications. MySQL/MariaDB and SQLite waiters poll with
+//!   exponential backoff and jitter (5 ms to 100 ms); a release in the same
+//!   process wakes local waiters at once.
+//! - **Pools**: every statement is autocommitted on any pooled connection; no
+//!   lock is tied to a session (no advisory locks), so a connection returned
+//!   to the pool or killed leaves nothing behind but rows that expire.
+//! - **SQLite** files are opened in WAL mode with `synchronous=NORMAL` and a
+//!   busy timeout (default 5 s), so several processes can contend on one
+//!   file.
+//!
+//! # Capability checklist
+//!
+//! - [x] fencing tokens, per key, strictly increasing ([`FencingScope::PerKey`](lock_core::FencingScope::PerKey))
+//! - [x] tokens survive a database restart (committed rows are durable)
+//! - [x] expiry by the database clock (SQLite: host clock)
+//! - [x] notified waiting on PostgreSQL; polling with backoff elsewhere
+//! - [x] fenced writes to your own tables in the same database ([`SqlFence`])
+//! - [ ] FIFO waiting (waiters race; no queue)
+//! - [ ] shared (read-write) locks, semaphores
+//!
+//! # Caveats
+//!
+//! - Tokens can go backwards only if committed rows are lost: failing over
+//!   to an *asynchronous* replica that missed the last grants, restoring a
+//!   backup, or SQLite with `synchronous=NORMAL` after a power loss (not a
+//!   process crash). Use synchronous replication where that matters.
+//! - A TTL is enforced by the database's clock, while the holder's local
+//!   deadline is measured from when the grant was *sent*, minus a drift
+//!   allowance, so the holder stops believing before the database frees the
+//!   row. A paused holder can still wake up late: use the token (or
+//!   [`SqlFence`]) at the resource.
+//! - Dead pooled connections (e.g. after a database restart) fail one call
+//!   each with a temporary [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable)
+//!   before they are replaced.
+//! - `sqlite::memory:` databases are private to one backend (one pooled
+//!   connection); use a file to share locks.
+//! - TLS needs the `tls-rustls` feature.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use lock_core::LockClient;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_core::LockError> {
+//! let dir = tempfile::tempdir().expect("temp dir");
+//! let url = format!("sqlite://{}?table=app_locks&ttl=10s", dir.path().join("locks.db").display());
+//! let client = LockClient::new(lock_sql::connect(&url).await?);
+//! let answer = client.with_lock("nightly-report", async { 42 }).await?;
+//! assert_eq!(answer, 42);
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+mod config;
+mod driver;
+mod error;
+mod fence;
+mod sql;
+
+pub use config::{DEFAULT_TABLE, MAX_TABLE_LEN, SqlConfig, SqlDialect};
+pub use driver::{MIN_TTL, SqlBackend};
+pub use fence::SqlFence;
+
+/// The sqlx this crate uses, so fenced statements name the same types.
+pub use sqlx;
+
+/// URL schemes this crate accepts.
+pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql", "mysql", "mariadb", "sqlite"];
+
+/// Connects to the database named by `url` (see the crate docs).
+///
+/// # Errors
+///
+/// As [`SqlConfig::from_url`] and [`SqlBackend::connect`].
+///
+/// # Cancel safety
+///
+/// Safe: dropping the future closes whatever was opened.
+pub async fn connect(url: &str) -> Result<SqlBackend, lock_core::LockError> {
+    SqlBackend::connect_url(url).await
+}

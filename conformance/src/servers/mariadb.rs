@@ -1,1 +1,115 @@
-//! Spawner for mariadb (filled by its driver's work).
+//! MariaDB on loopback, with a database and a password user created over
+//! the server's Unix socket.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use tempfile::TempDir;
+
+use crate::process::{
+    HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, run_setup, temp_dir,
+};
+
+/// The Debian package that provides MariaDB.
+pub const PACKAGE: &str = "mariadb-server";
+
+/// The database created for tests.
+pub const DATABASE: &str = "distlock";
+/// The user created for tests.
+pub const USER: &str = "distlock";
+/// Its password (a test server on loopback only).
+pub const PASSWORD: &str = "distlock-test-pw";
+
+/// One MariaDB server on a free loopback port, binary log off.
+#[derive(Debug)]
+pub struct MariaDbServer {
+    process: ServerProcess,
+    port: u16,
+    dir: TempDir,
+}
+
+impl MariaDbServer {
+    /// Initializes a data directory, starts the server and creates
+    /// [`DATABASE`] and [`USER`].
+    ///
+    /// # Errors
+    ///
+    /// Missing binaries, a failing setup, or a server that does not start.
+    pub async fn start() -> Result<Self, HarnessError> {
+        let mariadbd = find_binary("mariadbd", PACKAGE)?;
+        let install = find_binary("mariadb-install-db", PACKAGE)?;
+        let client = find_binary("mariadb", "mariadb-client")?;
+        let dir = temp_dir("mariadb-")?;
+        let data = dir.path().join("data");
+        let mut init = Command::new(&install);
+        init.args(["--no-defaults", "--user=root", "--auth-root-authentication-method=socket", "--skip-test-db"])
+            .arg(format!("--datadir={}", data.display()));
+        run_setup(init, None, "mariadb-install-db")?;
+        let port = free_port()?;
+        let socket = dir.path().join("mysqld.sock");
+        let spec = ServerSpec::new(
+            format!("mariadbd :{port}"),
+            mariadbd,
+            dir.path().join("mariadb.log"),
+        )
+        .args([
+            "--no-defaults".to_owned(),
+            "--user=root".to_owned(),
+            format!("--datadir={}", data.display()),
+            format!("--port={port}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--socket={}", socket.display()),
+            format!("--pid-file={}", dir.path().join("mysqld.pid").display()),
+            format!("--log-error={}", dir.path().join("error.log").display()),
+            "--skip-log-bin".to_owned(),
+            "--innodb-flush-log-at-trx-commit=2".to_owned(),
+            "--max-connections=500".to_owned(),
+        ])
+        .ready(Ready::Port(port));
+        let process = ServerProcess::start(spec).await?;
+        let server = Self { process, port, dir };
+        let sql = format!(
+            "CREATE DATABASE IF NOT EXISTS {DATABASE}; \
+             CREATE USER IF NOT EXISTS '{USER}'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}'; \
+             CREATE USER IF NOT EXISTS '{USER}'@'localhost' IDENTIFIED BY '{PASSWORD}'; \
+             GRANT ALL ON {DATABASE}.* TO '{USER}'@'127.0.0.1'; \
+             GRANT ALL ON {DATABASE}.* TO '{USER}'@'localhost'; \
+             FLUSH PRIVILEGES;"
+        );
+        let mut last = None;
+        // The port opens slightly before the socket accepts root.
+        for _ in 0..100 {
+            let mut setup = Command::new(&client);
+            setup
+                .arg("--no-defaults")
+                .arg(format!("--socket={}", socket.display()))
+                .args(["-uroot", "-e", &sql]);
+            match run_setup(setup, None, "creating the test database and user") {
+                Ok(()) => return Ok(server),
+                Err(err) => last = Some(err),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        Err(last.unwrap_or_else(|| HarnessError::Io(std::io::Error::other("setup failed"))))
+    }
+
+    /// `mysql://distlock:<password>@127.0.0.1:<port>/distlock`.
+    pub fn url(&self) -> String {
+        format!("mysql://{USER}:{PASSWORD}@127.0.0.1:{}/{DATABASE}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The temporary directory (data in `data/`).
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    /// The process, for faults (pause, kill, restart).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}

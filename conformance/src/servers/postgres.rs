@@ -1,1 +1,149 @@
-//! Spawner for postgres (filled by its driver's work).
+//! PostgreSQL on loopback, run as the `postgres` system user (it refuses
+//! to run as root). The `postgres` binary is started directly (not through
+//! `pg_ctl`), so pause / kill / restart reach the real server's process
+//! group.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use tempfile::TempDir;
+
+use crate::process::{
+    HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, run_setup,
+    system_user, temp_dir,
+};
+
+/// The Debian package that provides PostgreSQL.
+pub const PACKAGE: &str = "postgresql";
+
+/// The database user created by `initdb` (trust authentication).
+pub const USER: &str = "distlock";
+
+/// One PostgreSQL server on a free loopback port, `fsync=off`.
+#[derive(Debug)]
+pub struct PostgresServer {
+    process: ServerProcess,
+    port: u16,
+    dir: TempDir,
+}
+
+impl PostgresServer {
+    /// Initializes a cluster in a temporary directory and starts it.
+    ///
+    /// # Errors
+    ///
+    /// Missing binaries or `postgres` user, a failing `initdb`, or a server
+    /// that does not start.
+    pub async fn start() -> Result<Self, HarnessError> {
+        let postgres = find_binary("postgres", PACKAGE)?;
+        let initdb = find_binary("initdb", PACKAGE)?;
+        let user = system_user("postgres").ok_or_else(|| HarnessError::MissingBinary {
+            binary: "postgres (system user)".to_owned(),
+            package: PACKAGE.to_owned(),
+        })?;
+        let dir = temp_dir("postgres-")?;
+        chown(dir.path(), user)?;
+        let data = dir.path().join("data");
+        let mut init = Command::new(&initdb);
+        init.arg("-D")
+            .arg(&data)
+            .args(["-U", USER, "-A", "trust", "--no-sync", "-E", "UTF8"])
+            .env("LC_ALL", "C");
+        run_setup(init, Some(user), "initdb")?;
+        let port = free_port()?;
+        let socket_dir = dir.path().display().to_string();
+        let mut spec = ServerSpec::new(
+            format!("postgres :{port}"),
+            postgres,
+            dir.path().join("postgres.log"),
+        )
+        .args([
+            "-D".to_owned(),
+            data.display().to_string(),
+            "-p".to_owned(),
+            port.to_string(),
+            "-c".to_owned(),
+            "listen_addresses=127.0.0.1".to_owned(),
+            "-k".to_owned(),
+            socket_dir,
+            "-c".to_owned(),
+            "fsync=off".to_owned(),
+            "-c".to_owned(),
+            "max_connections=200".to_owned(),
+        ])
+        .ready(Ready::Port(port));
+        spec.user = Some(user);
+        spec.cwd = Some(dir.path().to_path_buf());
+        let process = ServerProcess::start(spec).await?;
+        let server = Self { process, port, dir };
+        server.wait_accepting().await?;
+        Ok(server)
+    }
+
+    /// The port opens a little before the server accepts queries (startup
+    /// recovery): wait for `pg_isready` when it is installed.
+    async fn wait_accepting(&self) -> Result<(), HarnessError> {
+        let Ok(isready) = find_binary("pg_isready", PACKAGE) else {
+            return Ok(());
+        };
+        for _ in 0..200 {
+            let status = Command::new(&isready)
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER, "-d", "postgres"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()?;
+            if status.success() {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Err(HarnessError::NotReady {
+            name: format!("postgres :{}", self.port),
+            log_tail: crate::process::log_tail(&self.dir.path().join("postgres.log")),
+        })
+    }
+
+    /// Kills the server (SIGKILL, a crash) and starts it again on the same
+    /// port and data directory, waiting until it accepts queries.
+    ///
+    /// # Errors
+    ///
+    /// When it does not come back.
+    pub async fn restart(&mut self) -> Result<(), HarnessError> {
+        self.process.restart().await?;
+        self.wait_accepting().await
+    }
+
+    /// `postgres://distlock@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://{USER}@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The temporary directory (data in `data/`, log in `postgres.log`).
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    /// The process, for faults (pause, kill, restart).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
+fn chown(path: &std::path::Path, (uid, gid): (u32, u32)) -> Result<(), HarnessError> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| HarnessError::Io(std::io::Error::other(e)))?;
+    // SAFETY: chown(2) on a NUL-terminated path we own; no memory is shared.
+    let rc = unsafe { libc::chown(c_path.as_ptr(), uid, gid) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(HarnessError::Io(std::io::Error::last_os_error()))
+    }
+}

@@ -1,0 +1,525 @@
+//! One configuration struct, built from a URL or with a builder.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::{LockError, RetryPolicy};
+
+/// The SQL dialect a [`SqlConfig`] talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SqlDialect {
+    /// PostgreSQL (`postgres://`, `postgresql://`).
+    Postgres,
+    /// MySQL or MariaDB (`mysql://`, `mariadb://`).
+    MySql,
+    /// SQLite (`sqlite://path`, `sqlite::memory:`).
+    Sqlite,
+}
+
+impl SqlDialect {
+    /// A short, stable name (`"postgres"`, `"mysql"`, `"sqlite"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::MySql => "mysql",
+            Self::Sqlite => "sqlite",
+        }
+    }
+}
+
+impl fmt::Display for SqlDialect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The default lease table name.
+pub const DEFAULT_TABLE: &str = "distlock_leases";
+
+/// The longest accepted table name (PostgreSQL's identifier limit minus
+/// room for the notification channel's prefix).
+pub const MAX_TABLE_LEN: usize = 48;
+
+/// How to reach the database and how to use it.
+///
+/// Built from a URL with [`SqlConfig::from_url`] or with the builder
+/// methods. Recognized query options (removed before the URL is handed to
+/// the database driver; every other option is passed through, e.g.
+/// `sslmode` or SQLite's `mode=rwc`):
+///
+/// | option | meaning | default |
+/// |---|---|---|
+/// | `table` | lease table name (`[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.table`) | `distlock_leases` |
+/// | `ttl` | default TTL for users of this config (`30s`, `500ms`, `2m`, or plain milliseconds) | `30s` |
+/// | `timeout` | operation timeout of every database call | `5s` |
+/// | `pool_size` | maximum pooled connections | 10 (SQLite file: 4, `:memory:`: 1) |
+/// | `busy_timeout` | SQLite busy timeout (waiting for another process's write lock) | `5s` |
+/// | `recheck` | PostgreSQL waiters' bounded re-check interval besides `NOTIFY` | `1s` |
+/// | `create_table` | create the table if missing (`true`/`false`) | `true` |
+///
+/// The `Debug` output never shows a password.
+#[derive(Clone)]
+pub struct SqlConfig {
+    pub(crate) dialect: SqlDialect,
+    /// The URL handed to sqlx (our options removed). May hold a password.
+    pub(crate) driver_url: String,
+    /// The same with the password replaced, for messages.
+    pub(crate) redacted_url: String,
+    pub(crate) password: Option<String>,
+    pub(crate) table: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) op_timeout: Duration,
+    pub(crate) pool_size: Option<u32>,
+    pub(crate) busy_timeout: Duration,
+    pub(crate) recheck: Duration,
+    pub(crate) create_table: bool,
+    pub(crate) poll: RetryPolicy,
+}
+
+impl fmt::Debug for SqlConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlConfig")
+            .field("dialect", &self.dialect)
+            .field("url", &self.redacted_url)
+            .field("table", &self.table)
+            .field("default_ttl", &self.default_ttl)
+            .field("op_timeout", &self.op_timeout)
+            .field("pool_size", &self.pool_size)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("recheck", &self.recheck)
+            .field("create_table", &self.create_table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlConfig {
+    /// Parses a URL: `postgres://`, `postgresql://`, `mysql://`,
+    /// `mariadb://`, `sqlite://path`, `sqlite::memory:`, with the query
+    /// options listed on [`SqlConfig`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for an unknown
+    /// scheme, a bad option value or a bad table name. The message never
+    /// contains the password.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let url = url.trim();
+        let (scheme, rest) = url.split_once(':').ok_or_else(|| {
+            LockError::config(
+                "SQL URL has no scheme (expected postgres://, mysql://, sqlite://...)",
+            )
+        })?;
+        let dialect = match scheme.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" => SqlDialect::Postgres,
+            "mysql" | "mariadb" => SqlDialect::MySql,
+            "sqlite" => SqlDialect::Sqlite,
+            other => {
+                return Err(LockError::config(format!(
+                    "unknown SQL URL scheme {other:?} (expected postgres, postgresql, mysql, mariadb or sqlite)"
+                )));
+            }
+        };
+        let (base, query) = match rest.split_once('?') {
+            Some((base, query)) => (base, query),
+            None => (rest, ""),
+        };
+        // sqlx knows `mysql://` only; MariaDB speaks the same protocol.
+        let driver_scheme = match dialect {
+            SqlDialect::Postgres => "postgres",
+            SqlDialect::MySql => "mysql",
+            SqlDialect::Sqlite => "sqlite",
+        };
+        let password = if dialect == SqlDialect::Sqlite {
+            None
+        } else {
+            extract_password(base)
+        };
+        let mut config = Self::new_raw(dialect, String::new(), password);
+        let mut passthrough = url::form_urlencoded::Serializer::new(String::new());
+        let mut has_mode = false;
+        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            match name.as_ref() {
+                "table" => config = config.table(value.as_ref())?,
+                "ttl" => config.default_ttl = parse_duration("ttl", &value)?,
+                "timeout" => config = config.op_timeout(parse_duration("timeout", &value)?)?,
+                "pool_size" => {
+                    let size = value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| {
+                            LockError::config(format!(
+                                "pool_size must be a positive integer, got {value:?}"
+                            ))
+                        })?;
+                    config.pool_size = Some(size);
+                }
+                "busy_timeout" => config.busy_timeout = parse_duration("busy_timeout", &value)?,
+                "recheck" => config.recheck = parse_duration("recheck", &value)?,
+                "create_table" => {
+                    config.create_table = match value.as_ref() {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        _ => {
+                            return Err(LockError::config(format!(
+                                "create_table must be true or false, got {value:?}"
+                            )));
+                        }
+                    };
+                }
+                other => {
+                    if other == "mode" {
+                        has_mode = true;
+                    }
+                    passthrough.append_pair(other, &value);
+                }
+            }
+        }
+        if dialect == SqlDialect::Sqlite && !has_mode && !is_sqlite_memory(base) {
+            // The embedded default should just work: create the file.
+            passthrough.append_pair("mode", "rwc");
+        }
+        let passthrough = passthrough.finish();
+        let mut driver_url = format!("{driver_scheme}:{base}");
+        if !passthrough.is_empty() {
+            driver_url.push('?');
+            driver_url.push_str(&passthrough);
+        }
+        config.redacted_url = redact(&driver_url, config.password.as_deref());
+        config.driver_url = driver_url;
+        Ok(config)
+    }
+
+    fn new_raw(dialect: SqlDialect, driver_url: String, password: Option<String>) -> Self {
+        Self {
+            dialect,
+            redacted_url: redact(&driver_url, password.as_deref()),
+            driver_url,
+            password,
+            table: DEFAULT_TABLE.to_owned(),
+            default_ttl: Duration::from_secs(30),
+            op_timeout: Duration::from_secs(5),
+            pool_size: None,
+            busy_timeout: Duration::from_secs(5),
+            recheck: Duration::from_secs(1),
+            create_table: true,
+            poll: RetryPolicy {
+                initial: Duration::from_millis(5),
+                max: Duration::from_millis(100),
+                multiplier: 2,
+                max_attempts: None,
+            },
+        }
+    }
+
+    /// Uses `table` as the lease table (validated: letters, digits and `_`,
+    /// not starting with a digit, optionally one `schema.` prefix, at most
+    /// [`MAX_TABLE_LEN`] bytes). It is quoted, never spliced unvalidated.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for an invalid name.
+    pub fn table(mut self, table: &str) -> Result<Self, LockError> {
+        validate_table(table)?;
+        self.table = table.to_owned();
+        Ok(self)
+    }
+
+    /// Sets the operation timeout of every database call (also the pool's
+    /// connection-acquire timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for a zero timeout.
+    pub fn op_timeout(mut self, timeout: Duration) -> Result<Self, LockError> {
+        if timeout.is_zero() {
+            return Err(LockError::config("the operation timeout must be positive"));
+        }
+        self.op_timeout = timeout;
+        Ok(self)
+    }
+
+    /// Sets the default TTL suggested to users of this configuration.
+    #[must_use]
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// Sets the maximum number of pooled connections.
+    #[must_use]
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = Some(size.max(1));
+        self
+    }
+
+    /// Sets SQLite's busy timeout (how long a write waits for another
+    /// connection's or process's write lock).
+    #[must_use]
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Sets PostgreSQL waiters' re-check interval (a waiter re-tries at the
+    /// latest after this long even without a notification, and at the
+    /// holder's expiry if that comes sooner).
+    #[must_use]
+    pub fn recheck(mut self, interval: Duration) -> Self {
+        self.recheck = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Whether to create the lease table when it is missing (default true).
+    #[must_use]
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// Sets the backoff of polling waiters (MySQL/MariaDB, SQLite).
+    #[must_use]
+    pub fn poll_policy(mut self, policy: RetryPolicy) -> Self {
+        self.poll = policy;
+        self
+    }
+
+    /// The dialect.
+    pub fn dialect(&self) -> SqlDialect {
+        self.dialect
+    }
+
+    /// The lease table name.
+    pub fn table_name(&self) -> &str {
+        &self.table
+    }
+
+    /// The default TTL for users of this configuration.
+    pub fn ttl(&self) -> Duration {
+        self.default_ttl
+    }
+
+    /// The operation timeout.
+    pub fn timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The connection URL with any password replaced by `***`.
+    pub fn redacted_url(&self) -> &str {
+        &self.redacted_url
+    }
+
+    /// The connection URL as handed to sqlx (may contain a password).
+    pub(crate) fn driver_url(&self) -> &str {
+        &self.driver_url
+    }
+
+    pub(crate) fn is_memory(&self) -> bool {
+        self.dialect == SqlDialect::Sqlite
+            && (self.driver_url.starts_with("sqlite::memory:")
+                || self.driver_url.contains("mode=memory")
+                || self.driver_url.starts_with("sqlite://:memory:"))
+    }
+
+    /// Removes the password from a message that might echo it.
+    pub(crate) fn scrub(&self, text: &str) -> String {
+        match &self.password {
+            Some(pw) if !pw.is_empty() => text.replace(pw.as_str(), "***"),
+            _ => text.to_owned(),
+        }
+    }
+}
+
+fn is_sqlite_memory(base: &str) -> bool {
+    base == ":memory:" || base == "//:memory:" || base.is_empty() || base == "//"
+}
+
+/// The password of `//user:password@host...`, percent-decoded.
+fn extract_password(base: &str) -> Option<String> {
+    let authority = base.strip_prefix("//")?;
+    let authority = authority.split('/').next().unwrap_or(authority);
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    let (_, password) = userinfo.split_once(':')?;
+    Some(
+        percent_encoding::percent_decode_str(password)
+            .decode_utf8_lossy()
+            .into_owned(),
+    )
+}
+
+fn redact(url: &str, password: Option<&str>) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some(at) = rest.find('@') else {
+        return url.to_owned();
+    };
+    let slash = rest.find('/').unwrap_or(rest.len());
+    if at > slash {
+        return url.to_owned();
+    }
+    let userinfo = &rest[..at];
+    let redacted = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => userinfo.to_owned(),
+    };
+    let out = format!("{scheme}://{redacted}{}", &rest[at..]);
+    match password {
+        Some(pw) if !pw.is_empty() => out.replace(pw, "***"),
+        _ => out,
+    }
+}
+
+/// Validates a table name: `[A-Za-z_][A-Za-z0-9_]*`, optionally
+/// `schema.table`, at most [`MAX_TABLE_LEN`] bytes.
+pub(crate) fn validate_table(table: &str) -> Result<(), LockError> {
+    let ident_ok = |part: &str| {
+        let mut chars = part.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let parts: Vec<&str> = table.split('.').collect();
+    if table.len() > MAX_TABLE_LEN || parts.len() > 2 || !parts.iter().all(|p| ident_ok(p)) {
+        return Err(LockError::config(format!(
+            "invalid table name {table:?}: use letters, digits and '_' (not starting with a digit), \
+             optionally one 'schema.' prefix, at most {MAX_TABLE_LEN} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// `30s`, `500ms`, `2m`, `1h`, `250us`, or plain milliseconds.
+pub(crate) fn parse_duration(option: &str, text: &str) -> Result<Duration, LockError> {
+    let text = text.trim();
+    let bad = || {
+        LockError::config(format!(
+            "{option} must be a positive duration like 30s, 500ms or 2m, got {text:?}"
+        ))
+    };
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let seconds_per_unit = match unit.trim() {
+        "" | "ms" => 1e-3,
+        "us" | "µs" => 1e-6,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(bad()),
+    };
+    let seconds = value * seconds_per_unit;
+    if !seconds.is_finite() || seconds <= 0.0 || seconds > 1e9 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::ErrorKind;
+
+    #[test]
+    fn parses_every_scheme() {
+        for (url, dialect) in [
+            ("postgres://u@h/db", SqlDialect::Postgres),
+            ("postgresql://u@h/db", SqlDialect::Postgres),
+            ("mysql://u@h/db", SqlDialect::MySql),
+            ("mariadb://u@h/db", SqlDialect::MySql),
+            ("sqlite://locks.db", SqlDialect::Sqlite),
+            ("sqlite::memory:", SqlDialect::Sqlite),
+        ] {
+            assert_eq!(
+                SqlConfig::from_url(url).unwrap().dialect(),
+                dialect,
+                "{url}"
+            );
+        }
+        let maria = SqlConfig::from_url("mariadb://u@h:3306/db").unwrap();
+        assert_eq!(maria.driver_url(), "mysql://u@h:3306/db");
+        assert!(SqlConfig::from_url("sqlite::memory:").unwrap().is_memory());
+    }
+
+    #[test]
+    fn options_are_taken_out_and_the_rest_passed_through() {
+        let config = SqlConfig::from_url(
+            "postgres://u:pw@h/db?table=app.locks&ttl=2s&timeout=750ms&sslmode=disable&pool_size=3&recheck=200&create_table=false",
+        )
+        .unwrap();
+        assert_eq!(config.table_name(), "app.locks");
+        assert_eq!(config.ttl(), Duration::from_secs(2));
+        assert_eq!(config.timeout(), Duration::from_millis(750));
+        assert_eq!(config.pool_size, Some(3));
+        assert_eq!(config.recheck, Duration::from_millis(200));
+        assert!(!config.create_table);
+        assert_eq!(config.driver_url(), "postgres://u:pw@h/db?sslmode=disable");
+    }
+
+    #[test]
+    fn sqlite_files_are_created_by_default() {
+        let config = SqlConfig::from_url("sqlite:///tmp/x.db").unwrap();
+        assert_eq!(config.driver_url(), "sqlite:///tmp/x.db?mode=rwc");
+        let config = SqlConfig::from_url("sqlite://x.db?mode=rw").unwrap();
+        assert_eq!(config.driver_url(), "sqlite://x.db?mode=rw");
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let url = "mysql://app:s3cr%40t-pw@db.example:3306/locks?table=t";
+        let config = SqlConfig::from_url(url).unwrap();
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("s3cr"), "{debug}");
+        assert!(debug.contains("app:***@db.example"), "{debug}");
+        assert_eq!(config.scrub("oops s3cr@t-pw leaked"), "oops *** leaked");
+        let err = SqlConfig::from_url("mysql://app:s3cr3t@h/db?ttl=bogus").unwrap_err();
+        assert!(!err.to_string().contains("s3cr3t"));
+    }
+
+    #[test]
+    fn bad_input_is_a_config_error() {
+        for url in [
+            "",
+            "redis://h",
+            "nothing",
+            "postgres://h/db?table=bad-name",
+            "postgres://h/db?table=1abc",
+            "postgres://h/db?table=a.b.c",
+            "postgres://h/db?table=x%3B%20drop%20table%20y",
+            "postgres://h/db?ttl=0",
+            "postgres://h/db?ttl=-1s",
+            "postgres://h/db?timeout=abc",
+            "postgres://h/db?pool_size=0",
+            "postgres://h/db?create_table=maybe",
+        ] {
+            let err = SqlConfig::from_url(url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}");
+        }
+        let long = "t".repeat(MAX_TABLE_LEN + 1);
+        assert!(SqlConfig::from_url(&format!("sqlite::memory:?table={long}")).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(
+            parse_duration("x", "250").unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            parse_duration("x", "1.5s").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(parse_duration("x", "2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(
+            parse_duration("x", "100us").unwrap(),
+            Duration::from_micros(100)
+        );
+        for bad in ["", "s", "1d", "NaN", "inf", "1e999"] {
+            assert!(parse_duration("x", bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Mapping sqlx errors onto [`LockError`] kinds, without passwords.
+
+use lock_core::{ErrorKind, LockError, Operation};
+
+use crate::config::SqlConfig;
+
+/// Why a database call failed, in sqlx's words (kept private: callers see
+/// [`LockError`] with this as its source).
+#[derive(Debug)]
+struct SqlError(String);
+
+impl std::fmt::Display for SqlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SqlError {}
+
+/// Converts a sqlx error. The source is attached as text scrubbed of the
+/// configured password.
+pub(crate) fn map_sqlx(config: &SqlConfig, operation: Operation, err: sqlx::Error) -> LockError {
+    let (kind, message) = match &err {
+        sqlx::Error::PoolTimedOut => (
+            ErrorKind::Timeout,
+            "no database connection became available within the operation timeout",
+        ),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => (ErrorKind::Unavailable, "cannot reach the database"),
+        sqlx::Error::Protocol(_) => (ErrorKind::Unavailable, "the database connection broke"),
+        sqlx::Error::Configuration(_) => (
+            ErrorKind::Config,
+            "the database driver rejected the configuration",
+        ),
+        sqlx::Error::Database(db) => {
+            // SQLite's busy timeout ran out, server shutting down, too many
+            // connections: temporary conditions.
+            let code = db.code().unwrap_or_default();
+            let temporary = matches!(
+                code.as_ref(),
+                "5" | "6" | "517" | "261" // SQLITE_BUSY, SQLITE_LOCKED and extended codes
+                    | "57P01" | "57P02" | "57P03" | "53300" // PostgreSQL admin shutdown, cannot connect now, too many connections
+                    | "08000" | "08003" | "08006" | "08S01" // connection failures
+            );
+            if temporary {
+                (
+                    ErrorKind::Unavailable,
+                    "the database is busy or shutting down",
+                )
+            } else {
+                (ErrorKind::Backend, "the database returned an error")
+            }
+        }
+        _ => (ErrorKind::Backend, "database call failed"),
+    };
+    LockError::new(kind, operation, message)
+        .with_backend("sql")
+        .with_source(SqlError(config.scrub(&err.to_string())))
+}
