@@ -1,2 +1,136 @@
-//! The etcd driver of the distlock family. Not implemented yet: this crate
-//! exports nothing until its driver lands.
+//! The etcd driver of the distlock family: leases, revisions as fencing
+//! tokens, FIFO waits, and the same layout as `etcdctl lock`.
+//!
+//! # URLs
+//!
+//! `etcd://[user[:password]@]host:port[,host:port...][/prefix][?options]`,
+//! and `etcds://` for TLS. Options: `ttl` (default session TTL, e.g. `10s`),
+//! `timeout` (per call), `connect_timeout`, `user`, `password`, and for TLS
+//! `ca`, `cert`, `key` (PEM file paths) and `domain`. See
+//! [`EtcdConfig::from_url`].
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), lock_core::LockError> {
+//! use lock_core::LockClient;
+//!
+//! let backend = lock_etcd::connect("etcd://127.0.0.1:2379/locks?ttl=10s").await?;
+//! let client = LockClient::new(backend);
+//! let guard = client.lock("nightly-report").acquire().await?;
+//! println!("fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout (compatible with `etcdctl lock` and etcd's concurrency mutex)
+//!
+//! A lock named `k` lives under `<prefix>/k/` (`k/` without a prefix). To
+//! take it, a client creates `<prefix>/k/<lease id in hex>` with its session
+//! lease, in a transaction that only creates it if absent (create revision
+//! 0) and reads the oldest entry under the prefix in the same revision. The
+//! holder is the entry with the **lowest create revision**; a waiter watches
+//! only the deletion of the entry just before its own (FIFO, no thundering
+//! herd) and re-reads when the watch fires, is cancelled or compacted. This
+//! is exactly what `etcdctl lock <prefix>/k` and Go's `concurrency.Mutex` do,
+//! so they and this crate exclude each other on the same name.
+//!
+//! The prefix always ends with the separator, so `a` never matches `ab`. In
+//! key names, `/` and `%` are percent-encoded (`a/b` becomes `a%2Fb`) so that
+//! the locks `a` and `a/b` are disjoint; other keys appear unchanged (for
+//! `etcdctl lock`, name the escaped form).
+//!
+//! **Two grants of one key from the same backend.** The entry name carries
+//! the session's lease id, which two grants from one backend share. The
+//! first entry of a session under a key uses the plain `<lease hex>` name;
+//! while it exists, further grants (another task of the same process) get
+//! `<lease hex>-<n>`. Both are ordinary entries under the key's prefix, so
+//! they queue and exclude each other by create revision, and `etcdctl lock`
+//! still sees them.
+//!
+//! # Capability checklist
+//!
+//! - [x] Fencing tokens: the entry's **create revision**, global and
+//!   strictly increasing across the cluster, kept across leader changes and
+//!   restarts (it is raft state). ([`FencingScope::Global`](lock_core::FencingScope::Global),
+//!   survives failover.)
+//! - [x] Linearizable (CP): grants go through raft; a minority failure loses
+//!   nothing.
+//! - [x] Waiting by notification (watch on the predecessor), FIFO.
+//! - [x] Release deletes the entry only if its create revision is the
+//!   lease's token: a retried or stale release never deletes a newer grant.
+//! - [x] Lost-lock signal: every lease carries the session's state; the
+//!   guard goes `Suspect` when a keep-alive fails and `Lost` when the server
+//!   answers TTL <= 0 or at the local deadline (last keep-alive **sent** +
+//!   TTL − drift), which is before the server can expire the lease.
+//! - [x] Several endpoints (one client balances over them), TLS (`etcds://`),
+//!   user/password authentication.
+//! - [ ] Shared (read-write) locks, semaphores.
+//!
+//! # TTL model: per session
+//!
+//! A backend holds **one lease per TTL** (normally just one: the
+//! configured `ttl`, granted at connect time), kept alive by one keep-alive
+//! stream every TTL/3; every lock acquired with that TTL is attached to it,
+//! so holding 10,000 locks costs one keep-alive and acquiring never grants
+//! a lease. Consequences:
+//!
+//! - etcd TTLs are whole seconds: a lock TTL is rounded **up** to the next
+//!   second for the server (a crashed holder's locks are freed after that),
+//!   while the local validity deadline uses the requested TTL (never longer
+//!   than the session lease's own deadline). The minimum TTL is 1 s (the
+//!   server may raise it to 1.5 election timeouts).
+//! - A lock acquired without a guard (raw [`LockBackend`](lock_core::LockBackend)
+//!   calls) does **not** expire while its backend is alive: the session keeps
+//!   it. It is freed by `release`, by the session ending (the backend being
+//!   dropped or [`EtcdBackend::close`]d, the process dying, a network
+//!   partition longer than the TTL), and `renew` is a local check of the
+//!   session (no network call) for leases of this backend.
+//! - If the session lease is lost, **every** lock on it is lost at once; the
+//!   next acquire creates a new session. An acquire that was waiting starts
+//!   over on the new session (it loses its place in the queue).
+//! - `renew` of a lease from another process (rebuilt from a handle) sends
+//!   one keep-alive for that process's lease and checks the entry.
+//!
+//! # Caveats
+//!
+//! - An entry deleted behind our back (e.g. `etcdctl del`) is not noticed by
+//!   `renew` of a local lease (it only checks the session); the fencing token
+//!   still protects the resource.
+//! - If a create request times out, its outcome is unknown: the entry is
+//!   deleted in the background and checked again a few seconds later (a
+//!   request still in flight could be applied after the delete); such an
+//!   entry name is never reused by the session.
+//! - Dropping the backend stops the keep-alive without revoking (like a
+//!   crash: locks are freed after the TTL); call [`EtcdBackend::close`] to
+//!   free everything at once.
+
+#![deny(missing_docs)]
+
+mod config;
+mod driver;
+mod error;
+mod session;
+
+pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TTL, EtcdConfig, EtcdTls};
+pub use driver::{EtcdBackend, MIN_TTL, capabilities};
+
+use lock_core::LockError;
+
+/// The URL schemes this crate accepts: `etcd` and `etcds` (TLS).
+pub const URL_SCHEMES: &[&str] = &["etcd", "etcds"];
+
+/// Parses `url` (see [`EtcdConfig::from_url`]) and connects.
+///
+/// # Errors
+///
+/// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for a bad URL or
+/// rejected credentials; [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable)
+/// or [`ErrorKind::Timeout`](lock_core::ErrorKind::Timeout) when etcd cannot
+/// be reached in time.
+///
+/// # Cancel safety
+///
+/// Dropping the future may leave a granted session lease behind; it expires
+/// with its TTL.
+pub async fn connect(url: &str) -> Result<EtcdBackend, LockError> {
+    EtcdBackend::connect(EtcdConfig::from_url(url)?).await
+}

@@ -1,1 +1,343 @@
-//! Spawner for etcd (filled by its driver's work).
+//! etcd on loopback: one member, or a cluster of several members, with
+//! kill / restart of a member and a way to find the leader.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+use crate::process::{
+    HarnessError, ServerProcess, ServerSpec, find_binary, free_port, log_tail, temp_dir,
+};
+
+/// The Debian package that provides `etcd`.
+pub const PACKAGE: &str = "etcd-server";
+/// The Debian package that provides `etcdctl`.
+pub const CLIENT_PACKAGE: &str = "etcd-client";
+
+/// One member of an [`EtcdServer`].
+#[derive(Debug)]
+pub struct EtcdMember {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    process: ServerProcess,
+}
+
+impl EtcdMember {
+    /// The member's name (`m0`, `m1`, ...).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `127.0.0.1:<client port>`.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// The client port.
+    pub fn client_port(&self) -> u16 {
+        self.client_port
+    }
+
+    /// The peer port.
+    pub fn peer_port(&self) -> u16 {
+        self.peer_port
+    }
+
+    /// The process, for faults (pause, kill, restart).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
+/// A single etcd or a cluster of members on free loopback ports, each in
+/// its own data directory under one temporary directory, with fast
+/// elections (`--heartbeat-interval 50 --election-timeout 500`, so the
+/// minimum lease TTL is 1 s). Stopped on drop.
+#[derive(Debug)]
+pub struct EtcdServer {
+    members: Vec<EtcdMember>,
+    dir: TempDir,
+}
+
+impl EtcdServer {
+    /// Starts a single member.
+    ///
+    /// # Errors
+    ///
+    /// Missing binary, or a server that does not become healthy.
+    pub async fn start() -> Result<Self, HarnessError> {
+        Self::start_cluster(1).await
+    }
+
+    /// Starts a cluster of `size` members (at least 1) and waits until every
+    /// member is healthy (a leader is elected).
+    ///
+    /// # Errors
+    ///
+    /// Missing binary, or members that do not become healthy.
+    pub async fn start_cluster(size: usize) -> Result<Self, HarnessError> {
+        let binary = find_binary("etcd", PACKAGE)?;
+        let dir = temp_dir("etcd-")?;
+        let mut ports = Vec::new();
+        for i in 0..size.max(1) {
+            ports.push((format!("m{i}"), free_port()?, free_port()?));
+        }
+        let initial_cluster = ports
+            .iter()
+            .map(|(name, _, peer)| format!("{name}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for (name, client_port, peer_port) in ports {
+            let data = dir.path().join(&name);
+            let client_url = format!("http://127.0.0.1:{client_port}");
+            let peer_url = format!("http://127.0.0.1:{peer_port}");
+            // No readiness check here: a member only serves clients once a
+            // quorum is up, so all are started first and checked after.
+            let spec = ServerSpec::new(
+                format!("etcd {name} :{client_port}"),
+                binary.clone(),
+                dir.path().join(format!("{name}.log")),
+            )
+            .args([
+                "--name".to_owned(),
+                name.clone(),
+                "--data-dir".to_owned(),
+                data.display().to_string(),
+                "--listen-client-urls".to_owned(),
+                client_url.clone(),
+                "--advertise-client-urls".to_owned(),
+                client_url,
+                "--listen-peer-urls".to_owned(),
+                peer_url.clone(),
+                "--initial-advertise-peer-urls".to_owned(),
+                peer_url,
+                "--initial-cluster".to_owned(),
+                initial_cluster.clone(),
+                "--initial-cluster-state".to_owned(),
+                "new".to_owned(),
+                "--initial-cluster-token".to_owned(),
+                format!("distlock-{client_port}"),
+                "--heartbeat-interval".to_owned(),
+                "50".to_owned(),
+                "--election-timeout".to_owned(),
+                "500".to_owned(),
+                "--log-level".to_owned(),
+                "warn".to_owned(),
+            ]);
+            let process = ServerProcess::start(spec).await?;
+            members.push(EtcdMember {
+                name,
+                client_port,
+                peer_port,
+                process,
+            });
+        }
+        let server = Self { members, dir };
+        for i in 0..server.members.len() {
+            server.wait_healthy(i, Duration::from_secs(30)).await?;
+        }
+        Ok(server)
+    }
+
+    /// Every member's `127.0.0.1:<port>`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdMember::endpoint).collect()
+    }
+
+    /// `etcd://<every endpoint>/<prefix>`, with `query` appended when not
+    /// empty (e.g. `ttl=1s`).
+    pub fn url(&self, prefix: &str, query: &str) -> String {
+        let mut url = format!("etcd://{}/{prefix}", self.endpoints().join(","));
+        if !query.is_empty() {
+            url.push('?');
+            url.push_str(query);
+        }
+        url
+    }
+
+    /// The number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether there is no member (never: at least one is started).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Member `index`.
+    ///
+    /// # Panics
+    ///
+    /// When `index` is out of range.
+    pub fn member(&mut self, index: usize) -> &mut EtcdMember {
+        &mut self.members[index]
+    }
+
+    /// The temporary directory holding every member's data and log.
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    /// The index of the member that currently says it is the leader (from
+    /// its `/metrics`), or `None` when no running member does.
+    pub async fn leader(&self) -> Option<usize> {
+        for (i, member) in self.members.iter().enumerate() {
+            if member.process.pid().is_none() || member.process.is_paused() {
+                continue;
+            }
+            if let Some(metrics) = http_get(member.client_port, "/metrics").await
+                && metrics
+                    .lines()
+                    .any(|line| line.trim() == "etcd_server_is_leader 1")
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Waits until some member is the leader.
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::NotReady`] when none is within `timeout`.
+    pub async fn wait_leader(&self, timeout: Duration) -> Result<usize, HarnessError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.leader().await {
+                return Ok(leader);
+            }
+            if Instant::now() >= deadline {
+                return Err(HarnessError::NotReady {
+                    name: "etcd cluster (no leader)".to_owned(),
+                    log_tail: self.log_tails(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until member `index` answers `/health` with `true`.
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::NotReady`] with its log's tail.
+    pub async fn wait_healthy(&self, index: usize, timeout: Duration) -> Result<(), HarnessError> {
+        let member = &self.members[index];
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(body) = http_get(member.client_port, "/health").await
+                && body.contains("\"health\":\"true\"")
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(HarnessError::NotReady {
+                    name: format!("etcd {}", member.name),
+                    log_tail: log_tail(&self.dir.path().join(format!("{}.log", member.name))),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills member `index` (SIGKILL).
+    ///
+    /// # Errors
+    ///
+    /// When the signal cannot be sent.
+    pub fn kill(&mut self, index: usize) -> Result<(), HarnessError> {
+        self.members[index].process.kill()
+    }
+
+    /// Restarts member `index` with its data and waits until it is healthy.
+    ///
+    /// # Errors
+    ///
+    /// When it does not come back.
+    pub async fn restart(&mut self, index: usize) -> Result<(), HarnessError> {
+        self.members[index].process.restart().await?;
+        self.wait_healthy(index, Duration::from_secs(30)).await
+    }
+
+    /// Pauses every member (SIGSTOP).
+    ///
+    /// # Errors
+    ///
+    /// When a signal cannot be sent.
+    pub fn pause_all(&mut self) -> Result<(), HarnessError> {
+        for member in &mut self.members {
+            if member.process.pid().is_some() {
+                member.process.pause()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Resumes every member (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// When a signal cannot be sent.
+    pub fn resume_all(&mut self) -> Result<(), HarnessError> {
+        for member in &mut self.members {
+            if member.process.pid().is_some() {
+                member.process.resume()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn log_tails(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| {
+                format!(
+                    "== {} ==\n{}",
+                    m.name,
+                    log_tail(&self.dir.path().join(format!("{}.log", m.name)))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// The `etcdctl` binary, or the package to install.
+///
+/// # Errors
+///
+/// [`HarnessError::MissingBinary`].
+pub fn etcdctl() -> Result<PathBuf, HarnessError> {
+    find_binary("etcdctl", CLIENT_PACKAGE)
+}
+
+/// A plain HTTP/1.0 GET on loopback, returning the body; `None` on any
+/// failure or after 1 s.
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.ok()?;
+        let text = String::from_utf8_lossy(&response).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.")
+            .then_some(())
+            .filter(|()| head.contains(" 200 "))?;
+        Some(body.to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(1), fetch)
+        .await
+        .ok()
+        .flatten()
+}

@@ -1,0 +1,414 @@
+//! One configuration struct, built from a URL or with a builder.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lock_core::LockError;
+use percent_encoding::percent_decode_str;
+
+/// The session TTL used when none is configured.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// The per-call timeout used when none is configured.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
+/// The connect timeout used when none is configured.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// TLS settings for `etcds://` URLs.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// PEM file of the CA that signed the servers' certificates (the
+    /// system's roots are not used: etcd clusters normally have their own CA).
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate, for clusters that require client certificates.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of [`cert_file`](Self::cert_file).
+    pub key_file: Option<PathBuf>,
+    /// Server name to verify instead of the endpoint's host.
+    pub domain: Option<String>,
+}
+
+impl fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            // The key file's path is not secret, but say only whether it is set.
+            .field("key_file", &self.key_file.as_ref().map(|_| "<set>"))
+            .field("domain", &self.domain)
+            .finish()
+    }
+}
+
+/// How to reach etcd and how locks are laid out in it.
+///
+/// Built from a URL ([`EtcdConfig::from_url`]) or with the builder methods.
+/// `Debug` never prints the password.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_etcd::EtcdConfig;
+///
+/// let config = EtcdConfig::from_url("etcd://user:secret@10.0.0.1:2379,10.0.0.2:2379/locks?ttl=15s")?;
+/// assert_eq!(config.endpoints.len(), 2);
+/// assert_eq!(config.prefix, "locks");
+/// assert_eq!(config.ttl, Duration::from_secs(15));
+/// assert!(!format!("{config:?}").contains("secret"));
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// `host:port` of each member (at least one).
+    pub endpoints: Vec<String>,
+    /// Key prefix: a lock named `k` lives under `<prefix>/k/` (just `k/`
+    /// when the prefix is empty), which is what `etcdctl lock <prefix>/k` uses.
+    pub prefix: String,
+    /// TTL of the default session lease, granted at connect time. Locks
+    /// requested with another TTL get a session of their own (see the crate
+    /// docs: TTLs are per session and rounded up to whole seconds).
+    pub ttl: Duration,
+    /// Timeout of every single network call.
+    pub op_timeout: Duration,
+    /// Timeout for establishing a connection.
+    pub connect_timeout: Duration,
+    /// User name for etcd's authentication.
+    pub user: Option<String>,
+    /// Password for etcd's authentication (never printed).
+    pub password: Option<String>,
+    /// TLS settings; `Some` means `https` to every endpoint.
+    pub tls: Option<EtcdTls>,
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("ttl", &self.ttl)
+            .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl EtcdConfig {
+    /// A configuration for the given endpoints (`host:port`) with defaults:
+    /// no prefix, [`DEFAULT_TTL`], [`DEFAULT_OP_TIMEOUT`], no auth, no TLS.
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            prefix: String::new(),
+            ttl: DEFAULT_TTL,
+            op_timeout: DEFAULT_OP_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            user: None,
+            password: None,
+            tls: None,
+        }
+    }
+
+    /// Parses `etcd://[user[:password]@]host:port[,host:port...][/prefix][?options]`
+    /// (`etcds://` for TLS).
+    ///
+    /// Options: `ttl` (session TTL: `10`, `10s`, `1500ms`, `2m`), `timeout`
+    /// (per call), `connect_timeout`, `user`, `password`, and for TLS `ca`,
+    /// `cert`, `key` (file paths) and `domain`. User, password and prefix are
+    /// percent-decoded.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for anything
+    /// malformed or unknown (the message never contains the password).
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| LockError::config("etcd URL must start with etcd:// or etcds://"))?;
+        let tls = match scheme.to_ascii_lowercase().as_str() {
+            "etcd" => false,
+            "etcds" => true,
+            other => {
+                return Err(LockError::config(format!(
+                    "unknown URL scheme {other:?}: expected etcd:// or etcds://"
+                )));
+            }
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.split_once('/') {
+            Some((authority, path)) => (authority, path),
+            None => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let mut endpoints = Vec::new();
+        for host in hosts.split(',') {
+            endpoints.push(parse_endpoint(host)?);
+        }
+        let mut config = Self::new(endpoints);
+        config.prefix = decode(path.trim_end_matches('/'), "prefix")?;
+        if let Some(userinfo) = userinfo {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((user, password)) => (user, Some(password)),
+                None => (userinfo, None),
+            };
+            if user.is_empty() {
+                return Err(LockError::config(
+                    "the URL has credentials but no user name",
+                ));
+            }
+            config.user = Some(decode(user, "user")?);
+            config.password = password.map(|p| decode(p, "password")).transpose()?;
+        }
+        let mut tls_config = EtcdTls::default();
+        let mut tls_options = false;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = decode(value, name)?;
+            match name {
+                "ttl" => config.ttl = parse_duration(&value, "ttl")?,
+                "timeout" | "op_timeout" => config.op_timeout = parse_duration(&value, name)?,
+                "connect_timeout" => config.connect_timeout = parse_duration(&value, name)?,
+                "user" => config.user = Some(value),
+                "password" => config.password = Some(value),
+                "ca" | "cacert" => {
+                    tls_options = true;
+                    tls_config.ca_file = Some(PathBuf::from(value));
+                }
+                "cert" => {
+                    tls_options = true;
+                    tls_config.cert_file = Some(PathBuf::from(value));
+                }
+                "key" => {
+                    tls_options = true;
+                    tls_config.key_file = Some(PathBuf::from(value));
+                }
+                "domain" => {
+                    tls_options = true;
+                    tls_config.domain = Some(value);
+                }
+                other => {
+                    return Err(LockError::config(format!(
+                        "unknown etcd URL option {other:?}"
+                    )));
+                }
+            }
+        }
+        if tls_options && !tls {
+            return Err(LockError::config(
+                "TLS options (ca, cert, key, domain) need an etcds:// URL",
+            ));
+        }
+        if tls {
+            config.tls = Some(tls_config);
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Sets the key prefix.
+    #[must_use]
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets the default session TTL.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets the per-call timeout.
+    #[must_use]
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// Sets user and password for etcd's authentication.
+    #[must_use]
+    pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Turns TLS on with these settings.
+    #[must_use]
+    pub fn tls(mut self, tls: EtcdTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Checks the configuration without connecting.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for no endpoint,
+    /// a malformed endpoint, a zero timeout, a TTL below one second or above
+    /// [`MAX_TTL`](lock_core::MAX_TTL), a password without a user, or a client
+    /// certificate without its key.
+    pub fn validate(&self) -> Result<(), LockError> {
+        if self.endpoints.is_empty() {
+            return Err(LockError::config("at least one etcd endpoint is needed"));
+        }
+        for endpoint in &self.endpoints {
+            parse_endpoint(endpoint)?;
+        }
+        if self.ttl < Duration::from_secs(1) || self.ttl > lock_core::MAX_TTL {
+            return Err(LockError::config(format!(
+                "etcd session TTL must be between 1 s and {:?}, got {:?}",
+                lock_core::MAX_TTL,
+                self.ttl
+            )));
+        }
+        if self.op_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(LockError::config("timeouts must be positive"));
+        }
+        if self.password.is_some() && self.user.is_none() {
+            return Err(LockError::config("a password needs a user"));
+        }
+        if let Some(tls) = &self.tls
+            && tls.cert_file.is_some() != tls.key_file.is_some()
+        {
+            return Err(LockError::config(
+                "a TLS client certificate needs its key (and the other way round)",
+            ));
+        }
+        if self.prefix.chars().any(char::is_control) {
+            return Err(LockError::config("the prefix contains a control character"));
+        }
+        Ok(())
+    }
+}
+
+fn parse_endpoint(text: &str) -> Result<String, LockError> {
+    let bad = || LockError::config(format!("bad etcd endpoint {text:?}: expected host:port"));
+    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    if host.is_empty()
+        || host
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "/?#@,".contains(c))
+    {
+        return Err(bad());
+    }
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if port == 0 {
+        return Err(bad());
+    }
+    Ok(format!("{host}:{port}"))
+}
+
+fn decode(text: &str, what: &str) -> Result<String, LockError> {
+    percent_decode_str(text)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| LockError::config(format!("the URL's {what} is not valid UTF-8")))
+}
+
+/// Parses `10`, `10s`, `1500ms`, `2m`, `1h` (a bare number is seconds).
+fn parse_duration(text: &str, what: &str) -> Result<Duration, LockError> {
+    let bad = || {
+        LockError::config(format!(
+            "bad duration {text:?} for {what}: use e.g. 10, 10s, 1500ms, 2m"
+        ))
+    };
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let millis = match unit {
+        "" | "s" => number.checked_mul(1000),
+        "ms" => Some(number),
+        "m" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
+        _ => None,
+    }
+    .ok_or_else(bad)?;
+    Ok(Duration::from_millis(millis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_full_urls() {
+        let c = EtcdConfig::from_url(
+            "etcds://al%40ice:p%3Ass@h1:2379,10.0.0.2:2380/my%2Flocks/?ttl=1500ms&timeout=3s&ca=/tmp/ca.pem&domain=etcd",
+        )
+        .unwrap();
+        assert_eq!(c.endpoints, vec!["h1:2379", "10.0.0.2:2380"]);
+        assert_eq!(c.prefix, "my/locks");
+        assert_eq!(c.ttl, Duration::from_millis(1500));
+        assert_eq!(c.op_timeout, Duration::from_secs(3));
+        assert_eq!(c.user.as_deref(), Some("al@ice"));
+        assert_eq!(c.password.as_deref(), Some("p:ss"));
+        let tls = c.tls.clone().unwrap();
+        assert_eq!(tls.ca_file, Some(PathBuf::from("/tmp/ca.pem")));
+        assert_eq!(tls.domain.as_deref(), Some("etcd"));
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("p:ss") && debug.contains("redacted"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn defaults_and_minimal_url() {
+        let c = EtcdConfig::from_url("etcd://127.0.0.1:2379").unwrap();
+        assert_eq!(c.prefix, "");
+        assert_eq!(c.ttl, DEFAULT_TTL);
+        assert!(c.tls.is_none());
+        assert!(c.user.is_none());
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_panicking() {
+        for bad in [
+            "",
+            "etcd",
+            "redis://h:1",
+            "etcd://",
+            "etcd://host",
+            "etcd://host:notaport",
+            "etcd://host:0",
+            "etcd://h:1,,h:2",
+            "etcd://h:1/?ttl=abc",
+            "etcd://h:1/?ttl=0",
+            "etcd://h:1/?ttl=99999999999999999999",
+            "etcd://h:1/?ttl=5x",
+            "etcd://h:1/?bogus=1",
+            "etcd://h:1/?ca=/x",
+            "etcd://h:1/?timeout=0",
+            "etcd://:pw@h:1",
+            "etcds://h:1/?cert=/c",
+            "etcd://h:1/%ff",
+            "etcd://h:1/a%00b",
+        ] {
+            let err = EtcdConfig::from_url(bad).unwrap_err();
+            assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{bad}");
+        }
+    }
+
+    #[test]
+    fn errors_never_show_the_password() {
+        let err = EtcdConfig::from_url("etcd://u:hunter2@h:1/?bogus=1").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"));
+        assert!(!format!("{err:?}").contains("hunter2"));
+    }
+}

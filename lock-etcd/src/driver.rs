@@ -1,0 +1,984 @@
+//! The [`LockBackend`] implementation for etcd.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+};
+use lock_core::{
+    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
+    LockKey, Operation, OwnerId, SessionState, TtlModel, WaitStrategy, check_ttl,
+    validity_deadline, with_timeout,
+};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::config::EtcdConfig;
+use crate::error::{NAME, from_etcd};
+use crate::session::{Session, revoke_in_background};
+
+/// The shortest TTL etcd leases have: one second (the server may raise it
+/// further, to 1.5 election timeouts).
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+
+/// How often a waiter re-reads its predecessor even without a watch event
+/// (a safety net; the watch is what normally wakes it).
+const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A lock service on etcd: leases, revisions as fencing tokens, FIFO waits.
+///
+/// See the [crate docs](crate) for the layout and the TTL model. Clones
+/// share the connection and the sessions. Create it with
+/// [`EtcdBackend::connect`] (or [`crate::connect`] from a URL).
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: EtcdConfig,
+    /// Normalized prefix, without a trailing separator.
+    prefix: String,
+    /// One session per server TTL (in whole seconds).
+    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// Serializes session creation so concurrent acquires grant one lease.
+    creating: tokio::sync::Mutex<()>,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sessions: Vec<String> = lock(&self.inner.sessions)
+            .values()
+            .map(|s| format!("{s:?}"))
+            .collect();
+        f.debug_struct("EtcdBackend")
+            .field("config", &self.inner.config)
+            .field("sessions", &sessions)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Escapes a lock key into one path segment: `%` and `/` are
+/// percent-encoded, so `a` and `a/b` get disjoint prefixes (`a/` and
+/// `a%2Fb/`). Other keys are unchanged, so `etcdctl lock <prefix>/<key>`
+/// names the same lock.
+pub(crate) fn escape_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Why waiting for our turn stopped.
+enum WaitEnd {
+    /// Our entry is the oldest: the lock is ours (the check was sent then).
+    Granted(Instant),
+    /// The deadline passed.
+    Deadline,
+    /// Our entry vanished: the session's lease is gone.
+    SessionLost(String),
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster and grants the default session's lease.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] for an invalid configuration or rejected
+    /// credentials, [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when
+    /// no endpoint answers within the timeouts.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave a granted lease behind; it expires with
+    /// its TTL.
+    pub async fn connect(config: EtcdConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_require_leader(true);
+        if let Some(user) = &config.user {
+            options = options.with_user(user.clone(), config.password.clone().unwrap_or_default());
+        }
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        if let Some(tls) = &config.tls {
+            options = options.with_tls(tls_options(tls)?);
+        }
+        let endpoints: Vec<String> = config
+            .endpoints
+            .iter()
+            .map(|e| format!("{scheme}://{e}"))
+            .collect();
+        let client = with_timeout(
+            config.connect_timeout + config.op_timeout,
+            Operation::Connect,
+            async {
+                Client::connect(&endpoints, Some(options))
+                    .await
+                    .map_err(|e| from_etcd(Operation::Connect, e))
+            },
+        )
+        .await?;
+        let prefix = config.prefix.trim_end_matches('/').to_owned();
+        let backend = Self {
+            inner: Arc::new(Inner {
+                client,
+                prefix,
+                sessions: Mutex::new(HashMap::new()),
+                creating: tokio::sync::Mutex::new(()),
+                config,
+            }),
+        };
+        let ttl = backend.inner.config.ttl;
+        backend
+            .session_for(ttl, Operation::Connect)
+            .await
+            .map_err(|e| e.with_backend(NAME))?;
+        Ok(backend)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// The underlying etcd client (for diagnostics and tests).
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The prefix under which `key`'s entries live, ending with the
+    /// separator: `<prefix>/<escaped key>/`. `etcdctl lock` on the same
+    /// name without the trailing `/` takes the same lock.
+    pub fn key_prefix(&self, key: &LockKey) -> String {
+        if self.inner.prefix.is_empty() {
+            format!("{}/", escape_key(key.as_str()))
+        } else {
+            format!("{}/{}/", self.inner.prefix, escape_key(key.as_str()))
+        }
+    }
+
+    /// The lease id (hex, as in entry names) of the session used for `ttl`,
+    /// if it exists and is alive.
+    pub fn session_lease(&self, ttl: Duration) -> Option<String> {
+        let secs = ttl_secs(ttl);
+        lock(&self.inner.sessions)
+            .get(&secs)
+            .filter(|s| s.is_alive())
+            .map(|s| s.lease_hex())
+    }
+
+    /// Revokes every session lease: every lock held through this backend is
+    /// released at once (their guards report them lost). Later acquires start
+    /// new sessions.
+    ///
+    /// # Errors
+    ///
+    /// The first revoke that failed (timeout, unavailable); such a lease
+    /// expires with its TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: leases not yet revoked expire with their TTL.
+    pub async fn close(&self) -> Result<(), LockError> {
+        let sessions: Vec<Arc<Session>> =
+            lock(&self.inner.sessions).drain().map(|(_, s)| s).collect();
+        let mut first_error = None;
+        for session in sessions {
+            session.lose("the backend was closed");
+            let mut lease_client = self.inner.client.lease_client();
+            let result = with_timeout(self.inner.config.op_timeout, Operation::Release, async {
+                lease_client
+                    .revoke(session.lease_id())
+                    .await
+                    .map_err(|e| from_etcd(Operation::Release, e))
+            })
+            .await;
+            match result {
+                Ok(_) => {}
+                Err(err) if err.kind() == ErrorKind::LeaseLost => {}
+                Err(err) => {
+                    revoke_in_background(
+                        &self.inner.client,
+                        session.lease_id(),
+                        session.server_ttl(),
+                    );
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// The live session for `ttl`, granting a new lease if there is none.
+    async fn session_for(&self, ttl: Duration, op: Operation) -> Result<Arc<Session>, LockError> {
+        let secs = ttl_secs(ttl);
+        if let Some(s) = lock(&self.inner.sessions)
+            .get(&secs)
+            .filter(|s| s.is_alive())
+        {
+            return Ok(s.clone());
+        }
+        let _creating = self.inner.creating.lock().await;
+        if let Some(s) = lock(&self.inner.sessions)
+            .get(&secs)
+            .filter(|s| s.is_alive())
+        {
+            return Ok(s.clone());
+        }
+        let ttl_i64 = i64::try_from(secs)
+            .map_err(|_| LockError::invalid_argument(op, "TTL too large for an etcd lease"))?;
+        let session = Session::start(&self.inner.client, ttl_i64, self.inner.config.op_timeout)
+            .await
+            .map_err(|e| relabel(e, op))?;
+        let old = lock(&self.inner.sessions).insert(secs, session.clone());
+        if let Some(old) = old {
+            old.lose("replaced by a new session");
+        }
+        Ok(session)
+    }
+
+    fn session_by_lease(&self, lease_id: i64) -> Option<Arc<Session>> {
+        lock(&self.inner.sessions)
+            .values()
+            .find(|s| s.lease_id() == lease_id)
+            .cloned()
+    }
+
+    async fn txn(&self, op: Operation, txn: Txn) -> Result<TxnResponse, LockError> {
+        let mut kv = self.inner.client.kv_client();
+        with_timeout(self.inner.config.op_timeout, op, async {
+            kv.txn(txn).await.map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_backend(NAME))
+    }
+
+    /// Checks a lease's entry against the key it claims, and returns
+    /// (entry, revision, lease id).
+    fn parse_lease(&self, lease: &Lease, op: Operation) -> Result<(String, i64, i64), LockError> {
+        let bad = |why: &str| {
+            LockError::invalid_argument(op, format!("not an etcd lease of this backend: {why}"))
+                .with_key(lease.key())
+                .with_backend(NAME)
+        };
+        let entry = lease.backend_data();
+        let key_prefix = self.key_prefix(lease.key());
+        let leaf = entry
+            .strip_prefix(key_prefix.as_str())
+            .filter(|leaf| !leaf.is_empty() && !leaf.contains('/'))
+            .ok_or_else(|| bad("entry is not under the key's prefix"))?;
+        let lease_hex = leaf.split('-').next().unwrap_or(leaf);
+        let lease_id = i64::from_str_radix(lease_hex, 16).map_err(|_| bad("entry name"))?;
+        let revision = i64::try_from(lease.token().get()).map_err(|_| bad("token"))?;
+        Ok((entry.to_owned(), revision, lease_id))
+    }
+
+    /// The heart of both acquire flavours: `deadline` `None` tries once.
+    async fn acquire_inner(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        op: Operation,
+    ) -> Result<Option<Lease>, LockError> {
+        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let key_prefix = self.key_prefix(key);
+        loop {
+            let session = self
+                .session_for(ttl, op)
+                .await
+                .map_err(|e| e.with_key(key))?;
+            let entry = session.claim_entry(&key_prefix);
+            let mut pending = PendingEntry {
+                client: self.inner.client.clone(),
+                session: session.clone(),
+                entry: entry.clone(),
+                revision: None,
+                armed: true,
+                op_timeout: self.inner.config.op_timeout,
+            };
+            // etcd's concurrency mutex: create our entry with the lease if it
+            // does not exist, and read the oldest entry in the same revision.
+            let get_owner = TxnOp::get(
+                key_prefix.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1),
+                ),
+            );
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    entry.as_str(),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([
+                    TxnOp::put(
+                        entry.as_str(),
+                        "",
+                        Some(PutOptions::new().with_lease(session.lease_id())),
+                    ),
+                    get_owner.clone(),
+                ])
+                .or_else([TxnOp::get(entry.as_str(), None), get_owner]);
+            let sent_at = Instant::now();
+            let response = self.txn(op, txn).await.map_err(|e| e.with_key(key))?;
+            let responses = response.op_responses();
+            let my_revision = if response.succeeded() {
+                response.header().map(|h| h.revision())
+            } else {
+                first_kv(responses.first()).map(KeyValue::create_revision)
+            };
+            let Some(my_revision) = my_revision.filter(|r| *r > 0) else {
+                return Err(protocol_error(op, key, "no revision for our entry"));
+            };
+            pending.revision = Some(my_revision);
+            let owner_revision = first_kv(responses.get(1)).map(KeyValue::create_revision);
+            if owner_revision == Some(my_revision) {
+                return self
+                    .grant(key, ttl, &session, pending, sent_at, op)
+                    .map(Some);
+            }
+            let Some(deadline) = deadline else {
+                pending.remove_now().await;
+                return Ok(None);
+            };
+            match self
+                .wait_turn(&session, &key_prefix, &entry, my_revision, deadline, op)
+                .await
+            {
+                Ok(WaitEnd::Granted(checked_at)) => {
+                    return self
+                        .grant(key, ttl, &session, pending, checked_at, op)
+                        .map(Some);
+                }
+                Ok(WaitEnd::Deadline) => {
+                    pending.remove_now().await;
+                    return Err(LockError::new(
+                        ErrorKind::Contended,
+                        op,
+                        "the lock was still held at the deadline",
+                    )
+                    .with_key(key)
+                    .with_backend(NAME));
+                }
+                Ok(WaitEnd::SessionLost(reason)) => {
+                    // Our entry went with the lease: start over on a new
+                    // session (the place in the queue is lost).
+                    tracing::debug!(%key, %reason, "session lost while waiting; retrying");
+                    pending.armed = false;
+                    if Instant::now() >= deadline {
+                        return Err(LockError::new(ErrorKind::Contended, op, format!(
+                            "the session was lost while waiting ({reason}) and the deadline passed"
+                        ))
+                        .with_key(key)
+                        .with_backend(NAME));
+                    }
+                }
+                Err(err) => return Err(err.with_key(key)),
+            }
+        }
+    }
+
+    /// Turns our oldest entry into a lease; on failure the entry is removed.
+    fn grant(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        session: &Arc<Session>,
+        mut pending: PendingEntry,
+        sent_at: Instant,
+        op: Operation,
+    ) -> Result<Lease, LockError> {
+        let revision = pending.revision.unwrap_or(0);
+        let token =
+            u64::try_from(revision).map_err(|_| protocol_error(op, key, "negative revision"))?;
+        if !session.is_alive() {
+            return Err(LockError::new(
+                ErrorKind::LeaseLost,
+                op,
+                "the session was lost before the grant could be handed out",
+            )
+            .with_key(key)
+            .with_backend(NAME));
+        }
+        let mut lease = Lease::granted(
+            key.clone(),
+            OwnerId::random(),
+            FencingToken::new(token),
+            ttl,
+            sent_at,
+            pending.entry.clone(),
+        )
+        .map_err(|e| e.with_backend(NAME))?;
+        // The entry lives as long as the session's lease: never promise more.
+        let deadline = lease.validity_deadline().min(session.deadline());
+        if deadline <= Instant::now() {
+            return Err(LockError::new(
+                ErrorKind::LeaseLost,
+                op,
+                "the session's lease deadline passed before the grant",
+            )
+            .with_key(key)
+            .with_backend(NAME));
+        }
+        lease.set_validity_deadline(deadline);
+        session.mark_held(&pending.entry, revision);
+        pending.armed = false;
+        Ok(lease.with_session(session.subscribe()))
+    }
+
+    /// Waits until no entry older than ours exists under the key's prefix,
+    /// watching only the immediate predecessor's deletion.
+    async fn wait_turn(
+        &self,
+        session: &Arc<Session>,
+        key_prefix: &str,
+        entry: &str,
+        my_revision: i64,
+        deadline: Instant,
+        op: Operation,
+    ) -> Result<WaitEnd, LockError> {
+        let mut state = session.subscribe();
+        let mut backoff = lock_core::RetryPolicy::default().backoff();
+        loop {
+            if let SessionState::Lost(reason) = session.state() {
+                return Ok(WaitEnd::SessionLost(reason));
+            }
+            if Instant::now() >= deadline {
+                return Ok(WaitEnd::Deadline);
+            }
+            // Is our entry still there (same revision), and who is just
+            // before us?
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    entry,
+                    CompareOp::Equal,
+                    my_revision,
+                )])
+                .and_then([TxnOp::get(
+                    key_prefix,
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Descend)
+                            .with_max_create_revision(my_revision - 1)
+                            .with_limit(1),
+                    ),
+                )]);
+            let sent_at = Instant::now();
+            let response = tokio::select! {
+                biased;
+                () = sleep_until(deadline) => return Ok(WaitEnd::Deadline),
+                response = self.txn(op, txn) => response,
+            };
+            let response = match response {
+                Ok(response) => response,
+                Err(err) if err.is_temporary() => {
+                    // A member restarting or a leader election: keep our
+                    // place and try again until the deadline.
+                    tracing::debug!(%err, "re-check failed; retrying");
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(500));
+                    tokio::select! {
+                        () = sleep_until(deadline) => return Ok(WaitEnd::Deadline),
+                        () = sleep(delay) => continue,
+                    }
+                }
+                Err(err) => return Err(err),
+            };
+            if !response.succeeded() {
+                return Ok(WaitEnd::SessionLost(
+                    "our waiting entry disappeared (lease expired or revoked)".to_owned(),
+                ));
+            }
+            let responses = response.op_responses();
+            let Some(predecessor) = first_kv(responses.first()) else {
+                return Ok(WaitEnd::Granted(sent_at));
+            };
+            let predecessor_key = predecessor.key().to_vec();
+            let from_revision = response.header().map_or(0, |h| h.revision()) + 1;
+            tokio::select! {
+                biased;
+                () = sleep_until(deadline) => return Ok(WaitEnd::Deadline),
+                reason = session_lost(&mut state) => return Ok(WaitEnd::SessionLost(reason)),
+                () = self.wait_deleted(predecessor_key, from_revision) => {}
+            }
+        }
+    }
+
+    /// Returns when `key` was deleted at or after `from_revision`, or when
+    /// the watch ended for any reason (cancelled, compacted, stream error,
+    /// periodic re-check): the caller re-reads the state either way.
+    async fn wait_deleted(&self, key: Vec<u8>, from_revision: i64) {
+        let mut watch_client = self.inner.client.watch_client();
+        let options = WatchOptions::new()
+            .with_start_revision(from_revision)
+            .with_filters([WatchFilterType::NoPut]);
+        let give_up = sleep(RECHECK_INTERVAL);
+        tokio::pin!(give_up);
+        let watch = async {
+            let mut stream = match watch_client.watch(key, Some(options)).await {
+                Ok(stream) => stream,
+                Err(err) => {
+                    tracing::debug!(%err, "watch failed");
+                    sleep(Duration::from_millis(100)).await;
+                    return;
+                }
+            };
+            loop {
+                match stream.message().await {
+                    Ok(Some(response)) => {
+                        if response.canceled() || response.compact_revision() > 0 {
+                            // Compacted or cancelled: re-read instead.
+                            return;
+                        }
+                        if !response.events().is_empty() {
+                            return;
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(err) => {
+                        tracing::debug!(%err, "watch stream failed");
+                        sleep(Duration::from_millis(50)).await;
+                        return;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            () = &mut give_up => {}
+            () = watch => {}
+        }
+    }
+}
+
+async fn session_lost(state: &mut watch::Receiver<SessionState>) -> String {
+    loop {
+        if let SessionState::Lost(reason) = &*state.borrow_and_update() {
+            return reason.clone();
+        }
+        if state.changed().await.is_err() {
+            return "session closed".to_owned();
+        }
+    }
+}
+
+fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {
+    match response {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first(),
+        _ => None,
+    }
+}
+
+fn protocol_error(op: Operation, key: &LockKey, why: &str) -> LockError {
+    LockError::new(
+        ErrorKind::Backend,
+        op,
+        format!("unexpected etcd answer: {why}"),
+    )
+    .with_key(key)
+    .with_backend(NAME)
+}
+
+fn relabel(err: LockError, op: Operation) -> LockError {
+    if err.operation() == op {
+        return err;
+    }
+    let mut relabeled = LockError::new(err.kind(), op, err.message().to_owned()).with_backend(NAME);
+    relabeled = relabeled.with_source(err);
+    relabeled
+}
+
+/// Whole seconds for an etcd lease, rounded up (the server's unit).
+fn ttl_secs(ttl: Duration) -> u64 {
+    let secs = ttl.as_secs();
+    let secs = if ttl.subsec_nanos() > 0 {
+        secs.saturating_add(1)
+    } else {
+        secs
+    };
+    secs.max(1)
+}
+
+fn tls_options(tls: &crate::config::EtcdTls) -> Result<etcd_client::TlsOptions, LockError> {
+    let read = |path: &std::path::Path, what: &str| {
+        std::fs::read(path).map_err(|e| {
+            LockError::config(format!(
+                "cannot read the TLS {what} file {}",
+                path.display()
+            ))
+            .with_source(e)
+        })
+    };
+    let mut options = etcd_client::TlsOptions::new();
+    if let Some(ca) = &tls.ca_file {
+        options = options.ca_certificate(etcd_client::Certificate::from_pem(read(ca, "CA")?));
+    }
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        options = options.identity(etcd_client::Identity::from_pem(
+            read(cert, "certificate")?,
+            read(key, "key")?,
+        ));
+    }
+    if let Some(domain) = &tls.domain {
+        options = options.domain_name(domain.clone());
+    }
+    Ok(options)
+}
+
+/// An entry we created (or may have created) that nobody holds yet. If it
+/// is dropped armed (error, timeout, cancelled acquire), the entry is
+/// deleted in the background; `remove_now` does it inline.
+struct PendingEntry {
+    client: Client,
+    session: Arc<Session>,
+    entry: String,
+    /// Its create revision once known; `None` while the create's outcome is
+    /// unknown.
+    revision: Option<i64>,
+    armed: bool,
+    op_timeout: Duration,
+}
+
+impl PendingEntry {
+    /// Deletes the entry now (guarded by its revision); on failure leaves it
+    /// to the background cleanup.
+    async fn remove_now(mut self) {
+        let Some(revision) = self.revision else {
+            return;
+        };
+        let mut kv = self.client.kv_client();
+        let result = tokio::time::timeout(
+            self.op_timeout,
+            kv.txn(guarded_delete(&self.entry, revision)),
+        )
+        .await;
+        if let Ok(Ok(_)) = result {
+            self.session.free_entry(&self.entry);
+            self.armed = false;
+        }
+    }
+}
+
+impl Drop for PendingEntry {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(cleanup(
+                self.client.clone(),
+                self.session.clone(),
+                std::mem::take(&mut self.entry),
+                self.revision,
+            ));
+        }
+    }
+}
+
+fn guarded_delete(entry: &str, revision: i64) -> Txn {
+    Txn::new()
+        .when([Compare::create_revision(entry, CompareOp::Equal, revision)])
+        .and_then([TxnOp::delete(entry, None::<DeleteOptions>)])
+}
+
+/// Deletes an entry nobody holds, retrying while the session lives (the
+/// entry goes with the lease otherwise).
+///
+/// With a known revision the delete is guarded by it and the name is freed
+/// afterwards. With an unknown outcome (the create timed out), the name is
+/// never reused by this session, and the key is checked again a little
+/// later in case the create was applied after our delete.
+async fn cleanup(client: Client, session: Arc<Session>, entry: String, revision: Option<i64>) {
+    let mut kv = client.kv_client();
+    let give_up = Instant::now()
+        + session
+            .server_ttl()
+            .saturating_mul(10)
+            .max(Duration::from_secs(30));
+    let mut delay = Duration::from_millis(20);
+    let mut rechecked = false;
+    while session.is_alive() && Instant::now() < give_up {
+        let result = match revision {
+            Some(revision) => tokio::time::timeout(
+                Duration::from_secs(2),
+                kv.txn(guarded_delete(&entry, revision)),
+            )
+            .await
+            .map(|r| r.map(|_| ())),
+            None => tokio::time::timeout(Duration::from_secs(2), kv.delete(entry.as_str(), None))
+                .await
+                .map(|r| r.map(|_| ())),
+        };
+        match result {
+            Ok(Ok(())) if revision.is_some() => {
+                session.free_entry(&entry);
+                return;
+            }
+            Ok(Ok(())) if rechecked => return,
+            Ok(Ok(())) => {
+                // A create that timed out may still be applied after our
+                // delete: look again once in-flight requests are surely done.
+                rechecked = true;
+                sleep(Duration::from_secs(3)).await;
+            }
+            _ => {
+                sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.acquire_inner(key, ttl, None, Operation::TryAcquire)
+            .await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        match self
+            .acquire_inner(key, ttl, Some(deadline), Operation::Acquire)
+            .await?
+        {
+            Some(lease) => Ok(lease),
+            None => Err(protocol_error(Operation::Acquire, key, "no grant")),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let op = Operation::Renew;
+        let (entry, revision, lease_id) = self.parse_lease(lease, op)?;
+        let not_held = |why: &str| {
+            LockError::new(ErrorKind::NotHeld, op, why.to_owned())
+                .with_key(lease.key())
+                .with_backend(NAME)
+        };
+        if let Some(session) = self.session_by_lease(lease_id) {
+            // Our own session keeps the lease alive: renewing is local.
+            if !session.holds(&entry, revision) {
+                return Err(not_held("the lease was released or lost"));
+            }
+            if let SessionState::Lost(reason) = session.state() {
+                return Err(LockError::new(ErrorKind::LeaseLost, op, reason)
+                    .with_key(lease.key())
+                    .with_backend(NAME));
+            }
+            let deadline = session
+                .deadline()
+                .min(validity_deadline(Instant::now(), lease.ttl()));
+            if deadline <= Instant::now() {
+                return Err(LockError::new(
+                    ErrorKind::LeaseLost,
+                    op,
+                    "the session's lease deadline passed",
+                )
+                .with_key(lease.key())
+                .with_backend(NAME));
+            }
+            return Ok(deadline);
+        }
+        // A lease of another process (rebuilt from a handle): refresh its
+        // etcd lease once and check the entry is still the same one.
+        let sent_at = Instant::now();
+        let mut lease_client = self.inner.client.lease_client();
+        let kept = with_timeout(self.inner.config.op_timeout, op, async {
+            lease_client
+                .keep_alive(lease_id)
+                .await
+                .map_err(|e| from_etcd(op, e))
+        })
+        .await;
+        match kept {
+            Ok(_) => {}
+            Err(err) if err.kind() == ErrorKind::LeaseLost => {
+                return Err(not_held("the etcd lease is gone"));
+            }
+            Err(err) => return Err(err.with_key(lease.key())),
+        }
+        let granted = with_timeout(self.inner.config.op_timeout, op, async {
+            lease_client
+                .time_to_live(lease_id, None)
+                .await
+                .map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_key(lease.key()))?;
+        let txn = Txn::new().when([Compare::create_revision(
+            entry.as_str(),
+            CompareOp::Equal,
+            revision,
+        )]);
+        if !self
+            .txn(op, txn)
+            .await
+            .map_err(|e| e.with_key(lease.key()))?
+            .succeeded()
+        {
+            return Err(not_held("the entry is gone or was re-created"));
+        }
+        let server_ttl = u64::try_from(granted.granted_ttl())
+            .map(Duration::from_secs)
+            .unwrap_or(Duration::ZERO);
+        let deadline = validity_deadline(sent_at, lease.ttl().min(server_ttl));
+        if deadline <= Instant::now() {
+            return Err(not_held("the etcd lease has no time left"));
+        }
+        Ok(deadline)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let op = Operation::Release;
+        let (entry, revision, lease_id) = self.parse_lease(lease, op)?;
+        let session = self.session_by_lease(lease_id);
+        if let Some(session) = &session {
+            session.unmark_held(&entry, revision);
+        }
+        match self.txn(op, guarded_delete(&entry, revision)).await {
+            Ok(response) => {
+                let released = response.succeeded();
+                if released && let Some(session) = &session {
+                    session.free_entry(&entry);
+                }
+                Ok(released)
+            }
+            Err(err) => {
+                // Our session would keep the entry alive: keep trying.
+                if let Some(session) = session {
+                    tokio::spawn(cleanup(
+                        self.inner.client.clone(),
+                        session,
+                        entry,
+                        Some(revision),
+                    ));
+                }
+                Err(err.with_key(lease.key()))
+            }
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let op = Operation::Inspect;
+        let key_prefix = self.key_prefix(key);
+        let mut kv = self.inner.client.kv_client();
+        let response = with_timeout(self.inner.config.op_timeout, op, async {
+            kv.get(
+                key_prefix.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1),
+                ),
+            )
+            .await
+            .map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let Some(holder) = response.kvs().first() else {
+            return Ok(None);
+        };
+        let name = String::from_utf8_lossy(holder.key());
+        let holder_name = name
+            .strip_prefix(key_prefix.as_str())
+            .unwrap_or(&name)
+            .to_owned();
+        let token = u64::try_from(holder.create_revision())
+            .ok()
+            .map(FencingToken::new);
+        let mut remaining_ttl = None;
+        if holder.lease() != 0 {
+            let mut lease_client = self.inner.client.lease_client();
+            let lease_id = holder.lease();
+            if let Ok(ttl) = with_timeout(self.inner.config.op_timeout, op, async {
+                lease_client
+                    .time_to_live(lease_id, None)
+                    .await
+                    .map_err(|e| from_etcd(op, e))
+            })
+            .await
+            {
+                remaining_ttl = u64::try_from(ttl.ttl()).ok().map(Duration::from_secs);
+            }
+        }
+        Ok(Some(LockInfo {
+            key: key.clone(),
+            holder: holder_name,
+            token,
+            remaining_ttl,
+        }))
+    }
+}
+
+/// What the etcd backend guarantees.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        fencing: FencingScope::Global,
+        fencing_survives_failover: true,
+        waiting: WaitStrategy::Notify,
+        fifo: true,
+        ttl_model: TtlModel::PerSession,
+        linearizable: true,
+        min_ttl: MIN_TTL,
+        shared_locks: false,
+        semaphores: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_get_disjoint_prefixes() {
+        assert_eq!(escape_key("a"), "a");
+        assert_eq!(escape_key("a/b"), "a%2Fb");
+        assert_eq!(escape_key("100%"), "100%25");
+        assert!(!format!("{}/", escape_key("a/b")).starts_with(&format!("{}/", escape_key("a"))));
+    }
+
+    #[test]
+    fn ttls_round_up_to_seconds() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_secs(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1500)), 2);
+    }
+}

@@ -1,0 +1,332 @@
+//! One etcd lease per session, kept alive by one keep-alive stream.
+//!
+//! Every lock entry a backend creates with a given TTL is attached to the
+//! lease of that TTL's session, so holding many locks costs one keep-alive.
+//! The session publishes its [`SessionState`] to every lease handed out:
+//! `Suspect` as soon as a keep-alive fails, `Lost` when the server says the
+//! lease is gone (keep-alive TTL <= 0) or, at the latest, at the local
+//! deadline (`last successful keep-alive sent + TTL - drift`), which comes
+//! before the server can expire the lease.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use lock_core::{ErrorKind, LockError, Operation, SessionState, validity_deadline, with_timeout};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::error::{NAME, from_etcd};
+
+/// A granted lease, its keep-alive task, and what this process knows about
+/// the entries attached to it.
+pub(crate) struct Session {
+    lease_id: i64,
+    server_ttl: Duration,
+    state: watch::Sender<SessionState>,
+    deadline: Mutex<Instant>,
+    /// Entries handed out as grants: entry key -> create revision.
+    held: Mutex<HashMap<String, i64>>,
+    /// Entry keys that may exist on the server (held, waiting, or being
+    /// cleaned up): never reused for another grant while listed.
+    in_use: Mutex<HashSet<String>>,
+    counter: AtomicU64,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("lease_id", &format_args!("{:x}", self.lease_id))
+            .field("ttl", &self.server_ttl)
+            .field("state", &*self.state.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Session {
+    /// Grants a lease of `ttl` (rounded up to whole seconds by the caller)
+    /// and starts keeping it alive.
+    pub(crate) async fn start(
+        client: &Client,
+        ttl_secs: i64,
+        op_timeout: Duration,
+    ) -> Result<Arc<Self>, LockError> {
+        let mut lease_client = client.lease_client();
+        let sent_at = Instant::now();
+        let grant = with_timeout(op_timeout, Operation::Acquire, async {
+            lease_client
+                .grant(ttl_secs, None)
+                .await
+                .map_err(|e| from_etcd(Operation::Acquire, e))
+        })
+        .await?;
+        if !grant.error().is_empty() || grant.ttl() <= 0 {
+            return Err(LockError::new(
+                ErrorKind::Backend,
+                Operation::Acquire,
+                format!("lease grant refused: {}", grant.error()),
+            )
+            .with_backend(NAME));
+        }
+        let server_ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1));
+        let (state, _) = watch::channel(SessionState::Alive);
+        let session = Arc::new(Self {
+            lease_id: grant.id(),
+            server_ttl,
+            state,
+            deadline: Mutex::new(validity_deadline(sent_at, server_ttl)),
+            held: Mutex::new(HashMap::new()),
+            in_use: Mutex::new(HashSet::new()),
+            counter: AtomicU64::new(0),
+        });
+        tracing::debug!(lease = %format_args!("{:x}", grant.id()), ttl = ?server_ttl, "etcd session started");
+        tokio::spawn(keep_alive_loop(
+            client.clone(),
+            Arc::downgrade(&session),
+            op_timeout,
+        ));
+        Ok(session)
+    }
+
+    pub(crate) fn lease_id(&self) -> i64 {
+        self.lease_id
+    }
+
+    /// The lease id as etcd's concurrency package prints it in entry names.
+    pub(crate) fn lease_hex(&self) -> String {
+        format!("{:x}", self.lease_id)
+    }
+
+    /// The TTL the server granted.
+    pub(crate) fn server_ttl(&self) -> Duration {
+        self.server_ttl
+    }
+
+    /// The instant before which the server cannot have expired the lease.
+    pub(crate) fn deadline(&self) -> Instant {
+        *lock(&self.deadline)
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<SessionState> {
+        self.state.subscribe()
+    }
+
+    pub(crate) fn state(&self) -> SessionState {
+        self.state.borrow().clone()
+    }
+
+    /// Not lost and before its local deadline.
+    pub(crate) fn is_alive(&self) -> bool {
+        !matches!(*self.state.borrow(), SessionState::Lost(_)) && Instant::now() < self.deadline()
+    }
+
+    /// Picks the entry key for a new grant under `key_prefix` (which ends
+    /// with the separator): `<key_prefix><lease hex>`, the layout of etcd's
+    /// concurrency mutex, unless this session already has an entry there
+    /// (a second grant of the same key from the same backend), which then
+    /// gets `<lease hex>-<n>`. Both sort under the key's prefix, so the
+    /// grants exclude each other (and `etcdctl lock`) by create revision.
+    pub(crate) fn claim_entry(&self, key_prefix: &str) -> String {
+        let mut in_use = lock(&self.in_use);
+        let primary = format!("{key_prefix}{}", self.lease_hex());
+        if in_use.insert(primary.clone()) {
+            return primary;
+        }
+        loop {
+            let n = self.counter.fetch_add(1, Ordering::Relaxed);
+            let name = format!("{primary}-{n}");
+            if in_use.insert(name.clone()) {
+                return name;
+            }
+        }
+    }
+
+    /// The entry is known to be gone from the server: its name may be reused.
+    pub(crate) fn free_entry(&self, entry: &str) {
+        lock(&self.in_use).remove(entry);
+    }
+
+    pub(crate) fn mark_held(&self, entry: &str, revision: i64) {
+        lock(&self.held).insert(entry.to_owned(), revision);
+    }
+
+    /// Forgets a grant; returns whether it was held with this revision.
+    pub(crate) fn unmark_held(&self, entry: &str, revision: i64) -> bool {
+        let mut held = lock(&self.held);
+        if held.get(entry) == Some(&revision) {
+            held.remove(entry);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub(crate) fn holds(&self, entry: &str, revision: i64) -> bool {
+        lock(&self.held).get(entry) == Some(&revision)
+    }
+
+    fn set_state(&self, next: SessionState) {
+        self.state.send_if_modified(|state| {
+            if matches!(state, SessionState::Lost(_)) || *state == next {
+                false
+            } else {
+                *state = next;
+                true
+            }
+        });
+    }
+
+    /// Declares the session lost: every lease on it gets the lost signal.
+    pub(crate) fn lose(&self, reason: &str) {
+        if !matches!(*self.state.borrow(), SessionState::Lost(_)) {
+            tracing::warn!(lease = %self.lease_hex(), %reason, "etcd session lost");
+        }
+        self.set_state(SessionState::Lost(reason.to_owned()));
+        lock(&self.held).clear();
+        lock(&self.in_use).clear();
+    }
+
+    fn extend(&self, deadline: Instant) {
+        let mut current = lock(&self.deadline);
+        if deadline > *current {
+            *current = deadline;
+        }
+    }
+}
+
+/// Sends one keep-alive on the open stream (opening it if needed) and
+/// returns the TTL the server answered with.
+async fn one_keep_alive(
+    client: &Client,
+    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    lease_id: i64,
+) -> Result<i64, LockError> {
+    let op = Operation::Renew;
+    match stream {
+        None => {
+            // Opening the stream sends the first keep-alive and waits for its
+            // answer (an error when the lease is gone).
+            let opened = client
+                .lease_client()
+                .keep_alive(lease_id)
+                .await
+                .map_err(|e| from_etcd(op, e))?;
+            *stream = Some(opened);
+            Ok(i64::MAX)
+        }
+        Some((keeper, responses)) => {
+            keeper.keep_alive().await.map_err(|e| from_etcd(op, e))?;
+            match responses.message().await.map_err(|e| from_etcd(op, e))? {
+                Some(response) => Ok(response.ttl()),
+                None => Err(LockError::new(
+                    ErrorKind::Unavailable,
+                    op,
+                    "keep-alive stream closed",
+                )),
+            }
+        }
+    }
+}
+
+/// Keeps the lease alive every TTL/3 until the session is dropped or lost.
+///
+/// Each attempt is bounded by TTL/3 (and the operation timeout), so a hung
+/// server turns the session `Suspect` well before the deadline; a stream
+/// whose request timed out is dropped, so a late answer is never credited
+/// to a newer request.
+async fn keep_alive_loop(client: Client, session: Weak<Session>, op_timeout: Duration) {
+    let mut stream = None;
+    let mut failures: u32 = 0;
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        let ttl = s.server_ttl;
+        let interval = (ttl / 3).max(Duration::from_millis(100));
+        let deadline = s.deadline();
+        let lease_id = s.lease_id;
+        drop(s);
+        let sent_at = Instant::now();
+        if sent_at >= deadline {
+            if let Some(s) = session.upgrade() {
+                s.lose("no keep-alive succeeded before the lease's local deadline");
+                revoke_in_background(&client, lease_id, ttl);
+            }
+            return;
+        }
+        let budget = op_timeout.min(interval).min(deadline - sent_at);
+        let outcome =
+            tokio::time::timeout(budget, one_keep_alive(&client, &mut stream, lease_id)).await;
+        let Some(s) = session.upgrade() else { return };
+        match outcome {
+            Ok(Ok(server_ttl)) if server_ttl > 0 => {
+                let granted = u64::try_from(server_ttl)
+                    .map(Duration::from_secs)
+                    .unwrap_or(ttl)
+                    .min(ttl);
+                s.extend(validity_deadline(sent_at, granted));
+                s.set_state(SessionState::Alive);
+                failures = 0;
+                drop(s);
+                sleep_until(sent_at + interval).await;
+            }
+            Ok(Ok(_)) => {
+                s.lose("the lease expired on the server (keep-alive answered TTL 0)");
+                return;
+            }
+            Ok(Err(err)) if err.kind() == ErrorKind::LeaseLost => {
+                s.lose(&format!("the lease is gone on the server: {err}"));
+                return;
+            }
+            Ok(Err(err)) => {
+                tracing::debug!(lease = %s.lease_hex(), %err, "keep-alive failed");
+                stream = None;
+                s.set_state(SessionState::Suspect);
+                failures = failures.saturating_add(1);
+                drop(s);
+                let backoff = Duration::from_millis(25)
+                    .saturating_mul(1 << failures.min(5))
+                    .min(interval / 2);
+                sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
+            }
+            Err(_) => {
+                tracing::debug!(lease = %s.lease_hex(), "keep-alive timed out");
+                stream = None;
+                s.set_state(SessionState::Suspect);
+                failures = failures.saturating_add(1);
+            }
+        }
+    }
+}
+
+/// Revokes a lease we gave up on, so that entries the server may still
+/// keep (a lease outlives a leader change) vanish as soon as it is
+/// reachable. Best effort, for a bounded time.
+pub(crate) fn revoke_in_background(client: &Client, lease_id: i64, ttl: Duration) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut lease_client = client.lease_client();
+    handle.spawn(async move {
+        let give_up = Instant::now() + ttl.saturating_mul(3).max(Duration::from_secs(5));
+        let mut delay = Duration::from_millis(50);
+        while Instant::now() < give_up {
+            match tokio::time::timeout(Duration::from_secs(1), lease_client.revoke(lease_id)).await
+            {
+                Ok(Ok(_)) => return,
+                Ok(Err(err)) => {
+                    if from_etcd(Operation::Release, err).kind() == ErrorKind::LeaseLost {
+                        return;
+                    }
+                }
+                Err(_) => {}
+            }
+            sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+    });
+}
