@@ -1,2 +1,109 @@
-//! The redis driver of the distlock family. Not implemented yet: this crate
-//! exports nothing until its driver lands.
+//! The Redis driver of the distlock family: one server, a Sentinel-managed
+//! master, Redis Cluster, or Redlock over independent servers.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lock_core::LockClient;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_core::LockError> {
+//! let backend = lock_redis::connect("redis://127.0.0.1:6379?ttl=10s").await?;
+//! let client = LockClient::new(backend);
+//! let total = client.with_lock("ledger", async { 40 + 2 }).await?;
+//! # let _ = total; Ok(()) }
+//! ```
+//!
+//! # URL schemes
+//!
+//! | scheme | topology |
+//! |---|---|
+//! | `redis://[[user]:pw@]host[:port][/db]` | one server |
+//! | `rediss://...` | one server over TLS |
+//! | `redis+sentinel://[[user]:pw@]s1[:port][,s2...]/master[/db]` | master found through Sentinel |
+//! | `redis+cluster://[[user]:pw@]n1[:port][,n2...]` | Redis Cluster (seed nodes) |
+//! | `redlock://[[user]:pw@]n1[:port],n2[:port],n3[:port][/db]` | Redlock over independent servers |
+//!
+//! Query options: `ttl`, `prefix`, `timeout` (operation timeout),
+//! `replicas` and `wait_timeout` (WAIT after acquire), `recheck`, `tls`,
+//! `sentinel_password`. See [`RedisConfig`].
+//!
+//! # What it does
+//!
+//! - [x] **Acquire is one round trip**: one Lua script does
+//!   `SET <prefix>{<key>} <owner> NX PX <ttl>` and, only on success, `INCR
+//!   <prefix>{<key>}:token`, returning the new fencing token. The lock key
+//!   holds the owner id (32 hex digits) as a plain string, so clients of
+//!   other libraries that use `SET key <random> NX PX` on the same key
+//!   exclude with ours (and [`RedisBackend::redis_key`] tells them the key).
+//! - [x] **Release** is an atomic compare-and-delete, **renew** an atomic
+//!   compare-and-`PEXPIRE`; both report "not held" when the value is not
+//!   ours and never touch another owner's lock. Scripts go by `EVALSHA`,
+//!   falling back to `EVAL` on `NOSCRIPT` (a restarted server).
+//! - [x] **Notified waiting**: a release `PUBLISH`es on a per-key channel;
+//!   waiters share one pub/sub connection per node, subscribe before they
+//!   try, and re-check when the holder's TTL (reported by the failed
+//!   attempt) runs out, at least every `recheck` (expiry publishes nothing).
+//!   No busy polling.
+//! - [x] **One multiplexed connection per node**, shared by every lock of a
+//!   backend (and its clones), re-established after an error or timeout;
+//!   every call bounded by the operation timeout.
+//! - [x] **Batched renewal**: renewals are queued per node and sent as one
+//!   pipeline (up to 2,000 per round trip); guards renewed together stay
+//!   together, so 10,000 held locks cost a handful of round trips per period.
+//! - [x] **Cancellation**: an acquire whose answer was lost (timeout, dropped
+//!   future) releases its possible grant in the background.
+//! - [x] **Optional `WAIT`** for N replicas after each acquire (`replicas=N`):
+//!   a grant fewer replicas acknowledged is undone and reported as
+//!   `Unavailable`. It narrows the window in which a failover loses a lock,
+//!   nothing more: replication stays asynchronous, a failover may promote a
+//!   replica that did not acknowledge, and nothing is fsynced.
+//! - [x] **Redlock** over N independent servers: majority quorum, validity =
+//!   TTL − elapsed (from the first request sent) − drift (`ttl/100 + 2 ms`),
+//!   a failed attempt releases on every node (also those whose reply was
+//!   lost), a random delay after a split vote; renew and release need the
+//!   same majority.
+//! - [x] **Cluster**: the hash tag `{<key>}` puts the lock and its counter in
+//!   one slot, so the scripts run on a single node.
+//! - [x] **Sentinel**: the master is resolved through the sentinels, checked
+//!   with `ROLE`, and re-resolved after a connection error, a timeout or a
+//!   `READONLY` answer (the redis crate's own Sentinel client does not do
+//!   that after a failover).
+//! - [x] Passwords never appear in `Debug`, logs or errors.
+//!
+//! # Caveats: what Redis cannot promise
+//!
+//! - **Not linearizable.** Replication is asynchronous: a failover (or a
+//!   restart without `appendfsync always`) can lose a granted lock, and
+//!   another client is then granted the same key while the first still
+//!   holds it. The fencing counter lives in the same store, so it can go
+//!   **backwards** too (the suite's negative control shows both). Hence
+//!   `fencing_survives_failover = false` and `linearizable = false`.
+//! - **Fencing tokens** are per key (`FencingScope::PerKey`) on one server,
+//!   Sentinel and Cluster. The counter key `<prefix>{<key>}:token` is kept
+//!   forever (a few dozen bytes per key ever locked) so tokens keep growing.
+//! - **Redlock has no safe fencing token** (`FencingScope::None`): each node
+//!   has its own counter and a majority can be formed by different nodes
+//!   each time, so the token (the highest node counter) may repeat or go
+//!   backwards. Its safety also rests on timing: a client paused (GC, page
+//!   faults) past its validity, a node whose clock jumps, or a node that
+//!   restarts without persistence and without waiting a TTL before serving
+//!   can each let two clients hold the lock. Use it for efficiency, not for
+//!   correctness; use etcd or ZooKeeper for the latter.
+//! - TTL precision is one millisecond; the shortest TTL accepted is
+//!   [`MIN_TTL`]. Waiting is not FIFO.
+//! - `WAIT` is refused for Cluster and Redlock.
+
+#![deny(missing_docs)]
+
+mod batch;
+mod config;
+mod conn;
+mod driver;
+mod notify;
+mod scripts;
+
+pub use config::{
+    DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL, RedisConfig,
+    RedisNode, RedisTopology,
+};
+pub use driver::{MIN_TTL, RedisBackend, connect};

@@ -1,0 +1,667 @@
+//! One configuration for every Redis topology, from a URL or a builder.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::LockError;
+use percent_encoding::percent_decode_str;
+
+/// The default key prefix (`distlock:`): a lock named `jobs/a` lives in the
+/// Redis key `distlock:{jobs/a}`.
+pub const DEFAULT_PREFIX: &str = "distlock:";
+
+/// The default operation timeout: every single network call is bounded by it.
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The default TTL offered to callers that do not pick one ([`RedisConfig::default_ttl`]).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// The default upper bound between two re-checks of a waiter that heard no
+/// release notification (a holder's expiry publishes nothing).
+pub const DEFAULT_RECHECK: Duration = Duration::from_millis(500);
+
+/// One Redis server address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RedisNode {
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl RedisNode {
+    /// A node at `host:port`.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        Self {
+            host: host.into(),
+            port,
+        }
+    }
+}
+
+impl fmt::Display for RedisNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Which Redis deployment the locks live in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RedisTopology {
+    /// One server (`redis://`, `rediss://`).
+    Single(RedisNode),
+    /// A master found through Sentinel (`redis+sentinel://`); re-resolved
+    /// after a failover.
+    Sentinel {
+        /// The sentinels to ask.
+        sentinels: Vec<RedisNode>,
+        /// The monitored master's name.
+        master: String,
+    },
+    /// Redis Cluster (`redis+cluster://`): seed nodes.
+    Cluster(Vec<RedisNode>),
+    /// Redlock over independent servers (`redlock://`).
+    Redlock(Vec<RedisNode>),
+}
+
+/// Everything a [`RedisBackend`](crate::RedisBackend) needs.
+///
+/// Built from a URL ([`RedisConfig::from_url`]) or with the builder methods.
+/// Its `Debug` output never shows a password.
+///
+/// # URL forms
+///
+/// ```text
+/// redis://[[user]:password@]host[:port][/db][?options]
+/// rediss://...                                         (TLS)
+/// redis+sentinel://[[user]:password@]s1[:port][,s2[:port]...]/master[/db][?options]
+/// redis+cluster://[[user]:password@]n1[:port][,n2[:port]...][?options]
+/// redlock://[[user]:password@]n1[:port],n2[:port],n3[:port][/db][?options]
+/// ```
+///
+/// Options: `ttl` (default TTL), `prefix` (key prefix, no braces),
+/// `timeout` (operation timeout), `replicas` (replicas to `WAIT` for after
+/// acquire), `wait_timeout` (how long `WAIT` may block), `recheck` (the
+/// longest a waiter goes without re-checking), `tls=true` (TLS for the
+/// multi-node schemes), `sentinel_password` (for sentinels that require
+/// one). Durations are `250ms`, `2s`, `1m` or a bare number of milliseconds.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    pub(crate) topology: RedisTopology,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) sentinel_password: Option<String>,
+    pub(crate) tls: bool,
+    pub(crate) db: i64,
+    pub(crate) prefix: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) operation_timeout: Duration,
+    pub(crate) wait_replicas: u32,
+    pub(crate) wait_timeout: Duration,
+    pub(crate) recheck: Duration,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redacted = |p: &Option<String>| p.as_ref().map(|_| "<redacted>");
+        f.debug_struct("RedisConfig")
+            .field("topology", &self.topology)
+            .field("username", &self.username)
+            .field("password", &redacted(&self.password))
+            .field("sentinel_password", &redacted(&self.sentinel_password))
+            .field("tls", &self.tls)
+            .field("db", &self.db)
+            .field("prefix", &self.prefix)
+            .field("default_ttl", &self.default_ttl)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("recheck", &self.recheck)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    fn with_topology(topology: RedisTopology) -> Self {
+        Self {
+            topology,
+            username: None,
+            password: None,
+            sentinel_password: None,
+            tls: false,
+            db: 0,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            default_ttl: DEFAULT_TTL,
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
+            wait_replicas: 0,
+            wait_timeout: Duration::from_millis(100),
+            recheck: DEFAULT_RECHECK,
+        }
+    }
+
+    /// One server.
+    pub fn single(host: impl Into<String>, port: u16) -> Self {
+        Self::with_topology(RedisTopology::Single(RedisNode::new(host, port)))
+    }
+
+    /// A master named `master`, found through `sentinels`.
+    pub fn sentinel(sentinels: Vec<RedisNode>, master: impl Into<String>) -> Self {
+        Self::with_topology(RedisTopology::Sentinel {
+            sentinels,
+            master: master.into(),
+        })
+    }
+
+    /// A Redis Cluster reached through these seed nodes.
+    pub fn cluster(seeds: Vec<RedisNode>) -> Self {
+        Self::with_topology(RedisTopology::Cluster(seeds))
+    }
+
+    /// Redlock over these independent servers (an odd number, 3 or 5, is usual).
+    pub fn redlock(nodes: Vec<RedisNode>) -> Self {
+        Self::with_topology(RedisTopology::Redlock(nodes))
+    }
+
+    /// Parses a URL (see the type's documentation for the forms).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for an unknown
+    /// scheme, a bad host list, port, option or value. The message never
+    /// contains the password.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        parse_url(url)
+    }
+
+    /// Sets the password (and optionally the ACL user name).
+    #[must_use]
+    pub fn password(mut self, username: Option<&str>, password: &str) -> Self {
+        self.username = username.map(str::to_owned);
+        self.password = Some(password.to_owned());
+        self
+    }
+
+    /// Sets the password sentinels require (data nodes use [`password`](Self::password)).
+    #[must_use]
+    pub fn sentinel_password(mut self, password: &str) -> Self {
+        self.sentinel_password = Some(password.to_owned());
+        self
+    }
+
+    /// Uses TLS to every node.
+    #[must_use]
+    pub fn tls(mut self, tls: bool) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Selects a database (not for Cluster, which only has database 0).
+    #[must_use]
+    pub fn db(mut self, db: i64) -> Self {
+        self.db = db;
+        self
+    }
+
+    /// Sets the key prefix.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) when it contains
+    /// `{` or `}` (the driver's hash tag follows the prefix) or a control
+    /// character.
+    pub fn prefix(mut self, prefix: &str) -> Result<Self, LockError> {
+        check_prefix(prefix)?;
+        self.prefix = prefix.to_owned();
+        Ok(self)
+    }
+
+    /// Sets the TTL offered to callers that do not choose one.
+    #[must_use]
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// Sets the timeout of every single network call.
+    #[must_use]
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// After each acquire, `WAIT`s for `replicas` replicas to acknowledge it
+    /// for at most `timeout`; an acquire that fewer replicas acknowledged is
+    /// undone and fails with `Unavailable`.
+    #[must_use]
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait_replicas = replicas;
+        self.wait_timeout = timeout;
+        self
+    }
+
+    /// Sets the longest time a waiter goes without re-checking the key when
+    /// no release notification arrives.
+    #[must_use]
+    pub fn recheck_interval(mut self, interval: Duration) -> Self {
+        self.recheck = interval;
+        self
+    }
+
+    /// The topology.
+    pub fn topology(&self) -> &RedisTopology {
+        &self.topology
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The TTL from the URL's `ttl` option (30 s when absent).
+    pub fn ttl(&self) -> Duration {
+        self.default_ttl
+    }
+
+    /// The operation timeout.
+    pub fn timeout(&self) -> Duration {
+        self.operation_timeout
+    }
+
+    /// How many replicas an acquire waits for.
+    pub fn replicas(&self) -> u32 {
+        self.wait_replicas
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        let nodes: &[RedisNode] = match &self.topology {
+            RedisTopology::Single(node) => std::slice::from_ref(node),
+            RedisTopology::Sentinel { sentinels, master } => {
+                if master.is_empty() {
+                    return Err(LockError::config("the sentinel master name is empty"));
+                }
+                sentinels
+            }
+            RedisTopology::Cluster(nodes) => {
+                if self.db != 0 {
+                    return Err(LockError::config("Redis Cluster only has database 0"));
+                }
+                nodes
+            }
+            RedisTopology::Redlock(nodes) => nodes,
+        };
+        if nodes.is_empty() {
+            return Err(LockError::config("no Redis node given"));
+        }
+        if nodes.iter().any(|n| n.host.is_empty()) {
+            return Err(LockError::config("empty host name"));
+        }
+        check_prefix(&self.prefix)?;
+        if self.operation_timeout.is_zero() {
+            return Err(LockError::config("the operation timeout must be positive"));
+        }
+        if self.recheck.is_zero() {
+            return Err(LockError::config("the recheck interval must be positive"));
+        }
+        if self.default_ttl.is_zero() || self.default_ttl > lock_core::MAX_TTL {
+            return Err(LockError::config("the default TTL is out of range"));
+        }
+        if self.wait_replicas > 0 && self.wait_timeout.is_zero() {
+            return Err(LockError::config("wait_timeout must be positive"));
+        }
+        Ok(())
+    }
+
+    /// A URL for the redis crate for one data node (credentials percent-encoded).
+    pub(crate) fn node_url(&self, node: &RedisNode) -> String {
+        self.url_for(
+            node,
+            self.username.as_deref(),
+            self.password.as_deref(),
+            self.db,
+        )
+    }
+
+    /// A URL for one sentinel.
+    pub(crate) fn sentinel_url(&self, node: &RedisNode) -> String {
+        self.url_for(node, None, self.sentinel_password.as_deref(), 0)
+    }
+
+    fn url_for(
+        &self,
+        node: &RedisNode,
+        username: Option<&str>,
+        password: Option<&str>,
+        db: i64,
+    ) -> String {
+        use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let auth = match password {
+            Some(password) => format!(
+                "{}:{}@",
+                utf8_percent_encode(username.unwrap_or(""), NON_ALPHANUMERIC),
+                utf8_percent_encode(password, NON_ALPHANUMERIC)
+            ),
+            None => String::new(),
+        };
+        format!("{scheme}://{auth}{node}/{db}")
+    }
+
+    /// Secrets to scrub from any text that reaches an error message.
+    pub(crate) fn secrets(&self) -> Vec<String> {
+        [&self.password, &self.sentinel_password]
+            .into_iter()
+            .flatten()
+            .filter(|p| !p.is_empty())
+            .cloned()
+            .collect()
+    }
+}
+
+fn check_prefix(prefix: &str) -> Result<(), LockError> {
+    if prefix.contains(['{', '}']) || prefix.chars().any(char::is_control) {
+        return Err(LockError::config(
+            "the key prefix must not contain '{', '}' or control characters",
+        ));
+    }
+    if prefix.len() > 128 {
+        return Err(LockError::config("the key prefix is longer than 128 bytes"));
+    }
+    Ok(())
+}
+
+/// Parses `250ms`, `2s`, `1m`, or a bare number of milliseconds.
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "ms"),
+    };
+    let value: u64 = number.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(value)),
+        "s" => Some(Duration::from_secs(value)),
+        "m" => Some(Duration::from_secs(value.checked_mul(60)?)),
+        _ => None,
+    }
+}
+
+fn decode(text: &str, what: &str) -> Result<String, LockError> {
+    percent_decode_str(text)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| LockError::config(format!("the {what} is not valid UTF-8 once decoded")))
+}
+
+fn parse_hosts(list: &str, default_port: u16) -> Result<Vec<RedisNode>, LockError> {
+    let mut nodes = Vec::new();
+    for item in list.split(',') {
+        let item = item.trim();
+        if item.is_empty() {
+            return Err(LockError::config("empty entry in the host list"));
+        }
+        let (host, port) = if let Some(rest) = item.strip_prefix('[') {
+            // [ipv6]:port
+            let (host, after) = rest
+                .split_once(']')
+                .ok_or_else(|| LockError::config("unclosed '[' in a host"))?;
+            match after.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None if after.is_empty() => (host, None),
+                None => return Err(LockError::config("bad text after an IPv6 address")),
+            }
+        } else {
+            match item.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (item, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(LockError::config("empty host name"));
+        }
+        let port = match port {
+            Some(port) => port
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| LockError::config("bad port in the host list"))?,
+            None => default_port,
+        };
+        nodes.push(RedisNode::new(decode(host, "host")?, port));
+    }
+    Ok(nodes)
+}
+
+fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| LockError::config("not a URL: expected <scheme>://..."))?;
+    let scheme = scheme.to_ascii_lowercase();
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
+    };
+    let (authority, path) = match rest.split_once('/') {
+        Some((authority, path)) => (authority, path),
+        None => (rest, ""),
+    };
+    // The password may contain '@' when not encoded: the host list follows
+    // the last '@'.
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let mut segments = path.split('/').filter(|s| !s.is_empty());
+    let parse_db = |segment: Option<&str>| -> Result<i64, LockError> {
+        match segment {
+            None => Ok(0),
+            Some(db) => db
+                .parse::<i64>()
+                .ok()
+                .filter(|db| *db >= 0)
+                .ok_or_else(|| LockError::config("bad database number in the URL path")),
+        }
+    };
+    let mut config = match scheme.as_str() {
+        "redis" | "rediss" => {
+            let nodes = parse_hosts(hosts, 6379)?;
+            let [node] = <[RedisNode; 1]>::try_from(nodes).map_err(|_| {
+                LockError::config(format!(
+                    "{scheme}:// takes one host; use redlock:// or redis+cluster:// for several"
+                ))
+            })?;
+            let mut config = RedisConfig::single(node.host, node.port);
+            config.tls = scheme == "rediss";
+            config.db = parse_db(segments.next())?;
+            config
+        }
+        "redis+sentinel" | "rediss+sentinel" => {
+            let sentinels = parse_hosts(hosts, 26379)?;
+            let master = segments.next().ok_or_else(|| {
+                LockError::config("redis+sentinel:// needs the master name as its path")
+            })?;
+            let mut config = RedisConfig::sentinel(sentinels, decode(master, "master name")?);
+            config.tls = scheme.starts_with("rediss");
+            config.db = parse_db(segments.next())?;
+            config
+        }
+        "redis+cluster" | "rediss+cluster" => {
+            let mut config = RedisConfig::cluster(parse_hosts(hosts, 6379)?);
+            config.tls = scheme.starts_with("rediss");
+            config
+        }
+        "redlock" => {
+            let mut config = RedisConfig::redlock(parse_hosts(hosts, 6379)?);
+            config.db = parse_db(segments.next())?;
+            config
+        }
+        other => {
+            return Err(LockError::config(format!(
+                "unknown scheme {other:?}: expected redis, rediss, redis+sentinel, redis+cluster or redlock"
+            )));
+        }
+    };
+    if segments.next().is_some() {
+        return Err(LockError::config("unexpected path segments in the URL"));
+    }
+    if let Some(userinfo) = userinfo {
+        let (user, password) = match userinfo.split_once(':') {
+            Some((user, password)) => (user, Some(password)),
+            None => ("", Some(userinfo)),
+        };
+        let user = decode(user, "user name")?;
+        config.username = (!user.is_empty()).then_some(user);
+        config.password = password.map(|p| decode(p, "password")).transpose()?;
+    }
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = decode(value, "option value")?;
+        let duration = |what: &str| {
+            parse_duration(&value).ok_or_else(|| {
+                LockError::config(format!(
+                    "option {what}: bad duration {value:?} (use 250ms, 2s, 1m)"
+                ))
+            })
+        };
+        match name {
+            "ttl" => config.default_ttl = duration("ttl")?,
+            "prefix" => {
+                check_prefix(&value)?;
+                config.prefix = value.clone();
+            }
+            "timeout" | "operation_timeout" => config.operation_timeout = duration("timeout")?,
+            "replicas" | "wait_replicas" => {
+                config.wait_replicas = value.parse().map_err(|_| {
+                    LockError::config(format!("option replicas: bad number {value:?}"))
+                })?;
+            }
+            "wait_timeout" => config.wait_timeout = duration("wait_timeout")?,
+            "recheck" => config.recheck = duration("recheck")?,
+            "tls" => {
+                config.tls = match value.as_str() {
+                    "true" | "1" | "yes" | "" => true,
+                    "false" | "0" | "no" => false,
+                    _ => {
+                        return Err(LockError::config(format!(
+                            "option tls: bad value {value:?}"
+                        )));
+                    }
+                };
+            }
+            "sentinel_password" => config.sentinel_password = Some(value.clone()),
+            other => {
+                return Err(LockError::config(format!("unknown option {other:?}")));
+            }
+        }
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_scheme() {
+        let c = RedisConfig::from_url(
+            "redis://:s3cr%40t@127.0.0.1:7000/2?ttl=5s&prefix=app:&timeout=250ms&replicas=1",
+        )
+        .unwrap();
+        assert_eq!(
+            c.topology,
+            RedisTopology::Single(RedisNode::new("127.0.0.1", 7000))
+        );
+        assert_eq!(c.password.as_deref(), Some("s3cr@t"));
+        assert_eq!(c.db, 2);
+        assert_eq!(c.default_ttl, Duration::from_secs(5));
+        assert_eq!(c.prefix, "app:");
+        assert_eq!(c.operation_timeout, Duration::from_millis(250));
+        assert_eq!(c.wait_replicas, 1);
+        assert!(!c.tls);
+        assert!(RedisConfig::from_url("rediss://h").unwrap().tls);
+
+        let c = RedisConfig::from_url("redis+sentinel://a:1,b,c:3/mymaster").unwrap();
+        assert_eq!(
+            c.topology,
+            RedisTopology::Sentinel {
+                sentinels: vec![
+                    RedisNode::new("a", 1),
+                    RedisNode::new("b", 26379),
+                    RedisNode::new("c", 3)
+                ],
+                master: "mymaster".into()
+            }
+        );
+        let c = RedisConfig::from_url("redis+cluster://u:p@a:1,b:2?tls=true").unwrap();
+        assert_eq!(
+            c.topology,
+            RedisTopology::Cluster(vec![RedisNode::new("a", 1), RedisNode::new("b", 2)])
+        );
+        assert_eq!(c.username.as_deref(), Some("u"));
+        assert!(c.tls);
+        let c = RedisConfig::from_url("redlock://a:1,b:2,[::1]:3/1").unwrap();
+        assert_eq!(
+            c.topology,
+            RedisTopology::Redlock(vec![
+                RedisNode::new("a", 1),
+                RedisNode::new("b", 2),
+                RedisNode::new("::1", 3)
+            ])
+        );
+        assert_eq!(c.node_url(&RedisNode::new("::1", 3)), "redis://[::1]:3/1");
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_leaking_the_password() {
+        for bad in [
+            "",
+            "redis",
+            "http://h",
+            "redis://:pw@h:0",
+            "redis://:pw@h:99999",
+            "redis://:pw@a,b",
+            "redis://:pw@h/x",
+            "redis://:pw@h/1/2",
+            "redis://:pw@h?ttl=forever",
+            "redis://:pw@h?prefix=%7Bx",
+            "redis://:pw@h?bogus=1",
+            "redis://:pw@h?timeout=0",
+            "redis+sentinel://:pw@h",
+            "redis+cluster://:pw@a,,b",
+            "redis+cluster://:pw@a/3?x",
+            "redlock://:pw@",
+            "redis://:pw@[::1",
+        ] {
+            let err = RedisConfig::from_url(bad).unwrap_err();
+            assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{bad}");
+            assert!(!err.to_string().contains("pw"), "{err}");
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let c =
+            RedisConfig::from_url("redis://user:hunter2@h?sentinel_password=swordfish").unwrap();
+        let text = format!("{c:?}");
+        assert!(
+            !text.contains("hunter2") && !text.contains("swordfish"),
+            "{text}"
+        );
+        assert!(text.contains("<redacted>"));
+        assert_eq!(c.secrets().len(), 2);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("3s"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("x"), None);
+        assert_eq!(parse_duration("5h"), None);
+    }
+}

@@ -1,0 +1,517 @@
+//! One logical Redis endpoint (a server, a Sentinel-managed master, or a
+//! cluster) behind one shared, multiplexed, reconnecting connection.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use lock_core::{ErrorKind, LockError, Operation};
+use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
+
+use crate::config::{RedisConfig, RedisNode};
+use crate::scripts::LuaScript;
+
+pub(crate) const NAME: &str = "redis";
+
+/// A connection handle; cheap to clone (both kinds are multiplexed).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Plain(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Self::Plain(c) => cmd.query_async(c).await,
+            Self::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+
+    async fn pipeline(
+        &mut self,
+        pipe: &redis::Pipeline,
+    ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+        match self {
+            Self::Plain(c) => pipe.query_async(c).await,
+            Self::Cluster(c) => pipe.query_async(c).await,
+        }
+    }
+
+    /// `EVALSHA`, falling back to `EVAL` (which also reloads the cache)
+    /// when the server answers `NOSCRIPT` (e.g. after a restart).
+    pub(crate) async fn eval(
+        &mut self,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+    ) -> redis::RedisResult<Value> {
+        match self
+            .query(&script_cmd("EVALSHA", &script.hash, keys, args))
+            .await
+        {
+            Err(err) if is_noscript(&err) => {
+                self.query(&script_cmd("EVAL", script.code, keys, args))
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    /// Many calls of one script. On a plain connection they go as one
+    /// pipeline (one round trip); on a cluster connection concurrently
+    /// (the cluster client pipelines per node on its own).
+    pub(crate) async fn eval_many(
+        &mut self,
+        script: &LuaScript,
+        calls: &[(Vec<&str>, Vec<&str>)],
+    ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
+        match self {
+            Self::Plain(_) => {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for (keys, args) in calls {
+                    pipe.add_command(script_cmd("EVALSHA", &script.hash, keys, args));
+                }
+                let mut results = self.pipeline(&pipe).await?;
+                for (result, (keys, args)) in results.iter_mut().zip(calls) {
+                    if matches!(result, Err(err) if is_noscript(err)) {
+                        *result = self.eval(script, keys, args).await;
+                    }
+                }
+                Ok(results)
+            }
+            Self::Cluster(_) => {
+                let futures = calls.iter().map(|(keys, args)| {
+                    let mut conn = self.clone();
+                    async move { conn.eval(script, keys, args).await }
+                });
+                Ok(futures_util::future::join_all(futures).await)
+            }
+        }
+    }
+}
+
+fn script_cmd(verb: &str, body: &str, keys: &[&str], args: &[&str]) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+    cmd
+}
+
+fn is_noscript(err: &RedisError) -> bool {
+    err.code() == Some("NOSCRIPT")
+}
+
+/// Where connections come from.
+enum Source {
+    Direct(redis::Client),
+    Sentinel {
+        sentinels: Vec<redis::Client>,
+        master: String,
+        config: Arc<RedisConfig>,
+    },
+    Cluster {
+        client: Box<ClusterClient>,
+        seeds: Vec<redis::Client>,
+    },
+}
+
+struct Cached {
+    generation: u64,
+    conn: Conn,
+    /// Where pub/sub connections go (the resolved master for Sentinel).
+    pubsub: Option<redis::Client>,
+}
+
+/// One endpoint behind one shared connection, re-established (and, for
+/// Sentinel, re-resolved) after a connection error, a timeout or a
+/// `READONLY` answer.
+pub(crate) struct Node {
+    source: Source,
+    label: String,
+    timeout: Duration,
+    secrets: Arc<Vec<String>>,
+    cached: Mutex<Option<Cached>>,
+    connecting: tokio::sync::Mutex<()>,
+    generations: AtomicU64,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+fn open_client(url: &str, secrets: &[String]) -> Result<redis::Client, LockError> {
+    redis::Client::open(url).map_err(|err| {
+        LockError::config("invalid Redis connection settings")
+            .with_backend(NAME)
+            .with_source(Redacted::new(&err, secrets))
+    })
+}
+
+impl Node {
+    /// A single server.
+    pub(crate) fn direct(config: &Arc<RedisConfig>, node: &RedisNode) -> Result<Self, LockError> {
+        let secrets = Arc::new(config.secrets());
+        let client = open_client(&config.node_url(node), &secrets)?;
+        Ok(Self::new(
+            Source::Direct(client),
+            node.to_string(),
+            config,
+            secrets,
+        ))
+    }
+
+    /// A master found through sentinels.
+    pub(crate) fn sentinel(
+        config: &Arc<RedisConfig>,
+        sentinels: &[RedisNode],
+        master: &str,
+    ) -> Result<Self, LockError> {
+        let secrets = Arc::new(config.secrets());
+        let clients = sentinels
+            .iter()
+            .map(|s| open_client(&config.sentinel_url(s), &secrets))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::new(
+            Source::Sentinel {
+                sentinels: clients,
+                master: master.to_owned(),
+                config: config.clone(),
+            },
+            format!("sentinel master {master:?}"),
+            config,
+            secrets,
+        ))
+    }
+
+    /// A cluster.
+    pub(crate) fn cluster(
+        config: &Arc<RedisConfig>,
+        seeds: &[RedisNode],
+    ) -> Result<Self, LockError> {
+        let secrets = Arc::new(config.secrets());
+        let urls: Vec<String> = seeds.iter().map(|n| config.node_url(n)).collect();
+        let client = ClusterClient::builder(urls.clone())
+            .connection_timeout(config.operation_timeout)
+            .response_timeout(config.operation_timeout)
+            .retries(2)
+            .build()
+            .map_err(|err| {
+                LockError::config("invalid Redis Cluster settings")
+                    .with_backend(NAME)
+                    .with_source(Redacted::new(&err, &secrets))
+            })?;
+        let seeds = urls
+            .iter()
+            .map(|u| open_client(u, &secrets))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::new(
+            Source::Cluster {
+                client: Box::new(client),
+                seeds,
+            },
+            "cluster".to_owned(),
+            config,
+            secrets,
+        ))
+    }
+
+    fn new(source: Source, label: String, config: &RedisConfig, secrets: Arc<Vec<String>>) -> Self {
+        Self {
+            source,
+            label,
+            timeout: config.operation_timeout,
+            secrets,
+            cached: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            generations: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn cached(&self) -> std::sync::MutexGuard<'_, Option<Cached>> {
+        self.cached.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn conn_config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(None)
+    }
+
+    /// The shared connection, connecting first if there is none.
+    async fn connection(&self) -> Result<(u64, Conn), LockError> {
+        if let Some(c) = &*self.cached() {
+            return Ok((c.generation, c.conn.clone()));
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(c) = &*self.cached() {
+            return Ok((c.generation, c.conn.clone()));
+        }
+        let (conn, pubsub) = self.connect().await?;
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.cached() = Some(Cached {
+            generation,
+            conn: conn.clone(),
+            pubsub,
+        });
+        tracing::debug!(node = %self.label, generation, "connected");
+        Ok((generation, conn))
+    }
+
+    async fn connect(&self) -> Result<(Conn, Option<redis::Client>), LockError> {
+        let op = Operation::Connect;
+        match &self.source {
+            Source::Direct(client) => {
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&self.conn_config())
+                    .await
+                    .map_err(|e| self.map_err(op, e))?;
+                Ok((Conn::Plain(conn), Some(client.clone())))
+            }
+            Source::Cluster { client, .. } => {
+                let conn = client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| self.map_err(op, e))?;
+                Ok((Conn::Cluster(conn), None))
+            }
+            Source::Sentinel {
+                sentinels,
+                master,
+                config,
+            } => {
+                let mut last = None;
+                for sentinel in sentinels {
+                    match self.resolve_through(sentinel, master, config).await {
+                        Ok(found) => return Ok(found),
+                        Err(err) => last = Some(err),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    LockError::new(ErrorKind::Unavailable, op, "no sentinel configured")
+                        .with_backend(NAME)
+                }))
+            }
+        }
+    }
+
+    /// Asks one sentinel for the master, connects, and checks with `ROLE`
+    /// that it really is a master (a stale sentinel or a demoted server is
+    /// refused).
+    async fn resolve_through(
+        &self,
+        sentinel: &redis::Client,
+        master: &str,
+        config: &RedisConfig,
+    ) -> Result<(Conn, Option<redis::Client>), LockError> {
+        let op = Operation::Connect;
+        let mut conn = sentinel
+            .get_multiplexed_async_connection_with_config(&self.conn_config())
+            .await
+            .map_err(|e| self.map_err(op, e))?;
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(master)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.map_err(op, e))?;
+        let Some((host, port)) = addr else {
+            return Err(LockError::new(
+                ErrorKind::Unavailable,
+                op,
+                format!("the sentinel does not know the master {master:?}"),
+            )
+            .with_backend(NAME));
+        };
+        let node = RedisNode::new(host, port);
+        let client = open_client(&config.node_url(&node), &self.secrets)?;
+        let mut data = client
+            .get_multiplexed_async_connection_with_config(&self.conn_config())
+            .await
+            .map_err(|e| self.map_err(op, e))?;
+        let role: Vec<Value> = redis::cmd("ROLE")
+            .query_async(&mut data)
+            .await
+            .map_err(|e| self.map_err(op, e))?;
+        let is_master = matches!(role.first(), Some(Value::BulkString(b)) if b == b"master")
+            || matches!(role.first(), Some(Value::SimpleString(s)) if s == "master");
+        if !is_master {
+            return Err(LockError::new(
+                ErrorKind::Unavailable,
+                op,
+                format!("{node} is not (or no longer) the master"),
+            )
+            .with_backend(NAME));
+        }
+        tracing::debug!(master = %node, "sentinel resolved the master");
+        Ok((Conn::Plain(data), Some(client)))
+    }
+
+    fn invalidate(&self, generation: Option<u64>) {
+        let mut cached = self.cached();
+        if let (Some(c), Some(generation)) = (&*cached, generation)
+            && c.generation == generation
+        {
+            *cached = None;
+        }
+    }
+
+    /// Runs `call` on the shared connection, bounded by `timeout`. Errors
+    /// that suggest a dead or demoted server drop the connection so the next
+    /// call reconnects (re-resolving the master under Sentinel).
+    pub(crate) async fn run<T, F, Fut>(
+        &self,
+        op: Operation,
+        timeout: Duration,
+        call: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let mut generation = None;
+        let attempt = async {
+            let (g, conn) = self.connection().await?;
+            generation = Some(g);
+            call(conn).await.map_err(|err| {
+                if needs_reconnect(&err) {
+                    self.invalidate(Some(g));
+                }
+                self.map_err(op, err)
+            })
+        };
+        let result = tokio::time::timeout(timeout, attempt).await;
+        match result {
+            Ok(result) => result,
+            Err(_) => {
+                self.invalidate(generation);
+                Err(LockError::new(
+                    ErrorKind::Timeout,
+                    op,
+                    format!("{} did not answer within {timeout:?}", self.label),
+                )
+                .with_backend(NAME))
+            }
+        }
+    }
+
+    /// A new pub/sub connection to where releases are published.
+    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, LockError> {
+        let op = Operation::Connect;
+        let attempt = async {
+            match &self.source {
+                Source::Cluster { seeds, .. } => {
+                    // PUBLISH is broadcast to every cluster node: any one will do.
+                    let mut last = None;
+                    for seed in seeds {
+                        match seed.get_async_pubsub().await {
+                            Ok(pubsub) => return Ok(pubsub),
+                            Err(err) => last = Some(self.map_err(op, err)),
+                        }
+                    }
+                    Err(last
+                        .unwrap_or_else(|| LockError::config("no seed node").with_backend(NAME)))
+                }
+                _ => {
+                    self.connection().await?;
+                    let client = self.cached().as_ref().and_then(|c| c.pubsub.clone());
+                    let client = client.ok_or_else(|| {
+                        LockError::new(ErrorKind::Unavailable, op, "no connection")
+                            .with_backend(NAME)
+                    })?;
+                    client
+                        .get_async_pubsub()
+                        .await
+                        .map_err(|e| self.map_err(op, e))
+                }
+            }
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .unwrap_or_else(|_| {
+                Err(
+                    LockError::new(ErrorKind::Timeout, op, "pub/sub connection timed out")
+                        .with_backend(NAME),
+                )
+            })
+    }
+
+    pub(crate) fn map_err(&self, op: Operation, err: RedisError) -> LockError {
+        use redis::ErrorKind as K;
+        use redis::ServerErrorKind as S;
+        let kind = if err.is_timeout() {
+            ErrorKind::Timeout
+        } else if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+            ErrorKind::Unavailable
+        } else {
+            match err.kind() {
+                K::AuthenticationFailed | K::InvalidClientConfig => ErrorKind::Config,
+                K::Server(
+                    S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly | S::BusyLoading,
+                )
+                | K::ClusterConnectionNotFound
+                | K::MasterNameNotFoundBySentinel
+                | K::NoValidReplicasFoundBySentinel
+                | K::EmptySentinelList => ErrorKind::Unavailable,
+                _ if err.code() == Some("LOADING") => ErrorKind::Unavailable,
+                _ => ErrorKind::Backend,
+            }
+        };
+        LockError::new(kind, op, format!("redis node {}", self.label))
+            .with_backend(NAME)
+            .with_source(Redacted::new(&err, &self.secrets))
+    }
+}
+
+fn needs_reconnect(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || err.is_unrecoverable_error()
+        || err.code() == Some("READONLY")
+        || err.code() == Some("MASTERDOWN")
+}
+
+/// A backend error as text with every secret scrubbed out.
+#[derive(Debug)]
+pub(crate) struct Redacted(String);
+
+impl Redacted {
+    pub(crate) fn new(err: &dyn fmt::Display, secrets: &[String]) -> Self {
+        let mut text = err.to_string();
+        for secret in secrets {
+            text = text.replace(secret.as_str(), "<redacted>");
+        }
+        Self(text)
+    }
+}
+
+impl fmt::Display for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for Redacted {}

@@ -1,0 +1,145 @@
+//! The Lua scripts and the key layout.
+
+use lock_core::LockKey;
+
+/// A Lua script with its SHA1, sent by `EVALSHA` (with an `EVAL` fallback
+/// when the server lost its script cache).
+#[derive(Debug)]
+pub(crate) struct LuaScript {
+    pub(crate) code: &'static str,
+    pub(crate) hash: String,
+}
+
+impl LuaScript {
+    fn new(code: &'static str) -> Self {
+        let hash = redis::Script::new(code).get_hash().to_owned();
+        Self { code, hash }
+    }
+}
+
+/// KEYS: lock, counter. ARGV: owner, ttl ms.
+/// Returns `{1, token}` when granted, `{0, pttl of the holder}` otherwise.
+const ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+";
+
+/// KEYS: lock. ARGV: owner, channel. Compare-and-delete, then tell waiters.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '1')
+  return 1
+end
+return 0
+";
+
+/// KEYS: lock. ARGV: owner, ttl ms. Compare-and-pexpire.
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// KEYS: lock, counter. Returns `{}` when free, else `{holder, pttl, counter}`.
+const INSPECT: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if not holder then return {} end
+return {holder, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}
+";
+
+/// The four scripts, hashed once per backend.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) acquire: LuaScript,
+    pub(crate) release: LuaScript,
+    pub(crate) renew: LuaScript,
+    pub(crate) inspect: LuaScript,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Self {
+            acquire: LuaScript::new(ACQUIRE),
+            release: LuaScript::new(RELEASE),
+            renew: LuaScript::new(RENEW),
+            inspect: LuaScript::new(INSPECT),
+        }
+    }
+
+    pub(crate) fn all(&self) -> [&LuaScript; 4] {
+        [&self.acquire, &self.release, &self.renew, &self.inspect]
+    }
+}
+
+/// The Redis names of one lock.
+///
+/// `lock` = `<prefix>{<key>}`: the hash tag makes the lock and its counter
+/// `<prefix>{<key>}:token` share a cluster slot. In the key, `%` and `}`
+/// are percent-encoded so the tag always ends where we put its brace and is
+/// never empty. The lock key holds the owner value as a plain string, so
+/// any client doing `SET <prefix>{<key>} <random> NX PX <ttl>` excludes
+/// with us.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct KeyNames {
+    pub(crate) lock: String,
+    pub(crate) counter: String,
+    pub(crate) channel: String,
+}
+
+impl KeyNames {
+    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
+        let mut escaped = String::with_capacity(key.as_str().len());
+        for c in key.as_str().chars() {
+            match c {
+                '%' => escaped.push_str("%25"),
+                '}' => escaped.push_str("%7D"),
+                c => escaped.push(c),
+            }
+        }
+        let lock = format!("{prefix}{{{escaped}}}");
+        Self {
+            counter: format!("{lock}:token"),
+            channel: format!("{lock}:released"),
+            lock,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot_tag(key: &str) -> &str {
+        // The cluster rule: the text between the first '{' and the next '}'.
+        if let Some(open) = key.find('{')
+            && let Some(len) = key[open + 1..].find('}')
+            && len > 0
+        {
+            return &key[open + 1..open + 1 + len];
+        }
+        key
+    }
+
+    #[test]
+    fn lock_and_counter_share_a_hash_tag() {
+        for name in ["a", "jobs/x", "}", "{", "a}b{c}", "%7D", "}{}"] {
+            let names = KeyNames::new("distlock:", &LockKey::new(name).unwrap());
+            let tag = slot_tag(&names.lock);
+            assert!(!tag.is_empty());
+            assert_eq!(tag, slot_tag(&names.counter), "{name}");
+            assert_ne!(tag, names.lock, "{name}: the tag must apply");
+        }
+        // Distinct keys never map to the same Redis key.
+        let a = KeyNames::new("p:", &LockKey::new("}").unwrap());
+        let b = KeyNames::new("p:", &LockKey::new("%7D").unwrap());
+        assert_ne!(a.lock, b.lock);
+        assert_eq!(
+            KeyNames::new("p:", &LockKey::new("x").unwrap()).lock,
+            "p:{x}"
+        );
+    }
+}
