@@ -96,7 +96,12 @@ pub(crate) async fn run(candidates: Vec<Candidate>, quick: bool) -> Vec<BackendR
         };
         let harness = Harness::with_config(c.target.clone(), config);
         let suite = conformance::run_suite(&harness).await;
-        eprintln!("[{}/{total}] {}: {}; latency...", i + 1, c.name, suite.verdict());
+        eprintln!(
+            "[{}/{total}] {}: {}; latency...",
+            i + 1,
+            c.name,
+            suite.verdict()
+        );
         let (cycle, error) = match measure(&*c.target, quick).await {
             Ok(stats) => (Some(stats), None),
             Err(e) => (None, Some(e.to_string())),

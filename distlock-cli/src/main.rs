@@ -1,78 +1,337 @@
-//! The `distlock` command.
+//! The `distlock` command: run a command under a distributed lock, take,
+//! renew, release and inspect locks from the shell, and compare backends.
+//!
+//! Exit codes (see `distlock --help`):
+//! 0 success; the command's own status for `run`; 1 `release`/`renew` of a
+//! lock that is not held; 2 usage or configuration error; 69 backend
+//! unavailable or failed; 75 lock held by someone else past `--wait`
+//! (override with `--conflict-exit-code`); 76 lock lost while the command
+//! ran; 126 the command could not be started.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use distlock::{Config, LockError, parse_duration};
+use lock_core::{ErrorKind, Lease, LockClient};
 
 mod compare;
+mod run;
+
+/// Process exit codes.
+mod exit {
+    /// A `release`/`renew` found the lock not held.
+    pub(crate) const NOT_HELD: u8 = 1;
+    /// Bad usage, URL, duration, key or config.
+    pub(crate) const USAGE: u8 = 2;
+    /// The backend could not be reached or failed.
+    pub(crate) const UNAVAILABLE: u8 = 69;
+    /// The lock stayed held by someone else past --wait (like `flock -w`).
+    pub(crate) const CONTENDED: u8 = 75;
+    /// The lock was lost while the command ran.
+    pub(crate) const LOCK_LOST: u8 = 76;
+    /// The command could not be started.
+    pub(crate) const CANNOT_EXEC: u8 = 126;
+}
+
+const AFTER_HELP: &str = "\
+Backend: --url, or --config FILE (TOML), or the environment (DISTLOCK_URL,
+DISTLOCK_CONFIG, DISTLOCK_TTL, DISTLOCK_WAIT, DISTLOCK_REQUIRE).
+Durations: 500ms, 30s, 5m, 1h, 1m30s.
+
+Exit codes: 0 ok (run: the command's own status); 1 not held (release,
+renew); 2 usage or configuration error; 69 backend unavailable; 75 lock
+held by someone else past --wait; 76 lock lost while the command ran;
+126 command could not be started.";
 
 /// Distributed locks from the shell, and a side-by-side comparison of
 /// lock backends.
 #[derive(Parser, Debug)]
-#[command(name = "distlock", version, about)]
+#[command(name = "distlock", version, about, after_help = AFTER_HELP)]
 struct Cli {
+    /// Backend URL (memory://, sqlite://path, postgres://, redis://, etcd://, zk://, ...).
+    #[arg(long, global = true)]
+    url: Option<String>,
+    /// TOML config file (url, ttl, wait, require).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a command while holding a lock (a distributed flock).
+    ///
+    /// The lock is renewed while the command runs and released when it
+    /// exits; distlock exits with the command's status. The command sees
+    /// DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN, DISTLOCK_OWNER and
+    /// DISTLOCK_HANDLE, runs in its own process group, and receives the
+    /// signals distlock gets (INT, TERM, HUP, QUIT, USR1, USR2).
+    #[command(after_help = "Examples:
+  distlock --url sqlite:///var/lib/app/locks.db run nightly -- ./backup.sh
+  distlock --url redis://127.0.0.1:6379 run --wait 30s --ttl 10s jobs/report -- make report
+  distlock run --on-lost kill --wait 0 cron/cleanup -- ./cleanup --fast")]
+    Run {
+        /// Lease TTL (renewed about every TTL/3).
+        #[arg(long, value_parser = duration_arg)]
+        ttl: Option<Duration>,
+        /// How long to wait for a held lock (0 = fail at once).
+        #[arg(long, value_parser = duration_arg)]
+        wait: Option<Duration>,
+        /// What to do with the command if the lock is lost.
+        #[arg(long, value_enum, default_value = "term")]
+        on_lost: run::OnLost,
+        /// With --on-lost term: SIGKILL after this long.
+        #[arg(long, value_parser = duration_arg, default_value = "10s")]
+        kill_after: Duration,
+        /// Exit code when the lock could not be had within --wait.
+        #[arg(long, default_value_t = exit::CONTENDED)]
+        conflict_exit_code: u8,
+        /// The lock's name.
+        key: String,
+        /// The command and its arguments (after --).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Take a lock and print a handle for `renew` / `release` (the lock is
+    /// not renewed: it expires with its TTL unless renewed).
+    #[command(after_help = "Example:
+  h=$(distlock --url sqlite://locks.db acquire --ttl 5m deploy)
+  distlock --url sqlite://locks.db renew --handle \"$h\"
+  distlock --url sqlite://locks.db release --handle \"$h\"")]
+    Acquire {
+        /// Lease TTL.
+        #[arg(long, value_parser = duration_arg)]
+        ttl: Option<Duration>,
+        /// How long to wait for a held lock.
+        #[arg(long, value_parser = duration_arg)]
+        wait: Option<Duration>,
+        /// The lock's name.
+        key: String,
+    },
+    /// Extend a lock taken with `acquire` by its TTL.
+    Renew {
+        /// The handle `acquire` printed.
+        #[arg(long)]
+        handle: String,
+    },
+    /// Release a lock taken with `acquire` (exit 1 if it was not held).
+    Release {
+        /// The handle `acquire` printed.
+        #[arg(long)]
+        handle: String,
+    },
+    /// Show who holds a lock: holder, fencing token, remaining TTL.
+    #[command(after_help = "Example:
+  distlock --url redis://127.0.0.1:6379 inspect jobs/report --json")]
+    Inspect {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// The lock's name.
+        key: String,
+    },
     /// Run the conformance suite and a latency benchmark against each
     /// backend and print one row per backend.
     ///
     /// With no --url, compares the embedded backends (no server needed).
-    ///
-    /// Examples:
-    ///   distlock compare
-    ///   distlock compare --url redis://127.0.0.1:6379 --json report.json
+    #[command(after_help = "Examples:
+  distlock compare
+  distlock compare --url redis://127.0.0.1:6379 --json report.json")]
     Compare {
         /// Embedded backends to include (comma separated).
         #[arg(long, value_delimiter = ',', default_value = "memory")]
         backends: Vec<String>,
         /// Also compare the backend at this URL (repeatable).
-        #[arg(long = "url")]
+        #[arg(long = "with")]
         urls: Vec<String>,
         /// Fewer iterations.
         #[arg(long)]
         quick: bool,
         /// Write every figure as JSON to this file.
         #[arg(long)]
-        json: Option<std::path::PathBuf>,
+        json: Option<PathBuf>,
     },
+}
+
+fn duration_arg(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|e| e.message().to_owned())
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    match dispatch(cli).await {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            eprintln!("distlock: {err}");
+            ExitCode::from(code_for(&err))
+        }
+    }
+}
+
+fn code_for(err: &LockError) -> u8 {
+    match err.kind() {
+        ErrorKind::InvalidArgument | ErrorKind::Config | ErrorKind::Unsupported => exit::USAGE,
+        ErrorKind::Contended => exit::CONTENDED,
+        ErrorKind::NotHeld => exit::NOT_HELD,
+        ErrorKind::LeaseLost => exit::LOCK_LOST,
+        _ => exit::UNAVAILABLE,
+    }
+}
+
+fn config(url: Option<String>, file: Option<PathBuf>) -> Result<Config, LockError> {
+    match (url, file) {
+        (Some(url), _) => {
+            let mut config = Config::from_url(&url)?;
+            // Options from the environment still apply over a URL flag.
+            if let Ok(ttl) = std::env::var("DISTLOCK_TTL") {
+                config.defaults.ttl = parse_duration(&ttl)?;
+            }
+            if let Ok(wait) = std::env::var("DISTLOCK_WAIT") {
+                config.defaults.wait = parse_duration(&wait)?;
+            }
+            if let Ok(require) = std::env::var("DISTLOCK_REQUIRE") {
+                config.requirements = distlock::parse_requirements(require.split(','))?;
+            }
+            Ok(config)
+        }
+        (None, Some(file)) => Config::from_file(file),
+        (None, None) => Config::from_env(),
+    }
+}
+
+async fn client(url: Option<String>, file: Option<PathBuf>) -> Result<LockClient, LockError> {
+    distlock::connect_config(&config(url, file)?).await
+}
+
+async fn dispatch(cli: Cli) -> Result<u8, LockError> {
     match cli.command {
+        Command::Run {
+            ttl,
+            wait,
+            on_lost,
+            kill_after,
+            conflict_exit_code,
+            key,
+            command,
+        } => {
+            let client = client(cli.url, cli.config).await?;
+            run::run(
+                &client,
+                run::RunArgs {
+                    key,
+                    ttl,
+                    wait,
+                    on_lost,
+                    kill_after,
+                    conflict_exit_code,
+                    command,
+                },
+            )
+            .await
+        }
+        Command::Acquire { ttl, wait, key } => {
+            let client = client(cli.url, cli.config).await?;
+            let mut request = client.lock(&key).no_renewal();
+            if let Some(ttl) = ttl {
+                request = request.ttl(ttl);
+            }
+            if let Some(wait) = wait {
+                request = request.wait(wait);
+            }
+            let guard = request.acquire().await?;
+            let lease = guard.lease();
+            // The handle outlives this process: do not release on exit.
+            std::mem::forget(guard);
+            println!("{}", lease.to_handle());
+            Ok(0)
+        }
+        Command::Renew { handle } => {
+            let lease = Lease::from_handle(&handle)?;
+            let client = client(cli.url, cli.config).await?;
+            match client.backend().renew(&lease).await {
+                Ok(deadline) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    println!(
+                        "renewed {} for {}",
+                        lease.key(),
+                        distlock::format_duration(left)
+                    );
+                    Ok(0)
+                }
+                Err(err) if err.is_not_held() => {
+                    eprintln!("distlock: {err}");
+                    Ok(exit::NOT_HELD)
+                }
+                Err(err) => Err(err),
+            }
+        }
+        Command::Release { handle } => {
+            let lease = Lease::from_handle(&handle)?;
+            let client = client(cli.url, cli.config).await?;
+            if client.backend().release(&lease).await? {
+                println!("released {}", lease.key());
+                Ok(0)
+            } else {
+                eprintln!("distlock: {} was not held by this handle", lease.key());
+                Ok(exit::NOT_HELD)
+            }
+        }
+        Command::Inspect { json, key } => {
+            let client = client(cli.url, cli.config).await?;
+            let info = client.inspect(&key).await?;
+            if json {
+                let value = match &info {
+                    Some(info) => serde_json::json!({
+                        "key": info.key.as_str(),
+                        "held": true,
+                        "holder": info.holder,
+                        "token": info.token.map(|t| t.get()),
+                        "remaining_ttl_ms": info.remaining_ttl.map(|d| d.as_millis()),
+                    }),
+                    None => serde_json::json!({ "key": key, "held": false }),
+                };
+                println!("{value}");
+            } else {
+                match info {
+                    Some(info) => println!(
+                        "{} held by {} token {} ttl {}",
+                        info.key,
+                        info.holder,
+                        info.token.map_or("-".to_owned(), |t| t.to_string()),
+                        info.remaining_ttl
+                            .map_or("-".to_owned(), distlock::format_duration)
+                    ),
+                    None => println!("{key} is free"),
+                }
+            }
+            Ok(0)
+        }
         Command::Compare {
             backends,
             urls,
             quick,
             json,
         } => {
-            let mut candidates = match compare::embedded(&backends) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("distlock: {e}");
-                    return ExitCode::from(2);
-                }
-            };
+            let mut candidates = compare::embedded(&backends).map_err(LockError::config)?;
             candidates.extend(compare::from_urls(&urls));
             let rows = compare::run(candidates, quick).await;
             compare::print_table(&rows);
             if let Some(path) = json {
                 let doc = serde_json::json!({ "backends": rows });
-                if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap_or_default()) {
-                    eprintln!("distlock: cannot write {}: {e}", path.display());
-                    return ExitCode::from(2);
-                }
+                let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+                std::fs::write(&path, text).map_err(|e| {
+                    LockError::config(format!("cannot write {}", path.display())).with_source(e)
+                })?;
             }
-            if rows.iter().any(|r| !r.suite.passed()) {
-                ExitCode::FAILURE
+            Ok(if rows.iter().all(|r| r.suite.passed()) {
+                0
             } else {
-                ExitCode::SUCCESS
-            }
+                1
+            })
         }
     }
 }

@@ -25,13 +25,17 @@ pub fn parse_duration(text: &str) -> Result<Duration, LockError> {
     let mut total = Duration::ZERO;
     let mut rest = text;
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if digits == 0 {
             return Err(bad());
         }
         let value: u64 = rest[..digits].parse().map_err(|_| bad())?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
         let part = match unit {
@@ -49,9 +53,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, LockError> {
 /// Formats a duration the way [`parse_duration`] reads it.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 != 0 || ms == 0 {
+    if !ms.is_multiple_of(1000) || ms == 0 {
         format!("{ms}ms")
-    } else if ms % 60_000 != 0 {
+    } else if !ms.is_multiple_of(60_000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{}m", ms / 60_000)

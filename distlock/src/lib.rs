@@ -156,9 +156,13 @@ mod tests {
     #[tokio::test]
     async fn requirements_are_refused_at_connect() {
         // Memory meets everything a config can ask for.
-        let config = Config::from_url("memory://req")
-            .unwrap()
-            .require(Requirements::none().fencing().linearizable().fifo().notify());
+        let config = Config::from_url("memory://req").unwrap().require(
+            Requirements::none()
+                .fencing()
+                .linearizable()
+                .fifo()
+                .notify(),
+        );
         connect_config(&config).await.unwrap();
     }
 }
