@@ -1,2 +1,119 @@
-//! The zk driver of the distlock family. Not implemented yet: this crate
-//! exports nothing until its driver lands.
+//! The ZooKeeper driver of the distlock family: Curator's lock recipe
+//! (ephemeral sequential nodes, lowest sequence holds, each waiter watches
+//! its predecessor), with `czxid` fencing tokens and a session-aware lost
+//! signal.
+//!
+//! # URL
+//!
+//! `zk://[user:password@]host:port[,host:port...][/chroot][?options]`
+//! (also `zookeeper://`). Options: `session_timeout`, `connect_timeout`,
+//! `op_timeout` (`6s`, `500ms` or milliseconds), `root` (lock root inside
+//! the chroot, default `/distlock`), `containers` (`true`/`false`). A user
+//! and password turn on `digest` authentication. See [`ZkConfig`].
+//!
+//! ```no_run
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), lock_core::LockError> {
+//! let client = lock_core::LockClient::new(
+//!     lock_zk::connect("zk://10.0.0.1:2181,10.0.0.2:2181,10.0.0.3:2181/myapp?session_timeout=10s").await?,
+//! );
+//! let guard = client.lock("nightly-report").acquire().await?;
+//! println!("fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # How it works
+//!
+//! - **One session per backend** (clones share it), kept by the
+//!   `zookeeper-client` crate; its state is drained continuously into the
+//!   [`SessionState`](lock_core::SessionState) signal every lease carries.
+//! - **Acquire** creates an `EPHEMERAL_SEQUENTIAL` node
+//!   `<root>/<escaped key>/_c_<attempt id>-lock-<sequence>`, lists the
+//!   directory, and holds the lock when its node has the lowest sequence.
+//!   Otherwise it watches only its immediate predecessor (no herd), and
+//!   looks again when that node goes. A predecessor that vanished between
+//!   the list and the watch is simply a new look. The attempt id (also the
+//!   lease's [`OwnerId`](lock_core::OwnerId)) is in the node name, so a
+//!   create whose reply was lost is found again instead of leaking a node
+//!   that would block everyone until the session ends.
+//! - **Withdrawal**: a wait that times out, a contended `try_acquire`, or a
+//!   dropped acquire future deletes its node (the last in the background).
+//! - **Fencing token = the lock node's `czxid`**: grants of a key follow node
+//!   creation order, and zxids only grow, across leader elections too. The
+//!   sequence number is never used: it restarts when the directory is
+//!   removed and wraps.
+//! - **Keys** become one percent-encoded path component (`[A-Za-z0-9_-]`
+//!   kept, everything else `%XX`): `/`, `.`, `..`, `%` cannot leave the
+//!   directory or collide, and the lock root is never `/`, so `zookeeper`
+//!   is harmless.
+//! - **Release** deletes only the node named in the lease, and only if that
+//!   name carries the lease's owner id; anything else is `Ok(false)`.
+//! - **Empty key directories** are container nodes (ZooKeeper ≥ 3.5), which
+//!   the server removes once empty; a waiter that finds its directory gone
+//!   re-creates it. With `containers=false` or an older server, the client
+//!   deletes the directory after a release, which the server refuses while
+//!   waiters remain.
+//!
+//! # Capabilities and caveats
+//!
+//! - [x] Fencing tokens, per key, surviving leader failover (`czxid`).
+//! - [x] Waiting by notification (predecessor watch), FIFO.
+//! - [x] Linearizable store: writes go through the leader's quorum; lock
+//!   decisions read after our own create on the same session, so every
+//!   earlier node is visible.
+//! - [x] Session signal: `Disconnected` → the guard is `Suspect` (the server
+//!   may already have expired the session: the client learns of the expiry
+//!   only on reconnecting, after the server deleted our nodes); `Expired` →
+//!   `Lost` at once, and the next call opens a new session. A grant is never
+//!   made on an old session's node.
+//! - [x] Ensembles, chroot (created when missing), digest authentication
+//!   (nodes then get the `CREATOR_ALL` ACL).
+//! - **TTL model: per session.** The node lives as long as the session. The
+//!   lease's TTL is capped at the negotiated session timeout (the server
+//!   cannot expire the session before `last contact + timeout`, so the local
+//!   validity deadline is safe), paces the guard's renewals, and is
+//!   enforced by this client: a lease not renewed within its TTL has its
+//!   node deleted by the backend that granted it. If the process dies, the
+//!   node goes when the session expires (after the session timeout), not
+//!   after the TTL.
+//! - Renewal checks that the node still exists with the grant's `czxid` and
+//!   belongs to this backend's session. A lease handle moved to another
+//!   process can be released there but not renewed.
+//! - Curator compatibility: nodes use Curator's protected names and sort on
+//!   the digits after `lock-`, so an `InterProcessMutex` on
+//!   `<root>/<escaped key>` (e.g. `/distlock/jobs%2Fnightly` for key
+//!   `jobs/nightly`) excludes with this driver. Curator's lease renewal and
+//!   reentrancy are not modelled; kazoo's `Lock` (`__lock__` names) sorts
+//!   differently and is not compatible.
+//! - No shared (read-write) locks, no semaphores.
+
+#![deny(missing_docs)]
+
+mod config;
+mod driver;
+mod paths;
+
+pub use config::{DEFAULT_ROOT, ZkConfig};
+pub use driver::{MIN_TTL, ZkBackend};
+
+use lock_core::LockError;
+
+/// The URL schemes this driver accepts.
+pub const URL_SCHEMES: &[&str] = &["zk", "zookeeper"];
+
+/// Parses `url` (see [`ZkConfig::from_url`]) and connects.
+///
+/// # Errors
+///
+/// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for a bad URL;
+/// [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable) or
+/// [`ErrorKind::Timeout`](lock_core::ErrorKind::Timeout) when no session can
+/// be opened within the connect timeout.
+///
+/// # Cancel safety
+///
+/// Safe: a dropped connect leaves nothing behind.
+pub async fn connect(url: &str) -> Result<ZkBackend, LockError> {
+    ZkBackend::connect(ZkConfig::from_url(url)?).await
+}

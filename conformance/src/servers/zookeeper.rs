@@ -1,1 +1,383 @@
-//! Spawner for zookeeper (filled by its driver's work).
+//! ZooKeeper 3.8 on loopback: one standalone server, or an ensemble of
+//! several servers (quorum peers) with kill / restart of a single member
+//! and a way to find the leader (the `srvr` four-letter word).
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tokio::time::Instant;
+
+use crate::process::{
+    HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, temp_dir,
+};
+
+/// The Debian package that provides ZooKeeper (and pulls in Java).
+pub const PACKAGE: &str = "zookeeper";
+
+/// Where Debian puts the server's jar.
+pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+
+/// The server's tick in milliseconds. Session timeouts are clamped by the
+/// server to 2–20 ticks, i.e. 1 s to 10 s.
+pub const TICK_MS: u64 = 500;
+
+/// What `srvr` says about a member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZkMode {
+    /// A single server, not part of an ensemble.
+    Standalone,
+    /// The ensemble's leader.
+    Leader,
+    /// A follower.
+    Follower,
+    /// An observer.
+    Observer,
+}
+
+/// One ZooKeeper server process (standalone or a member of an ensemble).
+#[derive(Debug)]
+pub struct ZkNode {
+    id: u32,
+    process: ServerProcess,
+    client_port: u16,
+    dir: TempDir,
+}
+
+impl ZkNode {
+    /// The member id (`myid`), 1-based; 0 for a standalone server.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// `127.0.0.1:<client port>`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// The client port.
+    pub fn client_port(&self) -> u16 {
+        self.client_port
+    }
+
+    /// The data directory (holds `zoo.cfg` and the server log `zk.log`).
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    /// The process, for faults (pause, kill, restart).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// Runs a four-letter-word command (`srvr`, `ruok`, `stat`...) and
+    /// returns the answer, or `None` when the server does not answer
+    /// within `timeout` (paused, killed, starting).
+    pub fn four_letter(&self, command: &str, timeout: Duration) -> Option<String> {
+        four_letter(self.client_port, command, timeout)
+    }
+
+    /// The member's role, or `None` while it is not serving (election in
+    /// progress, paused, killed).
+    pub fn mode(&self) -> Option<ZkMode> {
+        let answer = self.four_letter("srvr", Duration::from_millis(500))?;
+        let mode = answer
+            .lines()
+            .find_map(|line| line.strip_prefix("Mode:"))?
+            .trim()
+            .to_owned();
+        match mode.as_str() {
+            "standalone" => Some(ZkMode::Standalone),
+            "leader" => Some(ZkMode::Leader),
+            "follower" => Some(ZkMode::Follower),
+            "observer" => Some(ZkMode::Observer),
+            _ => None,
+        }
+    }
+}
+
+fn four_letter(port: u16, command: &str, timeout: Duration) -> Option<String> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream.set_write_timeout(Some(timeout)).ok()?;
+    stream.write_all(command.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
+}
+
+/// Starts one JVM for `dir/zoo.cfg`.
+async fn spawn_node(
+    id: u32,
+    dir: TempDir,
+    client_port: u16,
+    config: &str,
+) -> Result<ZkNode, HarnessError> {
+    let java = find_binary("java", PACKAGE)?;
+    if !Path::new(ZOOKEEPER_JAR).is_file() {
+        return Err(HarnessError::MissingBinary {
+            binary: ZOOKEEPER_JAR.to_owned(),
+            package: PACKAGE.to_owned(),
+        });
+    }
+    let cfg = dir.path().join("zoo.cfg");
+    std::fs::write(&cfg, config)?;
+    if id > 0 {
+        std::fs::write(dir.path().join("myid"), format!("{id}\n"))?;
+    }
+    let classpath = format!("{}:{ZOOKEEPER_JAR}:/usr/share/java/*", dir.path().display());
+    let spec = ServerSpec::new(
+        format!("zookeeper #{id} :{client_port}"),
+        java,
+        dir.path().join("zk.log"),
+    )
+    .args([
+        "-Xmx256m".to_owned(),
+        "-XX:+UseSerialGC".to_owned(),
+        "-Dzookeeper.admin.enableServer=false".to_owned(),
+        "-cp".to_owned(),
+        classpath,
+        "org.apache.zookeeper.server.quorum.QuorumPeerMain".to_owned(),
+        cfg.display().to_string(),
+    ])
+    .ready(Ready::Port(client_port));
+    let process = ServerProcess::start(spec).await?;
+    Ok(ZkNode {
+        id,
+        process,
+        client_port,
+        dir,
+    })
+}
+
+fn base_config(dir: &Path, client_port: u16) -> String {
+    format!(
+        "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={client_port}\n\
+         clientPortAddress=127.0.0.1\nadmin.enableServer=false\nmaxClientCnxns=0\n\
+         4lw.commands.whitelist=*\n",
+        dir.display()
+    )
+}
+
+/// Waits until every node in `nodes` answers `srvr` with a mode.
+async fn wait_serving(nodes: &[&ZkNode], timeout: Duration) -> Result<(), HarnessError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut all = true;
+        for node in nodes {
+            let port = node.client_port;
+            let serving = tokio::task::spawn_blocking(move || {
+                four_letter(port, "srvr", Duration::from_millis(500))
+                    .is_some_and(|a| a.contains("Mode:"))
+            })
+            .await
+            .unwrap_or(false);
+            if !serving {
+                all = false;
+                break;
+            }
+        }
+        if all {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let tail = nodes
+                .iter()
+                .map(|n| {
+                    format!(
+                        "--- node {} ---\n{}",
+                        n.id,
+                        crate::process::log_tail(&n.dir.path().join("zk.log"))
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            return Err(HarnessError::NotReady {
+                name: "zookeeper (not serving)".to_owned(),
+                log_tail: tail,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A standalone ZooKeeper server.
+#[derive(Debug)]
+pub struct ZkServer {
+    node: ZkNode,
+}
+
+impl ZkServer {
+    /// Starts a standalone server on a free port and waits until it serves.
+    ///
+    /// # Errors
+    ///
+    /// Missing Java or ZooKeeper, or a server that does not start.
+    pub async fn start() -> Result<Self, HarnessError> {
+        let dir = temp_dir("zookeeper-")?;
+        let port = free_port()?;
+        let config = base_config(dir.path(), port);
+        let node = spawn_node(0, dir, port, &config).await?;
+        wait_serving(&[&node], Duration::from_secs(60)).await?;
+        Ok(Self { node })
+    }
+
+    /// `127.0.0.1:<port>`: a connect string.
+    pub fn connect_string(&self) -> String {
+        self.node.address()
+    }
+
+    /// `zk://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("zk://{}", self.node.address())
+    }
+
+    /// The server.
+    pub fn node(&self) -> &ZkNode {
+        &self.node
+    }
+
+    /// The server, for faults (pause, kill, restart through `process()`).
+    pub fn node_mut(&mut self) -> &mut ZkNode {
+        &mut self.node
+    }
+
+    /// Pauses the server (SIGSTOP).
+    ///
+    /// # Errors
+    ///
+    /// When the signal cannot be sent.
+    pub fn pause(&mut self) -> Result<(), HarnessError> {
+        self.node.process.pause()
+    }
+
+    /// Resumes the server (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// When the signal cannot be sent.
+    pub fn resume(&mut self) -> Result<(), HarnessError> {
+        self.node.process.resume()
+    }
+}
+
+/// An ensemble of ZooKeeper servers on loopback.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    nodes: Vec<ZkNode>,
+}
+
+impl ZkEnsemble {
+    /// Starts `size` quorum peers (3 is the usual choice) and waits until
+    /// every one serves (a leader was elected).
+    ///
+    /// # Errors
+    ///
+    /// Missing Java or ZooKeeper, or an ensemble that does not form.
+    pub async fn start(size: usize) -> Result<Self, HarnessError> {
+        let mut members = Vec::new();
+        for index in 0..size.max(1) {
+            let id = u32::try_from(index + 1).unwrap_or(u32::MAX);
+            members.push((
+                id,
+                temp_dir("zookeeper-")?,
+                free_port()?,
+                free_port()?,
+                free_port()?,
+            ));
+        }
+        let servers: String = members
+            .iter()
+            .map(|(id, _, _, peer, election)| format!("server.{id}=127.0.0.1:{peer}:{election}\n"))
+            .collect();
+        let mut nodes = Vec::new();
+        for (id, dir, client, _, _) in members {
+            let config = format!("{}{servers}", base_config(dir.path(), client));
+            nodes.push(spawn_node(id, dir, client, &config).await?);
+        }
+        let ensemble = Self { nodes };
+        ensemble.wait_serving(Duration::from_secs(90)).await?;
+        Ok(ensemble)
+    }
+
+    /// `127.0.0.1:a,127.0.0.1:b,...`: the connect string of every member.
+    pub fn connect_string(&self) -> String {
+        self.nodes
+            .iter()
+            .map(ZkNode::address)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `zk://127.0.0.1:a,127.0.0.1:b,...`.
+    pub fn url(&self) -> String {
+        format!("zk://{}", self.connect_string())
+    }
+
+    /// The members.
+    pub fn nodes(&self) -> &[ZkNode] {
+        &self.nodes
+    }
+
+    /// One member, by index (0-based), for faults.
+    pub fn node_mut(&mut self, index: usize) -> Option<&mut ZkNode> {
+        self.nodes.get_mut(index)
+    }
+
+    /// The index of the current leader, if one is serving.
+    pub async fn leader(&self) -> Option<usize> {
+        let ports: Vec<u16> = self.nodes.iter().map(|n| n.client_port).collect();
+        tokio::task::spawn_blocking(move || {
+            ports.iter().position(|port| {
+                four_letter(*port, "srvr", Duration::from_millis(500))
+                    .is_some_and(|a| a.contains("Mode: leader"))
+            })
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// Waits until every running (not killed, not paused) member serves.
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::NotReady`] with the members' log tails.
+    pub async fn wait_serving(&self, timeout: Duration) -> Result<(), HarnessError> {
+        let running: Vec<&ZkNode> = self
+            .nodes
+            .iter()
+            .filter(|n| n.process.pid().is_some() && !n.process.is_paused())
+            .collect();
+        wait_serving(&running, timeout).await
+    }
+
+    /// Pauses every member (SIGSTOP).
+    ///
+    /// # Errors
+    ///
+    /// When a signal cannot be sent.
+    pub fn pause_all(&mut self) -> Result<(), HarnessError> {
+        for node in &mut self.nodes {
+            node.process.pause()?;
+        }
+        Ok(())
+    }
+
+    /// Resumes every member (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// When a signal cannot be sent.
+    pub fn resume_all(&mut self) -> Result<(), HarnessError> {
+        for node in &mut self.nodes {
+            if node.process.is_paused() {
+                node.process.resume()?;
+            }
+        }
+        Ok(())
+    }
+}

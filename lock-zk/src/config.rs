@@ -1,0 +1,499 @@
+//! Configuration: from a `zk://` URL or a builder.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::LockError;
+use percent_encoding::percent_decode_str;
+
+/// The default lock root inside the chroot.
+pub const DEFAULT_ROOT: &str = "/distlock";
+
+/// How to reach a ZooKeeper ensemble and where to keep locks.
+///
+/// Built from a URL ([`ZkConfig::from_url`]) or with the builder methods:
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_zk::ZkConfig;
+///
+/// let config = ZkConfig::from_url(
+///     "zk://app:secret@127.0.0.1:2181,127.0.0.1:2182/myapp?session_timeout=6s&root=/locks",
+/// )?;
+/// assert_eq!(config.hosts(), ["127.0.0.1:2181", "127.0.0.1:2182"]);
+/// assert_eq!(config.chroot(), Some("/myapp"));
+/// assert_eq!(config.root(), "/locks");
+/// assert_eq!(config.session_timeout(), Duration::from_secs(6));
+/// // The password never shows up in Debug output.
+/// assert!(!format!("{config:?}").contains("secret"));
+///
+/// let built = ZkConfig::new(["127.0.0.1:2181"]).with_session_timeout(Duration::from_secs(4));
+/// assert_eq!(built.session_timeout(), Duration::from_secs(4));
+/// # Ok::<(), lock_core::LockError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ZkConfig {
+    hosts: Vec<String>,
+    chroot: Option<String>,
+    root: String,
+    session_timeout: Duration,
+    connect_timeout: Duration,
+    op_timeout: Duration,
+    digest: Option<(String, String)>,
+    containers: bool,
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("chroot", &self.chroot)
+            .field("root", &self.root)
+            .field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .field(
+                "digest_user",
+                &self.digest.as_ref().map(|(user, _)| user.as_str()),
+            )
+            .field("containers", &self.containers)
+            .finish()
+    }
+}
+
+impl ZkConfig {
+    /// A configuration for these `host:port` servers (an ensemble lists
+    /// several), with defaults: lock root `/distlock`, session timeout 10 s,
+    /// connect timeout 10 s, operation timeout 5 s, container parent nodes,
+    /// no authentication. A host without a port gets 2181.
+    pub fn new<I, S>(hosts: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            hosts: hosts
+                .into_iter()
+                .map(Into::into)
+                .map(|h| with_default_port(&h))
+                .collect(),
+            chroot: None,
+            root: DEFAULT_ROOT.to_owned(),
+            session_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(5),
+            digest: None,
+            containers: true,
+        }
+    }
+
+    /// Parses `zk://[user:password@]host:port[,host:port...][/chroot][?options]`
+    /// (`zookeeper://` is accepted too).
+    ///
+    /// Options: `session_timeout`, `connect_timeout`, `op_timeout`
+    /// (durations such as `6s`, `500ms`, or plain milliseconds), `root` (the
+    /// lock root inside the chroot, default `/distlock`), `containers`
+    /// (`true`/`false`: create key directories as container nodes, default
+    /// `true`). A user and password in the URL (percent-encoded) turn on
+    /// `digest` authentication.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for anything that
+    /// is not such a URL. The message never contains the password.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        let rest = url
+            .strip_prefix("zk://")
+            .or_else(|| url.strip_prefix("zookeeper://"))
+            .ok_or_else(|| {
+                LockError::config("a ZooKeeper URL starts with zk:// or zookeeper://")
+            })?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        let (userinfo, rest) = match rest.rsplit_once('@') {
+            Some((userinfo, rest)) => (Some(userinfo), rest),
+            None => (None, rest),
+        };
+        let (hosts, chroot) = match rest.find('/') {
+            Some(i) => (&rest[..i], Some(&rest[i..])),
+            None => (rest, None),
+        };
+        let hosts: Vec<&str> = hosts.split(',').collect();
+        if hosts.iter().any(|h| h.trim().is_empty()) {
+            return Err(LockError::config(
+                "the ZooKeeper URL needs at least one host:port (and no empty entries)",
+            ));
+        }
+        for host in &hosts {
+            validate_host(host)?;
+        }
+        let mut config = Self::new(hosts.iter().map(|h| (*h).to_owned()));
+        if let Some(chroot) = chroot.filter(|c| *c != "/") {
+            let chroot = decode(chroot, "chroot")?;
+            config = config.with_chroot(chroot)?;
+        }
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo.split_once(':').ok_or_else(|| {
+                LockError::config("digest credentials in the URL must be user:password")
+            })?;
+            let user = decode(user, "user")?;
+            let password = decode(password, "password").map_err(|_| {
+                LockError::config("the password in the URL is not valid percent-encoded UTF-8")
+            })?;
+            config = config.with_digest(user, password);
+        }
+        if let Some(query) = query {
+            for pair in query.split('&').filter(|p| !p.is_empty()) {
+                let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                let value = decode(value, name)?;
+                match name {
+                    "session_timeout" => {
+                        config.session_timeout = parse_duration(name, &value)?;
+                    }
+                    "connect_timeout" => {
+                        config.connect_timeout = parse_duration(name, &value)?;
+                    }
+                    "op_timeout" | "operation_timeout" => {
+                        config.op_timeout = parse_duration(name, &value)?;
+                    }
+                    "root" => config = config.with_root(value)?,
+                    "containers" => {
+                        config.containers = match value.as_str() {
+                            "true" | "1" | "yes" => true,
+                            "false" | "0" | "no" => false,
+                            _ => {
+                                return Err(LockError::config(format!(
+                                    "containers must be true or false, got {value:?}"
+                                )));
+                            }
+                        }
+                    }
+                    other => {
+                        return Err(LockError::config(format!(
+                            "unknown ZooKeeper URL option {other:?} (known: session_timeout, \
+                             connect_timeout, op_timeout, root, containers)"
+                        )));
+                    }
+                }
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Sets the chroot: every path of this client lives under it. It is
+    /// created (as a persistent node) when missing.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) when `chroot` is
+    /// not a valid absolute ZooKeeper path.
+    pub fn with_chroot(mut self, chroot: impl Into<String>) -> Result<Self, LockError> {
+        let chroot = chroot.into();
+        validate_path(&chroot, "chroot")?;
+        self.chroot = Some(chroot);
+        Ok(self)
+    }
+
+    /// Sets the lock root inside the chroot (default `/distlock`). It must
+    /// not be `/` so that no key can land on a reserved top-level name such
+    /// as `/zookeeper`.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) when `root` is not
+    /// a valid absolute path below `/`.
+    pub fn with_root(mut self, root: impl Into<String>) -> Result<Self, LockError> {
+        let root = root.into();
+        validate_path(&root, "root")?;
+        if root == "/zookeeper" || root.starts_with("/zookeeper/") {
+            return Err(LockError::config(
+                "the lock root must not be inside /zookeeper (reserved by the server)",
+            ));
+        }
+        self.root = root;
+        Ok(self)
+    }
+
+    /// Sets the session timeout to ask for (the server clamps it to 2–20
+    /// ticks). A lease's TTL is capped at the negotiated timeout.
+    #[must_use]
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Sets how long establishing a session may take.
+    #[must_use]
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets the timeout of every single request.
+    #[must_use]
+    pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// Authenticates the session with the `digest` scheme
+    /// (`user:password`). Nodes are then created with the `CREATOR_ALL`
+    /// ACL: only sessions authenticated as the same user can touch them.
+    #[must_use]
+    pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Whether key directories are container nodes (removed by the server
+    /// once empty; ZooKeeper 3.5+). When `false`, or when the server does
+    /// not know containers, they are persistent and removed by the client
+    /// after a release when empty.
+    #[must_use]
+    pub fn with_containers(mut self, containers: bool) -> Self {
+        self.containers = containers;
+        self
+    }
+
+    /// The `host:port` servers.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// The chroot, if any.
+    pub fn chroot(&self) -> Option<&str> {
+        self.chroot.as_deref()
+    }
+
+    /// The lock root inside the chroot.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The session timeout asked for.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The per-request timeout.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The digest user, if authentication is on (the password is never
+    /// exposed).
+    pub fn digest_user(&self) -> Option<&str> {
+        self.digest.as_ref().map(|(user, _)| user.as_str())
+    }
+
+    pub(crate) fn digest(&self) -> Option<(&str, &str)> {
+        self.digest.as_ref().map(|(u, p)| (u.as_str(), p.as_str()))
+    }
+
+    /// Whether key directories are container nodes.
+    pub fn containers(&self) -> bool {
+        self.containers
+    }
+
+    /// The connect string handed to the client: `host:port,host:port`.
+    pub fn connect_string(&self) -> String {
+        self.hosts.join(",")
+    }
+
+    /// Checks the whole configuration.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) naming the
+    /// problem.
+    pub fn validate(&self) -> Result<(), LockError> {
+        if self.hosts.is_empty() {
+            return Err(LockError::config("at least one ZooKeeper host is needed"));
+        }
+        for host in &self.hosts {
+            validate_host(host)?;
+        }
+        for (name, value) in [
+            ("session_timeout", self.session_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("op_timeout", self.op_timeout),
+        ] {
+            if value.is_zero() || value > Duration::from_secs(3600) {
+                return Err(LockError::config(format!(
+                    "{name} must be between 1 ms and 1 h, got {value:?}"
+                )));
+            }
+        }
+        if let Some((user, _)) = &self.digest
+            && (user.is_empty() || user.contains(':'))
+        {
+            return Err(LockError::config(
+                "the digest user must be non-empty and contain no ':'",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn with_default_port(host: &str) -> String {
+    let host = host.trim();
+    if host.starts_with('[') {
+        // [v6]:port or [v6]
+        if host.contains("]:") {
+            host.to_owned()
+        } else {
+            format!("{host}:2181")
+        }
+    } else if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:2181")
+    }
+}
+
+fn validate_host(host: &str) -> Result<(), LockError> {
+    let host = with_default_port(host);
+    let (name, port) = host
+        .rsplit_once(':')
+        .ok_or_else(|| LockError::config(format!("bad ZooKeeper host {host:?}")))?;
+    if name.is_empty() || name.contains(['/', '@', '?', '#', ' ']) {
+        return Err(LockError::config(format!("bad ZooKeeper host {host:?}")));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(LockError::config(format!(
+            "bad port in ZooKeeper host {host:?}"
+        ))),
+    }
+}
+
+/// An absolute path with no empty, `.` or `..` component, not `/`.
+fn validate_path(path: &str, what: &str) -> Result<(), LockError> {
+    let bad = |why: &str| LockError::config(format!("bad {what} {path:?}: {why}"));
+    if !path.starts_with('/') {
+        return Err(bad("must start with '/'"));
+    }
+    if path == "/" {
+        return Err(bad("must not be '/'"));
+    }
+    if path.ends_with('/') {
+        return Err(bad("must not end with '/'"));
+    }
+    for component in path[1..].split('/') {
+        if component.is_empty() || component == "." || component == ".." {
+            return Err(bad("empty, '.' or '..' component"));
+        }
+        if component.chars().any(|c| {
+            c.is_control()
+                || ('\u{e000}'..='\u{f8ff}').contains(&c)
+                || ('\u{fff0}'..='\u{ffff}').contains(&c)
+        }) {
+            return Err(bad("character not allowed in ZooKeeper paths"));
+        }
+    }
+    Ok(())
+}
+
+fn decode(text: &str, what: &str) -> Result<String, LockError> {
+    percent_decode_str(text)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| LockError::config(format!("{what} is not valid percent-encoded UTF-8")))
+}
+
+/// `500ms`, `6s`, `2m`, or plain milliseconds.
+fn parse_duration(name: &str, value: &str) -> Result<Duration, LockError> {
+    let bad = || {
+        LockError::config(format!(
+            "{name} must be a duration like 500ms, 6s, 1m (or milliseconds), got {value:?}"
+        ))
+    };
+    let value = value.trim();
+    let (number, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&value[..i], &value[i..]),
+        None => (value, "ms"),
+    };
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(number),
+        "s" => Duration::from_secs(number),
+        "m" => Duration::from_secs(number.checked_mul(60).ok_or_else(bad)?),
+        _ => return Err(bad()),
+    };
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::ErrorKind;
+
+    #[test]
+    fn parses_full_urls() {
+        let c = ZkConfig::from_url(
+            "zk://u%40x:p%3Ass@h1:1,h2,[::1]:3/a/b?session_timeout=4000&op_timeout=2s&connect_timeout=1m&root=/r&containers=false",
+        )
+        .unwrap();
+        assert_eq!(c.hosts(), ["h1:1", "h2:2181", "[::1]:3"]);
+        assert_eq!(c.chroot(), Some("/a/b"));
+        assert_eq!(c.root(), "/r");
+        assert_eq!(c.session_timeout(), Duration::from_secs(4));
+        assert_eq!(c.op_timeout(), Duration::from_secs(2));
+        assert_eq!(c.connect_timeout(), Duration::from_secs(60));
+        assert_eq!(c.digest(), Some(("u@x", "p:ss")));
+        assert!(!c.containers());
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("p:ss") && !debug.contains("p%3Ass"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn minimal_url_has_defaults() {
+        let c = ZkConfig::from_url("zookeeper://127.0.0.1:2181").unwrap();
+        assert_eq!(c.chroot(), None);
+        assert_eq!(c.root(), DEFAULT_ROOT);
+        assert_eq!(c.connect_string(), "127.0.0.1:2181");
+        let c = ZkConfig::from_url("zk://127.0.0.1:2181/").unwrap();
+        assert_eq!(c.chroot(), None);
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_leaking_passwords() {
+        for url in [
+            "",
+            "redis://x",
+            "zk://",
+            "zk://h:1,,h:2",
+            "zk://h:0",
+            "zk://h:99999",
+            "zk://h:x",
+            "zk://h:1/a//b",
+            "zk://h:1/a/../b",
+            "zk://h:1/a/",
+            "zk://h:1?session_timeout=abc",
+            "zk://h:1?session_timeout=0",
+            "zk://h:1?nope=1",
+            "zk://h:1?root=/",
+            "zk://h:1?root=relative",
+            "zk://h:1?root=/zookeeper/x",
+            "zk://h:1?containers=maybe",
+            "zk://user@h:1",
+            "zk://:secretpw@h:1",
+            "zk://u:%FFsecretpw@h:1",
+        ] {
+            let err = ZkConfig::from_url(url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}");
+            assert!(!err.to_string().contains("secretpw"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,999 @@
+//! The [`LockBackend`] implementation: one ZooKeeper session per backend,
+//! Curator-style lock nodes, czxid fencing tokens.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
+    LockKey, Operation, OwnerId, RetryPolicy, SessionState, TtlModel, WaitStrategy, check_ttl,
+    validity_deadline,
+};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+use zookeeper_client as zk;
+
+use crate::config::ZkConfig;
+use crate::paths::{self, owner_of, sequence_of, sorted_lock_nodes};
+
+const NAME: &str = "zookeeper";
+
+/// The shortest TTL accepted. A ZooKeeper lease lives as long as its
+/// session; the TTL only paces renewals and bounds the local validity, so
+/// it needs room for a few round trips.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// A lock service on a ZooKeeper ensemble.
+///
+/// One ZooKeeper session per backend, shared by every lock it takes; clones
+/// share it. See the [crate docs](crate) for the recipe and its guarantees.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lock_core::{LockBackend, LockKey};
+/// use lock_zk::ZkBackend;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let backend = lock_zk::connect("zk://127.0.0.1:2181/myapp").await?;
+/// let key = LockKey::new("nightly-report")?;
+/// let lease = backend.try_acquire(&key, Duration::from_secs(10)).await?.expect("free");
+/// println!("fencing token {}", lease.token());
+/// backend.release(&lease).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let session = self.inner.current().map(|s| s.id);
+        f.debug_struct("ZkBackend")
+            .field("config", &self.inner.config)
+            .field("session_id", &session)
+            .finish()
+    }
+}
+
+struct Inner {
+    config: ZkConfig,
+    current: Mutex<Option<Arc<Session>>>,
+    connecting: tokio::sync::Mutex<()>,
+    containers: AtomicBool,
+    /// Local TTL enforcement: lock node path -> when it must be deleted if
+    /// not renewed (the lease's validity deadline comes before).
+    expiries: Mutex<HashMap<String, Instant>>,
+    /// Attempts whose create had an unknown outcome: more than one node may
+    /// carry their id, so cleanup sweeps the directory for it.
+    uncertain: Mutex<HashSet<OwnerId>>,
+}
+
+impl Inner {
+    fn current(&self) -> Option<Arc<Session>> {
+        lock(&self.current).clone()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code path panics while holding these locks; recover anyway.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One ZooKeeper session and the state signal derived from it.
+struct Session {
+    client: zk::Client,
+    id: i64,
+    timeout: Duration,
+    state: watch::Receiver<SessionState>,
+    drain: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.drain.abort();
+    }
+}
+
+impl Session {
+    fn is_lost(&self) -> bool {
+        matches!(*self.state.borrow(), SessionState::Lost(_))
+    }
+}
+
+/// Why one attempt ended without a result.
+enum AttemptError {
+    /// The session is gone (and our node with it): a new session may try.
+    SessionLost,
+    /// A final error for the caller.
+    Lock(LockError),
+}
+
+/// A request that failed: the server's answer or our own timeout.
+#[derive(Debug)]
+enum CallError {
+    Zk(zk::Error),
+    TimedOut(Duration),
+}
+
+impl CallError {
+    fn is(&self, err: &zk::Error) -> bool {
+        matches!(self, Self::Zk(e) if e == err)
+    }
+
+    /// The request may or may not have been applied.
+    fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            Self::TimedOut(_) | Self::Zk(zk::Error::ConnectionLoss)
+        )
+    }
+
+    fn ends_session(&self) -> bool {
+        matches!(
+            self,
+            Self::Zk(zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::ClientClosed)
+        )
+    }
+
+    fn into_lock_error(self, operation: Operation) -> LockError {
+        match self {
+            Self::TimedOut(after) => LockError::new(
+                ErrorKind::Timeout,
+                operation,
+                format!("no answer from ZooKeeper within the operation timeout of {after:?}"),
+            )
+            .with_backend(NAME),
+            Self::Zk(err) => zk_error(operation, err),
+        }
+    }
+}
+
+fn zk_error(operation: Operation, err: zk::Error) -> LockError {
+    let kind = match &err {
+        zk::Error::ConnectionLoss
+        | zk::Error::NoHosts
+        | zk::Error::SessionExpired
+        | zk::Error::SessionMoved
+        | zk::Error::ClientClosed
+        | zk::Error::Throttled
+        | zk::Error::NotReadOnly => ErrorKind::Unavailable,
+        zk::Error::Timeout => ErrorKind::Timeout,
+        zk::Error::BadArguments(_) => ErrorKind::InvalidArgument,
+        _ => ErrorKind::Backend,
+    };
+    LockError::new(kind, operation, format!("ZooKeeper: {err}"))
+        .with_backend(NAME)
+        .with_source(err)
+}
+
+fn map_state(state: zk::SessionState) -> SessionState {
+    match state {
+        zk::SessionState::SyncConnected => SessionState::Alive,
+        // Disconnected: the server may expire the session (and delete our
+        // nodes) before the client hears about it, so it is only "maybe".
+        // A read-only server cannot serve lock writes either.
+        zk::SessionState::Disconnected | zk::SessionState::ConnectedReadOnly => {
+            SessionState::Suspect
+        }
+        zk::SessionState::Expired => SessionState::Lost("ZooKeeper session expired".to_owned()),
+        zk::SessionState::AuthFailed => {
+            SessionState::Lost("ZooKeeper authentication failed".to_owned())
+        }
+        zk::SessionState::Closed => SessionState::Lost("ZooKeeper session closed".to_owned()),
+    }
+}
+
+/// Forwards every session state change to the lock-core signal. The
+/// client's watcher keeps only the latest state, so it is drained for the
+/// whole life of the session.
+async fn drain_states(mut watcher: zk::StateWatcher, tx: watch::Sender<SessionState>) {
+    loop {
+        let state = watcher.changed().await;
+        tracing::debug!(%state, "ZooKeeper session state");
+        let mapped = map_state(state);
+        let terminal = matches!(mapped, SessionState::Lost(_));
+        tx.send_replace(mapped);
+        if terminal {
+            // Keep the sender until the session is dropped so receivers
+            // read the reason rather than a closed channel.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+async fn timed<T, F>(timeout: Duration, call: F) -> Result<T, CallError>
+where
+    F: Future<Output = Result<T, zk::Error>>,
+{
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(CallError::Zk(err)),
+        Err(_) => Err(CallError::TimedOut(timeout)),
+    }
+}
+
+/// Deletes a waiting (or just-created) node when an attempt ends early:
+/// timeout, error, or the future being dropped. Armed before the create is
+/// sent: if the attempt is dropped while the create is in flight, the node
+/// is found by the attempt id (requests of one session are answered in
+/// order, so the lookup sees the create).
+struct NodeCleanup {
+    backend: ZkBackend,
+    client: zk::Client,
+    dir: String,
+    owner: OwnerId,
+    armed: bool,
+    path: Option<String>,
+}
+
+impl NodeCleanup {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for NodeCleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let client = self.client.clone();
+        let dir = std::mem::take(&mut self.dir);
+        let owner = self.owner;
+        let path = self.path.take();
+        runtime.spawn(async move {
+            match path {
+                Some(path) => backend.delete_node(&client, &path, &dir, owner).await,
+                None => {
+                    lock(&backend.inner.uncertain).insert(owner);
+                    backend.sweep_uncertain(&client, &dir, owner).await;
+                }
+            }
+        });
+    }
+}
+
+impl ZkBackend {
+    /// Connects with `config`: opens the session (and creates the chroot
+    /// node when missing).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] for an invalid configuration;
+    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when no server
+    /// answers within the connect timeout.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a dropped connect leaves nothing behind.
+    pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let backend = Self {
+            inner: Arc::new(Inner {
+                containers: AtomicBool::new(config.containers()),
+                config,
+                current: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+                expiries: Mutex::new(HashMap::new()),
+                uncertain: Mutex::new(HashSet::new()),
+            }),
+        };
+        backend.session(Operation::Connect).await?;
+        Ok(backend)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The id of the current ZooKeeper session, if one is open.
+    pub fn session_id(&self) -> Option<i64> {
+        self.inner.current().map(|s| s.id)
+    }
+
+    /// The negotiated timeout of the current session, if one is open.
+    pub fn session_timeout(&self) -> Option<Duration> {
+        self.inner.current().map(|s| s.timeout)
+    }
+
+    /// What the current session says: `Alive`, `Suspect` (disconnected)
+    /// or `Lost` (expired or closed; the next call opens a new session).
+    /// The same signal is attached to every lease this backend grants.
+    pub fn session_state(&self) -> SessionState {
+        self.inner.current().map_or_else(
+            || SessionState::Lost("no session".to_owned()),
+            |s| s.state.borrow().clone(),
+        )
+    }
+
+    /// The ZooKeeper path of `key`'s lock directory (inside the chroot).
+    pub fn key_path(&self, key: &LockKey) -> String {
+        paths::key_dir(self.inner.config.root(), key)
+    }
+
+    fn op_timeout(&self) -> Duration {
+        self.inner.config.op_timeout()
+    }
+
+    fn acls(&self) -> zk::Acls<'static> {
+        if self.inner.config.digest().is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
+    /// The live session, opening a new one when there is none or the last
+    /// one is lost. Leases of a lost session stay lost: they carry that
+    /// session's signal, never the new one's.
+    async fn session(&self, operation: Operation) -> Result<Arc<Session>, LockError> {
+        if let Some(session) = self.inner.current().filter(|s| !s.is_lost()) {
+            return Ok(session);
+        }
+        let _connecting = self.inner.connecting.lock().await;
+        if let Some(session) = self.inner.current().filter(|s| !s.is_lost()) {
+            return Ok(session);
+        }
+        let session = Arc::new(self.open_session(operation).await?);
+        tracing::debug!(session = session.id, "ZooKeeper session opened");
+        *lock(&self.inner.current) = Some(session.clone());
+        Ok(session)
+    }
+
+    async fn open_session(&self, operation: Operation) -> Result<Session, LockError> {
+        let config = &self.inner.config;
+        let mut connector = zk::Client::connector().with_session_timeout(config.session_timeout());
+        if let Some((user, password)) = config.digest() {
+            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        }
+        let connect_string = config.connect_string();
+        let client = match timed(config.connect_timeout(), connector.connect(&connect_string)).await
+        {
+            Ok(client) => client,
+            Err(CallError::TimedOut(after)) => {
+                return Err(LockError::new(
+                    ErrorKind::Unavailable,
+                    operation,
+                    format!("no ZooKeeper session with {connect_string} within {after:?}"),
+                )
+                .with_backend(NAME));
+            }
+            Err(CallError::Zk(err)) => {
+                let kind = match err {
+                    zk::Error::BadArguments(_) => ErrorKind::Config,
+                    zk::Error::AuthFailed => ErrorKind::Config,
+                    zk::Error::Timeout => ErrorKind::Unavailable,
+                    _ => ErrorKind::Unavailable,
+                };
+                return Err(LockError::new(
+                    kind,
+                    operation,
+                    format!("cannot open a ZooKeeper session with {connect_string}: {err}"),
+                )
+                .with_backend(NAME)
+                .with_source(err));
+            }
+        };
+        let client = match config.chroot() {
+            None => client,
+            Some(chroot) => {
+                let options = zk::CreateMode::Persistent.with_acls(self.acls());
+                match timed(self.op_timeout(), client.mkdir(chroot, &options)).await {
+                    // Without permission to create it, it may still exist.
+                    Ok(()) | Err(CallError::Zk(zk::Error::NoAuth)) => {}
+                    Err(err) => return Err(err.into_lock_error(operation)),
+                }
+                client.chroot(chroot.to_owned()).map_err(|_| {
+                    LockError::config(format!("bad ZooKeeper chroot {chroot:?}")).with_backend(NAME)
+                })?
+            }
+        };
+        let watcher = client.state_watcher();
+        let (tx, rx) = watch::channel(map_state(watcher.peek_state()));
+        let drain = tokio::spawn(drain_states(watcher, tx));
+        Ok(Session {
+            id: client.session_id().0,
+            timeout: client.session_timeout(),
+            client,
+            state: rx,
+            drain,
+        })
+    }
+
+    fn fail(
+        session: &Session,
+        err: CallError,
+        operation: Operation,
+        key: &LockKey,
+    ) -> AttemptError {
+        if err.ends_session() || session.is_lost() {
+            AttemptError::SessionLost
+        } else {
+            AttemptError::Lock(err.into_lock_error(operation).with_key(key))
+        }
+    }
+
+    /// Creates the key's directory (and missing ancestors): containers
+    /// where the server has them, so empty directories go away by
+    /// themselves without a client ever deleting a directory a waiter is
+    /// about to use.
+    async fn ensure_dir(
+        &self,
+        session: &Session,
+        dir: &str,
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<(), AttemptError> {
+        loop {
+            let containers = self.inner.containers.load(Ordering::Relaxed);
+            let mode = if containers {
+                zk::CreateMode::Container
+            } else {
+                zk::CreateMode::Persistent
+            };
+            let options = mode.with_acls(self.acls());
+            match timed(self.op_timeout(), session.client.mkdir(dir, &options)).await {
+                Ok(()) => return Ok(()),
+                Err(CallError::Zk(zk::Error::Unimplemented)) if containers => {
+                    tracing::info!(
+                        "ZooKeeper server has no container nodes; using persistent key directories"
+                    );
+                    self.inner.containers.store(false, Ordering::Relaxed);
+                }
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            }
+        }
+    }
+
+    /// Creates our `EPHEMERAL_SEQUENTIAL` node. When a reply is lost the
+    /// node is looked up by the attempt id in its name before creating
+    /// again, so a lost reply does not leave an orphan blocking the key.
+    async fn create_node(
+        &self,
+        session: &Session,
+        dir: &str,
+        owner: OwnerId,
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<(String, i64), AttemptError> {
+        let prefix = format!("{dir}/{}", paths::node_prefix(owner));
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let mut missing_dir = 0;
+        let mut unknown = 0;
+        loop {
+            match timed(
+                self.op_timeout(),
+                session.client.create(&prefix, &[], &options),
+            )
+            .await
+            {
+                Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat.czxid)),
+                // The directory is created on demand, and a container may be
+                // removed by the server between our mkdir and create.
+                Err(err) if err.is(&zk::Error::NoNode) && missing_dir < 3 => {
+                    missing_dir += 1;
+                    self.ensure_dir(session, dir, operation, key).await?;
+                }
+                Err(err) if err.outcome_unknown() && unknown < 3 && !session.is_lost() => {
+                    unknown += 1;
+                    lock(&self.inner.uncertain).insert(owner);
+                    tracing::debug!(%key, "create reply lost; looking for our node");
+                    if let Some(found) = self.find_own(session, dir, owner).await {
+                        return Ok(found);
+                    }
+                }
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            }
+        }
+    }
+
+    /// Our node in `dir`, found by the attempt id in its name.
+    async fn find_own(
+        &self,
+        session: &Session,
+        dir: &str,
+        owner: OwnerId,
+    ) -> Option<(String, i64)> {
+        let children = timed(self.op_timeout(), session.client.list_children(dir))
+            .await
+            .ok()?;
+        let (_, name) = sorted_lock_nodes(children)
+            .into_iter()
+            .find(|(_, name)| owner_of(name) == Some(owner))?;
+        let path = format!("{dir}/{name}");
+        let stat = timed(self.op_timeout(), session.client.check_stat(&path))
+            .await
+            .ok()??;
+        Some((path, stat.czxid))
+    }
+
+    /// Deletes a node of ours and, if its attempt had a lost create reply,
+    /// any other node carrying the same attempt id. Best effort.
+    async fn delete_node(&self, client: &zk::Client, path: &str, dir: &str, owner: OwnerId) {
+        let _ = timed(self.op_timeout(), client.delete(path, None)).await;
+        self.sweep_uncertain(client, dir, owner).await;
+        self.remove_empty_dir(client, dir).await;
+    }
+
+    async fn sweep_uncertain(&self, client: &zk::Client, dir: &str, owner: OwnerId) {
+        if !lock(&self.inner.uncertain).remove(&owner) {
+            return;
+        }
+        if let Ok(children) = timed(self.op_timeout(), client.list_children(dir)).await {
+            for name in children.iter().filter(|n| owner_of(n) == Some(owner)) {
+                let _ = timed(
+                    self.op_timeout(),
+                    client.delete(&format!("{dir}/{name}"), None),
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Without container nodes, removes the key directory once empty. A
+    /// non-empty directory (waiters) is refused by the server, and a waiter
+    /// that finds it gone re-creates it, so this never breaks a waiter.
+    async fn remove_empty_dir(&self, client: &zk::Client, dir: &str) {
+        if !self.inner.containers.load(Ordering::Relaxed) {
+            let _ = timed(self.op_timeout(), client.delete(dir, None)).await;
+        }
+    }
+
+    /// Local TTL enforcement: if `path` is not renewed by `at`, delete it.
+    fn schedule_expiry(&self, path: String, dir: String, owner: OwnerId, at: Instant) {
+        lock(&self.inner.expiries).insert(path.clone(), at);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            let mut at = at;
+            loop {
+                sleep_until(at).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let next = {
+                    let mut expiries = lock(&inner.expiries);
+                    match expiries.get(&path) {
+                        None => return,
+                        Some(&due) if due > Instant::now() => Some(due),
+                        Some(_) => {
+                            expiries.remove(&path);
+                            None
+                        }
+                    }
+                };
+                match next {
+                    Some(due) => at = due,
+                    None => {
+                        let backend = ZkBackend { inner };
+                        if let Some(session) = backend.inner.current().filter(|s| !s.is_lost()) {
+                            tracing::debug!(%path, "lease not renewed within its TTL; deleting its node");
+                            backend.delete_node(&session.client, &path, &dir, owner).await;
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// The node path stored in `lease`, if it is a lock node of the lease's
+    /// key whose name carries the lease's owner id. Anything else is not a
+    /// lease of ours and is never acted on.
+    fn lease_path<'a>(&self, lease: &'a Lease) -> Option<(&'a str, &'a str)> {
+        let path = lease.backend_data();
+        let dir = self.key_path(lease.key());
+        let (node_dir, name) = paths::split_node(path)?;
+        (node_dir == dir && owner_of(name) == Some(lease.owner()) && sequence_of(name).is_some())
+            .then_some((path, node_dir))
+    }
+
+    /// One acquisition with a fresh attempt id on `session`.
+    #[allow(clippy::too_many_arguments)]
+    async fn attempt(
+        &self,
+        session: &Arc<Session>,
+        key: &LockKey,
+        dir: &str,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        operation: Operation,
+    ) -> Result<Option<Lease>, AttemptError> {
+        let owner = OwnerId::random();
+        let mut cleanup = NodeCleanup {
+            backend: self.clone(),
+            client: session.client.clone(),
+            dir: dir.to_owned(),
+            owner,
+            armed: true,
+            path: None,
+        };
+        let (path, czxid) = self
+            .create_node(session, dir, owner, operation, key)
+            .await?;
+        cleanup.path = Some(path.clone());
+        let name = path[dir.len() + 1..].to_owned();
+        let token = u64::try_from(czxid).map_err(|_| {
+            AttemptError::Lock(
+                LockError::new(
+                    ErrorKind::Backend,
+                    operation,
+                    format!("negative czxid {czxid}"),
+                )
+                .with_key(key)
+                .with_backend(NAME),
+            )
+        })?;
+        loop {
+            let sent = Instant::now();
+            let children = match timed(self.op_timeout(), session.client.list_children(dir)).await {
+                Ok(children) => children,
+                Err(err) if err.is(&zk::Error::NoNode) && !session.is_lost() => {
+                    cleanup.disarm();
+                    return Err(AttemptError::Lock(
+                        LockError::new(
+                            ErrorKind::LeaseLost,
+                            operation,
+                            format!(
+                                "the lock directory {dir} was removed while we waited, \
+                                 and our node {name} with it"
+                            ),
+                        )
+                        .with_key(key)
+                        .with_backend(NAME),
+                    ));
+                }
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            };
+            let mut nodes = sorted_lock_nodes(children);
+            // Extra nodes of this attempt (a create retried after a lost
+            // reply) would block everyone: remove them.
+            nodes.retain(|(_, other)| {
+                if *other != name && owner_of(other) == Some(owner) {
+                    let client = session.client.clone();
+                    let extra = format!("{dir}/{other}");
+                    let timeout = self.op_timeout();
+                    tokio::spawn(async move {
+                        let _ = timed(timeout, client.delete(&extra, None)).await;
+                    });
+                    false
+                } else {
+                    true
+                }
+            });
+            let Some(index) = nodes.iter().position(|(_, n)| *n == name) else {
+                if session.is_lost() {
+                    return Err(AttemptError::SessionLost);
+                }
+                cleanup.disarm();
+                return Err(AttemptError::Lock(
+                    LockError::new(
+                        ErrorKind::LeaseLost,
+                        operation,
+                        format!(
+                            "our lock node {path} was deleted while we waited \
+                             (by another client or an administrator)"
+                        ),
+                    )
+                    .with_key(key)
+                    .with_backend(NAME),
+                ));
+            };
+            if index == 0 {
+                // Granted on the strength of this session's node: only if the
+                // session is still the one that created it and not lost.
+                if session.is_lost() {
+                    return Err(AttemptError::SessionLost);
+                }
+                // The server heard from this session after `sent`, so it
+                // cannot expire it (and free the key) before
+                // `sent + session timeout`: the lease never promises more.
+                let ttl = ttl.min(session.timeout);
+                let lease = Lease::granted(
+                    key.clone(),
+                    owner,
+                    FencingToken::new(token),
+                    ttl,
+                    sent,
+                    path.clone(),
+                )
+                .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?;
+                cleanup.disarm();
+                self.schedule_expiry(path, dir.to_owned(), owner, sent + ttl);
+                return Ok(Some(lease.with_session(session.state.clone())));
+            }
+            let Some(deadline) = deadline else {
+                // A single try: someone holds it; withdraw.
+                cleanup.disarm();
+                self.delete_node(&session.client, &path, dir, owner).await;
+                return Ok(None);
+            };
+            // Watch only the immediate predecessor (no herd on release), and
+            // our own node, so that its deletion by someone else ends the
+            // wait at once instead of when the predecessor goes. Both
+            // requests are sent before either reply is awaited.
+            let predecessor = format!("{dir}/{}", nodes[index - 1].1);
+            let (own, pred) = tokio::join!(
+                timed(
+                    self.op_timeout(),
+                    session.client.check_and_watch_stat(&path)
+                ),
+                timed(
+                    self.op_timeout(),
+                    session.client.check_and_watch_stat(&predecessor)
+                ),
+            );
+            let own_watcher = match own {
+                Ok((Some(_), watcher)) => watcher,
+                // Gone: the next look reports it.
+                Ok((None, _)) => continue,
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            };
+            let pred_watcher = match pred {
+                // Gone between our list and the watch: look again.
+                Ok((None, _)) => continue,
+                Ok((Some(_), watcher)) => watcher,
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            };
+            let mut state = session.state.clone();
+            tokio::select! {
+                _ = pred_watcher.changed() => {}
+                _ = own_watcher.changed() => {}
+                () = wait_lost(&mut state) => return Err(AttemptError::SessionLost),
+                () = sleep_until(deadline) => {
+                    cleanup.disarm();
+                    self.delete_node(&session.client, &path, dir, owner).await;
+                    return Err(AttemptError::Lock(
+                        LockError::new(
+                            ErrorKind::Contended,
+                            operation,
+                            "still held by another owner at the wait deadline",
+                        )
+                        .with_key(key)
+                        .with_backend(NAME),
+                    ));
+                }
+            }
+        }
+    }
+
+    async fn lock_key(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        operation: Operation,
+    ) -> Result<Option<Lease>, LockError> {
+        check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let dir = self.key_path(key);
+        let mut backoff = RetryPolicy::default().backoff();
+        let mut tries_left: u32 = 2;
+        loop {
+            let session = self.session(operation).await.map_err(|e| e.with_key(key))?;
+            match self
+                .attempt(&session, key, &dir, ttl, deadline, operation)
+                .await
+            {
+                Ok(result) => return Ok(result),
+                Err(AttemptError::Lock(err)) => return Err(err),
+                Err(AttemptError::SessionLost) => {
+                    // Our node went with the session. A new session may try
+                    // again while the wait deadline allows.
+                    tries_left = tries_left.saturating_sub(1);
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
+                    let can_retry = match deadline {
+                        Some(deadline) => Instant::now() + delay < deadline,
+                        None => tries_left > 0,
+                    };
+                    if !can_retry {
+                        return Err(LockError::new(
+                            ErrorKind::Unavailable,
+                            operation,
+                            "the ZooKeeper session was lost during the attempt",
+                        )
+                        .with_key(key)
+                        .with_backend(NAME));
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}
+
+async fn wait_lost(state: &mut watch::Receiver<SessionState>) {
+    loop {
+        if matches!(*state.borrow_and_update(), SessionState::Lost(_)) {
+            return;
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for ZkBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // czxid: strictly increasing per key (grants follow creation
+            // order within a directory), and zxids survive leader changes.
+            fencing: FencingScope::PerKey,
+            fencing_survives_failover: true,
+            waiting: WaitStrategy::Notify,
+            fifo: true,
+            ttl_model: TtlModel::PerSession,
+            linearizable: true,
+            min_ttl: MIN_TTL,
+            shared_locks: false,
+            semaphores: false,
+        }
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.lock_key(key, ttl, None, Operation::TryAcquire).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        match self
+            .lock_key(key, ttl, Some(deadline), Operation::Acquire)
+            .await?
+        {
+            Some(lease) => Ok(lease),
+            None => Err(LockError::new(
+                ErrorKind::Contended,
+                Operation::Acquire,
+                "still held by another owner at the wait deadline",
+            )
+            .with_key(key)
+            .with_backend(NAME)),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let not_held = |why: &str| {
+            LockError::new(ErrorKind::NotHeld, Operation::Renew, why.to_owned())
+                .with_key(lease.key())
+                .with_backend(NAME)
+        };
+        let Some((path, _)) = self.lease_path(lease) else {
+            return Err(not_held(
+                "the lease does not name a lock node of its key and owner",
+            ));
+        };
+        if lease
+            .session()
+            .is_some_and(|s| matches!(*s.borrow(), SessionState::Lost(_)))
+        {
+            return Err(not_held(
+                "the ZooKeeper session that held this lease is gone",
+            ));
+        }
+        let session = self
+            .session(Operation::Renew)
+            .await
+            .map_err(|e| e.with_key(lease.key()))?;
+        let sent = Instant::now();
+        match timed(self.op_timeout(), session.client.check_stat(path)).await {
+            Ok(None) => {
+                lock(&self.inner.expiries).remove(path);
+                Err(not_held(
+                    "the lock node is gone (released, expired, or deleted)",
+                ))
+            }
+            Ok(Some(stat)) if u64::try_from(stat.czxid).ok() != Some(lease.token().get()) => {
+                Err(not_held("the lock node was re-created: not this grant"))
+            }
+            Ok(Some(stat)) if stat.ephemeral_owner != session.id => Err(LockError::new(
+                ErrorKind::Unsupported,
+                Operation::Renew,
+                "the lock node belongs to another ZooKeeper session: it lives as long as that \
+                 session and can be released, but not renewed, from here",
+            )
+            .with_key(lease.key())
+            .with_backend(NAME)),
+            Ok(Some(_)) => {
+                let ttl = lease.ttl().min(session.timeout);
+                if let Some(due) = lock(&self.inner.expiries).get_mut(path) {
+                    *due = (*due).max(sent + ttl);
+                }
+                Ok(validity_deadline(sent, ttl))
+            }
+            Err(err) => Err(err.into_lock_error(Operation::Renew).with_key(lease.key())),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        // A lease whose node does not carry its owner id is not ours to act
+        // on: another owner's node is never touched.
+        let Some((path, dir)) = self.lease_path(lease) else {
+            return Ok(false);
+        };
+        lock(&self.inner.expiries).remove(path);
+        let session = self
+            .session(Operation::Release)
+            .await
+            .map_err(|e| e.with_key(lease.key()))?;
+        let deleted = match timed(self.op_timeout(), session.client.delete(path, None)).await {
+            Ok(()) => true,
+            Err(err) if err.is(&zk::Error::NoNode) => false,
+            Err(err) => {
+                return Err(err
+                    .into_lock_error(Operation::Release)
+                    .with_key(lease.key()));
+            }
+        };
+        self.sweep_uncertain(&session.client, dir, lease.owner())
+            .await;
+        self.remove_empty_dir(&session.client, dir).await;
+        Ok(deleted)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let session = self
+            .session(Operation::Inspect)
+            .await
+            .map_err(|e| e.with_key(key))?;
+        let dir = self.key_path(key);
+        let fail = |err: CallError| err.into_lock_error(Operation::Inspect).with_key(key);
+        // The holder may release between the list and the stat: look again.
+        for _ in 0..5 {
+            let children = match timed(self.op_timeout(), session.client.list_children(&dir)).await
+            {
+                Ok(children) => children,
+                Err(err) if err.is(&zk::Error::NoNode) => return Ok(None),
+                Err(err) => return Err(fail(err)),
+            };
+            let Some((_, name)) = sorted_lock_nodes(children).into_iter().next() else {
+                return Ok(None);
+            };
+            let path = format!("{dir}/{name}");
+            let Some(stat) = timed(self.op_timeout(), session.client.check_stat(&path))
+                .await
+                .map_err(fail)?
+            else {
+                continue;
+            };
+            let remaining_ttl = lock(&self.inner.expiries)
+                .get(&path)
+                .map(|due| due.saturating_duration_since(Instant::now()));
+            return Ok(Some(LockInfo {
+                key: key.clone(),
+                holder: owner_of(&name).map_or(name, OwnerId::to_hex),
+                token: u64::try_from(stat.czxid).ok().map(FencingToken::new),
+                remaining_ttl,
+            }));
+        }
+        Err(LockError::new(
+            ErrorKind::Unavailable,
+            Operation::Inspect,
+            "the holder kept changing while we looked",
+        )
+        .with_key(key)
+        .with_backend(NAME))
+    }
+}
