@@ -1,0 +1,50 @@
+//! The shared conformance suite against every Redis topology, on real
+//! servers started here.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::RedisTarget;
+use conformance::{Harness, OrSkip, run_suite};
+
+/// Suites run one at a time: they measure timing on a shared machine.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn run(target: RedisTarget) {
+    let _serial = SERIAL.lock().await;
+    let harness = Harness::new(Arc::new(target));
+    run_suite(&harness).await.assert_passed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_single_node() {
+    let Some(target) = RedisTarget::single().await.or_skip() else {
+        return;
+    };
+    run(target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_cluster() {
+    let Some(target) = RedisTarget::cluster().await.or_skip() else {
+        return;
+    };
+    run(target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_sentinel() {
+    let Some(target) = RedisTarget::sentinel().await.or_skip() else {
+        return;
+    };
+    run(target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_redlock_five_nodes() {
+    let Some(target) = RedisTarget::redlock(5).await.or_skip() else {
+        return;
+    };
+    run(target).await;
+}
