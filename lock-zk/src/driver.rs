@@ -22,6 +22,16 @@ use crate::paths::{self, owner_of, sequence_of, sorted_lock_nodes};
 
 const NAME: &str = "zookeeper";
 
+/// How long a background cleanup keeps trying to delete a node.
+const CLEANUP_PATIENCE: Duration = Duration::from_secs(60);
+
+const CLEANUP_RETRY: RetryPolicy = RetryPolicy {
+    initial: Duration::from_millis(50),
+    max: Duration::from_secs(2),
+    multiplier: 2,
+    max_attempts: None,
+};
+
 /// The shortest TTL accepted. A ZooKeeper lease lives as long as its
 /// session; the TTL only paces renewals and bounds the local validity, so
 /// it needs room for a few round trips.
@@ -522,8 +532,29 @@ impl ZkBackend {
 
     /// Deletes a node of ours and, if its attempt had a lost create reply,
     /// any other node carrying the same attempt id. Best effort.
+    ///
+    /// Retried through disconnections: a waiting node left behind by a
+    /// live session would block the key for as long as the session lives.
     async fn delete_node(&self, client: &zk::Client, path: &str, dir: &str, owner: OwnerId) {
-        let _ = timed(self.op_timeout(), client.delete(path, None)).await;
+        let give_up = Instant::now() + CLEANUP_PATIENCE;
+        let mut backoff = CLEANUP_RETRY.backoff();
+        loop {
+            match timed(self.op_timeout(), client.delete(path, None)).await {
+                Ok(()) => break,
+                Err(err) if err.is(&zk::Error::NoNode) => break,
+                // The node went with the session.
+                Err(err) if err.ends_session() => return,
+                Err(err) if Instant::now() < give_up => {
+                    tracing::debug!(%path, ?err, "deleting a lock node failed; retrying");
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_secs(1));
+                    tokio::time::sleep(delay).await;
+                }
+                Err(err) => {
+                    tracing::warn!(%path, ?err, "could not delete a lock node; it stays until its session ends");
+                    return;
+                }
+            }
+        }
         self.sweep_uncertain(client, dir, owner).await;
         self.remove_empty_dir(client, dir).await;
     }
@@ -790,6 +821,18 @@ impl ZkBackend {
                 .await
             {
                 Ok(result) => return Ok(result),
+                // A wait rides out disconnections (an election, a server
+                // restart): the failed attempt's node is deleted in the
+                // background and a new attempt joins the queue.
+                Err(AttemptError::Lock(err))
+                    if matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
+                        && deadline
+                            .is_some_and(|d| Instant::now() + Duration::from_millis(100) < d) =>
+                {
+                    tracing::debug!(%key, %err, "acquire attempt failed; retrying");
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
+                    tokio::time::sleep(delay).await;
+                }
                 Err(AttemptError::Lock(err)) => return Err(err),
                 Err(AttemptError::SessionLost) => {
                     // Our node went with the session. A new session may try
@@ -933,7 +976,6 @@ impl LockBackend for ZkBackend {
         let Some((path, dir)) = self.lease_path(lease) else {
             return Ok(false);
         };
-        lock(&self.inner.expiries).remove(path);
         let session = self
             .session(Operation::Release)
             .await
