@@ -94,6 +94,37 @@ enum WaitEnd {
     SessionLost(String),
 }
 
+/// What the create transaction found.
+struct Created {
+    /// The create revision of our entry.
+    my_revision: Option<i64>,
+    /// Whether the entry holds this grant's owner id.
+    ours: bool,
+    /// The create revision of the oldest entry under the key.
+    owner_revision: Option<i64>,
+}
+
+impl Created {
+    fn from_response(response: &TxnResponse, owner: OwnerId) -> Self {
+        let responses = response.op_responses();
+        let owner_revision = first_kv(responses.get(1)).map(KeyValue::create_revision);
+        if response.succeeded() {
+            Self {
+                my_revision: response.header().map(|h| h.revision()).filter(|r| *r > 0),
+                ours: true,
+                owner_revision,
+            }
+        } else {
+            let existing = first_kv(responses.first());
+            Self {
+                my_revision: existing.map(KeyValue::create_revision).filter(|r| *r > 0),
+                ours: existing.is_some_and(|kv| kv.value() == owner.to_hex().as_bytes()),
+                owner_revision,
+            }
+        }
+    }
+}
+
 impl EtcdBackend {
     /// Connects to the cluster and grants the default session's lease.
     ///
@@ -310,53 +341,42 @@ impl EtcdBackend {
                 .await
                 .map_err(|e| e.with_key(key))?;
             let entry = session.claim_entry(&key_prefix);
+            let owner = OwnerId::random();
             let mut pending = PendingEntry {
                 client: self.inner.client.clone(),
                 session: session.clone(),
                 entry: entry.clone(),
+                owner,
+                create: None,
                 revision: None,
                 armed: true,
                 op_timeout: self.inner.config.op_timeout,
             };
-            // etcd's concurrency mutex: create our entry with the lease if it
-            // does not exist, and read the oldest entry in the same revision.
-            let get_owner = TxnOp::get(
-                key_prefix.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend)
-                        .with_limit(1),
-                ),
-            );
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    entry.as_str(),
-                    CompareOp::Equal,
-                    0,
-                )])
-                .and_then([
-                    TxnOp::put(
-                        entry.as_str(),
-                        "",
-                        Some(PutOptions::new().with_lease(session.lease_id())),
-                    ),
-                    get_owner.clone(),
-                ])
-                .or_else([TxnOp::get(entry.as_str(), None), get_owner]);
             let sent_at = Instant::now();
-            let response = self.txn(op, txn).await.map_err(|e| e.with_key(key))?;
-            let responses = response.op_responses();
-            let my_revision = if response.succeeded() {
-                response.header().map(|h| h.revision())
-            } else {
-                first_kv(responses.first()).map(KeyValue::create_revision)
-            };
-            let Some(my_revision) = my_revision.filter(|r| *r > 0) else {
+            // The create runs on its own task: if this future is dropped
+            // mid-flight, the cleanup still learns its outcome.
+            let create = tokio::spawn(self.create_entry(
+                key_prefix.clone(),
+                entry.clone(),
+                session.lease_id(),
+                owner,
+                op,
+            ));
+            let joined = pending.create.insert(create).await;
+            pending.create = None;
+            let created = joined
+                .map_err(|e| protocol_error(op, key, &format!("create task failed: {e}")))?
+                .map_err(|e| e.with_key(key))?;
+            let Some(my_revision) = created.my_revision else {
                 return Err(protocol_error(op, key, "no revision for our entry"));
             };
+            if !created.ours {
+                // Not written by this grant: delete it without a guard (the
+                // name carries our lease id, so it is ours) and never reuse it.
+                return Err(protocol_error(op, key, "our entry name was taken"));
+            }
             pending.revision = Some(my_revision);
-            let owner_revision = first_kv(responses.get(1)).map(KeyValue::create_revision);
+            let owner_revision = created.owner_revision;
             if owner_revision == Some(my_revision) {
                 return self
                     .grant(key, ttl, &session, pending, sent_at, op)
@@ -403,6 +423,51 @@ impl EtcdBackend {
         }
     }
 
+    /// etcd's concurrency mutex: create our entry with the lease if it does
+    /// not exist, and read the oldest entry under the key in the same
+    /// revision (one round trip). The value is the grant's owner id, which
+    /// release and renew compare (`etcdctl lock` writes an empty value and
+    /// ignores it).
+    fn create_entry(
+        &self,
+        key_prefix: String,
+        entry: String,
+        lease_id: i64,
+        owner: OwnerId,
+        op: Operation,
+    ) -> impl std::future::Future<Output = Result<Created, LockError>> + Send + 'static {
+        let mut kv = self.inner.client.kv_client();
+        let op_timeout = self.inner.config.op_timeout;
+        async move {
+            let get_owner = TxnOp::get(
+                key_prefix.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1),
+                ),
+            );
+            let txn = Txn::new()
+                .when([Compare::create_revision(entry.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(
+                        entry.as_str(),
+                        owner.to_hex(),
+                        Some(PutOptions::new().with_lease(lease_id)),
+                    ),
+                    get_owner.clone(),
+                ])
+                .or_else([TxnOp::get(entry.as_str(), None), get_owner]);
+            let response = with_timeout(op_timeout, op, async {
+                kv.txn(txn).await.map_err(|e| from_etcd(op, e))
+            })
+            .await
+            .map_err(|e| e.with_backend(NAME))?;
+            Ok(Created::from_response(&response, owner))
+        }
+    }
+
     /// Turns our oldest entry into a lease; on failure the entry is removed.
     fn grant(
         &self,
@@ -427,7 +492,7 @@ impl EtcdBackend {
         }
         let mut lease = Lease::granted(
             key.clone(),
-            OwnerId::random(),
+            pending.owner,
             FencingToken::new(token),
             ttl,
             sent_at,
@@ -446,7 +511,7 @@ impl EtcdBackend {
             .with_backend(NAME));
         }
         lease.set_validity_deadline(deadline);
-        session.mark_held(&pending.entry, revision);
+        session.mark_held(&pending.entry, revision, pending.owner);
         pending.armed = false;
         Ok(lease.with_session(session.subscribe()))
     }
@@ -656,24 +721,24 @@ struct PendingEntry {
     client: Client,
     session: Arc<Session>,
     entry: String,
-    /// Its create revision once known; `None` while the create's outcome is
-    /// unknown.
+    owner: OwnerId,
+    /// The create transaction while it runs (its own task).
+    create: Option<tokio::task::JoinHandle<Result<Created, LockError>>>,
+    /// Its create revision once known.
     revision: Option<i64>,
     armed: bool,
     op_timeout: Duration,
 }
 
 impl PendingEntry {
-    /// Deletes the entry now (guarded by its revision); on failure leaves it
-    /// to the background cleanup.
+    /// Deletes the entry now (guarded by its revision and owner); on
+    /// failure leaves it to the background cleanup.
     async fn remove_now(mut self) {
-        let Some(revision) = self.revision else {
-            return;
-        };
+        let Some(revision) = self.revision else { return };
         let mut kv = self.client.kv_client();
         let result = tokio::time::timeout(
             self.op_timeout,
-            kv.txn(guarded_delete(&self.entry, revision)),
+            kv.txn(guarded_delete(&self.entry, revision, self.owner)),
         )
         .await;
         if let Ok(Ok(_)) = result {
@@ -693,26 +758,47 @@ impl Drop for PendingEntry {
                 self.client.clone(),
                 self.session.clone(),
                 std::mem::take(&mut self.entry),
+                self.owner,
+                self.create.take(),
                 self.revision,
             ));
         }
     }
 }
 
-fn guarded_delete(entry: &str, revision: i64) -> Txn {
+/// Deletes `entry` only if it is still the grant with this create revision
+/// and owner.
+fn guarded_delete(entry: &str, revision: i64, owner: OwnerId) -> Txn {
     Txn::new()
-        .when([Compare::create_revision(entry, CompareOp::Equal, revision)])
+        .when([
+            Compare::create_revision(entry, CompareOp::Equal, revision),
+            Compare::value(entry, CompareOp::Equal, owner.to_hex()),
+        ])
         .and_then([TxnOp::delete(entry, None::<DeleteOptions>)])
 }
 
 /// Deletes an entry nobody holds, retrying while the session lives (the
 /// entry goes with the lease otherwise).
 ///
-/// With a known revision the delete is guarded by it and the name is freed
-/// afterwards. With an unknown outcome (the create timed out), the name is
-/// never reused by this session, and the key is checked again a little
-/// later in case the create was applied after our delete.
-async fn cleanup(client: Client, session: Arc<Session>, entry: String, revision: Option<i64>) {
+/// If the create was still running, its outcome is awaited first. With a
+/// known revision the delete is guarded and the name is freed afterwards.
+/// With an unknown outcome (the create timed out), the name is never reused
+/// by this session and the delete is repeated a few times over several
+/// seconds, in case the create is applied after an earlier delete.
+async fn cleanup(
+    client: Client,
+    session: Arc<Session>,
+    entry: String,
+    owner: OwnerId,
+    create: Option<tokio::task::JoinHandle<Result<Created, LockError>>>,
+    mut revision: Option<i64>,
+) {
+    if let Some(create) = create
+        && let Ok(Ok(Ok(created))) = tokio::time::timeout(Duration::from_secs(10), create).await
+        && created.ours
+    {
+        revision = created.my_revision;
+    }
     let mut kv = client.kv_client();
     let give_up = Instant::now()
         + session
@@ -720,12 +806,19 @@ async fn cleanup(client: Client, session: Arc<Session>, entry: String, revision:
             .saturating_mul(10)
             .max(Duration::from_secs(30));
     let mut delay = Duration::from_millis(20);
-    let mut rechecked = false;
+    // Delays before repeating an unguarded delete.
+    let mut repeats = [
+        Duration::from_millis(100),
+        Duration::from_millis(500),
+        Duration::from_secs(2),
+        Duration::from_secs(5),
+    ]
+    .into_iter();
     while session.is_alive() && Instant::now() < give_up {
         let result = match revision {
             Some(revision) => tokio::time::timeout(
                 Duration::from_secs(2),
-                kv.txn(guarded_delete(&entry, revision)),
+                kv.txn(guarded_delete(&entry, revision, owner)),
             )
             .await
             .map(|r| r.map(|_| ())),
@@ -738,13 +831,10 @@ async fn cleanup(client: Client, session: Arc<Session>, entry: String, revision:
                 session.free_entry(&entry);
                 return;
             }
-            Ok(Ok(())) if rechecked => return,
-            Ok(Ok(())) => {
-                // A create that timed out may still be applied after our
-                // delete: look again once in-flight requests are surely done.
-                rechecked = true;
-                sleep(Duration::from_secs(3)).await;
-            }
+            Ok(Ok(())) => match repeats.next() {
+                Some(pause) => sleep(pause).await,
+                None => return,
+            },
             _ => {
                 sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1));
@@ -793,7 +883,7 @@ impl LockBackend for EtcdBackend {
         };
         if let Some(session) = self.session_by_lease(lease_id) {
             // Our own session keeps the lease alive: renewing is local.
-            if !session.holds(&entry, revision) {
+            if !session.holds(&entry, revision, lease.owner()) {
                 return Err(not_held("the lease was released or lost"));
             }
             if let SessionState::Lost(reason) = session.state() {
@@ -841,11 +931,10 @@ impl LockBackend for EtcdBackend {
         })
         .await
         .map_err(|e| e.with_key(lease.key()))?;
-        let txn = Txn::new().when([Compare::create_revision(
-            entry.as_str(),
-            CompareOp::Equal,
-            revision,
-        )]);
+        let txn = Txn::new().when([
+            Compare::create_revision(entry.as_str(), CompareOp::Equal, revision),
+            Compare::value(entry.as_str(), CompareOp::Equal, lease.owner().to_hex()),
+        ]);
         if !self
             .txn(op, txn)
             .await
@@ -869,9 +958,9 @@ impl LockBackend for EtcdBackend {
         let (entry, revision, lease_id) = self.parse_lease(lease, op)?;
         let session = self.session_by_lease(lease_id);
         if let Some(session) = &session {
-            session.unmark_held(&entry, revision);
+            session.unmark_held(&entry, revision, lease.owner());
         }
-        match self.txn(op, guarded_delete(&entry, revision)).await {
+        match self.txn(op, guarded_delete(&entry, revision, lease.owner())).await {
             Ok(response) => {
                 let released = response.succeeded();
                 if released && let Some(session) = &session {
@@ -886,6 +975,8 @@ impl LockBackend for EtcdBackend {
                         self.inner.client.clone(),
                         session,
                         entry,
+                        lease.owner(),
+                        None,
                         Some(revision),
                     ));
                 }

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use lock_core::{ErrorKind, LockError, Operation, SessionState, validity_deadline, with_timeout};
+use lock_core::{
+    ErrorKind, LockError, Operation, OwnerId, SessionState, validity_deadline, with_timeout,
+};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
 
@@ -27,8 +29,8 @@ pub(crate) struct Session {
     server_ttl: Duration,
     state: watch::Sender<SessionState>,
     deadline: Mutex<Instant>,
-    /// Entries handed out as grants: entry key -> create revision.
-    held: Mutex<HashMap<String, i64>>,
+    /// Entries handed out as grants: entry key -> (create revision, owner).
+    held: Mutex<HashMap<String, (i64, OwnerId)>>,
     /// Entry keys that may exist on the server (held, waiting, or being
     /// cleaned up): never reused for another grant while listed.
     in_use: Mutex<HashSet<String>>,
@@ -152,14 +154,15 @@ impl Session {
         lock(&self.in_use).remove(entry);
     }
 
-    pub(crate) fn mark_held(&self, entry: &str, revision: i64) {
-        lock(&self.held).insert(entry.to_owned(), revision);
+    pub(crate) fn mark_held(&self, entry: &str, revision: i64, owner: OwnerId) {
+        lock(&self.held).insert(entry.to_owned(), (revision, owner));
     }
 
-    /// Forgets a grant; returns whether it was held with this revision.
-    pub(crate) fn unmark_held(&self, entry: &str, revision: i64) -> bool {
+    /// Forgets a grant; returns whether it was held with this revision and
+    /// owner.
+    pub(crate) fn unmark_held(&self, entry: &str, revision: i64, owner: OwnerId) -> bool {
         let mut held = lock(&self.held);
-        if held.get(entry) == Some(&revision) {
+        if held.get(entry) == Some(&(revision, owner)) {
             held.remove(entry);
             true
         } else {
@@ -167,8 +170,8 @@ impl Session {
         }
     }
 
-    pub(crate) fn holds(&self, entry: &str, revision: i64) -> bool {
-        lock(&self.held).get(entry) == Some(&revision)
+    pub(crate) fn holds(&self, entry: &str, revision: i64, owner: OwnerId) -> bool {
+        lock(&self.held).get(entry) == Some(&(revision, owner))
     }
 
     fn set_state(&self, next: SessionState) {

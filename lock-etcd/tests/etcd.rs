@@ -1,0 +1,406 @@
+//! lock-etcd against real etcd servers started by the harness: the shared
+//! conformance suite (single member and a 3-member cluster), a contention
+//! run with the leader killed and restarted, interop with `etcdctl lock`,
+//! and session loss.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use conformance::history::{FencedResource, History, Op};
+use conformance::process::HarnessError;
+use conformance::servers::etcd::{EtcdServer, etcdctl};
+use conformance::{Harness, OrSkip, SuiteConfig, Target, run_suite};
+use lock_core::{
+    ErrorKind, LockBackend, LockClient, LockError, LockKey, LockState, async_trait,
+};
+use lock_etcd::{EtcdBackend, EtcdConfig};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use tokio::time::{Instant, sleep, timeout};
+
+/// The target the suite runs against: every client is a new backend with
+/// its own session; "unreachable" pauses every member (SIGSTOP).
+struct EtcdTarget {
+    name: &'static str,
+    server: tokio::sync::Mutex<EtcdServer>,
+    config: EtcdConfig,
+}
+
+#[async_trait]
+impl Target for EtcdTarget {
+    fn name(&self) -> String {
+        self.name.to_owned()
+    }
+
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        Ok(Arc::new(EtcdBackend::connect(self.config.clone()).await?))
+    }
+
+    async fn make_unreachable(&self) -> Result<bool, HarnessError> {
+        self.server.lock().await.pause_all()?;
+        Ok(true)
+    }
+
+    async fn heal(&self) -> Result<(), HarnessError> {
+        self.server.lock().await.resume_all()
+    }
+}
+
+fn config_for(server: &EtcdServer, prefix: &str, ttl: Duration) -> EtcdConfig {
+    EtcdConfig::new(server.endpoints())
+        .prefix(prefix)
+        .ttl(ttl)
+        .op_timeout(Duration::from_secs(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_single_member() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let config = config_for(&server, "suite", Duration::from_secs(1));
+    let target = EtcdTarget {
+        name: "etcd",
+        server: tokio::sync::Mutex::new(server),
+        config,
+    };
+    let report = run_suite(&Harness::new(Arc::new(target))).await;
+    println!("{}", report.table());
+    report.assert_passed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_three_member_cluster() {
+    let Some(server) = EtcdServer::start_cluster(3).await.or_skip() else {
+        return;
+    };
+    let config = config_for(&server, "suite", Duration::from_secs(1));
+    let target = EtcdTarget {
+        name: "etcd-cluster",
+        server: tokio::sync::Mutex::new(server),
+        config,
+    };
+    let harness = Harness::with_config(
+        Arc::new(target),
+        SuiteConfig {
+            fencing_grants: 1000,
+            ..SuiteConfig::default()
+        },
+    );
+    let report = run_suite(&harness).await;
+    println!("{}", report.table());
+    report.assert_passed();
+}
+
+/// 8 tasks over 2 clients contend on one key of a 3-member cluster while
+/// the leader is killed and restarted, then a follower: the history shows
+/// no overlapping grants, tokens strictly increase, a fenced resource
+/// rejects nothing, and grants continue after each fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_contention_survives_leader_kill_and_restart() {
+    let Some(mut server) = EtcdServer::start_cluster(3).await.or_skip() else {
+        return;
+    };
+    let config = config_for(&server, "chaos", Duration::from_secs(2));
+    let clients = [
+        Arc::new(EtcdBackend::connect(config.clone()).await.unwrap()),
+        Arc::new(EtcdBackend::connect(config.clone()).await.unwrap()),
+    ];
+    let key = LockKey::new("contended").unwrap();
+    let history = Arc::new(History::new());
+    let resource = Arc::new(FencedResource::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let backend = clients[t % 2].clone();
+        let rec = history.process();
+        let (key, resource, stop) = (key.clone(), resource.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut grants = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                rec.invoke(Op::Acquire, &key, None);
+                let lease = match backend
+                    .acquire(&key, Duration::from_secs(2), Instant::now() + Duration::from_secs(10))
+                    .await
+                {
+                    Ok(lease) => lease,
+                    Err(_) => {
+                        rec.failed(Op::Acquire, &key, None);
+                        sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                rec.acquired(&key, lease.token(), lease.validity_deadline());
+                grants.push((Instant::now(), lease.token()));
+                resource.write(&rec, &key, lease.token(), |v| *v += 1);
+                sleep(Duration::from_millis(2)).await;
+                rec.invoke(Op::Release, &key, Some(lease.token()));
+                match backend.release(&lease).await {
+                    Ok(held) => rec.released(&key, lease.token(), held),
+                    Err(_) => rec.failed(Op::Release, &key, Some(lease.token())),
+                }
+            }
+            grants
+        }));
+    }
+    let mut faults = Vec::new();
+    sleep(Duration::from_secs(1)).await;
+    let leader = server.wait_leader(Duration::from_secs(10)).await.unwrap();
+    server.kill(leader).unwrap();
+    let killed_at = Instant::now();
+    faults.push(("leader killed", killed_at));
+    sleep(Duration::from_secs(2)).await;
+    server.restart(leader).await.unwrap();
+    faults.push(("leader restarted", Instant::now()));
+    sleep(Duration::from_secs(1)).await;
+    let leader = server.wait_leader(Duration::from_secs(10)).await.unwrap();
+    let follower = (leader + 1) % server.len();
+    server.kill(follower).unwrap();
+    faults.push(("follower killed", Instant::now()));
+    sleep(Duration::from_secs(1)).await;
+    server.restart(follower).await.unwrap();
+    faults.push(("follower restarted", Instant::now()));
+    sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut grants = Vec::new();
+    for task in tasks {
+        grants.extend(task.await.unwrap());
+    }
+    let report = history.check();
+    println!("cluster contention: {}", report.summary());
+    assert!(report.is_exclusive(), "overlap: {}", report.summary());
+    assert!(report.is_safe_with_fencing(), "{}", report.summary());
+    assert_eq!(resource.rejected(), 0, "the fenced resource rejected writes");
+    grants.sort();
+    assert!(
+        grants.windows(2).all(|w| w[0].1 < w[1].1),
+        "tokens do not strictly increase in grant order"
+    );
+    for (what, at) in &faults {
+        assert!(
+            grants.iter().any(|(g, _)| g > at),
+            "no grant after {what}"
+        );
+    }
+    assert!(grants.len() > 50, "only {} grants", grants.len());
+}
+
+/// Our client and `etcdctl lock` on the same name exclude each other, in
+/// both directions, and hand over through the watch (well before any TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interop_with_etcdctl_lock() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let Some(etcdctl) = etcdctl().or_skip() else {
+        return;
+    };
+    let endpoint = format!("--endpoints={}", server.endpoints().join(","));
+    let backend = EtcdBackend::connect(config_for(&server, "interop", Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let key = LockKey::new("job").unwrap();
+    let name = backend.key_prefix(&key).trim_end_matches('/').to_owned();
+    assert_eq!(name, "interop/job");
+
+    // 1. etcdctl holds: we are excluded, then get it when it lets go.
+    let mut holder = Command::new(&etcdctl)
+        .args([endpoint.as_str(), "lock", name.as_str()])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    let held_key = timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("etcdctl lock did not acquire")
+        .unwrap()
+        .unwrap();
+    assert!(held_key.starts_with("interop/job/"), "{held_key}");
+    assert!(backend.try_acquire(&key, Duration::from_secs(5)).await.unwrap().is_none());
+    let err = backend
+        .acquire(&key, Duration::from_secs(5), Instant::now() + Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contended);
+    let info = backend.inspect(&key).await.unwrap().unwrap();
+    assert_eq!(format!("interop/job/{}", info.holder), held_key);
+    let waiter = {
+        let backend = backend.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            backend
+                .acquire(&key, Duration::from_secs(5), Instant::now() + Duration::from_secs(20))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "granted while etcdctl held the lock");
+    let signalled = Instant::now();
+    // SIGTERM: etcdctl unlocks on a signal.
+    let pid = libc::pid_t::try_from(holder.id().unwrap()).unwrap();
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let lease = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("not granted after etcdctl unlocked")
+        .unwrap()
+        .unwrap();
+    let handoff = signalled.elapsed();
+    // etcdctl's session TTL is 10 s: a grant this early came from the watch.
+    assert!(handoff < Duration::from_secs(3), "handoff took {handoff:?}");
+    let _ = holder.wait().await;
+    println!("etcdctl -> us handoff: {handoff:?}");
+
+    // 2. We hold: `etcdctl lock` waits until we release.
+    let mut contender = Command::new(&etcdctl)
+        .args([endpoint.as_str(), "lock", name.as_str(), "echo", "got-it"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(contender.stdout.take().unwrap()).lines();
+    assert!(
+        timeout(Duration::from_secs(1), out.next_line()).await.is_err(),
+        "etcdctl got the lock while we held it"
+    );
+    let released_at = Instant::now();
+    assert!(backend.release(&lease).await.unwrap());
+    let line = timeout(Duration::from_secs(5), out.next_line())
+        .await
+        .expect("etcdctl did not get the lock after our release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(line, "got-it");
+    println!("us -> etcdctl handoff: {:?}", released_at.elapsed());
+    assert!(contender.wait().await.unwrap().success());
+}
+
+/// Pausing the server past the session TTL: the holder's guard reports
+/// `Lost` before another client is granted the key, the grant has a larger
+/// token, and the first backend starts a new session for later acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_loss_is_signalled_before_another_grant() {
+    let Some(mut server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let ttl = Duration::from_secs(1);
+    let config = config_for(&server, "session", ttl);
+    let a = EtcdBackend::connect(config.clone()).await.unwrap();
+    let b = EtcdBackend::connect(config.clone()).await.unwrap();
+    let first_session = a.session_lease(ttl).unwrap();
+    let key = LockKey::new("paused").unwrap();
+    let client = LockClient::new(a.clone());
+    let guard = client.lock(key.as_str()).ttl(ttl).acquire().await.unwrap();
+    let first_token = guard.token();
+    let mut state = guard.subscribe();
+    let watcher = tokio::spawn(async move {
+        let mut suspect_at = None;
+        loop {
+            match &*state.borrow_and_update() {
+                LockState::Suspect => {
+                    suspect_at.get_or_insert_with(Instant::now);
+                }
+                LockState::Lost(_) => return (suspect_at, Instant::now()),
+                _ => {}
+            }
+            if state.changed().await.is_err() {
+                return (suspect_at, Instant::now());
+            }
+        }
+    });
+    sleep(Duration::from_millis(400)).await;
+    let deadline_before = guard.validity_deadline();
+    server.member(0).process().pause().unwrap();
+    let paused_at = Instant::now();
+    sleep(ttl * 3).await;
+    server.member(0).process().resume().unwrap();
+    let next = b
+        .acquire(&key, ttl, Instant::now() + Duration::from_secs(10))
+        .await
+        .unwrap();
+    let granted_at = Instant::now();
+    let (suspect_at, lost_at) = watcher.await.unwrap();
+    println!(
+        "paused at 0; suspect at {:?}; lost at {:?}; deadline {:?}; granted to b at {:?}",
+        suspect_at.map(|s| s - paused_at),
+        lost_at - paused_at,
+        deadline_before.saturating_duration_since(paused_at),
+        granted_at - paused_at
+    );
+    assert!(suspect_at.is_some(), "no Suspect before Lost");
+    assert!(lost_at < granted_at, "lost signal after the next grant");
+    assert!(
+        lost_at <= guard.validity_deadline() + Duration::from_millis(100),
+        "lost signal late"
+    );
+    assert!(next.token() > first_token);
+    assert!(matches!(guard.state(), LockState::Lost(_)));
+    // The next acquire on `a` uses a new session.
+    let other = LockKey::new("after").unwrap();
+    let lease = a.try_acquire(&other, ttl).await.unwrap().unwrap();
+    assert_ne!(a.session_lease(ttl).unwrap(), first_session);
+    assert!(a.release(&lease).await.unwrap());
+    assert!(b.release(&next).await.unwrap());
+}
+
+/// Two grants of one key from the same backend (one session, one lease)
+/// exclude each other; the second entry gets a suffixed name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_backend_grants_exclude_each_other() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let ttl = Duration::from_secs(5);
+    let backend = EtcdBackend::connect(config_for(&server, "same", ttl)).await.unwrap();
+    let key = LockKey::new("k").unwrap();
+    let first = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let lease_hex = backend.session_lease(ttl).unwrap();
+    assert_eq!(first.backend_data(), format!("same/k/{lease_hex}"));
+    assert!(backend.try_acquire(&key, ttl).await.unwrap().is_none());
+    let waiter = {
+        let (backend, key) = (backend.clone(), key.clone());
+        tokio::spawn(async move {
+            backend
+                .acquire(&key, ttl, Instant::now() + Duration::from_secs(10))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "second grant while the first is held");
+    assert!(backend.release(&first).await.unwrap());
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second.backend_data().starts_with(&format!("same/k/{lease_hex}-")));
+    assert!(second.token() > first.token());
+    // `a` and `a/b` are different locks (no prefix overlap).
+    let parent = LockKey::new("a").unwrap();
+    let child = LockKey::new("a/b").unwrap();
+    let p = backend.try_acquire(&parent, ttl).await.unwrap().unwrap();
+    let c = backend.try_acquire(&child, ttl).await.unwrap().unwrap();
+    assert_eq!(backend.inspect(&parent).await.unwrap().unwrap().token, Some(p.token()));
+    assert!(backend.release(&c).await.unwrap());
+    assert!(backend.release(&p).await.unwrap());
+    assert!(backend.release(&second).await.unwrap());
+    // close() revokes the session: a held lock is freed at once.
+    let held = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+    backend.close().await.unwrap();
+    let other = EtcdBackend::connect(config_for(&server, "same", ttl)).await.unwrap();
+    assert!(other.try_acquire(&key, ttl).await.unwrap().is_some());
+    assert!(!other.release(&held).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_fails_fast_with_a_typed_error() {
+    let port = conformance::process::free_port().unwrap();
+    let config = EtcdConfig::new([format!("127.0.0.1:{port}")]).op_timeout(Duration::from_millis(500));
+    let started = Instant::now();
+    let err = EtcdBackend::connect(config).await.unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    let err = lock_etcd::connect("etcd://nohost").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+}
