@@ -42,8 +42,13 @@ impl MariaDbServer {
         let dir = temp_dir("mariadb-")?;
         let data = dir.path().join("data");
         let mut init = Command::new(&install);
-        init.args(["--no-defaults", "--user=root", "--auth-root-authentication-method=socket", "--skip-test-db"])
-            .arg(format!("--datadir={}", data.display()));
+        init.args([
+            "--no-defaults",
+            "--user=root",
+            "--auth-root-authentication-method=socket",
+            "--skip-test-db",
+        ])
+        .arg(format!("--datadir={}", data.display()));
         run_setup(init, None, "mariadb-install-db")?;
         let port = free_port()?;
         let socket = dir.path().join("mysqld.sock");
@@ -93,9 +98,22 @@ impl MariaDbServer {
         Err(last.unwrap_or_else(|| HarnessError::Io(std::io::Error::other("setup failed"))))
     }
 
+    /// Kills the server (SIGKILL, a crash) and starts it again on the same
+    /// port and data directory.
+    ///
+    /// # Errors
+    ///
+    /// When it does not come back.
+    pub async fn restart(&mut self) -> Result<(), HarnessError> {
+        self.process.restart().await
+    }
+
     /// `mysql://distlock:<password>@127.0.0.1:<port>/distlock`.
     pub fn url(&self) -> String {
-        format!("mysql://{USER}:{PASSWORD}@127.0.0.1:{}/{DATABASE}", self.port)
+        format!(
+            "mysql://{USER}:{PASSWORD}@127.0.0.1:{}/{DATABASE}",
+            self.port
+        )
     }
 
     /// The port.

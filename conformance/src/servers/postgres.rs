@@ -9,8 +9,8 @@ use std::process::Command;
 use tempfile::TempDir;
 
 use crate::process::{
-    HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, run_setup,
-    system_user, temp_dir,
+    HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, run_setup, system_user,
+    temp_dir,
 };
 
 /// The Debian package that provides PostgreSQL.
@@ -88,7 +88,16 @@ impl PostgresServer {
         };
         for _ in 0..200 {
             let status = Command::new(&isready)
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER, "-d", "postgres"])
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    USER,
+                    "-d",
+                    "postgres",
+                ])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .status()?;
@@ -103,15 +112,84 @@ impl PostgresServer {
         })
     }
 
-    /// Kills the server (SIGKILL, a crash) and starts it again on the same
-    /// port and data directory, waiting until it accepts queries.
+    /// Kills the server (SIGKILL of the postmaster and every backend, a
+    /// crash) and starts it again on the same port and data directory,
+    /// waiting until it accepts queries.
     ///
     /// # Errors
     ///
     /// When it does not come back.
     pub async fn restart(&mut self) -> Result<(), HarnessError> {
+        self.kill()?;
         self.process.restart().await?;
         self.wait_accepting().await
+    }
+
+    /// Kills the postmaster and every backend with SIGKILL.
+    ///
+    /// # Errors
+    ///
+    /// When the signal cannot be sent.
+    pub fn kill(&mut self) -> Result<(), HarnessError> {
+        let children = self.children();
+        self.process.kill()?;
+        for pid in children {
+            signal(pid, libc::SIGKILL);
+        }
+        Ok(())
+    }
+
+    /// Freezes the postmaster and every backend (SIGSTOP). PostgreSQL puts
+    /// each backend in a session of its own (`setsid`), so signalling the
+    /// postmaster's process group alone would leave open connections
+    /// answering.
+    ///
+    /// # Errors
+    ///
+    /// When the signal cannot be sent.
+    pub fn pause(&mut self) -> Result<(), HarnessError> {
+        self.process.pause()?;
+        for pid in self.children() {
+            signal(pid, libc::SIGSTOP);
+        }
+        Ok(())
+    }
+
+    /// Resumes what [`pause`](Self::pause) froze (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// When the signal cannot be sent.
+    pub fn resume(&mut self) -> Result<(), HarnessError> {
+        for pid in self.children() {
+            signal(pid, libc::SIGCONT);
+        }
+        self.process.resume()
+    }
+
+    /// Whether [`pause`](Self::pause) is in force.
+    pub fn is_paused(&self) -> bool {
+        self.process.is_paused()
+    }
+
+    /// The postmaster's child processes (backends and workers), from /proc.
+    fn children(&self) -> Vec<u32> {
+        let Some(parent) = self.process.pid() else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|entry| {
+                let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                // The command may contain spaces: fields follow the last ')'.
+                let after = &stat[stat.rfind(')')? + 1..];
+                let ppid: u32 = after.split_whitespace().nth(1)?.parse().ok()?;
+                (ppid == parent).then_some(pid)
+            })
+            .collect()
     }
 
     /// `postgres://distlock@127.0.0.1:<port>/postgres`.
@@ -129,9 +207,27 @@ impl PostgresServer {
         self.dir.path().to_path_buf()
     }
 
-    /// The process, for faults (pause, kill, restart).
+    /// The postmaster's process. Prefer [`pause`](Self::pause),
+    /// [`kill`](Self::kill) and [`restart`](Self::restart), which also reach
+    /// the backends.
     pub fn process(&mut self) -> &mut ServerProcess {
         &mut self.process
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) on a child process of our server; no memory is
+        // shared. A process that already exited is ignored.
+        unsafe {
+            libc::kill(pid, sig);
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 #![allow(dead_code, unreachable_pub)] // each test binary uses part of this
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use conformance::HarnessError;
 use conformance::Target;
@@ -26,7 +26,7 @@ pub fn with_options(url: &str, options: &str) -> String {
 
 /// A PostgreSQL server; unreachable = SIGSTOP of its process group.
 pub struct PgTarget {
-    pub server: Mutex<PostgresServer>,
+    pub server: tokio::sync::Mutex<PostgresServer>,
     pub url: String,
 }
 
@@ -35,7 +35,7 @@ impl PgTarget {
         let server = PostgresServer::start().await?;
         let url = with_options(&server.url(), CLIENT_OPTIONS);
         Ok(Self {
-            server: Mutex::new(server),
+            server: tokio::sync::Mutex::new(server),
             url,
         })
     }
@@ -52,14 +52,14 @@ impl Target for PgTarget {
     }
 
     async fn make_unreachable(&self) -> Result<bool, HarnessError> {
-        self.server.lock().unwrap().process().pause()?;
+        self.server.lock().await.pause()?;
         Ok(true)
     }
 
     async fn heal(&self) -> Result<(), HarnessError> {
-        let mut server = self.server.lock().unwrap();
-        if server.process().is_paused() {
-            server.process().resume()?;
+        let mut server = self.server.lock().await;
+        if server.is_paused() {
+            server.resume()?;
         }
         Ok(())
     }
@@ -67,7 +67,7 @@ impl Target for PgTarget {
 
 /// A MariaDB server; unreachable = SIGSTOP of its process.
 pub struct MariaTarget {
-    pub server: Mutex<MariaDbServer>,
+    pub server: tokio::sync::Mutex<MariaDbServer>,
     pub url: String,
 }
 
@@ -76,7 +76,7 @@ impl MariaTarget {
         let server = MariaDbServer::start().await?;
         let url = with_options(&server.url(), CLIENT_OPTIONS);
         Ok(Self {
-            server: Mutex::new(server),
+            server: tokio::sync::Mutex::new(server),
             url,
         })
     }
@@ -93,12 +93,12 @@ impl Target for MariaTarget {
     }
 
     async fn make_unreachable(&self) -> Result<bool, HarnessError> {
-        self.server.lock().unwrap().process().pause()?;
+        self.server.lock().await.process().pause()?;
         Ok(true)
     }
 
     async fn heal(&self) -> Result<(), HarnessError> {
-        let mut server = self.server.lock().unwrap();
+        let mut server = self.server.lock().await;
         if server.process().is_paused() {
             server.process().resume()?;
         }
@@ -163,4 +163,133 @@ impl Target for SqliteTarget {
         }
         Ok(())
     }
+}
+
+/// Retries `op` through temporary errors (dead pooled connections after a
+/// restart) for up to 20 s.
+pub async fn retry<T, F, Fut>(mut op: F) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LockError>>,
+{
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match op().await {
+            Err(e)
+                if e.is_temporary() && !e.is_contended() && tokio::time::Instant::now() < until =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Kills every other session of the database from `killer`'s pool.
+pub async fn kill_other_sessions(killer: &SqlBackend) {
+    if let Some(pool) = killer.pg_pool() {
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE pid <> pg_backend_pid() AND datname = current_database()",
+        )
+        .execute(pool)
+        .await
+        .expect("terminate sessions");
+    } else if let Some(pool) = killer.mysql_pool() {
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND USER = CURRENT_USER()",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default();
+        let ids: Vec<i64> = if ids.is_empty() {
+            sqlx::query_scalar("SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND DB = DATABASE()")
+                .fetch_all(pool)
+                .await
+                .expect("process list")
+        } else {
+            ids
+        };
+        for id in ids {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                .execute(pool)
+                .await;
+        }
+    }
+}
+
+/// A holder whose connections are killed, then the database restarted
+/// (SIGKILL + start) mid-hold: the row survives, the key stays held until
+/// `expires_at`, then frees, and the next token is larger than every
+/// earlier one. The old holder's renew is refused afterwards.
+pub async fn holder_killed_and_database_restarted<R, RFut>(url: &str, restart: R)
+where
+    R: FnOnce() -> RFut,
+    RFut: std::future::Future<Output = ()>,
+{
+    use lock_core::LockKey;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    let holder = SqlBackend::connect_url(url).await.unwrap();
+    let other = SqlBackend::connect_url(url).await.unwrap();
+    let key = LockKey::new(format!("restart/{}", lock_core::OwnerId::random())).unwrap();
+    let mut last_token = 0;
+    for _ in 0..5 {
+        let lease = holder
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(lease.token().get() > last_token);
+        last_token = lease.token().get();
+        holder.release(&lease).await.unwrap();
+    }
+    let ttl = Duration::from_secs(4);
+    let sent = Instant::now();
+    let held = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(held.token().get() > last_token);
+    // The holder's connections die: nothing is tied to a session.
+    kill_other_sessions(&other).await;
+    assert!(
+        retry(|| other.try_acquire(&key, ttl))
+            .await
+            .unwrap()
+            .is_none(),
+        "a killed connection must not free the lock"
+    );
+    restart().await;
+    let info = retry(|| other.inspect(&key))
+        .await
+        .unwrap()
+        .expect("still held after restart");
+    assert_eq!(info.token, Some(held.token()));
+    assert!(
+        retry(|| other.try_acquire(&key, ttl))
+            .await
+            .unwrap()
+            .is_none(),
+        "a restart must not free the lock"
+    );
+    let next = retry(|| other.acquire(&key, ttl, Instant::now() + Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let freed_after = sent.elapsed();
+    assert!(next.token() > held.token(), "token went backwards");
+    assert!(
+        freed_after >= ttl - Duration::from_millis(100)
+            && freed_after <= ttl + Duration::from_secs(2),
+        "freed {freed_after:?} after the grant (TTL {ttl:?})"
+    );
+    let renewed = retry(|| holder.renew(&held)).await;
+    assert!(
+        renewed.is_err_and(|e| e.is_not_held()),
+        "the old holder renewed"
+    );
+    assert!(!retry(|| holder.release(&held)).await.unwrap());
+    println!(
+        "restart: freed {freed_after:?} after grant; tokens {} -> {}",
+        held.token(),
+        next.token()
+    );
 }

@@ -1,0 +1,105 @@
+//! MariaDB 10.11 started by the harness: the whole conformance suite, a
+//! killed holder and a restarted database, fencing (LOCK IN SHARE MODE).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::{Harness, OrSkip, run_suite};
+use lock_core::{LockBackend, LockKey, WaitStrategy};
+use lock_sql::SqlBackend;
+use lock_sql::sqlx::{self, AssertSqlSafe};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb() {
+    let Some(target) = common::MariaTarget::start().await.or_skip() else {
+        return;
+    };
+    let target = Arc::new(target);
+    run_suite(&Harness::new(target.clone()))
+        .await
+        .assert_passed();
+
+    let url = target.url.clone();
+    let a = SqlBackend::connect_url(&url).await.unwrap();
+    let b = SqlBackend::connect_url(&url).await.unwrap();
+    assert_eq!(b.capabilities().waiting, WaitStrategy::Poll);
+    let key = LockKey::new("fence/mariadb").unwrap();
+    let next = a
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    // Held: the duplicate-key grant changes nothing and reports "held"
+    // (CLIENT_FOUND_ROWS would say 1 row).
+    assert!(
+        b.try_acquire(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        b.inspect(&key).await.unwrap().unwrap().token,
+        Some(next.token())
+    );
+    // Keys are exact byte strings (VARBINARY), not case-folded by a collation.
+    let upper = LockKey::new("FENCE/MariaDB").unwrap();
+    let other = b
+        .try_acquire(&upper, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        other.is_some(),
+        "a key differing only in case must be a different lock"
+    );
+    let accented = LockKey::new("fence/mariadb\u{e9}").unwrap();
+    assert!(
+        b.try_acquire(&accented, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // Fenced write in the same database.
+    let pool = a.mysql_pool().unwrap().clone();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS ledger (id INT PRIMARY KEY, v BIGINT NOT NULL) ENGINE=InnoDB",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT IGNORE INTO ledger VALUES (1, 0)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let fence = a.fence(&next, 2);
+    let sql = format!(
+        "UPDATE ledger SET v = ? WHERE id = 1 AND {}",
+        fence.predicate()
+    );
+    let done = fence
+        .bind(sqlx::query(AssertSqlSafe(sql.clone())).bind(7_i64))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(done.rows_affected(), 1);
+    a.release(&next).await.unwrap();
+    let stale = fence
+        .bind(sqlx::query(AssertSqlSafe(sql)).bind(8_i64))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stale.rows_affected(), 0, "released lease wrote");
+
+    common::holder_killed_and_database_restarted(&target.url, || async {
+        target
+            .server
+            .lock()
+            .await
+            .restart()
+            .await
+            .expect("restart mariadb");
+    })
+    .await;
+}

@@ -1,0 +1,101 @@
+//! PostgreSQL 15 started by the harness: the whole conformance suite, a
+//! killed holder and a restarted database, NOTIFY-driven waiting, fencing.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::{Harness, OrSkip, run_suite};
+use lock_core::{LockBackend, LockKey, WaitStrategy};
+use lock_sql::SqlBackend;
+use lock_sql::sqlx::{self, AssertSqlSafe};
+use tokio::time::Instant;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let Some(target) = common::PgTarget::start().await.or_skip() else {
+        return;
+    };
+    let target = Arc::new(target);
+    run_suite(&Harness::new(target.clone()))
+        .await
+        .assert_passed();
+
+    // Waiters are woken by NOTIFY, long before the re-check interval.
+    let url = common::with_options(&target.url, "recheck=5s");
+    let a = SqlBackend::connect_url(&url).await.unwrap();
+    let b = SqlBackend::connect_url(&url).await.unwrap();
+    assert_eq!(b.capabilities().waiting, WaitStrategy::Notify);
+    let key = LockKey::new("notify/wake").unwrap();
+    let lease = a
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move {
+            let lease = b
+                .acquire(
+                    &key,
+                    Duration::from_secs(5),
+                    Instant::now() + Duration::from_secs(10),
+                )
+                .await
+                .unwrap();
+            (Instant::now(), lease)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released_at = Instant::now();
+    assert!(a.release(&lease).await.unwrap());
+    let (granted_at, next) = waiter.await.unwrap();
+    let wake = granted_at - released_at;
+    println!("postgres NOTIFY wake-up after release: {wake:?}");
+    assert!(
+        wake < Duration::from_secs(2),
+        "woken after {wake:?}: NOTIFY not used"
+    );
+    assert!(next.token() > lease.token());
+
+    // Fenced write in the same database.
+    let pool = a.pg_pool().unwrap().clone();
+    sqlx::query("CREATE TABLE IF NOT EXISTS ledger (id INT PRIMARY KEY, v BIGINT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO ledger VALUES (1, 0) ON CONFLICT DO NOTHING")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let fence = a.fence(&next, 2);
+    let sql = format!(
+        "UPDATE ledger SET v = $1 WHERE id = 1 AND {}",
+        fence.predicate()
+    );
+    let done = fence
+        .bind(sqlx::query(AssertSqlSafe(sql.clone())).bind(7_i64))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(done.rows_affected(), 1);
+    b.release(&next).await.unwrap();
+    let stale = fence
+        .bind(sqlx::query(AssertSqlSafe(sql)).bind(8_i64))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stale.rows_affected(), 0, "released lease wrote");
+
+    common::holder_killed_and_database_restarted(&target.url, || async {
+        target
+            .server
+            .lock()
+            .await
+            .restart()
+            .await
+            .expect("restart postgres");
+    })
+    .await;
+}

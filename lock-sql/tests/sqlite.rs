@@ -1,0 +1,396 @@
+//! SQLite: the whole conformance suite on a file, several child processes
+//! contending on one file, a holder process killed mid-hold, fenced writes.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::{Harness, run_suite};
+use lock_core::{ErrorKind, LockBackend, LockKey};
+use lock_sql::sqlx::{self, AssertSqlSafe};
+use lock_sql::{SqlBackend, SqlConfig};
+use tokio::time::Instant;
+
+const CHILD_DB: &str = "LOCK_SQL_CHILD_DB";
+const CHILD_MODE: &str = "LOCK_SQL_CHILD_MODE";
+const CHILD_ITERATIONS: &str = "LOCK_SQL_CHILD_ITERATIONS";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_suite_on_a_sqlite_file() {
+    let target = Arc::new(common::SqliteTarget::new());
+    run_suite(&Harness::new(target)).await.assert_passed();
+}
+
+fn url_for(path: &std::path::Path) -> String {
+    format!("sqlite://{}?timeout=5s&busy_timeout=5s", path.display())
+}
+
+async fn prepare_counter(backend: &SqlBackend) {
+    let pool = backend.sqlite_pool().expect("sqlite pool");
+    sqlx::query("CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT OR IGNORE INTO counter VALUES (1, 0)")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS grants (seq INTEGER PRIMARY KEY AUTOINCREMENT, token INTEGER NOT NULL, pid INTEGER NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// One contender: `iterations` times acquire the shared key, read the
+/// counter, yield, write it back +1 under the fence, log the token, release.
+/// A lost update or an out-of-order token shows in the checks afterwards.
+async fn contend(path: &std::path::Path, iterations: usize) {
+    let backend = SqlBackend::connect_url(&url_for(path)).await.unwrap();
+    prepare_counter(&backend).await;
+    let pool = backend.sqlite_pool().unwrap().clone();
+    let key = LockKey::new("shared/counter").unwrap();
+    for _ in 0..iterations {
+        let lease = backend
+            .acquire(
+                &key,
+                Duration::from_secs(5),
+                Instant::now() + Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        let v: i64 = sqlx::query_scalar("SELECT v FROM counter WHERE id = 1")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let fence = backend.fence(&lease, 2);
+        let sql = format!(
+            "UPDATE counter SET v = ?1 WHERE id = 1 AND {}",
+            fence.predicate()
+        );
+        let done = fence
+            .bind(sqlx::query(AssertSqlSafe(sql)).bind(v + 1))
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            done.rows_affected(),
+            1,
+            "fenced write refused while holding"
+        );
+        sqlx::query("INSERT INTO grants (token, pid) VALUES (?1, ?2)")
+            .bind(fence.token())
+            .bind(i64::from(std::process::id()))
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert!(backend.release(&lease).await.unwrap());
+    }
+}
+
+/// The entry point of child processes (re-executed test binary). Without
+/// the environment variable it runs one contender in-process on its own
+/// file, so it is a real test either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_child_worker() {
+    match (
+        std::env::var(CHILD_DB),
+        std::env::var(CHILD_MODE).as_deref(),
+    ) {
+        (Ok(path), Ok("hold")) => {
+            let backend = SqlBackend::connect_url(&url_for(path.as_ref()))
+                .await
+                .unwrap();
+            let key = LockKey::new("shared/held").unwrap();
+            let lease = backend
+                .try_acquire(&key, Duration::from_secs(1))
+                .await
+                .unwrap()
+                .expect("free");
+            println!("HELD {}", lease.token());
+            // Wait to be killed.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        (Ok(path), _) => {
+            let iterations = std::env::var(CHILD_ITERATIONS)
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(10);
+            contend(path.as_ref(), iterations).await;
+        }
+        (Err(_), _) => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("solo.db");
+            contend(&path, 5).await;
+            let backend = SqlBackend::connect_url(&url_for(&path)).await.unwrap();
+            let v: i64 = sqlx::query_scalar("SELECT v FROM counter WHERE id = 1")
+                .fetch_one(backend.sqlite_pool().unwrap())
+                .await
+                .unwrap();
+            assert_eq!(v, 5);
+        }
+    }
+}
+
+fn child(path: &std::path::Path, mode: &str, iterations: usize) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "sqlite_child_worker",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_DB, path)
+    .env(CHILD_MODE, mode)
+    .env(CHILD_ITERATIONS, iterations.to_string())
+    .stdin(Stdio::null());
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_processes_contend_on_one_file() {
+    const PROCESSES: usize = 4;
+    const ITERATIONS: usize = 25;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    let backend = SqlBackend::connect_url(&url_for(&path)).await.unwrap();
+    prepare_counter(&backend).await;
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|_| {
+            child(&path, "contend", ITERATIONS)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs = tokio::task::spawn_blocking(move || {
+        children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for out in &outputs {
+        assert!(
+            out.status.success(),
+            "child failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let pool = backend.sqlite_pool().unwrap();
+    let v: i64 = sqlx::query_scalar("SELECT v FROM counter WHERE id = 1")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        v,
+        i64::try_from(PROCESSES * ITERATIONS).unwrap(),
+        "lost updates"
+    );
+    let tokens: Vec<(i64, i64)> = sqlx::query_as("SELECT token, pid FROM grants ORDER BY seq")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(tokens.len(), PROCESSES * ITERATIONS);
+    assert!(
+        tokens.windows(2).all(|w| w[0].0 < w[1].0),
+        "tokens not strictly increasing in write order: {tokens:?}"
+    );
+    let pids: std::collections::HashSet<i64> = tokens.iter().map(|t| t.1).collect();
+    assert_eq!(pids.len(), PROCESSES, "every process got the lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_process_frees_by_expiry() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("killed.db");
+    let backend = SqlBackend::connect_url(&url_for(&path)).await.unwrap();
+    let key = LockKey::new("shared/held").unwrap();
+    // Some history first, so the token has something to go back to.
+    for _ in 0..3 {
+        let lease = backend
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        backend.release(&lease).await.unwrap();
+    }
+    let mut holder = child(&path, "hold", 0)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = holder.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.split("HELD ").nth(1).map(str::to_owned))
+    })
+    .await
+    .unwrap()
+    .expect("holder reported its grant");
+    let held_token: u64 = line.trim().parse().unwrap();
+    assert_eq!(held_token, 4);
+    let killed_at = Instant::now();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(
+        backend
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let lease = backend
+        .acquire(
+            &key,
+            Duration::from_secs(1),
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let freed_after = killed_at.elapsed();
+    assert!(lease.token().get() > held_token);
+    assert!(
+        freed_after <= Duration::from_millis(1500),
+        "freed after {freed_after:?}"
+    );
+}
+
+#[tokio::test]
+async fn fence_refuses_stale_writers() {
+    let backend = SqlBackend::connect_url("sqlite::memory:").await.unwrap();
+    prepare_counter(&backend).await;
+    let pool = backend.sqlite_pool().unwrap().clone();
+    let key = LockKey::new("fenced").unwrap();
+    let old = backend
+        .try_acquire(&key, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let new = backend
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    let write = |lease: &lock_core::Lease, value: i64| {
+        let fence = backend.fence(lease, 2);
+        let sql = format!(
+            "UPDATE counter SET v = ?1 WHERE id = 1 AND {}",
+            fence.predicate()
+        );
+        let pool = pool.clone();
+        async move {
+            fence
+                .bind(sqlx::query(AssertSqlSafe(sql)).bind(value))
+                .execute(&pool)
+                .await
+                .unwrap()
+                .rows_affected()
+        }
+    };
+    assert_eq!(
+        write(&old, 1).await,
+        0,
+        "an expired, taken-over lease must not write"
+    );
+    assert_eq!(write(&new, 2).await, 1);
+    backend.release(&new).await.unwrap();
+    assert_eq!(write(&new, 3).await, 0, "a released lease must not write");
+}
+
+#[tokio::test]
+async fn table_option_and_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?table=main.app_locks",
+        dir.path().join("t.db").display()
+    );
+    let backend = SqlBackend::connect_url(&url).await.unwrap();
+    assert_eq!(backend.quoted_table(), "\"main\".\"app_locks\"");
+    let key = LockKey::new("x").unwrap();
+    assert!(
+        backend
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM app_locks")
+        .fetch_one(backend.sqlite_pool().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    assert!(backend.schema_sql()[0].starts_with("CREATE TABLE IF NOT EXISTS"));
+    // Connecting again is idempotent; without creation a missing table is
+    // an error at first use, not a panic.
+    SqlBackend::connect_url(&url).await.unwrap();
+    let bare = SqlBackend::connect_url(&format!(
+        "sqlite://{}?table=missing&create_table=false",
+        dir.path().join("t.db").display()
+    ))
+    .await
+    .unwrap();
+    let err = bare
+        .try_acquire(&key, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+}
+
+#[tokio::test]
+async fn unreachable_and_bad_configs_fail_typed_and_bounded() {
+    let started = Instant::now();
+    let err = SqlBackend::connect_url("postgres://u:hunter2@127.0.0.1:1/db?timeout=500ms")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+        "{err}"
+    );
+    assert!(!format!("{err} {err:?}").contains("hunter2"));
+    let err = SqlBackend::connect_url("mysql://u:hunter2@127.0.0.1:1/db?timeout=500ms")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+        "{err}"
+    );
+    assert!(!format!("{err} {err:?}").contains("hunter2"));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let err = SqlBackend::connect_url("sqlite:///nonexistent-dir/x/y.db?mode=rw")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Backend),
+        "{err}"
+    );
+    for bad in [
+        "sqlite::memory:?mode=bogus",
+        "postgres://h:notaport/db",
+        "oracle://x",
+    ] {
+        let err = SqlBackend::connect_url(bad).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{bad}: {err}");
+    }
+    let config = SqlConfig::from_url("sqlite::memory:").unwrap();
+    let backend = SqlBackend::connect(config).await.unwrap();
+    let key = LockKey::new("k").unwrap();
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_millis(1),
+        Duration::from_secs(10 * 86_400),
+    ] {
+        let err = backend.try_acquire(&key, ttl).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    }
+}
