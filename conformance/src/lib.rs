@@ -7,6 +7,7 @@
 //! - [`history`]: the invoke/ok/fail/info recorder, the checker (overlapping
 //!   promised windows, token regressions, stale fenced writes) and a
 //!   [`FencedResource`](history::FencedResource).
+//! - [`migration`]: the rollout simulation for migrating between backends.
 //! - [`bench`]: latency and throughput measurements for ratio benchmarks.
 //! - [`process`] and [`servers`]: real servers on loopback, started from
 //!   binaries on PATH in temporary directories, with pause / kill / restart.
@@ -26,6 +27,7 @@ pub mod bench;
 pub mod cases;
 pub mod harness;
 pub mod history;
+pub mod migration;
 pub mod process;
 pub mod servers;
 pub mod suite;

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use lock_core::{LockDefaults, LockError, Requirements};
+use lock_core::{LockDefaults, LockError, MigrationPhase, Requirements};
 use serde::Deserialize;
 
 use crate::duration::parse_duration;
@@ -22,6 +22,30 @@ pub struct Config {
     pub requirements: Requirements,
     /// Default TTL, wait and renewal for lock requests.
     pub defaults: LockDefaults,
+    /// When set, the backend is a [`MigrationBackend`](lock_core::MigrationBackend)
+    /// over these two URLs, and `url` is only a label.
+    pub migration: Option<MigrationConfig>,
+}
+
+/// A migration between two backends (see [`lock_core::MigrationBackend`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct MigrationConfig {
+    /// The backend being left.
+    pub old_url: String,
+    /// The backend being moved to.
+    pub new_url: String,
+    /// This process's phase.
+    pub phase: MigrationPhase,
+}
+
+impl std::fmt::Debug for MigrationConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MigrationConfig")
+            .field("old_url", &redact_url(&self.old_url))
+            .field("new_url", &redact_url(&self.new_url))
+            .field("phase", &self.phase)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for Config {
@@ -30,6 +54,7 @@ impl std::fmt::Debug for Config {
             .field("url", &redact_url(&self.url))
             .field("requirements", &self.requirements)
             .field("defaults", &self.defaults)
+            .field("migration", &self.migration)
             .finish()
     }
 }
@@ -56,8 +81,17 @@ pub fn redact_url(url: &str) -> String {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct FileMigration {
+    old: String,
+    new: String,
+    phase: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct FileConfig {
-    url: String,
+    url: Option<String>,
+    migration: Option<FileMigration>,
     ttl: Option<String>,
     wait: Option<String>,
     #[serde(default)]
@@ -83,6 +117,36 @@ impl Config {
             url: url.to_owned(),
             requirements: Requirements::none(),
             defaults: LockDefaults::default(),
+            migration: None,
+        })
+    }
+
+    /// A config for a migration from `old_url` to `new_url` in `phase`.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for a bad URL.
+    pub fn migration(
+        old_url: &str,
+        new_url: &str,
+        phase: MigrationPhase,
+    ) -> Result<Self, LockError> {
+        Self::from_url(old_url)?;
+        Self::from_url(new_url)?;
+        Ok(Self {
+            url: format!(
+                "migration({} -> {}, {})",
+                redact_url(old_url),
+                redact_url(new_url),
+                phase.as_str()
+            ),
+            requirements: Requirements::none(),
+            defaults: LockDefaults::default(),
+            migration: Some(MigrationConfig {
+                old_url: old_url.trim().to_owned(),
+                new_url: new_url.trim().to_owned(),
+                phase,
+            }),
         })
     }
 
@@ -95,6 +159,15 @@ impl Config {
     /// require = ["fencing", "linearizable"]
     /// ```
     ///
+    /// or, during a migration (instead of `url`):
+    ///
+    /// ```toml
+    /// [migration]
+    /// old = "redis://127.0.0.1:6379"
+    /// new = "etcd://127.0.0.1:2379/locks"
+    /// phase = "dual"              # old, dual or new
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for bad TOML,
@@ -102,7 +175,20 @@ impl Config {
     pub fn from_toml_str(text: &str) -> Result<Self, LockError> {
         let file: FileConfig = toml::from_str(text)
             .map_err(|e| LockError::config(format!("bad config file: {}", e.message())))?;
-        let mut config = Self::from_url(&file.url)?;
+        let mut config = match (&file.url, &file.migration) {
+            (Some(url), None) => Self::from_url(url)?,
+            (None, Some(m)) => Self::migration(&m.old, &m.new, MigrationPhase::parse(&m.phase)?)?,
+            (Some(_), Some(_)) => {
+                return Err(LockError::config(
+                    "bad config file: give either `url` or a `[migration]` table, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(LockError::config(
+                    "bad config file: missing `url` (or a `[migration]` table)",
+                ));
+            }
+        };
         if let Some(ttl) = &file.ttl {
             config.defaults.ttl = parse_duration(ttl)?;
         }
@@ -127,7 +213,8 @@ impl Config {
         Self::from_toml_str(&text)
     }
 
-    /// Reads `DISTLOCK_CONFIG` (a TOML file) or `DISTLOCK_URL`, then applies
+    /// Reads `DISTLOCK_CONFIG` (a TOML file), or `DISTLOCK_URL`, or the
+    /// three `DISTLOCK_MIGRATION_OLD` / `_NEW` / `_PHASE`, then applies
     /// `DISTLOCK_TTL`, `DISTLOCK_WAIT` and `DISTLOCK_REQUIRE` (a comma list)
     /// on top.
     ///
@@ -136,10 +223,18 @@ impl Config {
     /// When neither variable is set, or a value is bad.
     pub fn from_env() -> Result<Self, LockError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        let mut config = match (var("DISTLOCK_CONFIG"), var("DISTLOCK_URL")) {
-            (Some(path), _) => Self::from_file(path)?,
-            (None, Some(url)) => Self::from_url(&url)?,
-            (None, None) => {
+        let migration = (
+            var("DISTLOCK_MIGRATION_OLD"),
+            var("DISTLOCK_MIGRATION_NEW"),
+            var("DISTLOCK_MIGRATION_PHASE"),
+        );
+        let mut config = match (var("DISTLOCK_CONFIG"), var("DISTLOCK_URL"), migration) {
+            (Some(path), _, _) => Self::from_file(path)?,
+            (None, Some(url), _) => Self::from_url(&url)?,
+            (None, None, (Some(old), Some(new), Some(phase))) => {
+                Self::migration(&old, &new, MigrationPhase::parse(&phase)?)?
+            }
+            (None, None, _) => {
                 return Err(LockError::config(
                     "no backend configured: set DISTLOCK_URL (e.g. sqlite://locks.db) or DISTLOCK_CONFIG",
                 ));
@@ -228,6 +323,28 @@ mod tests {
             .wait(Duration::from_millis(500))
             .require(Requirements::none().fencing().fifo());
         assert_eq!(from_toml, by_hand);
+    }
+
+    #[test]
+    fn migration_tables_parse() {
+        let config = Config::from_toml_str(
+            "[migration]\nold = \"memory://a\"\nnew = \"memory://b\"\nphase = \"dual\"\n",
+        )
+        .unwrap();
+        let m = config.migration.unwrap();
+        assert_eq!(m.phase, MigrationPhase::Dual);
+        assert_eq!(m.old_url, "memory://a");
+        for bad in [
+            "url = \"memory://\"\n[migration]\nold = \"memory://a\"\nnew = \"memory://b\"\nphase = \"old\"\n",
+            "[migration]\nold = \"memory://a\"\nnew = \"memory://b\"\nphase = \"sideways\"\n",
+            "[migration]\nold = \"memory://a\"\nphase = \"old\"\n",
+        ] {
+            assert_eq!(
+                Config::from_toml_str(bad).unwrap_err().kind(),
+                lock_core::ErrorKind::Config,
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -31,12 +31,13 @@ mod duration;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-pub use config::{Config, parse_requirements, redact_url};
+pub use config::{Config, MigrationConfig, parse_requirements, redact_url};
 pub use duration::{format_duration, parse_duration};
 pub use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockClient,
     LockDefaults, LockError, LockGuard, LockInfo, LockKey, LockRequest, LockState, MemoryBackend,
-    Operation, OwnerId, RenewalPolicy, Requirements, TtlModel, WaitStrategy,
+    MigrationBackend, MigrationPhase, Operation, OwnerId, RenewalPolicy, Requirements, TtlModel,
+    WaitStrategy,
 };
 
 /// The URL schemes this build understands.
@@ -71,7 +72,23 @@ pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 ///
 /// Safe: a dropped connect leaves nothing behind.
 pub async fn open_config(config: &Config) -> Result<Arc<dyn LockBackend>, LockError> {
-    let url = config.url.as_str();
+    let backend = match &config.migration {
+        Some(m) => {
+            let old = open_url(&m.old_url).await?;
+            let new = open_url(&m.new_url).await?;
+            Arc::new(MigrationBackend::new(old, new, m.phase)) as Arc<dyn LockBackend>
+        }
+        None => open_url(&config.url).await?,
+    };
+    backend
+        .capabilities()
+        .check(&config.requirements)
+        .map_err(|e| e.with_backend(backend.name()))?;
+    Ok(backend)
+}
+
+async fn open_url(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+    Config::from_url(url)?;
     let scheme = url.split_once("://").map_or("sqlite", |(s, _)| s);
     let backend: Arc<dyn LockBackend> = match scheme {
         "memory" => Arc::new(named_memory(&url["memory://".len()..])),
@@ -83,10 +100,6 @@ pub async fn open_config(config: &Config) -> Result<Arc<dyn LockBackend>, LockEr
             )));
         }
     };
-    backend
-        .capabilities()
-        .check(&config.requirements)
-        .map_err(|e| e.with_backend(backend.name()))?;
     Ok(backend)
 }
 

@@ -47,6 +47,7 @@ mod error;
 mod guard;
 mod key;
 mod memory;
+mod migration;
 mod options;
 mod types;
 
@@ -57,6 +58,7 @@ pub use error::{ErrorKind, LockError, Operation};
 pub use guard::{LockGuard, LockState, RenewalPolicy};
 pub use key::{LockKey, MAX_KEY_LEN};
 pub use memory::{MemoryBackend, MemoryFault};
+pub use migration::{MigrationBackend, MigrationPhase, NEW_EPOCH};
 pub use options::{Backoff, MAX_TTL, RetryPolicy, check_ttl, random_delay, with_timeout};
 pub use types::{
     FencingToken, Lease, LockInfo, OwnerId, SessionState, clock_drift, validity_deadline,

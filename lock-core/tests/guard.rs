@@ -26,9 +26,21 @@ async fn renews_well_past_the_ttl() {
     assert_eq!(guard.state(), LockState::Held);
     assert!(guard.is_held());
     assert!(guard.validity_deadline() > first_deadline + TTL * 3);
-    assert!(backend.try_acquire(&key("renewed"), TTL).await.unwrap().is_none());
+    assert!(
+        backend
+            .try_acquire(&key("renewed"), TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(guard.release().await.unwrap());
-    assert!(backend.try_acquire(&key("renewed"), TTL).await.unwrap().is_some());
+    assert!(
+        backend
+            .try_acquire(&key("renewed"), TTL)
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test]
@@ -67,7 +79,10 @@ async fn max_hold_stops_renewing() {
         .unwrap();
     guard.lost().await;
     let elapsed = started.elapsed();
-    assert!(elapsed >= TTL && elapsed < TTL * 3, "lost after {elapsed:?}");
+    assert!(
+        elapsed >= TTL && elapsed < TTL * 3,
+        "lost after {elapsed:?}"
+    );
 }
 
 #[tokio::test]
@@ -82,7 +97,11 @@ async fn lost_fires_by_the_deadline_when_the_backend_hangs_and_run_is_cancelled(
     let lost_at = Instant::now();
     let err = result.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LeaseLost);
-    assert!(lost_at <= deadline + Duration::from_millis(50), "late by {:?}", lost_at - deadline);
+    assert!(
+        lost_at <= deadline + Duration::from_millis(50),
+        "late by {:?}",
+        lost_at - deadline
+    );
     assert!(matches!(&*states.borrow_and_update(), LockState::Lost(_)));
     backend.set_fault(MemoryFault::None);
 }
@@ -134,17 +153,29 @@ async fn taken_over_lease_is_lost_at_the_next_renewal() {
     assert!(backend.release(&guard.lease()).await.unwrap());
     let reason = guard.lost().await;
     assert!(reason.contains("renewal refused"), "{reason}");
-    assert!(!guard.release().await.unwrap(), "release of a lost lock must say not held");
+    assert!(
+        !guard.release().await.unwrap(),
+        "release of a lost lock must say not held"
+    );
 }
 
 #[tokio::test]
 async fn drop_releases_in_the_background() {
     let backend = MemoryBackend::new();
     let client = LockClient::new(backend.clone());
-    let guard = client.lock("dropped").ttl(Duration::from_secs(30)).acquire().await.unwrap();
+    let guard = client
+        .lock("dropped")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
     drop(guard);
     let lease = backend
-        .acquire(&key("dropped"), TTL, Instant::now() + Duration::from_secs(1))
+        .acquire(
+            &key("dropped"),
+            TTL,
+            Instant::now() + Duration::from_secs(1),
+        )
         .await
         .expect("the dropped guard's lock was released promptly");
     assert!(backend.release(&lease).await.unwrap());
@@ -164,7 +195,12 @@ async fn with_lock_runs_and_releases() {
 async fn contended_try_returns_none_and_wait_times_out_typed() {
     let backend = MemoryBackend::new();
     let client = LockClient::new(backend);
-    let held = client.lock("busy").ttl(Duration::from_secs(5)).acquire().await.unwrap();
+    let held = client
+        .lock("busy")
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
     assert!(client.lock("busy").try_acquire().await.unwrap().is_none());
     let started = Instant::now();
     let err = client
@@ -182,7 +218,12 @@ async fn contended_try_returns_none_and_wait_times_out_typed() {
 async fn requirements_are_checked() {
     let client = LockClient::new(MemoryBackend::new());
     let client = client
-        .require(&lock_core::Requirements::none().fencing().linearizable().fifo())
+        .require(
+            &lock_core::Requirements::none()
+                .fencing()
+                .linearizable()
+                .fifo(),
+        )
         .unwrap();
     assert!(client.capabilities().has_fencing());
 }
@@ -209,7 +250,12 @@ impl LockBackend for SessionBackend {
             .await?
             .map(|l| l.with_session(self.session.clone())))
     }
-    async fn acquire(&self, key: &LockKey, ttl: Duration, deadline: Instant) -> Result<Lease, LockError> {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
         Ok(self
             .inner
             .acquire(key, ttl, deadline)
