@@ -1,10 +1,14 @@
 //! Renewals of many held locks, coalesced into pipelines.
 //!
-//! Every guard renews on its own timer, but the timers of locks renewed in
-//! one batch fire together the next time, so after one period the renewals
-//! of N locks cost about `N / MAX_BATCH` round trips per period instead of N.
+//! Every guard renews on its own timer (about every TTL/3). A renewal may
+//! wait a little (its *slack*: TTL/30, between 1 ms and 100 ms) for others
+//! to join its batch, and the timers of locks renewed in one batch fire
+//! together the next time. So N held locks cost at most about
+//! `period / slack` round trips per renewal period (and at least
+//! `N / MAX_BATCH`), instead of N.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lock_core::{ErrorKind, LockError, Operation};
@@ -18,28 +22,47 @@ use crate::scripts::Scripts;
 /// The most renewals sent in one pipeline.
 pub(crate) const MAX_BATCH: usize = 2_000;
 
-/// How long the batcher gathers requests after the first one arrives.
-const GATHER: Duration = Duration::from_millis(1);
+/// The longest a renewal waits for others to join its batch.
+const MAX_SLACK: Duration = Duration::from_millis(100);
+
+/// How long a renewal of a lease of `ttl` may wait for its batch.
+fn slack(ttl: Duration) -> Duration {
+    (ttl / 30).clamp(Duration::from_millis(1), MAX_SLACK)
+}
 
 struct Request {
     lock: String,
     owner: String,
     ttl_ms: String,
+    send_by: Instant,
     reply: oneshot::Sender<Result<(bool, Instant), LockError>>,
+}
+
+/// Counts of renewal round trips, for benchmarks and tests.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) batches: AtomicU64,
+    pub(crate) renewals: AtomicU64,
 }
 
 /// Queues renewals for one node.
 #[derive(Debug, Clone)]
 pub(crate) struct Renewer {
     tx: mpsc::UnboundedSender<Request>,
+    counters: Arc<Counters>,
 }
 
 impl Renewer {
     /// Starts the batching task of `node`. Must run inside a Tokio runtime.
     pub(crate) fn new(node: Arc<Node>, scripts: Arc<Scripts>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(batcher(node, scripts, rx));
-        Self { tx }
+        let counters = Arc::new(Counters::default());
+        tokio::spawn(batcher(node, scripts, rx, counters.clone()));
+        Self { tx, counters }
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
     }
 
     /// Renews one lock: `Ok((renewed, sent_at))`.
@@ -55,6 +78,7 @@ impl Renewer {
             lock: lock.to_owned(),
             owner: owner.to_owned(),
             ttl_ms: ttl.as_millis().to_string(),
+            send_by: Instant::now() + slack(ttl),
             reply,
         };
         let gone = || {
@@ -68,7 +92,7 @@ impl Renewer {
         self.tx.send(request).map_err(|_| gone())?;
         // The batch itself is bounded by the operation timeout; this bounds
         // the wait in the queue as well.
-        match tokio::time::timeout(timeout + GATHER * 2, result).await {
+        match tokio::time::timeout(timeout + slack(ttl) * 2, result).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(gone()),
             Err(_) => Err(LockError::new(
@@ -81,16 +105,34 @@ impl Renewer {
     }
 }
 
-async fn batcher(node: Arc<Node>, scripts: Arc<Scripts>, mut rx: mpsc::UnboundedReceiver<Request>) {
+async fn batcher(
+    node: Arc<Node>,
+    scripts: Arc<Scripts>,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    counters: Arc<Counters>,
+) {
     while let Some(first) = rx.recv().await {
-        tokio::time::sleep(GATHER).await;
+        // Gather until the most urgent request's slack is used up.
+        let mut send_by = first.send_by;
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(request) => batch.push(request),
-                Err(_) => break,
+            tokio::select! {
+                biased;
+                request = rx.recv() => match request {
+                    Some(request) => {
+                        send_by = send_by.min(request.send_by);
+                        batch.push(request);
+                    }
+                    None => break,
+                },
+                () = tokio::time::sleep_until(send_by) => break,
             }
         }
+        counters.batches.fetch_add(1, Ordering::Relaxed);
+        counters.renewals.fetch_add(
+            u64::try_from(batch.len()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         // Batches run concurrently so a slow one does not hold up the next.
         tokio::spawn(send_batch(node.clone(), scripts.clone(), batch));
     }

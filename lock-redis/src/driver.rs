@@ -67,6 +67,15 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// Renewal counts of a [`RedisBackend`] (see [`RedisBackend::renewal_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RedisRenewalStats {
+    /// Renewal round trips (pipelines) sent.
+    pub round_trips: u64,
+    /// Renewals sent in them.
+    pub renewals: u64,
+}
+
 /// What one acquire attempt found.
 enum Attempt {
     Granted(Lease),
@@ -277,6 +286,18 @@ impl RedisBackend {
     /// The TTL the configuration proposes (the URL's `ttl` option).
     pub fn default_ttl(&self) -> Duration {
         self.inner.config.default_ttl
+    }
+
+    /// How many renewals this backend (and its clones) sent, and in how many
+    /// round trips (pipelines), summed over nodes.
+    pub fn renewal_stats(&self) -> RedisRenewalStats {
+        use std::sync::atomic::Ordering;
+        let mut stats = RedisRenewalStats::default();
+        for renewer in &self.inner.renewers {
+            stats.round_trips += renewer.counters().batches.load(Ordering::Relaxed);
+            stats.renewals += renewer.counters().renewals.load(Ordering::Relaxed);
+        }
+        stats
     }
 
     /// The Redis key that holds the lock `key` (`<prefix>{<key>}`), for

@@ -106,4 +106,4 @@ pub use config::{
     DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL, RedisConfig,
     RedisNode, RedisTopology,
 };
-pub use driver::{MIN_TTL, RedisBackend, connect};
+pub use driver::{MIN_TTL, RedisBackend, RedisRenewalStats, connect};

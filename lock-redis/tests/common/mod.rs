@@ -1,6 +1,6 @@
 //! Targets for every Redis topology, on servers started by the tests.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::large_enum_variant)]
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -25,8 +25,9 @@ pub enum Fleet {
 }
 
 impl Fleet {
+    /// The running server processes (killed ones are left out).
     pub fn processes(&mut self) -> Vec<&mut ServerProcess> {
-        match self {
+        let all: Vec<&mut ServerProcess> = match self {
             Self::Single(s) => vec![s.process()],
             Self::Cluster(c) => c.nodes().iter_mut().map(RedisServer::process).collect(),
             Self::Sentinel {
@@ -35,7 +36,8 @@ impl Fleet {
                 sentinel,
             } => vec![master.process(), replica.process(), sentinel.process()],
             Self::Redlock(nodes) => nodes.iter_mut().map(RedisServer::process).collect(),
-        }
+        };
+        all.into_iter().filter(|p| p.pid().is_some()).collect()
     }
 }
 
