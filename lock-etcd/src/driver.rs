@@ -95,7 +95,7 @@ enum WaitEnd {
 }
 
 /// What the create transaction found.
-struct Created {
+pub(crate) struct Created {
     /// The create revision of our entry.
     my_revision: Option<i64>,
     /// Whether the entry holds this grant's owner id.
@@ -449,7 +449,11 @@ impl EtcdBackend {
                 ),
             );
             let txn = Txn::new()
-                .when([Compare::create_revision(entry.as_str(), CompareOp::Equal, 0)])
+                .when([Compare::create_revision(
+                    entry.as_str(),
+                    CompareOp::Equal,
+                    0,
+                )])
                 .and_then([
                     TxnOp::put(
                         entry.as_str(),
@@ -511,9 +515,9 @@ impl EtcdBackend {
             .with_backend(NAME));
         }
         lease.set_validity_deadline(deadline);
-        session.mark_held(&pending.entry, revision, pending.owner);
+        let signal = session.mark_held(&pending.entry, revision, pending.owner);
         pending.armed = false;
-        Ok(lease.with_session(session.subscribe()))
+        Ok(lease.with_session(signal))
     }
 
     /// Waits until no entry older than ours exists under the key's prefix,
@@ -621,6 +625,15 @@ impl EtcdBackend {
                             return;
                         }
                         if !response.events().is_empty() {
+                            return;
+                        }
+                        // A watch that starts in the past is served by
+                        // etcd's catch-up loop (every 100 ms): when the
+                        // store moved on since our read, re-read at once
+                        // rather than wait for it.
+                        if response.created()
+                            && response.header().map_or(0, |h| h.revision()) >= from_revision
+                        {
                             return;
                         }
                     }
@@ -734,7 +747,9 @@ impl PendingEntry {
     /// Deletes the entry now (guarded by its revision and owner); on
     /// failure leaves it to the background cleanup.
     async fn remove_now(mut self) {
-        let Some(revision) = self.revision else { return };
+        let Some(revision) = self.revision else {
+            return;
+        };
         let mut kv = self.client.kv_client();
         let result = tokio::time::timeout(
             self.op_timeout,
@@ -785,7 +800,7 @@ fn guarded_delete(entry: &str, revision: i64, owner: OwnerId) -> Txn {
 /// With an unknown outcome (the create timed out), the name is never reused
 /// by this session and the delete is repeated a few times over several
 /// seconds, in case the create is applied after an earlier delete.
-async fn cleanup(
+pub(crate) async fn cleanup(
     client: Client,
     session: Arc<Session>,
     entry: String,
@@ -960,7 +975,10 @@ impl LockBackend for EtcdBackend {
         if let Some(session) = &session {
             session.unmark_held(&entry, revision, lease.owner());
         }
-        match self.txn(op, guarded_delete(&entry, revision, lease.owner())).await {
+        match self
+            .txn(op, guarded_delete(&entry, revision, lease.owner()))
+            .await
+        {
             Ok(response) => {
                 let released = response.succeeded();
                 if released && let Some(session) = &session {

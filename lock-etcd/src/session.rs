@@ -29,8 +29,8 @@ pub(crate) struct Session {
     server_ttl: Duration,
     state: watch::Sender<SessionState>,
     deadline: Mutex<Instant>,
-    /// Entries handed out as grants: entry key -> (create revision, owner).
-    held: Mutex<HashMap<String, (i64, OwnerId)>>,
+    /// Entries handed out as grants.
+    held: Mutex<HashMap<String, HeldGrant>>,
     /// Entry keys that may exist on the server (held, waiting, or being
     /// cleaned up): never reused for another grant while listed.
     in_use: Mutex<HashSet<String>>,
@@ -45,6 +45,24 @@ impl std::fmt::Debug for Session {
             .field("state", &*self.state.borrow())
             .finish_non_exhaustive()
     }
+}
+
+/// A grant handed out from this session.
+struct HeldGrant {
+    revision: i64,
+    owner: OwnerId,
+    /// The grant's own copy of the session state: its receivers live in the
+    /// lease (and its clones, and the guard). When they are all dropped, the
+    /// grant was abandoned and is released (the session would otherwise keep
+    /// it forever).
+    signal: watch::Sender<SessionState>,
+}
+
+/// An abandoned grant to release.
+pub(crate) struct Abandoned {
+    pub(crate) entry: String,
+    pub(crate) revision: i64,
+    pub(crate) owner: OwnerId,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -154,15 +172,56 @@ impl Session {
         lock(&self.in_use).remove(entry);
     }
 
-    pub(crate) fn mark_held(&self, entry: &str, revision: i64, owner: OwnerId) {
-        lock(&self.held).insert(entry.to_owned(), (revision, owner));
+    /// Records a grant and returns the state receiver its lease carries.
+    pub(crate) fn mark_held(
+        &self,
+        entry: &str,
+        revision: i64,
+        owner: OwnerId,
+    ) -> watch::Receiver<SessionState> {
+        let mut held = lock(&self.held);
+        // Read under the `held` lock, like `set_state` writes: a grant
+        // recorded concurrently with a loss still sees it.
+        let (signal, receiver) = watch::channel(self.state.borrow().clone());
+        held.insert(
+            entry.to_owned(),
+            HeldGrant {
+                revision,
+                owner,
+                signal,
+            },
+        );
+        receiver
+    }
+
+    /// Removes and returns the grants whose leases were all dropped.
+    pub(crate) fn take_abandoned(&self) -> Vec<Abandoned> {
+        let mut held = lock(&self.held);
+        let abandoned: Vec<String> = held
+            .iter()
+            .filter(|(_, grant)| grant.signal.is_closed())
+            .map(|(entry, _)| entry.clone())
+            .collect();
+        abandoned
+            .into_iter()
+            .filter_map(|entry| {
+                held.remove(&entry).map(|grant| Abandoned {
+                    entry,
+                    revision: grant.revision,
+                    owner: grant.owner,
+                })
+            })
+            .collect()
     }
 
     /// Forgets a grant; returns whether it was held with this revision and
     /// owner.
     pub(crate) fn unmark_held(&self, entry: &str, revision: i64, owner: OwnerId) -> bool {
         let mut held = lock(&self.held);
-        if held.get(entry) == Some(&(revision, owner)) {
+        if held
+            .get(entry)
+            .is_some_and(|g| g.revision == revision && g.owner == owner)
+        {
             held.remove(entry);
             true
         } else {
@@ -171,18 +230,27 @@ impl Session {
     }
 
     pub(crate) fn holds(&self, entry: &str, revision: i64, owner: OwnerId) -> bool {
-        lock(&self.held).get(entry) == Some(&(revision, owner))
+        lock(&self.held)
+            .get(entry)
+            .is_some_and(|g| g.revision == revision && g.owner == owner)
     }
 
+    /// Moves the state (never out of `Lost`) and tells every grant.
     fn set_state(&self, next: SessionState) {
-        self.state.send_if_modified(|state| {
+        let held = lock(&self.held);
+        let changed = self.state.send_if_modified(|state| {
             if matches!(state, SessionState::Lost(_)) || *state == next {
                 false
             } else {
-                *state = next;
+                *state = next.clone();
                 true
             }
         });
+        if changed {
+            for grant in held.values() {
+                grant.signal.send_replace(next.clone());
+            }
+        }
     }
 
     /// Declares the session lost: every lease on it gets the lost signal.
@@ -274,6 +342,19 @@ async fn keep_alive_loop(client: Client, session: Weak<Session>, op_timeout: Dur
                 s.extend(validity_deadline(sent_at, granted));
                 s.set_state(SessionState::Alive);
                 failures = 0;
+                // Grants whose leases were all dropped without a release:
+                // nobody can release them any more, so we do.
+                for abandoned in s.take_abandoned() {
+                    tracing::debug!(entry = %abandoned.entry, "releasing an abandoned grant");
+                    tokio::spawn(crate::driver::cleanup(
+                        client.clone(),
+                        s.clone(),
+                        abandoned.entry,
+                        abandoned.owner,
+                        None,
+                        Some(abandoned.revision),
+                    ));
+                }
                 drop(s);
                 sleep_until(sent_at + interval).await;
             }

@@ -11,9 +11,7 @@ use conformance::history::{FencedResource, History, Op};
 use conformance::process::HarnessError;
 use conformance::servers::etcd::{EtcdServer, etcdctl};
 use conformance::{Harness, OrSkip, SuiteConfig, Target, run_suite};
-use lock_core::{
-    ErrorKind, LockBackend, LockClient, LockError, LockKey, LockState, async_trait,
-};
+use lock_core::{ErrorKind, LockBackend, LockClient, LockError, LockKey, LockState, async_trait};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -121,7 +119,11 @@ async fn cluster_contention_survives_leader_kill_and_restart() {
             while !stop.load(Ordering::SeqCst) {
                 rec.invoke(Op::Acquire, &key, None);
                 let lease = match backend
-                    .acquire(&key, Duration::from_secs(2), Instant::now() + Duration::from_secs(10))
+                    .acquire(
+                        &key,
+                        Duration::from_secs(2),
+                        Instant::now() + Duration::from_secs(10),
+                    )
                     .await
                 {
                     Ok(lease) => lease,
@@ -171,17 +173,18 @@ async fn cluster_contention_survives_leader_kill_and_restart() {
     println!("cluster contention: {}", report.summary());
     assert!(report.is_exclusive(), "overlap: {}", report.summary());
     assert!(report.is_safe_with_fencing(), "{}", report.summary());
-    assert_eq!(resource.rejected(), 0, "the fenced resource rejected writes");
+    assert_eq!(
+        resource.rejected(),
+        0,
+        "the fenced resource rejected writes"
+    );
     grants.sort();
     assert!(
         grants.windows(2).all(|w| w[0].1 < w[1].1),
         "tokens do not strictly increase in grant order"
     );
     for (what, at) in &faults {
-        assert!(
-            grants.iter().any(|(g, _)| g > at),
-            "no grant after {what}"
-        );
+        assert!(grants.iter().any(|(g, _)| g > at), "no grant after {what}");
     }
     assert!(grants.len() > 50, "only {} grants", grants.len());
 }
@@ -218,9 +221,19 @@ async fn interop_with_etcdctl_lock() {
         .unwrap()
         .unwrap();
     assert!(held_key.starts_with("interop/job/"), "{held_key}");
-    assert!(backend.try_acquire(&key, Duration::from_secs(5)).await.unwrap().is_none());
+    assert!(
+        backend
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none()
+    );
     let err = backend
-        .acquire(&key, Duration::from_secs(5), Instant::now() + Duration::from_millis(300))
+        .acquire(
+            &key,
+            Duration::from_secs(5),
+            Instant::now() + Duration::from_millis(300),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Contended);
@@ -231,7 +244,11 @@ async fn interop_with_etcdctl_lock() {
         let key = key.clone();
         tokio::spawn(async move {
             backend
-                .acquire(&key, Duration::from_secs(5), Instant::now() + Duration::from_secs(20))
+                .acquire(
+                    &key,
+                    Duration::from_secs(5),
+                    Instant::now() + Duration::from_secs(20),
+                )
                 .await
         })
     };
@@ -262,7 +279,9 @@ async fn interop_with_etcdctl_lock() {
         .unwrap();
     let mut out = BufReader::new(contender.stdout.take().unwrap()).lines();
     assert!(
-        timeout(Duration::from_secs(1), out.next_line()).await.is_err(),
+        timeout(Duration::from_secs(1), out.next_line())
+            .await
+            .is_err(),
         "etcdctl got the lock while we held it"
     );
     let released_at = Instant::now();
@@ -353,7 +372,9 @@ async fn same_backend_grants_exclude_each_other() {
         return;
     };
     let ttl = Duration::from_secs(5);
-    let backend = EtcdBackend::connect(config_for(&server, "same", ttl)).await.unwrap();
+    let backend = EtcdBackend::connect(config_for(&server, "same", ttl))
+        .await
+        .unwrap();
     let key = LockKey::new("k").unwrap();
     let first = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
     let lease_hex = backend.session_lease(ttl).unwrap();
@@ -368,24 +389,36 @@ async fn same_backend_grants_exclude_each_other() {
         })
     };
     sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "second grant while the first is held");
+    assert!(
+        !waiter.is_finished(),
+        "second grant while the first is held"
+    );
     assert!(backend.release(&first).await.unwrap());
     let second = waiter.await.unwrap().unwrap();
-    assert!(second.backend_data().starts_with(&format!("same/k/{lease_hex}-")));
+    assert!(
+        second
+            .backend_data()
+            .starts_with(&format!("same/k/{lease_hex}-"))
+    );
     assert!(second.token() > first.token());
     // `a` and `a/b` are different locks (no prefix overlap).
     let parent = LockKey::new("a").unwrap();
     let child = LockKey::new("a/b").unwrap();
     let p = backend.try_acquire(&parent, ttl).await.unwrap().unwrap();
     let c = backend.try_acquire(&child, ttl).await.unwrap().unwrap();
-    assert_eq!(backend.inspect(&parent).await.unwrap().unwrap().token, Some(p.token()));
+    assert_eq!(
+        backend.inspect(&parent).await.unwrap().unwrap().token,
+        Some(p.token())
+    );
     assert!(backend.release(&c).await.unwrap());
     assert!(backend.release(&p).await.unwrap());
     assert!(backend.release(&second).await.unwrap());
     // close() revokes the session: a held lock is freed at once.
     let held = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
     backend.close().await.unwrap();
-    let other = EtcdBackend::connect(config_for(&server, "same", ttl)).await.unwrap();
+    let other = EtcdBackend::connect(config_for(&server, "same", ttl))
+        .await
+        .unwrap();
     assert!(other.try_acquire(&key, ttl).await.unwrap().is_some());
     assert!(!other.release(&held).await.unwrap());
 }
@@ -393,14 +426,19 @@ async fn same_backend_grants_exclude_each_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_fails_fast_with_a_typed_error() {
     let port = conformance::process::free_port().unwrap();
-    let config = EtcdConfig::new([format!("127.0.0.1:{port}")]).op_timeout(Duration::from_millis(500));
+    let config =
+        EtcdConfig::new([format!("127.0.0.1:{port}")]).op_timeout(Duration::from_millis(500));
     let started = Instant::now();
     let err = EtcdBackend::connect(config).await.unwrap_err();
     assert!(
         matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
         "{err}"
     );
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     let err = lock_etcd::connect("etcd://nohost").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config);
 }

@@ -81,7 +81,15 @@ impl EtcdServer {
     /// Missing binary, or members that do not become healthy.
     pub async fn start_cluster(size: usize) -> Result<Self, HarnessError> {
         let binary = find_binary("etcd", PACKAGE)?;
-        let dir = temp_dir("etcd-")?;
+        // Data on tmpfs when there is one: etcd fsyncs its WAL on every
+        // write, which on a shared disk makes tests slow and noisy.
+        let dir = match tempfile::Builder::new()
+            .prefix("etcd-")
+            .tempdir_in("/dev/shm")
+        {
+            Ok(dir) => dir,
+            Err(_) => temp_dir("etcd-")?,
+        };
         let mut ports = Vec::new();
         for i in 0..size.max(1) {
             ports.push((format!("m{i}"), free_port()?, free_port()?));
