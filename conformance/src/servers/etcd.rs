@@ -99,6 +99,8 @@ impl EtcdServer {
             .map(|(name, _, peer)| format!("{name}=http://127.0.0.1:{peer}"))
             .collect::<Vec<_>>()
             .join(",");
+        // The same token for every member (it seeds the cluster id).
+        let token = format!("distlock-{}", ports[0].1);
         let mut members = Vec::new();
         for (name, client_port, peer_port) in ports {
             let data = dir.path().join(&name);
@@ -129,7 +131,7 @@ impl EtcdServer {
                 "--initial-cluster-state".to_owned(),
                 "new".to_owned(),
                 "--initial-cluster-token".to_owned(),
-                format!("distlock-{client_port}"),
+                token.clone(),
                 "--heartbeat-interval".to_owned(),
                 "50".to_owned(),
                 "--election-timeout".to_owned(),
