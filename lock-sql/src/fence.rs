@@ -28,7 +28,7 @@ use crate::driver::SqlBackend;
 /// ```
 /// use std::time::Duration;
 /// use lock_core::{LockBackend, LockKey};
-/// use lock_sql::SqlBackend;
+/// use lock_sql::{SqlBackend, sqlx};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
