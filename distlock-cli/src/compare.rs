@@ -46,7 +46,8 @@ pub(crate) struct Candidate {
     _keep: Option<tempfile::TempDir>,
 }
 
-/// The embedded backends: in-memory always.
+/// The embedded backends, which need no server: in-memory, and SQLite on a
+/// file in a temporary directory.
 pub(crate) fn embedded(names: &[String]) -> Result<Vec<Candidate>, String> {
     let mut out = Vec::new();
     for name in names {
@@ -57,9 +58,25 @@ pub(crate) fn embedded(names: &[String]) -> Result<Vec<Candidate>, String> {
                 target: Arc::new(MemoryTarget::new()),
                 _keep: None,
             }),
+            "sqlite" => {
+                let dir = tempfile::Builder::new()
+                    .prefix("distlock-compare-")
+                    .tempdir()
+                    .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+                let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+                out.push(Candidate {
+                    name: "sqlite".into(),
+                    url: url.clone(),
+                    target: Arc::new(UrlTarget {
+                        name: "sqlite".into(),
+                        url,
+                    }),
+                    _keep: Some(dir),
+                });
+            }
             other => {
                 return Err(format!(
-                    "unknown backend {other:?}; this build compares: memory"
+                    "unknown embedded backend {other:?}; expected memory or sqlite (use --with URL for servers)"
                 ));
             }
         }

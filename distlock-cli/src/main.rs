@@ -142,7 +142,7 @@ enum Command {
   distlock compare --url redis://127.0.0.1:6379 --json report.json")]
     Compare {
         /// Embedded backends to include (comma separated).
-        #[arg(long, value_delimiter = ',', default_value = "memory")]
+        #[arg(long, value_delimiter = ',', default_value = "memory,sqlite")]
         backends: Vec<String>,
         /// Also compare the backend at this URL (repeatable).
         #[arg(long = "with")]

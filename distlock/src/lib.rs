@@ -24,6 +24,12 @@
 //! | scheme | backend | cargo feature |
 //! |---|---|---|
 //! | `memory://[name]` | in-process ([`MemoryBackend`]); same name, same locks | always |
+//! | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | [`lock_redis`] | `redis` |
+//! | `etcd://`, `etcds://` | [`lock_etcd`] | `etcd` |
+//! | `zk://` | [`lock_zk`] | `zk` |
+//! | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite://`, `sqlite::memory:` | [`lock_sql`] | `sql` |
+//!
+//! All four driver features are on by default; turn off what you do not use.
 
 mod config;
 mod duration;
@@ -40,9 +46,50 @@ pub use lock_core::{
     WaitStrategy,
 };
 
+/// Every scheme, with the cargo feature that provides it (`None`: always).
+const SCHEMES: &[(&str, Option<&str>)] = &[
+    ("memory", None),
+    ("redis", Some("redis")),
+    ("rediss", Some("redis")),
+    ("redis+sentinel", Some("redis")),
+    ("redis+cluster", Some("redis")),
+    ("redlock", Some("redis")),
+    ("etcd", Some("etcd")),
+    ("etcds", Some("etcd")),
+    ("zk", Some("zk")),
+    ("postgres", Some("sql")),
+    ("postgresql", Some("sql")),
+    ("mysql", Some("sql")),
+    ("mariadb", Some("sql")),
+    ("sqlite", Some("sql")),
+];
+
+fn feature_enabled(feature: &str) -> bool {
+    match feature {
+        "redis" => cfg!(feature = "redis"),
+        "etcd" => cfg!(feature = "etcd"),
+        "zk" => cfg!(feature = "zk"),
+        "sql" => cfg!(feature = "sql"),
+        _ => false,
+    }
+}
+
 /// The URL schemes this build understands.
 pub fn supported_schemes() -> Vec<&'static str> {
-    vec!["memory"]
+    SCHEMES
+        .iter()
+        .filter(|(_, feature)| feature.is_none_or(feature_enabled))
+        .map(|(scheme, _)| *scheme)
+        .collect()
+}
+
+/// The scheme of a URL (`sqlite::memory:` counts as `sqlite`).
+fn scheme_of(url: &str) -> &str {
+    match url.split_once("://") {
+        Some((scheme, _)) => scheme,
+        None if url.starts_with("sqlite:") => "sqlite",
+        None => "",
+    }
 }
 
 /// Opens the backend a URL names.
@@ -89,10 +136,27 @@ pub async fn open_config(config: &Config) -> Result<Arc<dyn LockBackend>, LockEr
 
 async fn open_url(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     Config::from_url(url)?;
-    let scheme = url.split_once("://").map_or("sqlite", |(s, _)| s);
+    let scheme = scheme_of(url);
     let backend: Arc<dyn LockBackend> = match scheme {
         "memory" => Arc::new(named_memory(&url["memory://".len()..])),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "redlock" => {
+            Arc::new(lock_redis::connect(url).await?)
+        }
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Arc::new(lock_etcd::connect(url).await?),
+        #[cfg(feature = "zk")]
+        "zk" => Arc::new(lock_zk::connect(url).await?),
+        #[cfg(feature = "sql")]
+        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
+            Arc::new(lock_sql::connect(url).await?)
+        }
         other => {
+            if let Some((_, Some(feature))) = SCHEMES.iter().find(|(s, _)| *s == other) {
+                return Err(LockError::config(format!(
+                    "scheme {other:?} needs the `{feature}` cargo feature of distlock, which this build does not have"
+                )));
+            }
             return Err(LockError::config(format!(
                 "unknown backend scheme {other:?} in {:?}; this build supports: {}",
                 redact_url(url),
@@ -142,6 +206,15 @@ fn named_memory(name: &str) -> MemoryBackend {
         .or_default()
         .clone()
 }
+
+#[cfg(feature = "etcd")]
+pub use lock_etcd;
+#[cfg(feature = "redis")]
+pub use lock_redis;
+#[cfg(feature = "sql")]
+pub use lock_sql;
+#[cfg(feature = "zk")]
+pub use lock_zk;
 
 #[cfg(test)]
 mod tests {
