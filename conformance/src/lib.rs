@@ -9,6 +9,8 @@
 //!   [`FencedResource`](history::FencedResource).
 //! - [`migration`]: the rollout simulation for migrating between backends.
 //! - [`bench`]: latency and throughput measurements for ratio benchmarks.
+//! - [`proxy`]: an in-process TCP proxy that injects latency, partitions,
+//!   blackholes and resets.
 //! - [`process`] and [`servers`]: real servers on loopback, started from
 //!   binaries on PATH in temporary directories, with pause / kill / restart.
 //!
@@ -29,6 +31,7 @@ pub mod harness;
 pub mod history;
 pub mod migration;
 pub mod process;
+pub mod proxy;
 pub mod servers;
 pub mod suite;
 

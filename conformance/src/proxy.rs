@@ -1,0 +1,380 @@
+//! An in-process TCP proxy between clients and a server, with faults:
+//! added latency and jitter, partitions (traffic held, then delivered on
+//! heal, like TCP retransmission across a healed link), blackholes (traffic
+//! dropped, connections never recover) and resets (every connection cut).
+//!
+//! Only for loopback test servers: it listens on 127.0.0.1.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::sleep;
+
+use crate::process::HarnessError;
+
+/// How traffic flows right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    /// Forwarded (after the configured latency).
+    Pass,
+    /// Held: nothing is read or forwarded until healed; then it flows on.
+    Partition,
+    /// Read and thrown away; connections open during a blackhole are closed
+    /// when it ends.
+    Blackhole,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct State {
+    flow: Flow,
+    latency: Duration,
+    jitter: Duration,
+    /// Bumped to cut every open connection.
+    generation: u64,
+}
+
+/// A running proxy. Stops (and closes every connection) on drop.
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    state: watch::Sender<State>,
+    accept: JoinHandle<()>,
+    connections: Arc<AtomicU64>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `upstream` on a free loopback port.
+    ///
+    /// # Errors
+    ///
+    /// When no port can be bound.
+    pub async fn start(upstream: SocketAddr) -> Result<Self, HarnessError> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let (state, state_rx) = watch::channel(State {
+            flow: Flow::Pass,
+            latency: Duration::ZERO,
+            jitter: Duration::ZERO,
+            generation: 0,
+        });
+        let connections = Arc::new(AtomicU64::new(0));
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            upstream,
+            state_rx,
+            connections.clone(),
+        ));
+        Ok(Self {
+            addr,
+            upstream,
+            state,
+            accept,
+            connections,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The server behind it.
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Adds `latency ± jitter` to every chunk in both directions.
+    pub fn set_latency(&self, latency: Duration, jitter: Duration) {
+        self.state.send_modify(|s| {
+            s.latency = latency;
+            s.jitter = jitter;
+        });
+    }
+
+    /// Holds all traffic until [`heal`](Self::heal).
+    pub fn partition(&self) {
+        self.state.send_modify(|s| s.flow = Flow::Partition);
+    }
+
+    /// Drops all traffic; connections open now are closed at heal.
+    pub fn blackhole(&self) {
+        self.state.send_modify(|s| s.flow = Flow::Blackhole);
+    }
+
+    /// Closes every open connection at once (clients see a reset / EOF).
+    pub fn reset(&self) {
+        self.state.send_modify(|s| s.generation += 1);
+    }
+
+    /// Back to normal flow (no latency change). Connections that lived
+    /// through a blackhole are closed, since their streams lost data.
+    pub fn heal(&self) {
+        self.state.send_modify(|s| {
+            if s.flow == Flow::Blackhole {
+                s.generation += 1;
+            }
+            s.flow = Flow::Pass;
+        });
+    }
+
+    /// Partitions for `duration`, then heals.
+    pub async fn partition_for(&self, duration: Duration) {
+        self.partition();
+        sleep(duration).await;
+        self.heal();
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        // Cut every connection: their pumps watch the generation.
+        self.state.send_modify(|s| s.generation += 1);
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    state: watch::Receiver<State>,
+    connections: Arc<AtomicU64>,
+) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        connections.fetch_add(1, Ordering::Relaxed);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let _ = client.set_nodelay(true);
+            // A partition also holds new connections: the SYN got through
+            // (we accepted) but nothing else does.
+            let generation = state.borrow().generation;
+            if !wait_flowing(&mut state.clone(), generation).await {
+                return;
+            }
+            let Ok(server) = TcpStream::connect(upstream).await else {
+                return;
+            };
+            let _ = server.set_nodelay(true);
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            let up = tokio::spawn(pump(client_read, server_write, state.clone(), generation));
+            let down = tokio::spawn(pump(server_read, client_write, state, generation));
+            // When one direction ends, end the other too.
+            tokio::select! {
+                _ = up => {}
+                _ = down => {}
+            }
+        });
+    }
+}
+
+/// Waits until traffic may flow; `false` when the connection was cut.
+async fn wait_flowing(state: &mut watch::Receiver<State>, generation: u64) -> bool {
+    loop {
+        {
+            let s = state.borrow_and_update();
+            if s.generation != generation {
+                return false;
+            }
+            if s.flow == Flow::Pass {
+                return true;
+            }
+        }
+        if state.changed().await.is_err() {
+            return false;
+        }
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut state: watch::Receiver<State>,
+    generation: u64,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut rng = generation.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    loop {
+        // Partitions stop reading, so bytes wait in the kernel buffers and
+        // flow on after the heal, as TCP would deliver them.
+        if state.borrow().flow == Flow::Partition && !wait_flowing(&mut state, generation).await {
+            return;
+        }
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            cut = cut(&mut state, generation) => {
+                let () = cut;
+                return;
+            }
+        };
+        let current = *state.borrow();
+        if current.generation != generation {
+            return;
+        }
+        match current.flow {
+            Flow::Blackhole => continue,
+            Flow::Partition => {
+                if !wait_flowing(&mut state, generation).await {
+                    return;
+                }
+            }
+            Flow::Pass => {}
+        }
+        let delay = delay_for(current.latency, current.jitter, &mut rng);
+        if !delay.is_zero() {
+            sleep(delay).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Resolves when the connection is cut (generation changed).
+async fn cut(state: &mut watch::Receiver<State>, generation: u64) {
+    loop {
+        if state.borrow().generation != generation {
+            return;
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+fn delay_for(latency: Duration, jitter: Duration, rng: &mut u64) -> Duration {
+    if jitter.is_zero() {
+        return latency;
+    }
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    let span = u64::try_from(jitter.as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(2);
+    let offset = Duration::from_nanos(*rng % span.max(1));
+    (latency + offset).saturating_sub(jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::{Instant, timeout};
+
+    async fn echo_server() -> SocketAddr {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn ping(stream: &mut TcpStream) -> std::io::Result<()> {
+        stream.write_all(b"ping").await?;
+        let mut buf = [0u8; 4];
+        stream.read_exact(&mut buf).await?;
+        assert_eq!(&buf, b"ping");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn passes_delays_partitions_and_resets() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        ping(&mut stream).await.unwrap();
+
+        proxy.set_latency(Duration::from_millis(50), Duration::ZERO);
+        let started = Instant::now();
+        ping(&mut stream).await.unwrap();
+        assert!(
+            started.elapsed() >= Duration::from_millis(100),
+            "two legs of 50 ms"
+        );
+        proxy.set_latency(Duration::ZERO, Duration::ZERO);
+
+        proxy.partition();
+        assert!(
+            timeout(Duration::from_millis(200), ping(&mut stream))
+                .await
+                .is_err()
+        );
+        proxy.heal();
+        // The held ping is delivered after the heal: read its echo, then a
+        // fresh one works.
+        let mut buf = [0u8; 4];
+        timeout(Duration::from_secs(2), stream.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        ping(&mut stream).await.unwrap();
+
+        proxy.reset();
+        let mut buf = [0u8; 4];
+        let read = timeout(Duration::from_secs(2), stream.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(
+            matches!(read, Ok(0) | Err(_)),
+            "reset connection still open: {read:?}"
+        );
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        ping(&mut fresh).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn blackhole_drops_and_closes_on_heal() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        ping(&mut stream).await.unwrap();
+        proxy.blackhole();
+        assert!(
+            timeout(Duration::from_millis(200), ping(&mut stream))
+                .await
+                .is_err()
+        );
+        proxy.heal();
+        let mut buf = [0u8; 4];
+        let read = timeout(Duration::from_secs(2), stream.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(
+            matches!(read, Ok(0) | Err(_)),
+            "blackholed connection survived: {read:?}"
+        );
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        ping(&mut fresh).await.unwrap();
+        assert!(proxy.connections() >= 2);
+    }
+}
