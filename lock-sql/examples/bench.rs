@@ -18,7 +18,7 @@ use std::time::Duration;
 use conformance::bench::{LatencyStats, ratio};
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
-use lock_core::{LockBackend, LockKey, OwnerId};
+use lock_core::{LockKey, OwnerId};
 use lock_sql::sqlx::{self, AssertSqlSafe, Row};
 use lock_sql::{SqlBackend, SqlDialect};
 use tokio::time::Instant;

@@ -555,7 +555,7 @@ fn micros(d: Duration) -> i64 {
 fn unix_micros() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| micros(d))
+        .map_or(0, micros)
 }
 
 fn token_param(lease: &Lease) -> i64 {
