@@ -363,9 +363,22 @@ impl SqlBackend {
         let owner = OwnerId::random();
         let sent_at = Instant::now();
         let granted = with_timeout(self.timeout(), operation, async {
-            self.grant(key, owner, ttl)
-                .await
-                .map_err(|e| self.err(operation, key, e))
+            // A statement that lost a deadlock or serialization conflict
+            // (InnoDB's gap locks on concurrent first inserts of one key)
+            // was rolled back and changed nothing: run it again.
+            let mut attempts = 0;
+            loop {
+                match self.grant(key, owner, ttl).await {
+                    Err(sqlx::Error::Database(db))
+                        if attempts < 5
+                            && matches!(db.code().as_deref(), Some("40001" | "40P01")) =>
+                    {
+                        attempts += 1;
+                        tokio::time::sleep(lock_core::random_delay(Duration::from_millis(2))).await;
+                    }
+                    other => break other.map_err(|e| self.err(operation, key, e)),
+                }
+            }
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
@@ -402,12 +415,20 @@ impl SqlBackend {
     /// start it is not an error: waiters then rely on the bounded re-check.
     async fn ensure_listener(&self) {
         #[cfg(feature = "postgres")]
-        if let DbPool::Postgres(pool) = &self.inner.pool {
+        if let DbPool::Postgres(_) = &self.inner.pool {
             let _ = tokio::time::timeout(
                 self.timeout(),
                 self.inner.listener.get_or_try_init(|| async {
                     let channel = crate::sql::pg_channel(&self.inner.config.table);
-                    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+                    // A pool of its own, so the listening connection never
+                    // takes a slot the lock statements need.
+                    let options: sqlx::postgres::PgConnectOptions =
+                        self.inner.config.driver_url().parse()?;
+                    let pool = sqlx::pool::PoolOptions::<sqlx::Postgres>::new()
+                        .max_connections(1)
+                        .acquire_timeout(self.timeout())
+                        .connect_lazy_with(options);
+                    let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
                     listener.listen(&channel).await?;
                     let sender = self.inner.released.clone();
                     let task = tokio::spawn(run_listener(listener, sender));

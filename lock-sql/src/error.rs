@@ -43,6 +43,7 @@ pub(crate) fn map_sqlx(config: &SqlConfig, operation: Operation, err: sqlx::Erro
                 "5" | "6" | "517" | "261" // SQLITE_BUSY, SQLITE_LOCKED and extended codes
                     | "57P01" | "57P02" | "57P03" | "53300" // PostgreSQL admin shutdown, cannot connect now, too many connections
                     | "08000" | "08003" | "08006" | "08S01" // connection failures
+                    | "40001" | "40P01" // deadlock / serialization conflict: rolled back
             );
             if temporary {
                 (
