@@ -46,6 +46,34 @@ pub trait Target: Send + Sync {
     async fn heal(&self) -> Result<(), HarnessError> {
         Ok(())
     }
+
+    /// The URL of the backend, for clients in other processes (the crash
+    /// scenarios run `distlock` holders). `None` when it has none.
+    fn url(&self) -> Option<String> {
+        None
+    }
+
+    /// Kills the server with SIGKILL and starts it again on the same port
+    /// and data. Returns `Ok(false)` when this target cannot.
+    ///
+    /// # Errors
+    ///
+    /// When the server cannot be restarted.
+    async fn kill_and_restart_server(&self) -> Result<bool, HarnessError> {
+        Ok(false)
+    }
+
+    /// A new client that reaches the backend through a fault proxy, with the
+    /// proxy; `None` when this target cannot.
+    ///
+    /// # Errors
+    ///
+    /// When the proxy or the client cannot be set up.
+    async fn proxied_client(
+        &self,
+    ) -> Result<Option<(Arc<dyn LockBackend>, crate::proxy::FaultProxy)>, HarnessError> {
+        Ok(None)
+    }
 }
 
 /// Timing and scale of the suite. Defaults suit a loopback server on a

@@ -9,6 +9,9 @@
 //!   [`FencedResource`](history::FencedResource).
 //! - [`migration`]: the rollout simulation for migrating between backends.
 //! - [`bench`]: latency and throughput measurements for ratio benchmarks.
+//! - [`scenarios`]: fault scenarios (crashed, paused, partitioned holders,
+//!   restarted servers, injected latency, lost replies, cancellation storms)
+//!   with negative controls.
 //! - [`proxy`]: an in-process TCP proxy that injects latency, partitions,
 //!   blackholes and resets.
 //! - [`process`] and [`servers`]: real servers on loopback, started from
@@ -27,11 +30,13 @@
 
 pub mod bench;
 pub mod cases;
+pub mod deploy;
 pub mod harness;
 pub mod history;
 pub mod migration;
 pub mod process;
 pub mod proxy;
+pub mod scenarios;
 pub mod servers;
 pub mod suite;
 
