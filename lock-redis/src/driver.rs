@@ -141,20 +141,20 @@ fn pttl(ms: i64) -> Option<Duration> {
 
 /// Releases a grant whose outcome we could not see (timeout, cancelled
 /// future, expired on arrival, WAIT not satisfied) unless disarmed.
-struct PendingGrant {
-    inner: Arc<Inner>,
-    names: KeyNames,
-    owner: String,
+struct PendingGrant<'a> {
+    inner: &'a Arc<Inner>,
+    names: &'a KeyNames,
+    owner: &'a str,
     armed: bool,
 }
 
-impl PendingGrant {
+impl PendingGrant<'_> {
     fn disarm(mut self) {
         self.armed = false;
     }
 }
 
-impl Drop for PendingGrant {
+impl Drop for PendingGrant<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -162,13 +162,26 @@ impl Drop for PendingGrant {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let inner = self.inner.clone();
             let names = self.names.clone();
-            let owner = self.owner.clone();
+            let owner = self.owner.to_owned();
             handle.spawn(async move {
                 let _ = inner
                     .release_all(&names, &owner, inner.config.operation_timeout)
                     .await;
             });
         }
+    }
+}
+
+/// Runs `call` on every node: concurrently, or directly when there is one.
+async fn each_node<'a, F, Fut, T>(nodes: &'a [Arc<Node>], mut call: F) -> Vec<T>
+where
+    F: FnMut(&'a Arc<Node>) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    if let [node] = nodes {
+        vec![call(node).await]
+    } else {
+        futures_util::future::join_all(nodes.iter().map(call)).await
     }
 }
 
@@ -322,9 +335,9 @@ impl RedisBackend {
         let owner_hex = owner.to_hex();
         let ttl_ms = ttl.as_millis().to_string();
         let pending = PendingGrant {
-            inner: self.inner.clone(),
-            names: names.clone(),
-            owner: owner_hex.clone(),
+            inner: &self.inner,
+            names: &names,
+            owner: &owner_hex,
             armed: true,
         };
         let inner = &self.inner;
@@ -334,7 +347,7 @@ impl RedisBackend {
         } else {
             timeout
         };
-        let calls = inner.nodes.iter().map(|node| {
+        let results = each_node(&inner.nodes, |node| {
             let (names, owner_hex, ttl_ms) = (&names, &owner_hex, &ttl_ms);
             node.run(op, per_node, move |mut conn| async move {
                 conn.eval(
@@ -344,8 +357,8 @@ impl RedisBackend {
                 )
                 .await
             })
-        });
-        let results = futures_util::future::join_all(calls).await;
+        })
+        .await;
         let mut tokens = Vec::new();
         let mut held_pttl: Option<Duration> = None;
         let mut errors = Vec::new();
@@ -459,7 +472,7 @@ impl Inner {
         owner: &str,
         timeout: Duration,
     ) -> (usize, usize, Vec<LockError>) {
-        let calls = self.nodes.iter().map(|node| {
+        let results = each_node(&self.nodes, |node| {
             node.run(Operation::Release, timeout, move |mut conn| async move {
                 conn.eval(
                     &self.scripts.release,
@@ -468,11 +481,12 @@ impl Inner {
                 )
                 .await
             })
-        });
+        })
+        .await;
         let mut released = 0;
         let mut not_held = 0;
         let mut errors = Vec::new();
-        for result in futures_util::future::join_all(calls).await {
+        for result in results {
             match result.and_then(|v| as_int(&v, Operation::Release)) {
                 Ok(1) => released += 1,
                 Ok(_) => not_held += 1,
