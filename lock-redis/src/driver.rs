@@ -542,7 +542,7 @@ impl LockBackend for RedisBackend {
         self.check_ttl(ttl, op, key)?;
         let config = &self.inner.config;
         let names = self.names(key);
-        let watch = self.inner.notifier.watch(&names.channel).await;
+        let watch = self.inner.notifier.watch(&names.channel, deadline).await;
         let mut errors = RetryPolicy {
             initial: Duration::from_millis(20),
             max: Duration::from_millis(500),

@@ -92,7 +92,7 @@ impl Notifier {
     /// Registers interest in `channel`; the first watcher of a channel waits
     /// (boundedly) until the subscription is confirmed, so a release after
     /// this returns is not missed.
-    pub(crate) async fn watch(&self, channel: &str) -> Watch {
+    pub(crate) async fn watch(&self, channel: &str, deadline: tokio::time::Instant) -> Watch {
         let mut confirmations = Vec::new();
         let notify = {
             let mut channels = self.shared.channels();
@@ -122,11 +122,9 @@ impl Notifier {
         if !confirmations.is_empty() {
             // A node that cannot subscribe drops its reply at once; a slow
             // one is not waited for past the timeout (waiters re-check anyway).
-            let _ = tokio::time::timeout(
-                self.confirm_timeout,
-                futures_util::future::join_all(confirmations),
-            )
-            .await;
+            let until = deadline.min(tokio::time::Instant::now() + self.confirm_timeout);
+            let _ =
+                tokio::time::timeout_at(until, futures_util::future::join_all(confirmations)).await;
         }
         watch
     }

@@ -505,3 +505,107 @@ async fn negative_control_failover_double_grant_is_detected() {
         Some(second.owner().to_hex())
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_replicas_undoes_unacknowledged_grants() {
+    let Some(master) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let Some(mut replica) = RedisServer::start_replica_of(&master).await.or_skip() else {
+        return;
+    };
+    replica
+        .wait_replica_synced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let url = format!("{}?replicas=1&wait_timeout=200ms", master.url());
+    let backend = lock_redis::connect(&url).await.unwrap();
+    assert_eq!(backend.config().replicas(), 1);
+    let k = key("waited");
+    let ttl = Duration::from_secs(10);
+    let lease = backend.try_acquire(&k, ttl).await.unwrap().expect("free");
+    // The replica has it.
+    let mut r = raw(replica.port()).await;
+    let on_replica: Option<String> = redis::cmd("GET")
+        .arg(backend.redis_key(&k))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(on_replica, Some(lease.owner().to_hex()));
+    assert!(backend.release(&lease).await.unwrap());
+
+    // No replica acknowledges: the grant is refused and undone.
+    replica.process().pause().unwrap();
+    let started = Instant::now();
+    let err = backend.try_acquire(&k, ttl).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    assert!(err.message().contains("replicas"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let mut m = raw(master.port()).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(backend.redis_key(&k))
+            .query_async(&mut m)
+            .await
+            .unwrap();
+        if exists == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unacknowledged grant was left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    replica.process().resume().unwrap();
+
+    // WAIT is refused where it cannot mean anything.
+    let err = lock_redis::connect("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?replicas=1")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_master_killed_clients_follow_the_promoted_replica() {
+    let Some(target) = RedisTarget::sentinel().await.or_skip() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let backend = target.backend().await.unwrap();
+    let k = key("killed-master");
+    let ttl = Duration::from_secs(5);
+    let lease = backend.try_acquire(&k, ttl).await.unwrap().expect("free");
+    assert!(backend.release(&lease).await.unwrap());
+    let replica_port = match &mut *target.fleet() {
+        Fleet::Sentinel {
+            master, replica, ..
+        } => {
+            master.process().kill().unwrap();
+            replica.port()
+        }
+        _ => unreachable!(),
+    };
+    // Errors are typed and temporary until the sentinel promotes the
+    // replica (down-after 1 s); then the client re-resolves by itself.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let lease = loop {
+        match backend.try_acquire(&k, ttl).await {
+            Ok(Some(lease)) => break lease,
+            Ok(None) => panic!("the key is held after failover"),
+            Err(err) => {
+                assert!(err.is_temporary(), "{err}");
+                assert!(Instant::now() < deadline, "never re-resolved: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let holder: Option<String> = redis::cmd("GET")
+        .arg(backend.redis_key(&k))
+        .query_async(&mut raw(replica_port).await)
+        .await
+        .unwrap();
+    assert_eq!(holder, Some(lease.owner().to_hex()));
+    assert!(backend.release(&lease).await.unwrap());
+}
