@@ -670,6 +670,7 @@ impl ZkBackend {
                 .with_backend(NAME),
             )
         })?;
+        let mut own_watch: Option<WatchFuture> = None;
         loop {
             let sent = Instant::now();
             let children = match timed(self.op_timeout(), session.client.list_children(dir)).await {
@@ -759,21 +760,32 @@ impl ZkBackend {
             // wait at once instead of when the predecessor goes. Both
             // requests are sent before either reply is awaited.
             let predecessor = format!("{dir}/{}", nodes[index - 1].1);
-            let (own, pred) = tokio::join!(
+            let pred = if own_watch.is_none() {
+                let (own, pred) = tokio::join!(
+                    timed(
+                        self.op_timeout(),
+                        session.client.check_and_watch_stat(&path)
+                    ),
+                    timed(
+                        self.op_timeout(),
+                        session.client.check_and_watch_stat(&predecessor)
+                    ),
+                );
+                match own {
+                    Ok((Some(_), watcher)) => own_watch = Some(Box::pin(watcher.changed())),
+                    // Gone: the next look reports it.
+                    Ok((None, _)) => continue,
+                    Err(err) => return Err(Self::fail(session, err, operation, key)),
+                }
+                pred
+            } else {
+                // The watch on our own node is still armed from an earlier
+                // round: keeping it spares a request before the next list.
                 timed(
                     self.op_timeout(),
-                    session.client.check_and_watch_stat(&path)
-                ),
-                timed(
-                    self.op_timeout(),
-                    session.client.check_and_watch_stat(&predecessor)
-                ),
-            );
-            let own_watcher = match own {
-                Ok((Some(_), watcher)) => watcher,
-                // Gone: the next look reports it.
-                Ok((None, _)) => continue,
-                Err(err) => return Err(Self::fail(session, err, operation, key)),
+                    session.client.check_and_watch_stat(&predecessor),
+                )
+                .await
             };
             let pred_watcher = match pred {
                 // Gone between our list and the watch: look again.
@@ -784,7 +796,7 @@ impl ZkBackend {
             let mut state = session.state.clone();
             tokio::select! {
                 _ = pred_watcher.changed() => {}
-                _ = own_watcher.changed() => {}
+                _ = armed(&mut own_watch) => own_watch = None,
                 () = wait_lost(&mut state) => return Err(AttemptError::SessionLost),
                 () = sleep_until(deadline) => {
                     cleanup.disarm();
@@ -856,6 +868,16 @@ impl ZkBackend {
                 }
             }
         }
+    }
+}
+
+type WatchFuture = std::pin::Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+/// Waits for an armed watch; never returns when there is none.
+async fn armed(watch: &mut Option<WatchFuture>) -> zk::WatchedEvent {
+    match watch {
+        Some(watch) => watch.as_mut().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -18,7 +18,7 @@ pub const SESSION_TIMEOUT: Duration = Duration::from_secs(4);
 /// What the target runs on.
 pub enum Servers {
     /// One standalone server.
-    Single(ZkServer),
+    Single(Box<ZkServer>),
     /// A quorum of servers.
     Ensemble(ZkEnsemble),
 }
@@ -38,7 +38,7 @@ impl ZkTarget {
         Some(Self::new(
             "zookeeper",
             server.url(),
-            Servers::Single(server),
+            Servers::Single(Box::new(server)),
         ))
     }
 
