@@ -92,8 +92,9 @@ impl Deployment {
     pub fn url(&self, port: Option<u16>) -> String {
         let url = match self {
             Self::Redis(s) => s.url(),
-            Self::Etcd(s) => s.url("distlock", ""),
-            Self::Zookeeper(s) => s.url(),
+            // Short sessions, so crash scenarios finish in seconds.
+            Self::Etcd(s) => s.url("distlock", "ttl=2s"),
+            Self::Zookeeper(s) => format!("{}?session_timeout=2s", s.url()),
             Self::Postgres(s) => s.url(),
             Self::MariaDb(s) => s.url(),
         };

@@ -1,14 +1,19 @@
-//! `distlock compare`: the conformance suite and latency, per backend, side
-//! by side.
+//! `distlock compare`: the conformance suite, the fault scenarios and the
+//! benchmarks, per backend, side by side; a terminal table, JSON and HTML.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::bench::{self, LatencyStats};
-use conformance::{Harness, MemoryTarget, SuiteConfig, SuiteReport, Target};
-use lock_core::{LockBackend, LockError, LockKey};
+use conformance::deploy::{DeployedTarget, Deployment, Opener};
+use conformance::scenarios::{self, HolderCommand, ScenarioEnv, ScenarioReport, Verdict};
+use conformance::{Harness, HarnessError, MemoryTarget, SuiteConfig, SuiteReport, Target};
+use lock_core::{Capabilities, LockBackend, LockClient, LockError, LockKey, OwnerId};
 use serde::Serialize;
+use serde_json::{Value, json};
 
 /// A backend reached by URL: every client is a fresh `distlock::open`.
 /// It cannot inject faults, so fault cases are skipped for it.
@@ -26,150 +31,496 @@ impl Target for UrlTarget {
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
         distlock::open(&self.url).await
     }
+
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
+    }
 }
 
-/// One row of the comparison.
-#[derive(Debug, Serialize)]
-pub(crate) struct BackendRow {
-    pub(crate) name: String,
-    pub(crate) url: String,
-    pub(crate) verdict: String,
-    pub(crate) suite: SuiteReport,
-    pub(crate) cycle: Option<LatencyStats>,
+/// What to compare and how.
+#[derive(Debug)]
+pub(crate) struct CompareOptions {
+    pub(crate) backends: Option<Vec<String>>,
+    pub(crate) urls: Vec<String>,
+    pub(crate) spawn: bool,
+    pub(crate) full: bool,
+    pub(crate) scenarios: bool,
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) html: Option<PathBuf>,
+}
+
+/// Benchmark figures of one backend (ratios to the raw floor where the
+/// driver has one).
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct BenchFigures {
+    pub(crate) cycle_p50_us: Option<f64>,
+    pub(crate) cycle_p99_us: Option<f64>,
+    pub(crate) cycles_per_s: Option<f64>,
+    pub(crate) floor_cycle_p50_us: Option<f64>,
+    pub(crate) cycle_ratio: Option<f64>,
+    pub(crate) throughput_8x8: Option<f64>,
+    pub(crate) floor_throughput_8x8: Option<f64>,
+    pub(crate) throughput_ratio: Option<f64>,
+    pub(crate) handoffs_per_s: Option<f64>,
+    pub(crate) handoff_p50_us: Option<f64>,
+    pub(crate) floor_handoffs_per_s: Option<f64>,
+    pub(crate) bytes_per_held_lock: Option<f64>,
     pub(crate) error: Option<String>,
 }
 
-pub(crate) struct Candidate {
+/// One backend's results.
+#[derive(Debug, Serialize)]
+pub(crate) struct BackendResult {
     pub(crate) name: String,
     pub(crate) url: String,
-    pub(crate) target: Arc<dyn Target>,
+    pub(crate) capabilities: Value,
+    pub(crate) conformance: Option<SuiteReport>,
+    pub(crate) scenarios: BTreeMap<String, ScenarioReport>,
+    pub(crate) bench: BenchFigures,
+    /// Why the backend could not be compared at all (not installed, ...).
+    pub(crate) error: Option<String>,
+}
+
+impl BackendResult {
+    fn unavailable(name: &str, why: String) -> Self {
+        Self {
+            name: name.to_owned(),
+            url: String::new(),
+            capabilities: Value::Null,
+            conformance: None,
+            scenarios: BTreeMap::new(),
+            bench: BenchFigures::default(),
+            error: Some(why),
+        }
+    }
+
+    /// A failed conformance case, or a scenario violation (including a
+    /// negative control that was not flagged).
+    pub(crate) fn failed(&self) -> bool {
+        self.conformance.as_ref().is_some_and(|s| !s.passed())
+            || self.scenarios.values().any(ScenarioReport::fails_run)
+    }
+
+    pub(crate) fn verdict(&self) -> String {
+        match &self.conformance {
+            Some(s) => s.verdict(),
+            None => "not run".to_owned(),
+        }
+    }
+}
+
+fn opener() -> Opener {
+    Arc::new(|url: String| Box::pin(async move { distlock::open(&url).await }))
+}
+
+fn holder_command() -> Option<HolderCommand> {
+    let exe = std::env::current_exe().ok()?;
+    Some(Arc::new(move |url: &str, key: &str, ttl: Duration| {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args([
+            "--url",
+            url,
+            "run",
+            "--on-lost",
+            "term",
+            "--kill-after",
+            "1s",
+            "--ttl",
+        ])
+        .arg(format!("{}ms", ttl.as_millis()))
+        .args([key, "--", "sleep", "600"]);
+        cmd
+    }))
+}
+
+struct Candidate {
+    name: String,
+    url: String,
+    target: Arc<dyn Target>,
     _keep: Option<tempfile::TempDir>,
 }
 
-/// The embedded backends, which need no server: in-memory, and SQLite on a
-/// file in a temporary directory.
-pub(crate) fn embedded(names: &[String]) -> Result<Vec<Candidate>, String> {
-    let mut out = Vec::new();
-    for name in names {
-        match name.as_str() {
-            "memory" => out.push(Candidate {
-                name: "memory".into(),
-                url: "memory://".into(),
-                target: Arc::new(MemoryTarget::new()),
-                _keep: None,
-            }),
-            "sqlite" => {
-                let dir = tempfile::Builder::new()
-                    .prefix("distlock-compare-")
-                    .tempdir()
-                    .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-                let url = format!("sqlite://{}", dir.path().join("locks.db").display());
-                out.push(Candidate {
-                    name: "sqlite".into(),
-                    url: url.clone(),
-                    target: Arc::new(UrlTarget {
-                        name: "sqlite".into(),
-                        url,
-                    }),
-                    _keep: Some(dir),
-                });
-            }
-            other => {
-                return Err(format!(
-                    "unknown embedded backend {other:?}; expected memory or sqlite (use --with URL for servers)"
-                ));
-            }
-        }
-    }
-    Ok(out)
-}
+const EMBEDDED: &[&str] = &["memory", "sqlite"];
 
-/// Candidates for user-given URLs.
-pub(crate) fn from_urls(urls: &[String]) -> Vec<Candidate> {
-    urls.iter()
-        .map(|url| {
-            let name = url.split("://").next().unwrap_or("url").to_owned();
-            Candidate {
-                name: name.clone(),
+async fn candidate(name: &str) -> Result<Candidate, String> {
+    match name {
+        "memory" => Ok(Candidate {
+            name: "memory".into(),
+            url: "memory://".into(),
+            target: Arc::new(MemoryTarget::new()),
+            _keep: None,
+        }),
+        "sqlite" => {
+            let dir = tempfile::Builder::new()
+                .prefix("distlock-compare-")
+                .tempdir()
+                .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+            let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+            Ok(Candidate {
+                name: "sqlite".into(),
                 url: url.clone(),
                 target: Arc::new(UrlTarget {
-                    name,
-                    url: url.clone(),
+                    name: "sqlite".into(),
+                    url,
+                }),
+                _keep: Some(dir),
+            })
+        }
+        kind if conformance::deploy::KINDS.contains(&kind) => {
+            let deployment = Deployment::start(kind).await.map_err(|e| match e {
+                HarnessError::MissingBinary { .. } => format!("not installed: {e}"),
+                other => format!("could not start: {other}"),
+            })?;
+            let target = DeployedTarget::new(deployment, opener());
+            Ok(Candidate {
+                name: kind.to_owned(),
+                url: target.url().to_owned(),
+                target: Arc::new(target),
+                _keep: None,
+            })
+        }
+        other => Err(format!(
+            "unknown backend {other:?}; expected one of memory, sqlite, {}",
+            conformance::deploy::KINDS.join(", ")
+        )),
+    }
+}
+
+fn capabilities_json(c: &Capabilities) -> Value {
+    json!({
+        "fencing": format!("{:?}", c.fencing).to_lowercase(),
+        "fencing_survives_failover": c.fencing_survives_failover,
+        "waiting": format!("{:?}", c.waiting).to_lowercase(),
+        "fifo": c.fifo,
+        "ttl_model": match c.ttl_model { lock_core::TtlModel::PerLease => "per_lease", _ => "per_session" },
+        "linearizable": c.linearizable,
+        "min_ttl_ms": c.min_ttl.as_millis(),
+        "shared_locks": c.shared_locks,
+        "semaphores": c.semaphores,
+    })
+}
+
+/// `distlock check --url URL`: the suite and the scenarios that need no
+/// process control, against a server the user runs.
+pub(crate) async fn check(url: &str) -> Vec<BackendResult> {
+    let scheme = url.split(':').next().unwrap_or("url").to_owned();
+    let candidate = Candidate {
+        name: scheme.clone(),
+        url: url.to_owned(),
+        target: Arc::new(UrlTarget {
+            name: scheme,
+            url: url.to_owned(),
+        }),
+        _keep: None,
+    };
+    let opts = CompareOptions {
+        backends: None,
+        urls: Vec::new(),
+        spawn: false,
+        full: false,
+        scenarios: true,
+        json: None,
+        html: None,
+    };
+    let progress = Progress {
+        step: 1,
+        total: 1,
+        name: candidate.name.clone(),
+    };
+    vec![compare_one(candidate, &opts, &progress).await]
+}
+
+/// Runs the comparison; progress goes to stderr.
+pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, LockError> {
+    let names: Vec<String> = match &opts.backends {
+        Some(list) => list.clone(),
+        None if opts.spawn => EMBEDDED
+            .iter()
+            .chain(conformance::deploy::KINDS)
+            .map(|s| (*s).to_owned())
+            .collect(),
+        None => EMBEDDED.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    for name in &names {
+        if conformance::deploy::KINDS.contains(&name.as_str()) && !opts.spawn {
+            return Err(LockError::config(format!(
+                "backend {name:?} needs a server: add --spawn to start one on loopback, or pass --with URL"
+            )));
+        }
+    }
+    let total = names.len() + opts.urls.len();
+    let mut results = Vec::new();
+    for (index, name) in names
+        .iter()
+        .map(String::as_str)
+        .chain(opts.urls.iter().map(String::as_str))
+        .enumerate()
+    {
+        let progress = Progress {
+            step: index + 1,
+            total,
+            name: name.to_owned(),
+        };
+        let candidate = if name.contains(':') {
+            let scheme = name.split(':').next().unwrap_or("url").to_owned();
+            Ok(Candidate {
+                name: scheme.clone(),
+                url: name.to_owned(),
+                target: Arc::new(UrlTarget {
+                    name: scheme,
+                    url: name.to_owned(),
                 }),
                 _keep: None,
+            })
+        } else {
+            progress.say("starting");
+            candidate(name).await
+        };
+        match candidate {
+            Ok(c) => results.push(compare_one(c, opts, &progress).await),
+            Err(why) => {
+                progress.say(&why);
+                results.push(BackendResult::unavailable(name, why));
             }
-        })
-        .collect()
+        }
+    }
+    Ok(results)
 }
 
-pub(crate) async fn run(candidates: Vec<Candidate>, quick: bool) -> Vec<BackendRow> {
-    let mut rows = Vec::new();
-    let total = candidates.len();
-    for (i, c) in candidates.into_iter().enumerate() {
-        eprintln!("[{}/{total}] {}: conformance suite...", i + 1, c.name);
-        let config = SuiteConfig {
-            iterations: if quick { 10 } else { 25 },
-            ..SuiteConfig::default()
-        };
-        let harness = Harness::with_config(c.target.clone(), config);
-        let suite = conformance::run_suite(&harness).await;
+struct Progress {
+    step: usize,
+    total: usize,
+    name: String,
+}
+
+impl Progress {
+    fn say(&self, what: &str) {
+        let width = 20;
+        let filled = width * (self.step - 1) / self.total.max(1);
         eprintln!(
-            "[{}/{total}] {}: {}; latency...",
-            i + 1,
-            c.name,
-            suite.verdict()
+            "[{}{}] {}/{} {}: {what}",
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            self.step,
+            self.total,
+            self.name
         );
-        let (cycle, error) = match measure(&*c.target, quick).await {
-            Ok(stats) => (Some(stats), None),
-            Err(e) => (None, Some(e.to_string())),
+    }
+}
+
+async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -> BackendResult {
+    let caps = match c.target.client().await {
+        Ok(client) => client.capabilities(),
+        Err(e) => {
+            progress.say(&format!("cannot connect: {e}"));
+            return BackendResult::unavailable(&c.name, format!("cannot connect: {e}"));
+        }
+    };
+    progress.say("conformance suite");
+    let config = SuiteConfig {
+        iterations: if opts.full { 25 } else { 10 },
+        fencing_grants: 1000,
+        ..SuiteConfig::default()
+    };
+    let suite = conformance::run_suite(&Harness::with_config(c.target.clone(), config)).await;
+    progress.say(&format!("conformance {}", suite.verdict()));
+    let mut scenarios_out = BTreeMap::new();
+    if opts.scenarios {
+        let env = ScenarioEnv {
+            target: c.target.clone(),
+            holder: holder_command(),
+            quick: !opts.full,
+            ttl: Duration::from_secs(1).max(caps.min_ttl),
         };
-        rows.push(BackendRow {
-            name: c.name,
-            url: distlock::redact_url(&c.url),
-            verdict: suite.verdict(),
-            suite,
-            cycle,
-            error,
-        });
+        for name in scenarios::SCENARIOS {
+            progress.say(&format!("scenario {name}"));
+            let report = scenarios::run_scenario(name, &env).await;
+            scenarios_out.insert((*name).to_owned(), report);
+        }
     }
-    rows
+    progress.say("benchmarks");
+    let bench = benchmarks(&*c.target, &c.url, opts.full).await;
+    BackendResult {
+        name: c.name,
+        url: distlock::redact_url(&c.url),
+        capabilities: capabilities_json(&caps),
+        conformance: Some(suite),
+        scenarios: scenarios_out,
+        bench,
+        error: None,
+    }
 }
 
-async fn measure(target: &dyn Target, quick: bool) -> Result<LatencyStats, LockError> {
+async fn benchmarks(target: &dyn Target, url: &str, full: bool) -> BenchFigures {
+    let mut out = BenchFigures::default();
+    if let Err(e) = bench_into(&mut out, target, url, full).await {
+        out.error = Some(e.to_string());
+    }
+    out
+}
+
+async fn bench_into(
+    out: &mut BenchFigures,
+    target: &dyn Target,
+    url: &str,
+    full: bool,
+) -> Result<(), LockError> {
     let backend = target.client().await?;
-    let key = LockKey::new(format!("bench/{}", lock_core::OwnerId::random()))?;
     let ttl = Duration::from_secs(10).max(backend.capabilities().min_ttl);
-    // Warm up connections and caches (script loads, prepared statements).
+    let run = &OwnerId::random().to_hex()[..8];
+    let key = LockKey::new(format!("bench-{run}/cycle"))?;
+    let n = if full { 2000 } else { 300 };
+    // Warm up connections, scripts and statement caches.
     bench::cycle_latency(backend.clone(), &key, ttl, 20).await?;
-    let n = if quick { 300 } else { 2000 };
-    bench::cycle_latency(backend, &key, ttl, n).await
+    let floor = crate::floors::floor(url).await;
+    if let Some(floor) = &floor {
+        floor.warm_up().await?;
+    }
+    // Ours and the floor measured back to back, in one run.
+    let cycle = bench::cycle_latency(backend.clone(), &key, ttl, n).await?;
+    out.cycle_p50_us = Some(cycle.p50_us);
+    out.cycle_p99_us = Some(cycle.p99_us);
+    out.cycles_per_s = Some(cycle.per_sec);
+    if let Some(floor) = &floor {
+        let floor_cycle = floor.sequential(n).await?;
+        out.floor_cycle_p50_us = Some(floor_cycle.p50_us);
+        out.cycle_ratio = Some(bench::ratio(cycle.p50_us, floor_cycle.p50_us));
+    }
+    let per_task = if full { 250 } else { 40 };
+    let parallel = bench::cycle_throughput(
+        backend.clone(),
+        &format!("bench-{run}/par"),
+        ttl,
+        8,
+        per_task,
+    )
+    .await?;
+    out.throughput_8x8 = Some(parallel.per_sec);
+    if let Some(floor) = &floor {
+        let floor_parallel = floor.parallel(8, per_task).await?;
+        out.floor_throughput_8x8 = Some(floor_parallel.per_sec);
+        out.throughput_ratio = Some(bench::ratio(parallel.per_sec, floor_parallel.per_sec));
+    }
+    let handoff_key = LockKey::new(format!("bench-{run}/handoff"))?;
+    let grants = if full { 400 } else { 80 };
+    let handoff: LatencyStats =
+        bench::handoff(backend.clone(), &handoff_key, ttl, 4, grants).await?;
+    out.handoffs_per_s = Some(handoff.per_sec);
+    out.handoff_p50_us = Some(handoff.p50_us);
+    if let Some(floor) = &floor {
+        out.floor_handoffs_per_s = floor.handoffs_per_s();
+    }
+    out.bytes_per_held_lock =
+        bytes_per_held_lock(backend, run, if full { 10_000 } else { 1000 }).await;
+    Ok(())
 }
 
-pub(crate) fn print_table(rows: &[BackendRow]) {
+/// Heap growth per lock held by a guard (client side, plus the server side
+/// for the in-process backend), counted by the global allocator.
+async fn bytes_per_held_lock(backend: Arc<dyn LockBackend>, run: &str, n: usize) -> Option<f64> {
+    let client = LockClient::from_arc(backend);
+    let keys: Vec<String> = (0..n).map(|i| format!("bench-{run}/held-{i}")).collect();
+    let mut guards = Vec::with_capacity(n);
+    let before = crate::alloc::live_bytes();
+    for key in &keys {
+        let guard = client
+            .lock(key)
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .ok()?;
+        guards.push(guard);
+    }
+    let after = crate::alloc::live_bytes();
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let per_lock = (after - before) as f64 / n as f64;
+    (per_lock > 0.0).then_some(per_lock)
+}
+
+fn cell(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+/// The terminal table.
+pub(crate) fn print_table(results: &[BackendResult]) {
     println!(
-        "{:<10} {:<24} {:>14} {:>14} {:>12}",
-        "backend", "conformance", "cycle p50 µs", "cycle p99 µs", "cycles/s"
+        "{:<10} {:<22} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>9}",
+        "backend",
+        "conformance",
+        "p50 µs",
+        "p99 µs",
+        "x floor",
+        "8x8 ops/s",
+        "x floor",
+        "handoff/s",
+        "B/lock"
     );
-    for row in rows {
-        match &row.cycle {
-            Some(c) => println!(
-                "{:<10} {:<24} {:>14.1} {:>14.1} {:>12.0}",
-                row.name, row.verdict, c.p50_us, c.p99_us, c.per_sec
-            ),
-            None => println!(
-                "{:<10} {:<24} {:>14} {:>14} {:>12}  ({})",
-                row.name,
-                row.verdict,
-                "-",
-                "-",
-                "-",
-                row.error.as_deref().unwrap_or("no measurement")
-            ),
+    for r in results {
+        if let Some(err) = &r.error {
+            println!("{:<10} {err}", r.name);
+            continue;
+        }
+        let b = &r.bench;
+        println!(
+            "{:<10} {:<22} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>9}",
+            r.name,
+            r.verdict(),
+            cell(b.cycle_p50_us, 1),
+            cell(b.cycle_p99_us, 1),
+            cell(b.cycle_ratio, 2),
+            cell(b.throughput_8x8, 0),
+            cell(b.throughput_ratio, 2),
+            cell(b.handoffs_per_s, 0),
+            cell(b.bytes_per_held_lock, 0),
+        );
+        if let Some(e) = &b.error {
+            println!("{:<10}   benchmark error: {e}", "");
         }
     }
-    for row in rows {
-        for case in row.suite.failures() {
-            println!("  {} FAILED {}: {}", row.name, case.name, case.detail);
+    let with_scenarios: Vec<&BackendResult> =
+        results.iter().filter(|r| !r.scenarios.is_empty()).collect();
+    if !with_scenarios.is_empty() {
+        println!();
+        print!("{:<20}", "scenario");
+        for r in &with_scenarios {
+            print!(" {:>10}", r.name);
+        }
+        println!();
+        for name in scenarios::SCENARIOS {
+            print!("{name:<20}");
+            for r in &with_scenarios {
+                let v = r.scenarios.get(*name).map_or("-", |s| match s.verdict {
+                    Verdict::Safe => "safe",
+                    Verdict::Violation => "VIOLATION",
+                    Verdict::Flagged => "flagged",
+                    Verdict::Skipped => "skipped",
+                });
+                print!(" {v:>10}");
+            }
+            println!();
+        }
+        println!(
+            "(flagged = a negative control: the unsafe outcome this backend cannot prevent was observed and reported)"
+        );
+    }
+    for r in results {
+        if let Some(s) = &r.conformance {
+            for case in s.failures() {
+                println!("  {} FAILED {}: {}", r.name, case.name, case.detail);
+            }
+        }
+        for (name, s) in &r.scenarios {
+            if s.fails_run() {
+                println!("  {} VIOLATION {name}: {}", r.name, s.detail);
+            }
         }
     }
+}
+
+/// The JSON document (shape documented in the README).
+pub(crate) fn to_json(results: &[BackendResult]) -> Value {
+    json!({ "backends": results })
 }

@@ -16,7 +16,10 @@ use clap::{Parser, Subcommand};
 use distlock::{Config, LockError, parse_duration};
 use lock_core::{ErrorKind, Lease, LockClient};
 
+mod alloc;
 mod compare;
+mod floors;
+mod html;
 mod run;
 
 /// Process exit codes.
@@ -34,6 +37,9 @@ mod exit {
     /// The command could not be started.
     pub(crate) const CANNOT_EXEC: u8 = 126;
 }
+
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 const AFTER_HELP: &str = "\
 Backend: --url, or --config FILE (TOML), or the environment (DISTLOCK_URL,
@@ -133,26 +139,57 @@ enum Command {
         /// The lock's name.
         key: String,
     },
-    /// Run the conformance suite and a latency benchmark against each
-    /// backend and print one row per backend.
+    /// Compare backends side by side: the conformance suite, fault
+    /// scenarios and benchmarks, one row per backend.
     ///
-    /// With no --url, compares the embedded backends (no server needed).
+    /// Without servers it compares the embedded backends (memory, SQLite).
+    /// With --spawn it also starts every server it finds installed (Redis,
+    /// etcd, ZooKeeper, PostgreSQL, MariaDB) on loopback ports in temporary
+    /// directories and stops them afterwards. Exits 1 if any conformance
+    /// case fails or any scenario shows a violation (including a negative
+    /// control that was not flagged).
     #[command(after_help = "Examples:
   distlock compare
-  distlock compare --url redis://127.0.0.1:6379 --json report.json")]
+  distlock compare --spawn --quick --json report.json --html report.html
+  distlock compare --backends redis,etcd --spawn
+  distlock compare --with redis://10.0.0.5:6379")]
     Compare {
-        /// Embedded backends to include (comma separated).
-        #[arg(long, value_delimiter = ',', default_value = "memory,sqlite")]
-        backends: Vec<String>,
-        /// Also compare the backend at this URL (repeatable).
+        /// Backends to compare (memory, sqlite, redis, etcd, zookeeper,
+        /// postgres, mariadb; comma separated). Default: the embedded ones,
+        /// plus every server kind with --spawn.
+        #[arg(long, value_delimiter = ',')]
+        backends: Option<Vec<String>>,
+        /// Start the servers on loopback.
+        #[arg(long)]
+        spawn: bool,
+        /// Also compare the backend at this URL (repeatable; no fault
+        /// injection there).
         #[arg(long = "with")]
         urls: Vec<String>,
-        /// Fewer iterations.
-        #[arg(long)]
+        /// Shorter run (the default).
+        #[arg(long, conflicts_with = "full")]
         quick: bool,
+        /// Longer run: more iterations, 10,000 cancelled acquires.
+        #[arg(long)]
+        full: bool,
+        /// Skip the fault scenarios.
+        #[arg(long)]
+        no_scenarios: bool,
         /// Write every figure as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Write a self-contained HTML report to this file.
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
+    /// Run the conformance suite and the scenarios that need no process
+    /// control against a server you point at (--url).
+    #[command(after_help = "Example:
+  distlock --url redis://127.0.0.1:6379 check")]
+    Check {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -312,26 +349,56 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
         }
         Command::Compare {
             backends,
+            spawn,
             urls,
-            quick,
+            quick: _,
+            full,
+            no_scenarios,
             json,
+            html,
         } => {
-            let mut candidates = compare::embedded(&backends).map_err(LockError::config)?;
-            candidates.extend(compare::from_urls(&urls));
-            let rows = compare::run(candidates, quick).await;
-            compare::print_table(&rows);
-            if let Some(path) = json {
-                let doc = serde_json::json!({ "backends": rows });
-                let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
-                std::fs::write(&path, text).map_err(|e| {
+            let opts = compare::CompareOptions {
+                backends,
+                urls,
+                spawn,
+                full,
+                scenarios: !no_scenarios,
+                json,
+                html,
+            };
+            let results = compare::run(&opts).await?;
+            compare::print_table(&results);
+            if let Some(path) = &opts.json {
+                let text =
+                    serde_json::to_string_pretty(&compare::to_json(&results)).unwrap_or_default();
+                std::fs::write(path, text).map_err(|e| {
                     LockError::config(format!("cannot write {}", path.display())).with_source(e)
                 })?;
+                eprintln!("wrote {}", path.display());
             }
-            Ok(if rows.iter().all(|r| r.suite.passed()) {
-                0
+            if let Some(path) = &opts.html {
+                std::fs::write(path, html::render(&results)).map_err(|e| {
+                    LockError::config(format!("cannot write {}", path.display())).with_source(e)
+                })?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(u8::from(results.iter().any(compare::BackendResult::failed)))
+        }
+        Command::Check { json } => {
+            let config = config(cli.url, cli.config)?;
+            if config.migration.is_some() {
+                return Err(LockError::config("check takes a single backend URL"));
+            }
+            let results = compare::check(&config.url).await;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&compare::to_json(&results)).unwrap_or_default()
+                );
             } else {
-                1
-            })
+                compare::print_table(&results);
+            }
+            Ok(u8::from(results.iter().any(compare::BackendResult::failed)))
         }
     }
 }

@@ -65,13 +65,10 @@ const SCHEMES: &[(&str, Option<&str>)] = &[
 ];
 
 fn feature_enabled(feature: &str) -> bool {
-    match feature {
-        "redis" => cfg!(feature = "redis"),
-        "etcd" => cfg!(feature = "etcd"),
-        "zk" => cfg!(feature = "zk"),
-        "sql" => cfg!(feature = "sql"),
-        _ => false,
-    }
+    (feature == "redis" && cfg!(feature = "redis"))
+        || (feature == "etcd" && cfg!(feature = "etcd"))
+        || (feature == "zk" && cfg!(feature = "zk"))
+        || (feature == "sql" && cfg!(feature = "sql"))
 }
 
 /// The URL schemes this build understands.

@@ -1,0 +1,238 @@
+//! A self-contained HTML report: the scenario matrix and latency charts
+//! (inline SVG, no scripts, no external files).
+
+use std::fmt::Write;
+
+use conformance::scenarios::{SCENARIOS, Verdict};
+
+use crate::compare::BackendResult;
+
+fn esc(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Horizontal bars, one group per backend, for the given (label, value)
+/// series; a log scale when values span more than two decades.
+fn bar_chart(title: &str, unit: &str, rows: &[(String, Vec<(&str, f64)>)]) -> String {
+    let max = rows
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|(_, v)| *v))
+        .fold(0.0_f64, f64::max);
+    let min = rows
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|(_, v)| *v))
+        .filter(|v| *v > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let log = max > 0.0 && min.is_finite() && max / min > 100.0;
+    let scale = |v: f64| -> f64 {
+        if max <= 0.0 {
+            0.0
+        } else if log {
+            let lo = (min / 2.0).log10();
+            ((v.max(min / 2.0)).log10() - lo) / (max.log10() - lo)
+        } else {
+            v / max
+        }
+    };
+    let colors = ["#4477aa", "#ee6677", "#228833", "#ccbb44"];
+    let bar_h = 14.0;
+    let group_h: f64 =
+        rows.iter().map(|(_, s)| s.len()).max().unwrap_or(1) as f64 * (bar_h + 2.0) + 10.0;
+    let height = 40.0 + group_h * rows.len() as f64;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<h3>{}</h3><svg xmlns="http://www.w3.org/2000/svg" width="760" height="{height}" font-family="sans-serif" font-size="12">"#,
+        esc(title)
+    );
+    for (g, (name, series)) in rows.iter().enumerate() {
+        let y0 = 20.0 + g as f64 * group_h;
+        let _ = write!(
+            svg,
+            r#"<text x="0" y="{}" font-weight="bold">{}</text>"#,
+            y0 + bar_h,
+            esc(name)
+        );
+        for (i, (label, value)) in series.iter().enumerate() {
+            let y = y0 + i as f64 * (bar_h + 2.0);
+            let w = 480.0 * scale(*value);
+            let _ = write!(
+                svg,
+                r#"<rect x="110" y="{y}" width="{w:.1}" height="{bar_h}" fill="{}"/><text x="{:.1}" y="{:.1}">{} {value:.1} {}</text>"#,
+                colors[i % colors.len()],
+                115.0 + w,
+                y + bar_h - 3.0,
+                esc(label),
+                esc(unit)
+            );
+        }
+    }
+    if log {
+        let _ = write!(
+            svg,
+            r##"<text x="110" y="{}" fill="#666">log scale</text>"##,
+            height - 4.0
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// Renders the report.
+pub(crate) fn render(results: &[BackendResult]) -> String {
+    let mut html = String::from(
+        r#"<!doctype html><html><head><meta charset="utf-8"><title>distlock compare</title>
+<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
+.safe{background:#d8f0d8}.violation{background:#f8c8c8;font-weight:bold}.flagged{background:#fde8b0}.skipped{color:#999}
+small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
+<p>Measured on this machine in one run. <b>safe</b>: nothing unsafe happened; <b>flagged</b>: a negative control, the unsafe outcome this backend cannot prevent was observed and reported; <b>VIOLATION</b>: unsafe where safety is promised, or a negative control that showed nothing.</p>"#,
+    );
+    // Summary table.
+    html.push_str("<h2>Summary</h2><table><tr><th>backend</th><th>url</th><th>conformance</th><th>cycle p50 µs</th><th>cycle p99 µs</th><th>x floor</th><th>8x8 ops/s</th><th>handoffs/s</th><th>bytes/lock</th></tr>");
+    for r in results {
+        let b = &r.bench;
+        let f = |v: Option<f64>, d: usize| v.map_or("-".to_owned(), |v| format!("{v:.d$}"));
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td><small>{}</small></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&r.name),
+            esc(&r.url),
+            esc(&r.error.clone().unwrap_or_else(|| r.verdict())),
+            f(b.cycle_p50_us, 1),
+            f(b.cycle_p99_us, 1),
+            f(b.cycle_ratio, 2),
+            f(b.throughput_8x8, 0),
+            f(b.handoffs_per_s, 0),
+            f(b.bytes_per_held_lock, 0),
+        );
+    }
+    html.push_str("</table>");
+    // Scenario matrix.
+    let with: Vec<&BackendResult> = results.iter().filter(|r| !r.scenarios.is_empty()).collect();
+    if !with.is_empty() {
+        html.push_str("<h2>Safety under faults</h2><table><tr><th>scenario</th>");
+        for r in &with {
+            let _ = write!(html, "<th>{}</th>", esc(&r.name));
+        }
+        html.push_str("</tr>");
+        for name in SCENARIOS {
+            let _ = write!(html, "<tr><td>{name}</td>");
+            for r in &with {
+                match r.scenarios.get(*name) {
+                    Some(s) => {
+                        let (class, word) = match s.verdict {
+                            Verdict::Safe => ("safe", "safe"),
+                            Verdict::Violation => ("violation", "VIOLATION"),
+                            Verdict::Flagged => ("flagged", "flagged"),
+                            Verdict::Skipped => ("skipped", "skipped"),
+                        };
+                        let _ = write!(
+                            html,
+                            r#"<td class="{class}" title="{}">{word}</td>"#,
+                            esc(&s.detail)
+                        );
+                    }
+                    None => html.push_str("<td>-</td>"),
+                }
+            }
+            html.push_str("</tr>");
+        }
+        html.push_str("</table><p><small>Hover a cell for what happened.</small></p>");
+    }
+    // Latency charts.
+    let latency: Vec<(String, Vec<(&str, f64)>)> = results
+        .iter()
+        .filter_map(|r| {
+            let b = &r.bench;
+            let mut s = Vec::new();
+            if let Some(v) = b.cycle_p50_us {
+                s.push(("p50", v));
+            }
+            if let Some(v) = b.cycle_p99_us {
+                s.push(("p99", v));
+            }
+            if let Some(v) = b.floor_cycle_p50_us {
+                s.push(("floor p50", v));
+            }
+            (!s.is_empty()).then(|| (r.name.clone(), s))
+        })
+        .collect();
+    if !latency.is_empty() {
+        html.push_str("<h2>Latency</h2>");
+        html.push_str(&bar_chart("Uncontended acquire + release", "µs", &latency));
+    }
+    let throughput: Vec<(String, Vec<(&str, f64)>)> = results
+        .iter()
+        .filter_map(|r| {
+            let b = &r.bench;
+            let mut s = Vec::new();
+            if let Some(v) = b.throughput_8x8 {
+                s.push(("8 tasks x 8 keys", v));
+            }
+            if let Some(v) = b.handoffs_per_s {
+                s.push(("handoffs, 4 tasks on 1 key", v));
+            }
+            (!s.is_empty()).then(|| (r.name.clone(), s))
+        })
+        .collect();
+    if !throughput.is_empty() {
+        html.push_str(&bar_chart("Throughput", "/s", &throughput));
+    }
+    // Details.
+    html.push_str("<h2>Details</h2>");
+    for r in results {
+        let _ = write!(html, "<h3>{}</h3>", esc(&r.name));
+        if let Some(e) = &r.error {
+            let _ = write!(html, "<p>{}</p>", esc(e));
+            continue;
+        }
+        let _ = write!(
+            html,
+            "<p><small>capabilities: {}</small></p>",
+            esc(&r.capabilities.to_string())
+        );
+        if let Some(s) = &r.conformance {
+            html.push_str(
+                "<table><tr><th>case</th><th>verdict</th><th>ms</th><th>detail</th></tr>",
+            );
+            for c in &s.cases {
+                let class = match c.verdict {
+                    "passed" => "safe",
+                    "failed" => "violation",
+                    _ => "skipped",
+                };
+                let _ = write!(
+                    html,
+                    r#"<tr><td>{}</td><td class="{class}">{}</td><td>{}</td><td style="text-align:left"><small>{}</small></td></tr>"#,
+                    c.name,
+                    c.verdict,
+                    c.elapsed_ms,
+                    esc(&c.detail)
+                );
+            }
+            html.push_str("</table>");
+        }
+        if !r.scenarios.is_empty() {
+            html.push_str(
+                "<table><tr><th>scenario</th><th>verdict</th><th>detail and figures</th></tr>",
+            );
+            for (name, s) in &r.scenarios {
+                let figures = serde_json::to_string(&s.figures).unwrap_or_default();
+                let _ = write!(
+                    html,
+                    r#"<tr><td>{name}</td><td>{:?}</td><td style="text-align:left"><small>{}<br>{}</small></td></tr>"#,
+                    s.verdict,
+                    esc(&s.detail),
+                    esc(&figures)
+                );
+            }
+            html.push_str("</table>");
+        }
+    }
+    html.push_str("</body></html>\n");
+    html
+}
