@@ -22,6 +22,10 @@ use crate::paths::{self, owner_of, sequence_of, sorted_lock_nodes};
 
 const NAME: &str = "zookeeper";
 
+/// How far past its deadline an acquire may run when the servers are slow
+/// to answer (a normal wait ends at the deadline itself).
+const ACQUIRE_GRACE: Duration = Duration::from_millis(500);
+
 /// How long a background cleanup keeps trying to delete a node.
 const CLEANUP_PATIENCE: Duration = Duration::from_secs(60);
 
@@ -166,8 +170,16 @@ impl CallError {
     }
 }
 
+/// The connection broke with the request in flight. The client reports
+/// this as `ConnectionLoss`, or as a custom error carrying the reason
+/// ("no response from connection in ...", an I/O error).
+fn connection_failure(err: &zk::Error) -> bool {
+    matches!(err, zk::Error::ConnectionLoss | zk::Error::Custom(_))
+}
+
 fn zk_error(operation: Operation, err: zk::Error) -> LockError {
     let kind = match &err {
+        err if connection_failure(err) => ErrorKind::Unavailable,
         zk::Error::ConnectionLoss
         | zk::Error::NoHosts
         | zk::Error::SessionExpired
@@ -268,7 +280,7 @@ impl Drop for NodeCleanup {
                 Some(path) => backend.delete_node(&client, &path, &dir, owner).await,
                 None => {
                     lock(&backend.inner.uncertain).insert(owner);
-                    backend.sweep_uncertain(&client, &dir, owner).await;
+                    backend.sweep_uncertain(&client, &dir, owner, true).await;
                 }
             }
         });
@@ -497,6 +509,14 @@ impl ZkBackend {
                     missing_dir += 1;
                     self.ensure_dir(session, dir, operation, key).await?;
                 }
+                // Our own timeout: the server is not answering, so give up
+                // now; the armed cleanup finds the node by its id later.
+                Err(err @ CallError::TimedOut(_)) => {
+                    lock(&self.inner.uncertain).insert(owner);
+                    return Err(Self::fail(session, err, operation, key));
+                }
+                // The connection dropped with the reply in flight: look for
+                // the node once we are connected again.
                 Err(err) if err.outcome_unknown() && unknown < 3 && !session.is_lost() => {
                     unknown += 1;
                     lock(&self.inner.uncertain).insert(owner);
@@ -555,21 +575,39 @@ impl ZkBackend {
                 }
             }
         }
-        self.sweep_uncertain(client, dir, owner).await;
+        self.sweep_uncertain(client, dir, owner, true).await;
         self.remove_empty_dir(client, dir).await;
     }
 
-    async fn sweep_uncertain(&self, client: &zk::Client, dir: &str, owner: OwnerId) {
+    /// Deletes every node of `dir` carrying `owner`'s id, if that attempt
+    /// had a create with an unknown outcome. `patient`: keep retrying
+    /// through disconnections (background cleanups only).
+    async fn sweep_uncertain(&self, client: &zk::Client, dir: &str, owner: OwnerId, patient: bool) {
         if !lock(&self.inner.uncertain).remove(&owner) {
             return;
         }
-        if let Ok(children) = timed(self.op_timeout(), client.list_children(dir)).await {
-            for name in children.iter().filter(|n| owner_of(n) == Some(owner)) {
-                let _ = timed(
-                    self.op_timeout(),
-                    client.delete(&format!("{dir}/{name}"), None),
-                )
-                .await;
+        let give_up = Instant::now() + CLEANUP_PATIENCE;
+        let mut backoff = CLEANUP_RETRY.backoff();
+        let children = loop {
+            match timed(self.op_timeout(), client.list_children(dir)).await {
+                Ok(children) => break children,
+                Err(err) if err.is(&zk::Error::NoNode) || err.ends_session() => return,
+                Err(_) if patient && Instant::now() < give_up => {
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_secs(1));
+                    tokio::time::sleep(delay).await;
+                }
+                Err(err) => {
+                    tracing::warn!(%dir, ?err, "could not look for nodes of a lost create reply");
+                    return;
+                }
+            }
+        };
+        for name in children.iter().filter(|n| owner_of(n) == Some(owner)) {
+            let path = format!("{dir}/{name}");
+            if patient {
+                Box::pin(self.delete_node(client, &path, dir, owner)).await;
+            } else {
+                let _ = timed(self.op_timeout(), client.delete(&path, None)).await;
             }
         }
     }
@@ -580,6 +618,24 @@ impl ZkBackend {
     async fn remove_empty_dir(&self, client: &zk::Client, dir: &str) {
         if !self.inner.containers.load(Ordering::Relaxed) {
             let _ = timed(self.op_timeout(), client.delete(dir, None)).await;
+        }
+    }
+
+    /// Deletes our node at the end of an attempt that did not get the lock,
+    /// with one bounded request; if that fails the cleanup stays armed and
+    /// retries in the background when it is dropped.
+    async fn withdraw(&self, session: &Session, cleanup: &mut NodeCleanup) {
+        let Some(path) = cleanup.path.clone() else {
+            return;
+        };
+        match timed(self.op_timeout(), session.client.delete(&path, None)).await {
+            Err(err) if !err.is(&zk::Error::NoNode) && !err.ends_session() => {}
+            _ => {
+                cleanup.disarm();
+                self.sweep_uncertain(&session.client, &cleanup.dir, cleanup.owner, false)
+                    .await;
+                self.remove_empty_dir(&session.client, &cleanup.dir).await;
+            }
         }
     }
 
@@ -751,8 +807,7 @@ impl ZkBackend {
             }
             let Some(deadline) = deadline else {
                 // A single try: someone holds it; withdraw.
-                cleanup.disarm();
-                self.delete_node(&session.client, &path, dir, owner).await;
+                self.withdraw(session, &mut cleanup).await;
                 return Ok(None);
             };
             // Watch only the immediate predecessor (no herd on release), and
@@ -799,8 +854,7 @@ impl ZkBackend {
                 _ = armed(&mut own_watch) => own_watch = None,
                 () = wait_lost(&mut state) => return Err(AttemptError::SessionLost),
                 () = sleep_until(deadline) => {
-                    cleanup.disarm();
-                    self.delete_node(&session.client, &path, dir, owner).await;
+                    self.withdraw(session, &mut cleanup).await;
                     return Err(AttemptError::Lock(
                         LockError::new(
                             ErrorKind::Contended,
@@ -924,10 +978,23 @@ impl LockBackend for ZkBackend {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        match self
-            .lock_key(key, ttl, Some(deadline), Operation::Acquire)
-            .await?
-        {
+        // Requests have their own timeouts, but a wait must also end near
+        // its deadline when the servers stop answering.
+        let bounded = tokio::time::timeout_at(
+            deadline + ACQUIRE_GRACE,
+            self.lock_key(key, ttl, Some(deadline), Operation::Acquire),
+        )
+        .await
+        .map_err(|_| {
+            LockError::new(
+                ErrorKind::Timeout,
+                Operation::Acquire,
+                "ZooKeeper did not answer before the wait deadline",
+            )
+            .with_key(key)
+            .with_backend(NAME)
+        })?;
+        match bounded? {
             Some(lease) => Ok(lease),
             None => Err(LockError::new(
                 ErrorKind::Contended,
@@ -1011,7 +1078,7 @@ impl LockBackend for ZkBackend {
                     .with_key(lease.key()));
             }
         };
-        self.sweep_uncertain(&session.client, dir, lease.owner())
+        self.sweep_uncertain(&session.client, dir, lease.owner(), false)
             .await;
         self.remove_empty_dir(&session.client, dir).await;
         Ok(deleted)

@@ -493,3 +493,65 @@ async fn unreachable_and_misconfigured() {
         "{err}"
     );
 }
+
+/// While the server is paused (for less than the session timeout), every
+/// call ends with a typed error in bounded time; after it resumes, nothing
+/// the timed-out attempts may have created blocks the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paused_server_gives_typed_errors_in_bounded_time() {
+    let Some(target) = ZkTarget::single().await else {
+        return;
+    };
+    let config = ZkConfig::from_url(&format!(
+        "{}?session_timeout=4s&op_timeout=500ms",
+        target.base_url()
+    ))
+    .expect("config");
+    let a = ZkBackend::connect(config).await.expect("a");
+    let session = a.session_id();
+    let k = key("paused");
+    let warm = a
+        .try_acquire(&k, Duration::from_secs(4))
+        .await
+        .expect("try")
+        .expect("free");
+    assert!(a.release(&warm).await.expect("release"));
+    target.pause().expect("pause");
+    let transient =
+        |e: &lock_core::LockError| matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Unavailable);
+    let started = Instant::now();
+    let err = a.try_acquire(&k, Duration::from_secs(4)).await.unwrap_err();
+    println!("try_acquire: {:?}: {err}", started.elapsed());
+    assert!(transient(&err), "{err}");
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    let started = Instant::now();
+    let err = a
+        .acquire(
+            &k,
+            Duration::from_secs(4),
+            started + Duration::from_millis(700),
+        )
+        .await
+        .unwrap_err();
+    println!("acquire: {:?}: {err}", started.elapsed());
+    assert!(
+        transient(&err) || err.kind() == ErrorKind::Contended,
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    let started = Instant::now();
+    let err = a.inspect(&k).await.unwrap_err();
+    assert!(transient(&err), "{err}");
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    target.resume().expect("resume");
+    let lease = a
+        .acquire(
+            &k,
+            Duration::from_secs(4),
+            Instant::now() + Duration::from_secs(15),
+        )
+        .await
+        .expect("a node left by a timed-out attempt blocks the key");
+    println!("session kept: {}", a.session_id() == session);
+    assert!(a.release(&lease).await.expect("release"));
+}
