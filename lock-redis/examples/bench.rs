@@ -48,6 +48,9 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 ";
 
+/// Interleaved rounds of each measurement; the median round is reported.
+const ROUNDS: usize = 5;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone)]
@@ -178,7 +181,7 @@ async fn main() -> Result<(), BoxError> {
         .unwrap_or(10_000);
     let server = RedisServer::start().await?;
     let url = server.url();
-    println!("redis-server on {url}; {cycles} cycles per round, 3 interleaved rounds");
+    println!("redis-server on {url}; {cycles} cycles per round, {ROUNDS} interleaved rounds");
     let backend = RedisBackend::connect(RedisConfig::from_url(&url)?).await?;
     let dyn_backend: Arc<dyn LockBackend> = Arc::new(backend.clone());
     let raw = Raw::new(&url).await?;
@@ -207,7 +210,7 @@ async fn main() -> Result<(), BoxError> {
 
     // Sequential, interleaved rounds.
     let (mut ours, mut floor, mut minimal) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..3 {
+    for round in 0..ROUNDS {
         let r = raw.clone();
         floor.push(
             bench::measure_sequential(cycles, |_| {
@@ -251,7 +254,7 @@ async fn main() -> Result<(), BoxError> {
     let tasks = 8;
     let per_task = cycles / 2;
     let (mut ours8, mut floor8) = (Vec::new(), Vec::new());
-    for round in 0..3 {
+    for round in 0..ROUNDS {
         let r = raw.clone();
         floor8.push(
             bench::measure_parallel(tasks, per_task, move |t, _| {

@@ -475,6 +475,9 @@ impl Node {
                 | K::NoValidReplicasFoundBySentinel
                 | K::EmptySentinelList => ErrorKind::Unavailable,
                 _ if err.code() == Some("LOADING") => ErrorKind::Unavailable,
+                _ if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) => {
+                    ErrorKind::Config
+                }
                 _ => ErrorKind::Backend,
             }
         };

@@ -609,3 +609,37 @@ async fn sentinel_master_killed_clients_follow_the_promoted_replica() {
     assert_eq!(holder, Some(lease.owner().to_hex()));
     assert!(backend.release(&lease).await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_work_and_never_show() {
+    let Some(server) = RedisServer::start_with(&["--requirepass", "s3cr3t-pw"])
+        .await
+        .or_skip()
+    else {
+        return;
+    };
+    let port = server.port();
+    let backend = lock_redis::connect(&format!("redis://:s3cr3t-pw@127.0.0.1:{port}?prefix=app:"))
+        .await
+        .unwrap();
+    assert!(!format!("{backend:?}").contains("s3cr3t-pw"));
+    let k = key("auth");
+    let lease = backend
+        .try_acquire(&k, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(backend.redis_key(&k), "app:{auth}");
+    assert!(backend.release(&lease).await.unwrap());
+
+    let err = lock_redis::connect(&format!("redis://:wrong-pw@127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{err}");
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains("wrong-pw"), "{shown}");
+    let err = lock_redis::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{err}");
+}
