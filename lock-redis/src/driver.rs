@@ -202,7 +202,8 @@ pub async fn connect(url: &str) -> Result<RedisBackend, LockError> {
 
 impl RedisBackend {
     /// Connects with `config`: opens the shared connection of each node and
-    /// loads the scripts. Redlock needs a majority of its nodes to answer;
+    /// loads the scripts. Must be called within a Tokio runtime (the
+    /// backend runs its pub/sub and renewal-batching tasks on it). Redlock needs a majority of its nodes to answer;
     /// the others are connected later, when they come back.
     ///
     /// # Errors
@@ -216,6 +217,12 @@ impl RedisBackend {
     /// Safe: dropping it drops the half-made connections.
     pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Its background tasks (pub/sub, renewal batches) need Tokio.
+            return Err(
+                LockError::config("the Redis backend needs a Tokio runtime").with_backend(NAME)
+            );
+        }
         let config = Arc::new(config);
         let nodes: Vec<Node> = match &config.topology {
             RedisTopology::Single(node) => vec![Node::direct(&config, node)?],
