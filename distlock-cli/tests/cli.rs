@@ -1,0 +1,354 @@
+//! The `distlock` command tested as a user would use it: as processes.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use conformance::OrSkip;
+use conformance::servers::redis::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+fn distlock(url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--url").arg(url).args(args);
+    cmd.env_remove("DISTLOCK_URL").env_remove("DISTLOCK_CONFIG");
+    cmd
+}
+
+fn output(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("run distlock")
+}
+
+fn sqlite_url(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("locks.db").display())
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Two `run`s on one key: the second waits (or fails at once with
+/// --wait 0), they never overlap, and the token grows.
+fn runs_serialize(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start $DISTLOCK_FENCING_TOKEN >> {log}; sleep 1; echo end $DISTLOCK_FENCING_TOKEN >> {log}",
+        log = log.display()
+    );
+    let mut first = distlock(
+        url,
+        &[
+            "run",
+            "--ttl",
+            "3s",
+            "jobs/serial",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    // Wait until the first holds the lock.
+    let started = Instant::now();
+    while !log.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "first run never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let busy = output(distlock(
+        url,
+        &["run", "--wait", "0", "jobs/serial", "--", "true"],
+    ));
+    assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
+    assert!(stderr(&busy).contains("contended"), "{}", stderr(&busy));
+    let custom = output(distlock(
+        url,
+        &[
+            "run",
+            "--wait",
+            "0",
+            "--conflict-exit-code",
+            "9",
+            "jobs/serial",
+            "--",
+            "true",
+        ],
+    ));
+    assert_eq!(custom.status.code(), Some(9));
+    let second = output(distlock(
+        url,
+        &[
+            "run",
+            "--wait",
+            "20s",
+            "jobs/serial",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert!(first.wait().unwrap().success());
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let token = |line: &str| {
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert!(
+        lines[0].starts_with("start") && lines[1].starts_with("end"),
+        "overlap: {lines:?}"
+    );
+    assert!(
+        lines[2].starts_with("start") && lines[3].starts_with("end"),
+        "overlap: {lines:?}"
+    );
+    assert_eq!(token(&lines[0]), token(&lines[1]));
+    assert!(
+        token(&lines[2]) > token(&lines[0]),
+        "token did not grow: {lines:?}"
+    );
+}
+
+#[test]
+fn runs_serialize_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    runs_serialize(&sqlite_url(dir.path()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_serialize_on_redis() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let url = server.url();
+    tokio::task::spawn_blocking(move || runs_serialize(&url))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn exit_status_and_environment_pass_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let out = output(distlock(
+        &url,
+        &[
+            "run",
+            "env-check",
+            "--",
+            "sh",
+            "-c",
+            "echo $DISTLOCK_KEY/$DISTLOCK_OWNER; exit 7",
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(7));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (key, owner) = text.trim().split_once('/').unwrap();
+    assert_eq!(key, "env-check");
+    assert_eq!(owner.len(), 32);
+    let missing = output(distlock(&url, &["run", "x", "--", "/no/such/program"]));
+    assert_eq!(missing.status.code(), Some(126));
+}
+
+#[test]
+fn killed_holder_frees_the_lock_after_its_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let mut holder = distlock(&url, &["run", "--ttl", "1s", "crashy", "--", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let out = output(distlock(&url, &["inspect", "crashy", "--json"]));
+        if String::from_utf8_lossy(&out.stdout).contains("\"held\":true") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "holder never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    holder.kill().unwrap();
+    let _ = holder.wait();
+    let killed = Instant::now();
+    let next = output(distlock(
+        &url,
+        &["run", "--wait", "10s", "crashy", "--", "true"],
+    ));
+    assert!(next.status.success(), "{}", stderr(&next));
+    let freed = killed.elapsed();
+    assert!(
+        freed < Duration::from_secs(5),
+        "freed after {freed:?} with a 1 s TTL"
+    );
+}
+
+#[test]
+fn lost_lock_terminates_the_command_with_exit_76() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    // The command releases its own lock behind distlock's back: the next
+    // renewal is refused, distlock reports the loss and stops the command.
+    let script = format!("{BIN} --url {url} release --handle \"$DISTLOCK_HANDLE\"; sleep 30");
+    let started = Instant::now();
+    let out = output(distlock(
+        &url,
+        &["run", "--ttl", "600ms", "stolen", "--", "sh", "-c", &script],
+    ));
+    assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
+    assert!(stderr(&out).contains("lost"), "{}", stderr(&out));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn acquire_renew_release_by_handle_from_other_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let out = output(distlock(&url, &["acquire", "--ttl", "30s", "deploy"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let handle = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let inspect = output(distlock(&url, &["inspect", "deploy", "--json"]));
+    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(info["held"], true);
+    assert!(info["token"].as_u64().unwrap() >= 1);
+    let busy = output(distlock(&url, &["acquire", "deploy"]));
+    assert_eq!(busy.status.code(), Some(75));
+    let renewed = output(distlock(&url, &["renew", "--handle", &handle]));
+    assert!(renewed.status.success(), "{}", stderr(&renewed));
+    let released = output(distlock(&url, &["release", "--handle", &handle]));
+    assert!(released.status.success(), "{}", stderr(&released));
+    let again = output(distlock(&url, &["release", "--handle", &handle]));
+    assert_eq!(
+        again.status.code(),
+        Some(1),
+        "second release must say not held"
+    );
+    let free = output(distlock(&url, &["inspect", "deploy"]));
+    assert!(String::from_utf8_lossy(&free.stdout).contains("is free"));
+}
+
+#[test]
+fn bad_input_gives_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    for (args, code) in [
+        (vec!["--url", "nonsense", "run", "k", "--", "true"], 2),
+        (vec!["--url", "gopher://x", "inspect", "k"], 2),
+        (
+            vec!["--url", &url, "run", "--ttl", "soon", "k", "--", "true"],
+            2,
+        ),
+        (
+            vec!["--url", &url, "run", "--wait=-1s", "k", "--", "true"],
+            2,
+        ),
+        (vec!["--url", &url, "run", "", "--", "true"], 2),
+        (
+            vec!["--url", &url, "run", "--ttl", "0s", "k", "--", "true"],
+            2,
+        ),
+        (vec!["--url", &url, "release", "--handle", "garbage"], 2),
+        (vec!["--url", "redis://127.0.0.1:1", "inspect", "k"], 69),
+    ] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(&args).env_remove("DISTLOCK_URL");
+        let started = Instant::now();
+        let out = output(cmd);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+            "{args:?}: {err}"
+        );
+        let lines = err.trim().lines().count();
+        assert!(lines <= 3, "{args:?}: not a short error: {err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+    }
+    let mut cmd = Command::new(BIN);
+    cmd.args(["inspect", "k"])
+        .env_remove("DISTLOCK_URL")
+        .env_remove("DISTLOCK_CONFIG");
+    let out = output(cmd);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("DISTLOCK_URL"), "{}", stderr(&out));
+}
+
+#[test]
+fn config_file_selects_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("distlock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "url = \"{}\"\nttl = \"5s\"\nrequire = [\"fencing\"]\n",
+            sqlite_url(dir.path())
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--config").arg(&config).args([
+        "run",
+        "cfg",
+        "--",
+        "sh",
+        "-c",
+        "test -n \"$DISTLOCK_FENCING_TOKEN\"",
+    ]);
+    let out = output(cmd);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A requirement the backend cannot meet is refused at start-up.
+    std::fs::write(
+        &config,
+        format!(
+            "url = \"{}\"\nrequire = [\"fifo\"]\n",
+            sqlite_url(dir.path())
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--config").arg(&config).args(["inspect", "cfg"]);
+    let out = output(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("FIFO"), "{}", stderr(&out));
+}
+
+#[test]
+fn help_has_examples_for_every_command() {
+    for command in ["run", "acquire", "inspect", "compare", "check"] {
+        let out = output({
+            let mut c = Command::new(BIN);
+            c.args([command, "--help"]);
+            c
+        });
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("Example"),
+            "{command} --help has no example:\n{text}"
+        );
+    }
+}
