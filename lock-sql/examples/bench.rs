@@ -1,5 +1,6 @@
 //! Benchmark: our acquire+release cycle against the raw floor, the same
-//! two statements issued by hand with sqlx on the same pool, per database.
+//! two statements issued by hand with sqlx on the same pool
+//! ([`lock_sql::floor::SqlFloor`]), per database.
 //!
 //! `cargo run --release -p lock-sql --example bench`
 //!
@@ -12,142 +13,18 @@
 //! Environment: `BENCH_CYCLES` (per variant, default 2000), `BENCH_ROUNDS`
 //! (alternations, default 4).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::bench::{LatencyStats, ratio};
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
-use lock_core::{LockKey, OwnerId};
-use lock_sql::sqlx::{self, AssertSqlSafe, Row};
-use lock_sql::{SqlBackend, SqlDialect};
+use lock_core::LockKey;
+use lock_sql::SqlBackend;
+use lock_sql::floor::SqlFloor;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
 const TASKS: usize = 8;
-
-/// The statements the driver issues, written out by hand (see the crate
-/// docs), so the floor does exactly the same database work.
-struct RawSql {
-    grant: Arc<str>,
-    release: Arc<str>,
-}
-
-fn raw_sql(backend: &SqlBackend) -> RawSql {
-    let t = backend.quoted_table();
-    let (grant, release) = match backend.dialect() {
-        SqlDialect::Postgres => (
-            format!(
-                "INSERT INTO {t} AS l (name, owner, token, expires_at) \
-                 VALUES ($1, $2, 1, now() + $3 * INTERVAL '1 microsecond') \
-                 ON CONFLICT (name) DO UPDATE \
-                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at \
-                 WHERE l.expires_at <= now() RETURNING token"
-            ),
-            format!(
-                "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
-                 WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now() \
-                 RETURNING name) SELECT pg_notify($4, name) FROM r"
-            ),
-        ),
-        SqlDialect::MySql => (
-            format!(
-                "INSERT INTO {t} (name, owner, token, expires_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE \
-                 token = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)), \
-                 owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
-                 expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
-            ),
-            format!(
-                "UPDATE {t} SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
-                 WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
-            ),
-        ),
-        _ => (
-            format!(
-                "INSERT INTO {t} AS l (name, owner, token, expires_at) VALUES (?1, ?2, 1, ?3 + ?4) \
-                 ON CONFLICT (name) DO UPDATE \
-                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at \
-                 WHERE l.expires_at <= ?3 RETURNING token"
-            ),
-            format!(
-                "UPDATE {t} SET owner = NULL, expires_at = ?4 \
-                 WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4"
-            ),
-        ),
-    };
-    RawSql {
-        grant: Arc::from(grant),
-        release: Arc::from(release),
-    }
-}
-
-fn unix_micros() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
-/// One grant + release by hand on the backend's own pool.
-async fn raw_cycle(backend: &SqlBackend, sql: &RawSql, key: &str) -> Result<(), sqlx::Error> {
-    let owner = OwnerId::random().to_hex();
-    let ttl_us = i64::try_from(TTL.as_micros()).unwrap_or(i64::MAX);
-    let missing = || sqlx::Error::Protocol("benchmark key unexpectedly held".into());
-    if let Some(pool) = backend.pg_pool() {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&sql.grant)))
-            .bind(key)
-            .bind(&owner)
-            .bind(ttl_us)
-            .fetch_optional(pool)
-            .await?
-            .ok_or_else(missing)?;
-        let token: i64 = row.try_get(0)?;
-        sqlx::query(AssertSqlSafe(Arc::clone(&sql.release)))
-            .bind(key)
-            .bind(&owner)
-            .bind(token)
-            .bind("distlock_distlock_leases")
-            .fetch_optional(pool)
-            .await?
-            .ok_or_else(missing)?;
-    } else if let Some(pool) = backend.mysql_pool() {
-        let done = sqlx::query(AssertSqlSafe(Arc::clone(&sql.grant)))
-            .bind(key.as_bytes())
-            .bind(&owner)
-            .bind(ttl_us)
-            .execute(pool)
-            .await?;
-        let token = i64::try_from(done.last_insert_id()).unwrap_or(0);
-        if token == 0 {
-            return Err(missing());
-        }
-        sqlx::query(AssertSqlSafe(Arc::clone(&sql.release)))
-            .bind(key.as_bytes())
-            .bind(&owner)
-            .bind(token)
-            .execute(pool)
-            .await?;
-    } else if let Some(pool) = backend.sqlite_pool() {
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&sql.grant)))
-            .bind(key)
-            .bind(&owner)
-            .bind(unix_micros())
-            .bind(ttl_us)
-            .fetch_optional(pool)
-            .await?
-            .ok_or_else(missing)?;
-        let token: i64 = row.try_get(0)?;
-        sqlx::query(AssertSqlSafe(Arc::clone(&sql.release)))
-            .bind(key)
-            .bind(&owner)
-            .bind(token)
-            .bind(unix_micros())
-            .execute(pool)
-            .await?;
-    }
-    Ok(())
-}
 
 async fn our_cycle(backend: &SqlBackend, key: &LockKey) -> Result<(), lock_core::LockError> {
     conformance::bench::cycle(backend, key, TTL).await
@@ -163,7 +40,7 @@ enum Variant {
 /// returns every cycle's latency.
 async fn run(
     backend: &SqlBackend,
-    sql: &Arc<RawSql>,
+    floor: &SqlFloor,
     variant: Variant,
     prefix: &str,
     tasks: usize,
@@ -173,7 +50,7 @@ async fn run(
     let mut handles = Vec::new();
     for t in 0..tasks {
         let backend = backend.clone();
-        let sql = Arc::clone(sql);
+        let floor = floor.clone();
         let name = format!("bench/{prefix}-{t}");
         handles.push(tokio::spawn(async move {
             let key = LockKey::new(name.clone()).expect("valid key");
@@ -182,7 +59,7 @@ async fn run(
                 let started = Instant::now();
                 match variant {
                     Variant::Ours => our_cycle(&backend, &key).await.expect("our cycle"),
-                    Variant::Raw => raw_cycle(&backend, &sql, &name).await.expect("raw cycle"),
+                    Variant::Raw => floor.cycle(&name, TTL).await.expect("raw cycle"),
                 }
                 samples.push(started.elapsed());
             }
@@ -211,13 +88,13 @@ async fn bench_database(name: &str, url: &str, cycles: usize, rounds: usize) -> 
             return Vec::new();
         }
     };
-    let sql = Arc::new(raw_sql(&backend));
+    let floor = SqlFloor::from_backend(&backend);
     let mut rows = Vec::new();
     for (mode, tasks) in [("sequential", 1), ("8 tasks/8 keys", TASKS)] {
         // Warm up both paths (connections, prepared statements, rows).
         let _ = run(
             &backend,
-            &sql,
+            &floor,
             Variant::Ours,
             "warm",
             tasks,
@@ -226,7 +103,7 @@ async fn bench_database(name: &str, url: &str, cycles: usize, rounds: usize) -> 
         .await;
         let _ = run(
             &backend,
-            &sql,
+            &floor,
             Variant::Raw,
             "warm",
             tasks,
@@ -247,7 +124,7 @@ async fn bench_database(name: &str, url: &str, cycles: usize, rounds: usize) -> 
             };
             for variant in order {
                 let started = Instant::now();
-                let samples = run(&backend, &sql, variant, "k", tasks, per_round).await;
+                let samples = run(&backend, &floor, variant, "k", tasks, per_round).await;
                 let wall = started.elapsed();
                 if variant == Variant::Ours {
                     ours.extend(samples);

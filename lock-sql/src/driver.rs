@@ -18,7 +18,7 @@ use crate::config::{SqlConfig, SqlDialect};
 use crate::error::map_sqlx;
 use crate::sql::Statements;
 
-const NAME: &str = "sql";
+pub(crate) const NAME: &str = "sql";
 
 /// The shortest TTL accepted: the database clocks have microsecond
 /// precision, but a lease must outlive the clock-drift allowance and a
@@ -232,6 +232,16 @@ impl SqlBackend {
             DbPool::Sqlite(pool) => pool.close().await,
         }
         Ok(())
+    }
+
+    /// The pool the statements run on (for [`crate::floor`]).
+    pub(crate) fn pool(&self) -> &DbPool {
+        &self.inner.pool
+    }
+
+    /// The dialect's statements for this table (for [`crate::floor`]).
+    pub(crate) fn statements(&self) -> &Statements {
+        &self.inner.statements
     }
 
     fn err(&self, operation: Operation, key: &LockKey, err: sqlx::Error) -> LockError {
@@ -567,13 +577,13 @@ fn open_pool(config: &SqlConfig) -> Result<DbPool, LockError> {
 }
 
 /// Microseconds in `d`, saturating.
-fn micros(d: Duration) -> i64 {
+pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// The host's wall clock in microseconds since the Unix epoch (SQLite's
 /// "database clock").
-fn unix_micros() -> i64 {
+pub(crate) fn unix_micros() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, micros)

@@ -115,7 +115,7 @@
 //!
 //! `cargo run --release -p lock-sql --example bench` compares our
 //! acquire+release cycle with the same two statements issued by hand on the
-//! same pool.
+//! same pool ([`floor::SqlFloor`], also used by `distlock compare`).
 //!
 //! # Example
 //!
@@ -144,6 +144,7 @@ mod config;
 mod driver;
 mod error;
 mod fence;
+pub mod floor;
 mod sql;
 
 pub use config::{DEFAULT_TABLE, MAX_TABLE_LEN, SqlConfig, SqlDialect};

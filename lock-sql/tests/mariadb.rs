@@ -20,6 +20,7 @@ async fn mariadb() {
     run_suite(&Harness::new(target.clone()))
         .await
         .assert_passed();
+    common::check_floor(&target.url).await;
 
     let url = target.url.clone();
     let a = SqlBackend::connect_url(&url).await.unwrap();

@@ -21,6 +21,7 @@ async fn postgres() {
     run_suite(&Harness::new(target.clone()))
         .await
         .assert_passed();
+    common::check_floor(&target.url).await;
 
     // Waiters are woken by NOTIFY, long before the re-check interval.
     let url = common::with_options(&target.url, "recheck=5s");

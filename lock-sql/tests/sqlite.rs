@@ -23,6 +23,12 @@ async fn conformance_suite_on_a_sqlite_file() {
     run_suite(&Harness::new(target)).await.assert_passed();
 }
 
+#[tokio::test]
+async fn benchmark_floor_uses_the_driver_statements() {
+    let dir = tempfile::tempdir().unwrap();
+    common::check_floor(&url_for(&dir.path().join("floor.db"))).await;
+}
+
 fn url_for(path: &std::path::Path) -> String {
     format!("sqlite://{}?timeout=5s&busy_timeout=5s", path.display())
 }

@@ -293,3 +293,37 @@ where
         next.token()
     );
 }
+
+/// The benchmark floor on `url`: cycles on a free key, refuses a key the
+/// driver holds (without waiting or stealing it), and bumps the same
+/// per-key token the driver uses.
+pub async fn check_floor(url: &str) {
+    use lock_core::{ErrorKind, LockKey};
+    use lock_sql::floor::SqlFloor;
+    let ttl = std::time::Duration::from_secs(30);
+    let floor = SqlFloor::connect(url).await.unwrap();
+    let backend = SqlBackend::connect_url(url).await.unwrap();
+    let key = LockKey::new("floor/check").unwrap();
+    for _ in 0..3 {
+        floor.cycle(key.as_str(), ttl).await.unwrap();
+    }
+    let lease = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+    // Three floor grants before ours: the floor uses the driver's token.
+    assert_eq!(lease.token().get(), 4);
+    let err = floor.cycle(key.as_str(), ttl).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+    // Still ours after the refused floor cycle.
+    assert!(backend.release(&lease).await.unwrap());
+    floor.cycle(key.as_str(), ttl).await.unwrap();
+    let next = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert_eq!(next.token().get(), 6);
+    assert!(backend.release(&next).await.unwrap());
+    // Bad inputs are typed errors.
+    let err = floor.cycle("", ttl).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = floor
+        .cycle("floor/zero", std::time::Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}
