@@ -302,6 +302,13 @@ impl ZkBackend {
     /// Safe: a dropped connect leaves nothing behind.
     pub async fn connect(config: ZkConfig) -> Result<Self, LockError> {
         config.validate()?;
+        // The ZooKeeper client and our session watcher run as Tokio tasks.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(LockError::config(
+                "lock-zk needs a Tokio runtime: connect from inside one",
+            )
+            .with_backend(NAME));
+        }
         let backend = Self {
             inner: Arc::new(Inner {
                 containers: AtomicBool::new(config.containers()),
@@ -1126,5 +1133,27 @@ impl LockBackend for ZkBackend {
         )
         .with_key(key)
         .with_backend(NAME))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    #[test]
+    fn connecting_outside_a_runtime_is_a_typed_error() {
+        let config = ZkConfig::new(["127.0.0.1:1"]);
+        let mut connect = std::pin::pin!(ZkBackend::connect(config));
+        let mut cx = Context::from_waker(Waker::noop());
+        match connect.as_mut().poll(&mut cx) {
+            Poll::Ready(Err(err)) => assert_eq!(err.kind(), ErrorKind::Config, "{err}"),
+            other => panic!(
+                "expected a config error at once, got {:?}",
+                other.map(|r| r.map(|_| ()))
+            ),
+        }
     }
 }

@@ -18,3 +18,63 @@ async fn suite_on_a_single_server() {
     println!("{}", report.table());
     report.assert_passed();
 }
+
+/// Every shared fault scenario: holder process killed and paused (the
+/// `holder` example, which `cargo test` builds), partitioned client
+/// (through a fault proxy), server killed and restarted, injected latency,
+/// lost release reply, cancellation storm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenarios_on_a_single_server() {
+    let Some(target) = ZkTarget::single().await else {
+        return;
+    };
+    let holder = holder_command();
+    let with_holder = holder.is_some();
+    let env = conformance::scenarios::ScenarioEnv {
+        target: Arc::new(target),
+        holder,
+        quick: true,
+        ttl: std::time::Duration::from_secs(1),
+    };
+    let reports = conformance::scenarios::run_all(&env).await;
+    let mut failed = Vec::new();
+    for (name, report) in &reports {
+        println!("{name:<20} {:?}: {}", report.verdict, report.detail);
+        if report.fails_run() {
+            failed.push(name.clone());
+        }
+    }
+    assert!(failed.is_empty(), "scenarios failed: {failed:?}");
+    for name in conformance::scenarios::SCENARIOS {
+        if !with_holder && name.starts_with("holder_") {
+            continue;
+        }
+        assert_ne!(
+            reports[*name].verdict,
+            conformance::scenarios::Verdict::Skipped,
+            "{name} was skipped"
+        );
+    }
+}
+
+/// The `holder` example next to this test binary (`target/<profile>/examples`).
+fn holder_command() -> Option<conformance::scenarios::HolderCommand> {
+    let exe = std::env::current_exe().ok()?;
+    let holder = exe.parent()?.parent()?.join("examples").join("holder");
+    if !holder.is_file() {
+        // `cargo test -p lock-zk` builds examples; `--test conformance`
+        // alone does not.
+        eprintln!(
+            "{} is not built: the holder scenarios are skipped (run `cargo test -p lock-zk`)",
+            holder.display()
+        );
+        return None;
+    }
+    Some(Arc::new(
+        move |url: &str, key: &str, ttl: std::time::Duration| {
+            let mut cmd = std::process::Command::new(&holder);
+            cmd.arg(url).arg(key).arg(ttl.as_millis().to_string());
+            cmd
+        },
+    ))
+}

@@ -101,7 +101,7 @@ async fn leader_killed_during_contention() {
     sleep(Duration::from_millis(1500)).await;
     let grants_before_kill = history.check().grants;
     let leader = {
-        let servers = target.servers.lock().expect("servers");
+        let servers = target.servers.lock().await;
         let Servers::Ensemble(ensemble) = &*servers else {
             unreachable!()
         };
@@ -113,7 +113,7 @@ async fn leader_killed_during_contention() {
             .expect("a leader")
     };
     {
-        let mut servers = target.servers.lock().expect("servers");
+        let mut servers = target.servers.lock().await;
         let Servers::Ensemble(ensemble) = &mut *servers else {
             unreachable!()
         };

@@ -76,7 +76,7 @@ async fn session_expiry_reports_lost_before_another_grant() {
         })
     };
     sleep(Duration::from_millis(500)).await;
-    target.pause().expect("pause");
+    target.pause().await.expect("pause");
     let paused_at = Instant::now();
     let signal = timeout(SESSION_TIMEOUT * 3, async {
         loop {
@@ -92,7 +92,7 @@ async fn session_expiry_reports_lost_before_another_grant() {
     println!("session signal: Lost({signal}) {signal_after:?} after the pause");
     assert!(signal.contains("expired"), "{signal}");
     sleep((SESSION_TIMEOUT * 2).saturating_sub(signal_after)).await;
-    target.resume().expect("resume");
+    target.resume().await.expect("resume");
     let (granted_at, lease_b) = timeout(Duration::from_secs(60), waiter)
         .await
         .expect("the waiter was never granted")
@@ -516,7 +516,7 @@ async fn paused_server_gives_typed_errors_in_bounded_time() {
         .expect("try")
         .expect("free");
     assert!(a.release(&warm).await.expect("release"));
-    target.pause().expect("pause");
+    target.pause().await.expect("pause");
     let transient =
         |e: &lock_core::LockError| matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Unavailable);
     let started = Instant::now();
@@ -543,7 +543,7 @@ async fn paused_server_gives_typed_errors_in_bounded_time() {
     let err = a.inspect(&k).await.unwrap_err();
     assert!(transient(&err), "{err}");
     assert!(started.elapsed() < Duration::from_millis(1500));
-    target.resume().expect("resume");
+    target.resume().await.expect("resume");
     let lease = a
         .acquire(
             &k,

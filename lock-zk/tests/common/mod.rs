@@ -1,16 +1,19 @@
-//! The ZooKeeper target for the shared suite, and helpers for the fault
-//! tests.
+//! The ZooKeeper target for the shared suite and scenarios, and helpers for
+//! the fault tests.
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::{Arc, Mutex};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::process::HarnessError;
+use conformance::proxy::FaultProxy;
 use conformance::servers::zookeeper::{ZkEnsemble, ZkServer};
 use conformance::{OrSkip, Target};
 use lock_core::{LockBackend, LockError};
 use lock_zk::{ZkBackend, ZkConfig};
+use tokio::sync::Mutex;
 
 /// The session timeout the tests ask for (8 ticks of 500 ms).
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(4);
@@ -66,7 +69,7 @@ impl ZkTarget {
     }
 
     /// The URL the clients use.
-    pub fn url(&self) -> String {
+    pub fn client_url(&self) -> String {
         format!(
             "{}?session_timeout={}ms&op_timeout=3s&connect_timeout=15s",
             self.url,
@@ -76,7 +79,7 @@ impl ZkTarget {
 
     /// A new backend with its own session.
     pub async fn backend(&self) -> Result<ZkBackend, LockError> {
-        ZkBackend::connect(ZkConfig::from_url(&self.url())?).await
+        ZkBackend::connect(ZkConfig::from_url(&self.client_url())?).await
     }
 
     /// A raw client of the same servers, for outside interference.
@@ -90,16 +93,16 @@ impl ZkTarget {
     }
 
     /// SIGSTOP every server.
-    pub fn pause(&self) -> Result<(), HarnessError> {
-        match &mut *self.servers.lock().expect("servers") {
+    pub async fn pause(&self) -> Result<(), HarnessError> {
+        match &mut *self.servers.lock().await {
             Servers::Single(server) => server.pause(),
             Servers::Ensemble(ensemble) => ensemble.pause_all(),
         }
     }
 
     /// SIGCONT every server.
-    pub fn resume(&self) -> Result<(), HarnessError> {
-        match &mut *self.servers.lock().expect("servers") {
+    pub async fn resume(&self) -> Result<(), HarnessError> {
+        match &mut *self.servers.lock().await {
             Servers::Single(server) => server.resume(),
             Servers::Ensemble(ensemble) => ensemble.resume_all(),
         }
@@ -117,11 +120,48 @@ impl Target for ZkTarget {
     }
 
     async fn make_unreachable(&self) -> Result<bool, HarnessError> {
-        self.pause()?;
+        self.pause().await?;
         Ok(true)
     }
 
     async fn heal(&self) -> Result<(), HarnessError> {
-        self.resume()
+        self.resume().await
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(self.client_url())
+    }
+
+    async fn kill_and_restart_server(&self) -> Result<bool, HarnessError> {
+        // A standalone server only: killing ensemble members is the
+        // leader-kill test's business.
+        match &mut *self.servers.lock().await {
+            Servers::Single(server) => {
+                server.node_mut().process().restart().await?;
+                Ok(true)
+            }
+            Servers::Ensemble(_) => Ok(false),
+        }
+    }
+
+    async fn proxied_client(
+        &self,
+    ) -> Result<Option<(Arc<dyn LockBackend>, FaultProxy)>, HarnessError> {
+        let port = match &*self.servers.lock().await {
+            Servers::Single(server) => server.node().client_port(),
+            Servers::Ensemble(_) => return Ok(None),
+        };
+        let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
+        let url = self.client_url().replace(
+            &format!("127.0.0.1:{port}"),
+            &format!("127.0.0.1:{}", proxy.port()),
+        );
+        let backend = lock_zk::connect(&url)
+            .await
+            .map_err(|e| HarnessError::Setup {
+                what: "connecting through the proxy".into(),
+                output: e.to_string(),
+            })?;
+        Ok(Some((Arc::new(backend), proxy)))
     }
 }
