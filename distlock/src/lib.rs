@@ -42,8 +42,8 @@ pub use duration::{format_duration, parse_duration};
 pub use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockClient,
     LockDefaults, LockError, LockGuard, LockInfo, LockKey, LockRequest, LockState, MemoryBackend,
-    MigrationBackend, MigrationPhase, Operation, OwnerId, RenewalPolicy, Requirements, TtlModel,
-    WaitStrategy,
+    MigrationBackend, MigrationPhase, NEW_EPOCH, Operation, OwnerId, RenewalPolicy, Requirements,
+    TtlModel, WaitStrategy,
 };
 
 /// Every scheme, with the cargo feature that provides it (`None`: always).
@@ -52,7 +52,9 @@ const SCHEMES: &[(&str, Option<&str>)] = &[
     ("redis", Some("redis")),
     ("rediss", Some("redis")),
     ("redis+sentinel", Some("redis")),
+    ("rediss+sentinel", Some("redis")),
     ("redis+cluster", Some("redis")),
+    ("rediss+cluster", Some("redis")),
     ("redlock", Some("redis")),
     ("etcd", Some("etcd")),
     ("etcds", Some("etcd")),
@@ -137,9 +139,8 @@ async fn open_url(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     let backend: Arc<dyn LockBackend> = match scheme {
         "memory" => Arc::new(named_memory(&url["memory://".len()..])),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "redlock" => {
-            Arc::new(lock_redis::connect(url).await?)
-        }
+        "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
+        | "rediss+cluster" | "redlock" => Arc::new(lock_redis::connect(url).await?),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Arc::new(lock_etcd::connect(url).await?),
         #[cfg(feature = "zk")]
