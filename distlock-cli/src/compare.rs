@@ -188,7 +188,11 @@ async fn candidate(name: &str) -> Result<Candidate, String> {
 
 fn capabilities_json(c: &Capabilities) -> Value {
     json!({
-        "fencing": format!("{:?}", c.fencing).to_lowercase(),
+        "fencing": match c.fencing {
+            lock_core::FencingScope::None => "none",
+            lock_core::FencingScope::PerKey => "per_key",
+            _ => "global",
+        },
         "fencing_survives_failover": c.fencing_survives_failover,
         "waiting": format!("{:?}", c.waiting).to_lowercase(),
         "fifo": c.fifo,
