@@ -94,7 +94,7 @@ async fn main() -> Result<(), BoxError> {
     let lease = backend.try_acquire(&key, TTL).await?.ok_or("held")?;
     backend.release(&lease).await?;
 
-    println!("ZooKeeper 3.8 on loopback, {cycles} cycles per round, one session each side");
+    println!("ZooKeeper 3.8 on loopback, {cycles} cycles per side, one session each side");
     // Warm both paths (JIT on the server, connections, allocators).
     for _ in 0..300 {
         raw_cycle(&raw, &raw_dir).await?;
