@@ -1,5 +1,6 @@
 //! Benchmark: our acquire+release cycle vs. the raw floor (the same create
-//! transaction and a delete issued by hand with a pre-granted lease), on an
+//! transaction and guarded delete issued by hand with a pre-granted lease,
+//! [`lock_etcd::floor::EtcdFloor`], on the same client), on an
 //! etcd this program starts itself. Prints p50/p99 and ratios; asserts
 //! nothing.
 //!
@@ -10,53 +11,12 @@ use std::time::Duration;
 
 use conformance::bench::{LatencyStats, cycle, handoff, measure_parallel, ratio};
 use conformance::servers::etcd::EtcdServer;
-use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-};
-use lock_core::{LockBackend, LockKey, OwnerId};
+use lock_core::{LockBackend, LockKey};
+use lock_etcd::floor::EtcdFloor;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
-
-/// The raw floor of one cycle: the create-if-absent transaction (with the
-/// owner read) and a delete, with a lease granted beforehand.
-async fn floor_cycle(client: &Client, lease_id: i64, key_prefix: &str) -> Result<(), String> {
-    let entry = format!("{key_prefix}{lease_id:x}");
-    let mut kv = client.kv_client();
-    let get_owner = TxnOp::get(
-        key_prefix,
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1),
-        ),
-    );
-    let txn = Txn::new()
-        .when([Compare::create_revision(
-            entry.as_str(),
-            CompareOp::Equal,
-            0,
-        )])
-        .and_then([
-            TxnOp::put(
-                entry.as_str(),
-                OwnerId::random().to_hex(),
-                Some(PutOptions::new().with_lease(lease_id)),
-            ),
-            get_owner.clone(),
-        ])
-        .or_else([TxnOp::get(entry.as_str(), None), get_owner]);
-    let response = kv.txn(txn).await.map_err(|e| e.to_string())?;
-    if !response.succeeded() {
-        return Err("floor entry already existed".into());
-    }
-    kv.delete(entry.as_str(), None)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(())
-}
 
 fn row(name: &str, s: &LatencyStats) {
     println!(
@@ -77,25 +37,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend = EtcdBackend::connect(config).await?;
     let ours: Arc<dyn LockBackend> = Arc::new(backend.clone());
     let raw = backend.client().clone();
-    let lease_id = raw.lease_client().grant(10, None).await?.id();
-    let (keeper, _stream) = raw.lease_client().keep_alive(lease_id).await?;
-    let keep = tokio::spawn(async move {
-        let mut keeper = keeper;
-        loop {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            if keeper.keep_alive().await.is_err() {
-                return;
-            }
-        }
-    });
+    let floor = Arc::new(EtcdFloor::from_backend(&backend).await?);
 
     // Sequential: floor and ours interleaved cycle by cycle, so that drift
     // of the machine's load hits both alike.
     let key = LockKey::new("seq")?;
     let ours_prefix = backend.key_prefix(&key);
-    let floor_prefix = "bench-floor/seq/".to_owned();
+    let floor_key = "floor-seq";
     for _ in 0..200 {
-        floor_cycle(&raw, lease_id, &floor_prefix).await?;
+        floor.cycle(floor_key, TTL).await?;
         cycle(&*ours, &key, TTL).await?;
     }
     let (mut floor_samples, mut ours_samples) = (Vec::new(), Vec::new());
@@ -103,7 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut floor_wall, mut ours_wall) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..cycles {
         let t = Instant::now();
-        floor_cycle(&raw, lease_id, &floor_prefix).await?;
+        floor.cycle(floor_key, TTL).await?;
         let f = t.elapsed();
         let t = Instant::now();
         cycle(&*ours, &key, TTL).await?;
@@ -123,10 +73,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let per_task = (cycles / tasks).max(50);
     let mut par = (LatencyStats::default(), LatencyStats::default());
     for _ in 0..2 {
-        let floor_client = raw.clone();
-        let floor = measure_parallel(tasks, per_task, move |t, _| {
-            let client = floor_client.clone();
-            async move { floor_cycle(&client, lease_id, &format!("bench-floor/par-{t}/")).await }
+        let floor_handle = floor.clone();
+        let floor_keys: Arc<Vec<String>> =
+            Arc::new((0..tasks).map(|t| format!("floor-par-{t}")).collect());
+        let floor_stats = measure_parallel(tasks, per_task, move |t, _| {
+            let floor = floor_handle.clone();
+            let keys = floor_keys.clone();
+            async move { floor.cycle(&keys[t], TTL).await }
         })
         .await?;
         let backend = ours.clone();
@@ -138,14 +91,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mine = measure_parallel(tasks, per_task, move |t, _| {
             let backend = backend.clone();
             let keys = keys.clone();
-            async move {
-                cycle(&*backend, &keys[t], TTL)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
+            async move { cycle(&*backend, &keys[t], TTL).await }
         })
         .await?;
-        par = (floor, mine);
+        par = (floor_stats, mine);
     }
 
     // Handoff: 4 tasks of one backend contending on one key; each grant
@@ -155,7 +104,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let leases_before = raw.lease_client().leases().await?.leases().len();
 
     println!("\nsequential acquire+release ({cycles} cycles, interleaved with the floor):");
-    row("floor (txn + delete by hand)", &floor_seq);
+    row("floor (2 txns by hand)", &floor_seq);
     row("lock-etcd try_acquire + release", &ours_seq);
     println!(
         "  ratio p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
@@ -164,7 +113,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ratio(ours_seq.per_sec, floor_seq.per_sec)
     );
     println!("\n{tasks} tasks on {tasks} keys ({per_task} cycles each):");
-    row("floor (txn + delete by hand)", &par.0);
+    row("floor (2 txns by hand)", &par.0);
     row("lock-etcd try_acquire + release", &par.1);
     println!(
         "  ratio p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
@@ -183,6 +132,5 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "\nleases on the server after the run: {leases_before} (the floor's + our one session: no lease grant on the acquire path)"
     );
-    keep.abort();
     Ok(())
 }

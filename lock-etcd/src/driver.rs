@@ -84,6 +84,16 @@ pub(crate) fn escape_key(key: &str) -> String {
     out
 }
 
+/// `<prefix>/<escaped key>/` (`<escaped key>/` without a prefix), where
+/// `prefix` is normalized (no trailing separator).
+pub(crate) fn key_prefix(prefix: &str, key: &LockKey) -> String {
+    if prefix.is_empty() {
+        format!("{}/", escape_key(key.as_str()))
+    } else {
+        format!("{prefix}/{}/", escape_key(key.as_str()))
+    }
+}
+
 /// Why waiting for our turn stopped.
 enum WaitEnd {
     /// Our entry is the oldest: the lock is ours (the check was sent then).
@@ -97,15 +107,15 @@ enum WaitEnd {
 /// What the create transaction found.
 pub(crate) struct Created {
     /// The create revision of our entry.
-    my_revision: Option<i64>,
+    pub(crate) my_revision: Option<i64>,
     /// Whether the entry holds this grant's owner id.
-    ours: bool,
+    pub(crate) ours: bool,
     /// The create revision of the oldest entry under the key.
-    owner_revision: Option<i64>,
+    pub(crate) owner_revision: Option<i64>,
 }
 
 impl Created {
-    fn from_response(response: &TxnResponse, owner: OwnerId) -> Self {
+    pub(crate) fn from_response(response: &TxnResponse, owner: OwnerId) -> Self {
         let responses = response.op_responses();
         let owner_revision = first_kv(responses.get(1)).map(KeyValue::create_revision);
         if response.succeeded() {
@@ -139,37 +149,7 @@ impl EtcdBackend {
     /// Dropping the future may leave a granted lease behind; it expires with
     /// its TTL.
     pub async fn connect(config: EtcdConfig) -> Result<Self, LockError> {
-        config.validate()?;
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
-            .with_require_leader(true);
-        if let Some(user) = &config.user {
-            options = options.with_user(user.clone(), config.password.clone().unwrap_or_default());
-        }
-        let scheme = if config.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        if let Some(tls) = &config.tls {
-            options = options.with_tls(tls_options(tls)?);
-        }
-        let endpoints: Vec<String> = config
-            .endpoints
-            .iter()
-            .map(|e| format!("{scheme}://{e}"))
-            .collect();
-        let client = with_timeout(
-            config.connect_timeout + config.op_timeout,
-            Operation::Connect,
-            async {
-                Client::connect(&endpoints, Some(options))
-                    .await
-                    .map_err(|e| from_etcd(Operation::Connect, e))
-            },
-        )
-        .await?;
+        let client = connect_client(&config).await?;
         let prefix = config.prefix.trim_end_matches('/').to_owned();
         let backend = Self {
             inner: Arc::new(Inner {
@@ -202,11 +182,7 @@ impl EtcdBackend {
     /// separator: `<prefix>/<escaped key>/`. `etcdctl lock` on the same
     /// name without the trailing `/` takes the same lock.
     pub fn key_prefix(&self, key: &LockKey) -> String {
-        if self.inner.prefix.is_empty() {
-            format!("{}/", escape_key(key.as_str()))
-        } else {
-            format!("{}/{}/", self.inner.prefix, escape_key(key.as_str()))
-        }
+        key_prefix(&self.inner.prefix, key)
     }
 
     /// The lease id (hex, as in entry names) of the session used for `ttl`,
@@ -439,30 +415,7 @@ impl EtcdBackend {
         let mut kv = self.inner.client.kv_client();
         let op_timeout = self.inner.config.op_timeout;
         async move {
-            let get_owner = TxnOp::get(
-                key_prefix.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend)
-                        .with_limit(1),
-                ),
-            );
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    entry.as_str(),
-                    CompareOp::Equal,
-                    0,
-                )])
-                .and_then([
-                    TxnOp::put(
-                        entry.as_str(),
-                        owner.to_hex(),
-                        Some(PutOptions::new().with_lease(lease_id)),
-                    ),
-                    get_owner.clone(),
-                ])
-                .or_else([TxnOp::get(entry.as_str(), None), get_owner]);
+            let txn = create_txn(&key_prefix, &entry, lease_id, owner);
             let response = with_timeout(op_timeout, op, async {
                 kv.txn(txn).await.map_err(|e| from_etcd(op, e))
             })
@@ -664,7 +617,7 @@ async fn session_lost(state: &mut watch::Receiver<SessionState>) -> String {
     }
 }
 
-fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {
+pub(crate) fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {
     match response {
         Some(TxnOpResponse::Get(get)) => get.kvs().first(),
         _ => None,
@@ -681,7 +634,7 @@ fn protocol_error(op: Operation, key: &LockKey, why: &str) -> LockError {
     .with_backend(NAME)
 }
 
-fn relabel(err: LockError, op: Operation) -> LockError {
+pub(crate) fn relabel(err: LockError, op: Operation) -> LockError {
     if err.operation() == op {
         return err;
     }
@@ -690,8 +643,43 @@ fn relabel(err: LockError, op: Operation) -> LockError {
     relabeled
 }
 
+/// Validates `config` and connects an etcd client with it (no lease yet).
+pub(crate) async fn connect_client(config: &EtcdConfig) -> Result<Client, LockError> {
+    config.validate()?;
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(config.connect_timeout)
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+        .with_require_leader(true);
+    if let Some(user) = &config.user {
+        options = options.with_user(user.clone(), config.password.clone().unwrap_or_default());
+    }
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    if let Some(tls) = &config.tls {
+        options = options.with_tls(tls_options(tls)?);
+    }
+    let endpoints: Vec<String> = config
+        .endpoints
+        .iter()
+        .map(|e| format!("{scheme}://{e}"))
+        .collect();
+    with_timeout(
+        config.connect_timeout + config.op_timeout,
+        Operation::Connect,
+        async {
+            Client::connect(&endpoints, Some(options))
+                .await
+                .map_err(|e| from_etcd(Operation::Connect, e))
+        },
+    )
+    .await
+}
+
 /// Whole seconds for an etcd lease, rounded up (the server's unit).
-fn ttl_secs(ttl: Duration) -> u64 {
+pub(crate) fn ttl_secs(ttl: Duration) -> u64 {
     let secs = ttl.as_secs();
     let secs = if ttl.subsec_nanos() > 0 {
         secs.saturating_add(1)
@@ -781,9 +769,36 @@ impl Drop for PendingEntry {
     }
 }
 
+/// The create transaction of etcd's concurrency mutex: put `entry` (value:
+/// the grant's owner id, attached to `lease_id`) if it does not exist, and
+/// read the oldest entry under `key_prefix` in the same revision. On
+/// failure, read the existing entry and the oldest one instead.
+pub(crate) fn create_txn(key_prefix: &str, entry: &str, lease_id: i64, owner: OwnerId) -> Txn {
+    let get_owner = TxnOp::get(
+        key_prefix,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        ),
+    );
+    Txn::new()
+        .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(
+                entry,
+                owner.to_hex(),
+                Some(PutOptions::new().with_lease(lease_id)),
+            ),
+            get_owner.clone(),
+        ])
+        .or_else([TxnOp::get(entry, None), get_owner])
+}
+
 /// Deletes `entry` only if it is still the grant with this create revision
 /// and owner.
-fn guarded_delete(entry: &str, revision: i64, owner: OwnerId) -> Txn {
+pub(crate) fn guarded_delete(entry: &str, revision: i64, owner: OwnerId) -> Txn {
     Txn::new()
         .when([
             Compare::create_revision(entry, CompareOp::Equal, revision),

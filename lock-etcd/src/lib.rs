@@ -90,6 +90,12 @@
 //! - `renew` of a lease from another process (rebuilt from a handle) sends
 //!   one keep-alive for that process's lease and checks the entry.
 //!
+//! # Benchmarks
+//!
+//! `cargo run --release -p lock-etcd --example bench` compares our
+//! acquire+release cycle with the same two transactions issued by hand
+//! ([`floor::EtcdFloor`], also used by `distlock compare`).
+//!
 //! # Caveats
 //!
 //! - An entry deleted behind our back (e.g. `etcdctl del`) is not noticed by
@@ -108,6 +114,7 @@
 mod config;
 mod driver;
 mod error;
+pub mod floor;
 mod session;
 
 pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TTL, EtcdConfig, EtcdTls};

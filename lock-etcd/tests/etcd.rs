@@ -12,6 +12,7 @@ use conformance::process::HarnessError;
 use conformance::servers::etcd::{EtcdServer, etcdctl};
 use conformance::{Harness, OrSkip, SuiteConfig, Target, run_suite};
 use lock_core::{ErrorKind, LockBackend, LockClient, LockError, LockKey, LockState, async_trait};
+use lock_etcd::floor::EtcdFloor;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -421,6 +422,82 @@ async fn same_backend_grants_exclude_each_other() {
         .unwrap();
     assert!(other.try_acquire(&key, ttl).await.unwrap().is_some());
     assert!(!other.release(&held).await.unwrap());
+}
+
+/// The benchmark floor issues the driver's transactions on the driver's
+/// layout: it excludes and is excluded by the driver on the same name,
+/// never steals a held key, and leaves no entry behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn benchmark_floor_uses_the_driver_layout() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let ttl = Duration::from_secs(5);
+    let floor = Arc::new(
+        EtcdFloor::connect(&server.url("floor", "ttl=5s&timeout=1s"))
+            .await
+            .unwrap(),
+    );
+    let backend = EtcdBackend::connect(config_for(&server, "floor", ttl))
+        .await
+        .unwrap();
+    let key = LockKey::new("k").unwrap();
+    for _ in 0..3 {
+        floor.cycle("k", ttl).await.unwrap();
+    }
+    let lease = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let err = floor.cycle("k", ttl).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+    // The refused floor cycle removed its queued entry; ours still holds.
+    let entries = backend
+        .client()
+        .clone()
+        .kv_client()
+        .get(
+            "floor/k/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(entries.kvs().len(), 1);
+    assert_eq!(
+        backend.inspect(&key).await.unwrap().unwrap().token,
+        Some(lease.token())
+    );
+    assert!(backend.release(&lease).await.unwrap());
+    // Parallel cycles on distinct keys, as the benchmarks run them.
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let floor = floor.clone();
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    floor.cycle(&format!("par/{t}"), ttl).await?;
+                }
+                Ok::<_, LockError>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let left = backend
+        .client()
+        .clone()
+        .kv_client()
+        .get("floor/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(left.kvs().len(), 0, "the floor left entries behind");
+    // Bad inputs are typed errors.
+    let err = floor.cycle("", ttl).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = floor
+        .cycle("k", Duration::from_millis(10))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = EtcdFloor::connect("etcd://").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
