@@ -67,7 +67,11 @@ const FLOOR_TTL: Duration = Duration::from_secs(10);
 /// contend. A floor that cannot connect is reported on stderr and left out
 /// (the ratio columns stay empty).
 pub(crate) async fn floor(url: &str) -> Option<Floor> {
-    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+    let scheme = url
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
     let run: Arc<str> = Arc::from(&OwnerId::random().to_hex()[..8]);
     let connected = match scheme.as_str() {
         "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
