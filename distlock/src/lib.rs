@@ -26,7 +26,7 @@
 //! | `memory://[name]` | in-process ([`MemoryBackend`]); same name, same locks | always |
 //! | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | [`lock_redis`] | `redis` |
 //! | `etcd://`, `etcds://` | [`lock_etcd`] | `etcd` |
-//! | `zk://` | [`lock_zk`] | `zk` |
+//! | `zk://`, `zookeeper://` | [`lock_zk`] | `zk` |
 //! | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite://`, `sqlite::memory:` | [`lock_sql`] | `sql` |
 //!
 //! All four driver features are on by default; turn off what you do not use.
@@ -59,6 +59,7 @@ const SCHEMES: &[(&str, Option<&str>)] = &[
     ("etcd", Some("etcd")),
     ("etcds", Some("etcd")),
     ("zk", Some("zk")),
+    ("zookeeper", Some("zk")),
     ("postgres", Some("sql")),
     ("postgresql", Some("sql")),
     ("mysql", Some("sql")),
@@ -144,7 +145,7 @@ async fn open_url(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Arc::new(lock_etcd::connect(url).await?),
         #[cfg(feature = "zk")]
-        "zk" => Arc::new(lock_zk::connect(url).await?),
+        "zk" | "zookeeper" => Arc::new(lock_zk::connect(url).await?),
         #[cfg(feature = "sql")]
         "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
             Arc::new(lock_sql::connect(url).await?)
