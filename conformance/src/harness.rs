@@ -74,6 +74,90 @@ pub trait Target: Send + Sync {
     ) -> Result<Option<(Arc<dyn LockBackend>, crate::proxy::FaultProxy)>, HarnessError> {
         Ok(None)
     }
+
+    /// Makes the primary stop replicating to its replicas from now until
+    /// the next [`fail_over`](Self::fail_over): writes are still
+    /// acknowledged, but a failover will lose them, as with asynchronous
+    /// replication lagging behind. Returns `Ok(false)` when the target has
+    /// no asynchronous replication to hold back (a consensus cluster, a
+    /// single server).
+    ///
+    /// # Errors
+    ///
+    /// When the fault cannot be injected.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: cancelled midway, replication may stay held until
+    /// the next [`fail_over`](Self::fail_over).
+    async fn hold_replication(&self) -> Result<bool, HarnessError> {
+        Ok(false)
+    }
+
+    /// Kills the primary (the Redis master, the etcd or ZooKeeper leader)
+    /// with SIGKILL and makes another node take over (promotes a replica,
+    /// waits for an election), so that clients made by
+    /// [`client`](Self::client) from now on talk to the new primary.
+    /// Returns `Ok(false)` when this target cannot.
+    ///
+    /// Nodes it killed are started again by
+    /// [`restart_nodes`](Self::restart_nodes) (or by the failover itself,
+    /// as a replica of the new primary, where that is how the deployment
+    /// recovers).
+    ///
+    /// # Errors
+    ///
+    /// When the failover cannot be carried out.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: cancelled midway, the deployment may be left with
+    /// the primary killed and no successor; call
+    /// [`restart_nodes`](Self::restart_nodes).
+    async fn fail_over(&self) -> Result<bool, HarnessError> {
+        Ok(false)
+    }
+
+    /// The number of nodes of a quorum deployment (every grant needs a
+    /// majority of them: an etcd cluster, a ZooKeeper ensemble, Redlock's
+    /// independent servers), or `None` when the target is not one.
+    fn cluster_size(&self) -> Option<usize> {
+        None
+    }
+
+    /// Kills `n` of the cluster's nodes with SIGKILL (the leader first,
+    /// where there is one) and returns `Some(total)`, the number of nodes
+    /// of the cluster; `Ok(None)` when this target cannot.
+    ///
+    /// # Errors
+    ///
+    /// When `n` exceeds the running nodes, or a node cannot be killed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: cancelled midway, some nodes may be down; call
+    /// [`restart_nodes`](Self::restart_nodes).
+    async fn stop_nodes(&self, n: usize) -> Result<Option<usize>, HarnessError> {
+        let _ = n;
+        Ok(None)
+    }
+
+    /// Starts again, on their ports and data, the nodes that
+    /// [`stop_nodes`](Self::stop_nodes) or [`fail_over`](Self::fail_over)
+    /// killed, and waits until the cluster serves. Does nothing when none
+    /// is down.
+    ///
+    /// # Errors
+    ///
+    /// When a node does not come back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: cancelled midway, some nodes may still be down;
+    /// calling it again restarts them.
+    async fn restart_nodes(&self) -> Result<(), HarnessError> {
+        Ok(())
+    }
 }
 
 /// Timing and scale of the suite. Defaults suit a loopback server on a

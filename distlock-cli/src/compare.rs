@@ -142,6 +142,20 @@ struct Candidate {
 
 const EMBEDDED: &[&str] = &["memory", "sqlite"];
 
+/// The server kinds `--spawn` starts when `--backends` is not given: every
+/// single server, the Redis master/replica pair and Redlock (they start in
+/// a second and their failover and node-loss scenarios take seconds); the
+/// etcd cluster and the ZooKeeper ensemble (three JVMs) only with `--full`,
+/// which keeps `--quick` under 5 minutes on a two-core machine. Any kind
+/// can be asked for by name with `--backends`.
+fn default_kinds(full: bool) -> Vec<&'static str> {
+    conformance::deploy::KINDS
+        .iter()
+        .copied()
+        .filter(|k| full || !matches!(*k, "etcd-cluster" | "zookeeper-ensemble"))
+        .collect()
+}
+
 async fn candidate(name: &str) -> Result<Candidate, String> {
     match name {
         "memory" => Ok(Candidate {
@@ -174,7 +188,7 @@ async fn candidate(name: &str) -> Result<Candidate, String> {
             let target = DeployedTarget::new(deployment, opener());
             Ok(Candidate {
                 name: kind.to_owned(),
-                url: target.url().to_owned(),
+                url: target.url(),
                 target: Arc::new(target),
                 _keep: None,
             })
@@ -240,8 +254,9 @@ pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, Loc
         Some(list) => list.clone(),
         None if opts.spawn => EMBEDDED
             .iter()
-            .chain(conformance::deploy::KINDS)
-            .map(|s| (*s).to_owned())
+            .copied()
+            .chain(default_kinds(opts.full))
+            .map(str::to_owned)
             .collect(),
         None => EMBEDDED.iter().map(|s| (*s).to_owned()).collect(),
     };
@@ -450,8 +465,14 @@ fn cell(v: Option<f64>, digits: usize) -> String {
 
 /// The terminal table.
 pub(crate) fn print_table(results: &[BackendResult]) {
+    let w = results
+        .iter()
+        .map(|r| r.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(10);
     println!(
-        "{:<10} {:<22} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>9}",
+        "{:<w$} {:<22} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>9}",
         "backend",
         "conformance",
         "p50 µs",
@@ -464,12 +485,12 @@ pub(crate) fn print_table(results: &[BackendResult]) {
     );
     for r in results {
         if let Some(err) = &r.error {
-            println!("{:<10} {err}", r.name);
+            println!("{:<w$} {err}", r.name);
             continue;
         }
         let b = &r.bench;
         println!(
-            "{:<10} {:<22} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>9}",
+            "{:<w$} {:<22} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>9}",
             r.name,
             r.verdict(),
             cell(b.cycle_p50_us, 1),
@@ -481,7 +502,7 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             cell(b.bytes_per_held_lock, 0),
         );
         if let Some(e) = &b.error {
-            println!("{:<10}   benchmark error: {e}", "");
+            println!("{:<w$}   benchmark error: {e}", "");
         }
     }
     let with_scenarios: Vec<&BackendResult> =
@@ -490,19 +511,21 @@ pub(crate) fn print_table(results: &[BackendResult]) {
         println!();
         print!("{:<20}", "scenario");
         for r in &with_scenarios {
-            print!(" {:>10}", r.name);
+            let cw = r.name.chars().count().max(10);
+            print!(" {:>cw$}", r.name);
         }
         println!();
         for name in scenarios::SCENARIOS {
             print!("{name:<20}");
             for r in &with_scenarios {
+                let cw = r.name.chars().count().max(10);
                 let v = r.scenarios.get(*name).map_or("-", |s| match s.verdict {
                     Verdict::Safe => "safe",
                     Verdict::Violation => "VIOLATION",
                     Verdict::Flagged => "flagged",
                     Verdict::Skipped => "skipped",
                 });
-                print!(" {v:>10}");
+                print!(" {v:>cw$}");
             }
             println!();
         }
