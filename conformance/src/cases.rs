@@ -62,6 +62,28 @@ async fn clients(h: &Harness, n: usize) -> Result<Vec<Arc<dyn LockBackend>>, Str
     Ok(out)
 }
 
+/// Two independent clients.
+async fn two_clients(h: &Harness) -> Result<(Arc<dyn LockBackend>, Arc<dyn LockBackend>), String> {
+    let mut both = clients(h, 2).await?.into_iter();
+    match (both.next(), both.next()) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err("could not make two clients".into()),
+    }
+}
+
+/// Takes a key that must be free.
+async fn take_free(
+    backend: &dyn LockBackend,
+    key: &LockKey,
+    ttl: Duration,
+) -> Result<Lease, String> {
+    backend
+        .try_acquire(key, ttl)
+        .await
+        .map_err(fmt_err("try_acquire"))?
+        .ok_or_else(|| format!("the free key {key} was reported held"))
+}
+
 /// Acquires with a wait, recording invoke/ok/fail.
 async fn recorded_acquire(
     backend: &dyn LockBackend,
@@ -256,15 +278,10 @@ pub async fn only_owner_can_release_or_renew(h: &Harness) -> Outcome {
 }
 
 async fn only_owner_inner(h: &Harness) -> CaseResult {
-    let [a, b]: [Arc<dyn LockBackend>; 2] =
-        clients(h, 2).await?.try_into().map_err(|_| "clients")?;
+    let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
     let key = h.key("owner");
-    let lease = a
-        .try_acquire(&key, ttl)
-        .await
-        .map_err(fmt_err("try_acquire"))?
-        .ok_or("a free key was reported held")?;
+    let lease = take_free(&*a, &key, ttl).await?;
     let forged = Lease::from_parts(
         key.clone(),
         OwnerId::random(),
@@ -312,15 +329,10 @@ pub async fn stale_release_is_refused(h: &Harness) -> Outcome {
 }
 
 async fn stale_release_inner(h: &Harness) -> CaseResult {
-    let [a, b]: [Arc<dyn LockBackend>; 2] =
-        clients(h, 2).await?.try_into().map_err(|_| "clients")?;
+    let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
     let key = h.key("stale");
-    let first = a
-        .try_acquire(&key, ttl)
-        .await
-        .map_err(fmt_err("try_acquire"))?
-        .ok_or("a free key was reported held")?;
+    let first = take_free(&*a, &key, ttl).await?;
     ensure!(
         a.release(&first).await.map_err(fmt_err("release"))?,
         "first release said not held"
@@ -364,8 +376,7 @@ pub async fn expiry_frees_key(h: &Harness) -> Outcome {
 }
 
 async fn expiry_inner(h: &Harness) -> CaseResult {
-    let [a, b]: [Arc<dyn LockBackend>; 2] =
-        clients(h, 2).await?.try_into().map_err(|_| "clients")?;
+    let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();
     if caps.ttl_model == TtlModel::PerSession {
         return Ok(Outcome::Skipped(
@@ -376,11 +387,7 @@ async fn expiry_inner(h: &Harness) -> CaseResult {
     let margin = h.config().margin;
     let key = h.key("expiry");
     let started = Instant::now();
-    let lease = a
-        .try_acquire(&key, ttl)
-        .await
-        .map_err(fmt_err("try_acquire"))?
-        .ok_or("a free key was reported held")?;
+    let lease = take_free(&*a, &key, ttl).await?;
     let next = b
         .acquire(&key, ttl, started + ttl + margin)
         .await
@@ -422,15 +429,10 @@ pub async fn renew_extends(h: &Harness) -> Outcome {
 }
 
 async fn renew_inner(h: &Harness) -> CaseResult {
-    let [a, b]: [Arc<dyn LockBackend>; 2] =
-        clients(h, 2).await?.try_into().map_err(|_| "clients")?;
+    let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities());
     let key = h.key("renew");
-    let mut lease = a
-        .try_acquire(&key, ttl)
-        .await
-        .map_err(fmt_err("try_acquire"))?
-        .ok_or("a free key was reported held")?;
+    let mut lease = take_free(&*a, &key, ttl).await?;
     let first_deadline = lease.validity_deadline();
     sleep(ttl / 2).await;
     let deadline = a.renew(&lease).await.map_err(fmt_err("renew"))?;
@@ -463,8 +465,7 @@ pub async fn guard_keeps_lock_past_ttl(h: &Harness) -> Outcome {
 }
 
 async fn guard_inner(h: &Harness) -> CaseResult {
-    let [a, b]: [Arc<dyn LockBackend>; 2] =
-        clients(h, 2).await?.try_into().map_err(|_| "clients")?;
+    let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities());
     let key = h.key("guard");
     let client = LockClient::from_arc(a);
@@ -586,15 +587,10 @@ pub async fn acquire_times_out_at_deadline(h: &Harness) -> Outcome {
 }
 
 async fn deadline_inner(h: &Harness) -> CaseResult {
-    let [a, b]: [Arc<dyn LockBackend>; 2] =
-        clients(h, 2).await?.try_into().map_err(|_| "clients")?;
+    let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(10));
     let key = h.key("deadline");
-    let lease = a
-        .try_acquire(&key, ttl)
-        .await
-        .map_err(fmt_err("try_acquire"))?
-        .ok_or("a free key was reported held")?;
+    let lease = take_free(&*a, &key, ttl).await?;
     let wait = Duration::from_millis(500);
     let started = Instant::now();
     let result = b.acquire(&key, ttl, started + wait).await;
@@ -634,17 +630,12 @@ pub async fn dropped_acquire_leaves_nothing(h: &Harness) -> Outcome {
 }
 
 async fn dropped_inner(h: &Harness) -> CaseResult {
-    let [a, b]: [Arc<dyn LockBackend>; 2] =
-        clients(h, 2).await?.try_into().map_err(|_| "clients")?;
+    let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities());
     let margin = h.config().margin;
     let key = h.key("dropped");
     // 1. A waiter dropped while the key is held.
-    let lease = a
-        .try_acquire(&key, ttl * 10)
-        .await
-        .map_err(fmt_err("try_acquire"))?
-        .ok_or("a free key was reported held")?;
+    let lease = take_free(&*a, &key, ttl * 10).await?;
     let waiting = b.acquire(&key, ttl, Instant::now() + Duration::from_secs(30));
     ensure!(
         timeout(Duration::from_millis(200), waiting).await.is_err(),
@@ -758,8 +749,7 @@ pub async fn inspect_reports_holder(h: &Harness) -> Outcome {
 }
 
 async fn inspect_inner(h: &Harness) -> CaseResult {
-    let [a, b]: [Arc<dyn LockBackend>; 2] =
-        clients(h, 2).await?.try_into().map_err(|_| "clients")?;
+    let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();
     let ttl = h.ttl_for(&caps).max(Duration::from_secs(5));
     let key = h.key("inspect");
@@ -767,11 +757,7 @@ async fn inspect_inner(h: &Harness) -> CaseResult {
         b.inspect(&key).await.map_err(fmt_err("inspect"))?.is_none(),
         "a fresh key is reported held"
     );
-    let lease = a
-        .try_acquire(&key, ttl)
-        .await
-        .map_err(fmt_err("try_acquire"))?
-        .ok_or("a free key was reported held")?;
+    let lease = take_free(&*a, &key, ttl).await?;
     let info = b
         .inspect(&key)
         .await
@@ -819,11 +805,7 @@ async fn fifo_inner(h: &Harness) -> CaseResult {
     }
     let ttl = h.ttl_for(&caps).max(Duration::from_secs(5));
     let key = h.key("fifo");
-    let holder = clients[0]
-        .try_acquire(&key, ttl)
-        .await
-        .map_err(fmt_err("try_acquire"))?
-        .ok_or("a free key was reported held")?;
+    let holder = take_free(&*clients[0], &key, ttl).await?;
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (i, backend) in clients.iter().enumerate().skip(1) {
