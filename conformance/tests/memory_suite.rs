@@ -118,6 +118,8 @@ fn broken_harness() -> Harness {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_backend_that_grants_twice() {
+    // Mutual exclusion holds each lock across a sleep, so there is always
+    // contention for the rogue grants to break.
     let h = broken_harness();
     match cases::mutual_exclusion(&h).await {
         Outcome::Failed(why) => assert!(
@@ -126,11 +128,91 @@ async fn checker_catches_a_backend_that_grants_twice() {
         ),
         other => panic!("a double-granting backend passed mutual exclusion: {other:?}"),
     }
-    match cases::fencing_tokens_increase(&h).await {
-        Outcome::Failed(why) => {
-            assert!(why.contains("checker") || why.contains("rejected"), "{why}")
+}
+
+/// Hands out a token from an old grant every tenth time, contended or not.
+#[derive(Debug)]
+struct StaleTokens {
+    inner: MemoryBackend,
+    grants: AtomicU64,
+}
+
+impl StaleTokens {
+    fn age(&self, lease: Lease) -> Lease {
+        if !(self.grants.fetch_add(1, Ordering::SeqCst) + 1).is_multiple_of(10) {
+            return lease;
         }
-        other => panic!("a double-granting backend passed the fencing case: {other:?}"),
+        Lease::from_parts(
+            lease.key().clone(),
+            lease.owner(),
+            FencingToken::new(lease.token().get().saturating_sub(5)),
+            lease.ttl(),
+            lease.validity_deadline(),
+            lease.backend_data().to_owned(),
+        )
+    }
+}
+
+#[async_trait]
+impl LockBackend for StaleTokens {
+    fn name(&self) -> &'static str {
+        "stale-tokens"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        Ok(self.inner.try_acquire(key, ttl).await?.map(|l| self.age(l)))
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        Ok(self.age(self.inner.acquire(key, ttl, deadline).await?))
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.inner.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+struct StaleTarget(Arc<StaleTokens>);
+
+#[async_trait]
+impl Target for StaleTarget {
+    fn name(&self) -> String {
+        "stale-tokens".into()
+    }
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        Ok(self.0.clone())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_catches_tokens_that_go_backwards() {
+    let h = Harness::with_config(
+        Arc::new(StaleTarget(Arc::new(StaleTokens {
+            inner: MemoryBackend::new(),
+            grants: AtomicU64::new(0),
+        }))),
+        SuiteConfig {
+            fencing_grants: 200,
+            ..SuiteConfig::default()
+        },
+    );
+    match cases::fencing_tokens_increase(&h).await {
+        Outcome::Failed(why) => assert!(
+            why.contains("token regression") || why.contains("rejected"),
+            "{why}"
+        ),
+        other => panic!("a backend with stale tokens passed the fencing case: {other:?}"),
     }
 }
 
