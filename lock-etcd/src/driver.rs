@@ -319,7 +319,7 @@ impl EtcdBackend {
             let entry = session.claim_entry(&key_prefix);
             let owner = OwnerId::random();
             let mut pending = PendingEntry {
-                client: self.inner.client.clone(),
+                client: &self.inner.client,
                 session: session.clone(),
                 entry: entry.clone(),
                 owner,
@@ -329,20 +329,21 @@ impl EtcdBackend {
                 op_timeout: self.inner.config.op_timeout,
             };
             let sent_at = Instant::now();
-            // The create runs on its own task: if this future is dropped
-            // mid-flight, the cleanup still learns its outcome.
-            let create = tokio::spawn(self.create_entry(
+            // The create is polled here, from inside the pending entry: if
+            // this future is dropped mid-flight, the entry's cleanup task
+            // takes the create over and still learns its outcome. (Polling
+            // it inline rather than on a task of its own saves a spawn, a
+            // join and a cross-thread wake-up per acquire.)
+            let create = Box::pin(self.create_entry(
                 key_prefix.clone(),
                 entry.clone(),
                 session.lease_id(),
                 owner,
                 op,
             ));
-            let joined = pending.create.insert(create).await;
+            let created = pending.create.insert(create).as_mut().await;
             pending.create = None;
-            let created = joined
-                .map_err(|e| protocol_error(op, key, &format!("create task failed: {e}")))?
-                .map_err(|e| e.with_key(key))?;
+            let created = created.map_err(|e| e.with_key(key))?;
             let Some(my_revision) = created.my_revision else {
                 return Err(protocol_error(op, key, "no revision for our entry"));
             };
@@ -431,7 +432,7 @@ impl EtcdBackend {
         key: &LockKey,
         ttl: Duration,
         session: &Arc<Session>,
-        mut pending: PendingEntry,
+        mut pending: PendingEntry<'_>,
         sent_at: Instant,
         op: Operation,
     ) -> Result<Lease, LockError> {
@@ -715,23 +716,29 @@ fn tls_options(tls: &crate::config::EtcdTls) -> Result<etcd_client::TlsOptions, 
     Ok(options)
 }
 
+/// A create transaction in flight, owned so that whoever holds it (the
+/// acquire, or the cleanup after the acquire was dropped) learns its outcome.
+pub(crate) type CreateFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Created, LockError>> + Send>>;
+
 /// An entry we created (or may have created) that nobody holds yet. If it
 /// is dropped armed (error, timeout, cancelled acquire), the entry is
 /// deleted in the background; `remove_now` does it inline.
-struct PendingEntry {
-    client: Client,
+struct PendingEntry<'a> {
+    /// Cloned only when a cleanup has to run on its own.
+    client: &'a Client,
     session: Arc<Session>,
     entry: String,
     owner: OwnerId,
-    /// The create transaction while it runs (its own task).
-    create: Option<tokio::task::JoinHandle<Result<Created, LockError>>>,
+    /// The create transaction while it runs.
+    create: Option<CreateFuture>,
     /// Its create revision once known.
     revision: Option<i64>,
     armed: bool,
     op_timeout: Duration,
 }
 
-impl PendingEntry {
+impl PendingEntry<'_> {
     /// Deletes the entry now (guarded by its revision and owner); on
     /// failure leaves it to the background cleanup.
     async fn remove_now(mut self) {
@@ -751,7 +758,7 @@ impl PendingEntry {
     }
 }
 
-impl Drop for PendingEntry {
+impl Drop for PendingEntry<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -820,11 +827,11 @@ pub(crate) async fn cleanup(
     session: Arc<Session>,
     entry: String,
     owner: OwnerId,
-    create: Option<tokio::task::JoinHandle<Result<Created, LockError>>>,
+    create: Option<CreateFuture>,
     mut revision: Option<i64>,
 ) {
     if let Some(create) = create
-        && let Ok(Ok(Ok(created))) = tokio::time::timeout(Duration::from_secs(10), create).await
+        && let Ok(Ok(created)) = tokio::time::timeout(Duration::from_secs(10), create).await
         && created.ours
     {
         revision = created.my_revision;

@@ -424,6 +424,83 @@ async fn same_backend_grants_exclude_each_other() {
     assert!(!other.release(&held).await.unwrap());
 }
 
+/// Acquires dropped at every point of their create transaction (in
+/// flight, answered, waiting) leave no entry behind, although the session
+/// that would keep such an entry alive lives on: the pending entry's cleanup
+/// takes over the create and deletes what it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_no_entry_behind() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let ttl = Duration::from_secs(30);
+    let backend = EtcdBackend::connect(config_for(&server, "cancel", ttl))
+        .await
+        .unwrap();
+    let holder = EtcdBackend::connect(config_for(&server, "cancel", ttl))
+        .await
+        .unwrap();
+    let held = LockKey::new("held").unwrap();
+    let held_lease = holder.try_acquire(&held, ttl).await.unwrap().unwrap();
+    let keys: Vec<LockKey> = (0..4)
+        .map(|i| LockKey::new(format!("free-{i}")).unwrap())
+        .collect();
+    let mut tasks = Vec::new();
+    for i in 0..400_u64 {
+        let backend = backend.clone();
+        let key = if i % 5 == 0 {
+            held.clone()
+        } else {
+            keys[usize::try_from(i).unwrap() % keys.len()].clone()
+        };
+        let cut = Duration::from_micros((i % 40) * 100);
+        tasks.push(tokio::spawn(async move {
+            let _ = timeout(
+                cut,
+                backend.acquire(&key, ttl, Instant::now() + Duration::from_secs(5)),
+            )
+            .await;
+        }));
+        if tasks.len() == 50 {
+            for t in tasks.drain(..) {
+                t.await.unwrap();
+            }
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Grants that completed before their cut were dropped without a
+    // release: abandoned, released by the session's next keep-alive round
+    // (TTL/3). Pending entries are deleted by their cleanup at once.
+    let mut kv = backend.client().clone().kv_client();
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = kv
+            .get(
+                "cancel/",
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        // Only the holder's entry may remain.
+        if left.kvs().len() == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "{} entries left behind by cancelled acquires",
+            left.kvs().len() - 1
+        );
+        sleep(Duration::from_millis(200)).await;
+    }
+    assert!(holder.release(&held_lease).await.unwrap());
+    for key in std::iter::once(&held).chain(&keys) {
+        let lease = backend.try_acquire(key, ttl).await.unwrap();
+        assert!(lease.is_some(), "{key} still held");
+    }
+}
+
 /// The benchmark floor issues the driver's transactions on the driver's
 /// layout: it excludes and is excluded by the driver on the same name,
 /// never steals a held key, and leaves no entry behind.
