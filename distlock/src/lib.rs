@@ -31,6 +31,8 @@
 //!
 //! All four driver features are on by default; turn off what you do not use.
 
+#![deny(missing_docs)]
+
 mod config;
 mod duration;
 

@@ -40,6 +40,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
+
 mod backend;
 mod capabilities;
 mod client;
