@@ -1013,16 +1013,20 @@ async fn replica_failover_inner(env: &ScenarioEnv) -> Result<ScenarioReport, Str
     }
     // The old holder lets go (its client may still point at the dead node).
     let holder_release_found_lock = recorded_release(&*a, &rec_a, &held).await;
-    // The backend still works after the failover, and its tokens go on.
-    let after = recorded_acquire(
-        &*b,
-        &rec_b,
-        &key,
-        env.ttl,
-        Instant::now() + free_bound(env, &*b),
-    )
-    .await
-    .map_err(|e| format!("acquire after the failover: {e}"))?;
+    // The backend still works after the failover, and its tokens go on
+    // (temporary errors are retried: a client may still try a dead node).
+    let until = Instant::now() + free_bound(env, &*b);
+    let after = loop {
+        let deadline = until.min(Instant::now() + Duration::from_secs(5));
+        match recorded_acquire(&*b, &rec_b, &key, env.ttl, deadline).await {
+            Ok(lease) => break lease,
+            Err(e) if e.is_temporary() && Instant::now() < until => {
+                errors += 1;
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(format!("acquire after the failover: {e}")),
+        }
+    };
     recorded_release(&*b, &rec_b, &after).await;
     let restart = restart_all(env).await?;
     let report = history.check();
@@ -1046,7 +1050,7 @@ async fn replica_failover_inner(env: &ScenarioEnv) -> Result<ScenarioReport, Str
         json!(second.as_ref().map(|l| l.token().get())),
     );
     figures.insert("token_after".into(), json!(after.token().get()));
-    figures.insert("errors_during_failover".into(), json!(errors));
+    figures.insert("errors_after_failover".into(), json!(errors));
     figures.insert(
         "holder_release_found_lock".into(),
         json!(holder_release_found_lock),
@@ -1285,10 +1289,16 @@ async fn minority_down_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
     ))
 }
 
-/// A majority of the cluster's nodes is killed: an acquire must fail with
-/// a typed error within its wait deadline (plus a margin), and once the
-/// nodes are back the key must be free within the TTL (plus a margin):
-/// the failed attempt left nothing behind.
+/// A majority of the cluster's nodes is killed: an acquire (waiting 1 s)
+/// must fail with a typed error within its wait deadline plus 1.5 s, and
+/// once the nodes are back the key must be free within the TTL plus a
+/// margin (the session bound for per-session backends): the failed
+/// attempt left nothing behind.
+///
+/// Caveat: with Redlock, a partial grant left on the surviving minority
+/// would be outvoted by the restarted (empty) nodes, so this check cannot
+/// see it; it still expires with its TTL. lock-redis's own tests inspect
+/// the surviving nodes directly.
 pub async fn majority_down(env: &ScenarioEnv) -> ScenarioReport {
     match majority_down_inner(env).await {
         Ok(r) => r,
@@ -1319,8 +1329,11 @@ async fn majority_down_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
         Ok(Err(e)) => return Err(format!("stopping {n} nodes: {e}")),
         Err(_) => return Err(format!("stopping {n} nodes took over 30 s")),
     };
+    // The margin lets a backend finish one request bounded by its own
+    // operation timeout (2 s in the etcd driver); how far past the wait
+    // it returned is reported as `overshoot_ms`.
     let wait = Duration::from_secs(1);
-    let margin = Duration::from_secs(1);
+    let margin = Duration::from_millis(1500);
     let started = Instant::now();
     let attempt = timeout(
         wait + Duration::from_secs(30),
@@ -1370,6 +1383,10 @@ async fn majority_down_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
     figures.insert("nodes_total".into(), json!(total));
     figures.insert("wait_ms".into(), ms(wait));
     figures.insert("gave_up_after_ms".into(), ms(gave_up_after));
+    figures.insert(
+        "overshoot_ms".into(),
+        ms(gave_up_after.saturating_sub(wait)),
+    );
     figures.insert("error_kind".into(), json!(error));
     figures.insert("granted_without_majority".into(), json!(granted.is_some()));
     figures.insert("restart_ms".into(), ms(restart));
