@@ -28,6 +28,8 @@
 //! # }
 //! ```
 
+#![deny(missing_docs)]
+
 pub mod bench;
 pub mod cases;
 pub mod deploy;
