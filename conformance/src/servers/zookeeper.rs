@@ -72,6 +72,27 @@ impl ZkNode {
         &mut self.process
     }
 
+    /// Pauses the member (SIGSTOP) and waits until every thread of the JVM
+    /// is actually stopped. `kill(2)` only queues the signal: the group stop
+    /// takes effect when a thread of the process next runs, which on a
+    /// loaded machine can be tens of milliseconds later, and meanwhile the
+    /// server keeps answering requests.
+    ///
+    /// # Errors
+    ///
+    /// When the signal cannot be sent, or the process (not running, a
+    /// zombie) does not reach the stopped state within a few seconds.
+    pub fn pause(&mut self) -> Result<(), HarnessError> {
+        self.process.pause()?;
+        let pid = self.process.pid().ok_or_else(|| {
+            HarnessError::Io(std::io::Error::other(format!(
+                "zookeeper #{} is not running",
+                self.id
+            )))
+        })?;
+        wait_stopped(pid, Duration::from_secs(5))
+    }
+
     /// Runs a four-letter-word command (`srvr`, `ruok`, `stat`...) and
     /// returns the answer, or `None` when the server does not answer
     /// within `timeout` (paused, killed, starting).
@@ -107,6 +128,57 @@ fn four_letter(port: u16, command: &str, timeout: Duration) -> Option<String> {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).ok()?;
     Some(answer)
+}
+
+/// Waits until every thread of `pid` is in the stopped state (`T` in
+/// `/proc/<pid>/task/*/stat`).
+fn wait_stopped(pid: u32, timeout: Duration) -> Result<(), HarnessError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let tasks = PathBuf::from(format!("/proc/{pid}/task"));
+    loop {
+        let mut states = Vec::new();
+        for entry in std::fs::read_dir(&tasks)?.flatten() {
+            // A thread may exit between the listing and the read.
+            if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
+                && let Some((_, rest)) = stat.rsplit_once(')')
+                && let Some(state) = rest.trim_start().chars().next()
+            {
+                states.push(state);
+            }
+        }
+        if !states.is_empty() && states.iter().all(|s| matches!(s, 'T' | 't')) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(HarnessError::Io(std::io::Error::other(format!(
+                "process {pid} not stopped {timeout:?} after SIGSTOP (thread states {states:?})"
+            ))));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Checks that the server answering on the node's client port is this
+/// node's own JVM (its `dataDir`), not another server that happened to get
+/// the same port (ports come from `free_port()`, which only knows its own
+/// process): faults applied to our process would not reach that one.
+fn check_identity(node: &ZkNode) -> Result<(), HarnessError> {
+    let expected = format!("dataDir={}", node.dir.path().display());
+    match node.four_letter("conf", Duration::from_secs(2)) {
+        Some(conf) if conf.lines().any(|l| l.trim().starts_with(&expected)) => Ok(()),
+        other => Err(HarnessError::NotReady {
+            name: format!(
+                "zookeeper #{} (port {} is answered by another server: {:?})",
+                node.id,
+                node.client_port,
+                other
+                    .unwrap_or_default()
+                    .lines()
+                    .find(|l| l.starts_with("dataDir="))
+            ),
+            log_tail: crate::process::log_tail(&node.dir.path().join("zk.log")),
+        }),
+    }
 }
 
 /// Starts one JVM for `dir/zoo.cfg`.
@@ -222,6 +294,7 @@ impl ZkServer {
         let config = base_config(dir.path(), port);
         let node = spawn_node(0, dir, port, &config).await?;
         wait_serving(&[&node], Duration::from_secs(60)).await?;
+        check_identity(&node)?;
         Ok(Self { node })
     }
 
@@ -245,13 +318,14 @@ impl ZkServer {
         &mut self.node
     }
 
-    /// Pauses the server (SIGSTOP).
+    /// Pauses the server (SIGSTOP) and waits until it is actually stopped
+    /// (see [`ZkNode::pause`]).
     ///
     /// # Errors
     ///
-    /// When the signal cannot be sent.
+    /// When the signal cannot be sent or the server does not stop.
     pub fn pause(&mut self) -> Result<(), HarnessError> {
-        self.node.process.pause()
+        self.node.pause()
     }
 
     /// Resumes the server (SIGCONT).
@@ -300,6 +374,9 @@ impl ZkEnsemble {
         }
         let ensemble = Self { nodes };
         ensemble.wait_serving(Duration::from_secs(90)).await?;
+        for node in &ensemble.nodes {
+            check_identity(node)?;
+        }
         Ok(ensemble)
     }
 
@@ -355,14 +432,20 @@ impl ZkEnsemble {
         wait_serving(&running, timeout).await
     }
 
-    /// Pauses every member (SIGSTOP).
+    /// Pauses every member (SIGSTOP) and waits until each is actually
+    /// stopped (see [`ZkNode::pause`]).
     ///
     /// # Errors
     ///
-    /// When a signal cannot be sent.
+    /// When a signal cannot be sent or a member does not stop.
     pub fn pause_all(&mut self) -> Result<(), HarnessError> {
         for node in &mut self.nodes {
             node.process.pause()?;
+        }
+        for node in &self.nodes {
+            if let Some(pid) = node.process.pid() {
+                wait_stopped(pid, Duration::from_secs(5))?;
+            }
         }
         Ok(())
     }
