@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use conformance::bench::{self, LatencyStats};
 use distlock::lock_etcd::floor::EtcdFloor;
+use distlock::lock_redis::floor::RedisFloor;
 use distlock::lock_sql::floor::SqlFloor;
+use distlock::lock_zk::floor::ZkFloor;
 use lock_core::{LockError, OwnerId};
 
 type CycleFn = Arc<
@@ -92,8 +94,23 @@ pub(crate) async fn floor(url: &str) -> Option<Floor> {
                 Box::pin(async move { floor.cycle(&key, FLOOR_TTL).await })
             }))
         }),
-        // redis / rediss / redis+sentinel and zk: not wired yet (their
-        // drivers' floor modules come next); add their arms here.
+        // One server only: Sentinel, Cluster and Redlock URLs have no
+        // single pair of round trips to compare with (ratios left empty).
+        "redis" | "rediss" => RedisFloor::connect(url).await.map(|floor| {
+            Floor::new(Arc::new(move |task, _| {
+                let floor = floor.clone();
+                let key = floor_key(&run, task);
+                Box::pin(async move { floor.cycle(&key, FLOOR_TTL).await })
+            }))
+        }),
+        "zk" | "zookeeper" => ZkFloor::connect(url).await.map(|floor| {
+            let floor = Arc::new(floor);
+            Floor::new(Arc::new(move |task, _| {
+                let floor = floor.clone();
+                let key = floor_key(&run, task);
+                Box::pin(async move { floor.cycle(&key, FLOOR_TTL).await })
+            }))
+        }),
         _ => return None,
     };
     match connected {

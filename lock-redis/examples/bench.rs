@@ -8,7 +8,8 @@
 //! - Uncontended acquire+release cycles through `LockBackend`, vs the same
 //!   two round trips issued by hand on a raw multiplexed connection
 //!   (`EVALSHA` of the same acquire script, `EVALSHA` of the same release
-//!   script), and vs the minimal `SET NX PX` + compare-and-delete by hand;
+//!   script: [`lock_redis::floor::RedisFloor`]), and vs the minimal
+//!   `SET NX PX` + compare-and-delete by hand;
 //!   sequentially and with 8 tasks on 8 keys.
 //! - Contended handoff: 4 tasks on one key, time from a release to the next
 //!   grant, in round trips.
@@ -24,25 +25,13 @@ use std::time::Duration;
 use conformance::bench::{self, LatencyStats};
 use conformance::servers::redis::RedisServer;
 use lock_core::{LockBackend, LockClient, LockKey, OwnerId};
+use lock_redis::floor::RedisFloor;
 use lock_redis::{RedisBackend, RedisConfig};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-// The same scripts the driver sends (see src/scripts.rs).
-const ACQUIRE: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
-end
-return {0, redis.call('PTTL', KEYS[1])}
-";
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '1')
-  return 1
-end
-return 0
-";
+// The minimal lock's compare-and-delete (the floor's scripts are the
+// driver's own, see `lock_redis::floor`).
 const CAD: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -53,11 +42,10 @@ const ROUNDS: usize = 5;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A raw connection for PING, the minimal lock and the admin queries.
 #[derive(Clone)]
 struct Raw {
     conn: MultiplexedConnection,
-    acquire: String,
-    release: String,
     cad: String,
 }
 
@@ -70,45 +58,12 @@ impl Raw {
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        let load = |code: &str| redis::cmd("SCRIPT").arg("LOAD").arg(code).clone();
-        let acquire: String = load(ACQUIRE).query_async(&mut conn).await?;
-        let release: String = load(RELEASE).query_async(&mut conn).await?;
-        let cad: String = load(CAD).query_async(&mut conn).await?;
-        Ok(Self {
-            conn,
-            acquire,
-            release,
-            cad,
-        })
-    }
-
-    /// The driver's two round trips, by hand.
-    async fn script_cycle(&self, name: &str) -> Result<(), BoxError> {
-        let mut conn = self.conn.clone();
-        let lock = format!("distlock:{{{name}}}");
-        let counter = format!("{lock}:token");
-        let channel = format!("{lock}:released");
-        let owner = OwnerId::random().to_hex();
-        let (granted, _token): (i64, i64) = redis::cmd("EVALSHA")
-            .arg(&self.acquire)
-            .arg(2)
-            .arg(&lock)
-            .arg(&counter)
-            .arg(&owner)
-            .arg(10_000)
+        let cad: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(CAD)
             .query_async(&mut conn)
             .await?;
-        assert_eq!(granted, 1, "benchmark key unexpectedly held");
-        let released: i64 = redis::cmd("EVALSHA")
-            .arg(&self.release)
-            .arg(1)
-            .arg(&lock)
-            .arg(&owner)
-            .arg(&channel)
-            .query_async(&mut conn)
-            .await?;
-        assert_eq!(released, 1);
-        Ok(())
+        Ok(Self { conn, cad })
     }
 
     /// The minimal lock by hand: `SET NX PX` + compare-and-delete.
@@ -185,6 +140,7 @@ async fn main() -> Result<(), BoxError> {
     let backend = RedisBackend::connect(RedisConfig::from_url(&url)?).await?;
     let dyn_backend: Arc<dyn LockBackend> = Arc::new(backend.clone());
     let raw = Raw::new(&url).await?;
+    let floor_conn = RedisFloor::connect(&url).await?;
     let ttl = Duration::from_secs(10);
 
     // Round-trip time of one PING, for scale.
@@ -205,17 +161,17 @@ async fn main() -> Result<(), BoxError> {
     // Warm-up.
     bench::cycle_latency(dyn_backend.clone(), &LockKey::new("warm")?, ttl, 500).await?;
     for _ in 0..500 {
-        raw.script_cycle("warm-raw").await?;
+        floor_conn.cycle("warm-raw", ttl).await?;
     }
 
     // Sequential, interleaved rounds.
     let (mut ours, mut floor, mut minimal) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
-        let r = raw.clone();
+        let f = floor_conn.clone();
         floor.push(
             bench::measure_sequential(cycles, |_| {
-                let r = r.clone();
-                async move { r.script_cycle(&format!("seq-raw-{round}")).await }
+                let f = f.clone();
+                async move { f.cycle(&format!("seq-raw-{round}"), ttl).await }
             })
             .await?,
         );
@@ -255,11 +211,11 @@ async fn main() -> Result<(), BoxError> {
     let per_task = cycles / 2;
     let (mut ours8, mut floor8) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
-        let r = raw.clone();
+        let f = floor_conn.clone();
         floor8.push(
             bench::measure_parallel(tasks, per_task, move |t, _| {
-                let r = r.clone();
-                async move { r.script_cycle(&format!("par-raw-{round}-{t}")).await }
+                let f = f.clone();
+                async move { f.cycle(&format!("par-raw-{round}-{t}"), ttl).await }
             })
             .await?,
         );

@@ -153,7 +153,7 @@ impl fmt::Debug for Node {
     }
 }
 
-fn open_client(url: &str, secrets: &[String]) -> Result<redis::Client, LockError> {
+pub(crate) fn open_client(url: &str, secrets: &[String]) -> Result<redis::Client, LockError> {
     redis::Client::open(url).map_err(|err| {
         LockError::config("invalid Redis connection settings")
             .with_backend(NAME)
@@ -254,9 +254,7 @@ impl Node {
     }
 
     fn conn_config(&self) -> AsyncConnectionConfig {
-        AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(None)
+        conn_config(self.timeout)
     }
 
     /// The shared connection, connecting first if there is none.
@@ -458,33 +456,51 @@ impl Node {
     }
 
     pub(crate) fn map_err(&self, op: Operation, err: RedisError) -> LockError {
-        use redis::ErrorKind as K;
-        use redis::ServerErrorKind as S;
-        let kind = if err.is_timeout() {
-            ErrorKind::Timeout
-        } else if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
-            ErrorKind::Unavailable
-        } else {
-            match err.kind() {
-                K::AuthenticationFailed | K::InvalidClientConfig => ErrorKind::Config,
-                K::Server(
-                    S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly | S::BusyLoading,
-                )
-                | K::ClusterConnectionNotFound
-                | K::MasterNameNotFoundBySentinel
-                | K::NoValidReplicasFoundBySentinel
-                | K::EmptySentinelList => ErrorKind::Unavailable,
-                _ if err.code() == Some("LOADING") => ErrorKind::Unavailable,
-                _ if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) => {
-                    ErrorKind::Config
-                }
-                _ => ErrorKind::Backend,
-            }
-        };
-        LockError::new(kind, op, format!("redis node {}", self.label))
-            .with_backend(NAME)
-            .with_source(Redacted::new(&err, &self.secrets))
+        map_redis_error(&self.label, &self.secrets, op, err)
     }
+}
+
+/// The settings of every data connection: `timeout` to connect, and no
+/// per-request timer inside the connection (callers bound calls
+/// themselves).
+pub(crate) fn conn_config(timeout: Duration) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(None)
+}
+
+/// A Redis error as a [`LockError`] of the right kind, naming the node
+/// `label`, with every secret scrubbed from the source text.
+pub(crate) fn map_redis_error(
+    label: &str,
+    secrets: &[String],
+    op: Operation,
+    err: RedisError,
+) -> LockError {
+    use redis::ErrorKind as K;
+    use redis::ServerErrorKind as S;
+    let kind = if err.is_timeout() {
+        ErrorKind::Timeout
+    } else if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+        ErrorKind::Unavailable
+    } else {
+        match err.kind() {
+            K::AuthenticationFailed | K::InvalidClientConfig => ErrorKind::Config,
+            K::Server(
+                S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly | S::BusyLoading,
+            )
+            | K::ClusterConnectionNotFound
+            | K::MasterNameNotFoundBySentinel
+            | K::NoValidReplicasFoundBySentinel
+            | K::EmptySentinelList => ErrorKind::Unavailable,
+            _ if err.code() == Some("LOADING") => ErrorKind::Unavailable,
+            _ if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) => ErrorKind::Config,
+            _ => ErrorKind::Backend,
+        }
+    };
+    LockError::new(kind, op, format!("redis node {label}"))
+        .with_backend(NAME)
+        .with_source(Redacted::new(&err, secrets))
 }
 
 fn needs_reconnect(err: &RedisError) -> bool {

@@ -16,7 +16,7 @@ use crate::batch::Renewer;
 use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::{NAME, Node};
 use crate::notify::Notifier;
-use crate::scripts::{KeyNames, Scripts};
+use crate::scripts::{KeyNames, Scripts, ttl_ms};
 
 /// The shortest TTL accepted: below it the clock-drift allowance and one
 /// round trip eat the whole lease.
@@ -89,12 +89,12 @@ enum Attempt {
 }
 
 /// What one node said to an acquire script.
-enum NodeGrant {
+pub(crate) enum NodeGrant {
     Granted(u64),
     Held(i64),
 }
 
-fn parse_grant(value: &Value) -> Result<NodeGrant, LockError> {
+pub(crate) fn parse_grant(value: &Value) -> Result<NodeGrant, LockError> {
     if let Value::Array(items) = value
         && let [Value::Int(flag), Value::Int(n)] = items.as_slice()
     {
@@ -116,7 +116,7 @@ fn unexpected(op: Operation, value: &Value) -> LockError {
     .with_backend(NAME)
 }
 
-fn as_int(value: &Value, op: Operation) -> Result<i64, LockError> {
+pub(crate) fn as_int(value: &Value, op: Operation) -> Result<i64, LockError> {
     match value {
         Value::Int(n) => Ok(*n),
         other => Err(unexpected(op, other)),
@@ -326,6 +326,11 @@ impl RedisBackend {
         KeyNames::new(&self.inner.config.prefix, key).lock
     }
 
+    /// The nodes and the scripts, for the benchmark floor.
+    pub(crate) fn parts(&self) -> (&[Arc<Node>], &Arc<Scripts>) {
+        (&self.inner.nodes, &self.inner.scripts)
+    }
+
     fn names(&self, key: &LockKey) -> KeyNames {
         KeyNames::new(&self.inner.config.prefix, key)
     }
@@ -340,7 +345,7 @@ impl RedisBackend {
         let names = self.names(key);
         let owner = OwnerId::random();
         let owner_hex = owner.to_hex();
-        let ttl_ms = ttl.as_millis().to_string();
+        let ttl_ms = ttl_ms(ttl);
         let pending = PendingGrant {
             inner: &self.inner,
             names: &names,
@@ -357,12 +362,10 @@ impl RedisBackend {
         let results = each_node(&inner.nodes, |node| {
             let (names, owner_hex, ttl_ms) = (&names, &owner_hex, &ttl_ms);
             node.run(op, per_node, move |mut conn| async move {
-                conn.eval(
-                    &inner.scripts.acquire,
-                    &[&names.lock, &names.counter],
-                    &[owner_hex, ttl_ms],
-                )
-                .await
+                inner
+                    .scripts
+                    .call_acquire(&mut conn, names, owner_hex, ttl_ms)
+                    .await
             })
         })
         .await;
@@ -481,12 +484,7 @@ impl Inner {
     ) -> (usize, usize, Vec<LockError>) {
         let results = each_node(&self.nodes, |node| {
             node.run(Operation::Release, timeout, move |mut conn| async move {
-                conn.eval(
-                    &self.scripts.release,
-                    &[&names.lock],
-                    &[owner, &names.channel],
-                )
-                .await
+                self.scripts.call_release(&mut conn, names, owner).await
             })
         })
         .await;

@@ -115,6 +115,13 @@
 //! reports the double grant and the token regression.
 //! `cargo run --release -p lock-redis --example bench` measures the cycle
 //! against the raw round trips.
+//!
+//! # Benchmarks
+//!
+//! [`floor::RedisFloor`] issues the driver's two script calls of an
+//! uncontended acquire+release by hand on a raw connection to one server
+//! (`redis://`, `rediss://`): the floor that the `bench` example and
+//! `distlock compare` measure our cycle against.
 
 #![deny(missing_docs)]
 
@@ -122,6 +129,7 @@ mod batch;
 mod config;
 mod conn;
 mod driver;
+pub mod floor;
 mod notify;
 mod scripts;
 

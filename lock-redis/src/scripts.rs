@@ -1,6 +1,11 @@
-//! The Lua scripts and the key layout.
+//! The Lua scripts, the calls that send them, and the key layout.
+
+use std::time::Duration;
 
 use lock_core::LockKey;
+use redis::Value;
+
+use crate::conn::Conn;
 
 /// A Lua script with its SHA1, sent by `EVALSHA` (with an `EVAL` fallback
 /// when the server lost its script cache).
@@ -73,6 +78,40 @@ impl Scripts {
     pub(crate) fn all(&self) -> [&LuaScript; 4] {
         [&self.acquire, &self.release, &self.renew, &self.inspect]
     }
+
+    /// The acquire call on one connection: the driver's and the floor's.
+    /// `ttl_ms` comes from [`ttl_ms`].
+    pub(crate) async fn call_acquire(
+        &self,
+        conn: &mut Conn,
+        names: &KeyNames,
+        owner: &str,
+        ttl_ms: &str,
+    ) -> redis::RedisResult<Value> {
+        conn.eval(
+            &self.acquire,
+            &[&names.lock, &names.counter],
+            &[owner, ttl_ms],
+        )
+        .await
+    }
+
+    /// The release call (compare-and-delete, then publish) on one
+    /// connection: the driver's and the floor's.
+    pub(crate) async fn call_release(
+        &self,
+        conn: &mut Conn,
+        names: &KeyNames,
+        owner: &str,
+    ) -> redis::RedisResult<Value> {
+        conn.eval(&self.release, &[&names.lock], &[owner, &names.channel])
+            .await
+    }
+}
+
+/// A TTL as the acquire script's `PX` argument (whole milliseconds).
+pub(crate) fn ttl_ms(ttl: Duration) -> String {
+    ttl.as_millis().to_string()
 }
 
 /// The Redis names of one lock.

@@ -1,6 +1,7 @@
 //! Benchmark (not a test): our acquire+release cycle against the raw floor,
-//! the same create / list / delete requests issued by hand on one session,
-//! measured in one run against a ZooKeeper server this program starts.
+//! the same create / list / delete requests issued by hand on one session
+//! ([`lock_zk::floor::ZkFloor`]), measured in one run against a ZooKeeper
+//! server this program starts.
 //!
 //! `cargo run --release -p lock-zk --example bench [-- <cycles>]`
 //!
@@ -18,6 +19,7 @@ use conformance::process::HarnessError;
 use conformance::servers::zookeeper::ZkServer;
 use lock_core::{LockBackend, LockKey, OwnerId};
 use lock_zk::ZkBackend;
+use lock_zk::floor::ZkFloor;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -25,17 +27,7 @@ const TTL: Duration = Duration::from_secs(10);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// One raw cycle: exactly the requests our uncontended cycle sends.
-async fn raw_cycle(client: &zk::Client, dir: &str) -> Result<(), zk::Error> {
-    let prefix = format!("{dir}/_c_{}-lock-", uuid_like());
-    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-    let (_, sequence) = client.create(&prefix, &[], &options).await?;
-    let path = format!("{prefix}{sequence}");
-    let children = client.list_children(dir).await?;
-    std::hint::black_box(children);
-    client.delete(&path, None).await
-}
-
+/// A Curator-style protected node name's id part (for the handoff floor).
 fn uuid_like() -> String {
     let hex = OwnerId::random().to_hex();
     format!(
@@ -81,23 +73,20 @@ async fn main() -> Result<(), BoxError> {
     };
     let url = format!("{}?session_timeout=10s", server.url());
     let backend = Arc::new(ZkBackend::connect(lock_zk::ZkConfig::from_url(&url)?).await?);
-    let raw = zk::Client::connector()
-        .with_session_timeout(Duration::from_secs(10))
-        .connect(&server.connect_string())
-        .await?;
+    // The floor: a session of its own with the backend's configuration.
+    let floor = Arc::new(ZkFloor::from_backend(&backend).await?);
     let run = &OwnerId::random().to_hex()[..8];
     let key = LockKey::new(format!("bench-{run}"))?;
-    let raw_dir = format!("/raw-{run}");
-    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-    raw.mkdir(&raw_dir, &container).await?;
-    // The key's directory exists before measuring, as it does in steady state.
+    let floor_key = format!("floor-{run}");
+    // The keys' directories exist before measuring, as in steady state.
     let lease = backend.try_acquire(&key, TTL).await?.ok_or("held")?;
     backend.release(&lease).await?;
+    floor.cycle(&floor_key, TTL).await?;
 
     println!("ZooKeeper 3.8 on loopback, {cycles} cycles per side, one session each side");
     // Warm both paths (JIT on the server, connections, allocators).
     for _ in 0..300 {
-        raw_cycle(&raw, &raw_dir).await?;
+        floor.cycle(&floor_key, TTL).await?;
         bench::cycle(&*backend, &key, TTL).await?;
     }
 
@@ -105,14 +94,14 @@ async fn main() -> Result<(), BoxError> {
     // first), so load from other processes on the machine hits both sides
     // alike.
     println!("\nsequential acquire+release on one key, interleaved cycle by cycle:");
-    let (mut floor, mut ours) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
+    let (mut floor_samples, mut ours) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
     let wall = Instant::now();
     for i in 0..cycles {
         for side in [i % 2, 1 - i % 2] {
             let started = Instant::now();
             if side == 0 {
-                raw_cycle(&raw, &raw_dir).await?;
-                floor.push(started.elapsed());
+                floor.cycle(&floor_key, TTL).await?;
+                floor_samples.push(started.elapsed());
             } else {
                 bench::cycle(&*backend, &key, TTL).await?;
                 ours.push(started.elapsed());
@@ -121,7 +110,7 @@ async fn main() -> Result<(), BoxError> {
     }
     let wall = wall.elapsed();
     report(
-        &LatencyStats::from_samples(floor, wall),
+        &LatencyStats::from_samples(floor_samples, wall),
         &LatencyStats::from_samples(ours, wall),
     );
 
@@ -131,41 +120,48 @@ async fn main() -> Result<(), BoxError> {
     let mut handles = Vec::new();
     let wall = Instant::now();
     for t in 0..tasks {
-        let (raw, backend) = (raw.clone(), backend.clone());
-        let dir = format!("{raw_dir}/k{t}");
-        raw.mkdir(&dir, &container).await?;
+        let (floor, backend) = (floor.clone(), backend.clone());
+        let floor_key = format!("floor8-{run}-{t}");
+        floor.cycle(&floor_key, TTL).await?;
         let key = LockKey::new(format!("bench8-{run}-{t}"))?;
         bench::cycle(&*backend, &key, TTL).await?;
         handles.push(tokio::spawn(async move {
-            let (mut floor, mut ours) = (Vec::new(), Vec::new());
+            let (mut floor_samples, mut ours) = (Vec::new(), Vec::new());
             for i in 0..per_task {
                 for side in [i % 2, 1 - i % 2] {
                     let started = Instant::now();
                     if side == 0 {
-                        raw_cycle(&raw, &dir).await?;
-                        floor.push(started.elapsed());
+                        floor.cycle(&floor_key, TTL).await?;
+                        floor_samples.push(started.elapsed());
                     } else {
                         bench::cycle(&*backend, &key, TTL).await?;
                         ours.push(started.elapsed());
                     }
                 }
             }
-            Ok::<_, BoxError>((floor, ours))
+            Ok::<_, BoxError>((floor_samples, ours))
         }));
     }
-    let (mut floor, mut ours) = (Vec::new(), Vec::new());
+    let (mut floor_samples, mut ours) = (Vec::new(), Vec::new());
     for handle in handles {
         let (f, o) = handle.await??;
-        floor.extend(f);
+        floor_samples.extend(f);
         ours.extend(o);
     }
     let wall = wall.elapsed();
     report(
-        &LatencyStats::from_samples(floor, wall),
+        &LatencyStats::from_samples(floor_samples, wall),
         &LatencyStats::from_samples(ours, wall),
     );
 
     println!("\nhandoff: release -> next waiter's grant, driven by the predecessor watch:");
+    let raw = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(&server.connect_string())
+        .await?;
+    let raw_dir = format!("/raw-{run}");
+    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    raw.mkdir(&raw_dir, &container).await?;
     let raw_b = zk::Client::connector()
         .with_session_timeout(Duration::from_secs(10))
         .connect(&server.connect_string())

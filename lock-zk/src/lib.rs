@@ -110,12 +110,14 @@
 //! session expiry, nodes and directories deleted behind the driver's back,
 //! vanishing predecessors, a paused server. `cargo run --release -p lock-zk
 //! --example bench` measures the acquire+release cycle and the handoff
-//! against the same requests issued by hand.
+//! against the same requests issued by hand ([`floor::ZkFloor`] for the
+//! cycle, also used by `distlock compare`).
 
 #![deny(missing_docs)]
 
 mod config;
 mod driver;
+pub mod floor;
 mod paths;
 
 pub use config::{DEFAULT_ROOT, ZkConfig};

@@ -1,0 +1,141 @@
+//! The benchmark floor ([`ZkFloor`]) on a real server: it issues the
+//! driver's requests on the driver's node layout, so it excludes with the
+//! driver on the same key, and it leaves no node behind.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use conformance::OrSkip;
+use conformance::servers::zookeeper::ZkServer;
+use lock_core::{ErrorKind, LockBackend, LockError, LockKey};
+use lock_zk::floor::ZkFloor;
+use lock_zk::{ZkBackend, ZkConfig};
+use zookeeper_client as zk;
+
+/// Lock nodes under every key directory of `root`.
+async fn nodes_under(client: &zk::Client, root: &str) -> Vec<String> {
+    let mut nodes = Vec::new();
+    let dirs = match client.list_children(root).await {
+        Ok(dirs) => dirs,
+        Err(zk::Error::NoNode) => return nodes,
+        Err(err) => panic!("list {root}: {err}"),
+    };
+    for dir in dirs {
+        match client.list_children(&format!("{root}/{dir}")).await {
+            Ok(children) => nodes.extend(children.into_iter().map(|c| format!("{dir}/{c}"))),
+            Err(zk::Error::NoNode) => {}
+            Err(err) => panic!("list {root}/{dir}: {err}"),
+        }
+    }
+    nodes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floor_uses_the_driver_layout_and_leaves_nothing_behind() {
+    let Some(server) = ZkServer::start().await.or_skip() else {
+        return;
+    };
+    let ttl = Duration::from_secs(5);
+    let url = format!("{}/floor?session_timeout=10s&op_timeout=2s", server.url());
+    let floor = Arc::new(ZkFloor::connect(&url).await.unwrap());
+    let backend = ZkBackend::connect(ZkConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let shared = ZkFloor::from_backend(&backend).await.unwrap();
+    assert_ne!(Some(shared.session_id()), backend.session_id());
+    let admin = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(&server.connect_string())
+        .await
+        .unwrap();
+    let root = "/floor/distlock";
+    let key = LockKey::new("k").unwrap();
+    for _ in 0..3 {
+        floor.cycle("k", ttl).await.unwrap();
+        shared.cycle("k", ttl).await.unwrap();
+    }
+    // The floor used the driver's directory for the key.
+    let dir = format!("/floor{}", backend.key_path(&key));
+    assert!(admin.check_stat(&dir).await.unwrap().is_some(), "{dir}");
+
+    // The driver holds: the floor is refused, and withdraws its node.
+    let lease = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+    for floor in [&*floor, &shared] {
+        let err = floor.cycle("k", ttl).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+    }
+    assert_eq!(admin.list_children(&dir).await.unwrap().len(), 1);
+    assert_eq!(
+        backend.inspect(&key).await.unwrap().unwrap().token,
+        Some(lease.token())
+    );
+    assert!(backend.release(&lease).await.unwrap());
+
+    // The floor holds (a cycle cancelled after its create left the node
+    // behind): the driver is refused until the floor's session ends.
+    let stuck = ZkFloor::connect(&url).await.unwrap();
+    let held = LockKey::new("held").unwrap();
+    let held_dir = format!("/floor{}", backend.key_path(&held));
+    {
+        let mut cycle = std::pin::pin!(stuck.cycle("held", ttl));
+        // Poll it one step at a time until its node exists, then drop it
+        // (each poll moves it at most one request further).
+        let mut created = false;
+        for _ in 0..100 {
+            let polled = std::future::poll_fn(|cx| Poll::Ready(cycle.as_mut().poll(cx))).await;
+            assert!(polled.is_pending(), "the cycle finished: {polled:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if matches!(admin.list_children(&held_dir).await, Ok(c) if !c.is_empty()) {
+                created = true;
+                break;
+            }
+        }
+        assert!(created, "the floor's create never landed");
+    }
+    assert!(backend.try_acquire(&held, ttl).await.unwrap().is_none());
+    let err = shared.cycle("held", ttl).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+    drop(stuck);
+
+    // Parallel cycles on distinct keys, as the benchmarks run them.
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let floor = floor.clone();
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    floor.cycle(&format!("par/{t}"), ttl).await?;
+                }
+                Ok::<_, LockError>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        // The dropped floor's node goes with its session.
+        let left = nodes_under(&admin, root).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nodes left behind: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Bad inputs are typed errors.
+    let err = floor.cycle("", ttl).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = floor
+        .cycle("k", Duration::from_millis(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = ZkFloor::connect("zk://").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+}
