@@ -583,8 +583,14 @@ async fn server_restarted_inner(env: &ScenarioEnv) -> Result<ScenarioReport, Str
     rec_a.invoke(Op::Release, &key, Some(lease_a.token()));
     let released = a.release(&lease_a).await.unwrap_or(false);
     rec_b.invoke(Op::Acquire, &key, None);
+    // If the holder's release did not reach the restarted server, its
+    // lease (held for at least 5 s) runs out first.
     let after = b
-        .acquire(&key, env.ttl, Instant::now() + free_bound(env, &*b))
+        .acquire(
+            &key,
+            env.ttl,
+            Instant::now().max(lease_a.validity_deadline()) + free_bound(env, &*b),
+        )
         .await
         .map_err(|e| format!("acquire after the restart: {e}"))?;
     rec_b.acquired(&key, after.token(), after.validity_deadline());
