@@ -901,12 +901,23 @@ impl LockBackend for EtcdBackend {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        match self
-            .acquire_inner(key, ttl, Some(deadline), Operation::Acquire)
-            .await?
-        {
-            Some(lease) => Ok(lease),
-            None => Err(protocol_error(Operation::Acquire, key, "no grant")),
+        // A request that hangs (most members down) must not hold the caller
+        // past its wait: bound the whole acquire by the deadline plus a short
+        // grace. Dropping `acquire_inner` is cancel-safe (a create in flight
+        // is cleaned up in the background).
+        let grace = Duration::from_millis(250);
+        let attempt = self.acquire_inner(key, ttl, Some(deadline), Operation::Acquire);
+        match tokio::time::timeout_at(deadline + grace, attempt).await {
+            Ok(Ok(Some(lease))) => Ok(lease),
+            Ok(Ok(None)) => Err(protocol_error(Operation::Acquire, key, "no grant")),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                Operation::Acquire,
+                "etcd did not answer before the wait deadline",
+            )
+            .with_key(key)
+            .with_backend(NAME)),
         }
     }
 
