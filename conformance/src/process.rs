@@ -310,15 +310,23 @@ impl ServerProcess {
     }
 
     /// Freezes the whole process group (SIGSTOP): connections stay open but
-    /// nothing is answered, like a long GC pause or a hung host.
+    /// nothing is answered, like a long GC pause or a hung host. Returns once
+    /// every thread of the server process is stopped.
     ///
     /// # Errors
     ///
-    /// When the signal cannot be sent.
+    /// When the signal cannot be sent, or the process does not stop within
+    /// a few seconds (it died, or is a zombie).
     pub fn pause(&mut self) -> Result<(), HarnessError> {
         self.signal(libc::SIGSTOP)?;
         self.paused = true;
-        Ok(())
+        // A signal is only queued when kill(2) returns: the server keeps
+        // answering for a moment (over 15 ms seen for a loaded JVM). Wait
+        // until it has really stopped, so a fault starts when we say.
+        match self.pid() {
+            Some(pid) => wait_stopped(pid, Duration::from_secs(5)),
+            None => Ok(()),
+        }
     }
 
     /// Resumes a paused server (SIGCONT).
@@ -436,6 +444,38 @@ async fn check_ready(check: &Ready) -> bool {
                 Ok(Ok(s)) if s.success()
             )
         }
+    }
+}
+
+/// Waits until every thread of `pid` is in the stopped state (`T` in
+/// `/proc/<pid>/task/*/stat`).
+///
+/// # Errors
+///
+/// When `/proc` cannot be read or the process is not stopped in time.
+pub fn wait_stopped(pid: u32, timeout: Duration) -> Result<(), HarnessError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let tasks = PathBuf::from(format!("/proc/{pid}/task"));
+    loop {
+        let mut states = Vec::new();
+        for entry in std::fs::read_dir(&tasks)?.flatten() {
+            // A thread may exit between the listing and the read.
+            if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
+                && let Some((_, rest)) = stat.rsplit_once(')')
+                && let Some(state) = rest.trim_start().chars().next()
+            {
+                states.push(state);
+            }
+        }
+        if !states.is_empty() && states.iter().all(|s| matches!(s, 'T' | 't')) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(HarnessError::Io(std::io::Error::other(format!(
+                "process {pid} not stopped {timeout:?} after SIGSTOP (thread states {states:?})"
+            ))));
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -83,14 +83,8 @@ impl ZkNode {
     /// When the signal cannot be sent, or the process (not running, a
     /// zombie) does not reach the stopped state within a few seconds.
     pub fn pause(&mut self) -> Result<(), HarnessError> {
-        self.process.pause()?;
-        let pid = self.process.pid().ok_or_else(|| {
-            HarnessError::Io(std::io::Error::other(format!(
-                "zookeeper #{} is not running",
-                self.id
-            )))
-        })?;
-        wait_stopped(pid, Duration::from_secs(5))
+        // `ServerProcess::pause` waits until the JVM's threads are stopped.
+        self.process.pause()
     }
 
     /// Runs a four-letter-word command (`srvr`, `ruok`, `stat`...) and
@@ -128,34 +122,6 @@ fn four_letter(port: u16, command: &str, timeout: Duration) -> Option<String> {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).ok()?;
     Some(answer)
-}
-
-/// Waits until every thread of `pid` is in the stopped state (`T` in
-/// `/proc/<pid>/task/*/stat`).
-fn wait_stopped(pid: u32, timeout: Duration) -> Result<(), HarnessError> {
-    let deadline = std::time::Instant::now() + timeout;
-    let tasks = PathBuf::from(format!("/proc/{pid}/task"));
-    loop {
-        let mut states = Vec::new();
-        for entry in std::fs::read_dir(&tasks)?.flatten() {
-            // A thread may exit between the listing and the read.
-            if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
-                && let Some((_, rest)) = stat.rsplit_once(')')
-                && let Some(state) = rest.trim_start().chars().next()
-            {
-                states.push(state);
-            }
-        }
-        if !states.is_empty() && states.iter().all(|s| matches!(s, 'T' | 't')) {
-            return Ok(());
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(HarnessError::Io(std::io::Error::other(format!(
-                "process {pid} not stopped {timeout:?} after SIGSTOP (thread states {states:?})"
-            ))));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// Checks that the server answering on the node's client port is this
@@ -439,13 +405,9 @@ impl ZkEnsemble {
     ///
     /// When a signal cannot be sent or a member does not stop.
     pub fn pause_all(&mut self) -> Result<(), HarnessError> {
+        // Each pause returns once that member has stopped.
         for node in &mut self.nodes {
             node.process.pause()?;
-        }
-        for node in &self.nodes {
-            if let Some(pid) = node.process.pid() {
-                wait_stopped(pid, Duration::from_secs(5))?;
-            }
         }
         Ok(())
     }
