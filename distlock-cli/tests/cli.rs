@@ -352,3 +352,62 @@ fn help_has_examples_for_every_command() {
         );
     }
 }
+
+#[test]
+fn migration_config_works_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = format!("sqlite://{}", dir.path().join("old.db").display());
+    let new = format!("sqlite://{}", dir.path().join("new.db").display());
+    let config = dir.path().join("migrate.toml");
+    let write = |phase: &str| {
+        std::fs::write(
+            &config,
+            format!("[migration]\nold = \"{old}\"\nnew = \"{new}\"\nphase = \"{phase}\"\n"),
+        )
+        .unwrap();
+    };
+    let token_in = |phase: &str| -> u64 {
+        write(phase);
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--config").arg(&config).args([
+            "run",
+            "jobs/m",
+            "--",
+            "sh",
+            "-c",
+            "echo $DISTLOCK_FENCING_TOKEN",
+        ]);
+        let out = output(cmd);
+        assert!(out.status.success(), "{phase}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    let old_token = token_in("old");
+    let dual_token = token_in("dual");
+    let new_token = token_in("new");
+    assert!(
+        old_token < 1 << 56,
+        "old phase keeps the old backend's tokens"
+    );
+    assert!(
+        dual_token > old_token && new_token > dual_token,
+        "{old_token} {dual_token} {new_token}"
+    );
+
+    // While a process on `old` holds the key, a `dual` one is excluded.
+    let held = output(distlock(&old, &["acquire", "--ttl", "30s", "jobs/m"]));
+    assert!(held.status.success(), "{}", stderr(&held));
+    write("dual");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--config")
+        .arg(&config)
+        .args(["run", "--wait", "0", "jobs/m", "--", "true"]);
+    assert_eq!(output(cmd).status.code(), Some(75));
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--config").arg(&config).args(["inspect", "jobs/m"]);
+    let out = output(cmd);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("old-only:"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
