@@ -23,6 +23,18 @@ pub struct LatencyStats {
     pub mean_us: f64,
     /// Operations per second over the whole run.
     pub per_sec: f64,
+    /// Latency distribution: bucket `i` counts samples in
+    /// `[2^i, 2^(i+1))` microseconds (bucket 0 also holds anything faster).
+    pub histogram: [u32; HISTOGRAM_BUCKETS],
+}
+
+/// Buckets of [`LatencyStats::histogram`]: 1 µs up to about 16 s.
+pub const HISTOGRAM_BUCKETS: usize = 24;
+
+fn bucket_of(sample: Duration) -> usize {
+    let micros = sample.as_micros().max(1);
+    let bucket = usize::try_from(micros.ilog2()).unwrap_or(usize::MAX);
+    bucket.min(HISTOGRAM_BUCKETS - 1)
 }
 
 impl LatencyStats {
@@ -44,7 +56,13 @@ impl LatencyStats {
         let total: Duration = samples.iter().sum();
         #[allow(clippy::cast_precision_loss)]
         let n = samples.len() as f64;
+        let mut histogram = [0u32; HISTOGRAM_BUCKETS];
+        for sample in &samples {
+            let slot = &mut histogram[bucket_of(*sample)];
+            *slot = slot.saturating_add(1);
+        }
         Self {
+            histogram,
             samples: samples.len(),
             p50_us: pick(0.50),
             p99_us: pick(0.99),

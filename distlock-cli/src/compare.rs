@@ -56,6 +56,9 @@ pub(crate) struct BenchFigures {
     pub(crate) cycle_p50_us: Option<f64>,
     pub(crate) cycle_p99_us: Option<f64>,
     pub(crate) cycles_per_s: Option<f64>,
+    /// Acquire+release latency distribution: bucket `i` counts cycles that
+    /// took `[2^i, 2^(i+1))` µs.
+    pub(crate) cycle_histogram: Option<[u32; bench::HISTOGRAM_BUCKETS]>,
     pub(crate) floor_cycle_p50_us: Option<f64>,
     pub(crate) cycle_ratio: Option<f64>,
     pub(crate) throughput_8x8: Option<f64>,
@@ -400,6 +403,7 @@ async fn bench_into(
     out.cycle_p50_us = Some(cycle.p50_us);
     out.cycle_p99_us = Some(cycle.p99_us);
     out.cycles_per_s = Some(cycle.per_sec);
+    out.cycle_histogram = Some(cycle.histogram);
     if let Some(floor) = &floor {
         let floor_cycle = floor.sequential(n).await?;
         out.floor_cycle_p50_us = Some(floor_cycle.p50_us);

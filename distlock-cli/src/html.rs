@@ -81,6 +81,63 @@ fn bar_chart(title: &str, unit: &str, rows: &[(String, Vec<(&str, f64)>)]) -> St
     svg
 }
 
+/// One histogram per backend on a shared log2 axis (1 µs .. 16 s).
+fn histograms(results: &[BackendResult]) -> String {
+    let rows: Vec<(&str, &[u32])> = results
+        .iter()
+        .filter_map(|r| r.bench.cycle_histogram.as_ref().map(|h| (r.name.as_str(), &h[..])))
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    // Show the bucket range that has samples anywhere.
+    let used = |i: usize| rows.iter().any(|(_, h)| h.get(i).copied().unwrap_or(0) > 0);
+    let first = (0..conformance::bench::HISTOGRAM_BUCKETS).find(|i| used(*i)).unwrap_or(0);
+    let last = (0..conformance::bench::HISTOGRAM_BUCKETS).rev().find(|i| used(*i)).unwrap_or(0);
+    let buckets = last - first + 1;
+    let col = (600.0 / buckets as f64).min(40.0);
+    let row_h = 60.0;
+    let height = 30.0 + row_h * rows.len() as f64 + 20.0;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<h3>Acquire + release latency distribution</h3><svg xmlns="http://www.w3.org/2000/svg" width="760" height="{height}" font-family="sans-serif" font-size="11">"#
+    );
+    for (r, (name, hist)) in rows.iter().enumerate() {
+        let base = 20.0 + row_h * (r as f64 + 1.0);
+        let max = hist.iter().copied().max().unwrap_or(1).max(1);
+        let _ = write!(svg, r#"<text x="0" y="{:.1}" font-weight="bold">{}</text>"#, base - row_h / 2.0, esc(name));
+        for i in first..=last {
+            let count = hist.get(i).copied().unwrap_or(0);
+            let h = (row_h - 12.0) * f64::from(count) / f64::from(max);
+            let x = 110.0 + col * (i - first) as f64;
+            let _ = write!(
+                svg,
+                r##"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" fill="#4477aa"><title>{count} cycles</title></rect>"##,
+                base - h,
+                col - 2.0
+            );
+        }
+    }
+    let axis_y = 20.0 + row_h * rows.len() as f64 + 14.0;
+    for i in first..=last {
+        let x = 110.0 + col * (i - first) as f64;
+        let micros = 1u64 << i;
+        let label = if micros >= 1_000_000 {
+            format!("{}s", micros / 1_000_000)
+        } else if micros >= 1000 {
+            format!("{}ms", micros / 1000)
+        } else {
+            format!("{micros}µs")
+        };
+        if (i - first) % 2 == 0 {
+            let _ = write!(svg, r#"<text x="{x:.1}" y="{axis_y:.1}">{label}</text>"#);
+        }
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
 /// Renders the report.
 pub(crate) fn render(results: &[BackendResult]) -> String {
     let mut html = String::from(
@@ -164,6 +221,7 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
     if !latency.is_empty() {
         html.push_str("<h2>Latency</h2>");
         html.push_str(&bar_chart("Uncontended acquire + release", "µs", &latency));
+        html.push_str(&histograms(results));
     }
     let throughput: Vec<(String, Vec<(&str, f64)>)> = results
         .iter()
