@@ -4,50 +4,20 @@ use std::time::Duration;
 
 use lock_core::LockError;
 
-/// Parses `500ms`, `30s`, `5m`, `2h`, `1m30s`, or a bare number of seconds.
+/// Parses `500ms`, `30s`, `5m`, `2h`, `1m30s`, `1.5s` (a unit is required;
+/// a bare `0` is zero), with the family's one parser
+/// ([`lock_core::parse_duration`]), so a URL option, a config file and a
+/// command-line flag read durations the same way.
 ///
 /// # Errors
 ///
 /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) naming the bad text.
 pub fn parse_duration(text: &str) -> Result<Duration, LockError> {
-    let bad = || {
+    lock_core::parse_duration(text).ok_or_else(|| {
         LockError::config(format!(
             "bad duration {text:?}: use a number with a unit, like 500ms, 30s, 5m or 1h"
         ))
-    };
-    let text = text.trim();
-    if text.is_empty() {
-        return Err(bad());
-    }
-    if let Ok(secs) = text.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(bad());
-        }
-        let value: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let part = match unit {
-            "ms" => Duration::from_millis(value),
-            "s" => Duration::from_secs(value),
-            "m" => Duration::from_secs(value.checked_mul(60).ok_or_else(bad)?),
-            "h" => Duration::from_secs(value.checked_mul(3600).ok_or_else(bad)?),
-            _ => return Err(bad()),
-        };
-        total = total.checked_add(part).ok_or_else(bad)?;
-    }
-    Ok(total)
+    })
 }
 
 /// Formats a duration the way [`parse_duration`] reads it.
@@ -73,14 +43,14 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_duration("12").unwrap(), Duration::from_secs(12));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
         assert_eq!(format_duration(Duration::from_secs(30)), "30s");
     }
 
     #[test]
     fn rejects_garbage() {
-        for bad in ["", "ms", "5x", "-1s", "1.5s", "s5", "99999999999999999999h"] {
+        for bad in ["", "ms", "5x", "-1s", "12", "s5", "99999999999999999999h"] {
             let err = parse_duration(bad).unwrap_err();
             assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{bad}");
         }

@@ -61,7 +61,9 @@ pub use guard::{LockGuard, LockState, RenewalPolicy};
 pub use key::{LockKey, MAX_KEY_LEN};
 pub use memory::{MemoryBackend, MemoryFault};
 pub use migration::{MigrationBackend, MigrationPhase, NEW_EPOCH};
-pub use options::{Backoff, MAX_TTL, RetryPolicy, check_ttl, random_delay, with_timeout};
+pub use options::{
+    Backoff, MAX_TTL, RetryPolicy, check_ttl, parse_duration, random_delay, with_timeout,
+};
 pub use types::{
     FencingToken, Lease, LockInfo, OwnerId, SessionState, clock_drift, validity_deadline,
 };

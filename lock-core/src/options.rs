@@ -166,6 +166,53 @@ impl Backoff {
     }
 }
 
+/// Parses a duration the one way every part of the family reads them:
+/// a number with a unit, `us` (or `µs`), `ms`, `s`, `m` (or `min`), `h`,
+/// optionally several (`1m30s`) or with a fraction (`1.5s`). A bare `0`
+/// is zero; any other bare number is refused, because `10` could mean
+/// seconds or milliseconds depending on whom you ask.
+///
+/// Returns `None` for anything else (including overflow); callers turn that
+/// into a config error naming the option.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    if text == "0" {
+        return Some(Duration::ZERO);
+    }
+    if text.is_empty() {
+        return None;
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let number_len = rest.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+        let (number, tail) = rest.split_at(number_len);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let nanos_per_unit: f64 = match unit {
+            "us" | "µs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" | "min" => 60e9,
+            "h" => 3600e9,
+            _ => return None,
+        };
+        let value: f64 = number.parse().ok()?;
+        let nanos = value * nanos_per_unit;
+        // Far beyond any sensible lock duration (about 31 years).
+        if !nanos.is_finite() || !(0.0..=1e18).contains(&nanos) {
+            return None;
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked range
+        let part = Duration::from_nanos(nanos.round() as u64);
+        total = total.checked_add(part)?;
+        rest = tail;
+    }
+    Some(total)
+}
+
 /// A random delay in `[0, max]`, e.g. Redlock's retry delay.
 pub fn random_delay(max: Duration) -> Duration {
     let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
@@ -180,6 +227,39 @@ pub fn random_delay(max: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_need_a_unit() {
+        let ok = [
+            ("250ms", Duration::from_millis(250)),
+            ("30s", Duration::from_secs(30)),
+            ("2m", Duration::from_secs(120)),
+            ("1min", Duration::from_secs(60)),
+            ("1h", Duration::from_secs(3600)),
+            ("1m30s", Duration::from_secs(90)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("100us", Duration::from_micros(100)),
+            ("0", Duration::ZERO),
+            (" 5s ", Duration::from_secs(5)),
+        ];
+        for (text, want) in ok {
+            assert_eq!(parse_duration(text), Some(want), "{text}");
+        }
+        for bad in [
+            "",
+            "10",
+            "s",
+            "5x",
+            "-1s",
+            "1..5s",
+            "s5",
+            "1e3s",
+            "99999999999h",
+            "5 s",
+        ] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn ttl_bounds() {

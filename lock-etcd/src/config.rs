@@ -318,28 +318,14 @@ fn decode(text: &str, what: &str) -> Result<String, LockError> {
         .map_err(|_| LockError::config(format!("the URL's {what} is not valid UTF-8")))
 }
 
-/// Parses `10`, `10s`, `1500ms`, `2m`, `1h` (a bare number is seconds).
+/// Parses a duration option with the family's one parser
+/// ([`lock_core::parse_duration`]: a unit is required).
 fn parse_duration(text: &str, what: &str) -> Result<Duration, LockError> {
-    let bad = || {
+    lock_core::parse_duration(text).ok_or_else(|| {
         LockError::config(format!(
-            "bad duration {text:?} for {what}: use e.g. 10, 10s, 1500ms, 2m"
+            "bad duration {text:?} for {what}: use a number with a unit, e.g. 10s, 1500ms, 2m"
         ))
-    };
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| bad())?;
-    let millis = match unit {
-        "" | "s" => number.checked_mul(1000),
-        "ms" => Some(number),
-        "m" => number.checked_mul(60_000),
-        "h" => number.checked_mul(3_600_000),
-        _ => None,
-    }
-    .ok_or_else(bad)?;
-    Ok(Duration::from_millis(millis))
+    })
 }
 
 #[cfg(test)]

@@ -89,7 +89,7 @@ pub enum RedisTopology {
 /// acquire), `wait_timeout` (how long `WAIT` may block), `recheck` (the
 /// longest a waiter goes without re-checking), `tls=true` (TLS for the
 /// multi-node schemes), `sentinel_password` (for sentinels that require
-/// one). Durations are `250ms`, `2s`, `1m` or a bare number of milliseconds.
+/// one). Durations are `250ms`, `2s`, `1m` (a unit is required).
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     pub(crate) topology: RedisTopology,
@@ -374,20 +374,10 @@ fn check_prefix(prefix: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-/// Parses `250ms`, `2s`, `1m`, or a bare number of milliseconds.
+/// Parses a duration option with the family's one parser
+/// ([`lock_core::parse_duration`]: a unit is required).
 pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => text.split_at(at),
-        None => (text, "ms"),
-    };
-    let value: u64 = number.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(value)),
-        "s" => Some(Duration::from_secs(value)),
-        "m" => Some(Duration::from_secs(value.checked_mul(60)?)),
-        _ => None,
-    }
+    lock_core::parse_duration(text)
 }
 
 fn decode(text: &str, what: &str) -> Result<String, LockError> {
@@ -658,10 +648,11 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("250"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("250"), None, "a unit is required");
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_duration("3s"), Some(Duration::from_secs(3)));
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
         assert_eq!(parse_duration("x"), None);
-        assert_eq!(parse_duration("5h"), None);
+        assert_eq!(parse_duration("5h"), Some(Duration::from_secs(5 * 3600)));
     }
 }

@@ -51,7 +51,7 @@ pub const MAX_TABLE_LEN: usize = 48;
 /// | option | meaning | default |
 /// |---|---|---|
 /// | `table` | lease table name (`[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.table`) | `distlock_leases` |
-/// | `ttl` | default TTL for users of this config (`30s`, `500ms`, `2m`, or plain milliseconds) | `30s` |
+/// | `ttl` | default TTL for users of this config (`30s`, `500ms`, `2m`; a unit is required) | `30s` |
 /// | `timeout` | operation timeout of every database call | `5s` |
 /// | `pool_size` | maximum pooled connections | 10 (SQLite file: 4, `:memory:`: 1) |
 /// | `busy_timeout` | SQLite busy timeout (waiting for another process's write lock) | `5s` |
@@ -391,32 +391,16 @@ pub(crate) fn validate_table(table: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-/// `30s`, `500ms`, `2m`, `1h`, `250us`, or plain milliseconds.
+/// Parses a positive duration option with the family's one parser
+/// ([`lock_core::parse_duration`]: a unit is required).
 pub(crate) fn parse_duration(option: &str, text: &str) -> Result<Duration, LockError> {
-    let text = text.trim();
-    let bad = || {
-        LockError::config(format!(
-            "{option} must be a positive duration like 30s, 500ms or 2m, got {text:?}"
-        ))
-    };
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number.parse().map_err(|_| bad())?;
-    let seconds_per_unit = match unit.trim() {
-        "" | "ms" => 1e-3,
-        "us" | "µs" => 1e-6,
-        "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        _ => return Err(bad()),
-    };
-    let seconds = value * seconds_per_unit;
-    if !seconds.is_finite() || seconds <= 0.0 || seconds > 1e9 {
-        return Err(bad());
+    match lock_core::parse_duration(text) {
+        Some(d) if !d.is_zero() => Ok(d),
+        _ => Err(LockError::config(format!(
+            "{option} must be a positive duration with a unit like 30s, 500ms or 2m, got {:?}",
+            text.trim()
+        ))),
     }
-    Ok(Duration::from_secs_f64(seconds))
 }
 
 #[cfg(test)]
@@ -448,7 +432,7 @@ mod tests {
     #[test]
     fn options_are_taken_out_and_the_rest_passed_through() {
         let config = SqlConfig::from_url(
-            "postgres://u:pw@h/db?table=app.locks&ttl=2s&timeout=750ms&sslmode=disable&pool_size=3&recheck=200&create_table=false",
+            "postgres://u:pw@h/db?table=app.locks&ttl=2s&timeout=750ms&sslmode=disable&pool_size=3&recheck=200ms&create_table=false",
         )
         .unwrap();
         assert_eq!(config.table_name(), "app.locks");
@@ -505,10 +489,8 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(
-            parse_duration("x", "250").unwrap(),
-            Duration::from_millis(250)
-        );
+        assert!(parse_duration("x", "250").is_err(), "a unit is required");
+        assert!(parse_duration("x", "0").is_err(), "must be positive");
         assert_eq!(
             parse_duration("x", "1.5s").unwrap(),
             Duration::from_millis(1500)

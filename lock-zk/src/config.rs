@@ -91,7 +91,7 @@ impl ZkConfig {
     /// (`zookeeper://` is accepted too).
     ///
     /// Options: `session_timeout`, `connect_timeout`, `op_timeout`
-    /// (durations such as `6s`, `500ms`, or plain milliseconds), `root` (the
+    /// (durations such as `6s` or `500ms`; a unit is required), `root` (the
     /// lock root inside the chroot, default `/distlock`), `containers`
     /// (`true`/`false`: create key directories as container nodes, default
     /// `true`). A user and password in the URL (percent-encoded) turn on
@@ -409,26 +409,14 @@ fn decode(text: &str, what: &str) -> Result<String, LockError> {
         .map_err(|_| LockError::config(format!("{what} is not valid percent-encoded UTF-8")))
 }
 
-/// `500ms`, `6s`, `2m`, or plain milliseconds.
+/// Parses a duration option with the family's one parser
+/// ([`lock_core::parse_duration`]: a unit is required).
 fn parse_duration(name: &str, value: &str) -> Result<Duration, LockError> {
-    let bad = || {
+    lock_core::parse_duration(value).ok_or_else(|| {
         LockError::config(format!(
-            "{name} must be a duration like 500ms, 6s, 1m (or milliseconds), got {value:?}"
+            "{name} must be a duration with a unit like 500ms, 6s or 1m, got {value:?}"
         ))
-    };
-    let value = value.trim();
-    let (number, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => (&value[..i], &value[i..]),
-        None => (value, "ms"),
-    };
-    let number: u64 = number.parse().map_err(|_| bad())?;
-    let duration = match unit {
-        "ms" => Duration::from_millis(number),
-        "s" => Duration::from_secs(number),
-        "m" => Duration::from_secs(number.checked_mul(60).ok_or_else(bad)?),
-        _ => return Err(bad()),
-    };
-    Ok(duration)
+    })
 }
 
 #[cfg(test)]
@@ -439,7 +427,7 @@ mod tests {
     #[test]
     fn parses_full_urls() {
         let c = ZkConfig::from_url(
-            "zk://u%40x:p%3Ass@h1:1,h2,[::1]:3/a/b?session_timeout=4000&op_timeout=2s&connect_timeout=1m&root=/r&containers=false",
+            "zk://u%40x:p%3Ass@h1:1,h2,[::1]:3/a/b?session_timeout=4s&op_timeout=2s&connect_timeout=1m&root=/r&containers=false",
         )
         .unwrap();
         assert_eq!(c.hosts(), ["h1:1", "h2:2181", "[::1]:3"]);

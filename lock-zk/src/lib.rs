@@ -7,7 +7,7 @@
 //!
 //! `zk://[user:password@]host:port[,host:port...][/chroot][?options]`
 //! (also `zookeeper://`). Options: `session_timeout`, `connect_timeout`,
-//! `op_timeout` (`6s`, `500ms` or milliseconds), `root` (lock root inside
+//! `op_timeout` (`6s`, `500ms`; a unit is required), `root` (lock root inside
 //! the chroot, default `/distlock`), `containers` (`true`/`false`). A user
 //! and password turn on `digest` authentication. See [`ZkConfig`].
 //!
