@@ -361,7 +361,10 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
         }
     }
     progress.say("benchmarks");
-    let bench = benchmarks(&*c.target, &c.url, opts.full).await;
+    // Scenarios may have moved the backend (a failover promotes a replica):
+    // the floor must talk to where clients talk now.
+    let current_url = c.target.url().unwrap_or_else(|| c.url.clone());
+    let bench = benchmarks(&*c.target, &current_url, opts.full).await;
     BackendResult {
         name: c.name,
         url: distlock::redact_url(&c.url),
