@@ -85,15 +85,25 @@ fn bar_chart(title: &str, unit: &str, rows: &[(String, Vec<(&str, f64)>)]) -> St
 fn histograms(results: &[BackendResult]) -> String {
     let rows: Vec<(&str, &[u32])> = results
         .iter()
-        .filter_map(|r| r.bench.cycle_histogram.as_ref().map(|h| (r.name.as_str(), &h[..])))
+        .filter_map(|r| {
+            r.bench
+                .cycle_histogram
+                .as_ref()
+                .map(|h| (r.name.as_str(), &h[..]))
+        })
         .collect();
     if rows.is_empty() {
         return String::new();
     }
     // Show the bucket range that has samples anywhere.
     let used = |i: usize| rows.iter().any(|(_, h)| h.get(i).copied().unwrap_or(0) > 0);
-    let first = (0..conformance::bench::HISTOGRAM_BUCKETS).find(|i| used(*i)).unwrap_or(0);
-    let last = (0..conformance::bench::HISTOGRAM_BUCKETS).rev().find(|i| used(*i)).unwrap_or(0);
+    let first = (0..conformance::bench::HISTOGRAM_BUCKETS)
+        .find(|i| used(*i))
+        .unwrap_or(0);
+    let last = (0..conformance::bench::HISTOGRAM_BUCKETS)
+        .rev()
+        .find(|i| used(*i))
+        .unwrap_or(0);
     let buckets = last - first + 1;
     let col = (600.0 / buckets as f64).min(40.0);
     let row_h = 60.0;
@@ -106,7 +116,12 @@ fn histograms(results: &[BackendResult]) -> String {
     for (r, (name, hist)) in rows.iter().enumerate() {
         let base = 20.0 + row_h * (r as f64 + 1.0);
         let max = hist.iter().copied().max().unwrap_or(1).max(1);
-        let _ = write!(svg, r#"<text x="0" y="{:.1}" font-weight="bold">{}</text>"#, base - row_h / 2.0, esc(name));
+        let _ = write!(
+            svg,
+            r#"<text x="0" y="{:.1}" font-weight="bold">{}</text>"#,
+            base - row_h / 2.0,
+            esc(name)
+        );
         for i in first..=last {
             let count = hist.get(i).copied().unwrap_or(0);
             let h = (row_h - 12.0) * f64::from(count) / f64::from(max);
