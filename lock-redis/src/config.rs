@@ -1,6 +1,7 @@
 //! One configuration for every Redis topology, from a URL or a builder.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lock_core::LockError;
@@ -90,6 +91,22 @@ pub enum RedisTopology {
 /// longest a waiter goes without re-checking), `tls=true` (TLS for the
 /// multi-node schemes), `sentinel_password` (for sentinels that require
 /// one). Durations are `250ms`, `2s`, `1m` (a unit is required).
+///
+/// TLS options (only with TLS, i.e. `rediss://`, `rediss+sentinel://` or
+/// `tls=true`):
+///
+/// - `ca=/path/to/ca.pem`: trust the CA certificate(s) in this PEM file
+///   *instead of* the system trust store (e.g. a private CA or a
+///   self-signed server certificate). The file is read when the backend
+///   connects; an unreadable or malformed file is a `Config` error. The
+///   server's certificate must still match the host name or IP address in
+///   the URL. Not available for `redis+cluster://` (the redis crate's
+///   cluster client only takes custom roots when built with rustls; this
+///   driver uses native-tls).
+/// - `insecure=true`: **disables certificate and host name verification**
+///   entirely: the connection is encrypted but not authenticated, so anyone
+///   on the path can impersonate the server. For throwaway test setups
+///   only; cannot be combined with `ca`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     pub(crate) topology: RedisTopology,
@@ -97,6 +114,8 @@ pub struct RedisConfig {
     pub(crate) password: Option<String>,
     pub(crate) sentinel_password: Option<String>,
     pub(crate) tls: bool,
+    pub(crate) tls_ca: Option<PathBuf>,
+    pub(crate) tls_insecure: bool,
     pub(crate) db: i64,
     pub(crate) prefix: String,
     pub(crate) default_ttl: Duration,
@@ -115,6 +134,8 @@ impl fmt::Debug for RedisConfig {
             .field("password", &redacted(&self.password))
             .field("sentinel_password", &redacted(&self.sentinel_password))
             .field("tls", &self.tls)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_insecure", &self.tls_insecure)
             .field("db", &self.db)
             .field("prefix", &self.prefix)
             .field("default_ttl", &self.default_ttl)
@@ -134,6 +155,8 @@ impl RedisConfig {
             password: None,
             sentinel_password: None,
             tls: false,
+            tls_ca: None,
+            tls_insecure: false,
             db: 0,
             prefix: DEFAULT_PREFIX.to_owned(),
             default_ttl: DEFAULT_TTL,
@@ -197,6 +220,24 @@ impl RedisConfig {
     #[must_use]
     pub fn tls(mut self, tls: bool) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Trusts the CA certificate(s) in this PEM file instead of the system
+    /// trust store (the `ca` URL option). Needs TLS; not for Cluster. The
+    /// file is read when the backend connects.
+    #[must_use]
+    pub fn tls_ca_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.tls_ca = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// **Disables TLS certificate and host name verification** (the
+    /// `insecure` URL option): the connection is encrypted but anyone on the
+    /// path can impersonate the server. For throwaway test setups only.
+    #[must_use]
+    pub fn danger_accept_invalid_certs(mut self, insecure: bool) -> Self {
+        self.tls_insecure = insecure;
         self
     }
 
@@ -310,6 +351,21 @@ impl RedisConfig {
         if self.default_ttl.is_zero() || self.default_ttl > lock_core::MAX_TTL {
             return Err(LockError::config("the default TTL is out of range"));
         }
+        if !self.tls && (self.tls_ca.is_some() || self.tls_insecure) {
+            return Err(LockError::config(
+                "the ca and insecure options need TLS (rediss:// or tls=true)",
+            ));
+        }
+        if self.tls_ca.is_some() && self.tls_insecure {
+            return Err(LockError::config(
+                "the ca and insecure options cannot be combined",
+            ));
+        }
+        if self.tls_ca.is_some() && matches!(self.topology, RedisTopology::Cluster(_)) {
+            return Err(LockError::config(
+                "the ca option is not supported for redis+cluster:// (native-tls build)",
+            ));
+        }
         if self.wait_replicas > 0 && self.wait_timeout.is_zero() {
             return Err(LockError::config("wait_timeout must be positive"));
         }
@@ -348,7 +404,26 @@ impl RedisConfig {
             ),
             None => String::new(),
         };
-        format!("{scheme}://{auth}{node}/{db}")
+        let fragment = if self.tls && self.tls_insecure {
+            "#insecure"
+        } else {
+            ""
+        };
+        format!("{scheme}://{auth}{node}/{db}{fragment}")
+    }
+
+    /// The custom trust roots (`ca` option), read from their file now.
+    pub(crate) fn tls_certificates(&self) -> Result<Option<redis::TlsCertificates>, LockError> {
+        let Some(path) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let pem = std::fs::read(path).map_err(|err| {
+            LockError::config(format!("cannot read the CA file {}: {err}", path.display()))
+        })?;
+        Ok(Some(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        }))
     }
 
     /// Secrets to scrub from any text that reaches an error message.
@@ -543,6 +618,23 @@ fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
                 };
             }
             "sentinel_password" => config.sentinel_password = Some(value.clone()),
+            "ca" | "tls_ca" => {
+                if value.is_empty() {
+                    return Err(LockError::config("option ca: empty path"));
+                }
+                config.tls_ca = Some(PathBuf::from(&value));
+            }
+            "insecure" => {
+                config.tls_insecure = match value.as_str() {
+                    "true" | "1" | "yes" | "" => true,
+                    "false" | "0" | "no" => false,
+                    _ => {
+                        return Err(LockError::config(format!(
+                            "option insecure: bad value {value:?}"
+                        )));
+                    }
+                };
+            }
             other => {
                 return Err(LockError::config(format!("unknown option {other:?}")));
             }

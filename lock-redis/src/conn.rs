@@ -140,6 +140,9 @@ pub(crate) struct Node {
     label: String,
     timeout: Duration,
     secrets: Arc<Vec<String>>,
+    /// Custom trust roots (the `ca` option), for clients made later
+    /// (a master re-resolved through Sentinel).
+    tls: Option<redis::TlsCertificates>,
     cached: Mutex<Option<Cached>>,
     connecting: tokio::sync::Mutex<()>,
     generations: AtomicU64,
@@ -153,8 +156,17 @@ impl fmt::Debug for Node {
     }
 }
 
-pub(crate) fn open_client(url: &str, secrets: &[String]) -> Result<redis::Client, LockError> {
-    redis::Client::open(url).map_err(|err| {
+/// A client for one URL; with `tls`, trusting its roots (the `ca` option).
+pub(crate) fn open_client(
+    url: &str,
+    tls: Option<&redis::TlsCertificates>,
+    secrets: &[String],
+) -> Result<redis::Client, LockError> {
+    let client = match tls {
+        Some(certs) => redis::Client::build_with_tls(url, certs.clone()),
+        None => redis::Client::open(url),
+    };
+    client.map_err(|err| {
         LockError::config("invalid Redis connection settings")
             .with_backend(NAME)
             .with_source(Redacted::new(&err, secrets))
@@ -165,12 +177,14 @@ impl Node {
     /// A single server.
     pub(crate) fn direct(config: &Arc<RedisConfig>, node: &RedisNode) -> Result<Self, LockError> {
         let secrets = Arc::new(config.secrets());
-        let client = open_client(&config.node_url(node), &secrets)?;
+        let tls = config.tls_certificates()?;
+        let client = open_client(&config.node_url(node), tls.as_ref(), &secrets)?;
         Ok(Self::new(
             Source::Direct(client),
             node.to_string(),
             config,
             secrets,
+            tls,
         ))
     }
 
@@ -181,9 +195,10 @@ impl Node {
         master: &str,
     ) -> Result<Self, LockError> {
         let secrets = Arc::new(config.secrets());
+        let tls = config.tls_certificates()?;
         let clients = sentinels
             .iter()
-            .map(|s| open_client(&config.sentinel_url(s), &secrets))
+            .map(|s| open_client(&config.sentinel_url(s), tls.as_ref(), &secrets))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self::new(
             Source::Sentinel {
@@ -194,6 +209,7 @@ impl Node {
             format!("sentinel master {master:?}"),
             config,
             secrets,
+            tls,
         ))
     }
 
@@ -216,7 +232,7 @@ impl Node {
             })?;
         let seeds = urls
             .iter()
-            .map(|u| open_client(u, &secrets))
+            .map(|u| open_client(u, None, &secrets))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self::new(
             Source::Cluster {
@@ -226,15 +242,23 @@ impl Node {
             "cluster".to_owned(),
             config,
             secrets,
+            None,
         ))
     }
 
-    fn new(source: Source, label: String, config: &RedisConfig, secrets: Arc<Vec<String>>) -> Self {
+    fn new(
+        source: Source,
+        label: String,
+        config: &RedisConfig,
+        secrets: Arc<Vec<String>>,
+        tls: Option<redis::TlsCertificates>,
+    ) -> Self {
         Self {
             source,
             label,
             timeout: config.operation_timeout,
             secrets,
+            tls,
             cached: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             generations: AtomicU64::new(0),
@@ -343,7 +367,7 @@ impl Node {
             .with_backend(NAME));
         };
         let node = RedisNode::new(host, port);
-        let client = open_client(&config.node_url(&node), &self.secrets)?;
+        let client = open_client(&config.node_url(&node), self.tls.as_ref(), &self.secrets)?;
         let mut data = client
             .get_multiplexed_async_connection_with_config(&self.conn_config())
             .await
@@ -486,6 +510,10 @@ pub(crate) fn map_redis_error(
     } else {
         match err.kind() {
             K::AuthenticationFailed | K::InvalidClientConfig => ErrorKind::Config,
+            // A TLS handshake that failed verification (untrusted CA, name
+            // mismatch): retrying will not help; the trust settings must
+            // change. native-tls errors arrive as client errors.
+            K::Client if is_tls_failure(&err) => ErrorKind::Config,
             K::Server(
                 S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly | S::BusyLoading,
             )
@@ -501,6 +529,15 @@ pub(crate) fn map_redis_error(
     LockError::new(kind, op, format!("redis node {label}"))
         .with_backend(NAME)
         .with_source(Redacted::new(&err, secrets))
+}
+
+/// Whether a client-side error comes from the TLS layer (native-tls /
+/// OpenSSL text; the redis crate does not type it further).
+fn is_tls_failure(err: &RedisError) -> bool {
+    let text = err.to_string().to_ascii_lowercase();
+    ["certificate", "ssl", "tls", "handshake"]
+        .iter()
+        .any(|needle| text.contains(needle))
 }
 
 fn needs_reconnect(err: &RedisError) -> bool {

@@ -117,7 +117,8 @@ impl RedisFloor {
         }
         let secrets = Arc::new(config.secrets());
         let label: Arc<str> = Arc::from(node.to_string());
-        let client = open_client(&config.node_url(node), &secrets)?;
+        let tls = config.tls_certificates()?;
+        let client = open_client(&config.node_url(node), tls.as_ref(), &secrets)?;
         let op = Operation::Connect;
         let timeout = config.operation_timeout;
         let scripts = Arc::new(Scripts::new());

@@ -25,7 +25,21 @@
 //!
 //! Query options: `ttl`, `prefix`, `timeout` (operation timeout),
 //! `replicas` and `wait_timeout` (WAIT after acquire), `recheck`, `tls`,
-//! `sentinel_password`. See [`RedisConfig`].
+//! `sentinel_password`, and for TLS `ca=/path/ca.pem` (trust this CA
+//! instead of the system store) and `insecure=true` (**no certificate or
+//! host name verification at all**; test setups only). See [`RedisConfig`].
+//!
+//! # TLS
+//!
+//! `rediss://` (and `tls=true`) use native-tls (OpenSSL on Linux). The
+//! server certificate is verified against the system trust store, or only
+//! against the PEM file of the `ca` option
+//! ([`RedisConfig::tls_ca_file`]), and must match the host name or IP
+//! address of the URL. A certificate that fails verification is a `Config`
+//! error at connect (retrying does not help), within the operation timeout.
+//! Client certificates (mutual TLS) are not supported yet, and `ca` is not
+//! available for `redis+cluster://` (the redis crate takes custom roots for
+//! its cluster client only in rustls builds).
 //!
 //! # What it does
 //!
@@ -113,6 +127,17 @@
 //! clients; script-cache loss and restarts; `WAIT`; batched renewal; and the
 //! failover negative control, which asserts that the history checker
 //! reports the double grant and the token regression.
+//! TLS (`tests/tls.rs`): a CA and a server certificate for 127.0.0.1 /
+//! localhost are generated at test time and redis-server runs with
+//! `--port 0 --tls-port` only; the whole conformance suite passes over
+//! `rediss://127.0.0.1:<port>?ca=<file>`, plus acquire, renew, inspect,
+//! release and a notified wait over TLS (also by the name `localhost`);
+//! a CA that did not sign the server certificate, and the system trust
+//! store, fail as `Config` errors within the timeout; `insecure=true`
+//! connects; a plain `redis://` client on the TLS port fails as
+//! `Unavailable`/`Timeout` within the timeout; a missing or malformed CA
+//! file and contradictory options are `Config` errors. Sentinel, Cluster
+//! and Redlock over TLS are not tested.
 //! `cargo run --release -p lock-redis --example bench` measures the cycle
 //! against the raw round trips.
 //!

@@ -61,6 +61,56 @@ impl RedisServer {
         Ok(Self { process, port, dir })
     }
 
+    /// Starts a server that only speaks TLS (`--port 0 --tls-port <port>`),
+    /// with this server certificate, key and CA (PEM files), not requiring
+    /// client certificates (`--tls-auth-clients no`). [`port`](Self::port)
+    /// is the TLS port; [`url`](Self::url) is not meaningful for it (use
+    /// `rediss://127.0.0.1:<port>`).
+    ///
+    /// # Errors
+    ///
+    /// Missing binary, or a server that does not start (e.g. a redis-server
+    /// built without TLS).
+    pub async fn start_tls(
+        cert_file: &std::path::Path,
+        key_file: &std::path::Path,
+        ca_file: &std::path::Path,
+    ) -> Result<Self, HarnessError> {
+        let binary = find_binary("redis-server", PACKAGE)?;
+        let dir = temp_dir("redis-tls-")?;
+        let port = free_port()?;
+        let spec = ServerSpec::new(
+            format!("redis-server tls :{port}"),
+            binary,
+            dir.path().join("redis.log"),
+        )
+        .args([
+            "--port".to_owned(),
+            "0".to_owned(),
+            "--tls-port".to_owned(),
+            port.to_string(),
+            "--tls-cert-file".to_owned(),
+            cert_file.display().to_string(),
+            "--tls-key-file".to_owned(),
+            key_file.display().to_string(),
+            "--tls-ca-cert-file".to_owned(),
+            ca_file.display().to_string(),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+            "--bind".to_owned(),
+            "127.0.0.1".to_owned(),
+            "--dir".to_owned(),
+            dir.path().display().to_string(),
+            "--save".to_owned(),
+            String::new(),
+            "--appendonly".to_owned(),
+            "no".to_owned(),
+        ])
+        .ready(Ready::Port(port));
+        let process = ServerProcess::start(spec).await?;
+        Ok(Self { process, port, dir })
+    }
+
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
