@@ -6,6 +6,8 @@ pub(crate) const NAME: &str = "etcd";
 
 // gRPC status codes, compared by value (tonic is not a direct dependency).
 const CANCELLED: i32 = 1;
+const UNKNOWN: i32 = 2;
+const INVALID_ARGUMENT: i32 = 3;
 const DEADLINE_EXCEEDED: i32 = 4;
 const PERMISSION_DENIED: i32 = 7;
 const ABORTED: i32 = 10;
@@ -20,11 +22,28 @@ pub(crate) fn from_etcd(operation: Operation, err: etcd_client::Error) -> LockEr
             let message = status.message();
             if message.contains("lease not found") {
                 ErrorKind::LeaseLost
+            } else if is_certificate_rejection(&err.to_string()) {
+                ErrorKind::Config
             } else {
                 match i32::from(status.code()) {
                     UNAVAILABLE | CANCELLED | ABORTED => ErrorKind::Unavailable,
+                    // tonic reports a connection that broke (reset, broken
+                    // pipe, a TLS alert from the server) as Unknown
+                    // "transport error": the request may not have arrived.
+                    UNKNOWN if message.contains("transport error") => ErrorKind::Unavailable,
                     DEADLINE_EXCEEDED => ErrorKind::Timeout,
                     UNAUTHENTICATED | PERMISSION_DENIED => ErrorKind::Config,
+                    // etcd answers a wrong user or password with
+                    // InvalidArgument ("authentication failed, invalid user
+                    // ID or password"), and a request without credentials to
+                    // an auth-enabled server with "user name is empty".
+                    INVALID_ARGUMENT
+                        if message.contains("authentication failed")
+                            || message.contains("user name is empty")
+                            || message.contains("invalid auth token") =>
+                    {
+                        ErrorKind::Config
+                    }
                     _ if message.contains("no leader")
                         || message.contains("leader changed")
                         || message.contains("timed out")
@@ -45,4 +64,22 @@ pub(crate) fn from_etcd(operation: Operation, err: etcd_client::Error) -> LockEr
     LockError::new(kind, operation, "etcd call failed")
         .with_backend(NAME)
         .with_source(err)
+}
+
+/// Whether a TLS handshake failed on a certificate: ours rejecting the
+/// server's (wrong CA or name, reported as "invalid peer certificate") or
+/// the server rejecting ours (a TLS alert). Retrying does not help, so
+/// these are configuration errors, like in the other drivers of the family.
+/// `text` is the client error's Display, which shows the gRPC status'
+/// source (where the rustls error is).
+fn is_certificate_rejection(text: &str) -> bool {
+    [
+        "invalid peer certificate",
+        "BadCertificate",
+        "UnknownCA",
+        "UnsupportedCertificate",
+        "CertificateRequired",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
 }

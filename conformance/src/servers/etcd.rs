@@ -17,12 +17,27 @@ pub const PACKAGE: &str = "etcd-server";
 /// The Debian package that provides `etcdctl`.
 pub const CLIENT_PACKAGE: &str = "etcd-client";
 
+/// Server-side TLS files for [`EtcdServer::start_tls`] (PEM paths).
+#[derive(Clone, Debug)]
+pub struct EtcdTlsFiles {
+    /// The server certificate (`--cert-file`); it must name `127.0.0.1`.
+    pub cert: PathBuf,
+    /// Its private key (`--key-file`).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by this CA
+    /// (`--client-cert-auth --trusted-ca-file`).
+    pub client_ca: Option<PathBuf>,
+}
+
 /// One member of an [`EtcdServer`].
 #[derive(Debug)]
 pub struct EtcdMember {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain-HTTP port for `/health` and `/metrics` when the client port
+    /// speaks TLS (`--listen-metrics-urls`).
+    metrics_port: Option<u16>,
     process: ServerProcess,
 }
 
@@ -51,6 +66,11 @@ impl EtcdMember {
     pub fn process(&mut self) -> &mut ServerProcess {
         &mut self.process
     }
+
+    /// The plain-HTTP port serving `/health` and `/metrics`.
+    fn http_port(&self) -> u16 {
+        self.metrics_port.unwrap_or(self.client_port)
+    }
 }
 
 /// A single etcd or a cluster of members on free loopback ports, each in
@@ -61,6 +81,7 @@ impl EtcdMember {
 pub struct EtcdServer {
     members: Vec<EtcdMember>,
     dir: TempDir,
+    tls: bool,
 }
 
 impl EtcdServer {
@@ -80,6 +101,23 @@ impl EtcdServer {
     ///
     /// Missing binary, or members that do not become healthy.
     pub async fn start_cluster(size: usize) -> Result<Self, HarnessError> {
+        Self::start_members(size, None).await
+    }
+
+    /// Starts a single member whose client port speaks only TLS with these
+    /// files (`https://127.0.0.1:<port>`); `/health` and `/metrics` are
+    /// served over plain HTTP on a separate port (`--listen-metrics-urls`),
+    /// so health checks and [`leader`](Self::leader) still work.
+    ///
+    /// # Errors
+    ///
+    /// Missing binary, or a server that does not become healthy (e.g. a
+    /// certificate etcd cannot load: see the log tail in the error).
+    pub async fn start_tls(tls: EtcdTlsFiles) -> Result<Self, HarnessError> {
+        Self::start_members(1, Some(tls)).await
+    }
+
+    async fn start_members(size: usize, tls: Option<EtcdTlsFiles>) -> Result<Self, HarnessError> {
         let binary = find_binary("etcd", PACKAGE)?;
         // Data on tmpfs when there is one: etcd fsyncs its WAL on every
         // write, which on a shared disk makes tests slow and noisy.
@@ -92,19 +130,25 @@ impl EtcdServer {
         };
         let mut ports = Vec::new();
         for i in 0..size.max(1) {
-            ports.push((format!("m{i}"), free_port()?, free_port()?));
+            let metrics = if tls.is_some() {
+                Some(free_port()?)
+            } else {
+                None
+            };
+            ports.push((format!("m{i}"), free_port()?, free_port()?, metrics));
         }
         let initial_cluster = ports
             .iter()
-            .map(|(name, _, peer)| format!("{name}=http://127.0.0.1:{peer}"))
+            .map(|(name, _, peer, _)| format!("{name}=http://127.0.0.1:{peer}"))
             .collect::<Vec<_>>()
             .join(",");
         // The same token for every member (it seeds the cluster id).
         let token = format!("distlock-{}", ports[0].1);
         let mut members = Vec::new();
-        for (name, client_port, peer_port) in ports {
+        let client_scheme = if tls.is_some() { "https" } else { "http" };
+        for (name, client_port, peer_port, metrics_port) in ports {
             let data = dir.path().join(&name);
-            let client_url = format!("http://127.0.0.1:{client_port}");
+            let client_url = format!("{client_scheme}://127.0.0.1:{client_port}");
             let peer_url = format!("http://127.0.0.1:{peer_port}");
             // No readiness check here: a member only serves clients once a
             // quorum is up, so all are started first and checked after.
@@ -139,15 +183,41 @@ impl EtcdServer {
                 "--log-level".to_owned(),
                 "warn".to_owned(),
             ]);
+            let spec = match &tls {
+                None => spec,
+                Some(tls) => {
+                    let mut args = vec![
+                        "--cert-file".to_owned(),
+                        tls.cert.display().to_string(),
+                        "--key-file".to_owned(),
+                        tls.key.display().to_string(),
+                    ];
+                    if let Some(port) = metrics_port {
+                        args.push("--listen-metrics-urls".to_owned());
+                        args.push(format!("http://127.0.0.1:{port}"));
+                    }
+                    if let Some(ca) = &tls.client_ca {
+                        args.push("--client-cert-auth".to_owned());
+                        args.push("--trusted-ca-file".to_owned());
+                        args.push(ca.display().to_string());
+                    }
+                    spec.args(args)
+                }
+            };
             let process = ServerProcess::start(spec).await?;
             members.push(EtcdMember {
                 name,
                 client_port,
                 peer_port,
+                metrics_port,
                 process,
             });
         }
-        let server = Self { members, dir };
+        let server = Self {
+            members,
+            dir,
+            tls: tls.is_some(),
+        };
         for i in 0..server.members.len() {
             server.wait_healthy(i, Duration::from_secs(30)).await?;
         }
@@ -159,10 +229,12 @@ impl EtcdServer {
         self.members.iter().map(EtcdMember::endpoint).collect()
     }
 
-    /// `etcd://<every endpoint>/<prefix>`, with `query` appended when not
+    /// `etcd://<every endpoint>/<prefix>` (`etcds://` for a server started
+    /// with [`start_tls`](Self::start_tls)), with `query` appended when not
     /// empty (e.g. `ttl=1s`).
     pub fn url(&self, prefix: &str, query: &str) -> String {
-        let mut url = format!("etcd://{}/{prefix}", self.endpoints().join(","));
+        let scheme = if self.tls { "etcds" } else { "etcd" };
+        let mut url = format!("{scheme}://{}/{prefix}", self.endpoints().join(","));
         if !query.is_empty() {
             url.push('?');
             url.push_str(query);
@@ -189,6 +261,11 @@ impl EtcdServer {
         &mut self.members[index]
     }
 
+    /// Whether the client ports speak TLS ([`start_tls`](Self::start_tls)).
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
     /// The temporary directory holding every member's data and log.
     pub fn dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()
@@ -201,7 +278,7 @@ impl EtcdServer {
             if member.process.pid().is_none() || member.process.is_paused() {
                 continue;
             }
-            if let Some(metrics) = http_get(member.client_port, "/metrics").await
+            if let Some(metrics) = http_get(member.http_port(), "/metrics").await
                 && metrics
                     .lines()
                     .any(|line| line.trim() == "etcd_server_is_leader 1")
@@ -242,7 +319,7 @@ impl EtcdServer {
         let member = &self.members[index];
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(body) = http_get(member.client_port, "/health").await
+            if let Some(body) = http_get(member.http_port(), "/health").await
                 && body.contains("\"health\":\"true\"")
             {
                 return Ok(());
