@@ -30,6 +30,14 @@ pub const MIN_TTL: Duration = Duration::from_secs(1);
 /// (a safety net; the watch is what normally wakes it).
 const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How often a waiter whose watch may still be behind (see
+/// `EtcdBackend::wait_deleted`) reads its predecessor.
+const UNSYNCED_POLL: Duration = Duration::from_millis(5);
+
+/// How long after its creation a watch may still be behind: etcd's
+/// catch-up loop runs every 100 ms.
+const UNSYNCED_GRACE: Duration = Duration::from_millis(150);
+
 /// A lock service on etcd: leases, revisions as fencing tokens, FIFO waits.
 ///
 /// See the [crate docs](crate) for the layout and the TTL model. Clones
@@ -542,20 +550,41 @@ impl EtcdBackend {
                 return Ok(WaitEnd::Granted(sent_at));
             };
             let predecessor_key = predecessor.key().to_vec();
+            let predecessor_revision = predecessor.create_revision();
             let from_revision = response.header().map_or(0, |h| h.revision()) + 1;
             tokio::select! {
                 biased;
                 () = sleep_until(deadline) => return Ok(WaitEnd::Deadline),
                 reason = session_lost(&mut state) => return Ok(WaitEnd::SessionLost(reason)),
-                () = self.wait_deleted(predecessor_key, from_revision) => {}
+                () = self.wait_deleted(predecessor_key, predecessor_revision, from_revision) => {}
             }
         }
     }
 
-    /// Returns when `key` was deleted at or after `from_revision`, or when
-    /// the watch ended for any reason (cancelled, compacted, stream error,
-    /// periodic re-check): the caller re-reads the state either way.
-    async fn wait_deleted(&self, key: Vec<u8>, from_revision: i64) {
+    /// Returns when `key` (the entry created at `create_revision`) was
+    /// deleted at or after `from_revision`, or when the watch ended for any
+    /// reason (cancelled, compacted, stream error, periodic re-check): the
+    /// caller re-reads the state either way.
+    ///
+    /// etcd delivers events at once only to a watch that is *synced*, one
+    /// whose start revision was above the store's revision when the server
+    /// registered it. A watch that starts at or below it is served by the
+    /// server's catch-up loop, every 100 ms, until it has caught up. The
+    /// created response cannot tell the two apart: its header revision is
+    /// read before the registration, so a write committed in between (the
+    /// predecessor's own release, under contention) leaves the watch
+    /// unsynced behind a header that looks current. Hence:
+    ///
+    /// - header revision >= `from_revision`: the store moved since our read;
+    ///   re-read at once rather than wait for the catch-up;
+    /// - otherwise one read of `key` after the created response: if its
+    ///   revision is still below `from_revision`, nothing was written before
+    ///   the registration and the watch is synced; if `key` is gone, re-read;
+    ///   if the store moved, the watch may be behind, so `key` is also read
+    ///   every [`UNSYNCED_POLL`] until [`UNSYNCED_GRACE`] after the watch
+    ///   was created (by then the catch-up loop has run), and the watch alone
+    ///   is relied on afterwards.
+    async fn wait_deleted(&self, key: Vec<u8>, create_revision: i64, from_revision: i64) {
         let mut watch_client = self.inner.client.watch_client();
         let options = WatchOptions::new()
             .with_start_revision(from_revision)
@@ -563,7 +592,7 @@ impl EtcdBackend {
         let give_up = sleep(RECHECK_INTERVAL);
         tokio::pin!(give_up);
         let watch = async {
-            let mut stream = match watch_client.watch(key, Some(options)).await {
+            let mut stream = match watch_client.watch(key.clone(), Some(options)).await {
                 Ok(stream) => stream,
                 Err(err) => {
                     tracing::debug!(%err, "watch failed");
@@ -571,8 +600,26 @@ impl EtcdBackend {
                     return;
                 }
             };
+            let created_at = Instant::now();
+            let mut poll_until = None;
             loop {
-                match stream.message().await {
+                let poll = async {
+                    match poll_until {
+                        Some(until) if Instant::now() < until => sleep(UNSYNCED_POLL).await,
+                        _ => std::future::pending().await,
+                    }
+                };
+                let message = tokio::select! {
+                    biased;
+                    message = stream.message() => message,
+                    () = poll => {
+                        if self.entry_present(&key, create_revision).await == Some((false, 0)) {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                match message {
                     Ok(Some(response)) => {
                         if response.canceled() || response.compact_revision() > 0 {
                             // Compacted or cancelled: re-read instead.
@@ -581,14 +628,16 @@ impl EtcdBackend {
                         if !response.events().is_empty() {
                             return;
                         }
-                        // A watch that starts in the past is served by
-                        // etcd's catch-up loop (every 100 ms): when the
-                        // store moved on since our read, re-read at once
-                        // rather than wait for it.
-                        if response.created()
-                            && response.header().map_or(0, |h| h.revision()) >= from_revision
-                        {
+                        if !response.created() {
+                            continue;
+                        }
+                        if response.header().map_or(0, |h| h.revision()) >= from_revision {
                             return;
+                        }
+                        match self.entry_present(&key, create_revision).await {
+                            Some((false, _)) => return,
+                            Some((true, revision)) if revision < from_revision => {}
+                            _ => poll_until = Some(created_at + UNSYNCED_GRACE),
                         }
                     }
                     Ok(None) => return,
@@ -603,6 +652,29 @@ impl EtcdBackend {
         tokio::select! {
             () = &mut give_up => {}
             () = watch => {}
+        }
+    }
+
+    /// Whether `key` still holds the entry created at `create_revision`,
+    /// with the revision of the read (`(false, 0)` when it is gone); `None`
+    /// if the read failed.
+    async fn entry_present(&self, key: &[u8], create_revision: i64) -> Option<(bool, i64)> {
+        let mut kv = self.inner.client.kv_client();
+        let response = tokio::time::timeout(
+            self.inner.config.op_timeout,
+            kv.get(key, Some(GetOptions::new().with_keys_only())),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        let present = response
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == create_revision);
+        if present {
+            Some((true, response.header().map_or(0, |h| h.revision())))
+        } else {
+            Some((false, 0))
         }
     }
 }

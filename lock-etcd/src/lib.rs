@@ -114,6 +114,13 @@
 //! - An entry deleted behind our back (e.g. `etcdctl del`) is not noticed by
 //!   `renew` of a local lease (it only checks the session); the fencing token
 //!   still protects the resource.
+//! - etcd serves a watch that starts at or below its current revision from
+//!   a catch-up loop that runs every 100 ms, and a watch created while a
+//!   write commits can end up there without the client being told. A waiter
+//!   therefore reads its predecessor once after creating its watch; if the
+//!   store moved meanwhile (always the case under contention), it also reads
+//!   it every 5 ms for the first 150 ms of that watch, so that a release is
+//!   seen within a few milliseconds rather than up to 100 ms later.
 //! - If a create request times out, its outcome is unknown: the entry is
 //!   deleted in the background and checked again a few seconds later (a
 //!   request still in flight could be applied after the delete); such an
