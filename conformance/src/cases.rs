@@ -84,16 +84,16 @@ async fn take_free(
         .ok_or_else(|| format!("the free key {key} was reported held"))
 }
 
-/// Acquires with a wait, recording invoke/ok/fail.
-async fn recorded_acquire(
+/// Acquires waiting until `deadline`, recording invoke/ok/fail.
+pub(crate) async fn recorded_acquire(
     backend: &dyn LockBackend,
     rec: &Recorder,
     key: &LockKey,
     ttl: Duration,
-    wait: Duration,
+    deadline: Instant,
 ) -> Result<Lease, lock_core::LockError> {
     rec.invoke(Op::Acquire, key, None);
-    match backend.acquire(key, ttl, Instant::now() + wait).await {
+    match backend.acquire(key, ttl, deadline).await {
         Ok(lease) => {
             rec.acquired(key, lease.token(), lease.validity_deadline());
             Ok(lease)
@@ -147,8 +147,14 @@ async fn mutual_exclusion_inner(h: &Harness) -> CaseResult {
         );
         tasks.push(tokio::spawn(async move {
             for _ in 0..cfg.iterations {
-                let lease =
-                    recorded_acquire(&*backend, &rec, &key, ttl, Duration::from_secs(60)).await?;
+                let lease = recorded_acquire(
+                    &*backend,
+                    &rec,
+                    &key,
+                    ttl,
+                    Instant::now() + Duration::from_secs(60),
+                )
+                .await?;
                 let now_inside = inside.fetch_add(1, Ordering::SeqCst) + 1;
                 max_inside.fetch_max(now_inside, Ordering::SeqCst);
                 let read = *counter.lock().expect("counter");
@@ -229,8 +235,14 @@ async fn fencing_inner(h: &Harness) -> CaseResult {
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
             {
-                let lease =
-                    recorded_acquire(&*backend, &rec, &key, ttl, Duration::from_secs(60)).await?;
+                let lease = recorded_acquire(
+                    &*backend,
+                    &rec,
+                    &key,
+                    ttl,
+                    Instant::now() + Duration::from_secs(60),
+                )
+                .await?;
                 if !resource.write(&rec, &key, lease.token(), |v| *v += 1) {
                     rejected += 1;
                 }

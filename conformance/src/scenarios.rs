@@ -20,13 +20,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lock_core::{
-    FencingScope, FencingToken, Lease, LockBackend, LockClient, LockError, LockKey, OwnerId,
-    TtlModel,
+    FencingScope, FencingToken, Lease, LockBackend, LockClient, LockKey, OwnerId, TtlModel,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::cases::recorded_acquire;
 use crate::harness::Target;
 use crate::history::{FencedResource, History, Op, Recorder};
 
@@ -216,6 +216,20 @@ fn key(name: &str) -> LockKey {
     .expect("valid key")
 }
 
+/// A scenario's result, with an error turned into a failed report.
+fn finish(result: Result<ScenarioReport, String>) -> ScenarioReport {
+    result.unwrap_or_else(ScenarioReport::failed)
+}
+
+const NO_PROXY: &str = "target cannot put a proxy in front of the server";
+
+/// A client behind a fault proxy, when the target can make one.
+async fn proxied_client(
+    env: &ScenarioEnv,
+) -> Result<Option<(Arc<dyn LockBackend>, crate::proxy::FaultProxy)>, String> {
+    env.target.proxied_client().await.map_err(|e| e.to_string())
+}
+
 async fn client(env: &ScenarioEnv) -> Result<Arc<dyn LockBackend>, String> {
     env.target
         .client()
@@ -303,10 +317,7 @@ async fn start_holder(
 /// A holder process is killed with SIGKILL: how long until another client
 /// gets the key (TTL or session timeout), and it must get it.
 pub async fn holder_killed(env: &ScenarioEnv) -> ScenarioReport {
-    match holder_killed_inner(env).await {
-        Ok(r) => r,
-        Err(e) => ScenarioReport::failed(e),
-    }
+    finish(holder_killed_inner(env).await)
 }
 
 async fn holder_killed_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String> {
@@ -357,10 +368,7 @@ async fn holder_killed_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
 /// the lock (exit 76), and its fenced write must be rejected. Without
 /// fencing tokens this is a negative control: the stale write goes through.
 pub async fn holder_paused(env: &ScenarioEnv) -> ScenarioReport {
-    match holder_paused_inner(env).await {
-        Ok(r) => r,
-        Err(e) => ScenarioReport::failed(e),
-    }
+    finish(holder_paused_inner(env).await)
 }
 
 async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String> {
@@ -437,22 +445,12 @@ async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
 /// A client is cut off (through a fault proxy) while it holds the lock:
 /// its lost signal must fire before the server lets another client in.
 pub async fn client_partitioned(env: &ScenarioEnv) -> ScenarioReport {
-    match client_partitioned_inner(env).await {
-        Ok(r) => r,
-        Err(e) => ScenarioReport::failed(e),
-    }
+    finish(client_partitioned_inner(env).await)
 }
 
 async fn client_partitioned_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String> {
-    let Some((cut_client, proxy)) = env
-        .target
-        .proxied_client()
-        .await
-        .map_err(|e| e.to_string())?
-    else {
-        return Ok(ScenarioReport::skipped(
-            "target cannot put a proxy in front of the server",
-        ));
+    let Some((cut_client, proxy)) = proxied_client(env).await? else {
+        return Ok(ScenarioReport::skipped(NO_PROXY));
     };
     let other = client(env).await?;
     let key = key("partitioned");
@@ -631,22 +629,12 @@ async fn server_restarted_inner(env: &ScenarioEnv) -> Result<ScenarioReport, Str
 /// its deadline already passed, and holds must not overlap. Requests that
 /// time out may leave a grant behind: it must expire.
 pub async fn latency_injected(env: &ScenarioEnv) -> ScenarioReport {
-    match latency_injected_inner(env).await {
-        Ok(r) => r,
-        Err(e) => ScenarioReport::failed(e),
-    }
+    finish(latency_injected_inner(env).await)
 }
 
 async fn latency_injected_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String> {
-    let Some((slow, proxy)) = env
-        .target
-        .proxied_client()
-        .await
-        .map_err(|e| e.to_string())?
-    else {
-        return Ok(ScenarioReport::skipped(
-            "target cannot put a proxy in front of the server",
-        ));
+    let Some((slow, proxy)) = proxied_client(env).await? else {
+        return Ok(ScenarioReport::skipped(NO_PROXY));
     };
     let fast = client(env).await?;
     let key = key("latency");
@@ -658,35 +646,28 @@ async fn latency_injected_inner(env: &ScenarioEnv) -> Result<ScenarioReport, Str
         // One-way latency ttl/step: round trips of 2/step x TTL.
         proxy.set_latency(env.ttl / step, env.ttl / (step * 10));
         let rec = history.process();
-        rec.invoke(Op::Acquire, &key, None);
-        match slow
-            .acquire(&key, env.ttl, Instant::now() + env.ttl * 4)
-            .await
-        {
+        match recorded_acquire(&*slow, &rec, &key, env.ttl, Instant::now() + env.ttl * 4).await {
             Ok(lease) => {
                 grants += 1;
                 if lease.validity_deadline() <= Instant::now() {
                     expired_grants += 1;
                 }
-                rec.acquired(&key, lease.token(), lease.validity_deadline());
-                rec.invoke(Op::Release, &key, Some(lease.token()));
-                let _ = slow.release(&lease).await;
+                let _ = recorded_release(&*slow, &rec, &lease).await;
             }
-            Err(_) => {
-                errors += 1;
-                rec.failed(Op::Acquire, &key, None);
-            }
+            Err(_) => errors += 1,
         }
         // The direct client contends meanwhile.
         let rec = history.process();
-        rec.invoke(Op::Acquire, &key, None);
-        if let Ok(lease) = fast
-            .acquire(&key, env.ttl, Instant::now() + free_bound(env, &*fast))
-            .await
+        if let Ok(lease) = recorded_acquire(
+            &*fast,
+            &rec,
+            &key,
+            env.ttl,
+            Instant::now() + free_bound(env, &*fast),
+        )
+        .await
         {
-            rec.acquired(&key, lease.token(), lease.validity_deadline());
-            rec.invoke(Op::Release, &key, Some(lease.token()));
-            let _ = fast.release(&lease).await;
+            let _ = recorded_release(&*fast, &rec, &lease).await;
         }
     }
     proxy.set_latency(Duration::ZERO, Duration::ZERO);
@@ -712,22 +693,12 @@ async fn latency_injected_inner(env: &ScenarioEnv) -> Result<ScenarioReport, Str
 /// releasing, the request delivered later) and retried must never delete
 /// the next holder's lock.
 pub async fn release_reply_lost(env: &ScenarioEnv) -> ScenarioReport {
-    match release_reply_lost_inner(env).await {
-        Ok(r) => r,
-        Err(e) => ScenarioReport::failed(e),
-    }
+    finish(release_reply_lost_inner(env).await)
 }
 
 async fn release_reply_lost_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String> {
-    let Some((a, proxy)) = env
-        .target
-        .proxied_client()
-        .await
-        .map_err(|e| e.to_string())?
-    else {
-        return Ok(ScenarioReport::skipped(
-            "target cannot put a proxy in front of the server",
-        ));
+    let Some((a, proxy)) = proxied_client(env).await? else {
+        return Ok(ScenarioReport::skipped(NO_PROXY));
     };
     let b = client(env).await?;
     let key = key("release-lost");
@@ -781,10 +752,7 @@ async fn release_reply_lost_inner(env: &ScenarioEnv) -> Result<ScenarioReport, S
 /// Thousands of acquires are cancelled (waiting on a held key, and at
 /// random points on free keys): afterwards every key is free within its TTL.
 pub async fn cancellation_storm(env: &ScenarioEnv) -> ScenarioReport {
-    match cancellation_storm_inner(env).await {
-        Ok(r) => r,
-        Err(e) => ScenarioReport::failed(e),
-    }
+    finish(cancellation_storm_inner(env).await)
 }
 
 async fn cancellation_storm_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String> {
@@ -869,26 +837,6 @@ async fn client_within(
             Ok(c) => return Ok(c),
             Err(e) if Instant::now() >= until => return Err(format!("client: {e}")),
             Err(_) => sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
-
-async fn recorded_acquire(
-    backend: &dyn LockBackend,
-    rec: &Recorder,
-    key: &LockKey,
-    ttl: Duration,
-    deadline: Instant,
-) -> Result<Lease, LockError> {
-    rec.invoke(Op::Acquire, key, None);
-    match backend.acquire(key, ttl, deadline).await {
-        Ok(lease) => {
-            rec.acquired(key, lease.token(), lease.validity_deadline());
-            Ok(lease)
-        }
-        Err(e) => {
-            rec.failed(Op::Acquire, key, None);
-            Err(e)
         }
     }
 }
