@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::process::{
     HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, temp_dir,
 };
+use crate::proxy::FaultProxy;
 
 /// The Debian package that provides ZooKeeper (and pulls in Java).
 pub const PACKAGE: &str = "zookeeper";
@@ -23,6 +24,11 @@ pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// The server's tick in milliseconds. Session timeouts are clamped by the
 /// server to 2–20 ticks, i.e. 1 s to 10 s.
 pub const TICK_MS: u64 = 500;
+
+/// The default `syncLimit` (in ticks): how long a follower keeps serving
+/// without hearing from its leader, and how long a leader keeps a silent
+/// follower.
+pub const SYNC_LIMIT_TICKS: u32 = 5;
 
 /// What `srvr` says about a member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +119,10 @@ impl ZkNode {
     }
 }
 
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
 fn four_letter(port: u16, command: &str, timeout: Duration) -> Option<String> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
@@ -191,9 +201,9 @@ async fn spawn_node(
     })
 }
 
-fn base_config(dir: &Path, client_port: u16) -> String {
+fn base_config(dir: &Path, client_port: u16, sync_limit: u32) -> String {
     format!(
-        "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={client_port}\n\
+        "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit={sync_limit}\ndataDir={}\nclientPort={client_port}\n\
          clientPortAddress=127.0.0.1\nadmin.enableServer=false\nmaxClientCnxns=0\n\
          4lw.commands.whitelist=*\n",
         dir.display()
@@ -257,7 +267,7 @@ impl ZkServer {
     pub async fn start() -> Result<Self, HarnessError> {
         let dir = temp_dir("zookeeper-")?;
         let port = free_port()?;
-        let config = base_config(dir.path(), port);
+        let config = base_config(dir.path(), port, SYNC_LIMIT_TICKS);
         let node = spawn_node(0, dir, port, &config).await?;
         wait_serving(&[&node], Duration::from_secs(60)).await?;
         check_identity(&node)?;
@@ -308,6 +318,19 @@ impl ZkServer {
 #[derive(Debug)]
 pub struct ZkEnsemble {
     nodes: Vec<ZkNode>,
+    /// With [`ZkEnsemble::start_with_peer_proxies`]: one proxy per directed
+    /// peer link `(from, to, proxy)`, carrying both the quorum and the
+    /// election connections `from` opens towards `to`.
+    peer_links: Vec<PeerLink>,
+}
+
+/// The proxies `from` uses to reach `to`'s quorum and election ports.
+#[derive(Debug)]
+struct PeerLink {
+    from: usize,
+    to: usize,
+    quorum: FaultProxy,
+    election: FaultProxy,
 }
 
 impl ZkEnsemble {
@@ -318,6 +341,38 @@ impl ZkEnsemble {
     ///
     /// Missing Java or ZooKeeper, or an ensemble that does not form.
     pub async fn start(size: usize) -> Result<Self, HarnessError> {
+        Self::start_inner(size, SYNC_LIMIT_TICKS, false).await
+    }
+
+    /// Like [`start`](Self::start), but every member reaches every other
+    /// one through a [`FaultProxy`] of its own (each member's config names
+    /// the others by their proxies' ports, itself by its real ports), so
+    /// that [`partition_member`](Self::partition_member) can cut one member
+    /// off from the rest of the ensemble while its clients stay connected.
+    /// `sync_limit` (ticks of [`TICK_MS`]) is how long a cut-off follower
+    /// keeps serving its clients from its own, possibly stale, state.
+    ///
+    /// ZooKeeper may answer an election connection from a lower member id
+    /// by connecting back to the address that member advertised (its real
+    /// port): during an election some traffic can bypass the proxies. The
+    /// quorum connection of a follower to its leader always uses the
+    /// follower's config, i.e. the proxy.
+    ///
+    /// # Errors
+    ///
+    /// Missing Java or ZooKeeper, or an ensemble that does not form.
+    pub async fn start_with_peer_proxies(
+        size: usize,
+        sync_limit: u32,
+    ) -> Result<Self, HarnessError> {
+        Self::start_inner(size, sync_limit, true).await
+    }
+
+    async fn start_inner(
+        size: usize,
+        sync_limit: u32,
+        proxied: bool,
+    ) -> Result<Self, HarnessError> {
         let mut members = Vec::new();
         for index in 0..size.max(1) {
             let id = u32::try_from(index + 1).unwrap_or(u32::MAX);
@@ -329,16 +384,45 @@ impl ZkEnsemble {
                 free_port()?,
             ));
         }
-        let servers: String = members
-            .iter()
-            .map(|(id, _, _, peer, election)| format!("server.{id}=127.0.0.1:{peer}:{election}\n"))
-            .collect();
+        let mut peer_links = Vec::new();
+        if proxied {
+            for from in 0..members.len() {
+                for (to, (_, _, _, quorum, election)) in members.iter().enumerate() {
+                    if from != to {
+                        peer_links.push(PeerLink {
+                            from,
+                            to,
+                            quorum: FaultProxy::start(loopback(*quorum)).await?,
+                            election: FaultProxy::start(loopback(*election)).await?,
+                        });
+                    }
+                }
+            }
+        }
         let mut nodes = Vec::new();
-        for (id, dir, client, _, _) in members {
-            let config = format!("{}{servers}", base_config(dir.path(), client));
+        let ids: Vec<(u32, u16, u16)> = members
+            .iter()
+            .map(|(id, _, _, quorum, election)| (*id, *quorum, *election))
+            .collect();
+        for (index, (id, dir, client, _, _)) in members.into_iter().enumerate() {
+            let servers: String = ids
+                .iter()
+                .enumerate()
+                .map(|(to, (peer_id, quorum, election))| {
+                    match peer_links.iter().find(|l| l.from == index && l.to == to) {
+                        Some(link) => format!(
+                            "server.{peer_id}=127.0.0.1:{}:{}\n",
+                            link.quorum.port(),
+                            link.election.port()
+                        ),
+                        None => format!("server.{peer_id}=127.0.0.1:{quorum}:{election}\n"),
+                    }
+                })
+                .collect();
+            let config = format!("{}{servers}", base_config(dir.path(), client, sync_limit));
             nodes.push(spawn_node(id, dir, client, &config).await?);
         }
-        let ensemble = Self { nodes };
+        let ensemble = Self { nodes, peer_links };
         ensemble.wait_serving(Duration::from_secs(90)).await?;
         for node in &ensemble.nodes {
             check_identity(node)?;
@@ -368,6 +452,54 @@ impl ZkEnsemble {
     /// One member, by index (0-based), for faults.
     pub fn node_mut(&mut self, index: usize) -> Option<&mut ZkNode> {
         self.nodes.get_mut(index)
+    }
+
+    /// Cuts member `index` (0-based) off from every other member: the peer
+    /// proxies in both directions hold their traffic (connections stay
+    /// open, as in a network partition), while the member's client port is
+    /// untouched, so its clients stay connected to it.
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::Setup`] when the ensemble was not started with
+    /// [`start_with_peer_proxies`](Self::start_with_peer_proxies) or
+    /// `index` is not a member.
+    pub fn partition_member(&self, index: usize) -> Result<(), HarnessError> {
+        for link in self.member_links(index)? {
+            link.quorum.partition();
+            link.election.partition();
+        }
+        Ok(())
+    }
+
+    /// Ends [`partition_member`](Self::partition_member): held traffic
+    /// flows on.
+    ///
+    /// # Errors
+    ///
+    /// As for [`partition_member`](Self::partition_member).
+    pub fn heal_member(&self, index: usize) -> Result<(), HarnessError> {
+        for link in self.member_links(index)? {
+            link.quorum.heal();
+            link.election.heal();
+        }
+        Ok(())
+    }
+
+    fn member_links(&self, index: usize) -> Result<Vec<&PeerLink>, HarnessError> {
+        if self.peer_links.is_empty() || index >= self.nodes.len() {
+            return Err(HarnessError::Setup {
+                what: format!("partitioning zookeeper member {index}"),
+                output: "the ensemble has no peer proxies (start_with_peer_proxies) or no such \
+                         member"
+                    .to_owned(),
+            });
+        }
+        Ok(self
+            .peer_links
+            .iter()
+            .filter(|l| l.from == index || l.to == index)
+            .collect())
     }
 
     /// The index of the current leader, if one is serving.
