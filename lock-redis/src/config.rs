@@ -7,6 +7,8 @@ use std::time::Duration;
 use lock_core::LockError;
 use percent_encoding::percent_decode_str;
 
+use crate::eviction::EvictionMode;
+
 /// The default key prefix (`distlock:`): a lock named `jobs/a` lives in the
 /// Redis key `distlock:{jobs/a}`.
 pub const DEFAULT_PREFIX: &str = "distlock:";
@@ -90,7 +92,10 @@ pub enum RedisTopology {
 /// acquire), `wait_timeout` (how long `WAIT` may block), `recheck` (the
 /// longest a waiter goes without re-checking), `tls=true` (TLS for the
 /// multi-node schemes), `sentinel_password` (for sentinels that require
-/// one). Durations are `250ms`, `2s`, `1m` (a unit is required).
+/// one), `eviction=warn|refuse` (what to do when a server's
+/// `maxmemory-policy` lets it evict keys, see
+/// [`eviction`](Self::eviction)). Durations are `250ms`, `2s`, `1m` (a unit
+/// is required).
 ///
 /// TLS options (only with TLS, i.e. `rediss://`, `rediss+sentinel://` or
 /// `tls=true`):
@@ -123,6 +128,7 @@ pub struct RedisConfig {
     pub(crate) wait_replicas: u32,
     pub(crate) wait_timeout: Duration,
     pub(crate) recheck: Duration,
+    pub(crate) eviction: EvictionMode,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -143,6 +149,7 @@ impl fmt::Debug for RedisConfig {
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
             .field("recheck", &self.recheck)
+            .field("eviction", &self.eviction)
             .finish()
     }
 }
@@ -164,6 +171,7 @@ impl RedisConfig {
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
             recheck: DEFAULT_RECHECK,
+            eviction: EvictionMode::Warn,
         }
     }
 
@@ -291,6 +299,24 @@ impl RedisConfig {
     pub fn recheck_interval(mut self, interval: Duration) -> Self {
         self.recheck = interval;
         self
+    }
+
+    /// What to do at connect when a server may evict keys
+    /// (`maxmemory-policy` other than `noeviction`; the `eviction` URL
+    /// option): [`EvictionMode::Warn`] (the default) logs a warning,
+    /// [`EvictionMode::Refuse`] fails the connect with a `Config` error. Use
+    /// `Refuse` when you rely on fencing tokens or on mutual exclusion for
+    /// correctness. A server whose `CONFIG` command is disabled or renamed
+    /// cannot be checked: a warning either way.
+    #[must_use]
+    pub fn eviction(mut self, mode: EvictionMode) -> Self {
+        self.eviction = mode;
+        self
+    }
+
+    /// The eviction mode ([`eviction`](Self::eviction)).
+    pub fn eviction_mode(&self) -> EvictionMode {
+        self.eviction
     }
 
     /// The topology.
@@ -618,6 +644,13 @@ fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
                 };
             }
             "sentinel_password" => config.sentinel_password = Some(value.clone()),
+            "eviction" => {
+                config.eviction = EvictionMode::parse(&value).ok_or_else(|| {
+                    LockError::config(format!(
+                        "option eviction: bad value {value:?} (warn or refuse)"
+                    ))
+                })?;
+            }
             "ca" | "tls_ca" => {
                 if value.is_empty() {
                     return Err(LockError::config("option ca: empty path"));

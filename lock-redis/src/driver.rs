@@ -15,6 +15,7 @@ use tokio::time::{Instant, sleep_until};
 use crate::batch::Renewer;
 use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::{NAME, Node};
+use crate::eviction::{self, EvictionCheck};
 use crate::notify::Notifier;
 use crate::scripts::{KeyNames, Scripts, ttl_ms};
 
@@ -57,6 +58,7 @@ struct Inner {
     notifier: Notifier,
     redlock: bool,
     quorum: usize,
+    eviction: EvictionCheck,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -96,13 +98,26 @@ pub(crate) enum NodeGrant {
 
 pub(crate) fn parse_grant(value: &Value) -> Result<NodeGrant, LockError> {
     if let Value::Array(items) = value
-        && let [Value::Int(flag), Value::Int(n)] = items.as_slice()
+        && let [Value::Int(flag), answer] = items.as_slice()
     {
-        return Ok(if *flag == 1 {
-            NodeGrant::Granted(u64::try_from(*n).unwrap_or(0))
-        } else {
-            NodeGrant::Held(*n)
-        });
+        match (*flag, answer) {
+            (1, Value::Int(n)) => {
+                if let Ok(token) = u64::try_from(*n) {
+                    return Ok(NodeGrant::Granted(token));
+                }
+            }
+            // A retried acquire returns the counter as the string it stores.
+            (1, Value::BulkString(bytes)) => {
+                if let Some(token) = std::str::from_utf8(bytes)
+                    .ok()
+                    .and_then(|t| t.parse::<u64>().ok())
+                {
+                    return Ok(NodeGrant::Granted(token));
+                }
+            }
+            (0, Value::Int(n)) => return Ok(NodeGrant::Held(*n)),
+            _ => {}
+        }
     }
     Err(unexpected(Operation::Acquire, value))
 }
@@ -253,7 +268,7 @@ impl RedisBackend {
             .collect();
         let notifier = Notifier::new(&nodes, config.operation_timeout.min(Duration::from_secs(1)));
         let quorum = nodes.len() / 2 + 1;
-        let inner = Arc::new(Inner {
+        let mut inner = Inner {
             config: config.clone(),
             scripts,
             nodes,
@@ -261,7 +276,8 @@ impl RedisBackend {
             notifier,
             redlock,
             quorum,
-        });
+            eviction: EvictionCheck::NoEviction,
+        };
         // Connect and load the scripts (a cluster loads them per node on
         // first use, through the EVAL fallback).
         let loads = inner.nodes.iter().map(|node| {
@@ -295,7 +311,20 @@ impl RedisBackend {
                 )
             }));
         }
-        Ok(Self { inner })
+        // A server that may evict keys can delete a held lock or a token
+        // counter: warn, or refuse when the configuration asks for it.
+        let live: Vec<bool> = results.iter().map(Result::is_ok).collect();
+        inner.eviction = eviction::check(&inner.nodes, &live, config.operation_timeout).await;
+        eviction::apply(&inner.eviction, config.eviction)?;
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// What the connect-time check of the servers' `maxmemory-policy`
+    /// found (see [`RedisConfig::eviction`]).
+    pub fn eviction(&self) -> &EvictionCheck {
+        &self.inner.eviction
     }
 
     /// The configuration.

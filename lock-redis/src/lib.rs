@@ -25,7 +25,7 @@
 //!
 //! Query options: `ttl`, `prefix`, `timeout` (operation timeout),
 //! `replicas` and `wait_timeout` (WAIT after acquire), `recheck`, `tls`,
-//! `sentinel_password`, and for TLS `ca=/path/ca.pem` (trust this CA
+//! `sentinel_password`, `eviction=warn|refuse` (see *Eviction* below), and for TLS `ca=/path/ca.pem` (trust this CA
 //! instead of the system store) and `insecure=true` (**no certificate or
 //! host name verification at all**; test setups only). See [`RedisConfig`].
 //!
@@ -49,6 +49,12 @@
 //!   holds the owner id (32 hex digits) as a plain string, so clients of
 //!   other libraries that use `SET key <random> NX PX` on the same key
 //!   exclude with ours (and [`RedisBackend::redis_key`] tells them the key).
+//! - [x] **Idempotent acquire**: the cluster client resends a script after
+//!   a lost reply, an I/O error or a MOVED/ASK redirect. A resent acquire
+//!   that finds our own owner value in the key returns the grant it made
+//!   (the token is read from the counter, which only a grant of a free key
+//!   increments, so it still holds ours) and sets the TTL again, instead of
+//!   reporting the key held by someone (us) until it expires.
 //! - [x] **Release** is an atomic compare-and-delete, **renew** an atomic
 //!   compare-and-`PEXPIRE`; both report "not held" when the value is not
 //!   ours and never touch another owner's lock. Scripts go by `EVALSHA`,
@@ -117,6 +123,28 @@
 //! - Sentinels are contacted without a password unless `sentinel_password`
 //!   is given; data nodes use the URL's credentials.
 //!
+//! # Eviction
+//!
+//! A Redis allowed to evict keys breaks both promises: under any
+//! `maxmemory-policy` other than `noeviction`, a server at its `maxmemory`
+//! deletes keys to make room. `volatile-*` policies evict keys with a TTL,
+//! i.e. every held lock (another client is then granted it while the
+//! holder still works); `allkeys-*` also evict the token counters (tokens
+//! start again at 1, so a fenced resource rejects every new holder, or
+//! accepts an old one). Run lock servers with `maxmemory-policy
+//! noeviction` (Redis' default): a full server then refuses the acquire
+//! instead.
+//!
+//! At connect the backend reads `CONFIG GET maxmemory-policy` and
+//! `maxmemory` on each node (one node of a cluster) and reports what it
+//! found in [`RedisBackend::eviction`]. A policy other than `noeviction`
+//! (even with `maxmemory 0`, which evicts nothing until a limit is set at
+//! run time) is logged as a `tracing` warning, or refused with a `Config`
+//! error when the URL says `eviction=refuse` ([`RedisConfig::eviction`]):
+//! use that when you rely on fencing tokens or exclusion for correctness.
+//! Managed services often disable or rename `CONFIG`: then the policy
+//! cannot be checked, which is a warning, never a failure.
+//!
 //! # Tested
 //!
 //! `cargo test -p lock-redis` starts its own servers (redis-server 7 and
@@ -127,6 +155,10 @@
 //! clients; script-cache loss and restarts; `WAIT`; batched renewal; and the
 //! failover negative control, which asserts that the history checker
 //! reports the double grant and the token regression.
+//! A resent acquire script returns its own grant (`scripts.rs`), and the
+//! eviction check is tested against servers started with `--maxmemory 100mb
+//! --maxmemory-policy allkeys-lru`, `volatile-ttl`, `noeviction`, and with
+//! `CONFIG` renamed away (`tests/eviction.rs`).
 //! TLS (`tests/tls.rs`): a CA and a server certificate for 127.0.0.1 /
 //! localhost are generated at test time and redis-server runs with
 //! `--port 0 --tls-port` only; the whole conformance suite passes over
@@ -154,6 +186,7 @@ mod batch;
 mod config;
 mod conn;
 mod driver;
+mod eviction;
 pub mod floor;
 mod notify;
 mod scripts;
@@ -163,3 +196,4 @@ pub use config::{
     RedisNode, RedisTopology,
 };
 pub use driver::{MIN_TTL, RedisBackend, RedisRenewalStats, connect};
+pub use eviction::{EvictionCheck, EvictionMode};

@@ -24,9 +24,27 @@ impl LuaScript {
 
 /// KEYS: lock, counter. ARGV: owner, ttl ms.
 /// Returns `{1, token}` when granted, `{0, pttl of the holder}` otherwise.
+///
+/// Idempotent for its own owner value: the same call sent again (the
+/// cluster client retries a script after a lost reply or a MOVED/ASK
+/// redirect) finds our owner in the key and returns the grant it made,
+/// with the TTL set again as a grant would. The token is the counter's
+/// value: only a grant (`SET NX` succeeding, so nobody held the key)
+/// increments it, so while our owner value is in the key the counter still
+/// holds our token. `pcall` because a foreign client may keep another type
+/// at the key (then it is simply held). A counter that vanished (evicted)
+/// cannot give our token back: fail rather than invent one.
 const ACQUIRE: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, redis.call('INCR', KEYS[2])}
+end
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  local token = redis.call('GET', KEYS[2])
+  if not token then
+    return redis.error_reply('ERR distlock: the lock holds our owner value but its token counter is gone (evicted?)')
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, token}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ";
@@ -180,5 +198,85 @@ mod tests {
             KeyNames::new("p:", &LockKey::new("x").unwrap()).lock,
             "p:{x}"
         );
+    }
+
+    async fn plain_conn(port: u16) -> Conn {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        Conn::Plain(client.get_multiplexed_async_connection().await.unwrap())
+    }
+
+    fn grant(value: &Value) -> Option<u64> {
+        match crate::driver::parse_grant(value).unwrap() {
+            crate::driver::NodeGrant::Granted(token) => Some(token),
+            crate::driver::NodeGrant::Held(_) => None,
+        }
+    }
+
+    /// Bug 7: a retried acquire script (the cluster client resends it after
+    /// a lost reply or a MOVED/ASK redirect) finds our own value in the key.
+    /// It must answer with the grant it made, not "held", and extend the TTL
+    /// as a grant would; anyone else still finds the key held.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retried_acquire_returns_its_own_grant() {
+        use conformance::OrSkip;
+        let Some(server) = conformance::servers::redis::RedisServer::start()
+            .await
+            .or_skip()
+        else {
+            return;
+        };
+        let scripts = Scripts::new();
+        let mut conn = plain_conn(server.port()).await;
+        let names = KeyNames::new("t:", &LockKey::new("retried").unwrap());
+        let owner = lock_core::OwnerId::random().to_hex();
+        let first = scripts
+            .call_acquire(&mut conn, &names, &owner, "2000")
+            .await
+            .unwrap();
+        let token = grant(&first).expect("the first call grants");
+        // Time passes before the retry: its PX must be applied again.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let retried = scripts
+            .call_acquire(&mut conn, &names, &owner, "5000")
+            .await
+            .unwrap();
+        assert_eq!(
+            grant(&retried),
+            Some(token),
+            "the retried acquire must return the same grant, got {retried:?}"
+        );
+        let pttl: i64 = conn
+            .query(redis::cmd("PTTL").arg(&names.lock))
+            .await
+            .unwrap();
+        assert!(pttl > 4000, "the retry must extend the TTL: pttl {pttl}");
+        let value: String = conn
+            .query(redis::cmd("GET").arg(&names.lock))
+            .await
+            .unwrap();
+        assert_eq!(value, owner, "the lock key stays a plain owner string");
+        // Someone else is still excluded, and the counter did not move.
+        let other = lock_core::OwnerId::random().to_hex();
+        let held = scripts
+            .call_acquire(&mut conn, &names, &other, "2000")
+            .await
+            .unwrap();
+        assert_eq!(grant(&held), None);
+        let counter: u64 = conn
+            .query(redis::cmd("GET").arg(&names.counter))
+            .await
+            .unwrap();
+        assert_eq!(counter, token);
+        // A lock whose counter vanished (evicted) is not granted a made-up
+        // token: the script fails loudly.
+        let _: () = conn
+            .query(redis::cmd("DEL").arg(&names.counter))
+            .await
+            .unwrap();
+        let err = scripts
+            .call_acquire(&mut conn, &names, &owner, "2000")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("counter"), "{err}");
     }
 }
