@@ -242,6 +242,46 @@ where
     }
 }
 
+/// A read that reflects the leader's state as of some moment after it was
+/// sent: a `sync` of `path` followed by `read`, both sent at once.
+///
+/// A follower answers reads from its own copy, which lags the leader and
+/// stops moving altogether when the follower is cut off from the leader
+/// (it keeps serving its clients for up to `syncLimit` ticks). The server
+/// handles one session's requests in order and holds a read behind that
+/// session's pending `sync` until the follower has caught up with the
+/// leader; the leader also refuses the `sync` of a session it has expired.
+/// So a read answered after a successful `sync` sees every change the
+/// leader had committed when it handled the `sync`, and a follower cut off
+/// from its leader cannot answer at all. Both requests are written
+/// back-to-back before either answer is awaited: no extra client round
+/// trip, one extra request, and on a follower one follower-to-leader hop
+/// added to the read's latency. Callers create `read` after calling this
+/// (the client sends a request when the call is made), e.g.
+/// `synced(client, dir, t, client.list_children(dir))`.
+///
+/// `sync` + read is not a full linearizable read (ZOOKEEPER-1675: a leader
+/// that was deposed but has not noticed yet can still answer a `sync`), but
+/// such a leader steps down within `syncLimit` ticks and a new leader
+/// starts every session's timeout afresh, so it cannot confirm a node that
+/// a newer leader has already deleted.
+async fn synced<T, F>(
+    sync: impl Future<Output = Result<(), zk::Error>>,
+    timeout: Duration,
+    read: F,
+) -> Result<T, CallError>
+where
+    F: Future<Output = Result<T, zk::Error>>,
+{
+    let (synced, read) = tokio::join!(timed(timeout, sync), timed(timeout, read));
+    match synced {
+        // The path of a sync is not checked by the server; tolerate a
+        // server that does (the read reports the missing node itself).
+        Ok(()) | Err(CallError::Zk(zk::Error::NoNode)) => read,
+        Err(err) => Err(err),
+    }
+}
+
 /// Deletes a waiting (or just-created) node when an attempt ends early:
 /// timeout, error, or the future being dropped. Armed before the create is
 /// sent: if the attempt is dropped while the create is in flight, the node
@@ -736,7 +776,15 @@ impl ZkBackend {
         let mut own_watch: Option<WatchFuture> = None;
         loop {
             let sent = Instant::now();
-            let children = match timed(self.op_timeout(), session.client.list_children(dir)).await {
+            // The list that decides the grant must be the leader's view, not
+            // a follower's stale copy (see `synced`).
+            let children = match synced(
+                session.client.sync(dir),
+                self.op_timeout(),
+                session.client.list_children(dir),
+            )
+            .await
+            {
                 Ok(children) => children,
                 Err(err) if err.is(&zk::Error::NoNode) && !session.is_lost() => {
                     cleanup.disarm();
@@ -1037,7 +1085,35 @@ impl LockBackend for ZkBackend {
             .await
             .map_err(|e| e.with_key(lease.key()))?;
         let sent = Instant::now();
-        match timed(self.op_timeout(), session.client.check_stat(path)).await {
+        // A lease this backend already gave up on (its TTL ran out without a
+        // renewal: the node is being deleted) is not revived.
+        let expired = {
+            let expiries = lock(&self.inner.expiries);
+            match expiries.get(path) {
+                Some(due) => *due <= sent,
+                // Granted on this session but no longer tracked: its local
+                // expiry fired.
+                None => lease
+                    .session()
+                    .is_some_and(|s| s.same_channel(&session.state)),
+            }
+        };
+        if expired {
+            return Err(not_held(
+                "the lease's TTL ran out before this renewal; its node is deleted",
+            ));
+        }
+        // Confirm the node from the leader's view: a follower cut off from
+        // the leader would still show it after the leader expired our
+        // session and granted the key to someone else (see `synced`).
+        let dir = paths::split_node(path).map_or(path, |(dir, _)| dir);
+        match synced(
+            session.client.sync(dir),
+            self.op_timeout(),
+            session.client.check_stat(path),
+        )
+        .await
+        {
             Ok(None) => {
                 lock(&self.inner.expiries).remove(path);
                 Err(not_held(

@@ -1,0 +1,196 @@
+//! A client attached to a follower that is cut off from the rest of a
+//! 3-member ensemble. The follower keeps serving its clients from its own
+//! state (until `syncLimit` runs out) while the leader expires the client's
+//! session and hands the lock to someone else: the cut-off client must not
+//! renew, nor be granted, on the strength of that stale state.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conformance::OrSkip;
+use conformance::servers::zookeeper::{TICK_MS, ZkEnsemble, ZkMode};
+use lock_core::{LockBackend, LockKey, OwnerId};
+use lock_zk::{ZkBackend, ZkConfig};
+use tokio::time::{Instant, sleep};
+
+/// Ticks a cut-off follower keeps serving: 20 × 500 ms = 10 s, long enough
+/// for the leader to expire the client's 1 s session and grant the lock to
+/// another client, and for the cut-off client to try its luck after that.
+const SYNC_LIMIT: u32 = 20;
+
+/// The smallest session the server grants (2 ticks).
+const SHORT_SESSION: Duration = Duration::from_millis(2 * TICK_MS);
+
+/// What one renewal of the cut-off client returned, and when.
+#[derive(Debug)]
+struct Renewal {
+    sent: Instant,
+    done: Instant,
+    result: Result<Instant, String>,
+}
+
+async fn backend(address: &str, session: Duration, op_timeout: Duration) -> ZkBackend {
+    let config = ZkConfig::new([address.to_owned()])
+        .with_session_timeout(session)
+        .with_op_timeout(op_timeout)
+        .with_connect_timeout(Duration::from_secs(15));
+    ZkBackend::connect(config).await.expect("backend")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitioned_follower_cannot_renew_or_grant() {
+    let Some(ensemble) = ZkEnsemble::start_with_peer_proxies(3, SYNC_LIMIT)
+        .await
+        .or_skip()
+    else {
+        return;
+    };
+    let started = Instant::now();
+    let mut leader = None;
+    for _ in 0..100 {
+        leader = ensemble.leader().await;
+        if leader.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    let leader = leader.expect("the ensemble elected no leader");
+    let follower = (0..3).find(|i| *i != leader).expect("a follower");
+    let follower_node = &ensemble.nodes()[follower];
+    assert_eq!(follower_node.mode(), Some(ZkMode::Follower));
+
+    // The client under test talks to the follower only; the other client
+    // to the leader only.
+    let cut_off = backend(
+        &follower_node.address(),
+        SHORT_SESSION,
+        Duration::from_secs(2),
+    )
+    .await;
+    let other = backend(
+        &ensemble.nodes()[leader].address(),
+        Duration::from_secs(4),
+        Duration::from_secs(3),
+    )
+    .await;
+    // A plain client of the follower, to show that it does serve stale
+    // reads during the partition (so the test cannot pass vacuously).
+    let probe = zookeeper_client::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(&follower_node.address())
+        .await
+        .expect("probe client");
+
+    let key = LockKey::new(format!("partition-{}", &OwnerId::random().to_hex()[..8])).unwrap();
+    let ttl = SHORT_SESSION;
+    let lease = cut_off
+        .try_acquire(&key, ttl)
+        .await
+        .expect("try_acquire")
+        .expect("free key");
+    let node_path = lease.backend_data().to_owned();
+
+    // Renew as a guard would (every TTL/4), recording every answer.
+    let renewals = Arc::new(Mutex::new(Vec::<Renewal>::new()));
+    let renewer = {
+        let cut_off = cut_off.clone();
+        let lease = lease.clone();
+        let renewals = renewals.clone();
+        tokio::spawn(async move {
+            loop {
+                let sent = Instant::now();
+                let result = cut_off.renew(&lease).await.map_err(|e| e.to_string());
+                renewals.lock().unwrap().push(Renewal {
+                    sent,
+                    done: Instant::now(),
+                    result,
+                });
+                tokio::time::sleep_until(sent + ttl / 4).await;
+            }
+        })
+    };
+    sleep(Duration::from_millis(800)).await;
+    {
+        let before = renewals.lock().unwrap();
+        assert!(
+            !before.is_empty() && before.iter().all(|r| r.result.is_ok()),
+            "renewals failed before the partition: {before:?}"
+        );
+    }
+
+    ensemble.partition_member(follower).expect("partition");
+    let cut_at = Instant::now();
+    // The leader hears nothing from the cut-off client's session, expires
+    // it after the session timeout and deletes its node: the other client
+    // is granted the key.
+    let granted = other
+        .acquire(&key, Duration::from_secs(4), cut_at + Duration::from_secs(8))
+        .await
+        .expect("the leader side never granted the key: the session was not expired");
+    let granted_at = Instant::now();
+    println!(
+        "partitioned at {:?}; the leader side was granted {:?} later",
+        cut_at - started,
+        granted_at - cut_at
+    );
+
+    // The follower still serves its clients, from its stale state: the
+    // cut-off client's node is still there for it.
+    let stale = probe.check_stat(&node_path).await;
+    println!("follower's view of the old holder's node: {stale:?}");
+
+    // A renewal now, and a fresh grant through the cut-off follower.
+    let (renewed, fresh) = tokio::join!(cut_off.renew(&lease), cut_off.try_acquire(&key, ttl));
+    let probed_at = Instant::now();
+    renewer.abort();
+    let renewals = std::mem::take(&mut *renewals.lock().unwrap());
+    for r in &renewals {
+        println!(
+            "renew sent {:?} after the cut, answered {:?} later: {}",
+            r.sent.saturating_duration_since(cut_at),
+            r.done - r.sent,
+            match &r.result {
+                Ok(_) => "ok".to_owned(),
+                Err(e) => e.clone(),
+            }
+        );
+    }
+    println!(
+        "renew at the end: {:?}; fresh try_acquire: {:?}",
+        renewed.as_ref().map(|_| "ok").map_err(|e| e.to_string()),
+        fresh
+            .as_ref()
+            .map(|l| l.as_ref().map(|l| l.token()))
+            .map_err(|e| e.to_string())
+    );
+    assert!(
+        probed_at - cut_at < Duration::from_millis(TICK_MS * u64::from(SYNC_LIMIT)),
+        "the test ran past the follower's syncLimit: it may have stopped serving"
+    );
+    assert!(
+        matches!(stale, Ok(Some(_))),
+        "the cut-off follower did not serve the stale node ({stale:?}): the partition did not \
+         produce the stale state this test is about"
+    );
+
+    // Safety: no renewal answered after the other client's grant said the
+    // lock was still ours, and no renewal promised validity past that grant.
+    let late_ok: Vec<&Renewal> = renewals
+        .iter()
+        .filter(|r| r.done >= granted_at && r.result.is_ok())
+        .collect();
+    assert!(
+        late_ok.is_empty(),
+        "the cut-off client renewed after the key was granted to another client: {late_ok:?}"
+    );
+    assert!(
+        renewed.is_err(),
+        "renewal through the cut-off follower succeeded after another client got the key"
+    );
+    assert!(
+        !matches!(fresh, Ok(Some(_))),
+        "a fresh grant through the cut-off follower while another client holds the key"
+    );
+    other.release(&granted).await.expect("release");
+    ensemble.heal_member(follower).expect("heal");
+}
