@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::LockError;
+use crate::options::MIN_TTL_FLOOR;
 
 /// Where fencing tokens come from and how far they can be trusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,7 +58,9 @@ pub struct Capabilities {
     /// Whether the store is linearizable (CP): a grant survives the failure
     /// of a minority of servers.
     pub linearizable: bool,
-    /// The shortest TTL the backend accepts.
+    /// The shortest TTL the backend accepts; never below
+    /// [`MIN_TTL_FLOOR`](crate::MIN_TTL_FLOOR), which
+    /// [`check_ttl`](crate::check_ttl) enforces for every backend.
     pub min_ttl: Duration,
     /// Shared (read-write) locks.
     pub shared_locks: bool,
@@ -67,7 +70,8 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// Capabilities with every flag at its weakest setting; drivers start
-    /// from this and turn on what they provide.
+    /// from this and turn on what they provide. `min_ttl` is
+    /// [`MIN_TTL_FLOOR`](crate::MIN_TTL_FLOOR).
     pub const fn minimal() -> Self {
         Self {
             fencing: FencingScope::None,
@@ -76,7 +80,7 @@ impl Capabilities {
             fifo: false,
             ttl_model: TtlModel::PerLease,
             linearizable: false,
-            min_ttl: Duration::from_millis(1),
+            min_ttl: MIN_TTL_FLOOR,
             shared_locks: false,
             semaphores: false,
         }

@@ -11,7 +11,8 @@ use crate::capabilities::{Capabilities, Requirements};
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::guard::{LockGuard, RenewalPolicy};
 use crate::key::LockKey;
-use crate::options::check_ttl;
+use crate::options::{check_ttl, saturating_add};
+use crate::runtime::RenewalRuntime;
 use crate::types::LockInfo;
 
 /// Defaults applied to every lock request of a [`LockClient`].
@@ -39,6 +40,10 @@ impl Default for LockDefaults {
 ///
 /// Cheap to clone (the backend is shared).
 ///
+/// Guards renew on the dedicated renewal thread by default (see
+/// [`RenewalRuntime`] for why, and for what it means for network backends);
+/// [`with_renewal_runtime`](Self::with_renewal_runtime) picks another.
+///
 /// # Examples
 ///
 /// ```
@@ -62,6 +67,7 @@ impl Default for LockDefaults {
 pub struct LockClient {
     backend: Arc<dyn LockBackend>,
     defaults: LockDefaults,
+    renewal_runtime: RenewalRuntime,
 }
 
 impl LockClient {
@@ -75,7 +81,27 @@ impl LockClient {
         Self {
             backend,
             defaults: LockDefaults::default(),
+            renewal_runtime: RenewalRuntime::default(),
         }
+    }
+
+    /// Runs the renewal tasks of this client's guards on `runtime` (default:
+    /// [`RenewalRuntime::dedicated`]; [`RenewalRuntime::current`] renews on
+    /// the runtime each lock is taken on).
+    ///
+    /// With a network backend, renewal only survives a blocked application
+    /// runtime if the backend was also connected on the renewal runtime
+    /// (its connection tasks run where it was connected): see
+    /// [`RenewalRuntime::run_on`].
+    #[must_use]
+    pub fn with_renewal_runtime(mut self, runtime: RenewalRuntime) -> Self {
+        self.renewal_runtime = runtime;
+        self
+    }
+
+    /// Where this client's guards renew.
+    pub fn renewal_runtime(&self) -> &RenewalRuntime {
+        &self.renewal_runtime
     }
 
     /// Replaces the defaults.
@@ -116,6 +142,7 @@ impl LockClient {
             ttl: self.defaults.ttl,
             wait: self.defaults.wait,
             renewal: self.defaults.renewal,
+            renewal_runtime: self.renewal_runtime.clone(),
         }
     }
 
@@ -167,6 +194,7 @@ pub struct LockRequest<'a> {
     ttl: Duration,
     wait: Duration,
     renewal: RenewalPolicy,
+    renewal_runtime: RenewalRuntime,
 }
 
 impl LockRequest<'_> {
@@ -176,7 +204,8 @@ impl LockRequest<'_> {
         self
     }
 
-    /// How long to wait for a held key (0 = try once).
+    /// How long to wait for a held key (0 = try once; `Duration::MAX`:
+    /// for ever).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -200,9 +229,17 @@ impl LockRequest<'_> {
         self
     }
 
-    /// Replaces the renewal policy.
+    /// Replaces the renewal policy (checked by
+    /// [`RenewalPolicy::validate`] when the request runs).
     pub fn renewal(mut self, renewal: RenewalPolicy) -> Self {
         self.renewal = renewal;
+        self
+    }
+
+    /// Where this lock's guard renews (default: the client's, see
+    /// [`LockClient::with_renewal_runtime`]).
+    pub fn renewal_runtime(mut self, runtime: RenewalRuntime) -> Self {
+        self.renewal_runtime = runtime;
         self
     }
 
@@ -210,7 +247,9 @@ impl LockRequest<'_> {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidArgument`] for a bad key or TTL;
+    /// [`ErrorKind::InvalidArgument`] for a bad key or TTL, or a renewal
+    /// policy that fails [`RenewalPolicy::validate`] (checked before
+    /// anything is sent);
     /// [`ErrorKind::Contended`] when the key stayed held for the whole wait;
     /// timeouts and backend errors.
     ///
@@ -223,6 +262,9 @@ impl LockRequest<'_> {
         let key = self.key?;
         check_ttl(self.ttl, backend.capabilities().min_ttl, Operation::Acquire)
             .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
+        self.renewal
+            .validate(self.ttl)
+            .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
         let lease = if self.wait.is_zero() {
             backend.try_acquire(&key, self.ttl).await?.ok_or_else(|| {
                 LockError::new(
@@ -234,10 +276,15 @@ impl LockRequest<'_> {
                 .with_backend(backend.name())
             })?
         } else {
-            let deadline = Instant::now() + self.wait;
+            let deadline = saturating_add(Instant::now(), self.wait);
             backend.acquire(&key, self.ttl, deadline).await?
         };
-        Ok(LockGuard::new(backend, lease, self.renewal))
+        Ok(LockGuard::with_runtime(
+            backend,
+            lease,
+            self.renewal,
+            &self.renewal_runtime,
+        ))
     }
 
     /// Tries once; `Ok(None)` when the key is held.

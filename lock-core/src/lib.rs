@@ -23,6 +23,33 @@
 //!   resource by having it reject writes whose token is not greater than the
 //!   last one it accepted: a paused or partitioned client that still
 //!   *believes* it holds the lock is then harmless.
+//! - TTLs are at least [`MIN_TTL_FLOOR`] (10 ms) on every backend: below it
+//!   the drift allowance would leave a lease (almost) dead on arrival.
+//!   Durations that would overflow a deadline (`Duration::MAX` waits, hold
+//!   limits, intervals, retry delays) saturate to "never" instead of
+//!   panicking ([`saturating_add`]); nonsense policies are refused with
+//!   [`ErrorKind::InvalidArgument`].
+//!
+//! # Where renewal runs
+//!
+//! A guard's watchdog renews each lease when about a third of its TTL has
+//! passed since the request that set its current deadline was sent, so a
+//! slow grant is renewed early rather than a fixed interval after its
+//! reply. It runs on a [`RenewalRuntime`]: by default one process-wide
+//! current-thread Tokio runtime on a dedicated thread
+//! ([`RENEWAL_THREAD_NAME`]), so that an application blocking its own
+//! runtime (a synchronous call, a CPU-bound loop) does not starve it.
+//! [`RenewalRuntime::current`] keeps renewal on the application's runtime.
+//! Either way, any end of the watchdog other than release (a panic, its
+//! runtime shutting down) makes the guard `Lost`, and a guard reads `Lost`
+//! as soon as its local deadline has passed: never a silent expiry.
+//!
+//! For network backends the connection's own tasks run on the runtime the
+//! backend was *connected* on, so renewal on the dedicated thread survives a
+//! blocked application runtime only if the backend was connected there too:
+//! use [`RenewalRuntime::run_on`] with the connect future. Otherwise the
+//! dedicated watchdog still declares `Lost` on time while the renewal
+//! request waits for the blocked runtime.
 //!
 //! # Example
 //!
@@ -51,6 +78,7 @@ mod key;
 mod memory;
 mod migration;
 mod options;
+mod runtime;
 mod types;
 
 pub use backend::LockBackend;
@@ -60,10 +88,14 @@ pub use error::{ErrorKind, LockError, Operation};
 pub use guard::{LockGuard, LockState, RenewalPolicy};
 pub use key::{LockKey, MAX_KEY_LEN};
 pub use memory::{MemoryBackend, MemoryFault};
-pub use migration::{MigrationBackend, MigrationPhase, NEW_EPOCH};
-pub use options::{
-    Backoff, MAX_TTL, RetryPolicy, check_ttl, parse_duration, random_delay, with_timeout,
+pub use migration::{
+    CUTOVER_KEY_PREFIX, DEFAULT_MIGRATION_NAME, MigrationBackend, MigrationPhase, NEW_EPOCH,
 };
+pub use options::{
+    Backoff, FAR_FUTURE, MAX_TTL, MIN_TTL_FLOOR, RetryPolicy, check_ttl, parse_duration,
+    random_delay, saturating_add, with_timeout,
+};
+pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use types::{
     FencingToken, Lease, LockInfo, OwnerId, SessionState, clock_drift, validity_deadline,
 };

@@ -13,7 +13,7 @@ use crate::backend::LockBackend;
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
-use crate::options::check_ttl;
+use crate::options::{MIN_TTL_FLOOR, check_ttl};
 use crate::types::{FencingToken, Lease, LockInfo, OwnerId};
 
 const NAME: &str = "memory";
@@ -286,7 +286,9 @@ impl LockBackend for MemoryBackend {
             fifo: true,
             ttl_model: TtlModel::PerLease,
             linearizable: true,
-            min_ttl: Duration::from_millis(1),
+            // Anything shorter is refused by `check_ttl` anyway: below it the
+            // drift allowance leaves (almost) no validity.
+            min_ttl: MIN_TTL_FLOOR,
             shared_locks: false,
             semaphores: false,
         }
@@ -378,6 +380,10 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        // A lease rebuilt from parts may carry any TTL; no grant has one
+        // outside these bounds.
+        check_ttl(lease.ttl(), self.capabilities().min_ttl, Operation::Renew)
+            .map_err(|e| Self::invalid(e, lease.key()))?;
         self.check_fault(Operation::Renew).await?;
         let now = Instant::now();
         let mut keys = self.keys();

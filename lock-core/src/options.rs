@@ -3,6 +3,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::types::OwnerId;
 
@@ -10,17 +12,53 @@ use crate::types::OwnerId;
 /// should be renewed by its guard instead.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Checks a TTL against a backend's minimum and [`MAX_TTL`].
+/// The shortest TTL any backend accepts: 10 ms. [`check_ttl`] enforces it on
+/// top of each backend's own minimum.
+///
+/// Why 10 ms: a lease's local validity is `ttl - clock_drift(ttl)` with a
+/// drift of 1% + 2 ms (see [`clock_drift`](crate::clock_drift)), so a TTL of
+/// 2 ms or less is born expired and one of a few milliseconds is gone before
+/// a reply could be read. At 10 ms the validity is 7.9 ms, about four fifths
+/// of the TTL: drift takes at most a fifth, and what is left is still several
+/// times the 1 ms granularity of Tokio's timers, so the guard's deadline
+/// timer and a first renewal at a third of the TTL remain meaningful.
+pub const MIN_TTL_FLOOR: Duration = Duration::from_millis(10);
+
+/// How far in the future a saturated deadline lies: 30 years, as Tokio's own
+/// "far future" (any deadline past it is as good as never).
+pub const FAR_FUTURE: Duration = Duration::from_secs(60 * 60 * 24 * 365 * 30);
+
+/// `at + by` without overflow: an addition that would overflow (or land
+/// beyond [`FAR_FUTURE`]) gives `at + FAR_FUTURE`, a deadline that never
+/// comes in practice. Every deadline computed from a user's duration goes
+/// through this, so `Duration::MAX` means "never" instead of a panic.
+pub fn saturating_add(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by.min(FAR_FUTURE))
+        // Only reachable for an `at` itself near the end of time.
+        .unwrap_or(at)
+}
+
+/// Checks a TTL against a backend's minimum, [`MIN_TTL_FLOOR`] and
+/// [`MAX_TTL`].
 ///
 /// # Errors
 ///
-/// [`ErrorKind::InvalidArgument`] when `ttl` is zero, below `min_ttl`, or
-/// above [`MAX_TTL`].
+/// [`ErrorKind::InvalidArgument`] when `ttl` is zero, below `min_ttl` or
+/// [`MIN_TTL_FLOOR`], or above [`MAX_TTL`].
 pub fn check_ttl(ttl: Duration, min_ttl: Duration, operation: Operation) -> Result<(), LockError> {
     if ttl.is_zero() {
         return Err(LockError::invalid_argument(
             operation,
             "TTL must be positive",
+        ));
+    }
+    if ttl < MIN_TTL_FLOOR {
+        return Err(LockError::invalid_argument(
+            operation,
+            format!(
+                "TTL {ttl:?} is below the minimum of {MIN_TTL_FLOOR:?}: the clock-drift \
+                 allowance would leave (almost) no validity"
+            ),
         ));
     }
     if ttl < min_ttl {
@@ -92,6 +130,34 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// Checks that the policy makes sense: a positive `initial` delay not
+    /// above `max`, and a `multiplier` of at least 1.
+    ///
+    /// A [`Backoff`] copes with any policy without panicking (a zero
+    /// multiplier counts as 1, delays are capped at `max`), but these
+    /// mistakes would silently mean something else, or a hot retry loop for
+    /// a zero delay, so requests refuse them.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`] naming the field.
+    pub fn validate(&self) -> Result<(), LockError> {
+        let bad = |why: String| Err(LockError::invalid_argument(Operation::Validate, why));
+        if self.initial.is_zero() {
+            return bad("retry policy: the initial delay must be positive".to_owned());
+        }
+        if self.initial > self.max {
+            return bad(format!(
+                "retry policy: the initial delay {:?} is above the maximum {:?}",
+                self.initial, self.max
+            ));
+        }
+        if self.multiplier == 0 {
+            return bad("retry policy: the multiplier must be at least 1".to_owned());
+        }
+        Ok(())
+    }
+
     /// A fresh backoff sequence following this policy.
     pub fn backoff(&self) -> Backoff {
         // Seeded from the OS so that processes do not retry in lock-step.
@@ -142,12 +208,13 @@ impl Backoff {
         self.attempt = self.attempt.saturating_add(1);
         let half = ceiling / 2;
         let span = u64::try_from((ceiling - half).as_nanos()).unwrap_or(u64::MAX);
-        let jitter = if span == 0 {
-            0
-        } else {
-            self.next_random() % (span + 1)
+        let jitter = match span.checked_add(1) {
+            _ if span == 0 => 0,
+            Some(modulus) => self.next_random() % modulus,
+            // A span of u64::MAX nanoseconds (ceilings near Duration::MAX).
+            None => self.next_random(),
         };
-        Some(half + Duration::from_nanos(jitter))
+        Some(half.saturating_add(Duration::from_nanos(jitter)))
     }
 
     /// How many delays were handed out.
@@ -268,6 +335,62 @@ mod tests {
         for bad in [Duration::ZERO, Duration::from_millis(5), MAX_TTL * 2] {
             let err = check_ttl(bad, min, Operation::Acquire).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn ttl_floor_applies_whatever_the_backend_says() {
+        for bad in [Duration::from_millis(1), Duration::from_millis(5)] {
+            let err = check_ttl(bad, Duration::from_nanos(1), Operation::Acquire).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        }
+        check_ttl(MIN_TTL_FLOOR, Duration::ZERO, Operation::Acquire).unwrap();
+        // The floor keeps most of the TTL as validity.
+        let valid = MIN_TTL_FLOOR - crate::clock_drift(MIN_TTL_FLOOR);
+        assert!(valid * 4 >= MIN_TTL_FLOOR * 3, "{valid:?}");
+    }
+
+    #[test]
+    fn backoff_near_duration_max_does_not_overflow() {
+        let policy = RetryPolicy {
+            initial: Duration::MAX,
+            max: Duration::MAX,
+            multiplier: u32::MAX,
+            max_attempts: Some(40),
+        };
+        policy.validate().unwrap();
+        let mut backoff = policy.backoff();
+        while let Some(delay) = backoff.next_delay() {
+            assert!(delay >= Duration::MAX / 2);
+        }
+        let now = Instant::now();
+        assert!(saturating_add(now, Duration::MAX) >= now + FAR_FUTURE);
+        assert_eq!(
+            saturating_add(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn nonsense_retry_policies_are_invalid() {
+        let good = RetryPolicy::default();
+        good.validate().unwrap();
+        for bad in [
+            RetryPolicy {
+                multiplier: 0,
+                ..good
+            },
+            RetryPolicy {
+                initial: Duration::ZERO,
+                ..good
+            },
+            RetryPolicy {
+                initial: good.max * 2,
+                ..good
+            },
+        ] {
+            let err = bad.validate().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad:?}");
         }
     }
 

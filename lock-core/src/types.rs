@@ -273,7 +273,8 @@ impl Lease {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidArgument`] for anything that is not a handle.
+    /// [`ErrorKind::InvalidArgument`] for anything that is not a handle,
+    /// including a TTL of zero or above [`MAX_TTL`](crate::MAX_TTL).
     pub fn from_handle(handle: &str) -> Result<Self, LockError> {
         let bad = |why: &str| {
             LockError::invalid_argument(Operation::Validate, format!("bad lock handle: {why}"))
@@ -288,6 +289,13 @@ impl Lease {
         let owner = OwnerId::from_hex(owner).map_err(|_| bad("owner"))?;
         let token = token.parse::<u64>().map_err(|_| bad("token"))?;
         let ttl = ttl.parse::<u64>().map_err(|_| bad("ttl"))?;
+        let ttl = Duration::from_millis(ttl);
+        // No lease is granted outside these bounds, so no real handle has
+        // such a TTL (a forged one would otherwise drive deadlines and
+        // renewals with absurd durations).
+        if ttl.is_zero() || ttl > crate::options::MAX_TTL {
+            return Err(bad("ttl out of range"));
+        }
         let data = hex_decode(data).ok_or_else(|| bad("backend data"))?;
         let key = hex_decode(key).ok_or_else(|| bad("key"))?;
         let key = LockKey::new(key)?;
@@ -295,7 +303,7 @@ impl Lease {
             key,
             owner,
             FencingToken::new(token),
-            Duration::from_millis(ttl),
+            ttl,
             Instant::now(),
             data,
         ))
@@ -398,6 +406,17 @@ mod tests {
         assert_eq!(back.token(), FencingToken::new(42));
         assert_eq!(back.ttl(), Duration::from_secs(5));
         assert_eq!(back.backend_data(), "/locks/a.b/0001");
+        let forged = |ttl: &str| {
+            let handle = lease.to_handle();
+            let mut parts: Vec<&str> = handle.split('.').collect();
+            parts[3] = ttl;
+            parts.join(".")
+        };
+        assert!(Lease::from_handle(&forged("5000")).is_ok());
+        for bad in ["0", "86400001", "18446744073709551615"] {
+            let err = Lease::from_handle(&forged(bad)).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}");
+        }
         for bad in ["", "v1.x", "v2.a.b.c.d.e", "v1.00.1.1.00.00"] {
             assert!(Lease::from_handle(bad).is_err(), "{bad}");
         }

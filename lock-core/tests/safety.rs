@@ -1,0 +1,474 @@
+//! Inputs that used to kill the guard's watchdog or hand out a dead lease:
+//! overflowing durations, renewal tasks that end unexpectedly, TTLs below the
+//! drift allowance, and a first renewal scheduled from the wrong instant.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::{
+    Capabilities, ErrorKind, FencingToken, Lease, LockBackend, LockClient, LockError, LockGuard,
+    LockInfo, LockKey, LockState, MemoryBackend, MemoryFault, RenewalPolicy, RetryPolicy,
+    async_trait,
+};
+use tokio::time::{Instant, sleep, timeout};
+
+const TTL: Duration = Duration::from_millis(300);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(name).unwrap()
+}
+
+/// Waits (bounded) for the guard to report a terminal state and returns it.
+async fn terminal_within(guard: &LockGuard, limit: Duration) -> Option<String> {
+    timeout(limit, guard.lost()).await.ok()
+}
+
+// ---- item 1: overflow and unexpected ends of the renewal task ----
+
+#[tokio::test]
+async fn max_hold_of_duration_max_keeps_renewing() {
+    let backend = MemoryBackend::new();
+    let client = LockClient::new(backend.clone());
+    let guard = client
+        .lock("hold-forever")
+        .ttl(TTL)
+        .max_hold(Duration::MAX)
+        .acquire()
+        .await
+        .unwrap();
+    sleep(TTL * 2).await;
+    assert_eq!(guard.state(), LockState::Held);
+    assert!(guard.is_held());
+    assert!(
+        backend
+            .try_acquire(&key("hold-forever"), TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "the key ran out: the watchdog stopped renewing"
+    );
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn huge_renewal_interval_ends_in_lost_not_a_dead_watchdog() {
+    let backend = MemoryBackend::new();
+    let lease = backend
+        .try_acquire(&key("huge-interval"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let policy = RenewalPolicy {
+        interval: Some(Duration::MAX),
+        ..RenewalPolicy::default()
+    };
+    let guard = LockGuard::new(Arc::new(backend), lease, policy);
+    let reason = terminal_within(&guard, TTL * 3).await;
+    assert!(
+        reason.is_some(),
+        "still {:?} long after the deadline",
+        guard.state()
+    );
+    assert!(matches!(guard.state(), LockState::Lost(_)));
+}
+
+#[tokio::test]
+async fn renewal_interval_not_shorter_than_the_ttl_is_refused() {
+    let client = LockClient::new(MemoryBackend::new());
+    for interval in [Duration::ZERO, TTL, Duration::MAX] {
+        let policy = RenewalPolicy {
+            interval: Some(interval),
+            ..RenewalPolicy::default()
+        };
+        let err = client
+            .lock("interval")
+            .ttl(TTL)
+            .renewal(policy)
+            .acquire()
+            .await
+            .map(|g| g.state())
+            .unwrap_err();
+        assert_eq!(
+            err.kind(),
+            ErrorKind::InvalidArgument,
+            "{interval:?}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn wait_of_duration_max_does_not_panic() {
+    let backend = MemoryBackend::new();
+    let client = LockClient::new(backend.clone());
+    // Free key.
+    let guard = client
+        .lock("wait-max")
+        .ttl(TTL)
+        .wait(Duration::MAX)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(guard.release().await.unwrap());
+    // Held key, freed a little later: the forever-wait gets it.
+    let held = backend
+        .try_acquire(&key("wait-max"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let releaser = {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            sleep(Duration::from_millis(50)).await;
+            backend.release(&held).await.unwrap()
+        })
+    };
+    let guard = timeout(
+        Duration::from_secs(2),
+        client
+            .lock("wait-max")
+            .ttl(TTL)
+            .wait(Duration::MAX)
+            .acquire(),
+    )
+    .await
+    .expect("granted after the release")
+    .unwrap();
+    assert!(releaser.await.unwrap());
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn retry_policy_near_duration_max_still_loses_by_the_deadline() {
+    let backend = MemoryBackend::new();
+    let client = LockClient::new(backend.clone());
+    let policy = RenewalPolicy {
+        retry: RetryPolicy {
+            initial: Duration::MAX,
+            max: Duration::MAX,
+            multiplier: u32::MAX,
+            max_attempts: None,
+        },
+        ..RenewalPolicy::default()
+    };
+    let guard = client
+        .lock("retry-max")
+        .ttl(TTL)
+        .renewal(policy)
+        .acquire()
+        .await
+        .unwrap();
+    backend.set_fault(MemoryFault::Unavailable);
+    let deadline = guard.validity_deadline();
+    let reason = terminal_within(&guard, TTL * 3).await;
+    assert!(
+        reason.is_some(),
+        "still {:?} after the deadline",
+        guard.state()
+    );
+    assert!(matches!(guard.state(), LockState::Lost(_)));
+    assert!(Instant::now() <= deadline + Duration::from_millis(100));
+}
+
+#[tokio::test]
+async fn nonsense_retry_policies_are_refused() {
+    let client = LockClient::new(MemoryBackend::new());
+    let good = RetryPolicy::default();
+    let bad = [
+        RetryPolicy {
+            multiplier: 0,
+            ..good
+        },
+        RetryPolicy {
+            initial: Duration::from_secs(2),
+            max: Duration::from_secs(1),
+            ..good
+        },
+        RetryPolicy {
+            initial: Duration::ZERO,
+            ..good
+        },
+    ];
+    for retry in bad {
+        let policy = RenewalPolicy {
+            retry,
+            ..RenewalPolicy::default()
+        };
+        let err = client
+            .lock("retry")
+            .ttl(TTL)
+            .renewal(policy)
+            .acquire()
+            .await
+            .map(|g| g.state())
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{retry:?}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn lease_with_a_huge_ttl_is_lost_not_left_held() {
+    let backend = MemoryBackend::new();
+    let granted = backend
+        .try_acquire(&key("huge-ttl"), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    // What a handle with a forged TTL would rebuild.
+    let lease = Lease::from_parts(
+        granted.key().clone(),
+        granted.owner(),
+        granted.token(),
+        Duration::MAX,
+        granted.validity_deadline(),
+        String::new(),
+    );
+    let policy = RenewalPolicy {
+        interval: Some(TTL / 3),
+        ..RenewalPolicy::default()
+    };
+    let guard = LockGuard::new(Arc::new(backend), lease, policy);
+    let reason = terminal_within(&guard, TTL * 3).await;
+    assert!(
+        reason.is_some(),
+        "still {:?} after the deadline",
+        guard.state()
+    );
+    assert!(matches!(guard.state(), LockState::Lost(_)));
+}
+
+#[tokio::test]
+async fn handles_with_a_ttl_above_the_maximum_are_refused() {
+    let lease = Lease::granted(
+        key("handle"),
+        lock_core::OwnerId::random(),
+        FencingToken::new(1),
+        TTL,
+        Instant::now(),
+        String::new(),
+    )
+    .unwrap();
+    let handle = lease.to_handle();
+    let mut parts: Vec<String> = handle.split('.').map(str::to_owned).collect();
+    parts[3] = u64::MAX.to_string();
+    let err = Lease::from_handle(&parts.join(".")).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}
+
+/// A backend whose renew panics: the renewal task dies mid-flight.
+#[derive(Debug)]
+struct PanicOnRenew(MemoryBackend);
+
+#[async_trait]
+impl LockBackend for PanicOnRenew {
+    fn name(&self) -> &'static str {
+        "panic-on-renew"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.0.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.0.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, _lease: &Lease) -> Result<Instant, LockError> {
+        panic!("deliberately broken backend: renew panics")
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.0.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.0.inspect(key).await
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_renewal_task_reports_lost_at_once() {
+    let client = LockClient::new(PanicOnRenew(MemoryBackend::new()));
+    let ttl = Duration::from_secs(3);
+    let guard = client.lock("panics").ttl(ttl).acquire().await.unwrap();
+    // The first renewal comes at about ttl/3 = 1 s and panics; Lost must
+    // follow right then, not at the 3 s deadline (and never "Held").
+    let reason = terminal_within(&guard, Duration::from_millis(1_800)).await;
+    assert!(reason.is_some(), "still {:?}", guard.state());
+    let LockState::Lost(reason) = guard.state() else {
+        panic!("{:?}", guard.state())
+    };
+    assert!(reason.contains("renewal task"), "{reason}");
+    assert!(!guard.is_held());
+}
+
+#[test]
+fn a_renewal_task_stopped_by_its_runtime_shutting_down_reports_lost() {
+    let backend = MemoryBackend::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = runtime.block_on(async {
+        let client = LockClient::new(backend.clone());
+        let request = client.lock("shutdown").ttl(Duration::from_secs(30));
+        request_on_current_runtime(request).acquire().await.unwrap()
+    });
+    drop(runtime);
+    assert!(
+        matches!(guard.state(), LockState::Lost(_)),
+        "{:?}",
+        guard.state()
+    );
+    assert!(!guard.is_held());
+}
+
+// ---- item 2: TTLs below the drift allowance ----
+
+#[tokio::test]
+async fn memory_refuses_ttls_below_the_floor() {
+    let backend = MemoryBackend::new();
+    let client = LockClient::new(backend.clone());
+    for ttl in [Duration::from_millis(1), Duration::from_millis(5)] {
+        let err = backend.try_acquire(&key("short"), ttl).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{ttl:?}: {err}");
+        let err = backend
+            .acquire(&key("short"), ttl, Instant::now() + TTL)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{ttl:?}: {err}");
+        let err = client
+            .lock("short")
+            .ttl(ttl)
+            .acquire()
+            .await
+            .map(|g| g.state())
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{ttl:?}: {err}");
+    }
+    assert!(backend.capabilities().min_ttl >= Duration::from_millis(10));
+    assert!(Capabilities::minimal().min_ttl >= Duration::from_millis(10));
+    // The shortest accepted TTL gives a lease that is alive when returned.
+    let min = backend.capabilities().min_ttl;
+    let lease = backend
+        .try_acquire(&key("short"), min)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(lease.validity_deadline() > Instant::now());
+}
+
+// ---- item 3: renewals scheduled from the lease's deadline ----
+
+/// A backend whose acquire reply arrives late (the grant happened `delay`
+/// before the caller sees it), recording when each renewal is sent.
+#[derive(Debug)]
+struct SlowReply {
+    inner: MemoryBackend,
+    delay: Duration,
+    renewals: Mutex<Vec<Instant>>,
+}
+
+#[async_trait]
+impl LockBackend for SlowReply {
+    fn name(&self) -> &'static str {
+        "slow-reply"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        let lease = self.inner.try_acquire(key, ttl).await?;
+        sleep(self.delay).await;
+        Ok(lease)
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let lease = self.inner.acquire(key, ttl, deadline).await?;
+        sleep(self.delay).await;
+        Ok(lease)
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.renewals.lock().unwrap().push(Instant::now());
+        self.inner.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+#[tokio::test]
+async fn a_slow_acquire_is_renewed_relative_to_its_deadline() {
+    let ttl = Duration::from_millis(600);
+    let backend = Arc::new(SlowReply {
+        inner: MemoryBackend::new(),
+        delay: Duration::from_millis(300),
+        renewals: Mutex::new(Vec::new()),
+    });
+    let client = LockClient::from_arc(backend.clone());
+    let guard = client.lock("slow").ttl(ttl).acquire().await.unwrap();
+    let started = Instant::now();
+    // Half the promised validity went by on the wire. The old schedule
+    // renewed at reply + ttl/3 (200 ms after the reply, 500 ms after the
+    // grant); a third of the validity is long gone, so renew right away.
+    sleep(Duration::from_millis(250)).await;
+    let first = backend.renewals.lock().unwrap().first().copied();
+    let first = first.expect("no renewal within 250 ms of a reply that came 300 ms late");
+    let lag = first - started;
+    assert!(
+        lag < Duration::from_millis(100),
+        "first renewal {lag:?} after the reply"
+    );
+    assert_eq!(guard.state(), LockState::Held);
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn renewals_follow_the_deadline_of_the_previous_renewal() {
+    // A lease granted earlier than the guard started (as a handle read in
+    // another process, or a reply delayed on the wire).
+    let ttl = Duration::from_millis(900);
+    let backend = Arc::new(SlowReply {
+        inner: MemoryBackend::new(),
+        delay: Duration::ZERO,
+        renewals: Mutex::new(Vec::new()),
+    });
+    let granted = backend
+        .inner
+        .try_acquire(&key("cadence"), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let guard = LockGuard::new(backend.clone(), granted, RenewalPolicy::default());
+    sleep(Duration::from_millis(750)).await;
+    let renewals = backend.renewals.lock().unwrap().clone();
+    assert!(renewals.len() >= 2, "{renewals:?}");
+    let first = renewals[0] - started;
+    // Grant + 300 ms - drift = about 100 ms after start (old: 300 ms).
+    assert!(
+        first < Duration::from_millis(200),
+        "first renewal at {first:?}"
+    );
+    let gap = renewals[1] - renewals[0];
+    assert!(
+        gap >= Duration::from_millis(250) && gap <= Duration::from_millis(400),
+        "gap {gap:?}"
+    );
+    assert!(guard.release().await.unwrap());
+}
+
+/// Renewal on the application's own runtime (the behaviour under test).
+fn request_on_current_runtime(request: lock_core::LockRequest<'_>) -> lock_core::LockRequest<'_> {
+    request.renewal_runtime(lock_core::RenewalRuntime::current())
+}
