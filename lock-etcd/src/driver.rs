@@ -20,7 +20,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::config::EtcdConfig;
 use crate::error::{NAME, from_etcd};
-use crate::session::{Session, revoke_in_background};
+use crate::session::{RenewRefused, Session, revoke_in_background};
 
 /// The shortest TTL etcd leases have: one second (the server may raise it
 /// further, to 1.5 election timeouts).
@@ -477,7 +477,10 @@ impl EtcdBackend {
             .with_backend(NAME));
         }
         lease.set_validity_deadline(deadline);
-        let signal = session.mark_held(&pending.entry, revision, pending.owner);
+        // The entry is deleted when the lock's own TTL runs out unless
+        // renewed: not kept for as long as the session lives.
+        let due = sent_at.checked_add(ttl).unwrap_or(sent_at);
+        let signal = session.mark_held(&pending.entry, revision, pending.owner, due);
         pending.armed = false;
         Ok(lease.with_session(signal))
     }
@@ -1002,7 +1005,9 @@ impl LockBackend for EtcdBackend {
                 .with_backend(NAME)
         };
         if let Some(session) = self.session_by_lease(lease_id) {
-            // Our own session keeps the lease alive: renewing is local.
+            // Our own session keeps the etcd lease alive, and this backend
+            // deletes the entry at the grant's own deadline: renewing moves
+            // that deadline (no network call).
             if !session.holds(&entry, revision, lease.owner()) {
                 return Err(not_held("the lease was released or lost"));
             }
@@ -1011,10 +1016,11 @@ impl LockBackend for EtcdBackend {
                     .with_key(lease.key())
                     .with_backend(NAME));
             }
+            let now = Instant::now();
             let deadline = session
                 .deadline()
-                .min(validity_deadline(Instant::now(), lease.ttl()));
-            if deadline <= Instant::now() {
+                .min(validity_deadline(now, lease.ttl()));
+            if deadline <= now {
                 return Err(LockError::new(
                     ErrorKind::LeaseLost,
                     op,
@@ -1023,7 +1029,24 @@ impl LockBackend for EtcdBackend {
                 .with_key(lease.key())
                 .with_backend(NAME));
             }
-            return Ok(deadline);
+            let due = now.checked_add(lease.ttl()).unwrap_or(now);
+            return match session.renew_held(&entry, revision, lease.owner(), now, due) {
+                Ok(()) => Ok(deadline),
+                Err(RenewRefused::NotHeld) => Err(not_held("the lease was released or lost")),
+                Err(RenewRefused::Expired) => {
+                    tokio::spawn(cleanup(
+                        self.inner.client.clone(),
+                        session,
+                        entry,
+                        lease.owner(),
+                        None,
+                        Some(revision),
+                    ));
+                    Err(not_held(
+                        "the lock's TTL ran out before this renewal; its entry is deleted",
+                    ))
+                }
+            };
         }
         // A lease of another process (rebuilt from a handle): refresh its
         // etcd lease once and check the entry is still the same one.
@@ -1139,7 +1162,13 @@ impl LockBackend for EtcdBackend {
             .ok()
             .map(FencingToken::new);
         let mut remaining_ttl = None;
-        if holder.lease() != 0 {
+        let own_due = self
+            .session_by_lease(holder.lease())
+            .and_then(|s| s.due(&name));
+        if let Some(due) = own_due {
+            // Held through this backend: it deletes the entry at `due`.
+            remaining_ttl = Some(due.saturating_duration_since(Instant::now()));
+        } else if holder.lease() != 0 {
             let mut lease_client = self.inner.client.lease_client();
             let lease_id = holder.lease();
             if let Ok(ttl) = with_timeout(self.inner.config.op_timeout, op, async {
@@ -1150,7 +1179,19 @@ impl LockBackend for EtcdBackend {
             })
             .await
             {
-                remaining_ttl = u64::try_from(ttl.ttl()).ok().map(Duration::from_secs);
+                // Another backend deletes the entry at its own deadline,
+                // which etcd cannot show: at most the lock's TTL after its
+                // last renewal, and the lease's granted TTL is that TTL
+                // rounded up. A crashed holder's entry goes with the lease,
+                // within the same bound. So the granted TTL is an upper
+                // bound of the time left; the lease's remaining TTL is not.
+                remaining_ttl = u64::try_from(ttl.granted_ttl())
+                    .ok()
+                    .filter(|_| ttl.ttl() > 0)
+                    .map(|granted| {
+                        Duration::from_secs(granted)
+                            .max(Duration::from_secs(u64::try_from(ttl.ttl()).unwrap_or(0)))
+                    });
             }
         }
         Ok(Some(LockInfo {
@@ -1169,7 +1210,10 @@ pub fn capabilities() -> Capabilities {
         fencing_survives_failover: true,
         waiting: WaitStrategy::Notify,
         fifo: true,
-        ttl_model: TtlModel::PerSession,
+        // Each lock is deleted when its own TTL runs out without a renewal
+        // (by the backend that holds it; by the session lease's expiry, one
+        // TTL rounded up to whole seconds, if that process is gone).
+        ttl_model: TtlModel::PerLease,
         linearizable: true,
         min_ttl: MIN_TTL,
         shared_locks: false,

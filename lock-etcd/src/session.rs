@@ -7,8 +7,17 @@
 //! lease is gone (keep-alive TTL <= 0) or, at the latest, at the local
 //! deadline (`last successful keep-alive sent + TTL - drift`), which comes
 //! before the server can expire the lease.
+//!
+//! Each grant also has a deadline of its own (`sent + TTL`, moved by every
+//! renewal): when it passes without a renewal, the session's expiry task
+//! deletes the entry (compare on its create revision and owner), so a lock
+//! stops being held when its own TTL runs out, whether its guard stopped
+//! renewing (capped renewals, renewal disabled, lost), was dropped, or it
+//! was never renewed at all. The session lease only bounds the case where
+//! this process cannot delete it (crashed, partitioned).
 
-use std::collections::{HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -17,7 +26,7 @@ use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use lock_core::{
     ErrorKind, LockError, Operation, OwnerId, SessionState, validity_deadline, with_timeout,
 };
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::error::{NAME, from_etcd};
@@ -35,6 +44,18 @@ pub(crate) struct Session {
     /// cleaned up): never reused for another grant while listed.
     in_use: Mutex<HashSet<String>>,
     counter: AtomicU64,
+    /// Grant deadlines, earliest first. Lazy: an entry whose grant was
+    /// renewed (or released) since is skipped when it comes up.
+    expiries: Mutex<BinaryHeap<Reverse<(Instant, String)>>>,
+    /// Wakes the expiry task: an earlier deadline, a loss, the drop.
+    expiry_wake: Arc<Notify>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The expiry task only holds a weak reference: let it end.
+        self.expiry_wake.notify_one();
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -51,11 +72,22 @@ impl std::fmt::Debug for Session {
 struct HeldGrant {
     revision: i64,
     owner: OwnerId,
+    /// When the entry is deleted unless renewed first: the grant's (or last
+    /// renewal's) send time plus the lock's TTL.
+    due: Instant,
     /// The grant's own copy of the session state: its receivers live in the
     /// lease (and its clones, and the guard). When they are all dropped, the
     /// grant was abandoned and is released (the session would otherwise keep
     /// it forever).
     signal: watch::Sender<SessionState>,
+}
+
+/// Why a renewal of a grant of this session was refused.
+pub(crate) enum RenewRefused {
+    /// Not held (released, lost, or another grant).
+    NotHeld,
+    /// Its deadline passed before the renewal: it is being deleted.
+    Expired,
 }
 
 /// An abandoned grant to release.
@@ -104,12 +136,19 @@ impl Session {
             held: Mutex::new(HashMap::new()),
             in_use: Mutex::new(HashSet::new()),
             counter: AtomicU64::new(0),
+            expiries: Mutex::new(BinaryHeap::new()),
+            expiry_wake: Arc::new(Notify::new()),
         });
         tracing::debug!(lease = %format_args!("{:x}", grant.id()), ttl = ?server_ttl, "etcd session started");
         tokio::spawn(keep_alive_loop(
             client.clone(),
             Arc::downgrade(&session),
             op_timeout,
+        ));
+        tokio::spawn(expiry_loop(
+            client.clone(),
+            Arc::downgrade(&session),
+            session.expiry_wake.clone(),
         ));
         Ok(session)
     }
@@ -172,14 +211,17 @@ impl Session {
         lock(&self.in_use).remove(entry);
     }
 
-    /// Records a grant and returns the state receiver its lease carries.
+    /// Records a grant, deleted at `due` unless renewed, and returns the
+    /// state receiver its lease carries.
     pub(crate) fn mark_held(
         &self,
         entry: &str,
         revision: i64,
         owner: OwnerId,
+        due: Instant,
     ) -> watch::Receiver<SessionState> {
         let mut held = lock(&self.held);
+        self.schedule(entry, due);
         // Read under the `held` lock, like `set_state` writes: a grant
         // recorded concurrently with a loss still sees it.
         let (signal, receiver) = watch::channel(self.state.borrow().clone());
@@ -188,10 +230,80 @@ impl Session {
             HeldGrant {
                 revision,
                 owner,
+                due,
                 signal,
             },
         );
         receiver
+    }
+
+    fn schedule(&self, entry: &str, due: Instant) {
+        let mut expiries = lock(&self.expiries);
+        let earliest = expiries.peek().is_none_or(|Reverse((next, _))| due < *next);
+        expiries.push(Reverse((due, entry.to_owned())));
+        if earliest {
+            self.expiry_wake.notify_one();
+        }
+    }
+
+    /// Moves a grant's deadline to `due` if it is held and its deadline has
+    /// not passed by `now`. A grant whose deadline passed is forgotten and
+    /// returned as [`RenewRefused::Expired`]: the caller deletes it.
+    pub(crate) fn renew_held(
+        &self,
+        entry: &str,
+        revision: i64,
+        owner: OwnerId,
+        now: Instant,
+        due: Instant,
+    ) -> Result<(), RenewRefused> {
+        let mut held = lock(&self.held);
+        let grant = held
+            .get_mut(entry)
+            .filter(|g| g.revision == revision && g.owner == owner)
+            .ok_or(RenewRefused::NotHeld)?;
+        if grant.due <= now {
+            held.remove(entry);
+            return Err(RenewRefused::Expired);
+        }
+        if due > grant.due {
+            grant.due = due;
+            self.schedule(entry, due);
+        }
+        Ok(())
+    }
+
+    /// When a grant is deleted unless renewed, if it is held.
+    pub(crate) fn due(&self, entry: &str) -> Option<Instant> {
+        lock(&self.held).get(entry).map(|g| g.due)
+    }
+
+    /// Removes and returns the grants whose deadline passed by `now`, and
+    /// the next deadline to look at.
+    fn take_expired(&self, now: Instant) -> (Vec<Abandoned>, Option<Instant>) {
+        let mut held = lock(&self.held);
+        let mut expiries = lock(&self.expiries);
+        let mut expired = Vec::new();
+        while let Some(Reverse((due, _))) = expiries.peek() {
+            if *due > now {
+                break;
+            }
+            let Some(Reverse((_, entry))) = expiries.pop() else {
+                break;
+            };
+            // Renewed since (a later heap entry stands for it) or released.
+            if held.get(&entry).is_some_and(|g| g.due <= now)
+                && let Some(grant) = held.remove(&entry)
+            {
+                expired.push(Abandoned {
+                    entry,
+                    revision: grant.revision,
+                    owner: grant.owner,
+                });
+            }
+        }
+        let next = expiries.peek().map(|Reverse((due, _))| *due);
+        (expired, next)
     }
 
     /// Removes and returns the grants whose leases were all dropped.
@@ -261,6 +373,8 @@ impl Session {
         self.set_state(SessionState::Lost(reason.to_owned()));
         lock(&self.held).clear();
         lock(&self.in_use).clear();
+        lock(&self.expiries).clear();
+        self.expiry_wake.notify_one();
     }
 
     fn extend(&self, deadline: Instant) {
@@ -383,6 +497,43 @@ async fn keep_alive_loop(client: Client, session: Weak<Session>, op_timeout: Dur
                 s.set_state(SessionState::Suspect);
                 failures = failures.saturating_add(1);
             }
+        }
+    }
+}
+
+/// Deletes each grant of the session whose own deadline passed without a
+/// renewal (the lease would keep it as long as the session lives). Sleeps
+/// until the earliest deadline, or until woken by an earlier one, the
+/// session's loss or its drop.
+async fn expiry_loop(client: Client, session: Weak<Session>, wake: Arc<Notify>) {
+    loop {
+        let next = {
+            let Some(s) = session.upgrade() else { return };
+            if matches!(s.state(), SessionState::Lost(_)) {
+                return;
+            }
+            let (expired, next) = s.take_expired(Instant::now());
+            for grant in expired {
+                tracing::debug!(entry = %grant.entry, "lock TTL ran out without a renewal; deleting its entry");
+                tokio::spawn(crate::driver::cleanup(
+                    client.clone(),
+                    s.clone(),
+                    grant.entry,
+                    grant.owner,
+                    None,
+                    Some(grant.revision),
+                ));
+            }
+            next
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = sleep_until(at) => {}
+                    () = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
         }
     }
 }
