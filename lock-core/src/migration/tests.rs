@@ -1,0 +1,639 @@
+//! Tests of the migration wrapper, with test doubles around
+//! [`MemoryBackend`] that delay grants, fail releases or refuse renewals.
+
+use super::*;
+use crate::MemoryBackend;
+
+fn pair() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
+    (
+        Arc::new(MemoryBackend::new()),
+        Arc::new(MemoryBackend::new()),
+    )
+}
+
+#[tokio::test]
+async fn adjacent_phases_exclude_each_other() {
+    let (old, new) = pair();
+    let key = LockKey::new("k").unwrap();
+    let ttl = Duration::from_secs(5);
+    let on_old = MigrationBackend::new(old.clone(), new.clone(), MigrationPhase::Old);
+    let on_dual = on_old.with_phase(MigrationPhase::Dual);
+    let on_new = on_old.with_phase(MigrationPhase::New);
+
+    let held = on_old.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(on_dual.try_acquire(&key, ttl).await.unwrap().is_none());
+    // The failed dual attempt left nothing in the new store.
+    assert!(new.inspect(&key).await.unwrap().is_none());
+    assert!(on_old.release(&held).await.unwrap());
+
+    let dual = on_dual.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(on_old.try_acquire(&key, ttl).await.unwrap().is_none());
+    assert!(on_new.try_acquire(&key, ttl).await.unwrap().is_none());
+    assert!(dual.token().get() > NEW_EPOCH);
+    on_dual.renew(&dual).await.unwrap();
+    assert!(on_dual.release(&dual).await.unwrap());
+    assert!(!on_dual.release(&dual).await.unwrap());
+
+    let newest = on_new.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(on_dual.try_acquire(&key, ttl).await.unwrap().is_none());
+    assert!(newest.token() > dual.token());
+    assert!(on_new.release(&newest).await.unwrap());
+}
+
+#[tokio::test]
+async fn inspect_flags_old_only_holders_during_dual() {
+    let (old, new) = pair();
+    let key = LockKey::new("k").unwrap();
+    let on_old = MigrationBackend::new(old, new, MigrationPhase::Old);
+    let held = on_old
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    let info = on_old
+        .with_phase(MigrationPhase::Dual)
+        .inspect(&key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(info.holder.starts_with("old-only:"), "{}", info.holder);
+    on_old.release(&held).await.unwrap();
+}
+
+#[test]
+fn phases_parse() {
+    assert_eq!(MigrationPhase::parse("Dual").unwrap(), MigrationPhase::Dual);
+    assert_eq!(
+        MigrationPhase::parse("x").unwrap_err().kind(),
+        ErrorKind::Config
+    );
+}
+
+// ---- dual-phase rules (bug 3) ----
+
+/// A backend whose grants arrive `delay` late (a slow new side).
+#[derive(Debug)]
+struct SlowGrant {
+    inner: MemoryBackend,
+    delay: Duration,
+}
+
+#[async_trait]
+impl LockBackend for SlowGrant {
+    fn name(&self) -> &'static str {
+        "slow-grant"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.inner.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+/// A backend whose releases fail (unreachable at release time), or
+/// whose renewals are refused.
+#[derive(Debug)]
+struct Faulty {
+    inner: MemoryBackend,
+    fail_release: bool,
+    refuse_renew: bool,
+}
+
+#[async_trait]
+impl LockBackend for Faulty {
+    fn name(&self) -> &'static str {
+        "faulty"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.inner.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        if self.refuse_renew {
+            return Err(LockError::new(
+                ErrorKind::NotHeld,
+                Operation::Renew,
+                "refused by the test double",
+            ));
+        }
+        self.inner.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        if self.fail_release {
+            return Err(LockError::new(
+                ErrorKind::Unavailable,
+                Operation::Release,
+                "unreachable (test double)",
+            ));
+        }
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+fn key() -> LockKey {
+    LockKey::new("dual/k").unwrap()
+}
+
+#[tokio::test]
+async fn dual_acquire_keeps_the_old_side_while_the_new_side_is_slow() {
+    let old = MemoryBackend::new();
+    let new = SlowGrant {
+        inner: MemoryBackend::new(),
+        delay: Duration::from_millis(450),
+    };
+    let dual = MigrationBackend::new(Arc::new(old.clone()), Arc::new(new), MigrationPhase::Dual);
+    let ttl = Duration::from_millis(200);
+    let lease = dual
+        .acquire(&key(), ttl, Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        lease.validity_deadline() > Instant::now(),
+        "handed out an expired lease: {lease:?}"
+    );
+    // The old side is still ours (renewed while the new side was slow).
+    assert!(
+        old.inspect(&key()).await.unwrap().is_some(),
+        "old side lapsed"
+    );
+    assert!(dual.release(&lease).await.unwrap());
+}
+
+#[tokio::test]
+async fn dual_try_refuses_a_composed_lease_already_over() {
+    let old = MemoryBackend::new();
+    let new = MemoryBackend::new();
+    let slow = SlowGrant {
+        inner: new.clone(),
+        delay: Duration::from_millis(300),
+    };
+    let dual = MigrationBackend::new(Arc::new(old.clone()), Arc::new(slow), MigrationPhase::Dual);
+    let result = dual.try_acquire(&key(), Duration::from_millis(200)).await;
+    match result {
+        Ok(Some(lease)) => panic!("handed out {lease:?} although its old side ran out"),
+        Ok(None) => panic!("not contended"),
+        Err(e) => assert!(e.is_lost(), "{e}"),
+    }
+    // Both sides were given back.
+    assert!(old.inspect(&key()).await.unwrap().is_none());
+    assert!(new.inspect(&key()).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn dual_release_releases_both_sides_whatever_fails() {
+    for failing_new in [true, false] {
+        let old = MemoryBackend::new();
+        let new = MemoryBackend::new();
+        let faulty = |inner: &MemoryBackend, fail| -> Arc<dyn LockBackend> {
+            Arc::new(Faulty {
+                inner: inner.clone(),
+                fail_release: fail,
+                refuse_renew: false,
+            })
+        };
+        let dual = MigrationBackend::new(
+            faulty(&old, !failing_new),
+            faulty(&new, failing_new),
+            MigrationPhase::Dual,
+        );
+        let lease = dual
+            .try_acquire(&key(), Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        let err = dual.release(&lease).await.unwrap_err();
+        assert!(err.is_unavailable(), "{err}");
+        let (left, other) = if failing_new {
+            (&old, "old")
+        } else {
+            (&new, "new")
+        };
+        assert!(
+            left.inspect(&key()).await.unwrap().is_none(),
+            "the {other} side stayed held after the other side's release failed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn dual_acquire_gives_up_when_the_old_side_is_lost_while_waiting() {
+    let old = MemoryBackend::new();
+    let new = MemoryBackend::new();
+    let other = new
+        .try_acquire(&key(), Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    let refusing = Faulty {
+        inner: old.clone(),
+        fail_release: false,
+        refuse_renew: true,
+    };
+    let dual = MigrationBackend::new(
+        Arc::new(refusing),
+        Arc::new(new.clone()),
+        MigrationPhase::Dual,
+    );
+    let started = Instant::now();
+    let err = dual
+        .acquire(
+            &key(),
+            Duration::from_millis(300),
+            Instant::now() + Duration::from_secs(3),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        old.inspect(&key()).await.unwrap().is_none(),
+        "old side kept"
+    );
+    assert!(new.release(&other).await.unwrap());
+    // The withdrawn new-side waiter left nothing behind.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(new.inspect(&key()).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn dual_renew_reports_a_lost_side() {
+    let old = MemoryBackend::new();
+    let new = MemoryBackend::new();
+    let dual = MigrationBackend::new(
+        Arc::new(old.clone()),
+        Arc::new(new.clone()),
+        MigrationPhase::Dual,
+    );
+    let lease = dual
+        .try_acquire(&key(), Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    dual.renew(&lease).await.unwrap();
+    // Someone frees the new side behind our back.
+    let (_, new_part) = MigrationBackend::split(&lease, Operation::Renew).unwrap();
+    assert!(new.release(&new_part.unwrap()).await.unwrap());
+    assert!(dual.renew(&lease).await.unwrap_err().is_not_held());
+    let _ = dual.release(&lease).await;
+    assert!(old.inspect(&key()).await.unwrap().is_none());
+}
+
+/// A first migration (kept in phase `New`) whose new side has handed
+/// out many tokens, and a fresh backend for the second migration.
+async fn first_migration() -> (MigrationBackend, MemoryBackend, FencingToken) {
+    let (a, b) = (MemoryBackend::new(), MemoryBackend::new());
+    for _ in 0..50 {
+        let warm = LockKey::new("warm").unwrap();
+        let l = b
+            .try_acquire(&warm, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        b.release(&l).await.unwrap();
+    }
+    let first = MigrationBackend::new(Arc::new(a), Arc::new(b), MigrationPhase::New)
+        .with_old_lease_max(Duration::ZERO);
+    // Cut over and let the (zero) wait-out pass.
+    let seen = loop {
+        if let Some(lease) = first
+            .try_acquire(&key(), Duration::from_secs(5))
+            .await
+            .unwrap()
+        {
+            break lease;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    first.release(&seen).await.unwrap();
+    (first, MemoryBackend::new(), seen.token())
+}
+
+#[tokio::test]
+async fn nesting_without_stacking_is_refused_in_every_phase_that_sees_old_tokens() {
+    let (first, c, seen) = first_migration().await;
+    for phase in [MigrationPhase::Old, MigrationPhase::Dual] {
+        let second = MigrationBackend::new(Arc::new(first.clone()), Arc::new(c.clone()), phase);
+        for result in [
+            second
+                .try_acquire(&key(), Duration::from_secs(5))
+                .await
+                .map(|l| l.map(|l| l.token())),
+            second
+                .acquire(
+                    &key(),
+                    Duration::from_secs(5),
+                    Instant::now() + Duration::from_secs(1),
+                )
+                .await
+                .map(|l| Some(l.token())),
+        ] {
+            let err = result
+                .map(|t| format!("granted {t:?} after {seen}"))
+                .unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{phase:?}: {err}");
+            assert!(err.message().contains("stacked"), "{err}");
+        }
+        // Nothing was left held on any side.
+        assert!(first.inspect(&key()).await.unwrap().is_none());
+        assert!(c.inspect(&key()).await.unwrap().is_none());
+    }
+}
+
+#[tokio::test]
+async fn stacked_migrations_keep_tokens_increasing() {
+    let (first, c, seen) = first_migration().await;
+    let second = MigrationBackend::stacked(first.clone(), Arc::new(c), MigrationPhase::Old)
+        .unwrap()
+        .with_old_lease_max(Duration::ZERO);
+    assert_eq!(second.epoch(), 2);
+    assert_ne!(second.cutover_key(), first.cutover_key());
+    let mut last = seen;
+    for phase in [
+        MigrationPhase::Old,
+        MigrationPhase::Dual,
+        MigrationPhase::New,
+    ] {
+        let backend = second.with_phase(phase);
+        let lease = loop {
+            if let Some(lease) = backend
+                .try_acquire(&key(), Duration::from_secs(5))
+                .await
+                .unwrap()
+            {
+                break lease;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert!(
+            lease.token() > last,
+            "{phase:?}: {} after {last}",
+            lease.token()
+        );
+        last = lease.token();
+        assert!(backend.release(&lease).await.unwrap());
+    }
+    // Epoch 255 is the last.
+    let mut top = first;
+    top.epoch = 255;
+    assert_eq!(
+        MigrationBackend::stacked(top, Arc::new(MemoryBackend::new()), MigrationPhase::Old)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Config
+    );
+}
+
+// ---- the cutover guard (stragglers on `old`) ----
+
+fn phases(
+    old: &MemoryBackend,
+    new: &MemoryBackend,
+    wait_out: Duration,
+) -> (MigrationBackend, MigrationBackend, MigrationBackend) {
+    let on_old = MigrationBackend::new(
+        Arc::new(old.clone()),
+        Arc::new(new.clone()),
+        MigrationPhase::Old,
+    )
+    .with_old_lease_max(wait_out);
+    // Each its own process: no shared cutover state.
+    let fresh = |phase| {
+        MigrationBackend::new(Arc::new(old.clone()), Arc::new(new.clone()), phase)
+            .with_old_lease_max(wait_out)
+    };
+    (
+        on_old,
+        fresh(MigrationPhase::Dual),
+        fresh(MigrationPhase::New),
+    )
+}
+
+#[tokio::test]
+async fn a_waiting_old_straggler_is_refused_once_new_has_started() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let (on_old, on_dual, on_new) = phases(&old, &new, Duration::from_secs(5));
+    let key = LockKey::new("jobs/straggle").unwrap();
+    let ttl = Duration::from_secs(2);
+    let far = || Instant::now() + Duration::from_secs(10);
+    let dual = on_dual.acquire(&key, ttl, far()).await.unwrap();
+    // The straggler waits behind the dual holder in the old backend.
+    let straggler = tokio::spawn({
+        let (on_old, key) = (on_old.clone(), key.clone());
+        async move { on_old.acquire(&key, ttl, far()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let newcomer = tokio::spawn({
+        let (on_new, key) = (on_new.clone(), key.clone());
+        async move {
+            let lease = on_new.acquire(&key, ttl, far()).await?;
+            Ok::<_, LockError>((lease, Instant::now()))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // `new` announced the cutover in the old backend.
+    assert!(old.inspect(on_new.cutover_key()).await.unwrap().is_some());
+    assert!(on_dual.release(&dual).await.unwrap());
+    let refused = straggler.await.unwrap().unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Config, "{refused}");
+    assert!(
+        refused.message().contains("moved to the new backend"),
+        "{refused}"
+    );
+    let (lease, _) = newcomer.await.unwrap().unwrap();
+    // The new process did not wait out the 5 s: it took the key once in
+    // the old backend instead.
+    assert!(lease.token().get() > NEW_EPOCH);
+    // The refused grant was given back.
+    assert!(old.inspect(&key).await.unwrap().is_none());
+    assert!(on_new.release(&lease).await.unwrap());
+    // A later straggler is refused at once, and leaves nothing.
+    let err = on_old.try_acquire(&key, ttl).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(old.inspect(&key).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn new_waits_for_an_old_holder_until_the_wait_out() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let wait_out = Duration::from_millis(300);
+    let (on_old, _, on_new) = phases(&old, &new, wait_out);
+    let key = LockKey::new("jobs/holder").unwrap();
+    // An old holder from before the cutover, holding a long lease (longer
+    // than the configured wait-out: a misconfiguration the wait-out bounds).
+    let held = on_old
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        on_new
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let started = Instant::now();
+    let lease = on_new
+        .acquire(
+            &key,
+            Duration::from_secs(1),
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200),
+        "granted beside an old holder after {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(2), "{waited:?}");
+    // The old holder cannot renew past the cutover: its guard goes `Lost`.
+    let err = on_old.renew(&held).await.unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    // ... and its lease is left to expire, not released under its holder.
+    assert!(old.inspect(&key).await.unwrap().is_some());
+    on_new.release(&lease).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_old_guard_reports_lost_after_the_cutover() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let (on_old, _, on_new) = phases(&old, &new, Duration::from_millis(100));
+    let client = crate::LockClient::new(on_old);
+    let guard = client
+        .lock("jobs/guarded")
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    // `new` starts (on another key): the cutover is announced.
+    let other = LockKey::new("jobs/other").unwrap();
+    let _ = on_new
+        .try_acquire(&other, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("the guard never reported the cutover");
+    assert!(reason.contains("moved to the new backend"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_restarted_new_process_does_not_wait_again() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let wait_out = Duration::from_millis(150);
+    let (_, _, first) = phases(&old, &new, wait_out);
+    let key = LockKey::new("jobs/restart").unwrap();
+    // A try before the wait-out passed still goes through (the key is free
+    // in the old backend).
+    let lease = first
+        .try_acquire(&key, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    first.release(&lease).await.unwrap();
+    tokio::time::sleep(wait_out + Duration::from_millis(50)).await;
+    // A restart: new cutover state, same backends. The marker's age comes
+    // from the old backend, so it needs no look at `key` there: even with
+    // the key held in the old backend (by a client outside the migration),
+    // it grants at once.
+    let (_, _, restarted) = phases(&old, &new, wait_out);
+    let leftover = old
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    let lease = restarted
+        .try_acquire(&key, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(lease.is_some(), "the restarted process waited again");
+    old.release(&leftover).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_marker_key_cannot_be_locked_through_the_wrapper() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let (on_old, on_dual, on_new) = phases(&old, &new, Duration::ZERO);
+    let marker = on_old.cutover_key().clone();
+    for backend in [&on_old, &on_dual, &on_new] {
+        let err = backend
+            .try_acquire(&marker, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    }
+    let named = on_old.clone().with_name("fleet-a").unwrap();
+    assert_eq!(
+        named.cutover_key().as_str(),
+        "__distlock/migration-cutover/fleet-a"
+    );
+    for bad in ["", "  ", "a\u{0}b"] {
+        assert_eq!(
+            on_old.clone().with_name(bad).unwrap_err().kind(),
+            ErrorKind::Config,
+            "{bad:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_unreadable_marker_refuses_old_grants() {
+    let old = MemoryBackend::new();
+    let new = MemoryBackend::new();
+    let (on_old, _, _) = phases(&old, &new, Duration::ZERO);
+    let key = LockKey::new("jobs/unreadable").unwrap();
+    old.set_fault(crate::MemoryFault::Unavailable);
+    assert!(
+        on_old
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap_err()
+            .is_unavailable()
+    );
+    old.set_fault(crate::MemoryFault::None);
+    assert!(
+        on_old
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
