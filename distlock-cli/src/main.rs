@@ -75,10 +75,26 @@ enum Command {
     /// DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN, DISTLOCK_OWNER and
     /// DISTLOCK_HANDLE, runs in its own process group, and receives the
     /// signals distlock gets (INT, TERM, HUP, QUIT, USR1, USR2).
+    ///
+    /// When renewals do not keep up, the command is stopped BEFORE the
+    /// lock's deadline, not after it: with --on-lost term it gets SIGTERM
+    /// at deadline - kill_after - margin and SIGKILL at deadline - margin,
+    /// where margin = max(100ms, 5% of the TTL); with --on-lost kill,
+    /// SIGKILL at deadline - margin. The deadline is the lock's local
+    /// validity deadline (send time + TTL - clock drift), which comes
+    /// before the server can give the key to anyone else. Both points
+    /// follow the deadline: a renewal that succeeds moves them out. A
+    /// --kill-after longer than TTL/2 - margin does not fit and is
+    /// shortened to that (with a warning). A lock lost before its
+    /// deadline (renewal refused) means SIGTERM at once and SIGKILL after
+    /// --kill-after, at the latest at deadline - margin.
     #[command(after_help = "Examples:
   distlock --url sqlite:///var/lib/app/locks.db run nightly -- ./backup.sh
   distlock --url redis://127.0.0.1:6379 run --wait 30s --ttl 10s jobs/report -- make report
-  distlock run --on-lost kill --wait 0 cron/cleanup -- ./cleanup --fast")]
+  distlock run --on-lost kill --wait 0 cron/cleanup -- ./cleanup --fast
+
+Stop margin: with --ttl 10s the command is gone 500ms before the lock's
+deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
     Run {
         /// Lease TTL (renewed about every TTL/3).
         #[arg(long, value_parser = duration_arg)]
@@ -86,12 +102,15 @@ enum Command {
         /// How long to wait for a held lock (0 = fail at once).
         #[arg(long, value_parser = duration_arg)]
         wait: Option<Duration>,
-        /// What to do with the command if the lock is lost.
+        /// What to do with the command if the lock may be lost (renewals
+        /// not keeping up) or is lost: stop it before the deadline (term,
+        /// kill), or let it run on (ignore).
         #[arg(long, value_enum, default_value = "term")]
         on_lost: run::OnLost,
-        /// With --on-lost term: SIGKILL after this long.
-        #[arg(long, value_parser = duration_arg, default_value = "10s")]
-        kill_after: Duration,
+        /// With --on-lost term: the time between SIGTERM and SIGKILL
+        /// (default 10s, at most TTL/2 - margin).
+        #[arg(long, value_parser = duration_arg)]
+        kill_after: Option<Duration>,
         /// Exit code when the lock could not be had within --wait.
         #[arg(long, default_value_t = exit::CONTENDED)]
         conflict_exit_code: u8,

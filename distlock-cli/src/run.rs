@@ -3,31 +3,76 @@
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use lock_core::{LockClient, LockError, LockGuard};
+use distlock::format_duration;
+use lock_core::{LockClient, LockError, LockGuard, LockState};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::{Instant, sleep_until};
 
 use crate::exit;
 
 /// What to do with the command when the lock is lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum OnLost {
-    /// SIGTERM the command's process group, SIGKILL after --kill-after.
+    /// SIGTERM the command's process group early enough that it has
+    /// --kill-after to exit before the lock's deadline, SIGKILL it a margin
+    /// before the deadline.
     Term,
-    /// SIGKILL the command's process group at once.
+    /// SIGKILL the command's process group a margin before the deadline.
     Kill,
     /// Let the command run on (it is no longer protected); warn.
     Ignore,
 }
+
+/// The default of `--kill-after`.
+pub(crate) const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
 
 pub(crate) struct RunArgs {
     pub(crate) key: String,
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) on_lost: OnLost,
-    pub(crate) kill_after: Duration,
+    /// `None`: the default ([`DEFAULT_KILL_AFTER`], shortened silently to fit
+    /// the TTL); a value given on the command line is shortened with a
+    /// warning.
+    pub(crate) kill_after: Option<Duration>,
     pub(crate) conflict_exit_code: u8,
     pub(crate) command: Vec<String>,
+}
+
+/// How long before the lock's local deadline the command must be gone:
+/// `max(100 ms, 5 % of the TTL)`. The local deadline already allows for
+/// clock drift and comes before the server frees the key; the margin
+/// covers signal delivery, the process group's exit and our own wake-up.
+pub(crate) fn stop_margin(ttl: Duration) -> Duration {
+    (ttl / 20).max(Duration::from_millis(100))
+}
+
+/// The longest `--kill-after` that fits a TTL: SIGTERM goes out
+/// `kill_after + margin` before the deadline, and must not come before the
+/// renewal had a fair chance (renewals run about every TTL/3), so the
+/// SIGTERM point is kept in the second half of the lease.
+pub(crate) fn max_kill_after(ttl: Duration) -> Duration {
+    (ttl / 2).saturating_sub(stop_margin(ttl))
+}
+
+/// When to signal the command for a lock whose local deadline is
+/// `deadline`: `(SIGTERM at, SIGKILL at)`. Nothing for `ignore`.
+pub(crate) fn stop_plan(
+    deadline: Instant,
+    on_lost: OnLost,
+    kill_after: Duration,
+    margin: Duration,
+) -> (Option<Instant>, Option<Instant>) {
+    let before = |d: Duration| deadline.checked_sub(d).unwrap_or(deadline);
+    match on_lost {
+        OnLost::Term => (
+            Some(before(kill_after.saturating_add(margin))),
+            Some(before(margin)),
+        ),
+        OnLost::Kill => (None, Some(before(margin))),
+        OnLost::Ignore => (None, None),
+    }
 }
 
 /// Acquires, runs the command with the lock held (renewed), releases.
@@ -55,6 +100,24 @@ pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockEr
             "no command given after --",
         ));
     };
+    let ttl = guard.lease().ttl();
+    let fits = max_kill_after(ttl);
+    let kill_after = match args.kill_after {
+        Some(asked) if asked > fits && args.on_lost == OnLost::Term => {
+            eprintln!(
+                "distlock: warning: --kill-after {} does not fit in the TTL {}: the command \
+                 must be stopped {} before the lock's deadline and SIGTERM may come at most \
+                 half a TTL before it; using --kill-after {}",
+                format_duration(asked),
+                format_duration(ttl),
+                format_duration(stop_margin(ttl)),
+                format_duration(fits)
+            );
+            fits
+        }
+        Some(asked) => asked.min(fits),
+        None => DEFAULT_KILL_AFTER.min(fits),
+    };
     let mut cmd = Command::new(program);
     cmd.args(rest)
         .env("DISTLOCK_KEY", &args.key)
@@ -74,7 +137,7 @@ pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockEr
             return Ok(exit::CANNOT_EXEC);
         }
     };
-    let outcome = supervise(&mut child, &guard, &args).await;
+    let outcome = supervise(&mut child, &guard, &args, kill_after).await;
     let released = guard.release().await;
     match outcome {
         Supervised::Exited(status) => {
@@ -109,11 +172,50 @@ enum Supervised {
     WaitFailed(std::io::Error),
 }
 
-async fn supervise(child: &mut Child, guard: &LockGuard, args: &RunArgs) -> Supervised {
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn millis(d: Duration) -> u128 {
+    d.as_millis()
+}
+
+/// Waits for the command while forwarding signals, and stops it before the
+/// lock's deadline when renewals do not keep up.
+///
+/// The SIGTERM / SIGKILL points are computed from the guard's *current*
+/// local deadline ([`stop_plan`]): a renewal that succeeds moves the
+/// deadline and with it both points, so with healthy renewals they are
+/// never reached. They are reached when renewals fail (the guard is
+/// `Suspect`) and also when a renewal hangs (the guard still says `Held`
+/// until its call times out): in both cases the command is gone a margin
+/// before the deadline, before the server can give the key to anyone else.
+async fn supervise(
+    child: &mut Child,
+    guard: &LockGuard,
+    args: &RunArgs,
+    kill_after: Duration,
+) -> Supervised {
     let pid = child.id().and_then(|p| libc::pid_t::try_from(p).ok());
+    let margin = stop_margin(guard.lease().ttl());
     let mut signals = Signals::new();
+    let mut states = guard.subscribe();
+    let mut states_open = true;
     let mut lost_reason: Option<String> = None;
+    let mut term_sent = false;
+    let mut kill_sent = false;
+    // After a loss reported before the deadline: SIGKILL no later than this.
+    let mut kill_by: Option<Instant> = None;
     loop {
+        let deadline = guard.validity_deadline();
+        let (term_at, kill_at) = stop_plan(deadline, args.on_lost, kill_after, margin);
+        let kill_at = match (kill_at, kill_by) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         tokio::select! {
             status = child.wait() => {
                 return match (status, lost_reason) {
@@ -127,7 +229,54 @@ async fn supervise(child: &mut Child, guard: &LockGuard, args: &RunArgs) -> Supe
                     signal_group(pid, sig);
                 }
             }
-            reason = guard.lost(), if lost_reason.is_none() => {
+            () = sleep_until_opt(term_at), if !term_sent => {
+                // A renewal may have moved the deadline without a state
+                // change (Held -> Held): only act if the point still stands.
+                let (term_at, _) = stop_plan(guard.validity_deadline(), args.on_lost, kill_after, margin);
+                if term_at.is_some_and(|at| at <= Instant::now()) {
+                    let left = guard.validity_deadline().saturating_duration_since(Instant::now());
+                    eprintln!(
+                        "distlock: lock {:?} not renewed in time ({}): SIGTERM to the command, SIGKILL in {} ms, {} ms before the lock's deadline",
+                        args.key,
+                        state_name(&guard.state()),
+                        millis(left.saturating_sub(margin)),
+                        millis(margin),
+                    );
+                    if let Some(pid) = pid {
+                        signal_group(pid, libc::SIGTERM);
+                    }
+                    term_sent = true;
+                    lost_reason.get_or_insert_with(|| "renewals did not succeed in time; the command was stopped before the lock's deadline".to_owned());
+                }
+            }
+            () = sleep_until_opt(kill_at), if !kill_sent => {
+                let (_, planned) = stop_plan(guard.validity_deadline(), args.on_lost, kill_after, margin);
+                let now = Instant::now();
+                if planned.is_some_and(|at| at <= now) || kill_by.is_some_and(|at| at <= now) {
+                    if !term_sent {
+                        eprintln!(
+                            "distlock: lock {:?} not renewed in time ({}): SIGKILL to the command {} ms before the lock's deadline",
+                            args.key,
+                            state_name(&guard.state()),
+                            millis(margin),
+                        );
+                    }
+                    if let Some(pid) = pid {
+                        signal_group(pid, libc::SIGKILL);
+                    }
+                    kill_sent = true;
+                    lost_reason.get_or_insert_with(|| "renewals did not succeed in time; the command was killed before the lock's deadline".to_owned());
+                }
+            }
+            changed = states.changed(), if states_open => {
+                if changed.is_err() {
+                    states_open = false;
+                    continue;
+                }
+                let LockState::Lost(reason) = states.borrow_and_update().clone() else {
+                    // Held or Suspect: the loop recomputes from the deadline.
+                    continue;
+                };
                 match args.on_lost {
                     OnLost::Ignore => {
                         eprintln!("distlock: warning: lock {:?} lost ({reason}); the command runs on unprotected (--on-lost ignore)", args.key);
@@ -141,22 +290,35 @@ async fn supervise(child: &mut Child, guard: &LockGuard, args: &RunArgs) -> Supe
                         if let Some(pid) = pid {
                             signal_group(pid, libc::SIGKILL);
                         }
+                        kill_sent = true;
                     }
                     OnLost::Term => {
-                        if let Some(pid) = pid {
-                            signal_group(pid, libc::SIGTERM);
+                        if !term_sent {
+                            if let Some(pid) = pid {
+                                signal_group(pid, libc::SIGTERM);
+                            }
+                            term_sent = true;
                         }
-                        let kill_after = args.kill_after;
-                        if tokio::time::timeout(kill_after, child.wait()).await.is_err()
-                            && let Some(pid) = pid
-                        {
-                            signal_group(pid, libc::SIGKILL);
-                        }
+                        // Lost before its deadline (renewal refused): the
+                        // key may already be someone else's. Give the
+                        // command its --kill-after, but never past the
+                        // deadline's margin.
+                        let by = Instant::now() + kill_after;
+                        kill_by = Some(kill_by.map_or(by, |b| b.min(by)));
                     }
                 }
                 lost_reason = Some(reason);
             }
         }
+    }
+}
+
+fn state_name(state: &LockState) -> &'static str {
+    match state {
+        LockState::Held => "renewal pending",
+        LockState::Suspect => "renewals failing",
+        LockState::Lost(_) => "lost",
+        LockState::Released => "released",
     }
 }
 
@@ -236,5 +398,63 @@ fn describe(status: Option<ExitStatus>) -> String {
     match status {
         Some(status) => format!("ended with {status}"),
         None => "state unknown".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_margin_and_the_longest_kill_after_follow_the_ttl() {
+        assert_eq!(
+            stop_margin(Duration::from_secs(1)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            stop_margin(Duration::from_secs(10)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            max_kill_after(Duration::from_secs(10)),
+            Duration::from_millis(4500)
+        );
+        assert_eq!(
+            max_kill_after(Duration::from_secs(30)),
+            Duration::from_millis(13_500)
+        );
+        // The default --kill-after fits the default TTL.
+        assert!(DEFAULT_KILL_AFTER <= max_kill_after(Duration::from_secs(30)));
+        assert_eq!(max_kill_after(Duration::from_millis(150)), Duration::ZERO);
+        assert_eq!(max_kill_after(Duration::ZERO), Duration::ZERO);
+        assert_eq!(stop_margin(Duration::MAX), Duration::MAX / 20);
+    }
+
+    #[test]
+    fn signals_come_before_the_deadline_and_move_with_it() {
+        let now = Instant::now();
+        let deadline = now + Duration::from_secs(10);
+        let margin = Duration::from_millis(500);
+        let kill_after = Duration::from_secs(2);
+        let (term, kill) = stop_plan(deadline, OnLost::Term, kill_after, margin);
+        assert_eq!(term, Some(deadline - Duration::from_millis(2500)));
+        assert_eq!(kill, Some(deadline - margin));
+        assert!(term.unwrap() < kill.unwrap() && kill.unwrap() < deadline);
+        // A renewal moves the deadline, and both points with it.
+        let renewed = deadline + Duration::from_secs(3);
+        let (term2, kill2) = stop_plan(renewed, OnLost::Term, kill_after, margin);
+        assert_eq!(term2.unwrap() - term.unwrap(), Duration::from_secs(3));
+        assert_eq!(kill2.unwrap() - kill.unwrap(), Duration::from_secs(3));
+        assert_eq!(
+            stop_plan(deadline, OnLost::Kill, kill_after, margin),
+            (None, Some(deadline - margin))
+        );
+        assert_eq!(
+            stop_plan(deadline, OnLost::Ignore, kill_after, margin),
+            (None, None)
+        );
+        // Huge values saturate instead of panicking.
+        let (term, kill) = stop_plan(deadline, OnLost::Term, Duration::MAX, Duration::MAX);
+        assert!(term.is_some() && kill.is_some());
     }
 }

@@ -411,3 +411,177 @@ fn migration_config_works_from_the_command_line() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// Wall-clock nanoseconds (what `date +%s%N` prints in a child).
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Whether process `pid` has exited (gone, or a zombie not yet reaped).
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_none_or(|state| state == 'Z' || state == 'X'),
+    }
+}
+
+/// How the holder's renewals are stopped.
+#[derive(Clone, Copy, Debug)]
+enum Stall {
+    /// Traffic held: renewals hang until their timeout (the guard stays
+    /// `Held` meanwhile).
+    Partition,
+    /// The proxy is gone: renewals fail at once (the guard turns `Suspect`).
+    Refused,
+}
+
+/// Bug 6: `run --on-lost term` must stop the command before the lock's
+/// deadline, so the next holder never runs beside it. The holder reaches
+/// Redis through a fault proxy; its renewals are stalled; a second `run`
+/// (straight to Redis) waits for the key. Measured on the wall clock: the
+/// first command's exit, the latest possible deadline (stall + TTL: no
+/// renewal sent after the stall can succeed), and the second command's
+/// start.
+async fn stops_before_the_deadline(server: &RedisServer, stall: Stall, trap: &str) {
+    use conformance::proxy::FaultProxy;
+    let upstream: std::net::SocketAddr = format!("127.0.0.1:{}", server.port()).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let holder_url = format!("redis://127.0.0.1:{}", proxy.port());
+    let direct_url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let started_file = dir.path().join("second");
+    let key = format!("stall/{stall:?}");
+    let ttl = Duration::from_secs(3);
+    let script = format!(
+        "{trap}; echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; while :; do sleep 0.05; done",
+        pid = pid_file.display()
+    );
+    let mut first = distlock(
+        &holder_url,
+        &[
+            "run",
+            "--ttl",
+            "3s",
+            "--on-lost",
+            "term",
+            "--kill-after",
+            "10s",
+            &key,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    first.stdin(Stdio::null()).stderr(Stdio::piped());
+    let first = first.spawn().unwrap();
+    let begun = Instant::now();
+    while !pid_file.exists() {
+        assert!(
+            begun.elapsed() < Duration::from_secs(20),
+            "first command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Let a renewal or two succeed, so the deadline is a recent one.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(!exited(pid), "the command must run while renewals succeed");
+
+    let stalled_at = wall_ns();
+    let mut proxy = Some(proxy);
+    match stall {
+        Stall::Partition => proxy.as_ref().unwrap().partition(),
+        Stall::Refused => drop(proxy.take()),
+    }
+    let watcher = std::thread::spawn(move || {
+        let begun = Instant::now();
+        while !exited(pid) {
+            if begun.elapsed() > Duration::from_secs(30) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Some(wall_ns())
+    });
+    let second_script = format!("date +%s%N > {}", started_file.display());
+    let second = tokio::task::spawn_blocking(move || {
+        output(distlock(
+            &direct_url,
+            &[
+                "run",
+                "--wait",
+                "20s",
+                &key,
+                "--",
+                "sh",
+                "-c",
+                &second_script,
+            ],
+        ))
+    });
+    let first_exit = tokio::task::spawn_blocking(move || watcher.join().unwrap())
+        .await
+        .unwrap()
+        .expect("the first command did not exit within 30 s");
+    let second = second.await.unwrap();
+    assert!(second.status.success(), "{}", stderr(&second));
+    let first = tokio::task::spawn_blocking(move || first.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    drop(proxy);
+    let second_start: u128 = std::fs::read_to_string(&started_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let ms = |t: u128| (t.saturating_sub(stalled_at)) as f64 / 1e6;
+    let latest_deadline = stalled_at + ttl.as_nanos();
+    println!(
+        "{stall:?} ({trap}): renewals stalled at 0 ms; first command exited at {:.0} ms; \
+         lock deadline at the latest {:.0} ms; second command started at {:.0} ms",
+        ms(first_exit),
+        ms(latest_deadline),
+        ms(second_start)
+    );
+    let first_err = String::from_utf8_lossy(&first.stderr);
+    println!("first distlock said: {first_err}");
+    assert!(
+        first_exit < latest_deadline,
+        "{stall:?}: the command exited {:.0} ms after the stall, after the lock's deadline (at most {:.0} ms)",
+        ms(first_exit),
+        ms(latest_deadline)
+    );
+    assert!(
+        first_exit < second_start,
+        "{stall:?}: the second command started at {:.0} ms while the first ran until {:.0} ms",
+        ms(second_start),
+        ms(first_exit)
+    );
+    assert_eq!(first.status.code(), Some(76), "{first_err}");
+    assert!(first_err.contains("does not fit in the TTL"), "{first_err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_lost_term_stops_the_command_before_the_deadline() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    // A command that ignores SIGTERM: only the SIGKILL a margin before the
+    // deadline stops it (the old behaviour: SIGTERM at the deadline, then
+    // --kill-after 10 s of overlap with the next holder).
+    stops_before_the_deadline(&server, Stall::Partition, "trap '' TERM").await;
+    // A command that cleans up for 300 ms on SIGTERM and exits.
+    stops_before_the_deadline(&server, Stall::Refused, "trap 'sleep 0.3; exit 0' TERM").await;
+}
