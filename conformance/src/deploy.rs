@@ -310,6 +310,31 @@ impl Deployment {
         })
     }
 
+    /// Starts a server of `kind` like [`start`](Self::start), with the
+    /// clustered kinds' peer traffic through fault proxies (for member
+    /// partitions: [`EtcdServer::start_cluster_with_peer_proxies`],
+    /// [`ZkEnsemble::start_with_peer_proxies`]). The other kinds start as
+    /// usual.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](Self::start).
+    pub async fn start_with_peer_proxies(kind: &str) -> Result<Self, HarnessError> {
+        Ok(match kind {
+            "etcd-cluster" => Self::EtcdCluster(Fleet::new(
+                EtcdServer::start_cluster_with_peer_proxies(QUORUM_NODES).await?,
+            )),
+            "zookeeper-ensemble" => Self::ZkEnsemble(Fleet::new(
+                ZkEnsemble::start_with_peer_proxies(
+                    QUORUM_NODES,
+                    crate::servers::zookeeper::SYNC_LIMIT_TICKS,
+                )
+                .await?,
+            )),
+            other => Self::start(other).await?,
+        })
+    }
+
     /// The kind's name.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -632,6 +657,72 @@ impl Deployment {
             Self::ZkEnsemble(f) => restart_zk(f).await,
             _ => Ok(()),
         }
+    }
+}
+
+#[async_trait]
+impl crate::soak::MemberFaults for DeployedTarget {
+    async fn partitionable_members(&self) -> usize {
+        match &*self.deployment.lock().await {
+            Deployment::EtcdCluster(f) if f.servers.has_peer_proxies() => f.servers.len(),
+            // Its peer proxies are checked when a member is partitioned.
+            Deployment::ZkEnsemble(f) => f.servers.nodes().len(),
+            _ => 0,
+        }
+    }
+
+    async fn members(&self) -> usize {
+        match &*self.deployment.lock().await {
+            Deployment::EtcdCluster(f) => f.servers.len(),
+            Deployment::ZkEnsemble(f) => f.servers.nodes().len(),
+            _ => 0,
+        }
+    }
+
+    async fn partition_member(&self, index: usize) -> Result<bool, HarnessError> {
+        match &*self.deployment.lock().await {
+            Deployment::EtcdCluster(f) => Ok(f.servers.partition_member(index)),
+            Deployment::ZkEnsemble(f) => f.servers.partition_member(index).map(|()| true),
+            _ => Ok(false),
+        }
+    }
+
+    async fn heal_member(&self, index: usize) -> Result<(), HarnessError> {
+        match &*self.deployment.lock().await {
+            Deployment::EtcdCluster(f) => {
+                f.servers.heal_member(index);
+                Ok(())
+            }
+            Deployment::ZkEnsemble(f) => f.servers.heal_member(index),
+            _ => Ok(()),
+        }
+    }
+
+    async fn member_client(
+        &self,
+        index: usize,
+    ) -> Result<Option<(Arc<dyn LockBackend>, FaultProxy)>, HarnessError> {
+        let (port, url) = {
+            let mut d = self.deployment.lock().await;
+            match &mut *d {
+                Deployment::EtcdCluster(f) if index < f.servers.len() => {
+                    let port = f.servers.member(index).client_port();
+                    (port, "etcd://127.0.0.1:{port}/distlock?ttl=2s")
+                }
+                Deployment::ZkEnsemble(f) if index < f.servers.nodes().len() => {
+                    let port = f.servers.nodes()[index].client_port();
+                    (port, "zk://127.0.0.1:{port}?session_timeout=2s")
+                }
+                _ => return Ok(None),
+            }
+        };
+        let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
+        let url = url.replace("{port}", &proxy.port().to_string());
+        let client = (self.open)(url).await.map_err(|e| HarnessError::Setup {
+            what: format!("connecting to member {index} through a proxy"),
+            output: e.to_string(),
+        })?;
+        Ok(Some((client, proxy)))
     }
 }
 

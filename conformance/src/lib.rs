@@ -12,6 +12,8 @@
 //! - [`scenarios`]: fault scenarios (crashed, paused, partitioned holders,
 //!   restarted servers, injected latency, lost replies, cancellation storms)
 //!   with negative controls.
+//! - [`soak`]: a randomized fault soak (a seeded nemesis, clients updating
+//!   a fenced counter, the checker over the whole run, counts per fault).
 //! - [`proxy`]: an in-process TCP proxy that injects latency, partitions,
 //!   blackholes and resets.
 //! - [`process`] and [`servers`]: real servers on loopback, started from
@@ -40,6 +42,7 @@ pub mod process;
 pub mod proxy;
 pub mod scenarios;
 pub mod servers;
+pub mod soak;
 pub mod suite;
 
 pub use harness::{Harness, MemoryTarget, SuiteConfig, Target};

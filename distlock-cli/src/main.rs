@@ -208,6 +208,19 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         /// Write a self-contained HTML report to this file.
         #[arg(long)]
         html: Option<PathBuf>,
+        /// Instead of the comparison: a randomized fault soak of this
+        /// length per backend (clients take locks and update a counter
+        /// under them while a nemesis injects partitions, latency, client
+        /// and server pauses, server restarts, leader kills and, on the
+        /// etcd cluster and ZooKeeper ensemble, member partitions). Exits 1
+        /// on a violation the backend promises to avoid; violations in
+        /// known unsafe cases are reported as negative controls.
+        #[arg(long, value_parser = duration_arg, conflicts_with_all = ["full", "no_scenarios", "html"])]
+        soak: Option<Duration>,
+        /// With --soak: the seed of the fault schedule and the clients'
+        /// choices (printed by every soak; replays its schedule).
+        #[arg(long, requires = "soak")]
+        seed: Option<u64>,
     },
     /// Run the conformance suite and the scenarios that need no process
     /// control against a server you point at (--url).
@@ -383,7 +396,31 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             no_scenarios,
             json,
             html,
+            soak,
+            seed,
         } => {
+            if let Some(duration) = soak {
+                let opts = compare::CompareOptions {
+                    backends,
+                    urls,
+                    spawn,
+                    full: false,
+                    scenarios: false,
+                    json,
+                    html: None,
+                };
+                let results = compare::soak(&opts, duration, seed).await?;
+                compare::print_soak(&results);
+                if let Some(path) = &opts.json {
+                    let text = serde_json::to_string_pretty(&compare::soak_json(&results))
+                        .unwrap_or_default();
+                    std::fs::write(path, text).map_err(|e| {
+                        LockError::config(format!("cannot write {}", path.display())).with_source(e)
+                    })?;
+                    eprintln!("wrote {}", path.display());
+                }
+                return Ok(u8::from(results.iter().any(compare::SoakResult::failed)));
+            }
             let opts = compare::CompareOptions {
                 backends,
                 urls,

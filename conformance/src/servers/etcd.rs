@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::process::{
     HarnessError, ServerProcess, ServerSpec, find_binary, free_port, log_tail, temp_dir,
 };
+use crate::proxy::FaultProxy;
 
 /// The Debian package that provides `etcd`.
 pub const PACKAGE: &str = "etcd-server";
@@ -82,6 +83,10 @@ pub struct EtcdServer {
     members: Vec<EtcdMember>,
     dir: TempDir,
     tls: bool,
+    /// With [`start_cluster_with_peer_proxies`](Self::start_cluster_with_peer_proxies):
+    /// member `i`'s advertised peer URL is `peer_proxies[i]`, in front of
+    /// its real peer port.
+    peer_proxies: Vec<FaultProxy>,
 }
 
 impl EtcdServer {
@@ -101,7 +106,22 @@ impl EtcdServer {
     ///
     /// Missing binary, or members that do not become healthy.
     pub async fn start_cluster(size: usize) -> Result<Self, HarnessError> {
-        Self::start_members(size, None).await
+        Self::start_members(size, None, false).await
+    }
+
+    /// Starts a cluster like [`start_cluster`](Self::start_cluster) whose
+    /// peer traffic goes through fault proxies: each member listens for
+    /// peers on its own port but advertises (and is listed in every
+    /// member's `--initial-cluster` at) a proxy in front of it, so every
+    /// connection a peer opens to it crosses that proxy.
+    /// [`partition_member`](Self::partition_member) holds that proxy's
+    /// traffic.
+    ///
+    /// # Errors
+    ///
+    /// Missing binary, or members that do not become healthy.
+    pub async fn start_cluster_with_peer_proxies(size: usize) -> Result<Self, HarnessError> {
+        Self::start_members(size, None, true).await
     }
 
     /// Starts a single member whose client port speaks only TLS with these
@@ -114,10 +134,14 @@ impl EtcdServer {
     /// Missing binary, or a server that does not become healthy (e.g. a
     /// certificate etcd cannot load: see the log tail in the error).
     pub async fn start_tls(tls: EtcdTlsFiles) -> Result<Self, HarnessError> {
-        Self::start_members(1, Some(tls)).await
+        Self::start_members(1, Some(tls), false).await
     }
 
-    async fn start_members(size: usize, tls: Option<EtcdTlsFiles>) -> Result<Self, HarnessError> {
+    async fn start_members(
+        size: usize,
+        tls: Option<EtcdTlsFiles>,
+        proxied_peers: bool,
+    ) -> Result<Self, HarnessError> {
         let binary = find_binary("etcd", PACKAGE)?;
         // Data on tmpfs when there is one: etcd fsyncs its WAL on every
         // write, which on a shared disk makes tests slow and noisy.
@@ -137,19 +161,36 @@ impl EtcdServer {
             };
             ports.push((format!("m{i}"), free_port()?, free_port()?, metrics));
         }
+        let mut peer_proxies = Vec::new();
+        if proxied_peers {
+            for (_, _, peer, _) in &ports {
+                let upstream = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, *peer));
+                peer_proxies.push(FaultProxy::start(upstream).await?);
+            }
+        }
+        // The peer URL others reach a member at: its proxy's, when it has one.
+        let advertised = |index: usize, peer: u16| {
+            peer_proxies
+                .get(index)
+                .map_or(peer, |p: &FaultProxy| p.port())
+        };
         let initial_cluster = ports
             .iter()
-            .map(|(name, _, peer, _)| format!("{name}=http://127.0.0.1:{peer}"))
+            .enumerate()
+            .map(|(i, (name, _, peer, _))| {
+                format!("{name}=http://127.0.0.1:{}", advertised(i, *peer))
+            })
             .collect::<Vec<_>>()
             .join(",");
         // The same token for every member (it seeds the cluster id).
         let token = format!("distlock-{}", ports[0].1);
         let mut members = Vec::new();
         let client_scheme = if tls.is_some() { "https" } else { "http" };
-        for (name, client_port, peer_port, metrics_port) in ports {
+        for (index, (name, client_port, peer_port, metrics_port)) in ports.into_iter().enumerate() {
             let data = dir.path().join(&name);
             let client_url = format!("{client_scheme}://127.0.0.1:{client_port}");
             let peer_url = format!("http://127.0.0.1:{peer_port}");
+            let advertised_peer_url = format!("http://127.0.0.1:{}", advertised(index, peer_port));
             // No readiness check here: a member only serves clients once a
             // quorum is up, so all are started first and checked after.
             let spec = ServerSpec::new(
@@ -167,9 +208,9 @@ impl EtcdServer {
                 "--advertise-client-urls".to_owned(),
                 client_url,
                 "--listen-peer-urls".to_owned(),
-                peer_url.clone(),
-                "--initial-advertise-peer-urls".to_owned(),
                 peer_url,
+                "--initial-advertise-peer-urls".to_owned(),
+                advertised_peer_url,
                 "--initial-cluster".to_owned(),
                 initial_cluster.clone(),
                 "--initial-cluster-state".to_owned(),
@@ -217,6 +258,7 @@ impl EtcdServer {
             members,
             dir,
             tls: tls.is_some(),
+            peer_proxies,
         };
         for i in 0..server.members.len() {
             server.wait_healthy(i, Duration::from_secs(30)).await?;
@@ -351,6 +393,39 @@ impl EtcdServer {
     pub async fn restart(&mut self, index: usize) -> Result<(), HarnessError> {
         self.members[index].process.restart().await?;
         self.wait_healthy(index, Duration::from_secs(30)).await
+    }
+
+    /// Whether peer traffic goes through proxies
+    /// ([`start_cluster_with_peer_proxies`](Self::start_cluster_with_peer_proxies)).
+    pub fn has_peer_proxies(&self) -> bool {
+        !self.peer_proxies.is_empty()
+    }
+
+    /// Partitions member `index` from the others: its peer proxy holds all
+    /// traffic until [`heal_member`](Self::heal_member). Every connection a
+    /// peer opens to the member crosses that proxy, which carries the
+    /// member's outgoing raft stream messages (etcd's peers dial the
+    /// streams they read from) and the peers' pipelined requests to it, so
+    /// its votes, acknowledgements and heartbeats reach nobody; what the
+    /// others stream to it over connections it dialed still arrives (it
+    /// learns of new terms, and steps down). Returns `false` without peer
+    /// proxies.
+    pub fn partition_member(&self, index: usize) -> bool {
+        match self.peer_proxies.get(index) {
+            Some(proxy) => {
+                proxy.partition();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Undoes [`partition_member`](Self::partition_member) (held traffic
+    /// then flows on).
+    pub fn heal_member(&self, index: usize) {
+        if let Some(proxy) = self.peer_proxies.get(index) {
+            proxy.heal();
+        }
     }
 
     /// Pauses every member (SIGSTOP).
