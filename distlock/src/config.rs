@@ -3,7 +3,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use lock_core::{LockDefaults, LockError, MigrationPhase, Requirements};
+use std::sync::Arc;
+
+use lock_core::{
+    LockBackend, LockDefaults, LockError, MigrationBackend, MigrationPhase, Requirements,
+};
 use serde::Deserialize;
 
 use crate::duration::parse_duration;
@@ -36,6 +40,37 @@ pub struct MigrationConfig {
     pub new_url: String,
     /// This process's phase.
     pub phase: MigrationPhase,
+    /// The migration's name: its cutover marker is the old backend's key
+    /// `__distlock/migration-cutover/<name>` (`None`: `default`). Every
+    /// process of one fleet uses the same name.
+    pub name: Option<String>,
+    /// The longest TTL any process in phase `old` holds a lease with: how
+    /// long after the cutover phase `new` keeps checking each key in the
+    /// old backend (`None`: the configured default TTL).
+    pub old_ttl: Option<Duration>,
+}
+
+impl MigrationConfig {
+    /// The [`MigrationBackend`] over the opened `old` and `new` backends,
+    /// with this config's name and wait-out (`default_ttl` when
+    /// [`old_ttl`](Self::old_ttl) is unset).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for a bad name.
+    pub fn backend(
+        &self,
+        old: Arc<dyn LockBackend>,
+        new: Arc<dyn LockBackend>,
+        default_ttl: Duration,
+    ) -> Result<MigrationBackend, LockError> {
+        let backend = MigrationBackend::new(old, new, self.phase)
+            .with_old_lease_max(self.old_ttl.unwrap_or(default_ttl));
+        match &self.name {
+            Some(name) => backend.with_name(name),
+            None => Ok(backend),
+        }
+    }
 }
 
 impl std::fmt::Debug for MigrationConfig {
@@ -44,6 +79,8 @@ impl std::fmt::Debug for MigrationConfig {
             .field("old_url", &redact_url(&self.old_url))
             .field("new_url", &redact_url(&self.new_url))
             .field("phase", &self.phase)
+            .field("name", &self.name)
+            .field("old_ttl", &self.old_ttl)
             .finish()
     }
 }
@@ -85,6 +122,8 @@ struct FileMigration {
     old: String,
     new: String,
     phase: String,
+    name: Option<String>,
+    old_ttl: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -146,8 +185,40 @@ impl Config {
                 old_url: old_url.trim().to_owned(),
                 new_url: new_url.trim().to_owned(),
                 phase,
+                name: None,
+                old_ttl: None,
             }),
         })
+    }
+
+    /// Names the migration and sets its wait-out (see [`MigrationConfig`]);
+    /// a no-op for a config without a migration.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for an empty or
+    /// invalid name.
+    pub fn migration_options(
+        mut self,
+        name: Option<&str>,
+        old_ttl: Option<Duration>,
+    ) -> Result<Self, LockError> {
+        if let Some(m) = &mut self.migration {
+            if let Some(name) = name {
+                // Validated the same way the backend will.
+                MigrationBackend::new(
+                    Arc::new(lock_core::MemoryBackend::new()),
+                    Arc::new(lock_core::MemoryBackend::new()),
+                    m.phase,
+                )
+                .with_name(name)?;
+                m.name = Some(name.trim().to_owned());
+            }
+            if old_ttl.is_some() {
+                m.old_ttl = old_ttl;
+            }
+        }
+        Ok(self)
     }
 
     /// Parses a TOML config:
@@ -166,6 +237,9 @@ impl Config {
     /// old = "redis://127.0.0.1:6379"
     /// new = "etcd://127.0.0.1:2379/locks"
     /// phase = "dual"              # old, dual or new
+    /// name = "billing"            # optional: the cutover marker's name
+    /// old_ttl = "30s"             # optional: longest TTL of `old` processes
+    ///                             # (default: `ttl`)
     /// ```
     ///
     /// # Errors
@@ -177,7 +251,11 @@ impl Config {
             .map_err(|e| LockError::config(format!("bad config file: {}", e.message())))?;
         let mut config = match (&file.url, &file.migration) {
             (Some(url), None) => Self::from_url(url)?,
-            (None, Some(m)) => Self::migration(&m.old, &m.new, MigrationPhase::parse(&m.phase)?)?,
+            (None, Some(m)) => {
+                let old_ttl = m.old_ttl.as_deref().map(parse_duration).transpose()?;
+                Self::migration(&m.old, &m.new, MigrationPhase::parse(&m.phase)?)?
+                    .migration_options(m.name.as_deref(), old_ttl)?
+            }
             (Some(_), Some(_)) => {
                 return Err(LockError::config(
                     "bad config file: give either `url` or a `[migration]` table, not both",
@@ -214,9 +292,10 @@ impl Config {
     }
 
     /// Reads `DISTLOCK_CONFIG` (a TOML file), or `DISTLOCK_URL`, or the
-    /// three `DISTLOCK_MIGRATION_OLD` / `_NEW` / `_PHASE`, then applies
-    /// `DISTLOCK_TTL`, `DISTLOCK_WAIT` and `DISTLOCK_REQUIRE` (a comma list)
-    /// on top.
+    /// three `DISTLOCK_MIGRATION_OLD` / `_NEW` / `_PHASE` (with the optional
+    /// `DISTLOCK_MIGRATION_NAME` and `DISTLOCK_MIGRATION_OLD_TTL`), then
+    /// applies `DISTLOCK_TTL`, `DISTLOCK_WAIT` and `DISTLOCK_REQUIRE` (a
+    /// comma list) on top.
     ///
     /// # Errors
     ///
@@ -232,7 +311,12 @@ impl Config {
             (Some(path), _, _) => Self::from_file(path)?,
             (None, Some(url), _) => Self::from_url(&url)?,
             (None, None, (Some(old), Some(new), Some(phase))) => {
+                let old_ttl = var("DISTLOCK_MIGRATION_OLD_TTL")
+                    .as_deref()
+                    .map(parse_duration)
+                    .transpose()?;
                 Self::migration(&old, &new, MigrationPhase::parse(&phase)?)?
+                    .migration_options(var("DISTLOCK_MIGRATION_NAME").as_deref(), old_ttl)?
             }
             (None, None, _) => {
                 return Err(LockError::config(
@@ -334,10 +418,21 @@ mod tests {
         let m = config.migration.unwrap();
         assert_eq!(m.phase, MigrationPhase::Dual);
         assert_eq!(m.old_url, "memory://a");
+        assert_eq!((m.name, m.old_ttl), (None, None));
+        let named = Config::from_toml_str(
+            "[migration]\nold = \"memory://a\"\nnew = \"memory://b\"\nphase = \"new\"\nname = \"billing\"\nold_ttl = \"45s\"\n",
+        )
+        .unwrap()
+        .migration
+        .unwrap();
+        assert_eq!(named.name.as_deref(), Some("billing"));
+        assert_eq!(named.old_ttl, Some(Duration::from_secs(45)));
         for bad in [
             "url = \"memory://\"\n[migration]\nold = \"memory://a\"\nnew = \"memory://b\"\nphase = \"old\"\n",
             "[migration]\nold = \"memory://a\"\nnew = \"memory://b\"\nphase = \"sideways\"\n",
             "[migration]\nold = \"memory://a\"\nphase = \"old\"\n",
+            "[migration]\nold = \"memory://a\"\nnew = \"memory://b\"\nphase = \"new\"\nname = \"\"\n",
+            "[migration]\nold = \"memory://a\"\nnew = \"memory://b\"\nphase = \"new\"\nold_ttl = \"later\"\n",
         ] {
             assert_eq!(
                 Config::from_toml_str(bad).unwrap_err().kind(),
@@ -345,6 +440,34 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn the_migration_backend_takes_the_name_and_wait_out() {
+        let config = Config::migration("memory://a", "memory://b", MigrationPhase::New)
+            .unwrap()
+            .migration_options(Some("fleet"), None)
+            .unwrap();
+        let m = config.migration.unwrap();
+        let memory = || Arc::new(lock_core::MemoryBackend::new()) as Arc<dyn LockBackend>;
+        let backend = m
+            .backend(memory(), memory(), Duration::from_secs(7))
+            .unwrap();
+        assert_eq!(
+            backend.cutover_key().as_str(),
+            "__distlock/migration-cutover/fleet"
+        );
+        assert_eq!(backend.old_lease_max(), Duration::from_secs(7));
+        let m = MigrationConfig {
+            old_ttl: Some(Duration::from_secs(90)),
+            name: None,
+            ..m
+        };
+        let backend = m
+            .backend(memory(), memory(), Duration::from_secs(7))
+            .unwrap();
+        assert_eq!(backend.old_lease_max(), Duration::from_secs(90));
+        assert_eq!(backend.name(), lock_core::DEFAULT_MIGRATION_NAME);
     }
 
     #[test]

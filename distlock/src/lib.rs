@@ -125,7 +125,7 @@ pub async fn open_config(config: &Config) -> Result<Arc<dyn LockBackend>, LockEr
         Some(m) => {
             let old = open_url(&m.old_url).await?;
             let new = open_url(&m.new_url).await?;
-            Arc::new(MigrationBackend::new(old, new, m.phase)) as Arc<dyn LockBackend>
+            Arc::new(m.backend(old, new, config.defaults.ttl)?) as Arc<dyn LockBackend>
         }
         None => open_url(&config.url).await?,
     };
