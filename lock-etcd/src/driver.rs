@@ -1017,9 +1017,7 @@ impl LockBackend for EtcdBackend {
                     .with_backend(NAME));
             }
             let now = Instant::now();
-            let deadline = session
-                .deadline()
-                .min(validity_deadline(now, lease.ttl()));
+            let deadline = session.deadline().min(validity_deadline(now, lease.ttl()));
             if deadline <= now {
                 return Err(LockError::new(
                     ErrorKind::LeaseLost,

@@ -57,6 +57,10 @@
 //! - [x] Waiting by notification (watch on the predecessor), FIFO.
 //! - [x] Release deletes the entry only if its create revision is the
 //!   lease's token: a retried or stale release never deletes a newer grant.
+//! - [x] Per-lock expiry: a lock not renewed within its TTL is deleted
+//!   even while its session lives (see the TTL model below; tested in
+//!   `tests/expiry.rs` with a raw lease, a guard without renewal and a
+//!   guard with `max_hold`).
 //! - [x] Lost-lock signal: every lease carries the session's state; the
 //!   guard goes `Suspect` when a keep-alive fails and `Lost` when the server
 //!   answers TTL <= 0 or at the local deadline (last keep-alive **sent** +
@@ -78,30 +82,49 @@
 //!   permissions give `Config` errors that never show the password.
 //! - [ ] Shared (read-write) locks, semaphores.
 //!
-//! # TTL model: per session
+//! # TTL model: per lock, on one session lease
 //!
-//! A backend holds **one lease per TTL** (normally just one: the
+//! A backend holds **one etcd lease per TTL** (normally just one: the
 //! configured `ttl`, granted at connect time), kept alive by one keep-alive
 //! stream every TTL/3; every lock acquired with that TTL is attached to it,
 //! so holding 10,000 locks costs one keep-alive and acquiring never grants
-//! a lease. Consequences:
+//! a lease. Each lock still expires with **its own TTL**
+//! ([`Capabilities::ttl_model`](lock_core::Capabilities::ttl_model) is
+//! [`TtlModel::PerLease`](lock_core::TtlModel::PerLease)):
 //!
-//! - etcd TTLs are whole seconds: a lock TTL is rounded **up** to the next
-//!   second for the server (a crashed holder's locks are freed after that),
-//!   while the local validity deadline uses the requested TTL (never longer
-//!   than the session lease's own deadline). The minimum TTL is 1 s (the
-//!   server may raise it to 1.5 election timeouts).
-//! - A lock acquired without a guard (raw [`LockBackend`](lock_core::LockBackend)
-//!   calls) does **not** expire while its backend is alive: the session keeps
-//!   it. It is freed by `release`, by the session ending (the backend being
-//!   dropped or [`EtcdBackend::close`]d, the process dying, a network
-//!   partition longer than the TTL), and `renew` is a local check of the
-//!   session (no network call) for leases of this backend.
+//! - Every grant has a deadline of its own, `sent + TTL` (from when the
+//!   deciding request was sent), kept by the session in memory. `renew`
+//!   moves it (no network call: the session lease is kept alive anyway).
+//!   When it passes without a renewal, one expiry task per session deletes
+//!   the entry with a transaction that compares its create revision and
+//!   owner, in the background. So a lock stops being held on the server when
+//!   its TTL runs out whatever the reason its holder stopped renewing:
+//!   renewal disabled or capped (`max_hold`, `max_renewals`), a guard that
+//!   went `Lost`, a raw lease never renewed, a guard dropped without
+//!   release. A renewal that comes after the deadline is refused with
+//!   [`ErrorKind::NotHeld`](lock_core::ErrorKind::NotHeld) (the entry is
+//!   being deleted). Cost: nothing on acquire or release (same round
+//!   trips), one delete transaction per lock that expires, a heap entry per
+//!   renewal until its old deadline comes up.
+//! - If this process cannot delete the entry (it crashed, was paused, or is
+//!   cut off from etcd), the **session lease** frees it: within the lease's
+//!   TTL, the lock TTL rounded **up** to whole seconds, of the last
+//!   keep-alive. The local validity deadline uses the requested TTL and
+//!   never outlives the session lease's own deadline. The minimum TTL is
+//!   1 s (the server may raise it to 1.5 election timeouts).
 //! - If the session lease is lost, **every** lock on it is lost at once; the
 //!   next acquire creates a new session. An acquire that was waiting starts
 //!   over on the new session (it loses its place in the queue).
+//! - `inspect` reports, as the remaining TTL, the grant's own deadline for
+//!   locks held through this backend, and for locks of other backends an
+//!   upper bound: the etcd lease's granted TTL (their local deadlines are not
+//!   stored in etcd; each is at most one lock TTL, rounded up, away).
 //! - `renew` of a lease from another process (rebuilt from a handle) sends
-//!   one keep-alive for that process's lease and checks the entry.
+//!   one keep-alive for that process's lease and checks the entry. This is
+//!   meant for the `distlock acquire` / `renew --handle` flow, where the
+//!   granting process has exited: a granting backend that is still running
+//!   deletes the entry at its own deadline, which a renewal from elsewhere
+//!   cannot move.
 //!
 //! # Benchmarks
 //!

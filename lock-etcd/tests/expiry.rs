@@ -47,7 +47,10 @@ async fn taken_over(
         "{what}: granted {:?} before the holder's validity deadline",
         lease.validity_deadline() - got_at
     );
-    assert!(next.token() > lease.token(), "{what}: token did not increase");
+    assert!(
+        next.token() > lease.token(),
+        "{what}: token did not increase"
+    );
     b.release(&next).await.expect("release");
     got_at - granted
 }

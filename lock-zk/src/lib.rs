@@ -70,9 +70,29 @@
 //!
 //! - [x] Fencing tokens, per key, surviving leader failover (`czxid`).
 //! - [x] Waiting by notification (predecessor watch), FIFO.
-//! - [x] Linearizable store: writes go through the leader's quorum; lock
-//!   decisions read after our own create on the same session, so every
-//!   earlier node is visible.
+//! - [x] Linearizable store: writes go through the leader's quorum, and
+//!   the two reads that decide something are read from the **leader's**
+//!   view: a `sync` of the key directory is sent right before the list of
+//!   children that decides a grant and before the node check that confirms
+//!   a renewal. Without it a follower answers from its own copy, and a
+//!   follower cut off from the leader keeps doing so for up to `syncLimit`
+//!   ticks: its clients could renew (or be granted on a stale list) while
+//!   the leader had already expired their session and given the key to
+//!   someone else (`tests/partition.rs` shows it on a 3-member ensemble).
+//!   **Cost**: the `sync` and the read are written back-to-back (the
+//!   server keeps one session's requests in order and holds the read until
+//!   the `sync` is done), so no client round trip is added: one more
+//!   request per grant decision and per renewal, and on a follower one
+//!   follower-to-leader hop (no disk write) before the read is answered.
+//!   An acquire stays create + (sync, list) = 2 round trips when free; a
+//!   renewal stays 1. A follower that cannot reach its leader now fails
+//!   the renewal (operation timeout, or the client dropping the connection
+//!   that stopped answering) instead of confirming it. `sync` + read is
+//!   not strictly linearizable (ZOOKEEPER-1675: a deposed leader that has
+//!   not noticed yet may answer a `sync`); such a leader steps down within
+//!   `syncLimit` ticks, and a new leader restarts every session's timeout,
+//!   so it cannot confirm a node that a newer leader already deleted.
+//!   `inspect` reads without `sync` (it decides nothing).
 //! - [x] Session signal: `Disconnected` → the guard is `Suspect` (the server
 //!   may already have expired the session: the client learns of the expiry
 //!   only on reconnecting, after the server deleted our nodes); `Expired` →
@@ -90,9 +110,11 @@
 //!   node deleted by the backend that granted it. If the process dies, the
 //!   node goes when the session expires (after the session timeout), not
 //!   after the TTL.
-//! - Renewal checks that the node still exists with the grant's `czxid` and
-//!   belongs to this backend's session. A lease handle moved to another
-//!   process can be released there but not renewed.
+//! - Renewal checks, after a `sync`, that the node still exists with the
+//!   grant's `czxid` and belongs to this backend's session, and refuses
+//!   ([`ErrorKind::NotHeld`](lock_core::ErrorKind::NotHeld)) a lease whose
+//!   local TTL already ran out (its node is being deleted). A lease handle
+//!   moved to another process can be released there but not renewed.
 //! - Curator compatibility: nodes use Curator's protected names and sort on
 //!   the digits after `lock-`, so an `InterProcessMutex` on
 //!   `<root>/<escaped key>` (e.g. `/distlock/jobs%2Fnightly` for key
@@ -107,6 +129,8 @@
 //! `zookeeper`, Java 17; a missing server is a printed skip locally and a
 //! failure under CI): the shared conformance suite on a standalone server
 //! and on a 3-member ensemble, the leader killed during a contention run,
+//! a follower cut off from the rest of the ensemble (peer links through
+//! fault proxies) while its clients stay connected,
 //! session expiry, nodes and directories deleted behind the driver's back,
 //! vanishing predecessors, a paused server. `cargo run --release -p lock-zk
 //! --example bench` measures the acquire+release cycle and the handoff

@@ -124,7 +124,11 @@ async fn partitioned_follower_cannot_renew_or_grant() {
     // it after the session timeout and deletes its node: the other client
     // is granted the key.
     let granted = other
-        .acquire(&key, Duration::from_secs(4), cut_at + Duration::from_secs(8))
+        .acquire(
+            &key,
+            Duration::from_secs(4),
+            cut_at + Duration::from_secs(8),
+        )
         .await
         .expect("the leader side never granted the key: the session was not expired");
     let granted_at = Instant::now();
