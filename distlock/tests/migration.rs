@@ -2,12 +2,14 @@
 //! ZooKeeper, SQL -> etcd. During each, tasks contend on a few keys while
 //! their phases move old -> dual -> new with adjacent phases overlapping:
 //! the checker must find no overlapping holds and no fenced write accepted
-//! out of order; a wrong rollout (old and new together) must be flagged.
+//! out of order, and a straggler left on `old` must be refused; a wrong
+//! rollout (old and new together) must see its `old` processes refused;
+//! with `old` processes blind to the cutover the checker must flag it.
 
 use std::sync::Arc;
 
 use conformance::OrSkip;
-use conformance::migration::{RolloutReport, rollout_is_safe_and_wrong_rollout_is_flagged};
+use conformance::migration::rollout_is_guarded;
 use conformance::servers::etcd::EtcdServer;
 use conformance::servers::redis::RedisServer;
 use conformance::servers::zookeeper::ZkServer;
@@ -27,22 +29,30 @@ impl Target for UrlTarget {
 }
 
 async fn check(old: String, new: String) {
-    let (good, wrong): (RolloutReport, RolloutReport) =
-        rollout_is_safe_and_wrong_rollout_is_flagged(
-            Arc::new(UrlTarget(old.clone())),
-            Arc::new(UrlTarget(new.clone())),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{old} -> {new}: {e}"));
-    println!(
-        "{old} -> {new}\n  correct: {} ; grants {:?} ; fenced writes accepted {} rejected {}\n  wrong:   {}",
-        good.check.summary(),
-        good.grants_by_phase,
-        good.writes_accepted,
-        good.writes_rejected,
-        wrong.check.summary()
-    );
-    assert_eq!(good.check.stale_writes_accepted, 0);
+    let verdicts = rollout_is_guarded(
+        Arc::new(UrlTarget(old.clone())),
+        Arc::new(UrlTarget(new.clone())),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{old} -> {new}: {e}"));
+    println!("{old} -> {new}");
+    for (name, report) in [
+        ("correct", &verdicts.correct),
+        ("wrong", &verdicts.wrong),
+        ("blind", &verdicts.blind),
+    ] {
+        println!(
+            "  {name:>7}: {} ; grants {:?} ; fenced writes accepted {} rejected {} ; old refusals {} ; straggler {}",
+            report.check.summary(),
+            report.grants_by_phase,
+            report.writes_accepted,
+            report.writes_rejected,
+            report.refusals,
+            report.straggler
+        );
+    }
+    assert_eq!(verdicts.correct.check.stale_writes_accepted, 0);
+    assert_eq!(verdicts.correct.straggler, "refused");
 }
 
 fn started<T>(r: Result<T, HarnessError>) -> Option<T> {
