@@ -511,9 +511,15 @@ async fn guard_inner(h: &Harness) -> CaseResult {
     Ok(Outcome::Passed(format!("held {hold:?} with TTL {ttl:?}")))
 }
 
-/// When the backend becomes unreachable, the guard reports `Lost` no later
-/// than its local validity deadline (plus scheduling margin), and `run`
-/// cancels the protected work.
+/// When the holder is cut off from the backend, the guard reports `Lost`
+/// before the **server** frees the key, and `run` cancels the protected
+/// work. The holder is cut through a fault proxy while a second, directly
+/// connected client probes for the key every few milliseconds; the margin
+/// (the moment the probe got the key minus the moment of the lost signal)
+/// must be positive. Targets without a proxy cut every client
+/// ([`Target::make_unreachable`](crate::Target::make_unreachable)); the
+/// server's free time cannot be observed then, and the lost signal is held
+/// to the guard's validity deadline instead.
 pub async fn lost_signal_when_unreachable(h: &Harness) -> Outcome {
     let result = lost_signal_inner(h).await;
     if let Err(e) = h.target().heal().await {
@@ -534,6 +540,89 @@ pub async fn lost_signal_when_unreachable(h: &Harness) -> Outcome {
 }
 
 async fn lost_signal_inner(h: &Harness) -> CaseResult {
+    let proxied = h
+        .target()
+        .proxied_client()
+        .await
+        .map_err(|e| format!("proxied client: {e}"))?;
+    let Some((cut_client, proxy)) = proxied else {
+        return lost_signal_everyone_cut(h).await;
+    };
+    let probe = h.client().await.map_err(fmt_err("client"))?;
+    let caps = probe.capabilities();
+    let ttl = h.ttl_for(&caps);
+    let margin = h.config().margin;
+    let key = h.key("lost");
+    // A little latency on the holder's link: a client that dated its
+    // deadline from the reply instead of the request would now promise
+    // more than the server keeps.
+    proxy.set_latency(ttl / 10, Duration::ZERO);
+    let guard = LockClient::from_arc(cut_client)
+        .lock(key.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .map_err(fmt_err("acquire"))?;
+    // Let one renewal happen first, so the case covers a renewed lease.
+    sleep(ttl / 2).await;
+    proxy.partition();
+    let cut_at = Instant::now();
+    let free_within = match caps.ttl_model {
+        TtlModel::PerLease => ttl * 3 + margin * 2,
+        _ => Duration::from_secs(30),
+    };
+    let work = guard.run(async {
+        sleep(ttl * 10).await;
+    });
+    let lost = async {
+        let result = timeout(ttl * 3 + margin * 2, work).await;
+        (result, Instant::now())
+    };
+    let freed = async {
+        let until = cut_at + free_within;
+        while Instant::now() < until {
+            if let Ok(Some(lease)) = probe.try_acquire(&key, ttl).await {
+                let at = Instant::now();
+                let _ = probe.release(&lease).await;
+                return Some(at);
+            }
+            sleep(Duration::from_millis(2)).await;
+        }
+        None
+    };
+    let ((result, lost_at), freed_at) = tokio::join!(lost, freed);
+    proxy.heal();
+    proxy.set_latency(Duration::ZERO, Duration::ZERO);
+    match result {
+        Err(_) => return Err("the guard never reported the lock lost".into()),
+        Ok(Ok(())) => {
+            return Err("protected work ran to completion after the holder was cut off".into());
+        }
+        Ok(Err(e)) => ensure!(e.is_lost(), "run returned {e}, expected a lost-lease error"),
+    }
+    ensure!(
+        matches!(guard.state(), LockState::Lost(_)),
+        "state is {:?} after run was cancelled",
+        guard.state()
+    );
+    let freed_at = freed_at.ok_or_else(|| {
+        format!("the server never freed the cut-off holder's key within {free_within:?}")
+    })?;
+    ensure!(
+        lost_at < freed_at,
+        "the server freed the key {:?} BEFORE the holder was told it lost it",
+        lost_at - freed_at
+    );
+    Ok(Outcome::Passed(format!(
+        "lost {:?} after the cut; the server freed the key {:?} later (margin)",
+        lost_at - cut_at,
+        freed_at - lost_at
+    )))
+}
+
+/// The fallback without a proxy: every client is cut, so only the guard's
+/// own deadline can be checked.
+async fn lost_signal_everyone_cut(h: &Harness) -> CaseResult {
     let a = h.client().await.map_err(fmt_err("client"))?;
     let ttl = h.ttl_for(&a.capabilities());
     let key = h.key("lost");
@@ -544,13 +633,12 @@ async fn lost_signal_inner(h: &Harness) -> CaseResult {
         .acquire()
         .await
         .map_err(fmt_err("acquire"))?;
-    // Let one renewal happen first, so the case covers a renewed lease.
     sleep(ttl / 2).await;
     match h.target().make_unreachable().await {
         Ok(true) => {}
         Ok(false) => {
             return Ok(Outcome::Skipped(
-                "target cannot make the backend unreachable".into(),
+                "target can neither cut one client nor make the backend unreachable".into(),
             ));
         }
         Err(e) => return Err(format!("make_unreachable: {e}")),
@@ -572,13 +660,6 @@ async fn lost_signal_inner(h: &Harness) -> CaseResult {
         }
         Ok(Err(e)) => ensure!(e.is_lost(), "run returned {e}, expected a lost-lease error"),
     }
-    ensure!(
-        matches!(guard.state(), LockState::Lost(_)),
-        "state is {:?} after run was cancelled",
-        guard.state()
-    );
-    // The guard's deadline can only have moved forward by renewals that
-    // succeeded before the cut; it is read again after the loss.
     let final_deadline = guard.validity_deadline().max(deadline);
     ensure!(
         lost_at <= final_deadline + margin,
@@ -586,7 +667,7 @@ async fn lost_signal_inner(h: &Harness) -> CaseResult {
         lost_at - final_deadline
     );
     Ok(Outcome::Passed(format!(
-        "lost {:?} after the cut, {:?} before the deadline",
+        "lost {:?} after the cut, {:?} before the deadline (no proxy: server free time not observed)",
         lost_at - cut_at,
         final_deadline.saturating_duration_since(lost_at)
     )))

@@ -265,7 +265,9 @@ impl Harness {
 }
 
 /// The in-memory backend as a target: clients are handles to one service,
-/// and "unreachable" is its [`MemoryFault::Hang`] switch (like SIGSTOP).
+/// "unreachable" is its [`MemoryFault::Hang`] switch (like SIGSTOP), and a
+/// proxied client reaches it through an in-process
+/// [`FaultLink`](crate::link::FaultLink).
 #[derive(Clone, Debug)]
 pub struct MemoryTarget {
     backend: MemoryBackend,
@@ -309,5 +311,14 @@ impl Target for MemoryTarget {
     async fn heal(&self) -> Result<(), HarnessError> {
         self.backend.set_fault(MemoryFault::None);
         Ok(())
+    }
+
+    async fn proxied_client(
+        &self,
+    ) -> Result<Option<(Arc<dyn LockBackend>, crate::proxy::FaultProxy)>, HarnessError> {
+        Ok(Some(crate::proxy::FaultProxy::in_process(
+            Arc::new(self.backend.clone()),
+            Duration::from_secs(1),
+        )))
     }
 }

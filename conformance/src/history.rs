@@ -6,7 +6,16 @@
 //! until the earliest of: its validity deadline (moved by renewals), the
 //! moment it started to release, and the moment it learnt the lock was
 //! lost. A correct lock service never lets two promised windows on one key
-//! overlap, and (with fencing) tokens grow in grant order.
+//! overlap, never hands out a grant whose window is already over, and (with
+//! fencing) tokens grow in grant order.
+//!
+//! Writes to the protected resource are recorded plainly (token, writer,
+//! time): the recorder never judges them. The checker replays them against
+//! the rule a fenced resource applies (accept only a token above the last
+//! accepted one; a write without a token cannot be checked and goes
+//! through) and reports every write that rule would let in although a write
+//! of a *later* grant had already been accepted: a stale holder's write
+//! reaching the resource, which is what fencing exists to prevent.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,8 +71,7 @@ pub struct Event {
     pub key: String,
     /// Fencing token involved, if any.
     pub token: Option<u64>,
-    /// For acquire/renew `Ok`: the promised validity deadline. For writes:
-    /// whether the resource accepted it (`Ok`) or rejected it (`Fail`).
+    /// For acquire/renew `Ok`: the promised validity deadline.
     pub valid_until: Option<Duration>,
 }
 
@@ -188,14 +196,36 @@ impl Recorder {
         self.record(EventKind::Info, Op::Lost, key, Some(token), None);
     }
 
-    /// A fenced write was accepted or rejected by the resource.
-    pub fn wrote(&self, key: &LockKey, token: FencingToken, accepted: bool) {
-        let kind = if accepted {
-            EventKind::Ok
-        } else {
-            EventKind::Fail
-        };
-        self.record(kind, Op::Write, key, Some(token), None);
+    /// A write carrying `token` reached the protected resource (`None`: the
+    /// writer had no fencing token to send). Recorded as it arrived, not
+    /// judged: the checker decides what a fenced resource would have done.
+    pub fn wrote(&self, key: &LockKey, token: Option<FencingToken>) {
+        self.record(EventKind::Ok, Op::Write, key, token, None);
+    }
+
+    /// Records an event that happened at `at` (for events observed by
+    /// another process and reported afterwards, e.g. writes that arrived
+    /// at a resource server, or a grant seen from outside). The checker
+    /// orders events by time, so they may be recorded late.
+    pub fn record_at(
+        &self,
+        at: Instant,
+        kind: EventKind,
+        op: Op,
+        key: &LockKey,
+        token: Option<FencingToken>,
+        valid_until: Option<Instant>,
+    ) {
+        let h = &self.history;
+        h.push(Event {
+            at: h.since(at),
+            process: self.process,
+            kind,
+            op,
+            key: key.as_str().to_owned(),
+            token: token.map(FencingToken::get),
+            valid_until: valid_until.map(|t| h.since(t)),
+        });
     }
 }
 
@@ -229,41 +259,64 @@ pub struct CheckReport {
     pub token_regressions: usize,
     /// Grants whose token equalled an earlier grant's on the same key.
     pub duplicate_tokens: usize,
-    /// Accepted fenced writes whose token was not above the previously
-    /// accepted one (the resource should have rejected them).
+    /// Grants handed out with their promised window already over (the
+    /// validity deadline at or before the moment acquire returned).
+    pub grants_past_deadline: usize,
+    /// Writes that a token-checking resource would accept although a write
+    /// of a later grant of the same key had already been accepted: a stale
+    /// holder got through (no token, or a token that went backwards).
     pub stale_writes_accepted: usize,
-    /// Fenced writes the resource rejected (expected after a lost lock).
+    /// Writes a token-checking resource would reject (token not above the
+    /// last accepted one): expected from holders that lost their lock.
     pub writes_rejected: usize,
+    /// Rejected writes whose writer was still inside its promised window:
+    /// a current holder's token was not above an earlier one.
+    pub current_holder_writes_rejected: usize,
+    /// Writes made outside the writer's promised window (after it ended,
+    /// or with no grant of the writer in the history).
+    pub writes_outside_window: usize,
 }
 
 impl CheckReport {
-    /// No overlapping windows and no stale write accepted.
+    /// No overlapping windows, no grant handed out past its deadline, and
+    /// no stale write accepted.
     pub fn is_exclusive(&self) -> bool {
-        self.overlap_count == 0 && self.stale_writes_accepted == 0
+        self.overlap_count == 0 && self.stale_writes_accepted == 0 && self.grants_past_deadline == 0
     }
 
-    /// Exclusive, and tokens grew strictly with every grant.
+    /// Exclusive, tokens grew strictly with every grant, and no current
+    /// holder's write would have been rejected.
     pub fn is_safe_with_fencing(&self) -> bool {
-        self.is_exclusive() && self.token_regressions == 0 && self.duplicate_tokens == 0
+        self.is_exclusive()
+            && self.token_regressions == 0
+            && self.duplicate_tokens == 0
+            && self.current_holder_writes_rejected == 0
     }
 
     /// A one-line summary.
     pub fn summary(&self) -> String {
         format!(
-            "{} grants, max {} concurrent holder(s), {} overlapping window pair(s), {} token regression(s), {} duplicate token(s), {} stale write(s) accepted, {} write(s) rejected",
+            "{} grants, max {} concurrent holder(s), {} overlapping window pair(s), {} grant(s) past their deadline, {} token regression(s), {} duplicate token(s), {} stale write(s) accepted, {} write(s) rejected ({} from current holders), {} write(s) outside the writer's window",
             self.grants,
             self.max_concurrent_holders,
             self.overlap_count,
+            self.grants_past_deadline,
             self.token_regressions,
             self.duplicate_tokens,
             self.stale_writes_accepted,
-            self.writes_rejected
+            self.writes_rejected,
+            self.current_holder_writes_rejected,
+            self.writes_outside_window
         )
     }
 }
 
-/// Checks a history (see the module docs for what a window is).
+/// Checks a history (see the module docs for what a window is). Events are
+/// taken in time order (recording order among equal times).
 pub fn check(events: &[Event]) -> CheckReport {
+    let mut sorted = events.to_vec();
+    sorted.sort_by_key(|e| e.at);
+    let events = &sorted[..];
     let mut report = CheckReport::default();
     // Windows, keyed by (process, key, token): built from acquire ok, moved
     // by renew ok, cut by release invoke and lost info.
@@ -275,6 +328,9 @@ pub fn check(events: &[Event]) -> CheckReport {
             (Op::Acquire, EventKind::Ok) => {
                 report.grants += 1;
                 let end = event.valid_until.unwrap_or(event.at);
+                if end <= event.at {
+                    report.grants_past_deadline += 1;
+                }
                 open.insert(id, windows.len());
                 windows.push(Window {
                     process: event.process,
@@ -335,28 +391,75 @@ pub fn check(events: &[Event]) -> CheckReport {
         }
     }
 
-    // Accepted writes must carry strictly growing tokens per key.
-    let mut last_accepted: HashMap<&str, u64> = HashMap::new();
-    for event in events.iter().filter(|e| e.op == Op::Write) {
-        match event.kind {
-            EventKind::Ok => {
-                let token = event.token.unwrap_or(0);
-                let last = last_accepted.entry(event.key.as_str()).or_insert(0);
-                if token <= *last && *last != 0 {
-                    report.stale_writes_accepted += 1;
-                }
-                *last = (*last).max(token);
+    judge_writes(events, &windows, &mut report);
+    report
+}
+
+/// Replays the recorded writes against a token-checking resource and judges
+/// each one by the grant it came from (the writer's latest grant of the key
+/// that started before the write).
+fn judge_writes(events: &[Event], windows: &[Window], report: &mut CheckReport) {
+    let mut by_writer: HashMap<(u64, &str), Vec<&Window>> = HashMap::new();
+    for w in windows {
+        by_writer
+            .entry((w.process, w.key.as_str()))
+            .or_default()
+            .push(w);
+    }
+    #[derive(Default)]
+    struct KeyState {
+        last_token: Option<u64>,
+        /// Start of the latest grant whose write was accepted.
+        newest_grant: Option<Duration>,
+    }
+    let mut keys: HashMap<&str, KeyState> = HashMap::new();
+    for event in events
+        .iter()
+        .filter(|e| e.op == Op::Write && e.kind == EventKind::Ok)
+    {
+        let grant = by_writer
+            .get(&(event.process, event.key.as_str()))
+            .and_then(|list| {
+                list.iter()
+                    .filter(|w| w.start <= event.at)
+                    .max_by_key(|w| w.start)
+            });
+        let inside = grant.is_some_and(|w| event.at <= w.end);
+        if !inside {
+            report.writes_outside_window += 1;
+        }
+        let state = keys.entry(event.key.as_str()).or_default();
+        let accepted = match (event.token, state.last_token) {
+            // No token: a resource has nothing to check.
+            (None, _) | (Some(_), None) => true,
+            (Some(token), Some(last)) => token > last,
+        };
+        if !accepted {
+            report.writes_rejected += 1;
+            if inside {
+                report.current_holder_writes_rejected += 1;
             }
-            EventKind::Fail => report.writes_rejected += 1,
-            _ => {}
+            continue;
+        }
+        if let Some(token) = event.token {
+            state.last_token = Some(state.last_token.map_or(token, |l| l.max(token)));
+        }
+        if let Some(w) = grant {
+            match state.newest_grant {
+                Some(newest) if w.start < newest => report.stale_writes_accepted += 1,
+                _ => state.newest_grant = Some(w.start),
+            }
         }
     }
-    report
 }
 
 /// A protected resource that accepts a write only if its token is greater
 /// than the last accepted one, the way a real resource uses fencing tokens
 /// (`UPDATE ... WHERE last_token < $token`).
+///
+/// Its own verdicts only drive its value (for lost-update checks) and its
+/// counters; the history gets a plain record of each write (token, writer,
+/// time) and the checker judges the order independently, from the grants.
 #[derive(Debug, Default)]
 pub struct FencedResource {
     state: Mutex<FencedState>,
@@ -394,9 +497,9 @@ impl FencedResource {
         } else {
             state.rejected += 1;
         }
-        // Recorded under the resource's lock, so history order is
-        // acceptance order.
-        recorder.wrote(key, token, accepted);
+        // Recorded under the resource's lock, so history order is arrival
+        // order.
+        recorder.wrote(key, Some(token));
         accepted
     }
 
@@ -490,6 +593,85 @@ mod tests {
             ev(150, 2, Ok, Op::Acquire, 2, Some(250)),
         ];
         assert_eq!(check(&events).overlap_count, 0, "lost at 120 closed it");
+    }
+
+    fn write(at: u64, process: u64, token: Option<u64>) -> Event {
+        Event {
+            at: Duration::from_millis(at),
+            process,
+            kind: EventKind::Ok,
+            op: Op::Write,
+            key: "k".into(),
+            token,
+            valid_until: None,
+        }
+    }
+
+    #[test]
+    fn a_paused_holders_late_write_is_judged_by_grant_order() {
+        use EventKind::*;
+        // Process 1 holds until 100 and is paused; process 2 is granted at
+        // 150 and writes; process 1 wakes at 300 and writes with its token.
+        let mut events = vec![
+            ev(0, 1, Ok, Op::Acquire, 1, Some(100)),
+            write(10, 1, Some(1)),
+            ev(150, 2, Ok, Op::Acquire, 2, Some(250)),
+            write(160, 2, Some(2)),
+            write(300, 1, Some(1)),
+        ];
+        let fenced = check(&events);
+        assert_eq!(fenced.stale_writes_accepted, 0, "{}", fenced.summary());
+        assert_eq!(fenced.writes_rejected, 1);
+        assert_eq!(fenced.current_holder_writes_rejected, 0);
+        assert_eq!(fenced.writes_outside_window, 1);
+        // Without tokens a resource cannot tell: the stale write gets in.
+        for e in &mut events {
+            if e.op == Op::Write {
+                e.token = None;
+            }
+        }
+        let unfenced = check(&events);
+        assert_eq!(unfenced.stale_writes_accepted, 1, "{}", unfenced.summary());
+        assert!(!unfenced.is_exclusive());
+    }
+
+    #[test]
+    fn a_token_that_went_backwards_lets_the_stale_write_in() {
+        use EventKind::*;
+        // The later grant got a lower token: its own write is accepted
+        // (first write), and the stale holder's higher token then passes.
+        let events = vec![
+            ev(0, 1, Ok, Op::Acquire, 5, Some(100)),
+            ev(150, 2, Ok, Op::Acquire, 3, Some(250)),
+            write(160, 2, Some(3)),
+            write(300, 1, Some(5)),
+        ];
+        let report = check(&events);
+        assert_eq!(report.stale_writes_accepted, 1, "{}", report.summary());
+        assert_eq!(report.token_regressions, 1);
+    }
+
+    #[test]
+    fn a_grant_past_its_deadline_is_reported() {
+        use EventKind::*;
+        let events = vec![ev(50, 1, Ok, Op::Acquire, 1, Some(40))];
+        let report = check(&events);
+        assert_eq!(report.grants_past_deadline, 1);
+        assert!(!report.is_exclusive());
+    }
+
+    #[test]
+    fn a_current_holders_rejected_write_is_reported() {
+        use EventKind::*;
+        let events = vec![
+            ev(0, 1, Ok, Op::Acquire, 5, Some(100)),
+            write(10, 1, Some(5)),
+            ev(101, 2, Ok, Op::Acquire, 4, Some(200)),
+            write(110, 2, Some(4)),
+        ];
+        let report = check(&events);
+        assert_eq!(report.current_holder_writes_rejected, 1);
+        assert!(!report.is_safe_with_fencing());
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! - [`history`]: the invoke/ok/fail/info recorder, the checker (overlapping
 //!   promised windows, token regressions, stale fenced writes) and a
 //!   [`FencedResource`](history::FencedResource).
+//! - [`recording`]: a backend wrapper and a guard that record every
+//!   acquire, renewal, release and lost signal of a client into a history.
+//! - [`link`]: the fault proxy's faults for in-process backends.
 //! - [`migration`]: the rollout simulation for migrating between backends.
 //! - [`bench`]: latency and throughput measurements for ratio benchmarks.
 //! - [`scenarios`]: fault scenarios (crashed, paused, partitioned holders,
@@ -37,9 +40,12 @@ pub mod cases;
 pub mod deploy;
 pub mod harness;
 pub mod history;
+pub mod link;
 pub mod migration;
 pub mod process;
 pub mod proxy;
+pub mod recording;
+pub mod resource;
 pub mod scenarios;
 pub mod servers;
 pub mod soak;

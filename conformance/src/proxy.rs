@@ -31,12 +31,12 @@ pub enum Flow {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct State {
-    flow: Flow,
-    latency: Duration,
-    jitter: Duration,
+pub(crate) struct State {
+    pub(crate) flow: Flow,
+    pub(crate) latency: Duration,
+    pub(crate) jitter: Duration,
     /// Bumped to cut every open connection.
-    generation: u64,
+    pub(crate) generation: u64,
 }
 
 /// A running proxy. Stops (and closes every connection) on drop.
@@ -78,6 +78,32 @@ impl FaultProxy {
             accept,
             connections,
         })
+    }
+
+    /// The same faults for an in-process backend: `inner` is reached through
+    /// an in-process link that delays, holds, drops or cuts each request
+    /// and reply as this proxy's settings say (see
+    /// [`FaultLink`](crate::link::FaultLink)). The proxy has no listening
+    /// socket (its address is `127.0.0.1:0`).
+    pub fn in_process(
+        inner: std::sync::Arc<dyn lock_core::LockBackend>,
+        op_timeout: Duration,
+    ) -> (std::sync::Arc<dyn lock_core::LockBackend>, Self) {
+        let (state, state_rx) = watch::channel(State {
+            flow: Flow::Pass,
+            latency: Duration::ZERO,
+            jitter: Duration::ZERO,
+            generation: 0,
+        });
+        let link = crate::link::FaultLink::new(inner, state_rx, op_timeout);
+        let proxy = Self {
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            upstream: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            state,
+            accept: tokio::spawn(async {}),
+            connections: Arc::new(AtomicU64::new(1)),
+        };
+        (std::sync::Arc::new(link), proxy)
     }
 
     /// Where clients connect.
@@ -264,7 +290,7 @@ async fn cut(state: &mut watch::Receiver<State>, generation: u64) {
     }
 }
 
-fn delay_for(latency: Duration, jitter: Duration, rng: &mut u64) -> Duration {
+pub(crate) fn delay_for(latency: Duration, jitter: Duration, rng: &mut u64) -> Duration {
     if jitter.is_zero() {
         return latency;
     }

@@ -19,16 +19,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lock_core::{
-    FencingScope, FencingToken, Lease, LockBackend, LockClient, LockKey, OwnerId, TtlModel,
-};
+use lock_core::{FencingToken, Lease, LockBackend, LockClient, LockKey, OwnerId, TtlModel};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::cases::recorded_acquire;
 use crate::harness::Target;
-use crate::history::{FencedResource, History, Op, Recorder};
+use crate::history::{EventKind, FencedResource, History, Op, Recorder};
+use crate::recording::{RecordingBackend, recorded_guard};
+use crate::resource::{RESOURCE_ENV, ResourceServer};
 
 /// A scenario's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -114,8 +114,17 @@ impl ScenarioReport {
 /// Builds the command of a lock-holder process: given a backend URL, a key
 /// and a TTL, it must take the lock, keep it (renewed) while it lives, and
 /// exit with status 76 when it learns the lock was lost (as `distlock run
-/// --on-lost term KEY -- sleep 600` does).
+/// --on-lost term KEY -- cmd` does). When its environment has
+/// [`RESOURCE_ENV`](crate::resource::RESOURCE_ENV), the work it does under
+/// the lock is to send its fencing token to that resource every ~20 ms
+/// (see [`crate::resource`]); [`HOLDER_WORK`] is such a command for
+/// `distlock run`.
 pub type HolderCommand = Arc<dyn Fn(&str, &str, Duration) -> Command + Send + Sync>;
+
+/// The work of a `distlock run` holder, as a `bash -c` script: send the
+/// fencing token to the resource every 20 ms when there is one, sleep
+/// otherwise.
+pub const HOLDER_WORK: &str = r#"r="${DISTLOCK_TEST_RESOURCE:-}"; [ -z "$r" ] && exec sleep 600; while :; do echo "$DISTLOCK_FENCING_TOKEN" >"/dev/tcp/${r%:*}/${r##*:}" 2>/dev/null; sleep 0.02; done"#;
 
 /// What the scenarios run against.
 #[derive(Clone)]
@@ -260,6 +269,36 @@ impl Holder {
         }
     }
 
+    /// The process groups of the holder's children (`distlock run` starts
+    /// its command in a group of its own), read from `/proc`.
+    fn child_groups(&self) -> Vec<libc::pid_t> {
+        let mut out = Vec::new();
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return out;
+        };
+        for task in tasks.flatten() {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            out.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<libc::pid_t>().ok()),
+            );
+        }
+        out
+    }
+
+    /// Signals every child's process group.
+    fn signal_children(&self, groups: &[libc::pid_t], sig: libc::c_int) {
+        for group in groups {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe {
+                libc::kill(-group, sig);
+            }
+        }
+    }
+
     fn kill_group(&self) {
         // SAFETY: as above; the holder leads its own process group.
         unsafe {
@@ -277,16 +316,21 @@ impl Drop for Holder {
     }
 }
 
-/// Starts a holder process and waits until `inspect` shows the key held.
+/// Starts a holder process (writing to `resource`, when given, while it
+/// holds) and waits until `inspect` shows the key held.
 async fn start_holder(
     env: &ScenarioEnv,
     observer: &dyn LockBackend,
     key: &LockKey,
+    resource: Option<&ResourceServer>,
 ) -> Result<Option<(Holder, Option<FencingToken>)>, String> {
     let (Some(make), Some(url)) = (&env.holder, env.target.url()) else {
         return Ok(None);
     };
     let mut cmd = make(&url, key.as_str(), env.ttl);
+    if let Some(resource) = resource {
+        cmd.env(RESOURCE_ENV, resource.addr().to_string());
+    }
     {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
@@ -326,7 +370,7 @@ async fn holder_killed_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
     let mut samples = Vec::new();
     for run in 0..runs {
         let key = key(&format!("killed-{run}"));
-        let Some((holder, _)) = start_holder(env, &*observer, &key).await? else {
+        let Some((holder, _)) = start_holder(env, &*observer, &key, None).await? else {
             return Ok(ScenarioReport::skipped(
                 "no holder process or URL for this target",
             ));
@@ -363,10 +407,16 @@ async fn holder_killed_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
     ))
 }
 
-/// A holder process is paused (SIGSTOP) past its TTL while another client
-/// takes the key and writes; on resume the old holder must learn it lost
-/// the lock (exit 76), and its fenced write must be rejected. Without
-/// fencing tokens this is a negative control: the stale write goes through.
+/// A holder process is paused (SIGSTOP, with the command it runs) past
+/// its TTL while another client takes the key and writes to the protected
+/// resource. On resume the paused process itself writes to the resource
+/// with the token it holds, as a process that does not know it was paused
+/// would, and must then learn it lost the lock (exit 76). The resource
+/// records every write (token, writer, time) and the history checker judges
+/// them from the grant order: a write of the older grant that a
+/// token-checking resource would let in after the newer holder's write is
+/// a stale write accepted. Without fencing tokens this is a negative
+/// control: the stale write must be observed getting in.
 pub async fn holder_paused(env: &ScenarioEnv) -> ScenarioReport {
     finish(holder_paused_inner(env).await)
 }
@@ -374,31 +424,59 @@ pub async fn holder_paused(env: &ScenarioEnv) -> ScenarioReport {
 async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String> {
     let other = client(env).await?;
     let caps = other.capabilities();
+    let fenced = caps.has_fencing();
     let key = key("paused");
-    let Some((mut holder, token_a)) = start_holder(env, &*other, &key).await? else {
+    let resource = ResourceServer::start()
+        .await
+        .map_err(|e| format!("resource server: {e}"))?;
+    let Some((mut holder, token_a)) = start_holder(env, &*other, &key, Some(&resource)).await?
+    else {
         return Ok(ScenarioReport::skipped(
             "no holder process or URL for this target",
         ));
     };
+    let seen_at = Instant::now();
+    // Wait for the holder's first write, so the pause lands mid-work.
+    let until = Instant::now() + Duration::from_secs(5);
+    while resource.arrivals().is_empty() {
+        if Instant::now() >= until {
+            return Err("the holder process never wrote to the resource".into());
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    let groups = holder.child_groups();
     holder.signal(libc::SIGSTOP);
+    holder.signal_children(&groups, libc::SIGSTOP);
     let paused_at = Instant::now();
+    let history = Arc::new(History::new());
+    let rec_a = history.process();
+    let rec_b = history.process();
+    // The holder's grant as observed: held from when it was first seen (or
+    // first wrote) until it was paused; what it did after is judged.
+    let first_write = resource.arrivals().first().map_or(seen_at, |a| a.at);
+    let token_of = |t: Option<FencingToken>| t.filter(|_| fenced);
+    rec_a.record_at(
+        first_write.min(seen_at),
+        EventKind::Ok,
+        Op::Acquire,
+        &key,
+        token_of(token_a),
+        Some(paused_at),
+    );
     let bound = free_bound(env, &*other);
-    let lease_b = other
-        .acquire(&key, env.ttl, paused_at + bound)
+    let lease_b = recorded_acquire(&*other, &rec_b, &key, env.ttl, paused_at + bound)
         .await
         .map_err(|e| format!("the paused holder's lock was not freed within {bound:?}: {e}"))?;
-    let history = Arc::new(History::new());
-    let resource = FencedResource::new();
-    let rec_b = history.process();
-    let rec_a = history.process();
-    resource.write(&rec_b, &key, lease_b.token(), |v| *v += 1);
-    holder.signal(libc::SIGCONT);
+    rec_b.wrote(&key, token_of(Some(lease_b.token())));
+    // Resume the command first: it acts on what it believes before the
+    // lock keeper can tell it anything.
     let resumed_at = Instant::now();
-    // The resumed holder acts on what it believes: it writes with its token.
-    let stale_accepted = match (caps.fencing, token_a) {
-        (FencingScope::None, _) | (_, None) => true,
-        (_, Some(token_a)) => resource.write(&rec_a, &key, token_a, |v| *v += 1),
-    };
+    holder.signal_children(&groups, libc::SIGCONT);
+    let until = Instant::now() + Duration::from_secs(3);
+    while !resource.arrivals().iter().any(|a| a.at >= resumed_at) && Instant::now() < until {
+        sleep(Duration::from_millis(5)).await;
+    }
+    holder.signal(libc::SIGCONT);
     let mut exit_code = None;
     let mut noticed_after = None;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -410,33 +488,55 @@ async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
         }
         sleep(Duration::from_millis(10)).await;
     }
-    let _ = other.release(&lease_b).await;
+    let _ = recorded_release(&*other, &rec_b, &lease_b).await;
+    let arrivals = resource.arrivals();
+    let late_writes = arrivals.iter().filter(|a| a.at >= resumed_at).count();
+    for arrival in &arrivals {
+        let token = arrival.line.parse::<u64>().ok().map(FencingToken::new);
+        rec_a.record_at(
+            arrival.at,
+            EventKind::Ok,
+            Op::Write,
+            &key,
+            token_of(token),
+            None,
+        );
+    }
+    if late_writes == 0 {
+        return Err(
+            "the resumed holder made no write: nothing was observed to judge (the instrument failed)"
+                .into(),
+        );
+    }
+    let report = history.check();
+    let stale_accepted = report.stale_writes_accepted > 0;
     let mut figures = BTreeMap::new();
     figures.insert("paused_for_ms".into(), ms(resumed_at - paused_at));
     if let Some(d) = noticed_after {
         figures.insert("lost_signal_after_resume_ms".into(), ms(d));
     }
     figures.insert("holder_exit_code".into(), json!(exit_code));
-    figures.insert("stale_write_accepted".into(), json!(stale_accepted));
-    let negative_control = !caps.has_fencing();
+    figures.insert("writes_after_resume".into(), json!(late_writes));
+    figures.insert(
+        "stale_writes_accepted".into(),
+        json!(report.stale_writes_accepted),
+    );
+    figures.insert("writes_rejected".into(), json!(report.writes_rejected));
     let noticed = exit_code == Some(76);
     let violated = stale_accepted || !noticed;
     Ok(ScenarioReport::judged(
-        negative_control,
+        !fenced,
         violated,
         format!(
-            "resumed holder {} its loss ({}), its stale write was {}",
+            "resumed holder {} its loss ({}); of its {late_writes} write(s) after resuming, {} got in past the newer holder's write ({})",
             if noticed {
                 "reported"
             } else {
                 "did NOT report"
             },
             exit_code.map_or("still running".to_owned(), |c| format!("exit {c}")),
-            if stale_accepted {
-                "ACCEPTED (no fencing)"
-            } else {
-                "rejected by the token check"
-            }
+            report.stale_writes_accepted,
+            report.summary()
         ),
         figures,
     ))
@@ -624,10 +724,17 @@ async fn server_restarted_inner(env: &ScenarioEnv) -> Result<ScenarioReport, Str
     ))
 }
 
-/// Latency up to twice the TTL is injected between one client and the
-/// server while another contends directly: no grant may be handed out with
-/// its deadline already passed, and holds must not overlap. Requests that
-/// time out may leave a grant behind: it must expire.
+/// One client holds the key through a guard (renewing on its own) over a
+/// link whose latency rises step by step past the TTL (one-way TTL/8,
+/// TTL/4, then 2 x TTL), while a second
+/// client, directly connected, keeps probing for the key and takes it
+/// whenever the server frees it. Every acquire, renewal, release and lost
+/// signal goes into one history: the holder's promised window ends at its
+/// lost signal or its last renewal's deadline, and must never overlap the
+/// prober's grants; no grant may be handed out with its deadline already
+/// passed (the slow client also tries fresh acquires at the highest
+/// latency). A client that computes its deadline from the reply instead of
+/// the request overlaps here.
 pub async fn latency_injected(env: &ScenarioEnv) -> ScenarioReport {
     finish(latency_injected_inner(env).await)
 }
@@ -637,56 +744,117 @@ async fn latency_injected_inner(env: &ScenarioEnv) -> Result<ScenarioReport, Str
         return Ok(ScenarioReport::skipped(NO_PROXY));
     };
     let fast = client(env).await?;
+    let ttl = env.ttl;
     let key = key("latency");
     let history = Arc::new(History::new());
-    let mut expired_grants = 0usize;
-    let mut grants = 0usize;
-    let mut errors = 0usize;
-    for step in [4u32, 2, 1] {
-        // One-way latency ttl/step: round trips of 2/step x TTL.
-        proxy.set_latency(env.ttl / step, env.ttl / (step * 10));
-        let rec = history.process();
-        match recorded_acquire(&*slow, &rec, &key, env.ttl, Instant::now() + env.ttl * 4).await {
-            Ok(lease) => {
-                grants += 1;
-                if lease.validity_deadline() <= Instant::now() {
-                    expired_grants += 1;
-                }
-                let _ = recorded_release(&*slow, &rec, &lease).await;
-            }
-            Err(_) => errors += 1,
-        }
-        // The direct client contends meanwhile.
-        let rec = history.process();
-        if let Ok(lease) = recorded_acquire(
-            &*fast,
-            &rec,
-            &key,
-            env.ttl,
-            Instant::now() + free_bound(env, &*fast),
-        )
+    let rec_slow = history.process();
+    let rec_probe = history.process();
+    let rec_probe_id = rec_probe.id();
+    proxy.set_latency(ttl / 20, Duration::ZERO);
+    let guard = recorded_guard(slow.clone(), &rec_slow, &key, ttl, Duration::from_secs(10))
         .await
-        {
-            let _ = recorded_release(&*fast, &rec, &lease).await;
+        .map_err(|e| format!("acquire through the proxy: {e}"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let probe: Arc<dyn LockBackend> = Arc::new(RecordingBackend::new(fast, rec_probe));
+    let prober = {
+        let (probe, key, stop) = (probe.clone(), key.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut grants = 0usize;
+            let mut first_grant = None;
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(Some(lease)) = probe.try_acquire(&key, ttl).await {
+                    grants += 1;
+                    first_grant.get_or_insert_with(Instant::now);
+                    sleep(ttl / 10).await;
+                    let _ = timeout(Duration::from_secs(10), probe.release(&lease)).await;
+                }
+                sleep(Duration::from_millis(5)).await;
+            }
+            (grants, first_grant)
+        })
+    };
+    let started = Instant::now();
+    // One-way latency ttl/8, then ttl/4 (renewals still get through, each
+    // reply a quarter of the TTL after the server extended the lease), then
+    // twice the TTL: no renewal can arrive in time any more, the server
+    // frees the key, and the holder must have stopped promising first.
+    for step in [8u32, 4] {
+        proxy.set_latency(ttl / step, ttl / (step * 10));
+        sleep(ttl * 3 / 2).await;
+    }
+    proxy.set_latency(ttl * 2, ttl / 20);
+    // Stay at the highest latency until the prober got the key (the server
+    // must free it once renewals cannot arrive in time) or the bound ran out.
+    let until = Instant::now() + free_bound(env, &*slow);
+    let probed = || probe_grants_so_far(&history, rec_probe_id);
+    while probed() == 0 && Instant::now() < until {
+        sleep(Duration::from_millis(20)).await;
+    }
+    let lost_at = guard.state().is_terminal().then(|| started.elapsed());
+    // Fresh acquires at the highest latency: each either fails or comes
+    // back with time left on it.
+    let mut slow_grants = 0usize;
+    let mut slow_errors = 0usize;
+    for _ in 0..2 {
+        let rec = history.process();
+        let recorded: Arc<dyn LockBackend> = Arc::new(RecordingBackend::new(slow.clone(), rec));
+        match recorded.acquire(&key, ttl, Instant::now() + ttl * 2).await {
+            Ok(lease) => {
+                slow_grants += 1;
+                let _ = timeout(Duration::from_secs(10), recorded.release(&lease)).await;
+            }
+            Err(_) => slow_errors += 1,
         }
     }
+    stop.store(true, Ordering::SeqCst);
+    let (probe_grants, first_probe_grant) = prober.await.map_err(|e| e.to_string())?;
     proxy.set_latency(Duration::ZERO, Duration::ZERO);
+    let _ = timeout(Duration::from_secs(10), guard.release()).await;
     let report = history.check();
-    let violated = expired_grants > 0 || report.overlap_count > 0;
+    let violated = !report.is_exclusive();
     let mut figures = BTreeMap::new();
-    figures.insert("slow_grants".into(), json!(grants));
-    figures.insert("slow_errors".into(), json!(errors));
-    figures.insert("expired_grants_returned".into(), json!(expired_grants));
+    figures.insert("probe_grants".into(), json!(probe_grants));
+    figures.insert("slow_grants".into(), json!(slow_grants));
+    figures.insert("slow_errors".into(), json!(slow_errors));
+    figures.insert(
+        "grants_past_deadline".into(),
+        json!(report.grants_past_deadline),
+    );
     figures.insert("overlapping_windows".into(), json!(report.overlap_count));
+    if let Some(at) = first_probe_grant {
+        figures.insert("key_freed_after_ms".into(), ms(at - started));
+    }
+    if let Some(at) = lost_at {
+        figures.insert("holder_lost_by_ms".into(), ms(at));
+    }
+    if probe_grants == 0 && !violated {
+        return Err(format!(
+            "the prober never got the key while latency rose past the TTL (holder {}): nothing was observed to judge",
+            guard_state_text(lost_at)
+        ));
+    }
     Ok(ScenarioReport::judged(
         false,
         violated,
         format!(
-            "{grants} slow grants ({errors} refused or timed out), {expired_grants} past their deadline; {}",
+            "holder renewed through rising latency, prober took the key {probe_grants} time(s); {}",
             report.summary()
         ),
         figures,
     ))
+}
+
+/// Grants the process `process` has had so far.
+fn probe_grants_so_far(history: &History, process: u64) -> usize {
+    history
+        .events()
+        .iter()
+        .filter(|e| e.process == process && e.op == Op::Acquire && e.kind == EventKind::Ok)
+        .count()
+}
+
+fn guard_state_text(lost_at: Option<Duration>) -> String {
+    lost_at.map_or_else(|| "still held".to_owned(), |at| format!("ended by {at:?}"))
 }
 
 /// A release whose reply is lost (the client is partitioned while

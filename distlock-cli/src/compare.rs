@@ -131,7 +131,7 @@ fn holder_command() -> Option<HolderCommand> {
             "--ttl",
         ])
         .arg(format!("{}ms", ttl.as_millis()))
-        .args([key, "--", "sleep", "600"]);
+        .args([key, "--", "bash", "-c", scenarios::HOLDER_WORK]);
         cmd
     }))
 }

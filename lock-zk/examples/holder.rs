@@ -1,7 +1,11 @@
 //! A lock-holder process for the crash and pause scenarios of the shared
 //! suite: `holder <url> <key> <ttl ms>` takes the lock, keeps it (the guard
 //! renews it) while it lives, and exits with status 76 as soon as it learns
-//! the lock was lost.
+//! the lock was lost. With `DISTLOCK_TEST_RESOURCE=127.0.0.1:PORT` in its
+//! environment, its work under the lock is to send its fencing token to
+//! that address every 20 ms (one connection per write): each turn writes
+//! first and looks at the lock after, as a process that was paused without
+//! knowing it would.
 
 use std::time::Duration;
 
@@ -38,7 +42,30 @@ async fn main() {
             std::process::exit(1);
         }
     };
-    let reason = guard.lost().await;
+    let resource = std::env::var("DISTLOCK_TEST_RESOURCE").ok();
+    let token = guard.token().to_string();
+    let reason = match resource {
+        None => guard.lost().await,
+        Some(addr) => loop {
+            if let Ok(mut stream) = std::net::TcpStream::connect(&addr) {
+                use std::io::Write;
+                let _ = writeln!(stream, "{token}");
+            }
+            if let Some(reason) = lost_reason(&guard) {
+                break reason;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        },
+    };
     eprintln!("lock lost: {reason}");
     std::process::exit(76);
+}
+
+fn lost_reason(guard: &lock_core::LockGuard) -> Option<String> {
+    match guard.state() {
+        lock_core::LockState::Lost(reason) => Some(reason),
+        lock_core::LockState::Released => Some("released".to_owned()),
+        _ if !guard.is_held() => Some("the validity deadline passed".to_owned()),
+        _ => None,
+    }
 }

@@ -1,0 +1,242 @@
+//! An in-process stand-in for a network link with faults, for backends
+//! that have no socket to put a [`FaultProxy`](crate::proxy::FaultProxy)
+//! in front of (the in-memory backend and test doubles built on it).
+//!
+//! Each call crosses the link twice: the request leg, then the server (the
+//! wrapped backend) runs it, then the reply leg. Each leg waits the
+//! latency (± jitter) that was set when the call was sent; a partition holds a leg until healed (a
+//! request the caller gave up on is still delivered afterwards, as TCP
+//! would deliver buffered bytes); a blackhole drops it; a reset fails the
+//! calls in flight. The caller waits at most its operation timeout (plus
+//! the wait of a waiting acquire) and then gets a `Timeout` error, as a
+//! driver would.
+//!
+//! The wrapped backend computes deadlines on its own clock when it runs
+//! the request, which is the server's receive time: no later than the
+//! server's own expiry, so the link passes them through. A grant whose
+//! deadline has passed by the time its reply arrives is released and
+//! refused, as drivers refuse it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey, Operation,
+};
+use tokio::sync::{oneshot, watch};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::proxy::{Flow, State, delay_for};
+
+fn rng_seed() -> u64 {
+    #[allow(clippy::cast_possible_truncation)] // low bits of a random value
+    let seed = lock_core::OwnerId::random().as_u128() as u64;
+    seed | 1
+}
+
+type Call<T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send>>;
+
+/// A [`LockBackend`] reached through an in-process link with the faults of
+/// a [`FaultProxy`](crate::proxy::FaultProxy) (made by
+/// [`FaultProxy::in_process`](crate::proxy::FaultProxy::in_process)).
+#[derive(Debug)]
+pub struct FaultLink {
+    inner: Arc<dyn LockBackend>,
+    state: watch::Receiver<State>,
+    op_timeout: Duration,
+}
+
+/// Why a leg did not get through.
+enum Broken {
+    /// Dropped by a blackhole.
+    Dropped,
+    /// The connection was cut (reset) or the proxy is gone.
+    Cut,
+}
+
+impl FaultLink {
+    pub(crate) fn new(
+        inner: Arc<dyn LockBackend>,
+        state: watch::Receiver<State>,
+        op_timeout: Duration,
+    ) -> Self {
+        Self {
+            inner,
+            state,
+            op_timeout,
+        }
+    }
+
+    /// One crossing of the link. The request leg takes the latency set
+    /// when it starts and returns it; the reply leg of the same call takes
+    /// that latency too (`fixed`), so a call is slowed by the latency of
+    /// the moment it was sent, whatever changes while it is in flight.
+    async fn leg(
+        state: &mut watch::Receiver<State>,
+        generation: u64,
+        fixed: Option<(Duration, Duration)>,
+    ) -> Result<(Duration, Duration), Broken> {
+        loop {
+            let current = *state.borrow_and_update();
+            if current.generation != generation {
+                return Err(Broken::Cut);
+            }
+            match current.flow {
+                Flow::Pass => {
+                    let (latency, jitter) = fixed.unwrap_or((current.latency, current.jitter));
+                    let mut rng = rng_seed();
+                    let delay = delay_for(latency, jitter, &mut rng);
+                    if !delay.is_zero() {
+                        sleep(delay).await;
+                    }
+                    return if state.borrow().generation == generation {
+                        Ok((latency, jitter))
+                    } else {
+                        Err(Broken::Cut)
+                    };
+                }
+                Flow::Blackhole => return Err(Broken::Dropped),
+                Flow::Partition => {
+                    if state.changed().await.is_err() {
+                        return Err(Broken::Cut);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends `call` across the link and waits for its reply for at most
+    /// `budget`.
+    async fn call<T: Send + 'static>(
+        &self,
+        op: Operation,
+        key: &LockKey,
+        budget: Duration,
+        call: Call<T>,
+    ) -> Result<T, LockError> {
+        let generation = self.state.borrow().generation;
+        let (tx, rx) = oneshot::channel();
+        let mut request_state = self.state.clone();
+        // The request travels on its own: once sent, it reaches the server
+        // even if the caller stops waiting.
+        tokio::spawn(async move {
+            if let Ok(latency) = Self::leg(&mut request_state, generation, None).await {
+                let _ = tx.send((call.await, latency));
+            }
+        });
+        let mut reply_state = self.state.clone();
+        let unreachable = |what: &str| {
+            LockError::new(ErrorKind::Unavailable, op, what.to_owned())
+                .with_key(key)
+                .with_backend(self.inner.name())
+        };
+        let exchange = async {
+            let Ok((result, latency)) = rx.await else {
+                // Dropped or cut on the way there; a drop looks like
+                // silence to the caller.
+                if reply_state.borrow().generation == generation {
+                    std::future::pending::<()>().await;
+                }
+                return Err(unreachable("connection reset"));
+            };
+            match Self::leg(&mut reply_state, generation, Some(latency)).await {
+                Ok(_) => result,
+                Err(Broken::Cut) => Err(unreachable("connection reset")),
+                Err(Broken::Dropped) => {
+                    std::future::pending::<()>().await;
+                    Err(unreachable("reply dropped"))
+                }
+            }
+        };
+        match timeout(budget, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                op,
+                format!("no reply within {budget:?}"),
+            )
+            .with_key(key)
+            .with_backend(self.inner.name())),
+        }
+    }
+
+    /// Refuses (and gives back) a grant whose reply came after its
+    /// deadline.
+    fn fresh(&self, lease: Lease) -> Result<Lease, LockError> {
+        if lease.validity_deadline() > Instant::now() {
+            return Ok(lease);
+        }
+        let inner = self.inner.clone();
+        let key = lease.key().clone();
+        tokio::spawn(async move {
+            let _ = inner.release(&lease).await;
+        });
+        Err(LockError::new(
+            ErrorKind::LeaseLost,
+            Operation::Acquire,
+            "the grant arrived after its validity deadline",
+        )
+        .with_key(&key)
+        .with_backend(self.inner.name()))
+    }
+}
+
+#[async_trait]
+impl LockBackend for FaultLink {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        let (inner, k) = (self.inner.clone(), key.clone());
+        let call: Call<Option<Lease>> = Box::pin(async move { inner.try_acquire(&k, ttl).await });
+        match self
+            .call(Operation::TryAcquire, key, self.op_timeout, call)
+            .await?
+        {
+            Some(lease) => self.fresh(lease).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let (inner, k) = (self.inner.clone(), key.clone());
+        let call: Call<Lease> = Box::pin(async move { inner.acquire(&k, ttl, deadline).await });
+        let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
+        let lease = self.call(Operation::Acquire, key, budget, call).await?;
+        self.fresh(lease)
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let (inner, l) = (self.inner.clone(), lease.clone());
+        let call: Call<Instant> = Box::pin(async move { inner.renew(&l).await });
+        self.call(Operation::Renew, lease.key(), self.op_timeout, call)
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let (inner, l) = (self.inner.clone(), lease.clone());
+        let call: Call<bool> = Box::pin(async move { inner.release(&l).await });
+        self.call(Operation::Release, lease.key(), self.op_timeout, call)
+            .await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let (inner, k) = (self.inner.clone(), key.clone());
+        let call: Call<Option<LockInfo>> = Box::pin(async move { inner.inspect(&k).await });
+        self.call(Operation::Inspect, key, self.op_timeout, call)
+            .await
+    }
+}

@@ -1,0 +1,197 @@
+//! Recording what a client does, as it does it: a [`RecordingBackend`]
+//! that writes every acquire, renewal and release of one client process
+//! into a [`History`](crate::history::History), and [`recorded_guard`],
+//! which takes a lock the way users do (a [`LockGuard`] that renews on its
+//! own) and also records the moment the guard reports the lock lost.
+//!
+//! With it, a promised window ends where the holder's promise really ended:
+//! at its release, at its lost signal, or at the deadline of its last
+//! successful renewal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, Lease, LockBackend, LockClient, LockError, LockGuard, LockInfo, LockKey,
+    LockState,
+};
+use tokio::time::Instant;
+
+use crate::history::{Op, Recorder};
+
+/// A backend wrapper that records one client process's operations.
+///
+/// Acquire and renew record `invoke`, then `ok` with the promised deadline
+/// or `fail`; release records `invoke` (which ends the promised window
+/// whatever the outcome), then `ok` / `fail`. An error whose outcome is
+/// unknown (a timeout) is recorded as `fail`: it promised nothing.
+#[derive(Debug)]
+pub struct RecordingBackend {
+    inner: Arc<dyn LockBackend>,
+    recorder: Recorder,
+}
+
+impl RecordingBackend {
+    /// Wraps `inner`, recording into `recorder`.
+    pub fn new(inner: Arc<dyn LockBackend>, recorder: Recorder) -> Self {
+        Self { inner, recorder }
+    }
+
+    /// The recorder.
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+}
+
+#[async_trait]
+impl LockBackend for RecordingBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.recorder.invoke(Op::Acquire, key, None);
+        let result = self.inner.try_acquire(key, ttl).await;
+        match &result {
+            Ok(Some(lease)) => {
+                self.recorder
+                    .acquired(key, lease.token(), lease.validity_deadline());
+            }
+            _ => self.recorder.failed(Op::Acquire, key, None),
+        }
+        result
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.recorder.invoke(Op::Acquire, key, None);
+        let result = self.inner.acquire(key, ttl, deadline).await;
+        match &result {
+            Ok(lease) => {
+                self.recorder
+                    .acquired(key, lease.token(), lease.validity_deadline());
+            }
+            Err(_) => self.recorder.failed(Op::Acquire, key, None),
+        }
+        result
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let (key, token) = (lease.key(), lease.token());
+        self.recorder.invoke(Op::Renew, key, Some(token));
+        let result = self.inner.renew(lease).await;
+        match &result {
+            Ok(deadline) => self.recorder.renewed(key, token, *deadline),
+            Err(_) => self.recorder.failed(Op::Renew, key, Some(token)),
+        }
+        result
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let (key, token) = (lease.key(), lease.token());
+        self.recorder.invoke(Op::Release, key, Some(token));
+        let result = self.inner.release(lease).await;
+        match &result {
+            Ok(held) => self.recorder.released(key, token, *held),
+            Err(_) => self.recorder.failed(Op::Release, key, Some(token)),
+        }
+        result
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+/// A guard whose history is recorded: its acquire, every renewal (with the
+/// deadline it promised) and its release through a [`RecordingBackend`],
+/// and its lost signal by a watcher task, at the moment the guard reports
+/// it.
+#[derive(Debug)]
+pub struct RecordedGuard {
+    guard: LockGuard,
+}
+
+impl RecordedGuard {
+    /// The guard.
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
+    /// Releases (recorded by the backend wrapper).
+    ///
+    /// # Errors
+    ///
+    /// The backend's release errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockGuard::release`].
+    pub async fn release(self) -> Result<bool, LockError> {
+        self.guard.release().await
+    }
+}
+
+impl std::ops::Deref for RecordedGuard {
+    type Target = LockGuard;
+
+    fn deref(&self) -> &LockGuard {
+        &self.guard
+    }
+}
+
+/// Takes `key` through `backend` as users do (`client.lock(key).ttl(ttl)
+/// .wait(wait).acquire()`), recording everything into `recorder`.
+///
+/// # Errors
+///
+/// The acquire's errors (recorded as a failed acquire).
+///
+/// # Cancel safety
+///
+/// As [`LockRequest::acquire`](lock_core::LockRequest::acquire).
+pub async fn recorded_guard(
+    backend: Arc<dyn LockBackend>,
+    recorder: &Recorder,
+    key: &LockKey,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<RecordedGuard, LockError> {
+    let recording: Arc<dyn LockBackend> =
+        Arc::new(RecordingBackend::new(backend, recorder.clone()));
+    let guard = LockClient::from_arc(recording)
+        .lock(key.as_str())
+        .ttl(ttl)
+        .wait(wait)
+        .acquire()
+        .await?;
+    let mut states = guard.subscribe();
+    let (rec, key, token) = (recorder.clone(), key.clone(), guard.token());
+    // The watcher ends when the guard turns `Lost` (recorded) or
+    // `Released` (its release was recorded by the wrapper).
+    tokio::spawn(async move {
+        loop {
+            match &*states.borrow_and_update() {
+                LockState::Lost(_) => {
+                    rec.lost(&key, token);
+                    return;
+                }
+                LockState::Released => return,
+                LockState::Held | LockState::Suspect => {}
+            }
+            if states.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(RecordedGuard { guard })
+}
