@@ -90,6 +90,24 @@ async fn partitioned_follower_cannot_renew_or_grant() {
         .expect("free key");
     let node_path = lease.backend_data().to_owned();
 
+    // What the sync costs through a follower: a renewal (sync + node check,
+    // sent together) against a plain node check on the same follower.
+    let (mut plain, mut renew) = (Vec::new(), Vec::new());
+    for _ in 0..50 {
+        let t = Instant::now();
+        probe.check_stat(&node_path).await.expect("check");
+        plain.push(t.elapsed());
+        let t = Instant::now();
+        cut_off.renew(&lease).await.expect("renew");
+        renew.push(t.elapsed());
+    }
+    plain.sort();
+    renew.sort();
+    println!(
+        "through a follower, p50 over 50: plain node check {:?}, renewal (sync + check) {:?}",
+        plain[25], renew[25]
+    );
+
     // Renew as a guard would (every TTL/4), recording every answer.
     let renewals = Arc::new(Mutex::new(Vec::<Renewal>::new()));
     let renewer = {
