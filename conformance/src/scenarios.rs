@@ -426,6 +426,8 @@ async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
     let caps = other.capabilities();
     let fenced = caps.has_fencing();
     let key = key("paused");
+    // One clock for everything, from before the holder starts.
+    let history = Arc::new(History::new());
     let resource = ResourceServer::start()
         .await
         .map_err(|e| format!("resource server: {e}"))?;
@@ -448,7 +450,6 @@ async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
     holder.signal(libc::SIGSTOP);
     holder.signal_children(&groups, libc::SIGSTOP);
     let paused_at = Instant::now();
-    let history = Arc::new(History::new());
     let rec_a = history.process();
     let rec_b = history.process();
     // The holder's grant as observed: held from when it was first seen (or
@@ -509,7 +510,11 @@ async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
         );
     }
     let report = history.check();
-    let stale_accepted = report.stale_writes_accepted > 0;
+    // A stale write getting in, or the current holder's write refused (its
+    // token was not above the paused holder's): either way the tokens did
+    // not protect the resource.
+    let stale_accepted =
+        report.stale_writes_accepted > 0 || report.current_holder_writes_rejected > 0;
     let mut figures = BTreeMap::new();
     figures.insert("paused_for_ms".into(), ms(resumed_at - paused_at));
     if let Some(d) = noticed_after {
@@ -522,6 +527,10 @@ async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String
         json!(report.stale_writes_accepted),
     );
     figures.insert("writes_rejected".into(), json!(report.writes_rejected));
+    figures.insert(
+        "current_holder_writes_rejected".into(),
+        json!(report.current_holder_writes_rejected),
+    );
     let noticed = exit_code == Some(76);
     let violated = stale_accepted || !noticed;
     Ok(ScenarioReport::judged(
