@@ -1269,6 +1269,8 @@ pub async fn run_soak(
     };
     let _ = lane.await;
     let _ = freezes.await;
+    // Clients run the whole duration, whatever the lanes planned.
+    tokio::time::sleep_until(shared.end).await;
     shared.stop.store(true, Ordering::Relaxed);
     for task in tasks {
         let _ = tokio::time::timeout(ttl * 6 + Duration::from_secs(30), task).await;

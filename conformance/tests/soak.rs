@@ -102,8 +102,8 @@ async fn etcd_soak_is_clean() {
 }
 
 /// A memory backend that, every fourth acquire of a held key, grants it
-/// anyway (a lease the real service knows nothing about), optionally
-/// claiming to have no fencing.
+/// anyway (a lease the real service knows nothing about, with a low token),
+/// optionally claiming to have no fencing.
 #[derive(Debug)]
 struct DoubleGranting {
     inner: MemoryBackend,
@@ -118,12 +118,14 @@ impl DoubleGranting {
             inner: MemoryBackend::new(),
             calls: AtomicU64::new(0),
             fencing,
-            fake_tokens: AtomicU64::new(1 << 40),
+            fake_tokens: AtomicU64::new(0),
         }
     }
 
+    /// A grant the service knows nothing about. Its token repeats a low
+    /// value, so tokens also go backwards.
     fn fake(&self, key: &LockKey, ttl: Duration, sent_at: Instant) -> Result<Lease, LockError> {
-        let token = self.fake_tokens.fetch_add(1, Ordering::Relaxed);
+        let token = self.fake_tokens.fetch_add(1, Ordering::Relaxed) % 2 + 1;
         Lease::granted(
             key.clone(),
             OwnerId::random(),
@@ -216,6 +218,14 @@ async fn a_backend_that_grants_twice_is_reported() {
     assert!(fenced.check.overlap_count > 0, "{}", fenced.table());
     assert_eq!(fenced.verdict, "VIOLATION");
     assert!(fenced.violations.iter().all(|v| !v.expected));
+    assert!(
+        fenced
+            .violations
+            .iter()
+            .any(|v| v.what == "token_regression" || v.what == "duplicate_token"),
+        "{}",
+        fenced.table()
+    );
 
     // Without fencing the resource takes every write: the double grants
     // now also lose increments of the counter.
