@@ -54,7 +54,9 @@
 //! and a violation during which one of them was active is reported as
 //! *expected (negative control)* for that kind instead of failing the run.
 //! A violation with no known-unsafe fault active, or none at all, fails
-//! the run ([`SoakReport::fails_run`]). Overlaps are attributed from the
+//! the run ([`SoakReport::fails_run`]). Stale writes are tied to their
+//! writes by replaying the checker's rule on the writes as they arrive;
+//! overlaps are attributed from the
 //! checker's listed pairs (its first ten); when it counted more, or when a
 //! violation cannot be tied to events, the run fails unless every listed
 //! one was expected.
@@ -601,6 +603,11 @@ impl SoakReport {
 struct Register {
     value: u64,
     last_token: Option<u64>,
+    /// The checker's replay of the writes alone (tokens as recorded): the
+    /// last token it accepted and the start of the newest grant whose
+    /// write it accepted, to tie each stale write it counts to its grant.
+    replay_token: Option<u64>,
+    replay_newest_grant: Option<Duration>,
 }
 
 /// A write applied over a read that was no longer current.
@@ -620,6 +627,9 @@ struct ResourceState {
     writes_refused: usize,
     reads_refused: usize,
     lost: Vec<LostIncrement>,
+    /// Writes the checker's rule lets in after a later grant's write
+    /// (same shape as a lost increment: the writer's grant to its write).
+    stale: Vec<LostIncrement>,
 }
 
 /// A counter per key that checks tokens on every access (when `fenced`).
@@ -663,8 +673,33 @@ impl Resource {
         grant_at: Duration,
     ) {
         let mut state = self.lock();
-        journal.wrote(key, self.fenced.then_some(token));
+        let sent = self.fenced.then_some(token);
+        journal.wrote(key, sent);
         state.writes += 1;
+        let reg = state.registers.entry(key.as_str().to_owned()).or_default();
+        let replay_accepts = match (sent, reg.replay_token) {
+            (None, _) | (Some(_), None) => true,
+            (Some(t), Some(last)) => t.get() > last,
+        };
+        let mut stale = false;
+        if replay_accepts {
+            if let Some(t) = sent {
+                reg.replay_token = Some(reg.replay_token.map_or(t.get(), |l| l.max(t.get())));
+            }
+            match reg.replay_newest_grant {
+                Some(newest) if grant_at < newest => stale = true,
+                _ => reg.replay_newest_grant = Some(grant_at),
+            }
+        }
+        if stale {
+            let entry = LostIncrement {
+                grant_at,
+                write_at: journal.now(),
+                lost: 0,
+                key: key.as_str().to_owned(),
+            };
+            state.stale.push(entry);
+        }
         let reg = state.registers.entry(key.as_str().to_owned()).or_default();
         if !self.admits(reg, token) {
             state.writes_refused += 1;
@@ -1306,7 +1341,7 @@ pub async fn run_soak(
         caps: &caps,
         injected: &injected,
     };
-    let violations = judged.violations(&check, &obs, &resource.lost);
+    let violations = judged.violations(&check, &obs, &resource.lost, &resource.stale);
     let mut faults: BTreeMap<String, FaultStats> = BTreeMap::new();
     for &k in &kinds {
         faults.insert(
@@ -1421,6 +1456,7 @@ impl Judged<'_> {
         check: &CheckReport,
         obs: &Observed,
         lost: &[LostIncrement],
+        stale: &[LostIncrement],
     ) -> Vec<Violation> {
         let caps = self.caps;
         let mut out = Vec::new();
@@ -1457,6 +1493,18 @@ impl Judged<'_> {
                 format!("key {}: {} increment(s) overwritten", l.key, l.lost),
             ));
         }
+        for l in stale {
+            out.push(self.violation(
+                "stale_write",
+                l.grant_at,
+                l.write_at,
+                format!(
+                    "key {}: a write from the grant at {} ms got in after a later grant's write",
+                    l.key,
+                    ms(l.grant_at)
+                ),
+            ));
+        }
         if caps.has_fencing() {
             // Each step down between consecutive grants of a key is one
             // event (after a reset every later grant is below the old
@@ -1487,7 +1535,10 @@ impl Judged<'_> {
         // and there is at least one (then they are the same fault's work).
         let tied_expected = !out.is_empty() && out.iter().all(|v| v.expected);
         for (what, count) in [
-            ("stale_write", check.stale_writes_accepted),
+            (
+                "stale_write",
+                check.stale_writes_accepted.saturating_sub(stale.len()),
+            ),
             ("grant_past_deadline", check.grants_past_deadline),
         ] {
             if count > 0 {

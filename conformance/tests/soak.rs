@@ -326,5 +326,12 @@ async fn frozen_clients_without_fencing_are_a_negative_control() {
         "a late write must get in without fencing\n{}",
         report.table()
     );
+    assert!(
+        report.violations.iter().any(|v| v.what == "stale_write"
+            && v.expected
+            && v.faults.contains(&FaultKind::ClientFreeze)),
+        "the late write is tied to the freeze\n{}",
+        report.table()
+    );
     assert_eq!(report.check.overlap_count, 0, "{}", report.table());
 }
