@@ -156,8 +156,10 @@ pub enum FaultKind {
     ServerPause,
     /// The server (every node) is killed with SIGKILL and started again.
     ServerRestart,
-    /// The leader / primary is killed and another node takes over; the
-    /// killed node is started again after the fault's duration.
+    /// The leader / primary is killed and another node takes over (an
+    /// asynchronous replica is first made to lag behind for half the
+    /// fault's duration); the killed node is started again after the
+    /// fault's duration.
     LeaderKill,
     /// One node of a quorum deployment without a leader (Redlock) is killed,
     /// then started again.
@@ -810,9 +812,55 @@ struct Worker {
     rng: SplitMix64,
     /// A freeze the nemesis asked for: applied at the next hold.
     freeze: Arc<Mutex<Option<Duration>>>,
+    reach: Reach,
+    /// The target's URL the client was made for.
+    url: Option<String>,
+}
+
+/// How a worker reaches the backend (and so how it reconnects when a
+/// failover moved the primary: clients made from then on talk to the new
+/// one, as [`Target::fail_over`] says).
+#[derive(Clone)]
+enum Reach {
+    /// A plain client of the target.
+    Direct,
+    /// Through the target's TCP fault proxy (this link slot).
+    Proxy(Link),
+    /// Through an in-process link (this slot).
+    InProcess(Link),
+    /// Through a proxy in front of one member: never moves.
+    Member,
+}
+
+/// A worker's fault link, replaced when the worker reconnects.
+type Link = Arc<Mutex<FaultProxy>>;
+
+fn with_link<T>(link: &Link, f: impl FnOnce(&FaultProxy) -> T) -> T {
+    f(&link.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// A client for `reach`, replacing the link's proxy where it has one.
+async fn connect(target: &dyn Target, reach: &Reach) -> Result<Arc<dyn LockBackend>, LockError> {
+    match reach {
+        Reach::Direct | Reach::Member => target.client().await,
+        Reach::Proxy(link) => match target.proxied_client().await {
+            Ok(Some((client, proxy))) => {
+                *link.lock().unwrap_or_else(PoisonError::into_inner) = proxy;
+                Ok(client)
+            }
+            Ok(None) | Err(_) => Err(LockError::config("no proxied client")),
+        },
+        Reach::InProcess(link) => {
+            let (client, proxy) =
+                FaultProxy::in_process(target.client().await?, Duration::from_secs(1));
+            *link.lock().unwrap_or_else(PoisonError::into_inner) = proxy;
+            Ok(client)
+        }
+    }
 }
 
 struct Shared {
+    target: Arc<dyn Target>,
     keys: Vec<LockKey>,
     ttl: Duration,
     end: Instant,
@@ -833,6 +881,14 @@ impl Shared {
 async fn work(mut w: Worker, shared: Arc<Shared>) {
     let ttl = shared.ttl;
     while Instant::now() < shared.end && !shared.stop.load(Ordering::Relaxed) {
+        let url = shared.target.url();
+        if url != w.url && !matches!(w.reach, Reach::Member) {
+            // A failover moved the primary.
+            if let Ok(backend) = connect(&*shared.target, &w.reach).await {
+                w.client = LockClient::from_arc(w.journal.backend(backend));
+                w.url = url;
+            }
+        }
         let key = shared.keys[w.rng.index(shared.keys.len())].clone();
         let hold = w.rng.between(Duration::ZERO, ttl / 4);
         let backoff = w
@@ -914,7 +970,7 @@ async fn work(mut w: Worker, shared: Arc<Shared>) {
 
 struct Links {
     /// Worker links with faults (tcp proxies or in-process links).
-    workers: Vec<(usize, FaultProxy)>,
+    workers: Vec<(usize, Link)>,
     /// The single-member worker's link.
     member: Option<(usize, FaultProxy)>,
 }
@@ -950,13 +1006,13 @@ impl Nemesis {
                 let (index, link) = self.links.workers.get(pick(self.links.workers.len()))?;
                 if fault.kind == FaultKind::ClientLatency {
                     let latency = (fault.duration * 2 / 3).min(self.ttl * 2);
-                    link.set_latency(latency, latency / 4);
+                    with_link(link, |l| l.set_latency(latency, latency / 4));
                     tokio::time::sleep(fault.duration).await;
-                    link.set_latency(Duration::ZERO, Duration::ZERO);
+                    with_link(link, |l| l.set_latency(Duration::ZERO, Duration::ZERO));
                 } else {
-                    link.partition();
+                    with_link(link, FaultProxy::partition);
                     tokio::time::sleep(fault.duration).await;
-                    link.heal();
+                    with_link(link, FaultProxy::heal);
                 }
                 *index
             }
@@ -1013,6 +1069,12 @@ impl Nemesis {
             }
             FaultKind::LeaderKill | FaultKind::NodeKill => {
                 let done = if fault.kind == FaultKind::LeaderKill {
+                    // Where replication is asynchronous, let the replica
+                    // lag first (writes acknowledged by the primary only),
+                    // as it does under load.
+                    if matches!(self.target.hold_replication().await, Ok(true)) {
+                        tokio::time::sleep(fault.duration / 2).await;
+                    }
                     self.target.fail_over().await
                 } else {
                     self.target.stop_nodes(1).await.map(|t| t.is_some())
@@ -1189,8 +1251,10 @@ pub async fn run_soak(
     };
     let mut clients = Vec::new();
     let mut client_links = "none".to_owned();
+    let url = target.url();
     for i in 0..workers {
         let mut backend = None;
+        let mut reach = Reach::Direct;
         if i == workers - 1
             && let Some(m) = &members
             && m.members().await > 1
@@ -1200,6 +1264,7 @@ pub async fn run_soak(
                 Ok(Some((client, proxy))) => {
                     links.member = Some((i, proxy));
                     backend = Some(client);
+                    reach = Reach::Member;
                 }
                 Ok(None) => {}
                 Err(e) => nemesis_errors.push(format!("member client: {e}")),
@@ -1209,14 +1274,18 @@ pub async fn run_soak(
             match target.proxied_client().await {
                 Ok(Some((client, proxy))) => {
                     client_links = "tcp proxy".into();
-                    links.workers.push((i, proxy));
+                    let link = Arc::new(Mutex::new(proxy));
+                    links.workers.push((i, link.clone()));
+                    reach = Reach::Proxy(link);
                     backend = Some(client);
                 }
                 Ok(None) | Err(_) => {
                     let inner = target.client().await?;
                     let (client, proxy) = FaultProxy::in_process(inner, Duration::from_secs(1));
                     client_links = "in-process link".into();
-                    links.workers.push((i, proxy));
+                    let link = Arc::new(Mutex::new(proxy));
+                    links.workers.push((i, link.clone()));
+                    reach = Reach::InProcess(link);
                     backend = Some(client);
                 }
             }
@@ -1225,10 +1294,11 @@ pub async fn run_soak(
             Some(b) => b,
             None => target.client().await?,
         };
-        clients.push(backend);
+        clients.push((backend, reach));
     }
 
     let shared = Arc::new(Shared {
+        target: target.clone(),
         keys,
         ttl,
         end: Instant::now() + config.duration,
@@ -1241,7 +1311,7 @@ pub async fn run_soak(
     });
     let mut freeze_slots = Vec::new();
     let mut tasks = Vec::new();
-    for (i, backend) in clients.into_iter().enumerate() {
+    for (i, (backend, reach)) in clients.into_iter().enumerate() {
         let journal = Journal {
             recorder: history.process(),
             clock,
@@ -1254,6 +1324,8 @@ pub async fn run_soak(
             journal,
             rng: SplitMix64::stream(config.seed, 100 + u64::try_from(i).unwrap_or(0)),
             freeze: slot,
+            reach,
+            url: url.clone(),
         };
         tasks.push(tokio::spawn(work(worker, shared.clone())));
     }
