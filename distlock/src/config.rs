@@ -96,25 +96,7 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// The URL with any password replaced by `***`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{hosts}{tail}")
-            } else {
-                format!("{scheme}://{user}@{hosts}{tail}")
-            }
-        }
-        None => url.to_owned(),
-    }
-}
+pub use lock_core::redact_url;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -78,6 +78,7 @@ mod key;
 mod memory;
 mod migration;
 mod options;
+mod redact;
 mod runtime;
 mod types;
 
@@ -95,6 +96,7 @@ pub use options::{
     Backoff, FAR_FUTURE, MAX_TTL, MIN_TTL_FLOOR, RetryPolicy, check_ttl, parse_duration,
     random_delay, saturating_add, with_timeout,
 };
+pub use redact::redact_url;
 pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use types::{
     FencingToken, Lease, LockInfo, OwnerId, SessionState, clock_drift, validity_deadline,

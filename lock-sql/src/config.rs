@@ -349,22 +349,8 @@ fn extract_password(base: &str) -> Option<String> {
 }
 
 fn redact(url: &str, password: Option<&str>) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some(at) = rest.find('@') else {
-        return url.to_owned();
-    };
-    let slash = rest.find('/').unwrap_or(rest.len());
-    if at > slash {
-        return url.to_owned();
-    }
-    let userinfo = &rest[..at];
-    let redacted = match userinfo.split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        None => userinfo.to_owned(),
-    };
-    let out = format!("{scheme}://{redacted}{}", &rest[at..]);
+    let out = lock_core::redact_url(url);
+    // A password that also appears elsewhere (percent-encoded forms aside).
     match password {
         Some(pw) if !pw.is_empty() => out.replace(pw, "***"),
         _ => out,
