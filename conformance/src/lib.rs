@@ -9,6 +9,8 @@
 //!   [`FencedResource`](history::FencedResource).
 //! - [`recording`]: a backend wrapper and a guard that record every
 //!   acquire, renewal, release and lost signal of a client into a history.
+//! - [`doubles`]: deliberately broken backends for the tests that show a
+//!   check failing.
 //! - [`link`]: the fault proxy's faults for in-process backends.
 //! - [`migration`]: the rollout simulation for migrating between backends.
 //! - [`bench`]: latency and throughput measurements for ratio benchmarks.
@@ -38,6 +40,7 @@
 pub mod bench;
 pub mod cases;
 pub mod deploy;
+pub mod doubles;
 pub mod harness;
 pub mod history;
 pub mod link;

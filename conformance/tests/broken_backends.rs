@@ -16,137 +16,58 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use conformance::cases::{self, Outcome};
-use conformance::proxy::FaultProxy;
+use conformance::doubles::{Flaw, FlawedTarget, with_deadline};
 use conformance::scenarios::{self, ScenarioEnv, Verdict};
-use conformance::{Harness, HarnessError, MemoryTarget, SuiteConfig, Target};
-use lock_core::{
-    Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, MemoryBackend, async_trait,
-    validity_deadline,
-};
+use conformance::{Harness, MemoryTarget, SuiteConfig, Target};
+use lock_core::{Lease, LockError, validity_deadline};
 use tokio::time::Instant;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Flaw {
+#[derive(Debug)]
+enum Broken {
     ReplyTimeDeadline,
     RenewsAnything,
-    ExpiredGrants,
+    ExpiredGrants(AtomicU64),
 }
 
-#[derive(Debug)]
-struct Broken {
-    inner: Arc<dyn LockBackend>,
-    flaw: Flaw,
-    grants: AtomicU64,
-}
-
-impl Broken {
-    fn new(inner: Arc<dyn LockBackend>, flaw: Flaw) -> Self {
-        Self {
-            inner,
-            flaw,
-            grants: AtomicU64::new(0),
-        }
-    }
-
-    fn spoil(&self, lease: Lease) -> Lease {
-        let deadline = match self.flaw {
-            Flaw::ReplyTimeDeadline => validity_deadline(Instant::now(), lease.ttl()),
-            Flaw::ExpiredGrants
-                if (self.grants.fetch_add(1, Ordering::SeqCst) + 1).is_multiple_of(5) =>
-            {
-                Instant::now()
-                    .checked_sub(Duration::from_millis(1))
-                    .unwrap_or_else(Instant::now)
-            }
-            _ => return lease,
-        };
-        Lease::from_parts(
-            lease.key().clone(),
-            lease.owner(),
-            lease.token(),
-            lease.ttl(),
-            deadline,
-            lease.backend_data().to_owned(),
-        )
-    }
-}
-
-#[async_trait]
-impl LockBackend for Broken {
+impl Flaw for Broken {
     fn name(&self) -> &'static str {
         "broken"
     }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        Ok(self
-            .inner
-            .try_acquire(key, ttl)
-            .await?
-            .map(|l| self.spoil(l)))
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        Ok(self.spoil(self.inner.acquire(key, ttl, deadline).await?))
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        let result = self.inner.renew(lease).await;
-        match self.flaw {
-            Flaw::ReplyTimeDeadline => {
-                result.map(|_| validity_deadline(Instant::now(), lease.ttl()))
+    fn grant(&self, lease: Lease) -> Lease {
+        match self {
+            Self::ReplyTimeDeadline => {
+                with_deadline(&lease, validity_deadline(Instant::now(), lease.ttl()))
             }
-            Flaw::RenewsAnything => {
-                Ok(result.unwrap_or_else(|_| validity_deadline(Instant::now(), lease.ttl())))
+            Self::ExpiredGrants(grants)
+                if (grants.fetch_add(1, Ordering::SeqCst) + 1).is_multiple_of(5) =>
+            {
+                let past = Instant::now()
+                    .checked_sub(Duration::from_millis(1))
+                    .unwrap_or_else(Instant::now);
+                with_deadline(&lease, past)
             }
-            Flaw::ExpiredGrants => result,
+            _ => lease,
         }
     }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
-    }
-}
-
-/// The broken backend on an in-memory service; its proxied client is the
-/// broken backend over an in-process faulty link (the flaw sits in the
-/// client, where a driver's bug would).
-struct BrokenTarget {
-    service: MemoryBackend,
-    flaw: Flaw,
-}
-
-#[async_trait]
-impl Target for BrokenTarget {
-    fn name(&self) -> String {
-        format!("broken-{:?}", self.flaw)
-    }
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(Broken::new(
-            Arc::new(self.service.clone()),
-            self.flaw,
-        )))
-    }
-    async fn proxied_client(
+    fn renew(
         &self,
-    ) -> Result<Option<(Arc<dyn LockBackend>, FaultProxy)>, HarnessError> {
-        let (link, proxy) =
-            FaultProxy::in_process(Arc::new(self.service.clone()), Duration::from_secs(1));
-        Ok(Some((Arc::new(Broken::new(link, self.flaw)), proxy)))
+        lease: &Lease,
+        result: Result<Instant, LockError>,
+    ) -> Result<Instant, LockError> {
+        match self {
+            Self::ReplyTimeDeadline => {
+                result.map(|_| validity_deadline(Instant::now(), lease.ttl()))
+            }
+            Self::RenewsAnything => {
+                Ok(result.unwrap_or_else(|_| validity_deadline(Instant::now(), lease.ttl())))
+            }
+            Self::ExpiredGrants(_) => result,
+        }
     }
 }
 
-fn target(flaw: Flaw) -> Arc<dyn Target> {
-    Arc::new(BrokenTarget {
-        service: MemoryBackend::new(),
-        flaw,
-    })
+fn target(flaw: Broken) -> Arc<dyn Target> {
+    Arc::new(FlawedTarget::new(flaw))
 }
 
 fn harness(target: Arc<dyn Target>) -> Harness {
@@ -184,7 +105,7 @@ async fn fault_scenarios_pass_on_memory_through_the_in_process_link() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_catches_a_deadline_dated_from_the_reply() {
     let report =
-        scenarios::run_scenario("latency_injected", &env(target(Flaw::ReplyTimeDeadline))).await;
+        scenarios::run_scenario("latency_injected", &env(target(Broken::ReplyTimeDeadline))).await;
     assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
     assert!(report.detail.contains("overlapping"), "{}", report.detail);
 }
@@ -193,7 +114,7 @@ async fn latency_catches_a_deadline_dated_from_the_reply() {
 async fn lost_signal_is_held_to_the_servers_free_time() {
     let good = cases::lost_signal_when_unreachable(&harness(Arc::new(MemoryTarget::new()))).await;
     assert!(matches!(good, Outcome::Passed(_)), "{good:?}");
-    match cases::lost_signal_when_unreachable(&harness(target(Flaw::ReplyTimeDeadline))).await {
+    match cases::lost_signal_when_unreachable(&harness(target(Broken::ReplyTimeDeadline))).await {
         Outcome::Failed(why) => assert!(why.contains("BEFORE the holder was told"), "{why}"),
         other => panic!("a late lost signal passed: {other:?}"),
     }
@@ -201,7 +122,7 @@ async fn lost_signal_is_held_to_the_servers_free_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewing_a_lease_it_does_not_own_is_caught() {
-    let h = harness(target(Flaw::RenewsAnything));
+    let h = harness(target(Broken::RenewsAnything));
     for (name, outcome) in [
         (
             "only_owner_can_release_or_renew",
@@ -222,12 +143,15 @@ async fn renewing_a_lease_it_does_not_own_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_past_their_deadline_are_caught() {
-    let h = harness(target(Flaw::ExpiredGrants));
+    let h = harness(target(Broken::ExpiredGrants(AtomicU64::new(0))));
     match cases::mutual_exclusion(&h).await {
         Outcome::Failed(why) => assert!(why.contains("past their deadline"), "{why}"),
         other => panic!("expired grants passed mutual exclusion: {other:?}"),
     }
-    let report =
-        scenarios::run_scenario("latency_injected", &env(target(Flaw::ExpiredGrants))).await;
+    let report = scenarios::run_scenario(
+        "latency_injected",
+        &env(target(Broken::ExpiredGrants(AtomicU64::new(0)))),
+    )
+    .await;
     assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
 }

@@ -1,0 +1,210 @@
+//! Deliberately broken backends, for the tests that prove a check can
+//! fail: a [`Flawed`] backend runs every call through a correct inner
+//! backend (normally the in-memory service) and lets a [`Flaw`] spoil what
+//! comes back, the way a driver bug would. [`FlawedTarget`] makes them a
+//! [`Target`], with a proxied client over the in-process fault link so the
+//! proxy scenarios run against them too.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, MemoryBackend, OwnerId,
+};
+use tokio::time::Instant;
+
+use crate::harness::Target;
+use crate::process::HarnessError;
+use crate::proxy::FaultProxy;
+
+/// What a [`Flawed`] backend gets wrong. Every hook defaults to the
+/// correct behaviour, so a flaw overrides only its own mistake.
+pub trait Flaw: fmt::Debug + Send + Sync + 'static {
+    /// The name reported by the backend.
+    fn name(&self) -> &'static str {
+        "flawed"
+    }
+
+    /// The capabilities reported, from the inner backend's.
+    fn capabilities(&self, inner: Capabilities) -> Capabilities {
+        inner
+    }
+
+    /// A grant of the inner backend, as handed to the caller.
+    fn grant(&self, lease: Lease) -> Lease {
+        lease
+    }
+
+    /// The inner backend found the key held: a flaw may grant anyway.
+    fn contended(&self, key: &LockKey, ttl: Duration) -> Option<Lease> {
+        let _ = (key, ttl);
+        None
+    }
+
+    /// The inner backend's answer to a renewal, as handed to the caller.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the flaw makes of `result`.
+    fn renew(
+        &self,
+        lease: &Lease,
+        result: Result<Instant, LockError>,
+    ) -> Result<Instant, LockError> {
+        let _ = lease;
+        result
+    }
+
+    /// The inner backend's answer to a release, as handed to the caller.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the flaw makes of `result`.
+    fn release(&self, lease: &Lease, result: Result<bool, LockError>) -> Result<bool, LockError> {
+        let _ = lease;
+        result
+    }
+}
+
+/// A correct backend with a [`Flaw`] on top.
+#[derive(Debug)]
+pub struct Flawed<F> {
+    inner: Arc<dyn LockBackend>,
+    flaw: Arc<F>,
+}
+
+impl<F: Flaw> Flawed<F> {
+    /// `inner` with `flaw`.
+    pub fn new(inner: Arc<dyn LockBackend>, flaw: Arc<F>) -> Self {
+        Self { inner, flaw }
+    }
+}
+
+#[async_trait]
+impl<F: Flaw> LockBackend for Flawed<F> {
+    fn name(&self) -> &'static str {
+        self.flaw.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.flaw.capabilities(self.inner.capabilities())
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        Ok(match self.inner.try_acquire(key, ttl).await? {
+            Some(lease) => Some(self.flaw.grant(lease)),
+            None => self.flaw.contended(key, ttl),
+        })
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        if let Some(lease) = self.try_acquire(key, ttl).await? {
+            return Ok(lease);
+        }
+        Ok(self
+            .flaw
+            .grant(self.inner.acquire(key, ttl, deadline).await?))
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let result = self.inner.renew(lease).await;
+        self.flaw.renew(lease, result)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let result = self.inner.release(lease).await;
+        self.flaw.release(lease, result)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+/// A grant made up by a flaw, unknown to the inner service.
+///
+/// # Errors
+///
+/// Never in practice (the deadline is fresh).
+pub fn rogue_lease(
+    key: &LockKey,
+    ttl: Duration,
+    token: lock_core::FencingToken,
+) -> Result<Lease, LockError> {
+    Lease::granted(
+        key.clone(),
+        OwnerId::random(),
+        token,
+        ttl,
+        Instant::now(),
+        String::new(),
+    )
+}
+
+/// A lease with another deadline (and the same everything else).
+pub fn with_deadline(lease: &Lease, deadline: Instant) -> Lease {
+    Lease::from_parts(
+        lease.key().clone(),
+        lease.owner(),
+        lease.token(),
+        lease.ttl(),
+        deadline,
+        lease.backend_data().to_owned(),
+    )
+}
+
+/// A [`Flaw`] on a fresh in-memory service, as a [`Target`]. Its proxied
+/// client is the flawed backend over the in-process fault link (the flaw
+/// sits in the client, where a driver's bug would).
+#[derive(Debug)]
+pub struct FlawedTarget<F> {
+    service: MemoryBackend,
+    flaw: Arc<F>,
+}
+
+impl<F: Flaw> FlawedTarget<F> {
+    /// `flaw` on a fresh in-memory service.
+    pub fn new(flaw: F) -> Self {
+        Self {
+            service: MemoryBackend::new(),
+            flaw: Arc::new(flaw),
+        }
+    }
+
+    /// The flaw (shared by every client).
+    pub fn flaw(&self) -> &F {
+        &self.flaw
+    }
+}
+
+#[async_trait]
+impl<F: Flaw> Target for FlawedTarget<F> {
+    fn name(&self) -> String {
+        self.flaw.name().to_owned()
+    }
+
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        Ok(Arc::new(Flawed::new(
+            Arc::new(self.service.clone()),
+            self.flaw.clone(),
+        )))
+    }
+
+    async fn proxied_client(
+        &self,
+    ) -> Result<Option<(Arc<dyn LockBackend>, FaultProxy)>, HarnessError> {
+        let (link, proxy) =
+            FaultProxy::in_process(Arc::new(self.service.clone()), Duration::from_secs(1));
+        Ok(Some((
+            Arc::new(Flawed::new(link, self.flaw.clone())),
+            proxy,
+        )))
+    }
+}
