@@ -238,9 +238,17 @@ pub fn known_unsafe(kind: FaultKind, caps: &Capabilities) -> Option<&'static str
 #[async_trait]
 pub trait MemberFaults: Send + Sync {
     /// How many members can be partitioned from the others (0: none).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: it only looks.
     async fn partitionable_members(&self) -> usize;
 
     /// How many members a single-member client can be attached to.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: it only looks.
     async fn members(&self) -> usize;
 
     /// Cuts member `index` off from the other members.
