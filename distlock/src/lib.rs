@@ -121,19 +121,33 @@ pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 ///
 /// Safe: a dropped connect leaves nothing behind.
 pub async fn open_config(config: &Config) -> Result<Arc<dyn LockBackend>, LockError> {
+    let required = |url: &str| required_safety(url, &config.requirements);
     let backend = match &config.migration {
         Some(m) => {
-            let old = open_url(&m.old_url).await?;
-            let new = open_url(&m.new_url).await?;
+            let old = open_url(&required(&m.old_url)).await?;
+            let new = open_url(&required(&m.new_url)).await?;
             Arc::new(m.backend(old, new, config.defaults.ttl)?) as Arc<dyn LockBackend>
         }
-        None => open_url(&config.url).await?,
+        None => open_url(&required(&config.url)).await?,
     };
     backend
         .capabilities()
         .check(&config.requirements)
         .map_err(|e| e.with_backend(backend.name()))?;
     Ok(backend)
+}
+
+/// A config that requires fencing tokens cannot accept a Redis that may
+/// evict keys (an evicted token counter starts again at 1): unless the URL
+/// says otherwise, such a connect runs the Redis driver's eviction check in
+/// `refuse` mode.
+fn required_safety(url: &str, requirements: &lock_core::Requirements) -> String {
+    let redis_family = scheme_of(url).starts_with("redis") || scheme_of(url) == "redlock";
+    if !requirements.fencing || !redis_family || url.contains("eviction=") {
+        return url.to_owned();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}eviction=refuse")
 }
 
 async fn open_url(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
