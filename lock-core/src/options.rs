@@ -258,26 +258,45 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
-        let nanos_per_unit: f64 = match unit {
-            "us" | "µs" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "m" | "min" => 60e9,
-            "h" => 3600e9,
+        let nanos_per_unit: u128 = match unit {
+            "us" | "µs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" | "min" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
             _ => return None,
         };
-        let value: f64 = number.parse().ok()?;
-        let nanos = value * nanos_per_unit;
-        // Far beyond any sensible lock duration (about 31 years).
-        if !nanos.is_finite() || !(0.0..=1e18).contains(&nanos) {
-            return None;
-        }
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked range
-        let part = Duration::from_nanos(nanos.round() as u64);
+        let part = Duration::from_nanos(exact_nanos(number, nanos_per_unit)?);
         total = total.checked_add(part)?;
         rest = tail;
     }
     Some(total)
+}
+
+/// `number` (digits with at most one `.`) times `nanos_per_unit`, exactly,
+/// rounded half up to a nanosecond; `None` beyond 10^18 ns (about 31
+/// years, far beyond any sensible lock duration) or for a malformed number.
+fn exact_nanos(number: &str, nanos_per_unit: u128) -> Option<u64> {
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
+        return None;
+    }
+    let digits = |text: &str| -> Option<u128> {
+        if text.is_empty() {
+            return Some(0);
+        }
+        text.parse::<u128>().ok()
+    };
+    // Only the first 20 fraction digits can matter at nanosecond precision.
+    let fraction = &fraction[..fraction.len().min(20)];
+    let scale = 10u128.checked_pow(u32::try_from(fraction.len()).ok()?)?;
+    let mut nanos = digits(whole)?.checked_mul(nanos_per_unit)?;
+    let fraction_nanos = digits(fraction)?.checked_mul(nanos_per_unit)?;
+    nanos = nanos.checked_add((fraction_nanos + scale / 2) / scale)?;
+    if nanos > 1_000_000_000_000_000_000 {
+        return None;
+    }
+    u64::try_from(nanos).ok()
 }
 
 /// A random delay in `[0, max]`, e.g. Redlock's retry delay.
@@ -294,6 +313,24 @@ pub fn random_delay(max: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_exact() {
+        // f64 arithmetic rounded this to 630878440.744999936 s.
+        assert_eq!(
+            parse_duration("630878440745ms"),
+            Some(Duration::from_millis(630_878_440_745))
+        );
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration(".5s"), Some(Duration::from_millis(500)));
+        assert_eq!(
+            parse_duration("0.0000000005s"),
+            Some(Duration::from_nanos(1))
+        );
+        for bad in [".s", "1..2s", "1.2.3s", "99999999999999999999999999999h"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn durations_need_a_unit() {
