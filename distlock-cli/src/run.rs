@@ -303,7 +303,7 @@ async fn supervise(
                         // key may already be someone else's. Give the
                         // command its --kill-after, but never past the
                         // deadline's margin.
-                        let by = Instant::now() + kill_after;
+                        let by = lock_core::saturating_add(Instant::now(), kill_after);
                         kill_by = Some(kill_by.map_or(by, |b| b.min(by)));
                     }
                 }
