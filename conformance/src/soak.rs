@@ -55,7 +55,7 @@
 //! *expected (negative control)* for that kind instead of failing the run.
 //! A violation with no known-unsafe fault active, or none at all, fails
 //! the run ([`SoakReport::fails_run`]). Stale writes are tied to their
-//! writes by replaying the checker's rule on the writes as they arrive;
+//! writes by replaying the checker's rule on the recorded events;
 //! every overlapping pair is listed by running the checker again with the
 //! listed pairs' earlier windows taken out (it lists ten at a time). A
 //! stale write the soak cannot tie to a write fails the run unless every
@@ -614,12 +614,13 @@ impl SoakReport {
 struct Register {
     value: u64,
     last_token: Option<u64>,
-    /// The checker's replay of the writes alone (tokens as recorded): the
-    /// last token it accepted and the start of the newest grant whose
-    /// write it accepted, to tie each stale write it counts to its grant.
-    replay_token: Option<u64>,
-    replay_newest_grant: Option<Duration>,
+    /// The latest applied writes: (value after, writer's grant time), to
+    /// date a lost increment from the earliest grant involved.
+    recent: std::collections::VecDeque<(u64, Duration)>,
 }
+
+/// Applied writes remembered per key.
+const RECENT_WRITES: usize = 64;
 
 /// A write applied over a read that was no longer current.
 #[derive(Debug, Clone)]
@@ -638,9 +639,6 @@ struct ResourceState {
     writes_refused: usize,
     reads_refused: usize,
     lost: Vec<LostIncrement>,
-    /// Writes the checker's rule lets in after a later grant's write
-    /// (same shape as a lost increment: the writer's grant to its write).
-    stale: Vec<LostIncrement>,
 }
 
 /// A counter per key that checks tokens on every access (when `fenced`).
@@ -688,43 +686,33 @@ impl Resource {
         journal.wrote(key, sent);
         state.writes += 1;
         let reg = state.registers.entry(key.as_str().to_owned()).or_default();
-        let replay_accepts = match (sent, reg.replay_token) {
-            (None, _) | (Some(_), None) => true,
-            (Some(t), Some(last)) => t.get() > last,
-        };
-        let mut stale = false;
-        if replay_accepts {
-            if let Some(t) = sent {
-                reg.replay_token = Some(reg.replay_token.map_or(t.get(), |l| l.max(t.get())));
-            }
-            match reg.replay_newest_grant {
-                Some(newest) if grant_at < newest => stale = true,
-                _ => reg.replay_newest_grant = Some(grant_at),
-            }
-        }
-        if stale {
-            let entry = LostIncrement {
-                grant_at,
-                write_at: journal.now(),
-                lost: 0,
-                key: key.as_str().to_owned(),
-            };
-            state.stale.push(entry);
-        }
-        let reg = state.registers.entry(key.as_str().to_owned()).or_default();
         if !self.admits(reg, token) {
             state.writes_refused += 1;
             return;
         }
         let lost = reg.value.saturating_sub(read);
+        // The overwritten increments' writers may have been granted before
+        // this writer (e.g. across a restart that reset the tokens): the
+        // lost update spans from the earliest of those grants.
+        let earliest = reg
+            .recent
+            .iter()
+            .rev()
+            .take_while(|(after, _)| *after > read)
+            .map(|(_, at)| *at)
+            .fold(grant_at, Duration::min);
         reg.value = read + 1;
+        reg.recent.push_back((reg.value, grant_at));
+        if reg.recent.len() > RECENT_WRITES {
+            reg.recent.pop_front();
+        }
         if self.fenced {
             reg.last_token = Some(token.get());
         }
         state.applied += 1;
         if lost > 0 {
             state.lost.push(LostIncrement {
-                grant_at,
+                grant_at: earliest,
                 write_at: journal.now(),
                 lost,
                 key: key.as_str().to_owned(),
@@ -823,6 +811,57 @@ fn all_overlaps(events: &[Event]) -> (Vec<(Window, Window)>, bool) {
         });
     }
     (pairs, true)
+}
+
+/// The writes the checker counts as stale, each with its writer's grant:
+/// the checker's rule (a token-checking resource accepts a write without a
+/// token, or with a token above the last accepted one; it is stale when a
+/// write of a later grant of the key was accepted before it) replayed on
+/// the recorded events, with grants dated as the checker dates them (the
+/// writer's latest grant of the key that started before the write).
+fn stale_writes(events: &[Event]) -> Vec<LostIncrement> {
+    let mut grants: HashMap<(u64, &str), Vec<Duration>> = HashMap::new();
+    let mut keys: HashMap<&str, (Option<u64>, Option<Duration>)> = HashMap::new();
+    let mut out = Vec::new();
+    for e in events {
+        match (e.op, e.kind) {
+            (Op::Acquire, EventKind::Ok) => {
+                grants
+                    .entry((e.process, e.key.as_str()))
+                    .or_default()
+                    .push(e.at);
+            }
+            (Op::Write, EventKind::Ok) => {
+                let grant = grants
+                    .get(&(e.process, e.key.as_str()))
+                    .and_then(|list| list.iter().rev().find(|at| **at <= e.at).copied());
+                let (last, newest) = keys.entry(e.key.as_str()).or_default();
+                let accepted = match (e.token, *last) {
+                    (None, _) | (Some(_), None) => true,
+                    (Some(t), Some(l)) => t > l,
+                };
+                if !accepted {
+                    continue;
+                }
+                if let Some(t) = e.token {
+                    *last = Some(last.map_or(t, |l| l.max(t)));
+                }
+                if let Some(g) = grant {
+                    match *newest {
+                        Some(n) if g < n => out.push(LostIncrement {
+                            grant_at: g,
+                            write_at: e.at,
+                            lost: 0,
+                            key: e.key.clone(),
+                        }),
+                        _ => *newest = Some(g),
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 fn observed(history: &History) -> Observed {
@@ -1460,7 +1499,8 @@ pub async fn run_soak(
         injected: &injected,
     };
     let events = history.events();
-    let violations = judged.violations(&check, &obs, &events, &resource.lost, &resource.stale);
+    let stale = stale_writes(&events);
+    let violations = judged.violations(&check, &obs, &events, &resource.lost, &stale);
     let mut faults: BTreeMap<String, FaultStats> = BTreeMap::new();
     for &k in &kinds {
         faults.insert(
