@@ -406,10 +406,16 @@ pub struct InjectedFault {
     pub kind: FaultKind,
     /// Worker or member index.
     pub target: usize,
-    /// When it started (on the history's clock).
+    /// When it started (on the history's clock; ms in JSON).
+    #[serde(rename = "start_ms", serialize_with = "as_ms")]
     pub start: Duration,
-    /// When it was healed.
+    /// When it was healed (ms in JSON).
+    #[serde(rename = "end_ms", serialize_with = "as_ms")]
     pub end: Duration,
+}
+
+fn as_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(ms(*d))
 }
 
 /// Figures of one fault kind.
