@@ -110,11 +110,17 @@ async fn cluster_contention_survives_leader_kill_and_restart() {
     let history = Arc::new(History::new());
     let resource = Arc::new(FencedResource::new());
     let stop = Arc::new(AtomicBool::new(false));
+    let last_grant = Arc::new(std::sync::Mutex::new(None::<Instant>));
     let mut tasks = Vec::new();
     for t in 0..8 {
         let backend = clients[t % 2].clone();
         let rec = history.process();
-        let (key, resource, stop) = (key.clone(), resource.clone(), stop.clone());
+        let (key, resource, stop, last_grant) = (
+            key.clone(),
+            resource.clone(),
+            stop.clone(),
+            last_grant.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut grants = Vec::new();
             while !stop.load(Ordering::SeqCst) {
@@ -136,6 +142,7 @@ async fn cluster_contention_survives_leader_kill_and_restart() {
                 };
                 rec.acquired(&key, lease.token(), lease.validity_deadline());
                 grants.push((Instant::now(), lease.token()));
+                *last_grant.lock().unwrap() = Some(Instant::now());
                 resource.write(&rec, &key, lease.token(), |v| *v += 1);
                 sleep(Duration::from_millis(2)).await;
                 rec.invoke(Op::Release, &key, Some(lease.token()));
@@ -163,8 +170,20 @@ async fn cluster_contention_survives_leader_kill_and_restart() {
     faults.push(("follower killed", Instant::now()));
     sleep(Duration::from_secs(1)).await;
     server.restart(follower).await.unwrap();
-    faults.push(("follower restarted", Instant::now()));
+    let restarted_at = Instant::now();
+    faults.push(("follower restarted", restarted_at));
+    // Grants must resume: wait for one after the last fault (elections take
+    // longer on a loaded machine), bounded.
     sleep(Duration::from_secs(1)).await;
+    let patience = Instant::now() + Duration::from_secs(15);
+    while last_grant
+        .lock()
+        .unwrap()
+        .is_none_or(|at| at <= restarted_at)
+        && Instant::now() < patience
+    {
+        sleep(Duration::from_millis(50)).await;
+    }
     stop.store(true, Ordering::SeqCst);
     let mut grants = Vec::new();
     for task in tasks {
