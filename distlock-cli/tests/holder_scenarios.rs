@@ -41,10 +41,18 @@ fn sqlite() -> Arc<dyn Target> {
 fn holder(work: String) -> HolderCommand {
     Arc::new(move |url: &str, key: &str, ttl: Duration| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
-        cmd.args(["--url", url, "run", "--on-lost", "term", "--kill-after", "1s"])
-            .arg("--ttl")
-            .arg(format!("{}ms", ttl.as_millis()))
-            .args([key, "--", "bash", "-c", &work]);
+        cmd.args([
+            "--url",
+            url,
+            "run",
+            "--on-lost",
+            "term",
+            "--kill-after",
+            "1s",
+        ])
+        .arg("--ttl")
+        .arg(format!("{}ms", ttl.as_millis()))
+        .args([key, "--", "bash", "-c", &work]);
         cmd
     })
 }
@@ -64,20 +72,25 @@ async fn the_paused_holders_late_write_is_refused_by_token_order() {
     assert_eq!(report.verdict, Verdict::Safe, "{}", report.detail);
     let late = report.figures["writes_after_resume"].as_u64().unwrap_or(0);
     assert!(late > 0, "{}", report.detail);
-    assert_eq!(report.figures["stale_writes_accepted"], 0, "{}", report.detail);
+    assert_eq!(
+        report.figures["stale_writes_accepted"], 0,
+        "{}",
+        report.detail
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_token_is_above_the_next_grants_is_caught() {
-    let lying = format!(
-        "DISTLOCK_FENCING_TOKEN=$((DISTLOCK_FENCING_TOKEN + 1000000)); {HOLDER_WORK}"
-    );
+    let lying =
+        format!("DISTLOCK_FENCING_TOKEN=$((DISTLOCK_FENCING_TOKEN + 1000000)); {HOLDER_WORK}");
     let report = scenarios::holder_paused(&env(lying)).await;
     assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
     // Its early writes carry the higher token, so the next holder's write
     // is refused although that holder is current; either symptom means the
     // tokens did not protect the resource.
-    let symptoms = report.figures["stale_writes_accepted"].as_u64().unwrap_or(0)
+    let symptoms = report.figures["stale_writes_accepted"]
+        .as_u64()
+        .unwrap_or(0)
         + report.figures["current_holder_writes_rejected"]
             .as_u64()
             .unwrap_or(0);
