@@ -126,6 +126,28 @@ pub type HolderCommand = Arc<dyn Fn(&str, &str, Duration) -> Command + Send + Sy
 /// otherwise.
 pub const HOLDER_WORK: &str = r#"r="${DISTLOCK_TEST_RESOURCE:-}"; [ -z "$r" ] && exec sleep 600; while :; do echo "$DISTLOCK_FENCING_TOKEN" >"/dev/tcp/${r%:*}/${r##*:}" 2>/dev/null; sleep 0.02; done"#;
 
+/// The holder command of a `distlock` binary at `exe`: `distlock --url URL
+/// run --on-lost term --kill-after 1s --ttl TTL KEY -- bash -c WORK`
+/// (`work` is normally [`HOLDER_WORK`]).
+pub fn distlock_run_holder(exe: std::path::PathBuf, work: String) -> HolderCommand {
+    Arc::new(move |url: &str, key: &str, ttl: Duration| {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "--url",
+            url,
+            "run",
+            "--on-lost",
+            "term",
+            "--kill-after",
+            "1s",
+        ])
+        .arg("--ttl")
+        .arg(format!("{}ms", ttl.as_millis()))
+        .args([key, "--", "bash", "-c", &work]);
+        cmd
+    })
+}
+
 /// What the scenarios run against.
 #[derive(Clone)]
 pub struct ScenarioEnv {

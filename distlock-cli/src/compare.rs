@@ -118,22 +118,10 @@ fn opener() -> Opener {
 
 fn holder_command() -> Option<HolderCommand> {
     let exe = std::env::current_exe().ok()?;
-    Some(Arc::new(move |url: &str, key: &str, ttl: Duration| {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.args([
-            "--url",
-            url,
-            "run",
-            "--on-lost",
-            "term",
-            "--kill-after",
-            "1s",
-            "--ttl",
-        ])
-        .arg(format!("{}ms", ttl.as_millis()))
-        .args([key, "--", "bash", "-c", scenarios::HOLDER_WORK]);
-        cmd
-    }))
+    Some(scenarios::distlock_run_holder(
+        exe,
+        scenarios::HOLDER_WORK.to_owned(),
+    ))
 }
 
 struct Candidate {

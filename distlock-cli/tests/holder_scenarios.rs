@@ -4,7 +4,6 @@
 //! carries a token above the next holder's (what a backend whose tokens
 //! went backwards would hand out) is caught getting in.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,24 +36,8 @@ fn sqlite() -> Arc<dyn Target> {
     Arc::new(SqliteFile { url, _dir: dir })
 }
 
-/// `distlock run` holding `key` while `work` runs under `bash -c`.
 fn holder(work: String) -> HolderCommand {
-    Arc::new(move |url: &str, key: &str, ttl: Duration| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
-        cmd.args([
-            "--url",
-            url,
-            "run",
-            "--on-lost",
-            "term",
-            "--kill-after",
-            "1s",
-        ])
-        .arg("--ttl")
-        .arg(format!("{}ms", ttl.as_millis()))
-        .args([key, "--", "bash", "-c", &work]);
-        cmd
-    })
+    scenarios::distlock_run_holder(env!("CARGO_BIN_EXE_distlock").into(), work)
 }
 
 fn env(work: String) -> ScenarioEnv {
