@@ -16,6 +16,7 @@ use lock_core::{
     Capabilities, Lease, LockBackend, LockClient, LockError, LockGuard, LockInfo, LockKey,
     LockState,
 };
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::history::{Op, Recorder};
@@ -174,10 +175,16 @@ pub async fn recorded_guard(
         .wait(wait)
         .acquire()
         .await?;
+    record_lost(&guard, recorder);
+    Ok(RecordedGuard { guard })
+}
+
+/// Records `guard`'s lost signal into `recorder` at the moment the guard
+/// reports it, from a watcher task that ends when the guard turns `Lost`
+/// (recorded) or `Released` (nothing to record: the release was).
+pub fn record_lost(guard: &LockGuard, recorder: &Recorder) -> JoinHandle<()> {
     let mut states = guard.subscribe();
-    let (rec, key, token) = (recorder.clone(), key.clone(), guard.token());
-    // The watcher ends when the guard turns `Lost` (recorded) or
-    // `Released` (its release was recorded by the wrapper).
+    let (rec, key, token) = (recorder.clone(), guard.key(), guard.token());
     tokio::spawn(async move {
         loop {
             match &*states.borrow_and_update() {
@@ -192,6 +199,5 @@ pub async fn recorded_guard(
                 return;
             }
         }
-    });
-    Ok(RecordedGuard { guard })
+    })
 }

@@ -70,8 +70,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, FencingToken, LockBackend, LockClient, LockError, LockGuard, LockKey, LockState,
-    OwnerId,
+    Capabilities, FencingToken, LockBackend, LockClient, LockError, LockGuard, LockKey, OwnerId,
 };
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -752,24 +751,8 @@ impl Journal {
     }
 
     /// Records the guard's lost signal when it comes.
-    fn watch_lost(&self, guard: &LockGuard, key: &LockKey) -> JoinHandle<()> {
-        let mut states = guard.subscribe();
-        let (rec, key, token) = (self.recorder.clone(), key.clone(), guard.token());
-        tokio::spawn(async move {
-            loop {
-                match &*states.borrow_and_update() {
-                    LockState::Lost(_) => {
-                        rec.lost(&key, token);
-                        return;
-                    }
-                    LockState::Released => return,
-                    LockState::Held | LockState::Suspect => {}
-                }
-                if states.changed().await.is_err() {
-                    return;
-                }
-            }
-        })
+    fn watch_lost(&self, guard: &LockGuard) -> JoinHandle<()> {
+        crate::recording::record_lost(guard, &self.recorder)
     }
 }
 
@@ -1011,7 +994,7 @@ async fn work(mut w: Worker, shared: Arc<Shared>) {
             }
         };
         let grant_at = w.journal.now();
-        let watcher = w.journal.watch_lost(&guard, &key);
+        let watcher = w.journal.watch_lost(&guard);
         let token = guard.token();
         let read = if guard.is_held() {
             shared.resource.read(&key, token)

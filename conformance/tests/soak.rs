@@ -11,15 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use conformance::deploy::{DeployedTarget, Deployment, Opener};
+use conformance::doubles::{Flaw, FlawedTarget, rogue_lease};
 use conformance::soak::{FaultKind, SoakConfig, SoakReport, plan, run_soak};
 use conformance::{MemoryTarget, OrSkip, Target};
-use lock_core::{
-    Capabilities, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo, LockKey,
-    MemoryBackend, OwnerId,
-};
-use tokio::time::Instant;
+use lock_core::{Capabilities, FencingScope, FencingToken, Lease, LockBackend, LockKey};
 
 fn assert_clean(report: &SoakReport) {
     let table = report.table();
@@ -101,103 +97,49 @@ async fn etcd_soak_is_clean() {
     assert_clean(&report);
 }
 
-/// A memory backend that, every fourth acquire of a held key, grants it
-/// anyway (a lease the real service knows nothing about, with a low token),
-/// optionally claiming to have no fencing.
+/// A memory backend that, every fourth time it finds a key held, grants it
+/// anyway (a lease the real service knows nothing about, with a low token
+/// that repeats, so tokens also go backwards), optionally claiming to have
+/// no fencing.
 #[derive(Debug)]
 struct DoubleGranting {
-    inner: MemoryBackend,
     calls: AtomicU64,
     fencing: bool,
     fake_tokens: AtomicU64,
 }
 
 impl DoubleGranting {
-    fn new(fencing: bool) -> Self {
-        Self {
-            inner: MemoryBackend::new(),
+    fn target(fencing: bool) -> Arc<dyn Target> {
+        Arc::new(FlawedTarget::new(Self {
             calls: AtomicU64::new(0),
             fencing,
             fake_tokens: AtomicU64::new(0),
-        }
-    }
-
-    /// A grant the service knows nothing about. Its token repeats a low
-    /// value, so tokens also go backwards.
-    fn fake(&self, key: &LockKey, ttl: Duration, sent_at: Instant) -> Result<Lease, LockError> {
-        let token = self.fake_tokens.fetch_add(1, Ordering::Relaxed) % 2 + 1;
-        Lease::granted(
-            key.clone(),
-            OwnerId::random(),
-            FencingToken::new(token),
-            ttl,
-            sent_at,
-            String::new(),
-        )
+        }))
     }
 }
 
-#[async_trait]
-impl LockBackend for DoubleGranting {
+impl Flaw for DoubleGranting {
     fn name(&self) -> &'static str {
         "double-granting"
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let caps = self.inner.capabilities();
+    fn capabilities(&self, inner: Capabilities) -> Capabilities {
         if self.fencing {
-            caps
+            inner
         } else {
             Capabilities {
                 fencing: FencingScope::None,
-                ..caps
+                ..inner
             }
         }
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.inner.try_acquire(key, ttl).await
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        let sent_at = Instant::now();
-        if let Some(lease) = self.inner.try_acquire(key, ttl).await? {
-            return Ok(lease);
+    fn contended(&self, key: &LockKey, ttl: Duration) -> Option<Lease> {
+        if !self.calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(4) {
+            return None;
         }
-        if self.calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(4) {
-            return self.fake(key, ttl, sent_at);
-        }
-        self.inner.acquire(key, ttl, deadline).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
-    }
-}
-
-struct BrokenTarget(Arc<DoubleGranting>);
-
-#[async_trait]
-impl Target for BrokenTarget {
-    fn name(&self) -> String {
-        "double-granting".into()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(self.0.clone())
+        let token = self.fake_tokens.fetch_add(1, Ordering::Relaxed) % 2 + 1;
+        rogue_lease(key, ttl, FencingToken::new(token)).ok()
     }
 }
 
@@ -206,13 +148,9 @@ async fn a_backend_that_grants_twice_is_reported() {
     // No faults at all: every violation is the backend's.
     let mut config = SoakConfig::new(Duration::from_secs(6), 3);
     config.kinds = Some(Vec::new());
-    let fenced = run_soak(
-        Arc::new(BrokenTarget(Arc::new(DoubleGranting::new(true)))),
-        None,
-        &config,
-    )
-    .await
-    .expect("soak runs");
+    let fenced = run_soak(DoubleGranting::target(true), None, &config)
+        .await
+        .expect("soak runs");
     println!("{}", fenced.table());
     assert!(fenced.fails_run(), "{}", fenced.table());
     assert!(fenced.check.overlap_count > 0, "{}", fenced.table());
@@ -229,13 +167,9 @@ async fn a_backend_that_grants_twice_is_reported() {
 
     // Without fencing the resource takes every write: the double grants
     // now also lose increments of the counter.
-    let unfenced = run_soak(
-        Arc::new(BrokenTarget(Arc::new(DoubleGranting::new(false)))),
-        None,
-        &config,
-    )
-    .await
-    .expect("soak runs");
+    let unfenced = run_soak(DoubleGranting::target(false), None, &config)
+        .await
+        .expect("soak runs");
     println!("{}", unfenced.table());
     assert!(unfenced.fails_run(), "{}", unfenced.table());
     assert!(unfenced.lost_increments > 0, "{}", unfenced.table());
@@ -249,57 +183,18 @@ async fn a_backend_that_grants_twice_is_reported() {
 /// The in-memory service claiming no fencing (as Redlock does): a frozen
 /// client's late write gets in, and that is a negative control.
 #[derive(Debug)]
-struct Unfenced(MemoryBackend);
+struct Unfenced;
 
-#[async_trait]
-impl LockBackend for Unfenced {
+impl Flaw for Unfenced {
     fn name(&self) -> &'static str {
         "unfenced"
     }
 
-    fn capabilities(&self) -> Capabilities {
+    fn capabilities(&self, inner: Capabilities) -> Capabilities {
         Capabilities {
             fencing: FencingScope::None,
-            ..self.0.capabilities()
+            ..inner
         }
-    }
-
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
-    }
-}
-
-struct UnfencedTarget(Arc<Unfenced>);
-
-#[async_trait]
-impl Target for UnfencedTarget {
-    fn name(&self) -> String {
-        "unfenced".into()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(self.0.clone())
     }
 }
 
@@ -309,13 +204,9 @@ async fn frozen_clients_without_fencing_are_a_negative_control() {
     config.kinds = Some(vec![FaultKind::ClientFreeze]);
     // One key: a frozen holder's key is soon taken by someone else.
     config.keys = 1;
-    let report = run_soak(
-        Arc::new(UnfencedTarget(Arc::new(Unfenced(MemoryBackend::new())))),
-        None,
-        &config,
-    )
-    .await
-    .expect("soak runs");
+    let report = run_soak(Arc::new(FlawedTarget::new(Unfenced)), None, &config)
+        .await
+        .expect("soak runs");
     println!("{}", report.table());
     let freeze = &report.faults["client_freeze"];
     assert!(freeze.known_unsafe.is_some());
