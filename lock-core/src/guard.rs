@@ -569,7 +569,16 @@ async fn watchdog(backend: Arc<dyn LockBackend>, shared: Arc<Shared>, policy: Re
                         if !session_suspect {
                             shared.set_state(LockState::Held);
                         }
-                        next_renewal = Some(renewal_at(new_deadline, ttl, interval, Instant::now()));
+                        let now = Instant::now();
+                        // A backend may cap the deadline below a full TTL
+                        // (etcd: the session lease's own deadline until the
+                        // next keep-alive): the schedule would then ask for
+                        // a renewal at once, again and again. Leave a gap:
+                        // a quarter of the interval, or half the time left.
+                        let gap = (interval / 4).min(new_deadline.saturating_duration_since(now) / 2);
+                        next_renewal = Some(
+                            renewal_at(new_deadline, ttl, interval, now).max(saturating_add(now, gap)),
+                        );
                     }
                     Err(err) if matches!(err.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost) => {
                         shared.set_state(LockState::Lost(format!("renewal refused: {err}")));

@@ -472,3 +472,77 @@ async fn renewals_follow_the_deadline_of_the_previous_renewal() {
 fn request_on_current_runtime(request: lock_core::LockRequest<'_>) -> lock_core::LockRequest<'_> {
     request.renewal_runtime(lock_core::RenewalRuntime::current())
 }
+
+/// Renews, but never past a fixed cap below a full TTL (as etcd caps a
+/// lock's deadline by its session lease's): counts the renewals.
+#[derive(Debug)]
+struct CappedRenewals {
+    inner: MemoryBackend,
+    renewals: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl LockBackend for CappedRenewals {
+    fn name(&self) -> &'static str {
+        "capped"
+    }
+    fn capabilities(&self) -> lock_core::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> Result<Option<lock_core::Lease>, lock_core::LockError> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<lock_core::Lease, lock_core::LockError> {
+        self.inner.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &lock_core::Lease) -> Result<Instant, lock_core::LockError> {
+        self.renewals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.renew(lease).await?;
+        // Always half a TTL left: below the schedule's wish of 2/3.
+        Ok(Instant::now() + lease.ttl() / 2)
+    }
+    async fn release(&self, lease: &lock_core::Lease) -> Result<bool, lock_core::LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(
+        &self,
+        key: &LockKey,
+    ) -> Result<Option<lock_core::LockInfo>, lock_core::LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+#[tokio::test]
+async fn a_deadline_capped_below_a_full_ttl_does_not_make_renewal_spin() {
+    let backend = Arc::new(CappedRenewals {
+        inner: MemoryBackend::new(),
+        renewals: std::sync::atomic::AtomicU64::new(0),
+    });
+    let ttl = Duration::from_millis(600);
+    let guard = LockClient::from_arc(backend.clone())
+        .lock("capped")
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let renewals = backend.renewals.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(guard.state(), lock_core::LockState::Held);
+    // A gap of a quarter interval (50 ms) allows about 20 in a second;
+    // spinning made thousands.
+    assert!(
+        renewals <= 30,
+        "{renewals} renewals in 1 s with a 600 ms TTL"
+    );
+    assert!(guard.release().await.unwrap());
+}
