@@ -239,17 +239,12 @@ pub(crate) async fn check(url: &str) -> Vec<BackendResult> {
     vec![compare_one(candidate, &opts, &progress).await]
 }
 
-/// Runs the comparison; progress goes to stderr.
-pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, LockError> {
+/// The backends `--backends` names, or `defaults`; a server kind without
+/// `--spawn` is a usage error.
+fn selected_backends(opts: &CompareOptions, defaults: &[&str]) -> Result<Vec<String>, LockError> {
     let names: Vec<String> = match &opts.backends {
         Some(list) => list.clone(),
-        None if opts.spawn => EMBEDDED
-            .iter()
-            .copied()
-            .chain(default_kinds(opts.full))
-            .map(str::to_owned)
-            .collect(),
-        None => EMBEDDED.iter().map(|s| (*s).to_owned()).collect(),
+        None => defaults.iter().map(|s| (*s).to_owned()).collect(),
     };
     for name in &names {
         if conformance::deploy::KINDS.contains(&name.as_str()) && !opts.spawn {
@@ -258,6 +253,21 @@ pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, Loc
             )));
         }
     }
+    Ok(names)
+}
+
+/// Runs the comparison; progress goes to stderr.
+pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, LockError> {
+    let defaults: Vec<&str> = if opts.spawn {
+        EMBEDDED
+            .iter()
+            .copied()
+            .chain(default_kinds(opts.full))
+            .collect()
+    } else {
+        EMBEDDED.to_vec()
+    };
+    let names = selected_backends(opts, &defaults)?;
     let total = names.len() + opts.urls.len();
     let mut results = Vec::new();
     for (index, name) in names
@@ -601,17 +611,7 @@ pub(crate) async fn soak(
 ) -> Result<Vec<SoakResult>, LockError> {
     let seed = seed.unwrap_or_else(conformance::soak::random_seed);
     eprintln!("soak seed {seed} (replay with --seed {seed})");
-    let names: Vec<String> = match &opts.backends {
-        Some(list) => list.clone(),
-        None => EMBEDDED.iter().map(|s| (*s).to_owned()).collect(),
-    };
-    for name in &names {
-        if conformance::deploy::KINDS.contains(&name.as_str()) && !opts.spawn {
-            return Err(LockError::config(format!(
-                "backend {name:?} needs a server: add --spawn to start one on loopback, or pass --with URL"
-            )));
-        }
-    }
+    let names = selected_backends(opts, EMBEDDED)?;
     let total = names.len() + opts.urls.len();
     let mut results = Vec::new();
     for (index, name) in names
