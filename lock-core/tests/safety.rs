@@ -23,6 +23,17 @@ async fn terminal_within(guard: &LockGuard, limit: Duration) -> Option<String> {
     timeout(limit, guard.lost()).await.ok()
 }
 
+/// The guard ends within `limit` (well after its deadline) and says `Lost`.
+async fn assert_lost_within(guard: &LockGuard, limit: Duration) {
+    let reason = terminal_within(guard, limit).await;
+    assert!(
+        reason.is_some(),
+        "still {:?} after the deadline",
+        guard.state()
+    );
+    assert!(matches!(guard.state(), LockState::Lost(_)));
+}
+
 // ---- item 1: overflow and unexpected ends of the renewal task ----
 
 #[tokio::test]
@@ -63,13 +74,7 @@ async fn huge_renewal_interval_ends_in_lost_not_a_dead_watchdog() {
         ..RenewalPolicy::default()
     };
     let guard = LockGuard::new(Arc::new(backend), lease, policy);
-    let reason = terminal_within(&guard, TTL * 3).await;
-    assert!(
-        reason.is_some(),
-        "still {:?} long after the deadline",
-        guard.state()
-    );
-    assert!(matches!(guard.state(), LockState::Lost(_)));
+    assert_lost_within(&guard, TTL * 3).await;
 }
 
 #[tokio::test]
@@ -159,13 +164,7 @@ async fn retry_policy_near_duration_max_still_loses_by_the_deadline() {
         .unwrap();
     backend.set_fault(MemoryFault::Unavailable);
     let deadline = guard.validity_deadline();
-    let reason = terminal_within(&guard, TTL * 3).await;
-    assert!(
-        reason.is_some(),
-        "still {:?} after the deadline",
-        guard.state()
-    );
-    assert!(matches!(guard.state(), LockState::Lost(_)));
+    assert_lost_within(&guard, TTL * 3).await;
     assert!(Instant::now() <= deadline + Duration::from_millis(100));
 }
 
@@ -227,13 +226,7 @@ async fn lease_with_a_huge_ttl_is_lost_not_left_held() {
         ..RenewalPolicy::default()
     };
     let guard = LockGuard::new(Arc::new(backend), lease, policy);
-    let reason = terminal_within(&guard, TTL * 3).await;
-    assert!(
-        reason.is_some(),
-        "still {:?} after the deadline",
-        guard.state()
-    );
-    assert!(matches!(guard.state(), LockState::Lost(_)));
+    assert_lost_within(&guard, TTL * 3).await;
 }
 
 #[tokio::test]
