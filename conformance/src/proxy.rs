@@ -3,11 +3,18 @@
 //! heal, like TCP retransmission across a healed link), blackholes (traffic
 //! dropped, connections never recover) and resets (every connection cut).
 //!
+//! It also counts **round trips**: per connection, every time the server
+//! answers after the client last sent something is one request/response
+//! turn ([`FaultProxy::round_trips`]). Pipelined requests answered together
+//! count once, as they cost one network round trip; traffic the server
+//! sends on its own (a pub/sub message, a watch event) after a client's
+//! request counts as a turn too, so measure on a quiet connection.
+//!
 //! Only for loopback test servers: it listens on 127.0.0.1.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -47,7 +54,21 @@ pub struct FaultProxy {
     state: watch::Sender<State>,
     accept: JoinHandle<()>,
     connections: Arc<AtomicU64>,
+    counters: Arc<Counters>,
 }
+
+/// What the proxy counted, over all its connections.
+#[derive(Debug, Default)]
+struct Counters {
+    round_trips: AtomicU64,
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+}
+
+/// Which way a connection's bytes last went (for counting turns).
+const NONE: u8 = 0;
+const UP: u8 = 1;
+const DOWN: u8 = 2;
 
 impl FaultProxy {
     /// Starts a proxy to `upstream` on a free loopback port.
@@ -65,11 +86,13 @@ impl FaultProxy {
             generation: 0,
         });
         let connections = Arc::new(AtomicU64::new(0));
+        let counters = Arc::new(Counters::default());
         let accept = tokio::spawn(accept_loop(
             listener,
             upstream,
             state_rx,
             connections.clone(),
+            counters.clone(),
         ));
         Ok(Self {
             addr,
@@ -77,6 +100,7 @@ impl FaultProxy {
             state,
             accept,
             connections,
+            counters,
         })
     }
 
@@ -102,6 +126,7 @@ impl FaultProxy {
             state,
             accept: tokio::spawn(async {}),
             connections: Arc::new(AtomicU64::new(1)),
+            counters: Arc::new(Counters::default()),
         };
         (std::sync::Arc::new(link), proxy)
     }
@@ -124,6 +149,31 @@ impl FaultProxy {
     /// Connections accepted so far.
     pub fn connections(&self) -> u64 {
         self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Request/response turns seen so far, summed over connections: on each
+    /// connection, one turn each time the server sends after the client
+    /// last did. An in-process proxy ([`FaultProxy::in_process`]) has no
+    /// wire and counts nothing.
+    pub fn round_trips(&self) -> u64 {
+        self.counters.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Bytes forwarded so far, client to server and server to client.
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.counters.bytes_up.load(Ordering::Relaxed),
+            self.counters.bytes_down.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Sets the round-trip and byte counters back to zero (open
+    /// connections keep their direction, so a reply in flight still
+    /// counts once).
+    pub fn reset_counters(&self) {
+        self.counters.round_trips.store(0, Ordering::Relaxed);
+        self.counters.bytes_up.store(0, Ordering::Relaxed);
+        self.counters.bytes_down.store(0, Ordering::Relaxed);
     }
 
     /// Adds `latency ± jitter` to every chunk in both directions.
@@ -181,6 +231,7 @@ async fn accept_loop(
     upstream: SocketAddr,
     state: watch::Receiver<State>,
     connections: Arc<AtomicU64>,
+    counters: Arc<Counters>,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -188,6 +239,7 @@ async fn accept_loop(
         };
         connections.fetch_add(1, Ordering::Relaxed);
         let state = state.clone();
+        let counters = counters.clone();
         tokio::spawn(async move {
             let _ = client.set_nodelay(true);
             // A partition also holds new connections: the SYN got through
@@ -202,8 +254,29 @@ async fn accept_loop(
             let _ = server.set_nodelay(true);
             let (client_read, client_write) = client.into_split();
             let (server_read, server_write) = server.into_split();
-            let up = tokio::spawn(pump(client_read, server_write, state.clone(), generation));
-            let down = tokio::spawn(pump(server_read, client_write, state, generation));
+            let turn = Arc::new(AtomicU8::new(NONE));
+            let up = tokio::spawn(pump(
+                client_read,
+                server_write,
+                state.clone(),
+                generation,
+                Counting {
+                    counters: counters.clone(),
+                    turn: turn.clone(),
+                    direction: UP,
+                },
+            ));
+            let down = tokio::spawn(pump(
+                server_read,
+                client_write,
+                state,
+                generation,
+                Counting {
+                    counters,
+                    turn,
+                    direction: DOWN,
+                },
+            ));
             // When one direction ends, end the other too.
             tokio::select! {
                 _ = up => {}
@@ -231,11 +304,37 @@ async fn wait_flowing(state: &mut watch::Receiver<State>, generation: u64) -> bo
     }
 }
 
+/// One direction of a connection's share of the counters.
+struct Counting {
+    counters: Arc<Counters>,
+    /// The connection's last direction, shared by its two pumps.
+    turn: Arc<AtomicU8>,
+    direction: u8,
+}
+
+impl Counting {
+    /// Counts `n` bytes forwarded; a server chunk after a client one is a
+    /// new turn.
+    fn forwarded(&self, n: usize) {
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        if self.direction == UP {
+            self.turn.store(UP, Ordering::Relaxed);
+            self.counters.bytes_up.fetch_add(n, Ordering::Relaxed);
+        } else {
+            if self.turn.swap(DOWN, Ordering::Relaxed) == UP {
+                self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+            }
+            self.counters.bytes_down.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut state: watch::Receiver<State>,
     generation: u64,
+    counting: Counting,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     let mut rng = generation.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -272,6 +371,9 @@ async fn pump(
         if !delay.is_zero() {
             sleep(delay).await;
         }
+        // Counted before the write: the other side may answer as soon as
+        // the bytes are out, and its reply must see this direction.
+        counting.forwarded(n);
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
@@ -377,6 +479,28 @@ mod tests {
         );
         let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
         ping(&mut fresh).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn counts_one_round_trip_per_request_answered() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        for _ in 0..5 {
+            ping(&mut stream).await.unwrap();
+        }
+        assert_eq!(proxy.round_trips(), 5);
+        assert_eq!(proxy.bytes(), (20, 20));
+        // Two requests in one write, answered together: one turn.
+        proxy.reset_counters();
+        stream.write_all(b"pingping").await.unwrap();
+        let mut buf = [0u8; 8];
+        stream.read_exact(&mut buf).await.unwrap();
+        assert_eq!(proxy.round_trips(), 1);
+        // A second connection counts on its own.
+        let mut other = TcpStream::connect(proxy.addr()).await.unwrap();
+        ping(&mut other).await.unwrap();
+        ping(&mut stream).await.unwrap();
+        assert_eq!(proxy.round_trips(), 3);
     }
 
     #[tokio::test]

@@ -73,6 +73,7 @@ mod backend;
 mod capabilities;
 mod client;
 mod error;
+pub mod floor;
 mod guard;
 mod key;
 mod memory;
