@@ -6,7 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{LockBackend, LockError, LockKey};
+use lock_core::floor::RawFloor;
+use lock_core::{LockBackend, LockClient, LockError, LockKey};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -268,4 +269,308 @@ pub async fn handoff(
 /// `value / floor`, or 0 when the floor is 0.
 pub fn ratio(value: f64, floor: f64) -> f64 {
     if floor == 0.0 { 0.0 } else { value / floor }
+}
+
+/// One independent client in a benchmark: ours (a [`LockClient`] used as
+/// users use it) or a hand-written floor on a bare connection of its own.
+#[async_trait::async_trait]
+pub trait Contender: Send + Sync {
+    /// Takes `key` (waiting while someone else holds it) and gives it back.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors, or `Contended` when `key` stayed held for
+    /// [`CONTENDED_LIMIT`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not a lock API: a dropped cycle may leave `key` held until its TTL.
+    async fn cycle(&self, key: &str) -> Result<(), LockError>;
+}
+
+/// The longest a benchmark cycle waits for a held key.
+pub const CONTENDED_LIMIT: Duration = Duration::from_secs(60);
+
+/// Our cycle as a user writes it:
+/// `client.lock(key).ttl(ttl).wait(60 s).acquire()`, then `guard.release()`.
+pub struct Ours {
+    client: LockClient,
+    ttl: Duration,
+}
+
+impl Ours {
+    /// A contender on its own client.
+    pub fn new(client: LockClient, ttl: Duration) -> Self {
+        Self { client, ttl }
+    }
+}
+
+#[async_trait::async_trait]
+impl Contender for Ours {
+    async fn cycle(&self, key: &str) -> Result<(), LockError> {
+        let guard = self
+            .client
+            .lock(key)
+            .ttl(self.ttl)
+            .wait(CONTENDED_LIMIT)
+            .acquire()
+            .await?;
+        guard.release().await?;
+        Ok(())
+    }
+}
+
+/// A floor's cycle: its grant and release; on a held key it asks again at
+/// once (a hand-written polling loop: the floor has no waiting of its own).
+pub struct FloorCycle {
+    floor: Box<dyn RawFloor>,
+    ttl: Duration,
+}
+
+impl FloorCycle {
+    /// A contender on `floor`'s connection.
+    pub fn new(floor: Box<dyn RawFloor>, ttl: Duration) -> Self {
+        Self { floor, ttl }
+    }
+
+    /// The floor's declared round trips per cycle.
+    pub fn declared_round_trips(&self) -> u32 {
+        self.floor.round_trips_per_cycle()
+    }
+}
+
+#[async_trait::async_trait]
+impl Contender for FloorCycle {
+    async fn cycle(&self, key: &str) -> Result<(), LockError> {
+        let give_up = Instant::now() + CONTENDED_LIMIT;
+        loop {
+            if let Some(grant) = self.floor.try_grant(key, self.ttl).await? {
+                self.floor.release(&grant).await?;
+                return Ok(());
+            }
+            if Instant::now() >= give_up {
+                return Err(LockError::new(
+                    lock_core::ErrorKind::Contended,
+                    lock_core::Operation::Acquire,
+                    "the floor's benchmark key stayed held",
+                )
+                .with_backend(self.floor.name()));
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Sequential cycles of `ours` and `floor`, interleaved: `rounds` rounds of
+/// `n / rounds` cycles each, the order swapped every round, so both see the
+/// same machine load. Returns (ours, floor).
+///
+/// # Errors
+///
+/// The first cycle error.
+pub async fn interleaved_latency(
+    ours: &dyn Contender,
+    floor: &dyn Contender,
+    keys: (&str, &str),
+    n: usize,
+    rounds: usize,
+) -> Result<(LatencyStats, LatencyStats), LockError> {
+    let rounds = rounds.max(1);
+    let per_round = (n / rounds).max(1);
+    let mut samples = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut walls = (Duration::ZERO, Duration::ZERO);
+    for round in 0..rounds {
+        for side in [round % 2, 1 - round % 2] {
+            let (who, key, out, wall) = if side == 0 {
+                (ours, keys.0, &mut samples.0, &mut walls.0)
+            } else {
+                (floor, keys.1, &mut samples.1, &mut walls.1)
+            };
+            let started = Instant::now();
+            for _ in 0..per_round {
+                let at = Instant::now();
+                who.cycle(key).await?;
+                out.push(at.elapsed());
+            }
+            *wall += started.elapsed();
+        }
+    }
+    Ok((
+        LatencyStats::from_samples(samples.0, walls.0),
+        LatencyStats::from_samples(samples.1, walls.1),
+    ))
+}
+
+/// Every contender cycling on its own key (`<prefix>-<i>`) at once, for
+/// `per_client` cycles: throughput over the run, latency of each cycle.
+///
+/// # Errors
+///
+/// The first cycle error.
+pub async fn concurrent_cycles(
+    contenders: &[Arc<dyn Contender>],
+    prefix: &str,
+    per_client: usize,
+) -> Result<LatencyStats, LockError> {
+    let wall = Instant::now();
+    let mut handles = Vec::with_capacity(contenders.len());
+    for (i, who) in contenders.iter().enumerate() {
+        let who = who.clone();
+        let key = format!("{prefix}-{i}");
+        handles.push(tokio::spawn(async move {
+            let mut samples = Vec::with_capacity(per_client);
+            for _ in 0..per_client {
+                let at = Instant::now();
+                who.cycle(&key).await?;
+                samples.push(at.elapsed());
+            }
+            Ok::<_, LockError>(samples)
+        }));
+    }
+    let mut all = Vec::new();
+    for handle in handles {
+        match handle.await {
+            Ok(samples) => all.extend(samples?),
+            Err(join) => std::panic::resume_unwind(join.into_panic()),
+        }
+    }
+    Ok(LatencyStats::from_samples(all, wall.elapsed()))
+}
+
+/// [`concurrent_cycles`] of ours and of the floors, interleaved over
+/// `rounds` rounds (order swapped every round). Returns (ours, floor), each
+/// over all its rounds.
+///
+/// # Errors
+///
+/// The first cycle error.
+pub async fn interleaved_throughput(
+    ours: &[Arc<dyn Contender>],
+    floors: &[Arc<dyn Contender>],
+    prefixes: (&str, &str),
+    per_client: usize,
+    rounds: usize,
+) -> Result<(LatencyStats, LatencyStats), LockError> {
+    let rounds = rounds.max(1);
+    let per_round = (per_client / rounds).max(1);
+    let mut runs: (Vec<LatencyStats>, Vec<LatencyStats>) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for side in [round % 2, 1 - round % 2] {
+            if side == 0 {
+                runs.0
+                    .push(concurrent_cycles(ours, prefixes.0, per_round).await?);
+            } else {
+                runs.1
+                    .push(concurrent_cycles(floors, prefixes.1, per_round).await?);
+            }
+        }
+    }
+    Ok((merge_runs(&runs.0), merge_runs(&runs.1)))
+}
+
+/// Several runs as one: samples and wall times summed, percentiles from
+/// the merged histogram's run with the median rate.
+fn merge_runs(runs: &[LatencyStats]) -> LatencyStats {
+    let mut rates: Vec<f64> = runs.iter().map(|r| r.per_sec).collect();
+    rates.sort_by(f64::total_cmp);
+    let mut merged = runs
+        .iter()
+        .find(|r| r.per_sec == rates[rates.len() / 2])
+        .copied()
+        .unwrap_or_default();
+    merged.samples = runs.iter().map(|r| r.samples).sum();
+    merged.per_sec = rates.get(rates.len() / 2).copied().unwrap_or(0.0);
+    merged
+}
+
+/// Contended handoffs: every contender cycles on one key for `duration`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Handoffs {
+    /// Grants per second over the run, all contenders together.
+    pub per_sec: f64,
+    /// Grants of each contender.
+    pub per_client: Vec<u64>,
+}
+
+impl Handoffs {
+    /// The busiest contender's grants over the least busy one's (infinite
+    /// when one got none).
+    pub fn spread(&self) -> f64 {
+        let max = self.per_client.iter().copied().max().unwrap_or(0);
+        let min = self.per_client.iter().copied().min().unwrap_or(0);
+        #[allow(clippy::cast_precision_loss)]
+        if min == 0 {
+            f64::INFINITY
+        } else {
+            max as f64 / min as f64
+        }
+    }
+}
+
+/// All `contenders` cycling on `key` at once for `duration`.
+///
+/// # Errors
+///
+/// The first cycle error.
+pub async fn handoffs(
+    contenders: &[Arc<dyn Contender>],
+    key: &str,
+    duration: Duration,
+) -> Result<Handoffs, LockError> {
+    let started = Instant::now();
+    let stop = started + duration;
+    let mut handles = Vec::with_capacity(contenders.len());
+    for who in contenders {
+        let who = who.clone();
+        let key = key.to_owned();
+        handles.push(tokio::spawn(async move {
+            let mut grants = 0u64;
+            while Instant::now() < stop {
+                who.cycle(&key).await?;
+                grants += 1;
+            }
+            Ok::<_, LockError>(grants)
+        }));
+    }
+    let mut per_client = Vec::with_capacity(contenders.len());
+    for handle in handles {
+        match handle.await {
+            Ok(grants) => per_client.push(grants?),
+            Err(join) => std::panic::resume_unwind(join.into_panic()),
+        }
+    }
+    let wall = started.elapsed();
+    #[allow(clippy::cast_precision_loss)]
+    let per_sec = per_client.iter().sum::<u64>() as f64 / wall.as_secs_f64();
+    Ok(Handoffs {
+        per_sec,
+        per_client,
+    })
+}
+
+/// Round trips per cycle of `who`, counted by `proxy` (which must be
+/// between `who` and its server, with nothing else on it) over `cycles`
+/// sequential cycles on `key`, after `warm_up` cycles.
+///
+/// # Errors
+///
+/// The first cycle error.
+pub async fn round_trips_per_cycle(
+    who: &dyn Contender,
+    proxy: &crate::proxy::FaultProxy,
+    key: &str,
+    warm_up: usize,
+    cycles: usize,
+) -> Result<f64, LockError> {
+    for _ in 0..warm_up {
+        who.cycle(key).await?;
+    }
+    // Let replies still in flight land before counting from zero.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    proxy.reset_counters();
+    for _ in 0..cycles {
+        who.cycle(key).await?;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    Ok(proxy.round_trips() as f64 / cycles.max(1) as f64)
 }
