@@ -90,6 +90,23 @@ enum Attempt {
     },
 }
 
+/// What a waiting acquire does after an attempt.
+enum Found {
+    Granted(Lease),
+    /// Wait (for a release notification, at most this long), then retry.
+    Wait(Duration),
+}
+
+fn still_held(key: &LockKey) -> LockError {
+    LockError::new(
+        ErrorKind::Contended,
+        Operation::Acquire,
+        "the key was still held at the deadline",
+    )
+    .with_backend(NAME)
+    .with_key(key)
+}
+
 /// What one node said to an acquire script.
 pub(crate) enum NodeGrant {
     Granted(u64),
@@ -498,6 +515,66 @@ impl RedisBackend {
         Ok(())
     }
 
+    /// The bound of one attempt of a waiting acquire: the operation
+    /// timeout, shortened near the deadline (but never below 100 ms).
+    fn attempt_timeout(&self, deadline: Instant) -> Duration {
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.inner
+            .config
+            .operation_timeout
+            .min(left.max(Duration::from_millis(100)))
+    }
+
+    /// What a waiting acquire does after one attempt: return the lease,
+    /// fail (a permanent error, or the deadline passed), or wait this long
+    /// (at most) before the next attempt.
+    fn found(
+        &self,
+        key: &LockKey,
+        attempt: Result<Attempt, LockError>,
+        deadline: Instant,
+        errors: &mut Option<lock_core::Backoff>,
+    ) -> Result<Found, LockError> {
+        let config = &self.inner.config;
+        match attempt {
+            Ok(Attempt::Granted(lease)) => Ok(Found::Granted(lease)),
+            Ok(Attempt::Held { retry_in, split }) => {
+                if Instant::now() >= deadline {
+                    return Err(still_held(key));
+                }
+                Ok(Found::Wait(if split {
+                    // Redlock split vote: back off a random time so the
+                    // contenders do not collide again.
+                    random_delay(Duration::from_millis(30))
+                } else {
+                    // Expiry publishes nothing: re-check when the holder's
+                    // TTL runs out, and at least every `recheck`.
+                    retry_in
+                        .map_or(config.recheck, |t| t + Duration::from_millis(1))
+                        .min(config.recheck)
+                }))
+            }
+            Err(err) if err.is_temporary() || err.is_lost() => {
+                if Instant::now() >= deadline {
+                    return Err(err);
+                }
+                let errors = errors.get_or_insert_with(|| {
+                    RetryPolicy {
+                        initial: Duration::from_millis(20),
+                        max: Duration::from_millis(500),
+                        multiplier: 2,
+                        max_attempts: None,
+                    }
+                    .backoff()
+                });
+                Ok(Found::Wait(
+                    errors.next_delay().unwrap_or(Duration::from_millis(500)),
+                ))
+            }
+            Err(err) => Err(err),
+        }
+    }
+
     fn check_ttl(&self, ttl: Duration, op: Operation, key: &LockKey) -> Result<(), LockError> {
         check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_backend(NAME).with_key(key))
     }
@@ -574,56 +651,35 @@ impl LockBackend for RedisBackend {
     ) -> Result<Lease, LockError> {
         let op = Operation::Acquire;
         self.check_ttl(ttl, op, key)?;
-        let config = &self.inner.config;
+        // The backoff after errors, made on the first error (it seeds itself
+        // from the OS generator: nothing to pay on the common path).
+        let mut errors = None;
+        // First try without the notification machinery: on a free key (the
+        // common case) the waiting acquire costs what a single try costs,
+        // one round trip, with no SUBSCRIBE before it nor UNSUBSCRIBE after.
+        let first = self
+            .attempt(key, ttl, op, self.attempt_timeout(deadline))
+            .await;
+        if let Found::Granted(lease) = self.found(key, first, deadline, &mut errors)? {
+            return Ok(lease);
+        }
+        // Found held: subscribe to the release channel, then try again at
+        // once (the loop's first attempt), after the subscription is
+        // confirmed, so a release between the first try and the
+        // subscription is not missed.
         let names = self.names(key);
         let watch = self.inner.notifier.watch(&names.channel, deadline).await;
-        let mut errors = RetryPolicy {
-            initial: Duration::from_millis(20),
-            max: Duration::from_millis(500),
-            multiplier: 2,
-            max_attempts: None,
-        }
-        .backoff();
         loop {
             // Registered before the attempt so a release in between wakes us.
             let notified = watch.notify().notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let left = deadline.saturating_duration_since(Instant::now());
-            let timeout = config
-                .operation_timeout
-                .min(left.max(Duration::from_millis(100)));
-            let wait = match self.attempt(key, ttl, op, timeout).await {
-                Ok(Attempt::Granted(lease)) => return Ok(lease),
-                Ok(Attempt::Held { retry_in, split }) => {
-                    if Instant::now() >= deadline {
-                        return Err(LockError::new(
-                            ErrorKind::Contended,
-                            op,
-                            "the key was still held at the deadline",
-                        )
-                        .with_backend(NAME)
-                        .with_key(key));
-                    }
-                    if split {
-                        // Redlock split vote: back off a random time so the
-                        // contenders do not collide again.
-                        random_delay(Duration::from_millis(30))
-                    } else {
-                        // Expiry publishes nothing: re-check when the
-                        // holder's TTL runs out, and at least every `recheck`.
-                        retry_in
-                            .map_or(config.recheck, |t| t + Duration::from_millis(1))
-                            .min(config.recheck)
-                    }
-                }
-                Err(err) if err.is_temporary() || err.is_lost() => {
-                    if Instant::now() >= deadline {
-                        return Err(err);
-                    }
-                    errors.next_delay().unwrap_or(Duration::from_millis(500))
-                }
-                Err(err) => return Err(err),
+            let attempt = self
+                .attempt(key, ttl, op, self.attempt_timeout(deadline))
+                .await;
+            let wait = match self.found(key, attempt, deadline, &mut errors)? {
+                Found::Granted(lease) => return Ok(lease),
+                Found::Wait(wait) => wait,
             };
             let wake_at = (Instant::now() + wait).min(deadline);
             tokio::select! {
@@ -631,13 +687,7 @@ impl LockBackend for RedisBackend {
                 () = sleep_until(wake_at) => {}
             }
             if Instant::now() >= deadline {
-                return Err(LockError::new(
-                    ErrorKind::Contended,
-                    op,
-                    "the key was still held at the deadline",
-                )
-                .with_backend(NAME)
-                .with_key(key));
+                return Err(still_held(key));
             }
         }
     }

@@ -60,10 +60,14 @@
 //!   ours and never touch another owner's lock. Scripts go by `EVALSHA`,
 //!   falling back to `EVAL` on `NOSCRIPT` (a restarted server).
 //! - [x] **Notified waiting**: a release `PUBLISH`es on a per-key channel;
-//!   waiters share one pub/sub connection per node, subscribe before they
-//!   try, and re-check when the holder's TTL (reported by the failed
-//!   attempt) runs out, at least every `recheck` (expiry publishes nothing).
-//!   No busy polling.
+//!   a waiting acquire tries once first (on a free key that is the whole
+//!   acquire: one round trip, no pub/sub traffic); only when it finds the
+//!   key held does it subscribe (waiters share one pub/sub connection per
+//!   node), and once the subscription is confirmed it tries again, so a
+//!   release between the first try and the subscription is not missed.
+//!   Then it re-checks on each notification and when the holder's TTL
+//!   (reported by the failed attempt) runs out, at least every `recheck`
+//!   (expiry publishes nothing). No busy polling.
 //! - [x] **One multiplexed connection per node**, shared by every lock of a
 //!   backend (and its clones), re-established after an error or timeout;
 //!   every call bounded by the operation timeout.

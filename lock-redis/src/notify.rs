@@ -1,5 +1,10 @@
 //! Release notifications: one pub/sub connection per node, shared by every
 //! waiter of the backend, subscribed only to the channels someone waits on.
+//!
+//! A waiting acquire watches a channel only after its first try found the
+//! key held (see `RedisBackend::acquire`), so an uncontended acquire never
+//! touches the pub/sub connection; the connection itself is made on the
+//! first subscription and kept (idle) afterwards.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
