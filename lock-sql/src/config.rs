@@ -34,6 +34,28 @@ impl fmt::Display for SqlDialect {
     }
 }
 
+/// How locks are held: rows of a lease table, or server-session locks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SqlMode {
+    /// A unique-row lease table ([`SqlBackend`](crate::SqlBackend)), the default.
+    #[default]
+    Row,
+    /// Server-session locks: PostgreSQL advisory locks, MySQL/MariaDB
+    /// `GET_LOCK` ([`SqlSessionBackend`](crate::SqlSessionBackend)).
+    Session,
+}
+
+impl SqlMode {
+    /// `"row"` or `"session"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Row => "row",
+            Self::Session => "session",
+        }
+    }
+}
+
 /// The default lease table name.
 pub const DEFAULT_TABLE: &str = "distlock_leases";
 
@@ -57,7 +79,10 @@ pub const MAX_TABLE_LEN: usize = 48;
 /// | `busy_timeout` | SQLite busy timeout (waiting for another process's write lock) | `5s` |
 /// | `recheck` | PostgreSQL waiters' bounded re-check interval besides `NOTIFY` | `1s` |
 /// | `create_table` | create the table if missing (`true`/`false`) | `true` |
+/// | `mode` | `row` (lease table) or `session` (server-session locks; PostgreSQL and MySQL/MariaDB only) | `row` |
 ///
+/// On SQLite `mode=ro|rw|rwc|memory` stays SQLite's own option (passed
+/// through); `mode=session` is refused there.
 /// The `Debug` output never shows a password.
 #[derive(Clone)]
 pub struct SqlConfig {
@@ -75,6 +100,7 @@ pub struct SqlConfig {
     pub(crate) recheck: Duration,
     pub(crate) create_table: bool,
     pub(crate) poll: RetryPolicy,
+    pub(crate) mode: SqlMode,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -89,6 +115,7 @@ impl fmt::Debug for SqlConfig {
             .field("busy_timeout", &self.busy_timeout)
             .field("recheck", &self.recheck)
             .field("create_table", &self.create_table)
+            .field("mode", &self.mode)
             .finish_non_exhaustive()
     }
 }
@@ -168,6 +195,17 @@ impl SqlConfig {
                         }
                     };
                 }
+                "mode" if dialect != SqlDialect::Sqlite => {
+                    config.mode = parse_mode(&value)?;
+                }
+                "mode" if value == "session" => {
+                    return Err(LockError::config(
+                        "mode=session needs a database server (PostgreSQL or MySQL/MariaDB): \
+                         SQLite has no server session to hold a lock",
+                    ));
+                }
+                // Our default, spelled out: not SQLite's own `mode`.
+                "mode" if value == "row" => {}
                 other => {
                     if other == "mode" {
                         has_mode = true;
@@ -210,6 +248,7 @@ impl SqlConfig {
                 multiplier: 2,
                 max_attempts: None,
             },
+            mode: SqlMode::Row,
         }
     }
 
@@ -283,6 +322,27 @@ impl SqlConfig {
     pub fn poll_policy(mut self, policy: RetryPolicy) -> Self {
         self.poll = policy;
         self
+    }
+
+    /// Chooses row or session mode (see [`SqlMode`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for
+    /// [`SqlMode::Session`] on SQLite.
+    pub fn mode(mut self, mode: SqlMode) -> Result<Self, LockError> {
+        if mode == SqlMode::Session && self.dialect == SqlDialect::Sqlite {
+            return Err(LockError::config(
+                "mode=session needs a database server (PostgreSQL or MySQL/MariaDB)",
+            ));
+        }
+        self.mode = mode;
+        Ok(self)
+    }
+
+    /// Row or session mode.
+    pub fn lock_mode(&self) -> SqlMode {
+        self.mode
     }
 
     /// The dialect.
@@ -375,6 +435,16 @@ pub(crate) fn validate_table(table: &str) -> Result<(), LockError> {
         )));
     }
     Ok(())
+}
+
+fn parse_mode(value: &str) -> Result<SqlMode, LockError> {
+    match value {
+        "row" => Ok(SqlMode::Row),
+        "session" => Ok(SqlMode::Session),
+        other => Err(LockError::config(format!(
+            "mode must be row or session, got {other:?}"
+        ))),
+    }
 }
 
 /// Parses a positive duration option with the family's one parser
@@ -471,6 +541,28 @@ mod tests {
         }
         let long = "t".repeat(MAX_TABLE_LEN + 1);
         assert!(SqlConfig::from_url(&format!("sqlite::memory:?table={long}")).is_err());
+    }
+
+    #[test]
+    fn mode_option() {
+        let row = SqlConfig::from_url("postgres://u@h/db").unwrap();
+        assert_eq!(row.lock_mode(), SqlMode::Row);
+        let session = SqlConfig::from_url("mariadb://u@h/db?mode=session&ttl=2s").unwrap();
+        assert_eq!(session.lock_mode(), SqlMode::Session);
+        assert_eq!(session.driver_url(), "mysql://u@h/db");
+        let err = SqlConfig::from_url("postgres://u@h/db?mode=rows").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.message().contains("mode"), "{err}");
+        let err = SqlConfig::from_url("sqlite:///tmp/x.db?mode=session").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.message().contains("mode=session"), "{err}");
+        // SQLite's own `mode` still passes through; `mode=row` is ours.
+        let ro = SqlConfig::from_url("sqlite://x.db?mode=ro").unwrap();
+        assert_eq!(ro.driver_url(), "sqlite://x.db?mode=ro");
+        let row = SqlConfig::from_url("sqlite://x.db?mode=row").unwrap();
+        assert_eq!(row.driver_url(), "sqlite://x.db?mode=rwc");
+        let sqlite = SqlConfig::from_url("sqlite::memory:").unwrap();
+        assert!(sqlite.mode(SqlMode::Session).is_err());
     }
 
     #[test]

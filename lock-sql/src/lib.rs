@@ -147,7 +147,7 @@ mod fence;
 pub mod floor;
 mod sql;
 
-pub use config::{DEFAULT_TABLE, MAX_TABLE_LEN, SqlConfig, SqlDialect};
+pub use config::{DEFAULT_TABLE, MAX_TABLE_LEN, SqlConfig, SqlDialect, SqlMode};
 pub use driver::{MIN_TTL, SqlBackend};
 pub use fence::SqlFence;
 
