@@ -1,121 +1,309 @@
-//! The raw floor of an acquire+release cycle, for benchmarks.
+//! The raw floor of an acquire+release cycle, for benchmarks: ZooKeeper's
+//! wire protocol written by hand on **one bare TCP connection**.
 //!
-//! [`ZkFloor::cycle`] issues exactly the three requests of the driver's
-//! uncontended path, by hand on one ZooKeeper session: create the
-//! `EPHEMERAL_SEQUENTIAL` lock node `<root>/<escaped key>/_c_<attempt
-//! id>-lock-<sequence>` (Curator's protected name, the driver's layout),
-//! list the key's directory (our node must have the lowest sequence), and
-//! delete the node. That is three round trips per cycle, the same as
-//! [`ZkBackend`](crate::ZkBackend)'s `try_acquire` + `release` once its
-//! session exists, without the driver's bookkeeping (session table and
-//! signal, lease objects, the armed cleanup of nodes whose create reply was
-//! lost, local TTL enforcement). The key directory is created on demand
-//! (as a container where the server has them) and, without containers,
-//! removed after the release, as the driver does.
+//! [`ZkFloor`] does not use the driver's client (nor any ZooKeeper client
+//! crate): it opens one `TcpStream`, performs the session handshake itself
+//! and speaks jute ([`crate::wire`]) on it. A cycle is what the driver's
+//! recipe does on a free key, three requests, each one round trip:
 //!
-//! Names and paths come from the driver's own helpers, so the floor's
-//! nodes exclude with the driver's (and Curator's) on the same key.
+//! 1. `create2` of the `EPHEMERAL_SEQUENTIAL` node
+//!    `<root>/<escaped key>/_c_<attempt id>-lock-` (Curator's protected
+//!    name; the server appends the sequence); its `czxid` is the token;
+//! 2. `getChildren` of the key directory: granted when ours has the lowest
+//!    sequence (otherwise the node is deleted again and the key is reported
+//!    held);
+//! 3. `delete` of the node (the release).
 //!
-//! It exists so benchmarks (`distlock compare`, this crate's `bench`
-//! example) can report "ours / floor" ratios measured in one run. It is not
-//! a lock API: use [`ZkBackend`](crate::ZkBackend) for that.
+//! Outside the steady state: a create answered `NoNode` creates the key
+//! directory first (as a container where the server has them, like the
+//! driver), and without containers the release also deletes the emptied
+//! directory, as the driver does. Names and paths come from the driver's
+//! own helpers ([`crate::paths`]), so the floor's nodes exclude with the
+//! driver's (and Curator's) on the same key.
+//!
+//! The session: the handshake asks for the configured session timeout;
+//! digest credentials from the URL are sent as an `auth` packet; a chroot
+//! prefixes every path (and is created at connect when missing). A task of
+//! the floor's own pings (`xid -2`) when the connection has been idle for a
+//! third of the negotiated timeout, so an idle floor keeps its session; it
+//! sends nothing while cycles run. Dropping the floor sends `closeSession`
+//! (best effort), so its nodes go at once.
+//!
+//! Each request is bounded by the operation timeout. A timeout, an I/O
+//! error, a malformed packet or a call cancelled mid-request leaves the
+//! connection in an unknown state: the floor then answers
+//! [`ErrorKind::Unavailable`] to every later call (it never reconnects; it
+//! is a measuring instrument, not a lock API: use
+//! [`ZkBackend`](crate::ZkBackend) for that).
 
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
-use zookeeper_client as zk;
+use async_trait::async_trait;
+use lock_core::floor::{FloorGrant, RawFloor};
+use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::config::ZkConfig;
 use crate::driver::MIN_TTL;
-use crate::paths::{key_dir, node_prefix, sorted_lock_nodes};
+use crate::paths::{key_dir, node_prefix, owner_of, sorted_lock_nodes, split_node};
+use crate::wire::{
+    ConnectResponse, Decoder, Encoder, ReplyHeader, WireError, code, code_name, flags, op,
+    read_packet, xid,
+};
 
 const NAME: &str = "zookeeper";
 
-/// Hand-issued create / list / delete requests on one ZooKeeper session of
-/// its own: the floor our acquire+release cycle is measured against.
-///
-/// Dropping it (and its clones) closes the session, which removes any node
-/// a cancelled cycle left behind.
+/// Hand-written create / getChildren / delete requests on one bare TCP
+/// connection with a ZooKeeper session of its own: the floor our
+/// acquire+release cycle is measured against. Serves one call at a time
+/// (concurrent calls queue on the connection).
 ///
 /// # Examples
 ///
 /// ```no_run
 /// use std::time::Duration;
+/// use lock_core::floor::RawFloor;
 /// use lock_zk::floor::ZkFloor;
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), lock_core::LockError> {
 /// let floor = ZkFloor::connect("zk://127.0.0.1:2181").await?;
+/// assert_eq!(floor.round_trips_per_cycle(), 3);
 /// floor.cycle("bench/0", Duration::from_secs(10)).await?;
 /// # Ok(()) }
 /// ```
 pub struct ZkFloor {
-    client: zk::Client,
+    shared: Arc<Shared>,
+    /// The keep-alive task, started once the session is set up.
+    pinger: Option<tokio::task::JoinHandle<()>>,
+}
+
+struct Shared {
+    conn: Mutex<Conn>,
+    session_id: i64,
+    session_timeout: Duration,
+    /// Prefixed to every path sent ("" without a chroot).
+    chroot: String,
     root: String,
-    acls: zk::Acls<'static>,
+    /// `auth:` (creator) ACLs when digest credentials were given.
+    digest: bool,
     /// Key directories as containers; cleared when the server has none.
     containers: AtomicBool,
     op_timeout: Duration,
 }
 
+/// The connection and what is known of its state.
+struct Conn {
+    stream: TcpStream,
+    next_xid: i32,
+    last_sent: Instant,
+    /// Why the connection can no longer be used.
+    broken: Option<String>,
+    /// A request was written and its reply not read yet; still set when a
+    /// call is dropped mid-way, which makes the next call give up.
+    in_flight: bool,
+}
+
 impl fmt::Debug for ZkFloor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkFloor")
-            .field("session_id", &self.client.session_id().0)
-            .field("root", &self.root)
-            .field("op_timeout", &self.op_timeout)
+            .field("session_id", &format_args!("{:#x}", self.shared.session_id))
+            .field("session_timeout", &self.shared.session_timeout)
+            .field("chroot", &self.shared.chroot)
+            .field("root", &self.shared.root)
+            .field("op_timeout", &self.shared.op_timeout)
             .finish_non_exhaustive()
     }
 }
 
-/// A request's failure as a [`LockError`], by the driver's rules: a
-/// broken connection or a gone session is `Unavailable`, the client's own
-/// timeout `Timeout`, bad arguments `InvalidArgument`, the rest `Backend`.
-fn zk_error(op: Operation, err: zk::Error) -> LockError {
+impl Drop for ZkFloor {
+    fn drop(&mut self) {
+        if let Some(pinger) = &self.pinger {
+            pinger.abort();
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // The server expires the session after its timeout.
+            return;
+        };
+        let shared = self.shared.clone();
+        runtime.spawn(async move {
+            let mut conn = shared.conn.lock().await;
+            let xid = conn.take_xid();
+            let packet = Encoder::request(xid, op::CLOSE_SESSION).finish();
+            let patience = shared.op_timeout.min(Duration::from_secs(2));
+            let _ = conn.exchange(packet, xid, patience).await;
+            let _ = conn.stream.shutdown().await;
+        });
+    }
+}
+
+fn wire_error(operation: Operation, err: WireError) -> LockError {
     let kind = match &err {
-        zk::Error::ConnectionLoss
-        | zk::Error::Custom(_)
-        | zk::Error::NoHosts
-        | zk::Error::SessionExpired
-        | zk::Error::SessionMoved
-        | zk::Error::ClientClosed
-        | zk::Error::Throttled
-        | zk::Error::NotReadOnly => ErrorKind::Unavailable,
-        zk::Error::Timeout => ErrorKind::Timeout,
-        zk::Error::BadArguments(_) => ErrorKind::InvalidArgument,
-        _ => ErrorKind::Backend,
+        WireError::TimedOut => ErrorKind::Timeout,
+        WireError::Frame(_) => ErrorKind::Backend,
+        WireError::Io(_) | WireError::Broken(_) => ErrorKind::Unavailable,
     };
-    LockError::new(kind, op, format!("ZooKeeper: {err}"))
+    LockError::new(kind, operation, format!("ZooKeeper floor: {err}"))
         .with_backend(NAME)
         .with_source(err)
 }
 
+/// A reply error code as a [`LockError`], by the driver's rules.
+fn server_error(operation: Operation, err: i32, what: &str) -> LockError {
+    let kind = match err {
+        // connection loss, operation timeout, session expired / moved,
+        // not read-only, request timeout, throttled
+        -4 | -7 | -112 | -118 | -119 | -122 | -127 => ErrorKind::Unavailable,
+        -8 => ErrorKind::InvalidArgument,
+        _ => ErrorKind::Backend,
+    };
+    LockError::new(
+        kind,
+        operation,
+        format!("ZooKeeper refused {what}: {} ({err})", code_name(err)),
+    )
+    .with_backend(NAME)
+}
+
+fn protocol(operation: Operation, why: String) -> LockError {
+    wire_error(operation, WireError::Frame(why))
+}
+
+impl Conn {
+    fn take_xid(&mut self) -> i32 {
+        let xid = self.next_xid;
+        self.next_xid = if xid == i32::MAX { 1 } else { xid + 1 };
+        xid
+    }
+
+    /// Writes `packet` (a request of `xid`) and reads its reply: the reply
+    /// header's error code and the body after the header. Watch
+    /// notifications are skipped (the floor sets no watch, but a server may
+    /// still send one). Any failure breaks the connection for good.
+    async fn exchange(
+        &mut self,
+        packet: Vec<u8>,
+        xid: i32,
+        patience: Duration,
+    ) -> Result<(i32, Vec<u8>), WireError> {
+        if let Some(why) = &self.broken {
+            return Err(WireError::Broken(why.clone()));
+        }
+        if self.in_flight {
+            let why = "an earlier call was dropped mid-request".to_owned();
+            self.broken = Some(why.clone());
+            return Err(WireError::Broken(why));
+        }
+        self.in_flight = true;
+        self.last_sent = Instant::now();
+        let stream = &mut self.stream;
+        let exchange = async {
+            stream.write_all(&packet).await?;
+            loop {
+                let reply = read_packet(stream).await?;
+                let mut decoder = Decoder::new(&reply);
+                let header = ReplyHeader::decode(&mut decoder)?;
+                if header.xid == xid::NOTIFICATION {
+                    continue;
+                }
+                if header.xid != xid {
+                    return Err(WireError::Frame(format!(
+                        "reply for xid {} while waiting for xid {xid}",
+                        header.xid
+                    )));
+                }
+                let body = reply[reply.len() - decoder.remaining()..].to_vec();
+                return Ok((header.err, body));
+            }
+        };
+        let result = match timeout(patience, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(WireError::TimedOut),
+        };
+        match &result {
+            Ok(_) => self.in_flight = false,
+            Err(err) => self.broken = Some(err.to_string()),
+        }
+        result
+    }
+}
+
+/// Opens the connection to the first of `hosts` that grants a session.
+async fn handshake(config: &ZkConfig) -> Result<(Conn, ConnectResponse), LockError> {
+    let op = Operation::Connect;
+    let give_up = Instant::now() + config.connect_timeout();
+    let timeout_ms = i32::try_from(config.session_timeout().as_millis()).unwrap_or(i32::MAX);
+    let mut failures = Vec::new();
+    for host in config.hosts() {
+        let attempt = async {
+            let mut stream = TcpStream::connect(host.as_str()).await?;
+            stream.set_nodelay(true)?;
+            stream
+                .write_all(&Encoder::connect(timeout_ms).finish())
+                .await?;
+            let response = ConnectResponse::decode(&read_packet(&mut stream).await?)?;
+            Ok::<_, WireError>((stream, response))
+        };
+        match tokio::time::timeout_at(give_up, attempt).await {
+            Ok(Ok((stream, response))) if response.timeout_ms > 0 => {
+                let conn = Conn {
+                    stream,
+                    next_xid: 1,
+                    last_sent: Instant::now(),
+                    broken: None,
+                    in_flight: false,
+                };
+                return Ok((conn, response));
+            }
+            Ok(Ok(_)) => failures.push(format!("{host}: session refused")),
+            Ok(Err(err)) => failures.push(format!("{host}: {err}")),
+            Err(_) => {
+                failures.push(format!("{host}: no session within the connect timeout"));
+                break;
+            }
+        }
+    }
+    Err(LockError::new(
+        ErrorKind::Unavailable,
+        op,
+        format!(
+            "the ZooKeeper floor could not open a session ({})",
+            failures.join("; ")
+        ),
+    )
+    .with_backend(NAME))
+}
+
 impl ZkFloor {
     /// Parses `url` like [`crate::connect`] (same syntax and options) and
-    /// opens a session of its own: session timeout, digest credentials,
-    /// chroot (created when missing) and lock root as the driver uses them.
+    /// opens one TCP connection with a session of its own: session timeout,
+    /// digest credentials, chroot (created when missing) and lock root as
+    /// the driver uses them. The servers are tried in order.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::Config`] for a bad URL or rejected credentials;
-    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when no session
-    /// can be opened within the connect timeout.
+    /// [`ErrorKind::Unavailable`] when no server grants a session within
+    /// the connect timeout; `Timeout` / `Backend` when the chroot cannot be
+    /// created.
     ///
     /// # Cancel safety
     ///
-    /// Safe: dropping the future closes the half-opened session. A chroot
-    /// created meanwhile stays (as the driver leaves it).
+    /// Safe: dropping the future closes the connection (the server then
+    /// expires the half-opened session). A chroot created meanwhile stays.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::open(&ZkConfig::from_url(url)?).await
     }
 
     /// A floor with the same configuration as `backend` (servers, chroot,
-    /// root, credentials, timeouts), on a session of its own: the driver's
-    /// session is not shared, so the floor measures the same requests
-    /// without contending on the driver's state.
+    /// root, credentials, timeouts) on a connection and session of its own:
+    /// nothing of the driver's client is shared.
     ///
     /// # Errors
     ///
@@ -135,169 +323,350 @@ impl ZkFloor {
                 LockError::config("the ZooKeeper floor needs a Tokio runtime").with_backend(NAME),
             );
         }
-        let op = Operation::Connect;
-        let mut connector = zk::Client::connector().with_session_timeout(config.session_timeout());
-        if let Some((user, password)) = config.digest() {
-            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
-        }
-        let acls = if config.digest().is_some() {
-            zk::Acls::creator_all()
-        } else {
-            zk::Acls::anyone_all()
-        };
-        let connect_string = config.connect_string();
-        let client = match tokio::time::timeout(
-            config.connect_timeout(),
-            connector.connect(&connect_string),
-        )
-        .await
-        {
-            Ok(Ok(client)) => client,
-            Ok(Err(err)) => {
-                let kind = match err {
-                    zk::Error::BadArguments(_) | zk::Error::AuthFailed => ErrorKind::Config,
-                    _ => ErrorKind::Unavailable,
-                };
-                return Err(LockError::new(
-                    kind,
-                    op,
-                    format!("cannot open a ZooKeeper session with {connect_string}: {err}"),
-                )
-                .with_backend(NAME)
-                .with_source(err));
-            }
-            Err(_) => {
-                return Err(LockError::new(
-                    ErrorKind::Unavailable,
-                    op,
-                    format!(
-                        "no ZooKeeper session with {connect_string} within {:?}",
-                        config.connect_timeout()
-                    ),
-                )
-                .with_backend(NAME));
-            }
-        };
-        let client = match config.chroot() {
-            None => client,
-            Some(chroot) => {
-                let options = zk::CreateMode::Persistent.with_acls(acls);
-                let made =
-                    tokio::time::timeout(config.op_timeout(), client.mkdir(chroot, &options)).await;
-                match made {
-                    // Without permission to create it, it may still exist.
-                    Ok(Ok(()) | Err(zk::Error::NoAuth)) => {}
-                    Ok(Err(err)) => return Err(zk_error(op, err)),
-                    Err(_) => {
-                        return Err(LockError::new(
-                            ErrorKind::Timeout,
-                            op,
-                            "ZooKeeper did not create the chroot in time",
-                        )
-                        .with_backend(NAME));
-                    }
-                }
-                client.chroot(chroot.to_owned()).map_err(|_| {
-                    LockError::config(format!("bad ZooKeeper chroot {chroot:?}")).with_backend(NAME)
-                })?
-            }
-        };
-        Ok(Self {
-            client,
+        let (conn, session) = handshake(config).await?;
+        let shared = Arc::new(Shared {
+            conn: Mutex::new(conn),
+            session_id: session.session_id,
+            session_timeout: Duration::from_millis(u64::try_from(session.timeout_ms).unwrap_or(1)),
+            chroot: String::new(),
             root: config.root().to_owned(),
-            acls,
+            digest: config.digest().is_some(),
             containers: AtomicBool::new(config.containers()),
             op_timeout: config.op_timeout(),
-        })
+        });
+        // From here on, dropping `floor` closes the session.
+        let mut floor = Self {
+            shared,
+            pinger: None,
+        };
+        if let Some((user, password)) = config.digest() {
+            floor.authenticate(user, password).await?;
+        }
+        if let Some(chroot) = config.chroot() {
+            match floor
+                .mkdir(chroot, flags::PERSISTENT, Operation::Connect)
+                .await
+            {
+                // Without permission to create it, it may still exist.
+                Ok(()) | Err(Refused(code::NO_AUTH)) => {}
+                Err(Refused(err)) => {
+                    return Err(server_error(Operation::Connect, err, "creating the chroot"));
+                }
+                Err(Failed(err)) => return Err(err),
+            }
+            let Some(shared) = Arc::get_mut(&mut floor.shared) else {
+                return Err(LockError::new(
+                    ErrorKind::Backend,
+                    Operation::Connect,
+                    "the floor's state is shared before it was set up",
+                )
+                .with_backend(NAME));
+            };
+            chroot.clone_into(&mut shared.chroot);
+        }
+        floor.pinger = Some(tokio::spawn(keep_alive(
+            Arc::downgrade(&floor.shared),
+            floor.shared.session_timeout / 3,
+        )));
+        Ok(floor)
     }
 
     /// The id of the floor's ZooKeeper session.
     pub fn session_id(&self) -> i64 {
-        self.client.session_id().0
+        self.shared.session_id
     }
 
-    /// One request, bounded by the operation timeout.
-    async fn call<T>(
-        &self,
-        op: Operation,
-        request: impl Future<Output = Result<T, zk::Error>>,
-    ) -> Result<Result<T, zk::Error>, LockError> {
-        with_timeout(self.op_timeout, op, async { Ok(request.await) })
+    /// The session timeout the server granted.
+    pub fn session_timeout(&self) -> Duration {
+        self.shared.session_timeout
+    }
+
+    /// One ping and its reply: one round trip, nothing else (for
+    /// measurements that need a known extra request).
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` / `Timeout` / `Backend` when the connection fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future mid-request makes the floor unusable.
+    pub async fn ping(&self) -> Result<(), LockError> {
+        let mut conn = self.shared.conn.lock().await;
+        let packet = Encoder::request(xid::PING, op::PING).finish();
+        let (err, _) = conn
+            .exchange(packet, xid::PING, self.shared.op_timeout)
             .await
-            .map_err(|e| e.with_backend(NAME))
+            .map_err(|e| wire_error(Operation::Inspect, e))?;
+        if err != code::OK {
+            return Err(server_error(Operation::Inspect, err, "a ping"));
+        }
+        Ok(())
     }
 
-    /// Creates the key directory (and missing ancestors), as a container
-    /// where the server has them.
-    async fn ensure_dir(&self, dir: &str, op: Operation) -> Result<(), LockError> {
+    /// One acquire + one release of `key`: [`RawFloor::cycle`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RawFloor::cycle`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`RawFloor::try_grant`]; a call dropped mid-request also makes
+    /// the floor unusable (later calls are `Unavailable`).
+    pub async fn cycle(&self, key: &str, ttl: Duration) -> Result<(), LockError> {
+        RawFloor::cycle(self, key, ttl).await
+    }
+
+    async fn authenticate(&self, user: &str, password: &str) -> Result<(), LockError> {
+        let mut packet = Encoder::request(xid::AUTH, op::AUTH);
+        packet
+            .int(0)
+            .string("digest")
+            .buffer(format!("{user}:{password}").as_bytes());
+        let mut conn = self.shared.conn.lock().await;
+        let (err, _) = conn
+            .exchange(packet.finish(), xid::AUTH, self.shared.op_timeout)
+            .await
+            .map_err(|e| wire_error(Operation::Connect, e))?;
+        match err {
+            code::OK => Ok(()),
+            code::AUTH_FAILED => Err(LockError::config(
+                "ZooKeeper rejected the floor's digest credentials",
+            )
+            .with_backend(NAME)),
+            err => Err(server_error(Operation::Connect, err, "the credentials")),
+        }
+    }
+
+    /// One request: its reply's error code and body.
+    async fn request(
+        &self,
+        operation: Operation,
+        opcode: i32,
+        body: impl FnOnce(&mut Encoder),
+    ) -> Result<(i32, Vec<u8>), LockError> {
+        let mut conn = self.shared.conn.lock().await;
+        let xid = conn.take_xid();
+        let mut packet = Encoder::request(xid, opcode);
+        body(&mut packet);
+        conn.exchange(packet.finish(), xid, self.shared.op_timeout)
+            .await
+            .map_err(|e| wire_error(operation, e))
+    }
+
+    fn server_path(&self, path: &str) -> String {
+        format!("{}{path}", self.shared.chroot)
+    }
+
+    /// `create2` (or `createContainer`) of `path` with our ACL; the
+    /// created path (inside the chroot) and its `czxid`.
+    async fn create(
+        &self,
+        operation: Operation,
+        path: &str,
+        mode: i32,
+    ) -> Result<(String, i64), Outcome> {
+        let opcode = if mode == flags::CONTAINER {
+            op::CREATE_CONTAINER
+        } else {
+            op::CREATE2
+        };
+        let (scheme, id) = if self.shared.digest {
+            ("auth", "")
+        } else {
+            ("world", "anyone")
+        };
+        let server_path = self.server_path(path);
+        let (err, body) = self
+            .request(operation, opcode, |packet| {
+                packet
+                    .string(&server_path)
+                    .buffer(&[])
+                    .acl(scheme, id)
+                    .int(mode);
+            })
+            .await
+            .map_err(Failed)?;
+        if err != code::OK {
+            return Err(Refused(err));
+        }
+        let mut decoder = Decoder::new(&body);
+        let decoded = decoder
+            .string()
+            .and_then(|created| Ok((created, decoder.stat_czxid()?)));
+        let (created, czxid) = decoded.map_err(|e| Failed(wire_error(operation, e)))?;
+        let created = created
+            .strip_prefix(self.shared.chroot.as_str())
+            .filter(|p| p.starts_with('/'))
+            .ok_or_else(|| {
+                Failed(protocol(
+                    operation,
+                    format!("created path {created:?} is outside the chroot"),
+                ))
+            })?;
+        Ok((created.to_owned(), czxid))
+    }
+
+    /// Creates `path` and its missing ancestors (inside the chroot), like
+    /// the driver's client does: walk up on `NoNode`, then down again.
+    async fn mkdir(&self, path: &str, mode: i32, operation: Operation) -> Result<(), Outcome> {
+        let mut end = path.len();
         loop {
-            let containers = self.containers.load(Ordering::Relaxed);
-            let mode = if containers {
-                zk::CreateMode::Container
-            } else {
-                zk::CreateMode::Persistent
-            };
-            let options = mode.with_acls(self.acls);
-            match self.call(op, self.client.mkdir(dir, &options)).await? {
-                Ok(()) => return Ok(()),
-                Err(zk::Error::Unimplemented) if containers => {
-                    self.containers.store(false, Ordering::Relaxed);
+            match self.create(operation, &path[..end], mode).await {
+                Ok(_) | Err(Refused(code::NODE_EXISTS)) => {
+                    if end >= path.len() {
+                        return Ok(());
+                    }
+                    end = path[end + 1..]
+                        .find('/')
+                        .map_or(path.len(), |i| end + 1 + i);
                 }
-                Err(err) => return Err(zk_error(op, err)),
+                Err(Refused(code::NO_NODE)) => match path[..end].rfind('/') {
+                    Some(parent) if parent > 0 => end = parent,
+                    // The top component cannot be created: the chroot is
+                    // missing.
+                    _ => return Err(Refused(code::NO_NODE)),
+                },
+                Err(other) => return Err(other),
             }
         }
     }
 
-    /// One acquire + one release of `key` by hand: create our ephemeral
-    /// sequential node, list the directory (ours must come first), delete
-    /// the node; each request bounded by the configured operation timeout.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::InvalidArgument`] for a key or TTL the driver would
-    /// refuse; [`ErrorKind::Contended`] when an earlier node holds `key`
-    /// (ours is deleted again: the floor never waits);
-    /// [`ErrorKind::LeaseLost`] / [`ErrorKind::NotHeld`] when our node
-    /// vanished before the list / the delete (deleted by someone else, or
-    /// the session expired); `Unavailable` / `Timeout` / `Backend` for
-    /// ZooKeeper failures.
-    ///
-    /// # Cancel safety
-    ///
-    /// Not a lock API: dropping the future after the create was sent may
-    /// leave our node behind; later cycles on `key` then fail with
-    /// `Contended` until the floor is dropped (its session closes and the
-    /// server deletes the node). Nothing else is left behind.
-    pub async fn cycle(&self, key: &str, ttl: Duration) -> Result<(), LockError> {
+    /// Creates the key directory, as a container where the server has them.
+    async fn ensure_dir(&self, dir: &str, operation: Operation) -> Result<(), LockError> {
+        loop {
+            let containers = self.shared.containers.load(Ordering::Relaxed);
+            let mode = if containers {
+                flags::CONTAINER
+            } else {
+                flags::PERSISTENT
+            };
+            match self.mkdir(dir, mode, operation).await {
+                Ok(()) => return Ok(()),
+                Err(Refused(code::UNIMPLEMENTED)) if containers => {
+                    self.shared.containers.store(false, Ordering::Relaxed);
+                }
+                Err(Refused(err)) => {
+                    return Err(server_error(operation, err, "creating the key directory"));
+                }
+                Err(Failed(err)) => return Err(err),
+            }
+        }
+    }
+
+    /// `delete` of `path` (any version): `Ok(true)` deleted, `Ok(false)`
+    /// already gone.
+    async fn delete(&self, operation: Operation, path: &str) -> Result<bool, LockError> {
+        let server_path = self.server_path(path);
+        let (err, _) = self
+            .request(operation, op::DELETE, |packet| {
+                packet.string(&server_path).int(-1);
+            })
+            .await?;
+        match err {
+            code::OK => Ok(true),
+            code::NO_NODE => Ok(false),
+            err => Err(server_error(operation, err, "a delete")),
+        }
+    }
+
+    /// `getChildren` of `path`, without a watch.
+    async fn children(&self, operation: Operation, path: &str) -> Result<Vec<String>, LockError> {
+        let server_path = self.server_path(path);
+        let (err, body) = self
+            .request(operation, op::GET_CHILDREN, |packet| {
+                packet.string(&server_path).boolean(false);
+            })
+            .await?;
+        if err != code::OK {
+            return Err(server_error(operation, err, "listing the key directory"));
+        }
+        Decoder::new(&body)
+            .strings()
+            .map_err(|e| wire_error(operation, e))
+    }
+}
+
+/// A request the server refused (its error code), or one that failed.
+enum Outcome {
+    Refused(i32),
+    Failed(LockError),
+}
+use Outcome::{Failed, Refused};
+
+/// Pings when the connection has been idle for `interval`; ends with the
+/// floor or the connection.
+async fn keep_alive(shared: Weak<Shared>, interval: Duration) {
+    let interval = interval.max(Duration::from_millis(10));
+    let mut next = Instant::now() + interval;
+    loop {
+        sleep_until(next).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let mut conn = shared.conn.lock().await;
+        if conn.broken.is_some() {
+            return;
+        }
+        let idle_until = conn.last_sent + interval;
+        if Instant::now() < idle_until {
+            next = idle_until;
+            continue;
+        }
+        let packet = Encoder::request(xid::PING, op::PING).finish();
+        if conn
+            .exchange(packet, xid::PING, shared.op_timeout)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        next = conn.last_sent + interval;
+    }
+}
+
+#[async_trait]
+impl RawFloor for ZkFloor {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// create2, getChildren, delete.
+    fn round_trips_per_cycle(&self) -> u32 {
+        3
+    }
+
+    async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
         let key = LockKey::new(key)?;
         let op = Operation::TryAcquire;
         check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        let dir = key_dir(&self.root, &key);
-        let prefix = format!("{dir}/{}", node_prefix(OwnerId::random()));
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
+        let dir = key_dir(&self.shared.root, &key);
+        let owner = OwnerId::random();
+        let prefix = format!("{dir}/{}", node_prefix(owner));
         let mut missing_dir = 0;
-        let path = loop {
-            match self
-                .call(op, self.client.create(&prefix, &[], &options))
-                .await
-                .map_err(|e| e.with_key(&key))?
-            {
-                Ok((_, sequence)) => break format!("{prefix}{sequence}"),
-                Err(zk::Error::NoNode) if missing_dir < 3 => {
+        let (path, czxid) = loop {
+            match self.create(op, &prefix, flags::EPHEMERAL_SEQUENTIAL).await {
+                Ok(created) => break created,
+                Err(Refused(code::NO_NODE)) if missing_dir < 3 => {
                     missing_dir += 1;
                     self.ensure_dir(&dir, op)
                         .await
                         .map_err(|e| e.with_key(&key))?;
                 }
-                Err(err) => return Err(zk_error(op, err).with_key(&key)),
+                Err(Refused(err)) => {
+                    return Err(server_error(op, err, "the lock node").with_key(&key));
+                }
+                Err(Failed(err)) => return Err(err.with_key(&key)),
             }
         };
-        let name = &path[dir.len() + 1..];
-        let listed = self
-            .call(op, self.client.list_children(&dir))
-            .await
-            .and_then(|r| r.map_err(|e| zk_error(op, e)));
-        let first = match listed {
+        let name = match path.strip_prefix(prefix.as_str()) {
+            Some(_) => &path[dir.len() + 1..],
+            None => {
+                return Err(protocol(op, format!("created {path:?} for {prefix:?}")).with_key(&key));
+            }
+        };
+        let first = match self.children(op, &dir).await {
             // Whether ours has the lowest sequence; `None` when it is gone.
             Ok(children) => sorted_lock_nodes(children)
                 .iter()
@@ -305,49 +674,55 @@ impl ZkFloor {
                 .map(|index| index == 0),
             Err(err) => {
                 // Withdraw, best effort, and report the list's failure.
-                let _ = self.call(op, self.client.delete(&path, None)).await;
+                let _ = self.delete(op, &path).await;
                 return Err(err.with_key(&key));
             }
         };
-        let op = match first {
-            Some(true) => Operation::Release,
-            _ => op,
-        };
+        match first {
+            Some(true) => {}
+            Some(false) => {
+                self.delete(op, &path).await.map_err(|e| e.with_key(&key))?;
+                return Ok(None);
+            }
+            None => {
+                return Err(LockError::new(
+                    ErrorKind::LeaseLost,
+                    op,
+                    "the floor's node was gone before the list (deleted, or the session expired)",
+                )
+                .with_key(&key)
+                .with_backend(NAME));
+            }
+        }
+        let token = u64::try_from(czxid)
+            .map_err(|_| protocol(op, format!("negative czxid {czxid}")).with_key(&key))?;
+        Ok(Some(FloorGrant {
+            key: key.as_str().to_owned(),
+            owner: owner.to_hex(),
+            token,
+            handle: path,
+        }))
+    }
+
+    async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
+        let op = Operation::Release;
+        let key = LockKey::new(grant.key.as_str())?;
+        let dir = key_dir(&self.shared.root, &key);
+        // Only a node of this key carrying the grant's owner is touched.
+        let ours = split_node(&grant.handle).is_some_and(|(node_dir, name)| {
+            node_dir == dir && owner_of(name).map(OwnerId::to_hex).as_deref() == Some(&grant.owner)
+        });
+        if !ours {
+            return Ok(false);
+        }
         let deleted = self
-            .call(op, self.client.delete(&path, None))
+            .delete(op, &grant.handle)
             .await
             .map_err(|e| e.with_key(&key))?;
-        let refused = |kind: ErrorKind, why: &str| {
-            Err(LockError::new(kind, op, why.to_owned())
-                .with_key(&key)
-                .with_backend(NAME))
-        };
-        match (first, deleted) {
-            (None, _) => {
-                return refused(
-                    ErrorKind::LeaseLost,
-                    "the floor's node was gone before the list (deleted, or the session expired)",
-                );
-            }
-            (Some(false), Ok(()) | Err(zk::Error::NoNode)) => {
-                return refused(
-                    ErrorKind::Contended,
-                    "the floor's key is held by another owner",
-                );
-            }
-            (Some(true), Err(zk::Error::NoNode)) => {
-                return refused(
-                    ErrorKind::NotHeld,
-                    "the floor's node was gone at release (deleted, or the session expired)",
-                );
-            }
-            (_, Err(err)) => return Err(zk_error(op, err).with_key(&key)),
-            (Some(true), Ok(())) => {}
-        }
-        if !self.containers.load(Ordering::Relaxed) {
+        if deleted && !self.shared.containers.load(Ordering::Relaxed) {
             // The driver's remove_empty_dir: refused while others wait.
-            let _ = self.call(op, self.client.delete(&dir, None)).await;
+            let _ = self.delete(op, &dir).await;
         }
-        Ok(())
+        Ok(deleted)
     }
 }

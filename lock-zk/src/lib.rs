@@ -143,6 +143,7 @@ mod config;
 mod driver;
 pub mod floor;
 mod paths;
+mod wire;
 
 pub use config::{DEFAULT_ROOT, ZkConfig};
 pub use driver::{MIN_TTL, ZkBackend};
