@@ -1,76 +1,104 @@
 //! The raw floor of an acquire+release cycle, for benchmarks.
 //!
-//! [`EtcdFloor::cycle`] issues exactly the two transactions of the driver's
-//! uncontended path, by hand with the same etcd client: the create
-//! transaction of etcd's concurrency mutex (put `<prefix>/<key>/<lease hex>`
-//! with a pre-granted lease if absent, and read the oldest entry under the
-//! key in the same revision) and the guarded delete (delete the entry only if
-//! its create revision and owner value are still ours). That is two round
-//! trips per cycle, the same as [`EtcdBackend`](crate::EtcdBackend)'s
-//! `try_acquire` + `release` once its session exists, without the driver's
-//! bookkeeping (session table, entry-name registry, pending-entry cleanup,
-//! lease objects and their session signals).
+//! [`EtcdFloor`] has an etcd client of its own (its own HTTP/2 connection:
+//! one per endpoint of the URL, so one for a single-member URL), never the
+//! driver's, and a lease of its own granted once at connect and kept alive
+//! by a small task of its own (one keep-alive per TTL/3, nothing of the
+//! driver's session machinery). A cycle is the driver's uncontended path,
+//! two RPCs:
 //!
-//! The lease is granted once by [`EtcdFloor::connect`] (with the URL's
-//! `ttl`) and kept alive for the floor's lifetime, like the driver's
-//! session; no lease is granted per cycle.
+//! 1. the create transaction of etcd's concurrency mutex: put
+//!    `<prefix>/<key>/<lease hex>` with the lease if absent, and read the
+//!    oldest entry under the key in the same revision (granted when it is
+//!    ours; its create revision is the token);
+//! 2. the guarded delete: delete the entry only if its create revision and
+//!    owner value are still ours (the release).
+//!
+//! A key found held has our queued entry deleted again (a third RPC, not in
+//! the uncontended cycle). The same transactions as the driver, on the
+//! same layout, so the floor's entries exclude with the driver's (and
+//! `etcdctl lock`'s) on the same key.
 //!
 //! It exists so benchmarks (`distlock compare`, this crate's `bench`
 //! example) can report "ours / floor" ratios measured in one run. It is not
 //! a lock API: use [`EtcdBackend`](crate::EtcdBackend) for that.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::Client;
+use async_trait::async_trait;
+use etcd_client::{Client, KvClient};
+use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
+use tokio::sync::Mutex;
+use tokio::time::sleep;
 
 use crate::config::EtcdConfig;
 use crate::driver::{
-    Created, MIN_TTL, connect_client, create_txn, guarded_delete, key_prefix, relabel, ttl_secs,
+    Created, MIN_TTL, connect_client, create_txn, guarded_delete, key_prefix, ttl_secs,
 };
 use crate::error::{NAME, from_etcd};
-use crate::session::{Session, revoke_in_background};
 
-/// Hand-issued create and guarded-delete transactions with one pre-granted,
-/// kept-alive lease: the floor our acquire+release cycle is measured
-/// against.
+/// Hand-issued create and guarded-delete transactions on a client and
+/// lease of its own: the floor our acquire+release cycle is measured
+/// against. Serves one call at a time (concurrent calls queue).
 ///
 /// Dropping it stops the keep-alive and revokes the lease in the
 /// background.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lock_core::floor::RawFloor;
+/// use lock_etcd::floor::EtcdFloor;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let floor = EtcdFloor::connect("etcd://127.0.0.1:2379/bench").await?;
+/// assert_eq!(floor.round_trips_per_cycle(), 2);
+/// floor.cycle("k", Duration::from_secs(10)).await?;
+/// # Ok(()) }
+/// ```
 pub struct EtcdFloor {
     client: Client,
+    kv: Mutex<KvClient>,
     /// Normalized prefix, without a trailing separator.
     prefix: String,
-    session: Arc<Session>,
+    lease_id: i64,
     lease_hex: String,
     op_timeout: Duration,
+    keeper: tokio::task::JoinHandle<()>,
 }
 
 impl fmt::Debug for EtcdFloor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdFloor")
             .field("prefix", &self.prefix)
-            .field("session", &self.session)
+            .field("lease", &self.lease_hex)
+            .field("op_timeout", &self.op_timeout)
             .finish_non_exhaustive()
     }
 }
 
 impl Drop for EtcdFloor {
     fn drop(&mut self) {
-        revoke_in_background(
-            &self.client,
-            self.session.lease_id(),
-            self.session.server_ttl(),
-        );
+        self.keeper.abort();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut leases = self.client.lease_client();
+        let lease_id = self.lease_id;
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(2), leases.revoke(lease_id)).await;
+        });
     }
 }
 
 impl EtcdFloor {
-    /// Connects like [`crate::connect`] (same URL syntax and options) and
-    /// grants one lease of the URL's `ttl`, kept alive (every TTL/3) until
-    /// the floor is dropped.
+    /// Connects a client of its own like [`crate::connect`] (same URL
+    /// syntax and options) and grants one lease of the URL's `ttl`, kept
+    /// alive (every TTL/3) until the floor is dropped.
     ///
     /// # Errors
     ///
@@ -84,93 +112,141 @@ impl EtcdFloor {
     /// Dropping the future may leave a granted lease behind; it expires with
     /// its TTL.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let config = EtcdConfig::from_url(url)?;
-        let client = connect_client(&config).await?;
-        Self::start(client, &config).await
+        Self::open(&EtcdConfig::from_url(url)?).await
     }
 
-    /// The floor on an existing backend's client (same connection, prefix
-    /// and timeouts), with a lease of its own granted now (of the backend's
-    /// configured `ttl`), so ours and the floor share the connection.
+    /// A floor with `backend`'s configuration (endpoints, credentials, TLS,
+    /// prefix, TTL, timeouts) on a new client and lease of its own: the
+    /// backend's connection is not shared.
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when the lease
-    /// cannot be granted in time.
+    /// As [`EtcdFloor::connect`], less the URL errors.
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future may leave a granted lease behind; it expires with
-    /// its TTL.
+    /// As [`EtcdFloor::connect`].
     pub async fn from_backend(backend: &crate::EtcdBackend) -> Result<Self, LockError> {
-        Self::start(backend.client().clone(), backend.config()).await
+        Self::open(backend.config()).await
     }
 
-    async fn start(client: Client, config: &EtcdConfig) -> Result<Self, LockError> {
-        let ttl = i64::try_from(ttl_secs(config.ttl)).map_err(|_| {
-            LockError::invalid_argument(Operation::Connect, "TTL too large for an etcd lease")
-        })?;
-        let session = Session::start(&client, ttl, config.op_timeout)
-            .await
-            .map_err(|e| relabel(e, Operation::Connect))?;
+    async fn open(config: &EtcdConfig) -> Result<Self, LockError> {
+        let op = Operation::Connect;
+        let client = connect_client(config).await?;
+        let ttl = i64::try_from(ttl_secs(config.ttl))
+            .map_err(|_| LockError::invalid_argument(op, "TTL too large for an etcd lease"))?;
+        let mut leases = client.lease_client();
+        let grant = with_timeout(config.op_timeout, op, async {
+            leases.grant(ttl, None).await.map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_backend(NAME))?;
+        if !grant.error().is_empty() || grant.ttl() <= 0 {
+            return Err(LockError::new(
+                ErrorKind::Backend,
+                op,
+                format!("the floor's lease grant was refused: {}", grant.error()),
+            )
+            .with_backend(NAME));
+        }
+        let interval = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1)) / 3;
+        let keeper = tokio::spawn(keep_alive(client.clone(), grant.id(), interval));
         Ok(Self {
-            lease_hex: session.lease_hex(),
-            prefix: config.prefix.trim_end_matches('/').to_owned(),
-            op_timeout: config.op_timeout,
+            kv: Mutex::new(client.kv_client()),
             client,
-            session,
+            prefix: config.prefix.trim_end_matches('/').to_owned(),
+            lease_id: grant.id(),
+            lease_hex: format!("{:x}", grant.id()),
+            op_timeout: config.op_timeout,
+            keeper,
         })
     }
 
-    /// One acquire + one release of `key` by hand: the create transaction
-    /// (our entry must be the oldest under the key) and the guarded delete,
-    /// each bounded by the configured operation timeout.
-    ///
-    /// `ttl` is checked as the driver checks it; the entry lives on the
-    /// floor's one lease (granted with the URL's `ttl`), as the driver's
-    /// entries live on their session's lease.
+    /// One acquire + one release of `key`: [`RawFloor::cycle`].
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidArgument`] for a key or TTL the driver would
-    /// refuse; [`ErrorKind::Contended`] when the key is held by someone else
-    /// (our entry is then deleted again) or when this floor already has an
-    /// entry under it (a concurrent cycle on the same key); [`ErrorKind::NotHeld`]
-    /// when the guarded delete found the entry gone (the lease was lost);
-    /// `Unavailable` / `Timeout` / `Backend` / `LeaseLost` for etcd
-    /// failures.
+    /// As [`RawFloor::cycle`].
     ///
     /// # Cancel safety
     ///
-    /// Not a lock API: dropping the future after the create was sent may
-    /// leave the entry behind on the floor's lease; later cycles on `key`
-    /// then fail with `Contended` until the floor is dropped (its lease is
-    /// revoked) or the lease expires.
+    /// As [`RawFloor::try_grant`].
     pub async fn cycle(&self, key: &str, ttl: Duration) -> Result<(), LockError> {
+        RawFloor::cycle(self, key, ttl).await
+    }
+
+    /// One transaction, bounded by the operation timeout.
+    async fn txn(
+        &self,
+        op: Operation,
+        txn: etcd_client::Txn,
+    ) -> Result<etcd_client::TxnResponse, LockError> {
+        let mut kv = self.kv.lock().await;
+        with_timeout(self.op_timeout, op, async {
+            kv.txn(txn).await.map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_backend(NAME))
+    }
+}
+
+/// Keeps the floor's lease alive: one keep-alive per `interval` on one
+/// stream (reopened after a failure). Ends when the floor drops it.
+async fn keep_alive(client: Client, lease_id: i64, interval: Duration) {
+    let interval = interval.max(Duration::from_millis(100));
+    let mut stream = None;
+    loop {
+        sleep(interval).await;
+        if stream.is_none() {
+            // Opening the stream sends the first keep-alive.
+            stream = client.lease_client().keep_alive(lease_id).await.ok();
+            continue;
+        }
+        let kept = match &mut stream {
+            Some((keeper, responses)) => {
+                keeper.keep_alive().await.is_ok()
+                    && matches!(responses.message().await, Ok(Some(_)))
+            }
+            None => false,
+        };
+        if !kept {
+            stream = None;
+        }
+    }
+}
+
+#[async_trait]
+impl RawFloor for EtcdFloor {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// The create transaction and the guarded delete.
+    fn round_trips_per_cycle(&self) -> u32 {
+        2
+    }
+
+    async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
         let key = LockKey::new(key)?;
         let op = Operation::TryAcquire;
         check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
         let key_prefix = key_prefix(&self.prefix, &key);
         let entry = format!("{key_prefix}{}", self.lease_hex);
         let owner = OwnerId::random();
-        let mut kv = self.client.kv_client();
-        let txn = create_txn(&key_prefix, &entry, self.session.lease_id(), owner);
-        let response = with_timeout(self.op_timeout, op, async {
-            kv.txn(txn).await.map_err(|e| from_etcd(op, e))
-        })
-        .await
-        .map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        let created = Created::from_response(&response, owner);
-        let contended = |why: &str| {
-            LockError::new(ErrorKind::Contended, op, why.to_owned())
-                .with_key(&key)
-                .with_backend(NAME)
-        };
+        let response = self
+            .txn(op, create_txn(&key_prefix, &entry, self.lease_id, owner))
+            .await
+            .map_err(|e| e.with_key(&key))?;
         if !response.succeeded() {
-            return Err(contended(
-                "the floor already has an entry under this key (concurrent cycle on one key)",
-            ));
+            return Err(LockError::new(
+                ErrorKind::Contended,
+                op,
+                "the floor already has an entry under this key (concurrent calls on one key)",
+            )
+            .with_key(&key)
+            .with_backend(NAME));
         }
+        let created = Created::from_response(&response, owner);
         let Some(revision) = created.my_revision else {
             return Err(LockError::new(
                 ErrorKind::Backend,
@@ -180,28 +256,42 @@ impl EtcdFloor {
             .with_key(&key)
             .with_backend(NAME));
         };
-        let op = Operation::Release;
-        let response = with_timeout(self.op_timeout, op, async {
-            kv.txn(guarded_delete(&entry, revision, owner))
-                .await
-                .map_err(|e| from_etcd(op, e))
-        })
-        .await
-        .map_err(|e| e.with_key(&key).with_backend(NAME))?;
         if created.owner_revision != Some(revision) {
-            // An older entry holds the key: ours was only queued (and is
-            // gone again now).
-            return Err(contended("the key is held by another owner"));
+            // An older entry holds the key: withdraw ours.
+            self.txn(op, guarded_delete(&entry, revision, owner))
+                .await
+                .map_err(|e| e.with_key(&key))?;
+            return Ok(None);
         }
-        if !response.succeeded() {
-            return Err(LockError::new(
-                ErrorKind::NotHeld,
-                op,
-                "the floor's entry was gone at release (lease lost?)",
-            )
-            .with_key(&key)
-            .with_backend(NAME));
+        let token = u64::try_from(revision).map_err(|_| {
+            LockError::new(ErrorKind::Backend, op, "negative create revision")
+                .with_key(&key)
+                .with_backend(NAME)
+        })?;
+        Ok(Some(FloorGrant {
+            key: key.as_str().to_owned(),
+            owner: owner.to_hex(),
+            token,
+            handle: entry,
+        }))
+    }
+
+    async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
+        let op = Operation::Release;
+        let key = LockKey::new(grant.key.as_str())?;
+        let (Ok(owner), Ok(revision)) =
+            (OwnerId::from_hex(&grant.owner), i64::try_from(grant.token))
+        else {
+            return Ok(false);
+        };
+        // Only an entry of this key is touched.
+        if !grant.handle.starts_with(&key_prefix(&self.prefix, &key)) {
+            return Ok(false);
         }
-        Ok(())
+        let response = self
+            .txn(op, guarded_delete(&grant.handle, revision, owner))
+            .await
+            .map_err(|e| e.with_key(&key))?;
+        Ok(response.succeeded())
     }
 }
