@@ -372,11 +372,6 @@ impl RedisBackend {
         KeyNames::new(&self.inner.config.prefix, key).lock
     }
 
-    /// The nodes and the scripts, for the benchmark floor.
-    pub(crate) fn parts(&self) -> (&[Arc<Node>], &Arc<Scripts>) {
-        (&self.inner.nodes, &self.inner.scripts)
-    }
-
     fn names(&self, key: &LockKey) -> KeyNames {
         KeyNames::new(&self.inner.config.prefix, key)
     }

@@ -1,188 +1,177 @@
-//! The raw floor of an acquire+release cycle, for benchmarks.
+//! The raw floors of an acquire+release cycle, for benchmarks: the same
+//! grant as the driver's, written by hand on bare connections.
 //!
-//! [`RedisFloor::cycle`] issues exactly the two script calls of the
-//! driver's uncontended path on one server, by hand on a raw multiplexed
-//! connection: `EVALSHA` of the acquire script (`SET <prefix>{<key>} <owner>
-//! NX PX <ttl>`, then `INCR` of the key's counter) and `EVALSHA` of the
-//! release script (compare-and-delete, then `PUBLISH` to waiters), with the
-//! driver's own script text, key layout and calls (falling back to `EVAL`
-//! on `NOSCRIPT`, as the driver does). That is two round trips per cycle,
-//! the same as [`RedisBackend`]'s `try_acquire` + `release`, without the
-//! driver's bookkeeping (lease objects and validity deadlines, the armed
-//! cleanup of grants whose answer was lost, the reconnecting node handle).
+//! [`RedisFloor`] opens **one** `tokio::net::TcpStream` to the one server of
+//! a `redis://` URL and speaks RESP on it by hand (no redis-crate
+//! connection, no multiplexer, no reconnecting node handle). At connect it
+//! sends `AUTH` and `SELECT` when the URL has them, and `SCRIPT LOAD` of
+//! the driver's acquire and release scripts. One cycle is then exactly two
+//! requests, two round trips:
 //!
-//! Only one server (`redis://`, `rediss://`) has such a floor: Sentinel,
-//! Cluster and Redlock URLs are refused with [`ErrorKind::Unsupported`].
+//! 1. `EVALSHA <acquire> 2 <prefix>{<key>} <prefix>{<key>}:token <owner> <ttl ms>`
+//!    (`SET NX PX`, then `INCR` of the key's fencing counter);
+//! 2. `EVALSHA <release> 1 <prefix>{<key>} <owner> <prefix>{<key>}:released`
+//!    (compare-and-delete, then `PUBLISH` to waiters).
 //!
-//! It exists so benchmarks (`distlock compare`, this crate's `bench`
-//! example) can report "ours / floor" ratios measured in one run. It is not
-//! a lock API: use [`RedisBackend`] for that.
+//! Script text, key names and arguments are the driver's own
+//! (`crate::scripts`), so the floor makes the same grant and excludes with
+//! the driver on the same key. A `NOSCRIPT` answer (the server's script
+//! cache was flushed) is followed by the same call as `EVAL`.
+//!
+//! [`RedlockFloor`] does the same on one bare connection per node of a
+//! `redlock://` URL: the acquire script goes to every node concurrently,
+//! the grant stands on a majority within its validity, and the release goes
+//! to every node: two round trips per node per cycle.
+//!
+//! Every call is bounded by the URL's operation timeout. A call that fails
+//! or times out drops its connection (its stream may hold a late reply);
+//! the next call opens a new one. TLS (`rediss://`), Sentinel and Cluster
+//! have no floor: [`ErrorKind::Unsupported`].
+//!
+//! Not a lock API: use [`RedisBackend`](crate::RedisBackend) for that.
+
+mod redlock;
+mod resp;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
-use redis::Value;
+use lock_core::floor::{FloorGrant, RawFloor};
+use lock_core::{
+    ErrorKind, LockError, LockKey, Operation, OwnerId, async_trait, check_ttl, with_timeout,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
-use crate::config::{RedisConfig, RedisTopology};
-use crate::conn::{Conn, NAME, conn_config, map_redis_error, open_client};
-use crate::driver::{MIN_TTL, NodeGrant, RedisBackend, as_int, parse_grant};
-use crate::scripts::{KeyNames, Scripts, ttl_ms};
+pub use redlock::RedlockFloor;
+use resp::Reply;
 
-/// Hand-issued acquire and release script calls on one raw multiplexed
-/// connection to one server: the floor our acquire+release cycle is
-/// measured against.
+use crate::config::{RedisConfig, RedisNode, RedisTopology};
+use crate::conn::{NAME, Redacted};
+use crate::driver::{MIN_TTL, RedisBackend};
+use crate::scripts::{KeyNames, LuaScript, Scripts, ttl_ms};
+
+/// The acquire and release scripts by hand on one bare connection to one
+/// server: the floor our acquire+release cycle is measured against.
 ///
-/// Cheap to clone (clones share the connection).
+/// Clones share the connection (calls queue on it, one at a time).
 ///
 /// # Examples
 ///
 /// ```no_run
 /// use std::time::Duration;
+/// use lock_core::floor::RawFloor;
 /// use lock_redis::floor::RedisFloor;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_core::LockError> {
 /// let floor = RedisFloor::connect("redis://127.0.0.1:6379").await?;
+/// assert_eq!(floor.round_trips_per_cycle(), 2);
 /// floor.cycle("bench/0", Duration::from_secs(10)).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct RedisFloor {
-    conn: Conn,
-    scripts: Arc<Scripts>,
-    prefix: Arc<str>,
-    /// The server, for error messages.
-    label: Arc<str>,
-    /// Scrubbed from error texts.
-    secrets: Arc<Vec<String>>,
-    timeout: Duration,
+    shared: Arc<Shared>,
+}
+
+/// What every floor keeps: the driver's scripts and key prefix.
+struct Shared {
+    node: FloorNode,
+    scripts: Scripts,
+    prefix: String,
 }
 
 impl fmt::Debug for RedisFloor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisFloor")
-            .field("server", &self.label)
-            .field("prefix", &self.prefix)
-            .field("timeout", &self.timeout)
+            .field("server", &self.shared.node.target.node)
+            .field("prefix", &self.shared.prefix)
             .finish_non_exhaustive()
     }
 }
 
-fn unsupported(topology: &RedisTopology) -> LockError {
-    let what = match topology {
-        RedisTopology::Single(_) => "a single server",
-        RedisTopology::Sentinel { .. } => "Sentinel",
-        RedisTopology::Cluster(_) => "Redis Cluster",
-        RedisTopology::Redlock(_) => "Redlock",
-    };
+fn unsupported(what: &str, instead: &str) -> LockError {
     LockError::new(
         ErrorKind::Unsupported,
         Operation::Connect,
-        format!(
-            "the raw floor is defined for one server (redis:// or rediss://), not for {what}: \
-             there the driver's cycle is not one pair of round trips on one connection"
-        ),
+        format!("the raw floor has no {what} variant ({instead})"),
     )
     .with_backend(NAME)
 }
 
+/// The config of `url`, refused when it asks for TLS (the floors speak
+/// plain TCP only).
+fn floor_config(url: &str) -> Result<RedisConfig, LockError> {
+    let config = RedisConfig::from_url(url)?;
+    config.validate()?;
+    if config.tls {
+        return Err(unsupported(
+            "TLS",
+            "it speaks RESP on a bare TCP connection; use redis://",
+        ));
+    }
+    Ok(config)
+}
+
 impl RedisFloor {
-    /// Connects to the one server of a `redis://` or `rediss://` URL (same
-    /// syntax and options as [`crate::connect`]) on a raw multiplexed
-    /// connection, and loads the driver's scripts, as the driver does.
+    /// Connects to the one server of a `redis://` URL (same syntax and
+    /// options as [`crate::connect`]; `prefix`, `timeout` and the database
+    /// and credentials are used) on one bare TCP connection, and loads the
+    /// driver's acquire and release scripts.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::Config`] for a bad URL or rejected credentials;
-    /// [`ErrorKind::Unsupported`] for Sentinel, Cluster and Redlock URLs;
-    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when the server
-    /// does not answer within the URL's operation timeout.
+    /// [`ErrorKind::Unsupported`] for TLS, Sentinel, Cluster and Redlock
+    /// URLs (see [`RedlockFloor`]); [`ErrorKind::Unavailable`] /
+    /// [`ErrorKind::Timeout`] when the server does not answer within the
+    /// URL's operation timeout.
     ///
     /// # Cancel safety
     ///
-    /// Safe: dropping the future drops the half-made connection. Loaded
-    /// scripts stay in the server's script cache (harmless).
+    /// Safe: dropping the future closes the half-made connection.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let config = RedisConfig::from_url(url)?;
-        config.validate()?;
-        let RedisTopology::Single(node) = &config.topology else {
-            return Err(unsupported(&config.topology));
-        };
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(
-                LockError::config("the Redis floor needs a Tokio runtime").with_backend(NAME)
-            );
-        }
-        let secrets = Arc::new(config.secrets());
-        let label: Arc<str> = Arc::from(node.to_string());
-        let tls = config.tls_certificates()?;
-        let client = open_client(&config.node_url(node), tls.as_ref(), &secrets)?;
-        let op = Operation::Connect;
-        let timeout = config.operation_timeout;
-        let scripts = Arc::new(Scripts::new());
-        let conn = with_timeout(timeout, op, async {
-            let mut conn = Conn::Plain(
-                client
-                    .get_multiplexed_async_connection_with_config(&conn_config(timeout))
-                    .await
-                    .map_err(|e| map_redis_error(&label, &secrets, op, e))?,
-            );
-            for script in scripts.all() {
-                let _: String = conn
-                    .query(redis::cmd("SCRIPT").arg("LOAD").arg(script.code))
-                    .await
-                    .map_err(|e| map_redis_error(&label, &secrets, op, e))?;
-            }
-            Ok(conn)
-        })
-        .await
-        .map_err(|e| e.with_backend(NAME))?;
-        Ok(Self {
-            conn,
-            scripts,
-            prefix: Arc::from(config.prefix.as_str()),
-            label,
-            secrets,
-            timeout,
-        })
+        Self::with_config(&floor_config(url)?).await
     }
 
-    /// The floor on an existing single-server backend: its shared
-    /// connection (connected now if it is not), its scripts, its prefix and
-    /// operation timeout, so ours and the floor share the connection.
+    /// A floor of its own (one new bare connection) to the server of an
+    /// existing single-server backend, with its prefix, database,
+    /// credentials and timeout. Never the backend's connection.
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Unsupported`] for a Sentinel, Cluster or Redlock
-    /// backend; [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when the
-    /// backend has no connection and cannot make one in time.
+    /// As [`connect`](Self::connect).
     ///
     /// # Cancel safety
     ///
-    /// Safe: a connection made meanwhile stays the backend's.
+    /// As [`connect`](Self::connect).
     pub async fn from_backend(backend: &RedisBackend) -> Result<Self, LockError> {
         let config = backend.config();
-        let RedisTopology::Single(node) = &config.topology else {
-            return Err(unsupported(&config.topology));
+        if config.tls {
+            return Err(unsupported("TLS", "use redis://"));
+        }
+        Self::with_config(config).await
+    }
+
+    async fn with_config(config: &RedisConfig) -> Result<Self, LockError> {
+        let node = match &config.topology {
+            RedisTopology::Single(node) => node,
+            RedisTopology::Redlock(_) => {
+                return Err(unsupported("single-server Redlock", "use RedlockFloor"));
+            }
+            RedisTopology::Sentinel { .. } => return Err(unsupported("Sentinel", "one server")),
+            RedisTopology::Cluster(_) => return Err(unsupported("Cluster", "one server")),
         };
-        let (nodes, scripts) = backend.parts();
-        let [shared] = nodes else {
-            return Err(unsupported(&config.topology));
-        };
-        let conn = shared
-            .run(Operation::Connect, config.operation_timeout, |conn| async {
-                Ok(conn)
-            })
-            .await?;
+        let scripts = Scripts::new();
+        let node = FloorNode::connect(Target::new(config, node), &scripts).await?;
         Ok(Self {
-            conn,
-            scripts: scripts.clone(),
-            prefix: Arc::from(config.prefix.as_str()),
-            label: Arc::from(node.to_string()),
-            secrets: Arc::new(config.secrets()),
-            timeout: config.operation_timeout,
+            shared: Arc::new(Shared {
+                node,
+                scripts,
+                prefix: config.prefix.clone(),
+            }),
         })
     }
 
@@ -193,89 +182,364 @@ impl RedisFloor {
     ///
     /// [`ErrorKind::InvalidArgument`] for a key the driver would refuse.
     pub fn redis_key(&self, key: &str) -> Result<String, LockError> {
-        Ok(KeyNames::new(&self.prefix, &LockKey::new(key)?).lock)
+        Ok(KeyNames::new(&self.shared.prefix, &LockKey::new(key)?).lock)
     }
 
-    /// One acquire + one release of `key` by hand: `EVALSHA` of the
-    /// driver's acquire script (must grant) and `EVALSHA` of its release
-    /// script, each bounded by the configured operation timeout.
+    /// One grant and its release ([`RawFloor::cycle`]): two round trips.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::InvalidArgument`] for a key or TTL the driver would
-    /// refuse; [`ErrorKind::Contended`] when someone holds `key` (the floor
-    /// never waits, and sets nothing then); [`ErrorKind::NotHeld`] when the
-    /// release found the key no longer ours (the TTL ran out mid-cycle, or
-    /// someone deleted it); the driver's kinds (`Unavailable`, `Timeout`,
-    /// `Backend`) for server failures.
+    /// refuse; [`ErrorKind::Contended`] when someone holds `key` (nothing is
+    /// set then); [`ErrorKind::NotHeld`] when the release found the grant
+    /// gone; `Unavailable`, `Timeout`, `Backend` for server failures.
     ///
     /// # Cancel safety
     ///
-    /// Not a lock API: dropping the future after the acquire script was
-    /// sent may leave `key` held by the floor until `ttl` passes (later
-    /// cycles on `key` fail with `Contended` until then). Nothing else is
-    /// left behind (the fencing counter is kept forever, as the driver
-    /// keeps it).
+    /// Not a lock API: dropping the future after the acquire was sent may
+    /// leave `key` held by the floor until `ttl` passes.
     pub async fn cycle(&self, key: &str, ttl: Duration) -> Result<(), LockError> {
+        RawFloor::cycle(self, key, ttl).await
+    }
+}
+
+#[async_trait]
+impl RawFloor for RedisFloor {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// `EVALSHA` acquire, `EVALSHA` release.
+    fn round_trips_per_cycle(&self) -> u32 {
+        2
+    }
+
+    async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
+        let s = &*self.shared;
+        let request = GrantRequest::new(&s.prefix, key, ttl)?;
+        let reply = request
+            .send(&s.node, &s.scripts, s.node.target.timeout)
+            .await;
+        Ok(request.granted(reply?)?.map(|token| request.grant(token)))
+    }
+
+    async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
+        let s = &*self.shared;
+        send_release(&s.node, &s.scripts, &s.prefix, grant).await
+    }
+}
+
+/// One acquire request: the driver's key names, a fresh owner, the TTL.
+struct GrantRequest {
+    key: LockKey,
+    names: KeyNames,
+    owner: String,
+    ttl_ms: String,
+}
+
+impl GrantRequest {
+    fn new(prefix: &str, key: &str, ttl: Duration) -> Result<Self, LockError> {
         let key = LockKey::new(key)?;
-        let op = Operation::TryAcquire;
-        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        let names = KeyNames::new(&self.prefix, &key);
-        let owner = OwnerId::random().to_hex();
-        let ttl_ms = ttl_ms(ttl);
-        let mut conn = self.conn.clone();
-        let answer = self
-            .call(op, async {
-                self.scripts
-                    .call_acquire(&mut conn, &names, &owner, &ttl_ms)
-                    .await
-            })
-            .await
-            .map_err(|e| e.with_key(&key))?;
-        match parse_grant(&answer).map_err(|e| e.with_key(&key))? {
-            NodeGrant::Granted(_) => {}
-            NodeGrant::Held(_) => {
-                return Err(LockError::new(
-                    ErrorKind::Contended,
-                    op,
-                    "the floor's key is held by another owner",
-                )
-                .with_key(&key)
-                .with_backend(NAME));
+        check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
+            .map_err(|e| e.with_key(&key).with_backend(NAME))?;
+        Ok(Self {
+            names: KeyNames::new(prefix, &key),
+            key,
+            owner: OwnerId::random().to_hex(),
+            ttl_ms: ttl_ms(ttl),
+        })
+    }
+
+    async fn send(
+        &self,
+        node: &FloorNode,
+        scripts: &Scripts,
+        timeout: Duration,
+    ) -> Result<Reply, LockError> {
+        let keys = [self.names.lock.as_bytes(), self.names.counter.as_bytes()];
+        let args = [self.owner.as_bytes(), self.ttl_ms.as_bytes()];
+        node.eval(
+            Operation::TryAcquire,
+            &scripts.acquire,
+            &keys,
+            &args,
+            timeout,
+        )
+        .await
+        .map_err(|e| e.with_key(&self.key))
+    }
+
+    /// The acquire script's answer: `{1, token}` granted (the token as an
+    /// integer, or as the counter's string when the script found its own
+    /// grant), `{0, pttl}` held.
+    fn granted(&self, reply: Reply) -> Result<Option<u64>, LockError> {
+        if let Reply::Array(Some(items)) = &reply {
+            match items.as_slice() {
+                [Reply::Int(1), Reply::Int(token)] => {
+                    if let Ok(token) = u64::try_from(*token) {
+                        return Ok(Some(token));
+                    }
+                }
+                [Reply::Int(1), Reply::Bulk(Some(token))] => {
+                    if let Some(token) =
+                        std::str::from_utf8(token).ok().and_then(|t| t.parse().ok())
+                    {
+                        return Ok(Some(token));
+                    }
+                }
+                [Reply::Int(0), Reply::Int(_)] => return Ok(None),
+                _ => {}
             }
         }
-        let op = Operation::Release;
-        let answer = self
-            .call(op, async {
-                self.scripts.call_release(&mut conn, &names, &owner).await
-            })
-            .await
-            .map_err(|e| e.with_key(&key))?;
-        if as_int(&answer, op).map_err(|e| e.with_key(&key))? == 1 {
-            Ok(())
-        } else {
-            Err(LockError::new(
-                ErrorKind::NotHeld,
-                op,
-                "the floor's key was no longer its own at release (expired or deleted)",
-            )
-            .with_key(&key)
-            .with_backend(NAME))
+        Err(unexpected(Operation::TryAcquire, &reply).with_key(&self.key))
+    }
+
+    fn grant(&self, token: u64) -> FloorGrant {
+        FloorGrant {
+            key: self.key.as_str().to_owned(),
+            owner: self.owner.clone(),
+            token,
+            handle: String::new(),
+        }
+    }
+}
+
+/// The release script on one node: `Ok(true)` when the grant was still
+/// ours there.
+async fn send_release(
+    node: &FloorNode,
+    scripts: &Scripts,
+    prefix: &str,
+    grant: &FloorGrant,
+) -> Result<bool, LockError> {
+    let op = Operation::Release;
+    let key = LockKey::new(&grant.key)?;
+    let names = KeyNames::new(prefix, &key);
+    let keys = [names.lock.as_bytes()];
+    let args = [grant.owner.as_bytes(), names.channel.as_bytes()];
+    let reply = node
+        .eval(op, &scripts.release, &keys, &args, node.target.timeout)
+        .await
+        .map_err(|e| e.with_key(&key))?;
+    match reply {
+        Reply::Int(1) => Ok(true),
+        Reply::Int(0) => Ok(false),
+        other => Err(unexpected(op, &other).with_key(&key)),
+    }
+}
+
+fn unexpected(op: Operation, reply: &Reply) -> LockError {
+    LockError::new(
+        ErrorKind::Backend,
+        op,
+        format!("unexpected answer from the lock script: {reply:?}"),
+    )
+    .with_backend(NAME)
+}
+
+/// Where one bare connection goes, and how it introduces itself.
+struct Target {
+    node: RedisNode,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+    timeout: Duration,
+    /// Scrubbed from server texts that reach an error.
+    secrets: Vec<String>,
+}
+
+impl Target {
+    fn new(config: &RedisConfig, node: &RedisNode) -> Self {
+        Self {
+            node: node.clone(),
+            username: config.username.clone(),
+            password: config.password.clone(),
+            db: config.db,
+            timeout: config.operation_timeout,
+            secrets: config.secrets(),
         }
     }
 
-    /// One script call, bounded by the operation timeout, its error mapped
-    /// as the driver maps them.
-    async fn call(
+    fn error(&self, op: Operation, kind: ErrorKind, what: &str) -> LockError {
+        LockError::new(kind, op, format!("redis node {}: {what}", self.node)).with_backend(NAME)
+    }
+
+    /// A server's error reply as a typed error (its text scrubbed).
+    fn server_error(&self, op: Operation, text: &str) -> LockError {
+        let kind = match text.split(' ').next().unwrap_or_default() {
+            "WRONGPASS" | "NOAUTH" | "NOPERM" => ErrorKind::Config,
+            "LOADING" | "BUSY" | "MASTERDOWN" | "READONLY" | "TRYAGAIN" => ErrorKind::Unavailable,
+            _ => ErrorKind::Backend,
+        };
+        self.error(op, kind, "the server answered with an error")
+            .with_source(Redacted::new(&text, &self.secrets))
+    }
+}
+
+/// One node's bare connection, opened again on the next call after a call
+/// failed or was dropped (a stream left mid-reply cannot be reused).
+struct FloorNode {
+    target: Target,
+    /// `None` while a call is under way (it owns the connection then) or
+    /// after one failed.
+    wire: tokio::sync::Mutex<Option<Wire>>,
+}
+
+impl FloorNode {
+    /// Opens the connection now, so bad settings fail at connect.
+    async fn connect(target: Target, scripts: &Scripts) -> Result<Self, LockError> {
+        let wire = with_timeout(
+            target.timeout,
+            Operation::Connect,
+            Wire::open(&target, &[scripts.acquire.code, scripts.release.code]),
+        )
+        .await
+        .map_err(|e| e.with_backend(NAME))?;
+        Ok(Self {
+            target,
+            wire: tokio::sync::Mutex::new(Some(wire)),
+        })
+    }
+
+    /// `EVALSHA` of `script` (then `EVAL` on `NOSCRIPT`), bounded by
+    /// `timeout` (which also bounds a reconnect).
+    async fn eval(
         &self,
         op: Operation,
-        call: impl Future<Output = redis::RedisResult<Value>>,
-    ) -> Result<Value, LockError> {
-        with_timeout(self.timeout, op, async {
-            call.await
-                .map_err(|e| map_redis_error(&self.label, &self.secrets, op, e))
-        })
-        .await
-        .map_err(|e| e.with_backend(NAME))
+        script: &LuaScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        timeout: Duration,
+    ) -> Result<Reply, LockError> {
+        let call = async {
+            let mut slot = self.wire.lock().await;
+            // Taken out for the call: dropped with the future if the call
+            // does not finish, so no later call reads this call's reply.
+            let mut wire = match slot.take() {
+                Some(wire) => wire,
+                // A reconnect loads nothing: a missing script goes as `EVAL`.
+                None => Wire::open(&self.target, &[]).await?,
+            };
+            let numkeys = keys.len().to_string();
+            let mut request: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
+            request.extend([&b"EVALSHA"[..], script.hash.as_bytes(), numkeys.as_bytes()]);
+            request.extend_from_slice(keys);
+            request.extend_from_slice(args);
+            let mut reply = wire.call(&self.target, op, &request).await?;
+            if matches!(&reply, Reply::Error(e) if e.starts_with("NOSCRIPT")) {
+                request[0] = b"EVAL";
+                request[1] = script.code.as_bytes();
+                reply = wire.call(&self.target, op, &request).await?;
+            }
+            *slot = Some(wire);
+            match reply {
+                Reply::Error(text) => Err(self.target.server_error(op, &text)),
+                reply => Ok(reply),
+            }
+        };
+        with_timeout(timeout, op, call)
+            .await
+            .map_err(|e| e.with_backend(NAME))
+    }
+}
+
+/// One bare TCP connection and its read buffer.
+struct Wire {
+    stream: TcpStream,
+    read: Vec<u8>,
+    write: Vec<u8>,
+}
+
+impl Wire {
+    /// Connects, then `AUTH` and `SELECT` when configured, then `SCRIPT
+    /// LOAD` of `scripts` (one round trip each, at connect only).
+    async fn open(target: &Target, scripts: &[&str]) -> Result<Self, LockError> {
+        let op = Operation::Connect;
+        let node = &target.node;
+        let stream = TcpStream::connect((node.host.as_str(), node.port))
+            .await
+            .map_err(|e| {
+                target
+                    .error(op, ErrorKind::Unavailable, "cannot connect")
+                    .with_source(e)
+            })?;
+        // Requests are single small writes: send each at once.
+        let _ = stream.set_nodelay(true);
+        let mut wire = Self {
+            stream,
+            read: Vec::with_capacity(512),
+            write: Vec::with_capacity(512),
+        };
+        if let Some(password) = &target.password {
+            let mut auth: Vec<&[u8]> = vec![b"AUTH"];
+            if let Some(user) = &target.username {
+                auth.push(user.as_bytes());
+            }
+            auth.push(password.as_bytes());
+            wire.expect_ok(target, &auth).await?;
+        }
+        if target.db != 0 {
+            let db = target.db.to_string();
+            wire.expect_ok(target, &[b"SELECT", db.as_bytes()]).await?;
+        }
+        for code in scripts {
+            match wire
+                .call(target, op, &[b"SCRIPT", b"LOAD", code.as_bytes()])
+                .await?
+            {
+                Reply::Bulk(Some(_)) => {}
+                Reply::Error(text) => return Err(target.server_error(op, &text)),
+                other => return Err(unexpected(op, &other)),
+            }
+        }
+        Ok(wire)
+    }
+
+    async fn expect_ok(&mut self, target: &Target, request: &[&[u8]]) -> Result<(), LockError> {
+        let op = Operation::Connect;
+        match self.call(target, op, request).await? {
+            Reply::Simple(ok) if ok == "OK" => Ok(()),
+            Reply::Error(text) => Err(target.server_error(op, &text)),
+            other => Err(unexpected(op, &other)),
+        }
+    }
+
+    /// One request and its reply (an error reply is a reply here).
+    async fn call(
+        &mut self,
+        target: &Target,
+        op: Operation,
+        request: &[&[u8]],
+    ) -> Result<Reply, LockError> {
+        let io = |e: std::io::Error| {
+            target
+                .error(op, ErrorKind::Unavailable, "connection failed")
+                .with_source(e)
+        };
+        self.write.clear();
+        resp::encode(&mut self.write, request);
+        self.stream.write_all(&self.write).await.map_err(io)?;
+        loop {
+            match resp::parse(&self.read) {
+                Ok(Some((reply, used))) => {
+                    self.read.drain(..used);
+                    return Ok(reply);
+                }
+                Ok(None) => {}
+                Err(resp::Malformed(what)) => {
+                    return Err(target.error(op, ErrorKind::Backend, what));
+                }
+            }
+            let mut chunk = [0u8; 1024];
+            let n = self.stream.read(&mut chunk).await.map_err(io)?;
+            if n == 0 {
+                return Err(target.error(
+                    op,
+                    ErrorKind::Unavailable,
+                    "the server closed the connection",
+                ));
+            }
+            self.read.extend_from_slice(&chunk[..n]);
+        }
     }
 }
