@@ -99,6 +99,32 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     /// valid until its previous deadline either way.
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError>;
 
+    /// Renews many leases at once, as [`renew`](Self::renew) renews one, and
+    /// returns one result per lease, in the order given.
+    ///
+    /// The guards' renewal scheduler calls this with every lease due at
+    /// about the same time (at most [`RENEW_BATCH`](crate::RENEW_BATCH) per
+    /// call). Each result obeys `renew`'s contract for its lease: a deadline
+    /// measured from when *that lease's* renewal was sent, `NotHeld` only
+    /// for a lease that is no longer ours. The default renews them with
+    /// `renew`, [`RENEW_CONCURRENCY`](crate::RENEW_CONCURRENCY) at a time;
+    /// drivers override it to renew a batch in a few round trips (one
+    /// pipeline, one statement, one session keep-alive). A call must stay
+    /// bounded by the backend's operation timeout, like `renew`.
+    ///
+    /// # Errors
+    ///
+    /// Per lease, as [`renew`](Self::renew). A result missing from the
+    /// answer counts as a temporary backend error for that lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`renew`](Self::renew): each renewal happened or did not, and
+    /// every lease stays valid until its previous deadline either way.
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        crate::renew_many::renew_concurrently(self, leases, crate::RENEW_CONCURRENCY).await
+    }
+
     /// Gives `lease` back.
     ///
     /// Returns `Ok(true)` when the lease was still ours and is now released,

@@ -1,7 +1,7 @@
 //! The friendly API: `client.lock("key").ttl(..).wait(..).acquire().await`.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -13,6 +13,7 @@ use crate::guard::{LockGuard, RenewalPolicy};
 use crate::key::LockKey;
 use crate::options::{check_ttl, saturating_add};
 use crate::runtime::RenewalRuntime;
+use crate::scheduler::Scheduler;
 use crate::types::LockInfo;
 
 /// Defaults applied to every lock request of a [`LockClient`].
@@ -68,6 +69,11 @@ pub struct LockClient {
     backend: Arc<dyn LockBackend>,
     defaults: LockDefaults,
     renewal_runtime: RenewalRuntime,
+    /// The renewal schedulers of this client's guards, one per runtime
+    /// (shared by clones). Held here so that a scheduler and its task
+    /// outlive the guards: acquiring never starts a task, releasing never
+    /// stops one.
+    schedulers: Arc<Mutex<Vec<Arc<Scheduler>>>>,
 }
 
 impl LockClient {
@@ -82,7 +88,31 @@ impl LockClient {
             backend,
             defaults: LockDefaults::default(),
             renewal_runtime: RenewalRuntime::default(),
+            schedulers: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// The scheduler renewing this client's guards on `runtime`, if any
+    /// runtime is available.
+    fn scheduler(
+        &self,
+        runtime: &RenewalRuntime,
+    ) -> Option<(Arc<Scheduler>, tokio::runtime::Handle)> {
+        let handle = runtime.handle()?;
+        let id = handle.id();
+        let mut schedulers = self
+            .schedulers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = schedulers.iter().find(|s| s.runtime_id() == Some(id)) {
+            return Some((found.clone(), handle));
+        }
+        // Runtimes come and go (tests, `current` on short-lived runtimes):
+        // forget schedulers that renew nothing and have no task.
+        schedulers.retain(|s| !s.is_idle());
+        let scheduler = Scheduler::shared_for(&self.backend, &handle);
+        schedulers.push(scheduler.clone());
+        Some((scheduler, handle))
     }
 
     /// Runs the renewal tasks of this client's guards on `runtime` (default:
@@ -279,12 +309,12 @@ impl LockRequest<'_> {
             let deadline = saturating_add(Instant::now(), self.wait);
             backend.acquire(&key, self.ttl, deadline).await?
         };
-        Ok(LockGuard::with_runtime(
-            backend,
-            lease,
-            self.renewal,
-            &self.renewal_runtime,
-        ))
+        Ok(match self.client.scheduler(&self.renewal_runtime) {
+            Some((scheduler, handle)) => {
+                LockGuard::register(scheduler, &handle, lease, &self.renewal)
+            }
+            None => LockGuard::with_runtime(backend, lease, self.renewal, &self.renewal_runtime),
+        })
     }
 
     /// Tries once; `Ok(None)` when the key is held.

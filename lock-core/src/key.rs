@@ -18,7 +18,7 @@ pub const MAX_KEY_LEN: usize = 256;
 /// and non-ASCII text) is allowed: each driver maps the key into its own
 /// namespace safely (hash tags, path escaping, bound parameters).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockKey(String);
+pub struct LockKey(Box<str>);
 
 impl LockKey {
     /// Validates `name` and wraps it.
@@ -48,7 +48,8 @@ impl LockKey {
         if let Some(c) = name.chars().find(|c| c.is_control()) {
             return invalid(format!("lock key contains the control character {:?}", c));
         }
-        Ok(Self(name))
+        // Boxed: no spare capacity kept per key (many keys are held at once).
+        Ok(Self(name.into_boxed_str()))
     }
 
     /// The key as text.

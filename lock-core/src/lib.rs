@@ -80,7 +80,9 @@ mod memory;
 mod migration;
 mod options;
 mod redact;
+mod renew_many;
 mod runtime;
+mod scheduler;
 mod types;
 
 pub use backend::LockBackend;
@@ -98,6 +100,7 @@ pub use options::{
     random_delay, saturating_add, with_timeout,
 };
 pub use redact::redact_url;
+pub use renew_many::{RENEW_BATCH, RENEW_CONCURRENCY, renew_concurrently};
 pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use types::{
     FencingToken, Lease, LockInfo, OwnerId, SessionState, clock_drift, validity_deadline,

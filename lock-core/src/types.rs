@@ -141,7 +141,8 @@ pub struct Lease {
     token: FencingToken,
     ttl: Duration,
     validity_deadline: Instant,
-    backend_data: String,
+    /// Boxed: no spare capacity kept per held lease.
+    backend_data: Box<str>,
     session: Option<watch::Receiver<SessionState>>,
 }
 
@@ -179,7 +180,7 @@ impl Lease {
             token,
             ttl,
             validity_deadline,
-            backend_data,
+            backend_data: backend_data.into_boxed_str(),
             session: None,
         })
     }
@@ -201,7 +202,7 @@ impl Lease {
             token,
             ttl,
             validity_deadline,
-            backend_data,
+            backend_data: backend_data.into_boxed_str(),
             session: None,
         }
     }

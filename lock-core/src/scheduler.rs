@@ -1,0 +1,999 @@
+//! One renewal machinery per backend and runtime: a single task that keeps
+//! every held guard's next renewal and deadline in one timer set, wakes at
+//! the earliest, and renews all due leases in batches through
+//! [`LockBackend::renew_many`].
+//!
+//! Guards register here when they are created and deregister when they are
+//! released or dropped: no task is spawned per guard and none is aborted.
+//! The rules are the ones a per-guard watchdog applied:
+//!
+//! - a renewal is due once `interval` of the TTL has passed since the
+//!   request that set the current deadline was sent (see [`renewal_at`]);
+//!   after a renewal the next one waits at least a quarter interval or half
+//!   the time left (a backend that caps the deadline below a full TTL must
+//!   not make renewal spin);
+//! - to keep renewals of many guards in few round trips, a wake-up that
+//!   renews anything also takes the leases that are due within a quarter of
+//!   their interval (never before their minimum gap): guards renewed
+//!   together stay together, so N guards cost about `N / RENEW_BATCH` calls
+//!   per renewal period plus a few;
+//! - a temporary error makes the guard `Suspect` and retries with backoff;
+//!   `NotHeld`/`LeaseLost` make it `Lost` at once, as do errors retrying
+//!   cannot fix;
+//! - at its local deadline a guard is `Lost`, whether or not a renewal is in
+//!   flight (the in-flight batch is dropped once none of its guards is left);
+//! - hold limits and renewal caps stop renewing; the lease then runs out;
+//! - session signals of session-based backends move every guard on that
+//!   session;
+//! - any end of the task other than the scheduler being dropped (a panic in
+//!   a backend call, its runtime shutting down) makes every registered guard
+//!   `Lost` at once; the next registration starts a fresh task.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::backend::LockBackend;
+use crate::error::{ErrorKind, LockError};
+use crate::guard::{
+    HINT_HOLD_LIMIT, HINT_NOT_RENEWED, HOLD_LIMIT, LockState, NOT_RENEWED, RENEWAL_FAILED,
+    RenewalPolicy, Shared,
+};
+use crate::options::{Backoff, FAR_FUTURE, saturating_add};
+use crate::renew_many::{RENEW_BATCH, missing_result};
+use crate::types::SessionState;
+
+/// "No time": a timer that never fires.
+pub(crate) const NEVER: u64 = u64::MAX;
+
+/// The instant all compact times (`u64` nanoseconds) count from: a year
+/// before first use, so that no deadline of any clock in the process
+/// (Tokio's paused test clocks included) lies before it.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(|| {
+        let now = Instant::now();
+        [365 * 24 * 3600, 24 * 3600, 3600, 0]
+            .iter()
+            .find_map(|secs| now.checked_sub(Duration::from_secs(*secs)))
+            .unwrap_or(now)
+    })
+}
+
+/// An instant as nanoseconds since [`epoch`] (saturating at both ends).
+pub(crate) fn to_ns(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(epoch()).as_nanos()).unwrap_or(NEVER)
+}
+
+/// The instant of a compact time.
+pub(crate) fn from_ns(ns: u64) -> Instant {
+    let epoch = epoch();
+    epoch
+        .checked_add(Duration::from_nanos(ns))
+        .unwrap_or_else(|| saturating_add(epoch, FAR_FUTURE))
+}
+
+fn duration_ns(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(NEVER)
+}
+
+/// When to renew a lease valid until `deadline`: once `interval` of its
+/// `ttl` has passed since the request that set the deadline, i.e. at
+/// `deadline - (ttl - interval)`, never earlier than `now`. Saturates.
+fn renewal_at(deadline: Instant, ttl: Duration, interval: Duration, now: Instant) -> Instant {
+    let at = match ttl.checked_sub(interval) {
+        Some(ahead) => deadline.checked_sub(ahead).unwrap_or(now),
+        None => saturating_add(deadline, interval - ttl),
+    };
+    at.max(now)
+}
+
+fn interval_of(policy: &RenewalPolicy, ttl: Duration) -> Duration {
+    policy
+        .interval
+        .unwrap_or(ttl / 3)
+        .max(Duration::from_millis(1))
+}
+
+/// Where a guard sits in its scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Registration {
+    slot: u32,
+    generation: u32,
+}
+
+impl Registration {
+    /// Not registered (the guard started out lost).
+    pub(crate) const NONE: Self = Self {
+        slot: u32::MAX,
+        generation: 0,
+    };
+}
+
+const NO_SESSION: u32 = u32::MAX;
+/// Flags kept in the top bits of [`Slot::policy`].
+const IN_FLIGHT: u32 = 1 << 31;
+const SESSION_SUSPECT: u32 = 1 << 30;
+const POLICY_MASK: u32 = SESSION_SUSPECT - 1;
+
+/// One registered guard. Compact on purpose: a client may hold 100,000.
+struct Slot {
+    shared: Option<Arc<Shared>>,
+    /// Only while renewals fail.
+    backoff: Option<Box<Backoff>>,
+    /// The key of this slot in `timers`, or `NEVER` while in flight / free.
+    timer: u64,
+    /// The next renewal, `NEVER` when renewal stopped (caps, disabled).
+    due: u64,
+    /// The earliest an early (batched) renewal may be sent.
+    not_before: u64,
+    hold_until: u64,
+    generation: u32,
+    /// Index into `policies`, plus the flags above.
+    policy: u32,
+    session: u32,
+    renewals: u32,
+}
+
+impl Slot {
+    fn vacant() -> Self {
+        Self {
+            shared: None,
+            backoff: None,
+            timer: NEVER,
+            due: NEVER,
+            not_before: 0,
+            hold_until: NEVER,
+            generation: 0,
+            policy: 0,
+            session: NO_SESSION,
+            renewals: 0,
+        }
+    }
+
+    fn policy_index(&self) -> usize {
+        (self.policy & POLICY_MASK) as usize
+    }
+
+    fn flag(&self, flag: u32) -> bool {
+        self.policy & flag != 0
+    }
+
+    fn set_flag(&mut self, flag: u32, on: bool) {
+        if on {
+            self.policy |= flag;
+        } else {
+            self.policy &= !flag;
+        }
+    }
+}
+
+struct PolicySlot {
+    policy: RenewalPolicy,
+    users: u32,
+}
+
+struct SessionSlot {
+    rx: Option<watch::Receiver<SessionState>>,
+    users: u32,
+}
+
+struct State {
+    /// Where the task runs (replaced when a dead task is restarted).
+    handle: Option<Handle>,
+    alive: bool,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    timers: BTreeSet<(u64, u32)>,
+    policies: Vec<PolicySlot>,
+    sessions: Vec<SessionSlot>,
+    /// When the task means to wake next: a registration due earlier wakes it.
+    planned_wake: u64,
+    /// The widest early-renewal window of any registered guard.
+    max_slack: u64,
+    live: usize,
+}
+
+/// The renewal scheduler of one backend on one runtime.
+pub(crate) struct Scheduler {
+    backend: Arc<dyn LockBackend>,
+    runtime: Option<tokio::runtime::Id>,
+    state: Mutex<State>,
+    wake: Arc<Notify>,
+}
+
+impl fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.lock();
+        f.debug_struct("RenewalScheduler")
+            .field("backend", &self.backend.name())
+            .field("held", &st.live)
+            .field("running", &st.alive)
+            .finish()
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // The task holds only a weak reference: let it see it is gone.
+        self.wake.notify_one();
+    }
+}
+
+fn thin_ptr(backend: &Arc<dyn LockBackend>) -> *const () {
+    Arc::as_ptr(backend).cast::<()>()
+}
+
+impl Scheduler {
+    /// A scheduler of its own for `backend` on `handle` (`None`: no runtime,
+    /// nothing can be registered).
+    pub(crate) fn new(backend: Arc<dyn LockBackend>, handle: Option<Handle>) -> Arc<Self> {
+        Arc::new(Self {
+            backend,
+            runtime: handle.as_ref().map(Handle::id),
+            state: Mutex::new(State {
+                handle,
+                alive: false,
+                slots: Vec::new(),
+                free: Vec::new(),
+                timers: BTreeSet::new(),
+                policies: Vec::new(),
+                sessions: Vec::new(),
+                planned_wake: NEVER,
+                max_slack: 0,
+                live: 0,
+            }),
+            wake: Arc::new(Notify::new()),
+        })
+    }
+
+    /// The process-wide scheduler of `backend` on the runtime of `handle`,
+    /// shared by every client and guard of that backend there.
+    pub(crate) fn shared_for(backend: &Arc<dyn LockBackend>, handle: &Handle) -> Arc<Self> {
+        static ALL: Mutex<Vec<Weak<Scheduler>>> = Mutex::new(Vec::new());
+        let id = handle.id();
+        let mut all = ALL.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut found = None;
+        all.retain(|weak| match weak.upgrade() {
+            Some(scheduler) => {
+                if found.is_none()
+                    && scheduler.runtime == Some(id)
+                    && std::ptr::eq(thin_ptr(&scheduler.backend), thin_ptr(backend))
+                {
+                    found = Some(scheduler);
+                }
+                true
+            }
+            None => false,
+        });
+        if let Some(scheduler) = found {
+            return scheduler;
+        }
+        let scheduler = Self::new(backend.clone(), Some(handle.clone()));
+        all.push(Arc::downgrade(&scheduler));
+        scheduler
+    }
+
+    /// The runtime this scheduler renews on.
+    pub(crate) fn runtime_id(&self) -> Option<tokio::runtime::Id> {
+        self.runtime
+    }
+
+    pub(crate) fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.backend
+    }
+
+    /// The runtime handle renewals run on, if any.
+    pub(crate) fn handle(&self) -> Option<Handle> {
+        self.lock().handle.clone()
+    }
+
+    /// Nothing registered and no task: safe to forget.
+    pub(crate) fn is_idle(&self) -> bool {
+        let st = self.lock();
+        st.live == 0 && !st.alive
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code path panics while holding the lock; recover anyway.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts renewing `shared`'s lease by `policy` on `handle`'s runtime.
+    /// Returns [`Registration::NONE`] when the guard is lost already (its
+    /// session is gone).
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        policy: &RenewalPolicy,
+        handle: &Handle,
+    ) -> Registration {
+        let now_at = Instant::now();
+        let lease = shared.original();
+        let ttl = lease.ttl();
+        let interval = interval_of(policy, ttl);
+        let mut session_suspect = false;
+        if let Some(rx) = lease.session() {
+            let current = match rx.has_changed() {
+                Err(_) => SessionState::Lost("session closed".to_owned()),
+                Ok(_) => rx.borrow().clone(),
+            };
+            match current {
+                SessionState::Lost(reason) => {
+                    shared.set_state(LockState::Lost(format!("backend session lost: {reason}")));
+                    return Registration::NONE;
+                }
+                SessionState::Suspect => session_suspect = true,
+                SessionState::Alive => {}
+            }
+        }
+        let deadline = shared.deadline_ns();
+        let mut hint = None;
+        let due = if policy.enabled {
+            to_ns(renewal_at(lease.validity_deadline(), ttl, interval, now_at))
+        } else {
+            hint = Some(HINT_NOT_RENEWED);
+            NEVER
+        };
+        let hold_until = policy
+            .max_hold
+            .map_or(NEVER, |max| to_ns(saturating_add(now_at, max)));
+        let (registration, spawn, notify) = {
+            let mut st = self.lock();
+            let session = lease
+                .session()
+                .map_or(NO_SESSION, |rx| st.session_index(rx));
+            let policy_index = st.policy_index(policy);
+            st.max_slack = st.max_slack.max(duration_ns(interval / 4));
+            let mut slot = Slot {
+                shared: Some(shared.clone()),
+                backoff: None,
+                timer: NEVER,
+                due,
+                not_before: 0,
+                hold_until,
+                generation: 0,
+                policy: policy_index,
+                session,
+                renewals: 0,
+            };
+            slot.set_flag(SESSION_SUSPECT, session_suspect);
+            if st.apply_caps(&mut slot) {
+                hint = Some(HINT_HOLD_LIMIT);
+            }
+            let timer = slot.due.min(deadline);
+            let index = st.insert(slot);
+            st.set_timer(index, timer);
+            let spawn = !st.alive;
+            if spawn {
+                st.alive = true;
+                st.handle = Some(handle.clone());
+            }
+            let notify = !spawn && timer < st.planned_wake;
+            let generation = st.slots[index as usize].generation;
+            (
+                Registration {
+                    slot: index,
+                    generation,
+                },
+                spawn,
+                notify,
+            )
+        };
+        if session_suspect {
+            shared.set_state(LockState::Suspect);
+        }
+        if let Some(hint) = hint {
+            shared.set_hint(hint);
+        }
+        if spawn {
+            self.spawn_task(handle);
+        } else if notify {
+            self.wake.notify_one();
+        }
+        registration
+    }
+
+    /// Stops renewing the guard at `registration` (release, drop).
+    pub(crate) fn deregister(&self, registration: Registration) {
+        if registration == Registration::NONE {
+            return;
+        }
+        let mut st = self.lock();
+        if st.is_current(registration) {
+            st.free_slot(registration.slot);
+        }
+    }
+
+    fn spawn_task(self: &Arc<Self>, handle: &Handle) {
+        // Moved into the task before it first runs, so even a task dropped
+        // unpolled (its runtime shutting down) says so.
+        let supervisor = Supervisor {
+            scheduler: Arc::downgrade(self),
+            clean: false,
+        };
+        let weak = Arc::downgrade(self);
+        let wake = self.wake.clone();
+        drop(handle.spawn(async move {
+            let mut supervisor = supervisor;
+            run(weak, wake).await;
+            supervisor.clean = true;
+        }));
+    }
+
+    /// One pass of the task: expire, take what is due, launch batches, arm
+    /// session watchers. Returns when to wake next.
+    fn step(&self, batches: &mut Vec<Batch>, watchers: &mut Vec<Option<WatchFuture>>) -> u64 {
+        let now = to_ns(Instant::now());
+        let mut st = self.lock();
+        batches.retain_mut(|batch| {
+            if batch.min_deadline <= now {
+                batch.min_deadline = st.expire_members(&batch.members, now);
+            }
+            batch.min_deadline != NEVER
+        });
+        let launch = st.take_due(now);
+        for chunk in launch.chunks(RENEW_BATCH) {
+            batches.push(Batch::start(self.backend.clone(), chunk, &st));
+        }
+        if watchers.len() < st.sessions.len() {
+            watchers.resize_with(st.sessions.len(), || None);
+        }
+        for (watcher, session) in watchers.iter_mut().zip(&st.sessions) {
+            if watcher.is_none()
+                && session.users > 0
+                && let Some(rx) = &session.rx
+            {
+                *watcher = Some(watch_session(rx.clone()));
+            }
+        }
+        let next = st.timers.first().map_or(NEVER, |&(at, _)| at).min(
+            batches
+                .iter()
+                .map(|b| b.min_deadline)
+                .min()
+                .unwrap_or(NEVER),
+        );
+        st.planned_wake = next;
+        next
+    }
+
+    /// Applies a finished batch's results.
+    fn complete(&self, batch: &Batch, results: Vec<Result<Instant, LockError>>) {
+        let now_at = Instant::now();
+        let mut st = self.lock();
+        let mut results = results.into_iter();
+        for &(slot, generation) in &batch.members {
+            let result = results.next().unwrap_or_else(|| Err(missing_result()));
+            let registration = Registration { slot, generation };
+            if !st.is_current(registration) || !st.slots[slot as usize].flag(IN_FLIGHT) {
+                continue;
+            }
+            st.slots[slot as usize].set_flag(IN_FLIGHT, false);
+            st.apply_result(slot, result, now_at);
+        }
+    }
+
+    /// A session's state moved (or its sender is gone: `open` false).
+    fn session_changed(
+        &self,
+        index: usize,
+        rx: watch::Receiver<SessionState>,
+        open: bool,
+    ) -> Option<WatchFuture> {
+        let value = if open {
+            rx.borrow().clone()
+        } else {
+            SessionState::Lost("session closed".to_owned())
+        };
+        let mut st = self.lock();
+        let Ok(session) = u32::try_from(index) else {
+            return None;
+        };
+        for slot in 0..st.slots.len() {
+            let entry = &mut st.slots[slot];
+            let Some(shared) = entry.shared.clone() else {
+                continue;
+            };
+            if entry.session != session {
+                continue;
+            }
+            match &value {
+                SessionState::Lost(reason) => {
+                    shared.set_state(LockState::Lost(format!("backend session lost: {reason}")));
+                    #[allow(clippy::cast_possible_truncation)] // slots are indexed by u32
+                    st.free_slot(slot as u32);
+                }
+                SessionState::Suspect => {
+                    entry.set_flag(SESSION_SUSPECT, true);
+                    shared.set_state(LockState::Suspect);
+                }
+                SessionState::Alive => {
+                    entry.set_flag(SESSION_SUSPECT, false);
+                    shared.set_state(LockState::Held);
+                }
+            }
+        }
+        if open {
+            Some(watch_session(rx))
+        } else {
+            if let Some(session) = st.sessions.get_mut(index) {
+                session.rx = None;
+            }
+            None
+        }
+    }
+
+    /// The task ended other than by the scheduler's drop: every guard is lost.
+    fn task_ended(&self, reason: &str) {
+        let lost = {
+            let mut st = self.lock();
+            st.alive = false;
+            st.planned_wake = NEVER;
+            let mut lost = Vec::with_capacity(st.live);
+            for slot in 0..st.slots.len() {
+                if let Some(shared) = st.slots[slot].shared.clone() {
+                    lost.push(shared);
+                    #[allow(clippy::cast_possible_truncation)] // slots are indexed by u32
+                    st.free_slot(slot as u32);
+                }
+            }
+            lost
+        };
+        for shared in lost {
+            shared.set_state(LockState::Lost(reason.to_owned()));
+        }
+    }
+}
+
+impl State {
+    fn is_current(&self, registration: Registration) -> bool {
+        self.slots
+            .get(registration.slot as usize)
+            .is_some_and(|s| s.generation == registration.generation && s.shared.is_some())
+    }
+
+    fn insert(&mut self, mut slot: Slot) -> u32 {
+        self.live += 1;
+        if let Some(index) = self.free.pop() {
+            let old = &mut self.slots[index as usize];
+            slot.generation = old.generation;
+            *old = slot;
+            index
+        } else {
+            // More than u32::MAX guards cannot be held: memory runs out first.
+            #[allow(clippy::cast_possible_truncation)]
+            let index = self.slots.len() as u32;
+            self.slots.push(slot);
+            index
+        }
+    }
+
+    fn set_timer(&mut self, slot: u32, at: u64) {
+        let entry = &mut self.slots[slot as usize];
+        if entry.timer != NEVER {
+            let old = entry.timer;
+            self.timers.remove(&(old, slot));
+        }
+        let entry = &mut self.slots[slot as usize];
+        entry.timer = at;
+        if at != NEVER {
+            self.timers.insert((at, slot));
+        }
+    }
+
+    fn free_slot(&mut self, slot: u32) {
+        self.set_timer(slot, NEVER);
+        let entry = &mut self.slots[slot as usize];
+        if entry.shared.take().is_none() {
+            return;
+        }
+        entry.backoff = None;
+        entry.generation = entry.generation.wrapping_add(1);
+        let policy = entry.policy_index();
+        let session = entry.session;
+        entry.policy = 0;
+        entry.session = NO_SESSION;
+        if let Some(p) = self.policies.get_mut(policy) {
+            p.users = p.users.saturating_sub(1);
+        }
+        if let Some(s) = self.sessions.get_mut(session as usize) {
+            s.users = s.users.saturating_sub(1);
+        }
+        self.free.push(slot);
+        self.live -= 1;
+    }
+
+    /// Interned: guards share a few policies; a slot stores an index.
+    fn policy_index(&mut self, policy: &RenewalPolicy) -> u32 {
+        // The hold limit is kept per slot as an instant.
+        let policy = RenewalPolicy {
+            max_hold: None,
+            ..*policy
+        };
+        let found = self
+            .policies
+            .iter()
+            .position(|p| p.policy == policy)
+            .or_else(|| self.policies.iter().position(|p| p.users == 0));
+        let index = match found {
+            Some(index) => {
+                let slot = &mut self.policies[index];
+                if slot.users == 0 {
+                    slot.policy = policy;
+                }
+                index
+            }
+            None => {
+                self.policies.push(PolicySlot { policy, users: 0 });
+                self.policies.len() - 1
+            }
+        };
+        self.policies[index].users += 1;
+        u32::try_from(index).unwrap_or(POLICY_MASK) & POLICY_MASK
+    }
+
+    fn session_index(&mut self, rx: &watch::Receiver<SessionState>) -> u32 {
+        let found = self
+            .sessions
+            .iter()
+            .position(|s| s.rx.as_ref().is_some_and(|r| r.same_channel(rx)));
+        let index = found.unwrap_or_else(|| {
+            self.sessions.push(SessionSlot {
+                rx: Some(rx.clone()),
+                users: 0,
+            });
+            self.sessions.len() - 1
+        });
+        self.sessions[index].users += 1;
+        u32::try_from(index).unwrap_or(NO_SESSION)
+    }
+
+    fn policy_of(&self, slot: &Slot) -> RenewalPolicy {
+        self.policies
+            .get(slot.policy_index())
+            .map_or_else(RenewalPolicy::default, |p| p.policy)
+    }
+
+    /// Stops renewal once a cap is reached: the lease then runs out.
+    /// Returns whether it did.
+    fn apply_caps(&self, slot: &mut Slot) -> bool {
+        if slot.due == NEVER {
+            return false;
+        }
+        let policy = self.policy_of(slot);
+        let by_count = policy
+            .max_renewals
+            .is_some_and(|max| u64::from(slot.renewals) >= max);
+        if by_count || slot.due >= slot.hold_until {
+            tracing::debug!(
+                renewals = slot.renewals,
+                "renewal cap reached; the lease will run out"
+            );
+            slot.due = NEVER;
+            return true;
+        }
+        false
+    }
+
+    /// [`apply_caps`](Self::apply_caps) on a registered slot.
+    fn apply_caps_at(&mut self, slot: u32) -> bool {
+        let mut entry = std::mem::replace(&mut self.slots[slot as usize], Slot::vacant());
+        let capped = self.apply_caps(&mut entry);
+        self.slots[slot as usize] = entry;
+        capped
+    }
+
+    fn expiry_reason(&self, slot: &Slot) -> &'static str {
+        if !self.policy_of(slot).enabled {
+            NOT_RENEWED
+        } else if slot.due == NEVER {
+            HOLD_LIMIT
+        } else {
+            RENEWAL_FAILED
+        }
+    }
+
+    /// Pops every timer that has fired: deadlines make guards lost,
+    /// renewals are returned to be sent, with the leases due soon enough
+    /// to ride along.
+    fn take_due(&mut self, now: u64) -> Vec<u32> {
+        let mut launch = Vec::new();
+        while let Some(&(at, slot)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.set_timer(slot, NEVER);
+            let entry = &self.slots[slot as usize];
+            let Some(shared) = entry.shared.clone() else {
+                continue;
+            };
+            let due = entry.due;
+            if shared.is_terminal() {
+                self.free_slot(slot);
+            } else if shared.deadline_ns() <= now {
+                let reason = self.expiry_reason(&self.slots[slot as usize]);
+                shared.set_state(LockState::Lost(reason.to_owned()));
+                self.free_slot(slot);
+            } else if due <= now {
+                self.slots[slot as usize].set_flag(IN_FLIGHT, true);
+                launch.push(slot);
+            } else {
+                self.set_timer(slot, due.min(shared.deadline_ns()));
+            }
+        }
+        if launch.is_empty() || self.max_slack == 0 {
+            return launch;
+        }
+        let upper = now.saturating_add(self.max_slack);
+        let candidates: Vec<(u64, u32)> = self
+            .timers
+            .range((now, 0)..=(upper, u32::MAX))
+            .copied()
+            .collect();
+        for (_, slot) in candidates {
+            if self.eligible_early(slot, now) {
+                self.set_timer(slot, NEVER);
+                self.slots[slot as usize].set_flag(IN_FLIGHT, true);
+                launch.push(slot);
+            }
+        }
+        launch
+    }
+
+    fn eligible_early(&self, slot: u32, now: u64) -> bool {
+        let entry = &self.slots[slot as usize];
+        let Some(shared) = &entry.shared else {
+            return false;
+        };
+        if entry.due == NEVER || entry.not_before > now || shared.is_terminal() {
+            return false;
+        }
+        let slack = duration_ns(interval_of(&self.policy_of(entry), shared.original().ttl()) / 4);
+        entry.due.saturating_sub(slack) <= now && shared.deadline_ns() > now
+    }
+
+    /// In-flight guards whose deadline passed are lost; returns the
+    /// earliest deadline of those still waiting, `NEVER` if none is left.
+    fn expire_members(&mut self, members: &[(u32, u32)], now: u64) -> u64 {
+        let mut earliest = NEVER;
+        for &(slot, generation) in members {
+            if !self.is_current(Registration { slot, generation }) {
+                continue;
+            }
+            let entry = &self.slots[slot as usize];
+            let Some(shared) = entry.shared.clone() else {
+                continue;
+            };
+            let deadline = shared.deadline_ns();
+            if shared.is_terminal() {
+                self.free_slot(slot);
+            } else if deadline <= now {
+                shared.set_state(LockState::Lost(RENEWAL_FAILED.to_owned()));
+                self.free_slot(slot);
+            } else {
+                earliest = earliest.min(deadline);
+            }
+        }
+        earliest
+    }
+
+    fn apply_result(&mut self, slot: u32, result: Result<Instant, LockError>, now_at: Instant) {
+        let entry = &self.slots[slot as usize];
+        let Some(shared) = entry.shared.clone() else {
+            return;
+        };
+        if shared.is_terminal() {
+            self.free_slot(slot);
+            return;
+        }
+        let policy = self.policy_of(entry);
+        let ttl = shared.original().ttl();
+        let interval = interval_of(&policy, ttl);
+        let entry = &mut self.slots[slot as usize];
+        match result {
+            Ok(new_deadline) => {
+                entry.renewals = entry.renewals.saturating_add(1);
+                entry.backoff = None;
+                shared.set_deadline(new_deadline);
+                if !entry.flag(SESSION_SUSPECT) {
+                    shared.set_state(LockState::Held);
+                }
+                // A backend may cap the deadline below a full TTL (etcd: the
+                // session lease's own deadline until the next keep-alive):
+                // the schedule would then ask for a renewal at once, again
+                // and again. Leave a gap: a quarter of the interval, or half
+                // the time left.
+                let gap = (interval / 4).min(new_deadline.saturating_duration_since(now_at) / 2);
+                let earliest = saturating_add(now_at, gap);
+                entry.due = to_ns(renewal_at(new_deadline, ttl, interval, now_at).max(earliest));
+                entry.not_before = to_ns(earliest);
+            }
+            Err(err) if matches!(err.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost) => {
+                shared.set_state(LockState::Lost(format!("renewal refused: {err}")));
+                self.free_slot(slot);
+                return;
+            }
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    ErrorKind::InvalidArgument | ErrorKind::Config | ErrorKind::Unsupported
+                ) =>
+            {
+                // Retrying cannot help: the lease cannot be renewed at all.
+                shared.set_state(LockState::Lost(format!("renewal impossible: {err}")));
+                self.free_slot(slot);
+                return;
+            }
+            Err(err) => {
+                tracing::debug!(key = %shared.original().key(), %err, "renewal failed; retrying");
+                shared.set_state(LockState::Suspect);
+                let delay = entry
+                    .backoff
+                    .get_or_insert_with(|| Box::new(policy.retry.backoff()))
+                    .next_delay()
+                    .unwrap_or(interval);
+                entry.due = to_ns(saturating_add(now_at, delay));
+                entry.not_before = to_ns(saturating_add(now_at, delay / 2));
+            }
+        }
+        if self.apply_caps_at(slot) {
+            shared.set_hint(HINT_HOLD_LIMIT);
+        }
+        let at = self.slots[slot as usize].due.min(shared.deadline_ns());
+        self.set_timer(slot, at);
+    }
+}
+
+type RenewManyFuture = Pin<Box<dyn Future<Output = Vec<Result<Instant, LockError>>> + Send>>;
+type WatchFuture =
+    Pin<Box<dyn Future<Output = (watch::Receiver<SessionState>, bool)> + Send + 'static>>;
+
+/// One `renew_many` call in flight.
+struct Batch {
+    members: Vec<(u32, u32)>,
+    /// The earliest deadline among members still waiting for it.
+    min_deadline: u64,
+    call: RenewManyFuture,
+}
+
+impl Batch {
+    fn start(backend: Arc<dyn LockBackend>, slots: &[u32], st: &State) -> Self {
+        let mut members = Vec::with_capacity(slots.len());
+        let mut held = Vec::with_capacity(slots.len());
+        let mut min_deadline = NEVER;
+        for &slot in slots {
+            let entry = &st.slots[slot as usize];
+            if let Some(shared) = &entry.shared {
+                members.push((slot, entry.generation));
+                min_deadline = min_deadline.min(shared.deadline_ns());
+                held.push(shared.clone());
+            }
+        }
+        let call = Box::pin(async move {
+            let leases: Vec<&crate::types::Lease> = held.iter().map(|s| s.original()).collect();
+            backend.renew_many(&leases).await
+        });
+        Self {
+            members,
+            min_deadline,
+            call,
+        }
+    }
+}
+
+fn watch_session(rx: watch::Receiver<SessionState>) -> WatchFuture {
+    Box::pin(async move {
+        let mut rx = rx;
+        let open = rx.changed().await.is_ok();
+        (rx, open)
+    })
+}
+
+enum Event {
+    Wake,
+    Timer,
+    Batch(usize, Vec<Result<Instant, LockError>>),
+    Session(usize, watch::Receiver<SessionState>, bool),
+}
+
+/// The scheduler's task: runs until the scheduler is dropped.
+async fn run(weak: Weak<Scheduler>, wake: Arc<Notify>) {
+    let mut batches: Vec<Batch> = Vec::new();
+    let mut watchers: Vec<Option<WatchFuture>> = Vec::new();
+    loop {
+        let next_wake = {
+            let Some(scheduler) = weak.upgrade() else {
+                return;
+            };
+            scheduler.step(&mut batches, &mut watchers)
+        };
+        match wait_event(&wake, next_wake, &mut batches, &mut watchers).await {
+            Event::Wake | Event::Timer => {}
+            Event::Batch(index, results) => {
+                let batch = batches.swap_remove(index);
+                let Some(scheduler) = weak.upgrade() else {
+                    return;
+                };
+                scheduler.complete(&batch, results);
+            }
+            Event::Session(index, rx, open) => {
+                watchers[index] = None;
+                let Some(scheduler) = weak.upgrade() else {
+                    return;
+                };
+                watchers[index] = scheduler.session_changed(index, rx, open);
+            }
+        }
+    }
+}
+
+async fn wait_event(
+    wake: &Notify,
+    next_wake: u64,
+    batches: &mut [Batch],
+    watchers: &mut [Option<WatchFuture>],
+) -> Event {
+    let notified = wake.notified();
+    let sleep = (next_wake != NEVER).then(|| tokio::time::sleep_until(from_ns(next_wake)));
+    tokio::pin!(notified);
+    tokio::pin!(sleep);
+    std::future::poll_fn(|cx| {
+        if notified.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Event::Wake);
+        }
+        for (index, batch) in batches.iter_mut().enumerate() {
+            if let Poll::Ready(results) = batch.call.as_mut().poll(cx) {
+                return Poll::Ready(Event::Batch(index, results));
+            }
+        }
+        for (index, watcher) in watchers.iter_mut().enumerate() {
+            if let Some(future) = watcher
+                && let Poll::Ready((rx, open)) = future.as_mut().poll(cx)
+            {
+                return Poll::Ready(Event::Session(index, rx, open));
+            }
+        }
+        if let Some(sleep) = sleep.as_mut().as_pin_mut()
+            && sleep.poll(cx).is_ready()
+        {
+            return Poll::Ready(Event::Timer);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Lives inside the task: if it ends in any way other than the scheduler
+/// being dropped (a panic unwinding through it, its runtime shutting down
+/// and dropping it), every registered guard is declared lost rather than
+/// left `Held` with nobody renewing it.
+struct Supervisor {
+    scheduler: Weak<Scheduler>,
+    clean: bool,
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        if self.clean {
+            return;
+        }
+        let Some(scheduler) = self.scheduler.upgrade() else {
+            return;
+        };
+        let reason = if std::thread::panicking() {
+            "the renewal task panicked"
+        } else {
+            "the renewal task stopped (its runtime shut down)"
+        };
+        scheduler.task_ended(reason);
+    }
+}
