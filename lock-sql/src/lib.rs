@@ -141,15 +141,21 @@
 )]
 
 mod config;
+mod conn;
 mod driver;
 mod error;
+mod exec;
 mod fence;
 pub mod floor;
+mod session;
 mod sql;
+mod wake;
 
 pub use config::{DEFAULT_TABLE, MAX_TABLE_LEN, SqlConfig, SqlDialect, SqlMode};
 pub use driver::{MIN_TTL, SqlBackend};
 pub use fence::SqlFence;
+pub use session::floor::SessionFloor;
+pub use session::{MYSQL_SESSION_MIN_TTL, PG_SESSION_MIN_TTL, SqlAnyBackend, SqlSessionBackend};
 
 /// The sqlx this crate uses, so fenced statements name the same types.
 pub use sqlx;
@@ -157,15 +163,17 @@ pub use sqlx;
 /// URL schemes this crate accepts.
 pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql", "mysql", "mariadb", "sqlite"];
 
-/// Connects to the database named by `url` (see the crate docs).
+/// Connects to the database named by `url` (see the crate docs), in row
+/// mode or, with `mode=session`, in session mode.
 ///
 /// # Errors
 ///
-/// As [`SqlConfig::from_url`] and [`SqlBackend::connect`].
+/// As [`SqlConfig::from_url`], [`SqlBackend::connect`] and
+/// [`SqlSessionBackend::connect`].
 ///
 /// # Cancel safety
 ///
 /// Safe: dropping the future closes whatever was opened.
-pub async fn connect(url: &str) -> Result<SqlBackend, lock_core::LockError> {
-    SqlBackend::connect_url(url).await
+pub async fn connect(url: &str) -> Result<SqlAnyBackend, lock_core::LockError> {
+    SqlAnyBackend::connect(SqlConfig::from_url(url)?).await
 }

@@ -1,0 +1,100 @@
+//! The backend [`connect`](crate::connect) returns: row or session mode, as
+//! the URL's `mode` option says.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey};
+use tokio::time::Instant;
+
+use super::SqlSessionBackend;
+use crate::SqlBackend;
+use crate::config::{SqlConfig, SqlMode};
+
+/// A SQL lock backend in either mode ([`SqlBackend`] for `mode=row`, the
+/// default; [`SqlSessionBackend`] for `mode=session`).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum SqlAnyBackend {
+    /// A unique-row lease table.
+    Row(SqlBackend),
+    /// Server-session locks.
+    Session(SqlSessionBackend),
+}
+
+impl SqlAnyBackend {
+    /// Connects in the mode `config` names.
+    ///
+    /// # Errors
+    ///
+    /// As [`SqlBackend::connect`] or [`SqlSessionBackend::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes whatever was opened.
+    pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        match config.lock_mode() {
+            SqlMode::Session => Ok(Self::Session(SqlSessionBackend::connect(config).await?)),
+            _ => Ok(Self::Row(SqlBackend::connect(config).await?)),
+        }
+    }
+
+    /// The row-mode backend, if this is one.
+    pub fn as_row(&self) -> Option<&SqlBackend> {
+        match self {
+            Self::Row(backend) => Some(backend),
+            Self::Session(_) => None,
+        }
+    }
+
+    /// The session-mode backend, if this is one.
+    pub fn as_session(&self) -> Option<&SqlSessionBackend> {
+        match self {
+            Self::Session(backend) => Some(backend),
+            Self::Row(_) => None,
+        }
+    }
+
+    fn get(&self) -> &dyn LockBackend {
+        match self {
+            Self::Row(backend) => backend,
+            Self::Session(backend) => backend,
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for SqlAnyBackend {
+    fn name(&self) -> &'static str {
+        self.get().name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.get().capabilities()
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.get().try_acquire(key, ttl).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.get().acquire(key, ttl, deadline).await
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.get().renew(lease).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.get().release(lease).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.get().inspect(key).await
+    }
+}

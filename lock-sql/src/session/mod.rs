@@ -1,0 +1,771 @@
+//! Session mode (`?mode=session`): the lock lives in a server session.
+//!
+//! PostgreSQL session-level advisory locks (`pg_try_advisory_lock`,
+//! `pg_advisory_lock`, `pg_advisory_unlock`) and MySQL/MariaDB `GET_LOCK`
+//! / `RELEASE_LOCK`, each with a fencing token taken in the same statement.
+//! See the crate docs ("Session mode") for the trade-off.
+//!
+//! # One connection per held lock
+//!
+//! A grant pins the connection that took it until the lock is released on
+//! that same connection, which then goes back to this backend's idle list.
+//! A waiting acquire pins one too (the server does the waiting). So one
+//! backend holds or waits for at most `pool_size` locks at a time (default
+//! 10; more acquires wait for a connection until their deadline), and the
+//! database needs one connection per held lock.
+//!
+//! # Lease = session
+//!
+//! The server frees a lock only when its session ends. This backend makes
+//! the server end a silent session after the lease's TTL: PostgreSQL's
+//! `idle_session_timeout` (14+, set in the grant statement, in
+//! milliseconds rounded up, reset at release), MySQL/MariaDB's
+//! `wait_timeout` (whole seconds rounded up, set when it changes). A
+//! keep-alive ([`renew`](lock_core::LockBackend::renew)) is a query on the
+//! pinned connection that also checks the session still holds the lock;
+//! the lease's deadline is `sent_at + ttl - drift` from the send time of
+//! the last confirmed keep-alive, while the server's idle timer starts
+//! only when that query has run: the server never frees the lock before
+//! the holder's deadline has passed (a partition included), and frees it
+//! about `ttl` after the last keep-alive the server received.
+
+mod any;
+mod conn;
+pub(crate) mod floor;
+mod names;
+mod sql;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
+    LockKey, Operation, OwnerId, SessionState, TtlModel, WaitStrategy, check_ttl,
+    validity_deadline,
+};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::{Instant, timeout, timeout_at};
+
+pub use any::SqlAnyBackend;
+use conn::{Granted, Opts, ServerKey, Session};
+use sql::SessionSql;
+
+use crate::config::{SqlConfig, SqlDialect};
+use crate::error::map_sqlx;
+
+/// The shortest TTL on PostgreSQL (`idle_session_timeout` has millisecond
+/// precision).
+pub const PG_SESSION_MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The shortest TTL on MySQL/MariaDB (`wait_timeout` counts whole seconds).
+pub const MYSQL_SESSION_MIN_TTL: Duration = Duration::from_secs(1);
+
+/// A lock service on server-session locks: PostgreSQL advisory locks or
+/// MySQL/MariaDB `GET_LOCK`, with fencing tokens (see the crate docs,
+/// "Session mode").
+///
+/// Cheap to clone: clones share the idle connections and the held locks.
+/// A lease can be renewed and released only through the backend (or a
+/// clone) that granted it: the lock lives in that backend's connection.
+#[derive(Clone)]
+pub struct SqlSessionBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: SqlConfig,
+    opts: Opts,
+    sql: SessionSql,
+    name: &'static str,
+    /// Connections not pinned by a lock, most recently used last.
+    idle: Mutex<Vec<Session>>,
+    /// One permit per connection in use (pinned by a lock or a call).
+    in_use: Arc<Semaphore>,
+    pool_size: usize,
+    /// Held locks by owner id.
+    held: Mutex<HashMap<OwnerId, Arc<Held>>>,
+}
+
+/// A held lock: its pinned session and the signal its guard watches.
+struct Held {
+    key: LockKey,
+    token: FencingToken,
+    server_key: ServerKey,
+    session: tokio::sync::Mutex<Option<Pinned>>,
+    state: watch::Sender<SessionState>,
+}
+
+/// A session checked out of the idle list, with its permit.
+struct Pinned {
+    session: Session,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl fmt::Debug for SqlSessionBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlSessionBackend")
+            .field("name", &self.inner.name)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the connection itself broke (its session, and any lock it held,
+/// is gone on the server).
+fn is_broken(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // PostgreSQL: terminated by an administrator, idle-session
+            // timeout; MySQL/MariaDB: connection killed, inactivity.
+            Some("57P01" | "57P05" | "08006" | "08003" | "70100" | "1927" | "4031")
+        ),
+        _ => false,
+    }
+}
+
+impl SqlSessionBackend {
+    /// Connects with a URL (see [`SqlConfig::from_url`]); `mode` is
+    /// ignored (this is session mode).
+    ///
+    /// # Errors
+    ///
+    /// As [`SqlConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes whatever was opened.
+    pub async fn connect_url(url: &str) -> Result<Self, LockError> {
+        Self::connect(SqlConfig::from_url(url)?).await
+    }
+
+    /// Opens one session, creates the token sequence (PostgreSQL, `CACHE 1
+    /// NO CYCLE`) or token table (MySQL) if missing (unless
+    /// `create_table=false`) and checks an existing sequence.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] on SQLite, for a sequence with a cache or
+    /// cycling, or a dialect whose feature is off;
+    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when the
+    /// database cannot be reached within the operation timeout;
+    /// [`ErrorKind::Backend`] when creating the schema fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes the session it opened. A sequence
+    /// or table created meanwhile stays (creation is idempotent).
+    pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        let name = match config.dialect {
+            SqlDialect::Postgres => "postgres-session",
+            SqlDialect::MySql => "mysql-session",
+            SqlDialect::Sqlite => {
+                return Err(LockError::config(
+                    "mode=session needs a database server (PostgreSQL or MySQL/MariaDB): \
+                     SQLite has no server session to hold a lock",
+                )
+                .with_backend("sqlite"));
+            }
+        };
+        let opts = Opts::new(&config).map_err(|e| e.with_backend(name))?;
+        let sql = SessionSql::new(config.dialect, &config.table);
+        let pool_size = usize::try_from(config.pool_size.unwrap_or(10)).unwrap_or(10);
+        let backend = Self {
+            inner: Arc::new(Inner {
+                config,
+                opts,
+                sql,
+                name,
+                idle: Mutex::new(Vec::new()),
+                in_use: Arc::new(Semaphore::new(pool_size)),
+                pool_size,
+                held: Mutex::new(HashMap::new()),
+            }),
+        };
+        let budget = backend.inner.config.op_timeout.saturating_mul(2);
+        let prepared = timeout(budget, backend.prepare()).await.unwrap_or_else(|_| {
+            Err(LockError::new(
+                ErrorKind::Timeout,
+                Operation::Connect,
+                "the database did not answer within twice the operation timeout",
+            ))
+        });
+        prepared.map_err(|e| e.with_backend(name))?;
+        Ok(backend)
+    }
+
+    async fn prepare(&self) -> Result<(), LockError> {
+        let config = &self.inner.config;
+        let mut pinned = self.checkout(Instant::now() + config.op_timeout).await?;
+        // Concurrent CREATE .. IF NOT EXISTS can race on PostgreSQL's
+        // catalog (unique violation): retry, then the object exists.
+        let mut attempt = 0;
+        let verdict = loop {
+            match pinned
+                .session
+                .prepare_schema(&self.inner.sql, config.create_table)
+                .await
+            {
+                Err(sqlx::Error::Database(db))
+                    if attempt < 3
+                        && (db.is_unique_violation() || db.code().as_deref() == Some("42P07")) =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => break other.map_err(|e| map_sqlx(config, Operation::Connect, e))?,
+            }
+        };
+        if let Some(problem) = verdict {
+            return Err(LockError::config(problem));
+        }
+        self.checkin(pinned);
+        Ok(())
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SqlConfig {
+        &self.inner.config
+    }
+
+    /// The dialect.
+    pub fn dialect(&self) -> SqlDialect {
+        self.inner.config.dialect
+    }
+
+    /// The quoted name of the token counter: the PostgreSQL sequence or
+    /// the MySQL/MariaDB token table.
+    pub fn token_counter(&self) -> &str {
+        &self.inner.sql.counter
+    }
+
+    /// Locks held through this backend right now (each pins a connection).
+    pub fn held_locks(&self) -> usize {
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// The server-side session id (PostgreSQL backend pid, MySQL
+    /// connection id) that holds `lease`, while this backend holds it:
+    /// for operators (`pg_terminate_backend`, `KILL`) and fault tests.
+    pub async fn session_id(&self, lease: &Lease) -> Option<i64> {
+        let held = self.find(lease)?;
+        let slot = held.session.lock().await;
+        slot.as_ref().map(|p| p.session.id)
+    }
+
+    fn min_ttl(&self) -> Duration {
+        match self.inner.config.dialect {
+            SqlDialect::MySql => MYSQL_SESSION_MIN_TTL,
+            _ => PG_SESSION_MIN_TTL,
+        }
+    }
+
+    fn err(&self, operation: Operation, key: &LockKey, err: sqlx::Error) -> LockError {
+        map_sqlx(&self.inner.config, operation, err)
+            .with_key(key)
+            .with_backend(self.inner.name)
+    }
+
+    /// A session for one call: an idle one (dropping those the server may
+    /// have ended for silence) or a new one, waiting for a free connection
+    /// until `until`.
+    async fn checkout(&self, until: Instant) -> Result<Pinned, LockError> {
+        let permit = timeout_at(until, Arc::clone(&self.inner.in_use).acquire_owned())
+            .await
+            .map_err(|_| {
+                LockError::new(
+                    ErrorKind::Timeout,
+                    Operation::Connect,
+                    format!(
+                        "all {} session connections of this backend are in use (each held lock or \
+                         waiting acquire pins one; raise pool_size)",
+                        self.inner.pool_size
+                    ),
+                )
+            })?
+            .map_err(|_| LockError::new(ErrorKind::Unavailable, Operation::Connect, "closed"))?;
+        let now = Instant::now();
+        let reused = {
+            let mut idle = self.inner.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            loop {
+                match idle.pop() {
+                    Some(session) if session.maybe_expired(now) => drop(session),
+                    other => break other,
+                }
+            }
+        };
+        let session = match reused {
+            Some(mut session) => {
+                session.fresh = false;
+                session
+            }
+            None => self.open_session(until).await?,
+        };
+        Ok(Pinned {
+            session,
+            _permit: permit,
+        })
+    }
+
+    async fn open_session(&self, until: Instant) -> Result<Session, LockError> {
+        let config = &self.inner.config;
+        let until = until.max(Instant::now() + config.op_timeout);
+        match timeout_at(until, Session::open(&self.inner.opts, &self.inner.sql)).await {
+            Ok(Ok(session)) => Ok(session),
+            Ok(Err(e)) => Err(map_sqlx(config, Operation::Connect, e)),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                Operation::Connect,
+                "could not open a database session within the operation timeout",
+            )),
+        }
+    }
+
+    fn checkin(&self, pinned: Pinned) {
+        let Pinned { mut session, .. } = pinned;
+        session.idle_since = Instant::now();
+        let mut idle = self.inner.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < self.inner.pool_size {
+            idle.push(session);
+        }
+    }
+
+    fn find(&self, lease: &Lease) -> Option<Arc<Held>> {
+        let held = self.inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.get(&lease.owner())
+            .filter(|h| h.key == *lease.key() && h.token == lease.token())
+            .cloned()
+    }
+
+    fn forget(&self, lease: &Lease) -> Option<Arc<Held>> {
+        let mut held = self.inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let matches = held
+            .get(&lease.owner())
+            .is_some_and(|h| h.key == *lease.key() && h.token == lease.token());
+        if matches {
+            held.remove(&lease.owner())
+        } else {
+            None
+        }
+    }
+
+    /// One grant: a try, then (for `acquire`) one server-side wait until
+    /// `wait_until`.
+    async fn grant(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        wait_until: Option<Instant>,
+        operation: Operation,
+    ) -> Result<Option<Lease>, LockError> {
+        check_ttl(ttl, self.min_ttl(), operation)
+            .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
+        let op_timeout = self.inner.config.op_timeout;
+        let conn_until = wait_until
+            .unwrap_or_else(Instant::now)
+            .max(Instant::now() + op_timeout);
+        let owner = OwnerId::random();
+        let owner_hex = owner.to_hex();
+        let server_key = ServerKey::new(&self.inner.config.table, key.as_str());
+        let key_bytes = key.as_str().as_bytes();
+        let sql = &self.inner.sql;
+
+        // The try. A pooled connection found broken is replaced once: its
+        // session (and anything it held) is gone on the server already.
+        let mut pinned = self.checkout(conn_until).await.map_err(|e| e.with_key(key))?;
+        let mut sent_at;
+        let mut first = true;
+        let granted = loop {
+            sent_at = Instant::now();
+            let attempt = timeout(
+                op_timeout,
+                pinned
+                    .session
+                    .grant(sql, key_bytes, &server_key, &owner_hex, ttl, None),
+            )
+            .await;
+            match attempt {
+                Ok(Ok(granted)) => break granted,
+                Ok(Err(e)) if first && is_broken(&e) && !pinned.session.fresh => {
+                    first = false;
+                    pinned.session = self.open_session(conn_until).await.map_err(|e| e.with_key(key))?;
+                }
+                // The connection is in an unknown state: dropped (closed),
+                // never returned to the idle list.
+                Ok(Err(e)) => return Err(self.err(operation, key, e)),
+                Err(_) => {
+                    return Err(LockError::new(
+                        ErrorKind::Timeout,
+                        operation,
+                        "the grant did not answer within the operation timeout (its session was closed)",
+                    )
+                    .with_key(key)
+                    .with_backend(self.inner.name));
+                }
+            }
+        };
+        let token = match granted {
+            Granted::Token(token) => token,
+            Granted::Held => {
+                let Some(until) = wait_until.filter(|until| Instant::now() < *until) else {
+                    self.checkin(pinned);
+                    return Ok(None);
+                };
+                // Wait on the server, on this connection. If this future is
+                // dropped meanwhile, the session is closed and, in the
+                // background, killed from another connection (the server
+                // may not notice the closed socket while it waits).
+                let remaining = until.saturating_duration_since(Instant::now());
+                let mut kill = KillOnDrop {
+                    backend: Some(self.clone()),
+                    victim: pinned.session.id,
+                };
+                sent_at = Instant::now();
+                let waited = timeout(
+                    remaining + op_timeout,
+                    pinned.session.grant(
+                        sql,
+                        key_bytes,
+                        &server_key,
+                        &owner_hex,
+                        ttl,
+                        Some(remaining),
+                    ),
+                )
+                .await;
+                match waited {
+                    Ok(Ok(granted)) => {
+                        kill.backend = None;
+                        match granted {
+                            Granted::Token(token) => token,
+                            Granted::Held => {
+                                self.checkin(pinned);
+                                return Ok(None);
+                            }
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        if is_broken(&e) {
+                            kill.backend = None;
+                        }
+                        return Err(self.err(operation, key, e));
+                    }
+                    Err(_) => {
+                        return Err(LockError::new(
+                            ErrorKind::Timeout,
+                            operation,
+                            "the server-side wait did not end by the deadline (its session was killed)",
+                        )
+                        .with_key(key)
+                        .with_backend(self.inner.name));
+                    }
+                }
+            }
+        };
+        // After a long server-side wait, the send time of the wait says
+        // little: confirm with one keep-alive and date the lease from it.
+        if sent_at.elapsed() > ttl / 3 {
+            sent_at = Instant::now();
+            match timeout(op_timeout, pinned.session.holds(sql, &server_key)).await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    return Err(LockError::new(
+                        ErrorKind::LeaseLost,
+                        operation,
+                        "the session lost the lock right after the grant",
+                    )
+                    .with_key(key)
+                    .with_backend(self.inner.name));
+                }
+                Ok(Err(e)) => return Err(self.err(operation, key, e)),
+                Err(_) => {
+                    return Err(LockError::new(
+                        ErrorKind::Timeout,
+                        operation,
+                        "the grant could not be confirmed within the operation timeout",
+                    )
+                    .with_key(key)
+                    .with_backend(self.inner.name));
+                }
+            }
+        }
+        let token = FencingToken::new(token);
+        let lease = match Lease::granted(key.clone(), owner, token, ttl, sent_at, String::new()) {
+            Ok(lease) => lease,
+            Err(err) => {
+                // Too late to be of use: give it back (or close it).
+                if let Ok(Ok(true)) =
+                    timeout(op_timeout, pinned.session.release(sql, &server_key)).await
+                {
+                    self.checkin(pinned);
+                }
+                return Err(err.with_backend(self.inner.name));
+            }
+        };
+        let (state, rx) = watch::channel(SessionState::Alive);
+        let held = Arc::new(Held {
+            key: key.clone(),
+            token,
+            server_key,
+            session: tokio::sync::Mutex::new(Some(pinned)),
+            state,
+        });
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(owner, held);
+        Ok(Some(lease.with_session(rx)))
+    }
+}
+
+/// Kills a session from another connection when a server-side wait on it
+/// is abandoned (the future dropped, or our own timeout): closing the
+/// socket alone may go unnoticed by a server blocked in a lock wait, which
+/// would then take the lock for nobody until it tries to answer.
+struct KillOnDrop {
+    backend: Option<SqlSessionBackend>,
+    victim: i64,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let Some(backend) = self.backend.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let victim = self.victim;
+        runtime.spawn(async move {
+            let until = Instant::now() + backend.inner.config.op_timeout;
+            // Outside the permits: this must not wait behind held locks.
+            let reused = backend
+                .inner
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
+            let session = match reused {
+                Some(session) if !session.maybe_expired(Instant::now()) => Some(session),
+                _ => backend.open_session(until).await.ok(),
+            };
+            if let Some(mut session) = session {
+                let killed = timeout_at(until, session.kill(victim)).await;
+                if matches!(killed, Ok(Ok(()))) {
+                    session.idle_since = Instant::now();
+                    let mut idle = backend
+                        .inner
+                        .idle
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if idle.len() < backend.inner.pool_size {
+                        idle.push(session);
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl LockBackend for SqlSessionBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // PostgreSQL: one sequence for every key (nextval order is the
+            // order of grants); MySQL/MariaDB: a counter row per key.
+            fencing: match self.inner.config.dialect {
+                SqlDialect::MySql => FencingScope::PerKey,
+                _ => FencingScope::Global,
+            },
+            // Sequences and rows are durable; see the crate docs for
+            // asynchronous replicas.
+            fencing_survives_failover: true,
+            // The server wakes the waiting session at the release.
+            waiting: WaitStrategy::Notify,
+            fifo: false,
+            ttl_model: TtlModel::PerSession,
+            linearizable: true,
+            min_ttl: self.min_ttl(),
+            shared_locks: false,
+            semaphores: false,
+        }
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.grant(key, ttl, None, Operation::TryAcquire).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        match self
+            .grant(key, ttl, Some(deadline), Operation::Acquire)
+            .await?
+        {
+            Some(lease) => Ok(lease),
+            None => Err(LockError::new(
+                ErrorKind::Contended,
+                Operation::Acquire,
+                "still held by another session at the wait deadline",
+            )
+            .with_key(key)
+            .with_backend(self.inner.name)),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let key = lease.key();
+        let name = self.inner.name;
+        let not_held = |why: &str| {
+            LockError::new(ErrorKind::NotHeld, Operation::Renew, why.to_owned())
+                .with_key(key)
+                .with_backend(name)
+        };
+        check_ttl(lease.ttl(), self.min_ttl(), Operation::Renew)
+            .map_err(|e| e.with_key(key).with_backend(name))?;
+        let Some(held) = self.find(lease) else {
+            return Err(not_held(
+                "not held by this backend (released, lost, another owner, or granted elsewhere)",
+            ));
+        };
+        let mut slot = held.session.lock().await;
+        let Some(pinned) = slot.as_mut() else {
+            drop(slot);
+            self.forget(lease);
+            return Err(not_held("the lock's session has ended"));
+        };
+        let sent_at = Instant::now();
+        // A dropped or timed-out keep-alive leaves the connection pinned:
+        // sqlx drains the late reply before the next statement, and the
+        // session (and the lock) lives on until the server's idle timeout.
+        let confirmed = timeout(
+            self.inner.config.op_timeout,
+            pinned.session.holds(&self.inner.sql, &held.server_key),
+        )
+        .await;
+        match confirmed {
+            Ok(Ok(true)) => Ok(validity_deadline(sent_at, lease.ttl())),
+            Ok(Ok(false)) => {
+                *slot = None;
+                drop(slot);
+                let _ = held
+                    .state
+                    .send(SessionState::Lost("the session no longer holds the lock".into()));
+                self.forget(lease);
+                Err(not_held("the session no longer holds the lock"))
+            }
+            Ok(Err(e)) if is_broken(&e) => {
+                *slot = None;
+                drop(slot);
+                let reason = format!("the lock's session ended: {}", self.inner.config.scrub(&e.to_string()));
+                let _ = held.state.send(SessionState::Lost(reason.clone()));
+                self.forget(lease);
+                Err(LockError::new(ErrorKind::LeaseLost, Operation::Renew, reason)
+                    .with_key(key)
+                    .with_backend(name))
+            }
+            Ok(Err(e)) => Err(self.err(Operation::Renew, key, e)),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                Operation::Renew,
+                "the keep-alive was not confirmed within the operation timeout",
+            )
+            .with_key(key)
+            .with_backend(name)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let Some(held) = self.forget(lease) else {
+            return Ok(false);
+        };
+        let _ = held
+            .state
+            .send(SessionState::Lost("released".to_owned()));
+        let mut slot = held.session.lock().await;
+        // Taken out: if this future is dropped, the connection is closed
+        // with it and the server frees the lock.
+        let Some(mut pinned) = slot.take() else {
+            return Ok(false);
+        };
+        drop(slot);
+        let released = timeout(
+            self.inner.config.op_timeout,
+            pinned.session.release(&self.inner.sql, &held.server_key),
+        )
+        .await;
+        match released {
+            Ok(Ok(true)) => {
+                self.checkin(pinned);
+                Ok(true)
+            }
+            // Not ours any more (someone ran pg_advisory_unlock_all?): the
+            // session's state is unclear, close it.
+            Ok(Ok(false)) => Ok(false),
+            // The session is gone, and its lock with it.
+            Ok(Err(e)) if is_broken(&e) => Ok(false),
+            Ok(Err(e)) => Err(self.err(Operation::Release, lease.key(), e)),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                Operation::Release,
+                "the release did not answer within the operation timeout; its session was \
+                 closed, so the server frees the lock when it notices (at the latest after the TTL)",
+            )
+            .with_key(lease.key())
+            .with_backend(self.inner.name)),
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let op_timeout = self.inner.config.op_timeout;
+        let mut pinned = self
+            .checkout(Instant::now() + op_timeout)
+            .await
+            .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
+        let server_key = ServerKey::new(&self.inner.config.table, key.as_str());
+        let found = timeout(
+            op_timeout,
+            pinned
+                .session
+                .inspect(&self.inner.sql, key.as_str().as_bytes(), &server_key),
+        )
+        .await;
+        let found = match found {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => return Err(self.err(Operation::Inspect, key, e)),
+            Err(_) => {
+                return Err(LockError::new(
+                    ErrorKind::Timeout,
+                    Operation::Inspect,
+                    "inspect did not answer within the operation timeout",
+                )
+                .with_key(key)
+                .with_backend(self.inner.name));
+            }
+        };
+        self.checkin(pinned);
+        Ok(found.map(|(session, owner, token)| LockInfo {
+            key: key.clone(),
+            holder: owner.unwrap_or_else(|| format!("server session {session}")),
+            token: token.map(FencingToken::new),
+            // The server frees it when the session ends, not at a time.
+            remaining_ttl: None,
+        }))
+    }
+}
