@@ -1,108 +1,199 @@
-//! Benchmark of the Redis driver against the raw round trips, in one run
-//! against one redis-server started here.
+//! Benchmark of the Redis driver, used as users use it, against the raw
+//! floor written by hand on bare connections, in one run against
+//! redis-servers started here.
 //!
 //! ```text
 //! cargo run --release -p lock-redis --example bench
 //! ```
 //!
-//! - Uncontended acquire+release cycles through `LockBackend`, vs the same
-//!   two round trips issued by hand on a raw multiplexed connection
-//!   (`EVALSHA` of the same acquire script, `EVALSHA` of the same release
-//!   script: [`lock_redis::floor::RedisFloor`]), and vs the minimal
-//!   `SET NX PX` + compare-and-delete by hand;
-//!   sequentially and with 8 tasks on 8 keys.
-//! - Contended handoff: 4 tasks on one key, time from a release to the next
-//!   grant, in round trips.
-//! - 10,000 locks held at once by guards: renewal round trips per period and
-//!   memory per held lock.
+//! - **ours**: `client.lock(k).ttl(30s).wait(60s).acquire()` then
+//!   `guard.release()`, each client its own `lock_redis::connect(url)`;
+//! - **floor**: [`lock_redis::floor::RedisFloor`] (`EVALSHA` acquire +
+//!   `EVALSHA` release on one bare TCP connection, RESP by hand), each
+//!   client its own floor.
 //!
-//! Environment: `BENCH_CYCLES` (sequential cycles per round, default 3000),
-//! `BENCH_LOCKS` (held locks, default 10000).
+//! Measured, ours and the floor interleaved round by round (the order
+//! swapped every round) so both see the same machine load:
+//! 1 client (p50, p99, cycles/s), 8 independent clients on 8 keys
+//! (throughput), 4 clients contending on one key (handoffs/s and spread),
+//! 10,000 locks held at once (renewal round trips per period, memory per
+//! held lock), and the same 1- and 8-client runs on Redlock over 5 servers
+//! against [`lock_redis::floor::RedlockFloor`].
+//!
+//! Environment: `BENCH_CYCLES` (1-client cycles per round, default 2000),
+//! `BENCH_ROUNDS` (default 5), `BENCH_LOCKS` (held locks, default 10000;
+//! 0 skips), `BENCH_REDLOCK` (`0` skips the Redlock runs).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::bench::{self, LatencyStats};
 use conformance::servers::redis::RedisServer;
-use lock_core::{LockBackend, LockClient, LockKey, OwnerId};
-use lock_redis::floor::RedisFloor;
-use lock_redis::{RedisBackend, RedisConfig};
-use redis::aio::MultiplexedConnection;
+use lock_core::LockClient;
+use lock_core::floor::RawFloor;
+use lock_redis::floor::{RedisFloor, RedlockFloor};
 use tokio::time::Instant;
-
-// The minimal lock's compare-and-delete (the floor's scripts are the
-// driver's own, see `lock_redis::floor`).
-const CAD: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-";
-
-/// Interleaved rounds of each measurement; the median round is reported.
-const ROUNDS: usize = 5;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A raw connection for PING, the minimal lock and the admin queries.
-#[derive(Clone)]
-struct Raw {
-    conn: MultiplexedConnection,
-    cad: String,
+const TTL: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(60);
+const CLIENTS: usize = 8;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
-impl Raw {
-    async fn new(url: &str) -> Result<Self, BoxError> {
-        let client = redis::Client::open(url)?;
-        // The driver's connection settings: no per-request timer inside the
-        // connection (the driver bounds calls itself).
-        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        let cad: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(CAD)
-            .query_async(&mut conn)
-            .await?;
-        Ok(Self { conn, cad })
-    }
-
-    /// The minimal lock by hand: `SET NX PX` + compare-and-delete.
-    async fn set_nx_cycle(&self, name: &str) -> Result<(), BoxError> {
-        let mut conn = self.conn.clone();
-        let lock = format!("raw:{{{name}}}");
-        let owner = OwnerId::random().to_hex();
-        let ok: Option<String> = redis::cmd("SET")
-            .arg(&lock)
-            .arg(&owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await?;
-        assert!(ok.is_some(), "benchmark key unexpectedly held");
-        let _: i64 = redis::cmd("EVALSHA")
-            .arg(&self.cad)
-            .arg(1)
-            .arg(&lock)
-            .arg(&owner)
-            .query_async(&mut conn)
-            .await?;
-        Ok(())
-    }
+/// Our cycle as a user writes it.
+async fn ours_cycle(client: &LockClient, key: &str) -> Result<(), lock_core::LockError> {
+    let guard = client.lock(key).ttl(TTL).wait(WAIT).acquire().await?;
+    guard.release().await?;
+    Ok(())
 }
 
 fn line(label: &str, s: &LatencyStats) {
     println!(
-        "  {label:<34} p50 {:>8.1} us  p99 {:>8.1} us  {:>9.0} cycles/s",
+        "  {label:<40} p50 {:>8.1} us  p99 {:>8.1} us  {:>9.0} cycles/s",
         s.p50_us, s.p99_us, s.per_sec
     );
 }
 
-fn merge(a: &[LatencyStats]) -> LatencyStats {
-    // Rounds are interleaved; report the median round by p50.
-    let mut v = a.to_vec();
-    v.sort_by(|x, y| x.p50_us.total_cmp(&y.p50_us));
-    v[v.len() / 2]
+/// The round with the median p50 (1 client) or the median rate (8).
+fn median_by(mut runs: Vec<LatencyStats>, key: fn(&LatencyStats) -> f64) -> LatencyStats {
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    runs[runs.len() / 2]
+}
+
+/// One deployment's clients: ours and the floors, one connection each.
+struct Side {
+    ours: Arc<Vec<LockClient>>,
+    floors: Arc<Vec<Arc<dyn RawFloor>>>,
+}
+
+impl Side {
+    async fn connect(
+        url: &str,
+        floor: impl AsyncFn(&str) -> Result<Arc<dyn RawFloor>, lock_core::LockError>,
+    ) -> Result<Self, BoxError> {
+        let mut ours = Vec::new();
+        let mut floors = Vec::new();
+        for _ in 0..CLIENTS {
+            ours.push(LockClient::new(lock_redis::connect(url).await?));
+            floors.push(floor(url).await?);
+        }
+        Ok(Self {
+            ours: Arc::new(ours),
+            floors: Arc::new(floors),
+        })
+    }
+
+    /// 1 client, then 8 clients on 8 keys, ours and the floor interleaved.
+    async fn run(&self, name: &str, cycles: usize, rounds: usize) -> Result<(), BoxError> {
+        // Warm-up.
+        for i in 0..CLIENTS {
+            for _ in 0..200 {
+                ours_cycle(&self.ours[i], "warm").await?;
+                self.floors[i].cycle("warm-floor", TTL).await?;
+            }
+        }
+        let (mut ours1, mut floor1, mut ours8, mut floor8) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            for side in [round % 2, 1 - round % 2] {
+                if side == 0 {
+                    let client = &self.ours[0];
+                    ours1.push(
+                        bench::measure_sequential(cycles, |_| ours_cycle(client, "seq-ours"))
+                            .await?,
+                    );
+                    let clients = self.ours.clone();
+                    ours8.push(
+                        bench::measure_parallel(CLIENTS, cycles / 2, move |t, _| {
+                            let clients = clients.clone();
+                            async move { ours_cycle(&clients[t], &format!("par-ours-{t}")).await }
+                        })
+                        .await?,
+                    );
+                } else {
+                    let floor = &self.floors[0];
+                    floor1.push(
+                        bench::measure_sequential(cycles, |_| floor.cycle("seq-floor", TTL))
+                            .await?,
+                    );
+                    let floors = self.floors.clone();
+                    floor8.push(
+                        bench::measure_parallel(CLIENTS, cycles / 2, move |t, _| {
+                            let floors = floors.clone();
+                            async move { floors[t].cycle(&format!("par-floor-{t}"), TTL).await }
+                        })
+                        .await?,
+                    );
+                }
+            }
+        }
+        let p50 = |s: &LatencyStats| s.p50_us;
+        let rate = |s: &LatencyStats| s.per_sec;
+        let (ours1, floor1) = (median_by(ours1, p50), median_by(floor1, p50));
+        let (ours8, floor8) = (median_by(ours8, rate), median_by(floor8, rate));
+        let rt = self.floors[0].round_trips_per_cycle();
+        println!("\n{name}: 1 client, acquire (wait 60 s) + release:");
+        line(&format!("floor ({rt} round trips)"), &floor1);
+        line("ours", &ours1);
+        println!(
+            "  ours/floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
+            bench::ratio(ours1.p50_us, floor1.p50_us),
+            bench::ratio(ours1.p99_us, floor1.p99_us),
+            bench::ratio(ours1.per_sec, floor1.per_sec)
+        );
+        println!("{name}: {CLIENTS} independent clients on {CLIENTS} keys:");
+        line("floor", &floor8);
+        line("ours", &ours8);
+        println!(
+            "  ours/floor: p50 {:.3}x  throughput {:.3}x",
+            bench::ratio(ours8.p50_us, floor8.p50_us),
+            bench::ratio(ours8.per_sec, floor8.per_sec)
+        );
+        Ok(())
+    }
+
+    /// 4 of our clients contending on one key for `duration`.
+    async fn handoffs(&self, duration: Duration) -> Result<(), BoxError> {
+        let stop = Instant::now() + duration;
+        let mut tasks = Vec::new();
+        for t in 0..4 {
+            let clients = self.ours.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut grants = 0u64;
+                while Instant::now() < stop {
+                    ours_cycle(&clients[t], "handoff").await?;
+                    grants += 1;
+                }
+                Ok::<_, lock_core::LockError>(grants)
+            }));
+        }
+        let mut per_client = Vec::new();
+        for task in tasks {
+            per_client.push(task.await??);
+        }
+        let total: u64 = per_client.iter().sum();
+        let (max, min) = (
+            per_client.iter().max().copied().unwrap_or(0),
+            per_client.iter().min().copied().unwrap_or(0),
+        );
+        #[allow(clippy::cast_precision_loss)]
+        let (per_sec, spread) = (
+            total as f64 / duration.as_secs_f64(),
+            bench::ratio(max as f64, min as f64),
+        );
+        println!(
+            "\n4 clients on one key (ours): {per_sec:.0} handoffs/s, per client {per_client:?} \
+             (busiest/least busy {spread:.2}x)"
+        );
+        Ok(())
+    }
 }
 
 fn rss_bytes() -> u64 {
@@ -115,154 +206,13 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-async fn used_memory(conn: &mut MultiplexedConnection) -> Result<u64, BoxError> {
-    let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
-    Ok(info
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0))
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<(), BoxError> {
-    let cycles: usize = std::env::var("BENCH_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3000);
-    let held: usize = std::env::var("BENCH_LOCKS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
-    let server = RedisServer::start().await?;
-    let url = server.url();
-    println!("redis-server on {url}; {cycles} cycles per round, {ROUNDS} interleaved rounds");
-    let backend = RedisBackend::connect(RedisConfig::from_url(&url)?).await?;
-    let dyn_backend: Arc<dyn LockBackend> = Arc::new(backend.clone());
-    let raw = Raw::new(&url).await?;
-    let floor_conn = RedisFloor::connect(&url).await?;
-    let ttl = Duration::from_secs(10);
-
-    // Round-trip time of one PING, for scale.
-    let ping = {
-        let conn = raw.conn.clone();
-        bench::measure_sequential(cycles, move |_| {
-            let mut conn = conn.clone();
-            async move {
-                redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .map(|_| ())
-            }
-        })
-        .await?
-    };
-
-    // Warm-up.
-    bench::cycle_latency(dyn_backend.clone(), &LockKey::new("warm")?, ttl, 500).await?;
-    for _ in 0..500 {
-        floor_conn.cycle("warm-raw", ttl).await?;
-    }
-
-    // Sequential, interleaved rounds.
-    let (mut ours, mut floor, mut minimal) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        let f = floor_conn.clone();
-        floor.push(
-            bench::measure_sequential(cycles, |_| {
-                let f = f.clone();
-                async move { f.cycle(&format!("seq-raw-{round}"), ttl).await }
-            })
-            .await?,
-        );
-        ours.push(
-            bench::cycle_latency(
-                dyn_backend.clone(),
-                &LockKey::new(format!("seq-ours-{round}"))?,
-                ttl,
-                cycles,
-            )
-            .await?,
-        );
-        let r = raw.clone();
-        minimal.push(
-            bench::measure_sequential(cycles, |_| {
-                let r = r.clone();
-                async move { r.set_nx_cycle(&format!("seq-min-{round}")).await }
-            })
-            .await?,
-        );
-    }
-    let (ours, floor, minimal) = (merge(&ours), merge(&floor), merge(&minimal));
-    println!("\nsequential acquire+release (1 task):");
-    line("PING (one round trip)", &ping);
-    line("raw floor: EVALSHA acquire + release", &floor);
-    line("raw SET NX PX + compare-and-delete", &minimal);
-    line("ours: try_acquire + release", &ours);
-    println!(
-        "  ratio ours/floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
-        bench::ratio(ours.p50_us, floor.p50_us),
-        bench::ratio(ours.p99_us, floor.p99_us),
-        bench::ratio(ours.per_sec, floor.per_sec)
-    );
-
-    // 8 tasks on 8 keys.
-    let tasks = 8;
-    let per_task = cycles / 2;
-    let (mut ours8, mut floor8) = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        let f = floor_conn.clone();
-        floor8.push(
-            bench::measure_parallel(tasks, per_task, move |t, _| {
-                let f = f.clone();
-                async move { f.cycle(&format!("par-raw-{round}-{t}"), ttl).await }
-            })
-            .await?,
-        );
-        ours8.push(
-            bench::cycle_throughput(
-                dyn_backend.clone(),
-                &format!("par-ours-{round}"),
-                ttl,
-                tasks,
-                per_task,
-            )
-            .await?,
-        );
-    }
-    let (ours8, floor8) = (merge(&ours8), merge(&floor8));
-    println!("\n{tasks} tasks on {tasks} keys, one shared connection:");
-    line("raw floor: EVALSHA acquire + release", &floor8);
-    line("ours: try_acquire + release", &ours8);
-    println!(
-        "  ratio ours/floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
-        bench::ratio(ours8.p50_us, floor8.p50_us),
-        bench::ratio(ours8.p99_us, floor8.p99_us),
-        bench::ratio(ours8.per_sec, floor8.per_sec)
-    );
-
-    // Contended handoff: 4 tasks, one key, each with its own client.
-    let handoff =
-        bench::handoff(dyn_backend.clone(), &LockKey::new("handoff")?, ttl, 4, 2000).await?;
-    println!("\ncontended handoff (4 tasks, 1 key, release -> next grant):");
-    println!(
-        "  p50 {:.1} us  p99 {:.1} us  = {:.1} / {:.1} round trips (PING p50 {:.1} us); {:.0} grants/s",
-        handoff.p50_us,
-        handoff.p99_us,
-        bench::ratio(handoff.p50_us, ping.p50_us),
-        bench::ratio(handoff.p99_us, ping.p50_us),
-        ping.p50_us,
-        handoff.per_sec
-    );
-
-    // Many locks held at once, renewed by their guards.
-    let mut admin = raw.conn.clone();
+/// Many locks held at once, renewed by their guards.
+async fn held_locks(url: &str, held: usize) -> Result<(), BoxError> {
     let period = Duration::from_secs(1);
     let held_ttl = period * 3;
-    let many = RedisBackend::connect(RedisConfig::from_url(&url)?).await?;
+    let many = lock_redis::connect(url).await?;
     let client = LockClient::new(many.clone());
     let rss_before = rss_bytes();
-    let server_before = used_memory(&mut admin).await?;
     let started = Instant::now();
     let mut guards = Vec::with_capacity(held);
     for i in 0..held {
@@ -276,37 +226,62 @@ async fn main() -> Result<(), BoxError> {
     }
     let acquired_in = started.elapsed();
     let rss_after = rss_bytes();
-    let server_after = used_memory(&mut admin).await?;
     // Let the first renewals happen, then count over 3 periods.
     tokio::time::sleep(period * 2).await;
     let before = many.renewal_stats();
     tokio::time::sleep(period * 3).await;
     let after = many.renewal_stats();
     let still_held = guards.iter().filter(|g| g.is_held()).count();
-    let periods = 3u64;
-    let per_lock = |before: u64, after: u64| {
-        #[allow(clippy::cast_precision_loss)]
-        let v = after.saturating_sub(before) as f64 / held as f64;
-        v
-    };
+    #[allow(clippy::cast_precision_loss)]
+    let per_lock = rss_after.saturating_sub(rss_before) as f64 / held as f64;
     println!("\n{held} locks held at once (TTL {held_ttl:?}, renewal period {period:?}):");
     println!("  acquired in {acquired_in:?}; still held after 5 s: {still_held}/{held}");
     println!(
-        "  renewals per period: {}; round trips per period: {} ({:.0} renewals per round trip)",
-        (after.renewals - before.renewals) / periods,
-        (after.round_trips - before.round_trips) / periods,
-        bench::ratio(
-            (after.renewals - before.renewals) as f64,
-            (after.round_trips - before.round_trips) as f64
-        )
-    );
-    println!(
-        "  memory per held lock: client {:.0} bytes (RSS), server {:.0} bytes (used_memory)",
-        per_lock(rss_before, rss_after),
-        per_lock(server_before, server_after)
+        "  renewals per period: {}; round trips per period: {}; client RSS per held lock {per_lock:.0} bytes",
+        (after.renewals - before.renewals) / 3,
+        (after.round_trips - before.round_trips) / 3,
     );
     for guard in guards {
         guard.release().await?;
+    }
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let cycles = env("BENCH_CYCLES", 2000);
+    let rounds = env("BENCH_ROUNDS", 5).max(1);
+    let held = env("BENCH_LOCKS", 10_000);
+    let server = RedisServer::start().await?;
+    let url = server.url();
+    println!("redis-server on {url}; {cycles} cycles per round, {rounds} interleaved rounds");
+    let single = Side::connect(&url, async |url| {
+        Ok(Arc::new(RedisFloor::connect(url).await?) as Arc<dyn RawFloor>)
+    })
+    .await?;
+    single.run("redis", cycles, rounds).await?;
+    single.handoffs(Duration::from_secs(3)).await?;
+    drop(single);
+    if env("BENCH_REDLOCK", 1) != 0 {
+        let mut nodes = Vec::new();
+        for _ in 0..5 {
+            nodes.push(RedisServer::start().await?);
+        }
+        let hosts: Vec<String> = nodes
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        let url = format!("redlock://{}", hosts.join(","));
+        let redlock = Side::connect(&url, async |url| {
+            Ok(Arc::new(RedlockFloor::connect(url).await?) as Arc<dyn RawFloor>)
+        })
+        .await?;
+        redlock
+            .run("redlock (5 servers)", cycles / 2, rounds)
+            .await?;
+    }
+    if held > 0 {
+        held_locks(&url, held).await?;
     }
     Ok(())
 }
