@@ -1,7 +1,7 @@
 //! The [`LockBackend`] implementation and its capabilities.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -10,13 +10,14 @@ use lock_core::{
     LockKey, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl, validity_deadline,
     with_timeout,
 };
-use sqlx::{AssertSqlSafe, Row};
-use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use crate::config::{SqlConfig, SqlDialect};
+use crate::conn::{ConnSet, DbOptions};
 use crate::error::map_sqlx;
+use crate::exec;
 use crate::sql::Statements;
+use crate::wake::{WAKE_ALL, Waits};
 
 pub(crate) const NAME: &str = "sql";
 
@@ -25,11 +26,38 @@ pub(crate) const NAME: &str = "sql";
 /// round trip to be of any use.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 
-/// A notification that every waiter should re-check (the listener lost its
-/// connection and may have missed releases).
-const WAKE_ALL: &str = "";
+/// Runs `$statement` (an expression of `$conn: &mut DbConn`) on one of the
+/// backend's connections; when that connection turns out broken (see
+/// [`crate::conn::is_broken`]), runs it once more on a freshly opened one.
+/// Only for statements that may run twice: renew and inspect are
+/// idempotent, and a release that did commit before its reply was lost
+/// matches nothing the second time (it reports `false`, and the lock is
+/// free either way). Grants recover differently (`grant_once`).
+macro_rules! retry_once {
+    ($conns:expr, |$conn:ident| $statement:expr) => {{
+        let conns: &ConnSet = $conns;
+        let mut fresh = false;
+        loop {
+            let mut checkout = match conns.checkout(fresh).await {
+                Ok(checkout) => checkout,
+                Err(err) => break Err(err),
+            };
+            let result = {
+                let $conn = checkout.conn();
+                $statement.await
+            };
+            if checkout.finish(&result) && !fresh {
+                tracing::debug!("database connection broke; retrying on a fresh one");
+                fresh = true;
+                continue;
+            }
+            break result;
+        }
+    }};
+}
 
-/// A pool of the configured dialect.
+/// A sqlx pool of the configured dialect, for the users' own statements
+/// (fenced writes): never used by the lock statements, and opened lazily.
 #[derive(Clone, Debug)]
 pub(crate) enum DbPool {
     #[cfg(feature = "postgres")]
@@ -42,8 +70,8 @@ pub(crate) enum DbPool {
 
 /// A lock service on a SQL table: PostgreSQL, MySQL/MariaDB or SQLite.
 ///
-/// Cheap to clone: clones share one connection pool. See the crate docs for
-/// the table, the statements and the caveats.
+/// Cheap to clone: clones share one set of connections. See the crate docs
+/// for the table, the statements and the caveats.
 ///
 /// # Examples
 ///
@@ -70,27 +98,16 @@ pub struct SqlBackend {
 
 struct Inner {
     config: SqlConfig,
+    /// The lock statements' connections.
+    conns: ConnSet,
+    /// The users' pool (same database, same options).
     pool: DbPool,
     statements: Statements,
-    /// Keys released (by this backend, or by anyone on PostgreSQL through
-    /// `LISTEN`); [`WAKE_ALL`] wakes every waiter.
-    released: broadcast::Sender<Arc<str>>,
-    /// The PostgreSQL listener task, started by the first waiter.
-    listener: tokio::sync::OnceCell<()>,
-    listener_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(task) = self
-            .listener_task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            task.abort();
-        }
-    }
+    /// PostgreSQL's release notification channel.
+    channel: String,
+    /// Wake-ups and waiter counts, shared with the process's other clients
+    /// of the same database and table.
+    waits: Arc<Waits>,
 }
 
 impl fmt::Debug for SqlBackend {
@@ -115,8 +132,8 @@ impl SqlBackend {
         Self::connect(SqlConfig::from_url(url)?).await
     }
 
-    /// Opens the pool, checks the database answers and creates the lease
-    /// table when it is missing (unless disabled).
+    /// Opens a first connection, checks the database answers and creates
+    /// the lease table when it is missing (unless disabled).
     ///
     /// # Errors
     ///
@@ -131,17 +148,20 @@ impl SqlBackend {
     /// Safe: dropping the future closes whatever was opened. A table created
     /// meanwhile stays (creation is idempotent).
     pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
-        let pool = open_pool(&config)?;
+        let options = connect_options(&config)?;
+        let pool = users_pool(&config, &options);
         let statements = Statements::new(config.dialect, &config.table);
-        let (released, _) = broadcast::channel(1024);
+        // An in-memory SQLite database is private to this backend.
+        let scope =
+            (!config.is_memory()).then(|| format!("{}\n{}", config.driver_url(), config.table));
         let backend = Self {
             inner: Arc::new(Inner {
-                config,
+                conns: ConnSet::new(options, pool_size(&config)),
                 pool,
                 statements,
-                released,
-                listener: tokio::sync::OnceCell::new(),
-                listener_task: Mutex::new(None),
+                channel: crate::sql::pg_channel(&config.table),
+                waits: Waits::shared(scope),
+                config,
             }),
         };
         backend.prepare().await?;
@@ -158,7 +178,10 @@ impl SqlBackend {
         self.inner.config.dialect
     }
 
-    /// The PostgreSQL pool, to run your own (e.g. fenced) statements on.
+    /// A PostgreSQL pool on the same database, to run your own (e.g.
+    /// fenced) statements on. The lock statements never use it: it opens
+    /// its connections when you first use it, and as a sqlx pool it pings
+    /// each connection as it returns (a second round trip per statement).
     #[cfg(feature = "postgres")]
     pub fn pg_pool(&self) -> Option<&sqlx::PgPool> {
         #[allow(unreachable_patterns)] // with only this feature on
@@ -168,7 +191,8 @@ impl SqlBackend {
         }
     }
 
-    /// The MySQL/MariaDB pool, to run your own (e.g. fenced) statements on.
+    /// A MySQL/MariaDB pool on the same database, to run your own (e.g.
+    /// fenced) statements on; see [`pg_pool`](Self::pg_pool).
     #[cfg(feature = "mysql")]
     pub fn mysql_pool(&self) -> Option<&sqlx::MySqlPool> {
         #[allow(unreachable_patterns)] // with only this feature on
@@ -178,7 +202,9 @@ impl SqlBackend {
         }
     }
 
-    /// The SQLite pool, to run your own (e.g. fenced) statements on.
+    /// A SQLite pool on the same database (an in-memory one included), to
+    /// run your own (e.g. fenced) statements on; see
+    /// [`pg_pool`](Self::pg_pool).
     #[cfg(feature = "sqlite")]
     pub fn sqlite_pool(&self) -> Option<&sqlx::SqlitePool> {
         #[allow(unreachable_patterns)] // with only this feature on
@@ -204,7 +230,8 @@ impl SqlBackend {
             .collect()
     }
 
-    /// Closes the pool: later calls fail with [`ErrorKind::Unavailable`].
+    /// Closes the connections and the pool: later calls fail with
+    /// [`ErrorKind::Unavailable`].
     ///
     /// # Errors
     ///
@@ -212,17 +239,10 @@ impl SqlBackend {
     ///
     /// # Cancel safety
     ///
-    /// Safe: the pool is closed either way once called.
+    /// Safe: new calls are refused once called; idle connections not yet
+    /// closed are dropped with the backend.
     pub async fn close(&self) -> Result<(), LockError> {
-        if let Some(task) = self
-            .inner
-            .listener_task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            task.abort();
-        }
+        self.inner.conns.close().await;
         match &self.inner.pool {
             #[cfg(feature = "postgres")]
             DbPool::Postgres(pool) => pool.close().await,
@@ -234,14 +254,9 @@ impl SqlBackend {
         Ok(())
     }
 
-    /// The pool the statements run on (for [`crate::floor`]).
-    pub(crate) fn pool(&self) -> &DbPool {
-        &self.inner.pool
-    }
-
-    /// The dialect's statements for this table (for [`crate::floor`]).
-    pub(crate) fn statements(&self) -> &Statements {
-        &self.inner.statements
+    /// How the backend opens connections (for [`crate::floor`]).
+    pub(crate) fn connect_options(&self) -> &DbOptions {
+        self.inner.conns.options()
     }
 
     fn err(&self, operation: Operation, key: &LockKey, err: sqlx::Error) -> LockError {
@@ -258,7 +273,9 @@ impl SqlBackend {
         let budget = config.op_timeout.saturating_mul(2);
         with_timeout(budget, Operation::Connect, async {
             if !config.create_table {
-                return self.ping().await;
+                let ping: Arc<str> = Arc::from("SELECT 1");
+                return retry_once!(&self.inner.conns, |conn| exec::plain(conn, &ping))
+                    .map_err(|e| map_sqlx(config, Operation::Connect, e));
             }
             // Concurrent `CREATE TABLE IF NOT EXISTS` can race on
             // PostgreSQL's catalog (unique violation); the loser retries
@@ -287,79 +304,79 @@ impl SqlBackend {
         .map_err(|e| e.with_backend(NAME))
     }
 
-    async fn ping(&self) -> Result<(), LockError> {
-        let config = &self.inner.config;
-        let result = match &self.inner.pool {
-            #[cfg(feature = "postgres")]
-            DbPool::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
-            #[cfg(feature = "mysql")]
-            DbPool::MySql(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
-            #[cfg(feature = "sqlite")]
-            DbPool::Sqlite(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
-        };
-        result.map_err(|e| map_sqlx(config, Operation::Connect, e))
-    }
-
     async fn create_schema(&self) -> Result<(), sqlx::Error> {
         for statement in &self.inner.statements.create {
-            let sql = AssertSqlSafe(Arc::clone(statement));
-            match &self.inner.pool {
-                #[cfg(feature = "postgres")]
-                DbPool::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(drop)?,
-                #[cfg(feature = "mysql")]
-                DbPool::MySql(pool) => sqlx::query(sql).execute(pool).await.map(drop)?,
-                #[cfg(feature = "sqlite")]
-                DbPool::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(drop)?,
-            }
+            retry_once!(&self.inner.conns, |conn| exec::plain(conn, statement))?;
         }
         Ok(())
     }
 
-    /// One grant statement: `Some(token)` when the row was inserted or an
-    /// expired one taken over, `None` when someone holds it.
+    /// One grant of `key` to `owner`: `Some(token)` when granted, `None`
+    /// when someone else holds it.
+    ///
+    /// When the connection breaks under the statement, its reply may have
+    /// been lost after the grant committed. The grant then runs once more,
+    /// with the same owner, on a fresh connection: it cannot grant twice (a
+    /// row we hold is unexpired, so the statement leaves it alone), and
+    /// when it finds the row held, one inspect on the same connection tells
+    /// whether the holder is `owner`, in which case the first grant did
+    /// commit and its token is ours. Without this the lost grant would hold
+    /// the key for its whole TTL while its requester waited behind it.
+    async fn grant_once(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let statements = &self.inner.statements;
+        let conns = &self.inner.conns;
+        let mut checkout = conns.checkout(false).await?;
+        let result = exec::grant(checkout.conn(), &statements.grant, key, owner, ttl).await;
+        if !checkout.finish(&result) {
+            return result;
+        }
+        tracing::debug!(
+            key = key.as_str(),
+            "database connection broke under a grant; retrying on a fresh one"
+        );
+        let mut checkout = conns.checkout(true).await?;
+        let result = async {
+            let conn = checkout.conn();
+            if let Some(token) = exec::grant(conn, &statements.grant, key, owner, ttl).await? {
+                return Ok(Some(token));
+            }
+            let holder = exec::inspect(conn, &statements.inspect, key).await?;
+            Ok(holder
+                .and_then(|(holder, token, _)| (holder.as_deref() == Some(owner)).then_some(token)))
+        }
+        .await;
+        checkout.finish(&result);
+        result
+    }
+
+    /// One grant statement with its retries: `Some(token)` when the row was
+    /// inserted or an expired one taken over, `None` when someone holds it.
     async fn grant(
         &self,
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
     ) -> Result<Option<u64>, sqlx::Error> {
-        let sql = AssertSqlSafe(Arc::clone(&self.inner.statements.grant));
         let owner = owner.to_hex();
-        let ttl_us = micros(ttl);
-        let token: Option<i64> = match &self.inner.pool {
-            #[cfg(feature = "postgres")]
-            DbPool::Postgres(pool) => sqlx::query(sql)
-                .bind(key.as_str())
-                .bind(owner)
-                .bind(ttl_us)
-                .fetch_optional(pool)
-                .await?
-                .map(|row| row.try_get::<i64, _>(0))
-                .transpose()?,
-            #[cfg(feature = "mysql")]
-            DbPool::MySql(pool) => {
-                let done = sqlx::query(sql)
-                    .bind(key.as_str().as_bytes())
-                    .bind(owner)
-                    .bind(ttl_us)
-                    .execute(pool)
-                    .await?;
-                // LAST_INSERT_ID(expr): the new token, or 0 when held.
-                match done.last_insert_id() {
-                    0 => None,
-                    token => Some(i64::try_from(token).unwrap_or(i64::MAX)),
+        // A statement that lost a deadlock or serialization conflict
+        // (InnoDB's gap locks on concurrent first inserts of one key) was
+        // rolled back and changed nothing: run it again.
+        let mut attempts = 0;
+        let token = loop {
+            match self.grant_once(key, &owner, ttl).await {
+                Err(sqlx::Error::Database(db))
+                    if attempts < 5 && matches!(db.code().as_deref(), Some("40001" | "40P01")) =>
+                {
+                    attempts += 1;
+                    tokio::time::sleep(lock_core::random_delay(Duration::from_millis(2))).await;
                 }
+                other => break other?,
             }
-            #[cfg(feature = "sqlite")]
-            DbPool::Sqlite(pool) => sqlx::query(sql)
-                .bind(key.as_str())
-                .bind(owner)
-                .bind(unix_micros())
-                .bind(ttl_us)
-                .fetch_optional(pool)
-                .await?
-                .map(|row| row.try_get::<i64, _>(0))
-                .transpose()?,
         };
         Ok(token.map(|t| u64::try_from(t).unwrap_or(0)))
     }
@@ -373,22 +390,9 @@ impl SqlBackend {
         let owner = OwnerId::random();
         let sent_at = Instant::now();
         let granted = with_timeout(self.timeout(), operation, async {
-            // A statement that lost a deadlock or serialization conflict
-            // (InnoDB's gap locks on concurrent first inserts of one key)
-            // was rolled back and changed nothing: run it again.
-            let mut attempts = 0;
-            loop {
-                match self.grant(key, owner, ttl).await {
-                    Err(sqlx::Error::Database(db))
-                        if attempts < 5
-                            && matches!(db.code().as_deref(), Some("40001" | "40P01")) =>
-                    {
-                        attempts += 1;
-                        tokio::time::sleep(lock_core::random_delay(Duration::from_millis(2))).await;
-                    }
-                    other => break other.map_err(|e| self.err(operation, key, e)),
-                }
-            }
+            self.grant(key, owner, ttl)
+                .await
+                .map_err(|e| self.err(operation, key, e))
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
@@ -421,29 +425,26 @@ impl SqlBackend {
         }
     }
 
-    /// Makes sure the PostgreSQL listener runs (no-op elsewhere). Failing to
-    /// start it is not an error: waiters then rely on the bounded re-check.
+    /// Makes sure the PostgreSQL listener of this database and table runs
+    /// in the process (no-op elsewhere). Failing to start it is not an
+    /// error: waiters then rely on the bounded re-check.
     async fn ensure_listener(&self) {
         #[cfg(feature = "postgres")]
-        if let DbPool::Postgres(_) = &self.inner.pool {
+        if let DbOptions::Postgres(options) = self.connect_options() {
+            let waits = &self.inner.waits;
             let _ = tokio::time::timeout(
                 self.timeout(),
-                self.inner.listener.get_or_try_init(|| async {
-                    let channel = crate::sql::pg_channel(&self.inner.config.table);
+                waits.listener.get_or_try_init(|| async {
                     // A pool of its own, so the listening connection never
-                    // takes a slot the lock statements need.
-                    let options: sqlx::postgres::PgConnectOptions =
-                        self.inner.config.driver_url().parse()?;
+                    // takes a connection the lock statements need.
                     let pool = sqlx::pool::PoolOptions::<sqlx::Postgres>::new()
                         .max_connections(1)
                         .acquire_timeout(self.timeout())
-                        .connect_lazy_with(options);
+                        .connect_lazy_with(options.clone());
                     let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
-                    listener.listen(&channel).await?;
-                    let sender = self.inner.released.clone();
-                    let task = tokio::spawn(run_listener(listener, sender));
-                    *self
-                        .inner
+                    listener.listen(&self.inner.channel).await?;
+                    let task = tokio::spawn(run_listener(listener, waits.sender()));
+                    *waits
                         .listener_task
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner) = Some(task);
@@ -471,7 +472,7 @@ impl SqlBackend {
 #[cfg(feature = "postgres")]
 async fn run_listener(
     mut listener: sqlx::postgres::PgListener,
-    sender: broadcast::Sender<Arc<str>>,
+    sender: tokio::sync::broadcast::Sender<Arc<str>>,
 ) {
     loop {
         match listener.try_recv().await {
@@ -490,8 +491,19 @@ async fn run_listener(
     }
 }
 
-fn open_pool(config: &SqlConfig) -> Result<DbPool, LockError> {
-    use sqlx::pool::PoolOptions;
+/// The connections' size: `pool_size`, or 10 (SQLite file: 4; in memory:
+/// 1, the one connection that keeps the database alive).
+fn pool_size(config: &SqlConfig) -> u32 {
+    let default = match config.dialect {
+        SqlDialect::Sqlite if config.is_memory() => 1,
+        SqlDialect::Sqlite => 4,
+        SqlDialect::Postgres | SqlDialect::MySql => 10,
+    };
+    config.pool_size.unwrap_or(default)
+}
+
+/// Parses the driver URL into sqlx's connect options.
+pub(crate) fn connect_options(config: &SqlConfig) -> Result<DbOptions, LockError> {
     let bad_option = |e: sqlx::Error| {
         LockError::config(config.scrub(&format!(
             "the {} driver rejected {}: {e}",
@@ -501,30 +513,20 @@ fn open_pool(config: &SqlConfig) -> Result<DbPool, LockError> {
         .with_backend(NAME)
     };
     #[allow(unused_variables)] // used only when a dialect's feature is off
-    let disabled = || -> Result<DbPool, LockError> {
+    let disabled = || -> Result<DbOptions, LockError> {
         Err(LockError::config(format!(
             "lock-sql was built without its `{}` feature",
             config.dialect
         ))
         .with_backend(NAME))
     };
-    let size = config.pool_size;
-    let timeout = config.op_timeout;
-    // `test_before_acquire(false)`: no extra ping per operation. A dead
-    // connection then fails one call (Unavailable, temporary) and is
-    // dropped from the pool.
     match config.dialect {
         SqlDialect::Postgres => {
             #[cfg(feature = "postgres")]
             {
-                let options: sqlx::postgres::PgConnectOptions =
-                    config.driver_url().parse().map_err(bad_option)?;
-                let pool = PoolOptions::<sqlx::Postgres>::new()
-                    .max_connections(size.unwrap_or(10))
-                    .acquire_timeout(timeout)
-                    .test_before_acquire(false)
-                    .connect_lazy_with(options);
-                Ok(DbPool::Postgres(pool))
+                Ok(DbOptions::Postgres(
+                    config.driver_url().parse().map_err(bad_option)?,
+                ))
             }
             #[cfg(not(feature = "postgres"))]
             disabled()
@@ -532,14 +534,9 @@ fn open_pool(config: &SqlConfig) -> Result<DbPool, LockError> {
         SqlDialect::MySql => {
             #[cfg(feature = "mysql")]
             {
-                let options: sqlx::mysql::MySqlConnectOptions =
-                    config.driver_url().parse().map_err(bad_option)?;
-                let pool = PoolOptions::<sqlx::MySql>::new()
-                    .max_connections(size.unwrap_or(10))
-                    .acquire_timeout(timeout)
-                    .test_before_acquire(false)
-                    .connect_lazy_with(options);
-                Ok(DbPool::MySql(pool))
+                Ok(DbOptions::MySql(
+                    config.driver_url().parse().map_err(bad_option)?,
+                ))
             }
             #[cfg(not(feature = "mysql"))]
             disabled()
@@ -548,11 +545,13 @@ fn open_pool(config: &SqlConfig) -> Result<DbPool, LockError> {
             #[cfg(feature = "sqlite")]
             {
                 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-                let memory = config.is_memory();
+                // `sqlite::memory:` parses to a uniquely named shared-cache
+                // in-memory database: the users' pool, built from the same
+                // options, opens the same one.
                 let mut options: SqliteConnectOptions =
                     config.driver_url().parse().map_err(bad_option)?;
                 options = options.busy_timeout(config.busy_timeout);
-                if !memory {
+                if !config.is_memory() {
                     // WAL: readers never block the writer, and several
                     // processes share the file; NORMAL sync is durable
                     // across process crashes (not power loss).
@@ -560,19 +559,44 @@ fn open_pool(config: &SqlConfig) -> Result<DbPool, LockError> {
                         .journal_mode(SqliteJournalMode::Wal)
                         .synchronous(SqliteSynchronous::Normal);
                 }
-                // An in-memory database is private to its connections:
-                // one connection keeps every caller on the same one.
-                let default_size = if memory { 1 } else { 4 };
-                let pool = PoolOptions::<sqlx::Sqlite>::new()
-                    .max_connections(size.unwrap_or(default_size))
-                    .acquire_timeout(timeout.max(config.busy_timeout))
-                    .test_before_acquire(false)
-                    .connect_lazy_with(options);
-                Ok(DbPool::Sqlite(pool))
+                Ok(DbOptions::Sqlite(options))
             }
             #[cfg(not(feature = "sqlite"))]
             disabled()
         }
+    }
+}
+
+/// The users' pool, opened lazily from the same options.
+fn users_pool(config: &SqlConfig, options: &DbOptions) -> DbPool {
+    use sqlx::pool::PoolOptions;
+    let size = pool_size(config);
+    let timeout = config.op_timeout;
+    match options {
+        #[cfg(feature = "postgres")]
+        DbOptions::Postgres(o) => DbPool::Postgres(
+            PoolOptions::<sqlx::Postgres>::new()
+                .max_connections(size)
+                .acquire_timeout(timeout)
+                .test_before_acquire(false)
+                .connect_lazy_with(o.clone()),
+        ),
+        #[cfg(feature = "mysql")]
+        DbOptions::MySql(o) => DbPool::MySql(
+            PoolOptions::<sqlx::MySql>::new()
+                .max_connections(size)
+                .acquire_timeout(timeout)
+                .test_before_acquire(false)
+                .connect_lazy_with(o.clone()),
+        ),
+        #[cfg(feature = "sqlite")]
+        DbOptions::Sqlite(o) => DbPool::Sqlite(
+            PoolOptions::<sqlx::Sqlite>::new()
+                .max_connections(size)
+                .acquire_timeout(timeout.max(config.busy_timeout))
+                .test_before_acquire(false)
+                .connect_lazy_with(o.clone()),
+        ),
     }
 }
 
@@ -640,36 +664,54 @@ impl LockBackend for SqlBackend {
         check_ttl(ttl, MIN_TTL, Operation::Acquire)
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
         let notified = self.inner.config.dialect == SqlDialect::Postgres;
-        let mut backoff = self.inner.config.poll.backoff();
+        let waits = &self.inner.waits;
+        let poll = self.inner.config.poll;
+        let mut backoff = poll.backoff();
         let mut started_listener = false;
+        // Waiters first (see `crate::wake`): while clients of this process
+        // wait for the key, a newcomer, typically the holder that just
+        // released it, waits for the next release like them instead of
+        // racing them to the row; at most one initial poll interval, in
+        // case what they wait for is a release in another process.
+        let mut behind_waiters = waits.has_waiters(key.as_str());
+        let mut waiting = None;
         loop {
             // Subscribe before trying, so a release between the failed try
             // and the wait is not missed.
-            let mut releases = self.inner.released.subscribe();
-            if let Some(lease) = self.try_once(key, ttl, Operation::Acquire).await? {
-                return Ok(lease);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(LockError::new(
-                    ErrorKind::Contended,
-                    Operation::Acquire,
-                    "still held by another owner at the wait deadline",
-                )
-                .with_key(key)
-                .with_backend(NAME));
-            }
-            let delay = if notified {
-                if !started_listener {
+            let mut releases = waits.subscribe();
+            let delay = if behind_waiters {
+                behind_waiters = false;
+                if notified && !started_listener {
                     self.ensure_listener().await;
                     started_listener = true;
-                    // Releases before the listener ran were not heard.
-                    continue;
                 }
-                self.recheck_delay(key).await
+                poll.initial
             } else {
-                backoff.next_delay().unwrap_or(self.inner.config.poll.max)
+                if let Some(lease) = self.try_once(key, ttl, Operation::Acquire).await? {
+                    return Ok(lease);
+                }
+                if Instant::now() >= deadline {
+                    return Err(LockError::new(
+                        ErrorKind::Contended,
+                        Operation::Acquire,
+                        "still held by another owner at the wait deadline",
+                    )
+                    .with_key(key)
+                    .with_backend(NAME));
+                }
+                if notified {
+                    if !started_listener {
+                        self.ensure_listener().await;
+                        started_listener = true;
+                        // Releases before the listener ran were not heard.
+                        continue;
+                    }
+                    self.recheck_delay(key).await
+                } else {
+                    backoff.next_delay().unwrap_or(poll.max)
+                }
             };
+            waiting.get_or_insert_with(|| waits.wait_for(key.as_str()));
             let wake_at = (Instant::now() + delay).min(deadline);
             let sleep = tokio::time::sleep_until(wake_at);
             tokio::pin!(sleep);
@@ -677,7 +719,11 @@ impl LockBackend for SqlBackend {
                 tokio::select! {
                     () = &mut sleep => break,
                     message = releases.recv() => match message {
-                        Ok(released) if &*released == key.as_str() || released.is_empty() => break,
+                        Ok(released) if &*released == key.as_str() || released.is_empty() => {
+                            // Activity on the key: poll from short again.
+                            backoff = poll.backoff();
+                            break;
+                        }
                         Ok(_) => {}
                         // Lagged or closed: re-check rather than miss one.
                         Err(_) => break,
@@ -692,45 +738,15 @@ impl LockBackend for SqlBackend {
         let ttl = lease.ttl();
         check_ttl(ttl, MIN_TTL, Operation::Renew)
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
-        let sql = AssertSqlSafe(Arc::clone(&self.inner.statements.renew));
+        let statement = &self.inner.statements.renew;
         let owner = lease.owner().to_hex();
         let token = token_param(lease);
-        let ttl_us = micros(ttl);
         let sent_at = Instant::now();
         let renewed = with_timeout(self.timeout(), Operation::Renew, async {
-            let affected = match &self.inner.pool {
-                #[cfg(feature = "postgres")]
-                DbPool::Postgres(pool) => sqlx::query(sql)
-                    .bind(key.as_str())
-                    .bind(owner)
-                    .bind(token)
-                    .bind(ttl_us)
-                    .execute(pool)
-                    .await
-                    .map(|r| r.rows_affected()),
-                #[cfg(feature = "mysql")]
-                DbPool::MySql(pool) => sqlx::query(sql)
-                    .bind(ttl_us)
-                    .bind(key.as_str().as_bytes())
-                    .bind(owner)
-                    .bind(token)
-                    .execute(pool)
-                    .await
-                    // CLIENT_FOUND_ROWS: matched rows, and the WHERE clause
-                    // is the ownership check.
-                    .map(|r| r.rows_affected()),
-                #[cfg(feature = "sqlite")]
-                DbPool::Sqlite(pool) => sqlx::query(sql)
-                    .bind(key.as_str())
-                    .bind(owner)
-                    .bind(token)
-                    .bind(unix_micros())
-                    .bind(ttl_us)
-                    .execute(pool)
-                    .await
-                    .map(|r| r.rows_affected()),
-            };
-            affected.map_err(|e| self.err(Operation::Renew, key, e))
+            retry_once!(&self.inner.conns, |conn| exec::renew(
+                conn, statement, key, &owner, token, ttl
+            ))
+            .map_err(|e| self.err(Operation::Renew, key, e))
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
@@ -749,96 +765,33 @@ impl LockBackend for SqlBackend {
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         let key = lease.key();
-        let sql = AssertSqlSafe(Arc::clone(&self.inner.statements.release));
+        let statement = &self.inner.statements.release;
         let owner = lease.owner().to_hex();
         let token = token_param(lease);
+        let channel = &self.inner.channel;
         let released = with_timeout(self.timeout(), Operation::Release, async {
-            let released = match &self.inner.pool {
-                #[cfg(feature = "postgres")]
-                DbPool::Postgres(pool) => sqlx::query(sql)
-                    .bind(key.as_str())
-                    .bind(owner)
-                    .bind(token)
-                    .bind(crate::sql::pg_channel(&self.inner.config.table))
-                    .fetch_optional(pool)
-                    .await
-                    .map(|row| row.is_some()),
-                #[cfg(feature = "mysql")]
-                DbPool::MySql(pool) => sqlx::query(sql)
-                    .bind(key.as_str().as_bytes())
-                    .bind(owner)
-                    .bind(token)
-                    .execute(pool)
-                    .await
-                    .map(|r| r.rows_affected() == 1),
-                #[cfg(feature = "sqlite")]
-                DbPool::Sqlite(pool) => sqlx::query(sql)
-                    .bind(key.as_str())
-                    .bind(owner)
-                    .bind(token)
-                    .bind(unix_micros())
-                    .execute(pool)
-                    .await
-                    .map(|r| r.rows_affected() == 1),
-            };
-            released.map_err(|e| self.err(Operation::Release, key, e))
+            retry_once!(&self.inner.conns, |conn| exec::release(
+                conn, statement, key, &owner, token, channel
+            ))
+            .map_err(|e| self.err(Operation::Release, key, e))
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
         if released && self.inner.config.dialect != SqlDialect::Postgres {
             // Wake this process's waiters at once; other processes poll.
             // (PostgreSQL's NOTIFY reaches every waiter, ours included.)
-            let _ = self.inner.released.send(Arc::from(key.as_str()));
+            self.inner.waits.released(key.as_str());
         }
         Ok(released)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let sql = AssertSqlSafe(Arc::clone(&self.inner.statements.inspect));
+        let statement = &self.inner.statements.inspect;
         let row = with_timeout(self.timeout(), Operation::Inspect, async {
-            let row: Result<Option<(Option<String>, i64, i64)>, sqlx::Error> = async {
-                match &self.inner.pool {
-                    #[cfg(feature = "postgres")]
-                    DbPool::Postgres(pool) => match sqlx::query(sql)
-                        .bind(key.as_str())
-                        .fetch_optional(pool)
-                        .await
-                    {
-                        Ok(Some(row)) => {
-                            Ok(Some((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-                        }
-                        Ok(None) => Ok(None),
-                        Err(e) => Err(e),
-                    },
-                    #[cfg(feature = "mysql")]
-                    DbPool::MySql(pool) => match sqlx::query(sql)
-                        .bind(key.as_str().as_bytes())
-                        .fetch_optional(pool)
-                        .await
-                    {
-                        Ok(Some(row)) => {
-                            Ok(Some((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-                        }
-                        Ok(None) => Ok(None),
-                        Err(e) => Err(e),
-                    },
-                    #[cfg(feature = "sqlite")]
-                    DbPool::Sqlite(pool) => match sqlx::query(sql)
-                        .bind(key.as_str())
-                        .bind(unix_micros())
-                        .fetch_optional(pool)
-                        .await
-                    {
-                        Ok(Some(row)) => {
-                            Ok(Some((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-                        }
-                        Ok(None) => Ok(None),
-                        Err(e) => Err(e),
-                    },
-                }
-            }
-            .await;
-            row.map_err(|e| self.err(Operation::Inspect, key, e))
+            retry_once!(&self.inner.conns, |conn| exec::inspect(
+                conn, statement, key
+            ))
+            .map_err(|e| self.err(Operation::Inspect, key, e))
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;

@@ -1,142 +1,130 @@
 //! The raw floor of an acquire+release cycle, for benchmarks.
 //!
-//! [`SqlFloor::cycle`] issues exactly the two statements of the driver's
-//! uncontended path, by hand on the same kind of sqlx pool: the grant
-//! (`INSERT .. ON CONFLICT`/`ON DUPLICATE KEY UPDATE`, see the crate docs)
-//! and the guarded release (`UPDATE .. WHERE name, owner, token match and
-//! the row has not expired`, with `pg_notify` on PostgreSQL). That is two
-//! round trips per cycle, the same as [`SqlBackend`]'s `try_acquire` +
-//! `release`, without the driver's bookkeeping (lease objects, validity
-//! deadlines, retries of statements that lost a deadlock, local wake-ups).
+//! [`SqlFloor`] opens **one bare sqlx connection** of its own (never the
+//! driver's connections or any pool), creates the lease table as the driver
+//! does when it is missing, and issues the driver's two statements by hand
+//! on that connection, with the same SQL text and the same binds:
 //!
-//! It exists so benchmarks (`distlock compare`, this crate's `bench`
-//! example) can report "ours / floor" ratios measured in one run. It is not
-//! a lock API: use [`SqlBackend`] for that.
+//! 1. the grant (`INSERT .. ON CONFLICT`/`ON DUPLICATE KEY UPDATE`, see the
+//!    crate docs): one round trip;
+//! 2. the guarded release (`UPDATE .. WHERE name, owner, token match and
+//!    the row has not expired`, with `pg_notify` on PostgreSQL): one round
+//!    trip.
+//!
+//! Two round trips per cycle (after the connection's first use of each
+//! statement, which sqlx prepares once). Nothing else: no retries, no
+//! reconnection, no lease objects, no wake-ups. It exists so benchmarks
+//! (`distlock compare`, this crate's `bench` example) can report "ours /
+//! floor" ratios. It is not a lock API: use [`SqlBackend`](crate::SqlBackend).
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
 use sqlx::AssertSqlSafe;
 #[allow(unused_imports)] // unused when only the MySQL dialect is compiled in
 use sqlx::Row;
+use tokio::sync::Mutex;
 
+use crate::config::{SqlConfig, SqlDialect};
+use crate::conn::DbConn;
 #[allow(unused_imports)] // used by the SQLite dialect only
 use crate::driver::unix_micros;
-use crate::driver::{DbPool, MIN_TTL, NAME, SqlBackend, micros};
+use crate::driver::{MIN_TTL, NAME, micros};
 use crate::error::map_sqlx;
+use crate::sql::{Statements, pg_channel};
 
-/// Hand-issued grant + release statements on a [`SqlBackend`]'s pool: the
-/// floor our acquire+release cycle is measured against.
+/// The driver's grant and guarded release, by hand on one bare connection.
 ///
-/// Cheap to clone (clones share the pool).
+/// Serves one call at a time (calls from several tasks queue on the
+/// connection): eight independent clients are eight floors.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
+/// use lock_core::floor::RawFloor;
 /// use lock_sql::floor::SqlFloor;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_core::LockError> {
 /// let floor = SqlFloor::connect("sqlite::memory:").await?;
+/// assert_eq!(floor.round_trips_per_cycle(), 2);
+/// let grant = floor.try_grant("bench/0", Duration::from_secs(10)).await?.expect("free");
+/// assert!(floor.release(&grant).await?);
 /// floor.cycle("bench/0", Duration::from_secs(10)).await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct SqlFloor {
-    backend: SqlBackend,
-    /// PostgreSQL's release notification channel, computed once.
-    channel: Arc<str>,
+    config: SqlConfig,
+    conn: Mutex<DbConn>,
+    statements: Statements,
+    channel: String,
 }
 
 impl SqlFloor {
-    /// Connects like [`crate::connect`] (same URL syntax and options) and
-    /// creates the lease table if needed, exactly as the driver does.
+    /// Opens one connection to the database named by `url` (the driver's
+    /// URL syntax and options; `pool_size` is ignored) and creates the
+    /// lease table on it if needed, exactly as the driver does.
     ///
     /// # Errors
     ///
-    /// As [`SqlBackend::connect_url`].
+    /// As [`SqlBackend::connect_url`](crate::SqlBackend::connect_url).
     ///
     /// # Cancel safety
     ///
     /// Safe: dropping the future closes whatever was opened. A table created
     /// meanwhile stays (creation is idempotent).
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        Ok(Self::from_backend(&SqlBackend::connect_url(url).await?))
-    }
-
-    /// The floor on an existing backend's pool (and table), so ours and the
-    /// floor share connections.
-    pub fn from_backend(backend: &SqlBackend) -> Self {
-        Self {
-            backend: backend.clone(),
-            channel: Arc::from(crate::sql::pg_channel(backend.config().table_name())),
+        let config = SqlConfig::from_url(url)?;
+        let options = crate::driver::connect_options(&config)?;
+        let statements = Statements::new(config.dialect, &config.table);
+        let err = |e| map_sqlx(&config, Operation::Connect, e).with_backend(NAME);
+        let mut conn = with_timeout(config.op_timeout, Operation::Connect, async {
+            options.connect().await.map_err(err)
+        })
+        .await?;
+        if config.create_table {
+            for create in &statements.create {
+                with_timeout(config.op_timeout, Operation::Connect, async {
+                    crate::exec::plain(&mut conn, create).await.map_err(err)
+                })
+                .await?;
+            }
         }
+        Ok(Self {
+            channel: pg_channel(&config.table),
+            conn: Mutex::new(conn),
+            statements,
+            config,
+        })
     }
 
-    /// The backend whose pool and table this floor uses.
-    pub fn backend(&self) -> &SqlBackend {
-        &self.backend
-    }
-
-    /// One grant + one release of `key` by hand: the grant statement (must
-    /// insert the row or take over an expired one) and the guarded release
-    /// statement, each bounded by the configured operation timeout.
+    /// One grant and its release of `key`: [`RawFloor::cycle`].
     ///
     /// # Errors
     ///
     /// [`ErrorKind::InvalidArgument`] for a key or TTL the driver would
     /// refuse; [`ErrorKind::Contended`] when someone holds `key` (the floor
-    /// never waits); [`ErrorKind::NotHeld`] when the release matched no row
-    /// (the TTL ran out mid-cycle, or another client took the row); the
-    /// driver's kinds (`Unavailable`, `Timeout`, `Backend`) for database
+    /// never waits); [`ErrorKind::NotHeld`] when the release matched no row;
+    /// the driver's kinds (`Unavailable`, `Timeout`, `Backend`) for database
     /// failures.
     ///
     /// # Cancel safety
     ///
-    /// Not a lock API: dropping the future after the grant committed leaves
-    /// the row held until `ttl` passes (later cycles on `key` fail with
-    /// `Contended` until then). Nothing else is left behind.
+    /// Dropping the future after the grant committed leaves the row held
+    /// until `ttl` passes.
     pub async fn cycle(&self, key: &str, ttl: Duration) -> Result<(), LockError> {
-        let key = LockKey::new(key)?;
-        check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
-            .map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        let owner = OwnerId::random().to_hex();
-        let timeout = self.backend.config().timeout();
-        let token = with_timeout(
-            timeout,
-            Operation::TryAcquire,
-            self.grant(&key, &owner, ttl),
-        )
-        .await
-        .map_err(|e| e.with_key(&key).with_backend(NAME))?
-        .ok_or_else(|| {
-            LockError::new(
-                ErrorKind::Contended,
-                Operation::TryAcquire,
-                "the floor's key is held by another owner",
-            )
-            .with_key(&key)
-            .with_backend(NAME)
-        })?;
-        let released = with_timeout(
-            timeout,
-            Operation::Release,
-            self.release(&key, &owner, token),
-        )
-        .await
-        .map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        if released {
-            Ok(())
-        } else {
-            Err(LockError::new(
-                ErrorKind::NotHeld,
-                Operation::Release,
-                "the floor's release matched no row (expired or taken over)",
-            )
-            .with_key(&key)
-            .with_backend(NAME))
+        RawFloor::cycle(self, key, ttl).await
+    }
+
+    fn failed(&self, operation: Operation, key: &LockKey) -> impl Fn(sqlx::Error) -> LockError {
+        move |e| {
+            map_sqlx(&self.config, operation, e)
+                .with_key(key)
+                .with_backend(NAME)
         }
     }
 
@@ -147,30 +135,31 @@ impl SqlFloor {
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<i64>, LockError> {
-        let sql = AssertSqlSafe(Arc::clone(&self.backend.statements().grant));
+        let sql = AssertSqlSafe(self.statements.grant.clone());
         let ttl_us = micros(ttl);
-        let err = |e| map_sqlx(self.backend.config(), Operation::TryAcquire, e);
-        let token = match self.backend.pool() {
+        let err = self.failed(Operation::TryAcquire, key);
+        let mut conn = self.conn.lock().await;
+        let token = match &mut *conn {
             #[cfg(feature = "postgres")]
-            DbPool::Postgres(pool) => sqlx::query(sql)
+            DbConn::Postgres(c) => sqlx::query(sql)
                 .bind(key.as_str())
                 .bind(owner)
                 .bind(ttl_us)
-                .fetch_optional(pool)
+                .fetch_optional(c)
                 .await
-                .map_err(err)?
+                .map_err(&err)?
                 .map(|row| row.try_get::<i64, _>(0))
                 .transpose()
-                .map_err(err)?,
+                .map_err(&err)?,
             #[cfg(feature = "mysql")]
-            DbPool::MySql(pool) => {
+            DbConn::MySql(c) => {
                 let done = sqlx::query(sql)
                     .bind(key.as_str().as_bytes())
                     .bind(owner)
                     .bind(ttl_us)
-                    .execute(pool)
+                    .execute(c)
                     .await
-                    .map_err(err)?;
+                    .map_err(&err)?;
                 // LAST_INSERT_ID(expr): the new token, or 0 when held.
                 match done.last_insert_id() {
                     0 => None,
@@ -178,62 +167,119 @@ impl SqlFloor {
                 }
             }
             #[cfg(feature = "sqlite")]
-            DbPool::Sqlite(pool) => sqlx::query(sql)
+            DbConn::Sqlite(c) => sqlx::query(sql)
                 .bind(key.as_str())
                 .bind(owner)
                 .bind(unix_micros())
                 .bind(ttl_us)
-                .fetch_optional(pool)
+                .fetch_optional(c)
                 .await
-                .map_err(err)?
+                .map_err(&err)?
                 .map(|row| row.try_get::<i64, _>(0))
                 .transpose()
-                .map_err(err)?,
+                .map_err(&err)?,
         };
         Ok(token)
     }
 
     /// The guarded release statement: whether it matched our row.
-    async fn release(&self, key: &LockKey, owner: &str, token: i64) -> Result<bool, LockError> {
-        let sql = AssertSqlSafe(Arc::clone(&self.backend.statements().release));
-        let err = |e| map_sqlx(self.backend.config(), Operation::Release, e);
-        let released = match self.backend.pool() {
+    async fn release_row(&self, key: &LockKey, owner: &str, token: i64) -> Result<bool, LockError> {
+        let sql = AssertSqlSafe(self.statements.release.clone());
+        let err = self.failed(Operation::Release, key);
+        let mut conn = self.conn.lock().await;
+        let released = match &mut *conn {
             #[cfg(feature = "postgres")]
-            DbPool::Postgres(pool) => sqlx::query(sql)
+            DbConn::Postgres(c) => sqlx::query(sql)
                 .bind(key.as_str())
                 .bind(owner)
                 .bind(token)
-                .bind(&*self.channel)
-                .fetch_optional(pool)
+                .bind(&self.channel)
+                .fetch_optional(c)
                 .await
-                .map_err(err)?
+                .map_err(&err)?
                 .is_some(),
             #[cfg(feature = "mysql")]
-            DbPool::MySql(pool) => {
+            DbConn::MySql(c) => {
                 sqlx::query(sql)
                     .bind(key.as_str().as_bytes())
                     .bind(owner)
                     .bind(token)
-                    .execute(pool)
+                    .execute(c)
                     .await
-                    .map_err(err)?
+                    .map_err(&err)?
                     .rows_affected()
                     == 1
             }
             #[cfg(feature = "sqlite")]
-            DbPool::Sqlite(pool) => {
+            DbConn::Sqlite(c) => {
                 sqlx::query(sql)
                     .bind(key.as_str())
                     .bind(owner)
                     .bind(token)
                     .bind(unix_micros())
-                    .execute(pool)
+                    .execute(c)
                     .await
-                    .map_err(err)?
+                    .map_err(&err)?
                     .rows_affected()
                     == 1
             }
         };
         Ok(released)
+    }
+}
+
+#[async_trait]
+impl RawFloor for SqlFloor {
+    fn name(&self) -> &'static str {
+        match self.config.dialect {
+            SqlDialect::Postgres => "postgres",
+            SqlDialect::MySql => "mysql",
+            SqlDialect::Sqlite => "sqlite",
+        }
+    }
+
+    /// The grant and the release: one statement each.
+    fn round_trips_per_cycle(&self) -> u32 {
+        2
+    }
+
+    async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
+        let key = LockKey::new(key)?;
+        check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
+            .map_err(|e| e.with_key(&key).with_backend(NAME))?;
+        let owner = OwnerId::random().to_hex();
+        let token = with_timeout(
+            self.config.op_timeout,
+            Operation::TryAcquire,
+            self.grant(&key, &owner, ttl),
+        )
+        .await
+        .map_err(|e| e.with_key(&key).with_backend(NAME))?;
+        Ok(token.map(|token| FloorGrant {
+            key: key.as_str().to_owned(),
+            owner,
+            token: u64::try_from(token).unwrap_or(0),
+            handle: String::new(),
+        }))
+    }
+
+    async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
+        let key = LockKey::new(&grant.key)?;
+        let token = i64::try_from(grant.token).map_err(|_| {
+            LockError::new(
+                ErrorKind::InvalidArgument,
+                Operation::Release,
+                "a SQL token fits in a BIGINT",
+            )
+            .with_key(&key)
+            .with_backend(NAME)
+        })?;
+        with_timeout(
+            self.config.op_timeout,
+            Operation::Release,
+            self.release_row(&key, &grant.owner, token),
+        )
+        .await
+        .map_err(|e| e.with_key(&key).with_backend(NAME))
     }
 }

@@ -1,0 +1,228 @@
+//! The driver's own connections: bare sqlx connections kept on a small idle
+//! list, instead of sqlx's pool.
+//!
+//! sqlx's pool pings every connection as it goes back to the pool
+//! (`PoolConnection`'s return path, whatever `test_before_acquire` says), so
+//! each lock statement through it cost two round trips. Here a connection
+//! goes back as it is, and a broken one is found by the error of the
+//! statement that used it ([`is_broken`]): it is dropped, together with
+//! every idle connection opened before it broke (after a database restart
+//! they are all dead), and the caller may run the statement once more on a
+//! freshly opened connection where running it twice is safe (see the
+//! driver's `retry_once!` and its grant recovery).
+//!
+//! A checkout dropped before [`Checkout::finish`] (its statement was
+//! cancelled or timed out mid-flight) drops its connection: the protocol
+//! state of a half-read reply is unknown, which is why sqlx pings there.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+/// One bare connection of the configured dialect.
+#[derive(Debug)]
+pub(crate) enum DbConn {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgConnection),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlConnection),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqliteConnection),
+}
+
+/// How to open a [`DbConn`] (also what the users' sqlx pool is built from).
+#[derive(Clone, Debug)]
+pub(crate) enum DbOptions {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::postgres::PgConnectOptions),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::mysql::MySqlConnectOptions),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::sqlite::SqliteConnectOptions),
+}
+
+impl DbOptions {
+    /// Opens one connection.
+    pub(crate) async fn connect(&self) -> Result<DbConn, sqlx::Error> {
+        use sqlx::Connection;
+        Ok(match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(o) => DbConn::Postgres(sqlx::PgConnection::connect_with(o).await?),
+            #[cfg(feature = "mysql")]
+            Self::MySql(o) => DbConn::MySql(sqlx::MySqlConnection::connect_with(o).await?),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(o) => DbConn::Sqlite(sqlx::SqliteConnection::connect_with(o).await?),
+        })
+    }
+}
+
+impl DbConn {
+    /// Says goodbye to the server (best effort).
+    async fn close(self) {
+        use sqlx::Connection;
+        let _ = match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(c) => c.close().await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(c) => c.close().await,
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(c) => c.close().await,
+        };
+    }
+}
+
+/// Whether `err` means the connection it came from is unusable: the
+/// socket failed or closed (`Io`: reset, EOF), TLS or the wire protocol
+/// broke, SQLite's worker thread died, or the server said it is ending the
+/// session (PostgreSQL class 08 connection exceptions and 57P01..57P03
+/// shutdowns/terminations, which come as FATAL before the server closes;
+/// MySQL/MariaDB 1927 "connection was killed", 1053 server shutdown, 4031
+/// idle disconnect).
+///
+/// Not broken: statement errors (constraint, syntax, deadlock/serialization
+/// rollbacks, SQLite busy), after which the connection is fine.
+pub(crate) fn is_broken(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            #[cfg(feature = "mysql")]
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return matches!(my.number(), 1053 | 1927 | 4031);
+            }
+            #[cfg(feature = "postgres")]
+            if db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some()
+            {
+                let code = db.code().unwrap_or_default();
+                return code.starts_with("08")
+                    || matches!(code.as_ref(), "57P01" | "57P02" | "57P03");
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
+/// At most `size` bare connections, idle ones kept for reuse (last in,
+/// first out, so a quiet client keeps using one warm connection).
+#[derive(Debug)]
+pub(crate) struct ConnSet {
+    options: DbOptions,
+    idle: Mutex<Vec<Idle>>,
+    permits: Semaphore,
+    /// Bumped when a connection is found broken: idle connections opened
+    /// before are dropped instead of reused.
+    epoch: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Idle {
+    epoch: u64,
+    conn: DbConn,
+}
+
+/// A connection taken from a [`ConnSet`] for one statement.
+#[derive(Debug)]
+pub(crate) struct Checkout<'a> {
+    set: &'a ConnSet,
+    conn: Option<Idle>,
+    _permit: SemaphorePermit<'a>,
+}
+
+impl ConnSet {
+    pub(crate) fn new(options: DbOptions, size: u32) -> Self {
+        Self {
+            options,
+            idle: Mutex::new(Vec::new()),
+            permits: Semaphore::new(usize::try_from(size.max(1)).unwrap_or(1)),
+            epoch: AtomicU64::new(0),
+        }
+    }
+
+    /// How connections are opened.
+    pub(crate) fn options(&self) -> &DbOptions {
+        &self.options
+    }
+
+    /// A connection: an idle one unless `fresh`, else a newly opened one.
+    /// Waits while `size` connections are checked out (callers bound the
+    /// wait with their operation timeout).
+    pub(crate) async fn checkout(&self, fresh: bool) -> Result<Checkout<'_>, sqlx::Error> {
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let reused = if fresh { None } else { self.pop_idle() };
+        let conn = match reused {
+            Some(idle) => idle,
+            None => {
+                let epoch = self.epoch.load(Ordering::Acquire);
+                Idle {
+                    epoch,
+                    conn: self.options.connect().await?,
+                }
+            }
+        };
+        Ok(Checkout {
+            set: self,
+            conn: Some(conn),
+            _permit: permit,
+        })
+    }
+
+    fn pop_idle(&self) -> Option<Idle> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        // Older than the last breakage: probably dead too (dropped here,
+        // outside any await).
+        idle.retain(|c| c.epoch >= epoch);
+        idle.pop()
+    }
+
+    /// Refuses further checkouts and closes the idle connections.
+    pub(crate) async fn close(&self) {
+        self.permits.close();
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        for c in idle {
+            c.conn.close().await;
+        }
+    }
+}
+
+impl Checkout<'_> {
+    /// The connection.
+    pub(crate) fn conn(&mut self) -> &mut DbConn {
+        &mut self
+            .conn
+            .as_mut()
+            .expect("a checkout holds its connection until finished")
+            .conn
+    }
+
+    /// Hands the connection back after its statement returned `result`, or
+    /// drops it when `result` shows it broke (with every idle connection
+    /// opened before it). Returns whether it broke.
+    pub(crate) fn finish<T>(mut self, result: &Result<T, sqlx::Error>) -> bool {
+        let broken = result.as_ref().err().is_some_and(is_broken);
+        let Some(conn) = self.conn.take() else {
+            return broken;
+        };
+        if broken {
+            // Connections opened from now on carry the new epoch.
+            self.set.epoch.fetch_max(conn.epoch + 1, Ordering::AcqRel);
+        } else if !self.set.permits.is_closed() {
+            self.set
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(conn);
+        }
+        broken
+    }
+}
