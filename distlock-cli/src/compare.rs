@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::bench::{self, LatencyStats};
+use conformance::bench::{self, Contender, FloorCycle, Ours};
 use conformance::deploy::{DeployedTarget, Deployment, Opener};
 use conformance::scenarios::{self, HolderCommand, ScenarioEnv, ScenarioReport, Verdict};
 use conformance::{Harness, HarnessError, MemoryTarget, SuiteConfig, SuiteReport, Target};
-use lock_core::{Capabilities, LockBackend, LockClient, LockError, LockKey, OwnerId};
+use lock_core::{Capabilities, LockBackend, LockClient, LockError, OwnerId};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -65,8 +65,16 @@ pub(crate) struct BenchFigures {
     pub(crate) floor_throughput_8x8: Option<f64>,
     pub(crate) throughput_ratio: Option<f64>,
     pub(crate) handoffs_per_s: Option<f64>,
-    pub(crate) handoff_p50_us: Option<f64>,
+    /// The busiest handoff client's grants over the least busy one's.
+    pub(crate) handoff_spread: Option<f64>,
     pub(crate) floor_handoffs_per_s: Option<f64>,
+    pub(crate) floor_handoff_spread: Option<f64>,
+    pub(crate) handoff_ratio: Option<f64>,
+    /// Round trips per uncontended cycle, counted by a fault proxy.
+    pub(crate) round_trips_per_cycle: Option<f64>,
+    pub(crate) floor_round_trips_per_cycle: Option<f64>,
+    /// What the floor's exchange is written to cost.
+    pub(crate) floor_round_trips_declared: Option<u32>,
     pub(crate) bytes_per_held_lock: Option<f64>,
     pub(crate) error: Option<String>,
 }
@@ -388,54 +396,123 @@ async fn bench_into(
     url: &str,
     full: bool,
 ) -> Result<(), LockError> {
-    let backend = target.client().await?;
-    let ttl = Duration::from_secs(10).max(backend.capabilities().min_ttl);
-    let run = &OwnerId::random().to_hex()[..8];
-    let key = LockKey::new(format!("bench-{run}/cycle"))?;
-    let n = if full { 2000 } else { 300 };
-    // Warm up connections, scripts and statement caches.
-    bench::cycle_latency(backend.clone(), &key, ttl, 20).await?;
-    let floor = crate::floors::floor(url).await;
-    if let Some(floor) = &floor {
-        floor.warm_up().await?;
+    let probe = target.client().await?;
+    let ttl = Duration::from_secs(10).max(probe.capabilities().min_ttl);
+    let run = OwnerId::random().to_hex()[..8].to_owned();
+    let ours_client = |backend: Arc<dyn LockBackend>| -> Arc<dyn Contender> {
+        Arc::new(Ours::new(LockClient::from_arc(backend), ttl))
+    };
+    // Independent clients, as separate processes would have: each its own
+    // connection, ours and the floor's alike.
+    let mut ours = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        ours.push(ours_client(target.client().await?));
     }
-    // Ours and the floor measured back to back, in one run.
-    let cycle = bench::cycle_latency(backend.clone(), &key, ttl, n).await?;
+    let floors = crate::floors::contenders(url, ttl, CLIENTS).await;
+    let (cycle_key, floor_key) = (format!("bench-{run}/cycle"), format!("floor-{run}/cycle"));
+    // Warm up connections, scripts and statement caches.
+    for _ in 0..20 {
+        ours[0].cycle(&cycle_key).await?;
+        if let Some(floors) = &floors {
+            floors[0].cycle(&floor_key).await?;
+        }
+    }
+    let n = if full { 2000 } else { 300 };
+    let cycle = match &floors {
+        Some(floors) => {
+            let (cycle, floor) =
+                bench::interleaved_latency(&*ours[0], &*floors[0], (&cycle_key, &floor_key), n, 10)
+                    .await?;
+            out.floor_cycle_p50_us = Some(floor.p50_us);
+            out.cycle_ratio = Some(bench::ratio(cycle.p50_us, floor.p50_us));
+            cycle
+        }
+        None => bench::concurrent_cycles(&ours[..1], &cycle_key, n).await?,
+    };
     out.cycle_p50_us = Some(cycle.p50_us);
     out.cycle_p99_us = Some(cycle.p99_us);
     out.cycles_per_s = Some(cycle.per_sec);
     out.cycle_histogram = Some(cycle.histogram);
-    if let Some(floor) = &floor {
-        let floor_cycle = floor.sequential(n).await?;
-        out.floor_cycle_p50_us = Some(floor_cycle.p50_us);
-        out.cycle_ratio = Some(bench::ratio(cycle.p50_us, floor_cycle.p50_us));
-    }
-    let per_task = if full { 250 } else { 40 };
-    let parallel = bench::cycle_throughput(
-        backend.clone(),
-        &format!("bench-{run}/par"),
-        ttl,
-        8,
-        per_task,
+    let per_client = if full { 400 } else { 60 };
+    let prefixes = (format!("bench-{run}/par"), format!("floor-{run}/par"));
+    let parallel = match &floors {
+        Some(floors) => {
+            let (parallel, floor) = bench::interleaved_throughput(
+                &ours,
+                floors,
+                (&prefixes.0, &prefixes.1),
+                per_client,
+                4,
+            )
+            .await?;
+            out.floor_throughput_8x8 = Some(floor.per_sec);
+            out.throughput_ratio = Some(bench::ratio(parallel.per_sec, floor.per_sec));
+            parallel
+        }
+        None => bench::concurrent_cycles(&ours, &prefixes.0, per_client).await?,
+    };
+    out.throughput_8x8 = Some(parallel.per_sec);
+    let window = if full {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_millis(1500)
+    };
+    let handoff = bench::handoffs(
+        &ours[..HANDOFF_CLIENTS],
+        &format!("bench-{run}/handoff"),
+        window,
     )
     .await?;
-    out.throughput_8x8 = Some(parallel.per_sec);
-    if let Some(floor) = &floor {
-        let floor_parallel = floor.parallel(8, per_task).await?;
-        out.floor_throughput_8x8 = Some(floor_parallel.per_sec);
-        out.throughput_ratio = Some(bench::ratio(parallel.per_sec, floor_parallel.per_sec));
-    }
-    let handoff_key = LockKey::new(format!("bench-{run}/handoff"))?;
-    let grants = if full { 400 } else { 80 };
-    let handoff: LatencyStats =
-        bench::handoff(backend.clone(), &handoff_key, ttl, 4, grants).await?;
     out.handoffs_per_s = Some(handoff.per_sec);
-    out.handoff_p50_us = Some(handoff.p50_us);
-    if let Some(floor) = &floor {
-        out.floor_handoffs_per_s = floor.handoffs_per_s();
+    out.handoff_spread = Some(handoff.spread());
+    if let Some(floors) = &floors {
+        let floor = bench::handoffs(
+            &floors[..HANDOFF_CLIENTS],
+            &format!("floor-{run}/handoff"),
+            window,
+        )
+        .await?;
+        out.floor_handoffs_per_s = Some(floor.per_sec);
+        out.floor_handoff_spread = Some(floor.spread());
+        out.handoff_ratio = Some(bench::ratio(handoff.per_sec, floor.per_sec));
     }
+    drop((ours, floors));
+    round_trips_into(out, url, ttl, &run).await?;
     out.bytes_per_held_lock =
-        bytes_per_held_lock(backend, run, if full { 10_000 } else { 1000 }).await;
+        bytes_per_held_lock(probe, &run, if full { 10_000 } else { 1000 }).await;
+    Ok(())
+}
+
+/// Independent clients in the throughput benchmark.
+const CLIENTS: usize = 8;
+/// Independent clients contending on one key in the handoff benchmark.
+const HANDOFF_CLIENTS: usize = 4;
+
+/// Round trips per uncontended cycle, ours and the floor's, each counted
+/// by a fault proxy of its own in front of the server (loopback servers
+/// named by a single-server URL only).
+async fn round_trips_into(
+    out: &mut BenchFigures,
+    url: &str,
+    ttl: Duration,
+    run: &str,
+) -> Result<(), LockError> {
+    const CYCLES: usize = 50;
+    if let Some((proxied, proxy)) = crate::floors::proxied(url).await {
+        let ours = Ours::new(LockClient::from_arc(distlock::open(&proxied).await?), ttl);
+        let key = format!("bench-{run}/round-trips");
+        out.round_trips_per_cycle =
+            Some(bench::round_trips_per_cycle(&ours, &proxy, &key, 5, CYCLES).await?);
+    }
+    if let Some((proxied, proxy)) = crate::floors::proxied(url).await {
+        if let Some(floor) = crate::floors::connect(&proxied).await? {
+            let floor = FloorCycle::new(floor, ttl);
+            out.floor_round_trips_declared = Some(floor.declared_round_trips());
+            let key = format!("floor-{run}/round-trips");
+            out.floor_round_trips_per_cycle =
+                Some(bench::round_trips_per_cycle(&floor, &proxy, &key, 5, CYCLES).await?);
+        }
+    }
     Ok(())
 }
 
@@ -477,15 +554,18 @@ pub(crate) fn print_table(results: &[BackendResult]) {
         .unwrap_or(0)
         .max(10);
     println!(
-        "{:<w$} {:<22} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>9}",
+        "{:<w$} {:<22} {:>9} {:>9} {:>7} {:>10} {:>7} {:>9} {:>7} {:>6} {:>9} {:>8}",
         "backend",
         "conformance",
         "p50 µs",
         "p99 µs",
         "x floor",
-        "8x8 ops/s",
+        "8 clients",
         "x floor",
         "handoff/s",
+        "x floor",
+        "spread",
+        "RT/cycle",
         "B/lock"
     );
     for r in results {
@@ -494,8 +574,13 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             continue;
         }
         let b = &r.bench;
+        let round_trips = match (b.round_trips_per_cycle, b.floor_round_trips_per_cycle) {
+            (Some(ours), Some(floor)) => format!("{ours:.1}/{floor:.1}"),
+            (Some(ours), None) => format!("{ours:.1}"),
+            _ => "-".to_owned(),
+        };
         println!(
-            "{:<w$} {:<22} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>9}",
+            "{:<w$} {:<22} {:>9} {:>9} {:>7} {:>10} {:>7} {:>9} {:>7} {:>6} {:>9} {:>8}",
             r.name,
             r.verdict(),
             cell(b.cycle_p50_us, 1),
@@ -504,6 +589,9 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             cell(b.throughput_8x8, 0),
             cell(b.throughput_ratio, 2),
             cell(b.handoffs_per_s, 0),
+            cell(b.handoff_ratio, 2),
+            cell(b.handoff_spread.filter(|s| s.is_finite()), 1),
+            round_trips,
             cell(b.bytes_per_held_lock, 0),
         );
         if let Some(e) = &b.error {

@@ -1,130 +1,136 @@
-//! Raw floors: the same round trips a driver's acquire+release makes,
-//! issued by hand with the driver's own client, so the comparison can print
-//! "ours / floor" ratios measured in one run.
+//! Raw floors: the minimal grant + release of each backend, written by hand
+//! on one bare connection of its own (`lock_*::floor`), and the fault
+//! proxy put in front of a server to count round trips.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::bench::{self, LatencyStats};
+use conformance::bench::{Contender, FloorCycle};
+use conformance::proxy::FaultProxy;
 use distlock::lock_etcd::floor::EtcdFloor;
-use distlock::lock_redis::floor::RedisFloor;
+use distlock::lock_redis::floor::{RedisFloor, RedlockFloor};
 use distlock::lock_sql::floor::SqlFloor;
 use distlock::lock_zk::floor::ZkFloor;
-use lock_core::{LockError, OwnerId};
+use lock_core::LockError;
+use lock_core::floor::RawFloor;
 
-type CycleFn = Arc<
-    dyn Fn(usize, usize) -> Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>
-        + Send
-        + Sync,
->;
-
-/// A raw acquire+release cycle for one backend.
-pub(crate) struct Floor {
-    cycle: CycleFn,
-}
-
-impl Floor {
-    pub(crate) fn new(cycle: CycleFn) -> Self {
-        Self { cycle }
-    }
-
-    pub(crate) async fn warm_up(&self) -> Result<(), LockError> {
-        for i in 0..20 {
-            (self.cycle)(0, i).await?;
-        }
-        Ok(())
-    }
-
-    pub(crate) async fn sequential(&self, n: usize) -> Result<LatencyStats, LockError> {
-        let cycle = self.cycle.clone();
-        bench::measure_sequential(n, move |i| cycle(0, i)).await
-    }
-
-    pub(crate) async fn parallel(
-        &self,
-        tasks: usize,
-        per_task: usize,
-    ) -> Result<LatencyStats, LockError> {
-        let cycle = self.cycle.clone();
-        bench::measure_parallel(tasks, per_task, move |t, i| cycle(t, i)).await
-    }
-
-    /// Handoff has no hand-written equivalent: it is the backend's waiting
-    /// mechanism itself.
-    pub(crate) fn handoffs_per_s(&self) -> Option<f64> {
-        None
-    }
-}
-
-/// The TTL of the floors' grants: the comparison's, for every backend whose
-/// minimum TTL is below it.
-const FLOOR_TTL: Duration = Duration::from_secs(10);
-
-/// The floor for the backend at `url`, where its driver offers one.
-///
-/// Each task cycles on its own key (`floor-<run>/<task>`, with a random run
-/// id), as the comparison's own throughput run does, so parallel tasks never
-/// contend. A floor that cannot connect is reported on stderr and left out
-/// (the ratio columns stay empty).
-pub(crate) async fn floor(url: &str) -> Option<Floor> {
-    let scheme = url
-        .split(':')
+fn scheme(url: &str) -> String {
+    url.split(':')
         .next()
         .unwrap_or_default()
-        .to_ascii_lowercase();
-    let run: Arc<str> = Arc::from(&OwnerId::random().to_hex()[..8]);
-    let connected = match scheme.as_str() {
-        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
-            SqlFloor::connect(url).await.map(|floor| {
-                let floor = Arc::new(floor);
-                Floor::new(Arc::new(move |task, _| {
-                    let floor = floor.clone();
-                    let key = floor_key(&run, task);
-                    Box::pin(async move { floor.cycle(&key, FLOOR_TTL).await })
-                }))
-            })
-        }
-        "etcd" | "etcds" => EtcdFloor::connect(url).await.map(|floor| {
-            let floor = Arc::new(floor);
-            Floor::new(Arc::new(move |task, _| {
-                let floor = floor.clone();
-                let key = floor_key(&run, task);
-                Box::pin(async move { floor.cycle(&key, FLOOR_TTL).await })
-            }))
-        }),
-        // One server only: Sentinel, Cluster and Redlock URLs have no
-        // single pair of round trips to compare with (ratios left empty).
-        "redis" | "rediss" => RedisFloor::connect(url).await.map(|floor| {
-            Floor::new(Arc::new(move |task, _| {
-                let floor = floor.clone();
-                let key = floor_key(&run, task);
-                Box::pin(async move { floor.cycle(&key, FLOOR_TTL).await })
-            }))
-        }),
-        "zk" | "zookeeper" => ZkFloor::connect(url).await.map(|floor| {
-            let floor = Arc::new(floor);
-            Floor::new(Arc::new(move |task, _| {
-                let floor = floor.clone();
-                let key = floor_key(&run, task);
-                Box::pin(async move { floor.cycle(&key, FLOOR_TTL).await })
-            }))
-        }),
-        _ => return None,
-    };
-    match connected {
-        Ok(floor) => Some(floor),
-        Err(err) => {
-            eprintln!(
-                "floor for {}: cannot connect ({err}); ratios left out",
-                distlock::redact_url(url)
-            );
-            None
-        }
-    }
+        .to_ascii_lowercase()
 }
 
-fn floor_key(run: &str, task: usize) -> String {
-    format!("floor-{run}/{task}")
+/// The floor for the backend at `url`: `Ok(None)` when its driver has
+/// none (memory, Sentinel, Cluster).
+///
+/// # Errors
+///
+/// The floor's connection errors.
+pub(crate) async fn connect(url: &str) -> Result<Option<Box<dyn RawFloor>>, LockError> {
+    Ok(Some(match scheme(url).as_str() {
+        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
+            Box::new(SqlFloor::connect(url).await?)
+        }
+        "etcd" | "etcds" => Box::new(EtcdFloor::connect(url).await?),
+        "redis" | "rediss" => Box::new(RedisFloor::connect(url).await?),
+        "redlock" => Box::new(RedlockFloor::connect(url).await?),
+        "zk" | "zookeeper" => Box::new(ZkFloor::connect(url).await?),
+        _ => return Ok(None),
+    }))
+}
+
+/// `n` independent floor clients (each its own connection), or `None`
+/// when the backend has no floor or one cannot connect (said on stderr:
+/// the ratio columns then stay empty).
+pub(crate) async fn contenders(
+    url: &str,
+    ttl: Duration,
+    n: usize,
+) -> Option<Vec<Arc<dyn Contender>>> {
+    let mut out: Vec<Arc<dyn Contender>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        match connect(url).await {
+            Ok(Some(floor)) => out.push(Arc::new(FloorCycle::new(floor, ttl))),
+            Ok(None) => return None,
+            Err(err) => {
+                eprintln!(
+                    "floor for {}: cannot connect ({err}); ratios left out",
+                    distlock::redact_url(url)
+                );
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The default port of a scheme whose URL names one server.
+fn default_port(scheme: &str) -> Option<u16> {
+    Some(match scheme {
+        "redis" => 6379,
+        "etcd" => 2379,
+        "zk" | "zookeeper" => 2181,
+        "postgres" | "postgresql" => 5432,
+        "mysql" | "mariadb" => 3306,
+        _ => return None,
+    })
+}
+
+/// A fault proxy in front of the one loopback server of `url`, and `url`
+/// rewritten to go through it; `None` for URLs with no single loopback
+/// server (several hosts, a file, TLS, a remote host: round trips are
+/// only counted on loopback test servers).
+pub(crate) async fn proxied(url: &str) -> Option<(String, FaultProxy)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let port = default_port(&scheme.to_ascii_lowercase())?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let at = authority.rfind('@').map_or(0, |i| i + 1);
+    let server = &authority[at..];
+    if server.contains(',') {
+        return None;
+    }
+    let (host, port) = match server.rsplit_once(':') {
+        Some((host, p)) if !host.is_empty() && !host.ends_with(':') => (host, p.parse().ok()?),
+        _ => (server, port),
+    };
+    if !matches!(host, "127.0.0.1" | "localhost") {
+        return None;
+    }
+    let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+        .await
+        .ok()?;
+    let url = format!(
+        "{scheme}://{}127.0.0.1:{}{}",
+        &authority[..at],
+        proxy.port(),
+        &rest[end..]
+    );
+    Some((url, proxy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn rewrites_single_loopback_servers_only() {
+        let (url, proxy) = proxied("postgres://u:p@127.0.0.1:5433/db?x=1")
+            .await
+            .unwrap();
+        assert_eq!(
+            url,
+            format!("postgres://u:p@127.0.0.1:{}/db?x=1", proxy.port())
+        );
+        assert_eq!(proxy.upstream().port(), 5433);
+        let (url, proxy) = proxied("redis://localhost").await.unwrap();
+        assert_eq!(url, format!("redis://127.0.0.1:{}", proxy.port()));
+        assert_eq!(proxy.upstream().port(), 6379);
+        assert!(proxied("redlock://127.0.0.1:1,127.0.0.1:2").await.is_none());
+        assert!(proxied("zk://10.0.0.1:2181").await.is_none());
+        assert!(proxied("sqlite:///tmp/x.db").await.is_none());
+        assert!(proxied("rediss://127.0.0.1:6379").await.is_none());
+    }
 }

@@ -164,13 +164,13 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
 <p>Measured on this machine in one run. <b>safe</b>: nothing unsafe happened; <b>flagged</b>: a negative control, the unsafe outcome this backend cannot prevent was observed and reported; <b>VIOLATION</b>: unsafe where safety is promised, or a negative control that showed nothing.</p>"#,
     );
     // Summary table.
-    html.push_str("<h2>Summary</h2><table><tr><th>backend</th><th>url</th><th>conformance</th><th>cycle p50 µs</th><th>cycle p99 µs</th><th>x floor</th><th>8x8 ops/s</th><th>handoffs/s</th><th>bytes/lock</th></tr>");
+    html.push_str("<h2>Summary</h2><table><tr><th>backend</th><th>url</th><th>conformance</th><th>cycle p50 µs</th><th>cycle p99 µs</th><th>x floor</th><th>8 clients ops/s</th><th>x floor</th><th>handoffs/s</th><th>x floor</th><th>round trips/cycle (floor)</th><th>bytes/lock</th></tr>");
     for r in results {
         let b = &r.bench;
         let f = |v: Option<f64>, d: usize| v.map_or("-".to_owned(), |v| format!("{v:.d$}"));
         let _ = write!(
             html,
-            "<tr><td>{}</td><td><small>{}</small></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td><small>{}</small></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td></tr>",
             esc(&r.name),
             esc(&r.url),
             esc(&r.error.clone().unwrap_or_else(|| r.verdict())),
@@ -178,7 +178,11 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
             f(b.cycle_p99_us, 1),
             f(b.cycle_ratio, 2),
             f(b.throughput_8x8, 0),
+            f(b.throughput_ratio, 2),
             f(b.handoffs_per_s, 0),
+            f(b.handoff_ratio, 2),
+            f(b.round_trips_per_cycle, 1),
+            f(b.floor_round_trips_per_cycle, 1),
             f(b.bytes_per_held_lock, 0),
         );
     }
@@ -244,10 +248,10 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
             let b = &r.bench;
             let mut s = Vec::new();
             if let Some(v) = b.throughput_8x8 {
-                s.push(("8 tasks x 8 keys", v));
+                s.push(("8 clients x 8 keys", v));
             }
             if let Some(v) = b.handoffs_per_s {
-                s.push(("handoffs, 4 tasks on 1 key", v));
+                s.push(("handoffs, 4 clients on 1 key", v));
             }
             (!s.is_empty()).then(|| (r.name.clone(), s))
         })
