@@ -253,10 +253,12 @@ where
 /// leader; the leader also refuses the `sync` of a session it has expired.
 /// So a read answered after a successful `sync` sees every change the
 /// leader had committed when it handled the `sync`, and a follower cut off
-/// from its leader cannot answer at all. Both requests are written
-/// back-to-back before either answer is awaited: no extra client round
-/// trip, one extra request, and on a follower one follower-to-leader hop
-/// added to the read's latency. Callers create `read` after calling this
+/// from its leader cannot answer at all. Both requests are queued at once,
+/// before either answer is awaited: one extra request, often no extra
+/// client round trip (the client may write them as two packets, and a
+/// server that answers the `sync` before the read arrives costs one more:
+/// measured, about every other time on loopback), and on a follower one
+/// follower-to-leader hop added to the read's latency. Callers create `read` after calling this
 /// (the client sends a request when the call is made), e.g.
 /// `synced(client, dir, t, client.list_children(dir))`.
 ///
@@ -530,6 +532,9 @@ impl ZkBackend {
     /// Creates our `EPHEMERAL_SEQUENTIAL` node. When a reply is lost the
     /// node is looked up by the attempt id in its name before creating
     /// again, so a lost reply does not leave an orphan blocking the key.
+    ///
+    /// Returns the node's path and `czxid`, and when the create whose reply
+    /// came back was sent (`None` when the node was found by a lookup).
     async fn create_node(
         &self,
         session: &Session,
@@ -537,19 +542,22 @@ impl ZkBackend {
         owner: OwnerId,
         operation: Operation,
         key: &LockKey,
-    ) -> Result<(String, i64), AttemptError> {
+    ) -> Result<(String, i64, Option<Instant>), AttemptError> {
         let prefix = format!("{dir}/{}", paths::node_prefix(owner));
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let mut missing_dir = 0;
         let mut unknown = 0;
         loop {
+            let sent = Instant::now();
             match timed(
                 self.op_timeout(),
                 session.client.create(&prefix, &[], &options),
             )
             .await
             {
-                Ok((stat, sequence)) => return Ok((format!("{prefix}{sequence}"), stat.czxid)),
+                Ok((stat, sequence)) => {
+                    return Ok((format!("{prefix}{sequence}"), stat.czxid, Some(sent)));
+                }
                 // The directory is created on demand, and a container may be
                 // removed by the server between our mkdir and create.
                 Err(err) if err.is(&zk::Error::NoNode) && missing_dir < 3 => {
@@ -568,8 +576,8 @@ impl ZkBackend {
                     unknown += 1;
                     lock(&self.inner.uncertain).insert(owner);
                     tracing::debug!(%key, "create reply lost; looking for our node");
-                    if let Some(found) = self.find_own(session, dir, owner).await {
-                        return Ok(found);
+                    if let Some((path, czxid)) = self.find_own(session, dir, owner).await {
+                        return Ok((path, czxid, None));
                     }
                 }
                 Err(err) => return Err(Self::fail(session, err, operation, key)),
@@ -757,7 +765,7 @@ impl ZkBackend {
             armed: true,
             path: None,
         };
-        let (path, czxid) = self
+        let (path, czxid, created_at) = self
             .create_node(session, dir, owner, operation, key)
             .await?;
         cleanup.path = Some(path.clone());
@@ -774,17 +782,38 @@ impl ZkBackend {
             )
         })?;
         let mut own_watch: Option<WatchFuture> = None;
+        // The first list right after our own create needs no `sync`.
+        let mut after_create = created_at;
         loop {
-            let sent = Instant::now();
             // The list that decides the grant must be the leader's view, not
-            // a follower's stale copy (see `synced`).
-            let children = match synced(
-                session.client.sync(dir),
-                self.op_timeout(),
-                session.client.list_children(dir),
-            )
-            .await
-            {
+            // a follower's stale copy. Right after our create it is: the
+            // create is a write the leader committed (a follower cut off from
+            // its leader cannot complete it), and a server answers a
+            // session's read only after applying that session's earlier
+            // writes, so the list reflects the leader's state at least as of
+            // the create. The grant is then dated from the create's sending,
+            // before the leader last heard from the session. Every later list
+            // (after a watch event) is preceded by a `sync` (see `synced`).
+            // Skipping it here keeps a free key at create + list: the client
+            // may write a `sync` and the list in two packets, and a server
+            // that answers the `sync` in between costs one more round trip.
+            let (sent, listed) = match after_create.take() {
+                Some(create_sent) => (
+                    create_sent,
+                    timed(self.op_timeout(), session.client.list_children(dir)).await,
+                ),
+                None => {
+                    let sent = Instant::now();
+                    let listed = synced(
+                        session.client.sync(dir),
+                        self.op_timeout(),
+                        session.client.list_children(dir),
+                    )
+                    .await;
+                    (sent, listed)
+                }
+            };
+            let children = match listed {
                 Ok(children) => children,
                 Err(err) if err.is(&zk::Error::NoNode) && !session.is_lost() => {
                     cleanup.disarm();

@@ -72,20 +72,24 @@
 //! - [x] Waiting by notification (predecessor watch), FIFO.
 //! - [x] Linearizable store: writes go through the leader's quorum, and
 //!   the two reads that decide something are read from the **leader's**
-//!   view: a `sync` of the key directory is sent right before the list of
-//!   children that decides a grant and before the node check that confirms
-//!   a renewal. Without it a follower answers from its own copy, and a
+//!   view. Without that a follower answers from its own copy, and a
 //!   follower cut off from the leader keeps doing so for up to `syncLimit`
 //!   ticks: its clients could renew (or be granted on a stale list) while
 //!   the leader had already expired their session and given the key to
 //!   someone else (`tests/partition.rs` shows it on a 3-member ensemble).
-//!   **Cost**: the `sync` and the read are written back-to-back (the
-//!   server keeps one session's requests in order and holds the read until
-//!   the `sync` is done), so no client round trip is added: one more
-//!   request per grant decision and per renewal, and on a follower one
-//!   follower-to-leader hop (no disk write) before the read is answered.
-//!   An acquire stays create + (sync, list) = 2 round trips when free; a
-//!   renewal stays 1. A follower that cannot reach its leader now fails
+//!   The list right after our own create needs nothing more: the create is
+//!   a write the leader committed (a cut-off follower cannot complete it),
+//!   a server answers a session's read only after applying that session's
+//!   earlier writes, and the grant is dated from the create's sending. A
+//!   list after a wait (a watch event) and the node check that confirms a
+//!   renewal are preceded by a `sync` of the key directory, written
+//!   back-to-back with the read (the server holds the read until the `sync`
+//!   is done), and on a follower one follower-to-leader hop (no disk
+//!   write) before the read is answered. **Cost**: an acquire on a free key
+//!   is create + list, and with the release's delete 3 round trips per
+//!   cycle, what the recipe needs (`tests/round_trips.rs` counts them
+//!   through a proxy); a renewal is one (`sync`, check) exchange, which
+//!   the client may write as two packets. A follower that cannot reach its leader now fails
 //!   the renewal (operation timeout, or the client dropping the connection
 //!   that stopped answering) instead of confirming it. `sync` + read is
 //!   not strictly linearizable (ZOOKEEPER-1675: a deposed leader that has

@@ -1,0 +1,208 @@
+//! Round trips per acquire+release cycle, counted by the fault proxy
+//! between the client and a real ZooKeeper server: our waiting acquire as
+//! users write it, our `try_acquire`, and the hand-written floor must each
+//! cost exactly the floor's declared 3 (create, getChildren, delete) on a
+//! free key. A client that adds one request per cycle is counted one
+//! higher and fails the same check (shown below with a backend that looks
+//! at the key before acquiring).
+
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::OrSkip;
+use conformance::proxy::FaultProxy;
+use conformance::servers::zookeeper::ZkServer;
+use lock_core::floor::RawFloor;
+use lock_core::{
+    Capabilities, Lease, LockBackend, LockClient, LockError, LockInfo, LockKey, async_trait,
+};
+use lock_zk::floor::ZkFloor;
+use tokio::time::Instant;
+
+const CYCLES: u32 = 100;
+const TTL: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(60);
+
+/// What the proxy counted over `cycles` cycles, and over an idle stretch
+/// as long as the cycles took (background traffic: pings).
+#[derive(Debug)]
+struct Counted {
+    cycles: u32,
+    turns: u64,
+    idle_turns: u64,
+}
+
+impl Counted {
+    /// Round trips per cycle, background subtracted.
+    fn per_cycle(&self) -> f64 {
+        let turns = self.turns.saturating_sub(self.idle_turns);
+        #[allow(clippy::cast_precision_loss)]
+        let per_cycle = turns as f64 / f64::from(self.cycles);
+        per_cycle
+    }
+
+    /// Exactly `expected` per cycle after rounding, or why not.
+    fn check(&self, expected: u32) -> Result<(), String> {
+        let per_cycle = self.per_cycle();
+        if (per_cycle - f64::from(expected)).abs() < 0.5 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{per_cycle:.2} round trips per cycle, expected {expected} ({self:?})"
+            ))
+        }
+    }
+}
+
+/// Runs a few warm-up cycles (sessions, key directories), then counts
+/// `CYCLES` cycles and an idle stretch of the same length.
+async fn count<F, Fut>(proxy: &FaultProxy, mut cycle: F) -> Counted
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    for _ in 0..5 {
+        cycle().await;
+    }
+    proxy.reset_counters();
+    let started = Instant::now();
+    for _ in 0..CYCLES {
+        cycle().await;
+    }
+    let took = started.elapsed();
+    let turns = proxy.round_trips();
+    proxy.reset_counters();
+    tokio::time::sleep(took).await;
+    Counted {
+        cycles: CYCLES,
+        turns,
+        idle_turns: proxy.round_trips(),
+    }
+}
+
+async fn waiting_cycle(client: &LockClient, key: &str) {
+    let guard = client
+        .lock(key)
+        .ttl(TTL)
+        .wait(WAIT)
+        .acquire()
+        .await
+        .expect("acquire a free key");
+    guard.release().await.expect("release");
+}
+
+/// A broken driver: it looks at the key (one `getChildren`) before every
+/// waiting acquire. One extra round trip per cycle.
+#[derive(Debug)]
+struct LooksFirst(lock_zk::ZkBackend);
+
+#[async_trait]
+impl LockBackend for LooksFirst {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.0.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        assert!(self.0.inspect(key).await?.is_none(), "the key is free");
+        self.0.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.0.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.0.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.0.inspect(key).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_costs_what_the_floor_costs() {
+    let Some(server) = ZkServer::start().await.or_skip() else {
+        return;
+    };
+    let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, server.node().client_port()));
+    // One proxy per client, so that each count sees only its own
+    // connection (and its own background pings).
+    let url = |proxy: &FaultProxy| {
+        format!(
+            "zk://127.0.0.1:{}/rt?session_timeout=10s&op_timeout=3s",
+            proxy.port()
+        )
+    };
+
+    let floor_proxy = FaultProxy::start(upstream).await.unwrap();
+    let floor = ZkFloor::connect(&url(&floor_proxy)).await.unwrap();
+    let expected = floor.round_trips_per_cycle();
+    assert_eq!(expected, 3);
+    let counted = count(&floor_proxy, || async {
+        floor.cycle("floor", TTL).await.expect("floor cycle");
+    })
+    .await;
+    println!("floor: {:.2} per cycle ({counted:?})", counted.per_cycle());
+    counted
+        .check(expected)
+        .expect("the floor costs what it declares");
+    assert_eq!(floor_proxy.connections(), 1, "the floor has one connection");
+
+    let ours_proxy = FaultProxy::start(upstream).await.unwrap();
+    let client = LockClient::new(lock_zk::connect(&url(&ours_proxy)).await.unwrap());
+    let counted = count(&ours_proxy, || waiting_cycle(&client, "wait")).await;
+    println!(
+        "lock(k).ttl(30s).wait(60s).acquire() + release(): {:.2} per cycle ({counted:?})",
+        counted.per_cycle()
+    );
+    counted
+        .check(expected)
+        .expect("a waiting acquire on a free key costs the floor's round trips");
+
+    let counted = count(&ours_proxy, || async {
+        let guard = client
+            .lock("try")
+            .ttl(TTL)
+            .try_acquire()
+            .await
+            .expect("try")
+            .expect("free");
+        guard.release().await.expect("release");
+    })
+    .await;
+    println!(
+        "try_acquire() + release(): {:.2} per cycle ({counted:?})",
+        counted.per_cycle()
+    );
+    counted
+        .check(expected)
+        .expect("try_acquire + release costs the floor's round trips");
+    assert_eq!(ours_proxy.connections(), 1, "one session, one connection");
+
+    // The check can fail: one extra request per cycle is counted.
+    let broken_proxy = FaultProxy::start(upstream).await.unwrap();
+    let broken = LockClient::from_arc(Arc::new(LooksFirst(
+        lock_zk::ZkBackend::connect(lock_zk::ZkConfig::from_url(&url(&broken_proxy)).unwrap())
+            .await
+            .unwrap(),
+    )));
+    let counted = count(&broken_proxy, || waiting_cycle(&broken, "broken")).await;
+    println!(
+        "broken (a look before each acquire): {:.2} per cycle ({counted:?})",
+        counted.per_cycle()
+    );
+    assert!(counted.check(expected).is_err(), "{counted:?}");
+    counted
+        .check(expected + 1)
+        .expect("one extra request per cycle is counted once");
+}
