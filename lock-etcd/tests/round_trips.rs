@@ -1,0 +1,285 @@
+//! Round trips per acquire+release cycle between the client and a real
+//! etcd server: our waiting acquire as users write it, our `try_acquire`,
+//! and the hand-written floor must each cost exactly the floor's declared 2
+//! RPCs (the create transaction and the guarded delete) on a free key: no
+//! watch, no get, no lease grant per cycle.
+//!
+//! Two counts, both with background traffic (HTTP/2 keep-alive pings, lease
+//! keep-alives) measured over an idle stretch as long as the cycles and
+//! subtracted:
+//!
+//! - **requests**, exact: the gRPC messages the server received, from its
+//!   own `grpc_server_msg_received_total` counters (read from `/metrics`
+//!   on the server's port, not through the proxy);
+//! - **turns** through the fault proxy: on HTTP/2 they are not one per RPC.
+//!   etcd's gRPC server answers every request's DATA with a WINDOW_UPDATE
+//!   and a PING (its bandwidth estimator); when the client's PING ack is
+//!   written before the reply comes back, the reply is one more turn
+//!   (measured: about one RPC in four on loopback). Ours is therefore
+//!   compared with the floor measured the same way: the same number of
+//!   RPCs gives the same turns, within noise far below one per cycle.
+//!
+//! A client that adds one request per cycle is counted one higher on both
+//! and fails both checks (shown below with a backend that looks at the key
+//! before acquiring).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::OrSkip;
+use conformance::proxy::FaultProxy;
+use conformance::servers::etcd::EtcdServer;
+use lock_core::floor::RawFloor;
+use lock_core::{
+    Capabilities, Lease, LockBackend, LockClient, LockError, LockInfo, LockKey, async_trait,
+};
+use lock_etcd::floor::EtcdFloor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+const CYCLES: u32 = 200;
+const TTL: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(60);
+
+/// What was counted over `cycles` cycles, and over an idle stretch as long
+/// as the cycles took.
+#[derive(Debug)]
+struct Counted {
+    cycles: u32,
+    turns: u64,
+    idle_turns: u64,
+    requests: u64,
+    idle_requests: u64,
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn per_cycle(total: u64, idle: u64, cycles: u32) -> f64 {
+    total.saturating_sub(idle) as f64 / f64::from(cycles)
+}
+
+impl Counted {
+    /// Requests the server received per cycle, background subtracted.
+    fn requests_per_cycle(&self) -> f64 {
+        per_cycle(self.requests, self.idle_requests, self.cycles)
+    }
+
+    /// Proxy turns per cycle, background subtracted.
+    fn turns_per_cycle(&self) -> f64 {
+        per_cycle(self.turns, self.idle_turns, self.cycles)
+    }
+
+    /// Exactly `expected` requests per cycle after rounding, or why not.
+    fn check_requests(&self, expected: u32) -> Result<(), String> {
+        let per_cycle = self.requests_per_cycle();
+        if (per_cycle - f64::from(expected)).abs() < 0.5 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{per_cycle:.2} requests per cycle, expected {expected} ({self:?})"
+            ))
+        }
+    }
+
+    /// The same proxy turns per cycle as `floor` (the same RPCs on the same
+    /// kind of connection), within half a turn, or why not.
+    fn check_turns_like(&self, floor: &Counted) -> Result<(), String> {
+        let (ours, theirs) = (self.turns_per_cycle(), floor.turns_per_cycle());
+        if (ours - theirs).abs() < 0.5 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{ours:.2} proxy turns per cycle against the floor's {theirs:.2} ({self:?})"
+            ))
+        }
+    }
+}
+
+/// The sum of the server's `grpc_server_msg_received_total` counters.
+async fn requests_received(endpoint: &str) -> u64 {
+    let mut stream = TcpStream::connect(endpoint).await.expect("metrics");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("metrics request");
+    let mut body = String::new();
+    stream
+        .read_to_string(&mut body)
+        .await
+        .expect("metrics answer");
+    body.lines()
+        .filter(|line| line.starts_with("grpc_server_msg_received_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|value| {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let value = value as u64;
+            value
+        })
+        .sum()
+}
+
+/// Runs a few warm-up cycles (the client's connection and session lease),
+/// then counts `CYCLES` cycles and an idle stretch of the same length.
+async fn count<F, Fut>(proxy: &FaultProxy, endpoint: &str, mut cycle: F) -> Counted
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    for _ in 0..5 {
+        cycle().await;
+    }
+    let before = requests_received(endpoint).await;
+    proxy.reset_counters();
+    let started = Instant::now();
+    for _ in 0..CYCLES {
+        cycle().await;
+    }
+    let took = started.elapsed();
+    let turns = proxy.round_trips();
+    let after = requests_received(endpoint).await;
+    proxy.reset_counters();
+    tokio::time::sleep(took).await;
+    let idle_turns = proxy.round_trips();
+    let idle_after = requests_received(endpoint).await;
+    Counted {
+        cycles: CYCLES,
+        turns,
+        idle_turns,
+        // Each read of the counters is one plain HTTP request, not gRPC.
+        requests: after - before,
+        idle_requests: idle_after - after,
+    }
+}
+
+async fn waiting_cycle(client: &LockClient, key: &str) {
+    let guard = client
+        .lock(key)
+        .ttl(TTL)
+        .wait(WAIT)
+        .acquire()
+        .await
+        .expect("acquire a free key");
+    guard.release().await.expect("release");
+}
+
+/// A broken driver: it looks at the key (one range read) before every
+/// waiting acquire. One extra round trip per cycle.
+#[derive(Debug)]
+struct LooksFirst(lock_etcd::EtcdBackend);
+
+#[async_trait]
+impl LockBackend for LooksFirst {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.0.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        assert!(self.0.inspect(key).await?.is_none(), "the key is free");
+        self.0.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.0.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.0.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.0.inspect(key).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_costs_what_the_floor_costs() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let endpoint = server.endpoints()[0].clone();
+    let upstream: SocketAddr = endpoint.parse().unwrap();
+    // One proxy per client, so that each count sees only its own
+    // connection (and its own background traffic). The session lease has
+    // the locks' TTL, so no acquire grants a lease of its own.
+    let url = |proxy: &FaultProxy| format!("etcd://127.0.0.1:{}/rt?ttl=30s", proxy.port());
+    let show = |what: &str, counted: &Counted| {
+        println!(
+            "{what}: {:.2} requests, {:.2} proxy turns per cycle ({counted:?})",
+            counted.requests_per_cycle(),
+            counted.turns_per_cycle()
+        );
+    };
+
+    let floor_proxy = FaultProxy::start(upstream).await.unwrap();
+    let floor = EtcdFloor::connect(&url(&floor_proxy)).await.unwrap();
+    let expected = floor.round_trips_per_cycle();
+    assert_eq!(expected, 2);
+    let floor_counted = count(&floor_proxy, &endpoint, || async {
+        floor.cycle("floor", TTL).await.expect("floor cycle");
+    })
+    .await;
+    show("floor", &floor_counted);
+    floor_counted
+        .check_requests(expected)
+        .expect("the floor costs what it declares");
+    assert_eq!(floor_proxy.connections(), 1, "the floor has one connection");
+
+    let ours_proxy = FaultProxy::start(upstream).await.unwrap();
+    let client = LockClient::new(lock_etcd::connect(&url(&ours_proxy)).await.unwrap());
+    let counted = count(&ours_proxy, &endpoint, || waiting_cycle(&client, "wait")).await;
+    show("lock(k).ttl(30s).wait(60s).acquire() + release()", &counted);
+    counted
+        .check_requests(expected)
+        .expect("a waiting acquire on a free key costs the floor's requests");
+    counted
+        .check_turns_like(&floor_counted)
+        .expect("a waiting acquire on a free key costs the floor's round trips");
+
+    let counted = count(&ours_proxy, &endpoint, || async {
+        let guard = client
+            .lock("try")
+            .ttl(TTL)
+            .try_acquire()
+            .await
+            .expect("try")
+            .expect("free");
+        guard.release().await.expect("release");
+    })
+    .await;
+    show("try_acquire() + release()", &counted);
+    counted
+        .check_requests(expected)
+        .expect("try_acquire + release costs the floor's requests");
+    counted
+        .check_turns_like(&floor_counted)
+        .expect("try_acquire + release costs the floor's round trips");
+    assert_eq!(ours_proxy.connections(), 1, "one client, one connection");
+
+    // The checks can fail: one extra request per cycle is counted.
+    let broken_proxy = FaultProxy::start(upstream).await.unwrap();
+    let broken = LockClient::from_arc(Arc::new(LooksFirst(
+        lock_etcd::connect(&url(&broken_proxy)).await.unwrap(),
+    )));
+    let counted = count(&broken_proxy, &endpoint, || {
+        waiting_cycle(&broken, "broken")
+    })
+    .await;
+    show("broken (a look before each acquire)", &counted);
+    assert!(counted.check_requests(expected).is_err(), "{counted:?}");
+    counted
+        .check_requests(expected + 1)
+        .expect("one extra request per cycle is counted once");
+    assert!(
+        counted.check_turns_like(&floor_counted).is_err(),
+        "{counted:?}"
+    );
+}
