@@ -49,6 +49,7 @@ pub mod process;
 pub mod proxy;
 pub mod recording;
 pub mod resource;
+pub mod scale;
 pub mod scenarios;
 pub mod servers;
 pub mod soak;

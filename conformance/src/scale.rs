@@ -1,0 +1,403 @@
+//! Held locks at scale: heap bytes per held lock on the client side, and
+//! renewal round trips per renewal period, with N locks held by one client.
+//!
+//! [`held_locks`] takes a backend (connected by the caller, through a
+//! [`FaultProxy`](crate::proxy::FaultProxy) when round trips should be
+//! counted), acquires `locks` keys through one [`LockClient`], holds them
+//! for a few renewal periods and reports. Heap bytes come from a counting
+//! global allocator the calling binary installs ([`CountingAllocator`]):
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static ALLOC: conformance::scale::CountingAllocator = conformance::scale::CountingAllocator;
+//! ```
+//!
+//! For an in-process backend (the memory backend) the server's own state
+//! lives in the same heap: it is measured separately by taking as many
+//! leases directly on the backend first, and subtracted.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+use std::time::Duration;
+
+use lock_core::{
+    Capabilities, Lease, LockBackend, LockClient, LockError, LockGuard, LockInfo, LockKey,
+    async_trait,
+};
+use serde::Serialize;
+use tokio::time::{Instant, sleep};
+
+/// A global allocator that counts live heap bytes (install it with
+/// `#[global_allocator]` in a test or example binary).
+#[derive(Debug)]
+pub struct CountingAllocator;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+fn delta(size: usize) -> isize {
+    isize::try_from(size).unwrap_or(isize::MAX)
+}
+
+// SAFETY: every method forwards to the system allocator unchanged and only
+// adds bookkeeping on an atomic counter.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's layout.
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            LIVE.fetch_add(delta(layout.size()), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's pointer and layout.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(delta(layout.size()), Ordering::Relaxed);
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's layout.
+        let ptr = unsafe { System.alloc_zeroed(layout) };
+        if !ptr.is_null() {
+            LIVE.fetch_add(delta(layout.size()), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded with the caller's arguments.
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        if !new.is_null() {
+            LIVE.fetch_add(delta(new_size) - delta(layout.size()), Ordering::Relaxed);
+        }
+        new
+    }
+}
+
+/// Heap bytes currently allocated through [`CountingAllocator`] (0 when
+/// the binary did not install it).
+pub fn live_bytes() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct ScaleConfig {
+    /// How many locks the one client holds.
+    pub locks: usize,
+    /// Their TTL; the renewal period is a third of it.
+    pub ttl: Duration,
+    /// How many renewal periods to count round trips over.
+    pub periods: u32,
+    /// Acquisitions (and releases) in flight at once while setting up.
+    pub concurrency: usize,
+    /// Key prefix (keys are `<prefix><index>`).
+    pub key_prefix: String,
+    /// The backend lives in this process (its state is in the same heap
+    /// and is subtracted).
+    pub in_process: bool,
+}
+
+impl ScaleConfig {
+    /// `locks` locks with a 3 s TTL (1 s renewal period), over 3 periods.
+    pub fn new(locks: usize) -> Self {
+        Self {
+            locks,
+            ttl: Duration::from_secs(3),
+            periods: 3,
+            concurrency: 32,
+            key_prefix: format!("scale-{}/", std::process::id()),
+            in_process: false,
+        }
+    }
+}
+
+/// What [`held_locks`] measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleReport {
+    /// The backend's name.
+    pub backend: String,
+    /// Locks held.
+    pub locks: usize,
+    /// Client-side heap per held lock, median of samples taken while holding
+    /// (guards, their scheduler entries and the driver's per-lock state;
+    /// the server's own state excluded for in-process backends).
+    pub bytes_per_lock: f64,
+    /// The highest sample (renewal batches in flight included).
+    pub peak_bytes_per_lock: f64,
+    /// Server-side heap per lock, for in-process backends (else 0).
+    pub server_bytes_per_lock: f64,
+    /// `renew_many` calls per renewal period.
+    pub renew_calls_per_period: f64,
+    /// Leases renewed per renewal period (about `locks`, up to 4/3 of it
+    /// when batches take leases a little early).
+    pub renewals_per_period: f64,
+    /// Network round trips per renewal period (the proxy's count), when a
+    /// counter was given.
+    pub round_trips_per_period: Option<f64>,
+    /// The renewal period (TTL / 3).
+    pub period_ms: u64,
+    /// Time to acquire all the locks.
+    pub acquire_ms: u64,
+    /// Every guard still held at the end.
+    pub all_held: bool,
+}
+
+/// Counts what the scheduler asks of the backend.
+#[derive(Debug)]
+struct Counted {
+    inner: Arc<dyn LockBackend>,
+    calls: AtomicU64,
+    leases: AtomicU64,
+}
+
+#[async_trait]
+impl LockBackend for Counted {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.inner.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.leases.fetch_add(1, Ordering::Relaxed);
+        self.inner.renew(lease).await
+    }
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.leases
+            .fetch_add(u64::try_from(leases.len()).unwrap_or(0), Ordering::Relaxed);
+        self.inner.renew_many(leases).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+#[allow(clippy::cast_precision_loss)] // reporting ratios
+fn per(amount: f64, count: usize) -> f64 {
+    amount / count.max(1) as f64
+}
+
+/// Holds `config.locks` locks with one client on `backend` and measures
+/// heap bytes per held lock and renewal calls (and, with `round_trips`,
+/// network round trips) per renewal period.
+///
+/// `round_trips` reads a round-trip counter (e.g. a
+/// [`FaultProxy`](crate::proxy::FaultProxy)'s `round_trips`) and
+/// `reset_round_trips` zeroes it; both are called around the counting
+/// window only.
+///
+/// # Errors
+///
+/// The first acquire or release error.
+///
+/// # Cancel safety
+///
+/// Dropping the future drops the guards (released in the background).
+#[allow(clippy::cast_precision_loss)] // reporting ratios
+pub async fn held_locks(
+    backend: Arc<dyn LockBackend>,
+    config: &ScaleConfig,
+    round_trips: Option<&(dyn Fn() -> u64 + Sync)>,
+    reset_round_trips: Option<&(dyn Fn() + Sync)>,
+) -> Result<ScaleReport, LockError> {
+    let n = config.locks;
+    let ttl = config.ttl;
+    let period = ttl / 3;
+    let counted = Arc::new(Counted {
+        inner: backend.clone(),
+        calls: AtomicU64::new(0),
+        leases: AtomicU64::new(0),
+    });
+    let client = LockClient::from_arc(counted.clone());
+    // Warm up: the scheduler, its task and the connections exist.
+    let warm = client
+        .lock(format!("{}warm-up", config.key_prefix))
+        .ttl(ttl)
+        .acquire()
+        .await?;
+    warm.release().await?;
+
+    let server_bytes_per_lock = if config.in_process {
+        // Same key lengths as the measured ones, held directly on the backend.
+        let before = live_bytes();
+        let mut leases = Vec::with_capacity(n);
+        for i in 0..n {
+            let key = LockKey::new(format!("{}{i:08}", probe_prefix(&config.key_prefix)))?;
+            if let Some(lease) = backend.try_acquire(&key, ttl).await? {
+                leases.push(lease);
+            }
+        }
+        drop(leases);
+        per((live_bytes() - before) as f64, n)
+    } else {
+        0.0
+    };
+
+    let before = live_bytes();
+    let started = Instant::now();
+    let mut guards: Vec<LockGuard> = Vec::with_capacity(n);
+    {
+        let mut tasks = tokio::task::JoinSet::new();
+        for range in ranges(n, config.concurrency) {
+            let client = client.clone();
+            let prefix = config.key_prefix.clone();
+            tasks.spawn(async move {
+                let mut got = Vec::with_capacity(range.len());
+                for i in range {
+                    got.push(
+                        client
+                            .lock(format!("{prefix}{i:08}"))
+                            .ttl(ttl)
+                            .acquire()
+                            .await?,
+                    );
+                }
+                Ok::<_, LockError>(got)
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(result) => guards.extend(result?),
+                Err(err) => std::panic::resume_unwind(err.into_panic()),
+            }
+        }
+    }
+    let acquire_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+
+    // One period for every guard to be renewed once (batches form), then count.
+    sleep(period).await;
+    counted.calls.store(0, Ordering::Relaxed);
+    counted.leases.store(0, Ordering::Relaxed);
+    if let Some(reset) = reset_round_trips {
+        reset();
+    }
+    let window = period * config.periods.max(1);
+    let until = Instant::now() + window;
+    let mut samples = Vec::new();
+    while Instant::now() < until {
+        samples.push(live_bytes() - before);
+        sleep(Duration::from_millis(50)).await;
+    }
+    let calls = counted.calls.load(Ordering::Relaxed);
+    let leases = counted.leases.load(Ordering::Relaxed);
+    let trips = round_trips.map(|read| read());
+    let all_held = guards.iter().all(LockGuard::is_held);
+    samples.sort_unstable();
+    let median = samples.get(samples.len() / 2).copied().unwrap_or(0);
+    let peak = samples.last().copied().unwrap_or(0);
+    let periods = f64::from(config.periods.max(1));
+
+    let report = ScaleReport {
+        backend: backend.name().to_owned(),
+        locks: n,
+        bytes_per_lock: per(median as f64, n) - server_bytes_per_lock,
+        peak_bytes_per_lock: per(peak as f64, n) - server_bytes_per_lock,
+        server_bytes_per_lock,
+        renew_calls_per_period: calls as f64 / periods,
+        renewals_per_period: leases as f64 / periods,
+        round_trips_per_period: trips.map(|t| t as f64 / periods),
+        period_ms: u64::try_from(period.as_millis()).unwrap_or(u64::MAX),
+        acquire_ms,
+        all_held,
+    };
+
+    // Give everything back, `concurrency` at a time.
+    let mut tasks = tokio::task::JoinSet::new();
+    let per_task = guards.len().div_ceil(config.concurrency.max(1)).max(1);
+    while !guards.is_empty() {
+        let part = guards.split_off(guards.len().saturating_sub(per_task));
+        tasks.spawn(async move {
+            for guard in part {
+                guard.release().await?;
+            }
+            Ok::<(), LockError>(())
+        });
+    }
+    let mut first_error = None;
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok(Err(err)) = joined {
+            first_error.get_or_insert(err);
+        }
+    }
+    match first_error {
+        Some(err) => Err(err),
+        None => Ok(report),
+    }
+}
+
+fn probe_prefix(prefix: &str) -> String {
+    // As long as the prefix, so keys (and their server state) are as large.
+    let mut probe: String = "p".repeat(prefix.len());
+    probe.truncate(prefix.len());
+    probe
+}
+
+/// Splits `0..n` into at most `parts` contiguous ranges.
+fn ranges(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
+    let size = n.div_ceil(parts.max(1)).max(1);
+    (0..n)
+        .step_by(size)
+        .map(|start| start..(start + size).min(n))
+        .collect()
+}
+
+/// Renewal round trips per period allowed for `locks` locks renewed in
+/// batches of `batch`: every lease may be renewed up to 4/3 times a period
+/// (batches take leases due within a quarter interval), in at most 4 groups,
+/// plus `background` (keep-alives, pings).
+pub fn round_trip_bound(locks: usize, batch: usize, background: usize) -> f64 {
+    let per_batch = locks.div_ceil(batch.max(1));
+    per(((per_batch + 4) * 4) as f64, 3) + per(background as f64, 1)
+}
+
+/// Prints one line per report (for tests and examples).
+pub fn print_report(report: &ScaleReport) {
+    println!(
+        "held-at-scale {}: {} locks, {:.0} B/lock (peak {:.0}, server {:.0}), \
+         {:.1} renew calls / {:.0} renewals / {} round trips per {} ms period, acquired in {} ms, all held: {}",
+        report.backend,
+        report.locks,
+        report.bytes_per_lock,
+        report.peak_bytes_per_lock,
+        report.server_bytes_per_lock,
+        report.renew_calls_per_period,
+        report.renewals_per_period,
+        report
+            .round_trips_per_period
+            .map_or_else(|| "-".to_owned(), |t| format!("{t:.1}")),
+        report.period_ms,
+        report.acquire_ms,
+        report.all_held,
+    );
+}
+
+/// The lock counts to run, from `DISTLOCK_SCALE` (comma-separated, e.g.
+/// `1000,10000,100000`), or `default` when unset.
+pub fn scales_from_env(default: &[usize]) -> Vec<usize> {
+    match std::env::var("DISTLOCK_SCALE") {
+        Ok(text) => text
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect(),
+        Err(_) => default.to_vec(),
+    }
+}

@@ -1,0 +1,189 @@
+//! Held locks at scale on the memory backend: heap bytes per held lock and
+//! renewal calls per renewal period, with the checks shown failing on
+//! broken variants (a backend that renews one lease per call, one that
+//! keeps a kilobyte per lease). `DISTLOCK_SCALE=1000,10000,100000` runs
+//! more sizes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conformance::scale::{
+    CountingAllocator, ScaleConfig, held_locks, print_report, round_trip_bound, scales_from_env,
+};
+use lock_core::{
+    Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, MemoryBackend, RENEW_BATCH,
+    async_trait,
+};
+use tokio::time::Instant;
+
+#[global_allocator]
+static ALLOC: CountingAllocator = CountingAllocator;
+
+const MAX_BYTES_PER_LOCK: f64 = 400.0;
+
+/// The heap counter is process-wide: one measurement at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn config(locks: usize) -> ScaleConfig {
+    ScaleConfig {
+        in_process: true,
+        ..ScaleConfig::new(locks)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_holds_many_locks_in_few_bytes_and_few_renewal_calls() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for locks in scales_from_env(&[1_000]) {
+        let backend: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
+        let report = held_locks(backend, &config(locks), None, None)
+            .await
+            .unwrap();
+        print_report(&report);
+        assert!(report.all_held, "{report:?}");
+        assert!(
+            report.bytes_per_lock <= MAX_BYTES_PER_LOCK,
+            "{:.0} bytes per held lock",
+            report.bytes_per_lock
+        );
+        let bound = round_trip_bound(locks, RENEW_BATCH, 0);
+        assert!(
+            report.renew_calls_per_period <= bound,
+            "{} renew calls per period, bound {bound}",
+            report.renew_calls_per_period
+        );
+        // Every lease renewed about once a period (up to 4/3 with early takes).
+        #[allow(clippy::cast_precision_loss)]
+        let n = locks as f64;
+        assert!(
+            report.renewals_per_period >= n * 0.9 && report.renewals_per_period <= n * 1.5,
+            "{report:?}"
+        );
+    }
+}
+
+/// Broken: renews every lease in a round trip of its own (what a task per
+/// guard cost), counted in `.1`.
+#[derive(Debug)]
+struct OnePerCall(MemoryBackend, AtomicU64);
+
+/// Broken: keeps a kilobyte of client-side renewal state per held lease.
+#[derive(Debug)]
+struct KilobytePerLease(MemoryBackend, Mutex<HashMap<u128, Vec<u8>>>);
+
+macro_rules! delegate {
+    ($ty:ty, $renew_many:item, $on_grant:expr) => {
+        #[async_trait]
+        impl LockBackend for $ty {
+            fn name(&self) -> &'static str {
+                "broken-memory"
+            }
+            fn capabilities(&self) -> Capabilities {
+                self.0.capabilities()
+            }
+            async fn try_acquire(
+                &self,
+                key: &LockKey,
+                ttl: Duration,
+            ) -> Result<Option<Lease>, LockError> {
+                let lease = self.0.try_acquire(key, ttl).await?;
+                ($on_grant)(self);
+                Ok(lease)
+            }
+            async fn acquire(
+                &self,
+                key: &LockKey,
+                ttl: Duration,
+                deadline: Instant,
+            ) -> Result<Lease, LockError> {
+                let lease = self.0.acquire(key, ttl, deadline).await?;
+                ($on_grant)(self);
+                Ok(lease)
+            }
+            async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+                self.0.renew(lease).await
+            }
+            $renew_many
+            async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+                self.0.release(lease).await
+            }
+            async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+                self.0.inspect(key).await
+            }
+        }
+    };
+}
+
+delegate!(
+    OnePerCall,
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for lease in leases {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            out.push(self.0.renew(lease).await);
+        }
+        out
+    },
+    |_: &OnePerCall| {}
+);
+
+delegate!(
+    KilobytePerLease,
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        {
+            let mut state = self.1.lock().unwrap();
+            for lease in leases {
+                state
+                    .entry(lease.owner().as_u128())
+                    .or_insert_with(|| vec![0u8; 1024]);
+            }
+        }
+        self.0.renew_many(leases).await
+    },
+    |_: &KilobytePerLease| {}
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checks_catch_a_round_trip_per_lease_and_a_kilobyte_per_lease() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let locks = 1_000;
+    let broken = Arc::new(OnePerCall(MemoryBackend::new(), AtomicU64::new(0)));
+    let trips = {
+        let broken = broken.clone();
+        move || broken.1.load(Ordering::Relaxed)
+    };
+    let reset = {
+        let broken = broken.clone();
+        move || broken.1.store(0, Ordering::Relaxed)
+    };
+    let report = held_locks(broken, &config(locks), Some(&trips), Some(&reset))
+        .await
+        .unwrap();
+    print_report(&report);
+    let bound = round_trip_bound(locks, RENEW_BATCH, 0);
+    let counted = report.round_trips_per_period.unwrap();
+    assert!(
+        counted > bound,
+        "the round-trip check missed a round trip per lease: {counted} <= {bound}"
+    );
+
+    let broken: Arc<dyn LockBackend> = Arc::new(KilobytePerLease(
+        MemoryBackend::new(),
+        Mutex::new(HashMap::new()),
+    ));
+    let report = held_locks(broken, &config(locks), None, None)
+        .await
+        .unwrap();
+    print_report(&report);
+    assert!(
+        report.bytes_per_lock > MAX_BYTES_PER_LOCK,
+        "the memory check missed a kilobyte per lease: {:.0}",
+        report.bytes_per_lock
+    );
+}
