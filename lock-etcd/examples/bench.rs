@@ -1,136 +1,123 @@
-//! Benchmark: our acquire+release cycle vs. the raw floor (the same create
-//! transaction and guarded delete issued by hand with a pre-granted lease,
-//! [`lock_etcd::floor::EtcdFloor`], on the same client), on an
-//! etcd this program starts itself. Prints p50/p99 and ratios; asserts
-//! nothing.
+//! Benchmark (not a test): our acquire+release cycle as users write it
+//! (`client.lock(k).ttl(30s).wait(60s).acquire()`, then `guard.release()`)
+//! against the raw floor ([`lock_etcd::floor::EtcdFloor`]: the create
+//! transaction and the guarded delete on a client and lease of its own), on
+//! an etcd this program starts itself. Asserts nothing.
 //!
 //! `cargo run --release -p lock-etcd --example bench [-- <cycles>]`
+//!
+//! Prints, ours and the floor interleaved so that machine load hits both
+//! alike:
+//! - 1 client: p50/p99 per cycle and the ratios;
+//! - 8 independent clients on 8 keys (each its own `connect()`, each floor
+//!   its own client): throughput and the ratio;
+//! - 4 independent clients on one key: handoffs per second (the floor polls
+//!   with `try_grant`; ours watches its predecessor) and the busiest
+//!   client's grants over the least busy one's.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::bench::{LatencyStats, cycle, handoff, measure_parallel, ratio};
+use conformance::bench::{
+    Contender, FloorCycle, Handoffs, LatencyStats, Ours, handoffs, interleaved_latency,
+    interleaved_throughput, ratio,
+};
 use conformance::servers::etcd::EtcdServer;
-use lock_core::{LockBackend, LockKey};
+use lock_core::LockClient;
+use lock_core::floor::RawFloor;
 use lock_etcd::floor::EtcdFloor;
-use lock_etcd::{EtcdBackend, EtcdConfig};
-use tokio::time::Instant;
 
-const TTL: Duration = Duration::from_secs(10);
+const TTL: Duration = Duration::from_secs(30);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn row(name: &str, s: &LatencyStats) {
     println!(
-        "  {name:<34} p50 {:>8.0} µs  p99 {:>8.0} µs  {:>8.0} cycles/s",
-        s.p50_us, s.p99_us, s.per_sec
+        "  {name:<40} p50 {:>8.0} µs  p99 {:>8.0} µs  {:>8.0} cycles/s  ({} samples)",
+        s.p50_us, s.p99_us, s.per_sec, s.samples
     );
 }
 
+fn report(floor: &LatencyStats, ours: &LatencyStats) {
+    row("raw floor (own client, 2 txns)", floor);
+    row("lock-etcd (waiting acquire + release)", ours);
+    println!(
+        "  ratio lock-etcd / floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
+        ratio(ours.p50_us, floor.p50_us),
+        ratio(ours.p99_us, floor.p99_us),
+        ratio(ours.per_sec, floor.per_sec)
+    );
+}
+
+fn handoff_line(label: &str, h: &Handoffs) {
+    println!(
+        "  {label:<40} {:>8.0} handoffs/s  per client {:?}  spread {:.2}x",
+        h.per_sec,
+        h.per_client,
+        h.spread()
+    );
+}
+
+async fn ours(url: &str) -> Result<Arc<dyn Contender>, BoxError> {
+    let client = LockClient::new(lock_etcd::connect(url).await?);
+    Ok(Arc::new(Ours::new(client, TTL)))
+}
+
+async fn floor(url: &str) -> Result<Arc<dyn Contender>, BoxError> {
+    let floor: Box<dyn RawFloor> = Box::new(EtcdFloor::connect(url).await?);
+    Ok(Arc::new(FloorCycle::new(floor, TTL)))
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), BoxError> {
     let cycles: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
     let server = EtcdServer::start().await?;
     println!("etcd 3.4 single member at {}", server.endpoints()[0]);
-    let config = EtcdConfig::new(server.endpoints()).prefix("bench").ttl(TTL);
-    let backend = EtcdBackend::connect(config).await?;
-    let ours: Arc<dyn LockBackend> = Arc::new(backend.clone());
-    let raw = backend.client().clone();
-    let floor = Arc::new(EtcdFloor::from_backend(&backend).await?);
+    // The session lease has the locks' TTL: granted once per client.
+    let url = server.url("bench", "ttl=30s");
 
-    // Sequential: floor and ours interleaved cycle by cycle, so that drift
-    // of the machine's load hits both alike.
-    let key = LockKey::new("seq")?;
-    let ours_prefix = backend.key_prefix(&key);
-    let floor_key = "floor-seq";
+    let (one, one_floor) = (ours(&url).await?, floor(&url).await?);
     for _ in 0..200 {
-        floor.cycle(floor_key, TTL).await?;
-        cycle(&*ours, &key, TTL).await?;
+        one.cycle("seq").await?;
+        one_floor.cycle("floor-seq").await?;
     }
-    let (mut floor_samples, mut ours_samples) = (Vec::new(), Vec::new());
-    let wall = Instant::now();
-    let (mut floor_wall, mut ours_wall) = (Duration::ZERO, Duration::ZERO);
-    for _ in 0..cycles {
-        let t = Instant::now();
-        floor.cycle(floor_key, TTL).await?;
-        let f = t.elapsed();
-        let t = Instant::now();
-        cycle(&*ours, &key, TTL).await?;
-        let o = t.elapsed();
-        floor_samples.push(f);
-        ours_samples.push(o);
-        floor_wall += f;
-        ours_wall += o;
+    println!(
+        "\n1 client, sequential acquire+release on one key ({cycles} cycles, 10 interleaved rounds):"
+    );
+    let (mine, theirs) =
+        interleaved_latency(&*one, &*one_floor, ("seq", "floor-seq"), cycles, 10).await?;
+    report(&theirs, &mine);
+
+    let clients = 8;
+    let mut ours8 = Vec::with_capacity(clients);
+    let mut floors8 = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        ours8.push(ours(&url).await?);
+        floors8.push(floor(&url).await?);
     }
-    let _ = wall;
-    let floor_seq = LatencyStats::from_samples(floor_samples, floor_wall);
-    let ours_seq = LatencyStats::from_samples(ours_samples, ours_wall);
-    assert!(ours_prefix.starts_with("bench/"));
-
-    // 8 tasks on 8 keys, floor then ours, twice; the second round is kept.
-    let tasks = 8;
-    let per_task = (cycles / tasks).max(50);
-    let mut par = (LatencyStats::default(), LatencyStats::default());
-    for _ in 0..2 {
-        let floor_handle = floor.clone();
-        let floor_keys: Arc<Vec<String>> =
-            Arc::new((0..tasks).map(|t| format!("floor-par-{t}")).collect());
-        let floor_stats = measure_parallel(tasks, per_task, move |t, _| {
-            let floor = floor_handle.clone();
-            let keys = floor_keys.clone();
-            async move { floor.cycle(&keys[t], TTL).await }
-        })
-        .await?;
-        let backend = ours.clone();
-        let keys: Arc<Vec<LockKey>> = Arc::new(
-            (0..tasks)
-                .map(|t| LockKey::new(format!("par-{t}")))
-                .collect::<Result<_, _>>()?,
-        );
-        let mine = measure_parallel(tasks, per_task, move |t, _| {
-            let backend = backend.clone();
-            let keys = keys.clone();
-            async move { cycle(&*backend, &keys[t], TTL).await }
-        })
-        .await?;
-        par = (floor_stats, mine);
-    }
-
-    // Handoff: 4 tasks of one backend contending on one key; each grant
-    // after the first is woken by the watch on its predecessor.
-    let handoff_key = LockKey::new("handoff")?;
-    let handoff_stats = handoff(ours.clone(), &handoff_key, TTL, 4, (cycles / 2).max(200)).await?;
-    let leases_before = raw.lease_client().leases().await?.leases().len();
-
-    println!("\nsequential acquire+release ({cycles} cycles, interleaved with the floor):");
-    row("floor (2 txns by hand)", &floor_seq);
-    row("lock-etcd try_acquire + release", &ours_seq);
+    let per_client = (cycles / 2).max(100);
+    interleaved_throughput(&ours8, &floors8, ("par", "floor-par"), 20, 1).await?;
     println!(
-        "  ratio p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
-        ratio(ours_seq.p50_us, floor_seq.p50_us),
-        ratio(ours_seq.p99_us, floor_seq.p99_us),
-        ratio(ours_seq.per_sec, floor_seq.per_sec)
+        "\n{clients} independent clients on {clients} keys, {per_client} cycles each (4 interleaved rounds):"
     );
-    println!("\n{tasks} tasks on {tasks} keys ({per_task} cycles each):");
-    row("floor (2 txns by hand)", &par.0);
-    row("lock-etcd try_acquire + release", &par.1);
+    let (mine, theirs) =
+        interleaved_throughput(&ours8, &floors8, ("par", "floor-par"), per_client, 4).await?;
+    report(&theirs, &mine);
+
+    println!("\n4 independent clients on one key, 3 s each side:");
+    let run = Duration::from_secs(3);
+    let floor4: Vec<_> = floors8[..4].to_vec();
+    let ours4: Vec<_> = ours8[..4].to_vec();
+    let theirs = handoffs(&floor4, "floor-handoff", run).await?;
+    let mine = handoffs(&ours4, "handoff", run).await?;
+    handoff_line("raw floor (polling try_grant)", &theirs);
+    handoff_line("lock-etcd (predecessor watch)", &mine);
     println!(
-        "  ratio p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
-        ratio(par.1.p50_us, par.0.p50_us),
-        ratio(par.1.p99_us, par.0.p99_us),
-        ratio(par.1.per_sec, par.0.per_sec)
-    );
-    println!("\nhandoff, 4 tasks on one key (release -> next grant, via the watch):");
-    println!(
-        "  p50 {:>8.0} µs  p99 {:>8.0} µs  {:>8.0} handoffs/s  ({:.1}x the floor's sequential p50 cycle)",
-        handoff_stats.p50_us,
-        handoff_stats.p99_us,
-        handoff_stats.per_sec,
-        ratio(handoff_stats.p50_us, floor_seq.p50_us)
-    );
-    println!(
-        "\nleases on the server after the run: {leases_before} (the floor's + our one session: no lease grant on the acquire path)"
+        "  ratio lock-etcd / floor: {:.3}x",
+        ratio(mine.per_sec, theirs.per_sec)
     );
     Ok(())
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::zookeeper::ZkServer;
+use lock_core::floor::RawFloor;
 use lock_core::{ErrorKind, LockBackend, LockError, LockKey};
 use lock_zk::floor::ZkFloor;
 use lock_zk::{ZkBackend, ZkConfig};
@@ -138,4 +139,63 @@ async fn floor_uses_the_driver_layout_and_leaves_nothing_behind() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     let err = ZkFloor::connect("zk://").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+}
+
+/// The floor's own session: digest credentials and a chroot from the URL,
+/// pings that keep an idle floor's session alive past its timeout, and a
+/// session closed (its nodes gone at once) when the floor is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floor_session_credentials_pings_and_close() {
+    let Some(server) = ZkServer::start().await.or_skip() else {
+        return;
+    };
+    let ttl = Duration::from_secs(5);
+    let hosts = server.connect_string();
+    let url = format!("zk://floor:secret@{hosts}/authed?session_timeout=4s&op_timeout=2s");
+    let floor = ZkFloor::connect(&url).await.unwrap();
+    let backend = ZkBackend::connect(ZkConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let key = LockKey::new("k").unwrap();
+    floor.cycle("k", ttl).await.unwrap();
+    // The floor's grant excludes the driver with the same credentials.
+    let grant = floor.try_grant("k", ttl).await.unwrap().unwrap();
+    assert!(backend.try_acquire(&key, ttl).await.unwrap().is_none());
+    // Its node carries the creator's ACL: another user cannot delete it.
+    let admin = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .with_auth("digest", b"other:password")
+        .connect(&hosts)
+        .await
+        .unwrap();
+    let node = format!("/authed{}", grant.handle);
+    assert!(matches!(
+        admin.delete(&node, None).await,
+        Err(zk::Error::NoAuth)
+    ));
+    assert!(floor.release(&grant).await.unwrap());
+
+    // Idle for longer than the session timeout: the floor's pings keep its
+    // session (a floor that never pinged would find it expired).
+    let idle = floor.session_timeout() + Duration::from_secs(2);
+    tokio::time::sleep(idle).await;
+    floor.cycle("k", ttl).await.unwrap();
+
+    // Dropping the floor closes its session: a node it holds goes at once,
+    // not after the session timeout.
+    let grant = floor.try_grant("k", ttl).await.unwrap().unwrap();
+    drop(floor);
+    let dropped = tokio::time::Instant::now();
+    let lease = loop {
+        if let Some(lease) = backend.try_acquire(&key, ttl).await.unwrap() {
+            break lease;
+        }
+        assert!(
+            dropped.elapsed() < Duration::from_secs(2),
+            "the dropped floor's node {} outlived it",
+            grant.handle
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(backend.release(&lease).await.unwrap());
 }
