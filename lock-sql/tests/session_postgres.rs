@@ -4,6 +4,7 @@
 mod session_common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use conformance::{Harness, OrSkip, run_suite};
 use session_common::SessionTarget;
@@ -17,4 +18,11 @@ async fn postgres_session() {
     run_suite(&Harness::new(target.clone()))
         .await
         .assert_passed();
+    session_common::round_trips(&target).await;
+    session_common::tokens_across_clients(&target).await;
+    session_common::dropped_wait(&target).await;
+    session_common::unrenewed_lease_expires(&target, Duration::from_secs(1)).await;
+    session_common::killed_session(&target, false).await;
+    session_common::killed_session(&target, true).await;
+    session_common::partition(&target, Duration::from_secs(2)).await;
 }

@@ -147,13 +147,17 @@ impl Session {
             #[cfg(feature = "postgres")]
             Opts::Pg(options) => {
                 let mut conn = sqlx::PgConnection::connect_with(options).await?;
-                let id: i64 = sqlx::query_scalar(sql.session_id).fetch_one(&mut conn).await?;
+                let id: i64 = sqlx::query_scalar(sql.session_id)
+                    .fetch_one(&mut conn)
+                    .await?;
                 (Conn::Pg(conn), id)
             }
             #[cfg(feature = "mysql")]
             Opts::My(options) => {
                 let mut conn = sqlx::MySqlConnection::connect_with(options).await?;
-                let id: i64 = sqlx::query_scalar(sql.session_id).fetch_one(&mut conn).await?;
+                let id: i64 = sqlx::query_scalar(sql.session_id)
+                    .fetch_one(&mut conn)
+                    .await?;
                 (Conn::My(conn), id)
             }
         };
@@ -350,7 +354,11 @@ impl Session {
                 // The token row names the session of the last grant: it is
                 // the holder's only if that session holds the lock now.
                 if conn_id == Some(holder) {
-                    Ok(Some((holder, owner, token.and_then(|t| u64::try_from(t).ok()))))
+                    Ok(Some((
+                        holder,
+                        owner,
+                        token.and_then(|t| u64::try_from(t).ok()),
+                    )))
                 } else {
                     Ok(Some((holder, None, None)))
                 }

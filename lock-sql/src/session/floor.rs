@@ -49,7 +49,9 @@ impl SessionFloor {
             SqlDialect::Postgres => "postgres-session",
             SqlDialect::MySql => "mysql-session",
             SqlDialect::Sqlite => {
-                return Err(LockError::config("mode=session needs PostgreSQL or MySQL/MariaDB"));
+                return Err(LockError::config(
+                    "mode=session needs PostgreSQL or MySQL/MariaDB",
+                ));
             }
         };
         let opts = Opts::new(&config)?;
@@ -95,9 +97,18 @@ impl RawFloor for SessionFloor {
         let server_key = ServerKey::new(&self.config.table, key.as_str());
         let mut session = self.session.lock().await;
         let granted = session
-            .grant(&self.sql, key.as_str().as_bytes(), &server_key, &owner, ttl, None)
+            .grant(
+                &self.sql,
+                key.as_str().as_bytes(),
+                &server_key,
+                &owner,
+                ttl,
+                None,
+            )
             .await
-            .map_err(|e| map_sqlx(&self.config, Operation::TryAcquire, e).with_backend(self.name))?;
+            .map_err(|e| {
+                map_sqlx(&self.config, Operation::TryAcquire, e).with_backend(self.name)
+            })?;
         Ok(match granted {
             Granted::Token(token) => Some(FloorGrant {
                 key: key.as_str().to_owned(),

@@ -187,13 +187,15 @@ impl SqlSessionBackend {
             }),
         };
         let budget = backend.inner.config.op_timeout.saturating_mul(2);
-        let prepared = timeout(budget, backend.prepare()).await.unwrap_or_else(|_| {
-            Err(LockError::new(
-                ErrorKind::Timeout,
-                Operation::Connect,
-                "the database did not answer within twice the operation timeout",
-            ))
-        });
+        let prepared = timeout(budget, backend.prepare())
+            .await
+            .unwrap_or_else(|_| {
+                Err(LockError::new(
+                    ErrorKind::Timeout,
+                    Operation::Connect,
+                    "the database did not answer within twice the operation timeout",
+                ))
+            });
         prepared.map_err(|e| e.with_backend(name))?;
         Ok(backend)
     }
@@ -294,7 +296,11 @@ impl SqlSessionBackend {
             .map_err(|_| LockError::new(ErrorKind::Unavailable, Operation::Connect, "closed"))?;
         let now = Instant::now();
         let reused = {
-            let mut idle = self.inner.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut idle = self
+                .inner
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             loop {
                 match idle.pop() {
                     Some(session) if session.maybe_expired(now) => drop(session),
@@ -332,21 +338,33 @@ impl SqlSessionBackend {
     fn checkin(&self, pinned: Pinned) {
         let Pinned { mut session, .. } = pinned;
         session.idle_since = Instant::now();
-        let mut idle = self.inner.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut idle = self
+            .inner
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if idle.len() < self.inner.pool_size {
             idle.push(session);
         }
     }
 
     fn find(&self, lease: &Lease) -> Option<Arc<Held>> {
-        let held = self.inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = self
+            .inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         held.get(&lease.owner())
             .filter(|h| h.key == *lease.key() && h.token == lease.token())
             .cloned()
     }
 
     fn forget(&self, lease: &Lease) -> Option<Arc<Held>> {
-        let mut held = self.inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut held = self
+            .inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let matches = held
             .get(&lease.owner())
             .is_some_and(|h| h.key == *lease.key() && h.token == lease.token());
@@ -380,7 +398,10 @@ impl SqlSessionBackend {
 
         // The try. A pooled connection found broken is replaced once: its
         // session (and anything it held) is gone on the server already.
-        let mut pinned = self.checkout(conn_until).await.map_err(|e| e.with_key(key))?;
+        let mut pinned = self
+            .checkout(conn_until)
+            .await
+            .map_err(|e| e.with_key(key))?;
         let mut sent_at;
         let mut first = true;
         let granted = loop {
@@ -396,7 +417,10 @@ impl SqlSessionBackend {
                 Ok(Ok(granted)) => break granted,
                 Ok(Err(e)) if first && is_broken(&e) && !pinned.session.fresh => {
                     first = false;
-                    pinned.session = self.open_session(conn_until).await.map_err(|e| e.with_key(key))?;
+                    pinned.session = self
+                        .open_session(conn_until)
+                        .await
+                        .map_err(|e| e.with_key(key))?;
                 }
                 // The connection is in an unknown state: dropped (closed),
                 // never returned to the idle list.
@@ -664,21 +688,26 @@ impl LockBackend for SqlSessionBackend {
             Ok(Ok(false)) => {
                 *slot = None;
                 drop(slot);
-                let _ = held
-                    .state
-                    .send(SessionState::Lost("the session no longer holds the lock".into()));
+                let _ = held.state.send(SessionState::Lost(
+                    "the session no longer holds the lock".into(),
+                ));
                 self.forget(lease);
                 Err(not_held("the session no longer holds the lock"))
             }
             Ok(Err(e)) if is_broken(&e) => {
                 *slot = None;
                 drop(slot);
-                let reason = format!("the lock's session ended: {}", self.inner.config.scrub(&e.to_string()));
+                let reason = format!(
+                    "the lock's session ended: {}",
+                    self.inner.config.scrub(&e.to_string())
+                );
                 let _ = held.state.send(SessionState::Lost(reason.clone()));
                 self.forget(lease);
-                Err(LockError::new(ErrorKind::LeaseLost, Operation::Renew, reason)
-                    .with_key(key)
-                    .with_backend(name))
+                Err(
+                    LockError::new(ErrorKind::LeaseLost, Operation::Renew, reason)
+                        .with_key(key)
+                        .with_backend(name),
+                )
             }
             Ok(Err(e)) => Err(self.err(Operation::Renew, key, e)),
             Err(_) => Err(LockError::new(
@@ -695,9 +724,7 @@ impl LockBackend for SqlSessionBackend {
         let Some(held) = self.forget(lease) else {
             return Ok(false);
         };
-        let _ = held
-            .state
-            .send(SessionState::Lost("released".to_owned()));
+        let _ = held.state.send(SessionState::Lost("released".to_owned()));
         let mut slot = held.session.lock().await;
         // Taken out: if this future is dropped, the connection is closed
         // with it and the server frees the lock.

@@ -90,13 +90,18 @@ mod tests {
         // the raw loop with an empty namespace and key = "" -> hash("\0").
         assert_eq!(
             fnv1a_128("", ""),
-            0x6c62_272e_07bb_0142_62b8_2175_6295_c58d_u128.wrapping_mul(
-                0x0000_0000_0100_0000_0000_0000_0000_013b
-            )
+            0x6c62_272e_07bb_0142_62b8_2175_6295_c58d_u128
+                .wrapping_mul(0x0000_0000_0100_0000_0000_0000_0000_013b)
         );
         // Stable across runs and versions: pinned values.
-        assert_eq!(pg_lock_key("distlock_leases", "jobs/nightly"), pg_lock_key("distlock_leases", "jobs/nightly"));
-        assert_ne!(pg_lock_key("distlock_leases", "a"), pg_lock_key("distlock_leases", "b"));
+        assert_eq!(
+            pg_lock_key("distlock_leases", "jobs/nightly"),
+            pg_lock_key("distlock_leases", "jobs/nightly")
+        );
+        assert_ne!(
+            pg_lock_key("distlock_leases", "a"),
+            pg_lock_key("distlock_leases", "b")
+        );
         assert_ne!(pg_lock_key("t1", "a"), pg_lock_key("t2", "a"));
         // The separator keeps "ab"+"c" apart from "a"+"bc".
         assert_ne!(fnv1a_128("ab", "c"), fnv1a_128("a", "bc"));
@@ -115,7 +120,10 @@ mod tests {
 
     #[test]
     fn mysql_names_fit_and_never_fold_case() {
-        assert_eq!(mysql_lock_name("distlock_leases", "jobs/a-1"), "distlock_leases:jobs/a-1");
+        assert_eq!(
+            mysql_lock_name("distlock_leases", "jobs/a-1"),
+            "distlock_leases:jobs/a-1"
+        );
         let upper = mysql_lock_name("distlock_leases", "Jobs/A");
         let lower = mysql_lock_name("distlock_leases", "jobs/a");
         assert_ne!(upper, lower);

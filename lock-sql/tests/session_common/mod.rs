@@ -134,3 +134,540 @@ impl Target for SessionTarget {
         Ok(Some((Arc::new(client), proxy)))
     }
 }
+
+use lock_core::{LockClient, LockKey, OwnerId};
+use lock_sql::SessionFloor;
+use lock_sql::sqlx::{self, Connection};
+use std::time::Duration;
+use tokio::time::{Instant, sleep, timeout};
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("s{}/{name}", &OwnerId::random().to_hex()[..8])).unwrap()
+}
+
+impl SessionTarget {
+    /// The server's plain URL (no options of ours), for raw connections.
+    pub async fn raw_url(&self) -> String {
+        match &self.server {
+            Server::Pg(s) => s.lock().await.url(),
+            Server::Maria(s) => s.lock().await.url(),
+        }
+    }
+
+    /// Ends server session `id` from a raw connection.
+    pub async fn kill_session(&self, id: i64) {
+        let url = self.raw_url().await;
+        match &self.server {
+            Server::Pg(_) => {
+                let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+                sqlx::query("SELECT pg_terminate_backend($1::int)")
+                    .bind(id)
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+            }
+            Server::Maria(_) => {
+                let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
+                sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Server sessions blocked in a lock wait right now.
+    pub async fn waiting_sessions(&self) -> i64 {
+        let url = self.raw_url().await;
+        match &self.server {
+            Server::Pg(_) => {
+                let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                     AND wait_event = 'advisory'",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .unwrap()
+            }
+            Server::Maria(_) => {
+                let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
+                sqlx::query_scalar(
+                    "SELECT CAST(count(*) AS SIGNED) FROM information_schema.PROCESSLIST \
+                     WHERE STATE LIKE '%user lock%'",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .unwrap()
+            }
+        }
+    }
+
+    /// A raw connection that starts a server-side wait for `key` and is
+    /// then dropped without anything else: the broken variant of a
+    /// dropped waiting acquire (no kill, no check interval). Returns the
+    /// waiting sessions seen while it waits, and after it was dropped.
+    pub async fn abandon_raw_wait(&self, lock_key: &LockKey) -> (i64, i64) {
+        let url = self.raw_url().await;
+        let table = "distlock_leases";
+        let live = match &self.server {
+            Server::Pg(_) => {
+                let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+                let k = pg_key(table, lock_key.as_str());
+                let wait = sqlx::query("SELECT pg_advisory_lock($1)")
+                    .bind(k)
+                    .execute(&mut conn);
+                let (_, live) = tokio::join!(timeout(Duration::from_millis(500), wait), async {
+                    sleep(Duration::from_millis(300)).await;
+                    self.waiting_sessions().await
+                });
+                live
+            }
+            Server::Maria(_) => {
+                let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
+                let wait = sqlx::query("SELECT GET_LOCK(?, 30)")
+                    .bind(mysql_name(table, lock_key.as_str()))
+                    .execute(&mut conn);
+                let (_, live) = tokio::join!(timeout(Duration::from_millis(500), wait), async {
+                    sleep(Duration::from_millis(300)).await;
+                    self.waiting_sessions().await
+                });
+                live
+            }
+        };
+        (live, settle_waiting(self).await)
+    }
+}
+
+/// The crate's documented key mapping, restated (FNV-1a 128 over
+/// `table \0 key`), so the raw variant contends for the same lock.
+fn fnv(table: &str, key: &str) -> u128 {
+    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    for b in table.bytes().chain([0u8]).chain(key.bytes()) {
+        h ^= u128::from(b);
+        h = h.wrapping_mul(0x0000_0000_0100_0000_0000_0000_0000_013b);
+    }
+    h
+}
+
+fn pg_key(table: &str, key: &str) -> i64 {
+    let h = fnv(table, key);
+    let folded = u64::try_from(h & u128::from(u64::MAX)).unwrap() ^ u64::try_from(h >> 64).unwrap();
+    i64::from_ne_bytes(folded.to_ne_bytes())
+}
+
+fn mysql_name(table: &str, key: &str) -> String {
+    let plain = format!("{table}:{key}");
+    if plain.len() <= 64
+        && plain
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_./:-".contains(&b))
+    {
+        plain
+    } else {
+        format!("#{:032x}", fnv(table, key))
+    }
+}
+
+/// Waits until `guard` renewed once more (its deadline moved).
+async fn next_renewal(guard: &lock_core::LockGuard) {
+    let before = guard.validity_deadline();
+    let until = Instant::now() + Duration::from_secs(10);
+    while guard.validity_deadline() == before && Instant::now() < until {
+        sleep(Duration::from_millis(1)).await;
+    }
+    assert!(guard.validity_deadline() > before, "no renewal within 10 s");
+}
+
+/// Polls until `probe` gets `key`; returns when, and the lease's token.
+async fn probe_until_free(
+    probe: &SqlSessionBackend,
+    key: &LockKey,
+    within: Duration,
+) -> Option<(Instant, u64)> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Ok(Some(lease)) = probe.try_acquire(key, Duration::from_secs(5)).await {
+            let at = Instant::now();
+            let token = lease.token().get();
+            let _ = probe.release(&lease).await;
+            return Some((at, token));
+        }
+        sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
+/// The holder's session is killed (by the server's admin command, or its
+/// TCP connection reset by the proxy): the server frees the lock at once,
+/// and the holder learns it at its next keep-alive. That window, when the
+/// old holder still believes it holds while a new holder has the lock, is
+/// the negative control of session mode: only the fencing token protects
+/// the resource there, and the test asserts the window exists, and the new
+/// token is larger.
+pub async fn killed_session(target: &SessionTarget, by_proxy_reset: bool) -> (Duration, Duration) {
+    let ttl = Duration::from_secs(3);
+    let (proxy, url) = target.proxy("").await;
+    let holder = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let probe = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let key = key("killed");
+    let client = LockClient::new(holder.clone());
+    let guard = client.lock(key.as_str()).ttl(ttl).acquire().await.unwrap();
+    let id = holder
+        .session_id(&guard.lease())
+        .await
+        .expect("pinned session");
+    // Right after a keep-alive, so the next one is ttl/3 away.
+    next_renewal(&guard).await;
+    let killed_at = Instant::now();
+    if by_proxy_reset {
+        proxy.reset();
+    } else {
+        target.kill_session(id).await;
+    }
+    let (freed_at, next_token) = probe_until_free(&probe, &key, Duration::from_secs(2))
+        .await
+        .expect("the server did not free a killed session's lock within 2 s");
+    let lost = timeout(ttl, guard.lost())
+        .await
+        .expect("no lost signal within the TTL");
+    let lost_at = Instant::now();
+    assert!(
+        next_token > guard.token().get(),
+        "token went backwards: {next_token} after {}",
+        guard.token()
+    );
+    assert!(
+        freed_at < lost_at,
+        "negative control: the server frees a killed session's lock before the holder's next keep-alive"
+    );
+    assert!(
+        lost_at - killed_at <= ttl / 3 + Duration::from_millis(500),
+        "lost {:?} after the kill, later than the next keep-alive",
+        lost_at - killed_at
+    );
+    assert_eq!(holder.held_locks(), 0, "the dead session is still listed");
+    println!(
+        "{} killed ({}): server freed the lock {:?} after the kill; holder told {:?} after ({lost}); \
+         window with two believers {:?}",
+        target.name(),
+        if by_proxy_reset {
+            "proxy reset"
+        } else {
+            "admin kill"
+        },
+        freed_at - killed_at,
+        lost_at - killed_at,
+        lost_at - freed_at
+    );
+    (freed_at - killed_at, lost_at - killed_at)
+}
+
+/// The holder is partitioned (the proxy holds every byte, the server's
+/// TCP connection stays up): the guard reports Lost at its deadline, and
+/// the server frees the lock only when the session's idle timeout (the
+/// TTL after the last keep-alive it received) ends it: after the Lost.
+pub async fn partition(target: &SessionTarget, ttl: Duration) -> (Duration, Duration) {
+    let (proxy, url) = target.proxy("").await;
+    let holder = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let probe = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let key = key("partition");
+    let guard = LockClient::new(holder)
+        .lock(key.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    next_renewal(&guard).await;
+    proxy.partition();
+    let cut_at = Instant::now();
+    let lost = async {
+        let _ = timeout(ttl * 2, guard.lost()).await;
+        Instant::now()
+    };
+    let freed = probe_until_free(&probe, &key, ttl * 4);
+    let (lost_at, freed) = tokio::join!(lost, freed);
+    proxy.heal();
+    let (freed_at, _) = freed.expect("the server never freed the partitioned session's lock");
+    assert!(
+        matches!(guard.state(), lock_core::LockState::Lost(_)),
+        "state {:?}",
+        guard.state()
+    );
+    // The promise (the holder's validity deadline) ended before the
+    // server freed the lock; the signal itself is observed by a task on a
+    // loaded machine, so it is held to the deadline plus a margin.
+    let deadline = guard.validity_deadline();
+    assert!(
+        deadline < freed_at,
+        "the server freed the lock {:?} BEFORE the holder's deadline",
+        deadline - freed_at
+    );
+    assert!(
+        lost_at <= deadline + Duration::from_millis(500),
+        "Lost observed {:?} after the deadline",
+        lost_at - deadline
+    );
+    println!(
+        "{} partition (TTL {ttl:?}): Lost observed {:?} after the cut; server freed {:?} after the cut; \
+         freed {:?} after the holder's deadline, {:?} after the Lost was observed",
+        target.name(),
+        lost_at - cut_at,
+        freed_at - cut_at,
+        freed_at - deadline,
+        freed_at.saturating_duration_since(lost_at)
+    );
+    (lost_at - cut_at, freed_at - lost_at)
+}
+
+/// A waiting acquire dropped mid-wait leaves no session waiting on the
+/// server (it is killed in the background) and the key free at the
+/// holder's release. The same check run on a broken variant (a raw
+/// connection whose wait is dropped without the kill) sees the session
+/// left waiting: the check can fail.
+pub async fn dropped_wait(target: &SessionTarget) {
+    let holder = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let waiter = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let probe = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let key = LockKey::new(format!("dropwait/{}", &OwnerId::random().to_hex()[..8])).unwrap();
+    let lease = holder
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let wait = waiter.acquire(
+        &key,
+        Duration::from_secs(5),
+        Instant::now() + Duration::from_secs(30),
+    );
+    assert!(timeout(Duration::from_millis(300), wait).await.is_err());
+    assert_eq!(waiter.held_locks(), 0);
+    let waiting = settle_waiting(target).await;
+    assert_eq!(
+        waiting, 0,
+        "{waiting} session(s) still waiting on the server after the drop"
+    );
+    assert!(holder.release(&lease).await.unwrap());
+    let next = probe
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        next.is_some(),
+        "a dropped waiter's session took the lock at the release"
+    );
+    probe.release(&next.unwrap()).await.unwrap();
+
+    // Broken variant: the wait dropped without the kill stays on the server.
+    let lease = holder
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let (live, left) = target.abandon_raw_wait(&key).await;
+    assert!(
+        live >= 1,
+        "the check did not see a live raw wait on the server (count {live})"
+    );
+    holder.release(&lease).await.unwrap();
+    println!(
+        "{} dropped wait: 0 sessions left waiting; the check sees a live raw wait ({live}); a raw wait \
+         dropped without the kill is left on the server: {left} (PostgreSQL keeps waiting without \
+         client_connection_check_interval; MariaDB notices the closed connection itself)",
+        target.name()
+    );
+}
+
+/// The waiting-session count once background kills had time to land.
+async fn settle_waiting(target: &SessionTarget) -> i64 {
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let n = target.waiting_sessions().await;
+        if n == 0 || Instant::now() >= until {
+            return n;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A lease nobody renews frees its key when the server's idle timeout
+/// ends the silent session: not before the holder's deadline, within
+/// about the TTL (MySQL rounds the TTL up to whole seconds).
+pub async fn unrenewed_lease_expires(target: &SessionTarget, ttl: Duration) {
+    let holder = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let probe = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let key = key("expiry");
+    let sent = Instant::now();
+    let lease = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let next = probe
+        .acquire(&key, ttl, Instant::now() + ttl * 2 + Duration::from_secs(2))
+        .await
+        .unwrap();
+    let freed = sent.elapsed();
+    assert!(
+        Instant::now() >= lease.validity_deadline(),
+        "freed before the holder's deadline"
+    );
+    assert!(
+        freed <= ttl + Duration::from_millis(1500),
+        "freed only after {freed:?}"
+    );
+    assert!(next.token() > lease.token());
+    assert!(
+        holder
+            .renew(&lease)
+            .await
+            .is_err_and(|e| e.is_lost() || e.is_not_held()),
+        "the expired session renewed"
+    );
+    assert!(!holder.release(&lease).await.unwrap());
+    probe.release(&next).await.unwrap();
+    println!(
+        "{} unrenewed lease (TTL {ttl:?}): freed {freed:?} after the grant was sent",
+        target.name()
+    );
+}
+
+/// Grants of one key alternate over three clients: every token is larger
+/// than the one before.
+pub async fn tokens_across_clients(target: &SessionTarget) {
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(SqlSessionBackend::connect_url(&target.url).await.unwrap());
+    }
+    let key = key("tokens");
+    let mut last = 0;
+    for i in 0..60 {
+        let c = &clients[i % 3];
+        let lease = c
+            .acquire(
+                &key,
+                Duration::from_secs(5),
+                Instant::now() + Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        assert!(
+            lease.token().get() > last,
+            "token {} after {last}",
+            lease.token()
+        );
+        last = lease.token().get();
+        assert!(c.release(&lease).await.unwrap());
+    }
+}
+
+/// Round trips per cycle through the proxy, averaged over `cycles` after
+/// a warm-up and rounded.
+async fn per_cycle<F, Fut>(proxy: &FaultProxy, cycles: u64, mut cycle: F) -> u64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..5 {
+        cycle().await;
+    }
+    proxy.reset_counters();
+    for _ in 0..cycles {
+        cycle().await;
+    }
+    (proxy.round_trips() + cycles / 2) / cycles
+}
+
+/// One round trip per try-grant and one per release; 2 per waiting
+/// acquire + release through the user API, as the floor's declared 2. A
+/// cycle with one extra request (an inspect) counts 3: the check fails
+/// on an extra round trip.
+pub async fn round_trips(target: &SessionTarget) {
+    // 50 locks held at once pin 50 connections.
+    let (proxy, url) = target.proxy("pool_size=60").await;
+    let backend = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let key = key("rt");
+    let ttl = Duration::from_secs(30);
+    let n = 50;
+    let grants = per_cycle(&proxy, n, || async {
+        let lease = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+        backend.release(&lease).await.unwrap();
+    })
+    .await;
+    assert_eq!(grants, 2, "try_acquire + release");
+    // Grants alone, then releases alone, over 50 connections: the first
+    // pass opens them (handshake, session id, statements prepared once per
+    // connection; MySQL's wait_timeout once), the second is counted.
+    let keys: Vec<LockKey> = (0..n).map(|i| key_n(&key, i)).collect();
+    let mut counts = Vec::new();
+    for _pass in 0..2 {
+        proxy.reset_counters();
+        let mut held = Vec::new();
+        for k in &keys {
+            held.push(backend.try_acquire(k, ttl).await.unwrap().unwrap());
+        }
+        let grant_rt = proxy.round_trips();
+        proxy.reset_counters();
+        for lease in &held {
+            assert!(backend.release(lease).await.unwrap());
+        }
+        counts.push((grant_rt, proxy.round_trips()));
+    }
+    println!(
+        "{} round trips: {n} grants + {n} releases on new connections {:?}, then on the same connections {:?}",
+        target.name(),
+        counts[0],
+        counts[1]
+    );
+    assert_eq!(
+        counts[1],
+        (n, n),
+        "one round trip per try-grant and one per release"
+    );
+    let client = LockClient::new(backend.clone());
+    let ours = per_cycle(&proxy, n, || async {
+        let guard = client
+            .lock(key.as_str())
+            .ttl(ttl)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    })
+    .await;
+    let (floor_proxy, floor_url) = target.proxy("").await;
+    let floor = SessionFloor::connect(&floor_url).await.unwrap();
+    use lock_core::floor::RawFloor;
+    let floor_rt = per_cycle(&floor_proxy, n, || async {
+        floor.cycle(key.as_str(), ttl).await.unwrap();
+    })
+    .await;
+    assert_eq!(
+        floor_rt,
+        u64::from(floor.round_trips_per_cycle()),
+        "the floor's declared count"
+    );
+    assert_eq!(ours, floor_rt, "waiting acquire + release vs the floor");
+    // An extra request per cycle is caught.
+    let extra = per_cycle(&proxy, n, || async {
+        let guard = client
+            .lock(key.as_str())
+            .ttl(ttl)
+            .wait(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        let _ = backend.inspect(&key).await.unwrap();
+        guard.release().await.unwrap();
+    })
+    .await;
+    assert_ne!(
+        extra, floor_rt,
+        "a cycle with an extra request was not caught"
+    );
+    println!(
+        "{} round trips per cycle: ours {ours}, floor {floor_rt}, with an extra inspect {extra}",
+        target.name()
+    );
+}
+
+fn key_n(base: &LockKey, i: u64) -> LockKey {
+    LockKey::new(format!("{}-{i}", base.as_str())).unwrap()
+}
