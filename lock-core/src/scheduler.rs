@@ -38,7 +38,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::backend::LockBackend;
@@ -50,6 +50,10 @@ use crate::guard::{
 use crate::options::{Backoff, FAR_FUTURE, saturating_add};
 use crate::renew_many::{RENEW_BATCH, missing_result};
 use crate::types::SessionState;
+
+/// How many `renew_many` calls one scheduler runs at once (more batches wait
+/// for a turn, their deadlines still enforced).
+const MAX_CALLS_IN_FLIGHT: usize = 4;
 
 /// "No time": a timer that never fires.
 pub(crate) const NEVER: u64 = u64::MAX;
@@ -208,6 +212,8 @@ pub(crate) struct Scheduler {
     runtime: Option<tokio::runtime::Id>,
     state: Mutex<State>,
     wake: Arc<Notify>,
+    /// `renew_many` calls in flight at once.
+    permits: Arc<Semaphore>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -252,6 +258,7 @@ impl Scheduler {
                 live: 0,
             }),
             wake: Arc::new(Notify::new()),
+            permits: Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT)),
         })
     }
 
@@ -442,7 +449,12 @@ impl Scheduler {
         });
         let launch = st.take_due(now);
         for chunk in launch.chunks(RENEW_BATCH) {
-            batches.push(Batch::start(self.backend.clone(), chunk, &st));
+            batches.push(Batch::start(
+                self.backend.clone(),
+                self.permits.clone(),
+                chunk,
+                &st,
+            ));
         }
         if watchers.len() < st.sessions.len() {
             watchers.resize_with(st.sessions.len(), || None);
@@ -866,7 +878,12 @@ struct Batch {
 }
 
 impl Batch {
-    fn start(backend: Arc<dyn LockBackend>, slots: &[u32], st: &State) -> Self {
+    fn start(
+        backend: Arc<dyn LockBackend>,
+        permits: Arc<Semaphore>,
+        slots: &[u32],
+        st: &State,
+    ) -> Self {
         let mut members = Vec::with_capacity(slots.len());
         let mut held = Vec::with_capacity(slots.len());
         let mut min_deadline = NEVER;
@@ -879,6 +896,9 @@ impl Batch {
             }
         }
         let call = Box::pin(async move {
+            // Batches beyond the first few wait here, their guards' deadlines
+            // still watched: what a backend buffers per call stays bounded.
+            let _permit = permits.acquire_owned().await;
             let leases: Vec<&crate::types::Lease> = held.iter().map(|s| s.original()).collect();
             backend.renew_many(&leases).await
         });

@@ -366,6 +366,11 @@ impl RedisBackend {
         stats
     }
 
+    /// The nodes and the scripts, for batched renewals (renew_many.rs).
+    pub(crate) fn renewal_parts(&self) -> (&[Arc<Node>], &Arc<Scripts>) {
+        (&self.inner.nodes, &self.inner.scripts)
+    }
+
     /// The Redis key that holds the lock `key` (`<prefix>{<key>}`), for
     /// other clients that want to exclude with ours.
     pub fn redis_key(&self, key: &LockKey) -> String {
@@ -743,6 +748,11 @@ impl LockBackend for RedisBackend {
             LockError::new(ErrorKind::Unavailable, op, "no majority answered").with_backend(NAME)
         });
         Err(err.with_key(key))
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        // One pipeline per node for the whole batch (see renew_many.rs).
+        self.renew_pipelined(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {

@@ -193,6 +193,7 @@ mod driver;
 mod eviction;
 pub mod floor;
 mod notify;
+mod renew_many;
 mod scripts;
 
 pub use config::{
