@@ -1,152 +1,49 @@
-//! Benchmark: our acquire+release cycle against the raw floor, the same
-//! two statements issued by hand with sqlx on the same pool
-//! ([`lock_sql::floor::SqlFloor`]), per database.
+//! Benchmark of the SQL driver (row mode), used as users use it, against
+//! the raw floor written by hand on one bare connection, per database.
 //!
-//! `cargo run --release -p lock-sql --example bench`
+//! ```text
+//! cargo run --release -p lock-sql --example bench
+//! ```
+//!
+//! - **ours**: `client.lock(k).ttl(30s).wait(60s).acquire()` then
+//!   `guard.release()`, each client its own `lock_sql::connect(url)`;
+//! - **floor**: [`lock_sql::floor::SqlFloor`] (the driver's grant and
+//!   guarded release statements by hand on one bare connection), each
+//!   client its own floor; contended, a floor asks again at once (a
+//!   hand-written polling loop).
 //!
 //! Starts its own PostgreSQL and MariaDB where installed (skipped with a
-//! note otherwise) and uses a SQLite file in a temporary directory. Runs
-//! ours and the floor in alternating rounds so both see the same machine
-//! load, sequentially on one key and with 8 tasks on 8 keys, and prints
-//! p50/p99 and the ratios. Measures only; asserts nothing.
+//! note otherwise) and uses a SQLite file in a temporary directory. Ours and
+//! the floor run interleaved round by round (the order swapped every round)
+//! so both see the same machine load: 1 client (p50, p99), 8 independent
+//! clients on 8 keys (throughput), 4 independent clients contending on one
+//! key (handoffs/s and the busiest client's grants over the least busy
+//! one's), and, on the servers, round trips per cycle counted by the fault
+//! proxy. Measures only; asserts nothing.
 //!
-//! Environment: `BENCH_CYCLES` (per variant, default 2000), `BENCH_ROUNDS`
-//! (alternations, default 4).
+//! Environment: `BENCH_CYCLES` (1-client cycles per variant, default
+//! 2000), `BENCH_ROUNDS` (alternations, default 4), `BENCH_HANDOFF_SECS`
+//! (seconds per handoff round, default 3).
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::bench::{LatencyStats, ratio};
+use conformance::bench::{self, Contender, FloorCycle, Handoffs, LatencyStats, Ours};
+use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
-use lock_core::LockKey;
-use lock_sql::SqlBackend;
+use lock_core::LockClient;
+use lock_core::floor::RawFloor;
 use lock_sql::floor::SqlFloor;
-use tokio::time::Instant;
 
-const TTL: Duration = Duration::from_secs(10);
-const TASKS: usize = 8;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-async fn our_cycle(backend: &SqlBackend, key: &LockKey) -> Result<(), lock_core::LockError> {
-    conformance::bench::cycle(backend, key, TTL).await
-}
+const TTL: Duration = Duration::from_secs(30);
+const CLIENTS: usize = 8;
+const HANDOFF_CLIENTS: usize = 4;
 
-#[derive(Clone, Copy, PartialEq)]
-enum Variant {
-    Ours,
-    Raw,
-}
-
-/// Runs `cycles` cycles spread over `tasks` tasks (each on its own key) and
-/// returns every cycle's latency.
-async fn run(
-    backend: &SqlBackend,
-    floor: &SqlFloor,
-    variant: Variant,
-    prefix: &str,
-    tasks: usize,
-    cycles: usize,
-) -> Vec<Duration> {
-    let per_task = cycles / tasks;
-    let mut handles = Vec::new();
-    for t in 0..tasks {
-        let backend = backend.clone();
-        let floor = floor.clone();
-        let name = format!("bench/{prefix}-{t}");
-        handles.push(tokio::spawn(async move {
-            let key = LockKey::new(name.clone()).expect("valid key");
-            let mut samples = Vec::with_capacity(per_task);
-            for _ in 0..per_task {
-                let started = Instant::now();
-                match variant {
-                    Variant::Ours => our_cycle(&backend, &key).await.expect("our cycle"),
-                    Variant::Raw => floor.cycle(&name, TTL).await.expect("raw cycle"),
-                }
-                samples.push(started.elapsed());
-            }
-            samples
-        }));
-    }
-    let mut all = Vec::with_capacity(cycles);
-    for handle in handles {
-        all.extend(handle.await.expect("bench task"));
-    }
-    all
-}
-
-struct Row2 {
-    database: String,
-    mode: &'static str,
-    ours: LatencyStats,
-    raw: LatencyStats,
-}
-
-async fn bench_database(name: &str, url: &str, cycles: usize, rounds: usize) -> Vec<Row2> {
-    let backend = match SqlBackend::connect_url(url).await {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("{name}: cannot connect: {e}");
-            return Vec::new();
-        }
-    };
-    let floor = SqlFloor::from_backend(&backend);
-    let mut rows = Vec::new();
-    for (mode, tasks) in [("sequential", 1), ("8 tasks/8 keys", TASKS)] {
-        // Warm up both paths (connections, prepared statements, rows).
-        let _ = run(
-            &backend,
-            &floor,
-            Variant::Ours,
-            "warm",
-            tasks,
-            100.max(tasks * 10),
-        )
-        .await;
-        let _ = run(
-            &backend,
-            &floor,
-            Variant::Raw,
-            "warm",
-            tasks,
-            100.max(tasks * 10),
-        )
-        .await;
-        let mut ours = Vec::new();
-        let mut raw = Vec::new();
-        let mut ours_wall = Duration::ZERO;
-        let mut raw_wall = Duration::ZERO;
-        let per_round = (cycles / rounds).max(tasks);
-        for round in 0..rounds {
-            // Alternate which goes first, so neither always runs warmer.
-            let order = if round % 2 == 0 {
-                [Variant::Ours, Variant::Raw]
-            } else {
-                [Variant::Raw, Variant::Ours]
-            };
-            for variant in order {
-                let started = Instant::now();
-                let samples = run(&backend, &floor, variant, "k", tasks, per_round).await;
-                let wall = started.elapsed();
-                if variant == Variant::Ours {
-                    ours.extend(samples);
-                    ours_wall += wall;
-                } else {
-                    raw.extend(samples);
-                    raw_wall += wall;
-                }
-            }
-        }
-        rows.push(Row2 {
-            database: name.to_owned(),
-            mode,
-            ours: LatencyStats::from_samples(ours, ours_wall),
-            raw: LatencyStats::from_samples(raw, raw_wall),
-        });
-    }
-    let _ = backend.close().await;
-    rows
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
+fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -154,64 +51,216 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let cycles = env_usize("BENCH_CYCLES", 2000);
-    let rounds = env_usize("BENCH_ROUNDS", 4);
-    let mut rows = Vec::new();
+async fn ours(url: &str) -> Result<Arc<dyn Contender>, BoxError> {
+    let client = LockClient::new(lock_sql::connect(url).await?);
+    Ok(Arc::new(Ours::new(client, TTL)))
+}
 
-    let dir = tempfile::tempdir().expect("temp dir");
-    let sqlite_url = format!(
-        "sqlite://{}?pool_size=8",
-        dir.path().join("bench.db").display()
+async fn floor(url: &str) -> Result<Arc<dyn Contender>, BoxError> {
+    let floor: Box<dyn RawFloor> = Box::new(SqlFloor::connect(url).await?);
+    Ok(Arc::new(FloorCycle::new(floor, TTL)))
+}
+
+struct Report {
+    database: String,
+    one: (LatencyStats, LatencyStats),
+    eight: (LatencyStats, LatencyStats),
+    handoffs: (Handoffs, Handoffs),
+    round_trips: Option<(f64, f64)>,
+}
+
+/// Handoff rounds, ours and the floor alternating; per-client grants and
+/// rates summed over the rounds.
+async fn handoffs(
+    ours: &[Arc<dyn Contender>],
+    floors: &[Arc<dyn Contender>],
+    run: &str,
+    rounds: usize,
+    secs: usize,
+) -> Result<(Handoffs, Handoffs), BoxError> {
+    let duration = Duration::from_secs(u64::try_from(secs).unwrap_or(3));
+    let mut sums = (Handoffs::default(), Handoffs::default());
+    for round in 0..rounds {
+        for side in [round % 2, 1 - round % 2] {
+            let (who, sum, key) = if side == 0 {
+                (ours, &mut sums.0, format!("{run}/handoff-ours"))
+            } else {
+                (floors, &mut sums.1, format!("{run}/handoff-floor"))
+            };
+            let h = bench::handoffs(who, &key, duration).await?;
+            sum.per_sec += h.per_sec / rounds as f64;
+            if sum.per_client.is_empty() {
+                sum.per_client = vec![0; h.per_client.len()];
+            }
+            for (total, n) in sum.per_client.iter_mut().zip(&h.per_client) {
+                *total += n;
+            }
+        }
+    }
+    Ok(sums)
+}
+
+async fn bench_database(
+    name: &str,
+    url: &str,
+    proxied: Option<(&str, &FaultProxy)>,
+) -> Result<Report, BoxError> {
+    let cycles = env("BENCH_CYCLES", 2000);
+    let rounds = env("BENCH_ROUNDS", 4);
+    let secs = env("BENCH_HANDOFF_SECS", 3);
+    let run = &lock_core::OwnerId::random().to_hex()[..8];
+    let mut our_clients = Vec::new();
+    let mut floors = Vec::new();
+    for _ in 0..CLIENTS {
+        our_clients.push(ours(url).await?);
+        floors.push(floor(url).await?);
+    }
+    // Warm-up: connections, prepared statements, rows.
+    for (o, f) in our_clients.iter().zip(&floors) {
+        for _ in 0..50 {
+            o.cycle(&format!("{run}/warm")).await?;
+            f.cycle(&format!("{run}/warm-floor")).await?;
+        }
+    }
+    let one = bench::interleaved_latency(
+        &*our_clients[0],
+        &*floors[0],
+        (&format!("{run}/seq-ours"), &format!("{run}/seq-floor")),
+        cycles,
+        rounds,
+    )
+    .await?;
+    let eight = bench::interleaved_throughput(
+        &our_clients,
+        &floors,
+        (&format!("{run}/par-ours"), &format!("{run}/par-floor")),
+        cycles / 2,
+        rounds,
+    )
+    .await?;
+    let handoffs = handoffs(
+        &our_clients[..HANDOFF_CLIENTS],
+        &floors[..HANDOFF_CLIENTS],
+        run,
+        2,
+        secs,
+    )
+    .await?;
+    let round_trips = match proxied {
+        Some((url, proxy)) => {
+            let ours = ours(url).await?;
+            let floor = floor(url).await?;
+            let o = bench::round_trips_per_cycle(&*ours, proxy, &format!("{run}/rt-ours"), 5, 200)
+                .await?;
+            let f =
+                bench::round_trips_per_cycle(&*floor, proxy, &format!("{run}/rt-floor"), 5, 200)
+                    .await?;
+            Some((o, f))
+        }
+        None => None,
+    };
+    Ok(Report {
+        database: name.to_owned(),
+        one,
+        eight,
+        handoffs,
+        round_trips,
+    })
+}
+
+/// `url` with the server's port replaced by the proxy's.
+fn through(url: &str, port: u16, proxy: &FaultProxy) -> String {
+    url.replace(
+        &format!("127.0.0.1:{port}/"),
+        &format!("127.0.0.1:{}/", proxy.port()),
+    )
+}
+
+fn print(r: &Report) {
+    let (o1, f1) = &r.one;
+    let (o8, f8) = &r.eight;
+    let (oh, fh) = &r.handoffs;
+    println!("\n{}:", r.database);
+    println!(
+        "  1 client      p50 ours {:>7.0} us  floor {:>7.0} us  ({:.3}x);  p99 ours {:>7.0} us  floor {:>7.0} us  ({:.3}x)",
+        o1.p50_us,
+        f1.p50_us,
+        bench::ratio(o1.p50_us, f1.p50_us),
+        o1.p99_us,
+        f1.p99_us,
+        bench::ratio(o1.p99_us, f1.p99_us),
     );
-    rows.extend(bench_database("sqlite (file, WAL)", &sqlite_url, cycles, rounds).await);
+    println!(
+        "  {CLIENTS} clients/{CLIENTS} keys  ours {:>7.0}/s  floor {:>7.0}/s  ({:.3}x)",
+        o8.per_sec,
+        f8.per_sec,
+        bench::ratio(o8.per_sec, f8.per_sec),
+    );
+    println!(
+        "  {HANDOFF_CLIENTS} clients/1 key  ours {:>7.0} handoffs/s {:?} (spread {:.2}x)  floor {:>7.0}/s {:?} (spread {:.2}x)  ({:.3}x)",
+        oh.per_sec,
+        oh.per_client,
+        oh.spread(),
+        fh.per_sec,
+        fh.per_client,
+        fh.spread(),
+        bench::ratio(oh.per_sec, fh.per_sec),
+    );
+    if let Some((o, f)) = r.round_trips {
+        println!("  round trips per cycle (proxy)  ours {o:.2}  floor {f:.2}");
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let mut reports = Vec::new();
+
+    let dir = tempfile::tempdir()?;
+    let sqlite = format!("sqlite://{}", dir.path().join("bench.db").display());
+    reports.push(bench_database("sqlite (file, WAL)", &sqlite, None).await?);
+    print(&reports[reports.len() - 1]);
 
     match PostgresServer::start().await {
         Ok(server) => {
-            let url = format!("{}?pool_size=8", server.url());
-            rows.extend(bench_database("postgres 15", &url, cycles, rounds).await);
+            let proxy =
+                FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], server.port()))).await?;
+            let proxied = through(&server.url(), server.port(), &proxy);
+            reports.push(
+                bench_database("postgres 15", &server.url(), Some((&proxied, &proxy))).await?,
+            );
+            print(&reports[reports.len() - 1]);
         }
         Err(e) => eprintln!("postgres skipped: {e}"),
     }
     match MariaDbServer::start().await {
         Ok(server) => {
-            let url = format!("{}?pool_size=8", server.url());
-            rows.extend(bench_database("mariadb", &url, cycles, rounds).await);
+            let proxy =
+                FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], server.port()))).await?;
+            let proxied = through(&server.url(), server.port(), &proxy);
+            reports.push(bench_database("mariadb", &server.url(), Some((&proxied, &proxy))).await?);
+            print(&reports[reports.len() - 1]);
         }
         Err(e) => eprintln!("mariadb skipped: {e}"),
     }
 
+    println!("\nlock-sql row mode vs its floor (ratios ours/floor):");
     println!(
-        "\nlock-sql: acquire+release cycle vs the same two statements by hand on the same pool \
-         ({cycles} cycles per variant, {rounds} alternating rounds)\n"
+        "{:<20} {:>9} {:>12} {:>11} {:>14} {:>10}",
+        "database", "p50 x", "8 clients x", "handoffs x", "spread (ours)", "rt/cycle"
     );
-    println!(
-        "{:<20} {:<16} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>10}",
-        "database",
-        "mode",
-        "ours p50",
-        "raw p50",
-        "ours p99",
-        "raw p99",
-        "p50 x",
-        "p99 x",
-        "ours/s",
-        "raw/s"
-    );
-    for r in &rows {
+    for r in &reports {
+        let rt = r
+            .round_trips
+            .map_or_else(|| "-".to_owned(), |(o, f)| format!("{o:.1} ({f:.1})"));
         println!(
-            "{:<20} {:<16} {:>8.0}us {:>8.0}us {:>8.0}us {:>8.0}us {:>8.3} {:>8.3} {:>10.0} {:>10.0}",
+            "{:<20} {:>9.3} {:>12.3} {:>11.3} {:>14.2} {:>10}",
             r.database,
-            r.mode,
-            r.ours.p50_us,
-            r.raw.p50_us,
-            r.ours.p99_us,
-            r.raw.p99_us,
-            ratio(r.ours.p50_us, r.raw.p50_us),
-            ratio(r.ours.p99_us, r.raw.p99_us),
-            r.ours.per_sec,
-            r.raw.per_sec,
+            bench::ratio(r.one.0.p50_us, r.one.1.p50_us),
+            bench::ratio(r.eight.0.per_sec, r.eight.1.per_sec),
+            bench::ratio(r.handoffs.0.per_sec, r.handoffs.1.per_sec),
+            r.handoffs.0.spread(),
+            rt,
         );
     }
+    Ok(())
 }

@@ -17,7 +17,7 @@ use crate::conn::{ConnSet, DbOptions};
 use crate::error::map_sqlx;
 use crate::exec;
 use crate::sql::Statements;
-use crate::wake::{WAKE_ALL, Waits};
+use crate::wake::{Waits, Wake};
 
 pub(crate) const NAME: &str = "sql";
 
@@ -472,21 +472,45 @@ impl SqlBackend {
 #[cfg(feature = "postgres")]
 async fn run_listener(
     mut listener: sqlx::postgres::PgListener,
-    sender: tokio::sync::broadcast::Sender<Arc<str>>,
+    sender: tokio::sync::broadcast::Sender<Wake>,
 ) {
     loop {
         match listener.try_recv().await {
             Ok(Some(notification)) => {
-                let _ = sender.send(Arc::from(notification.payload()));
+                let _ = sender.send(Wake::Released(Arc::from(notification.payload())));
             }
             Ok(None) => {
                 // Reconnected: releases may have been missed meanwhile.
-                let _ = sender.send(Arc::from(WAKE_ALL));
+                let _ = sender.send(Wake::All);
             }
             Err(_) => {
-                let _ = sender.send(Arc::from(WAKE_ALL));
+                let _ = sender.send(Wake::All);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
+        }
+    }
+}
+
+/// Waits until a client of the process that waited for `key` reports it
+/// taken (`true`), or `until` (`false`). Releases are not waited for: on
+/// PostgreSQL the newcomer's own release is heard only now, through its
+/// `NOTIFY`, and would send it racing the waiters again.
+async fn taken_within(
+    wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
+    key: &LockKey,
+    until: Instant,
+) -> bool {
+    let sleep = tokio::time::sleep_until(until);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            () = &mut sleep => return false,
+            wake = wakes.recv() => match wake {
+                Ok(Wake::Taken(taken)) if &*taken == key.as_str() => return true,
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return false,
+            },
         }
     }
 }
@@ -669,25 +693,30 @@ impl LockBackend for SqlBackend {
         let mut backoff = poll.backoff();
         let mut started_listener = false;
         // Waiters first (see `crate::wake`): while clients of this process
-        // wait for the key, a newcomer, typically the holder that just
-        // released it, waits for the next release like them instead of
-        // racing them to the row; at most one initial poll interval, in
-        // case what they wait for is a release in another process.
+        // wait for the key, a newcomer (typically the holder that just
+        // released it) lets them go first instead of racing them to the row.
         let mut behind_waiters = waits.has_waiters(key.as_str());
         let mut waiting = None;
         loop {
             // Subscribe before trying, so a release between the failed try
             // and the wait is not missed.
-            let mut releases = waits.subscribe();
-            let delay = if behind_waiters {
-                behind_waiters = false;
-                if notified && !started_listener {
-                    self.ensure_listener().await;
-                    started_listener = true;
-                }
-                poll.initial
-            } else {
+            let mut wakes = waits.subscribe();
+            let let_waiters_go = behind_waiters;
+            behind_waiters = false;
+            // Until one of them takes the key (then no try: wait for its
+            // release like them), or one initial poll interval.
+            let taken = let_waiters_go
+                && taken_within(
+                    &mut wakes,
+                    key,
+                    (Instant::now() + poll.initial).min(deadline),
+                )
+                .await;
+            if !let_waiters_go || !taken {
                 if let Some(lease) = self.try_once(key, ttl, Operation::Acquire).await? {
+                    if waiting.is_some() {
+                        waits.taken(key.as_str());
+                    }
                     return Ok(lease);
                 }
                 if Instant::now() >= deadline {
@@ -699,32 +728,36 @@ impl LockBackend for SqlBackend {
                     .with_key(key)
                     .with_backend(NAME));
                 }
-                if notified {
-                    if !started_listener {
-                        self.ensure_listener().await;
-                        started_listener = true;
-                        // Releases before the listener ran were not heard.
+            }
+            // Counted as waiting from the first failed try on.
+            waiting.get_or_insert_with(|| waits.wait_for(key.as_str()));
+            let delay = if notified {
+                if !started_listener {
+                    self.ensure_listener().await;
+                    started_listener = true;
+                    // Releases before the listener ran were not heard.
+                    if !taken {
                         continue;
                     }
-                    self.recheck_delay(key).await
-                } else {
-                    backoff.next_delay().unwrap_or(poll.max)
                 }
+                self.recheck_delay(key).await
+            } else {
+                backoff.next_delay().unwrap_or(poll.max)
             };
-            waiting.get_or_insert_with(|| waits.wait_for(key.as_str()));
             let wake_at = (Instant::now() + delay).min(deadline);
             let sleep = tokio::time::sleep_until(wake_at);
             tokio::pin!(sleep);
             loop {
                 tokio::select! {
                     () = &mut sleep => break,
-                    message = releases.recv() => match message {
-                        Ok(released) if &*released == key.as_str() || released.is_empty() => {
+                    wake = wakes.recv() => match wake {
+                        Ok(Wake::Released(released)) if &*released == key.as_str() => {
                             // Activity on the key: poll from short again.
                             backoff = poll.backoff();
                             break;
                         }
-                        Ok(_) => {}
+                        Ok(Wake::All) => break,
+                        Ok(Wake::Released(_) | Wake::Taken(_)) => {}
                         // Lagged or closed: re-check rather than miss one.
                         Err(_) => break,
                     },

@@ -9,8 +9,10 @@
 //!   same way). Other processes' releases on MySQL/MariaDB and SQLite are
 //!   found by polling.
 //! - **Waiters first.** A client that asks for a key while other clients of
-//!   the process already wait for it does not try at once: it waits for the
-//!   next release (at most one short poll interval) like them. Without
+//!   the process already wait for it does not try at once: it lets them go
+//!   first, until one of them reports the key taken (then it waits for that
+//!   holder's release like them) or at most one initial poll interval (in
+//!   case they wait for a release in another process). Without
 //!   this, a holder that releases and asks again (a worker loop) takes the
 //!   row straight back while the woken waiters are still being scheduled,
 //!   and keeps it (measured: one client of four took 2.6x the grants of
@@ -26,15 +28,24 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use tokio::sync::broadcast;
 
-/// A notification that every waiter should re-check (the listener lost its
-/// connection and may have missed releases).
-pub(crate) const WAKE_ALL: &str = "";
+/// What waiters hear.
+#[derive(Clone, Debug)]
+pub(crate) enum Wake {
+    /// The key was released: waiters try again.
+    Released(Arc<str>),
+    /// A client that waited for the key was granted it: a newcomer that
+    /// let the waiters go first now waits for its release like them.
+    Taken(Arc<str>),
+    /// Every waiter should re-check (the listener lost its connection and
+    /// may have missed releases, or fell behind).
+    All,
+}
 
 /// The wake-ups and waiter counts of one database and table.
 #[derive(Debug)]
 pub(crate) struct Waits {
-    /// Keys released; [`WAKE_ALL`] wakes every waiter.
-    released: broadcast::Sender<Arc<str>>,
+    /// Releases and grants to waiters.
+    wakes: broadcast::Sender<Wake>,
     /// Waiting acquires per key, in this process.
     waiting: Mutex<HashMap<Arc<str>, usize>>,
     /// The PostgreSQL listener task, started by the first waiter.
@@ -62,9 +73,9 @@ fn registry() -> &'static Mutex<HashMap<String, Weak<Waits>>> {
 
 impl Waits {
     fn new() -> Self {
-        let (released, _) = broadcast::channel(1024);
+        let (wakes, _) = broadcast::channel(1024);
         Self {
-            released,
+            wakes,
             waiting: Mutex::default(),
             listener: tokio::sync::OnceCell::new(),
             listener_task: Mutex::new(None),
@@ -87,19 +98,24 @@ impl Waits {
         waits
     }
 
-    /// Releases from now on.
-    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<str>> {
-        self.released.subscribe()
+    /// Wake-ups from now on.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Wake> {
+        self.wakes.subscribe()
     }
 
     /// The sender the PostgreSQL listener forwards notifications to.
-    pub(crate) fn sender(&self) -> broadcast::Sender<Arc<str>> {
-        self.released.clone()
+    pub(crate) fn sender(&self) -> broadcast::Sender<Wake> {
+        self.wakes.clone()
     }
 
     /// Wakes the process's waiters for `key`.
     pub(crate) fn released(&self, key: &str) {
-        let _ = self.released.send(Arc::from(key));
+        let _ = self.wakes.send(Wake::Released(Arc::from(key)));
+    }
+
+    /// Tells newcomers that a waiter was granted `key`.
+    pub(crate) fn taken(&self, key: &str) {
+        let _ = self.wakes.send(Wake::Taken(Arc::from(key)));
     }
 
     /// Whether clients of this process wait for `key` now.
@@ -156,7 +172,7 @@ mod tests {
 
     #[test]
     fn one_scope_is_shared_and_counts_waiters() {
-        let scope = || Some(format!("test-scope-{:p}", &registry));
+        let scope = || Some("wake-test-scope".to_owned());
         let a = Waits::shared(scope());
         let b = Waits::shared(scope());
         assert!(Arc::ptr_eq(&a, &b));
@@ -171,6 +187,8 @@ mod tests {
         assert!(!a.has_waiters("k"));
         let mut rx = b.subscribe();
         a.released("k");
-        assert_eq!(&*rx.try_recv().unwrap(), "k");
+        a.taken("k");
+        assert!(matches!(rx.try_recv().unwrap(), Wake::Released(k) if &*k == "k"));
+        assert!(matches!(rx.try_recv().unwrap(), Wake::Taken(k) if &*k == "k"));
     }
 }
