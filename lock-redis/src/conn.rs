@@ -15,13 +15,18 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
 
 use crate::config::{RedisConfig, RedisNode};
+use crate::direct::Direct;
 use crate::scripts::LuaScript;
 
 pub(crate) const NAME: &str = "redis";
 
-/// A connection handle; cheap to clone (both kinds are multiplexed).
+/// A connection handle; cheap to clone (every kind is shared by its
+/// clones and pipelines concurrent requests).
 #[derive(Clone)]
 pub(crate) enum Conn {
+    /// Plain TCP to one server, driven by its callers (see `direct.rs`).
+    Direct(Direct),
+    /// TLS to one server: the redis crate's multiplexed connection.
     Plain(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
@@ -32,6 +37,7 @@ impl Conn {
         cmd: &Cmd,
     ) -> redis::RedisResult<T> {
         match self {
+            Self::Direct(c) => cmd.query_async(c).await,
             Self::Plain(c) => cmd.query_async(c).await,
             Self::Cluster(c) => cmd.query_async(c).await,
         }
@@ -42,6 +48,7 @@ impl Conn {
         pipe: &redis::Pipeline,
     ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
         match self {
+            Self::Direct(c) => pipe.query_async(c).await,
             Self::Plain(c) => pipe.query_async(c).await,
             Self::Cluster(c) => pipe.query_async(c).await,
         }
@@ -76,7 +83,7 @@ impl Conn {
         calls: &[(Vec<&str>, Vec<&str>)],
     ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
         match self {
-            Self::Plain(_) => {
+            Self::Direct(_) | Self::Plain(_) => {
                 let mut pipe = redis::pipe();
                 pipe.ignore_errors();
                 for (keys, args) in calls {
@@ -304,13 +311,7 @@ impl Node {
     async fn connect(&self) -> Result<(Conn, Option<redis::Client>), LockError> {
         let op = Operation::Connect;
         match &self.source {
-            Source::Direct(client) => {
-                let conn = client
-                    .get_multiplexed_async_connection_with_config(&self.conn_config())
-                    .await
-                    .map_err(|e| self.map_err(op, e))?;
-                Ok((Conn::Plain(conn), Some(client.clone())))
-            }
+            Source::Direct(client) => Ok((self.data_conn(client).await?, Some(client.clone()))),
             Source::Cluster { client, .. } => {
                 let conn = client
                     .get_async_connection()
@@ -368,12 +369,9 @@ impl Node {
         };
         let node = RedisNode::new(host, port);
         let client = open_client(&config.node_url(&node), self.tls.as_ref(), &self.secrets)?;
-        let mut data = client
-            .get_multiplexed_async_connection_with_config(&self.conn_config())
-            .await
-            .map_err(|e| self.map_err(op, e))?;
-        let role: Vec<Value> = redis::cmd("ROLE")
-            .query_async(&mut data)
+        let mut data = self.data_conn(&client).await?;
+        let role: Vec<Value> = data
+            .query(&redis::cmd("ROLE"))
             .await
             .map_err(|e| self.map_err(op, e))?;
         let is_master = matches!(role.first(), Some(Value::BulkString(b)) if b == b"master")
@@ -387,7 +385,32 @@ impl Node {
             .with_backend(NAME));
         }
         tracing::debug!(master = %node, "sentinel resolved the master");
-        Ok((Conn::Plain(data), Some(client)))
+        Ok((data, Some(client)))
+    }
+
+    /// A data connection to the server `client` names: a caller-driven
+    /// one over plain TCP, the redis crate's multiplexed one over TLS.
+    async fn data_conn(&self, client: &redis::Client) -> Result<Conn, LockError> {
+        let op = Operation::Connect;
+        let info = client.get_connection_info();
+        if let redis::ConnectionAddr::Tcp(host, port) = info.addr() {
+            let settings = info.redis_settings();
+            return Direct::connect(
+                host,
+                *port,
+                settings.username(),
+                settings.password(),
+                settings.db(),
+            )
+            .await
+            .map(Conn::Direct)
+            .map_err(|e| self.map_err(op, e));
+        }
+        client
+            .get_multiplexed_async_connection_with_config(&self.conn_config())
+            .await
+            .map(Conn::Plain)
+            .map_err(|e| self.map_err(op, e))
     }
 
     fn invalidate(&self, generation: Option<u64>) {

@@ -303,7 +303,7 @@ impl RedisBackend {
                 Operation::Connect,
                 config.operation_timeout,
                 move |mut conn| async move {
-                    if let crate::conn::Conn::Plain(_) = conn {
+                    if !matches!(conn, crate::conn::Conn::Cluster(_)) {
                         for script in scripts.all() {
                             let _: String = conn
                                 .query(redis::cmd("SCRIPT").arg("LOAD").arg(script.code))

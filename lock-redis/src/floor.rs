@@ -31,7 +31,7 @@
 //! Not a lock API: use [`RedisBackend`](crate::RedisBackend) for that.
 
 mod redlock;
-mod resp;
+pub(crate) mod resp;
 
 use std::fmt;
 use std::sync::Arc;

@@ -68,9 +68,13 @@
 //!   Then it re-checks on each notification and when the holder's TTL
 //!   (reported by the failed attempt) runs out, at least every `recheck`
 //!   (expiry publishes nothing). No busy polling.
-//! - [x] **One multiplexed connection per node**, shared by every lock of a
-//!   backend (and its clones), re-established after an error or timeout;
-//!   every call bounded by the operation timeout.
+//! - [x] **One shared, pipelined connection per node**, used by every lock
+//!   of a backend (and its clones), re-established after an error or
+//!   timeout; every call bounded by the operation timeout. Over plain TCP
+//!   its callers drive it themselves (no connection task: a caller alone on
+//!   it writes its request and reads its own reply, as on a bare stream;
+//!   concurrent callers pipeline and hand each other their replies in wire
+//!   order); over TLS it is the redis crate's multiplexed connection.
 //! - [x] **Batched renewal**: renewals are queued per node and sent as one
 //!   pipeline (up to 2,000 per round trip); guards renewed together stay
 //!   together, so 10,000 held locks cost a handful of round trips per period.
@@ -189,6 +193,7 @@
 mod batch;
 mod config;
 mod conn;
+mod direct;
 mod driver;
 mod eviction;
 pub mod floor;
