@@ -70,6 +70,49 @@
 //!   busy timeout (default 5 s), so several processes can contend on one
 //!   file.
 //!
+//! # Session mode (`?mode=session`, PostgreSQL and MySQL/MariaDB)
+//!
+//! [`SqlSessionBackend`] holds the lock in a server session instead of a
+//! row: PostgreSQL session-level advisory locks (the key hashed to a
+//! `bigint` with FNV-1a over table name and key), MySQL/MariaDB
+//! `GET_LOCK` (`table:key` when it fits 64 lowercase-safe characters, else
+//! `#` + 32 hex digits of the hash). Hash collisions only make two keys
+//! exclude each other; the server never grants one lock twice. The grant
+//! is one round trip and takes its fencing token in the same statement:
+//! PostgreSQL `nextval` of the sequence `<table>_session_seq` (`CACHE 1
+//! NO CYCLE`, checked at connect; **global**: one sequence for every key,
+//! so tokens strictly increase over all grants), MySQL/MariaDB a counter
+//! row per key in `<table>_session_tokens` bumped by `INSERT .. SELECT ..
+//! WHERE GET_LOCK(..) = 1 ON DUPLICATE KEY UPDATE` (**per key**). Either
+//! counter moves only while the grant holds the server lock, so a key's
+//! tokens strictly increase. Release is one round trip.
+//!
+//! Trade-off, as the tests measure it (`tests/session_*.rs`):
+//! - **One connection per held lock** (and per waiting acquire: waiting is
+//!   done by the server, `pg_advisory_lock` with `lock_timeout`,
+//!   `GET_LOCK(name, seconds)`). `pool_size` caps both per backend. A
+//!   lease works only through the backend that granted it (no handles).
+//! - **TTL = session** ([`TtlModel::PerSession`](lock_core::TtlModel)): the
+//!   server frees a lock only when the session ends. We make it end a
+//!   silent session after the TTL (`idle_session_timeout`, PostgreSQL 14+;
+//!   `wait_timeout`, whole seconds rounded up): a keep-alive (a query that
+//!   checks the session still holds the lock) dates the holder's deadline
+//!   from its send time, the server's idle timer starts after it ran.
+//! - **Partition**: the server keeps the lock until the idle timeout, i.e.
+//!   about the TTL after the last keep-alive it received, and frees it
+//!   *after* the holder's deadline (measured: ~25 ms after, TTL 2 s; TCP
+//!   keepalives cannot see a partition behind a live proxy).
+//! - **Killed session** (admin kill, connection reset, server restart): the
+//!   server frees the lock **at once** (measured 1-15 ms), while the holder
+//!   learns it only at its next keep-alive (up to TTL/3: measured ~0.95 s
+//!   with TTL 3 s). This window with two believers is the negative control
+//!   the fault tests assert: only the fencing token protects the resource
+//!   there. Row mode has no such window.
+//! - A dropped waiting acquire closes its connection and kills the waiting
+//!   session from another one (PostgreSQL keeps waiting for a closed client
+//!   otherwise); nothing stays queued or held.
+//! - SQLite has no server session: `mode=session` is a Config error.
+//!
 //! # Capability checklist
 //!
 //! - [x] fencing tokens, per key, strictly increasing ([`FencingScope::PerKey`](lock_core::FencingScope::PerKey))
