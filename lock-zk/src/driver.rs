@@ -83,8 +83,9 @@ struct Inner {
     connecting: tokio::sync::Mutex<()>,
     containers: AtomicBool,
     /// Local TTL enforcement: lock node path -> when it must be deleted if
-    /// not renewed (the lease's validity deadline comes before).
-    expiries: Mutex<HashMap<String, Instant>>,
+    /// not renewed (the lease's validity deadline comes before), and the
+    /// task that does it (aborted at release).
+    expiries: Mutex<HashMap<String, Expiry>>,
     /// Attempts whose create had an unknown outcome: more than one node may
     /// carry their id, so cleanup sweeps the directory for it.
     uncertain: Mutex<HashSet<OwnerId>>,
@@ -99,6 +100,13 @@ impl Inner {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // No code path panics while holding these locks; recover anyway.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// When a granted node is deleted unless renewed first, and the task that
+/// waits for it.
+struct Expiry {
+    due: Instant,
+    task: Option<tokio::task::AbortHandle>,
 }
 
 /// One ZooKeeper session and the state signal derived from it.
@@ -696,12 +704,19 @@ impl ZkBackend {
 
     /// Local TTL enforcement: if `path` is not renewed by `at`, delete it.
     fn schedule_expiry(&self, path: String, dir: String, owner: OwnerId, at: Instant) {
-        lock(&self.inner.expiries).insert(path.clone(), at);
+        lock(&self.inner.expiries).insert(
+            path.clone(),
+            Expiry {
+                due: at,
+                task: None,
+            },
+        );
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        runtime.spawn(async move {
+        let key = path.clone();
+        let task = runtime.spawn(async move {
             let mut at = at;
             loop {
                 sleep_until(at).await;
@@ -712,7 +727,7 @@ impl ZkBackend {
                     let mut expiries = lock(&inner.expiries);
                     match expiries.get(&path) {
                         None => return,
-                        Some(&due) if due > Instant::now() => Some(due),
+                        Some(expiry) if expiry.due > Instant::now() => Some(expiry.due),
                         Some(_) => {
                             expiries.remove(&path);
                             None
@@ -732,6 +747,21 @@ impl ZkBackend {
                 }
             }
         });
+        // The task sleeps until `at`, so it is still waiting here.
+        if let Some(expiry) = lock(&self.inner.expiries).get_mut(&key) {
+            expiry.task = Some(task.abort_handle());
+        }
+    }
+
+    /// Stops enforcing the TTL of `path` (released, or found gone): its
+    /// waiting task ends now rather than waking at the TTL to delete a node
+    /// that no longer exists (one request per grant otherwise, long after
+    /// the cycle).
+    fn forget_expiry(&self, path: &str) {
+        let expiry = lock(&self.inner.expiries).remove(path);
+        if let Some(task) = expiry.and_then(|e| e.task) {
+            task.abort();
+        }
     }
 
     /// The node path stored in `lease`, if it is a lock node of the lease's
@@ -1119,7 +1149,7 @@ impl LockBackend for ZkBackend {
         let expired = {
             let expiries = lock(&self.inner.expiries);
             match expiries.get(path) {
-                Some(due) => *due <= sent,
+                Some(expiry) => expiry.due <= sent,
                 // Granted on this session but no longer tracked: its local
                 // expiry fired.
                 None => lease
@@ -1144,7 +1174,7 @@ impl LockBackend for ZkBackend {
         .await
         {
             Ok(None) => {
-                lock(&self.inner.expiries).remove(path);
+                self.forget_expiry(path);
                 Err(not_held(
                     "the lock node is gone (released, expired, or deleted)",
                 ))
@@ -1162,8 +1192,8 @@ impl LockBackend for ZkBackend {
             .with_backend(NAME)),
             Ok(Some(_)) => {
                 let ttl = lease.ttl().min(session.timeout);
-                if let Some(due) = lock(&self.inner.expiries).get_mut(path) {
-                    *due = (*due).max(sent + ttl);
+                if let Some(expiry) = lock(&self.inner.expiries).get_mut(path) {
+                    expiry.due = expiry.due.max(sent + ttl);
                 }
                 Ok(validity_deadline(sent, ttl))
             }
@@ -1185,11 +1215,13 @@ impl LockBackend for ZkBackend {
             Ok(()) => true,
             Err(err) if err.is(&zk::Error::NoNode) => false,
             Err(err) => {
+                // The local expiry stays armed: it deletes the node later.
                 return Err(err
                     .into_lock_error(Operation::Release)
                     .with_key(lease.key()));
             }
         };
+        self.forget_expiry(path);
         self.sweep_uncertain(&session.client, dir, lease.owner(), false)
             .await;
         self.remove_empty_dir(&session.client, dir).await;
@@ -1223,7 +1255,7 @@ impl LockBackend for ZkBackend {
             };
             let remaining_ttl = lock(&self.inner.expiries)
                 .get(&path)
-                .map(|due| due.saturating_duration_since(Instant::now()));
+                .map(|expiry| expiry.due.saturating_duration_since(Instant::now()));
             return Ok(Some(LockInfo {
                 key: key.clone(),
                 holder: owner_of(&name).map_or(name, OwnerId::to_hex),

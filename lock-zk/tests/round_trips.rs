@@ -25,8 +25,10 @@ const CYCLES: u32 = 100;
 const TTL: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(60);
 
-/// What the proxy counted over `cycles` cycles, and over an idle stretch
-/// as long as the cycles took (background traffic: pings).
+/// What the proxy counted over `cycles` cycles and the `tail` after them
+/// (requests a cycle defers, such as a cleanup at the lease's TTL, belong
+/// to it), and over an idle stretch as long as both (background traffic:
+/// pings).
 #[derive(Debug)]
 struct Counted {
     cycles: u32,
@@ -56,9 +58,10 @@ impl Counted {
     }
 }
 
-/// Runs a few warm-up cycles (sessions, key directories), then counts
-/// `CYCLES` cycles and an idle stretch of the same length.
-async fn count<F, Fut>(proxy: &FaultProxy, mut cycle: F) -> Counted
+/// Runs a few warm-up cycles (sessions, key directories) and lets what
+/// they deferred pass, then counts `CYCLES` cycles and `tail`, then an
+/// idle stretch of the same length.
+async fn count<F, Fut>(proxy: &FaultProxy, tail: Duration, mut cycle: F) -> Counted
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = ()>,
@@ -66,11 +69,13 @@ where
     for _ in 0..5 {
         cycle().await;
     }
+    tokio::time::sleep(tail).await;
     proxy.reset_counters();
     let started = Instant::now();
     for _ in 0..CYCLES {
         cycle().await;
     }
+    tokio::time::sleep(tail).await;
     let took = started.elapsed();
     let turns = proxy.round_trips();
     proxy.reset_counters();
@@ -136,11 +141,16 @@ async fn a_cycle_costs_what_the_floor_costs() {
     };
     let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, server.node().client_port()));
     // One proxy per client, so that each count sees only its own
-    // connection (and its own background pings).
+    // connection (and its own background pings). A short session: leases
+    // are capped at it, so whatever a cycle defers to its lease's TTL
+    // happens within the counted tail.
+    let session = Duration::from_secs(2);
+    let tail = session + Duration::from_millis(500);
     let url = |proxy: &FaultProxy| {
         format!(
-            "zk://127.0.0.1:{}/rt?session_timeout=10s&op_timeout=3s",
-            proxy.port()
+            "zk://127.0.0.1:{}/rt?session_timeout={}ms&op_timeout=3s",
+            proxy.port(),
+            session.as_millis()
         )
     };
 
@@ -148,7 +158,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
     let floor = ZkFloor::connect(&url(&floor_proxy)).await.unwrap();
     let expected = floor.round_trips_per_cycle();
     assert_eq!(expected, 3);
-    let counted = count(&floor_proxy, || async {
+    let counted = count(&floor_proxy, Duration::ZERO, || async {
         floor.cycle("floor", TTL).await.expect("floor cycle");
     })
     .await;
@@ -160,7 +170,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
 
     let ours_proxy = FaultProxy::start(upstream).await.unwrap();
     let client = LockClient::new(lock_zk::connect(&url(&ours_proxy)).await.unwrap());
-    let counted = count(&ours_proxy, || waiting_cycle(&client, "wait")).await;
+    let counted = count(&ours_proxy, tail, || waiting_cycle(&client, "wait")).await;
     println!(
         "lock(k).ttl(30s).wait(60s).acquire() + release(): {:.2} per cycle ({counted:?})",
         counted.per_cycle()
@@ -169,7 +179,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
         .check(expected)
         .expect("a waiting acquire on a free key costs the floor's round trips");
 
-    let counted = count(&ours_proxy, || async {
+    let counted = count(&ours_proxy, tail, || async {
         let guard = client
             .lock("try")
             .ttl(TTL)
@@ -196,7 +206,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
             .await
             .unwrap(),
     )));
-    let counted = count(&broken_proxy, || waiting_cycle(&broken, "broken")).await;
+    let counted = count(&broken_proxy, tail, || waiting_cycle(&broken, "broken")).await;
     println!(
         "broken (a look before each acquire): {:.2} per cycle ({counted:?})",
         counted.per_cycle()
