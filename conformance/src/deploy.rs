@@ -32,6 +32,8 @@ pub const KINDS: &[&str] = &[
     "zookeeper",
     "postgres",
     "mariadb",
+    "postgres-session",
+    "mariadb-session",
     "redis-replica",
     "redlock",
     "etcd-cluster",
@@ -263,6 +265,12 @@ pub enum Deployment {
     Postgres(PostgresServer),
     /// MariaDB.
     MariaDb(MariaDbServer),
+    /// PostgreSQL, locks in the session (`postgres-session`: advisory
+    /// locks, `mode=session`).
+    PostgresSession(PostgresServer),
+    /// MariaDB, locks in the session (`mariadb-session`: `GET_LOCK`,
+    /// `mode=session`).
+    MariaDbSession(MariaDbServer),
     /// A Redis master and an asynchronous replica (`redis-replica`).
     RedisReplica(Box<ReplicatedRedis>),
     /// Independent redis-servers for Redlock (`redlock`).
@@ -287,6 +295,8 @@ impl Deployment {
             "zookeeper" => Self::Zookeeper(ZkServer::start().await?),
             "postgres" => Self::Postgres(PostgresServer::start().await?),
             "mariadb" => Self::MariaDb(MariaDbServer::start().await?),
+            "postgres-session" => Self::PostgresSession(PostgresServer::start().await?),
+            "mariadb-session" => Self::MariaDbSession(MariaDbServer::start().await?),
             "redis-replica" => Self::RedisReplica(Box::new(ReplicatedRedis::start().await?)),
             "redlock" => {
                 let mut nodes = Vec::with_capacity(REDLOCK_NODES);
@@ -343,6 +353,8 @@ impl Deployment {
             Self::Zookeeper(_) => "zookeeper",
             Self::Postgres(_) => "postgres",
             Self::MariaDb(_) => "mariadb",
+            Self::PostgresSession(_) => "postgres-session",
+            Self::MariaDbSession(_) => "mariadb-session",
             Self::RedisReplica(_) => "redis-replica",
             Self::Redlock(_) => "redlock",
             Self::EtcdCluster(_) => "etcd-cluster",
@@ -371,8 +383,8 @@ impl Deployment {
                 .and_then(|e| e.rsplit(':').next()?.parse().ok())
                 .unwrap_or(0),
             Self::Zookeeper(s) => s.node().client_port(),
-            Self::Postgres(s) => s.port(),
-            Self::MariaDb(s) => s.port(),
+            Self::Postgres(s) | Self::PostgresSession(s) => s.port(),
+            Self::MariaDb(s) | Self::MariaDbSession(s) => s.port(),
             Self::RedisReplica(s) => s.primary.port(),
             Self::Redlock(f) => f.servers.first().map_or(0, RedisServer::port),
             Self::EtcdCluster(f) => f
@@ -404,6 +416,8 @@ impl Deployment {
             Self::Zookeeper(s) => format!("{}?session_timeout=2s", s.url()),
             Self::Postgres(s) => s.url(),
             Self::MariaDb(s) => s.url(),
+            Self::PostgresSession(s) => format!("{}?mode=session", s.url()),
+            Self::MariaDbSession(s) => format!("{}?mode=session", s.url()),
             Self::RedisReplica(s) => s.primary.url(),
             Self::Redlock(f) => format!(
                 "redlock://{}",
@@ -435,8 +449,8 @@ impl Deployment {
             Self::Redis(s) => s.process().pause(),
             Self::Etcd(s) => s.pause_all(),
             Self::Zookeeper(s) => s.pause(),
-            Self::Postgres(s) => s.pause(),
-            Self::MariaDb(s) => s.process().pause(),
+            Self::Postgres(s) | Self::PostgresSession(s) => s.pause(),
+            Self::MariaDb(s) | Self::MariaDbSession(s) => s.process().pause(),
             Self::RedisReplica(s) => s.primary.process().pause(),
             Self::Redlock(f) => {
                 for node in &mut f.servers {
@@ -471,8 +485,8 @@ impl Deployment {
             Self::Redis(s) => s.process().resume(),
             Self::Etcd(s) => s.resume_all(),
             Self::Zookeeper(s) => s.resume(),
-            Self::Postgres(s) => s.resume(),
-            Self::MariaDb(s) => s.process().resume(),
+            Self::Postgres(s) | Self::PostgresSession(s) => s.resume(),
+            Self::MariaDb(s) | Self::MariaDbSession(s) => s.process().resume(),
             Self::RedisReplica(s) => s.primary.process().resume(),
             Self::Redlock(f) => {
                 for node in &mut f.servers {
@@ -504,11 +518,11 @@ impl Deployment {
                 s.restart(0).await
             }
             Self::Zookeeper(s) => s.node_mut().process().restart().await,
-            Self::Postgres(s) => {
+            Self::Postgres(s) | Self::PostgresSession(s) => {
                 s.kill()?;
                 s.restart().await
             }
-            Self::MariaDb(s) => {
+            Self::MariaDb(s) | Self::MariaDbSession(s) => {
                 s.process().kill()?;
                 s.restart().await
             }

@@ -739,7 +739,7 @@ async fn server_restarted_inner(env: &ScenarioEnv) -> Result<ScenarioReport, Str
     figures.insert("holder_release_found_lock".into(), json!(released));
     figures.insert("recovery_ms".into(), ms(restarted_at.elapsed()));
     Ok(ScenarioReport::judged(
-        !caps.fencing_survives_failover,
+        !caps.fencing_survives_failover || !caps.grants_survive_restart,
         violated,
         format!(
             "after restart: {}, token {} -> {}",

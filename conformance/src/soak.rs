@@ -219,6 +219,11 @@ pub fn known_unsafe(kind: FaultKind, caps: &Capabilities) -> Option<&'static str
                 "fencing_survives_failover = false: a restart or failover can lose grants and tokens",
             )
         }
+        FaultKind::ServerRestart | FaultKind::LeaderKill | FaultKind::NodeKill
+            if !caps.grants_survive_restart =>
+        {
+            Some("grants_survive_restart = false: a restart or failover frees held locks at once")
+        }
         FaultKind::ClientFreeze | FaultKind::ClientPartition | FaultKind::ClientLatency
             if !caps.has_fencing() =>
         {

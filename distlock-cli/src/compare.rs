@@ -207,6 +207,7 @@ fn capabilities_json(c: &Capabilities) -> Value {
             _ => "global",
         },
         "fencing_survives_failover": c.fencing_survives_failover,
+        "grants_survive_restart": c.grants_survive_restart,
         "waiting": format!("{:?}", c.waiting).to_lowercase(),
         "fifo": c.fifo,
         "ttl_model": match c.ttl_model { lock_core::TtlModel::PerLease => "per_lease", _ => "per_session" },

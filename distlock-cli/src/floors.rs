@@ -11,6 +11,7 @@ use conformance::proxy::FaultProxy;
 use distlock::lock_etcd::floor::EtcdFloor;
 use distlock::lock_redis::floor::{RedisFloor, RedlockFloor};
 use distlock::lock_sql::floor::SqlFloor;
+use distlock::lock_sql::{SessionFloor, SqlConfig, SqlMode};
 use distlock::lock_zk::floor::ZkFloor;
 use lock_core::LockError;
 use lock_core::floor::RawFloor;
@@ -31,7 +32,10 @@ fn scheme(url: &str) -> String {
 pub(crate) async fn connect(url: &str) -> Result<Option<Box<dyn RawFloor>>, LockError> {
     Ok(Some(match scheme(url).as_str() {
         "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
-            Box::new(SqlFloor::connect(url).await?)
+            match SqlConfig::from_url(url)?.lock_mode() {
+                SqlMode::Session => Box::new(SessionFloor::connect(url).await?),
+                _ => Box::new(SqlFloor::connect(url).await?),
+            }
         }
         "etcd" | "etcds" => Box::new(EtcdFloor::connect(url).await?),
         "redis" | "rediss" => Box::new(RedisFloor::connect(url).await?),

@@ -49,6 +49,12 @@ pub struct Capabilities {
     /// Whether tokens stay monotonic across a failover / restart of the
     /// store. `false` for Redis without fsync and replicas that lag.
     pub fencing_survives_failover: bool,
+    /// Whether a held grant outlives a restart of the store (or a
+    /// failover): `false` where the grant lives only in server memory
+    /// (Redis without fsync, SQL session mode, whose locks are the server
+    /// session's). The holder then learns of the loss only at its next
+    /// renewal; until then only fencing protects the resource.
+    pub grants_survive_restart: bool,
     /// How waiting works.
     pub waiting: WaitStrategy,
     /// Whether waiters are granted in arrival order.
@@ -76,6 +82,7 @@ impl Capabilities {
         Self {
             fencing: FencingScope::None,
             fencing_survives_failover: false,
+            grants_survive_restart: false,
             waiting: WaitStrategy::Poll,
             fifo: false,
             ttl_model: TtlModel::PerLease,

@@ -282,6 +282,8 @@ impl LockBackend for MemoryBackend {
             fencing: FencingScope::Global,
             // One process, one store: there is no failover to survive.
             fencing_survives_failover: true,
+            // Nothing to restart: the store is this process.
+            grants_survive_restart: true,
             waiting: WaitStrategy::Notify,
             fifo: true,
             ttl_model: TtlModel::PerLease,

@@ -886,6 +886,7 @@ impl LockBackend for MigrationBackend {
                     _ => FencingScope::PerKey,
                 },
                 fencing_survives_failover: new.fencing_survives_failover,
+                grants_survive_restart: new.grants_survive_restart && old.grants_survive_restart,
                 waiting: if old.waiting == WaitStrategy::Notify
                     && new.waiting == WaitStrategy::Notify
                 {

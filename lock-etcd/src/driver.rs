@@ -1206,6 +1206,7 @@ pub fn capabilities() -> Capabilities {
     Capabilities {
         fencing: FencingScope::Global,
         fencing_survives_failover: true,
+        grants_survive_restart: true,
         waiting: WaitStrategy::Notify,
         fifo: true,
         // Each lock is deleted when its own TTL runs out without a renewal

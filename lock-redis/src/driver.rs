@@ -622,6 +622,7 @@ impl LockBackend for RedisBackend {
                 FencingScope::PerKey
             },
             fencing_survives_failover: false,
+            grants_survive_restart: false,
             waiting: WaitStrategy::Notify,
             fifo: false,
             ttl_model: TtlModel::PerLease,

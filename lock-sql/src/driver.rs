@@ -658,6 +658,7 @@ impl LockBackend for SqlBackend {
             // committed statement as the grant: a restart of the database
             // keeps it (see the crate docs for asynchronous replicas).
             fencing_survives_failover: true,
+            grants_survive_restart: true,
             waiting: if self.inner.config.dialect == SqlDialect::Postgres {
                 WaitStrategy::Notify
             } else {

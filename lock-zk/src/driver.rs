@@ -1072,6 +1072,9 @@ impl LockBackend for ZkBackend {
             // order within a directory), and zxids survive leader changes.
             fencing: FencingScope::PerKey,
             fencing_survives_failover: true,
+            // Sessions and their ephemeral nodes are in the snapshot and
+            // the transaction log, and resume after a restart.
+            grants_survive_restart: true,
             waiting: WaitStrategy::Notify,
             fifo: true,
             ttl_model: TtlModel::PerSession,

@@ -617,6 +617,10 @@ impl LockBackend for SqlSessionBackend {
             // Sequences and rows are durable; see the crate docs for
             // asynchronous replicas.
             fencing_survives_failover: true,
+            // The lock is the server session's: a restart ends the session
+            // and frees it at once (the holder learns at its next
+            // keep-alive). A negative control of the restart scenario.
+            grants_survive_restart: false,
             // The server wakes the waiting session at the release.
             waiting: WaitStrategy::Notify,
             fifo: false,
