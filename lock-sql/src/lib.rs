@@ -1,5 +1,5 @@
 //! The SQL driver of the distlock family: a unique-row lease table on
-//! PostgreSQL, MySQL/MariaDB and SQLite, through sqlx connection pools.
+//! PostgreSQL, MySQL/MariaDB and SQLite, through sqlx connections.
 //!
 //! SQLite (bundled, no server) is the family's embedded default: several
 //! processes on one host share one database file.
@@ -56,16 +56,38 @@
 //!   wall clock** (microseconds, bound by each process); processes sharing a
 //!   file share the host's clock, but stepping that clock moves expiries.
 //! - **Waiting**: PostgreSQL waiters `LISTEN` (on one extra connection per
-//!   backend, outside the pool, opened by the first waiter) on a channel
-//!   that the release statement `NOTIFY`s in the same statement
+//!   database and table in the process, opened by the first waiter) on a
+//!   channel that the release statement `NOTIFY`s in the same statement
 //!   (`pg_notify` at commit), with a bounded re-check at
 //!   the holder's expiry (at most `recheck`, default 1 s) for expiries and
 //!   missed notifications. MySQL/MariaDB and SQLite waiters poll with
-//!   exponential backoff and jitter (5 ms to 100 ms); a release in the same
-//!   process wakes local waiters at once.
-//! - **Pools**: every statement is autocommitted on any pooled connection; no
-//!   lock is tied to a session (no advisory locks), so a connection returned
-//!   to the pool or killed leaves nothing behind but rows that expire.
+//!   exponential backoff and jitter (5 ms to 100 ms, back to 5 ms after a
+//!   release of the key is seen); a release by any client of the same
+//!   process (same URL and table) wakes its waiters at once.
+//! - **Waiters first** (within a process): a client that asks for a key
+//!   while other clients of the process wait for it lets them go first,
+//!   until one of them reports it taken (then it waits like them) or one
+//!   initial poll interval. A holder that releases and asks again at once
+//!   (a worker loop) therefore does not take the row straight back from
+//!   the waiters it just woke. Across processes the first grant statement
+//!   to reach the row wins (no queue).
+//! - **Connections**: the lock statements run on bare sqlx connections of
+//!   the backend's own (at most `pool_size`), not on a sqlx pool, whose
+//!   return path pings every connection (a second round trip per
+//!   statement): one round trip per statement, two per acquire+release on
+//!   a free key. A connection that broke (I/O error, closed socket,
+//!   protocol or TLS failure, the server ending the session) is dropped,
+//!   with the idle ones opened before it, and the statement runs once more
+//!   on a freshly opened connection. A grant whose reply was lost runs
+//!   again with the same owner (it cannot grant twice: our unexpired row
+//!   is left alone), and if the row is held, one inspect says whether by
+//!   us, so a committed grant is handed back rather than leaked for its
+//!   TTL. A release whose reply was lost and whose retry matches nothing
+//!   reports `false` (the lock is free either way). Every statement is
+//!   autocommitted; no lock is tied to a session, so a connection killed
+//!   leaves nothing behind but rows that expire. [`SqlBackend::pg_pool`]
+//!   and friends give a (lazily opened) sqlx pool on the same database for
+//!   your own statements.
 //! - **SQLite** files are opened in WAL mode with `synchronous=NORMAL` and a
 //!   busy timeout (default 5 s), so several processes can contend on one
 //!   file.
@@ -134,9 +156,12 @@
 //!   allowance, so the holder stops believing before the database frees the
 //!   row. A paused holder can still wake up late: use the token (or
 //!   [`SqlFence`]) at the resource.
-//! - Dead pooled connections (e.g. after a database restart) fail one call
-//!   each with a temporary [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable)
-//!   before they are replaced.
+//! - After a database restart the first call finds its connection dead
+//!   and retries once on a fresh one (dropping the other idle ones); it
+//!   fails with a temporary [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable)
+//!   only when the fresh connection fails too. A grant whose reply is lost
+//!   and whose recovery fails as well (the database unreachable twice in a
+//!   row) may leave the row held until its TTL.
 //! - `sqlite::memory:` databases are private to one backend (one pooled
 //!   connection); use a file to share locks.
 //! - TLS needs the `tls-rustls` feature.
@@ -156,9 +181,17 @@
 //! never go backwards), NOTIFY wake-up latency and fenced writes. For
 //! SQLite, "unreachable" is another connection holding `BEGIN EXCLUSIVE`.
 //!
+//! `tests/round_trips.rs` counts round trips per cycle through the fault
+//! proxy on PostgreSQL and MariaDB (ours and the floor: 2; an extra
+//! statement fails it), cuts and kills connections under the backend (one
+//! retry on one fresh connection), loses a grant's reply (recovered by
+//! owner) and checks that waiters come before a releasing holder.
+//!
 //! `cargo run --release -p lock-sql --example bench` compares our
-//! acquire+release cycle with the same two statements issued by hand on the
-//! same pool ([`floor::SqlFloor`], also used by `distlock compare`).
+//! acquire+release cycle, as users write it, with the same two statements
+//! issued by hand on one bare connection ([`floor::SqlFloor`], also used by
+//! `distlock compare`): 1 client, 8 independent clients on 8 keys, 4
+//! independent clients contending on one key.
 //!
 //! # Example
 //!

@@ -110,7 +110,10 @@ impl Waits {
 
     /// Wakes the process's waiters for `key`.
     pub(crate) fn released(&self, key: &str) {
-        let _ = self.wakes.send(Wake::Released(Arc::from(key)));
+        // Nobody waits in the process (the common case): nothing to send.
+        if self.wakes.receiver_count() > 0 {
+            let _ = self.wakes.send(Wake::Released(Arc::from(key)));
+        }
     }
 
     /// Tells newcomers that a waiter was granted `key`.
