@@ -240,14 +240,37 @@ pub async fn held_locks(
         .acquire()
         .await?;
     warm_up.release().await?;
-    let mut warm = Vec::new();
-    // An in-process backend has no connection buffers, and warming it would
-    // pre-size its own tables (then counted as client-side below).
-    let warm_locks = if config.in_process { 0 } else { n.min(lock_core::RENEW_BATCH) };
-    for i in 0..warm_locks {
-        let key = LockKey::new(format!("{}warm-up/{i:08}", config.key_prefix))?;
-        if let Some(lease) = backend.try_acquire(&key, ttl).await? {
-            warm.push(lease);
+    // An in-process backend has no connections or buffers, and warming it
+    // would pre-size its own tables (then counted as client-side below).
+    // Otherwise the warm-up runs as concurrently as the measurement, so a
+    // pool opens the connections it will use before the baseline.
+    let warm_locks = if config.in_process {
+        0
+    } else {
+        n.min(lock_core::RENEW_BATCH)
+    };
+    let mut warm = Vec::with_capacity(warm_locks);
+    {
+        let mut tasks = tokio::task::JoinSet::new();
+        for range in ranges(warm_locks, config.concurrency) {
+            let backend = backend.clone();
+            let prefix = format!("{}warm-up/", config.key_prefix);
+            tasks.spawn(async move {
+                let mut got = Vec::with_capacity(range.len());
+                for i in range {
+                    let key = LockKey::new(format!("{prefix}{i:08}"))?;
+                    if let Some(lease) = backend.try_acquire(&key, ttl).await? {
+                        got.push(lease);
+                    }
+                }
+                Ok::<_, LockError>(got)
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(result) => warm.extend(result?),
+                Err(err) => std::panic::resume_unwind(err.into_panic()),
+            }
         }
     }
     let refs: Vec<&Lease> = warm.iter().collect();

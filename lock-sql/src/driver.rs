@@ -797,6 +797,19 @@ impl LockBackend for SqlBackend {
         }
     }
 
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        // One UPDATE per batch of keys (see renew_many.rs).
+        let inner = &self.inner;
+        let table = &inner.statements.quoted_table;
+        let batch = crate::renew_many::RowRenewal {
+            backend: self,
+            conns: &inner.conns,
+            config: &inner.config,
+            table,
+        };
+        batch.renew(leases).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         let key = lease.key();
         let statement = &self.inner.statements.release;

@@ -223,6 +223,7 @@ mod error;
 mod exec;
 mod fence;
 pub mod floor;
+pub mod renew_many;
 mod session;
 mod sql;
 mod wake;

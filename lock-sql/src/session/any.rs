@@ -90,6 +90,10 @@ impl LockBackend for SqlAnyBackend {
         self.get().renew(lease).await
     }
 
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        self.get().renew_many(leases).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         self.get().release(lease).await
     }
