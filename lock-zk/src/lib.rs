@@ -137,9 +137,12 @@
 //! fault proxies) while its clients stay connected,
 //! session expiry, nodes and directories deleted behind the driver's back,
 //! vanishing predecessors, a paused server. `cargo run --release -p lock-zk
-//! --example bench` measures the acquire+release cycle and the handoff
-//! against the same requests issued by hand ([`floor::ZkFloor`] for the
-//! cycle, also used by `distlock compare`).
+//! --example bench` measures the acquire+release cycle (1 client and 8
+//! independent clients) and the handoff against the same requests issued
+//! by hand on one bare connection ([`floor::ZkFloor`], ZooKeeper's wire
+//! protocol written out, also used by `distlock compare`);
+//! `tests/round_trips.rs` checks that a cycle on a free key costs the
+//! floor's 3 round trips, including what it defers to the lease's TTL.
 
 #![deny(missing_docs)]
 
