@@ -14,7 +14,7 @@ use conformance::scale::{
 };
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
-use lock_core::LockBackend;
+use lock_core::{ErrorKind, FencingToken, Lease, LockBackend, LockError, LockKey, OwnerId};
 use lock_sql::renew_many::RENEW_ROWS_PER_STATEMENT;
 
 #[global_allocator]
@@ -33,7 +33,64 @@ async fn through(
     Ok(Arc::new(lock_sql::connect(&url).await?) as Arc<dyn LockBackend>)
 }
 
+/// A batch with leases that are ours, one released, one with a forged owner
+/// and one with a stale token: only ours are renewed, the others come back
+/// `NotHeld` and their rows are untouched (a statement missing the owner or
+/// token guard renews the forged ones and fails here).
+async fn mixed_batch(backend: &dyn LockBackend) {
+    let ttl = std::time::Duration::from_secs(5);
+    let mut ours = Vec::new();
+    for i in 0..5 {
+        let key = LockKey::new(format!("mixed-{}/{i}", std::process::id())).unwrap();
+        ours.push(backend.try_acquire(&key, ttl).await.unwrap().unwrap());
+    }
+    assert!(backend.release(&ours[1]).await.unwrap());
+    let forged = |lease: &Lease, owner: OwnerId, token: u64| {
+        Lease::from_parts(
+            lease.key().clone(),
+            owner,
+            FencingToken::new(token),
+            ttl,
+            lease.validity_deadline(),
+            lease.backend_data().to_owned(),
+        )
+    };
+    let wrong_owner = forged(&ours[2], OwnerId::random(), ours[2].token().get());
+    let wrong_token = forged(&ours[3], ours[3].owner(), ours[3].token().get() + 1);
+    let batch = [
+        &ours[0],
+        &ours[1],
+        &wrong_owner,
+        &wrong_token,
+        &ours[4],
+        &ours[2],
+    ];
+    let results = backend.renew_many(&batch).await;
+    let kinds: Vec<Option<ErrorKind>> = results
+        .iter()
+        .map(|r| r.as_ref().err().map(LockError::kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            None,
+            Some(ErrorKind::NotHeld),
+            Some(ErrorKind::NotHeld),
+            Some(ErrorKind::NotHeld),
+            None,
+            None
+        ],
+        "{results:?}"
+    );
+    for lease in [&ours[0], &ours[2], &ours[3], &ours[4]] {
+        assert!(backend.release(lease).await.unwrap());
+    }
+}
+
 async fn run(url: String, port: u16) {
+    let backend = lock_sql::connect(&url).await.unwrap();
+    mixed_batch(&backend).await;
+    drop(backend);
     let upstream = SocketAddr::from(([127, 0, 0, 1], port));
     for locks in scales_from_env(&[1_000]) {
         let url = url.clone();
@@ -71,6 +128,7 @@ async fn sqlite_renews_many_held_locks_in_one_statement_per_batch() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/locks.db", dir.path().display());
+    mixed_batch(&lock_sql::connect(&url).await.unwrap()).await;
     for locks in scales_from_env(&[1_000]) {
         let backend: Arc<dyn LockBackend> = Arc::new(lock_sql::connect(&url).await.unwrap());
         // SQLite's own memory is C heap, not counted; the statement count is
