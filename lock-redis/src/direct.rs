@@ -194,15 +194,20 @@ impl Shared {
     fn hand_out(&self, reader: &mut Reader) -> RedisResult<bool> {
         let mut any = false;
         loop {
-            let used = match resp::parse(&reader.buf) {
-                Ok(Some((_, used))) => used,
+            let (reply, used) = match resp::parse(&reader.buf) {
+                Ok(Some(parsed)) => parsed,
                 Ok(None) => return Ok(any),
                 Err(resp::Malformed(what)) => {
                     self.break_all();
                     return Err(io::Error::new(io::ErrorKind::InvalidData, what).into());
                 }
             };
-            let value = redis::parse_redis_value(&reader.buf[..used]);
+            // Error replies go through the redis crate's parser, which
+            // types them (NOSCRIPT, READONLY, ...) as the driver expects.
+            let value = match to_value(reply) {
+                Some(value) => Ok(value),
+                None => redis::parse_redis_value(&reader.buf[..used]),
+            };
             reader.buf.drain(..used);
             any = true;
             let Ok(value) = value else {
@@ -230,6 +235,23 @@ impl Shared {
             }
         }
     }
+}
+
+/// A reply as the redis crate's parser gives it (`+OK` is `Okay`); `None`
+/// when it holds an error reply.
+fn to_value(reply: resp::Reply) -> Option<Value> {
+    use resp::Reply;
+    Some(match reply {
+        Reply::Simple(s) if s == "OK" => Value::Okay,
+        Reply::Simple(s) => Value::SimpleString(s),
+        Reply::Error(_) => return None,
+        Reply::Int(n) => Value::Int(n),
+        Reply::Bulk(None) | Reply::Array(None) => Value::Nil,
+        Reply::Bulk(Some(bytes)) => Value::BulkString(bytes),
+        Reply::Array(Some(items)) => {
+            Value::Array(items.into_iter().map(to_value).collect::<Option<_>>()?)
+        }
+    })
 }
 
 struct BreakOnDrop<'a>(Option<&'a Shared>);
@@ -325,6 +347,28 @@ mod tests {
         for task in tasks {
             assert_eq!(task.await.unwrap(), 200);
         }
+        // Replies read as the redis crate reads them.
+        for wire in [
+            &b"+OK\r\n"[..],
+            b"+PONG\r\n",
+            b":-3\r\n",
+            b"$-1\r\n",
+            b"*-1\r\n",
+            b"$2\r\nhi\r\n",
+            b"*3\r\n:1\r\n$1\r\nx\r\n*1\r\n+OK\r\n",
+        ] {
+            let (reply, _) = resp::parse(wire).unwrap().unwrap();
+            assert_eq!(
+                to_value(reply),
+                Some(redis::parse_redis_value(wire).unwrap())
+            );
+        }
+        let (reply, _) = resp::parse(b"*2\r\n:1\r\n-ERR x\r\n").unwrap().unwrap();
+        assert_eq!(
+            to_value(reply),
+            None,
+            "errors go to the redis crate's parser"
+        );
         // Error replies come back as errors, and the connection goes on.
         let mut c = conn.clone();
         let err = redis::cmd("NOSUCHCOMMAND")
