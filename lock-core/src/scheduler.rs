@@ -188,7 +188,17 @@ struct PolicySlot {
 struct SessionSlot {
     rx: Option<watch::Receiver<SessionState>>,
     users: u32,
+    /// The slot that registered first: backends with a channel per grant
+    /// (etcd) have one user per session, found without a scan.
+    first_user: u32,
+    /// Bumped when the slot is reused for another channel.
+    generation: u32,
 }
+
+/// How many of the most recent sessions a registration compares its
+/// channel with: one shared session is found at once, and a channel per
+/// grant costs no scan over all of them.
+const SESSION_SEARCH: usize = 8;
 
 struct State {
     /// Where the task runs (replaced when a dead task is restarted).
@@ -199,6 +209,9 @@ struct State {
     timers: BTreeSet<(u64, u32)>,
     policies: Vec<PolicySlot>,
     sessions: Vec<SessionSlot>,
+    free_sessions: Vec<u32>,
+    /// Live sessions, most recent last (at most `SESSION_SEARCH` searched).
+    recent_sessions: Vec<u32>,
     /// When the task means to wake next: a registration due earlier wakes it.
     planned_wake: u64,
     /// The widest early-renewal window of any registered guard.
@@ -253,6 +266,8 @@ impl Scheduler {
                 timers: BTreeSet::new(),
                 policies: Vec::new(),
                 sessions: Vec::new(),
+                free_sessions: Vec::new(),
+                recent_sessions: Vec::new(),
                 planned_wake: NEVER,
                 max_slack: 0,
                 live: 0,
@@ -355,9 +370,6 @@ impl Scheduler {
             .map_or(NEVER, |max| to_ns(saturating_add(now_at, max)));
         let (registration, spawn, notify) = {
             let mut st = self.lock();
-            let session = lease
-                .session()
-                .map_or(NO_SESSION, |rx| st.session_index(rx));
             let policy_index = st.policy_index(policy);
             st.max_slack = st.max_slack.max(duration_ns(interval / 4));
             let mut slot = Slot {
@@ -369,7 +381,7 @@ impl Scheduler {
                 hold_until,
                 generation: 0,
                 policy: policy_index,
-                session,
+                session: NO_SESSION,
                 renewals: 0,
             };
             slot.set_flag(SESSION_SUSPECT, session_suspect);
@@ -378,13 +390,20 @@ impl Scheduler {
             }
             let timer = slot.due.min(deadline);
             let index = st.insert(slot);
+            // A session the task does not watch yet: wake it to arm a watcher.
+            let mut new_session = false;
+            if let Some(rx) = lease.session() {
+                let session = st.session_index(rx, index);
+                new_session = st.sessions[session as usize].users == 1;
+                st.slots[index as usize].session = session;
+            }
             st.set_timer(index, timer);
             let spawn = !st.alive;
             if spawn {
                 st.alive = true;
                 st.handle = Some(handle.clone());
             }
-            let notify = !spawn && timer < st.planned_wake;
+            let notify = !spawn && (timer < st.planned_wake || new_session);
             let generation = st.slots[index as usize].generation;
             (
                 Registration {
@@ -438,7 +457,7 @@ impl Scheduler {
 
     /// One pass of the task: expire, take what is due, launch batches, arm
     /// session watchers. Returns when to wake next.
-    fn step(&self, batches: &mut Vec<Batch>, watchers: &mut Vec<Option<WatchFuture>>) -> u64 {
+    fn step(&self, batches: &mut Vec<Batch>, watchers: &mut Vec<Watcher>) -> u64 {
         let now = to_ns(Instant::now());
         let mut st = self.lock();
         batches.retain_mut(|batch| {
@@ -460,11 +479,17 @@ impl Scheduler {
             watchers.resize_with(st.sessions.len(), || None);
         }
         for (watcher, session) in watchers.iter_mut().zip(&st.sessions) {
+            if watcher
+                .as_ref()
+                .is_some_and(|(generation, _)| *generation != session.generation)
+            {
+                *watcher = None;
+            }
             if watcher.is_none()
                 && session.users > 0
                 && let Some(rx) = &session.rx
             {
-                *watcher = Some(watch_session(rx.clone()));
+                *watcher = Some((session.generation, watch_session(rx.clone())));
             }
         }
         let next = st.timers.first().map_or(NEVER, |&(at, _)| at).min(
@@ -498,31 +523,46 @@ impl Scheduler {
     fn session_changed(
         &self,
         index: usize,
+        generation: u32,
         rx: watch::Receiver<SessionState>,
         open: bool,
-    ) -> Option<WatchFuture> {
+    ) -> Watcher {
         let value = if open {
             rx.borrow().clone()
         } else {
             SessionState::Lost("session closed".to_owned())
         };
         let mut st = self.lock();
-        let Ok(session) = u32::try_from(index) else {
+        let (Ok(session), Some(slot)) = (u32::try_from(index), st.sessions.get(index)) else {
             return None;
         };
-        for slot in 0..st.slots.len() {
-            let entry = &mut st.slots[slot];
+        if slot.generation != generation || slot.users == 0 {
+            // The slot was freed (or reused for another channel) meanwhile.
+            return None;
+        }
+        let first = slot.first_user;
+        let single = slot.users == 1
+            && st
+                .slots
+                .get(first as usize)
+                .is_some_and(|e| e.session == session && e.shared.is_some());
+        let affected: Vec<u32> = if single {
+            vec![first]
+        } else {
+            (0..st.slots.len())
+                .filter(|&i| st.slots[i].session == session && st.slots[i].shared.is_some())
+                .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
+                .collect()
+        };
+        for slot in affected {
+            let entry = &mut st.slots[slot as usize];
             let Some(shared) = entry.shared.clone() else {
                 continue;
             };
-            if entry.session != session {
-                continue;
-            }
             match &value {
                 SessionState::Lost(reason) => {
                     shared.set_state(LockState::Lost(format!("backend session lost: {reason}")));
-                    #[allow(clippy::cast_possible_truncation)] // slots are indexed by u32
-                    st.free_slot(slot as u32);
+                    st.free_slot(slot);
                 }
                 SessionState::Suspect => {
                     entry.set_flag(SESSION_SUSPECT, true);
@@ -534,11 +574,11 @@ impl Scheduler {
                 }
             }
         }
-        if open {
-            Some(watch_session(rx))
+        if open && st.sessions.get(index).is_some_and(|s| s.users > 0) {
+            Some((generation, watch_session(rx)))
         } else {
-            if let Some(session) = st.sessions.get_mut(index) {
-                session.rx = None;
+            if !open && let Some(slot) = st.sessions.get_mut(index) {
+                slot.rx = None;
             }
             None
         }
@@ -619,6 +659,12 @@ impl State {
         }
         if let Some(s) = self.sessions.get_mut(session as usize) {
             s.users = s.users.saturating_sub(1);
+            if s.users == 0 {
+                s.rx = None;
+                s.generation = s.generation.wrapping_add(1);
+                self.free_sessions.push(session);
+                self.recent_sessions.retain(|&r| r != session);
+            }
         }
         self.free.push(slot);
         self.live -= 1;
@@ -653,20 +699,47 @@ impl State {
         u32::try_from(index).unwrap_or(POLICY_MASK) & POLICY_MASK
     }
 
-    fn session_index(&mut self, rx: &watch::Receiver<SessionState>) -> u32 {
+    fn session_index(&mut self, rx: &watch::Receiver<SessionState>, user: u32) -> u32 {
         let found = self
-            .sessions
+            .recent_sessions
             .iter()
-            .position(|s| s.rx.as_ref().is_some_and(|r| r.same_channel(rx)));
-        let index = found.unwrap_or_else(|| {
-            self.sessions.push(SessionSlot {
-                rx: Some(rx.clone()),
-                users: 0,
+            .rev()
+            .take(SESSION_SEARCH)
+            .copied()
+            .find(|&i| {
+                self.sessions[i as usize]
+                    .rx
+                    .as_ref()
+                    .is_some_and(|r| r.same_channel(rx))
             });
-            self.sessions.len() - 1
-        });
-        self.sessions[index].users += 1;
-        u32::try_from(index).unwrap_or(NO_SESSION)
+        if let Some(index) = found {
+            self.sessions[index as usize].users += 1;
+            return index;
+        }
+        let index = match self.free_sessions.pop() {
+            Some(index) => {
+                let slot = &mut self.sessions[index as usize];
+                slot.rx = Some(rx.clone());
+                slot.users = 1;
+                slot.first_user = user;
+                index
+            }
+            None => {
+                self.sessions.push(SessionSlot {
+                    rx: Some(rx.clone()),
+                    users: 1,
+                    first_user: user,
+                    generation: 0,
+                });
+                u32::try_from(self.sessions.len() - 1).unwrap_or(NO_SESSION)
+            }
+        };
+        self.recent_sessions.push(index);
+        if self.recent_sessions.len() > SESSION_SEARCH * 4 {
+            let excess = self.recent_sessions.len() - SESSION_SEARCH;
+            self.recent_sessions.drain(..excess);
+        }
+        index
     }
 
     fn policy_of(&self, slot: &Slot) -> RenewalPolicy {
@@ -868,6 +941,8 @@ impl State {
 type RenewManyFuture = Pin<Box<dyn Future<Output = Vec<Result<Instant, LockError>>> + Send>>;
 type WatchFuture =
     Pin<Box<dyn Future<Output = (watch::Receiver<SessionState>, bool)> + Send + 'static>>;
+/// A session watcher and the generation of the slot it watches.
+type Watcher = Option<(u32, WatchFuture)>;
 
 /// One `renew_many` call in flight.
 struct Batch {
@@ -928,7 +1003,7 @@ enum Event {
 /// The scheduler's task: runs until the scheduler is dropped.
 async fn run(weak: Weak<Scheduler>, wake: Arc<Notify>) {
     let mut batches: Vec<Batch> = Vec::new();
-    let mut watchers: Vec<Option<WatchFuture>> = Vec::new();
+    let mut watchers: Vec<Watcher> = Vec::new();
     loop {
         let next_wake = {
             let Some(scheduler) = weak.upgrade() else {
@@ -946,11 +1021,11 @@ async fn run(weak: Weak<Scheduler>, wake: Arc<Notify>) {
                 scheduler.complete(&batch, results);
             }
             Event::Session(index, rx, open) => {
-                watchers[index] = None;
+                let generation = watchers[index].take().map_or(0, |(g, _)| g);
                 let Some(scheduler) = weak.upgrade() else {
                     return;
                 };
-                watchers[index] = scheduler.session_changed(index, rx, open);
+                watchers[index] = scheduler.session_changed(index, generation, rx, open);
             }
         }
     }
@@ -960,7 +1035,7 @@ async fn wait_event(
     wake: &Notify,
     next_wake: u64,
     batches: &mut [Batch],
-    watchers: &mut [Option<WatchFuture>],
+    watchers: &mut [Watcher],
 ) -> Event {
     let notified = wake.notified();
     let sleep = (next_wake != NEVER).then(|| tokio::time::sleep_until(from_ns(next_wake)));
@@ -976,7 +1051,7 @@ async fn wait_event(
             }
         }
         for (index, watcher) in watchers.iter_mut().enumerate() {
-            if let Some(future) = watcher
+            if let Some((_, future)) = watcher
                 && let Poll::Ready((rx, open)) = future.as_mut().poll(cx)
             {
                 return Poll::Ready(Event::Session(index, rx, open));
