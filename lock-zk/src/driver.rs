@@ -22,6 +22,10 @@ use crate::paths::{self, owner_of, sequence_of, sorted_lock_nodes};
 
 const NAME: &str = "zookeeper";
 
+// Batched renewals; a child module for the session and expiry internals.
+#[path = "renew_many.rs"]
+mod renew_many;
+
 /// How far past its deadline an acquire may run when the servers are slow
 /// to answer (a normal wait ends at the deadline itself).
 const ACQUIRE_GRACE: Duration = Duration::from_millis(500);
@@ -1202,6 +1206,11 @@ impl LockBackend for ZkBackend {
             }
             Err(err) => Err(err.into_lock_error(Operation::Renew).with_key(lease.key())),
         }
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        // One multi of existence checks per batch (see renew_many.rs).
+        self.renew_batch(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {

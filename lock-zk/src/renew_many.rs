@@ -1,0 +1,176 @@
+//! `renew_many`: the leases of this backend's own session renewed with one
+//! request per batch, not one per lock. A lock node is ephemeral: it lives
+//! as long as the session, whose heartbeat the client sends anyway; what a
+//! renewal must confirm is that the node still exists from the leader's
+//! view. One `multi` of existence checks does that for the whole batch (a
+//! multi is a write transaction, ordered by the leader, so a follower cut
+//! off from it cannot answer it from a stale copy). When a check fails, the
+//! multi names the first failing node: that lease is not held, the ones
+//! before it were confirmed by the same transaction, and the rest are
+//! checked again in another multi.
+//!
+//! Leases of other sessions (rebuilt from handles) go through `renew`.
+
+use std::sync::Arc;
+
+use lock_core::{
+    ErrorKind, Lease, LockBackend, LockError, Operation, SessionState, validity_deadline,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use super::{CallError, NAME, Session, ZkBackend, lock};
+
+/// The most checks in one multi.
+const MAX_CHECKS: usize = 1_000;
+
+impl ZkBackend {
+    pub(super) async fn renew_batch(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        let op = Operation::Renew;
+        let mut results: Vec<Option<Result<Instant, LockError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        let session: Arc<Session> = match self.session(op).await {
+            Ok(session) => session,
+            Err(err) => {
+                return leases
+                    .iter()
+                    .map(|l| Err(copy(&err).with_key(l.key())))
+                    .collect();
+            }
+        };
+        let sent = Instant::now();
+        // (index, path) of the leases this batch checks.
+        let mut batch: Vec<(usize, String)> = Vec::with_capacity(leases.len());
+        for (index, lease) in leases.iter().enumerate() {
+            let ours = lease
+                .session()
+                .is_some_and(|s| s.same_channel(&session.state));
+            let Some((path, _)) = self.lease_path(lease).filter(|_| ours) else {
+                // Not of this session (or not a node of ours): `renew` says why.
+                results[index] = Some(self.renew(lease).await);
+                continue;
+            };
+            if lease
+                .session()
+                .is_some_and(|s| matches!(*s.borrow(), SessionState::Lost(_)))
+            {
+                results[index] = Some(Err(not_held(
+                    lease,
+                    "the ZooKeeper session that held this lease is gone",
+                )));
+                continue;
+            }
+            // A lease this backend already gave up on is not revived.
+            let expired = lock(&self.inner.expiries)
+                .get(path)
+                .is_none_or(|expiry| expiry.due <= sent);
+            if expired {
+                results[index] = Some(Err(not_held(
+                    lease,
+                    "the lease's TTL ran out before this renewal; its node is deleted",
+                )));
+                continue;
+            }
+            batch.push((index, path.to_owned()));
+        }
+        for chunk in batch.chunks(MAX_CHECKS) {
+            let mut pending: &[(usize, String)] = chunk;
+            while !pending.is_empty() {
+                match self.check_all(&session.client, pending).await {
+                    Ok(()) => {
+                        for (index, path) in pending {
+                            results[*index] =
+                                Some(Ok(self.confirmed(leases[*index], path, &session, sent)));
+                        }
+                        pending = &[];
+                    }
+                    Err(Failed::At(failed, zk::Error::NoNode)) => {
+                        for (index, path) in &pending[..failed] {
+                            results[*index] =
+                                Some(Ok(self.confirmed(leases[*index], path, &session, sent)));
+                        }
+                        let (index, path) = &pending[failed];
+                        self.forget_expiry(path);
+                        results[*index] = Some(Err(not_held(
+                            leases[*index],
+                            "the lock node is gone (released, expired, or deleted)",
+                        )));
+                        pending = &pending[failed + 1..];
+                    }
+                    Err(failure) => {
+                        let err = failure.into_lock_error();
+                        for (index, _) in pending {
+                            results[*index] = Some(Err(copy(&err).with_key(leases[*index].key())));
+                        }
+                        pending = &[];
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(LockError::new(ErrorKind::Backend, op, "no result").with_backend(NAME))
+                })
+            })
+            .collect()
+    }
+
+    /// One multi of existence checks for `pending`.
+    async fn check_all(
+        &self,
+        client: &zk::Client,
+        pending: &[(usize, String)],
+    ) -> Result<(), Failed> {
+        let mut writer = client.new_multi_writer();
+        for (_, path) in pending {
+            writer
+                .add_check_version(path, -1)
+                .map_err(|e| Failed::Call(CallError::Zk(e)))?;
+        }
+        let timeout = self.op_timeout();
+        match tokio::time::timeout(timeout, writer.commit()).await {
+            Err(_) => Err(Failed::Call(CallError::TimedOut(timeout))),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(zk::MultiWriteError::OperationFailed { index, source }))
+                if index < pending.len() =>
+            {
+                Err(Failed::At(index, source))
+            }
+            Ok(Err(err)) => Err(Failed::Call(CallError::Zk(zk::Error::from(err)))),
+        }
+    }
+
+    fn confirmed(&self, lease: &Lease, path: &str, session: &Session, sent: Instant) -> Instant {
+        let ttl = lease.ttl().min(session.timeout);
+        if let Some(expiry) = lock(&self.inner.expiries).get_mut(path) {
+            expiry.due = expiry.due.max(sent + ttl);
+        }
+        validity_deadline(sent, ttl)
+    }
+}
+
+enum Failed {
+    At(usize, zk::Error),
+    Call(CallError),
+}
+
+impl Failed {
+    fn into_lock_error(self) -> LockError {
+        match self {
+            Self::At(_, err) => CallError::Zk(err).into_lock_error(Operation::Renew),
+            Self::Call(err) => err.into_lock_error(Operation::Renew),
+        }
+    }
+}
+
+fn not_held(lease: &Lease, why: &str) -> LockError {
+    LockError::new(ErrorKind::NotHeld, Operation::Renew, why.to_owned())
+        .with_key(lease.key())
+        .with_backend(NAME)
+}
+
+fn copy(err: &LockError) -> LockError {
+    LockError::new(err.kind(), Operation::Renew, err.to_string()).with_backend(NAME)
+}
