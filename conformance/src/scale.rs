@@ -101,12 +101,15 @@ pub struct ScaleConfig {
 }
 
 impl ScaleConfig {
-    /// `locks` locks with a 3 s TTL (1 s renewal period), over 3 periods.
+    /// `locks` locks with a 3 s TTL (1 s renewal period) over 3 periods, or
+    /// above 10,000 locks a 30 s TTL (10 s period) over 2, so that one
+    /// renewal round of a slow backend fits in a period.
     pub fn new(locks: usize) -> Self {
+        let large = locks > 10_000;
         Self {
             locks,
-            ttl: Duration::from_secs(3),
-            periods: 3,
+            ttl: Duration::from_secs(if large { 30 } else { 3 }),
+            periods: if large { 2 } else { 3 },
             concurrency: 32,
             key_prefix: format!("scale-{}/", std::process::id()),
             in_process: false,
