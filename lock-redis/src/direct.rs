@@ -175,9 +175,11 @@ impl Shared {
             if self.hand_out(reader)? {
                 continue;
             }
-            let mut chunk = [0u8; 4096];
-            match reader.half.read(&mut chunk).await {
-                Ok(n) if n > 0 => reader.buf.extend_from_slice(&chunk[..n]),
+            if reader.buf.capacity() - reader.buf.len() < 1024 {
+                reader.buf.reserve(4096);
+            }
+            match reader.half.read_buf(&mut reader.buf).await {
+                Ok(n) if n > 0 => {}
                 Ok(_) => {
                     self.break_all();
                     return Err(broken());

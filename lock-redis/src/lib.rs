@@ -184,9 +184,13 @@
 //! # Benchmarks
 //!
 //! [`floor::RedisFloor`] issues the driver's two script calls of an
-//! uncontended acquire+release by hand on a raw connection to one server
-//! (`redis://`, `rediss://`): the floor that the `bench` example and
-//! `distlock compare` measure our cycle against.
+//! uncontended acquire+release by hand, in RESP written by hand on one bare
+//! TCP connection to one server (`redis://`), and [`floor::RedlockFloor`]
+//! the same on one bare connection per node of a `redlock://` URL: the
+//! floors that the `bench` example and `distlock compare` measure our cycle
+//! against. `tests/round_trips.rs` counts round trips through the fault
+//! proxy: a waiting acquire + release on a free key costs 2, as the floor's
+//! cycle does (2 per node on Redlock), and one more fails the test.
 
 #![deny(missing_docs)]
 
