@@ -5,9 +5,14 @@
 //! [`SessionFloor::try_grant`] is one round trip (`pg_try_advisory_lock` +
 //! `nextval` in one `SELECT` / `INSERT .. SELECT .. WHERE GET_LOCK(?, 0)`),
 //! [`SessionFloor::release`] one (`pg_advisory_unlock` / `RELEASE_LOCK`):
-//! 2 round trips per cycle. On MySQL/MariaDB the session's `wait_timeout`
-//! is set by the first grant (again only when the TTL's whole seconds
-//! change), as the backend does per connection.
+//! 2 round trips per cycle. Unlike the backend, the floor never arms the
+//! MySQL/MariaDB session's `wait_timeout` (one more statement whenever the
+//! TTL's whole seconds change): its session lives only as long as a
+//! benchmark.
+//!
+//! The connection is opened with the backend's connect options (the same
+//! session settings); the statements are issued here by hand on it, not
+//! through the backend's session code.
 
 use std::time::Duration;
 
@@ -16,7 +21,9 @@ use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{LockError, LockKey, Operation, OwnerId, check_ttl};
 use tokio::sync::Mutex;
 
-use super::conn::{Granted, Opts, ServerKey, Session};
+use sqlx::{AssertSqlSafe, Row};
+
+use super::conn::{Conn, Opts, ServerKey, Session, pg_idle_timeout};
 use super::sql::SessionSql;
 use super::{MYSQL_SESSION_MIN_TTL, PG_SESSION_MIN_TTL};
 use crate::config::{SqlConfig, SqlDialect};
@@ -96,36 +103,64 @@ impl RawFloor for SessionFloor {
         let owner = OwnerId::random().to_hex();
         let server_key = ServerKey::new(&self.config.table, key.as_str());
         let mut session = self.session.lock().await;
-        let granted = session
-            .grant(
-                &self.sql,
-                key.as_str().as_bytes(),
-                &server_key,
-                &owner,
-                ttl,
-                None,
-            )
-            .await
-            .map_err(|e| {
-                map_sqlx(&self.config, Operation::TryAcquire, e).with_backend(self.name)
-            })?;
-        Ok(match granted {
-            Granted::Token(token) => Some(FloorGrant {
+        let err = |e| map_sqlx(&self.config, Operation::TryAcquire, e).with_backend(self.name);
+        // The grant statement by hand (the backend's text and binds): one
+        // round trip, the token in its answer.
+        let token: Option<i64> = match &mut session.conn {
+            #[cfg(feature = "postgres")]
+            Conn::Pg(conn) => sqlx::query(AssertSqlSafe(self.sql.grant.as_str()))
+                .bind(server_key.pg)
+                .bind(&owner)
+                .bind(pg_idle_timeout(ttl))
+                .fetch_one(&mut *conn)
+                .await
+                .and_then(|row| row.try_get::<Option<i64>, _>(0))
+                .map_err(err)?,
+            #[cfg(feature = "mysql")]
+            Conn::My(conn) => {
+                let done = sqlx::query(AssertSqlSafe(self.sql.grant.as_str()))
+                    .bind(key.as_str().as_bytes())
+                    .bind(&owner)
+                    .bind(server_key.mysql.as_str())
+                    .bind(0.0_f64)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(err)?;
+                i64::try_from(done.last_insert_id()).ok()
+            }
+        };
+        Ok(token
+            .and_then(|t| u64::try_from(t).ok())
+            .filter(|t| *t > 0)
+            .map(|token| FloorGrant {
                 key: key.as_str().to_owned(),
                 owner,
                 token,
                 handle: String::new(),
-            }),
-            Granted::Held => None,
-        })
+            }))
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
         let server_key = ServerKey::new(&self.config.table, &grant.key);
         let mut session = self.session.lock().await;
-        session
-            .release(&self.sql, &server_key)
-            .await
-            .map_err(|e| map_sqlx(&self.config, Operation::Release, e).with_backend(self.name))
+        let err = |e| map_sqlx(&self.config, Operation::Release, e).with_backend(self.name);
+        match &mut session.conn {
+            #[cfg(feature = "postgres")]
+            Conn::Pg(conn) => sqlx::query(AssertSqlSafe(self.sql.release.as_str()))
+                .bind(server_key.pg)
+                .fetch_one(&mut *conn)
+                .await
+                .and_then(|row| row.try_get::<bool, _>(0))
+                .map_err(err),
+            #[cfg(feature = "mysql")]
+            Conn::My(conn) => {
+                sqlx::query_scalar::<_, Option<i64>>(AssertSqlSafe(self.sql.release.as_str()))
+                    .bind(server_key.mysql.as_str())
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map(|released| released == Some(1))
+                    .map_err(err)
+            }
+        }
     }
 }
