@@ -137,17 +137,27 @@ impl SqlBackend {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Config`] for options the driver rejects or a dialect
-    /// whose cargo feature is off; [`ErrorKind::Unavailable`] /
-    /// [`ErrorKind::Timeout`] when the database cannot be reached within
-    /// the operation timeout; [`ErrorKind::Backend`] when creating the table
-    /// fails.
+    /// [`ErrorKind::Config`] for options the driver rejects, a dialect
+    /// whose cargo feature is off, or `mode=session` (that is
+    /// [`SqlSessionBackend`](crate::SqlSessionBackend));
+    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when the database
+    /// cannot be reached within the operation timeout;
+    /// [`ErrorKind::Backend`] when creating the table fails.
     ///
     /// # Cancel safety
     ///
     /// Safe: dropping the future closes whatever was opened. A table created
     /// meanwhile stays (creation is idempotent).
     pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        if config.lock_mode() == crate::SqlMode::Session {
+            // Silently taking row locks for a URL that asks for session
+            // locks would let two fleets believe they exclude each other.
+            return Err(LockError::config(
+                "mode=session is the session-lock backend: open it with lock_sql::connect \
+                 or SqlSessionBackend, not SqlBackend",
+            )
+            .with_backend(NAME));
+        }
         let options = connect_options(&config)?;
         let pool = users_pool(&config, &options);
         let statements = Statements::new(config.dialect, &config.table);

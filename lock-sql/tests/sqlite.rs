@@ -384,6 +384,8 @@ async fn unreachable_and_bad_configs_fail_typed_and_bounded() {
         "sqlite::memory:?mode=bogus",
         "postgres://h:notaport/db",
         "oracle://x",
+        // Session locks asked of the row backend: refused, never row locks.
+        "postgres://u@127.0.0.1:1/db?mode=session",
     ] {
         let err = SqlBackend::connect_url(bad).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config, "{bad}: {err}");
