@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,6 +25,10 @@ const NAME: &str = "zookeeper";
 // Batched renewals; a child module for the session and expiry internals.
 #[path = "renew_many.rs"]
 mod renew_many;
+
+// Local TTL enforcement: one expiry task per backend.
+#[path = "expiry.rs"]
+mod expiry;
 
 /// How far past its deadline an acquire may run when the servers are slow
 /// to answer (a normal wait ends at the deadline itself).
@@ -87,12 +91,21 @@ struct Inner {
     connecting: tokio::sync::Mutex<()>,
     containers: AtomicBool,
     /// Local TTL enforcement: lock node path -> when it must be deleted if
-    /// not renewed (the lease's validity deadline comes before), and the
-    /// task that does it (aborted at release).
-    expiries: Mutex<HashMap<String, Expiry>>,
+    /// not renewed (the lease's validity deadline comes before). Removed at
+    /// release.
+    expiries: Mutex<HashMap<Arc<str>, Expiry>>,
+    /// The deadlines of `expiries` for the backend's one expiry task (see
+    /// expiry.rs). Locked after `expiries` when both are.
+    queue: Mutex<expiry::ExpiryQueue>,
     /// Attempts whose create had an unknown outcome: more than one node may
     /// carry their id, so cleanup sweeps the directory for it.
     uncertain: Mutex<HashSet<OwnerId>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        lock(&self.queue).stop();
+    }
 }
 
 impl Inner {
@@ -106,11 +119,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// When a granted node is deleted unless renewed first, and the task that
-/// waits for it.
+/// When a granted node is deleted unless renewed first.
 struct Expiry {
     due: Instant,
-    task: Option<tokio::task::AbortHandle>,
 }
 
 /// One ZooKeeper session and the state signal derived from it.
@@ -370,6 +381,7 @@ impl ZkBackend {
                 current: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 expiries: Mutex::new(HashMap::new()),
+                queue: Mutex::new(expiry::ExpiryQueue::default()),
                 uncertain: Mutex::new(HashSet::new()),
             }),
         };
@@ -706,68 +718,6 @@ impl ZkBackend {
         }
     }
 
-    /// Local TTL enforcement: if `path` is not renewed by `at`, delete it.
-    fn schedule_expiry(&self, path: String, dir: String, owner: OwnerId, at: Instant) {
-        lock(&self.inner.expiries).insert(
-            path.clone(),
-            Expiry {
-                due: at,
-                task: None,
-            },
-        );
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        let key = path.clone();
-        let task = runtime.spawn(async move {
-            let mut at = at;
-            loop {
-                sleep_until(at).await;
-                let Some(inner) = weak.upgrade() else {
-                    return;
-                };
-                let next = {
-                    let mut expiries = lock(&inner.expiries);
-                    match expiries.get(&path) {
-                        None => return,
-                        Some(expiry) if expiry.due > Instant::now() => Some(expiry.due),
-                        Some(_) => {
-                            expiries.remove(&path);
-                            None
-                        }
-                    }
-                };
-                match next {
-                    Some(due) => at = due,
-                    None => {
-                        let backend = ZkBackend { inner };
-                        if let Some(session) = backend.inner.current().filter(|s| !s.is_lost()) {
-                            tracing::debug!(%path, "lease not renewed within its TTL; deleting its node");
-                            backend.delete_node(&session.client, &path, &dir, owner).await;
-                        }
-                        return;
-                    }
-                }
-            }
-        });
-        // The task sleeps until `at`, so it is still waiting here.
-        if let Some(expiry) = lock(&self.inner.expiries).get_mut(&key) {
-            expiry.task = Some(task.abort_handle());
-        }
-    }
-
-    /// Stops enforcing the TTL of `path` (released, or found gone): its
-    /// waiting task ends now rather than waking at the TTL to delete a node
-    /// that no longer exists (one request per grant otherwise, long after
-    /// the cycle).
-    fn forget_expiry(&self, path: &str) {
-        let expiry = lock(&self.inner.expiries).remove(path);
-        if let Some(task) = expiry.and_then(|e| e.task) {
-            task.abort();
-        }
-    }
-
     /// The node path stored in `lease`, if it is a lock node of the lease's
     /// key whose name carries the lease's owner id. Anything else is not a
     /// lease of ours and is never acted on.
@@ -916,11 +866,11 @@ impl ZkBackend {
                     FencingToken::new(token),
                     ttl,
                     sent,
-                    path.clone(),
+                    path,
                 )
                 .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?;
                 cleanup.disarm();
-                self.schedule_expiry(path, dir.to_owned(), owner, sent + ttl);
+                self.schedule_expiry(lease.backend_data(), sent + ttl);
                 return Ok(Some(lease.with_session(session.state.clone())));
             }
             let Some(deadline) = deadline else {
@@ -1266,7 +1216,7 @@ impl LockBackend for ZkBackend {
                 continue;
             };
             let remaining_ttl = lock(&self.inner.expiries)
-                .get(&path)
+                .get(path.as_str())
                 .map(|expiry| expiry.due.saturating_duration_since(Instant::now()));
             return Ok(Some(LockInfo {
                 key: key.clone(),

@@ -364,6 +364,70 @@ async fn unrenewed_lease_is_freed_after_its_ttl() {
     assert!(b.release(&next).await.expect("release"));
 }
 
+/// The backend's one expiry task sleeps until the earliest deadline it
+/// knows: a later grant with a shorter TTL must wake it, released leases
+/// must not be deleted at their old deadline, and a renewed lease is kept
+/// past its first one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shorter_ttl_after_a_long_one_is_still_enforced() {
+    let Some(target) = ZkTarget::single().await else {
+        return;
+    };
+    let a = target.backend().await.expect("a");
+    let b = target.backend().await.expect("b");
+    // Arms the task far out, then is released (its queue entry stays).
+    let long = a
+        .try_acquire(&key("ttl-long"), Duration::from_secs(30))
+        .await
+        .expect("try")
+        .expect("free");
+    let held = a
+        .try_acquire(&key("ttl-held"), Duration::from_secs(30))
+        .await
+        .expect("try")
+        .expect("free");
+    assert!(a.release(&long).await.expect("release"));
+    // A renewed lease outlives its first deadline.
+    let ttl = Duration::from_millis(800);
+    let renewed_key = key("ttl-renewed");
+    let renewed = a
+        .try_acquire(&renewed_key, ttl)
+        .await
+        .expect("try")
+        .expect("free");
+    let k = key("ttl-short");
+    let started = Instant::now();
+    let short = a.try_acquire(&k, ttl).await.expect("try").expect("free");
+    let renewer = {
+        let a = a.clone();
+        let renewed = renewed.clone();
+        tokio::spawn(async move {
+            for _ in 0..6 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                a.renew(&renewed).await.expect("renew");
+            }
+        })
+    };
+    let next = b
+        .acquire(&k, ttl, started + ttl + Duration::from_millis(700))
+        .await
+        .expect("the short-TTL key was not freed within its TTL");
+    assert!(Instant::now() >= short.validity_deadline());
+    assert!(b.release(&next).await.expect("release"));
+    renewer.await.expect("renewer");
+    // Still ours: renewed past its first deadline twice over.
+    assert!(a.renew(&renewed).await.is_ok());
+    assert!(
+        b.try_acquire(&renewed_key, ttl)
+            .await
+            .expect("try")
+            .is_none()
+    );
+    assert!(a.renew(&held).await.is_ok());
+    assert!(a.release(&renewed).await.expect("release"));
+    assert!(a.release(&held).await.expect("release"));
+}
+
 /// Odd keys map to distinct directories, all inside the lock root.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn odd_keys_stay_inside_the_root_and_do_not_collide() {
