@@ -2,8 +2,9 @@
 //!
 //! - [`LockBackend`]: the small, object-safe trait every driver implements,
 //!   with each method's contract written down.
-//! - [`LockClient`] / [`LockGuard`]: what users hold. The guard renews on its
-//!   own task, exposes the [`FencingToken`] and the local validity deadline,
+//! - [`LockClient`] / [`LockGuard`]: what users hold. Guards are renewed by
+//!   one renewal scheduler per backend and runtime (batched through
+//!   [`LockBackend::renew_many`], not a task per guard); a guard exposes the [`FencingToken`] and the local validity deadline,
 //!   and reports [`LockState`] `Held → Suspect → Lost`.
 //! - [`Capabilities`]: what a backend guarantees, as data; [`Requirements`]
 //!   are checked against them.
@@ -32,7 +33,7 @@
 //!
 //! # Where renewal runs
 //!
-//! A guard's watchdog renews each lease when about a third of its TTL has
+//! The renewal scheduler renews each lease when about a third of its TTL has
 //! passed since the request that set its current deadline was sent, so a
 //! slow grant is renewed early rather than a fixed interval after its
 //! reply. It runs on a [`RenewalRuntime`]: by default one process-wide
@@ -40,7 +41,7 @@
 //! ([`RENEWAL_THREAD_NAME`]), so that an application blocking its own
 //! runtime (a synchronous call, a CPU-bound loop) does not starve it.
 //! [`RenewalRuntime::current`] keeps renewal on the application's runtime.
-//! Either way, any end of the watchdog other than release (a panic, its
+//! Either way, any end of the scheduler's task other than its drop (a panic, its
 //! runtime shutting down) makes the guard `Lost`, and a guard reads `Lost`
 //! as soon as its local deadline has passed: never a silent expiry.
 //!
@@ -48,7 +49,7 @@
 //! backend was *connected* on, so renewal on the dedicated thread survives a
 //! blocked application runtime only if the backend was connected there too:
 //! use [`RenewalRuntime::run_on`] with the connect future. Otherwise the
-//! dedicated watchdog still declares `Lost` on time while the renewal
+//! dedicated scheduler still declares `Lost` on time while the renewal
 //! request waits for the blocked runtime.
 //!
 //! # Example

@@ -13,14 +13,14 @@ use crate::error::{ErrorKind, LockError, Operation};
 /// and panic messages).
 pub const RENEWAL_THREAD_NAME: &str = "distlock-renewal";
 
-/// The Tokio runtime a [`LockGuard`](crate::LockGuard)'s renewal task (its
-/// watchdog) runs on.
+/// The Tokio runtime the renewal scheduler of a client's guards runs on (one
+/// scheduler task per backend and runtime renews every guard, in batches).
 ///
 /// - [`RenewalRuntime::dedicated`] (the **default**): one process-wide
 ///   current-thread runtime on its own named thread
 ///   ([`RENEWAL_THREAD_NAME`]), started lazily by the first guard that uses
 ///   it and never stopped. The application can block its own runtime (a
-///   synchronous call, a CPU-bound loop) and the watchdog still renews on
+///   synchronous call, a CPU-bound loop) and the scheduler still renews on
 ///   time, and still fires `Lost` at the local deadline when renewal fails.
 /// - [`RenewalRuntime::current`]: the runtime the guard is created on (the
 ///   behaviour before the dedicated runtime existed). If the application
@@ -32,12 +32,12 @@ pub const RENEWAL_THREAD_NAME: &str = "distlock-renewal";
 ///
 /// # Why dedicated is the default, and where it helps
 ///
-/// Its cost is one thread, started only when a guard needs it, and one
-/// cross-thread wake-up per guard created, renewed and released (a few
-/// microseconds). What it buys depends on where the backend does its I/O:
+/// Its cost is one thread, started only when a guard needs it, and a
+/// cross-thread wake-up when a guard is registered with an earlier renewal
+/// than any other, and per renewal batch (a few microseconds). What it buys depends on where the backend does its I/O:
 ///
 /// - **In-process backends** ([`MemoryBackend`](crate::MemoryBackend)):
-///   renewal needs nothing but the watchdog, so it survives a blocked
+///   renewal needs nothing but the scheduler, so it survives a blocked
 ///   application runtime completely.
 /// - **Network backends**: a renewal is a request on the backend's
 ///   connection, and that connection's own tasks (a Redis multiplexed
@@ -45,7 +45,7 @@ pub const RENEWAL_THREAD_NAME: &str = "distlock-renewal";
 ///   etcd, the ZooKeeper session task) and socket readiness run on the
 ///   runtime where the client was **connected**. If that is the
 ///   application's runtime and it is blocked, the renewal request waits
-///   for it like any other; the dedicated watchdog still declares `Lost`
+///   for it like any other; the dedicated scheduler still declares `Lost`
 ///   at the deadline on time, so other threads (and the application, the
 ///   moment it looks) see the loss when it happens. To make renewal itself
 ///   survive, connect the backend on the dedicated runtime too, with
