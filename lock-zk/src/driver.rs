@@ -2,6 +2,7 @@
 //! Curator-style lock nodes, czxid fencing tokens.
 
 use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -311,23 +312,24 @@ where
 /// timeout, error, or the future being dropped. Armed before the create is
 /// sent: if the attempt is dropped while the create is in flight, the node
 /// is found by the attempt id (requests of one session are answered in
-/// order, so the lookup sees the create).
-struct NodeCleanup {
-    backend: ZkBackend,
-    client: zk::Client,
-    dir: String,
+/// order, so the lookup sees the create). Borrows what it needs and clones
+/// it only when it fires.
+struct NodeCleanup<'a> {
+    backend: &'a ZkBackend,
+    client: &'a zk::Client,
+    dir: &'a str,
     owner: OwnerId,
     armed: bool,
     path: Option<String>,
 }
 
-impl NodeCleanup {
+impl NodeCleanup<'_> {
     fn disarm(&mut self) {
         self.armed = false;
     }
 }
 
-impl Drop for NodeCleanup {
+impl Drop for NodeCleanup<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -337,7 +339,7 @@ impl Drop for NodeCleanup {
         };
         let backend = self.backend.clone();
         let client = self.client.clone();
-        let dir = std::mem::take(&mut self.dir);
+        let dir = self.dir.to_owned();
         let owner = self.owner;
         let path = self.path.take();
         runtime.spawn(async move {
@@ -567,7 +569,7 @@ impl ZkBackend {
         operation: Operation,
         key: &LockKey,
     ) -> Result<(String, i64, Option<Instant>), AttemptError> {
-        let prefix = format!("{dir}/{}", paths::node_prefix(owner));
+        let prefix = paths::node_path_prefix(dir, owner);
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let mut missing_dir = 0;
         let mut unknown = 0;
@@ -580,7 +582,10 @@ impl ZkBackend {
             .await
             {
                 Ok((stat, sequence)) => {
-                    return Ok((format!("{prefix}{sequence}"), stat.czxid, Some(sent)));
+                    // The prefix has room for the sequence number.
+                    let mut path = prefix;
+                    let _ = write!(path, "{sequence}");
+                    return Ok((path, stat.czxid, Some(sent)));
                 }
                 // The directory is created on demand, and a container may be
                 // removed by the server between our mkdir and create.
@@ -662,8 +667,12 @@ impl ZkBackend {
     /// had a create with an unknown outcome. `patient`: keep retrying
     /// through disconnections (background cleanups only).
     async fn sweep_uncertain(&self, client: &zk::Client, dir: &str, owner: OwnerId, patient: bool) {
-        if !lock(&self.inner.uncertain).remove(&owner) {
-            return;
+        {
+            let mut uncertain = lock(&self.inner.uncertain);
+            // Almost always empty: no hashing then.
+            if uncertain.is_empty() || !uncertain.remove(&owner) {
+                return;
+            }
         }
         let give_up = Instant::now() + CLEANUP_PATIENCE;
         let mut backoff = CLEANUP_RETRY.backoff();
@@ -703,7 +712,7 @@ impl ZkBackend {
     /// Deletes our node at the end of an attempt that did not get the lock,
     /// with one bounded request; if that fails the cleanup stays armed and
     /// retries in the background when it is dropped.
-    async fn withdraw(&self, session: &Session, cleanup: &mut NodeCleanup) {
+    async fn withdraw(&self, session: &Session, cleanup: &mut NodeCleanup<'_>) {
         let Some(path) = cleanup.path.clone() else {
             return;
         };
@@ -711,9 +720,9 @@ impl ZkBackend {
             Err(err) if !err.is(&zk::Error::NoNode) && !err.ends_session() => {}
             _ => {
                 cleanup.disarm();
-                self.sweep_uncertain(&session.client, &cleanup.dir, cleanup.owner, false)
+                self.sweep_uncertain(&session.client, cleanup.dir, cleanup.owner, false)
                     .await;
-                self.remove_empty_dir(&session.client, &cleanup.dir).await;
+                self.remove_empty_dir(&session.client, cleanup.dir).await;
             }
         }
     }
@@ -723,10 +732,11 @@ impl ZkBackend {
     /// lease of ours and is never acted on.
     fn lease_path<'a>(&self, lease: &'a Lease) -> Option<(&'a str, &'a str)> {
         let path = lease.backend_data();
-        let dir = self.key_path(lease.key());
         let (node_dir, name) = paths::split_node(path)?;
-        (node_dir == dir && owner_of(name) == Some(lease.owner()) && sequence_of(name).is_some())
-            .then_some((path, node_dir))
+        (paths::is_key_dir(self.inner.config.root(), lease.key(), node_dir)
+            && owner_of(name) == Some(lease.owner())
+            && sequence_of(name).is_some())
+        .then_some((path, node_dir))
     }
 
     /// One acquisition with a fresh attempt id on `session`.
@@ -742,9 +752,9 @@ impl ZkBackend {
     ) -> Result<Option<Lease>, AttemptError> {
         let owner = OwnerId::random();
         let mut cleanup = NodeCleanup {
-            backend: self.clone(),
-            client: session.client.clone(),
-            dir: dir.to_owned(),
+            backend: self,
+            client: &session.client,
+            dir,
             owner,
             armed: true,
             path: None,
@@ -753,7 +763,7 @@ impl ZkBackend {
             .create_node(session, dir, owner, operation, key)
             .await?;
         cleanup.path = Some(path.clone());
-        let name = path[dir.len() + 1..].to_owned();
+        let name = &path[dir.len() + 1..];
         let token = u64::try_from(czxid).map_err(|_| {
             AttemptError::Lock(
                 LockError::new(

@@ -26,7 +26,22 @@ pub(crate) fn key_dir(root: &str, key: &LockKey) -> String {
     format!("{root}/{}", utf8_percent_encode(key.as_str(), COMPONENT))
 }
 
+/// Whether `dir` is [`key_dir`]`(root, key)`, without building it.
+pub(crate) fn is_key_dir(root: &str, key: &LockKey, dir: &str) -> bool {
+    let Some(mut rest) = dir.strip_prefix(root).and_then(|r| r.strip_prefix('/')) else {
+        return false;
+    };
+    for chunk in utf8_percent_encode(key.as_str(), COMPONENT) {
+        match rest.strip_prefix(chunk) {
+            Some(r) => rest = r,
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
 /// The owner id written as a UUID (8-4-4-4-12 lowercase hex).
+#[cfg(test)]
 pub(crate) fn owner_uuid(owner: OwnerId) -> String {
     let hex = owner.to_hex();
     format!(
@@ -42,21 +57,65 @@ pub(crate) fn owner_uuid(owner: OwnerId) -> String {
 /// The name prefix a lock node of `owner` is created with (the server
 /// appends the sequence number).
 pub(crate) fn node_prefix(owner: OwnerId) -> String {
-    format!("{PROTECTED_PREFIX}{}-{LOCK_NAME}", owner_uuid(owner))
+    let mut prefix = String::with_capacity(PREFIX_LEN);
+    push_node_prefix(&mut prefix, owner);
+    prefix
+}
+
+/// The path prefix of `owner`'s lock node in `dir`, built in one allocation
+/// with room for the sequence number the server appends.
+pub(crate) fn node_path_prefix(dir: &str, owner: OwnerId) -> String {
+    let mut path = String::with_capacity(dir.len() + 1 + PREFIX_LEN + 10);
+    path.push_str(dir);
+    path.push('/');
+    push_node_prefix(&mut path, owner);
+    path
+}
+
+/// `_c_` + UUID + `-lock-`.
+const PREFIX_LEN: usize = PROTECTED_PREFIX.len() + 36 + 1 + LOCK_NAME.len();
+
+fn push_node_prefix(out: &mut String, owner: OwnerId) {
+    use std::fmt::Write as _;
+    let v = owner.as_u128();
+    // Writing into a String cannot fail.
+    let _ = write!(
+        out,
+        "{PROTECTED_PREFIX}{:08x}-{:04x}-{:04x}-{:04x}-{:012x}-{LOCK_NAME}",
+        v >> 96,
+        (v >> 80) & 0xffff,
+        (v >> 64) & 0xffff,
+        (v >> 48) & 0xffff,
+        v & 0xffff_ffff_ffff
+    );
 }
 
 /// The owner id embedded in one of our node names, if it is one.
 pub(crate) fn owner_of(name: &str) -> Option<OwnerId> {
     let rest = name.strip_prefix(PROTECTED_PREFIX)?;
     let uuid = rest.get(..36)?;
-    if !rest[36..].starts_with(&format!("-{LOCK_NAME}")) {
+    if !rest[36..]
+        .strip_prefix('-')
+        .is_some_and(|r| r.starts_with(LOCK_NAME))
+    {
         return None;
     }
-    let hex: String = uuid.chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 || uuid.chars().filter(|c| *c == '-').count() != 4 {
+    // The 32 digits without the 4 dashes, on the stack.
+    let mut hex = [0u8; 32];
+    let mut len = 0;
+    let mut dashes = 0;
+    for b in uuid.bytes() {
+        if b == b'-' {
+            dashes += 1;
+        } else {
+            *hex.get_mut(len)? = b;
+            len += 1;
+        }
+    }
+    if len != 32 || dashes != 4 {
         return None;
     }
-    OwnerId::from_hex(&hex).ok()
+    OwnerId::from_hex(std::str::from_utf8(&hex).ok()?).ok()
 }
 
 /// The sequence number of a lock node: the digits after the last `lock-`
@@ -133,6 +192,16 @@ mod tests {
         assert_eq!(key_dir(root, &key("a/b")), "/distlock/a%2Fb");
         assert_eq!(key_dir(root, &key("a%2Fb")), "/distlock/a%252Fb");
         assert_eq!(key_dir(root, &key("..")), "/distlock/%2E%2E");
+        for name in cases {
+            let k = key(name);
+            let dir = key_dir(root, &k);
+            assert!(is_key_dir(root, &k, &dir), "{dir}");
+            assert!(!is_key_dir(root, &k, &format!("{dir}x")), "{dir}");
+            assert!(!is_key_dir(root, &k, &dir[..dir.len() - 1]), "{dir}");
+            assert!(!is_key_dir("/other", &k, &dir), "{dir}");
+            assert!(!is_key_dir(root, &key("b"), &dir), "{dir}");
+        }
+        assert!(!is_key_dir(root, &key("a"), "/distlocka"));
     }
 
     #[test]
@@ -156,6 +225,37 @@ mod tests {
         assert_eq!(owner_of("lock-0000000001"), None);
         assert_eq!(owner_of("_c_zz-lock-1"), None);
         assert_eq!(split_node("/a/b"), Some(("/a", "b")));
+        // The one-allocation forms equal the plain ones.
+        for owner in [
+            OwnerId::random(),
+            OwnerId::from_u128(0),
+            OwnerId::from_u128(u128::MAX),
+        ] {
+            let plain = format!("_c_{}-lock-", owner_uuid(owner));
+            assert_eq!(node_prefix(owner), plain);
+            assert_eq!(node_path_prefix("/d/k", owner), format!("/d/k/{plain}"));
+            assert_eq!(owner_of(&format!("{plain}0000000001")), Some(owner));
+        }
+        assert_eq!(
+            owner_of("_c_0123456-89abc-def0-0123-456789abcdef-lock-1"),
+            OwnerId::from_hex("012345689abcdef00123456789abcdef").ok()
+        );
+        assert_eq!(
+            owner_of("_c_01234567-89ab-cdef-0123-456789abcdef-lockx1"),
+            None
+        );
+        assert_eq!(
+            owner_of("_c_01234567-89ab-cdef-0123-456789abcdefX-lock-1"),
+            None
+        );
+        assert_eq!(
+            owner_of("_c_0123456789abcdef0123456789abcdef-----lock-1"),
+            OwnerId::from_hex("0123456789abcdef0123456789abcdef").ok()
+        );
+        assert_eq!(
+            owner_of("_c_01234567-89ab-cdef-0123-456789abcde--lock-1"),
+            None
+        );
         assert_eq!(split_node("b"), None);
     }
 }
