@@ -111,7 +111,9 @@
 //!   cannot expire the session before `last contact + timeout`, so the local
 //!   validity deadline is safe), paces the guard's renewals, and is
 //!   enforced by this client: a lease not renewed within its TTL has its
-//!   node deleted by the backend that granted it. If the process dies, the
+//!   node deleted by the backend that granted it (one expiry task per
+//!   backend, sleeping until the earliest deadline; a grant spawns and
+//!   wakes nothing unless its deadline is the earliest). If the process dies, the
 //!   node goes when the session expires (after the session timeout), not
 //!   after the TTL.
 //! - Renewal checks, after a `sync`, that the node still exists with the
@@ -143,6 +145,12 @@
 //! protocol written out, also used by `distlock compare`);
 //! `tests/round_trips.rs` checks that a cycle on a free key costs the
 //! floor's 3 round trips, including what it defers to the lease's TTL.
+//! `--example bench_parts` splits one client's cycle: the floor, the same
+//! three requests through the `zookeeper-client` crate alone, the backend,
+//! and the user API. Most of the distance to the floor is the crate's:
+//! its socket is an `async-net` stream served by `async-io`'s reactor
+//! thread, and every request and reply passes through its session task,
+//! so each reply crosses two threads before the caller runs.
 
 #![deny(missing_docs)]
 

@@ -1,0 +1,121 @@
+//! Probe (not a test): where one acquire+release cycle's time goes, 1
+//! client, interleaved rounds:
+//! - the floor (hand-written jute on one bare connection);
+//! - the `zookeeper-client` crate alone: create + list + delete, the same
+//!   three requests our cycle sends, without any lock-zk code;
+//! - `ZkBackend::acquire` + `release` directly (no `LockClient`);
+//! - the user API (`LockClient`, guard, renewal scheduler).
+//!
+//! `cargo run --release -p lock-zk --example bench_parts [-- <cycles>]`
+
+use std::time::Duration;
+
+use conformance::bench::{self, LatencyStats};
+use conformance::servers::zookeeper::ZkServer;
+use lock_core::floor::RawFloor;
+use lock_core::{LockBackend, LockClient, LockKey, OwnerId};
+use lock_zk::floor::ZkFloor;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+const TTL: Duration = Duration::from_secs(30);
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2000);
+    let server = ZkServer::start().await?;
+    let url = format!("{}?session_timeout=10s", server.url());
+    let floor = ZkFloor::connect(&url).await?;
+    let backend = lock_zk::connect(&url).await?;
+    let client = LockClient::new(lock_zk::connect(&url).await?);
+    let raw = zk::Client::connect(&server.connect_string()).await?;
+    let dir = "/bench-parts-raw";
+    let _ = raw
+        .create(
+            dir,
+            &[],
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await;
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let key_b = LockKey::new("parts-backend")?;
+
+    // ONLY=<0..3>: run that side alone (for a profiler).
+    let only: Option<usize> = std::env::var("ONLY").ok().and_then(|v| v.parse().ok());
+    let rounds = 10;
+    let per = (n / rounds).max(1);
+    let mut samples: [Vec<Duration>; 4] = Default::default();
+    let mut walls = [Duration::ZERO; 4];
+    // Warm-up, then interleaved rounds (the order rotates every round).
+    for round in 0..=rounds {
+        for side in 0..4 {
+            let side = (side + round) % 4;
+            if only.is_some_and(|o| o != side) {
+                continue;
+            }
+            let count = if round == 0 { 300 } else { per };
+            let started = Instant::now();
+            for _ in 0..count {
+                let at = Instant::now();
+                match side {
+                    0 => {
+                        let grant = floor.try_grant("parts-floor", TTL).await?.expect("free");
+                        floor.release(&grant).await?;
+                    }
+                    1 => {
+                        let prefix = format!("{dir}/_c_{}-lock-", OwnerId::random().to_hex());
+                        let (_, seq) = raw.create(&prefix, &[], &options).await?;
+                        let _ = raw.list_children(dir).await?;
+                        raw.delete(&format!("{prefix}{seq}"), None).await?;
+                    }
+                    2 => {
+                        let deadline = Instant::now() + Duration::from_secs(60);
+                        let lease = backend.acquire(&key_b, TTL, deadline).await?;
+                        backend.release(&lease).await?;
+                    }
+                    _ => {
+                        let guard = client
+                            .lock("parts-client")
+                            .ttl(TTL)
+                            .wait(Duration::from_secs(60))
+                            .acquire()
+                            .await?;
+                        guard.release().await?;
+                    }
+                }
+                if round > 0 {
+                    samples[side].push(at.elapsed());
+                }
+            }
+            if round > 0 {
+                walls[side] += started.elapsed();
+            }
+        }
+    }
+    let labels = [
+        "floor (bare connection)",
+        "zookeeper-client alone",
+        "ZkBackend acquire+release",
+        "LockClient (user API)",
+    ];
+    let stats: Vec<LatencyStats> = samples
+        .into_iter()
+        .zip(walls)
+        .map(|(s, w)| LatencyStats::from_samples(s, w))
+        .collect();
+    for (label, s) in labels.iter().zip(&stats) {
+        println!(
+            "  {label:<28} p50 {:>8.1} us  p99 {:>8.1} us  mean {:>8.1} us  ratio p50 {:.3}x",
+            s.p50_us,
+            s.p99_us,
+            s.mean_us,
+            bench::ratio(s.p50_us, stats[0].p50_us)
+        );
+    }
+    drop(server);
+    Ok(())
+}
