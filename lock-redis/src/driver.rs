@@ -12,7 +12,7 @@ use lock_core::{
 use redis::Value;
 use tokio::time::{Instant, sleep_until};
 
-use crate::batch::Renewer;
+use crate::batch::{Counters, Renewer};
 use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::{NAME, Node};
 use crate::eviction::{self, EvictionCheck};
@@ -366,9 +366,15 @@ impl RedisBackend {
         stats
     }
 
-    /// The nodes and the scripts, for batched renewals (renew_many.rs).
-    pub(crate) fn renewal_parts(&self) -> (&[Arc<Node>], &Arc<Scripts>) {
-        (&self.inner.nodes, &self.inner.scripts)
+    /// The nodes, the scripts and each node's renewal counters (those of
+    /// [`renewal_stats`](Self::renewal_stats)), for batched renewals
+    /// (renew_many.rs).
+    pub(crate) fn renewal_parts(&self) -> (&[Arc<Node>], &Arc<Scripts>, Vec<&Counters>) {
+        (
+            &self.inner.nodes,
+            &self.inner.scripts,
+            self.inner.renewers.iter().map(Renewer::counters).collect(),
+        )
     }
 
     /// The Redis key that holds the lock `key` (`<prefix>{<key>}`), for

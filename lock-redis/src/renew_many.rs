@@ -5,13 +5,14 @@
 //! measured from when the pipeline was sent.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use lock_core::{ErrorKind, Lease, LockError, Operation, check_ttl, validity_deadline};
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::batch::MAX_BATCH;
+use crate::batch::{Counters, MAX_BATCH};
 use crate::conn::{NAME, Node};
 use crate::driver::{MIN_TTL, RedisBackend};
 use crate::scripts::Scripts;
@@ -51,14 +52,19 @@ impl RedisBackend {
                 }
             }
         }
-        let (nodes, scripts) = self.renewal_parts();
+        let (nodes, scripts, counters) = self.renewal_parts();
         let timeout = self.config().operation_timeout;
-        let answers: Vec<NodeAnswer> = futures_util::future::join_all(
-            nodes
-                .iter()
-                .map(|node| pipeline(node.clone(), scripts.clone(), &args, timeout)),
-        )
-        .await;
+        let answers: Vec<NodeAnswer> =
+            futures_util::future::join_all(nodes.iter().enumerate().map(|(i, node)| {
+                pipeline(
+                    node.clone(),
+                    scripts.clone(),
+                    &args,
+                    timeout,
+                    counters.get(i).copied(),
+                )
+            }))
+            .await;
         let quorum = nodes.len() / 2 + 1;
         for (position, &index) in valid.iter().enumerate() {
             let lease = leases[index];
@@ -129,10 +135,19 @@ async fn pipeline(
     scripts: Arc<Scripts>,
     args: &[[String; 3]],
     timeout: Duration,
+    counters: Option<&Counters>,
 ) -> NodeAnswer {
     let sent_at = Instant::now();
     let mut out = Vec::with_capacity(args.len());
     for chunk in args.chunks(MAX_BATCH) {
+        if let Some(counters) = counters {
+            // Counted as sent, as the single-renewal batcher counts them.
+            counters.batches.fetch_add(1, Ordering::Relaxed);
+            counters.renewals.fetch_add(
+                u64::try_from(chunk.len()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
         let calls: Vec<(Vec<&str>, Vec<&str>)> = chunk
             .iter()
             .map(|[lock, owner, ttl]| (vec![lock.as_str()], vec![owner.as_str(), ttl.as_str()]))
