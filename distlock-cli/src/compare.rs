@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance::bench::{self, Contender, FloorCycle, Ours};
 use conformance::deploy::{DeployedTarget, Deployment, Opener};
+use conformance::scale::{self, ScaleConfig};
 use conformance::scenarios::{self, HolderCommand, ScenarioEnv, ScenarioReport, Verdict};
 use conformance::{Harness, HarnessError, MemoryTarget, SuiteConfig, SuiteReport, Target};
 use lock_core::{Capabilities, LockBackend, LockClient, LockError, OwnerId};
@@ -75,7 +76,17 @@ pub(crate) struct BenchFigures {
     pub(crate) floor_round_trips_per_cycle: Option<f64>,
     /// What the floor's exchange is written to cost.
     pub(crate) floor_round_trips_declared: Option<u32>,
+    /// Locks held by one client in the scale measurement.
+    pub(crate) held_locks: Option<usize>,
+    /// Client-side heap bytes per held lock.
     pub(crate) bytes_per_held_lock: Option<f64>,
+    /// Round trips per renewal period with `held_locks` held (proxy count),
+    /// or `renew_many` calls per period where no proxy could be put in
+    /// front (`renewal_round_trips_counted` false).
+    pub(crate) renewal_round_trips_per_period: Option<f64>,
+    pub(crate) renewal_round_trips_counted: Option<bool>,
+    /// Why the scale measurement failed, if it did.
+    pub(crate) held_error: Option<String>,
     pub(crate) error: Option<String>,
 }
 
@@ -479,8 +490,8 @@ async fn bench_into(
     }
     drop((ours, floors));
     round_trips_into(out, url, ttl, &run).await?;
-    out.bytes_per_held_lock =
-        bytes_per_held_lock(probe, &run, if full { 10_000 } else { 1000 }).await;
+    drop(probe);
+    held_at_scale(out, target, url, full).await;
     Ok(())
 }
 
@@ -505,41 +516,53 @@ async fn round_trips_into(
         out.round_trips_per_cycle =
             Some(bench::round_trips_per_cycle(&ours, &proxy, &key, 5, CYCLES).await?);
     }
-    if let Some((proxied, proxy)) = crate::floors::proxied(url).await {
-        if let Some(floor) = crate::floors::connect(&proxied).await? {
-            let floor = FloorCycle::new(floor, ttl);
-            out.floor_round_trips_declared = Some(floor.declared_round_trips());
-            let key = format!("floor-{run}/round-trips");
-            out.floor_round_trips_per_cycle =
-                Some(bench::round_trips_per_cycle(&floor, &proxy, &key, 5, CYCLES).await?);
-        }
+    if let Some((proxied, proxy)) = crate::floors::proxied(url).await
+        && let Some(floor) = crate::floors::connect(&proxied).await?
+    {
+        let floor = FloorCycle::new(floor, ttl);
+        out.floor_round_trips_declared = Some(floor.declared_round_trips());
+        let key = format!("floor-{run}/round-trips");
+        out.floor_round_trips_per_cycle =
+            Some(bench::round_trips_per_cycle(&floor, &proxy, &key, 5, CYCLES).await?);
     }
     Ok(())
 }
 
-/// Heap growth per lock held by a guard (client side, plus the server side
-/// for the in-process backend), counted by the global allocator.
-async fn bytes_per_held_lock(backend: Arc<dyn LockBackend>, run: &str, n: usize) -> Option<f64> {
-    let client = LockClient::from_arc(backend);
-    let keys: Vec<String> = (0..n).map(|i| format!("bench-{run}/held-{i}")).collect();
-    let mut guards = Vec::with_capacity(n);
-    let before = crate::alloc::live_bytes();
-    for key in &keys {
-        let guard = client
-            .lock(key)
-            .ttl(Duration::from_secs(30))
-            .acquire()
-            .await
-            .ok()?;
-        guards.push(guard);
+/// Locks held at scale by one client: heap bytes per held lock (the
+/// server's own state excluded for the in-process backend) and renewal
+/// round trips per renewal period, counted by a fault proxy where the URL
+/// names one loopback server (else `renew_many` calls per period).
+async fn held_at_scale(out: &mut BenchFigures, target: &dyn Target, url: &str, full: bool) {
+    let mut config = ScaleConfig::new(if full { 10_000 } else { 1000 });
+    config.key_prefix = format!("bench-{}/held-", &OwnerId::random().to_hex()[..8]);
+    config.in_process = url.starts_with("memory:");
+    let measured = match crate::floors::proxied(url).await {
+        Some((proxied, proxy)) => match distlock::open(&proxied).await {
+            Ok(backend) => {
+                let trips = || proxy.round_trips();
+                let reset = || proxy.reset_counters();
+                scale::held_locks(backend, &config, Some(&trips), Some(&reset)).await
+            }
+            Err(e) => Err(e),
+        },
+        None => match target.client().await {
+            Ok(backend) => scale::held_locks(backend, &config, None, None).await,
+            Err(e) => Err(e),
+        },
+    };
+    match measured {
+        Ok(report) => {
+            out.held_locks = Some(report.locks);
+            out.bytes_per_held_lock = Some(report.bytes_per_lock);
+            out.renewal_round_trips_per_period = report
+                .round_trips_per_period
+                .or(Some(report.renew_calls_per_period));
+            out.renewal_round_trips_counted = Some(report.round_trips_per_period.is_some());
+        }
+        // A backend that cannot hold that many (session mode pins a
+        // connection per lock): said, not fatal.
+        Err(e) => out.held_error = Some(e.to_string()),
     }
-    let after = crate::alloc::live_bytes();
-    for guard in guards {
-        let _ = guard.release().await;
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let per_lock = (after - before) as f64 / n as f64;
-    (per_lock > 0.0).then_some(per_lock)
 }
 
 fn cell(v: Option<f64>, digits: usize) -> String {
@@ -555,7 +578,7 @@ pub(crate) fn print_table(results: &[BackendResult]) {
         .unwrap_or(0)
         .max(10);
     println!(
-        "{:<w$} {:<22} {:>9} {:>9} {:>7} {:>10} {:>7} {:>9} {:>7} {:>6} {:>9} {:>8}",
+        "{:<w$} {:<22} {:>9} {:>9} {:>7} {:>10} {:>7} {:>9} {:>7} {:>6} {:>9} {:>8} {:>9}",
         "backend",
         "conformance",
         "p50 µs",
@@ -567,7 +590,8 @@ pub(crate) fn print_table(results: &[BackendResult]) {
         "x floor",
         "spread",
         "RT/cycle",
-        "B/lock"
+        "B/lock",
+        "RT/period"
     );
     for r in results {
         if let Some(err) = &r.error {
@@ -581,7 +605,7 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             _ => "-".to_owned(),
         };
         println!(
-            "{:<w$} {:<22} {:>9} {:>9} {:>7} {:>10} {:>7} {:>9} {:>7} {:>6} {:>9} {:>8}",
+            "{:<w$} {:<22} {:>9} {:>9} {:>7} {:>10} {:>7} {:>9} {:>7} {:>6} {:>9} {:>8} {:>9}",
             r.name,
             r.verdict(),
             cell(b.cycle_p50_us, 1),
@@ -594,9 +618,25 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             cell(b.handoff_spread.filter(|s| s.is_finite()), 1),
             round_trips,
             cell(b.bytes_per_held_lock, 0),
+            cell(b.renewal_round_trips_per_period, 1),
         );
         if let Some(e) = &b.error {
             println!("{:<w$}   benchmark error: {e}", "");
+        }
+    }
+    println!(
+        "(x floor: ours over the hand-written floor on one bare connection, interleaved in one run; \
+         8 clients on 8 keys and handoff (4 clients, 1 key) use independent clients with a waiting \
+         acquire; spread: busiest/least busy handoff client; RT/cycle ours/floor counted by a fault \
+         proxy; B/lock and RT/period with {} locks held by one client)",
+        results
+            .iter()
+            .find_map(|r| r.bench.held_locks)
+            .unwrap_or(1000)
+    );
+    for r in results {
+        if let Some(e) = &r.bench.held_error {
+            println!("  {}: held locks at scale not measured: {e}", r.name);
         }
     }
     let with_scenarios: Vec<&BackendResult> =

@@ -16,7 +16,6 @@ use clap::{Parser, Subcommand};
 use distlock::{Config, LockError, parse_duration};
 use lock_core::{ErrorKind, Lease, LockClient};
 
-mod alloc;
 mod compare;
 mod floors;
 mod html;
@@ -39,7 +38,7 @@ mod exit {
 }
 
 #[global_allocator]
-static ALLOCATOR: alloc::Counting = alloc::Counting;
+static ALLOCATOR: conformance::scale::CountingAllocator = conformance::scale::CountingAllocator;
 
 const AFTER_HELP: &str = "\
 Backend: --url, or --config FILE (TOML), or the environment (DISTLOCK_URL,
