@@ -12,12 +12,19 @@
 //! renewal): when it passes without a renewal, the session's expiry task
 //! deletes the entry (compare on its create revision and owner), so a lock
 //! stops being held when its own TTL runs out, whether its guard stopped
-//! renewing (capped renewals, renewal disabled, lost), was dropped, or it
-//! was never renewed at all. The session lease only bounds the case where
-//! this process cannot delete it (crashed, partitioned).
+//! renewing (capped renewals, renewal disabled, lost), its lease was dropped
+//! without a release, or it was never renewed at all. The session lease only
+//! bounds the case where this process cannot delete it (crashed,
+//! partitioned).
+//!
+//! Per held lock the session keeps one map slot (the entry name, shared by
+//! an `Arc` with the expiry queue, its revision, owner and deadline) and at
+//! most one live expiry-queue element; every lease of the session carries a
+//! receiver of the session's one state channel (no channel per grant).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
+use std::num::NonZeroI64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -38,17 +45,31 @@ pub(crate) struct Session {
     server_ttl: Duration,
     state: watch::Sender<SessionState>,
     deadline: Mutex<Instant>,
-    /// Entries handed out as grants.
-    held: Mutex<HashMap<String, HeldGrant>>,
-    /// Entry keys that may exist on the server (held, waiting, or being
-    /// cleaned up): never reused for another grant while listed.
-    in_use: Mutex<HashSet<String>>,
+    /// The entries and their deadlines.
+    entries: Mutex<Entries>,
     counter: AtomicU64,
-    /// Grant deadlines, earliest first. Lazy: an entry whose grant was
-    /// renewed (or released) since is skipped when it comes up.
-    expiries: Mutex<BinaryHeap<Reverse<(Instant, String)>>>,
+    /// The origin of the compact deadlines ([`Ticks`]).
+    base: Instant,
     /// Wakes the expiry task: an earlier deadline, a loss, the drop.
     expiry_wake: Arc<Notify>,
+}
+
+/// An instant as nanoseconds after the session's `base` (exact: the
+/// monotonic clock counts nanoseconds), 8 bytes instead of 16.
+type Ticks = u64;
+
+#[derive(Default)]
+struct Entries {
+    /// Entry names that may exist on the server (held, waiting, or being
+    /// cleaned up), never reused for another grant while listed, with the
+    /// grant if one is handed out on it.
+    names: HashMap<Arc<str>, Option<HeldGrant>>,
+    /// Grant deadlines, earliest first: (deadline, revision, entry), the
+    /// name shared with `names`. One element per held grant: a renewal only
+    /// moves the grant's deadline, and the element is pushed again at the
+    /// new deadline when it comes up. Elements of released grants are
+    /// dropped when they come up.
+    expiries: BinaryHeap<Reverse<(Ticks, i64, Arc<str>)>>,
 }
 
 impl Drop for Session {
@@ -70,16 +91,18 @@ impl std::fmt::Debug for Session {
 
 /// A grant handed out from this session.
 struct HeldGrant {
-    revision: i64,
+    /// Its entry's create revision (always positive).
+    revision: NonZeroI64,
     owner: OwnerId,
     /// When the entry is deleted unless renewed first: the grant's (or last
     /// renewal's) send time plus the lock's TTL.
-    due: Instant,
-    /// The grant's own copy of the session state: its receivers live in the
-    /// lease (and its clones, and the guard). When they are all dropped, the
-    /// grant was abandoned and is released (the session would otherwise keep
-    /// it forever).
-    signal: watch::Sender<SessionState>,
+    due: Ticks,
+}
+
+impl HeldGrant {
+    fn is(&self, revision: i64, owner: OwnerId) -> bool {
+        self.revision.get() == revision && self.owner == owner
+    }
 }
 
 /// Why a renewal of a grant of this session was refused.
@@ -90,7 +113,7 @@ pub(crate) enum RenewRefused {
     Expired,
 }
 
-/// An abandoned grant to release.
+/// A grant whose TTL ran out, to delete.
 pub(crate) struct Abandoned {
     pub(crate) entry: String,
     pub(crate) revision: i64,
@@ -133,10 +156,9 @@ impl Session {
             server_ttl,
             state,
             deadline: Mutex::new(validity_deadline(sent_at, server_ttl)),
-            held: Mutex::new(HashMap::new()),
-            in_use: Mutex::new(HashSet::new()),
+            entries: Mutex::new(Entries::default()),
             counter: AtomicU64::new(0),
-            expiries: Mutex::new(BinaryHeap::new()),
+            base: sent_at,
             expiry_wake: Arc::new(Notify::new()),
         });
         tracing::debug!(lease = %format_args!("{:x}", grant.id()), ttl = ?server_ttl, "etcd session started");
@@ -192,27 +214,45 @@ impl Session {
     /// gets `<lease hex>-<n>`. Both sort under the key's prefix, so the
     /// grants exclude each other (and `etcdctl lock`) by create revision.
     pub(crate) fn claim_entry(&self, key_prefix: &str) -> String {
-        let mut in_use = lock(&self.in_use);
+        let mut entries = lock(&self.entries);
         let primary = format!("{key_prefix}{}", self.lease_hex());
-        if in_use.insert(primary.clone()) {
+        if !entries.names.contains_key(primary.as_str()) {
+            entries.names.insert(Arc::from(primary.as_str()), None);
             return primary;
         }
         loop {
             let n = self.counter.fetch_add(1, Ordering::Relaxed);
             let name = format!("{primary}-{n}");
-            if in_use.insert(name.clone()) {
+            if !entries.names.contains_key(name.as_str()) {
+                entries.names.insert(Arc::from(name.as_str()), None);
                 return name;
             }
         }
     }
 
-    /// The entry is known to be gone from the server: its name may be reused.
+    /// The entry is known to be gone from the server: its name may be
+    /// reused. A name a grant is handed out on is kept (a late second
+    /// cleanup of an earlier grant must not free a newer one's name).
     pub(crate) fn free_entry(&self, entry: &str) {
-        lock(&self.in_use).remove(entry);
+        let mut entries = lock(&self.entries);
+        if matches!(entries.names.get(entry), Some(None)) {
+            entries.names.remove(entry);
+        }
+    }
+
+    fn ticks(&self, at: Instant) -> Ticks {
+        Ticks::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(Ticks::MAX)
+    }
+
+    fn instant(&self, ticks: Ticks) -> Instant {
+        // Ticks saturate beyond centuries: far enough ahead either way.
+        self.base
+            .checked_add(Duration::from_nanos(ticks))
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 86_400))
     }
 
     /// Records a grant, deleted at `due` unless renewed, and returns the
-    /// state receiver its lease carries.
+    /// state receiver its lease carries (of the session's one channel).
     pub(crate) fn mark_held(
         &self,
         entry: &str,
@@ -220,30 +260,31 @@ impl Session {
         owner: OwnerId,
         due: Instant,
     ) -> watch::Receiver<SessionState> {
-        let mut held = lock(&self.held);
-        self.schedule(entry, due);
-        // Read under the `held` lock, like `set_state` writes: a grant
-        // recorded concurrently with a loss still sees it.
-        let (signal, receiver) = watch::channel(self.state.borrow().clone());
-        held.insert(
-            entry.to_owned(),
-            HeldGrant {
+        let due = self.ticks(due);
+        let mut guard = lock(&self.entries);
+        let entries = &mut *guard;
+        if let Some(revision) = NonZeroI64::new(revision) {
+            let grant = HeldGrant {
                 revision,
                 owner,
                 due,
-                signal,
-            },
-        );
-        receiver
-    }
-
-    fn schedule(&self, entry: &str, due: Instant) {
-        let mut expiries = lock(&self.expiries);
-        let earliest = expiries.peek().is_none_or(|Reverse((next, _))| due < *next);
-        expiries.push(Reverse((due, entry.to_owned())));
-        if earliest {
-            self.expiry_wake.notify_one();
+            };
+            let name = match entries.names.get_key_value(entry) {
+                Some((name, _)) => name.clone(),
+                None => Arc::from(entry),
+            };
+            entries.names.insert(name.clone(), Some(grant));
+            let earliest = entries
+                .expiries
+                .peek()
+                .is_none_or(|Reverse((next, _, _))| due < *next);
+            entries.expiries.push(Reverse((due, revision.get(), name)));
+            if earliest {
+                self.expiry_wake.notify_one();
+            }
         }
+        drop(guard);
+        self.state.subscribe()
     }
 
     /// Moves a grant's deadline to `due` if it is held and its deadline has
@@ -257,100 +298,99 @@ impl Session {
         now: Instant,
         due: Instant,
     ) -> Result<(), RenewRefused> {
-        let mut held = lock(&self.held);
-        let grant = held
-            .get_mut(entry)
-            .filter(|g| g.revision == revision && g.owner == owner)
-            .ok_or(RenewRefused::NotHeld)?;
+        let (now, due) = (self.ticks(now), self.ticks(due));
+        let mut entries = lock(&self.entries);
+        let slot = entries.names.get_mut(entry).ok_or(RenewRefused::NotHeld)?;
+        let Some(grant) = slot.as_mut().filter(|g| g.is(revision, owner)) else {
+            return Err(RenewRefused::NotHeld);
+        };
         if grant.due <= now {
-            held.remove(entry);
+            // The name stays listed until the entry's cleanup frees it.
+            *slot = None;
             return Err(RenewRefused::Expired);
         }
-        if due > grant.due {
-            grant.due = due;
-            self.schedule(entry, due);
-        }
+        // Its queue element, at an earlier deadline, moves it on when it
+        // comes up: nothing is pushed here.
+        grant.due = grant.due.max(due);
         Ok(())
     }
 
     /// When a grant is deleted unless renewed, if it is held.
     pub(crate) fn due(&self, entry: &str) -> Option<Instant> {
-        lock(&self.held).get(entry).map(|g| g.due)
+        let due = lock(&self.entries)
+            .names
+            .get(entry)
+            .and_then(|slot| slot.as_ref().map(|g| g.due))?;
+        Some(self.instant(due))
     }
 
     /// Removes and returns the grants whose deadline passed by `now`, and
     /// the next deadline to look at.
     fn take_expired(&self, now: Instant) -> (Vec<Abandoned>, Option<Instant>) {
-        let mut held = lock(&self.held);
-        let mut expiries = lock(&self.expiries);
+        let now = self.ticks(now);
+        let mut guard = lock(&self.entries);
+        let entries = &mut *guard;
         let mut expired = Vec::new();
-        while let Some(Reverse((due, _))) = expiries.peek() {
+        while let Some(Reverse((due, _, _))) = entries.expiries.peek() {
             if *due > now {
                 break;
             }
-            let Some(Reverse((_, entry))) = expiries.pop() else {
+            let Some(Reverse((_, revision, entry))) = entries.expiries.pop() else {
                 break;
             };
-            // Renewed since (a later heap entry stands for it) or released.
-            if held.get(&entry).is_some_and(|g| g.due <= now)
-                && let Some(grant) = held.remove(&entry)
-            {
-                expired.push(Abandoned {
-                    entry,
-                    revision: grant.revision,
-                    owner: grant.owner,
-                });
+            let Some(slot) = entries.names.get_mut(&entry) else {
+                continue;
+            };
+            match slot {
+                // Renewed since: its element moves to the new deadline.
+                Some(grant) if grant.revision.get() == revision && grant.due > now => {
+                    let due = grant.due;
+                    entries.expiries.push(Reverse((due, revision, entry)));
+                }
+                Some(grant) if grant.revision.get() == revision => {
+                    let owner = grant.owner;
+                    // Listed until the cleanup frees the name.
+                    *slot = None;
+                    expired.push(Abandoned {
+                        entry: entry.as_ref().to_owned(),
+                        revision,
+                        owner,
+                    });
+                }
+                // Released (or the name reused by another grant).
+                _ => {}
             }
         }
-        let next = expiries.peek().map(|Reverse((due, _))| *due);
+        let next = entries
+            .expiries
+            .peek()
+            .map(|Reverse((due, _, _))| self.instant(*due));
         (expired, next)
     }
 
-    /// Removes and returns the grants whose leases were all dropped.
-    pub(crate) fn take_abandoned(&self) -> Vec<Abandoned> {
-        let mut held = lock(&self.held);
-        let abandoned: Vec<String> = held
-            .iter()
-            .filter(|(_, grant)| grant.signal.is_closed())
-            .map(|(entry, _)| entry.clone())
-            .collect();
-        abandoned
-            .into_iter()
-            .filter_map(|entry| {
-                held.remove(&entry).map(|grant| Abandoned {
-                    entry,
-                    revision: grant.revision,
-                    owner: grant.owner,
-                })
-            })
-            .collect()
-    }
-
     /// Forgets a grant; returns whether it was held with this revision and
-    /// owner.
+    /// owner. Its name stays listed until [`Self::free_entry`].
     pub(crate) fn unmark_held(&self, entry: &str, revision: i64, owner: OwnerId) -> bool {
-        let mut held = lock(&self.held);
-        if held
-            .get(entry)
-            .is_some_and(|g| g.revision == revision && g.owner == owner)
-        {
-            held.remove(entry);
-            true
-        } else {
-            false
+        let mut entries = lock(&self.entries);
+        match entries.names.get_mut(entry) {
+            Some(slot) if slot.as_ref().is_some_and(|g| g.is(revision, owner)) => {
+                *slot = None;
+                true
+            }
+            _ => false,
         }
     }
 
     pub(crate) fn holds(&self, entry: &str, revision: i64, owner: OwnerId) -> bool {
-        lock(&self.held)
+        lock(&self.entries)
+            .names
             .get(entry)
-            .is_some_and(|g| g.revision == revision && g.owner == owner)
+            .is_some_and(|slot| slot.as_ref().is_some_and(|g| g.is(revision, owner)))
     }
 
-    /// Moves the state (never out of `Lost`) and tells every grant.
+    /// Moves the state (never out of `Lost`); every lease holds a receiver.
     fn set_state(&self, next: SessionState) {
-        let held = lock(&self.held);
-        let changed = self.state.send_if_modified(|state| {
+        self.state.send_if_modified(|state| {
             if matches!(state, SessionState::Lost(_)) || *state == next {
                 false
             } else {
@@ -358,11 +398,6 @@ impl Session {
                 true
             }
         });
-        if changed {
-            for grant in held.values() {
-                grant.signal.send_replace(next.clone());
-            }
-        }
     }
 
     /// Declares the session lost: every lease on it gets the lost signal.
@@ -371,9 +406,10 @@ impl Session {
             tracing::warn!(lease = %self.lease_hex(), %reason, "etcd session lost");
         }
         self.set_state(SessionState::Lost(reason.to_owned()));
-        lock(&self.held).clear();
-        lock(&self.in_use).clear();
-        lock(&self.expiries).clear();
+        let mut entries = lock(&self.entries);
+        entries.names = HashMap::new();
+        entries.expiries = BinaryHeap::new();
+        drop(entries);
         self.expiry_wake.notify_one();
     }
 
@@ -456,19 +492,6 @@ async fn keep_alive_loop(client: Client, session: Weak<Session>, op_timeout: Dur
                 s.extend(validity_deadline(sent_at, granted));
                 s.set_state(SessionState::Alive);
                 failures = 0;
-                // Grants whose leases were all dropped without a release:
-                // nobody can release them any more, so we do.
-                for abandoned in s.take_abandoned() {
-                    tracing::debug!(entry = %abandoned.entry, "releasing an abandoned grant");
-                    tokio::spawn(crate::driver::cleanup(
-                        client.clone(),
-                        s.clone(),
-                        abandoned.entry,
-                        abandoned.owner,
-                        None,
-                        Some(abandoned.revision),
-                    ));
-                }
                 drop(s);
                 sleep_until(sent_at + interval).await;
             }
