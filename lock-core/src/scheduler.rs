@@ -28,11 +28,36 @@
 //! - any end of the task other than the scheduler being dropped (a panic in
 //!   a backend call, its runtime shutting down) makes every registered guard
 //!   `Lost` at once; the next registration starts a fresh task.
+//!
+//! # Wake-ups
+//!
+//! The task usually runs on another thread than the guards' owners, so
+//! waking it is a cross-thread wake-up. Registering and deregistering a
+//! guard do not wake it unless it must act earlier than it planned:
+//!
+//! - the task publishes the instant it will wake next (`planned_wake`, under
+//!   the state lock, after it has looked at its queue); a registration
+//!   inserts its timers first and then reads that instant under the same
+//!   lock, and notifies only when its first timer (renewal or deadline) is
+//!   earlier. A notification sent between the task's look and its sleep is
+//!   kept by the [`Notify`] as a permit, so none is missed;
+//! - while guards have been registered in the last [`LINGER`], the task
+//!   never plans to sleep longer than a coarse tick (the shortest first
+//!   timer seen among recent registrations, at most [`MAX_TICK`]), also when
+//!   its queue is empty: a hot acquire+release loop registers guards whose
+//!   first timer lies beyond the next tick, and none of them wakes it. The
+//!   tick only looks at the queue; it renews nothing that is not due;
+//! - after [`LINGER`] without a registration the task sleeps until its next
+//!   timer, or, with nothing registered, until notified: an idle process
+//!   does not tick;
+//! - deregistration (release, drop) never wakes it; a timer of a guard
+//!   that is gone is simply no longer in the queue.
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::task::Poll;
 use std::time::Duration;
@@ -54,6 +79,13 @@ use crate::types::SessionState;
 /// How many `renew_many` calls one scheduler runs at once (more batches wait
 /// for a turn, their deadlines still enforced).
 const MAX_CALLS_IN_FLIGHT: usize = 4;
+
+/// How long after the last registration the task keeps waking at least
+/// once per tick (see the module docs, "Wake-ups").
+const LINGER: Duration = Duration::from_secs(1);
+
+/// The longest tick while registrations are recent.
+const MAX_TICK: Duration = Duration::from_millis(100);
 
 /// "No time": a timer that never fires.
 pub(crate) const NEVER: u64 = u64::MAX;
@@ -217,6 +249,39 @@ struct State {
     /// The widest early-renewal window of any registered guard.
     max_slack: u64,
     live: usize,
+    /// Until when the task ticks at least every `tick()` (`LINGER` after
+    /// the last registration).
+    active_until: u64,
+    /// The shortest time from registration to first timer seen since
+    /// `lead_since` (the window restarts every `LINGER`).
+    recent_lead: u64,
+    lead_since: u64,
+    /// Test knob: the length of `LINGER`.
+    linger: u64,
+    /// Test knob, a deliberately broken variant: registrations never
+    /// notify the task.
+    #[cfg(test)]
+    never_notify: bool,
+}
+
+impl State {
+    /// The longest the task may sleep while registrations are recent.
+    fn tick(&self) -> u64 {
+        self.recent_lead
+            .clamp(duration_ns(Duration::from_millis(1)), duration_ns(MAX_TICK))
+    }
+
+    /// Notes a registration at `now` whose first timer is at `timer`.
+    fn note_registration(&mut self, now: u64, timer: u64) {
+        let lead = timer.saturating_sub(now);
+        if now.saturating_sub(self.lead_since) >= self.linger {
+            self.lead_since = now;
+            self.recent_lead = lead;
+        } else {
+            self.recent_lead = self.recent_lead.min(lead);
+        }
+        self.active_until = now.saturating_add(self.linger);
+    }
 }
 
 /// The renewal scheduler of one backend on one runtime.
@@ -227,6 +292,10 @@ pub(crate) struct Scheduler {
     wake: Arc<Notify>,
     /// `renew_many` calls in flight at once.
     permits: Arc<Semaphore>,
+    /// Passes of the task (each wake-up, for whatever reason).
+    wakeups: AtomicU64,
+    /// Notifications sent to the task by registrations.
+    notifications: AtomicU64,
 }
 
 impl fmt::Debug for Scheduler {
@@ -271,9 +340,17 @@ impl Scheduler {
                 planned_wake: NEVER,
                 max_slack: 0,
                 live: 0,
+                active_until: 0,
+                recent_lead: NEVER,
+                lead_since: 0,
+                linger: duration_ns(LINGER),
+                #[cfg(test)]
+                never_notify: false,
             }),
             wake: Arc::new(Notify::new()),
             permits: Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT)),
+            wakeups: AtomicU64::new(0),
+            notifications: AtomicU64::new(0),
         })
     }
 
@@ -397,13 +474,20 @@ impl Scheduler {
                 new_session = st.sessions[session as usize].users == 1;
                 st.slots[index as usize].session = session;
             }
+            // Published in the queue before `planned_wake` is read, both
+            // under the lock the task holds while it looks at its queue and
+            // publishes `planned_wake`: either the task sees this timer, or
+            // this registration sees the instant the task will sleep until.
             st.set_timer(index, timer);
+            st.note_registration(to_ns(now_at), timer);
             let spawn = !st.alive;
             if spawn {
                 st.alive = true;
                 st.handle = Some(handle.clone());
             }
             let notify = !spawn && (timer < st.planned_wake || new_session);
+            #[cfg(test)]
+            let notify = notify && !st.never_notify;
             let generation = st.slots[index as usize].generation;
             (
                 Registration {
@@ -423,12 +507,16 @@ impl Scheduler {
         if spawn {
             self.spawn_task(handle);
         } else if notify {
+            self.notifications.fetch_add(1, Ordering::Relaxed);
+            // Kept as a permit if the task is not waiting yet.
             self.wake.notify_one();
         }
         registration
     }
 
-    /// Stops renewing the guard at `registration` (release, drop).
+    /// Stops renewing the guard at `registration` (release, drop). Never
+    /// wakes the task: its timers leave the queue, and a wake-up planned
+    /// for them finds nothing to do.
     pub(crate) fn deregister(&self, registration: Registration) {
         if registration == Registration::NONE {
             return;
@@ -458,6 +546,7 @@ impl Scheduler {
     /// One pass of the task: expire, take what is due, launch batches, arm
     /// session watchers. Returns when to wake next.
     fn step(&self, batches: &mut Vec<Batch>, watchers: &mut Vec<Watcher>) -> u64 {
+        self.wakeups.fetch_add(1, Ordering::Relaxed);
         let now = to_ns(Instant::now());
         let mut st = self.lock();
         batches.retain_mut(|batch| {
@@ -499,6 +588,15 @@ impl Scheduler {
                 .min()
                 .unwrap_or(NEVER),
         );
+        // While registrations are recent, never plan further than a tick:
+        // registrations then rarely need to wake the task (module docs).
+        let next = if now < st.active_until {
+            next.min(now.saturating_add(st.tick()))
+        } else {
+            next
+        };
+        // Published under the lock, after the queue was read: a
+        // registration after this sees it and notifies if it is earlier.
         st.planned_wake = next;
         next
     }
@@ -1090,5 +1188,237 @@ impl Drop for Supervisor {
             "the renewal task stopped (its runtime shut down)"
         };
         scheduler.task_ended(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LockClient, LockGuard, MemoryBackend, RenewalRuntime};
+
+    const CYCLES: u64 = 1_000;
+
+    /// A fresh memory backend, a client over it, and the scheduler that
+    /// client's guards register with: on the dedicated renewal thread, or
+    /// with `here`, on the test's own (current-thread) runtime.
+    fn setup_on(here: bool) -> (LockClient, Arc<Scheduler>) {
+        let backend: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
+        let runtime = if here {
+            RenewalRuntime::current()
+        } else {
+            RenewalRuntime::dedicated()
+        };
+        let scheduler = Scheduler::shared_for(&backend, &runtime.handle().unwrap());
+        let client = LockClient::from_arc(backend).with_renewal_runtime(runtime);
+        (client, scheduler)
+    }
+
+    fn setup() -> (LockClient, Arc<Scheduler>) {
+        setup_on(false)
+    }
+
+    /// `CYCLES` acquire+release cycles of 10 s-TTL locks, each followed by
+    /// a pause in which the scheduler's task gets to run (a network round
+    /// trip would leave one): a yield on a current-thread runtime (the task
+    /// then runs between every two cycles, deterministically), or a short
+    /// sleep of the test's thread with the task on the renewal thread.
+    /// Returns the task's wake-ups and the notifications sent to it during
+    /// the loop.
+    async fn hot_loop(client: &LockClient, scheduler: &Scheduler, yields: bool) -> (u64, u64) {
+        let cycle = || async {
+            let guard = client
+                .lock("hot")
+                .ttl(Duration::from_secs(10))
+                .acquire()
+                .await
+                .unwrap();
+            assert!(guard.release().await.unwrap());
+            if yields {
+                tokio::task::yield_now().await;
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        };
+        // The first cycle starts the task.
+        cycle().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let wakeups = scheduler.wakeups.load(Ordering::Relaxed);
+        let notifications = scheduler.notifications.load(Ordering::Relaxed);
+        for _ in 0..CYCLES {
+            cycle().await;
+        }
+        (
+            scheduler.wakeups.load(Ordering::Relaxed) - wakeups,
+            scheduler.notifications.load(Ordering::Relaxed) - notifications,
+        )
+    }
+
+    /// Few wake-ups: at most one per tick (100 ms) while the loop runs,
+    /// plus a few, and far below one per cycle.
+    fn assert_few(wakeups: u64, notifications: u64, elapsed: Duration) {
+        let ticks = u64::try_from(elapsed.as_millis() / 100).unwrap_or(u64::MAX);
+        assert!(
+            wakeups <= ticks + 5 && wakeups < CYCLES / 20,
+            "{wakeups} wake-ups in {CYCLES} cycles ({elapsed:?})"
+        );
+        // No notification: each guard's first timer lies beyond the tick.
+        assert!(
+            notifications <= 2,
+            "{notifications} notifications in {CYCLES} cycles"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_hot_acquire_release_loop_rarely_wakes_the_scheduler() {
+        let (client, scheduler) = setup_on(true);
+        let started = Instant::now();
+        let (wakeups, notifications) = hot_loop(&client, &scheduler, true).await;
+        let elapsed = started.elapsed();
+        println!(
+            "{CYCLES} cycles in {elapsed:?}: {wakeups} wake-ups, {notifications} notifications"
+        );
+        assert_few(wakeups, notifications, elapsed);
+
+        // The behaviour before ticks (a linger of zero): the task goes to
+        // an unbounded sleep whenever it finds its queue empty, and the
+        // next registration wakes it: here once per cycle.
+        let (client, scheduler) = setup_on(true);
+        scheduler.lock().linger = 0;
+        let (wakeups, notifications) = hot_loop(&client, &scheduler, true).await;
+        println!("without ticks: {wakeups} wake-ups, {notifications} notifications");
+        assert!(
+            notifications >= CYCLES * 9 / 10 && wakeups >= CYCLES * 9 / 10,
+            "without ticks: {wakeups} wake-ups, {notifications} notifications"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hot_loop_rarely_wakes_the_dedicated_renewal_thread() {
+        let (client, scheduler) = setup();
+        let started = Instant::now();
+        let (wakeups, notifications) = hot_loop(&client, &scheduler, false).await;
+        let elapsed = started.elapsed();
+        println!(
+            "{CYCLES} cycles in {elapsed:?}: {wakeups} wake-ups, {notifications} notifications"
+        );
+        assert_few(wakeups, notifications, elapsed);
+    }
+
+    async fn settle_until(what: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !what() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(what(), "condition not reached");
+    }
+
+    /// Holds a 10 s-TTL lock, lets registrations grow old (past the linger,
+    /// so the task sleeps until that lock's renewal, seconds away), then
+    /// takes a 30 ms-TTL lock and watches it for 300 ms. Returns whether it
+    /// was held throughout, with its renewals.
+    async fn short_ttl_after_a_long_sleep(never_notify: bool) -> (bool, u32) {
+        let (client, scheduler) = setup();
+        scheduler.lock().linger = duration_ns(Duration::from_millis(50));
+        let long = client
+            .lock("long")
+            .ttl(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        // Past the linger and one more tick: the task plans its next
+        // wake-up at the long lock's renewal.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let planned = scheduler.lock().planned_wake;
+        assert!(
+            from_ns(planned) > Instant::now() + Duration::from_secs(2),
+            "the task should sleep long now"
+        );
+        scheduler.lock().never_notify = never_notify;
+        let short = client
+            .lock("short")
+            .ttl(Duration::from_millis(30))
+            .acquire()
+            .await
+            .unwrap();
+        let mut renewals = 0;
+        let mut deadline = short.validity_deadline();
+        let until = Instant::now() + Duration::from_millis(300);
+        let mut held = true;
+        while Instant::now() < until {
+            if !short.is_held() {
+                held = false;
+                break;
+            }
+            let now = short.validity_deadline();
+            if now > deadline {
+                renewals += 1;
+                deadline = now;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(short);
+        assert!(long.release().await.unwrap());
+        (held, renewals)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_short_ttl_lock_registered_while_the_scheduler_sleeps_long_is_renewed() {
+        let (held, renewals) = short_ttl_after_a_long_sleep(false).await;
+        assert!(held, "the 30 ms lock was lost ({renewals} renewals)");
+        assert!(
+            renewals >= 5,
+            "only {renewals} renewals in 300 ms of a 30 ms lock"
+        );
+
+        // Control: a registration that does not notify the sleeping task
+        // (the deliberately broken variant) loses the short lock.
+        let (held, renewals) = short_ttl_after_a_long_sleep(true).await;
+        assert!(
+            !held,
+            "without notification the 30 ms lock was still held ({renewals})"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_short_ttl_lock_registered_between_ticks_is_renewed_and_idle_stops_ticking() {
+        let (client, scheduler) = setup();
+        scheduler.lock().linger = duration_ns(Duration::from_millis(100));
+        let long = client
+            .lock("long")
+            .ttl(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The task ticks (at most 100 ms); the 30 ms lock's first renewal
+        // is due before the next tick.
+        let short = client
+            .lock("short")
+            .ttl(Duration::from_millis(30))
+            .acquire()
+            .await
+            .unwrap();
+        let first = short.validity_deadline();
+        settle_until(|| short.validity_deadline() > first + Duration::from_millis(60)).await;
+        assert!(short.is_held());
+        assert!(short.release().await.unwrap());
+        assert!(long.release().await.unwrap());
+
+        // Nothing registered and the linger over: the task sleeps until
+        // notified, it does not tick.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let wakeups = scheduler.wakeups.load(Ordering::Relaxed);
+        assert_eq!(scheduler.lock().planned_wake, NEVER);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(scheduler.wakeups.load(Ordering::Relaxed), wakeups);
+        // And the next registration wakes it (it must arm the timers).
+        let again: LockGuard = client
+            .lock("long")
+            .ttl(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        settle_until(|| scheduler.wakeups.load(Ordering::Relaxed) > wakeups).await;
+        assert!(again.release().await.unwrap());
     }
 }
