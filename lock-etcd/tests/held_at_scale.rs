@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use conformance::OrSkip;
 use conformance::scale::{
-    CountingAllocator, ScaleConfig, check_round_trips, held_locks_proxied, print_report,
-    scales_from_env,
+    CountingAllocator, ScaleConfig, check_report, check_round_trips, held_locks_proxied,
+    print_report, scales_from_env,
 };
 use conformance::servers::etcd::EtcdServer;
 use lock_core::{LockBackend, RENEW_BATCH};
@@ -34,9 +34,17 @@ async fn etcd_renews_many_held_locks_with_one_session_keep_alive() {
         .unwrap();
         print_report(&report);
         // The session's keep-alives (a few per period) are the background.
-        // Memory is not checked here: the driver's session keeps a watch
-        // channel and three copies of the entry name per grant (about
-        // 1.4 kB per lock measured), over the 400 B target.
-        check_round_trips(&report, RENEW_BATCH, 4).unwrap();
+        if locks <= 1_000 {
+            // At most 400 B per held lock: measured ~380 B at 1k (the
+            // driver's part, about 85 B: a map slot, the entry name once and
+            // one expiry-queue element; the rest is the lease, the guard and
+            // the scheduler). It was ~1.4 kB with a watch channel and three
+            // copies of the entry name per grant, which fails this check.
+            check_report(&report, RENEW_BATCH, 4).unwrap();
+        } else {
+            // Not met above 1k: 554 B at 10k measured (the tables grow past
+            // what the warm-up sized; the driver's part is about 185 B).
+            check_round_trips(&report, RENEW_BATCH, 4).unwrap();
+        }
     }
 }
