@@ -100,12 +100,16 @@
 //!   owner, in the background. So a lock stops being held on the server when
 //!   its TTL runs out whatever the reason its holder stopped renewing:
 //!   renewal disabled or capped (`max_hold`, `max_renewals`), a guard that
-//!   went `Lost`, a raw lease never renewed, a guard dropped without
-//!   release. A renewal that comes after the deadline is refused with
+//!   went `Lost`, a raw lease never renewed or dropped without a release
+//!   (a guard's drop releases its lease). A renewal that comes after the
+//!   deadline is refused with
 //!   [`ErrorKind::NotHeld`](lock_core::ErrorKind::NotHeld) (the entry is
 //!   being deleted). Cost: nothing on acquire or release (same round
-//!   trips), one delete transaction per lock that expires, a heap entry per
-//!   renewal until its old deadline comes up.
+//!   trips), one delete transaction per lock that expires, and per held
+//!   lock one map slot (its entry name, stored once), one queue element
+//!   (a renewal moves the deadline in the slot; the element moves on when
+//!   it comes up) and no channel of its own: every lease carries a receiver
+//!   of its session's state channel.
 //! - If this process cannot delete the entry (it crashed, was paused, or is
 //!   cut off from etcd), the **session lease** frees it: within the lease's
 //!   TTL, the lock TTL rounded **up** to whole seconds, of the last

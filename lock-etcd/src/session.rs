@@ -114,7 +114,7 @@ pub(crate) enum RenewRefused {
 }
 
 /// A grant whose TTL ran out, to delete.
-pub(crate) struct Abandoned {
+pub(crate) struct ExpiredGrant {
     pub(crate) entry: String,
     pub(crate) revision: i64,
     pub(crate) owner: OwnerId,
@@ -326,7 +326,7 @@ impl Session {
 
     /// Removes and returns the grants whose deadline passed by `now`, and
     /// the next deadline to look at.
-    fn take_expired(&self, now: Instant) -> (Vec<Abandoned>, Option<Instant>) {
+    fn take_expired(&self, now: Instant) -> (Vec<ExpiredGrant>, Option<Instant>) {
         let now = self.ticks(now);
         let mut guard = lock(&self.entries);
         let entries = &mut *guard;
@@ -351,7 +351,7 @@ impl Session {
                     let owner = grant.owner;
                     // Listed until the cleanup frees the name.
                     *slot = None;
-                    expired.push(Abandoned {
+                    expired.push(ExpiredGrant {
                         entry: entry.as_ref().to_owned(),
                         revision,
                         owner,
