@@ -15,12 +15,13 @@
 //!   etcd's gRPC server answers every request's DATA with a WINDOW_UPDATE
 //!   and a PING (its bandwidth estimator); when the client's PING ack is
 //!   written before the reply comes back, the reply is one more turn
-//!   (measured: about one RPC in four on loopback). Ours is therefore
-//!   compared with the floor measured the same way: the same number of
-//!   RPCs gives the same turns, within noise far below one per cycle.
+//!   (measured: about one RPC in four on loopback, varying from run to
+//!   run between 2.15 and 3.2 turns per 2-RPC cycle for ours and the floor
+//!   alike). The turns are printed, not checked: comparing two noisy
+//!   counts failed now and then with nothing wrong.
 //!
-//! A client that adds one request per cycle is counted one higher on both
-//! and fails both checks (shown below with a backend that looks at the key
+//! A client that adds one request per cycle is counted one higher and
+//! fails the exact check (shown below with a backend that looks at the key
 //! before acquiring).
 
 use std::future::Future;
@@ -79,19 +80,6 @@ impl Counted {
         } else {
             Err(format!(
                 "{per_cycle:.2} requests per cycle, expected {expected} ({self:?})"
-            ))
-        }
-    }
-
-    /// The same proxy turns per cycle as `floor` (the same RPCs on the same
-    /// kind of connection), within half a turn, or why not.
-    fn check_turns_like(&self, floor: &Counted) -> Result<(), String> {
-        let (ours, theirs) = (self.turns_per_cycle(), floor.turns_per_cycle());
-        if (ours - theirs).abs() < 0.5 {
-            Ok(())
-        } else {
-            Err(format!(
-                "{ours:.2} proxy turns per cycle against the floor's {theirs:.2} ({self:?})"
             ))
         }
     }
@@ -240,9 +228,6 @@ async fn a_cycle_costs_what_the_floor_costs() {
     counted
         .check_requests(expected)
         .expect("a waiting acquire on a free key costs the floor's requests");
-    counted
-        .check_turns_like(&floor_counted)
-        .expect("a waiting acquire on a free key costs the floor's round trips");
 
     let counted = count(&ours_proxy, &endpoint, || async {
         let guard = client
@@ -259,9 +244,6 @@ async fn a_cycle_costs_what_the_floor_costs() {
     counted
         .check_requests(expected)
         .expect("try_acquire + release costs the floor's requests");
-    counted
-        .check_turns_like(&floor_counted)
-        .expect("try_acquire + release costs the floor's round trips");
     assert_eq!(ours_proxy.connections(), 1, "one client, one connection");
 
     // The checks can fail: one extra request per cycle is counted.
@@ -278,8 +260,4 @@ async fn a_cycle_costs_what_the_floor_costs() {
     counted
         .check_requests(expected + 1)
         .expect("one extra request per cycle is counted once");
-    assert!(
-        counted.check_turns_like(&floor_counted).is_err(),
-        "{counted:?}"
-    );
 }
