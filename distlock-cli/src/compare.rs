@@ -553,7 +553,17 @@ async fn held_at_scale(out: &mut BenchFigures, target: &dyn Target, url: &str, f
     match measured {
         Ok(report) => {
             out.held_locks = Some(report.locks);
-            out.bytes_per_held_lock = Some(report.bytes_per_lock);
+            if report.bytes_per_lock > 0.0 {
+                out.bytes_per_held_lock = Some(report.bytes_per_lock);
+            } else {
+                // Memory the backend let go of after the baseline (a
+                // connection's buffers shrinking) outweighed the locks.
+                out.held_error = Some(format!(
+                    "bytes per held lock not measured: the heap shrank by {:.0} B per lock \
+                     while holding (state freed after the baseline)",
+                    -report.bytes_per_lock
+                ));
+            }
             out.renewal_round_trips_per_period = report
                 .round_trips_per_period
                 .or(Some(report.renew_calls_per_period));

@@ -33,8 +33,11 @@ pub const RENEWAL_THREAD_NAME: &str = "distlock-renewal";
 /// # Why dedicated is the default, and where it helps
 ///
 /// Its cost is one thread, started only when a guard needs it, and a
-/// cross-thread wake-up when a guard is registered with an earlier renewal
-/// than any other, and per renewal batch (a few microseconds). What it buys depends on where the backend does its I/O:
+/// cross-thread wake-up when a guard is registered whose first renewal or
+/// deadline comes before the scheduler's planned wake-up (rare in a hot
+/// acquire/release loop: while guards are being registered the scheduler
+/// ticks on its own, at most every 100 ms, for a second after the last
+/// one), and one per renewal batch (a few microseconds). What it buys depends on where the backend does its I/O:
 ///
 /// - **In-process backends** ([`MemoryBackend`](crate::MemoryBackend)):
 ///   renewal needs nothing but the scheduler, so it survives a blocked

@@ -132,7 +132,7 @@
 //!
 //! # Benchmarks
 //!
-//! `cargo run --release -p lock-etcd --example bench` compares our
+//! `cargo run --release -p lock-etcd --example etcd_bench` compares our
 //! acquire+release cycle (a waiting acquire, as users write it) with the
 //! same two transactions issued by hand on a client and lease of their own
 //! ([`floor::EtcdFloor`], also used by `distlock compare`), with 1 client

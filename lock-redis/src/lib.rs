@@ -178,7 +178,7 @@
 //! `Unavailable`/`Timeout` within the timeout; a missing or malformed CA
 //! file and contradictory options are `Config` errors. Sentinel, Cluster
 //! and Redlock over TLS are not tested.
-//! `cargo run --release -p lock-redis --example bench` measures the cycle
+//! `cargo run --release -p lock-redis --example redis_bench` measures the cycle
 //! against the raw round trips.
 //!
 //! # Benchmarks

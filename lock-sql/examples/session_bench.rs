@@ -117,12 +117,20 @@ async fn run(name: &str, base: &str, port: u16) {
     );
 
     let secs = u64::try_from(env("BENCH_HANDOFF_SECS", 3)).unwrap_or(3);
-    let h_ours = handoffs(&ours8[..4], &format!("{tag}/h-o"), Duration::from_secs(secs))
-        .await
-        .expect("handoffs");
-    let h_floor = handoffs(&floors8[..4], &format!("{tag}/h-f"), Duration::from_secs(secs))
-        .await
-        .expect("floor handoffs");
+    let h_ours = handoffs(
+        &ours8[..4],
+        &format!("{tag}/h-o"),
+        Duration::from_secs(secs),
+    )
+    .await
+    .expect("handoffs");
+    let h_floor = handoffs(
+        &floors8[..4],
+        &format!("{tag}/h-f"),
+        Duration::from_secs(secs),
+    )
+    .await
+    .expect("floor handoffs");
     println!(
         "{name} 4 clients on one key: ours {:.0} handoffs/s {:?} (spread {:.2}), floor {:.0}/s {:?} (spread {:.2}), ratio {:.2}x",
         h_ours.per_sec,

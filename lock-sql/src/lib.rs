@@ -187,7 +187,7 @@
 //! retry on one fresh connection), loses a grant's reply (recovered by
 //! owner) and checks that waiters come before a releasing holder.
 //!
-//! `cargo run --release -p lock-sql --example bench` compares our
+//! `cargo run --release -p lock-sql --example sql_bench` compares our
 //! acquire+release cycle, as users write it, with the same two statements
 //! issued by hand on one bare connection ([`floor::SqlFloor`], also used by
 //! `distlock compare`): 1 client, 8 independent clients on 8 keys, 4

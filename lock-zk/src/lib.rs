@@ -139,7 +139,7 @@
 //! fault proxies) while its clients stay connected,
 //! session expiry, nodes and directories deleted behind the driver's back,
 //! vanishing predecessors, a paused server. `cargo run --release -p lock-zk
-//! --example bench` measures the acquire+release cycle (1 client and 8
+//! --example zk_bench` measures the acquire+release cycle (1 client and 8
 //! independent clients) and the handoff against the same requests issued
 //! by hand on one bare connection ([`floor::ZkFloor`], ZooKeeper's wire
 //! protocol written out, also used by `distlock compare`);

@@ -2,7 +2,7 @@
 //! the raw floor written by hand on one bare connection, per database.
 //!
 //! ```text
-//! cargo run --release -p lock-sql --example bench
+//! cargo run --release -p lock-sql --example sql_bench
 //! ```
 //!
 //! - **ours**: `client.lock(k).ttl(30s).wait(60s).acquire()` then

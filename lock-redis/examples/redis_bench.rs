@@ -3,7 +3,7 @@
 //! redis-servers started here.
 //!
 //! ```text
-//! cargo run --release -p lock-redis --example bench
+//! cargo run --release -p lock-redis --example redis_bench
 //! ```
 //!
 //! - **ours**: `client.lock(k).ttl(30s).wait(60s).acquire()` then
