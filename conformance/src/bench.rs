@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::floor::RawFloor;
-use lock_core::{LockBackend, LockClient, LockError, LockKey};
+use lock_core::{LockClient, LockError};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -137,133 +137,6 @@ where
         }
     }
     Ok(LatencyStats::from_samples(all, wall.elapsed()))
-}
-
-/// One uncontended acquire + release through the trait.
-///
-/// # Errors
-///
-/// Backend errors, or `Contended` if the key was unexpectedly held.
-pub async fn cycle(
-    backend: &dyn LockBackend,
-    key: &LockKey,
-    ttl: Duration,
-) -> Result<(), LockError> {
-    let lease = backend.try_acquire(key, ttl).await?.ok_or_else(|| {
-        LockError::new(
-            lock_core::ErrorKind::Contended,
-            lock_core::Operation::TryAcquire,
-            "benchmark key unexpectedly held",
-        )
-        .with_key(key)
-    })?;
-    backend.release(&lease).await?;
-    Ok(())
-}
-
-/// Sequential acquire+release cycles on one key.
-///
-/// # Errors
-///
-/// Backend errors.
-pub async fn cycle_latency(
-    backend: Arc<dyn LockBackend>,
-    key: &LockKey,
-    ttl: Duration,
-    n: usize,
-) -> Result<LatencyStats, LockError> {
-    measure_sequential(n, |_| {
-        let backend = backend.clone();
-        let key = key.clone();
-        async move { cycle(&*backend, &key, ttl).await }
-    })
-    .await
-}
-
-/// `tasks` tasks each cycling on its own key (`<prefix>-<task>`).
-///
-/// # Errors
-///
-/// Backend errors.
-pub async fn cycle_throughput(
-    backend: Arc<dyn LockBackend>,
-    prefix: &str,
-    ttl: Duration,
-    tasks: usize,
-    per_task: usize,
-) -> Result<LatencyStats, LockError> {
-    let keys: Vec<LockKey> = (0..tasks)
-        .map(|t| LockKey::new(format!("{prefix}-{t}")))
-        .collect::<Result<_, _>>()?;
-    let keys = Arc::new(keys);
-    measure_parallel(tasks, per_task, move |t, _| {
-        let backend = backend.clone();
-        let keys = keys.clone();
-        async move { cycle(&*backend, &keys[t], ttl).await }
-    })
-    .await
-}
-
-/// Handoffs per second and handoff latency with `tasks` tasks contending on
-/// one key: each task loops acquire (waiting) → release. A handoff's latency
-/// is the time from a release to the next grant.
-///
-/// # Errors
-///
-/// Backend errors.
-pub async fn handoff(
-    backend: Arc<dyn LockBackend>,
-    key: &LockKey,
-    ttl: Duration,
-    tasks: usize,
-    grants: usize,
-) -> Result<LatencyStats, LockError> {
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let remaining = Arc::new(AtomicUsize::new(grants));
-    let last_release: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
-    let samples: Arc<Mutex<Vec<Duration>>> = Arc::new(Mutex::new(Vec::new()));
-    let wall = Instant::now();
-    let mut handles = Vec::new();
-    for _ in 0..tasks {
-        let (backend, key, remaining, last_release, samples) = (
-            backend.clone(),
-            key.clone(),
-            remaining.clone(),
-            last_release.clone(),
-            samples.clone(),
-        );
-        handles.push(tokio::spawn(async move {
-            while remaining
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                let lease = backend
-                    .acquire(&key, ttl, Instant::now() + Duration::from_secs(30))
-                    .await?;
-                let granted = Instant::now();
-                if let Some(released) = last_release.lock().expect("lock").take() {
-                    samples.lock().expect("lock").push(granted - released);
-                }
-                *last_release.lock().expect("lock") = Some(Instant::now());
-                backend.release(&lease).await?;
-            }
-            Ok::<(), LockError>(())
-        }));
-    }
-    for handle in handles {
-        match handle.await {
-            Ok(result) => result?,
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
-    }
-    let samples = std::mem::take(&mut *samples.lock().expect("lock"));
-    let mut stats = LatencyStats::from_samples(samples, wall.elapsed());
-    #[allow(clippy::cast_precision_loss)]
-    {
-        stats.per_sec = grants as f64 / wall.elapsed().as_secs_f64();
-    }
-    Ok(stats)
 }
 
 /// `value / floor`, or 0 when the floor is 0.
