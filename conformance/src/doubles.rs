@@ -128,6 +128,54 @@ impl<F: Flaw> LockBackend for Flawed<F> {
     }
 }
 
+/// A broken driver for round-trip checks: it looks at the key (one
+/// [`inspect`](LockBackend::inspect)) before every waiting acquire, one
+/// extra round trip per cycle that a round-trip count must see. Everything
+/// else goes straight to the inner backend.
+#[derive(Debug)]
+pub struct LooksFirst(pub Arc<dyn LockBackend>);
+
+#[async_trait]
+impl LockBackend for LooksFirst {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.0.try_acquire(key, ttl).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        assert!(self.0.inspect(key).await?.is_none(), "the key is free");
+        self.0.acquire(key, ttl, deadline).await
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.0.renew(lease).await
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        self.0.renew_many(leases).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.0.release(lease).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.0.inspect(key).await
+    }
+}
+
 /// A grant made up by a flaw, unknown to the inner service.
 ///
 /// # Errors

@@ -30,12 +30,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::doubles::LooksFirst;
 use conformance::proxy::FaultProxy;
 use conformance::servers::etcd::EtcdServer;
+use lock_core::LockClient;
 use lock_core::floor::RawFloor;
-use lock_core::{
-    Capabilities, Lease, LockBackend, LockClient, LockError, LockInfo, LockKey, async_trait,
-};
 use lock_etcd::floor::EtcdFloor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -152,42 +151,6 @@ async fn waiting_cycle(client: &LockClient, key: &str) {
     guard.release().await.expect("release");
 }
 
-/// A broken driver: it looks at the key (one range read) before every
-/// waiting acquire. One extra round trip per cycle.
-#[derive(Debug)]
-struct LooksFirst(lock_etcd::EtcdBackend);
-
-#[async_trait]
-impl LockBackend for LooksFirst {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        assert!(self.0.inspect(key).await?.is_none(), "the key is free");
-        self.0.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cycle_costs_what_the_floor_costs() {
     let Some(server) = EtcdServer::start().await.or_skip() else {
@@ -248,9 +211,9 @@ async fn a_cycle_costs_what_the_floor_costs() {
 
     // The checks can fail: one extra request per cycle is counted.
     let broken_proxy = FaultProxy::start(upstream).await.unwrap();
-    let broken = LockClient::from_arc(Arc::new(LooksFirst(
+    let broken = LockClient::from_arc(Arc::new(LooksFirst(Arc::new(
         lock_etcd::connect(&url(&broken_proxy)).await.unwrap(),
-    )));
+    ))));
     let counted = count(&broken_proxy, &endpoint, || {
         waiting_cycle(&broken, "broken")
     })
