@@ -562,7 +562,7 @@ impl Options {
     ///
     /// [`ErrorKind::Config`](crate::ErrorKind::Config) naming the first
     /// unknown option and the ones `driver` knows.
-    pub fn finish(self, driver: &str) -> Result<(), LockError> {
+    pub fn finish(&self, driver: &str) -> Result<(), LockError> {
         match self.entries.iter().find(|e| !e.read) {
             None => Ok(()),
             Some(entry) => Err(LockError::config(format!(
