@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lock_core::LockError;
-use percent_encoding::percent_decode_str;
+use lock_core::endpoint::{Endpoint, HostPort, Secret};
 
 use crate::eviction::EvictionMode;
 
@@ -23,34 +23,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// release notification (a holder's expiry publishes nothing).
 pub const DEFAULT_RECHECK: Duration = Duration::from_millis(500);
 
-/// One Redis server address.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct RedisNode {
-    /// Host name or IP address.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
-}
-
-impl RedisNode {
-    /// A node at `host:port`.
-    pub fn new(host: impl Into<String>, port: u16) -> Self {
-        Self {
-            host: host.into(),
-            port,
-        }
-    }
-}
-
-impl fmt::Display for RedisNode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
-    }
-}
+/// One Redis server address (`host`, `port`; `Display` brackets IPv6).
+pub type RedisNode = HostPort;
 
 /// Which Redis deployment the locks live in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -481,72 +455,11 @@ pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
     lock_core::parse_duration(text)
 }
 
-fn decode(text: &str, what: &str) -> Result<String, LockError> {
-    percent_decode_str(text)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| LockError::config(format!("the {what} is not valid UTF-8 once decoded")))
-}
-
-fn parse_hosts(list: &str, default_port: u16) -> Result<Vec<RedisNode>, LockError> {
-    let mut nodes = Vec::new();
-    for item in list.split(',') {
-        let item = item.trim();
-        if item.is_empty() {
-            return Err(LockError::config("empty entry in the host list"));
-        }
-        let (host, port) = if let Some(rest) = item.strip_prefix('[') {
-            // [ipv6]:port
-            let (host, after) = rest
-                .split_once(']')
-                .ok_or_else(|| LockError::config("unclosed '[' in a host"))?;
-            match after.strip_prefix(':') {
-                Some(port) => (host, Some(port)),
-                None if after.is_empty() => (host, None),
-                None => return Err(LockError::config("bad text after an IPv6 address")),
-            }
-        } else {
-            match item.rsplit_once(':') {
-                Some((host, port)) => (host, Some(port)),
-                None => (item, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(LockError::config("empty host name"));
-        }
-        let port = match port {
-            Some(port) => port
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| LockError::config("bad port in the host list"))?,
-            None => default_port,
-        };
-        nodes.push(RedisNode::new(decode(host, "host")?, port));
-    }
-    Ok(nodes)
-}
-
 fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| LockError::config("not a URL: expected <scheme>://..."))?;
-    let scheme = scheme.to_ascii_lowercase();
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, query)) => (rest, Some(query)),
-        None => (rest, None),
-    };
-    let (authority, path) = match rest.split_once('/') {
-        Some((authority, path)) => (authority, path),
-        None => (rest, ""),
-    };
-    // The password may contain '@' when not encoded: the host list follows
-    // the last '@'.
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => (Some(userinfo), hosts),
-        None => (None, authority),
-    };
-    let mut segments = path.split('/').filter(|s| !s.is_empty());
+    let mut url = Endpoint::parse(url)?;
+    let scheme = url.scheme().to_owned();
+    let segments = url.path_segments()?;
+    let mut segments = segments.iter().map(String::as_str);
     let parse_db = |segment: Option<&str>| -> Result<i64, LockError> {
         match segment {
             None => Ok(0),
@@ -559,8 +472,7 @@ fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
     };
     let mut config = match scheme.as_str() {
         "redis" | "rediss" => {
-            let nodes = parse_hosts(hosts, 6379)?;
-            let [node] = <[RedisNode; 1]>::try_from(nodes).map_err(|_| {
+            let [node] = <[RedisNode; 1]>::try_from(url.hosts(Some(6379))?).map_err(|_| {
                 LockError::config(format!(
                     "{scheme}:// takes one host; use redlock:// or redis+cluster:// for several"
                 ))
@@ -571,22 +483,22 @@ fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
             config
         }
         "redis+sentinel" | "rediss+sentinel" => {
-            let sentinels = parse_hosts(hosts, 26379)?;
+            let sentinels = url.hosts(Some(26379))?;
             let master = segments.next().ok_or_else(|| {
                 LockError::config("redis+sentinel:// needs the master name as its path")
             })?;
-            let mut config = RedisConfig::sentinel(sentinels, decode(master, "master name")?);
+            let mut config = RedisConfig::sentinel(sentinels, master);
             config.tls = scheme.starts_with("rediss");
             config.db = parse_db(segments.next())?;
             config
         }
         "redis+cluster" | "rediss+cluster" => {
-            let mut config = RedisConfig::cluster(parse_hosts(hosts, 6379)?);
+            let mut config = RedisConfig::cluster(url.hosts(Some(6379))?);
             config.tls = scheme.starts_with("rediss");
             config
         }
         "redlock" => {
-            let mut config = RedisConfig::redlock(parse_hosts(hosts, 6379)?);
+            let mut config = RedisConfig::redlock(url.hosts(Some(6379))?);
             config.db = parse_db(segments.next())?;
             config
         }
@@ -599,80 +511,58 @@ fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
     if segments.next().is_some() {
         return Err(LockError::config("unexpected path segments in the URL"));
     }
-    if let Some(userinfo) = userinfo {
-        let (user, password) = match userinfo.split_once(':') {
-            Some((user, password)) => (user, Some(password)),
-            None => ("", Some(userinfo)),
-        };
-        let user = decode(user, "user name")?;
-        config.username = (!user.is_empty()).then_some(user);
-        config.password = password.map(|p| decode(p, "password")).transpose()?;
-    }
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = decode(value, "option value")?;
-        let duration = |what: &str| {
-            parse_duration(&value).ok_or_else(|| {
-                LockError::config(format!(
-                    "option {what}: bad duration {value:?} (use 250ms, 2s, 1m)"
-                ))
-            })
-        };
-        match name {
-            "ttl" => config.default_ttl = duration("ttl")?,
-            "prefix" => {
-                check_prefix(&value)?;
-                config.prefix = value.clone();
-            }
-            "timeout" | "operation_timeout" => config.operation_timeout = duration("timeout")?,
-            "replicas" | "wait_replicas" => {
-                config.wait_replicas = value.parse().map_err(|_| {
-                    LockError::config(format!("option replicas: bad number {value:?}"))
-                })?;
-            }
-            "wait_timeout" => config.wait_timeout = duration("wait_timeout")?,
-            "recheck" => config.recheck = duration("recheck")?,
-            "tls" => {
-                config.tls = match value.as_str() {
-                    "true" | "1" | "yes" | "" => true,
-                    "false" | "0" | "no" => false,
-                    _ => {
-                        return Err(LockError::config(format!(
-                            "option tls: bad value {value:?}"
-                        )));
-                    }
-                };
-            }
-            "sentinel_password" => config.sentinel_password = Some(value.clone()),
-            "eviction" => {
-                config.eviction = EvictionMode::parse(&value).ok_or_else(|| {
-                    LockError::config(format!(
-                        "option eviction: bad value {value:?} (warn or refuse)"
-                    ))
-                })?;
-            }
-            "ca" | "tls_ca" => {
-                if value.is_empty() {
-                    return Err(LockError::config("option ca: empty path"));
-                }
-                config.tls_ca = Some(PathBuf::from(&value));
-            }
-            "insecure" => {
-                config.tls_insecure = match value.as_str() {
-                    "true" | "1" | "yes" | "" => true,
-                    "false" | "0" | "no" => false,
-                    _ => {
-                        return Err(LockError::config(format!(
-                            "option insecure: bad value {value:?}"
-                        )));
-                    }
-                };
-            }
-            other => {
-                return Err(LockError::config(format!("unknown option {other:?}")));
-            }
+    match url.take_credentials() {
+        // `redis://secret@host`: Redis's own convention reads a bare
+        // userinfo as the password (AUTH without a user name).
+        (Some(user), None) => config.password = Some(user),
+        (user, password) => {
+            config.username = user;
+            config.password = password.map(Secret::into_inner);
         }
     }
+    let options = url.options();
+    options.alias("operation_timeout", "timeout")?;
+    options.alias("wait_replicas", "replicas")?;
+    options.alias("tls_ca", "ca")?;
+    if let Some(ttl) = options.duration("ttl")? {
+        config.default_ttl = ttl;
+    }
+    if let Some(prefix) = options.text("prefix")? {
+        check_prefix(&prefix)?;
+        config.prefix = prefix;
+    }
+    if let Some(timeout) = options.duration("timeout")? {
+        config.operation_timeout = timeout;
+    }
+    if let Some(replicas) = options.number("replicas")? {
+        config.wait_replicas = replicas;
+    }
+    if let Some(timeout) = options.duration("wait_timeout")? {
+        config.wait_timeout = timeout;
+    }
+    if let Some(recheck) = options.duration("recheck")? {
+        config.recheck = recheck;
+    }
+    if let Some(tls) = options.flag("tls")? {
+        config.tls = tls;
+    }
+    if let Some(password) = options.secret("sentinel_password")? {
+        config.sentinel_password = Some(password.into_inner());
+    }
+    if let Some(mode) = options.text("eviction")? {
+        config.eviction = EvictionMode::parse(&mode).ok_or_else(|| {
+            LockError::config(format!(
+                "option eviction: bad value {mode:?} (warn or refuse)"
+            ))
+        })?;
+    }
+    if let Some(ca) = options.path("ca")? {
+        config.tls_ca = Some(ca);
+    }
+    if let Some(insecure) = options.flag("insecure")? {
+        config.tls_insecure = insecure;
+    }
+    options.finish("redis")?;
     config.validate()?;
     Ok(config)
 }
@@ -699,6 +589,13 @@ mod tests {
         assert_eq!(c.wait_replicas, 1);
         assert!(!c.tls);
         assert!(RedisConfig::from_url("rediss://h").unwrap().tls);
+        assert!(RedisConfig::from_url("redis+cluster://h?tls").unwrap().tls);
+        // Older spellings of the shared options still read.
+        let c = RedisConfig::from_url("redis://h?operation_timeout=3s&wait_replicas=2").unwrap();
+        assert_eq!(
+            (c.operation_timeout, c.wait_replicas),
+            (Duration::from_secs(3), 2)
+        );
 
         let c = RedisConfig::from_url("redis+sentinel://a:1,b,c:3/mymaster").unwrap();
         assert_eq!(
@@ -751,6 +648,10 @@ mod tests {
             "redis+cluster://:pw@a/3?x",
             "redlock://:pw@",
             "redis://:pw@[::1",
+            "redis://:pw@::1",
+            "redis://:pw@h?tls=",
+            "redis://:pw@h?ttl=1s&ttl=2s",
+            "redis://:pw@h?timeout=1s&operation_timeout=1s",
         ] {
             let err = RedisConfig::from_url(bad).unwrap_err();
             assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{bad}");
