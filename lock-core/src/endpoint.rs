@@ -106,6 +106,19 @@ impl HostPort {
     }
 }
 
+impl HostPort {
+    /// Parses one `host[:port]` (`[v6]:port` for IPv6) with the rules of
+    /// [`Endpoint::hosts`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) as for
+    /// [`Endpoint::hosts`].
+    pub fn parse(text: &str, default_port: Option<u16>) -> Result<Self, LockError> {
+        parse_host(text.trim(), default_port)
+    }
+}
+
 impl fmt::Display for HostPort {
     /// `host:port`, with an IPv6 address in brackets.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -338,9 +351,8 @@ fn parse_host(item: &str, default_port: Option<u16>) -> Result<HostPort, LockErr
             .ok()
             .filter(|p| *p != 0)
             .ok_or_else(|| LockError::config(format!("bad port {port:?} for host {host:?}")))?,
-        None => default_port.ok_or_else(|| {
-            LockError::config(format!("host {host:?} needs a port (host:port)"))
-        })?,
+        None => default_port
+            .ok_or_else(|| LockError::config(format!("host {host:?} needs a port (host:port)")))?,
     };
     Ok(HostPort { host, port })
 }
@@ -613,7 +625,10 @@ mod tests {
     #[test]
     fn credentials_forms() {
         let e = Endpoint::parse("redis://:pw@h").unwrap();
-        assert_eq!((e.user(), e.password().map(Secret::expose)), (None, Some("pw")));
+        assert_eq!(
+            (e.user(), e.password().map(Secret::expose)),
+            (None, Some("pw"))
+        );
         let e = Endpoint::parse("redis://pw@h").unwrap();
         assert_eq!((e.user(), e.password()), (Some("pw"), None));
         // An unencoded '@' in the password: the hosts follow the last one.

@@ -5,12 +5,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::LockError;
-use percent_encoding::percent_decode_str;
+use lock_core::endpoint::{Endpoint, HostPort, Secret};
 
 /// The session TTL used when none is configured.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// The per-call timeout used when none is configured.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
+/// The port of an endpoint written without one (etcd's client port).
+pub const DEFAULT_PORT: u16 = 2379;
 /// The connect timeout used when none is configured.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -114,11 +116,14 @@ impl EtcdConfig {
         }
     }
 
-    /// Parses `etcd://[user[:password]@]host:port[,host:port...][/prefix][?options]`
-    /// (`etcds://` for TLS).
+    /// Parses `etcd://[user[:password]@]host[:port][,host[:port]...][/prefix][?options]`
+    /// (`etcds://` for TLS) with the family's URL rules
+    /// ([`lock_core::endpoint`]); a host without a port gets
+    /// [`DEFAULT_PORT`].
     ///
-    /// Options: `ttl` (session TTL: `10`, `10s`, `1500ms`, `2m`), `timeout`
-    /// (per call), `connect_timeout`, `user`, `password`, and for TLS `ca`,
+    /// Options: `ttl` (session TTL: `10s`, `1500ms`, `2m`; a unit is
+    /// required), `timeout` (per call; `op_timeout` is the older spelling),
+    /// `connect_timeout`, `user`, `password`, and for TLS `ca` (or `cacert`),
     /// `cert`, `key` (file paths) and `domain`. User, password and prefix are
     /// percent-decoded.
     ///
@@ -127,10 +132,8 @@ impl EtcdConfig {
     /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for anything
     /// malformed or unknown (the message never contains the password).
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| LockError::config("etcd URL must start with etcd:// or etcds://"))?;
-        let tls = match scheme.to_ascii_lowercase().as_str() {
+        let mut url = Endpoint::parse(url)?;
+        let tls = match url.scheme() {
             "etcd" => false,
             "etcds" => true,
             other => {
@@ -139,78 +142,52 @@ impl EtcdConfig {
                 )));
             }
         };
-        let (rest, query) = match rest.split_once('?') {
-            Some((rest, query)) => (rest, Some(query)),
-            None => (rest, None),
-        };
-        let (authority, path) = match rest.split_once('/') {
-            Some((authority, path)) => (authority, path),
-            None => (rest, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
-        let mut endpoints = Vec::new();
-        for host in hosts.split(',') {
-            endpoints.push(parse_endpoint(host)?);
+        let endpoints = url.hosts(Some(DEFAULT_PORT))?;
+        let mut config = Self::new(endpoints.iter().map(ToString::to_string));
+        config.prefix = url
+            .path()?
+            .trim_start_matches('/')
+            .trim_end_matches('/')
+            .to_owned();
+        let (user, password) = url.take_credentials();
+        if password.is_some() && user.is_none() {
+            return Err(LockError::config(
+                "the URL has credentials but no user name",
+            ));
         }
-        let mut config = Self::new(endpoints);
-        config.prefix = decode(path.trim_end_matches('/'), "prefix")?;
-        if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((user, password)) => (user, Some(password)),
-                None => (userinfo, None),
-            };
-            if user.is_empty() {
-                return Err(LockError::config(
-                    "the URL has credentials but no user name",
-                ));
-            }
-            config.user = Some(decode(user, "user")?);
-            config.password = password.map(|p| decode(p, "password")).transpose()?;
+        config.user = user;
+        config.password = password.map(Secret::into_inner);
+        let options = url.options();
+        options.alias("op_timeout", "timeout")?;
+        options.alias("cacert", "ca")?;
+        if let Some(ttl) = options.duration("ttl")? {
+            config.ttl = ttl;
         }
-        let mut tls_config = EtcdTls::default();
-        let mut tls_options = false;
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = decode(value, name)?;
-            match name {
-                "ttl" => config.ttl = parse_duration(&value, "ttl")?,
-                "timeout" | "op_timeout" => config.op_timeout = parse_duration(&value, name)?,
-                "connect_timeout" => config.connect_timeout = parse_duration(&value, name)?,
-                "user" => config.user = Some(value),
-                "password" => config.password = Some(value),
-                "ca" | "cacert" => {
-                    tls_options = true;
-                    tls_config.ca_file = Some(PathBuf::from(value));
-                }
-                "cert" => {
-                    tls_options = true;
-                    tls_config.cert_file = Some(PathBuf::from(value));
-                }
-                "key" => {
-                    tls_options = true;
-                    tls_config.key_file = Some(PathBuf::from(value));
-                }
-                "domain" => {
-                    tls_options = true;
-                    tls_config.domain = Some(value);
-                }
-                other => {
-                    return Err(LockError::config(format!(
-                        "unknown etcd URL option {other:?}"
-                    )));
-                }
-            }
+        if let Some(timeout) = options.duration("timeout")? {
+            config.op_timeout = timeout;
         }
-        if tls_options && !tls {
+        if let Some(timeout) = options.duration("connect_timeout")? {
+            config.connect_timeout = timeout;
+        }
+        if let Some(user) = options.text("user")? {
+            config.user = Some(user);
+        }
+        if let Some(password) = options.secret("password")? {
+            config.password = Some(password.into_inner());
+        }
+        let tls_config = EtcdTls {
+            ca_file: options.path("ca")?,
+            cert_file: options.path("cert")?,
+            key_file: options.path("key")?,
+            domain: options.text("domain")?,
+        };
+        options.finish("etcd")?;
+        if tls {
+            config.tls = Some(tls_config);
+        } else if tls_config != EtcdTls::default() {
             return Err(LockError::config(
                 "TLS options (ca, cert, key, domain) need an etcds:// URL",
             ));
-        }
-        if tls {
-            config.tls = Some(tls_config);
         }
         config.validate()?;
         Ok(config)
@@ -265,7 +242,7 @@ impl EtcdConfig {
             return Err(LockError::config("at least one etcd endpoint is needed"));
         }
         for endpoint in &self.endpoints {
-            parse_endpoint(endpoint)?;
+            HostPort::parse(endpoint, None)?;
         }
         if self.ttl < Duration::from_secs(1) || self.ttl > lock_core::MAX_TTL {
             return Err(LockError::config(format!(
@@ -292,40 +269,6 @@ impl EtcdConfig {
         }
         Ok(())
     }
-}
-
-fn parse_endpoint(text: &str) -> Result<String, LockError> {
-    let bad = || LockError::config(format!("bad etcd endpoint {text:?}: expected host:port"));
-    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
-    if host.is_empty()
-        || host
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || "/?#@,".contains(c))
-    {
-        return Err(bad());
-    }
-    let port: u16 = port.parse().map_err(|_| bad())?;
-    if port == 0 {
-        return Err(bad());
-    }
-    Ok(format!("{host}:{port}"))
-}
-
-fn decode(text: &str, what: &str) -> Result<String, LockError> {
-    percent_decode_str(text)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| LockError::config(format!("the URL's {what} is not valid UTF-8")))
-}
-
-/// Parses a duration option with the family's one parser
-/// ([`lock_core::parse_duration`]: a unit is required).
-fn parse_duration(text: &str, what: &str) -> Result<Duration, LockError> {
-    lock_core::parse_duration(text).ok_or_else(|| {
-        LockError::config(format!(
-            "bad duration {text:?} for {what}: use a number with a unit, e.g. 10s, 1500ms, 2m"
-        ))
-    })
 }
 
 #[cfg(test)]
@@ -355,6 +298,17 @@ mod tests {
     }
 
     #[test]
+    fn a_host_without_a_port_gets_etcds_client_port() {
+        let c = EtcdConfig::from_url("etcd://a,[::1]:2380?op_timeout=3s").unwrap();
+        assert_eq!(c.endpoints, vec!["a:2379", "[::1]:2380"]);
+        assert_eq!(
+            c.op_timeout,
+            Duration::from_secs(3),
+            "older spelling of timeout"
+        );
+    }
+
+    #[test]
     fn defaults_and_minimal_url() {
         let c = EtcdConfig::from_url("etcd://127.0.0.1:2379").unwrap();
         assert_eq!(c.prefix, "");
@@ -370,7 +324,6 @@ mod tests {
             "etcd",
             "redis://h:1",
             "etcd://",
-            "etcd://host",
             "etcd://host:notaport",
             "etcd://host:0",
             "etcd://h:1,,h:2",
@@ -385,6 +338,8 @@ mod tests {
             "etcds://h:1/?cert=/c",
             "etcd://h:1/%ff",
             "etcd://h:1/a%00b",
+            "etcd://h:1/?ttl=1s&ttl=2s",
+            "etcd://h:1/?domain",
         ] {
             let err = EtcdConfig::from_url(bad).unwrap_err();
             assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{bad}");
