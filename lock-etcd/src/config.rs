@@ -12,7 +12,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// The per-call timeout used when none is configured.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 /// The port of an endpoint written without one (etcd's client port).
-pub const DEFAULT_PORT: u16 = 2379;
+pub(crate) const DEFAULT_PORT: u16 = 2379;
 /// The connect timeout used when none is configured.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -119,7 +119,7 @@ impl EtcdConfig {
     /// Parses `etcd://[user[:password]@]host[:port][,host[:port]...][/prefix][?options]`
     /// (`etcds://` for TLS) with the family's URL rules
     /// ([`lock_core::endpoint`]); a host without a port gets
-    /// [`DEFAULT_PORT`].
+    /// 2379, etcd's client port.
     ///
     /// Options: `ttl` (session TTL: `10s`, `1500ms`, `2m`; a unit is
     /// required), `timeout` (per call; `op_timeout` is the older spelling),

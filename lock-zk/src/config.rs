@@ -4,7 +4,10 @@ use std::fmt;
 use std::time::Duration;
 
 use lock_core::LockError;
-use percent_encoding::percent_decode_str;
+use lock_core::endpoint::{Endpoint, HostPort};
+
+/// The port of a host written without one (ZooKeeper's client port).
+pub(crate) const DEFAULT_PORT: u16 = 2181;
 
 /// The default lock root inside the chroot.
 pub const DEFAULT_ROOT: &str = "/distlock";
@@ -90,8 +93,9 @@ impl ZkConfig {
     /// Parses `zk://[user:password@]host:port[,host:port...][/chroot][?options]`
     /// (`zookeeper://` is accepted too).
     ///
-    /// Options: `session_timeout`, `connect_timeout`, `op_timeout`
-    /// (durations such as `6s` or `500ms`; a unit is required), `root` (the
+    /// Options: `session_timeout`, `connect_timeout`, `timeout` (each
+    /// request; `op_timeout` is the older spelling), durations such as `6s`
+    /// or `500ms` (a unit is required), `root` (the
     /// lock root inside the chroot, default `/distlock`), `containers`
     /// (`true`/`false`: create key directories as container nodes, default
     /// `true`). A user and password in the URL (percent-encoded) turn on
@@ -102,83 +106,48 @@ impl ZkConfig {
     /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for anything that
     /// is not such a URL. The message never contains the password.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let rest = url
-            .strip_prefix("zk://")
-            .or_else(|| url.strip_prefix("zookeeper://"))
-            .ok_or_else(|| {
-                LockError::config("a ZooKeeper URL starts with zk:// or zookeeper://")
-            })?;
-        let (rest, query) = match rest.split_once('?') {
-            Some((rest, query)) => (rest, Some(query)),
-            None => (rest, None),
-        };
-        let (userinfo, rest) = match rest.rsplit_once('@') {
-            Some((userinfo, rest)) => (Some(userinfo), rest),
-            None => (None, rest),
-        };
-        let (hosts, chroot) = match rest.find('/') {
-            Some(i) => (&rest[..i], Some(&rest[i..])),
-            None => (rest, None),
-        };
-        let hosts: Vec<&str> = hosts.split(',').collect();
-        if hosts.iter().any(|h| h.trim().is_empty()) {
+        let mut url = Endpoint::parse(url)?;
+        if !matches!(url.scheme(), "zk" | "zookeeper") || !url.has_authority() {
             return Err(LockError::config(
-                "the ZooKeeper URL needs at least one host:port (and no empty entries)",
+                "a ZooKeeper URL starts with zk:// or zookeeper://",
             ));
         }
-        for host in &hosts {
-            validate_host(host)?;
-        }
-        let mut config = Self::new(hosts.iter().map(|h| (*h).to_owned()));
-        if let Some(chroot) = chroot.filter(|c| *c != "/") {
-            let chroot = decode(chroot, "chroot")?;
+        let hosts = url.hosts(Some(DEFAULT_PORT))?;
+        let mut config = Self::new(hosts.iter().map(ToString::to_string));
+        let chroot = url.path()?;
+        if !chroot.is_empty() && chroot != "/" {
             config = config.with_chroot(chroot)?;
         }
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').ok_or_else(|| {
-                LockError::config("digest credentials in the URL must be user:password")
-            })?;
-            let user = decode(user, "user")?;
-            let password = decode(password, "password").map_err(|_| {
-                LockError::config("the password in the URL is not valid percent-encoded UTF-8")
-            })?;
-            config = config.with_digest(user, password);
-        }
-        if let Some(query) = query {
-            for pair in query.split('&').filter(|p| !p.is_empty()) {
-                let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-                let value = decode(value, name)?;
-                match name {
-                    "session_timeout" => {
-                        config.session_timeout = parse_duration(name, &value)?;
-                    }
-                    "connect_timeout" => {
-                        config.connect_timeout = parse_duration(name, &value)?;
-                    }
-                    "op_timeout" | "operation_timeout" => {
-                        config.op_timeout = parse_duration(name, &value)?;
-                    }
-                    "root" => config = config.with_root(value)?,
-                    "containers" => {
-                        config.containers = match value.as_str() {
-                            "true" | "1" | "yes" => true,
-                            "false" | "0" | "no" => false,
-                            _ => {
-                                return Err(LockError::config(format!(
-                                    "containers must be true or false, got {value:?}"
-                                )));
-                            }
-                        }
-                    }
-                    other => {
-                        return Err(LockError::config(format!(
-                            "unknown ZooKeeper URL option {other:?} (known: session_timeout, \
-                             connect_timeout, op_timeout, root, containers)"
-                        )));
-                    }
-                }
+        match url.take_credentials() {
+            (None, None) => {}
+            (Some(user), Some(password)) => {
+                config = config.with_digest(user, password.into_inner())
+            }
+            _ => {
+                return Err(LockError::config(
+                    "digest credentials in the URL must be user:password",
+                ));
             }
         }
+        let options = url.options();
+        options.alias("op_timeout", "timeout")?;
+        options.alias("operation_timeout", "timeout")?;
+        if let Some(timeout) = options.duration("session_timeout")? {
+            config.session_timeout = timeout;
+        }
+        if let Some(timeout) = options.duration("connect_timeout")? {
+            config.connect_timeout = timeout;
+        }
+        if let Some(timeout) = options.duration("timeout")? {
+            config.op_timeout = timeout;
+        }
+        if let Some(root) = options.text("root")? {
+            config = config.with_root(root)?;
+        }
+        if let Some(containers) = options.flag("containers")? {
+            config.containers = containers;
+        }
+        options.finish("zookeeper")?;
         config.validate()?;
         Ok(config)
     }
@@ -343,36 +312,15 @@ impl ZkConfig {
     }
 }
 
+/// `host:port` with ZooKeeper's port for a host written without one (text
+/// that is no host is kept as it is, for [`validate_host`] to refuse).
 fn with_default_port(host: &str) -> String {
-    let host = host.trim();
-    if host.starts_with('[') {
-        // [v6]:port or [v6]
-        if host.contains("]:") {
-            host.to_owned()
-        } else {
-            format!("{host}:2181")
-        }
-    } else if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:2181")
-    }
+    HostPort::parse(host, Some(DEFAULT_PORT))
+        .map_or_else(|_| host.trim().to_owned(), |h| h.to_string())
 }
 
 fn validate_host(host: &str) -> Result<(), LockError> {
-    let host = with_default_port(host);
-    let (name, port) = host
-        .rsplit_once(':')
-        .ok_or_else(|| LockError::config(format!("bad ZooKeeper host {host:?}")))?;
-    if name.is_empty() || name.contains(['/', '@', '?', '#', ' ']) {
-        return Err(LockError::config(format!("bad ZooKeeper host {host:?}")));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(()),
-        _ => Err(LockError::config(format!(
-            "bad port in ZooKeeper host {host:?}"
-        ))),
-    }
+    HostPort::parse(host, Some(DEFAULT_PORT)).map(drop)
 }
 
 /// An absolute path with no empty, `.` or `..` component, not `/`.
@@ -400,23 +348,6 @@ fn validate_path(path: &str, what: &str) -> Result<(), LockError> {
         }
     }
     Ok(())
-}
-
-fn decode(text: &str, what: &str) -> Result<String, LockError> {
-    percent_decode_str(text)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| LockError::config(format!("{what} is not valid percent-encoded UTF-8")))
-}
-
-/// Parses a duration option with the family's one parser
-/// ([`lock_core::parse_duration`]: a unit is required).
-fn parse_duration(name: &str, value: &str) -> Result<Duration, LockError> {
-    lock_core::parse_duration(value).ok_or_else(|| {
-        LockError::config(format!(
-            "{name} must be a duration with a unit like 500ms, 6s or 1m, got {value:?}"
-        ))
-    })
 }
 
 #[cfg(test)]
@@ -478,6 +409,8 @@ mod tests {
             "zk://user@h:1",
             "zk://:secretpw@h:1",
             "zk://u:%FFsecretpw@h:1",
+            "zk://h:1?containers=",
+            "zk://h:1?timeout=1s&op_timeout=2s",
         ] {
             let err = ZkConfig::from_url(url).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Config, "{url}");
