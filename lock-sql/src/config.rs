@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use lock_core::endpoint::Endpoint;
 use lock_core::{LockError, RetryPolicy};
 
 /// The SQL dialect a [`SqlConfig`] talks to.
@@ -131,13 +132,12 @@ impl SqlConfig {
     /// scheme, a bad option value or a bad table name. The message never
     /// contains the password.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let url = url.trim();
-        let (scheme, rest) = url.split_once(':').ok_or_else(|| {
+        let mut endpoint = Endpoint::parse(url).map_err(|_| {
             LockError::config(
                 "SQL URL has no scheme (expected postgres://, mysql://, sqlite://...)",
             )
         })?;
-        let dialect = match scheme.to_ascii_lowercase().as_str() {
+        let dialect = match endpoint.scheme() {
             "postgres" | "postgresql" => SqlDialect::Postgres,
             "mysql" | "mariadb" => SqlDialect::MySql,
             "sqlite" => SqlDialect::Sqlite,
@@ -147,76 +147,77 @@ impl SqlConfig {
                 )));
             }
         };
-        let (base, query) = match rest.split_once('?') {
-            Some((base, query)) => (base, query),
-            None => (rest, ""),
-        };
+        // Everything after `scheme:` is handed to sqlx as written.
+        let base = endpoint
+            .raw_base()
+            .split_once(':')
+            .map_or("", |(_, base)| base)
+            .to_owned();
         // sqlx knows `mysql://` only; MariaDB speaks the same protocol.
-        let driver_scheme = match dialect {
-            SqlDialect::Postgres => "postgres",
-            SqlDialect::MySql => "mysql",
-            SqlDialect::Sqlite => "sqlite",
-        };
-        let password = if dialect == SqlDialect::Sqlite {
-            None
-        } else {
-            extract_password(base)
+        let driver_scheme = dialect.as_str();
+        let password = match dialect {
+            SqlDialect::Sqlite => None,
+            _ => endpoint.password().map(|p| p.expose().to_owned()),
         };
         let mut config = Self::new_raw(dialect, String::new(), password);
-        let mut passthrough = url::form_urlencoded::Serializer::new(String::new());
-        let mut has_mode = false;
-        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            match name.as_ref() {
-                "table" => config = config.table(value.as_ref())?,
-                "ttl" => config.default_ttl = parse_duration("ttl", &value)?,
-                "timeout" => config = config.op_timeout(parse_duration("timeout", &value)?)?,
-                "pool_size" => {
-                    let size = value
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| {
-                            LockError::config(format!(
-                                "pool_size must be a positive integer, got {value:?}"
-                            ))
-                        })?;
-                    config.pool_size = Some(size);
-                }
-                "busy_timeout" => config.busy_timeout = parse_duration("busy_timeout", &value)?,
-                "recheck" => config.recheck = parse_duration("recheck", &value)?,
-                "create_table" => {
-                    config.create_table = match value.as_ref() {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        _ => {
-                            return Err(LockError::config(format!(
-                                "create_table must be true or false, got {value:?}"
-                            )));
-                        }
-                    };
-                }
-                "mode" if dialect != SqlDialect::Sqlite => {
-                    config.mode = parse_mode(&value)?;
-                }
-                "mode" if value == "session" => {
+        let options = endpoint.options();
+        let positive = |option: &str, value: Option<Duration>| match value {
+            Some(d) if d.is_zero() => Err(LockError::config(format!(
+                "{option} must be a positive duration, like 30s, 500ms or 2m"
+            ))),
+            other => Ok(other),
+        };
+        if let Some(table) = options.text("table")? {
+            config = config.table(&table)?;
+        }
+        if let Some(ttl) = positive("ttl", options.duration("ttl")?)? {
+            config.default_ttl = ttl;
+        }
+        if let Some(timeout) = positive("timeout", options.duration("timeout")?)? {
+            config = config.op_timeout(timeout)?;
+        }
+        if let Some(size) = options.number::<u32>("pool_size")? {
+            if size == 0 {
+                return Err(LockError::config("pool_size must be a positive integer"));
+            }
+            config.pool_size = Some(size);
+        }
+        if let Some(timeout) = positive("busy_timeout", options.duration("busy_timeout")?)? {
+            config.busy_timeout = timeout;
+        }
+        if let Some(recheck) = positive("recheck", options.duration("recheck")?)? {
+            config.recheck = recheck;
+        }
+        if let Some(create) = options.flag("create_table")? {
+            config.create_table = create;
+        }
+        // On SQLite `mode` is SQLite's own option, except for our two values.
+        let mut sqlite_mode = None;
+        if let Some(mode) = options.text("mode")? {
+            match (dialect, mode.as_str()) {
+                (SqlDialect::Sqlite, "session") => {
                     return Err(LockError::config(
                         "mode=session needs a database server (PostgreSQL or MySQL/MariaDB): \
                          SQLite has no server session to hold a lock",
                     ));
                 }
                 // Our default, spelled out: not SQLite's own `mode`.
-                "mode" if value == "row" => {}
-                other => {
-                    if other == "mode" {
-                        has_mode = true;
-                    }
-                    passthrough.append_pair(other, &value);
-                }
+                (SqlDialect::Sqlite, "row") => {}
+                (SqlDialect::Sqlite, _) => sqlite_mode = Some(mode),
+                _ => config.mode = parse_mode(&mode)?,
             }
         }
-        if dialect == SqlDialect::Sqlite && !has_mode && !is_sqlite_memory(base) {
+        let mut passthrough = url::form_urlencoded::Serializer::new(String::new());
+        for (name, value) in endpoint.take_options().into_unread() {
+            passthrough.append_pair(&name, &value);
+        }
+        if dialect == SqlDialect::Sqlite {
             // The embedded default should just work: create the file.
-            passthrough.append_pair("mode", "rwc");
+            match sqlite_mode {
+                Some(mode) => passthrough.append_pair("mode", &mode),
+                None if !is_sqlite_memory(&base) => passthrough.append_pair("mode", "rwc"),
+                None => &mut passthrough,
+            };
         }
         let passthrough = passthrough.finish();
         let mut driver_url = format!("{driver_scheme}:{base}");
@@ -395,19 +396,6 @@ fn is_sqlite_memory(base: &str) -> bool {
     base == ":memory:" || base == "//:memory:" || base.is_empty() || base == "//"
 }
 
-/// The password of `//user:password@host...`, percent-decoded.
-fn extract_password(base: &str) -> Option<String> {
-    let authority = base.strip_prefix("//")?;
-    let authority = authority.split('/').next().unwrap_or(authority);
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    let (_, password) = userinfo.split_once(':')?;
-    Some(
-        percent_encoding::percent_decode_str(password)
-            .decode_utf8_lossy()
-            .into_owned(),
-    )
-}
-
 fn redact(url: &str, password: Option<&str>) -> String {
     let out = lock_core::redact_url(url);
     // A password that also appears elsewhere (percent-encoded forms aside).
@@ -443,18 +431,6 @@ fn parse_mode(value: &str) -> Result<SqlMode, LockError> {
         "session" => Ok(SqlMode::Session),
         other => Err(LockError::config(format!(
             "mode must be row or session, got {other:?}"
-        ))),
-    }
-}
-
-/// Parses a positive duration option with the family's one parser
-/// ([`lock_core::parse_duration`]: a unit is required).
-pub(crate) fn parse_duration(option: &str, text: &str) -> Result<Duration, LockError> {
-    match lock_core::parse_duration(text) {
-        Some(d) if !d.is_zero() => Ok(d),
-        _ => Err(LockError::config(format!(
-            "{option} must be a positive duration with a unit like 30s, 500ms or 2m, got {:?}",
-            text.trim()
         ))),
     }
 }
@@ -535,6 +511,8 @@ mod tests {
             "postgres://h/db?timeout=abc",
             "postgres://h/db?pool_size=0",
             "postgres://h/db?create_table=maybe",
+            "postgres://h/db?create_table=",
+            "postgres://h/db?ttl=1s&ttl=2s",
         ] {
             let err = SqlConfig::from_url(url).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Config, "{url}");
@@ -563,23 +541,5 @@ mod tests {
         assert_eq!(row.driver_url(), "sqlite://x.db?mode=rwc");
         let sqlite = SqlConfig::from_url("sqlite::memory:").unwrap();
         assert!(sqlite.mode(SqlMode::Session).is_err());
-    }
-
-    #[test]
-    fn durations() {
-        assert!(parse_duration("x", "250").is_err(), "a unit is required");
-        assert!(parse_duration("x", "0").is_err(), "must be positive");
-        assert_eq!(
-            parse_duration("x", "1.5s").unwrap(),
-            Duration::from_millis(1500)
-        );
-        assert_eq!(parse_duration("x", "2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(
-            parse_duration("x", "100us").unwrap(),
-            Duration::from_micros(100)
-        );
-        for bad in ["", "s", "1d", "NaN", "inf", "1e999"] {
-            assert!(parse_duration("x", bad).is_err(), "{bad}");
-        }
     }
 }
