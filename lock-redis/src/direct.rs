@@ -136,6 +136,15 @@ impl Direct {
             }
             breaks.0 = None;
         }
+        // Nobody reading (alone on the connection): read our own reply
+        // without polling `replied` first. A polled receiver holds this
+        // task's waker, and `hand_out`'s send of our own reply would wake
+        // the very task that is running it: a self-wake, which a
+        // multi-threaded runtime turns into a yield plus a futex wake-up
+        // of another worker, twice per cycle.
+        if let Ok(mut reader) = self.shared.reader.try_lock() {
+            return self.shared.read_until(&mut reader, &mut replied).await;
+        }
         tokio::select! {
             biased;
             answer = &mut replied => answer.unwrap_or_else(|_| Err(broken())),

@@ -1,0 +1,227 @@
+//! CPU time per acquire+release cycle, ours against the floor, in one
+//! process: a measure that a shared, busy machine does not blur the way it
+//! blurs wall-clock throughput.
+//!
+//! ```text
+//! cargo run --release -p lock-redis --example redis_cpu
+//! ```
+//!
+//! For each contender it runs `CPU_CYCLES` cycles (default 20,000), first
+//! on one client, then spread over 8 independent clients on 8 keys, and
+//! prints the CPU time this process spent per cycle (every thread: the
+//! runtime's workers, the renewal thread; read from
+//! `/proc/self/task/*/schedstat`, nanoseconds) and the server's (from
+//! `/proc/<pid>/stat`, clock ticks). Contenders, each on its own
+//! connections:
+//!
+//! - **floor**: [`lock_redis::floor::RedisFloor`]'s cycle;
+//! - **trait**: `LockBackend::acquire` (waiting) + `LockBackend::release`
+//!   on a `RedisBackend`, no guard;
+//! - **ours**: `client.lock(k).ttl(30s).wait(60s).acquire()` then
+//!   `guard.release()`.
+//!
+//! The three run in alternating order over `CPU_ROUNDS` rounds (default 3);
+//! the median per contender is printed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::servers::redis::RedisServer;
+use lock_core::floor::RawFloor;
+use lock_core::{LockBackend, LockClient, LockError, LockKey};
+use lock_redis::floor::RedisFloor;
+use tokio::time::Instant;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const TTL: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(60);
+const CLIENTS: usize = 8;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// CPU nanoseconds of every live thread of this process.
+fn self_cpu_ns() -> u64 {
+    let mut total = 0;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            total += stat
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// utime + stime of `pid`, in nanoseconds (clock ticks of 10 ms).
+fn pid_cpu_ns(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // Fields after the command: state is 0, utime 11, stime 12.
+    (ticks(11) + ticks(12)) * 10_000_000
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Floor,
+    Trait,
+    Ours,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Floor => "floor",
+            Self::Trait => "trait",
+            Self::Ours => "ours",
+        }
+    }
+}
+
+struct Clients {
+    floors: Vec<Arc<dyn RawFloor>>,
+    backends: Vec<Arc<dyn LockBackend>>,
+    ours: Vec<LockClient>,
+}
+
+async fn cycle(clients: &Clients, kind: Kind, i: usize, key: &str) -> Result<(), LockError> {
+    match kind {
+        Kind::Floor => clients.floors[i].cycle(key, TTL).await,
+        Kind::Trait => {
+            let backend = &clients.backends[i];
+            let key = LockKey::new(key)?;
+            let lease = backend.acquire(&key, TTL, Instant::now() + WAIT).await?;
+            backend.release(&lease).await?;
+            Ok(())
+        }
+        Kind::Ours => {
+            let guard = clients.ours[i]
+                .lock(key)
+                .ttl(TTL)
+                .wait(WAIT)
+                .acquire()
+                .await?;
+            guard.release().await?;
+            Ok(())
+        }
+    }
+}
+
+/// (client CPU us per cycle, server CPU us per cycle, wall us per cycle).
+async fn measure(
+    clients: &Arc<Clients>,
+    kind: Kind,
+    parallel: usize,
+    cycles: usize,
+    server: u32,
+) -> Result<(f64, f64, f64), BoxError> {
+    let per = cycles / parallel;
+    let (cpu0, srv0, wall) = (self_cpu_ns(), pid_cpu_ns(server), Instant::now());
+    let mut tasks = Vec::new();
+    for t in 0..parallel {
+        let clients = clients.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = format!("cpu-{}-{t}", kind.name());
+            for _ in 0..per {
+                cycle(&clients, kind, t, &key).await?;
+            }
+            Ok::<_, LockError>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let wall = wall.elapsed();
+    let (cpu1, srv1) = (self_cpu_ns(), pid_cpu_ns(server));
+    #[allow(clippy::cast_precision_loss)]
+    let n = (per * parallel) as f64;
+    #[allow(clippy::cast_precision_loss)]
+    Ok((
+        (cpu1 - cpu0) as f64 / 1e3 / n,
+        (srv1 - srv0) as f64 / 1e3 / n,
+        wall.as_secs_f64() * 1e6 / n,
+    ))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let cycles = env("CPU_CYCLES", 20_000);
+    let rounds = env("CPU_ROUNDS", 3).max(1);
+    let only = std::env::var("CPU_ONLY").ok();
+    let mut server = RedisServer::start().await?;
+    let pid = server.process().pid().ok_or("no server pid")?;
+    let url = server.url();
+    let mut clients = Clients {
+        floors: Vec::new(),
+        backends: Vec::new(),
+        ours: Vec::new(),
+    };
+    for _ in 0..CLIENTS {
+        clients
+            .floors
+            .push(Arc::new(RedisFloor::connect(&url).await?));
+        clients
+            .backends
+            .push(Arc::new(lock_redis::connect(&url).await?));
+        clients
+            .ours
+            .push(LockClient::new(lock_redis::connect(&url).await?));
+    }
+    let clients = Arc::new(clients);
+    let kinds: Vec<Kind> = [Kind::Floor, Kind::Trait, Kind::Ours]
+        .into_iter()
+        .filter(|k| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|n| n == k.name()))
+        })
+        .collect();
+    for kind in &kinds {
+        measure(&clients, *kind, CLIENTS, 2000, pid).await?;
+    }
+    println!(
+        "redis on {url}: {cycles} cycles per contender per round, {rounds} rounds; us per cycle"
+    );
+    for parallel in [1, CLIENTS] {
+        let mut results: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); kinds.len()];
+        for round in 0..rounds {
+            for j in 0..kinds.len() {
+                let j = if round % 2 == 0 {
+                    j
+                } else {
+                    kinds.len() - 1 - j
+                };
+                results[j].push(measure(&clients, kinds[j], parallel, cycles, pid).await?);
+            }
+        }
+        for (kind, runs) in kinds.iter().zip(results) {
+            println!(
+                "  {parallel} client(s) {:<6} client cpu {:>6.1}  server cpu {:>6.1}  wall {:>6.1}",
+                kind.name(),
+                median(runs.iter().map(|r| r.0).collect()),
+                median(runs.iter().map(|r| r.1).collect()),
+                median(runs.iter().map(|r| r.2).collect()),
+            );
+        }
+    }
+    Ok(())
+}
