@@ -8,41 +8,20 @@ use std::time::Duration;
 
 use conformance::bench::{Contender, FloorCycle};
 use conformance::proxy::FaultProxy;
-use distlock::lock_etcd::floor::EtcdFloor;
-use distlock::lock_redis::floor::{RedisFloor, RedlockFloor};
-use distlock::lock_sql::floor::SqlFloor;
-use distlock::lock_sql::{SessionFloor, SqlConfig, SqlMode};
-use distlock::lock_zk::floor::ZkFloor;
 use lock_core::LockError;
 use lock_core::floor::RawFloor;
 
-fn scheme(url: &str) -> String {
-    url.split(':')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase()
-}
-
-/// The floor for the backend at `url`: `Ok(None)` when its driver has
-/// none (memory, Sentinel, Cluster).
+/// The floor for the backend at `url`, from its driver's descriptor:
+/// `Ok(None)` when its driver has none (memory, Sentinel, Cluster).
 ///
 /// # Errors
 ///
-/// The floor's connection errors.
+/// An unknown scheme; the floor's connection errors.
 pub(crate) async fn connect(url: &str) -> Result<Option<Box<dyn RawFloor>>, LockError> {
-    Ok(Some(match scheme(url).as_str() {
-        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
-            match SqlConfig::from_url(url)?.lock_mode() {
-                SqlMode::Session => Box::new(SessionFloor::connect(url).await?),
-                _ => Box::new(SqlFloor::connect(url).await?),
-            }
-        }
-        "etcd" | "etcds" => Box::new(EtcdFloor::connect(url).await?),
-        "redis" | "rediss" => Box::new(RedisFloor::connect(url).await?),
-        "redlock" => Box::new(RedlockFloor::connect(url).await?),
-        "zk" | "zookeeper" => Box::new(ZkFloor::connect(url).await?),
-        _ => return Ok(None),
-    }))
+    match distlock::driver_for(url)?.floor {
+        Some(floor) => floor(url).await,
+        None => Ok(None),
+    }
 }
 
 /// `n` independent floor clients (each its own connection), or `None`
@@ -70,21 +49,17 @@ pub(crate) async fn contenders(
     Some(out)
 }
 
-/// The default port of a scheme whose URL names one server.
+/// The default port of a scheme whose URL names servers (from the
+/// driver's descriptor).
 fn default_port(scheme: &str) -> Option<u16> {
-    Some(match scheme {
-        "redis" => 6379,
-        "etcd" => 2379,
-        "zk" | "zookeeper" => 2181,
-        "postgres" | "postgresql" => 5432,
-        "mysql" | "mariadb" => 3306,
-        _ => return None,
-    })
+    distlock::drivers()
+        .iter()
+        .find_map(|d| d.default_port(scheme))
 }
 
 /// A fault proxy in front of the one loopback server of `url`, and `url`
 /// rewritten to go through it; `None` for URLs with no single loopback
-/// server (several hosts, a file, TLS, a remote host: round trips are
+/// server (several hosts, a file, a remote host: round trips are
 /// only counted on loopback test servers).
 pub(crate) async fn proxied(url: &str) -> Option<(String, FaultProxy)> {
     let (scheme, rest) = url.split_once("://")?;
@@ -135,6 +110,8 @@ mod tests {
         assert!(proxied("redlock://127.0.0.1:1,127.0.0.1:2").await.is_none());
         assert!(proxied("zk://10.0.0.1:2181").await.is_none());
         assert!(proxied("sqlite:///tmp/x.db").await.is_none());
-        assert!(proxied("rediss://127.0.0.1:6379").await.is_none());
+        // TLS is proxied like plain TCP (turns of TLS records count the same).
+        let (url, _proxy) = proxied("rediss://127.0.0.1:6380").await.unwrap();
+        assert!(url.starts_with("rediss://127.0.0.1:"), "{url}");
     }
 }

@@ -36,11 +36,11 @@
 mod config;
 mod duration;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 
 pub use config::{Config, MigrationConfig, parse_requirements, redact_url};
 pub use duration::{format_duration, parse_duration};
+pub use lock_core::driver::Driver;
 pub use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockClient,
     LockDefaults, LockError, LockGuard, LockInfo, LockKey, LockRequest, LockState, MemoryBackend,
@@ -48,50 +48,79 @@ pub use lock_core::{
     TtlModel, WaitStrategy,
 };
 
-/// Every scheme, with the cargo feature that provides it (`None`: always).
-const SCHEMES: &[(&str, Option<&str>)] = &[
-    ("memory", None),
-    ("redis", Some("redis")),
-    ("rediss", Some("redis")),
-    ("redis+sentinel", Some("redis")),
-    ("rediss+sentinel", Some("redis")),
-    ("redis+cluster", Some("redis")),
-    ("rediss+cluster", Some("redis")),
-    ("redlock", Some("redis")),
-    ("etcd", Some("etcd")),
-    ("etcds", Some("etcd")),
-    ("zk", Some("zk")),
-    ("zookeeper", Some("zk")),
-    ("postgres", Some("sql")),
-    ("postgresql", Some("sql")),
-    ("mysql", Some("sql")),
-    ("mariadb", Some("sql")),
-    ("sqlite", Some("sql")),
-];
+/// The drivers this facade knows, one line each: its cargo feature (which
+/// is also the driver's [`Driver::name`]) and its crate, which exports a
+/// `DRIVER` descriptor. A driver whose feature is off is left out of the
+/// build, and its feature is named when a URL cannot be served.
+macro_rules! drivers {
+    ($($feature:literal => $krate:ident),* $(,)?) => {
+        /// The drivers compiled into this build, the in-memory one first.
+        pub fn drivers() -> &'static [&'static Driver] {
+            static DRIVERS: &[&Driver] = &[
+                &lock_core::driver::MEMORY,
+                $(
+                    #[cfg(feature = $feature)]
+                    &$krate::DRIVER,
+                )*
+            ];
+            DRIVERS
+        }
 
-fn feature_enabled(feature: &str) -> bool {
-    (feature == "redis" && cfg!(feature = "redis"))
-        || (feature == "etcd" && cfg!(feature = "etcd"))
-        || (feature == "zk" && cfg!(feature = "zk"))
-        || (feature == "sql" && cfg!(feature = "sql"))
+        /// The driver features of this facade that this build lacks.
+        fn missing_features() -> Vec<&'static str> {
+            [$(($feature, cfg!(feature = $feature))),*]
+                .into_iter()
+                .filter(|(_, on)| !on)
+                .map(|(feature, _)| feature)
+                .collect()
+        }
+
+        $(
+            #[cfg(feature = $feature)]
+            pub use $krate;
+        )*
+    };
+}
+
+drivers! {
+    "redis" => lock_redis,
+    "etcd" => lock_etcd,
+    "zk" => lock_zk,
+    "sql" => lock_sql,
 }
 
 /// The URL schemes this build understands.
 pub fn supported_schemes() -> Vec<&'static str> {
-    SCHEMES
+    drivers()
         .iter()
-        .filter(|(_, feature)| feature.is_none_or(feature_enabled))
-        .map(|(scheme, _)| *scheme)
+        .flat_map(|d| d.schemes.iter().copied())
         .collect()
 }
 
-/// The scheme of a URL (`sqlite::memory:` counts as `sqlite`).
-fn scheme_of(url: &str) -> &str {
-    match url.split_once("://") {
-        Some((scheme, _)) => scheme,
-        None if url.starts_with("sqlite:") => "sqlite",
-        None => "",
-    }
+/// The driver this build has for `url`'s scheme.
+///
+/// # Errors
+///
+/// [`ErrorKind::Config`] for an unknown scheme, listing the supported ones
+/// and the driver features this build was compiled without.
+pub fn driver_for(url: &str) -> Result<&'static Driver, LockError> {
+    lock_core::driver::find(drivers(), url).ok_or_else(|| {
+        let scheme = lock_core::driver::scheme_of(url);
+        let missing = missing_features();
+        let hint = if missing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; drivers not compiled in (cargo features of distlock): {}",
+                missing.join(", ")
+            )
+        };
+        LockError::config(format!(
+            "unknown backend scheme {scheme:?} in {:?}; this build supports: {}{hint}",
+            redact_url(url),
+            supported_schemes().join(", ")
+        ))
+    })
 }
 
 /// Opens the backend a URL names.
@@ -142,7 +171,7 @@ pub async fn open_config(config: &Config) -> Result<Arc<dyn LockBackend>, LockEr
 /// says otherwise, such a connect runs the Redis driver's eviction check in
 /// `refuse` mode.
 fn required_safety(url: &str, requirements: &lock_core::Requirements) -> String {
-    let redis_family = scheme_of(url).starts_with("redis") || scheme_of(url) == "redlock";
+    let redis_family = driver_for(url).is_ok_and(|d| d.name == "redis");
     if !requirements.fencing || !redis_family || url.contains("eviction=") {
         return url.to_owned();
     }
@@ -152,34 +181,7 @@ fn required_safety(url: &str, requirements: &lock_core::Requirements) -> String 
 
 async fn open_url(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
     Config::from_url(url)?;
-    let scheme = scheme_of(url);
-    let backend: Arc<dyn LockBackend> = match scheme {
-        "memory" => Arc::new(named_memory(&url["memory://".len()..])),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
-        | "rediss+cluster" | "redlock" => Arc::new(lock_redis::connect(url).await?),
-        #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => Arc::new(lock_etcd::connect(url).await?),
-        #[cfg(feature = "zk")]
-        "zk" | "zookeeper" => Arc::new(lock_zk::connect(url).await?),
-        #[cfg(feature = "sql")]
-        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
-            Arc::new(lock_sql::connect(url).await?)
-        }
-        other => {
-            if let Some((_, Some(feature))) = SCHEMES.iter().find(|(s, _)| *s == other) {
-                return Err(LockError::config(format!(
-                    "scheme {other:?} needs the `{feature}` cargo feature of distlock, which this build does not have"
-                )));
-            }
-            return Err(LockError::config(format!(
-                "unknown backend scheme {other:?} in {:?}; this build supports: {}",
-                redact_url(url),
-                supported_schemes().join(", ")
-            )));
-        }
-    };
-    Ok(backend)
+    (driver_for(url)?.connect)(url).await
 }
 
 /// Connects to the backend a URL names and wraps it in a [`LockClient`].
@@ -208,28 +210,6 @@ pub async fn connect_config(config: &Config) -> Result<LockClient, LockError> {
     let backend = open_config(config).await?;
     Ok(LockClient::from_arc(backend).with_defaults(config.defaults))
 }
-
-/// In-process services by name, so that `memory://jobs` opened twice in one
-/// process shares its locks (like two clients of one server).
-fn named_memory(name: &str) -> MemoryBackend {
-    static REGISTRY: OnceLock<Mutex<HashMap<String, MemoryBackend>>> = OnceLock::new();
-    let registry = REGISTRY.get_or_init(|| Mutex::new(HashMap::new()));
-    registry
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .entry(name.trim_end_matches('/').to_owned())
-        .or_default()
-        .clone()
-}
-
-#[cfg(feature = "etcd")]
-pub use lock_etcd;
-#[cfg(feature = "redis")]
-pub use lock_redis;
-#[cfg(feature = "sql")]
-pub use lock_sql;
-#[cfg(feature = "zk")]
-pub use lock_zk;
 
 #[cfg(test)]
 mod tests {

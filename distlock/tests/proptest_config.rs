@@ -215,12 +215,13 @@ fn any_url() -> impl Strategy<Value = (String, Option<String>)> {
     ]
 }
 
-/// The facade's scheme rule (`sqlite::memory:` is sqlite).
-fn scheme_of(url: &str) -> &str {
+/// The facade's scheme rule: case-insensitive, as URL schemes are
+/// (`sqlite::memory:` is sqlite).
+fn scheme_of(url: &str) -> String {
     match url.split_once("://") {
-        Some((scheme, _)) => scheme,
-        None if url.starts_with("sqlite:") => "sqlite",
-        None => "",
+        Some((scheme, _)) => scheme.to_ascii_lowercase(),
+        None if url.starts_with("sqlite:") => "sqlite".to_owned(),
+        None => String::new(),
     }
 }
 
@@ -306,7 +307,7 @@ fn parse_without_connecting(
             }
         };
     }
-    match scheme {
+    match scheme.as_str() {
         "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel" | "redis+cluster"
         | "rediss+cluster" | "redlock" => driver!(Parser::Redis, RedisConfig::from_url(url.trim())),
         "etcd" | "etcds" => driver!(Parser::Etcd, EtcdConfig::from_url(url.trim())),

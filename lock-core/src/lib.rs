@@ -73,6 +73,7 @@
 mod backend;
 mod capabilities;
 mod client;
+pub mod driver;
 pub mod endpoint;
 mod error;
 pub mod floor;

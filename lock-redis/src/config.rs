@@ -449,12 +449,6 @@ fn check_prefix(prefix: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-/// Parses a duration option with the family's one parser
-/// ([`lock_core::parse_duration`]: a unit is required).
-pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    lock_core::parse_duration(text)
-}
-
 fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
     let mut url = Endpoint::parse(url)?;
     let scheme = url.scheme().to_owned();
@@ -670,15 +664,5 @@ mod tests {
         );
         assert!(text.contains("<redacted>"));
         assert_eq!(c.secrets().len(), 2);
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250"), None, "a unit is required");
-        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_duration("3s"), Some(Duration::from_secs(3)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("x"), None);
-        assert_eq!(parse_duration("5h"), Some(Duration::from_secs(5 * 3600)));
     }
 }

@@ -194,6 +194,7 @@
 
 #![deny(missing_docs)]
 
+mod descriptor;
 mod batch;
 mod config;
 mod conn;
@@ -205,6 +206,7 @@ mod notify;
 mod renew_many;
 mod scripts;
 
+pub use descriptor::DRIVER;
 pub use config::{
     DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL, RedisConfig,
     RedisNode, RedisTopology,

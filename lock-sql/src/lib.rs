@@ -216,6 +216,7 @@
     allow(dead_code, irrefutable_let_patterns)
 )]
 
+mod descriptor;
 mod config;
 mod conn;
 mod driver;
@@ -228,6 +229,7 @@ mod session;
 mod sql;
 mod wake;
 
+pub use descriptor::DRIVER;
 pub use config::{DEFAULT_TABLE, MAX_TABLE_LEN, SqlConfig, SqlDialect, SqlMode};
 pub use driver::{MIN_TTL, SqlBackend};
 pub use fence::SqlFence;

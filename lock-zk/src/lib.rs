@@ -154,12 +154,14 @@
 
 #![deny(missing_docs)]
 
+mod descriptor;
 mod config;
 mod driver;
 pub mod floor;
 mod paths;
 mod wire;
 
+pub use descriptor::DRIVER;
 pub use config::{DEFAULT_ROOT, ZkConfig};
 pub use driver::{MIN_TTL, ZkBackend};
 

@@ -1,0 +1,178 @@
+//! Driver descriptors: what a backend crate tells the rest of the family
+//! about itself, so that the facade, the command-line tool and the tests
+//! derive their scheme tables, connects and floors from one list instead of
+//! naming every driver by hand.
+//!
+//! A driver crate exports one `pub static DRIVER: Driver`; the facade lists
+//! the descriptors of the crates compiled in (one line per driver) and
+//! [`find`] picks the one a URL's scheme names.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use crate::floor::RawFloor;
+use crate::{LockBackend, LockError, MemoryBackend};
+
+/// A boxed, sendable future (what a descriptor's functions return).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Connects the backend a URL names.
+pub type ConnectFn = for<'a> fn(&'a str) -> BoxFuture<'a, Result<Arc<dyn LockBackend>, LockError>>;
+
+/// Connects the driver's raw floor (the minimal grant and release written
+/// by hand on one bare connection, for benchmarks): `Ok(None)` when this
+/// URL's form has none (a Cluster or Sentinel URL, say).
+pub type FloorFn =
+    for<'a> fn(&'a str) -> BoxFuture<'a, Result<Option<Box<dyn RawFloor>>, LockError>>;
+
+/// One driver's entry in the family.
+#[derive(Clone, Copy)]
+pub struct Driver {
+    /// Short name (`redis`, `etcd`, `zookeeper`, `sql`, `memory`): the
+    /// facade's cargo feature and the name in messages.
+    pub name: &'static str,
+    /// The URL schemes it serves, lower case (`redis`, `rediss`, ...).
+    pub schemes: &'static [&'static str],
+    /// Per scheme, the port a host written without one gets (schemes whose
+    /// URLs name no server are left out; see
+    /// [`default_port`](Self::default_port)).
+    pub default_ports: &'static [(&'static str, u16)],
+    /// One line for help texts: what it is and its URL form.
+    pub summary: &'static str,
+    /// Connects the backend a URL names.
+    pub connect: ConnectFn,
+    /// Its raw floor, when it has one.
+    pub floor: Option<FloorFn>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("name", &self.name)
+            .field("schemes", &self.schemes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    /// Whether this driver serves the scheme of `url`.
+    pub fn handles(&self, url: &str) -> bool {
+        let scheme = scheme_of(url);
+        self.schemes.iter().any(|s| s.eq_ignore_ascii_case(scheme))
+    }
+
+    /// The default port of `scheme` (a host written without a port gets
+    /// it), if this driver's URLs of that scheme name servers.
+    pub fn default_port(&self, scheme: &str) -> Option<u16> {
+        self.default_ports
+            .iter()
+            .find(|(s, _)| s.eq_ignore_ascii_case(scheme))
+            .map(|(_, port)| *port)
+    }
+}
+
+/// The scheme of a URL, as written (`redis` for `redis://h`, `sqlite` for
+/// `sqlite::memory:`); empty when there is none.
+pub fn scheme_of(url: &str) -> &str {
+    let url = url.trim();
+    match url.split_once(':') {
+        Some((scheme, _))
+            if !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+        {
+            scheme
+        }
+        _ => "",
+    }
+}
+
+/// The driver among `drivers` that serves `url`'s scheme.
+pub fn find<'a>(drivers: &[&'a Driver], url: &str) -> Option<&'a Driver> {
+    drivers.iter().copied().find(|d| d.handles(url))
+}
+
+/// The in-process backend: `memory://[name]`. Every URL with the same
+/// name opens the same locks in this process (like two clients of one
+/// server); different names are independent.
+pub static MEMORY: Driver = Driver {
+    name: "memory",
+    schemes: &["memory"],
+    default_ports: &[],
+    summary: "memory://[name]: in-process locks, shared by name within this process",
+    connect: connect_memory,
+    floor: None,
+};
+
+fn connect_memory(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move { Ok(Arc::new(named_memory(url)?) as Arc<dyn LockBackend>) })
+}
+
+/// The process's memory backend of that name (`memory://jobs`).
+fn named_memory(url: &str) -> Result<MemoryBackend, LockError> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, MemoryBackend>>> = OnceLock::new();
+    let mut endpoint = crate::endpoint::Endpoint::parse(url)?;
+    if endpoint.scheme() != "memory" || !endpoint.has_authority() {
+        return Err(LockError::config("a memory URL is memory://[name]"));
+    }
+    endpoint.options().finish("memory")?;
+    let name = url.trim()["memory://".len()..]
+        .trim_end_matches('/')
+        .to_owned();
+    let registry = REGISTRY.get_or_init(|| Mutex::new(HashMap::new()));
+    Ok(registry
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(name)
+        .or_default()
+        .clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_connect(_: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
+        Box::pin(async { Err(LockError::config("test driver")) })
+    }
+
+    static A: Driver = Driver {
+        name: "a",
+        schemes: &["a", "a+s"],
+        default_ports: &[("a", 1)],
+        summary: "a://host",
+        connect: no_connect,
+        floor: None,
+    };
+
+    #[test]
+    fn schemes_pick_the_driver() {
+        assert_eq!(scheme_of("A+S://h"), "A+S");
+        assert_eq!(scheme_of("sqlite::memory:"), "sqlite");
+        assert_eq!(scheme_of("nonsense"), "");
+        assert_eq!(scheme_of("://x"), "");
+        assert!(find(&[&A], "a+s://h").is_some());
+        assert!(find(&[&A], "b://h").is_none());
+        assert_eq!(A.default_port("A"), Some(1));
+        assert_eq!(A.default_port("a+s"), None);
+    }
+
+    #[tokio::test]
+    async fn memory_urls_share_by_name() {
+        let a = (MEMORY.connect)("memory://shared").await.unwrap();
+        let b = (MEMORY.connect)("memory://shared/").await.unwrap();
+        let c = (MEMORY.connect)("memory://other").await.unwrap();
+        let key = crate::LockKey::new("k").unwrap();
+        let ttl = std::time::Duration::from_secs(5);
+        let lease = a.try_acquire(&key, ttl).await.unwrap().unwrap();
+        assert!(b.try_acquire(&key, ttl).await.unwrap().is_none());
+        assert!(c.try_acquire(&key, ttl).await.unwrap().is_some());
+        a.release(&lease).await.unwrap();
+        for bad in ["memory:x", "memory://x?ttl=1s"] {
+            assert!((MEMORY.connect)(bad).await.is_err(), "{bad}");
+        }
+    }
+}

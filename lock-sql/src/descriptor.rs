@@ -1,0 +1,39 @@
+//! This driver's entry in the family ([`lock_core::driver`]).
+
+use std::sync::Arc;
+
+use lock_core::driver::{BoxFuture, Driver};
+use lock_core::floor::RawFloor;
+use lock_core::{LockBackend, LockError};
+
+use crate::floor::SqlFloor;
+use crate::{SessionFloor, SqlConfig, SqlMode};
+
+/// The SQL driver: PostgreSQL, MySQL/MariaDB and SQLite, row or session mode.
+pub static DRIVER: Driver = Driver {
+    name: "sql",
+    schemes: &["postgres", "postgresql", "mysql", "mariadb", "sqlite"],
+    default_ports: &[
+        ("postgres", 5432),
+        ("postgresql", 5432),
+        ("mysql", 3306),
+        ("mariadb", 3306),
+    ],
+    summary: "postgres://, mysql://, mariadb://, sqlite://path or sqlite::memory: (?mode=session for server-session locks)",
+    connect: connect,
+    floor: Some(floor),
+};
+
+fn connect(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move { Ok(Arc::new(crate::connect(url).await?) as Arc<dyn LockBackend>) })
+}
+
+fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
+    Box::pin(async move {
+        let floor: Box<dyn RawFloor> = match SqlConfig::from_url(url)?.lock_mode() {
+            SqlMode::Session => Box::new(SessionFloor::connect(url).await?),
+            _ => Box::new(SqlFloor::connect(url).await?),
+        };
+        Ok(Some(floor))
+    })
+}
