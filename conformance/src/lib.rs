@@ -11,7 +11,8 @@
 //!   acquire, renewal, release and lost signal of a client into a history.
 //! - [`doubles`]: deliberately broken backends for the tests that show a
 //!   check failing.
-//! - [`link`]: the fault proxy's faults for in-process backends.
+//! - [`link`]: the fault proxy's faults for in-process backends (from
+//!   `lock-testkit`).
 //! - [`migration`]: the rollout simulation for migrating between backends.
 //! - [`bench`]: latency and throughput measurements for ratio benchmarks.
 //! - [`scenarios`]: fault scenarios (crashed, paused, partitioned holders,
@@ -20,9 +21,12 @@
 //! - [`soak`]: a randomized fault soak (a seeded nemesis, clients updating
 //!   a fenced counter, the checker over the whole run, counts per fault).
 //! - [`proxy`]: an in-process TCP proxy that injects latency, partitions,
-//!   blackholes and resets.
-//! - [`process`] and [`servers`]: real servers on loopback, started from
-//!   binaries on PATH in temporary directories, with pause / kill / restart.
+//!   blackholes and resets, and counts round trips.
+//! - [`process`], [`servers`] and [`deploy`]: real servers on loopback,
+//!   started from binaries on PATH in temporary directories, with pause /
+//!   kill / restart, behind one `Deployment` trait; [`deploy::DeployedTarget`]
+//!   makes any of them a suite [`Target`]. These come from the
+//!   `lock-testkit` crate and are re-exported here.
 //!
 //! A driver's test runs the whole suite against a real server:
 //!
@@ -43,18 +47,14 @@ pub mod deploy;
 pub mod doubles;
 pub mod harness;
 pub mod history;
-pub mod link;
 pub mod migration;
-pub mod process;
-pub mod proxy;
 pub mod recording;
 pub mod resource;
 pub mod scale;
 pub mod scenarios;
-pub mod servers;
 pub mod soak;
 pub mod suite;
 
 pub use harness::{Harness, MemoryTarget, SuiteConfig, Target};
-pub use process::{HarnessError, OrSkip};
+pub use lock_testkit::{HarnessError, OrSkip, link, process, proxy, servers};
 pub use suite::{Case, CaseReport, SuiteReport, all_cases, run_cases, run_suite};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use conformance::deploy::{DeployedTarget, Deployment, Opener};
+use conformance::deploy::{self, DeployedTarget, Opener};
 use conformance::doubles::{Flaw, FlawedTarget, rogue_lease};
 use conformance::soak::{FaultKind, SoakConfig, SoakReport, plan, run_soak};
 use conformance::{MemoryTarget, OrSkip, Target};
@@ -77,7 +77,7 @@ fn etcd_opener() -> Opener {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_soak_is_clean() {
-    let Some(deployment) = Deployment::start("etcd").await.or_skip() else {
+    let Some(deployment) = deploy::start("etcd").await.or_skip() else {
         return;
     };
     let target = Arc::new(DeployedTarget::new(deployment, etcd_opener()));

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::bench::{self, Contender, FloorCycle, Ours};
-use conformance::deploy::{DeployedTarget, Deployment, Opener};
+use conformance::deploy::{self, DeployedTarget, Opener};
 use conformance::scale::{self, ScaleConfig};
 use conformance::scenarios::{self, HolderCommand, ScenarioEnv, ScenarioReport, Verdict};
 use conformance::{Harness, HarnessError, MemoryTarget, SuiteConfig, SuiteReport, Target};
@@ -159,9 +159,9 @@ const EMBEDDED: &[&str] = &["memory", "sqlite"];
 /// which keeps `--quick` under 5 minutes on a two-core machine. Any kind
 /// can be asked for by name with `--backends`.
 fn default_kinds(full: bool) -> Vec<&'static str> {
-    conformance::deploy::KINDS
+    deploy::KINDS
         .iter()
-        .copied()
+        .map(|k| k.name)
         .filter(|k| full || !matches!(*k, "etcd-cluster" | "zookeeper-ensemble"))
         .collect()
 }
@@ -190,8 +190,8 @@ async fn candidate(name: &str) -> Result<Candidate, String> {
                 _keep: Some(dir),
             })
         }
-        kind if conformance::deploy::KINDS.contains(&kind) => {
-            let deployment = Deployment::start(kind).await.map_err(|e| match e {
+        kind if deploy::kind(kind).is_some() => {
+            let deployment = deploy::start(kind).await.map_err(|e| match e {
                 HarnessError::MissingBinary { .. } => format!("not installed: {e}"),
                 other => format!("could not start: {other}"),
             })?;
@@ -205,7 +205,7 @@ async fn candidate(name: &str) -> Result<Candidate, String> {
         }
         other => Err(format!(
             "unknown backend {other:?}; expected one of memory, sqlite, {}",
-            conformance::deploy::KINDS.join(", ")
+            deploy::kind_names().join(", ")
         )),
     }
 }
@@ -267,7 +267,7 @@ fn selected_backends(opts: &CompareOptions, defaults: &[&str]) -> Result<Vec<Str
         None => defaults.iter().map(|s| (*s).to_owned()).collect(),
     };
     for name in &names {
-        if conformance::deploy::KINDS.contains(&name.as_str()) && !opts.spawn {
+        if deploy::kind(name).is_some() && !opts.spawn {
             return Err(LockError::config(format!(
                 "backend {name:?} needs a server: add --spawn to start one on loopback, or pass --with URL"
             )));
@@ -726,8 +726,8 @@ async fn soak_target(
     ),
     String,
 > {
-    if conformance::deploy::KINDS.contains(&name) {
-        let deployment = Deployment::start_with_peer_proxies(name)
+    if deploy::kind(name).is_some() {
+        let deployment = deploy::start_with_peer_proxies(name)
             .await
             .map_err(|e| match e {
                 HarnessError::MissingBinary { .. } => format!("not installed: {e}"),

@@ -1,0 +1,28 @@
+//! The distlock family's test kit: real servers on loopback and the faults
+//! tests inject into them.
+//!
+//! - [`process`]: server processes found on PATH, started on free loopback
+//!   ports in temporary directories, paused, killed, restarted, stopped on
+//!   drop; a missing binary is an error naming its Debian package
+//!   ([`HarnessError`]), a skip outside CI ([`OrSkip`]).
+//! - [`servers`]: a spawner per server (redis-server, etcd, ZooKeeper,
+//!   PostgreSQL, MariaDB), including clusters, ensembles and TLS setups.
+//! - [`deploy`]: started servers behind one trait, [`Deployment`](deploy::Deployment)
+//!   (URL, pause, resume, kill and restart, failover, losing nodes,
+//!   partitioning members), and the table of kinds [`deploy::KINDS`].
+//! - [`proxy`]: a TCP fault proxy (latency, partitions, blackholes, resets)
+//!   that also counts round trips; [`link`] gives in-process backends the
+//!   same faults.
+//!
+//! The suite itself (cases, scenarios, the checker) lives in the
+//! `conformance` crate, which re-exports these modules.
+
+#![deny(missing_docs)]
+
+pub mod deploy;
+pub mod link;
+pub mod process;
+pub mod proxy;
+pub mod servers;
+
+pub use process::{HarnessError, OrSkip};
