@@ -1,0 +1,122 @@
+//! The conformance cases: public async functions over a [`Harness`],
+//! selected by capabilities, runnable from any driver's tests.
+//!
+//! Each returns an [`Outcome`]. Timing checks use the harness's margin for
+//! lateness only; safety is judged from the recorded history, never from
+//! wall-clock luck.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{Lease, LockBackend, LockKey};
+use tokio::time::Instant;
+
+use crate::harness::Harness;
+use crate::history::{Op, Recorder};
+
+/// How a case ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Everything held; the text has the figures.
+    Passed(String),
+    /// Not applicable to this backend (capabilities or target), with why.
+    Skipped(String),
+    /// A check failed, with what was seen.
+    Failed(String),
+}
+
+impl Outcome {
+    /// Whether it failed.
+    pub fn is_failed(&self) -> bool {
+        matches!(self, Self::Failed(_))
+    }
+}
+
+type CaseResult = Result<Outcome, String>;
+
+fn finish(result: CaseResult) -> Outcome {
+    result.unwrap_or_else(Outcome::Failed)
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+fn fmt_err(what: &str) -> impl Fn(lock_core::LockError) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+async fn clients(h: &Harness, n: usize) -> Result<Vec<Arc<dyn LockBackend>>, String> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n.max(1) {
+        out.push(h.client().await.map_err(fmt_err("connecting a client"))?);
+    }
+    Ok(out)
+}
+
+/// Two independent clients.
+async fn two_clients(h: &Harness) -> Result<(Arc<dyn LockBackend>, Arc<dyn LockBackend>), String> {
+    let mut both = clients(h, 2).await?.into_iter();
+    match (both.next(), both.next()) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err("could not make two clients".into()),
+    }
+}
+
+/// Takes a key that must be free.
+async fn take_free(
+    backend: &dyn LockBackend,
+    key: &LockKey,
+    ttl: Duration,
+) -> Result<Lease, String> {
+    backend
+        .try_acquire(key, ttl)
+        .await
+        .map_err(fmt_err("try_acquire"))?
+        .ok_or_else(|| format!("the free key {key} was reported held"))
+}
+
+/// Acquires waiting until `deadline`, recording invoke/ok/fail.
+pub(crate) async fn recorded_acquire(
+    backend: &dyn LockBackend,
+    rec: &Recorder,
+    key: &LockKey,
+    ttl: Duration,
+    deadline: Instant,
+) -> Result<Lease, lock_core::LockError> {
+    rec.invoke(Op::Acquire, key, None);
+    match backend.acquire(key, ttl, deadline).await {
+        Ok(lease) => {
+            rec.acquired(key, lease.token(), lease.validity_deadline());
+            Ok(lease)
+        }
+        Err(e) => {
+            rec.failed(Op::Acquire, key, None);
+            Err(e)
+        }
+    }
+}
+
+async fn recorded_release(
+    backend: &dyn LockBackend,
+    rec: &Recorder,
+    lease: &Lease,
+) -> Result<bool, lock_core::LockError> {
+    rec.invoke(Op::Release, lease.key(), Some(lease.token()));
+    let held = backend.release(lease).await?;
+    rec.released(lease.key(), lease.token(), held);
+    Ok(held)
+}
+
+// After the macros above, which the case modules use.
+mod api;
+mod exclusion;
+mod leases;
+
+pub use api::*;
+pub use exclusion::*;
+pub use leases::*;

@@ -1,0 +1,429 @@
+//! Fault scenarios: what each backend does when holders crash or pause,
+//! clients are partitioned, servers restart, the network slows down,
+//! replies are lost, and acquires are cancelled by the thousand. Each is
+//! judged from what clients observed (and, where it applies, the history
+//! checker), and reports figures for the comparison.
+//!
+//! The failover and node-loss scenarios (`replica_failover`,
+//! `minority_down`, `majority_down`) run where the target has the ability
+//! ([`Target::fail_over`], [`Target::stop_nodes`]), whatever the backend.
+//!
+//! Scenarios where a backend *cannot* be safe are kept as negative
+//! controls: there the violation must be seen and is reported as
+//! `flagged`; a negative control that shows nothing is a failure of the
+//! instrument.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{FencingToken, Lease, LockBackend, LockKey, OwnerId, TtlModel};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::harness::Target;
+use crate::history::{Op, Recorder};
+use crate::resource::{RESOURCE_ENV, ResourceServer};
+
+mod cluster;
+mod holder;
+mod server;
+
+pub use cluster::*;
+pub use holder::*;
+pub use server::*;
+
+/// A scenario's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Nothing unsafe happened.
+    Safe,
+    /// Something unsafe happened where the backend promises safety (or a
+    /// negative control showed nothing: the instrument failed).
+    Violation,
+    /// A negative control: the expected violation was seen and reported.
+    Flagged,
+    /// Not applicable to this backend or target.
+    Skipped,
+}
+
+/// One scenario's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScenarioReport {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Whether this is a negative control for this backend.
+    pub negative_control: bool,
+    /// What happened, in words.
+    pub detail: String,
+    /// Figures (milliseconds, counts).
+    #[serde(flatten)]
+    pub figures: BTreeMap<String, Value>,
+}
+
+impl ScenarioReport {
+    fn skipped(why: impl Into<String>) -> Self {
+        Self {
+            verdict: Verdict::Skipped,
+            negative_control: false,
+            detail: why.into(),
+            figures: BTreeMap::new(),
+        }
+    }
+
+    fn judged(
+        negative_control: bool,
+        violated: bool,
+        detail: String,
+        figures: BTreeMap<String, Value>,
+    ) -> Self {
+        let verdict = match (negative_control, violated) {
+            (false, false) => Verdict::Safe,
+            (false, true) | (true, false) => Verdict::Violation,
+            (true, true) => Verdict::Flagged,
+        };
+        let detail = if negative_control && !violated {
+            format!(
+                "negative control NOT flagged (the unsafe outcome was expected but not observed): {detail}"
+            )
+        } else {
+            detail
+        };
+        Self {
+            verdict,
+            negative_control,
+            detail,
+            figures,
+        }
+    }
+
+    fn failed(detail: String) -> Self {
+        Self {
+            verdict: Verdict::Violation,
+            negative_control: false,
+            detail,
+            figures: BTreeMap::new(),
+        }
+    }
+
+    /// Whether this result fails a run (a violation where safety is
+    /// promised, or a negative control that was not flagged).
+    pub fn fails_run(&self) -> bool {
+        self.verdict == Verdict::Violation
+    }
+}
+
+/// Builds the command of a lock-holder process: given a backend URL, a key
+/// and a TTL, it must take the lock, keep it (renewed) while it lives, and
+/// exit with status 76 when it learns the lock was lost (as `distlock run
+/// --on-lost term KEY -- cmd` does). When its environment has
+/// [`RESOURCE_ENV`](crate::resource::RESOURCE_ENV), the work it does under
+/// the lock is to send its fencing token to that resource every ~20 ms
+/// (see [`crate::resource`]); [`HOLDER_WORK`] is such a command for
+/// `distlock run`.
+pub type HolderCommand = Arc<dyn Fn(&str, &str, Duration) -> Command + Send + Sync>;
+
+/// The work of a `distlock run` holder, as a `bash -c` script: send the
+/// fencing token to the resource every 20 ms when there is one, sleep
+/// otherwise.
+pub const HOLDER_WORK: &str = r#"r="${DISTLOCK_TEST_RESOURCE:-}"; [ -z "$r" ] && exec sleep 600; while :; do echo "$DISTLOCK_FENCING_TOKEN" >"/dev/tcp/${r%:*}/${r##*:}" 2>/dev/null; sleep 0.02; done"#;
+
+/// The holder command of a `distlock` binary at `exe`: `distlock --url URL
+/// run --on-lost term --kill-after 1s --ttl TTL KEY -- bash -c WORK`
+/// (`work` is normally [`HOLDER_WORK`]).
+pub fn distlock_run_holder(exe: std::path::PathBuf, work: String) -> HolderCommand {
+    Arc::new(move |url: &str, key: &str, ttl: Duration| {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "--url",
+            url,
+            "run",
+            "--on-lost",
+            "term",
+            "--kill-after",
+            "1s",
+        ])
+        .arg("--ttl")
+        .arg(format!("{}ms", ttl.as_millis()))
+        .args([key, "--", "bash", "-c", &work]);
+        cmd
+    })
+}
+
+/// What the scenarios run against.
+#[derive(Clone)]
+pub struct ScenarioEnv {
+    /// The backend under test.
+    pub target: Arc<dyn Target>,
+    /// How to start a holder process, for the crash and pause scenarios.
+    pub holder: Option<HolderCommand>,
+    /// Fewer repetitions and a smaller cancellation storm.
+    pub quick: bool,
+    /// TTL used (raised to the backend's minimum).
+    pub ttl: Duration,
+}
+
+impl std::fmt::Debug for ScenarioEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScenarioEnv")
+            .field("target", &self.target.name())
+            .field("quick", &self.quick)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every scenario's name, in report order.
+pub const SCENARIOS: &[&str] = &[
+    "holder_killed",
+    "holder_paused",
+    "client_partitioned",
+    "server_restarted",
+    "latency_injected",
+    "release_reply_lost",
+    "cancellation_storm",
+    "replica_failover",
+    "minority_down",
+    "majority_down",
+];
+
+/// Runs one scenario by name.
+pub async fn run_scenario(name: &str, env: &ScenarioEnv) -> ScenarioReport {
+    let fut = async {
+        match name {
+            "holder_killed" => holder_killed(env).await,
+            "holder_paused" => holder_paused(env).await,
+            "client_partitioned" => client_partitioned(env).await,
+            "server_restarted" => server_restarted(env).await,
+            "latency_injected" => latency_injected(env).await,
+            "release_reply_lost" => release_reply_lost(env).await,
+            "cancellation_storm" => cancellation_storm(env).await,
+            "replica_failover" => replica_failover(env).await,
+            "minority_down" => minority_down(env).await,
+            "majority_down" => majority_down(env).await,
+            other => ScenarioReport::failed(format!("unknown scenario {other:?}")),
+        }
+    };
+    match timeout(Duration::from_secs(180), fut).await {
+        Ok(report) => report,
+        Err(_) => {
+            let _ = env.target.heal().await;
+            let _ = timeout(Duration::from_secs(120), env.target.restart_nodes()).await;
+            ScenarioReport::failed(format!("scenario {name} did not finish within 180 s"))
+        }
+    }
+}
+
+/// Runs every scenario, one after another.
+pub async fn run_all(env: &ScenarioEnv) -> BTreeMap<String, ScenarioReport> {
+    let mut out = BTreeMap::new();
+    for name in SCENARIOS {
+        out.insert((*name).to_owned(), run_scenario(name, env).await);
+    }
+    out
+}
+
+fn ms(d: Duration) -> Value {
+    json!((d.as_secs_f64() * 1e4).round() / 10.0)
+}
+
+fn percentile(samples: &mut [Duration], q: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    samples.sort_unstable();
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = ((samples.len() - 1) as f64 * q).round() as usize;
+    samples[i.min(samples.len() - 1)]
+}
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!(
+        "scenario-{}/{name}",
+        &OwnerId::random().to_hex()[..8]
+    ))
+    .expect("valid key")
+}
+
+/// A scenario's result, with an error turned into a failed report.
+fn finish(result: Result<ScenarioReport, String>) -> ScenarioReport {
+    result.unwrap_or_else(ScenarioReport::failed)
+}
+
+const NO_PROXY: &str = "target cannot put a proxy in front of the server";
+
+/// A client behind a fault proxy, when the target can make one.
+async fn proxied_client(
+    env: &ScenarioEnv,
+) -> Result<Option<(Arc<dyn LockBackend>, crate::proxy::FaultProxy)>, String> {
+    env.target.proxied_client().await.map_err(|e| e.to_string())
+}
+
+async fn client(env: &ScenarioEnv) -> Result<Arc<dyn LockBackend>, String> {
+    env.target
+        .client()
+        .await
+        .map_err(|e| format!("client: {e}"))
+}
+
+/// How long a lock can outlive a dead holder: the TTL for per-lease
+/// backends, the session's TTL (not known here: bounded generously) for
+/// per-session ones.
+fn free_bound(env: &ScenarioEnv, backend: &dyn LockBackend) -> Duration {
+    match backend.capabilities().ttl_model {
+        TtlModel::PerLease => env.ttl * 2 + Duration::from_secs(2),
+        _ => Duration::from_secs(30),
+    }
+}
+
+struct Holder {
+    child: std::process::Child,
+    pid: libc::pid_t,
+}
+
+impl Holder {
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.pid, sig);
+        }
+    }
+
+    /// The process groups of the holder's children (`distlock run` starts
+    /// its command in a group of its own), read from `/proc`.
+    fn child_groups(&self) -> Vec<libc::pid_t> {
+        let mut out = Vec::new();
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return out;
+        };
+        for task in tasks.flatten() {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            out.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<libc::pid_t>().ok()),
+            );
+        }
+        out
+    }
+
+    /// Signals every child's process group.
+    fn signal_children(&self, groups: &[libc::pid_t], sig: libc::c_int) {
+        for group in groups {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe {
+                libc::kill(-group, sig);
+            }
+        }
+    }
+
+    fn kill_group(&self) {
+        // SAFETY: as above; the holder leads its own process group.
+        unsafe {
+            libc::kill(-self.pid, libc::SIGKILL);
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.kill_group();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a holder process (writing to `resource`, when given, while it
+/// holds) and waits until `inspect` shows the key held.
+async fn start_holder(
+    env: &ScenarioEnv,
+    observer: &dyn LockBackend,
+    key: &LockKey,
+    resource: Option<&ResourceServer>,
+) -> Result<Option<(Holder, Option<FencingToken>)>, String> {
+    let (Some(make), Some(url)) = (&env.holder, env.target.url()) else {
+        return Ok(None);
+    };
+    let mut cmd = make(&url, key.as_str(), env.ttl);
+    if let Some(resource) = resource {
+        cmd.env(RESOURCE_ENV, resource.addr().to_string());
+    }
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+    }
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("starting the holder process: {e}"))?;
+    let pid = libc::pid_t::try_from(child.id()).map_err(|e| e.to_string())?;
+    let mut holder = Holder { child, pid };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(info)) = observer.inspect(key).await {
+            return Ok(Some((holder, info.token)));
+        }
+        if let Ok(Some(status)) = holder.child.try_wait() {
+            return Err(format!("holder process exited early with {status}"));
+        }
+        if Instant::now() >= deadline {
+            return Err("holder process never took the lock".into());
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client made with retries (a cluster may still be electing a leader,
+/// a promoted replica may still be starting to accept connections).
+async fn client_within(
+    env: &ScenarioEnv,
+    patience: Duration,
+) -> Result<Arc<dyn LockBackend>, String> {
+    let until = Instant::now() + patience;
+    loop {
+        match env.target.client().await {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() >= until => return Err(format!("client: {e}")),
+            Err(_) => sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Releases with a bound; the release's start ends the promised window
+/// whatever its outcome.
+async fn recorded_release(backend: &dyn LockBackend, rec: &Recorder, lease: &Lease) -> bool {
+    rec.invoke(Op::Release, lease.key(), Some(lease.token()));
+    match timeout(Duration::from_secs(10), backend.release(lease)).await {
+        Ok(Ok(held)) => {
+            rec.released(lease.key(), lease.token(), held);
+            held
+        }
+        _ => {
+            rec.failed(Op::Release, lease.key(), Some(lease.token()));
+            false
+        }
+    }
+}
+
+/// Restores every node a scenario killed, reporting a failure as a
+/// violation of the scenario.
+async fn restart_all(env: &ScenarioEnv) -> Result<Duration, String> {
+    let started = Instant::now();
+    match timeout(Duration::from_secs(150), env.target.restart_nodes()).await {
+        Ok(Ok(())) => Ok(started.elapsed()),
+        Ok(Err(e)) => Err(format!("restarting the killed nodes: {e}")),
+        Err(_) => Err("restarting the killed nodes took over 150 s".into()),
+    }
+}

@@ -1,0 +1,624 @@
+//! A randomized fault soak: clients take locks and update a counter under
+//! them against one deployment while a nemesis injects faults on a random
+//! schedule; the history checker judges the whole run.
+//!
+//! # What runs
+//!
+//! - **Workers** (4 by default) loop over a few keys: acquire through a
+//!   guard (`client.lock(key).ttl(..).wait(..)`), a fenced read of the
+//!   key's counter, a short hold, then a fenced write of `read + 1`, then
+//!   release. A well-behaved worker checks that its guard still holds
+//!   before it reads and before it writes. Every operation, renewal, lost
+//!   signal and write is recorded in one [`History`].
+//! - **The protected resource** is a counter per key that refuses a read
+//!   or a write whose token is below the highest one it has seen, the way
+//!   a store uses fencing tokens (`UPDATE .. WHERE last_token <= $token`).
+//!   On a backend without fencing (capabilities) writes carry no token and
+//!   are all applied. Lost increments are `applied writes - final value`.
+//! - **The nemesis** runs two lanes from one seeded schedule: process and
+//!   network faults one after another ([`FaultKind`]), and client freezes
+//!   (a worker that stops acting while it holds its guard's token, for a
+//!   time that may exceed the TTL, then writes with that token without
+//!   looking again, as a process paused by a GC or SIGSTOP would; its
+//!   guard does not renew during the freeze, since a paused process renews
+//!   nothing either).
+//!
+//! # Replaying a run
+//!
+//! Everything random comes from one seed ([`SplitMix64`]): the fault
+//! schedule (kinds, order, durations, targets, gaps) is a pure function of
+//! the seed, the kinds that apply and the run's length ([`plan`]); each
+//! worker draws its keys and hold times from its own stream derived from
+//! the same seed. Timing (how fast servers answer) still differs between
+//! runs, so a replay repeats the schedule exactly and the clients' choices
+//! in the same order, not every interleaving.
+//!
+//! # Judging, and negative controls
+//!
+//! The verdict comes from [`history::check`](crate::history::check) over
+//! the whole run (overlapping promised windows, grants past their
+//! deadline, stale writes accepted, token regressions and duplicates where
+//! the backend promises fencing) plus lost increments of the counter. Each
+//! violation found is attributed to the fault kinds that were active
+//! during it (for an overlap: from the first grant's start to the end of
+//! the overlap; for a stale write or a lost increment: from the writer's
+//! grant to its write; for a token regression: between the two grants).
+//!
+//! Some fault kinds are known to break some backends, decided from
+//! [`Capabilities`] only ([`known_unsafe`]): server restarts, leader kills
+//! and node kills where `fencing_survives_failover` is false (Redis without
+//! persistence, an asynchronous replica promoted), client freezes, client
+//! partitions and latency where there is no fencing (Redlock), member
+//! partitions where the store is not linearizable. The nemesis still
+//! injects them (a negative control must be able to show its violation),
+//! and a violation during which one of them was active is reported as
+//! *expected (negative control)* for that kind instead of failing the run.
+//! A violation with no known-unsafe fault active, or none at all, fails
+//! the run ([`SoakReport::fails_run`]). Stale writes are tied to their
+//! writes by replaying the checker's rule on the recorded events;
+//! every overlapping pair is listed by running the checker again with the
+//! listed pairs' earlier windows taken out (it lists ten at a time). A
+//! stale write the soak cannot tie to a write fails the run unless every
+//! tied violation was expected (or the backend has no fencing and a
+//! known-unsafe fault was injected).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Capabilities, LockBackend, LockClient, LockError, LockKey, OwnerId};
+use tokio::time::Instant;
+
+use crate::harness::Target;
+use crate::history::{CheckReport, Event, History};
+use crate::process::HarnessError;
+use crate::proxy::FaultProxy;
+
+mod faults;
+mod observe;
+mod report;
+mod workers;
+
+pub use faults::*;
+use observe::*;
+pub use report::*;
+use workers::*;
+
+/// Faults on the members of a clustered deployment: peer-link partitions
+/// and clients attached to a single member. Implemented by
+/// [`DeployedTarget`](crate::deploy::DeployedTarget) for the deployments
+/// started with peer proxies.
+#[async_trait]
+pub trait MemberFaults: Send + Sync {
+    /// How many members can be partitioned from the others (0: none).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: it only looks.
+    async fn partitionable_members(&self) -> usize;
+
+    /// How many members a single-member client can be attached to.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: it only looks.
+    async fn members(&self) -> usize;
+
+    /// Cuts member `index` off from the other members.
+    ///
+    /// # Errors
+    ///
+    /// When the fault cannot be injected.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: call [`heal_member`](Self::heal_member) afterwards.
+    async fn partition_member(&self, index: usize) -> Result<bool, HarnessError>;
+
+    /// Undoes [`partition_member`](Self::partition_member).
+    ///
+    /// # Errors
+    ///
+    /// When the fault cannot be removed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe to call again.
+    async fn heal_member(&self, index: usize) -> Result<(), HarnessError>;
+
+    /// A client whose only endpoint is a fault proxy in front of member
+    /// `index`, with that proxy; `None` when the deployment has no members.
+    ///
+    /// # Errors
+    ///
+    /// When the proxy or the client cannot be set up.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a dropped call leaves at most an unused proxy behind.
+    async fn member_client(
+        &self,
+        index: usize,
+    ) -> Result<Option<(Arc<dyn LockBackend>, FaultProxy)>, HarnessError>;
+}
+
+/// Settings of a soak run.
+#[derive(Clone, Debug)]
+pub struct SoakConfig {
+    /// How long clients run (the last fault may end a little later).
+    pub duration: Duration,
+    /// The seed of everything random.
+    pub seed: u64,
+    /// Concurrent workers (each its own client).
+    pub workers: usize,
+    /// Keys they compete for.
+    pub keys: usize,
+    /// Lease TTL (raised to the backend's minimum).
+    pub ttl: Duration,
+    /// Restrict the nemesis to these kinds (`None`: every kind that
+    /// applies to the target).
+    pub kinds: Option<Vec<FaultKind>>,
+}
+
+impl SoakConfig {
+    /// Defaults for a run of `duration` with `seed`.
+    pub fn new(duration: Duration, seed: u64) -> Self {
+        Self {
+            duration,
+            seed,
+            workers: 4,
+            keys: 2,
+            ttl: Duration::from_secs(1),
+            kinds: None,
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Runs a soak against `target` (with `members` for peer-link and
+/// single-member faults on clustered deployments).
+///
+/// # Errors
+///
+/// When no client can be made at all (the report is otherwise always
+/// produced: faults that cannot be injected are listed in it).
+///
+/// # Cancel safety
+///
+/// Not cancel safe: a dropped run may leave a fault injected (a paused
+/// server, a partitioned member).
+pub async fn run_soak(
+    target: Arc<dyn Target>,
+    members: Option<Arc<dyn MemberFaults>>,
+    config: &SoakConfig,
+) -> Result<SoakReport, LockError> {
+    let probe = target.client().await?;
+    let caps = probe.capabilities();
+    drop(probe);
+    let ttl = config.ttl.max(caps.min_ttl);
+    let mut nemesis_errors = Vec::new();
+    let (mut kinds, mut not_applicable) =
+        applicable(&target, members.as_ref(), &mut nemesis_errors).await;
+    if let Some(only) = &config.kinds {
+        for k in kinds.iter().filter(|k| !only.contains(k)) {
+            not_applicable.insert(
+                k.as_str().to_owned(),
+                "excluded by the run's settings".into(),
+            );
+        }
+        kinds.retain(|k| only.contains(k));
+    }
+    let schedule = plan(config.seed, &kinds, config.duration, ttl);
+
+    let history = Arc::new(History::new());
+    let clock = Instant::now();
+    let run = &OwnerId::random().to_hex()[..8];
+    let keys: Vec<LockKey> = (0..config.keys.max(1))
+        .map(|i| LockKey::new(format!("soak-{run}/k{i}")))
+        .collect::<Result<_, _>>()?;
+
+    // Clients: the first two workers behind fault links, the last one
+    // (on a multi-member deployment) attached to a single member.
+    let workers = config.workers.max(2);
+    let mut links = Links {
+        workers: Vec::new(),
+        member: None,
+    };
+    let mut clients = Vec::new();
+    let mut client_links = "none".to_owned();
+    let url = target.url();
+    for i in 0..workers {
+        let mut backend = None;
+        let mut reach = Reach::Direct;
+        if i == workers - 1
+            && let Some(m) = &members
+            && m.members().await > 1
+        {
+            let member = usize::try_from(config.seed % 3).unwrap_or(0) % m.members().await;
+            match m.member_client(member).await {
+                Ok(Some((client, proxy))) => {
+                    links.member = Some((i, proxy));
+                    backend = Some(client);
+                    reach = Reach::Member;
+                }
+                Ok(None) => {}
+                Err(e) => nemesis_errors.push(format!("member client: {e}")),
+            }
+        }
+        if backend.is_none() && i < 2 {
+            match target.proxied_client().await {
+                Ok(Some((client, proxy))) => {
+                    client_links = "tcp proxy".into();
+                    let link = Arc::new(Mutex::new(proxy));
+                    links.workers.push((i, link.clone()));
+                    reach = Reach::Proxy(link);
+                    backend = Some(client);
+                }
+                Ok(None) | Err(_) => {
+                    let inner = target.client().await?;
+                    let (client, proxy) = FaultProxy::in_process(inner, Duration::from_secs(1));
+                    client_links = "in-process link".into();
+                    let link = Arc::new(Mutex::new(proxy));
+                    links.workers.push((i, link.clone()));
+                    reach = Reach::InProcess(link);
+                    backend = Some(client);
+                }
+            }
+        }
+        let backend = match backend {
+            Some(b) => b,
+            None => target.client().await?,
+        };
+        clients.push((backend, reach));
+    }
+
+    let shared = Arc::new(Shared {
+        target: target.clone(),
+        keys,
+        ttl,
+        end: Instant::now() + config.duration,
+        resource: Resource {
+            fenced: caps.has_fencing(),
+            state: Mutex::new(ResourceState::default()),
+        },
+        injected: Mutex::new(Vec::new()),
+        stop: AtomicBool::new(false),
+    });
+    let mut freeze_slots = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, (backend, reach)) in clients.into_iter().enumerate() {
+        let journal = Journal {
+            recorder: history.process(),
+            clock,
+        };
+        let slot = Arc::new(Mutex::new(None));
+        freeze_slots.push(slot.clone());
+        let worker = Worker {
+            index: i,
+            client: LockClient::from_arc(journal.backend(backend)),
+            journal,
+            rng: SplitMix64::stream(config.seed, 100 + u64::try_from(i).unwrap_or(0)),
+            freeze: slot,
+            reach,
+            url: url.clone(),
+        };
+        tasks.push(tokio::spawn(work(worker, shared.clone())));
+    }
+
+    let nemesis = Arc::new(Nemesis {
+        target: target.clone(),
+        members: members.clone(),
+        links,
+        partitionable: match &members {
+            Some(m) => m.partitionable_members().await,
+            None => 0,
+        },
+        ttl,
+        errors: Mutex::new(nemesis_errors),
+    });
+    let lane = {
+        let (nemesis, shared, faults) = (nemesis.clone(), shared.clone(), schedule.faults.clone());
+        tokio::spawn(async move {
+            for fault in &faults {
+                tokio::time::sleep(fault.gap).await;
+                if Instant::now() >= shared.end {
+                    break;
+                }
+                if let Some(done) = nemesis.inject(fault, clock).await {
+                    shared.push_fault(done);
+                }
+            }
+        })
+    };
+    let freezes = {
+        let (shared, plan) = (shared.clone(), schedule.freezes.clone());
+        tokio::spawn(async move {
+            for fault in &plan {
+                tokio::time::sleep(fault.gap).await;
+                if Instant::now() >= shared.end {
+                    break;
+                }
+                let n = u64::try_from(freeze_slots.len().max(1)).unwrap_or(1);
+                let w = usize::try_from(fault.target % n).unwrap_or(0);
+                *freeze_slots[w]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(fault.duration);
+                // The freeze itself runs inside the worker; wait about as
+                // long before the next one.
+                tokio::time::sleep(fault.duration).await;
+            }
+        })
+    };
+    let _ = lane.await;
+    let _ = freezes.await;
+    // Clients run the whole duration, whatever the lanes planned.
+    tokio::time::sleep_until(shared.end).await;
+    shared.stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        let _ = tokio::time::timeout(ttl * 6 + Duration::from_secs(30), task).await;
+    }
+    // Leave the deployment healthy.
+    if let Some(m) = &members {
+        for i in 0..nemesis.partitionable {
+            let _ = m.heal_member(i).await;
+        }
+    }
+    let _ = target.heal().await;
+    let _ = target.restart_nodes().await;
+
+    let elapsed = clock.elapsed();
+    let injected = std::mem::take(
+        &mut *shared
+            .injected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    let nemesis_errors = std::mem::take(
+        &mut *nemesis
+            .errors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    let check = history.check();
+    let resource = shared.resource.lock();
+    let final_total: u64 = resource.registers.values().map(|r| r.value).sum();
+    let lost_increments = resource.applied.saturating_sub(final_total);
+    let obs = observed(&history);
+    let judged = Judged {
+        caps: &caps,
+        injected: &injected,
+    };
+    let events = history.events();
+    let stale = stale_writes(&events);
+    let violations = judged.violations(&check, &obs, &events, &resource.lost, &stale);
+    let mut faults: BTreeMap<String, FaultStats> = BTreeMap::new();
+    for &k in &kinds {
+        faults.insert(
+            k.as_str().to_owned(),
+            FaultStats {
+                known_unsafe: known_unsafe(k, &caps).map(str::to_owned),
+                ..FaultStats::default()
+            },
+        );
+    }
+    for f in &injected {
+        let s = faults.entry(f.kind.as_str().to_owned()).or_default();
+        s.injected += 1;
+        s.active_ms += ms(f.end.saturating_sub(f.start));
+        let during = |t: &&Duration| **t >= f.start && **t <= f.end;
+        s.grants += obs.grants.iter().filter(during).count();
+        s.errors += obs.errors.iter().filter(during).count();
+        s.lost += obs.lost.iter().filter(during).count();
+    }
+    for v in &violations {
+        for k in &v.faults {
+            let s = faults.entry(k.as_str().to_owned()).or_default();
+            s.violations += 1;
+            if v.expected && known_unsafe(*k, &caps).is_some() {
+                s.expected_violations += 1;
+            }
+        }
+    }
+    let unexpected = violations.iter().filter(|v| !v.expected).count();
+    let expected = violations.len() - unexpected;
+    let mut violation_counts: BTreeMap<String, ViolationCount> = BTreeMap::new();
+    for v in &violations {
+        let c = violation_counts.entry(v.what.clone()).or_default();
+        c.total += 1;
+        c.expected += usize::from(v.expected);
+    }
+    // The unexpected ones first, then as many expected ones as fit.
+    let mut violations = violations;
+    violations.sort_by_key(|v| v.expected);
+    violations.truncate(MAX_LISTED);
+    let verdict = if unexpected > 0 {
+        "VIOLATION".to_owned()
+    } else if expected > 0 {
+        "expected violations only (negative control)".to_owned()
+    } else {
+        "safe".to_owned()
+    };
+    Ok(SoakReport {
+        backend: target.name(),
+        seed: config.seed,
+        duration_s: elapsed.as_secs_f64(),
+        workers,
+        keys: shared.keys.len(),
+        ttl_ms: ms(ttl),
+        fenced: caps.has_fencing(),
+        client_links,
+        kinds,
+        not_applicable,
+        faults,
+        injected,
+        grants: obs.grants.len(),
+        errors: obs.errors.len(),
+        lost_signals: obs.lost.len(),
+        writes: resource.writes,
+        writes_refused: resource.writes_refused,
+        reads_refused: resource.reads_refused,
+        lost_increments,
+        check,
+        violations,
+        violation_counts,
+        unexpected_violations: unexpected,
+        expected_violations: expected,
+        nemesis_errors,
+        verdict,
+    })
+}
+
+/// Attribution of violations to the faults active during them.
+struct Judged<'a> {
+    caps: &'a Capabilities,
+    injected: &'a [InjectedFault],
+}
+
+impl Judged<'_> {
+    fn during(&self, from: Duration, to: Duration) -> Vec<FaultKind> {
+        let mut kinds: Vec<FaultKind> = self
+            .injected
+            .iter()
+            .filter(|f| f.start <= to && f.end >= from)
+            .map(|f| f.kind)
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+
+    fn violation(&self, what: &str, from: Duration, to: Duration, detail: String) -> Violation {
+        let faults = self.during(from, to);
+        let expected = faults.iter().any(|k| known_unsafe(*k, self.caps).is_some());
+        Violation {
+            what: what.to_owned(),
+            from_ms: ms(from),
+            to_ms: ms(to),
+            faults,
+            expected,
+            detail,
+        }
+    }
+
+    fn violations(
+        &self,
+        check: &CheckReport,
+        obs: &Observed,
+        events: &[Event],
+        lost: &[LostIncrement],
+        stale: &[LostIncrement],
+    ) -> Vec<Violation> {
+        let caps = self.caps;
+        let mut out = Vec::new();
+        let (overlaps, incomplete) = all_overlaps(events);
+        for (a, b) in &overlaps {
+            out.push(self.violation(
+                "overlap",
+                a.start,
+                a.end.min(b.end),
+                format!(
+                    "key {}: process {} (token {:?}) and process {} (token {:?})",
+                    a.key, a.process, a.token, b.process, b.token
+                ),
+            ));
+        }
+        if incomplete {
+            out.push(Violation {
+                what: "overlap".into(),
+                from_ms: 0,
+                to_ms: 0,
+                faults: Vec::new(),
+                expected: false,
+                detail: format!(
+                    "{} overlapping pairs counted, {} attributed before giving up",
+                    check.overlap_count,
+                    overlaps.len()
+                ),
+            });
+        }
+        for l in lost {
+            out.push(self.violation(
+                "lost_update",
+                l.grant_at,
+                l.write_at,
+                format!("key {}: {} increment(s) overwritten", l.key, l.lost),
+            ));
+        }
+        for l in stale {
+            out.push(self.violation(
+                "stale_write",
+                l.grant_at,
+                l.write_at,
+                format!(
+                    "key {}: a write from the grant at {} ms got in after a later grant's write",
+                    l.key,
+                    ms(l.grant_at)
+                ),
+            ));
+        }
+        if caps.has_fencing() {
+            // Each step down between consecutive grants of a key is one
+            // event (after a reset every later grant is below the old
+            // highest, which the checker counts; one event per reset is
+            // enough to judge it, and every step down is seen).
+            let mut previous: HashMap<&str, (u64, Duration)> = HashMap::new();
+            for (key, at, token) in &obs.tokens {
+                if let Some(&(p, p_at)) = previous.get(key.as_str())
+                    && *token <= p
+                {
+                    let what = if *token == p {
+                        "duplicate_token"
+                    } else {
+                        "token_regression"
+                    };
+                    out.push(self.violation(
+                        what,
+                        p_at,
+                        *at,
+                        format!("key {key}: token {token} after {p}"),
+                    ));
+                }
+                previous.insert(key.as_str(), (*token, *at));
+            }
+        }
+        // The checker's counts the soak cannot tie to events: any of them
+        // fails the run, unless every event-level violation was expected
+        // and there is at least one (then they are the same fault's work).
+        let tied_expected = !out.is_empty() && out.iter().all(|v| v.expected);
+        for (what, count) in [
+            (
+                "stale_write",
+                check.stale_writes_accepted.saturating_sub(stale.len()),
+            ),
+            ("grant_past_deadline", check.grants_past_deadline),
+        ] {
+            if count > 0 {
+                let expected = what == "stale_write" && (tied_expected || self.stale_expected());
+                out.push(Violation {
+                    what: what.into(),
+                    from_ms: 0,
+                    to_ms: 0,
+                    faults: Vec::new(),
+                    expected,
+                    detail: format!("{count} found by the history checker"),
+                });
+            }
+        }
+        out
+    }
+
+    /// Stale writes are expected when the backend has no fencing and the
+    /// nemesis froze clients (the only way a late write gets in then).
+    fn stale_expected(&self) -> bool {
+        !self.caps.has_fencing()
+            && self
+                .injected
+                .iter()
+                .any(|f| known_unsafe(f.kind, self.caps).is_some())
+    }
+}
