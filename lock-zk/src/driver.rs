@@ -91,13 +91,14 @@ struct Inner {
     current: Mutex<Option<Arc<Session>>>,
     connecting: tokio::sync::Mutex<()>,
     containers: AtomicBool,
-    /// Local TTL enforcement: lock node path -> when it must be deleted if
-    /// not renewed (the lease's validity deadline comes before). Removed at
-    /// release.
-    expiries: Mutex<HashMap<Arc<str>, Expiry>>,
-    /// The deadlines of `expiries` for the backend's one expiry task (see
-    /// expiry.rs). Locked after `expiries` when both are.
-    queue: Mutex<expiry::ExpiryQueue>,
+    /// Local TTL enforcement: the granted nodes by owner id, each with when
+    /// it must be deleted if not renewed (the lease's validity deadline
+    /// comes before). Removed at release. See expiry.rs.
+    expiries: Mutex<HashMap<(u64, u64), expiry::Tracked>>,
+    /// The deadlines' epoch.
+    clock: expiry::Clock,
+    /// The backend's one expiry task. Locked after `expiries` when both are.
+    task: Mutex<expiry::ExpiryTask>,
     /// Attempts whose create had an unknown outcome: more than one node may
     /// carry their id, so cleanup sweeps the directory for it.
     uncertain: Mutex<HashSet<OwnerId>>,
@@ -105,7 +106,7 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        lock(&self.queue).stop();
+        lock(&self.task).stop();
     }
 }
 
@@ -120,9 +121,21 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// When a granted node is deleted unless renewed first.
-struct Expiry {
-    due: Instant,
+/// A lease's lock node (see `ZkBackend::lease_path`).
+struct NodeRef {
+    path: String,
+    dir_len: usize,
+    seq: u32,
+}
+
+impl NodeRef {
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn dir(&self) -> &str {
+        &self.path[..self.dir_len]
+    }
 }
 
 /// One ZooKeeper session and the state signal derived from it.
@@ -383,7 +396,8 @@ impl ZkBackend {
                 current: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 expiries: Mutex::new(HashMap::new()),
-                queue: Mutex::new(expiry::ExpiryQueue::default()),
+                clock: expiry::Clock::new(),
+                task: Mutex::new(expiry::ExpiryTask::default()),
                 uncertain: Mutex::new(HashSet::new()),
             }),
         };
@@ -727,16 +741,70 @@ impl ZkBackend {
         }
     }
 
-    /// The node path stored in `lease`, if it is a lock node of the lease's
-    /// key whose name carries the lease's owner id. Anything else is not a
-    /// lease of ours and is never acted on.
-    fn lease_path<'a>(&self, lease: &'a Lease) -> Option<(&'a str, &'a str)> {
-        let path = lease.backend_data();
-        let (node_dir, name) = paths::split_node(path)?;
-        (paths::is_key_dir(self.inner.config.root(), lease.key(), node_dir)
-            && owner_of(name) == Some(lease.owner())
-            && sequence_of(name).is_some())
-        .then_some((path, node_dir))
+    /// The lock node of `lease`: its key's directory, a name carrying the
+    /// lease's owner id, and the sequence number the lease stores (its
+    /// `backend_data`, the digits alone: the rest of the path follows from
+    /// the key and the owner, so a held lease keeps a few bytes instead of
+    /// the whole path). A full path (what earlier versions stored) is
+    /// accepted when it is a lock node of the lease's key and owner.
+    /// Anything else is not a lease of ours and is never acted on.
+    fn lease_path(&self, lease: &Lease) -> Option<NodeRef> {
+        let data = lease.backend_data();
+        let root = self.inner.config.root();
+        if data.starts_with('/') {
+            let (node_dir, name) = paths::split_node(data)?;
+            let seq = u32::try_from(sequence_of(name)?).ok()?;
+            return (paths::is_key_dir(root, lease.key(), node_dir)
+                && owner_of(name) == Some(lease.owner()))
+            .then(|| NodeRef {
+                path: data.to_owned(),
+                dir_len: node_dir.len(),
+                seq,
+            });
+        }
+        if data.is_empty() || !data.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let seq: u32 = data.parse().ok()?;
+        let dir = paths::key_dir(root, lease.key());
+        Some(NodeRef {
+            dir_len: dir.len(),
+            path: paths::node_path(&dir, lease.owner(), seq),
+            seq,
+        })
+    }
+
+    /// The ZooKeeper path of `lease`'s lock node (inside the chroot), or
+    /// `None` when the lease is not a lock node of its key and owner.
+    pub fn node_path(&self, lease: &Lease) -> Option<String> {
+        self.lease_path(lease).map(|node| node.path)
+    }
+
+    /// Whether this backend tracks `lease`'s node and its TTL has not run
+    /// out by `at`.
+    fn tracked_until(&self, lease: &Lease, seq: u32, at: Instant) -> bool {
+        lock(&self.inner.expiries)
+            .get(&expiry::owner_key(lease.owner()))
+            .is_some_and(|node| node.seq == seq && !self.inner.clock.passed(node.due, at))
+    }
+
+    /// Moves the deadline of `lease`'s node to `sent + ttl` after a
+    /// confirmed renewal. `false` when the node is no longer tracked (its
+    /// TTL ran out and the expiry task took it, or it was released), so the
+    /// renewal must not be reported.
+    fn extend(&self, lease: &Lease, seq: u32, sent: Instant, ttl: Duration) -> bool {
+        let clock = self.inner.clock;
+        let mut tracked = lock(&self.inner.expiries);
+        match tracked.get_mut(&expiry::owner_key(lease.owner())) {
+            Some(node) if node.seq == seq && !clock.passed(node.due, sent) => {
+                let due = clock.deadline(sent + ttl);
+                if clock.passed(node.due, sent + ttl) {
+                    node.due = due;
+                }
+                true
+            }
+            _ => false,
+        }
     }
 
     /// One acquisition with a fresh attempt id on `session`.
@@ -870,17 +938,31 @@ impl ZkBackend {
                 // cannot expire it (and free the key) before
                 // `sent + session timeout`: the lease never promises more.
                 let ttl = ttl.min(session.timeout);
+                // The lease stores the sequence number alone (see
+                // `lease_path`); ZooKeeper's sequence is a 32-bit counter.
+                let seq = u32::try_from(nodes[0].0).map_err(|_| {
+                    AttemptError::Lock(
+                        LockError::new(
+                            ErrorKind::Backend,
+                            operation,
+                            format!("lock node {path} has an unexpected sequence number"),
+                        )
+                        .with_key(key)
+                        .with_backend(NAME),
+                    )
+                })?;
                 let lease = Lease::granted(
                     key.clone(),
                     owner,
                     FencingToken::new(token),
                     ttl,
                     sent,
-                    path,
+                    seq.to_string(),
                 )
                 .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?;
                 cleanup.disarm();
-                self.schedule_expiry(lease.backend_data(), sent + ttl);
+                let component = &dir[self.inner.config.root().len() + 1..];
+                self.schedule_expiry(owner, component, seq, sent + ttl);
                 return Ok(Some(lease.with_session(session.state.clone())));
             }
             let Some(deadline) = deadline else {
@@ -1093,7 +1175,7 @@ impl LockBackend for ZkBackend {
                 .with_key(lease.key())
                 .with_backend(NAME)
         };
-        let Some((path, _)) = self.lease_path(lease) else {
+        let Some(node) = self.lease_path(lease) else {
             return Err(not_held(
                 "the lease does not name a lock node of its key and owner",
             ));
@@ -1112,19 +1194,12 @@ impl LockBackend for ZkBackend {
             .map_err(|e| e.with_key(lease.key()))?;
         let sent = Instant::now();
         // A lease this backend already gave up on (its TTL ran out without a
-        // renewal: the node is being deleted) is not revived.
-        let expired = {
-            let expiries = lock(&self.inner.expiries);
-            match expiries.get(path) {
-                Some(expiry) => expiry.due <= sent,
-                // Granted on this session but no longer tracked: its local
-                // expiry fired.
-                None => lease
-                    .session()
-                    .is_some_and(|s| s.same_channel(&session.state)),
-            }
-        };
-        if expired {
+        // renewal: the node is being deleted) is not revived. Every node
+        // granted on this session is tracked until released or expired.
+        let ours = lease
+            .session()
+            .is_some_and(|s| s.same_channel(&session.state));
+        if ours && !self.tracked_until(lease, node.seq, sent) {
             return Err(not_held(
                 "the lease's TTL ran out before this renewal; its node is deleted",
             ));
@@ -1132,16 +1207,15 @@ impl LockBackend for ZkBackend {
         // Confirm the node from the leader's view: a follower cut off from
         // the leader would still show it after the leader expired our
         // session and granted the key to someone else (see `synced`).
-        let dir = paths::split_node(path).map_or(path, |(dir, _)| dir);
         match synced(
-            session.client.sync(dir),
+            session.client.sync(node.dir()),
             self.op_timeout(),
-            session.client.check_stat(path),
+            session.client.check_stat(node.path()),
         )
         .await
         {
             Ok(None) => {
-                self.forget_expiry(path);
+                self.forget_expiry(lease.owner());
                 Err(not_held(
                     "the lock node is gone (released, expired, or deleted)",
                 ))
@@ -1159,8 +1233,12 @@ impl LockBackend for ZkBackend {
             .with_backend(NAME)),
             Ok(Some(_)) => {
                 let ttl = lease.ttl().min(session.timeout);
-                if let Some(expiry) = lock(&self.inner.expiries).get_mut(path) {
-                    expiry.due = expiry.due.max(sent + ttl);
+                // Our session's node, no longer tracked: its TTL ran out
+                // while the check was in flight (the delete is on its way).
+                if !self.extend(lease, node.seq, sent, ttl) {
+                    return Err(not_held(
+                        "the lease's TTL ran out before this renewal; its node is deleted",
+                    ));
                 }
                 Ok(validity_deadline(sent, ttl))
             }
@@ -1176,9 +1254,10 @@ impl LockBackend for ZkBackend {
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         // A lease whose node does not carry its owner id is not ours to act
         // on: another owner's node is never touched.
-        let Some((path, dir)) = self.lease_path(lease) else {
+        let Some(node) = self.lease_path(lease) else {
             return Ok(false);
         };
+        let (path, dir) = (node.path(), node.dir());
         let session = self
             .session(Operation::Release)
             .await
@@ -1193,7 +1272,7 @@ impl LockBackend for ZkBackend {
                     .with_key(lease.key()));
             }
         };
-        self.forget_expiry(path);
+        self.forget_expiry(lease.owner());
         self.sweep_uncertain(&session.client, dir, lease.owner(), false)
             .await;
         self.remove_empty_dir(&session.client, dir).await;
@@ -1225,9 +1304,13 @@ impl LockBackend for ZkBackend {
             else {
                 continue;
             };
-            let remaining_ttl = lock(&self.inner.expiries)
-                .get(path.as_str())
-                .map(|expiry| expiry.due.saturating_duration_since(Instant::now()));
+            let seq = sequence_of(&name).and_then(|seq| u32::try_from(seq).ok());
+            let remaining_ttl = owner_of(&name).and_then(|owner| {
+                lock(&self.inner.expiries)
+                    .get(&expiry::owner_key(owner))
+                    .filter(|node| Some(node.seq) == seq)
+                    .map(|node| self.inner.clock.remaining(node.due, Instant::now()))
+            });
             return Ok(Some(LockInfo {
                 key: key.clone(),
                 holder: owner_of(&name).map_or(name, OwnerId::to_hex),

@@ -1,4 +1,5 @@
-//! Local TTL enforcement with one task per backend.
+//! Local TTL enforcement with one task per backend, and the compact record
+//! the backend keeps per granted node.
 //!
 //! A ZooKeeper lock node lives as long as its session, so a lease whose
 //! holder stops renewing it (capped renewals, renewal disabled, a guard
@@ -7,42 +8,127 @@
 //! deadline (`sent + TTL`, moved by every renewal) has passed without a
 //! renewal.
 //!
-//! The deadlines sit in one queue, earliest first, served by one task per
-//! backend that sleeps until the earliest live deadline. The queue is lazy:
-//! a release only removes the node from the backend's `expiries` map, and a
-//! renewal only moves the deadline stored there; the task drops queue
-//! entries of nodes no longer in the map and re-queues renewed ones when it
-//! comes to them (and the queue is compacted when released entries pile
-//! up). A grant wakes the task only when its deadline comes before the one
-//! the task sleeps until: sequential grants with the same TTL never do, so
-//! the acquire path spawns nothing and wakes nobody.
+//! Per granted node the backend keeps one map slot, keyed by the attempt
+//! id (the lease's owner): the key's path component, the node's sequence
+//! number and the deadline in 10 ms ticks (40 bytes plus the component;
+//! the node's path is rebuilt from them when it is needed). There is no
+//! queue: one task per backend scans the map when the earliest deadline it
+//! saw comes, deletes the nodes that are due and sleeps until the next
+//! earliest. Scans are at least [`MIN_GAP`] (plus a microsecond per
+//! tracked node) apart, so a node may be deleted that much after its
+//! deadline (the lease itself stops being valid at its own deadline, before
+//! that; a renewal after the deadline is refused). A grant wakes the task
+//! only when its deadline comes before the one the task sleeps until:
+//! sequential grants with the same TTL never do, so the acquire path
+//! spawns nothing and wakes nobody.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
+use lock_core::OwnerId;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
-use super::{Expiry, Inner, ZkBackend, lock};
-use crate::paths::{self, owner_of};
+use super::{Inner, ZkBackend, lock};
+use crate::paths;
 
-/// Released entries tolerated in the queue beyond twice the live ones
-/// before it is compacted.
-const SLACK: usize = 1024;
+/// The shortest time between two scans of the tracked nodes.
+pub(super) const MIN_GAP: Duration = Duration::from_millis(20);
 
-/// The deadlines of a backend's tracked nodes, earliest first.
+/// One tick of the stored deadlines.
+const TICK: Duration = Duration::from_millis(10);
+
+/// A granted node this backend tracks, keyed by its owner id
+/// ([`owner_key`]).
+pub(super) struct Tracked {
+    /// The key's path component (the directory below the lock root).
+    pub(super) component: Box<str>,
+    /// The node's sequence number.
+    pub(super) seq: u32,
+    /// When the node is deleted unless renewed first, in ticks since the
+    /// backend's epoch ([`Clock`]).
+    pub(super) due: u32,
+}
+
+/// The map key of an owner id: two words, so a slot is 8-byte aligned
+/// (a `u128` would pad every slot to 48 bytes).
+pub(super) fn owner_key(owner: OwnerId) -> (u64, u64) {
+    let v = owner.as_u128();
+    // Truncation intended: the two halves.
+    #[allow(clippy::cast_possible_truncation)]
+    ((v >> 64) as u64, v as u64)
+}
+
+fn owner_of_key(key: (u64, u64)) -> OwnerId {
+    OwnerId::from_u128((u128::from(key.0) << 64) | u128::from(key.1))
+}
+
+/// Deadlines as 32-bit tick counts since the backend's epoch, compared
+/// with wrap-around: correct while a deadline lies within 248 days of the
+/// time it is compared with (deadlines are at most a session timeout
+/// ahead, and the task removes due ones within a scan gap).
+#[derive(Clone, Copy)]
+pub(super) struct Clock {
+    epoch: Instant,
+}
+
+impl Clock {
+    pub(super) fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+        }
+    }
+
+    fn ticks(self, at: Instant, round_up: bool) -> u32 {
+        let since = at.saturating_duration_since(self.epoch).as_millis();
+        let tick = TICK.as_millis();
+        let ticks = if round_up {
+            since.div_ceil(tick)
+        } else {
+            since / tick
+        };
+        // Wraps by design (see the type's docs).
+        #[allow(clippy::cast_possible_truncation)]
+        let ticks = ticks as u32;
+        ticks
+    }
+
+    /// A deadline: rounded up, so a node is never deleted before it.
+    pub(super) fn deadline(self, at: Instant) -> u32 {
+        self.ticks(at, true)
+    }
+
+    /// Whether the deadline `due` has passed at `now`.
+    pub(super) fn passed(self, due: u32, now: Instant) -> bool {
+        self.remaining_ticks(due, now) <= 0
+    }
+
+    /// Ticks from `now` until `due` (negative once passed).
+    fn remaining_ticks(self, due: u32, now: Instant) -> i32 {
+        // Reinterpreting the wrapped difference is the comparison.
+        #[allow(clippy::cast_possible_wrap)]
+        let remaining = due.wrapping_sub(self.ticks(now, false)) as i32;
+        remaining
+    }
+
+    /// Time from `now` until `due` (zero once passed).
+    pub(super) fn remaining(self, due: u32, now: Instant) -> Duration {
+        let ticks = u32::try_from(self.remaining_ticks(due, now)).unwrap_or(0);
+        TICK * ticks
+    }
+}
+
+/// The backend's expiry task and what it sleeps until.
 #[derive(Default)]
-pub(super) struct ExpiryQueue {
-    heap: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
-    /// The deadline the task sleeps until (`None`: until woken).
+pub(super) struct ExpiryTask {
+    /// When the task scans next (`None`: only when woken).
     armed: Option<Instant>,
     task: Option<JoinHandle<()>>,
     wake: Arc<Notify>,
 }
 
-impl ExpiryQueue {
+impl ExpiryTask {
     /// Stops the task (the backend is dropped).
     pub(super) fn stop(&mut self) {
         if let Some(task) = self.task.take() {
@@ -52,100 +138,103 @@ impl ExpiryQueue {
 }
 
 impl ZkBackend {
-    /// Local TTL enforcement: if `path` is not renewed by `at`, delete it.
-    pub(super) fn schedule_expiry(&self, path: &str, at: Instant) {
-        let path: Arc<str> = Arc::from(path);
-        let mut expiries = lock(&self.inner.expiries);
-        expiries.insert(path.clone(), Expiry { due: at });
-        let mut queue = lock(&self.inner.queue);
-        queue.heap.push(Reverse((at, path)));
-        if queue.heap.len() > 2 * expiries.len() + SLACK {
-            queue
-                .heap
-                .retain(|Reverse((_, p))| expiries.contains_key(p));
-        }
-        drop(expiries);
-        let running = queue.task.as_ref().is_some_and(|t| !t.is_finished());
+    /// Tracks a granted node (`component` is its key's directory below the
+    /// lock root): if not renewed by `at`, it is deleted.
+    pub(super) fn schedule_expiry(&self, owner: OwnerId, component: &str, seq: u32, at: Instant) {
+        let clock = self.inner.clock;
+        let mut tracked = lock(&self.inner.expiries);
+        tracked.insert(
+            owner_key(owner),
+            Tracked {
+                component: component.into(),
+                seq,
+                due: clock.deadline(at),
+            },
+        );
+        let mut task = lock(&self.inner.task);
+        drop(tracked);
+        let running = task.task.as_ref().is_some_and(|t| !t.is_finished());
         if !running {
             // First grant (or the runtime that ran the task is gone).
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return;
             };
             let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-            queue.armed = None;
-            queue.task = Some(runtime.spawn(expiry_loop(weak, queue.wake.clone())));
+            task.armed = None;
+            task.task = Some(runtime.spawn(expiry_loop(weak, task.wake.clone())));
             return;
         }
-        if queue.armed.is_none_or(|armed| at < armed) {
-            queue.armed = Some(at);
-            queue.wake.notify_one();
+        if task.armed.is_none_or(|armed| at < armed) {
+            task.armed = Some(at);
+            task.wake.notify_one();
         }
     }
 
-    /// Stops enforcing the TTL of `path` (released, or found gone): its
-    /// queue entry is dropped when the task comes to it, so no delete is
-    /// ever sent for a node that no longer exists.
-    pub(super) fn forget_expiry(&self, path: &str) {
-        lock(&self.inner.expiries).remove(path);
+    /// Stops enforcing the TTL of `owner`'s node (released, or found gone),
+    /// so no delete is ever sent for a node that no longer exists.
+    pub(super) fn forget_expiry(&self, owner: OwnerId) {
+        lock(&self.inner.expiries).remove(&owner_key(owner));
     }
 }
 
-/// Removes and returns the nodes whose deadline passed by `now`, and arms
-/// the queue for the next live deadline.
-fn take_due(inner: &Inner, now: Instant) -> (Vec<Arc<str>>, Option<Instant>) {
-    let mut expiries = lock(&inner.expiries);
-    let mut queue = lock(&inner.queue);
+/// The earliest time the next scan may run after one that saw `tracked`
+/// nodes.
+fn scan_gap(tracked: usize) -> Duration {
+    MIN_GAP + Duration::from_micros(u64::try_from(tracked).unwrap_or(u64::MAX))
+}
+
+type Due = (Vec<(String, OwnerId)>, Option<Instant>, Instant);
+
+/// Removes the nodes whose deadline passed by `now`: their paths, when the
+/// task scans next (the earliest deadline left, no sooner than the gap)
+/// and the gap (the earliest any scan may run).
+fn take_due(inner: &Inner, now: Instant) -> Due {
+    let clock = inner.clock;
+    let root = inner.config.root();
+    let mut tracked = lock(&inner.expiries);
     let mut due = Vec::new();
-    while let Some(Reverse((at, path))) = queue.heap.peek() {
-        let at = *at;
-        match expiries.get(path).map(|e| e.due) {
-            // Released or found gone.
-            None => {
-                queue.heap.pop();
-            }
-            Some(deadline) if deadline <= now => {
-                if let Some(Reverse((_, path))) = queue.heap.pop() {
-                    expiries.remove(&path);
-                    due.push(path);
-                }
-            }
-            // Renewed since it was queued: queue its new deadline.
-            Some(deadline) if deadline != at => {
-                if let Some(Reverse((_, path))) = queue.heap.pop() {
-                    queue.heap.push(Reverse((deadline, path)));
-                }
-            }
-            Some(_) => break,
+    let mut earliest: Option<Duration> = None;
+    tracked.retain(|key, node| {
+        if clock.passed(node.due, now) {
+            let owner = owner_of_key(*key);
+            let dir = format!("{root}/{}", node.component);
+            due.push((paths::node_path(&dir, owner, node.seq), owner));
+            false
+        } else {
+            let left = clock.remaining(node.due, now);
+            earliest = Some(earliest.map_or(left, |e| e.min(left)));
+            true
         }
-    }
-    let next = queue.heap.peek().map(|Reverse((at, _))| *at);
-    queue.armed = next;
-    (due, next)
+    });
+    let gap = now + scan_gap(tracked.len());
+    let next = earliest.map(|left| (now + left).max(gap));
+    lock(&inner.task).armed = next;
+    drop(tracked);
+    (due, next, gap)
 }
 
 /// Deletes each node whose deadline passed without a renewal. Sleeps until
-/// the earliest live deadline, or until a grant with an earlier one wakes
-/// it. Holds the backend only while it looks.
+/// the earliest deadline, or until a grant with an earlier one wakes it
+/// (scanning no sooner than the scan gap after the last scan). Holds the
+/// backend only while it looks.
 async fn expiry_loop(inner: Weak<Inner>, wake: Arc<Notify>) {
     loop {
-        let next = {
+        let now = Instant::now();
+        let (next, gap) = {
             let Some(inner) = inner.upgrade() else {
                 return;
             };
-            let (due, next) = take_due(&inner, Instant::now());
+            let (due, next, gap) = take_due(&inner, now);
             if !due.is_empty() {
                 let backend = ZkBackend { inner };
                 // No live session: the nodes went with the last one.
                 if let Some(session) = backend.inner.current().filter(|s| !s.is_lost()) {
-                    for path in due {
+                    for (path, owner) in due {
                         tracing::debug!(%path, "lease not renewed within its TTL; deleting its node");
                         let backend = backend.clone();
                         let client = session.client.clone();
                         tokio::spawn(async move {
-                            let Some((dir, name)) = paths::split_node(&path) else {
-                                return;
-                            };
-                            let Some(owner) = owner_of(name) else {
+                            let Some((dir, _)) = paths::split_node(&path) else {
                                 return;
                             };
                             backend.delete_node(&client, &path, dir, owner).await;
@@ -153,16 +242,60 @@ async fn expiry_loop(inner: Weak<Inner>, wake: Arc<Notify>) {
                     }
                 }
             }
-            next
+            (next, gap)
         };
         match next {
             Some(at) => {
                 tokio::select! {
                     () = sleep_until(at) => {}
-                    () = wake.notified() => {}
+                    () = wake.notified() => sleep_until(gap).await,
                 }
             }
-            None => wake.notified().await,
+            None => {
+                wake.notified().await;
+                sleep_until(gap).await;
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_round_up_and_compare_across_the_wrap() {
+        let clock = Clock::new();
+        let at = clock.epoch + Duration::from_millis(25);
+        let due = clock.deadline(at);
+        assert_eq!(due, 3);
+        assert!(!clock.passed(due, clock.epoch + Duration::from_millis(29)));
+        assert!(clock.passed(due, clock.epoch + Duration::from_millis(30)));
+        assert_eq!(
+            clock.remaining(due, clock.epoch + Duration::from_millis(10)),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            clock.remaining(due, at + Duration::from_secs(1)),
+            Duration::ZERO
+        );
+        // Near the wrap of the 32-bit tick count.
+        let late = clock.epoch + TICK * (u32::MAX - 1);
+        let due = clock.deadline(late + Duration::from_millis(50));
+        assert!(!clock.passed(due, late));
+        assert!(clock.passed(due, late + Duration::from_millis(50)));
+        assert_eq!(clock.remaining(due, late), Duration::from_millis(50));
+    }
+
+    #[test]
+    fn owner_keys_round_trip() {
+        for owner in [
+            OwnerId::random(),
+            OwnerId::from_u128(0),
+            OwnerId::from_u128(u128::MAX),
+        ] {
+            assert_eq!(owner_of_key(owner_key(owner)), owner);
+        }
+        assert_eq!(std::mem::size_of::<((u64, u64), Tracked)>(), 40);
     }
 }

@@ -72,6 +72,21 @@ pub(crate) fn node_path_prefix(dir: &str, owner: OwnerId) -> String {
     path
 }
 
+/// The path of `owner`'s lock node with sequence `seq` in `dir`, written as
+/// the server names it (`%010d`, wider past `i32::MAX` as the client
+/// crate formats it).
+pub(crate) fn node_path(dir: &str, owner: OwnerId, seq: u32) -> String {
+    use std::fmt::Write as _;
+    let mut path = node_path_prefix(dir, owner);
+    // Writing into a String cannot fail.
+    if i32::try_from(seq).is_ok() {
+        let _ = write!(path, "{seq:010}");
+    } else {
+        let _ = write!(path, "{seq:019}");
+    }
+    path
+}
+
 /// `_c_` + UUID + `-lock-`.
 const PREFIX_LEN: usize = PROTECTED_PREFIX.len() + 36 + 1 + LOCK_NAME.len();
 
@@ -257,5 +272,24 @@ mod tests {
             None
         );
         assert_eq!(split_node("b"), None);
+    }
+
+    #[test]
+    fn node_paths_are_the_servers_names() {
+        let owner = OwnerId::random();
+        let prefix = node_path_prefix("/d/k", owner);
+        assert_eq!(node_path("/d/k", owner, 0), format!("{prefix}0000000000"));
+        assert_eq!(node_path("/d/k", owner, 42), format!("{prefix}0000000042"));
+        let max = u32::try_from(i32::MAX).unwrap();
+        assert_eq!(node_path("/d/k", owner, max), format!("{prefix}{max}"));
+        assert_eq!(
+            node_path("/d/k", owner, max + 1),
+            format!("{prefix}{:019}", max + 1)
+        );
+        let path = node_path("/d/k", owner, 7);
+        let (dir, name) = split_node(&path).unwrap();
+        assert_eq!(dir, "/d/k");
+        assert_eq!(owner_of(name), Some(owner));
+        assert_eq!(sequence_of(name), Some(7));
     }
 }

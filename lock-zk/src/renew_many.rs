@@ -19,7 +19,7 @@ use lock_core::{
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::{CallError, NAME, Session, ZkBackend, lock};
+use super::{CallError, NAME, NodeRef, Session, ZkBackend};
 
 /// The most checks in one multi.
 const MAX_CHECKS: usize = 1_000;
@@ -40,12 +40,12 @@ impl ZkBackend {
         };
         let sent = Instant::now();
         // (index, path) of the leases this batch checks.
-        let mut batch: Vec<(usize, String)> = Vec::with_capacity(leases.len());
+        let mut batch: Vec<(usize, NodeRef)> = Vec::with_capacity(leases.len());
         for (index, lease) in leases.iter().enumerate() {
             let ours = lease
                 .session()
                 .is_some_and(|s| s.same_channel(&session.state));
-            let Some((path, _)) = self.lease_path(lease).filter(|_| ours) else {
+            let Some(node) = self.lease_path(lease).filter(|_| ours) else {
                 // Not of this session (or not a node of ours): `renew` says why.
                 results[index] = Some(self.renew(lease).await);
                 continue;
@@ -61,36 +61,33 @@ impl ZkBackend {
                 continue;
             }
             // A lease this backend already gave up on is not revived.
-            let expired = lock(&self.inner.expiries)
-                .get(path)
-                .is_none_or(|expiry| expiry.due <= sent);
-            if expired {
+            if !self.tracked_until(lease, node.seq, sent) {
                 results[index] = Some(Err(not_held(
                     lease,
                     "the lease's TTL ran out before this renewal; its node is deleted",
                 )));
                 continue;
             }
-            batch.push((index, path.to_owned()));
+            batch.push((index, node));
         }
         for chunk in batch.chunks(MAX_CHECKS) {
-            let mut pending: &[(usize, String)] = chunk;
+            let mut pending: &[(usize, NodeRef)] = chunk;
             while !pending.is_empty() {
                 match self.check_all(&session.client, pending).await {
                     Ok(()) => {
-                        for (index, path) in pending {
+                        for (index, node) in pending {
                             results[*index] =
-                                Some(Ok(self.confirmed(leases[*index], path, &session, sent)));
+                                Some(self.confirmed(leases[*index], node, &session, sent));
                         }
                         pending = &[];
                     }
                     Err(Failed::At(failed, zk::Error::NoNode)) => {
-                        for (index, path) in &pending[..failed] {
+                        for (index, node) in &pending[..failed] {
                             results[*index] =
-                                Some(Ok(self.confirmed(leases[*index], path, &session, sent)));
+                                Some(self.confirmed(leases[*index], node, &session, sent));
                         }
-                        let (index, path) = &pending[failed];
-                        self.forget_expiry(path);
+                        let (index, _) = &pending[failed];
+                        self.forget_expiry(leases[*index].owner());
                         results[*index] = Some(Err(not_held(
                             leases[*index],
                             "the lock node is gone (released, expired, or deleted)",
@@ -121,12 +118,12 @@ impl ZkBackend {
     async fn check_all(
         &self,
         client: &zk::Client,
-        pending: &[(usize, String)],
+        pending: &[(usize, NodeRef)],
     ) -> Result<(), Failed> {
         let mut writer = client.new_multi_writer();
-        for (_, path) in pending {
+        for (_, node) in pending {
             writer
-                .add_check_version(path, -1)
+                .add_check_version(node.path(), -1)
                 .map_err(|e| Failed::Call(CallError::Zk(e)))?;
         }
         let timeout = self.op_timeout();
@@ -142,12 +139,24 @@ impl ZkBackend {
         }
     }
 
-    fn confirmed(&self, lease: &Lease, path: &str, session: &Session, sent: Instant) -> Instant {
+    /// A confirmed check: the new validity deadline, unless the node's TTL
+    /// ran out while the check was in flight (the expiry task took it).
+    fn confirmed(
+        &self,
+        lease: &Lease,
+        node: &NodeRef,
+        session: &Session,
+        sent: Instant,
+    ) -> Result<Instant, LockError> {
         let ttl = lease.ttl().min(session.timeout);
-        if let Some(expiry) = lock(&self.inner.expiries).get_mut(path) {
-            expiry.due = expiry.due.max(sent + ttl);
+        if self.extend(lease, node.seq, sent, ttl) {
+            Ok(validity_deadline(sent, ttl))
+        } else {
+            Err(not_held(
+                lease,
+                "the lease's TTL ran out before this renewal; its node is deleted",
+            ))
         }
-        validity_deadline(sent, ttl)
     }
 }
 

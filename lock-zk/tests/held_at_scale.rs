@@ -1,22 +1,48 @@
 //! Held locks at scale on a real ZooKeeper: client-side heap per held lock
-//! and round trips per renewal period (counted by the fault proxy). The
-//! nodes are ephemeral on the client's one session; a renewal period costs
-//! one multi of existence checks per batch plus the session's pings, not a
-//! request per lock. `DISTLOCK_SCALE=1000,10000,100000` runs more sizes.
+//! and round trips per renewal period (counted by the fault proxy), both
+//! checked against the targets at the default 1,000 locks. The nodes are
+//! ephemeral on the client's one session; a renewal period costs one multi
+//! of existence checks per batch plus the session's pings, not a request
+//! per lock. The memory check is shown failing on a backend that keeps a
+//! kilobyte per held lease (the driver before the compact per-node record
+//! failed it too: 529 B per lock at 1k). `DISTLOCK_SCALE=1000,10000,100000`
+//! runs more sizes (100,000 locks need a server heap of about 1 GB: with
+//! 256 MB the JVM's old generation fills up, full collections follow each
+//! other, and the session expires).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::scale::{
-    CountingAllocator, ScaleConfig, check_round_trips, held_locks_proxied, print_report,
-    scales_from_env,
+    CountingAllocator, MAX_BYTES_PER_LOCK, ScaleConfig, check_report, check_round_trips,
+    held_locks_proxied, print_report, scales_from_env,
 };
 use conformance::servers::zookeeper::ZkServer;
-use lock_core::{LockBackend, RENEW_BATCH};
+use lock_core::{
+    Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, RENEW_BATCH, async_trait,
+};
+use lock_zk::ZkBackend;
+use tokio::time::Instant;
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
+
+/// The test server's longest session (20 ticks of 500 ms). A lease's TTL
+/// is capped at the session timeout, so a longer TTL would be renewed more
+/// often than the counted period assumes.
+const MAX_SESSION: Duration = Duration::from_secs(10);
+
+/// The session's pings (a few per period) are the background.
+const BACKGROUND: usize = 4;
+
+fn config(locks: usize) -> ScaleConfig {
+    let mut config = ScaleConfig::new(locks);
+    config.ttl = config.ttl.min(MAX_SESSION);
+    config
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_renews_many_held_locks_on_one_session() {
@@ -25,17 +51,82 @@ async fn zookeeper_renews_many_held_locks_on_one_session() {
     };
     let upstream: SocketAddr = server.connect_string().parse().unwrap();
     for locks in scales_from_env(&[1_000]) {
-        let report = held_locks_proxied(upstream, &ScaleConfig::new(locks), |addr| async move {
+        let report = held_locks_proxied(upstream, &config(locks), |addr| async move {
             let backend = lock_zk::connect(&format!("zk://{addr}")).await?;
             Ok(Arc::new(backend) as Arc<dyn LockBackend>)
         })
         .await
         .unwrap();
         print_report(&report);
-        // The session's pings (a few per period) are the background.
-        // Memory is not checked here: with the driver's one expiry task per
-        // backend it measured 414 B per lock at 1k, 626 at 10k and 608 at
-        // 100k (the driver's per-node state), over the 400 B target.
-        check_round_trips(&report, RENEW_BATCH, 4).unwrap();
+        if locks <= RENEW_BATCH {
+            check_report(&report, RENEW_BATCH, BACKGROUND).unwrap();
+        } else {
+            // Above one batch the core's own per-guard state is most of the
+            // 400 B (see the crate docs); printed, only round trips checked.
+            check_round_trips(&report, RENEW_BATCH, BACKGROUND).unwrap();
+        }
+    }
+
+    // The same measurement catches a driver that keeps a kilobyte per
+    // held lease.
+    let report = held_locks_proxied(upstream, &config(1_000), |addr| async move {
+        let backend = lock_zk::connect(&format!("zk://{addr}")).await?;
+        Ok(Arc::new(KilobytePerLease(backend, Mutex::new(HashMap::new()))) as Arc<dyn LockBackend>)
+    })
+    .await
+    .unwrap();
+    print_report(&report);
+    let err = check_report(&report, RENEW_BATCH, BACKGROUND)
+        .expect_err("the memory check missed a kilobyte per held lease");
+    assert!(
+        report.bytes_per_lock > MAX_BYTES_PER_LOCK && err.contains("bytes per held lock"),
+        "{err}"
+    );
+}
+
+/// Broken: the real driver, plus a kilobyte of renewal state per held
+/// lease.
+#[derive(Debug)]
+struct KilobytePerLease(ZkBackend, Mutex<HashMap<u128, Vec<u8>>>);
+
+#[async_trait]
+impl LockBackend for KilobytePerLease {
+    fn name(&self) -> &'static str {
+        "zookeeper-kilobyte-per-lease"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.0.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.0.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.0.renew(lease).await
+    }
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        {
+            let mut state = self.1.lock().unwrap();
+            for lease in leases {
+                state
+                    .entry(lease.owner().as_u128())
+                    .or_insert_with(|| vec![0u8; 1024]);
+            }
+        }
+        self.0.renew_many(leases).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.1.lock().unwrap().remove(&lease.owner().as_u128());
+        self.0.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.0.inspect(key).await
     }
 }

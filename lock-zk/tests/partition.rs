@@ -88,7 +88,7 @@ async fn partitioned_follower_cannot_renew_or_grant() {
         .await
         .expect("try_acquire")
         .expect("free key");
-    let node_path = lease.backend_data().to_owned();
+    let node_path = cut_off.node_path(&lease).expect("a lock node of ours");
 
     // What the sync costs through a follower: a renewal (sync + node check,
     // sent together) against a plain node check on the same follower.
