@@ -87,6 +87,7 @@ drivers! {
     "etcd" => lock_etcd,
     "zk" => lock_zk,
     "sql" => lock_sql,
+    "slowmem" => lock_slowmem,
 }
 
 /// The URL schemes this build understands.

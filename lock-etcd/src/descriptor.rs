@@ -14,7 +14,7 @@ pub static DRIVER: Driver = Driver {
     schemes: &["etcd", "etcds"],
     default_ports: &[("etcd", 2379), ("etcds", 2379)],
     summary: "etcd://host[:port][,host[:port]...][/prefix] (etcds:// for TLS)",
-    connect: connect,
+    connect,
     floor: Some(floor),
 };
 

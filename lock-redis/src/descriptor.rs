@@ -31,7 +31,7 @@ pub static DRIVER: Driver = Driver {
         ("redlock", 6379),
     ],
     summary: "redis://host[:port][/db], redis+sentinel://, redis+cluster://, redlock://a,b,c",
-    connect: connect,
+    connect,
     floor: Some(floor),
 };
 

@@ -20,7 +20,7 @@ pub static DRIVER: Driver = Driver {
         ("mariadb", 3306),
     ],
     summary: "postgres://, mysql://, mariadb://, sqlite://path or sqlite::memory: (?mode=session for server-session locks)",
-    connect: connect,
+    connect,
     floor: Some(floor),
 };
 

@@ -14,7 +14,7 @@ pub static DRIVER: Driver = Driver {
     schemes: &["zk", "zookeeper"],
     default_ports: &[("zk", 2181), ("zookeeper", 2181)],
     summary: "zk://host[:port][,host[:port]...][/chroot]",
-    connect: connect,
+    connect,
     floor: Some(floor),
 };
 
