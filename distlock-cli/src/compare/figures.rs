@@ -1,0 +1,198 @@
+//! The benchmark part of a comparison: latency and throughput against the
+//! raw floor, handoffs, round trips per cycle, held locks at scale.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::Target;
+use conformance::bench::{self, Contender, FloorCycle, Ours};
+use conformance::scale::{self, ScaleConfig};
+use lock_core::{LockBackend, LockClient, LockError, OwnerId};
+
+use super::*;
+
+pub(super) async fn benchmarks(target: &dyn Target, url: &str, full: bool) -> BenchFigures {
+    let mut out = BenchFigures::default();
+    if let Err(e) = bench_into(&mut out, target, url, full).await {
+        out.error = Some(e.to_string());
+    }
+    out
+}
+
+pub(super) async fn bench_into(
+    out: &mut BenchFigures,
+    target: &dyn Target,
+    url: &str,
+    full: bool,
+) -> Result<(), LockError> {
+    let probe = target.client().await?;
+    let ttl = Duration::from_secs(10).max(probe.capabilities().min_ttl);
+    let run = OwnerId::random().to_hex()[..8].to_owned();
+    let ours_client = |backend: Arc<dyn LockBackend>| -> Arc<dyn Contender> {
+        Arc::new(Ours::new(LockClient::from_arc(backend), ttl))
+    };
+    // Independent clients, as separate processes would have: each its own
+    // connection, ours and the floor's alike.
+    let mut ours = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        ours.push(ours_client(target.client().await?));
+    }
+    let floors = crate::floors::contenders(url, ttl, CLIENTS).await;
+    let (cycle_key, floor_key) = (format!("bench-{run}/cycle"), format!("floor-{run}/cycle"));
+    // Warm up connections, scripts and statement caches.
+    for _ in 0..20 {
+        ours[0].cycle(&cycle_key).await?;
+        if let Some(floors) = &floors {
+            floors[0].cycle(&floor_key).await?;
+        }
+    }
+    let n = if full { 2000 } else { 300 };
+    let cycle = match &floors {
+        Some(floors) => {
+            let (cycle, floor) =
+                bench::interleaved_latency(&*ours[0], &*floors[0], (&cycle_key, &floor_key), n, 10)
+                    .await?;
+            out.floor_cycle_p50_us = Some(floor.p50_us);
+            out.cycle_ratio = Some(bench::ratio(cycle.p50_us, floor.p50_us));
+            cycle
+        }
+        None => bench::concurrent_cycles(&ours[..1], &cycle_key, n).await?,
+    };
+    out.cycle_p50_us = Some(cycle.p50_us);
+    out.cycle_p99_us = Some(cycle.p99_us);
+    out.cycles_per_s = Some(cycle.per_sec);
+    out.cycle_histogram = Some(cycle.histogram);
+    let per_client = if full { 400 } else { 60 };
+    let prefixes = (format!("bench-{run}/par"), format!("floor-{run}/par"));
+    let parallel = match &floors {
+        Some(floors) => {
+            let (parallel, floor) = bench::interleaved_throughput(
+                &ours,
+                floors,
+                (&prefixes.0, &prefixes.1),
+                per_client,
+                4,
+            )
+            .await?;
+            out.floor_throughput_8x8 = Some(floor.per_sec);
+            out.throughput_ratio = Some(bench::ratio(parallel.per_sec, floor.per_sec));
+            parallel
+        }
+        None => bench::concurrent_cycles(&ours, &prefixes.0, per_client).await?,
+    };
+    out.throughput_8x8 = Some(parallel.per_sec);
+    let window = if full {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_millis(1500)
+    };
+    let handoff = bench::handoffs(
+        &ours[..HANDOFF_CLIENTS],
+        &format!("bench-{run}/handoff"),
+        window,
+    )
+    .await?;
+    out.handoffs_per_s = Some(handoff.per_sec);
+    out.handoff_spread = Some(handoff.spread());
+    if let Some(floors) = &floors {
+        let floor = bench::handoffs(
+            &floors[..HANDOFF_CLIENTS],
+            &format!("floor-{run}/handoff"),
+            window,
+        )
+        .await?;
+        out.floor_handoffs_per_s = Some(floor.per_sec);
+        out.floor_handoff_spread = Some(floor.spread());
+        out.handoff_ratio = Some(bench::ratio(handoff.per_sec, floor.per_sec));
+    }
+    drop((ours, floors));
+    round_trips_into(out, url, ttl, &run).await?;
+    drop(probe);
+    held_at_scale(out, target, url, full).await;
+    Ok(())
+}
+
+/// Independent clients in the throughput benchmark.
+pub(super) const CLIENTS: usize = 8;
+/// Independent clients contending on one key in the handoff benchmark.
+pub(super) const HANDOFF_CLIENTS: usize = 4;
+
+/// Round trips per uncontended cycle, ours and the floor's, each counted
+/// by a fault proxy of its own in front of the server (loopback servers
+/// named by a single-server URL only).
+pub(super) async fn round_trips_into(
+    out: &mut BenchFigures,
+    url: &str,
+    ttl: Duration,
+    run: &str,
+) -> Result<(), LockError> {
+    const CYCLES: usize = 50;
+    if let Some((proxied, proxy)) = crate::floors::proxied(url).await {
+        let ours = Ours::new(LockClient::from_arc(distlock::open(&proxied).await?), ttl);
+        let key = format!("bench-{run}/round-trips");
+        out.round_trips_per_cycle =
+            Some(bench::round_trips_per_cycle(&ours, &proxy, &key, 5, CYCLES).await?);
+    }
+    if let Some((proxied, proxy)) = crate::floors::proxied(url).await
+        && let Some(floor) = crate::floors::connect(&proxied).await?
+    {
+        let floor = FloorCycle::new(floor, ttl);
+        out.floor_round_trips_declared = Some(floor.declared_round_trips());
+        let key = format!("floor-{run}/round-trips");
+        out.floor_round_trips_per_cycle =
+            Some(bench::round_trips_per_cycle(&floor, &proxy, &key, 5, CYCLES).await?);
+    }
+    Ok(())
+}
+
+/// Locks held at scale by one client: heap bytes per held lock (the
+/// server's own state excluded for the in-process backend) and renewal
+/// round trips per renewal period, counted by a fault proxy where the URL
+/// names one loopback server (else `renew_many` calls per period).
+pub(super) async fn held_at_scale(
+    out: &mut BenchFigures,
+    target: &dyn Target,
+    url: &str,
+    full: bool,
+) {
+    let mut config = ScaleConfig::new(if full { 10_000 } else { 1000 });
+    config.key_prefix = format!("bench-{}/held-", &OwnerId::random().to_hex()[..8]);
+    config.in_process = url.starts_with("memory:");
+    let measured = match crate::floors::proxied(url).await {
+        Some((proxied, proxy)) => match distlock::open(&proxied).await {
+            Ok(backend) => {
+                let trips = || proxy.round_trips();
+                let reset = || proxy.reset_counters();
+                scale::held_locks(backend, &config, Some(&trips), Some(&reset)).await
+            }
+            Err(e) => Err(e),
+        },
+        None => match target.client().await {
+            Ok(backend) => scale::held_locks(backend, &config, None, None).await,
+            Err(e) => Err(e),
+        },
+    };
+    match measured {
+        Ok(report) => {
+            out.held_locks = Some(report.locks);
+            if report.bytes_per_lock > 0.0 {
+                out.bytes_per_held_lock = Some(report.bytes_per_lock);
+            } else {
+                // Memory the backend let go of after the baseline (a
+                // connection's buffers shrinking) outweighed the locks.
+                out.held_error = Some(format!(
+                    "bytes per held lock not measured: the heap shrank by {:.0} B per lock \
+                     while holding (state freed after the baseline)",
+                    -report.bytes_per_lock
+                ));
+            }
+            out.renewal_round_trips_per_period = report
+                .round_trips_per_period
+                .or(Some(report.renew_calls_per_period));
+            out.renewal_round_trips_counted = Some(report.round_trips_per_period.is_some());
+        }
+        // A backend that cannot hold that many (session mode pins a
+        // connection per lock): said, not fatal.
+        Err(e) => out.held_error = Some(e.to_string()),
+    }
+}
