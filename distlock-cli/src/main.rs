@@ -177,12 +177,11 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
   distlock compare --backends redis-replica,redlock,etcd-cluster,zookeeper-ensemble --spawn
   distlock compare --with redis://10.0.0.5:6379")]
     Compare {
-        /// Backends to compare (memory, sqlite, redis, etcd, zookeeper,
-        /// postgres, mariadb, redis-replica, redlock, etcd-cluster,
-        /// zookeeper-ensemble; comma separated). Default: the embedded
-        /// ones, plus with --spawn every server kind except etcd-cluster
-        /// and zookeeper-ensemble, which only --full adds.
-        #[arg(long, value_delimiter = ',')]
+        /// Backends to compare (comma separated; the list is in the long
+        /// help). Default: the embedded ones, plus with --spawn every server
+        /// kind except etcd-cluster and zookeeper-ensemble, which only
+        /// --full adds.
+        #[arg(long, value_delimiter = ',', long_help = backends_help())]
         backends: Option<Vec<String>>,
         /// Start the servers on loopback.
         #[arg(long)]
@@ -464,4 +463,16 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             Ok(u8::from(results.iter().any(compare::BackendResult::failed)))
         }
     }
+}
+
+/// The long help of `compare --backends`, from the embedded backends and
+/// the test kit's table of deployment kinds.
+fn backends_help() -> String {
+    format!(
+        "Backends to compare, comma separated: {}, {}. Default: the embedded \
+         ones, plus with --spawn every server kind except etcd-cluster and \
+         zookeeper-ensemble, which only --full adds.",
+        compare::EMBEDDED.join(", "),
+        conformance::deploy::kind_names().join(", ")
+    )
 }

@@ -155,7 +155,7 @@ struct Candidate {
     _keep: Option<tempfile::TempDir>,
 }
 
-const EMBEDDED: &[&str] = &["memory", "sqlite"];
+pub(crate) const EMBEDDED: &[&str] = &["memory", "sqlite"];
 
 /// The server kinds `--spawn` starts when `--backends` is not given: every
 /// single server, the Redis master/replica pair and Redlock (they start in
