@@ -95,6 +95,53 @@ pub fn find<'a>(drivers: &[&'a Driver], url: &str) -> Option<&'a Driver> {
     drivers.iter().copied().find(|d| d.handles(url))
 }
 
+/// Declares a [`ConnectFn`] named `$name` that opens a backend with
+/// `$connect(url).await` (an `async fn(&str) -> Result<B, LockError>` whose
+/// `B` implements [`LockBackend`]).
+///
+/// ```ignore
+/// lock_core::connect_fn!(fn connect_any = crate::connect);
+/// ```
+#[macro_export]
+macro_rules! connect_fn {
+    ($vis:vis fn $name:ident = $connect:path) => {
+        $vis fn $name(
+            url: &str,
+        ) -> $crate::driver::BoxFuture<
+            '_,
+            ::std::result::Result<::std::sync::Arc<dyn $crate::LockBackend>, $crate::LockError>,
+        > {
+            ::std::boxed::Box::pin(async move {
+                let backend = $connect(url).await?;
+                Ok(::std::sync::Arc::new(backend) as ::std::sync::Arc<dyn $crate::LockBackend>)
+            })
+        }
+    };
+}
+
+/// Declares a [`FloorFn`] named `$name` that opens a floor with
+/// `$connect(url).await` (an `async fn(&str) -> Result<F, LockError>` whose
+/// `F` implements [`RawFloor`]), for every URL of the driver.
+#[macro_export]
+macro_rules! floor_fn {
+    ($vis:vis fn $name:ident = $connect:path) => {
+        $vis fn $name(
+            url: &str,
+        ) -> $crate::driver::BoxFuture<
+            '_,
+            ::std::result::Result<
+                ::std::option::Option<::std::boxed::Box<dyn $crate::floor::RawFloor>>,
+                $crate::LockError,
+            >,
+        > {
+            ::std::boxed::Box::pin(async move {
+                let floor = $connect(url).await?;
+                Ok(Some(::std::boxed::Box::new(floor) as ::std::boxed::Box<dyn $crate::floor::RawFloor>))
+            })
+        }
+    };
+}
+
 /// The in-process backend: `memory://[name]`. Every URL with the same
 /// name opens the same locks in this process (like two clients of one
 /// server); different names are independent.

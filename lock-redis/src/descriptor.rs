@@ -1,8 +1,5 @@
 //! This driver's entry in the family ([`lock_core::driver`]).
 
-use std::sync::Arc;
-
-use lock_core::LockBackend;
 use lock_core::LockError;
 use lock_core::driver::{BoxFuture, Driver};
 use lock_core::floor::RawFloor;
@@ -35,9 +32,7 @@ pub static DRIVER: Driver = Driver {
     floor: Some(floor),
 };
 
-fn connect(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move { Ok(Arc::new(crate::connect(url).await?) as Arc<dyn LockBackend>) })
-}
+lock_core::connect_fn!(fn connect = crate::connect);
 
 fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
     Box::pin(async move {

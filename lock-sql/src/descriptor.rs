@@ -1,10 +1,8 @@
 //! This driver's entry in the family ([`lock_core::driver`]).
 
-use std::sync::Arc;
-
+use lock_core::LockError;
 use lock_core::driver::{BoxFuture, Driver};
 use lock_core::floor::RawFloor;
-use lock_core::{LockBackend, LockError};
 
 use crate::floor::SqlFloor;
 use crate::{SessionFloor, SqlConfig, SqlMode};
@@ -24,9 +22,7 @@ pub static DRIVER: Driver = Driver {
     floor: Some(floor),
 };
 
-fn connect(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move { Ok(Arc::new(crate::connect(url).await?) as Arc<dyn LockBackend>) })
-}
+lock_core::connect_fn!(fn connect = crate::connect);
 
 fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
     Box::pin(async move {

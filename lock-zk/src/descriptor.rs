@@ -1,10 +1,6 @@
 //! This driver's entry in the family ([`lock_core::driver`]).
 
-use std::sync::Arc;
-
-use lock_core::driver::{BoxFuture, Driver};
-use lock_core::floor::RawFloor;
-use lock_core::{LockBackend, LockError};
+use lock_core::driver::Driver;
 
 use crate::floor::ZkFloor;
 
@@ -18,14 +14,5 @@ pub static DRIVER: Driver = Driver {
     floor: Some(floor),
 };
 
-fn connect(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move { Ok(Arc::new(crate::connect(url).await?) as Arc<dyn LockBackend>) })
-}
-
-fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
-    Box::pin(async move {
-        Ok(Some(
-            Box::new(ZkFloor::connect(url).await?) as Box<dyn RawFloor>
-        ))
-    })
-}
+lock_core::connect_fn!(fn connect = crate::connect);
+lock_core::floor_fn!(fn floor = ZkFloor::connect);
