@@ -619,3 +619,127 @@ async fn paused_server_gives_typed_errors_in_bounded_time() {
     println!("session kept: {}", a.session_id() == session);
     assert!(a.release(&lease).await.expect("release"));
 }
+
+/// Guards renewed in one batch (`renew_many`: a `sync` and a node check
+/// per lease): the one whose node an administrator deletes goes `Lost`
+/// within a renewal interval (plus a request), the others stay held. A
+/// batch renewal that never looks at the nodes fails the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deleted_node_is_noticed_by_batched_renewals() {
+    let Some(target) = ZkTarget::single().await else {
+        return;
+    };
+    let backend = target.backend().await.expect("backend");
+    let raw = target.raw().await;
+    let held = Arc::new(backend.clone()) as Arc<dyn LockBackend>;
+    deleted_node_is_noticed(held, &backend, &raw)
+        .await
+        .expect("the driver's batched renewals");
+    let blind = Arc::new(BlindRenewals(backend.clone())) as Arc<dyn LockBackend>;
+    let err = deleted_node_is_noticed(blind, &backend, &raw)
+        .await
+        .expect_err("the check missed renewals that never look at the nodes");
+    println!("blind renewals: {err}");
+}
+
+/// Holds 5 locks through `client_backend`, deletes one node behind its
+/// back and checks that exactly that guard goes `Lost` within one renewal
+/// interval and a request.
+async fn deleted_node_is_noticed(
+    client_backend: Arc<dyn LockBackend>,
+    backend: &ZkBackend,
+    raw: &zk::Client,
+) -> Result<(), String> {
+    let ttl = Duration::from_secs(3);
+    let client = LockClient::from_arc(client_backend);
+    let mut guards = Vec::new();
+    for i in 0..5 {
+        let k = key(&format!("batch-{i}"));
+        let guard = client
+            .lock(k.as_str())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .map_err(|e| e.to_string())?;
+        guards.push(guard);
+    }
+    // Let one batch renewal pass, so the guards renew together.
+    sleep(ttl / 2).await;
+    let victim = &guards[2];
+    let path = backend.node_path(&victim.lease()).expect("node path");
+    raw.delete(&path, None).await.expect("delete the node");
+    let deleted = Instant::now();
+    // Renewed every third of the TTL: the next renewal sees it.
+    let bound = ttl / 3 + Duration::from_secs(1);
+    let noticed = timeout(bound, victim.lost()).await;
+    let others_held = guards
+        .iter()
+        .enumerate()
+        .all(|(i, g)| i == 2 || g.is_held());
+    let result = match noticed {
+        Ok(reason) => {
+            println!("lost {:?} after the delete: {reason}", deleted.elapsed());
+            if others_held {
+                Ok(())
+            } else {
+                Err("a guard whose node was not touched was lost too".to_owned())
+            }
+        }
+        Err(_) => Err(format!(
+            "the guard whose node was deleted still reported {:?} {bound:?} later",
+            victim.state()
+        )),
+    };
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+    result
+}
+
+/// Broken: renews every lease in a batch without looking at its node.
+#[derive(Debug)]
+struct BlindRenewals(ZkBackend);
+
+#[lock_core::async_trait]
+impl LockBackend for BlindRenewals {
+    fn name(&self) -> &'static str {
+        "zookeeper-blind-renewals"
+    }
+    fn capabilities(&self) -> lock_core::Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> Result<Option<lock_core::Lease>, lock_core::LockError> {
+        self.0.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<lock_core::Lease, lock_core::LockError> {
+        self.0.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &lock_core::Lease) -> Result<Instant, lock_core::LockError> {
+        self.0.renew(lease).await
+    }
+    async fn renew_many(
+        &self,
+        leases: &[&lock_core::Lease],
+    ) -> Vec<Result<Instant, lock_core::LockError>> {
+        let now = Instant::now();
+        leases.iter().map(|l| Ok(now + l.ttl() / 2)).collect()
+    }
+    async fn release(&self, lease: &lock_core::Lease) -> Result<bool, lock_core::LockError> {
+        self.0.release(lease).await
+    }
+    async fn inspect(
+        &self,
+        key: &LockKey,
+    ) -> Result<Option<lock_core::LockInfo>, lock_core::LockError> {
+        self.0.inspect(key).await
+    }
+}
