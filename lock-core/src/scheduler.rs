@@ -51,7 +51,12 @@
 //!   timer, or, with nothing registered, until notified: an idle process
 //!   does not tick;
 //! - deregistration (release, drop) never wakes it; a timer of a guard
-//!   that is gone is simply no longer in the queue.
+//!   that is gone is simply no longer in the queue;
+//! - a guard on a session the task does not watch yet wakes it to arm a
+//!   watcher. A session whose last guard is gone keeps its slot and armed
+//!   watcher (a few such idle sessions, [`IDLE_SESSIONS`]), so the next
+//!   guard on the same connection's session finds it watched and wakes
+//!   nothing; an idle session whose state moves is freed.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -225,12 +230,26 @@ struct SessionSlot {
     first_user: u32,
     /// Bumped when the slot is reused for another channel.
     generation: u32,
+    /// The task has a watcher armed on this slot's channel (set by the task
+    /// under the state lock): a registration on a watched session need not
+    /// wake the task.
+    watched: bool,
 }
 
 /// How many of the most recent sessions a registration compares its
 /// channel with: one shared session is found at once, and a channel per
 /// grant costs no scan over all of them.
 const SESSION_SEARCH: usize = 8;
+
+/// How many sessions without a registered guard keep their slot and their
+/// armed watcher. Session backends hand every grant of one connection the
+/// same channel: a hot acquire+release loop takes the session's only guard
+/// down to zero users and back up every cycle, and freeing the slot at zero
+/// made each registration a new session, and so a wake-up of the task (to
+/// arm a watcher) per cycle. Idle sessions beyond this are freed, oldest
+/// first (a backend with a channel per grant leaves one idle session per
+/// released grant).
+const IDLE_SESSIONS: usize = SESSION_SEARCH;
 
 struct State {
     /// Where the task runs (replaced when a dead task is restarted).
@@ -244,6 +263,12 @@ struct State {
     free_sessions: Vec<u32>,
     /// Live sessions, most recent last (at most `SESSION_SEARCH` searched).
     recent_sessions: Vec<u32>,
+    /// Sessions with no user that keep their slot and watcher, oldest first
+    /// (at most `idle_limit`).
+    idle_sessions: Vec<u32>,
+    /// `IDLE_SESSIONS`; a test knob (0: the previous behaviour, a session
+    /// slot freed with its last user).
+    idle_limit: usize,
     /// When the task means to wake next: a registration due earlier wakes it.
     planned_wake: u64,
     /// The widest early-renewal window of any registered guard.
@@ -337,6 +362,8 @@ impl Scheduler {
                 sessions: Vec::new(),
                 free_sessions: Vec::new(),
                 recent_sessions: Vec::new(),
+                idle_sessions: Vec::new(),
+                idle_limit: IDLE_SESSIONS,
                 planned_wake: NEVER,
                 max_slack: 0,
                 live: 0,
@@ -471,7 +498,7 @@ impl Scheduler {
             let mut new_session = false;
             if let Some(rx) = lease.session() {
                 let session = st.session_index(rx, index);
-                new_session = st.sessions[session as usize].users == 1;
+                new_session = !st.sessions[session as usize].watched;
                 st.slots[index as usize].session = session;
             }
             // Published in the queue before `planned_wake` is read, both
@@ -567,18 +594,22 @@ impl Scheduler {
         if watchers.len() < st.sessions.len() {
             watchers.resize_with(st.sessions.len(), || None);
         }
-        for (watcher, session) in watchers.iter_mut().zip(&st.sessions) {
+        for (watcher, session) in watchers.iter_mut().zip(&mut st.sessions) {
             if watcher
                 .as_ref()
                 .is_some_and(|(generation, _)| *generation != session.generation)
             {
                 *watcher = None;
             }
+            // Idle sessions too (no user, kept for the next guard on the
+            // same channel): a guard released before the task came round
+            // leaves its session idle, and the next one must find it
+            // watched.
             if watcher.is_none()
-                && session.users > 0
                 && let Some(rx) = &session.rx
             {
                 *watcher = Some((session.generation, watch_session(rx.clone())));
+                session.watched = true;
             }
         }
         let next = st.timers.first().map_or(NEVER, |&(at, _)| at).min(
@@ -634,8 +665,15 @@ impl Scheduler {
         let (Ok(session), Some(slot)) = (u32::try_from(index), st.sessions.get(index)) else {
             return None;
         };
-        if slot.generation != generation || slot.users == 0 {
+        if slot.generation != generation {
             // The slot was freed (or reused for another channel) meanwhile.
+            return None;
+        }
+        if slot.users == 0 {
+            // An idle session moved: let it go (the next guard on it
+            // registers a new slot, and the task arms a new watcher).
+            #[allow(clippy::cast_possible_truncation)] // sessions are indexed by u32
+            st.free_session(index as u32);
             return None;
         }
         let first = slot.first_user;
@@ -675,8 +713,11 @@ impl Scheduler {
         if open && st.sessions.get(index).is_some_and(|s| s.users > 0) {
             Some((generation, watch_session(rx)))
         } else {
-            if !open && let Some(slot) = st.sessions.get_mut(index) {
-                slot.rx = None;
+            if let Some(slot) = st.sessions.get_mut(index) {
+                slot.watched = false;
+                if !open {
+                    slot.rx = None;
+                }
             }
             None
         }
@@ -688,6 +729,10 @@ impl Scheduler {
             let mut st = self.lock();
             st.alive = false;
             st.planned_wake = NEVER;
+            // The task's watchers end with it.
+            for session in &mut st.sessions {
+                session.watched = false;
+            }
             let mut lost = Vec::with_capacity(st.live);
             for slot in 0..st.slots.len() {
                 if let Some(shared) = st.slots[slot].shared.clone() {
@@ -758,14 +803,42 @@ impl State {
         if let Some(s) = self.sessions.get_mut(session as usize) {
             s.users = s.users.saturating_sub(1);
             if s.users == 0 {
-                s.rx = None;
-                s.generation = s.generation.wrapping_add(1);
-                self.free_sessions.push(session);
-                self.recent_sessions.retain(|&r| r != session);
+                self.idle_session(session);
             }
         }
         self.free.push(slot);
         self.live -= 1;
+    }
+
+    /// A session's last guard is gone: keep its slot and watcher for the
+    /// next guard on the same channel (see `IDLE_SESSIONS`), freeing the
+    /// oldest idle ones beyond the limit.
+    fn idle_session(&mut self, session: u32) {
+        if self.sessions[session as usize].rx.is_none() {
+            // Its channel closed: nothing to reuse.
+            self.free_session(session);
+            return;
+        }
+        self.idle_sessions.push(session);
+        while self.idle_sessions.len() > self.idle_limit {
+            let oldest = self.idle_sessions[0];
+            self.free_session(oldest);
+        }
+    }
+
+    /// Gives a session slot back (its watcher, if any, is dropped by the
+    /// task at its next pass: the generation no longer matches).
+    fn free_session(&mut self, session: u32) {
+        let Some(s) = self.sessions.get_mut(session as usize) else {
+            return;
+        };
+        s.rx = None;
+        s.users = 0;
+        s.watched = false;
+        s.generation = s.generation.wrapping_add(1);
+        self.free_sessions.push(session);
+        self.recent_sessions.retain(|&r| r != session);
+        self.idle_sessions.retain(|&r| r != session);
     }
 
     /// Interned: guards share a few policies; a slot stores an index.
@@ -811,6 +884,12 @@ impl State {
                     .is_some_and(|r| r.same_channel(rx))
             });
         if let Some(index) = found {
+            let slot = &mut self.sessions[index as usize];
+            if slot.users == 0 {
+                // An idle session, watched still: back in use.
+                slot.first_user = user;
+                self.idle_sessions.retain(|&r| r != index);
+            }
             self.sessions[index as usize].users += 1;
             return index;
         }
@@ -820,6 +899,7 @@ impl State {
                 slot.rx = Some(rx.clone());
                 slot.users = 1;
                 slot.first_user = user;
+                slot.watched = false;
                 index
             }
             None => {
@@ -828,6 +908,7 @@ impl State {
                     users: 1,
                     first_user: user,
                     generation: 0,
+                    watched: false,
                 });
                 u32::try_from(self.sessions.len() - 1).unwrap_or(NO_SESSION)
             }
@@ -1198,6 +1279,12 @@ mod tests {
 
     const CYCLES: u64 = 1_000;
 
+    /// Taken by the tests that time renewals or count wake-ups on the
+    /// renewal thread: one at a time, so that none's load (a thousand
+    /// wake-ups, a 30 ms lock renewed every 10 ms) lands in another's
+    /// measuring window on a small machine.
+    static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     /// A fresh memory backend, a client over it, and the scheduler that
     /// client's guards register with: on the dedicated renewal thread, or
     /// with `here`, on the test's own (current-thread) runtime.
@@ -1294,6 +1381,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_hot_loop_rarely_wakes_the_dedicated_renewal_thread() {
+        let _timing = TIMING.lock().await;
         let (client, scheduler) = setup();
         let started = Instant::now();
         let (wakeups, notifications) = hot_loop(&client, &scheduler, false).await;
@@ -1302,6 +1390,211 @@ mod tests {
             "{CYCLES} cycles in {elapsed:?}: {wakeups} wake-ups, {notifications} notifications"
         );
         assert_few(wakeups, notifications, elapsed);
+    }
+
+    /// The memory backend with every grant attached to one session
+    /// channel, as a session backend (SQL session mode, ZooKeeper) hands
+    /// out the channel of the connection the lock lives in.
+    #[derive(Debug)]
+    struct OneSession {
+        inner: MemoryBackend,
+        session: std::sync::Mutex<watch::Sender<SessionState>>,
+    }
+
+    impl OneSession {
+        fn subscribe(&self) -> watch::Receiver<SessionState> {
+            self.session.lock().unwrap().subscribe()
+        }
+
+        /// Grants from now on live on a new session (the old one stays open).
+        fn new_session(&self) -> watch::Sender<SessionState> {
+            let (tx, _) = watch::channel(SessionState::Alive);
+            std::mem::replace(&mut *self.session.lock().unwrap(), tx)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl LockBackend for OneSession {
+        fn name(&self) -> &'static str {
+            "one-session"
+        }
+        fn capabilities(&self) -> crate::Capabilities {
+            self.inner.capabilities()
+        }
+        async fn try_acquire(
+            &self,
+            key: &crate::LockKey,
+            ttl: Duration,
+        ) -> Result<Option<crate::Lease>, LockError> {
+            let lease = self.inner.try_acquire(key, ttl).await?;
+            Ok(lease.map(|l| l.with_session(self.subscribe())))
+        }
+        async fn acquire(
+            &self,
+            key: &crate::LockKey,
+            ttl: Duration,
+            deadline: Instant,
+        ) -> Result<crate::Lease, LockError> {
+            let lease = self.inner.acquire(key, ttl, deadline).await?;
+            Ok(lease.with_session(self.subscribe()))
+        }
+        async fn renew(&self, lease: &crate::Lease) -> Result<Instant, LockError> {
+            self.inner.renew(lease).await
+        }
+        async fn release(&self, lease: &crate::Lease) -> Result<bool, LockError> {
+            self.inner.release(lease).await
+        }
+        async fn inspect(
+            &self,
+            key: &crate::LockKey,
+        ) -> Result<Option<crate::LockInfo>, LockError> {
+            self.inner.inspect(key).await
+        }
+    }
+
+    /// A renewal thread of the test's own (a current-thread runtime),
+    /// stopped when the sender is dropped: the process-wide dedicated
+    /// thread is shared by every test, whose load would blur timings here
+    /// (and this test's wake-ups theirs).
+    fn own_renewal_thread() -> (RenewalRuntime, tokio::sync::oneshot::Sender<()>) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            let _ = runtime.block_on(stopped);
+        });
+        (RenewalRuntime::from_handle(handle), stop)
+    }
+
+    /// A client over a [`OneSession`] backend renewing on a thread of its
+    /// own, its scheduler and backend, and the thread's stop.
+    fn session_setup(
+        idle_limit: usize,
+    ) -> (
+        LockClient,
+        Arc<Scheduler>,
+        Arc<OneSession>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (session, _) = watch::channel(SessionState::Alive);
+        let one = Arc::new(OneSession {
+            inner: MemoryBackend::new(),
+            session: std::sync::Mutex::new(session),
+        });
+        let backend: Arc<dyn LockBackend> = one.clone();
+        let (runtime, stop) = own_renewal_thread();
+        let scheduler = Scheduler::shared_for(&backend, &runtime.handle().unwrap());
+        scheduler.lock().idle_limit = idle_limit;
+        let client = LockClient::from_arc(backend).with_renewal_runtime(runtime);
+        (client, scheduler, one, stop)
+    }
+
+    /// Every guard of a hot loop lives on the same session channel: the
+    /// session's slot and watcher outlive its last guard, so registering the
+    /// next one does not wake the task. With idle sessions freed at once
+    /// (the previous behaviour) each cycle's guard was a new session and
+    /// woke the task to arm a watcher.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hot_loop_on_one_session_rarely_wakes_the_renewal_thread() {
+        let _timing = TIMING.lock().await;
+        let (client, scheduler, _one, _stop) = session_setup(IDLE_SESSIONS);
+        let started = Instant::now();
+        let (wakeups, notifications) = hot_loop(&client, &scheduler, false).await;
+        let elapsed = started.elapsed();
+        println!(
+            "one session, {CYCLES} cycles in {elapsed:?}: {wakeups} wake-ups, {notifications} notifications"
+        );
+        assert_few(wakeups, notifications, elapsed);
+
+        let (client, scheduler, _one, _stop) = session_setup(0);
+        let (wakeups, notifications) = hot_loop(&client, &scheduler, false).await;
+        println!("idle sessions freed: {wakeups} wake-ups, {notifications} notifications");
+        assert!(
+            notifications >= CYCLES * 9 / 10,
+            "idle sessions freed: {notifications} notifications in {CYCLES} cycles"
+        );
+    }
+
+    /// Lets the task go to a long sleep (linger over, nothing registered),
+    /// then makes registrations never notify it (the
+    /// deliberately broken variant), takes a guard on the session, ends the
+    /// session, and returns how long the guard took to read `Lost` (`None`:
+    /// not within 500 ms). Only a watcher the task armed before can tell it.
+    async fn lost_unnotified(
+        client: &LockClient,
+        scheduler: &Scheduler,
+        one: &OneSession,
+    ) -> Option<Duration> {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(
+            from_ns(scheduler.lock().planned_wake) > Instant::now() + Duration::from_secs(2),
+            "the task should sleep long now"
+        );
+        scheduler.lock().never_notify = true;
+        let guard = client
+            .lock("on-session")
+            .ttl(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        let ended = Instant::now();
+        one.session
+            .lock()
+            .unwrap()
+            .send_replace(SessionState::Lost("connection closed".to_owned()));
+        while ended.elapsed() < Duration::from_millis(500) {
+            if matches!(guard.state(), crate::LockState::Lost(_)) {
+                return Some(ended.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        None
+    }
+
+    /// A guard on a session kept idle (its watcher armed for an earlier
+    /// guard, now released) turns `Lost` at once when the session ends,
+    /// without its registration waking the task. Controls: with idle
+    /// sessions freed (the previous behaviour) or on a session no guard
+    /// used before (a new connection's), the same unnotified registration
+    /// is not told: there the registration's notification is what arms the
+    /// watcher.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_guard_on_a_reused_idle_session_sees_the_session_end_at_once() {
+        let _timing = TIMING.lock().await;
+        for (idle_limit, same_session, expect_seen) in [
+            (IDLE_SESSIONS, true, true),
+            (0, true, false),
+            (IDLE_SESSIONS, false, false),
+        ] {
+            let (client, scheduler, one, _stop) = session_setup(idle_limit);
+            scheduler.lock().linger = duration_ns(Duration::from_millis(50));
+            let first = client
+                .lock("on-session")
+                .ttl(Duration::from_secs(10))
+                .acquire()
+                .await
+                .unwrap();
+            // The task armed a watcher on the session (it runs on the
+            // shared renewal thread, which other tests keep busy).
+            settle_until(|| scheduler.lock().sessions.iter().any(|s| s.watched)).await;
+            assert!(first.release().await.unwrap());
+            let _old = (!same_session).then(|| one.new_session());
+            let lost = lost_unnotified(&client, &scheduler, &one).await;
+            let case = format!("idle limit {idle_limit}, same session {same_session}");
+            if expect_seen {
+                // At once: the task woke on the session's change (the guard's
+                // 10 s TTL is far away); margin for a busy renewal thread.
+                assert!(
+                    lost.is_some_and(|d| d < Duration::from_millis(250)),
+                    "{case}: lost after {lost:?}"
+                );
+            } else {
+                assert_eq!(lost, None, "{case}: the guard saw the session end");
+            }
+        }
     }
 
     async fn settle_until(what: impl Fn() -> bool) {
@@ -1363,6 +1656,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_short_ttl_lock_registered_while_the_scheduler_sleeps_long_is_renewed() {
+        let _timing = TIMING.lock().await;
         let (held, renewals) = short_ttl_after_a_long_sleep(false).await;
         assert!(held, "the 30 ms lock was lost ({renewals} renewals)");
         assert!(
@@ -1381,6 +1675,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_short_ttl_lock_registered_between_ticks_is_renewed_and_idle_stops_ticking() {
+        let _timing = TIMING.lock().await;
         let (client, scheduler) = setup();
         scheduler.lock().linger = duration_ns(Duration::from_millis(100));
         let long = client
