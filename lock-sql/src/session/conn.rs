@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use lock_core::LockError;
+use lock_core::{LockError, SessionState};
 use sqlx::{AssertSqlSafe, Connection, Row};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::names;
@@ -87,6 +88,14 @@ pub(crate) struct Session {
     pub(crate) idle_since: Instant,
     /// Opened for this call (a failure on it is not a stale pooled one).
     pub(crate) fresh: bool,
+    /// The session signal of the lock this session holds (`Lost` when it
+    /// is found not to hold it any more or has ended; closed when the
+    /// session is dropped). One channel per server session, not per
+    /// grant: a session holds one lock at a time, and successive grants on
+    /// it hand their guards the same channel, which the renewal scheduler
+    /// then watches once instead of arming a watcher (a wake-up of its
+    /// task) per grant. Nothing is sent at a release: the session lives on.
+    pub(crate) state: watch::Sender<SessionState>,
 }
 
 /// A key as the server's lock sees it.
@@ -167,6 +176,7 @@ impl Session {
             wait_timeout: None,
             idle_since: Instant::now(),
             fresh: true,
+            state: watch::channel(SessionState::Alive).0,
         })
     }
 

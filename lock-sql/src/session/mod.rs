@@ -46,7 +46,7 @@ use lock_core::{
     LockKey, Operation, OwnerId, SessionState, TtlModel, WaitStrategy, check_ttl,
     validity_deadline,
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout, timeout_at};
 
 pub use any::SqlAnyBackend;
@@ -89,13 +89,12 @@ struct Inner {
     held: Mutex<HashMap<OwnerId, Arc<Held>>>,
 }
 
-/// A held lock: its pinned session and the signal its guard watches.
+/// A held lock and its pinned session (whose channel its guard watches).
 struct Held {
     key: LockKey,
     token: FencingToken,
     server_key: ServerKey,
     session: tokio::sync::Mutex<Option<Pinned>>,
-    state: watch::Sender<SessionState>,
 }
 
 /// A session checked out of the idle list, with its permit.
@@ -534,13 +533,21 @@ impl SqlSessionBackend {
                 return Err(err.with_backend(self.inner.name));
             }
         };
-        let (state, rx) = watch::channel(SessionState::Alive);
+        // The session's own channel (see `Session::state`): a grant on a
+        // session that is still open starts `Alive` (it always is: a
+        // session found lost is closed, not pooled). Sent only on a change:
+        // a send wakes whoever watches the channel.
+        pinned.session.state.send_if_modified(|state| {
+            let changed = *state != SessionState::Alive;
+            *state = SessionState::Alive;
+            changed
+        });
+        let rx = pinned.session.state.subscribe();
         let held = Arc::new(Held {
             key: key.clone(),
             token,
             server_key,
             session: tokio::sync::Mutex::new(Some(pinned)),
-            state,
         });
         self.inner
             .held
@@ -690,22 +697,25 @@ impl LockBackend for SqlSessionBackend {
         match confirmed {
             Ok(Ok(true)) => Ok(validity_deadline(sent_at, lease.ttl())),
             Ok(Ok(false)) => {
-                *slot = None;
-                drop(slot);
-                let _ = held.state.send(SessionState::Lost(
+                let _ = pinned.session.state.send(SessionState::Lost(
                     "the session no longer holds the lock".into(),
                 ));
+                *slot = None;
+                drop(slot);
                 self.forget(lease);
                 Err(not_held("the session no longer holds the lock"))
             }
             Ok(Err(e)) if is_broken(&e) => {
-                *slot = None;
-                drop(slot);
                 let reason = format!(
                     "the lock's session ended: {}",
                     self.inner.config.scrub(&e.to_string())
                 );
-                let _ = held.state.send(SessionState::Lost(reason.clone()));
+                let _ = pinned
+                    .session
+                    .state
+                    .send(SessionState::Lost(reason.clone()));
+                *slot = None;
+                drop(slot);
                 self.forget(lease);
                 Err(
                     LockError::new(ErrorKind::LeaseLost, Operation::Renew, reason)
@@ -728,7 +738,8 @@ impl LockBackend for SqlSessionBackend {
         let Some(held) = self.forget(lease) else {
             return Ok(false);
         };
-        let _ = held.state.send(SessionState::Lost("released".to_owned()));
+        // No signal on the session's channel: the session lives on (its
+        // guard deregistered before releasing).
         let mut slot = held.session.lock().await;
         // Taken out: if this future is dropped, the connection is closed
         // with it and the server frees the lock.

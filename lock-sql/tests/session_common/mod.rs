@@ -76,13 +76,21 @@ impl SessionTarget {
     }
 }
 
-/// Appends `options` to `url`.
+/// `url` with `options` set: appended, replacing an option of the same
+/// name already there (the URL parser refuses an option given twice).
 pub fn with_options(url: &str, options: &str) -> String {
     if options.is_empty() {
         return url.to_owned();
     }
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{options}")
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let name = |pair: &str| pair.split('=').next().unwrap_or("").to_owned();
+    let new: Vec<&str> = options.split('&').filter(|p| !p.is_empty()).collect();
+    let mut pairs: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !new.iter().any(|n| name(n) == name(p)))
+        .collect();
+    pairs.extend(new);
+    format!("{base}?{}", pairs.join("&"))
 }
 
 #[async_trait]
