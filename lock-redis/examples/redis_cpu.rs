@@ -21,7 +21,8 @@
 //!   `guard.release()`.
 //!
 //! The three run in alternating order over `CPU_ROUNDS` rounds (default 3);
-//! the median per contender is printed.
+//! the median per contender is printed. `CPU_ONLY=floor,ours` picks
+//! contenders, `CPU_PAR=1` the client counts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -201,7 +202,11 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "redis on {url}: {cycles} cycles per contender per round, {rounds} rounds; us per cycle"
     );
-    for parallel in [1, CLIENTS] {
+    let levels: Vec<usize> = std::env::var("CPU_PAR").map_or_else(
+        |_| vec![1, CLIENTS],
+        |v| v.split(',').filter_map(|n| n.parse().ok()).collect(),
+    );
+    for parallel in levels {
         let mut results: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); kinds.len()];
         for round in 0..rounds {
             for j in 0..kinds.len() {

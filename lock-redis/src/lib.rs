@@ -194,10 +194,10 @@
 
 #![deny(missing_docs)]
 
-mod descriptor;
 mod batch;
 mod config;
 mod conn;
+mod descriptor;
 mod direct;
 mod driver;
 mod eviction;
@@ -206,10 +206,10 @@ mod notify;
 mod renew_many;
 mod scripts;
 
-pub use descriptor::DRIVER;
 pub use config::{
     DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL, RedisConfig,
     RedisNode, RedisTopology,
 };
+pub use descriptor::DRIVER;
 pub use driver::{MIN_TTL, RedisBackend, RedisRenewalStats, connect};
 pub use eviction::{EvictionCheck, EvictionMode};

@@ -216,9 +216,9 @@
     allow(dead_code, irrefutable_let_patterns)
 )]
 
-mod descriptor;
 mod config;
 mod conn;
+mod descriptor;
 mod driver;
 mod error;
 mod exec;
@@ -229,8 +229,8 @@ mod session;
 mod sql;
 mod wake;
 
-pub use descriptor::DRIVER;
 pub use config::{DEFAULT_TABLE, MAX_TABLE_LEN, SqlConfig, SqlDialect, SqlMode};
+pub use descriptor::DRIVER;
 pub use driver::{MIN_TTL, SqlBackend};
 pub use fence::SqlFence;
 pub use session::floor::SessionFloor;
