@@ -23,7 +23,8 @@
 //!   `guard.release()`.
 //!
 //! The three alternate over `CPU_ROUNDS` rounds (default 3); the median
-//! per contender is printed.
+//! per contender is printed. `CPU_ONLY=floor,ours` picks contenders,
+//! `CPU_PAR=1` the client counts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -202,7 +203,11 @@ async fn run(db: &str, url: &str, server: Option<u32>) -> Result<(), BoxError> {
         measure(list, name, CLIENTS, 800, server).await?;
     }
     println!("{db}: {cycles} cycles per contender per round, {rounds} rounds; us per cycle");
-    for parallel in [1, CLIENTS] {
+    let levels: Vec<usize> = std::env::var("CPU_PAR").map_or_else(
+        |_| vec![1, CLIENTS],
+        |v| v.split(',').filter_map(|n| n.parse().ok()).collect(),
+    );
+    for parallel in levels {
         let mut results: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); sides.len()];
         for round in 0..rounds {
             for j in 0..sides.len() {
