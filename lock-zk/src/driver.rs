@@ -94,7 +94,9 @@ struct Inner {
     /// Local TTL enforcement: the granted nodes by owner id, each with when
     /// it must be deleted if not renewed (the lease's validity deadline
     /// comes before). Removed at release. See expiry.rs.
-    expiries: Mutex<HashMap<(u64, u64), expiry::Tracked>>,
+    expiries: Mutex<HashMap<u64, expiry::Tracked>>,
+    /// The attempt ids this backend hands out (and keys `expiries` by).
+    owners: expiry::Owners,
     /// The deadlines' epoch.
     clock: expiry::Clock,
     /// The backend's one expiry task. Locked after `expiries` when both are.
@@ -397,6 +399,7 @@ impl ZkBackend {
                 connecting: tokio::sync::Mutex::new(()),
                 expiries: Mutex::new(HashMap::new()),
                 clock: expiry::Clock::new(),
+                owners: expiry::Owners::new(),
                 task: Mutex::new(expiry::ExpiryTask::default()),
                 uncertain: Mutex::new(HashSet::new()),
             }),
@@ -783,9 +786,11 @@ impl ZkBackend {
     /// Whether this backend tracks `lease`'s node and its TTL has not run
     /// out by `at`.
     fn tracked_until(&self, lease: &Lease, seq: u32, at: Instant) -> bool {
-        lock(&self.inner.expiries)
-            .get(&expiry::owner_key(lease.owner()))
-            .is_some_and(|node| node.seq == seq && !self.inner.clock.passed(node.due, at))
+        let clock = self.inner.clock;
+        self.tracked(lease.owner(), |node| {
+            node.seq == seq && !clock.passed(node.due, at)
+        })
+        .unwrap_or(false)
     }
 
     /// Moves the deadline of `lease`'s node to `sent + ttl` after a
@@ -794,17 +799,16 @@ impl ZkBackend {
     /// renewal must not be reported.
     fn extend(&self, lease: &Lease, seq: u32, sent: Instant, ttl: Duration) -> bool {
         let clock = self.inner.clock;
-        let mut tracked = lock(&self.inner.expiries);
-        match tracked.get_mut(&expiry::owner_key(lease.owner())) {
-            Some(node) if node.seq == seq && !clock.passed(node.due, sent) => {
-                let due = clock.deadline(sent + ttl);
-                if clock.passed(node.due, sent + ttl) {
-                    node.due = due;
-                }
-                true
+        self.tracked(lease.owner(), |node| {
+            if node.seq != seq || clock.passed(node.due, sent) {
+                return false;
             }
-            _ => false,
-        }
+            if clock.passed(node.due, sent + ttl) {
+                node.due = clock.deadline(sent + ttl);
+            }
+            true
+        })
+        .unwrap_or(false)
     }
 
     /// One acquisition with a fresh attempt id on `session`.
@@ -818,7 +822,7 @@ impl ZkBackend {
         deadline: Option<Instant>,
         operation: Operation,
     ) -> Result<Option<Lease>, AttemptError> {
-        let owner = OwnerId::random();
+        let owner = self.inner.owners.next();
         let mut cleanup = NodeCleanup {
             backend: self,
             client: &session.client,
@@ -961,8 +965,7 @@ impl ZkBackend {
                 )
                 .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?;
                 cleanup.disarm();
-                let component = &dir[self.inner.config.root().len() + 1..];
-                self.schedule_expiry(owner, component, seq, sent + ttl);
+                self.schedule_expiry(owner, key.as_str(), seq, sent + ttl);
                 return Ok(Some(lease.with_session(session.state.clone())));
             }
             let Some(deadline) = deadline else {
@@ -1305,11 +1308,12 @@ impl LockBackend for ZkBackend {
                 continue;
             };
             let seq = sequence_of(&name).and_then(|seq| u32::try_from(seq).ok());
+            let clock = self.inner.clock;
             let remaining_ttl = owner_of(&name).and_then(|owner| {
-                lock(&self.inner.expiries)
-                    .get(&expiry::owner_key(owner))
-                    .filter(|node| Some(node.seq) == seq)
-                    .map(|node| self.inner.clock.remaining(node.due, Instant::now()))
+                self.tracked(owner, |node| {
+                    (Some(node.seq) == seq).then(|| clock.remaining(node.due, Instant::now()))
+                })
+                .flatten()
             });
             return Ok(Some(LockInfo {
                 key: key.clone(),

@@ -9,8 +9,8 @@
 //! renewal.
 //!
 //! Per granted node the backend keeps one map slot, keyed by the attempt
-//! id (the lease's owner): the key's path component, the node's sequence
-//! number and the deadline in 10 ms ticks (40 bytes plus the component;
+//! id (the lease's owner, see [`Owners`]): the key, the node's sequence
+//! number and the deadline in 10 ms ticks (32 bytes plus the key's text;
 //! the node's path is rebuilt from them when it is needed). There is no
 //! queue: one task per backend scans the map when the earliest deadline it
 //! saw comes, deletes the nodes that are due and sleeps until the next
@@ -22,6 +22,7 @@
 //! sequential grants with the same TTL never do, so the acquire path
 //! spawns nothing and wakes nobody.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -39,11 +40,11 @@ pub(super) const MIN_GAP: Duration = Duration::from_millis(20);
 /// One tick of the stored deadlines.
 const TICK: Duration = Duration::from_millis(10);
 
-/// A granted node this backend tracks, keyed by its owner id
-/// ([`owner_key`]).
+/// A granted node this backend tracks, keyed by the low half of its owner
+/// id ([`Owners`]).
 pub(super) struct Tracked {
-    /// The key's path component (the directory below the lock root).
-    pub(super) component: Box<str>,
+    /// The lease's key (its directory follows from it).
+    pub(super) key: Box<str>,
     /// The node's sequence number.
     pub(super) seq: u32,
     /// When the node is deleted unless renewed first, in ticks since the
@@ -51,17 +52,46 @@ pub(super) struct Tracked {
     pub(super) due: u32,
 }
 
-/// The map key of an owner id: two words, so a slot is 8-byte aligned
-/// (a `u128` would pad every slot to 48 bytes).
-pub(super) fn owner_key(owner: OwnerId) -> (u64, u64) {
-    let v = owner.as_u128();
-    // Truncation intended: the two halves.
-    #[allow(clippy::cast_possible_truncation)]
-    ((v >> 64) as u64, v as u64)
+/// The owner ids (attempt ids) of one backend: a random upper half drawn
+/// when the backend is made, and a lower half counted from a random start,
+/// one per attempt. Unique within the backend by construction and across
+/// backends as long as their random halves differ; the backend's map of
+/// granted nodes is keyed by the lower half alone (8 bytes per slot instead
+/// of 16, which with a `u128`'s alignment would pad every slot to 48).
+pub(super) struct Owners {
+    upper: u64,
+    next: AtomicU64,
 }
 
-fn owner_of_key(key: (u64, u64)) -> OwnerId {
-    OwnerId::from_u128((u128::from(key.0) << 64) | u128::from(key.1))
+impl Owners {
+    pub(super) fn new() -> Self {
+        let seed = OwnerId::random().as_u128();
+        // The two halves of a random value.
+        #[allow(clippy::cast_possible_truncation)]
+        let (upper, lower) = ((seed >> 64) as u64, seed as u64);
+        Self {
+            upper,
+            next: AtomicU64::new(lower),
+        }
+    }
+
+    /// A fresh attempt id.
+    pub(super) fn next(&self) -> OwnerId {
+        let lower = self.next.fetch_add(1, Ordering::Relaxed);
+        self.owner(lower)
+    }
+
+    /// The map key of `owner`, if it is one of this backend's.
+    pub(super) fn key(&self, owner: OwnerId) -> Option<u64> {
+        let v = owner.as_u128();
+        // The two halves.
+        #[allow(clippy::cast_possible_truncation)]
+        ((v >> 64) as u64 == self.upper).then_some(v as u64)
+    }
+
+    fn owner(&self, lower: u64) -> OwnerId {
+        OwnerId::from_u128((u128::from(self.upper) << 64) | u128::from(lower))
+    }
 }
 
 /// Deadlines as 32-bit tick counts since the backend's epoch, compared
@@ -140,13 +170,18 @@ impl ExpiryTask {
 impl ZkBackend {
     /// Tracks a granted node (`component` is its key's directory below the
     /// lock root): if not renewed by `at`, it is deleted.
-    pub(super) fn schedule_expiry(&self, owner: OwnerId, component: &str, seq: u32, at: Instant) {
+    pub(super) fn schedule_expiry(&self, owner: OwnerId, key: &str, seq: u32, at: Instant) {
         let clock = self.inner.clock;
+        let Some(slot) = self.inner.owners.key(owner) else {
+            // Every grant carries an id from `Owners::next`.
+            tracing::warn!(%key, "lock node of a foreign owner id not tracked");
+            return;
+        };
         let mut tracked = lock(&self.inner.expiries);
         tracked.insert(
-            owner_key(owner),
+            slot,
             Tracked {
-                component: component.into(),
+                key: key.into(),
                 seq,
                 due: clock.deadline(at),
             },
@@ -173,7 +208,19 @@ impl ZkBackend {
     /// Stops enforcing the TTL of `owner`'s node (released, or found gone),
     /// so no delete is ever sent for a node that no longer exists.
     pub(super) fn forget_expiry(&self, owner: OwnerId) {
-        lock(&self.inner.expiries).remove(&owner_key(owner));
+        if let Some(slot) = self.inner.owners.key(owner) {
+            lock(&self.inner.expiries).remove(&slot);
+        }
+    }
+
+    /// `owner`'s tracked node, if any.
+    pub(super) fn tracked<T>(
+        &self,
+        owner: OwnerId,
+        f: impl FnOnce(&mut Tracked) -> T,
+    ) -> Option<T> {
+        let slot = self.inner.owners.key(owner)?;
+        lock(&self.inner.expiries).get_mut(&slot).map(f)
     }
 }
 
@@ -194,10 +241,10 @@ fn take_due(inner: &Inner, now: Instant) -> Due {
     let mut tracked = lock(&inner.expiries);
     let mut due = Vec::new();
     let mut earliest: Option<Duration> = None;
-    tracked.retain(|key, node| {
+    tracked.retain(|slot, node| {
         if clock.passed(node.due, now) {
-            let owner = owner_of_key(*key);
-            let dir = format!("{root}/{}", node.component);
+            let owner = inner.owners.owner(*slot);
+            let dir = paths::key_dir_of(root, &node.key);
             due.push((paths::node_path(&dir, owner, node.seq), owner));
             false
         } else {
@@ -288,14 +335,16 @@ mod tests {
     }
 
     #[test]
-    fn owner_keys_round_trip() {
-        for owner in [
-            OwnerId::random(),
-            OwnerId::from_u128(0),
-            OwnerId::from_u128(u128::MAX),
-        ] {
-            assert_eq!(owner_of_key(owner_key(owner)), owner);
-        }
-        assert_eq!(std::mem::size_of::<((u64, u64), Tracked)>(), 40);
+    fn owner_ids_are_fresh_and_keyed_by_their_lower_half() {
+        let owners = Owners::new();
+        let (a, b) = (owners.next(), owners.next());
+        assert_ne!(a, b);
+        let slot = owners.key(a).unwrap();
+        assert_eq!(owners.owner(slot), a);
+        assert_ne!(owners.key(b), Some(slot));
+        // Another backend's ids are not this one's.
+        let other = Owners::new();
+        assert_eq!(owners.key(other.next()), None);
+        assert_eq!(std::mem::size_of::<(u64, Tracked)>(), 32);
     }
 }

@@ -23,7 +23,12 @@ pub(crate) const LOCK_NAME: &str = "lock-";
 
 /// The directory holding `key`'s lock nodes.
 pub(crate) fn key_dir(root: &str, key: &LockKey) -> String {
-    format!("{root}/{}", utf8_percent_encode(key.as_str(), COMPONENT))
+    key_dir_of(root, key.as_str())
+}
+
+/// [`key_dir`] of a key's text.
+pub(crate) fn key_dir_of(root: &str, key: &str) -> String {
+    format!("{root}/{}", utf8_percent_encode(key, COMPONENT))
 }
 
 /// Whether `dir` is [`key_dir`]`(root, key)`, without building it.
