@@ -263,9 +263,19 @@ impl EtcdBackend {
         }
         let ttl_i64 = i64::try_from(secs)
             .map_err(|_| LockError::invalid_argument(op, "TTL too large for an etcd lease"))?;
-        let session = Session::start(&self.inner.client, ttl_i64, self.inner.config.op_timeout)
-            .await
-            .map_err(|e| relabel(e, op))?;
+        let root = if self.inner.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.inner.prefix)
+        };
+        let session = Session::start(
+            &self.inner.client,
+            &root,
+            ttl_i64,
+            self.inner.config.op_timeout,
+        )
+        .await
+        .map_err(|e| relabel(e, op))?;
         let old = lock(&self.inner.sessions).insert(secs, session.clone());
         if let Some(old) = old {
             old.lose("replaced by a new session");
@@ -291,22 +301,33 @@ impl EtcdBackend {
 
     /// Checks a lease's entry against the key it claims, and returns
     /// (entry, revision, lease id).
+    ///
+    /// A lease carries its entry's last segment (`<lease hex>` or
+    /// `<lease hex>-<n>`, see [`lease_leaf`]); the rest is the key's prefix.
+    /// The whole name (as earlier versions wrote it) is accepted too.
     fn parse_lease(&self, lease: &Lease, op: Operation) -> Result<(String, i64, i64), LockError> {
         let bad = |why: &str| {
             LockError::invalid_argument(op, format!("not an etcd lease of this backend: {why}"))
                 .with_key(lease.key())
                 .with_backend(NAME)
         };
-        let entry = lease.backend_data();
+        let data = lease.backend_data();
         let key_prefix = self.key_prefix(lease.key());
-        let leaf = entry
-            .strip_prefix(key_prefix.as_str())
-            .filter(|leaf| !leaf.is_empty() && !leaf.contains('/'))
-            .ok_or_else(|| bad("entry is not under the key's prefix"))?;
+        let leaf = if data.contains('/') {
+            data.strip_prefix(key_prefix.as_str())
+                .ok_or_else(|| bad("entry is not under the key's prefix"))?
+        } else {
+            data
+        };
+        if leaf.is_empty() || leaf.contains('/') {
+            return Err(bad("entry name"));
+        }
         let lease_hex = leaf.split('-').next().unwrap_or(leaf);
         let lease_id = i64::from_str_radix(lease_hex, 16).map_err(|_| bad("entry name"))?;
         let revision = i64::try_from(lease.token().get()).map_err(|_| bad("token"))?;
-        Ok((entry.to_owned(), revision, lease_id))
+        let mut entry = key_prefix;
+        entry.push_str(leaf);
+        Ok((entry, revision, lease_id))
     }
 
     /// The heart of both acquire flavours: `deadline` `None` tries once.
@@ -462,7 +483,7 @@ impl EtcdBackend {
             FencingToken::new(token),
             ttl,
             sent_at,
-            pending.entry.clone(),
+            lease_leaf(&pending.entry).to_owned(),
         )
         .map_err(|e| e.with_backend(NAME))?;
         // The entry lives as long as the session's lease: never promise more.
@@ -691,6 +712,13 @@ async fn session_lost(state: &mut watch::Receiver<SessionState>) -> String {
             return "session closed".to_owned();
         }
     }
+}
+
+/// What a lease carries of its entry's name: the last segment,
+/// `<lease hex>` or `<lease hex>-<n>` (the key's prefix is known from the
+/// lease's key).
+pub(crate) fn lease_leaf(entry: &str) -> &str {
+    entry.rsplit('/').next().unwrap_or(entry)
 }
 
 pub(crate) fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {

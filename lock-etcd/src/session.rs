@@ -17,13 +17,17 @@
 //! bounds the case where this process cannot delete it (crashed,
 //! partitioned).
 //!
-//! Per held lock the session keeps one map slot (the entry name, shared by
-//! an `Arc` with the expiry queue, its revision, owner and deadline) and at
-//! most one live expiry-queue element; every lease of the session carries a
-//! receiver of the session's one state channel (no channel per grant).
+//! Per held lock the session keeps one map slot: the part of the entry
+//! name that is not the same for every entry of the session (the escaped
+//! key, stored once, without the backend prefix and the lease id), its
+//! revision, owner and deadline. There is no expiry queue: the expiry task
+//! looks over the slots when the earliest deadline it saw comes up (at most
+//! every [`EXPIRY_SCAN_GAP`]), so a grant is deleted at most that long after
+//! its deadline. Every lease of the session carries a receiver of the
+//! session's one state channel (no channel per grant).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::num::NonZeroI64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -47,6 +51,11 @@ pub(crate) struct Session {
     deadline: Mutex<Instant>,
     /// The entries and their deadlines.
     entries: Mutex<Entries>,
+    /// What every entry name of the backend starts with: its prefix and the
+    /// separator (empty without a prefix).
+    root: Box<str>,
+    /// The lease id in hex, as in entry names.
+    hex: Box<str>,
     counter: AtomicU64,
     /// The origin of the compact deadlines ([`Ticks`]).
     base: Instant,
@@ -58,18 +67,31 @@ pub(crate) struct Session {
 /// monotonic clock counts nanoseconds), 8 bytes instead of 16.
 type Ticks = u64;
 
-#[derive(Default)]
+/// The shortest time between two looks of the expiry task over the
+/// session's grants: a grant whose TTL ran out is deleted at most this long
+/// after its deadline (plus the delete's round trip). One look costs well
+/// under a millisecond per 100,000 grants.
+pub(crate) const EXPIRY_SCAN_GAP: Duration = Duration::from_millis(20);
+
 struct Entries {
-    /// Entry names that may exist on the server (held, waiting, or being
+    /// Entries that may exist on the server (held, waiting, or being
     /// cleaned up), never reused for another grant while listed, with the
-    /// grant if one is handed out on it.
-    names: HashMap<Arc<str>, Option<HeldGrant>>,
-    /// Grant deadlines, earliest first: (deadline, revision, entry), the
-    /// name shared with `names`. One element per held grant: a renewal only
-    /// moves the grant's deadline, and the element is pushed again at the
-    /// new deadline when it comes up. Elements of released grants are
-    /// dropped when they come up.
-    expiries: BinaryHeap<Reverse<(Ticks, i64, Arc<str>)>>,
+    /// grant if one is handed out on it. Keyed by the name's *tail* (see
+    /// [`Session::tail`]): `<escaped key>/` for the session's plain entry
+    /// under a key, `<escaped key>/-<n>` for a suffixed one.
+    names: HashMap<Box<str>, Option<HeldGrant>>,
+    /// When the expiry task looks next (`Ticks::MAX`: not before it is
+    /// woken). A grant due earlier wakes it.
+    planned: Ticks,
+}
+
+impl Default for Entries {
+    fn default() -> Self {
+        Self {
+            names: HashMap::new(),
+            planned: Ticks::MAX,
+        }
+    }
 }
 
 impl Drop for Session {
@@ -127,8 +149,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Session {
     /// Grants a lease of `ttl` (rounded up to whole seconds by the caller)
     /// and starts keeping it alive.
+    ///
+    /// `root` is what every entry name of the backend starts with (its
+    /// prefix and the separator, or nothing).
     pub(crate) async fn start(
         client: &Client,
+        root: &str,
         ttl_secs: i64,
         op_timeout: Duration,
     ) -> Result<Arc<Self>, LockError> {
@@ -157,6 +183,8 @@ impl Session {
             state,
             deadline: Mutex::new(validity_deadline(sent_at, server_ttl)),
             entries: Mutex::new(Entries::default()),
+            root: Box::from(root),
+            hex: format!("{:x}", grant.id()).into_boxed_str(),
             counter: AtomicU64::new(0),
             base: sent_at,
             expiry_wake: Arc::new(Notify::new()),
@@ -181,7 +209,7 @@ impl Session {
 
     /// The lease id as etcd's concurrency package prints it in entry names.
     pub(crate) fn lease_hex(&self) -> String {
-        format!("{:x}", self.lease_id)
+        self.hex.to_string()
     }
 
     /// The TTL the server granted.
@@ -215,28 +243,54 @@ impl Session {
     /// grants exclude each other (and `etcdctl lock`) by create revision.
     pub(crate) fn claim_entry(&self, key_prefix: &str) -> String {
         let mut entries = lock(&self.entries);
-        let primary = format!("{key_prefix}{}", self.lease_hex());
-        if !entries.names.contains_key(primary.as_str()) {
-            entries.names.insert(Arc::from(primary.as_str()), None);
-            return primary;
+        let part = key_prefix.strip_prefix(&*self.root).unwrap_or(key_prefix);
+        if !entries.names.contains_key(part) {
+            entries.names.insert(Box::from(part), None);
+            return format!("{key_prefix}{}", self.hex);
         }
         loop {
             let n = self.counter.fetch_add(1, Ordering::Relaxed);
-            let name = format!("{primary}-{n}");
-            if !entries.names.contains_key(name.as_str()) {
-                entries.names.insert(Arc::from(name.as_str()), None);
-                return name;
+            let tail = format!("{part}-{n}");
+            if !entries.names.contains_key(tail.as_str()) {
+                entries.names.insert(tail.into_boxed_str(), None);
+                return format!("{key_prefix}{}-{n}", self.hex);
             }
         }
+    }
+
+    /// The key of `entry` in the session's map: the name without the
+    /// backend's prefix and this session's lease id (`None` for a name that
+    /// is not one of this session's entries).
+    fn tail<'a>(&self, entry: &'a str) -> Option<Cow<'a, str>> {
+        let rest = entry.strip_prefix(&*self.root)?;
+        let slash = rest.rfind('/')?;
+        let (part, leaf) = rest.split_at(slash + 1);
+        let suffix = leaf.strip_prefix(&*self.hex)?;
+        if suffix.is_empty() {
+            return Some(Cow::Borrowed(part));
+        }
+        let n = suffix.strip_prefix('-')?;
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some(Cow::Owned(format!("{part}{suffix}")))
+    }
+
+    /// The entry name a map key stands for (the inverse of [`Self::tail`]).
+    fn entry_of(&self, tail: &str) -> String {
+        let slash = tail.rfind('/').map_or(0, |i| i + 1);
+        let (part, suffix) = tail.split_at(slash);
+        format!("{}{part}{}{suffix}", self.root, self.hex)
     }
 
     /// The entry is known to be gone from the server: its name may be
     /// reused. A name a grant is handed out on is kept (a late second
     /// cleanup of an earlier grant must not free a newer one's name).
     pub(crate) fn free_entry(&self, entry: &str) {
+        let Some(tail) = self.tail(entry) else { return };
         let mut entries = lock(&self.entries);
-        if matches!(entries.names.get(entry), Some(None)) {
-            entries.names.remove(entry);
+        if matches!(entries.names.get(tail.as_ref()), Some(None)) {
+            entries.names.remove(tail.as_ref());
         }
     }
 
@@ -261,30 +315,43 @@ impl Session {
         due: Instant,
     ) -> watch::Receiver<SessionState> {
         let due = self.ticks(due);
-        let mut guard = lock(&self.entries);
-        let entries = &mut *guard;
-        if let Some(revision) = NonZeroI64::new(revision) {
+        if let (Some(revision), Some(tail)) = (NonZeroI64::new(revision), self.tail(entry)) {
             let grant = HeldGrant {
                 revision,
                 owner,
                 due,
             };
-            let name = match entries.names.get_key_value(entry) {
-                Some((name, _)) => name.clone(),
-                None => Arc::from(entry),
-            };
-            entries.names.insert(name.clone(), Some(grant));
-            let earliest = entries
-                .expiries
-                .peek()
-                .is_none_or(|Reverse((next, _, _))| due < *next);
-            entries.expiries.push(Reverse((due, revision.get(), name)));
-            if earliest {
+            let mut entries = lock(&self.entries);
+            match entries.names.get_mut(tail.as_ref()) {
+                Some(slot) => *slot = Some(grant),
+                None => {
+                    entries.names.insert(tail.into_owned().into_boxed_str(), Some(grant));
+                }
+            }
+            if due < entries.planned {
+                entries.planned = due;
                 self.expiry_wake.notify_one();
             }
         }
-        drop(guard);
         self.state.subscribe()
+    }
+
+    /// The held grant on `entry` with this revision and owner.
+    fn with_grant<T>(
+        &self,
+        entry: &str,
+        revision: i64,
+        owner: OwnerId,
+        f: impl FnOnce(&mut Option<HeldGrant>) -> T,
+    ) -> Option<T> {
+        let tail = self.tail(entry)?;
+        let mut entries = lock(&self.entries);
+        let slot = entries.names.get_mut(tail.as_ref())?;
+        if slot.as_ref().is_some_and(|g| g.is(revision, owner)) {
+            Some(f(slot))
+        } else {
+            None
+        }
     }
 
     /// Moves a grant's deadline to `due` if it is held and its deadline has
@@ -299,93 +366,76 @@ impl Session {
         due: Instant,
     ) -> Result<(), RenewRefused> {
         let (now, due) = (self.ticks(now), self.ticks(due));
-        let mut entries = lock(&self.entries);
-        let slot = entries.names.get_mut(entry).ok_or(RenewRefused::NotHeld)?;
-        let Some(grant) = slot.as_mut().filter(|g| g.is(revision, owner)) else {
-            return Err(RenewRefused::NotHeld);
-        };
-        if grant.due <= now {
-            // The name stays listed until the entry's cleanup frees it.
-            *slot = None;
-            return Err(RenewRefused::Expired);
-        }
-        // Its queue element, at an earlier deadline, moves it on when it
-        // comes up: nothing is pushed here.
-        grant.due = grant.due.max(due);
-        Ok(())
+        self.with_grant(entry, revision, owner, |slot| {
+            let Some(grant) = slot.as_mut() else {
+                return Err(RenewRefused::NotHeld);
+            };
+            if grant.due <= now {
+                // The name stays listed until the entry's cleanup frees it.
+                *slot = None;
+                return Err(RenewRefused::Expired);
+            }
+            // Later only: the expiry task finds the new deadline when it
+            // looks (nothing to wake).
+            grant.due = grant.due.max(due);
+            Ok(())
+        })
+        .unwrap_or(Err(RenewRefused::NotHeld))
     }
 
     /// When a grant is deleted unless renewed, if it is held.
     pub(crate) fn due(&self, entry: &str) -> Option<Instant> {
+        let tail = self.tail(entry)?;
         let due = lock(&self.entries)
             .names
-            .get(entry)
+            .get(tail.as_ref())
             .and_then(|slot| slot.as_ref().map(|g| g.due))?;
         Some(self.instant(due))
     }
 
     /// Removes and returns the grants whose deadline passed by `now`, and
-    /// the next deadline to look at.
+    /// when to look next: the earliest deadline left, but not before
+    /// [`EXPIRY_SCAN_GAP`] from now.
     fn take_expired(&self, now: Instant) -> (Vec<ExpiredGrant>, Option<Instant>) {
-        let now = self.ticks(now);
+        let now_ticks = self.ticks(now);
         let mut guard = lock(&self.entries);
         let entries = &mut *guard;
         let mut expired = Vec::new();
-        while let Some(Reverse((due, _, _))) = entries.expiries.peek() {
-            if *due > now {
-                break;
-            }
-            let Some(Reverse((_, revision, entry))) = entries.expiries.pop() else {
-                break;
-            };
-            let Some(slot) = entries.names.get_mut(&entry) else {
+        let mut next = Ticks::MAX;
+        for (tail, slot) in &mut entries.names {
+            let Some(grant) = slot else { continue };
+            if grant.due > now_ticks {
+                next = next.min(grant.due);
                 continue;
-            };
-            match slot {
-                // Renewed since: its element moves to the new deadline.
-                Some(grant) if grant.revision.get() == revision && grant.due > now => {
-                    let due = grant.due;
-                    entries.expiries.push(Reverse((due, revision, entry)));
-                }
-                Some(grant) if grant.revision.get() == revision => {
-                    let owner = grant.owner;
-                    // Listed until the cleanup frees the name.
-                    *slot = None;
-                    expired.push(ExpiredGrant {
-                        entry: entry.as_ref().to_owned(),
-                        revision,
-                        owner,
-                    });
-                }
-                // Released (or the name reused by another grant).
-                _ => {}
             }
+            let (revision, owner) = (grant.revision.get(), grant.owner);
+            // Listed until the cleanup frees the name.
+            *slot = None;
+            expired.push((tail.clone(), revision, owner));
         }
-        let next = entries
-            .expiries
-            .peek()
-            .map(|Reverse((due, _, _))| self.instant(*due));
-        (expired, next)
+        let next = (next != Ticks::MAX).then(|| next.max(self.ticks(now + EXPIRY_SCAN_GAP)));
+        entries.planned = next.unwrap_or(Ticks::MAX);
+        drop(guard);
+        let expired = expired
+            .into_iter()
+            .map(|(tail, revision, owner)| ExpiredGrant {
+                entry: self.entry_of(&tail),
+                revision,
+                owner,
+            })
+            .collect();
+        (expired, next.map(|at| self.instant(at)))
     }
 
     /// Forgets a grant; returns whether it was held with this revision and
     /// owner. Its name stays listed until [`Self::free_entry`].
     pub(crate) fn unmark_held(&self, entry: &str, revision: i64, owner: OwnerId) -> bool {
-        let mut entries = lock(&self.entries);
-        match entries.names.get_mut(entry) {
-            Some(slot) if slot.as_ref().is_some_and(|g| g.is(revision, owner)) => {
-                *slot = None;
-                true
-            }
-            _ => false,
-        }
+        self.with_grant(entry, revision, owner, |slot| *slot = None)
+            .is_some()
     }
 
     pub(crate) fn holds(&self, entry: &str, revision: i64, owner: OwnerId) -> bool {
-        lock(&self.entries)
-            .names
-            .get(entry)
-            .is_some_and(|slot| slot.as_ref().is_some_and(|g| g.is(revision, owner)))
+        self.with_grant(entry, revision, owner, |_| ()).is_some()
     }
 
     /// Moves the state (never out of `Lost`); every lease holds a receiver.
@@ -408,7 +458,7 @@ impl Session {
         self.set_state(SessionState::Lost(reason.to_owned()));
         let mut entries = lock(&self.entries);
         entries.names = HashMap::new();
-        entries.expiries = BinaryHeap::new();
+        entries.planned = Ticks::MAX;
         drop(entries);
         self.expiry_wake.notify_one();
     }
