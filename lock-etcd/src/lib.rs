@@ -164,15 +164,15 @@
 
 #![deny(missing_docs)]
 
-mod descriptor;
 mod config;
+mod descriptor;
 mod driver;
 mod error;
 pub mod floor;
 mod session;
 
-pub use descriptor::DRIVER;
 pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TTL, EtcdConfig, EtcdTls};
+pub use descriptor::DRIVER;
 pub use driver::{EtcdBackend, MIN_TTL, capabilities};
 
 use lock_core::LockError;

@@ -325,7 +325,9 @@ impl Session {
             match entries.names.get_mut(tail.as_ref()) {
                 Some(slot) => *slot = Some(grant),
                 None => {
-                    entries.names.insert(tail.into_owned().into_boxed_str(), Some(grant));
+                    entries
+                        .names
+                        .insert(tail.into_owned().into_boxed_str(), Some(grant));
                 }
             }
             if due < entries.planned {

@@ -421,11 +421,7 @@ async fn same_backend_grants_exclude_each_other() {
     );
     assert!(backend.release(&first).await.unwrap());
     let second = waiter.await.unwrap().unwrap();
-    assert!(
-        second
-            .backend_data()
-            .starts_with(&format!("{lease_hex}-"))
-    );
+    assert!(second.backend_data().starts_with(&format!("{lease_hex}-")));
     assert!(second.token() > first.token());
     // `a` and `a/b` are different locks (no prefix overlap).
     let parent = LockKey::new("a").unwrap();
@@ -624,7 +620,9 @@ async fn unreachable_server_fails_fast_with_a_typed_error() {
     );
     // A host without a port gets etcd's client port (2379) since 52594a1:
     // an unknown host is unreachable, not a configuration error.
-    let err = lock_etcd::connect("etcd://nohost.invalid").await.unwrap_err();
+    let err = lock_etcd::connect("etcd://nohost.invalid")
+        .await
+        .unwrap_err();
     assert!(
         matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
         "{err}"
