@@ -177,9 +177,11 @@ async fn a_session_per_grant_moves_only_its_own_guard() {
             assert_eq!(guard.state(), LockState::Held, "guard {i}");
         }
     }
-    // A released grant's channel moves nothing.
-    // (No receiver is left on it: the scheduler let go of it.)
-    assert_eq!(senders[3].receiver_count(), 0);
+    // A released grant's channel moves nothing. The scheduler keeps the
+    // channels of a few sessions without guards (for the next grant on the
+    // same session) and lets go of older ones: of the 10 released grants'
+    // channels, the oldest have no receiver left.
+    settle_until(|| senders[0].receiver_count() == 0).await;
     senders[3].send_replace(SessionState::Lost("old".into()));
     sleep(Duration::from_millis(50)).await;
     assert_eq!(guards[0].state(), LockState::Held);
