@@ -453,6 +453,12 @@ pub fn print_report(report: &ScaleReport) {
         report.all_held,
         report.release_errors,
     );
+    if let Some(err) = &report.first_release_error {
+        println!(
+            "held-at-scale {}: first failed release: {err}",
+            report.backend
+        );
+    }
 }
 
 /// The lock counts to run, from `DISTLOCK_SCALE` (comma-separated, e.g.
@@ -525,8 +531,8 @@ pub fn check_report(report: &ScaleReport, batch: usize, background: usize) -> Re
     Ok(())
 }
 
-/// [`check_report`] without the memory target: every lock held, and round
-/// trips per period within the bound.
+/// [`check_report`] without the memory target: every lock held, every
+/// release done, and round trips per period within the bound.
 ///
 /// # Errors
 ///
@@ -539,6 +545,14 @@ pub fn check_round_trips(
     if !report.all_held {
         return Err(format!("a guard was lost while holding: {report:?}"));
     }
+    if report.release_errors > 0 {
+        return Err(format!(
+            "{} of {} releases failed (first: {}): locks left behind",
+            report.release_errors,
+            report.locks,
+            report.first_release_error.as_deref().unwrap_or("?")
+        ));
+    }
     let bound = round_trip_bound(report.locks, batch, background);
     let counted = report
         .round_trips_per_period
@@ -550,4 +564,59 @@ pub fn check_round_trips(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> ScaleReport {
+        ScaleReport {
+            backend: "test".into(),
+            locks: 1000,
+            bytes_per_lock: 300.0,
+            peak_bytes_per_lock: 300.0,
+            server_bytes_per_lock: 0.0,
+            renew_calls_per_period: 1.0,
+            renewals_per_period: 1000.0,
+            round_trips_per_period: Some(1.0),
+            period_ms: 1000,
+            acquire_ms: 10,
+            all_held: true,
+            release_errors: 0,
+            first_release_error: None,
+        }
+    }
+
+    #[test]
+    fn every_target_can_fail() {
+        check_report(&report(), RENEW_BATCH_FOR_TESTS, 0).unwrap();
+        let lost = ScaleReport {
+            all_held: false,
+            ..report()
+        };
+        assert!(check_report(&lost, RENEW_BATCH_FOR_TESTS, 0).is_err());
+        let left_behind = ScaleReport {
+            release_errors: 3,
+            first_release_error: Some("timed out".into()),
+            ..report()
+        };
+        let err = check_report(&left_behind, RENEW_BATCH_FOR_TESTS, 0).unwrap_err();
+        assert!(
+            err.contains("3 of 1000 releases failed (first: timed out)"),
+            "{err}"
+        );
+        let fat = ScaleReport {
+            bytes_per_lock: 1000.0,
+            ..report()
+        };
+        assert!(check_report(&fat, RENEW_BATCH_FOR_TESTS, 0).is_err());
+        let chatty = ScaleReport {
+            round_trips_per_period: Some(1000.0),
+            ..report()
+        };
+        assert!(check_report(&chatty, RENEW_BATCH_FOR_TESTS, 0).is_err());
+    }
+
+    const RENEW_BATCH_FOR_TESTS: usize = 1000;
 }
