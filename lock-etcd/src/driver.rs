@@ -346,7 +346,7 @@ impl EtcdBackend {
                 .await
                 .map_err(|e| e.with_key(key))?;
             let entry = session.claim_entry(&key_prefix);
-            let owner = OwnerId::random();
+            let owner = session.new_owner();
             let mut pending = PendingEntry {
                 client: &self.inner.client,
                 session: session.clone(),

@@ -20,7 +20,8 @@
 //! Per held lock the session keeps one map slot: the part of the entry
 //! name that is not the same for every entry of the session (the escaped
 //! key, stored once, without the backend prefix and the lease id), its
-//! revision, owner and deadline. There is no expiry queue: the expiry task
+//! revision, the low half of its owner id (the high half is the session's)
+//! and its deadline: 40 bytes and the key. There is no expiry queue: the expiry task
 //! looks over the slots when the earliest deadline it saw comes up (at most
 //! every [`EXPIRY_SCAN_GAP`]), so a grant is deleted at most that long after
 //! its deadline. Every lease of the session carries a receiver of the
@@ -57,6 +58,10 @@ pub(crate) struct Session {
     /// The lease id in hex, as in entry names.
     hex: Box<str>,
     counter: AtomicU64,
+    /// The high half of every owner id this session hands out (random),
+    /// and the counter that makes the low half.
+    owner_high: u64,
+    owners: AtomicU64,
     /// The origin of the compact deadlines ([`Ticks`]).
     base: Instant,
     /// Wakes the expiry task: an earlier deadline, a loss, the drop.
@@ -115,16 +120,27 @@ impl std::fmt::Debug for Session {
 struct HeldGrant {
     /// Its entry's create revision (always positive).
     revision: NonZeroI64,
-    owner: OwnerId,
+    /// The low half of its owner id; the high half is the session's
+    /// (see [`Session::new_owner`]). 8 bytes: a whole `u128` would pad the
+    /// map slot from 40 to 48 bytes.
+    owner_low: u64,
     /// When the entry is deleted unless renewed first: the grant's (or last
     /// renewal's) send time plus the lock's TTL.
     due: Ticks,
 }
 
 impl HeldGrant {
-    fn is(&self, revision: i64, owner: OwnerId) -> bool {
-        self.revision.get() == revision && self.owner == owner
+    fn is(&self, revision: i64, owner: OwnerId, owner_high: u64) -> bool {
+        self.revision.get() == revision && split_owner(owner) == (owner_high, self.owner_low)
     }
+}
+
+/// An owner id's (high, low) halves.
+fn split_owner(owner: OwnerId) -> (u64, u64) {
+    let value = owner.as_u128();
+    // Truncation intended: the two halves.
+    #[allow(clippy::cast_possible_truncation)]
+    ((value >> 64) as u64, value as u64)
 }
 
 /// Why a renewal of a grant of this session was refused.
@@ -186,6 +202,8 @@ impl Session {
             root: Box::from(root),
             hex: format!("{:x}", grant.id()).into_boxed_str(),
             counter: AtomicU64::new(0),
+            owner_high: split_owner(OwnerId::random()).0,
+            owners: AtomicU64::new(split_owner(OwnerId::random()).1),
             base: sent_at,
             expiry_wake: Arc::new(Notify::new()),
         });
@@ -258,6 +276,14 @@ impl Session {
         }
     }
 
+    /// A fresh owner id for a grant of this session: the session's random
+    /// high half and a counted low half (unique per grant; 2^64 grants per
+    /// session before it repeats), so a held grant stores only the low half.
+    pub(crate) fn new_owner(&self) -> OwnerId {
+        let low = self.owners.fetch_add(1, Ordering::Relaxed);
+        OwnerId::from_u128((u128::from(self.owner_high) << 64) | u128::from(low))
+    }
+
     /// The key of `entry` in the session's map: the name without the
     /// backend's prefix and this session's lease id (`None` for a name that
     /// is not one of this session's entries).
@@ -315,10 +341,15 @@ impl Session {
         due: Instant,
     ) -> watch::Receiver<SessionState> {
         let due = self.ticks(due);
-        if let (Some(revision), Some(tail)) = (NonZeroI64::new(revision), self.tail(entry)) {
+        let (high, owner_low) = split_owner(owner);
+        if let (Some(revision), Some(tail), true) = (
+            NonZeroI64::new(revision),
+            self.tail(entry),
+            high == self.owner_high,
+        ) {
             let grant = HeldGrant {
                 revision,
-                owner,
+                owner_low,
                 due,
             };
             let mut entries = lock(&self.entries);
@@ -349,7 +380,10 @@ impl Session {
         let tail = self.tail(entry)?;
         let mut entries = lock(&self.entries);
         let slot = entries.names.get_mut(tail.as_ref())?;
-        if slot.as_ref().is_some_and(|g| g.is(revision, owner)) {
+        if slot
+            .as_ref()
+            .is_some_and(|g| g.is(revision, owner, self.owner_high))
+        {
             Some(f(slot))
         } else {
             None
@@ -410,7 +444,7 @@ impl Session {
                 next = next.min(grant.due);
                 continue;
             }
-            let (revision, owner) = (grant.revision.get(), grant.owner);
+            let (revision, owner) = (grant.revision.get(), grant.owner_low);
             // Listed until the cleanup frees the name.
             *slot = None;
             expired.push((tail.clone(), revision, owner));
@@ -420,10 +454,10 @@ impl Session {
         drop(guard);
         let expired = expired
             .into_iter()
-            .map(|(tail, revision, owner)| ExpiredGrant {
+            .map(|(tail, revision, low)| ExpiredGrant {
                 entry: self.entry_of(&tail),
                 revision,
-                owner,
+                owner: OwnerId::from_u128((u128::from(self.owner_high) << 64) | u128::from(low)),
             })
             .collect();
         (expired, next.map(|at| self.instant(at)))
