@@ -56,7 +56,7 @@ held by someone else past --wait; 76 lock lost while the command ran;
 #[command(name = "distlock", version, about, after_help = AFTER_HELP)]
 struct Cli {
     /// Backend URL (memory://, sqlite://path, postgres://, redis://, etcd://, zk://, ...).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, long_help = url_help())]
     url: Option<String>,
     /// TOML config file (url, ttl, wait, require).
     #[arg(long, global = true)]
@@ -475,4 +475,15 @@ fn backends_help() -> String {
         compare::EMBEDDED.join(", "),
         conformance::deploy::kind_names().join(", ")
     )
+}
+
+/// The long help of `--url`: one line per driver compiled in, from its
+/// descriptor.
+fn url_help() -> String {
+    let mut help = String::from("Backend URL. This build knows:");
+    for driver in distlock::drivers() {
+        help.push_str("\n  ");
+        help.push_str(driver.summary);
+    }
+    help
 }
