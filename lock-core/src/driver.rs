@@ -27,6 +27,9 @@ pub type ConnectFn = for<'a> fn(&'a str) -> BoxFuture<'a, Result<Arc<dyn LockBac
 pub type FloorFn =
     for<'a> fn(&'a str) -> BoxFuture<'a, Result<Option<Box<dyn RawFloor>>, LockError>>;
 
+/// What a URL's backend promises, read from the URL alone (no connect).
+pub type CapabilitiesFn = fn(&str) -> Result<crate::Capabilities, LockError>;
+
 /// One driver's entry in the family.
 #[derive(Clone, Copy)]
 pub struct Driver {
@@ -45,6 +48,9 @@ pub struct Driver {
     pub connect: ConnectFn,
     /// Its raw floor, when it has one.
     pub floor: Option<FloorFn>,
+    /// The capabilities a URL's backend will report, without connecting
+    /// (`None`: known only once connected).
+    pub capabilities: Option<CapabilitiesFn>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -152,6 +158,7 @@ pub static MEMORY: Driver = Driver {
     summary: "memory://[name]: in-process locks, shared by name within this process",
     connect: connect_memory,
     floor: None,
+    capabilities: Some(|_| Ok(MemoryBackend::new().capabilities())),
 };
 
 fn connect_memory(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
@@ -193,6 +200,7 @@ mod tests {
         summary: "a://host",
         connect: no_connect,
         floor: None,
+        capabilities: None,
     };
 
     #[test]
@@ -218,6 +226,8 @@ mod tests {
         assert!(b.try_acquire(&key, ttl).await.unwrap().is_none());
         assert!(c.try_acquire(&key, ttl).await.unwrap().is_some());
         a.release(&lease).await.unwrap();
+        let promised = (MEMORY.capabilities.unwrap())("memory://shared").unwrap();
+        assert_eq!(promised, a.capabilities());
         for bad in ["memory:x", "memory://x?ttl=1s"] {
             assert!((MEMORY.connect)(bad).await.is_err(), "{bad}");
         }

@@ -12,6 +12,10 @@ pub static DRIVER: Driver = Driver {
     summary: "etcd://host[:port][,host[:port]...][/prefix] (etcds:// for TLS)",
     connect,
     floor: Some(floor),
+    capabilities: Some(|url| {
+        crate::EtcdConfig::from_url(url)?;
+        Ok(crate::capabilities())
+    }),
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);

@@ -30,6 +30,7 @@ pub static DRIVER: Driver = Driver {
     summary: "redis://host[:port][/db], redis+sentinel://, redis+cluster://, redlock://a,b,c",
     connect,
     floor: Some(floor),
+    capabilities: None,
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);

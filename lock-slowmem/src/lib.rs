@@ -45,6 +45,7 @@ pub static DRIVER: Driver = Driver {
     summary: "slowmem://name?delay=1ms: in-process locks with a delay per call",
     connect: connect_boxed,
     floor: None,
+    capabilities: Some(|url| Ok(connect(url)?.capabilities())),
 };
 
 fn connect_boxed(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {

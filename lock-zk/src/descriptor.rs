@@ -12,6 +12,7 @@ pub static DRIVER: Driver = Driver {
     summary: "zk://host[:port][,host[:port]...][/chroot]",
     connect,
     floor: Some(floor),
+    capabilities: None,
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);
