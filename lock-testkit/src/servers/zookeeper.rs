@@ -183,7 +183,12 @@ async fn spawn_node(
         dir.path().join("zk.log"),
     )
     .args([
-        "-Xmx256m".to_owned(),
+        // ZooKeeper's own start script defaults to a 1000 MB heap; 100,000
+        // held locks keep about 210 MB live (a node and its key directory
+        // each), which a 256 MB heap turns into back-to-back full
+        // collections and expired sessions. The maximum costs nothing until
+        // it is used.
+        "-Xmx1g".to_owned(),
         "-XX:+UseSerialGC".to_owned(),
         "-Dzookeeper.admin.enableServer=false".to_owned(),
         "-cp".to_owned(),
