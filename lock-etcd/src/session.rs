@@ -74,8 +74,10 @@ type Ticks = u64;
 
 /// The shortest time between two looks of the expiry task over the
 /// session's grants: a grant whose TTL ran out is deleted at most this long
-/// after its deadline (plus the delete's round trip). One look costs well
-/// under a millisecond per 100,000 grants.
+/// after its deadline (plus the delete's round trip). One look walks the
+/// session's table under its lock, in time proportional to the grants
+/// held; it comes when the earliest deadline seen does, which renewals
+/// usually moved on by then.
 pub(crate) const EXPIRY_SCAN_GAP: Duration = Duration::from_millis(20);
 
 struct Entries {
