@@ -62,7 +62,10 @@ pub(super) async fn bench_into(
     out.cycle_p99_us = Some(cycle.p99_us);
     out.cycles_per_s = Some(cycle.per_sec);
     out.cycle_histogram = Some(cycle.histogram);
-    let per_client = if full { 400 } else { 60 };
+    // Long enough that one scheduling hiccup does not decide a round (60
+    // cycles per client over 4 rounds, 10-20 ms a round, swung the ratio
+    // between 0.7 and 1.7 from one run to the next).
+    let (per_client, rounds) = if full { (2000, 10) } else { (400, 8) };
     let prefixes = (format!("bench-{run}/par"), format!("floor-{run}/par"));
     let parallel = match &floors {
         Some(floors) => {
@@ -71,7 +74,7 @@ pub(super) async fn bench_into(
                 floors,
                 (&prefixes.0, &prefixes.1),
                 per_client,
-                4,
+                rounds,
             )
             .await?;
             out.floor_throughput_8x8 = Some(floor.per_sec);
