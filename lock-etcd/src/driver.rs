@@ -330,6 +330,64 @@ impl EtcdBackend {
         Ok((entry, revision, lease_id))
     }
 
+    /// Where a lease's entry is: (entry, revision, lease id), or `None` when
+    /// its entry is gone from the server.
+    ///
+    /// A lease on its session's plain entry (`<key prefix><lease hex>`, the
+    /// common case) carries no entry name at all: its owner id names the
+    /// session that handed it out ([`Session::owns`]). If that session is
+    /// no longer this backend's (replaced, or the lease comes from another
+    /// process), the entry is read by its create revision (the lease's
+    /// token) under the key's prefix: one more round trip, on that path
+    /// only.
+    async fn resolve_lease(
+        &self,
+        lease: &Lease,
+        op: Operation,
+    ) -> Result<Option<(String, i64, i64)>, LockError> {
+        if !lease.backend_data().is_empty() {
+            return self.parse_lease(lease, op).map(Some);
+        }
+        let revision = i64::try_from(lease.token().get()).map_err(|_| {
+            LockError::invalid_argument(op, "not an etcd lease of this backend: token")
+                .with_key(lease.key())
+                .with_backend(NAME)
+        })?;
+        let mut entry = self.key_prefix(lease.key());
+        let own = lock(&self.inner.sessions)
+            .values()
+            .find(|s| s.owns(lease.owner()))
+            .cloned();
+        if let Some(session) = own {
+            entry.push_str(session.hex());
+            return Ok(Some((entry, revision, session.lease_id())));
+        }
+        let mut kv = self.inner.client.kv_client();
+        let response = with_timeout(self.inner.config.op_timeout, op, async {
+            kv.get(
+                entry.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_min_create_revision(revision)
+                        .with_max_create_revision(revision),
+                ),
+            )
+            .await
+            .map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_key(lease.key()).with_backend(NAME))?;
+        Ok(response.kvs().first().map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                revision,
+                kv.lease(),
+            )
+        }))
+    }
+
     /// The heart of both acquire flavours: `deadline` `None` tries once.
     async fn acquire_inner(
         &self,
@@ -483,7 +541,7 @@ impl EtcdBackend {
             FencingToken::new(token),
             ttl,
             sent_at,
-            lease_leaf(&pending.entry).to_owned(),
+            lease_data(session, &pending.entry).to_owned(),
         )
         .map_err(|e| e.with_backend(NAME))?;
         // The entry lives as long as the session's lease: never promise more.
@@ -714,11 +772,13 @@ async fn session_lost(state: &mut watch::Receiver<SessionState>) -> String {
     }
 }
 
-/// What a lease carries of its entry's name: the last segment,
-/// `<lease hex>` or `<lease hex>-<n>` (the key's prefix is known from the
-/// lease's key).
-pub(crate) fn lease_leaf(entry: &str) -> &str {
-    entry.rsplit('/').next().unwrap_or(entry)
+/// What a lease carries of its entry's name: nothing for the session's
+/// plain entry under the key (its owner id names the session, see
+/// [`EtcdBackend::resolve_lease`]), else the last segment,
+/// `<lease hex>-<n>` (the key's prefix is known from the lease's key).
+pub(crate) fn lease_data<'a>(session: &Session, entry: &'a str) -> &'a str {
+    let leaf = entry.rsplit('/').next().unwrap_or(entry);
+    if leaf == session.hex() { "" } else { leaf }
 }
 
 pub(crate) fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {
@@ -1026,11 +1086,13 @@ impl LockBackend for EtcdBackend {
 
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
         let op = Operation::Renew;
-        let (entry, revision, lease_id) = self.parse_lease(lease, op)?;
         let not_held = |why: &str| {
             LockError::new(ErrorKind::NotHeld, op, why.to_owned())
                 .with_key(lease.key())
                 .with_backend(NAME)
+        };
+        let Some((entry, revision, lease_id)) = self.resolve_lease(lease, op).await? else {
+            return Err(not_held("the entry is gone"));
         };
         if let Some(session) = self.session_by_lease(lease_id) {
             // Our own session keeps the etcd lease alive, and this backend
@@ -1124,7 +1186,9 @@ impl LockBackend for EtcdBackend {
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         let op = Operation::Release;
-        let (entry, revision, lease_id) = self.parse_lease(lease, op)?;
+        let Some((entry, revision, lease_id)) = self.resolve_lease(lease, op).await? else {
+            return Ok(false);
+        };
         let session = self.session_by_lease(lease_id);
         if let Some(session) = &session {
             session.unmark_held(&entry, revision, lease.owner());

@@ -111,8 +111,10 @@
 //!   expiry task looks over the slots when the earliest deadline comes up,
 //!   at most every 20 ms, so an expired entry is deleted within 20 ms of
 //!   its deadline) and no channel of its own: every lease carries a
-//!   receiver of its session's state channel, and only its entry's last
-//!   segment (`<lease hex>`, the prefix follows from its key).
+//!   receiver of its session's state channel, and no entry name for the
+//!   session's plain entry under its key (its owner id names the session;
+//!   a lease rebuilt in another process finds its entry by create revision
+//!   under the key's prefix, one read more).
 //! - If this process cannot delete the entry (it crashed, was paused, or is
 //!   cut off from etcd), the **session lease** frees it: within the lease's
 //!   TTL, the lock TTL rounded **up** to whole seconds, of the last

@@ -278,6 +278,16 @@ impl Session {
         }
     }
 
+    /// Whether `owner` was handed out by this session ([`Self::new_owner`]).
+    pub(crate) fn owns(&self, owner: OwnerId) -> bool {
+        split_owner(owner).0 == self.owner_high
+    }
+
+    /// The lease id in hex, as in entry names.
+    pub(crate) fn hex(&self) -> &str {
+        &self.hex
+    }
+
     /// A fresh owner id for a grant of this session: the session's random
     /// high half and a counted low half (unique per grant; 2^64 grants per
     /// session before it repeats), so a held grant stores only the low half.

@@ -398,9 +398,9 @@ async fn same_backend_grants_exclude_each_other() {
     let key = LockKey::new("k").unwrap();
     let first = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
     let lease_hex = backend.session_lease(ttl).unwrap();
-    // The lease carries its entry's last segment; the entry is
-    // `same/k/<lease hex>` on the server.
-    assert_eq!(first.backend_data(), lease_hex);
+    // The session's plain entry, `same/k/<lease hex>` on the server: the
+    // lease carries no name for it (its owner id names the session).
+    assert_eq!(first.backend_data(), "");
     assert_eq!(
         backend.inspect(&key).await.unwrap().unwrap().holder,
         lease_hex

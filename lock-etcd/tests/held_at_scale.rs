@@ -35,24 +35,24 @@ async fn etcd_renews_many_held_locks_with_one_session_keep_alive() {
         print_report(&report);
         // The session's keep-alives (a few per period) are the background.
         if locks <= 1_000 {
-            // At most 400 B per held lock: 351 B measured at 1k (release
-            // build). The driver's part is one map slot per lock (40 B, the
+            // At most 400 B per held lock: 335 B measured at 1k (release
+            // build). The driver's part is one 40 B map slot per lock (the
             // table sized by the harness's 1,000-lease warm-up at this
-            // size), the escaped key once (~20 B) and the lease's entry
-            // segment (the lease hex, 16 B); the rest is lock-core's guard,
-            // lease and scheduler slot and the harness's own guard vector
-            // (32 B). It was ~1.4 kB with a watch channel and three copies of
-            // the entry name per grant (before commit 10982fb), which fails this
-            // check.
+            // size) and the escaped key once (~20 B); the lease carries no
+            // entry name (its owner id names the session). The rest is
+            // lock-core's guard, lease and scheduler slot and the harness's
+            // own guard vector (32 B). It was ~1.4 kB with a watch channel
+            // and three copies of the entry name per grant (before commit
+            // 10982fb), which fails this check.
             check_report(&report, RENEW_BATCH, 4).unwrap();
         } else {
-            // Not met above 1k: 433 B at 10k and 421 B at 100k measured
+            // Not met above 1k: 419 B at 10k and 405 B at 100k measured
             // (release build; 554 and 540 B before the expiry queue was
             // dropped, the names shortened and the slot cut to 40 B). Of
             // that, the driver's map table is ~67 B at 10k (16,384 buckets
             // for 10,000 slots, sized by growth, not by the warm-up) and
-            // ~54 B at 100k, and
-            // lock-core's part ~320 B (its slot vector alone 105 B at 10k).
+            // ~54 B at 100k, and lock-core's part ~320 B (its slot vector
+            // alone 105 B at 10k).
             check_round_trips(&report, RENEW_BATCH, 4).unwrap();
         }
     }
