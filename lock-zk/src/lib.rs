@@ -180,6 +180,7 @@
 mod config;
 mod descriptor;
 mod driver;
+mod error;
 pub mod floor;
 mod paths;
 mod wire;

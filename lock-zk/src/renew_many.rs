@@ -28,7 +28,8 @@ use lock_core::{
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::{CallError, NAME, NodeRef, Session, ZkBackend};
+use super::{NodeRef, Session, ZkBackend};
+use crate::error::{CallError, NAME};
 
 /// The most checks in one multi.
 const MAX_CHECKS: usize = 1_000;

@@ -1,0 +1,87 @@
+//! The mapping from the ZooKeeper client's errors to [`LockError`] kinds,
+//! the backend's name, and the operation timeout every request has.
+
+use std::future::Future;
+use std::time::Duration;
+
+use lock_core::{ErrorKind, LockError, Operation};
+use zookeeper_client as zk;
+
+pub(crate) const NAME: &str = "zookeeper";
+
+/// A request that failed: the server's answer or our own timeout.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    Zk(zk::Error),
+    TimedOut(Duration),
+}
+
+impl CallError {
+    pub(crate) fn is(&self, err: &zk::Error) -> bool {
+        matches!(self, Self::Zk(e) if e == err)
+    }
+
+    /// The request may or may not have been applied.
+    pub(crate) fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            Self::TimedOut(_) | Self::Zk(zk::Error::ConnectionLoss)
+        )
+    }
+
+    pub(crate) fn ends_session(&self) -> bool {
+        matches!(
+            self,
+            Self::Zk(zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::ClientClosed)
+        )
+    }
+
+    pub(crate) fn into_lock_error(self, operation: Operation) -> LockError {
+        match self {
+            Self::TimedOut(after) => LockError::new(
+                ErrorKind::Timeout,
+                operation,
+                format!("no answer from ZooKeeper within the operation timeout of {after:?}"),
+            )
+            .with_backend(NAME),
+            Self::Zk(err) => zk_error(operation, err),
+        }
+    }
+}
+
+/// The connection broke with the request in flight. The client reports
+/// this as `ConnectionLoss`, or as a custom error carrying the reason
+/// ("no response from connection in ...", an I/O error).
+pub(crate) fn connection_failure(err: &zk::Error) -> bool {
+    matches!(err, zk::Error::ConnectionLoss | zk::Error::Custom(_))
+}
+
+pub(crate) fn zk_error(operation: Operation, err: zk::Error) -> LockError {
+    let kind = match &err {
+        err if connection_failure(err) => ErrorKind::Unavailable,
+        zk::Error::ConnectionLoss
+        | zk::Error::NoHosts
+        | zk::Error::SessionExpired
+        | zk::Error::SessionMoved
+        | zk::Error::ClientClosed
+        | zk::Error::Throttled
+        | zk::Error::NotReadOnly => ErrorKind::Unavailable,
+        zk::Error::Timeout => ErrorKind::Timeout,
+        zk::Error::BadArguments(_) => ErrorKind::InvalidArgument,
+        _ => ErrorKind::Backend,
+    };
+    LockError::new(kind, operation, format!("ZooKeeper: {err}"))
+        .with_backend(NAME)
+        .with_source(err)
+}
+
+pub(crate) async fn timed<T, F>(timeout: Duration, call: F) -> Result<T, CallError>
+where
+    F: Future<Output = Result<T, zk::Error>>,
+{
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(CallError::Zk(err)),
+        Err(_) => Err(CallError::TimedOut(timeout)),
+    }
+}

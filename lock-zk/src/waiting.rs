@@ -1,0 +1,454 @@
+//! Acquiring: creating the lock node, the grant decision, and the waiting
+//! acquire (the predecessor's and our own node's watches, the session
+//! signal, the deadline), retried on a new session when one is lost.
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lock_core::{
+    ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, RetryPolicy,
+    SessionState, check_ttl,
+};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+use zookeeper_client as zk;
+
+use super::cleanup::NodeCleanup;
+use super::session::{Session, synced};
+use super::{MIN_TTL, ZkBackend, lock};
+use crate::error::{CallError, NAME, timed};
+use crate::paths::{self, owner_of, sorted_lock_nodes};
+
+/// Why one attempt ended without a result.
+enum AttemptError {
+    /// The session is gone (and our node with it): a new session may try.
+    SessionLost,
+    /// A final error for the caller.
+    Lock(LockError),
+}
+
+impl ZkBackend {
+    fn fail(
+        session: &Session,
+        err: CallError,
+        operation: Operation,
+        key: &LockKey,
+    ) -> AttemptError {
+        if err.ends_session() || session.is_lost() {
+            AttemptError::SessionLost
+        } else {
+            AttemptError::Lock(err.into_lock_error(operation).with_key(key))
+        }
+    }
+
+    /// Creates the key's directory (and missing ancestors): containers
+    /// where the server has them, so empty directories go away by
+    /// themselves without a client ever deleting a directory a waiter is
+    /// about to use.
+    async fn ensure_dir(
+        &self,
+        session: &Session,
+        dir: &str,
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<(), AttemptError> {
+        loop {
+            let containers = self.inner.containers.load(Ordering::Relaxed);
+            let mode = if containers {
+                zk::CreateMode::Container
+            } else {
+                zk::CreateMode::Persistent
+            };
+            let options = mode.with_acls(self.acls());
+            match timed(self.op_timeout(), session.client.mkdir(dir, &options)).await {
+                Ok(()) => return Ok(()),
+                Err(CallError::Zk(zk::Error::Unimplemented)) if containers => {
+                    tracing::info!(
+                        "ZooKeeper server has no container nodes; using persistent key directories"
+                    );
+                    self.inner.containers.store(false, Ordering::Relaxed);
+                }
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            }
+        }
+    }
+
+    /// Creates our `EPHEMERAL_SEQUENTIAL` node. When a reply is lost the
+    /// node is looked up by the attempt id in its name before creating
+    /// again, so a lost reply does not leave an orphan blocking the key.
+    ///
+    /// Returns the node's path and `czxid`, and when the create whose reply
+    /// came back was sent (`None` when the node was found by a lookup).
+    async fn create_node(
+        &self,
+        session: &Session,
+        dir: &str,
+        owner: OwnerId,
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<(String, i64, Option<Instant>), AttemptError> {
+        let prefix = paths::node_path_prefix(dir, owner);
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let mut missing_dir = 0;
+        let mut unknown = 0;
+        loop {
+            let sent = Instant::now();
+            match timed(
+                self.op_timeout(),
+                session.client.create(&prefix, &[], &options),
+            )
+            .await
+            {
+                Ok((stat, sequence)) => {
+                    // The prefix has room for the sequence number.
+                    let mut path = prefix;
+                    let _ = write!(path, "{sequence}");
+                    return Ok((path, stat.czxid, Some(sent)));
+                }
+                // The directory is created on demand, and a container may be
+                // removed by the server between our mkdir and create.
+                Err(err) if err.is(&zk::Error::NoNode) && missing_dir < 3 => {
+                    missing_dir += 1;
+                    self.ensure_dir(session, dir, operation, key).await?;
+                }
+                // Our own timeout: the server is not answering, so give up
+                // now; the armed cleanup finds the node by its id later.
+                Err(err @ CallError::TimedOut(_)) => {
+                    lock(&self.inner.uncertain).insert(owner);
+                    return Err(Self::fail(session, err, operation, key));
+                }
+                // The connection dropped with the reply in flight: look for
+                // the node once we are connected again.
+                Err(err) if err.outcome_unknown() && unknown < 3 && !session.is_lost() => {
+                    unknown += 1;
+                    lock(&self.inner.uncertain).insert(owner);
+                    tracing::debug!(%key, "create reply lost; looking for our node");
+                    if let Some((path, czxid)) = self.find_own(session, dir, owner).await {
+                        return Ok((path, czxid, None));
+                    }
+                }
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            }
+        }
+    }
+
+    /// Our node in `dir`, found by the attempt id in its name.
+    async fn find_own(
+        &self,
+        session: &Session,
+        dir: &str,
+        owner: OwnerId,
+    ) -> Option<(String, i64)> {
+        let children = timed(self.op_timeout(), session.client.list_children(dir))
+            .await
+            .ok()?;
+        let (_, name) = sorted_lock_nodes(children)
+            .into_iter()
+            .find(|(_, name)| owner_of(name) == Some(owner))?;
+        let path = format!("{dir}/{name}");
+        let stat = timed(self.op_timeout(), session.client.check_stat(&path))
+            .await
+            .ok()??;
+        Some((path, stat.czxid))
+    }
+
+    /// One acquisition with a fresh attempt id on `session`.
+    #[allow(clippy::too_many_arguments)]
+    async fn attempt(
+        &self,
+        session: &Arc<Session>,
+        key: &LockKey,
+        dir: &str,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        operation: Operation,
+    ) -> Result<Option<Lease>, AttemptError> {
+        let owner = self.inner.owners.next();
+        let mut cleanup = NodeCleanup {
+            backend: self,
+            client: &session.client,
+            dir,
+            owner,
+            armed: true,
+            path: None,
+        };
+        let (path, czxid, created_at) = self
+            .create_node(session, dir, owner, operation, key)
+            .await?;
+        cleanup.path = Some(path.clone());
+        let name = &path[dir.len() + 1..];
+        let token = u64::try_from(czxid).map_err(|_| {
+            AttemptError::Lock(
+                LockError::new(
+                    ErrorKind::Backend,
+                    operation,
+                    format!("negative czxid {czxid}"),
+                )
+                .with_key(key)
+                .with_backend(NAME),
+            )
+        })?;
+        let mut own_watch: Option<WatchFuture> = None;
+        // The first list right after our own create needs no `sync`.
+        let mut after_create = created_at;
+        loop {
+            // The list that decides the grant must be the leader's view, not
+            // a follower's stale copy. Right after our create it is: the
+            // create is a write the leader committed (a follower cut off from
+            // its leader cannot complete it), and a server answers a
+            // session's read only after applying that session's earlier
+            // writes, so the list reflects the leader's state at least as of
+            // the create. The grant is then dated from the create's sending,
+            // before the leader last heard from the session. Every later list
+            // (after a watch event) is preceded by a `sync` (see `synced`).
+            // Skipping it here keeps a free key at create + list: the client
+            // may write a `sync` and the list in two packets, and a server
+            // that answers the `sync` in between costs one more round trip.
+            let (sent, listed) = match after_create.take() {
+                Some(create_sent) => (
+                    create_sent,
+                    timed(self.op_timeout(), session.client.list_children(dir)).await,
+                ),
+                None => {
+                    let sent = Instant::now();
+                    let listed = synced(
+                        session.client.sync(dir),
+                        self.op_timeout(),
+                        session.client.list_children(dir),
+                    )
+                    .await;
+                    (sent, listed)
+                }
+            };
+            let children = match listed {
+                Ok(children) => children,
+                Err(err) if err.is(&zk::Error::NoNode) && !session.is_lost() => {
+                    cleanup.disarm();
+                    return Err(AttemptError::Lock(
+                        LockError::new(
+                            ErrorKind::LeaseLost,
+                            operation,
+                            format!(
+                                "the lock directory {dir} was removed while we waited, \
+                                 and our node {name} with it"
+                            ),
+                        )
+                        .with_key(key)
+                        .with_backend(NAME),
+                    ));
+                }
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            };
+            let mut nodes = sorted_lock_nodes(children);
+            // Extra nodes of this attempt (a create retried after a lost
+            // reply) would block everyone: remove them.
+            nodes.retain(|(_, other)| {
+                if *other != name && owner_of(other) == Some(owner) {
+                    let client = session.client.clone();
+                    let extra = format!("{dir}/{other}");
+                    let timeout = self.op_timeout();
+                    tokio::spawn(async move {
+                        let _ = timed(timeout, client.delete(&extra, None)).await;
+                    });
+                    false
+                } else {
+                    true
+                }
+            });
+            let Some(index) = nodes.iter().position(|(_, n)| *n == name) else {
+                if session.is_lost() {
+                    return Err(AttemptError::SessionLost);
+                }
+                cleanup.disarm();
+                return Err(AttemptError::Lock(
+                    LockError::new(
+                        ErrorKind::LeaseLost,
+                        operation,
+                        format!(
+                            "our lock node {path} was deleted while we waited \
+                             (by another client or an administrator)"
+                        ),
+                    )
+                    .with_key(key)
+                    .with_backend(NAME),
+                ));
+            };
+            if index == 0 {
+                // Granted on the strength of this session's node: only if the
+                // session is still the one that created it and not lost.
+                if session.is_lost() {
+                    return Err(AttemptError::SessionLost);
+                }
+                // The server heard from this session after `sent`, so it
+                // cannot expire it (and free the key) before
+                // `sent + session timeout`: the lease never promises more.
+                let ttl = ttl.min(session.timeout);
+                // The lease stores the sequence number alone (see
+                // `lease_path`); ZooKeeper's sequence is a 32-bit counter.
+                let seq = u32::try_from(nodes[0].0).map_err(|_| {
+                    AttemptError::Lock(
+                        LockError::new(
+                            ErrorKind::Backend,
+                            operation,
+                            format!("lock node {path} has an unexpected sequence number"),
+                        )
+                        .with_key(key)
+                        .with_backend(NAME),
+                    )
+                })?;
+                let lease = Lease::granted(
+                    key.clone(),
+                    owner,
+                    FencingToken::new(token),
+                    ttl,
+                    sent,
+                    seq.to_string(),
+                )
+                .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?;
+                cleanup.disarm();
+                self.schedule_expiry(owner, key.as_str(), seq, sent + ttl);
+                return Ok(Some(lease.with_session(session.state.clone())));
+            }
+            let Some(deadline) = deadline else {
+                // A single try: someone holds it; withdraw.
+                self.withdraw(session, &mut cleanup).await;
+                return Ok(None);
+            };
+            // Watch only the immediate predecessor (no herd on release), and
+            // our own node, so that its deletion by someone else ends the
+            // wait at once instead of when the predecessor goes. Both
+            // requests are sent before either reply is awaited.
+            let predecessor = format!("{dir}/{}", nodes[index - 1].1);
+            let pred = if own_watch.is_none() {
+                let (own, pred) = tokio::join!(
+                    timed(
+                        self.op_timeout(),
+                        session.client.check_and_watch_stat(&path)
+                    ),
+                    timed(
+                        self.op_timeout(),
+                        session.client.check_and_watch_stat(&predecessor)
+                    ),
+                );
+                match own {
+                    Ok((Some(_), watcher)) => own_watch = Some(Box::pin(watcher.changed())),
+                    // Gone: the next look reports it.
+                    Ok((None, _)) => continue,
+                    Err(err) => return Err(Self::fail(session, err, operation, key)),
+                }
+                pred
+            } else {
+                // The watch on our own node is still armed from an earlier
+                // round: keeping it spares a request before the next list.
+                timed(
+                    self.op_timeout(),
+                    session.client.check_and_watch_stat(&predecessor),
+                )
+                .await
+            };
+            let pred_watcher = match pred {
+                // Gone between our list and the watch: look again.
+                Ok((None, _)) => continue,
+                Ok((Some(_), watcher)) => watcher,
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            };
+            let mut state = session.state.clone();
+            tokio::select! {
+                _ = pred_watcher.changed() => {}
+                _ = armed(&mut own_watch) => own_watch = None,
+                () = wait_lost(&mut state) => return Err(AttemptError::SessionLost),
+                () = sleep_until(deadline) => {
+                    self.withdraw(session, &mut cleanup).await;
+                    return Err(AttemptError::Lock(
+                        LockError::new(
+                            ErrorKind::Contended,
+                            operation,
+                            "still held by another owner at the wait deadline",
+                        )
+                        .with_key(key)
+                        .with_backend(NAME),
+                    ));
+                }
+            }
+        }
+    }
+
+    pub(super) async fn lock_key(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        operation: Operation,
+    ) -> Result<Option<Lease>, LockError> {
+        check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let dir = self.key_path(key);
+        let mut backoff = RetryPolicy::default().backoff();
+        let mut tries_left: u32 = 2;
+        loop {
+            let session = self.session(operation).await.map_err(|e| e.with_key(key))?;
+            match self
+                .attempt(&session, key, &dir, ttl, deadline, operation)
+                .await
+            {
+                Ok(result) => return Ok(result),
+                // A wait rides out disconnections (an election, a server
+                // restart): the failed attempt's node is deleted in the
+                // background and a new attempt joins the queue.
+                Err(AttemptError::Lock(err))
+                    if matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
+                        && deadline
+                            .is_some_and(|d| Instant::now() + Duration::from_millis(100) < d) =>
+                {
+                    tracing::debug!(%key, %err, "acquire attempt failed; retrying");
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
+                    tokio::time::sleep(delay).await;
+                }
+                Err(AttemptError::Lock(err)) => return Err(err),
+                Err(AttemptError::SessionLost) => {
+                    // Our node went with the session. A new session may try
+                    // again while the wait deadline allows.
+                    tries_left = tries_left.saturating_sub(1);
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
+                    let can_retry = match deadline {
+                        Some(deadline) => Instant::now() + delay < deadline,
+                        None => tries_left > 0,
+                    };
+                    if !can_retry {
+                        return Err(LockError::new(
+                            ErrorKind::Unavailable,
+                            operation,
+                            "the ZooKeeper session was lost during the attempt",
+                        )
+                        .with_key(key)
+                        .with_backend(NAME));
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}
+
+type WatchFuture = std::pin::Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+
+/// Waits for an armed watch; never returns when there is none.
+async fn armed(watch: &mut Option<WatchFuture>) -> zk::WatchedEvent {
+    match watch {
+        Some(watch) => watch.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn wait_lost(state: &mut watch::Receiver<SessionState>) {
+    loop {
+        if matches!(*state.borrow_and_update(), SessionState::Lost(_)) {
+            return;
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
