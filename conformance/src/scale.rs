@@ -252,11 +252,14 @@ pub async fn held_locks(
     // An in-process backend has no connections or buffers, and warming it
     // would pre-size its own tables (then counted as client-side below).
     // Otherwise the warm-up runs as concurrently as the measurement, so a
-    // pool opens the connections it will use before the baseline.
+    // pool opens the connections it will use before the baseline, with no
+    // more leases than that: warming with as many leases as are measured
+    // (up to 1,000) pre-sized the drivers' per-lock maps before the
+    // baseline, which then hid them at 1,000 held locks.
     let warm_locks = if config.in_process {
         0
     } else {
-        n.min(lock_core::RENEW_BATCH)
+        n.min(config.concurrency.max(1))
     };
     let mut warm = Vec::with_capacity(warm_locks);
     {
