@@ -56,6 +56,39 @@ pub(crate) fn connection_failure(err: &zk::Error) -> bool {
     matches!(err, zk::Error::ConnectionLoss | zk::Error::Custom(_))
 }
 
+/// Opening a session failed: no session within the connect timeout, or
+/// the client refused (bad arguments or failed authentication are
+/// configuration errors; the rest is an unreachable ensemble).
+pub(crate) fn connect_error(
+    operation: Operation,
+    connect_string: &str,
+    err: CallError,
+) -> LockError {
+    match err {
+        CallError::TimedOut(after) => LockError::new(
+            ErrorKind::Unavailable,
+            operation,
+            format!("no ZooKeeper session with {connect_string} within {after:?}"),
+        )
+        .with_backend(NAME),
+        CallError::Zk(err) => {
+            let kind = match err {
+                zk::Error::BadArguments(_) => ErrorKind::Config,
+                zk::Error::AuthFailed => ErrorKind::Config,
+                zk::Error::Timeout => ErrorKind::Unavailable,
+                _ => ErrorKind::Unavailable,
+            };
+            LockError::new(
+                kind,
+                operation,
+                format!("cannot open a ZooKeeper session with {connect_string}: {err}"),
+            )
+            .with_backend(NAME)
+            .with_source(err)
+        }
+    }
+}
+
 pub(crate) fn zk_error(operation: Operation, err: zk::Error) -> LockError {
     let kind = match &err {
         err if connection_failure(err) => ErrorKind::Unavailable,

@@ -51,13 +51,14 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::config::ZkConfig;
 use crate::driver::MIN_TTL;
-use crate::paths::{key_dir, node_prefix, owner_of, sorted_lock_nodes, split_node};
+use crate::error::NAME;
+use crate::paths::{
+    is_key_dir, key_dir, node_path_prefix, owner_of, sorted_lock_nodes, split_node,
+};
 use crate::wire::{
     ConnectResponse, Decoder, Encoder, ReplyHeader, WireError, code, code_name, flags, op,
     read_packet, xid,
 };
-
-const NAME: &str = "zookeeper";
 
 /// Hand-written create / getChildren / delete requests on one bare TCP
 /// connection with a ZooKeeper session of its own: the floor our
@@ -643,7 +644,7 @@ impl RawFloor for ZkFloor {
         check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
         let dir = key_dir(&self.shared.root, &key);
         let owner = OwnerId::random();
-        let prefix = format!("{dir}/{}", node_prefix(owner));
+        let prefix = node_path_prefix(&dir, owner);
         let mut missing_dir = 0;
         let (path, czxid) = loop {
             match self.create(op, &prefix, flags::EPHEMERAL_SEQUENTIAL).await {
@@ -707,21 +708,21 @@ impl RawFloor for ZkFloor {
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
         let op = Operation::Release;
         let key = LockKey::new(grant.key.as_str())?;
-        let dir = key_dir(&self.shared.root, &key);
-        // Only a node of this key carrying the grant's owner is touched.
-        let ours = split_node(&grant.handle).is_some_and(|(node_dir, name)| {
-            node_dir == dir && owner_of(name).map(OwnerId::to_hex).as_deref() == Some(&grant.owner)
-        });
-        if !ours {
+        // Only a node of this key carrying the grant's owner is touched
+        // (the driver's `lease_path` check).
+        let Some((dir, _)) = split_node(&grant.handle).filter(|(node_dir, name)| {
+            is_key_dir(&self.shared.root, &key, node_dir)
+                && owner_of(name).map(OwnerId::to_hex).as_deref() == Some(&grant.owner)
+        }) else {
             return Ok(false);
-        }
+        };
         let deleted = self
             .delete(op, &grant.handle)
             .await
             .map_err(|e| e.with_key(&key))?;
         if deleted && !self.shared.containers.load(Ordering::Relaxed) {
             // The driver's remove_empty_dir: refused while others wait.
-            let _ = self.delete(op, &dir).await;
+            let _ = self.delete(op, dir).await;
         }
         Ok(deleted)
     }

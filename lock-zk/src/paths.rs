@@ -61,6 +61,7 @@ pub(crate) fn owner_uuid(owner: OwnerId) -> String {
 
 /// The name prefix a lock node of `owner` is created with (the server
 /// appends the sequence number).
+#[cfg(test)]
 pub(crate) fn node_prefix(owner: OwnerId) -> String {
     let mut prefix = String::with_capacity(PREFIX_LEN);
     push_node_prefix(&mut prefix, owner);

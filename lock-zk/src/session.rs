@@ -6,12 +6,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LockError, Operation, SessionState};
+use lock_core::{LockError, Operation, SessionState};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
 use super::{ZkBackend, lock};
-use crate::error::{CallError, NAME, timed};
+use crate::error::{CallError, NAME, connect_error, timed};
 
 /// One ZooKeeper session and the state signal derived from it.
 pub(super) struct Session {
@@ -136,33 +136,9 @@ impl ZkBackend {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
         let connect_string = config.connect_string();
-        let client = match timed(config.connect_timeout(), connector.connect(&connect_string)).await
-        {
-            Ok(client) => client,
-            Err(CallError::TimedOut(after)) => {
-                return Err(LockError::new(
-                    ErrorKind::Unavailable,
-                    operation,
-                    format!("no ZooKeeper session with {connect_string} within {after:?}"),
-                )
-                .with_backend(NAME));
-            }
-            Err(CallError::Zk(err)) => {
-                let kind = match err {
-                    zk::Error::BadArguments(_) => ErrorKind::Config,
-                    zk::Error::AuthFailed => ErrorKind::Config,
-                    zk::Error::Timeout => ErrorKind::Unavailable,
-                    _ => ErrorKind::Unavailable,
-                };
-                return Err(LockError::new(
-                    kind,
-                    operation,
-                    format!("cannot open a ZooKeeper session with {connect_string}: {err}"),
-                )
-                .with_backend(NAME)
-                .with_source(err));
-            }
-        };
+        let client = timed(config.connect_timeout(), connector.connect(&connect_string))
+            .await
+            .map_err(|err| connect_error(operation, &connect_string, err))?;
         let client = match config.chroot() {
             None => client,
             Some(chroot) => {
