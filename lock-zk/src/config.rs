@@ -293,7 +293,7 @@ impl ZkConfig {
         for (name, value) in [
             ("session_timeout", self.session_timeout),
             ("connect_timeout", self.connect_timeout),
-            ("op_timeout", self.op_timeout),
+            ("timeout", self.op_timeout),
         ] {
             if value.is_zero() || value > Duration::from_secs(3600) {
                 return Err(LockError::config(format!(

@@ -7,9 +7,11 @@
 //!
 //! `zk://[user:password@]host:port[,host:port...][/chroot][?options]`
 //! (also `zookeeper://`). Options: `session_timeout`, `connect_timeout`,
-//! `op_timeout` (`6s`, `500ms`; a unit is required), `root` (lock root inside
-//! the chroot, default `/distlock`), `containers` (`true`/`false`). A user
-//! and password turn on `digest` authentication. See [`ZkConfig`].
+//! `timeout` (each request; `op_timeout` is still read as its older
+//! spelling), durations such as `6s` or `500ms` (a unit is required),
+//! `root` (lock root inside the chroot, default `/distlock`), `containers`
+//! (`true`/`false`). A user and password turn on `digest` authentication.
+//! See [`ZkConfig`].
 //!
 //! ```no_run
 //! # #[tokio::main]
