@@ -1,6 +1,6 @@
 //! Conversion of etcd client errors into [`LockError`].
 
-use lock_core::{ErrorKind, LockError, Operation};
+use lock_core::{ErrorKind, LockError, LockKey, Operation};
 
 pub(crate) const NAME: &str = "etcd";
 
@@ -82,4 +82,25 @@ fn is_certificate_rejection(text: &str) -> bool {
     ]
     .iter()
     .any(|needle| text.contains(needle))
+}
+
+/// An answer this driver does not expect from etcd, as a `Backend` error.
+pub(crate) fn protocol_error(op: Operation, key: &LockKey, why: &str) -> LockError {
+    LockError::new(
+        ErrorKind::Backend,
+        op,
+        format!("unexpected etcd answer: {why}"),
+    )
+    .with_key(key)
+    .with_backend(NAME)
+}
+
+/// `err` as an error of `op` (the session start reports its own operation).
+pub(crate) fn relabel(err: LockError, op: Operation) -> LockError {
+    if err.operation() == op {
+        return err;
+    }
+    let mut relabeled = LockError::new(err.kind(), op, err.message().to_owned()).with_backend(NAME);
+    relabeled = relabeled.with_source(err);
+    relabeled
 }

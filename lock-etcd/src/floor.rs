@@ -34,10 +34,11 @@ use tokio::sync::Mutex;
 use tokio::time::sleep;
 
 use crate::config::EtcdConfig;
-use crate::driver::{
-    Created, MIN_TTL, connect_client, create_txn, guarded_delete, key_prefix, ttl_secs,
-};
+use crate::connect::connect_client;
+use crate::driver::MIN_TTL;
 use crate::error::{NAME, from_etcd};
+use crate::keys::{Created, create_txn, guarded_delete, key_prefix};
+use crate::session::ttl_secs;
 
 /// Hand-issued create and guarded-delete transactions on a client and
 /// lease of its own: the floor our acquire+release cycle is measured

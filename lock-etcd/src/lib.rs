@@ -166,11 +166,14 @@
 
 #![deny(missing_docs)]
 
+mod cleanup;
 mod config;
+mod connect;
 mod descriptor;
 mod driver;
 mod error;
 pub mod floor;
+mod keys;
 mod session;
 
 pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TTL, EtcdConfig, EtcdTls};

@@ -636,7 +636,7 @@ async fn expiry_loop(client: Client, session: Weak<Session>, wake: Arc<Notify>) 
             let (expired, next) = s.take_expired(Instant::now());
             for grant in expired {
                 tracing::debug!(entry = %grant.entry, "lock TTL ran out without a renewal; deleting its entry");
-                tokio::spawn(crate::driver::cleanup(
+                tokio::spawn(crate::cleanup::cleanup(
                     client.clone(),
                     s.clone(),
                     grant.entry,
@@ -685,4 +685,27 @@ pub(crate) fn revoke_in_background(client: &Client, lease_id: i64, ttl: Duration
             delay = (delay * 2).min(Duration::from_secs(1));
         }
     });
+}
+
+/// Whole seconds for an etcd lease, rounded up (the server's unit).
+pub(crate) fn ttl_secs(ttl: Duration) -> u64 {
+    let secs = ttl.as_secs();
+    let secs = if ttl.subsec_nanos() > 0 {
+        secs.saturating_add(1)
+    } else {
+        secs
+    };
+    secs.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_seconds() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_secs(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1500)), 2);
+    }
 }
