@@ -299,8 +299,8 @@ impl Shared {
 pub struct LockGuard {
     shared: Arc<Shared>,
     scheduler: Arc<Scheduler>,
+    /// [`Registration::RELEASED`] once [`release`](Self::release) started.
     registration: Registration,
-    released: bool,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -348,7 +348,6 @@ impl LockGuard {
                     shared,
                     scheduler: Scheduler::new(backend, None),
                     registration: Registration::NONE,
-                    released: false,
                 }
             }
         }
@@ -367,7 +366,6 @@ impl LockGuard {
             shared,
             scheduler,
             registration,
-            released: false,
         }
     }
 
@@ -466,8 +464,8 @@ impl LockGuard {
     /// Dropping this future after it started leaves the release in an
     /// unknown state; the lease expires with its TTL either way.
     pub async fn release(mut self) -> Result<bool, LockError> {
-        self.released = true;
         self.scheduler.deregister(self.registration);
+        self.registration = Registration::RELEASED;
         let result = self
             .scheduler
             .backend()
@@ -480,10 +478,10 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        self.scheduler.deregister(self.registration);
-        if self.released {
+        if self.registration == Registration::RELEASED {
             return;
         }
+        self.scheduler.deregister(self.registration);
         self.shared.set_state(LockState::Released);
         if let Some(handle) = Handle::try_current()
             .ok()
