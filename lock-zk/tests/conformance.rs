@@ -5,12 +5,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::ZkTarget;
 use conformance::{Harness, run_suite};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_on_a_single_server() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = common::deployed("zookeeper").await else {
         return;
     };
     let harness = Harness::new(Arc::new(target));
@@ -25,7 +24,7 @@ async fn suite_on_a_single_server() {
 /// lost release reply, cancellation storm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scenarios_on_a_single_server() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = common::deployed("zookeeper").await else {
         return;
     };
     let holder = holder_command();

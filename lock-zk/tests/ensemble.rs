@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Servers, ZkTarget};
 use conformance::history::{FencedResource, History, Op};
-use conformance::{Harness, run_suite};
+use conformance::servers::zookeeper::ZkEnsemble;
+use conformance::{Harness, OrSkip, run_suite};
 use lock_core::{LockBackend, LockKey, SessionState};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::time::{Instant, sleep};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_on_an_ensemble() {
-    let Some(target) = ZkTarget::ensemble().await else {
+    let Some(target) = common::deployed("zookeeper-ensemble").await else {
         return;
     };
     let harness = Harness::new(Arc::new(target));
@@ -102,12 +102,14 @@ fn mode_of(port: u16) -> Option<String> {
 /// the leases' session signal, and the backend went on with a new session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_killed_during_contention() {
-    let Some(target) = ZkTarget::ensemble().await else {
+    // The ensemble itself, not a deployment: the test finds the leader,
+    // kills exactly it and watches the survivors' modes.
+    let Some(mut ensemble) = ZkEnsemble::start(3).await.or_skip() else {
         return;
     };
     let url = format!(
-        "{}?session_timeout={}ms&op_timeout=3s&connect_timeout=15s",
-        target.base_url(),
+        "{}?session_timeout={}ms&timeout=3s&connect_timeout=15s",
+        ensemble.url(),
         ELECTION_SESSION_TIMEOUT.as_millis()
     );
     let backends: Vec<Arc<lock_zk::ZkBackend>> = {
@@ -203,10 +205,6 @@ async fn leader_killed_during_contention() {
     sleep(Duration::from_millis(1500)).await;
     let grants_before_kill = history.check().grants;
     let (leader, survivors) = {
-        let mut servers = target.servers.lock().await;
-        let Servers::Ensemble(ensemble) = &mut *servers else {
-            unreachable!()
-        };
         // `leader()` is async; find it by the four-letter word directly.
         let leader = ensemble
             .nodes()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{SESSION_TIMEOUT, ZkTarget};
+use common::{SESSION_TIMEOUT, Standalone};
 use conformance::history::{History, Op};
 use lock_core::{ErrorKind, LockBackend, LockClient, LockKey, LockState, OwnerId, SessionState};
 use lock_zk::{ZkBackend, ZkConfig};
@@ -26,7 +26,7 @@ fn key(name: &str) -> LockKey {
 /// coming back; afterwards the backend opens a new session and works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn session_expiry_reports_lost_before_another_grant() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let a = target.backend().await.expect("a");
@@ -133,7 +133,7 @@ async fn session_expiry_reports_lost_before_another_grant() {
 /// once with a clear error; the holder is untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiter_node_deleted_externally_ends_the_wait() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let a = target.backend().await.expect("a");
@@ -192,7 +192,7 @@ async fn waiter_node_deleted_externally_ends_the_wait() {
 /// learns the lease is gone, and the key works again afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn parent_removed_under_holder_and_waiter() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let a = target.backend().await.expect("a");
@@ -257,7 +257,7 @@ async fn parent_removed_under_holder_and_waiter() {
 /// watch. Every acquire still completes, and no two windows overlap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn vanishing_predecessors_do_not_deadlock() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let backends = [
@@ -336,7 +336,7 @@ async fn vanishing_predecessors_do_not_deadlock() {
 /// granted it once its TTL has passed (the session itself lives on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unrenewed_lease_is_freed_after_its_ttl() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let a = target.backend().await.expect("a");
@@ -370,7 +370,7 @@ async fn unrenewed_lease_is_freed_after_its_ttl() {
 /// past its first one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shorter_ttl_after_a_long_one_is_still_enforced() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let a = target.backend().await.expect("a");
@@ -431,7 +431,7 @@ async fn shorter_ttl_after_a_long_one_is_still_enforced() {
 /// Odd keys map to distinct directories, all inside the lock root.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn odd_keys_stay_inside_the_root_and_do_not_collide() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let a = target.backend().await.expect("a");
@@ -481,7 +481,7 @@ async fn odd_keys_stay_inside_the_root_and_do_not_collide() {
 /// layout: an unauthenticated client cannot delete our node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn digest_auth_chroot_and_node_layout() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let url = format!(
@@ -563,11 +563,11 @@ async fn unreachable_and_misconfigured() {
 /// the timed-out attempts may have created blocks the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn paused_server_gives_typed_errors_in_bounded_time() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let config = ZkConfig::from_url(&format!(
-        "{}?session_timeout=4s&op_timeout=500ms",
+        "{}?session_timeout=4s&timeout=500ms",
         target.base_url()
     ))
     .expect("config");
@@ -626,7 +626,7 @@ async fn paused_server_gives_typed_errors_in_bounded_time() {
 /// batch renewal that never looks at the nodes fails the check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_deleted_node_is_noticed_by_batched_renewals() {
-    let Some(target) = ZkTarget::single().await else {
+    let Some(target) = Standalone::start().await else {
         return;
     };
     let backend = target.backend().await.expect("backend");

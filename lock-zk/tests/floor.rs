@@ -39,7 +39,7 @@ async fn floor_uses_the_driver_layout_and_leaves_nothing_behind() {
         return;
     };
     let ttl = Duration::from_secs(5);
-    let url = format!("{}/floor?session_timeout=10s&op_timeout=2s", server.url());
+    let url = format!("{}/floor?session_timeout=10s&timeout=2s", server.url());
     let floor = Arc::new(ZkFloor::connect(&url).await.unwrap());
     let backend = ZkBackend::connect(ZkConfig::from_url(&url).unwrap())
         .await
@@ -151,7 +151,7 @@ async fn floor_session_credentials_pings_and_close() {
     };
     let ttl = Duration::from_secs(5);
     let hosts = server.connect_string();
-    let url = format!("zk://floor:secret@{hosts}/authed?session_timeout=4s&op_timeout=2s");
+    let url = format!("zk://floor:secret@{hosts}/authed?session_timeout=4s&timeout=2s");
     let floor = ZkFloor::connect(&url).await.unwrap();
     let backend = ZkBackend::connect(ZkConfig::from_url(&url).unwrap())
         .await

@@ -111,7 +111,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
     let tail = session + Duration::from_millis(500);
     let url = |proxy: &FaultProxy| {
         format!(
-            "zk://127.0.0.1:{}/rt?session_timeout={}ms&op_timeout=3s",
+            "zk://127.0.0.1:{}/rt?session_timeout={}ms&timeout=3s",
             proxy.port(),
             session.as_millis()
         )

@@ -1,79 +1,86 @@
-//! The ZooKeeper target for the shared suite and scenarios, and helpers for
-//! the fault tests.
+//! The ZooKeeper targets of the shared suite and scenarios (deployments
+//! from `conformance::deploy`, opened with this driver), and a standalone
+//! server for the fault tests.
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use conformance::OrSkip;
+use conformance::deploy::{self, DeployedTarget, Deployment, Opener};
 use conformance::process::HarnessError;
-use conformance::proxy::FaultProxy;
-use conformance::servers::zookeeper::{ZkEnsemble, ZkServer};
-use conformance::{OrSkip, Target};
 use lock_core::{LockBackend, LockError};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::sync::Mutex;
 
-/// The session timeout the tests ask for (8 ticks of 500 ms).
+/// What the suite's clients add to a deployment's URL (which already
+/// carries its short `session_timeout`).
+pub const CLIENT_OPTIONS: &str = "timeout=3s&connect_timeout=15s";
+
+/// `url` with `options` appended to its query.
+pub fn with_options(url: &str, options: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{options}")
+}
+
+/// Opens this driver's backend from a deployment's URL plus
+/// [`CLIENT_OPTIONS`].
+pub fn opener() -> Opener {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let url = with_options(&url, CLIENT_OPTIONS);
+            Ok(Arc::new(lock_zk::connect(&url).await?) as Arc<dyn LockBackend>)
+        })
+    })
+}
+
+/// A started deployment (`zookeeper`, `zookeeper-ensemble`) as a suite
+/// target, or `None` (skip) when ZooKeeper is missing.
+pub async fn deployed(kind: &str) -> Option<DeployedTarget> {
+    let deployment = deploy::start(kind).await.or_skip()?;
+    Some(DeployedTarget::new(deployment, opener()))
+}
+
+/// The session timeout the fault tests ask for (8 ticks of 500 ms): they
+/// time pauses against it.
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(4);
 
-/// What the target runs on.
-pub enum Servers {
-    /// One standalone server.
-    Single(Box<ZkServer>),
-    /// A quorum of servers.
-    Ensemble(ZkEnsemble),
+/// A standalone server (the `zookeeper` deployment) for the fault tests,
+/// which need this driver's own backend type, a raw client for outside
+/// interference, and the server paused on demand.
+pub struct Standalone {
+    base_url: String,
+    deployment: Mutex<Box<dyn Deployment>>,
 }
 
-/// A ZooKeeper target: `client()` is a new backend with its own session;
-/// "unreachable" is SIGSTOP of every server.
-pub struct ZkTarget {
-    name: String,
-    url: String,
-    pub servers: Mutex<Servers>,
-}
-
-impl ZkTarget {
-    /// A standalone server, or `None` (skip) when ZooKeeper is missing.
-    pub async fn single() -> Option<Self> {
-        let server = ZkServer::start().await.or_skip()?;
-        Some(Self::new(
-            "zookeeper",
-            server.url(),
-            Servers::Single(Box::new(server)),
-        ))
-    }
-
-    /// A 3-member ensemble, or `None` (skip) when ZooKeeper is missing.
-    pub async fn ensemble() -> Option<Self> {
-        let ensemble = ZkEnsemble::start(3).await.or_skip()?;
-        Some(Self::new(
-            "zookeeper-ensemble",
-            ensemble.url(),
-            Servers::Ensemble(ensemble),
-        ))
-    }
-
-    fn new(name: &str, url: String, servers: Servers) -> Self {
-        Self {
-            name: name.to_owned(),
-            url,
-            servers: Mutex::new(servers),
-        }
+impl Standalone {
+    /// Starts the server, or `None` (skip) when ZooKeeper is missing.
+    pub async fn start() -> Option<Self> {
+        let deployment = deploy::start("zookeeper").await.or_skip()?;
+        let url = deployment.url();
+        let base_url = url.split_once('?').map_or(url.as_str(), |(b, _)| b);
+        Some(Self {
+            base_url: base_url.to_owned(),
+            deployment: Mutex::new(deployment),
+        })
     }
 
     /// The base URL (no options).
     pub fn base_url(&self) -> &str {
-        &self.url
+        &self.base_url
     }
 
-    /// The URL the clients use.
+    /// The URL the clients use: [`SESSION_TIMEOUT`] rather than the
+    /// deployment's shorter one.
     pub fn client_url(&self) -> String {
-        format!(
-            "{}?session_timeout={}ms&op_timeout=3s&connect_timeout=15s",
-            self.url,
-            SESSION_TIMEOUT.as_millis()
+        with_options(
+            &format!(
+                "{}?session_timeout={}ms",
+                self.base_url,
+                SESSION_TIMEOUT.as_millis()
+            ),
+            CLIENT_OPTIONS,
         )
     }
 
@@ -82,9 +89,9 @@ impl ZkTarget {
         ZkBackend::connect(ZkConfig::from_url(&self.client_url())?).await
     }
 
-    /// A raw client of the same servers, for outside interference.
+    /// A raw client of the same server, for outside interference.
     pub async fn raw(&self) -> zookeeper_client::Client {
-        let hosts = self.url.trim_start_matches("zk://").to_owned();
+        let hosts = self.base_url.trim_start_matches("zk://").to_owned();
         zookeeper_client::Client::connector()
             .with_session_timeout(SESSION_TIMEOUT)
             .connect(&hosts)
@@ -92,76 +99,13 @@ impl ZkTarget {
             .expect("raw ZooKeeper client")
     }
 
-    /// SIGSTOP every server.
+    /// SIGSTOP the server.
     pub async fn pause(&self) -> Result<(), HarnessError> {
-        match &mut *self.servers.lock().await {
-            Servers::Single(server) => server.pause(),
-            Servers::Ensemble(ensemble) => ensemble.pause_all(),
-        }
+        self.deployment.lock().await.pause()
     }
 
-    /// SIGCONT every server.
+    /// SIGCONT the server.
     pub async fn resume(&self) -> Result<(), HarnessError> {
-        match &mut *self.servers.lock().await {
-            Servers::Single(server) => server.resume(),
-            Servers::Ensemble(ensemble) => ensemble.resume_all(),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Target for ZkTarget {
-    fn name(&self) -> String {
-        self.name.clone()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(self.backend().await?))
-    }
-
-    async fn make_unreachable(&self) -> Result<bool, HarnessError> {
-        self.pause().await?;
-        Ok(true)
-    }
-
-    async fn heal(&self) -> Result<(), HarnessError> {
-        self.resume().await
-    }
-
-    fn url(&self) -> Option<String> {
-        Some(self.client_url())
-    }
-
-    async fn kill_and_restart_server(&self) -> Result<bool, HarnessError> {
-        // A standalone server only: killing ensemble members is the
-        // leader-kill test's business.
-        match &mut *self.servers.lock().await {
-            Servers::Single(server) => {
-                server.node_mut().process().restart().await?;
-                Ok(true)
-            }
-            Servers::Ensemble(_) => Ok(false),
-        }
-    }
-
-    async fn proxied_client(
-        &self,
-    ) -> Result<Option<(Arc<dyn LockBackend>, FaultProxy)>, HarnessError> {
-        let port = match &*self.servers.lock().await {
-            Servers::Single(server) => server.node().client_port(),
-            Servers::Ensemble(_) => return Ok(None),
-        };
-        let proxy = FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
-        let url = self.client_url().replace(
-            &format!("127.0.0.1:{port}"),
-            &format!("127.0.0.1:{}", proxy.port()),
-        );
-        let backend = lock_zk::connect(&url)
-            .await
-            .map_err(|e| HarnessError::Setup {
-                what: "connecting through the proxy".into(),
-                output: e.to_string(),
-            })?;
-        Ok(Some((Arc::new(backend), proxy)))
+        self.deployment.lock().await.resume()
     }
 }
