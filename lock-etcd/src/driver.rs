@@ -6,9 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnResponse,
-};
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnResponse};
 use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
     LockKey, Operation, SessionState, TtlModel, WaitStrategy, validity_deadline, with_timeout,
@@ -19,7 +17,7 @@ use crate::cleanup::cleanup;
 use crate::config::EtcdConfig;
 use crate::connect::connect_client;
 use crate::error::{NAME, from_etcd, protocol_error, relabel};
-use crate::keys::{guarded_delete, key_prefix};
+use crate::keys::{self, guarded_delete, key_prefix};
 use crate::session::{RenewRefused, Session, revoke_in_background, ttl_secs};
 
 // Acquiring: the create, the grant, the waiting acquire and its watches.
@@ -225,33 +223,17 @@ impl EtcdBackend {
     }
 
     /// Checks a lease's entry against the key it claims, and returns
-    /// (entry, revision, lease id).
-    ///
-    /// A lease carries its entry's last segment (`<lease hex>` or
-    /// `<lease hex>-<n>`, see [`lease_leaf`]); the rest is the key's prefix.
-    /// The whole name (as earlier versions wrote it) is accepted too.
+    /// (entry, revision, lease id): see [`keys::entry_of_lease`].
     fn parse_lease(&self, lease: &Lease, op: Operation) -> Result<(String, i64, i64), LockError> {
         let bad = |why: &str| {
             LockError::invalid_argument(op, format!("not an etcd lease of this backend: {why}"))
                 .with_key(lease.key())
                 .with_backend(NAME)
         };
-        let data = lease.backend_data();
-        let key_prefix = self.key_prefix(lease.key());
-        let leaf = if data.contains('/') {
-            data.strip_prefix(key_prefix.as_str())
-                .ok_or_else(|| bad("entry is not under the key's prefix"))?
-        } else {
-            data
-        };
-        if leaf.is_empty() || leaf.contains('/') {
-            return Err(bad("entry name"));
-        }
-        let lease_hex = leaf.split('-').next().unwrap_or(leaf);
-        let lease_id = i64::from_str_radix(lease_hex, 16).map_err(|_| bad("entry name"))?;
+        let (entry, lease_id) =
+            keys::entry_of_lease(self.key_prefix(lease.key()), lease.backend_data())
+                .map_err(bad)?;
         let revision = i64::try_from(lease.token().get()).map_err(|_| bad("token"))?;
-        let mut entry = key_prefix;
-        entry.push_str(leaf);
         Ok((entry, revision, lease_id))
     }
 
@@ -289,18 +271,9 @@ impl EtcdBackend {
         }
         let mut kv = self.inner.client.kv_client();
         let response = with_timeout(self.inner.config.op_timeout, op, async {
-            kv.get(
-                entry.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_keys_only()
-                        .with_min_create_revision(revision)
-                        .with_max_create_revision(revision),
-                ),
-            )
-            .await
-            .map_err(|e| from_etcd(op, e))
+            kv.get(entry.as_str(), Some(keys::created_at(revision)))
+                .await
+                .map_err(|e| from_etcd(op, e))
         })
         .await
         .map_err(|e| e.with_key(lease.key()).with_backend(NAME))?;
@@ -497,17 +470,9 @@ impl LockBackend for EtcdBackend {
         let key_prefix = self.key_prefix(key);
         let mut kv = self.inner.client.kv_client();
         let response = with_timeout(self.inner.config.op_timeout, op, async {
-            kv.get(
-                key_prefix.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend)
-                        .with_limit(1),
-                ),
-            )
-            .await
-            .map_err(|e| from_etcd(op, e))
+            kv.get(key_prefix.as_str(), Some(keys::oldest_entry()))
+                .await
+                .map_err(|e| from_etcd(op, e))
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;

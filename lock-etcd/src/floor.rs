@@ -36,8 +36,8 @@ use tokio::time::sleep;
 use crate::config::EtcdConfig;
 use crate::connect::connect_client;
 use crate::driver::MIN_TTL;
-use crate::error::{NAME, from_etcd};
-use crate::keys::{Created, create_txn, guarded_delete, key_prefix};
+use crate::error::{NAME, from_etcd, protocol_error};
+use crate::keys::{Created, create_txn, guarded_delete, key_prefix, plain_entry};
 use crate::session::ttl_secs;
 
 /// Hand-issued create and guarded-delete transactions on a client and
@@ -232,7 +232,7 @@ impl RawFloor for EtcdFloor {
         let op = Operation::TryAcquire;
         check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
         let key_prefix = key_prefix(&self.prefix, &key);
-        let entry = format!("{key_prefix}{}", self.lease_hex);
+        let entry = plain_entry(&key_prefix, &self.lease_hex);
         let owner = OwnerId::random();
         let response = self
             .txn(op, create_txn(&key_prefix, &entry, self.lease_id, owner))
@@ -249,13 +249,7 @@ impl RawFloor for EtcdFloor {
         }
         let created = Created::from_response(&response, owner);
         let Some(revision) = created.my_revision else {
-            return Err(LockError::new(
-                ErrorKind::Backend,
-                op,
-                "unexpected etcd answer: no revision for our entry",
-            )
-            .with_key(&key)
-            .with_backend(NAME));
+            return Err(protocol_error(op, &key, "no revision for our entry"));
         };
         if created.owner_revision != Some(revision) {
             // An older entry holds the key: withdraw ours.
@@ -264,11 +258,8 @@ impl RawFloor for EtcdFloor {
                 .map_err(|e| e.with_key(&key))?;
             return Ok(None);
         }
-        let token = u64::try_from(revision).map_err(|_| {
-            LockError::new(ErrorKind::Backend, op, "negative create revision")
-                .with_key(&key)
-                .with_backend(NAME)
-        })?;
+        let token = u64::try_from(revision)
+            .map_err(|_| protocol_error(op, &key, "negative create revision"))?;
         Ok(Some(FloorGrant {
             key: key.as_str().to_owned(),
             owner: owner.to_hex(),

@@ -77,6 +77,72 @@ pub(crate) fn lease_data<'a>(session: &Session, entry: &'a str) -> &'a str {
     if leaf == session.hex() { "" } else { leaf }
 }
 
+/// The entry a lease's data names under `key_prefix` (the inverse of
+/// [`lease_data`] for a non-empty one), with the lease id its name
+/// carries, or why it names none.
+///
+/// The data is the entry's last segment (`<lease hex>` or
+/// `<lease hex>-<n>`); the rest is the key's prefix. The whole name (as
+/// earlier versions wrote it) is accepted too, if it is under the prefix.
+pub(crate) fn entry_of_lease(
+    mut key_prefix: String,
+    data: &str,
+) -> Result<(String, i64), &'static str> {
+    let leaf = if data.contains('/') {
+        data.strip_prefix(key_prefix.as_str())
+            .ok_or("entry is not under the key's prefix")?
+    } else {
+        data
+    };
+    if leaf.is_empty() || leaf.contains('/') {
+        return Err("entry name");
+    }
+    let lease_hex = leaf.split('-').next().unwrap_or(leaf);
+    let lease_id = i64::from_str_radix(lease_hex, 16).map_err(|_| "entry name")?;
+    key_prefix.push_str(leaf);
+    Ok((key_prefix, lease_id))
+}
+
+/// `<key prefix><lease hex>`: the plain entry of a lease under a key, the
+/// name etcd's concurrency mutex (and `etcdctl lock`) uses.
+pub(crate) fn plain_entry(key_prefix: &str, lease_hex: &str) -> String {
+    format!("{key_prefix}{lease_hex}")
+}
+
+/// `<key prefix><lease hex>-<n>`: a further entry of the same lease under a
+/// key (a second grant of one key from one session).
+pub(crate) fn numbered_entry(key_prefix: &str, lease_hex: &str, n: u64) -> String {
+    format!("{key_prefix}{lease_hex}-{n}")
+}
+
+/// Reads the oldest entry under a key's prefix: its holder.
+pub(crate) fn oldest_entry() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+/// Reads the entry just before the one created at `my_revision` under a
+/// key's prefix: the newest one older than it.
+pub(crate) fn predecessor_of(my_revision: i64) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_max_create_revision(my_revision - 1)
+        .with_limit(1)
+}
+
+/// Reads the name of the entry created at `revision` under a key's prefix
+/// (where a lease that carries no entry name finds it).
+pub(crate) fn created_at(revision: i64) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_min_create_revision(revision)
+        .with_max_create_revision(revision)
+}
+
 pub(crate) fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {
     match response {
         Some(TxnOpResponse::Get(get)) => get.kvs().first(),
@@ -89,15 +155,7 @@ pub(crate) fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {
 /// read the oldest entry under `key_prefix` in the same revision. On
 /// failure, read the existing entry and the oldest one instead.
 pub(crate) fn create_txn(key_prefix: &str, entry: &str, lease_id: i64, owner: OwnerId) -> Txn {
-    let get_owner = TxnOp::get(
-        key_prefix,
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1),
-        ),
-    );
+    let get_owner = TxnOp::get(key_prefix, Some(oldest_entry()));
     Txn::new()
         .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
         .and_then([
@@ -132,5 +190,27 @@ mod tests {
         assert_eq!(escape_key("a/b"), "a%2Fb");
         assert_eq!(escape_key("100%"), "100%25");
         assert!(!format!("{}/", escape_key("a/b")).starts_with(&format!("{}/", escape_key("a"))));
+    }
+
+    #[test]
+    fn lease_data_names_an_entry_under_the_key_only() {
+        let prefix = || "p/k/".to_owned();
+        assert_eq!(
+            entry_of_lease(prefix(), "1a"),
+            Ok(("p/k/1a".to_owned(), 0x1a))
+        );
+        assert_eq!(
+            entry_of_lease(prefix(), "1a-3"),
+            Ok(("p/k/1a-3".to_owned(), 0x1a))
+        );
+        assert_eq!(
+            entry_of_lease(prefix(), "p/k/1a"),
+            Ok(("p/k/1a".to_owned(), 0x1a))
+        );
+        assert_eq!(plain_entry("p/k/", "1a"), "p/k/1a");
+        assert_eq!(numbered_entry("p/k/", "1a", 3), "p/k/1a-3");
+        for bad in ["", "q/k/1a", "p/k/", "p/k/a/1a", "zz", "-3"] {
+            assert!(entry_of_lease(prefix(), bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -42,6 +42,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::error::{NAME, from_etcd};
+use crate::keys::{numbered_entry, plain_entry};
 
 /// A granted lease, its keep-alive task, and what this process knows about
 /// the entries attached to it.
@@ -266,14 +267,14 @@ impl Session {
         let part = key_prefix.strip_prefix(&*self.root).unwrap_or(key_prefix);
         if !entries.names.contains_key(part) {
             entries.names.insert(Box::from(part), None);
-            return format!("{key_prefix}{}", self.hex);
+            return plain_entry(key_prefix, &self.hex);
         }
         loop {
             let n = self.counter.fetch_add(1, Ordering::Relaxed);
             let tail = format!("{part}-{n}");
             if !entries.names.contains_key(tail.as_str()) {
                 entries.names.insert(tail.into_boxed_str(), None);
-                return format!("{key_prefix}{}-{n}", self.hex);
+                return numbered_entry(key_prefix, &self.hex, n);
             }
         }
     }

@@ -6,10 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchFilterType,
-    WatchOptions,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchFilterType, WatchOptions};
 use lock_core::{
     ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, SessionState,
     check_ttl, with_timeout,
@@ -20,7 +17,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::{EtcdBackend, MIN_TTL};
 use crate::cleanup::PendingEntry;
 use crate::error::{NAME, from_etcd, protocol_error};
-use crate::keys::{Created, create_txn, first_kv, lease_data};
+use crate::keys::{Created, create_txn, first_kv, lease_data, predecessor_of};
 use crate::session::Session;
 
 /// How often a waiter re-reads its predecessor even without a watch event
@@ -250,16 +247,7 @@ impl EtcdBackend {
                     CompareOp::Equal,
                     my_revision,
                 )])
-                .and_then([TxnOp::get(
-                    key_prefix,
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Descend)
-                            .with_max_create_revision(my_revision - 1)
-                            .with_limit(1),
-                    ),
-                )]);
+                .and_then([TxnOp::get(key_prefix, Some(predecessor_of(my_revision)))]);
             let sent_at = Instant::now();
             let response = tokio::select! {
                 biased;
