@@ -1,5 +1,6 @@
 //! lock-etcd against real etcd servers started by the harness: the shared
-//! conformance suite (single member and a 3-member cluster), a contention
+//! conformance suite (on the `etcd` and `etcd-cluster` deployments of
+//! `conformance::deploy`: a single member and a 3-member cluster), a contention
 //! run with the leader killed and restarted, interop with `etcdctl lock`,
 //! and session loss.
 
@@ -7,44 +8,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use conformance::deploy::{self, DeployedTarget};
 use conformance::history::{FencedResource, History, Op};
-use conformance::process::HarnessError;
 use conformance::servers::etcd::{EtcdServer, etcdctl};
-use conformance::{Harness, OrSkip, SuiteConfig, Target, run_suite};
-use lock_core::{ErrorKind, LockBackend, LockClient, LockError, LockKey, LockState, async_trait};
+use conformance::{Harness, OrSkip, SuiteConfig, run_suite};
+use lock_core::{ErrorKind, LockBackend, LockClient, LockError, LockKey, LockState};
 use lock_etcd::floor::EtcdFloor;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tokio::time::{Instant, sleep, timeout};
 
-/// The target the suite runs against: every client is a new backend with
-/// its own session; "unreachable" pauses every member (SIGSTOP).
-struct EtcdTarget {
-    name: &'static str,
-    server: tokio::sync::Mutex<EtcdServer>,
-    config: EtcdConfig,
-}
-
-#[async_trait]
-impl Target for EtcdTarget {
-    fn name(&self) -> String {
-        self.name.to_owned()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(EtcdBackend::connect(self.config.clone()).await?))
-    }
-
-    async fn make_unreachable(&self) -> Result<bool, HarnessError> {
-        self.server.lock().await.pause_all()?;
-        Ok(true)
-    }
-
-    async fn heal(&self) -> Result<(), HarnessError> {
-        self.server.lock().await.resume_all()
-    }
-}
+mod common;
 
 fn config_for(server: &EtcdServer, prefix: &str, ttl: Duration) -> EtcdConfig {
     EtcdConfig::new(server.endpoints())
@@ -55,15 +30,10 @@ fn config_for(server: &EtcdServer, prefix: &str, ttl: Duration) -> EtcdConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_single_member() {
-    let Some(server) = EtcdServer::start().await.or_skip() else {
+    let Some(deployment) = deploy::start("etcd").await.or_skip() else {
         return;
     };
-    let config = config_for(&server, "suite", Duration::from_secs(1));
-    let target = EtcdTarget {
-        name: "etcd",
-        server: tokio::sync::Mutex::new(server),
-        config,
-    };
+    let target = DeployedTarget::new(deployment, common::suite_opener());
     let report = run_suite(&Harness::new(Arc::new(target))).await;
     println!("{}", report.table());
     report.assert_passed();
@@ -71,15 +41,10 @@ async fn conformance_suite_single_member() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_three_member_cluster() {
-    let Some(server) = EtcdServer::start_cluster(3).await.or_skip() else {
+    let Some(deployment) = deploy::start("etcd-cluster").await.or_skip() else {
         return;
     };
-    let config = config_for(&server, "suite", Duration::from_secs(1));
-    let target = EtcdTarget {
-        name: "etcd-cluster",
-        server: tokio::sync::Mutex::new(server),
-        config,
-    };
+    let target = DeployedTarget::new(deployment, common::suite_opener());
     let harness = Harness::with_config(
         Arc::new(target),
         SuiteConfig {

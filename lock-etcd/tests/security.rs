@@ -7,10 +7,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::process::{HarnessError, run_setup};
+use conformance::deploy::{DeployedTarget, Single};
+use conformance::process::run_setup;
 use conformance::servers::etcd::{EtcdServer, EtcdTlsFiles, etcdctl};
-use conformance::{Harness, OrSkip, Target, run_suite};
-use lock_core::{ErrorKind, LockBackend, LockError, LockKey, async_trait};
+use conformance::{Harness, OrSkip, run_suite};
+use lock_core::{ErrorKind, LockBackend, LockError, LockKey};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -18,6 +19,8 @@ use rcgen::{
 };
 use tempfile::TempDir;
 use tokio::time::{Instant, timeout};
+
+mod common;
 
 /// A CA, a server certificate for `127.0.0.1` / `localhost` and a client
 /// certificate signed by it, and an unrelated CA, as PEM files.
@@ -91,33 +94,6 @@ fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
 
 fn write(dir: &Path, name: &str, contents: &str) {
     std::fs::write(dir.join(name), contents).expect("writing a PEM file");
-}
-
-/// The suite's target: every client is a new backend over TLS; unreachable
-/// pauses the member (SIGSTOP).
-struct TlsTarget {
-    server: tokio::sync::Mutex<EtcdServer>,
-    config: EtcdConfig,
-}
-
-#[async_trait]
-impl Target for TlsTarget {
-    fn name(&self) -> String {
-        "etcd-tls".to_owned()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(EtcdBackend::connect(self.config.clone()).await?))
-    }
-
-    async fn make_unreachable(&self) -> Result<bool, HarnessError> {
-        self.server.lock().await.pause_all()?;
-        Ok(true)
-    }
-
-    async fn heal(&self) -> Result<(), HarnessError> {
-        self.server.lock().await.resume_all()
-    }
 }
 
 /// `url` with a short per-call timeout, so that failures are quick.
@@ -221,12 +197,18 @@ async fn tls_conformance_suite_and_lock_cycle() {
     let err = assert_connect_fails(config(&missing), None).await;
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
 
-    // The whole shared suite over TLS.
-    let target = TlsTarget {
-        config: config(&server.url("suite", &format!("ca={}", ca.display())))
-            .ttl(Duration::from_secs(1)),
-        server: tokio::sync::Mutex::new(server),
-    };
+    // The whole shared suite over TLS: the TLS server as a one-server
+    // deployment (no deployment kind starts one), every client a new
+    // backend with the suite's options and the CA.
+    let mut options: Vec<(&str, String)> = common::CLIENT_OPTIONS
+        .iter()
+        .map(|(name, value)| (*name, (*value).to_owned()))
+        .collect();
+    options.push(("ca", ca.display().to_string()));
+    let target = DeployedTarget::new(
+        Box::new(Single::new("etcd-tls", server, "")),
+        common::opener(options),
+    );
     let report = run_suite(&Harness::new(Arc::new(target))).await;
     println!("{}", report.table());
     report.assert_passed();

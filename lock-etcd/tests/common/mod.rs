@@ -1,0 +1,57 @@
+//! The suite's targets: deployments from `conformance::deploy` (the
+//! `etcd` and `etcd-cluster` kinds, or a TLS server wrapped the same way)
+//! opened with this driver.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+
+use conformance::deploy::Opener;
+use lock_core::LockBackend;
+
+/// What the suite's clients set in a deployment's URL: a 1 s session TTL
+/// (the deployments hand out `ttl=2s`) and a 1 s per-call timeout, so that
+/// failures are quick.
+pub const CLIENT_OPTIONS: &[(&str, &str)] = &[("ttl", "1s"), ("timeout", "1s")];
+
+/// `url` with each `(name, value)` of `options` set: an option of the same
+/// name already in the URL is replaced (the URL parser refuses one given
+/// twice), the others are appended.
+pub fn with_options(url: &str, options: &[(&str, &str)]) -> String {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut pairs: Vec<String> = query
+        .split('&')
+        .filter(|pair| {
+            let name = pair.split('=').next().unwrap_or_default();
+            !pair.is_empty() && !options.iter().any(|(n, _)| *n == name)
+        })
+        .map(str::to_owned)
+        .collect();
+    pairs.extend(options.iter().map(|(n, v)| format!("{n}={v}")));
+    format!("{base}?{}", pairs.join("&"))
+}
+
+/// Opens this driver's backend from a deployment's URL with `options` set
+/// ([`with_options`]).
+pub fn opener(options: Vec<(&'static str, String)>) -> Opener {
+    let options = Arc::new(options);
+    Arc::new(move |url: String| {
+        let options = options.clone();
+        Box::pin(async move {
+            let options: Vec<(&str, &str)> =
+                options.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            let url = with_options(&url, &options);
+            Ok(Arc::new(lock_etcd::connect(&url).await?) as Arc<dyn LockBackend>)
+        })
+    })
+}
+
+/// [`opener`] with [`CLIENT_OPTIONS`].
+pub fn suite_opener() -> Opener {
+    opener(
+        CLIENT_OPTIONS
+            .iter()
+            .map(|(n, v)| (*n, (*v).to_owned()))
+            .collect(),
+    )
+}
