@@ -20,15 +20,15 @@
 //!   TTL/3): a long wait on the new side never lets the old side lapse. If
 //!   the old lease is refused a renewal (or its deadline passes) while
 //!   waiting, the wait is withdrawn, the old lease released, and the
-//!   acquire fails with [`ErrorKind::LeaseLost`].
+//!   acquire fails with [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost).
 //! - **The composed deadline is the earlier of both sides'**, and a
 //!   composed lease whose deadline has already passed is never handed out:
 //!   both sides are released and the call fails with
-//!   [`ErrorKind::LeaseLost`].
+//!   [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost).
 //! - **Release attempts both sides** whatever happens to the first (new,
 //!   then old), and reports the first error.
 //! - **Renew renews both** concurrently; if either side is gone the renewal
-//!   reports it ([`ErrorKind::NotHeld`] / [`ErrorKind::LeaseLost`] win over
+//!   reports it ([`ErrorKind::NotHeld`](crate::ErrorKind::NotHeld) / [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost) win over
 //!   temporary errors), so the guard turns `Lost`.
 //!
 //! # Fencing tokens and epochs
@@ -49,7 +49,7 @@
 //! produce, plus one). A migration built with [`MigrationBackend::new`]
 //! over an old side that hands out epoch tokens would let tokens go
 //! backwards, so it refuses: every grant whose old-side token is already at
-//! or above its own epoch is released and fails with [`ErrorKind::Config`]
+//! or above its own epoch is released and fails with [`ErrorKind::Config`](crate::ErrorKind::Config)
 //! ("build it with `MigrationBackend::stacked`"). `Old` and `Dual` see the
 //! old side's tokens, and the playbook passes every process through them
 //! before `New`, so a misbuilt nesting is refused before any token could
@@ -72,9 +72,9 @@
 //! 2. **Check after grant.** Every `Old` grant, *after* it obtained its
 //!    old-backend lease, reads the marker (`inspect`). If the marker is set,
 //!    the lease is released and the acquire fails with
-//!    [`ErrorKind::Config`]: "this fleet has moved to the new backend;
+//!    [`ErrorKind::Config`](crate::ErrorKind::Config): "this fleet has moved to the new backend;
 //!    reconfigure". Every renewal of an old-only lease reads it too, after
-//!    renewing; if set, the renewal fails with [`ErrorKind::LeaseLost`] and
+//!    renewing; if set, the renewal fails with [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost) and
 //!    the guard reports `Lost`. Such a lease is deliberately *not*
 //!    released: its holder may still be inside its promised window, and
 //!    freeing the old key early would let a `Dual` process in beside it.
@@ -130,23 +130,14 @@
 //! reachable while the marker is younger than the wait-out (its grants
 //! fail with the old backend's error meanwhile), and for its first grant.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use tokio::sync::{Mutex, watch};
-use tokio::time::{Instant, sleep, sleep_until};
-
 use crate::backend::LockBackend;
-use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::client::LockDefaults;
-use crate::error::{ErrorKind, LockError, Operation};
+use crate::error::LockError;
 use crate::key::LockKey;
 use crate::options::MAX_TTL;
-use crate::types::{FencingToken, Lease, LockInfo, OwnerId, SessionState, clock_drift};
 
 /// Tokens granted through the new backend of a migration built with
 /// [`MigrationBackend::new`] carry this epoch (1) in their top byte, so
@@ -191,7 +182,7 @@ impl MigrationPhase {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Config`] for anything else.
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) for anything else.
     pub fn parse(text: &str) -> Result<Self, LockError> {
         match text.trim().to_ascii_lowercase().as_str() {
             "old" => Ok(Self::Old),
@@ -210,36 +201,6 @@ impl MigrationPhase {
             Self::Dual => "dual",
             Self::New => "new",
         }
-    }
-}
-
-/// This process's view of the cutover, shared by clones and
-/// [`with_phase`](MigrationBackend::with_phase) copies.
-#[derive(Debug, Default)]
-struct Cutover {
-    /// The marker was seen older than the wait-out: `New` grants need no
-    /// look at the old backend any more.
-    done: AtomicBool,
-    /// One marker check / announcement at a time.
-    turn: Mutex<()>,
-    /// When this process first saw the marker (its age where the backend
-    /// cannot tell).
-    first_seen: std::sync::Mutex<Option<Instant>>,
-}
-
-impl Cutover {
-    fn first_seen(&self) -> Option<Instant> {
-        *self
-            .first_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn set_first_seen(&self, at: Option<Instant>) {
-        *self
-            .first_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = at;
     }
 }
 
@@ -298,7 +259,7 @@ impl MigrationBackend {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Config`] when `first` already uses the last epoch (255).
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) when `first` already uses the last epoch (255).
     pub fn stacked(
         first: MigrationBackend,
         new: Arc<dyn LockBackend>,
@@ -340,7 +301,7 @@ impl MigrationBackend {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Config`] when the name is empty or makes an invalid key.
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) when the name is empty or makes an invalid key.
     pub fn with_name(mut self, name: &str) -> Result<Self, LockError> {
         let name = name.trim();
         if name.is_empty() {
@@ -397,723 +358,13 @@ impl MigrationBackend {
             ..self.clone()
         }
     }
-
-    fn epoch_base(&self) -> u64 {
-        u64::from(self.epoch) << EPOCH_SHIFT
-    }
-
-    fn epoch_token(&self, lease: &Lease) -> Result<FencingToken, LockError> {
-        let raw = lease.token().get();
-        if raw >= NEW_EPOCH {
-            return Err(LockError::new(
-                ErrorKind::Backend,
-                Operation::Acquire,
-                format!("new backend token {raw} does not fit below 2^56; cannot place it in the migration epoch"),
-            )
-            .with_key(lease.key()));
-        }
-        Ok(FencingToken::new(self.epoch_base() | raw))
-    }
-
-    /// Refuses an old-side grant whose token is already in this
-    /// migration's epoch or above: our own tokens would not stay above it.
-    fn check_old_epoch(&self, old: &Lease, operation: Operation) -> Result<(), LockError> {
-        let epoch = old.token().get() >> EPOCH_SHIFT;
-        if epoch >= u64::from(self.epoch) {
-            return Err(LockError::new(
-                ErrorKind::Config,
-                operation,
-                format!(
-                    "the old backend hands out tokens of migration epoch {epoch} (is it itself a migration?); \
-                     this migration stamps epoch {}, so its tokens would not stay above them: \
-                     build it with MigrationBackend::stacked",
-                    self.epoch
-                ),
-            )
-            .with_key(old.key()));
-        }
-        Ok(())
-    }
-
-    fn check_key(&self, key: &LockKey, operation: Operation) -> Result<(), LockError> {
-        if *key == self.cutover_key {
-            return Err(LockError::invalid_argument(
-                operation,
-                "this key holds the migration's cutover marker and cannot be locked through it",
-            )
-            .with_key(key));
-        }
-        Ok(())
-    }
-
-    /// Builds the composite lease handed to users.
-    ///
-    /// Fails with [`ErrorKind::LeaseLost`] when the composed deadline (the
-    /// earlier of both sides') has already passed: such a lease is never
-    /// handed out.
-    fn compose(&self, old: Option<&Lease>, new: Option<&Lease>) -> Result<Lease, LockError> {
-        let (key, ttl) = match (old, new) {
-            (_, Some(l)) | (Some(l), None) => (l.key().clone(), l.ttl()),
-            (None, None) => {
-                return Err(LockError::new(
-                    ErrorKind::Backend,
-                    Operation::Acquire,
-                    "empty migration lease",
-                ));
-            }
-        };
-        let token = match new {
-            Some(new) => self.epoch_token(new)?,
-            None => old.map(Lease::token).unwrap_or(FencingToken::new(0)),
-        };
-        let deadline = [old, new]
-            .into_iter()
-            .flatten()
-            .map(Lease::validity_deadline)
-            .min()
-            .unwrap_or_else(Instant::now);
-        if deadline <= Instant::now() {
-            return Err(LockError::new(
-                ErrorKind::LeaseLost,
-                Operation::Acquire,
-                "the migration lease's deadline (the earlier of its two sides') had already passed when both sides were granted",
-            )
-            .with_key(&key));
-        }
-        let owner = OwnerId::random();
-        let data = format!(
-            "m1|{}|{}|{}",
-            owner.to_hex(),
-            old.map_or_else(|| "-".to_owned(), Lease::to_handle),
-            new.map_or_else(|| "-".to_owned(), Lease::to_handle)
-        );
-        let lease = Lease::from_parts(key, owner, token, ttl, deadline, data);
-        let sessions: Vec<watch::Receiver<SessionState>> = [old, new]
-            .into_iter()
-            .flatten()
-            .filter_map(|l| l.session().cloned())
-            .collect();
-        Ok(match sessions.len() {
-            0 => lease,
-            1 => lease.with_session(sessions.into_iter().next().expect("one session")),
-            _ => lease.with_session(merge_sessions(sessions)),
-        })
-    }
-
-    /// Composes, or releases both sides and fails.
-    async fn finish(&self, old: Option<Lease>, new: Option<Lease>) -> Result<Lease, LockError> {
-        match self.compose(old.as_ref(), new.as_ref()) {
-            Ok(lease) => Ok(lease),
-            Err(e) => {
-                self.release_parts(old.as_ref(), new.as_ref()).await;
-                Err(e)
-            }
-        }
-    }
-
-    /// Best-effort release of both parts (new, then old), each attempted.
-    async fn release_parts(&self, old: Option<&Lease>, new: Option<&Lease>) {
-        if let Some(new) = new {
-            let _ = self.new.release(new).await;
-        }
-        if let Some(old) = old {
-            let _ = self.old.release(old).await;
-        }
-    }
-
-    /// Splits a composite lease back into its parts.
-    fn split(
-        lease: &Lease,
-        operation: Operation,
-    ) -> Result<(Option<Lease>, Option<Lease>), LockError> {
-        let bad = || {
-            LockError::invalid_argument(operation, "not a lease of a migration backend")
-                .with_key(lease.key())
-        };
-        let mut parts = lease.backend_data().split('|');
-        if parts.next() != Some("m1") {
-            return Err(bad());
-        }
-        // The composite's owner is part of its identity: a lease with the
-        // same inner handles but another owner is not ours.
-        if parts.next() != Some(lease.owner().to_hex().as_str()) {
-            return Err(LockError::new(
-                ErrorKind::NotHeld,
-                operation,
-                "the lease's owner does not match its migration grant",
-            )
-            .with_key(lease.key()));
-        }
-        let mut part = || -> Result<Option<Lease>, LockError> {
-            match parts.next().ok_or_else(bad)? {
-                "-" => Ok(None),
-                handle => Lease::from_handle(handle).map(Some),
-            }
-        };
-        let old = part()?;
-        let new = part()?;
-        Ok((old, new))
-    }
-
-    fn empty_error(operation: Operation) -> LockError {
-        LockError::invalid_argument(operation, "migration lease holds no backend lease")
-    }
-
-    /// The cutover check of the `Old` phase, made after the old-backend
-    /// grant or renewal: fails when the marker is set (or cannot be read).
-    async fn check_not_cut_over(
-        &self,
-        key: &LockKey,
-        operation: Operation,
-    ) -> Result<(), LockError> {
-        match self.old.inspect(&self.cutover_key).await {
-            Ok(None) => Ok(()),
-            Ok(Some(_)) => {
-                let kind = if operation == Operation::Renew {
-                    ErrorKind::LeaseLost
-                } else {
-                    ErrorKind::Config
-                };
-                let detail = if operation == Operation::Renew {
-                    "; the old-backend lease is left to expire"
-                } else {
-                    ""
-                };
-                Err(LockError::new(
-                    kind,
-                    operation,
-                    format!(
-                        "{MOVED} (the cutover marker {:?} of migration {:?} is set in the old backend{detail})",
-                        self.cutover_key.as_str(),
-                        self.name
-                    ),
-                )
-                .with_key(key))
-            }
-            Err(e) => Err(LockError::new(
-                e.kind(),
-                operation,
-                format!(
-                    "cannot read the migration's cutover marker: {}",
-                    e.message()
-                ),
-            )
-            .with_key(key)
-            .with_source(e)),
-        }
-    }
-
-    /// An `Old`-phase grant: refused (and released) when its token is in
-    /// our epoch or the fleet has cut over.
-    async fn admit_old(&self, old: Lease, operation: Operation) -> Result<Lease, LockError> {
-        let checked = match self.check_old_epoch(&old, operation) {
-            Ok(()) => self.check_not_cut_over(old.key(), operation).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = checked {
-            let _ = self.old.release(&old).await;
-            return Err(e);
-        }
-        self.finish(Some(old), None).await
-    }
-
-    /// Phase `New`: makes sure the cutover marker exists in the old
-    /// backend (announcing it if not). `None` once the marker is older than
-    /// the wait-out (from then on the old backend is not consulted again);
-    /// otherwise the instant at which it will be.
-    async fn cutover_pending(&self) -> Result<Option<Instant>, LockError> {
-        if self.cutover.done.load(Ordering::Acquire) {
-            return Ok(None);
-        }
-        let _turn = self.cutover.turn.lock().await;
-        if self.cutover.done.load(Ordering::Acquire) {
-            return Ok(None);
-        }
-        let needed = self.old_lease_max + clock_drift(self.old_lease_max);
-        let server_age_counts = self.old.capabilities().ttl_model == TtlModel::PerLease;
-        let mut attempts = 0;
-        let (now, server_age) = loop {
-            let now = Instant::now();
-            match self.old.inspect(&self.cutover_key).await? {
-                Some(info) => {
-                    let age = info
-                        .remaining_ttl
-                        .filter(|_| server_age_counts)
-                        .map(|left| MAX_TTL.saturating_sub(left));
-                    break (now, age);
-                }
-                None => {
-                    self.cutover.set_first_seen(None);
-                    if self
-                        .old
-                        .try_acquire(&self.cutover_key, MAX_TTL)
-                        .await?
-                        .is_some()
-                    {
-                        // Never renewed or released: it lasts its TTL.
-                        tracing::info!(
-                            migration = %self.name,
-                            marker = %self.cutover_key,
-                            "announced the cutover to the new backend in the old backend"
-                        );
-                        break (now, Some(Duration::ZERO));
-                    }
-                    // Someone announced between our read and our take.
-                    attempts += 1;
-                    if attempts >= 5 {
-                        return Err(LockError::new(
-                            ErrorKind::Unavailable,
-                            Operation::Acquire,
-                            "the migration's cutover marker is neither readable nor free in the old backend",
-                        )
-                        .with_key(&self.cutover_key));
-                    }
-                    sleep(Duration::from_millis(5)).await;
-                }
-            }
-        };
-        let first_seen = self.cutover.first_seen().unwrap_or(now);
-        self.cutover.set_first_seen(Some(first_seen));
-        let age = server_age
-            .unwrap_or(Duration::ZERO)
-            .max(now.saturating_duration_since(first_seen));
-        if age >= needed {
-            self.cutover.done.store(true, Ordering::Release);
-            return Ok(None);
-        }
-        Ok(Some(now.checked_add(needed - age).unwrap_or(now)))
-    }
-
-    /// Phase `New` before the wait-out has passed: proves that no `Old`
-    /// promise on `key` is open by taking `key` once in the old backend
-    /// (after the marker was confirmed) and giving it straight back.
-    /// `Ok(false)` when the key stayed held at `deadline`.
-    async fn clear_old_side(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        ready_at: Instant,
-    ) -> Result<bool, LockError> {
-        let old = match deadline {
-            None => match self.old.try_acquire(key, ttl).await? {
-                Some(old) => old,
-                None => return Ok(false),
-            },
-            Some(deadline) => match self.old.acquire(key, ttl, deadline.min(ready_at)).await {
-                Ok(old) => old,
-                // Held all along until the wait-out passed: every old
-                // promise has ended by now.
-                Err(e) if e.is_contended() && Instant::now() >= ready_at => return Ok(true),
-                Err(e) if e.is_contended() => return Ok(false),
-                Err(e) => return Err(e),
-            },
-        };
-        // If this release fails the old lease expires with its TTL; `Old`
-        // processes are refused meanwhile and `Dual` ones wait.
-        let _ = self.old.release(&old).await;
-        Ok(true)
-    }
-
-    fn cutover_contended(&self, key: &LockKey) -> LockError {
-        LockError::new(
-            ErrorKind::Contended,
-            Operation::Acquire,
-            "still held in the old backend at the wait deadline (phase new takes each key once in the old backend until the cutover's wait-out has passed)",
-        )
-        .with_key(key)
-    }
-
-    /// Phase `Dual`: waits for the new-side grant while renewing the old
-    /// lease. Hands the old lease back (with its current deadline) either
-    /// way.
-    async fn acquire_new_keeping_old(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-        mut old: Lease,
-    ) -> (Lease, Result<Lease, LockError>) {
-        enum Step {
-            Granted(Result<Lease, LockError>),
-            Renewed(Result<Instant, LockError>),
-            Renew,
-            OldExpired,
-        }
-        let interval = (ttl / 3).max(Duration::from_millis(1));
-        let acquire = self.new.acquire(key, ttl, deadline);
-        tokio::pin!(acquire);
-        let mut next_renewal = Instant::now() + interval;
-        let mut renewal: Option<Renewal> = None;
-        loop {
-            let old_deadline = old.validity_deadline();
-            let step = tokio::select! {
-                biased;
-                granted = &mut acquire => Step::Granted(granted),
-                renewed = poll_renewal(&mut renewal), if renewal.is_some() => Step::Renewed(renewed),
-                () = sleep_until(next_renewal), if renewal.is_none() => Step::Renew,
-                () = sleep_until(old_deadline) => Step::OldExpired,
-            };
-            match step {
-                Step::Granted(granted) => return (old, granted),
-                Step::Renew => {
-                    let (backend, lease) = (self.old.clone(), old.clone());
-                    renewal = Some(Box::pin(async move { backend.renew(&lease).await }));
-                }
-                Step::Renewed(Ok(until)) => {
-                    renewal = None;
-                    old.set_validity_deadline(until);
-                    next_renewal = Instant::now() + interval;
-                }
-                Step::Renewed(Err(e))
-                    if matches!(e.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost) =>
-                {
-                    let lost = LockError::new(
-                        ErrorKind::LeaseLost,
-                        Operation::Acquire,
-                        format!("the old backend's lease was lost while waiting for the new backend: {}", e.message()),
-                    )
-                    .with_key(key)
-                    .with_source(e);
-                    return (old, Err(lost));
-                }
-                Step::Renewed(Err(_)) => {
-                    renewal = None;
-                    next_renewal = Instant::now() + (interval / 4).max(Duration::from_millis(5));
-                }
-                Step::OldExpired => {
-                    let lost = LockError::new(
-                        ErrorKind::LeaseLost,
-                        Operation::Acquire,
-                        "the old backend's lease ran out (renewals failed) while waiting for the new backend",
-                    )
-                    .with_key(key);
-                    return (old, Err(lost));
-                }
-            }
-        }
-    }
 }
 
-/// An old-side renewal in flight while a dual acquire waits.
-type Renewal = Pin<Box<dyn Future<Output = Result<Instant, LockError>> + Send>>;
+mod backend;
+mod cutover;
+mod dual;
 
-async fn poll_renewal(renewal: &mut Option<Renewal>) -> Result<Instant, LockError> {
-    match renewal {
-        Some(future) => future.as_mut().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The first error of two, preferring a final one (the lease is gone) over
-/// a temporary one.
-fn worse(a: LockError, b: LockError) -> LockError {
-    let lost = |e: &LockError| matches!(e.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost);
-    if !lost(&a) && lost(&b) { b } else { a }
-}
-
-/// One receiver that is `Lost` when any input is lost, `Suspect` when any
-/// is suspect, `Alive` otherwise.
-fn merge_sessions(inputs: Vec<watch::Receiver<SessionState>>) -> watch::Receiver<SessionState> {
-    let combine = |inputs: &[watch::Receiver<SessionState>]| {
-        let states: Vec<SessionState> = inputs.iter().map(|r| r.borrow().clone()).collect();
-        if let Some(lost) = states.iter().find(|s| matches!(s, SessionState::Lost(_))) {
-            lost.clone()
-        } else if states.contains(&SessionState::Suspect) {
-            SessionState::Suspect
-        } else {
-            SessionState::Alive
-        }
-    };
-    let (tx, rx) = watch::channel(combine(&inputs));
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(async move {
-            let mut inputs = inputs;
-            loop {
-                let changed = inputs.iter_mut().map(|r| Box::pin(r.changed()));
-                let (result, _, _) = futures_select_all(changed.collect()).await;
-                let state = if result.is_err() {
-                    SessionState::Lost("session closed".to_owned())
-                } else {
-                    combine(&inputs)
-                };
-                let terminal = matches!(state, SessionState::Lost(_));
-                if tx.send(state).is_err() || terminal {
-                    return;
-                }
-            }
-        });
-    }
-    rx
-}
-
-/// The first of several futures to finish (a tiny `select_all`).
-async fn futures_select_all<F: std::future::Future + Unpin>(
-    mut futures: Vec<F>,
-) -> (F::Output, usize, Vec<F>) {
-    std::future::poll_fn(move |cx| {
-        for (i, fut) in futures.iter_mut().enumerate() {
-            if let std::task::Poll::Ready(out) = std::pin::Pin::new(fut).poll(cx) {
-                return std::task::Poll::Ready((out, i, Vec::new()));
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
-}
-
-#[async_trait]
-impl LockBackend for MigrationBackend {
-    fn name(&self) -> &'static str {
-        "migration"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        let old = self.old.capabilities();
-        let new = self.new.capabilities();
-        match self.phase {
-            MigrationPhase::Old => old,
-            MigrationPhase::New => Capabilities {
-                fencing: match new.fencing {
-                    FencingScope::None => FencingScope::None,
-                    _ => FencingScope::PerKey,
-                },
-                ..new
-            },
-            MigrationPhase::Dual => Capabilities {
-                fencing: match new.fencing {
-                    FencingScope::None => FencingScope::None,
-                    _ => FencingScope::PerKey,
-                },
-                fencing_survives_failover: new.fencing_survives_failover,
-                grants_survive_restart: new.grants_survive_restart && old.grants_survive_restart,
-                waiting: if old.waiting == WaitStrategy::Notify
-                    && new.waiting == WaitStrategy::Notify
-                {
-                    WaitStrategy::Notify
-                } else {
-                    WaitStrategy::Poll
-                },
-                fifo: false,
-                ttl_model: if old.ttl_model == TtlModel::PerSession
-                    || new.ttl_model == TtlModel::PerSession
-                {
-                    TtlModel::PerSession
-                } else {
-                    TtlModel::PerLease
-                },
-                // Exclusion in this phase rests on both stores.
-                linearizable: old.linearizable && new.linearizable,
-                min_ttl: old.min_ttl.max(new.min_ttl),
-                shared_locks: false,
-                semaphores: false,
-            },
-        }
-    }
-
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.check_key(key, Operation::TryAcquire)?;
-        match self.phase {
-            MigrationPhase::Old => match self.old.try_acquire(key, ttl).await? {
-                Some(old) => self.admit_old(old, Operation::TryAcquire).await.map(Some),
-                None => Ok(None),
-            },
-            MigrationPhase::New => {
-                if let Some(ready_at) = self.cutover_pending().await?
-                    && !self.clear_old_side(key, ttl, None, ready_at).await?
-                {
-                    return Ok(None);
-                }
-                match self.new.try_acquire(key, ttl).await? {
-                    Some(new) => self.finish(None, Some(new)).await.map(Some),
-                    None => Ok(None),
-                }
-            }
-            MigrationPhase::Dual => {
-                let Some(old) = self.old.try_acquire(key, ttl).await? else {
-                    return Ok(None);
-                };
-                if let Err(e) = self.check_old_epoch(&old, Operation::TryAcquire) {
-                    let _ = self.old.release(&old).await;
-                    return Err(e);
-                }
-                let new = match self.new.try_acquire(key, ttl).await {
-                    Ok(Some(new)) => new,
-                    other => {
-                        // Never keep the first lock without the second.
-                        let _ = self.old.release(&old).await;
-                        return other.map(|_| None);
-                    }
-                };
-                self.finish(Some(old), Some(new)).await.map(Some)
-            }
-        }
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.check_key(key, Operation::Acquire)?;
-        match self.phase {
-            MigrationPhase::Old => {
-                let old = self.old.acquire(key, ttl, deadline).await?;
-                self.admit_old(old, Operation::Acquire).await
-            }
-            MigrationPhase::New => {
-                if let Some(ready_at) = self.cutover_pending().await?
-                    && !self
-                        .clear_old_side(key, ttl, Some(deadline), ready_at)
-                        .await?
-                {
-                    return Err(self.cutover_contended(key));
-                }
-                let new = self.new.acquire(key, ttl, deadline).await?;
-                self.finish(None, Some(new)).await
-            }
-            MigrationPhase::Dual => {
-                // Always old first, then new: one global order, no deadlock
-                // between dual processes.
-                let old = self.old.acquire(key, ttl, deadline).await?;
-                // Gives the old lease back if this future is dropped.
-                let mut pending = ReleaseOnDrop::new(self.old.clone(), old.clone());
-                if let Err(e) = self.check_old_epoch(&old, Operation::Acquire) {
-                    pending.disarm();
-                    let _ = self.old.release(&old).await;
-                    return Err(e);
-                }
-                let (old, new) = self.acquire_new_keeping_old(key, ttl, deadline, old).await;
-                pending.disarm();
-                match new {
-                    Ok(new) => self.finish(Some(old), Some(new)).await,
-                    Err(e) => {
-                        let _ = self.old.release(&old).await;
-                        Err(e)
-                    }
-                }
-            }
-        }
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        let (old, new) = Self::split(lease, Operation::Renew)?;
-        match (&old, &new) {
-            (Some(old), Some(new)) => {
-                let (a, b) = tokio::join!(self.old.renew(old), self.new.renew(new));
-                match (a, b) {
-                    (Ok(a), Ok(b)) => Ok(a.min(b)),
-                    (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
-                    (Err(a), Err(b)) => Err(worse(a, b)),
-                }
-            }
-            (Some(old), None) => {
-                let until = self.old.renew(old).await?;
-                // An old-only lease belongs to phase `Old`: once the fleet
-                // has cut over it may not be extended (the new deadline is
-                // not handed back, so the previous one stays in force).
-                self.check_not_cut_over(lease.key(), Operation::Renew)
-                    .await?;
-                Ok(until)
-            }
-            (None, Some(new)) => self.new.renew(new).await,
-            (None, None) => Err(Self::empty_error(Operation::Renew)),
-        }
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        let (old, new) = match Self::split(lease, Operation::Release) {
-            Ok(parts) => parts,
-            Err(e) if e.is_not_held() => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        if old.is_none() && new.is_none() {
-            return Err(Self::empty_error(Operation::Release));
-        }
-        // Reverse of the acquire order: new, then old; the second is
-        // attempted whatever happened to the first.
-        let new_result = match &new {
-            Some(new) => Some(self.new.release(new).await),
-            None => None,
-        };
-        let old_result = match &old {
-            Some(old) => Some(self.old.release(old).await),
-            None => None,
-        };
-        let mut held = true;
-        let mut first_error = None;
-        for result in [new_result, old_result].into_iter().flatten() {
-            match result {
-                Ok(h) => held &= h,
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(held),
-        }
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.check_key(key, Operation::Inspect)?;
-        let base = self.epoch_base();
-        let epoch = |mut info: LockInfo| {
-            info.token = info.token.map(|t| FencingToken::new(base | t.get()));
-            info
-        };
-        match self.phase {
-            MigrationPhase::Old => self.old.inspect(key).await,
-            MigrationPhase::New => Ok(self.new.inspect(key).await?.map(epoch)),
-            MigrationPhase::Dual => {
-                if let Some(info) = self.new.inspect(key).await? {
-                    return Ok(Some(epoch(info)));
-                }
-                // Held in the old store only: a process still on `old` (or a
-                // dual acquire half-way). Say so, so operators can find them.
-                Ok(self.old.inspect(key).await?.map(|mut info| {
-                    info.holder = format!("old-only:{}", info.holder);
-                    info
-                }))
-            }
-        }
-    }
-}
-
-/// Releases a lease in the background if the acquire that holds it is
-/// dropped before it can hand it out.
-struct ReleaseOnDrop {
-    backend: Arc<dyn LockBackend>,
-    lease: Option<Lease>,
-}
-
-impl ReleaseOnDrop {
-    fn new(backend: Arc<dyn LockBackend>, lease: Lease) -> Self {
-        Self {
-            backend,
-            lease: Some(lease),
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.lease = None;
-    }
-}
-
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        if let (Some(lease), Ok(handle)) =
-            (self.lease.take(), tokio::runtime::Handle::try_current())
-        {
-            let backend = self.backend.clone();
-            handle.spawn(async move {
-                let _ = backend.release(&lease).await;
-            });
-        }
-    }
-}
+use cutover::Cutover;
 
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,14 @@
 //! Tests of the migration wrapper, with test doubles around
 //! [`MemoryBackend`] that delay grants, fail releases or refuse renewals.
 
+use async_trait::async_trait;
+use tokio::time::Instant;
+
 use super::*;
 use crate::MemoryBackend;
+use crate::capabilities::Capabilities;
+use crate::error::{ErrorKind, Operation};
+use crate::types::{FencingToken, Lease, LockInfo};
 
 fn pair() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
     (

@@ -1,0 +1,234 @@
+//! The [`LockBackend`] implementation: each operation by phase.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::dual::{ReleaseOnDrop, worse};
+use super::{MigrationBackend, MigrationPhase};
+use crate::backend::LockBackend;
+use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
+use crate::types::{FencingToken, Lease, LockInfo};
+
+#[async_trait]
+impl LockBackend for MigrationBackend {
+    fn name(&self) -> &'static str {
+        "migration"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let old = self.old.capabilities();
+        let new = self.new.capabilities();
+        match self.phase {
+            MigrationPhase::Old => old,
+            MigrationPhase::New => Capabilities {
+                fencing: match new.fencing {
+                    FencingScope::None => FencingScope::None,
+                    _ => FencingScope::PerKey,
+                },
+                ..new
+            },
+            MigrationPhase::Dual => Capabilities {
+                fencing: match new.fencing {
+                    FencingScope::None => FencingScope::None,
+                    _ => FencingScope::PerKey,
+                },
+                fencing_survives_failover: new.fencing_survives_failover,
+                grants_survive_restart: new.grants_survive_restart && old.grants_survive_restart,
+                waiting: if old.waiting == WaitStrategy::Notify
+                    && new.waiting == WaitStrategy::Notify
+                {
+                    WaitStrategy::Notify
+                } else {
+                    WaitStrategy::Poll
+                },
+                fifo: false,
+                ttl_model: if old.ttl_model == TtlModel::PerSession
+                    || new.ttl_model == TtlModel::PerSession
+                {
+                    TtlModel::PerSession
+                } else {
+                    TtlModel::PerLease
+                },
+                // Exclusion in this phase rests on both stores.
+                linearizable: old.linearizable && new.linearizable,
+                min_ttl: old.min_ttl.max(new.min_ttl),
+                shared_locks: false,
+                semaphores: false,
+            },
+        }
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.check_key(key, Operation::TryAcquire)?;
+        match self.phase {
+            MigrationPhase::Old => match self.old.try_acquire(key, ttl).await? {
+                Some(old) => self.admit_old(old, Operation::TryAcquire).await.map(Some),
+                None => Ok(None),
+            },
+            MigrationPhase::New => {
+                if let Some(ready_at) = self.cutover_pending().await?
+                    && !self.clear_old_side(key, ttl, None, ready_at).await?
+                {
+                    return Ok(None);
+                }
+                match self.new.try_acquire(key, ttl).await? {
+                    Some(new) => self.finish(None, Some(new)).await.map(Some),
+                    None => Ok(None),
+                }
+            }
+            MigrationPhase::Dual => {
+                let Some(old) = self.old.try_acquire(key, ttl).await? else {
+                    return Ok(None);
+                };
+                if let Err(e) = self.check_old_epoch(&old, Operation::TryAcquire) {
+                    let _ = self.old.release(&old).await;
+                    return Err(e);
+                }
+                let new = match self.new.try_acquire(key, ttl).await {
+                    Ok(Some(new)) => new,
+                    other => {
+                        // Never keep the first lock without the second.
+                        let _ = self.old.release(&old).await;
+                        return other.map(|_| None);
+                    }
+                };
+                self.finish(Some(old), Some(new)).await.map(Some)
+            }
+        }
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.check_key(key, Operation::Acquire)?;
+        match self.phase {
+            MigrationPhase::Old => {
+                let old = self.old.acquire(key, ttl, deadline).await?;
+                self.admit_old(old, Operation::Acquire).await
+            }
+            MigrationPhase::New => {
+                if let Some(ready_at) = self.cutover_pending().await?
+                    && !self
+                        .clear_old_side(key, ttl, Some(deadline), ready_at)
+                        .await?
+                {
+                    return Err(self.cutover_contended(key));
+                }
+                let new = self.new.acquire(key, ttl, deadline).await?;
+                self.finish(None, Some(new)).await
+            }
+            MigrationPhase::Dual => {
+                // Always old first, then new: one global order, no deadlock
+                // between dual processes.
+                let old = self.old.acquire(key, ttl, deadline).await?;
+                // Gives the old lease back if this future is dropped.
+                let mut pending = ReleaseOnDrop::new(self.old.clone(), old.clone());
+                if let Err(e) = self.check_old_epoch(&old, Operation::Acquire) {
+                    pending.disarm();
+                    let _ = self.old.release(&old).await;
+                    return Err(e);
+                }
+                let (old, new) = self.acquire_new_keeping_old(key, ttl, deadline, old).await;
+                pending.disarm();
+                match new {
+                    Ok(new) => self.finish(Some(old), Some(new)).await,
+                    Err(e) => {
+                        let _ = self.old.release(&old).await;
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let (old, new) = Self::split(lease, Operation::Renew)?;
+        match (&old, &new) {
+            (Some(old), Some(new)) => {
+                let (a, b) = tokio::join!(self.old.renew(old), self.new.renew(new));
+                match (a, b) {
+                    (Ok(a), Ok(b)) => Ok(a.min(b)),
+                    (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+                    (Err(a), Err(b)) => Err(worse(a, b)),
+                }
+            }
+            (Some(old), None) => {
+                let until = self.old.renew(old).await?;
+                // An old-only lease belongs to phase `Old`: once the fleet
+                // has cut over it may not be extended (the new deadline is
+                // not handed back, so the previous one stays in force).
+                self.check_not_cut_over(lease.key(), Operation::Renew)
+                    .await?;
+                Ok(until)
+            }
+            (None, Some(new)) => self.new.renew(new).await,
+            (None, None) => Err(Self::empty_error(Operation::Renew)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let (old, new) = match Self::split(lease, Operation::Release) {
+            Ok(parts) => parts,
+            Err(e) if e.is_not_held() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if old.is_none() && new.is_none() {
+            return Err(Self::empty_error(Operation::Release));
+        }
+        // Reverse of the acquire order: new, then old; the second is
+        // attempted whatever happened to the first.
+        let new_result = match &new {
+            Some(new) => Some(self.new.release(new).await),
+            None => None,
+        };
+        let old_result = match &old {
+            Some(old) => Some(self.old.release(old).await),
+            None => None,
+        };
+        let mut held = true;
+        let mut first_error = None;
+        for result in [new_result, old_result].into_iter().flatten() {
+            match result {
+                Ok(h) => held &= h,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(held),
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.check_key(key, Operation::Inspect)?;
+        let base = self.epoch_base();
+        let epoch = |mut info: LockInfo| {
+            info.token = info.token.map(|t| FencingToken::new(base | t.get()));
+            info
+        };
+        match self.phase {
+            MigrationPhase::Old => self.old.inspect(key).await,
+            MigrationPhase::New => Ok(self.new.inspect(key).await?.map(epoch)),
+            MigrationPhase::Dual => {
+                if let Some(info) = self.new.inspect(key).await? {
+                    return Ok(Some(epoch(info)));
+                }
+                // Held in the old store only: a process still on `old` (or a
+                // dual acquire half-way). Say so, so operators can find them.
+                Ok(self.old.inspect(key).await?.map(|mut info| {
+                    info.holder = format!("old-only:{}", info.holder);
+                    info
+                }))
+            }
+        }
+    }
+}
