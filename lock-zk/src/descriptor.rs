@@ -12,8 +12,33 @@ pub static DRIVER: Driver = Driver {
     summary: "zk://host[:port][,host[:port]...][/chroot]",
     connect,
     floor: Some(floor),
-    capabilities: None,
+    capabilities: Some(|url| {
+        crate::ZkConfig::from_url(url)?;
+        Ok(crate::capabilities())
+    }),
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);
 lock_core::floor_fn!(fn floor = ZkFloor::connect);
+
+#[cfg(test)]
+mod tests {
+    use lock_core::ErrorKind;
+
+    use super::DRIVER;
+
+    #[test]
+    fn capabilities_come_from_the_url_alone() {
+        let of = DRIVER
+            .capabilities
+            .expect("capabilities without connecting");
+        // Nothing listens there: no connection is made.
+        assert_eq!(
+            of("zk://127.0.0.1:1,127.0.0.1:2/app?session_timeout=4s").expect("caps"),
+            crate::capabilities()
+        );
+        for bad in ["zk://", "zk://h:1?op_timeout=1s&timeout=1s", "zk://h:1?x=1"] {
+            assert_eq!(of(bad).unwrap_err().kind(), ErrorKind::Config, "{bad}");
+        }
+    }
+}

@@ -304,22 +304,7 @@ impl LockBackend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            // czxid: strictly increasing per key (grants follow creation
-            // order within a directory), and zxids survive leader changes.
-            fencing: FencingScope::PerKey,
-            fencing_survives_failover: true,
-            // Sessions and their ephemeral nodes are in the snapshot and
-            // the transaction log, and resume after a restart.
-            grants_survive_restart: true,
-            waiting: WaitStrategy::Notify,
-            fifo: true,
-            ttl_model: TtlModel::PerSession,
-            linearizable: true,
-            min_ttl: MIN_TTL,
-            shared_locks: false,
-            semaphores: false,
-        }
+        capabilities()
     }
 
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
@@ -517,6 +502,26 @@ impl LockBackend for ZkBackend {
         )
         .with_key(key)
         .with_backend(NAME))
+    }
+}
+
+/// What the ZooKeeper backend guarantees (the same for every URL).
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        // czxid: strictly increasing per key (grants follow creation
+        // order within a directory), and zxids survive leader changes.
+        fencing: FencingScope::PerKey,
+        fencing_survives_failover: true,
+        // Sessions and their ephemeral nodes are in the snapshot and
+        // the transaction log, and resume after a restart.
+        grants_survive_restart: true,
+        waiting: WaitStrategy::Notify,
+        fifo: true,
+        ttl_model: TtlModel::PerSession,
+        linearizable: true,
+        min_ttl: MIN_TTL,
+        shared_locks: false,
+        semaphores: false,
     }
 }
 

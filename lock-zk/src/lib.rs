@@ -189,7 +189,7 @@ mod wire;
 
 pub use config::{DEFAULT_ROOT, ZkConfig};
 pub use descriptor::DRIVER;
-pub use driver::{MIN_TTL, ZkBackend};
+pub use driver::{MIN_TTL, ZkBackend, capabilities};
 
 use lock_core::LockError;
 

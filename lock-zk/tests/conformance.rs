@@ -81,3 +81,16 @@ fn holder_command() -> Option<conformance::scenarios::HolderCommand> {
         },
     ))
 }
+
+/// The descriptor's capabilities (read from the URL alone) are what a
+/// backend connected with that URL reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptor_capabilities_match_a_connected_backend() {
+    let Some(target) = common::deployed("zookeeper").await else {
+        return;
+    };
+    let url = common::with_options(&target.url(), common::CLIENT_OPTIONS);
+    let promised = (lock_zk::DRIVER.capabilities.expect("capabilities"))(&url).expect("caps");
+    let backend = (lock_zk::DRIVER.connect)(&url).await.expect("connect");
+    assert_eq!(promised, backend.capabilities());
+}
