@@ -95,6 +95,24 @@ pub(crate) fn protocol_error(op: Operation, key: &LockKey, why: &str) -> LockErr
     .with_backend(NAME)
 }
 
+/// A lease grant the server answered without a lease (an error text, or no
+/// TTL), as a `Backend` error naming `what` was granted; `None` when the
+/// lease was granted.
+pub(crate) fn grant_refused(
+    op: Operation,
+    what: &str,
+    grant: &etcd_client::LeaseGrantResponse,
+) -> Option<LockError> {
+    (!grant.error().is_empty() || grant.ttl() <= 0).then(|| {
+        LockError::new(
+            ErrorKind::Backend,
+            op,
+            format!("{what} was refused: {}", grant.error()),
+        )
+        .with_backend(NAME)
+    })
+}
+
 /// `err` as an error of `op` (the session start reports its own operation).
 pub(crate) fn relabel(err: LockError, op: Operation) -> LockError {
     if err.operation() == op {

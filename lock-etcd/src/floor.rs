@@ -36,7 +36,7 @@ use tokio::time::sleep;
 use crate::config::EtcdConfig;
 use crate::connect::connect_client;
 use crate::driver::MIN_TTL;
-use crate::error::{NAME, from_etcd, protocol_error};
+use crate::error::{NAME, from_etcd, grant_refused, protocol_error};
 use crate::keys::{Created, create_txn, guarded_delete, key_prefix, plain_entry};
 use crate::session::ttl_secs;
 
@@ -142,13 +142,8 @@ impl EtcdFloor {
         })
         .await
         .map_err(|e| e.with_backend(NAME))?;
-        if !grant.error().is_empty() || grant.ttl() <= 0 {
-            return Err(LockError::new(
-                ErrorKind::Backend,
-                op,
-                format!("the floor's lease grant was refused: {}", grant.error()),
-            )
-            .with_backend(NAME));
+        if let Some(err) = grant_refused(op, "the floor's lease grant", &grant) {
+            return Err(err);
         }
         let interval = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1)) / 3;
         let keeper = tokio::spawn(keep_alive(client.clone(), grant.id(), interval));

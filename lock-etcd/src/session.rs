@@ -41,7 +41,7 @@ use lock_core::{
 use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::error::{NAME, from_etcd};
+use crate::error::{from_etcd, grant_refused};
 use crate::keys::{numbered_entry, plain_entry};
 
 /// A granted lease, its keep-alive task, and what this process knows about
@@ -186,13 +186,8 @@ impl Session {
                 .map_err(|e| from_etcd(Operation::Acquire, e))
         })
         .await?;
-        if !grant.error().is_empty() || grant.ttl() <= 0 {
-            return Err(LockError::new(
-                ErrorKind::Backend,
-                Operation::Acquire,
-                format!("lease grant refused: {}", grant.error()),
-            )
-            .with_backend(NAME));
+        if let Some(err) = grant_refused(Operation::Acquire, "the session's lease grant", &grant) {
+            return Err(err);
         }
         let server_ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1));
         let (state, _) = watch::channel(SessionState::Alive);
