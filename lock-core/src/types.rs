@@ -147,7 +147,9 @@ pub struct Lease {
     key: LockKey,
     owner: OwnerId,
     token: FencingToken,
-    ttl: Duration,
+    /// In nanoseconds (8 bytes instead of a `Duration`'s 16: a client may
+    /// hold 100,000 leases); TTLs beyond 584 years saturate there.
+    ttl_ns: u64,
     validity_deadline: Instant,
     /// Boxed: no spare capacity kept per held lease.
     backend_data: Box<str>,
@@ -186,7 +188,7 @@ impl Lease {
             key,
             owner,
             token,
-            ttl,
+            ttl_ns: ttl_ns(ttl),
             validity_deadline,
             backend_data: backend_data.into_boxed_str(),
             session: None,
@@ -208,7 +210,7 @@ impl Lease {
             key,
             owner,
             token,
-            ttl,
+            ttl_ns: ttl_ns(ttl),
             validity_deadline,
             backend_data: backend_data.into_boxed_str(),
             session: None,
@@ -239,7 +241,7 @@ impl Lease {
 
     /// The TTL this lease was granted (and is renewed) with.
     pub fn ttl(&self) -> Duration {
-        self.ttl
+        Duration::from_nanos(self.ttl_ns)
     }
 
     /// The local monotonic instant after which the lease must be presumed
@@ -271,7 +273,7 @@ impl Lease {
             "v1.{}.{}.{}.{}.{}",
             self.owner.to_hex(),
             self.token.get(),
-            self.ttl.as_millis(),
+            self.ttl().as_millis(),
             hex_encode(self.backend_data.as_bytes()),
             hex_encode(self.key.as_str().as_bytes()),
         )
@@ -319,6 +321,10 @@ impl Lease {
     }
 }
 
+fn ttl_ns(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)
+}
+
 fn hex_encode(bytes: &[u8]) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(bytes.len() * 2);
@@ -345,7 +351,7 @@ impl fmt::Debug for Lease {
             .field("key", &self.key)
             .field("owner", &self.owner)
             .field("token", &self.token)
-            .field("ttl", &self.ttl)
+            .field("ttl", &self.ttl())
             .field(
                 "valid_for",
                 &self
@@ -395,6 +401,26 @@ mod tests {
         assert_eq!(OwnerId::from_hex(&a.to_hex()).unwrap(), a);
         assert!(OwnerId::from_hex("xyz").is_err());
         assert_ne!(fallback_random(), fallback_random());
+    }
+
+    /// TTLs are kept in nanoseconds: exact for every real TTL, saturating
+    /// (never wrapping) for a nonsense one.
+    #[test]
+    fn lease_ttls_keep_their_nanoseconds_and_saturate() {
+        let key = LockKey::new("k").unwrap();
+        let lease = |ttl| {
+            Lease::from_parts(
+                key.clone(),
+                OwnerId::random(),
+                FencingToken::new(1),
+                ttl,
+                Instant::now(),
+                String::new(),
+            )
+        };
+        let odd = Duration::new(86_399, 999_999_999);
+        assert_eq!(lease(odd).ttl(), odd);
+        assert_eq!(lease(Duration::MAX).ttl(), Duration::from_nanos(u64::MAX));
     }
 
     /// Kept as two halves, an owner still orders and round-trips like the
