@@ -16,7 +16,8 @@ use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::conn::{NAME, Node};
+use crate::conn::Node;
+use crate::error::NAME;
 use crate::scripts::Scripts;
 
 /// The most renewals sent in one pipeline.

@@ -1,7 +1,6 @@
 //! One logical Redis endpoint (a server, a Sentinel-managed master, or a
 //! cluster) behind one shared, multiplexed, reconnecting connection.
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,9 +15,8 @@ use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
 
 use crate::config::{RedisConfig, RedisNode};
 use crate::direct::Direct;
+use crate::error::{NAME, Redacted, map_redis_error, needs_reconnect};
 use crate::scripts::LuaScript;
-
-pub(crate) const NAME: &str = "redis";
 
 /// A connection handle; cheap to clone (every kind is shared by its
 /// clones and pipelines concurrent requests).
@@ -515,82 +513,3 @@ pub(crate) fn conn_config(timeout: Duration) -> AsyncConnectionConfig {
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(None)
 }
-
-/// A Redis error as a [`LockError`] of the right kind, naming the node
-/// `label`, with every secret scrubbed from the source text.
-pub(crate) fn map_redis_error(
-    label: &str,
-    secrets: &[String],
-    op: Operation,
-    err: RedisError,
-) -> LockError {
-    use redis::ErrorKind as K;
-    use redis::ServerErrorKind as S;
-    let kind = if err.is_timeout() {
-        ErrorKind::Timeout
-    } else if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
-        ErrorKind::Unavailable
-    } else {
-        match err.kind() {
-            K::AuthenticationFailed | K::InvalidClientConfig => ErrorKind::Config,
-            // A TLS handshake that failed verification (untrusted CA, name
-            // mismatch): retrying will not help; the trust settings must
-            // change. native-tls errors arrive as client errors.
-            K::Client if is_tls_failure(&err) => ErrorKind::Config,
-            K::Server(
-                S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly | S::BusyLoading,
-            )
-            | K::ClusterConnectionNotFound
-            | K::MasterNameNotFoundBySentinel
-            | K::NoValidReplicasFoundBySentinel
-            | K::EmptySentinelList => ErrorKind::Unavailable,
-            _ if err.code() == Some("LOADING") => ErrorKind::Unavailable,
-            _ if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) => ErrorKind::Config,
-            _ => ErrorKind::Backend,
-        }
-    };
-    LockError::new(kind, op, format!("redis node {label}"))
-        .with_backend(NAME)
-        .with_source(Redacted::new(&err, secrets))
-}
-
-/// Whether a client-side error comes from the TLS layer (native-tls /
-/// OpenSSL text; the redis crate does not type it further).
-fn is_tls_failure(err: &RedisError) -> bool {
-    let text = err.to_string().to_ascii_lowercase();
-    ["certificate", "ssl", "tls", "handshake"]
-        .iter()
-        .any(|needle| text.contains(needle))
-}
-
-fn needs_reconnect(err: &RedisError) -> bool {
-    err.is_io_error()
-        || err.is_connection_dropped()
-        || err.is_connection_refusal()
-        || err.is_timeout()
-        || err.is_unrecoverable_error()
-        || err.code() == Some("READONLY")
-        || err.code() == Some("MASTERDOWN")
-}
-
-/// A backend error as text with every secret scrubbed out.
-#[derive(Debug)]
-pub(crate) struct Redacted(String);
-
-impl Redacted {
-    pub(crate) fn new(err: &dyn fmt::Display, secrets: &[String]) -> Self {
-        let mut text = err.to_string();
-        for secret in secrets {
-            text = text.replace(secret.as_str(), "<redacted>");
-        }
-        Self(text)
-    }
-}
-
-impl fmt::Display for Redacted {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl StdError for Redacted {}

@@ -14,7 +14,8 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::batch::{Counters, Renewer};
 use crate::config::{RedisConfig, RedisTopology};
-use crate::conn::{NAME, Node};
+use crate::conn::Node;
+use crate::error::{NAME, still_held, unexpected};
 use crate::eviction::{self, EvictionCheck};
 use crate::notify::Notifier;
 use crate::scripts::{KeyNames, Scripts, ttl_ms};
@@ -97,16 +98,6 @@ enum Found {
     Wait(Duration),
 }
 
-fn still_held(key: &LockKey) -> LockError {
-    LockError::new(
-        ErrorKind::Contended,
-        Operation::Acquire,
-        "the key was still held at the deadline",
-    )
-    .with_backend(NAME)
-    .with_key(key)
-}
-
 /// What one node said to an acquire script.
 pub(crate) enum NodeGrant {
     Granted(u64),
@@ -137,15 +128,6 @@ pub(crate) fn parse_grant(value: &Value) -> Result<NodeGrant, LockError> {
         }
     }
     Err(unexpected(Operation::Acquire, value))
-}
-
-fn unexpected(op: Operation, value: &Value) -> LockError {
-    LockError::new(
-        ErrorKind::Backend,
-        op,
-        format!("unexpected answer from the lock script: {value:?}"),
-    )
-    .with_backend(NAME)
 }
 
 pub(crate) fn as_int(value: &Value, op: Operation) -> Result<i64, LockError> {

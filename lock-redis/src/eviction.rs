@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use lock_core::{LockError, Operation};
 
-use crate::conn::{NAME, Node};
+use crate::conn::Node;
+use crate::error::NAME;
 
 /// What [`RedisConfig::eviction`](crate::RedisConfig::eviction) asks the
 /// connect-time eviction check to do.

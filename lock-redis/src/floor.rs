@@ -48,8 +48,8 @@ pub use redlock::RedlockFloor;
 use resp::Reply;
 
 use crate::config::{RedisConfig, RedisNode, RedisTopology};
-use crate::conn::{NAME, Redacted};
 use crate::driver::{MIN_TTL, RedisBackend};
+use crate::error::{NAME, Redacted, error_reply_kind, unexpected};
 use crate::scripts::{KeyNames, LuaScript, Scripts, ttl_ms};
 
 /// The acquire and release scripts by hand on one bare connection to one
@@ -328,15 +328,6 @@ async fn send_release(
     }
 }
 
-fn unexpected(op: Operation, reply: &Reply) -> LockError {
-    LockError::new(
-        ErrorKind::Backend,
-        op,
-        format!("unexpected answer from the lock script: {reply:?}"),
-    )
-    .with_backend(NAME)
-}
-
 /// Where one bare connection goes, and how it introduces itself.
 struct Target {
     node: RedisNode,
@@ -366,11 +357,7 @@ impl Target {
 
     /// A server's error reply as a typed error (its text scrubbed).
     fn server_error(&self, op: Operation, text: &str) -> LockError {
-        let kind = match text.split(' ').next().unwrap_or_default() {
-            "WRONGPASS" | "NOAUTH" | "NOPERM" => ErrorKind::Config,
-            "LOADING" | "BUSY" | "MASTERDOWN" | "READONLY" | "TRYAGAIN" => ErrorKind::Unavailable,
-            _ => ErrorKind::Backend,
-        };
+        let kind = error_reply_kind(text);
         self.error(op, kind, "the server answered with an error")
             .with_source(Redacted::new(&text, &self.secrets))
     }

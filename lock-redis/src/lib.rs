@@ -200,6 +200,7 @@ mod conn;
 mod descriptor;
 mod direct;
 mod driver;
+mod error;
 mod eviction;
 pub mod floor;
 mod notify;

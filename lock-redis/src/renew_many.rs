@@ -13,8 +13,9 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::batch::{Counters, MAX_BATCH};
-use crate::conn::{NAME, Node};
+use crate::conn::Node;
 use crate::driver::{MIN_TTL, RedisBackend};
+use crate::error::NAME;
 use crate::scripts::Scripts;
 
 /// One node's answer: when its pipeline was sent, and per lease renewed

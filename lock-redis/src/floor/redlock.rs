@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{FloorNode, GrantRequest, Target, floor_config, send_release, unsupported};
 use crate::config::RedisTopology;
-use crate::conn::NAME;
+use crate::error::NAME;
 use crate::scripts::Scripts;
 
 /// The driver's Redlock cycle by hand: one bare connection per node of a

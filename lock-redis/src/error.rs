@@ -1,0 +1,122 @@
+//! The mapping from the redis crate's errors (and the servers' error
+//! replies) to [`LockError`] kinds, with this backend's name and every
+//! secret scrubbed from the text; shared by the driver and the floors.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use lock_core::{ErrorKind, LockError, LockKey, Operation};
+use redis::RedisError;
+
+/// The backend's name in every error (and `LockBackend::name`).
+pub(crate) const NAME: &str = "redis";
+
+/// A Redis error as a [`LockError`] of the right kind, naming the node
+/// `label`, with every secret scrubbed from the source text.
+pub(crate) fn map_redis_error(
+    label: &str,
+    secrets: &[String],
+    op: Operation,
+    err: RedisError,
+) -> LockError {
+    use redis::ErrorKind as K;
+    use redis::ServerErrorKind as S;
+    let kind = if err.is_timeout() {
+        ErrorKind::Timeout
+    } else if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+        ErrorKind::Unavailable
+    } else {
+        match err.kind() {
+            K::AuthenticationFailed | K::InvalidClientConfig => ErrorKind::Config,
+            // A TLS handshake that failed verification (untrusted CA, name
+            // mismatch): retrying will not help; the trust settings must
+            // change. native-tls errors arrive as client errors.
+            K::Client if is_tls_failure(&err) => ErrorKind::Config,
+            K::Server(
+                S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly | S::BusyLoading,
+            )
+            | K::ClusterConnectionNotFound
+            | K::MasterNameNotFoundBySentinel
+            | K::NoValidReplicasFoundBySentinel
+            | K::EmptySentinelList => ErrorKind::Unavailable,
+            _ if err.code() == Some("LOADING") => ErrorKind::Unavailable,
+            _ if matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")) => ErrorKind::Config,
+            _ => ErrorKind::Backend,
+        }
+    };
+    LockError::new(kind, op, format!("redis node {label}"))
+        .with_backend(NAME)
+        .with_source(Redacted::new(&err, secrets))
+}
+
+/// Whether a client-side error comes from the TLS layer (native-tls /
+/// OpenSSL text; the redis crate does not type it further).
+fn is_tls_failure(err: &RedisError) -> bool {
+    let text = err.to_string().to_ascii_lowercase();
+    ["certificate", "ssl", "tls", "handshake"]
+        .iter()
+        .any(|needle| text.contains(needle))
+}
+
+pub(crate) fn needs_reconnect(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || err.is_unrecoverable_error()
+        || err.code() == Some("READONLY")
+        || err.code() == Some("MASTERDOWN")
+}
+
+/// A backend error as text with every secret scrubbed out.
+#[derive(Debug)]
+pub(crate) struct Redacted(String);
+
+impl Redacted {
+    pub(crate) fn new(err: &dyn fmt::Display, secrets: &[String]) -> Self {
+        let mut text = err.to_string();
+        for secret in secrets {
+            text = text.replace(secret.as_str(), "<redacted>");
+        }
+        Self(text)
+    }
+}
+
+impl fmt::Display for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for Redacted {}
+
+/// The kind of a server's error reply, from its code (the first word):
+/// the floors read replies themselves (floor.rs).
+pub(crate) fn error_reply_kind(text: &str) -> ErrorKind {
+    match text.split(' ').next().unwrap_or_default() {
+        "WRONGPASS" | "NOAUTH" | "NOPERM" => ErrorKind::Config,
+        "LOADING" | "BUSY" | "MASTERDOWN" | "READONLY" | "TRYAGAIN" => ErrorKind::Unavailable,
+        _ => ErrorKind::Backend,
+    }
+}
+
+/// A script answered something it never returns.
+pub(crate) fn unexpected(op: Operation, answer: &dyn fmt::Debug) -> LockError {
+    LockError::new(
+        ErrorKind::Backend,
+        op,
+        format!("unexpected answer from the lock script: {answer:?}"),
+    )
+    .with_backend(NAME)
+}
+
+/// A waiting acquire's deadline passed with the key still held.
+pub(crate) fn still_held(key: &LockKey) -> LockError {
+    LockError::new(
+        ErrorKind::Contended,
+        Operation::Acquire,
+        "the key was still held at the deadline",
+    )
+    .with_backend(NAME)
+    .with_key(key)
+}
