@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{Mutex as AsyncMutex, MutexGuard as AsyncMutexGuard, Semaphore, SemaphorePermit};
 
 /// One bare connection of the configured dialect.
 #[derive(Debug)]
@@ -110,11 +110,23 @@ pub(crate) fn is_broken(err: &sqlx::Error) -> bool {
 
 /// At most `size` bare connections, idle ones kept for reuse (last in,
 /// first out, so a quiet client keeps using one warm connection).
+///
+/// On SQLite the statements that write also take turns in the process
+/// ([`ConnSet::checkout`] waits for the writer turn, first come first
+/// served): the database has one writer, and writers of several
+/// connections that find its lock taken sleep and poll in SQLite's busy
+/// handler (sleeps of up to 100 ms), where a large statement (a renewal
+/// batch) can lose the race to a stream of small grants for seconds, until
+/// it times out and its leases are renewed again (issue #13: 100,000 held
+/// locks renewed 3.5 times a period, a guard lost). Taking turns here, the
+/// busy handler only waits for other processes.
 #[derive(Debug)]
 pub(crate) struct ConnSet {
     options: DbOptions,
     idle: Mutex<Vec<Idle>>,
     permits: Semaphore,
+    /// The writer turn (SQLite only).
+    writer: Option<AsyncMutex<()>>,
     /// Bumped when a connection is found broken: idle connections opened
     /// before are dropped instead of reused.
     epoch: AtomicU64,
@@ -132,11 +144,20 @@ pub(crate) struct Checkout<'a> {
     set: &'a ConnSet,
     conn: Option<Idle>,
     _permit: SemaphorePermit<'a>,
+    /// Held until the statement is done (dropped after the connection).
+    _writer: Option<AsyncMutexGuard<'a, ()>>,
 }
 
 impl ConnSet {
     pub(crate) fn new(options: DbOptions, size: u32) -> Self {
+        #[allow(irrefutable_let_patterns, unreachable_patterns)] // with one dialect compiled in
+        let single_writer = match &options {
+            #[cfg(feature = "sqlite")]
+            DbOptions::Sqlite(_) => true,
+            _ => false,
+        };
         Self {
+            writer: single_writer.then(|| AsyncMutex::new(())),
             options,
             idle: Mutex::new(Vec::new()),
             permits: Semaphore::new(usize::try_from(size.max(1)).unwrap_or(1)),
@@ -149,10 +170,28 @@ impl ConnSet {
         &self.options
     }
 
-    /// A connection: an idle one unless `fresh`, else a newly opened one.
-    /// Waits while `size` connections are checked out (callers bound the
+    /// A connection for a statement that may write: an idle one unless
+    /// `fresh`, else a newly opened one. Waits while `size` connections are
+    /// checked out, and on SQLite for the writer turn (callers bound the
     /// wait with their operation timeout).
     pub(crate) async fn checkout(&self, fresh: bool) -> Result<Checkout<'_>, sqlx::Error> {
+        let writer = match &self.writer {
+            Some(turn) => Some(turn.lock().await),
+            None => None,
+        };
+        self.checkout_with(fresh, writer).await
+    }
+
+    /// A connection for a statement that only reads (no writer turn).
+    pub(crate) async fn checkout_reader(&self, fresh: bool) -> Result<Checkout<'_>, sqlx::Error> {
+        self.checkout_with(fresh, None).await
+    }
+
+    async fn checkout_with<'a>(
+        &'a self,
+        fresh: bool,
+        writer: Option<AsyncMutexGuard<'a, ()>>,
+    ) -> Result<Checkout<'a>, sqlx::Error> {
         let permit = self
             .permits
             .acquire()
@@ -173,6 +212,7 @@ impl ConnSet {
             set: self,
             conn: Some(conn),
             _permit: permit,
+            _writer: writer,
         })
     }
 

@@ -33,12 +33,20 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// idempotent, and a release that did commit before its reply was lost
 /// matches nothing the second time (it reports `false`, and the lock is
 /// free either way). Grants recover differently (`grant_once`).
+/// `retry_once!(read, ...)` is for statements that only read (see
+/// [`ConnSet::checkout_reader`]).
 macro_rules! retry_once {
-    ($conns:expr, |$conn:ident| $statement:expr) => {{
+    ($conns:expr, |$conn:ident| $statement:expr) => {
+        retry_once!(@ checkout, $conns, |$conn| $statement)
+    };
+    (read, $conns:expr, |$conn:ident| $statement:expr) => {
+        retry_once!(@ checkout_reader, $conns, |$conn| $statement)
+    };
+    (@ $checkout:ident, $conns:expr, |$conn:ident| $statement:expr) => {{
         let conns: &ConnSet = $conns;
         let mut fresh = false;
         loop {
-            let mut checkout = match conns.checkout(fresh).await {
+            let mut checkout = match conns.$checkout(fresh).await {
                 Ok(checkout) => checkout,
                 Err(err) => break Err(err),
             };
@@ -284,7 +292,7 @@ impl SqlBackend {
         with_timeout(budget, Operation::Connect, async {
             if !config.create_table {
                 let ping: Arc<str> = Arc::from("SELECT 1");
-                return retry_once!(&self.inner.conns, |conn| exec::plain(conn, &ping))
+                return retry_once!(read, &self.inner.conns, |conn| exec::plain(conn, &ping))
                     .map_err(|e| map_sqlx(config, Operation::Connect, e));
             }
             // Concurrent `CREATE TABLE IF NOT EXISTS` can race on
@@ -845,7 +853,7 @@ impl LockBackend for SqlBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let statement = &self.inner.statements.inspect;
         let row = with_timeout(self.timeout(), Operation::Inspect, async {
-            retry_once!(&self.inner.conns, |conn| exec::inspect(
+            retry_once!(read, &self.inner.conns, |conn| exec::inspect(
                 conn, statement, key
             ))
             .map_err(|e| self.err(Operation::Inspect, key, e))
