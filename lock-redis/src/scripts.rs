@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use lock_core::LockKey;
+use lock_core::{LockError, LockKey, Operation};
 use redis::Value;
 
 use crate::conn::Conn;
+use crate::error::unexpected;
 
 /// A Lua script with its SHA1, sent by `EVALSHA` (with an `EVAL` fallback
 /// when the server lost its script cache).
@@ -127,6 +128,61 @@ impl Scripts {
     }
 }
 
+/// What one node said to an acquire script.
+pub(crate) enum NodeGrant {
+    Granted(u64),
+    Held(i64),
+}
+
+pub(crate) fn parse_grant(value: &Value) -> Result<NodeGrant, LockError> {
+    if let Value::Array(items) = value
+        && let [Value::Int(flag), answer] = items.as_slice()
+    {
+        match (*flag, answer) {
+            (1, Value::Int(n)) => {
+                if let Ok(token) = u64::try_from(*n) {
+                    return Ok(NodeGrant::Granted(token));
+                }
+            }
+            // A retried acquire returns the counter as the string it stores.
+            (1, Value::BulkString(bytes)) => {
+                if let Some(token) = std::str::from_utf8(bytes)
+                    .ok()
+                    .and_then(|t| t.parse::<u64>().ok())
+                {
+                    return Ok(NodeGrant::Granted(token));
+                }
+            }
+            (0, Value::Int(n)) => return Ok(NodeGrant::Held(*n)),
+            _ => {}
+        }
+    }
+    Err(unexpected(Operation::Acquire, value))
+}
+
+pub(crate) fn as_int(value: &Value, op: Operation) -> Result<i64, LockError> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        other => Err(unexpected(op, other)),
+    }
+}
+
+pub(crate) fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+pub(crate) fn pttl(ms: i64) -> Option<Duration> {
+    u64::try_from(ms)
+        .ok()
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+}
+
 /// A TTL as the acquire script's `PX` argument (whole milliseconds).
 pub(crate) fn ttl_ms(ttl: Duration) -> String {
     ttl.as_millis().to_string()
@@ -206,9 +262,9 @@ mod tests {
     }
 
     fn grant(value: &Value) -> Option<u64> {
-        match crate::driver::parse_grant(value).unwrap() {
-            crate::driver::NodeGrant::Granted(token) => Some(token),
-            crate::driver::NodeGrant::Held(_) => None,
+        match parse_grant(value).unwrap() {
+            NodeGrant::Granted(token) => Some(token),
+            NodeGrant::Held(_) => None,
         }
     }
 

@@ -1,0 +1,310 @@
+//! One acquire attempt on every node (a majority for Redlock), the undo of
+//! a grant whose outcome was not seen, and what a waiting acquire does
+//! after an attempt.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, RetryPolicy,
+    random_delay,
+};
+use tokio::time::Instant;
+
+use super::{Inner, RedisBackend};
+use crate::conn::Node;
+use crate::error::{NAME, still_held};
+use crate::scripts::{KeyNames, NodeGrant, as_int, parse_grant, pttl, ttl_ms};
+
+/// What one acquire attempt found.
+pub(super) enum Attempt {
+    Granted(Lease),
+    /// Someone else holds the key; `retry_in` is when it expires at the
+    /// latest (from its PTTL) or `None` when unknown. `split` says that a
+    /// Redlock attempt won some nodes but not a majority.
+    Held {
+        retry_in: Option<Duration>,
+        split: bool,
+    },
+}
+
+/// What a waiting acquire does after an attempt.
+pub(super) enum Found {
+    Granted(Lease),
+    /// Wait (for a release notification, at most this long), then retry.
+    Wait(Duration),
+}
+
+/// Releases a grant whose outcome we could not see (timeout, cancelled
+/// future, expired on arrival, WAIT not satisfied) unless disarmed.
+struct PendingGrant<'a> {
+    inner: &'a Arc<Inner>,
+    names: &'a KeyNames,
+    owner: &'a str,
+    armed: bool,
+}
+
+impl PendingGrant<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PendingGrant<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let inner = self.inner.clone();
+            let names = self.names.clone();
+            let owner = self.owner.to_owned();
+            handle.spawn(async move {
+                let _ = inner
+                    .release_all(&names, &owner, inner.config.operation_timeout)
+                    .await;
+            });
+        }
+    }
+}
+
+/// Runs `call` on every node: concurrently, or directly when there is one.
+async fn each_node<'a, F, Fut, T>(nodes: &'a [Arc<Node>], mut call: F) -> Vec<T>
+where
+    F: FnMut(&'a Arc<Node>) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    if let [node] = nodes {
+        vec![call(node).await]
+    } else {
+        futures_util::future::join_all(nodes.iter().map(call)).await
+    }
+}
+
+impl RedisBackend {
+    pub(super) async fn attempt(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        op: Operation,
+        timeout: Duration,
+    ) -> Result<Attempt, LockError> {
+        let names = self.names(key);
+        let owner = OwnerId::random();
+        let owner_hex = owner.to_hex();
+        let ttl_ms = ttl_ms(ttl);
+        let pending = PendingGrant {
+            inner: &self.inner,
+            names: &names,
+            owner: &owner_hex,
+            armed: true,
+        };
+        let inner = &self.inner;
+        let sent_at = Instant::now();
+        let per_node = if inner.redlock {
+            timeout.min((ttl / 10).max(Duration::from_millis(100)))
+        } else {
+            timeout
+        };
+        let results = each_node(&inner.nodes, |node| {
+            let (names, owner_hex, ttl_ms) = (&names, &owner_hex, &ttl_ms);
+            node.run(op, per_node, move |mut conn| async move {
+                inner
+                    .scripts
+                    .call_acquire(&mut conn, names, owner_hex, ttl_ms)
+                    .await
+            })
+        })
+        .await;
+        let mut tokens = Vec::new();
+        let mut held_pttl: Option<Duration> = None;
+        let mut errors = Vec::new();
+        for result in results {
+            match result.and_then(|v| parse_grant(&v)) {
+                Ok(NodeGrant::Granted(token)) => tokens.push(token),
+                Ok(NodeGrant::Held(ms)) => {
+                    let left = pttl(ms).unwrap_or(Duration::ZERO);
+                    held_pttl = Some(held_pttl.map_or(left, |p| p.min(left)));
+                    if ms == -1 {
+                        // A foreign holder without TTL: re-check at the interval.
+                        held_pttl = Some(inner.config.recheck);
+                    }
+                }
+                Err(err) => errors.push(err),
+            }
+        }
+        if tokens.len() >= inner.quorum {
+            // Redlock: the highest node counter is a hint, not a safe token.
+            let token = tokens.iter().copied().max().unwrap_or(0);
+            if inner.config.wait_replicas > 0
+                && let Err(err) = self.wait_replicas(op, timeout).await
+            {
+                // `pending` releases the grant on drop.
+                return Err(err.with_key(key));
+            }
+            let lease = Lease::granted(
+                key.clone(),
+                owner,
+                FencingToken::new(token),
+                ttl,
+                sent_at,
+                String::new(),
+            )
+            .map_err(|e| e.with_backend(NAME))?;
+            pending.disarm();
+            return Ok(Attempt::Granted(lease));
+        }
+        let split = !tokens.is_empty();
+        if tokens.is_empty() && errors.is_empty() {
+            // Nothing was set anywhere: nothing to undo.
+            pending.disarm();
+        } else {
+            // Undo the partial grant now, on every node (also those whose
+            // answer was lost), so no partial lock is left behind.
+            let _ = inner.release_all(&names, &owner_hex, per_node).await;
+            pending.disarm();
+        }
+        if errors.len() > inner.nodes.len() - inner.quorum {
+            let err = errors.swap_remove(0);
+            let err = if inner.redlock {
+                LockError::new(
+                    err.kind(),
+                    op,
+                    format!(
+                        "only {} of {} Redlock nodes answered (a majority is needed): {}",
+                        inner.nodes.len() - errors.len() - 1,
+                        inner.nodes.len(),
+                        err.message()
+                    ),
+                )
+                .with_backend(NAME)
+                .with_source(err)
+            } else {
+                err
+            };
+            return Err(err.with_key(key));
+        }
+        Ok(Attempt::Held {
+            retry_in: held_pttl,
+            split,
+        })
+    }
+
+    pub(super) async fn wait_replicas(
+        &self,
+        op: Operation,
+        timeout: Duration,
+    ) -> Result<(), LockError> {
+        let config = &self.inner.config;
+        let wanted = config.wait_replicas;
+        let wait_ms = config.wait_timeout.as_millis().to_string();
+        let node = &self.inner.nodes[0];
+        let acked = node
+            .run(
+                op,
+                timeout.max(config.wait_timeout * 2),
+                |mut conn| async move {
+                    conn.query::<i64>(redis::cmd("WAIT").arg(wanted).arg(&wait_ms))
+                        .await
+                },
+            )
+            .await?;
+        if acked < i64::from(wanted) {
+            return Err(LockError::new(
+                ErrorKind::Unavailable,
+                op,
+                format!("only {acked} of {wanted} replicas acknowledged the grant; it was undone"),
+            )
+            .with_backend(NAME));
+        }
+        Ok(())
+    }
+
+    /// The bound of one attempt of a waiting acquire: the operation
+    /// timeout, shortened near the deadline (but never below 100 ms).
+    pub(super) fn attempt_timeout(&self, deadline: Instant) -> Duration {
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.inner
+            .config
+            .operation_timeout
+            .min(left.max(Duration::from_millis(100)))
+    }
+
+    /// What a waiting acquire does after one attempt: return the lease,
+    /// fail (a permanent error, or the deadline passed), or wait this long
+    /// (at most) before the next attempt.
+    pub(super) fn found(
+        &self,
+        key: &LockKey,
+        attempt: Result<Attempt, LockError>,
+        deadline: Instant,
+        errors: &mut Option<lock_core::Backoff>,
+    ) -> Result<Found, LockError> {
+        let config = &self.inner.config;
+        match attempt {
+            Ok(Attempt::Granted(lease)) => Ok(Found::Granted(lease)),
+            Ok(Attempt::Held { retry_in, split }) => {
+                if Instant::now() >= deadline {
+                    return Err(still_held(key));
+                }
+                Ok(Found::Wait(if split {
+                    // Redlock split vote: back off a random time so the
+                    // contenders do not collide again.
+                    random_delay(Duration::from_millis(30))
+                } else {
+                    // Expiry publishes nothing: re-check when the holder's
+                    // TTL runs out, and at least every `recheck`.
+                    retry_in
+                        .map_or(config.recheck, |t| t + Duration::from_millis(1))
+                        .min(config.recheck)
+                }))
+            }
+            Err(err) if err.is_temporary() || err.is_lost() => {
+                if Instant::now() >= deadline {
+                    return Err(err);
+                }
+                let errors = errors.get_or_insert_with(|| {
+                    RetryPolicy {
+                        initial: Duration::from_millis(20),
+                        max: Duration::from_millis(500),
+                        multiplier: 2,
+                        max_attempts: None,
+                    }
+                    .backoff()
+                });
+                Ok(Found::Wait(
+                    errors.next_delay().unwrap_or(Duration::from_millis(500)),
+                ))
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
+
+impl Inner {
+    /// Compare-and-delete on every node; `(released, not_held, errors)`.
+    pub(super) async fn release_all(
+        &self,
+        names: &KeyNames,
+        owner: &str,
+        timeout: Duration,
+    ) -> (usize, usize, Vec<LockError>) {
+        let results = each_node(&self.nodes, |node| {
+            node.run(Operation::Release, timeout, move |mut conn| async move {
+                self.scripts.call_release(&mut conn, names, owner).await
+            })
+        })
+        .await;
+        let mut released = 0;
+        let mut not_held = 0;
+        let mut errors = Vec::new();
+        for result in results {
+            match result.and_then(|v| as_int(&v, Operation::Release)) {
+                Ok(1) => released += 1,
+                Ok(_) => not_held += 1,
+                Err(err) => errors.push(err),
+            }
+        }
+        (released, not_held, errors)
+    }
+}
