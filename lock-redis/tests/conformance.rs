@@ -1,17 +1,19 @@
 //! The shared conformance suite against every Redis topology, on real
-//! servers started here.
+//! servers started here: the `redis` and `redlock` deployments of
+//! `conformance::deploy`, and our own targets for Cluster and Sentinel
+//! (no deployment has them).
 
 mod common;
 
 use std::sync::Arc;
 
-use common::RedisTarget;
-use conformance::{Harness, OrSkip, run_suite};
+use common::{RedisTarget, deployed};
+use conformance::{Harness, OrSkip, Target, run_suite};
 
 /// Suites run one at a time: they measure timing on a shared machine.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn run(target: RedisTarget) {
+async fn run(target: impl Target + 'static) {
     let _serial = SERIAL.lock().await;
     let harness = Harness::new(Arc::new(target));
     run_suite(&harness).await.assert_passed();
@@ -19,7 +21,7 @@ async fn run(target: RedisTarget) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_single_node() {
-    let Some(target) = RedisTarget::single().await.or_skip() else {
+    let Some(target) = deployed("redis").await else {
         return;
     };
     run(target).await;
@@ -43,7 +45,7 @@ async fn suite_sentinel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_redlock_five_nodes() {
-    let Some(target) = RedisTarget::redlock(5).await.or_skip() else {
+    let Some(target) = deployed("redlock").await else {
         return;
     };
     run(target).await;

@@ -8,10 +8,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Fleet, RedisTarget};
+use common::opener_with;
+use conformance::deploy::{DeployedTarget, Single};
 use conformance::servers::redis::RedisServer;
 use conformance::{Harness, HarnessError, OrSkip, run_suite};
 use lock_core::{ErrorKind, LockBackend, LockError, LockKey};
@@ -130,15 +131,16 @@ async fn suite_over_tls() {
         return;
     };
     let _serial = SERIAL.lock().await;
-    let target = RedisTarget {
-        name: "redis-tls".into(),
-        url: format!(
-            "rediss://127.0.0.1:{}?ca={}",
-            server.port(),
-            pki.ca().display()
-        ),
-        fleet: Mutex::new(Fleet::Single(server)),
-    };
+    // The server as a deployment (pause, kill-and-restart, a proxied
+    // client); its URL `redis://127.0.0.1:<port>` is opened as
+    // `rediss://...?ca=<file>` (the proxy keeps 127.0.0.1, which the
+    // certificate names).
+    let ca = pki.ca();
+    let opener = opener_with(move |url| {
+        let url = url.replacen("redis://", "rediss://", 1);
+        format!("{url}?ca={}", ca.display())
+    });
+    let target = DeployedTarget::new(Box::new(Single::new("redis-tls", server, "")), opener);
     let harness = Harness::new(Arc::new(target));
     run_suite(&harness).await.assert_passed();
 }

@@ -1,47 +1,72 @@
-//! Targets for every Redis topology, on servers started by the tests.
+//! The Redis targets of the tests: the deployments of
+//! `conformance::deploy` (`redis`, `redlock`, or a server started here
+//! wrapped as one) opened with this driver, and a target of our own for the
+//! topologies no deployment has: Redis Cluster and Sentinel.
 
 #![allow(dead_code, unreachable_pub, clippy::large_enum_variant)]
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use conformance::HarnessError;
-use conformance::Target;
+use conformance::deploy::{self, DeployedTarget, Deployment, Opener};
 use conformance::process::ServerProcess;
 use conformance::servers::redis::{RedisCluster, RedisSentinel, RedisServer};
+use conformance::{HarnessError, OrSkip, Target};
 use lock_core::{LockBackend, LockError};
 use lock_redis::{RedisBackend, RedisConfig};
 
+/// Opens this driver's backend from a deployment's URL, rewritten by `map`
+/// first (the deployment hands out `redis://127.0.0.1:<port>`; a test may
+/// change the scheme or add options).
+pub fn opener_with(map: impl Fn(String) -> String + Send + Sync + 'static) -> Opener {
+    let map = Arc::new(map);
+    Arc::new(move |url: String| {
+        let url = map(url);
+        Box::pin(
+            async move { Ok(Arc::new(lock_redis::connect(&url).await?) as Arc<dyn LockBackend>) },
+        )
+    })
+}
+
+/// Opens this driver's backend from a deployment's URL as it is.
+pub fn opener() -> Opener {
+    opener_with(|url| url)
+}
+
+/// A started deployment (`redis`, `redlock`) as a suite target, or `None`
+/// (skip) when redis-server is missing.
+pub async fn deployed(kind: &str) -> Option<DeployedTarget> {
+    let deployment: Box<dyn Deployment> = deploy::start(kind).await.or_skip()?;
+    Some(DeployedTarget::new(deployment, opener()))
+}
+
 /// The servers behind one target.
 pub enum Fleet {
-    Single(RedisServer),
     Cluster(RedisCluster),
     Sentinel {
         master: RedisServer,
         replica: RedisServer,
         sentinel: RedisSentinel,
     },
-    Redlock(Vec<RedisServer>),
 }
 
 impl Fleet {
     /// The running server processes (killed ones are left out).
     pub fn processes(&mut self) -> Vec<&mut ServerProcess> {
         let all: Vec<&mut ServerProcess> = match self {
-            Self::Single(s) => vec![s.process()],
             Self::Cluster(c) => c.nodes().iter_mut().map(RedisServer::process).collect(),
             Self::Sentinel {
                 master,
                 replica,
                 sentinel,
             } => vec![master.process(), replica.process(), sentinel.process()],
-            Self::Redlock(nodes) => nodes.iter_mut().map(RedisServer::process).collect(),
         };
         all.into_iter().filter(|p| p.pid().is_some()).collect()
     }
 }
 
-/// A topology as a conformance target: `client()` is a new, independent
+/// A topology that no deployment of `conformance::deploy` has (Cluster,
+/// Sentinel) as a conformance target: `client()` is a new, independent
 /// `RedisBackend`; unreachable = SIGSTOP of every server process.
 pub struct RedisTarget {
     pub name: String,
@@ -56,15 +81,6 @@ impl RedisTarget {
 
     pub async fn backend(&self) -> Result<RedisBackend, LockError> {
         RedisBackend::connect(RedisConfig::from_url(&self.url)?).await
-    }
-
-    pub async fn single() -> Result<Self, HarnessError> {
-        let server = RedisServer::start().await?;
-        Ok(Self {
-            name: "redis".into(),
-            url: server.url(),
-            fleet: Mutex::new(Fleet::Single(server)),
-        })
     }
 
     pub async fn cluster() -> Result<Self, HarnessError> {
@@ -94,22 +110,6 @@ impl RedisTarget {
                 replica,
                 sentinel,
             }),
-        })
-    }
-
-    pub async fn redlock(n: usize) -> Result<Self, HarnessError> {
-        let mut nodes = Vec::new();
-        for _ in 0..n {
-            nodes.push(RedisServer::start().await?);
-        }
-        let hosts: Vec<String> = nodes
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
-            .collect();
-        Ok(Self {
-            name: format!("redlock-{n}"),
-            url: format!("redlock://{}", hosts.join(",")),
-            fleet: Mutex::new(Fleet::Redlock(nodes)),
         })
     }
 }
