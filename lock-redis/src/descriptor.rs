@@ -30,7 +30,12 @@ pub static DRIVER: Driver = Driver {
     summary: "redis://host[:port][/db], redis+sentinel://, redis+cluster://, redlock://a,b,c",
     connect,
     floor: Some(floor),
-    capabilities: None,
+    // From the URL alone (Redlock changes fencing); nothing connects.
+    capabilities: Some(|url| {
+        let config = crate::RedisConfig::from_url(url)?;
+        config.validate()?;
+        Ok(crate::capabilities(&config))
+    }),
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);
@@ -50,4 +55,47 @@ fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError
             },
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use lock_core::{ErrorKind, FencingScope};
+
+    use super::DRIVER;
+
+    #[test]
+    fn capabilities_come_from_the_url_alone() {
+        let of = DRIVER
+            .capabilities
+            .expect("capabilities without connecting");
+        // Nothing listens on port 1: no connection is made.
+        let single = of("redis://127.0.0.1:1/2?ttl=5s").expect("caps");
+        assert_eq!(single.fencing, FencingScope::PerKey);
+        for url in [
+            "rediss://127.0.0.1:1",
+            "redis+sentinel://127.0.0.1:1,127.0.0.1:2/locks",
+            "redis+cluster://127.0.0.1:1,127.0.0.1:2",
+        ] {
+            assert_eq!(of(url).expect("caps"), single, "{url}");
+        }
+        let redlock = of("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3").expect("caps");
+        assert_eq!(redlock.fencing, FencingScope::None);
+        assert_eq!(
+            redlock,
+            lock_core::Capabilities {
+                fencing: FencingScope::None,
+                ..single
+            },
+            "only fencing differs"
+        );
+        for bad in [
+            "redis://",
+            "redis://h:1?x=1",
+            "redis://h:1?ttl=soon",
+            "redis+sentinel://h:1",
+            "redis+cluster://h:1/3",
+        ] {
+            assert_eq!(of(bad).unwrap_err().kind(), ErrorKind::Config, "{bad}");
+        }
+    }
 }

@@ -20,7 +20,7 @@ use redis::Value;
 use tokio::time::{Instant, sleep_until};
 
 use crate::batch::{Counters, Renewer};
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::Node;
 use crate::error::{NAME, still_held, unexpected};
 use crate::eviction::EvictionCheck;
@@ -142,6 +142,28 @@ impl RedisBackend {
     }
 }
 
+/// What a backend with `config` guarantees: the same for every topology
+/// but Redlock, whose token is not a safe fence (each node has its own
+/// counter; see the crate docs). Needs no connection, so the descriptor
+/// reports it from the URL alone.
+pub fn capabilities(config: &RedisConfig) -> Capabilities {
+    Capabilities {
+        fencing: if matches!(config.topology, RedisTopology::Redlock(_)) {
+            FencingScope::None
+        } else {
+            FencingScope::PerKey
+        },
+        fencing_survives_failover: false,
+        grants_survive_restart: false,
+        waiting: WaitStrategy::Notify,
+        fifo: false,
+        ttl_model: TtlModel::PerLease,
+        linearizable: false,
+        min_ttl: MIN_TTL,
+        ..Capabilities::minimal()
+    }
+}
+
 #[async_trait]
 impl LockBackend for RedisBackend {
     fn name(&self) -> &'static str {
@@ -149,21 +171,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: if self.inner.redlock {
-                FencingScope::None
-            } else {
-                FencingScope::PerKey
-            },
-            fencing_survives_failover: false,
-            grants_survive_restart: false,
-            waiting: WaitStrategy::Notify,
-            fifo: false,
-            ttl_model: TtlModel::PerLease,
-            linearizable: false,
-            min_ttl: MIN_TTL,
-            ..Capabilities::minimal()
-        }
+        capabilities(&self.inner.config)
     }
 
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {

@@ -212,5 +212,5 @@ pub use config::{
     RedisNode, RedisTopology,
 };
 pub use descriptor::DRIVER;
-pub use driver::{MIN_TTL, RedisBackend, RedisRenewalStats, connect};
+pub use driver::{MIN_TTL, RedisBackend, RedisRenewalStats, capabilities, connect};
 pub use eviction::{EvictionCheck, EvictionMode};

@@ -50,3 +50,24 @@ async fn suite_redlock_five_nodes() {
     };
     run(target).await;
 }
+
+/// The descriptor's capabilities (read from the URL alone) are what a
+/// backend connected with that URL reports, for one server and for Redlock
+/// (whose fencing differs: a descriptor that ignored the topology fails
+/// one of the two comparisons).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptor_capabilities_match_a_connected_backend() {
+    let of = lock_redis::DRIVER.capabilities.expect("capabilities");
+    let mut seen = Vec::new();
+    for kind in ["redis", "redlock"] {
+        let Some(target) = deployed(kind).await else {
+            return;
+        };
+        let url = target.url();
+        let promised = of(&url).expect("caps");
+        let backend = (lock_redis::DRIVER.connect)(&url).await.expect("connect");
+        assert_eq!(promised, backend.capabilities(), "{kind}: {url}");
+        seen.push(promised);
+    }
+    assert_ne!(seen[0], seen[1], "Redlock reports other fencing");
+}
