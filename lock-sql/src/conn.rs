@@ -18,7 +18,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use lock_core::LockError;
 use tokio::sync::{Mutex as AsyncMutex, MutexGuard as AsyncMutexGuard, Semaphore, SemaphorePermit};
+
+use crate::config::{SqlConfig, SqlDialect};
+use crate::driver::NAME;
 
 /// One bare connection of the configured dialect.
 #[derive(Debug)]
@@ -264,5 +268,126 @@ impl Checkout<'_> {
                 .push(conn);
         }
         broken
+    }
+}
+
+/// A sqlx pool of the configured dialect, for the users' own statements
+/// (fenced writes): never used by the lock statements, and opened lazily.
+#[derive(Clone, Debug)]
+pub(crate) enum DbPool {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// The connections' size: `pool_size`, or 10 (SQLite file: 4; in memory:
+/// 1, the one connection that keeps the database alive).
+pub(crate) fn pool_size(config: &SqlConfig) -> u32 {
+    let default = match config.dialect {
+        SqlDialect::Sqlite if config.is_memory() => 1,
+        SqlDialect::Sqlite => 4,
+        SqlDialect::Postgres | SqlDialect::MySql => 10,
+    };
+    config.pool_size.unwrap_or(default)
+}
+
+/// Parses the driver URL into sqlx's connect options.
+pub(crate) fn connect_options(config: &SqlConfig) -> Result<DbOptions, LockError> {
+    let bad_option = |e: sqlx::Error| {
+        LockError::config(config.scrub(&format!(
+            "the {} driver rejected {}: {e}",
+            config.dialect,
+            config.redacted_url()
+        )))
+        .with_backend(NAME)
+    };
+    #[allow(unused_variables)] // used only when a dialect's feature is off
+    let disabled = || -> Result<DbOptions, LockError> {
+        Err(LockError::config(format!(
+            "lock-sql was built without its `{}` feature",
+            config.dialect
+        ))
+        .with_backend(NAME))
+    };
+    match config.dialect {
+        SqlDialect::Postgres => {
+            #[cfg(feature = "postgres")]
+            {
+                Ok(DbOptions::Postgres(
+                    config.driver_url().parse().map_err(bad_option)?,
+                ))
+            }
+            #[cfg(not(feature = "postgres"))]
+            disabled()
+        }
+        SqlDialect::MySql => {
+            #[cfg(feature = "mysql")]
+            {
+                Ok(DbOptions::MySql(
+                    config.driver_url().parse().map_err(bad_option)?,
+                ))
+            }
+            #[cfg(not(feature = "mysql"))]
+            disabled()
+        }
+        SqlDialect::Sqlite => {
+            #[cfg(feature = "sqlite")]
+            {
+                use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+                // `sqlite::memory:` parses to a uniquely named shared-cache
+                // in-memory database: the users' pool, built from the same
+                // options, opens the same one.
+                let mut options: SqliteConnectOptions =
+                    config.driver_url().parse().map_err(bad_option)?;
+                options = options.busy_timeout(config.busy_timeout);
+                if !config.is_memory() {
+                    // WAL: readers never block the writer, and several
+                    // processes share the file; NORMAL sync is durable
+                    // across process crashes (not power loss).
+                    options = options
+                        .journal_mode(SqliteJournalMode::Wal)
+                        .synchronous(SqliteSynchronous::Normal);
+                }
+                Ok(DbOptions::Sqlite(options))
+            }
+            #[cfg(not(feature = "sqlite"))]
+            disabled()
+        }
+    }
+}
+
+/// The users' pool, opened lazily from the same options.
+pub(crate) fn users_pool(config: &SqlConfig, options: &DbOptions) -> DbPool {
+    use sqlx::pool::PoolOptions;
+    let size = pool_size(config);
+    let timeout = config.op_timeout;
+    match options {
+        #[cfg(feature = "postgres")]
+        DbOptions::Postgres(o) => DbPool::Postgres(
+            PoolOptions::<sqlx::Postgres>::new()
+                .max_connections(size)
+                .acquire_timeout(timeout)
+                .test_before_acquire(false)
+                .connect_lazy_with(o.clone()),
+        ),
+        #[cfg(feature = "mysql")]
+        DbOptions::MySql(o) => DbPool::MySql(
+            PoolOptions::<sqlx::MySql>::new()
+                .max_connections(size)
+                .acquire_timeout(timeout)
+                .test_before_acquire(false)
+                .connect_lazy_with(o.clone()),
+        ),
+        #[cfg(feature = "sqlite")]
+        DbOptions::Sqlite(o) => DbPool::Sqlite(
+            PoolOptions::<sqlx::Sqlite>::new()
+                .max_connections(size)
+                .acquire_timeout(timeout.max(config.busy_timeout))
+                .test_before_acquire(false)
+                .connect_lazy_with(o.clone()),
+        ),
     }
 }

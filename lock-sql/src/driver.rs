@@ -13,11 +13,13 @@ use lock_core::{
 use tokio::time::Instant;
 
 use crate::config::{SqlConfig, SqlDialect};
-use crate::conn::{ConnSet, DbOptions};
+use crate::conn::{ConnSet, DbOptions, DbPool, connect_options, pool_size, users_pool};
 use crate::error::map_sqlx;
 use crate::exec;
 use crate::sql::Statements;
-use crate::wake::{Waits, Wake};
+#[cfg(feature = "postgres")]
+use crate::wake::run_listener;
+use crate::wake::{Waits, Wake, taken_within};
 
 pub(crate) const NAME: &str = "sql";
 
@@ -62,18 +64,6 @@ macro_rules! retry_once {
             break result;
         }
     }};
-}
-
-/// A sqlx pool of the configured dialect, for the users' own statements
-/// (fenced writes): never used by the lock statements, and opened lazily.
-#[derive(Clone, Debug)]
-pub(crate) enum DbPool {
-    #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgPool),
-    #[cfg(feature = "mysql")]
-    MySql(sqlx::MySqlPool),
-    #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
 }
 
 /// A lock service on a SQL table: PostgreSQL, MySQL/MariaDB or SQLite.
@@ -484,161 +474,6 @@ impl SqlBackend {
         };
         // A little jitter so that waiters do not all retry at once.
         remaining.min(cap) + lock_core::random_delay(Duration::from_millis(2))
-    }
-}
-
-#[cfg(feature = "postgres")]
-async fn run_listener(
-    mut listener: sqlx::postgres::PgListener,
-    sender: tokio::sync::broadcast::Sender<Wake>,
-) {
-    loop {
-        match listener.try_recv().await {
-            Ok(Some(notification)) => {
-                let _ = sender.send(Wake::Released(Arc::from(notification.payload())));
-            }
-            Ok(None) => {
-                // Reconnected: releases may have been missed meanwhile.
-                let _ = sender.send(Wake::All);
-            }
-            Err(_) => {
-                let _ = sender.send(Wake::All);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
-}
-
-/// Waits until a client of the process that waited for `key` reports it
-/// taken (`true`), or `until` (`false`). Releases are not waited for: on
-/// PostgreSQL the newcomer's own release is heard only now, through its
-/// `NOTIFY`, and would send it racing the waiters again.
-async fn taken_within(
-    wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
-    key: &LockKey,
-    until: Instant,
-) -> bool {
-    let sleep = tokio::time::sleep_until(until);
-    tokio::pin!(sleep);
-    loop {
-        tokio::select! {
-            () = &mut sleep => return false,
-            wake = wakes.recv() => match wake {
-                Ok(Wake::Taken(taken)) if &*taken == key.as_str() => return true,
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return false,
-            },
-        }
-    }
-}
-
-/// The connections' size: `pool_size`, or 10 (SQLite file: 4; in memory:
-/// 1, the one connection that keeps the database alive).
-fn pool_size(config: &SqlConfig) -> u32 {
-    let default = match config.dialect {
-        SqlDialect::Sqlite if config.is_memory() => 1,
-        SqlDialect::Sqlite => 4,
-        SqlDialect::Postgres | SqlDialect::MySql => 10,
-    };
-    config.pool_size.unwrap_or(default)
-}
-
-/// Parses the driver URL into sqlx's connect options.
-pub(crate) fn connect_options(config: &SqlConfig) -> Result<DbOptions, LockError> {
-    let bad_option = |e: sqlx::Error| {
-        LockError::config(config.scrub(&format!(
-            "the {} driver rejected {}: {e}",
-            config.dialect,
-            config.redacted_url()
-        )))
-        .with_backend(NAME)
-    };
-    #[allow(unused_variables)] // used only when a dialect's feature is off
-    let disabled = || -> Result<DbOptions, LockError> {
-        Err(LockError::config(format!(
-            "lock-sql was built without its `{}` feature",
-            config.dialect
-        ))
-        .with_backend(NAME))
-    };
-    match config.dialect {
-        SqlDialect::Postgres => {
-            #[cfg(feature = "postgres")]
-            {
-                Ok(DbOptions::Postgres(
-                    config.driver_url().parse().map_err(bad_option)?,
-                ))
-            }
-            #[cfg(not(feature = "postgres"))]
-            disabled()
-        }
-        SqlDialect::MySql => {
-            #[cfg(feature = "mysql")]
-            {
-                Ok(DbOptions::MySql(
-                    config.driver_url().parse().map_err(bad_option)?,
-                ))
-            }
-            #[cfg(not(feature = "mysql"))]
-            disabled()
-        }
-        SqlDialect::Sqlite => {
-            #[cfg(feature = "sqlite")]
-            {
-                use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-                // `sqlite::memory:` parses to a uniquely named shared-cache
-                // in-memory database: the users' pool, built from the same
-                // options, opens the same one.
-                let mut options: SqliteConnectOptions =
-                    config.driver_url().parse().map_err(bad_option)?;
-                options = options.busy_timeout(config.busy_timeout);
-                if !config.is_memory() {
-                    // WAL: readers never block the writer, and several
-                    // processes share the file; NORMAL sync is durable
-                    // across process crashes (not power loss).
-                    options = options
-                        .journal_mode(SqliteJournalMode::Wal)
-                        .synchronous(SqliteSynchronous::Normal);
-                }
-                Ok(DbOptions::Sqlite(options))
-            }
-            #[cfg(not(feature = "sqlite"))]
-            disabled()
-        }
-    }
-}
-
-/// The users' pool, opened lazily from the same options.
-fn users_pool(config: &SqlConfig, options: &DbOptions) -> DbPool {
-    use sqlx::pool::PoolOptions;
-    let size = pool_size(config);
-    let timeout = config.op_timeout;
-    match options {
-        #[cfg(feature = "postgres")]
-        DbOptions::Postgres(o) => DbPool::Postgres(
-            PoolOptions::<sqlx::Postgres>::new()
-                .max_connections(size)
-                .acquire_timeout(timeout)
-                .test_before_acquire(false)
-                .connect_lazy_with(o.clone()),
-        ),
-        #[cfg(feature = "mysql")]
-        DbOptions::MySql(o) => DbPool::MySql(
-            PoolOptions::<sqlx::MySql>::new()
-                .max_connections(size)
-                .acquire_timeout(timeout)
-                .test_before_acquire(false)
-                .connect_lazy_with(o.clone()),
-        ),
-        #[cfg(feature = "sqlite")]
-        DbOptions::Sqlite(o) => DbPool::Sqlite(
-            PoolOptions::<sqlx::Sqlite>::new()
-                .max_connections(size)
-                .acquire_timeout(timeout.max(config.busy_timeout))
-                .test_before_acquire(false)
-                .connect_lazy_with(o.clone()),
-        ),
     }
 }
 

@@ -79,7 +79,7 @@ impl SqlFloor {
     /// meanwhile stays (creation is idempotent).
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         let config = SqlConfig::from_url(url)?;
-        let options = crate::driver::connect_options(&config)?;
+        let options = crate::conn::connect_options(&config)?;
         let statements = Statements::new(config.dialect, &config.table);
         let err = |e| map_sqlx(&config, Operation::Connect, e).with_backend(NAME);
         let mut conn = with_timeout(config.op_timeout, Operation::Connect, async {

@@ -25,6 +25,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+#[cfg(feature = "postgres")]
+use std::time::Duration;
+
+use lock_core::LockKey;
+use tokio::time::Instant;
 
 use tokio::sync::broadcast;
 
@@ -165,6 +170,52 @@ impl Drop for Waiting {
             if *n == 0 {
                 waiting.remove(&self.key);
             }
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) async fn run_listener(
+    mut listener: sqlx::postgres::PgListener,
+    sender: tokio::sync::broadcast::Sender<Wake>,
+) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(notification)) => {
+                let _ = sender.send(Wake::Released(Arc::from(notification.payload())));
+            }
+            Ok(None) => {
+                // Reconnected: releases may have been missed meanwhile.
+                let _ = sender.send(Wake::All);
+            }
+            Err(_) => {
+                let _ = sender.send(Wake::All);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Waits until a client of the process that waited for `key` reports it
+/// taken (`true`), or `until` (`false`). Releases are not waited for: on
+/// PostgreSQL the newcomer's own release is heard only now, through its
+/// `NOTIFY`, and would send it racing the waiters again.
+pub(crate) async fn taken_within(
+    wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
+    key: &LockKey,
+    until: Instant,
+) -> bool {
+    let sleep = tokio::time::sleep_until(until);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            () = &mut sleep => return false,
+            wake = wakes.recv() => match wake {
+                Ok(Wake::Taken(taken)) if &*taken == key.as_str() => return true,
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return false,
+            },
         }
     }
 }
