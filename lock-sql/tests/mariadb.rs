@@ -3,26 +3,24 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{Harness, OrSkip, run_suite};
+use conformance::{Harness, OrSkip, Target, run_suite};
 use lock_core::{LockBackend, LockKey, WaitStrategy};
 use lock_sql::SqlBackend;
 use lock_sql::sqlx::{self, AssertSqlSafe};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb() {
-    let Some(target) = common::MariaTarget::start().await.or_skip() else {
+    let Some(target) = common::deployed("mariadb").await.or_skip() else {
         return;
     };
-    let target = Arc::new(target);
+    let url = common::client_url(&target);
     run_suite(&Harness::new(target.clone()))
         .await
         .assert_passed();
-    common::check_floor(&target.url).await;
+    common::check_floor(&url).await;
 
-    let url = target.url.clone();
     let a = SqlBackend::connect_url(&url).await.unwrap();
     let b = SqlBackend::connect_url(&url).await.unwrap();
     assert_eq!(b.capabilities().waiting, WaitStrategy::Poll);
@@ -94,14 +92,14 @@ async fn mariadb() {
         .unwrap();
     assert_eq!(stale.rows_affected(), 0, "released lease wrote");
 
-    common::holder_killed_and_database_restarted(&target.url, || async {
-        target
-            .server
-            .lock()
-            .await
-            .restart()
-            .await
-            .expect("restart mariadb");
+    common::holder_killed_and_database_restarted(&url, || async {
+        assert!(
+            target
+                .kill_and_restart_server()
+                .await
+                .expect("restart mariadb"),
+            "the deployment restarts"
+        );
     })
     .await;
 }

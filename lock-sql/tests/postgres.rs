@@ -3,10 +3,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::{Harness, OrSkip, run_suite};
+use conformance::{Harness, OrSkip, Target, run_suite};
 use lock_core::{LockBackend, LockKey, WaitStrategy};
 use lock_sql::SqlBackend;
 use lock_sql::sqlx::{self, AssertSqlSafe};
@@ -14,19 +13,19 @@ use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres() {
-    let Some(target) = common::PgTarget::start().await.or_skip() else {
+    let Some(target) = common::deployed("postgres").await.or_skip() else {
         return;
     };
-    let target = Arc::new(target);
+    let url = common::client_url(&target);
     run_suite(&Harness::new(target.clone()))
         .await
         .assert_passed();
-    common::check_floor(&target.url).await;
+    common::check_floor(&url).await;
 
     // Waiters are woken by NOTIFY, long before the re-check interval.
-    let url = common::with_options(&target.url, "recheck=5s");
-    let a = SqlBackend::connect_url(&url).await.unwrap();
-    let b = SqlBackend::connect_url(&url).await.unwrap();
+    let notify_url = common::with_options(&url, "recheck=5s");
+    let a = SqlBackend::connect_url(&notify_url).await.unwrap();
+    let b = SqlBackend::connect_url(&notify_url).await.unwrap();
     assert_eq!(b.capabilities().waiting, WaitStrategy::Notify);
     let key = LockKey::new("notify/wake").unwrap();
     let lease = a
@@ -89,14 +88,14 @@ async fn postgres() {
         .unwrap();
     assert_eq!(stale.rows_affected(), 0, "released lease wrote");
 
-    common::holder_killed_and_database_restarted(&target.url, || async {
-        target
-            .server
-            .lock()
-            .await
-            .restart()
-            .await
-            .expect("restart postgres");
+    common::holder_killed_and_database_restarted(&url, || async {
+        assert!(
+            target
+                .kill_and_restart_server()
+                .await
+                .expect("restart postgres"),
+            "the deployment restarts"
+        );
     })
     .await;
 }

@@ -1,15 +1,14 @@
-//! Targets for the shared conformance suite: real PostgreSQL and MariaDB
-//! servers started by the harness, and SQLite files.
+//! Targets for the shared conformance suite: PostgreSQL and MariaDB
+//! deployments started by the harness (`conformance::deploy`), and SQLite
+//! files (no deployment has them: a target of its own, below).
 
 #![allow(dead_code, unreachable_pub)] // each test binary uses part of this
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use conformance::HarnessError;
-use conformance::Target;
-use conformance::servers::mariadb::MariaDbServer;
-use conformance::servers::postgres::PostgresServer;
+use conformance::deploy::{self, DeployedTarget, Opener};
+use conformance::{HarnessError, Target};
 use lock_core::{LockBackend, LockError, async_trait};
 use lock_sql::SqlBackend;
 use lock_sql::sqlx::{self, Connection};
@@ -24,86 +23,28 @@ pub fn with_options(url: &str, options: &str) -> String {
     format!("{url}{sep}{options}")
 }
 
-/// A PostgreSQL server; unreachable = SIGSTOP of its process group.
-pub struct PgTarget {
-    pub server: tokio::sync::Mutex<PostgresServer>,
-    pub url: String,
-}
-
-impl PgTarget {
-    pub async fn start() -> Result<Self, HarnessError> {
-        let server = PostgresServer::start().await?;
-        let url = with_options(&server.url(), CLIENT_OPTIONS);
-        Ok(Self {
-            server: tokio::sync::Mutex::new(server),
-            url,
+/// The `SqlBackend` opener of a deployment: the deployment's URL with
+/// [`CLIENT_OPTIONS`] added (the proxied clients' URLs too).
+pub fn opener() -> Opener {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let url = with_options(&url, CLIENT_OPTIONS);
+            Ok(Arc::new(SqlBackend::connect_url(&url).await?) as Arc<dyn LockBackend>)
         })
-    }
+    })
 }
 
-#[async_trait]
-impl Target for PgTarget {
-    fn name(&self) -> String {
-        "postgres".into()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(SqlBackend::connect_url(&self.url).await?))
-    }
-
-    async fn make_unreachable(&self) -> Result<bool, HarnessError> {
-        self.server.lock().await.pause()?;
-        Ok(true)
-    }
-
-    async fn heal(&self) -> Result<(), HarnessError> {
-        let mut server = self.server.lock().await;
-        if server.is_paused() {
-            server.resume()?;
-        }
-        Ok(())
-    }
+/// A started deployment of `kind` (`postgres`, `mariadb`) as a suite
+/// target: unreachable = SIGSTOP of the server, kill-and-restart, proxied
+/// clients (see [`DeployedTarget`]).
+pub async fn deployed(kind: &str) -> Result<Arc<DeployedTarget>, HarnessError> {
+    let deployment = deploy::start(kind).await?;
+    Ok(Arc::new(DeployedTarget::new(deployment, opener())))
 }
 
-/// A MariaDB server; unreachable = SIGSTOP of its process.
-pub struct MariaTarget {
-    pub server: tokio::sync::Mutex<MariaDbServer>,
-    pub url: String,
-}
-
-impl MariaTarget {
-    pub async fn start() -> Result<Self, HarnessError> {
-        let server = MariaDbServer::start().await?;
-        let url = with_options(&server.url(), CLIENT_OPTIONS);
-        Ok(Self {
-            server: tokio::sync::Mutex::new(server),
-            url,
-        })
-    }
-}
-
-#[async_trait]
-impl Target for MariaTarget {
-    fn name(&self) -> String {
-        "mariadb".into()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(SqlBackend::connect_url(&self.url).await?))
-    }
-
-    async fn make_unreachable(&self) -> Result<bool, HarnessError> {
-        self.server.lock().await.process().pause()?;
-        Ok(true)
-    }
-
-    async fn heal(&self) -> Result<(), HarnessError> {
-        let mut server = self.server.lock().await;
-        if server.process().is_paused() {
-            server.process().resume()?;
-        }
-        Ok(())
-    }
+/// The URL the deployment's clients use, with [`CLIENT_OPTIONS`].
+pub fn client_url(target: &DeployedTarget) -> String {
+    with_options(&target.url(), CLIENT_OPTIONS)
 }
 
 /// A SQLite file. SQLite has no server to pause: "unreachable" is another
