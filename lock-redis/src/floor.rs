@@ -50,7 +50,7 @@ use resp::Reply;
 use crate::config::{RedisConfig, RedisNode, RedisTopology};
 use crate::driver::{MIN_TTL, RedisBackend};
 use crate::error::{NAME, Redacted, error_reply_kind, unexpected};
-use crate::scripts::{KeyNames, LuaScript, Scripts, ttl_ms};
+use crate::scripts::{Answer, KeyNames, LuaScript, NodeGrant, Scripts, grant_of, ttl_ms};
 
 /// The acquire and release scripts by hand on one bare connection to one
 /// server: the floor our acquire+release cycle is measured against.
@@ -269,26 +269,21 @@ impl GrantRequest {
         .map_err(|e| e.with_key(&self.key))
     }
 
-    /// The acquire script's answer: `{1, token}` granted (the token as an
-    /// integer, or as the counter's string when the script found its own
-    /// grant), `{0, pttl}` held.
+    /// The acquire script's answer, read as the driver reads it
+    /// ([`grant_of`]): the token when granted, `None` when held.
     fn granted(&self, reply: Reply) -> Result<Option<u64>, LockError> {
-        if let Reply::Array(Some(items)) = &reply {
-            match items.as_slice() {
-                [Reply::Int(1), Reply::Int(token)] => {
-                    if let Ok(token) = u64::try_from(*token) {
-                        return Ok(Some(token));
-                    }
-                }
-                [Reply::Int(1), Reply::Bulk(Some(token))] => {
-                    if let Some(token) =
-                        std::str::from_utf8(token).ok().and_then(|t| t.parse().ok())
-                    {
-                        return Ok(Some(token));
-                    }
-                }
-                [Reply::Int(0), Reply::Int(_)] => return Ok(None),
-                _ => {}
+        if let Reply::Array(Some(items)) = &reply
+            && let [Reply::Int(flag), answer] = items.as_slice()
+        {
+            let answer = match answer {
+                Reply::Int(n) => Answer::Int(*n),
+                Reply::Bulk(Some(bytes)) => Answer::Text(bytes),
+                _ => Answer::Other,
+            };
+            match grant_of(*flag, answer) {
+                Some(NodeGrant::Granted(token)) => return Ok(Some(token)),
+                Some(NodeGrant::Held(_)) => return Ok(None),
+                None => {}
             }
         }
         Err(unexpected(Operation::TryAcquire, &reply).with_key(&self.key))

@@ -134,27 +134,42 @@ pub(crate) enum NodeGrant {
     Held(i64),
 }
 
+/// One element of an acquire answer, from either reply reader (the redis
+/// crate's `Value` in the driver, the floors' own RESP reader).
+pub(crate) enum Answer<'a> {
+    Int(i64),
+    Text(&'a [u8]),
+    Other,
+}
+
+/// The acquire script's answer `{flag, answer}` (see [`ACQUIRE`]): `{1,
+/// token}` granted, the token an integer, or the counter's string when a
+/// retried acquire found its own grant; `{0, pttl of the holder}` held;
+/// `None` for anything else. The driver's and the floors' reading.
+pub(crate) fn grant_of(flag: i64, answer: Answer<'_>) -> Option<NodeGrant> {
+    match (flag, answer) {
+        (1, Answer::Int(n)) => u64::try_from(n).ok().map(NodeGrant::Granted),
+        (1, Answer::Text(bytes)) => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(NodeGrant::Granted),
+        (0, Answer::Int(n)) => Some(NodeGrant::Held(n)),
+        _ => None,
+    }
+}
+
+/// An acquire answer as the redis crate read it.
 pub(crate) fn parse_grant(value: &Value) -> Result<NodeGrant, LockError> {
     if let Value::Array(items) = value
         && let [Value::Int(flag), answer] = items.as_slice()
     {
-        match (*flag, answer) {
-            (1, Value::Int(n)) => {
-                if let Ok(token) = u64::try_from(*n) {
-                    return Ok(NodeGrant::Granted(token));
-                }
-            }
-            // A retried acquire returns the counter as the string it stores.
-            (1, Value::BulkString(bytes)) => {
-                if let Some(token) = std::str::from_utf8(bytes)
-                    .ok()
-                    .and_then(|t| t.parse::<u64>().ok())
-                {
-                    return Ok(NodeGrant::Granted(token));
-                }
-            }
-            (0, Value::Int(n)) => return Ok(NodeGrant::Held(*n)),
-            _ => {}
+        let answer = match answer {
+            Value::Int(n) => Answer::Int(*n),
+            Value::BulkString(bytes) => Answer::Text(bytes),
+            _ => Answer::Other,
+        };
+        if let Some(grant) = grant_of(*flag, answer) {
+            return Ok(grant);
         }
     }
     Err(unexpected(Operation::Acquire, value))
