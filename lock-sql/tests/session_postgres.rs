@@ -3,7 +3,6 @@
 
 mod session_common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::{Harness, OrSkip, run_suite};
@@ -14,8 +13,7 @@ async fn postgres_session() {
     let Some(target) = SessionTarget::postgres().await.or_skip() else {
         return;
     };
-    let target = Arc::new(target);
-    run_suite(&Harness::new(target.clone()))
+    run_suite(&Harness::new(target.deployed.clone()))
         .await
         .assert_passed();
     session_common::round_trips(&target).await;

@@ -1,5 +1,5 @@
-//! Session-mode targets (`?mode=session`) on real PostgreSQL and MariaDB
-//! servers started by the harness, and the session-mode scenarios both
+//! Session-mode targets (`?mode=session`) on `postgres-session` and
+//! `mariadb-session` deployments started by the harness, and the session-mode scenarios both
 //! test files run.
 
 #![allow(dead_code, unreachable_pub)] // each test binary uses part of this
@@ -7,28 +7,32 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use conformance::HarnessError;
+use conformance::deploy::{self, DeployedTarget, Opener};
 use conformance::proxy::FaultProxy;
-use conformance::servers::mariadb::MariaDbServer;
-use conformance::servers::postgres::PostgresServer;
-use conformance::{HarnessError, Target};
-use lock_core::{LockBackend, LockError, async_trait};
+use lock_core::LockBackend;
 use lock_sql::SqlSessionBackend;
 
 /// Short operation timeouts so a cut-off session shows up quickly.
 pub const CLIENT_OPTIONS: &str = "mode=session&timeout=1s&pool_size=4";
 
-/// The server behind a session target.
+/// The database behind a session target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Server {
     /// PostgreSQL 15.
-    Pg(tokio::sync::Mutex<PostgresServer>),
+    Pg,
     /// MariaDB 10.11.
-    Maria(tokio::sync::Mutex<MariaDbServer>),
+    Maria,
 }
 
-/// A server used in session mode; unreachable = SIGSTOP of the server, a
-/// proxied client goes through a [`FaultProxy`].
+/// A `postgres-session` or `mariadb-session` deployment: the suite runs
+/// on [`SessionTarget::deployed`] (unreachable = SIGSTOP of the server,
+/// proxied clients through a [`FaultProxy`]); the session scenarios below
+/// also use the raw server (killing sessions, counting waits).
 pub struct SessionTarget {
     pub server: Server,
+    /// The suite's target.
+    pub deployed: Arc<DeployedTarget>,
     /// Direct URL with [`CLIENT_OPTIONS`].
     pub url: String,
     port: u16,
@@ -36,25 +40,35 @@ pub struct SessionTarget {
 
 impl SessionTarget {
     pub async fn postgres() -> Result<Self, HarnessError> {
-        let server = PostgresServer::start().await?;
-        let port = server.port();
-        let url = with_options(&server.url(), CLIENT_OPTIONS);
+        Self::start("postgres-session", Server::Pg).await
+    }
+
+    pub async fn mariadb() -> Result<Self, HarnessError> {
+        Self::start("mariadb-session", Server::Maria).await
+    }
+
+    async fn start(kind: &str, server: Server) -> Result<Self, HarnessError> {
+        let deployment = deploy::start(kind).await?;
+        let port = deployment.port();
+        let opener: Opener = Arc::new(|url: String| {
+            Box::pin(async move {
+                let url = with_options(&url, CLIENT_OPTIONS);
+                Ok(Arc::new(SqlSessionBackend::connect_url(&url).await?) as Arc<dyn LockBackend>)
+            })
+        });
+        let deployed = Arc::new(DeployedTarget::new(deployment, opener));
+        let url = with_options(&deployed.url(), CLIENT_OPTIONS);
         Ok(Self {
-            server: Server::Pg(tokio::sync::Mutex::new(server)),
+            server,
+            deployed,
             url,
             port,
         })
     }
 
-    pub async fn mariadb() -> Result<Self, HarnessError> {
-        let server = MariaDbServer::start().await?;
-        let port = server.port();
-        let url = with_options(&server.url(), CLIENT_OPTIONS);
-        Ok(Self {
-            server: Server::Maria(tokio::sync::Mutex::new(server)),
-            url,
-            port,
-        })
+    /// The deployment's kind (`postgres-session`, `mariadb-session`).
+    pub fn name(&self) -> String {
+        conformance::Target::name(&*self.deployed)
     }
 
     /// The server's address (for a proxy in front of it).
@@ -93,56 +107,6 @@ pub fn with_options(url: &str, options: &str) -> String {
     format!("{base}?{}", pairs.join("&"))
 }
 
-#[async_trait]
-impl Target for SessionTarget {
-    fn name(&self) -> String {
-        match self.server {
-            Server::Pg(_) => "postgres-session".into(),
-            Server::Maria(_) => "mariadb-session".into(),
-        }
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(SqlSessionBackend::connect_url(&self.url).await?))
-    }
-
-    async fn make_unreachable(&self) -> Result<bool, HarnessError> {
-        match &self.server {
-            Server::Pg(s) => s.lock().await.pause()?,
-            Server::Maria(s) => s.lock().await.process().pause()?,
-        }
-        Ok(true)
-    }
-
-    async fn heal(&self) -> Result<(), HarnessError> {
-        match &self.server {
-            Server::Pg(s) => {
-                let mut s = s.lock().await;
-                if s.is_paused() {
-                    s.resume()?;
-                }
-            }
-            Server::Maria(s) => {
-                let mut s = s.lock().await;
-                if s.process().is_paused() {
-                    s.process().resume()?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn proxied_client(
-        &self,
-    ) -> Result<Option<(Arc<dyn LockBackend>, FaultProxy)>, HarnessError> {
-        let (proxy, url) = self.proxy("").await;
-        let client = SqlSessionBackend::connect_url(&url)
-            .await
-            .map_err(|e| HarnessError::Io(std::io::Error::other(e)))?;
-        Ok(Some((Arc::new(client), proxy)))
-    }
-}
-
 use lock_core::{LockClient, LockKey, OwnerId};
 use lock_sql::SessionFloor;
 use lock_sql::sqlx::{self, Connection};
@@ -156,17 +120,15 @@ fn key(name: &str) -> LockKey {
 impl SessionTarget {
     /// The server's plain URL (no options of ours), for raw connections.
     pub async fn raw_url(&self) -> String {
-        match &self.server {
-            Server::Pg(s) => s.lock().await.url(),
-            Server::Maria(s) => s.lock().await.url(),
-        }
+        let url = self.deployed.url();
+        url.split('?').next().unwrap_or_default().to_owned()
     }
 
     /// Ends server session `id` from a raw connection.
     pub async fn kill_session(&self, id: i64) {
         let url = self.raw_url().await;
         match &self.server {
-            Server::Pg(_) => {
+            Server::Pg => {
                 let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
                 sqlx::query("SELECT pg_terminate_backend($1::int)")
                     .bind(id)
@@ -174,7 +136,7 @@ impl SessionTarget {
                     .await
                     .unwrap();
             }
-            Server::Maria(_) => {
+            Server::Maria => {
                 let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
                 sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
                     .execute(&mut conn)
@@ -188,7 +150,7 @@ impl SessionTarget {
     pub async fn waiting_sessions(&self) -> i64 {
         let url = self.raw_url().await;
         match &self.server {
-            Server::Pg(_) => {
+            Server::Pg => {
                 let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
                 sqlx::query_scalar(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
@@ -198,7 +160,7 @@ impl SessionTarget {
                 .await
                 .unwrap()
             }
-            Server::Maria(_) => {
+            Server::Maria => {
                 let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
                 sqlx::query_scalar(
                     "SELECT CAST(count(*) AS SIGNED) FROM information_schema.PROCESSLIST \
@@ -219,7 +181,7 @@ impl SessionTarget {
         let url = self.raw_url().await;
         let table = "distlock_leases";
         let live = match &self.server {
-            Server::Pg(_) => {
+            Server::Pg => {
                 let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
                 let k = pg_key(table, lock_key.as_str());
                 let wait = sqlx::query("SELECT pg_advisory_lock($1)")
@@ -231,7 +193,7 @@ impl SessionTarget {
                 });
                 live
             }
-            Server::Maria(_) => {
+            Server::Maria => {
                 let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
                 let wait = sqlx::query("SELECT GET_LOCK(?, 30)")
                     .bind(mysql_name(table, lock_key.as_str()))
