@@ -14,7 +14,8 @@
 //! - [`link`]: the fault proxy's faults for in-process backends (from
 //!   `lock-testkit`).
 //! - [`migration`]: the rollout simulation for migrating between backends.
-//! - [`bench`]: latency and throughput measurements for ratio benchmarks.
+//! - [`bench`]: latency and throughput measurements for ratio benchmarks;
+//!   [`cpu`]: CPU time of this process and of a server's process tree.
 //! - [`scenarios`]: fault scenarios (crashed, paused, partitioned holders,
 //!   restarted servers, injected latency, lost replies, cancellation storms)
 //!   with negative controls.
@@ -43,6 +44,7 @@
 
 pub mod bench;
 pub mod cases;
+pub mod cpu;
 pub mod deploy;
 pub mod doubles;
 pub mod harness;

@@ -27,6 +27,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use conformance::cpu::{median, process_tree_cpu_ns, self_cpu_ns};
 use conformance::servers::redis::RedisServer;
 use lock_core::floor::RawFloor;
 use lock_core::{LockBackend, LockClient, LockError, LockKey};
@@ -44,37 +45,6 @@ fn env(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// CPU nanoseconds of every live thread of this process.
-fn self_cpu_ns() -> u64 {
-    let mut total = 0;
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for task in tasks.flatten() {
-            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
-            total += stat
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    total
-}
-
-/// utime + stime of `pid`, in nanoseconds (clock ticks of 10 ms).
-fn pid_cpu_ns(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // Fields after the command: state is 0, utime 11, stime 12.
-    (ticks(11) + ticks(12)) * 10_000_000
 }
 
 #[derive(Clone, Copy)]
@@ -132,7 +102,11 @@ async fn measure(
     server: u32,
 ) -> Result<(f64, f64, f64), BoxError> {
     let per = cycles / parallel;
-    let (cpu0, srv0, wall) = (self_cpu_ns(), pid_cpu_ns(server), Instant::now());
+    let (cpu0, srv0, wall) = (
+        self_cpu_ns(),
+        process_tree_cpu_ns(Some(server)),
+        Instant::now(),
+    );
     let mut tasks = Vec::new();
     for t in 0..parallel {
         let clients = clients.clone();
@@ -148,7 +122,7 @@ async fn measure(
         task.await??;
     }
     let wall = wall.elapsed();
-    let (cpu1, srv1) = (self_cpu_ns(), pid_cpu_ns(server));
+    let (cpu1, srv1) = (self_cpu_ns(), process_tree_cpu_ns(Some(server)));
     #[allow(clippy::cast_precision_loss)]
     let n = (per * parallel) as f64;
     #[allow(clippy::cast_precision_loss)]
@@ -157,11 +131,6 @@ async fn measure(
         (srv1 - srv0) as f64 / 1e3 / n,
         wall.as_secs_f64() * 1e6 / n,
     ))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::bench::{Contender, FloorCycle};
+use conformance::cpu::{median, process_tree_cpu_ns, self_cpu_ns};
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use lock_core::floor::RawFloor;
@@ -49,60 +50,6 @@ fn env(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// CPU nanoseconds of every live thread of this process.
-fn self_cpu_ns() -> u64 {
-    let mut total = 0;
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for task in tasks.flatten() {
-            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
-            total += stat
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    total
-}
-
-/// (ppid, utime + stime in ns) of `pid`.
-fn stat_of(pid: &str) -> Option<(u32, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let num = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // After the command: state 0, ppid 1, utime 11, stime 12.
-    Some((
-        u32::try_from(num(1)).ok()?,
-        (num(11) + num(12)) * 10_000_000,
-    ))
-}
-
-/// CPU of `pid` and its children (PostgreSQL forks a process per
-/// connection), in nanoseconds.
-fn tree_cpu_ns(pid: Option<u32>) -> u64 {
-    let Some(pid) = pid else { return 0 };
-    let mut total = stat_of(&pid.to_string()).map_or(0, |s| s.1);
-    if let Ok(procs) = std::fs::read_dir("/proc") {
-        for p in procs.flatten() {
-            let name = p.file_name();
-            let name = name.to_string_lossy();
-            if name.bytes().all(|b| b.is_ascii_digit())
-                && let Some((ppid, ns)) = stat_of(&name)
-                && ppid == pid
-            {
-                total += ns;
-            }
-        }
-    }
-    total
 }
 
 struct Trait(Arc<dyn LockBackend>);
@@ -137,7 +84,7 @@ async fn measure(
     server: Option<u32>,
 ) -> Result<(f64, f64, f64), BoxError> {
     let per = cycles / parallel;
-    let (cpu0, srv0, wall) = (self_cpu_ns(), tree_cpu_ns(server), Instant::now());
+    let (cpu0, srv0, wall) = (self_cpu_ns(), process_tree_cpu_ns(server), Instant::now());
     let mut tasks = Vec::new();
     for (t, contender) in contenders.iter().take(parallel).enumerate() {
         let contender = contender.clone();
@@ -153,7 +100,7 @@ async fn measure(
         task.await??;
     }
     let wall = wall.elapsed();
-    let (cpu1, srv1) = (self_cpu_ns(), tree_cpu_ns(server));
+    let (cpu1, srv1) = (self_cpu_ns(), process_tree_cpu_ns(server));
     #[allow(clippy::cast_precision_loss)]
     let n = (per * parallel) as f64;
     #[allow(clippy::cast_precision_loss)]
@@ -162,11 +109,6 @@ async fn measure(
         srv1.saturating_sub(srv0) as f64 / 1e3 / n,
         wall.as_secs_f64() * 1e6 / n,
     ))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 async fn floor(url: &str) -> Result<Box<dyn RawFloor>, LockError> {
