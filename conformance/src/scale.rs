@@ -7,7 +7,7 @@
 //! for a few renewal periods and reports. Heap bytes come from a counting
 //! global allocator the calling binary installs ([`CountingAllocator`]):
 //!
-//! ```ignore
+//! ```text
 //! #[global_allocator]
 //! static ALLOC: conformance::scale::CountingAllocator = conformance::scale::CountingAllocator;
 //! ```

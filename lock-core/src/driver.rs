@@ -105,7 +105,7 @@ pub fn find<'a>(drivers: &[&'a Driver], url: &str) -> Option<&'a Driver> {
 /// `$connect(url).await` (an `async fn(&str) -> Result<B, LockError>` whose
 /// `B` implements [`LockBackend`]).
 ///
-/// ```ignore
+/// ```text
 /// lock_core::connect_fn!(fn connect_any = crate::connect);
 /// ```
 #[macro_export]
