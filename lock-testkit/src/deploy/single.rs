@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::{Deployment, Started};
-use crate::process::HarnessError;
+use crate::process::{HarnessError, ServerProcess};
 use crate::servers::{
     etcd::EtcdServer, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
     zookeeper::ZkServer,
@@ -17,24 +17,33 @@ pub trait SingleServer: std::fmt::Debug + Send + Sync {
     fn base_url(&self) -> String;
     /// The client port.
     fn client_port(&self) -> u16;
-    /// SIGSTOP.
+    /// The server's process.
+    fn process(&mut self) -> &mut ServerProcess;
+    /// SIGSTOP (the process by default).
     ///
     /// # Errors
     ///
     /// When the signal cannot be sent.
-    fn pause(&mut self) -> Result<(), HarnessError>;
-    /// SIGCONT.
+    fn pause(&mut self) -> Result<(), HarnessError> {
+        self.process().pause()
+    }
+    /// SIGCONT (the process by default).
     ///
     /// # Errors
     ///
     /// When the signal cannot be sent.
-    fn resume(&mut self) -> Result<(), HarnessError>;
-    /// SIGKILL, then a start on the same port and data.
+    fn resume(&mut self) -> Result<(), HarnessError> {
+        self.process().resume()
+    }
+    /// SIGKILL, then a start on the same port and data (the process's
+    /// restart by default).
     ///
     /// # Errors
     ///
     /// When it does not come back.
-    async fn kill_and_restart(&mut self) -> Result<(), HarnessError>;
+    async fn kill_and_restart(&mut self) -> Result<(), HarnessError> {
+        self.process().restart().await
+    }
 }
 
 /// One server as a deployment of kind `kind`, its URL followed by
@@ -97,14 +106,8 @@ impl SingleServer for RedisServer {
     fn client_port(&self) -> u16 {
         self.port()
     }
-    fn pause(&mut self) -> Result<(), HarnessError> {
-        self.process().pause()
-    }
-    fn resume(&mut self) -> Result<(), HarnessError> {
-        self.process().resume()
-    }
-    async fn kill_and_restart(&mut self) -> Result<(), HarnessError> {
-        self.process().restart().await
+    fn process(&mut self) -> &mut ServerProcess {
+        RedisServer::process(self)
     }
 }
 
@@ -124,6 +127,9 @@ impl SingleServer for EtcdServer {
     }
     fn client_port(&self) -> u16 {
         etcd_port(self)
+    }
+    fn process(&mut self) -> &mut ServerProcess {
+        self.member(0).process()
     }
     fn pause(&mut self) -> Result<(), HarnessError> {
         self.pause_all()
@@ -145,14 +151,14 @@ impl SingleServer for ZkServer {
     fn client_port(&self) -> u16 {
         self.node().client_port()
     }
+    fn process(&mut self) -> &mut ServerProcess {
+        self.node_mut().process()
+    }
     fn pause(&mut self) -> Result<(), HarnessError> {
         ZkServer::pause(self)
     }
     fn resume(&mut self) -> Result<(), HarnessError> {
         ZkServer::resume(self)
-    }
-    async fn kill_and_restart(&mut self) -> Result<(), HarnessError> {
-        self.node_mut().process().restart().await
     }
 }
 
@@ -163,6 +169,9 @@ impl SingleServer for PostgresServer {
     }
     fn client_port(&self) -> u16 {
         self.port()
+    }
+    fn process(&mut self) -> &mut ServerProcess {
+        PostgresServer::process(self)
     }
     fn pause(&mut self) -> Result<(), HarnessError> {
         PostgresServer::pause(self)
@@ -184,11 +193,8 @@ impl SingleServer for MariaDbServer {
     fn client_port(&self) -> u16 {
         self.port()
     }
-    fn pause(&mut self) -> Result<(), HarnessError> {
-        self.process().pause()
-    }
-    fn resume(&mut self) -> Result<(), HarnessError> {
-        self.process().resume()
+    fn process(&mut self) -> &mut ServerProcess {
+        MariaDbServer::process(self)
     }
     async fn kill_and_restart(&mut self) -> Result<(), HarnessError> {
         self.process().kill()?;
