@@ -358,9 +358,11 @@ pub fn parse_requirements<'a>(
             "linearizable" => req.linearizable(),
             "fifo" => req.fifo(),
             "notify" => req.notify(),
+            "shared-locks" => req.shared_locks(),
+            "semaphores" => req.semaphores(),
             other => {
                 return Err(LockError::config(format!(
-                    "unknown requirement {other:?}: expected fencing, fencing-survives-failover, linearizable, fifo or notify"
+                    "unknown requirement {other:?}: expected fencing, fencing-survives-failover, linearizable, fifo, notify, shared-locks or semaphores"
                 )));
             }
         };

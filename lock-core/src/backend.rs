@@ -9,7 +9,9 @@ use tokio::time::Instant;
 use crate::capabilities::Capabilities;
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::kind::{HolderInfo, LeaseKind, LockShape};
 use crate::types::{Lease, LockInfo};
+use crate::error::{ErrorKind, Operation};
 
 /// A lock service: the small, object-safe contract every driver implements.
 ///
@@ -34,6 +36,15 @@ use crate::types::{Lease, LockInfo};
 /// - **Validity.** A returned lease's deadline is computed from when the
 ///   request was *sent* (see [`Lease::granted`]); a lease whose deadline has
 ///   passed is never returned.
+/// - **Kinds.** Read, write and permit grants (see [`crate::kind`]) are
+///   asked for with [`try_acquire_kind`](Self::try_acquire_kind) and
+///   [`acquire_kind`](Self::acquire_kind); the lease they return carries its
+///   [`kind`](Lease::kind), and [`renew`](Self::renew),
+///   [`renew_many`](Self::renew_many) and [`release`](Self::release) serve
+///   every kind a backend grants. A backend that grants a kind says so in
+///   [`Capabilities::shared_locks`] / [`Capabilities::semaphores`]; the
+///   defaults refuse every kind but the mutex with
+///   [`ErrorKind::Unsupported`].
 #[async_trait]
 pub trait LockBackend: Send + Sync + fmt::Debug {
     /// A short, stable name for reports and errors (`"memory"`, `"redis"`).
@@ -154,4 +165,142 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     ///
     /// Safe: read-only.
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
+
+    /// Tries once to take a grant of `kind` on `key` for `ttl`: as
+    /// [`try_acquire`](Self::try_acquire), for any kind.
+    ///
+    /// Returns `Ok(None)` when the grant conflicts with a holder, or with a
+    /// waiter queued before it (a waiting writer keeps new readers out; a
+    /// waiting request for permits keeps later ones out). A write or permit
+    /// grant gets a fresh fencing token; a read grant gets the token of the
+    /// write epoch it reads (see [`crate::kind`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] for a kind the backend does not grant;
+    /// [`ErrorKind::InvalidArgument`] for bad permit counts, or a semaphore
+    /// limit that differs from the one its current holders or waiters use;
+    /// otherwise as [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        match kind {
+            LeaseKind::Exclusive => self.try_acquire(key, ttl).await,
+            other => Err(unsupported_kind(self.name(), key, other, Operation::TryAcquire)),
+        }
+    }
+
+    /// Takes a grant of `kind` on `key`, waiting until `deadline`: as
+    /// [`acquire`](Self::acquire), for any kind. Waiters of a read-write lock
+    /// or a semaphore queue so that writers and large permit requests are
+    /// not starved (in arrival order where [`Capabilities::fifo`] says so).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire_kind`](Self::try_acquire_kind), plus
+    /// [`ErrorKind::Contended`] at `deadline`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire): dropping withdraws the request and
+    /// leaves nothing held past its TTL.
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        match kind {
+            LeaseKind::Exclusive => self.acquire(key, ttl, deadline).await,
+            other => Err(unsupported_kind(self.name(), key, other, Operation::Acquire)),
+        }
+    }
+
+    /// Turns a held write lease into a read lease of the same key without
+    /// letting any other writer in between (atomically on the server), and
+    /// returns the read lease, which keeps the write lease's token (the
+    /// epoch it wrote). The write lease is no longer valid afterwards.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::NotHeld`] when `lease` is not a write lease we still
+    /// hold (nothing changed); [`ErrorKind::Unsupported`] on a backend
+    /// without shared locks; timeouts and backend errors (the outcome is
+    /// then unknown: the write lease may have been turned into a read lease
+    /// with the same owner, which expires with its TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for a timeout: the lease is then either the write or the read
+    /// lease, and expires with its TTL unless renewed.
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        Err(unsupported_kind(self.name(), lease.key(), LeaseKind::Read, Operation::Downgrade))
+    }
+
+    /// Every current holder of `key` in the namespace of `shape`: the one
+    /// holder of a mutex, every reader or the writer of a read-write lock,
+    /// every permit lease of a semaphore. Empty when the key is free.
+    ///
+    /// The default serves [`LockShape::Mutex`] from
+    /// [`inspect`](Self::inspect) and refuses the others.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] for a shape the backend does not have;
+    /// timeouts and backend errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only.
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::Mutex => Ok(self
+                .inspect(key)
+                .await?
+                .map(|info| HolderInfo {
+                    kind: LeaseKind::Exclusive,
+                    holder: info.holder,
+                    token: info.token,
+                    remaining_ttl: info.remaining_ttl,
+                })
+                .into_iter()
+                .collect()),
+            other => Err(LockError::new(
+                ErrorKind::Unsupported,
+                Operation::Inspect,
+                format!("{} has no {other} locks", self.name()),
+            )
+            .with_key(key)
+            .with_backend(self.name())),
+        }
+    }
+}
+
+/// The error a backend returns for a kind of grant it does not provide.
+pub fn unsupported_kind(
+    backend: &'static str,
+    key: &LockKey,
+    kind: LeaseKind,
+    operation: Operation,
+) -> LockError {
+    let what = match kind.shape() {
+        LockShape::ReadWrite => "read-write locks",
+        LockShape::Semaphore => "semaphores",
+        LockShape::Mutex => "this kind of grant",
+    };
+    LockError::new(
+        ErrorKind::Unsupported,
+        operation,
+        format!("{backend} does not provide {what}"),
+    )
+    .with_key(key)
+    .with_backend(backend)
 }

@@ -123,6 +123,12 @@ impl Capabilities {
         if requirements.notify && self.waiting != WaitStrategy::Notify {
             missing.push("notified waiting".to_owned());
         }
+        if requirements.shared_locks && !self.shared_locks {
+            missing.push("read-write locks".to_owned());
+        }
+        if requirements.semaphores && !self.semaphores {
+            missing.push("semaphores".to_owned());
+        }
         if let Some(ttl) = requirements.max_min_ttl
             && self.min_ttl > ttl
         {
@@ -159,6 +165,10 @@ pub struct Requirements {
     pub notify: bool,
     /// The backend must accept TTLs at least this short.
     pub max_min_ttl: Option<Duration>,
+    /// Read-write locks are required.
+    pub shared_locks: bool,
+    /// Semaphores are required.
+    pub semaphores: bool,
 }
 
 impl Requirements {
@@ -202,6 +212,20 @@ impl Requirements {
         self.notify = true;
         self
     }
+
+    /// Require read-write locks.
+    #[must_use]
+    pub fn shared_locks(mut self) -> Self {
+        self.shared_locks = true;
+        self
+    }
+
+    /// Require semaphores.
+    #[must_use]
+    pub fn semaphores(mut self) -> Self {
+        self.semaphores = true;
+        self
+    }
 }
 
 #[cfg(test)]
@@ -213,8 +237,9 @@ mod tests {
     fn refuses_what_is_missing_and_names_it() {
         let caps = Capabilities::minimal();
         let err = caps
-            .check(&Requirements::none().fencing().linearizable())
+            .check(&Requirements::none().fencing().linearizable().semaphores())
             .unwrap_err();
+        assert!(err.message().contains("semaphores"), "{err}");
         assert_eq!(err.kind(), ErrorKind::Unsupported);
         assert!(err.message().contains("fencing tokens"), "{err}");
         assert!(err.message().contains("linearizable"), "{err}");

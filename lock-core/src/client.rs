@@ -11,6 +11,7 @@ use crate::capabilities::{Capabilities, Requirements};
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::guard::{LockGuard, RenewalPolicy};
 use crate::key::LockKey;
+use crate::kind::LeaseKind;
 use crate::options::{check_ttl, saturating_add};
 use crate::runtime::RenewalRuntime;
 use crate::scheduler::Scheduler;
@@ -154,6 +155,11 @@ impl LockClient {
         Ok(self)
     }
 
+    /// The defaults applied to this client's requests.
+    pub fn defaults(&self) -> &LockDefaults {
+        &self.defaults
+    }
+
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn LockBackend> {
         &self.backend
@@ -166,14 +172,48 @@ impl LockClient {
 
     /// Starts a request for `key` (validated when the request runs).
     pub fn lock(&self, key: impl AsRef<str>) -> LockRequest<'_> {
+        self.request(key.as_ref(), LeaseKind::Exclusive)
+    }
+
+    /// Starts a request for a read share of the read-write lock `key`:
+    /// many readers may hold it at once, never beside a writer; once a
+    /// writer waits, new readers queue behind it. (A read-write lock is not
+    /// the mutex of the same name: see [`crate::kind`].)
+    pub fn read_lock(&self, key: impl AsRef<str>) -> LockRequest<'_> {
+        self.request(key.as_ref(), LeaseKind::Read)
+    }
+
+    /// Starts a request for the write side of the read-write lock `key`:
+    /// one writer, no reader.
+    pub fn write_lock(&self, key: impl AsRef<str>) -> LockRequest<'_> {
+        self.request(key.as_ref(), LeaseKind::Write)
+    }
+
+    /// Starts a request for one permit (see [`LockRequest::permits`]) of
+    /// the semaphore `key` of `limit` permits. Every client of a semaphore
+    /// must use the same limit: a request with another limit while the
+    /// semaphore is in use fails with [`ErrorKind::InvalidArgument`].
+    pub fn semaphore(&self, key: impl AsRef<str>, limit: u32) -> LockRequest<'_> {
+        self.request(key.as_ref(), LeaseKind::Permits { count: 1, limit })
+    }
+
+    fn request(&self, key: &str, kind: LeaseKind) -> LockRequest<'_> {
         LockRequest {
             client: self,
-            key: LockKey::new(key.as_ref()),
+            key: LockKey::new(key),
+            kind,
             ttl: self.defaults.ttl,
             wait: self.defaults.wait,
             renewal: self.defaults.renewal,
             renewal_runtime: self.renewal_runtime.clone(),
         }
+    }
+
+    /// Starts a request for any one of `segments` locks that together
+    /// guard one resource split into parts (`key/0` .. `key/<segments-1>`):
+    /// see [`SegmentRequest`].
+    pub fn segments(&self, key: impl AsRef<str>, segments: u32) -> crate::SegmentRequest<'_> {
+        crate::SegmentRequest::new(self, key.as_ref(), segments)
     }
 
     /// Runs `work` under the lock on `key` (default options, waiting up to
@@ -221,6 +261,7 @@ impl LockClient {
 pub struct LockRequest<'a> {
     client: &'a LockClient,
     key: Result<LockKey, LockError>,
+    kind: LeaseKind,
     ttl: Duration,
     wait: Duration,
     renewal: RenewalPolicy,
@@ -228,6 +269,28 @@ pub struct LockRequest<'a> {
 }
 
 impl LockRequest<'_> {
+    /// For a [semaphore](LockClient::semaphore) request: take `count`
+    /// permits at once, atomically (all or none). On any other request,
+    /// acquiring fails with [`ErrorKind::InvalidArgument`].
+    pub fn permits(mut self, count: u32) -> Self {
+        self.kind = match self.kind {
+            LeaseKind::Permits { limit, .. } => LeaseKind::Permits { count, limit },
+            _ => {
+                self.key = Err(LockError::invalid_argument(
+                    Operation::Validate,
+                    "permits() applies to semaphore requests only",
+                ));
+                self.kind
+            }
+        };
+        self
+    }
+
+    /// What this request asks for.
+    pub fn kind(&self) -> LeaseKind {
+        self.kind
+    }
+
     /// The lease TTL (renewed by the guard about every TTL/3).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -295,7 +358,30 @@ impl LockRequest<'_> {
         self.renewal
             .validate(self.ttl)
             .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
-        let lease = if self.wait.is_zero() {
+        self.kind
+            .validate(Operation::Acquire)
+            .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
+        let lease = if self.kind != LeaseKind::Exclusive {
+            let found = if self.wait.is_zero() {
+                backend.try_acquire_kind(&key, self.kind, self.ttl).await?
+            } else {
+                let deadline = saturating_add(Instant::now(), self.wait);
+                Some(
+                    backend
+                        .acquire_kind(&key, self.kind, self.ttl, deadline)
+                        .await?,
+                )
+            };
+            found.ok_or_else(|| {
+                LockError::new(
+                    ErrorKind::Contended,
+                    Operation::TryAcquire,
+                    format!("cannot take {} now", self.kind),
+                )
+                .with_key(&key)
+                .with_backend(backend.name())
+            })?
+        } else if self.wait.is_zero() {
             backend.try_acquire(&key, self.ttl).await?.ok_or_else(|| {
                 LockError::new(
                     ErrorKind::Contended,

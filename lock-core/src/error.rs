@@ -31,6 +31,10 @@ pub enum ErrorKind {
     Unsupported,
     /// The backend answered with an error of its own.
     Backend,
+    /// The request was refused because granting it could deadlock (a
+    /// reader asking to become a writer: two such readers would wait for
+    /// each other for ever).
+    WouldDeadlock,
 }
 
 impl ErrorKind {
@@ -46,6 +50,7 @@ impl ErrorKind {
             Self::Config => "config",
             Self::Unsupported => "unsupported",
             Self::Backend => "backend",
+            Self::WouldDeadlock => "would_deadlock",
         }
     }
 }
@@ -74,6 +79,8 @@ pub enum Operation {
     Release,
     /// Reading who holds a key.
     Inspect,
+    /// Turning a write lease into a read lease.
+    Downgrade,
 }
 
 impl Operation {
@@ -87,6 +94,7 @@ impl Operation {
             Self::Renew => "renew",
             Self::Release => "release",
             Self::Inspect => "inspect",
+            Self::Downgrade => "downgrade",
         }
     }
 }

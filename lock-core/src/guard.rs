@@ -12,6 +12,7 @@ use tokio::time::{Instant, sleep_until};
 use crate::backend::LockBackend;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
+use crate::kind::LeaseKind;
 use crate::options::RetryPolicy;
 use crate::runtime::RenewalRuntime;
 use crate::scheduler::{Registration, Scheduler, from_ns, to_ns};
@@ -372,6 +373,109 @@ impl LockGuard {
     /// The key.
     pub fn key(&self) -> LockKey {
         self.shared.original().key().clone()
+    }
+
+    /// What this guard holds: the mutex, a read or write share, permits.
+    pub fn kind(&self) -> LeaseKind {
+        self.shared.original().kind()
+    }
+
+    /// Turns this write lock into a read lock of the same key with no gap
+    /// in which another writer could enter; the guard then holds the read
+    /// lease (same token: the epoch this writer wrote) and renews it.
+    ///
+    /// Receivers from [`subscribe`](Self::subscribe) taken before the
+    /// downgrade see `Released` (the write lease ended); subscribe again
+    /// for the read lease. A hold limit keeps counting from the original
+    /// grant; a renewal cap starts again.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`] when this guard does not hold a write
+    /// lock; [`ErrorKind::NotHeld`] when the write lock is no longer held
+    /// (the guard is unchanged: it is lost or about to be); the backend's
+    /// errors, with the guard unchanged (after a timeout the server may hold
+    /// either lease; both end with their TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it finishes leaves the guard holding the
+    /// write lease, while the server may already hold the read lease in its
+    /// place: the guard's renewals then fail and it reports `Lost`, and the
+    /// read lease expires with its TTL.
+    pub async fn downgrade(&mut self) -> Result<(), LockError> {
+        let backend = self.scheduler.backend().clone();
+        let key = self.shared.original().key().clone();
+        let kind = self.kind();
+        if kind != LeaseKind::Write {
+            return Err(LockError::invalid_argument(
+                Operation::Downgrade,
+                format!("only a write lock can be downgraded; this guard holds {kind}"),
+            )
+            .with_key(&key)
+            .with_backend(backend.name()));
+        }
+        if !self.is_held() {
+            return Err(LockError::new(
+                ErrorKind::NotHeld,
+                Operation::Downgrade,
+                "the write lock is no longer held",
+            )
+            .with_key(&key)
+            .with_backend(backend.name()));
+        }
+        let read = backend.downgrade(&self.shared.lease()).await?;
+        let policy = self
+            .scheduler
+            .policy_for(self.registration)
+            .unwrap_or_default();
+        let handle = self
+            .scheduler
+            .handle()
+            .or_else(|| Handle::try_current().ok());
+        let shared = Arc::new(Shared::new(read));
+        let registration = match handle {
+            Some(handle) => self.scheduler.register(&shared, &policy, &handle),
+            None => {
+                shared.set_state(LockState::Lost(
+                    "cannot renew: no Tokio runtime to run the renewal task on".to_owned(),
+                ));
+                Registration::NONE
+            }
+        };
+        self.scheduler.deregister(self.registration);
+        self.shared.set_state(LockState::Released);
+        self.shared = shared;
+        self.registration = registration;
+        Ok(())
+    }
+
+    /// Refuses to turn a read lock into a write lock: two readers upgrading
+    /// at once would each wait for the other to leave, for ever. Release the
+    /// read lock and take the write lock instead (re-reading what the read
+    /// lock protected: another writer may come in between).
+    ///
+    /// # Errors
+    ///
+    /// Always: [`ErrorKind::WouldDeadlock`] for a read lock,
+    /// [`ErrorKind::InvalidArgument`] for any other kind.
+    pub fn upgrade(&self) -> Result<(), LockError> {
+        let key = self.shared.original().key();
+        let err = match self.kind() {
+            LeaseKind::Read => LockError::new(
+                ErrorKind::WouldDeadlock,
+                Operation::Acquire,
+                "a read lock cannot be upgraded to a write lock (two upgrading readers would \
+                 deadlock): release it and take the write lock",
+            ),
+            other => LockError::invalid_argument(
+                Operation::Acquire,
+                format!("only a read lock could be upgraded; this guard holds {other}"),
+            ),
+        };
+        Err(err
+            .with_key(key)
+            .with_backend(self.scheduler.backend().name()))
     }
 
     /// The fencing token of this grant: pass it to the protected resource.

@@ -79,6 +79,7 @@ mod error;
 pub mod floor;
 mod guard;
 mod key;
+pub mod kind;
 mod memory;
 mod migration;
 mod options;
@@ -86,14 +87,16 @@ mod redact;
 mod renew_many;
 mod runtime;
 mod scheduler;
+mod segments;
 mod types;
 
-pub use backend::LockBackend;
+pub use backend::{LockBackend, unsupported_kind};
 pub use capabilities::{Capabilities, FencingScope, Requirements, TtlModel, WaitStrategy};
 pub use client::{LockClient, LockDefaults, LockRequest};
 pub use error::{ErrorKind, LockError, Operation};
 pub use guard::{LockGuard, LockState, RenewalPolicy};
 pub use key::{LockKey, MAX_KEY_LEN};
+pub use kind::{HolderInfo, LeaseKind, LockShape, MAX_PERMITS};
 pub use memory::{MemoryBackend, MemoryFault};
 pub use migration::{
     CUTOVER_KEY_PREFIX, DEFAULT_MIGRATION_NAME, MigrationBackend, MigrationPhase, NEW_EPOCH,
@@ -104,6 +107,7 @@ pub use options::{
 };
 pub use redact::redact_url;
 pub use renew_many::{RENEW_BATCH, RENEW_CONCURRENCY, renew_concurrently};
+pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use types::{
     FencingToken, Lease, LockInfo, OwnerId, SessionState, clock_drift, validity_deadline,

@@ -310,6 +310,16 @@ pub fn random_delay(max: Duration) -> Duration {
     Duration::from_nanos(r % (nanos + 1))
 }
 
+/// A random number in `[0, bound)` (0 when `bound` is 0).
+pub(crate) fn random_below(bound: u32) -> u32 {
+    if bound == 0 {
+        return 0;
+    }
+    #[allow(clippy::cast_possible_truncation)] // the remainder is below a u32
+    let r = (OwnerId::random().as_u128() % u128::from(bound)) as u32;
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

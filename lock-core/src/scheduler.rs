@@ -545,6 +545,22 @@ impl Scheduler {
         registration
     }
 
+    /// The policy `registration` renews by, with what is left of its hold
+    /// limit as `max_hold` (for a guard that swaps its lease, e.g. on a
+    /// downgrade). `None` once it is no longer registered.
+    pub(crate) fn policy_for(&self, registration: Registration) -> Option<RenewalPolicy> {
+        let st = self.lock();
+        if !st.is_current(registration) {
+            return None;
+        }
+        let slot = &st.slots[registration.slot as usize];
+        let mut policy = st.policy_of(slot);
+        if slot.hold_until != NEVER {
+            policy.max_hold = Some(from_ns(slot.hold_until).saturating_duration_since(Instant::now()));
+        }
+        Some(policy)
+    }
+
     /// Stops renewing the guard at `registration` (release, drop). Never
     /// wakes the task: its timers leave the queue, and a wake-up planned
     /// for them finds nothing to do.

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
+use crate::kind::LeaseKind;
 
 /// A 128-bit random value that identifies one grant (not a thread or a
 /// process). Release and renew succeed only for the current owner.
@@ -154,6 +155,7 @@ pub struct Lease {
     /// Boxed: no spare capacity kept per held lease.
     backend_data: Box<str>,
     session: Option<watch::Receiver<SessionState>>,
+    kind: LeaseKind,
 }
 
 impl Lease {
@@ -192,6 +194,7 @@ impl Lease {
             validity_deadline,
             backend_data: backend_data.into_boxed_str(),
             session: None,
+            kind: LeaseKind::Exclusive,
         })
     }
 
@@ -214,6 +217,7 @@ impl Lease {
             validity_deadline,
             backend_data: backend_data.into_boxed_str(),
             session: None,
+            kind: LeaseKind::Exclusive,
         }
     }
 
@@ -222,6 +226,18 @@ impl Lease {
     pub fn with_session(mut self, session: watch::Receiver<SessionState>) -> Self {
         self.session = Some(session);
         self
+    }
+
+    /// Marks what this lease grants (default [`LeaseKind::Exclusive`]).
+    #[must_use]
+    pub fn with_kind(mut self, kind: LeaseKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// What this lease grants: the mutex, a read or write share, permits.
+    pub fn kind(&self) -> LeaseKind {
+        self.kind
     }
 
     /// The key.
@@ -267,16 +283,23 @@ impl Lease {
     }
 
     /// A one-line text handle holding everything needed to renew or release
-    /// this lease from another process: `v1.<owner>.<token>.<ttl ms>.<data hex>.<key hex>`.
+    /// this lease from another process:
+    /// `v1.<owner>.<token>.<ttl ms>.<data hex>.<key hex>`, followed by
+    /// `.<kind code>` (see [`LeaseKind::code`]) for any kind but the mutex.
     pub fn to_handle(&self) -> String {
-        format!(
+        let mut handle = format!(
             "v1.{}.{}.{}.{}.{}",
             self.owner.to_hex(),
             self.token.get(),
             self.ttl().as_millis(),
             hex_encode(self.backend_data.as_bytes()),
             hex_encode(self.key.as_str().as_bytes()),
-        )
+        );
+        if self.kind != LeaseKind::Exclusive {
+            handle.push('.');
+            handle.push_str(&self.kind.code());
+        }
+        handle
     }
 
     /// Parses a handle made by [`Lease::to_handle`]. The lease's local
@@ -291,8 +314,16 @@ impl Lease {
             LockError::invalid_argument(Operation::Validate, format!("bad lock handle: {why}"))
         };
         let parts: Vec<&str> = handle.trim().split('.').collect();
-        let [version, owner, token, ttl, data, key] = parts.as_slice() else {
-            return Err(bad("expected 6 dot-separated fields"));
+        let (fields, kind) = match parts.as_slice() {
+            [fields @ .., kind] if parts.len() == 7 => (fields, Some(*kind)),
+            fields => (fields, None),
+        };
+        let [version, owner, token, ttl, data, key] = fields else {
+            return Err(bad("expected 6 or 7 dot-separated fields"));
+        };
+        let kind = match kind {
+            Some(code) => LeaseKind::from_code(code).map_err(|_| bad("kind"))?,
+            None => LeaseKind::Exclusive,
         };
         if *version != "v1" {
             return Err(bad("unknown version"));
@@ -317,7 +348,8 @@ impl Lease {
             ttl,
             Instant::now(),
             data,
-        ))
+        )
+        .with_kind(kind))
     }
 }
 
@@ -351,6 +383,7 @@ impl fmt::Debug for Lease {
             .field("key", &self.key)
             .field("owner", &self.owner)
             .field("token", &self.token)
+            .field("kind", &self.kind)
             .field("ttl", &self.ttl())
             .field(
                 "valid_for",
@@ -462,6 +495,11 @@ mod tests {
         assert_eq!(back.token(), FencingToken::new(42));
         assert_eq!(back.ttl(), Duration::from_secs(5));
         assert_eq!(back.backend_data(), "/locks/a.b/0001");
+        assert_eq!(back.kind(), LeaseKind::Exclusive);
+        let permits = lease.clone().with_kind(LeaseKind::permits(2, 5).unwrap());
+        let back = Lease::from_handle(&permits.to_handle()).unwrap();
+        assert_eq!(back.kind(), permits.kind());
+        assert!(Lease::from_handle(&format!("{}.p9-5", lease.to_handle())).is_err());
         let forged = |ttl: &str| {
             let handle = lease.to_handle();
             let mut parts: Vec<&str> = handle.split('.').collect();
