@@ -8,10 +8,10 @@ use tokio::time::Instant;
 
 use crate::capabilities::Capabilities;
 use crate::error::LockError;
+use crate::error::{ErrorKind, Operation};
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
 use crate::types::{Lease, LockInfo};
-use crate::error::{ErrorKind, Operation};
 
 /// A lock service: the small, object-safe contract every driver implements.
 ///
@@ -193,7 +193,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     ) -> Result<Option<Lease>, LockError> {
         match kind {
             LeaseKind::Exclusive => self.try_acquire(key, ttl).await,
-            other => Err(unsupported_kind(self.name(), key, other, Operation::TryAcquire)),
+            other => Err(unsupported_kind(
+                self.name(),
+                key,
+                other,
+                Operation::TryAcquire,
+            )),
         }
     }
 
@@ -220,7 +225,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     ) -> Result<Lease, LockError> {
         match kind {
             LeaseKind::Exclusive => self.acquire(key, ttl, deadline).await,
-            other => Err(unsupported_kind(self.name(), key, other, Operation::Acquire)),
+            other => Err(unsupported_kind(
+                self.name(),
+                key,
+                other,
+                Operation::Acquire,
+            )),
         }
     }
 
@@ -242,7 +252,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     /// As for a timeout: the lease is then either the write or the read
     /// lease, and expires with its TTL unless renewed.
     async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        Err(unsupported_kind(self.name(), lease.key(), LeaseKind::Read, Operation::Downgrade))
+        Err(unsupported_kind(
+            self.name(),
+            lease.key(),
+            LeaseKind::Read,
+            Operation::Downgrade,
+        ))
     }
 
     /// Every current holder of `key` in the namespace of `shape`: the one

@@ -166,9 +166,8 @@ impl LeaseKind {
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for
     /// anything else.
     pub fn from_code(code: &str) -> Result<Self, LockError> {
-        let bad = || {
-            LockError::invalid_argument(Operation::Validate, format!("bad lease kind {code:?}"))
-        };
+        let bad =
+            || LockError::invalid_argument(Operation::Validate, format!("bad lease kind {code:?}"));
         match code {
             "x" => Ok(Self::Exclusive),
             "r" => Ok(Self::Read),
@@ -224,7 +223,9 @@ mod tests {
         ] {
             assert_eq!(LeaseKind::from_code(&kind.code()).unwrap(), kind);
         }
-        for bad in ["", "p", "p1", "p0-3", "p4-3", "p1-0", "q", "p1-2-3", "p-1-2"] {
+        for bad in [
+            "", "p", "p1", "p0-3", "p4-3", "p1-0", "q", "p1-2-3", "p-1-2",
+        ] {
             let err = LeaseKind::from_code(bad).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}");
         }
@@ -237,7 +238,12 @@ mod tests {
         let p = LeaseKind::permits(1, 2).unwrap();
         assert!(Read.compatible_with(Read));
         assert!(p.compatible_with(p));
-        for (a, b) in [(Read, Write), (Write, Write), (Write, Read), (Exclusive, Exclusive)] {
+        for (a, b) in [
+            (Read, Write),
+            (Write, Write),
+            (Write, Read),
+            (Exclusive, Exclusive),
+        ] {
             assert!(!a.compatible_with(b), "{a} {b}");
         }
         assert_eq!(p.shape(), LockShape::Semaphore);

@@ -107,8 +107,8 @@ pub use options::{
 };
 pub use redact::redact_url;
 pub use renew_many::{RENEW_BATCH, RENEW_CONCURRENCY, renew_concurrently};
-pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
+pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use types::{
     FencingToken, Lease, LockInfo, OwnerId, SessionState, clock_drift, validity_deadline,
 };

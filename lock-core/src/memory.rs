@@ -13,8 +13,11 @@ use crate::backend::LockBackend;
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
+use crate::kind::{HolderInfo, LeaseKind, LockShape};
 use crate::options::{MIN_TTL_FLOOR, check_ttl};
 use crate::types::{FencingToken, Lease, LockInfo, OwnerId};
+
+mod shared;
 
 const NAME: &str = "memory";
 
@@ -39,6 +42,10 @@ pub enum MemoryFault {
 /// - Waiters are served first come, first served: a release or an expiry
 ///   hands the key directly to the oldest waiter, woken by a channel, with
 ///   no polling. Expiry is noticed by a timer at the holder's expiry instant.
+/// - Read-write locks and semaphores (see [`crate::kind`]): per key a list
+///   of holders, each with its own expiry, and one FIFO queue, so a waiting
+///   writer keeps new readers out and a large permit request is not
+///   overtaken; read grants carry the last write grant's token.
 /// - Clones share the same locks (they are handles to one service), so it
 ///   can stand for "several clients of one server" in tests.
 ///
@@ -68,6 +75,8 @@ pub struct MemoryBackend {
 #[derive(Debug)]
 struct Inner {
     keys: Mutex<HashMap<LockKey, KeyState>>,
+    /// Read-write locks and semaphores (see `shared`).
+    shared: Mutex<shared::SharedKeys>,
     last_token: AtomicU64,
     next_waiter: AtomicU64,
     fault: AtomicU8,
@@ -112,6 +121,7 @@ impl MemoryBackend {
         Self {
             inner: Arc::new(Inner {
                 keys: Mutex::new(HashMap::new()),
+                shared: Mutex::new(HashMap::new()),
                 last_token: AtomicU64::new(0),
                 next_waiter: AtomicU64::new(0),
                 fault: AtomicU8::new(0),
@@ -291,8 +301,8 @@ impl LockBackend for MemoryBackend {
             // Anything shorter is refused by `check_ttl` anyway: below it the
             // drift allowance leaves (almost) no validity.
             min_ttl: MIN_TTL_FLOOR,
-            shared_locks: false,
-            semaphores: false,
+            shared_locks: true,
+            semaphores: true,
         }
     }
 
@@ -387,6 +397,9 @@ impl LockBackend for MemoryBackend {
         check_ttl(lease.ttl(), self.capabilities().min_ttl, Operation::Renew)
             .map_err(|e| Self::invalid(e, lease.key()))?;
         self.check_fault(Operation::Renew).await?;
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.renew_share(lease);
+        }
         let now = Instant::now();
         let mut keys = self.keys();
         let held = keys.get_mut(lease.key()).and_then(|state| {
@@ -410,6 +423,9 @@ impl LockBackend for MemoryBackend {
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         self.check_fault(Operation::Release).await?;
+        if lease.kind() != LeaseKind::Exclusive {
+            return Ok(self.release_share(lease));
+        }
         let now = Instant::now();
         let mut keys = self.keys();
         let Some(state) = keys.get_mut(lease.key()) else {
@@ -444,5 +460,55 @@ impl LockBackend for MemoryBackend {
             token: Some(FencingToken::new(h.token)),
             remaining_ttl: Some(h.expires_at.saturating_duration_since(now)),
         }))
+    }
+
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        if kind == LeaseKind::Exclusive {
+            return self.try_acquire(key, ttl).await;
+        }
+        check_ttl(ttl, self.capabilities().min_ttl, Operation::TryAcquire)
+            .map_err(|e| Self::invalid(e, key))?;
+        self.try_acquire_share(key, kind, ttl).await
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        if kind == LeaseKind::Exclusive {
+            return self.acquire(key, ttl, deadline).await;
+        }
+        check_ttl(ttl, self.capabilities().min_ttl, Operation::Acquire)
+            .map_err(|e| Self::invalid(e, key))?;
+        self.acquire_share(key, kind, ttl, deadline).await
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_share(lease).await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        if shape == LockShape::Mutex {
+            return Ok(self
+                .inspect(key)
+                .await?
+                .map(|info| HolderInfo {
+                    kind: LeaseKind::Exclusive,
+                    holder: info.holder,
+                    token: info.token,
+                    remaining_ttl: info.remaining_ttl,
+                })
+                .into_iter()
+                .collect());
+        }
+        self.share_holders(key, shape).await
     }
 }

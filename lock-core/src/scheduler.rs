@@ -556,7 +556,8 @@ impl Scheduler {
         let slot = &st.slots[registration.slot as usize];
         let mut policy = st.policy_of(slot);
         if slot.hold_until != NEVER {
-            policy.max_hold = Some(from_ns(slot.hold_until).saturating_duration_since(Instant::now()));
+            policy.max_hold =
+                Some(from_ns(slot.hold_until).saturating_duration_since(Instant::now()));
         }
         Some(policy)
     }

@@ -112,7 +112,12 @@ impl<'a> SegmentRequest<'a> {
             .map(|i| (start + i) % self.segments)
             .collect();
         for &index in &order {
-            if let Some(guard) = self.request(index).wait(Duration::ZERO).try_acquire().await? {
+            if let Some(guard) = self
+                .request(index)
+                .wait(Duration::ZERO)
+                .try_acquire()
+                .await?
+            {
                 return Ok((index, guard));
             }
         }

@@ -1,0 +1,419 @@
+//! The memory backend's read-write locks and semaphores: per key, a list of
+//! holders (each a lease of its own) and one FIFO queue of waiters.
+//!
+//! A request is granted when it fits beside the current holders *and* no
+//! earlier waiter is still queued: a waiting writer therefore keeps new
+//! readers out (no writer starvation), and a waiting request for many
+//! permits is not overtaken by later small ones. A release, an expiry or a
+//! downgrade hands the key on to the head of the queue, as far as the
+//! queue fits.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
+
+use super::{MemoryBackend, NAME};
+use crate::error::{ErrorKind, LockError, Operation};
+use crate::key::LockKey;
+use crate::kind::{HolderInfo, LeaseKind, LockShape};
+use crate::types::{FencingToken, Lease, OwnerId};
+
+pub(super) type SharedKeys = HashMap<(LockShape, LockKey), SharedState>;
+
+#[derive(Debug, Default)]
+pub(super) struct SharedState {
+    holders: Vec<ShareHolder>,
+    waiters: VecDeque<ShareWaiter>,
+    /// The token of the last write grant (read grants carry it); kept while
+    /// the key is idle so read tokens never go back to 0.
+    epoch: u64,
+    /// The semaphore's limit while anyone holds or waits.
+    limit: Option<u32>,
+}
+
+#[derive(Debug)]
+struct ShareHolder {
+    owner: OwnerId,
+    kind: LeaseKind,
+    token: u64,
+    expires_at: Instant,
+}
+
+#[derive(Debug)]
+struct ShareWaiter {
+    id: u64,
+    kind: LeaseKind,
+    ttl: Duration,
+    tx: oneshot::Sender<Lease>,
+}
+
+impl SharedState {
+    fn reap(&mut self, now: Instant) {
+        self.holders.retain(|h| h.expires_at > now);
+        self.waiters.retain(|w| !w.tx.is_closed());
+        if self.holders.is_empty() && self.waiters.is_empty() {
+            self.limit = None;
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty() && self.waiters.is_empty() && self.epoch == 0
+    }
+
+    /// Whether `kind` fits beside the current holders (queue ignored).
+    fn fits(&self, kind: LeaseKind) -> bool {
+        match kind {
+            LeaseKind::Read => self.holders.iter().all(|h| h.kind == LeaseKind::Read),
+            LeaseKind::Write | LeaseKind::Exclusive => self.holders.is_empty(),
+            LeaseKind::Permits { count, limit } => {
+                let held: u64 = self
+                    .holders
+                    .iter()
+                    .map(|h| match h.kind {
+                        LeaseKind::Permits { count, .. } => u64::from(count),
+                        _ => u64::from(limit),
+                    })
+                    .sum();
+                held + u64::from(count) <= u64::from(limit)
+            }
+        }
+    }
+
+    /// Refuses a semaphore limit other than the one in use.
+    fn check_limit(&self, kind: LeaseKind, key: &LockKey) -> Result<(), LockError> {
+        if let (LeaseKind::Permits { limit, .. }, Some(in_use)) = (kind, self.limit)
+            && limit != in_use
+        {
+            return Err(LockError::invalid_argument(
+                Operation::Acquire,
+                format!(
+                    "the semaphore is in use with a limit of {in_use} permits; this request says {limit}"
+                ),
+            )
+            .with_key(key)
+            .with_backend(NAME));
+        }
+        Ok(())
+    }
+
+    fn note_limit(&mut self, kind: LeaseKind) {
+        if let LeaseKind::Permits { limit, .. } = kind {
+            self.limit = Some(limit);
+        }
+    }
+
+    fn holder_mut(&mut self, owner: OwnerId, kind: LeaseKind) -> Option<&mut ShareHolder> {
+        self.holders
+            .iter_mut()
+            .find(|h| h.owner == owner && h.kind == kind)
+    }
+
+    fn next_expiry(&self) -> Option<Instant> {
+        self.holders.iter().map(|h| h.expires_at).min()
+    }
+}
+
+impl MemoryBackend {
+    fn shared_keys(&self) -> std::sync::MutexGuard<'_, SharedKeys> {
+        self.inner
+            .shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn grant_share(
+        &self,
+        key: &LockKey,
+        state: &mut SharedState,
+        kind: LeaseKind,
+        ttl: Duration,
+        now: Instant,
+    ) -> Lease {
+        let owner = OwnerId::random();
+        let token = match kind {
+            LeaseKind::Read => state.epoch,
+            _ => {
+                let token = self.inner.last_token.fetch_add(1, Ordering::SeqCst) + 1;
+                if kind == LeaseKind::Write {
+                    state.epoch = token;
+                }
+                token
+            }
+        };
+        state.note_limit(kind);
+        state.holders.push(ShareHolder {
+            owner,
+            kind,
+            token,
+            expires_at: now + ttl,
+        });
+        Lease::from_parts(
+            key.clone(),
+            owner,
+            FencingToken::new(token),
+            ttl,
+            crate::types::validity_deadline(now, ttl),
+            String::new(),
+        )
+        .with_kind(kind)
+    }
+
+    /// Grants the head of the queue while it fits.
+    fn hand_off_shares(&self, key: &LockKey, state: &mut SharedState, now: Instant) {
+        state.reap(now);
+        while let Some(head) = state.waiters.front() {
+            if head.tx.is_closed() {
+                state.waiters.pop_front();
+                continue;
+            }
+            if !state.fits(head.kind) {
+                return;
+            }
+            let Some(waiter) = state.waiters.pop_front() else {
+                return;
+            };
+            let lease = self.grant_share(key, state, waiter.kind, waiter.ttl, now);
+            if waiter.tx.send(lease).is_err() {
+                state.holders.pop();
+            }
+        }
+    }
+
+    fn check_kind(kind: LeaseKind, key: &LockKey, operation: Operation) -> Result<(), LockError> {
+        kind.validate(operation)
+            .map_err(|e| e.with_key(key).with_backend(NAME))
+    }
+
+    pub(super) async fn try_acquire_share(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        Self::check_kind(kind, key, Operation::TryAcquire)?;
+        self.check_fault(Operation::TryAcquire).await?;
+        let now = Instant::now();
+        let mut keys = self.shared_keys();
+        let state = keys.entry((kind.shape(), key.clone())).or_default();
+        state.reap(now);
+        state.check_limit(kind, key)?;
+        if !state.waiters.is_empty() || !state.fits(kind) {
+            return Ok(None);
+        }
+        Ok(Some(self.grant_share(key, state, kind, ttl, now)))
+    }
+
+    pub(super) async fn acquire_share(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        Self::check_kind(kind, key, Operation::Acquire)?;
+        self.check_fault(Operation::Acquire).await?;
+        let shape = kind.shape();
+        let (tx, rx) = oneshot::channel();
+        let id = self.inner.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let mut expiry = {
+            let now = Instant::now();
+            let mut keys = self.shared_keys();
+            let state = keys.entry((shape, key.clone())).or_default();
+            state.reap(now);
+            state.check_limit(kind, key)?;
+            if state.waiters.is_empty() && state.fits(kind) {
+                return Ok(self.grant_share(key, state, kind, ttl, now));
+            }
+            state.note_limit(kind);
+            state.waiters.push_back(ShareWaiter { id, kind, ttl, tx });
+            state.next_expiry()
+        };
+        let mut registration = ShareRegistration {
+            backend: self,
+            key,
+            shape,
+            id,
+            rx,
+            done: false,
+        };
+        loop {
+            let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
+            tokio::select! {
+                biased;
+                granted = &mut registration.rx => {
+                    registration.done = true;
+                    return granted.map_err(|_| {
+                        LockError::new(ErrorKind::Backend, Operation::Acquire, "waiter dropped by the service")
+                            .with_key(key)
+                            .with_backend(NAME)
+                    });
+                }
+                () = sleep_until(wake_at) => {}
+            }
+            if let Err(err) = self.check_fault(Operation::Acquire).await {
+                return Err(err.with_key(key));
+            }
+            let now = Instant::now();
+            let mut keys = self.shared_keys();
+            let state = keys.entry((shape, key.clone())).or_default();
+            self.hand_off_shares(key, state, now);
+            if let Ok(lease) = registration.rx.try_recv() {
+                registration.done = true;
+                return Ok(lease);
+            }
+            if now >= deadline {
+                drop(keys);
+                return Err(LockError::new(
+                    ErrorKind::Contended,
+                    Operation::Acquire,
+                    format!("cannot take {kind} before the wait deadline"),
+                )
+                .with_key(key)
+                .with_backend(NAME));
+            }
+            expiry = state.next_expiry();
+        }
+    }
+
+    fn not_held(lease: &Lease, operation: Operation) -> LockError {
+        LockError::new(
+            ErrorKind::NotHeld,
+            operation,
+            "the lease expired or belongs to someone else",
+        )
+        .with_key(lease.key())
+        .with_backend(NAME)
+    }
+
+    pub(super) fn renew_share(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let now = Instant::now();
+        let mut keys = self.shared_keys();
+        let kind = lease.kind();
+        let held = keys
+            .get_mut(&(kind.shape(), lease.key().clone()))
+            .and_then(|state| {
+                state.reap(now);
+                state.holder_mut(lease.owner(), kind)
+            });
+        match held {
+            Some(holder) => {
+                holder.expires_at = now + lease.ttl();
+                Ok(crate::types::validity_deadline(now, lease.ttl()))
+            }
+            None => Err(Self::not_held(lease, Operation::Renew)),
+        }
+    }
+
+    pub(super) fn release_share(&self, lease: &Lease) -> bool {
+        let now = Instant::now();
+        let kind = lease.kind();
+        let map_key = (kind.shape(), lease.key().clone());
+        let mut keys = self.shared_keys();
+        let Some(state) = keys.get_mut(&map_key) else {
+            return false;
+        };
+        state.reap(now);
+        let before = state.holders.len();
+        state
+            .holders
+            .retain(|h| !(h.owner == lease.owner() && h.kind == kind));
+        let ours = state.holders.len() < before;
+        self.hand_off_shares(lease.key(), state, now);
+        if state.is_idle() {
+            keys.remove(&map_key);
+        }
+        ours
+    }
+
+    pub(super) async fn downgrade_share(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.check_fault(Operation::Downgrade).await?;
+        if lease.kind() != LeaseKind::Write {
+            return Err(Self::not_held(lease, Operation::Downgrade));
+        }
+        let now = Instant::now();
+        let mut keys = self.shared_keys();
+        let Some(state) = keys.get_mut(&(LockShape::ReadWrite, lease.key().clone())) else {
+            return Err(Self::not_held(lease, Operation::Downgrade));
+        };
+        state.reap(now);
+        let Some(holder) = state.holder_mut(lease.owner(), LeaseKind::Write) else {
+            return Err(Self::not_held(lease, Operation::Downgrade));
+        };
+        // In place: the same owner, token and expiry, now a reader; no
+        // instant without a holder.
+        holder.kind = LeaseKind::Read;
+        let expires_at = holder.expires_at;
+        let read = Lease::from_parts(
+            lease.key().clone(),
+            lease.owner(),
+            lease.token(),
+            lease.ttl(),
+            lease.validity_deadline().min(expires_at),
+            String::new(),
+        )
+        .with_kind(LeaseKind::Read);
+        self.hand_off_shares(lease.key(), state, now);
+        Ok(read)
+    }
+
+    pub(super) async fn share_holders(
+        &self,
+        key: &LockKey,
+        shape: LockShape,
+    ) -> Result<Vec<HolderInfo>, LockError> {
+        self.check_fault(Operation::Inspect).await?;
+        let now = Instant::now();
+        let mut keys = self.shared_keys();
+        let Some(state) = keys.get_mut(&(shape, key.clone())) else {
+            return Ok(Vec::new());
+        };
+        self.hand_off_shares(key, state, now);
+        Ok(state
+            .holders
+            .iter()
+            .map(|h| HolderInfo {
+                kind: h.kind,
+                holder: h.owner.to_hex(),
+                token: Some(FencingToken::new(h.token)),
+                remaining_ttl: Some(h.expires_at.saturating_duration_since(now)),
+            })
+            .collect())
+    }
+}
+
+/// Removes a waiter on drop (cancellation or timeout) and gives back a grant
+/// that raced with it.
+struct ShareRegistration<'a> {
+    backend: &'a MemoryBackend,
+    key: &'a LockKey,
+    shape: LockShape,
+    id: u64,
+    rx: oneshot::Receiver<Lease>,
+    done: bool,
+}
+
+impl Drop for ShareRegistration<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let now = Instant::now();
+        let map_key = (self.shape, self.key.clone());
+        let mut keys = self.backend.shared_keys();
+        if let Some(state) = keys.get_mut(&map_key) {
+            state.waiters.retain(|w| w.id != self.id);
+            if let Ok(lease) = self.rx.try_recv() {
+                state
+                    .holders
+                    .retain(|h| !(h.owner == lease.owner() && h.kind == lease.kind()));
+            }
+            self.backend.hand_off_shares(self.key, state, now);
+            if state.is_idle() {
+                keys.remove(&map_key);
+            }
+        }
+    }
+}
