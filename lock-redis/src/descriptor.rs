@@ -84,10 +84,13 @@ mod tests {
             redlock,
             lock_core::Capabilities {
                 fencing: FencingScope::None,
+                shared_locks: false,
+                semaphores: false,
                 ..single
             },
-            "only fencing differs"
+            "only fencing and the shared kinds differ"
         );
+        assert!(single.shared_locks && single.semaphores);
         for bad in [
             "redis://",
             "redis://h:1?x=1",

@@ -5,6 +5,7 @@
 
 mod attempt;
 mod connecting;
+mod shared;
 
 pub use connecting::connect;
 
@@ -13,8 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
-    LockKey, Operation, OwnerId, TtlModel, WaitStrategy, async_trait, check_ttl, validity_deadline,
+    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind,
+    LockBackend, LockError, LockInfo, LockKey, LockShape, Operation, OwnerId, TtlModel,
+    WaitStrategy, async_trait, check_ttl, validity_deadline,
 };
 use redis::Value;
 use tokio::time::{Instant, sleep_until};
@@ -146,13 +148,21 @@ impl RedisBackend {
 /// but Redlock, whose token is not a safe fence (each node has its own
 /// counter; see the crate docs). Needs no connection, so the descriptor
 /// reports it from the URL alone.
+// Every field is set today; the update keeps this compiling when lock-core
+// adds a flag (at its weakest setting).
+#[allow(clippy::needless_update)]
 pub fn capabilities(config: &RedisConfig) -> Capabilities {
+    let redlock = matches!(config.topology, RedisTopology::Redlock(_));
     Capabilities {
-        fencing: if matches!(config.topology, RedisTopology::Redlock(_)) {
+        fencing: if redlock {
             FencingScope::None
         } else {
             FencingScope::PerKey
         },
+        // Not on Redlock: a majority of independent nodes gives no honest
+        // order of readers, writers or permits (see the crate docs).
+        shared_locks: !redlock,
+        semaphores: !redlock,
         fencing_survives_failover: false,
         grants_survive_restart: false,
         waiting: WaitStrategy::Notify,
@@ -236,6 +246,9 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.renew_shared(lease).await;
+        }
         let op = Operation::Renew;
         let key = lease.key();
         self.check_ttl(lease.ttl(), op, key)?;
@@ -294,11 +307,17 @@ impl LockBackend for RedisBackend {
     }
 
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        if leases.iter().any(|l| l.kind() != LeaseKind::Exclusive) {
+            return self.renew_mixed(leases).await;
+        }
         // One pipeline per node for the whole batch (see renew_many.rs).
         self.renew_pipelined(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.release_shared(lease).await;
+        }
         let names = self.names(lease.key());
         let owner = lease.owner().to_hex();
         let (released, _not_held, errors) = self
@@ -381,5 +400,50 @@ impl LockBackend for RedisBackend {
             }
         }
         Ok(None)
+    }
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        match kind {
+            LeaseKind::Exclusive => self.try_acquire(key, ttl).await,
+            kind => self.try_acquire_shared(key, kind, ttl).await,
+        }
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        match kind {
+            LeaseKind::Exclusive => self.acquire(key, ttl, deadline).await,
+            kind => self.acquire_shared(key, kind, ttl, deadline).await,
+        }
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_shared(lease).await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::Mutex => Ok(self
+                .inspect(key)
+                .await?
+                .map(|info| HolderInfo {
+                    kind: LeaseKind::Exclusive,
+                    holder: info.holder,
+                    token: info.token,
+                    remaining_ttl: info.remaining_ttl,
+                })
+                .into_iter()
+                .collect()),
+            shape => self.holders_shared(key, shape).await,
+        }
     }
 }

@@ -206,6 +206,7 @@ pub mod floor;
 mod notify;
 mod renew_many;
 mod scripts;
+mod shared_scripts;
 
 pub use config::{
     DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL, RedisConfig,

@@ -17,7 +17,7 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
-    fn new(code: &'static str) -> Self {
+    pub(crate) fn new(code: &'static str) -> Self {
         let hash = redis::Script::new(code).get_hash().to_owned();
         Self { code, hash }
     }

@@ -1,0 +1,675 @@
+//! Read-write locks and semaphores (one server, Sentinel, Cluster): the
+//! calls of `shared_scripts.rs`, the waiting loop of a shared acquire, and
+//! the renew / release / downgrade / holders of the shared kinds. Redlock
+//! refuses them (see the crate docs).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape,
+    Operation, OwnerId, RENEW_CONCURRENCY, renew_concurrently, validity_deadline,
+};
+use redis::Value;
+use tokio::time::{Instant, sleep_until};
+
+use super::attempt::{Attempt, Found};
+use super::{Inner, RedisBackend};
+use crate::error::{NAME, still_held, unexpected};
+use crate::scripts::{as_int, pttl, text, ttl_ms};
+use crate::shared_scripts::{RwNames, SHARED, SemNames};
+
+/// Why Redlock has no read-write locks or semaphores.
+const REDLOCK_WHY: &str = "Redlock does not provide read-write locks or semaphores: its \
+    majority rule over independent nodes gives no consistent order of readers, writers or \
+    permits across nodes (two majorities can each count a different set of holders), so \
+    neither exclusion nor the permit limit could be promised";
+
+/// The Redis names of a lock of one shared shape.
+#[derive(Clone, Debug)]
+enum Names {
+    Rw(RwNames),
+    Sem(SemNames),
+}
+
+impl Names {
+    fn channel(&self) -> &str {
+        match self {
+            Self::Rw(n) => &n.channel,
+            Self::Sem(n) => &n.channel,
+        }
+    }
+}
+
+/// Removes every trace of an acquire that did not end with a lease (a
+/// waiting entry, a grant whose answer was lost), unless disarmed: at once
+/// on `withdraw`, in the background when dropped armed.
+struct Withdraw {
+    inner: Arc<Inner>,
+    names: Names,
+    owner: String,
+    armed: bool,
+}
+
+impl Withdraw {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    async fn withdraw(mut self) {
+        self.armed = false;
+        let _ = abandon(&self.inner, &self.names, &self.owner).await;
+    }
+}
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let inner = self.inner.clone();
+            let names = self.names.clone();
+            let owner = std::mem::take(&mut self.owner);
+            handle.spawn(async move {
+                let _ = abandon(&inner, &names, &owner).await;
+            });
+        }
+    }
+}
+
+async fn abandon(inner: &Inner, names: &Names, owner: &str) -> Result<Value, LockError> {
+    let timeout = inner.config.operation_timeout;
+    inner.nodes[0]
+        .run(Operation::Release, timeout, move |mut conn| async move {
+            match names {
+                Names::Rw(n) => {
+                    conn.eval(
+                        &SHARED.rw_abandon,
+                        &[&n.writer, &n.readers, &n.queue, &n.queue_expiry],
+                        &[owner, &n.channel],
+                    )
+                    .await
+                }
+                Names::Sem(n) => {
+                    conn.eval(
+                        &SHARED.remove,
+                        &[&n.holders, &n.queue, &n.queue_expiry, &n.counts, &n.tokens],
+                        &[owner, &n.channel, "3"],
+                    )
+                    .await
+                }
+            }
+        })
+        .await
+}
+
+fn redlock_unsupported(key: &LockKey, op: Operation) -> LockError {
+    LockError::new(ErrorKind::Unsupported, op, REDLOCK_WHY)
+        .with_backend(NAME)
+        .with_key(key)
+}
+
+fn not_held(op: Operation, key: &LockKey, why: &str) -> LockError {
+    LockError::new(ErrorKind::NotHeld, op, why.to_owned())
+        .with_backend(NAME)
+        .with_key(key)
+}
+
+/// `{flag, n}` of an acquire or downgrade script.
+fn pair(value: &Value, op: Operation) -> Result<(i64, i64), LockError> {
+    if let Value::Array(items) = value {
+        match items.as_slice() {
+            [flag, n] => return Ok((as_int(flag, op)?, as_int(n, op)?)),
+            [flag] => return Ok((as_int(flag, op)?, 0)),
+            _ => {}
+        }
+    }
+    Err(unexpected(op, value))
+}
+
+fn token_of(n: i64, op: Operation, value: &Value) -> Result<FencingToken, LockError> {
+    u64::try_from(n)
+        .map(FencingToken::new)
+        .map_err(|_| unexpected(op, value))
+}
+
+impl RedisBackend {
+    /// Checks a request for a shared kind before anything is sent.
+    fn check_shared(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        op: Operation,
+    ) -> Result<(), LockError> {
+        self.check_ttl(ttl, op, key)?;
+        kind.validate(op)
+            .map_err(|e| e.with_backend(NAME).with_key(key))?;
+        if self.inner.redlock {
+            return Err(redlock_unsupported(key, op));
+        }
+        Ok(())
+    }
+
+    fn shared_names(&self, key: &LockKey, kind: LeaseKind) -> Names {
+        let prefix = &self.inner.config.prefix;
+        match kind.shape() {
+            LockShape::Semaphore => Names::Sem(SemNames::new(prefix, key)),
+            _ => Names::Rw(RwNames::new(prefix, key)),
+        }
+    }
+
+    fn withdraw_guard(&self, names: &Names, owner: OwnerId) -> Withdraw {
+        Withdraw {
+            inner: self.inner.clone(),
+            names: names.clone(),
+            owner: owner.to_hex(),
+            armed: true,
+        }
+    }
+
+    /// One acquire script call for a shared kind. `wait`: register as a
+    /// waiter when refused (writers and permit requests of a waiting
+    /// acquire). The same `owner` may be sent again: the scripts return
+    /// the grant they made.
+    #[allow(clippy::too_many_arguments)]
+    async fn shared_attempt(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        owner: OwnerId,
+        names: &Names,
+        wait: bool,
+        op: Operation,
+        timeout: Duration,
+    ) -> Result<Attempt, LockError> {
+        let owner_hex = owner.to_hex();
+        let ttl_text = ttl_ms(ttl);
+        let wait_flag = if wait { "1" } else { "0" };
+        let (owner_ref, ttl_ref) = (owner_hex.as_str(), ttl_text.as_str());
+        let sent_at = Instant::now();
+        let value = self.inner.nodes[0]
+            .run(op, timeout, move |mut conn| async move {
+                match (names, kind) {
+                    (Names::Sem(n), LeaseKind::Permits { count, limit }) => {
+                        let (count, limit) = (count.to_string(), limit.to_string());
+                        conn.eval(
+                            &SHARED.sem_acquire,
+                            &[
+                                &n.holders,
+                                &n.counts,
+                                &n.tokens,
+                                &n.queue,
+                                &n.queue_expiry,
+                                &n.counters,
+                            ],
+                            &[owner_ref, ttl_ref, &count, &limit, wait_flag, &n.channel],
+                        )
+                        .await
+                    }
+                    (Names::Rw(n), kind) => {
+                        let side = if kind == LeaseKind::Read { "r" } else { "w" };
+                        conn.eval(
+                            &SHARED.rw_acquire,
+                            &[&n.writer, &n.readers, &n.queue, &n.queue_expiry, &n.counters],
+                            &[owner_ref, ttl_ref, side, wait_flag, &n.channel],
+                        )
+                        .await
+                    }
+                    (Names::Sem(_), _) => Ok(Value::Nil),
+                }
+            })
+            .await?;
+        match pair(&value, op)? {
+            (1, n) => {
+                let lease = Lease::granted(
+                    key.clone(),
+                    owner,
+                    token_of(n, op, &value)?,
+                    ttl,
+                    sent_at,
+                    String::new(),
+                )
+                .map_err(|e| e.with_backend(NAME))?
+                .with_kind(kind);
+                Ok(Attempt::Granted(lease))
+            }
+            (0, ms) => Ok(Attempt::Held {
+                // -1: a writer key without TTL (a foreign client): re-check
+                // at the interval.
+                retry_in: if ms == -1 {
+                    None
+                } else {
+                    Some(pttl(ms).unwrap_or(Duration::ZERO))
+                },
+                split: false,
+            }),
+            (-1, limit) => Err(LockError::invalid_argument(
+                op,
+                format!("the semaphore is in use with a limit of {limit} permits, not {kind}"),
+            )
+            .with_backend(NAME)
+            .with_key(key)),
+            _ => Err(unexpected(op, &value)),
+        }
+    }
+
+    /// `try_acquire_kind` for a read, write or permit grant.
+    pub(super) async fn try_acquire_shared(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        let op = Operation::TryAcquire;
+        self.check_shared(key, kind, ttl, op)?;
+        let names = self.shared_names(key, kind);
+        let owner = OwnerId::random();
+        // Armed until the answer is seen: a lost answer may hide a grant.
+        let guard = self.withdraw_guard(&names, owner);
+        let timeout = self.inner.config.operation_timeout;
+        let attempt = self
+            .shared_attempt(key, kind, ttl, owner, &names, false, op, timeout)
+            .await;
+        match attempt {
+            Ok(Attempt::Granted(lease)) => {
+                guard.disarm();
+                Ok(Some(lease))
+            }
+            Ok(Attempt::Held { .. }) => {
+                guard.disarm();
+                Ok(None)
+            }
+            Err(err) if err.kind() == ErrorKind::InvalidArgument => {
+                guard.disarm();
+                Err(err)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// `acquire_kind` for a read, write or permit grant: one try (on a free
+    /// lock that is the whole acquire, one round trip), then subscribe and
+    /// re-try on every release notification and when the blocker's TTL
+    /// ends. Writers and permit requests register as waiters on their first
+    /// refused try (in the same script call) and refresh that entry while
+    /// they wait; it is withdrawn when the acquire ends without a lease
+    /// (at once at the deadline, in the background when dropped).
+    pub(super) async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let op = Operation::Acquire;
+        self.check_shared(key, kind, ttl, op)?;
+        let names = self.shared_names(key, kind);
+        let owner = OwnerId::random();
+        let guard = self.withdraw_guard(&names, owner);
+        match self.wait_shared(key, kind, ttl, deadline, owner, &names).await {
+            Ok(lease) => {
+                guard.disarm();
+                Ok(lease)
+            }
+            Err(err) => {
+                if err.kind() == ErrorKind::Contended {
+                    // Readers blocked by our waiting entry go on at once.
+                    guard.withdraw().await;
+                }
+                Err(err)
+            }
+        }
+    }
+
+    async fn wait_shared(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+        owner: OwnerId,
+        names: &Names,
+    ) -> Result<Lease, LockError> {
+        let op = Operation::Acquire;
+        let registers = kind != LeaseKind::Read;
+        let mut errors = None;
+        let first = self
+            .shared_attempt(
+                key,
+                kind,
+                ttl,
+                owner,
+                names,
+                registers,
+                op,
+                self.attempt_timeout(deadline),
+            )
+            .await;
+        if let Found::Granted(lease) = self.found(key, first, deadline, &mut errors)? {
+            return Ok(lease);
+        }
+        let watch = self.inner.notifier.watch(names.channel(), deadline).await;
+        // A waiting entry lives for the lease's TTL: refresh it well before.
+        let refresh = if registers {
+            (ttl / 3).max(Duration::from_millis(3))
+        } else {
+            Duration::MAX
+        };
+        loop {
+            let notified = watch.notify().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let attempt = self
+                .shared_attempt(
+                    key,
+                    kind,
+                    ttl,
+                    owner,
+                    names,
+                    registers,
+                    op,
+                    self.attempt_timeout(deadline),
+                )
+                .await;
+            let wait = match self.found(key, attempt, deadline, &mut errors)? {
+                Found::Granted(lease) => return Ok(lease),
+                Found::Wait(wait) => wait.min(refresh),
+            };
+            let wake_at = (Instant::now() + wait).min(deadline);
+            tokio::select! {
+                () = &mut notified => {}
+                () = sleep_until(wake_at) => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(still_held(key));
+            }
+        }
+    }
+
+    /// `renew` of a read, write or permit lease.
+    pub(super) async fn renew_shared(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let op = Operation::Renew;
+        let key = lease.key();
+        let kind = lease.kind();
+        self.check_shared(key, kind, lease.ttl(), op)?;
+        let owner = lease.owner().to_hex();
+        let timeout = self.inner.config.operation_timeout;
+        let (renewed, sent_at) = match self.shared_names(key, kind) {
+            Names::Rw(n) if kind == LeaseKind::Write => {
+                // The writer is a plain string like the mutex: the mutex's
+                // batched compare-and-pexpire serves it.
+                self.inner.renewers[0]
+                    .renew(&n.writer, &owner, lease.ttl(), timeout)
+                    .await
+                    .map_err(|e| e.with_key(key))?
+            }
+            names => {
+                let ttl_text = ttl_ms(lease.ttl());
+                let sent_at = Instant::now();
+                let (owner, ttl_text) = (owner.as_str(), ttl_text.as_str());
+                let names = &names;
+                let value = self.inner.nodes[0]
+                    .run(op, timeout, move |mut conn| async move {
+                        match names {
+                            Names::Rw(n) => {
+                                conn.eval(&SHARED.zrenew, &[&n.readers], &[owner, ttl_text])
+                                    .await
+                            }
+                            Names::Sem(n) => {
+                                conn.eval(
+                                    &SHARED.zrenew,
+                                    &[&n.holders, &n.counts, &n.tokens],
+                                    &[owner, ttl_text],
+                                )
+                                .await
+                            }
+                        }
+                    })
+                    .await
+                    .map_err(|e| e.with_key(key))?;
+                (as_int(&value, op)? == 1, sent_at)
+            }
+        };
+        if !renewed {
+            return Err(not_held(
+                op,
+                key,
+                "the lock is not held by this lease any more",
+            ));
+        }
+        let deadline = validity_deadline(sent_at, lease.ttl());
+        if deadline > Instant::now() {
+            return Ok(deadline);
+        }
+        Err(LockError::new(
+            ErrorKind::LeaseLost,
+            op,
+            "the renewal arrived after its validity deadline",
+        )
+        .with_backend(NAME)
+        .with_key(key))
+    }
+
+    /// `renew_many` with leases of other kinds than the mutex: the mutex
+    /// leases in one pipeline, the others concurrently (write renewals
+    /// join the mutex's renewal batches on their own).
+    pub(super) async fn renew_mixed(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        let (mutex, other): (Vec<usize>, Vec<usize>) =
+            (0..leases.len()).partition(|&i| leases[i].kind() == LeaseKind::Exclusive);
+        let mutex_leases: Vec<&Lease> = mutex.iter().map(|&i| leases[i]).collect();
+        let other_leases: Vec<&Lease> = other.iter().map(|&i| leases[i]).collect();
+        let (mutex_results, other_results) = futures_util::future::join(
+            self.renew_pipelined(&mutex_leases),
+            renew_concurrently(self, &other_leases, RENEW_CONCURRENCY),
+        )
+        .await;
+        let mut results: Vec<Option<Result<Instant, LockError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        for (i, r) in mutex.into_iter().zip(mutex_results) {
+            results[i] = Some(r);
+        }
+        for (i, r) in other.into_iter().zip(other_results) {
+            results[i] = Some(r);
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(LockError::new(ErrorKind::Backend, Operation::Renew, "no result")
+                        .with_backend(NAME))
+                })
+            })
+            .collect()
+    }
+
+    /// `release` of a read, write or permit lease.
+    pub(super) async fn release_shared(&self, lease: &Lease) -> Result<bool, LockError> {
+        let op = Operation::Release;
+        let key = lease.key();
+        let kind = lease.kind();
+        if self.inner.redlock {
+            return Err(redlock_unsupported(key, op));
+        }
+        let owner = lease.owner().to_hex();
+        let owner = owner.as_str();
+        let names = self.shared_names(key, kind);
+        let names = &names;
+        let scripts = &self.inner.scripts;
+        let value = self.inner.nodes[0]
+            .run(
+                op,
+                self.inner.config.operation_timeout,
+                move |mut conn| async move {
+                    match names {
+                        // The writer: the mutex's compare-and-delete + publish.
+                        Names::Rw(n) if kind == LeaseKind::Write => {
+                            conn.eval(&scripts.release, &[&n.writer], &[owner, &n.channel])
+                                .await
+                        }
+                        Names::Rw(n) => {
+                            conn.eval(&SHARED.remove, &[&n.readers], &[owner, &n.channel, "1"])
+                                .await
+                        }
+                        Names::Sem(n) => {
+                            conn.eval(
+                                &SHARED.remove,
+                                &[&n.holders, &n.counts, &n.tokens],
+                                &[owner, &n.channel, "1"],
+                            )
+                            .await
+                        }
+                    }
+                },
+            )
+            .await
+            .map_err(|e| e.with_key(key))?;
+        Ok(as_int(&value, op)? == 1)
+    }
+
+    /// `downgrade`: the write entry goes and the same owner joins the
+    /// readers with the same token, in one script.
+    pub(super) async fn downgrade_shared(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let op = Operation::Downgrade;
+        let key = lease.key();
+        if self.inner.redlock {
+            return Err(redlock_unsupported(key, op));
+        }
+        if lease.kind() != LeaseKind::Write {
+            return Err(not_held(
+                op,
+                key,
+                &format!("only a write lease can be downgraded, not a {} lease", lease.kind()),
+            ));
+        }
+        self.check_ttl(lease.ttl(), op, key)?;
+        let n = RwNames::new(&self.inner.config.prefix, key);
+        let owner = lease.owner().to_hex();
+        let ttl_text = ttl_ms(lease.ttl());
+        let (n, owner_ref, ttl_ref) = (&n, owner.as_str(), ttl_text.as_str());
+        let sent_at = Instant::now();
+        let value = self.inner.nodes[0]
+            .run(
+                op,
+                self.inner.config.operation_timeout,
+                move |mut conn| async move {
+                    conn.eval(
+                        &SHARED.rw_downgrade,
+                        &[&n.writer, &n.readers, &n.counters],
+                        &[owner_ref, ttl_ref, &n.channel],
+                    )
+                    .await
+                },
+            )
+            .await
+            .map_err(|e| e.with_key(key))?;
+        match pair(&value, op)? {
+            (1, token) => Ok(Lease::granted(
+                key.clone(),
+                lease.owner(),
+                token_of(token, op, &value)?,
+                lease.ttl(),
+                sent_at,
+                String::new(),
+            )
+            .map_err(|e| e.with_backend(NAME))?
+            .with_kind(LeaseKind::Read)),
+            (0, _) => Err(not_held(op, key, "the write lease is not held any more")),
+            _ => Err(unexpected(op, &value)),
+        }
+    }
+
+    /// `holders` of a read-write lock or a semaphore.
+    pub(super) async fn holders_shared(
+        &self,
+        key: &LockKey,
+        shape: LockShape,
+    ) -> Result<Vec<HolderInfo>, LockError> {
+        let op = Operation::Inspect;
+        if self.inner.redlock {
+            return Err(redlock_unsupported(key, op));
+        }
+        let prefix = &self.inner.config.prefix;
+        let (rw, sem) = (RwNames::new(prefix, key), SemNames::new(prefix, key));
+        let (rw, sem) = (&rw, &sem);
+        let value = self.inner.nodes[0]
+            .run(
+                op,
+                self.inner.config.operation_timeout,
+                move |mut conn| async move {
+                    if shape == LockShape::Semaphore {
+                        conn.eval(
+                            &SHARED.sem_holders,
+                            &[&sem.holders, &sem.counts, &sem.tokens, &sem.counters],
+                            &[],
+                        )
+                        .await
+                    } else {
+                        conn.eval(
+                            &SHARED.rw_holders,
+                            &[&rw.writer, &rw.readers, &rw.counters],
+                            &[],
+                        )
+                        .await
+                    }
+                },
+            )
+            .await
+            .map_err(|e| e.with_key(key))?;
+        let Value::Array(items) = &value else {
+            return Err(unexpected(op, &value));
+        };
+        let int = |v: &Value| as_int(v, op);
+        let ms = |v: &Value| int(v).map(pttl);
+        let mut out = Vec::new();
+        if shape == LockShape::Semaphore {
+            let [limit, rest @ ..] = items.as_slice() else {
+                return Err(unexpected(op, &value));
+            };
+            let limit = u32::try_from(int(limit)?).map_err(|_| unexpected(op, &value))?;
+            for holder in rest.chunks(4) {
+                let [owner, left, count, token] = holder else {
+                    return Err(unexpected(op, &value));
+                };
+                let count = u32::try_from(int(count)?).map_err(|_| unexpected(op, &value))?;
+                out.push(HolderInfo {
+                    kind: LeaseKind::permits(count, limit.max(count))
+                        .map_err(|_| unexpected(op, &value))?,
+                    holder: text(owner).unwrap_or_default(),
+                    token: Some(token_of(int(token)?, op, &value)?),
+                    remaining_ttl: ms(left)?,
+                });
+            }
+            return Ok(out);
+        }
+        let [writer, writer_ttl, epoch, readers @ ..] = items.as_slice() else {
+            return Err(unexpected(op, &value));
+        };
+        // The writer's token is the epoch (set by its grant); every live
+        // reader was granted after it, or by its downgrade, so carries it too.
+        let epoch = token_of(int(epoch)?, op, &value)?;
+        let writer = text(writer).unwrap_or_default();
+        if !writer.is_empty() {
+            out.push(HolderInfo {
+                kind: LeaseKind::Write,
+                holder: writer,
+                token: Some(epoch),
+                remaining_ttl: ms(writer_ttl)?,
+            });
+        }
+        for reader in readers.chunks(2) {
+            let [owner, left] = reader else {
+                return Err(unexpected(op, &value));
+            };
+            out.push(HolderInfo {
+                kind: LeaseKind::Read,
+                holder: text(owner).unwrap_or_default(),
+                token: Some(epoch),
+                remaining_ttl: ms(left)?,
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,408 @@
+//! The Lua scripts and key layout of the read-write lock and the
+//! semaphore (the mutex's are in `scripts.rs` and stay untouched).
+//!
+//! Every key of one lock carries the mutex's hash tag `{<key>}`, so a
+//! cluster serves each script on one slot; each shape has its own suffix
+//! (`:rw:`, `:sem:`), so a mutex, a read-write lock and a semaphore of the
+//! same name are three different locks. Expiry is the server's clock
+//! (`TIME` inside the script; scripts replicate by effects, Redis >= 5), so
+//! a member's score is the server instant at which its share ends.
+
+use std::sync::LazyLock;
+
+use lock_core::LockKey;
+
+use crate::scripts::{KeyNames, LuaScript};
+
+/// The Lua helpers every script starts with: `now` (server ms), `fmt`,
+/// `sweep` (drop members whose expiry passed, and the same members from
+/// companion keys) and `keep` (expire keys with the latest member).
+macro_rules! prelude {
+    () => {
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function fmt(n) return string.format('%.0f', n) end
+local function sweep(z, companions)
+  local gone = redis.call('ZRANGEBYSCORE', z, '-inf', now)
+  if #gone == 0 then return 0 end
+  redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
+  for _, c in ipairs(companions) do
+    for i = 1, #gone, 1000 do
+      redis.call(c[1], c[2], unpack(gone, i, math.min(i + 999, #gone)))
+    end
+  end
+  return #gone
+end
+local function keep(z, keys)
+  local last = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if #last == 0 then
+    for _, k in ipairs(keys) do redis.call('DEL', k) end
+    return
+  end
+  local ms = tonumber(last[2]) - now
+  if ms < 1 then ms = 1 end
+  for _, k in ipairs(keys) do redis.call('PEXPIRE', k, fmt(ms)) end
+end
+"
+    };
+}
+
+/// KEYS: writer, readers, queue, queue expiries, counters.
+/// ARGV: owner, ttl ms, `r` | `w`, wait (`1`: register as a waiting writer
+/// when refused), channel.
+///
+/// Returns `{1, token}` granted, `{0, ms}` refused (`ms`: when the blocker
+/// ends at the latest).
+///
+/// - A reader is refused while a writer holds, or while any live writer
+///   waits (writer preference); otherwise it joins the readers set scored
+///   by its own expiry and gets the epoch (the last write token, 0 if none).
+/// - A writer is granted when there is no writer, no live reader, and no
+///   waiting writer ahead of it (the queue is ordered by arrival); the
+///   token is `HINCRBY token`, above every earlier grant, and becomes the
+///   epoch.
+/// - A resent script (same owner) finds its own grant and returns it.
+const RW_ACQUIRE: &str = concat!(
+    prelude!(),
+    r"
+local owner, ttl, kind, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
+local swept = sweep(KEYS[4], {{'ZREM', KEYS[3]}}) + sweep(KEYS[2], {})
+if swept > 0 then redis.call('PUBLISH', ARGV[5], '1') end
+local function epoch() return tonumber(redis.call('HGET', KEYS[5], 'epoch') or '0') end
+local writer = redis.call('GET', KEYS[1])
+if kind == 'r' then
+  if redis.call('ZSCORE', KEYS[2], owner) then
+    redis.call('ZADD', KEYS[2], 'XX', fmt(now + ttl), owner)
+    keep(KEYS[2], {KEYS[2]})
+    return {1, epoch()}
+  end
+  if writer then return {0, redis.call('PTTL', KEYS[1])} end
+  local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+  if #first > 0 then return {0, tonumber(first[2]) - now} end
+  redis.call('ZADD', KEYS[2], fmt(now + ttl), owner)
+  keep(KEYS[2], {KEYS[2]})
+  return {1, epoch()}
+end
+if writer == owner then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, epoch()}
+end
+local wait_ms
+if writer then
+  wait_ms = redis.call('PTTL', KEYS[1])
+else
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  if #last > 0 then
+    wait_ms = tonumber(last[2]) - now
+  else
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)
+    if #head == 0 or head[1] == owner then
+      local token = redis.call('HINCRBY', KEYS[5], 'token', 1)
+      redis.call('HSET', KEYS[5], 'epoch', token)
+      redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
+      if #head > 0 then
+        redis.call('ZREM', KEYS[3], owner)
+        redis.call('ZREM', KEYS[4], owner)
+        keep(KEYS[4], {KEYS[4], KEYS[3]})
+      end
+      return {1, token}
+    end
+    wait_ms = tonumber(redis.call('ZSCORE', KEYS[4], head[1]) or now) - now
+  end
+end
+if wait then
+  if not redis.call('ZSCORE', KEYS[3], owner) then
+    redis.call('ZADD', KEYS[3], redis.call('HINCRBY', KEYS[5], 'seq', 1), owner)
+  end
+  redis.call('ZADD', KEYS[4], fmt(now + ttl), owner)
+  keep(KEYS[4], {KEYS[4], KEYS[3]})
+end
+return {0, wait_ms}
+"
+);
+
+/// KEYS: writer, readers, counters. ARGV: owner, ttl ms, channel.
+/// If `owner` is the writer: the writer entry goes and `owner` joins the
+/// readers, in one step, keeping its token (the epoch). `{1, token}` or
+/// `{0}` when `owner` is not the writer.
+const RW_DOWNGRADE: &str = concat!(
+    prelude!(),
+    r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
+sweep(KEYS[2], {})
+redis.call('DEL', KEYS[1])
+redis.call('ZADD', KEYS[2], fmt(now + tonumber(ARGV[2])), ARGV[1])
+keep(KEYS[2], {KEYS[2]})
+redis.call('PUBLISH', ARGV[3], '1')
+return {1, tonumber(redis.call('HGET', KEYS[3], 'epoch') or '0')}
+"
+);
+
+/// KEYS: writer, readers, queue, queue expiries. ARGV: owner, channel.
+/// Removes every trace of `owner` (grant or waiting entry): the undo of an
+/// acquire that did not end with a lease. Returns how many were removed.
+const RW_ABANDON: &str = r"
+local n = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then n = n + redis.call('DEL', KEYS[1]) end
+n = n + redis.call('ZREM', KEYS[2], ARGV[1]) + redis.call('ZREM', KEYS[3], ARGV[1])
+  + redis.call('ZREM', KEYS[4], ARGV[1])
+if n > 0 then redis.call('PUBLISH', ARGV[2], '1') end
+return n
+";
+
+/// KEYS: `nz` sorted sets, then hashes. ARGV: owner, channel, nz.
+/// Removes `owner` from all of them and publishes if anything went.
+/// Returns 1 when `owner` was a live member of the first set (its share
+/// had not expired), else 0.
+const REMOVE: &str = concat!(
+    prelude!(),
+    r"
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local live = s and tonumber(s) > now
+local n = 0
+local nz = tonumber(ARGV[3])
+for i, k in ipairs(KEYS) do
+  if i <= nz then n = n + redis.call('ZREM', k, ARGV[1])
+  else n = n + redis.call('HDEL', k, ARGV[1]) end
+end
+if n > 0 then redis.call('PUBLISH', ARGV[2], '1') end
+if live then return 1 end
+return 0
+"
+);
+
+/// KEYS: a sorted set of shares, then keys expiring with it. ARGV: owner,
+/// ttl ms. Extends a live share (never one whose expiry passed); `1` or `0`.
+const ZRENEW: &str = concat!(
+    prelude!(),
+    r"
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not s or tonumber(s) <= now then return 0 end
+redis.call('ZADD', KEYS[1], 'XX', fmt(now + tonumber(ARGV[2])), ARGV[1])
+keep(KEYS[1], KEYS)
+return 1
+"
+);
+
+/// KEYS: writer, readers, counters. Returns `{writer or '', writer pttl,
+/// epoch, reader, ms, reader, ms...}` (live readers only).
+const RW_HOLDERS: &str = concat!(
+    prelude!(),
+    r"
+local out = {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]),
+  tonumber(redis.call('HGET', KEYS[3], 'epoch') or '0')}
+local rs = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. fmt(now), '+inf', 'WITHSCORES')
+for i = 1, #rs, 2 do
+  out[#out + 1] = rs[i]
+  out[#out + 1] = tonumber(rs[i + 1]) - now
+end
+return out
+"
+);
+
+/// KEYS: holders, counts, tokens, queue, queue expiries, counters.
+/// ARGV: owner, ttl ms, count, limit, wait (`1`: join the queue when
+/// refused), channel.
+///
+/// Returns `{1, token}` granted, `{0, ms}` refused (`ms`: when the first
+/// holder or waiter ends at the latest), `{-1, limit}` when the semaphore
+/// is in use (holders or waiters) with another limit.
+///
+/// FIFO: a request is granted only when no waiter is queued before it (the
+/// queue is ordered by arrival) and its count fits beside the permits
+/// held; a waiting request joins the queue, so a large request at the head
+/// is not overtaken by smaller later ones.
+const SEM_ACQUIRE: &str = concat!(
+    prelude!(),
+    r"
+local owner, ttl, count, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local swept = sweep(KEYS[1], {{'HDEL', KEYS[2]}, {'HDEL', KEYS[3]}})
+  + sweep(KEYS[5], {{'ZREM', KEYS[4]}})
+if swept > 0 then redis.call('PUBLISH', ARGV[6], '1') end
+if redis.call('ZSCORE', KEYS[1], owner) then
+  redis.call('ZADD', KEYS[1], 'XX', fmt(now + ttl), owner)
+  keep(KEYS[1], {KEYS[1], KEYS[2], KEYS[3]})
+  return {1, tonumber(redis.call('HGET', KEYS[3], owner) or '0')}
+end
+local busy = redis.call('ZCARD', KEYS[1]) > 0 or redis.call('ZCARD', KEYS[4]) > 0
+local stored = redis.call('HGET', KEYS[6], 'limit')
+if busy and stored and tonumber(stored) ~= limit then return {-1, tonumber(stored)} end
+if not busy or not stored then redis.call('HSET', KEYS[6], 'limit', limit) end
+local held = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[2])) do held = held + tonumber(v) end
+local head = redis.call('ZRANGE', KEYS[4], 0, 0)
+if (#head == 0 or head[1] == owner) and held + count <= limit then
+  local token = redis.call('HINCRBY', KEYS[6], 'token', 1)
+  redis.call('ZADD', KEYS[1], fmt(now + ttl), owner)
+  redis.call('HSET', KEYS[2], owner, count)
+  redis.call('HSET', KEYS[3], owner, token)
+  keep(KEYS[1], {KEYS[1], KEYS[2], KEYS[3]})
+  if #head > 0 then
+    redis.call('ZREM', KEYS[4], owner)
+    redis.call('ZREM', KEYS[5], owner)
+    keep(KEYS[5], {KEYS[5], KEYS[4]})
+    redis.call('PUBLISH', ARGV[6], '1')
+  end
+  return {1, token}
+end
+if ARGV[5] == '1' then
+  if not redis.call('ZSCORE', KEYS[4], owner) then
+    redis.call('ZADD', KEYS[4], redis.call('HINCRBY', KEYS[6], 'seq', 1), owner)
+  end
+  redis.call('ZADD', KEYS[5], fmt(now + ttl), owner)
+  keep(KEYS[5], {KEYS[5], KEYS[4]})
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #first == 0 then first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES') end
+if #first == 0 then return {0, 0} end
+return {0, tonumber(first[2]) - now}
+"
+);
+
+/// KEYS: holders, counts, tokens, counters. Returns `{limit, owner, ms,
+/// count, token, ...}` (live holders only; limit 0 when never used).
+const SEM_HOLDERS: &str = concat!(
+    prelude!(),
+    r"
+local out = {tonumber(redis.call('HGET', KEYS[4], 'limit') or '0')}
+local hs = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. fmt(now), '+inf', 'WITHSCORES')
+for i = 1, #hs, 2 do
+  out[#out + 1] = hs[i]
+  out[#out + 1] = tonumber(hs[i + 1]) - now
+  out[#out + 1] = tonumber(redis.call('HGET', KEYS[2], hs[i]) or '0')
+  out[#out + 1] = tonumber(redis.call('HGET', KEYS[3], hs[i]) or '0')
+end
+return out
+"
+);
+
+/// The scripts of the shared shapes, hashed once per process.
+#[derive(Debug)]
+pub(crate) struct SharedScripts {
+    pub(crate) rw_acquire: LuaScript,
+    pub(crate) rw_downgrade: LuaScript,
+    pub(crate) rw_abandon: LuaScript,
+    pub(crate) rw_holders: LuaScript,
+    pub(crate) sem_acquire: LuaScript,
+    pub(crate) sem_holders: LuaScript,
+    pub(crate) remove: LuaScript,
+    pub(crate) zrenew: LuaScript,
+}
+
+pub(crate) static SHARED: LazyLock<SharedScripts> = LazyLock::new(|| SharedScripts {
+    rw_acquire: LuaScript::new(RW_ACQUIRE),
+    rw_downgrade: LuaScript::new(RW_DOWNGRADE),
+    rw_abandon: LuaScript::new(RW_ABANDON),
+    rw_holders: LuaScript::new(RW_HOLDERS),
+    sem_acquire: LuaScript::new(SEM_ACQUIRE),
+    sem_holders: LuaScript::new(SEM_HOLDERS),
+    remove: LuaScript::new(REMOVE),
+    zrenew: LuaScript::new(ZRENEW),
+});
+
+/// The Redis names of one read-write lock: `<prefix>{<key>}:rw:<part>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RwNames {
+    /// The writer: a plain string (the owner) with PX.
+    pub(crate) writer: String,
+    /// Readers: sorted set, member = owner, score = its expiry (server ms).
+    pub(crate) readers: String,
+    /// Waiting writers by arrival (score = sequence number).
+    pub(crate) queue: String,
+    /// Waiting writers by expiry (score = server ms).
+    pub(crate) queue_expiry: String,
+    /// Hash kept forever: `token` (counter), `epoch` (last write token),
+    /// `seq` (arrival counter).
+    pub(crate) counters: String,
+    pub(crate) channel: String,
+}
+
+impl RwNames {
+    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
+        let base = format!("{}:rw", KeyNames::new(prefix, key).lock);
+        Self {
+            writer: format!("{base}:writer"),
+            readers: format!("{base}:readers"),
+            queue: format!("{base}:queue"),
+            queue_expiry: format!("{base}:queue-expiry"),
+            counters: format!("{base}:counters"),
+            channel: format!("{base}:released"),
+        }
+    }
+}
+
+/// The Redis names of one semaphore: `<prefix>{<key>}:sem:<part>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SemNames {
+    /// Permit holders: sorted set, member = owner, score = its expiry.
+    pub(crate) holders: String,
+    /// Hash owner -> permits it holds.
+    pub(crate) counts: String,
+    /// Hash owner -> its fencing token.
+    pub(crate) tokens: String,
+    /// Waiting requests by arrival.
+    pub(crate) queue: String,
+    /// Waiting requests by expiry.
+    pub(crate) queue_expiry: String,
+    /// Hash kept forever: `token`, `seq`, `limit` (the limit in use).
+    pub(crate) counters: String,
+    pub(crate) channel: String,
+}
+
+impl SemNames {
+    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
+        let base = format!("{}:sem", KeyNames::new(prefix, key).lock);
+        Self {
+            holders: format!("{base}:holders"),
+            counts: format!("{base}:counts"),
+            tokens: format!("{base}:tokens"),
+            queue: format!("{base}:queue"),
+            queue_expiry: format!("{base}:queue-expiry"),
+            counters: format!("{base}:counters"),
+            channel: format!("{base}:released"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(key: &str) -> &str {
+        let open = key.find('{').unwrap();
+        let len = key[open + 1..].find('}').unwrap();
+        &key[open + 1..open + 1 + len]
+    }
+
+    #[test]
+    fn every_key_of_a_lock_shares_the_mutex_hash_tag_but_not_its_names() {
+        let key = LockKey::new("a}b{c").unwrap();
+        let mutex = KeyNames::new("p:", &key);
+        let rw = RwNames::new("p:", &key);
+        let sem = SemNames::new("p:", &key);
+        let all = [
+            &rw.writer,
+            &rw.readers,
+            &rw.queue,
+            &rw.queue_expiry,
+            &rw.counters,
+            &sem.holders,
+            &sem.counts,
+            &sem.tokens,
+            &sem.queue,
+            &sem.queue_expiry,
+            &sem.counters,
+        ];
+        for name in all {
+            assert_eq!(tag(name), tag(&mutex.lock), "{name}");
+            assert_ne!(name, &mutex.lock);
+            assert_ne!(name, &mutex.counter);
+        }
+        let mut unique: Vec<_> = all.iter().collect();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), all.len());
+        assert_eq!(rw.writer, "p:{a%7Db{c}:rw:writer");
+    }
+}
