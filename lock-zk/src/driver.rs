@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
-    LockKey, Operation, OwnerId, SessionState, TtlModel, WaitStrategy, validity_deadline,
+    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
+    LockError, LockInfo, LockKey, LockShape, Operation, OwnerId, SessionState, TtlModel,
+    WaitStrategy, validity_deadline,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -46,6 +47,10 @@ mod renew_many;
 // Local TTL enforcement: one expiry task per backend.
 #[path = "expiry.rs"]
 mod expiry;
+
+// Read-write locks and semaphores (Curator's layouts).
+#[path = "shared.rs"]
+mod shared;
 
 use session::{Session, synced};
 
@@ -103,6 +108,9 @@ struct Inner {
     /// it must be deleted if not renewed (the lease's validity deadline
     /// comes before). Removed at release. See expiry.rs.
     expiries: Mutex<HashMap<u64, expiry::Tracked>>,
+    /// The same for read, write and permit leases (locked after
+    /// `expiries` when both are).
+    shared: Mutex<HashMap<u64, expiry::SharedTracked>>,
     /// The attempt ids this backend hands out (and keys `expiries` by).
     owners: expiry::Owners,
     /// The deadlines' epoch.
@@ -177,6 +185,7 @@ impl ZkBackend {
                 current: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 expiries: Mutex::new(HashMap::new()),
+                shared: Mutex::new(HashMap::new()),
                 clock: expiry::Clock::new(),
                 owners: expiry::Owners::new(),
                 task: Mutex::new(expiry::ExpiryTask::default()),
@@ -346,6 +355,9 @@ impl LockBackend for ZkBackend {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.renew_shared(lease).await;
+        }
         let not_held = |why: &str| {
             LockError::new(ErrorKind::NotHeld, Operation::Renew, why.to_owned())
                 .with_key(lease.key())
@@ -428,6 +440,9 @@ impl LockBackend for ZkBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.release_shared(lease).await;
+        }
         // A lease whose node does not carry its owner id is not ours to act
         // on: another owner's node is never touched.
         let Some(node) = self.lease_path(lease) else {
@@ -453,6 +468,53 @@ impl LockBackend for ZkBackend {
             .await;
         self.remove_empty_dir(&session.client, dir).await;
         Ok(deleted)
+    }
+
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        if kind == LeaseKind::Exclusive {
+            return self.try_acquire(key, ttl).await;
+        }
+        self.acquire_shared(key, kind, ttl, None, Operation::TryAcquire)
+            .await
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        if kind == LeaseKind::Exclusive {
+            return self.acquire(key, ttl, deadline).await;
+        }
+        self.acquire_shared_until(key, kind, ttl, deadline).await
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_write(lease).await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::ReadWrite | LockShape::Semaphore => self.shared_holders(key, shape).await,
+            _ => Ok(self
+                .inspect(key)
+                .await?
+                .map(|info| HolderInfo {
+                    kind: LeaseKind::Exclusive,
+                    holder: info.holder,
+                    token: info.token,
+                    remaining_ttl: info.remaining_ttl,
+                })
+                .into_iter()
+                .collect()),
+        }
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
@@ -520,8 +582,10 @@ pub fn capabilities() -> Capabilities {
         ttl_model: TtlModel::PerSession,
         linearizable: true,
         min_ttl: MIN_TTL,
-        shared_locks: false,
-        semaphores: false,
+        // Curator's InterProcessReadWriteLock and InterProcessSemaphoreV2
+        // layouts (see the crate docs).
+        shared_locks: true,
+        semaphores: true,
     }
 }
 

@@ -52,6 +52,16 @@ pub(super) struct Tracked {
     pub(super) due: u32,
 }
 
+/// A granted node (or the nodes of one permit grant) of a read-write lock
+/// or a semaphore this backend tracks, keyed like [`Tracked`]. Kept apart
+/// from the mutex's compact map: these store their paths.
+pub(super) struct SharedTracked {
+    /// The lease's nodes.
+    pub(super) paths: Vec<String>,
+    /// When the nodes are deleted unless renewed first (see [`Tracked`]).
+    pub(super) due: u32,
+}
+
 /// The owner ids (attempt ids) of one backend: a random upper half drawn
 /// when the backend is made, and a lower half counted from a random start,
 /// one per attempt. Unique within the backend by construction and across
@@ -186,8 +196,51 @@ impl ZkBackend {
                 due: clock.deadline(at),
             },
         );
-        let mut task = lock(&self.inner.task);
+        let task = lock(&self.inner.task);
         drop(tracked);
+        self.arm(task, at);
+    }
+
+    /// Tracks the nodes of a read, write or permit lease: if not renewed
+    /// by `at`, they are deleted.
+    pub(super) fn schedule_shared(&self, owner: OwnerId, paths: Vec<String>, at: Instant) {
+        let clock = self.inner.clock;
+        let Some(slot) = self.inner.owners.key(owner) else {
+            tracing::warn!("shared lock node of a foreign owner id not tracked");
+            return;
+        };
+        let mut tracked = lock(&self.inner.shared);
+        tracked.insert(
+            slot,
+            SharedTracked {
+                paths,
+                due: clock.deadline(at),
+            },
+        );
+        let task = lock(&self.inner.task);
+        drop(tracked);
+        self.arm(task, at);
+    }
+
+    /// Stops enforcing the TTL of `owner`'s shared-lock nodes.
+    pub(super) fn forget_shared(&self, owner: OwnerId) {
+        if let Some(slot) = self.inner.owners.key(owner) {
+            lock(&self.inner.shared).remove(&slot);
+        }
+    }
+
+    /// `owner`'s tracked shared-lock nodes, if any.
+    pub(super) fn tracked_shared<T>(
+        &self,
+        owner: OwnerId,
+        f: impl FnOnce(&mut SharedTracked) -> T,
+    ) -> Option<T> {
+        let slot = self.inner.owners.key(owner)?;
+        lock(&self.inner.shared).get_mut(&slot).map(f)
+    }
+
+    /// Makes sure the expiry task runs and scans by `at`.
+    fn arm(&self, mut task: std::sync::MutexGuard<'_, ExpiryTask>, at: Instant) {
         let running = task.task.as_ref().is_some_and(|t| !t.is_finished());
         if !running {
             // First grant (or the runtime that ran the task is gone).
@@ -253,7 +306,23 @@ fn take_due(inner: &Inner, now: Instant) -> Due {
             true
         }
     });
-    let gap = now + scan_gap(tracked.len());
+    let mut count = tracked.len();
+    {
+        let mut shared = lock(&inner.shared);
+        count += shared.len();
+        shared.retain(|slot, node| {
+            if clock.passed(node.due, now) {
+                let owner = inner.owners.owner(*slot);
+                due.extend(node.paths.drain(..).map(|path| (path, owner)));
+                false
+            } else {
+                let left = clock.remaining(node.due, now);
+                earliest = Some(earliest.map_or(left, |e| e.min(left)));
+                true
+            }
+        });
+    }
+    let gap = now + scan_gap(count);
     let next = earliest.map(|left| (now + left).max(gap));
     lock(&inner.task).armed = next;
     drop(tracked);

@@ -20,6 +20,71 @@ const PROTECTED_PREFIX: &str = "_c_";
 /// The lock name Curator's `InterProcessMutex` uses; nodes sort on what
 /// follows it.
 pub(crate) const LOCK_NAME: &str = "lock-";
+/// The read node name of Curator's `InterProcessReadWriteLock`.
+pub(crate) const READ_NAME: &str = "__READ__";
+/// The write node name of Curator's `InterProcessReadWriteLock`.
+pub(crate) const WRITE_NAME: &str = "__WRIT__";
+/// The lease node name of Curator's `InterProcessSemaphoreV2`.
+pub(crate) const LEASE_NAME: &str = "lease-";
+/// Every node name this driver creates (after the protected prefix).
+const NAMES: [&str; 4] = [LOCK_NAME, READ_NAME, WRITE_NAME, LEASE_NAME];
+
+/// The parent of every read-write lock's directory. Its name starts with
+/// `.`, which an escaped key never does (`.` is escaped), so it cannot
+/// collide with a mutex's directory.
+pub(crate) const RW_PARENT: &str = ".rwlock";
+/// The parent of every semaphore's directory (see [`RW_PARENT`]).
+pub(crate) const SEM_PARENT: &str = ".semaphore";
+
+/// The directory of `key`'s read-write lock: `<root>/.rwlock/<escaped key>`.
+pub(crate) fn rw_dir(root: &str, key: &LockKey) -> String {
+    format!(
+        "{root}/{RW_PARENT}/{}",
+        utf8_percent_encode(key.as_str(), COMPONENT)
+    )
+}
+
+/// The directory of `key`'s semaphore: `<root>/.semaphore/<escaped key>`
+/// (Curator's `InterProcessSemaphoreV2` path: its `locks` and `leases`
+/// children are below it).
+pub(crate) fn sem_dir(root: &str, key: &LockKey) -> String {
+    format!(
+        "{root}/{SEM_PARENT}/{}",
+        utf8_percent_encode(key.as_str(), COMPONENT)
+    )
+}
+
+/// The path of `owner`'s node named `name` (one of the names above) with
+/// sequence `seq` in `dir`, as the server names it.
+pub(crate) fn named_node_path(dir: &str, owner: OwnerId, name: &str, seq: u32) -> String {
+    let mut path = named_prefix(dir, owner, name);
+    if i32::try_from(seq).is_ok() {
+        path.push_str(&format!("{seq:010}"));
+    } else {
+        path.push_str(&format!("{seq:019}"));
+    }
+    path
+}
+
+/// The path prefix of `owner`'s node named `name` in `dir` (the server
+/// appends the sequence number to a sequential create).
+pub(crate) fn named_prefix(dir: &str, owner: OwnerId, name: &str) -> String {
+    let mut path = node_path_prefix(dir, owner);
+    path.truncate(path.len() - LOCK_NAME.len());
+    path.push_str(name);
+    path
+}
+
+/// The sequence number of a node called `name` (the digits after its last
+/// `name`), as Curator's `fixForSorting` reads it.
+pub(crate) fn sequence_named(node: &str, name: &str) -> Option<i64> {
+    let at = node.rfind(name)?;
+    let digits = &node[at + name.len()..];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
 
 /// The directory holding `key`'s lock nodes.
 pub(crate) fn key_dir(root: &str, key: &LockKey) -> String {
@@ -117,7 +182,7 @@ pub(crate) fn owner_of(name: &str) -> Option<OwnerId> {
     let uuid = rest.get(..36)?;
     if !rest[36..]
         .strip_prefix('-')
-        .is_some_and(|r| r.starts_with(LOCK_NAME))
+        .is_some_and(|r| NAMES.iter().any(|n| r.starts_with(n)))
     {
         return None;
     }
@@ -142,12 +207,7 @@ pub(crate) fn owner_of(name: &str) -> Option<OwnerId> {
 /// The sequence number of a lock node: the digits after the last `lock-`
 /// (Curator's `fixForSorting`). `None` for children that are not lock nodes.
 pub(crate) fn sequence_of(name: &str) -> Option<i64> {
-    let at = name.rfind(LOCK_NAME)?;
-    let digits = &name[at + LOCK_NAME.len()..];
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    sequence_named(name, LOCK_NAME)
 }
 
 /// Lock nodes among `children`, in grant order (sequence, then name).

@@ -52,6 +52,11 @@ impl ZkBackend {
         // (index, path) of the leases this batch checks.
         let mut batch: Vec<(usize, NodeRef)> = Vec::with_capacity(leases.len());
         for (index, lease) in leases.iter().enumerate() {
+            if lease.kind() != lock_core::LeaseKind::Exclusive {
+                // Read, write and permit leases: one at a time.
+                results[index] = Some(self.renew_shared(lease).await);
+                continue;
+            }
             let ours = lease
                 .session()
                 .is_some_and(|s| s.same_channel(&session.state));

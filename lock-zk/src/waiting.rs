@@ -23,7 +23,7 @@ use crate::error::{CallError, NAME, timed};
 use crate::paths::{self, owner_of, sorted_lock_nodes};
 
 /// Why one attempt ended without a result.
-enum AttemptError {
+pub(super) enum AttemptError {
     /// The session is gone (and our node with it): a new session may try.
     SessionLost,
     /// A final error for the caller.
@@ -31,7 +31,7 @@ enum AttemptError {
 }
 
 impl ZkBackend {
-    fn fail(
+    pub(super) fn fail(
         session: &Session,
         err: CallError,
         operation: Operation,
@@ -48,7 +48,7 @@ impl ZkBackend {
     /// where the server has them, so empty directories go away by
     /// themselves without a client ever deleting a directory a waiter is
     /// about to use.
-    async fn ensure_dir(
+    pub(super) async fn ensure_dir(
         &self,
         session: &Session,
         dir: &str,
@@ -165,6 +165,7 @@ impl ZkBackend {
         ttl: Duration,
         deadline: Option<Instant>,
         operation: Operation,
+        track: bool,
     ) -> Result<Option<Lease>, AttemptError> {
         let owner = self.inner.owners.next();
         let mut cleanup = NodeCleanup {
@@ -309,7 +310,9 @@ impl ZkBackend {
                 )
                 .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?;
                 cleanup.disarm();
-                self.schedule_expiry(owner, key.as_str(), seq, sent + ttl);
+                if track {
+                    self.schedule_expiry(owner, key.as_str(), seq, sent + ttl);
+                }
                 return Ok(Some(lease.with_session(session.state.clone())));
             }
             let Some(deadline) = deadline else {
@@ -385,12 +388,30 @@ impl ZkBackend {
     ) -> Result<Option<Lease>, LockError> {
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
         let dir = self.key_path(key);
+        self.lock_in(key, &dir, ttl, deadline, operation, true)
+            .await
+    }
+
+    /// The mutex recipe on the lock directory `dir`. `track`: enforce the
+    /// lease's TTL locally (a lease handed to the user); a semaphore's
+    /// internal mutex, held only while its acquire runs, is not tracked
+    /// (its holder deletes it, or it goes with the session).
+    pub(super) async fn lock_in(
+        &self,
+        key: &LockKey,
+        dir: &str,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        operation: Operation,
+        track: bool,
+    ) -> Result<Option<Lease>, LockError> {
+        let dir = dir.to_owned();
         let mut backoff = RetryPolicy::default().backoff();
         let mut tries_left: u32 = 2;
         loop {
             let session = self.session(operation).await.map_err(|e| e.with_key(key))?;
             match self
-                .attempt(&session, key, &dir, ttl, deadline, operation)
+                .attempt(&session, key, &dir, ttl, deadline, operation, track)
                 .await
             {
                 Ok(result) => return Ok(result),
@@ -442,7 +463,7 @@ async fn armed(watch: &mut Option<WatchFuture>) -> zk::WatchedEvent {
     }
 }
 
-async fn wait_lost(state: &mut watch::Receiver<SessionState>) {
+pub(super) async fn wait_lost(state: &mut watch::Receiver<SessionState>) {
     loop {
         if matches!(*state.borrow_and_update(), SessionState::Lost(_)) {
             return;

@@ -1,0 +1,1168 @@
+//! Read-write locks and semaphores, in the layouts of Curator's
+//! `InterProcessReadWriteLock` and `InterProcessSemaphoreV2` (see the crate
+//! docs for the layout and what each token promises).
+//!
+//! - **Read-write lock** of key K: `<root>/.rwlock/<escaped K>` holds
+//!   `EPHEMERAL_SEQUENTIAL` nodes `_c_<id>-__READ__<seq>` and
+//!   `_c_<id>-__WRIT__<seq>`, sorted on the digits after the name. A writer
+//!   holds when its node is the first of all; a reader when no write node
+//!   comes before it. A waiting writer watches the node just before it, a
+//!   waiting reader the first write node (both as Curator does). The
+//!   directory's data is the token of the last write grant (the epoch
+//!   readers carry).
+//! - **Semaphore** of key K: `<root>/.semaphore/<escaped K>/locks` is a
+//!   mutex (the mutex recipe), held while acquiring;
+//!   `<root>/.semaphore/<escaped K>/leases` holds `_c_<id>-lease-<seq>`
+//!   nodes. Holding the mutex, the acquirer creates its lease nodes and
+//!   waits (still holding it) until the directory has at most `limit`
+//!   children. The `leases` directory's data is the limit our clients use.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape,
+    Operation, OwnerId, RetryPolicy, SessionState, check_ttl, validity_deadline,
+};
+use tokio::time::{Instant, sleep_until};
+use zookeeper_client as zk;
+
+use super::session::{Session, synced};
+use super::waiting::{AttemptError, wait_lost};
+use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend, lock};
+use crate::error::{CallError, NAME, timed};
+use crate::paths::{self, LEASE_NAME, READ_NAME, WRITE_NAME, owner_of, sequence_named};
+
+/// How long a `try_acquire_kind` of permits waits for the semaphore's
+/// internal mutex, which other acquirers hold for a few round trips (a
+/// waiter holds it until its permits are free: the try then gives up).
+const TRY_MUTEX_WAIT: Duration = Duration::from_millis(1_000);
+
+/// The `locks` child of a semaphore directory (Curator's `LOCK_PARENT`).
+const LOCKS: &str = "locks";
+/// The `leases` child of a semaphore directory (Curator's `LEASE_PARENT`).
+const LEASES: &str = "leases";
+
+/// The nodes a shared lease names (from its kind, key, owner and data).
+pub(super) struct SharedNodes {
+    /// The directory the nodes are in.
+    pub(super) dir: String,
+    /// The nodes' paths.
+    pub(super) paths: Vec<String>,
+    /// The first node's `czxid` (renewals confirm it).
+    pub(super) czxid: i64,
+}
+
+/// Nodes to delete when an acquire ends without a grant (at once, or in
+/// the background when the future is dropped): nodes created, and
+/// directories to sweep for an owner whose create's outcome is unknown.
+struct Pending {
+    backend: ZkBackend,
+    client: zk::Client,
+    nodes: Vec<(String, String, OwnerId)>,
+    sweeps: Vec<(String, OwnerId)>,
+}
+
+impl Pending {
+    fn new(backend: &ZkBackend, client: &zk::Client) -> Self {
+        Self {
+            backend: backend.clone(),
+            client: client.clone(),
+            nodes: Vec::new(),
+            sweeps: Vec::new(),
+        }
+    }
+
+    /// Deletes everything now (bounded); what fails stays for the
+    /// background cleanup at drop.
+    async fn withdraw(&mut self) {
+        let timeout = self.backend.op_timeout();
+        let mut left = Vec::new();
+        for (dir, path, owner) in std::mem::take(&mut self.nodes) {
+            match timed(timeout, self.client.delete(&path, None)).await {
+                Ok(()) => {}
+                Err(err) if err.is(&zk::Error::NoNode) || err.ends_session() => {}
+                Err(_) => left.push((dir, path, owner)),
+            }
+        }
+        self.nodes = left;
+        for (dir, owner) in std::mem::take(&mut self.sweeps) {
+            lock(&self.backend.inner.uncertain).insert(owner);
+            self.backend
+                .sweep_uncertain(&self.client, &dir, owner, false)
+                .await;
+        }
+    }
+
+    /// Keeps nothing: the nodes are granted.
+    fn disarm(&mut self) {
+        self.nodes.clear();
+        self.sweeps.clear();
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.nodes.is_empty() && self.sweeps.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let client = self.client.clone();
+        let nodes = std::mem::take(&mut self.nodes);
+        let sweeps = std::mem::take(&mut self.sweeps);
+        runtime.spawn(async move {
+            for (dir, path, owner) in nodes {
+                backend.delete_node(&client, &path, &dir, owner).await;
+            }
+            for (dir, owner) in sweeps {
+                lock(&backend.inner.uncertain).insert(owner);
+                backend.sweep_uncertain(&client, &dir, owner, true).await;
+            }
+        });
+    }
+}
+
+/// A holder as `holders` finds it: its nodes' names, its kind, its token
+/// when known without a look at its node.
+type Held = (Vec<String>, LeaseKind, Option<u64>);
+
+/// One node of a read-write lock directory.
+struct RwNode {
+    seq: i64,
+    name: String,
+    write: bool,
+}
+
+/// The read and write nodes among `children`, in grant order (Curator
+/// sorts on the digits after `__READ__` / `__WRIT__`).
+fn sorted_rw_nodes(children: Vec<String>) -> Vec<RwNode> {
+    let mut nodes: Vec<RwNode> = children
+        .into_iter()
+        .filter_map(|name| {
+            if let Some(seq) = sequence_named(&name, WRITE_NAME) {
+                Some(RwNode {
+                    seq,
+                    name,
+                    write: true,
+                })
+            } else {
+                sequence_named(&name, READ_NAME).map(|seq| RwNode {
+                    seq,
+                    name,
+                    write: false,
+                })
+            }
+        })
+        .collect();
+    nodes.sort_by(|a, b| (a.seq, &a.name).cmp(&(b.seq, &b.name)));
+    nodes
+}
+
+/// The node `index` waits for, or `None` when it holds: a writer waits
+/// for the node just before it, a reader for the first write node before
+/// it (Curator's predicates).
+fn rw_blocker(nodes: &[RwNode], index: usize) -> Option<&str> {
+    if nodes[index].write {
+        index.checked_sub(1).map(|i| nodes[i].name.as_str())
+    } else {
+        nodes[..index]
+            .iter()
+            .find(|n| n.write)
+            .map(|n| n.name.as_str())
+    }
+}
+
+/// The token in a read-write lock directory's data (0 when none).
+fn epoch_of(data: &[u8]) -> u64 {
+    std::str::from_utf8(data)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The limit in a `leases` directory's data, if our clients wrote one.
+fn limit_of(data: &[u8]) -> Option<u32> {
+    std::str::from_utf8(data).ok()?.trim().parse().ok()
+}
+
+fn error(
+    kind: ErrorKind,
+    operation: Operation,
+    key: &LockKey,
+    why: impl Into<String>,
+) -> LockError {
+    LockError::new(kind, operation, why)
+        .with_key(key)
+        .with_backend(NAME)
+}
+
+fn to_token(czxid: i64, operation: Operation, key: &LockKey) -> Result<u64, AttemptError> {
+    u64::try_from(czxid).map_err(|_| {
+        AttemptError::Lock(error(
+            ErrorKind::Backend,
+            operation,
+            key,
+            format!("negative czxid {czxid}"),
+        ))
+    })
+}
+
+fn seq_u32(seq: i64, operation: Operation, key: &LockKey) -> Result<u32, AttemptError> {
+    u32::try_from(seq).map_err(|_| {
+        AttemptError::Lock(error(
+            ErrorKind::Backend,
+            operation,
+            key,
+            format!("unexpected sequence number {seq}"),
+        ))
+    })
+}
+
+impl ZkBackend {
+    /// The directory of `key`'s read-write lock (inside the chroot): point
+    /// Curator's `InterProcessReadWriteLock` there to share it.
+    pub fn rwlock_path(&self, key: &LockKey) -> String {
+        paths::rw_dir(self.inner.config.root(), key)
+    }
+
+    /// The path of `key`'s semaphore (inside the chroot): point Curator's
+    /// `InterProcessSemaphoreV2` there (with the same limit) to share it.
+    pub fn semaphore_path(&self, key: &LockKey) -> String {
+        paths::sem_dir(self.inner.config.root(), key)
+    }
+
+    /// The nodes of a read, write or permit lease. Its data is
+    /// `<seq>[,<seq>...];<czxid of the first node>`.
+    pub(super) fn shared_nodes(&self, lease: &Lease) -> Option<SharedNodes> {
+        let root = self.inner.config.root();
+        let (seqs, czxid) = lease.backend_data().split_once(';')?;
+        let czxid: i64 = czxid.parse().ok()?;
+        let seqs: Vec<u32> = seqs
+            .split(',')
+            .map(|s| {
+                if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                    None
+                } else {
+                    s.parse().ok()
+                }
+            })
+            .collect::<Option<_>>()?;
+        let (dir, name) = match lease.kind() {
+            LeaseKind::Read => (paths::rw_dir(root, lease.key()), READ_NAME),
+            LeaseKind::Write => (paths::rw_dir(root, lease.key()), WRITE_NAME),
+            LeaseKind::Permits { count, .. } => {
+                if usize::try_from(count).ok()? != seqs.len() {
+                    return None;
+                }
+                (
+                    format!("{}/{LEASES}", paths::sem_dir(root, lease.key())),
+                    LEASE_NAME,
+                )
+            }
+            _ => return None,
+        };
+        if seqs.is_empty() || (lease.kind().shape() == LockShape::ReadWrite && seqs.len() != 1) {
+            return None;
+        }
+        let paths = seqs
+            .iter()
+            .map(|seq| paths::named_node_path(&dir, lease.owner(), name, *seq))
+            .collect();
+        Some(SharedNodes { dir, paths, czxid })
+    }
+
+    /// `try_acquire_kind` / `acquire_kind` for read, write and permit
+    /// grants: attempts on the live session, retried on a new one as the
+    /// mutex's are.
+    pub(super) async fn acquire_shared(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        operation: Operation,
+    ) -> Result<Option<Lease>, LockError> {
+        kind.validate(operation)
+            .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let root = self.inner.config.root();
+        let mut backoff = RetryPolicy::default().backoff();
+        let mut tries_left: u32 = 2;
+        loop {
+            let session = self.session(operation).await.map_err(|e| e.with_key(key))?;
+            let result = match kind {
+                LeaseKind::Read | LeaseKind::Write => {
+                    let dir = paths::rw_dir(root, key);
+                    self.rw_attempt(&session, key, &dir, kind, ttl, deadline, operation)
+                        .await
+                }
+                LeaseKind::Permits { count, limit } => {
+                    let base = paths::sem_dir(root, key);
+                    self.sem_attempt(
+                        &session,
+                        key,
+                        &base,
+                        (count, limit),
+                        ttl,
+                        deadline,
+                        operation,
+                    )
+                    .await
+                }
+                _ => {
+                    return Err(error(
+                        ErrorKind::InvalidArgument,
+                        operation,
+                        key,
+                        format!("{kind} is not a shared kind"),
+                    ));
+                }
+            };
+            match result {
+                Ok(result) => return Ok(result),
+                Err(AttemptError::Lock(err))
+                    if matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
+                        && deadline
+                            .is_some_and(|d| Instant::now() + Duration::from_millis(100) < d) =>
+                {
+                    tracing::debug!(%key, %err, "shared acquire attempt failed; retrying");
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
+                    tokio::time::sleep(delay).await;
+                }
+                Err(AttemptError::Lock(err)) => return Err(err),
+                Err(AttemptError::SessionLost) => {
+                    tries_left = tries_left.saturating_sub(1);
+                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
+                    let can_retry = match deadline {
+                        Some(deadline) => Instant::now() + delay < deadline,
+                        None => tries_left > 0,
+                    };
+                    if !can_retry {
+                        return Err(error(
+                            ErrorKind::Unavailable,
+                            operation,
+                            key,
+                            "the ZooKeeper session was lost during the attempt",
+                        ));
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// `acquire_kind` for shared kinds: bounded past the deadline like the
+    /// mutex's `acquire`, `Contended` at the deadline.
+    pub(super) async fn acquire_shared_until(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let op = Operation::Acquire;
+        let bounded = tokio::time::timeout_at(
+            deadline + ACQUIRE_GRACE,
+            self.acquire_shared(key, kind, ttl, Some(deadline), op),
+        )
+        .await
+        .map_err(|_| {
+            error(
+                ErrorKind::Timeout,
+                op,
+                key,
+                "ZooKeeper did not answer before the wait deadline",
+            )
+        })?;
+        bounded?.ok_or_else(|| {
+            error(
+                ErrorKind::Contended,
+                op,
+                key,
+                "still held by another owner at the wait deadline",
+            )
+        })
+    }
+
+    /// Creates one `EPHEMERAL_SEQUENTIAL` node at `prefix` in `dir`
+    /// (creating the directory when missing). Returns its path, `czxid`
+    /// and sequence number.
+    #[allow(clippy::too_many_arguments)]
+    async fn create_sequential(
+        &self,
+        session: &Session,
+        dir: &str,
+        prefix: &str,
+        data: &[u8],
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<(String, i64, i64), AttemptError> {
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let mut missing_dir = 0;
+        loop {
+            match timed(
+                self.op_timeout(),
+                session.client.create(prefix, data, &options),
+            )
+            .await
+            {
+                Ok((stat, sequence)) => {
+                    let path = format!("{prefix}{sequence}");
+                    return Ok((path, stat.czxid, sequence.into_i64()));
+                }
+                Err(err) if err.is(&zk::Error::NoNode) && missing_dir < 3 => {
+                    missing_dir += 1;
+                    self.ensure_dir(session, dir, operation, key).await?;
+                }
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            }
+        }
+    }
+
+    /// One read or write acquisition with a fresh attempt id on `session`.
+    #[allow(clippy::too_many_arguments)]
+    async fn rw_attempt(
+        &self,
+        session: &Arc<Session>,
+        key: &LockKey,
+        dir: &str,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        operation: Operation,
+    ) -> Result<Option<Lease>, AttemptError> {
+        let write = kind == LeaseKind::Write;
+        let owner = self.inner.owners.next();
+        let name = if write { WRITE_NAME } else { READ_NAME };
+        let mut pending = Pending::new(self, &session.client);
+        // Armed before the create: a future dropped while it is in flight
+        // has its node found by the attempt id.
+        pending.sweeps.push((dir.to_owned(), owner));
+        let prefix = paths::named_prefix(dir, owner, name);
+        let created_at = Instant::now();
+        let (path, czxid, seq) = match self
+            .create_sequential(session, dir, &prefix, &[], operation, key)
+            .await
+        {
+            Ok(created) => created,
+            Err(err) => {
+                // Left armed: the sweep runs in the background.
+                return Err(err);
+            }
+        };
+        pending.sweeps.clear();
+        pending.nodes.push((dir.to_owned(), path.clone(), owner));
+        let node_name = path[dir.len() + 1..].to_owned();
+        let mut after_create = Some(created_at);
+        let timeout = self.op_timeout();
+        loop {
+            let client = &session.client;
+            // The children and the directory's data (the write epoch a
+            // reader carries), sent back to back. After a wait, behind a
+            // `sync` (the leader's view, see `synced`).
+            let read = async {
+                let children = client.list_children(dir);
+                let data = client.get_data(dir);
+                let children = children.await?;
+                let data = data.await.map(|(data, _)| data).unwrap_or_default();
+                Ok::<_, zk::Error>((children, data))
+            };
+            let (sent, listed) = match after_create.take() {
+                Some(sent) => (sent, timed(timeout, read).await),
+                None => {
+                    let sent = Instant::now();
+                    (sent, synced(client.sync(dir), timeout, read).await)
+                }
+            };
+            let (children, data) = match listed {
+                Ok(listed) => listed,
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            };
+            let nodes = sorted_rw_nodes(children);
+            let Some(index) = nodes.iter().position(|n| n.name == node_name) else {
+                if session.is_lost() {
+                    return Err(AttemptError::SessionLost);
+                }
+                pending.disarm();
+                return Err(AttemptError::Lock(error(
+                    ErrorKind::LeaseLost,
+                    operation,
+                    key,
+                    format!("our lock node {path} was deleted while we waited"),
+                )));
+            };
+            let Some(blocker) = rw_blocker(&nodes, index).map(str::to_owned) else {
+                if session.is_lost() {
+                    return Err(AttemptError::SessionLost);
+                }
+                let token = if write {
+                    let token = to_token(czxid, operation, key)?;
+                    // The epoch readers carry from now on; set before the
+                    // grant is handed out, so every read granted after
+                    // this writer releases reads it.
+                    if let Err(err) = timed(
+                        timeout,
+                        client.set_data(dir, token.to_string().as_bytes(), None),
+                    )
+                    .await
+                    {
+                        return Err(Self::fail(session, err, operation, key));
+                    }
+                    token
+                } else {
+                    epoch_of(&data)
+                };
+                let ttl = ttl.min(session.timeout);
+                let seq = seq_u32(seq, operation, key)?;
+                let lease = Lease::granted(
+                    key.clone(),
+                    owner,
+                    FencingToken::new(token),
+                    ttl,
+                    sent,
+                    format!("{seq};{czxid}"),
+                )
+                .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?
+                .with_kind(kind)
+                .with_session(session.state.clone());
+                pending.disarm();
+                self.schedule_shared(owner, vec![path], sent + ttl);
+                return Ok(Some(lease));
+            };
+            let Some(deadline) = deadline else {
+                pending.withdraw().await;
+                return Ok(None);
+            };
+            let watched = timed(
+                timeout,
+                client.check_and_watch_stat(&format!("{dir}/{blocker}")),
+            )
+            .await;
+            let watcher = match watched {
+                Ok((None, _)) => continue,
+                Ok((Some(_), watcher)) => watcher,
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            };
+            let mut state = session.state.clone();
+            tokio::select! {
+                _ = watcher.changed() => {}
+                () = wait_lost(&mut state) => return Err(AttemptError::SessionLost),
+                () = sleep_until(deadline) => {
+                    pending.withdraw().await;
+                    return Err(AttemptError::Lock(error(
+                        ErrorKind::Contended,
+                        operation,
+                        key,
+                        "still held by another owner at the wait deadline",
+                    )));
+                }
+            }
+        }
+    }
+
+    /// One permit acquisition: the internal mutex, the limit check, the
+    /// lease nodes, the wait for room (holding the mutex, as Curator does).
+    #[allow(clippy::too_many_arguments)]
+    async fn sem_attempt(
+        &self,
+        session: &Arc<Session>,
+        key: &LockKey,
+        base: &str,
+        (count, limit): (u32, u32),
+        ttl: Duration,
+        deadline: Option<Instant>,
+        operation: Operation,
+    ) -> Result<Option<Lease>, AttemptError> {
+        let leases = format!("{base}/{LEASES}");
+        let locks = format!("{base}/{LOCKS}");
+        let timeout = self.op_timeout();
+        let mismatch = |theirs: u32| {
+            AttemptError::Lock(error(
+                ErrorKind::InvalidArgument,
+                operation,
+                key,
+                format!("this semaphore is in use with a limit of {theirs} permits, not {limit}"),
+            ))
+        };
+        // An early look, without the mutex: a different limit in use, or
+        // (for a try) no room or a waiter ahead.
+        match timed(timeout, session.client.get_data(&leases)).await {
+            Ok((data, stat)) if stat.num_children > 0 => {
+                if let Some(theirs) = limit_of(&data).filter(|l| *l != limit) {
+                    return Err(mismatch(theirs));
+                }
+                let used = u64::try_from(stat.num_children).unwrap_or(0);
+                if deadline.is_none() && used + u64::from(count) > u64::from(limit) {
+                    return Ok(None);
+                }
+            }
+            Ok(_) => {}
+            Err(err) if err.is(&zk::Error::NoNode) => {}
+            Err(err) => return Err(Self::fail(session, err, operation, key)),
+        }
+        // The internal mutex (Curator's `<path>/locks`), FIFO.
+        let mutex_deadline = deadline.unwrap_or_else(|| Instant::now() + TRY_MUTEX_WAIT);
+        let mutex = match self
+            .lock_in(key, &locks, ttl, Some(mutex_deadline), operation, false)
+            .await
+        {
+            Ok(Some(mutex)) => mutex,
+            Ok(None) => return Ok(None),
+            Err(err) if err.kind() == ErrorKind::Contended && deadline.is_none() => {
+                return Ok(None);
+            }
+            Err(err) => return Err(AttemptError::Lock(err)),
+        };
+        let mut pending = Pending::new(self, &session.client);
+        let mutex_path = mutex
+            .backend_data()
+            .parse::<u32>()
+            .ok()
+            .map(|seq| paths::node_path(&locks, mutex.owner(), seq));
+        if let Some(path) = &mutex_path {
+            pending
+                .nodes
+                .push((locks.clone(), path.clone(), mutex.owner()));
+        }
+        if !mutex
+            .session()
+            .is_some_and(|s| s.same_channel(&session.state))
+        {
+            // Granted on a newer session than this attempt's.
+            return Err(AttemptError::SessionLost);
+        }
+        // Under the mutex: the authoritative limit check.
+        let (data, stat) = match timed(timeout, session.client.get_data(&leases)).await {
+            Ok(found) => found,
+            Err(err) if err.is(&zk::Error::NoNode) => {
+                self.ensure_dir(session, &leases, operation, key).await?;
+                match timed(timeout, session.client.get_data(&leases)).await {
+                    Ok(found) => found,
+                    Err(err) => return Err(Self::fail(session, err, operation, key)),
+                }
+            }
+            Err(err) => return Err(Self::fail(session, err, operation, key)),
+        };
+        let stored = limit_of(&data);
+        if let Some(theirs) = stored.filter(|l| stat.num_children > 0 && *l != limit) {
+            pending.withdraw().await;
+            return Err(mismatch(theirs));
+        }
+        if stored != Some(limit) {
+            // Idle (or never set by our clients): our limit takes effect.
+            if let Err(err) = timed(
+                timeout,
+                session
+                    .client
+                    .set_data(&leases, limit.to_string().as_bytes(), None),
+            )
+            .await
+            {
+                return Err(Self::fail(session, err, operation, key));
+            }
+        }
+        // Our lease nodes, all at once (one transaction).
+        let owner = self.inner.owners.next();
+        pending.sweeps.push((leases.clone(), owner));
+        let prefix = paths::named_prefix(&leases, owner, LEASE_NAME);
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let mut writer = session.client.new_multi_writer();
+        for _ in 0..count {
+            writer
+                .add_create(&prefix, limit.to_string().as_bytes(), &options)
+                .map_err(|e| Self::fail(session, CallError::Zk(e), operation, key))?;
+        }
+        let created = match tokio::time::timeout(timeout, writer.commit()).await {
+            Err(_) => {
+                return Err(Self::fail(
+                    session,
+                    CallError::TimedOut(timeout),
+                    operation,
+                    key,
+                ));
+            }
+            Ok(Err(err)) => {
+                return Err(Self::fail(
+                    session,
+                    CallError::Zk(zk::Error::from(err)),
+                    operation,
+                    key,
+                ));
+            }
+            Ok(Ok(results)) => results,
+        };
+        let mut ours: Vec<(String, i64)> = Vec::with_capacity(created.len());
+        for result in created {
+            if let zk::MultiWriteResult::Create { path, stat } = result {
+                ours.push((path, stat.czxid));
+            }
+        }
+        pending.sweeps.clear();
+        for (path, _) in &ours {
+            pending.nodes.push((leases.clone(), path.clone(), owner));
+        }
+        let Some((first_path, _)) = ours.first() else {
+            return Err(AttemptError::Lock(error(
+                ErrorKind::Backend,
+                operation,
+                key,
+                "the lease nodes' create returned nothing",
+            )));
+        };
+        // A multi's creates answer without a stat: the first node's czxid
+        // (the grant's token) is read once.
+        let first_czxid = match timed(timeout, session.client.check_stat(first_path)).await {
+            Ok(Some(stat)) => stat.czxid,
+            Ok(None) => {
+                pending.withdraw().await;
+                return Err(AttemptError::Lock(error(
+                    ErrorKind::LeaseLost,
+                    operation,
+                    key,
+                    format!("our lease node {first_path} was deleted at once"),
+                )));
+            }
+            Err(err) => return Err(Self::fail(session, err, operation, key)),
+        };
+        let mut seqs = Vec::with_capacity(ours.len());
+        for (path, _) in &ours {
+            let name = &path[leases.len() + 1..];
+            let seq = sequence_named(name, LEASE_NAME).unwrap_or(-1);
+            seqs.push(seq_u32(seq, operation, key)?);
+        }
+        let names: Vec<&str> = ours.iter().map(|(p, _)| &p[leases.len() + 1..]).collect();
+        let mut first = true;
+        loop {
+            let client = &session.client;
+            let sent = Instant::now();
+            let listed = if first {
+                first = false;
+                timed(timeout, client.list_and_watch_children(&leases)).await
+            } else {
+                synced(
+                    client.sync(&leases),
+                    timeout,
+                    client.list_and_watch_children(&leases),
+                )
+                .await
+            };
+            let (children, watcher) = match listed {
+                Ok(listed) => listed,
+                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            };
+            if !names.iter().all(|n| children.iter().any(|c| c == n)) {
+                if session.is_lost() {
+                    return Err(AttemptError::SessionLost);
+                }
+                pending.withdraw().await;
+                return Err(AttemptError::Lock(error(
+                    ErrorKind::LeaseLost,
+                    operation,
+                    key,
+                    format!("our lease nodes in {leases} were deleted while we waited"),
+                )));
+            }
+            let room = children.len() <= usize::try_from(limit).unwrap_or(usize::MAX);
+            if room {
+                if session.is_lost() {
+                    return Err(AttemptError::SessionLost);
+                }
+                let token = to_token(first_czxid, operation, key)?;
+                let ttl = ttl.min(session.timeout);
+                let data = format!(
+                    "{};{first_czxid}",
+                    seqs.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                );
+                let lease = Lease::granted(
+                    key.clone(),
+                    owner,
+                    FencingToken::new(token),
+                    ttl,
+                    sent,
+                    data,
+                )
+                .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?
+                .with_kind(LeaseKind::Permits { count, limit })
+                .with_session(session.state.clone());
+                self.schedule_shared(
+                    owner,
+                    ours.iter().map(|(p, _)| p.clone()).collect(),
+                    sent + ttl,
+                );
+                // Only the mutex is left to delete.
+                pending.nodes.retain(|(dir, _, _)| *dir == locks);
+                pending.withdraw().await;
+                return Ok(Some(lease));
+            }
+            let Some(deadline) = deadline else {
+                pending.withdraw().await;
+                return Ok(None);
+            };
+            let mut state = session.state.clone();
+            tokio::select! {
+                _ = watcher.changed() => {}
+                () = wait_lost(&mut state) => return Err(AttemptError::SessionLost),
+                () = sleep_until(deadline) => {
+                    pending.withdraw().await;
+                    return Err(AttemptError::Lock(error(
+                        ErrorKind::Contended,
+                        operation,
+                        key,
+                        "no permits free at the wait deadline",
+                    )));
+                }
+            }
+        }
+    }
+
+    /// `renew` of a read, write or permit lease: its nodes still exist
+    /// (from the leader's view), with the grant's `czxid`, on this
+    /// backend's session, and its TTL has not run out.
+    pub(super) async fn renew_shared(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let op = Operation::Renew;
+        let key = lease.key();
+        let not_held = |why: &str| error(ErrorKind::NotHeld, op, key, why.to_owned());
+        let Some(nodes) = self.shared_nodes(lease) else {
+            return Err(not_held(
+                "the lease does not name nodes of its key and owner",
+            ));
+        };
+        if lease
+            .session()
+            .is_some_and(|s| matches!(*s.borrow(), SessionState::Lost(_)))
+        {
+            return Err(not_held(
+                "the ZooKeeper session that held this lease is gone",
+            ));
+        }
+        let session = self.session(op).await.map_err(|e| e.with_key(key))?;
+        let sent = Instant::now();
+        let ours = lease
+            .session()
+            .is_some_and(|s| s.same_channel(&session.state));
+        let clock = self.inner.clock;
+        if ours
+            && !self
+                .tracked_shared(lease.owner(), |t| !clock.passed(t.due, sent))
+                .unwrap_or(false)
+        {
+            return Err(not_held(
+                "the lease's TTL ran out before this renewal; its nodes are deleted",
+            ));
+        }
+        let client = &session.client;
+        let read = async {
+            let calls: Vec<_> = nodes.paths.iter().map(|p| client.check_stat(p)).collect();
+            let mut stats = Vec::with_capacity(calls.len());
+            for call in calls {
+                stats.push(call.await?);
+            }
+            Ok::<_, zk::Error>(stats)
+        };
+        let stats = synced(client.sync(&nodes.dir), self.op_timeout(), read)
+            .await
+            .map_err(|err| err.into_lock_error(op).with_key(key))?;
+        if stats.iter().any(Option::is_none) {
+            self.forget_shared(lease.owner());
+            return Err(not_held(
+                "the lease's node is gone (released, expired, or deleted)",
+            ));
+        }
+        let stats: Vec<zk::Stat> = stats.into_iter().flatten().collect();
+        if stats[0].czxid != nodes.czxid {
+            return Err(not_held("the lease's node was re-created: not this grant"));
+        }
+        if stats.iter().any(|s| s.ephemeral_owner != session.id) {
+            return Err(error(
+                ErrorKind::Unsupported,
+                op,
+                key,
+                "the lease's nodes belong to another ZooKeeper session: they live as long as \
+                 that session and can be released, but not renewed, from here",
+            ));
+        }
+        let ttl = lease.ttl().min(session.timeout);
+        let extended = self
+            .tracked_shared(lease.owner(), |t| {
+                if clock.passed(t.due, sent) {
+                    return false;
+                }
+                if clock.passed(t.due, sent + ttl) {
+                    t.due = clock.deadline(sent + ttl);
+                }
+                true
+            })
+            .unwrap_or(false);
+        if !extended {
+            return Err(not_held(
+                "the lease's TTL ran out before this renewal; its nodes are deleted",
+            ));
+        }
+        Ok(validity_deadline(sent, ttl))
+    }
+
+    /// `release` of a read, write or permit lease: deletes its nodes.
+    pub(super) async fn release_shared(&self, lease: &Lease) -> Result<bool, LockError> {
+        let op = Operation::Release;
+        let Some(nodes) = self.shared_nodes(lease) else {
+            return Ok(false);
+        };
+        let session = self
+            .session(op)
+            .await
+            .map_err(|e| e.with_key(lease.key()))?;
+        let calls: Vec<_> = nodes
+            .paths
+            .iter()
+            .map(|p| timed(self.op_timeout(), session.client.delete(p, None)))
+            .collect();
+        let mut deleted = false;
+        let mut failure = None;
+        for call in calls {
+            match call.await {
+                Ok(()) => deleted = true,
+                Err(err) if err.is(&zk::Error::NoNode) => {}
+                Err(err) => failure = Some(err),
+            }
+        }
+        if let Some(err) = failure {
+            // The local expiry stays armed: it deletes the rest later.
+            return Err(err.into_lock_error(op).with_key(lease.key()));
+        }
+        self.forget_shared(lease.owner());
+        self.remove_empty_dir(&session.client, &nodes.dir).await;
+        Ok(deleted)
+    }
+
+    /// `downgrade`: one transaction creates a read node named with the
+    /// write node's sequence number (so it sorts where the write node was,
+    /// before every waiter, as Curator 5.5+ names a read lock taken by the
+    /// write lock's owner) and deletes the write node. No writer can come
+    /// between: the read node exists before the write node goes.
+    pub(super) async fn downgrade_write(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let op = Operation::Downgrade;
+        let key = lease.key();
+        let not_held = |why: &str| error(ErrorKind::NotHeld, op, key, why.to_owned());
+        if lease.kind() != LeaseKind::Write {
+            return Err(not_held("only a write lease can be downgraded"));
+        }
+        let Some(nodes) = self.shared_nodes(lease) else {
+            return Err(not_held("the lease does not name a write node of its key"));
+        };
+        if lease
+            .session()
+            .is_some_and(|s| matches!(*s.borrow(), SessionState::Lost(_)))
+        {
+            return Err(not_held(
+                "the ZooKeeper session that held this lease is gone",
+            ));
+        }
+        let session = self.session(op).await.map_err(|e| e.with_key(key))?;
+        if !lease
+            .session()
+            .is_some_and(|s| s.same_channel(&session.state))
+        {
+            return Err(not_held(
+                "the write lease is not of this backend's current session",
+            ));
+        }
+        let sent = Instant::now();
+        let clock = self.inner.clock;
+        if !self
+            .tracked_shared(lease.owner(), |t| !clock.passed(t.due, sent))
+            .unwrap_or(false)
+        {
+            return Err(not_held("the write lease's TTL ran out"));
+        }
+        let write_path = &nodes.paths[0];
+        let seq = lease
+            .backend_data()
+            .split_once(';')
+            .and_then(|(s, _)| s.parse::<u32>().ok())
+            .ok_or_else(|| not_held("bad lease data"))?;
+        let owner = self.inner.owners.next();
+        let read_path = paths::named_node_path(&nodes.dir, owner, READ_NAME, seq);
+        let ttl = lease.ttl().min(session.timeout);
+        // Tracked before the transaction is sent: if its outcome is
+        // unknown, the read node is still deleted at its TTL.
+        self.schedule_shared(owner, vec![read_path.clone()], sent + ttl);
+        let options = zk::CreateMode::Ephemeral.with_acls(self.acls());
+        let mut writer = session.client.new_multi_writer();
+        let added = writer
+            .add_create(&read_path, &[], &options)
+            .and_then(|()| writer.add_delete(write_path, None));
+        if let Err(err) = added {
+            self.forget_shared(owner);
+            return Err(CallError::Zk(err).into_lock_error(op).with_key(key));
+        }
+        let timeout = self.op_timeout();
+        let results = match tokio::time::timeout(timeout, writer.commit()).await {
+            Err(_) => {
+                return Err(CallError::TimedOut(timeout)
+                    .into_lock_error(op)
+                    .with_key(key));
+            }
+            Ok(Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NoNode,
+                ..
+            })) => {
+                self.forget_shared(owner);
+                return Err(not_held("the write node is gone"));
+            }
+            Ok(Err(err)) => {
+                let err = CallError::Zk(zk::Error::from(err));
+                if !err.outcome_unknown() {
+                    self.forget_shared(owner);
+                }
+                return Err(err.into_lock_error(op).with_key(key));
+            }
+            Ok(Ok(results)) => results,
+        };
+        drop(results);
+        self.forget_shared(lease.owner());
+        // A multi's create answers without a stat: read the node's czxid
+        // (renewals confirm it).
+        let czxid = match timed(timeout, session.client.check_stat(&read_path)).await {
+            Ok(Some(stat)) => stat.czxid,
+            Ok(None) => {
+                self.forget_shared(owner);
+                return Err(not_held("the read node vanished right after the downgrade"));
+            }
+            Err(err) => return Err(err.into_lock_error(op).with_key(key)),
+        };
+        let read = Lease::granted(
+            key.clone(),
+            owner,
+            lease.token(),
+            ttl,
+            sent,
+            format!("{seq};{czxid}"),
+        )
+        .map_err(|e| e.with_backend(NAME))?
+        .with_kind(LeaseKind::Read)
+        .with_session(session.state.clone());
+        Ok(read)
+    }
+
+    /// `holders` of a read-write lock or a semaphore.
+    pub(super) async fn shared_holders(
+        &self,
+        key: &LockKey,
+        shape: LockShape,
+    ) -> Result<Vec<HolderInfo>, LockError> {
+        let op = Operation::Inspect;
+        let session = self.session(op).await.map_err(|e| e.with_key(key))?;
+        let client = &session.client;
+        let timeout = self.op_timeout();
+        let fail = |err: CallError| err.into_lock_error(op).with_key(key);
+        let root = self.inner.config.root();
+        // (node name, kind, token if known) of each holder, in order.
+        let (dir, held): (String, Vec<Held>) = match shape {
+            LockShape::ReadWrite => {
+                let dir = paths::rw_dir(root, key);
+                let read = async {
+                    let children = client.list_children(&dir);
+                    let data = client.get_data(&dir);
+                    Ok::<_, zk::Error>((children.await?, data.await?.0))
+                };
+                let (children, data) = match timed(timeout, read).await {
+                    Ok(found) => found,
+                    Err(err) if err.is(&zk::Error::NoNode) => return Ok(Vec::new()),
+                    Err(err) => return Err(fail(err)),
+                };
+                let epoch = epoch_of(&data);
+                let nodes = sorted_rw_nodes(children);
+                let mut held = Vec::new();
+                for (index, node) in nodes.iter().enumerate() {
+                    if rw_blocker(&nodes, index).is_none() {
+                        if node.write {
+                            held.push((vec![node.name.clone()], LeaseKind::Write, None));
+                        } else {
+                            held.push((vec![node.name.clone()], LeaseKind::Read, Some(epoch)));
+                        }
+                    }
+                }
+                (dir, held)
+            }
+            LockShape::Semaphore => {
+                let dir = format!("{}/{LEASES}", paths::sem_dir(root, key));
+                let (data, _) = match timed(timeout, client.get_data(&dir)).await {
+                    Ok(found) => found,
+                    Err(err) if err.is(&zk::Error::NoNode) => return Ok(Vec::new()),
+                    Err(err) => return Err(fail(err)),
+                };
+                let children = match timed(timeout, client.list_children(&dir)).await {
+                    Ok(children) => children,
+                    Err(err) if err.is(&zk::Error::NoNode) => return Ok(Vec::new()),
+                    Err(err) => return Err(fail(err)),
+                };
+                let limit = limit_of(&data).unwrap_or(u32::MAX);
+                let mut nodes: Vec<(i64, String)> = children
+                    .into_iter()
+                    .filter_map(|n| sequence_named(&n, LEASE_NAME).map(|s| (s, n)))
+                    .collect();
+                nodes.sort();
+                // Group by owner (a grant of several permits is several
+                // nodes); the nodes past the limit are a waiter's.
+                let mut held: Vec<Held> = Vec::new();
+                let mut total: u32 = 0;
+                let mut groups: Vec<(Option<OwnerId>, Vec<String>)> = Vec::new();
+                for (_, name) in nodes {
+                    let owner = owner_of(&name);
+                    match groups
+                        .iter_mut()
+                        .find(|(o, _)| owner.is_some() && *o == owner)
+                    {
+                        Some((_, names)) => names.push(name),
+                        None => groups.push((owner, vec![name])),
+                    }
+                }
+                for (_, names) in groups {
+                    let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
+                    if total.saturating_add(count) > limit {
+                        break;
+                    }
+                    total += count;
+                    let kind = LeaseKind::Permits {
+                        count,
+                        limit: if limit == u32::MAX { count } else { limit },
+                    };
+                    held.push((names, kind, None));
+                }
+                (dir, held)
+            }
+            _ => return Ok(Vec::new()),
+        };
+        let clock = self.inner.clock;
+        let now = Instant::now();
+        let mut out = Vec::with_capacity(held.len());
+        for (names, kind, token) in held {
+            let first = &names[0];
+            let token = match token {
+                Some(token) => Some(token),
+                None => match timed(timeout, client.check_stat(&format!("{dir}/{first}"))).await {
+                    Ok(Some(stat)) => u64::try_from(stat.czxid).ok(),
+                    // Released while we looked.
+                    Ok(None) => continue,
+                    Err(err) => return Err(fail(err)),
+                },
+            };
+            let owner = owner_of(first);
+            let remaining_ttl =
+                owner.and_then(|o| self.tracked_shared(o, |t| clock.remaining(t.due, now)));
+            out.push(HolderInfo {
+                kind,
+                holder: owner.map_or_else(|| first.clone(), OwnerId::to_hex),
+                token: token.map(FencingToken::new),
+                remaining_ttl,
+            });
+        }
+        Ok(out)
+    }
+}

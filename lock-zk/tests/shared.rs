@@ -1,0 +1,925 @@
+//! Read-write locks and semaphores against a real ZooKeeper server started
+//! here: exclusion observed under contention (and the same check catching
+//! a broken reader and a broken permit taker that write the recipe's nodes
+//! without obeying it), readers overlapping, writer preference, downgrade,
+//! tokens, limits, expiry of an unrenewed holder, and cancellation.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::Standalone;
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, LockShape, OwnerId};
+use lock_zk::ZkBackend;
+use tokio::time::{Instant, sleep, timeout};
+use zookeeper_client as zk;
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
+}
+
+fn permits(count: u32, limit: u32) -> LeaseKind {
+    LeaseKind::permits(count, limit).expect("permits")
+}
+
+fn soon(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+/// What one recorded holding was.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Held {
+    Read,
+    Write,
+    Permits(u32),
+}
+
+/// One holding as its holder saw it: from just after the grant to just
+/// before the release (inside the real holding, so a correct lock never
+/// shows an overlap).
+#[derive(Clone, Debug)]
+struct Interval {
+    held: Held,
+    from: Instant,
+    to: Instant,
+    who: String,
+}
+
+type History = Arc<Mutex<Vec<Interval>>>;
+
+fn record(history: &History, held: Held, from: Instant, who: &str) {
+    history.lock().unwrap().push(Interval {
+        held,
+        from,
+        to: Instant::now(),
+        who: who.to_owned(),
+    });
+}
+
+/// Every pair where a writer overlaps anyone else.
+fn rw_violations(history: &[Interval]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, a) in history.iter().enumerate() {
+        for b in &history[i + 1..] {
+            let overlap = a.from < b.to && b.from < a.to;
+            if overlap && (a.held == Held::Write || b.held == Held::Write) {
+                out.push(format!(
+                    "{:?} by {} overlaps {:?} by {}",
+                    a.held, a.who, b.held, b.who
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The most permits held at one instant, and the most readers.
+fn peaks(history: &[Interval]) -> (u32, usize) {
+    let mut events: Vec<(Instant, i64, i64)> = Vec::new();
+    for i in history {
+        let (p, r) = match i.held {
+            Held::Permits(n) => (i64::from(n), 0),
+            Held::Read => (0, 1),
+            Held::Write => (0, 0),
+        };
+        events.push((i.from, p, r));
+        events.push((i.to, -p, -r));
+    }
+    // Ends before starts at the same instant.
+    events.sort_by(|a, b| a.0.cmp(&b.0).then((a.1 + a.2).cmp(&(b.1 + b.2))));
+    let (mut permits, mut readers, mut max_p, mut max_r) = (0i64, 0i64, 0i64, 0i64);
+    for (_, p, r) in events {
+        permits += p;
+        readers += r;
+        max_p = max_p.max(permits);
+        max_r = max_r.max(readers);
+    }
+    (
+        u32::try_from(max_p).unwrap_or(u32::MAX),
+        usize::try_from(max_r).unwrap_or(usize::MAX),
+    )
+}
+
+/// A contender: our backend, or a broken double writing the recipe's
+/// nodes with a raw client and ignoring what it should wait for.
+#[derive(Clone)]
+enum Actor {
+    Ours(ZkBackend),
+    /// Creates a read node and holds at once, writers or not.
+    BrokenReader(zk::Client),
+    /// Creates a lease node (no mutex, no count) and holds at once.
+    BrokenPermit(zk::Client),
+}
+
+async fn broken_node(raw: &zk::Client, dir: &str, name: &str) -> String {
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let uuid = OwnerId::random().to_hex();
+    let prefix = format!(
+        "{dir}/_c_{}-{}-{}-{}-{}-{name}",
+        &uuid[..8],
+        &uuid[8..12],
+        &uuid[12..16],
+        &uuid[16..20],
+        &uuid[20..]
+    );
+    let (_, seq) = raw
+        .create(&prefix, &[], &options)
+        .await
+        .expect("broken create");
+    format!("{prefix}{seq}")
+}
+
+/// `rounds` turns of `actor` on `k`: readers and writers (every third turn
+/// of an even-numbered actor writes), each holding a few milliseconds.
+async fn rw_turns(
+    actor: Actor,
+    k: LockKey,
+    dir: String,
+    n: usize,
+    rounds: usize,
+    history: History,
+) {
+    let who = format!("actor {n}");
+    for round in 0..rounds {
+        let write = n.is_multiple_of(2) && round.is_multiple_of(3);
+        let hold = Duration::from_millis(3 + (n as u64 * 7 + round as u64 * 5) % 12);
+        match &actor {
+            Actor::Ours(b) => {
+                let kind = if write {
+                    LeaseKind::Write
+                } else {
+                    LeaseKind::Read
+                };
+                let lease = b
+                    .acquire_kind(&k, kind, TTL, soon(20_000))
+                    .await
+                    .expect("acquire under contention");
+                let from = Instant::now();
+                sleep(hold).await;
+                record(
+                    &history,
+                    if write { Held::Write } else { Held::Read },
+                    from,
+                    &who,
+                );
+                assert!(b.release(&lease).await.expect("release"));
+            }
+            Actor::BrokenReader(raw) => {
+                let path = broken_node(raw, &dir, "__READ__").await;
+                let from = Instant::now();
+                sleep(hold * 3).await;
+                record(&history, Held::Read, from, &format!("{who} (broken)"));
+                raw.delete(&path, None).await.expect("broken delete");
+            }
+            Actor::BrokenPermit(_) => unreachable!(),
+        }
+    }
+}
+
+async fn rw_contention(actors: Vec<Actor>, k: &LockKey, dir: &str, rounds: usize) -> Vec<Interval> {
+    let history: History = Arc::default();
+    let tasks: Vec<_> = actors
+        .into_iter()
+        .enumerate()
+        .map(|(n, actor)| {
+            tokio::spawn(rw_turns(
+                actor,
+                k.clone(),
+                dir.to_owned(),
+                n,
+                rounds,
+                history.clone(),
+            ))
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("contender");
+    }
+    history.lock().unwrap().clone()
+}
+
+async fn backends(target: &Standalone, n: usize) -> Vec<ZkBackend> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(target.backend().await.expect("backend"));
+    }
+    out
+}
+
+/// Many readers and writers on separate sessions: no writer ever beside
+/// anyone, and readers really overlap. The same check, with one contender
+/// replaced by a reader that ignores writers, reports overlaps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rw_exclusion_under_contention_and_a_broken_reader_is_caught() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let bs = backends(&target, 4).await;
+    let k = key("rw-contention");
+    let dir = bs[0].rwlock_path(&k);
+    let actors: Vec<Actor> = (0..6).map(|i| Actor::Ours(bs[i % 4].clone())).collect();
+    let history = rw_contention(actors, &k, &dir, 12).await;
+    let violations = rw_violations(&history);
+    let (_, readers) = peaks(&history);
+    let writes = history.iter().filter(|i| i.held == Held::Write).count();
+    println!(
+        "{} holdings ({writes} writes), at most {readers} readers at once",
+        history.len()
+    );
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert!(readers >= 2, "readers never overlapped");
+    assert!(writes >= 6);
+
+    // The check catches a reader that does not wait for writers.
+    let raw = target.raw().await;
+    let k = key("rw-broken");
+    let dir = bs[0].rwlock_path(&k);
+    // The directory exists once one of ours has used it.
+    let lease = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    bs[0].release(&lease).await.unwrap();
+    let mut actors: Vec<Actor> = (0..4).map(|i| Actor::Ours(bs[i].clone())).collect();
+    actors[1] = Actor::BrokenReader(raw);
+    let history = rw_contention(actors, &k, &dir, 12).await;
+    let violations = rw_violations(&history);
+    println!(
+        "broken reader: {} violations, e.g. {:?}",
+        violations.len(),
+        violations.first()
+    );
+    assert!(
+        !violations.is_empty(),
+        "the check missed a reader beside a writer"
+    );
+}
+
+/// Readers of separate sessions hold at once, and carry equal tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_and_writers_exclude() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let bs = backends(&target, 3).await;
+    let k = key("share");
+    let r1 = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("r1");
+    let r2 = bs[1]
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("r2");
+    assert_eq!(r1.kind(), LeaseKind::Read);
+    assert_eq!(r1.token(), r2.token());
+    assert!(
+        bs[2]
+            .try_acquire_kind(&k, LeaseKind::Write, TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let holders = bs[2].holders(&k, LockShape::ReadWrite).await.unwrap();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    assert!(holders.iter().all(|h| h.kind == LeaseKind::Read));
+    // The mutex of the same key is another lock.
+    let m = bs[2]
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("mutex of the same key is free");
+    assert!(bs[2].release(&m).await.unwrap());
+    // Renewals of read leases (one and batched).
+    bs[0].renew(&r1).await.expect("renew read");
+    let renewed = bs[1].renew_many(&[&r2]).await;
+    assert!(renewed[0].is_ok(), "{renewed:?}");
+    assert!(bs[0].release(&r1).await.unwrap());
+    assert!(!bs[0].release(&r1).await.unwrap(), "released twice");
+    assert_eq!(
+        bs[0].renew(&r1).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    assert!(
+        bs[2]
+            .try_acquire_kind(&k, LeaseKind::Write, TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(bs[1].release(&r2).await.unwrap());
+    let w = bs[2]
+        .try_acquire_kind(&k, LeaseKind::Write, TTL)
+        .await
+        .unwrap()
+        .expect("w");
+    assert!(
+        bs[0]
+            .try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        bs[0]
+            .try_acquire_kind(&k, LeaseKind::Write, TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let holders = bs[0].holders(&k, LockShape::ReadWrite).await.unwrap();
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].kind, LeaseKind::Write);
+    assert_eq!(holders[0].token, Some(w.token()));
+    assert!(bs[2].release(&w).await.unwrap());
+}
+
+/// Once a writer waits, new readers (try and wait) queue behind it; a
+/// waiting writer that is cancelled stops blocking readers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_preference_and_a_cancelled_writer() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let bs = backends(&target, 3).await;
+    let k = key("prefer");
+    let r1 = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("r1");
+    let writer = {
+        let (b, k) = (bs[1].clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
+                .await
+        })
+    };
+    // Until the writer's node is there.
+    let dir = bs[0].rwlock_path(&k);
+    let raw = target.raw().await;
+    timeout(Duration::from_secs(5), async {
+        while raw.list_children(&dir).await.unwrap().len() < 2 {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the writer never queued");
+    assert!(
+        bs[2]
+            .try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "a reader overtook a waiting writer"
+    );
+    let err = bs[2]
+        .acquire_kind(&k, LeaseKind::Read, TTL, soon(300))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contended);
+    assert!(bs[0].release(&r1).await.unwrap());
+    let w = timeout(Duration::from_secs(5), writer)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("writer");
+    assert!(w.token() > r1.token());
+    assert!(bs[1].release(&w).await.unwrap());
+
+    // A waiting writer that is dropped: readers get in again at once.
+    let r1 = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("r1");
+    let waiting = {
+        let (b, k) = (bs[1].clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
+                .await
+        })
+    };
+    timeout(Duration::from_secs(5), async {
+        while raw.list_children(&dir).await.unwrap().len() < 2 {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the writer never queued");
+    waiting.abort();
+    let dropped = Instant::now();
+    let r2 = timeout(Duration::from_secs(2), async {
+        loop {
+            if let Some(r) = bs[2]
+                .try_acquire_kind(&k, LeaseKind::Read, TTL)
+                .await
+                .unwrap()
+            {
+                return r;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a cancelled writer kept blocking readers");
+    println!(
+        "reader admitted {:?} after the writer was dropped",
+        dropped.elapsed()
+    );
+    assert_eq!(
+        raw.list_children(&dir).await.unwrap().len(),
+        2,
+        "only the two readers are left"
+    );
+    assert!(bs[0].release(&r1).await.unwrap());
+    assert!(bs[2].release(&r2).await.unwrap());
+}
+
+/// Downgrade keeps the token, lets readers in, keeps a waiting writer out
+/// until the read lease goes, and invalidates the write lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_without_a_gap() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let bs = backends(&target, 3).await;
+    let k = key("downgrade");
+    let w = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Write, TTL)
+        .await
+        .unwrap()
+        .expect("w");
+    let waiter = {
+        let (b, k) = (bs[1].clone(), k.clone());
+        tokio::spawn(async move {
+            let lease = b
+                .acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
+                .await;
+            (Instant::now(), lease)
+        })
+    };
+    let dir = bs[0].rwlock_path(&k);
+    let raw = target.raw().await;
+    timeout(Duration::from_secs(5), async {
+        while raw.list_children(&dir).await.unwrap().len() < 2 {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the writer never queued");
+    let r = bs[0].downgrade(&w).await.expect("downgrade");
+    assert_eq!(r.kind(), LeaseKind::Read);
+    assert_eq!(r.token(), w.token(), "the read lease keeps the write token");
+    // The write lease is gone; the read lease renews.
+    assert_eq!(
+        bs[0].renew(&w).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    assert_eq!(
+        bs[0].downgrade(&w).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    assert_eq!(
+        bs[0].downgrade(&r).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    bs[0].renew(&r).await.expect("renew the read lease");
+    sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "a writer got in after the downgrade");
+    // Readers queue behind the waiting writer (writer preference), so the
+    // downgraded reader is alone; its node sorts where the write node was.
+    let names = raw.list_children(&dir).await.unwrap();
+    assert!(names.iter().any(|n| n.contains("__READ__")), "{names:?}");
+    let holders = bs[2].holders(&k, LockShape::ReadWrite).await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(holders[0].kind, LeaseKind::Read);
+    assert_eq!(holders[0].token, Some(w.token()));
+    assert!(
+        !bs[0].release(&w).await.unwrap(),
+        "the write lease was released again"
+    );
+    let released = Instant::now();
+    assert!(bs[0].release(&r).await.unwrap());
+    let (granted, w2) = timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let w2 = w2.expect("the waiting writer");
+    assert!(granted >= released);
+    assert!(w2.token() > w.token());
+    assert!(bs[1].release(&w2).await.unwrap());
+    // A downgrade with no one waiting: another reader joins.
+    let w = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Write, TTL)
+        .await
+        .unwrap()
+        .expect("w");
+    let r = bs[0].downgrade(&w).await.expect("downgrade");
+    let r2 = bs[2]
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("reader joins");
+    assert_eq!(r2.token(), w.token());
+    assert!(bs[0].release(&r).await.unwrap());
+    assert!(bs[2].release(&r2).await.unwrap());
+}
+
+/// Tokens: writes strictly increase (above every earlier read), reads
+/// carry the last write's token (0 before any write), permits increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_as_documented() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let bs = backends(&target, 2).await;
+    let k = key("tokens");
+    let r0 = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r0.token().get(), 0, "a read before any write carries 0");
+    bs[0].release(&r0).await.unwrap();
+    let mut last_write;
+    let mut last_grant = 0;
+    for round in 0..4 {
+        let w = bs[round % 2]
+            .try_acquire_kind(&k, LeaseKind::Write, TTL)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            w.token().get() > last_grant,
+            "write {} after {last_grant}",
+            w.token()
+        );
+        last_write = w.token().get();
+        last_grant = last_write;
+        bs[round % 2].release(&w).await.unwrap();
+        let ra = bs[0]
+            .try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .unwrap();
+        let rb = bs[1]
+            .try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(ra.token().get(), last_write);
+        assert_eq!(rb.token().get(), last_write);
+        bs[0].release(&ra).await.unwrap();
+        bs[1].release(&rb).await.unwrap();
+    }
+    let s = key("tokens-sem");
+    let mut last = 0;
+    for round in 0..6 {
+        let p = bs[round % 2]
+            .try_acquire_kind(&s, permits(1, 2), TTL)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(p.token().get() > last);
+        last = p.token().get();
+        if round % 2 == 1 {
+            bs[round % 2].release(&p).await.unwrap();
+        } else {
+            // Held across the next grant.
+            let q = bs[1]
+                .try_acquire_kind(&s, permits(1, 2), TTL)
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(q.token() > p.token());
+            last = q.token().get();
+            bs[1].release(&q).await.unwrap();
+            bs[round % 2].release(&p).await.unwrap();
+        }
+    }
+}
+
+/// `rounds` permit requests of `actor` (1 or 2 of `limit`).
+async fn permit_turns(
+    actor: Actor,
+    k: LockKey,
+    dir: String,
+    n: usize,
+    limit: u32,
+    rounds: usize,
+    history: History,
+) {
+    let who = format!("actor {n}");
+    for round in 0..rounds {
+        let count = if (n + round).is_multiple_of(3) { 2 } else { 1 };
+        let hold = Duration::from_millis(3 + (n as u64 * 5 + round as u64 * 3) % 10);
+        match &actor {
+            Actor::Ours(b) => {
+                let lease = b
+                    .acquire_kind(&k, permits(count, limit), TTL, soon(20_000))
+                    .await
+                    .expect("permits under contention");
+                let from = Instant::now();
+                sleep(hold).await;
+                record(&history, Held::Permits(count), from, &who);
+                assert!(b.release(&lease).await.expect("release"));
+            }
+            Actor::BrokenPermit(raw) => {
+                let path = broken_node(raw, &format!("{dir}/leases"), "lease-").await;
+                let from = Instant::now();
+                sleep(hold * 2).await;
+                record(&history, Held::Permits(1), from, &format!("{who} (broken)"));
+                raw.delete(&path, None).await.expect("broken delete");
+            }
+            Actor::BrokenReader(_) => unreachable!(),
+        }
+    }
+}
+
+async fn permit_contention(
+    actors: Vec<Actor>,
+    k: &LockKey,
+    dir: &str,
+    limit: u32,
+    rounds: usize,
+) -> Vec<Interval> {
+    let history: History = Arc::default();
+    let tasks: Vec<_> = actors
+        .into_iter()
+        .enumerate()
+        .map(|(n, a)| {
+            tokio::spawn(permit_turns(
+                a,
+                k.clone(),
+                dir.to_owned(),
+                n,
+                limit,
+                rounds,
+                history.clone(),
+            ))
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("contender");
+    }
+    history.lock().unwrap().clone()
+}
+
+/// Never more than `limit` permits held, observed under contention with
+/// requests of 1 and 2 permits; the same check catches a taker that
+/// ignores the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_limit_under_contention_and_a_broken_taker_is_caught() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let bs = backends(&target, 4).await;
+    let k = key("sem");
+    let dir = bs[0].semaphore_path(&k);
+    let actors: Vec<Actor> = (0..6).map(|i| Actor::Ours(bs[i % 4].clone())).collect();
+    let started = Instant::now();
+    let history = permit_contention(actors, &k, &dir, 3, 10).await;
+    let (peak, _) = peaks(&history);
+    println!(
+        "{} permit holdings in {:?}, peak {peak} of 3",
+        history.len(),
+        started.elapsed()
+    );
+    assert!(peak <= 3, "more than the limit held");
+    assert!(peak >= 2, "permits never overlapped");
+
+    let raw = target.raw().await;
+    let k = key("sem-broken");
+    let dir = bs[0].semaphore_path(&k);
+    let p = bs[0]
+        .try_acquire_kind(&k, permits(1, 3), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    bs[0].release(&p).await.unwrap();
+    let mut actors: Vec<Actor> = (0..5).map(|i| Actor::Ours(bs[i % 4].clone())).collect();
+    actors[1] = Actor::BrokenPermit(raw.clone());
+    actors[3] = Actor::BrokenPermit(raw);
+    let history = permit_contention(actors, &k, &dir, 3, 10).await;
+    let (peak, _) = peaks(&history);
+    println!("with broken takers: peak {peak} of 3");
+    assert!(peak > 3, "the check missed a semaphore past its limit");
+}
+
+/// Counts are taken atomically, a request waits at the head (no
+/// starvation by smaller later ones), limits must agree, bad counts are
+/// typed errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_counts_limits_and_fifo() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let bs = backends(&target, 3).await;
+    let k = key("sem-counts");
+    let a = bs[0]
+        .try_acquire_kind(&k, permits(2, 3), TTL)
+        .await
+        .unwrap()
+        .expect("2 of 3");
+    assert!(
+        bs[1]
+            .try_acquire_kind(&k, permits(2, 3), TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let err = bs[1]
+        .try_acquire_kind(&k, permits(1, 4), TTL)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let err = bs[1]
+        .acquire_kind(&k, permits(1, 4), TTL, soon(500))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    for bad in [
+        LeaseKind::Permits { count: 0, limit: 3 },
+        LeaseKind::Permits { count: 4, limit: 3 },
+        LeaseKind::Permits { count: 1, limit: 0 },
+    ] {
+        let err = bs[1].try_acquire_kind(&k, bad, TTL).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad:?}: {err}");
+    }
+    let holders = bs[2].holders(&k, LockShape::Semaphore).await.unwrap();
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].kind, permits(2, 3));
+    assert_eq!(holders[0].token, Some(a.token()));
+    bs[0].renew(&a).await.expect("renew 2 permits");
+    // A request for 2 waits at the head; a later request for 1 (which
+    // would fit) waits behind it.
+    let big = {
+        let (b, k) = (bs[1].clone(), k.clone());
+        tokio::spawn(async move {
+            let l = b.acquire_kind(&k, permits(2, 3), TTL, soon(10_000)).await;
+            (Instant::now(), l)
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        bs[2]
+            .try_acquire_kind(&k, permits(1, 3), TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "a small request overtook the waiting big one"
+    );
+    let small = {
+        let (b, k) = (bs[2].clone(), k.clone());
+        tokio::spawn(async move {
+            let l = b.acquire_kind(&k, permits(1, 3), TTL, soon(10_000)).await;
+            (Instant::now(), l)
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    assert!(!big.is_finished() && !small.is_finished());
+    bs[0].release(&a).await.unwrap();
+    let (t_big, l_big) = timeout(Duration::from_secs(5), big).await.unwrap().unwrap();
+    let (t_small, l_small) = timeout(Duration::from_secs(5), small)
+        .await
+        .unwrap()
+        .unwrap();
+    let (l_big, l_small) = (l_big.expect("big"), l_small.expect("small"));
+    assert!(t_big <= t_small, "FIFO");
+    assert!(l_small.token() > l_big.token());
+    let holders = bs[0].holders(&k, LockShape::Semaphore).await.unwrap();
+    assert_eq!(
+        holders
+            .iter()
+            .map(|h| match h.kind {
+                LeaseKind::Permits { count, .. } => count,
+                _ => 0,
+            })
+            .sum::<u32>(),
+        3
+    );
+    bs[1].release(&l_big).await.unwrap();
+    bs[2].release(&l_small).await.unwrap();
+    // Idle: a new limit takes effect.
+    let p = bs[0]
+        .try_acquire_kind(&k, permits(4, 5), TTL)
+        .await
+        .unwrap()
+        .expect("idle: new limit");
+    bs[0].release(&p).await.unwrap();
+}
+
+/// A lease that is not renewed is freed at its TTL (the holder lives on but
+/// stopped renewing): for a writer, a reader and permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrenewed_shared_leases_are_freed_at_their_ttl() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let bs = backends(&target, 2).await;
+    let ttl = Duration::from_millis(600);
+    let k = key("ttl");
+    let w = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Write, ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let start = Instant::now();
+    let r = bs[1]
+        .acquire_kind(&k, LeaseKind::Read, TTL, soon(5_000))
+        .await
+        .expect("freed");
+    let waited = start.elapsed();
+    println!("reader granted {waited:?} after an unrenewed writer's grant (TTL {ttl:?})");
+    assert!(waited < Duration::from_secs(2));
+    assert_eq!(
+        bs[0].renew(&w).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    let _ = r;
+    let start = Instant::now();
+    let w2 = bs[0]
+        .acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
+        .await;
+    // `r` has the 3 s TTL and is not renewed either.
+    assert!(w2.is_ok(), "{w2:?}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let s = key("ttl-sem");
+    let _p = bs[0]
+        .try_acquire_kind(&s, permits(2, 2), ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let q = bs[1]
+        .acquire_kind(&s, permits(2, 2), TTL, soon(5_000))
+        .await
+        .expect("permits freed");
+    assert!(bs[1].release(&q).await.unwrap());
+}
+
+/// Dropped waits (reader, writer, permits) leave no node behind, and the
+/// semaphore's mutex is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_leaves_nothing() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let bs = backends(&target, 2).await;
+    let raw = target.raw().await;
+    let k = key("cancel");
+    let dir = bs[0].rwlock_path(&k);
+    let w = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Write, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    for kind in [LeaseKind::Read, LeaseKind::Write] {
+        let wait = bs[1].acquire_kind(&k, kind, TTL, soon(10_000));
+        assert!(timeout(Duration::from_millis(200), wait).await.is_err());
+    }
+    let sem = key("cancel-sem");
+    let sdir = bs[0].semaphore_path(&sem);
+    let p = bs[0]
+        .try_acquire_kind(&sem, permits(1, 1), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let wait = bs[1].acquire_kind(&sem, permits(1, 1), TTL, soon(10_000));
+    assert!(timeout(Duration::from_millis(300), wait).await.is_err());
+    timeout(Duration::from_secs(3), async {
+        loop {
+            let rw = raw.list_children(&dir).await.unwrap();
+            let leases = raw.list_children(&format!("{sdir}/leases")).await.unwrap();
+            let locks = raw.list_children(&format!("{sdir}/locks")).await.unwrap();
+            if rw.len() == 1 && leases.len() == 1 && locks.is_empty() {
+                return;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a dropped wait left nodes behind");
+    assert!(bs[0].release(&w).await.unwrap());
+    assert!(bs[0].release(&p).await.unwrap());
+    // Everything free.
+    let r = bs[1]
+        .try_acquire_kind(&k, LeaseKind::Write, TTL)
+        .await
+        .unwrap()
+        .expect("free");
+    let q = bs[1]
+        .try_acquire_kind(&sem, permits(1, 1), TTL)
+        .await
+        .unwrap()
+        .expect("free");
+    bs[1].release(&r).await.unwrap();
+    bs[1].release(&q).await.unwrap();
+    assert!(raw.list_children(&dir).await.unwrap().is_empty());
+}
