@@ -18,11 +18,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use lock_core::LockError;
 use tokio::sync::{Mutex as AsyncMutex, MutexGuard as AsyncMutexGuard, Semaphore, SemaphorePermit};
 
-use crate::config::{SqlConfig, SqlDialect};
-use crate::driver::NAME;
+use crate::config::SqlConfig;
 
 /// One bare connection of the configured dialect.
 #[derive(Debug)]
@@ -153,13 +151,8 @@ pub(crate) struct Checkout<'a> {
 }
 
 impl ConnSet {
-    pub(crate) fn new(options: DbOptions, size: u32) -> Self {
-        #[allow(irrefutable_let_patterns, unreachable_patterns)] // with one dialect compiled in
-        let single_writer = match &options {
-            #[cfg(feature = "sqlite")]
-            DbOptions::Sqlite(_) => true,
-            _ => false,
-        };
+    /// `single_writer`: the writing statements take turns (SQLite).
+    pub(crate) fn new(options: DbOptions, size: u32, single_writer: bool) -> Self {
         Self {
             writer: single_writer.then(|| AsyncMutex::new(())),
             options,
@@ -283,111 +276,25 @@ pub(crate) enum DbPool {
     Sqlite(sqlx::SqlitePool),
 }
 
-/// The connections' size: `pool_size`, or 10 (SQLite file: 4; in memory:
-/// 1, the one connection that keeps the database alive).
+/// The connections' size: `pool_size`, or the dialect's default (10;
+/// SQLite file: 4; in memory: 1, the one connection that keeps the database
+/// alive).
 pub(crate) fn pool_size(config: &SqlConfig) -> u32 {
-    let default = match config.dialect {
-        SqlDialect::Sqlite if config.is_memory() => 1,
-        SqlDialect::Sqlite => 4,
-        SqlDialect::Postgres | SqlDialect::MySql => 10,
-    };
+    let default = crate::dialect::of(config.dialect)
+        .map_or(10, |dialect| dialect.default_pool_size(config.is_memory()));
     config.pool_size.unwrap_or(default)
 }
 
-/// Parses the driver URL into sqlx's connect options.
-pub(crate) fn connect_options(config: &SqlConfig) -> Result<DbOptions, LockError> {
-    let bad_option = |e: sqlx::Error| {
-        LockError::config(config.scrub(&format!(
-            "the {} driver rejected {}: {e}",
-            config.dialect,
-            config.redacted_url()
-        )))
-        .with_backend(NAME)
-    };
-    #[allow(unused_variables)] // used only when a dialect's feature is off
-    let disabled = || -> Result<DbOptions, LockError> {
-        Err(LockError::config(format!(
-            "lock-sql was built without its `{}` feature",
-            config.dialect
-        ))
-        .with_backend(NAME))
-    };
-    match config.dialect {
-        SqlDialect::Postgres => {
+impl DbPool {
+    /// Closes the pool.
+    pub(crate) async fn close(&self) {
+        match self {
             #[cfg(feature = "postgres")]
-            {
-                Ok(DbOptions::Postgres(
-                    config.driver_url().parse().map_err(bad_option)?,
-                ))
-            }
-            #[cfg(not(feature = "postgres"))]
-            disabled()
-        }
-        SqlDialect::MySql => {
+            Self::Postgres(pool) => pool.close().await,
             #[cfg(feature = "mysql")]
-            {
-                Ok(DbOptions::MySql(
-                    config.driver_url().parse().map_err(bad_option)?,
-                ))
-            }
-            #[cfg(not(feature = "mysql"))]
-            disabled()
-        }
-        SqlDialect::Sqlite => {
+            Self::MySql(pool) => pool.close().await,
             #[cfg(feature = "sqlite")]
-            {
-                use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-                // `sqlite::memory:` parses to a uniquely named shared-cache
-                // in-memory database: the users' pool, built from the same
-                // options, opens the same one.
-                let mut options: SqliteConnectOptions =
-                    config.driver_url().parse().map_err(bad_option)?;
-                options = options.busy_timeout(config.busy_timeout);
-                if !config.is_memory() {
-                    // WAL: readers never block the writer, and several
-                    // processes share the file; NORMAL sync is durable
-                    // across process crashes (not power loss).
-                    options = options
-                        .journal_mode(SqliteJournalMode::Wal)
-                        .synchronous(SqliteSynchronous::Normal);
-                }
-                Ok(DbOptions::Sqlite(options))
-            }
-            #[cfg(not(feature = "sqlite"))]
-            disabled()
+            Self::Sqlite(pool) => pool.close().await,
         }
-    }
-}
-
-/// The users' pool, opened lazily from the same options.
-pub(crate) fn users_pool(config: &SqlConfig, options: &DbOptions) -> DbPool {
-    use sqlx::pool::PoolOptions;
-    let size = pool_size(config);
-    let timeout = config.op_timeout;
-    match options {
-        #[cfg(feature = "postgres")]
-        DbOptions::Postgres(o) => DbPool::Postgres(
-            PoolOptions::<sqlx::Postgres>::new()
-                .max_connections(size)
-                .acquire_timeout(timeout)
-                .test_before_acquire(false)
-                .connect_lazy_with(o.clone()),
-        ),
-        #[cfg(feature = "mysql")]
-        DbOptions::MySql(o) => DbPool::MySql(
-            PoolOptions::<sqlx::MySql>::new()
-                .max_connections(size)
-                .acquire_timeout(timeout)
-                .test_before_acquire(false)
-                .connect_lazy_with(o.clone()),
-        ),
-        #[cfg(feature = "sqlite")]
-        DbOptions::Sqlite(o) => DbPool::Sqlite(
-            PoolOptions::<sqlx::Sqlite>::new()
-                .max_connections(size)
-                .acquire_timeout(timeout.max(config.busy_timeout))
-                .test_before_acquire(false)
-                .connect_lazy_with(o.clone()),
-        ),
     }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::{Arc, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
@@ -13,9 +13,9 @@ use lock_core::{
 use tokio::time::Instant;
 
 use crate::config::{SqlConfig, SqlDialect};
-use crate::conn::{ConnSet, DbOptions, DbPool, connect_options, pool_size, users_pool};
+use crate::conn::{ConnSet, DbOptions, DbPool, pool_size};
+use crate::dialect::{self, Dialect, token_of};
 use crate::error::map_sqlx;
-use crate::exec;
 use crate::sql::Statements;
 #[cfg(feature = "postgres")]
 use crate::wake::run_listener;
@@ -96,6 +96,8 @@ pub struct SqlBackend {
 
 struct Inner {
     config: SqlConfig,
+    /// What differs between the databases.
+    dialect: &'static dyn Dialect,
     /// The lock statements' connections.
     conns: ConnSet,
     /// The users' pool (same database, same options).
@@ -156,15 +158,16 @@ impl SqlBackend {
             )
             .with_backend(NAME));
         }
-        let options = connect_options(&config)?;
-        let pool = users_pool(&config, &options);
-        let statements = Statements::new(config.dialect, &config.table);
+        let dialect = dialect::of(config.dialect)?;
+        let (options, pool) = dialect.open(&config)?;
+        let statements = Statements::new(dialect, &config.table);
         // An in-memory SQLite database is private to this backend.
         let scope =
             (!config.is_memory()).then(|| format!("{}\n{}", config.driver_url(), config.table));
         let backend = Self {
             inner: Arc::new(Inner {
-                conns: ConnSet::new(options, pool_size(&config)),
+                conns: ConnSet::new(options, pool_size(&config), dialect.single_writer()),
+                dialect,
                 pool,
                 statements,
                 channel: crate::sql::pg_channel(&config.table),
@@ -251,15 +254,13 @@ impl SqlBackend {
     /// closed are dropped with the backend.
     pub async fn close(&self) -> Result<(), LockError> {
         self.inner.conns.close().await;
-        match &self.inner.pool {
-            #[cfg(feature = "postgres")]
-            DbPool::Postgres(pool) => pool.close().await,
-            #[cfg(feature = "mysql")]
-            DbPool::MySql(pool) => pool.close().await,
-            #[cfg(feature = "sqlite")]
-            DbPool::Sqlite(pool) => pool.close().await,
-        }
+        self.inner.pool.close().await;
         Ok(())
+    }
+
+    /// What differs between the databases, for this backend's.
+    pub(crate) fn inner_dialect(&self) -> &'static dyn Dialect {
+        self.inner.dialect
     }
 
     /// How the backend opens connections (for [`crate::floor`]).
@@ -282,7 +283,8 @@ impl SqlBackend {
         with_timeout(budget, Operation::Connect, async {
             if !config.create_table {
                 let ping: Arc<str> = Arc::from("SELECT 1");
-                return retry_once!(read, &self.inner.conns, |conn| exec::plain(conn, &ping))
+                let dialect = self.inner.dialect;
+                return retry_once!(read, &self.inner.conns, |conn| dialect.plain(conn, &ping))
                     .map_err(|e| map_sqlx(config, Operation::Connect, e));
             }
             // Concurrent `CREATE TABLE IF NOT EXISTS` can race on
@@ -313,8 +315,9 @@ impl SqlBackend {
     }
 
     async fn create_schema(&self) -> Result<(), sqlx::Error> {
+        let dialect = self.inner.dialect;
         for statement in &self.inner.statements.create {
-            retry_once!(&self.inner.conns, |conn| exec::plain(conn, statement))?;
+            retry_once!(&self.inner.conns, |conn| dialect.plain(conn, statement))?;
         }
         Ok(())
     }
@@ -337,9 +340,11 @@ impl SqlBackend {
         ttl: Duration,
     ) -> Result<Option<i64>, sqlx::Error> {
         let statements = &self.inner.statements;
-        let conns = &self.inner.conns;
+        let (conns, dialect) = (&self.inner.conns, self.inner.dialect);
         let mut checkout = conns.checkout(false).await?;
-        let result = exec::grant(checkout.conn(), &statements.grant, key, owner, ttl).await;
+        let result = dialect
+            .grant(checkout.conn(), &statements.grant, key, owner, ttl)
+            .await;
         if !checkout.finish(&result) {
             return result;
         }
@@ -350,10 +355,13 @@ impl SqlBackend {
         let mut checkout = conns.checkout(true).await?;
         let result = async {
             let conn = checkout.conn();
-            if let Some(token) = exec::grant(conn, &statements.grant, key, owner, ttl).await? {
+            if let Some(token) = dialect
+                .grant(conn, &statements.grant, key, owner, ttl)
+                .await?
+            {
                 return Ok(Some(token));
             }
-            let holder = exec::inspect(conn, &statements.inspect, key).await?;
+            let holder = dialect.inspect(conn, &statements.inspect, key).await?;
             Ok(holder
                 .and_then(|(holder, token, _)| (holder.as_deref() == Some(owner)).then_some(token)))
         }
@@ -477,31 +485,10 @@ impl SqlBackend {
     }
 }
 
-/// Microseconds in `d`, saturating.
-pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// The host's wall clock in microseconds since the Unix epoch (SQLite's
-/// "database clock").
-pub(crate) fn unix_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, micros)
-}
-
-fn token_param(lease: &Lease) -> i64 {
-    i64::try_from(lease.token().get()).unwrap_or(i64::MAX)
-}
-
 #[async_trait]
 impl LockBackend for SqlBackend {
     fn name(&self) -> &'static str {
-        match self.inner.config.dialect {
-            SqlDialect::Postgres => "postgres",
-            SqlDialect::MySql => "mysql",
-            SqlDialect::Sqlite => "sqlite",
-        }
+        self.inner.dialect.name()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -512,7 +499,7 @@ impl LockBackend for SqlBackend {
             // keeps it (see the crate docs for asynchronous replicas).
             fencing_survives_failover: true,
             grants_survive_restart: true,
-            waiting: if self.inner.config.dialect == SqlDialect::Postgres {
+            waiting: if self.inner.dialect.notified() {
                 WaitStrategy::Notify
             } else {
                 WaitStrategy::Poll
@@ -541,7 +528,7 @@ impl LockBackend for SqlBackend {
     ) -> Result<Lease, LockError> {
         check_ttl(ttl, MIN_TTL, Operation::Acquire)
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
-        let notified = self.inner.config.dialect == SqlDialect::Postgres;
+        let notified = self.inner.dialect.notified();
         let waits = &self.inner.waits;
         let poll = self.inner.config.poll;
         let mut backoff = poll.backoff();
@@ -627,12 +614,12 @@ impl LockBackend for SqlBackend {
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
         let statement = &self.inner.statements.renew;
         let owner = lease.owner().to_hex();
-        let token = token_param(lease);
+        let token = token_of(lease);
+        let dialect = self.inner.dialect;
         let sent_at = Instant::now();
         let renewed = with_timeout(self.timeout(), Operation::Renew, async {
-            retry_once!(&self.inner.conns, |conn| exec::renew(
-                conn, statement, key, &owner, token, ttl
-            ))
+            retry_once!(&self.inner.conns, |conn| dialect
+                .renew(conn, statement, key, &owner, token, ttl))
             .map_err(|e| self.err(Operation::Renew, key, e))
         })
         .await
@@ -656,6 +643,7 @@ impl LockBackend for SqlBackend {
         let table = &inner.statements.quoted_table;
         let batch = crate::renew_many::RowRenewal {
             backend: self,
+            dialect: inner.dialect,
             conns: &inner.conns,
             config: &inner.config,
             table,
@@ -667,17 +655,17 @@ impl LockBackend for SqlBackend {
         let key = lease.key();
         let statement = &self.inner.statements.release;
         let owner = lease.owner().to_hex();
-        let token = token_param(lease);
+        let token = token_of(lease);
         let channel = &self.inner.channel;
+        let dialect = self.inner.dialect;
         let released = with_timeout(self.timeout(), Operation::Release, async {
-            retry_once!(&self.inner.conns, |conn| exec::release(
-                conn, statement, key, &owner, token, channel
-            ))
+            retry_once!(&self.inner.conns, |conn| dialect
+                .release(conn, statement, key, &owner, token, channel))
             .map_err(|e| self.err(Operation::Release, key, e))
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
-        if released && self.inner.config.dialect != SqlDialect::Postgres {
+        if released && !dialect.notified() {
             // Wake this process's waiters at once; other processes poll.
             // (PostgreSQL's NOTIFY reaches every waiter, ours included.)
             self.inner.waits.released(key.as_str());
@@ -687,10 +675,10 @@ impl LockBackend for SqlBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let statement = &self.inner.statements.inspect;
+        let dialect = self.inner.dialect;
         let row = with_timeout(self.timeout(), Operation::Inspect, async {
-            retry_once!(read, &self.inner.conns, |conn| exec::inspect(
-                conn, statement, key
-            ))
+            retry_once!(read, &self.inner.conns, |conn| dialect
+                .inspect(conn, statement, key))
             .map_err(|e| self.err(Operation::Inspect, key, e))
         })
         .await

@@ -3,7 +3,6 @@
 
 use lock_core::Lease;
 
-use crate::config::SqlDialect;
 use crate::driver::SqlBackend;
 
 /// A condition that is true only while a lease is still current: its row
@@ -101,26 +100,7 @@ impl SqlBackend {
     pub fn fence(&self, lease: &Lease, first_param: usize) -> SqlFence {
         let t = self.quoted_table();
         let n = first_param.max(1);
-        let predicate = match self.dialect() {
-            SqlDialect::Postgres => format!(
-                "EXISTS (SELECT 1 FROM {t} WHERE name = ${} AND owner = ${} AND token = ${} \
-                 AND expires_at > now() FOR SHARE)",
-                n,
-                n + 1,
-                n + 2
-            ),
-            SqlDialect::MySql => format!(
-                "EXISTS (SELECT 1 FROM {t} WHERE name = ? AND owner = ? AND token = ? \
-                 AND expires_at > UTC_TIMESTAMP(6) LOCK IN SHARE MODE)"
-            ),
-            SqlDialect::Sqlite => format!(
-                "EXISTS (SELECT 1 FROM {t} WHERE name = ?{} AND owner = ?{} AND token = ?{} \
-                 AND expires_at > CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER))",
-                n,
-                n + 1,
-                n + 2
-            ),
-        };
+        let predicate = self.inner_dialect().fence_predicate(t, n);
         SqlFence {
             predicate,
             key: lease.key().as_str().to_owned(),

@@ -22,16 +22,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
-use sqlx::AssertSqlSafe;
-#[allow(unused_imports)] // unused when only the MySQL dialect is compiled in
-use sqlx::Row;
 use tokio::sync::Mutex;
 
-use crate::config::{SqlConfig, SqlDialect};
+use crate::config::SqlConfig;
 use crate::conn::DbConn;
-#[allow(unused_imports)] // used by the SQLite dialect only
-use crate::driver::unix_micros;
-use crate::driver::{MIN_TTL, NAME, micros};
+use crate::dialect::{self, Dialect};
+use crate::driver::{MIN_TTL, NAME};
 use crate::error::map_sqlx;
 use crate::sql::{Statements, pg_channel};
 
@@ -59,6 +55,7 @@ use crate::sql::{Statements, pg_channel};
 #[derive(Debug)]
 pub struct SqlFloor {
     config: SqlConfig,
+    dialect: &'static dyn Dialect,
     conn: Mutex<DbConn>,
     statements: Statements,
     channel: String,
@@ -79,8 +76,9 @@ impl SqlFloor {
     /// meanwhile stays (creation is idempotent).
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         let config = SqlConfig::from_url(url)?;
-        let options = crate::conn::connect_options(&config)?;
-        let statements = Statements::new(config.dialect, &config.table);
+        let dialect = dialect::of(config.dialect)?;
+        let options = dialect.connect_options(&config)?;
+        let statements = Statements::new(dialect, &config.table);
         let err = |e| map_sqlx(&config, Operation::Connect, e).with_backend(NAME);
         let mut conn = with_timeout(config.op_timeout, Operation::Connect, async {
             options.connect().await.map_err(err)
@@ -89,7 +87,7 @@ impl SqlFloor {
         if config.create_table {
             for create in &statements.create {
                 with_timeout(config.op_timeout, Operation::Connect, async {
-                    crate::exec::plain(&mut conn, create).await.map_err(err)
+                    dialect.plain(&mut conn, create).await.map_err(err)
                 })
                 .await?;
             }
@@ -97,6 +95,7 @@ impl SqlFloor {
         Ok(Self {
             channel: pg_channel(&config.table),
             conn: Mutex::new(conn),
+            dialect,
             statements,
             config,
         })
@@ -135,107 +134,34 @@ impl SqlFloor {
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<i64>, LockError> {
-        let sql = AssertSqlSafe(self.statements.grant.clone());
-        let ttl_us = micros(ttl);
-        let err = self.failed(Operation::TryAcquire, key);
         let mut conn = self.conn.lock().await;
-        let token = match &mut *conn {
-            #[cfg(feature = "postgres")]
-            DbConn::Postgres(c) => sqlx::query(sql)
-                .bind(key.as_str())
-                .bind(owner)
-                .bind(ttl_us)
-                .fetch_optional(c)
-                .await
-                .map_err(&err)?
-                .map(|row| row.try_get::<i64, _>(0))
-                .transpose()
-                .map_err(&err)?,
-            #[cfg(feature = "mysql")]
-            DbConn::MySql(c) => {
-                let done = sqlx::query(sql)
-                    .bind(key.as_str().as_bytes())
-                    .bind(owner)
-                    .bind(ttl_us)
-                    .execute(c)
-                    .await
-                    .map_err(&err)?;
-                // LAST_INSERT_ID(expr): the new token, or 0 when held.
-                match done.last_insert_id() {
-                    0 => None,
-                    token => Some(i64::try_from(token).unwrap_or(i64::MAX)),
-                }
-            }
-            #[cfg(feature = "sqlite")]
-            DbConn::Sqlite(c) => sqlx::query(sql)
-                .bind(key.as_str())
-                .bind(owner)
-                .bind(unix_micros())
-                .bind(ttl_us)
-                .fetch_optional(c)
-                .await
-                .map_err(&err)?
-                .map(|row| row.try_get::<i64, _>(0))
-                .transpose()
-                .map_err(&err)?,
-        };
-        Ok(token)
+        self.dialect
+            .grant(&mut conn, &self.statements.grant, key, owner, ttl)
+            .await
+            .map_err(self.failed(Operation::TryAcquire, key))
     }
 
     /// The guarded release statement: whether it matched our row.
     async fn release_row(&self, key: &LockKey, owner: &str, token: i64) -> Result<bool, LockError> {
-        let sql = AssertSqlSafe(self.statements.release.clone());
-        let err = self.failed(Operation::Release, key);
         let mut conn = self.conn.lock().await;
-        let released = match &mut *conn {
-            #[cfg(feature = "postgres")]
-            DbConn::Postgres(c) => sqlx::query(sql)
-                .bind(key.as_str())
-                .bind(owner)
-                .bind(token)
-                .bind(&self.channel)
-                .fetch_optional(c)
-                .await
-                .map_err(&err)?
-                .is_some(),
-            #[cfg(feature = "mysql")]
-            DbConn::MySql(c) => {
-                sqlx::query(sql)
-                    .bind(key.as_str().as_bytes())
-                    .bind(owner)
-                    .bind(token)
-                    .execute(c)
-                    .await
-                    .map_err(&err)?
-                    .rows_affected()
-                    == 1
-            }
-            #[cfg(feature = "sqlite")]
-            DbConn::Sqlite(c) => {
-                sqlx::query(sql)
-                    .bind(key.as_str())
-                    .bind(owner)
-                    .bind(token)
-                    .bind(unix_micros())
-                    .execute(c)
-                    .await
-                    .map_err(&err)?
-                    .rows_affected()
-                    == 1
-            }
-        };
-        Ok(released)
+        self.dialect
+            .release(
+                &mut conn,
+                &self.statements.release,
+                key,
+                owner,
+                token,
+                &self.channel,
+            )
+            .await
+            .map_err(self.failed(Operation::Release, key))
     }
 }
 
 #[async_trait]
 impl RawFloor for SqlFloor {
     fn name(&self) -> &'static str {
-        match self.config.dialect {
-            SqlDialect::Postgres => "postgres",
-            SqlDialect::MySql => "mysql",
-            SqlDialect::Sqlite => "sqlite",
-        }
+        self.dialect.name()
     }
 
     /// The grant and the release: one statement each.

@@ -219,9 +219,9 @@
 mod config;
 mod conn;
 mod descriptor;
+mod dialect;
 mod driver;
 mod error;
-mod exec;
 mod fence;
 pub mod floor;
 pub mod renew_many;

@@ -17,23 +17,18 @@
 //! Batches are padded to a power of two (repeating the last lease, which
 //! changes nothing) so that few distinct statements are prepared.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
     ErrorKind, Lease, LockBackend, LockError, Operation, check_ttl, validity_deadline,
 };
-use sqlx::AssertSqlSafe;
-#[allow(unused_imports)] // unused when only the MySQL dialect is compiled in
-use sqlx::Row;
 use tokio::time::Instant;
 
-use crate::config::{SqlConfig, SqlDialect};
-use crate::conn::{ConnSet, DbConn};
-#[allow(unused_imports)] // used by the SQLite dialect only
-use crate::driver::unix_micros;
-use crate::driver::{MIN_TTL, NAME, micros};
+use crate::config::SqlConfig;
+use crate::conn::ConnSet;
+use crate::dialect::{Dialect, token_of};
+use crate::driver::{MIN_TTL, NAME};
 use crate::error::map_sqlx;
 
 /// The most leases in one statement. Each pooled connection keeps the
@@ -43,159 +38,13 @@ use crate::error::map_sqlx;
 pub const RENEW_ROWS_PER_STATEMENT: usize = 256;
 const MAX_ROWS: usize = RENEW_ROWS_PER_STATEMENT;
 
-type Renewed = HashSet<(String, String, i64)>;
-
 /// What the driver hands over for a batch.
 pub(crate) struct RowRenewal<'a> {
     pub(crate) backend: &'a dyn LockBackend,
+    pub(crate) dialect: &'static dyn Dialect,
     pub(crate) conns: &'a ConnSet,
     pub(crate) config: &'a SqlConfig,
     pub(crate) table: &'a str,
-}
-
-fn token_of(lease: &Lease) -> i64 {
-    i64::try_from(lease.token().get()).unwrap_or(i64::MAX)
-}
-
-/// The statement for `rows` leases (a power of two).
-fn statement(dialect: SqlDialect, table: &str, rows: usize) -> String {
-    let mut n = 0;
-    let mut param = || {
-        n += 1;
-        match dialect {
-            SqlDialect::Postgres => format!("${n}"),
-            SqlDialect::Sqlite => format!("?{n}"),
-            SqlDialect::MySql => "?".to_owned(),
-        }
-    };
-    let (set, now) = match dialect {
-        SqlDialect::Postgres => {
-            let ttl = param();
-            (
-                format!("now() + {ttl} * INTERVAL '1 microsecond'"),
-                "now()".to_owned(),
-            )
-        }
-        SqlDialect::MySql => {
-            let ttl = param();
-            (
-                format!("UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND"),
-                "UTC_TIMESTAMP(6)".to_owned(),
-            )
-        }
-        SqlDialect::Sqlite => {
-            let now = param();
-            let ttl = param();
-            (format!("{now} + {ttl}"), now)
-        }
-    };
-    if dialect == SqlDialect::Postgres {
-        // One text for any batch size: the rows travel as three arrays.
-        let (names, owners, tokens) = (param(), param(), param());
-        return format!(
-            "UPDATE {table} AS l SET expires_at = {set} \
-             FROM unnest({names}::text[], {owners}::text[], {tokens}::bigint[]) AS b(name, owner, token) \
-             WHERE l.name = b.name AND l.owner = b.owner AND l.token = b.token \
-             AND l.expires_at > {now} RETURNING l.name, l.owner, l.token"
-        );
-    }
-    // Bound in this order: every (name, owner, token), then every name.
-    let triples: Vec<String> = (0..rows)
-        .map(|_| {
-            let (name, owner, token) = (param(), param(), param());
-            format!("({name}, {owner}, {token})")
-        })
-        .collect();
-    let names: Vec<String> = (0..rows).map(|_| param()).collect();
-    let returning = match dialect {
-        SqlDialect::MySql => "",
-        SqlDialect::Postgres | SqlDialect::Sqlite => " RETURNING name, owner, token",
-    };
-    // SQLite takes a row-value list only from a subquery.
-    let values = match dialect {
-        SqlDialect::Sqlite => "VALUES ",
-        SqlDialect::Postgres | SqlDialect::MySql => "",
-    };
-    format!(
-        "UPDATE {table} SET expires_at = {set} \
-         WHERE (name, owner, token) IN ({values}{}) AND name IN ({}) AND expires_at > {now}{returning}",
-        triples.join(", "),
-        names.join(", ")
-    )
-}
-
-/// Runs one statement for `group` (same TTL, at most `MAX_ROWS`), padded
-/// to a power of two: the renewed rows (PostgreSQL, SQLite) or `None` when
-/// MySQL matched fewer rows than leases.
-async fn run(
-    conn: &mut DbConn,
-    sql: &Arc<str>,
-    group: &[&Lease],
-    owners: &[String],
-    ttl: Duration,
-    rows: usize,
-) -> Result<Option<Renewed>, sqlx::Error> {
-    let ttl_us = micros(ttl);
-    let pick = |i: usize| i.min(group.len() - 1);
-    let text = AssertSqlSafe(Arc::clone(sql));
-    Ok(match conn {
-        #[cfg(feature = "postgres")]
-        DbConn::Postgres(c) => {
-            let names: Vec<&str> = group.iter().map(|l| l.key().as_str()).collect();
-            let tokens: Vec<i64> = group.iter().map(|l| token_of(l)).collect();
-            let query = sqlx::query(text)
-                .bind(ttl_us)
-                .bind(names)
-                .bind(owners)
-                .bind(tokens);
-            let mut renewed = Renewed::new();
-            for row in query.fetch_all(c).await? {
-                renewed.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
-            }
-            Some(renewed)
-        }
-        #[cfg(feature = "mysql")]
-        DbConn::MySql(c) => {
-            let mut query = sqlx::query(text).bind(ttl_us);
-            for i in 0..rows {
-                let lease = group[pick(i)];
-                query = query
-                    .bind(lease.key().as_str().as_bytes())
-                    .bind(owners[pick(i)].as_str())
-                    .bind(token_of(lease));
-            }
-            for i in 0..rows {
-                query = query.bind(group[pick(i)].key().as_str().as_bytes());
-            }
-            let matched = query.execute(c).await?.rows_affected();
-            (usize::try_from(matched).ok() == Some(group.len())).then(|| {
-                group
-                    .iter()
-                    .zip(owners)
-                    .map(|(l, o)| (l.key().as_str().to_owned(), o.clone(), token_of(l)))
-                    .collect()
-            })
-        }
-        #[cfg(feature = "sqlite")]
-        DbConn::Sqlite(c) => {
-            let mut query = sqlx::query(text).bind(unix_micros()).bind(ttl_us);
-            for i in 0..rows {
-                let lease = group[pick(i)];
-                query = query
-                    .bind(lease.key().as_str())
-                    .bind(owners[pick(i)].as_str())
-                    .bind(token_of(lease));
-            }
-            for i in 0..rows {
-                query = query.bind(group[pick(i)].key().as_str());
-            }
-            let mut renewed = Renewed::new();
-            for row in query.fetch_all(c).await? {
-                renewed.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
-            }
-            Some(renewed)
-        }
-    })
 }
 
 impl RowRenewal<'_> {
@@ -240,12 +89,9 @@ impl RowRenewal<'_> {
         ttl: Duration,
     ) -> Vec<Result<Instant, LockError>> {
         let op = Operation::Renew;
-        let rows = match self.config.dialect {
-            // Arrays: no padding needed.
-            SqlDialect::Postgres => group.len(),
-            SqlDialect::MySql | SqlDialect::Sqlite => group.len().next_power_of_two(),
-        };
-        let sql: Arc<str> = Arc::from(statement(self.config.dialect, self.table, rows));
+        let dialect = self.dialect;
+        let rows = dialect.batch_rows(group.len());
+        let sql: Arc<str> = Arc::from(dialect.renew_batch_sql(self.table, rows));
         let owners: Vec<String> = group.iter().map(|l| l.owner().to_hex()).collect();
         let sent_at = Instant::now();
         let outcome = lock_core::with_timeout(self.config.op_timeout, op, async {
@@ -258,7 +104,9 @@ impl RowRenewal<'_> {
                     .checkout(fresh)
                     .await
                     .map_err(|e| map_sqlx(self.config, op, e))?;
-                let result = run(checkout.conn(), &sql, group, &owners, ttl, rows).await;
+                let result = dialect
+                    .renew_batch(checkout.conn(), &sql, group, &owners, ttl, rows)
+                    .await;
                 if checkout.finish(&result) && !fresh {
                     fresh = true;
                     continue;

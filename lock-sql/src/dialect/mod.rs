@@ -1,0 +1,231 @@
+//! What differs between the databases, behind one trait: each dialect's
+//! module ([`postgres`], [`mysql`], [`sqlite`]) holds its SQL text and the
+//! few behaviours that are its own (how a statement's binds are ordered,
+//! how a grant reports its token, where "now" comes from, how a batch of
+//! renewals says which rows it renewed, how connections are opened).
+//!
+//! The rest of the crate asks the backend's [`Dialect`] (a `&'static dyn
+//! Dialect`, chosen once at connect by [`of`]) instead of matching on the
+//! dialect or the connection in every function. The only matches left are
+//! this registry and each dialect's own unwrapping of its connection.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Lease, LockError, LockKey};
+
+use crate::config::{SqlConfig, SqlDialect};
+use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::driver::NAME;
+use crate::sql::Statements;
+
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
+
+/// Rows renewed by one batch statement: (name, owner, token).
+pub(crate) type Renewed = HashSet<(String, String, i64)>;
+
+/// The current unexpired holder: (owner, token, remaining µs).
+pub(crate) type Holder = (Option<String>, i64, i64);
+
+/// One database's SQL text and behaviours.
+///
+/// Every value is bound; the only text spliced into SQL is the validated,
+/// quoted table name.
+#[async_trait]
+pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
+    /// The backend's name (`"postgres"`, `"mysql"`, `"sqlite"`).
+    fn name(&self) -> &'static str;
+
+    /// The identifier quote character.
+    fn quote(&self) -> char {
+        '"'
+    }
+
+    /// The lock statements for `table` (already quoted).
+    fn statements(&self, table: &str) -> Statements;
+
+    /// Whether releases notify waiters through the database (PostgreSQL
+    /// `NOTIFY`); otherwise waiters poll.
+    fn notified(&self) -> bool {
+        false
+    }
+
+    /// The default number of connections.
+    fn default_pool_size(&self, memory: bool) -> u32 {
+        let _ = memory;
+        10
+    }
+
+    /// Whether the database has a single writer, so the process's writing
+    /// statements take turns (SQLite).
+    fn single_writer(&self) -> bool {
+        false
+    }
+
+    /// The fence predicate on `table` (quoted), placeholders from `first`.
+    fn fence_predicate(&self, table: &str, first: usize) -> String;
+
+    /// The batch renewal statement for `rows` leases (see renew_many.rs).
+    fn renew_batch_sql(&self, table: &str, rows: usize) -> String;
+
+    /// How many rows a batch of `leases` is sent as (padded to a power of
+    /// two where the rows are spliced as placeholders).
+    fn batch_rows(&self, leases: usize) -> usize {
+        leases.next_power_of_two()
+    }
+
+    /// sqlx's connect options for `config`.
+    fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError>;
+
+    /// sqlx's connect options for `config` and the users' pool (opened
+    /// lazily) on the same options.
+    fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError>;
+
+    /// The grant: `Some(token)` when the row was inserted or an expired one
+    /// taken over, `None` when someone holds it.
+    async fn grant(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, sqlx::Error>;
+
+    /// The guarded release: whether it matched our row (PostgreSQL
+    /// notifies `channel` in the same statement).
+    async fn release(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        token: i64,
+        channel: &str,
+    ) -> Result<bool, sqlx::Error>;
+
+    /// The renewal: rows matched (1 when still ours and unexpired).
+    async fn renew(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        token: i64,
+        ttl: Duration,
+    ) -> Result<u64, sqlx::Error>;
+
+    /// The current unexpired holder of `key`.
+    async fn inspect(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+    ) -> Result<Option<Holder>, sqlx::Error>;
+
+    /// One batch renewal of `group` (`rows` placeholder rows, the last
+    /// lease repeated as padding): the renewed rows, or `None` when the
+    /// database only says that fewer rows than leases matched (MySQL).
+    async fn renew_batch(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        group: &[&Lease],
+        owners: &[String],
+        ttl: Duration,
+        rows: usize,
+    ) -> Result<Option<Renewed>, sqlx::Error>;
+
+    /// Runs one statement without binds (schema creation, `SELECT 1`).
+    async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error>;
+}
+
+/// The dialect of `dialect`, or a Config error when its cargo feature is
+/// off.
+pub(crate) fn of(dialect: SqlDialect) -> Result<&'static dyn Dialect, LockError> {
+    let found: Option<&'static dyn Dialect> = match dialect {
+        #[cfg(feature = "postgres")]
+        SqlDialect::Postgres => Some(&postgres::Postgres),
+        #[cfg(feature = "mysql")]
+        SqlDialect::MySql => Some(&mysql::MySql),
+        #[cfg(feature = "sqlite")]
+        SqlDialect::Sqlite => Some(&sqlite::Sqlite),
+        #[allow(unreachable_patterns)] // with every feature on
+        _ => None,
+    };
+    found.ok_or_else(|| {
+        LockError::config(format!(
+            "lock-sql was built without its `{dialect}` feature"
+        ))
+        .with_backend(NAME)
+    })
+}
+
+/// The SQL text of a statement (sqlx takes ownership of it; an `Arc` is
+/// not copied).
+pub(crate) fn text(sql: &Arc<str>) -> sqlx::AssertSqlSafe<Arc<str>> {
+    sqlx::AssertSqlSafe(Arc::clone(sql))
+}
+
+/// The error of a connection handed to another dialect's code (never
+/// happens: a backend's connections are opened from its dialect's
+/// options).
+pub(crate) fn wrong_conn(dialect: &str) -> sqlx::Error {
+    sqlx::Error::Protocol(format!("not a {dialect} connection"))
+}
+
+/// Microseconds in `d`, saturating.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A lease's token as the database stores it.
+pub(crate) fn token_of(lease: &Lease) -> i64 {
+    i64::try_from(lease.token().get()).unwrap_or(i64::MAX)
+}
+
+/// The bad-option error of a driver URL sqlx refused.
+pub(crate) fn bad_option(config: &SqlConfig) -> impl Fn(sqlx::Error) -> LockError + '_ {
+    move |e| {
+        LockError::config(config.scrub(&format!(
+            "the {} driver rejected {}: {e}",
+            config.dialect,
+            config.redacted_url()
+        )))
+        .with_backend(NAME)
+    }
+}
+
+/// `(set, now)` of a renewal statement, and the `WHERE (name, owner, token)
+/// IN (...)` form with its rows spliced as placeholders `param()` (bound
+/// in this order: every (name, owner, token), then every name).
+pub(crate) fn spliced_batch(
+    table: &str,
+    set: &str,
+    now: &str,
+    rows: usize,
+    values: &str,
+    returning: &str,
+    mut param: impl FnMut() -> String,
+) -> String {
+    let triples: Vec<String> = (0..rows)
+        .map(|_| {
+            let (name, owner, token) = (param(), param(), param());
+            format!("({name}, {owner}, {token})")
+        })
+        .collect();
+    let names: Vec<String> = (0..rows).map(|_| param()).collect();
+    format!(
+        "UPDATE {table} SET expires_at = {set} \
+         WHERE (name, owner, token) IN ({values}{}) AND name IN ({}) AND expires_at > {now}{returning}",
+        triples.join(", "),
+        names.join(", ")
+    )
+}

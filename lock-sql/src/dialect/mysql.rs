@@ -1,0 +1,223 @@
+//! MySQL / MariaDB: `UTC_TIMESTAMP(6)` (fixed for the duration of a
+//! statement), keys bound as bytes (`VARBINARY`: exact, case-sensitive),
+//! positional `?` placeholders, and a grant that reports its outcome
+//! through `LAST_INSERT_ID(expr)` in the OK packet (row counts cannot tell:
+//! sqlx sets `CLIENT_FOUND_ROWS`, so an unchanged duplicate also reports
+//! 1). No `RETURNING` on `UPDATE`: a batch renewal only says how many rows
+//! matched.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{Lease, LockError, LockKey};
+
+use super::{
+    Dialect, Holder, Renewed, bad_option, micros, spliced_batch, text, token_of, wrong_conn,
+};
+use crate::config::SqlConfig;
+use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::sql::Statements;
+
+/// MySQL and MariaDB.
+#[derive(Debug)]
+pub(crate) struct MySql;
+
+fn my(conn: &mut DbConn) -> Result<&mut sqlx::MySqlConnection, sqlx::Error> {
+    #[allow(irrefutable_let_patterns)] // with only this dialect compiled in
+    let DbConn::MySql(c) = conn else {
+        return Err(wrong_conn("mysql"));
+    };
+    Ok(c)
+}
+
+fn options(config: &SqlConfig) -> Result<sqlx::mysql::MySqlConnectOptions, LockError> {
+    config.driver_url().parse().map_err(bad_option(config))
+}
+
+#[async_trait]
+impl Dialect for MySql {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn quote(&self) -> char {
+        '`'
+    }
+
+    // MySQL applies the assignments left to right, so `expires_at` comes
+    // last and the conditions before it see the old value.
+    fn statements(&self, t: &str) -> Statements {
+        let arc = |s: String| -> Arc<str> { Arc::from(s) };
+        Statements {
+            create: vec![arc(format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+                 owner VARCHAR(64) NULL, \
+                 token BIGINT NOT NULL, \
+                 expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+            ))],
+            grant: arc(format!(
+                "INSERT INTO {t} (name, owner, token, expires_at) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                 token = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)), \
+                 owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
+                 expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
+            )),
+            release: arc(format!(
+                "UPDATE {t} SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
+                 WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )),
+            renew: arc(format!(
+                "UPDATE {t} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )),
+            inspect: arc(format!(
+                "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+                 FROM {t} WHERE name = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
+            )),
+            quoted_table: t.to_owned(),
+        }
+    }
+
+    fn fence_predicate(&self, t: &str, _first: usize) -> String {
+        format!(
+            "EXISTS (SELECT 1 FROM {t} WHERE name = ? AND owner = ? AND token = ? \
+             AND expires_at > UTC_TIMESTAMP(6) LOCK IN SHARE MODE)"
+        )
+    }
+
+    fn renew_batch_sql(&self, table: &str, rows: usize) -> String {
+        let now = "UTC_TIMESTAMP(6)";
+        let set = format!("{now} + INTERVAL ? MICROSECOND");
+        spliced_batch(table, &set, now, rows, "", "", || "?".to_owned())
+    }
+
+    fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
+        Ok(DbOptions::MySql(options(config)?))
+    }
+
+    fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError> {
+        let o = options(config)?;
+        let pool = sqlx::pool::PoolOptions::<sqlx::MySql>::new()
+            .max_connections(crate::conn::pool_size(config))
+            .acquire_timeout(config.op_timeout)
+            .test_before_acquire(false)
+            .connect_lazy_with(o.clone());
+        Ok((DbOptions::MySql(o), DbPool::MySql(pool)))
+    }
+
+    async fn grant(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let done = sqlx::query(text(sql))
+            .bind(key.as_str().as_bytes())
+            .bind(owner)
+            .bind(micros(ttl))
+            .execute(my(conn)?)
+            .await?;
+        // LAST_INSERT_ID(expr): the new token, or 0 when held.
+        Ok(match done.last_insert_id() {
+            0 => None,
+            token => Some(i64::try_from(token).unwrap_or(i64::MAX)),
+        })
+    }
+
+    async fn release(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        token: i64,
+        _channel: &str,
+    ) -> Result<bool, sqlx::Error> {
+        Ok(sqlx::query(text(sql))
+            .bind(key.as_str().as_bytes())
+            .bind(owner)
+            .bind(token)
+            .execute(my(conn)?)
+            .await?
+            .rows_affected()
+            == 1)
+    }
+
+    // CLIENT_FOUND_ROWS: matched rows, and the WHERE clause is the
+    // ownership check.
+    async fn renew(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        token: i64,
+        ttl: Duration,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query(text(sql))
+            .bind(micros(ttl))
+            .bind(key.as_str().as_bytes())
+            .bind(owner)
+            .bind(token)
+            .execute(my(conn)?)
+            .await?
+            .rows_affected())
+    }
+
+    async fn inspect(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+    ) -> Result<Option<Holder>, sqlx::Error> {
+        use sqlx::Row;
+        sqlx::query(text(sql))
+            .bind(key.as_str().as_bytes())
+            .fetch_optional(my(conn)?)
+            .await?
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .transpose()
+    }
+
+    async fn renew_batch(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        group: &[&Lease],
+        owners: &[String],
+        ttl: Duration,
+        rows: usize,
+    ) -> Result<Option<Renewed>, sqlx::Error> {
+        let pick = |i: usize| i.min(group.len() - 1);
+        let mut query = sqlx::query(text(sql)).bind(micros(ttl));
+        for i in 0..rows {
+            let lease = group[pick(i)];
+            query = query
+                .bind(lease.key().as_str().as_bytes())
+                .bind(owners[pick(i)].as_str())
+                .bind(token_of(lease));
+        }
+        for i in 0..rows {
+            query = query.bind(group[pick(i)].key().as_str().as_bytes());
+        }
+        let matched = query.execute(my(conn)?).await?.rows_affected();
+        Ok(
+            (usize::try_from(matched).ok() == Some(group.len())).then(|| {
+                group
+                    .iter()
+                    .zip(owners)
+                    .map(|(l, o)| (l.key().as_str().to_owned(), o.clone(), token_of(l)))
+                    .collect()
+            }),
+        )
+    }
+
+    async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
+        sqlx::query(text(sql)).execute(my(conn)?).await.map(drop)
+    }
+}

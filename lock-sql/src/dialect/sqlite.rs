@@ -1,0 +1,256 @@
+//! SQLite: no server, so "now" is the host's wall clock in microseconds
+//! since the Unix epoch, bound by each statement; `?n` placeholders; one
+//! writer per database file (the process's writing statements take turns);
+//! files opened in WAL mode with `synchronous=NORMAL` and a busy timeout.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use lock_core::{Lease, LockError, LockKey};
+use sqlx::Row;
+
+use super::{
+    Dialect, Holder, Renewed, bad_option, micros, spliced_batch, text, token_of, wrong_conn,
+};
+use crate::config::SqlConfig;
+use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::sql::Statements;
+
+/// SQLite.
+#[derive(Debug)]
+pub(crate) struct Sqlite;
+
+/// The host's wall clock in microseconds since the Unix epoch (SQLite's
+/// "database clock").
+pub(crate) fn unix_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, micros)
+}
+
+fn lite(conn: &mut DbConn) -> Result<&mut sqlx::SqliteConnection, sqlx::Error> {
+    #[allow(irrefutable_let_patterns)] // with only this dialect compiled in
+    let DbConn::Sqlite(c) = conn else {
+        return Err(wrong_conn("sqlite"));
+    };
+    Ok(c)
+}
+
+fn options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptions, LockError> {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    // `sqlite::memory:` parses to a uniquely named shared-cache in-memory
+    // database: the users' pool, built from the same options, opens the
+    // same one.
+    let mut options: SqliteConnectOptions =
+        config.driver_url().parse().map_err(bad_option(config))?;
+    options = options.busy_timeout(config.busy_timeout);
+    if !config.is_memory() {
+        // WAL: readers never block the writer, and several processes share
+        // the file; NORMAL sync is durable across process crashes (not
+        // power loss).
+        options = options
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal);
+    }
+    Ok(options)
+}
+
+#[async_trait]
+impl Dialect for Sqlite {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    // "now" is bound as ?3 / ?4.
+    fn statements(&self, t: &str) -> Statements {
+        let arc = |s: String| -> Arc<str> { Arc::from(s) };
+        Statements {
+            create: vec![arc(format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 name TEXT NOT NULL PRIMARY KEY, \
+                 owner TEXT, \
+                 token INTEGER NOT NULL, \
+                 expires_at INTEGER NOT NULL) WITHOUT ROWID"
+            ))],
+            grant: arc(format!(
+                "INSERT INTO {t} AS l (name, owner, token, expires_at) \
+                 VALUES (?1, ?2, 1, ?3 + ?4) \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at \
+                 WHERE l.expires_at <= ?3 \
+                 RETURNING token"
+            )),
+            release: arc(format!(
+                "UPDATE {t} SET owner = NULL, expires_at = ?4 \
+                 WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4"
+            )),
+            renew: arc(format!(
+                "UPDATE {t} SET expires_at = ?4 + ?5 \
+                 WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4"
+            )),
+            inspect: arc(format!(
+                "SELECT owner, token, expires_at - ?2 \
+                 FROM {t} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > ?2"
+            )),
+            quoted_table: t.to_owned(),
+        }
+    }
+
+    /// A file: 4; in memory: 1, the one connection that keeps the
+    /// database alive.
+    fn default_pool_size(&self, memory: bool) -> u32 {
+        if memory { 1 } else { 4 }
+    }
+
+    fn single_writer(&self) -> bool {
+        true
+    }
+
+    fn fence_predicate(&self, t: &str, n: usize) -> String {
+        format!(
+            "EXISTS (SELECT 1 FROM {t} WHERE name = ?{} AND owner = ?{} AND token = ?{} \
+             AND expires_at > CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER))",
+            n,
+            n + 1,
+            n + 2
+        )
+    }
+
+    fn renew_batch_sql(&self, table: &str, rows: usize) -> String {
+        // ?1 is now, ?2 the TTL; a row-value list only from a subquery.
+        let mut n = 2;
+        spliced_batch(
+            table,
+            "?1 + ?2",
+            "?1",
+            rows,
+            "VALUES ",
+            " RETURNING name, owner, token",
+            || {
+                n += 1;
+                format!("?{n}")
+            },
+        )
+    }
+
+    fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
+        Ok(DbOptions::Sqlite(options(config)?))
+    }
+
+    fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError> {
+        let o = options(config)?;
+        let pool = sqlx::pool::PoolOptions::<sqlx::Sqlite>::new()
+            .max_connections(crate::conn::pool_size(config))
+            .acquire_timeout(config.op_timeout.max(config.busy_timeout))
+            .test_before_acquire(false)
+            .connect_lazy_with(o.clone());
+        Ok((DbOptions::Sqlite(o), DbPool::Sqlite(pool)))
+    }
+
+    async fn grant(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query(text(sql))
+            .bind(key.as_str())
+            .bind(owner)
+            .bind(unix_micros())
+            .bind(micros(ttl))
+            .fetch_optional(lite(conn)?)
+            .await?
+            .map(|row| row.try_get::<i64, _>(0))
+            .transpose()
+    }
+
+    async fn release(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        token: i64,
+        _channel: &str,
+    ) -> Result<bool, sqlx::Error> {
+        Ok(sqlx::query(text(sql))
+            .bind(key.as_str())
+            .bind(owner)
+            .bind(token)
+            .bind(unix_micros())
+            .execute(lite(conn)?)
+            .await?
+            .rows_affected()
+            == 1)
+    }
+
+    async fn renew(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        token: i64,
+        ttl: Duration,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query(text(sql))
+            .bind(key.as_str())
+            .bind(owner)
+            .bind(token)
+            .bind(unix_micros())
+            .bind(micros(ttl))
+            .execute(lite(conn)?)
+            .await?
+            .rows_affected())
+    }
+
+    async fn inspect(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+    ) -> Result<Option<Holder>, sqlx::Error> {
+        sqlx::query(text(sql))
+            .bind(key.as_str())
+            .bind(unix_micros())
+            .fetch_optional(lite(conn)?)
+            .await?
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .transpose()
+    }
+
+    async fn renew_batch(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        group: &[&Lease],
+        owners: &[String],
+        ttl: Duration,
+        rows: usize,
+    ) -> Result<Option<Renewed>, sqlx::Error> {
+        let pick = |i: usize| i.min(group.len() - 1);
+        let mut query = sqlx::query(text(sql)).bind(unix_micros()).bind(micros(ttl));
+        for i in 0..rows {
+            let lease = group[pick(i)];
+            query = query
+                .bind(lease.key().as_str())
+                .bind(owners[pick(i)].as_str())
+                .bind(token_of(lease));
+        }
+        for i in 0..rows {
+            query = query.bind(group[pick(i)].key().as_str());
+        }
+        let mut renewed = Renewed::new();
+        for row in query.fetch_all(lite(conn)?).await? {
+            renewed.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
+        }
+        Ok(Some(renewed))
+    }
+
+    async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
+        sqlx::query(text(sql)).execute(lite(conn)?).await.map(drop)
+    }
+}
