@@ -8,8 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnResponse};
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
-    LockKey, Operation, SessionState, TtlModel, WaitStrategy, validity_deadline, with_timeout,
+    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
+    LockError, LockInfo, LockKey, LockShape, Operation, SessionState, TtlModel, WaitStrategy,
+    validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -23,6 +24,10 @@ use crate::session::{RenewRefused, Session, revoke_in_background, ttl_secs};
 // Acquiring: the create, the grant, the waiting acquire and its watches.
 #[path = "waiting.rs"]
 mod waiting;
+
+// Read-write locks and semaphores.
+#[path = "shared.rs"]
+mod shared;
 
 /// The shortest TTL etcd leases have: one second (the server may raise it
 /// further, to 1.5 election timeouts).
@@ -252,6 +257,9 @@ impl EtcdBackend {
         lease: &Lease,
         op: Operation,
     ) -> Result<Option<(String, i64, i64)>, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.parse_shared_lease(lease, op).map(Some);
+        }
         if !lease.backend_data().is_empty() {
             return self.parse_lease(lease, op).map(Some);
         }
@@ -408,7 +416,11 @@ impl LockBackend for EtcdBackend {
         .map_err(|e| e.with_key(lease.key()))?;
         let txn = Txn::new().when([
             Compare::create_revision(entry.as_str(), CompareOp::Equal, revision),
-            Compare::value(entry.as_str(), CompareOp::Equal, lease.owner().to_hex()),
+            Compare::value(
+                entry.as_str(),
+                CompareOp::Equal,
+                keys::entry_value(lease.kind(), lease.owner()),
+            ),
         ]);
         if !self
             .txn(op, txn)
@@ -429,6 +441,9 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.release_shared(lease).await;
+        }
         let op = Operation::Release;
         let Some((entry, revision, lease_id)) = self.resolve_lease(lease, op).await? else {
             return Ok(false);
@@ -462,6 +477,69 @@ impl LockBackend for EtcdBackend {
                 }
                 Err(err.with_key(lease.key()))
             }
+        }
+    }
+
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        match kind {
+            LeaseKind::Exclusive => self.try_acquire(key, ttl).await,
+            other => {
+                self.acquire_shared(key, other, ttl, None, Operation::TryAcquire)
+                    .await
+            }
+        }
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        if kind == LeaseKind::Exclusive {
+            return self.acquire(key, ttl, deadline).await;
+        }
+        // Bounded like `acquire`; dropping `acquire_shared` is cancel-safe.
+        let grace = Duration::from_millis(250);
+        let attempt = self.acquire_shared(key, kind, ttl, Some(deadline), Operation::Acquire);
+        match tokio::time::timeout_at(deadline + grace, attempt).await {
+            Ok(Ok(Some(lease))) => Ok(lease),
+            Ok(Ok(None)) => Err(protocol_error(Operation::Acquire, key, "no grant")),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                Operation::Acquire,
+                "etcd did not answer before the wait deadline",
+            )
+            .with_key(key)
+            .with_backend(NAME)),
+        }
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_shared(lease).await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::ReadWrite | LockShape::Semaphore => self.shared_holders(key, shape).await,
+            _ => Ok(self
+                .inspect(key)
+                .await?
+                .map(|info| HolderInfo {
+                    kind: LeaseKind::Exclusive,
+                    holder: info.holder,
+                    token: info.token,
+                    remaining_ttl: info.remaining_ttl,
+                })
+                .into_iter()
+                .collect()),
         }
     }
 
@@ -543,7 +621,7 @@ pub fn capabilities() -> Capabilities {
         ttl_model: TtlModel::PerLease,
         linearizable: true,
         min_ttl: MIN_TTL,
-        shared_locks: false,
-        semaphores: false,
+        shared_locks: true,
+        semaphores: true,
     }
 }

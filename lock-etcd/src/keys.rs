@@ -7,7 +7,7 @@ use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
     Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
-use lock_core::{LockKey, OwnerId};
+use lock_core::{LeaseKind, LockKey, LockShape, OwnerId};
 
 use crate::session::Session;
 
@@ -171,13 +171,109 @@ pub(crate) fn create_txn(key_prefix: &str, entry: &str, lease_id: i64, owner: Ow
 
 /// Deletes `entry` only if it is still the grant with this create revision
 /// and owner.
+///
+/// An entry of a read-write lock or a semaphore ([`is_shared_entry`])
+/// stores its kind beside the owner ([`entry_value`]), which the session's
+/// cleanups do not know: theirs is compared on the create revision alone
+/// (the name carries our lease id, and the create revision names one
+/// incarnation of it). An explicit release of such an entry compares the
+/// whole value ([`exact_delete`]).
 pub(crate) fn guarded_delete(entry: &str, revision: i64, owner: OwnerId) -> Txn {
+    if is_shared_entry(entry) {
+        return Txn::new()
+            .when([Compare::create_revision(entry, CompareOp::Equal, revision)])
+            .and_then([TxnOp::delete(entry, None::<DeleteOptions>)]);
+    }
     Txn::new()
         .when([
             Compare::create_revision(entry, CompareOp::Equal, revision),
             Compare::value(entry, CompareOp::Equal, owner.to_hex()),
         ])
         .and_then([TxnOp::delete(entry, None::<DeleteOptions>)])
+}
+
+/// The tag after the escaped key of a read-write lock's prefix.
+pub(crate) const RW_TAG: &str = "%rw";
+/// The tag after the escaped key of a semaphore's prefix.
+pub(crate) const SEM_TAG: &str = "%sem";
+
+/// Where the grants of `shape` on `key` live: `<prefix>/<escaped key>%rw/`
+/// or `<prefix>/<escaped key>%sem/` (the mutex's `<prefix>/<escaped
+/// key>/` for [`LockShape::Mutex`]). An escaped key never holds a `%`
+/// that is not followed by `25` or `2F`, so these prefixes are disjoint
+/// from every mutex prefix and from each other.
+pub(crate) fn shape_prefix(prefix: &str, key: &LockKey, shape: LockShape) -> String {
+    let tag = match shape {
+        LockShape::ReadWrite => RW_TAG,
+        LockShape::Semaphore => SEM_TAG,
+        _ => return key_prefix(prefix, key),
+    };
+    if prefix.is_empty() {
+        format!("{}{tag}/", escape_key(key.as_str()))
+    } else {
+        format!("{prefix}/{}{tag}/", escape_key(key.as_str()))
+    }
+}
+
+/// `<prefix>/<escaped key>%rw-epoch`: the read-write lock's epoch key, put
+/// (without a lease) in the transaction that grants a writer; its mod
+/// revision is that writer's token, which later readers carry.
+pub(crate) fn epoch_key(prefix: &str, key: &LockKey) -> String {
+    if prefix.is_empty() {
+        format!("{}{RW_TAG}-epoch", escape_key(key.as_str()))
+    } else {
+        format!("{prefix}/{}{RW_TAG}-epoch", escape_key(key.as_str()))
+    }
+}
+
+/// Whether `entry` is a grant of a read-write lock or a semaphore: the
+/// segment before its leaf ends with a shape tag (an escaped key cannot).
+pub(crate) fn is_shared_entry(entry: &str) -> bool {
+    entry
+        .rsplit('/')
+        .nth(1)
+        .is_some_and(|segment| segment.ends_with(RW_TAG) || segment.ends_with(SEM_TAG))
+}
+
+/// The value of an entry: the owner id (hex) for the mutex (as before,
+/// and what `etcdctl lock` ignores), `<kind code> <owner hex>` for the
+/// other kinds (`r 00..`, `w 00..`, `p2-5 00..`).
+pub(crate) fn entry_value(kind: LeaseKind, owner: OwnerId) -> String {
+    match kind {
+        LeaseKind::Exclusive => owner.to_hex(),
+        other => format!("{} {}", other.code(), owner.to_hex()),
+    }
+}
+
+/// Reads an entry value of a shared kind: (kind, owner hex).
+pub(crate) fn parse_shared_value(value: &[u8]) -> Option<(LeaseKind, &str)> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (code, owner) = text.split_once(' ')?;
+    let kind = LeaseKind::from_code(code).ok()?;
+    (kind != LeaseKind::Exclusive).then_some((kind, owner))
+}
+
+/// Deletes `entry` only if it still has this create revision and value.
+pub(crate) fn exact_delete(entry: &str, revision: i64, value: &str) -> Txn {
+    Txn::new()
+        .when([
+            Compare::create_revision(entry, CompareOp::Equal, revision),
+            Compare::value(entry, CompareOp::Equal, value),
+        ])
+        .and_then([TxnOp::delete(entry, None::<DeleteOptions>)])
+}
+
+/// What a shared lease carries: `<leaf>@<create revision>` (its token is
+/// not its entry's create revision).
+pub(crate) fn shared_lease_data(leaf: &str, create_revision: i64) -> String {
+    format!("{leaf}@{create_revision}")
+}
+
+/// The inverse of [`shared_lease_data`]: (leaf, create revision).
+pub(crate) fn parse_shared_lease_data(data: &str) -> Option<(&str, i64)> {
+    let (leaf, revision) = data.rsplit_once('@')?;
+    let revision: i64 = revision.parse().ok()?;
+    (revision > 0 && !leaf.is_empty()).then_some((leaf, revision))
 }
 
 #[cfg(test)]
@@ -190,6 +286,50 @@ mod tests {
         assert_eq!(escape_key("a/b"), "a%2Fb");
         assert_eq!(escape_key("100%"), "100%25");
         assert!(!format!("{}/", escape_key("a/b")).starts_with(&format!("{}/", escape_key("a"))));
+    }
+
+    #[test]
+    fn shape_prefixes_are_disjoint_from_mutex_prefixes() {
+        let k = |s: &str| LockKey::new(s).unwrap();
+        let rw = shape_prefix("p", &k("a"), LockShape::ReadWrite);
+        let sem = shape_prefix("p", &k("a"), LockShape::Semaphore);
+        assert_eq!(rw, "p/a%rw/");
+        assert_eq!(sem, "p/a%sem/");
+        assert_eq!(shape_prefix("p", &k("a"), LockShape::Mutex), "p/a/");
+        assert_eq!(epoch_key("p", &k("a")), "p/a%rw-epoch");
+        assert_eq!(shape_prefix("", &k("a"), LockShape::ReadWrite), "a%rw/");
+        // A mutex key spelled like the tag escapes its `%`.
+        let tricky = key_prefix("p", &k("a%rw"));
+        assert_eq!(tricky, "p/a%25rw/");
+        for mutex in [key_prefix("p", &k("a")), tricky] {
+            for shared in [&rw, &sem] {
+                assert!(!shared.starts_with(&mutex) && !mutex.starts_with(shared.as_str()));
+            }
+        }
+        assert!(!epoch_key("p", &k("a")).starts_with(&rw));
+        assert!(is_shared_entry("p/a%rw/1a"));
+        assert!(is_shared_entry("p/a%sem/1a-2"));
+        assert!(!is_shared_entry("p/a/1a"));
+        assert!(!is_shared_entry("p/a%25rw/1a"));
+    }
+
+    #[test]
+    fn shared_values_and_lease_data_round_trip() {
+        let owner = OwnerId::from_u128(0xabc);
+        let kind = LeaseKind::permits(2, 5).unwrap();
+        let value = entry_value(kind, owner);
+        assert_eq!(
+            parse_shared_value(value.as_bytes()),
+            Some((kind, owner.to_hex().as_str()))
+        );
+        assert_eq!(entry_value(LeaseKind::Exclusive, owner), owner.to_hex());
+        assert_eq!(parse_shared_value(owner.to_hex().as_bytes()), None);
+        assert_eq!(parse_shared_value(b"x 00"), None);
+        assert_eq!(parse_shared_lease_data("1a-2@17"), Some(("1a-2", 17)));
+        assert_eq!(shared_lease_data("1a", 9), "1a@9");
+        for bad in ["", "1a", "@3", "1a@0", "1a@x"] {
+            assert_eq!(parse_shared_lease_data(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -284,7 +284,7 @@ impl EtcdBackend {
                 biased;
                 () = sleep_until(deadline) => return Ok(WaitEnd::Deadline),
                 reason = session_lost(&mut state) => return Ok(WaitEnd::SessionLost(reason)),
-                () = self.wait_deleted(predecessor_key, predecessor_revision, from_revision) => {}
+                () = self.wait_deleted(predecessor_key, predecessor_revision, from_revision, false) => {}
             }
         }
     }
@@ -312,11 +312,21 @@ impl EtcdBackend {
     ///   every [`UNSYNCED_POLL`] until [`UNSYNCED_GRACE`] after the watch
     ///   was created (by then the catch-up loop has run), and the watch alone
     ///   is relied on afterwards.
-    async fn wait_deleted(&self, key: Vec<u8>, create_revision: i64, from_revision: i64) {
+    ///
+    /// With `with_puts`, a put to `key` (a writer rewriting its entry in
+    /// place to a reader: a downgrade) also ends the wait.
+    pub(super) async fn wait_deleted(
+        &self,
+        key: Vec<u8>,
+        create_revision: i64,
+        from_revision: i64,
+        with_puts: bool,
+    ) {
         let mut watch_client = self.inner.client.watch_client();
-        let options = WatchOptions::new()
-            .with_start_revision(from_revision)
-            .with_filters([WatchFilterType::NoPut]);
+        let mut options = WatchOptions::new().with_start_revision(from_revision);
+        if !with_puts {
+            options = options.with_filters([WatchFilterType::NoPut]);
+        }
         let give_up = sleep(RECHECK_INTERVAL);
         tokio::pin!(give_up);
         let watch = async {
@@ -407,7 +417,7 @@ impl EtcdBackend {
     }
 }
 
-async fn session_lost(state: &mut watch::Receiver<SessionState>) -> String {
+pub(super) async fn session_lost(state: &mut watch::Receiver<SessionState>) -> String {
     loop {
         if let SessionState::Lost(reason) = &*state.borrow_and_update() {
             return reason.clone();

@@ -1,0 +1,1082 @@
+//! Read-write locks and semaphores on a real etcd: readers overlap, a
+//! writer excludes everyone (also under contention), a waiting writer keeps
+//! later readers out, downgrade leaves no gap, semaphore limits hold and
+//! mismatches are refused, tokens as documented, a crashed holder's share
+//! comes back within its TTL, a cancelled waiter leaves nothing.
+//!
+//! Each check is a function over any [`LockBackend`] and is also run on a
+//! deliberately broken double ([`Broken`], wrapping the real backend with
+//! one flaw) to show that it can fail.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::OrSkip;
+use conformance::servers::etcd::EtcdServer;
+use etcd_client::GetOptions;
+use lock_core::{
+    Capabilities, ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend, LockError,
+    LockInfo, LockKey, LockShape, OwnerId,
+};
+use lock_etcd::{EtcdBackend, EtcdConfig};
+use tokio::time::{Instant, sleep, timeout};
+
+const TTL: Duration = Duration::from_secs(2);
+const PREFIX: &str = "shared";
+
+type Check = Result<(), String>;
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
+}
+
+fn config(server: &EtcdServer, ttl: Duration) -> EtcdConfig {
+    EtcdConfig::new(server.endpoints())
+        .prefix(PREFIX)
+        .ttl(ttl)
+        .op_timeout(Duration::from_secs(1))
+}
+
+async fn backend(server: &EtcdServer) -> Arc<EtcdBackend> {
+    Arc::new(
+        EtcdBackend::connect(config(server, TTL))
+            .await
+            .expect("connect"),
+    )
+}
+
+fn permits(count: u32, limit: u32) -> LeaseKind {
+    LeaseKind::permits(count, limit).expect("permits")
+}
+
+fn ensure(ok: bool, what: impl Into<String>) -> Check {
+    if ok { Ok(()) } else { Err(what.into()) }
+}
+
+fn err(e: LockError) -> String {
+    e.to_string()
+}
+
+/// The raw entries under a shape's prefix (as the crate docs lay it out).
+async fn raw_entries(raw: &EtcdBackend, key: &LockKey, tag: &str) -> usize {
+    let prefix = format!("{PREFIX}/{}{tag}/", key.as_str());
+    raw.client()
+        .kv_client()
+        .get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .expect("raw get")
+        .kvs()
+        .len()
+}
+
+async fn try_kind(
+    b: &dyn LockBackend,
+    key: &LockKey,
+    kind: LeaseKind,
+) -> Result<Option<Lease>, String> {
+    b.try_acquire_kind(key, kind, TTL).await.map_err(err)
+}
+
+// ---------------------------------------------------------------- checks
+
+/// Two readers hold at once (and so do four tasks, observed), with equal
+/// tokens, and both appear in `holders`.
+async fn check_readers_overlap(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+    let r1 = try_kind(&*b, &key, LeaseKind::Read)
+        .await?
+        .ok_or("first reader refused")?;
+    let r2 = try_kind(&*b, &key, LeaseKind::Read)
+        .await?
+        .ok_or("a second reader was refused beside a reader")?;
+    ensure(
+        r1.token() == r2.token(),
+        "readers of one epoch carry different tokens",
+    )?;
+    let holders = b.holders(&key, LockShape::ReadWrite).await.map_err(err)?;
+    ensure(
+        holders.iter().filter(|h| h.kind == LeaseKind::Read).count() == 2,
+        format!("holders should list 2 readers: {holders:?}"),
+    )?;
+    b.release(&r1).await.map_err(err)?;
+    b.release(&r2).await.map_err(err)?;
+    // Observed: four tasks each hold a read lock for 300 ms.
+    let active = Arc::new(AtomicU32::new(0));
+    let max = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (b, key, active, max) = (b.clone(), key.clone(), active.clone(), max.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = b
+                .acquire_kind(
+                    &key,
+                    LeaseKind::Read,
+                    TTL,
+                    Instant::now() + Duration::from_secs(3),
+                )
+                .await
+                .map_err(err)?;
+            let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+            max.fetch_max(now, Ordering::SeqCst);
+            sleep(Duration::from_millis(300)).await;
+            active.fetch_sub(1, Ordering::SeqCst);
+            b.release(&lease).await.map_err(err)?;
+            Ok::<(), String>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| e.to_string())??;
+    }
+    let max = max.load(Ordering::SeqCst);
+    ensure(
+        max >= 2,
+        format!("readers never overlapped (max {max} at once)"),
+    )
+}
+
+/// A writer is refused beside a reader and beside a writer, a reader beside
+/// a writer; under contention no writer ever holds beside anyone.
+async fn check_writer_excluded(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+    let r = try_kind(&*b, &key, LeaseKind::Read)
+        .await?
+        .ok_or("reader refused")?;
+    if let Some(w) = try_kind(&*b, &key, LeaseKind::Write).await? {
+        b.release(&w).await.map_err(err)?;
+        b.release(&r).await.map_err(err)?;
+        return Err("a writer was granted beside a reader".into());
+    }
+    b.release(&r).await.map_err(err)?;
+    let w = try_kind(&*b, &key, LeaseKind::Write)
+        .await?
+        .ok_or("writer refused on a free key")?;
+    for kind in [LeaseKind::Read, LeaseKind::Write] {
+        if let Some(other) = try_kind(&*b, &key, kind).await? {
+            b.release(&other).await.map_err(err)?;
+            b.release(&w).await.map_err(err)?;
+            return Err(format!("a {kind} grant beside a writer"));
+        }
+    }
+    b.release(&w).await.map_err(err)?;
+    // Contention: 6 tasks, 2 of them writers, 8 grants each.
+    let readers = Arc::new(AtomicI64::new(0));
+    let writers = Arc::new(AtomicI64::new(0));
+    let violations = Arc::new(AtomicU32::new(0));
+    let overlapped = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..6 {
+        let (b, key) = (b.clone(), key.clone());
+        let (readers, writers, violations, overlapped) = (
+            readers.clone(),
+            writers.clone(),
+            violations.clone(),
+            overlapped.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let kind = if t < 2 {
+                LeaseKind::Write
+            } else {
+                LeaseKind::Read
+            };
+            for _ in 0..8 {
+                let lease = b
+                    .acquire_kind(&key, kind, TTL, Instant::now() + Duration::from_secs(10))
+                    .await
+                    .map_err(err)?;
+                if kind == LeaseKind::Write {
+                    let w = writers.fetch_add(1, Ordering::SeqCst) + 1;
+                    if w > 1 || readers.load(Ordering::SeqCst) > 0 {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    sleep(Duration::from_millis(10)).await;
+                    writers.fetch_sub(1, Ordering::SeqCst);
+                } else {
+                    let r = readers.fetch_add(1, Ordering::SeqCst) + 1;
+                    if r > 1 {
+                        overlapped.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if writers.load(Ordering::SeqCst) > 0 {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    sleep(Duration::from_millis(10)).await;
+                    readers.fetch_sub(1, Ordering::SeqCst);
+                }
+                b.release(&lease).await.map_err(err)?;
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| e.to_string())??;
+    }
+    let v = violations.load(Ordering::SeqCst);
+    ensure(
+        v == 0,
+        format!("{v} grants overlapped a writer under contention"),
+    )?;
+    println!(
+        "contention: readers overlapped {} times",
+        overlapped.load(Ordering::SeqCst)
+    );
+    Ok(())
+}
+
+/// A waiting writer keeps later readers out (try and wait), and gets the
+/// lock as soon as the earlier reader goes.
+async fn check_writer_preference(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+    let r1 = try_kind(&*b, &key, LeaseKind::Read)
+        .await?
+        .ok_or("reader refused")?;
+    let writer = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(
+                &key,
+                LeaseKind::Write,
+                TTL,
+                Instant::now() + Duration::from_secs(5),
+            )
+            .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let late = try_kind(&*b, &key, LeaseKind::Read).await?;
+    let waited = b
+        .acquire_kind(
+            &key,
+            LeaseKind::Read,
+            TTL,
+            Instant::now() + Duration::from_millis(300),
+        )
+        .await;
+    let mut failure = None;
+    if let Some(late) = late {
+        b.release(&late).await.map_err(err)?;
+        failure = Some("a new reader got in while a writer waited".to_owned());
+    }
+    match waited {
+        Ok(lease) => {
+            b.release(&lease).await.map_err(err)?;
+            failure.get_or_insert("a waiting reader got in while a writer waited".to_owned());
+        }
+        Err(e) if e.kind() == ErrorKind::Contended => {}
+        Err(e) => return Err(format!("waiting reader: {e}")),
+    }
+    let released_at = Instant::now();
+    b.release(&r1).await.map_err(err)?;
+    let w = timeout(Duration::from_secs(3), writer)
+        .await
+        .map_err(|_| "the writer was not granted after the reader left")?
+        .map_err(|e| e.to_string())?
+        .map_err(err)?;
+    let took = released_at.elapsed();
+    b.release(&w).await.map_err(err)?;
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    ensure(
+        took < Duration::from_secs(1),
+        format!("the writer took {took:?} after the reader left"),
+    )
+}
+
+/// Downgrade: the read lease keeps the token, a writer that waited before
+/// stays out until the reader goes, the write lease is dead afterwards.
+async fn check_downgrade(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+    let w = try_kind(&*b, &key, LeaseKind::Write)
+        .await?
+        .ok_or("writer refused")?;
+    let second = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(
+                &key,
+                LeaseKind::Write,
+                TTL,
+                Instant::now() + Duration::from_secs(6),
+            )
+            .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let read = b.downgrade(&w).await.map_err(err)?;
+    ensure(
+        read.kind() == LeaseKind::Read,
+        "downgrade did not return a read lease",
+    )?;
+    ensure(
+        read.token() == w.token(),
+        "the downgraded lease changed its token",
+    )?;
+    sleep(Duration::from_millis(300)).await;
+    if second.is_finished() {
+        return Err("another writer got in at the downgrade".into());
+    }
+    match b.renew(&w).await {
+        Err(e) if e.kind() == ErrorKind::NotHeld => {}
+        other => return Err(format!("renewing the old write lease: {other:?}")),
+    }
+    ensure(
+        !b.release(&w).await.map_err(err)?,
+        "the old write lease was released",
+    )?;
+    b.renew(&read).await.map_err(err)?;
+    let holders = b.holders(&key, LockShape::ReadWrite).await.map_err(err)?;
+    ensure(
+        holders.len() == 1
+            && holders[0].kind == LeaseKind::Read
+            && holders[0].token == Some(w.token()),
+        format!("holders after downgrade: {holders:?}"),
+    )?;
+    ensure(
+        b.release(&read).await.map_err(err)?,
+        "the read lease was not released",
+    )?;
+    let next = timeout(Duration::from_secs(3), second)
+        .await
+        .map_err(|_| "the waiting writer did not get the lock")?
+        .map_err(|e| e.to_string())?
+        .map_err(err)?;
+    ensure(
+        next.token() > w.token(),
+        "the next writer's token did not increase",
+    )?;
+    b.release(&next).await.map_err(err)?;
+    Ok(())
+}
+
+/// Tokens: 0 before any writer; writers strictly increasing above every
+/// earlier grant; readers carry the last writer's token; permit grants
+/// strictly increasing.
+async fn check_tokens(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+    let r0 = try_kind(&*b, &key, LeaseKind::Read)
+        .await?
+        .ok_or("reader refused")?;
+    ensure(
+        r0.token().get() == 0,
+        format!("a reader before any writer has token {}", r0.token()),
+    )?;
+    b.release(&r0).await.map_err(err)?;
+    let mut last_write = FencingToken::new(0);
+    for _ in 0..3 {
+        let w = try_kind(&*b, &key, LeaseKind::Write)
+            .await?
+            .ok_or("writer refused")?;
+        ensure(
+            w.token() > last_write,
+            format!("write token {} after {last_write}", w.token()),
+        )?;
+        last_write = w.token();
+        b.release(&w).await.map_err(err)?;
+        let r1 = try_kind(&*b, &key, LeaseKind::Read)
+            .await?
+            .ok_or("reader refused")?;
+        let r2 = try_kind(&*b, &key, LeaseKind::Read)
+            .await?
+            .ok_or("reader refused")?;
+        for r in [&r1, &r2] {
+            ensure(
+                r.token() == last_write,
+                format!(
+                    "read token {} but the last write was {last_write}",
+                    r.token()
+                ),
+            )?;
+        }
+        b.release(&r1).await.map_err(err)?;
+        b.release(&r2).await.map_err(err)?;
+    }
+    // A writer that waited for readers: its token is above theirs.
+    let r = try_kind(&*b, &key, LeaseKind::Read)
+        .await?
+        .ok_or("reader refused")?;
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(
+                &key,
+                LeaseKind::Write,
+                TTL,
+                Instant::now() + Duration::from_secs(5),
+            )
+            .await
+        })
+    };
+    sleep(Duration::from_millis(100)).await;
+    b.release(&r).await.map_err(err)?;
+    let w = waiter.await.map_err(|e| e.to_string())?.map_err(err)?;
+    ensure(
+        w.token() > last_write,
+        "a waited-for writer's token did not increase",
+    )?;
+    b.release(&w).await.map_err(err)?;
+    // Permits.
+    let mut last = FencingToken::new(0);
+    for _ in 0..3 {
+        let p = try_kind(&*b, &key, permits(1, 2))
+            .await?
+            .ok_or("permit refused")?;
+        ensure(
+            p.token() > last,
+            format!("permit token {} after {last}", p.token()),
+        )?;
+        last = p.token();
+        b.release(&p).await.map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Never more than the limit, taken atomically, observed under contention;
+/// a big request at the head is not starved by small later ones.
+async fn check_semaphore_limit(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(
+            try_kind(&*b, &key, permits(1, 3))
+                .await?
+                .ok_or("permit refused below the limit")?,
+        );
+    }
+    let extra = try_kind(&*b, &key, permits(1, 3)).await?;
+    let holders = b.holders(&key, LockShape::Semaphore).await.map_err(err)?;
+    for lease in held.drain(..) {
+        b.release(&lease).await.map_err(err)?;
+    }
+    if let Some(extra) = extra {
+        b.release(&extra).await.map_err(err)?;
+        return Err("a 4th permit of 3 was granted".into());
+    }
+    ensure(
+        holders.len() == 3,
+        format!("holders of 3 permits: {holders:?}"),
+    )?;
+    // FIFO: 2 held, a request for 3 waits, a later request for 1 (which
+    // would fit) queues behind it.
+    let two = try_kind(&*b, &key, permits(2, 3))
+        .await?
+        .ok_or("2 permits refused")?;
+    let big = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(
+                &key,
+                permits(3, 3),
+                TTL,
+                Instant::now() + Duration::from_secs(5),
+            )
+            .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let small = try_kind(&*b, &key, permits(1, 3)).await?;
+    if let Some(small) = small {
+        b.release(&small).await.map_err(err)?;
+        b.release(&two).await.map_err(err)?;
+        let _ = big.await;
+        return Err("a small request overtook a waiting big one".into());
+    }
+    b.release(&two).await.map_err(err)?;
+    let big = timeout(Duration::from_secs(3), big)
+        .await
+        .map_err(|_| "the big request was not granted")?
+        .map_err(|e| e.to_string())?
+        .map_err(err)?;
+    b.release(&big).await.map_err(err)?;
+    // Contention: 6 tasks take 1 or 2 of 3 permits.
+    let active = Arc::new(AtomicI64::new(0));
+    let max = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..6u32 {
+        let (b, key, active, max) = (b.clone(), key.clone(), active.clone(), max.clone());
+        tasks.push(tokio::spawn(async move {
+            let count = 1 + t % 2;
+            for _ in 0..6 {
+                let lease = b
+                    .acquire_kind(
+                        &key,
+                        permits(count, 3),
+                        TTL,
+                        Instant::now() + Duration::from_secs(10),
+                    )
+                    .await
+                    .map_err(err)?;
+                let now = active.fetch_add(i64::from(count), Ordering::SeqCst) + i64::from(count);
+                max.fetch_max(now, Ordering::SeqCst);
+                sleep(Duration::from_millis(10)).await;
+                active.fetch_sub(i64::from(count), Ordering::SeqCst);
+                b.release(&lease).await.map_err(err)?;
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| e.to_string())??;
+    }
+    let max = max.load(Ordering::SeqCst);
+    ensure(
+        max <= 3,
+        format!("{max} permits of 3 held at once under contention"),
+    )?;
+    println!("contention: at most {max} of 3 permits held at once");
+    Ok(())
+}
+
+/// A limit that differs from the holders' is InvalidArgument and leaves no
+/// entry behind; bad counts are InvalidArgument; an idle semaphore takes a
+/// new limit.
+async fn check_limit_mismatch(
+    b: Arc<dyn LockBackend>,
+    raw: Arc<EtcdBackend>,
+    key: LockKey,
+) -> Check {
+    let held = try_kind(&*b, &key, permits(1, 3))
+        .await?
+        .ok_or("permit refused")?;
+    let mut failure = None;
+    match b.try_acquire_kind(&key, permits(1, 4), TTL).await {
+        Err(e) if e.kind() == ErrorKind::InvalidArgument => {}
+        Ok(Some(lease)) => {
+            b.release(&lease).await.map_err(err)?;
+            failure = Some("a request with another limit was granted".to_owned());
+        }
+        other => failure = Some(format!("try with another limit: {other:?}")),
+    }
+    match b
+        .acquire_kind(
+            &key,
+            permits(1, 4),
+            TTL,
+            Instant::now() + Duration::from_secs(1),
+        )
+        .await
+    {
+        Err(e) if e.kind() == ErrorKind::InvalidArgument => {}
+        Ok(lease) => {
+            b.release(&lease).await.map_err(err)?;
+            failure.get_or_insert("a waiting request with another limit was granted".to_owned());
+        }
+        Err(e) => {
+            failure.get_or_insert(format!("wait with another limit: {e}"));
+        }
+    }
+    let left = raw_entries(&raw, &key, "%sem").await;
+    b.release(&held).await.map_err(err)?;
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    ensure(
+        left == 1,
+        format!("{left} entries after the refused requests (1 held)"),
+    )?;
+    for (count, limit) in [(0, 3), (4, 3), (1, 0)] {
+        let kind = LeaseKind::Permits { count, limit };
+        match b.try_acquire_kind(&key, kind, TTL).await {
+            Err(e) if e.kind() == ErrorKind::InvalidArgument => {}
+            other => return Err(format!("{count} of {limit} permits: {other:?}")),
+        }
+    }
+    let idle = try_kind(&*b, &key, permits(1, 4))
+        .await?
+        .ok_or("an idle semaphore refused a new limit")?;
+    b.release(&idle).await.map_err(err)?;
+    Ok(())
+}
+
+/// A waiter that is cancelled leaves nothing: the reader behind the
+/// cancelled writer gets in at once, the semaphore's entries are back.
+async fn check_cancel(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockKey) -> Check {
+    let r = try_kind(&*b, &key, LeaseKind::Read)
+        .await?
+        .ok_or("reader refused")?;
+    let writer = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(
+                &key,
+                LeaseKind::Write,
+                TTL,
+                Instant::now() + Duration::from_secs(30),
+            )
+            .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    writer.abort();
+    let _ = writer.await;
+    let cancelled_at = Instant::now();
+    let reader = b
+        .acquire_kind(
+            &key,
+            LeaseKind::Read,
+            TTL,
+            cancelled_at + Duration::from_millis(800),
+        )
+        .await
+        .map_err(|e| format!("a reader behind a cancelled writer: {e}"))?;
+    let took = cancelled_at.elapsed();
+    b.release(&reader).await.map_err(err)?;
+    b.release(&r).await.map_err(err)?;
+    ensure(
+        raw_entries(&raw, &key, "%rw").await == 0,
+        "read-write entries left behind",
+    )?;
+    println!("reader granted {took:?} after the writer was cancelled");
+    let full = try_kind(&*b, &key, permits(2, 2))
+        .await?
+        .ok_or("permits refused")?;
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(
+                &key,
+                permits(1, 2),
+                TTL,
+                Instant::now() + Duration::from_secs(30),
+            )
+            .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    waiter.abort();
+    let _ = waiter.await;
+    sleep(Duration::from_millis(300)).await;
+    let left = raw_entries(&raw, &key, "%sem").await;
+    b.release(&full).await.map_err(err)?;
+    ensure(
+        left == 1,
+        format!("{left} semaphore entries after the cancel (1 held)"),
+    )
+}
+
+/// A holder that crashes (its process gone, nothing released) frees its
+/// share within its TTL: a writer waiting for a crashed reader, a permit
+/// request waiting for crashed permits. `crash` takes the share and
+/// crashes.
+async fn check_crash_freed<F, Fut>(b: Arc<dyn LockBackend>, key: LockKey, crash: F) -> Check
+where
+    F: Fn(LockKey, LeaseKind) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let crash_ttl = Duration::from_secs(1);
+    for (held, wanted) in [
+        (LeaseKind::Read, LeaseKind::Write),
+        (permits(2, 2), permits(1, 2)),
+    ] {
+        crash(key.clone(), held).await;
+        let crashed_at = Instant::now();
+        // Lease TTL (1 s) + etcd's expiry granularity and the watch.
+        let lease = b
+            .acquire_kind(
+                &key,
+                wanted,
+                TTL,
+                crashed_at + crash_ttl + Duration::from_millis(2500),
+            )
+            .await
+            .map_err(|e| format!("{held} of a crashed holder not freed within its TTL: {e}"))?;
+        println!(
+            "{held} of a crashed holder freed after {:?}",
+            crashed_at.elapsed()
+        );
+        b.release(&lease).await.map_err(err)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- doubles
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flaw {
+    /// Readers are taken as writers.
+    ReadAsWrite,
+    /// Writers are taken as readers.
+    WriteAsRead,
+    /// Waits by polling, without a place in the queue.
+    Polling,
+    /// Downgrade releases, then takes a read lock.
+    GapDowngrade,
+    /// Read grants report token 0.
+    ReadTokenZero,
+    /// A semaphore of N grants N+1.
+    PlusOnePermit,
+    /// Any limit is taken as 3 (mismatches go unnoticed).
+    LimitThree,
+    /// A cancelled waiting writer leaves an entry that never expires.
+    LeakyCancel,
+}
+
+#[derive(Debug)]
+struct Broken {
+    inner: Arc<EtcdBackend>,
+    flaw: Flaw,
+}
+
+impl Broken {
+    fn wrap(inner: Arc<EtcdBackend>, flaw: Flaw) -> Arc<dyn LockBackend> {
+        Arc::new(Self { inner, flaw })
+    }
+
+    fn kind(&self, kind: LeaseKind) -> LeaseKind {
+        match (self.flaw, kind) {
+            (Flaw::ReadAsWrite, LeaseKind::Read) => LeaseKind::Write,
+            (Flaw::WriteAsRead, LeaseKind::Write) => LeaseKind::Read,
+            (Flaw::PlusOnePermit, LeaseKind::Permits { count, limit }) => LeaseKind::Permits {
+                count,
+                limit: limit + 1,
+            },
+            (Flaw::LimitThree, LeaseKind::Permits { count, .. }) => LeaseKind::Permits {
+                count: count.min(3),
+                limit: 3,
+            },
+            (_, kind) => kind,
+        }
+    }
+
+    fn lease(&self, lease: Lease) -> Lease {
+        if self.flaw == Flaw::ReadTokenZero && lease.kind() == LeaseKind::Read {
+            let kind = lease.kind();
+            return Lease::from_parts(
+                lease.key().clone(),
+                lease.owner(),
+                FencingToken::new(0),
+                lease.ttl(),
+                lease.validity_deadline(),
+                lease.backend_data().to_owned(),
+            )
+            .with_kind(kind);
+        }
+        lease
+    }
+}
+
+#[async_trait]
+impl LockBackend for Broken {
+    fn name(&self) -> &'static str {
+        "broken-etcd"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.inner.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.inner.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        let lease = self
+            .inner
+            .try_acquire_kind(key, self.kind(kind), ttl)
+            .await?;
+        Ok(lease.map(|l| self.lease(l)))
+    }
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        match self.flaw {
+            Flaw::Polling => loop {
+                if let Some(lease) = self.inner.try_acquire_kind(key, kind, ttl).await? {
+                    return Ok(lease);
+                }
+                if Instant::now() >= deadline {
+                    return Err(LockError::new(
+                        ErrorKind::Contended,
+                        lock_core::Operation::Acquire,
+                        "polled",
+                    ));
+                }
+                sleep(Duration::from_millis(20)).await;
+            },
+            Flaw::LeakyCancel if kind == LeaseKind::Write => {
+                let entry = format!("{PREFIX}/{}%rw/leak", key.as_str());
+                self.inner
+                    .client()
+                    .kv_client()
+                    .put(entry, format!("w {}", OwnerId::random().to_hex()), None)
+                    .await
+                    .map_err(|e| {
+                        LockError::new(
+                            ErrorKind::Backend,
+                            lock_core::Operation::Acquire,
+                            e.to_string(),
+                        )
+                    })?;
+                std::future::pending().await
+            }
+            _ => {
+                let lease = self
+                    .inner
+                    .acquire_kind(key, self.kind(kind), ttl, deadline)
+                    .await?;
+                Ok(self.lease(lease))
+            }
+        }
+    }
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        if self.flaw == Flaw::GapDowngrade {
+            self.inner.release(lease).await?;
+            return self
+                .inner
+                .acquire_kind(
+                    lease.key(),
+                    LeaseKind::Read,
+                    lease.ttl(),
+                    Instant::now() + Duration::from_secs(2),
+                )
+                .await;
+        }
+        self.inner.downgrade(lease).await
+    }
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        self.inner.holders(key, shape).await
+    }
+}
+
+/// Removes what a broken double left on the server.
+async fn wipe(raw: &EtcdBackend, key: &LockKey) {
+    for tag in ["%rw/", "%sem/"] {
+        let _ = raw
+            .client()
+            .kv_client()
+            .delete(
+                format!("{PREFIX}/{}{tag}", key.as_str()),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await;
+    }
+}
+
+async fn shows_failure(name: &str, result: Check) {
+    match result {
+        Ok(()) => panic!("the check {name} passed on a broken double"),
+        Err(why) => println!("{name} caught the broken double: {why}"),
+    }
+}
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_and_writers_exclude() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let real = backend(&server).await;
+    let b: Arc<dyn LockBackend> = real.clone();
+    assert!(b.capabilities().shared_locks && b.capabilities().semaphores);
+    check_readers_overlap(b.clone(), key("overlap"))
+        .await
+        .unwrap();
+    check_writer_excluded(b.clone(), key("exclude"))
+        .await
+        .unwrap();
+    check_writer_preference(b.clone(), key("prefer"))
+        .await
+        .unwrap();
+
+    let k = key("overlap-broken");
+    shows_failure(
+        "readers overlap",
+        check_readers_overlap(Broken::wrap(real.clone(), Flaw::ReadAsWrite), k.clone()).await,
+    )
+    .await;
+    wipe(&real, &k).await;
+    let k = key("exclude-broken");
+    shows_failure(
+        "writer excluded",
+        check_writer_excluded(Broken::wrap(real.clone(), Flaw::WriteAsRead), k.clone()).await,
+    )
+    .await;
+    wipe(&real, &k).await;
+    let k = key("prefer-broken");
+    shows_failure(
+        "writer preference",
+        check_writer_preference(Broken::wrap(real.clone(), Flaw::Polling), k.clone()).await,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_and_tokens() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let real = backend(&server).await;
+    let b: Arc<dyn LockBackend> = real.clone();
+    check_downgrade(b.clone(), key("downgrade")).await.unwrap();
+    check_tokens(b.clone(), key("tokens")).await.unwrap();
+
+    // Namespaces: a mutex, a read-write lock and a semaphore of one name
+    // are three locks.
+    let k = key("namespaces");
+    let m = b.try_acquire(&k, TTL).await.unwrap().expect("mutex");
+    let w = b
+        .try_acquire_kind(&k, LeaseKind::Write, TTL)
+        .await
+        .unwrap()
+        .expect("writer beside a mutex");
+    let p = b
+        .try_acquire_kind(&k, permits(1, 1), TTL)
+        .await
+        .unwrap()
+        .expect("permit beside both");
+    assert!(
+        b.try_acquire(&k, TTL).await.unwrap().is_none(),
+        "the mutex is still one"
+    );
+    for lease in [&m, &w, &p] {
+        assert!(b.release(lease).await.unwrap());
+    }
+
+    let k = key("downgrade-broken");
+    shows_failure(
+        "downgrade",
+        check_downgrade(Broken::wrap(real.clone(), Flaw::GapDowngrade), k.clone()).await,
+    )
+    .await;
+    wipe(&real, &k).await;
+    let k = key("tokens-broken");
+    shows_failure(
+        "tokens",
+        check_tokens(Broken::wrap(real.clone(), Flaw::ReadTokenZero), k.clone()).await,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_limits() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let real = backend(&server).await;
+    let b: Arc<dyn LockBackend> = real.clone();
+    check_semaphore_limit(b.clone(), key("limit"))
+        .await
+        .unwrap();
+    check_limit_mismatch(b.clone(), real.clone(), key("mismatch"))
+        .await
+        .unwrap();
+
+    let k = key("limit-broken");
+    shows_failure(
+        "semaphore limit",
+        check_semaphore_limit(Broken::wrap(real.clone(), Flaw::PlusOnePermit), k.clone()).await,
+    )
+    .await;
+    wipe(&real, &k).await;
+    let k = key("fifo-broken");
+    shows_failure(
+        "semaphore FIFO",
+        check_semaphore_limit(Broken::wrap(real.clone(), Flaw::Polling), k.clone()).await,
+    )
+    .await;
+    wipe(&real, &k).await;
+    let k = key("mismatch-broken");
+    shows_failure(
+        "limit mismatch",
+        check_limit_mismatch(
+            Broken::wrap(real.clone(), Flaw::LimitThree),
+            real.clone(),
+            k.clone(),
+        )
+        .await,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_and_cancelled_holders_free_their_share() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let real = backend(&server).await;
+    let b: Arc<dyn LockBackend> = real.clone();
+    check_cancel(b.clone(), real.clone(), key("cancel"))
+        .await
+        .unwrap();
+    let crash_config = config(&server, Duration::from_secs(1));
+    // A real crash: another backend takes the share and is dropped without
+    // releasing (its keep-alive stops, nothing is revoked).
+    let crash = |key: LockKey, kind: LeaseKind| {
+        let crash_config = crash_config.clone();
+        async move {
+            let other = EtcdBackend::connect(crash_config).await.expect("connect");
+            let lease = other
+                .try_acquire_kind(&key, kind, Duration::from_secs(1))
+                .await
+                .expect("crash holder")
+                .expect("granted");
+            drop(lease);
+            drop(other);
+        }
+    };
+    check_crash_freed(b.clone(), key("crash"), crash)
+        .await
+        .unwrap();
+
+    let k = key("cancel-broken");
+    shows_failure(
+        "cancel",
+        check_cancel(
+            Broken::wrap(real.clone(), Flaw::LeakyCancel),
+            real.clone(),
+            k.clone(),
+        )
+        .await,
+    )
+    .await;
+    wipe(&real, &k).await;
+    // A broken "crash" whose share is not tied to any lease.
+    let raw = real.clone();
+    let leaky_crash = |key: LockKey, kind: LeaseKind| {
+        let raw = raw.clone();
+        async move {
+            let tag = if kind == LeaseKind::Read {
+                "%rw"
+            } else {
+                "%sem"
+            };
+            raw.client()
+                .kv_client()
+                .put(
+                    format!("{PREFIX}/{}{tag}/leaked", key.as_str()),
+                    format!("{} {}", kind.code(), OwnerId::random().to_hex()),
+                    None,
+                )
+                .await
+                .expect("raw put");
+        }
+    };
+    let k = key("crash-broken");
+    shows_failure(
+        "crash freed",
+        check_crash_freed(b.clone(), k.clone(), leaky_crash).await,
+    )
+    .await;
+    wipe(&real, &k).await;
+}
