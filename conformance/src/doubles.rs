@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, MemoryBackend, OwnerId,
+    Capabilities, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey,
+    LockShape, MemoryBackend, OwnerId,
 };
 use tokio::time::Instant;
 
@@ -65,6 +66,31 @@ pub trait Flaw: fmt::Debug + Send + Sync + 'static {
     fn release(&self, lease: &Lease, result: Result<bool, LockError>) -> Result<bool, LockError> {
         let _ = lease;
         result
+    }
+
+    /// The kind asked of the inner backend for a request of `kind` (a
+    /// flaw may serve reads as writes).
+    fn inner_kind(&self, kind: LeaseKind) -> LeaseKind {
+        kind
+    }
+
+    /// The inner backend refused a grant of `kind`: a flaw may grant
+    /// anyway (a reader beside a writer, one permit too many).
+    fn contended_kind(&self, key: &LockKey, kind: LeaseKind, ttl: Duration) -> Option<Lease> {
+        let _ = (key, kind, ttl);
+        None
+    }
+
+    /// Whether a downgrade releases the write lease and then takes a read
+    /// lease (leaving a gap a writer can enter) instead of converting it.
+    fn downgrade_with_gap(&self) -> bool {
+        false
+    }
+
+    /// Whether a waiting writer only polls (never queues), so a stream of
+    /// readers can keep it out for ever.
+    fn writers_poll(&self) -> bool {
+        false
     }
 }
 
@@ -125,6 +151,66 @@ impl<F: Flaw> LockBackend for Flawed<F> {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.inner.inspect(key).await
+    }
+
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        let asked = self.flaw.inner_kind(kind);
+        Ok(match self.inner.try_acquire_kind(key, asked, ttl).await? {
+            Some(lease) => Some(self.flaw.grant(lease)),
+            None => self.flaw.contended_kind(key, kind, ttl),
+        })
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        if let Some(lease) = self.try_acquire_kind(key, kind, ttl).await? {
+            return Ok(lease);
+        }
+        if kind == LeaseKind::Write && self.flaw.writers_poll() {
+            while Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if let Some(lease) = self.try_acquire_kind(key, kind, ttl).await? {
+                    return Ok(lease);
+                }
+            }
+            return Err(LockError::new(
+                lock_core::ErrorKind::Contended,
+                lock_core::Operation::Acquire,
+                "still held at the deadline",
+            ));
+        }
+        let asked = self.flaw.inner_kind(kind);
+        Ok(self
+            .flaw
+            .grant(self.inner.acquire_kind(key, asked, ttl, deadline).await?))
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        if !self.flaw.downgrade_with_gap() {
+            return self.inner.downgrade(lease).await;
+        }
+        self.inner.release(lease).await?;
+        // The gap: anyone waiting for the write lock gets it now.
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let deadline = Instant::now() + lease.ttl();
+        self.inner
+            .acquire_kind(lease.key(), LeaseKind::Read, lease.ttl(), deadline)
+            .await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        self.inner.holders(key, shape).await
     }
 }
 

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use lock_core::{FencingToken, LockKey};
+use lock_core::{FencingToken, LeaseKind, LockKey};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -77,6 +77,10 @@ pub struct Event {
     pub token: Option<u64>,
     /// For acquire/renew `Ok`: the promised validity deadline.
     pub valid_until: Option<Duration>,
+    /// For a grant that is not a mutex: its kind's code
+    /// ([`LeaseKind::code`]: `r`, `w`, `p<count>-<limit>`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
 }
 
 /// A thread-safe event log on one monotonic clock.
@@ -166,6 +170,7 @@ impl Recorder {
             key: key.as_str().to_owned(),
             token: token.map(FencingToken::get),
             valid_until: valid_until.map(|t| h.since(t)),
+            grant: None,
         });
     }
 
@@ -177,6 +182,29 @@ impl Recorder {
     /// Acquire returned a grant valid until `deadline`.
     pub fn acquired(&self, key: &LockKey, token: FencingToken, deadline: Instant) {
         self.record(EventKind::Ok, Op::Acquire, key, Some(token), Some(deadline));
+    }
+
+    /// Acquire returned a grant of `kind` (a read or write share, permits)
+    /// valid until `deadline`. The checker lets readers overlap readers and
+    /// permits overlap permits up to their limit, and nothing else.
+    pub fn acquired_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        token: FencingToken,
+        deadline: Instant,
+    ) {
+        let h = &self.history;
+        h.push(Event {
+            at: h.since(Instant::now()),
+            process: self.process,
+            kind: EventKind::Ok,
+            op: Op::Acquire,
+            key: key.as_str().to_owned(),
+            token: Some(token.get()),
+            valid_until: Some(h.since(deadline)),
+            grant: (kind != LeaseKind::Exclusive).then(|| kind.code()),
+        });
     }
 
     /// Renew moved the grant's deadline.
@@ -229,6 +257,7 @@ impl Recorder {
             key: key.as_str().to_owned(),
             token: token.map(FencingToken::get),
             valid_until: valid_until.map(|t| h.since(t)),
+            grant: None,
         });
     }
 }
@@ -246,6 +275,18 @@ pub struct Window {
     pub start: Duration,
     /// When the promise ended.
     pub end: Duration,
+    /// The grant's kind code, `None` for a mutex.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
+}
+
+impl Window {
+    fn kind(&self) -> LeaseKind {
+        self.grant
+            .as_deref()
+            .and_then(|code| LeaseKind::from_code(code).ok())
+            .unwrap_or_default()
+    }
 }
 
 /// What the checker found.
@@ -279,13 +320,25 @@ pub struct CheckReport {
     /// Writes made outside the writer's promised window (after it ended,
     /// or with no grant of the writer in the history).
     pub writes_outside_window: usize,
+    /// The most read shares open at once on one key.
+    pub max_concurrent_readers: usize,
+    /// The most semaphore permits held at once on one key.
+    pub max_permits_held: u64,
+    /// Grants that took a semaphore past its limit.
+    pub permits_over_limit: usize,
+    /// Read grants whose token was not that of the latest write grant
+    /// before them (0 when there was none).
+    pub read_token_mismatches: usize,
 }
 
 impl CheckReport {
     /// No overlapping windows, no grant handed out past its deadline, and
     /// no stale write accepted.
     pub fn is_exclusive(&self) -> bool {
-        self.overlap_count == 0 && self.stale_writes_accepted == 0 && self.grants_past_deadline == 0
+        self.overlap_count == 0
+            && self.stale_writes_accepted == 0
+            && self.grants_past_deadline == 0
+            && self.permits_over_limit == 0
     }
 
     /// Exclusive, tokens grew strictly with every grant, and no current
@@ -295,11 +348,22 @@ impl CheckReport {
             && self.token_regressions == 0
             && self.duplicate_tokens == 0
             && self.current_holder_writes_rejected == 0
+            && self.read_token_mismatches == 0
     }
 
     /// A one-line summary.
     pub fn summary(&self) -> String {
-        format!(
+        let mut shared = String::new();
+        if self.max_concurrent_readers > 0 || self.max_permits_held > 0 {
+            shared = format!(
+                "; max {} reader(s) at once, max {} permit(s) held, {} grant(s) over the limit, {} read token mismatch(es)",
+                self.max_concurrent_readers,
+                self.max_permits_held,
+                self.permits_over_limit,
+                self.read_token_mismatches
+            );
+        }
+        let main = format!(
             "{} grants, max {} concurrent holder(s), {} overlapping window pair(s), {} grant(s) past their deadline, {} token regression(s), {} duplicate token(s), {} stale write(s) accepted, {} write(s) rejected ({} from current holders), {} write(s) outside the writer's window",
             self.grants,
             self.max_concurrent_holders,
@@ -311,7 +375,8 @@ impl CheckReport {
             self.writes_rejected,
             self.current_holder_writes_rejected,
             self.writes_outside_window
-        )
+        );
+        main + &shared
     }
 }
 
@@ -342,6 +407,7 @@ pub fn check(events: &[Event]) -> CheckReport {
                     token: event.token,
                     start: event.at,
                     end,
+                    grant: event.grant.clone(),
                 });
             }
             (Op::Renew, EventKind::Ok) => {
@@ -368,11 +434,16 @@ pub fn check(events: &[Event]) -> CheckReport {
     }
     for list in by_key.values_mut() {
         list.sort_by_key(|w| w.start);
-        // Sweep for concurrency and overlapping pairs.
+        // Sweep for concurrency and overlapping pairs: readers may overlap
+        // readers and permits permits (up to their limit), nothing else.
         let mut active: Vec<&Window> = Vec::new();
         for w in list.iter() {
             active.retain(|a| a.end > w.start);
+            let kind = w.kind();
             for a in &active {
+                if kind.compatible_with(a.kind()) {
+                    continue;
+                }
                 report.overlap_count += 1;
                 if report.overlaps.len() < 10 {
                     report.overlaps.push(((*a).clone(), (*w).clone()));
@@ -380,23 +451,67 @@ pub fn check(events: &[Event]) -> CheckReport {
             }
             active.push(w);
             report.max_concurrent_holders = report.max_concurrent_holders.max(active.len());
+            let readers = active
+                .iter()
+                .filter(|a| a.kind() == LeaseKind::Read)
+                .count();
+            report.max_concurrent_readers = report.max_concurrent_readers.max(readers);
+            if let LeaseKind::Permits { limit, .. } = kind {
+                let held: u64 = active
+                    .iter()
+                    .map(|a| match a.kind() {
+                        LeaseKind::Permits { count, .. } => u64::from(count),
+                        _ => 0,
+                    })
+                    .sum();
+                report.max_permits_held = report.max_permits_held.max(held);
+                if held > u64::from(limit) {
+                    report.permits_over_limit += 1;
+                }
+            }
         }
-        // Tokens in grant order.
-        let mut highest: Option<u64> = None;
-        for w in list.iter() {
-            if let Some(token) = w.token {
+        check_tokens(list, &mut report);
+    }
+
+    judge_writes(events, &windows, &mut report);
+    report
+}
+
+/// Tokens in grant order. Mutex and write grants must strictly grow; a
+/// read grant must carry the token of the latest write grant before it
+/// (0 when there was none). Permit grants are concurrent by design, so the
+/// order in which their acquires returned says nothing about the order
+/// they were granted in: their tokens need only be distinct.
+fn check_tokens(list: &[&Window], report: &mut CheckReport) {
+    let mut highest: Option<u64> = None;
+    let mut epoch: u64 = 0;
+    let mut permit_tokens = std::collections::HashSet::new();
+    for w in list {
+        let Some(token) = w.token else { continue };
+        match w.kind() {
+            LeaseKind::Read => {
+                if token != epoch {
+                    report.read_token_mismatches += 1;
+                }
+            }
+            LeaseKind::Permits { .. } => {
+                if !permit_tokens.insert(token) {
+                    report.duplicate_tokens += 1;
+                }
+            }
+            kind => {
                 match highest {
                     Some(h) if token < h => report.token_regressions += 1,
                     Some(h) if token == h => report.duplicate_tokens += 1,
                     _ => {}
                 }
                 highest = Some(highest.map_or(token, |h| h.max(token)));
+                if kind == LeaseKind::Write {
+                    epoch = token;
+                }
             }
         }
     }
-
-    judge_writes(events, &windows, &mut report);
-    report
 }
 
 /// Replays the recorded writes against a token-checking resource and judges
@@ -545,7 +660,46 @@ mod tests {
             key: "k".into(),
             token: Some(token),
             valid_until: until.map(Duration::from_millis),
+            grant: None,
         }
+    }
+
+    fn grant(at: u64, process: u64, code: &str, token: u64, until: u64) -> Event {
+        Event {
+            grant: Some(code.to_owned()),
+            ..ev(at, process, EventKind::Ok, Op::Acquire, token, Some(until))
+        }
+    }
+
+    /// Readers may overlap readers and permits permits up to their limit;
+    /// a writer beside anyone, one permit too many, or a read token that is
+    /// not the write epoch are each reported.
+    #[test]
+    fn shared_grants_are_judged_by_kind() {
+        let readers = [grant(0, 1, "r", 0, 100), grant(10, 2, "r", 0, 100)];
+        let report = check(&readers);
+        assert!(report.is_safe_with_fencing(), "{}", report.summary());
+        assert_eq!(report.max_concurrent_readers, 2);
+        let writer_beside = [grant(0, 1, "r", 0, 100), grant(10, 2, "w", 5, 100)];
+        assert_eq!(check(&writer_beside).overlap_count, 1);
+        let epoch = [
+            grant(0, 1, "w", 7, 50),
+            grant(60, 2, "r", 7, 100),
+            grant(70, 3, "r", 6, 100),
+        ];
+        let report = check(&epoch);
+        assert_eq!(report.read_token_mismatches, 1, "{}", report.summary());
+        assert!(report.is_exclusive());
+        let permits = [
+            grant(0, 1, "p2-3", 1, 100),
+            grant(10, 2, "p1-3", 2, 100),
+            grant(20, 3, "p1-3", 3, 100),
+        ];
+        let report = check(&permits);
+        assert_eq!(report.permits_over_limit, 1);
+        assert_eq!(report.max_permits_held, 4);
+        assert!(!report.is_exclusive());
+        assert!(check(&permits[..2]).is_exclusive());
     }
 
     #[test]
@@ -608,6 +762,7 @@ mod tests {
             key: "k".into(),
             token,
             valid_until: None,
+            grant: None,
         }
     }
 

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, Lease, LockBackend, LockClient, LockError, LockGuard, LockInfo, LockKey,
-    LockState,
+    Capabilities, HolderInfo, Lease, LeaseKind, LockBackend, LockClient, LockError, LockGuard,
+    LockInfo, LockKey, LockShape, LockState,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -110,6 +110,63 @@ impl LockBackend for RecordingBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.inner.inspect(key).await
+    }
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        self.recorder.invoke(Op::Acquire, key, None);
+        let result = self.inner.try_acquire_kind(key, kind, ttl).await;
+        match &result {
+            Ok(Some(lease)) => {
+                self.recorder
+                    .acquired_kind(key, kind, lease.token(), lease.validity_deadline());
+            }
+            _ => self.recorder.failed(Op::Acquire, key, None),
+        }
+        result
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.recorder.invoke(Op::Acquire, key, None);
+        let result = self.inner.acquire_kind(key, kind, ttl, deadline).await;
+        match &result {
+            Ok(lease) => {
+                self.recorder
+                    .acquired_kind(key, kind, lease.token(), lease.validity_deadline());
+            }
+            Err(_) => self.recorder.failed(Op::Acquire, key, None),
+        }
+        result
+    }
+
+    /// Recorded as the write grant's release starting and a read grant
+    /// (with the same token) beginning when the downgrade returned.
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let result = self.inner.downgrade(lease).await;
+        if let Ok(read) = &result {
+            self.recorder
+                .invoke(Op::Release, lease.key(), Some(lease.token()));
+            self.recorder.acquired_kind(
+                read.key(),
+                LeaseKind::Read,
+                read.token(),
+                read.validity_deadline(),
+            );
+        }
+        result
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        self.inner.holders(key, shape).await
     }
 }
 

@@ -103,6 +103,38 @@ pub fn all_cases() -> Vec<Case> {
             lost_signal_when_unreachable,
             "Lost fires by the deadline when cut off"
         ),
+        case!(
+            readers_share_writers_exclude,
+            "readers inside together; no writer beside anyone"
+        ),
+        case!(
+            writers_are_not_starved,
+            "a waiting writer gets in during a stream of readers"
+        ),
+        case!(
+            downgrade_leaves_no_gap,
+            "downgrade keeps writers out and the token; upgrade refused"
+        ),
+        case!(
+            permits_never_exceed_limit,
+            "never more than N permits; holders inside together"
+        ),
+        case!(
+            semaphore_limits_are_checked,
+            "another limit and bad counts are refused"
+        ),
+        case!(
+            crashed_share_is_freed,
+            "a crashed reader or permit holder frees its share by its TTL"
+        ),
+        case!(
+            cancelled_share_waits_leave_nothing,
+            "cancelled writer and permit waits block nobody"
+        ),
+        case!(
+            segments_take_any_free,
+            "distinct free segments, then the first freed"
+        ),
     ]
 }
 

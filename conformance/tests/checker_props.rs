@@ -36,6 +36,7 @@ fn event(
         key: key.to_owned(),
         token,
         valid_until: valid_until_ms.map(Duration::from_millis),
+        grant: None,
     }
 }
 

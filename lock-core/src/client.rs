@@ -197,6 +197,14 @@ impl LockClient {
         self.request(key.as_ref(), LeaseKind::Permits { count: 1, limit })
     }
 
+    /// Starts a request for a grant of `kind` on `key` (the general form
+    /// of [`lock`](Self::lock), [`read_lock`](Self::read_lock),
+    /// [`write_lock`](Self::write_lock) and [`semaphore`](Self::semaphore),
+    /// for callers that choose the kind at run time).
+    pub fn lock_kind(&self, key: impl AsRef<str>, kind: LeaseKind) -> LockRequest<'_> {
+        self.request(key.as_ref(), kind)
+    }
+
     fn request(&self, key: &str, kind: LeaseKind) -> LockRequest<'_> {
         LockRequest {
             client: self,

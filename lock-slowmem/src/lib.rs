@@ -30,7 +30,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::driver::{BoxFuture, Driver};
 use lock_core::endpoint::Endpoint;
-use lock_core::{Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, MemoryBackend};
+use lock_core::{
+    Capabilities, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey,
+    LockShape, MemoryBackend,
+};
 use tokio::time::{Instant, sleep};
 
 /// The longest delay accepted (a typo such as `delay=10m` is an error,
@@ -155,5 +158,36 @@ impl LockBackend for SlowMemory {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.travel().await;
         self.inner.inspect(key).await
+    }
+
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        self.travel().await;
+        self.inner.try_acquire_kind(key, kind, ttl).await
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.travel().await;
+        self.inner.acquire_kind(key, kind, ttl, deadline).await
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.travel().await;
+        self.inner.downgrade(lease).await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        self.travel().await;
+        self.inner.holders(key, shape).await
     }
 }

@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey, Operation,
+    Capabilities, ErrorKind, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
+    LockKey, LockShape, Operation,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, timeout};
@@ -236,6 +237,52 @@ impl LockBackend for FaultLink {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let (inner, k) = (self.inner.clone(), key.clone());
         let call: Call<Option<LockInfo>> = Box::pin(async move { inner.inspect(&k).await });
+        self.call(Operation::Inspect, key, self.op_timeout, call)
+            .await
+    }
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        let (inner, k) = (self.inner.clone(), key.clone());
+        let call: Call<Option<Lease>> =
+            Box::pin(async move { inner.try_acquire_kind(&k, kind, ttl).await });
+        match self
+            .call(Operation::TryAcquire, key, self.op_timeout, call)
+            .await?
+        {
+            Some(lease) => self.fresh(lease).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let (inner, k) = (self.inner.clone(), key.clone());
+        let call: Call<Lease> =
+            Box::pin(async move { inner.acquire_kind(&k, kind, ttl, deadline).await });
+        let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
+        let lease = self.call(Operation::Acquire, key, budget, call).await?;
+        self.fresh(lease)
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let (inner, l) = (self.inner.clone(), lease.clone());
+        let call: Call<Lease> = Box::pin(async move { inner.downgrade(&l).await });
+        self.call(Operation::Downgrade, lease.key(), self.op_timeout, call)
+            .await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        let (inner, k) = (self.inner.clone(), key.clone());
+        let call: Call<Vec<HolderInfo>> = Box::pin(async move { inner.holders(&k, shape).await });
         self.call(Operation::Inspect, key, self.op_timeout, call)
             .await
     }

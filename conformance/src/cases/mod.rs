@@ -116,7 +116,9 @@ async fn recorded_release(
 mod api;
 mod exclusion;
 mod leases;
+mod shared;
 
 pub use api::*;
 pub use exclusion::*;
 pub use leases::*;
+pub use shared::*;
