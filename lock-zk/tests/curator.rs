@@ -1,0 +1,600 @@
+//! Interoperation with the real Apache Curator recipes (Debian's
+//! `libcurator-recipes-java`): a small Java program (`tests/curator/
+//! CuratorPeer.java`) is compiled with `javac` against the installed jars
+//! and run as a process taking commands on stdin. Curator's
+//! `InterProcessReadWriteLock` on [`ZkBackend::rwlock_path`] and ours on
+//! the same key exclude each other in both directions (write/write,
+//! write/read, reads share, writer preference, downgrade), Curator's
+//! `InterProcessSemaphoreV2` on [`ZkBackend::semaphore_path`] and ours never
+//! hold more than the limit together, and a killed Curator holder is freed
+//! when its session expires. Missing Java or jars fail these tests (never a
+//! skip) with the Debian package to install.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use common::Standalone;
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, OwnerId};
+use lock_zk::ZkBackend;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep, timeout};
+
+const TTL: Duration = Duration::from_secs(3);
+const JAVA_SOURCE: &str = include_str!("curator/CuratorPeer.java");
+
+/// The jars the peer needs, with the Debian package that installs each.
+const JARS: &[(&str, &str)] = &[
+    ("curator-recipes", "libcurator-recipes-java"),
+    ("curator-framework", "libcurator-framework-java"),
+    ("curator-client", "libcurator-client-java"),
+    ("zookeeper", "libzookeeper-java"),
+    ("zookeeper-jute", "libzookeeper-java"),
+    ("guava", "libguava-java"),
+    ("slf4j-api", "libslf4j-java"),
+    ("slf4j-nop", "libslf4j-java"),
+    ("netty-handler", "libnetty-java"),
+    ("netty-transport", "libnetty-java"),
+    ("netty-common", "libnetty-java"),
+    ("netty-buffer", "libnetty-java"),
+    ("netty-codec", "libnetty-java"),
+    ("netty-resolver", "libnetty-java"),
+    ("netty-transport-native-epoll", "libnetty-java"),
+    ("netty-transport-native-unix-common", "libnetty-java"),
+    ("metrics-core", "libdropwizard-metrics-java"),
+];
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
+}
+
+fn soon(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+fn permits(count: u32, limit: u32) -> LeaseKind {
+    LeaseKind::permits(count, limit).expect("permits")
+}
+
+/// The class path, checked: a missing jar or `javac` is a failure naming
+/// the package.
+fn classpath() -> String {
+    let mut parts = Vec::new();
+    for (jar, package) in JARS {
+        let path = format!("/usr/share/java/{jar}.jar");
+        assert!(
+            Path::new(&path).is_file(),
+            "{path} is missing: install the Debian package {package} \
+             (the Curator interop tests need libcurator-recipes-java and its dependencies)"
+        );
+        parts.push(path);
+    }
+    parts.join(":")
+}
+
+/// Compiles the peer once per test process; returns its class directory.
+fn compiled() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let cp = classpath();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("curator-peer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("class dir");
+        let source = dir.join("CuratorPeer.java");
+        std::fs::write(&source, JAVA_SOURCE).expect("write the Java source");
+        let out = std::process::Command::new("javac")
+            .arg("-cp")
+            .arg(&cp)
+            .arg("-d")
+            .arg(&dir)
+            .arg(&source)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run javac ({e}): install the Debian package default-jdk-headless")
+            });
+        assert!(
+            out.status.success(),
+            "javac failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+}
+
+/// One Curator process: commands on stdin, answers routed by request id.
+struct Peer {
+    child: Child,
+    stdin: tokio::sync::Mutex<ChildStdin>,
+    routes: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// One Curator acquisition.
+struct Request {
+    id: String,
+    answers: mpsc::UnboundedReceiver<String>,
+}
+
+impl Request {
+    async fn answer(&mut self, within: Duration) -> String {
+        timeout(within, self.answers.recv())
+            .await
+            .unwrap_or_else(|_| panic!("Curator request {} did not answer in {within:?}", self.id))
+            .expect("Curator peer gone")
+    }
+}
+
+impl Peer {
+    async fn start(connect: &str, session_ms: u64) -> Self {
+        let dir = compiled();
+        let cp = format!("{}:{}", dir.display(), classpath());
+        let mut child = Command::new("java")
+            .args([
+                "-Xshare:auto",
+                "-XX:TieredStopAtLevel=1",
+                "-XX:+UseSerialGC",
+                "-cp",
+            ])
+            .arg(cp)
+            .arg("CuratorPeer")
+            .arg(connect)
+            .arg(session_ms.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run java ({e}): install the Debian package default-jdk-headless")
+            });
+        let stdout = child.stdout.take().expect("stdout");
+        let stdin = child.stdin.take().expect("stdin");
+        let routes: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>> = Arc::default();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        {
+            let routes = routes.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                let mut ready = Some(ready_tx);
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if line == "ready" {
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    let (id, rest) = line.split_once(' ').unwrap_or((&line, ""));
+                    if let Some(tx) = routes.lock().unwrap().get(id) {
+                        let _ = tx.send(rest.to_owned());
+                    }
+                }
+            });
+        }
+        timeout(Duration::from_secs(30), ready_rx)
+            .await
+            .expect("Curator peer did not connect within 30 s")
+            .expect("Curator peer exited before connecting");
+        Self {
+            child,
+            stdin: tokio::sync::Mutex::new(stdin),
+            routes,
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    async fn send(&self, line: &str) {
+        let mut stdin = self.stdin.lock().await;
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write to Curator peer");
+        stdin.flush().await.expect("flush");
+    }
+
+    /// Starts an acquisition: `read|write <path> <wait ms>` or
+    /// `sem <path> <wait ms> <limit> <count>`.
+    async fn acquire(&self, command: &str) -> Request {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("c{n}");
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.routes.lock().unwrap().insert(id.clone(), tx);
+        self.send(&format!("{id} {command}")).await;
+        Request { id, answers: rx }
+    }
+
+    /// Acquires and waits for the answer (`ok`, `busy`, `error ...`).
+    async fn take(&self, command: &str) -> (Request, String) {
+        let mut request = self.acquire(command).await;
+        let answer = request.answer(Duration::from_secs(20)).await;
+        (request, answer)
+    }
+
+    async fn release(&self, request: &mut Request) {
+        self.send(&format!("{} release", request.id)).await;
+        let answer = request.answer(Duration::from_secs(10)).await;
+        assert_eq!(answer, "released", "Curator release of {}", request.id);
+    }
+}
+
+async fn setup(n: usize) -> (Standalone, Vec<ZkBackend>, Peer) {
+    // Compile first: missing Java or jars fail before anything starts.
+    compiled();
+    let target = Standalone::start()
+        .await
+        .expect("the Curator interop tests need ZooKeeper (Debian package zookeeper)");
+    let mut backends = Vec::new();
+    for _ in 0..n {
+        backends.push(target.backend().await.expect("backend"));
+    }
+    let connect = target.base_url().trim_start_matches("zk://").to_owned();
+    let peer = Peer::start(&connect, 2_000).await;
+    (target, backends, peer)
+}
+
+/// Write vs write, write vs read, reads share, writer preference and
+/// downgrade, between Curator's `InterProcessReadWriteLock` and ours on
+/// the same path, in both directions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_read_write_lock_and_ours_exclude_each_other() {
+    let (_target, bs, peer) = setup(2).await;
+    let k = key("curator-rw");
+    let path = bs[0].rwlock_path(&k);
+    let read = |wait: u64| format!("read {path} {wait}");
+    let write = |wait: u64| format!("write {path} {wait}");
+
+    // Curator's writer excludes our writers and readers.
+    let (mut c1, answer) = peer.take(&write(5_000)).await;
+    assert_eq!(answer, "ok");
+    assert!(
+        bs[0]
+            .try_acquire_kind(&k, LeaseKind::Write, TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "our writer beside Curator's writer"
+    );
+    assert!(
+        bs[0]
+            .try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "our reader beside Curator's writer"
+    );
+    let ours = {
+        let (b, k) = (bs[0].clone(), k.clone());
+        tokio::spawn(async move {
+            let lease = b
+                .acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
+                .await;
+            (Instant::now(), lease)
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        !ours.is_finished(),
+        "our writer got in beside Curator's writer"
+    );
+    let released = Instant::now();
+    peer.release(&mut c1).await;
+    let (granted, w) = timeout(Duration::from_secs(5), ours)
+        .await
+        .unwrap()
+        .unwrap();
+    let w = w.expect("our writer after Curator's");
+    assert!(granted >= released);
+
+    // Our writer excludes Curator's writers and readers; Curator's waiting
+    // reader gets in when we release.
+    let (_, answer) = peer.take(&write(300)).await;
+    assert_eq!(answer, "busy", "Curator's writer beside ours");
+    let (_, answer) = peer.take(&read(300)).await;
+    assert_eq!(answer, "busy", "Curator's reader beside our writer");
+    let mut c2 = peer.acquire(&read(10_000)).await;
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        c2.answers.try_recv().is_err(),
+        "Curator's reader got in beside our writer"
+    );
+    assert!(bs[0].release(&w).await.unwrap());
+    assert_eq!(c2.answer(Duration::from_secs(5)).await, "ok");
+
+    // Reads share both ways; writers of either wait for all of them.
+    let r = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("our reader beside Curator's reader");
+    let (mut c3, answer) = peer.take(&read(300)).await;
+    assert_eq!(answer, "ok", "Curator's reader beside ours");
+    assert!(
+        bs[1]
+            .try_acquire_kind(&k, LeaseKind::Write, TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let (_, answer) = peer.take(&write(300)).await;
+    assert_eq!(answer, "busy", "Curator's writer beside readers");
+
+    // Writer preference across both: our waiting writer keeps Curator's new
+    // readers out; then Curator's waiting writer keeps ours out.
+    let ours = {
+        let (b, k) = (bs[1].clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let (_, answer) = peer.take(&read(300)).await;
+    assert_eq!(
+        answer, "busy",
+        "Curator's reader overtook our waiting writer"
+    );
+    peer.release(&mut c2).await;
+    peer.release(&mut c3).await;
+    assert!(!ours.is_finished());
+    assert!(bs[0].release(&r).await.unwrap());
+    let w = timeout(Duration::from_secs(5), ours)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("our writer");
+    let mut c4 = peer.acquire(&write(10_000)).await;
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        bs[0]
+            .try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "our reader overtook Curator's waiting writer"
+    );
+    assert!(bs[1].release(&w).await.unwrap());
+    assert_eq!(c4.answer(Duration::from_secs(5)).await, "ok");
+    peer.release(&mut c4).await;
+
+    // Downgrade: Curator's waiting writer stays out until our read lease
+    // goes, and Curator's new readers queue behind it.
+    let w = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Write, TTL)
+        .await
+        .unwrap()
+        .expect("w");
+    let mut c5 = peer.acquire(&write(10_000)).await;
+    sleep(Duration::from_millis(300)).await;
+    let r = bs[0].downgrade(&w).await.expect("downgrade");
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        c5.answers.try_recv().is_err(),
+        "Curator's writer got in at our downgrade"
+    );
+    let (_, answer) = peer.take(&read(300)).await;
+    assert_eq!(
+        answer, "busy",
+        "Curator's reader overtook Curator's waiting writer"
+    );
+    assert!(bs[0].release(&r).await.unwrap());
+    assert_eq!(c5.answer(Duration::from_secs(5)).await, "ok");
+    peer.release(&mut c5).await;
+
+    // The check catches a layout that does not exclude: Curator's write
+    // lock on our *mutex's* directory is ignored by our mutex recipe.
+    let wrong = bs[0].key_path(&k);
+    let (mut c6, answer) = peer.take(&format!("write {wrong} 1000")).await;
+    assert_eq!(answer, "ok");
+    let m = bs[0].try_acquire(&k, TTL).await.unwrap();
+    assert!(m.is_some(), "expected the mismatched layout to let both in");
+    bs[0].release(&m.unwrap()).await.unwrap();
+    peer.release(&mut c6).await;
+}
+
+/// Curator's `InterProcessSemaphoreV2` and ours on the same path, under
+/// contention: never more than the limit held together (observed from
+/// both sides' holding intervals), and each side sees the other's permits.
+/// The same check, with Curator told a larger limit (which our clients
+/// cannot see), catches the excess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_semaphore_and_ours_never_exceed_the_limit() {
+    let (_target, bs, peer) = setup(3).await;
+    let k = key("curator-sem");
+    let path = bs[0].semaphore_path(&k);
+
+    // Deterministic: Curator holds 2 of 3, ours gets the third, nobody more.
+    let (mut c1, answer) = peer.take(&format!("sem {path} 5000 3 2")).await;
+    assert_eq!(answer, "ok");
+    let p = bs[0]
+        .try_acquire_kind(&k, permits(1, 3), TTL)
+        .await
+        .unwrap()
+        .expect("the third permit");
+    assert!(
+        bs[1]
+            .try_acquire_kind(&k, permits(1, 3), TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "a fourth permit"
+    );
+    let (_, answer) = peer.take(&format!("sem {path} 300 3 1")).await;
+    assert_eq!(answer, "busy", "Curator took a fourth permit");
+    let mut c2 = peer.acquire(&format!("sem {path} 10000 3 1")).await;
+    sleep(Duration::from_millis(300)).await;
+    assert!(c2.answers.try_recv().is_err());
+    assert!(bs[0].release(&p).await.unwrap());
+    assert_eq!(c2.answer(Duration::from_secs(5)).await, "ok");
+    peer.release(&mut c1).await;
+    peer.release(&mut c2).await;
+
+    // Contention: intervals from just after each grant to just before its
+    // release request.
+    let (peak, mixed) = sem_contention(&bs, &peer, &k, &path, 3, 3).await;
+    println!("Curator + ours, limit 3: peak {peak}, Curator and ours overlapped: {mixed}");
+    assert!(peak <= 3, "Curator and ours held {peak} of 3 permits");
+    assert!(mixed, "Curator's and our permits never overlapped");
+
+    // Curator told 5 while ours use 3 (our clients cannot see Curator's
+    // limit): the same check sees more than 3, once deterministically and
+    // once under contention.
+    let k2 = key("curator-sem-mismatch");
+    let path2 = bs[0].semaphore_path(&k2);
+    let all = bs[0]
+        .try_acquire_kind(&k2, permits(3, 3), TTL)
+        .await
+        .unwrap()
+        .expect("3 of 3");
+    let from = Instant::now();
+    let (mut c3, answer) = peer.take(&format!("sem {path2} 1000 5 1")).await;
+    assert_eq!(answer, "ok", "Curator with limit 5 beside our 3 of 3");
+    let c_from = Instant::now();
+    sleep(Duration::from_millis(20)).await;
+    let history = vec![
+        (false, from, Instant::now()),
+        (false, from, Instant::now()),
+        (false, from, Instant::now()),
+        (true, c_from, Instant::now()),
+    ];
+    peer.release(&mut c3).await;
+    assert!(bs[0].release(&all).await.unwrap());
+    let (peak, _) = peak_of(&history);
+    println!("Curator with limit 5 beside our 3 of 3: peak {peak}");
+    assert!(peak > 3, "the check missed permits past the limit");
+    let (peak, _) = sem_contention(&bs, &peer, &k2, &path2, 3, 5).await;
+    println!("Curator with limit 5, ours with 3, under contention: peak {peak}");
+}
+
+/// Three of our tasks and three Curator workers take 1 permit at a time
+/// for a while. Returns the peak permits held and whether a Curator
+/// holding overlapped one of ours.
+async fn sem_contention(
+    bs: &[ZkBackend],
+    peer: &Peer,
+    k: &LockKey,
+    path: &str,
+    ours_limit: u32,
+    curator_limit: u32,
+) -> (usize, bool) {
+    // (is Curator, from, to)
+    let history: Arc<Mutex<Vec<(bool, Instant, Instant)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for (n, b) in bs.iter().enumerate() {
+        let (b, k, history) = (b.clone(), k.clone(), history.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..8u64 {
+                let lease = b
+                    .acquire_kind(&k, permits(1, ours_limit), TTL, soon(20_000))
+                    .await
+                    .expect("our permit");
+                let from = Instant::now();
+                sleep(Duration::from_millis(20 + (n as u64 * 7 + round * 11) % 30)).await;
+                history.lock().unwrap().push((false, from, Instant::now()));
+                assert!(b.release(&lease).await.unwrap());
+            }
+        }));
+    }
+    let curator = async {
+        let workers = (0..3u64).map(|n| {
+            let history = history.clone();
+            async move {
+                for round in 0..8u64 {
+                    let (mut req, answer) = peer
+                        .take(&format!("sem {path} 20000 {curator_limit} 1"))
+                        .await;
+                    assert_eq!(answer, "ok");
+                    let from = Instant::now();
+                    sleep(Duration::from_millis(20 + (n * 13 + round * 7) % 30)).await;
+                    history.lock().unwrap().push((true, from, Instant::now()));
+                    peer.release(&mut req).await;
+                }
+            }
+        });
+        let mut joined = Vec::new();
+        for w in workers {
+            joined.push(w);
+        }
+        let [a, b, c]: [_; 3] = joined.try_into().ok().expect("three workers");
+        tokio::join!(a, b, c);
+    };
+    curator.await;
+    for t in tasks {
+        t.await.expect("our worker");
+    }
+    let history = history.lock().unwrap().clone();
+    peak_of(&history)
+}
+
+/// The most holders at one instant (each holding is one permit), and
+/// whether Curator's and ours ever held at the same time.
+fn peak_of(history: &[(bool, Instant, Instant)]) -> (usize, bool) {
+    let mut peak = 0;
+    let mut mixed = false;
+    for (_, at, _) in history {
+        let holding: Vec<&(bool, Instant, Instant)> = history
+            .iter()
+            .filter(|(_, f, t)| f <= at && at < t)
+            .collect();
+        peak = peak.max(holding.len());
+        if holding.iter().any(|h| h.0) && holding.iter().any(|h| !h.0) {
+            mixed = true;
+        }
+    }
+    (peak, mixed)
+}
+
+/// A Curator holder killed with SIGKILL: its write lock and its permits
+/// are freed when ZooKeeper expires its session (2 s), and ours get in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_curator_holder_is_freed_at_session_expiry() {
+    let (_target, bs, mut peer) = setup(1).await;
+    let k = key("curator-crash");
+    let rw = bs[0].rwlock_path(&k);
+    let sem = bs[0].semaphore_path(&k);
+    let (_w, answer) = peer.take(&format!("write {rw} 5000")).await;
+    assert_eq!(answer, "ok");
+    let (_p, answer) = peer.take(&format!("sem {sem} 5000 2 2")).await;
+    assert_eq!(answer, "ok");
+    assert!(
+        bs[0]
+            .try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        bs[0]
+            .try_acquire_kind(&k, permits(1, 2), TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    peer.child.start_kill().expect("kill the Curator peer");
+    let killed = Instant::now();
+    let (r, p) = tokio::join!(
+        bs[0].acquire_kind(&k, LeaseKind::Read, TTL, soon(15_000)),
+        bs[0].acquire_kind(&k, permits(2, 2), TTL, soon(15_000)),
+    );
+    let after = killed.elapsed();
+    println!("ours granted {after:?} after Curator's holder was killed (session timeout 2 s)");
+    let (r, p) = (
+        r.expect("read after the crash"),
+        p.expect("permits after the crash"),
+    );
+    assert!(after < Duration::from_secs(10));
+    // Curator's writer does not store our epoch: the read token is the last
+    // epoch one of ours wrote (none here).
+    assert_eq!(r.token().get(), 0);
+    assert!(bs[0].release(&r).await.unwrap());
+    assert!(bs[0].release(&p).await.unwrap());
+    let err = bs[0]
+        .try_acquire_kind(&k, LeaseKind::Permits { count: 3, limit: 2 }, TTL)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
