@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind,
-    LockBackend, LockError, LockInfo, LockKey, LockShape, Operation, OwnerId, TtlModel,
-    WaitStrategy, async_trait, check_ttl, validity_deadline,
+    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
+    LockError, LockInfo, LockKey, LockShape, Operation, OwnerId, TtlModel, WaitStrategy,
+    async_trait, check_ttl, validity_deadline,
 };
 use redis::Value;
 use tokio::time::{Instant, sleep_until};

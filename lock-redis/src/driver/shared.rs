@@ -213,7 +213,13 @@ impl RedisBackend {
                         let side = if kind == LeaseKind::Read { "r" } else { "w" };
                         conn.eval(
                             &SHARED.rw_acquire,
-                            &[&n.writer, &n.readers, &n.queue, &n.queue_expiry, &n.counters],
+                            &[
+                                &n.writer,
+                                &n.readers,
+                                &n.queue,
+                                &n.queue_expiry,
+                                &n.counters,
+                            ],
                             &[owner_ref, ttl_ref, side, wait_flag, &n.channel],
                         )
                         .await
@@ -309,7 +315,10 @@ impl RedisBackend {
         let names = self.shared_names(key, kind);
         let owner = OwnerId::random();
         let guard = self.withdraw_guard(&names, owner);
-        match self.wait_shared(key, kind, ttl, deadline, owner, &names).await {
+        match self
+            .wait_shared(key, kind, ttl, deadline, owner, &names)
+            .await
+        {
             Ok(lease) => {
                 guard.disarm();
                 Ok(lease)
@@ -478,8 +487,10 @@ impl RedisBackend {
             .into_iter()
             .map(|r| {
                 r.unwrap_or_else(|| {
-                    Err(LockError::new(ErrorKind::Backend, Operation::Renew, "no result")
-                        .with_backend(NAME))
+                    Err(
+                        LockError::new(ErrorKind::Backend, Operation::Renew, "no result")
+                            .with_backend(NAME),
+                    )
                 })
             })
             .collect()
@@ -541,7 +552,10 @@ impl RedisBackend {
             return Err(not_held(
                 op,
                 key,
-                &format!("only a write lease can be downgraded, not a {} lease", lease.kind()),
+                &format!(
+                    "only a write lease can be downgraded, not a {} lease",
+                    lease.kind()
+                ),
             ));
         }
         self.check_ttl(lease.ttl(), op, key)?;

@@ -1,0 +1,942 @@
+//! Read-write locks and semaphores on real servers (one server and a
+//! 3-master Cluster): exclusion observed under contention, readers and
+//! permit holders observed together, writer preference, downgrade without a
+//! gap, FIFO permits, limit mismatch, expiry of a crashed holder or waiter,
+//! tokens as documented, cancelled waits leave nothing; Redlock refuses
+//! both kinds.
+//!
+//! Each safety check is a function returning `Err(why)` on a violation, and
+//! is shown failing on a deliberately broken backend (`Broken`, a wrapper
+//! of the real backend with one flaw), so a check that cannot fail would be
+//! caught here.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::RedisTarget;
+use conformance::OrSkip;
+use conformance::servers::redis::RedisServer;
+use lock_core::{
+    Capabilities, ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend, LockError,
+    LockInfo, LockKey, LockShape, async_trait,
+};
+use lock_redis::{RedisBackend, RedisConfig};
+use tokio::time::{Instant, sleep};
+
+type Check = Result<(), String>;
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("{name}-{:x}", rand_suffix())).expect("key")
+}
+
+fn rand_suffix() -> u64 {
+    u64::try_from(lock_core::OwnerId::random().as_u128() >> 64).unwrap_or(0)
+}
+
+fn permits(count: u32, limit: u32) -> LeaseKind {
+    LeaseKind::permits(count, limit).expect("valid permits")
+}
+
+fn soon(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+async fn single() -> Option<(RedisServer, RedisBackend)> {
+    let server = RedisServer::start().await.or_skip()?;
+    let backend = RedisBackend::connect(RedisConfig::from_url(&server.url()).unwrap())
+        .await
+        .expect("connect");
+    Some((server, backend))
+}
+
+async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn take(b: &dyn LockBackend, k: &LockKey, kind: LeaseKind) -> Result<Option<Lease>, String> {
+    b.try_acquire_kind(k, kind, TTL)
+        .await
+        .map_err(|e| format!("try {kind}: {e}"))
+}
+
+// ---------------------------------------------------------------- checks
+
+/// A writer excludes readers and writers; readers share; read tokens are
+/// the latest write token; write tokens exceed every earlier grant.
+async fn check_rw_basics(b: &dyn LockBackend, k: &LockKey) -> Check {
+    let r1 = take(b, k, LeaseKind::Read)
+        .await?
+        .ok_or("first reader refused")?;
+    let r2 = take(b, k, LeaseKind::Read)
+        .await?
+        .ok_or("second reader refused beside a reader")?;
+    if r1.token() != r2.token() || r1.token().get() != 0 {
+        return Err(format!(
+            "readers of a never-written lock carry {} and {}, not 0",
+            r1.token(),
+            r2.token()
+        ));
+    }
+    if take(b, k, LeaseKind::Write).await?.is_some() {
+        return Err("a writer was granted beside readers".into());
+    }
+    b.release(&r1).await.map_err(|e| e.to_string())?;
+    b.release(&r2).await.map_err(|e| e.to_string())?;
+    let w1 = take(b, k, LeaseKind::Write)
+        .await?
+        .ok_or("writer refused on a free lock")?;
+    if w1.token() <= r1.token() {
+        return Err(format!(
+            "write token {} not above {}",
+            w1.token(),
+            r1.token()
+        ));
+    }
+    if take(b, k, LeaseKind::Read).await?.is_some() {
+        return Err("a reader was granted beside a writer".into());
+    }
+    if take(b, k, LeaseKind::Write).await?.is_some() {
+        return Err("a second writer was granted".into());
+    }
+    b.release(&w1).await.map_err(|e| e.to_string())?;
+    let r3 = take(b, k, LeaseKind::Read).await?.ok_or("reader refused")?;
+    if r3.token() != w1.token() {
+        return Err(format!(
+            "a reader after write {} carries {}",
+            w1.token(),
+            r3.token()
+        ));
+    }
+    b.release(&r3).await.map_err(|e| e.to_string())?;
+    let w2 = take(b, k, LeaseKind::Write)
+        .await?
+        .ok_or("writer refused")?;
+    if w2.token() <= w1.token() {
+        return Err(format!(
+            "write token {} not above the earlier {}",
+            w2.token(),
+            w1.token()
+        ));
+    }
+    b.release(&w2).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Under contention (several tasks, reads and writes): nobody beside a
+/// writer, and readers observed inside together.
+async fn check_rw_contention(b: Arc<dyn LockBackend>, k: &LockKey) -> Check {
+    let readers = Arc::new(AtomicI64::new(0));
+    let writers = Arc::new(AtomicI64::new(0));
+    let max_readers = Arc::new(AtomicI64::new(0));
+    let violation: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for task in 0..6u32 {
+        let (b, k) = (b.clone(), k.clone());
+        let (readers, writers, max_readers, violation) = (
+            readers.clone(),
+            writers.clone(),
+            max_readers.clone(),
+            violation.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for round in 0..25u32 {
+                let write = (task + round) % 3 == 0;
+                let kind = if write {
+                    LeaseKind::Write
+                } else {
+                    LeaseKind::Read
+                };
+                let lease = b
+                    .acquire_kind(&k, kind, TTL, soon(10_000))
+                    .await
+                    .map_err(|e| format!("{kind}: {e}"))?;
+                let bad = if write {
+                    let w = writers.fetch_add(1, Ordering::SeqCst);
+                    let r = readers.load(Ordering::SeqCst);
+                    (w != 0 || r != 0).then(|| format!("writer beside {w} writers, {r} readers"))
+                } else {
+                    let r = readers.fetch_add(1, Ordering::SeqCst) + 1;
+                    max_readers.fetch_max(r, Ordering::SeqCst);
+                    let w = writers.load(Ordering::SeqCst);
+                    (w != 0).then(|| format!("reader beside {w} writers"))
+                };
+                if let Some(bad) = bad {
+                    violation.lock().unwrap().get_or_insert(bad);
+                }
+                sleep(Duration::from_millis(if write { 2 } else { 6 })).await;
+                if write {
+                    writers.fetch_sub(1, Ordering::SeqCst);
+                } else {
+                    readers.fetch_sub(1, Ordering::SeqCst);
+                }
+                b.release(&lease).await.map_err(|e| e.to_string())?;
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| e.to_string())??;
+    }
+    if let Some(bad) = violation.lock().unwrap().take() {
+        return Err(bad);
+    }
+    if max_readers.load(Ordering::SeqCst) < 2 {
+        return Err("readers were never observed inside together".into());
+    }
+    Ok(())
+}
+
+/// Writer preference: once a writer waits, a new reader is refused, and
+/// the writer gets the lock when the old reader leaves (by notification,
+/// well before the reader's TTL).
+async fn check_writer_preference(b: Arc<dyn LockBackend>, k: &LockKey) -> Check {
+    let reader = take(&*b, k, LeaseKind::Read)
+        .await?
+        .ok_or("reader refused")?;
+    let writer = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move { b.acquire_kind(&k, LeaseKind::Write, TTL, soon(4_000)).await })
+    };
+    sleep(Duration::from_millis(200)).await;
+    if let Some(late) = take(&*b, k, LeaseKind::Read).await? {
+        b.release(&late).await.map_err(|e| e.to_string())?;
+        b.release(&reader).await.map_err(|e| e.to_string())?;
+        let _ = writer.await;
+        return Err("a new reader got in while a writer was waiting".into());
+    }
+    let released = Instant::now();
+    b.release(&reader).await.map_err(|e| e.to_string())?;
+    let w = writer
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("the waiting writer: {e}"))?;
+    let took = released.elapsed();
+    b.release(&w).await.map_err(|e| e.to_string())?;
+    if took > Duration::from_millis(400) {
+        return Err(format!("the writer took {took:?} after the release"));
+    }
+    Ok(())
+}
+
+/// Downgrade: same token, no gap (a racing writer never gets in between),
+/// the write lease is dead afterwards.
+async fn check_downgrade(b: Arc<dyn LockBackend>, k: &LockKey) -> Check {
+    let main_holds = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let intruded = Arc::new(AtomicU32::new(0));
+    let racer = {
+        let (b, k) = (b.clone(), k.clone());
+        let (main_holds, stop, intruded) = (main_holds.clone(), stop.clone(), intruded.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(Some(w)) = b.try_acquire_kind(&k, LeaseKind::Write, TTL).await {
+                    if main_holds.load(Ordering::SeqCst) {
+                        intruded.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let _ = b.release(&w).await;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let mut result = Ok(());
+    for _ in 0..40 {
+        let w = match b.acquire_kind(k, LeaseKind::Write, TTL, soon(5_000)).await {
+            Ok(w) => w,
+            Err(e) => {
+                result = Err(format!("write: {e}"));
+                break;
+            }
+        };
+        main_holds.store(true, Ordering::SeqCst);
+        let r = match b.downgrade(&w).await {
+            Ok(r) => r,
+            Err(e) => {
+                result = Err(format!("downgrade failed: {e}"));
+                break;
+            }
+        };
+        if r.token() != w.token() || r.kind() != LeaseKind::Read {
+            result = Err(format!(
+                "downgrade gave {} token {}, the writer had {}",
+                r.kind(),
+                r.token(),
+                w.token()
+            ));
+            break;
+        }
+        match b.renew(&w).await {
+            Err(e) if e.kind() == ErrorKind::NotHeld => {}
+            other => {
+                result = Err(format!("renewing the downgraded write lease: {other:?}"));
+                break;
+            }
+        }
+        if b.release(&w).await.map_err(|e| e.to_string())? {
+            result = Err("releasing the downgraded write lease said released".into());
+            break;
+        }
+        if b.renew(&r).await.is_err() {
+            result = Err("the read lease from the downgrade does not renew".into());
+            break;
+        }
+        main_holds.store(false, Ordering::SeqCst);
+        b.release(&r).await.map_err(|e| e.to_string())?;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = racer.await;
+    result?;
+    match intruded.load(Ordering::SeqCst) {
+        0 => Ok(()),
+        n => Err(format!("a writer got in during a downgrade {n} times")),
+    }
+}
+
+/// Never more than `limit` permits; holders observed together; tokens
+/// strictly increase per grant.
+async fn check_semaphore_limit(b: Arc<dyn LockBackend>, k: &LockKey) -> Check {
+    // Deterministic first: 3 of 3 held, a 4th is refused.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(take(&*b, k, permits(1, 3)).await?.ok_or("permit refused")?);
+    }
+    if let Some(extra) = take(&*b, k, permits(1, 3)).await? {
+        b.release(&extra).await.map_err(|e| e.to_string())?;
+        for l in &held {
+            b.release(l).await.map_err(|e| e.to_string())?;
+        }
+        return Err("a 4th permit of 3 was granted".into());
+    }
+    let tokens: Vec<u64> = held.iter().map(|l| l.token().get()).collect();
+    if !tokens.windows(2).all(|w| w[0] < w[1]) {
+        return Err(format!("permit tokens do not increase: {tokens:?}"));
+    }
+    for l in &held {
+        b.release(l).await.map_err(|e| e.to_string())?;
+    }
+    // Contention: 6 tasks on 3 permits.
+    let inside = Arc::new(AtomicI64::new(0));
+    let most = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let (b, k, inside, most) = (b.clone(), k.clone(), inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..15 {
+                let lease = b
+                    .acquire_kind(&k, permits(1, 3), TTL, soon(10_000))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                sleep(Duration::from_millis(4)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                b.release(&lease).await.map_err(|e| e.to_string())?;
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| e.to_string())??;
+    }
+    match most.load(Ordering::SeqCst) {
+        n if n > 3 => Err(format!("{n} permit holders of 3 inside together")),
+        n if n < 2 => Err("permit holders were never observed together".into()),
+        _ => Ok(()),
+    }
+}
+
+/// FIFO: a big waiting request at the head is not overtaken by a small
+/// later one, and gets its permits when they free.
+async fn check_semaphore_fifo(b: Arc<dyn LockBackend>, k: &LockKey) -> Check {
+    let two = take(&*b, k, permits(2, 3)).await?.ok_or("2 of 3 refused")?;
+    let big = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move { b.acquire_kind(&k, permits(3, 3), TTL, soon(4_000)).await })
+    };
+    sleep(Duration::from_millis(200)).await;
+    if let Some(small) = take(&*b, k, permits(1, 3)).await? {
+        b.release(&small).await.map_err(|e| e.to_string())?;
+        b.release(&two).await.map_err(|e| e.to_string())?;
+        let _ = big.await;
+        return Err("a later request for 1 permit overtook a waiting request for 3".into());
+    }
+    b.release(&two).await.map_err(|e| e.to_string())?;
+    let all = big
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("the waiting request for 3: {e}"))?;
+    if all.token() <= two.token() {
+        return Err(format!(
+            "permit token {} not above {}",
+            all.token(),
+            two.token()
+        ));
+    }
+    b.release(&all).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+// --------------------------------------------------------- broken doubles
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Flaw {
+    /// Readers are granted on another key: beside any writer.
+    ReaderIgnoresWriter,
+    /// Writers wait by polling tries: they never register as waiting.
+    WriterDoesNotQueue,
+    /// Downgrade = release the write lease, then take a read lease (a gap).
+    DowngradeWithGap,
+    /// Semaphores grant one permit more than their limit.
+    ExtraPermit,
+    /// Waiting permit requests poll instead of queueing (no FIFO).
+    PermitsDoNotQueue,
+    /// Write leases report a token of 1.
+    StaleWriteToken,
+}
+
+#[derive(Debug)]
+struct Broken {
+    inner: RedisBackend,
+    flaw: Flaw,
+}
+
+impl Broken {
+    fn new(inner: &RedisBackend, flaw: Flaw) -> Arc<dyn LockBackend> {
+        Arc::new(Self {
+            inner: inner.clone(),
+            flaw,
+        })
+    }
+
+    fn shadow(key: &LockKey) -> LockKey {
+        LockKey::new(format!("{key}-shadow")).unwrap()
+    }
+
+    async fn poll(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        loop {
+            if let Some(lease) = self.try_acquire_kind(key, kind, ttl).await? {
+                return Ok(lease);
+            }
+            if Instant::now() >= deadline {
+                return Err(LockError::new(
+                    ErrorKind::Contended,
+                    lock_core::Operation::Acquire,
+                    "held",
+                ));
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for Broken {
+    fn name(&self) -> &'static str {
+        "broken-redis"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.inner.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.inner.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        match (self.flaw, kind) {
+            (Flaw::ReaderIgnoresWriter, LeaseKind::Read) => {
+                self.inner
+                    .try_acquire_kind(&Self::shadow(key), kind, ttl)
+                    .await
+            }
+            (Flaw::ExtraPermit, LeaseKind::Permits { count, limit }) => {
+                self.inner
+                    .try_acquire_kind(key, permits(count, limit + 1), ttl)
+                    .await
+            }
+            (Flaw::StaleWriteToken, LeaseKind::Write) => {
+                Ok(self.inner.try_acquire_kind(key, kind, ttl).await?.map(|l| {
+                    Lease::from_parts(
+                        l.key().clone(),
+                        l.owner(),
+                        FencingToken::new(1),
+                        l.ttl(),
+                        l.validity_deadline(),
+                        String::new(),
+                    )
+                    .with_kind(kind)
+                }))
+            }
+            _ => self.inner.try_acquire_kind(key, kind, ttl).await,
+        }
+    }
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        match (self.flaw, kind) {
+            (Flaw::WriterDoesNotQueue, LeaseKind::Write)
+            | (Flaw::PermitsDoNotQueue, LeaseKind::Permits { .. })
+            | (Flaw::ReaderIgnoresWriter | Flaw::ExtraPermit | Flaw::StaleWriteToken, _) => {
+                self.poll(key, kind, ttl, deadline).await
+            }
+            _ => self.inner.acquire_kind(key, kind, ttl, deadline).await,
+        }
+    }
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        if self.flaw == Flaw::DowngradeWithGap {
+            self.inner.release(lease).await?;
+            return self
+                .inner
+                .try_acquire_kind(lease.key(), LeaseKind::Read, lease.ttl())
+                .await?
+                .ok_or_else(|| {
+                    LockError::new(ErrorKind::NotHeld, lock_core::Operation::Downgrade, "lost")
+                });
+        }
+        self.inner.downgrade(lease).await
+    }
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        self.inner.holders(key, shape).await
+    }
+}
+
+// ------------------------------------------------------------------ tests
+
+/// Runs every check on `backend` (one server or a cluster).
+async fn all_checks_pass(backend: &RedisBackend) {
+    let b: Arc<dyn LockBackend> = Arc::new(backend.clone());
+    check_rw_basics(&*b, &key("basics")).await.unwrap();
+    check_rw_contention(b.clone(), &key("contention"))
+        .await
+        .unwrap();
+    check_writer_preference(b.clone(), &key("preference"))
+        .await
+        .unwrap();
+    check_downgrade(b.clone(), &key("downgrade")).await.unwrap();
+    check_semaphore_limit(b.clone(), &key("limit"))
+        .await
+        .unwrap();
+    check_semaphore_fifo(b.clone(), &key("fifo")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checks_pass_on_one_server() {
+    let Some((_server, backend)) = single().await else {
+        return;
+    };
+    assert!(backend.capabilities().shared_locks && backend.capabilities().semaphores);
+    all_checks_pass(&backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checks_pass_on_a_cluster() {
+    let Some(target) = RedisTarget::cluster().await.or_skip() else {
+        return;
+    };
+    let backend = target.backend().await.expect("connect");
+    assert!(backend.capabilities().shared_locks && backend.capabilities().semaphores);
+    all_checks_pass(&backend).await;
+}
+
+/// Every check above fails on a backend with the flaw it is about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_check_fails_on_a_broken_backend() {
+    let Some((_server, backend)) = single().await else {
+        return;
+    };
+    let broken = |flaw| Broken::new(&backend, flaw);
+    let err = check_rw_basics(&*broken(Flaw::ReaderIgnoresWriter), &key("b1"))
+        .await
+        .unwrap_err();
+    assert!(err.contains("granted beside"), "{err}");
+    let err = check_rw_basics(&*broken(Flaw::StaleWriteToken), &key("b2"))
+        .await
+        .unwrap_err();
+    assert!(err.contains("write token"), "{err}");
+    let err = check_rw_contention(broken(Flaw::ReaderIgnoresWriter), &key("b3"))
+        .await
+        .unwrap_err();
+    assert!(err.contains("beside"), "{err}");
+    let err = check_writer_preference(broken(Flaw::WriterDoesNotQueue), &key("b4"))
+        .await
+        .unwrap_err();
+    assert!(err.contains("while a writer was waiting"), "{err}");
+    let err = check_downgrade(broken(Flaw::DowngradeWithGap), &key("b5"))
+        .await
+        .unwrap_err();
+    assert!(
+        // The intruder seen inside, the read share lost to it, or the
+        // reader carrying the intruder's token: each is the gap.
+        err.contains("during a downgrade")
+            || err.contains("downgrade failed")
+            || err.contains("downgrade gave"),
+        "{err}"
+    );
+    let err = check_semaphore_limit(broken(Flaw::ExtraPermit), &key("b6"))
+        .await
+        .unwrap_err();
+    assert!(err.contains("4th permit"), "{err}");
+    let err = check_semaphore_fifo(broken(Flaw::PermitsDoNotQueue), &key("b7"))
+        .await
+        .unwrap_err();
+    assert!(err.contains("overtook"), "{err}");
+}
+
+/// The three shapes of one name are three locks; holders lists each
+/// holder with its kind, token and TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shapes_are_separate_and_holders_are_listed() {
+    let Some((_server, b)) = single().await else {
+        return;
+    };
+    let k = key("shapes");
+    let mutex = b.try_acquire(&k, TTL).await.unwrap().expect("mutex");
+    let w = b
+        .try_acquire_kind(&k, LeaseKind::Write, TTL)
+        .await
+        .unwrap()
+        .expect("a write lock beside a mutex of the same name");
+    let p = b
+        .try_acquire_kind(&k, permits(2, 4), TTL)
+        .await
+        .unwrap()
+        .expect("permits beside both");
+    let mutex_holders = b.holders(&k, LockShape::Mutex).await.unwrap();
+    assert_eq!(mutex_holders.len(), 1);
+    assert_eq!(mutex_holders[0].kind, LeaseKind::Exclusive);
+    let rw = b.holders(&k, LockShape::ReadWrite).await.unwrap();
+    assert_eq!(rw.len(), 1, "{rw:?}");
+    assert_eq!(rw[0].kind, LeaseKind::Write);
+    assert_eq!(rw[0].holder, w.owner().to_hex());
+    assert_eq!(rw[0].token, Some(w.token()));
+    let left = rw[0].remaining_ttl.expect("ttl");
+    assert!(left > Duration::from_secs(4) && left <= TTL, "{left:?}");
+    let sem = b.holders(&k, LockShape::Semaphore).await.unwrap();
+    assert_eq!(sem.len(), 1, "{sem:?}");
+    assert_eq!(sem[0].kind, permits(2, 4));
+    assert_eq!(sem[0].token, Some(p.token()));
+    assert_eq!(sem[0].holder, p.owner().to_hex());
+    // Downgrade: the writer becomes a reader, listed with the same token.
+    let r = b.downgrade(&w).await.unwrap();
+    let r2 = b
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("a reader beside the downgraded one");
+    let rw = b.holders(&k, LockShape::ReadWrite).await.unwrap();
+    assert_eq!(rw.len(), 2, "{rw:?}");
+    assert!(
+        rw.iter()
+            .all(|h| h.kind == LeaseKind::Read && h.token == Some(w.token()))
+    );
+    // A second downgrade of the same write lease, or of a read lease: NotHeld.
+    assert_eq!(
+        b.downgrade(&w).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    assert_eq!(
+        b.downgrade(&r).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    // renew_many across kinds: each lease renewed by its own kind.
+    let results = b.renew_many(&[&mutex, &r, &r2, &p, &w]).await;
+    for (i, result) in results.iter().take(4).enumerate() {
+        assert!(result.is_ok(), "lease {i}: {result:?}");
+    }
+    assert_eq!(
+        results[4].as_ref().unwrap_err().kind(),
+        ErrorKind::NotHeld,
+        "the downgraded write lease"
+    );
+    for lease in [&mutex, &r, &r2, &p] {
+        assert!(b.release(lease).await.unwrap(), "{}", lease.kind());
+        assert!(!b.release(lease).await.unwrap(), "released twice");
+    }
+    for shape in [LockShape::Mutex, LockShape::ReadWrite, LockShape::Semaphore] {
+        assert!(b.holders(&k, shape).await.unwrap().is_empty(), "{shape}");
+    }
+}
+
+/// A semaphore's limit is fixed while it is in use (by holders or
+/// waiters); an idle one takes a new limit. Bad counts are typed errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_limits_and_bad_input() {
+    let Some((_server, b)) = single().await else {
+        return;
+    };
+    let k = key("limits");
+    let a = b
+        .try_acquire_kind(&k, permits(1, 3), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let err = b
+        .try_acquire_kind(&k, permits(1, 4), TTL)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.to_string().contains('3'), "{err}");
+    let err = b
+        .acquire_kind(&k, permits(1, 2), TTL, soon(500))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(b.release(&a).await.unwrap());
+    // Idle: a new limit takes effect.
+    let c = b
+        .try_acquire_kind(&k, permits(5, 5), TTL)
+        .await
+        .unwrap()
+        .expect("5 of an idle semaphore of 5");
+    assert!(c.token() > a.token());
+    assert!(b.release(&c).await.unwrap());
+    for bad in [
+        LeaseKind::Permits { count: 0, limit: 3 },
+        LeaseKind::Permits { count: 4, limit: 3 },
+        LeaseKind::Permits { count: 1, limit: 0 },
+        LeaseKind::Permits {
+            count: 1,
+            limit: lock_core::MAX_PERMITS + 1,
+        },
+    ] {
+        let err = b.try_acquire_kind(&k, bad, TTL).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad:?}");
+        let err = b.acquire_kind(&k, bad, TTL, soon(100)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad:?}");
+    }
+    let err = b
+        .try_acquire_kind(&k, LeaseKind::Read, Duration::from_millis(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
+
+/// A crashed reader or permit holder (never renewed nor released) frees its
+/// share when its TTL ends: a waiting writer / permit request gets in then,
+/// and the dead member never keeps a key alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_holders_free_their_share_at_their_ttl() {
+    let Some((server, b)) = single().await else {
+        return;
+    };
+    let short = Duration::from_millis(300);
+    let k = key("crash");
+    // A long-lived reader that leaves, and a crashed short one.
+    let long = b
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let _crashed = b
+        .try_acquire_kind(&k, LeaseKind::Read, short)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b.release(&long).await.unwrap());
+    let start = Instant::now();
+    let w = b
+        .acquire_kind(&k, LeaseKind::Write, TTL, soon(3_000))
+        .await
+        .expect("the writer gets in when the crashed reader's TTL ends");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_millis(900),
+        "{took:?}"
+    );
+    assert!(b.release(&w).await.unwrap());
+    // Permits: 2 of 2 held by a crashed holder.
+    let _crashed = b
+        .try_acquire_kind(&k, permits(2, 2), short)
+        .await
+        .unwrap()
+        .unwrap();
+    let start = Instant::now();
+    let p = b
+        .acquire_kind(&k, permits(1, 2), TTL, soon(3_000))
+        .await
+        .expect("the permit comes back at the crashed holder's TTL");
+    assert!(start.elapsed() < Duration::from_millis(900));
+    assert!(b.release(&p).await.unwrap());
+    // Only the counters are left (kept forever, like the mutex's).
+    let mut conn = raw(server.port()).await;
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{k}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    keys.sort();
+    assert!(
+        keys.iter().all(|name| name.ends_with(":counters")),
+        "left behind: {keys:?}"
+    );
+}
+
+/// A waiting writer that crashed (its entry never refreshed nor withdrawn)
+/// blocks new readers only until its entry's TTL ends; one that is
+/// cancelled (future dropped) stops blocking them at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_or_cancelled_waiting_writers_stop_blocking_readers() {
+    let Some((server, b)) = single().await else {
+        return;
+    };
+    let k = key("waiter");
+    let names_base = format!("distlock:{{{k}}}:rw");
+    let mut conn = raw(server.port()).await;
+    // A crashed waiting writer, as its script left it: in the queue with an
+    // expiry 400 ms from now (server time).
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let expiry = secs * 1000 + micros / 1000 + 400;
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(format!("{names_base}:queue"))
+        .arg(1)
+        .arg("dead-writer")
+        .ignore()
+        .cmd("ZADD")
+        .arg(format!("{names_base}:queue-expiry"))
+        .arg(expiry)
+        .arg("dead-writer")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        b.try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "a live waiting writer keeps readers out"
+    );
+    let start = Instant::now();
+    let r = b
+        .acquire_kind(&k, LeaseKind::Read, TTL, soon(3_000))
+        .await
+        .expect("the reader gets in when the dead waiter's entry expires");
+    let took = start.elapsed();
+    assert!(took < Duration::from_millis(900), "{took:?}");
+    // A writer waiting behind that reader is cancelled: readers go on.
+    let waiting = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(150)).await;
+    assert!(
+        b.try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "the waiting writer keeps readers out"
+    );
+    waiting.abort();
+    let _ = waiting.await;
+    let start = Instant::now();
+    let r2 = loop {
+        if let Some(r2) = b.try_acquire_kind(&k, LeaseKind::Read, TTL).await.unwrap() {
+            break r2;
+        }
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "the cancelled writer still blocks readers"
+        );
+        sleep(Duration::from_millis(5)).await;
+    };
+    let queued: u64 = redis::cmd("ZCARD")
+        .arg(format!("{names_base}:queue"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(queued, 0, "the cancelled waiter left its entry");
+    // A writer whose wait reaches its deadline withdraws before returning.
+    let err = b
+        .acquire_kind(&k, LeaseKind::Write, TTL, soon(200))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contended);
+    let r3 = b
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("no entry left by the timed-out writer");
+    for r in [&r, &r2, &r3] {
+        assert!(b.release(r).await.unwrap());
+    }
+}
+
+/// Redlock refuses both kinds, saying why; its capabilities say so too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_shared_kinds() {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        let Some(server) = RedisServer::start().await.or_skip() else {
+            return;
+        };
+        servers.push(server);
+    }
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let b = lock_redis::connect(&format!("redlock://{}", hosts.join(",")))
+        .await
+        .unwrap();
+    let caps = b.capabilities();
+    assert!(!caps.shared_locks && !caps.semaphores);
+    let k = key("redlock");
+    for kind in [LeaseKind::Read, LeaseKind::Write, permits(1, 2)] {
+        let err = b.try_acquire_kind(&k, kind, TTL).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{kind}");
+        assert!(err.to_string().contains("majority"), "{err}");
+        let err = b.acquire_kind(&k, kind, TTL, soon(100)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{kind}");
+    }
+    for shape in [LockShape::ReadWrite, LockShape::Semaphore] {
+        let err = b.holders(&k, shape).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+    }
+    // The mutex still works there.
+    let lease = b.try_acquire(&k, TTL).await.unwrap().expect("mutex");
+    assert_eq!(b.holders(&k, LockShape::Mutex).await.unwrap().len(), 1);
+    assert!(b.release(&lease).await.unwrap());
+}
