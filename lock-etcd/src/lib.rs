@@ -46,6 +46,68 @@
 //! they queue and exclude each other by create revision, and `etcdctl lock`
 //! still sees them.
 //!
+//! # Read-write locks and semaphores
+//!
+//! Each shape has its own prefix, so a mutex, a read-write lock and a
+//! semaphore named `k` are three different locks:
+//!
+//! - read-write lock: `<prefix>/k%rw/<lease hex>[-<n>]`, one entry per
+//!   reader or writer, and the epoch key `<prefix>/k%rw-epoch`;
+//! - semaphore: `<prefix>/k%sem/<lease hex>[-<n>]`, one entry per permit
+//!   lease.
+//!
+//! (An escaped key never holds a `%` not followed by `25` or `2F`, so these
+//! prefixes are disjoint from every mutex prefix `<prefix>/<key>/`, and
+//! `etcdctl lock` never sees them.) Every entry is attached to the session
+//! lease and has the per-grant TTL of the mutex's entries (same expiry
+//! task, same renewal); its value is `<kind code> <owner hex>` (`r ..`,
+//! `w ..`, `p<count>-<limit> ..`). Entries are ordered by create revision,
+//! as in etcd's own `recipes` read-write lock:
+//!
+//! - A **reader** is granted when no writer entry is older than its own; it
+//!   waits on the newest older writer (its deletion, or its rewrite to a
+//!   reader by a downgrade) and re-reads.
+//! - A **writer** is granted when no entry at all is older than its own, so
+//!   a waiting writer keeps every later reader out (writer preference). On
+//!   a free key, one transaction creates the entry and puts the epoch key
+//!   if the prefix is empty; otherwise the entry is created (a nested
+//!   transaction, same round trip) and the writer waits on the entry just
+//!   before its own. Its re-check is one transaction: if our entry exists
+//!   and every entry under the prefix has a create revision >= ours, put
+//!   the epoch key and our entry again.
+//! - **Downgrade** rewrites the writer's own entry from `w <owner>` to
+//!   `r <new owner>` in one transaction guarded by its create revision and
+//!   value: same key, same create revision, so it keeps its place before
+//!   every waiting writer and no writer can enter in between. The write
+//!   lease is then no longer held (its owner is not the entry's). If the
+//!   transaction's outcome is unknown (timeout), the entry is deleted in
+//!   the background and both leases are dead.
+//! - **Permits**: a request for `n` is granted when the counts of all older
+//!   entries plus `n` fit in the limit (FIFO: a big request at the head is
+//!   not overtaken by small later ones). The limit is in each entry's
+//!   value; a request whose limit differs from an older entry's is removed
+//!   at once and refused with `InvalidArgument`. Waiters watch the whole
+//!   prefix for deletions. Caveat: a refused request's entry exists for one
+//!   round trip, and a request racing with it may be refused too.
+//!
+//! **Tokens.** A writer's token is the revision of the transaction that
+//! granted it (the one that put the epoch key): strictly above every grant
+//! handed out before. A reader's token is the epoch key's mod revision read
+//! in the same revision as its grant check, i.e. the token of the last
+//! writer granted before it (0 if the key never had one): the writer put it
+//! in its grant transaction, before it could be handed out, and a reader is
+//! only granted once no writer is older than itself, so it cannot read an
+//! epoch older than a write that was handed out before it, and no newer
+//! write can be granted while it holds (readers of one epoch carry equal
+//! tokens). A downgraded writer keeps its token. A permit's token is the
+//! revision of the transaction that granted it (the create itself, or a
+//! rewrite of its entry after waiting). The epoch key has no lease and
+//! stays after the lock goes idle (one small key per read-write lock name).
+//!
+//! `holders(key, shape)` reads the prefix and the epoch key in one
+//! revision and reports the entries whose turn has come with their kind,
+//! owner, token and remaining TTL (as `inspect` does for the mutex).
+//!
 //! # Capability checklist
 //!
 //! - [x] Fencing tokens: the entry's **create revision**, global and
@@ -80,7 +142,10 @@
 //!   enabled: root and a user limited by a role to the lock prefix; a wrong
 //!   password, an unknown user, no credentials or a key outside the user's
 //!   permissions give `Config` errors that never show the password.
-//! - [ ] Shared (read-write) locks, semaphores.
+//! - [x] Shared (read-write) locks with writer preference and downgrade,
+//!   and semaphores with FIFO waiters and per-permit leases (see above;
+//!   tested in `tests/shared.rs`, each check also shown failing on a
+//!   broken double).
 //!
 //! # TTL model: per lock, on one session lease
 //!
