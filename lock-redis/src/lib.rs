@@ -101,6 +101,80 @@
 //!   that after a failover).
 //! - [x] Passwords never appear in `Debug`, logs or errors.
 //!
+//! # Read-write locks and semaphores
+//!
+//! One server, Sentinel (the scripts run on the master) and Cluster grant
+//! [`LeaseKind::Read`](lock_core::LeaseKind::Read),
+//! [`Write`](lock_core::LeaseKind::Write) and
+//! [`Permits`](lock_core::LeaseKind::Permits) (`shared_locks` and
+//! `semaphores` in the capabilities); Redlock does not (below). Each grant
+//! is a lease of its own (owner, TTL, renewal, lost signal, token), renewed
+//! and released through the same `renew` / `renew_many` / `release` as the
+//! mutex, which read the lease's kind. Every call is one script on one
+//! slot: all keys of a lock carry the mutex's hash tag `{<key>}`, and each
+//! shape has its own names, so the mutex, the read-write lock and the
+//! semaphore called `<key>` are three different locks. Expiry is the
+//! server's clock (`TIME` inside the script), never the client's.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<prefix>{<key>}:rw:writer` | string, `PX` | the writer's owner id |
+//! | `<prefix>{<key>}:rw:readers` | sorted set | readers, scored by their own expiry (ms) |
+//! | `<prefix>{<key>}:rw:queue` / `:queue-expiry` | sorted sets | waiting writers by arrival / by expiry |
+//! | `<prefix>{<key>}:rw:counters` | hash, kept forever | `token` (grant counter), `epoch` (last write token), `seq` (arrivals) |
+//! | `<prefix>{<key>}:sem:holders` | sorted set | permit holders, scored by their own expiry |
+//! | `<prefix>{<key>}:sem:counts` / `:tokens` | hashes | each holder's permit count / token |
+//! | `<prefix>{<key>}:sem:queue` / `:queue-expiry` | sorted sets | waiting requests by arrival / by expiry |
+//! | `<prefix>{<key>}:sem:counters` | hash, kept forever | `token`, `seq`, `limit` (the limit in use) |
+//!
+//! Channels `<prefix>{<key>}:rw:released` and `:sem:released` carry the
+//! release notifications.
+//!
+//! - [x] **Shares expire on their own.** A member whose score (expiry)
+//!   passed counts for nothing: every script first removes such members,
+//!   renewals never extend them, and each set's own `PEXPIRE` is that of
+//!   its latest member, so a dead reader or permit holder frees its share
+//!   at its TTL and never keeps a key alive.
+//! - [x] **Read-write lock.** A writer is granted when there is no writer,
+//!   no live reader, and no waiting writer queued before it; a reader when
+//!   there is no writer and **no live waiting writer** (writer preference:
+//!   readers, trying or waiting, queue behind a waiting writer; readers can
+//!   therefore starve while writers keep coming). Waiting writers are
+//!   served in arrival order. A waiting writer's entry lives for its
+//!   lease's TTL and is refreshed (every TTL/3) while it waits; it is
+//!   withdrawn at its deadline before `acquire_kind` returns `Contended`,
+//!   in the background when the acquire is dropped, and by expiry when the
+//!   client dies.
+//! - [x] **Downgrade** is one script: if the lease is the writer, the
+//!   writer entry goes and the same owner joins the readers with the same
+//!   token; the write lease is dead afterwards (`NotHeld` / `false`).
+//! - [x] **Semaphore.** At most `limit` permits held in total; a request
+//!   takes its `count` at once. The limit is stored while the semaphore is
+//!   in use (holders or waiters); a request with another limit is
+//!   `InvalidArgument`; an idle semaphore takes the next request's limit.
+//!   **Waiting is FIFO**: a request is granted only when no waiting request
+//!   arrived before it (try or wait), so a large request at the head is not
+//!   overtaken by smaller later ones. (`Capabilities::fifo` stays `false`:
+//!   it describes the mutex, whose waiting is not ordered.)
+//! - [x] **Tokens.** Write and permit grants: `HINCRBY` of the shape's
+//!   counter, strictly above every earlier grant of that key and shape.
+//!   Read grants: the token of the latest write grant before them (the
+//!   `epoch`; 0 when never written), so readers of one epoch carry equal
+//!   tokens; a downgraded writer keeps its token. Like the mutex counter,
+//!   these can go backwards after a failover or a restart without fsync.
+//! - [x] **Waiting by notification**: the first try is the whole acquire
+//!   on a free lock (one round trip, nothing subscribed); a refused one
+//!   subscribes to the shape's channel, tries again once subscribed, and
+//!   re-tries on each release / downgrade / withdrawal notification and
+//!   when the blocker's TTL ends (at least every `recheck`).
+//! - [x] `holders(key, shape)` lists the writer or every live reader, or
+//!   every live permit holder, with kind, owner, token and remaining TTL.
+//! - **Redlock refuses both** (`Unsupported`, saying why): its majority
+//!   rule over independent nodes gives no consistent order of readers,
+//!   writers or permits across nodes; two majorities can each count a
+//!   different set of holders, so neither exclusion nor the limit could be
+//!   promised.
+//!
 //! # Caveats: what Redis cannot promise
 //!
 //! - **Not linearizable.** Replication is asynchronous: a failover (or a
@@ -121,7 +195,8 @@
 //!   can each let two clients hold the lock. Use it for efficiency, not for
 //!   correctness; use etcd or ZooKeeper for the latter.
 //! - TTL precision is one millisecond; the shortest TTL accepted is
-//!   [`MIN_TTL`]. Waiting is not FIFO.
+//!   [`MIN_TTL`]. Waiting for the mutex is not FIFO (waiting writers and
+//!   permit requests are, see above).
 //! - `WAIT` is refused for Cluster and Redlock.
 //! - Renewals wait up to TTL/30 (at most 100 ms) to join a batch; their
 //!   validity is still computed from when the batch was sent.
@@ -178,6 +253,14 @@
 //! `Unavailable`/`Timeout` within the timeout; a missing or malformed CA
 //! file and contradictory options are `Config` errors. Sentinel, Cluster
 //! and Redlock over TLS are not tested.
+//! Read-write locks and semaphores (`tests/shared.rs`), on one server, a
+//! 3-master cluster and Sentinel: exclusion and sharing observed under
+//! contention, writer preference, downgrade against a racing writer, FIFO
+//! permits, limit mismatch, crashed holders and waiters, cancelled waits,
+//! holders and tokens; each of those checks is shown failing on a broken
+//! wrapper of the real backend (a reader beside a writer, a writer that does
+//! not queue, a downgrade with a gap, one permit too many, permits that do
+//! not queue, a stale write token); Redlock's refusal.
 //! `cargo run --release -p lock-redis --example redis_bench` measures the cycle
 //! against the raw round trips.
 //!

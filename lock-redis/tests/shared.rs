@@ -1,5 +1,5 @@
-//! Read-write locks and semaphores on real servers (one server and a
-//! 3-master Cluster): exclusion observed under contention, readers and
+//! Read-write locks and semaphores on real servers (one server, a
+//! 3-master Cluster, Sentinel): exclusion observed under contention, readers and
 //! permit holders observed together, writer preference, downgrade without a
 //! gap, FIFO permits, limit mismatch, expiry of a crashed holder or waiter,
 //! tokens as documented, cancelled waits leave nothing; Redlock refuses
@@ -575,6 +575,22 @@ async fn checks_pass_on_a_cluster() {
     let backend = target.backend().await.expect("connect");
     assert!(backend.capabilities().shared_locks && backend.capabilities().semaphores);
     all_checks_pass(&backend).await;
+}
+
+/// Sentinel runs the single-node scripts on the master it resolves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checks_pass_through_sentinel() {
+    let Some(target) = RedisTarget::sentinel().await.or_skip() else {
+        return;
+    };
+    let backend = target.backend().await.expect("connect");
+    assert!(backend.capabilities().shared_locks && backend.capabilities().semaphores);
+    let b: Arc<dyn LockBackend> = Arc::new(backend);
+    check_rw_basics(&*b, &key("sentinel-rw")).await.unwrap();
+    check_writer_preference(b.clone(), &key("sentinel-pref"))
+        .await
+        .unwrap();
+    check_semaphore_fifo(b, &key("sentinel-sem")).await.unwrap();
 }
 
 /// Every check above fails on a backend with the flaw it is about.
