@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use distlock::{Config, LockError, parse_duration};
-use lock_core::{ErrorKind, Lease, LockClient};
+use lock_core::{ErrorKind, Lease, LeaseKind, LockClient, LockShape};
 
 mod compare;
 mod floors;
@@ -65,6 +65,44 @@ struct Cli {
     command: Command,
 }
 
+/// Which kind of lock a command takes (default: the mutex).
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct KindArgs {
+    /// Take a read share of KEY's read-write lock (many readers at once,
+    /// never beside a writer). A read-write lock is not the mutex of the
+    /// same name.
+    #[arg(long, conflicts_with_all = ["write", "semaphore"])]
+    shared: bool,
+    /// Take the write side of KEY's read-write lock (the counterpart of
+    /// --shared: one writer, no reader).
+    #[arg(long, conflicts_with = "semaphore")]
+    write: bool,
+    /// Take permits of KEY's semaphore of N permits (every client of it
+    /// must say the same N).
+    #[arg(long, value_name = "N")]
+    semaphore: Option<u32>,
+    /// With --semaphore: how many permits to take at once (default 1).
+    #[arg(long, value_name = "M", requires = "semaphore")]
+    permits: Option<u32>,
+}
+
+impl KindArgs {
+    fn kind(self) -> LeaseKind {
+        if self.shared {
+            LeaseKind::Read
+        } else if self.write {
+            LeaseKind::Write
+        } else if let Some(limit) = self.semaphore {
+            LeaseKind::Permits {
+                count: self.permits.unwrap_or(1),
+                limit,
+            }
+        } else {
+            LeaseKind::Exclusive
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command while holding a lock (a distributed flock).
@@ -91,6 +129,8 @@ enum Command {
   distlock --url sqlite:///var/lib/app/locks.db run nightly -- ./backup.sh
   distlock --url redis://127.0.0.1:6379 run --wait 30s --ttl 10s jobs/report -- make report
   distlock run --on-lost kill --wait 0 cron/cleanup -- ./cleanup --fast
+  distlock run --shared --wait 1m reports/db -- ./read-report.sh
+  distlock run --semaphore 4 --wait 10m encoders -- ./encode.sh in.mp4
 
 Stop margin: with --ttl 10s the command is gone 500ms before the lock's
 deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
@@ -113,6 +153,8 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         /// Exit code when the lock could not be had within --wait.
         #[arg(long, default_value_t = exit::CONTENDED)]
         conflict_exit_code: u8,
+        #[command(flatten)]
+        kind: KindArgs,
         /// The lock's name.
         key: String,
         /// The command and its arguments (after --).
@@ -132,6 +174,8 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         /// How long to wait for a held lock.
         #[arg(long, value_parser = duration_arg)]
         wait: Option<Duration>,
+        #[command(flatten)]
+        kind: KindArgs,
         /// The lock's name.
         key: String,
     },
@@ -147,7 +191,10 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         #[arg(long)]
         handle: String,
     },
-    /// Show who holds a lock: holder, fencing token, remaining TTL.
+    /// Show who holds a lock: holder, fencing token, remaining TTL; on a
+    /// backend with read-write locks or semaphores, also every reader,
+    /// writer and permit holder of the read-write lock and the semaphore
+    /// of that name.
     #[command(after_help = "Example:
   distlock --url redis://127.0.0.1:6379 inspect jobs/report --json")]
     Inspect {
@@ -231,6 +278,75 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
     },
 }
 
+/// Every holder of `key`: the mutex's, then, where the backend has them,
+/// the read-write lock's and the semaphore's of the same name.
+async fn inspect(client: &LockClient, key: &str, json: bool) -> Result<u8, LockError> {
+    let info = client.inspect(key).await?;
+    let caps = client.capabilities();
+    let lock_key = lock_core::LockKey::new(key)?;
+    let mut shared = Vec::new();
+    for (shape, has) in [
+        (LockShape::ReadWrite, caps.shared_locks),
+        (LockShape::Semaphore, caps.semaphores),
+    ] {
+        if has {
+            for holder in client.backend().holders(&lock_key, shape).await? {
+                shared.push((shape, holder));
+            }
+        }
+    }
+    if json {
+        let holders: Vec<_> = shared
+            .iter()
+            .map(|(shape, h)| {
+                serde_json::json!({
+                    "shape": shape.as_str(),
+                    "kind": h.kind.code(),
+                    "holder": h.holder,
+                    "token": h.token.map(|t| t.get()),
+                    "remaining_ttl_ms": h.remaining_ttl.map(|d| d.as_millis()),
+                })
+            })
+            .collect();
+        let mut value = match &info {
+            Some(info) => serde_json::json!({
+                "key": info.key.as_str(),
+                "held": true,
+                "holder": info.holder,
+                "token": info.token.map(|t| t.get()),
+                "remaining_ttl_ms": info.remaining_ttl.map(|d| d.as_millis()),
+            }),
+            None => serde_json::json!({ "key": key, "held": false }),
+        };
+        value["shared_holders"] = serde_json::Value::Array(holders);
+        println!("{value}");
+        return Ok(0);
+    }
+    let ttl = |t: Option<Duration>| t.map_or("-".to_owned(), distlock::format_duration);
+    let token = |t: Option<lock_core::FencingToken>| t.map_or("-".to_owned(), |t| t.to_string());
+    match &info {
+        Some(info) => println!(
+            "{} held by {} token {} ttl {}",
+            info.key,
+            info.holder,
+            token(info.token),
+            ttl(info.remaining_ttl)
+        ),
+        None if shared.is_empty() => println!("{key} is free"),
+        None => {}
+    }
+    for (shape, h) in &shared {
+        println!(
+            "{key} {shape} {} by {} token {} ttl {}",
+            h.kind,
+            h.holder,
+            token(h.token),
+            ttl(h.remaining_ttl)
+        );
+    }
+    Ok(0)
+}
+
 fn duration_arg(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.message().to_owned())
 }
@@ -290,6 +406,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             on_lost,
             kill_after,
             conflict_exit_code,
+            kind,
             key,
             command,
         } => {
@@ -298,6 +415,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
                 &client,
                 run::RunArgs {
                     key,
+                    kind: kind.kind(),
                     ttl,
                     wait,
                     on_lost,
@@ -308,9 +426,14 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             )
             .await
         }
-        Command::Acquire { ttl, wait, key } => {
+        Command::Acquire {
+            ttl,
+            wait,
+            kind,
+            key,
+        } => {
             let client = client(cli.url, cli.config).await?;
-            let mut request = client.lock(&key).no_renewal();
+            let mut request = client.lock_kind(&key, kind.kind()).no_renewal();
             if let Some(ttl) = ttl {
                 request = request.ttl(ttl);
             }
@@ -357,33 +480,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
         }
         Command::Inspect { json, key } => {
             let client = client(cli.url, cli.config).await?;
-            let info = client.inspect(&key).await?;
-            if json {
-                let value = match &info {
-                    Some(info) => serde_json::json!({
-                        "key": info.key.as_str(),
-                        "held": true,
-                        "holder": info.holder,
-                        "token": info.token.map(|t| t.get()),
-                        "remaining_ttl_ms": info.remaining_ttl.map(|d| d.as_millis()),
-                    }),
-                    None => serde_json::json!({ "key": key, "held": false }),
-                };
-                println!("{value}");
-            } else {
-                match info {
-                    Some(info) => println!(
-                        "{} held by {} token {} ttl {}",
-                        info.key,
-                        info.holder,
-                        info.token.map_or("-".to_owned(), |t| t.to_string()),
-                        info.remaining_ttl
-                            .map_or("-".to_owned(), distlock::format_duration)
-                    ),
-                    None => println!("{key} is free"),
-                }
-            }
-            Ok(0)
+            inspect(&client, &key, json).await
         }
         Command::Compare {
             backends,

@@ -29,6 +29,8 @@ pub(crate) const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
 
 pub(crate) struct RunArgs {
     pub(crate) key: String,
+    /// The mutex, a read or write share, or permits.
+    pub(crate) kind: lock_core::LeaseKind,
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) on_lost: OnLost,
@@ -78,7 +80,7 @@ pub(crate) fn stop_plan(
 /// Acquires, runs the command with the lock held (renewed), releases.
 /// Returns the process exit code.
 pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockError> {
-    let mut request = client.lock(&args.key);
+    let mut request = client.lock_kind(&args.key, args.kind);
     if let Some(ttl) = args.ttl {
         request = request.ttl(ttl);
     }
@@ -121,6 +123,7 @@ pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockEr
     let mut cmd = Command::new(program);
     cmd.args(rest)
         .env("DISTLOCK_KEY", &args.key)
+        .env("DISTLOCK_LOCK_KIND", guard.kind().code())
         .env("DISTLOCK_FENCING_TOKEN", guard.token().to_string())
         .env("DISTLOCK_OWNER", guard.owner().to_hex())
         .env("DISTLOCK_HANDLE", guard.lease().to_handle())
