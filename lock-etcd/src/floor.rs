@@ -37,7 +37,10 @@ use crate::config::EtcdConfig;
 use crate::connect::connect_client;
 use crate::driver::MIN_TTL;
 use crate::error::{NAME, from_etcd, grant_refused, protocol_error};
-use crate::keys::{Created, create_txn, guarded_delete, key_prefix, plain_entry};
+use crate::keys::{
+    Created, create_txn, entry_value, exact_delete, guarded_delete, key_prefix, parse_shared_value,
+    plain_entry, shape_prefix,
+};
 use crate::session::ttl_secs;
 
 /// Hand-issued create and guarded-delete transactions on a client and
@@ -277,6 +280,206 @@ impl RawFloor for EtcdFloor {
         }
         let response = self
             .txn(op, guarded_delete(&grant.handle, revision, owner))
+            .await
+            .map_err(|e| e.with_key(&key))?;
+        Ok(response.succeeded())
+    }
+}
+
+/// The floor of one permit acquire+release on a semaphore of the driver's
+/// layout (`<prefix>/<key>%sem/<lease hex>`, see the crate docs): an
+/// [`EtcdFloor`]'s client and lease, two RPCs per uncontended cycle:
+///
+/// 1. create our entry (value `p<count>-<limit> <owner hex>`, with the
+///    lease) if absent and read every entry under the semaphore's prefix in
+///    the same revision: granted when the older entries' counts plus ours
+///    fit in the limit (the token is that revision);
+/// 2. delete our entry if its create revision and value are still ours.
+///
+/// A semaphore found full has our entry deleted again (a third RPC); an
+/// older entry with another limit gives `InvalidArgument` (after the same
+/// delete). Build it with [`EtcdPermitFloor::connect`] or
+/// [`EtcdPermitFloor::from_backend`] and the number of permits per cycle
+/// and the semaphore's limit.
+#[derive(Debug)]
+pub struct EtcdPermitFloor {
+    floor: EtcdFloor,
+    count: u32,
+    limit: u32,
+}
+
+impl EtcdPermitFloor {
+    /// An [`EtcdFloor::connect`] that takes `count` of `limit` permits per
+    /// cycle.
+    ///
+    /// # Errors
+    ///
+    /// As [`EtcdFloor::connect`]; `InvalidArgument` for bad counts
+    /// ([`lock_core::LeaseKind::permits`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`EtcdFloor::connect`].
+    pub async fn connect(url: &str, count: u32, limit: u32) -> Result<Self, LockError> {
+        lock_core::LeaseKind::permits(count, limit)?;
+        Ok(Self {
+            floor: EtcdFloor::connect(url).await?,
+            count,
+            limit,
+        })
+    }
+
+    /// An [`EtcdFloor::from_backend`] that takes `count` of `limit` permits
+    /// per cycle.
+    ///
+    /// # Errors
+    ///
+    /// As [`EtcdPermitFloor::connect`], less the URL errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`EtcdFloor::connect`].
+    pub async fn from_backend(
+        backend: &crate::EtcdBackend,
+        count: u32,
+        limit: u32,
+    ) -> Result<Self, LockError> {
+        lock_core::LeaseKind::permits(count, limit)?;
+        Ok(Self {
+            floor: EtcdFloor::from_backend(backend).await?,
+            count,
+            limit,
+        })
+    }
+
+    fn kind(&self) -> lock_core::LeaseKind {
+        lock_core::LeaseKind::Permits {
+            count: self.count,
+            limit: self.limit,
+        }
+    }
+}
+
+#[async_trait]
+impl RawFloor for EtcdPermitFloor {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// The create-and-read transaction and the guarded delete.
+    fn round_trips_per_cycle(&self) -> u32 {
+        2
+    }
+
+    async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
+        use etcd_client::{
+            Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+            TxnOpResponse,
+        };
+        let key = LockKey::new(key)?;
+        let op = Operation::TryAcquire;
+        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
+        let prefix = shape_prefix(&self.floor.prefix, &key, lock_core::LockShape::Semaphore);
+        let entry = plain_entry(&prefix, &self.floor.lease_hex);
+        let owner = OwnerId::random();
+        let value = entry_value(self.kind(), owner);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                entry.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::put(
+                    entry.as_str(),
+                    value.as_str(),
+                    Some(PutOptions::new().with_lease(self.floor.lease_id)),
+                ),
+                TxnOp::get(
+                    prefix.as_str(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend),
+                    ),
+                ),
+            ]);
+        let response = self
+            .floor
+            .txn(op, txn)
+            .await
+            .map_err(|e| e.with_key(&key))?;
+        if !response.succeeded() {
+            return Err(LockError::new(
+                ErrorKind::Contended,
+                op,
+                "the floor already has an entry under this key (concurrent calls on one key)",
+            )
+            .with_key(&key)
+            .with_backend(NAME));
+        }
+        let revision = response.header().map_or(0, |h| h.revision());
+        let mut taken: u64 = 0;
+        let mut other_limit = None;
+        if let Some(TxnOpResponse::Get(get)) = response.op_responses().get(1) {
+            for kv in get.kvs().iter().filter(|kv| kv.key() != entry.as_bytes()) {
+                match parse_shared_value(kv.value()) {
+                    Some((lock_core::LeaseKind::Permits { count, limit }, _))
+                        if limit == self.limit =>
+                    {
+                        taken += u64::from(count);
+                    }
+                    Some((lock_core::LeaseKind::Permits { limit, .. }, _)) => {
+                        other_limit = Some(limit);
+                    }
+                    _ => taken += u64::from(self.limit),
+                }
+            }
+        }
+        if other_limit.is_some() || taken + u64::from(self.count) > u64::from(self.limit) {
+            self.floor
+                .txn(op, exact_delete(&entry, revision, &value))
+                .await
+                .map_err(|e| e.with_key(&key))?;
+            if let Some(limit) = other_limit {
+                return Err(LockError::invalid_argument(
+                    op,
+                    format!(
+                        "the semaphore's holders use {limit} permits, not {}",
+                        self.limit
+                    ),
+                )
+                .with_key(&key)
+                .with_backend(NAME));
+            }
+            return Ok(None);
+        }
+        let token = u64::try_from(revision)
+            .map_err(|_| protocol_error(op, &key, "negative create revision"))?;
+        Ok(Some(FloorGrant {
+            key: key.as_str().to_owned(),
+            owner: owner.to_hex(),
+            token,
+            handle: entry,
+        }))
+    }
+
+    async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
+        let op = Operation::Release;
+        let key = LockKey::new(grant.key.as_str())?;
+        let (Ok(owner), Ok(revision)) =
+            (OwnerId::from_hex(&grant.owner), i64::try_from(grant.token))
+        else {
+            return Ok(false);
+        };
+        let prefix = shape_prefix(&self.floor.prefix, &key, lock_core::LockShape::Semaphore);
+        if !grant.handle.starts_with(&prefix) {
+            return Ok(false);
+        }
+        let value = entry_value(self.kind(), owner);
+        let response = self
+            .floor
+            .txn(op, exact_delete(&grant.handle, revision, &value))
             .await
             .map_err(|e| e.with_key(&key))?;
         Ok(response.succeeded())

@@ -1080,3 +1080,61 @@ async fn crashed_and_cancelled_holders_free_their_share() {
     .await;
     wipe(&real, &k).await;
 }
+
+/// The permit floor takes permits of the driver's semaphores (same layout,
+/// same limit rule) and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_floor_uses_the_driver_layout() {
+    use lock_core::floor::RawFloor;
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let real = backend(&server).await;
+    let floor = lock_etcd::floor::EtcdPermitFloor::from_backend(&real, 1, 2)
+        .await
+        .expect("floor");
+    assert_eq!(floor.round_trips_per_cycle(), 2);
+    let k = key("floor");
+    for _ in 0..3 {
+        floor.cycle(k.as_str(), TTL).await.expect("cycle");
+    }
+    let held = real
+        .try_acquire_kind(&k, permits(2, 2), TTL)
+        .await
+        .unwrap()
+        .expect("2 of 2");
+    assert!(
+        floor.try_grant(k.as_str(), TTL).await.unwrap().is_none(),
+        "the floor overfilled"
+    );
+    assert!(real.release(&held).await.unwrap());
+    let one = real
+        .try_acquire_kind(&k, permits(1, 2), TTL)
+        .await
+        .unwrap()
+        .expect("1 of 2");
+    let grant = floor
+        .try_grant(k.as_str(), TTL)
+        .await
+        .unwrap()
+        .expect("the floor's permit");
+    assert!(grant.token > one.token().get());
+    assert!(
+        real.try_acquire_kind(&k, permits(1, 2), TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "3 of 2"
+    );
+    assert!(floor.release(&grant).await.unwrap());
+    assert!(real.release(&one).await.unwrap());
+    let wrong = real
+        .try_acquire_kind(&k, permits(1, 3), TTL)
+        .await
+        .unwrap()
+        .expect("idle: 1 of 3");
+    let refused = floor.try_grant(k.as_str(), TTL).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
+    assert!(real.release(&wrong).await.unwrap());
+    assert_eq!(raw_entries(&real, &k, "%sem").await, 0);
+}
