@@ -48,6 +48,10 @@ pub struct Driver {
     pub connect: ConnectFn,
     /// Its raw floor, when it has one.
     pub floor: Option<FloorFn>,
+    /// Its raw floor for one permit of a semaphore of 4 (grant and release
+    /// of a single permit, hand-written like [`floor`](Self::floor)), when
+    /// it has one.
+    pub permit_floor: Option<FloorFn>,
     /// The capabilities a URL's backend will report, without connecting
     /// (`None`: known only once connected).
     pub capabilities: Option<CapabilitiesFn>,
@@ -158,6 +162,7 @@ pub static MEMORY: Driver = Driver {
     summary: "memory://[name]: in-process locks, shared by name within this process",
     connect: connect_memory,
     floor: None,
+    permit_floor: None,
     capabilities: Some(|_| Ok(MemoryBackend::new().capabilities())),
 };
 
@@ -200,6 +205,8 @@ mod tests {
         summary: "a://host",
         connect: no_connect,
         floor: None,
+        permit_floor: None,
+    permit_floor: None,
         capabilities: None,
     };
 

@@ -12,6 +12,7 @@ pub static DRIVER: Driver = Driver {
     summary: "etcd://host[:port][,host[:port]...][/prefix] (etcds:// for TLS)",
     connect,
     floor: Some(floor),
+    permit_floor: None,
     capabilities: Some(|url| {
         crate::EtcdConfig::from_url(url)?;
         Ok(crate::capabilities())

@@ -30,6 +30,7 @@ pub static DRIVER: Driver = Driver {
     summary: "redis://host[:port][/db], redis+sentinel://, redis+cluster://, redlock://a,b,c",
     connect,
     floor: Some(floor),
+    permit_floor: None,
     // From the URL alone (Redlock changes fencing); nothing connects.
     capabilities: Some(|url| {
         let config = crate::RedisConfig::from_url(url)?;

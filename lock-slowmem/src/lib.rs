@@ -48,6 +48,7 @@ pub static DRIVER: Driver = Driver {
     summary: "slowmem://name?delay=1ms: in-process locks with a delay per call",
     connect: connect_boxed,
     floor: None,
+    permit_floor: None,
     capabilities: Some(|url| Ok(connect(url)?.capabilities())),
 };
 

@@ -20,6 +20,7 @@ pub static DRIVER: Driver = Driver {
     summary: "postgres://, mysql://, mariadb://, sqlite://path or sqlite::memory: (?mode=session for server-session locks)",
     connect,
     floor: Some(floor),
+    permit_floor: None,
     capabilities: None,
 };
 

@@ -12,6 +12,7 @@ pub static DRIVER: Driver = Driver {
     summary: "zk://host[:port][,host[:port]...][/chroot]",
     connect,
     floor: Some(floor),
+    permit_floor: None,
     capabilities: Some(|url| {
         crate::ZkConfig::from_url(url)?;
         Ok(crate::capabilities())
