@@ -1039,6 +1039,26 @@ async fn crashed_and_cancelled_holders_free_their_share() {
         .await
         .unwrap();
 
+    // A lease moved to another process by its handle is renewed and
+    // released there.
+    let k = key("handle");
+    let read = b
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("reader");
+    let moved = Lease::from_handle(&read.to_handle()).expect("handle");
+    assert_eq!(moved.kind(), LeaseKind::Read);
+    let elsewhere = backend(&server).await;
+    elsewhere.renew(&moved).await.expect("renew elsewhere");
+    let holders = elsewhere.holders(&k, LockShape::ReadWrite).await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(holders[0].holder, read.owner().to_hex());
+    assert!(holders[0].remaining_ttl.is_some());
+    assert!(elsewhere.release(&moved).await.expect("release elsewhere"));
+    assert!(!b.release(&read).await.unwrap(), "released twice");
+    assert_eq!(raw_entries(&real, &k, "%rw").await, 0);
+
     let k = key("cancel-broken");
     shows_failure(
         "cancel",
@@ -1137,4 +1157,36 @@ async fn permit_floor_uses_the_driver_layout() {
     assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
     assert!(real.release(&wrong).await.unwrap());
     assert_eq!(raw_entries(&real, &k, "%sem").await, 0);
+}
+
+/// A stalled holder keeps its session alive but never renews: its share is
+/// deleted by the session's expiry task at the end of its own TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_holder_share_expires_with_its_ttl() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let b: Arc<dyn LockBackend> = backend(&server).await;
+    let crash_config = config(&server, Duration::from_secs(1));
+    // A stalled holder: its process lives (the session lease is kept
+    // alive) but it never renews: the share goes with its own TTL (the
+    // session's expiry task deletes entries whose value is not a bare
+    // owner id, too).
+    let stall = |key: LockKey, kind: LeaseKind| {
+        let crash_config = crash_config.clone();
+        async move {
+            let other = EtcdBackend::connect(crash_config).await.expect("connect");
+            let lease = other
+                .try_acquire_kind(&key, kind, Duration::from_secs(1))
+                .await
+                .expect("stalled holder")
+                .expect("granted");
+            drop(lease);
+            // Never dropped: its keep-alive runs until the test ends.
+            std::mem::forget(other);
+        }
+    };
+    check_crash_freed(b.clone(), key("stall"), stall)
+        .await
+        .unwrap();
 }
