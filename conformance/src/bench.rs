@@ -169,12 +169,19 @@ pub const CONTENDED_LIMIT: Duration = Duration::from_secs(60);
 pub struct Ours {
     client: LockClient,
     ttl: Duration,
+    kind: lock_core::LeaseKind,
 }
 
 impl Ours {
-    /// A contender on its own client.
+    /// A contender on its own client, taking the mutex.
     pub fn new(client: LockClient, ttl: Duration) -> Self {
-        Self { client, ttl }
+        Self::with_kind(client, ttl, lock_core::LeaseKind::Exclusive)
+    }
+
+    /// A contender taking grants of `kind` (a read share, permits...):
+    /// `client.lock_kind(key, kind)`, otherwise as [`new`](Self::new).
+    pub fn with_kind(client: LockClient, ttl: Duration, kind: lock_core::LeaseKind) -> Self {
+        Self { client, ttl, kind }
     }
 }
 
@@ -183,7 +190,7 @@ impl Contender for Ours {
     async fn cycle(&self, key: &str) -> Result<(), LockError> {
         let guard = self
             .client
-            .lock(key)
+            .lock_kind(key, self.kind)
             .ttl(self.ttl)
             .wait(CONTENDED_LIMIT)
             .acquire()

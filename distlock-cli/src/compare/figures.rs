@@ -112,6 +112,7 @@ pub(super) async fn bench_into(
     round_trips_into(out, url, ttl, &run).await?;
     drop(probe);
     held_at_scale(out, target, url, full).await;
+    super::shared::shared_into(out, target, url, full).await;
     Ok(())
 }
 

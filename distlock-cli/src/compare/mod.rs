@@ -16,6 +16,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 mod figures;
+mod shared;
 mod soak_run;
 
 use figures::*;
@@ -92,6 +93,22 @@ pub(crate) struct BenchFigures {
     pub(crate) renewal_round_trips_counted: Option<bool>,
     /// Why the scale measurement failed, if it did.
     pub(crate) held_error: Option<String>,
+    /// Grants per second of 8 independent readers on one key (read lock
+    /// acquire+release each), where the backend has read-write locks.
+    pub(crate) readers_8_per_s: Option<f64>,
+    /// Grants per second of 8 independent clients taking the mutex of one
+    /// key, measured interleaved with the readers.
+    pub(crate) mutex_8_per_s: Option<f64>,
+    /// `readers_8_per_s / mutex_8_per_s`: what sharing buys.
+    pub(crate) readers_ratio: Option<f64>,
+    /// One client's permit acquire+release (one of 4), p50.
+    pub(crate) permit_p50_us: Option<f64>,
+    /// The hand-written permit floor's p50, interleaved with ours.
+    pub(crate) floor_permit_p50_us: Option<f64>,
+    /// `permit_p50_us / floor_permit_p50_us`.
+    pub(crate) permit_ratio: Option<f64>,
+    /// Why the shared-lock figures failed, if they did.
+    pub(crate) shared_error: Option<String>,
     pub(crate) error: Option<String>,
 }
 
@@ -473,6 +490,7 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             println!("  {}: held locks at scale not measured: {e}", r.name);
         }
     }
+    shared::print_shared_table(results);
     let with_scenarios: Vec<&BackendResult> =
         results.iter().filter(|r| !r.scenarios.is_empty()).collect();
     if !with_scenarios.is_empty() {

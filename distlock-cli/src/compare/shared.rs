@@ -1,0 +1,164 @@
+//! The shared-lock part of a comparison: 8 readers on one key against 8
+//! clients on the mutex of one key (what sharing buys), and one client's
+//! permit acquire+release against the driver's hand-written permit floor.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::Target;
+use conformance::bench::{self, Contender, FloorCycle, Ours};
+use lock_core::{LeaseKind, LockBackend, LockClient, LockError, OwnerId};
+
+use super::BenchFigures;
+use super::figures::CLIENTS;
+
+/// The permit floors' semaphore size (see `Driver::permit_floor`).
+const PERMIT_LIMIT: u32 = 4;
+
+pub(super) async fn shared_into(
+    out: &mut BenchFigures,
+    target: &dyn Target,
+    url: &str,
+    full: bool,
+) {
+    if let Err(e) = measure(out, target, url, full).await {
+        out.shared_error = Some(e.to_string());
+    }
+}
+
+async fn measure(
+    out: &mut BenchFigures,
+    target: &dyn Target,
+    url: &str,
+    full: bool,
+) -> Result<(), LockError> {
+    let probe = target.client().await?;
+    let caps = probe.capabilities();
+    let ttl = Duration::from_secs(10).max(caps.min_ttl);
+    let run = OwnerId::random().to_hex()[..8].to_owned();
+    let contender = |backend: Arc<dyn LockBackend>, kind| -> Arc<dyn Contender> {
+        Arc::new(Ours::with_kind(LockClient::from_arc(backend), ttl, kind))
+    };
+    let window = if full {
+        Duration::from_secs(4)
+    } else {
+        Duration::from_millis(1500)
+    };
+    if caps.shared_locks {
+        let mut readers = Vec::with_capacity(CLIENTS);
+        let mut mutexes = Vec::with_capacity(CLIENTS);
+        for _ in 0..CLIENTS {
+            let backend = target.client().await?;
+            readers.push(contender(backend.clone(), LeaseKind::Read));
+            mutexes.push(contender(backend, LeaseKind::Exclusive));
+        }
+        // Interleaved: readers, mutex, readers, mutex; the medians.
+        let (mut r, mut m) = (Vec::new(), Vec::new());
+        for round in 0..4 {
+            let key = format!("bench-{run}/shared-{round}");
+            if round % 2 == 0 {
+                r.push(bench::handoffs(&readers, &key, window / 2).await?.per_sec);
+                m.push(bench::handoffs(&mutexes, &key, window / 2).await?.per_sec);
+            } else {
+                m.push(bench::handoffs(&mutexes, &key, window / 2).await?.per_sec);
+                r.push(bench::handoffs(&readers, &key, window / 2).await?.per_sec);
+            }
+        }
+        let (r, m) = (median(r), median(m));
+        out.readers_8_per_s = Some(r);
+        out.mutex_8_per_s = Some(m);
+        out.readers_ratio = Some(bench::ratio(r, m));
+    }
+    if caps.semaphores {
+        let kind = LeaseKind::Permits {
+            count: 1,
+            limit: PERMIT_LIMIT,
+        };
+        let ours = contender(target.client().await?, kind);
+        let key = format!("bench-{run}/permit");
+        let floor = match distlock::driver_for(url)?.permit_floor {
+            Some(connect) => connect(url).await?,
+            None => None,
+        };
+        let n = if full { 1000 } else { 200 };
+        for _ in 0..10 {
+            ours.cycle(&key).await?;
+        }
+        match floor {
+            Some(floor) => {
+                let floor = FloorCycle::new(floor, ttl);
+                let floor_key = format!("floor-{run}/permit");
+                for _ in 0..10 {
+                    floor.cycle(&floor_key).await?;
+                }
+                let (ours, floor) =
+                    bench::interleaved_latency(&*ours, &floor, (&key, &floor_key), n, 10).await?;
+                out.permit_p50_us = Some(ours.p50_us);
+                out.floor_permit_p50_us = Some(floor.p50_us);
+                out.permit_ratio = Some(bench::ratio(ours.p50_us, floor.p50_us));
+            }
+            None => {
+                let stats = bench::concurrent_cycles(&[ours], &key, n).await?;
+                out.permit_p50_us = Some(stats.p50_us);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn cell(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+/// The shared-lock table, one row per backend that has read-write locks or
+/// semaphores.
+pub(crate) fn print_shared_table(results: &[super::BackendResult]) {
+    let rows: Vec<_> = results
+        .iter()
+        .filter(|r| {
+            r.bench.readers_8_per_s.is_some()
+                || r.bench.permit_p50_us.is_some()
+                || r.bench.shared_error.is_some()
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let w = rows
+        .iter()
+        .map(|r| r.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(10);
+    println!();
+    println!(
+        "{:<w$} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8}",
+        "backend", "8 readers/s", "8 mutex/s", "x mutex", "permit p50", "floor p50", "x floor"
+    );
+    for r in rows {
+        let b = &r.bench;
+        println!(
+            "{:<w$} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8}",
+            r.name,
+            cell(b.readers_8_per_s, 0),
+            cell(b.mutex_8_per_s, 0),
+            cell(b.readers_ratio, 2),
+            cell(b.permit_p50_us, 1),
+            cell(b.floor_permit_p50_us, 1),
+            cell(b.permit_ratio, 2),
+        );
+        if let Some(e) = &b.shared_error {
+            println!("{:<w$}   shared-lock benchmark error: {e}", "");
+        }
+    }
+    println!(
+        "(8 independent clients on one key: read lock vs mutex acquire+release, interleaved, \
+         medians of 2 rounds each; permit: one of {PERMIT_LIMIT}, one client, µs, against the \
+         driver's hand-written permit floor where it has one)"
+    );
+}
