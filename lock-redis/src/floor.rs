@@ -23,6 +23,10 @@
 //! the grant stands on a majority within its validity, and the release goes
 //! to every node: two round trips per node per cycle.
 //!
+//! [`RedisPermitFloor`] is the same bare connection for one permit of a
+//! semaphore: the driver's semaphore acquire script, then its release
+//! script (two round trips per cycle).
+//!
 //! Every call is bounded by the URL's operation timeout. A call that fails
 //! or times out drops its connection (its stream may hold a late reply);
 //! the next call opens a new one. TLS (`rediss://`), Sentinel and Cluster
@@ -30,6 +34,7 @@
 //!
 //! Not a lock API: use [`RedisBackend`](crate::RedisBackend) for that.
 
+mod permits;
 mod redlock;
 pub(crate) mod resp;
 
@@ -44,6 +49,7 @@ use lock_core::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub use permits::RedisPermitFloor;
 pub use redlock::RedlockFloor;
 use resp::Reply;
 
@@ -370,10 +376,16 @@ struct FloorNode {
 impl FloorNode {
     /// Opens the connection now, so bad settings fail at connect.
     async fn connect(target: Target, scripts: &Scripts) -> Result<Self, LockError> {
+        Self::connect_loading(target, &[scripts.acquire.code, scripts.release.code]).await
+    }
+
+    /// Opens the connection now and loads `codes` (the permit floor loads
+    /// the semaphore's scripts).
+    async fn connect_loading(target: Target, codes: &[&str]) -> Result<Self, LockError> {
         let wire = with_timeout(
             target.timeout,
             Operation::Connect,
-            Wire::open(&target, &[scripts.acquire.code, scripts.release.code]),
+            Wire::open(&target, codes),
         )
         .await
         .map_err(|e| e.with_backend(NAME))?;

@@ -410,7 +410,7 @@ struct Broken {
 }
 
 impl Broken {
-    fn new(inner: &RedisBackend, flaw: Flaw) -> Arc<dyn LockBackend> {
+    fn wrap(inner: &RedisBackend, flaw: Flaw) -> Arc<dyn LockBackend> {
         Arc::new(Self {
             inner: inner.clone(),
             flaw,
@@ -599,7 +599,7 @@ async fn each_check_fails_on_a_broken_backend() {
     let Some((_server, backend)) = single().await else {
         return;
     };
-    let broken = |flaw| Broken::new(&backend, flaw);
+    let broken = |flaw| Broken::wrap(&backend, flaw);
     let err = check_rw_basics(&*broken(Flaw::ReaderIgnoresWriter), &key("b1"))
         .await
         .unwrap_err();
@@ -955,4 +955,121 @@ async fn redlock_refuses_shared_kinds() {
     let lease = b.try_acquire(&k, TTL).await.unwrap().expect("mutex");
     assert_eq!(b.holders(&k, LockShape::Mutex).await.unwrap().len(), 1);
     assert!(b.release(&lease).await.unwrap());
+}
+
+/// The permit floor (the driver's semaphore scripts by hand on one bare
+/// connection) counts against the driver's permits on the same key, and a
+/// permit acquire+release costs 2 round trips for both, counted by the
+/// fault proxy (a third one fails the comparison: the warm-up cycle with
+/// its `NOSCRIPT` fallback shows the count seeing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_floor_excludes_with_the_driver_and_costs_what_the_driver_costs() {
+    use conformance::proxy::FaultProxy;
+    use lock_core::floor::RawFloor;
+    use lock_redis::floor::RedisPermitFloor;
+    let Some((server, driver)) = single().await else {
+        return;
+    };
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let floor = RedisPermitFloor::connect(&url, 1, 3).await.unwrap();
+    let k = key("floor");
+    // The driver holds 2 of 3: the floor gets the last one, then nothing.
+    let two = driver
+        .try_acquire_kind(&k, permits(2, 3), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let grant = floor
+        .try_grant(k.as_str(), TTL)
+        .await
+        .unwrap()
+        .expect("1 left");
+    assert!(grant.token > two.token().get());
+    assert!(floor.try_grant(k.as_str(), TTL).await.unwrap().is_none());
+    let holders = driver.holders(&k, LockShape::Semaphore).await.unwrap();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    assert!(
+        driver
+            .try_acquire_kind(&k, permits(1, 3), TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "the floor's permit counts for the driver"
+    );
+    assert!(floor.release(&grant).await.unwrap());
+    assert!(!floor.release(&grant).await.unwrap());
+    assert!(driver.release(&two).await.unwrap());
+    let mismatch = RedisPermitFloor::connect(&url, 1, 4).await.unwrap();
+    let _held = driver
+        .try_acquire_kind(&k, permits(1, 3), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let err = mismatch.try_grant(k.as_str(), TTL).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert_eq!(
+        RedisPermitFloor::connect(&url, 4, 3)
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+
+    // Round trips per cycle: the floor's, then the driver's (its own
+    // connection through the proxy), each after a warm-up.
+    let through = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let fk = key("floor-cycle");
+    let floor_trips = per_cycle(&proxy, async || {
+        floor.cycle(fk.as_str(), TTL).await.unwrap();
+    })
+    .await;
+    let dk = key("driver-cycle");
+    let driver_trips = per_cycle(&proxy, async || {
+        let lease = through
+            .acquire_kind(&dk, permits(1, 3), TTL, soon(5_000))
+            .await
+            .unwrap();
+        assert!(through.release(&lease).await.unwrap());
+    })
+    .await;
+    assert_eq!(floor.round_trips_per_cycle(), 2);
+    assert_eq!(floor_trips, 2, "floor");
+    assert_eq!(
+        driver_trips, 2,
+        "driver: acquire_kind + release of one permit"
+    );
+    // The count sees a third round trip: a cold script cache costs the
+    // NOSCRIPT answer and the EVAL on every call.
+    let mut admin = raw(server.port()).await;
+    let cold = per_cycle(&proxy, async || {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        floor.cycle(fk.as_str(), TTL).await.unwrap();
+    })
+    .await;
+    assert!(
+        cold > 2,
+        "a flushed cache must cost more round trips: {cold}"
+    );
+}
+
+/// Round trips per cycle through `proxy` (rounded), after a warm-up.
+async fn per_cycle(proxy: &conformance::proxy::FaultProxy, mut cycle: impl AsyncFnMut()) -> u64 {
+    const CYCLES: u64 = 40;
+    for _ in 0..3 {
+        cycle().await;
+    }
+    sleep(Duration::from_millis(20)).await;
+    proxy.reset_counters();
+    for _ in 0..CYCLES {
+        cycle().await;
+    }
+    (proxy.round_trips() + CYCLES / 2) / CYCLES
 }
