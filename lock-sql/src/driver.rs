@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
-    LockKey, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl, validity_deadline,
-    with_timeout,
+    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
+    LockError, LockInfo, LockKey, LockShape, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl,
+    validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -16,6 +16,7 @@ use crate::config::{SqlConfig, SqlDialect};
 use crate::conn::{ConnSet, DbOptions, DbPool, pool_size};
 use crate::dialect::{self, Dialect, token_of};
 use crate::error::map_sqlx;
+use crate::shared::sql::SharedSql;
 use crate::sql::Statements;
 #[cfg(feature = "postgres")]
 use crate::wake::run_listener;
@@ -94,20 +95,22 @@ pub struct SqlBackend {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    config: SqlConfig,
+pub(crate) struct Inner {
+    pub(crate) config: SqlConfig,
     /// What differs between the databases.
-    dialect: &'static dyn Dialect,
+    pub(crate) dialect: &'static dyn Dialect,
     /// The lock statements' connections.
-    conns: ConnSet,
+    pub(crate) conns: ConnSet,
     /// The users' pool (same database, same options).
     pool: DbPool,
     statements: Statements,
+    /// The read-write locks' and semaphores' statements.
+    pub(crate) shared: SharedSql,
     /// PostgreSQL's release notification channel.
-    channel: String,
+    pub(crate) channel: String,
     /// Wake-ups and waiter counts, shared with the process's other clients
     /// of the same database and table.
-    waits: Arc<Waits>,
+    pub(crate) waits: Arc<Waits>,
 }
 
 impl fmt::Debug for SqlBackend {
@@ -160,7 +163,10 @@ impl SqlBackend {
         }
         let dialect = dialect::of(config.dialect)?;
         let (options, pool) = dialect.open(&config)?;
-        let statements = Statements::new(dialect, &config.table);
+        let mut statements = Statements::new(dialect, &config.table);
+        let shared = SharedSql::new(dialect, &config.table);
+        // The shared tables are created (and listed) with the lease table.
+        statements.create.extend(shared.create.iter().cloned());
         // An in-memory SQLite database is private to this backend.
         let scope =
             (!config.is_memory()).then(|| format!("{}\n{}", config.driver_url(), config.table));
@@ -170,6 +176,7 @@ impl SqlBackend {
                 dialect,
                 pool,
                 statements,
+                shared,
                 channel: crate::sql::pg_channel(&config.table),
                 waits: Waits::shared(scope),
                 config,
@@ -258,6 +265,11 @@ impl SqlBackend {
         Ok(())
     }
 
+    /// The backend's state (for the shared kinds, crate::shared).
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
     /// What differs between the databases, for this backend's.
     pub(crate) fn inner_dialect(&self) -> &'static dyn Dialect {
         self.inner.dialect
@@ -268,7 +280,7 @@ impl SqlBackend {
         self.inner.conns.options()
     }
 
-    fn err(&self, operation: Operation, key: &LockKey, err: sqlx::Error) -> LockError {
+    pub(crate) fn err(&self, operation: Operation, key: &LockKey, err: sqlx::Error) -> LockError {
         map_sqlx(&self.inner.config, operation, err).with_key(key)
     }
 
@@ -444,7 +456,7 @@ impl SqlBackend {
     /// Makes sure the PostgreSQL listener of this database and table runs
     /// in the process (no-op elsewhere). Failing to start it is not an
     /// error: waiters then rely on the bounded re-check.
-    async fn ensure_listener(&self) {
+    pub(crate) async fn ensure_listener(&self) {
         #[cfg(feature = "postgres")]
         if let DbOptions::Postgres(options) = self.connect_options() {
             let waits = &self.inner.waits;
@@ -509,8 +521,9 @@ impl LockBackend for SqlBackend {
             // One primary orders every grant of a row.
             linearizable: true,
             min_ttl: MIN_TTL,
-            shared_locks: false,
-            semaphores: false,
+            // Table mode (crate::shared); session mode has neither.
+            shared_locks: true,
+            semaphores: true,
         }
     }
 
@@ -608,6 +621,9 @@ impl LockBackend for SqlBackend {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.renew_share(lease).await;
+        }
         let key = lease.key();
         let ttl = lease.ttl();
         check_ttl(ttl, MIN_TTL, Operation::Renew)
@@ -638,6 +654,21 @@ impl LockBackend for SqlBackend {
     }
 
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        if leases.iter().any(|l| l.kind() != LeaseKind::Exclusive) {
+            // Mutex leases in batches, the others one by one.
+            let (mutexes, others): (Vec<usize>, Vec<usize>) =
+                (0..leases.len()).partition(|&i| leases[i].kind() == LeaseKind::Exclusive);
+            let batch: Vec<&Lease> = mutexes.iter().map(|&i| leases[i]).collect();
+            let mut results: Vec<Option<Result<Instant, LockError>>> =
+                std::iter::repeat_with(|| None).take(leases.len()).collect();
+            for (i, result) in mutexes.into_iter().zip(self.renew_many(&batch).await) {
+                results[i] = Some(result);
+            }
+            for i in others {
+                results[i] = Some(self.renew_share(leases[i]).await);
+            }
+            return results.into_iter().flatten().collect();
+        }
         // One UPDATE per batch of keys (see renew_many.rs).
         let inner = &self.inner;
         let table = &inner.statements.quoted_table;
@@ -652,6 +683,9 @@ impl LockBackend for SqlBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.release_share(lease).await;
+        }
         let key = lease.key();
         let statement = &self.inner.statements.release;
         let owner = lease.owner().to_hex();
@@ -691,5 +725,51 @@ impl LockBackend for SqlBackend {
                 u64::try_from(remaining_us).unwrap_or(0),
             )),
         }))
+    }
+
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        match kind {
+            LeaseKind::Exclusive => self.try_acquire(key, ttl).await,
+            kind => self.try_share(key, kind, ttl).await,
+        }
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        match kind {
+            LeaseKind::Exclusive => self.acquire(key, ttl, deadline).await,
+            kind => self.acquire_share(key, kind, ttl, deadline).await,
+        }
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_share(lease).await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::ReadWrite | LockShape::Semaphore => self.share_holders(key, shape).await,
+            _ => Ok(self
+                .inspect(key)
+                .await?
+                .map(|info| HolderInfo {
+                    kind: LeaseKind::Exclusive,
+                    holder: info.holder,
+                    token: info.token,
+                    remaining_ttl: info.remaining_ttl,
+                })
+                .into_iter()
+                .collect()),
+        }
     }
 }

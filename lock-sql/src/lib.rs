@@ -226,6 +226,7 @@ mod fence;
 pub mod floor;
 pub mod renew_many;
 mod session;
+mod shared;
 mod sql;
 mod wake;
 

@@ -145,6 +145,63 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
 
     /// Runs one statement without binds (schema creation, `SELECT 1`).
     async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error>;
+
+    // The read-write locks' and semaphores' tables (crate::shared): the
+    // statements are written once there with the tokens below, which each
+    // dialect spells its own way.
+
+    /// The `n`th (1-based) placeholder; every shared statement binds its
+    /// placeholders once each, in the order they appear.
+    fn param(&self, n: usize) -> String;
+
+    /// The 64-bit integer type a `CAST` names.
+    fn int_type(&self) -> &'static str {
+        "BIGINT"
+    }
+
+    /// "Now" on the database's clock, as stored in `expires_at`.
+    fn now_sql(&self) -> &'static str;
+
+    /// `now` plus `micros` (a placeholder) microseconds.
+    fn plus_micros(&self, micros: &str) -> String;
+
+    /// The microseconds `expires_at` is ahead of now (a `BIGINT`).
+    fn left_micros(&self) -> &'static str;
+
+    /// The shared tables (`keys`, `holders`, `waiters` quoted; `index`
+    /// unqualified and quoted): `CREATE .. IF NOT EXISTS` statements.
+    fn shared_schema(&self, keys: &str, holders: &str, waiters: &str, index: &str) -> Vec<String>;
+
+    /// Opens a grant transaction (SQLite: `BEGIN IMMEDIATE`, so the
+    /// transaction holds the file's write lock from its start).
+    fn begin_sql(&self) -> &'static str {
+        "BEGIN"
+    }
+
+    /// Makes sure the key's counter row exists and locks it for the
+    /// transaction; the last statement returns `(token, epoch)`. Binds:
+    /// name, shape (each statement).
+    fn lock_key_sql(&self, keys: &str) -> Vec<String>;
+
+    /// The row-locking suffix of a `SELECT` inside a grant transaction
+    /// (none on SQLite, whose transaction holds the file's write lock).
+    fn for_update(&self) -> &'static str {
+        " FOR UPDATE"
+    }
+
+    /// Inserts a waiter row; the last statement returns its id. Binds: name,
+    /// shape, owner, kind, count, limit, TTL µs (first statement).
+    fn insert_waiter_sql(&self, waiters: &str) -> Vec<String>;
+
+    /// A statement that changes rows of `table` (`UPDATE`/`DELETE`),
+    /// extended so that the database wakes waiters of the changed key
+    /// (PostgreSQL: `pg_notify(<next placeholder>, name)` of each changed
+    /// row, so it returns one row per change). `None`: no notification
+    /// (waiters poll; the process's own are woken locally).
+    fn notifying(&self, statement: &str) -> Option<String> {
+        let _ = statement;
+        None
+    }
 }
 
 /// The dialect of `dialect`, or a Config error when its cargo feature is

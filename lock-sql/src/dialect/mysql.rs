@@ -220,4 +220,74 @@ impl Dialect for MySql {
     async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
         sqlx::query(text(sql)).execute(my(conn)?).await.map(drop)
     }
+
+    fn param(&self, _n: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn int_type(&self) -> &'static str {
+        "SIGNED"
+    }
+
+    fn now_sql(&self) -> &'static str {
+        "UTC_TIMESTAMP(6)"
+    }
+
+    fn plus_micros(&self, micros: &str) -> String {
+        format!("UTC_TIMESTAMP(6) + INTERVAL {micros} MICROSECOND")
+    }
+
+    fn left_micros(&self) -> &'static str {
+        "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)"
+    }
+
+    fn shared_schema(&self, keys: &str, holders: &str, waiters: &str, index: &str) -> Vec<String> {
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {keys} (\
+                 name VARBINARY(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
+                 token BIGINT NOT NULL, epoch BIGINT NOT NULL, \
+                 PRIMARY KEY (name, shape)) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {holders} (\
+                 name VARBINARY(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
+                 owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
+                 cnt BIGINT NOT NULL, lim BIGINT NOT NULL, token BIGINT NOT NULL, \
+                 expires_at DATETIME(6) NOT NULL, \
+                 PRIMARY KEY (name, shape, owner)) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {waiters} (\
+                 id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+                 name VARBINARY(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
+                 owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
+                 cnt BIGINT NOT NULL, lim BIGINT NOT NULL, \
+                 expires_at DATETIME(6) NOT NULL, \
+                 INDEX {index} (name, shape, id)) ENGINE=InnoDB"
+            ),
+        ]
+    }
+
+    /// The upsert takes the row's exclusive lock; the locking read returns
+    /// the latest committed values.
+    fn lock_key_sql(&self, keys: &str) -> Vec<String> {
+        vec![
+            format!(
+                "INSERT INTO {keys} (name, shape, token, epoch) VALUES (?, ?, 0, 0) \
+                 ON DUPLICATE KEY UPDATE token = token"
+            ),
+            format!("SELECT token, epoch FROM {keys} WHERE name = ? AND shape = ? FOR UPDATE"),
+        ]
+    }
+
+    fn insert_waiter_sql(&self, waiters: &str) -> Vec<String> {
+        vec![
+            format!(
+                "INSERT INTO {waiters} (name, shape, owner, kind, cnt, lim, expires_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)"
+            ),
+            "SELECT CAST(LAST_INSERT_ID() AS SIGNED)".to_owned(),
+        ]
+    }
 }

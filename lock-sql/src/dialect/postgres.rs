@@ -214,4 +214,73 @@ impl Dialect for Postgres {
     async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
         sqlx::query(text(sql)).execute(pg(conn)?).await.map(drop)
     }
+
+    fn param(&self, n: usize) -> String {
+        format!("${n}")
+    }
+
+    fn now_sql(&self) -> &'static str {
+        "now()"
+    }
+
+    fn plus_micros(&self, micros: &str) -> String {
+        format!("now() + {micros} * INTERVAL '1 microsecond'")
+    }
+
+    fn left_micros(&self) -> &'static str {
+        "CAST(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000 AS BIGINT)"
+    }
+
+    fn shared_schema(&self, keys: &str, holders: &str, waiters: &str, index: &str) -> Vec<String> {
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {keys} (\
+                 name VARCHAR(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
+                 token BIGINT NOT NULL, epoch BIGINT NOT NULL, \
+                 PRIMARY KEY (name, shape))"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {holders} (\
+                 name VARCHAR(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
+                 owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
+                 cnt BIGINT NOT NULL, lim BIGINT NOT NULL, token BIGINT NOT NULL, \
+                 expires_at TIMESTAMPTZ NOT NULL, \
+                 PRIMARY KEY (name, shape, owner))"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {waiters} (\
+                 id BIGSERIAL PRIMARY KEY, \
+                 name VARCHAR(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
+                 owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
+                 cnt BIGINT NOT NULL, lim BIGINT NOT NULL, \
+                 expires_at TIMESTAMPTZ NOT NULL)"
+            ),
+            format!("CREATE INDEX IF NOT EXISTS {index} ON {waiters} (name, shape, id)"),
+        ]
+    }
+
+    /// `DO UPDATE` locks the row (a no-op update), in one round trip.
+    fn lock_key_sql(&self, keys: &str) -> Vec<String> {
+        vec![format!(
+            "INSERT INTO {keys} AS k (name, shape, token, epoch) VALUES ($1, $2, 0, 0) \
+             ON CONFLICT (name, shape) DO UPDATE SET token = k.token \
+             RETURNING token, epoch"
+        )]
+    }
+
+    fn insert_waiter_sql(&self, waiters: &str) -> Vec<String> {
+        vec![format!(
+            "INSERT INTO {waiters} (name, shape, owner, kind, cnt, lim, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, now() + $7 * INTERVAL '1 microsecond') RETURNING id"
+        )]
+    }
+
+    /// The notification is sent at commit, in the same statement.
+    fn notifying(&self, statement: &str) -> Option<String> {
+        let next = statement.matches('$').count() + 1;
+        Some(format!(
+            "WITH changed AS ({statement} RETURNING name) \
+             SELECT pg_notify(${next}, name) FROM changed"
+        ))
+    }
 }

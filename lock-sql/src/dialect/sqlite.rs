@@ -17,6 +17,16 @@ use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
 use crate::sql::Statements;
 
+/// SQLite's "now" in SQL: the host clock in microseconds since the Unix
+/// epoch, as SQLite reads it (millisecond precision, fixed within one
+/// statement). The shared tables use it; the mutex's statements bind the
+/// same clock from the process ([`unix_micros`]).
+const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
+
+/// The microseconds `expires_at` is ahead of [`SQLITE_NOW`].
+const SQLITE_LEFT: &str =
+    "(expires_at - CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER))";
+
 /// SQLite.
 #[derive(Debug)]
 pub(crate) struct Sqlite;
@@ -252,5 +262,75 @@ impl Dialect for Sqlite {
 
     async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
         sqlx::query(text(sql)).execute(lite(conn)?).await.map(drop)
+    }
+
+    fn param(&self, n: usize) -> String {
+        format!("?{n}")
+    }
+
+    /// SQLite's own reading of the host clock (fixed within a statement),
+    /// in microseconds since the Unix epoch (millisecond precision).
+    fn now_sql(&self) -> &'static str {
+        SQLITE_NOW
+    }
+
+    fn plus_micros(&self, micros: &str) -> String {
+        format!("({SQLITE_NOW} + {micros})")
+    }
+
+    fn left_micros(&self) -> &'static str {
+        SQLITE_LEFT
+    }
+
+    fn shared_schema(&self, keys: &str, holders: &str, waiters: &str, index: &str) -> Vec<String> {
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {keys} (\
+                 name TEXT NOT NULL, shape TEXT NOT NULL, \
+                 token INTEGER NOT NULL, epoch INTEGER NOT NULL, \
+                 PRIMARY KEY (name, shape)) WITHOUT ROWID"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {holders} (\
+                 name TEXT NOT NULL, shape TEXT NOT NULL, \
+                 owner TEXT NOT NULL, kind TEXT NOT NULL, \
+                 cnt INTEGER NOT NULL, lim INTEGER NOT NULL, token INTEGER NOT NULL, \
+                 expires_at INTEGER NOT NULL, \
+                 PRIMARY KEY (name, shape, owner)) WITHOUT ROWID"
+            ),
+            // AUTOINCREMENT: ids are never reused, so arrival order holds.
+            format!(
+                "CREATE TABLE IF NOT EXISTS {waiters} (\
+                 id INTEGER PRIMARY KEY AUTOINCREMENT, \
+                 name TEXT NOT NULL, shape TEXT NOT NULL, \
+                 owner TEXT NOT NULL, kind TEXT NOT NULL, \
+                 cnt INTEGER NOT NULL, lim INTEGER NOT NULL, \
+                 expires_at INTEGER NOT NULL)"
+            ),
+            format!("CREATE INDEX IF NOT EXISTS {index} ON {waiters} (name, shape, id)"),
+        ]
+    }
+
+    fn begin_sql(&self) -> &'static str {
+        "BEGIN IMMEDIATE"
+    }
+
+    fn lock_key_sql(&self, keys: &str) -> Vec<String> {
+        vec![format!(
+            "INSERT INTO {keys} AS k (name, shape, token, epoch) VALUES (?1, ?2, 0, 0) \
+             ON CONFLICT (name, shape) DO UPDATE SET token = k.token \
+             RETURNING token, epoch"
+        )]
+    }
+
+    fn for_update(&self) -> &'static str {
+        ""
+    }
+
+    fn insert_waiter_sql(&self, waiters: &str) -> Vec<String> {
+        vec![format!(
+            "INSERT INTO {waiters} (name, shape, owner, kind, cnt, lim, expires_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, {SQLITE_NOW} + ?7) RETURNING id"
+        )]
     }
 }

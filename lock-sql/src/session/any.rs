@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey};
+use lock_core::{
+    Capabilities, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey,
+    LockShape,
+};
 use tokio::time::Instant;
 
 use super::SqlSessionBackend;
@@ -100,5 +103,32 @@ impl LockBackend for SqlAnyBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.get().inspect(key).await
+    }
+
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        self.get().try_acquire_kind(key, kind, ttl).await
+    }
+
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.get().acquire_kind(key, kind, ttl, deadline).await
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.get().downgrade(lease).await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        self.get().holders(key, shape).await
     }
 }
