@@ -2,7 +2,9 @@
 
 use lock_core::driver::Driver;
 
-use crate::floor::EtcdFloor;
+use lock_core::LockError;
+
+use crate::floor::{EtcdFloor, EtcdPermitFloor};
 
 /// The etcd driver.
 pub static DRIVER: Driver = Driver {
@@ -12,7 +14,7 @@ pub static DRIVER: Driver = Driver {
     summary: "etcd://host[:port][,host[:port]...][/prefix] (etcds:// for TLS)",
     connect,
     floor: Some(floor),
-    permit_floor: None,
+    permit_floor: Some(permit_floor),
     capabilities: Some(|url| {
         crate::EtcdConfig::from_url(url)?;
         Ok(crate::capabilities())
@@ -21,3 +23,10 @@ pub static DRIVER: Driver = Driver {
 
 lock_core::connect_fn!(fn connect = crate::connect);
 lock_core::floor_fn!(fn floor = EtcdFloor::connect);
+
+/// One permit of a semaphore of 4 per cycle (the descriptor's contract).
+async fn one_of_four(url: &str) -> Result<EtcdPermitFloor, LockError> {
+    EtcdPermitFloor::connect(url, 1, 4).await
+}
+
+lock_core::floor_fn!(fn permit_floor = one_of_four);

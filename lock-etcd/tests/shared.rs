@@ -1157,6 +1157,22 @@ async fn permit_floor_uses_the_driver_layout() {
     assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
     assert!(real.release(&wrong).await.unwrap());
     assert_eq!(raw_entries(&real, &k, "%sem").await, 0);
+    // The descriptor's permit floor: one permit of 4.
+    let url = server.url(PREFIX, "ttl=2s&timeout=1s");
+    let described = (lock_etcd::DRIVER.permit_floor.expect("permit floor"))(&url)
+        .await
+        .expect("connect")
+        .expect("a floor");
+    let three = real
+        .try_acquire_kind(&k, permits(3, 4), TTL)
+        .await
+        .unwrap()
+        .expect("3 of 4");
+    described
+        .cycle(k.as_str(), TTL)
+        .await
+        .expect("the 4th permit");
+    assert!(real.release(&three).await.unwrap());
 }
 
 /// A stalled holder keeps its session alive but never renews: its share is
