@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchFilterType, WatchOptions,
+    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
 };
 use lock_core::{
     ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape,
@@ -104,6 +104,9 @@ fn entries_before(my_revision: i64) -> GetOptions {
 
 /// What the create transaction of a shared entry found.
 struct SharedCreated {
+    /// Our entry was created by this transaction (not found existing: then
+    /// nothing else was read, and the waiting path decides).
+    fresh: bool,
     /// A writer granted in the create itself (no entry under the prefix).
     granted_at_once: bool,
     /// The other entries (all older than ours) when ours was created.
@@ -195,6 +198,7 @@ impl EtcdBackend {
                 .take()
                 .ok_or_else(|| protocol_error(op, key, "no answer to the create"))?;
             let at_once = match kind {
+                _ if !found.fresh => None,
                 LeaseKind::Write => found
                     .granted_at_once
                     .then(|| u64::try_from(my_revision).unwrap_or(0)),
@@ -349,6 +353,7 @@ impl EtcdBackend {
                 (Some(response), false)
             };
             let own = value.as_bytes();
+            let fresh = inner.as_ref().is_none_or(TxnResponse::succeeded);
             let (created, others, epoch) = match &inner {
                 None => (
                     Created {
@@ -395,6 +400,7 @@ impl EtcdBackend {
                 }
             };
             *lock(&found) = Some(SharedCreated {
+                fresh,
                 granted_at_once,
                 others,
                 epoch,
