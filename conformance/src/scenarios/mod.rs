@@ -18,7 +18,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{FencingToken, Lease, LockBackend, LockKey, OwnerId, TtlModel};
+use lock_core::{FencingToken, Lease, LeaseKind, LockBackend, LockKey, OwnerId, TtlModel};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep, timeout};
@@ -29,10 +29,12 @@ use crate::resource::{RESOURCE_ENV, ResourceServer};
 
 mod cluster;
 mod holder;
+mod kinds;
 mod server;
 
 pub use cluster::*;
 pub use holder::*;
+pub use kinds::*;
 pub use server::*;
 
 /// A scenario's verdict.
@@ -135,6 +137,17 @@ pub const HOLDER_WORK: &str = r#"r="${DISTLOCK_TEST_RESOURCE:-}"; [ -z "$r" ] &&
 /// run --on-lost term --kill-after 1s --ttl TTL KEY -- bash -c WORK`
 /// (`work` is normally [`HOLDER_WORK`]).
 pub fn distlock_run_holder(exe: std::path::PathBuf, work: String) -> HolderCommand {
+    distlock_run_holder_kind(exe, work, LeaseKind::Exclusive)
+}
+
+/// As [`distlock_run_holder`], taking a grant of `kind` (`--write`,
+/// `--semaphore N --permits M`, see [`run_flags`]).
+pub fn distlock_run_holder_kind(
+    exe: std::path::PathBuf,
+    work: String,
+    kind: LeaseKind,
+) -> HolderCommand {
+    let flags = run_flags(kind);
     Arc::new(move |url: &str, key: &str, ttl: Duration| {
         let mut cmd = Command::new(&exe);
         cmd.args([
@@ -148,6 +161,7 @@ pub fn distlock_run_holder(exe: std::path::PathBuf, work: String) -> HolderComma
         ])
         .arg("--ttl")
         .arg(format!("{}ms", ttl.as_millis()))
+        .args(&flags)
         .args([key, "--", "bash", "-c", &work]);
         cmd
     })

@@ -158,11 +158,22 @@ fn opener() -> Opener {
 }
 
 fn holder_command() -> Option<HolderCommand> {
+    holder_command_kind(lock_core::LeaseKind::Exclusive)
+}
+
+fn holder_command_kind(kind: lock_core::LeaseKind) -> Option<HolderCommand> {
     let exe = std::env::current_exe().ok()?;
-    Some(scenarios::distlock_run_holder(
+    Some(scenarios::distlock_run_holder_kind(
         exe,
         scenarios::HOLDER_WORK.to_owned(),
+        kind,
     ))
+}
+
+/// The name a scenario run with `kind` in the mutex's place is reported
+/// under: `holder_killed[w]`, `holder_killed[p1-1]`.
+pub(crate) fn kind_scenario_name(name: &str, kind: lock_core::LeaseKind) -> String {
+    format!("{name}[{}]", kind.code())
 }
 
 struct Candidate {
@@ -399,6 +410,15 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
             let report = scenarios::run_scenario(name, &env).await;
             scenarios_out.insert((*name).to_owned(), report);
         }
+        for kind in scenarios::scenario_kinds(&caps) {
+            let env = scenarios::for_kind(&env, kind, holder_command_kind(kind));
+            for name in scenarios::KIND_SCENARIOS {
+                let label = kind_scenario_name(name, kind);
+                progress.say(&format!("scenario {label}"));
+                let report = scenarios::run_scenario(name, &env).await;
+                scenarios_out.insert(label, report);
+            }
+        }
     }
     progress.say("benchmarks");
     // Scenarios may have moved the backend (a failover promotes a replica):
@@ -495,17 +515,28 @@ pub(crate) fn print_table(results: &[BackendResult]) {
         results.iter().filter(|r| !r.scenarios.is_empty()).collect();
     if !with_scenarios.is_empty() {
         println!();
-        print!("{:<20}", "scenario");
+        print!("{:<24}", "scenario");
         for r in &with_scenarios {
             let cw = r.name.chars().count().max(10);
             print!(" {:>cw$}", r.name);
         }
         println!();
-        for name in scenarios::SCENARIOS {
-            print!("{name:<20}");
+        let mut names: Vec<String> = scenarios::SCENARIOS
+            .iter()
+            .map(|n| (*n).to_owned())
+            .collect();
+        for r in &with_scenarios {
+            for name in r.scenarios.keys() {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+        for name in &names {
+            print!("{name:<24}");
             for r in &with_scenarios {
                 let cw = r.name.chars().count().max(10);
-                let v = r.scenarios.get(*name).map_or("-", |s| match s.verdict {
+                let v = r.scenarios.get(name).map_or("-", |s| match s.verdict {
                     Verdict::Safe => "safe",
                     Verdict::Violation => "VIOLATION",
                     Verdict::Flagged => "flagged",
@@ -516,7 +547,8 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             println!();
         }
         println!(
-            "(flagged = a negative control: the unsafe outcome this backend cannot prevent was observed and reported)"
+            "(flagged = a negative control: the unsafe outcome this backend cannot prevent was observed and reported; \
+             name[w]: run with the write side of a read-write lock in the mutex's place, name[p1-1]: with a semaphore of one permit)"
         );
     }
     for r in results {
