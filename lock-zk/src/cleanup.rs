@@ -153,8 +153,13 @@ impl ZkBackend {
     /// Without container nodes, removes the key directory once empty. A
     /// non-empty directory (waiters) is refused by the server, and a waiter
     /// that finds it gone re-creates it, so this never breaks a waiter.
+    ///
+    /// A read-write lock's directory is kept: its data is the write epoch
+    /// readers carry.
     pub(super) async fn remove_empty_dir(&self, client: &zk::Client, dir: &str) {
-        if !self.inner.containers.load(Ordering::Relaxed) {
+        if !self.inner.containers.load(Ordering::Relaxed)
+            && !crate::paths::is_rw_dir(self.inner.config.root(), dir)
+        {
             let _ = timed(self.op_timeout(), client.delete(dir, None)).await;
         }
     }

@@ -152,7 +152,98 @@
 //!   `jobs/nightly`) excludes with this driver. Curator's lease renewal and
 //!   reentrancy are not modelled; kazoo's `Lock` (`__lock__` names) sorts
 //!   differently and is not compatible.
-//! - No shared (read-write) locks, no semaphores.
+//! - [x] Read-write locks and semaphores in Curator's layouts (below).
+//!
+//! # Read-write locks and semaphores
+//!
+//! Each shape has its own directory, so the mutex, the read-write lock and
+//! the semaphore of one key are three different locks. The shapes' parent
+//! directories start with `.`, which an escaped key never does.
+//!
+//! - **Read-write lock** of key K: `<root>/.rwlock/<escaped K>`
+//!   ([`ZkBackend::rwlock_path`]), the layout of Curator's
+//!   `InterProcessReadWriteLock`: `EPHEMERAL_SEQUENTIAL` nodes
+//!   `_c_<owner id as a UUID>-__READ__<seq>` and `_c_<…>-__WRIT__<seq>`,
+//!   sorted on the digits after `__READ__`/`__WRIT__`. A writer holds when
+//!   its node is the first of all (it watches the node just before it); a
+//!   reader holds when no write node comes before it (it watches the first
+//!   write node), which is Curator's read predicate. So once a writer
+//!   waits, new readers queue behind it (writer preference); a waiting
+//!   writer that is dropped has its node deleted at once in the background
+//!   (or it goes with the session). **Curator's `InterProcessReadWriteLock`
+//!   on path X excludes ours on key K when X = `<chroot><root>/.rwlock/<escaped K>`**,
+//!   e.g. `/distlock/.rwlock/jobs%2Fnightly` for key `jobs/nightly` with
+//!   the default root (`tests/curator.rs` checks both directions with
+//!   Curator 5.4: write/write, write/read, shared reads, writer
+//!   preference, downgrade).
+//! - **Downgrade**: one `multi` creates an `EPHEMERAL` read node named
+//!   with the write node's own sequence digits (so it sorts exactly where
+//!   the write node was, ahead of every waiter) and deletes the write node.
+//!   No writer can come between, and readers queued behind a waiting writer
+//!   stay behind it. This is how Curator 5.5+ names a read lock taken by the
+//!   write lock's owner; Curator 5.4's own downgrade (read lock taken while
+//!   holding the write lock, then the write lock released) creates a
+//!   *sequential* read node behind any waiting writer, which that writer
+//!   then overtakes: only our downgrade is gap-free. The read lease has a
+//!   new owner id; the write lease is invalid afterwards.
+//! - **Semaphore** of key K: `<root>/.semaphore/<escaped K>`
+//!   ([`ZkBackend::semaphore_path`]), the layout of Curator's
+//!   `InterProcessSemaphoreV2`: `<path>/locks` is a mutex (this crate's
+//!   mutex recipe, Curator's `lock-` nodes), `<path>/leases` holds
+//!   `EPHEMERAL_SEQUENTIAL` nodes `_c_<…>-lease-<seq>`. An acquirer takes
+//!   the mutex, creates its lease nodes, and while **still holding the
+//!   mutex** waits (watching `leases`) until the directory has at most
+//!   `limit` children, then releases the mutex; the permits are held as
+//!   long as the lease nodes exist. As every client (ours and Curator's)
+//!   creates lease nodes only under the mutex, one waiter at most has
+//!   nodes in `leases`, and granted nodes never exceed the limit.
+//!   `Permits { count, .. }` creates `count` nodes in one transaction under
+//!   the mutex (atomic: never a part of them; Curator takes `acquire(n)`
+//!   one lease at a time). Waiters are FIFO (the mutex), so a large request
+//!   at the head is not starved by small later ones. **Curator's
+//!   `InterProcessSemaphoreV2` on path X with the same `maxLeases` shares
+//!   ours on key K when X = `<chroot><root>/.semaphore/<escaped K>`.**
+//!   A `try_acquire_kind` gives up (`Ok(None)`) at once when the leases
+//!   already counted plus its own would pass the limit (which includes a
+//!   waiter's nodes), and after at most 1 s waiting for the mutex.
+//! - **Limits**: our clients store the limit in the `leases` directory's
+//!   data; a request with another limit while that directory has children
+//!   (holders or the waiter) is
+//!   [`ErrorKind::InvalidArgument`](lock_core::ErrorKind::InvalidArgument);
+//!   when it is empty the new limit takes effect. Curator clients neither
+//!   write nor read it: a Curator client configured with another limit is
+//!   **not detected** and the two enforce their own limits on the same
+//!   nodes (`tests/curator.rs` shows the overrun this allows).
+//! - **Tokens**: a write grant's token is its node's `czxid`; grants of a
+//!   key follow node creation order, so it is greater than every earlier
+//!   grant's (reads included). The writer then stores it in the read-write
+//!   directory's data before the lease is handed out, and a read grant
+//!   carries the value found there right after its grant decision (read
+//!   in the same pipelined exchange as the list): the token of the last
+//!   write grant, 0 before any. Readers of one epoch carry equal tokens; a
+//!   downgraded writer keeps its token. Caveats: Curator's writers do not
+//!   store an epoch (a read after a Curator write carries the last epoch
+//!   one of *ours* wrote), and the directory is a container node: once it
+//!   is empty the server deletes it at its next container check (60 s by
+//!   default), and readers then carry 0 until the next write (whose token
+//!   is still greater than every earlier grant). Without container nodes
+//!   (`containers=false`, old servers) read-write directories are never
+//!   deleted by the client, so the epoch stays (one empty node per key
+//!   ever read-write locked). A permit grant's token is
+//!   the `czxid` of its first lease node: lease nodes are created under the
+//!   mutex, in grant order, so permit tokens strictly increase.
+//! - **Leases, renewal, expiry** as for the mutex: every read, write or
+//!   permit lease is its own node(s) on the backend's session, renewed
+//!   (`sync`, then existence and `czxid` of its nodes; `renew_many` renews
+//!   these one by one) and released through `renew`/`release`, deleted by
+//!   the local expiry task when not renewed within its TTL, and by the
+//!   server when the session ends (a crashed holder's share comes back
+//!   after the session timeout). The lease's data is
+//!   `<seq>[,<seq>…];<czxid of the first node>`.
+//! - **Cost**: a write grant on a free lock is create + list + `setData`
+//!   (3 round trips), a read grant create + list (2, the directory's data
+//!   read in the same exchange), a permit grant about 7 (look, mutex
+//!   create + list, limit read, create, `czxid` read, list, mutex delete).
 //!
 //! # Tests and benchmark
 //!

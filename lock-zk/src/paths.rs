@@ -54,6 +54,14 @@ pub(crate) fn sem_dir(root: &str, key: &LockKey) -> String {
     )
 }
 
+/// Whether `dir` is a read-write lock's directory under `root`.
+pub(crate) fn is_rw_dir(root: &str, dir: &str) -> bool {
+    dir.strip_prefix(root)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .and_then(|rest| rest.strip_prefix(RW_PARENT))
+        .is_some_and(|rest| rest.starts_with('/') && !rest[1..].contains('/'))
+}
+
 /// The path of `owner`'s node named `name` (one of the names above) with
 /// sequence `seq` in `dir`, as the server names it.
 pub(crate) fn named_node_path(dir: &str, owner: OwnerId, name: &str, seq: u32) -> String {
@@ -338,6 +346,31 @@ mod tests {
             None
         );
         assert_eq!(split_node("b"), None);
+    }
+
+    #[test]
+    fn shapes_have_their_own_directories() {
+        let root = "/distlock";
+        let k = key("a/b");
+        assert_eq!(rw_dir(root, &k), "/distlock/.rwlock/a%2Fb");
+        assert_eq!(sem_dir(root, &k), "/distlock/.semaphore/a%2Fb");
+        // No key's mutex directory is a shape's parent.
+        assert_ne!(key_dir(root, &key(".rwlock")), "/distlock/.rwlock");
+        assert!(is_rw_dir(root, &rw_dir(root, &k)));
+        assert!(!is_rw_dir(root, "/distlock/.rwlock"));
+        assert!(!is_rw_dir(root, &key_dir(root, &k)));
+        assert!(!is_rw_dir(root, &format!("{}/x", sem_dir(root, &k))));
+        let owner = OwnerId::random();
+        let path = named_node_path("/d", owner, READ_NAME, 7);
+        let name = path.strip_prefix("/d/").unwrap();
+        assert_eq!(owner_of(name), Some(owner));
+        assert_eq!(sequence_named(name, READ_NAME), Some(7));
+        assert_eq!(sequence_named(name, WRITE_NAME), None);
+        assert_eq!(sequence_of(name), None);
+        assert_eq!(
+            named_prefix("/d", owner, LEASE_NAME),
+            format!("/d/_c_{}-lease-", owner_uuid(owner))
+        );
     }
 
     #[test]

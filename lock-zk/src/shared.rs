@@ -78,13 +78,16 @@ impl Pending {
     async fn withdraw(&mut self) {
         let timeout = self.backend.op_timeout();
         let mut left = Vec::new();
-        for (dir, path, owner) in std::mem::take(&mut self.nodes) {
+        // Newest first: a semaphore's lease nodes before its mutex, so the
+        // next acquirer does not count them.
+        for (dir, path, owner) in std::mem::take(&mut self.nodes).into_iter().rev() {
             match timed(timeout, self.client.delete(&path, None)).await {
                 Ok(()) => {}
                 Err(err) if err.is(&zk::Error::NoNode) || err.ends_session() => {}
                 Err(_) => left.push((dir, path, owner)),
             }
         }
+        left.reverse();
         self.nodes = left;
         for (dir, owner) in std::mem::take(&mut self.sweeps) {
             lock(&self.backend.inner.uncertain).insert(owner);
@@ -114,7 +117,7 @@ impl Drop for Pending {
         let nodes = std::mem::take(&mut self.nodes);
         let sweeps = std::mem::take(&mut self.sweeps);
         runtime.spawn(async move {
-            for (dir, path, owner) in nodes {
+            for (dir, path, owner) in nodes.into_iter().rev() {
                 backend.delete_node(&client, &path, &dir, owner).await;
             }
             for (dir, owner) in sweeps {
@@ -616,6 +619,9 @@ impl ZkBackend {
             }
             Err(err) => return Err(AttemptError::Lock(err)),
         };
+        // The mutex may have been granted on a newer session (the one this
+        // attempt began on was lost): go on with the session that holds it.
+        let session = &self.session(operation).await.map_err(AttemptError::Lock)?;
         let mut pending = Pending::new(self, &session.client);
         let mutex_path = mutex
             .backend_data()
@@ -631,7 +637,8 @@ impl ZkBackend {
             .session()
             .is_some_and(|s| s.same_channel(&session.state))
         {
-            // Granted on a newer session than this attempt's.
+            // Its session is lost already, and the mutex node with it.
+            pending.disarm();
             return Err(AttemptError::SessionLost);
         }
         // Under the mutex: the authoritative limit check.
