@@ -34,7 +34,7 @@ fn holder(url: &str, kind: &[&str], key: &str, dir: &std::path::Path, name: &str
     let mut args = vec!["run", "--ttl", "5s"];
     args.extend_from_slice(kind);
     args.extend_from_slice(&[key, "--", "sh", "-c", &script]);
-    let child = distlock(url, &args)
+    let mut child = distlock(url, &args)
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn distlock run");
@@ -44,6 +44,8 @@ fn holder(url: &str, kind: &[&str], key: &str, dir: &std::path::Path, name: &str
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("{name} never held {key}");
 }
 
