@@ -140,11 +140,12 @@
 //!   there is no writer and **no live waiting writer** (writer preference:
 //!   readers, trying or waiting, queue behind a waiting writer; readers can
 //!   therefore starve while writers keep coming). Waiting writers are
-//!   served in arrival order. A waiting writer's entry lives for its
-//!   lease's TTL and is refreshed (every TTL/3) while it waits; it is
-//!   withdrawn at its deadline before `acquire_kind` returns `Contended`,
-//!   in the background when the acquire is dropped, and by expiry when the
-//!   client dies.
+//!   served in arrival order. A waiting writer's (or permit request's)
+//!   entry has a short expiry of its own, the lease's TTL capped at three
+//!   `recheck` intervals (1.5 s by default), refreshed at least every third
+//!   of it while it waits; it is withdrawn at its deadline before
+//!   `acquire_kind` returns `Contended`, in the background when the acquire
+//!   is dropped, and by that expiry when the client dies.
 //! - [x] **Downgrade** is one script: if the lease is the writer, the
 //!   writer entry goes and the same owner joins the readers with the same
 //!   token; the write lease is dead afterwards (`NotHeld` / `false`).

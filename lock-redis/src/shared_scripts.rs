@@ -49,8 +49,8 @@ end
 }
 
 /// KEYS: writer, readers, queue, queue expiries, counters.
-/// ARGV: owner, ttl ms, `r` | `w`, wait (`1`: register as a waiting writer
-/// when refused), channel.
+/// ARGV: owner, ttl ms, `r` | `w`, wait ms (above 0: register as a waiting
+/// writer for that long when refused; `0`: a try), channel.
 ///
 /// Returns `{1, token}` granted, `{0, ms}` refused (`ms`: when the blocker
 /// ends at the latest).
@@ -66,7 +66,7 @@ end
 const RW_ACQUIRE: &str = concat!(
     prelude!(),
     r"
-local owner, ttl, kind, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4] == '1'
+local owner, ttl, kind, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local swept = sweep(KEYS[4], {{'ZREM', KEYS[3]}}) + sweep(KEYS[2], {})
 if swept > 0 then redis.call('PUBLISH', ARGV[5], '1') end
 local function epoch() return tonumber(redis.call('HGET', KEYS[5], 'epoch') or '0') end
@@ -111,11 +111,11 @@ else
     wait_ms = tonumber(redis.call('ZSCORE', KEYS[4], head[1]) or now) - now
   end
 end
-if wait then
+if wait > 0 then
   if not redis.call('ZSCORE', KEYS[3], owner) then
     redis.call('ZADD', KEYS[3], redis.call('HINCRBY', KEYS[5], 'seq', 1), owner)
   end
-  redis.call('ZADD', KEYS[4], fmt(now + ttl), owner)
+  redis.call('ZADD', KEYS[4], fmt(now + wait), owner)
   keep(KEYS[4], {KEYS[4], KEYS[3]})
 end
 return {0, wait_ms}
@@ -202,8 +202,8 @@ return out
 );
 
 /// KEYS: holders, counts, tokens, queue, queue expiries, counters.
-/// ARGV: owner, ttl ms, count, limit, wait (`1`: join the queue when
-/// refused), channel.
+/// ARGV: owner, ttl ms, count, limit, wait ms (above 0: join the queue for
+/// that long when refused; `0`: a try), channel.
 ///
 /// Returns `{1, token}` granted, `{0, ms}` refused (`ms`: when the first
 /// holder or waiter ends at the latest), `{-1, limit}` when the semaphore
@@ -246,11 +246,12 @@ if (#head == 0 or head[1] == owner) and held + count <= limit then
   end
   return {1, token}
 end
-if ARGV[5] == '1' then
+local wait = tonumber(ARGV[5])
+if wait > 0 then
   if not redis.call('ZSCORE', KEYS[4], owner) then
     redis.call('ZADD', KEYS[4], redis.call('HINCRBY', KEYS[6], 'seq', 1), owner)
   end
-  redis.call('ZADD', KEYS[5], fmt(now + ttl), owner)
+  redis.call('ZADD', KEYS[5], fmt(now + wait), owner)
   keep(KEYS[5], {KEYS[5], KEYS[4]})
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')

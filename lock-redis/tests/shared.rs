@@ -885,6 +885,24 @@ async fn dead_or_cancelled_waiting_writers_stop_blocking_readers() {
             .is_none(),
         "the waiting writer keeps readers out"
     );
+    // Its entry expires soon (three re-check intervals at most), not with
+    // its lease's TTL: a writer that dies waiting blocks readers briefly.
+    let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(format!("{names_base}:queue-expiry"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = (secs * 1000 + micros / 1000) as f64;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let left = entries[0].1 - now_ms;
+    assert!(
+        left > 0.0 && left <= 1_500.0 && TTL > Duration::from_millis(1_500),
+        "the waiting entry lives {left} ms (lease TTL {TTL:?})"
+    );
     waiting.abort();
     let _ = waiting.await;
     let start = Instant::now();

@@ -170,9 +170,9 @@ impl RedisBackend {
     }
 
     /// One acquire script call for a shared kind. `wait`: register as a
-    /// waiter when refused (writers and permit requests of a waiting
-    /// acquire). The same `owner` may be sent again: the scripts return
-    /// the grant they made.
+    /// waiter for that long when refused (writers and permit requests of a
+    /// waiting acquire; `None` for a try). The same `owner` may be sent
+    /// again: the scripts return the grant they made.
     #[allow(clippy::too_many_arguments)]
     async fn shared_attempt(
         &self,
@@ -181,13 +181,14 @@ impl RedisBackend {
         ttl: Duration,
         owner: OwnerId,
         names: &Names,
-        wait: bool,
+        wait: Option<Duration>,
         op: Operation,
         timeout: Duration,
     ) -> Result<Attempt, LockError> {
         let owner_hex = owner.to_hex();
         let ttl_text = ttl_ms(ttl);
-        let wait_flag = if wait { "1" } else { "0" };
+        let wait_text = wait.map_or_else(|| "0".to_owned(), ttl_ms);
+        let wait_flag = wait_text.as_str();
         let (owner_ref, ttl_ref) = (owner_hex.as_str(), ttl_text.as_str());
         let sent_at = Instant::now();
         let value = self.inner.nodes[0]
@@ -277,7 +278,7 @@ impl RedisBackend {
         let guard = self.withdraw_guard(&names, owner);
         let timeout = self.inner.config.operation_timeout;
         let attempt = self
-            .shared_attempt(key, kind, ttl, owner, &names, false, op, timeout)
+            .shared_attempt(key, kind, ttl, owner, &names, None, op, timeout)
             .await;
         match attempt {
             Ok(Attempt::Granted(lease)) => {
@@ -343,7 +344,15 @@ impl RedisBackend {
         names: &Names,
     ) -> Result<Lease, LockError> {
         let op = Operation::Acquire;
+        // Readers never queue. A waiting entry lives for a short time of
+        // its own (at most the lease's TTL, about three re-check intervals)
+        // and is refreshed by every attempt, at least every third of it:
+        // a waiter that died stops blocking others soon, whatever its TTL.
         let registers = kind != LeaseKind::Read;
+        let entry = registers.then(|| {
+            ttl.min(self.inner.config.recheck * 3)
+                .max(Duration::from_millis(30))
+        });
         let mut errors = None;
         let first = self
             .shared_attempt(
@@ -352,7 +361,7 @@ impl RedisBackend {
                 ttl,
                 owner,
                 names,
-                registers,
+                entry,
                 op,
                 self.attempt_timeout(deadline),
             )
@@ -361,12 +370,7 @@ impl RedisBackend {
             return Ok(lease);
         }
         let watch = self.inner.notifier.watch(names.channel(), deadline).await;
-        // A waiting entry lives for the lease's TTL: refresh it well before.
-        let refresh = if registers {
-            (ttl / 3).max(Duration::from_millis(3))
-        } else {
-            Duration::MAX
-        };
+        let refresh = entry.map_or(Duration::MAX, |entry| entry / 3);
         loop {
             let notified = watch.notify().notified();
             tokio::pin!(notified);
@@ -378,7 +382,7 @@ impl RedisBackend {
                     ttl,
                     owner,
                     names,
-                    registers,
+                    entry,
                     op,
                     self.attempt_timeout(deadline),
                 )
