@@ -9,6 +9,8 @@
 //! a member's score is the server instant at which its share ends.
 
 use std::sync::LazyLock;
+#[cfg(test)]
+use std::time::Duration;
 
 use lock_core::LockKey;
 
@@ -405,5 +407,129 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), all.len());
         assert_eq!(rw.writer, "p:{a%7Db{c}:rw:writer");
+    }
+
+    /// `script` with `from` replaced by `to`: a deliberately broken variant
+    /// (the replacement must apply, or the test proves nothing).
+    fn broken(script: &str, from: &str, to: &str) -> LuaScript {
+        assert!(script.contains(from), "{from}");
+        LuaScript::new(Box::leak(script.replace(from, to).into_boxed_str()))
+    }
+
+    async fn int(
+        conn: &mut crate::conn::Conn,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+    ) -> i64 {
+        match conn.eval(script, keys, args).await.unwrap() {
+            redis::Value::Int(n) => n,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A share whose expiry passed is dead even while its member is still
+    /// in the set (no script swept it yet): renewing it fails and releasing
+    /// it says "not held"; and a set never outlives its latest member. The
+    /// broken variants (no expiry check, no `keep`) are caught.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn expired_shares_stay_dead_and_never_keep_a_key_alive() {
+        use conformance::OrSkip;
+        let Some(server) = conformance::servers::redis::RedisServer::start()
+            .await
+            .or_skip()
+        else {
+            return;
+        };
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn =
+            crate::conn::Conn::Plain(client.get_multiplexed_async_connection().await.unwrap());
+        let n = RwNames::new("t:", &LockKey::new("expired").unwrap());
+        let keys = [
+            n.writer.as_str(),
+            n.readers.as_str(),
+            n.queue.as_str(),
+            n.queue_expiry.as_str(),
+            n.counters.as_str(),
+        ];
+        let acquire = |owner: &'static str, ttl: &'static str| {
+            [owner, ttl, "r", "0", n.channel.as_str()].map(str::to_owned)
+        };
+        for (owner, ttl) in [("a", "60"), ("b", "60"), ("long", "5000")] {
+            let args = acquire(owner, ttl);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let value = conn.eval(&SHARED.rw_acquire, &keys, &args).await.unwrap();
+            assert!(
+                matches!(&value, redis::Value::Array(a) if a.first() == Some(&redis::Value::Int(1))),
+                "{value:?}"
+            );
+        }
+        // The readers set lives as long as its latest member, not longer.
+        let pttl: i64 = conn
+            .query(redis::cmd("PTTL").arg(&n.readers))
+            .await
+            .unwrap();
+        assert!(pttl > 4_000 && pttl <= 5_000, "{pttl}");
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        // `a` and `b` expired, still unswept: renewing one fails, and the
+        // variant without the expiry check resurrects the other.
+        let zrenew = &SHARED.zrenew;
+        let renewed = int(&mut conn, zrenew, &[&n.readers], &["a", "5000"]).await;
+        assert_eq!(renewed, 0, "an expired share was renewed");
+        let no_check = broken(
+            ZRENEW,
+            "if not s or tonumber(s) <= now then",
+            "if not s then",
+        );
+        let renewed = int(&mut conn, &no_check, &[&n.readers], &["b", "5000"]).await;
+        assert_eq!(renewed, 1, "the broken renew resurrects an expired share");
+        // Releasing an expired share says "not held"; the variant without
+        // the check says "released".
+        let remove = &SHARED.remove;
+        let released = int(&mut conn, remove, &[&n.readers], &["a", &n.channel, "1"]).await;
+        assert_eq!(released, 0, "an expired share released as held");
+        let args = acquire("c", "30");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        conn.eval(&SHARED.rw_acquire, &keys, &args).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let no_live = broken(
+            REMOVE,
+            "local live = s and tonumber(s) > now",
+            "local live = s",
+        );
+        let released = int(&mut conn, &no_live, &[&n.readers], &["c", &n.channel, "1"]).await;
+        assert_eq!(
+            released, 1,
+            "the broken release calls an expired share held"
+        );
+        // Drop `b`, renew `long` down to 200 ms: the set must now expire
+        // with its latest member (without `keep` it would not).
+        int(&mut conn, remove, &[&n.readers], &["b", &n.channel, "1"]).await;
+        assert_eq!(
+            int(&mut conn, zrenew, &[&n.readers], &["long", "200"]).await,
+            1
+        );
+        let pttl: i64 = conn
+            .query(redis::cmd("PTTL").arg(&n.readers))
+            .await
+            .unwrap();
+        assert!(
+            pttl > 0 && pttl <= 200,
+            "the set outlives its members: {pttl}"
+        );
+        let no_keep = broken(ZRENEW, "keep(KEYS[1], KEYS)", "");
+        let _: () = conn
+            .query(redis::cmd("PEXPIRE").arg(&n.readers).arg(60_000))
+            .await
+            .unwrap();
+        assert_eq!(
+            int(&mut conn, &no_keep, &[&n.readers], &["long", "200"]).await,
+            1
+        );
+        let pttl: i64 = conn
+            .query(redis::cmd("PTTL").arg(&n.readers))
+            .await
+            .unwrap();
+        assert!(pttl > 200, "the broken renew leaves the set alive: {pttl}");
     }
 }
