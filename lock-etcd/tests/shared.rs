@@ -74,6 +74,15 @@ async fn raw_entries(raw: &EtcdBackend, key: &LockKey, tag: &str) -> usize {
         .len()
 }
 
+/// Waits (up to 3 s) until the shape's prefix holds `n` entries: a waiter
+/// has queued.
+async fn queued(raw: &EtcdBackend, key: &LockKey, tag: &str, n: usize) {
+    let until = Instant::now() + Duration::from_secs(3);
+    while raw_entries(raw, key, tag).await < n && Instant::now() < until {
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn try_kind(
     b: &dyn LockBackend,
     key: &LockKey,
@@ -226,7 +235,11 @@ async fn check_writer_excluded(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
 
 /// A waiting writer keeps later readers out (try and wait), and gets the
 /// lock as soon as the earlier reader goes.
-async fn check_writer_preference(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+async fn check_writer_preference(
+    b: Arc<dyn LockBackend>,
+    raw: Arc<EtcdBackend>,
+    key: LockKey,
+) -> Check {
     let r1 = try_kind(&*b, &key, LeaseKind::Read)
         .await?
         .ok_or("reader refused")?;
@@ -242,8 +255,16 @@ async fn check_writer_preference(b: Arc<dyn LockBackend>, key: LockKey) -> Check
             .await
         })
     };
-    sleep(Duration::from_millis(300)).await;
-    let late = try_kind(&*b, &key, LeaseKind::Read).await?;
+    queued(&raw, &key, "%rw", 2).await;
+    // Five tries over 100 ms, then a wait: all must queue behind the writer.
+    let mut late = None;
+    for _ in 0..5 {
+        late = try_kind(&*b, &key, LeaseKind::Read).await?;
+        if late.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(25)).await;
+    }
     let waited = b
         .acquire_kind(
             &key,
@@ -285,7 +306,7 @@ async fn check_writer_preference(b: Arc<dyn LockBackend>, key: LockKey) -> Check
 
 /// Downgrade: the read lease keeps the token, a writer that waited before
 /// stays out until the reader goes, the write lease is dead afterwards.
-async fn check_downgrade(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+async fn check_downgrade(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockKey) -> Check {
     let w = try_kind(&*b, &key, LeaseKind::Write)
         .await?
         .ok_or("writer refused")?;
@@ -301,7 +322,7 @@ async fn check_downgrade(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
             .await
         })
     };
-    sleep(Duration::from_millis(300)).await;
+    queued(&raw, &key, "%rw", 2).await;
     let read = b.downgrade(&w).await.map_err(err)?;
     ensure(
         read.kind() == LeaseKind::Read,
@@ -351,7 +372,7 @@ async fn check_downgrade(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
 /// Tokens: 0 before any writer; writers strictly increasing above every
 /// earlier grant; readers carry the last writer's token; permit grants
 /// strictly increasing.
-async fn check_tokens(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+async fn check_tokens(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockKey) -> Check {
     let r0 = try_kind(&*b, &key, LeaseKind::Read)
         .await?
         .ok_or("reader refused")?;
@@ -405,7 +426,7 @@ async fn check_tokens(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
             .await
         })
     };
-    sleep(Duration::from_millis(100)).await;
+    queued(&raw, &key, "%rw", 2).await;
     b.release(&r).await.map_err(err)?;
     let w = waiter.await.map_err(|e| e.to_string())?.map_err(err)?;
     ensure(
@@ -431,7 +452,11 @@ async fn check_tokens(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
 
 /// Never more than the limit, taken atomically, observed under contention;
 /// a big request at the head is not starved by small later ones.
-async fn check_semaphore_limit(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
+async fn check_semaphore_limit(
+    b: Arc<dyn LockBackend>,
+    raw: Arc<EtcdBackend>,
+    key: LockKey,
+) -> Check {
     let mut held = Vec::new();
     for _ in 0..3 {
         held.push(
@@ -470,8 +495,16 @@ async fn check_semaphore_limit(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
             .await
         })
     };
-    sleep(Duration::from_millis(300)).await;
-    let small = try_kind(&*b, &key, permits(1, 3)).await?;
+    queued(&raw, &key, "%sem", 2).await;
+    // Five tries over 100 ms: all must queue behind the big one.
+    let mut small = None;
+    for _ in 0..5 {
+        small = try_kind(&*b, &key, permits(1, 3)).await?;
+        if small.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(25)).await;
+    }
     if let Some(small) = small {
         b.release(&small).await.map_err(err)?;
         b.release(&two).await.map_err(err)?;
@@ -603,7 +636,7 @@ async fn check_cancel(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockK
             .await
         })
     };
-    sleep(Duration::from_millis(300)).await;
+    queued(&raw, &key, "%rw", 2).await;
     writer.abort();
     let _ = writer.await;
     let cancelled_at = Instant::now();
@@ -639,7 +672,7 @@ async fn check_cancel(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockK
             .await
         })
     };
-    sleep(Duration::from_millis(300)).await;
+    queued(&raw, &key, "%sem", 2).await;
     waiter.abort();
     let _ = waiter.await;
     sleep(Duration::from_millis(300)).await;
@@ -895,7 +928,7 @@ async fn readers_share_and_writers_exclude() {
     check_writer_excluded(b.clone(), key("exclude"))
         .await
         .unwrap();
-    check_writer_preference(b.clone(), key("prefer"))
+    check_writer_preference(b.clone(), real.clone(), key("prefer"))
         .await
         .unwrap();
 
@@ -916,7 +949,12 @@ async fn readers_share_and_writers_exclude() {
     let k = key("prefer-broken");
     shows_failure(
         "writer preference",
-        check_writer_preference(Broken::wrap(real.clone(), Flaw::Polling), k.clone()).await,
+        check_writer_preference(
+            Broken::wrap(real.clone(), Flaw::Polling),
+            real.clone(),
+            k.clone(),
+        )
+        .await,
     )
     .await;
 }
@@ -928,8 +966,12 @@ async fn downgrade_and_tokens() {
     };
     let real = backend(&server).await;
     let b: Arc<dyn LockBackend> = real.clone();
-    check_downgrade(b.clone(), key("downgrade")).await.unwrap();
-    check_tokens(b.clone(), key("tokens")).await.unwrap();
+    check_downgrade(b.clone(), real.clone(), key("downgrade"))
+        .await
+        .unwrap();
+    check_tokens(b.clone(), real.clone(), key("tokens"))
+        .await
+        .unwrap();
 
     // Namespaces: a mutex, a read-write lock and a semaphore of one name
     // are three locks.
@@ -956,14 +998,24 @@ async fn downgrade_and_tokens() {
     let k = key("downgrade-broken");
     shows_failure(
         "downgrade",
-        check_downgrade(Broken::wrap(real.clone(), Flaw::GapDowngrade), k.clone()).await,
+        check_downgrade(
+            Broken::wrap(real.clone(), Flaw::GapDowngrade),
+            real.clone(),
+            k.clone(),
+        )
+        .await,
     )
     .await;
     wipe(&real, &k).await;
     let k = key("tokens-broken");
     shows_failure(
         "tokens",
-        check_tokens(Broken::wrap(real.clone(), Flaw::ReadTokenZero), k.clone()).await,
+        check_tokens(
+            Broken::wrap(real.clone(), Flaw::ReadTokenZero),
+            real.clone(),
+            k.clone(),
+        )
+        .await,
     )
     .await;
 }
@@ -975,7 +1027,7 @@ async fn semaphore_limits() {
     };
     let real = backend(&server).await;
     let b: Arc<dyn LockBackend> = real.clone();
-    check_semaphore_limit(b.clone(), key("limit"))
+    check_semaphore_limit(b.clone(), real.clone(), key("limit"))
         .await
         .unwrap();
     check_limit_mismatch(b.clone(), real.clone(), key("mismatch"))
@@ -985,14 +1037,24 @@ async fn semaphore_limits() {
     let k = key("limit-broken");
     shows_failure(
         "semaphore limit",
-        check_semaphore_limit(Broken::wrap(real.clone(), Flaw::PlusOnePermit), k.clone()).await,
+        check_semaphore_limit(
+            Broken::wrap(real.clone(), Flaw::PlusOnePermit),
+            real.clone(),
+            k.clone(),
+        )
+        .await,
     )
     .await;
     wipe(&real, &k).await;
     let k = key("fifo-broken");
     shows_failure(
         "semaphore FIFO",
-        check_semaphore_limit(Broken::wrap(real.clone(), Flaw::Polling), k.clone()).await,
+        check_semaphore_limit(
+            Broken::wrap(real.clone(), Flaw::Polling),
+            real.clone(),
+            k.clone(),
+        )
+        .await,
     )
     .await;
     wipe(&real, &k).await;
