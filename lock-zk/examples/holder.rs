@@ -1,5 +1,7 @@
 //! A lock-holder process for the crash and pause scenarios of the shared
-//! suite: `holder <url> <key> <ttl ms>` takes the lock, keeps it (the guard
+//! suite: `holder <url> <key> <ttl ms> [kind]` takes the lock (or, with a
+//! kind code `w`, `r` or `p<count>-<limit>`, that grant of the key's
+//! read-write lock or semaphore), keeps it (the guard
 //! renews it) while it lives, and exits with status 76 as soon as it learns
 //! the lock was lost. With `DISTLOCK_TEST_RESOURCE=127.0.0.1:PORT` in its
 //! environment, its work under the lock is to send its fencing token to
@@ -14,9 +16,19 @@ use lock_core::LockClient;
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, key, ttl_ms] = args.as_slice() else {
-        eprintln!("usage: holder <url> <key> <ttl ms>");
-        std::process::exit(2);
+    let (url, key, ttl_ms, kind) = match args.as_slice() {
+        [url, key, ttl_ms] => (url, key, ttl_ms, lock_core::LeaseKind::Exclusive),
+        [url, key, ttl_ms, kind] => match lock_core::LeaseKind::from_code(kind) {
+            Ok(kind) => (url, key, ttl_ms, kind),
+            Err(err) => {
+                eprintln!("{err}");
+                std::process::exit(2);
+            }
+        },
+        _ => {
+            eprintln!("usage: holder <url> <key> <ttl ms> [kind: x, r, w, p<count>-<limit>]");
+            std::process::exit(2);
+        }
     };
     let Ok(ttl_ms) = ttl_ms.parse::<u64>() else {
         eprintln!("bad TTL {ttl_ms:?}");
@@ -30,7 +42,7 @@ async fn main() {
         }
     };
     let guard = match LockClient::new(backend)
-        .lock(key)
+        .lock_kind(key, kind)
         .ttl(Duration::from_millis(ttl_ms))
         .wait(Duration::from_secs(30))
         .acquire()

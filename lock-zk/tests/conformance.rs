@@ -60,6 +60,74 @@ async fn scenarios_on_a_single_server() {
     }
 }
 
+/// The holder scenarios, the partition and the server restart again with
+/// the write side of a read-write lock, and a semaphore of one permit, in
+/// the mutex's place (the holder process takes the same kind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kind_scenarios_on_a_single_server() {
+    let Some(target) = common::deployed("zookeeper").await else {
+        return;
+    };
+    let caps = lock_zk::capabilities();
+    let base = conformance::scenarios::ScenarioEnv {
+        target: Arc::new(target),
+        holder: None,
+        quick: true,
+        ttl: std::time::Duration::from_secs(1),
+    };
+    let kinds = conformance::scenarios::scenario_kinds(&caps);
+    assert_eq!(kinds.len(), 2, "the driver claims both shapes");
+    let mut failed = Vec::new();
+    for kind in kinds {
+        let holder = holder_command_of(&kind.code());
+        let with_holder = holder.is_some();
+        let env = conformance::scenarios::for_kind(&base, kind, holder);
+        for name in conformance::scenarios::KIND_SCENARIOS {
+            if !with_holder && name.starts_with("holder_") {
+                continue;
+            }
+            let report = conformance::scenarios::run_scenario(name, &env).await;
+            println!(
+                "{name}[{}] {:?}: {}",
+                kind.code(),
+                report.verdict,
+                report.detail
+            );
+            if report.fails_run() || report.verdict == conformance::scenarios::Verdict::Skipped {
+                failed.push(format!("{name}[{}]", kind.code()));
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "kind scenarios failed or skipped: {failed:?}"
+    );
+}
+
+/// The `holder` example taking grants of the kind coded `kind`.
+fn holder_command_of(kind: &str) -> Option<conformance::scenarios::HolderCommand> {
+    let exe = std::env::current_exe().ok()?;
+    let holder = exe.parent()?.parent()?.join("examples").join("holder");
+    if !holder.is_file() {
+        eprintln!(
+            "{} is not built: the holder scenarios are skipped (run `cargo test -p lock-zk`)",
+            holder.display()
+        );
+        return None;
+    }
+    let kind = kind.to_owned();
+    Some(Arc::new(
+        move |url: &str, key: &str, ttl: std::time::Duration| {
+            let mut cmd = std::process::Command::new(&holder);
+            cmd.arg(url)
+                .arg(key)
+                .arg(ttl.as_millis().to_string())
+                .arg(&kind);
+            cmd
+        },
+    ))
+}
+
 /// The `holder` example next to this test binary (`target/<profile>/examples`).
 fn holder_command() -> Option<conformance::scenarios::HolderCommand> {
     let exe = std::env::current_exe().ok()?;
