@@ -369,6 +369,13 @@ impl LockRequest<'_> {
         self.kind
             .validate(Operation::Acquire)
             .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
+        // Inside the scope of a guard of this lock: a nested guard, no
+        // second grant (see `reentry`).
+        if let Some(nested) =
+            crate::reentry::find(crate::reentry::backend_id(&backend), &key, self.kind)
+        {
+            return Ok(nested);
+        }
         let lease = if self.kind != LeaseKind::Exclusive {
             let found = if self.wait.is_zero() {
                 backend.try_acquire_kind(&key, self.kind, self.ttl).await?

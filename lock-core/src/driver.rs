@@ -206,7 +206,6 @@ mod tests {
         connect: no_connect,
         floor: None,
         permit_floor: None,
-    permit_floor: None,
         capabilities: None,
     };
 

@@ -241,7 +241,7 @@ impl Shared {
         self.state()
     }
 
-    fn is_held(&self) -> bool {
+    pub(crate) fn is_held(&self) -> bool {
         !self.checked_state().is_terminal()
     }
 
@@ -375,6 +375,46 @@ impl LockGuard {
         self.shared.original().key().clone()
     }
 
+    /// A nested guard over `shared` (see [`crate::reentry`]).
+    pub(crate) fn nested(shared: Arc<Shared>, scheduler: Arc<Scheduler>) -> Self {
+        Self {
+            shared,
+            scheduler,
+            registration: Registration::NESTED,
+        }
+    }
+
+    /// A nested guard for the same grant: same key, token and state, no
+    /// round trip. Releasing or dropping it only ends the nesting; the lock
+    /// stays held until this (outermost) guard ends, and the nested guard
+    /// then reads `Released` (or `Lost` when the lock is lost, at the same
+    /// moment as this guard). See [`crate::reentry`].
+    pub fn reenter(&self) -> LockGuard {
+        Self::nested(self.shared.clone(), self.scheduler.clone())
+    }
+
+    /// Whether this is a nested guard (from [`reenter`](Self::reenter) or
+    /// a request made inside a [`scope`](Self::scope)).
+    pub fn is_nested(&self) -> bool {
+        self.registration == Registration::NESTED
+    }
+
+    /// Runs `work` with this lock in the current task's scope: inside it,
+    /// a request for the same key (same client, same kind, or a read
+    /// request under a write lock) returns a nested guard at once instead
+    /// of asking the backend. Tasks spawned from `work` are not in the
+    /// scope: they wait like any other client.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `work` and ends the scope; the lock stays
+    /// held by this guard.
+    pub async fn scope<F: Future>(&self, work: F) -> F::Output {
+        let backend = crate::reentry::backend_id(self.scheduler.backend());
+        crate::reentry::run_in_scope(backend, self.shared.clone(), self.scheduler.clone(), work)
+            .await
+    }
+
     /// What this guard holds: the mutex, a read or write share, permits.
     pub fn kind(&self) -> LeaseKind {
         self.shared.original().kind()
@@ -407,6 +447,14 @@ impl LockGuard {
         let backend = self.scheduler.backend().clone();
         let key = self.shared.original().key().clone();
         let kind = self.kind();
+        if self.is_nested() {
+            return Err(LockError::invalid_argument(
+                Operation::Downgrade,
+                "a nested guard cannot downgrade: the outermost guard owns the lock",
+            )
+            .with_key(&key)
+            .with_backend(backend.name()));
+        }
         if kind != LeaseKind::Write {
             return Err(LockError::invalid_argument(
                 Operation::Downgrade,
@@ -568,6 +616,11 @@ impl LockGuard {
     /// Dropping this future after it started leaves the release in an
     /// unknown state; the lease expires with its TTL either way.
     pub async fn release(mut self) -> Result<bool, LockError> {
+        if self.is_nested() {
+            // Only the nesting ends: the outermost guard still holds.
+            self.registration = Registration::RELEASED;
+            return Ok(self.shared.is_held());
+        }
         self.scheduler.deregister(self.registration);
         self.registration = Registration::RELEASED;
         let result = self
@@ -582,7 +635,7 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.registration == Registration::RELEASED {
+        if self.registration == Registration::RELEASED || self.is_nested() {
             return;
         }
         self.scheduler.deregister(self.registration);

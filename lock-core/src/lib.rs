@@ -84,6 +84,7 @@ mod memory;
 mod migration;
 mod options;
 mod redact;
+pub mod reentry;
 mod renew_many;
 mod runtime;
 mod scheduler;

@@ -165,6 +165,13 @@ impl Registration {
         slot: u32::MAX,
         generation: u32::MAX,
     };
+
+    /// A nested guard (see `reentry`): a view of another guard's grant,
+    /// with nothing registered and nothing to release.
+    pub(crate) const NESTED: Self = Self {
+        slot: u32::MAX,
+        generation: u32::MAX - 1,
+    };
 }
 
 const NO_SESSION: u32 = u32::MAX;

@@ -1,0 +1,179 @@
+//! Reentrancy by scope: nested guards share the outer grant, cost no
+//! round trip, never leak to other tasks, and see `Lost` with the outer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, Lease, LeaseKind, LockBackend, LockClient, LockError, LockInfo, LockKey,
+    LockState, MemoryBackend,
+};
+use tokio::time::Instant;
+
+/// The memory service, counting the grant requests that reach it.
+#[derive(Debug)]
+struct Counting {
+    inner: MemoryBackend,
+    grants: AtomicUsize,
+}
+
+#[async_trait]
+impl LockBackend for Counting {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.grants.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.grants.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire(key, ttl, deadline).await
+    }
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        self.grants.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire_kind(key, kind, ttl).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.inner.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+fn counting() -> (LockClient, Arc<Counting>) {
+    let backend = Arc::new(Counting {
+        inner: MemoryBackend::new(),
+        grants: AtomicUsize::new(0),
+    });
+    (LockClient::from_arc(backend.clone()), backend)
+}
+
+#[tokio::test]
+async fn nested_guards_share_the_grant_and_the_outer_one_releases() {
+    let (client, backend) = counting();
+    let outer = client.lock("k").acquire().await.unwrap();
+    let inner = outer.reenter();
+    assert!(inner.is_nested() && !outer.is_nested());
+    assert_eq!(inner.token(), outer.token());
+    assert_eq!(backend.grants.load(Ordering::SeqCst), 1);
+    // Ending the nesting keeps the lock.
+    assert!(inner.release().await.unwrap());
+    assert!(outer.is_held());
+    assert!(client.lock("k").try_acquire().await.unwrap().is_none());
+    let inner = outer.reenter();
+    drop(outer);
+    assert_eq!(inner.state(), LockState::Released);
+    assert!(!inner.is_held());
+    // The outer guard's drop released in the background.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(client.lock("k").try_acquire().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn inside_a_scope_the_same_lock_is_nested_and_free_of_round_trips() {
+    let (client, backend) = counting();
+    let outer = client.lock("k").acquire().await.unwrap();
+    let before = backend.grants.load(Ordering::SeqCst);
+    let token = outer.token();
+    let c = client.clone();
+    let (nested_token, nested, spawned) = outer
+        .scope(async move {
+            let again = c.lock("k").acquire().await.unwrap();
+            // Deeper still, and a nested scope.
+            let deeper = again
+                .scope(async { c.lock("k").acquire().await.unwrap() })
+                .await;
+            assert!(deeper.is_nested());
+            // Another task is not in the scope: it waits like anyone.
+            let c2 = c.clone();
+            let spawned = tokio::spawn(async move { c2.lock("k").try_acquire().await })
+                .await
+                .unwrap()
+                .unwrap();
+            (again.token(), again.is_nested(), spawned.is_some())
+        })
+        .await;
+    assert_eq!(nested_token, token);
+    assert!(nested);
+    assert!(!spawned, "a task spawned inside the scope got the lock");
+    // Only the spawned task's try reached the backend.
+    assert_eq!(backend.grants.load(Ordering::SeqCst), before + 1);
+    // Outside the scope, asking again is a real request (and is refused).
+    assert!(client.lock("k").try_acquire().await.unwrap().is_none());
+    // Another key inside the scope is a real grant.
+    let c = client.clone();
+    let other = outer
+        .scope(async move { c.lock("other").acquire().await.unwrap() })
+        .await;
+    assert!(!other.is_nested());
+    other.release().await.unwrap();
+    outer.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_read_under_a_write_scope_is_nested_a_write_under_a_read_is_not() {
+    let client = LockClient::new(MemoryBackend::new());
+    let write = client.write_lock("doc").acquire().await.unwrap();
+    let c = client.clone();
+    let read = write
+        .scope(async move { c.read_lock("doc").acquire().await.unwrap() })
+        .await;
+    assert!(read.is_nested());
+    assert!(read.downgrade_is_refused().await);
+    write.release().await.unwrap();
+    let read = client.read_lock("doc").acquire().await.unwrap();
+    let c = client.clone();
+    let refused = read
+        .scope(async move { c.write_lock("doc").try_acquire().await.unwrap() })
+        .await;
+    assert!(refused.is_none(), "a write was nested under a read");
+    read.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn lost_reaches_every_nested_guard_at_once() {
+    let client = LockClient::new(MemoryBackend::new());
+    let outer = client
+        .lock("k")
+        .ttl(Duration::from_millis(200))
+        .no_renewal()
+        .acquire()
+        .await
+        .unwrap();
+    let inner = outer.reenter();
+    let deeper = inner.reenter();
+    let (a, b, c) = tokio::join!(outer.lost(), inner.lost(), deeper.lost());
+    assert_eq!(a, b);
+    assert_eq!(b, c);
+    assert!(matches!(deeper.state(), LockState::Lost(_)));
+}
+
+trait RefusesDowngrade {
+    async fn downgrade_is_refused(self) -> bool;
+}
+
+impl RefusesDowngrade for lock_core::LockGuard {
+    async fn downgrade_is_refused(mut self) -> bool {
+        self.downgrade().await.is_err()
+    }
+}
