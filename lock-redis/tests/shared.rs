@@ -70,6 +70,24 @@ async fn take(b: &dyn LockBackend, k: &LockKey, kind: LeaseKind) -> Result<Optio
 
 // ---------------------------------------------------------------- checks
 
+/// Whether tries of `kind` start being refused within 2 s (a waiter just
+/// spawned needs a moment to queue; a try that got in before it did is
+/// released at once and tried again).
+async fn refused_soon(b: &dyn LockBackend, k: &LockKey, kind: LeaseKind) -> Result<bool, String> {
+    let start = Instant::now();
+    sleep(Duration::from_millis(50)).await;
+    while start.elapsed() < Duration::from_secs(2) {
+        match take(b, k, kind).await? {
+            None => return Ok(true),
+            Some(lease) => {
+                b.release(&lease).await.map_err(|e| e.to_string())?;
+            }
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    Ok(false)
+}
+
 /// A writer excludes readers and writers; readers share; read tokens are
 /// the latest write token; write tokens exceed every earlier grant.
 async fn check_rw_basics(b: &dyn LockBackend, k: &LockKey) -> Check {
@@ -206,9 +224,7 @@ async fn check_writer_preference(b: Arc<dyn LockBackend>, k: &LockKey) -> Check 
         let (b, k) = (b.clone(), k.clone());
         tokio::spawn(async move { b.acquire_kind(&k, LeaseKind::Write, TTL, soon(4_000)).await })
     };
-    sleep(Duration::from_millis(200)).await;
-    if let Some(late) = take(&*b, k, LeaseKind::Read).await? {
-        b.release(&late).await.map_err(|e| e.to_string())?;
+    if !refused_soon(&*b, k, LeaseKind::Read).await? {
         b.release(&reader).await.map_err(|e| e.to_string())?;
         let _ = writer.await;
         return Err("a new reader got in while a writer was waiting".into());
@@ -362,9 +378,7 @@ async fn check_semaphore_fifo(b: Arc<dyn LockBackend>, k: &LockKey) -> Check {
         let (b, k) = (b.clone(), k.clone());
         tokio::spawn(async move { b.acquire_kind(&k, permits(3, 3), TTL, soon(4_000)).await })
     };
-    sleep(Duration::from_millis(200)).await;
-    if let Some(small) = take(&*b, k, permits(1, 3)).await? {
-        b.release(&small).await.map_err(|e| e.to_string())?;
+    if !refused_soon(&*b, k, permits(1, 3)).await? {
         b.release(&two).await.map_err(|e| e.to_string())?;
         let _ = big.await;
         return Err("a later request for 1 permit overtook a waiting request for 3".into());
