@@ -871,7 +871,12 @@ impl EtcdBackend {
             )]);
         match self.txn(op, txn).await {
             Ok(response) if response.succeeded() => {}
-            Ok(_) => return Err(not_held("the write lease's entry is gone or changed")),
+            Ok(_) => {
+                if let Some(session) = &session {
+                    session.unmark_held(&entry, revision, lease.owner());
+                }
+                return Err(not_held("the write lease's entry is gone or changed"));
+            }
             Err(err) => {
                 // Unknown outcome: neither lease may be trusted; the entry
                 // is deleted (or expires with its TTL).

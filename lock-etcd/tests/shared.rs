@@ -973,6 +973,42 @@ async fn downgrade_and_tokens() {
         .await
         .unwrap();
 
+    // Downgrade refuses a read lease, and a write lease whose entry was
+    // deleted behind its back (which is then dead for renew too).
+    let k = key("downgrade-refused");
+    let read = b
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        b.downgrade(&read).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    assert!(b.release(&read).await.unwrap());
+    let write = b
+        .try_acquire_kind(&k, LeaseKind::Write, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    real.client()
+        .kv_client()
+        .delete(
+            format!("{PREFIX}/{}%rw/", k.as_str()),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        b.downgrade(&write).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    assert_eq!(
+        b.renew(&write).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    assert!(!b.release(&write).await.unwrap());
+
     // Namespaces: a mutex, a read-write lock and a semaphore of one name
     // are three locks.
     let k = key("namespaces");
