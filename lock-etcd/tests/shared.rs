@@ -1304,3 +1304,95 @@ async fn stalled_holder_share_expires_with_its_ttl() {
         .await
         .unwrap();
 }
+
+/// Readers, writers and permit holders contend on a 3-member cluster while
+/// the leader is killed and restarted: the history checker (kind-aware)
+/// finds no writer beside anyone, no semaphore over its limit, tokens as
+/// documented, and grants continue after the fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_contention_survives_leader_kill_and_restart() {
+    use conformance::history::{History, Op};
+    use std::sync::atomic::AtomicBool;
+    let Some(mut server) = EtcdServer::start_cluster(3).await.or_skip() else {
+        return;
+    };
+    let clients = [backend(&server).await, backend(&server).await];
+    let rw = key("chaos-rw");
+    let sem = key("chaos-sem");
+    let history = Arc::new(History::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let last_grant = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let mut tasks = Vec::new();
+    for t in 0..8usize {
+        let backend = clients[t % 2].clone();
+        let rec = history.process();
+        let (stop, last_grant) = (stop.clone(), last_grant.clone());
+        let (key, kind) = match t {
+            0 | 1 => (rw.clone(), LeaseKind::Write),
+            2..=4 => (rw.clone(), LeaseKind::Read),
+            _ => (sem.clone(), permits(1 + u32::from(t == 7), 2)),
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut grants = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                rec.invoke(Op::Acquire, &key, None);
+                let lease = match backend
+                    .acquire_kind(&key, kind, TTL, Instant::now() + Duration::from_secs(10))
+                    .await
+                {
+                    Ok(lease) => lease,
+                    Err(_) => {
+                        rec.failed(Op::Acquire, &key, None);
+                        sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                rec.acquired_kind(&key, kind, lease.token(), lease.validity_deadline());
+                grants += 1;
+                *last_grant.lock().unwrap() = Some(Instant::now());
+                sleep(Duration::from_millis(5)).await;
+                rec.invoke(Op::Release, &key, Some(lease.token()));
+                match backend.release(&lease).await {
+                    Ok(held) => rec.released(&key, lease.token(), held),
+                    Err(_) => rec.failed(Op::Release, &key, Some(lease.token())),
+                }
+            }
+            grants
+        }));
+    }
+    sleep(Duration::from_secs(1)).await;
+    let leader = server.wait_leader(Duration::from_secs(10)).await.unwrap();
+    server.kill(leader).unwrap();
+    sleep(Duration::from_secs(2)).await;
+    server.restart(leader).await.unwrap();
+    let restarted_at = Instant::now();
+    let patience = Instant::now() + Duration::from_secs(15);
+    sleep(Duration::from_secs(1)).await;
+    while last_grant
+        .lock()
+        .unwrap()
+        .is_none_or(|at| at <= restarted_at)
+        && Instant::now() < patience
+    {
+        sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut grants = 0;
+    for task in tasks {
+        grants += task.await.unwrap();
+    }
+    let report = history.check();
+    println!("shared contention with a leader kill: {}", report.summary());
+    assert!(report.is_exclusive(), "{}", report.summary());
+    assert!(report.is_safe_with_fencing(), "{}", report.summary());
+    assert!(report.max_concurrent_readers >= 2, "{}", report.summary());
+    assert!(report.max_permits_held <= 2, "{}", report.summary());
+    assert!(
+        last_grant
+            .lock()
+            .unwrap()
+            .is_some_and(|at| at > restarted_at),
+        "no grant after the leader came back"
+    );
+    assert!(grants > 50, "only {grants} grants");
+}
