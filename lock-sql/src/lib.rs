@@ -135,6 +135,77 @@
 //!   otherwise); nothing stays queued or held.
 //! - SQLite has no server session: `mode=session` is a Config error.
 //!
+//! # Read-write locks and semaphores (row mode)
+//!
+//! [`LeaseKind::Read`](lock_core::LeaseKind::Read), `Write` and `Permits`
+//! grants ([`LockBackend::try_acquire_kind`](lock_core::LockBackend::try_acquire_kind)
+//! and friends, `client.read_lock(k)` / `write_lock(k)` / `semaphore(k, n)`)
+//! live in three more tables next to the lease table `t` (created and
+//! listed by [`SqlBackend::schema_sql`] with it; names are `t` with a
+//! suffix on its last part):
+//!
+//! | table | columns | role |
+//! |---|---|---|
+//! | `t_keys` | `name`, `shape` (`rwlock` / `semaphore`), `token`, `epoch`; key (`name`, `shape`) | per key and shape: the fencing counter (last write or permit token) and the epoch (last write token); never deleted |
+//! | `t_holders` | `name`, `shape`, `owner`, `kind` (`r`, `w`, `p<count>-<limit>`), `cnt`, `lim`, `token`, `expires_at`; key (`name`, `shape`, `owner`) | one row per lease |
+//! | `t_waiters` | `id` (database sequence / auto-increment), `name`, `shape`, `owner`, `kind`, `cnt`, `lim`, `expires_at`; index (`name`, `shape`, `id`) | one row per waiting acquire, in arrival order |
+//!
+//! A mutex, a read-write lock and a semaphore of one key are three
+//! different locks (the mutex is the lease table's row; the other two
+//! differ by `shape`).
+//!
+//! - **One transaction per grant decision**, serialised per key and shape
+//!   by locking the key's `t_keys` row first (PostgreSQL `INSERT .. ON
+//!   CONFLICT DO UPDATE`, MySQL/MariaDB `INSERT .. ON DUPLICATE KEY UPDATE`
+//!   then `SELECT .. FOR UPDATE`, SQLite `BEGIN IMMEDIATE`), which also
+//!   bumps the counter for a write or permit attempt; then one read of the
+//!   key's holders and waiters. An expired holder row is deleted by the
+//!   decision that counted it as gone, by its owner; when that deletes
+//!   nothing (a renewal committed in between) the transaction is rolled
+//!   back and decided again, so a renewal never revives a share another
+//!   grant was given.
+//! - **Read**: granted when no live writer holds the key and no live writer
+//!   waits ahead of it (writer preference: once a writer waits, new readers
+//!   queue behind it). **Write**: granted when nobody holds the key and
+//!   nobody waits ahead. **Permits** `{count, limit}`: granted when the live
+//!   holders' counts plus `count` fit `limit` and nobody waits ahead (FIFO:
+//!   a big request at the head is not overtaken). A request whose limit
+//!   differs from a live holder's or waiter's is
+//!   [`ErrorKind::InvalidArgument`](lock_core::ErrorKind::InvalidArgument);
+//!   an idle semaphore takes any limit.
+//! - **Tokens** ([`FencingScope::PerKey`](lock_core::FencingScope::PerKey),
+//!   per key and shape): a write or permit grant gets `token + 1` of the
+//!   key's counter (strictly greater than every earlier grant of the key
+//!   and shape, reads included); a write grant also sets the epoch to it; a
+//!   read grant carries the epoch (0 before the first write). A downgraded
+//!   writer keeps its token.
+//! - **Expiry** by the database clock, as for the mutex (SQLite: the host's
+//!   clock as SQLite reads it, `julianday('now')`, millisecond precision).
+//!   A crashed holder's share comes back when its row's `expires_at`
+//!   passes; nothing else frees it.
+//! - **Waiting** (`acquire_kind`): the first refused attempt inserts the
+//!   waiter row in its own transaction (queued from that instant), each
+//!   later attempt refreshes its `expires_at` (the request's TTL; attempts
+//!   come at least every TTL/3); granted, the row is deleted in the grant's
+//!   transaction; at the deadline it is deleted before `Contended` is
+//!   returned; a dropped acquire deletes it in the background (a waiter that
+//!   dies stops counting when its row expires). Waiters are woken as the
+//!   mutex's: PostgreSQL `NOTIFY` from the release, downgrade and
+//!   withdrawal statements (plus the `recheck` interval), elsewhere polling
+//!   with backoff and the process's own wake-ups.
+//! - **Downgrade**: one `UPDATE` turns our live `w` row into an `r` row
+//!   (same owner, token, expiry): no instant without a holder. The write
+//!   lease no longer renews or releases afterwards.
+//! - **Renew / release** of these leases: one statement each, guarded by
+//!   key, shape, owner, token and kind, like the mutex's;
+//!   `renew_many` renews mutex leases in batches and these one by one.
+//! - Round trips of an uncontended grant: BEGIN, the key row (MySQL: 2),
+//!   the holders and waiters, the holder row, COMMIT: 5 on PostgreSQL and
+//!   SQLite (6 on MySQL), one more for a write (its epoch); a refused try
+//!   4; release, renew and downgrade 1. The mutex path is unchanged.
+//! - **Session mode** ([`SqlSessionBackend`]) has neither kind:
+//!   `ErrorKind::Unsupported`.
+//!
 //! # Capability checklist
 //!
 //! - [x] fencing tokens, per key, strictly increasing ([`FencingScope::PerKey`](lock_core::FencingScope::PerKey))
@@ -142,8 +213,9 @@
 //! - [x] expiry by the database clock (SQLite: host clock)
 //! - [x] notified waiting on PostgreSQL; polling with backoff elsewhere
 //! - [x] fenced writes to your own tables in the same database ([`SqlFence`])
-//! - [ ] FIFO waiting (waiters race; no queue)
-//! - [ ] shared (read-write) locks, semaphores
+//! - [ ] FIFO waiting for the mutex (waiters race; no queue)
+//! - [x] read-write locks (writer preference, downgrade) and semaphores
+//!   (FIFO waiters) in row mode, on all three databases; not in session mode
 //!
 //! # Caveats
 //!

@@ -34,6 +34,20 @@ pub(crate) type Renewed = HashSet<(String, String, i64)>;
 /// The current unexpired holder: (owner, token, remaining µs).
 pub(crate) type Holder = (Option<String>, i64, i64);
 
+/// The quoted names of the shared tables of one lease table.
+#[derive(Debug)]
+pub(crate) struct SharedNames {
+    /// `t_keys`, `t_holders`, `t_waiters`, schema-qualified when `t` is.
+    pub(crate) keys: String,
+    pub(crate) holders: String,
+    pub(crate) waiters: String,
+    /// The waiters table's last part alone.
+    pub(crate) waiters_unqualified: String,
+    /// The waiters' index: its name alone, and schema-qualified.
+    pub(crate) index: String,
+    pub(crate) index_qualified: String,
+}
+
 /// One database's SQL text and behaviours.
 ///
 /// Every value is bound; the only text spliced into SQL is the validated,
@@ -168,9 +182,8 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// The microseconds `expires_at` is ahead of now (a `BIGINT`).
     fn left_micros(&self) -> &'static str;
 
-    /// The shared tables (`keys`, `holders`, `waiters` quoted; `index`
-    /// unqualified and quoted): `CREATE .. IF NOT EXISTS` statements.
-    fn shared_schema(&self, keys: &str, holders: &str, waiters: &str, index: &str) -> Vec<String>;
+    /// The shared tables' `CREATE .. IF NOT EXISTS` statements.
+    fn shared_schema(&self, names: &SharedNames) -> Vec<String>;
 
     /// Opens a grant transaction (SQLite: `BEGIN IMMEDIATE`, so the
     /// transaction holds the file's write lock from its start).
@@ -178,16 +191,11 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         "BEGIN"
     }
 
-    /// Makes sure the key's counter row exists and locks it for the
-    /// transaction; the last statement returns `(token, epoch)`. Binds:
-    /// name, shape (each statement).
+    /// Makes sure the key's counter row exists, locks it for the
+    /// transaction and adds a bump to its counter; the last statement
+    /// returns `(token, epoch)`. Binds: name, shape, bump (the first
+    /// statement), name, shape (the others).
     fn lock_key_sql(&self, keys: &str) -> Vec<String>;
-
-    /// The row-locking suffix of a `SELECT` inside a grant transaction
-    /// (none on SQLite, whose transaction holds the file's write lock).
-    fn for_update(&self) -> &'static str {
-        " FOR UPDATE"
-    }
 
     /// Inserts a waiter row; the last statement returns its id. Binds: name,
     /// shape, owner, kind, count, limit, TTL µs (first statement).

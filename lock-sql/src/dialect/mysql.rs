@@ -13,7 +13,8 @@ use async_trait::async_trait;
 use lock_core::{Lease, LockError, LockKey};
 
 use super::{
-    Dialect, Holder, Renewed, bad_option, micros, spliced_batch, text, token_of, wrong_conn,
+    Dialect, Holder, Renewed, SharedNames, bad_option, micros, spliced_batch, text, token_of,
+    wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
@@ -241,7 +242,8 @@ impl Dialect for MySql {
         "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)"
     }
 
-    fn shared_schema(&self, keys: &str, holders: &str, waiters: &str, index: &str) -> Vec<String> {
+    fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
+        let (keys, holders, waiters) = (&names.keys, &names.holders, &names.waiters);
         vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {keys} (\
@@ -264,18 +266,19 @@ impl Dialect for MySql {
                  owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
                  cnt BIGINT NOT NULL, lim BIGINT NOT NULL, \
                  expires_at DATETIME(6) NOT NULL, \
-                 INDEX {index} (name, shape, id)) ENGINE=InnoDB"
+                 INDEX {} (name, shape, id)) ENGINE=InnoDB",
+                names.index
             ),
         ]
     }
 
-    /// The upsert takes the row's exclusive lock; the locking read returns
-    /// the latest committed values.
+    /// The upsert takes the row's exclusive lock and bumps the counter; the
+    /// locking read returns the latest committed values.
     fn lock_key_sql(&self, keys: &str) -> Vec<String> {
         vec![
             format!(
-                "INSERT INTO {keys} (name, shape, token, epoch) VALUES (?, ?, 0, 0) \
-                 ON DUPLICATE KEY UPDATE token = token"
+                "INSERT INTO {keys} (name, shape, token, epoch) VALUES (?, ?, ?, 0) \
+                 ON DUPLICATE KEY UPDATE token = token + VALUES(token)"
             ),
             format!("SELECT token, epoch FROM {keys} WHERE name = ? AND shape = ? FOR UPDATE"),
         ]

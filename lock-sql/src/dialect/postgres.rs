@@ -10,7 +10,9 @@ use async_trait::async_trait;
 use lock_core::{Lease, LockError, LockKey};
 use sqlx::Row;
 
-use super::{Dialect, Holder, Renewed, bad_option, micros, text, token_of, wrong_conn};
+use super::{
+    Dialect, Holder, Renewed, SharedNames, bad_option, micros, text, token_of, wrong_conn,
+};
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
 use crate::sql::Statements;
@@ -231,7 +233,8 @@ impl Dialect for Postgres {
         "CAST(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000 AS BIGINT)"
     }
 
-    fn shared_schema(&self, keys: &str, holders: &str, waiters: &str, index: &str) -> Vec<String> {
+    fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
+        let (keys, holders, waiters) = (&names.keys, &names.holders, &names.waiters);
         vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {keys} (\
@@ -255,15 +258,18 @@ impl Dialect for Postgres {
                  cnt BIGINT NOT NULL, lim BIGINT NOT NULL, \
                  expires_at TIMESTAMPTZ NOT NULL)"
             ),
-            format!("CREATE INDEX IF NOT EXISTS {index} ON {waiters} (name, shape, id)"),
+            format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {waiters} (name, shape, id)",
+                names.index
+            ),
         ]
     }
 
-    /// `DO UPDATE` locks the row (a no-op update), in one round trip.
+    /// `DO UPDATE` locks the row and bumps the counter, in one round trip.
     fn lock_key_sql(&self, keys: &str) -> Vec<String> {
         vec![format!(
-            "INSERT INTO {keys} AS k (name, shape, token, epoch) VALUES ($1, $2, 0, 0) \
-             ON CONFLICT (name, shape) DO UPDATE SET token = k.token \
+            "INSERT INTO {keys} AS k (name, shape, token, epoch) VALUES ($1, $2, $3, 0) \
+             ON CONFLICT (name, shape) DO UPDATE SET token = k.token + excluded.token \
              RETURNING token, epoch"
         )]
     }

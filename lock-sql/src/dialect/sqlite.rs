@@ -11,7 +11,8 @@ use lock_core::{Lease, LockError, LockKey};
 use sqlx::Row;
 
 use super::{
-    Dialect, Holder, Renewed, bad_option, micros, spliced_batch, text, token_of, wrong_conn,
+    Dialect, Holder, Renewed, SharedNames, bad_option, micros, spliced_batch, text, token_of,
+    wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
@@ -282,7 +283,8 @@ impl Dialect for Sqlite {
         SQLITE_LEFT
     }
 
-    fn shared_schema(&self, keys: &str, holders: &str, waiters: &str, index: &str) -> Vec<String> {
+    fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
+        let (keys, holders, waiters) = (&names.keys, &names.holders, &names.waiters);
         vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {keys} (\
@@ -307,7 +309,11 @@ impl Dialect for Sqlite {
                  cnt INTEGER NOT NULL, lim INTEGER NOT NULL, \
                  expires_at INTEGER NOT NULL)"
             ),
-            format!("CREATE INDEX IF NOT EXISTS {index} ON {waiters} (name, shape, id)"),
+            // SQLite qualifies the index's name, not its table's.
+            format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {} (name, shape, id)",
+                names.index_qualified, names.waiters_unqualified
+            ),
         ]
     }
 
@@ -317,14 +323,10 @@ impl Dialect for Sqlite {
 
     fn lock_key_sql(&self, keys: &str) -> Vec<String> {
         vec![format!(
-            "INSERT INTO {keys} AS k (name, shape, token, epoch) VALUES (?1, ?2, 0, 0) \
-             ON CONFLICT (name, shape) DO UPDATE SET token = k.token \
+            "INSERT INTO {keys} AS k (name, shape, token, epoch) VALUES (?1, ?2, ?3, 0) \
+             ON CONFLICT (name, shape) DO UPDATE SET token = k.token + excluded.token \
              RETURNING token, epoch"
         )]
-    }
-
-    fn for_update(&self) -> &'static str {
-        ""
     }
 
     fn insert_waiter_sql(&self, waiters: &str) -> Vec<String> {

@@ -42,7 +42,7 @@ use lock_core::{
 };
 use tokio::time::Instant;
 
-use self::run::{Bind, Value, execute, fetch};
+use self::run::{Bind, execute, fetch};
 use crate::conn::DbConn;
 use crate::dialect::{micros, token_of};
 use crate::driver::{MIN_TTL, NAME, SqlBackend};
@@ -57,6 +57,9 @@ pub(crate) enum Outcome {
     Queued(Option<i64>),
     /// The semaphore is in use with another limit.
     Mismatch(i64),
+    /// A holder row counted as expired was renewed meanwhile: rolled
+    /// back, to be decided again.
+    Retry,
 }
 
 /// A holder row as the grant reads it.
@@ -132,46 +135,56 @@ impl SqlBackend {
         let sql = &self.inner().shared;
         let (name, shape) = (key.as_str(), kind.shape().as_str());
         let by_key = [Bind::Text(name), Bind::Text(shape)];
+        // Write and permit attempts bump the counter with the lock (a
+        // refused attempt only skips a number: tokens still grow).
+        let bump = i64::from(kind != LeaseKind::Read);
         let mut counter_row = None;
         for (i, statement) in sql.lock_key.iter().enumerate() {
+            let first = [Bind::Text(name), Bind::Text(shape), Bind::Int(bump)];
+            let binds: &[Bind<'_>] = if i == 0 { &first } else { &by_key };
             if i + 1 == sql.lock_key.len() {
-                counter_row = fetch(conn, statement, &by_key, "ii")
+                counter_row = fetch(conn, statement, binds, "ii")
                     .await?
                     .into_iter()
                     .next();
             } else {
-                execute(conn, statement, &by_key).await?;
+                execute(conn, statement, binds).await?;
             }
         }
         let counter_row = counter_row
             .ok_or_else(|| sqlx::Error::Protocol("the key's counter row is missing".into()))?;
         let (counter, epoch) = (counter_row[0].int(), counter_row[1].int());
-        let holders: Vec<HolderRow> = fetch(conn, &sql.holders_locked, &by_key, "ttiiii")
-            .await?
-            .into_iter()
-            .map(|r: Vec<Value>| HolderRow {
-                owner: r[0].text().to_owned(),
-                code: r[1].text().to_owned(),
-                count: r[2].int(),
-                limit: r[3].int(),
-                token: r[4].int(),
-                live: r[5].int() == 1,
-            })
-            .collect();
-        let waiters: Vec<WaiterRow> = fetch(conn, &sql.waiters, &by_key, "itiii")
-            .await?
-            .into_iter()
-            .map(|r: Vec<Value>| WaiterRow {
-                id: r[0].int(),
-                code: r[1].text().to_owned(),
-                limit: r[3].int(),
-                live: r[4].int() == 1,
-            })
-            .collect();
-        // Expired rows are deleted by the transaction that counted them as
-        // gone: a renewal of one of them then finds nothing.
-        if holders.iter().any(|h| !h.live) {
-            execute(conn, &sql.purge_holders, &by_key).await?;
+        let state_binds = [by_key[0], by_key[1], by_key[0], by_key[1]];
+        let mut holders = Vec::new();
+        let mut waiters = Vec::new();
+        for r in fetch(conn, &sql.state, &state_binds, "ittiiii").await? {
+            if r[0].int() == 0 {
+                holders.push(HolderRow {
+                    owner: r[1].text().to_owned(),
+                    code: r[2].text().to_owned(),
+                    count: r[3].int(),
+                    limit: r[4].int(),
+                    token: r[5].int(),
+                    live: r[6].int() == 1,
+                });
+            } else {
+                waiters.push(WaiterRow {
+                    id: r[5].int(),
+                    code: r[2].text().to_owned(),
+                    limit: r[4].int(),
+                    live: r[6].int() == 1,
+                });
+            }
+        }
+        waiters.sort_by_key(|w| w.id);
+        // An expired holder is deleted by the decision that counts it as
+        // gone, exactly that row: when it is not deleted, a renewal got in
+        // between, and the decision starts again on what is there now.
+        for dead in holders.iter().filter(|h| !h.live) {
+            let binds = [by_key[0], by_key[1], Bind::Text(&dead.owner)];
+            if execute(conn, &sql.purge_holder, &binds).await? != 1 {
+                return Ok(Outcome::Retry);
+            }
         }
         if waiters.iter().any(|w| !w.live) {
             execute(conn, &sql.purge_waiters, &by_key).await?;
@@ -204,22 +217,12 @@ impl SqlBackend {
         if grantable(kind, &live, &earlier) {
             let token = match kind {
                 LeaseKind::Read => epoch,
-                _ => {
-                    let token = counter + 1;
-                    let epoch = if kind == LeaseKind::Write {
-                        token
-                    } else {
-                        epoch
-                    };
-                    let binds = [
-                        Bind::Int(token),
-                        Bind::Int(epoch),
-                        Bind::Text(name),
-                        Bind::Text(shape),
-                    ];
-                    execute(conn, &sql.set_counter, &binds).await?;
-                    token
+                LeaseKind::Write => {
+                    let binds = [Bind::Int(counter), Bind::Text(name), Bind::Text(shape)];
+                    execute(conn, &sql.set_epoch, &binds).await?;
+                    counter
                 }
+                _ => counter,
             };
             let code = kind.code();
             let binds = [
@@ -302,6 +305,10 @@ impl SqlBackend {
             .decide(conn, key, kind, owner, ttl, waiter, register)
             .await
         {
+            Ok(Outcome::Retry) => {
+                execute(conn, &sql.rollback, &[]).await?;
+                Ok(Outcome::Retry)
+            }
             Ok(outcome) => {
                 execute(conn, &sql.commit, &[]).await?;
                 Ok(outcome)
@@ -346,6 +353,7 @@ impl SqlBackend {
                     continue;
                 }
                 match result {
+                    Ok(Outcome::Retry) if conflicts < 5 => conflicts += 1,
                     Err(err) if is_conflict(&err) && conflicts < 5 => {
                         conflicts += 1;
                         tokio::time::sleep(lock_core::random_delay(Duration::from_millis(5))).await;
@@ -417,7 +425,8 @@ impl SqlBackend {
                 .share_lease(key, kind, owner, token, ttl, sent_at)
                 .await
                 .map(Some),
-            Outcome::Queued(_) => Ok(None),
+            // Retry: its holders kept renewing at their expiry: held.
+            Outcome::Queued(_) | Outcome::Retry => Ok(None),
             Outcome::Mismatch(in_use) => Err(Self::mismatch(key, kind, in_use, operation)),
         }
     }
@@ -462,6 +471,8 @@ impl SqlBackend {
                         .await;
                 }
                 Outcome::Queued(id) => queued.id = id,
+                // Its holders kept renewing at their expiry: still queued.
+                Outcome::Retry => {}
                 Outcome::Mismatch(in_use) => {
                     queued.withdraw().await;
                     return Err(Self::mismatch(key, kind, in_use, operation));

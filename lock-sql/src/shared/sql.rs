@@ -5,16 +5,15 @@
 //!   its placeholders once each, in the order they appear;
 //! - `{now}`: now on the database's clock;
 //! - `{exp}`: now plus a TTL in µs (the next placeholder);
-//! - `{left}`: the µs `expires_at` is ahead of now;
-//! - `{lock}`: the row-locking suffix of a `SELECT` in a grant transaction.
+//! - `{left}`: the µs `expires_at` is ahead of now.
 //!
 //! Tables (names derived from the validated lease table name `t`):
 //!
-//! - `t_keys (name, shape, token, epoch)`: per key and shape, the last
-//!   write/permit token (`token`, the fencing counter) and the last write
-//!   token (`epoch`, what readers carry). Never deleted, so tokens of a
-//!   key only grow. Locked by every grant transaction of the key: the
-//!   grant decisions of one key and shape are serialised.
+//! - `t_keys (name, shape, token, epoch)`: per key and shape, the fencing
+//!   counter (`token`, bumped by every write or permit attempt) and the
+//!   last write token (`epoch`, what readers carry). Never deleted, so
+//!   tokens of a key only grow. Locked by every grant transaction of the
+//!   key: the grant decisions of one key and shape are serialised.
 //! - `t_holders (name, shape, owner, kind, cnt, lim, token, expires_at)`:
 //!   one row per lease; live while `expires_at` is ahead of the database's
 //!   clock.
@@ -24,7 +23,7 @@
 
 use std::sync::Arc;
 
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, SharedNames};
 use crate::sql::quote_with;
 
 /// Spells the tokens of `template` for `dialect`.
@@ -49,7 +48,6 @@ pub(crate) fn render(dialect: &dyn Dialect, template: &str) -> String {
                 out.push_str(&dialect.plus_micros(&micros));
             }
             "{left}" => out.push_str(dialect.left_micros()),
-            "{lock}" => out.push_str(dialect.for_update()),
             other => out.push_str(other),
         }
         rest = &after[end..];
@@ -66,18 +64,22 @@ pub(crate) struct SharedSql {
     pub(crate) begin: Arc<str>,
     pub(crate) commit: Arc<str>,
     pub(crate) rollback: Arc<str>,
-    /// Creates and locks the key's counter row; the last returns
-    /// `(token, epoch)`.
+    /// Creates and locks the key's counter row, adding the bump (1 for a
+    /// write or permit attempt, 0 for a read) to its counter; the last
+    /// returns `(token, epoch)`. Binds name, shape, bump (the first), name,
+    /// shape (the others).
     pub(crate) lock_key: Vec<Arc<str>>,
-    /// The key's holders, locked: `(owner, kind, cnt, lim, token, live)`.
-    pub(crate) holders_locked: Arc<str>,
-    /// The key's waiters in arrival order: `(id, kind, cnt, lim, live)`.
-    pub(crate) waiters: Arc<str>,
-    /// Deletes the key's expired holders / waiters.
-    pub(crate) purge_holders: Arc<str>,
+    /// The key's holders and waiters, unlocked, in one read:
+    /// `(0 holder | 1 waiter, owner, kind, cnt, lim, token | id, live)`.
+    pub(crate) state: Arc<str>,
+    /// Deletes one expired holder row (binds name, shape, owner): the
+    /// decision that counted it as gone deletes exactly it, and starts
+    /// again when it was renewed meanwhile.
+    pub(crate) purge_holder: Arc<str>,
+    /// Deletes the key's expired waiters.
     pub(crate) purge_waiters: Arc<str>,
-    /// Sets the key's counter and epoch (binds token, epoch, name, shape).
-    pub(crate) set_counter: Arc<str>,
+    /// Sets the key's epoch (binds epoch, name, shape).
+    pub(crate) set_epoch: Arc<str>,
     /// Adds a holder row.
     pub(crate) insert_holder: Arc<str>,
     /// Adds a waiter row; the last statement returns its id.
@@ -109,9 +111,16 @@ impl SharedSql {
     pub(crate) fn new(dialect: &dyn Dialect, table: &str) -> Self {
         let quote = dialect.quote();
         let named = |suffix: &str| quote_with(quote, &format!("{table}{suffix}"));
-        let (keys, holders, waiters) = (named("_keys"), named("_holders"), named("_waiters"));
         let last = table.rsplit('.').next().unwrap_or(table);
-        let index = quote_with(quote, &format!("{last}_waiters_by_key"));
+        let names = SharedNames {
+            keys: named("_keys"),
+            holders: named("_holders"),
+            waiters: named("_waiters"),
+            waiters_unqualified: quote_with(quote, &format!("{last}_waiters")),
+            index: quote_with(quote, &format!("{last}_waiters_by_key")),
+            index_qualified: named("_waiters_by_key"),
+        };
+        let (keys, holders, waiters) = (&names.keys, &names.holders, &names.waiters);
         let arc = |s: String| -> Arc<str> { Arc::from(s) };
         let r = |template: String| arc(render(dialect, &template));
         let notifying = |template: String| {
@@ -130,42 +139,37 @@ impl SharedSql {
              AND owner = {{p}} AND token = {{p}} AND kind = 'w' AND expires_at > {{now}}"
         ));
         Self {
-            create: dialect
-                .shared_schema(&keys, &holders, &waiters, &index)
-                .into_iter()
-                .map(arc)
-                .collect(),
+            create: dialect.shared_schema(&names).into_iter().map(arc).collect(),
             begin: Arc::from(dialect.begin_sql()),
             commit: Arc::from("COMMIT"),
             rollback: Arc::from("ROLLBACK"),
-            lock_key: dialect.lock_key_sql(&keys).into_iter().map(arc).collect(),
-            holders_locked: r(format!(
-                "SELECT owner, kind, cnt, lim, token, \
+            lock_key: dialect.lock_key_sql(keys).into_iter().map(arc).collect(),
+            state: r(format!(
+                "SELECT CAST(0 AS {int}), owner, kind, cnt, lim, token, \
                  CAST(CASE WHEN expires_at > {{now}} THEN 1 ELSE 0 END AS {int}) \
-                 FROM {holders} WHERE name = {{p}} AND shape = {{p}}{{lock}}",
+                 FROM {holders} WHERE name = {{p}} AND shape = {{p}} \
+                 UNION ALL \
+                 SELECT CAST(1 AS {int}), owner, kind, cnt, lim, id, \
+                 CAST(CASE WHEN expires_at > {{now}} THEN 1 ELSE 0 END AS {int}) \
+                 FROM {waiters} WHERE name = {{p}} AND shape = {{p}}",
                 int = dialect.int_type()
             )),
-            waiters: r(format!(
-                "SELECT id, kind, cnt, lim, \
-                 CAST(CASE WHEN expires_at > {{now}} THEN 1 ELSE 0 END AS {int}) \
-                 FROM {waiters} WHERE name = {{p}} AND shape = {{p}} ORDER BY id",
-                int = dialect.int_type()
-            )),
-            purge_holders: r(format!(
-                "DELETE FROM {holders} WHERE name = {{p}} AND shape = {{p}} AND expires_at <= {{now}}"
+            purge_holder: r(format!(
+                "DELETE FROM {holders} WHERE name = {{p}} AND shape = {{p}} AND owner = {{p}} \
+                 AND expires_at <= {{now}}"
             )),
             purge_waiters: r(format!(
                 "DELETE FROM {waiters} WHERE name = {{p}} AND shape = {{p}} AND expires_at <= {{now}}"
             )),
-            set_counter: r(format!(
-                "UPDATE {keys} SET token = {{p}}, epoch = {{p}} WHERE name = {{p}} AND shape = {{p}}"
+            set_epoch: r(format!(
+                "UPDATE {keys} SET epoch = {{p}} WHERE name = {{p}} AND shape = {{p}}"
             )),
             insert_holder: r(format!(
                 "INSERT INTO {holders} (name, shape, owner, kind, cnt, lim, token, expires_at) \
                  VALUES ({{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{exp}})"
             )),
             insert_waiter: dialect
-                .insert_waiter_sql(&waiters)
+                .insert_waiter_sql(waiters)
                 .into_iter()
                 .map(arc)
                 .collect(),
