@@ -168,6 +168,8 @@
 //!   subscribes to the shape's channel, tries again once subscribed, and
 //!   re-tries on each release / downgrade / withdrawal notification and
 //!   when the blocker's TTL ends (at least every `recheck`).
+//! - [x] `replicas=N` applies to shared grants as to the mutex: `WAIT`
+//!   after each grant, undone and `Unavailable` when too few replicas took it.
 //! - [x] `holders(key, shape)` lists the writer or every live reader, or
 //!   every live permit holder, with kind, owner, token and remaining TTL.
 //! - **Redlock refuses both** (`Unsupported`, saying why): its majority

@@ -1105,3 +1105,59 @@ async fn per_cycle(proxy: &conformance::proxy::FaultProxy, mut cycle: impl Async
     }
     (proxy.round_trips() + CYCLES / 2) / CYCLES
 }
+
+/// `replicas=N`: a shared grant waits for N replicas like the mutex's, and
+/// one they did not acknowledge is undone and reported as `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_grants_wait_for_replicas() {
+    let Some(master) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let Some(mut replica) = RedisServer::start_replica_of(&master).await.or_skip() else {
+        return;
+    };
+    replica
+        .wait_replica_synced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let url = format!("{}?replicas=1&wait_timeout=200ms", master.url());
+    let b = lock_redis::connect(&url).await.unwrap();
+    let k = key("waited");
+    let r = b
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .expect("free");
+    let mut on_replica = raw(replica.port()).await;
+    let readers: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("distlock:{{{k}}}:rw:readers"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut on_replica)
+        .await
+        .unwrap();
+    assert_eq!(
+        readers,
+        vec![r.owner().to_hex()],
+        "the replica has the reader"
+    );
+    assert!(b.release(&r).await.unwrap());
+    replica.process().pause().unwrap();
+    for kind in [LeaseKind::Write, permits(1, 2)] {
+        let err = b.try_acquire_kind(&k, kind, TTL).await.unwrap_err();
+        assert!(err.is_unavailable(), "{kind}: {err}");
+        let err = b.acquire_kind(&k, kind, TTL, soon(600)).await.unwrap_err();
+        assert!(
+            err.is_unavailable() || err.kind() == ErrorKind::Contended,
+            "{kind}: {err}"
+        );
+    }
+    let shapes = [LockShape::ReadWrite, LockShape::Semaphore];
+    for shape in shapes {
+        assert!(
+            b.holders(&k, shape).await.unwrap().is_empty(),
+            "{shape} left held"
+        );
+    }
+    replica.process().resume().unwrap();
+}

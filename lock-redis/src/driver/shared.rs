@@ -231,6 +231,14 @@ impl RedisBackend {
             .await?;
         match pair(&value, op)? {
             (1, n) => {
+                if self.inner.config.wait_replicas > 0
+                    && let Err(err) = self.wait_replicas(op, timeout).await
+                {
+                    // As for the mutex: a grant too few replicas took is
+                    // undone (a waiting entry goes with it).
+                    let _ = abandon(&self.inner, names, &owner_hex).await;
+                    return Err(err.with_key(key));
+                }
                 let lease = Lease::granted(
                     key.clone(),
                     owner,
