@@ -16,6 +16,12 @@
 //! reconnection, no lease objects, no wake-ups. It exists so benchmarks
 //! (`distlock compare`, this crate's `bench` example) can report "ours /
 //! floor" ratios. It is not a lock API: use [`SqlBackend`](crate::SqlBackend).
+//!
+//! [`SqlPermitFloor`] is the same for one permit grant and release of a
+//! semaphore (row mode's shared tables): six round trips per cycle (seven
+//! on MySQL/MariaDB), see its docs.
+
+mod permits;
 
 use std::time::Duration;
 
@@ -30,6 +36,8 @@ use crate::dialect::{self, Dialect};
 use crate::driver::{MIN_TTL, NAME};
 use crate::error::map_sqlx;
 use crate::sql::{Statements, pg_channel};
+
+pub use permits::SqlPermitFloor;
 
 /// The driver's grant and guarded release, by hand on one bare connection.
 ///
