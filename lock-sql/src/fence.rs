@@ -17,6 +17,10 @@ use crate::driver::SqlBackend;
 /// then bind your own parameters followed by [`SqlFence::bind`]. A write
 /// whose lease was lost (expired, released, taken over) changes no row.
 ///
+/// For mutex leases only: the predicate reads the lease table, where read,
+/// write and permit leases have no row (they live in the `_holders` table),
+/// so a fence of one of those matches nothing and its write changes no row.
+///
 /// On PostgreSQL and MySQL/MariaDB the predicate reads the lease row with a
 /// shared lock (`FOR SHARE` / `LOCK IN SHARE MODE`), so a take-over cannot
 /// commit between the check and your write; SQLite serializes writers
