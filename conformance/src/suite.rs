@@ -135,6 +135,14 @@ pub fn all_cases() -> Vec<Case> {
             segments_take_any_free,
             "distinct free segments, then the first freed"
         ),
+        case!(
+            multi_lock_is_all_or_nothing,
+            "lock_all leaves no partial grant; no deadlock"
+        ),
+        case!(
+            reentrant_scope_nests,
+            "the same lock in a scope is nested, not regranted"
+        ),
     ]
 }
 

@@ -217,6 +217,26 @@ impl LockClient {
         }
     }
 
+    /// Starts a request for every key of `keys` at once, all or nothing
+    /// (see [`MultiRequest`](crate::MultiRequest)).
+    pub fn lock_all<I, K>(&self, keys: I) -> crate::MultiRequest<'_>
+    where
+        I: IntoIterator<Item = K>,
+        K: AsRef<str>,
+    {
+        crate::MultiRequest::new(self, keys)
+    }
+
+    /// Wraps a fresh lease in a guard renewed by this client's scheduler.
+    pub(crate) fn guard_for(&self, lease: crate::Lease, policy: &RenewalPolicy) -> LockGuard {
+        match self.scheduler(&self.renewal_runtime) {
+            Some((scheduler, handle)) => LockGuard::register(scheduler, &handle, lease, policy),
+            None => {
+                LockGuard::with_runtime(self.backend.clone(), lease, *policy, &self.renewal_runtime)
+            }
+        }
+    }
+
     /// Starts a request for any one of `segments` locks that together
     /// guard one resource split into parts (`key/0` .. `key/<segments-1>`):
     /// see [`SegmentRequest`].

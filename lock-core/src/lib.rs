@@ -82,6 +82,7 @@ mod key;
 pub mod kind;
 mod memory;
 mod migration;
+mod multi;
 mod options;
 mod redact;
 pub mod reentry;
@@ -102,6 +103,7 @@ pub use memory::{MemoryBackend, MemoryFault};
 pub use migration::{
     CUTOVER_KEY_PREFIX, DEFAULT_MIGRATION_NAME, MigrationBackend, MigrationPhase, NEW_EPOCH,
 };
+pub use multi::{MAX_MULTI_KEYS, MultiGuard, MultiRequest, lock_order};
 pub use options::{
     Backoff, FAR_FUTURE, MAX_TTL, MIN_TTL_FLOOR, RetryPolicy, check_ttl, parse_duration,
     random_delay, saturating_add, with_timeout,

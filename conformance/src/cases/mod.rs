@@ -114,11 +114,13 @@ async fn recorded_release(
 
 // After the macros above, which the case modules use.
 mod api;
+mod compose;
 mod exclusion;
 mod leases;
 mod shared;
 
 pub use api::*;
+pub use compose::*;
 pub use exclusion::*;
 pub use leases::*;
 pub use shared::*;

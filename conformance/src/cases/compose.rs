@@ -1,0 +1,169 @@
+//! Cases on locks composed in lock-core over any backend's mutex:
+//! multi-locks (all or nothing, no partial grant left by a failure or a
+//! cancelled acquire) and reentrancy by scope (nested, no second grant,
+//! never across tasks).
+
+use std::time::Duration;
+
+use lock_core::LockClient;
+use tokio::time::{Instant, timeout};
+
+use crate::harness::Harness;
+
+use super::*;
+
+/// Whether `key` can be taken right now by `client` (and gives it back).
+async fn is_free(client: &dyn LockBackend, key: &LockKey, ttl: Duration) -> Result<bool, String> {
+    match client.try_acquire(key, ttl).await.map_err(fmt_err("try"))? {
+        Some(lease) => {
+            client.release(&lease).await.map_err(fmt_err("release"))?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// A multi-lock takes every key or none: refused while one key is held,
+/// cancelled half way, or timed out, it leaves none of its keys held (by
+/// its keys' TTL at the latest); two clients with overlapping sets in
+/// opposite orders both finish.
+pub async fn multi_lock_is_all_or_nothing(h: &Harness) -> Outcome {
+    finish(multi_inner(h).await)
+}
+
+async fn multi_inner(h: &Harness) -> CaseResult {
+    let (a, b) = two_clients(h).await?;
+    let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(2));
+    let margin = h.config().margin;
+    let keys = [h.key("multi-a"), h.key("multi-b"), h.key("multi-c")];
+    let names: Vec<&str> = keys.iter().map(LockKey::as_str).collect();
+    let (ca, cb) = (
+        LockClient::from_arc(a.clone()),
+        LockClient::from_arc(b.clone()),
+    );
+    let blocker = take_free(&*b, &keys[2], ttl * 10).await?;
+    // Refused: the free keys stay free.
+    let refused = ca
+        .lock_all(names.iter().copied())
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .map_err(fmt_err("try lock_all"))?;
+    ensure!(refused.is_none(), "lock_all granted a set with a held key");
+    for key in &keys[..2] {
+        ensure!(
+            is_free(&*b, key, ttl).await?,
+            "a refused lock_all left {key} held"
+        );
+    }
+    // Cancelled half way, then timed out.
+    let waiting = ca
+        .lock_all(names.iter().copied())
+        .ttl(ttl)
+        .wait(Duration::from_secs(30))
+        .acquire();
+    ensure!(
+        timeout(Duration::from_millis(300), waiting).await.is_err(),
+        "lock_all finished while a key was held"
+    );
+    let timed_out = ca
+        .lock_all(names.iter().copied())
+        .ttl(ttl)
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await;
+    ensure!(
+        matches!(&timed_out, Err(e) if e.is_contended()),
+        "a timed-out lock_all gave {:?}",
+        timed_out.map(|g| g.keys())
+    );
+    let by = Instant::now() + ttl + margin;
+    for key in &keys[..2] {
+        let lease = b
+            .acquire(key, ttl, by)
+            .await
+            .map_err(|e| format!("{key} still held after cancelled lock_alls: {e}"))?;
+        b.release(&lease).await.map_err(fmt_err("release"))?;
+    }
+    b.release(&blocker).await.map_err(fmt_err("release"))?;
+    // Overlapping sets in opposite orders both finish.
+    let reversed: Vec<&str> = names.iter().rev().copied().collect();
+    let run = |c: LockClient, set: Vec<String>| async move {
+        for _ in 0..5 {
+            let guard = c
+                .lock_all(set.iter())
+                .ttl(ttl)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await?;
+            guard.release().await?;
+        }
+        Ok::<(), lock_core::LockError>(())
+    };
+    let set_a: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
+    let set_b: Vec<String> = reversed.iter().map(|s| (*s).to_owned()).collect();
+    let both = timeout(
+        Duration::from_secs(60),
+        futures_join(run(ca, set_a), run(cb, set_b)),
+    )
+    .await
+    .map_err(|_| "two overlapping lock_alls deadlocked".to_owned())?;
+    both.0.map_err(fmt_err("lock_all a"))?;
+    both.1.map_err(fmt_err("lock_all b"))?;
+    Ok(Outcome::Passed(
+        "refused, cancelled and timed-out sets left nothing; overlapping sets finished".into(),
+    ))
+}
+
+async fn futures_join<A: std::future::Future, B: std::future::Future>(
+    a: A,
+    b: B,
+) -> (A::Output, B::Output) {
+    tokio::join!(a, b)
+}
+
+/// Inside a guard's scope, asking for the same lock gives a nested guard
+/// with the same token and no second grant; a task spawned there waits
+/// like any other client.
+pub async fn reentrant_scope_nests(h: &Harness) -> Outcome {
+    finish(reentrant_inner(h).await)
+}
+
+async fn reentrant_inner(h: &Harness) -> CaseResult {
+    let (a, _) = two_clients(h).await?;
+    let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(2));
+    let key = h.key("reentrant");
+    let client = LockClient::from_arc(a);
+    let outer = client
+        .lock(key.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .map_err(fmt_err("lock"))?;
+    let c = client.clone();
+    let name = key.as_str().to_owned();
+    let (token, nested, other_task) = outer
+        .scope(async move {
+            let again = c.lock(&name).ttl(ttl).acquire().await?;
+            let c2 = c.clone();
+            let spawned = tokio::spawn(async move { c2.lock(&name).ttl(ttl).try_acquire().await })
+                .await
+                .map_err(|e| lock_core::LockError::config(e.to_string()))??;
+            Ok::<_, lock_core::LockError>((again.token(), again.is_nested(), spawned.is_some()))
+        })
+        .await
+        .map_err(fmt_err("inside the scope"))?;
+    ensure!(nested, "the same lock inside the scope was not nested");
+    ensure!(token == outer.token(), "the nested guard has another token");
+    ensure!(
+        !other_task,
+        "a task spawned inside the scope got the held lock"
+    );
+    ensure!(
+        outer.release().await.map_err(fmt_err("release"))?,
+        "the outer guard no longer held after the nesting"
+    );
+    Ok(Outcome::Passed(
+        "nested without a second grant; other tasks excluded".into(),
+    ))
+}
