@@ -18,7 +18,10 @@
 //! (throughput), 4 clients contending on one key (handoffs/s and spread),
 //! 10,000 locks held at once (renewal round trips per period, memory per
 //! held lock), and the same 1- and 8-client runs on Redlock over 5 servers
-//! against [`lock_redis::floor::RedlockFloor`].
+//! against [`lock_redis::floor::RedlockFloor`]; one permit of a semaphore
+//! (1 client) against [`lock_redis::floor::RedisPermitFloor`], and 8
+//! readers on one key against 8 clients of the mutex on one key (each
+//! holding 1 ms).
 //!
 //! Environment: `BENCH_CYCLES` (1-client cycles per round, default 2000),
 //! `BENCH_ROUNDS` (default 5), `BENCH_LOCKS` (held locks, default 10000;
@@ -31,7 +34,7 @@ use conformance::bench::{self, LatencyStats};
 use conformance::servers::redis::RedisServer;
 use lock_core::LockClient;
 use lock_core::floor::RawFloor;
-use lock_redis::floor::{RedisFloor, RedlockFloor};
+use lock_redis::floor::{RedisFloor, RedisPermitFloor, RedlockFloor};
 use tokio::time::Instant;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -206,6 +209,105 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
+/// One permit of a semaphore of 3 as a user takes it, then releases it.
+async fn permit_cycle(client: &LockClient, key: &str) -> Result<(), lock_core::LockError> {
+    let guard = client
+        .semaphore(key, 3)
+        .ttl(TTL)
+        .wait(WAIT)
+        .acquire()
+        .await?;
+    guard.release().await?;
+    Ok(())
+}
+
+/// A permit acquire+release (1 client) against the permit floor, and 8
+/// clients on one key as readers against 8 on one key as a mutex.
+async fn shared_kinds(url: &str, cycles: usize, rounds: usize) -> Result<(), BoxError> {
+    let client = LockClient::new(lock_redis::connect(url).await?);
+    let floor = RedisPermitFloor::connect(url, 1, 3).await?;
+    for _ in 0..200 {
+        permit_cycle(&client, "warm-permit").await?;
+        floor.cycle("warm-permit-floor", TTL).await?;
+    }
+    let (mut ours, mut floors) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for side in [round % 2, 1 - round % 2] {
+            if side == 0 {
+                ours.push(
+                    bench::measure_sequential(cycles, |_| permit_cycle(&client, "permit-ours"))
+                        .await?,
+                );
+            } else {
+                floors.push(
+                    bench::measure_sequential(cycles, |_| floor.cycle("permit-floor", TTL)).await?,
+                );
+            }
+        }
+    }
+    let p50 = |s: &LatencyStats| s.p50_us;
+    let (ours, floors) = (median_by(ours, p50), median_by(floors, p50));
+    println!(
+        "
+redis: 1 client, one permit of 3 (wait 60 s) + release:"
+    );
+    line(
+        &format!(
+            "permit floor ({} round trips)",
+            floor.round_trips_per_cycle()
+        ),
+        &floors,
+    );
+    line("ours", &ours);
+    println!(
+        "  ours/floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
+        bench::ratio(ours.p50_us, floors.p50_us),
+        bench::ratio(ours.p99_us, floors.p99_us),
+        bench::ratio(ours.per_sec, floors.per_sec)
+    );
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(LockClient::new(lock_redis::connect(url).await?));
+    }
+    let clients = Arc::new(clients);
+    let hold = Duration::from_millis(1);
+    let (mut readers, mut mutex) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for side in [round % 2, 1 - round % 2] {
+            let clients = clients.clone();
+            let stats = bench::measure_parallel(CLIENTS, cycles / 20, move |t, _| {
+                let clients = clients.clone();
+                async move {
+                    let request = if side == 0 {
+                        clients[t].read_lock("readers")
+                    } else {
+                        clients[t].lock("readers-mutex")
+                    };
+                    let guard = request.ttl(TTL).wait(WAIT).acquire().await?;
+                    tokio::time::sleep(hold).await;
+                    guard.release().await.map(drop)
+                }
+            })
+            .await?;
+            if side == 0 {
+                readers.push(stats);
+            } else {
+                mutex.push(stats);
+            }
+        }
+    }
+    let rate = |s: &LatencyStats| s.per_sec;
+    let (readers, mutex) = (median_by(readers, rate), median_by(mutex, rate));
+    println!("redis: {CLIENTS} clients on one key, each holding 1 ms:");
+    line("mutex", &mutex);
+    line("readers", &readers);
+    println!(
+        "  readers/mutex throughput {:.3}x",
+        bench::ratio(readers.per_sec, mutex.per_sec)
+    );
+    Ok(())
+}
+
 /// Many locks held at once, renewed by their guards.
 async fn held_locks(url: &str, held: usize) -> Result<(), BoxError> {
     let period = Duration::from_secs(1);
@@ -262,6 +364,7 @@ async fn main() -> Result<(), BoxError> {
     single.run("redis", cycles, rounds).await?;
     single.handoffs(Duration::from_secs(3)).await?;
     drop(single);
+    shared_kinds(&url, cycles, rounds).await?;
     if env("BENCH_REDLOCK", 1) != 0 {
         let mut nodes = Vec::new();
         for _ in 0..5 {
