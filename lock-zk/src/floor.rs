@@ -49,6 +49,11 @@ use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, sleep_until, timeout};
 
+// One permit of a semaphore, by hand on the same kind of connection.
+#[path = "permit_floor.rs"]
+mod permit;
+pub use permit::ZkPermitFloor;
+
 use crate::config::ZkConfig;
 use crate::driver::MIN_TTL;
 use crate::error::NAME;

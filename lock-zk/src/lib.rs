@@ -242,8 +242,13 @@
 //!   `<seq>[,<seq>…];<czxid of the first node>`.
 //! - **Cost**: a write grant on a free lock is create + list + `setData`
 //!   (3 round trips), a read grant create + list (2, the directory's data
-//!   read in the same exchange), a permit grant about 7 (look, mutex
-//!   create + list, limit read, create, `czxid` read, list, mutex delete).
+//!   read in the same exchange), a grant of one permit 7 (a look at the
+//!   limit, mutex create + list, the limit under the mutex, lease create,
+//!   list, mutex delete; several permits add one `czxid` read); a release
+//!   is one delete. The hand-written permit floor
+//!   ([`floor::ZkPermitFloor`], the descriptor's `permit_floor`: one permit
+//!   of a semaphore of 4) costs 7 per cycle, the driver 8: its early look
+//!   (`tests/permit_floor.rs` counts both through a proxy).
 //!
 //! # Tests and benchmark
 //!

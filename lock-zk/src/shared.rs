@@ -425,6 +425,71 @@ impl ZkBackend {
         }
     }
 
+    /// `count` lease nodes at `prefix`, created in one transaction (all or
+    /// none). Returns their paths and the first one's `czxid` (a multi's
+    /// creates answer without a stat: it is read once).
+    #[allow(clippy::too_many_arguments)]
+    async fn create_leases(
+        &self,
+        session: &Session,
+        leases: &str,
+        prefix: &str,
+        count: u32,
+        limit_text: &str,
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<(Vec<String>, i64), AttemptError> {
+        let timeout = self.op_timeout();
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let mut missing_dir = 0;
+        let created = loop {
+            let mut writer = session.client.new_multi_writer();
+            for _ in 0..count {
+                writer
+                    .add_create(prefix, limit_text.as_bytes(), &options)
+                    .map_err(|e| Self::fail(session, CallError::Zk(e), operation, key))?;
+            }
+            let err = match tokio::time::timeout(timeout, writer.commit()).await {
+                Ok(Ok(results)) => break results,
+                Err(_) => CallError::TimedOut(timeout),
+                Ok(Err(err)) => CallError::Zk(zk::Error::from(err)),
+            };
+            // The directory may have been removed (a container) since the
+            // limit was read.
+            if err.is(&zk::Error::NoNode) && missing_dir < 3 {
+                missing_dir += 1;
+                self.ensure_dir(session, leases, operation, key).await?;
+                continue;
+            }
+            return Err(Self::fail(session, err, operation, key));
+        };
+        let paths: Vec<String> = created
+            .into_iter()
+            .filter_map(|r| match r {
+                zk::MultiWriteResult::Create { path, .. } => Some(path),
+                _ => None,
+            })
+            .collect();
+        let Some(first) = paths.first() else {
+            return Err(AttemptError::Lock(error(
+                ErrorKind::Backend,
+                operation,
+                key,
+                "the lease nodes' create returned nothing",
+            )));
+        };
+        match timed(timeout, session.client.check_stat(first)).await {
+            Ok(Some(stat)) => Ok((paths, stat.czxid)),
+            Ok(None) => Err(AttemptError::Lock(error(
+                ErrorKind::LeaseLost,
+                operation,
+                key,
+                format!("our lease node {first} was deleted at once"),
+            ))),
+            Err(err) => Err(Self::fail(session, err, operation, key)),
+        }
+    }
+
     /// One read or write acquisition with a fresh attempt id on `session`.
     #[allow(clippy::too_many_arguments)]
     async fn rw_attempt(
@@ -671,83 +736,59 @@ impl ZkBackend {
                 return Err(Self::fail(session, err, operation, key));
             }
         }
-        // Our lease nodes, all at once (one transaction).
+        // Our lease nodes: one create (whose reply carries the czxid), or
+        // several at once in one transaction.
         let owner = self.inner.owners.next();
         pending.sweeps.push((leases.clone(), owner));
         let prefix = paths::named_prefix(&leases, owner, LEASE_NAME);
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
-        let mut writer = session.client.new_multi_writer();
-        for _ in 0..count {
-            writer
-                .add_create(&prefix, limit.to_string().as_bytes(), &options)
-                .map_err(|e| Self::fail(session, CallError::Zk(e), operation, key))?;
-        }
-        let created = match tokio::time::timeout(timeout, writer.commit()).await {
-            Err(_) => {
-                return Err(Self::fail(
+        let limit_text = limit.to_string();
+        let (ours, first_czxid) = if count == 1 {
+            let (path, czxid, _) = self
+                .create_sequential(
                     session,
-                    CallError::TimedOut(timeout),
+                    &leases,
+                    &prefix,
+                    limit_text.as_bytes(),
                     operation,
                     key,
-                ));
-            }
-            Ok(Err(err)) => {
-                return Err(Self::fail(
-                    session,
-                    CallError::Zk(zk::Error::from(err)),
-                    operation,
-                    key,
-                ));
-            }
-            Ok(Ok(results)) => results,
-        };
-        let mut ours: Vec<(String, i64)> = Vec::with_capacity(created.len());
-        for result in created {
-            if let zk::MultiWriteResult::Create { path, stat } = result {
-                ours.push((path, stat.czxid));
-            }
-        }
-        pending.sweeps.clear();
-        for (path, _) in &ours {
-            pending.nodes.push((leases.clone(), path.clone(), owner));
-        }
-        let Some((first_path, _)) = ours.first() else {
-            return Err(AttemptError::Lock(error(
-                ErrorKind::Backend,
+                )
+                .await?;
+            (vec![path], czxid)
+        } else {
+            self.create_leases(
+                session,
+                &leases,
+                &prefix,
+                count,
+                &limit_text,
                 operation,
                 key,
-                "the lease nodes' create returned nothing",
-            )));
+            )
+            .await?
         };
-        // A multi's creates answer without a stat: the first node's czxid
-        // (the grant's token) is read once.
-        let first_czxid = match timed(timeout, session.client.check_stat(first_path)).await {
-            Ok(Some(stat)) => stat.czxid,
-            Ok(None) => {
-                pending.withdraw().await;
-                return Err(AttemptError::Lock(error(
-                    ErrorKind::LeaseLost,
-                    operation,
-                    key,
-                    format!("our lease node {first_path} was deleted at once"),
-                )));
-            }
-            Err(err) => return Err(Self::fail(session, err, operation, key)),
-        };
+        pending.sweeps.clear();
+        for path in &ours {
+            pending.nodes.push((leases.clone(), path.clone(), owner));
+        }
         let mut seqs = Vec::with_capacity(ours.len());
-        for (path, _) in &ours {
+        for path in &ours {
             let name = &path[leases.len() + 1..];
             let seq = sequence_named(name, LEASE_NAME).unwrap_or(-1);
             seqs.push(seq_u32(seq, operation, key)?);
         }
-        let names: Vec<&str> = ours.iter().map(|(p, _)| &p[leases.len() + 1..]).collect();
+        let names: Vec<&str> = ours.iter().map(|p| &p[leases.len() + 1..]).collect();
         let mut first = true;
         loop {
             let client = &session.client;
             let sent = Instant::now();
+            // The first look sets no watch: a grant would leave it armed
+            // (its event would come at some later change). A wait looks
+            // again with a watch, behind a `sync`.
             let listed = if first {
                 first = false;
-                timed(timeout, client.list_and_watch_children(&leases)).await
+                timed(timeout, client.list_children(&leases))
+                    .await
+                    .map(|children| (children, None))
             } else {
                 synced(
                     client.sync(&leases),
@@ -755,6 +796,7 @@ impl ZkBackend {
                     client.list_and_watch_children(&leases),
                 )
                 .await
+                .map(|(children, watcher)| (children, Some(watcher)))
             };
             let (children, watcher) = match listed {
                 Ok(listed) => listed,
@@ -797,11 +839,7 @@ impl ZkBackend {
                 .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?
                 .with_kind(LeaseKind::Permits { count, limit })
                 .with_session(session.state.clone());
-                self.schedule_shared(
-                    owner,
-                    ours.iter().map(|(p, _)| p.clone()).collect(),
-                    sent + ttl,
-                );
+                self.schedule_shared(owner, ours.clone(), sent + ttl);
                 // Only the mutex is left to delete.
                 pending.nodes.retain(|(dir, _, _)| *dir == locks);
                 pending.withdraw().await;
@@ -810,6 +848,10 @@ impl ZkBackend {
             let Some(deadline) = deadline else {
                 pending.withdraw().await;
                 return Ok(None);
+            };
+            let Some(watcher) = watcher else {
+                // Look again, with a watch.
+                continue;
             };
             let mut state = session.state.clone();
             tokio::select! {

@@ -21,6 +21,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 pub(crate) mod op {
     /// `delete`: path, version.
     pub(crate) const DELETE: i32 = 2;
+    /// `getData`: path, watch flag; the reply carries the data and `Stat`.
+    pub(crate) const GET_DATA: i32 = 4;
+    /// `setData`: path, data, version.
+    pub(crate) const SET_DATA: i32 = 5;
     /// `getChildren`: path, watch flag.
     pub(crate) const GET_CHILDREN: i32 = 8;
     /// `ping`: no body.
@@ -303,6 +307,17 @@ impl<'a> Decoder<'a> {
         // dataLength, numChildren, pzxid.
         self.take(8 * 3 + 4 * 3 + 8 + 4 * 2 + 8, "a stat")?;
         Ok(czxid)
+    }
+
+    /// A `Stat`, of which only `numChildren` is kept.
+    pub(crate) fn stat_num_children(&mut self) -> Result<i32, WireError> {
+        // czxid, mzxid, ctime, mtime, version, cversion, aversion,
+        // ephemeralOwner, dataLength.
+        self.take(8 * 4 + 4 * 3 + 8 + 4, "a stat")?;
+        let children = self.int()?;
+        // pzxid.
+        self.take(8, "a stat")?;
+        Ok(children)
     }
 
     /// How many bytes are left.

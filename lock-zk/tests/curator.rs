@@ -361,6 +361,24 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
     assert_eq!(c4.answer(Duration::from_secs(5)).await, "ok");
     peer.release(&mut c4).await;
 
+    // Our readers queue behind Curator's writer waiting on Curator's
+    // reader (our read predicate sees Curator's write node).
+    let (mut c7, answer) = peer.take(&read(300)).await;
+    assert_eq!(answer, "ok");
+    let mut c8 = peer.acquire(&write(10_000)).await;
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        bs[0]
+            .try_acquire_kind(&k, LeaseKind::Read, TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "our reader overtook Curator's writer waiting on Curator's reader"
+    );
+    peer.release(&mut c7).await;
+    assert_eq!(c8.answer(Duration::from_secs(5)).await, "ok");
+    peer.release(&mut c8).await;
+
     // Downgrade: Curator's waiting writer stays out until our read lease
     // goes, and Curator's new readers queue behind it.
     let w = bs[0]

@@ -1,0 +1,137 @@
+//! The hand-written permit floor ([`ZkPermitFloor`]) against a real
+//! ZooKeeper server: its permits count against the driver's on the same
+//! semaphore (and the driver's against its), limits must agree, and a
+//! cycle costs the 7 round trips it declares, counted by a fault proxy
+//! (the driver's own permit cycle is counted beside it: one more, its
+//! early look at the limit before the mutex).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use conformance::OrSkip;
+use conformance::proxy::FaultProxy;
+use conformance::servers::zookeeper::ZkServer;
+use lock_core::floor::RawFloor;
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey};
+use lock_zk::floor::ZkPermitFloor;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(30);
+const CYCLES: u32 = 50;
+
+fn permits(count: u32, limit: u32) -> LeaseKind {
+    LeaseKind::permits(count, limit).expect("permits")
+}
+
+/// Round trips per cycle over `CYCLES` cycles, the idle background
+/// (pings over as long a stretch) subtracted.
+async fn per_cycle<F, Fut>(proxy: &FaultProxy, mut cycle: F) -> f64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..3 {
+        cycle().await;
+    }
+    proxy.reset_counters();
+    let started = Instant::now();
+    for _ in 0..CYCLES {
+        cycle().await;
+    }
+    let took = started.elapsed();
+    let turns = proxy.round_trips();
+    proxy.reset_counters();
+    tokio::time::sleep(took).await;
+    let idle = proxy.round_trips();
+    #[allow(clippy::cast_precision_loss)]
+    let per = turns.saturating_sub(idle) as f64 / f64::from(CYCLES);
+    per
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_floor_counts_with_the_driver_and_costs_what_it_declares() {
+    let Some(server) = ZkServer::start().await.or_skip() else {
+        return;
+    };
+    let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, server.node().client_port()));
+    let url = |port: u16| format!("zk://127.0.0.1:{port}/pf?session_timeout=4s&timeout=3s");
+    let direct = url(server.node().client_port());
+    let floor = ZkPermitFloor::connect(&direct, 2).await.expect("floor");
+    assert_eq!(floor.limit(), 2);
+    let backend = lock_zk::connect(&direct).await.expect("backend");
+    let key = LockKey::new("sem-floor").unwrap();
+
+    // The driver holds 2 of 2: the floor gets nothing.
+    let both = backend
+        .try_acquire_kind(&key, permits(2, 2), TTL)
+        .await
+        .unwrap()
+        .expect("2 of 2");
+    assert!(floor.try_grant("sem-floor", TTL).await.unwrap().is_none());
+    assert!(backend.release(&both).await.unwrap());
+    // The driver holds 1: the floor gets the other, and the driver none.
+    let one = backend
+        .try_acquire_kind(&key, permits(1, 2), TTL)
+        .await
+        .unwrap()
+        .expect("1 of 2");
+    let grant = floor
+        .try_grant("sem-floor", TTL)
+        .await
+        .unwrap()
+        .expect("the floor's permit");
+    assert!(grant.token > one.token().get());
+    assert!(
+        backend
+            .try_acquire_kind(&key, permits(1, 2), TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "a third permit of 2 beside the floor's"
+    );
+    assert!(floor.release(&grant).await.unwrap());
+    assert!(!floor.release(&grant).await.unwrap(), "released twice");
+    let again = backend
+        .try_acquire_kind(&key, permits(1, 2), TTL)
+        .await
+        .unwrap()
+        .expect("the floor's permit came back");
+    // Another limit while in use is refused, by both.
+    let other = ZkPermitFloor::connect(&direct, 3).await.expect("floor");
+    let err = other.try_grant("sem-floor", TTL).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    backend.release(&one).await.unwrap();
+    backend.release(&again).await.unwrap();
+    assert_eq!(
+        ZkPermitFloor::connect(&direct, 0).await.unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+
+    // Round trips, one proxy per client.
+    let floor_proxy = FaultProxy::start(upstream).await.unwrap();
+    let floor = ZkPermitFloor::connect(&url(floor_proxy.port()), 4)
+        .await
+        .expect("floor");
+    let declared = floor.round_trips_per_cycle();
+    let per = per_cycle(&floor_proxy, || async {
+        floor.cycle("rt", TTL).await.expect("floor cycle");
+    })
+    .await;
+    println!("permit floor: {per:.2} round trips per cycle (declares {declared})");
+    assert!((per - f64::from(declared)).abs() < 0.5, "{per}");
+
+    let ours_proxy = FaultProxy::start(upstream).await.unwrap();
+    let ours = lock_zk::connect(&url(ours_proxy.port())).await.unwrap();
+    let k = LockKey::new("rt-ours").unwrap();
+    let per = per_cycle(&ours_proxy, || async {
+        let lease = ours
+            .try_acquire_kind(&k, permits(1, 4), TTL)
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(ours.release(&lease).await.unwrap());
+    })
+    .await;
+    println!("driver try_acquire_kind(1 of 4) + release: {per:.2} round trips per cycle");
+    assert!((per - f64::from(declared + 1)).abs() < 0.5, "{per}");
+}
