@@ -161,6 +161,38 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Run a command only while this process leads election NAME, and stop
+    /// it when leadership is lost (with the same stop margin as `run
+    /// --on-lost`). Campaigns until it leads (--wait bounds that). The
+    /// command sees DISTLOCK_ELECTION and DISTLOCK_TERM (the term, a fencing
+    /// token that grows with every new leader), besides run's variables.
+    /// The election is the lock `election/NAME` (the generic election of
+    /// every backend, not etcd's or Curator's layout).
+    #[command(after_help = "Examples:
+  distlock --url redis://127.0.0.1:6379 elect scheduler -- ./scheduler --serve
+  distlock --url postgres://db/locks elect --ttl 10s --wait 1m reports -- ./report.sh")]
+    Elect {
+        /// Leadership lease TTL (renewed about every TTL/3).
+        #[arg(long, value_parser = duration_arg)]
+        ttl: Option<Duration>,
+        /// How long to campaign (default: until it leads).
+        #[arg(long, value_parser = duration_arg)]
+        wait: Option<Duration>,
+        /// What to do with the command if leadership may be lost.
+        #[arg(long, value_enum, default_value = "term")]
+        on_lost: run::OnLost,
+        /// With --on-lost term: the time between SIGTERM and SIGKILL.
+        #[arg(long, value_parser = duration_arg)]
+        kill_after: Option<Duration>,
+        /// Exit code when leadership could not be had within --wait.
+        #[arg(long, default_value_t = exit::CONTENDED)]
+        conflict_exit_code: u8,
+        /// The election's name.
+        name: String,
+        /// The command and its arguments (after --).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Take a lock and print a handle for `renew` / `release` (the lock is
     /// not renewed: it expires with its TTL unless renewed).
     #[command(after_help = "Example:
@@ -416,11 +448,38 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
                 run::RunArgs {
                     key,
                     kind: kind.kind(),
+                    election: None,
                     ttl,
                     wait,
                     on_lost,
                     kill_after,
                     conflict_exit_code,
+                    command,
+                },
+            )
+            .await
+        }
+        Command::Elect {
+            ttl,
+            wait,
+            on_lost,
+            kill_after,
+            conflict_exit_code,
+            name,
+            command,
+        } => {
+            let client = client(cli.url, cli.config).await?;
+            run::run(
+                &client,
+                run::RunArgs {
+                    key: lock_core::election::election_key(&name),
+                    kind: LeaseKind::Exclusive,
+                    ttl,
+                    wait: Some(wait.unwrap_or(Duration::MAX)),
+                    on_lost,
+                    kill_after,
+                    conflict_exit_code,
+                    election: Some(name),
                     command,
                 },
             )

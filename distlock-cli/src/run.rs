@@ -39,6 +39,9 @@ pub(crate) struct RunArgs {
     /// warning.
     pub(crate) kill_after: Option<Duration>,
     pub(crate) conflict_exit_code: u8,
+    /// For `elect`: the election's name (the command also sees
+    /// DISTLOCK_ELECTION and DISTLOCK_TERM).
+    pub(crate) election: Option<String>,
     pub(crate) command: Vec<String>,
 }
 
@@ -121,6 +124,10 @@ pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockEr
         None => DEFAULT_KILL_AFTER.min(fits),
     };
     let mut cmd = Command::new(program);
+    if let Some(name) = &args.election {
+        cmd.env("DISTLOCK_ELECTION", name)
+            .env("DISTLOCK_TERM", guard.token().to_string());
+    }
     cmd.args(rest)
         .env("DISTLOCK_KEY", &args.key)
         .env("DISTLOCK_LOCK_KIND", guard.kind().code())

@@ -74,6 +74,7 @@ mod backend;
 mod capabilities;
 mod client;
 pub mod driver;
+pub mod election;
 pub mod endpoint;
 mod error;
 pub mod floor;
