@@ -670,7 +670,8 @@ impl EtcdBackend {
         }
     }
 
-    /// Returns when an entry under `prefix` was deleted at or after `from`,
+    /// Returns when an entry under `prefix` older than ours was deleted at or
+    /// after `from` (later waiters leaving wake nobody),
     /// when fewer than `before` entries older than `my_revision` remain, or
     /// when the watch ended for any reason: the caller re-reads either way.
     /// The watch's possible lag after its creation is covered as in
@@ -683,6 +684,7 @@ impl EtcdBackend {
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(from)
+            .with_prev_key()
             .with_filters([WatchFilterType::NoPut]);
         let count = || async {
             let mut kv = self.inner.client.kv_client();
@@ -736,10 +738,16 @@ impl EtcdBackend {
                 };
                 match message {
                     Ok(Some(response)) => {
-                        if response.canceled()
-                            || response.compact_revision() > 0
-                            || !response.events().is_empty()
-                        {
+                        if response.canceled() || response.compact_revision() > 0 {
+                            return;
+                        }
+                        // Only the deletion of an entry older than ours can
+                        // make room (one without its previous value counts).
+                        if response.events().iter().any(|event| {
+                            event
+                                .prev_kv()
+                                .is_none_or(|kv| kv.create_revision() < my_revision)
+                        }) {
                             return;
                         }
                         if !response.created() {

@@ -1,7 +1,8 @@
 //! The fault scenarios of `conformance::scenarios` with the write side of a
 //! read-write lock and a semaphore of one permit in the mutex's place, on
-//! a single etcd member: holder process killed and paused (the `holder`
-//! example, which `cargo test -p lock-etcd` builds), client partitioned
+//! a single etcd member: holder process killed and paused (the
+//! `etcd_holder` example, which `cargo test -p lock-etcd` builds; the name
+//! is unique because every crate's examples share `target/<profile>/examples`), client partitioned
 //! (through the deployment's fault proxy), server killed and restarted.
 //! The scenarios' history checker judges each run.
 
@@ -56,11 +57,11 @@ async fn kind_scenarios_on_a_single_member() {
     );
 }
 
-/// The `holder` example (next to this test binary, in
+/// The `etcd_holder` example (next to this test binary, in
 /// `target/<profile>/examples`) taking grants of the kind coded `kind`.
 fn holder_command(kind: &str) -> Option<HolderCommand> {
     let exe = std::env::current_exe().ok()?;
-    let holder = exe.parent()?.parent()?.join("examples").join("holder");
+    let holder = exe.parent()?.parent()?.join("examples").join("etcd_holder");
     if !holder.is_file() {
         eprintln!(
             "{} is not built: the holder scenarios are skipped (run `cargo test -p lock-etcd`)",
