@@ -405,13 +405,12 @@ impl ZkBackend {
         operation: Operation,
         track: bool,
     ) -> Result<Option<Lease>, LockError> {
-        let dir = dir.to_owned();
         let mut backoff = RetryPolicy::default().backoff();
         let mut tries_left: u32 = 2;
         loop {
             let session = self.session(operation).await.map_err(|e| e.with_key(key))?;
             match self
-                .attempt(&session, key, &dir, ttl, deadline, operation, track)
+                .attempt(&session, key, dir, ttl, deadline, operation, track)
                 .await
             {
                 Ok(result) => return Ok(result),
