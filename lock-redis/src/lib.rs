@@ -168,6 +168,9 @@
 //!   subscribes to the shape's channel, tries again once subscribed, and
 //!   re-tries on each release / downgrade / withdrawal notification and
 //!   when the blocker's TTL ends (at least every `recheck`).
+//! - [x] **Batched renewal**: `renew_many` renews read and permit leases in
+//!   pipelines of one script call each (2,000 per round trip), write leases
+//!   through the mutex's renewal batches, mutex leases as before.
 //! - [x] `replicas=N` applies to shared grants as to the mutex: `WAIT`
 //!   after each grant, undone and `Unavailable` when too few replicas took it.
 //! - [x] `holders(key, shape)` lists the writer or every live reader, or

@@ -1161,3 +1161,68 @@ async fn shared_grants_wait_for_replicas() {
     }
     replica.process().resume().unwrap();
 }
+
+/// `renew_many` renews read and permit leases in one pipeline (round trips
+/// counted by the fault proxy: 600 shares in at most 2), each with its own
+/// result: an expired share is `NotHeld`, the others are renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_many_pipelines_shares() {
+    use conformance::proxy::FaultProxy;
+    let Some((server, _)) = single().await else {
+        return;
+    };
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let b = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let rw = key("many-rw");
+    let sem = key("many-sem");
+    let mut leases = Vec::new();
+    for _ in 0..300 {
+        leases.push(
+            b.try_acquire_kind(&rw, LeaseKind::Read, TTL)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+        leases.push(
+            b.try_acquire_kind(&sem, permits(1, 1000), TTL)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let short = b
+        .try_acquire_kind(&rw, LeaseKind::Read, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .unwrap();
+    sleep(Duration::from_millis(120)).await;
+    let mut all: Vec<&Lease> = leases.iter().collect();
+    all.insert(7, &short);
+    // Warm the script cache, then count.
+    let _ = b.renew_many(&all[..2]).await;
+    sleep(Duration::from_millis(20)).await;
+    proxy.reset_counters();
+    let results = b.renew_many(&all).await;
+    let trips = proxy.round_trips();
+    assert_eq!(results.len(), all.len());
+    for (i, result) in results.iter().enumerate() {
+        if i == 7 {
+            assert_eq!(result.as_ref().unwrap_err().kind(), ErrorKind::NotHeld);
+        } else {
+            let deadline = result.as_ref().expect("renewed");
+            assert!(*deadline > Instant::now() + Duration::from_secs(4));
+        }
+    }
+    assert!(
+        trips <= 2,
+        "{} shares renewed in {trips} round trips",
+        all.len()
+    );
+    for lease in &leases {
+        b.release(lease).await.unwrap();
+    }
+}

@@ -15,6 +15,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::attempt::{Attempt, Found};
 use super::{Inner, RedisBackend};
+use crate::batch::MAX_BATCH;
 use crate::error::{NAME, still_held, unexpected};
 use crate::scripts::{as_int, pttl, text, ttl_ms};
 use crate::shared_scripts::{RwNames, SHARED, SemNames};
@@ -475,25 +476,34 @@ impl RedisBackend {
     }
 
     /// `renew_many` with leases of other kinds than the mutex: the mutex
-    /// leases in one pipeline, the others concurrently (write renewals
-    /// join the mutex's renewal batches on their own).
+    /// leases in one pipeline (as before), the read and permit leases in
+    /// another (one `ZRENEW` each, `MAX_BATCH` per round trip), the write
+    /// leases through the mutex's renewal batcher (their key is a plain
+    /// string like the mutex's).
     pub(super) async fn renew_mixed(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        let (mutex, other): (Vec<usize>, Vec<usize>) =
-            (0..leases.len()).partition(|&i| leases[i].kind() == LeaseKind::Exclusive);
-        let mutex_leases: Vec<&Lease> = mutex.iter().map(|&i| leases[i]).collect();
-        let other_leases: Vec<&Lease> = other.iter().map(|&i| leases[i]).collect();
-        let (mutex_results, other_results) = futures_util::future::join(
-            self.renew_pipelined(&mutex_leases),
-            renew_concurrently(self, &other_leases, RENEW_CONCURRENCY),
+        let mut groups: [Vec<usize>; 3] = Default::default();
+        for (i, lease) in leases.iter().enumerate() {
+            let group = match lease.kind() {
+                LeaseKind::Exclusive => 0,
+                LeaseKind::Write => 1,
+                _ => 2,
+            };
+            groups[group].push(i);
+        }
+        let pick = |group: &[usize]| group.iter().map(|&i| leases[i]).collect::<Vec<&Lease>>();
+        let (mutex, write, shares) = (pick(&groups[0]), pick(&groups[1]), pick(&groups[2]));
+        let (mutex, write, shares) = futures_util::future::join3(
+            self.renew_pipelined(&mutex),
+            renew_concurrently(self, &write, RENEW_CONCURRENCY),
+            self.renew_shares(&shares),
         )
         .await;
         let mut results: Vec<Option<Result<Instant, LockError>>> =
             std::iter::repeat_with(|| None).take(leases.len()).collect();
-        for (i, r) in mutex.into_iter().zip(mutex_results) {
-            results[i] = Some(r);
-        }
-        for (i, r) in other.into_iter().zip(other_results) {
-            results[i] = Some(r);
+        for (group, answers) in groups.iter().zip([mutex, write, shares]) {
+            for (&i, answer) in group.iter().zip(answers) {
+                results[i] = Some(answer);
+            }
         }
         results
             .into_iter()
@@ -503,6 +513,92 @@ impl RedisBackend {
                         LockError::new(ErrorKind::Backend, Operation::Renew, "no result")
                             .with_backend(NAME),
                     )
+                })
+            })
+            .collect()
+    }
+
+    /// Read and permit leases renewed in pipelines of `ZRENEW` calls, as
+    /// [`renew_shared`](Self::renew_shared) renews one.
+    async fn renew_shares(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        let op = Operation::Renew;
+        let mut results: Vec<Option<Result<Instant, LockError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        let mut calls: Vec<(usize, Vec<String>, [String; 2])> = Vec::new();
+        for (i, lease) in leases.iter().enumerate() {
+            let (key, kind) = (lease.key(), lease.kind());
+            if let Err(err) = self.check_shared(key, kind, lease.ttl(), op) {
+                results[i] = Some(Err(err));
+                continue;
+            }
+            let keys = match self.shared_names(key, kind) {
+                Names::Rw(n) => vec![n.readers],
+                Names::Sem(n) => vec![n.holders, n.counts, n.tokens],
+            };
+            calls.push((i, keys, [lease.owner().to_hex(), ttl_ms(lease.ttl())]));
+        }
+        let node = &self.inner.nodes[0];
+        let timeout = self.inner.config.operation_timeout;
+        for chunk in calls.chunks(MAX_BATCH) {
+            let args: Vec<(Vec<&str>, Vec<&str>)> = chunk
+                .iter()
+                .map(|(_, keys, args)| {
+                    (
+                        keys.iter().map(String::as_str).collect(),
+                        args.iter().map(String::as_str).collect(),
+                    )
+                })
+                .collect();
+            let sent_at = Instant::now();
+            let args = &args;
+            let answer = node
+                .run(op, timeout, move |mut conn| async move {
+                    conn.eval_many(&SHARED.zrenew, args).await
+                })
+                .await;
+            for (position, (i, _, _)) in chunk.iter().enumerate() {
+                let lease = leases[*i];
+                let result = match &answer {
+                    Ok(replies) => match replies.get(position) {
+                        Some(Ok(Value::Int(1))) => {
+                            let deadline = validity_deadline(sent_at, lease.ttl());
+                            if deadline > Instant::now() {
+                                Ok(deadline)
+                            } else {
+                                Err(LockError::new(
+                                    ErrorKind::LeaseLost,
+                                    op,
+                                    "the renewal arrived after its validity deadline",
+                                )
+                                .with_backend(NAME))
+                            }
+                        }
+                        Some(Ok(Value::Int(0))) => Err(not_held(
+                            op,
+                            lease.key(),
+                            "the lock is not held by this lease any more",
+                        )),
+                        Some(Ok(other)) => Err(unexpected(op, other)),
+                        Some(Err(err)) => Err(node.map_err(op, err.clone())),
+                        None => {
+                            Err(
+                                LockError::new(ErrorKind::Backend, op, "short pipeline answer")
+                                    .with_backend(NAME),
+                            )
+                        }
+                    },
+                    Err(err) => {
+                        Err(LockError::new(err.kind(), op, err.to_string()).with_backend(NAME))
+                    }
+                };
+                results[*i] = Some(result.map_err(|e| e.with_key(lease.key())));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(LockError::new(ErrorKind::Backend, op, "no result").with_backend(NAME))
                 })
             })
             .collect()
