@@ -1226,3 +1226,39 @@ async fn renew_many_pipelines_shares() {
         b.release(lease).await.unwrap();
     }
 }
+
+/// A waiting read, write or downgrade cycle on a free lock costs what the
+/// mutex's costs: one script to acquire, one to release (nothing
+/// subscribed); a downgrade adds exactly its one script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_cycles_on_a_free_lock_cost_two_round_trips() {
+    use conformance::proxy::FaultProxy;
+    let Some((server, _)) = single().await else {
+        return;
+    };
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let b = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let k = key("cycles");
+    for kind in [LeaseKind::Read, LeaseKind::Write] {
+        let trips = per_cycle(&proxy, async || {
+            let lease = b.acquire_kind(&k, kind, TTL, soon(5_000)).await.unwrap();
+            assert!(b.release(&lease).await.unwrap());
+        })
+        .await;
+        assert_eq!(trips, 2, "{kind}");
+    }
+    let trips = per_cycle(&proxy, async || {
+        let w = b
+            .acquire_kind(&k, LeaseKind::Write, TTL, soon(5_000))
+            .await
+            .unwrap();
+        let r = b.downgrade(&w).await.unwrap();
+        assert!(b.release(&r).await.unwrap());
+    })
+    .await;
+    assert_eq!(trips, 3, "write, downgrade, release");
+}
