@@ -13,19 +13,23 @@
 //!   its own client): throughput and the ratio;
 //! - 4 independent clients on one key: handoffs per second (the floor polls
 //!   with `try_grant`; ours watches its predecessor) and the busiest
-//!   client's grants over the least busy one's.
+//!   client's grants over the least busy one's;
+//! - 1 client, one permit of a semaphore of 4 (a waiting acquire and its
+//!   release) against [`lock_etcd::floor::EtcdPermitFloor`];
+//! - 8 clients on one key, each holding 1 ms: as readers of a read-write
+//!   lock against as clients of the mutex (throughput).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::bench::{
     Contender, FloorCycle, Handoffs, LatencyStats, Ours, handoffs, interleaved_latency,
-    interleaved_throughput, ratio,
+    interleaved_throughput, measure_parallel, ratio,
 };
 use conformance::servers::etcd::EtcdServer;
 use lock_core::LockClient;
 use lock_core::floor::RawFloor;
-use lock_etcd::floor::EtcdFloor;
+use lock_etcd::floor::{EtcdFloor, EtcdPermitFloor};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -118,6 +122,90 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "  ratio lock-etcd / floor: {:.3}x",
         ratio(mine.per_sec, theirs.per_sec)
+    );
+
+    shared_kinds(&url, cycles).await
+}
+
+/// One permit of 4 against the permit floor (1 client), and 8 readers on
+/// one key against 8 clients of the mutex on one key, each holding 1 ms.
+async fn shared_kinds(url: &str, cycles: usize) -> Result<(), BoxError> {
+    let kind = lock_core::LeaseKind::permits(1, 4)?;
+    let permit: Arc<dyn Contender> = Arc::new(Ours::with_kind(
+        LockClient::new(lock_etcd::connect(url).await?),
+        TTL,
+        kind,
+    ));
+    let permit_floor: Arc<dyn Contender> = Arc::new(FloorCycle::new(
+        Box::new(EtcdPermitFloor::connect(url, 1, 4).await?),
+        TTL,
+    ));
+    for _ in 0..200 {
+        permit.cycle("permit").await?;
+        permit_floor.cycle("floor-permit").await?;
+    }
+    println!(
+        "\n1 client, one permit of 4 acquired and released ({cycles} cycles, 10 interleaved rounds):"
+    );
+    let (mine, theirs) = interleaved_latency(
+        &*permit,
+        &*permit_floor,
+        ("permit", "floor-permit"),
+        cycles,
+        10,
+    )
+    .await?;
+    row("permit floor (own client, 2 txns)", &theirs);
+    row("lock-etcd (waiting acquire + release)", &mine);
+    println!(
+        "  ratio lock-etcd / floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
+        ratio(mine.p50_us, theirs.p50_us),
+        ratio(mine.p99_us, theirs.p99_us),
+        ratio(mine.per_sec, theirs.per_sec)
+    );
+
+    let clients = 8;
+    let mut all = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        all.push(LockClient::new(lock_etcd::connect(url).await?));
+    }
+    let all = Arc::new(all);
+    let per_client = (cycles / 20).max(50);
+    println!("\n{clients} clients on one key, each holding 1 ms, {per_client} grants each:");
+    let mut rates = [Vec::new(), Vec::new()];
+    for round in 0..4 {
+        for side in [round % 2, 1 - round % 2] {
+            let all = all.clone();
+            let stats = measure_parallel(clients, per_client, move |t, _| {
+                let all = all.clone();
+                async move {
+                    let request = if side == 0 {
+                        all[t].read_lock("readers")
+                    } else {
+                        all[t].lock("readers-mutex")
+                    };
+                    let guard = request
+                        .ttl(TTL)
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await?;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    guard.release().await.map(drop)
+                }
+            })
+            .await?;
+            rates[side].push(stats);
+        }
+    }
+    let [readers, mutex] = rates.map(|mut runs| {
+        runs.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
+        runs.swap_remove(runs.len() / 2)
+    });
+    row("mutex", &mutex);
+    row("readers", &readers);
+    println!(
+        "  readers / mutex throughput {:.3}x",
+        ratio(readers.per_sec, mutex.per_sec)
     );
     Ok(())
 }
