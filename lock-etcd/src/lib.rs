@@ -206,7 +206,11 @@
 //! acquire+release cycle (a waiting acquire, as users write it) with the
 //! same two transactions issued by hand on a client and lease of their own
 //! ([`floor::EtcdFloor`], also used by `distlock compare`), with 1 client
-//! and with 8 independent clients. `tests/round_trips.rs` checks that a
+//! and with 8 independent clients; one permit of a semaphore against
+//! [`floor::EtcdPermitFloor`] (the same two transactions the driver sends
+//! for an uncontended permit: create-and-read, exact delete; also the
+//! descriptor's `permit_floor`, one permit of 4); and 8 readers on one key
+//! against 8 clients of the mutex. `tests/round_trips.rs` checks that a
 //! cycle on a free key costs the floor's 2 RPCs.
 //!
 //! # Caveats
