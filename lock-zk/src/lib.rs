@@ -206,6 +206,11 @@
 //!   A `try_acquire_kind` gives up (`Ok(None)`) at once when the leases
 //!   already counted plus its own would pass the limit (which includes a
 //!   waiter's nodes), and after at most 1 s waiting for the mutex.
+//!   The internal mutex is not a lease: it is held only while an acquire
+//!   runs (a dropped acquire deletes it in the background), and a process
+//!   that dies while waiting for permits keeps every other acquirer of
+//!   that semaphore (ours and Curator's) waiting until its session expires,
+//!   as with Curator.
 //! - **Limits**: our clients store the limit in the `leases` directory's
 //!   data; a request with another limit while that directory has children
 //!   (holders or the waiter) is
