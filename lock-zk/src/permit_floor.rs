@@ -2,8 +2,8 @@
 //! requests written by hand on the floor's one bare connection.
 //!
 //! A cycle on a semaphore with a free permit is what the driver's recipe
-//! needs, seven requests, each one round trip (the driver pipelines none
-//! of them either, and adds an early look at the limit before the mutex):
+//! needs, seven requests, each one round trip (the driver sends the same
+//! ones one at a time, plus an early look at the limit before the mutex):
 //!
 //! 1. `create2` of the internal mutex's node `<sem>/locks/_c_<id>-lock-`;
 //! 2. `getChildren` of `<sem>/locks`: ours must be first (otherwise the
@@ -39,7 +39,30 @@ use crate::paths::{
 use crate::wire::{Decoder, code, flags, op};
 
 /// One permit of a semaphore of `limit` per cycle, by hand on one bare
-/// connection (see the [module docs](self)).
+/// connection (a [`ZkFloor`]'s).
+///
+/// A cycle on a semaphore with a free permit is what the driver's recipe
+/// needs, seven requests, each one round trip (the driver sends the same
+/// ones one at a time, plus an early look at the limit before the mutex):
+///
+/// 1. `create2` of the internal mutex's node `<sem>/locks/_c_<id>-lock-`;
+/// 2. `getChildren` of `<sem>/locks`: ours must be first (otherwise the
+///    node is deleted and the semaphore reported busy);
+/// 3. `getData` of `<sem>/leases`: the limit our clients agreed on (a
+///    different one while leases exist is refused; an idle semaphore, or
+///    a missing directory, takes ours with a `setData`, outside the steady
+///    state);
+/// 4. `create2` of the lease node `<sem>/leases/_c_<id>-lease-`; its
+///    `czxid` is the token;
+/// 5. `getChildren` of `<sem>/leases`: granted when there are at most
+///    `limit` (otherwise both nodes are deleted and the semaphore reported
+///    busy);
+/// 6. `delete` of the mutex node;
+/// 7. `delete` of the lease node (the release).
+///
+/// Paths and names are the driver's, so the floor's permits count against
+/// the driver's (and Curator's `InterProcessSemaphoreV2`'s) on the same
+/// key.
 ///
 /// # Examples
 ///
