@@ -103,6 +103,44 @@ fn grantable(kind: LeaseKind, holders: &[&HolderRow], earlier: &[&WaiterRow]) ->
     }
 }
 
+/// The key's holder and waiter rows (waiters in arrival order).
+async fn read_state(
+    conn: &mut DbConn,
+    statement: &std::sync::Arc<str>,
+    name: &str,
+    shape: &str,
+) -> Result<(Vec<HolderRow>, Vec<WaiterRow>), sqlx::Error> {
+    let binds = [
+        Bind::Text(name),
+        Bind::Text(shape),
+        Bind::Text(name),
+        Bind::Text(shape),
+    ];
+    let mut holders = Vec::new();
+    let mut waiters = Vec::new();
+    for r in fetch(conn, statement, &binds, "ittiiii").await? {
+        if r[0].int() == 0 {
+            holders.push(HolderRow {
+                owner: r[1].text().to_owned(),
+                code: r[2].text().to_owned(),
+                count: r[3].int(),
+                limit: r[4].int(),
+                token: r[5].int(),
+                live: r[6].int() == 1,
+            });
+        } else {
+            waiters.push(WaiterRow {
+                id: r[5].int(),
+                code: r[2].text().to_owned(),
+                limit: r[4].int(),
+                live: r[6].int() == 1,
+            });
+        }
+    }
+    waiters.sort_by_key(|w| w.id);
+    Ok((holders, waiters))
+}
+
 /// Whether an error is a rolled-back deadlock or serialization conflict
 /// (the transaction changed nothing and may run again).
 fn is_conflict(err: &sqlx::Error) -> bool {
@@ -154,29 +192,7 @@ impl SqlBackend {
         let counter_row = counter_row
             .ok_or_else(|| sqlx::Error::Protocol("the key's counter row is missing".into()))?;
         let (counter, epoch) = (counter_row[0].int(), counter_row[1].int());
-        let state_binds = [by_key[0], by_key[1], by_key[0], by_key[1]];
-        let mut holders = Vec::new();
-        let mut waiters = Vec::new();
-        for r in fetch(conn, &sql.state, &state_binds, "ittiiii").await? {
-            if r[0].int() == 0 {
-                holders.push(HolderRow {
-                    owner: r[1].text().to_owned(),
-                    code: r[2].text().to_owned(),
-                    count: r[3].int(),
-                    limit: r[4].int(),
-                    token: r[5].int(),
-                    live: r[6].int() == 1,
-                });
-            } else {
-                waiters.push(WaiterRow {
-                    id: r[5].int(),
-                    code: r[2].text().to_owned(),
-                    limit: r[4].int(),
-                    live: r[6].int() == 1,
-                });
-            }
-        }
-        waiters.sort_by_key(|w| w.id);
+        let (holders, waiters) = read_state(conn, &sql.state, name, shape).await?;
         // An expired holder is deleted by the decision that counts it as
         // gone, exactly that row: when it is not deleted, a renewal got in
         // between, and the decision starts again on what is there now.
@@ -284,6 +300,55 @@ impl SqlBackend {
             .map(|r| r[0].int())
             .ok_or_else(|| sqlx::Error::Protocol("the waiter row has no id".into()))?;
         Ok(Outcome::Queued(Some(id)))
+    }
+
+    /// A waiting acquire's look before its next grant transaction, read
+    /// only and outside any transaction (on SQLite without the writer
+    /// turn): `false` when the transaction would only refuse again and its
+    /// waiter row (`waiter`, live) needs no refresh yet. Anything else
+    /// (grantable, our row gone, another limit, expired holders to clean
+    /// up) is `true`: the transaction decides.
+    async fn worth_trying(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        waiter: i64,
+    ) -> Result<bool, LockError> {
+        let operation = Operation::Acquire;
+        let conns = &self.inner().conns;
+        let statement = &self.inner().shared.state;
+        let (name, shape) = (key.as_str(), kind.shape().as_str());
+        let (holders, waiters) = with_timeout(self.inner().config.op_timeout, operation, async {
+            let mut fresh = false;
+            loop {
+                let mut checkout = conns
+                    .checkout_reader(fresh)
+                    .await
+                    .map_err(|e| self.err(operation, key, e))?;
+                let result = read_state(checkout.conn(), statement, name, shape).await;
+                if checkout.finish(&result) && !fresh {
+                    fresh = true;
+                    continue;
+                }
+                break result.map_err(|e| self.err(operation, key, e));
+            }
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let ours_live = waiters.iter().any(|w| w.id == waiter && w.live);
+        if !ours_live || holders.iter().any(|h| !h.live) {
+            return Ok(true);
+        }
+        let live: Vec<&HolderRow> = holders.iter().collect();
+        let (_, limit) = amounts(kind);
+        let others = waiters.iter().filter(|w| w.live && w.id != waiter);
+        if matches!(kind, LeaseKind::Permits { .. })
+            && (live.iter().any(|h| h.limit != limit) || others.clone().any(|w| w.limit != limit))
+        {
+            return Ok(true);
+        }
+        let earlier: Vec<&WaiterRow> = others.filter(|w| w.id < waiter).collect();
+        Ok(grantable(kind, &live, &earlier))
     }
 
     /// One grant transaction on one connection: BEGIN, decide, COMMIT
@@ -454,10 +519,32 @@ impl SqlBackend {
             key: key.clone(),
             id: None,
         };
+        // When our waiter row was last written (it lives `ttl` from then).
+        let mut refreshed_at = Instant::now();
+        let mut look_first = false;
         loop {
             // Subscribe before the attempt, so a release between a refusal
             // and the wait is not missed.
             let mut wakes = self.inner().waits.subscribe();
+            // While our row is fresh, a read-only look spares a write
+            // transaction (and on SQLite the file's write lock) that would
+            // only refuse again.
+            let skip = match queued.id {
+                Some(id) if look_first && refreshed_at.elapsed() < ttl / 3 => {
+                    !self.worth_trying(key, kind, id).await?
+                }
+                _ => false,
+            };
+            look_first = true;
+            if skip {
+                self.wait_for_wake(&mut wakes, key, ttl, deadline, &mut backoff)
+                    .await;
+                if Instant::now() >= deadline {
+                    // One last decision at the deadline.
+                    look_first = false;
+                }
+                continue;
+            }
             let sent_at = Instant::now();
             match self
                 .attempt(key, kind, &owner_hex, ttl, queued.id, true, operation)
@@ -470,7 +557,10 @@ impl SqlBackend {
                         .share_lease(key, kind, owner, token, ttl, sent_at)
                         .await;
                 }
-                Outcome::Queued(id) => queued.id = id,
+                Outcome::Queued(id) => {
+                    queued.id = id;
+                    refreshed_at = sent_at;
+                }
                 // Its holders kept renewing at their expiry: still queued.
                 Outcome::Retry => {}
                 Outcome::Mismatch(in_use) => {
@@ -494,27 +584,42 @@ impl SqlBackend {
                 // Releases before the listener ran were not heard.
                 continue;
             }
-            let delay = if notified {
-                config.recheck
-            } else {
-                backoff.next_delay().unwrap_or(config.poll.max)
-            };
-            // Often enough that our waiter row (TTL `ttl`) stays live.
-            let delay = delay.min(ttl / 3) + lock_core::random_delay(Duration::from_millis(2));
-            let sleep = tokio::time::sleep_until((Instant::now() + delay).min(deadline));
-            tokio::pin!(sleep);
-            loop {
-                tokio::select! {
-                    () = &mut sleep => break,
-                    wake = wakes.recv() => match wake {
-                        Ok(Wake::Released(released)) if &*released == key.as_str() => {
-                            backoff = config.poll.backoff();
-                            break;
-                        }
-                        Ok(Wake::All) | Err(_) => break,
-                        Ok(Wake::Released(_) | Wake::Taken(_)) => {}
-                    },
-                }
+            self.wait_for_wake(&mut wakes, key, ttl, deadline, &mut backoff)
+                .await;
+        }
+    }
+
+    /// Sleeps until a wake-up for `key` (a release, a downgrade, a
+    /// withdrawal), the next poll or re-check, or `deadline`; attempts come
+    /// at least every `ttl / 3`, so a waiter row (TTL `ttl`) stays live.
+    async fn wait_for_wake(
+        &self,
+        wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+        backoff: &mut lock_core::Backoff,
+    ) {
+        let config = &self.inner().config;
+        let delay = if self.inner_dialect().notified() {
+            config.recheck
+        } else {
+            backoff.next_delay().unwrap_or(config.poll.max)
+        };
+        let delay = delay.min(ttl / 3) + lock_core::random_delay(Duration::from_millis(2));
+        let sleep = tokio::time::sleep_until((Instant::now() + delay).min(deadline));
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => break,
+                wake = wakes.recv() => match wake {
+                    Ok(Wake::Released(released)) if &*released == key.as_str() => {
+                        *backoff = config.poll.backoff();
+                        break;
+                    }
+                    Ok(Wake::All) | Err(_) => break,
+                    Ok(Wake::Released(_) | Wake::Taken(_)) => {}
+                },
             }
         }
     }
