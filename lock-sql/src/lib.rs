@@ -285,7 +285,7 @@
 // With only some dialects compiled in, helpers of the others go unused.
 #![cfg_attr(
     not(all(feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(dead_code, irrefutable_let_patterns)
+    allow(dead_code, irrefutable_let_patterns, unused_imports, unused_variables)
 )]
 
 mod config;

@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use crate::config::SqlDialect;
 use crate::dialect::Dialect;
 
 /// SQL text for one backend. `Arc<str>` so that issuing a statement does not
@@ -27,15 +26,6 @@ pub(crate) struct Statements {
     pub(crate) inspect: Arc<str>,
     /// The quoted table name.
     pub(crate) quoted_table: String,
-}
-
-/// Quotes a validated (schema-qualified) table name for `dialect`.
-pub(crate) fn quote_table(dialect: SqlDialect, table: &str) -> String {
-    let quote = match dialect {
-        SqlDialect::MySql => '`',
-        SqlDialect::Postgres | SqlDialect::Sqlite => '"',
-    };
-    quote_with(quote, table)
 }
 
 /// Quotes each part of a validated (schema-qualified) name with `quote`.
@@ -62,14 +52,12 @@ impl Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SqlDialect;
 
     #[test]
     fn table_names_are_quoted_per_dialect() {
-        assert_eq!(
-            quote_table(SqlDialect::Postgres, "app.locks"),
-            "\"app\".\"locks\""
-        );
-        assert_eq!(quote_table(SqlDialect::MySql, "locks"), "`locks`");
+        assert_eq!(quote_with('"', "app.locks"), "\"app\".\"locks\"");
+        assert_eq!(quote_with('`', "locks"), "`locks`");
         assert_eq!(pg_channel("app.locks"), "distlock_app_locks");
         let dialect = crate::dialect::of(SqlDialect::Sqlite).expect("sqlite compiled in");
         let s = Statements::new(dialect, "x");

@@ -19,6 +19,8 @@ use lock_core::{Lease, LockError, LockKey};
 use crate::config::{SqlConfig, SqlDialect};
 use crate::conn::{DbConn, DbOptions, DbPool};
 use crate::driver::NAME;
+use crate::session::conn::{Granted, ServerKey};
+use crate::session::sql::SessionSql;
 use crate::sql::Statements;
 
 #[cfg(feature = "mysql")]
@@ -293,4 +295,119 @@ pub(crate) fn spliced_batch(
         triples.join(", "),
         names.join(", ")
     )
+}
+
+/// What differs between the databases in session mode (PostgreSQL and
+/// MySQL/MariaDB; SQLite has no server session): the session statements'
+/// text and binds, the session settings, the name, shortest TTL and
+/// fencing scope. Implemented by the same per-database types as
+/// [`Dialect`], in their modules.
+#[async_trait]
+pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
+    /// The backend's name in session mode (`"postgres-session"`, ...).
+    fn session_name(&self) -> &'static str;
+
+    /// The shortest TTL the server's idle timeout can express.
+    fn session_min_ttl(&self) -> Duration;
+
+    /// Where the session tokens are counted.
+    fn session_fencing(&self) -> lock_core::FencingScope;
+
+    /// The session statements for lease table `table` (validated).
+    fn session_sql(&self, table: &str) -> SessionSql;
+
+    /// How to open a session: the driver URL plus the per-session settings
+    /// that travel in the handshake.
+    fn session_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError>;
+
+    /// Makes the server end the session after `ttl` of silence, no earlier,
+    /// where that takes a statement of its own (MySQL `SET wait_timeout`,
+    /// only when `armed`, the value set before, differs).
+    async fn arm_idle_timeout(
+        &self,
+        conn: &mut DbConn,
+        armed: &mut Option<u64>,
+        ttl: Duration,
+    ) -> Result<(), sqlx::Error>;
+
+    /// One grant statement: a try when `wait` is `None`, else a wait of up
+    /// to that long on the server; the token in the same statement.
+    #[allow(clippy::too_many_arguments)]
+    async fn session_grant(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        key: &[u8],
+        server_key: &ServerKey,
+        owner: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Granted, sqlx::Error>;
+
+    /// Releases the lock; `true` when this session held it.
+    async fn session_release(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        server_key: &ServerKey,
+    ) -> Result<bool, sqlx::Error>;
+
+    /// The keep-alive: does this session still hold the lock?
+    async fn session_holds(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        server_key: &ServerKey,
+    ) -> Result<bool, sqlx::Error>;
+
+    /// Who holds the lock: `(server session id, owner hex, token)`; owner
+    /// and token only when the holder is one of ours.
+    async fn session_inspect(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        key: &[u8],
+        server_key: &ServerKey,
+    ) -> Result<Option<SessionHolder>, sqlx::Error>;
+
+    /// Ends session `victim` on the server from `conn`.
+    async fn kill_session(&self, conn: &mut DbConn, victim: i64) -> Result<(), sqlx::Error>;
+
+    /// Creates the token counter (when `create`) and checks it: a problem
+    /// found is returned as text.
+    async fn prepare_session_schema(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        create: bool,
+    ) -> Result<Option<String>, sqlx::Error>;
+}
+
+/// A session lock's holder: (server session id, owner hex, token).
+pub(crate) type SessionHolder = (i64, Option<String>, Option<u64>);
+
+/// The session half of `dialect`, or a Config error (SQLite, or a
+/// dialect whose cargo feature is off).
+pub(crate) fn session_of(dialect: SqlDialect) -> Result<&'static dyn SessionDialect, LockError> {
+    let found: Option<&'static dyn SessionDialect> = match dialect {
+        #[cfg(feature = "postgres")]
+        SqlDialect::Postgres => Some(&postgres::Postgres),
+        #[cfg(feature = "mysql")]
+        SqlDialect::MySql => Some(&mysql::MySql),
+        SqlDialect::Sqlite => {
+            return Err(LockError::config(
+                "mode=session needs a database server (PostgreSQL or MySQL/MariaDB): \
+                 SQLite has no server session to hold a lock",
+            )
+            .with_backend("sqlite"));
+        }
+        #[allow(unreachable_patterns)] // with every feature on
+        _ => None,
+    };
+    found.ok_or_else(|| {
+        LockError::config(format!(
+            "lock-sql was built without its `{dialect}` feature"
+        ))
+        .with_backend(NAME)
+    })
 }

@@ -10,14 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Lease, LockError, LockKey};
+use lock_core::{FencingScope, Lease, LockError, LockKey};
+use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Dialect, Holder, Renewed, SharedNames, bad_option, micros, spliced_batch, text, token_of,
-    wrong_conn,
+    Dialect, Holder, Renewed, SessionDialect, SessionHolder, SharedNames, bad_option, micros,
+    spliced_batch, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::session::conn::{Granted, ServerKey, mysql_wait_timeout, token_of as session_token};
+use crate::session::sql::{SessionSql, suffixed};
 use crate::sql::Statements;
 
 /// MySQL and MariaDB.
@@ -176,7 +179,6 @@ impl Dialect for MySql {
         sql: &Arc<str>,
         key: &LockKey,
     ) -> Result<Option<Holder>, sqlx::Error> {
-        use sqlx::Row;
         sqlx::query(text(sql))
             .bind(key.as_str().as_bytes())
             .fetch_optional(my(conn)?)
@@ -292,5 +294,180 @@ impl Dialect for MySql {
             ),
             "SELECT CAST(LAST_INSERT_ID() AS SIGNED)".to_owned(),
         ]
+    }
+}
+
+/// Session mode: `GET_LOCK`, tokens from a counter row per key.
+#[async_trait]
+impl SessionDialect for MySql {
+    fn session_name(&self) -> &'static str {
+        "mysql-session"
+    }
+
+    fn session_min_ttl(&self) -> Duration {
+        crate::MYSQL_SESSION_MIN_TTL
+    }
+
+    /// A counter row per key.
+    fn session_fencing(&self) -> FencingScope {
+        FencingScope::PerKey
+    }
+
+    // One row per key, never deleted: the token column is bumped only by a
+    // statement whose GET_LOCK succeeded, so the grants of a key are
+    // serialized by its lock and the counter strictly increases.
+    // LAST_INSERT_ID(expr) carries the new token back in the OK packet; no
+    // row is selected (and 0 reported) when GET_LOCK returned 0 (held until
+    // the timeout) or NULL (error).
+    fn session_sql(&self, table: &str) -> SessionSql {
+        let tok = suffixed('`', table, "_session_tokens");
+        SessionSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {tok} (\
+                 name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+                 token BIGINT NOT NULL, \
+                 owner VARCHAR(64) NOT NULL, \
+                 conn BIGINT NOT NULL) ENGINE=InnoDB"
+            ),
+            check: String::new(),
+            grant: format!(
+                "INSERT INTO {tok} (name, token, owner, conn) \
+                 SELECT ?, LAST_INSERT_ID(1), ?, CONNECTION_ID() FROM DUAL \
+                 WHERE GET_LOCK(?, ?) = 1 \
+                 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), \
+                 owner = VALUES(owner), conn = VALUES(conn)"
+            ),
+            wait: String::new(),
+            release: "SELECT RELEASE_LOCK(?)".to_owned(),
+            holds: "SELECT IS_USED_LOCK(?) = CONNECTION_ID()".to_owned(),
+            inspect: format!(
+                "SELECT u.c, t.token, t.owner, t.conn \
+                 FROM (SELECT IS_USED_LOCK(?) AS c) u LEFT JOIN {tok} t ON t.name = ?"
+            ),
+            session_id: Arc::from("SELECT CAST(CONNECTION_ID() AS SIGNED)"),
+            counter: tok,
+        }
+    }
+
+    fn session_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
+        Ok(DbOptions::MySql(options(config)?))
+    }
+
+    async fn arm_idle_timeout(
+        &self,
+        conn: &mut DbConn,
+        armed: &mut Option<u64>,
+        ttl: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let secs = mysql_wait_timeout(ttl);
+        if *armed != Some(secs) {
+            sqlx::query("SET SESSION wait_timeout = ?")
+                .bind(secs)
+                .execute(my(conn)?)
+                .await?;
+            *armed = Some(secs);
+        }
+        Ok(())
+    }
+
+    async fn session_grant(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        key: &[u8],
+        server_key: &ServerKey,
+        owner: &str,
+        _ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Granted, sqlx::Error> {
+        // GET_LOCK(name, 0) tries; a positive timeout waits.
+        let seconds = wait.map_or(0.0, |w| w.as_secs_f64().max(0.001));
+        let done = sqlx::query(AssertSqlSafe(sql.grant.as_str()))
+            .bind(key)
+            .bind(owner)
+            .bind(server_key.mysql.as_str())
+            .bind(seconds)
+            .execute(my(conn)?)
+            .await?;
+        Ok(session_token(i64::try_from(done.last_insert_id()).ok()))
+    }
+
+    async fn session_release(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        server_key: &ServerKey,
+    ) -> Result<bool, sqlx::Error> {
+        let released: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.release.as_str()))
+            .bind(server_key.mysql.as_str())
+            .fetch_one(my(conn)?)
+            .await?;
+        Ok(released == Some(1))
+    }
+
+    async fn session_holds(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        server_key: &ServerKey,
+    ) -> Result<bool, sqlx::Error> {
+        let held: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.holds.as_str()))
+            .bind(server_key.mysql.as_str())
+            .fetch_one(my(conn)?)
+            .await?;
+        Ok(held == Some(1))
+    }
+
+    async fn session_inspect(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        key: &[u8],
+        server_key: &ServerKey,
+    ) -> Result<Option<SessionHolder>, sqlx::Error> {
+        let row = sqlx::query(AssertSqlSafe(sql.inspect.as_str()))
+            .bind(server_key.mysql.as_str())
+            .bind(key)
+            .fetch_one(my(conn)?)
+            .await?;
+        let Some(holder) = row.try_get::<Option<i64>, _>(0)? else {
+            return Ok(None);
+        };
+        let token: Option<i64> = row.try_get(1)?;
+        let owner: Option<String> = row.try_get(2)?;
+        let conn_id: Option<i64> = row.try_get(3)?;
+        // The token row names the session of the last grant: it is the
+        // holder's only if that session holds the lock now.
+        if conn_id == Some(holder) {
+            Ok(Some((
+                holder,
+                owner,
+                token.and_then(|t| u64::try_from(t).ok()),
+            )))
+        } else {
+            Ok(Some((holder, None, None)))
+        }
+    }
+
+    // KILL takes no placeholder; the id is our own integer.
+    async fn kill_session(&self, conn: &mut DbConn, victim: i64) -> Result<(), sqlx::Error> {
+        sqlx::query(AssertSqlSafe(format!("KILL {victim}")))
+            .execute(my(conn)?)
+            .await
+            .map(drop)
+    }
+
+    async fn prepare_session_schema(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        create: bool,
+    ) -> Result<Option<String>, sqlx::Error> {
+        if create {
+            sqlx::query(AssertSqlSafe(sql.create.as_str()))
+                .execute(my(conn)?)
+                .await?;
+        }
+        Ok(None)
     }
 }

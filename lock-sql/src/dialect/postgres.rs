@@ -7,14 +7,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Lease, LockError, LockKey};
-use sqlx::Row;
+use lock_core::{FencingScope, Lease, LockError, LockKey};
+use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Dialect, Holder, Renewed, SharedNames, bad_option, micros, text, token_of, wrong_conn,
+    Dialect, Holder, Renewed, SessionDialect, SessionHolder, SharedNames, bad_option, micros, text,
+    token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::session::conn::{Granted, ServerKey, pg_idle_timeout, token_of as session_token};
+use crate::session::sql::{SessionSql, suffixed};
 use crate::sql::Statements;
 
 /// PostgreSQL.
@@ -288,5 +291,218 @@ impl Dialect for Postgres {
             "WITH changed AS ({statement} RETURNING name) \
              SELECT pg_notify(${next}, name) FROM changed"
         ))
+    }
+}
+
+/// How often a PostgreSQL backend running a statement checks that its
+/// client is still there (PostgreSQL 14+), so a dropped waiting acquire
+/// ends on the server soon even if the background kill cannot run.
+const PG_CLIENT_CHECK: &str = "250ms";
+
+/// Session mode: session-level advisory locks, tokens from one sequence.
+#[async_trait]
+impl SessionDialect for Postgres {
+    fn session_name(&self) -> &'static str {
+        "postgres-session"
+    }
+
+    fn session_min_ttl(&self) -> Duration {
+        crate::PG_SESSION_MIN_TTL
+    }
+
+    /// One sequence for every key (nextval order is the order of grants).
+    fn session_fencing(&self) -> FencingScope {
+        FencingScope::Global
+    }
+
+    // The grant's CASE runs `nextval` only when the try-lock succeeded
+    // (CASE evaluates its branches in order and only as needed), and the
+    // token and the holder's identity are published in `application_name`
+    // for `inspect`. OFFSET 0 keeps the subquery from being flattened into
+    // the outer query, so the volatile lock call is evaluated exactly once.
+    fn session_sql(&self, table: &str) -> SessionSql {
+        let seq = suffixed('"', table, "_session_seq");
+        let publish = "CASE WHEN g.t IS NOT NULL THEN \
+             set_config('application_name', 'distlock ' || $2 || ' ' || g.t, false) \
+             || set_config('idle_session_timeout', $3, false) END";
+        SessionSql {
+            create: format!("CREATE SEQUENCE IF NOT EXISTS {seq} AS BIGINT CACHE 1 NO CYCLE"),
+            check: "SELECT seqcache, seqcycle FROM pg_sequence WHERE seqrelid = $1::regclass"
+                .to_owned(),
+            grant: format!(
+                "SELECT g.t, {publish} FROM (SELECT CASE WHEN pg_try_advisory_lock($1) \
+                 THEN nextval('{seq}') END AS t OFFSET 0) g"
+            ),
+            wait: format!(
+                "SELECT g.t, {publish} FROM (SELECT CASE \
+                 WHEN set_config('lock_timeout', $4, false) IS NULL THEN NULL \
+                 WHEN pg_advisory_lock($1)::text IS NULL THEN NULL \
+                 ELSE nextval('{seq}') END AS t OFFSET 0) g"
+            ),
+            release: "SELECT pg_advisory_unlock($1), \
+                 set_config('application_name', 'distlock', false), \
+                 set_config('idle_session_timeout', '0', false)"
+                .to_owned(),
+            holds: "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                 AND pid = pg_backend_pid() AND classid::bigint = $1 \
+                 AND objid::bigint = $2 AND objsubid = 1 AND granted)"
+                .to_owned(),
+            inspect: "SELECT l.pid, a.application_name FROM pg_locks l \
+                 LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 \
+                 AND l.objid::bigint = $2 AND l.objsubid = 1 AND l.granted \
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                .to_owned(),
+            session_id: Arc::from("SELECT CAST(pg_backend_pid() AS BIGINT)"),
+            counter: seq,
+        }
+    }
+
+    fn session_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
+        let options = options(config)?;
+        Ok(DbOptions::Postgres(
+            options.application_name("distlock").options([
+                ("client_connection_check_interval", PG_CLIENT_CHECK),
+                // A dead client host while a statement runs (idle sessions
+                // are ended by idle_session_timeout instead).
+                ("tcp_keepalives_idle", "5"),
+                ("tcp_keepalives_interval", "1"),
+                ("tcp_keepalives_count", "3"),
+                ("idle_session_timeout", "0"),
+            ]),
+        ))
+    }
+
+    /// Set inside the grant statement: nothing to do here.
+    async fn arm_idle_timeout(
+        &self,
+        _conn: &mut DbConn,
+        _armed: &mut Option<u64>,
+        _ttl: Duration,
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    async fn session_grant(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        _key: &[u8],
+        server_key: &ServerKey,
+        owner: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Granted, sqlx::Error> {
+        let statement = match wait {
+            None => &sql.grant,
+            Some(_) => &sql.wait,
+        };
+        let mut query = sqlx::query(AssertSqlSafe(statement.as_str()))
+            .bind(server_key.pg)
+            .bind(owner)
+            .bind(pg_idle_timeout(ttl));
+        if let Some(wait) = wait {
+            // lock_timeout = 0 would mean "wait forever".
+            let ms = wait.as_millis().max(1);
+            query = query.bind(ms.to_string());
+        }
+        match query.fetch_one(pg(conn)?).await {
+            Ok(row) => Ok(session_token(row.try_get::<Option<i64>, _>(0)?)),
+            // lock_not_available: lock_timeout ran out.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                Ok(Granted::Held)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn session_release(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        server_key: &ServerKey,
+    ) -> Result<bool, sqlx::Error> {
+        let row = sqlx::query(AssertSqlSafe(sql.release.as_str()))
+            .bind(server_key.pg)
+            .fetch_one(pg(conn)?)
+            .await?;
+        row.try_get::<bool, _>(0)
+    }
+
+    async fn session_holds(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        server_key: &ServerKey,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar::<_, bool>(AssertSqlSafe(sql.holds.as_str()))
+            .bind(server_key.pg_halves.0)
+            .bind(server_key.pg_halves.1)
+            .fetch_one(pg(conn)?)
+            .await
+    }
+
+    async fn session_inspect(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        _key: &[u8],
+        server_key: &ServerKey,
+    ) -> Result<Option<SessionHolder>, sqlx::Error> {
+        let row = sqlx::query(AssertSqlSafe(sql.inspect.as_str()))
+            .bind(server_key.pg_halves.0)
+            .bind(server_key.pg_halves.1)
+            .fetch_optional(pg(conn)?)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let pid: i32 = row.try_get(0)?;
+        let app: Option<String> = row.try_get(1)?;
+        // `distlock <owner hex> <token>` while one of ours holds it.
+        let ours = app.as_deref().and_then(|a| {
+            let mut parts = a.strip_prefix("distlock ")?.split(' ');
+            let owner = parts.next()?.to_owned();
+            let token = parts.next()?.parse::<u64>().ok()?;
+            Some((owner, token))
+        });
+        Ok(Some(match ours {
+            Some((owner, token)) => (i64::from(pid), Some(owner), Some(token)),
+            None => (i64::from(pid), None, None),
+        }))
+    }
+
+    async fn kill_session(&self, conn: &mut DbConn, victim: i64) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT pg_terminate_backend($1::int)")
+            .bind(victim)
+            .execute(pg(conn)?)
+            .await
+            .map(drop)
+    }
+
+    async fn prepare_session_schema(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        create: bool,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let conn = pg(conn)?;
+        if create {
+            sqlx::query(AssertSqlSafe(sql.create.as_str()))
+                .execute(&mut *conn)
+                .await?;
+        }
+        let row = sqlx::query(AssertSqlSafe(sql.check.as_str()))
+            .bind(sql.counter.as_str())
+            .fetch_one(&mut *conn)
+            .await?;
+        let cache: i64 = row.try_get(0)?;
+        let cycle: bool = row.try_get(1)?;
+        if cache != 1 || cycle {
+            return Ok(Some(format!(
+                "the token sequence {} must have CACHE 1 and NO CYCLE (has cache {cache}, cycle {cycle}): \
+                 a per-session cache hands out tokens out of order",
+                sql.counter
+            )));
+        }
+        Ok(None)
     }
 }

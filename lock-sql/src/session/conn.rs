@@ -5,80 +5,42 @@
 use std::time::Duration;
 
 use lock_core::{LockError, SessionState};
-use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::names;
 use super::sql::SessionSql;
-use crate::config::{SqlConfig, SqlDialect};
+use crate::config::SqlConfig;
+use crate::conn::{DbConn, DbOptions};
+use crate::dialect::{SessionDialect, SessionHolder, session_of};
+use crate::shared::run::fetch;
 
-/// How to open a session.
+/// How to open a session: the database's session half and its connect
+/// options (with the per-session settings).
 #[derive(Clone, Debug)]
-pub(crate) enum Opts {
-    #[cfg(feature = "postgres")]
-    Pg(sqlx::postgres::PgConnectOptions),
-    #[cfg(feature = "mysql")]
-    My(sqlx::mysql::MySqlConnectOptions),
+pub(crate) struct Opts {
+    pub(crate) dialect: &'static dyn SessionDialect,
+    options: DbOptions,
 }
-
-/// How often a PostgreSQL backend running a statement checks that its
-/// client is still there (PostgreSQL 14+), so a dropped waiting acquire
-/// ends on the server soon even if the background kill cannot run.
-const PG_CLIENT_CHECK: &str = "250ms";
 
 impl Opts {
     /// Parses the driver URL of `config` and adds the per-session settings
     /// that travel in the PostgreSQL startup packet (no round trip).
     pub(crate) fn new(config: &SqlConfig) -> Result<Self, LockError> {
-        let bad = |e: sqlx::Error| {
-            LockError::config(config.scrub(&format!(
-                "the {} driver rejected {}: {e}",
-                config.dialect,
-                config.redacted_url()
-            )))
-        };
-        match config.dialect {
-            #[cfg(feature = "postgres")]
-            SqlDialect::Postgres => {
-                let options: sqlx::postgres::PgConnectOptions =
-                    config.driver_url().parse().map_err(bad)?;
-                Ok(Self::Pg(options.application_name("distlock").options([
-                    ("client_connection_check_interval", PG_CLIENT_CHECK),
-                    // A dead client host while a statement runs (idle
-                    // sessions are ended by idle_session_timeout instead).
-                    ("tcp_keepalives_idle", "5"),
-                    ("tcp_keepalives_interval", "1"),
-                    ("tcp_keepalives_count", "3"),
-                    ("idle_session_timeout", "0"),
-                ])))
-            }
-            #[cfg(feature = "mysql")]
-            SqlDialect::MySql => Ok(Self::My(config.driver_url().parse().map_err(bad)?)),
-            SqlDialect::Sqlite => Err(LockError::config(
-                "mode=session needs a database server (PostgreSQL or MySQL/MariaDB)",
-            )),
-            #[allow(unreachable_patterns)] // with a dialect's feature off
-            other => Err(LockError::config(format!(
-                "lock-sql was built without its `{other}` feature"
-            ))),
-        }
+        let dialect = session_of(config.dialect)?;
+        Ok(Self {
+            dialect,
+            options: dialect.session_options(config)?,
+        })
     }
-}
-
-/// A bare connection of either dialect.
-#[derive(Debug)]
-pub(crate) enum Conn {
-    #[cfg(feature = "postgres")]
-    Pg(sqlx::PgConnection),
-    #[cfg(feature = "mysql")]
-    My(sqlx::MySqlConnection),
 }
 
 /// One open server session.
 #[derive(Debug)]
 pub(crate) struct Session {
-    pub(crate) conn: Conn,
+    pub(crate) conn: DbConn,
+    /// The database's session half.
+    pub(crate) dialect: &'static dyn SessionDialect,
     /// The server's id of this session: PostgreSQL backend pid, MySQL
     /// connection id (for the background kill of a dropped wait).
     pub(crate) id: i64,
@@ -141,7 +103,8 @@ pub(crate) enum Granted {
     Held,
 }
 
-fn token_of(raw: Option<i64>) -> Granted {
+/// A grant statement's token: `Held` when none (or not positive).
+pub(crate) fn token_of(raw: Option<i64>) -> Granted {
     match raw.and_then(|t| u64::try_from(t).ok()) {
         Some(t) if t > 0 => Granted::Token(t),
         _ => Granted::Held,
@@ -152,26 +115,15 @@ impl Session {
     /// Opens a session and reads its server-side id (one round trip after
     /// the handshake).
     pub(crate) async fn open(opts: &Opts, sql: &SessionSql) -> Result<Self, sqlx::Error> {
-        let (conn, id) = match opts {
-            #[cfg(feature = "postgres")]
-            Opts::Pg(options) => {
-                let mut conn = sqlx::PgConnection::connect_with(options).await?;
-                let id: i64 = sqlx::query_scalar(sql.session_id)
-                    .fetch_one(&mut conn)
-                    .await?;
-                (Conn::Pg(conn), id)
-            }
-            #[cfg(feature = "mysql")]
-            Opts::My(options) => {
-                let mut conn = sqlx::MySqlConnection::connect_with(options).await?;
-                let id: i64 = sqlx::query_scalar(sql.session_id)
-                    .fetch_one(&mut conn)
-                    .await?;
-                (Conn::My(conn), id)
-            }
-        };
+        let mut conn = opts.options.connect().await?;
+        let id = fetch(&mut conn, &sql.session_id, &[], "i")
+            .await?
+            .first()
+            .map(|row| row[0].int())
+            .ok_or_else(|| sqlx::Error::Protocol("no session id".into()))?;
         Ok(Self {
             conn,
+            dialect: opts.dialect,
             id,
             wait_timeout: None,
             idle_since: Instant::now(),
@@ -190,28 +142,11 @@ impl Session {
         })
     }
 
-    /// Makes the server end this session after `ttl` of silence, no
-    /// earlier. PostgreSQL does it inside the grant statement; MySQL needs
-    /// a `SET` (one round trip, only when the value changes).
-    async fn arm_idle_timeout(&mut self, ttl: Duration) -> Result<(), sqlx::Error> {
-        #[cfg(feature = "mysql")]
-        if let Conn::My(conn) = &mut self.conn {
-            let secs = mysql_wait_timeout(ttl);
-            if self.wait_timeout != Some(secs) {
-                sqlx::query("SET SESSION wait_timeout = ?")
-                    .bind(secs)
-                    .execute(&mut *conn)
-                    .await?;
-                self.wait_timeout = Some(secs);
-            }
-        }
-        let _ = ttl;
-        Ok(())
-    }
-
     /// One grant statement: a try when `wait` is `None`, else a wait of up
     /// to that long on the server. The token comes back in the same
-    /// statement.
+    /// statement. First makes the server end this session after `ttl` of
+    /// silence, no earlier (PostgreSQL does it inside the grant statement;
+    /// MySQL needs a `SET`, one round trip, only when the value changes).
     pub(crate) async fn grant(
         &mut self,
         sql: &SessionSql,
@@ -221,46 +156,12 @@ impl Session {
         ttl: Duration,
         wait: Option<Duration>,
     ) -> Result<Granted, sqlx::Error> {
-        self.arm_idle_timeout(ttl).await?;
-        match &mut self.conn {
-            #[cfg(feature = "postgres")]
-            Conn::Pg(conn) => {
-                let statement = match wait {
-                    None => &sql.grant,
-                    Some(_) => &sql.wait,
-                };
-                let mut query = sqlx::query(AssertSqlSafe(statement.as_str()))
-                    .bind(server_key.pg)
-                    .bind(owner)
-                    .bind(pg_idle_timeout(ttl));
-                if let Some(wait) = wait {
-                    // lock_timeout = 0 would mean "wait forever".
-                    let ms = wait.as_millis().max(1);
-                    query = query.bind(ms.to_string());
-                }
-                match query.fetch_one(&mut *conn).await {
-                    Ok(row) => Ok(token_of(row.try_get::<Option<i64>, _>(0)?)),
-                    // lock_not_available: lock_timeout ran out.
-                    Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
-                        Ok(Granted::Held)
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            #[cfg(feature = "mysql")]
-            Conn::My(conn) => {
-                // GET_LOCK(name, 0) tries; a positive timeout waits.
-                let seconds = wait.map_or(0.0, |w| w.as_secs_f64().max(0.001));
-                let done = sqlx::query(AssertSqlSafe(sql.grant.as_str()))
-                    .bind(key)
-                    .bind(owner)
-                    .bind(server_key.mysql.as_str())
-                    .bind(seconds)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(token_of(i64::try_from(done.last_insert_id()).ok()))
-            }
-        }
+        self.dialect
+            .arm_idle_timeout(&mut self.conn, &mut self.wait_timeout, ttl)
+            .await?;
+        self.dialect
+            .session_grant(&mut self.conn, sql, key, server_key, owner, ttl, wait)
+            .await
     }
 
     /// Releases the lock; `true` when this session held it.
@@ -269,24 +170,9 @@ impl Session {
         sql: &SessionSql,
         server_key: &ServerKey,
     ) -> Result<bool, sqlx::Error> {
-        match &mut self.conn {
-            #[cfg(feature = "postgres")]
-            Conn::Pg(conn) => {
-                let row = sqlx::query(AssertSqlSafe(sql.release.as_str()))
-                    .bind(server_key.pg)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                row.try_get::<bool, _>(0)
-            }
-            #[cfg(feature = "mysql")]
-            Conn::My(conn) => {
-                let released: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.release.as_str()))
-                    .bind(server_key.mysql.as_str())
-                    .fetch_one(&mut *conn)
-                    .await?;
-                Ok(released == Some(1))
-            }
-        }
+        self.dialect
+            .session_release(&mut self.conn, sql, server_key)
+            .await
     }
 
     /// The keep-alive: a cheap query that also tells whether this session
@@ -296,24 +182,9 @@ impl Session {
         sql: &SessionSql,
         server_key: &ServerKey,
     ) -> Result<bool, sqlx::Error> {
-        match &mut self.conn {
-            #[cfg(feature = "postgres")]
-            Conn::Pg(conn) => {
-                sqlx::query_scalar::<_, bool>(AssertSqlSafe(sql.holds.as_str()))
-                    .bind(server_key.pg_halves.0)
-                    .bind(server_key.pg_halves.1)
-                    .fetch_one(&mut *conn)
-                    .await
-            }
-            #[cfg(feature = "mysql")]
-            Conn::My(conn) => {
-                let held: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.holds.as_str()))
-                    .bind(server_key.mysql.as_str())
-                    .fetch_one(&mut *conn)
-                    .await?;
-                Ok(held == Some(1))
-            }
-        }
+        self.dialect
+            .session_holds(&mut self.conn, sql, server_key)
+            .await
     }
 
     /// Who holds the lock: `(server session id, owner hex, token)`; owner
@@ -323,76 +194,16 @@ impl Session {
         sql: &SessionSql,
         key: &[u8],
         server_key: &ServerKey,
-    ) -> Result<Option<(i64, Option<String>, Option<u64>)>, sqlx::Error> {
-        match &mut self.conn {
-            #[cfg(feature = "postgres")]
-            Conn::Pg(conn) => {
-                let _ = key;
-                let row = sqlx::query(AssertSqlSafe(sql.inspect.as_str()))
-                    .bind(server_key.pg_halves.0)
-                    .bind(server_key.pg_halves.1)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                let Some(row) = row else { return Ok(None) };
-                let pid: i32 = row.try_get(0)?;
-                let app: Option<String> = row.try_get(1)?;
-                // `distlock <owner hex> <token>` while one of ours holds it.
-                let ours = app.as_deref().and_then(|a| {
-                    let mut parts = a.strip_prefix("distlock ")?.split(' ');
-                    let owner = parts.next()?.to_owned();
-                    let token = parts.next()?.parse::<u64>().ok()?;
-                    Some((owner, token))
-                });
-                Ok(Some(match ours {
-                    Some((owner, token)) => (i64::from(pid), Some(owner), Some(token)),
-                    None => (i64::from(pid), None, None),
-                }))
-            }
-            #[cfg(feature = "mysql")]
-            Conn::My(conn) => {
-                let row = sqlx::query(AssertSqlSafe(sql.inspect.as_str()))
-                    .bind(server_key.mysql.as_str())
-                    .bind(key)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                let Some(holder) = row.try_get::<Option<i64>, _>(0)? else {
-                    return Ok(None);
-                };
-                let token: Option<i64> = row.try_get(1)?;
-                let owner: Option<String> = row.try_get(2)?;
-                let conn_id: Option<i64> = row.try_get(3)?;
-                // The token row names the session of the last grant: it is
-                // the holder's only if that session holds the lock now.
-                if conn_id == Some(holder) {
-                    Ok(Some((
-                        holder,
-                        owner,
-                        token.and_then(|t| u64::try_from(t).ok()),
-                    )))
-                } else {
-                    Ok(Some((holder, None, None)))
-                }
-            }
-        }
+    ) -> Result<Option<SessionHolder>, sqlx::Error> {
+        self.dialect
+            .session_inspect(&mut self.conn, sql, key, server_key)
+            .await
     }
 
     /// Ends a session on the server from this one (`pg_terminate_backend`
     /// / `KILL`): any lock it holds is freed.
     pub(crate) async fn kill(&mut self, victim: i64) -> Result<(), sqlx::Error> {
-        match &mut self.conn {
-            #[cfg(feature = "postgres")]
-            Conn::Pg(conn) => sqlx::query("SELECT pg_terminate_backend($1::int)")
-                .bind(victim)
-                .execute(&mut *conn)
-                .await
-                .map(drop),
-            // KILL takes no placeholder; the id is our own integer.
-            #[cfg(feature = "mysql")]
-            Conn::My(conn) => sqlx::query(AssertSqlSafe(format!("KILL {victim}")))
-                .execute(&mut *conn)
-                .await
-                .map(drop),
-        }
+        self.dialect.kill_session(&mut self.conn, victim).await
     }
 
     /// Creates the token sequence / table and checks a PostgreSQL sequence
@@ -403,38 +214,8 @@ impl Session {
         sql: &SessionSql,
         create: bool,
     ) -> Result<Option<String>, sqlx::Error> {
-        match &mut self.conn {
-            #[cfg(feature = "postgres")]
-            Conn::Pg(conn) => {
-                if create {
-                    sqlx::query(AssertSqlSafe(sql.create.as_str()))
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                let row = sqlx::query(AssertSqlSafe(sql.check.as_str()))
-                    .bind(sql.counter.as_str())
-                    .fetch_one(&mut *conn)
-                    .await?;
-                let cache: i64 = row.try_get(0)?;
-                let cycle: bool = row.try_get(1)?;
-                if cache != 1 || cycle {
-                    return Ok(Some(format!(
-                        "the token sequence {} must have CACHE 1 and NO CYCLE (has cache {cache}, cycle {cycle}): \
-                         a per-session cache hands out tokens out of order",
-                        sql.counter
-                    )));
-                }
-                Ok(None)
-            }
-            #[cfg(feature = "mysql")]
-            Conn::My(conn) => {
-                if create {
-                    sqlx::query(AssertSqlSafe(sql.create.as_str()))
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                Ok(None)
-            }
-        }
+        self.dialect
+            .prepare_session_schema(&mut self.conn, sql, create)
+            .await
     }
 }

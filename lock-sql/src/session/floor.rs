@@ -21,12 +21,9 @@ use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{LockError, LockKey, Operation, OwnerId, check_ttl};
 use tokio::sync::Mutex;
 
-use sqlx::{AssertSqlSafe, Row};
-
-use super::conn::{Conn, Opts, ServerKey, Session, pg_idle_timeout};
+use super::conn::{Granted, Opts, ServerKey, Session};
 use super::sql::SessionSql;
-use super::{MYSQL_SESSION_MIN_TTL, PG_SESSION_MIN_TTL};
-use crate::config::{SqlConfig, SqlDialect};
+use crate::config::SqlConfig;
 use crate::error::map_sqlx;
 
 /// One bare session issuing the session-mode grant and release.
@@ -52,17 +49,9 @@ impl SessionFloor {
     /// Safe: dropping the future closes the connection.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         let config = SqlConfig::from_url(url)?;
-        let name = match config.dialect {
-            SqlDialect::Postgres => "postgres-session",
-            SqlDialect::MySql => "mysql-session",
-            SqlDialect::Sqlite => {
-                return Err(LockError::config(
-                    "mode=session needs PostgreSQL or MySQL/MariaDB",
-                ));
-            }
-        };
         let opts = Opts::new(&config)?;
-        let sql = SessionSql::new(config.dialect, &config.table);
+        let name = opts.dialect.session_name();
+        let sql = SessionSql::new(opts.dialect, &config.table);
         let mut session = lock_core::with_timeout(config.op_timeout, Operation::Connect, async {
             Session::open(&opts, &sql)
                 .await
@@ -94,73 +83,49 @@ impl RawFloor for SessionFloor {
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
         let key = LockKey::new(key)?;
-        let min = if self.config.dialect == SqlDialect::MySql {
-            MYSQL_SESSION_MIN_TTL
-        } else {
-            PG_SESSION_MIN_TTL
-        };
+        let min = self.session.lock().await.dialect.session_min_ttl();
         check_ttl(ttl, min, Operation::TryAcquire)?;
         let owner = OwnerId::random().to_hex();
         let server_key = ServerKey::new(&self.config.table, key.as_str());
         let mut session = self.session.lock().await;
         let err = |e| map_sqlx(&self.config, Operation::TryAcquire, e).with_backend(self.name);
-        // The grant statement by hand (the backend's text and binds): one
-        // round trip, the token in its answer.
-        let token: Option<i64> = match &mut session.conn {
-            #[cfg(feature = "postgres")]
-            Conn::Pg(conn) => sqlx::query(AssertSqlSafe(self.sql.grant.as_str()))
-                .bind(server_key.pg)
-                .bind(&owner)
-                .bind(pg_idle_timeout(ttl))
-                .fetch_one(&mut *conn)
-                .await
-                .and_then(|row| row.try_get::<Option<i64>, _>(0))
-                .map_err(err)?,
-            #[cfg(feature = "mysql")]
-            Conn::My(conn) => {
-                let done = sqlx::query(AssertSqlSafe(self.sql.grant.as_str()))
-                    .bind(key.as_str().as_bytes())
-                    .bind(&owner)
-                    .bind(server_key.mysql.as_str())
-                    .bind(0.0_f64)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(err)?;
-                i64::try_from(done.last_insert_id()).ok()
-            }
+        // The grant statement by hand (the backend's text and binds, without
+        // arming the idle timeout): one round trip, the token in its answer.
+        let session = &mut *session;
+        let granted = session
+            .dialect
+            .session_grant(
+                &mut session.conn,
+                &self.sql,
+                key.as_str().as_bytes(),
+                &server_key,
+                &owner,
+                ttl,
+                None,
+            )
+            .await
+            .map_err(err)?;
+        let token = match granted {
+            Granted::Token(token) => Some(token),
+            Granted::Held => None,
         };
-        Ok(token
-            .and_then(|t| u64::try_from(t).ok())
-            .filter(|t| *t > 0)
-            .map(|token| FloorGrant {
-                key: key.as_str().to_owned(),
-                owner,
-                token,
-                handle: String::new(),
-            }))
+        Ok(token.map(|token| FloorGrant {
+            key: key.as_str().to_owned(),
+            owner,
+            token,
+            handle: String::new(),
+        }))
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
         let server_key = ServerKey::new(&self.config.table, &grant.key);
         let mut session = self.session.lock().await;
         let err = |e| map_sqlx(&self.config, Operation::Release, e).with_backend(self.name);
-        match &mut session.conn {
-            #[cfg(feature = "postgres")]
-            Conn::Pg(conn) => sqlx::query(AssertSqlSafe(self.sql.release.as_str()))
-                .bind(server_key.pg)
-                .fetch_one(&mut *conn)
-                .await
-                .and_then(|row| row.try_get::<bool, _>(0))
-                .map_err(err),
-            #[cfg(feature = "mysql")]
-            Conn::My(conn) => {
-                sqlx::query_scalar::<_, Option<i64>>(AssertSqlSafe(self.sql.release.as_str()))
-                    .bind(server_key.mysql.as_str())
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map(|released| released == Some(1))
-                    .map_err(err)
-            }
-        }
+        let session = &mut *session;
+        session
+            .dialect
+            .session_release(&mut session.conn, &self.sql, &server_key)
+            .await
+            .map_err(err)
     }
 }

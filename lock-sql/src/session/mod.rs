@@ -30,11 +30,11 @@
 //! about `ttl` after the last keep-alive the server received.
 
 mod any;
-mod conn;
+pub(crate) mod conn;
 pub(crate) mod floor;
 mod grant;
 mod names;
-mod sql;
+pub(crate) mod sql;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,9 +43,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
-    LockKey, Operation, OwnerId, SessionState, TtlModel, WaitStrategy, check_ttl,
-    validity_deadline,
+    Capabilities, ErrorKind, FencingToken, Lease, LockBackend, LockError, LockInfo, LockKey,
+    Operation, OwnerId, SessionState, TtlModel, WaitStrategy, check_ttl, validity_deadline,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout, timeout_at};
@@ -160,19 +159,9 @@ impl SqlSessionBackend {
     /// Safe: dropping the future closes the session it opened. A sequence
     /// or table created meanwhile stays (creation is idempotent).
     pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
-        let name = match config.dialect {
-            SqlDialect::Postgres => "postgres-session",
-            SqlDialect::MySql => "mysql-session",
-            SqlDialect::Sqlite => {
-                return Err(LockError::config(
-                    "mode=session needs a database server (PostgreSQL or MySQL/MariaDB): \
-                     SQLite has no server session to hold a lock",
-                )
-                .with_backend("sqlite"));
-            }
-        };
-        let opts = Opts::new(&config).map_err(|e| e.with_backend(name))?;
-        let sql = SessionSql::new(config.dialect, &config.table);
+        let opts = Opts::new(&config)?;
+        let name = opts.dialect.session_name();
+        let sql = SessionSql::new(opts.dialect, &config.table);
         let pool_size = usize::try_from(config.pool_size.unwrap_or(10)).unwrap_or(10);
         let backend = Self {
             inner: Arc::new(Inner {
@@ -264,10 +253,7 @@ impl SqlSessionBackend {
     }
 
     fn min_ttl(&self) -> Duration {
-        match self.inner.config.dialect {
-            SqlDialect::MySql => MYSQL_SESSION_MIN_TTL,
-            _ => PG_SESSION_MIN_TTL,
-        }
+        self.inner.opts.dialect.session_min_ttl()
     }
 
     fn err(&self, operation: Operation, key: &LockKey, err: sqlx::Error) -> LockError {
@@ -386,10 +372,7 @@ impl LockBackend for SqlSessionBackend {
         Capabilities {
             // PostgreSQL: one sequence for every key (nextval order is the
             // order of grants); MySQL/MariaDB: a counter row per key.
-            fencing: match self.inner.config.dialect {
-                SqlDialect::MySql => FencingScope::PerKey,
-                _ => FencingScope::Global,
-            },
+            fencing: self.inner.opts.dialect.session_fencing(),
             // Sequences and rows are durable; see the crate docs for
             // asynchronous replicas.
             fencing_survives_failover: true,
