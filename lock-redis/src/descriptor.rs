@@ -4,7 +4,7 @@ use lock_core::LockError;
 use lock_core::driver::{BoxFuture, Driver};
 use lock_core::floor::RawFloor;
 
-use crate::floor::{RedisFloor, RedlockFloor};
+use crate::floor::{RedisFloor, RedisPermitFloor, RedlockFloor};
 
 /// The Redis driver: one server, Sentinel, Cluster and Redlock.
 pub static DRIVER: Driver = Driver {
@@ -30,7 +30,7 @@ pub static DRIVER: Driver = Driver {
     summary: "redis://host[:port][/db], redis+sentinel://, redis+cluster://, redlock://a,b,c",
     connect,
     floor: Some(floor),
-    permit_floor: None,
+    permit_floor: Some(permit_floor),
     // From the URL alone (Redlock changes fencing); nothing connects.
     capabilities: Some(|url| {
         let config = crate::RedisConfig::from_url(url)?;
@@ -52,6 +52,24 @@ fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError
                     Some(Box::new(RedisFloor::connect(url).await?) as Box<dyn RawFloor>)
                 }
                 "redlock" => Some(Box::new(RedlockFloor::connect(url).await?) as Box<dyn RawFloor>),
+                _ => None,
+            },
+        )
+    })
+}
+
+/// One permit of a semaphore of 4 by hand, on one server (`redis://`; TLS
+/// is refused as by the mutex floor); other topologies have none.
+fn permit_floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
+    Box::pin(async move {
+        Ok(
+            match lock_core::driver::scheme_of(url)
+                .to_ascii_lowercase()
+                .as_str()
+            {
+                "redis" | "rediss" => {
+                    Some(Box::new(RedisPermitFloor::connect(url, 1, 4).await?) as Box<dyn RawFloor>)
+                }
                 _ => None,
             },
         )

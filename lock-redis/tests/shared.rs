@@ -1049,6 +1049,22 @@ async fn permit_floor_excludes_with_the_driver_and_costs_what_the_driver_costs()
         ErrorKind::InvalidArgument
     );
 
+    // The descriptor's permit floor: one permit of a semaphore of 4, on
+    // one server only.
+    let of = lock_redis::DRIVER.permit_floor.expect("a permit floor");
+    let described = of(&url).await.unwrap().expect("redis:// has one");
+    let dk = key("described");
+    let grant = described
+        .try_grant(dk.as_str(), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let holders = driver.holders(&dk, LockShape::Semaphore).await.unwrap();
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].kind, permits(1, 4));
+    assert!(described.release(&grant).await.unwrap());
+    assert!(of("redis+cluster://127.0.0.1:1").await.unwrap().is_none());
+
     // Round trips per cycle: the floor's, then the driver's (its own
     // connection through the proxy), each after a warm-up.
     let through = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
