@@ -1,0 +1,215 @@
+//! Renewal, release, downgrade and listing of read, write and permit
+//! leases: one statement each on the holders table.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape,
+    Operation, check_ttl, validity_deadline, with_timeout,
+};
+use tokio::time::Instant;
+
+use super::run::{Bind, execute, fetch};
+use crate::dialect::{micros, token_of};
+use crate::driver::{MIN_TTL, NAME, SqlBackend};
+
+impl SqlBackend {
+    /// A statement on a holder row, once more on a fresh connection when
+    /// the connection broke (all are idempotent or report `false` the
+    /// second time): the rows it changed.
+    pub(super) async fn holder_statement(
+        &self,
+        key: &LockKey,
+        statement: &Arc<str>,
+        binds: &[Bind<'_>],
+        returns_rows: bool,
+        operation: Operation,
+    ) -> Result<u64, LockError> {
+        let conns = &self.inner().conns;
+        with_timeout(self.inner().config.op_timeout, operation, async {
+            let mut fresh = false;
+            loop {
+                let mut checkout = conns
+                    .checkout(fresh)
+                    .await
+                    .map_err(|e| self.err(operation, key, e))?;
+                let result = if returns_rows {
+                    fetch(checkout.conn(), statement, binds, "")
+                        .await
+                        .map(|rows| rows.len() as u64)
+                } else {
+                    execute(checkout.conn(), statement, binds).await
+                };
+                if checkout.finish(&result) && !fresh {
+                    fresh = true;
+                    continue;
+                }
+                break result.map_err(|e| self.err(operation, key, e));
+            }
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))
+    }
+
+    fn not_held(lease: &Lease, operation: Operation) -> LockError {
+        LockError::new(
+            ErrorKind::NotHeld,
+            operation,
+            "the lease expired, was released, or belongs to someone else",
+        )
+        .with_key(lease.key())
+        .with_backend(NAME)
+    }
+
+    /// `renew` of a read, write or permit lease.
+    pub(crate) async fn renew_share(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let (key, kind, ttl) = (lease.key(), lease.kind(), lease.ttl());
+        check_ttl(ttl, MIN_TTL, Operation::Renew)
+            .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let (owner, code) = (lease.owner().to_hex(), kind.code());
+        let binds = [
+            Bind::Int(micros(ttl)),
+            Bind::Text(key.as_str()),
+            Bind::Text(kind.shape().as_str()),
+            Bind::Text(&owner),
+            Bind::Int(token_of(lease)),
+            Bind::Text(&code),
+        ];
+        let sent_at = Instant::now();
+        let statement = &self.inner().shared.renew;
+        match self
+            .holder_statement(key, statement, &binds, false, Operation::Renew)
+            .await?
+        {
+            1 => Ok(validity_deadline(sent_at, ttl)),
+            _ => Err(Self::not_held(lease, Operation::Renew)),
+        }
+    }
+
+    /// Wakes the process's waiters for `key` where the database does not
+    /// notify them.
+    fn woke(&self, key: &LockKey) {
+        if !self.inner().shared.notifies {
+            self.inner().waits.released(key.as_str());
+        }
+    }
+
+    /// `release` of a read, write or permit lease.
+    pub(crate) async fn release_share(&self, lease: &Lease) -> Result<bool, LockError> {
+        let (key, kind) = (lease.key(), lease.kind());
+        let (owner, code) = (lease.owner().to_hex(), kind.code());
+        let shared = &self.inner().shared;
+        let channel = &self.inner().channel;
+        let mut binds = vec![
+            Bind::Text(key.as_str()),
+            Bind::Text(kind.shape().as_str()),
+            Bind::Text(&owner),
+            Bind::Int(token_of(lease)),
+            Bind::Text(&code),
+        ];
+        if shared.notifies {
+            binds.push(Bind::Text(channel));
+        }
+        let released = self
+            .holder_statement(
+                key,
+                &shared.release,
+                &binds,
+                shared.notifies,
+                Operation::Release,
+            )
+            .await?
+            == 1;
+        if released {
+            self.woke(key);
+        }
+        Ok(released)
+    }
+
+    /// `downgrade`: our live write row becomes a read row in one
+    /// statement (same owner, token and expiry).
+    pub(crate) async fn downgrade_share(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let key = lease.key();
+        if lease.kind() != LeaseKind::Write {
+            return Err(Self::not_held(lease, Operation::Downgrade));
+        }
+        let owner = lease.owner().to_hex();
+        let shared = &self.inner().shared;
+        let channel = &self.inner().channel;
+        let mut binds = vec![
+            Bind::Text(key.as_str()),
+            Bind::Text(LockShape::ReadWrite.as_str()),
+            Bind::Text(&owner),
+            Bind::Int(token_of(lease)),
+        ];
+        if shared.notifies {
+            binds.push(Bind::Text(channel));
+        }
+        let changed = self
+            .holder_statement(
+                key,
+                &shared.downgrade,
+                &binds,
+                shared.notifies,
+                Operation::Downgrade,
+            )
+            .await?;
+        if changed != 1 {
+            return Err(Self::not_held(lease, Operation::Downgrade));
+        }
+        self.woke(key);
+        Ok(Lease::from_parts(
+            key.clone(),
+            lease.owner(),
+            lease.token(),
+            lease.ttl(),
+            lease.validity_deadline(),
+            String::new(),
+        )
+        .with_kind(LeaseKind::Read))
+    }
+
+    /// `holders` of a read-write lock or a semaphore.
+    pub(crate) async fn share_holders(
+        &self,
+        key: &LockKey,
+        shape: LockShape,
+    ) -> Result<Vec<HolderInfo>, LockError> {
+        let operation = Operation::Inspect;
+        let conns = &self.inner().conns;
+        let statement = &self.inner().shared.list;
+        let binds = [Bind::Text(key.as_str()), Bind::Text(shape.as_str())];
+        let rows = with_timeout(self.inner().config.op_timeout, operation, async {
+            let mut fresh = false;
+            loop {
+                let mut checkout = conns
+                    .checkout_reader(fresh)
+                    .await
+                    .map_err(|e| self.err(operation, key, e))?;
+                let result = fetch(checkout.conn(), statement, &binds, "ttii").await;
+                if checkout.finish(&result) && !fresh {
+                    fresh = true;
+                    continue;
+                }
+                break result.map_err(|e| self.err(operation, key, e));
+            }
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        rows.into_iter()
+            .map(|r| {
+                let kind = LeaseKind::from_code(r[1].text())
+                    .map_err(|e| e.with_key(key).with_backend(NAME))?;
+                Ok(HolderInfo {
+                    kind,
+                    holder: r[0].text().to_owned(),
+                    token: u64::try_from(r[2].int()).ok().map(FencingToken::new),
+                    remaining_ttl: Some(Duration::from_micros(
+                        u64::try_from(r[3].int()).unwrap_or(0),
+                    )),
+                })
+            })
+            .collect()
+    }
+}
