@@ -186,7 +186,9 @@
 //! - **Waiting** (`acquire_kind`): the first refused attempt inserts the
 //!   waiter row in its own transaction (queued from that instant), each
 //!   later attempt refreshes its `expires_at` (the request's TTL; attempts
-//!   come at least every TTL/3); granted, the row is deleted in the grant's
+//!   come at least every TTL/3; while the row is fresh, an attempt first
+//!   looks with one read-only `SELECT`, outside any transaction, and runs
+//!   the transaction only when it could be granted); granted, the row is deleted in the grant's
 //!   transaction; at the deadline it is deleted before `Contended` is
 //!   returned; a dropped acquire deletes it in the background (a waiter that
 //!   dies stops counting when its row expires). Waiters are woken as the

@@ -525,6 +525,51 @@ async fn cancel_leaves_nothing(a: &Backend, b: &Backend, name: &str) -> Checked 
     Ok(())
 }
 
+/// `renew_many` over leases of every kind at once (what the shared renewal
+/// scheduler sends): each renewed by its own row, a released one NotHeld.
+async fn renew_many_mixed(a: &Backend, name: &str) -> Checked {
+    let k = key(name);
+    let m = a
+        .try_acquire(&k, TTL)
+        .await
+        .map_err(fail("mutex"))?
+        .ok_or("mutex refused")?;
+    let r = a
+        .try_acquire_kind(&k, LeaseKind::Read, TTL)
+        .await
+        .map_err(fail("read"))?
+        .ok_or("read refused")?;
+    let p = a
+        .try_acquire_kind(&k, permits(2, 3), TTL)
+        .await
+        .map_err(fail("permits"))?
+        .ok_or("permits refused")?;
+    let gone = a
+        .try_acquire_kind(&key(&format!("{name}/gone")), LeaseKind::Write, TTL)
+        .await
+        .map_err(fail("write"))?
+        .ok_or("write refused")?;
+    a.release(&gone).await.map_err(fail("release"))?;
+    let results = a.renew_many(&[&m, &r, &gone, &p]).await;
+    ensure!(results.len() == 4, "{} results for 4 leases", results.len());
+    ensure!(
+        results[0].is_ok() && results[1].is_ok() && results[3].is_ok(),
+        "renew_many: {results:?}"
+    );
+    ensure!(
+        matches!(&results[2], Err(e) if e.kind() == ErrorKind::NotHeld),
+        "a released write lease renewed: {:?}",
+        results[2]
+    );
+    for lease in [&m, &r, &p] {
+        ensure!(
+            a.release(lease).await.unwrap_or(false),
+            "release after renew_many"
+        );
+    }
+    Ok(())
+}
+
 /// Every check, on two clients of one database.
 async fn all_checks(url: &str, prefix: &str) {
     let a: Backend = Arc::new(SqlBackend::connect_url(url).await.unwrap());
@@ -569,6 +614,10 @@ async fn all_checks(url: &str, prefix: &str) {
         (
             "cancel_leaves_nothing",
             cancel_leaves_nothing(&a, &b, &format!("{prefix}/cancel")).await,
+        ),
+        (
+            "renew_many_mixed",
+            renew_many_mixed(&a, &format!("{prefix}/many")).await,
         ),
     ];
     let failed: Vec<String> = results
