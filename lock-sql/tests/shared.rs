@@ -886,3 +886,14 @@ async fn checks_catch_broken_variants() {
         "checks that passed a broken variant: {missed:?}"
     );
 }
+
+/// The permit floor refuses what the driver refuses, before connecting:
+/// session mode (no semaphores there) and bad counts.
+#[tokio::test]
+async fn permit_floor_refuses_session_mode_and_bad_counts() {
+    use lock_sql::floor::SqlPermitFloor;
+    let session = SqlPermitFloor::connect("postgres://u@127.0.0.1:1/db?mode=session", 1, 4).await;
+    assert_eq!(session.unwrap_err().kind(), ErrorKind::Unsupported);
+    let bad = SqlPermitFloor::connect("sqlite::memory:", 5, 4).await;
+    assert_eq!(bad.unwrap_err().kind(), ErrorKind::InvalidArgument);
+}

@@ -78,7 +78,8 @@ impl SqlPermitFloor {
     /// # Errors
     ///
     /// As [`SqlBackend::connect_url`](crate::SqlBackend::connect_url);
-    /// `InvalidArgument` for bad counts ([`LeaseKind::permits`]).
+    /// `InvalidArgument` for bad counts ([`LeaseKind::permits`]);
+    /// `Unsupported` for a `mode=session` URL (no semaphores there).
     ///
     /// # Cancel safety
     ///
@@ -87,6 +88,14 @@ impl SqlPermitFloor {
     pub async fn connect(url: &str, count: u32, limit: u32) -> Result<Self, LockError> {
         let kind = LeaseKind::permits(count, limit).map_err(|e| e.with_backend(NAME))?;
         let config = SqlConfig::from_url(url)?;
+        if config.lock_mode() == crate::SqlMode::Session {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                Operation::Connect,
+                "session mode has no semaphores (row mode's tables only)",
+            )
+            .with_backend(NAME));
+        }
         let dialect = dialect::of(config.dialect)?;
         let options = dialect.connect_options(&config)?;
         let sql = SharedSql::new(dialect, &config.table);
