@@ -158,8 +158,11 @@
 //!   by locking the key's `t_keys` row first (PostgreSQL `INSERT .. ON
 //!   CONFLICT DO UPDATE`, MySQL/MariaDB `INSERT .. ON DUPLICATE KEY UPDATE`
 //!   then `SELECT .. FOR UPDATE`, SQLite `BEGIN IMMEDIATE`), which also
-//!   bumps the counter for a write or permit attempt; then one read of the
-//!   key's holders and waiters. An expired holder row is deleted by the
+//!   bumps the counter for a write or permit attempt. Readers lock it in
+//!   share mode (PostgreSQL `FOR SHARE`, MySQL/MariaDB `LOCK IN SHARE
+//!   MODE`, after an insert-if-missing), so readers decide side by side
+//!   while writers and permits wait for them and they for writers. Then one
+//!   read of the key's holders and waiters. An expired holder row is deleted by the
 //!   decision that counted it as gone, by its owner; when that deletes
 //!   nothing (a renewal committed in between) the transaction is rolled
 //!   back and decided again, so a renewal never revives a share another
@@ -201,10 +204,15 @@
 //! - **Renew / release** of these leases: one statement each, guarded by
 //!   key, shape, owner, token and kind, like the mutex's;
 //!   `renew_many` renews mutex leases in batches and these one by one.
-//! - Round trips of an uncontended grant: BEGIN, the key row (MySQL: 2),
-//!   the holders and waiters, the holder row, COMMIT: 5 on PostgreSQL and
-//!   SQLite (6 on MySQL), one more for a write (its epoch); a refused try
-//!   4; release, renew and downgrade 1. The mutex path is unchanged.
+//! - Round trips of an uncontended grant+release (counted through the
+//!   fault proxy by `tests/shared_round_trips.rs`): permits 6 on PostgreSQL
+//!   (BEGIN, the key row, the holders and waiters, the holder row, COMMIT;
+//!   the release), 7 on MariaDB (the key row takes two statements); a write
+//!   one more (its epoch); a read 7 on both (the key row in share mode
+//!   takes two statements). SQLite: 6 for reads and permits, 7 for a
+//!   write (its transactions take turns: no share mode). A
+//!   refused try is BEGIN, the key row, the read and COMMIT; renew and
+//!   downgrade one statement. The mutex path is unchanged.
 //! - **Session mode** ([`SqlSessionBackend`]) has neither kind:
 //!   `ErrorKind::Unsupported`.
 //!

@@ -199,6 +199,14 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// statement), name, shape (the others).
     fn lock_key_sql(&self, keys: &str) -> Vec<String>;
 
+    /// The same for a reader, in share mode (no bump): readers' decisions
+    /// run side by side, exclusive ones wait for them. Binds: name, shape
+    /// (each statement). `None` where there is no row share lock.
+    fn lock_key_shared_sql(&self, keys: &str) -> Option<Vec<String>> {
+        let _ = keys;
+        None
+    }
+
     /// Inserts a waiter row; the last statement returns its id. Binds: name,
     /// shape, owner, kind, count, limit, TTL µs (first statement).
     fn insert_waiter_sql(&self, waiters: &str) -> Vec<String>;

@@ -286,6 +286,16 @@ impl Dialect for MySql {
         ]
     }
 
+    /// `INSERT IGNORE` of an existing row takes a shared lock on it.
+    fn lock_key_shared_sql(&self, keys: &str) -> Option<Vec<String>> {
+        Some(vec![
+            format!("INSERT IGNORE INTO {keys} (name, shape, token, epoch) VALUES (?, ?, 0, 0)"),
+            format!(
+                "SELECT token, epoch FROM {keys} WHERE name = ? AND shape = ? LOCK IN SHARE MODE"
+            ),
+        ])
+    }
+
     fn insert_waiter_sql(&self, waiters: &str) -> Vec<String> {
         vec![
             format!(

@@ -277,6 +277,16 @@ impl Dialect for Postgres {
         )]
     }
 
+    fn lock_key_shared_sql(&self, keys: &str) -> Option<Vec<String>> {
+        Some(vec![
+            format!(
+                "INSERT INTO {keys} (name, shape, token, epoch) VALUES ($1, $2, 0, 0) \
+                 ON CONFLICT (name, shape) DO NOTHING"
+            ),
+            format!("SELECT token, epoch FROM {keys} WHERE name = $1 AND shape = $2 FOR SHARE"),
+        ])
+    }
+
     fn insert_waiter_sql(&self, waiters: &str) -> Vec<String> {
         vec![format!(
             "INSERT INTO {waiters} (name, shape, owner, kind, cnt, lim, expires_at) \

@@ -177,11 +177,24 @@ impl SqlBackend {
         // Write and permit attempts bump the counter with the lock (a
         // refused attempt only skips a number: tokens still grow).
         let bump = i64::from(kind != LeaseKind::Read);
+        // A reader locks the key's row in share mode where the database
+        // has one: readers decide side by side, writers and permits (and
+        // every registration of a writer) one at a time and never beside a
+        // reader's decision.
+        let read = kind == LeaseKind::Read;
+        let (lock, shared_lock) = match &sql.lock_key_shared {
+            Some(shared) if read => (shared, true),
+            _ => (&sql.lock_key, false),
+        };
         let mut counter_row = None;
-        for (i, statement) in sql.lock_key.iter().enumerate() {
+        for (i, statement) in lock.iter().enumerate() {
             let first = [Bind::Text(name), Bind::Text(shape), Bind::Int(bump)];
-            let binds: &[Bind<'_>] = if i == 0 { &first } else { &by_key };
-            if i + 1 == sql.lock_key.len() {
+            let binds: &[Bind<'_>] = if i == 0 && !shared_lock {
+                &first
+            } else {
+                &by_key
+            };
+            if i + 1 == lock.len() {
                 counter_row = fetch(conn, statement, binds, "ii")
                     .await?
                     .into_iter()
@@ -197,13 +210,19 @@ impl SqlBackend {
         // An expired holder is deleted by the decision that counts it as
         // gone, exactly that row: when it is not deleted, a renewal got in
         // between, and the decision starts again on what is there now.
-        for dead in holders.iter().filter(|h| !h.live) {
+        // Readers deciding side by side delete only the expired writers
+        // they count as gone (a revived reader beside them would be
+        // harmless) and leave expired waiters to the others.
+        let dead = holders
+            .iter()
+            .filter(|h| !h.live && (!shared_lock || h.code == "w"));
+        for dead in dead {
             let binds = [by_key[0], by_key[1], Bind::Text(&dead.owner)];
             if execute(conn, &sql.purge_holder, &binds).await? != 1 {
                 return Ok(Outcome::Retry);
             }
         }
-        if waiters.iter().any(|w| !w.live) {
+        if !shared_lock && waiters.iter().any(|w| !w.live) {
             execute(conn, &sql.purge_waiters, &by_key).await?;
         }
         let live: Vec<&HolderRow> = holders.iter().filter(|h| h.live).collect();

@@ -69,6 +69,10 @@ pub(crate) struct SharedSql {
     /// returns `(token, epoch)`. Binds name, shape, bump (the first), name,
     /// shape (the others).
     pub(crate) lock_key: Vec<Arc<str>>,
+    /// The same in share mode, for readers (binds name, shape each), where
+    /// the database has row share locks (not SQLite, whose transactions
+    /// take turns anyway).
+    pub(crate) lock_key_shared: Option<Vec<Arc<str>>>,
     /// The key's holders and waiters, unlocked, in one read:
     /// `(0 holder | 1 waiter, owner, kind, cnt, lim, token | id, live)`.
     pub(crate) state: Arc<str>,
@@ -144,6 +148,9 @@ impl SharedSql {
             commit: Arc::from("COMMIT"),
             rollback: Arc::from("ROLLBACK"),
             lock_key: dialect.lock_key_sql(keys).into_iter().map(arc).collect(),
+            lock_key_shared: dialect
+                .lock_key_shared_sql(keys)
+                .map(|statements| statements.into_iter().map(arc).collect()),
             state: r(format!(
                 "SELECT CAST(0 AS {int}), owner, kind, cnt, lim, token, \
                  CAST(CASE WHEN expires_at > {{now}} THEN 1 ELSE 0 END AS {int}) \
