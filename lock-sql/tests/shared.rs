@@ -570,9 +570,45 @@ async fn renew_many_mixed(a: &Backend, name: &str) -> Checked {
     Ok(())
 }
 
+/// Rows left in the waiters and holders tables (default table names) for
+/// keys `LIKE pattern`, counted with the backend's users' pool.
+async fn leftover_rows(backend: &SqlBackend, pattern: &str) -> (i64, i64) {
+    use lock_sql::sqlx;
+    let mut counts = [0i64; 2];
+    for (i, table) in ["distlock_leases_waiters", "distlock_leases_holders"]
+        .into_iter()
+        .enumerate()
+    {
+        let mysql = format!("SELECT COUNT(*) FROM {table} WHERE name LIKE ?");
+        let pg = format!("SELECT COUNT(*) FROM {table} WHERE name LIKE $1");
+        counts[i] = if let Some(pool) = backend.pg_pool() {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(pg))
+                .bind(pattern)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        } else if let Some(pool) = backend.mysql_pool() {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(mysql))
+                .bind(pattern)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        } else {
+            let pool = backend.sqlite_pool().expect("one of the three");
+            sqlx::query_scalar(sqlx::AssertSqlSafe(mysql))
+                .bind(pattern)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        };
+    }
+    (counts[0], counts[1])
+}
+
 /// Every check, on two clients of one database.
 async fn all_checks(url: &str, prefix: &str) {
-    let a: Backend = Arc::new(SqlBackend::connect_url(url).await.unwrap());
+    let sql = SqlBackend::connect_url(url).await.unwrap();
+    let a: Backend = Arc::new(sql.clone());
     let b: Backend = Arc::new(SqlBackend::connect_url(url).await.unwrap());
     let caps = a.capabilities();
     assert!(caps.shared_locks && caps.semaphores, "{caps:?}");
@@ -625,6 +661,13 @@ async fn all_checks(url: &str, prefix: &str) {
         .filter_map(|(name, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
         .collect();
     assert!(failed.is_empty(), "{prefix}: {failed:#?}");
+    // Every wait withdrew or was granted, every lease was released or its
+    // expired row deleted by the next decision: no row is left.
+    assert_eq!(
+        leftover_rows(&sql, prefix).await,
+        (0, 0),
+        "{prefix}: rows left"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -835,7 +878,8 @@ impl LockBackend for Broken {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_catch_broken_variants() {
     let target = common::SqliteTarget::new();
-    let real: Backend = Arc::new(SqlBackend::connect_url(&target.url).await.unwrap());
+    let real_sql = SqlBackend::connect_url(&target.url).await.unwrap();
+    let real: Backend = Arc::new(real_sql.clone());
     let real_b: Backend = Arc::new(SqlBackend::connect_url(&target.url).await.unwrap());
     let broken = |how| -> (Backend, Backend) {
         (
@@ -876,6 +920,12 @@ async fn checks_catch_broken_variants() {
             Breakage::Detached => cancel_leaves_nothing(&a, &b, &name).await,
         };
         println!("{how:?}: {result:?}");
+        if how == Breakage::Detached {
+            // The row-level check of `all_checks` sees the waiter row a
+            // detached (undroppable) wait leaves behind.
+            let waiters = leftover_rows(&real_sql, &name).await.0;
+            assert!(waiters > 0, "the detached wait's row was not seen");
+        }
         caught.push((how, result.is_err()));
         // Whatever the broken variant left behind expires (short TTLs) or
         // lives under its own key.
