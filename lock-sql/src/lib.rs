@@ -187,17 +187,18 @@
 //!   A crashed holder's share comes back when its row's `expires_at`
 //!   passes; nothing else frees it.
 //! - **Waiting** (`acquire_kind`): the first refused attempt inserts the
-//!   waiter row in its own transaction (queued from that instant), each
-//!   later attempt refreshes its `expires_at` (the request's TTL; attempts
-//!   come at least every TTL/3; while the row is fresh, an attempt first
-//!   looks with one read-only `SELECT`, outside any transaction, and runs
-//!   the transaction only when it could be granted); granted, the row is deleted in the grant's
-//!   transaction; at the deadline it is deleted before `Contended` is
-//!   returned; a dropped acquire deletes it in the background (a waiter that
-//!   dies stops counting when its row expires). Waiters are woken as the
-//!   mutex's: PostgreSQL `NOTIFY` from the release, downgrade and
-//!   withdrawal statements (plus the `recheck` interval), elsewhere polling
-//!   with backoff and the process's own wake-ups.
+//!   waiter row in its own transaction (queued from that instant); later
+//!   attempts refresh its `expires_at` (the request's TTL, at most 10 s)
+//!   and come at least every third of that; while the row is fresh, an
+//!   attempt first looks with one read-only `SELECT` outside any
+//!   transaction and runs the transaction only when it could be granted.
+//!   Granted, the row is deleted in the grant's transaction; at the
+//!   deadline it is deleted before `Contended` is returned; a dropped
+//!   acquire deletes it in the background; a waiter that dies stops
+//!   counting when its row expires (at most 10 s). Waiters are woken as
+//!   the mutex's: PostgreSQL `NOTIFY` from the release, downgrade and
+//!   withdrawal statements (plus the `recheck` interval), elsewhere
+//!   polling with backoff and the process's own wake-ups.
 //! - **Downgrade**: one `UPDATE` turns our live `w` row into an `r` row
 //!   (same owner, token, expiry): no instant without a holder. The write
 //!   lease no longer renews or releases afterwards.

@@ -81,6 +81,16 @@ struct WaiterRow {
     live: bool,
 }
 
+/// The longest a waiter row lives without a refresh: a waiting acquire
+/// that dies (no cancel, no background withdrawal) stops queueing others
+/// after at most this, even when its lease TTL is longer.
+pub(crate) const WAITER_TTL_CAP: Duration = Duration::from_secs(10);
+
+/// The TTL of the waiter row of an acquire whose lease TTL is `ttl`.
+pub(crate) fn waiter_ttl(ttl: Duration) -> Duration {
+    ttl.min(WAITER_TTL_CAP)
+}
+
 /// `(count, limit)` as stored: permits' own, 1 and 0 for read/write.
 fn amounts(kind: LeaseKind) -> (i64, i64) {
     match kind {
@@ -286,7 +296,7 @@ impl SqlBackend {
             execute(
                 conn,
                 &sql.refresh_waiter,
-                &[Bind::Int(micros(ttl)), Bind::Int(id)],
+                &[Bind::Int(micros(waiter_ttl(ttl))), Bind::Int(id)],
             )
             .await?;
             return Ok(Outcome::Queued(Some(id)));
@@ -299,7 +309,7 @@ impl SqlBackend {
             Bind::Text(&code),
             Bind::Int(count),
             Bind::Int(limit),
-            Bind::Int(micros(ttl)),
+            Bind::Int(micros(waiter_ttl(ttl))),
         ];
         let mut id = None;
         for (i, statement) in sql.insert_waiter.iter().enumerate() {

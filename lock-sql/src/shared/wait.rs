@@ -10,7 +10,7 @@ use lock_core::{
 use tokio::time::Instant;
 
 use super::run::Bind;
-use super::{HolderRow, Outcome, WaiterRow, amounts, grantable, read_state};
+use super::{HolderRow, Outcome, WaiterRow, amounts, grantable, read_state, waiter_ttl};
 use crate::driver::{MIN_TTL, NAME, SqlBackend};
 use crate::wake::Wake;
 
@@ -87,7 +87,8 @@ impl SqlBackend {
             key: key.clone(),
             id: None,
         };
-        // When our waiter row was last written (it lives `ttl` from then).
+        // When our waiter row was last written (it lives `waiter_ttl` from
+        // then).
         let mut refreshed_at = Instant::now();
         let mut look_first = false;
         loop {
@@ -98,7 +99,7 @@ impl SqlBackend {
             // transaction (and on SQLite the file's write lock) that would
             // only refuse again.
             let skip = match queued.id {
-                Some(id) if look_first && refreshed_at.elapsed() < ttl / 3 => {
+                Some(id) if look_first && refreshed_at.elapsed() < waiter_ttl(ttl) / 3 => {
                     !self.worth_trying(key, kind, id).await?
                 }
                 _ => false,
@@ -159,7 +160,8 @@ impl SqlBackend {
 
     /// Sleeps until a wake-up for `key` (a release, a downgrade, a
     /// withdrawal), the next poll or re-check, or `deadline`; attempts come
-    /// at least every `ttl / 3`, so a waiter row (TTL `ttl`) stays live.
+    /// at least every third of the waiter row's TTL ([`waiter_ttl`]), so
+    /// the row stays live.
     async fn wait_for_wake(
         &self,
         wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
@@ -174,7 +176,8 @@ impl SqlBackend {
         } else {
             backoff.next_delay().unwrap_or(config.poll.max)
         };
-        let delay = delay.min(ttl / 3) + lock_core::random_delay(Duration::from_millis(2));
+        let delay =
+            delay.min(waiter_ttl(ttl) / 3) + lock_core::random_delay(Duration::from_millis(2));
         let sleep = tokio::time::sleep_until((Instant::now() + delay).min(deadline));
         tokio::pin!(sleep);
         loop {
