@@ -1,0 +1,261 @@
+//! Each check of `shared_checks` fails on the broken variant of the real
+//! SQLite backend made for it: writers as readers, readers as writers, one
+//! permit too many, a silently fixed limit, unqueued writers, a downgrade
+//! with a gap, a tenth of the TTL, shifted read tokens, a detached wait.
+
+mod common;
+mod shared_checks;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    Capabilities, ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend, LockError,
+    LockInfo, LockKey, LockShape, async_trait,
+};
+use lock_sql::SqlBackend;
+use shared_checks::*;
+use tokio::time::{Instant, sleep};
+
+/// Ways to break the real backend, each one a check must catch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Breakage {
+    /// Writers take read shares (a writer beside readers and writers).
+    WriteAsRead,
+    /// Readers take the write side (readers never overlap).
+    ReadAsWrite,
+    /// The semaphore grants one permit more than its limit.
+    OneTooMany,
+    /// Every request says the first limit (a mismatch silently accepted).
+    FixedLimit,
+    /// Writers wait by polling without queueing (readers overtake them).
+    UnqueuedWriter,
+    /// Downgrade releases, then takes a read share (a gap).
+    GapDowngrade,
+    /// Grants with a tenth of the TTL (a crashed holder frees early).
+    ShortTtl,
+    /// Reads carry the epoch + 1.
+    ShiftedReadToken,
+    /// The waiting acquire runs detached (dropping it withdraws nothing).
+    Detached,
+}
+
+#[derive(Debug)]
+struct Broken {
+    inner: Backend,
+    how: Breakage,
+}
+
+impl Broken {
+    fn kind(&self, kind: LeaseKind) -> LeaseKind {
+        match (self.how, kind) {
+            (Breakage::WriteAsRead, LeaseKind::Write) => LeaseKind::Read,
+            (Breakage::ReadAsWrite, LeaseKind::Read) => LeaseKind::Write,
+            (Breakage::OneTooMany, LeaseKind::Permits { count, limit }) => {
+                permits(count, limit + 1)
+            }
+            (Breakage::FixedLimit, LeaseKind::Permits { count, .. }) => permits(count, 3),
+            _ => kind,
+        }
+    }
+
+    fn ttl(&self, ttl: Duration) -> Duration {
+        if self.how == Breakage::ShortTtl {
+            ttl / 10
+        } else {
+            ttl
+        }
+    }
+
+    /// The lease as the caller asked for it (so renew/release use the
+    /// real row), with the token rewritten where that is the breakage.
+    fn back(&self, lease: Lease, asked: LeaseKind) -> Lease {
+        if self.how == Breakage::ShiftedReadToken && lease.kind() == LeaseKind::Read {
+            let token = FencingToken::new(lease.token().get() + 1);
+            return Lease::from_parts(
+                lease.key().clone(),
+                lease.owner(),
+                token,
+                lease.ttl(),
+                lease.validity_deadline(),
+                String::new(),
+            )
+            .with_kind(LeaseKind::Read);
+        }
+        let _ = asked;
+        lease
+    }
+
+    fn real(&self, lease: &Lease) -> Lease {
+        if self.how == Breakage::ShiftedReadToken && lease.kind() == LeaseKind::Read {
+            return Lease::from_parts(
+                lease.key().clone(),
+                lease.owner(),
+                FencingToken::new(lease.token().get() - 1),
+                lease.ttl(),
+                lease.validity_deadline(),
+                String::new(),
+            )
+            .with_kind(LeaseKind::Read);
+        }
+        lease.clone()
+    }
+}
+
+#[async_trait]
+impl LockBackend for Broken {
+    fn name(&self) -> &'static str {
+        "broken-sql"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.inner.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.inner.renew(&self.real(lease)).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner.release(&self.real(lease)).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        let lease = self
+            .inner
+            .try_acquire_kind(key, self.kind(kind), self.ttl(ttl))
+            .await?;
+        Ok(lease.map(|l| self.back(l, kind)))
+    }
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let (real, ttl) = (self.kind(kind), self.ttl(ttl));
+        match self.how {
+            Breakage::UnqueuedWriter if kind == LeaseKind::Write => loop {
+                if let Some(lease) = self.inner.try_acquire_kind(key, real, ttl).await? {
+                    return Ok(lease);
+                }
+                if Instant::now() >= deadline {
+                    return Err(LockError::new(
+                        ErrorKind::Contended,
+                        lock_core::Operation::Acquire,
+                        "deadline",
+                    ));
+                }
+                sleep(Duration::from_millis(20)).await;
+            },
+            Breakage::Detached => {
+                let (inner, key) = (self.inner.clone(), key.clone());
+                let task =
+                    tokio::spawn(
+                        async move { inner.acquire_kind(&key, real, ttl, deadline).await },
+                    );
+                task.await.map_err(|e| LockError::config(e.to_string()))?
+            }
+            _ => Ok(self.back(
+                self.inner.acquire_kind(key, real, ttl, deadline).await?,
+                kind,
+            )),
+        }
+    }
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        if self.how == Breakage::GapDowngrade {
+            self.inner.release(lease).await?;
+            return self
+                .inner
+                .try_acquire_kind(lease.key(), LeaseKind::Read, lease.ttl())
+                .await?
+                .ok_or_else(|| LockError::config("the read share was taken by another"));
+        }
+        Ok(self.back(
+            self.inner.downgrade(&self.real(lease)).await?,
+            LeaseKind::Read,
+        ))
+    }
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        self.inner.holders(key, shape).await
+    }
+}
+
+/// Each check fails on the broken variant made for it (SQLite file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_catch_broken_variants() {
+    let target = common::SqliteTarget::new();
+    let real_sql = SqlBackend::connect_url(&target.url).await.unwrap();
+    let real: Backend = Arc::new(real_sql.clone());
+    let real_b: Backend = Arc::new(SqlBackend::connect_url(&target.url).await.unwrap());
+    let broken = |how| -> (Backend, Backend) {
+        (
+            Arc::new(Broken {
+                inner: real.clone(),
+                how,
+            }),
+            Arc::new(Broken {
+                inner: real_b.clone(),
+                how,
+            }),
+        )
+    };
+    let mut caught = Vec::new();
+    for how in [
+        Breakage::WriteAsRead,
+        Breakage::ReadAsWrite,
+        Breakage::OneTooMany,
+        Breakage::FixedLimit,
+        Breakage::UnqueuedWriter,
+        Breakage::GapDowngrade,
+        Breakage::ShortTtl,
+        Breakage::ShiftedReadToken,
+        Breakage::Detached,
+    ] {
+        let (a, b) = broken(how);
+        let name = format!("broken/{how:?}");
+        let clients = [a.clone(), b.clone()];
+        let result = match how {
+            Breakage::WriteAsRead => rw_exclusion(&clients, &name).await,
+            Breakage::ReadAsWrite => readers_overlap(&a, &b, &name).await,
+            Breakage::OneTooMany => semaphore_limit(&clients, &name).await,
+            Breakage::FixedLimit => limit_mismatch(&a, &b, &name).await,
+            Breakage::UnqueuedWriter => writer_preference(&a, &b, &name).await,
+            Breakage::GapDowngrade => downgrade(&a, &b, &name).await,
+            Breakage::ShortTtl => crashed_holder_expires(&a, &b, &name).await,
+            Breakage::ShiftedReadToken => tokens(&a, &b, &name).await,
+            Breakage::Detached => cancel_leaves_nothing(&a, &b, &name).await,
+        };
+        println!("{how:?}: {result:?}");
+        if how == Breakage::Detached {
+            // The row-level check of `all_checks` sees the waiter row a
+            // detached (undroppable) wait leaves behind.
+            let waiters = leftover_rows(&real_sql, &name).await.0;
+            assert!(waiters > 0, "the detached wait's row was not seen");
+        }
+        caught.push((how, result.is_err()));
+        // Whatever the broken variant left behind expires (short TTLs) or
+        // lives under its own key.
+    }
+    let missed: Vec<_> = caught.iter().filter(|(_, c)| !c).map(|(h, _)| h).collect();
+    assert!(
+        missed.is_empty(),
+        "checks that passed a broken variant: {missed:?}"
+    );
+}
