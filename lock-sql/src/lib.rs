@@ -270,6 +270,15 @@
 //! retry on one fresh connection), loses a grant's reply (recovered by
 //! owner) and checks that waiters come before a releasing holder.
 //!
+//! `tests/shared.rs` runs the read-write lock and semaphore checks
+//! (exclusion under contention, readers overlapping, writer preference,
+//! FIFO permits, downgrade, limit mismatch, a crashed holder's expiry,
+//! tokens, cancelled waits, mixed `renew_many`, no row left behind) on
+//! PostgreSQL, MariaDB and SQLite; `tests/shared_broken.rs` shows each
+//! check failing on a broken wrapper made for it;
+//! `tests/shared_round_trips.rs` counts their round trips and the permit
+//! floor's ([`floor::SqlPermitFloor`]) through the fault proxy.
+//!
 //! `cargo run --release -p lock-sql --example sql_bench` compares our
 //! acquire+release cycle, as users write it, with the same two statements
 //! issued by hand on one bare connection ([`floor::SqlFloor`], also used by
