@@ -22,13 +22,21 @@ impl LockBackend for MigrationBackend {
     fn capabilities(&self) -> Capabilities {
         let old = self.old.capabilities();
         let new = self.new.capabilities();
+        // A migration moves mutexes only: read-write locks and semaphores
+        // are not bridged between the stores in any phase.
         match self.phase {
-            MigrationPhase::Old => old,
+            MigrationPhase::Old => Capabilities {
+                shared_locks: false,
+                semaphores: false,
+                ..old
+            },
             MigrationPhase::New => Capabilities {
                 fencing: match new.fencing {
                     FencingScope::None => FencingScope::None,
                     _ => FencingScope::PerKey,
                 },
+                shared_locks: false,
+                semaphores: false,
                 ..new
             },
             MigrationPhase::Dual => Capabilities {
