@@ -20,11 +20,19 @@ pub static DRIVER: Driver = Driver {
     summary: "postgres://, mysql://, mariadb://, sqlite://path or sqlite::memory: (?mode=session for server-session locks)",
     connect,
     floor: Some(floor),
-    permit_floor: None,
+    permit_floor: Some(permit_floor),
     capabilities: None,
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);
+
+/// One permit of a semaphore of 4, in row mode (session mode has no
+/// semaphores: `Unsupported` before connecting).
+async fn one_of_four(url: &str) -> Result<crate::floor::SqlPermitFloor, LockError> {
+    crate::floor::SqlPermitFloor::connect(url, 1, 4).await
+}
+
+lock_core::floor_fn!(fn permit_floor = one_of_four);
 
 fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
     Box::pin(async move {
