@@ -277,17 +277,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     /// Safe: read-only.
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         match shape {
-            LockShape::Mutex => Ok(self
-                .inspect(key)
-                .await?
-                .map(|info| HolderInfo {
-                    kind: LeaseKind::Exclusive,
-                    holder: info.holder,
-                    token: info.token,
-                    remaining_ttl: info.remaining_ttl,
-                })
-                .into_iter()
-                .collect()),
+            LockShape::Mutex => Ok(crate::kind::mutex_holders(self.inspect(key).await?)),
             other => Err(LockError::new(
                 ErrorKind::Unsupported,
                 Operation::Inspect,

@@ -208,6 +208,25 @@ pub struct HolderInfo {
     pub remaining_ttl: Option<Duration>,
 }
 
+impl From<crate::types::LockInfo> for HolderInfo {
+    /// The one holder of a mutex, as `inspect` reported it.
+    fn from(info: crate::types::LockInfo) -> Self {
+        Self {
+            kind: LeaseKind::Exclusive,
+            holder: info.holder,
+            token: info.token,
+            remaining_ttl: info.remaining_ttl,
+        }
+    }
+}
+
+/// A mutex's holders from what `inspect` reported: none or one (what a
+/// driver's [`holders`](crate::LockBackend::holders) answers for
+/// [`LockShape::Mutex`]).
+pub fn mutex_holders(info: Option<crate::types::LockInfo>) -> Vec<HolderInfo> {
+    info.map(HolderInfo::from).into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -497,17 +497,7 @@ impl LockBackend for MemoryBackend {
 
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         if shape == LockShape::Mutex {
-            return Ok(self
-                .inspect(key)
-                .await?
-                .map(|info| HolderInfo {
-                    kind: LeaseKind::Exclusive,
-                    holder: info.holder,
-                    token: info.token,
-                    remaining_ttl: info.remaining_ttl,
-                })
-                .into_iter()
-                .collect());
+            return Ok(crate::kind::mutex_holders(self.inspect(key).await?));
         }
         self.share_holders(key, shape).await
     }

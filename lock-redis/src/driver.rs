@@ -432,17 +432,7 @@ impl LockBackend for RedisBackend {
 
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         match shape {
-            LockShape::Mutex => Ok(self
-                .inspect(key)
-                .await?
-                .map(|info| HolderInfo {
-                    kind: LeaseKind::Exclusive,
-                    holder: info.holder,
-                    token: info.token,
-                    remaining_ttl: info.remaining_ttl,
-                })
-                .into_iter()
-                .collect()),
+            LockShape::Mutex => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
             shape => self.holders_shared(key, shape).await,
         }
     }

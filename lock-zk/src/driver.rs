@@ -503,17 +503,7 @@ impl LockBackend for ZkBackend {
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         match shape {
             LockShape::ReadWrite | LockShape::Semaphore => self.shared_holders(key, shape).await,
-            _ => Ok(self
-                .inspect(key)
-                .await?
-                .map(|info| HolderInfo {
-                    kind: LeaseKind::Exclusive,
-                    holder: info.holder,
-                    token: info.token,
-                    remaining_ttl: info.remaining_ttl,
-                })
-                .into_iter()
-                .collect()),
+            _ => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
         }
     }
 
