@@ -18,6 +18,16 @@ checks=(
   "mariadb-install-db:mariadb-server"
   "/usr/lib/postgresql/15/bin/postgres:postgresql"
   "protoc:protobuf-compiler"
+  # The Curator interop tests (lock-zk/tests/curator.rs) compile a Java peer.
+  "javac:default-jdk-headless"
+  "/usr/share/java/curator-recipes.jar:libcurator-recipes-java"
+  "/usr/share/java/curator-framework.jar:libcurator-framework-java"
+  "/usr/share/java/curator-client.jar:libcurator-client-java"
+  "/usr/share/java/zookeeper-jute.jar:libzookeeper-java"
+  "/usr/share/java/guava.jar:libguava-java"
+  "/usr/share/java/slf4j-nop.jar:libslf4j-java"
+  "/usr/share/java/netty-handler.jar:libnetty-java"
+  "/usr/share/java/metrics-core.jar:libdropwizard-metrics-java"
 )
 missing=()
 for check in "${checks[@]}"; do
