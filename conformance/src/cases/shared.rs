@@ -62,9 +62,38 @@ async fn take_kind(
         .ok_or_else(|| format!("{kind} on {key} was refused although nothing conflicts"))
 }
 
-/// Waits up to `within` for `n` tasks to be inside together.
-async fn all_inside(barrier: &Barrier, within: Duration) -> bool {
-    timeout(within, barrier.wait()).await.is_ok()
+/// Whether `n` holders of `kind` on `key` (spread over `clients`) were
+/// observed inside together: each takes its grant, then waits up to TTL/2
+/// for all the others before releasing.
+async fn held_together(
+    clients: &[Arc<dyn LockBackend>],
+    key: &LockKey,
+    kind: LeaseKind,
+    n: usize,
+    ttl: Duration,
+) -> Result<bool, String> {
+    let barrier = Arc::new(Barrier::new(n));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let backend = clients[i % clients.len()].clone();
+        let (key, barrier) = (key.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = backend
+                .acquire_kind(&key, kind, ttl, Instant::now() + ttl)
+                .await?;
+            let together = timeout(ttl / 2, barrier.wait()).await.is_ok();
+            backend.release(&lease).await?;
+            Ok::<bool, lock_core::LockError>(together)
+        }));
+    }
+    let mut all = true;
+    for task in tasks {
+        all &= task
+            .await
+            .map_err(|e| format!("holder panicked: {e}"))?
+            .map_err(fmt_err(&format!("{kind} holder")))?;
+    }
+    Ok(all)
 }
 
 /// Readers and writers on one key over several clients: no writer ever
@@ -86,30 +115,10 @@ async fn rw_inner(h: &Harness) -> CaseResult {
     let key = h.key("rw");
     // 1. Readers really share: three readers must be inside together.
     let readers = 3;
-    let barrier = Arc::new(Barrier::new(readers));
-    let mut tasks = Vec::new();
-    for i in 0..readers {
-        let backend = clients[i % clients.len()].clone();
-        let (key, barrier) = (key.clone(), barrier.clone());
-        tasks.push(tokio::spawn(async move {
-            let lease = backend
-                .acquire_kind(&key, LeaseKind::Read, ttl, Instant::now() + ttl)
-                .await?;
-            let together = all_inside(&barrier, ttl / 2).await;
-            backend.release(&lease).await?;
-            Ok::<bool, lock_core::LockError>(together)
-        }));
-    }
-    for task in tasks {
-        let together = task
-            .await
-            .map_err(|e| format!("reader panicked: {e}"))?
-            .map_err(fmt_err("reader"))?;
-        ensure!(
-            together,
-            "{readers} readers were never inside together: read locks are not shared"
-        );
-    }
+    ensure!(
+        held_together(&clients, &key, LeaseKind::Read, readers, ttl).await?,
+        "{readers} readers were never inside together: read locks are not shared"
+    );
     // 2. Contention: every third grant a writer.
     let history = Arc::new(History::new());
     let writers_in = Arc::new(AtomicUsize::new(0));
@@ -373,32 +382,17 @@ async fn permits_inner(h: &Harness) -> CaseResult {
     let key = h.key("permits");
     let limit = 3u32;
     // 1. Three single permits are held together.
-    let barrier = Arc::new(Barrier::new(3));
-    let mut tasks = Vec::new();
-    for i in 0..3 {
-        let backend = clients[i % clients.len()].clone();
-        let (key, barrier) = (key.clone(), barrier.clone());
-        tasks.push(tokio::spawn(async move {
-            let lease = backend
-                .acquire_kind(
-                    &key,
-                    LeaseKind::Permits { count: 1, limit },
-                    ttl,
-                    Instant::now() + ttl,
-                )
-                .await?;
-            let together = all_inside(&barrier, ttl / 2).await;
-            backend.release(&lease).await?;
-            Ok::<bool, lock_core::LockError>(together)
-        }));
-    }
-    for task in tasks {
-        let together = task
-            .await
-            .map_err(|e| format!("holder panicked: {e}"))?
-            .map_err(fmt_err("permit holder"))?;
-        ensure!(together, "3 permit holders of 3 were never inside together");
-    }
+    ensure!(
+        held_together(
+            &clients,
+            &key,
+            LeaseKind::Permits { count: 1, limit },
+            3,
+            ttl
+        )
+        .await?,
+        "3 permit holders of 3 were never inside together"
+    );
     // 2. Contention.
     let history = Arc::new(History::new());
     let inside = Arc::new(AtomicU32::new(0));

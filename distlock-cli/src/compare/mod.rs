@@ -436,7 +436,7 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
     }
 }
 
-fn cell(v: Option<f64>, digits: usize) -> String {
+pub(super) fn cell(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".to_owned(), |v| format!("{v:.digits$}"))
 }
 

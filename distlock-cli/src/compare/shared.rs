@@ -9,8 +9,10 @@ use conformance::Target;
 use conformance::bench::{self, Contender, FloorCycle, Ours};
 use lock_core::{LeaseKind, LockBackend, LockClient, LockError, OwnerId};
 
-use super::BenchFigures;
+use conformance::cpu::median;
+
 use super::figures::CLIENTS;
+use super::{BenchFigures, cell};
 
 /// The permit floors' semaphore size (see `Driver::permit_floor`).
 const PERMIT_LIMIT: u32 = 4;
@@ -104,15 +106,6 @@ async fn measure(
         }
     }
     Ok(())
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
-}
-
-fn cell(v: Option<f64>, digits: usize) -> String {
-    v.map_or("-".to_owned(), |v| format!("{v:.digits$}"))
 }
 
 /// The shared-lock table, one row per backend that has read-write locks or
