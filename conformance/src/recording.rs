@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::election::Leader;
 use lock_core::{
     Capabilities, HolderInfo, Lease, LeaseKind, LockBackend, LockClient, LockError, LockGuard,
     LockInfo, LockKey, LockShape, LockState,
@@ -167,6 +168,70 @@ impl LockBackend for RecordingBackend {
 
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         self.inner.holders(key, shape).await
+    }
+
+    /// Recorded as one acquire per key, invoked together and granted (or
+    /// failed) together.
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        for key in keys {
+            self.recorder.invoke(Op::Acquire, key, None);
+        }
+        let result = self.inner.try_acquire_all(keys, ttl).await;
+        match &result {
+            Ok(Some(leases)) => {
+                for lease in leases {
+                    self.recorder
+                        .acquired(lease.key(), lease.token(), lease.validity_deadline());
+                }
+            }
+            _ => {
+                for key in keys {
+                    self.recorder.failed(Op::Acquire, key, None);
+                }
+            }
+        }
+        result
+    }
+
+    /// Recorded as an acquire of the election's lock key: the leader's
+    /// term is a grant like a lock's.
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let key = lock_core::election::election_lock_key(election)?;
+        self.recorder.invoke(Op::Acquire, &key, None);
+        let result = self.inner.campaign(election, ttl, deadline).await;
+        match &result {
+            Ok(lease) => {
+                self.recorder
+                    .acquired(lease.key(), lease.token(), lease.validity_deadline());
+            }
+            Err(_) => self.recorder.failed(Op::Acquire, &key, None),
+        }
+        result
+    }
+
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        self.inner.leader(election).await
+    }
+
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        self.inner
+            .watch_leader(election, seen, poll, deadline)
+            .await
     }
 }
 

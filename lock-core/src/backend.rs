@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::capabilities::Capabilities;
+use crate::election::{Leader, election_lock_key};
 use crate::error::LockError;
 use crate::error::{ErrorKind, Operation};
 use crate::key::LockKey;
@@ -285,6 +286,127 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
             )
             .with_key(key)
             .with_backend(self.name())),
+        }
+    }
+    /// Tries once to take every key of `keys` in one atomic exchange: all
+    /// of them granted (one lease per key, in the order given, each with a
+    /// fresh fencing token) or none.
+    ///
+    /// `keys` are distinct and in [`lock_order`](crate::lock_order);
+    /// [`LockClient::lock_all`](crate::LockClient::lock_all) calls this
+    /// first and, when it answers [`ErrorKind::Unsupported`], takes the keys
+    /// one by one instead (the default). A backend overrides it where the
+    /// whole set fits one round trip or one transaction (a Lua script on
+    /// keys of one Redis slot, one etcd or SQL transaction); it may refuse a
+    /// particular set (keys in different slots) with `Unsupported` too.
+    /// Each lease is renewed and released like any other.
+    ///
+    /// Returns `Ok(None)` when some key of the set is held (nothing was
+    /// granted).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] when the backend cannot take this set in
+    /// one exchange; otherwise as [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire): a grant that raced with the
+    /// drop expires with its TTL.
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        let _ = ttl;
+        Err(LockError::new(
+            ErrorKind::Unsupported,
+            Operation::TryAcquire,
+            format!("{} takes a set of keys one key at a time", self.name()),
+        )
+        .with_key(keys.first().map_or("", LockKey::as_str))
+        .with_backend(self.name()))
+    }
+
+    /// Campaigns in the election named `election`: waits until this
+    /// campaign leads (or `deadline`), and returns the leadership's lease,
+    /// whose [`key`](Lease::key) is [`election_lock_key`]`(election)` and
+    /// whose token is the leader's **term** (strictly increasing over the
+    /// election's terms on a backend with fencing). The lease is renewed and
+    /// released (resigned) through [`renew`](Self::renew) and
+    /// [`release`](Self::release) like a lock's.
+    ///
+    /// The default is a waiting [`acquire`](Self::acquire) of the mutex
+    /// [`election_lock_key`]`(election)`. A driver overrides this (with
+    /// [`leader`](Self::leader) and [`watch_leader`](Self::watch_leader))
+    /// to use its store's own election layout, so that other clients of
+    /// that layout (`etcdctl elect`, Curator's `LeaderLatch`) see the same
+    /// leader.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire): `Contended` when another candidate
+    /// led until `deadline`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire): dropping withdraws the candidacy.
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.acquire(&election_lock_key(election)?, ttl, deadline)
+            .await
+    }
+
+    /// Who leads the election named `election` right now (`None`: nobody).
+    /// The default reads the mutex [`campaign`](Self::campaign) takes.
+    ///
+    /// # Errors
+    ///
+    /// Timeout, unavailable backend, backend error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only.
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        Ok(self
+            .inspect(&election_lock_key(election)?)
+            .await?
+            .map(Leader::from_info))
+    }
+
+    /// Waits until the leader of `election` is no longer `seen` (a
+    /// different holder or term, or none), or until `deadline`, and returns
+    /// the leader then. Observers call this in a loop.
+    ///
+    /// The default reads [`leader`](Self::leader) every `poll`; a driver
+    /// with watches overrides it to wake on the store's notification (and
+    /// may ignore `poll`).
+    ///
+    /// # Errors
+    ///
+    /// As [`leader`](Self::leader).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only (a watch it opened is closed when dropped).
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        let poll = poll.max(Duration::from_millis(5));
+        loop {
+            let now = self.leader(election).await?;
+            if !Leader::same(now.as_ref(), seen) || Instant::now() >= deadline {
+                return Ok(now);
+            }
+            tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
         }
     }
 }

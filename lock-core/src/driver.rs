@@ -55,6 +55,12 @@ pub struct Driver {
     /// The capabilities a URL's backend will report, without connecting
     /// (`None`: known only once connected).
     pub capabilities: Option<CapabilitiesFn>,
+    /// The URL option (`name=value`, added to a URL's query) that turns on
+    /// this driver's fair (FIFO) mode, for a driver whose default waiting
+    /// is not in arrival order; `None` when the driver has no such mode (or
+    /// is always fair). Benchmarks use it to show fair and unfair side by
+    /// side.
+    pub fair_option: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -164,6 +170,7 @@ pub static MEMORY: Driver = Driver {
     floor: None,
     permit_floor: None,
     capabilities: Some(|_| Ok(MemoryBackend::new().capabilities())),
+    fair_option: None,
 };
 
 fn connect_memory(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
@@ -207,6 +214,7 @@ mod tests {
         floor: None,
         permit_floor: None,
         capabilities: None,
+        fair_option: None,
     };
 
     #[test]

@@ -12,24 +12,42 @@
 //! Observers follow the leader without campaigning
 //! ([`LockClient::leader`], [`LockClient::observe_leader`]).
 //!
-//! This is the generic election every backend gets; it is not the layout
-//! of etcd's `concurrency.Election` or of Curator's `LeaderLatch`, so those
-//! clients do not see this leader.
+//! Every backend gets this generic election on its renewed mutex. A driver
+//! may bring its store's own election layout instead (see
+//! [`LockBackend::campaign`](crate::LockBackend::campaign)): etcd's uses
+//! the layout of etcd's `concurrency.Election` and ZooKeeper's that of
+//! Curator's `LeaderLatch`, so `etcdctl elect` and Curator candidates see
+//! the same leader as this crate's. Observers wake on the store's watch
+//! where the driver has one, and poll otherwise.
 
 use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::client::LockClient;
-use crate::error::LockError;
+use crate::error::{LockError, Operation};
 use crate::guard::{LockGuard, LockState};
 use crate::key::LockKey;
-use crate::types::{FencingToken, OwnerId};
+use crate::options::{check_ttl, saturating_add};
+use crate::types::{FencingToken, LockInfo, OwnerId};
 
 /// The lock key an election's campaigns take.
 pub fn election_key(name: &str) -> String {
     format!("election/{name}")
+}
+
+/// The lock key of the election named `election` (a valid key itself):
+/// what [`LockBackend::campaign`](crate::LockBackend::campaign)'s lease is
+/// keyed on.
+///
+/// # Errors
+///
+/// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) when
+/// the prefixed key is too long.
+pub fn election_lock_key(election: &LockKey) -> Result<LockKey, LockError> {
+    LockKey::new(election_key(election.as_str()))
 }
 
 /// The current leader of an election, as observers see it.
@@ -41,6 +59,27 @@ pub struct Leader {
     pub term: Option<FencingToken>,
     /// Time left before the store frees the leadership unless renewed.
     pub remaining_ttl: Option<Duration>,
+}
+
+impl Leader {
+    /// The leader a lock's holder is.
+    pub fn from_info(info: LockInfo) -> Self {
+        Self {
+            holder: info.holder,
+            term: info.token,
+            remaining_ttl: info.remaining_ttl,
+        }
+    }
+
+    /// Whether two observations name the same leader in the same term (the
+    /// remaining TTL is not compared).
+    pub fn same(a: Option<&Leader>, b: Option<&Leader>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.holder == b.holder && a.term == b.term,
+            _ => false,
+        }
+    }
 }
 
 /// A campaign, made by [`LockClient::elect`].
@@ -88,12 +127,21 @@ impl<'a> Campaign<'a> {
     /// Dropping the future withdraws the candidacy (as dropping a waiting
     /// acquire does): this client does not become leader afterwards.
     pub async fn campaign(self) -> Result<Leadership, LockError> {
-        let mut request = self.client.lock(election_key(&self.name)).wait(self.wait);
-        if let Some(ttl) = self.ttl {
-            request = request.ttl(ttl);
-        }
+        let backend = self.client.backend().clone();
+        let name = LockKey::new(&self.name).map_err(|e| e.with_backend(backend.name()))?;
+        let election = election_lock_key(&name).map_err(|e| e.with_backend(backend.name()))?;
+        let defaults = self.client.defaults();
+        let ttl = self.ttl.unwrap_or(defaults.ttl);
+        check_ttl(ttl, backend.capabilities().min_ttl, Operation::Acquire)
+            .map_err(|e| e.with_key(&election).with_backend(backend.name()))?;
+        defaults
+            .renewal
+            .validate(ttl)
+            .map_err(|e| e.with_key(&election).with_backend(backend.name()))?;
+        let deadline = saturating_add(Instant::now(), self.wait);
+        let lease = backend.campaign(&name, ttl, deadline).await?;
         Ok(Leadership {
-            guard: request.acquire().await?,
+            guard: self.client.guard_for(lease, &defaults.renewal),
         })
     }
 }
@@ -197,35 +245,47 @@ impl LockClient {
     ///
     /// Safe: read-only.
     pub async fn leader(&self, name: &str) -> Result<Option<Leader>, LockError> {
-        Ok(self.inspect(election_key(name)).await?.map(|info| Leader {
-            holder: info.holder,
-            term: info.token,
-            remaining_ttl: info.remaining_ttl,
-        }))
+        let backend = self.backend();
+        let name = LockKey::new(name).map_err(|e| e.with_backend(backend.name()))?;
+        backend.leader(&name).await
     }
 
     /// Follows election `name`'s leader without campaigning: the receiver
-    /// sees every change of leader (or `None` between leaders), checked
-    /// every `every`. Observation stops when every receiver is dropped.
-    /// Errors reading the leader keep the last value.
+    /// sees every change of leader (or `None` between leaders), as soon as
+    /// the store's watch reports it where the driver has one, and within
+    /// `every` otherwise. Observation stops when every receiver is dropped.
+    /// Errors reading the leader keep the last value (and are retried after
+    /// `every`); a bad name leaves the receiver at `None`.
     ///
     /// Must be called inside a Tokio runtime (it spawns the observer).
     pub fn observe_leader(&self, name: &str, every: Duration) -> watch::Receiver<Option<Leader>> {
         let (tx, rx) = watch::channel(None);
-        let client = self.clone();
-        let name = name.to_owned();
+        let backend = self.backend().clone();
         let every = every.max(Duration::from_millis(10));
+        let Ok(name) = LockKey::new(name) else {
+            return rx;
+        };
         tokio::spawn(async move {
+            // The first read may find nobody: `None` is the initial value.
+            let mut seen: Option<Leader> = None;
             loop {
-                if let Ok(leader) = client.leader(&name).await {
-                    let who = |l: &Option<Leader>| l.as_ref().map(|l| (l.holder.clone(), l.term));
-                    if who(&tx.borrow()) != who(&leader) {
-                        tx.send_replace(leader);
-                    }
-                }
-                tokio::select! {
+                // Wake at least every few seconds to notice closed receivers.
+                let until = Instant::now() + every.max(Duration::from_secs(5));
+                let read = tokio::select! {
                     () = tx.closed() => return,
-                    () = tokio::time::sleep(every) => {}
+                    read = backend.watch_leader(&name, seen.as_ref(), every, until) => read,
+                };
+                match read {
+                    Ok(now) => {
+                        if !Leader::same(now.as_ref(), seen.as_ref()) {
+                            tx.send_replace(now.clone());
+                        }
+                        seen = now;
+                    }
+                    Err(_) => tokio::select! {
+                        () = tx.closed() => return,
+                        () = tokio::time::sleep(every) => {}
+                    },
                 }
             }
         });

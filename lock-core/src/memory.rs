@@ -321,6 +321,38 @@ impl LockBackend for MemoryBackend {
         Ok(Some(self.grant(key, state, ttl, now)))
     }
 
+    /// The whole set under the store's one lock: atomic, as the trait asks.
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        let Some(first) = keys.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        check_ttl(ttl, self.capabilities().min_ttl, Operation::TryAcquire)
+            .map_err(|e| Self::invalid(e, first))?;
+        self.check_fault(Operation::TryAcquire).await?;
+        let now = Instant::now();
+        let mut store = self.keys();
+        for key in keys {
+            if let Some(state) = store.get_mut(key) {
+                state.reap(now);
+                if state.holder.is_some() || !state.waiters.is_empty() {
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(
+            keys.iter()
+                .map(|key| {
+                    let state = store.entry(key.clone()).or_default();
+                    self.grant(key, state, ttl, now)
+                })
+                .collect(),
+        ))
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,

@@ -1,11 +1,16 @@
 //! Multi-locks: several keys taken all or nothing, within one deadline,
 //! behind one guard with one lost signal.
 //!
-//! Keys are taken in one global order (sorted, duplicates removed), so two
+//! Each key is a mutex of its own (so a multi-lock and a plain lock of one
+//! of its keys exclude each other). The set is first asked for in one
+//! atomic exchange where the backend has one
+//! ([`LockBackend::try_acquire_all`]: one Lua script on keys of one Redis
+//! slot, one etcd or SQL transaction), which is the whole cost on free
+//! keys. When that is refused because a key is held (and the request
+//! waits), or the backend has no such exchange, the keys are taken one
+//! after another in one global order (sorted, duplicates removed), so two
 //! clients locking overlapping sets never deadlock: whoever holds the
-//! smallest contested key proceeds. The keys are taken one after another
-//! in that order, each as a mutex of its own (so a multi-lock and a plain
-//! lock of one of its keys exclude each other), all within the one
+//! smallest contested key proceeds. All of it runs within the one
 //! deadline. A set that is not taken whole leaves nothing behind: the keys
 //! already granted are released, also when the acquire is cancelled half
 //! way.
@@ -158,7 +163,26 @@ impl<'a> MultiRequest<'a> {
             backend: backend.clone(),
             leases: Vec::with_capacity(keys.len()),
         };
-        for key in lock_order(&keys) {
+        let ordered = lock_order(&keys);
+        match backend.try_acquire_all(&ordered, self.ttl).await {
+            Ok(Some(leases)) => {
+                partial.leases = leases;
+                return Ok(guard_set(self.client, &self.renewal, &mut partial));
+            }
+            Ok(None) if self.wait.is_zero() => {
+                return Err(LockError::new(
+                    ErrorKind::Contended,
+                    Operation::TryAcquire,
+                    "a key of the set is held by another owner",
+                )
+                .with_key(&ordered[0])
+                .with_backend(backend.name()));
+            }
+            Ok(None) => {}
+            Err(err) if err.kind() == ErrorKind::Unsupported => {}
+            Err(err) => return Err(err),
+        }
+        for key in ordered {
             let granted = if self.wait.is_zero() {
                 backend.try_acquire(&key, self.ttl).await.and_then(|found| {
                     found.ok_or_else(|| {
@@ -182,12 +206,7 @@ impl<'a> MultiRequest<'a> {
                 }
             }
         }
-        let leases = std::mem::take(&mut partial.leases);
-        let guards = leases
-            .into_iter()
-            .map(|lease| self.client.guard_for(lease, &self.renewal))
-            .collect();
-        Ok(MultiGuard { guards })
+        Ok(guard_set(self.client, &self.renewal, &mut partial))
     }
 
     /// Tries once; `Ok(None)` when a key of the set is held.
@@ -206,6 +225,15 @@ impl<'a> MultiRequest<'a> {
             Err(err) => Err(err),
         }
     }
+}
+
+/// The guard of a whole granted set (renewal starts for every key).
+fn guard_set(client: &LockClient, renewal: &RenewalPolicy, partial: &mut Partial) -> MultiGuard {
+    let guards = std::mem::take(&mut partial.leases)
+        .into_iter()
+        .map(|lease| client.guard_for(lease, renewal))
+        .collect();
+    MultiGuard { guards }
 }
 
 /// Several held locks behind one guard: renewed together, one state (the

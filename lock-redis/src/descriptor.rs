@@ -37,6 +37,7 @@ pub static DRIVER: Driver = Driver {
         config.validate()?;
         Ok(crate::capabilities(&config))
     }),
+    fair_option: None,
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);

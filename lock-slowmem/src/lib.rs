@@ -50,6 +50,7 @@ pub static DRIVER: Driver = Driver {
     floor: None,
     permit_floor: None,
     capabilities: Some(|url| Ok(connect(url)?.capabilities())),
+    fair_option: None,
 };
 
 fn connect_boxed(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
@@ -190,5 +191,14 @@ impl LockBackend for SlowMemory {
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         self.travel().await;
         self.inner.holders(key, shape).await
+    }
+
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        self.travel().await;
+        self.inner.try_acquire_all(keys, ttl).await
     }
 }

@@ -22,6 +22,7 @@ pub static DRIVER: Driver = Driver {
     floor: Some(floor),
     permit_floor: Some(permit_floor),
     capabilities: None,
+    fair_option: None,
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::election::Leader;
 use lock_core::{
     Capabilities, ErrorKind, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
     LockKey, LockShape, Operation,
@@ -285,5 +286,65 @@ impl LockBackend for FaultLink {
         let call: Call<Vec<HolderInfo>> = Box::pin(async move { inner.holders(&k, shape).await });
         self.call(Operation::Inspect, key, self.op_timeout, call)
             .await
+    }
+
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        let Some(first) = keys.first() else {
+            return self.inner.try_acquire_all(keys, ttl).await;
+        };
+        let (inner, ks) = (self.inner.clone(), keys.to_vec());
+        let call: Call<Option<Vec<Lease>>> =
+            Box::pin(async move { inner.try_acquire_all(&ks, ttl).await });
+        match self
+            .call(Operation::TryAcquire, first, self.op_timeout, call)
+            .await?
+        {
+            Some(leases) => leases
+                .into_iter()
+                .map(|lease| self.fresh(lease))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let (inner, e) = (self.inner.clone(), election.clone());
+        let call: Call<Lease> = Box::pin(async move { inner.campaign(&e, ttl, deadline).await });
+        let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
+        let lease = self
+            .call(Operation::Acquire, election, budget, call)
+            .await?;
+        self.fresh(lease)
+    }
+
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        let (inner, e) = (self.inner.clone(), election.clone());
+        let call: Call<Option<Leader>> = Box::pin(async move { inner.leader(&e).await });
+        self.call(Operation::Inspect, election, self.op_timeout, call)
+            .await
+    }
+
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        let (inner, e, seen) = (self.inner.clone(), election.clone(), seen.cloned());
+        let call: Call<Option<Leader>> =
+            Box::pin(async move { inner.watch_leader(&e, seen.as_ref(), poll, deadline).await });
+        let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
+        self.call(Operation::Inspect, election, budget, call).await
     }
 }

@@ -17,6 +17,7 @@ pub static DRIVER: Driver = Driver {
         crate::ZkConfig::from_url(url)?;
         Ok(crate::capabilities())
     }),
+    fair_option: None,
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);
