@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::election::Leader;
 use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
     LockError, LockInfo, LockKey, LockShape, Operation, OwnerId, SessionState, TtlModel,
@@ -52,11 +53,15 @@ mod expiry;
 #[path = "shared.rs"]
 mod shared;
 
+// Leader election (Curator's `LeaderLatch` layout).
+#[path = "election.rs"]
+mod election;
+
 use session::{Session, synced};
 
 /// How far past its deadline an acquire may run when the servers are slow
 /// to answer (a normal wait ends at the deadline itself).
-const ACQUIRE_GRACE: Duration = Duration::from_millis(500);
+pub(super) const ACQUIRE_GRACE: Duration = Duration::from_millis(500);
 
 /// The shortest TTL accepted. A ZooKeeper lease lives as long as its
 /// session; the TTL only paces renewals and bounds the local validity, so
@@ -248,6 +253,20 @@ impl ZkBackend {
     fn lease_path(&self, lease: &Lease) -> Option<NodeRef> {
         let data = lease.backend_data();
         let root = self.inner.config.root();
+        if let Some(seq) = data.strip_prefix(waiting::LATCH_DATA) {
+            // An election's latch node (see election.rs).
+            let election = lease.key().as_str().strip_prefix("election/")?;
+            if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let seq: u32 = seq.parse().ok()?;
+            let dir = paths::latch_dir_of(root, election);
+            return Some(NodeRef {
+                dir_len: dir.len(),
+                path: paths::named_node_path(&dir, lease.owner(), paths::LATCH_NAME, seq),
+                seq,
+            });
+        }
         if data.starts_with('/') {
             let (node_dir, name) = paths::split_node(data)?;
             let seq = u32::try_from(sequence_of(name)?).ok()?;
@@ -505,6 +524,30 @@ impl LockBackend for ZkBackend {
             LockShape::ReadWrite | LockShape::Semaphore => self.shared_holders(key, shape).await,
             _ => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
         }
+    }
+
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.campaign_latch(election, ttl, deadline).await
+    }
+
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        self.latch_leader(election).await
+    }
+
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        // A ZooKeeper watch, never polling (see election.rs).
+        self.watch_latch_leader(election, seen, deadline).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -52,6 +52,26 @@ pub(super) struct Tracked {
     pub(super) due: u32,
 }
 
+/// Marks a [`Tracked`] entry of an election's latch node: its `key` is
+/// this character and the election's name (a key never holds a control
+/// character, so no mutex key starts with it).
+pub(super) const LATCH_MARK: char = '\u{1}';
+
+impl Tracked {
+    /// The node's path (rebuilt from the key, the owner and the sequence).
+    fn path(&self, root: &str, owner: OwnerId) -> String {
+        match self.key.strip_prefix(LATCH_MARK) {
+            Some(election) => paths::named_node_path(
+                &paths::latch_dir_of(root, election),
+                owner,
+                paths::LATCH_NAME,
+                self.seq,
+            ),
+            None => paths::node_path(&paths::key_dir_of(root, &self.key), owner, self.seq),
+        }
+    }
+}
+
 /// A granted node (or the nodes of one permit grant) of a read-write lock
 /// or a semaphore this backend tracks, keyed like [`Tracked`]. Kept apart
 /// from the mutex's compact map: these store their paths.
@@ -178,8 +198,9 @@ impl ExpiryTask {
 }
 
 impl ZkBackend {
-    /// Tracks a granted node (`component` is its key's directory below the
-    /// lock root): if not renewed by `at`, it is deleted.
+    /// Tracks a granted node (`key` is its lease's key, or [`LATCH_MARK`]
+    /// and the election's name for a latch node): if not renewed by `at`,
+    /// it is deleted.
     pub(super) fn schedule_expiry(&self, owner: OwnerId, key: &str, seq: u32, at: Instant) {
         let clock = self.inner.clock;
         let Some(slot) = self.inner.owners.key(owner) else {
@@ -297,8 +318,7 @@ fn take_due(inner: &Inner, now: Instant) -> Due {
     tracked.retain(|slot, node| {
         if clock.passed(node.due, now) {
             let owner = inner.owners.owner(*slot);
-            let dir = paths::key_dir_of(root, &node.key);
-            due.push((paths::node_path(&dir, owner, node.seq), owner));
+            due.push((node.path(root, owner), owner));
             false
         } else {
             let left = clock.remaining(node.due, now);

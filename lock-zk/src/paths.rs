@@ -26,8 +26,10 @@ pub(crate) const READ_NAME: &str = "__READ__";
 pub(crate) const WRITE_NAME: &str = "__WRIT__";
 /// The lease node name of Curator's `InterProcessSemaphoreV2`.
 pub(crate) const LEASE_NAME: &str = "lease-";
+/// The candidate node name of Curator's `LeaderLatch`.
+pub(crate) const LATCH_NAME: &str = "latch-";
 /// Every node name this driver creates (after the protected prefix).
-const NAMES: [&str; 4] = [LOCK_NAME, READ_NAME, WRITE_NAME, LEASE_NAME];
+const NAMES: [&str; 5] = [LOCK_NAME, READ_NAME, WRITE_NAME, LEASE_NAME, LATCH_NAME];
 
 /// The parent of every read-write lock's directory. Its name starts with
 /// `.`, which an escaped key never does (`.` is escaped), so it cannot
@@ -35,6 +37,23 @@ const NAMES: [&str; 4] = [LOCK_NAME, READ_NAME, WRITE_NAME, LEASE_NAME];
 pub(crate) const RW_PARENT: &str = ".rwlock";
 /// The parent of every semaphore's directory (see [`RW_PARENT`]).
 pub(crate) const SEM_PARENT: &str = ".semaphore";
+/// The parent of every election's latch directory (see [`RW_PARENT`]).
+pub(crate) const ELECTION_PARENT: &str = ".election";
+
+/// The latch directory of the election named `election`:
+/// `<root>/.election/<escaped name>` (Curator's `LeaderLatch` path: its
+/// candidates' `latch-` nodes are its children).
+pub(crate) fn latch_dir(root: &str, election: &LockKey) -> String {
+    latch_dir_of(root, election.as_str())
+}
+
+/// [`latch_dir`] of an election name's text.
+pub(crate) fn latch_dir_of(root: &str, election: &str) -> String {
+    format!(
+        "{root}/{ELECTION_PARENT}/{}",
+        utf8_percent_encode(election, COMPONENT)
+    )
+}
 
 /// The directory of `key`'s read-write lock: `<root>/.rwlock/<escaped key>`.
 pub(crate) fn rw_dir(root: &str, key: &LockKey) -> String {
@@ -220,9 +239,15 @@ pub(crate) fn sequence_of(name: &str) -> Option<i64> {
 
 /// Lock nodes among `children`, in grant order (sequence, then name).
 pub(crate) fn sorted_lock_nodes(children: Vec<String>) -> Vec<(i64, String)> {
+    sorted_named(children, LOCK_NAME)
+}
+
+/// Nodes called `name` among `children`, in Curator's order (sequence,
+/// then name). Children without `name` and digits are not candidates.
+pub(crate) fn sorted_named(children: Vec<String>, name: &str) -> Vec<(i64, String)> {
     let mut nodes: Vec<(i64, String)> = children
         .into_iter()
-        .filter_map(|name| sequence_of(&name).map(|seq| (seq, name)))
+        .filter_map(|child| sequence_named(&child, name).map(|seq| (seq, child)))
         .collect();
     nodes.sort();
     nodes
@@ -348,12 +373,36 @@ mod tests {
         assert_eq!(split_node("b"), None);
     }
 
+    fn owner_probe() -> OwnerId {
+        OwnerId::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef)
+    }
+
     #[test]
     fn shapes_have_their_own_directories() {
         let root = "/distlock";
         let k = key("a/b");
         assert_eq!(rw_dir(root, &k), "/distlock/.rwlock/a%2Fb");
         assert_eq!(sem_dir(root, &k), "/distlock/.semaphore/a%2Fb");
+        assert_eq!(latch_dir(root, &k), "/distlock/.election/a%2Fb");
+        assert_ne!(key_dir(root, &key(".election")), "/distlock/.election");
+        let latch = named_node_path("/d", owner_probe(), LATCH_NAME, 3);
+        let latch_name = latch.strip_prefix("/d/").unwrap();
+        assert_eq!(owner_of(latch_name), Some(owner_probe()));
+        assert_eq!(sequence_of(latch_name), None);
+        assert_eq!(
+            sorted_named(
+                vec![
+                    latch_name.to_owned(),
+                    "_c_5f1e6c8e-0000-0000-0000-000000000000-latch-0000000001".to_owned(),
+                    "_c_5f1e6c8e-0000-0000-0000-000000000000-lock-0000000000".to_owned(),
+                ],
+                LATCH_NAME
+            )
+            .iter()
+            .map(|(seq, _)| *seq)
+            .collect::<Vec<_>>(),
+            [1, 3]
+        );
         // No key's mutex directory is a shape's parent.
         assert_ne!(key_dir(root, &key(".rwlock")), "/distlock/.rwlock");
         assert!(is_rw_dir(root, &rw_dir(root, &k)));

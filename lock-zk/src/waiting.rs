@@ -20,7 +20,31 @@ use super::cleanup::NodeCleanup;
 use super::session::{Session, synced};
 use super::{MIN_TTL, ZkBackend, lock};
 use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, owner_of, sorted_lock_nodes};
+use crate::paths::{self, owner_of};
+
+/// Which recipe an attempt follows: the node name it creates and sorts on,
+/// the data it writes, and how its lease names the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Recipe {
+    /// Curator's `InterProcessMutex`: `lock-` nodes, no data.
+    Mutex,
+    /// Curator's `LeaderLatch` on the election `name`: `latch-` nodes
+    /// whose data is the candidate's owner value (Curator's participant
+    /// id); the lease's data is `latch:<seq>`.
+    Latch,
+}
+
+impl Recipe {
+    pub(super) fn node_name(self) -> &'static str {
+        match self {
+            Self::Mutex => paths::LOCK_NAME,
+            Self::Latch => paths::LATCH_NAME,
+        }
+    }
+}
+
+/// The `backend_data` prefix of an election (latch node) lease.
+pub(super) const LATCH_DATA: &str = "latch:";
 
 /// Why one attempt ended without a result.
 pub(super) enum AttemptError {
@@ -87,10 +111,17 @@ impl ZkBackend {
         session: &Session,
         dir: &str,
         owner: OwnerId,
+        recipe: Recipe,
         operation: Operation,
         key: &LockKey,
     ) -> Result<(String, i64, Option<Instant>), AttemptError> {
-        let prefix = paths::node_path_prefix(dir, owner);
+        let (prefix, data) = match recipe {
+            Recipe::Mutex => (paths::node_path_prefix(dir, owner), String::new()),
+            Recipe::Latch => (
+                paths::named_prefix(dir, owner, paths::LATCH_NAME),
+                owner.to_hex(),
+            ),
+        };
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let mut missing_dir = 0;
         let mut unknown = 0;
@@ -98,7 +129,7 @@ impl ZkBackend {
             let sent = Instant::now();
             match timed(
                 self.op_timeout(),
-                session.client.create(&prefix, &[], &options),
+                session.client.create(&prefix, data.as_bytes(), &options),
             )
             .await
             {
@@ -126,7 +157,7 @@ impl ZkBackend {
                     unknown += 1;
                     lock(&self.inner.uncertain).insert(owner);
                     tracing::debug!(%key, "create reply lost; looking for our node");
-                    if let Some((path, czxid)) = self.find_own(session, dir, owner).await {
+                    if let Some((path, czxid)) = self.find_own(session, dir, owner, recipe).await {
                         return Ok((path, czxid, None));
                     }
                 }
@@ -141,11 +172,12 @@ impl ZkBackend {
         session: &Session,
         dir: &str,
         owner: OwnerId,
+        recipe: Recipe,
     ) -> Option<(String, i64)> {
         let children = timed(self.op_timeout(), session.client.list_children(dir))
             .await
             .ok()?;
-        let (_, name) = sorted_lock_nodes(children)
+        let (_, name) = paths::sorted_named(children, recipe.node_name())
             .into_iter()
             .find(|(_, name)| owner_of(name) == Some(owner))?;
         let path = format!("{dir}/{name}");
@@ -166,6 +198,7 @@ impl ZkBackend {
         deadline: Option<Instant>,
         operation: Operation,
         track: bool,
+        recipe: Recipe,
     ) -> Result<Option<Lease>, AttemptError> {
         let owner = self.inner.owners.next();
         let mut cleanup = NodeCleanup {
@@ -177,7 +210,7 @@ impl ZkBackend {
             path: None,
         };
         let (path, czxid, created_at) = self
-            .create_node(session, dir, owner, operation, key)
+            .create_node(session, dir, owner, recipe, operation, key)
             .await?;
         cleanup.path = Some(path.clone());
         let name = &path[dir.len() + 1..];
@@ -243,7 +276,9 @@ impl ZkBackend {
                 }
                 Err(err) => return Err(Self::fail(session, err, operation, key)),
             };
-            let mut nodes = sorted_lock_nodes(children);
+            // Curator's order: the digits after the recipe's node name;
+            // the first node holds (leads). Other children are ignored.
+            let mut nodes = paths::sorted_named(children, recipe.node_name());
             // Extra nodes of this attempt (a create retried after a lost
             // reply) would block everyone: remove them.
             nodes.retain(|(_, other)| {
@@ -300,18 +335,31 @@ impl ZkBackend {
                         .with_backend(NAME),
                     )
                 })?;
+                let data = match recipe {
+                    Recipe::Mutex => seq.to_string(),
+                    Recipe::Latch => format!("{LATCH_DATA}{seq}"),
+                };
                 let lease = Lease::granted(
                     key.clone(),
                     owner,
                     FencingToken::new(token),
                     ttl,
                     sent,
-                    seq.to_string(),
+                    data,
                 )
                 .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?;
                 cleanup.disarm();
                 if track {
-                    self.schedule_expiry(owner, key.as_str(), seq, sent + ttl);
+                    match recipe {
+                        Recipe::Mutex => {
+                            self.schedule_expiry(owner, key.as_str(), seq, sent + ttl);
+                        }
+                        Recipe::Latch => {
+                            let election = key.as_str().strip_prefix("election/").unwrap_or("");
+                            let tracked = format!("{}{election}", super::expiry::LATCH_MARK);
+                            self.schedule_expiry(owner, &tracked, seq, sent + ttl);
+                        }
+                    }
                 }
                 return Ok(Some(lease.with_session(session.state.clone())));
             }
@@ -392,10 +440,7 @@ impl ZkBackend {
             .await
     }
 
-    /// The mutex recipe on the lock directory `dir`. `track`: enforce the
-    /// lease's TTL locally (a lease handed to the user); a semaphore's
-    /// internal mutex, held only while its acquire runs, is not tracked
-    /// (its holder deletes it, or it goes with the session).
+    /// [`Self::lock_in_recipe`] with the mutex recipe.
     pub(super) async fn lock_in(
         &self,
         key: &LockKey,
@@ -405,12 +450,33 @@ impl ZkBackend {
         operation: Operation,
         track: bool,
     ) -> Result<Option<Lease>, LockError> {
+        self.lock_in_recipe(key, dir, ttl, deadline, operation, track, Recipe::Mutex)
+            .await
+    }
+
+    /// The mutex recipe on the lock directory `dir`. `track`: enforce the
+    /// lease's TTL locally (a lease handed to the user); a semaphore's
+    /// internal mutex, held only while its acquire runs, is not tracked
+    /// (its holder deletes it, or it goes with the session). `recipe`: the
+    /// mutex's nodes, or an election's latch nodes (same queue, same
+    /// watches, same cleanup).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn lock_in_recipe(
+        &self,
+        key: &LockKey,
+        dir: &str,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        operation: Operation,
+        track: bool,
+        recipe: Recipe,
+    ) -> Result<Option<Lease>, LockError> {
         let mut backoff = RetryPolicy::default().backoff();
         let mut tries_left: u32 = 2;
         loop {
             let session = self.session(operation).await.map_err(|e| e.with_key(key))?;
             match self
-                .attempt(&session, key, dir, ttl, deadline, operation, track)
+                .attempt(&session, key, dir, ttl, deadline, operation, track, recipe)
                 .await
             {
                 Ok(result) => return Ok(result),

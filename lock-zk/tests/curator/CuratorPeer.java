@@ -8,6 +8,8 @@ import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
@@ -16,9 +18,14 @@ import org.apache.curator.retry.RetryOneTime;
 
 /** Commands on stdin, one per line: "<id> read|write <path> <wait ms>",
  *  "<id> sem <path> <wait ms> <limit> <count>", "<id> release", "exit".
- *  Answers on stdout: "<id> ok", "<id> busy", "<id> released", "<id> error ...". */
+ *  Answers on stdout: "<id> ok", "<id> busy", "<id> released", "<id> error ...".
+ *  Leader latches: "<id> latch <path> <participant id>" (answers "<id> started"),
+ *  then "<id> await <ms>" ("<id> leader" or "<id> waiting"), "<id> has"
+ *  ("<id> has true|false"), "<id> leader" ("<id> leads <isLeader> <id>", the id
+ *  may be empty), "<id> close" ("<id> closed"). */
 public class CuratorPeer {
     static final Map<String, BlockingQueue<String>> held = new ConcurrentHashMap<>();
+    static final Map<String, LeaderLatch> latches = new ConcurrentHashMap<>();
 
     static synchronized void say(String line) {
         System.out.println(line);
@@ -38,7 +45,9 @@ public class CuratorPeer {
             if (w[0].equals("exit")) {
                 System.exit(0);
             }
-            if (w[1].equals("release")) {
+            if (w[1].equals("latch") || latches.containsKey(w[0])) {
+                latch(client, w);
+            } else if (w[1].equals("release")) {
                 BlockingQueue<String> q = held.get(w[0]);
                 if (q == null) {
                     say(w[0] + " error not held");
@@ -50,6 +59,45 @@ public class CuratorPeer {
             }
         }
         System.exit(0);
+    }
+
+    static void latch(CuratorFramework client, String[] w) {
+        String id = w[0];
+        Thread t = new Thread(() -> {
+            try {
+                if (w[1].equals("latch")) {
+                    LeaderLatch latch = new LeaderLatch(client, w[2], w.length > 3 ? w[3] : "");
+                    latches.put(id, latch);
+                    latch.start();
+                    say(id + " started");
+                    return;
+                }
+                LeaderLatch latch = latches.get(id);
+                switch (w[1]) {
+                    case "await":
+                        boolean leads = latch.await(Long.parseLong(w[2]), TimeUnit.MILLISECONDS);
+                        say(id + (leads ? " leader" : " waiting"));
+                        break;
+                    case "has":
+                        say(id + " has " + latch.hasLeadership());
+                        break;
+                    case "leader":
+                        Participant p = latch.getLeader();
+                        say(id + " leads " + p.isLeader() + " " + p.getId());
+                        break;
+                    case "close":
+                        latch.close();
+                        say(id + " closed");
+                        break;
+                    default:
+                        say(id + " error unknown latch command " + w[1]);
+                }
+            } catch (Exception e) {
+                say(id + " error " + e);
+            }
+        });
+        t.setDaemon(true);
+        t.start();
     }
 
     static void start(CuratorFramework client, String[] w) {
