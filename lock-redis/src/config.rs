@@ -68,7 +68,8 @@ pub enum RedisTopology {
 /// multi-node schemes), `sentinel_password` (for sentinels that require
 /// one), `eviction=warn|refuse` (what to do when a server's
 /// `maxmemory-policy` lets it evict keys, see
-/// [`eviction`](Self::eviction)). Durations are `250ms`, `2s`, `1m` (a unit
+/// [`eviction`](Self::eviction)), `fair=true` (FIFO mutexes, see
+/// [`fair`](Self::fair); not with `redlock://`). Durations are `250ms`, `2s`, `1m` (a unit
 /// is required).
 ///
 /// TLS options (only with TLS, i.e. `rediss://`, `rediss+sentinel://` or
@@ -103,6 +104,7 @@ pub struct RedisConfig {
     pub(crate) wait_timeout: Duration,
     pub(crate) recheck: Duration,
     pub(crate) eviction: EvictionMode,
+    pub(crate) fair: bool,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -124,6 +126,7 @@ impl fmt::Debug for RedisConfig {
             .field("wait_timeout", &self.wait_timeout)
             .field("recheck", &self.recheck)
             .field("eviction", &self.eviction)
+            .field("fair", &self.fair)
             .finish()
     }
 }
@@ -146,6 +149,7 @@ impl RedisConfig {
             wait_timeout: Duration::from_millis(100),
             recheck: DEFAULT_RECHECK,
             eviction: EvictionMode::Warn,
+            fair: false,
         }
     }
 
@@ -288,6 +292,25 @@ impl RedisConfig {
         self
     }
 
+    /// Fair (FIFO) mutexes (the `fair=true` URL option): waiting acquires
+    /// queue per key in arrival order and only the queue's head is granted
+    /// a free key; a `try_acquire` of a key with waiters is refused (no
+    /// jumping the queue). Every waiter's queue entry has a short lease of
+    /// its own (at most the lock's TTL and three `recheck` intervals,
+    /// refreshed while it waits), so a waiter that died is skipped once
+    /// that lease ends. One server, Sentinel and Cluster; Redlock refuses
+    /// it (`Unsupported` at connect). See the crate docs, *Fair mode*.
+    #[must_use]
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Whether mutexes are fair ([`fair`](Self::fair)).
+    pub fn is_fair(&self) -> bool {
+        self.fair
+    }
+
     /// The eviction mode ([`eviction`](Self::eviction)).
     pub fn eviction_mode(&self) -> EvictionMode {
         self.eviction
@@ -368,6 +391,15 @@ impl RedisConfig {
         }
         if self.wait_replicas > 0 && self.wait_timeout.is_zero() {
             return Err(LockError::config("wait_timeout must be positive"));
+        }
+        if self.fair && matches!(self.topology, RedisTopology::Redlock(_)) {
+            return Err(LockError::new(
+                lock_core::ErrorKind::Unsupported,
+                lock_core::Operation::Connect,
+                "fair=true is not available on Redlock: independent nodes keep independent \
+                 queues, so no node's order is the order of the majority",
+            )
+            .with_backend(crate::error::NAME));
         }
         Ok(())
     }
@@ -555,6 +587,9 @@ fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
     }
     if let Some(insecure) = options.flag("insecure")? {
         config.tls_insecure = insecure;
+    }
+    if let Some(fair) = options.flag("fair")? {
+        config.fair = fair;
     }
     options.finish("redis")?;
     config.validate()?;

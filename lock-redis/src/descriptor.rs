@@ -37,7 +37,8 @@ pub static DRIVER: Driver = Driver {
         config.validate()?;
         Ok(crate::capabilities(&config))
     }),
-    fair_option: None,
+    // FIFO mutexes on one server, Sentinel and Cluster (see the crate docs).
+    fair_option: Some("fair=true"),
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);
@@ -111,6 +112,26 @@ mod tests {
             "only fencing and the shared kinds differ"
         );
         assert!(single.shared_locks && single.semaphores);
+        // Fair mode is FIFO and nothing else changes; Redlock refuses it.
+        assert_eq!(DRIVER.fair_option, Some("fair=true"));
+        for url in [
+            "redis://127.0.0.1:1?fair=true",
+            "redis+sentinel://127.0.0.1:1/locks?fair=true",
+            "redis+cluster://127.0.0.1:1,127.0.0.1:2?fair=true",
+        ] {
+            let fair = of(url).expect("caps");
+            assert_eq!(
+                fair,
+                lock_core::Capabilities {
+                    fifo: true,
+                    ..single
+                },
+                "{url}"
+            );
+        }
+        assert!(!single.fifo);
+        let err = of("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?fair=true").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
         for bad in [
             "redis://",
             "redis://h:1?x=1",

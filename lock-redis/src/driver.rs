@@ -5,6 +5,8 @@
 
 mod attempt;
 mod connecting;
+mod fair;
+mod multi;
 mod shared;
 
 pub use connecting::connect;
@@ -166,7 +168,8 @@ pub fn capabilities(config: &RedisConfig) -> Capabilities {
         fencing_survives_failover: false,
         grants_survive_restart: false,
         waiting: WaitStrategy::Notify,
-        fifo: false,
+        // Redlock refuses `fair` (config validation).
+        fifo: config.fair,
         ttl_model: TtlModel::PerLease,
         linearizable: false,
         min_ttl: MIN_TTL,
@@ -187,6 +190,9 @@ impl LockBackend for RedisBackend {
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         let op = Operation::TryAcquire;
         self.check_ttl(ttl, op, key)?;
+        if self.inner.config.fair {
+            return self.try_acquire_fair(key, ttl).await;
+        }
         match self
             .attempt(key, ttl, op, self.inner.config.operation_timeout)
             .await?
@@ -204,6 +210,9 @@ impl LockBackend for RedisBackend {
     ) -> Result<Lease, LockError> {
         let op = Operation::Acquire;
         self.check_ttl(ttl, op, key)?;
+        if self.inner.config.fair {
+            return self.acquire_fair(key, ttl, deadline).await;
+        }
         // The backoff after errors, made on the first error (it seeds itself
         // from the OS generator: nothing to pay on the common path).
         let mut errors = None;
@@ -401,6 +410,15 @@ impl LockBackend for RedisBackend {
         }
         Ok(None)
     }
+
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        self.try_acquire_set(keys, ttl).await
+    }
+
     async fn try_acquire_kind(
         &self,
         key: &LockKey,

@@ -291,6 +291,7 @@ mod direct;
 mod driver;
 mod error;
 mod eviction;
+mod fair_scripts;
 pub mod floor;
 mod notify;
 mod renew_many;

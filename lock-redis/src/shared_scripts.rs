@@ -49,6 +49,7 @@ end
 "
     };
 }
+pub(crate) use prelude;
 
 /// KEYS: writer, readers, queue, queue expiries, counters.
 /// ARGV: owner, ttl ms, `r` | `w`, wait ms (above 0: register as a waiting

@@ -1,0 +1,176 @@
+//! `try_acquire_all`: a whole set of mutexes in one script call (one round
+//! trip), all or nothing, on one server, Sentinel, and Cluster when every
+//! key hashes to one slot. Redlock and a cluster set spread over slots
+//! answer `Unsupported` (lock-core then takes the keys one by one).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId};
+use redis::Value;
+use redis::cluster_routing::Slot;
+use tokio::time::Instant;
+
+use super::{Inner, RedisBackend};
+use crate::config::RedisTopology;
+use crate::error::{NAME, unexpected};
+use crate::fair_scripts::{FAIR, FairNames};
+use crate::scripts::{KeyNames, ttl_ms};
+
+/// Releases every key of a set whose answer was not seen (timeout,
+/// dropped future, WAIT not satisfied) unless disarmed, in the background.
+struct PendingSet {
+    inner: Arc<Inner>,
+    grants: Vec<(KeyNames, String)>,
+}
+
+impl PendingSet {
+    fn disarm(mut self) {
+        self.grants.clear();
+    }
+}
+
+impl Drop for PendingSet {
+    fn drop(&mut self) {
+        if self.grants.is_empty() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let inner = self.inner.clone();
+            let grants = std::mem::take(&mut self.grants);
+            handle.spawn(async move {
+                for (names, owner) in &grants {
+                    let _ = inner
+                        .release_all(names, owner, inner.config.operation_timeout)
+                        .await;
+                }
+            });
+        }
+    }
+}
+
+fn unsupported(keys: &[LockKey], why: &str) -> LockError {
+    LockError::new(
+        ErrorKind::Unsupported,
+        Operation::TryAcquire,
+        why.to_owned(),
+    )
+    .with_backend(NAME)
+    .with_key(keys.first().map_or("", LockKey::as_str))
+}
+
+/// A token of the script's answer: an integer from `INCR`, or the
+/// counter's string when a resent script returned its own grants.
+fn token(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+impl RedisBackend {
+    /// See the module docs. In fair mode a key with live waiters counts as
+    /// held (nobody jumps a queue).
+    pub(super) async fn try_acquire_set(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        let op = Operation::TryAcquire;
+        if self.inner.redlock {
+            return Err(unsupported(
+                keys,
+                "Redlock takes a set of keys one key at a time (no atomic exchange spans \
+                 independent nodes)",
+            ));
+        }
+        for key in keys {
+            self.check_ttl(ttl, op, key)?;
+        }
+        let names: Vec<FairNames> = keys
+            .iter()
+            .map(|k| FairNames::new(&self.inner.config.prefix, k))
+            .collect();
+        if matches!(self.inner.config.topology, RedisTopology::Cluster(_))
+            && let Some(first) = names.first()
+        {
+            let slot = Slot::for_key(&first.mutex.lock);
+            if names.iter().any(|n| Slot::for_key(&n.mutex.lock) != slot) {
+                return Err(unsupported(
+                    keys,
+                    "the keys of this set are in different cluster slots: one script cannot \
+                     take them; they are taken one at a time",
+                ));
+            }
+        }
+        let Some(first) = keys.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        let owners: Vec<OwnerId> = keys.iter().map(|_| OwnerId::random()).collect();
+        let owner_hex: Vec<String> = owners.iter().map(|o| o.to_hex()).collect();
+        let pending = PendingSet {
+            inner: self.inner.clone(),
+            grants: names
+                .iter()
+                .zip(&owner_hex)
+                .map(|(n, o)| (n.mutex.clone(), o.clone()))
+                .collect(),
+        };
+        let ttl_text = ttl_ms(ttl);
+        let fair = if self.inner.config.fair { "1" } else { "0" };
+        let script_keys: Vec<&str> = names.iter().flat_map(FairNames::multi_keys).collect();
+        let mut args: Vec<&str> = vec![&ttl_text, fair];
+        args.extend(owner_hex.iter().map(String::as_str));
+        let timeout = self.inner.config.operation_timeout;
+        let sent_at = Instant::now();
+        let (script_keys, args) = (&script_keys, &args);
+        let value = self.inner.nodes[0]
+            .run(op, timeout, move |mut conn| async move {
+                conn.eval(&FAIR.multi_acquire, script_keys, args).await
+            })
+            .await
+            .map_err(|e| e.with_key(first))?;
+        let Value::Array(items) = &value else {
+            return Err(unexpected(op, &value).with_key(first));
+        };
+        match items.split_first() {
+            Some((Value::Int(0), _)) => {
+                // Held: nothing was written.
+                pending.disarm();
+                Ok(None)
+            }
+            Some((Value::Int(1), tokens)) if tokens.len() == keys.len() => {
+                let tokens: Option<Vec<u64>> = tokens.iter().map(token).collect();
+                let Some(tokens) = tokens else {
+                    return Err(unexpected(op, &value).with_key(first));
+                };
+                if self.inner.config.wait_replicas > 0 {
+                    // `pending` releases the set on error.
+                    self.wait_replicas(op, timeout)
+                        .await
+                        .map_err(|e| e.with_key(first))?;
+                }
+                let leases = keys
+                    .iter()
+                    .zip(owners)
+                    .zip(tokens)
+                    .map(|((key, owner), token)| {
+                        Lease::granted(
+                            key.clone(),
+                            owner,
+                            FencingToken::new(token),
+                            ttl,
+                            sent_at,
+                            String::new(),
+                        )
+                        .map_err(|e| e.with_backend(NAME))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                pending.disarm();
+                Ok(Some(leases))
+            }
+            _ => Err(unexpected(op, &value).with_key(first)),
+        }
+    }
+}
