@@ -81,6 +81,7 @@ pub const MAX_TABLE_LEN: usize = 48;
 /// | `recheck` | PostgreSQL waiters' bounded re-check interval besides `NOTIFY` | `1s` |
 /// | `create_table` | create the table if missing (`true`/`false`) | `true` |
 /// | `mode` | `row` (lease table) or `session` (server-session locks; PostgreSQL and MySQL/MariaDB only) | `row` |
+/// | `fair` | FIFO mutex waiting (`true`/`false`; row mode only, see the crate docs' "Fair mode") | `false` |
 ///
 /// On SQLite `mode=ro|rw|rwc|memory` stays SQLite's own option (passed
 /// through); `mode=session` is refused there.
@@ -102,6 +103,7 @@ pub struct SqlConfig {
     pub(crate) create_table: bool,
     pub(crate) poll: RetryPolicy,
     pub(crate) mode: SqlMode,
+    pub(crate) fair: bool,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -117,6 +119,7 @@ impl fmt::Debug for SqlConfig {
             .field("recheck", &self.recheck)
             .field("create_table", &self.create_table)
             .field("mode", &self.mode)
+            .field("fair", &self.fair)
             .finish_non_exhaustive()
     }
 }
@@ -191,6 +194,9 @@ impl SqlConfig {
         if let Some(create) = options.flag("create_table")? {
             config.create_table = create;
         }
+        if let Some(fair) = options.flag("fair")? {
+            config.fair = fair;
+        }
         // On SQLite `mode` is SQLite's own option, except for our two values.
         let mut sqlite_mode = None;
         if let Some(mode) = options.text("mode")? {
@@ -250,6 +256,7 @@ impl SqlConfig {
                 max_attempts: None,
             },
             mode: SqlMode::Row,
+            fair: false,
         }
     }
 
@@ -339,6 +346,20 @@ impl SqlConfig {
         }
         self.mode = mode;
         Ok(self)
+    }
+
+    /// Turns FIFO waiting for the mutex on or off (the URL's `fair=true`;
+    /// row mode only: a session-mode backend refuses it at connect with
+    /// [`ErrorKind::Unsupported`](lock_core::ErrorKind::Unsupported)).
+    #[must_use]
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Whether mutex waiters queue in arrival order (`fair=true`).
+    pub fn is_fair(&self) -> bool {
+        self.fair
     }
 
     /// Row or session mode.

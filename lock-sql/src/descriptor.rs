@@ -17,12 +17,13 @@ pub static DRIVER: Driver = Driver {
         ("mysql", 3306),
         ("mariadb", 3306),
     ],
-    summary: "postgres://, mysql://, mariadb://, sqlite://path or sqlite::memory: (?mode=session for server-session locks)",
+    summary: "postgres://, mysql://, mariadb://, sqlite://path or sqlite::memory: (?mode=session for server-session locks, ?fair=true for FIFO waiting)",
     connect,
     floor: Some(floor),
     permit_floor: Some(permit_floor),
     capabilities: None,
-    fair_option: None,
+    // FIFO mutex waiting in row mode (session mode refuses it at connect).
+    fair_option: Some("fair=true"),
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);

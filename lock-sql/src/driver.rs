@@ -104,6 +104,8 @@ pub(crate) struct Inner {
     /// The users' pool (same database, same options).
     pool: DbPool,
     statements: Statements,
+    /// The fair grant (`fair=true`; see crate::fair).
+    pub(crate) fair_grant: Arc<str>,
     /// The read-write locks' and semaphores' statements.
     pub(crate) shared: SharedSql,
     /// PostgreSQL's release notification channel.
@@ -170,12 +172,15 @@ impl SqlBackend {
         // An in-memory SQLite database is private to this backend.
         let scope =
             (!config.is_memory()).then(|| format!("{}\n{}", config.driver_url(), config.table));
+        let fair_grant =
+            Arc::from(dialect.fair_grant_sql(&statements.quoted_table, &shared.waiters_table));
         let backend = Self {
             inner: Arc::new(Inner {
                 conns: ConnSet::new(options, pool_size(&config), dialect.single_writer()),
                 dialect,
                 pool,
                 statements,
+                fair_grant,
                 shared,
                 channel: crate::sql::pg_channel(&config.table),
                 waits: Waits::shared(scope),
@@ -350,12 +355,17 @@ impl SqlBackend {
         key: &LockKey,
         owner: &str,
         ttl: Duration,
+        ahead: Option<i64>,
     ) -> Result<Option<i64>, sqlx::Error> {
         let statements = &self.inner.statements;
+        let grant = match ahead {
+            Some(_) => &self.inner.fair_grant,
+            None => &statements.grant,
+        };
         let (conns, dialect) = (&self.inner.conns, self.inner.dialect);
         let mut checkout = conns.checkout(false).await?;
         let result = dialect
-            .grant(checkout.conn(), &statements.grant, key, owner, ttl)
+            .grant(checkout.conn(), grant, key, owner, ttl, ahead)
             .await;
         if !checkout.finish(&result) {
             return result;
@@ -367,10 +377,7 @@ impl SqlBackend {
         let mut checkout = conns.checkout(true).await?;
         let result = async {
             let conn = checkout.conn();
-            if let Some(token) = dialect
-                .grant(conn, &statements.grant, key, owner, ttl)
-                .await?
-            {
+            if let Some(token) = dialect.grant(conn, grant, key, owner, ttl, ahead).await? {
                 return Ok(Some(token));
             }
             let holder = dialect.inspect(conn, &statements.inspect, key).await?;
@@ -389,6 +396,7 @@ impl SqlBackend {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        ahead: Option<i64>,
     ) -> Result<Option<u64>, sqlx::Error> {
         let owner = owner.to_hex();
         // A statement that lost a deadlock or serialization conflict
@@ -396,7 +404,7 @@ impl SqlBackend {
         // rolled back and changed nothing: run it again.
         let mut attempts = 0;
         let token = loop {
-            match self.grant_once(key, &owner, ttl).await {
+            match self.grant_once(key, &owner, ttl, ahead).await {
                 Err(sqlx::Error::Database(db))
                     if attempts < 5 && matches!(db.code().as_deref(), Some("40001" | "40P01")) =>
                 {
@@ -409,16 +417,17 @@ impl SqlBackend {
         Ok(token.map(|t| u64::try_from(t).unwrap_or(0)))
     }
 
-    async fn try_once(
+    pub(crate) async fn try_once(
         &self,
         key: &LockKey,
         ttl: Duration,
         operation: Operation,
+        ahead: Option<i64>,
     ) -> Result<Option<Lease>, LockError> {
         let owner = OwnerId::random();
         let sent_at = Instant::now();
         let granted = with_timeout(self.timeout(), operation, async {
-            self.grant(key, owner, ttl)
+            self.grant(key, owner, ttl, ahead)
                 .await
                 .map_err(|e| self.err(operation, key, e))
         })
@@ -516,7 +525,8 @@ impl LockBackend for SqlBackend {
             } else {
                 WaitStrategy::Poll
             },
-            fifo: false,
+            // Fair mode queues mutex waiters by a database-assigned id.
+            fifo: self.inner.config.fair,
             ttl_model: TtlModel::PerLease,
             // One primary orders every grant of a row.
             linearizable: true,
@@ -530,7 +540,9 @@ impl LockBackend for SqlBackend {
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
-        self.try_once(key, ttl, Operation::TryAcquire).await
+        // Fair: not while anyone waits (every live waiter is ahead).
+        let ahead = self.inner.config.fair.then_some(i64::MAX);
+        self.try_once(key, ttl, Operation::TryAcquire, ahead).await
     }
 
     async fn acquire(
@@ -541,6 +553,9 @@ impl LockBackend for SqlBackend {
     ) -> Result<Lease, LockError> {
         check_ttl(ttl, MIN_TTL, Operation::Acquire)
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        if self.inner.config.fair {
+            return self.acquire_fair(key, ttl, deadline).await;
+        }
         let notified = self.inner.dialect.notified();
         let waits = &self.inner.waits;
         let poll = self.inner.config.poll;
@@ -567,7 +582,7 @@ impl LockBackend for SqlBackend {
                 )
                 .await;
             if !let_waiters_go || !taken {
-                if let Some(lease) = self.try_once(key, ttl, Operation::Acquire).await? {
+                if let Some(lease) = self.try_once(key, ttl, Operation::Acquire, None).await? {
                     if waiting.is_some() {
                         waits.taken(key.as_str());
                     }

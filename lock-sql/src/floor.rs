@@ -144,7 +144,7 @@ impl SqlFloor {
     ) -> Result<Option<i64>, LockError> {
         let mut conn = self.conn.lock().await;
         self.dialect
-            .grant(&mut conn, &self.statements.grant, key, owner, ttl)
+            .grant(&mut conn, &self.statements.grant, key, owner, ttl, None)
             .await
             .map_err(self.failed(Operation::TryAcquire, key))
     }

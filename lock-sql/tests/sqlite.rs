@@ -2,6 +2,7 @@
 //! contending on one file, a holder process killed mid-hold, fenced writes.
 
 mod common;
+mod fair_checks;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -21,6 +22,16 @@ const CHILD_ITERATIONS: &str = "LOCK_SQL_CHILD_ITERATIONS";
 async fn conformance_suite_on_a_sqlite_file() {
     let target = Arc::new(common::SqliteTarget::new());
     run_suite(&Harness::new(target)).await.assert_passed();
+}
+
+/// Fair mode on a SQLite file: the mutex cases (FIFO included) on a fair
+/// target, the fair checks, and each check failing on its broken variant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_mode_on_a_sqlite_file() {
+    let target = common::SqliteTarget::new();
+    fair_checks::run_fair_suite("sqlite", &target.url).await;
+    fair_checks::fair_checks(&target.url).await;
+    fair_checks::broken_variants(&target.url).await;
 }
 
 #[tokio::test]

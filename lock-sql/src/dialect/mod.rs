@@ -105,7 +105,9 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError>;
 
     /// The grant: `Some(token)` when the row was inserted or an expired one
-    /// taken over, `None` when someone holds it.
+    /// taken over, `None` when someone holds it. `ahead` is `Some(id)` for
+    /// the fair statement ([`Dialect::fair_grant_sql`]): it grants only
+    /// when no live mutex waiter with an id below `id` waits for the key.
     async fn grant(
         &self,
         conn: &mut DbConn,
@@ -113,7 +115,14 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         key: &LockKey,
         owner: &str,
         ttl: Duration,
+        ahead: Option<i64>,
     ) -> Result<Option<i64>, sqlx::Error>;
+
+    /// The fair grant on lease table `table` (quoted) with the waiters
+    /// table `waiters` (quoted): the grant statement, gated on no live
+    /// mutex waiter (`shape = 'mutex'`) of the key with a smaller id than
+    /// the bound one. Binds as the grant's, then that id.
+    fn fair_grant_sql(&self, table: &str, waiters: &str) -> String;
 
     /// The guarded release: whether it matched our row (PostgreSQL
     /// notifies `channel` in the same statement).

@@ -112,6 +112,22 @@ impl Dialect for MySql {
         Ok((DbOptions::MySql(o), DbPool::MySql(pool)))
     }
 
+    // An earlier live waiter leaves the SELECT empty: nothing is inserted,
+    // LAST_INSERT_ID(expr) never runs and the OK packet reports 0.
+    fn fair_grant_sql(&self, t: &str, w: &str) -> String {
+        let now = "UTC_TIMESTAMP(6)";
+        format!(
+            "INSERT INTO {t} (name, owner, token, expires_at) \
+             SELECT ?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND FROM DUAL \
+             WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = ? AND shape = 'mutex' \
+             AND expires_at > {now} AND id < ?) \
+             ON DUPLICATE KEY UPDATE \
+             token = IF(expires_at <= {now}, LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)), \
+             owner = IF(expires_at <= {now}, VALUES(owner), owner), \
+             expires_at = IF(expires_at <= {now}, VALUES(expires_at), expires_at)"
+        )
+    }
+
     async fn grant(
         &self,
         conn: &mut DbConn,
@@ -119,13 +135,17 @@ impl Dialect for MySql {
         key: &LockKey,
         owner: &str,
         ttl: Duration,
+        ahead: Option<i64>,
     ) -> Result<Option<i64>, sqlx::Error> {
-        let done = sqlx::query(text(sql))
+        let query = sqlx::query(text(sql))
             .bind(key.as_str().as_bytes())
             .bind(owner)
-            .bind(micros(ttl))
-            .execute(my(conn)?)
-            .await?;
+            .bind(micros(ttl));
+        let query = match ahead {
+            Some(id) => query.bind(key.as_str().as_bytes()).bind(id),
+            None => query,
+        };
+        let done = query.execute(my(conn)?).await?;
         // LAST_INSERT_ID(expr): the new token, or 0 when held.
         Ok(match done.last_insert_id() {
             0 => None,

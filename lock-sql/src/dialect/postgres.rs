@@ -123,6 +123,21 @@ impl Dialect for Postgres {
         Ok((DbOptions::Postgres(o), DbPool::Postgres(pool)))
     }
 
+    // No row is inserted or taken over while an earlier live waiter is
+    // queued: the SELECT yields nothing, so the conflict clause never runs.
+    fn fair_grant_sql(&self, t: &str, w: &str) -> String {
+        format!(
+            "INSERT INTO {t} AS l (name, owner, token, expires_at) \
+             SELECT $1, $2, 1, now() + $3 * INTERVAL '1 microsecond' \
+             WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = $1 AND shape = 'mutex' \
+             AND expires_at > now() AND id < $4) \
+             ON CONFLICT (name) DO UPDATE \
+             SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at \
+             WHERE l.expires_at <= now() \
+             RETURNING token"
+        )
+    }
+
     async fn grant(
         &self,
         conn: &mut DbConn,
@@ -130,11 +145,17 @@ impl Dialect for Postgres {
         key: &LockKey,
         owner: &str,
         ttl: Duration,
+        ahead: Option<i64>,
     ) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query(text(sql))
+        let query = sqlx::query(text(sql))
             .bind(key.as_str())
             .bind(owner)
-            .bind(micros(ttl))
+            .bind(micros(ttl));
+        let query = match ahead {
+            Some(id) => query.bind(id),
+            None => query,
+        };
+        query
             .fetch_optional(pg(conn)?)
             .await?
             .map(|row| row.try_get::<i64, _>(0))

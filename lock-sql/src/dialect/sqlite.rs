@@ -159,6 +159,22 @@ impl Dialect for Sqlite {
         Ok((DbOptions::Sqlite(o), DbPool::Sqlite(pool)))
     }
 
+    // As PostgreSQL's: an earlier live waiter leaves the SELECT empty.
+    // SQLite's waiter rows expire by its own reading of the same host
+    // clock (millisecond precision), compared with the bound now (?3).
+    fn fair_grant_sql(&self, t: &str, w: &str) -> String {
+        format!(
+            "INSERT INTO {t} AS l (name, owner, token, expires_at) \
+             SELECT ?1, ?2, 1, ?3 + ?4 \
+             WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = ?1 AND shape = 'mutex' \
+             AND expires_at > ?3 AND id < ?5) \
+             ON CONFLICT (name) DO UPDATE \
+             SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at \
+             WHERE l.expires_at <= ?3 \
+             RETURNING token"
+        )
+    }
+
     async fn grant(
         &self,
         conn: &mut DbConn,
@@ -166,12 +182,18 @@ impl Dialect for Sqlite {
         key: &LockKey,
         owner: &str,
         ttl: Duration,
+        ahead: Option<i64>,
     ) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query(text(sql))
+        let query = sqlx::query(text(sql))
             .bind(key.as_str())
             .bind(owner)
             .bind(unix_micros())
-            .bind(micros(ttl))
+            .bind(micros(ttl));
+        let query = match ahead {
+            Some(id) => query.bind(id),
+            None => query,
+        };
+        query
             .fetch_optional(lite(conn)?)
             .await?
             .map(|row| row.try_get::<i64, _>(0))

@@ -150,6 +150,8 @@ impl SqlSessionBackend {
     ///
     /// [`ErrorKind::Config`] on SQLite, for a sequence with a cache or
     /// cycling, or a dialect whose feature is off;
+    /// [`ErrorKind::Unsupported`] for `fair=true` (session locks have no
+    /// fair order);
     /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when the
     /// database cannot be reached within the operation timeout;
     /// [`ErrorKind::Backend`] when creating the schema fails.
@@ -159,6 +161,17 @@ impl SqlSessionBackend {
     /// Safe: dropping the future closes the session it opened. A sequence
     /// or table created meanwhile stays (creation is idempotent).
     pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        if config.fair {
+            // The server decides who gets a freed advisory lock / GET_LOCK
+            // name; neither documents an order among waiting sessions.
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                Operation::Connect,
+                "fair=true needs row mode: a server session lock (advisory lock, GET_LOCK) \
+                 grants its waiters in no documented order",
+            )
+            .with_backend(crate::driver::NAME));
+        }
         let opts = Opts::new(&config)?;
         let name = opts.dialect.session_name();
         let sql = SessionSql::new(opts.dialect, &config.table);

@@ -31,6 +31,7 @@
 //! from the release, downgrade or withdrawal statement; elsewhere polling
 //! with backoff and the process's own wake-ups).
 
+mod fair;
 mod holders;
 pub(crate) mod run;
 pub(crate) mod sql;
@@ -150,6 +151,27 @@ async fn read_state(
     }
     waiters.sort_by_key(|w| w.id);
     Ok((holders, waiters))
+}
+
+/// Inserts a waiter row with `statements` (the dialect's insert, then on
+/// MySQL the read of its id, on the same connection): its id. Binds name,
+/// shape, owner, kind, count, limit, TTL µs.
+pub(crate) async fn insert_waiter(
+    conn: &mut DbConn,
+    statements: &[std::sync::Arc<str>],
+    binds: &[Bind<'_>],
+) -> Result<i64, sqlx::Error> {
+    let mut id = None;
+    for (i, statement) in statements.iter().enumerate() {
+        let binds = if i == 0 { binds } else { &[] };
+        if i + 1 == statements.len() {
+            id = fetch(conn, statement, binds, "i").await?.into_iter().next();
+        } else {
+            execute(conn, statement, binds).await?;
+        }
+    }
+    id.map(|r| r[0].int())
+        .ok_or_else(|| sqlx::Error::Protocol("the waiter row has no id".into()))
 }
 
 /// Whether an error is a rolled-back deadlock or serialization conflict
@@ -311,24 +333,7 @@ impl SqlBackend {
             Bind::Int(limit),
             Bind::Int(micros(waiter_ttl(ttl))),
         ];
-        let mut id = None;
-        for (i, statement) in sql.insert_waiter.iter().enumerate() {
-            if i == 0 {
-                if i + 1 == sql.insert_waiter.len() {
-                    id = fetch(conn, statement, &binds, "i")
-                        .await?
-                        .into_iter()
-                        .next();
-                } else {
-                    execute(conn, statement, &binds).await?;
-                }
-            } else {
-                id = fetch(conn, statement, &[], "i").await?.into_iter().next();
-            }
-        }
-        let id = id
-            .map(|r| r[0].int())
-            .ok_or_else(|| sqlx::Error::Protocol("the waiter row has no id".into()))?;
+        let id = insert_waiter(conn, &sql.insert_waiter, &binds).await?;
         Ok(Outcome::Queued(Some(id)))
     }
 

@@ -108,6 +108,19 @@ pub(crate) struct SharedSql {
     pub(crate) notifies: bool,
     /// The live holders: `(owner, kind, token, left µs)`.
     pub(crate) list: Arc<str>,
+    /// The waiters table's quoted name (fair mutex waiters queue there too,
+    /// as shape `mutex`).
+    pub(crate) waiters_table: String,
+    /// Refreshes a fair mutex waiter's row while it is live (binds TTL,
+    /// id): 0 when it expired meanwhile (it lost its place).
+    pub(crate) refresh_live_waiter: Arc<str>,
+    /// Deletes a granted fair waiter's row and the key's expired mutex
+    /// waiters (binds name, id).
+    pub(crate) granted_waiter: Arc<str>,
+    /// Deletes a fair waiter's rows by owner (binds name, owner): before a
+    /// registration is sent again on a fresh connection (the first may
+    /// have committed).
+    pub(crate) forget_waiter: Arc<str>,
 }
 
 impl SharedSql {
@@ -202,6 +215,17 @@ impl SharedSql {
                 "SELECT owner, kind, token, {{left}} FROM {holders} \
                  WHERE name = {{p}} AND shape = {{p}} AND expires_at > {{now}} ORDER BY token, owner"
             )),
+            refresh_live_waiter: r(format!(
+                "UPDATE {waiters} SET expires_at = {{exp}} WHERE id = {{p}} AND expires_at > {{now}}"
+            )),
+            granted_waiter: r(format!(
+                "DELETE FROM {waiters} WHERE name = {{p}} AND shape = 'mutex' \
+                 AND (id = {{p}} OR expires_at <= {{now}})"
+            )),
+            forget_waiter: r(format!(
+                "DELETE FROM {waiters} WHERE name = {{p}} AND shape = 'mutex' AND owner = {{p}}"
+            )),
+            waiters_table: waiters.clone(),
         }
     }
 }

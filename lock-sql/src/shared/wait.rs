@@ -162,7 +162,7 @@ impl SqlBackend {
     /// withdrawal), the next poll or re-check, or `deadline`; attempts come
     /// at least every third of the waiter row's TTL ([`waiter_ttl`]), so
     /// the row stays live.
-    async fn wait_for_wake(
+    pub(super) async fn wait_for_wake(
         &self,
         wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
         key: &LockKey,
@@ -222,14 +222,14 @@ impl SqlBackend {
 
 /// A waiting acquire's row in the waiters table: withdrawn when the
 /// acquire gives up, and in the background when it is dropped.
-struct Queued {
-    backend: SqlBackend,
-    key: LockKey,
-    id: Option<i64>,
+pub(super) struct Queued {
+    pub(super) backend: SqlBackend,
+    pub(super) key: LockKey,
+    pub(super) id: Option<i64>,
 }
 
 impl Queued {
-    async fn withdraw(&mut self) {
+    pub(super) async fn withdraw(&mut self) {
         if let Some(id) = self.id.take() {
             self.backend.withdraw(&self.key, id).await;
         }

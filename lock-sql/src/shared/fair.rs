@@ -1,0 +1,162 @@
+//! Fair mode (`fair=true`): mutex waiters queue in the waiters table (shape
+//! `mutex`) in the order of their database-assigned ids, and a grant
+//! happens only when the row is free and no live waiter with a smaller id
+//! waits (the fair grant statement, [`Dialect::fair_grant_sql`]). The
+//! mutex row itself is the unfair clients' row: both exclude each other.
+//!
+//! [`Dialect::fair_grant_sql`]: crate::dialect::Dialect::fair_grant_sql
+
+use std::time::Duration;
+
+use lock_core::{ErrorKind, Lease, LockError, LockKey, Operation, OwnerId, with_timeout};
+use tokio::time::Instant;
+
+use super::run::Bind;
+use super::wait::Queued;
+use super::{insert_waiter, waiter_ttl};
+use crate::dialect::micros;
+use crate::driver::{NAME, SqlBackend};
+
+/// The shape of mutex waiters' rows.
+const MUTEX: &str = "mutex";
+
+impl SqlBackend {
+    /// Inserts this acquire's waiter row: its id. A registration sent again
+    /// on a fresh connection first deletes the rows of `owner` (the first
+    /// may have committed; it would queue us behind ourselves).
+    async fn register_fair(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<i64, LockError> {
+        let operation = Operation::Acquire;
+        let shared = &self.inner().shared;
+        let conns = &self.inner().conns;
+        let micros = micros(waiter_ttl(ttl));
+        let binds = [
+            Bind::Text(key.as_str()),
+            Bind::Text(MUTEX),
+            Bind::Text(owner),
+            Bind::Text("x"),
+            Bind::Int(1),
+            Bind::Int(0),
+            Bind::Int(micros),
+        ];
+        with_timeout(self.inner().config.op_timeout, operation, async {
+            let mut fresh = false;
+            loop {
+                let mut checkout = conns
+                    .checkout(fresh)
+                    .await
+                    .map_err(|e| self.err(operation, key, e))?;
+                let result = async {
+                    if fresh {
+                        let forget = [Bind::Text(key.as_str()), Bind::Text(owner)];
+                        super::run::execute(checkout.conn(), &shared.forget_waiter, &forget)
+                            .await?;
+                    }
+                    insert_waiter(checkout.conn(), &shared.insert_waiter, &binds).await
+                }
+                .await;
+                if checkout.finish(&result) && !fresh {
+                    fresh = true;
+                    continue;
+                }
+                break result.map_err(|e| self.err(operation, key, e));
+            }
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))
+    }
+
+    /// `acquire` in fair mode: a fair try (behind every live waiter), then
+    /// queued as a waiter row until the key is free and nobody live is
+    /// ahead of it, the deadline, or drop (the row is withdrawn in the
+    /// background).
+    pub(crate) async fn acquire_fair(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let operation = Operation::Acquire;
+        let config = &self.inner().config;
+        let shared = &self.inner().shared;
+        let notified = self.inner_dialect().notified();
+        let owner = OwnerId::random().to_hex();
+        let mut backoff = config.poll.backoff();
+        let mut started_listener = false;
+        let mut queued = Queued {
+            backend: self.clone(),
+            key: key.clone(),
+            id: None,
+        };
+        let mut refreshed_at = Instant::now();
+        loop {
+            // Subscribe before the attempt, so a release between a refusal
+            // and the wait is not missed.
+            let mut wakes = self.inner().waits.subscribe();
+            let ahead = queued.id.unwrap_or(i64::MAX);
+            if let Some(lease) = self.try_once(key, ttl, operation, Some(ahead)).await? {
+                if let Some(id) = queued.id.take() {
+                    // Our row (and the key's expired ones) go before the
+                    // lease is handed out; on failure it expires by itself
+                    // (it never blocks the key while we hold it anyway).
+                    let binds = [Bind::Text(key.as_str()), Bind::Int(id)];
+                    let _ = self
+                        .holder_statement(key, &shared.granted_waiter, &binds, false, operation)
+                        .await;
+                }
+                return Ok(lease);
+            }
+            if Instant::now() >= deadline {
+                queued.withdraw().await;
+                return Err(LockError::new(
+                    ErrorKind::Contended,
+                    operation,
+                    "still held, or others queued first, at the wait deadline",
+                )
+                .with_key(key)
+                .with_backend(NAME));
+            }
+            match queued.id {
+                None => {
+                    refreshed_at = Instant::now();
+                    queued.id = Some(self.register_fair(key, &owner, ttl).await?);
+                }
+                Some(id) if refreshed_at.elapsed() >= waiter_ttl(ttl) / 3 => {
+                    let sent_at = Instant::now();
+                    let binds = [Bind::Int(micros(waiter_ttl(ttl))), Bind::Int(id)];
+                    let refreshed = self
+                        .holder_statement(
+                            key,
+                            &shared.refresh_live_waiter,
+                            &binds,
+                            false,
+                            operation,
+                        )
+                        .await?;
+                    if refreshed == 1 {
+                        refreshed_at = sent_at;
+                    } else {
+                        // Expired (a stall longer than its TTL): skipped by
+                        // the others meanwhile, so it queues again at the end.
+                        queued.withdraw().await;
+                        refreshed_at = Instant::now();
+                        queued.id = Some(self.register_fair(key, &owner, ttl).await?);
+                    }
+                }
+                Some(_) => {}
+            }
+            if notified && !started_listener {
+                self.ensure_listener().await;
+                started_listener = true;
+                // Releases before the listener ran were not heard.
+                continue;
+            }
+            self.wait_for_wake(&mut wakes, key, ttl, deadline, &mut backoff)
+                .await;
+        }
+    }
+}

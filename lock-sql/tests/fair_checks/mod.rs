@@ -1,0 +1,482 @@
+//! Fair mode (`fair=true`) checks, run on PostgreSQL, MariaDB and SQLite by
+//! their test binaries: the conformance cases of the mutex on a fair
+//! target (the FIFO case runs there), fair and unfair clients excluding
+//! each other on one key, a try refused while a waiter lives, a dead
+//! waiter skipped within its lease, a cancelled waiter's row withdrawn,
+//! and a releasing holder queued behind a waiter. `broken_variants` shows
+//! each check failing on a variant made for it.
+
+#![allow(dead_code, unreachable_pub)] // each test binary uses part of this
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use conformance::{Harness, Target, all_cases, run_cases};
+use lock_core::{ErrorKind, Lease, LockBackend, LockError, LockKey, OwnerId, async_trait};
+use lock_sql::SqlBackend;
+use lock_sql::sqlx;
+use tokio::time::{Instant, sleep};
+
+use crate::common::with_options;
+
+/// A suite target whose clients are `url` (with `fair=true`).
+pub struct FairTarget {
+    pub name: String,
+    pub url: String,
+}
+
+#[async_trait]
+impl Target for FairTarget {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        Ok(Arc::new(SqlBackend::connect_url(&self.url).await?))
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
+    }
+}
+
+/// The mutex cases that need no fault injection, FIFO among them.
+const FAIR_CASES: &[&str] = &[
+    "bad_input_is_rejected",
+    "inspect_reports_holder",
+    "only_owner_can_release_or_renew",
+    "stale_release_is_refused",
+    "mutual_exclusion",
+    "fencing_tokens_increase",
+    "waiters_are_served_in_order",
+    "acquire_times_out_at_deadline",
+    "dropped_acquire_leaves_nothing",
+    "expiry_frees_key",
+    "renew_extends",
+    "multi_lock_is_all_or_nothing",
+    "multi_locks_never_deadlock",
+];
+
+/// The fair suite target of `name` on `url` (`fair=true` appended): the
+/// mutex cases, which must pass, the FIFO one included (not skipped).
+pub async fn run_fair_suite(name: &str, url: &str) {
+    let target = Arc::new(FairTarget {
+        name: format!("{name}-fair"),
+        url: with_options(url, "fair=true"),
+    });
+    let cases: Vec<_> = all_cases()
+        .into_iter()
+        .filter(|c| FAIR_CASES.contains(&c.name))
+        .collect();
+    let report = run_cases(&Harness::new(target), &cases).await;
+    let fifo = report
+        .cases
+        .iter()
+        .find(|c| c.name == "waiters_are_served_in_order")
+        .expect("the FIFO case ran");
+    assert_eq!(
+        fifo.verdict, "passed",
+        "FIFO on {name}-fair: {}",
+        fifo.detail
+    );
+    report.assert_passed();
+}
+
+/// Mutex waiter rows of `key` in the default table's waiters table
+/// (counted through `backend`'s users' pool).
+pub async fn waiter_rows(backend: &SqlBackend, key: &LockKey) -> i64 {
+    let table = format!("{}_waiters", backend.config().table_name());
+    if let Some(pool) = backend.pg_pool() {
+        let sql = format!("SELECT COUNT(*) FROM \"{table}\" WHERE name = $1 AND shape = 'mutex'");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(key.as_str())
+            .fetch_one(pool)
+            .await
+            .expect("count waiters")
+    } else if let Some(pool) = backend.mysql_pool() {
+        let sql = format!("SELECT COUNT(*) FROM `{table}` WHERE name = ? AND shape = 'mutex'");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(key.as_str().as_bytes())
+            .fetch_one(pool)
+            .await
+            .expect("count waiters")
+    } else {
+        let pool = backend.sqlite_pool().expect("a pool");
+        let sql = format!("SELECT COUNT(*) FROM \"{table}\" WHERE name = ?1 AND shape = 'mutex'");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(key.as_str())
+            .fetch_one(pool)
+            .await
+            .expect("count waiters")
+    }
+}
+
+fn fresh_key(what: &str) -> LockKey {
+    LockKey::new(format!("fair/{what}/{}", OwnerId::random())).expect("key")
+}
+
+async fn take(b: &dyn LockBackend, key: &LockKey, ttl: Duration) -> Result<Lease, String> {
+    b.try_acquire(key, ttl)
+        .await
+        .map_err(|e| format!("try_acquire: {e}"))?
+        .ok_or_else(|| format!("{key} is not free"))
+}
+
+/// Polls `acquire` for `for_`, then leaks it: a waiter that dies without
+/// withdrawing (its row stays until it expires).
+async fn leak_waiter(b: &dyn LockBackend, key: &LockKey, ttl: Duration, for_: Duration) {
+    let mut wait = Box::pin(b.acquire(key, ttl, Instant::now() + Duration::from_secs(60)));
+    assert!(
+        tokio::time::timeout(for_, &mut wait).await.is_err(),
+        "the leaked waiter was granted"
+    );
+    std::mem::forget(wait);
+}
+
+/// Fair and unfair clients of one key exclude each other: each refuses
+/// the other's held key, and 2 fair + 2 unfair tasks never overlap.
+pub async fn fair_and_unfair_exclude(
+    fair: Arc<dyn LockBackend>,
+    unfair: Arc<dyn LockBackend>,
+) -> Result<String, String> {
+    let key = fresh_key("mixed");
+    let ttl = Duration::from_secs(10);
+    let held = take(&*fair, &key, ttl).await?;
+    let stolen = unfair
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| e.to_string())?;
+    if stolen.is_some() {
+        return Err("an unfair client took a key a fair one holds".into());
+    }
+    fair.release(&held).await.map_err(|e| e.to_string())?;
+    let held = take(&*unfair, &key, ttl).await?;
+    let stolen = fair
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| e.to_string())?;
+    if stolen.is_some() {
+        return Err("a fair client took a key an unfair one holds".into());
+    }
+    unfair.release(&held).await.map_err(|e| e.to_string())?;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for b in [fair.clone(), fair, unfair.clone(), unfair] {
+        let (key, inside, overlaps) = (key.clone(), inside.clone(), overlaps.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..8 {
+                let lease = b
+                    .acquire(&key, ttl, Instant::now() + Duration::from_secs(20))
+                    .await?;
+                if inside.fetch_add(1, Ordering::SeqCst) > 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                sleep(Duration::from_millis(3)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                b.release(&lease).await?;
+            }
+            Ok::<_, LockError>(())
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    }
+    match overlaps.load(Ordering::SeqCst) {
+        0 => Ok("2 fair + 2 unfair tasks x 8 grants, no overlap".into()),
+        n => Err(format!("{n} grants overlapped another holder")),
+    }
+}
+
+/// A try is refused while a waiter lives, the key free: a waiter leaked
+/// with a 1 s TTL keeps `tryer` out, and `next` (waiting) is granted
+/// within that lease plus a margin (the dead waiter skipped).
+pub async fn dead_waiter_is_skipped(
+    holder: &dyn LockBackend,
+    dying: &dyn LockBackend,
+    tryer: &dyn LockBackend,
+    next: &dyn LockBackend,
+) -> Result<String, String> {
+    let key = fresh_key("dead");
+    let ttl = Duration::from_secs(1);
+    let held = take(holder, &key, Duration::from_secs(10)).await?;
+    leak_waiter(dying, &key, ttl, Duration::from_millis(300)).await;
+    let died = Instant::now();
+    holder.release(&held).await.map_err(|e| e.to_string())?;
+    if let Some(lease) = tryer
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        tryer.release(&lease).await.map_err(|e| e.to_string())?;
+        return Err("try_acquire was granted while a waiter lived".into());
+    }
+    let lease = next
+        .acquire(&key, ttl, Instant::now() + Duration::from_secs(5))
+        .await
+        .map_err(|e| format!("after a dead waiter: {e}"))?;
+    let after = died.elapsed();
+    next.release(&lease).await.map_err(|e| e.to_string())?;
+    // Its row lives at most its 1 s TTL from its last refresh; the next
+    // waiter looks again within the poll or re-check interval.
+    if after > Duration::from_millis(2500) {
+        return Err(format!(
+            "granted {after:?} after the waiter died (lease 1 s)"
+        ));
+    }
+    Ok(format!(
+        "try refused while it lived; next granted {after:?} after it died"
+    ))
+}
+
+/// A cancelled (dropped) waiter's row is withdrawn in the background: no
+/// row is left, and a try succeeds at once after the holder releases
+/// (`cancel` drops or, in the broken variant, leaks the wait).
+pub async fn cancelled_waiter_withdraws<C, F>(
+    holder: &dyn LockBackend,
+    waiter: Arc<dyn LockBackend>,
+    tryer: &dyn LockBackend,
+    rows: &SqlBackend,
+    cancel: C,
+) -> Result<String, String>
+where
+    C: FnOnce(Arc<dyn LockBackend>, LockKey) -> F,
+    F: Future<Output = ()>,
+{
+    let key = fresh_key("cancelled");
+    let ttl = Duration::from_secs(30);
+    let held = take(holder, &key, ttl).await?;
+    cancel(waiter, key.clone()).await;
+    sleep(Duration::from_millis(300)).await;
+    let left = waiter_rows(rows, &key).await;
+    holder.release(&held).await.map_err(|e| e.to_string())?;
+    let lease = tryer
+        .try_acquire(&key, ttl)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(lease) = &lease {
+        tryer.release(lease).await.map_err(|e| e.to_string())?;
+    }
+    if left != 0 {
+        return Err(format!("{left} waiter row(s) left by a cancelled wait"));
+    }
+    if lease.is_none() {
+        return Err("the key stayed blocked after the cancelled waiter".into());
+    }
+    Ok("no row left; the next try was granted at once".into())
+}
+
+/// Drops a waiting acquire after 300 ms (the correct cancellation).
+pub async fn drop_wait(b: Arc<dyn LockBackend>, key: LockKey) {
+    let task = tokio::spawn(async move {
+        b.acquire(
+            &key,
+            Duration::from_secs(30),
+            Instant::now() + Duration::from_secs(30),
+        )
+        .await
+    });
+    sleep(Duration::from_millis(300)).await;
+    task.abort();
+    let _ = task.await;
+}
+
+/// Leaks a waiting acquire after 300 ms (the broken "cancellation").
+pub async fn leak_wait(b: Arc<dyn LockBackend>, key: LockKey) {
+    leak_waiter(
+        &*b,
+        &key,
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+    )
+    .await;
+}
+
+/// A holder that releases and asks again at once comes after the waiter
+/// that was queued: the waiter's grant comes first (its token is lower).
+pub async fn releasing_holder_queues_behind(
+    holder: &dyn LockBackend,
+    waiter: Arc<dyn LockBackend>,
+) -> Result<String, String> {
+    let key = fresh_key("handoff");
+    let ttl = Duration::from_secs(10);
+    let held = take(holder, &key, ttl).await?;
+    let task = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let lease = waiter
+                .acquire(&key, ttl, Instant::now() + Duration::from_secs(10))
+                .await?;
+            sleep(Duration::from_millis(50)).await;
+            waiter.release(&lease).await?;
+            Ok::<_, LockError>(lease.token())
+        }
+    });
+    sleep(Duration::from_millis(300)).await;
+    holder.release(&held).await.map_err(|e| e.to_string())?;
+    let again = holder
+        .acquire(&key, ttl, Instant::now() + Duration::from_secs(10))
+        .await
+        .map_err(|e| e.to_string())?;
+    holder.release(&again).await.map_err(|e| e.to_string())?;
+    let waiter_token = task
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    if again.token() < waiter_token {
+        return Err(format!(
+            "the releasing holder took the key back first (token {} before the waiter's {})",
+            again.token(),
+            waiter_token
+        ));
+    }
+    Ok("the queued waiter went first".into())
+}
+
+/// A fair backend that never skips a dead waiter: its acquire waits while
+/// any mutex waiter row of the key exists, live or not (the broken variant
+/// of [`dead_waiter_is_skipped`]).
+#[derive(Debug)]
+pub struct NeverSkipsDead {
+    pub inner: SqlBackend,
+}
+
+#[async_trait]
+impl LockBackend for NeverSkipsDead {
+    fn name(&self) -> &'static str {
+        "never-skips-dead"
+    }
+
+    fn capabilities(&self) -> lock_core::Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        if waiter_rows(&self.inner, key).await > 0 {
+            return Ok(None);
+        }
+        self.inner.try_acquire(key, ttl).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        loop {
+            if let Some(lease) = self.try_acquire(key, ttl).await? {
+                return Ok(lease);
+            }
+            if Instant::now() >= deadline {
+                return Err(LockError::new(
+                    ErrorKind::Contended,
+                    lock_core::Operation::Acquire,
+                    "a waiter row is there",
+                ));
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.inner.renew(lease).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner.release(lease).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<lock_core::LockInfo>, LockError> {
+        self.inner.inspect(key).await
+    }
+}
+
+async fn connect(url: &str) -> Arc<SqlBackend> {
+    Arc::new(SqlBackend::connect_url(url).await.expect("connect"))
+}
+
+/// Every check on `url` (no `fair` option in it), printed; panics on a
+/// failure.
+pub async fn fair_checks(url: &str) {
+    let fair_url = with_options(url, "fair=true");
+    let (a, b, c, d) = (
+        connect(&fair_url).await,
+        connect(&fair_url).await,
+        connect(&fair_url).await,
+        connect(&fair_url).await,
+    );
+    assert!(a.capabilities().fifo);
+    let unfair = connect(url).await;
+    assert!(!unfair.capabilities().fifo);
+    let results = [
+        (
+            "fair and unfair exclude",
+            fair_and_unfair_exclude(a.clone(), unfair.clone()).await,
+        ),
+        (
+            "dead waiter skipped",
+            dead_waiter_is_skipped(&*a, &*b, &*c, &*d).await,
+        ),
+        (
+            "cancelled waiter withdraws",
+            cancelled_waiter_withdraws(&*a, b.clone(), &*c, &a, drop_wait).await,
+        ),
+        (
+            "releasing holder queues",
+            releasing_holder_queues_behind(&*a, b.clone()).await,
+        ),
+    ];
+    for (name, result) in results {
+        match result {
+            Ok(detail) => println!("fair check {name}: {detail}"),
+            Err(e) => panic!("fair check {name} failed: {e}"),
+        }
+    }
+}
+
+/// Each check failing on its broken variant: an unfair tryer (try refused
+/// while a waiter lives), a backend that never skips dead waiters, a leaked
+/// instead of dropped wait, a "fair" client on another table (no
+/// exclusion).
+pub async fn broken_variants(url: &str) {
+    let fair_url = with_options(url, "fair=true");
+    let (a, b, c) = (
+        connect(&fair_url).await,
+        connect(&fair_url).await,
+        connect(&fair_url).await,
+    );
+    let unfair = connect(url).await;
+    let elsewhere = connect(&with_options(&fair_url, "table=fair_elsewhere")).await;
+    let never = NeverSkipsDead {
+        inner: (*c).clone(),
+    };
+    let caught = [
+        (
+            "unfair tryer",
+            dead_waiter_is_skipped(&*a, &*b, &*unfair, &*c).await,
+        ),
+        (
+            "never skips dead",
+            dead_waiter_is_skipped(&*a, &*b, &*c, &never).await,
+        ),
+        (
+            "leaked wait",
+            cancelled_waiter_withdraws(&*a, b.clone(), &*c, &a, leak_wait).await,
+        ),
+        (
+            "other table",
+            fair_and_unfair_exclude(a.clone(), elsewhere).await,
+        ),
+    ];
+    for (name, result) in caught {
+        match result {
+            Err(e) => println!("broken variant {name} caught: {e}"),
+            Ok(detail) => panic!("broken variant {name} passed: {detail}"),
+        }
+    }
+}
