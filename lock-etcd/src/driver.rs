@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnResponse};
+use lock_core::election::Leader;
 use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
     LockError, LockInfo, LockKey, LockShape, Operation, SessionState, TtlModel, WaitStrategy,
@@ -28,6 +29,14 @@ mod waiting;
 // Read-write locks and semaphores.
 #[path = "shared.rs"]
 mod shared;
+
+// Elections in the layout of etcd's `concurrency.Election`.
+#[path = "election.rs"]
+mod election;
+
+// A set of keys in one transaction.
+#[path = "multi.rs"]
+mod multi;
 
 /// The shortest TTL etcd leases have: one second (the server may raise it
 /// further, to 1.5 election timeouts).
@@ -235,11 +244,77 @@ impl EtcdBackend {
                 .with_key(lease.key())
                 .with_backend(NAME)
         };
-        let (entry, lease_id) =
-            keys::entry_of_lease(self.key_prefix(lease.key()), lease.backend_data())
-                .map_err(bad)?;
+        let (key_prefix, data) = match lease.backend_data().strip_prefix(keys::ELECTION_DATA) {
+            Some(leaf) => (
+                self.election_prefix_of(lease.key())
+                    .ok_or_else(|| bad("an election lease not keyed on election/<name>"))?,
+                leaf,
+            ),
+            None => (self.key_prefix(lease.key()), lease.backend_data()),
+        };
+        let (entry, lease_id) = keys::entry_of_lease(key_prefix, data).map_err(bad)?;
         let revision = i64::try_from(lease.token().get()).map_err(|_| bad("token"))?;
         Ok((entry, revision, lease_id))
+    }
+
+    /// The time an entry has left: its own deadline for a grant of this
+    /// backend, else an upper bound from its etcd lease (`None` when that
+    /// cannot be read, or for an entry without a lease).
+    async fn remaining_ttl(&self, entry: &str, lease_id: i64, op: Operation) -> Option<Duration> {
+        let own_due = self.session_by_lease(lease_id).and_then(|s| s.due(entry));
+        if let Some(due) = own_due {
+            // Held through this backend: it deletes the entry at `due`.
+            return Some(due.saturating_duration_since(Instant::now()));
+        }
+        if lease_id == 0 {
+            return None;
+        }
+        let mut lease_client = self.inner.client.lease_client();
+        let ttl = with_timeout(self.inner.config.op_timeout, op, async {
+            lease_client
+                .time_to_live(lease_id, None)
+                .await
+                .map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .ok()?;
+        // Another backend deletes the entry at its own deadline, which etcd
+        // cannot show: at most the lock's TTL after its last renewal, and the
+        // lease's granted TTL is that TTL rounded up. A crashed holder's
+        // entry goes with the lease, within the same bound. So the granted
+        // TTL is an upper bound of the time left; the lease's remaining TTL
+        // is not.
+        u64::try_from(ttl.granted_ttl())
+            .ok()
+            .filter(|_| ttl.ttl() > 0)
+            .map(|granted| {
+                Duration::from_secs(granted)
+                    .max(Duration::from_secs(u64::try_from(ttl.ttl()).unwrap_or(0)))
+            })
+    }
+
+    /// Runs a waiting acquire, bounded by its deadline plus a short grace:
+    /// a request that hangs (most members down) must not hold the caller
+    /// past its wait. Dropping `attempt` must be cancel-safe (the acquires
+    /// clean a create in flight up in the background).
+    async fn bounded_wait(
+        key: &LockKey,
+        deadline: Instant,
+        attempt: impl std::future::Future<Output = Result<Option<Lease>, LockError>>,
+    ) -> Result<Lease, LockError> {
+        let grace = Duration::from_millis(250);
+        match tokio::time::timeout_at(deadline + grace, attempt).await {
+            Ok(Ok(Some(lease))) => Ok(lease),
+            Ok(Ok(None)) => Err(protocol_error(Operation::Acquire, key, "no grant")),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                Operation::Acquire,
+                "etcd did not answer before the wait deadline",
+            )
+            .with_key(key)
+            .with_backend(NAME)),
+        }
     }
 
     /// Where a lease's entry is: (entry, revision, lease id), or `None` when
@@ -316,24 +391,8 @@ impl LockBackend for EtcdBackend {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        // A request that hangs (most members down) must not hold the caller
-        // past its wait: bound the whole acquire by the deadline plus a short
-        // grace. Dropping `acquire_inner` is cancel-safe (a create in flight
-        // is cleaned up in the background).
-        let grace = Duration::from_millis(250);
         let attempt = self.acquire_inner(key, ttl, Some(deadline), Operation::Acquire);
-        match tokio::time::timeout_at(deadline + grace, attempt).await {
-            Ok(Ok(Some(lease))) => Ok(lease),
-            Ok(Ok(None)) => Err(protocol_error(Operation::Acquire, key, "no grant")),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(LockError::new(
-                ErrorKind::Timeout,
-                Operation::Acquire,
-                "etcd did not answer before the wait deadline",
-            )
-            .with_key(key)
-            .with_backend(NAME)),
-        }
+        Self::bounded_wait(key, deadline, attempt).await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
@@ -506,20 +565,8 @@ impl LockBackend for EtcdBackend {
             return self.acquire(key, ttl, deadline).await;
         }
         // Bounded like `acquire`; dropping `acquire_shared` is cancel-safe.
-        let grace = Duration::from_millis(250);
         let attempt = self.acquire_shared(key, kind, ttl, Some(deadline), Operation::Acquire);
-        match tokio::time::timeout_at(deadline + grace, attempt).await {
-            Ok(Ok(Some(lease))) => Ok(lease),
-            Ok(Ok(None)) => Err(protocol_error(Operation::Acquire, key, "no grant")),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(LockError::new(
-                ErrorKind::Timeout,
-                Operation::Acquire,
-                "etcd did not answer before the wait deadline",
-            )
-            .with_key(key)
-            .with_backend(NAME)),
-        }
+        Self::bounded_wait(key, deadline, attempt).await
     }
 
     async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
@@ -531,6 +578,37 @@ impl LockBackend for EtcdBackend {
             LockShape::ReadWrite | LockShape::Semaphore => self.shared_holders(key, shape).await,
             _ => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
         }
+    }
+
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        self.acquire_set(keys, ttl).await
+    }
+
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.campaign_entry(election, ttl, deadline).await
+    }
+
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        self.election_leader(election).await
+    }
+
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        self.watch_election(election, seen, deadline).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
@@ -555,39 +633,7 @@ impl LockBackend for EtcdBackend {
         let token = u64::try_from(holder.create_revision())
             .ok()
             .map(FencingToken::new);
-        let mut remaining_ttl = None;
-        let own_due = self
-            .session_by_lease(holder.lease())
-            .and_then(|s| s.due(&name));
-        if let Some(due) = own_due {
-            // Held through this backend: it deletes the entry at `due`.
-            remaining_ttl = Some(due.saturating_duration_since(Instant::now()));
-        } else if holder.lease() != 0 {
-            let mut lease_client = self.inner.client.lease_client();
-            let lease_id = holder.lease();
-            if let Ok(ttl) = with_timeout(self.inner.config.op_timeout, op, async {
-                lease_client
-                    .time_to_live(lease_id, None)
-                    .await
-                    .map_err(|e| from_etcd(op, e))
-            })
-            .await
-            {
-                // Another backend deletes the entry at its own deadline,
-                // which etcd cannot show: at most the lock's TTL after its
-                // last renewal, and the lease's granted TTL is that TTL
-                // rounded up. A crashed holder's entry goes with the lease,
-                // within the same bound. So the granted TTL is an upper
-                // bound of the time left; the lease's remaining TTL is not.
-                remaining_ttl = u64::try_from(ttl.granted_ttl())
-                    .ok()
-                    .filter(|_| ttl.ttl() > 0)
-                    .map(|granted| {
-                        Duration::from_secs(granted)
-                            .max(Duration::from_secs(u64::try_from(ttl.ttl()).unwrap_or(0)))
-                    });
-            }
-        }
+        let remaining_ttl = self.remaining_ttl(&name, holder.lease(), op).await;
         Ok(Some(LockInfo {
             key: key.clone(),
             holder: holder_name,

@@ -226,6 +226,44 @@ pub(crate) fn epoch_key(prefix: &str, key: &LockKey) -> String {
     }
 }
 
+/// The tag after the escaped name of an election's prefix.
+pub(crate) const ELECTION_TAG: &str = "%elect";
+
+/// What an election lease's data starts with (followed by its entry's
+/// leaf, `<lease hex>` or `<lease hex>-<n>`): a mutex lease's data is empty
+/// or starts with a lease id in hex, so the two never mix.
+pub(crate) const ELECTION_DATA: &str = "elect:";
+
+/// The name `etcdctl elect` and Go's `concurrency.NewElection` take for
+/// the election `election`: `<prefix>/<escaped name>%elect`
+/// (`<escaped name>%elect` without a prefix). Their candidates live under
+/// that name plus the separator. An escaped key never holds a `%` that is
+/// not followed by `25` or `2F`, so this is disjoint from every mutex
+/// prefix (`<prefix>/<escaped key>/`, including the mutex of the key
+/// `election/<name>` that the generic election takes) and from the
+/// read-write and semaphore prefixes.
+pub(crate) fn election_name(prefix: &str, election: &LockKey) -> String {
+    if prefix.is_empty() {
+        format!("{}{ELECTION_TAG}", escape_key(election.as_str()))
+    } else {
+        format!("{prefix}/{}{ELECTION_TAG}", escape_key(election.as_str()))
+    }
+}
+
+/// Where an election's candidates live: [`election_name`] and the
+/// separator.
+pub(crate) fn election_prefix(prefix: &str, election: &LockKey) -> String {
+    format!("{}/", election_name(prefix, election))
+}
+
+/// What an election lease carries: [`ELECTION_DATA`] and its entry's
+/// leaf (always, also for the session's plain entry: the lease's key,
+/// `election/<name>`, would otherwise name a mutex).
+pub(crate) fn election_lease_data(entry: &str) -> String {
+    let leaf = entry.rsplit('/').next().unwrap_or(entry);
+    format!("{ELECTION_DATA}{leaf}")
+}
+
 /// Whether `entry` is a grant of a read-write lock or a semaphore: the
 /// segment before its leaf ends with a shape tag (an escaped key cannot).
 pub(crate) fn is_shared_entry(entry: &str) -> bool {
@@ -311,6 +349,31 @@ mod tests {
         assert!(is_shared_entry("p/a%sem/1a-2"));
         assert!(!is_shared_entry("p/a/1a"));
         assert!(!is_shared_entry("p/a%25rw/1a"));
+    }
+
+    #[test]
+    fn election_prefixes_are_disjoint_from_lock_prefixes() {
+        let k = |s: &str| LockKey::new(s).unwrap();
+        assert_eq!(election_name("p", &k("leader")), "p/leader%elect");
+        assert_eq!(election_prefix("p", &k("leader")), "p/leader%elect/");
+        assert_eq!(election_prefix("", &k("a/b")), "a%2Fb%elect/");
+        let election = election_prefix("p", &k("a"));
+        // The generic election's mutex (`election/a`), a mutex spelled like
+        // the tag, and the other shapes of `a`.
+        let others = [
+            key_prefix("p", &k("a")),
+            key_prefix("p", &k("election/a")),
+            key_prefix("p", &k("a%elect")),
+            shape_prefix("p", &k("a"), LockShape::ReadWrite),
+            shape_prefix("p", &k("a"), LockShape::Semaphore),
+        ];
+        for other in &others {
+            assert!(
+                !other.starts_with(&election) && !election.starts_with(other.as_str()),
+                "{other} and {election}"
+            );
+        }
+        assert!(!is_shared_entry("p/a%elect/1a"));
     }
 
     #[test]

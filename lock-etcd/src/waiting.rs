@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::{EtcdBackend, MIN_TTL};
 use crate::cleanup::PendingEntry;
 use crate::error::{NAME, from_etcd, protocol_error};
-use crate::keys::{Created, create_txn, first_kv, lease_data, predecessor_of};
+use crate::keys::{Created, create_txn, election_lease_data, first_kv, lease_data, predecessor_of};
 use crate::session::Session;
 
 /// How often a waiter re-reads its predecessor even without a watch event
@@ -42,6 +42,16 @@ enum WaitEnd {
     SessionLost(String),
 }
 
+/// Where a grant's entry lives, and so how its lease names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// A mutex entry under `<prefix>/<escaped key>/`.
+    Mutex,
+    /// A candidate of an election under `<prefix>/<escaped name>%elect/`
+    /// (the lease's key is `election/<name>`; its data says so).
+    Election,
+}
+
 impl EtcdBackend {
     /// The heart of both acquire flavours: `deadline` `None` tries once.
     pub(super) async fn acquire_inner(
@@ -51,8 +61,24 @@ impl EtcdBackend {
         deadline: Option<Instant>,
         op: Operation,
     ) -> Result<Option<Lease>, LockError> {
-        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(key).with_backend(NAME))?;
         let key_prefix = self.key_prefix(key);
+        self.acquire_entry(key, key_prefix, Layout::Mutex, ttl, deadline, op)
+            .await
+    }
+
+    /// etcd's concurrency mutex (and election: the same queue) under
+    /// `key_prefix`: create our entry, and wait for every older entry to go
+    /// when `deadline` is given. The lease is keyed on `key`.
+    pub(super) async fn acquire_entry(
+        &self,
+        key: &LockKey,
+        key_prefix: String,
+        layout: Layout,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        op: Operation,
+    ) -> Result<Option<Lease>, LockError> {
+        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(key).with_backend(NAME))?;
         loop {
             let session = self
                 .session_for(ttl, op)
@@ -98,7 +124,7 @@ impl EtcdBackend {
             let owner_revision = created.owner_revision;
             if owner_revision == Some(my_revision) {
                 return self
-                    .grant(key, ttl, &session, pending, sent_at, op)
+                    .grant(key, layout, ttl, &session, pending, sent_at, op)
                     .map(Some);
             }
             let Some(deadline) = deadline else {
@@ -111,7 +137,7 @@ impl EtcdBackend {
             {
                 Ok(WaitEnd::Granted(checked_at)) => {
                     return self
-                        .grant(key, ttl, &session, pending, checked_at, op)
+                        .grant(key, layout, ttl, &session, pending, checked_at, op)
                         .map(Some);
                 }
                 Ok(WaitEnd::Deadline) => {
@@ -169,9 +195,11 @@ impl EtcdBackend {
     }
 
     /// Turns our oldest entry into a lease; on failure the entry is removed.
-    fn grant(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grant(
         &self,
         key: &LockKey,
+        layout: Layout,
         ttl: Duration,
         session: &Arc<Session>,
         mut pending: PendingEntry<'_>,
@@ -196,7 +224,10 @@ impl EtcdBackend {
             FencingToken::new(token),
             ttl,
             sent_at,
-            lease_data(session, &pending.entry).to_owned(),
+            match layout {
+                Layout::Mutex => lease_data(session, &pending.entry).to_owned(),
+                Layout::Election => election_lease_data(&pending.entry),
+            },
         )
         .map_err(|e| e.with_backend(NAME))?;
         // The entry lives as long as the session's lease: never promise more.

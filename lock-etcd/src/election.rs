@@ -1,0 +1,183 @@
+//! Elections in the layout of etcd's `concurrency.Election` (and so of
+//! `etcdctl elect`): each candidate is an entry `<election prefix><lease
+//! hex>` created with its session lease if absent, the leader is the entry
+//! with the lowest create revision, a candidate waits for the deletion of
+//! every older entry (watching the one just before its own, as the mutex
+//! does: the same queue), and resigning deletes the entry. The term is the
+//! leader entry's create revision.
+
+use std::time::Duration;
+
+use etcd_client::{KeyValue, WatchFilterType, WatchOptions};
+use lock_core::election::{Leader, election_key, election_lock_key};
+use lock_core::{FencingToken, Lease, LockError, LockKey, Operation, with_timeout};
+use tokio::time::{Instant, sleep, sleep_until};
+
+use super::EtcdBackend;
+use super::waiting::Layout;
+use crate::error::{NAME, from_etcd};
+use crate::keys::{self, election_prefix};
+
+/// The leader as read, with its entry's name, and the revision of the read.
+struct LeaderRead {
+    leader: Option<Leader>,
+    entry: Option<Vec<u8>>,
+    revision: i64,
+}
+
+impl EtcdBackend {
+    /// Where the candidates of `election` live (see [`keys::election_name`]).
+    fn election_prefix(&self, election: &LockKey) -> String {
+        election_prefix(&self.inner.prefix, election)
+    }
+
+    /// The election prefix of a leadership lease, from its key
+    /// (`election/<name>`); `None` for any other key.
+    pub(super) fn election_prefix_of(&self, lease_key: &LockKey) -> Option<String> {
+        let name = lease_key.as_str().strip_prefix(&election_key(""))?;
+        let election = LockKey::new(name).ok()?;
+        Some(self.election_prefix(&election))
+    }
+
+    /// Campaigns: our entry under the election's prefix, then our turn, as
+    /// a waiting acquire of the mutex does (bounded the same way).
+    pub(super) async fn campaign_entry(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let key = election_lock_key(election).map_err(|e| e.with_backend(NAME))?;
+        let prefix = self.election_prefix(election);
+        let attempt = self.acquire_entry(
+            &key,
+            prefix,
+            Layout::Election,
+            ttl,
+            Some(deadline),
+            Operation::Acquire,
+        );
+        Self::bounded_wait(&key, deadline, attempt).await
+    }
+
+    /// The oldest candidate under the election's prefix: holder = its value
+    /// (the proposal `etcdctl elect` was given; our candidates store their
+    /// owner id in hex), term = its create revision.
+    async fn read_leader(
+        &self,
+        election: &LockKey,
+        op: Operation,
+    ) -> Result<LeaderRead, LockError> {
+        let prefix = self.election_prefix(election);
+        let mut kv = self.inner.client.kv_client();
+        let response = with_timeout(self.inner.config.op_timeout, op, async {
+            kv.get(prefix.as_str(), Some(keys::oldest_entry()))
+                .await
+                .map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_key(election).with_backend(NAME))?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        let Some(first) = response.kvs().first() else {
+            return Ok(LeaderRead {
+                leader: None,
+                entry: None,
+                revision,
+            });
+        };
+        let leader = self.leader_of(first, op).await;
+        Ok(LeaderRead {
+            leader: Some(leader),
+            entry: Some(first.key().to_vec()),
+            revision,
+        })
+    }
+
+    async fn leader_of(&self, kv: &KeyValue, op: Operation) -> Leader {
+        let name = String::from_utf8_lossy(kv.key()).into_owned();
+        Leader {
+            holder: String::from_utf8_lossy(kv.value()).into_owned(),
+            term: u64::try_from(kv.create_revision())
+                .ok()
+                .map(FencingToken::new),
+            remaining_ttl: self.remaining_ttl(&name, kv.lease(), op).await,
+        }
+    }
+
+    pub(super) async fn election_leader(
+        &self,
+        election: &LockKey,
+    ) -> Result<Option<Leader>, LockError> {
+        Ok(self.read_leader(election, Operation::Inspect).await?.leader)
+    }
+
+    /// Reads the leader until it is not `seen` (or `deadline`), waking on an
+    /// etcd watch: of the leader's entry (deleted, or rewritten by an
+    /// `etcdctl`/Go leader's proclaim) while there is one, of the prefix's
+    /// puts while there is none. No polling.
+    pub(super) async fn watch_election(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        loop {
+            let read = self.read_leader(election, Operation::Inspect).await?;
+            if !Leader::same(read.leader.as_ref(), seen) || Instant::now() >= deadline {
+                return Ok(read.leader);
+            }
+            let from = read.revision + 1;
+            let (watched, options) = match read.entry {
+                Some(entry) => (entry, WatchOptions::new().with_start_revision(from)),
+                None => (
+                    self.election_prefix(election).into_bytes(),
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(from)
+                        .with_filters([WatchFilterType::NoDelete]),
+                ),
+            };
+            tokio::select! {
+                () = sleep_until(deadline) => {}
+                () = self.wait_change(watched, options, from) => {}
+            }
+        }
+    }
+
+    /// Returns at the first event of the watch, when the store already
+    /// moved past `from` when the watch was created (something may have
+    /// happened between our read and the watch: re-read rather than wait for
+    /// etcd's catch-up loop), or when the watch ends or fails.
+    async fn wait_change(&self, key: Vec<u8>, options: WatchOptions, from: i64) {
+        let mut watch_client = self.inner.client.watch_client();
+        let mut stream = match watch_client.watch(key, Some(options)).await {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::debug!(%err, "election watch failed");
+                sleep(Duration::from_millis(100)).await;
+                return;
+            }
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(response)) => {
+                    if response.canceled()
+                        || response.compact_revision() > 0
+                        || !response.events().is_empty()
+                    {
+                        return;
+                    }
+                    if response.created() && response.header().map_or(0, |h| h.revision()) >= from {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(err) => {
+                    tracing::debug!(%err, "election watch stream failed");
+                    sleep(Duration::from_millis(50)).await;
+                    return;
+                }
+            }
+        }
+    }
+}
