@@ -11,6 +11,8 @@
 //! skip) with the Debian package to install.
 
 mod common;
+#[path = "curator/election.rs"]
+mod election;
 #[path = "curator/peer.rs"]
 mod peer;
 

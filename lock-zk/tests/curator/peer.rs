@@ -213,3 +213,20 @@ pub(crate) async fn setup(n: usize) -> (Standalone, Vec<ZkBackend>, Peer) {
     let peer = Peer::start(&connect, 2_000).await;
     (target, backends, peer)
 }
+
+impl Peer {
+    /// Starts a Curator `LeaderLatch` on `path` with `participant` as its
+    /// id; the returned request carries the latch's later answers.
+    pub(crate) async fn latch(&self, path: &str, participant: &str) -> Request {
+        let (request, answer) = self.take(&format!("latch {path} {participant}")).await;
+        assert_eq!(answer, "started", "Curator latch on {path}");
+        request
+    }
+
+    /// One latch command (`await <ms>`, `has`, `leader`, `close`) and its
+    /// answer.
+    pub(crate) async fn ask(&self, latch: &mut Request, command: &str) -> String {
+        self.send(&format!("{} {command}", latch.id)).await;
+        latch.answer(Duration::from_secs(20)).await
+    }
+}
