@@ -1,13 +1,14 @@
 //! The shared conformance suite against every Redis topology, on real
 //! servers started here: the `redis` and `redlock` deployments of
 //! `conformance::deploy`, and our own targets for Cluster and Sentinel
-//! (no deployment has them).
+//! (no deployment has them). The `_fair` targets open the same URLs with
+//! `fair=true` (FIFO mutexes; the shared FIFO case runs on them).
 
 mod common;
 
 use std::sync::Arc;
 
-use common::{RedisTarget, deployed};
+use common::{RedisTarget, deployed, deployed_with};
 use conformance::{Harness, OrSkip, Target, run_suite};
 
 /// Suites run one at a time: they measure timing on a shared machine.
@@ -25,6 +26,24 @@ async fn suite_single_node() {
         return;
     };
     run(target).await;
+}
+
+/// Fair mode (`fair=true`): the same suite, plus the FIFO case (the
+/// backend reports `fifo`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_single_node_fair() {
+    let Some(target) = deployed_with("redis", "fair=true").await else {
+        return;
+    };
+    run(target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_cluster_fair() {
+    let Some(target) = RedisTarget::cluster().await.or_skip() else {
+        return;
+    };
+    run(target.with_option("fair=true")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -40,6 +40,21 @@ pub async fn deployed(kind: &str) -> Option<DeployedTarget> {
     Some(DeployedTarget::new(deployment, opener()))
 }
 
+/// `url` with one more query option (`fair=true`).
+pub fn with_option(url: &str, option: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{option}")
+}
+
+/// A started deployment whose clients all open its URL plus `option`.
+pub async fn deployed_with(kind: &str, option: &'static str) -> Option<DeployedTarget> {
+    let deployment: Box<dyn Deployment> = deploy::start(kind).await.or_skip()?;
+    Some(DeployedTarget::new(
+        deployment,
+        opener_with(move |url| with_option(&url, option)),
+    ))
+}
+
 /// The servers behind one target.
 pub enum Fleet {
     Cluster(RedisCluster),
@@ -90,6 +105,14 @@ impl RedisTarget {
             url: cluster.url(),
             fleet: Mutex::new(Fleet::Cluster(cluster)),
         })
+    }
+
+    /// This target with one more URL option on every client (and a name
+    /// that says so).
+    pub fn with_option(mut self, option: &str) -> Self {
+        self.url = with_option(&self.url, option);
+        self.name = format!("{}?{option}", self.name);
+        self
     }
 
     pub async fn sentinel() -> Result<Self, HarnessError> {
