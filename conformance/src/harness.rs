@@ -179,6 +179,10 @@ pub struct SuiteConfig {
     pub clients: usize,
     /// Upper bound on one case's run time.
     pub case_timeout: Duration,
+    /// How long the looping cases run (the multi-lock deadlock loop, the
+    /// election loop): 3 s by default, `DISTLOCK_LOOP_SECS` seconds when
+    /// set (the long run uses 30).
+    pub loop_run: Duration,
 }
 
 impl Default for SuiteConfig {
@@ -191,8 +195,19 @@ impl Default for SuiteConfig {
             fencing_grants: 1000,
             clients: 2,
             case_timeout: Duration::from_secs(120),
+            loop_run: loop_run_from_env(),
         }
     }
+}
+
+/// `DISTLOCK_LOOP_SECS` (whole seconds, at most 600), else 3 s.
+fn loop_run_from_env() -> Duration {
+    std::env::var("DISTLOCK_LOOP_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(3), |s| {
+            Duration::from_secs(s.clamp(1, 600))
+        })
 }
 
 /// A target plus settings and a namespace unique to this run.

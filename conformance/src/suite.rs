@@ -143,6 +143,18 @@ pub fn all_cases() -> Vec<Case> {
             reentrant_scope_nests,
             "the same lock in a scope is nested, not regranted"
         ),
+        case!(
+            multi_locks_never_deadlock,
+            "[a,b] and [b,a] in a loop: no deadlock, no overlap, nothing left"
+        ),
+        case!(
+            one_leader_at_a_time,
+            "one leader at a time; terms increase; observers follow"
+        ),
+        case!(
+            deposed_leader_steps_down,
+            "a stalled or cut-off leader is replaced only after it is Lost"
+        ),
     ]
 }
 

@@ -155,3 +155,16 @@ async fn grants_past_their_deadline_are_caught() {
     .await;
     assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
 }
+
+/// A leader whose deadline is dated from the reply promises past the
+/// store's expiry while its link stalls: the election case sees the next
+/// leader elected inside the old one's promise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_dating_its_term_from_the_reply_is_caught() {
+    let good = cases::deposed_leader_steps_down(&harness(Arc::new(MemoryTarget::new()))).await;
+    assert!(matches!(good, Outcome::Passed(_)), "{good:?}");
+    match cases::deposed_leader_steps_down(&harness(target(Broken::ReplyTimeDeadline))).await {
+        Outcome::Failed(why) => assert!(why.contains("two leaders"), "{why}"),
+        other => panic!("a leader with reply-dated terms passed: {other:?}"),
+    }
+}

@@ -128,3 +128,19 @@ async fn suite_report_flags_failures() {
     let panicked = std::panic::catch_unwind(|| report.assert_passed());
     assert!(panicked.is_err(), "assert_passed accepted a failing report");
 }
+
+/// The composed shapes are judged by the same history checker: a backend
+/// that grants twice makes the multi-lock loop and the election loop fail
+/// (two holders of a key, two leaders at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn double_grants_are_caught_in_multi_locks_and_elections() {
+    let h = broken_harness();
+    match cases::multi_locks_never_deadlock(&h).await {
+        Outcome::Failed(why) => assert!(why.contains("two holders"), "{why}"),
+        other => panic!("a double-granting backend passed the multi-lock loop: {other:?}"),
+    }
+    match cases::one_leader_at_a_time(&h).await {
+        Outcome::Failed(why) => assert!(why.contains("two leaders"), "{why}"),
+        other => panic!("a double-granting backend passed the election loop: {other:?}"),
+    }
+}

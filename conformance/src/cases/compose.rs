@@ -167,3 +167,86 @@ async fn reentrant_inner(h: &Harness) -> CaseResult {
         "nested without a second grant; other tasks excluded".into(),
     ))
 }
+
+/// Two clients lock `[a, b]` and `[b, a]` (and a third key each) in a loop
+/// for the suite's loop time, each through its own recorded client: no
+/// round ever waits out its deadline (no deadlock), both make progress, the
+/// recorded history has no overlap on any key (a multi-lock is a set of
+/// mutexes), and afterwards every key is free (no partial grant left).
+pub async fn multi_locks_never_deadlock(h: &Harness) -> Outcome {
+    finish(multi_loop_inner(h).await)
+}
+
+async fn multi_loop_inner(h: &Harness) -> CaseResult {
+    let history = std::sync::Arc::new(crate::history::History::new());
+    let (a, b) = two_clients(h).await?;
+    let caps = a.capabilities();
+    let ttl = h.ttl_for(&caps).max(Duration::from_secs(2));
+    let keys = [h.key("loop-a"), h.key("loop-b"), h.key("loop-c")];
+    let name = |k: &LockKey| k.as_str().to_owned();
+    let sets = [
+        vec![name(&keys[0]), name(&keys[1])],
+        vec![name(&keys[1]), name(&keys[0]), name(&keys[2])],
+    ];
+    let run = h.config().loop_run;
+    let end = Instant::now() + run;
+    let mut tasks = Vec::new();
+    for (client, set) in [a.clone(), b.clone()].into_iter().zip(sets) {
+        let recorded = std::sync::Arc::new(crate::recording::RecordingBackend::new(
+            client,
+            history.process(),
+        ));
+        let client = LockClient::from_arc(recorded);
+        tasks.push(tokio::spawn(async move {
+            let mut rounds = 0u64;
+            while Instant::now() < end {
+                let guard = client
+                    .lock_all(set.iter())
+                    .ttl(ttl)
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .map_err(|e| format!("round {rounds}: {e}"))?;
+                tokio::task::yield_now().await;
+                guard.release().await.map_err(|e| format!("release: {e}"))?;
+                rounds += 1;
+            }
+            Ok::<u64, String>(rounds)
+        }));
+    }
+    let mut rounds = Vec::new();
+    for task in tasks {
+        let done = timeout(run + Duration::from_secs(60), task)
+            .await
+            .map_err(|_| "the multi-lock loop deadlocked".to_owned())?
+            .map_err(|e| format!("loop task: {e}"))??;
+        rounds.push(done);
+    }
+    ensure!(
+        rounds.iter().all(|r| *r > 0),
+        "a client made no progress: {rounds:?} rounds"
+    );
+    let report = history.check();
+    ensure!(
+        report.is_exclusive(),
+        "a key had two holders: {}",
+        report.summary()
+    );
+    if caps.has_fencing() {
+        ensure!(
+            report.token_regressions == 0 && report.duplicate_tokens == 0,
+            "tokens went backwards: {}",
+            report.summary()
+        );
+    }
+    for key in &keys {
+        ensure!(
+            is_free(&*b, key, ttl).await?,
+            "{key} was left held after the loop"
+        );
+    }
+    Ok(Outcome::Passed(format!(
+        "{rounds:?} rounds in {run:?}, no deadlock, all keys free; {}",
+        report.summary()
+    )))
+}

@@ -115,12 +115,14 @@ async fn recorded_release(
 // After the macros above, which the case modules use.
 mod api;
 mod compose;
+mod elect;
 mod exclusion;
 mod leases;
 mod shared;
 
 pub use api::*;
 pub use compose::*;
+pub use elect::*;
 pub use exclusion::*;
 pub use leases::*;
 pub use shared::*;

@@ -113,6 +113,7 @@ pub(super) async fn bench_into(
     drop(probe);
     held_at_scale(out, target, url, full).await;
     super::shared::shared_into(out, target, url, full).await;
+    super::compose::compose_into(out, target, url, full).await;
     Ok(())
 }
 

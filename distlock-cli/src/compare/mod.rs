@@ -15,6 +15,7 @@ use lock_core::{Capabilities, LockBackend, LockError};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+mod compose;
 mod figures;
 mod shared;
 mod soak_run;
@@ -109,6 +110,26 @@ pub(crate) struct BenchFigures {
     pub(crate) permit_ratio: Option<f64>,
     /// Why the shared-lock figures failed, if they did.
     pub(crate) shared_error: Option<String>,
+    /// One client's `lock_all` of 3 keys (acquire+release), p50.
+    pub(crate) multi_p50_us: Option<f64>,
+    /// The same client's plain lock cycle, interleaved with the multi-lock.
+    pub(crate) multi_plain_p50_us: Option<f64>,
+    /// `multi_p50_us / multi_plain_p50_us`.
+    pub(crate) multi_ratio: Option<f64>,
+    /// One election term (campaign + resign) of one client, p50.
+    pub(crate) elect_p50_us: Option<f64>,
+    /// The term over a plain lock cycle measured interleaved with it.
+    pub(crate) elect_ratio: Option<f64>,
+    /// 4 clients handing one key over, default (unfair) mode, grants/s.
+    pub(crate) unfair_handoffs_per_s: Option<f64>,
+    /// The same in the driver's fair mode, interleaved with the unfair runs.
+    pub(crate) fair_handoffs_per_s: Option<f64>,
+    /// Busiest over least busy client, unfair.
+    pub(crate) unfair_handoff_spread: Option<f64>,
+    /// Busiest over least busy client, fair.
+    pub(crate) fair_handoff_spread: Option<f64>,
+    /// Why the composed-shapes figures failed, if they did.
+    pub(crate) compose_error: Option<String>,
     pub(crate) error: Option<String>,
 }
 
@@ -511,6 +532,7 @@ pub(crate) fn print_table(results: &[BackendResult]) {
         }
     }
     shared::print_shared_table(results);
+    compose::print_compose_table(results);
     let with_scenarios: Vec<&BackendResult> =
         results.iter().filter(|r| !r.scenarios.is_empty()).collect();
     if !with_scenarios.is_empty() {
