@@ -2,6 +2,7 @@
 //! killed holder and a restarted database, fencing (LOCK IN SHARE MODE).
 
 mod common;
+mod fair_checks;
 
 use std::time::Duration;
 
@@ -20,6 +21,11 @@ async fn mariadb() {
         .await
         .assert_passed();
     common::check_floor(&url).await;
+    // Fair mode on the same server: the mutex cases (FIFO included) and
+    // the fair checks (their broken variants run on SQLite: the same
+    // checks, dialect-independent doubles).
+    fair_checks::run_fair_suite("mariadb", &url).await;
+    fair_checks::fair_checks(&url).await;
 
     let a = SqlBackend::connect_url(&url).await.unwrap();
     let b = SqlBackend::connect_url(&url).await.unwrap();

@@ -2,6 +2,7 @@
 //! killed holder and a restarted database, NOTIFY-driven waiting, fencing.
 
 mod common;
+mod fair_checks;
 
 use std::time::Duration;
 
@@ -21,6 +22,11 @@ async fn postgres() {
         .await
         .assert_passed();
     common::check_floor(&url).await;
+    // Fair mode on the same server: the mutex cases (FIFO included) and
+    // the fair checks (their broken variants run on SQLite: the same
+    // checks, dialect-independent doubles).
+    fair_checks::run_fair_suite("postgres", &url).await;
+    fair_checks::fair_checks(&url).await;
 
     // Waiters are woken by NOTIFY, long before the re-check interval.
     let notify_url = common::with_options(&url, "recheck=5s");
