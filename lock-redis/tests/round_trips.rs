@@ -6,7 +6,9 @@
 //! seeing one. (Before the waiting acquire was fixed, it subscribed before
 //! its first try and unsubscribed after: 4 round trips per waiting cycle
 //! on a free key, which `waiting_acquire_costs_what_the_floor_costs`
-//! refuses.)
+//! refuses.) Fair mode costs the same on a free key; `lock_all` of free
+//! keys is one round trip (one script), where the one-key-at-a-time path
+//! costs one per key.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -322,4 +324,74 @@ async fn contended_waiting_acquire_is_notified_and_retries_after_subscribing() {
     );
     proxy.set_latency(Duration::ZERO, Duration::ZERO);
     assert!(guard.release().await.unwrap());
+}
+
+/// Fair mode on a free key with an empty queue costs what the unfair
+/// mutex costs: one script call for a try or a waiting acquire (the queue
+/// is only touched once the key is contended), one for the release; no
+/// pub/sub connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_mode_costs_what_the_floor_costs_on_a_free_key() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let proxy = FaultProxy::start(server_addr(&server)).await.unwrap();
+    let url = format!("redis://127.0.0.1:{}?fair=true", proxy.port());
+    let client = LockClient::new(lock_redis::connect(&url).await.unwrap());
+    assert!(client.backend().capabilities().fifo);
+    let waiting = per_cycle(&[&proxy], async || waiting_cycle(&client, "w").await).await;
+    assert_eq!(waiting, [2], "fair waiting acquire + release on a free key");
+    let trying = per_cycle(&[&proxy], async || try_cycle(&client, "t").await).await;
+    assert_eq!(trying, [2], "fair try_acquire + release on a free key");
+    assert_eq!(proxy.connections(), 1, "no pub/sub connection on free keys");
+}
+
+/// Round trips of one `lock_all` acquire of `keys`, counted on `proxy`
+/// (the release is not counted).
+async fn lock_all_acquire(client: &LockClient, proxy: &FaultProxy, keys: &[&str]) -> Vec<u64> {
+    let mut counts = Vec::new();
+    for round in 0..WARM_UP + 10 {
+        sleep(Duration::from_millis(5)).await;
+        proxy.reset_counters();
+        let guard = client
+            .lock_all(keys.iter().copied())
+            .ttl(TTL)
+            .wait(WAIT)
+            .acquire()
+            .await
+            .expect("free keys are granted");
+        if round >= WARM_UP {
+            counts.push(proxy.round_trips());
+        }
+        assert!(guard.release().await.expect("release"));
+    }
+    counts.dedup();
+    counts
+}
+
+/// `lock_all` of three free keys is one round trip (the set's script) on
+/// one server, unfair and fair; the count tells it apart from the
+/// one-key-at-a-time path, which a one-node Redlock (no set exchange)
+/// takes: three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_all_on_free_keys_is_one_round_trip() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let keys = ["m/a", "m/b", "m/c"];
+    for (scheme, options, expected) in [
+        ("redis", "", 1),
+        ("redis", "?fair=true", 1),
+        ("redlock", "", 3),
+    ] {
+        let proxy = FaultProxy::start(server_addr(&server)).await.unwrap();
+        let url = format!("{scheme}://127.0.0.1:{}{options}", proxy.port());
+        let client = LockClient::new(lock_redis::connect(&url).await.unwrap());
+        let counts = lock_all_acquire(&client, &proxy, &keys).await;
+        assert_eq!(
+            counts,
+            [expected],
+            "{url}: round trips of one lock_all of 3 free keys"
+        );
+    }
 }
