@@ -618,6 +618,15 @@ mod tests {
         assert_eq!(c.wait_replicas, 1);
         assert!(!c.tls);
         assert!(RedisConfig::from_url("rediss://h").unwrap().tls);
+        assert!(
+            RedisConfig::from_url("redis://h?fair=true")
+                .unwrap()
+                .is_fair()
+        );
+        assert!(!RedisConfig::from_url("redis://h").unwrap().is_fair());
+        let err = RedisConfig::from_url("redlock://a,b,c?fair=true").unwrap_err();
+        assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
+        assert!(RedisConfig::from_url("redlock://a,b,c?fair=false").is_ok());
         assert!(RedisConfig::from_url("redis+cluster://h?tls").unwrap().tls);
         // Older spellings of the shared options still read.
         let c = RedisConfig::from_url("redis://h?operation_timeout=3s&wait_replicas=2").unwrap();

@@ -25,7 +25,8 @@
 //!
 //! Query options: `ttl`, `prefix`, `timeout` (operation timeout),
 //! `replicas` and `wait_timeout` (WAIT after acquire), `recheck`, `tls`,
-//! `sentinel_password`, `eviction=warn|refuse` (see *Eviction* below), and for TLS `ca=/path/ca.pem` (trust this CA
+//! `sentinel_password`, `eviction=warn|refuse` (see *Eviction* below),
+//! `fair=true` (FIFO mutexes, see *Fair mode* below), and for TLS `ca=/path/ca.pem` (trust this CA
 //! instead of the system store) and `insecure=true` (**no certificate or
 //! host name verification at all**; test setups only). See [`RedisConfig`].
 //!
@@ -181,7 +182,75 @@
 //!   different set of holders, so neither exclusion nor the limit could be
 //!   promised.
 //!
-//! # Caveats: what Redis cannot promise
+//! # Fair mode (`fair=true`)
+//!
+//! One server, Sentinel and Cluster; Redlock refuses it at connect
+//! (`Unsupported`: independent nodes would keep independent queues, and
+//! no node's order is the majority's). `Capabilities::fifo` is `true`, and
+//! the descriptor's `fair_option` is `fair=true`.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<prefix>{<key>}` and `:token` | the mutex's | the holder (plain string, `PX`) and the token counter, shared with unfair clients |
+//! | `<prefix>{<key>}:fair:queue` | sorted set | waiters (their owner ids) by arrival sequence |
+//! | `<prefix>{<key>}:fair:queue_expiry` | sorted set | the same waiters by the server instant (ms) their entry lease ends |
+//! | `<prefix>{<key>}:fair:seq` | string | the arrival sequence (goes with the queue) |
+//!
+//! - [x] **Only the queue's live head takes a free key.** Every fair
+//!   acquire script first removes waiters whose entry lease ended, then
+//!   grants a free key to the head of the queue, or to anyone when the
+//!   queue is empty. A `try_acquire` of a key with live waiters is refused
+//!   (nobody jumps the queue), and so is a fair `lock_all` set containing
+//!   it.
+//! - [x] **A lease per waiter.** A waiting acquire joins the queue in the
+//!   same script call as its first refused try, with an entry lease of
+//!   min(TTL, 3 × `recheck`) (1.5 s by default, at least 30 ms), refreshed
+//!   by every attempt, at least every third of it. A waiter that died
+//!   (process killed, connection cut) is skipped as soon as its entry
+//!   lease ends: the next attempt sweeps it and, when that leaves a free
+//!   key to the new head, publishes so it goes on at once; waiters behind
+//!   a dead head re-check when the head's entry lease ends (the refused
+//!   answer says when). Nothing stalls for a fixed wait time. Measured
+//!   (`tests/fair_and_multi.rs`, `recheck=500ms`): the next waiter was
+//!   granted ~0.5 ms after the release behind a cancelled waiter and
+//!   ~1.4 s after it behind a killed one (its 1.5 s entry lease).
+//! - [x] **Cancelled waiters withdraw**: an acquire dropped while waiting
+//!   removes its entry in the background, one that reaches its deadline
+//!   removes it before returning `Contended`; the withdrawal publishes,
+//!   so the next waiter is not held up.
+//! - [x] **Fair, unfair and foreign clients exclude each other**: the lock
+//!   key, its value and the token counter are the mutex's. Unfair clients
+//!   (and plain `SET NX PX` clients) ignore the queue: mixed on one key,
+//!   they can take a free key before the fair head (exclusion holds, order
+//!   does not). Release, renew, `renew_many` and `inspect` are the mutex's.
+//! - [x] **Cost**: a try, or a waiting acquire, on a free key with an empty
+//!   queue is one script call (one round trip, no pub/sub), as unfair;
+//!   the queue work (join, refresh, leave) only begins once the key is
+//!   contended. A release wakes every waiter of the key on its channel
+//!   (pub/sub has no "wake the head only"); only the head is granted, the
+//!   others re-check and wait again.
+//! - A waiter whose own entry lease ended before it refreshed it (a pause
+//!   longer than the lease) joins again at the end of the queue.
+//! - The read-write lock's writers and the semaphore's requests queue in
+//!   arrival order in both modes; `fair` changes the mutex only.
+//!
+//! # Multi-locks (`try_acquire_all`)
+//!
+//! `LockClient::lock_all` first asks for the whole set in one script
+//! (`EVALSHA`, one round trip): the script checks every key (free, and in
+//! fair mode no live waiters) and only then sets every lock (`SET <owner>
+//! PX <ttl>`, an owner per key) and `INCR`s every counter (a fresh token
+//! per key, from the key's own counter), or writes nothing and answers
+//! "held". One server and Sentinel take any set; Cluster takes a set whose
+//! keys all hash to one slot (the hash tag is the whole key name, so
+//! different keys rarely share one: most sets of two or more keys are
+//! `Unsupported` there, checked before anything is sent); Redlock answers
+//! `Unsupported`. On `Unsupported`, or a held key with a wait, lock-core
+//! takes the keys one at a time in global order. Each lease is a plain
+//! mutex lease of its key (a plain lock of that key excludes it). An answer
+//! that was lost (timeout, dropped future) releases the whole set in the
+//! background; a resent script finds its own grants and returns them.
+//!
 //!
 //! - **Not linearizable.** Replication is asynchronous: a failover (or a
 //!   restart without `appendfsync always`) can lose a granted lock, and
@@ -201,8 +270,8 @@
 //!   can each let two clients hold the lock. Use it for efficiency, not for
 //!   correctness; use etcd or ZooKeeper for the latter.
 //! - TTL precision is one millisecond; the shortest TTL accepted is
-//!   [`MIN_TTL`]. Waiting for the mutex is not FIFO (waiting writers and
-//!   permit requests are, see above).
+//!   [`MIN_TTL`]. Waiting for the mutex is not FIFO unless `fair=true`
+//!   (waiting writers and permit requests always are, see above).
 //! - `WAIT` is refused for Cluster and Redlock.
 //! - Renewals wait up to TTL/30 (at most 100 ms) to join a batch; their
 //!   validity is still computed from when the batch was sent.
@@ -267,6 +336,17 @@
 //! wrapper of the real backend (a reader beside a writer, a writer that does
 //! not queue, a downgrade with a gap, one permit too many, permits that do
 //! not queue, a stale write token); Redlock's refusal.
+//! Fair mode: the whole conformance suite (the FIFO case included) on one
+//! server and on a 3-master cluster with `fair=true`; the fair script
+//! against its broken variants (no head check: a later waiter and a try
+//! take the key first; no sweep: a dead head stalls the queue) in
+//! `fair_scripts.rs`; in `tests/fair_and_multi.rs` fair / unfair exclusion
+//! both ways (a client on another layout is caught), no try or fair set
+//! jumping a queue (unfair clients do), a cancelled waiter against a killed
+//! one (connection cut before its withdrawal), and the multi-lock's all or
+//! nothing (a held key: nothing written, counters untouched; the one-pass
+//! script variant is caught), fresh tokens, Cluster slots and Redlock's
+//! refusal.
 //! `cargo run --release -p lock-redis --example redis_bench` measures the cycle
 //! against the raw round trips.
 //!
@@ -279,7 +359,9 @@
 //! floors that the `bench` example and `distlock compare` measure our cycle
 //! against. `tests/round_trips.rs` counts round trips through the fault
 //! proxy: a waiting acquire + release on a free key costs 2, as the floor's
-//! cycle does (2 per node on Redlock), and one more fails the test.
+//! cycle does (2 per node on Redlock), and one more fails the test; the
+//! same in fair mode; a `lock_all` of 3 free keys costs 1 (3 on the
+//! one-key-at-a-time path).
 
 #![deny(missing_docs)]
 
