@@ -108,6 +108,74 @@
 //! revision and reports the entries whose turn has come with their kind,
 //! owner, token and remaining TTL (as `inspect` does for the mutex).
 //!
+//! # Elections (compatible with `etcdctl elect` and Go's `concurrency.Election`)
+//!
+//! [`LockBackend::campaign`](lock_core::LockBackend::campaign) on election
+//! `name` uses the layout of etcd's `concurrency.Election` under the name
+//! `<prefix>/<escaped name>%elect` (`<escaped name>%elect` without a
+//! prefix; the name escaped as keys are, see above): a candidate creates
+//! `<prefix>/<escaped name>%elect/<lease hex>` with its session lease, in a
+//! transaction that only creates it if absent and reads the oldest
+//! candidate in the same revision; the **leader is the candidate with the
+//! lowest create revision**; a waiting candidate watches the deletion of
+//! the candidate just older than its own (the mutex's queue, FIFO) and
+//! re-reads. Resigning (releasing the leadership's lease) deletes the
+//! entry, guarded by its create revision and value. So
+//! `etcdctl elect <prefix>/<escaped name>%elect <proposal>` campaigns in
+//! the same election as this crate, and `etcdctl elect -l` on that name
+//! prints the same leader (tested both ways in `tests/compose.rs`).
+//!
+//! - The **term** (the leadership lease's token) is the leader entry's
+//!   create revision: a later leader's entry was created after every
+//!   earlier leader's, so terms strictly increase, across etcd leader
+//!   changes and restarts.
+//! - Our candidates store their owner id (hex) as the value (the
+//!   "proposal"); [`leader`](lock_core::LockBackend::leader) reports the
+//!   leader's value as `holder` (an `etcdctl elect` leader's proposal), its
+//!   create revision as `term`, and the remaining TTL as `inspect` does.
+//! - The lease is keyed on `election/<name>`
+//!   ([`election_lock_key`](lock_core::election::election_lock_key)) and
+//!   its data says it is an election's (`elect:<leaf>`), so renew and
+//!   release find the entry under the election's prefix. The `%elect` tag
+//!   keeps the election disjoint from every mutex (also from the mutex of
+//!   the key `election/<name>`, which other backends' generic election
+//!   takes), read-write lock and semaphore.
+//! - Two campaigns from one backend are two candidates: the second gets
+//!   `<lease hex>-<n>`, as the mutex's second grant does (Go's
+//!   `Campaign` on one session would re-use the first entry instead).
+//! - Leadership expires as a mutex grant does: its own TTL without a
+//!   renewal, or the session lease when this process is gone.
+//! - [`watch_leader`](lock_core::LockBackend::watch_leader) wakes on an
+//!   etcd watch (its `poll` is not used): on the leader's entry (deleted,
+//!   or rewritten by a Go leader's `Proclaim`) while there is a leader, on
+//!   the prefix's puts while there is none, and re-reads at once when the
+//!   store moved between its read and the watch's creation. Each wake-up
+//!   reads the leader again (one range read, plus a lease TTL read for a
+//!   leader of another process).
+//!
+//! # Multi-locks in one transaction
+//!
+//! [`LockBackend::try_acquire_all`](lock_core::LockBackend::try_acquire_all)
+//! takes a set of up to 128 keys (etcd's default `--max-txn-ops`) in **one
+//! transaction**: it compares, for every key, that nothing is under the
+//! key's prefix (a range compare: on an empty range etcd compares a
+//! missing key, create revision 0), and then puts our entry under each
+//! prefix with the session lease; when a key has any entry (a holder or a
+//! waiter), nothing is written and the answer is "held". Every lease of a
+//! set has the same token, the transaction's revision (each entry's create
+//! revision: above every earlier grant of each key). Each lease is an
+//! ordinary mutex grant (renewed, released and expired on its own, and
+//! excluding `etcdctl lock` and plain locks of its key). A set of more
+//! than 128 keys, or one the server refuses as too large, is
+//! `Unsupported`, and `LockClient::lock_all` takes the keys one by one in
+//! the global order instead, as it does when the set is held and the
+//! request waits. Duplicate keys or an empty set are `InvalidArgument`.
+//! On free keys a multi-lock of `n` keys costs 1 request to acquire and `n`
+//! to release (checked in `tests/round_trips.rs`). Caveat: a set is
+//! refused while any of its keys has a *waiter*, even if nobody holds it
+//! (the waiter is queued first); a waiting `lock_all` then queues key by
+//! key.
+//!
 //! # Capability checklist
 //!
 //! - [x] Fencing tokens: the entry's **create revision**, global and
@@ -142,6 +210,9 @@
 //!   enabled: root and a user limited by a role to the lock prefix; a wrong
 //!   password, an unknown user, no credentials or a key outside the user's
 //!   permissions give `Config` errors that never show the password.
+//! - [x] Leader election in `etcdctl elect`'s layout, terms = create
+//!   revisions, observers woken by a watch (see above).
+//! - [x] Multi-locks of up to 128 keys in one transaction (see above).
 //! - [x] Shared (read-write) locks with writer preference and downgrade,
 //!   and semaphores with FIFO waiters and per-permit leases (see above;
 //!   tested in `tests/shared.rs`, each check also shown failing on a

@@ -23,6 +23,11 @@
 //! A client that adds one request per cycle is counted one higher and
 //! fails the exact check (shown below with a backend that looks at the key
 //! before acquiring).
+//!
+//! A multi-lock of 3 free keys costs 4 requests: the set's one transaction
+//! (`try_acquire_all`) and one release per key; the same double, which
+//! does not forward `try_acquire_all`, costs 9 (each key looked at,
+//! created and released on its own) and fails that check.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -207,6 +212,16 @@ async fn a_cycle_costs_what_the_floor_costs() {
     counted
         .check_requests(expected)
         .expect("try_acquire + release costs the floor's requests");
+    // A multi-lock of 3 free keys: one transaction for the whole set, then
+    // one guarded delete per key.
+    let counted = count(&ours_proxy, &endpoint, || set_cycle(&client)).await;
+    show(
+        "lock_all([3 keys]).wait(60s).acquire() + release()",
+        &counted,
+    );
+    counted
+        .check_requests(SET_REQUESTS)
+        .expect("a set of 3 free keys costs one transaction and 3 releases");
     assert_eq!(ours_proxy.connections(), 1, "one client, one connection");
 
     // The checks can fail: one extra request per cycle is counted.
@@ -223,4 +238,27 @@ async fn a_cycle_costs_what_the_floor_costs() {
     counted
         .check_requests(expected + 1)
         .expect("one extra request per cycle is counted once");
+    // Without the set's transaction (the double does not forward
+    // try_acquire_all), the keys are taken one by one, each after a look:
+    // 3 looks + 3 creates + 3 releases.
+    let counted = count(&broken_proxy, &endpoint, || set_cycle(&broken)).await;
+    show("broken (no set transaction, a look per key)", &counted);
+    assert!(counted.check_requests(SET_REQUESTS).is_err(), "{counted:?}");
+    counted
+        .check_requests(9)
+        .expect("a set taken key by key is counted per key");
+}
+
+/// Requests for a cycle of [`set_cycle`]: 1 transaction + 3 releases.
+const SET_REQUESTS: u32 = 4;
+
+async fn set_cycle(client: &LockClient) {
+    let guard = client
+        .lock_all(["set/a", "set/b", "set/c"])
+        .ttl(TTL)
+        .wait(WAIT)
+        .acquire()
+        .await
+        .expect("acquire a free set");
+    guard.release().await.expect("release the set");
 }
