@@ -153,6 +153,8 @@
 //!   reentrancy are not modelled; kazoo's `Lock` (`__lock__` names) sorts
 //!   differently and is not compatible.
 //! - [x] Read-write locks and semaphores in Curator's layouts (below).
+//! - [x] Leader election in Curator's `LeaderLatch` layout, terms =
+//!   `czxid`, observers on a watch (below).
 //!
 //! # Read-write locks and semaphores
 //!
@@ -254,6 +256,64 @@
 //!   ([`floor::ZkPermitFloor`], the descriptor's `permit_floor`: one permit
 //!   of a semaphore of 4) costs 7 per cycle, the driver 8: its early look
 //!   (`tests/permit_floor.rs` counts both through a proxy).
+//!
+//! # Leader election
+//!
+//! [`LockClient::elect`](lock_core::LockClient::elect) on this backend uses
+//! the layout of **Curator's `LeaderLatch`** (not the generic election on
+//! the mutex `election/<name>`):
+//!
+//! - The election named N lives in `<root>/.election/<escaped N>`
+//!   ([`ZkBackend::latch_path`]; a `.` directory like `.rwlock` and
+//!   `.semaphore`, so it never meets a mutex's, a read-write lock's or a
+//!   semaphore's nodes). **A Curator `LeaderLatch` on path
+//!   `<chroot><root>/.election/<escaped N>` (e.g. `/distlock/.election/jobs%2Fnightly`
+//!   for election `jobs/nightly`) is a candidate of the same election**:
+//!   both see the same leader (`tests/curator.rs` checks both directions
+//!   with Curator 5.4).
+//! - A candidate creates an `EPHEMERAL_SEQUENTIAL` node
+//!   `_c_<owner id as a UUID>-latch-<sequence>` (Curator's protected name:
+//!   a create whose reply was lost is found again by the id) whose data is
+//!   its owner value in hex, which Curator reports as the participant id
+//!   (`getLeader().getId()`). The node with the lowest sequence (the digits
+//!   after `latch-`, Curator's sort) leads; every other candidate watches
+//!   the node just before its own. Children that are not `latch-` nodes are
+//!   ignored (Curator would rank them: keep the directory to the recipe).
+//!   The campaign is the mutex's queue with another node name: the same
+//!   withdrawal on a deadline or a dropped future, the same session
+//!   handling, the same local TTL enforcement and renewal (`sync` + check,
+//!   or the batched `multi`). Resigning deletes the node.
+//! - **Term** = the leader node's `czxid` (as the mutex's token): a node
+//!   leads only after every node created before it in the directory is
+//!   gone, and zxids only grow, so each term is greater than every earlier
+//!   term, Curator's leaders included. The sequence number is not used: it
+//!   restarts when the empty container directory is deleted and created
+//!   again.
+//! - [`leader`](lock_core::LockBackend::leader) reads the first node's data
+//!   and `czxid` (list + read, no `sync`: it decides nothing);
+//!   `remaining_ttl` is known only for a leader of this backend.
+//!   [`watch_leader`](lock_core::LockBackend::watch_leader) (what
+//!   `observe_leader` calls) waits on a **ZooKeeper watch**, never polling:
+//!   on the leader's node while there is one (no other candidate can lead
+//!   before it goes), on the directory's children when nobody leads, on the
+//!   directory's creation when it is missing.
+//! - **Cost**: a campaign on a free election is create + list, with the
+//!   resignation's delete 3 round trips (`tests/round_trips.rs`); reading
+//!   the leader is 2 requests.
+//! - Caveats: a plain lock of the key `election/<name>` is *not* excluded
+//!   by a campaign here (it is the generic election's key on other
+//!   backends). The lease's `backend_data` is `latch:<sequence>`. Curator's
+//!   latch re-creates its node after a session loss; ours ends the
+//!   leadership (`Lost`) and a new campaign is the caller's.
+//! - **Multi-locks** ([`LockBackend::try_acquire_all`](lock_core::LockBackend::try_acquire_all))
+//!   keep the trait's default (`Unsupported`, so `lock_all` takes the keys
+//!   one at a time in global order): a ZooKeeper `multi` can create every
+//!   key's node in one transaction but cannot make that conditional on the
+//!   directories holding no other node (its checks compare a node's data
+//!   version, and reads and writes cannot share one `multi`), so deciding
+//!   needs the lists after it, and a set that is not free would leave our
+//!   nodes queued in front of other waiters until a second `multi` deletes
+//!   them: not one atomic exchange.
 //!
 //! # Tests and benchmark
 //!

@@ -2,7 +2,8 @@
 //! between the client and a real ZooKeeper server: our waiting acquire as
 //! users write it, our `try_acquire`, and the hand-written floor must each
 //! cost exactly the floor's declared 3 (create, getChildren, delete) on a
-//! free key. A client that adds one request per cycle is counted one
+//! free key, and so must a campaign + resignation (Curator's latch nodes)
+//! on a free election. A client that adds one request per cycle is counted one
 //! higher and fails the same check (shown below with a backend that looks
 //! at the key before acquiring).
 
@@ -160,6 +161,27 @@ async fn a_cycle_costs_what_the_floor_costs() {
     counted
         .check(expected)
         .expect("try_acquire + release costs the floor's round trips");
+
+    // An election in Curator's latch layout costs the same on a free
+    // election: create, list, delete.
+    let counted = count(&ours_proxy, tail, || async {
+        let leadership = client
+            .elect("rt-elect")
+            .ttl(TTL)
+            .wait(WAIT)
+            .campaign()
+            .await
+            .expect("campaign on a free election");
+        leadership.resign().await.expect("resign");
+    })
+    .await;
+    println!(
+        "elect(e).campaign() + resign(): {:.2} per cycle ({counted:?})",
+        counted.per_cycle()
+    );
+    counted
+        .check(expected)
+        .expect("a campaign + resignation costs the mutex's round trips");
     assert_eq!(ours_proxy.connections(), 1, "one session, one connection");
 
     // The check can fail: one extra request per cycle is counted.
