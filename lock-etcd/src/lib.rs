@@ -152,6 +152,9 @@
 //!   store moved between its read and the watch's creation. Each wake-up
 //!   reads the leader again (one range read, plus a lease TTL read for a
 //!   leader of another process).
+//! - Cost: a campaign on a free election and its resignation are the
+//!   mutex's 2 requests (the create transaction and the guarded delete;
+//!   counted in `tests/round_trips.rs`).
 //!
 //! # Multi-locks in one transaction
 //!

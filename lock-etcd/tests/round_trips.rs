@@ -27,7 +27,8 @@
 //! A multi-lock of 3 free keys costs 4 requests: the set's one transaction
 //! (`try_acquire_all`) and one release per key; the same double, which
 //! does not forward `try_acquire_all`, costs 9 (each key looked at,
-//! created and released on its own) and fails that check.
+//! created and released on its own) and fails that check. A campaign on a
+//! free election and its resignation cost the mutex's 2.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -222,6 +223,23 @@ async fn a_cycle_costs_what_the_floor_costs() {
     counted
         .check_requests(SET_REQUESTS)
         .expect("a set of 3 free keys costs one transaction and 3 releases");
+    // A campaign on a free election and its resignation: the mutex's 2
+    // (the election's entry is created and deleted as a lock's).
+    let counted = count(&ours_proxy, &endpoint, || async {
+        let leading = client
+            .elect("rt")
+            .ttl(TTL)
+            .wait(WAIT)
+            .campaign()
+            .await
+            .expect("campaign on a free election");
+        assert!(leading.resign().await.expect("resign"));
+    })
+    .await;
+    show("elect(e).ttl(30s).campaign() + resign()", &counted);
+    counted
+        .check_requests(expected)
+        .expect("a campaign + resignation costs the floor's requests");
     assert_eq!(ours_proxy.connections(), 1, "one client, one connection");
 
     // The checks can fail: one extra request per cycle is counted.
