@@ -16,8 +16,11 @@ use clap::{Parser, Subcommand};
 use distlock::{Config, LockError, parse_duration};
 use lock_core::{ErrorKind, Lease, LeaseKind, LockClient, LockShape};
 
+#[cfg(feature = "compare")]
 mod compare;
+#[cfg(feature = "compare")]
 mod floors;
+#[cfg(feature = "compare")]
 mod html;
 mod run;
 
@@ -37,6 +40,9 @@ mod exit {
     pub(crate) const CANNOT_EXEC: u8 = 126;
 }
 
+// The comparison measures heap bytes per held lock; the lock commands
+// alone (`--no-default-features`) keep the system allocator untouched.
+#[cfg(feature = "compare")]
 #[global_allocator]
 static ALLOCATOR: conformance::scale::CountingAllocator = conformance::scale::CountingAllocator;
 
@@ -166,8 +172,10 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
     /// --on-lost`). Campaigns until it leads (--wait bounds that). The
     /// command sees DISTLOCK_ELECTION and DISTLOCK_TERM (the term, a fencing
     /// token that grows with every new leader), besides run's variables.
-    /// The election is the lock `election/NAME` (the generic election of
-    /// every backend, not etcd's or Curator's layout).
+    /// The campaign uses the backend's election layout: etcd's
+    /// `concurrency.Election` (seen by `etcdctl elect`), Curator's
+    /// `LeaderLatch` on ZooKeeper, and the renewed lock `election/NAME`
+    /// elsewhere.
     #[command(after_help = "Examples:
   distlock --url redis://127.0.0.1:6379 elect scheduler -- ./scheduler --serve
   distlock --url postgres://db/locks elect --ttl 10s --wait 1m reports -- ./report.sh")]
@@ -249,6 +257,7 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
     /// minority_down and majority_down. Exits 1 if any conformance case
     /// fails or any scenario shows a violation (including a negative
     /// control that was not flagged).
+    #[cfg(feature = "compare")]
     #[command(after_help = "Examples:
   distlock compare
   distlock compare --spawn --quick --json report.json --html report.html
@@ -301,6 +310,7 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
     },
     /// Run the conformance suite and the scenarios that need no process
     /// control against a server you point at (--url).
+    #[cfg(feature = "compare")]
     #[command(after_help = "Example:
   distlock --url redis://127.0.0.1:6379 check")]
     Check {
@@ -541,6 +551,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             let client = client(cli.url, cli.config).await?;
             inspect(&client, &key, json).await
         }
+        #[cfg(feature = "compare")]
         Command::Compare {
             backends,
             spawn,
@@ -602,6 +613,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             }
             Ok(u8::from(results.iter().any(compare::BackendResult::failed)))
         }
+        #[cfg(feature = "compare")]
         Command::Check { json } => {
             let config = config(cli.url, cli.config)?;
             if config.migration.is_some() {
@@ -621,6 +633,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
     }
 }
 
+#[cfg(feature = "compare")]
 /// The long help of `compare --backends`, from the embedded backends and
 /// the test kit's table of deployment kinds.
 fn backends_help() -> String {

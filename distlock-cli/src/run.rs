@@ -83,14 +83,34 @@ pub(crate) fn stop_plan(
 /// Acquires, runs the command with the lock held (renewed), releases.
 /// Returns the process exit code.
 pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockError> {
-    let mut request = client.lock_kind(&args.key, args.kind);
-    if let Some(ttl) = args.ttl {
-        request = request.ttl(ttl);
-    }
-    if let Some(wait) = args.wait {
-        request = request.wait(wait);
-    }
-    let guard = match request.acquire().await {
+    let granted = match &args.election {
+        // The driver's own election layout (etcd's, Curator's LeaderLatch)
+        // where it has one.
+        Some(name) => {
+            let mut campaign = client.elect(name);
+            if let Some(ttl) = args.ttl {
+                campaign = campaign.ttl(ttl);
+            }
+            if let Some(wait) = args.wait {
+                campaign = campaign.wait(wait);
+            }
+            campaign
+                .campaign()
+                .await
+                .map(lock_core::election::Leadership::into_guard)
+        }
+        None => {
+            let mut request = client.lock_kind(&args.key, args.kind);
+            if let Some(ttl) = args.ttl {
+                request = request.ttl(ttl);
+            }
+            if let Some(wait) = args.wait {
+                request = request.wait(wait);
+            }
+            request.acquire().await
+        }
+    };
+    let guard = match granted {
         Ok(guard) => guard,
         Err(err) if err.is_contended() => {
             eprintln!("distlock: {err}");

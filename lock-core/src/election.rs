@@ -227,6 +227,11 @@ impl Leadership {
     pub fn guard(&self) -> &LockGuard {
         &self.guard
     }
+
+    /// The leadership as its lock guard (releasing it resigns).
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
 }
 
 impl LockClient {

@@ -164,56 +164,40 @@ async fn fair_handoffs(
 
 /// The composed-shapes table: one row per backend measured.
 pub(crate) fn print_compose_table(results: &[super::BackendResult]) {
-    let rows: Vec<_> = results
-        .iter()
-        .filter(|r| r.bench.multi_p50_us.is_some() || r.bench.compose_error.is_some())
-        .collect();
-    if rows.is_empty() {
-        return;
-    }
-    let w = rows
-        .iter()
-        .map(|r| r.name.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(10);
-    println!();
-    println!(
-        "{:<w$} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>7} {:>10} {:>7}",
-        "backend",
-        "lock p50",
-        "3-key p50",
-        "x lock",
-        "term p50",
-        "x lock",
-        "unfair/s",
-        "spread",
-        "fair/s",
-        "spread"
-    );
-    for r in rows {
-        let b = &r.bench;
-        println!(
-            "{:<w$} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10} {:>7} {:>10} {:>7}",
-            r.name,
-            cell(b.multi_plain_p50_us, 1),
-            cell(b.multi_p50_us, 1),
-            cell(b.multi_ratio, 2),
-            cell(b.elect_p50_us, 1),
-            cell(b.elect_ratio, 2),
-            cell(b.unfair_handoffs_per_s, 0),
-            cell(b.unfair_handoff_spread, 2),
-            cell(b.fair_handoffs_per_s, 0),
-            cell(b.fair_handoff_spread, 2),
-        );
-        if let Some(e) = &b.compose_error {
-            println!("{:<w$}   composed-shapes benchmark error: {e}", "");
-        }
-    }
-    println!(
-        "(one client, µs, interleaved with a plain lock cycle: lock_all of {MULTI_KEYS} keys, and \
-         one election term = campaign + resign; handoffs: {HANDOFF_CLIENTS} independent clients on \
-         one key, grants/s and busiest/least busy client, without and with the driver's fair \
-         mode, interleaved, medians of 2 rounds each)"
+    super::print_small_table(
+        results,
+        |b| b.multi_p50_us.is_some() || b.compose_error.is_some(),
+        &[
+            ("lock p50", 10),
+            ("3-key p50", 10),
+            ("x lock", 7),
+            ("term p50", 10),
+            ("x lock", 7),
+            ("unfair/s", 10),
+            ("spread", 7),
+            ("fair/s", 10),
+            ("spread", 7),
+        ],
+        |b| {
+            vec![
+                cell(b.multi_plain_p50_us, 1),
+                cell(b.multi_p50_us, 1),
+                cell(b.multi_ratio, 2),
+                cell(b.elect_p50_us, 1),
+                cell(b.elect_ratio, 2),
+                cell(b.unfair_handoffs_per_s, 0),
+                cell(b.unfair_handoff_spread, 2),
+                cell(b.fair_handoffs_per_s, 0),
+                cell(b.fair_handoff_spread, 2),
+            ]
+        },
+        |b| b.compose_error.as_ref(),
+        "composed-shapes",
+        &format!(
+            "(one client, µs, interleaved with a plain lock cycle: lock_all of {MULTI_KEYS} keys, \
+             and one election term = campaign + resign; handoffs: {HANDOFF_CLIENTS} independent \
+             clients on one key, grants/s and busiest/least busy client, without and with the \
+             driver's fair mode, interleaved, medians of 2 rounds each)"
+        ),
     );
 }

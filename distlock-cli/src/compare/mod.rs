@@ -457,6 +457,49 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
     }
 }
 
+/// A small table of benchmark figures: the rows `keep` selects, a header of
+/// `(title, width)` columns after the backend name, `cells` per row, the
+/// row's error (as "`what` benchmark error: ..."), then `note`.
+pub(super) fn print_small_table(
+    results: &[BackendResult],
+    keep: impl Fn(&BenchFigures) -> bool,
+    columns: &[(&str, usize)],
+    cells: impl Fn(&BenchFigures) -> Vec<String>,
+    error: impl Fn(&BenchFigures) -> Option<&String>,
+    what: &str,
+    note: &str,
+) {
+    let rows: Vec<&BackendResult> = results.iter().filter(|r| keep(&r.bench)).collect();
+    if rows.is_empty() {
+        return;
+    }
+    let w = rows
+        .iter()
+        .map(|r| r.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(10);
+    let line = |name: &str, values: Vec<String>| {
+        let mut text = format!("{name:<w$}");
+        for ((_, width), value) in columns.iter().zip(values) {
+            text.push_str(&format!(" {value:>width$}"));
+        }
+        println!("{text}");
+    };
+    println!();
+    line(
+        "backend",
+        columns.iter().map(|(t, _)| (*t).to_owned()).collect(),
+    );
+    for r in rows {
+        line(&r.name, cells(&r.bench));
+        if let Some(e) = error(&r.bench) {
+            println!("{:<w$}   {what} benchmark error: {e}", "");
+        }
+    }
+    println!("{note}");
+}
+
 pub(super) fn cell(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".to_owned(), |v| format!("{v:.digits$}"))
 }

@@ -111,47 +111,33 @@ async fn measure(
 /// The shared-lock table, one row per backend that has read-write locks or
 /// semaphores.
 pub(crate) fn print_shared_table(results: &[super::BackendResult]) {
-    let rows: Vec<_> = results
-        .iter()
-        .filter(|r| {
-            r.bench.readers_8_per_s.is_some()
-                || r.bench.permit_p50_us.is_some()
-                || r.bench.shared_error.is_some()
-        })
-        .collect();
-    if rows.is_empty() {
-        return;
-    }
-    let w = rows
-        .iter()
-        .map(|r| r.name.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(10);
-    println!();
-    println!(
-        "{:<w$} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8}",
-        "backend", "8 readers/s", "8 mutex/s", "x mutex", "permit p50", "floor p50", "x floor"
-    );
-    for r in rows {
-        let b = &r.bench;
-        println!(
-            "{:<w$} {:>11} {:>11} {:>8} {:>11} {:>11} {:>8}",
-            r.name,
-            cell(b.readers_8_per_s, 0),
-            cell(b.mutex_8_per_s, 0),
-            cell(b.readers_ratio, 2),
-            cell(b.permit_p50_us, 1),
-            cell(b.floor_permit_p50_us, 1),
-            cell(b.permit_ratio, 2),
-        );
-        if let Some(e) = &b.shared_error {
-            println!("{:<w$}   shared-lock benchmark error: {e}", "");
-        }
-    }
-    println!(
-        "(8 independent clients on one key: read lock vs mutex acquire+release, interleaved, \
-         medians of 2 rounds each; permit: one of {PERMIT_LIMIT}, one client, µs, against the \
-         driver's hand-written permit floor where it has one)"
+    super::print_small_table(
+        results,
+        |b| b.readers_8_per_s.is_some() || b.permit_p50_us.is_some() || b.shared_error.is_some(),
+        &[
+            ("8 readers/s", 11),
+            ("8 mutex/s", 11),
+            ("x mutex", 8),
+            ("permit p50", 11),
+            ("floor p50", 11),
+            ("x floor", 8),
+        ],
+        |b| {
+            vec![
+                cell(b.readers_8_per_s, 0),
+                cell(b.mutex_8_per_s, 0),
+                cell(b.readers_ratio, 2),
+                cell(b.permit_p50_us, 1),
+                cell(b.floor_permit_p50_us, 1),
+                cell(b.permit_ratio, 2),
+            ]
+        },
+        |b| b.shared_error.as_ref(),
+        "shared-lock",
+        &format!(
+            "(8 independent clients on one key: read lock vs mutex acquire+release, interleaved, \
+             medians of 2 rounds each; permit: one of {PERMIT_LIMIT}, one client, µs, against the \
+             driver's hand-written permit floor where it has one)"
+        ),
     );
 }
