@@ -3,9 +3,11 @@
 //! Elections in the layout of etcd's `concurrency.Election`: interop with
 //! the real `etcdctl elect` in both directions, one leader at a time among
 //! our candidates (several per backend), terms that strictly increase, and
-//! observers woken by the watch. Each check is also run on a broken
-//! candidate that takes leadership without looking at older candidates
-//! ([`IgnoresOlder`]), and must fail there.
+//! observers woken by the watch, and campaigns that end without winning
+//! (dropped, or at their deadline) leave no candidacy. Each check is also
+//! run on a broken candidate, and must fail there: one that takes
+//! leadership without looking at older candidates ([`IgnoresOlder`]), one
+//! that never withdraws ([`NeverWithdraws`]).
 //!
 //! Multi-locks: `try_acquire_all` takes a set in one transaction, all or
 //! nothing; the check also runs on a broken variant that takes the keys
@@ -765,4 +767,137 @@ async fn try_acquire_all_takes_a_set_in_one_transaction() {
         .unwrap();
     guard.release().await.unwrap();
     assert_eq!(entries_under(&a, "multi").await, 0);
+}
+
+/// A broken candidate that never withdraws: it puts its entry (as
+/// [`IgnoresOlder`] does) and then waits for ever, so a dropped campaign
+/// leaves its candidacy behind.
+#[derive(Debug)]
+struct NeverWithdraws(IgnoresOlder);
+
+#[async_trait]
+impl LockBackend for NeverWithdraws {
+    fn name(&self) -> &'static str {
+        "etcd-never-withdraws"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.0.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.0.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.0.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.0.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.0.inspect(key).await
+    }
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let _entry = self.0.campaign(election, ttl, deadline).await?;
+        std::future::pending().await
+    }
+}
+
+/// Candidates under the election `name` (ours have prefix [`PREFIX`]).
+async fn candidacies(raw: &EtcdBackend, name: &str) -> i64 {
+    raw.client()
+        .clone()
+        .get(
+            format!("{}/", etcdctl_name(name)),
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .unwrap()
+        .count()
+}
+
+/// While `leader` leads, a campaign of `ours` that is dropped, and one that
+/// reaches its deadline (`Contended`), leave no candidacy behind (within
+/// 2 s: the drop's delete runs in the background).
+async fn withdrawn_campaigns_leave_nothing(
+    ours: Arc<dyn LockBackend>,
+    leader: &EtcdBackend,
+    name: &str,
+) -> Result<(), String> {
+    let election = LockKey::new(name).unwrap();
+    let ttl = Duration::from_secs(5);
+    let leading = leader
+        .campaign(&election, ttl, Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    let left_after = |what: &'static str| async move {
+        let until = Instant::now() + Duration::from_secs(2);
+        loop {
+            let n = candidacies(leader, name).await;
+            if n == 1 {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(format!("{} candidacy left behind by {what}", n - 1));
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let dropped = {
+        let (ours, election) = (ours.clone(), election.clone());
+        tokio::spawn(async move {
+            ours.campaign(&election, ttl, Instant::now() + Duration::from_secs(30))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    if dropped.is_finished() {
+        return Err("a campaign won while another candidate led".into());
+    }
+    dropped.abort();
+    let _ = dropped.await;
+    left_after("a dropped campaign").await?;
+    let ended = timeout(
+        Duration::from_secs(3),
+        ours.campaign(&election, ttl, Instant::now() + Duration::from_millis(300)),
+    )
+    .await
+    .map_err(|_| "a campaign ran past its deadline")?;
+    match ended {
+        Err(err) if err.kind() == ErrorKind::Contended => {}
+        other => return Err(format!("a campaign at its deadline: {other:?}")),
+    }
+    left_after("a campaign that reached its deadline").await?;
+    assert!(leader.release(&leading).await.unwrap());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withdrawn_campaigns_leave_no_candidacy() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let (a, b) = (backend(&server).await, backend(&server).await);
+    withdrawn_campaigns_leave_nothing(Arc::new(b.clone()), &a, "quit")
+        .await
+        .unwrap();
+    assert_eq!(candidacies(&a, "quit").await, 0);
+    // The check fails on a candidate that never withdraws.
+    let broken = NeverWithdraws(IgnoresOlder::new(b.clone()).await);
+    let err = withdrawn_campaigns_leave_nothing(Arc::new(broken), &a, "quit-broken")
+        .await
+        .unwrap_err();
+    println!("broken candidate caught: {err}");
+    assert!(err.contains("left behind by a dropped campaign"), "{err}");
 }
