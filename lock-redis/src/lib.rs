@@ -214,10 +214,10 @@
 //!   (`tests/fair_and_multi.rs`, `recheck=500ms`): the next waiter was
 //!   granted ~0.5 ms after the release behind a cancelled waiter and
 //!   ~1.4 s after it behind a killed one (its 1.5 s entry lease).
-//! - [x] **Cancelled waiters withdraw**: an acquire dropped while waiting
-//!   removes its entry in the background, one that reaches its deadline
-//!   removes it before returning `Contended`; the withdrawal publishes,
-//!   so the next waiter is not held up.
+//! - [x] **Cancelled waiters withdraw**: an acquire dropped while waiting,
+//!   or ending at its deadline (`Contended`) or on an error, removes its
+//!   entry in the background; the withdrawal publishes, so the next waiter
+//!   is not held up.
 //! - [x] **Fair, unfair and foreign clients exclude each other**: the lock
 //!   key, its value and the token counter are the mutex's. Unfair clients
 //!   (and plain `SET NX PX` clients) ignore the queue: mixed on one key,

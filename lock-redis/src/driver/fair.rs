@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId};
+use lock_core::{FencingToken, Lease, LockError, LockKey, Operation, OwnerId};
 use tokio::time::{Instant, sleep_until};
 
 use super::attempt::{Attempt, Found};
@@ -17,9 +17,9 @@ use crate::fair_scripts::{FAIR, FairNames};
 use crate::scripts::{NodeGrant, parse_grant, pttl, ttl_ms};
 
 /// Removes every trace of a fair acquire that did not end with a lease
-/// (its queue entry, a grant whose answer was lost) unless disarmed: at
-/// once on `withdraw`, in the background when dropped armed (a cancelled
-/// waiter), so the next waiter does not wait out our entry lease.
+/// (its queue entry, a grant whose answer was lost) unless disarmed, in
+/// the background when dropped armed (a cancelled waiter, a deadline, an
+/// error), so the next waiter does not wait out our entry lease.
 struct Withdraw {
     inner: Arc<Inner>,
     names: FairNames,
@@ -30,11 +30,6 @@ struct Withdraw {
 impl Withdraw {
     fn disarm(mut self) {
         self.armed = false;
-    }
-
-    async fn withdraw(mut self) {
-        self.armed = false;
-        let _ = abandon(&self.inner, &self.names, &self.owner).await;
     }
 }
 
@@ -180,9 +175,9 @@ impl RedisBackend {
     /// acquire, one round trip); then subscribe to the release channel and
     /// re-try on every notification, when the blocker's TTL (or the queue
     /// head's entry lease) ends, and at least every third of our own entry
-    /// lease, which each attempt refreshes. The entry is withdrawn when the
-    /// acquire ends without a lease (at once at the deadline, in the
-    /// background when the future is dropped).
+    /// lease, which each attempt refreshes. The entry is withdrawn (in the
+    /// background) when the acquire ends without a lease: at the deadline,
+    /// on an error, or when the future is dropped.
     pub(super) async fn acquire_fair(
         &self,
         key: &LockKey,
@@ -192,19 +187,14 @@ impl RedisBackend {
         let names = self.fair_names(key);
         let owner = OwnerId::random();
         let guard = self.fair_withdraw(&names, owner);
-        match self.wait_fair(key, ttl, deadline, owner, &names).await {
-            Ok(lease) => {
-                guard.disarm();
-                Ok(lease)
-            }
-            Err(err) => {
-                if err.kind() == ErrorKind::Contended {
-                    // The waiter behind us goes on at once.
-                    guard.withdraw().await;
-                }
-                Err(err)
-            }
+        let result = self.wait_fair(key, ttl, deadline, owner, &names).await;
+        if result.is_ok() {
+            guard.disarm();
         }
+        // Otherwise the guard withdraws our entry in the background (and
+        // publishes, so the waiter behind us goes on at once): the caller
+        // gets its `Contended` at the deadline, not one round trip later.
+        result
     }
 
     async fn wait_fair(
