@@ -164,7 +164,8 @@
 //! key's prefix (a range compare: on an empty range etcd compares a
 //! missing key, create revision 0), and then puts our entry under each
 //! prefix with the session lease; when a key has any entry (a holder or a
-//! waiter), nothing is written and the answer is "held". Every lease of a
+//! waiter), nothing is written and the answer is "held" (tested in
+//! `tests/compose/multi.rs`, also on a variant that keeps what it took). Every lease of a
 //! set has the same token, the transaction's revision (each entry's create
 //! revision: above every earlier grant of each key). Each lease is an
 //! ordinary mutex grant (renewed, released and expired on its own, and
