@@ -337,7 +337,9 @@
 //! not queue, a downgrade with a gap, one permit too many, permits that do
 //! not queue, a stale write token); Redlock's refusal.
 //! Fair mode: the whole conformance suite (the FIFO case included) on one
-//! server and on a 3-master cluster with `fair=true`; the fair script
+//! server and on a 3-master cluster with `fair=true`, and its mutex, FIFO,
+//! deadline, dropped-waiter, multi-lock and election cases through
+//! Sentinel; the fair script
 //! against its broken variants (no head check: a later waiter and a try
 //! take the key first; no sweep: a dead head stalls the queue) in
 //! `fair_scripts.rs`; in `tests/fair_and_multi.rs` fair / unfair exclusion

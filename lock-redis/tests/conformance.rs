@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{RedisTarget, deployed, deployed_with};
-use conformance::{Harness, OrSkip, Target, run_suite};
+use conformance::{Harness, OrSkip, Target, all_cases, run_cases, run_suite};
 
 /// Suites run one at a time: they measure timing on a shared machine.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -60,6 +60,32 @@ async fn suite_sentinel() {
         return;
     };
     run(target).await;
+}
+
+/// Fair mode through Sentinel (the scripts run on the master it
+/// resolves): the mutex cases that fair mode changes, not the whole suite
+/// (the single-node and cluster fair targets run that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_mutex_cases_through_sentinel() {
+    let Some(target) = RedisTarget::sentinel().await.or_skip() else {
+        return;
+    };
+    let wanted = [
+        "mutual_exclusion",
+        "waiters_are_served_in_order",
+        "acquire_times_out_at_deadline",
+        "dropped_acquire_leaves_nothing",
+        "multi_lock_is_all_or_nothing",
+        "one_leader_at_a_time",
+    ];
+    let cases: Vec<_> = all_cases()
+        .into_iter()
+        .filter(|c| wanted.contains(&c.name))
+        .collect();
+    assert_eq!(cases.len(), wanted.len(), "a case was renamed");
+    let _serial = SERIAL.lock().await;
+    let harness = Harness::new(Arc::new(target.with_option("fair=true")));
+    run_cases(&harness, &cases).await.assert_passed();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
