@@ -9,6 +9,7 @@ use super::dual::{ReleaseOnDrop, worse};
 use super::{MigrationBackend, MigrationPhase};
 use crate::backend::LockBackend;
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
+use crate::election::{Leader, election_lock_key};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 use crate::types::{FencingToken, Lease, LockInfo};
@@ -235,6 +236,96 @@ impl LockBackend for MigrationBackend {
                 Ok(self.old.inspect(key).await?.map(|mut info| {
                     info.holder = format!("old-only:{}", info.holder);
                     info
+                }))
+            }
+        }
+    }
+
+    /// Elections follow the phases as locks do, on each store's own
+    /// election layout (so processes on the plain old backend and on phase
+    /// `old` see the same leader, and phase `new` the same as the plain new
+    /// backend): `old` campaigns in the old store; `dual`, and `new` until
+    /// the cutover is confirmed, campaign in the old store and then in the
+    /// new one (holding both, the old renewed while the new is awaited);
+    /// `new` after the cutover campaigns in the new store only. Terms carry
+    /// the migration's epoch as lock tokens do.
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let key = election_lock_key(election)?;
+        self.check_key(&key, Operation::Acquire)?;
+        if self.phase == MigrationPhase::Old {
+            let old = self.old.campaign(election, ttl, deadline).await?;
+            return self.admit_old(old, Operation::Acquire).await;
+        }
+        if self.phase == MigrationPhase::New && self.cutover_pending().await?.is_none() {
+            let new = self.new.campaign(election, ttl, deadline).await?;
+            return self.finish(None, Some(new)).await;
+        }
+        let old = self.old.campaign(election, ttl, deadline).await?;
+        let mut pending = ReleaseOnDrop::new(self.old.clone(), old.clone());
+        if let Err(e) = self.check_old_epoch(&old, Operation::Acquire) {
+            pending.disarm();
+            let _ = self.old.release(&old).await;
+            return Err(e);
+        }
+        let (old, new) = self
+            .new_side_keeping_old(&key, ttl, self.new.campaign(election, ttl, deadline), old)
+            .await;
+        pending.disarm();
+        match new {
+            Ok(new) => self.finish(Some(old), Some(new)).await,
+            Err(e) => {
+                let _ = self.old.release(&old).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Phase `old` wakes on the old store's watch; the others poll
+    /// [`leader`](Self::leader) (terms and `old-only:` marks are mapped
+    /// there).
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        if self.phase == MigrationPhase::Old {
+            return self.old.watch_leader(election, seen, poll, deadline).await;
+        }
+        let poll = poll.max(Duration::from_millis(5));
+        loop {
+            let now = self.leader(election).await?;
+            if !Leader::same(now.as_ref(), seen) || Instant::now() >= deadline {
+                return Ok(now);
+            }
+            tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
+        }
+    }
+
+    /// The leader in the store the phase decides in (`dual`: the new
+    /// store's, else the old store's, marked `old-only:` as `inspect` does).
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        let base = self.epoch_base();
+        let epoch = |mut leader: Leader| {
+            leader.term = leader.term.map(|t| FencingToken::new(base | t.get()));
+            leader
+        };
+        match self.phase {
+            MigrationPhase::Old => self.old.leader(election).await,
+            MigrationPhase::New => Ok(self.new.leader(election).await?.map(epoch)),
+            MigrationPhase::Dual => {
+                if let Some(leader) = self.new.leader(election).await? {
+                    return Ok(Some(epoch(leader)));
+                }
+                Ok(self.old.leader(election).await?.map(|mut leader| {
+                    leader.holder = format!("old-only:{}", leader.holder);
+                    leader
                 }))
             }
         }

@@ -198,6 +198,19 @@ impl MigrationBackend {
         key: &LockKey,
         ttl: Duration,
         deadline: Instant,
+        old: Lease,
+    ) -> (Lease, Result<Lease, LockError>) {
+        self.new_side_keeping_old(key, ttl, self.new.acquire(key, ttl, deadline), old)
+            .await
+    }
+
+    /// Waits for `acquire` (the new side's grant: a lock or a campaign)
+    /// while renewing `old`, and gives up when `old` is lost.
+    pub(super) async fn new_side_keeping_old(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        acquire: impl Future<Output = Result<Lease, LockError>>,
         mut old: Lease,
     ) -> (Lease, Result<Lease, LockError>) {
         enum Step {
@@ -207,7 +220,6 @@ impl MigrationBackend {
             OldExpired,
         }
         let interval = (ttl / 3).max(Duration::from_millis(1));
-        let acquire = self.new.acquire(key, ttl, deadline);
         tokio::pin!(acquire);
         let mut next_renewal = Instant::now() + interval;
         let mut renewal: Option<Renewal> = None;

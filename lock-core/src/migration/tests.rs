@@ -643,3 +643,110 @@ async fn an_unreadable_marker_refuses_old_grants() {
             .is_some()
     );
 }
+
+// ---- elections (each store's own layout) ----
+
+/// A store whose elections live apart from its mutexes (as etcd's and
+/// ZooKeeper's do): a campaign takes the mutex `native/<name>`.
+#[derive(Debug)]
+struct NativeElections(MemoryBackend);
+
+impl NativeElections {
+    fn key(election: &LockKey) -> LockKey {
+        LockKey::new(format!("native/{election}")).unwrap()
+    }
+}
+
+#[async_trait]
+impl LockBackend for NativeElections {
+    fn name(&self) -> &'static str {
+        "native"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.0.try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.0.acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.0.renew(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.0.release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.0.inspect(key).await
+    }
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.0.acquire(&Self::key(election), ttl, deadline).await
+    }
+    async fn leader(
+        &self,
+        election: &LockKey,
+    ) -> Result<Option<crate::election::Leader>, LockError> {
+        Ok(self
+            .0
+            .inspect(&Self::key(election))
+            .await?
+            .map(crate::election::Leader::from_info))
+    }
+}
+
+/// Plain old-store candidates, and candidates in every phase, see one
+/// election: each phase campaigns in the stores it decides in, on their
+/// own layouts (the generic mutex election would let a plain candidate
+/// and a phase-`old` one lead together).
+#[tokio::test]
+async fn elections_exclude_across_adjacent_phases_on_native_layouts() {
+    let old: Arc<dyn LockBackend> = Arc::new(NativeElections(MemoryBackend::new()));
+    let new: Arc<dyn LockBackend> = Arc::new(NativeElections(MemoryBackend::new()));
+    let name = LockKey::new("jobs").unwrap();
+    let ttl = Duration::from_secs(5);
+    let soon = || Instant::now() + Duration::from_millis(50);
+    let on_old = MigrationBackend::new(old.clone(), new.clone(), MigrationPhase::Old);
+    let on_dual = on_old.with_phase(MigrationPhase::Dual);
+    let on_new = on_old.with_phase(MigrationPhase::New);
+    let refused = |r: Result<Lease, LockError>| matches!(r, Err(e) if e.is_contended());
+
+    // A plain old-store leader keeps phase `old` and `dual` out.
+    let plain = old.campaign(&name, ttl, soon()).await.unwrap();
+    assert!(refused(on_old.campaign(&name, ttl, soon()).await));
+    assert!(refused(on_dual.campaign(&name, ttl, soon()).await));
+    assert!(
+        new.leader(&name).await.unwrap().is_none(),
+        "dual left a new-side candidate"
+    );
+    assert!(old.release(&plain).await.unwrap());
+
+    // A dual leader keeps out old, new and plain candidates of both stores.
+    let dual = on_dual.campaign(&name, ttl, soon()).await.unwrap();
+    assert!(refused(old.campaign(&name, ttl, soon()).await));
+    assert!(refused(new.campaign(&name, ttl, soon()).await));
+    assert!(refused(on_new.campaign(&name, ttl, soon()).await));
+    let seen = on_dual.leader(&name).await.unwrap().unwrap();
+    assert_eq!(seen.term, Some(dual.token()));
+    on_dual.renew(&dual).await.unwrap();
+    assert!(on_dual.release(&dual).await.unwrap());
+
+    // Phase `new` (cut over) and plain new-store candidates exclude each other.
+    let newest = on_new.campaign(&name, ttl, soon()).await.unwrap();
+    assert!(newest.token() > dual.token());
+    assert!(refused(new.campaign(&name, ttl, soon()).await));
+    assert!(on_new.release(&newest).await.unwrap());
+    let plain_new = new.campaign(&name, ttl, soon()).await.unwrap();
+    assert!(refused(on_new.campaign(&name, ttl, soon()).await));
+    assert!(new.release(&plain_new).await.unwrap());
+}
