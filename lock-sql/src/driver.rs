@@ -271,6 +271,10 @@ impl SqlBackend {
     }
 
     /// The backend's state (for the shared kinds, crate::shared).
+    pub(crate) fn inspect_sql(&self) -> &Arc<str> {
+        &self.inner.statements.inspect
+    }
+
     pub(crate) fn inner(&self) -> &Inner {
         &self.inner
     }
@@ -740,6 +744,14 @@ impl LockBackend for SqlBackend {
                 u64::try_from(remaining_us).unwrap_or(0),
             )),
         }))
+    }
+
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        self.try_all(keys, ttl).await
     }
 
     async fn try_acquire_kind(

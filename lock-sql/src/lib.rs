@@ -14,7 +14,7 @@
 //! | `sqlite::memory:` | SQLite in memory (one process, one backend) |
 //!
 //! Query options `table`, `ttl`, `timeout`, `pool_size`, `busy_timeout`,
-//! `recheck`, `create_table` are ours (see [`SqlConfig`]); every other option
+//! `recheck`, `create_table`, `mode`, `fair` are ours (see [`SqlConfig`]); every other option
 //! goes to sqlx (`sslmode=...`, SQLite `mode=ro|rw|rwc`). Connect with
 //! [`connect`] / [`SqlBackend::connect_url`], or build a [`SqlConfig`] and call
 //! [`SqlBackend::connect`].
@@ -70,7 +70,7 @@
 //!   initial poll interval. A holder that releases and asks again at once
 //!   (a worker loop) therefore does not take the row straight back from
 //!   the waiters it just woke. Across processes the first grant statement
-//!   to reach the row wins (no queue).
+//!   to reach the row wins (no queue; `fair=true` queues them, below).
 //! - **Connections**: the lock statements run on bare sqlx connections of
 //!   the backend's own (at most `pool_size`), not on a sqlx pool, whose
 //!   return path pings every connection (a second round trip per
@@ -135,6 +135,86 @@
 //!   otherwise); nothing stays queued or held.
 //! - SQLite has no server session: `mode=session` is a Config error.
 //!
+//! # Fair mode (`?fair=true`, row mode, every dialect)
+//!
+//! Mutex waiters queue in the order the database registers them; without
+//! it, waiters race for a freed row (first grant statement wins).
+//!
+//! - A waiting acquire first tries once behind every live waiter; refused,
+//!   it inserts its row into `t_waiters` (shape `mutex`, `id` from the
+//!   database's sequence / `AUTO_INCREMENT` / `AUTOINCREMENT`, never a
+//!   client clock) with an expiry of min(TTL, 10 s) that it refreshes
+//!   every third of that while it waits.
+//! - The fair grant is the mutex grant statement gated on "no live mutex
+//!   waiter of the key with a smaller id" (`INSERT .. SELECT .. WHERE NOT
+//!   EXISTS (..)` before the usual upsert, so a gated grant writes
+//!   nothing): a grant needs the row free **and** the caller at the head
+//!   of the live queue. A `try_acquire` counts every live waiter as ahead
+//!   of it: it returns `None` while anyone waits, even on a free key.
+//! - Granted, the waiter deletes its row (and the key's expired ones) in
+//!   one more statement before returning the lease. Expired rows are
+//!   skipped by the gate at once. A dropped (cancelled) acquire deletes
+//!   its row in the background and wakes the others; one that dies leaves
+//!   its row to expire (at most min(TTL, 10 s) after its last refresh).
+//!   A waiter whose own row expired (stalled past it) queues again at the
+//!   end.
+//! - The mutex row is the same as unfair clients': fair and unfair clients
+//!   of one key exclude each other (tested); unfair clients ignore the
+//!   queue, so mixing them gives up FIFO, never exclusion.
+//! - A releasing holder that asks again at once queues behind the
+//!   waiters (the handoff problem of unfair polling dialects is gone).
+//! - Waking is as for the mutex: PostgreSQL `NOTIFY` (plus `recheck`),
+//!   elsewhere polling with backoff plus the process's own wake-ups. A
+//!   dead waiter at the head holds the others until its row expires and
+//!   the next waiter looks again (PostgreSQL: within `recheck`).
+//! - Cost (proxy-counted, `tests/round_trips.rs`): a free key costs what
+//!   it costs unfair (2 round trips per acquire+release). A queued waiter
+//!   pays its first try, its registration (MariaDB: 2 statements), one
+//!   grant attempt per wake-up or poll, a refresh every third of its row's
+//!   TTL, and the removal of its row: 5 round trips on PostgreSQL for a
+//!   waiter queued 300 ms behind a holder (MariaDB: the same plus its
+//!   polls).
+//! - [`capabilities().fifo`](lock_core::Capabilities::fifo) is `true`;
+//!   the driver descriptor's `fair_option` is `fair=true`.
+//! - **Session mode** refuses `fair=true` at connect with
+//!   [`ErrorKind::Unsupported`](lock_core::ErrorKind::Unsupported): neither
+//!   advisory locks nor `GET_LOCK` document an order among waiting
+//!   sessions.
+//!
+//! # Multi-locks (`try_acquire_all`, row mode)
+//!
+//! [`LockBackend::try_acquire_all`](lock_core::LockBackend::try_acquire_all)
+//! (used first by `client.lock_all(..)`) takes every key of a set or none,
+//! a fresh token per key (`token + 1` of its row, 1 for a new row); each
+//! lease is an ordinary mutex lease. `Ok(None)` when any key is held
+//! (live, by the database's clock), nothing left behind; a key twice is
+//! `InvalidArgument`; in fair mode a key with a live waiter refuses the
+//! set too.
+//!
+//! - **PostgreSQL**: one statement, one round trip: `WITH v (..) AS
+//!   (VALUES ..)` and an `INSERT .. SELECT .. ON CONFLICT DO UPDATE ..
+//!   RETURNING` gated on no live row of the set in the statement's
+//!   snapshot; if a racing grant took one of the keys meanwhile (fewer
+//!   rows returned than keys), the statement divides by zero on purpose,
+//!   which rolls the whole statement back (SQLSTATE 22012, reported as
+//!   `None`; the server logs it as an error).
+//! - **MySQL/MariaDB** (no `RETURNING`): one transaction of 4 round trips
+//!   (`BEGIN`, a multi-row `INSERT .. ON DUPLICATE KEY UPDATE` that takes
+//!   the expired or new rows and locks all of them, a `SELECT .. FOR
+//!   UPDATE` of their owners and tokens, `COMMIT`, or `ROLLBACK` when any
+//!   is not ours); 5 in fair mode (a `LOCK IN SHARE MODE` count of the
+//!   keys' live waiters first). For 1-3 keys that is more round trips
+//!   than taking them one by one, but all or nothing.
+//! - **SQLite**: one `BEGIN IMMEDIATE` transaction (the file's write lock
+//!   from its start): a multi-row upsert `RETURNING` the granted rows,
+//!   then `COMMIT` or `ROLLBACK` (3 statements; 4 in fair mode with the
+//!   waiters count), in process.
+//! - A connection that broke mid-exchange: once more on a fresh connection
+//!   with the same owner; a set the first attempt committed is found held
+//!   by us and handed back.
+//! - Session mode: `Unsupported` (the default: `lock_all` takes the keys
+//!   one by one).
+//!
 //! # Read-write locks and semaphores (row mode)
 //!
 //! [`LeaseKind::Read`](lock_core::LeaseKind::Read), `Write` and `Permits`
@@ -148,7 +228,7 @@
 //! |---|---|---|
 //! | `t_keys` | `name`, `shape` (`rwlock` / `semaphore`), `token`, `epoch`; key (`name`, `shape`) | per key and shape: the fencing counter (last write or permit token) and the epoch (last write token); never deleted |
 //! | `t_holders` | `name`, `shape`, `owner`, `kind` (`r`, `w`, `p<count>-<limit>`), `cnt`, `lim`, `token`, `expires_at`; key (`name`, `shape`, `owner`) | one row per lease |
-//! | `t_waiters` | `id` (database sequence / auto-increment), `name`, `shape`, `owner`, `kind`, `cnt`, `lim`, `expires_at`; index (`name`, `shape`, `id`) | one row per waiting acquire, in arrival order |
+//! | `t_waiters` | `id` (database sequence / auto-increment), `name`, `shape`, `owner`, `kind`, `cnt`, `lim`, `expires_at`; index (`name`, `shape`, `id`) | one row per waiting acquire, in arrival order (fair mutex waiters too, shape `mutex`) |
 //!
 //! A mutex, a read-write lock and a semaphore of one key are three
 //! different locks (the mutex is the lease table's row; the other two
@@ -224,7 +304,8 @@
 //! - [x] expiry by the database clock (SQLite: host clock)
 //! - [x] notified waiting on PostgreSQL; polling with backoff elsewhere
 //! - [x] fenced writes to your own tables in the same database ([`SqlFence`])
-//! - [ ] FIFO waiting for the mutex (waiters race; no queue)
+//! - [x] FIFO waiting for the mutex with `fair=true` (row mode); without it waiters race
+//! - [x] multi-locks in one exchange (`try_acquire_all`, row mode)
 //! - [x] read-write locks (writer preference, downgrade) and semaphores
 //!   (FIFO waiters) in row mode, on all three databases; not in session mode
 //!
@@ -269,6 +350,17 @@
 //! statement fails it), cuts and kills connections under the backend (one
 //! retry on one fresh connection), loses a grant's reply (recovered by
 //! owner) and checks that waiters come before a releasing holder.
+//!
+//! `tests/postgres.rs`, `tests/mariadb.rs` and `tests/sqlite.rs` also run
+//! the mutex cases on a `fair=true` target (the FIFO case among them) and
+//! the fair checks (`tests/fair_checks`: fair and unfair clients exclude
+//! each other, a try refused while a waiter lives, a dead waiter skipped
+//! within its lease, a cancelled waiter's row withdrawn, a releasing
+//! holder queued behind a waiter) and the multi-lock checks
+//! (`tests/multi_checks`); SQLite also shows each failing on a broken
+//! variant (an unfair tryer, a backend that never skips dead waiters, a
+//! leaked wait, a "fair" client on another table, a set taken one by one
+//! without rollback).
 //!
 //! `tests/shared.rs` runs the read-write lock and semaphore checks
 //! (exclusion under contention, readers overlapping, writer preference,
@@ -316,6 +408,7 @@ mod driver;
 mod error;
 mod fence;
 pub mod floor;
+mod multi;
 pub mod renew_many;
 mod session;
 mod shared;

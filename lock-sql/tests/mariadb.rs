@@ -3,6 +3,7 @@
 
 mod common;
 mod fair_checks;
+mod multi_checks;
 
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ async fn mariadb() {
     // checks, dialect-independent doubles).
     fair_checks::run_fair_suite("mariadb", &url).await;
     fair_checks::fair_checks(&url).await;
+    multi_checks::multi_checks(&url).await;
 
     let a = SqlBackend::connect_url(&url).await.unwrap();
     let b = SqlBackend::connect_url(&url).await.unwrap();

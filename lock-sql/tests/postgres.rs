@@ -3,6 +3,7 @@
 
 mod common;
 mod fair_checks;
+mod multi_checks;
 
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ async fn postgres() {
     // checks, dialect-independent doubles).
     fair_checks::run_fair_suite("postgres", &url).await;
     fair_checks::fair_checks(&url).await;
+    multi_checks::multi_checks(&url).await;
 
     // Waiters are woken by NOTIFY, long before the re-check interval.
     let notify_url = common::with_options(&url, "recheck=5s");

@@ -171,6 +171,95 @@ async fn round_trips(url: &str, proxy: &FaultProxy, extra: Extra, name: &str) {
     assert_eq!(on_pool, 2, "{name}: one statement through sqlx's pool");
 }
 
+/// Fair mode and `try_acquire_all` through the proxy: a fair cycle on a
+/// free key costs what an unfair one does (`plain`); a set of 3 free keys
+/// is `multi` round trips (`multi_fair` in fair mode) plus one release per
+/// key; a fair waiter queued behind a holder (the holder's traffic off the
+/// proxy, on `direct`) pays its try, its registration, its re-tries and
+/// the removal of its row (printed, and `queued` asserted where given).
+async fn fair_and_multi_round_trips(
+    url: &str,
+    direct: &str,
+    proxy: &FaultProxy,
+    name: &str,
+    (multi, multi_fair, queued): (u64, u64, Option<u64>),
+) {
+    let fair_url = common::with_options(url, "fair=true");
+    let fair = SqlBackend::connect_url(&fair_url).await.unwrap();
+    let client = LockClient::new(fair.clone());
+    let waiting = per_cycle(proxy, async || {
+        waiting_cycle(&client, "rt/fair-waiting").await
+    })
+    .await;
+    let trying = per_cycle(proxy, async || try_cycle(&client, "rt/fair-try").await).await;
+    assert_eq!(
+        waiting, 2,
+        "{name}: fair waiting acquire + release of a free key"
+    );
+    assert_eq!(trying, 2, "{name}: fair try_acquire + release");
+    let keys: Vec<LockKey> = ["rt/set-a", "rt/set-b", "rt/set-c"]
+        .iter()
+        .map(|k| LockKey::new(*k).unwrap())
+        .collect();
+    let mut counts = Vec::new();
+    for backend in [SqlBackend::connect_url(url).await.unwrap(), fair.clone()] {
+        let set = per_cycle(proxy, async || {
+            let leases = backend
+                .try_acquire_all(&keys, TTL)
+                .await
+                .unwrap()
+                .expect("a free set");
+            for lease in &leases {
+                assert!(backend.release(lease).await.unwrap());
+            }
+        })
+        .await;
+        counts.push(set);
+    }
+    println!(
+        "{name}: try_acquire_all of 3 free keys + 3 releases: {} round trips, fair {}",
+        counts[0], counts[1]
+    );
+    assert_eq!(
+        counts[0],
+        multi + 3,
+        "{name}: try_acquire_all of 3 keys + 3 releases"
+    );
+    assert_eq!(
+        counts[1],
+        multi_fair + 3,
+        "{name}: fair try_acquire_all + 3 releases"
+    );
+
+    // A queued fair waiter, counted alone on the proxy.
+    let holder = SqlBackend::connect_url(&common::with_options(direct, "fair=true"))
+        .await
+        .unwrap();
+    let key = LockKey::new("rt/fair-queued").unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let held = holder.try_acquire(&key, TTL).await.unwrap().expect("free");
+        sleep(Duration::from_millis(20)).await;
+        proxy.reset_counters();
+        let wait = tokio::spawn({
+            let (fair, key) = (fair.clone(), key.clone());
+            async move { fair.acquire(&key, TTL, Instant::now() + WAIT).await }
+        });
+        sleep(Duration::from_millis(300)).await;
+        assert!(holder.release(&held).await.unwrap());
+        let lease = wait.await.unwrap().expect("the waiter is granted");
+        seen.push(proxy.round_trips());
+        assert!(fair.release(&lease).await.unwrap());
+    }
+    println!(
+        "{name}: a fair waiter queued 300 ms behind a holder, try to grant and row removal: {seen:?} round trips"
+    );
+    if let Some(queued) = queued {
+        // The first run also opens the PostgreSQL listener.
+        assert_eq!(seen[1..], [queued, queued], "{name}: a queued fair waiter");
+    }
+}
+
 /// A connection cut under the backend (the proxy resets every open
 /// connection) fails its next statement with an I/O error; the statement
 /// runs again on one fresh connection and the call succeeds.
@@ -368,6 +457,8 @@ async fn postgres_round_trips_and_retries() {
         .await
         .unwrap();
     round_trips(&url, &proxy, Extra::Pg(extra), "postgres").await;
+    let direct = common::with_options(&server.url(), "timeout=2s");
+    fair_and_multi_round_trips(&url, &direct, &proxy, "postgres", (1, 1, Some(5))).await;
     cut_connections_are_retried(&url, &proxy, "postgres").await;
     lost_grant_reply_is_recovered(&url, &proxy, "postgres").await;
     waiters_come_first(&url, "postgres", false).await;
@@ -389,6 +480,8 @@ async fn mariadb_round_trips_and_retries() {
         .await
         .unwrap();
     round_trips(&url, &proxy, Extra::My(extra), "mariadb").await;
+    let direct = common::with_options(&server.url(), "timeout=2s");
+    fair_and_multi_round_trips(&url, &direct, &proxy, "mariadb", (4, 5, None)).await;
     cut_connections_are_retried(&url, &proxy, "mariadb").await;
     lost_grant_reply_is_recovered(&url, &proxy, "mariadb").await;
     waiters_come_first(&url, "mariadb", true).await;

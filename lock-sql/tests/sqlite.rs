@@ -3,6 +3,7 @@
 
 mod common;
 mod fair_checks;
+mod multi_checks;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -32,6 +33,15 @@ async fn fair_mode_on_a_sqlite_file() {
     fair_checks::run_fair_suite("sqlite", &target.url).await;
     fair_checks::fair_checks(&target.url).await;
     fair_checks::broken_variants(&target.url).await;
+}
+
+/// `try_acquire_all` on a SQLite file: the multi checks and their broken
+/// variants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_lock_sets_on_a_sqlite_file() {
+    let target = common::SqliteTarget::new();
+    multi_checks::multi_checks(&target.url).await;
+    multi_checks::broken_variant(&target.url).await;
 }
 
 #[tokio::test]

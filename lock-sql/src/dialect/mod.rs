@@ -118,6 +118,11 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         ahead: Option<i64>,
     ) -> Result<Option<i64>, sqlx::Error>;
 
+    /// How a set of `n` keys is taken all or nothing on lease table `table`
+    /// (quoted); with `waiters` (quoted, fair mode) only while none of the
+    /// keys has a live mutex waiter. See [`GrantAll`].
+    fn grant_all_sql(&self, table: &str, waiters: Option<&str>, n: usize) -> GrantAll;
+
     /// The fair grant on lease table `table` (quoted) with the waiters
     /// table `waiters` (quoted): the grant statement, gated on no live
     /// mutex waiter (`shape = 'mutex'`) of the key with a smaller id than
@@ -229,6 +234,43 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         let _ = statement;
         None
     }
+}
+
+/// A multi-key grant (`try_acquire_all`), all or nothing, as a dialect runs it.
+#[derive(Debug)]
+pub(crate) enum GrantAll {
+    /// One statement (PostgreSQL): binds owner, TTL µs, the number of keys,
+    /// then every name; returns `(name, token)` of every key or no row, and
+    /// fails with SQLSTATE 22012 (rolled back) when only some were free.
+    One(String),
+    /// One transaction: `begin`; `check` (fair mode; binds every name)
+    /// counts the keys' live waiters, any means none granted; `upsert`
+    /// (binds as `rows` says) takes every free key and, when `returns`, its
+    /// `(name, token)` rows are the grants; otherwise `read` (binds every
+    /// name) returns `(name, owner, token)` of the keys, locked, ours where
+    /// granted. Anything short of every key rolls back.
+    Transaction {
+        begin: &'static str,
+        check: Option<String>,
+        upsert: String,
+        rows: UpsertBinds,
+        returns: bool,
+        read: Option<String>,
+    },
+}
+
+/// The binds of a [`GrantAll::Transaction`] upsert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UpsertBinds {
+    /// (name, owner, TTL µs) per key (MySQL's positional `?`).
+    PerRow,
+    /// now (µs), TTL µs, owner, then every name (SQLite's `?n`).
+    NowTtlOwnerNames,
+}
+
+/// `n` placeholders `?`, comma-separated.
+pub(crate) fn marks(n: usize) -> String {
+    vec!["?"; n].join(", ")
 }
 
 /// The dialect of `dialect`, or a Config error when its cargo feature is

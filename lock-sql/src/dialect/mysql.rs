@@ -14,8 +14,8 @@ use lock_core::{FencingScope, Lease, LockError, LockKey};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Dialect, Holder, Renewed, SessionDialect, SessionHolder, SharedNames, bad_option, micros,
-    spliced_batch, text, token_of, wrong_conn,
+    Dialect, GrantAll, Holder, Renewed, SessionDialect, SessionHolder, SharedNames, UpsertBinds,
+    bad_option, marks, micros, spliced_batch, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
@@ -110,6 +110,39 @@ impl Dialect for MySql {
             .test_before_acquire(false)
             .connect_lazy_with(o.clone());
         Ok((DbOptions::MySql(o), DbPool::MySql(pool)))
+    }
+
+    // No RETURNING: the upsert takes the free rows (and locks every row),
+    // then a locking read says which are ours. The waiters check locks
+    // their index range in share mode: no waiter registers meanwhile.
+    fn grant_all_sql(&self, t: &str, w: Option<&str>, n: usize) -> GrantAll {
+        let now = "UTC_TIMESTAMP(6)";
+        let rows = vec![format!("(?, ?, 1, {now} + INTERVAL ? MICROSECOND)"); n];
+        GrantAll::Transaction {
+            begin: "BEGIN",
+            check: w.map(|w| {
+                format!(
+                    "SELECT COUNT(*) FROM {w} WHERE name IN ({}) AND shape = 'mutex' \
+                     AND expires_at > {now} LOCK IN SHARE MODE",
+                    marks(n)
+                )
+            }),
+            upsert: format!(
+                "INSERT INTO {t} (name, owner, token, expires_at) VALUES {} \
+                 ON DUPLICATE KEY UPDATE \
+                 token = IF(expires_at <= {now}, token + 1, token), \
+                 owner = IF(expires_at <= {now}, VALUES(owner), owner), \
+                 expires_at = IF(expires_at <= {now}, VALUES(expires_at), expires_at)",
+                rows.join(", ")
+            ),
+            rows: UpsertBinds::PerRow,
+            returns: false,
+            read: Some(format!(
+                "SELECT CONVERT(name USING utf8mb4), owner, token FROM {t} \
+                 WHERE name IN ({}) FOR UPDATE",
+                marks(n)
+            )),
+        }
     }
 
     // An earlier live waiter leaves the SELECT empty: nothing is inserted,

@@ -11,8 +11,8 @@ use lock_core::{FencingScope, Lease, LockError, LockKey};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Dialect, Holder, Renewed, SessionDialect, SessionHolder, SharedNames, bad_option, micros, text,
-    token_of, wrong_conn,
+    Dialect, GrantAll, Holder, Renewed, SessionDialect, SessionHolder, SharedNames, bad_option,
+    micros, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
@@ -121,6 +121,37 @@ impl Dialect for Postgres {
             .test_before_acquire(false)
             .connect_lazy_with(o.clone());
         Ok((DbOptions::Postgres(o), DbPool::Postgres(pool)))
+    }
+
+    // Every key in one statement. A held key found in the statement's
+    // snapshot refuses the set before any write; a set only partly free
+    // after all (a grant racing ours) divides by zero, which rolls the
+    // whole statement back.
+    fn grant_all_sql(&self, t: &str, w: Option<&str>, n: usize) -> GrantAll {
+        let values: Vec<String> = (0..n)
+            .map(|i| format!("(${}::varchar, {i})", i + 4))
+            .collect();
+        let fair = w.map_or_else(String::new, |w| {
+            format!(
+                " AND NOT EXISTS (SELECT 1 FROM {w} WHERE name IN (SELECT name FROM v) \
+                 AND shape = 'mutex' AND expires_at > now())"
+            )
+        });
+        let gate = format!(
+            " WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name IN (SELECT name FROM v) \
+             AND expires_at > now()){fair}"
+        );
+        GrantAll::One(format!(
+            "WITH v (name, ord) AS (VALUES {}), \
+             g AS (INSERT INTO {t} AS l (name, owner, token, expires_at) \
+             SELECT name, $1, 1, now() + $2 * INTERVAL '1 microsecond' FROM v{gate} ORDER BY ord \
+             ON CONFLICT (name) DO UPDATE \
+             SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at \
+             WHERE l.expires_at <= now() \
+             RETURNING name, token) \
+             SELECT name, token, 1 / CASE WHEN (SELECT count(*) FROM g) = $3 THEN 1 ELSE 0 END FROM g",
+            values.join(", ")
+        ))
     }
 
     // No row is inserted or taken over while an earlier live waiter is

@@ -11,8 +11,8 @@ use lock_core::{Lease, LockError, LockKey};
 use sqlx::Row;
 
 use super::{
-    Dialect, Holder, Renewed, SharedNames, bad_option, micros, spliced_batch, text, token_of,
-    wrong_conn,
+    Dialect, GrantAll, Holder, Renewed, SharedNames, UpsertBinds, bad_option, micros,
+    spliced_batch, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
@@ -157,6 +157,36 @@ impl Dialect for Sqlite {
             .test_before_acquire(false)
             .connect_lazy_with(o.clone());
         Ok((DbOptions::Sqlite(o), DbPool::Sqlite(pool)))
+    }
+
+    // BEGIN IMMEDIATE holds the file's write lock: the check and the
+    // upsert see one state.
+    fn grant_all_sql(&self, t: &str, w: Option<&str>, n: usize) -> GrantAll {
+        let names: Vec<String> = (0..n).map(|i| format!("?{}", i + 1)).collect();
+        let rows: Vec<String> = (0..n)
+            .map(|i| format!("(?{}, ?3, 1, ?1 + ?2)", i + 4))
+            .collect();
+        GrantAll::Transaction {
+            begin: "BEGIN IMMEDIATE",
+            check: w.map(|w| {
+                format!(
+                    "SELECT COUNT(*) FROM {w} WHERE name IN ({}) AND shape = 'mutex' \
+                     AND expires_at > {SQLITE_NOW}",
+                    names.join(", ")
+                )
+            }),
+            upsert: format!(
+                "INSERT INTO {t} AS l (name, owner, token, expires_at) VALUES {} \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at \
+                 WHERE l.expires_at <= ?1 \
+                 RETURNING name, token",
+                rows.join(", ")
+            ),
+            rows: UpsertBinds::NowTtlOwnerNames,
+            returns: true,
+            read: None,
+        }
     }
 
     // As PostgreSQL's: an earlier live waiter leaves the SELECT empty.

@@ -1,0 +1,104 @@
+//! Handoffs on one key, unfair vs `fair=true`: 4 contenders cycling
+//! acquire+release on one key, each on its own backend with its own wake-up
+//! scope (a distinct harmless driver option), as if each ran in its own
+//! process, so nothing in-process lets waiters go first. Prints handoffs/s
+//! and each contender's grants (the spread: the busiest over the least
+//! busy). Measures only; asserts nothing.
+//!
+//! ```text
+//! cargo run --release -p lock-sql --example fair_handoff
+//! ```
+//!
+//! Starts MariaDB and PostgreSQL where installed and uses a SQLite file.
+//! Environment: `BENCH_HANDOFF_SECS` (seconds per run, default 3).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::bench::{self, Contender, Ours};
+use conformance::servers::mariadb::MariaDbServer;
+use conformance::servers::postgres::PostgresServer;
+use lock_core::LockClient;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const CONTENDERS: usize = 4;
+
+/// `url` plus `options`.
+fn with(url: &str, options: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{options}")
+}
+
+/// How contender `i`'s URL differs from the others' (its own wake-up scope).
+enum Scope<'a> {
+    /// A harmless driver option with a per-contender value.
+    Option(&'a str),
+    /// SQLite: the same file spelled with `i` extra `./` segments.
+    Dots,
+}
+
+async fn run(name: &str, url: &str, scope: Scope<'_>, secs: u64) -> Result<(), BoxError> {
+    for fair in [false, true] {
+        let mut contenders: Vec<Arc<dyn Contender>> = Vec::new();
+        for i in 0..CONTENDERS {
+            let url = match scope {
+                Scope::Option(option) => with(url, &format!("{option}={}", 100 + i)),
+                Scope::Dots => {
+                    url.replacen("/handoff.db", &format!("/{}handoff.db", "./".repeat(i)), 1)
+                }
+            };
+            let url = with(&url, &format!("fair={fair}&ttl=30s"));
+            let client = LockClient::new(lock_sql::connect(&url).await?);
+            contenders.push(Arc::new(Ours::new(client, Duration::from_secs(30))));
+        }
+        let key = format!("handoff/{}/{fair}", lock_core::OwnerId::random());
+        let h = bench::handoffs(&contenders, &key, Duration::from_secs(secs)).await?;
+        println!(
+            "{name:<9} fair={fair:<5} {:>8.1} handoffs/s  grants per contender {:?}  spread {:.2}",
+            h.per_sec,
+            h.per_client,
+            h.spread()
+        );
+    }
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let secs = std::env::var("BENCH_HANDOFF_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    match MariaDbServer::start().await {
+        Ok(server) => {
+            run(
+                "mariadb",
+                &server.url(),
+                Scope::Option("statement-cache-capacity"),
+                secs,
+            )
+            .await?
+        }
+        Err(e) => println!("mariadb skipped: {e}"),
+    }
+    match PostgresServer::start().await {
+        Ok(server) => {
+            run(
+                "postgres",
+                &server.url(),
+                Scope::Option("statement-cache-capacity"),
+                secs,
+            )
+            .await?
+        }
+        Err(e) => println!("postgres skipped: {e}"),
+    }
+    let dir = tempfile::tempdir()?;
+    let url = format!(
+        "sqlite://{}?busy_timeout=5s",
+        dir.path().join("handoff.db").display()
+    );
+    run("sqlite", &url, Scope::Dots, secs).await?;
+    Ok(())
+}
