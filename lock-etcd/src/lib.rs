@@ -149,7 +149,10 @@
 //!   etcd watch (its `poll` is not used): on the leader's entry (deleted,
 //!   or rewritten by a Go leader's `Proclaim`) while there is a leader, on
 //!   the prefix's puts while there is none, and re-reads at once when the
-//!   store moved between its read and the watch's creation. Each wake-up
+//!   store moved between its read and the watch's creation (a write that
+//!   lands in the instant between the server's answer header and the
+//!   watch's registration is delivered by etcd's catch-up loop instead,
+//!   within about 100 ms: observers may be that late). Each wake-up
 //!   reads the leader again (one range read, plus a lease TTL read for a
 //!   leader of another process).
 //! - Cost: a campaign on a free election and its resignation are the
