@@ -132,8 +132,8 @@ impl ZkBackend {
                 return Ok(now);
             }
             let Some(watcher) = watcher else {
-                // Unreachable: a watched read always arms one. Read again.
-                continue;
+                // A watched read always arms one; without it, never spin.
+                return Ok(now);
             };
             let mut state = session.state.clone();
             tokio::select! {
@@ -159,17 +159,8 @@ impl ZkBackend {
         let timeout = self.op_timeout();
         let client = &session.client;
         for _ in 0..LOOKS {
-            let listed = if watch {
-                timed(timeout, client.list_and_watch_children(dir))
-                    .await
-                    .map(|(children, w)| (children, Some(w)))
-            } else {
-                timed(timeout, client.list_children(dir))
-                    .await
-                    .map(|children| (children, None))
-            };
-            let (children, dir_watch) = match listed {
-                Ok(listed) => listed,
+            let children = match timed(timeout, client.list_children(dir)).await {
+                Ok(children) => children,
                 Err(err) if err.is(&zk::Error::NoNode) => {
                     if !watch {
                         return Ok((None, None));
@@ -188,7 +179,25 @@ impl ZkBackend {
             };
             let Some((_, first)) = paths::sorted_named(children, LATCH_NAME).into_iter().next()
             else {
-                return Ok((None, dir_watch));
+                if !watch {
+                    return Ok((None, None));
+                }
+                // Nobody leads: watch the children (a second list, so that
+                // the common case, a leader, arms no watch it then drops,
+                // which would cost a `removeWatches`).
+                match timed(timeout, client.list_and_watch_children(dir)).await {
+                    Ok((children, w))
+                        if !children
+                            .iter()
+                            .any(|c| sequence_named(c, LATCH_NAME).is_some()) =>
+                    {
+                        return Ok((None, Some(w)));
+                    }
+                    // A candidate arrived, or the directory went: look again.
+                    Ok(_) => continue,
+                    Err(err) if err.is(&zk::Error::NoNode) => continue,
+                    Err(err) => return Err(fail(err)),
+                }
             };
             let path = format!("{dir}/{first}");
             let read = if watch {

@@ -81,7 +81,9 @@ where
 /// leader; it leads once we resign (an observer of ours wakes at once).
 /// (b) Curator leads: our campaign waits, `leader()` names Curator's
 /// participant id, and we lead once Curator closes its latch, ahead of a
-/// Curator latch that joined after us.
+/// Curator latch that joined after us. Then: a campaign past its deadline
+/// is `Contended` and leaves no node; an unrenewed leadership ends at its
+/// TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn curator_leader_latch_and_our_campaigns_see_one_leader() {
     let (target, bs, peer) = setup(3).await;
@@ -185,6 +187,27 @@ async fn curator_leader_latch_and_our_campaigns_see_one_leader() {
     sleep(Duration::from_millis(200)).await;
     assert_eq!(raw.list_children(&path).await.unwrap().len(), 1);
     assert!(bs[0].release(&held).await.unwrap());
+
+    // A leadership that is not renewed ends at its TTL: the backend's
+    // expiry deletes the latch node (so Curator's candidates move up).
+    let short = Duration::from_millis(800);
+    let unrenewed = bs[0].campaign(&e, short, soon(2_000)).await.unwrap();
+    let granted = Instant::now();
+    let mut gone = None;
+    while granted.elapsed() < Duration::from_secs(3) {
+        let left = raw.list_children(&path).await.map_or(0, |c| c.len());
+        if left == 0 {
+            gone = Some(granted.elapsed());
+            break;
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    let gone = gone.expect("the unrenewed leadership's latch node is deleted");
+    println!("unrenewed leadership (TTL {short:?}) gone after {gone:?}");
+    assert!(gone >= short, "deleted before its TTL: {gone:?}");
+    assert_eq!(bs[1].leader(&e).await.unwrap(), None);
+    let err = bs[0].renew(&unrenewed).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotHeld, "{err}");
 }
 
 /// A candidate for the one-leader check: ours, or a broken double that
