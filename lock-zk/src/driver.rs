@@ -6,8 +6,10 @@
 //! state signal, leader-view reads), `waiting.rs` (the lock node, the grant
 //! and the waiting acquire), `cleanup.rs` (deleting nodes of attempts that
 //! ended without the lock), `renew_many.rs` (batched renewals), `expiry.rs`
-//! (local TTL enforcement). Errors are mapped in `error.rs`, paths built in
-//! `paths.rs`.
+//! (local TTL enforcement), `shared.rs` (read-write locks and semaphores,
+//! with their attempts in `shared_rw.rs` and `shared_sem.rs`),
+//! `election.rs` (Curator's `LeaderLatch` layout). Errors are mapped in
+//! `error.rs`, paths built in `paths.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
