@@ -30,9 +30,13 @@
 //! | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite://`, `sqlite::memory:` | [`lock_sql`] | `sql` |
 //!
 //! All four driver features are on by default; turn off what you do not use.
+//!
+//! Programs that are not async use [`blocking::Client`]: the same locks with
+//! synchronous methods.
 
 #![deny(missing_docs)]
 
+pub mod blocking;
 mod config;
 mod duration;
 
