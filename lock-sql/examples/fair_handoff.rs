@@ -1,7 +1,8 @@
 //! Handoffs on one key, unfair vs `fair=true`: 4 contenders cycling
 //! acquire+release on one key, each on its own backend with its own wake-up
 //! scope (a distinct harmless driver option), as if each ran in its own
-//! process, so nothing in-process lets waiters go first. Prints handoffs/s
+//! process, so nothing in-process lets waiters go first; then the same
+//! with the 4 in one process (same URL: one wake-up scope). Prints handoffs/s
 //! and each contender's grants (the spread: the busiest over the least
 //! busy). Measures only; asserts nothing.
 //!
@@ -39,10 +40,12 @@ enum Scope<'a> {
 }
 
 async fn run(name: &str, url: &str, scope: Scope<'_>, secs: u64) -> Result<(), BoxError> {
-    for fair in [false, true] {
+    // Each contender as its own process, then (last) all in one process.
+    for (fair, apart) in [(false, true), (true, true), (false, false), (true, false)] {
         let mut contenders: Vec<Arc<dyn Contender>> = Vec::new();
         for i in 0..CONTENDERS {
             let url = match scope {
+                _ if !apart => url.to_owned(),
                 Scope::Option(option) => with(url, &format!("{option}={}", 100 + i)),
                 Scope::Dots => {
                     url.replacen("/handoff.db", &format!("/{}handoff.db", "./".repeat(i)), 1)
@@ -55,7 +58,8 @@ async fn run(name: &str, url: &str, scope: Scope<'_>, secs: u64) -> Result<(), B
         let key = format!("handoff/{}/{fair}", lock_core::OwnerId::random());
         let h = bench::handoffs(&contenders, &key, Duration::from_secs(secs)).await?;
         println!(
-            "{name:<9} fair={fair:<5} {:>8.1} handoffs/s  grants per contender {:?}  spread {:.2}",
+            "{name:<9} fair={fair:<5} {:<12} {:>8.1} handoffs/s  grants per contender {:?}  spread {:.2}",
+            if apart { "apart" } else { "one process" },
             h.per_sec,
             h.per_client,
             h.spread()

@@ -174,6 +174,20 @@
 //!   TTL, and the removal of its row: 5 round trips on PostgreSQL for a
 //!   waiter queued 300 ms behind a holder (MariaDB: the same plus its
 //!   polls).
+//! - Throughput: strict order costs handoffs. 4 contenders cycling on one
+//!   key (`cargo run --release -p lock-sql --example fair_handoff`, 3 s
+//!   runs on a loaded 2-core machine, handoffs/s and busiest/least busy
+//!   contender), each contender with its own wake-up scope as separate
+//!   processes would be: MariaDB unfair ~2,000-3,300/s with a spread of
+//!   1.9-3.5, fair ~24-28/s with a spread of 1.0-1.1; SQLite unfair
+//!   ~3,300-5,400/s (spread 2.2-2.9), fair ~31/s (1.1); PostgreSQL unfair
+//!   ~1,400-2,000/s (1.3-1.5), fair ~660-950/s (1.0). In one process (one
+//!   scope, a release wakes the process's waiters at once): MariaDB fair
+//!   ~490/s, SQLite fair ~1,080/s, PostgreSQL fair ~580/s. Across
+//!   processes on the polling dialects a handoff waits for the next
+//!   waiter's poll (backoff up to 100 ms), where an unfair releaser takes
+//!   the row straight back: use `fair=true` where starvation matters more
+//!   than throughput, or PostgreSQL (`NOTIFY`).
 //! - [`capabilities().fifo`](lock_core::Capabilities::fifo) is `true`;
 //!   the driver descriptor's `fair_option` is `fair=true`.
 //! - **Session mode** refuses `fair=true` at connect with

@@ -44,6 +44,27 @@ async fn multi_lock_sets_on_a_sqlite_file() {
     multi_checks::broken_variant(&target.url).await;
 }
 
+/// `fair=true` in session mode is refused before connecting
+/// (Unsupported: server session locks have no documented waiter order);
+/// a bad `fair` value is a Config error.
+#[tokio::test]
+async fn fair_session_mode_is_refused() {
+    for url in [
+        "postgres://u@127.0.0.1:1/db?mode=session&fair=true",
+        "mysql://u@127.0.0.1:1/db?mode=session&fair=true",
+    ] {
+        let err = lock_sql::connect(url).await.expect_err("refused");
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{url}: {err}");
+    }
+    let err = SqlConfig::from_url("sqlite://x.db?fair=maybe").expect_err("bad value");
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(
+        SqlConfig::from_url("sqlite://x.db?fair=true")
+            .unwrap()
+            .is_fair()
+    );
+}
+
 #[tokio::test]
 async fn benchmark_floor_uses_the_driver_statements() {
     let dir = tempfile::tempdir().unwrap();

@@ -99,14 +99,19 @@ impl SqlBackend {
             let mut wakes = self.inner().waits.subscribe();
             let ahead = queued.id.unwrap_or(i64::MAX);
             if let Some(lease) = self.try_once(key, ttl, operation, Some(ahead)).await? {
-                if let Some(id) = queued.id.take() {
+                if let Some(id) = queued.id {
                     // Our row (and the key's expired ones) go before the
-                    // lease is handed out; on failure it expires by itself
-                    // (it never blocks the key while we hold it anyway).
+                    // lease is handed out. Should that fail, the row stays
+                    // in `queued`, whose drop withdraws it in the
+                    // background (it would hold the queue after our
+                    // release until it expired).
                     let binds = [Bind::Text(key.as_str()), Bind::Int(id)];
-                    let _ = self
+                    let removed = self
                         .holder_statement(key, &shared.granted_waiter, &binds, false, operation)
                         .await;
+                    if removed.is_ok() {
+                        queued.id = None;
+                    }
                 }
                 return Ok(lease);
             }
