@@ -232,6 +232,25 @@ impl MemoryBackend {
     }
 }
 
+/// Waits for a hand-off on `rx` until `wake_at`: `Some` with the grant (or
+/// the error of a waiter the service dropped), `None` when it is time to
+/// look again.
+async fn granted_by(
+    rx: &mut oneshot::Receiver<Lease>,
+    wake_at: Instant,
+    key: &LockKey,
+) -> Option<Result<Lease, LockError>> {
+    tokio::select! {
+        biased;
+        granted = rx => Some(granted.map_err(|_| {
+            LockError::new(ErrorKind::Backend, Operation::Acquire, "waiter dropped by the service")
+                .with_key(key)
+                .with_backend(NAME)
+        })),
+        () = sleep_until(wake_at) => None,
+    }
+}
+
 impl KeyState {
     fn reap(&mut self, now: Instant) {
         if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
@@ -385,17 +404,9 @@ impl LockBackend for MemoryBackend {
         };
         loop {
             let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
-            tokio::select! {
-                biased;
-                granted = &mut registration.rx => {
-                    registration.done = true;
-                    return granted.map_err(|_| {
-                        LockError::new(ErrorKind::Backend, Operation::Acquire, "waiter dropped by the service")
-                            .with_key(key)
-                            .with_backend(NAME)
-                    });
-                }
-                () = sleep_until(wake_at) => {}
+            if let Some(granted) = granted_by(&mut registration.rx, wake_at, key).await {
+                registration.done = true;
+                return granted;
             }
             if let Err(err) = self.check_fault(Operation::Acquire).await {
                 return Err(err.with_key(key));

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
 use super::{MemoryBackend, NAME};
 use crate::error::{ErrorKind, LockError, Operation};
@@ -241,17 +241,9 @@ impl MemoryBackend {
         };
         loop {
             let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
-            tokio::select! {
-                biased;
-                granted = &mut registration.rx => {
-                    registration.done = true;
-                    return granted.map_err(|_| {
-                        LockError::new(ErrorKind::Backend, Operation::Acquire, "waiter dropped by the service")
-                            .with_key(key)
-                            .with_backend(NAME)
-                    });
-                }
-                () = sleep_until(wake_at) => {}
+            if let Some(granted) = super::granted_by(&mut registration.rx, wake_at, key).await {
+                registration.done = true;
+                return granted;
             }
             if let Err(err) = self.check_fault(Operation::Acquire).await {
                 return Err(err.with_key(key));
