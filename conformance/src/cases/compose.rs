@@ -226,19 +226,12 @@ async fn multi_loop_inner(h: &Harness) -> CaseResult {
         rounds.iter().all(|r| *r > 0),
         "a client made no progress: {rounds:?} rounds"
     );
-    let report = history.check();
-    ensure!(
-        report.is_exclusive(),
-        "a key had two holders: {}",
-        report.summary()
-    );
-    if caps.has_fencing() {
-        ensure!(
-            report.token_regressions == 0 && report.duplicate_tokens == 0,
-            "tokens went backwards: {}",
-            report.summary()
-        );
-    }
+    let summary = check_history(
+        &history,
+        caps.has_fencing(),
+        "a key had two holders",
+        "tokens",
+    )?;
     for key in &keys {
         ensure!(
             is_free(&*b, key, ttl).await?,
@@ -246,7 +239,6 @@ async fn multi_loop_inner(h: &Harness) -> CaseResult {
         );
     }
     Ok(Outcome::Passed(format!(
-        "{rounds:?} rounds in {run:?}, no deadlock, all keys free; {}",
-        report.summary()
+        "{rounds:?} rounds in {run:?}, no deadlock, all keys free; {summary}"
     )))
 }

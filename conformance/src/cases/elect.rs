@@ -33,20 +33,7 @@ async fn candidates(
 
 /// The checker's verdict on an election history, as a case error.
 fn check_terms(history: &History, fenced: bool) -> Result<String, String> {
-    let report = history.check();
-    ensure!(
-        report.is_exclusive(),
-        "two leaders at once: {}",
-        report.summary()
-    );
-    if fenced {
-        ensure!(
-            report.token_regressions == 0 && report.duplicate_tokens == 0,
-            "terms did not strictly increase: {}",
-            report.summary()
-        );
-    }
-    Ok(report.summary())
+    check_history(history, fenced, "two leaders at once", "terms")
 }
 
 /// Three candidates campaign, lead briefly and resign in a loop while an

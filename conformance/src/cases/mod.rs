@@ -101,6 +101,27 @@ pub(crate) async fn recorded_acquire(
     }
 }
 
+/// The history checker's verdict as a case error: no overlapping windows
+/// (`overlap` says what that means here) and, with fencing, strictly
+/// increasing tokens (`tokens` says what those are). The summary otherwise.
+fn check_history(
+    history: &crate::history::History,
+    fenced: bool,
+    overlap: &str,
+    tokens: &str,
+) -> Result<String, String> {
+    let report = history.check();
+    ensure!(report.is_exclusive(), "{overlap}: {}", report.summary());
+    if fenced {
+        ensure!(
+            report.token_regressions == 0 && report.duplicate_tokens == 0,
+            "{tokens} did not strictly increase: {}",
+            report.summary()
+        );
+    }
+    Ok(report.summary())
+}
+
 async fn recorded_release(
     backend: &dyn LockBackend,
     rec: &Recorder,
