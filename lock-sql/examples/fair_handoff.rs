@@ -2,7 +2,8 @@
 //! acquire+release on one key, each on its own backend with its own wake-up
 //! scope (a distinct harmless driver option), as if each ran in its own
 //! process, so nothing in-process lets waiters go first; then the same
-//! with the 4 in one process (same URL: one wake-up scope). Prints handoffs/s
+//! with the 4 in one process (same URL: one wake-up scope), and fair apart
+//! with the poll backoff capped at 20 ms. Prints handoffs/s
 //! and each contender's grants (the spread: the busiest over the least
 //! busy). Measures only; asserts nothing.
 //!
@@ -19,7 +20,8 @@ use std::time::Duration;
 use conformance::bench::{self, Contender, Ours};
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
-use lock_core::LockClient;
+use lock_core::{LockClient, RetryPolicy};
+use lock_sql::{SqlBackend, SqlConfig};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -40,8 +42,16 @@ enum Scope<'a> {
 }
 
 async fn run(name: &str, url: &str, scope: Scope<'_>, secs: u64) -> Result<(), BoxError> {
-    // Each contender as its own process, then (last) all in one process.
-    for (fair, apart) in [(false, true), (true, true), (false, false), (true, false)] {
+    // Each contender as its own process, then all in one process; last,
+    // fair apart with the polling backoff capped at 20 ms instead of 100.
+    let runs = [
+        (false, true, None),
+        (true, true, None),
+        (false, false, None),
+        (true, false, None),
+        (true, true, Some(Duration::from_millis(20))),
+    ];
+    for (fair, apart, poll_max) in runs {
         let mut contenders: Vec<Arc<dyn Contender>> = Vec::new();
         for i in 0..CONTENDERS {
             let url = match scope {
@@ -52,14 +62,27 @@ async fn run(name: &str, url: &str, scope: Scope<'_>, secs: u64) -> Result<(), B
                 }
             };
             let url = with(&url, &format!("fair={fair}&ttl=30s"));
-            let client = LockClient::new(lock_sql::connect(&url).await?);
+            let mut config = SqlConfig::from_url(&url)?;
+            if let Some(max) = poll_max {
+                config = config.poll_policy(RetryPolicy {
+                    initial: Duration::from_millis(5),
+                    max,
+                    multiplier: 2,
+                    max_attempts: None,
+                });
+            }
+            let client = LockClient::new(SqlBackend::connect(config).await?);
             contenders.push(Arc::new(Ours::new(client, Duration::from_secs(30))));
         }
         let key = format!("handoff/{}/{fair}", lock_core::OwnerId::random());
         let h = bench::handoffs(&contenders, &key, Duration::from_secs(secs)).await?;
         println!(
             "{name:<9} fair={fair:<5} {:<12} {:>8.1} handoffs/s  grants per contender {:?}  spread {:.2}",
-            if apart { "apart" } else { "one process" },
+            match (apart, poll_max) {
+                (true, None) => "apart".to_owned(),
+                (true, Some(max)) => format!("apart {max:?}"),
+                _ => "one process".to_owned(),
+            },
             h.per_sec,
             h.per_client,
             h.spread()

@@ -151,6 +151,15 @@
 //!   nothing): a grant needs the row free **and** the caller at the head
 //!   of the live queue. A `try_acquire` counts every live waiter as ahead
 //!   of it: it returns `None` while anyone waits, even on a free key.
+//! - **Order is the order of registration.** An acquire registers one
+//!   round trip after its first refused try; a grant in that window (a
+//!   releasing holder asking again at once, say) goes to whoever asks, as
+//!   without `fair`. In 4-contender hot loops on one key this shows as a
+//!   busiest/least busy spread of 1.0-1.2 instead of exactly 1 (see the
+//!   numbers below); waiters spaced further apart than a round trip are
+//!   served strictly in order (the conformance FIFO case). Closing the
+//!   window takes a try-or-enqueue in one exchange (a PostgreSQL CTE, a
+//!   transaction elsewhere): not done.
 //! - Granted, the waiter deletes its row (and the key's expired ones) in
 //!   one more statement before returning the lease. Expired rows are
 //!   skipped by the gate at once. A dropped (cancelled) acquire deletes
@@ -176,18 +185,21 @@
 //!   polls).
 //! - Throughput: strict order costs handoffs. 4 contenders cycling on one
 //!   key (`cargo run --release -p lock-sql --example fair_handoff`, 3 s
-//!   runs on a loaded 2-core machine, handoffs/s and busiest/least busy
-//!   contender), each contender with its own wake-up scope as separate
-//!   processes would be: MariaDB unfair ~2,000-3,300/s with a spread of
-//!   1.9-3.5, fair ~24-28/s with a spread of 1.0-1.1; SQLite unfair
-//!   ~3,300-5,400/s (spread 2.2-2.9), fair ~31/s (1.1); PostgreSQL unfair
-//!   ~1,400-2,000/s (1.3-1.5), fair ~660-950/s (1.0). In one process (one
-//!   scope, a release wakes the process's waiters at once): MariaDB fair
-//!   ~490/s, SQLite fair ~1,080/s, PostgreSQL fair ~580/s. Across
-//!   processes on the polling dialects a handoff waits for the next
-//!   waiter's poll (backoff up to 100 ms), where an unfair releaser takes
-//!   the row straight back: use `fair=true` where starvation matters more
-//!   than throughput, or PostgreSQL (`NOTIFY`).
+//!   runs, three runs on a loaded 2-core machine; handoffs/s and the
+//!   busiest contender's grants over the least busy one's), each contender
+//!   with its own wake-up scope as separate processes would be:
+//!   MariaDB unfair 1,850-3,300/s, spread 1.2-3.5; fair 24-51/s, spread
+//!   1.0. SQLite unfair 3,100-5,400/s, spread 1.5-2.9; fair 31-40/s,
+//!   spread 1.1-1.7. PostgreSQL unfair 1,380-2,000/s, spread 1.1-1.5;
+//!   fair 660-950/s, spread 1.0-1.05. With the polling backoff capped at
+//!   20 ms ([`SqlConfig::poll_policy`]) fair MariaDB/SQLite reach 93-106/s
+//!   (more polls per waiter). In one process (one wake-up scope: a release
+//!   wakes the process's waiters at once): fair MariaDB 490-650/s, SQLite
+//!   1,050-1,100/s, PostgreSQL 580-860/s. Across processes on the polling
+//!   dialects a handoff waits for the next waiter's poll (backoff up to
+//!   100 ms) where an unfair releaser takes the row straight back: use
+//!   `fair=true` where starvation matters more than throughput, a shorter
+//!   poll backoff, or PostgreSQL (`NOTIFY`).
 //! - [`capabilities().fifo`](lock_core::Capabilities::fifo) is `true`;
 //!   the driver descriptor's `fair_option` is `fair=true`.
 //! - **Session mode** refuses `fair=true` at connect with
