@@ -21,6 +21,7 @@ use lock_core::{
     LockInfo, LockKey, LockShape, OwnerId,
 };
 use lock_etcd::{EtcdBackend, EtcdConfig};
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -91,17 +92,71 @@ async fn try_kind(
     b.try_acquire_kind(key, kind, TTL).await.map_err(err)
 }
 
+/// `kind` on `key` at once, or `refused` as the failure.
+async fn take(
+    b: &dyn LockBackend,
+    key: &LockKey,
+    kind: LeaseKind,
+    refused: &str,
+) -> Result<Lease, String> {
+    try_kind(b, key, kind)
+        .await?
+        .ok_or_else(|| refused.to_owned())
+}
+
+/// `kind` on `key`, waiting up to `within`.
+async fn wait_kind(
+    b: &dyn LockBackend,
+    key: &LockKey,
+    kind: LeaseKind,
+    within: Duration,
+) -> Result<Lease, String> {
+    b.acquire_kind(key, kind, TTL, Instant::now() + within)
+        .await
+        .map_err(err)
+}
+
+/// A task that waits (up to `within`, from when it starts) for `kind` on
+/// `key`.
+fn spawn_acquire(
+    b: &Arc<dyn LockBackend>,
+    key: &LockKey,
+    kind: LeaseKind,
+    within: Duration,
+) -> JoinHandle<Result<Lease, LockError>> {
+    let (b, key) = (b.clone(), key.clone());
+    tokio::spawn(async move {
+        b.acquire_kind(&key, kind, TTL, Instant::now() + within)
+            .await
+    })
+}
+
+/// The lease `task` returns within `within`, or `late` as the failure.
+async fn joined(
+    task: JoinHandle<Result<Lease, LockError>>,
+    within: Duration,
+    late: &str,
+) -> Result<Lease, String> {
+    timeout(within, task)
+        .await
+        .map_err(|_| late.to_owned())?
+        .map_err(|e| e.to_string())?
+        .map_err(err)
+}
+
 // ---------------------------------------------------------------- checks
 
 /// Two readers hold at once (and so do four tasks, observed), with equal
 /// tokens, and both appear in `holders`.
 async fn check_readers_overlap(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
-    let r1 = try_kind(&*b, &key, LeaseKind::Read)
-        .await?
-        .ok_or("first reader refused")?;
-    let r2 = try_kind(&*b, &key, LeaseKind::Read)
-        .await?
-        .ok_or("a second reader was refused beside a reader")?;
+    let r1 = take(&*b, &key, LeaseKind::Read, "first reader refused").await?;
+    let r2 = take(
+        &*b,
+        &key,
+        LeaseKind::Read,
+        "a second reader was refused beside a reader",
+    )
+    .await?;
     ensure(
         r1.token() == r2.token(),
         "readers of one epoch carry different tokens",
@@ -120,15 +175,7 @@ async fn check_readers_overlap(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
     for _ in 0..4 {
         let (b, key, active, max) = (b.clone(), key.clone(), active.clone(), max.clone());
         tasks.push(tokio::spawn(async move {
-            let lease = b
-                .acquire_kind(
-                    &key,
-                    LeaseKind::Read,
-                    TTL,
-                    Instant::now() + Duration::from_secs(3),
-                )
-                .await
-                .map_err(err)?;
+            let lease = wait_kind(&*b, &key, LeaseKind::Read, Duration::from_secs(3)).await?;
             let now = active.fetch_add(1, Ordering::SeqCst) + 1;
             max.fetch_max(now, Ordering::SeqCst);
             sleep(Duration::from_millis(300)).await;
@@ -150,18 +197,14 @@ async fn check_readers_overlap(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
 /// A writer is refused beside a reader and beside a writer, a reader beside
 /// a writer; under contention no writer ever holds beside anyone.
 async fn check_writer_excluded(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
-    let r = try_kind(&*b, &key, LeaseKind::Read)
-        .await?
-        .ok_or("reader refused")?;
+    let r = take(&*b, &key, LeaseKind::Read, "reader refused").await?;
     if let Some(w) = try_kind(&*b, &key, LeaseKind::Write).await? {
         b.release(&w).await.map_err(err)?;
         b.release(&r).await.map_err(err)?;
         return Err("a writer was granted beside a reader".into());
     }
     b.release(&r).await.map_err(err)?;
-    let w = try_kind(&*b, &key, LeaseKind::Write)
-        .await?
-        .ok_or("writer refused on a free key")?;
+    let w = take(&*b, &key, LeaseKind::Write, "writer refused on a free key").await?;
     for kind in [LeaseKind::Read, LeaseKind::Write] {
         if let Some(other) = try_kind(&*b, &key, kind).await? {
             b.release(&other).await.map_err(err)?;
@@ -191,10 +234,7 @@ async fn check_writer_excluded(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
                 LeaseKind::Read
             };
             for _ in 0..8 {
-                let lease = b
-                    .acquire_kind(&key, kind, TTL, Instant::now() + Duration::from_secs(10))
-                    .await
-                    .map_err(err)?;
+                let lease = wait_kind(&*b, &key, kind, Duration::from_secs(10)).await?;
                 if kind == LeaseKind::Write {
                     let w = writers.fetch_add(1, Ordering::SeqCst) + 1;
                     if w > 1 || readers.load(Ordering::SeqCst) > 0 {
@@ -240,21 +280,8 @@ async fn check_writer_preference(
     raw: Arc<EtcdBackend>,
     key: LockKey,
 ) -> Check {
-    let r1 = try_kind(&*b, &key, LeaseKind::Read)
-        .await?
-        .ok_or("reader refused")?;
-    let writer = {
-        let (b, key) = (b.clone(), key.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(
-                &key,
-                LeaseKind::Write,
-                TTL,
-                Instant::now() + Duration::from_secs(5),
-            )
-            .await
-        })
-    };
+    let r1 = take(&*b, &key, LeaseKind::Read, "reader refused").await?;
+    let writer = spawn_acquire(&b, &key, LeaseKind::Write, Duration::from_secs(5));
     queued(&raw, &key, "%rw", 2).await;
     // Five tries over 100 ms, then a wait: all must queue behind the writer.
     let mut late = None;
@@ -288,11 +315,12 @@ async fn check_writer_preference(
     }
     let released_at = Instant::now();
     b.release(&r1).await.map_err(err)?;
-    let w = timeout(Duration::from_secs(3), writer)
-        .await
-        .map_err(|_| "the writer was not granted after the reader left")?
-        .map_err(|e| e.to_string())?
-        .map_err(err)?;
+    let w = joined(
+        writer,
+        Duration::from_secs(3),
+        "the writer was not granted after the reader left",
+    )
+    .await?;
     let took = released_at.elapsed();
     b.release(&w).await.map_err(err)?;
     if let Some(failure) = failure {
@@ -307,21 +335,8 @@ async fn check_writer_preference(
 /// Downgrade: the read lease keeps the token, a writer that waited before
 /// stays out until the reader goes, the write lease is dead afterwards.
 async fn check_downgrade(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockKey) -> Check {
-    let w = try_kind(&*b, &key, LeaseKind::Write)
-        .await?
-        .ok_or("writer refused")?;
-    let second = {
-        let (b, key) = (b.clone(), key.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(
-                &key,
-                LeaseKind::Write,
-                TTL,
-                Instant::now() + Duration::from_secs(6),
-            )
-            .await
-        })
-    };
+    let w = take(&*b, &key, LeaseKind::Write, "writer refused").await?;
+    let second = spawn_acquire(&b, &key, LeaseKind::Write, Duration::from_secs(6));
     queued(&raw, &key, "%rw", 2).await;
     let read = b.downgrade(&w).await.map_err(err)?;
     ensure(
@@ -356,11 +371,12 @@ async fn check_downgrade(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: Lo
         b.release(&read).await.map_err(err)?,
         "the read lease was not released",
     )?;
-    let next = timeout(Duration::from_secs(3), second)
-        .await
-        .map_err(|_| "the waiting writer did not get the lock")?
-        .map_err(|e| e.to_string())?
-        .map_err(err)?;
+    let next = joined(
+        second,
+        Duration::from_secs(3),
+        "the waiting writer did not get the lock",
+    )
+    .await?;
     ensure(
         next.token() > w.token(),
         "the next writer's token did not increase",
@@ -373,9 +389,7 @@ async fn check_downgrade(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: Lo
 /// earlier grant; readers carry the last writer's token; permit grants
 /// strictly increasing.
 async fn check_tokens(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockKey) -> Check {
-    let r0 = try_kind(&*b, &key, LeaseKind::Read)
-        .await?
-        .ok_or("reader refused")?;
+    let r0 = take(&*b, &key, LeaseKind::Read, "reader refused").await?;
     ensure(
         r0.token().get() == 0,
         format!("a reader before any writer has token {}", r0.token()),
@@ -383,21 +397,15 @@ async fn check_tokens(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockK
     b.release(&r0).await.map_err(err)?;
     let mut last_write = FencingToken::new(0);
     for _ in 0..3 {
-        let w = try_kind(&*b, &key, LeaseKind::Write)
-            .await?
-            .ok_or("writer refused")?;
+        let w = take(&*b, &key, LeaseKind::Write, "writer refused").await?;
         ensure(
             w.token() > last_write,
             format!("write token {} after {last_write}", w.token()),
         )?;
         last_write = w.token();
         b.release(&w).await.map_err(err)?;
-        let r1 = try_kind(&*b, &key, LeaseKind::Read)
-            .await?
-            .ok_or("reader refused")?;
-        let r2 = try_kind(&*b, &key, LeaseKind::Read)
-            .await?
-            .ok_or("reader refused")?;
+        let r1 = take(&*b, &key, LeaseKind::Read, "reader refused").await?;
+        let r2 = take(&*b, &key, LeaseKind::Read, "reader refused").await?;
         for r in [&r1, &r2] {
             ensure(
                 r.token() == last_write,
@@ -411,21 +419,8 @@ async fn check_tokens(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockK
         b.release(&r2).await.map_err(err)?;
     }
     // A writer that waited for readers: its token is above theirs.
-    let r = try_kind(&*b, &key, LeaseKind::Read)
-        .await?
-        .ok_or("reader refused")?;
-    let waiter = {
-        let (b, key) = (b.clone(), key.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(
-                &key,
-                LeaseKind::Write,
-                TTL,
-                Instant::now() + Duration::from_secs(5),
-            )
-            .await
-        })
-    };
+    let r = take(&*b, &key, LeaseKind::Read, "reader refused").await?;
+    let waiter = spawn_acquire(&b, &key, LeaseKind::Write, Duration::from_secs(5));
     queued(&raw, &key, "%rw", 2).await;
     b.release(&r).await.map_err(err)?;
     let w = waiter.await.map_err(|e| e.to_string())?.map_err(err)?;
@@ -437,9 +432,7 @@ async fn check_tokens(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockK
     // Permits.
     let mut last = FencingToken::new(0);
     for _ in 0..3 {
-        let p = try_kind(&*b, &key, permits(1, 2))
-            .await?
-            .ok_or("permit refused")?;
+        let p = take(&*b, &key, permits(1, 2), "permit refused").await?;
         ensure(
             p.token() > last,
             format!("permit token {} after {last}", p.token()),
@@ -459,11 +452,7 @@ async fn check_semaphore_limit(
 ) -> Check {
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(
-            try_kind(&*b, &key, permits(1, 3))
-                .await?
-                .ok_or("permit refused below the limit")?,
-        );
+        held.push(take(&*b, &key, permits(1, 3), "permit refused below the limit").await?);
     }
     let extra = try_kind(&*b, &key, permits(1, 3)).await?;
     let holders = b.holders(&key, LockShape::Semaphore).await.map_err(err)?;
@@ -480,21 +469,8 @@ async fn check_semaphore_limit(
     )?;
     // FIFO: 2 held, a request for 3 waits, a later request for 1 (which
     // would fit) queues behind it.
-    let two = try_kind(&*b, &key, permits(2, 3))
-        .await?
-        .ok_or("2 permits refused")?;
-    let big = {
-        let (b, key) = (b.clone(), key.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(
-                &key,
-                permits(3, 3),
-                TTL,
-                Instant::now() + Duration::from_secs(5),
-            )
-            .await
-        })
-    };
+    let two = take(&*b, &key, permits(2, 3), "2 permits refused").await?;
+    let big = spawn_acquire(&b, &key, permits(3, 3), Duration::from_secs(5));
     queued(&raw, &key, "%sem", 2).await;
     // Five tries over 100 ms: all must queue behind the big one.
     let mut small = None;
@@ -512,11 +488,12 @@ async fn check_semaphore_limit(
         return Err("a small request overtook a waiting big one".into());
     }
     b.release(&two).await.map_err(err)?;
-    let big = timeout(Duration::from_secs(3), big)
-        .await
-        .map_err(|_| "the big request was not granted")?
-        .map_err(|e| e.to_string())?
-        .map_err(err)?;
+    let big = joined(
+        big,
+        Duration::from_secs(3),
+        "the big request was not granted",
+    )
+    .await?;
     b.release(&big).await.map_err(err)?;
     // Contention: 6 tasks take 1 or 2 of 3 permits.
     let active = Arc::new(AtomicI64::new(0));
@@ -527,15 +504,8 @@ async fn check_semaphore_limit(
         tasks.push(tokio::spawn(async move {
             let count = 1 + t % 2;
             for _ in 0..6 {
-                let lease = b
-                    .acquire_kind(
-                        &key,
-                        permits(count, 3),
-                        TTL,
-                        Instant::now() + Duration::from_secs(10),
-                    )
-                    .await
-                    .map_err(err)?;
+                let lease =
+                    wait_kind(&*b, &key, permits(count, 3), Duration::from_secs(10)).await?;
                 let now = active.fetch_add(i64::from(count), Ordering::SeqCst) + i64::from(count);
                 max.fetch_max(now, Ordering::SeqCst);
                 sleep(Duration::from_millis(10)).await;
@@ -565,9 +535,7 @@ async fn check_limit_mismatch(
     raw: Arc<EtcdBackend>,
     key: LockKey,
 ) -> Check {
-    let held = try_kind(&*b, &key, permits(1, 3))
-        .await?
-        .ok_or("permit refused")?;
+    let held = take(&*b, &key, permits(1, 3), "permit refused").await?;
     let mut failure = None;
     match b.try_acquire_kind(&key, permits(1, 4), TTL).await {
         Err(e) if e.kind() == ErrorKind::InvalidArgument => {}
@@ -611,9 +579,13 @@ async fn check_limit_mismatch(
             other => return Err(format!("{count} of {limit} permits: {other:?}")),
         }
     }
-    let idle = try_kind(&*b, &key, permits(1, 4))
-        .await?
-        .ok_or("an idle semaphore refused a new limit")?;
+    let idle = take(
+        &*b,
+        &key,
+        permits(1, 4),
+        "an idle semaphore refused a new limit",
+    )
+    .await?;
     b.release(&idle).await.map_err(err)?;
     Ok(())
 }
@@ -621,21 +593,8 @@ async fn check_limit_mismatch(
 /// A waiter that is cancelled leaves nothing: the reader behind the
 /// cancelled writer gets in at once, the semaphore's entries are back.
 async fn check_cancel(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockKey) -> Check {
-    let r = try_kind(&*b, &key, LeaseKind::Read)
-        .await?
-        .ok_or("reader refused")?;
-    let writer = {
-        let (b, key) = (b.clone(), key.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(
-                &key,
-                LeaseKind::Write,
-                TTL,
-                Instant::now() + Duration::from_secs(30),
-            )
-            .await
-        })
-    };
+    let r = take(&*b, &key, LeaseKind::Read, "reader refused").await?;
+    let writer = spawn_acquire(&b, &key, LeaseKind::Write, Duration::from_secs(30));
     queued(&raw, &key, "%rw", 2).await;
     writer.abort();
     let _ = writer.await;
@@ -657,21 +616,8 @@ async fn check_cancel(b: Arc<dyn LockBackend>, raw: Arc<EtcdBackend>, key: LockK
         "read-write entries left behind",
     )?;
     println!("reader granted {took:?} after the writer was cancelled");
-    let full = try_kind(&*b, &key, permits(2, 2))
-        .await?
-        .ok_or("permits refused")?;
-    let waiter = {
-        let (b, key) = (b.clone(), key.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(
-                &key,
-                permits(1, 2),
-                TTL,
-                Instant::now() + Duration::from_secs(30),
-            )
-            .await
-        })
-    };
+    let full = take(&*b, &key, permits(2, 2), "permits refused").await?;
+    let waiter = spawn_acquire(&b, &key, permits(1, 2), Duration::from_secs(30));
     queued(&raw, &key, "%sem", 2).await;
     waiter.abort();
     let _ = waiter.await;

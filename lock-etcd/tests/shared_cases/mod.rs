@@ -197,15 +197,38 @@ async fn shows_failure(name: &str, result: Check) {
     }
 }
 
+/// A real etcd, a backend on it and the same backend as a trait object;
+/// `None` when no etcd can be started here.
+async fn start() -> Option<(EtcdServer, Arc<EtcdBackend>, Arc<dyn LockBackend>)> {
+    let server = EtcdServer::start().await.or_skip()?;
+    let real = backend(&server).await;
+    let b: Arc<dyn LockBackend> = real.clone();
+    Some((server, real, b))
+}
+
+/// Runs `check` on `real` wrapped with `flaw`, under a fresh key made from
+/// `name`: the check `label` must fail. Then wipes what the double left.
+async fn fails_on<F, Fut>(real: &Arc<EtcdBackend>, name: &str, label: &str, flaw: Flaw, check: F)
+where
+    F: FnOnce(Arc<dyn LockBackend>, LockKey) -> Fut,
+    Fut: std::future::Future<Output = Check>,
+{
+    let k = key(name);
+    shows_failure(
+        label,
+        check(Broken::wrap(real.clone(), flaw), k.clone()).await,
+    )
+    .await;
+    wipe(real, &k).await;
+}
+
 // ---------------------------------------------------------------- tests
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_share_and_writers_exclude() {
-    let Some(server) = EtcdServer::start().await.or_skip() else {
+    let Some((_server, real, b)) = start().await else {
         return;
     };
-    let real = backend(&server).await;
-    let b: Arc<dyn LockBackend> = real.clone();
     assert!(b.capabilities().shared_locks && b.capabilities().semaphores);
     check_readers_overlap(b.clone(), key("overlap"))
         .await
@@ -217,40 +240,37 @@ async fn readers_share_and_writers_exclude() {
         .await
         .unwrap();
 
-    let k = key("overlap-broken");
-    shows_failure(
+    fails_on(
+        &real,
+        "overlap-broken",
         "readers overlap",
-        check_readers_overlap(Broken::wrap(real.clone(), Flaw::ReadAsWrite), k.clone()).await,
+        Flaw::ReadAsWrite,
+        check_readers_overlap,
     )
     .await;
-    wipe(&real, &k).await;
-    let k = key("exclude-broken");
-    shows_failure(
+    fails_on(
+        &real,
+        "exclude-broken",
         "writer excluded",
-        check_writer_excluded(Broken::wrap(real.clone(), Flaw::WriteAsRead), k.clone()).await,
+        Flaw::WriteAsRead,
+        check_writer_excluded,
     )
     .await;
-    wipe(&real, &k).await;
-    let k = key("prefer-broken");
-    shows_failure(
+    fails_on(
+        &real,
+        "prefer-broken",
         "writer preference",
-        check_writer_preference(
-            Broken::wrap(real.clone(), Flaw::Polling),
-            real.clone(),
-            k.clone(),
-        )
-        .await,
+        Flaw::Polling,
+        |b, k| check_writer_preference(b, real.clone(), k),
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downgrade_and_tokens() {
-    let Some(server) = EtcdServer::start().await.or_skip() else {
+    let Some((_server, real, b)) = start().await else {
         return;
     };
-    let real = backend(&server).await;
-    let b: Arc<dyn LockBackend> = real.clone();
     check_downgrade(b.clone(), real.clone(), key("downgrade"))
         .await
         .unwrap();
@@ -316,38 +336,29 @@ async fn downgrade_and_tokens() {
         assert!(b.release(lease).await.unwrap());
     }
 
-    let k = key("downgrade-broken");
-    shows_failure(
+    fails_on(
+        &real,
+        "downgrade-broken",
         "downgrade",
-        check_downgrade(
-            Broken::wrap(real.clone(), Flaw::GapDowngrade),
-            real.clone(),
-            k.clone(),
-        )
-        .await,
+        Flaw::GapDowngrade,
+        |b, k| check_downgrade(b, real.clone(), k),
     )
     .await;
-    wipe(&real, &k).await;
-    let k = key("tokens-broken");
-    shows_failure(
+    fails_on(
+        &real,
+        "tokens-broken",
         "tokens",
-        check_tokens(
-            Broken::wrap(real.clone(), Flaw::ReadTokenZero),
-            real.clone(),
-            k.clone(),
-        )
-        .await,
+        Flaw::ReadTokenZero,
+        |b, k| check_tokens(b, real.clone(), k),
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_limits() {
-    let Some(server) = EtcdServer::start().await.or_skip() else {
+    let Some((_server, real, b)) = start().await else {
         return;
     };
-    let real = backend(&server).await;
-    let b: Arc<dyn LockBackend> = real.clone();
     check_semaphore_limit(b.clone(), real.clone(), key("limit"))
         .await
         .unwrap();
@@ -355,50 +366,37 @@ async fn semaphore_limits() {
         .await
         .unwrap();
 
-    let k = key("limit-broken");
-    shows_failure(
+    fails_on(
+        &real,
+        "limit-broken",
         "semaphore limit",
-        check_semaphore_limit(
-            Broken::wrap(real.clone(), Flaw::PlusOnePermit),
-            real.clone(),
-            k.clone(),
-        )
-        .await,
+        Flaw::PlusOnePermit,
+        |b, k| check_semaphore_limit(b, real.clone(), k),
     )
     .await;
-    wipe(&real, &k).await;
-    let k = key("fifo-broken");
-    shows_failure(
+    fails_on(
+        &real,
+        "fifo-broken",
         "semaphore FIFO",
-        check_semaphore_limit(
-            Broken::wrap(real.clone(), Flaw::Polling),
-            real.clone(),
-            k.clone(),
-        )
-        .await,
+        Flaw::Polling,
+        |b, k| check_semaphore_limit(b, real.clone(), k),
     )
     .await;
-    wipe(&real, &k).await;
-    let k = key("mismatch-broken");
-    shows_failure(
+    fails_on(
+        &real,
+        "mismatch-broken",
         "limit mismatch",
-        check_limit_mismatch(
-            Broken::wrap(real.clone(), Flaw::LimitThree),
-            real.clone(),
-            k.clone(),
-        )
-        .await,
+        Flaw::LimitThree,
+        |b, k| check_limit_mismatch(b, real.clone(), k),
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashed_and_cancelled_holders_free_their_share() {
-    let Some(server) = EtcdServer::start().await.or_skip() else {
+    let Some((server, real, b)) = start().await else {
         return;
     };
-    let real = backend(&server).await;
-    let b: Arc<dyn LockBackend> = real.clone();
     check_cancel(b.clone(), real.clone(), key("cancel"))
         .await
         .unwrap();
@@ -442,18 +440,14 @@ async fn crashed_and_cancelled_holders_free_their_share() {
     assert!(!b.release(&read).await.unwrap(), "released twice");
     assert_eq!(raw_entries(&real, &k, "%rw").await, 0);
 
-    let k = key("cancel-broken");
-    shows_failure(
+    fails_on(
+        &real,
+        "cancel-broken",
         "cancel",
-        check_cancel(
-            Broken::wrap(real.clone(), Flaw::LeakyCancel),
-            real.clone(),
-            k.clone(),
-        )
-        .await,
+        Flaw::LeakyCancel,
+        |b, k| check_cancel(b, real.clone(), k),
     )
     .await;
-    wipe(&real, &k).await;
     // A broken "crash" whose share is not tied to any lease.
     let raw = real.clone();
     let leaky_crash = |key: LockKey, kind: LeaseKind| {
