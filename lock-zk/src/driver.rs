@@ -28,7 +28,7 @@ use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
 use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, owner_of, sequence_of, sorted_lock_nodes};
+use crate::paths::{self, owner_of, sequence_of};
 
 // Child modules: they share the backend's private state.
 // The session: opening it, its state signal, leader-view reads.
@@ -567,7 +567,9 @@ impl LockBackend for ZkBackend {
                 Err(err) if err.is(&zk::Error::NoNode) => return Ok(None),
                 Err(err) => return Err(fail(err)),
             };
-            let Some((_, name)) = sorted_lock_nodes(children).into_iter().next() else {
+            // The holder may be a kazoo lock (its node name is the holder).
+            let Some((_, name)) = paths::sorted_mutex_contenders(children).into_iter().next()
+            else {
                 return Ok(None);
             };
             let path = format!("{dir}/{name}");

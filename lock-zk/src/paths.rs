@@ -8,6 +8,11 @@
 //! - A lock node is `_c_<attempt id as a UUID>-lock-<sequence>`: Curator's
 //!   "protected" name for its lock recipe, so nodes sort the same way for
 //!   Curator, and a create whose reply was lost can be found by its id.
+//! - A mutex also counts kazoo's lock nodes in its directory as
+//!   contenders: `<uuid hex>__lock__<seq>` (kazoo's `Lock` and
+//!   `WriteLock`) and `<uuid hex>__rlock__<seq>` (its `ReadLock`), ordered
+//!   by their sequence numbers among ours and Curator's (one parent, one
+//!   counter, so the numbers compare).
 
 use lock_core::{LockKey, OwnerId};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
@@ -20,6 +25,10 @@ const PROTECTED_PREFIX: &str = "_c_";
 /// The lock name Curator's `InterProcessMutex` uses; nodes sort on what
 /// follows it.
 pub(crate) const LOCK_NAME: &str = "lock-";
+/// The node name of kazoo's `Lock` and `WriteLock` (`<uuid hex>__lock__<seq>`).
+pub(crate) const KAZOO_LOCK_NAME: &str = "__lock__";
+/// The node name of kazoo's `ReadLock` (`<uuid hex>__rlock__<seq>`).
+pub(crate) const KAZOO_READ_NAME: &str = "__rlock__";
 /// The read node name of Curator's `InterProcessReadWriteLock`.
 pub(crate) const READ_NAME: &str = "__READ__";
 /// The write node name of Curator's `InterProcessReadWriteLock`.
@@ -253,6 +262,24 @@ pub(crate) fn sorted_named(children: Vec<String>, name: &str) -> Vec<(i64, Strin
     nodes
 }
 
+/// A mutex's contenders among `children`, in grant order (sequence, then
+/// name): `lock-` nodes (ours and Curator's `InterProcessMutex`) and
+/// kazoo's `__lock__` and `__rlock__` nodes. A kazoo reader counts too:
+/// like kazoo's `WriteLock`, a mutex does not share with readers.
+pub(crate) fn sorted_mutex_contenders(children: Vec<String>) -> Vec<(i64, String)> {
+    let mut nodes: Vec<(i64, String)> = children
+        .into_iter()
+        .filter_map(|child| {
+            [LOCK_NAME, KAZOO_LOCK_NAME, KAZOO_READ_NAME]
+                .iter()
+                .find_map(|name| sequence_named(&child, name))
+                .map(|seq| (seq, child))
+        })
+        .collect();
+    nodes.sort();
+    nodes
+}
+
 /// Splits a lock node path into its directory and name.
 pub(crate) fn split_node(path: &str) -> Option<(&str, &str)> {
     let (dir, name) = path.rsplit_once('/')?;
@@ -419,6 +446,33 @@ mod tests {
         assert_eq!(
             named_prefix("/d", owner, LEASE_NAME),
             format!("/d/_c_{}-lease-", owner_uuid(owner))
+        );
+    }
+
+    #[test]
+    fn kazoo_nodes_are_mutex_contenders() {
+        let ours = node_path("/d", owner_probe(), 5);
+        let ours = ours.strip_prefix("/d/").unwrap().to_owned();
+        let children = vec![
+            ours.clone(),
+            "0f3a9c2b8e7d4c1a9b2e3f4a5b6c7d8e__lock__0000000007".to_owned(),
+            "aa3a9c2b8e7d4c1a9b2e3f4a5b6c7d8e__rlock__0000000003".to_owned(),
+            "_c_5f1e6c8e-0000-0000-0000-000000000000-lock-0000000001".to_owned(),
+            "ffffffffffffffffffffffffffffffff__lock__".to_owned(),
+            "leases".to_owned(),
+            "x__lock__12a".to_owned(),
+        ];
+        let sorted: Vec<i64> = sorted_mutex_contenders(children.clone())
+            .iter()
+            .map(|(seq, _)| *seq)
+            .collect();
+        assert_eq!(sorted, [1, 3, 5, 7]);
+        // Curator's order alone (what an election or a plain sort uses)
+        // still ignores kazoo's nodes.
+        assert_eq!(sorted_lock_nodes(children).len(), 2);
+        assert_eq!(
+            owner_of("0f3a9c2b8e7d4c1a9b2e3f4a5b6c7d8e__lock__0000000007"),
+            None
         );
     }
 

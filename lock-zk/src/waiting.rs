@@ -278,7 +278,11 @@ impl ZkBackend {
             };
             // Curator's order: the digits after the recipe's node name;
             // the first node holds (leads). Other children are ignored.
-            let mut nodes = paths::sorted_named(children, recipe.node_name());
+            // A mutex also waits behind kazoo's lock nodes in its directory.
+            let mut nodes = match recipe {
+                Recipe::Mutex => paths::sorted_mutex_contenders(children),
+                Recipe::Latch => paths::sorted_named(children, recipe.node_name()),
+            };
             // Extra nodes of this attempt (a create retried after a lost
             // reply) would block everyone: remove them.
             nodes.retain(|(_, other)| {

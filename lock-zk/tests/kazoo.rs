@@ -1,0 +1,311 @@
+//! Interoperation with the real kazoo `Lock` (PyPI's `kazoo`, installed in
+//! a virtualenv by `scripts/legacy-clients.sh`), run as a Python process
+//! (`tests/kazoo/peer.py`) taking commands on stdin, against a real
+//! ZooKeeper. Our mutex and kazoo's exclude each other on the same path in
+//! both directions: while one holds, the other's single try and short wait
+//! are refused; after the release, the waiting other gets it.
+//!
+//! kazoo sees our (and Curator's) `…-lock-<seq>` nodes only when its lock
+//! is given `extra_lock_patterns=["-lock-"]` (kazoo 2.7.1+): the negative
+//! control below shows a kazoo lock without it getting in beside ours, and
+//! that the exclusion check reports it.
+//!
+//! The Python is `DISTLOCK_LEGACY_PYTHON`, by default
+//! `target/legacy-clients/venv/bin/python` of the workspace. Missing, the
+//! tests fail under CI (`CI` set) naming the installer, and skip otherwise.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::Standalone;
+use conformance::process::in_ci;
+use lock_core::{ErrorKind, LockBackend, LockKey, OwnerId};
+use lock_zk::{ZkBackend, ZkConfig};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep, timeout};
+
+const TTL: Duration = Duration::from_secs(3);
+const PEER: &str = include_str!("kazoo/peer.py");
+/// What a kazoo lock needs to see our nodes (and Curator's).
+const SEE_OURS: &str = "-lock-";
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
+}
+
+fn soon(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+/// The virtualenv's python, or `None` (skip) outside CI when it is missing.
+fn python() -> Option<PathBuf> {
+    let path = std::env::var_os("DISTLOCK_LEGACY_PYTHON").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/legacy-clients/venv/bin/python")
+        },
+        PathBuf::from,
+    );
+    if path.is_file() {
+        return Some(path);
+    }
+    let message = format!(
+        "{} is missing: run scripts/legacy-clients.sh (it installs kazoo in a virtualenv \
+         and prints the python path; DISTLOCK_LEGACY_PYTHON overrides it)",
+        path.display()
+    );
+    assert!(!in_ci(), "CI requires the legacy clients: {message}");
+    eprintln!("SKIPPED (kazoo missing): {message}");
+    None
+}
+
+/// One kazoo process: commands on stdin, answers routed by request id.
+struct Kazoo {
+    _child: Child,
+    stdin: tokio::sync::Mutex<ChildStdin>,
+    routes: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// One kazoo request and its answers.
+struct Request {
+    id: String,
+    answers: mpsc::UnboundedReceiver<String>,
+}
+
+impl Request {
+    async fn answer(&mut self, within: Duration) -> String {
+        timeout(within, self.answers.recv())
+            .await
+            .unwrap_or_else(|_| panic!("kazoo request {} did not answer in {within:?}", self.id))
+            .expect("kazoo peer gone")
+    }
+
+    /// No answer within `within` (still waiting).
+    async fn silent(&mut self, within: Duration) -> bool {
+        timeout(within, self.answers.recv()).await.is_err()
+    }
+}
+
+impl Kazoo {
+    async fn start(python: &PathBuf, connect: &str) -> Self {
+        let script = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("kazoo-peer-{}.py", std::process::id()));
+        std::fs::write(&script, PEER).expect("write the kazoo peer");
+        let mut child = Command::new(python)
+            .arg(&script)
+            .arg(connect)
+            .arg("4000")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {} ({e})", python.display()));
+        let stdout = child.stdout.take().expect("stdout");
+        let stdin = child.stdin.take().expect("stdin");
+        let routes: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>> = Arc::default();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        {
+            let routes = routes.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                let mut ready = Some(ready_tx);
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if line == "ready" {
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    let (id, rest) = line.split_once(' ').unwrap_or((&line, ""));
+                    if let Some(tx) = routes.lock().unwrap().get(id) {
+                        let _ = tx.send(rest.to_owned());
+                    }
+                }
+            });
+        }
+        timeout(Duration::from_secs(30), ready_rx)
+            .await
+            .expect("kazoo peer did not connect within 30 s")
+            .expect("kazoo peer exited before connecting (is kazoo installed? scripts/legacy-clients.sh)");
+        Self {
+            _child: child,
+            stdin: tokio::sync::Mutex::new(stdin),
+            routes,
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    async fn send(&self, line: &str) {
+        let mut stdin = self.stdin.lock().await;
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write to the kazoo peer");
+        stdin.flush().await.expect("flush");
+    }
+
+    async fn request(&self, command: &str) -> Request {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("k{n}");
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.routes.lock().unwrap().insert(id.clone(), tx);
+        self.send(&format!("{id} {command}")).await;
+        Request { id, answers: rx }
+    }
+
+    /// `Lock(path, extra_lock_patterns=extra).acquire(...)`, answered.
+    async fn lock(&self, path: &str, wait_ms: u64, extra: &[&str]) -> (Request, String) {
+        let mut request = self
+            .request(&format!("lock {path} {wait_ms} {}", extra.join(" ")))
+            .await;
+        let answer = request.answer(Duration::from_secs(20)).await;
+        (request, answer)
+    }
+
+    async fn release(&self, request: &mut Request) {
+        self.send(&format!("{} release", request.id)).await;
+        let answer = request.answer(Duration::from_secs(10)).await;
+        assert_eq!(answer, "released", "kazoo release of {}", request.id);
+    }
+
+    async fn children(&self, path: &str) -> String {
+        let mut request = self.request(&format!("children {path}")).await;
+        request.answer(Duration::from_secs(10)).await
+    }
+}
+
+/// A server, `n` backends of ours (built from `config_url`'s options) and
+/// a kazoo process, or `None` (skip) when kazoo is not installed.
+async fn setup(options: &str) -> Option<(Standalone, ZkBackend, Kazoo)> {
+    let python = python()?;
+    let target = Standalone::start()
+        .await
+        .expect("the kazoo interop tests need ZooKeeper (Debian package zookeeper)");
+    let url = common::with_options(&target.client_url(), options);
+    let ours = ZkBackend::connect(ZkConfig::from_url(&url).expect("config"))
+        .await
+        .expect("backend");
+    let connect = target.base_url().trim_start_matches("zk://").to_owned();
+    let kazoo = Kazoo::start(&python, &connect).await;
+    Some((target, ours, kazoo))
+}
+
+/// While kazoo (seeing our nodes through `extra`) holds `path`, our single
+/// try and our short wait are refused; ours waiting is granted once kazoo
+/// releases. Returns whether the exclusion held.
+async fn kazoo_excludes_ours(ours: &ZkBackend, kazoo: &Kazoo, k: &LockKey, path: &str) -> bool {
+    let (mut held, answer) = kazoo.lock(path, 5_000, &[SEE_OURS]).await;
+    assert_eq!(answer, "ok", "kazoo on a free path");
+    let tried = ours.try_acquire(k, TTL).await.expect("our try");
+    let waited = ours.acquire(k, TTL, soon(300)).await;
+    let excluded = tried.is_none()
+        && waited
+            .as_ref()
+            .is_err_and(|e| e.kind() == ErrorKind::Contended);
+    for lease in tried.iter().chain(waited.as_ref().ok()) {
+        ours.release(lease).await.expect("release ours");
+    }
+    let waiter = {
+        let (ours, k) = (ours.clone(), k.clone());
+        tokio::spawn(async move {
+            let lease = ours.acquire(&k, TTL, soon(10_000)).await;
+            (Instant::now(), lease)
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    kazoo.release(&mut held).await;
+    let (granted_at, lease) = waiter.await.expect("join");
+    let lease = lease.expect("ours after kazoo's release");
+    assert!(
+        granted_at >= released,
+        "ours was granted before kazoo released"
+    );
+    assert!(ours.release(&lease).await.expect("release"));
+    excluded
+}
+
+/// While ours holds `k`, a kazoo lock on `path` with `extra` patterns is
+/// refused (single try and short wait), and its waiting acquire is granted
+/// once ours releases. Returns whether the exclusion held; kazoo's locks
+/// are released either way.
+async fn ours_excludes_kazoo(
+    ours: &ZkBackend,
+    kazoo: &Kazoo,
+    k: &LockKey,
+    path: &str,
+    extra: &[&str],
+) -> bool {
+    let lease = ours
+        .try_acquire(k, TTL)
+        .await
+        .expect("our try")
+        .expect("ours on a free key");
+    let mut excluded = true;
+    for wait in [0, 300] {
+        let (mut request, answer) = kazoo.lock(path, wait, extra).await;
+        match answer.as_str() {
+            "busy" => {}
+            "ok" => {
+                excluded = false;
+                kazoo.release(&mut request).await;
+            }
+            other => panic!("kazoo answered {other:?}"),
+        }
+    }
+    let mut waiting = kazoo
+        .request(&format!("lock {path} 10000 {}", extra.join(" ")))
+        .await;
+    if !waiting.silent(Duration::from_millis(300)).await {
+        // Granted (or failed) while ours holds.
+        excluded = false;
+        ours.release(&lease).await.expect("release ours");
+        kazoo.release(&mut waiting).await;
+        return excluded;
+    }
+    assert!(ours.release(&lease).await.expect("release ours"));
+    assert_eq!(
+        waiting.answer(Duration::from_secs(5)).await,
+        "ok",
+        "kazoo after our release"
+    );
+    kazoo.release(&mut waiting).await;
+    excluded
+}
+
+/// Both directions on the default layout (kazoo's path is our key's
+/// directory, [`ZkBackend::key_path`]), and the negative control: a kazoo
+/// lock without `extra_lock_patterns` ignores our node, and the check says
+/// so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kazoo_lock_and_ours_exclude_each_other() {
+    let Some((_target, ours, kazoo)) = setup("").await else {
+        return;
+    };
+    let k = key("kazoo");
+    let path = ours.key_path(&k);
+    assert!(
+        kazoo_excludes_ours(&ours, &kazoo, &k, &path).await,
+        "ours got the lock while kazoo held {path}"
+    );
+    assert!(
+        ours_excludes_kazoo(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
+        "kazoo got the lock while ours held {path}"
+    );
+    // Negative control: kazoo's default contenders are `__lock__` nodes
+    // only, so without the extra pattern it takes the lock beside ours.
+    assert!(
+        !ours_excludes_kazoo(&ours, &kazoo, &k, &path, &[]).await,
+        "kazoo without extra_lock_patterns was expected to ignore our node"
+    );
+    assert_eq!(kazoo.children(&path).await, "", "nodes left in {path}");
+}
