@@ -246,12 +246,9 @@ async fn recorded_release(
     rec: &Recorder,
     lease: &Lease,
 ) -> Result<(), String> {
-    rec.invoke(Op::Release, lease.key(), Some(lease.token()));
-    let held = backend
-        .release(lease)
+    crate::recording::recorded_release(backend, rec, lease)
         .await
         .map_err(|e| format!("release in phase {}: {e}", backend.phase().as_str()))?;
-    rec.released(lease.key(), lease.token(), held);
     Ok(())
 }
 

@@ -235,6 +235,31 @@ impl LockBackend for RecordingBackend {
     }
 }
 
+/// Releases `lease` through `backend`, recording `invoke` (which ends the
+/// promised window whatever the outcome), then `ok` with whether it was
+/// still held, or `fail`.
+///
+/// # Errors
+///
+/// The backend's release errors (recorded as a failed release).
+///
+/// # Cancel safety
+///
+/// As the backend's release; a dropped call has recorded only `invoke`.
+pub async fn recorded_release(
+    backend: &dyn LockBackend,
+    rec: &Recorder,
+    lease: &Lease,
+) -> Result<bool, LockError> {
+    rec.invoke(Op::Release, lease.key(), Some(lease.token()));
+    let result = backend.release(lease).await;
+    match &result {
+        Ok(held) => rec.released(lease.key(), lease.token(), *held),
+        Err(_) => rec.failed(Op::Release, lease.key(), Some(lease.token())),
+    }
+    result
+}
+
 /// A guard whose history is recorded: its acquire, every renewal (with the
 /// deadline it promised) and its release through a [`RecordingBackend`],
 /// and its lost signal by a watcher task, at the moment the guard reports

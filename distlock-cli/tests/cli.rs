@@ -585,3 +585,33 @@ async fn on_lost_term_stops_the_command_before_the_deadline() {
     // A command that cleans up for 300 ms on SIGTERM and exits.
     stops_before_the_deadline(&server, Stall::Refused, "trap 'sleep 0.3; exit 0' TERM").await;
 }
+
+/// `compare --backends` takes the backend names and URL schemes as
+/// aliases; an unknown name is a usage error (exit 2) before anything
+/// starts.
+#[test]
+fn compare_refuses_unknown_backend_names() {
+    let out = output(distlock(
+        "memory://",
+        &["compare", "--backends", "memory,nosuch"],
+    ));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown backend \"nosuch\""),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !stderr(&out).contains("conformance"),
+        "it started: {}",
+        stderr(&out)
+    );
+    // `zk` is `zookeeper`, which needs --spawn: refused as that, not as unknown.
+    let out = output(distlock("memory://", &["compare", "--backends", "zk"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("\"zookeeper\" needs a server"),
+        "{}",
+        stderr(&out)
+    );
+}

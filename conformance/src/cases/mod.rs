@@ -122,16 +122,7 @@ fn check_history(
     Ok(report.summary())
 }
 
-async fn recorded_release(
-    backend: &dyn LockBackend,
-    rec: &Recorder,
-    lease: &Lease,
-) -> Result<bool, lock_core::LockError> {
-    rec.invoke(Op::Release, lease.key(), Some(lease.token()));
-    let held = backend.release(lease).await?;
-    rec.released(lease.key(), lease.token(), held);
-    Ok(held)
-}
+use crate::recording::recorded_release;
 
 // After the macros above, which the case modules use.
 mod api;

@@ -418,13 +418,11 @@ async fn client_within(
 /// Releases with a bound; the release's start ends the promised window
 /// whatever its outcome.
 async fn recorded_release(backend: &dyn LockBackend, rec: &Recorder, lease: &Lease) -> bool {
-    rec.invoke(Op::Release, lease.key(), Some(lease.token()));
-    match timeout(Duration::from_secs(10), backend.release(lease)).await {
-        Ok(Ok(held)) => {
-            rec.released(lease.key(), lease.token(), held);
-            held
-        }
-        _ => {
+    let release = crate::recording::recorded_release(backend, rec, lease);
+    match timeout(Duration::from_secs(10), release).await {
+        Ok(Ok(held)) => held,
+        Ok(Err(_)) => false,
+        Err(_) => {
             rec.failed(Op::Release, lease.key(), Some(lease.token()));
             false
         }

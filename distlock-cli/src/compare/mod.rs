@@ -313,13 +313,60 @@ pub(crate) async fn check(url: &str) -> Vec<BackendResult> {
     vec![compare_one(candidate, &opts, &progress).await]
 }
 
-/// The backends `--backends` names, or `defaults`; a server kind without
+/// URL schemes `--backends` accepts for the backend kind they name (the
+/// kinds and embedded names themselves are accepted as they are).
+pub(crate) const ALIASES: &[(&str, &str)] = &[
+    ("zk", "zookeeper"),
+    ("postgresql", "postgres"),
+    ("mysql", "mariadb"),
+    ("rediss", "redis"),
+    ("etcds", "etcd"),
+];
+
+/// Every name `--backends` takes: the embedded backends, then the test
+/// kit's deployment kinds.
+pub(crate) fn backend_names() -> Vec<&'static str> {
+    EMBEDDED
+        .iter()
+        .copied()
+        .chain(deploy::kind_names())
+        .collect()
+}
+
+/// The kind or embedded backend `name` means (case-insensitive; URL
+/// schemes as aliases), `None` when it means nothing.
+pub(crate) fn canonical_backend(name: &str) -> Option<String> {
+    let name = name.trim().to_ascii_lowercase();
+    if backend_names().contains(&name.as_str()) {
+        return Some(name);
+    }
+    ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == name)
+        .map(|(_, kind)| (*kind).to_owned())
+}
+
+/// The backends `--backends` names, or `defaults`; an unknown name is a
+/// usage error before anything starts; a server kind without
 /// `--spawn` is a usage error.
 fn selected_backends(opts: &CompareOptions, defaults: &[&str]) -> Result<Vec<String>, LockError> {
-    let names: Vec<String> = match &opts.backends {
-        Some(list) => list.clone(),
-        None => defaults.iter().map(|s| (*s).to_owned()).collect(),
-    };
+    let names: Vec<String> =
+        match &opts.backends {
+            Some(list) => {
+                list.iter()
+                    .map(|name| {
+                        canonical_backend(name).ok_or_else(|| {
+                    LockError::config(format!(
+                        "unknown backend {name:?}; expected one of {} (or a URL scheme: {})",
+                        backend_names().join(", "),
+                        ALIASES.iter().map(|(a, _)| *a).collect::<Vec<_>>().join(", ")
+                    ))
+                })
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            None => defaults.iter().map(|s| (*s).to_owned()).collect(),
+        };
     for name in &names {
         if deploy::kind(name).is_some() && !opts.spawn {
             return Err(LockError::config(format!(
@@ -633,4 +680,27 @@ pub(crate) fn print_table(results: &[BackendResult]) {
 /// The JSON document (shape documented in the README).
 pub(crate) fn to_json(results: &[BackendResult]) -> Value {
     json!({ "backends": results })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every alias is a URL scheme some compiled-in driver handles, and
+    /// names a backend `--backends` knows.
+    #[test]
+    fn aliases_are_driver_schemes_of_known_backends() {
+        for (alias, kind) in ALIASES {
+            assert!(
+                distlock::drivers()
+                    .iter()
+                    .any(|d| d.schemes.iter().any(|s| s == alias)),
+                "{alias} is no driver's scheme"
+            );
+            assert!(backend_names().contains(kind), "{kind} is not a backend");
+            assert_eq!(canonical_backend(alias).as_deref(), Some(*kind));
+        }
+        assert_eq!(canonical_backend("ZooKeeper").as_deref(), Some("zookeeper"));
+        assert_eq!(canonical_backend("nosuch"), None);
+    }
 }

@@ -309,7 +309,8 @@ impl LockBackend for MigrationBackend {
     }
 
     /// The leader in the store the phase decides in (`dual`: the new
-    /// store's, else the old store's, marked `old-only:` as `inspect` does).
+    /// store's, else the old store's, marked `old-only:` as `inspect` does
+    /// and without a term).
     async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
         let base = self.epoch_base();
         let epoch = |mut leader: Leader| {
@@ -323,8 +324,11 @@ impl LockBackend for MigrationBackend {
                 if let Some(leader) = self.new.leader(election).await? {
                     return Ok(Some(epoch(leader)));
                 }
+                // A phase-`old` leader, or a dual campaign half-way: named,
+                // but its old-store token is no term of this migration.
                 Ok(self.old.leader(election).await?.map(|mut leader| {
                     leader.holder = format!("old-only:{}", leader.holder);
+                    leader.term = None;
                     leader
                 }))
             }
