@@ -159,9 +159,20 @@ impl ZkBackend {
     pub(super) async fn remove_empty_dir(&self, client: &zk::Client, dir: &str) {
         if !self.inner.containers.load(Ordering::Relaxed)
             && !crate::paths::is_rw_dir(self.inner.config.root(), dir)
+            && !self.is_foreign_dir(dir)
         {
             let _ = timed(self.op_timeout(), client.delete(dir, None)).await;
         }
+    }
+
+    /// Whether `dir` is a path-layout lock directory outside the root
+    /// (another library's path): never removed, never a container.
+    pub(super) fn is_foreign_dir(&self, dir: &str) -> bool {
+        let config = &self.inner.config;
+        config.layout() == crate::ZkLayout::Path
+            && !dir
+                .strip_prefix(config.root())
+                .is_some_and(|rest| rest.starts_with('/'))
     }
 
     /// Deletes our node at the end of an attempt that did not get the lock,

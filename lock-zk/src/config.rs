@@ -12,6 +12,25 @@ pub(crate) const DEFAULT_PORT: u16 = 2181;
 /// The default lock root inside the chroot.
 pub const DEFAULT_ROOT: &str = "/distlock";
 
+/// How a mutex key maps to its lock directory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ZkLayout {
+    /// `<root>/<escaped key>`: the key is one path component, every byte
+    /// outside `[A-Za-z0-9_-]` percent-encoded (the default; any key is
+    /// safe).
+    #[default]
+    Escaped,
+    /// The key *is* the lock directory's absolute path inside the chroot,
+    /// used verbatim: the path kazoo's `Lock(client, path)` or Curator's
+    /// `InterProcessMutex(client, path)` is given. A key that is not a
+    /// valid absolute ZooKeeper path (or lies under `/zookeeper`) is
+    /// refused with `InvalidArgument`. Such directories are created as
+    /// persistent nodes and never removed by this driver (a kazoo `Lock`
+    /// remembers that its path exists). Read-write locks, semaphores and
+    /// elections stay under the root.
+    Path,
+}
+
 /// How to reach a ZooKeeper ensemble and where to keep locks.
 ///
 /// Built from a URL ([`ZkConfig::from_url`]) or with the builder methods:
@@ -44,6 +63,7 @@ pub struct ZkConfig {
     op_timeout: Duration,
     digest: Option<(String, String)>,
     containers: bool,
+    layout: ZkLayout,
 }
 
 impl fmt::Debug for ZkConfig {
@@ -60,6 +80,7 @@ impl fmt::Debug for ZkConfig {
                 &self.digest.as_ref().map(|(user, _)| user.as_str()),
             )
             .field("containers", &self.containers)
+            .field("layout", &self.layout)
             .finish()
     }
 }
@@ -87,6 +108,7 @@ impl ZkConfig {
             op_timeout: Duration::from_secs(5),
             digest: None,
             containers: true,
+            layout: ZkLayout::Escaped,
         }
     }
 
@@ -98,7 +120,9 @@ impl ZkConfig {
     /// or `500ms` (a unit is required), `root` (the
     /// lock root inside the chroot, default `/distlock`), `containers`
     /// (`true`/`false`: create key directories as container nodes, default
-    /// `true`). A user and password in the URL (percent-encoded) turn on
+    /// `true`), `layout` (`escaped`, the default, or `path`: mutex keys are
+    /// the absolute paths kazoo or Curator lock, see [`ZkLayout`]). A user
+    /// and password in the URL (percent-encoded) turn on
     /// `digest` authentication.
     ///
     /// # Errors
@@ -146,6 +170,17 @@ impl ZkConfig {
         }
         if let Some(containers) = options.flag("containers")? {
             config.containers = containers;
+        }
+        if let Some(layout) = options.text("layout")? {
+            config.layout = match layout.as_str() {
+                "escaped" => ZkLayout::Escaped,
+                "path" => ZkLayout::Path,
+                other => {
+                    return Err(LockError::config(format!(
+                        "layout must be `escaped` or `path`, got {other:?}"
+                    )));
+                }
+            };
         }
         options.finish("zookeeper")?;
         config.validate()?;
@@ -225,6 +260,18 @@ impl ZkConfig {
     pub fn with_containers(mut self, containers: bool) -> Self {
         self.containers = containers;
         self
+    }
+
+    /// Sets how mutex keys map to lock directories (see [`ZkLayout`]).
+    #[must_use]
+    pub fn with_layout(mut self, layout: ZkLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// How mutex keys map to lock directories.
+    pub fn layout(&self) -> ZkLayout {
+        self.layout
     }
 
     /// The `host:port` servers.
@@ -324,7 +371,7 @@ fn validate_host(host: &str) -> Result<(), LockError> {
 }
 
 /// An absolute path with no empty, `.` or `..` component, not `/`.
-fn validate_path(path: &str, what: &str) -> Result<(), LockError> {
+pub(crate) fn validate_path(path: &str, what: &str) -> Result<(), LockError> {
     let bad = |why: &str| LockError::config(format!("bad {what} {path:?}: {why}"));
     if !path.starts_with('/') {
         return Err(bad("must start with '/'"));
@@ -382,8 +429,12 @@ mod tests {
         assert_eq!(c.chroot(), None);
         assert_eq!(c.root(), DEFAULT_ROOT);
         assert_eq!(c.connect_string(), "127.0.0.1:2181");
+        assert_eq!(c.layout(), ZkLayout::Escaped);
         let c = ZkConfig::from_url("zk://127.0.0.1:2181/").unwrap();
         assert_eq!(c.chroot(), None);
+        let c = ZkConfig::from_url("zk://127.0.0.1:2181/app?layout=path").unwrap();
+        assert_eq!(c.layout(), ZkLayout::Path);
+        assert!(format!("{c:?}").contains("Path"));
     }
 
     #[test]
@@ -410,6 +461,8 @@ mod tests {
             "zk://:secretpw@h:1",
             "zk://u:%FFsecretpw@h:1",
             "zk://h:1?containers=",
+            "zk://h:1?layout=raw",
+            "zk://h:1?layout=",
             "zk://h:1?timeout=1s&op_timeout=2s",
         ] {
             let err = ZkConfig::from_url(url).unwrap_err();

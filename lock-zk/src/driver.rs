@@ -228,9 +228,29 @@ impl ZkBackend {
         )
     }
 
-    /// The ZooKeeper path of `key`'s lock directory (inside the chroot).
+    /// The ZooKeeper path of `key`'s lock directory (inside the chroot):
+    /// `<root>/<escaped key>`, or the key itself in the path layout (see
+    /// [`ZkLayout`](crate::ZkLayout)).
     pub fn key_path(&self, key: &LockKey) -> String {
-        paths::key_dir(self.inner.config.root(), key)
+        let config = &self.inner.config;
+        paths::mutex_dir_of(config.root(), config.layout(), key.as_str())
+    }
+
+    /// [`Self::key_path`], refused with `InvalidArgument` when the path
+    /// layout's key is not a valid lock path.
+    pub(crate) fn checked_key_path(
+        &self,
+        key: &LockKey,
+        operation: Operation,
+    ) -> Result<String, LockError> {
+        if self.inner.config.layout() == crate::ZkLayout::Path {
+            paths::check_path_key(key).map_err(|why| {
+                LockError::invalid_argument(operation, why)
+                    .with_key(key)
+                    .with_backend(NAME)
+            })?;
+        }
+        Ok(self.key_path(key))
     }
 
     fn op_timeout(&self) -> Duration {
@@ -272,7 +292,7 @@ impl ZkBackend {
         if data.starts_with('/') {
             let (node_dir, name) = paths::split_node(data)?;
             let seq = u32::try_from(sequence_of(name)?).ok()?;
-            return (paths::is_key_dir(root, lease.key(), node_dir)
+            return (paths::is_mutex_dir(root, self.inner.config.layout(), lease.key(), node_dir)
                 && owner_of(name) == Some(lease.owner()))
             .then(|| NodeRef {
                 path: data.to_owned(),
@@ -284,7 +304,7 @@ impl ZkBackend {
             return None;
         }
         let seq: u32 = data.parse().ok()?;
-        let dir = paths::key_dir(root, lease.key());
+        let dir = self.key_path(lease.key());
         Some(NodeRef {
             dir_len: dir.len(),
             path: paths::node_path(&dir, lease.owner(), seq),
@@ -557,7 +577,7 @@ impl LockBackend for ZkBackend {
             .session(Operation::Inspect)
             .await
             .map_err(|e| e.with_key(key))?;
-        let dir = self.key_path(key);
+        let dir = self.checked_key_path(key, Operation::Inspect)?;
         let fail = |err: CallError| err.into_lock_error(Operation::Inspect).with_key(key);
         // The holder may release between the list and the stat: look again.
         for _ in 0..5 {

@@ -59,7 +59,7 @@ pub(super) const LATCH_MARK: char = '\u{1}';
 
 impl Tracked {
     /// The node's path (rebuilt from the key, the owner and the sequence).
-    fn path(&self, root: &str, owner: OwnerId) -> String {
+    fn path(&self, root: &str, layout: crate::ZkLayout, owner: OwnerId) -> String {
         match self.key.strip_prefix(LATCH_MARK) {
             Some(election) => paths::named_node_path(
                 &paths::latch_dir_of(root, election),
@@ -67,7 +67,11 @@ impl Tracked {
                 paths::LATCH_NAME,
                 self.seq,
             ),
-            None => paths::node_path(&paths::key_dir_of(root, &self.key), owner, self.seq),
+            None => paths::node_path(
+                &paths::mutex_dir_of(root, layout, &self.key),
+                owner,
+                self.seq,
+            ),
         }
     }
 }
@@ -318,7 +322,7 @@ fn take_due(inner: &Inner, now: Instant) -> Due {
     tracked.retain(|slot, node| {
         if clock.passed(node.due, now) {
             let owner = inner.owners.owner(*slot);
-            due.push((node.path(root, owner), owner));
+            due.push((node.path(root, inner.config.layout(), owner), owner));
             false
         } else {
             let left = clock.remaining(node.due, now);

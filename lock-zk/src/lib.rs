@@ -348,7 +348,7 @@ pub mod floor;
 mod paths;
 mod wire;
 
-pub use config::{DEFAULT_ROOT, ZkConfig};
+pub use config::{DEFAULT_ROOT, ZkConfig, ZkLayout};
 pub use descriptor::DRIVER;
 pub use driver::{MIN_TTL, ZkBackend, capabilities};
 

@@ -15,6 +15,8 @@
 //!   counter, so the numbers compare).
 
 use lock_core::{LockKey, OwnerId};
+
+use crate::config::ZkLayout;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 /// Everything but `[A-Za-z0-9_-]` is escaped.
@@ -125,6 +127,37 @@ pub(crate) fn sequence_named(node: &str, name: &str) -> Option<i64> {
 /// The directory holding `key`'s lock nodes.
 pub(crate) fn key_dir(root: &str, key: &LockKey) -> String {
     key_dir_of(root, key.as_str())
+}
+
+/// The directory of a mutex key's text in `layout`: [`key_dir_of`], or
+/// the key itself in the path layout (checked by [`check_path_key`]
+/// before anything is created).
+pub(crate) fn mutex_dir_of(root: &str, layout: ZkLayout, key: &str) -> String {
+    match layout {
+        ZkLayout::Escaped => key_dir_of(root, key),
+        ZkLayout::Path => key.to_owned(),
+    }
+}
+
+/// Whether `dir` is `key`'s mutex directory in `layout`.
+pub(crate) fn is_mutex_dir(root: &str, layout: ZkLayout, key: &LockKey, dir: &str) -> bool {
+    match layout {
+        ZkLayout::Escaped => is_key_dir(root, key, dir),
+        ZkLayout::Path => dir == key.as_str(),
+    }
+}
+
+/// In the path layout, a key must be an absolute ZooKeeper path (no empty,
+/// `.` or `..` component, not `/`) outside `/zookeeper`.
+pub(crate) fn check_path_key(key: &LockKey) -> Result<(), String> {
+    let path = key.as_str();
+    crate::config::validate_path(path, "lock path").map_err(|e| e.to_string())?;
+    if path == "/zookeeper" || path.starts_with("/zookeeper/") {
+        return Err(format!(
+            "bad lock path {path:?}: inside /zookeeper (reserved by the server)"
+        ));
+    }
+    Ok(())
 }
 
 /// [`key_dir`] of a key's text.
@@ -447,6 +480,47 @@ mod tests {
             named_prefix("/d", owner, LEASE_NAME),
             format!("/d/_c_{}-lease-", owner_uuid(owner))
         );
+    }
+
+    #[test]
+    fn path_layout_uses_the_key_as_the_directory() {
+        let k = key("/app/locks/orders.42");
+        assert!(check_path_key(&k).is_ok());
+        assert_eq!(
+            mutex_dir_of("/distlock", ZkLayout::Path, k.as_str()),
+            "/app/locks/orders.42"
+        );
+        assert_eq!(
+            mutex_dir_of("/distlock", ZkLayout::Escaped, k.as_str()),
+            "/distlock/%2Fapp%2Flocks%2Forders%2E42"
+        );
+        assert!(is_mutex_dir(
+            "/distlock",
+            ZkLayout::Path,
+            &k,
+            "/app/locks/orders.42"
+        ));
+        assert!(!is_mutex_dir("/distlock", ZkLayout::Path, &k, "/app/locks"));
+        assert!(!is_mutex_dir(
+            "/distlock",
+            ZkLayout::Escaped,
+            &k,
+            "/app/locks/orders.42"
+        ));
+        for bad in [
+            "orders",
+            "/",
+            "/a/",
+            "/a//b",
+            "/a/./b",
+            "/a/../b",
+            "/zookeeper",
+            "/zookeeper/x",
+            "/a/\u{e000}",
+        ] {
+            assert!(check_path_key(&key(bad)).is_err(), "{bad}");
+        }
+        assert!(check_path_key(&key("/zookeeperx")).is_ok());
     }
 
     #[test]

@@ -80,7 +80,10 @@ impl ZkBackend {
         key: &LockKey,
     ) -> Result<(), AttemptError> {
         loop {
-            let containers = self.inner.containers.load(Ordering::Relaxed);
+            // A path-layout directory (outside the root) is another
+            // library's path: persistent, as kazoo and Curator make it.
+            let containers =
+                self.inner.containers.load(Ordering::Relaxed) && !self.is_foreign_dir(dir);
             let mode = if containers {
                 zk::CreateMode::Container
             } else {
@@ -439,7 +442,7 @@ impl ZkBackend {
         operation: Operation,
     ) -> Result<Option<Lease>, LockError> {
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
-        let dir = self.key_path(key);
+        let dir = self.checked_key_path(key, operation)?;
         self.lock_in(key, &dir, ttl, deadline, operation, true)
             .await
     }

@@ -309,3 +309,51 @@ async fn kazoo_lock_and_ours_exclude_each_other() {
     );
     assert_eq!(kazoo.children(&path).await, "", "nodes left in {path}");
 }
+
+/// `layout=path`: our key is kazoo's own path, verbatim. Exclusion both
+/// ways there, `inspect` names kazoo's holder, the directory (kazoo's,
+/// persistent) is left in place, and a key that is no absolute path is
+/// refused with `InvalidArgument`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn path_layout_locks_kazoos_own_path() {
+    let Some((_target, ours, kazoo)) = setup("layout=path&containers=false").await else {
+        return;
+    };
+    let path = format!(
+        "/legacy/app/locks/orders-{}",
+        &OwnerId::random().to_hex()[..8]
+    );
+    let k = LockKey::new(path.clone()).expect("key");
+    assert_eq!(ours.key_path(&k), path);
+    assert!(
+        kazoo_excludes_ours(&ours, &kazoo, &k, &path).await,
+        "ours got the lock while kazoo held {path}"
+    );
+    assert!(
+        ours_excludes_kazoo(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
+        "kazoo got the lock while ours held {path}"
+    );
+    let (mut held, answer) = kazoo.lock(&path, 5_000, &[SEE_OURS]).await;
+    assert_eq!(answer, "ok");
+    let info = ours
+        .inspect(&k)
+        .await
+        .expect("inspect")
+        .expect("kazoo holds");
+    assert!(info.holder.contains("__lock__"), "{info:?}");
+    assert!(info.token.is_some(), "{info:?}");
+    kazoo.release(&mut held).await;
+    assert_eq!(ours.inspect(&k).await.expect("inspect"), None);
+    let lease = ours.try_acquire(&k, TTL).await.expect("try").expect("free");
+    assert!(ours.release(&lease).await.expect("release"));
+    // Empty after our release, but still there: a kazoo Lock object
+    // remembers that its path exists and would fail its next create.
+    assert_eq!(kazoo.children(&path).await, "");
+    for bad in ["orders", "/legacy//x", "/zookeeper/x", "/legacy/"] {
+        let bad = LockKey::new(bad).expect("key");
+        let err = ours.try_acquire(&bad, TTL).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        let err = ours.inspect(&bad).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    }
+}

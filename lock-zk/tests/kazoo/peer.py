@@ -71,7 +71,10 @@ def main():
             else:
                 event.set()
         elif command == "children":
-            say(rid + " " + " ".join(sorted(client.get_children(words[2]))))
+            try:
+                say(rid + " " + " ".join(sorted(client.get_children(words[2]))))
+            except Exception as e:
+                say("%s error %r" % (rid, e))
         else:
             say(rid + " error unknown command")
     client.stop()
