@@ -10,8 +10,9 @@
 //! `timeout` (each request; `op_timeout` is still read as its older
 //! spelling), durations such as `6s` or `500ms` (a unit is required),
 //! `root` (lock root inside the chroot, default `/distlock`), `containers`
-//! (`true`/`false`). A user and password turn on `digest` authentication.
-//! See [`ZkConfig`].
+//! (`true`/`false`), `layout` (`escaped`, the default, or `path`: see
+//! [kazoo and Curator on their own paths](#kazoo-and-curator-on-their-own-paths)).
+//! A user and password turn on `digest` authentication. See [`ZkConfig`].
 //!
 //! ```no_run
 //! # #[tokio::main]
@@ -150,8 +151,8 @@
 //!   the digits after `lock-`, so an `InterProcessMutex` on
 //!   `<root>/<escaped key>` (e.g. `/distlock/jobs%2Fnightly` for key
 //!   `jobs/nightly`) excludes with this driver. Curator's lease renewal and
-//!   reentrancy are not modelled; kazoo's `Lock` (`__lock__` names) sorts
-//!   differently and is not compatible.
+//!   reentrancy are not modelled. kazoo's `Lock` nodes in the same
+//!   directory are contenders too (below).
 //! - [x] Read-write locks and semaphores in Curator's layouts (below).
 //! - [x] Leader election in Curator's `LeaderLatch` layout, terms =
 //!   `czxid`, observers on a watch (below).
@@ -256,6 +257,46 @@
 //!   ([`floor::ZkPermitFloor`], the descriptor's `permit_floor`: one permit
 //!   of a semaphore of 4) costs 7 per cycle, the driver 8: its early look
 //!   (`tests/permit_floor.rs` counts both through a proxy).
+//!
+//! # kazoo and Curator on their own paths
+//!
+//! A fleet that locks with kazoo's `Lock(client, path)` or Curator's
+//! `InterProcessMutex(client, path)` can move process by process: our mutex
+//! on the same directory excludes theirs in both directions
+//! (`tests/kazoo.rs` and `tests/curator.rs` run the real clients, kazoo
+//! 2.11.0 and Debian's Curator).
+//!
+//! - **Where**: with `layout=path` ([`ZkLayout::Path`]) a mutex key *is*
+//!   the lock directory's absolute path inside the chroot, verbatim: key
+//!   `/app/locks/orders` locks the directory kazoo's
+//!   `zk.Lock("/app/locks/orders")` and Curator's
+//!   `new InterProcessMutex(client, "/app/locks/orders")` use. A kazoo or
+//!   Curator chroot (`host:2181/myapp`, Curator's `namespace("myapp")`) is
+//!   this URL's chroot (`zk://host:2181/myapp?layout=path`). A key that is
+//!   not such a path, or is under `/zookeeper`, is refused with
+//!   `InvalidArgument`. These directories are created persistent (as kazoo
+//!   and Curator create them) and never removed by this driver. The default
+//!   layout is unchanged (`<root>/<escaped key>`); read-write locks,
+//!   semaphores and elections stay under the root in both layouts.
+//! - **Ours waits for theirs**: the contenders in the directory are our and
+//!   Curator's `_c_<uuid>-lock-<seq>` nodes and kazoo's
+//!   `<uuid hex>__lock__<seq>` (`Lock`, `WriteLock`) and
+//!   `<uuid hex>__rlock__<seq>` (`ReadLock`: a mutex shares with no
+//!   reader) nodes, ordered by sequence number (one parent, one counter);
+//!   the lowest holds and a waiter watches its predecessor whatever its
+//!   kind. kazoo's nodes are ephemeral: a dead kazoo holder frees the lock
+//!   at its session's expiry.
+//! - **Theirs waits for ours**: Curator's mutex already sorts our nodes with
+//!   its own. **kazoo needs `extra_lock_patterns=["-lock-"]`** (kazoo
+//!   2.7.1+): `zk.Lock(path, identifier, extra_lock_patterns=["-lock-"])`.
+//!   Without it kazoo counts only `__lock__` nodes and takes the lock beside
+//!   ours (`tests/kazoo.rs` keeps this as a negative control).
+//! - **kazoo and Curator between themselves** are not tested here, and
+//!   Curator sorts on the text after `lock-`, which kazoo's names lack:
+//!   check that pair before mixing it; ours in between does not fix it.
+//! - A kazoo node whose sequence is negative (kazoo reads `-?\d{10}`: the
+//!   server's counter past `i32::MAX`, after 2^31 creates in one directory)
+//!   is not recognised as a contender.
 //!
 //! # Leader election
 //!

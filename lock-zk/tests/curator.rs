@@ -38,6 +38,70 @@ fn permits(count: u32, limit: u32) -> LeaseKind {
     LeaseKind::permits(count, limit).expect("permits")
 }
 
+/// Curator's `InterProcessMutex` and our mutex on the same path exclude
+/// each other in both directions (single try and short wait refused, the
+/// waiter granted after the release), on the default layout
+/// ([`ZkBackend::key_path`]) and on Curator's own path (`layout=path`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_mutex_and_ours_exclude_each_other() {
+    let (target, bs, peer) = setup(1).await;
+    let url = format!("{}&layout=path", target.client_url());
+    let on_path = ZkBackend::connect(lock_zk::ZkConfig::from_url(&url).expect("config"))
+        .await
+        .expect("path-layout backend");
+    let default_key = key("curator-mutex");
+    let path_key =
+        LockKey::new(format!("/curator-app/locks/{}", default_key.as_str())).expect("key");
+    for (ours, k) in [(&bs[0], &default_key), (&on_path, &path_key)] {
+        let path = ours.key_path(k);
+        let mutex = |wait: u64| format!("mutex {path} {wait}");
+        // Curator holds: ours is refused, then granted after its release.
+        let (mut held, answer) = peer.take(&mutex(5_000)).await;
+        assert_eq!(answer, "ok", "Curator on a free {path}");
+        assert!(
+            ours.try_acquire(k, TTL).await.unwrap().is_none(),
+            "our try beside Curator's mutex on {path}"
+        );
+        let err = ours.acquire(k, TTL, soon(300)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+        let waiter = {
+            let (ours, k) = (ours.clone(), k.clone());
+            tokio::spawn(async move {
+                let lease = ours.acquire(&k, TTL, soon(10_000)).await;
+                (Instant::now(), lease)
+            })
+        };
+        sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        peer.release(&mut held).await;
+        let (granted_at, lease) = waiter.await.unwrap();
+        let lease = lease.expect("ours after Curator's release");
+        assert!(
+            granted_at >= released,
+            "ours granted before Curator released"
+        );
+        // Ours holds: Curator is refused, then granted after our release.
+        for wait in [0, 300] {
+            let (_busy, answer) = peer.take(&mutex(wait)).await;
+            assert_eq!(
+                answer, "busy",
+                "Curator (wait {wait} ms) beside ours on {path}"
+            );
+        }
+        let mut waiting = peer.acquire(&mutex(10_000)).await;
+        assert!(
+            timeout(Duration::from_millis(300), waiting.answers.recv())
+                .await
+                .is_err(),
+            "Curator answered while ours held {path}"
+        );
+        assert!(ours.release(&lease).await.unwrap());
+        assert_eq!(waiting.answer(Duration::from_secs(5)).await, "ok");
+        peer.release(&mut waiting).await;
+        assert_eq!(ours.inspect(k).await.unwrap(), None);
+    }
+}
+
 /// Write vs write, write vs read, reads share, writer preference and
 /// downgrade, between Curator's `InterProcessReadWriteLock` and ours on
 /// the same path, in both directions.

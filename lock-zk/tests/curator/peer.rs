@@ -174,7 +174,7 @@ impl Peer {
         stdin.flush().await.expect("flush");
     }
 
-    /// Starts an acquisition: `read|write <path> <wait ms>` or
+    /// Starts an acquisition: `mutex|read|write <path> <wait ms>` or
     /// `sem <path> <wait ms> <limit> <count>`.
     pub(crate) async fn acquire(&self, command: &str) -> Request {
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
