@@ -18,20 +18,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use conformance::OrSkip;
 use conformance::history::{History, Op};
 use conformance::servers::etcd::{EtcdServer, etcdctl};
 use etcd_client::{Client, GetOptions, PutOptions};
 use lock_core::election::{Leader, election_lock_key};
 use lock_core::{
-    Capabilities, ErrorKind, FencingToken, Lease, LockBackend, LockClient, LockError, LockInfo,
-    LockKey, OwnerId,
+    ErrorKind, FencingToken, Lease, LockBackend, LockClient, LockError, LockKey, OwnerId,
 };
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::{Instant, sleep, timeout};
+
+mod common;
 
 const PREFIX: &str = "el";
 
@@ -115,25 +115,10 @@ impl IgnoresOlder {
     }
 }
 
-#[async_trait]
-impl LockBackend for IgnoresOlder {
-    fn name(&self) -> &'static str {
-        "etcd-ignores-older"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.inner.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner.acquire(key, ttl, deadline).await
-    }
+crate::common::wrapper_backend! {
+    IgnoresOlder, "etcd-ignores-older", self.inner,
+    forward [try_acquire, acquire, inspect],
+    {
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
         let Some(entry) = lease.backend_data().strip_prefix("broken:") else {
             return self.inner.renew(lease).await;
@@ -160,9 +145,6 @@ impl LockBackend for IgnoresOlder {
             .await
             .unwrap();
         Ok(deleted.deleted() == 1)
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
     }
     async fn campaign(
         &self,
@@ -197,6 +179,7 @@ impl LockBackend for IgnoresOlder {
     }
     async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
         self.inner.leader(election).await
+    }
     }
 }
 
@@ -550,34 +533,10 @@ async fn one_leader_at_a_time_with_several_candidates_per_session() {
 #[derive(Debug)]
 struct NeverWithdraws(IgnoresOlder);
 
-#[async_trait]
-impl LockBackend for NeverWithdraws {
-    fn name(&self) -> &'static str {
-        "etcd-never-withdraws"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
-    }
+crate::common::wrapper_backend! {
+    NeverWithdraws, "etcd-never-withdraws", self.0,
+    forward [try_acquire, acquire, renew, release, inspect],
+    {
     async fn campaign(
         &self,
         election: &LockKey,
@@ -586,6 +545,7 @@ impl LockBackend for NeverWithdraws {
     ) -> Result<Lease, LockError> {
         let _entry = self.0.campaign(election, ttl, deadline).await?;
         std::future::pending().await
+    }
     }
 }
 

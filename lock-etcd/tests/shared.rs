@@ -12,17 +12,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
 use etcd_client::GetOptions;
 use lock_core::{
-    Capabilities, ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend, LockError,
-    LockInfo, LockKey, LockShape, OwnerId,
+    ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockKey,
+    LockShape, OwnerId,
 };
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
+
+mod common;
 
 const TTL: Duration = Duration::from_secs(2);
 const PREFIX: &str = "shared";

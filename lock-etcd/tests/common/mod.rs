@@ -55,3 +55,91 @@ pub fn suite_opener() -> Opener {
             .collect(),
     )
 }
+
+/// The scaffold of a broken double: writes `#[async_trait] impl LockBackend
+/// for $ty` with `name` returning `$name`, `capabilities` and each required
+/// method listed in `forward [..]` passed to `self.$field` unchanged, and the
+/// methods in the braces (the double's flaws) as written.
+///
+/// ```ignore
+/// wrapper_backend! {
+///     OneByOne, "etcd-one-by-one", self.0,
+///     forward [try_acquire, acquire, renew, release, inspect],
+///     { async fn try_acquire_all(..) -> .. { .. } }
+/// }
+/// ```
+#[allow(unused_macros)]
+macro_rules! wrapper_backend {
+    (
+        $ty:ident, $name:literal, self . $field:tt,
+        forward [$($method:ident),* $(,)?],
+        { $($body:tt)* }
+    ) => {
+        $crate::common::wrapper_backend!(@munch $ty, $name, $field, [] [$($method)*] { $($body)* });
+    };
+    (@munch $ty:ident, $name:literal, $f:tt, [$($acc:tt)*] [try_acquire $($rest:ident)*] $body:tt) => {
+        $crate::common::wrapper_backend!(@munch $ty, $name, $f, [$($acc)*
+            async fn try_acquire(
+                &self,
+                key: &lock_core::LockKey,
+                ttl: std::time::Duration,
+            ) -> Result<Option<lock_core::Lease>, lock_core::LockError> {
+                self.$f.try_acquire(key, ttl).await
+            }
+        ] [$($rest)*] $body);
+    };
+    (@munch $ty:ident, $name:literal, $f:tt, [$($acc:tt)*] [acquire $($rest:ident)*] $body:tt) => {
+        $crate::common::wrapper_backend!(@munch $ty, $name, $f, [$($acc)*
+            async fn acquire(
+                &self,
+                key: &lock_core::LockKey,
+                ttl: std::time::Duration,
+                deadline: tokio::time::Instant,
+            ) -> Result<lock_core::Lease, lock_core::LockError> {
+                self.$f.acquire(key, ttl, deadline).await
+            }
+        ] [$($rest)*] $body);
+    };
+    (@munch $ty:ident, $name:literal, $f:tt, [$($acc:tt)*] [renew $($rest:ident)*] $body:tt) => {
+        $crate::common::wrapper_backend!(@munch $ty, $name, $f, [$($acc)*
+            async fn renew(
+                &self,
+                lease: &lock_core::Lease,
+            ) -> Result<tokio::time::Instant, lock_core::LockError> {
+                self.$f.renew(lease).await
+            }
+        ] [$($rest)*] $body);
+    };
+    (@munch $ty:ident, $name:literal, $f:tt, [$($acc:tt)*] [release $($rest:ident)*] $body:tt) => {
+        $crate::common::wrapper_backend!(@munch $ty, $name, $f, [$($acc)*
+            async fn release(&self, lease: &lock_core::Lease) -> Result<bool, lock_core::LockError> {
+                self.$f.release(lease).await
+            }
+        ] [$($rest)*] $body);
+    };
+    (@munch $ty:ident, $name:literal, $f:tt, [$($acc:tt)*] [inspect $($rest:ident)*] $body:tt) => {
+        $crate::common::wrapper_backend!(@munch $ty, $name, $f, [$($acc)*
+            async fn inspect(
+                &self,
+                key: &lock_core::LockKey,
+            ) -> Result<Option<lock_core::LockInfo>, lock_core::LockError> {
+                self.$f.inspect(key).await
+            }
+        ] [$($rest)*] $body);
+    };
+    (@munch $ty:ident, $name:literal, $f:tt, [$($acc:tt)*] [] { $($body:tt)* }) => {
+        #[async_trait::async_trait]
+        impl lock_core::LockBackend for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+            fn capabilities(&self) -> lock_core::Capabilities {
+                self.$f.capabilities()
+            }
+            $($acc)*
+            $($body)*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use wrapper_backend;

@@ -8,38 +8,10 @@ use super::*;
 #[derive(Debug)]
 struct OneByOne(EtcdBackend);
 
-#[async_trait::async_trait]
-impl LockBackend for OneByOne {
-    fn name(&self) -> &'static str {
-        "etcd-one-by-one"
-    }
-    fn capabilities(&self) -> lock_core::Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-    ) -> Result<Option<lock_core::Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<lock_core::Lease, LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &lock_core::Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
-    }
-    async fn release(&self, lease: &lock_core::Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<lock_core::LockInfo>, LockError> {
-        self.0.inspect(key).await
-    }
+crate::common::wrapper_backend! {
+    OneByOne, "etcd-one-by-one", self.0,
+    forward [try_acquire, acquire, renew, release, inspect],
+    {
     async fn try_acquire_all(
         &self,
         keys: &[LockKey],
@@ -53,6 +25,7 @@ impl LockBackend for OneByOne {
             }
         }
         Ok(Some(leases))
+    }
     }
 }
 

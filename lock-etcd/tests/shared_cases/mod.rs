@@ -70,34 +70,10 @@ impl Broken {
     }
 }
 
-#[async_trait]
-impl LockBackend for Broken {
-    fn name(&self) -> &'static str {
-        "broken-etcd"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.inner.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
-    }
+crate::common::wrapper_backend! {
+    Broken, "broken-etcd", self.inner,
+    forward [try_acquire, acquire, renew, release, inspect],
+    {
     async fn try_acquire_kind(
         &self,
         key: &LockKey,
@@ -173,6 +149,7 @@ impl LockBackend for Broken {
     }
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         self.inner.holders(key, shape).await
+    }
     }
 }
 
