@@ -79,7 +79,9 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 cargo test --workspace --no-run --message-format=json-render-diagnostics >"$logs/build.json"
 # "<package dir> <test binary>" per test target; the slow ones first.
-grep '"executable":"/' "$logs/build.json" |
+# (Test targets only: `"test":true` in the profile; the binaries and
+# examples the tests run are built too, but are not tests.)
+grep '"profile":{[^}]*"test":true' "$logs/build.json" | grep '"executable":"/' |
   sed -E 's/.*"manifest_path":"([^"]*)\/Cargo.toml".*"executable":"([^"]*)".*/\1 \2/' |
   awk '{ slow = ($2 ~ /\/(scenarios|conformance|etcd|soak|ensemble|migration_rollout|behaviour|security)-/) ? 0 : 1; print slow, $0 }' |
   sort -s -k1,1n | cut -d' ' -f2- >"$logs/jobs"
