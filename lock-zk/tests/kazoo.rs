@@ -171,6 +171,15 @@ impl Kazoo {
         (request, answer)
     }
 
+    /// `ReadLock(path, extra_lock_patterns=extra).acquire(...)`, answered.
+    async fn read_lock(&self, path: &str, wait_ms: u64, extra: &[&str]) -> (Request, String) {
+        let mut request = self
+            .request(&format!("rlock {path} {wait_ms} {}", extra.join(" ")))
+            .await;
+        let answer = request.answer(Duration::from_secs(20)).await;
+        (request, answer)
+    }
+
     async fn release(&self, request: &mut Request) {
         self.send(&format!("{} release", request.id)).await;
         let answer = request.answer(Duration::from_secs(10)).await;
@@ -283,7 +292,8 @@ async fn ours_excludes_kazoo(
 }
 
 /// Both directions on the default layout (kazoo's path is our key's
-/// directory, [`ZkBackend::key_path`]), and the negative control: a kazoo
+/// directory, [`ZkBackend::key_path`]), kazoo's `ReadLock` against ours
+/// both ways, and the negative control: a kazoo
 /// lock without `extra_lock_patterns` ignores our node, and the check says
 /// so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -301,6 +311,23 @@ async fn kazoo_lock_and_ours_exclude_each_other() {
         ours_excludes_kazoo(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
         "kazoo got the lock while ours held {path}"
     );
+    // A kazoo reader excludes our mutex too (ours is a writer), and the
+    // other way round for a reader that sees our nodes.
+    let (mut reader, answer) = kazoo.read_lock(&path, 5_000, &[SEE_OURS]).await;
+    assert_eq!(answer, "ok");
+    assert!(
+        ours.try_acquire(&k, TTL).await.unwrap().is_none(),
+        "ours beside kazoo's ReadLock on {path}"
+    );
+    kazoo.release(&mut reader).await;
+    let lease = ours
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("ours after the reader");
+    let (_refused, answer) = kazoo.read_lock(&path, 0, &[SEE_OURS]).await;
+    assert_eq!(answer, "busy", "kazoo's ReadLock beside ours on {path}");
+    assert!(ours.release(&lease).await.unwrap());
     // Negative control: kazoo's default contenders are `__lock__` nodes
     // only, so without the extra pattern it takes the lock beside ours.
     assert!(

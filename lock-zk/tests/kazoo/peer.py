@@ -6,6 +6,7 @@ reads commands on stdin, one a line, and answers "<id> <answer>":
   <id> lock <path> <wait ms> [<extra pattern>...]   -> ok | busy | error ...
       Lock(client, path, "kazoo-<id>", extra_lock_patterns=[...]);
       wait 0 is a single try (blocking=False)
+  <id> rlock <path> <wait ms> [<extra pattern>...]  -> the same with ReadLock
   <id> release                                      -> released
   <id> children <path>                              -> the children, space separated
   exit
@@ -32,8 +33,8 @@ def main():
     say("ready")
     held = {}
 
-    def hold(rid, path, wait_ms, extra):
-        lock = client.Lock(path, "kazoo-" + rid, extra_lock_patterns=extra)
+    def hold(kind, rid, path, wait_ms, extra):
+        lock = kind(path, "kazoo-" + rid, extra_lock_patterns=extra)
         try:
             if wait_ms == 0:
                 got = lock.acquire(blocking=False)
@@ -61,8 +62,9 @@ def main():
         if words[0] == "exit":
             break
         rid, command = words[0], words[1]
-        if command == "lock":
-            args = (rid, words[2], int(words[3]), tuple(words[4:]))
+        if command in ("lock", "rlock"):
+            kind = client.Lock if command == "lock" else client.ReadLock
+            args = (kind, rid, words[2], int(words[3]), tuple(words[4:]))
             threading.Thread(target=hold, args=args, daemon=True).start()
         elif command == "release":
             event = held.pop(rid, None)
