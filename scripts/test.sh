@@ -62,6 +62,13 @@ if ((${#missing[@]})); then
   "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The other libraries' clients the interop tests run (kazoo, redis-py), in
+# a virtualenv under target/; its python, as an absolute path (tests run
+# from their package's directory).
+legacy_python=$(bash scripts/legacy-clients.sh | tail -n 1)
+[[ $legacy_python == /* ]] || legacy_python="$PWD/$legacy_python"
+export DISTLOCK_LEGACY_PYTHON="$legacy_python"
+
 # A missing server binary fails the tests instead of skipping them.
 export CI="${CI:-true}"
 
