@@ -266,6 +266,13 @@ impl EtcdBackend {
             // Held through this backend: it deletes the entry at `due`.
             return Some(due.saturating_duration_since(Instant::now()));
         }
+        self.lease_ttl(lease_id, op).await
+    }
+
+    /// An upper bound of the time left to an entry of another backend on
+    /// `lease_id` (as `inspect` reports it; `None` when it cannot be read,
+    /// or for an entry without a lease).
+    pub(crate) async fn lease_ttl(&self, lease_id: i64, op: Operation) -> Option<Duration> {
         if lease_id == 0 {
             return None;
         }

@@ -256,22 +256,13 @@ impl RawFloor for EtcdFloor {
                 .map_err(|e| e.with_key(&key))?;
             return Ok(None);
         }
-        let token = u64::try_from(revision)
-            .map_err(|_| protocol_error(op, &key, "negative create revision"))?;
-        Ok(Some(FloorGrant {
-            key: key.as_str().to_owned(),
-            owner: owner.to_hex(),
-            token,
-            handle: entry,
-        }))
+        floor_grant(&key, owner, revision, entry, op).map(Some)
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
         let op = Operation::Release;
         let key = LockKey::new(grant.key.as_str())?;
-        let (Ok(owner), Ok(revision)) =
-            (OwnerId::from_hex(&grant.owner), i64::try_from(grant.token))
-        else {
+        let Some((owner, revision)) = grant_parts(grant) else {
             return Ok(false);
         };
         // Only an entry of this key is touched.
@@ -454,22 +445,13 @@ impl RawFloor for EtcdPermitFloor {
             }
             return Ok(None);
         }
-        let token = u64::try_from(revision)
-            .map_err(|_| protocol_error(op, &key, "negative create revision"))?;
-        Ok(Some(FloorGrant {
-            key: key.as_str().to_owned(),
-            owner: owner.to_hex(),
-            token,
-            handle: entry,
-        }))
+        floor_grant(&key, owner, revision, entry, op).map(Some)
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
         let op = Operation::Release;
         let key = LockKey::new(grant.key.as_str())?;
-        let (Ok(owner), Ok(revision)) =
-            (OwnerId::from_hex(&grant.owner), i64::try_from(grant.token))
-        else {
+        let Some((owner, revision)) = grant_parts(grant) else {
             return Ok(false);
         };
         let prefix = shape_prefix(&self.floor.prefix, &key, lock_core::LockShape::Semaphore);
@@ -484,4 +466,31 @@ impl RawFloor for EtcdPermitFloor {
             .map_err(|e| e.with_key(&key))?;
         Ok(response.succeeded())
     }
+}
+
+/// The grant of our entry `entry` (created at `revision`) on `key`.
+fn floor_grant(
+    key: &LockKey,
+    owner: OwnerId,
+    revision: i64,
+    entry: String,
+    op: Operation,
+) -> Result<FloorGrant, LockError> {
+    let token =
+        u64::try_from(revision).map_err(|_| protocol_error(op, key, "negative create revision"))?;
+    Ok(FloorGrant {
+        key: key.as_str().to_owned(),
+        owner: owner.to_hex(),
+        token,
+        handle: entry,
+    })
+}
+
+/// A grant's owner and entry revision; `None` for a grant no floor handed
+/// out (released as not held).
+fn grant_parts(grant: &FloorGrant) -> Option<(OwnerId, i64)> {
+    Some((
+        OwnerId::from_hex(&grant.owner).ok()?,
+        i64::try_from(grant.token).ok()?,
+    ))
 }

@@ -16,7 +16,8 @@ use lock_core::{
 };
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::{EtcdBackend, MIN_TTL, lock, waiting::session_lost};
+use super::waiting::{hand_out, session_alive, session_lost};
+use super::{EtcdBackend, MIN_TTL, lock};
 use crate::cleanup::{PendingEntry, cleanup};
 use crate::error::{NAME, from_etcd, protocol_error};
 use crate::keys::{
@@ -425,23 +426,15 @@ impl EtcdBackend {
         kind: LeaseKind,
         ttl: Duration,
         session: &Arc<Session>,
-        mut pending: PendingEntry<'_>,
+        pending: PendingEntry<'_>,
         token: u64,
         sent_at: Instant,
         op: Operation,
     ) -> Result<Lease, LockError> {
         let revision = pending.revision.unwrap_or(0);
-        if !session.is_alive() {
-            return Err(LockError::new(
-                ErrorKind::LeaseLost,
-                op,
-                "the session was lost before the grant could be handed out",
-            )
-            .with_key(key)
-            .with_backend(NAME));
-        }
+        session_alive(session, key, op)?;
         let leaf = pending.entry.rsplit('/').next().unwrap_or_default();
-        let mut lease = Lease::granted(
+        let lease = Lease::granted(
             key.clone(),
             pending.owner,
             FencingToken::new(token),
@@ -451,20 +444,6 @@ impl EtcdBackend {
         )
         .map_err(|e| e.with_backend(NAME))?
         .with_kind(kind);
-        let deadline = lease.validity_deadline().min(session.deadline());
-        if deadline <= Instant::now() {
-            return Err(LockError::new(
-                ErrorKind::LeaseLost,
-                op,
-                "the session's lease deadline passed before the grant",
-            )
-            .with_key(key)
-            .with_backend(NAME));
-        }
-        lease.set_validity_deadline(deadline);
-        let due = sent_at.checked_add(ttl).unwrap_or(sent_at);
-        let signal = session.mark_held(&pending.entry, revision, pending.owner, due);
-        pending.armed = false;
-        Ok(lease.with_session(signal))
+        hand_out(session, pending, lease, revision, ttl, sent_at, key, op)
     }
 }

@@ -226,28 +226,4 @@ impl EtcdBackend {
         }
         Ok(out)
     }
-
-    /// An upper bound of the time left to an entry of another backend on
-    /// `lease_id` (as `inspect` reports it).
-    async fn lease_ttl(&self, lease_id: i64, op: Operation) -> Option<Duration> {
-        if lease_id == 0 {
-            return None;
-        }
-        let mut lease_client = self.inner.client.lease_client();
-        let ttl = with_timeout(self.inner.config.op_timeout, op, async {
-            lease_client
-                .time_to_live(lease_id, None)
-                .await
-                .map_err(|e| from_etcd(op, e))
-        })
-        .await
-        .ok()?;
-        u64::try_from(ttl.granted_ttl())
-            .ok()
-            .filter(|_| ttl.ttl() > 0)
-            .map(|granted| {
-                Duration::from_secs(granted)
-                    .max(Duration::from_secs(u64::try_from(ttl.ttl()).unwrap_or(0)))
-            })
-    }
 }

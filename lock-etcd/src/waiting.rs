@@ -202,23 +202,15 @@ impl EtcdBackend {
         layout: Layout,
         ttl: Duration,
         session: &Arc<Session>,
-        mut pending: PendingEntry<'_>,
+        pending: PendingEntry<'_>,
         sent_at: Instant,
         op: Operation,
     ) -> Result<Lease, LockError> {
         let revision = pending.revision.unwrap_or(0);
         let token =
             u64::try_from(revision).map_err(|_| protocol_error(op, key, "negative revision"))?;
-        if !session.is_alive() {
-            return Err(LockError::new(
-                ErrorKind::LeaseLost,
-                op,
-                "the session was lost before the grant could be handed out",
-            )
-            .with_key(key)
-            .with_backend(NAME));
-        }
-        let mut lease = Lease::granted(
+        session_alive(session, key, op)?;
+        let lease = Lease::granted(
             key.clone(),
             pending.owner,
             FencingToken::new(token),
@@ -230,24 +222,7 @@ impl EtcdBackend {
             },
         )
         .map_err(|e| e.with_backend(NAME))?;
-        // The entry lives as long as the session's lease: never promise more.
-        let deadline = lease.validity_deadline().min(session.deadline());
-        if deadline <= Instant::now() {
-            return Err(LockError::new(
-                ErrorKind::LeaseLost,
-                op,
-                "the session's lease deadline passed before the grant",
-            )
-            .with_key(key)
-            .with_backend(NAME));
-        }
-        lease.set_validity_deadline(deadline);
-        // The entry is deleted when the lock's own TTL runs out unless
-        // renewed: not kept for as long as the session lives.
-        let due = sent_at.checked_add(ttl).unwrap_or(sent_at);
-        let signal = session.mark_held(&pending.entry, revision, pending.owner, due);
-        pending.armed = false;
-        Ok(lease.with_session(signal))
+        hand_out(session, pending, lease, revision, ttl, sent_at, key, op)
     }
 
     /// Waits until no entry older than ours exists under the key's prefix,
@@ -457,4 +432,56 @@ pub(super) async fn session_lost(state: &mut watch::Receiver<SessionState>) -> S
             return "session closed".to_owned();
         }
     }
+}
+
+/// Refuses (`LeaseLost`) a grant whose session was lost before it could be
+/// handed out.
+pub(super) fn session_alive(
+    session: &Session,
+    key: &LockKey,
+    op: Operation,
+) -> Result<(), LockError> {
+    if session.is_alive() {
+        return Ok(());
+    }
+    Err(LockError::new(
+        ErrorKind::LeaseLost,
+        op,
+        "the session was lost before the grant could be handed out",
+    )
+    .with_key(key)
+    .with_backend(NAME))
+}
+
+/// Hands out `lease` for our entry `pending` (a mutex, election or shared
+/// grant): its validity ends no later than the session's lease, which the
+/// entry lives by (`LeaseLost` when that has passed, the entry then
+/// removed), and the entry is marked held until `ttl` after `sent_at`
+/// (deleted then unless renewed, not kept as long as the session lives).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn hand_out(
+    session: &Arc<Session>,
+    mut pending: PendingEntry<'_>,
+    mut lease: Lease,
+    revision: i64,
+    ttl: Duration,
+    sent_at: Instant,
+    key: &LockKey,
+    op: Operation,
+) -> Result<Lease, LockError> {
+    let deadline = lease.validity_deadline().min(session.deadline());
+    if deadline <= Instant::now() {
+        return Err(LockError::new(
+            ErrorKind::LeaseLost,
+            op,
+            "the session's lease deadline passed before the grant",
+        )
+        .with_key(key)
+        .with_backend(NAME));
+    }
+    lease.set_validity_deadline(deadline);
+    let due = sent_at.checked_add(ttl).unwrap_or(sent_at);
+    let signal = session.mark_held(&pending.entry, revision, pending.owner, due);
+    pending.armed = false;
+    Ok(lease.with_session(signal))
 }
