@@ -162,38 +162,22 @@ impl Side {
         Ok(())
     }
 
-    /// 4 of our clients contending on one key for `duration`.
+    /// 4 of our clients contending on one key for `duration`
+    /// (`conformance::bench::handoffs`, as `distlock compare` measures it).
     async fn handoffs(&self, duration: Duration) -> Result<(), BoxError> {
-        let stop = Instant::now() + duration;
-        let mut tasks = Vec::new();
-        for t in 0..4 {
-            let clients = self.ours.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut grants = 0u64;
-                while Instant::now() < stop {
-                    ours_cycle(&clients[t], "handoff").await?;
-                    grants += 1;
-                }
-                Ok::<_, lock_core::LockError>(grants)
-            }));
-        }
-        let mut per_client = Vec::new();
-        for task in tasks {
-            per_client.push(task.await??);
-        }
-        let total: u64 = per_client.iter().sum();
-        let (max, min) = (
-            per_client.iter().max().copied().unwrap_or(0),
-            per_client.iter().min().copied().unwrap_or(0),
-        );
-        #[allow(clippy::cast_precision_loss)]
-        let (per_sec, spread) = (
-            total as f64 / duration.as_secs_f64(),
-            bench::ratio(max as f64, min as f64),
-        );
+        let contenders: Vec<Arc<dyn bench::Contender>> = self
+            .ours
+            .iter()
+            .take(4)
+            .map(|c| Arc::new(bench::Ours::new(c.clone(), TTL)) as Arc<dyn bench::Contender>)
+            .collect();
+        let h = bench::handoffs(&contenders, "handoff", duration).await?;
         println!(
-            "\n4 clients on one key (ours): {per_sec:.0} handoffs/s, per client {per_client:?} \
-             (busiest/least busy {spread:.2}x)"
+            "\n4 clients on one key (ours): {:.0} handoffs/s, per client {:?} \
+             (busiest/least busy {:.2}x)",
+            h.per_sec,
+            h.per_client,
+            h.spread()
         );
         Ok(())
     }
