@@ -21,16 +21,16 @@ use lock_core::{
     async_trait, check_ttl, validity_deadline,
 };
 use redis::Value;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
 use crate::batch::{Counters, Renewer};
 use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::Node;
-use crate::error::{NAME, still_held, unexpected};
+use crate::error::{NAME, unexpected};
 use crate::eviction::EvictionCheck;
 use crate::notify::Notifier;
 use crate::scripts::{KeyNames, Scripts, as_int, pttl, text};
-use attempt::{Attempt, Found};
+use attempt::{Attempt, Found, next_try};
 
 /// The shortest TTL accepted: below it the clock-drift allowance and one
 /// round trip eat the whole lease.
@@ -243,14 +243,7 @@ impl LockBackend for RedisBackend {
                 Found::Granted(lease) => return Ok(lease),
                 Found::Wait(wait) => wait,
             };
-            let wake_at = (Instant::now() + wait).min(deadline);
-            tokio::select! {
-                () = &mut notified => {}
-                () = sleep_until(wake_at) => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(still_held(key));
-            }
+            next_try(notified.as_mut(), wait, deadline, key).await?;
         }
     }
 

@@ -9,7 +9,8 @@ use lock_core::{
     ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, RetryPolicy,
     random_delay,
 };
-use tokio::time::Instant;
+use tokio::sync::futures::Notified;
+use tokio::time::{Instant, sleep_until};
 
 use super::{Inner, RedisBackend};
 use crate::conn::Node;
@@ -29,6 +30,26 @@ pub(super) enum Attempt {
 }
 
 /// What a waiting acquire does after an attempt.
+/// Waits before a waiter's next try: until `notified` (a release on the
+/// key's channel) or `wait` has passed, never past `deadline`, at which it
+/// answers `Contended`.
+pub(super) async fn next_try(
+    notified: std::pin::Pin<&mut Notified<'_>>,
+    wait: Duration,
+    deadline: Instant,
+    key: &LockKey,
+) -> Result<(), LockError> {
+    let wake_at = (Instant::now() + wait).min(deadline);
+    tokio::select! {
+        () = notified => {}
+        () = sleep_until(wake_at) => {}
+    }
+    if Instant::now() >= deadline {
+        return Err(still_held(key));
+    }
+    Ok(())
+}
+
 pub(super) enum Found {
     Granted(Lease),
     /// Wait (for a release notification, at most this long), then retry.

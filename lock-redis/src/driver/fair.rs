@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{FencingToken, Lease, LockError, LockKey, Operation, OwnerId};
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
-use super::attempt::{Attempt, Found};
+use super::attempt::{Attempt, Found, next_try};
 use super::{Inner, RedisBackend};
-use crate::error::{NAME, still_held};
+use crate::error::NAME;
 use crate::fair_scripts::{FAIR, FairNames};
 use crate::scripts::{NodeGrant, parse_grant, pttl, ttl_ms};
 
@@ -248,14 +248,7 @@ impl RedisBackend {
                 Found::Granted(lease) => return Ok(lease),
                 Found::Wait(wait) => wait.min(refresh),
             };
-            let wake_at = (Instant::now() + wait).min(deadline);
-            tokio::select! {
-                () = &mut notified => {}
-                () = sleep_until(wake_at) => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(still_held(key));
-            }
+            next_try(notified.as_mut(), wait, deadline, key).await?;
         }
     }
 

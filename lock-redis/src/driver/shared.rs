@@ -11,12 +11,12 @@ use lock_core::{
     Operation, OwnerId, RENEW_CONCURRENCY, renew_concurrently, validity_deadline,
 };
 use redis::Value;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
-use super::attempt::{Attempt, Found};
+use super::attempt::{Attempt, Found, next_try};
 use super::{Inner, RedisBackend};
 use crate::batch::MAX_BATCH;
-use crate::error::{NAME, still_held, unexpected};
+use crate::error::{NAME, unexpected};
 use crate::scripts::{as_int, pttl, text, ttl_ms};
 use crate::shared_scripts::{RwNames, SHARED, SemNames};
 
@@ -400,14 +400,7 @@ impl RedisBackend {
                 Found::Granted(lease) => return Ok(lease),
                 Found::Wait(wait) => wait.min(refresh),
             };
-            let wake_at = (Instant::now() + wait).min(deadline);
-            tokio::select! {
-                () = &mut notified => {}
-                () = sleep_until(wake_at) => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(still_held(key));
-            }
+            next_try(notified.as_mut(), wait, deadline, key).await?;
         }
     }
 
