@@ -69,6 +69,10 @@ legacy_python=$(bash scripts/legacy-clients.sh | tail -n 1)
 [[ $legacy_python == /* ]] || legacy_python="$PWD/$legacy_python"
 export DISTLOCK_LEGACY_PYTHON="$legacy_python"
 
+# In CI the build is made once: incremental state would only take disk.
+if [[ ${CI:-} == true ]]; then
+  export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
 # A missing server binary fails the tests instead of skipping them.
 export CI="${CI:-true}"
 
