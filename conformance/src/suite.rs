@@ -52,7 +52,7 @@ macro_rules! case {
         Case {
             name: stringify!($name),
             checks: $checks,
-            run: |h| Box::pin(cases::$name(h)),
+            run: |h| Box::pin(async move { cases::$name(h).await.unwrap_or_else(Outcome::Failed) }),
         }
     };
 }

@@ -113,9 +113,9 @@ async fn latency_catches_a_deadline_dated_from_the_reply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_signal_is_held_to_the_servers_free_time() {
     let good = cases::lost_signal_when_unreachable(&harness(Arc::new(MemoryTarget::new()))).await;
-    assert!(matches!(good, Outcome::Passed(_)), "{good:?}");
+    assert!(matches!(good, Ok(Outcome::Passed(_))), "{good:?}");
     match cases::lost_signal_when_unreachable(&harness(target(Broken::ReplyTimeDeadline))).await {
-        Outcome::Failed(why) => assert!(why.contains("BEFORE the holder was told"), "{why}"),
+        Err(why) => assert!(why.contains("BEFORE the holder was told"), "{why}"),
         other => panic!("a late lost signal passed: {other:?}"),
     }
 }
@@ -135,7 +135,7 @@ async fn renewing_a_lease_it_does_not_own_is_caught() {
         ("expiry_frees_key", cases::expiry_frees_key(&h).await),
     ] {
         match outcome {
-            Outcome::Failed(why) => assert!(why.contains("renew"), "{name}: {why}"),
+            Err(why) => assert!(why.contains("renew"), "{name}: {why}"),
             other => panic!("{name} passed on a backend that renews anything: {other:?}"),
         }
     }
@@ -145,7 +145,7 @@ async fn renewing_a_lease_it_does_not_own_is_caught() {
 async fn grants_past_their_deadline_are_caught() {
     let h = harness(target(Broken::ExpiredGrants(AtomicU64::new(0))));
     match cases::mutual_exclusion(&h).await {
-        Outcome::Failed(why) => assert!(why.contains("past their deadline"), "{why}"),
+        Err(why) => assert!(why.contains("past their deadline"), "{why}"),
         other => panic!("expired grants passed mutual exclusion: {other:?}"),
     }
     let report = scenarios::run_scenario(
@@ -162,9 +162,9 @@ async fn grants_past_their_deadline_are_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_dating_its_term_from_the_reply_is_caught() {
     let good = cases::deposed_leader_steps_down(&harness(Arc::new(MemoryTarget::new()))).await;
-    assert!(matches!(good, Outcome::Passed(_)), "{good:?}");
+    assert!(matches!(good, Ok(Outcome::Passed(_))), "{good:?}");
     match cases::deposed_leader_steps_down(&harness(target(Broken::ReplyTimeDeadline))).await {
-        Outcome::Failed(why) => assert!(why.contains("two leaders"), "{why}"),
+        Err(why) => assert!(why.contains("two leaders"), "{why}"),
         other => panic!("a leader with reply-dated terms passed: {other:?}"),
     }
 }

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use conformance::cases::{self, Outcome};
+use conformance::cases::{self, CaseResult};
 use conformance::doubles::{Flaw, FlawedTarget, rogue_lease};
 use conformance::{Harness, SuiteConfig};
 use lock_core::{FencingToken, Lease, LeaseKind, LockKey};
@@ -91,9 +91,9 @@ fn harness(flaw: Broken) -> Harness {
     )
 }
 
-fn assert_failed(outcome: Outcome, what: &str) {
+fn assert_failed(outcome: CaseResult, what: &str) {
     println!("{what}: {outcome:?}");
-    assert!(outcome.is_failed(), "{what} was not caught: {outcome:?}");
+    assert!(outcome.is_err(), "{what} was not caught: {outcome:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

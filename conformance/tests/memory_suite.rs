@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use conformance::cases::{self, Outcome};
+use conformance::cases;
 use conformance::doubles::{Flaw, FlawedTarget, rogue_lease};
 use conformance::{Harness, MemoryTarget, SuiteConfig, run_suite};
 use lock_core::{FencingToken, Lease, LockError, LockKey};
@@ -64,7 +64,7 @@ async fn checker_catches_a_backend_that_grants_twice() {
     // contention for the rogue grants to break.
     let h = broken_harness();
     match cases::mutual_exclusion(&h).await {
-        Outcome::Failed(why) => assert!(
+        Err(why) => assert!(
             why.contains("overlapping") || why.contains("inside") || why.contains("lost updates"),
             "unexpected failure text: {why}"
         ),
@@ -107,7 +107,7 @@ async fn checker_catches_tokens_that_go_backwards() {
         },
     );
     match cases::fencing_tokens_increase(&h).await {
-        Outcome::Failed(why) => assert!(
+        Err(why) => assert!(
             why.contains("token regression") || why.contains("rejected"),
             "{why}"
         ),
@@ -136,11 +136,11 @@ async fn suite_report_flags_failures() {
 async fn double_grants_are_caught_in_multi_locks_and_elections() {
     let h = broken_harness();
     match cases::multi_locks_never_deadlock(&h).await {
-        Outcome::Failed(why) => assert!(why.contains("two holders"), "{why}"),
+        Err(why) => assert!(why.contains("two holders"), "{why}"),
         other => panic!("a double-granting backend passed the multi-lock loop: {other:?}"),
     }
     match cases::one_leader_at_a_time(&h).await {
-        Outcome::Failed(why) => assert!(why.contains("two leaders"), "{why}"),
+        Err(why) => assert!(why.contains("two leaders"), "{why}"),
         other => panic!("a double-granting backend passed the election loop: {other:?}"),
     }
 }

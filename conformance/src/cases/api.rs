@@ -13,11 +13,7 @@ use super::*;
 
 /// Acquire with a wait deadline returns `Contended` within the deadline
 /// plus the margin, and not much before it.
-pub async fn acquire_times_out_at_deadline(h: &Harness) -> Outcome {
-    finish(deadline_inner(h).await)
-}
-
-pub(super) async fn deadline_inner(h: &Harness) -> CaseResult {
+pub async fn acquire_times_out_at_deadline(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(10));
     let key = h.key("deadline");
@@ -56,11 +52,7 @@ pub(super) async fn deadline_inner(h: &Harness) -> CaseResult {
 
 /// Dropping acquire futures (waiting, and at random points of a free-key
 /// acquire) leaves no lock held past its TTL.
-pub async fn dropped_acquire_leaves_nothing(h: &Harness) -> Outcome {
-    finish(dropped_inner(h).await)
-}
-
-pub(super) async fn dropped_inner(h: &Harness) -> CaseResult {
+pub async fn dropped_acquire_leaves_nothing(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities());
     let margin = h.config().margin;
@@ -114,11 +106,7 @@ pub(super) async fn dropped_inner(h: &Harness) -> CaseResult {
 
 /// Bad keys, TTLs and options give typed `InvalidArgument` errors, send
 /// nothing, and leave no lock behind.
-pub async fn bad_input_is_rejected(h: &Harness) -> Outcome {
-    finish(bad_input_inner(h).await)
-}
-
-pub(super) async fn bad_input_inner(h: &Harness) -> CaseResult {
+pub async fn bad_input_is_rejected(h: &Harness) -> CaseResult {
     let a = h.client().await.map_err(fmt_err("client"))?;
     let caps = a.capabilities();
     let key = h.key("bad-input");
@@ -175,11 +163,7 @@ pub(super) async fn bad_input_inner(h: &Harness) -> CaseResult {
 
 /// `inspect` reports the holder, its token and a remaining TTL no larger
 /// than the TTL; nothing once released.
-pub async fn inspect_reports_holder(h: &Harness) -> Outcome {
-    finish(inspect_inner(h).await)
-}
-
-pub(super) async fn inspect_inner(h: &Harness) -> CaseResult {
+pub async fn inspect_reports_holder(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();
     let ttl = h.ttl_for(&caps).max(Duration::from_secs(5));
@@ -222,11 +206,7 @@ pub(super) async fn inspect_inner(h: &Harness) -> CaseResult {
 }
 
 /// Waiters are granted in arrival order (FIFO backends only).
-pub async fn waiters_are_served_in_order(h: &Harness) -> Outcome {
-    finish(fifo_inner(h).await)
-}
-
-pub(super) async fn fifo_inner(h: &Harness) -> CaseResult {
+pub async fn waiters_are_served_in_order(h: &Harness) -> CaseResult {
     let clients = clients(h, 4).await?;
     let caps = clients[0].capabilities();
     if !caps.fifo {

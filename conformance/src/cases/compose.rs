@@ -27,11 +27,7 @@ async fn is_free(client: &dyn LockBackend, key: &LockKey, ttl: Duration) -> Resu
 /// cancelled half way, or timed out, it leaves none of its keys held (by
 /// its keys' TTL at the latest); two clients with overlapping sets in
 /// opposite orders both finish.
-pub async fn multi_lock_is_all_or_nothing(h: &Harness) -> Outcome {
-    finish(multi_inner(h).await)
-}
-
-async fn multi_inner(h: &Harness) -> CaseResult {
+pub async fn multi_lock_is_all_or_nothing(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(2));
     let margin = h.config().margin;
@@ -125,11 +121,7 @@ async fn futures_join<A: std::future::Future, B: std::future::Future>(
 /// Inside a guard's scope, asking for the same lock gives a nested guard
 /// with the same token and no second grant; a task spawned there waits
 /// like any other client.
-pub async fn reentrant_scope_nests(h: &Harness) -> Outcome {
-    finish(reentrant_inner(h).await)
-}
-
-async fn reentrant_inner(h: &Harness) -> CaseResult {
+pub async fn reentrant_scope_nests(h: &Harness) -> CaseResult {
     let (a, _) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(2));
     let key = h.key("reentrant");
@@ -173,11 +165,7 @@ async fn reentrant_inner(h: &Harness) -> CaseResult {
 /// round ever waits out its deadline (no deadlock), both make progress, the
 /// recorded history has no overlap on any key (a multi-lock is a set of
 /// mutexes), and afterwards every key is free (no partial grant left).
-pub async fn multi_locks_never_deadlock(h: &Harness) -> Outcome {
-    finish(multi_loop_inner(h).await)
-}
-
-async fn multi_loop_inner(h: &Harness) -> CaseResult {
+pub async fn multi_locks_never_deadlock(h: &Harness) -> CaseResult {
     let history = std::sync::Arc::new(crate::history::History::new());
     let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();

@@ -40,11 +40,7 @@ fn check_terms(history: &History, fenced: bool) -> Result<String, String> {
 /// observer follows: the history never has two leaders at once, terms
 /// strictly increase (with fencing), each leader's `leader()` names its own
 /// term, and every term the observer reports is one a candidate won.
-pub async fn one_leader_at_a_time(h: &Harness) -> Outcome {
-    finish(one_leader_inner(h).await)
-}
-
-async fn one_leader_inner(h: &Harness) -> CaseResult {
+pub async fn one_leader_at_a_time(h: &Harness) -> CaseResult {
     let history = Arc::new(History::new());
     let voters = candidates(h, &history, 3).await?;
     let caps = voters[0].backend().capabilities();
@@ -146,12 +142,13 @@ async fn one_leader_inner(h: &Harness) -> CaseResult {
 /// other candidate is elected only after the old leadership ended (it says
 /// `Lost` first), with a higher term, and the old leader does not lead
 /// again once its link works.
-pub async fn deposed_leader_steps_down(h: &Harness) -> Outcome {
+pub async fn deposed_leader_steps_down(h: &Harness) -> CaseResult {
     let result = deposed_inner(h).await;
-    if let Err(e) = h.target().heal().await {
-        return Outcome::Failed(format!("heal failed: {e}"));
-    }
-    finish(result)
+    h.target()
+        .heal()
+        .await
+        .map_err(|e| format!("heal failed: {e}"))?;
+    result
 }
 
 async fn deposed_inner(h: &Harness) -> CaseResult {

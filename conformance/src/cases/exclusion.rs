@@ -17,11 +17,7 @@ use super::*;
 /// "currently inside" counter must never exceed 1, a read-sleep-write
 /// counter must lose no increment, and the history checker must find no
 /// overlapping promised windows.
-pub async fn mutual_exclusion(h: &Harness) -> Outcome {
-    finish(mutual_exclusion_inner(h).await)
-}
-
-pub(super) async fn mutual_exclusion_inner(h: &Harness) -> CaseResult {
+pub async fn mutual_exclusion(h: &Harness) -> CaseResult {
     let cfg = *h.config();
     let clients = clients(h, cfg.clients).await?;
     let ttl = h
@@ -104,11 +100,7 @@ pub(super) async fn mutual_exclusion_inner(h: &Harness) -> CaseResult {
 
 /// At least `fencing_grants` contended grants of one key: tokens strictly
 /// increase in grant order, and a fenced resource rejects nothing.
-pub async fn fencing_tokens_increase(h: &Harness) -> Outcome {
-    finish(fencing_inner(h).await)
-}
-
-pub(super) async fn fencing_inner(h: &Harness) -> CaseResult {
+pub async fn fencing_tokens_increase(h: &Harness) -> CaseResult {
     let cfg = *h.config();
     let clients = clients(h, cfg.clients).await?;
     let caps = clients[0].capabilities();
@@ -182,11 +174,7 @@ pub(super) async fn fencing_inner(h: &Harness) -> CaseResult {
 
 /// A lease with another owner id cannot release or renew the holder's
 /// grant; the holder still can.
-pub async fn only_owner_can_release_or_renew(h: &Harness) -> Outcome {
-    finish(only_owner_inner(h).await)
-}
-
-pub(super) async fn only_owner_inner(h: &Harness) -> CaseResult {
+pub async fn only_owner_can_release_or_renew(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
     let key = h.key("owner");
@@ -233,11 +221,7 @@ pub(super) async fn only_owner_inner(h: &Harness) -> CaseResult {
 
 /// Releasing twice reports "not held" the second time, and a stale lease
 /// (from an earlier grant) never releases or renews the next holder's.
-pub async fn stale_release_is_refused(h: &Harness) -> Outcome {
-    finish(stale_release_inner(h).await)
-}
-
-pub(super) async fn stale_release_inner(h: &Harness) -> CaseResult {
+pub async fn stale_release_is_refused(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
     let key = h.key("stale");

@@ -13,11 +13,7 @@ use super::*;
 /// A lease that is not renewed frees the key within TTL plus the margin,
 /// never before its holder's validity deadline; releasing or renewing it
 /// afterwards reports "not held" and leaves the new holder alone.
-pub async fn expiry_frees_key(h: &Harness) -> Outcome {
-    finish(expiry_inner(h).await)
-}
-
-pub(super) async fn expiry_inner(h: &Harness) -> CaseResult {
+pub async fn expiry_frees_key(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();
     if caps.ttl_model == TtlModel::PerSession {
@@ -66,11 +62,7 @@ pub(super) async fn expiry_inner(h: &Harness) -> CaseResult {
 }
 
 /// Renewing extends a lease past its original expiry.
-pub async fn renew_extends(h: &Harness) -> Outcome {
-    finish(renew_inner(h).await)
-}
-
-pub(super) async fn renew_inner(h: &Harness) -> CaseResult {
+pub async fn renew_extends(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities());
     let key = h.key("renew");
@@ -102,11 +94,7 @@ pub(super) async fn sleep_until_past(at: Instant) {
 }
 
 /// The guard keeps a lock for more than 5x its TTL by renewing it.
-pub async fn guard_keeps_lock_past_ttl(h: &Harness) -> Outcome {
-    finish(guard_inner(h).await)
-}
-
-pub(super) async fn guard_inner(h: &Harness) -> CaseResult {
+pub async fn guard_keeps_lock_past_ttl(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities());
     let key = h.key("guard");
@@ -150,11 +138,12 @@ pub(super) async fn guard_inner(h: &Harness) -> CaseResult {
 /// ([`Target::make_unreachable`](crate::Target::make_unreachable)); the
 /// server's free time cannot be observed then, and the lost signal is held
 /// to the guard's validity deadline instead.
-pub async fn lost_signal_when_unreachable(h: &Harness) -> Outcome {
+pub async fn lost_signal_when_unreachable(h: &Harness) -> CaseResult {
     let result = lost_signal_inner(h).await;
-    if let Err(e) = h.target().heal().await {
-        return Outcome::Failed(format!("heal failed: {e}"));
-    }
+    h.target()
+        .heal()
+        .await
+        .map_err(|e| format!("heal failed: {e}"))?;
     // Let the backend settle before the next case.
     if let Ok(client) = h.client().await {
         let key = h.key("settle");
@@ -166,7 +155,7 @@ pub async fn lost_signal_when_unreachable(h: &Harness) -> Outcome {
             )
             .await;
     }
-    finish(result)
+    result
 }
 
 pub(super) async fn lost_signal_inner(h: &Harness) -> CaseResult {

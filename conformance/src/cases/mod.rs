@@ -1,7 +1,7 @@
 //! The conformance cases: public async functions over a [`Harness`],
 //! selected by capabilities, runnable from any driver's tests.
 //!
-//! Each returns an [`Outcome`]. Timing checks use the harness's margin for
+//! Each returns a [`CaseResult`]: an [`Outcome`], or the failure. Timing checks use the harness's margin for
 //! lateness only; safety is judged from the recorded history, never from
 //! wall-clock luck.
 
@@ -32,11 +32,10 @@ impl Outcome {
     }
 }
 
-type CaseResult = Result<Outcome, String>;
-
-fn finish(result: CaseResult) -> Outcome {
-    result.unwrap_or_else(Outcome::Failed)
-}
+/// What a case function returns: `Ok` with how it ended (passed or
+/// skipped, with the figures or the reason), or `Err` with what failed.
+/// The suite turns an `Err` into [`Outcome::Failed`].
+pub type CaseResult = Result<Outcome, String>;
 
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)+) => {

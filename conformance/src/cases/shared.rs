@@ -100,11 +100,7 @@ async fn held_together(
 /// beside anyone (observed by counters and judged from the history), read
 /// tokens equal the latest write token, and readers are observed inside
 /// together.
-pub async fn readers_share_writers_exclude(h: &Harness) -> Outcome {
-    finish(rw_inner(h).await)
-}
-
-async fn rw_inner(h: &Harness) -> CaseResult {
+pub async fn readers_share_writers_exclude(h: &Harness) -> CaseResult {
     let cfg = *h.config();
     let clients = clients(h, cfg.clients).await?;
     let caps = clients[0].capabilities();
@@ -197,11 +193,7 @@ async fn rw_inner(h: &Harness) -> CaseResult {
 
 /// A stream of overlapping readers never keeps a waiting writer out for
 /// long: once it waits, new readers queue behind it.
-pub async fn writers_are_not_starved(h: &Harness) -> Outcome {
-    finish(starve_inner(h).await)
-}
-
-async fn starve_inner(h: &Harness) -> CaseResult {
+pub async fn writers_are_not_starved(h: &Harness) -> CaseResult {
     let clients = clients(h, 3).await?;
     let caps = clients[0].capabilities();
     if let Some(skip) = skip_unless(caps, LockShape::ReadWrite) {
@@ -273,11 +265,7 @@ async fn starve_inner(h: &Harness) -> CaseResult {
 /// does not get in until the downgraded reader leaves, the read lease
 /// keeps the write token, and the old write lease is gone. Upgrading a
 /// read lock is refused.
-pub async fn downgrade_leaves_no_gap(h: &Harness) -> Outcome {
-    finish(downgrade_inner(h).await)
-}
-
-async fn downgrade_inner(h: &Harness) -> CaseResult {
+pub async fn downgrade_leaves_no_gap(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();
     if let Some(skip) = skip_unless(caps, LockShape::ReadWrite) {
@@ -367,11 +355,7 @@ async fn downgrade_inner(h: &Harness) -> CaseResult {
 /// Many tasks taking 1 or 2 permits of a semaphore of 3: never more than 3
 /// held (counted and judged from the history), and holders observed inside
 /// together.
-pub async fn permits_never_exceed_limit(h: &Harness) -> Outcome {
-    finish(permits_inner(h).await)
-}
-
-async fn permits_inner(h: &Harness) -> CaseResult {
+pub async fn permits_never_exceed_limit(h: &Harness) -> CaseResult {
     let cfg = *h.config();
     let clients = clients(h, cfg.clients).await?;
     let caps = clients[0].capabilities();
@@ -453,11 +437,7 @@ async fn permits_inner(h: &Harness) -> CaseResult {
 /// A semaphore's limit is agreed: a request with another limit while it is
 /// in use is refused, bad counts are refused, and an idle semaphore takes
 /// a new limit.
-pub async fn semaphore_limits_are_checked(h: &Harness) -> Outcome {
-    finish(limits_inner(h).await)
-}
-
-async fn limits_inner(h: &Harness) -> CaseResult {
+pub async fn semaphore_limits_are_checked(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();
     if let Some(skip) = skip_unless(caps, LockShape::Semaphore) {
@@ -515,11 +495,7 @@ async fn limits_inner(h: &Harness) -> CaseResult {
 /// A reader or permit holder that stops renewing (crashed) frees its share
 /// within its lease: a writer / a permit request waiting for it gets in by
 /// the lease's end, not later and not before.
-pub async fn crashed_share_is_freed(h: &Harness) -> Outcome {
-    finish(crashed_inner(h).await)
-}
-
-async fn crashed_inner(h: &Harness) -> CaseResult {
+pub async fn crashed_share_is_freed(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();
     if !caps.shared_locks && !caps.semaphores {
@@ -576,11 +552,7 @@ async fn crashed_inner(h: &Harness) -> CaseResult {
 
 /// Cancelled waits for a write lock or for permits leave nothing: readers
 /// come in again and the permits are free within the waiter's TTL.
-pub async fn cancelled_share_waits_leave_nothing(h: &Harness) -> Outcome {
-    finish(cancelled_inner(h).await)
-}
-
-async fn cancelled_inner(h: &Harness) -> CaseResult {
+pub async fn cancelled_share_waits_leave_nothing(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();
     if !caps.shared_locks && !caps.semaphores {
@@ -628,11 +600,7 @@ async fn cancelled_inner(h: &Harness) -> CaseResult {
 
 /// A segmented lock hands out distinct free segments, then waits for the
 /// first to free, and says which.
-pub async fn segments_take_any_free(h: &Harness) -> Outcome {
-    finish(segments_inner(h).await)
-}
-
-async fn segments_inner(h: &Harness) -> CaseResult {
+pub async fn segments_take_any_free(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
     let key = h.key("segments");
