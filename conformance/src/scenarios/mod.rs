@@ -14,6 +14,8 @@
 //! instrument.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -190,35 +192,39 @@ impl std::fmt::Debug for ScenarioEnv {
     }
 }
 
-/// Every scenario's name, in report order.
-pub const SCENARIOS: &[&str] = &[
-    "holder_killed",
-    "holder_paused",
-    "client_partitioned",
-    "server_restarted",
-    "latency_injected",
-    "release_reply_lost",
-    "cancellation_storm",
-    "replica_failover",
-    "minority_down",
-    "majority_down",
-];
+type ScenarioFn =
+    for<'a> fn(&'a ScenarioEnv) -> Pin<Box<dyn Future<Output = ScenarioReport> + Send + 'a>>;
+
+/// The one table of scenarios: their names (in report order) and the
+/// dispatch come from the same list.
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        /// Every scenario's name, in report order.
+        pub const SCENARIOS: &[&str] = &[$(stringify!($name)),*];
+
+        const TABLE: &[(&str, ScenarioFn)] = &[$((stringify!($name), |env| Box::pin($name(env)))),*];
+    };
+}
+
+scenarios!(
+    holder_killed,
+    holder_paused,
+    client_partitioned,
+    server_restarted,
+    latency_injected,
+    release_reply_lost,
+    cancellation_storm,
+    replica_failover,
+    minority_down,
+    majority_down,
+);
 
 /// Runs one scenario by name.
 pub async fn run_scenario(name: &str, env: &ScenarioEnv) -> ScenarioReport {
     let fut = async {
-        match name {
-            "holder_killed" => holder_killed(env).await,
-            "holder_paused" => holder_paused(env).await,
-            "client_partitioned" => client_partitioned(env).await,
-            "server_restarted" => server_restarted(env).await,
-            "latency_injected" => latency_injected(env).await,
-            "release_reply_lost" => release_reply_lost(env).await,
-            "cancellation_storm" => cancellation_storm(env).await,
-            "replica_failover" => replica_failover(env).await,
-            "minority_down" => minority_down(env).await,
-            "majority_down" => majority_down(env).await,
-            other => ScenarioReport::failed(format!("unknown scenario {other:?}")),
+        match TABLE.iter().find(|(n, _)| *n == name) {
+            Some((_, run)) => run(env).await,
+            None => ScenarioReport::failed(format!("unknown scenario {name:?}")),
         }
     };
     match timeout(Duration::from_secs(180), fut).await {
