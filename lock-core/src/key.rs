@@ -11,6 +11,15 @@ use crate::error::{ErrorKind, LockError, Operation};
 /// SQL `VARCHAR(1024)` primary key all fit.
 pub const MAX_KEY_LEN: usize = 256;
 
+/// The prefix of the keys the library itself takes (a migration's cutover
+/// markers, [`CUTOVER_KEY_PREFIX`](crate::CUTOVER_KEY_PREFIX)).
+///
+/// A driver layout that maps a key onto another client's exact name (Redis
+/// `layout=plain`, ZooKeeper `layout=path`, the SQL ShedLock table) keeps
+/// these keys in its default layout instead, where they need no shape the
+/// other client imposes (a path, a hash tag, a length).
+pub const RESERVED_KEY_PREFIX: &str = "__distlock/";
+
 /// A validated lock name.
 ///
 /// A key is non-empty, at most [`MAX_KEY_LEN`] bytes of UTF-8, and contains no
@@ -56,6 +65,12 @@ impl LockKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Whether the key is one the library itself takes (it starts with
+    /// [`RESERVED_KEY_PREFIX`]).
+    pub fn is_reserved(&self) -> bool {
+        self.0.starts_with(RESERVED_KEY_PREFIX)
+    }
 }
 
 impl fmt::Debug for LockKey {
@@ -94,6 +109,14 @@ impl std::str::FromStr for LockKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cutover_markers_are_reserved_keys() {
+        let marker = LockKey::new(format!("{}billing", crate::CUTOVER_KEY_PREFIX)).unwrap();
+        assert!(marker.is_reserved());
+        assert!(!LockKey::new("jobs/a").unwrap().is_reserved());
+        assert!(!LockKey::new("/__distlock/x").unwrap().is_reserved());
+    }
 
     #[test]
     fn accepts_ordinary_names() {

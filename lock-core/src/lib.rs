@@ -98,7 +98,7 @@ pub use capabilities::{Capabilities, FencingScope, Requirements, TtlModel, WaitS
 pub use client::{LockClient, LockDefaults, LockRequest};
 pub use error::{ErrorKind, LockError, Operation};
 pub use guard::{LockGuard, LockState, RenewalPolicy};
-pub use key::{LockKey, MAX_KEY_LEN};
+pub use key::{LockKey, MAX_KEY_LEN, RESERVED_KEY_PREFIX};
 pub use kind::{HolderInfo, LeaseKind, LockShape, MAX_PERMITS};
 pub use memory::{MemoryBackend, MemoryFault};
 pub use migration::{
