@@ -8,6 +8,7 @@ use lock_core::LockError;
 use lock_core::endpoint::{Endpoint, HostPort, Secret};
 
 use crate::eviction::EvictionMode;
+use crate::layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};
 
 /// The default key prefix (`distlock:`): a lock named `jobs/a` lives in the
 /// Redis key `distlock:{jobs/a}`.
@@ -69,8 +70,10 @@ pub enum RedisTopology {
 /// one), `eviction=warn|refuse` (what to do when a server's
 /// `maxmemory-policy` lets it evict keys, see
 /// [`eviction`](Self::eviction)), `fair=true` (FIFO mutexes, see
-/// [`fair`](Self::fair); not with `redlock://`). Durations are `250ms`, `2s`, `1m` (a unit
-/// is required).
+/// [`fair`](Self::fair); not with `redlock://`), `layout=native|plain|redisson`
+/// (the mutex's key layout, see [`layout`](Self::layout)) and `token_suffix`
+/// (a legacy layout's counter suffix, see [`token_suffix`](Self::token_suffix)).
+/// Durations are `250ms`, `2s`, `1m` (a unit is required).
 ///
 /// TLS options (only with TLS, i.e. `rediss://`, `rediss+sentinel://` or
 /// `tls=true`):
@@ -105,6 +108,11 @@ pub struct RedisConfig {
     pub(crate) recheck: Duration,
     pub(crate) eviction: EvictionMode,
     pub(crate) fair: bool,
+    pub(crate) layout: RedisLayout,
+    pub(crate) token_suffix: String,
+    /// Whether the prefix was chosen (else it follows the layout: `distlock:`
+    /// for native, nothing for the legacy layouts).
+    pub(crate) prefix_explicit: bool,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -127,6 +135,8 @@ impl fmt::Debug for RedisConfig {
             .field("recheck", &self.recheck)
             .field("eviction", &self.eviction)
             .field("fair", &self.fair)
+            .field("layout", &self.layout)
+            .field("token_suffix", &self.token_suffix)
             .finish()
     }
 }
@@ -150,6 +160,9 @@ impl RedisConfig {
             recheck: DEFAULT_RECHECK,
             eviction: EvictionMode::Warn,
             fair: false,
+            layout: RedisLayout::Native,
+            token_suffix: DEFAULT_TOKEN_SUFFIX.to_owned(),
+            prefix_explicit: false,
         }
     }
 
@@ -244,7 +257,56 @@ impl RedisConfig {
     pub fn prefix(mut self, prefix: &str) -> Result<Self, LockError> {
         check_prefix(prefix)?;
         self.prefix = prefix.to_owned();
+        self.prefix_explicit = true;
         Ok(self)
+    }
+
+    /// The key layout of the mutex (the `layout` URL option):
+    /// [`RedisLayout::Native`] (ours, the default), [`RedisLayout::Plain`]
+    /// (`SET <key> <owner> NX PX` at exactly the key: redis-py `Lock`,
+    /// redsync, node-redlock) or [`RedisLayout::Redisson`] (Redisson's
+    /// `RLock` hash). The legacy layouts add no hash tag and no default
+    /// prefix (a [`prefix`](Self::prefix) set before or after is prepended
+    /// verbatim), have the mutex only (no fair mode, read-write locks,
+    /// semaphores or one-script sets) and keep the fencing counter at
+    /// `<key>` + [`token_suffix`](Self::token_suffix). See the crate docs,
+    /// *Legacy layouts*.
+    #[must_use]
+    pub fn layout(mut self, layout: RedisLayout) -> Self {
+        self.layout = layout;
+        if !self.prefix_explicit {
+            self.prefix = if layout.is_legacy() {
+                String::new()
+            } else {
+                DEFAULT_PREFIX.to_owned()
+            };
+        }
+        self
+    }
+
+    /// The suffix of a legacy layout's fencing counter key (the
+    /// `token_suffix` URL option; `:token` by default, so the counter of
+    /// `jobs` is `jobs:token`).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) when it is empty,
+    /// longer than 128 bytes or has a control character. With
+    /// `layout=native` only the default is accepted (checked at connect).
+    pub fn token_suffix(mut self, suffix: &str) -> Result<Self, LockError> {
+        check_token_suffix(suffix)?;
+        self.token_suffix = suffix.to_owned();
+        Ok(self)
+    }
+
+    /// The key layout ([`layout`](Self::layout)).
+    pub fn key_layout(&self) -> RedisLayout {
+        self.layout
+    }
+
+    /// The legacy layouts' counter suffix ([`token_suffix`](Self::token_suffix)).
+    pub fn counter_suffix(&self) -> &str {
+        &self.token_suffix
     }
 
     /// Sets the TTL offered to callers that do not choose one.
@@ -365,6 +427,8 @@ impl RedisConfig {
             return Err(LockError::config("empty host name"));
         }
         check_prefix(&self.prefix)?;
+        check_token_suffix(&self.token_suffix)?;
+        self.validate_layout()?;
         if self.operation_timeout.is_zero() {
             return Err(LockError::config("the operation timeout must be positive"));
         }
@@ -400,6 +464,43 @@ impl RedisConfig {
                  queues, so no node's order is the order of the majority",
             )
             .with_backend(crate::error::NAME));
+        }
+        Ok(())
+    }
+
+    /// What a legacy layout cannot be combined with.
+    fn validate_layout(&self) -> Result<(), LockError> {
+        let layout = self.layout;
+        if !layout.is_legacy() {
+            if self.token_suffix != DEFAULT_TOKEN_SUFFIX {
+                return Err(LockError::config(
+                    "token_suffix applies to layout=plain and layout=redisson only (the native \
+                     counter is <prefix>{<key>}:token)",
+                ));
+            }
+            return Ok(());
+        }
+        let unsupported = |message: String| {
+            Err(LockError::new(
+                lock_core::ErrorKind::Unsupported,
+                lock_core::Operation::Connect,
+                message,
+            )
+            .with_backend(crate::error::NAME))
+        };
+        if self.fair {
+            return unsupported(format!(
+                "fair=true needs layout=native: the other clients of layout={} do not see \
+                 our queue",
+                layout.as_str()
+            ));
+        }
+        if layout == RedisLayout::Redisson && matches!(self.topology, RedisTopology::Redlock(_)) {
+            return unsupported(
+                "layout=redisson is not available on Redlock (use one server, Sentinel or \
+                 Cluster, as Redisson's RLock does)"
+                    .to_owned(),
+            );
         }
         Ok(())
     }
@@ -481,6 +582,15 @@ fn check_prefix(prefix: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+fn check_token_suffix(suffix: &str) -> Result<(), LockError> {
+    if suffix.is_empty() || suffix.len() > 128 || suffix.chars().any(char::is_control) {
+        return Err(LockError::config(
+            "token_suffix must be 1 to 128 bytes without control characters",
+        ));
+    }
+    Ok(())
+}
+
 fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
     let mut url = Endpoint::parse(url)?;
     let scheme = url.scheme().to_owned();
@@ -553,9 +663,19 @@ fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
     if let Some(ttl) = options.duration("ttl")? {
         config.default_ttl = ttl;
     }
+    if let Some(layout) = options.text("layout")? {
+        let layout = RedisLayout::parse(&layout).ok_or_else(|| {
+            LockError::config(format!(
+                "option layout: bad value {layout:?} (native, plain or redisson)"
+            ))
+        })?;
+        config = config.layout(layout);
+    }
     if let Some(prefix) = options.text("prefix")? {
-        check_prefix(&prefix)?;
-        config.prefix = prefix;
+        config = config.prefix(&prefix)?;
+    }
+    if let Some(suffix) = options.text("token_suffix")? {
+        config = config.token_suffix(&suffix)?;
     }
     if let Some(timeout) = options.duration("timeout")? {
         config.operation_timeout = timeout;
@@ -664,6 +784,51 @@ mod tests {
             ])
         );
         assert_eq!(c.node_url(&RedisNode::new("::1", 3)), "redis://[::1]:3/1");
+    }
+
+    #[test]
+    fn parses_the_legacy_layouts() {
+        let c = RedisConfig::from_url("redis://h?layout=plain").unwrap();
+        assert_eq!(c.key_layout(), RedisLayout::Plain);
+        assert_eq!(c.key_prefix(), "", "no default prefix in a legacy layout");
+        assert_eq!(c.counter_suffix(), ":token");
+        let c =
+            RedisConfig::from_url("redis://h?prefix=app:&layout=redisson&token_suffix=.f").unwrap();
+        assert_eq!(c.key_layout(), RedisLayout::Redisson);
+        assert_eq!((c.key_prefix(), c.counter_suffix()), ("app:", ".f"));
+        let c = RedisConfig::single("h", 1).layout(RedisLayout::Plain);
+        assert_eq!(c.key_prefix(), "");
+        let c = RedisConfig::single("h", 1)
+            .prefix("x:")
+            .unwrap()
+            .layout(RedisLayout::Plain);
+        assert_eq!(c.key_prefix(), "x:");
+        assert_eq!(
+            RedisConfig::from_url("redis://h?layout=native")
+                .unwrap()
+                .key_prefix(),
+            DEFAULT_PREFIX
+        );
+        assert!(RedisConfig::from_url("redlock://a,b,c?layout=plain").is_ok());
+        for (bad, kind) in [
+            ("redis://h?layout=Plain", lock_core::ErrorKind::Config),
+            (
+                "redis://h?layout=plain&token_suffix=",
+                lock_core::ErrorKind::Config,
+            ),
+            ("redis://h?token_suffix=.f", lock_core::ErrorKind::Config),
+            (
+                "redis://h?layout=plain&fair=true",
+                lock_core::ErrorKind::Unsupported,
+            ),
+            (
+                "redlock://a,b,c?layout=redisson",
+                lock_core::ErrorKind::Unsupported,
+            ),
+        ] {
+            let err = RedisConfig::from_url(bad).unwrap_err();
+            assert_eq!(err.kind(), kind, "{bad}: {err}");
+        }
     }
 
     #[test]

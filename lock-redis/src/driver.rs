@@ -28,6 +28,7 @@ use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::Node;
 use crate::error::{NAME, unexpected};
 use crate::eviction::EvictionCheck;
+use crate::layout::{LEGACY_OWNER_MARK, check_cluster_slot, legacy_names, legacy_unsupported};
 use crate::notify::Notifier;
 use crate::scripts::{KeyNames, Scripts, as_int, pttl, text};
 use attempt::{Attempt, Found, next_try};
@@ -131,14 +132,58 @@ impl RedisBackend {
         )
     }
 
-    /// The Redis key that holds the lock `key` (`<prefix>{<key>}`), for
-    /// other clients that want to exclude with ours.
+    /// The Redis key that holds the lock `key`, for other clients that want
+    /// to exclude with ours: `<prefix>{<key>}` in the native layout,
+    /// `<prefix><key>` (the key itself when no prefix was set) in the
+    /// legacy layouts (see the crate docs, *Legacy layouts*).
     pub fn redis_key(&self, key: &LockKey) -> String {
-        KeyNames::new(&self.inner.config.prefix, key).lock
+        self.layout_names(key).lock
     }
 
-    fn names(&self, key: &LockKey) -> KeyNames {
-        KeyNames::new(&self.inner.config.prefix, key)
+    /// The Redis names of `key`'s mutex in the configured layout.
+    fn layout_names(&self, key: &LockKey) -> KeyNames {
+        let config = &self.inner.config;
+        if config.layout.is_legacy() {
+            legacy_names(config.layout, &config.prefix, &config.token_suffix, key)
+        } else {
+            KeyNames::new(&config.prefix, key)
+        }
+    }
+
+    /// [`layout_names`](Self::layout_names), refused in Cluster when a
+    /// legacy key's counter would land in another slot (checked before
+    /// anything is sent).
+    fn names(&self, key: &LockKey, op: Operation) -> Result<KeyNames, LockError> {
+        let names = self.layout_names(key);
+        if self.inner.config.layout.is_legacy()
+            && matches!(self.inner.config.topology, RedisTopology::Cluster(_))
+        {
+            check_cluster_slot(&names, key, op)?;
+        }
+        Ok(names)
+    }
+
+    /// The value that marks `owner` in the lock key (the hash field in
+    /// the Redisson layout): its 32 hex digits in the native layout,
+    /// `distlock:<hex>` in the legacy ones, whose other clients store 32
+    /// hex digits of their own (redis-py's uuid, node-redlock's random
+    /// bytes), so that `inspect` can tell our holders (and their token)
+    /// from theirs.
+    pub(crate) fn owner_value(&self, owner: OwnerId) -> String {
+        if self.inner.config.layout.is_legacy() {
+            format!("{LEGACY_OWNER_MARK}{}", owner.to_hex())
+        } else {
+            owner.to_hex()
+        }
+    }
+
+    /// The refusal of a lock shape other than the mutex in a legacy layout.
+    fn refuse_legacy(&self, op: Operation, what: &str, key: &LockKey) -> Result<(), LockError> {
+        let layout = self.inner.config.layout;
+        if layout.is_legacy() {
+            return Err(legacy_unsupported(layout, op, what, key));
+        }
+        Ok(())
     }
 
     fn check_ttl(&self, ttl: Duration, op: Operation, key: &LockKey) -> Result<(), LockError> {
@@ -155,6 +200,8 @@ impl RedisBackend {
 #[allow(clippy::needless_update)]
 pub fn capabilities(config: &RedisConfig) -> Capabilities {
     let redlock = matches!(config.topology, RedisTopology::Redlock(_));
+    // The legacy layouts have the mutex only (see the crate docs).
+    let shapes = !redlock && !config.layout.is_legacy();
     Capabilities {
         fencing: if redlock {
             FencingScope::None
@@ -163,8 +210,8 @@ pub fn capabilities(config: &RedisConfig) -> Capabilities {
         },
         // Not on Redlock: a majority of independent nodes gives no honest
         // order of readers, writers or permits (see the crate docs).
-        shared_locks: !redlock,
-        semaphores: !redlock,
+        shared_locks: shapes,
+        semaphores: shapes,
         fencing_survives_failover: false,
         grants_survive_restart: false,
         waiting: WaitStrategy::Notify,
@@ -229,7 +276,7 @@ impl LockBackend for RedisBackend {
         // once (the loop's first attempt), after the subscription is
         // confirmed, so a release between the first try and the
         // subscription is not missed.
-        let names = self.names(key);
+        let names = self.names(key, op)?;
         let watch = self.inner.notifier.watch(&names.channel, deadline).await;
         loop {
             // Registered before the attempt so a release in between wakes us.
@@ -254,8 +301,8 @@ impl LockBackend for RedisBackend {
         let op = Operation::Renew;
         let key = lease.key();
         self.check_ttl(lease.ttl(), op, key)?;
-        let names = self.names(key);
-        let owner = lease.owner().to_hex();
+        let names = self.names(key, op)?;
+        let owner = self.owner_value(lease.owner());
         let timeout = self.inner.config.operation_timeout;
         let calls = self
             .inner
@@ -320,8 +367,8 @@ impl LockBackend for RedisBackend {
         if lease.kind() != LeaseKind::Exclusive {
             return self.release_shared(lease).await;
         }
-        let names = self.names(lease.key());
-        let owner = lease.owner().to_hex();
+        let names = self.names(lease.key(), Operation::Release)?;
+        let owner = self.owner_value(lease.owner());
         let (released, _not_held, errors) = self
             .inner
             .release_all(&names, &owner, self.inner.config.operation_timeout)
@@ -343,7 +390,7 @@ impl LockBackend for RedisBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let op = Operation::Inspect;
-        let names = self.names(key);
+        let names = self.names(key, op)?;
         let inner = &self.inner;
         let calls = inner.nodes.iter().map(|node| {
             let names = &names;
@@ -387,7 +434,12 @@ impl LockBackend for RedisBackend {
                 let remaining = same.iter().filter_map(|(_, left, _)| *left).min();
                 // Our holders store a 32-hex-digit owner id; then the counter
                 // is their token. A foreign client's value tells nothing.
-                let ours = OwnerId::from_hex(holder).is_ok();
+                let hex = if inner.config.layout.is_legacy() {
+                    holder.strip_prefix(LEGACY_OWNER_MARK)
+                } else {
+                    Some(holder.as_str())
+                };
+                let ours = hex.is_some_and(|hex| OwnerId::from_hex(hex).is_ok());
                 let token = if inner.redlock || !ours {
                     None
                 } else {
@@ -409,6 +461,10 @@ impl LockBackend for RedisBackend {
         keys: &[LockKey],
         ttl: Duration,
     ) -> Result<Option<Vec<Lease>>, LockError> {
+        if let Some(first) = keys.first() {
+            // lock-core takes the keys one at a time on `Unsupported`.
+            self.refuse_legacy(Operation::TryAcquire, "one-script sets of keys", first)?;
+        }
         self.try_acquire_set(keys, ttl).await
     }
 
@@ -420,7 +476,14 @@ impl LockBackend for RedisBackend {
     ) -> Result<Option<Lease>, LockError> {
         match kind {
             LeaseKind::Exclusive => self.try_acquire(key, ttl).await,
-            kind => self.try_acquire_shared(key, kind, ttl).await,
+            kind => {
+                self.refuse_legacy(
+                    Operation::TryAcquire,
+                    "read-write locks and semaphores",
+                    key,
+                )?;
+                self.try_acquire_shared(key, kind, ttl).await
+            }
         }
     }
 
@@ -433,18 +496,25 @@ impl LockBackend for RedisBackend {
     ) -> Result<Lease, LockError> {
         match kind {
             LeaseKind::Exclusive => self.acquire(key, ttl, deadline).await,
-            kind => self.acquire_shared(key, kind, ttl, deadline).await,
+            kind => {
+                self.refuse_legacy(Operation::Acquire, "read-write locks and semaphores", key)?;
+                self.acquire_shared(key, kind, ttl, deadline).await
+            }
         }
     }
 
     async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.refuse_legacy(Operation::Downgrade, "read-write locks", lease.key())?;
         self.downgrade_shared(lease).await
     }
 
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         match shape {
             LockShape::Mutex => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
-            shape => self.holders_shared(key, shape).await,
+            shape => {
+                self.refuse_legacy(Operation::Inspect, "read-write locks and semaphores", key)?;
+                self.holders_shared(key, shape).await
+            }
         }
     }
 }

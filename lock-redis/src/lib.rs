@@ -377,6 +377,7 @@ mod error;
 mod eviction;
 mod fair_scripts;
 pub mod floor;
+mod layout;
 mod notify;
 mod renew_many;
 mod scripts;
@@ -389,3 +390,4 @@ pub use config::{
 pub use descriptor::DRIVER;
 pub use driver::{MIN_TTL, RedisBackend, RedisRenewalStats, capabilities, connect};
 pub use eviction::{EvictionCheck, EvictionMode};
+pub use layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};

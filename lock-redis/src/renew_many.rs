@@ -47,7 +47,7 @@ impl RedisBackend {
                     valid.push(index);
                     args.push([
                         self.redis_key(lease.key()),
-                        lease.owner().to_hex(),
+                        self.owner_value(lease.owner()),
                         lease.ttl().as_millis().to_string(),
                     ]);
                 }

@@ -85,12 +85,24 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
+    /// The native layout's scripts (also those of `layout=plain`, which
+    /// only names its keys differently).
     pub(crate) fn new() -> Self {
+        Self::for_layout(crate::RedisLayout::Native)
+    }
+
+    /// The mutex scripts of `layout`: the same KEYS and ARGV shapes in
+    /// every layout, so every caller stays layout-blind.
+    pub(crate) fn for_layout(layout: crate::RedisLayout) -> Self {
+        let [acquire, release, renew, inspect] = match layout {
+            crate::RedisLayout::Redisson => crate::layout::redisson_scripts(),
+            _ => [ACQUIRE, RELEASE, RENEW, INSPECT],
+        };
         Self {
-            acquire: LuaScript::new(ACQUIRE),
-            release: LuaScript::new(RELEASE),
-            renew: LuaScript::new(RENEW),
-            inspect: LuaScript::new(INSPECT),
+            acquire: LuaScript::new(acquire),
+            release: LuaScript::new(release),
+            renew: LuaScript::new(renew),
+            inspect: LuaScript::new(inspect),
         }
     }
 

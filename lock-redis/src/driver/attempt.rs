@@ -110,9 +110,9 @@ impl RedisBackend {
         op: Operation,
         timeout: Duration,
     ) -> Result<Attempt, LockError> {
-        let names = self.names(key);
+        let names = self.names(key, op)?;
         let owner = OwnerId::random();
-        let owner_hex = owner.to_hex();
+        let owner_hex = self.owner_value(owner);
         let ttl_ms = ttl_ms(ttl);
         let pending = PendingGrant {
             inner: &self.inner,

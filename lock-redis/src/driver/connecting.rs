@@ -77,7 +77,7 @@ impl RedisBackend {
             .with_backend(NAME));
         }
         let nodes: Vec<Arc<Node>> = nodes.into_iter().map(Arc::new).collect();
-        let scripts = Arc::new(Scripts::new());
+        let scripts = Arc::new(Scripts::for_layout(config.layout));
         let renewers = nodes
             .iter()
             .map(|n| Renewer::new(n.clone(), scripts.clone()))
