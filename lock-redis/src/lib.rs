@@ -26,7 +26,9 @@
 //! Query options: `ttl`, `prefix`, `timeout` (operation timeout),
 //! `replicas` and `wait_timeout` (WAIT after acquire), `recheck`, `tls`,
 //! `sentinel_password`, `eviction=warn|refuse` (see *Eviction* below),
-//! `fair=true` (FIFO mutexes, see *Fair mode* below), and for TLS `ca=/path/ca.pem` (trust this CA
+//! `fair=true` (FIFO mutexes, see *Fair mode* below), `layout=native|plain|redisson`
+//! and `token_suffix` (other libraries' key layouts, see *Legacy layouts*
+//! below), and for TLS `ca=/path/ca.pem` (trust this CA
 //! instead of the system store) and `insecure=true` (**no certificate or
 //! host name verification at all**; test setups only). See [`RedisConfig`].
 //!
@@ -233,6 +235,90 @@
 //!   longer than the lease) joins again at the end of the queue.
 //! - The read-write lock's writers and the semaphore's requests queue in
 //!   arrival order in both modes; `fair` changes the mutex only.
+//!
+//! # Legacy layouts (`layout=plain`, `layout=redisson`)
+//!
+//! For a fleet that already locks with another library and moves to this
+//! one (or through it to etcd or ZooKeeper, see lock-core's migration):
+//! with a legacy layout our mutex *is* the lock those clients take, on the
+//! exact key they use, so the two exclude each other in both directions.
+//! URL options `layout=plain` / `layout=redisson` (default `native`), or
+//! [`RedisConfig::layout`] with [`RedisLayout`]; `token_suffix=<text>`
+//! ([`RedisConfig::token_suffix`], default [`DEFAULT_TOKEN_SUFFIX`],
+//! `:token`). Neither adds a hash tag or a default prefix: the Redis key is
+//! the lock's name itself (an explicit `prefix=` is prepended verbatim,
+//! and still may not contain braces: put a hash tag in the key).
+//!
+//! | layout | lock key | fencing counter | release channel | clients |
+//! |---|---|---|---|---|
+//! | `plain` | `<key>`: string, `SET <key> distlock:<owner hex> NX PX <ttl>` | `<key>:token` (`<key><token_suffix>`) | `<key>:released` | redis-py `Lock` (`r.lock(name)`), redsync, node-redlock, hand-written `SET NX PX` locks |
+//! | `redisson` | `<key>`: hash `{distlock:<owner hex>: 1}` with `PEXPIRE <ttl>` | `<key>:token` (`<key><token_suffix>`) | `redisson_lock__channel:{<key>}` (`redisson_lock__channel:<key>` when the key has a `{`), message `0` | Redisson `RLock` (`getLock(name)`) |
+//!
+//! - [x] **Plain**: acquire is `SET NX PX` + `INCR` of the counter in one
+//!   script, release compare-and-`DEL` (then `PUBLISH 1` on
+//!   `<key>:released`), renew compare-and-`PEXPIRE`: the rules of redis-py,
+//!   redsync and node-redlock. Any value at the key holds it (redis-py
+//!   stores a uuid1 hex, node-redlock 16 random bytes in hex, others
+//!   anything); ours is `distlock:` + our 32 hex digits, so [`inspect`]
+//!   tells ours (with our token) from theirs (their value, no token).
+//! - [x] **Redisson**: the rules of Redisson's own scripts
+//!   (`RedissonLock.tryLockInnerAsync`, `unlockInnerAsync`, the renewal
+//!   `LockTask`). Our acquire is granted only when the key does not exist
+//!   (`HINCRBY <field> 1`, `PEXPIRE`, `INCR` of the counter); finding our
+//!   own field is a resent script of ours (same grant, TTL set again, no
+//!   second count). Renewal is `HEXISTS` before `PEXPIRE`; release is
+//!   `HINCRBY -1` when our field is there, and at 0 `DEL` and the unlock
+//!   message `0` on Redisson's channel by `PUBLISH` and (Redis 7+)
+//!   `SPUBLISH`, so Redisson waiters, plain or sharded, wake. Our waiters
+//!   subscribe to the same channel, so Redisson's unlock wakes them.
+//!   Redisson's field is `<uuid>:<threadId>`, counted up on re-entry; ours
+//!   is `distlock:<owner hex>`, one per grant, never above 1 (re-entry is
+//!   by scope in lock-core, with no round trip). Redisson's unlock latch
+//!   (`redisson_unlock_latch:…`) is its own retry bookkeeping; we neither
+//!   read nor write it.
+//! - [x] **Cluster**: the scripts touch the lock and its counter in one
+//!   call, so both must hash to one slot: a key without a hash tag (whose
+//!   `<key>:token` lands elsewhere) is refused before anything is sent with
+//!   `InvalidArgument`, saying to put a hash tag in the key (`{jobs}:a`,
+//!   counter `{jobs}:a:token`). The other clients must then use the same
+//!   tagged key. In Cluster our waiters hear Redisson's unlock only when it
+//!   `PUBLISH`es (Redisson 3.x uses `SPUBLISH` on Redis 7 clusters): they
+//!   then re-check at the holder's PTTL, at least every `recheck`.
+//! - [x] **Sentinel** and one server: as above. **Redlock** takes
+//!   `layout=plain` (the layout node-redlock and redsync keep on each of N
+//!   servers; the same majority rules; no safe token, as always on
+//!   Redlock) and refuses `layout=redisson` (`Unsupported` at connect).
+//! - **Mutex only.** Read-write locks, semaphores and `holders` of those
+//!   shapes answer `Unsupported` (`shared_locks` and `semaphores` are
+//!   `false` in the capabilities); `fair=true` is refused at connect
+//!   (`Unsupported`: the other clients do not see our queue); a one-script
+//!   `try_acquire_all` answers `Unsupported`, so `lock_all` takes the keys
+//!   one at a time in global order.
+//! - **Fencing is ours alone.** Only our grants `INCR` the counter; a
+//!   legacy client's grant does not, carries no token, and the resource
+//!   cannot tell it from a stale holder. During a migration the resource
+//!   can only fence our processes against each other; exclusion against
+//!   the legacy clients rests on their TTLs and their compare-and-delete.
+//! - **Clocks and TTLs.** The key's TTL is the server's (`PX` /
+//!   `PEXPIRE`); each client computes its own validity from its own clock
+//!   and its own drift allowance (redis-py tracks none; node-redlock and
+//!   ours `ttl/100 + 2 ms`), so a client paused past its TTL can still believe
+//!   it holds the lock, in any layout. A release by redis-py, redsync or
+//!   node-redlock publishes nothing: our waiters see it at the holder's
+//!   PTTL or within `recheck` (500 ms by default); a key set without a TTL
+//!   is re-checked every `recheck` and never taken over.
+//!
+//! Tested with the real clients, as processes or their own scripts
+//! (`tests/legacy.rs`, `tests/legacy_redisson.rs`; installed by
+//! `scripts/legacy-clients.sh`): redis-py 8.1 `Lock` on one server and
+//! through Sentinel, node-redlock 4.2.0 (ioredis 4) on one server and as
+//! Redlock over three, Redisson's scripts (re-entry, renewal of a foreign
+//! field, unlock message both ways); each both ways, each with a control
+//! (our native layout on the same name gets in beside them and the check
+//! reports it); Cluster's hash-tag rule; the refused shapes; and the whole
+//! conformance suite on one server with each legacy layout.
+//!
+//! [`inspect`]: lock_core::LockBackend::inspect
 //!
 //! # Multi-locks (`try_acquire_all`)
 //!

@@ -126,6 +126,26 @@ async fn node_redlock_and_plain_layout_exclude_both_ways() {
     plain_against(&peer, server.port()).await;
 }
 
+/// Through Sentinel (the scripts run on the master it resolves): the
+/// same exclusion against redis-py on the master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_and_plain_layout_through_sentinel() {
+    let Some(python) = python() else { return };
+    let Some(target) = common::RedisTarget::sentinel().await.or_skip() else {
+        return;
+    };
+    let master_port = match &*target.fleet() {
+        common::Fleet::Sentinel { master, .. } => master.port(),
+        common::Fleet::Cluster(_) => unreachable!("a sentinel target"),
+    };
+    let url = common::with_option(&target.url, "layout=plain");
+    let ours = Ours::new("ours(sentinel, plain)", backend(&url).await);
+    let peer = Peer::redis_py(&python, master_port).await;
+    excludes_both_ways(&ours, &peer, &unique("sentinel"))
+        .await
+        .expect("redis-py on the master and layout=plain through Sentinel must exclude");
+}
+
 /// Any string at the key holds it (a hand-written `SET NX PX` lock, or a
 /// value without a TTL): refused, shown by inspect, never deleted by us.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
