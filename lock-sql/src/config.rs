@@ -57,8 +57,35 @@ impl SqlMode {
     }
 }
 
+/// Which table layout row mode uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SqlLayout {
+    /// Our lease table (`name, owner, token, expires_at`), the default.
+    #[default]
+    Lease,
+    /// ShedLock's table (`name, lock_until, locked_at, locked_by`), so that
+    /// ShedLock-scheduled jobs and ours exclude each other
+    /// ([`SqlShedLockBackend`](crate::SqlShedLockBackend); the crate docs'
+    /// "ShedLock layout").
+    ShedLock,
+}
+
+impl SqlLayout {
+    /// `"lease"` or `"shedlock"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lease => "lease",
+            Self::ShedLock => "shedlock",
+        }
+    }
+}
+
 /// The default lease table name.
 pub const DEFAULT_TABLE: &str = "distlock_leases";
+
+/// The default table name of the ShedLock layout (ShedLock's own default).
+pub const SHEDLOCK_TABLE: &str = "shedlock";
 
 /// The longest accepted table name (PostgreSQL's identifier limit minus
 /// room for the notification channel's prefix).
@@ -82,6 +109,10 @@ pub const MAX_TABLE_LEN: usize = 48;
 /// | `create_table` | create the table if missing (`true`/`false`) | `true` |
 /// | `mode` | `row` (lease table) or `session` (server-session locks; PostgreSQL and MySQL/MariaDB only) | `row` |
 /// | `fair` | FIFO mutex waiting (`true`/`false`; row mode only, see the crate docs' "Fair mode") | `false` |
+/// | `layout` | `lease` (our table) or `shedlock` (ShedLock's table, mutex only; see the crate docs' "ShedLock layout") | `lease` |
+///
+/// With `layout=shedlock` the table defaults to `shedlock` (`table`
+/// overrides it).
 ///
 /// On SQLite `mode=ro|rw|rwc|memory` stays SQLite's own option (passed
 /// through); `mode=session` is refused there.
@@ -104,6 +135,9 @@ pub struct SqlConfig {
     pub(crate) poll: RetryPolicy,
     pub(crate) mode: SqlMode,
     pub(crate) fair: bool,
+    pub(crate) layout: SqlLayout,
+    /// Whether the table was named (`table=` or [`SqlConfig::table`]).
+    table_explicit: bool,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -120,6 +154,7 @@ impl fmt::Debug for SqlConfig {
             .field("create_table", &self.create_table)
             .field("mode", &self.mode)
             .field("fair", &self.fair)
+            .field("layout", &self.layout)
             .finish_non_exhaustive()
     }
 }
@@ -197,6 +232,9 @@ impl SqlConfig {
         if let Some(fair) = options.flag("fair")? {
             config.fair = fair;
         }
+        if let Some(layout) = options.text("layout")? {
+            config = config.layout(parse_layout(&layout)?);
+        }
         // On SQLite `mode` is SQLite's own option, except for our two values.
         let mut sqlite_mode = None;
         if let Some(mode) = options.text("mode")? {
@@ -233,6 +271,7 @@ impl SqlConfig {
         }
         config.redacted_url = redact(&driver_url, config.password.as_deref());
         config.driver_url = driver_url;
+        config.check_layout()?;
         Ok(config)
     }
 
@@ -257,7 +296,20 @@ impl SqlConfig {
             },
             mode: SqlMode::Row,
             fair: false,
+            layout: SqlLayout::Lease,
+            table_explicit: false,
         }
+    }
+
+    /// Session mode has no table: refuses it with the ShedLock layout.
+    pub(crate) fn check_layout(&self) -> Result<(), LockError> {
+        if self.layout == SqlLayout::ShedLock && self.mode == SqlMode::Session {
+            return Err(LockError::config(
+                "layout=shedlock is a row-mode table layout: it cannot be combined with \
+                 mode=session (ShedLock locks are rows of its table, not server sessions)",
+            ));
+        }
+        Ok(())
     }
 
     /// Uses `table` as the lease table (validated: letters, digits and `_`,
@@ -270,6 +322,7 @@ impl SqlConfig {
     pub fn table(mut self, table: &str) -> Result<Self, LockError> {
         validate_table(table)?;
         self.table = table.to_owned();
+        self.table_explicit = true;
         Ok(self)
     }
 
@@ -355,6 +408,27 @@ impl SqlConfig {
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self
+    }
+
+    /// Chooses the table layout (the URL's `layout=lease|shedlock`). With
+    /// [`SqlLayout::ShedLock`] the table defaults to [`SHEDLOCK_TABLE`]
+    /// unless a table was named (before or after this call).
+    #[must_use]
+    pub fn layout(mut self, layout: SqlLayout) -> Self {
+        self.layout = layout;
+        if !self.table_explicit {
+            self.table = match layout {
+                SqlLayout::ShedLock => SHEDLOCK_TABLE,
+                SqlLayout::Lease => DEFAULT_TABLE,
+            }
+            .to_owned();
+        }
+        self
+    }
+
+    /// The table layout.
+    pub fn table_layout(&self) -> SqlLayout {
+        self.layout
     }
 
     /// Whether mutex waiters queue in arrival order (`fair=true`).
@@ -444,6 +518,16 @@ pub(crate) fn validate_table(table: &str) -> Result<(), LockError> {
         )));
     }
     Ok(())
+}
+
+fn parse_layout(value: &str) -> Result<SqlLayout, LockError> {
+    match value {
+        "lease" => Ok(SqlLayout::Lease),
+        "shedlock" => Ok(SqlLayout::ShedLock),
+        other => Err(LockError::config(format!(
+            "layout must be lease or shedlock, got {other:?}"
+        ))),
+    }
 }
 
 fn parse_mode(value: &str) -> Result<SqlMode, LockError> {
@@ -562,5 +646,39 @@ mod tests {
         assert_eq!(row.driver_url(), "sqlite://x.db?mode=rwc");
         let sqlite = SqlConfig::from_url("sqlite::memory:").unwrap();
         assert!(sqlite.mode(SqlMode::Session).is_err());
+    }
+
+    #[test]
+    fn layout_option() {
+        let shed = SqlConfig::from_url("postgres://u@h/db?layout=shedlock").unwrap();
+        assert_eq!(shed.table_layout(), SqlLayout::ShedLock);
+        assert_eq!(shed.table_name(), SHEDLOCK_TABLE);
+        assert_eq!(shed.driver_url(), "postgres://u@h/db");
+        let named =
+            SqlConfig::from_url("mysql://u@h/db?table=app.jobs_lock&layout=shedlock").unwrap();
+        assert_eq!(named.table_name(), "app.jobs_lock");
+        let lease = SqlConfig::from_url("sqlite://x.db?layout=lease").unwrap();
+        assert_eq!(lease.table_layout(), SqlLayout::Lease);
+        assert_eq!(lease.table_name(), DEFAULT_TABLE);
+        // The builder: the default table follows the layout, a named one stays.
+        let built = SqlConfig::from_url("sqlite://x.db")
+            .unwrap()
+            .layout(SqlLayout::ShedLock);
+        assert_eq!(built.table_name(), SHEDLOCK_TABLE);
+        let built = SqlConfig::from_url("sqlite://x.db")
+            .unwrap()
+            .table("jobs")
+            .unwrap()
+            .layout(SqlLayout::ShedLock);
+        assert_eq!(built.table_name(), "jobs");
+        for url in [
+            "postgres://u@h/db?layout=shed",
+            "postgres://u@h/db?layout=",
+            "postgres://u@h/db?layout=shedlock&mode=session",
+        ] {
+            let err = SqlConfig::from_url(url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}");
+            assert!(err.message().contains("layout"), "{url}: {err}");
+        }
     }
 }

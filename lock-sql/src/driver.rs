@@ -163,6 +163,7 @@ impl SqlBackend {
             )
             .with_backend(NAME));
         }
+        crate::shedlock::refuse_shedlock(&config, "SqlBackend")?;
         let dialect = dialect::of(config.dialect)?;
         let (options, pool) = dialect.open(&config)?;
         let mut statements = Statements::new(dialect, &config.table);

@@ -14,7 +14,7 @@
 //! | `sqlite::memory:` | SQLite in memory (one process, one backend) |
 //!
 //! Query options `table`, `ttl`, `timeout`, `pool_size`, `busy_timeout`,
-//! `recheck`, `create_table`, `mode`, `fair` are ours (see [`SqlConfig`]); every other option
+//! `recheck`, `create_table`, `mode`, `fair`, `layout` are ours (see [`SqlConfig`]); every other option
 //! goes to sqlx (`sslmode=...`, SQLite `mode=ro|rw|rwc`). Connect with
 //! [`connect`] / [`SqlBackend::connect_url`], or build a [`SqlConfig`] and call
 //! [`SqlBackend::connect`].
@@ -323,6 +323,168 @@
 //! - **Session mode** ([`SqlSessionBackend`]) has neither kind:
 //!   `ErrorKind::Unsupported`.
 //!
+//! # ShedLock layout (`?layout=shedlock`, mutex only)
+//!
+//! [`SqlShedLockBackend`] (what [`connect`] returns for `layout=shedlock`,
+//! as [`SqlAnyBackend::ShedLock`]; builder:
+//! [`SqlConfig::layout`]`(`[`SqlLayout::ShedLock`]`)`) holds our mutex in
+//! the table of [ShedLock](https://github.com/lukas-krecan/ShedLock)'s
+//! `JdbcTemplateLockProvider`, so that jobs scheduled with ShedLock and
+//! ours exclude each other on one database, in both directions.
+//!
+//! - **Table**: `shedlock` by default ([`SHEDLOCK_TABLE`]; `table=`
+//!   overrides it), with ShedLock's default column names `name`,
+//!   `lock_until`, `locked_at`, `locked_by` (ShedLock's `ColumnNames`
+//!   customisation is not supported). The key is the ShedLock lock name
+//!   as-is (no prefix), at most [`SHEDLOCK_MAX_NAME`] = 64 characters
+//!   (longer: `InvalidArgument`). A row whose `lock_until` is after now is
+//!   held, by anyone; rows are never deleted.
+//! - **Creating it**: when missing (unless `create_table=false`) with
+//!   ShedLock's README DDL for the database, `CREATE TABLE IF NOT EXISTS`;
+//!   an existing table is never altered. At connect both tables are probed
+//!   (`SELECT <columns> FROM t WHERE 1 = 0`): a missing table
+//!   (`create_table=false`) or one without these columns is a `Config`
+//!   error that names the tables and prints the DDL
+//!   ([`SqlShedLockBackend::schema_sql`]).
+//!
+//! | column | PostgreSQL | MySQL / MariaDB | SQLite |
+//! |---|---|---|---|
+//! | `name` (primary key) | `VARCHAR(64)` | `VARCHAR(64)` | `VARCHAR(64)` |
+//! | `lock_until` | `TIMESTAMP` (UTC wall clock, µs) | `TIMESTAMP(3)` | `TIMESTAMP` (holds epoch ms, INTEGER) |
+//! | `locked_at` | `TIMESTAMP` | `TIMESTAMP(3) DEFAULT CURRENT_TIMESTAMP(3)` | `TIMESTAMP` |
+//! | `locked_by` | `VARCHAR(255)` | `VARCHAR(255)` | `VARCHAR(255)` |
+//!
+//! - **Fencing**: ShedLock's table has no token column and we do not add
+//!   one (ShedLock's `INSERT` names its four columns, so an extra nullable
+//!   column would be tolerated, but changing a table another product owns
+//!   breaks "never alter"; a side table also works on a table the
+//!   application user may not `ALTER`). Our tokens live in
+//!   **`<table>_tokens(name VARCHAR(64) PRIMARY KEY, token BIGINT)`**
+//!   (SQLite `INTEGER`), one row per name, never deleted, bumped by the
+//!   same statement or transaction that grants the ShedLock row, so a
+//!   name's tokens strictly increase over our grants, across any number
+//!   of ShedLock turns in between (tested). ShedLock's grants do not move
+//!   it: **a ShedLock holder has no token**; [`LockBackend::inspect`](lock_core::LockBackend::inspect)
+//!   reports its `locked_by` with `token: None`. On MySQL/MariaDB the
+//!   `name` columns must share a collation (ShedLock's names compare by
+//!   it: under the default case-insensitive one `Job` and `job` are one
+//!   lock and share one token row, tested); connect refuses tables whose
+//!   collations differ.
+//! - **`locked_by`** of our grants: `<host>/distlock/<owner hex>` (host
+//!   from `/proc/sys/kernel/hostname` or `HOSTNAME`, at most 128
+//!   characters; the owner is 128 random bits per grant), so a row is
+//!   recognisably ours and release/renew compare it exactly
+//!   ([`SqlShedLockBackend::locked_by`]). ShedLock compares `locked_by` with
+//!   its host name in its extend and unlock, so it never extends or
+//!   unlocks ours.
+//!
+//! Statements (every value bound; `now` below is ShedLock's own
+//! expression for the database: PostgreSQL `timezone('utc',
+//! CURRENT_TIMESTAMP)`, MySQL/MariaDB `UTC_TIMESTAMP(3)`, SQLite
+//! `CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)`,
+//! the host clock in epoch ms; [`SqlShedLockBackend::statements_sql`]
+//! lists the exact text):
+//!
+//! - **Grant** (take when absent or `lock_until <= now`):
+//!   - PostgreSQL, one statement: ShedLock's `usingDbTime()` upsert
+//!     `INSERT INTO t AS s (name, lock_until, locked_at, locked_by) VALUES
+//!     ($1, now + $2 µs, now, $3) ON CONFLICT (name) DO UPDATE SET .. WHERE
+//!     s.lock_until <= now RETURNING s.name` as a CTE, feeding `INSERT INTO
+//!     t_tokens .. SELECT name, 1 FROM g ON CONFLICT (name) DO UPDATE SET
+//!     token = token + 1 RETURNING token`.
+//!   - MySQL/MariaDB, one statement once both rows exist: `UPDATE t AS s
+//!     JOIN t_tokens AS k ON k.name = s.name SET s.lock_until =
+//!     TIMESTAMPADD(MICROSECOND, ?, now), s.locked_at = now, s.locked_by =
+//!     ?, k.token = LAST_INSERT_ID(k.token + 1) WHERE s.name = ? AND
+//!     s.lock_until <= now` (ShedLock's update plus the token, which comes
+//!     back in the OK packet). When it matches nothing, `INSERT IGNORE INTO
+//!     t_tokens (name, token) VALUES (?, 0)` and `INSERT IGNORE INTO t ..
+//!     VALUES (?, now, now, '')` (a free row, as ShedLock's unlock leaves
+//!     one); if either inserted, the `UPDATE` once more. So a grant of a
+//!     known free name is 1 round trip, a first grant 4, a refused try 3.
+//!   - SQLite: `BEGIN IMMEDIATE`, `INSERT INTO t AS s .. VALUES (?1, now +
+//!     ?2 ms, now, ?3) ON CONFLICT (name) DO UPDATE SET .. WHERE
+//!     s.lock_until <= now`, and when it changed a row `INSERT INTO t_tokens
+//!     .. ON CONFLICT (name) DO UPDATE SET token = token + 1 RETURNING
+//!     token`, `COMMIT`.
+//! - **Release**: `UPDATE t SET lock_until = now WHERE name = ? AND
+//!   locked_by = ? AND lock_until > now` (ShedLock's unlock with
+//!   `lockAtLeastFor` 0; the row stays); `false` when it matched nothing.
+//! - **Renew**: ShedLock's extend, `UPDATE t SET lock_until = now + ttl
+//!   WHERE name = ? AND locked_by = ? AND lock_until > now`.
+//! - **Inspect**: `SELECT s.locked_by, k.token, <µs left> FROM t s LEFT JOIN
+//!   t_tokens k ON k.name = s.name WHERE s.name = ? AND s.lock_until > now`.
+//! - **Waiting** polls with the row mode's backoff (5 ms to 100 ms,
+//!   [`SqlConfig::poll_policy`]): ShedLock never notifies.
+//!
+//! Time: every comparison is the database's clock, as ShedLock's
+//! `usingDbTime()` statements use it. **ShedLock must be configured with
+//! `usingDbTime()`** (PostgreSQL, MySQL/MariaDB), or else with
+//! `withTimeZone(UTC)` and clocks in sync with the database's (ShedLock
+//! then compares its own clock). Per database:
+//! - PostgreSQL: `TIMESTAMP` without time zone holding UTC wall-clock
+//!   time (`timezone('utc', CURRENT_TIMESTAMP)`), independent of the
+//!   session's `TimeZone`; µs precision.
+//! - MySQL/MariaDB: `TIMESTAMP(3)` compared with `UTC_TIMESTAMP(3)`, the
+//!   way ShedLock does. MySQL converts `TIMESTAMP` values through the
+//!   session time zone, so our connections in this layout keep the
+//!   server's default session time zone (sqlx would set `+00:00`), like
+//!   a Connector/J client that sets none. If ShedLock's JDBC URL forces
+//!   another session zone (`connectionTimeZone` with
+//!   `forceConnectionTimeZoneToSession`), or the server zone has DST,
+//!   expiries shift: run the server in UTC. Millisecond precision: our
+//!   expiries get 2 ms more on the database side, so the row never frees
+//!   before the holder's deadline.
+//! - SQLite: ShedLock has no `usingDbTime()` there: it binds its client
+//!   clock, which sqlite-jdbc stores as epoch milliseconds (INTEGER, its
+//!   default `date_class`; a ShedLock configured with `date_class=TEXT`
+//!   is not compatible). Ours reads the same host clock through SQLite
+//!   (ms, +2 ms pad). Processes sharing a file share the host's clock.
+//!
+//! Refused with typed errors: read-write locks and semaphores
+//! (`Unsupported`, [`capabilities`](lock_core::LockBackend::capabilities) says
+//! `shared_locks: false, semaphores: false`), `fair=true` (`Unsupported`
+//! at connect: no waiter queue that ShedLock would respect), `mode=session`
+//! (`Config`, from [`SqlConfig::from_url`] or at connect), and
+//! [`SqlBackend`] / [`SqlSessionBackend`] opened with `layout=shedlock`
+//! (`Config`). `try_acquire_all` is `Unsupported` (`lock_all` takes the
+//! keys one by one). The benchmark floor ([`floor::SqlFloor`]) always
+//! uses the lease layout.
+//!
+//! Caveats:
+//! - **`lockAtLeastFor`**: ShedLock's unlock sets `lock_until =
+//!   max(now, locked_at + lockAtLeastFor)`, so after a ShedLock job ends
+//!   the name stays held (for ShedLock and for us) until then. Ours
+//!   releases with `lockAtLeastFor` 0.
+//! - **A ShedLock holder is not renewed** unless its job calls
+//!   `LockExtender.extendActiveLock`: it holds until `lockAtMostFor`
+//!   whether or not its job still runs, and ShedLock does not stop a job
+//!   that outlives it. After that we may take the row while its job
+//!   continues; and a ShedLock holder has no token to fence with. Choose
+//!   `lockAtMostFor` well above the job's run time.
+//! - ShedLock instances with the same `locked_by` (host name) can unlock
+//!   or extend each other's rows (ShedLock's own behaviour); ours cannot
+//!   be touched by them.
+//! - Never delete rows of `<table>_tokens`: that restarts a name's
+//!   tokens.
+//!
+//! Tested (`tests/shedlock.rs`, ShedLock's statements as it sends them,
+//! from a plain sqlx connection of their own in `tests/shedlock_client`)
+//! on PostgreSQL 15, MariaDB 10.11 and a SQLite file: while ShedLock
+//! holds, our try and a 300 ms wait are refused and inspect shows its
+//! host with no token; after its unlock (row kept) ours takes the row;
+//! while ours holds, ShedLock's insert fails (PostgreSQL: its upsert
+//! matches nothing), its update, extend and unlock match nothing; after
+//! our release ShedLock's update takes it; `lockAtLeastFor` and a dead
+//! ShedLock holder (free at `lockAtMostFor`); our expired lease taken by
+//! ShedLock, then our renew `NotHeld`; 40 simultaneous races (exactly one
+//! winner each); tokens strictly increasing across all of it. Negative
+//! controls: a ShedLock update without `lock_until <= now`, and our
+//! default layout beside a ShedLock holder, each get in, and the same
+//! checks report it. MariaDB also: names equal under the collation are
+//! one lock and one counter; a tokens table of another collation is
+//! refused.
+//!
 //! # Capability checklist
 //!
 //! - [x] fencing tokens, per key, strictly increasing ([`FencingScope::PerKey`](lock_core::FencingScope::PerKey))
@@ -334,6 +496,8 @@
 //! - [x] multi-locks in one exchange (`try_acquire_all`, row mode)
 //! - [x] read-write locks (writer preference, downgrade) and semaphores
 //!   (FIFO waiters) in row mode, on all three databases; not in session mode
+//! - [x] ShedLock's table as a layout (`layout=shedlock`, mutex only),
+//!   excluding ShedLock's `JdbcTemplateLockProvider` both ways
 //!
 //! # Caveats
 //!
@@ -438,15 +602,19 @@ mod multi;
 pub mod renew_many;
 mod session;
 mod shared;
+mod shedlock;
 mod sql;
 mod wake;
 
-pub use config::{DEFAULT_TABLE, MAX_TABLE_LEN, SqlConfig, SqlDialect, SqlMode};
+pub use config::{
+    DEFAULT_TABLE, MAX_TABLE_LEN, SHEDLOCK_TABLE, SqlConfig, SqlDialect, SqlLayout, SqlMode,
+};
 pub use descriptor::DRIVER;
 pub use driver::{MIN_TTL, SqlBackend};
 pub use fence::SqlFence;
 pub use session::floor::SessionFloor;
 pub use session::{MYSQL_SESSION_MIN_TTL, PG_SESSION_MIN_TTL, SqlAnyBackend, SqlSessionBackend};
+pub use shedlock::{SHEDLOCK_MAX_NAME, SqlShedLockBackend};
 
 /// The sqlx this crate uses, so fenced statements name the same types.
 pub use sqlx;

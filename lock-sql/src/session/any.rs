@@ -11,11 +11,12 @@ use lock_core::{
 use tokio::time::Instant;
 
 use super::SqlSessionBackend;
-use crate::SqlBackend;
-use crate::config::{SqlConfig, SqlMode};
+use crate::config::{SqlConfig, SqlLayout, SqlMode};
+use crate::{SqlBackend, SqlShedLockBackend};
 
 /// A SQL lock backend in either mode ([`SqlBackend`] for `mode=row`, the
-/// default; [`SqlSessionBackend`] for `mode=session`).
+/// default; [`SqlSessionBackend`] for `mode=session`), or on ShedLock's
+/// table ([`SqlShedLockBackend`] for `layout=shedlock`).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum SqlAnyBackend {
@@ -23,19 +24,25 @@ pub enum SqlAnyBackend {
     Row(SqlBackend),
     /// Server-session locks.
     Session(SqlSessionBackend),
+    /// ShedLock's table (`layout=shedlock`).
+    ShedLock(SqlShedLockBackend),
 }
 
 impl SqlAnyBackend {
-    /// Connects in the mode `config` names.
+    /// Connects in the mode and layout `config` names.
     ///
     /// # Errors
     ///
-    /// As [`SqlBackend::connect`] or [`SqlSessionBackend::connect`].
+    /// As [`SqlBackend::connect`], [`SqlSessionBackend::connect`] or
+    /// [`SqlShedLockBackend::connect`].
     ///
     /// # Cancel safety
     ///
     /// Safe: dropping the future closes whatever was opened.
     pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        if config.table_layout() == SqlLayout::ShedLock {
+            return Ok(Self::ShedLock(SqlShedLockBackend::connect(config).await?));
+        }
         match config.lock_mode() {
             SqlMode::Session => Ok(Self::Session(SqlSessionBackend::connect(config).await?)),
             _ => Ok(Self::Row(SqlBackend::connect(config).await?)),
@@ -46,7 +53,7 @@ impl SqlAnyBackend {
     pub fn as_row(&self) -> Option<&SqlBackend> {
         match self {
             Self::Row(backend) => Some(backend),
-            Self::Session(_) => None,
+            Self::Session(_) | Self::ShedLock(_) => None,
         }
     }
 
@@ -54,7 +61,15 @@ impl SqlAnyBackend {
     pub fn as_session(&self) -> Option<&SqlSessionBackend> {
         match self {
             Self::Session(backend) => Some(backend),
-            Self::Row(_) => None,
+            Self::Row(_) | Self::ShedLock(_) => None,
+        }
+    }
+
+    /// The ShedLock-layout backend, if this is one.
+    pub fn as_shedlock(&self) -> Option<&SqlShedLockBackend> {
+        match self {
+            Self::ShedLock(backend) => Some(backend),
+            Self::Row(_) | Self::Session(_) => None,
         }
     }
 
@@ -62,6 +77,7 @@ impl SqlAnyBackend {
         match self {
             Self::Row(backend) => backend,
             Self::Session(backend) => backend,
+            Self::ShedLock(backend) => backend,
         }
     }
 }

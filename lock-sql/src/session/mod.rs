@@ -161,6 +161,7 @@ impl SqlSessionBackend {
     /// Safe: dropping the future closes the session it opened. A sequence
     /// or table created meanwhile stays (creation is idempotent).
     pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        crate::shedlock::refuse_shedlock(&config, "SqlSessionBackend")?;
         if config.fair {
             // The server decides who gets a freed advisory lock / GET_LOCK
             // name; neither documents an order among waiting sessions.

@@ -1,0 +1,598 @@
+//! The ShedLock layout (`layout=shedlock`): our mutex on ShedLock's table,
+//! so that ShedLock-scheduled jobs and ours exclude each other. See the
+//! crate docs' "ShedLock layout" for the table, the statements and the
+//! caveats.
+
+mod sql;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
+    LockKey, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl, validity_deadline,
+    with_timeout,
+};
+use tokio::time::Instant;
+
+use crate::config::{SqlConfig, SqlDialect, SqlLayout, SqlMode};
+use crate::conn::{ConnSet, DbOptions, pool_size};
+use crate::driver::{MIN_TTL, NAME};
+use crate::error::map_sqlx;
+use sql::{ShedSql, is_conflict};
+
+/// The longest ShedLock lock name (its `name VARCHAR(64)` column).
+pub const SHEDLOCK_MAX_NAME: usize = 64;
+
+/// What `locked_by` holds for our grants: `<host>/distlock/<owner hex>`.
+const OURS: &str = "/distlock/";
+
+/// Runs `$statement` (an expression of `$conn: &mut DbConn`) on one of the
+/// backend's connections, once more on a fresh one when that connection
+/// broke: only for statements that may run twice (release, renew,
+/// inspect, schema).
+macro_rules! retry_once {
+    ($conns:expr, $checkout:ident, |$conn:ident| $statement:expr) => {{
+        let conns: &ConnSet = $conns;
+        let mut fresh = false;
+        loop {
+            let mut checkout = match conns.$checkout(fresh).await {
+                Ok(checkout) => checkout,
+                Err(err) => break Err(err),
+            };
+            let result = {
+                let $conn = checkout.conn();
+                $statement.await
+            };
+            if checkout.finish(&result) && !fresh {
+                fresh = true;
+                continue;
+            }
+            break result;
+        }
+    }};
+}
+
+/// A mutex on ShedLock's table (`shedlock(name, lock_until, locked_at,
+/// locked_by)`) with our fencing tokens in a side table
+/// (`<table>_tokens(name, token)`), on PostgreSQL, MySQL/MariaDB or
+/// SQLite. Opened by [`connect`](crate::connect) for a URL with
+/// `layout=shedlock`, or [`SqlShedLockBackend::connect`].
+///
+/// Only the mutex: read-write locks and semaphores are
+/// [`ErrorKind::Unsupported`]; `fair=true` is refused at connect
+/// (`Unsupported`) and `mode=session` when the config is built
+/// (`Config`). Cheap to clone.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{LockBackend, LockKey};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let dir = tempfile::tempdir().expect("temp dir");
+/// let url = format!("sqlite://{}?layout=shedlock", dir.path().join("jobs.db").display());
+/// let backend = lock_sql::connect(&url).await?;
+/// let key = LockKey::new("nightlyReport")?; // the ShedLock name, as-is
+/// let lease = backend.try_acquire(&key, Duration::from_secs(5)).await?.expect("free");
+/// assert!(backend.try_acquire(&key, Duration::from_secs(5)).await?.is_none());
+/// assert!(backend.release(&lease).await?);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct SqlShedLockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: SqlConfig,
+    sql: ShedSql,
+    conns: ConnSet,
+    /// `<host>` of `locked_by`.
+    host: String,
+}
+
+impl fmt::Debug for SqlShedLockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlShedLockBackend")
+            .field("config", &self.inner.config)
+            .field("host", &self.inner.host)
+            .finish_non_exhaustive()
+    }
+}
+
+/// This host's name, as ShedLock writes it into `locked_by` (at most 128
+/// printable characters; `localhost` when unknown).
+fn host_name() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::env::var("COMPUTERNAME").ok())
+        .unwrap_or_default();
+    let host: String = raw
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(128)
+        .collect();
+    if host.is_empty() {
+        "localhost".to_owned()
+    } else {
+        host
+    }
+}
+
+/// Whether `locked_by` has the shape of one of our grants.
+fn is_ours(locked_by: &str) -> bool {
+    locked_by
+        .rsplit_once(OURS)
+        .is_some_and(|(_, owner)| owner.len() == 32 && owner.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+impl SqlShedLockBackend {
+    /// Connects with a URL (see [`SqlConfig::from_url`]); the URL must say
+    /// `layout=shedlock`.
+    ///
+    /// # Errors
+    ///
+    /// As [`SqlConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes whatever was opened.
+    pub async fn connect_url(url: &str) -> Result<Self, LockError> {
+        Self::connect(SqlConfig::from_url(url)?).await
+    }
+
+    /// Opens a first connection, creates ShedLock's table and the tokens
+    /// table when missing (unless `create_table=false`; an existing table
+    /// is never altered) and checks that both have the expected columns.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] when the config's layout is not
+    /// [`SqlLayout::ShedLock`], for `mode=session`, a dialect whose cargo
+    /// feature is off, options the driver rejects, or a table that is
+    /// missing (with `create_table=false`) or lacks ShedLock's columns;
+    /// [`ErrorKind::Unsupported`] for `fair=true`;
+    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when the database
+    /// cannot be reached within the operation timeout;
+    /// [`ErrorKind::Backend`] when creating a table fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes whatever was opened. A table created
+    /// meanwhile stays (creation is idempotent).
+    pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        if config.layout != SqlLayout::ShedLock {
+            return Err(LockError::config(
+                "SqlShedLockBackend needs layout=shedlock (SqlLayout::ShedLock)",
+            )
+            .with_backend(NAME));
+        }
+        config.check_layout().map_err(|e| e.with_backend(NAME))?;
+        if config.fair {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                Operation::Connect,
+                "fair=true is not available with layout=shedlock: ShedLock's table has no \
+                 waiter queue, and ShedLock's own clients would not respect one",
+            )
+            .with_backend(NAME));
+        }
+        let dialect = crate::dialect::of(config.dialect)?;
+        let (options, _) = dialect.open(&config)?;
+        let options = match options {
+            // Like a JDBC client that sets no session time zone: ShedLock's
+            // TIMESTAMP columns are read and written in the server's
+            // default zone, so ours must be the same (sqlx would set +00:00).
+            #[cfg(feature = "mysql")]
+            DbOptions::MySql(o) => DbOptions::MySql(o.timezone(None::<String>)),
+            other => other,
+        };
+        let backend = Self {
+            inner: Arc::new(Inner {
+                conns: ConnSet::new(options, pool_size(&config), dialect.single_writer()),
+                sql: ShedSql::new(config.dialect, &config.table),
+                host: host_name(),
+                config,
+            }),
+        };
+        backend.prepare().await?;
+        Ok(backend)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SqlConfig {
+        &self.inner.config
+    }
+
+    /// The quoted ShedLock table.
+    pub fn quoted_table(&self) -> &str {
+        &self.inner.sql.quoted_table
+    }
+
+    /// The quoted tokens table (`<table>_tokens`).
+    pub fn quoted_tokens_table(&self) -> &str {
+        &self.inner.sql.quoted_tokens
+    }
+
+    /// The DDL this backend runs when the tables are missing (ShedLock's
+    /// for this database, then the tokens table's), for teams that create
+    /// them themselves (then connect with `create_table=false`).
+    pub fn schema_sql(&self) -> Vec<String> {
+        self.inner
+            .sql
+            .create
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    /// The lock statements, labelled (`grant`, `release`, `renew`,
+    /// `inspect`, and the grant's helpers), as sent.
+    pub fn statements_sql(&self) -> Vec<(&'static str, String)> {
+        let statements = self.inner.sql.lock_statements();
+        statements
+            .into_iter()
+            .map(|(label, sql)| (label, sql.to_owned()))
+            .collect()
+    }
+
+    /// What our grant of `lease` writes into `locked_by`:
+    /// `<host>/distlock/<owner hex>`.
+    pub fn locked_by(&self, lease: &Lease) -> String {
+        self.locked_by_owner(lease.owner())
+    }
+
+    fn locked_by_owner(&self, owner: OwnerId) -> String {
+        format!("{}{OURS}{}", self.inner.host, owner.to_hex())
+    }
+
+    /// Closes the connections: later calls fail with
+    /// [`ErrorKind::Unavailable`].
+    ///
+    /// # Errors
+    ///
+    /// None today; kept fallible like [`SqlBackend::close`](crate::SqlBackend::close).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: new calls are refused once called.
+    pub async fn close(&self) -> Result<(), LockError> {
+        self.inner.conns.close().await;
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.config.op_timeout
+    }
+
+    fn err(&self, operation: Operation, key: &LockKey, err: sqlx::Error) -> LockError {
+        map_sqlx(&self.inner.config, operation, err)
+            .with_key(key)
+            .with_backend(NAME)
+    }
+
+    async fn prepare(&self) -> Result<(), LockError> {
+        let config = &self.inner.config;
+        let sql = &self.inner.sql;
+        let conns = &self.inner.conns;
+        with_timeout(
+            config.op_timeout.saturating_mul(2),
+            Operation::Connect,
+            async {
+                if config.create_table {
+                    for statement in &sql.create {
+                        // Concurrent creations may race on PostgreSQL's catalog.
+                        let mut attempts = 0;
+                        loop {
+                            match retry_once!(conns, checkout, |conn| sql.plain(conn, statement)) {
+                                Err(sqlx::Error::Database(db))
+                                    if attempts < 3
+                                        && (db.is_unique_violation()
+                                            || db.code().as_deref() == Some("42P07")) =>
+                                {
+                                    attempts += 1;
+                                    tokio::time::sleep(Duration::from_millis(20)).await;
+                                }
+                                other => {
+                                    other.map_err(|e| map_sqlx(config, Operation::Connect, e))?;
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                for probe in &sql.probe {
+                    match retry_once!(conns, checkout_reader, |conn| sql.plain(conn, probe)) {
+                        Err(sqlx::Error::Database(db)) => {
+                            return Err(LockError::config(format!(
+                                "layout=shedlock needs the tables {} (name, lock_until, locked_at, \
+                             locked_by: ShedLock's) and {} (name, token){}: {}; the DDL is {:?}",
+                                sql.quoted_table,
+                                sql.quoted_tokens,
+                                if config.create_table {
+                                    ""
+                                } else {
+                                    " (create_table=false: they are not created)"
+                                },
+                                db.message(),
+                                sql.create,
+                            )));
+                        }
+                        other => other.map_err(|e| map_sqlx(config, Operation::Connect, e))?,
+                    }
+                }
+                let mismatch = retry_once!(conns, checkout_reader, |conn| sql
+                    .collation_mismatch(conn, &config.table))
+                .map_err(|e| map_sqlx(config, Operation::Connect, e))?;
+                if let Some((lock, tokens)) = mismatch {
+                    return Err(LockError::config(format!(
+                        "{}.name has collation {lock} but {}.name has {tokens}: names equal for \
+                     ShedLock must share one token row; give the tokens table ShedLock's \
+                     collation",
+                        sql.quoted_table, sql.quoted_tokens
+                    )));
+                }
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|e| e.with_backend(NAME))
+    }
+
+    /// One grant with its recovery: a grant whose connection broke may
+    /// have committed before its reply was lost; the retry on a fresh
+    /// connection cannot grant twice (our row is unexpired), and one
+    /// inspect says whether the holder is us.
+    async fn grant(
+        &self,
+        key: &LockKey,
+        locked_by: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let (sql, conns) = (&self.inner.sql, &self.inner.conns);
+        let mut conflicts = 0;
+        loop {
+            let mut checkout = conns.checkout(false).await?;
+            let mut result = sql
+                .grant(checkout.conn(), key.as_str(), ttl, locked_by)
+                .await;
+            if checkout.finish(&result) {
+                let mut checkout = conns.checkout(true).await?;
+                result = async {
+                    let conn = checkout.conn();
+                    if let Some(token) = sql.grant(conn, key.as_str(), ttl, locked_by).await? {
+                        return Ok(Some(token));
+                    }
+                    Ok(sql
+                        .inspect(conn, key.as_str())
+                        .await?
+                        .and_then(|(by, token, _)| token.filter(|_| by == locked_by)))
+                }
+                .await;
+                checkout.finish(&result);
+            }
+            match result {
+                Err(e) if is_conflict(&e) && conflicts < 5 => {
+                    conflicts += 1;
+                    tokio::time::sleep(lock_core::random_delay(Duration::from_millis(2))).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn check_key(key: &LockKey, operation: Operation) -> Result<(), LockError> {
+        if key.as_str().chars().count() > SHEDLOCK_MAX_NAME {
+            return Err(LockError::new(
+                ErrorKind::InvalidArgument,
+                operation,
+                format!(
+                    "a ShedLock lock name has at most {SHEDLOCK_MAX_NAME} characters \
+                     (its name VARCHAR(64) column)"
+                ),
+            )
+            .with_key(key)
+            .with_backend(NAME));
+        }
+        Ok(())
+    }
+
+    async fn try_once(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        operation: Operation,
+    ) -> Result<Option<Lease>, LockError> {
+        check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
+        Self::check_key(key, operation)?;
+        let owner = OwnerId::random();
+        let locked_by = self.locked_by_owner(owner);
+        let sent_at = Instant::now();
+        let granted = with_timeout(self.timeout(), operation, async {
+            self.grant(key, &locked_by, ttl)
+                .await
+                .map_err(|e| self.err(operation, key, e))
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let Some(token) = granted else {
+            return Ok(None);
+        };
+        let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
+        match Lease::granted(key.clone(), owner, token, ttl, sent_at, String::new()) {
+            Ok(lease) => Ok(Some(lease)),
+            Err(err) => {
+                // Too late to be of use: give it back.
+                let stale =
+                    Lease::from_parts(key.clone(), owner, token, ttl, sent_at, String::new());
+                let _ = self.release(&stale).await;
+                Err(err.with_backend(NAME))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for SqlShedLockBackend {
+    fn name(&self) -> &'static str {
+        match self.inner.config.dialect {
+            SqlDialect::Postgres => "postgres-shedlock",
+            SqlDialect::MySql => "mysql-shedlock",
+            SqlDialect::Sqlite => "sqlite-shedlock",
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // Our grants only: a ShedLock holder has no token (crate docs).
+            fencing: FencingScope::PerKey,
+            fencing_survives_failover: true,
+            grants_survive_restart: true,
+            waiting: WaitStrategy::Poll,
+            fifo: false,
+            ttl_model: TtlModel::PerLease,
+            linearizable: true,
+            min_ttl: MIN_TTL,
+            shared_locks: false,
+            semaphores: false,
+        }
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.try_once(key, ttl, Operation::TryAcquire).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let poll = self.inner.config.poll;
+        let mut backoff = poll.backoff();
+        loop {
+            if let Some(lease) = self.try_once(key, ttl, Operation::Acquire).await? {
+                return Ok(lease);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LockError::new(
+                    ErrorKind::Contended,
+                    Operation::Acquire,
+                    "still held (by ShedLock or by us) at the wait deadline",
+                )
+                .with_key(key)
+                .with_backend(NAME));
+            }
+            let delay = backoff.next_delay().unwrap_or(poll.max);
+            tokio::time::sleep_until((now + delay).min(deadline)).await;
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let key = lease.key();
+        let ttl = lease.ttl();
+        check_ttl(ttl, MIN_TTL, Operation::Renew)
+            .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let locked_by = self.locked_by(lease);
+        let sql = &self.inner.sql;
+        let sent_at = Instant::now();
+        let renewed = with_timeout(self.timeout(), Operation::Renew, async {
+            retry_once!(&self.inner.conns, checkout, |conn| sql.renew(
+                conn,
+                key.as_str(),
+                &locked_by,
+                ttl
+            ))
+            .map_err(|e| self.err(Operation::Renew, key, e))
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        if renewed {
+            Ok(validity_deadline(sent_at, ttl))
+        } else {
+            Err(LockError::new(
+                ErrorKind::NotHeld,
+                Operation::Renew,
+                "the lease expired, was released, or belongs to someone else",
+            )
+            .with_key(key)
+            .with_backend(NAME))
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let key = lease.key();
+        let locked_by = self.locked_by(lease);
+        let sql = &self.inner.sql;
+        with_timeout(self.timeout(), Operation::Release, async {
+            retry_once!(&self.inner.conns, checkout, |conn| sql.release(
+                conn,
+                key.as_str(),
+                &locked_by
+            ))
+            .map_err(|e| self.err(Operation::Release, key, e))
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let sql = &self.inner.sql;
+        let row = with_timeout(self.timeout(), Operation::Inspect, async {
+            retry_once!(&self.inner.conns, checkout_reader, |conn| sql
+                .inspect(conn, key.as_str()))
+            .map_err(|e| self.err(Operation::Inspect, key, e))
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        Ok(row.map(|(locked_by, token, remaining_us)| LockInfo {
+            key: key.clone(),
+            // A ShedLock holder's token is not its own: none.
+            token: token
+                .filter(|_| is_ours(&locked_by))
+                .and_then(|t| u64::try_from(t).ok())
+                .map(FencingToken::new),
+            holder: locked_by,
+            remaining_ttl: Some(Duration::from_micros(
+                u64::try_from(remaining_us).unwrap_or(0),
+            )),
+        }))
+    }
+}
+
+/// The layout check of [`crate::SqlBackend::connect`] and
+/// [`crate::SqlSessionBackend::connect`]: both refuse `layout=shedlock`.
+pub(crate) fn refuse_shedlock(config: &SqlConfig, opener: &str) -> Result<(), LockError> {
+    if config.layout == SqlLayout::ShedLock {
+        let what = if config.mode == SqlMode::Session {
+            "layout=shedlock cannot be combined with mode=session"
+        } else {
+            "layout=shedlock is the ShedLock backend: open it with lock_sql::connect or \
+             SqlShedLockBackend"
+        };
+        return Err(LockError::config(format!("{what}, not {opener}")).with_backend(NAME));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_locked_by_is_recognised() {
+        assert!(is_ours("web-1/distlock/0123456789abcdef0123456789ABCDEF"));
+        assert!(!is_ours("web-1"));
+        assert!(!is_ours("web-1/distlock/xyz"));
+        assert!(!host_name().is_empty());
+        assert_eq!(sql::tokens_table("app.shedlock"), "app.shedlock_tokens");
+    }
+}

@@ -1,0 +1,522 @@
+//! The ShedLock layout's SQL text per database, and the few statements
+//! that run it (one match on the connection each: this layout has four
+//! statements, not the lease table's dozens, so it does not go through
+//! [`crate::dialect::Dialect`]).
+//!
+//! "Now" is written the way ShedLock's `usingDbTime()` statements write it
+//! (`timezone('utc', CURRENT_TIMESTAMP)` on PostgreSQL, `UTC_TIMESTAMP(3)`
+//! on MySQL/MariaDB); SQLite, where ShedLock has no `usingDbTime()`, gets
+//! the host clock in epoch milliseconds (what sqlite-jdbc stores for a
+//! bound timestamp by default).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::config::SqlDialect;
+use crate::conn::DbConn;
+use crate::dialect::micros;
+use crate::sql::quote_with;
+
+const PG_NOW: &str = "timezone('utc', CURRENT_TIMESTAMP)";
+const MY_NOW: &str = "UTC_TIMESTAMP(3)";
+const LITE_NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+
+/// Extra time on the database side of every expiry where the columns
+/// store milliseconds (MySQL `TIMESTAMP(3)`, SQLite epoch ms): "now" and
+/// the stored value are each truncated by up to 1 ms, so without it the
+/// row could free up to 2 ms before `sent_at + ttl`.
+const MS_PAD: Duration = Duration::from_millis(2);
+
+/// The statements of one table (validated, quoted here) and its side
+/// table of tokens.
+#[derive(Debug)]
+pub(crate) struct ShedSql {
+    pub(crate) dialect: SqlDialect,
+    /// ShedLock's DDL for this database, then the tokens table's.
+    pub(crate) create: Vec<Arc<str>>,
+    /// Reads no row but fails when a table or column is missing.
+    pub(crate) probe: Vec<Arc<str>>,
+    grant: Arc<str>,
+    /// SQLite: the token bump after a grant, in the grant's transaction;
+    /// MySQL/MariaDB: the rows a first grant of a name needs.
+    token: Arc<str>,
+    ensure_lock_row: Arc<str>,
+    release: Arc<str>,
+    renew: Arc<str>,
+    inspect: Arc<str>,
+    pub(crate) quoted_table: String,
+    pub(crate) quoted_tokens: String,
+}
+
+/// `<table>_tokens` (the suffix on the last part of a qualified name).
+pub(crate) fn tokens_table(table: &str) -> String {
+    format!("{table}_tokens")
+}
+
+impl ShedSql {
+    pub(crate) fn new(dialect: SqlDialect, table: &str) -> Self {
+        let quote = if dialect == SqlDialect::MySql {
+            '`'
+        } else {
+            '"'
+        };
+        let t = quote_with(quote, table);
+        let k = quote_with(quote, &tokens_table(table));
+        let arc = |s: String| -> Arc<str> { Arc::from(s) };
+        let probe = vec![
+            arc(format!(
+                "SELECT name, lock_until, locked_at, locked_by FROM {t} WHERE 1 = 0"
+            )),
+            arc(format!("SELECT name, token FROM {k} WHERE 1 = 0")),
+        ];
+        let (create, grant, token, ensure_lock_row, release, renew, inspect) = match dialect {
+            SqlDialect::Postgres => {
+                let now = PG_NOW;
+                (
+                    vec![
+                        arc(format!(
+                            "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL, \
+                             lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, \
+                             locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))"
+                        )),
+                        arc(format!(
+                            "CREATE TABLE IF NOT EXISTS {k} (name VARCHAR(64) NOT NULL \
+                             PRIMARY KEY, token BIGINT NOT NULL)"
+                        )),
+                    ],
+                    // ShedLock's own upsert (its usingDbTime insert), then
+                    // the token of the granted row, in one statement.
+                    arc(format!(
+                        "WITH g AS (INSERT INTO {t} AS s (name, lock_until, locked_at, locked_by) \
+                         VALUES ($1, {now} + $2 * INTERVAL '1 microsecond', {now}, $3) \
+                         ON CONFLICT (name) DO UPDATE SET lock_until = EXCLUDED.lock_until, \
+                         locked_at = EXCLUDED.locked_at, locked_by = EXCLUDED.locked_by \
+                         WHERE s.lock_until <= {now} RETURNING s.name) \
+                         INSERT INTO {k} AS k (name, token) SELECT name, 1 FROM g \
+                         ON CONFLICT (name) DO UPDATE SET token = k.token + 1 \
+                         RETURNING k.token"
+                    )),
+                    arc(String::new()),
+                    arc(String::new()),
+                    arc(format!(
+                        "UPDATE {t} SET lock_until = {now} \
+                         WHERE name = $1 AND locked_by = $2 AND lock_until > {now}"
+                    )),
+                    arc(format!(
+                        "UPDATE {t} SET lock_until = {now} + $3 * INTERVAL '1 microsecond' \
+                         WHERE name = $1 AND locked_by = $2 AND lock_until > {now}"
+                    )),
+                    arc(format!(
+                        "SELECT s.locked_by, k.token, \
+                         CAST(EXTRACT(EPOCH FROM (s.lock_until - {now})) * 1000000 AS BIGINT) \
+                         FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
+                         WHERE s.name = $1 AND s.lock_until > {now}"
+                    )),
+                )
+            }
+            SqlDialect::MySql => {
+                let now = MY_NOW;
+                (
+                    vec![
+                        arc(format!(
+                            "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL, \
+                             lock_until TIMESTAMP(3) NOT NULL, \
+                             locked_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
+                             locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))"
+                        )),
+                        arc(format!(
+                            "CREATE TABLE IF NOT EXISTS {k} (name VARCHAR(64) NOT NULL, \
+                             token BIGINT NOT NULL, PRIMARY KEY (name)) ENGINE=InnoDB"
+                        )),
+                    ],
+                    // Both rows exist (below): ShedLock's update and the
+                    // token bump in one two-table UPDATE; the new token
+                    // comes back as LAST_INSERT_ID in the OK packet.
+                    arc(format!(
+                        "UPDATE {t} AS s JOIN {k} AS k ON k.name = s.name \
+                         SET s.lock_until = TIMESTAMPADD(MICROSECOND, ?, {now}), \
+                         s.locked_at = {now}, s.locked_by = ?, \
+                         k.token = LAST_INSERT_ID(k.token + 1) \
+                         WHERE s.name = ? AND s.lock_until <= {now}"
+                    )),
+                    arc(format!(
+                        "INSERT IGNORE INTO {k} (name, token) VALUES (?, 0)"
+                    )),
+                    // A free row, as ShedLock's unlock leaves one.
+                    arc(format!(
+                        "INSERT IGNORE INTO {t} (name, lock_until, locked_at, locked_by) \
+                         VALUES (?, {now}, {now}, '')"
+                    )),
+                    arc(format!(
+                        "UPDATE {t} SET lock_until = {now} \
+                         WHERE name = ? AND locked_by = ? AND lock_until > {now}"
+                    )),
+                    arc(format!(
+                        "UPDATE {t} SET lock_until = TIMESTAMPADD(MICROSECOND, ?, {now}) \
+                         WHERE name = ? AND locked_by = ? AND lock_until > {now}"
+                    )),
+                    arc(format!(
+                        "SELECT s.locked_by, k.token, \
+                         TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), s.lock_until) \
+                         FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
+                         WHERE s.name = ? AND s.lock_until > {now}"
+                    )),
+                )
+            }
+            SqlDialect::Sqlite => {
+                let now = LITE_NOW;
+                (
+                    vec![
+                        arc(format!(
+                            "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL, \
+                             lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, \
+                             locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))"
+                        )),
+                        arc(format!(
+                            "CREATE TABLE IF NOT EXISTS {k} (name VARCHAR(64) NOT NULL \
+                             PRIMARY KEY, token INTEGER NOT NULL)"
+                        )),
+                    ],
+                    arc(format!(
+                        "INSERT INTO {t} AS s (name, lock_until, locked_at, locked_by) \
+                         VALUES (?1, {now} + ?2, {now}, ?3) \
+                         ON CONFLICT (name) DO UPDATE SET lock_until = excluded.lock_until, \
+                         locked_at = excluded.locked_at, locked_by = excluded.locked_by \
+                         WHERE s.lock_until <= {now}"
+                    )),
+                    arc(format!(
+                        "INSERT INTO {k} AS k (name, token) VALUES (?1, 1) \
+                         ON CONFLICT (name) DO UPDATE SET token = k.token + 1 RETURNING token"
+                    )),
+                    arc(String::new()),
+                    arc(format!(
+                        "UPDATE {t} SET lock_until = {now} \
+                         WHERE name = ?1 AND locked_by = ?2 AND lock_until > {now}"
+                    )),
+                    arc(format!(
+                        "UPDATE {t} SET lock_until = {now} + ?3 \
+                         WHERE name = ?1 AND locked_by = ?2 AND lock_until > {now}"
+                    )),
+                    arc(format!(
+                        "SELECT s.locked_by, k.token, (s.lock_until - {now}) * 1000 \
+                         FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
+                         WHERE s.name = ?1 AND s.lock_until > {now}"
+                    )),
+                )
+            }
+        };
+        Self {
+            dialect,
+            create,
+            probe,
+            grant,
+            token,
+            ensure_lock_row,
+            release,
+            renew,
+            inspect,
+            quoted_table: t,
+            quoted_tokens: k,
+        }
+    }
+
+    /// Every statement text, for the docs' and tests' listing.
+    pub(crate) fn lock_statements(&self) -> Vec<(&'static str, &str)> {
+        let mut out = vec![("grant", &*self.grant)];
+        match self.dialect {
+            SqlDialect::MySql => {
+                out.push(("grant: token row", &*self.token));
+                out.push(("grant: lock row", &*self.ensure_lock_row));
+            }
+            SqlDialect::Sqlite => out.push(("grant: token", &*self.token)),
+            SqlDialect::Postgres => {}
+        }
+        out.push(("release", &*self.release));
+        out.push(("renew", &*self.renew));
+        out.push(("inspect", &*self.inspect));
+        out
+    }
+}
+
+/// The TTL as the database adds it: microseconds (PostgreSQL), padded
+/// microseconds (MySQL), padded milliseconds rounded up (SQLite).
+fn ttl_value(dialect: SqlDialect, ttl: Duration) -> i64 {
+    match dialect {
+        SqlDialect::Postgres => micros(ttl),
+        SqlDialect::MySql => micros(ttl + MS_PAD),
+        SqlDialect::Sqlite => {
+            let ms = (ttl + MS_PAD).as_micros().div_ceil(1000);
+            i64::try_from(ms).unwrap_or(i64::MAX)
+        }
+    }
+}
+
+fn text(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(sql))
+}
+
+/// The current unexpired holder: (`locked_by`, our token counter, µs left).
+pub(crate) type ShedHolder = (String, Option<i64>, i64);
+
+/// Whether `err` is a conflict the database rolled back (deadlock,
+/// serialization failure): running the statement again is safe.
+pub(crate) fn is_conflict(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+}
+
+impl ShedSql {
+    /// Runs one statement without binds (schema, probes).
+    pub(crate) async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
+        use sqlx::Executor;
+        match conn {
+            #[cfg(feature = "postgres")]
+            DbConn::Postgres(c) => c.execute(text(sql)).await.map(drop),
+            #[cfg(feature = "mysql")]
+            DbConn::MySql(c) => c.execute(text(sql)).await.map(drop),
+            #[cfg(feature = "sqlite")]
+            DbConn::Sqlite(c) => c.execute(text(sql)).await.map(drop),
+        }
+    }
+
+    /// MySQL/MariaDB: the collations of the `name` columns of `table` and
+    /// its tokens table (unquoted, optionally `schema.`), when they differ.
+    /// Names equal under ShedLock's collation (`Job` and `job` under a
+    /// case-insensitive one) are one lock; they must be one token counter.
+    pub(crate) async fn collation_mismatch(
+        &self,
+        conn: &mut DbConn,
+        table: &str,
+    ) -> Result<Option<(String, String)>, sqlx::Error> {
+        #[cfg(feature = "mysql")]
+        if let DbConn::MySql(c) = conn {
+            let (schema, name) = match table.split_once('.') {
+                Some((schema, name)) => (Some(schema), name),
+                None => (None, table),
+            };
+            let sql = "SELECT TABLE_NAME, COALESCE(COLLATION_NAME, '') FROM information_schema.COLUMNS \
+                       WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME IN (?, ?) \
+                       AND COLUMN_NAME = 'name'";
+            let rows: Vec<(String, String)> = sqlx::query_as(sql)
+                .bind(schema)
+                .bind(name)
+                .bind(tokens_table(name))
+                .fetch_all(&mut *c)
+                .await?;
+            let lock = rows.iter().find(|(t, _)| t == name).map(|r| r.1.clone());
+            let tokens = rows.iter().find(|(t, _)| t != name).map(|r| r.1.clone());
+            return Ok(match (lock, tokens) {
+                (Some(lock), Some(tokens)) if lock != tokens => Some((lock, tokens)),
+                _ => None,
+            });
+        }
+        let _ = (conn, table);
+        Ok(None)
+    }
+
+    /// The grant: `Some(token)` when `name` was free (no row, or
+    /// `lock_until <= now`) and is now `locked_by`'s, `None` when held.
+    pub(crate) async fn grant(
+        &self,
+        conn: &mut DbConn,
+        name: &str,
+        ttl: Duration,
+        locked_by: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let ttl = ttl_value(self.dialect, ttl);
+        match conn {
+            #[cfg(feature = "postgres")]
+            DbConn::Postgres(c) => {
+                sqlx::query_scalar::<_, i64>(text(&self.grant))
+                    .bind(name)
+                    .bind(ttl)
+                    .bind(locked_by)
+                    .fetch_optional(&mut *c)
+                    .await
+            }
+            #[cfg(feature = "mysql")]
+            DbConn::MySql(c) => {
+                let update = || {
+                    sqlx::query(text(&self.grant))
+                        .bind(ttl)
+                        .bind(locked_by)
+                        .bind(name)
+                };
+                let mut done = update().execute(&mut *c).await?;
+                if done.rows_affected() == 0 {
+                    // A first grant of the name (either row missing)?
+                    // Both inserts are no-ops when the rows exist.
+                    let tokens = sqlx::query(text(&self.token))
+                        .bind(name)
+                        .execute(&mut *c)
+                        .await?;
+                    let lock = sqlx::query(text(&self.ensure_lock_row))
+                        .bind(name)
+                        .execute(&mut *c)
+                        .await?;
+                    if tokens.rows_affected() == 0 && lock.rows_affected() == 0 {
+                        return Ok(None);
+                    }
+                    done = update().execute(&mut *c).await?;
+                }
+                // Two rows matched: the lock row and its token row.
+                if done.rows_affected() == 0 {
+                    return Ok(None);
+                }
+                match i64::try_from(done.last_insert_id()) {
+                    Ok(token) if token > 0 => Ok(Some(token)),
+                    _ => Err(sqlx::Error::Protocol(
+                        "the ShedLock grant returned no token".into(),
+                    )),
+                }
+            }
+            #[cfg(feature = "sqlite")]
+            DbConn::Sqlite(c) => {
+                use sqlx::Executor;
+                // One write transaction: the row and its token together.
+                c.execute("BEGIN IMMEDIATE").await?;
+                let result = async {
+                    let granted = sqlx::query(text(&self.grant))
+                        .bind(name)
+                        .bind(ttl)
+                        .bind(locked_by)
+                        .execute(&mut *c)
+                        .await?;
+                    if granted.rows_affected() == 0 {
+                        return Ok(None);
+                    }
+                    sqlx::query_scalar::<_, i64>(text(&self.token))
+                        .bind(name)
+                        .fetch_one(&mut *c)
+                        .await
+                        .map(Some)
+                }
+                .await;
+                match &result {
+                    Ok(_) => {
+                        c.execute("COMMIT").await?;
+                    }
+                    Err(_) => {
+                        let _ = c.execute("ROLLBACK").await;
+                    }
+                }
+                result
+            }
+        }
+    }
+
+    /// Ours `locked_by` and unexpired: `lock_until = now` (the row stays).
+    pub(crate) async fn release(
+        &self,
+        conn: &mut DbConn,
+        name: &str,
+        locked_by: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let rows = match conn {
+            #[cfg(feature = "postgres")]
+            DbConn::Postgres(c) => sqlx::query(text(&self.release))
+                .bind(name)
+                .bind(locked_by)
+                .execute(&mut *c)
+                .await?
+                .rows_affected(),
+            #[cfg(feature = "mysql")]
+            DbConn::MySql(c) => sqlx::query(text(&self.release))
+                .bind(name)
+                .bind(locked_by)
+                .execute(&mut *c)
+                .await?
+                .rows_affected(),
+            #[cfg(feature = "sqlite")]
+            DbConn::Sqlite(c) => sqlx::query(text(&self.release))
+                .bind(name)
+                .bind(locked_by)
+                .execute(&mut *c)
+                .await?
+                .rows_affected(),
+        };
+        Ok(rows > 0)
+    }
+
+    /// ShedLock's extend: `lock_until = now + ttl` while ours and unexpired.
+    pub(crate) async fn renew(
+        &self,
+        conn: &mut DbConn,
+        name: &str,
+        locked_by: &str,
+        ttl: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let ttl = ttl_value(self.dialect, ttl);
+        let rows = match conn {
+            #[cfg(feature = "postgres")]
+            DbConn::Postgres(c) => sqlx::query(text(&self.renew))
+                .bind(name)
+                .bind(locked_by)
+                .bind(ttl)
+                .execute(&mut *c)
+                .await?
+                .rows_affected(),
+            #[cfg(feature = "mysql")]
+            DbConn::MySql(c) => sqlx::query(text(&self.renew))
+                .bind(ttl)
+                .bind(name)
+                .bind(locked_by)
+                .execute(&mut *c)
+                .await?
+                .rows_affected(),
+            #[cfg(feature = "sqlite")]
+            DbConn::Sqlite(c) => sqlx::query(text(&self.renew))
+                .bind(name)
+                .bind(locked_by)
+                .bind(ttl)
+                .execute(&mut *c)
+                .await?
+                .rows_affected(),
+        };
+        Ok(rows > 0)
+    }
+
+    /// The unexpired holder of `name`, by anyone.
+    pub(crate) async fn inspect(
+        &self,
+        conn: &mut DbConn,
+        name: &str,
+    ) -> Result<Option<ShedHolder>, sqlx::Error> {
+        let decode = |row: &dyn Fn(usize) -> Result<Option<i64>, sqlx::Error>,
+                      by: String|
+         -> Result<ShedHolder, sqlx::Error> {
+            Ok((by, row(1)?, row(2)?.unwrap_or(0)))
+        };
+        match conn {
+            #[cfg(feature = "postgres")]
+            DbConn::Postgres(c) => {
+                let row = sqlx::query(text(&self.inspect))
+                    .bind(name)
+                    .fetch_optional(&mut *c)
+                    .await?;
+                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?))
+                    .transpose()
+            }
+            #[cfg(feature = "mysql")]
+            DbConn::MySql(c) => {
+                let row = sqlx::query(text(&self.inspect))
+                    .bind(name)
+                    .fetch_optional(&mut *c)
+                    .await?;
+                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?))
+                    .transpose()
+            }
+            #[cfg(feature = "sqlite")]
+            DbConn::Sqlite(c) => {
+                let row = sqlx::query(text(&self.inspect))
+                    .bind(name)
+                    .fetch_optional(&mut *c)
+                    .await?;
+                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?))
+                    .transpose()
+            }
+        }
+    }
+}

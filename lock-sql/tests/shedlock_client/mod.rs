@@ -1,0 +1,375 @@
+//! ShedLock's own statements, as its `JdbcTemplateLockProvider` sends them
+//! (ShedLock 7.x: `PostgresSqlServerTimeStatementsSource` and
+//! `MySqlServerTimeStatementsSource` with `usingDbTime()`; on SQLite, which
+//! has no `usingDbTime()`, the generic `SqlStatementsSource` with the
+//! client's clock bound as epoch milliseconds, sqlite-jdbc's default
+//! storage of a bound timestamp), run on a plain sqlx connection of their
+//! own: not through the driver under test.
+//!
+//! Spring binds named parameters; a name used twice is bound twice. The
+//! `lockAtMostFor`/`lockAtLeastFor` seconds ShedLock binds as a
+//! `BigDecimal` on PostgreSQL travel here as `float8` (what
+//! `make_interval(secs => ..)` takes).
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lock_sql::sqlx::{self, AssertSqlSafe, Connection};
+
+/// One ShedLock "instance": its connection, table and `lockedBy` value.
+pub struct ShedLock {
+    conn: Conn,
+    table: String,
+    /// ShedLock writes the host name here.
+    pub locked_by: String,
+    /// The negative control: an update that ignores `lock_until`.
+    pub ignore_lock_until: bool,
+    /// SQLite: when the last lock was taken (ShedLock's `lockAtLeastFor`
+    /// counts from there, on the client's clock).
+    locked_at_ms: i64,
+}
+
+enum Conn {
+    Pg(sqlx::PgConnection),
+    My(sqlx::MySqlConnection),
+    Lite(sqlx::SqliteConnection),
+}
+
+const PG_NOW: &str = "timezone('utc', CURRENT_TIMESTAMP)";
+const MY_NOW: &str = "UTC_TIMESTAMP(3)";
+
+fn now_ms() -> i64 {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    i64::try_from(since.as_millis()).unwrap()
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap()
+}
+
+fn us(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap()
+}
+
+impl ShedLock {
+    /// Connects to `url` (`postgres://`, `mysql://`, `sqlite://`) like a
+    /// JDBC client would (MySQL: no session time zone of its own).
+    pub async fn connect(url: &str, table: &str, locked_by: &str) -> Self {
+        let conn = if url.starts_with("postgres") {
+            Conn::Pg(sqlx::PgConnection::connect(url).await.unwrap())
+        } else if url.starts_with("mysql") {
+            let options: sqlx::mysql::MySqlConnectOptions = url.parse().unwrap();
+            let options = options.timezone(None::<String>);
+            Conn::My(sqlx::MySqlConnection::connect_with(&options).await.unwrap())
+        } else {
+            Conn::Lite(sqlx::SqliteConnection::connect(url).await.unwrap())
+        };
+        Self {
+            conn,
+            table: table.to_owned(),
+            locked_by: locked_by.to_owned(),
+            ignore_lock_until: false,
+            locked_at_ms: 0,
+        }
+    }
+
+    /// Whether ShedLock's insert is an upsert that also takes an expired
+    /// row (PostgreSQL with `usingDbTime()`).
+    pub fn insert_is_upsert(&self) -> bool {
+        matches!(self.conn, Conn::Pg(_))
+    }
+
+    /// ShedLock's insert: whether it inserted (or, on PostgreSQL, whose
+    /// insert is an upsert, took an expired row). A duplicate key is
+    /// `false`, as `insertRecord` reports it.
+    pub async fn insert(&mut self, name: &str, at_most: Duration) -> bool {
+        let t = &self.table;
+        let (by, now_ms) = (self.locked_by.clone(), now_ms());
+        let rows = match &mut self.conn {
+            Conn::Pg(c) => {
+                let most = format!("{PG_NOW} + make_interval(secs => $2)");
+                let sql = format!(
+                    "INSERT INTO {t}(name, lock_until, locked_at, locked_by) VALUES($1, {most}, {PG_NOW}, $3) \
+                     ON CONFLICT (name) DO UPDATE SET lock_until = {most}, locked_at = {PG_NOW}, locked_by = $3 \
+                     WHERE {t}.name = $1 AND {t}.lock_until <= {PG_NOW}"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(name)
+                    .bind(at_most.as_secs_f64())
+                    .bind(&by)
+                    .execute(c)
+                    .await
+                    .map(|r| r.rows_affected())
+            }
+            Conn::My(c) => {
+                let sql = format!(
+                    "INSERT IGNORE INTO {t}(name, lock_until, locked_at, locked_by) \
+                     VALUES(?, TIMESTAMPADD(MICROSECOND, ?, {MY_NOW}), {MY_NOW}, ?)"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(name)
+                    .bind(us(at_most))
+                    .bind(&by)
+                    .execute(c)
+                    .await
+                    .map(|r| r.rows_affected())
+            }
+            Conn::Lite(c) => {
+                let sql = format!(
+                    "INSERT INTO {t}(name, lock_until, locked_at, locked_by) VALUES(?, ?, ?, ?)"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(name)
+                    .bind(now_ms + ms(at_most))
+                    .bind(now_ms)
+                    .bind(&by)
+                    .execute(c)
+                    .await
+                    .map(|r| r.rows_affected())
+            }
+        };
+        match rows {
+            Ok(n) => {
+                if n > 0 {
+                    self.locked_at_ms = now_ms;
+                }
+                n > 0
+            }
+            Err(sqlx::Error::Database(db)) if db.is_unique_violation() => false,
+            Err(e) => panic!("ShedLock insert failed: {e}"),
+        }
+    }
+
+    /// ShedLock's update (takes the row when `lock_until <= now`; with
+    /// [`ignore_lock_until`](Self::ignore_lock_until), always): rows
+    /// affected.
+    pub async fn update(&mut self, name: &str, at_most: Duration) -> u64 {
+        let t = &self.table;
+        let (by, now_ms) = (self.locked_by.clone(), now_ms());
+        let rows = match &mut self.conn {
+            Conn::Pg(c) => {
+                let gate = if self.ignore_lock_until {
+                    String::new()
+                } else {
+                    format!(" AND {t}.lock_until <= {PG_NOW}")
+                };
+                let sql = format!(
+                    "UPDATE {t} SET lock_until = {PG_NOW} + make_interval(secs => $2), locked_at = {PG_NOW}, \
+                     locked_by = $3 WHERE {t}.name = $1{gate}"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(name)
+                    .bind(at_most.as_secs_f64())
+                    .bind(&by)
+                    .execute(c)
+                    .await
+                    .unwrap()
+                    .rows_affected()
+            }
+            Conn::My(c) => {
+                let gate = if self.ignore_lock_until {
+                    String::new()
+                } else {
+                    format!(" AND lock_until <= {MY_NOW}")
+                };
+                let sql = format!(
+                    "UPDATE {t} SET lock_until = TIMESTAMPADD(MICROSECOND, ?, {MY_NOW}), \
+                     locked_at = {MY_NOW}, locked_by = ? WHERE name = ?{gate}"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(us(at_most))
+                    .bind(&by)
+                    .bind(name)
+                    .execute(c)
+                    .await
+                    .unwrap()
+                    .rows_affected()
+            }
+            Conn::Lite(c) => {
+                let gate = if self.ignore_lock_until {
+                    " AND ? = ?"
+                } else {
+                    " AND lock_until <= ?"
+                };
+                let sql = format!(
+                    "UPDATE {t} SET lock_until = ?, locked_at = ?, locked_by = ? WHERE name = ?{gate}"
+                );
+                let mut query = sqlx::query(AssertSqlSafe(sql))
+                    .bind(now_ms + ms(at_most))
+                    .bind(now_ms)
+                    .bind(by.clone())
+                    .bind(name)
+                    .bind(now_ms);
+                if self.ignore_lock_until {
+                    query = query.bind(now_ms);
+                }
+                query.execute(c).await.unwrap().rows_affected()
+            }
+        };
+        if rows > 0 {
+            self.locked_at_ms = now_ms;
+        }
+        rows
+    }
+
+    /// ShedLock's `lock()`: the insert, and the update when it failed.
+    pub async fn lock(&mut self, name: &str, at_most: Duration) -> bool {
+        self.insert(name, at_most).await || self.update(name, at_most).await > 0
+    }
+
+    /// ShedLock's extend (`lock_until = now + at_most` while its own and
+    /// unexpired): rows affected.
+    pub async fn extend(&mut self, name: &str, at_most: Duration) -> u64 {
+        let t = &self.table;
+        let by = self.locked_by.clone();
+        match &mut self.conn {
+            Conn::Pg(c) => {
+                let sql = format!(
+                    "UPDATE {t} SET lock_until = {PG_NOW} + make_interval(secs => $2) \
+                     WHERE name = $1 AND locked_by = $3 AND lock_until > {PG_NOW}"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(name)
+                    .bind(at_most.as_secs_f64())
+                    .bind(&by)
+                    .execute(c)
+                    .await
+                    .map(|r| r.rows_affected())
+            }
+            Conn::My(c) => {
+                let sql = format!(
+                    "UPDATE {t} SET lock_until = TIMESTAMPADD(MICROSECOND, ?, {MY_NOW}) \
+                     WHERE name = ? AND locked_by = ? AND lock_until > {MY_NOW}"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(us(at_most))
+                    .bind(name)
+                    .bind(&by)
+                    .execute(c)
+                    .await
+                    .map(|r| r.rows_affected())
+            }
+            Conn::Lite(c) => {
+                let now = now_ms();
+                let sql = format!(
+                    "UPDATE {t} SET lock_until = ? WHERE name = ? AND locked_by = ? AND lock_until > ?"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(now + ms(at_most))
+                    .bind(name)
+                    .bind(&by)
+                    .bind(now)
+                    .execute(c)
+                    .await
+                    .map(|r| r.rows_affected())
+            }
+        }
+        .unwrap()
+    }
+
+    /// ShedLock's unlock: `lock_until = max(now, locked_at + at_least)`
+    /// where its own (the row stays): rows affected.
+    pub async fn unlock(&mut self, name: &str, at_least: Duration) -> u64 {
+        let t = &self.table;
+        let by = self.locked_by.clone();
+        match &mut self.conn {
+            Conn::Pg(c) => {
+                let least = "locked_at + make_interval(secs => $2)";
+                let sql = format!(
+                    "UPDATE {t} SET lock_until = CASE WHEN {least} > {PG_NOW} THEN {least} ELSE {PG_NOW} END \
+                     WHERE name = $1 AND locked_by = $3"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(name)
+                    .bind(at_least.as_secs_f64())
+                    .bind(&by)
+                    .execute(c)
+                    .await
+                    .map(|r| r.rows_affected())
+            }
+            Conn::My(c) => {
+                let least = "TIMESTAMPADD(MICROSECOND, ?, locked_at)";
+                let sql = format!(
+                    "UPDATE {t} SET lock_until = IF ({least} > {MY_NOW} , {least}, {MY_NOW}) \
+                     WHERE name = ? AND locked_by = ?"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(us(at_least))
+                    .bind(us(at_least))
+                    .bind(name)
+                    .bind(&by)
+                    .execute(c)
+                    .await
+                    .map(|r| r.rows_affected())
+            }
+            Conn::Lite(c) => {
+                let unlock_time = (self.locked_at_ms + ms(at_least)).max(now_ms());
+                let sql = format!("UPDATE {t} SET lock_until = ? WHERE name = ? AND locked_by = ?");
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(unlock_time)
+                    .bind(name)
+                    .bind(&by)
+                    .execute(c)
+                    .await
+                    .map(|r| r.rows_affected())
+            }
+        }
+        .unwrap()
+    }
+
+    /// The row of `name` as it is: (`locked_by`, whether `lock_until` has
+    /// passed on the database's clock); `None` without a row.
+    pub async fn row(&mut self, name: &str) -> Option<(String, bool)> {
+        let t = &self.table;
+        match &mut self.conn {
+            Conn::Pg(c) => {
+                let sql = format!(
+                    "SELECT locked_by, CAST(CASE WHEN lock_until <= {PG_NOW} THEN 1 ELSE 0 END AS BIGINT) \
+                     FROM {t} WHERE name = $1"
+                );
+                sqlx::query_as::<_, (String, i64)>(AssertSqlSafe(sql))
+                    .bind(name)
+                    .fetch_optional(c)
+                    .await
+            }
+            Conn::My(c) => {
+                let sql = format!(
+                    "SELECT locked_by, CAST(lock_until <= {MY_NOW} AS SIGNED) FROM {t} WHERE name = ?"
+                );
+                sqlx::query_as::<_, (String, i64)>(AssertSqlSafe(sql))
+                    .bind(name)
+                    .fetch_optional(c)
+                    .await
+            }
+            Conn::Lite(c) => {
+                let sql = format!("SELECT locked_by, lock_until <= ? FROM {t} WHERE name = ?");
+                sqlx::query_as::<_, (String, i64)>(AssertSqlSafe(sql))
+                    .bind(now_ms())
+                    .bind(name)
+                    .fetch_optional(c)
+                    .await
+            }
+        }
+        .unwrap()
+        .map(|(by, expired)| (by, expired != 0))
+    }
+
+    /// How many rows `name` has (ShedLock keeps exactly one).
+    pub async fn rows(&mut self, name: &str) -> i64 {
+        let t = &self.table;
+        let sql = AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM {t} WHERE name = {}",
+            match self.conn {
+                Conn::Pg(_) => "$1",
+                _ => "?",
+            }
+        ));
+        match &mut self.conn {
+            Conn::Pg(c) => sqlx::query_scalar(sql).bind(name).fetch_one(c).await,
+            Conn::My(c) => sqlx::query_scalar(sql).bind(name).fetch_one(c).await,
+            Conn::Lite(c) => sqlx::query_scalar(sql).bind(name).fetch_one(c).await,
+        }
+        .unwrap()
+    }
+}
