@@ -13,7 +13,7 @@ use zookeeper_client as zk;
 use super::session::Session;
 use super::{ZkBackend, lock};
 use crate::error::timed;
-use crate::paths::owner_of;
+use crate::paths::mutex_owner_of;
 
 /// How long a background cleanup keeps trying to delete a node.
 const CLEANUP_PATIENCE: Duration = Duration::from_secs(60);
@@ -140,7 +140,7 @@ impl ZkBackend {
                 }
             }
         };
-        for name in children.iter().filter(|n| owner_of(n) == Some(owner)) {
+        for name in children.iter().filter(|n| mutex_owner_of(n) == Some(owner)) {
             let path = format!("{dir}/{name}");
             if patient {
                 Box::pin(self.delete_node(client, &path, dir, owner)).await;

@@ -31,6 +31,24 @@ pub enum ZkLayout {
     Path,
 }
 
+/// Which names this driver's mutex nodes get (read-write locks, semaphores
+/// and elections always keep Curator's names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ZkNodeNames {
+    /// `_c_<attempt id as a UUID>-lock-<sequence>`: the protected name of
+    /// Curator's `InterProcessMutex` (the default). Curator sorts these
+    /// with its own; kazoo sees them only with
+    /// `extra_lock_patterns=["-lock-"]`.
+    #[default]
+    Curator,
+    /// `<attempt id, 32 lowercase hex>__lock__<sequence>`: the name of
+    /// kazoo's `Lock` (`uuid4().hex + "__lock__"`), so an unmodified kazoo
+    /// `Lock` counts our node as a contender and its waiter watches it.
+    /// Curator's `InterProcessMutex` does **not** order these names (it
+    /// sorts on the text after `lock-`): for kazoo fleets only.
+    Kazoo,
+}
+
 /// How to reach a ZooKeeper ensemble and where to keep locks.
 ///
 /// Built from a URL ([`ZkConfig::from_url`]) or with the builder methods:
@@ -64,6 +82,7 @@ pub struct ZkConfig {
     digest: Option<(String, String)>,
     containers: bool,
     layout: ZkLayout,
+    nodes: ZkNodeNames,
 }
 
 impl fmt::Debug for ZkConfig {
@@ -81,6 +100,7 @@ impl fmt::Debug for ZkConfig {
             )
             .field("containers", &self.containers)
             .field("layout", &self.layout)
+            .field("nodes", &self.nodes)
             .finish()
     }
 }
@@ -109,6 +129,7 @@ impl ZkConfig {
             digest: None,
             containers: true,
             layout: ZkLayout::Escaped,
+            nodes: ZkNodeNames::Curator,
         }
     }
 
@@ -121,7 +142,9 @@ impl ZkConfig {
     /// lock root inside the chroot, default `/distlock`), `containers`
     /// (`true`/`false`: create key directories as container nodes, default
     /// `true`), `layout` (`escaped`, the default, or `path`: mutex keys are
-    /// the absolute paths kazoo or Curator lock, see [`ZkLayout`]). A user
+    /// the absolute paths kazoo or Curator lock, see [`ZkLayout`]), `nodes`
+    /// (`curator`, the default, or `kazoo`: the names of our mutex nodes,
+    /// see [`ZkNodeNames`]). A user
     /// and password in the URL (percent-encoded) turn on
     /// `digest` authentication.
     ///
@@ -178,6 +201,17 @@ impl ZkConfig {
                 other => {
                     return Err(LockError::config(format!(
                         "layout must be `escaped` or `path`, got {other:?}"
+                    )));
+                }
+            };
+        }
+        if let Some(nodes) = options.text("nodes")? {
+            config.nodes = match nodes.as_str() {
+                "curator" => ZkNodeNames::Curator,
+                "kazoo" => ZkNodeNames::Kazoo,
+                other => {
+                    return Err(LockError::config(format!(
+                        "nodes must be `curator` or `kazoo`, got {other:?}"
                     )));
                 }
             };
@@ -272,6 +306,20 @@ impl ZkConfig {
     /// How mutex keys map to lock directories.
     pub fn layout(&self) -> ZkLayout {
         self.layout
+    }
+
+    /// Sets the names of our mutex nodes (see [`ZkNodeNames`]):
+    /// [`ZkNodeNames::Kazoo`] for a directory shared with kazoo `Lock`s
+    /// that have no `extra_lock_patterns`.
+    #[must_use]
+    pub fn with_node_names(mut self, nodes: ZkNodeNames) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// The names of our mutex nodes.
+    pub fn node_names(&self) -> ZkNodeNames {
+        self.nodes
     }
 
     /// The `host:port` servers.
@@ -435,6 +483,14 @@ mod tests {
         let c = ZkConfig::from_url("zk://127.0.0.1:2181/app?layout=path").unwrap();
         assert_eq!(c.layout(), ZkLayout::Path);
         assert!(format!("{c:?}").contains("Path"));
+        assert_eq!(c.node_names(), ZkNodeNames::Curator);
+        let c = ZkConfig::from_url("zk://127.0.0.1:2181/app?layout=path&nodes=kazoo").unwrap();
+        assert_eq!(c.node_names(), ZkNodeNames::Kazoo);
+        assert!(format!("{c:?}").contains("Kazoo"));
+        let c = ZkConfig::from_url("zk://127.0.0.1:2181?nodes=curator").unwrap();
+        assert_eq!(c.node_names(), ZkNodeNames::Curator);
+        let built = ZkConfig::new(["h"]).with_node_names(ZkNodeNames::Kazoo);
+        assert_eq!(built.node_names(), ZkNodeNames::Kazoo);
     }
 
     #[test]
@@ -463,6 +519,9 @@ mod tests {
             "zk://h:1?containers=",
             "zk://h:1?layout=raw",
             "zk://h:1?layout=",
+            "zk://h:1?nodes=Kazoo",
+            "zk://h:1?nodes=",
+            "zk://h:1?nodes=kazoo&nodes=curator",
             "zk://h:1?timeout=1s&op_timeout=2s",
         ] {
             let err = ZkConfig::from_url(url).unwrap_err();

@@ -28,7 +28,7 @@ use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
 use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, owner_of, sequence_of};
+use crate::paths::{self, kazoo_owner_of, mutex_owner_of, owner_of};
 
 // Child modules: they share the backend's private state.
 // The session: opening it, its state signal, leader-view reads.
@@ -291,15 +291,21 @@ impl ZkBackend {
         }
         if data.starts_with('/') {
             let (node_dir, name) = paths::split_node(data)?;
-            let seq = u32::try_from(sequence_of(name)?).ok()?;
+            let seq = u32::try_from(paths::mutex_sequence_of(name)?).ok()?;
             return (paths::is_mutex_dir(root, self.inner.config.layout(), lease.key(), node_dir)
-                && owner_of(name) == Some(lease.owner()))
+                && mutex_owner_of(name) == Some(lease.owner()))
             .then(|| NodeRef {
                 path: data.to_owned(),
                 dir_len: node_dir.len(),
                 seq,
             });
         }
+        // A kazoo-named node (`nodes=kazoo`) says so in its data, so any
+        // backend on the key's directory finds it whatever its own setting.
+        let (nodes, data) = match data.strip_prefix(waiting::KAZOO_DATA) {
+            Some(seq) => (crate::ZkNodeNames::Kazoo, seq),
+            None => (crate::ZkNodeNames::Curator, data),
+        };
         if data.is_empty() || !data.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
@@ -307,7 +313,7 @@ impl ZkBackend {
         let dir = self.key_path(lease.key());
         Some(NodeRef {
             dir_len: dir.len(),
-            path: paths::node_path(&dir, lease.owner(), seq),
+            path: paths::mutex_node_path(&dir, lease.owner(), nodes, seq),
             seq,
         })
     }
@@ -587,10 +593,16 @@ impl LockBackend for ZkBackend {
                 Err(err) if err.is(&zk::Error::NoNode) => return Ok(None),
                 Err(err) => return Err(fail(err)),
             };
-            // The holder may be a kazoo lock (its node name is the holder).
-            let Some((_, name)) = paths::sorted_mutex_contenders(children).into_iter().next()
+            // The holder may be a kazoo lock: its node name is the holder,
+            // or with `nodes=kazoo` (where ours have kazoo's names too) the
+            // 32-hex id in it, as for ours.
+            let Some((seq, name)) = paths::sorted_mutex_contenders(children).into_iter().next()
             else {
                 return Ok(None);
+            };
+            let owner = match self.inner.config.node_names() {
+                crate::ZkNodeNames::Curator => owner_of(&name),
+                crate::ZkNodeNames::Kazoo => owner_of(&name).or_else(|| kazoo_owner_of(&name)),
             };
             let path = format!("{dir}/{name}");
             let Some(stat) = timed(self.op_timeout(), session.client.check_stat(&path))
@@ -599,9 +611,9 @@ impl LockBackend for ZkBackend {
             else {
                 continue;
             };
-            let seq = sequence_of(&name).and_then(|seq| u32::try_from(seq).ok());
+            let seq = u32::try_from(seq).ok();
             let clock = self.inner.clock;
-            let remaining_ttl = owner_of(&name).and_then(|owner| {
+            let remaining_ttl = owner.and_then(|owner| {
                 self.tracked(owner, |node| {
                     (Some(node.seq) == seq).then(|| clock.remaining(node.due, Instant::now()))
                 })
@@ -609,7 +621,7 @@ impl LockBackend for ZkBackend {
             });
             return Ok(Some(LockInfo {
                 key: key.clone(),
-                holder: owner_of(&name).map_or(name, OwnerId::to_hex),
+                holder: owner.map_or(name, OwnerId::to_hex),
                 token: u64::try_from(stat.czxid).ok().map(FencingToken::new),
                 remaining_ttl,
             }));

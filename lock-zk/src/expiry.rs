@@ -59,7 +59,13 @@ pub(super) const LATCH_MARK: char = '\u{1}';
 
 impl Tracked {
     /// The node's path (rebuilt from the key, the owner and the sequence).
-    fn path(&self, root: &str, layout: crate::ZkLayout, owner: OwnerId) -> String {
+    fn path(
+        &self,
+        root: &str,
+        layout: crate::ZkLayout,
+        nodes: crate::ZkNodeNames,
+        owner: OwnerId,
+    ) -> String {
         match self.key.strip_prefix(LATCH_MARK) {
             Some(election) => paths::named_node_path(
                 &paths::latch_dir_of(root, election),
@@ -67,9 +73,10 @@ impl Tracked {
                 paths::LATCH_NAME,
                 self.seq,
             ),
-            None => paths::node_path(
+            None => paths::mutex_node_path(
                 &paths::mutex_dir_of(root, layout, &self.key),
                 owner,
+                nodes,
                 self.seq,
             ),
         }
@@ -322,7 +329,15 @@ fn take_due(inner: &Inner, now: Instant) -> Due {
     tracked.retain(|slot, node| {
         if clock.passed(node.due, now) {
             let owner = inner.owners.owner(*slot);
-            due.push((node.path(root, inner.config.layout(), owner), owner));
+            due.push((
+                node.path(
+                    root,
+                    inner.config.layout(),
+                    inner.config.node_names(),
+                    owner,
+                ),
+                owner,
+            ));
             false
         } else {
             let left = clock.remaining(node.due, now);

@@ -11,7 +11,9 @@
 //! spelling), durations such as `6s` or `500ms` (a unit is required),
 //! `root` (lock root inside the chroot, default `/distlock`), `containers`
 //! (`true`/`false`), `layout` (`escaped`, the default, or `path`: see
-//! [kazoo and Curator on their own paths](#kazoo-and-curator-on-their-own-paths)).
+//! [kazoo and Curator on their own paths](#kazoo-and-curator-on-their-own-paths)),
+//! `nodes` (`curator`, the default, or `kazoo`: the names of our mutex
+//! nodes, see [kazoo-named nodes](#kazoo-named-nodes-nodeskazoo)).
 //! A user and password turn on `digest` authentication. See [`ZkConfig`].
 //!
 //! ```no_run
@@ -32,7 +34,8 @@
 //!   `zookeeper-client` crate; its state is drained continuously into the
 //!   [`SessionState`](lock_core::SessionState) signal every lease carries.
 //! - **Acquire** creates an `EPHEMERAL_SEQUENTIAL` node
-//!   `<root>/<escaped key>/_c_<attempt id>-lock-<sequence>`, lists the
+//!   `<root>/<escaped key>/_c_<attempt id>-lock-<sequence>` (with
+//!   `nodes=kazoo`: `<attempt id hex>__lock__<sequence>`), lists the
 //!   directory, and holds the lock when its node has the lowest sequence.
 //!   Otherwise it watches only its immediate predecessor (no herd), and
 //!   looks again when that node goes. A predecessor that vanished between
@@ -147,7 +150,8 @@
 //!   1000 MB). With 256 MB its collector thrashes (back-to-back full
 //!   collections), it stops answering, and sessions expire: every lock of
 //!   the session is lost.
-//! - Curator compatibility: nodes use Curator's protected names and sort on
+//! - Curator compatibility (the default `nodes=curator`; not with
+//!   `nodes=kazoo`, see below): nodes use Curator's protected names and sort on
 //!   the digits after `lock-`, so an `InterProcessMutex` on
 //!   `<root>/<escaped key>` (e.g. `/distlock/jobs%2Fnightly` for key
 //!   `jobs/nightly`) excludes with this driver. Curator's lease renewal and
@@ -290,13 +294,72 @@
 //!   its own. **kazoo needs `extra_lock_patterns=["-lock-"]`** (kazoo
 //!   2.7.1+): `zk.Lock(path, identifier, extra_lock_patterns=["-lock-"])`.
 //!   Without it kazoo counts only `__lock__` nodes and takes the lock beside
-//!   ours (`tests/kazoo.rs` keeps this as a negative control).
+//!   ours (`tests/kazoo.rs` keeps this as a negative control), unless our
+//!   nodes carry kazoo's name (`nodes=kazoo`, next section).
 //! - **kazoo and Curator between themselves** are not tested here, and
 //!   Curator sorts on the text after `lock-`, which kazoo's names lack:
 //!   check that pair before mixing it; ours in between does not fix it.
 //! - A kazoo node whose sequence is negative (kazoo reads `-?\d{10}`: the
 //!   server's counter past `i32::MAX`, after 2^31 creates in one directory)
 //!   is not recognised as a contender.
+//!
+//! # kazoo-named nodes (`nodes=kazoo`)
+//!
+//! A kazoo fleet that cannot be redeployed with `extra_lock_patterns`
+//! is excluded by giving our mutex nodes kazoo's own name:
+//! `zk://host:2181/myapp?layout=path&nodes=kazoo`
+//! ([`ZkConfig::with_node_names`]`(`[`ZkNodeNames::Kazoo`]`)`).
+//!
+//! - **Node names**: our mutex node is
+//!   `<attempt id, 32 lowercase hex>__lock__<sequence>` (sequence as the
+//!   server writes it, `%010d`), exactly what kazoo 2.11.0's `Lock` creates
+//!   (`uuid4().hex + "__lock__"`); its data is the owner id in hex (what
+//!   kazoo's `contenders()` lists). The default, `nodes=curator`
+//!   ([`ZkNodeNames::Curator`]), keeps `_c_<uuid>-lock-<sequence>`.
+//!   Read-write locks, semaphores (and a semaphore's internal mutex) and
+//!   elections keep Curator's names either way.
+//! - **Theirs waits for ours**: an unmodified kazoo `Lock` matches
+//!   `__lock__(-?\d{10})$` against every child, so our node is one of its
+//!   contenders; it orders contenders by those 10 digits (compared as
+//!   text: numeric order while the counter is below `i32::MAX`), and a
+//!   kazoo waiter watches our node and wakes when we delete it.
+//! - **Ours waits for theirs**, and for Curator's: in both modes our mutex
+//!   counts `lock-`, `__lock__` and `__rlock__` nodes as contenders by
+//!   sequence number, so our processes with either setting exclude each
+//!   other on one directory.
+//! - **Owner parsing**: our code finds its own node (a create whose reply
+//!   was lost, extra nodes of one attempt, the cleanup of an abandoned
+//!   attempt) by the owner id in either naming. A mutex lease on a
+//!   kazoo-named node has `backend_data` `kazoo:<sequence>`, so release
+//!   and renew rebuild the right path on any backend of ours whatever its
+//!   own setting. `inspect` reports the holder's owner id: with
+//!   `nodes=kazoo` that is the 32-hex id in any `<hex>__lock__<seq>` node
+//!   (ours, or a kazoo client's `uuid4().hex`); with the default, a kazoo
+//!   node's holder is its whole name (ours cannot be told apart from
+//!   kazoo's there).
+//! - **Curator**: Curator's `InterProcessMutex` sorts on the text after
+//!   `lock-`, which a kazoo-named node lacks, so it sorts our *whole name*
+//!   against its own 10 digits: ours comes after Curator's (unless the owner
+//!   id starts with about nine zero hex digits) and **Curator takes the
+//!   lock beside ours** (ours still waits for Curator). `nodes=kazoo` is
+//!   for kazoo fleets; keep the default names where Curator runs (a
+//!   directory shared by kazoo *and* Curator fleets is not covered:
+//!   kazoo without `extra_lock_patterns` cannot see Curator either).
+//! - **Tested** (real kazoo 2.11.0, Debian's Curator 5.4, a real server):
+//!   `tests/kazoo.rs` `kazoo_named_nodes_exclude_an_unmodified_kazoo_lock`:
+//!   with `layout=path&nodes=kazoo`, an unmodified kazoo `Lock` and ours
+//!   exclude each other both ways (single try and 300 ms wait refused,
+//!   the waiter granted after the release, kazoo's within 5 s of its 10 s
+//!   wait), our node's name, `node_path`, `inspect` (our owner, kazoo's
+//!   id), renew, kazoo-named and Curator-named backends of ours excluding
+//!   each other; control: the same kazoo gets in beside a Curator-named
+//!   backend and the check reports it (and, in
+//!   `kazoo_lock_and_ours_exclude_each_other`, beside the default layout).
+//!   `tests/curator.rs` `curator_mutex_misorders_kazoo_named_nodes`:
+//!   Curator holds, ours waits; ours holds, Curator's answer is the one
+//!   its sort predicts (it got in beside ours in every run so far).
+//!   `tests/conformance.rs` `suite_with_kazoo_node_names` runs the shared
+//!   suite with `nodes=kazoo`.
 //!
 //! # Leader election
 //!
@@ -389,7 +452,7 @@ pub mod floor;
 mod paths;
 mod wire;
 
-pub use config::{DEFAULT_ROOT, ZkConfig, ZkLayout};
+pub use config::{DEFAULT_ROOT, ZkConfig, ZkLayout, ZkNodeNames};
 pub use descriptor::DRIVER;
 pub use driver::{MIN_TTL, ZkBackend, capabilities};
 

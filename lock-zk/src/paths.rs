@@ -13,10 +13,15 @@
 //!   `WriteLock`) and `<uuid hex>__rlock__<seq>` (its `ReadLock`), ordered
 //!   by their sequence numbers among ours and Curator's (one parent, one
 //!   counter, so the numbers compare).
+//! - With `nodes=kazoo` ([`ZkNodeNames::Kazoo`]) our mutex node is
+//!   `<attempt id, 32 lowercase hex>__lock__<sequence>` instead: exactly
+//!   kazoo's `uuid4().hex + "__lock__"` prefix, so kazoo's contender
+//!   pattern (`__lock__(-?\d{10})$`) matches it. Its owner is read back
+//!   from the 32 digits before `__lock__`.
 
 use lock_core::{LockKey, OwnerId};
 
-use crate::config::ZkLayout;
+use crate::config::{ZkLayout, ZkNodeNames};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 /// Everything but `[A-Za-z0-9_-]` is escaped.
@@ -275,6 +280,7 @@ pub(crate) fn owner_of(name: &str) -> Option<OwnerId> {
 
 /// The sequence number of a lock node: the digits after the last `lock-`
 /// (Curator's `fixForSorting`). `None` for children that are not lock nodes.
+#[cfg(test)]
 pub(crate) fn sequence_of(name: &str) -> Option<i64> {
     sequence_named(name, LOCK_NAME)
 }
@@ -302,15 +308,69 @@ pub(crate) fn sorted_named(children: Vec<String>, name: &str) -> Vec<(i64, Strin
 pub(crate) fn sorted_mutex_contenders(children: Vec<String>) -> Vec<(i64, String)> {
     let mut nodes: Vec<(i64, String)> = children
         .into_iter()
-        .filter_map(|child| {
-            [LOCK_NAME, KAZOO_LOCK_NAME, KAZOO_READ_NAME]
-                .iter()
-                .find_map(|name| sequence_named(&child, name))
-                .map(|seq| (seq, child))
-        })
+        .filter_map(|child| mutex_sequence_of(&child).map(|seq| (seq, child)))
         .collect();
     nodes.sort();
     nodes
+}
+
+/// The sequence number of a mutex contender (see
+/// [`sorted_mutex_contenders`]): a `lock-`, `__lock__` or `__rlock__` node.
+pub(crate) fn mutex_sequence_of(name: &str) -> Option<i64> {
+    [LOCK_NAME, KAZOO_LOCK_NAME, KAZOO_READ_NAME]
+        .iter()
+        .find_map(|n| sequence_named(name, n))
+}
+
+/// The path prefix of `owner`'s mutex node in `dir` named as `nodes` says
+/// (the server appends the sequence number).
+pub(crate) fn mutex_node_prefix(dir: &str, owner: OwnerId, nodes: ZkNodeNames) -> String {
+    match nodes {
+        ZkNodeNames::Curator => node_path_prefix(dir, owner),
+        ZkNodeNames::Kazoo => {
+            let mut path = String::with_capacity(dir.len() + 1 + 32 + KAZOO_LOCK_NAME.len() + 10);
+            path.push_str(dir);
+            path.push('/');
+            path.push_str(&owner.to_hex());
+            path.push_str(KAZOO_LOCK_NAME);
+            path
+        }
+    }
+}
+
+/// The path of `owner`'s mutex node with sequence `seq` in `dir`, named as
+/// `nodes` says, as the server names it (see [`node_path`]).
+pub(crate) fn mutex_node_path(dir: &str, owner: OwnerId, nodes: ZkNodeNames, seq: u32) -> String {
+    use std::fmt::Write as _;
+    let mut path = mutex_node_prefix(dir, owner, nodes);
+    // Writing into a String cannot fail.
+    if i32::try_from(seq).is_ok() {
+        let _ = write!(path, "{seq:010}");
+    } else {
+        let _ = write!(path, "{seq:019}");
+    }
+    path
+}
+
+/// The owner id of a kazoo-named node (`<32 lowercase hex>__lock__<digits>`,
+/// what `nodes=kazoo` creates and kazoo's `Lock` names its own nodes).
+pub(crate) fn kazoo_owner_of(name: &str) -> Option<OwnerId> {
+    let hex = name.get(..32)?;
+    let digits = name[32..].strip_prefix(KAZOO_LOCK_NAME)?;
+    if digits.is_empty()
+        || !digits.bytes().all(|b| b.is_ascii_digit())
+        || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        return None;
+    }
+    OwnerId::from_hex(hex).ok()
+}
+
+/// The owner id in a mutex node name of either naming ([`owner_of`] or
+/// [`kazoo_owner_of`]): for finding and deleting the nodes of one attempt
+/// (attempt ids are random, so a kazoo client's id never equals ours).
+pub(crate) fn mutex_owner_of(name: &str) -> Option<OwnerId> {
+    owner_of(name).or_else(|| kazoo_owner_of(name))
 }
 
 /// Splits a lock node path into its directory and name.
@@ -547,6 +607,67 @@ mod tests {
         assert_eq!(
             owner_of("0f3a9c2b8e7d4c1a9b2e3f4a5b6c7d8e__lock__0000000007"),
             None
+        );
+    }
+
+    #[test]
+    fn kazoo_named_nodes_are_kazoos_names() {
+        let owner = owner_probe();
+        let path = mutex_node_path("/d", owner, ZkNodeNames::Kazoo, 5);
+        assert_eq!(
+            path,
+            "/d/0123456789abcdef0123456789abcdef__lock__0000000005"
+        );
+        let name = path.strip_prefix("/d/").unwrap();
+        // kazoo's `Lock.prefix` is `uuid4().hex + "__lock__"` (32 lowercase
+        // hex digits) and its contender pattern `__lock__(-?\d{10})$`.
+        let (hex, seq) = name.split_once(KAZOO_LOCK_NAME).unwrap();
+        assert_eq!(hex.len(), 32);
+        assert!(hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+        assert_eq!(seq.len(), 10);
+        assert_eq!(kazoo_owner_of(name), Some(owner));
+        assert_eq!(mutex_owner_of(name), Some(owner));
+        assert_eq!(owner_of(name), None);
+        assert_eq!(mutex_sequence_of(name), Some(5));
+        assert_eq!(sequence_of(name), None);
+        assert_eq!(
+            mutex_node_prefix("/d", owner, ZkNodeNames::Kazoo),
+            "/d/0123456789abcdef0123456789abcdef__lock__"
+        );
+        assert_eq!(
+            mutex_node_path("/d", owner, ZkNodeNames::Curator, 5),
+            node_path("/d", owner, 5)
+        );
+        let curator = node_path("/d", owner, 5);
+        assert_eq!(
+            mutex_owner_of(curator.strip_prefix("/d/").unwrap()),
+            Some(owner)
+        );
+        // Ours among Curator's and kazoo's nodes, by sequence.
+        let sorted: Vec<String> = sorted_mutex_contenders(vec![
+            name.to_owned(),
+            "_c_5f1e6c8e-0000-0000-0000-000000000000-lock-0000000007".to_owned(),
+            "aa3a9c2b8e7d4c1a9b2e3f4a5b6c7d8e__lock__0000000002".to_owned(),
+        ])
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
+        assert_eq!(sorted[1], name);
+        for bad in [
+            "0123456789abcdef0123456789abcdef__lock__",
+            "0123456789abcdef0123456789abcdeF__lock__0000000001",
+            "0123456789abcdef0123456789abcde__lock__0000000001",
+            "0123456789abcdef0123456789abcdefx__lock__0000000001",
+            "0123456789abcdef0123456789abcdef__rlock__0000000001",
+            "0123456789abcdef0123456789abcdef__lock__-000000001",
+            "ünï",
+        ] {
+            assert_eq!(kazoo_owner_of(bad), None, "{bad}");
+        }
+        let max = u32::try_from(i32::MAX).unwrap();
+        assert!(
+            mutex_node_path("/d", owner, ZkNodeNames::Kazoo, max + 1)
+                .ends_with(&format!("__lock__{:019}", max + 1))
         );
     }
 

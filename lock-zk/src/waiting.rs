@@ -20,7 +20,7 @@ use super::cleanup::NodeCleanup;
 use super::session::{Session, synced};
 use super::{MIN_TTL, ZkBackend, lock};
 use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, owner_of};
+use crate::paths::{self, mutex_owner_of};
 
 /// Which recipe an attempt follows: the node name it creates and sorts on,
 /// the data it writes, and how its lease names the node.
@@ -28,6 +28,10 @@ use crate::paths::{self, owner_of};
 pub(super) enum Recipe {
     /// Curator's `InterProcessMutex`: `lock-` nodes, no data.
     Mutex,
+    /// The mutex with kazoo's `Lock` names (`nodes=kazoo`): `__lock__`
+    /// nodes whose data is the owner value (what kazoo's `contenders()`
+    /// lists); the lease's data is `kazoo:<seq>`.
+    KazooMutex,
     /// Curator's `LeaderLatch` on the election `name`: `latch-` nodes
     /// whose data is the candidate's owner value (Curator's participant
     /// id); the lease's data is `latch:<seq>`.
@@ -38,6 +42,7 @@ impl Recipe {
     pub(super) fn node_name(self) -> &'static str {
         match self {
             Self::Mutex => paths::LOCK_NAME,
+            Self::KazooMutex => paths::KAZOO_LOCK_NAME,
             Self::Latch => paths::LATCH_NAME,
         }
     }
@@ -45,6 +50,9 @@ impl Recipe {
 
 /// The `backend_data` prefix of an election (latch node) lease.
 pub(super) const LATCH_DATA: &str = "latch:";
+
+/// The `backend_data` prefix of a mutex lease on a kazoo-named node.
+pub(super) const KAZOO_DATA: &str = "kazoo:";
 
 /// Why one attempt ended without a result.
 pub(super) enum AttemptError {
@@ -120,6 +128,10 @@ impl ZkBackend {
     ) -> Result<(String, i64, Option<Instant>), AttemptError> {
         let (prefix, data) = match recipe {
             Recipe::Mutex => (paths::node_path_prefix(dir, owner), String::new()),
+            Recipe::KazooMutex => (
+                paths::mutex_node_prefix(dir, owner, crate::ZkNodeNames::Kazoo),
+                owner.to_hex(),
+            ),
             Recipe::Latch => (
                 paths::named_prefix(dir, owner, paths::LATCH_NAME),
                 owner.to_hex(),
@@ -182,7 +194,7 @@ impl ZkBackend {
             .ok()?;
         let (_, name) = paths::sorted_named(children, recipe.node_name())
             .into_iter()
-            .find(|(_, name)| owner_of(name) == Some(owner))?;
+            .find(|(_, name)| mutex_owner_of(name) == Some(owner))?;
         let path = format!("{dir}/{name}");
         let stat = timed(self.op_timeout(), session.client.check_stat(&path))
             .await
@@ -283,13 +295,13 @@ impl ZkBackend {
             // the first node holds (leads). Other children are ignored.
             // A mutex also waits behind kazoo's lock nodes in its directory.
             let mut nodes = match recipe {
-                Recipe::Mutex => paths::sorted_mutex_contenders(children),
+                Recipe::Mutex | Recipe::KazooMutex => paths::sorted_mutex_contenders(children),
                 Recipe::Latch => paths::sorted_named(children, recipe.node_name()),
             };
             // Extra nodes of this attempt (a create retried after a lost
             // reply) would block everyone: remove them.
             nodes.retain(|(_, other)| {
-                if *other != name && owner_of(other) == Some(owner) {
+                if *other != name && mutex_owner_of(other) == Some(owner) {
                     let client = session.client.clone();
                     let extra = format!("{dir}/{other}");
                     let timeout = self.op_timeout();
@@ -344,6 +356,7 @@ impl ZkBackend {
                 })?;
                 let data = match recipe {
                     Recipe::Mutex => seq.to_string(),
+                    Recipe::KazooMutex => format!("{KAZOO_DATA}{seq}"),
                     Recipe::Latch => format!("{LATCH_DATA}{seq}"),
                 };
                 let lease = Lease::granted(
@@ -358,7 +371,7 @@ impl ZkBackend {
                 cleanup.disarm();
                 if track {
                     match recipe {
-                        Recipe::Mutex => {
+                        Recipe::Mutex | Recipe::KazooMutex => {
                             self.schedule_expiry(owner, key.as_str(), seq, sent + ttl);
                         }
                         Recipe::Latch => {
@@ -443,7 +456,13 @@ impl ZkBackend {
     ) -> Result<Option<Lease>, LockError> {
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
         let dir = self.checked_key_path(key, operation)?;
-        self.lock_in(key, &dir, ttl, deadline, operation, true)
+        // A user's mutex takes the configured names; a semaphore's internal
+        // mutex ([`Self::lock_in`]) keeps Curator's.
+        let recipe = match self.inner.config.node_names() {
+            crate::ZkNodeNames::Curator => Recipe::Mutex,
+            crate::ZkNodeNames::Kazoo => Recipe::KazooMutex,
+        };
+        self.lock_in_recipe(key, &dir, ttl, deadline, operation, true, recipe)
             .await
     }
 

@@ -18,6 +18,20 @@ async fn suite_on_a_single_server() {
     report.assert_passed();
 }
 
+/// The shared suite again with kazoo-named mutex nodes (`nodes=kazoo`):
+/// grant, wait, release, renew, inspect and cleanup find our nodes under
+/// that naming too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn suite_with_kazoo_node_names() {
+    let Some(target) = common::deployed_with("zookeeper", "nodes=kazoo").await else {
+        return;
+    };
+    let harness = Harness::new(Arc::new(target));
+    let report = run_suite(&harness).await;
+    println!("{}", report.table());
+    report.assert_passed();
+}
+
 /// Every shared fault scenario: holder process killed and paused (the
 /// `holder` example, which `cargo test` builds), partitioned client
 /// (through a fault proxy), server killed and restarted, injected latency,

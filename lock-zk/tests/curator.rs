@@ -102,6 +102,69 @@ async fn curator_mutex_and_ours_exclude_each_other() {
     }
 }
 
+/// `nodes=kazoo` beside Curator's `InterProcessMutex`, measured: ours
+/// still waits for Curator (Curator's `-lock-` node is one of our
+/// contenders), but Curator sorts on the text after `lock-`, and a
+/// kazoo-named node has none, so Curator sorts our *whole name*
+/// (`<owner hex>__lock__…`) against its own 10 digits. That puts ours
+/// after Curator's unless our owner id starts with about nine zero hex
+/// digits: Curator takes the lock beside ours. The test predicts Curator's
+/// answer from that rule and checks it, so `nodes=kazoo` is documented as
+/// for kazoo fleets and the default names for Curator fleets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curator_mutex_misorders_kazoo_named_nodes() {
+    let (target, _bs, peer) = setup(0).await;
+    let url = format!("{}&layout=path&nodes=kazoo", target.client_url());
+    let ours = ZkBackend::connect(lock_zk::ZkConfig::from_url(&url).expect("config"))
+        .await
+        .expect("kazoo-named backend");
+    let k = LockKey::new(format!(
+        "/curator-app/locks/kazoo-named-{}",
+        &OwnerId::random().to_hex()[..8]
+    ))
+    .expect("key");
+    let path = k.as_str().to_owned();
+    let mutex = |wait: u64| format!("mutex {path} {wait}");
+    // Curator holds: ours is refused, and granted after its release.
+    let (mut held, answer) = peer.take(&mutex(5_000)).await;
+    assert_eq!(answer, "ok", "Curator on a free {path}");
+    assert!(
+        ours.try_acquire(&k, TTL).await.unwrap().is_none(),
+        "kazoo-named ours beside Curator's mutex on {path}"
+    );
+    let err = ours.acquire(&k, TTL, soon(300)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
+    peer.release(&mut held).await;
+    let lease = ours
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("ours after Curator's release");
+    // Ours holds: Curator's next node gets the next sequence number, and
+    // Curator compares our whole name with its digits.
+    let node = ours.node_path(&lease).expect("our node");
+    let name = node.rsplit('/').next().expect("name");
+    let (_, seq) = name.split_once("__lock__").expect("a kazoo-named node");
+    let curator_sort_key = format!("{:010}", seq.parse::<u64>().expect("sequence") + 1);
+    let curator_waits = *name < *curator_sort_key.as_str();
+    let (mut beside, answer) = peer.take(&mutex(0)).await;
+    println!(
+        "Curator's single try while kazoo-named ours ({name}) held: {answer} \
+         (predicted {})",
+        if curator_waits { "busy" } else { "ok" }
+    );
+    assert_eq!(
+        answer == "busy",
+        curator_waits,
+        "Curator's answer {answer:?} beside {name}: not what its sort predicts"
+    );
+    if answer == "ok" {
+        peer.release(&mut beside).await;
+    }
+    assert!(ours.release(&lease).await.unwrap());
+    assert_eq!(ours.inspect(&k).await.unwrap(), None);
+}
+
 /// Write vs write, write vs read, reads share, writer preference and
 /// downgrade, between Curator's `InterProcessReadWriteLock` and ours on
 /// the same path, in both directions.

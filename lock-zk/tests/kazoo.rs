@@ -10,6 +10,12 @@
 //! control below shows a kazoo lock without it getting in beside ours, and
 //! that the exclusion check reports it.
 //!
+//! With `nodes=kazoo` our nodes carry kazoo's own name
+//! (`<owner hex>__lock__<seq>`), and an unmodified kazoo `Lock` (no
+//! `extra_lock_patterns`) and ours exclude each other in both directions;
+//! a backend of ours with the default names on the same path is the
+//! control (that kazoo gets in beside it).
+//!
 //! The Python is `DISTLOCK_LEGACY_PYTHON`, by default
 //! `target/legacy-clients/venv/bin/python` of the workspace. Missing, the
 //! tests fail under CI (`CI` set) naming the installer, and skip otherwise.
@@ -208,11 +214,17 @@ async fn setup(options: &str) -> Option<(Standalone, ZkBackend, Kazoo)> {
     Some((target, ours, kazoo))
 }
 
-/// While kazoo (seeing our nodes through `extra`) holds `path`, our single
-/// try and our short wait are refused; ours waiting is granted once kazoo
+/// While kazoo (with the `extra` patterns) holds `path`, our single try
+/// and our short wait are refused; ours waiting is granted once kazoo
 /// releases. Returns whether the exclusion held.
-async fn kazoo_excludes_ours(ours: &ZkBackend, kazoo: &Kazoo, k: &LockKey, path: &str) -> bool {
-    let (mut held, answer) = kazoo.lock(path, 5_000, &[SEE_OURS]).await;
+async fn kazoo_excludes_ours(
+    ours: &ZkBackend,
+    kazoo: &Kazoo,
+    k: &LockKey,
+    path: &str,
+    extra: &[&str],
+) -> bool {
+    let (mut held, answer) = kazoo.lock(path, 5_000, extra).await;
     assert_eq!(answer, "ok", "kazoo on a free path");
     let tried = ours.try_acquire(k, TTL).await.expect("our try");
     let waited = ours.acquire(k, TTL, soon(300)).await;
@@ -304,7 +316,7 @@ async fn kazoo_lock_and_ours_exclude_each_other() {
     let k = key("kazoo");
     let path = ours.key_path(&k);
     assert!(
-        kazoo_excludes_ours(&ours, &kazoo, &k, &path).await,
+        kazoo_excludes_ours(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
         "ours got the lock while kazoo held {path}"
     );
     assert!(
@@ -353,7 +365,7 @@ async fn path_layout_locks_kazoos_own_path() {
     let k = LockKey::new(path.clone()).expect("key");
     assert_eq!(ours.key_path(&k), path);
     assert!(
-        kazoo_excludes_ours(&ours, &kazoo, &k, &path).await,
+        kazoo_excludes_ours(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
         "ours got the lock while kazoo held {path}"
     );
     assert!(
@@ -383,4 +395,90 @@ async fn path_layout_locks_kazoos_own_path() {
         let err = ours.inspect(&bad).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     }
+}
+
+/// `nodes=kazoo` on kazoo's own path: an unmodified kazoo `Lock` (no
+/// `extra_lock_patterns`) and ours exclude each other in both directions
+/// (kazoo's waiter is woken by our node's delete: it answers well inside
+/// its 10 s wait). Our node is `<owner hex>__lock__<10 digits>`; `inspect`
+/// names our owner and kazoo's id; renew works; our Curator-named backend
+/// on the same path and the kazoo-named one exclude each other. Control:
+/// the same unmodified kazoo gets in beside the Curator-named backend, and
+/// the check reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kazoo_named_nodes_exclude_an_unmodified_kazoo_lock() {
+    let options = "layout=path&containers=false";
+    let Some((target, ours, kazoo)) = setup(&format!("{options}&nodes=kazoo")).await else {
+        return;
+    };
+    let url = common::with_options(&target.client_url(), options);
+    let curator_named = ZkBackend::connect(ZkConfig::from_url(&url).expect("config"))
+        .await
+        .expect("backend");
+    let path = format!(
+        "/legacy/app/locks/kazoo-named-{}",
+        &OwnerId::random().to_hex()[..8]
+    );
+    let k = LockKey::new(path.clone()).expect("key");
+    assert!(
+        kazoo_excludes_ours(&ours, &kazoo, &k, &path, &[]).await,
+        "ours (nodes=kazoo) got the lock while an unmodified kazoo held {path}"
+    );
+    assert!(
+        ours_excludes_kazoo(&ours, &kazoo, &k, &path, &[]).await,
+        "an unmodified kazoo got the lock while ours (nodes=kazoo) held {path}"
+    );
+
+    // Our node under kazoo's name, found again by owner and sequence.
+    let lease = ours.try_acquire(&k, TTL).await.expect("try").expect("free");
+    let children = kazoo.children(&path).await;
+    let (hex, seq) = children.split_once("__lock__").expect("a __lock__ node");
+    assert_eq!(hex, lease.owner().to_hex(), "{children}");
+    assert!(
+        seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit()),
+        "{children}"
+    );
+    assert_eq!(ours.node_path(&lease), Some(format!("{path}/{children}")));
+    let info = ours.inspect(&k).await.expect("inspect").expect("held");
+    assert_eq!(info.holder, lease.owner().to_hex(), "{info:?}");
+    assert_eq!(info.token, Some(lease.token()), "{info:?}");
+    assert!(info.remaining_ttl.is_some(), "{info:?}");
+    ours.renew(&lease).await.expect("renew");
+    // Both namings of ours exclude each other.
+    assert!(
+        curator_named.try_acquire(&k, TTL).await.unwrap().is_none(),
+        "Curator-named ours beside kazoo-named ours"
+    );
+    assert!(ours.release(&lease).await.expect("release"));
+    let other = curator_named
+        .try_acquire(&k, TTL)
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(
+        ours.try_acquire(&k, TTL).await.unwrap().is_none(),
+        "kazoo-named ours beside Curator-named ours"
+    );
+    assert!(curator_named.release(&other).await.unwrap());
+
+    // kazoo holds: `inspect` names the id in kazoo's node.
+    let (mut held, answer) = kazoo.lock(&path, 5_000, &[]).await;
+    assert_eq!(answer, "ok");
+    let children = kazoo.children(&path).await;
+    let info = ours.inspect(&k).await.expect("inspect").expect("held");
+    assert_eq!(
+        Some(info.holder.as_str()),
+        children.split_once("__lock__").map(|(hex, _)| hex),
+        "{info:?}"
+    );
+    assert!(info.remaining_ttl.is_none(), "{info:?}");
+    kazoo.release(&mut held).await;
+
+    // Control: with Curator's names the same unmodified kazoo does not see
+    // our node, and the check says so.
+    assert!(
+        !ours_excludes_kazoo(&curator_named, &kazoo, &k, &path, &[]).await,
+        "an unmodified kazoo was expected to ignore a Curator-named node"
+    );
+    assert_eq!(kazoo.children(&path).await, "", "nodes left in {path}");
 }

@@ -27,9 +27,18 @@ pub fn with_options(url: &str, options: &str) -> String {
 /// Opens this driver's backend from a deployment's URL plus
 /// [`CLIENT_OPTIONS`].
 pub fn opener() -> Opener {
-    Arc::new(|url: String| {
+    opener_with("")
+}
+
+/// [`opener`] with `extra` options after [`CLIENT_OPTIONS`] (e.g.
+/// `nodes=kazoo`).
+pub fn opener_with(extra: &'static str) -> Opener {
+    Arc::new(move |url: String| {
         Box::pin(async move {
-            let url = with_options(&url, CLIENT_OPTIONS);
+            let mut url = with_options(&url, CLIENT_OPTIONS);
+            if !extra.is_empty() {
+                url = with_options(&url, extra);
+            }
             Ok(Arc::new(lock_zk::connect(&url).await?) as Arc<dyn LockBackend>)
         })
     })
@@ -38,8 +47,14 @@ pub fn opener() -> Opener {
 /// A started deployment (`zookeeper`, `zookeeper-ensemble`) as a suite
 /// target, or `None` (skip) when ZooKeeper is missing.
 pub async fn deployed(kind: &str) -> Option<DeployedTarget> {
+    deployed_with(kind, "").await
+}
+
+/// [`deployed`], its clients opened with `extra` options
+/// ([`opener_with`]).
+pub async fn deployed_with(kind: &str, extra: &'static str) -> Option<DeployedTarget> {
     let deployment = deploy::start(kind).await.or_skip()?;
-    Some(DeployedTarget::new(deployment, opener()))
+    Some(DeployedTarget::new(deployment, opener_with(extra)))
 }
 
 /// The session timeout the fault tests ask for (8 ticks of 500 ms): they
