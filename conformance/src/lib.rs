@@ -14,6 +14,8 @@
 //! - [`link`]: the fault proxy's faults for in-process backends (from
 //!   `lock-testkit`).
 //! - [`migration`]: the rollout simulation for migrating between backends.
+//! - [`legacy`]: other libraries' lock clients as processes, and the
+//!   rollout from a fleet of them.
 //! - [`bench`]: latency and throughput measurements for ratio benchmarks;
 //!   [`cpu`]: CPU time of this process and of a server's process tree.
 //! - [`scenarios`]: fault scenarios (crashed, paused, partitioned holders,
@@ -49,6 +51,7 @@ pub mod deploy;
 pub mod doubles;
 pub mod harness;
 pub mod history;
+pub mod legacy;
 pub mod migration;
 pub mod recording;
 pub mod resource;

@@ -162,14 +162,14 @@ impl LockBackend for BlindToCutover {
 }
 
 /// One simulated process: its backend in each phase.
-struct Process {
+pub(crate) struct Process {
     old: MigrationBackend,
     dual: MigrationBackend,
     new: MigrationBackend,
 }
 
 impl Process {
-    async fn start(
+    pub(crate) async fn start(
         old: &dyn Target,
         new: &dyn Target,
         config: &RolloutConfig,
@@ -195,7 +195,7 @@ impl Process {
         })
     }
 
-    fn at(&self, phase: MigrationPhase) -> &MigrationBackend {
+    pub(crate) fn at(&self, phase: MigrationPhase) -> &MigrationBackend {
         match phase {
             MigrationPhase::Old => &self.old,
             MigrationPhase::Dual => &self.dual,
@@ -212,7 +212,7 @@ fn is_cutover_refusal(err: &LockError) -> bool {
 
 /// Acquires through `backend`, recording it; `Ok(None)` for a cutover
 /// refusal.
-async fn recorded_acquire(
+pub(crate) async fn recorded_acquire(
     backend: &MigrationBackend,
     rec: &Recorder,
     key: &LockKey,
@@ -241,7 +241,7 @@ async fn recorded_acquire(
     }
 }
 
-async fn recorded_release(
+pub(crate) async fn recorded_release(
     backend: &MigrationBackend,
     rec: &Recorder,
     lease: &Lease,

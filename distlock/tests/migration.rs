@@ -5,10 +5,18 @@
 //! out of order, and a straggler left on `old` must be refused; a wrong
 //! rollout (old and new together) must see its `old` processes refused;
 //! with `old` processes blind to the cutover the checker must flag it.
+//!
+//! And from a fleet that does not run this library yet: the first phase's
+//! processes are real legacy clients (redis-py's `Lock`, kazoo's `Lock`, as
+//! Python processes), ours join in `dual` on their exact keys and layout,
+//! then move to `new`: no overlapping hold in any run, and the wrong
+//! rollout (legacy clients beside `new` processes) flagged in every run.
 
 use std::sync::Arc;
 
 use conformance::OrSkip;
+use conformance::legacy::rollout::{LegacyRolloutConfig, legacy_rollout_is_guarded};
+use conformance::legacy::{LegacyKind, legacy_python};
 use conformance::migration::rollout_is_guarded;
 use conformance::servers::etcd::EtcdServer;
 use conformance::servers::redis::RedisServer;
@@ -117,4 +125,72 @@ async fn migration_config_file_drives_the_facade() {
     let info = dual.inspect("jobs/a").await.unwrap().unwrap();
     assert_eq!(info.token, Some(guard.token()));
     assert!(guard.release().await.unwrap());
+}
+
+/// Runs of each legacy rollout (correct and wrong) per test.
+const LEGACY_RUNS: usize = 3;
+
+async fn check_legacy(legacy: LegacyKind, old: String, new: String) {
+    let Some(python) = legacy_python().or_skip() else {
+        return;
+    };
+    let name = legacy.name();
+    let verdicts = legacy_rollout_is_guarded(
+        Arc::new(UrlTarget(old.clone())),
+        Arc::new(UrlTarget(new.clone())),
+        LegacyRolloutConfig::new(legacy, python),
+        LEGACY_RUNS,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{name} on {old} -> {new}: {e}"));
+    println!("{name} on {old} -> {new}");
+    for (rollout, reports) in [("correct", &verdicts.correct), ("wrong", &verdicts.wrong)] {
+        for report in reports {
+            println!(
+                "  {rollout:>7}: {} ; grants {:?} ; unfenced writes {}",
+                report.check.summary(),
+                report.grants,
+                report.unfenced_writes
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_fleet_to_etcd() {
+    let (Some(redis), Some(etcd)) = (
+        started(RedisServer::start().await),
+        started(EtcdServer::start().await),
+    ) else {
+        return;
+    };
+    let legacy = LegacyKind::RedisPy {
+        host: "127.0.0.1".to_owned(),
+        port: redis.port(),
+    };
+    check_legacy(
+        legacy,
+        format!("{}?layout=plain", redis.url()),
+        etcd.url("legacy", "ttl=5s"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_fleet_zookeeper_to_etcd() {
+    let (Some(zk), Some(etcd)) = (
+        started(ZkServer::start().await),
+        started(EtcdServer::start().await),
+    ) else {
+        return;
+    };
+    let legacy = LegacyKind::Kazoo {
+        hosts: zk.connect_string(),
+    };
+    check_legacy(
+        legacy,
+        format!("{}?layout=path&nodes=kazoo", zk.url()),
+        etcd.url("legacy", "ttl=5s"),
+    )
+    .await;
 }

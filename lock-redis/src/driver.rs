@@ -140,10 +140,13 @@ impl RedisBackend {
         self.layout_names(key).lock
     }
 
-    /// The Redis names of `key`'s mutex in the configured layout.
+    /// The Redis names of `key`'s mutex in the configured layout. The
+    /// library's own keys ([`LockKey::is_reserved`]: a migration's cutover
+    /// marker) keep the native names (hash-tagged, so Cluster takes them)
+    /// in every layout; the layout's scripts run on them unchanged.
     fn layout_names(&self, key: &LockKey) -> KeyNames {
         let config = &self.inner.config;
-        if config.layout.is_legacy() {
+        if config.layout.is_legacy() && !key.is_reserved() {
             legacy_names(config.layout, &config.prefix, &config.token_suffix, key)
         } else {
             KeyNames::new(&config.prefix, key)

@@ -294,6 +294,9 @@
 //!   (`Unsupported`: the other clients do not see our queue); a one-script
 //!   `try_acquire_all` answers `Unsupported`, so `lock_all` takes the keys
 //!   one at a time in global order.
+//! - **The library's own keys** (under `__distlock/`: a migration's
+//!   cutover marker) keep the native names `<prefix>{<key>}` in every
+//!   layout, so a migration can announce its cutover in Cluster too.
 //! - **Fencing is ours alone.** Only our grants `INCR` the counter; a
 //!   legacy client's grant does not, carries no token, and the resource
 //!   cannot tell it from a stale holder. During a migration the resource

@@ -261,6 +261,26 @@ async fn cluster_needs_a_hash_tag_in_a_plain_key() {
             );
         }
     }
+    // The library's own keys (a migration's cutover marker) keep the
+    // native, tagged names in every layout, so Cluster takes them.
+    for layout in ["plain", "redisson"] {
+        let url = format!("{}?layout={layout}", cluster.url());
+        let ours = backend(&url).await;
+        let marker = LockKey::new(format!(
+            "{}{}",
+            lock_core::CUTOVER_KEY_PREFIX,
+            unique(layout)
+        ))
+        .unwrap();
+        assert_eq!(ours.redis_key(&marker), format!("{{{}}}", marker.as_str()));
+        let lease = ours
+            .try_acquire(&marker, contender::TTL)
+            .await
+            .unwrap()
+            .expect("a free marker");
+        assert!(ours.inspect(&marker).await.unwrap().is_some());
+        assert!(ours.release(&lease).await.unwrap());
+    }
     // Negative control: the native layout adds its own tag, so the same
     // untagged name is accepted there.
     let native = backend(&cluster.url()).await;

@@ -243,7 +243,7 @@ impl ZkBackend {
         key: &LockKey,
         operation: Operation,
     ) -> Result<String, LockError> {
-        if self.inner.config.layout() == crate::ZkLayout::Path {
+        if paths::layout_of(self.inner.config.layout(), key.as_str()) == crate::ZkLayout::Path {
             paths::check_path_key(key).map_err(|why| {
                 LockError::invalid_argument(operation, why)
                     .with_key(key)

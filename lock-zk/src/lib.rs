@@ -278,7 +278,10 @@
 //!   Curator chroot (`host:2181/myapp`, Curator's `namespace("myapp")`) is
 //!   this URL's chroot (`zk://host:2181/myapp?layout=path`). A key that is
 //!   not such a path, or is under `/zookeeper`, is refused with
-//!   `InvalidArgument`. These directories are created persistent (as kazoo
+//!   `InvalidArgument`, except the library's own keys (under
+//!   `__distlock/`: a migration's cutover marker), which stay in the
+//!   default layout under the root, so a migration from a kazoo or Curator
+//!   fleet can announce its cutover here. These directories are created persistent (as kazoo
 //!   and Curator create them) and never removed by this driver. The default
 //!   layout is unchanged (`<root>/<escaped key>`); read-write locks,
 //!   semaphores and elections stay under the root in both layouts.

@@ -134,11 +134,23 @@ pub(crate) fn key_dir(root: &str, key: &LockKey) -> String {
     key_dir_of(root, key.as_str())
 }
 
+/// The layout `key` is kept in: `layout`, except that the library's own
+/// keys (under [`lock_core::RESERVED_KEY_PREFIX`]: a migration's cutover
+/// marker) stay in the escaped layout under the root, since they are no
+/// lock path another client uses.
+pub(crate) fn layout_of(layout: ZkLayout, key: &str) -> ZkLayout {
+    if key.starts_with(lock_core::RESERVED_KEY_PREFIX) {
+        ZkLayout::Escaped
+    } else {
+        layout
+    }
+}
+
 /// The directory of a mutex key's text in `layout`: [`key_dir_of`], or
 /// the key itself in the path layout (checked by [`check_path_key`]
 /// before anything is created).
 pub(crate) fn mutex_dir_of(root: &str, layout: ZkLayout, key: &str) -> String {
-    match layout {
+    match layout_of(layout, key) {
         ZkLayout::Escaped => key_dir_of(root, key),
         ZkLayout::Path => key.to_owned(),
     }
@@ -146,7 +158,7 @@ pub(crate) fn mutex_dir_of(root: &str, layout: ZkLayout, key: &str) -> String {
 
 /// Whether `dir` is `key`'s mutex directory in `layout`.
 pub(crate) fn is_mutex_dir(root: &str, layout: ZkLayout, key: &LockKey, dir: &str) -> bool {
-    match layout {
+    match layout_of(layout, key.as_str()) {
         ZkLayout::Escaped => is_key_dir(root, key, dir),
         ZkLayout::Path => dir == key.as_str(),
     }
@@ -561,6 +573,11 @@ mod tests {
             "/app/locks/orders.42"
         ));
         assert!(!is_mutex_dir("/distlock", ZkLayout::Path, &k, "/app/locks"));
+        // The library's own keys stay under the root in the path layout.
+        let marker = LockKey::new(format!("{}m", lock_core::CUTOVER_KEY_PREFIX)).unwrap();
+        let dir = mutex_dir_of("/distlock", ZkLayout::Path, marker.as_str());
+        assert_eq!(dir, key_dir_of("/distlock", marker.as_str()));
+        assert!(is_mutex_dir("/distlock", ZkLayout::Path, &marker, &dir));
         assert!(!is_mutex_dir(
             "/distlock",
             ZkLayout::Escaped,
