@@ -392,16 +392,26 @@
 //!     s.lock_until <= now RETURNING s.name` as a CTE, feeding `INSERT INTO
 //!     t_tokens .. SELECT name, 1 FROM g ON CONFLICT (name) DO UPDATE SET
 //!     token = token + 1 RETURNING token`.
-//!   - MySQL/MariaDB, one statement once both rows exist: `UPDATE t AS s
+//!   - MySQL/MariaDB (no `RETURNING`, no writing CTE). For a name whose
+//!     tokens row this backend has seen: one statement, `UPDATE t AS s
 //!     JOIN t_tokens AS k ON k.name = s.name SET s.lock_until =
 //!     TIMESTAMPADD(MICROSECOND, ?, now), s.locked_at = now, s.locked_by =
 //!     ?, k.token = LAST_INSERT_ID(k.token + 1) WHERE s.name = ? AND
 //!     s.lock_until <= now` (ShedLock's update plus the token, which comes
-//!     back in the OK packet). When it matches nothing, `INSERT IGNORE INTO
-//!     t_tokens (name, token) VALUES (?, 0)` and `INSERT IGNORE INTO t ..
-//!     VALUES (?, now, now, '')` (a free row, as ShedLock's unlock leaves
-//!     one); if either inserted, the `UPDATE` once more. So a grant of a
-//!     known free name is 1 round trip, a first grant 4, a refused try 3.
+//!     back in the OK packet); refused, `INSERT IGNORE INTO t .. VALUES (?,
+//!     now, now, '')` re-creates a deleted row as a free one (then the
+//!     `UPDATE` once more). For a name not seen yet: `INSERT INTO t_tokens
+//!     (name, token) SELECT ?, LAST_INSERT_ID(1) FROM DUAL WHERE NOT EXISTS
+//!     (SELECT 1 FROM t WHERE name = ? AND lock_until > now) ON DUPLICATE
+//!     KEY UPDATE token = LAST_INSERT_ID(token + 1)` (bumps only while the
+//!     name is not held: the counter never moves under a holder, so it is
+//!     the holder's token), then ShedLock's insert only while the counter
+//!     still holds that value, `INSERT IGNORE INTO t (..) SELECT ?, now +
+//!     ?, now, ? FROM t_tokens WHERE name = ? AND token = ?`, and when the
+//!     row existed, the `UPDATE`. Round trips: a grant of a known name 1,
+//!     of a new name 2, a refused try 1 (new to this backend) or 2.
+//!     Deadlocks between these statements (InnoDB gap locks) are rolled
+//!     back by the server and retried (up to 5 times).
 //!   - SQLite: `BEGIN IMMEDIATE`, `INSERT INTO t AS s .. VALUES (?1, now +
 //!     ?2 ms, now, ?3) ON CONFLICT (name) DO UPDATE SET .. WHERE
 //!     s.lock_until <= now`, and when it changed a row `INSERT INTO t_tokens
@@ -477,8 +487,12 @@
 //! matches nothing), its update, extend and unlock match nothing; after
 //! our release ShedLock's update takes it; `lockAtLeastFor` and a dead
 //! ShedLock holder (free at `lockAtMostFor`); our expired lease taken by
-//! ShedLock, then our renew `NotHeld`; 40 simultaneous races (exactly one
-//! winner each); tokens strictly increasing across all of it. Negative
+//! ShedLock, then our renew `NotHeld`; a row deleted by an operator; a
+//! refused newcomer that leaves the holder's token alone; 40
+//! simultaneous races (exactly one winner each); tokens strictly
+//! increasing across all of it. The shared conformance suite passes on
+//! the layout on all three (PostgreSQL and MariaDB with its fault cases:
+//! a paused server, a partitioned client, a deposed leader). Negative
 //! controls: a ShedLock update without `lock_until <= now`, and our
 //! default layout beside a ShedLock holder, each get in, and the same
 //! checks report it. MariaDB also: names equal under the collation are

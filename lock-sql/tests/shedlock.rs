@@ -7,25 +7,77 @@
 //! update takes the row; tokens increase across ShedLock's turns.
 //! Negative controls: a ShedLock update that ignores `lock_until`, and our
 //! default layout, each get in beside the holder, and the same checks
-//! report it.
+//! report it. The shared conformance suite runs on the layout too (its
+//! mutex cases; kinds and fault injection skip).
 
 mod common;
 mod shedlock_client;
 
 use std::time::Duration;
 
-use conformance::OrSkip;
-use conformance::servers::mariadb::MariaDbServer;
-use conformance::servers::postgres::PostgresServer;
-use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, OwnerId};
+use std::sync::Arc;
+
+use conformance::deploy::{self, DeployedTarget, Opener};
+use conformance::{Harness, OrSkip, Target, run_suite};
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockError, LockKey, OwnerId, async_trait};
 use lock_sql::{SqlAnyBackend, SqlBackend, SqlConfig, SqlSessionBackend};
 use shedlock_client::ShedLock;
 use tokio::time::Instant;
+
+/// The three database tests take turns: each runs the shared suite, whose
+/// 1 s operation timeout a 2-core machine running three suites at once
+/// does not always meet.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// ShedLock's `lockedBy` (its host name).
 const SHED_HOST: &str = "shedlock-host-1";
 
 const OPTIONS: &str = "layout=shedlock&timeout=2s&pool_size=4";
+
+/// The shared conformance suite's target on the ShedLock layout (cases
+/// needing kinds, fairness or fault injection skip themselves by
+/// capability or target).
+struct ShedTarget {
+    name: String,
+    url: String,
+}
+
+#[async_trait]
+impl Target for ShedTarget {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        Ok(Arc::new(lock_sql::connect(&self.url).await?))
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
+    }
+}
+
+async fn suite(name: &str, url: &str) {
+    let target = Arc::new(ShedTarget {
+        name: format!("{name}-shedlock"),
+        url: url.to_owned(),
+    });
+    run_suite(&Harness::new(target)).await.assert_passed();
+}
+
+/// A started deployment of `kind` whose clients use the ShedLock layout
+/// (the suite's fault cases included: a paused server, proxied clients).
+async fn deployed(kind: &str) -> Option<Arc<DeployedTarget>> {
+    let opener: Opener = Arc::new(|url: String| {
+        Box::pin(async move {
+            let url = common::with_options(&url, "layout=shedlock");
+            let url = common::with_options(&url, common::CLIENT_OPTIONS);
+            Ok(Arc::new(lock_sql::connect(&url).await?) as Arc<dyn LockBackend>)
+        })
+    });
+    let deployment = deploy::start(kind).await.or_skip()?;
+    Some(Arc::new(DeployedTarget::new(deployment, opener)))
+}
 
 /// Our exclusion check: `backend` neither takes `key` at once nor within a
 /// short wait. Anything it did get is released and reported.
@@ -131,6 +183,10 @@ async fn interop(ours_url: &str, plain_url: &str) {
     shedlock_refused(&mut shed, name).await.unwrap();
     assert_eq!(shed.extend(name, at_most).await, 0);
     assert_eq!(shed.unlock(name, Duration::ZERO).await, 0);
+    // Another of ours (a new process, nothing cached) is refused too, and
+    // its refused try does not move the holder's token.
+    let newcomer = lock_sql::connect(ours_url).await.unwrap();
+    ours_refused(&newcomer, &key).await.unwrap();
     ours.renew(&first).await.unwrap();
     let info = ours.inspect(&key).await.unwrap().expect("ours");
     assert_eq!(info.holder, ours_by);
@@ -243,6 +299,18 @@ async fn interop(ours_url: &str, plain_url: &str) {
         Some(SHED_HOST.to_owned())
     );
     assert_eq!(shed.unlock(name, Duration::ZERO).await, 1);
+
+    // An operator deletes the row (a common way to clear a stuck ShedLock
+    // lock): ours takes the name again, with a larger token.
+    shed.delete(name).await;
+    let again = ours
+        .try_acquire(&key, ttl)
+        .await
+        .unwrap()
+        .expect("row deleted");
+    assert!(again.token() > short.token());
+    assert!(ours.release(&again).await.unwrap());
+    let short = again;
 
     // Negative control: a ShedLock update that ignores lock_until gets in
     // beside our holder, and the ShedLock check reports it.
@@ -362,31 +430,37 @@ async fn refusals_and_tables_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shedlock_statements_exclude_ours_on_sqlite() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.db");
     let ours_url = format!("sqlite://{}?{OPTIONS}&busy_timeout=2s", path.display());
     // Created by our connect before ShedLock's connection opens it.
     let plain = format!("sqlite://{}", path.display());
     interop(&ours_url, &plain).await;
+    suite("sqlite", &ours_url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shedlock_statements_exclude_ours_on_postgres() {
-    let Some(server) = PostgresServer::start().await.or_skip() else {
+    let _serial = SERIAL.lock().await;
+    let Some(target) = deployed("postgres").await else {
         return;
     };
-    let url = server.url();
+    let url = target.url();
     interop(&common::with_options(&url, OPTIONS), &url).await;
+    run_suite(&Harness::new(target)).await.assert_passed();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shedlock_statements_exclude_ours_on_mariadb() {
-    let Some(server) = MariaDbServer::start().await.or_skip() else {
+    let _serial = SERIAL.lock().await;
+    let Some(target) = deployed("mariadb").await else {
         return;
     };
-    let url = server.url();
+    let url = target.url();
     interop(&common::with_options(&url, OPTIONS), &url).await;
     collations(&url).await;
+    run_suite(&Harness::new(target)).await.assert_passed();
 }
 
 /// MariaDB compares ShedLock names by the column's collation

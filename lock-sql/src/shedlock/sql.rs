@@ -9,7 +9,8 @@
 //! the host clock in epoch milliseconds (what sqlite-jdbc stores for a
 //! bound timestamp by default).
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Row};
@@ -40,9 +41,15 @@ pub(crate) struct ShedSql {
     pub(crate) probe: Vec<Arc<str>>,
     grant: Arc<str>,
     /// SQLite: the token bump after a grant, in the grant's transaction;
-    /// MySQL/MariaDB: the rows a first grant of a name needs.
+    /// MySQL/MariaDB: the token bump of a name's first grant (below).
     token: Arc<str>,
+    /// MySQL/MariaDB: a free row where the lock row is missing.
     ensure_lock_row: Arc<str>,
+    /// MySQL/MariaDB: ShedLock's insert, only while the name's counter
+    /// still holds the bumped value.
+    first_grant: Arc<str>,
+    /// MySQL/MariaDB: names whose tokens row is known to exist.
+    known: Mutex<HashSet<String>>,
     release: Arc<str>,
     renew: Arc<str>,
     inspect: Arc<str>,
@@ -71,6 +78,7 @@ impl ShedSql {
             )),
             arc(format!("SELECT name, token FROM {k} WHERE 1 = 0")),
         ];
+        let mut first_grant = arc(String::new());
         let (create, grant, token, ensure_lock_row, release, renew, inspect) = match dialect {
             SqlDialect::Postgres => {
                 let now = PG_NOW;
@@ -118,6 +126,13 @@ impl ShedSql {
             }
             SqlDialect::MySql => {
                 let now = MY_NOW;
+                // The read of the counter takes a shared lock on its row: no
+                // bump can come between the check and the insert.
+                first_grant = arc(format!(
+                    "INSERT IGNORE INTO {t} (name, lock_until, locked_at, locked_by) \
+                     SELECT ?, TIMESTAMPADD(MICROSECOND, ?, {now}), {now}, ? FROM {k} \
+                     WHERE name = ? AND token = ?"
+                ));
                 (
                     vec![
                         arc(format!(
@@ -141,8 +156,14 @@ impl ShedSql {
                          k.token = LAST_INSERT_ID(k.token + 1) \
                          WHERE s.name = ? AND s.lock_until <= {now}"
                     )),
+                    // Only while the name is not held (the read locks the
+                    // lock row in share mode until the bump commits): the
+                    // counter moves only while the row is free, so it is
+                    // the holder's token whenever the row is held.
                     arc(format!(
-                        "INSERT IGNORE INTO {k} (name, token) VALUES (?, 0)"
+                        "INSERT INTO {k} (name, token) SELECT ?, LAST_INSERT_ID(1) FROM DUAL \
+                         WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = ? AND lock_until > {now}) \
+                         ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
                     )),
                     // A free row, as ShedLock's unlock leaves one.
                     arc(format!(
@@ -214,6 +235,8 @@ impl ShedSql {
             grant,
             token,
             ensure_lock_row,
+            first_grant,
+            known: Mutex::new(HashSet::new()),
             release,
             renew,
             inspect,
@@ -227,8 +250,9 @@ impl ShedSql {
         let mut out = vec![("grant", &*self.grant)];
         match self.dialect {
             SqlDialect::MySql => {
-                out.push(("grant: token row", &*self.token));
-                out.push(("grant: lock row", &*self.ensure_lock_row));
+                out.push(("grant: first, token", &*self.token));
+                out.push(("grant: first, row", &*self.first_grant));
+                out.push(("grant: missing row", &*self.ensure_lock_row));
             }
             SqlDialect::Sqlite => out.push(("grant: token", &*self.token)),
             SqlDialect::Postgres => {}
@@ -337,41 +361,7 @@ impl ShedSql {
                     .await
             }
             #[cfg(feature = "mysql")]
-            DbConn::MySql(c) => {
-                let update = || {
-                    sqlx::query(text(&self.grant))
-                        .bind(ttl)
-                        .bind(locked_by)
-                        .bind(name)
-                };
-                let mut done = update().execute(&mut *c).await?;
-                if done.rows_affected() == 0 {
-                    // A first grant of the name (either row missing)?
-                    // Both inserts are no-ops when the rows exist.
-                    let tokens = sqlx::query(text(&self.token))
-                        .bind(name)
-                        .execute(&mut *c)
-                        .await?;
-                    let lock = sqlx::query(text(&self.ensure_lock_row))
-                        .bind(name)
-                        .execute(&mut *c)
-                        .await?;
-                    if tokens.rows_affected() == 0 && lock.rows_affected() == 0 {
-                        return Ok(None);
-                    }
-                    done = update().execute(&mut *c).await?;
-                }
-                // Two rows matched: the lock row and its token row.
-                if done.rows_affected() == 0 {
-                    return Ok(None);
-                }
-                match i64::try_from(done.last_insert_id()) {
-                    Ok(token) if token > 0 => Ok(Some(token)),
-                    _ => Err(sqlx::Error::Protocol(
-                        "the ShedLock grant returned no token".into(),
-                    )),
-                }
-            }
+            DbConn::MySql(c) => self.grant_mysql(c, name, ttl, locked_by).await,
             #[cfg(feature = "sqlite")]
             DbConn::Sqlite(c) => {
                 use sqlx::Executor;
@@ -394,17 +384,104 @@ impl ShedSql {
                         .map(Some)
                 }
                 .await;
-                match &result {
-                    Ok(_) => {
-                        c.execute("COMMIT").await?;
-                    }
-                    Err(_) => {
-                        let _ = c.execute("ROLLBACK").await;
+                let end = match &result {
+                    Ok(_) => c.execute("COMMIT").await.map(drop),
+                    Err(_) => Err(sqlx::Error::RowNotFound),
+                };
+                if let Err(err) = end {
+                    // Never hand the connection back inside a transaction.
+                    let _ = c.execute("ROLLBACK").await;
+                    if result.is_ok() {
+                        return Err(err);
                     }
                 }
                 result
             }
         }
+    }
+
+    /// MySQL/MariaDB. A name whose tokens row we know: ShedLock's update
+    /// joined with the token bump (1 round trip); refused, a free row is
+    /// inserted in case the lock row was deleted (then the update once
+    /// more). A name we do not know: the counter is bumped first, only
+    /// while the name is not held (held: refused, 1 round trip), then
+    /// ShedLock's insert is made only while the counter still holds that
+    /// value (2 round trips for a new name; an existing free row falls
+    /// back to the joined update). Every grant's token is thus bumped
+    /// after every earlier grant of the name, and the counter never moves
+    /// while the row is held.
+    #[cfg(feature = "mysql")]
+    async fn grant_mysql(
+        &self,
+        c: &mut sqlx::MySqlConnection,
+        name: &str,
+        ttl: i64,
+        locked_by: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let update = async |c: &mut sqlx::MySqlConnection| -> Result<Option<i64>, sqlx::Error> {
+            let done = sqlx::query(text(&self.grant))
+                .bind(ttl)
+                .bind(locked_by)
+                .bind(name)
+                .execute(&mut *c)
+                .await?;
+            if done.rows_affected() == 0 {
+                return Ok(None);
+            }
+            match i64::try_from(done.last_insert_id()) {
+                Ok(token) if token > 0 => Ok(Some(token)),
+                _ => Err(sqlx::Error::Protocol(
+                    "the ShedLock grant returned no token".into(),
+                )),
+            }
+        };
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(name);
+        if known {
+            if let Some(token) = update(&mut *c).await? {
+                return Ok(Some(token));
+            }
+            let inserted = sqlx::query(text(&self.ensure_lock_row))
+                .bind(name)
+                .execute(&mut *c)
+                .await?;
+            if inserted.rows_affected() == 0 {
+                return Ok(None);
+            }
+            return update(&mut *c).await;
+        }
+        let bumped = sqlx::query(text(&self.token))
+            .bind(name)
+            .bind(name)
+            .execute(&mut *c)
+            .await?;
+        if bumped.rows_affected() == 0 {
+            // Held: nothing moved.
+            return Ok(None);
+        }
+        let token = i64::try_from(bumped.last_insert_id()).unwrap_or(0);
+        {
+            let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+            if known.len() >= 65_536 {
+                known.clear();
+            }
+            known.insert(name.to_owned());
+        }
+        let inserted = sqlx::query(text(&self.first_grant))
+            .bind(name)
+            .bind(ttl)
+            .bind(locked_by)
+            .bind(name)
+            .bind(token)
+            .execute(&mut *c)
+            .await?;
+        if inserted.rows_affected() == 1 && token > 0 {
+            return Ok(Some(token));
+        }
+        update(&mut *c).await
     }
 
     /// Ours `locked_by` and unexpired: `lock_until = now` (the row stays).

@@ -355,6 +355,35 @@ impl ShedLock {
         .map(|(by, expired)| (by, expired != 0))
     }
 
+    /// Deletes the row of `name`, as an operator clearing a stuck lock.
+    pub async fn delete(&mut self, name: &str) {
+        let t = &self.table;
+        let mark = if matches!(self.conn, Conn::Pg(_)) {
+            "$1"
+        } else {
+            "?"
+        };
+        let sql = AssertSqlSafe(format!("DELETE FROM {t} WHERE name = {mark}"));
+        let done = match &mut self.conn {
+            Conn::Pg(c) => sqlx::query(sql)
+                .bind(name)
+                .execute(c)
+                .await
+                .map(|r| r.rows_affected()),
+            Conn::My(c) => sqlx::query(sql)
+                .bind(name)
+                .execute(c)
+                .await
+                .map(|r| r.rows_affected()),
+            Conn::Lite(c) => sqlx::query(sql)
+                .bind(name)
+                .execute(c)
+                .await
+                .map(|r| r.rows_affected()),
+        };
+        assert_eq!(done.unwrap(), 1, "one row of {name}");
+    }
+
     /// How many rows `name` has (ShedLock keeps exactly one).
     pub async fn rows(&mut self, name: &str) -> i64 {
         let t = &self.table;
