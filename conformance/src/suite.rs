@@ -155,6 +155,18 @@ pub fn all_cases() -> Vec<Case> {
             deposed_leader_steps_down,
             "a stalled or cut-off leader is replaced only after it is Lost"
         ),
+        case!(
+            holder_details_are_reported,
+            "inspect names the holder's host, process, program and grant time"
+        ),
+        case!(
+            list_finds_held_locks,
+            "list pages through exactly the held locks under a prefix"
+        ),
+        case!(
+            force_release_fences_the_old_holder,
+            "a broken lock's next token is higher; the old holder is out"
+        ),
     ]
 }
 

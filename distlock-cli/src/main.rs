@@ -639,8 +639,9 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
 fn backends_help() -> String {
     format!(
         "Backends to compare, comma separated: {}, {}. Default: the embedded \
-         ones, plus with --spawn every server kind except etcd-cluster and \
-         zookeeper-ensemble, which only --full adds.",
+         ones, plus with --spawn every server kind except etcd-cluster, \
+         zookeeper-ensemble and the other libraries' layouts (-plain, \
+         -redisson, -kazoo, -shedlock), which only --full adds.",
         compare::EMBEDDED.join(", "),
         conformance::deploy::kind_names().join(", ")
     )

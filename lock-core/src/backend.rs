@@ -12,7 +12,7 @@ use crate::error::LockError;
 use crate::error::{ErrorKind, Operation};
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
-use crate::types::{Lease, LockInfo};
+use crate::types::{GcReport, Lease, LockInfo, LockPage};
 
 /// A lock service: the small, object-safe contract every driver implements.
 ///
@@ -408,6 +408,113 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
             }
             tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
         }
+    }
+
+    /// One page of the held mutexes whose key starts with `prefix` (`""`:
+    /// every key), each as [`inspect`](Self::inspect) reports it (holder,
+    /// token, remaining TTL, holder details): at most `limit` locks
+    /// (1..=[`MAX_LIST_PAGE`]), continuing from `cursor` (a previous page's
+    /// [`LockPage::cursor`]; `None` starts over). A page may hold fewer
+    /// locks than `limit` while the scan goes on: each call examines a
+    /// bounded number of keys, so it returns within the operation timeout
+    /// however many keys the store has. Locks taken or freed during a scan
+    /// may or may not appear; none appears twice on one page.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] where the backend cannot enumerate its
+    /// locks (the default); [`ErrorKind::InvalidArgument`] for a `limit`
+    /// out of range or a cursor this backend did not hand out; otherwise
+    /// as [`inspect`](Self::inspect).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only.
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        let _ = (prefix, cursor, limit);
+        Err(crate::holder::unsupported_admin(
+            self.name(),
+            "listing locks",
+        ))
+    }
+
+    /// Breaks the mutex on `key` whoever holds it: an operator's tool for a
+    /// stuck lock. Returns the holder it removed, as
+    /// [`inspect`](Self::inspect) saw it just before, or `None` when the key
+    /// was free.
+    ///
+    /// The broken holder is not told; its next renewal fails (its guard
+    /// reports `Lost`). On a backend with fencing tokens the next grant of
+    /// `key` gets a token above the broken holder's (the per-key counter or
+    /// the global revision is never reset by this call), so a resource that
+    /// checks tokens rejects the old holder's late writes once the next
+    /// holder has written.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] by default; otherwise as
+    /// [`release`](Self::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// The removal is one atomic request; cancelled, it either happened or
+    /// did not.
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let _ = key;
+        Err(crate::holder::unsupported_admin(
+            self.name(),
+            "breaking locks (force-release)",
+        ))
+    }
+
+    /// Removes the per-key state (token counters, lease rows) of keys that
+    /// nobody holds and nobody took for at least `older_than`, without
+    /// letting any key's token go backwards: the backend first raises a
+    /// token floor above every token it removes, and every later grant of a
+    /// removed key starts above that floor. Bounded: one call examines a
+    /// bounded number of keys; run it again while
+    /// [`GcReport::removed`] is not zero.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] where the backend keeps no such state or
+    /// cannot keep the floor (the default); otherwise as
+    /// [`inspect`](Self::inspect).
+    ///
+    /// # Cancel safety
+    ///
+    /// Each removal is atomic with its floor update; a cancelled run has
+    /// removed some keys and kept every token monotonic.
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let _ = older_than;
+        Err(crate::holder::unsupported_admin(
+            self.name(),
+            "garbage collection of stale keys",
+        ))
+    }
+}
+
+/// The most locks one [`LockBackend::list`] page may return.
+pub const MAX_LIST_PAGE: usize = 1000;
+
+/// Checks a [`LockBackend::list`] page size.
+///
+/// # Errors
+///
+/// [`ErrorKind::InvalidArgument`] outside `1..=MAX_LIST_PAGE`.
+pub fn check_list_limit(limit: usize) -> Result<(), LockError> {
+    if (1..=MAX_LIST_PAGE).contains(&limit) {
+        Ok(())
+    } else {
+        Err(LockError::invalid_argument(
+            Operation::Inspect,
+            format!("a list page holds 1 to {MAX_LIST_PAGE} locks, not {limit}"),
+        ))
     }
 }
 

@@ -72,6 +72,10 @@ pub struct Capabilities {
     pub shared_locks: bool,
     /// Counting semaphores.
     pub semaphores: bool,
+    /// [`inspect`](crate::LockBackend::inspect) of a mutex granted by this
+    /// library reports who took it ([`LockInfo::details`](crate::LockInfo::details):
+    /// host, process, program, label, time of the grant).
+    pub holder_details: bool,
 }
 
 impl Capabilities {
@@ -90,6 +94,7 @@ impl Capabilities {
             min_ttl: MIN_TTL_FLOOR,
             shared_locks: false,
             semaphores: false,
+            holder_details: false,
         }
     }
 

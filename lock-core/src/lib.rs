@@ -79,6 +79,7 @@ pub mod endpoint;
 mod error;
 pub mod floor;
 mod guard;
+mod holder;
 mod key;
 pub mod kind;
 mod memory;
@@ -93,11 +94,12 @@ mod scheduler;
 mod segments;
 mod types;
 
-pub use backend::{LockBackend, unsupported_kind};
+pub use backend::{LockBackend, MAX_LIST_PAGE, check_list_limit, unsupported_kind};
 pub use capabilities::{Capabilities, FencingScope, Requirements, TtlModel, WaitStrategy};
 pub use client::{LockClient, LockDefaults, LockRequest};
 pub use error::{ErrorKind, LockError, Operation};
 pub use guard::{LockGuard, LockState, RenewalPolicy};
+pub use holder::{HolderDetails, MAX_ENCODED_LEN, MAX_LABEL_LEN, holder_label, set_holder_label};
 pub use key::{LockKey, MAX_KEY_LEN, RESERVED_KEY_PREFIX};
 pub use kind::{HolderInfo, LeaseKind, LockShape, MAX_PERMITS};
 pub use memory::{MemoryBackend, MemoryFault};
@@ -114,7 +116,8 @@ pub use renew_many::{RENEW_BATCH, RENEW_CONCURRENCY, renew_concurrently};
 pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use types::{
-    FencingToken, Lease, LockInfo, OwnerId, SessionState, clock_drift, validity_deadline,
+    FencingToken, GcReport, Lease, LockInfo, LockPage, OwnerId, SessionState, clock_drift,
+    validity_deadline,
 };
 
 /// Re-exported so drivers and users name the same `async_trait`.

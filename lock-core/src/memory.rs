@@ -9,13 +9,14 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 
-use crate::backend::LockBackend;
+use crate::backend::{LockBackend, check_list_limit};
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::error::{ErrorKind, LockError, Operation};
+use crate::holder::HolderDetails;
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
 use crate::options::{MIN_TTL_FLOOR, check_ttl};
-use crate::types::{FencingToken, Lease, LockInfo, OwnerId};
+use crate::types::{FencingToken, GcReport, Lease, LockInfo, LockPage, OwnerId};
 
 mod shared;
 
@@ -94,6 +95,9 @@ struct Holder {
     owner: OwnerId,
     token: u64,
     expires_at: Instant,
+    /// When it was granted (ms since the epoch): with this process's facts,
+    /// the holder's details.
+    granted_at_ms: u64,
 }
 
 #[derive(Debug)]
@@ -197,6 +201,7 @@ impl MemoryBackend {
             owner,
             token,
             expires_at: now + ttl,
+            granted_at_ms: crate::holder::now_ms(),
         });
         // Granted and timed in one step under the lock, so `now` is both when
         // the request was served and when the lease starts: never expired.
@@ -248,6 +253,18 @@ async fn granted_by(
                 .with_backend(NAME)
         })),
         () = sleep_until(wake_at) => None,
+    }
+}
+
+impl Holder {
+    fn info(&self, key: &LockKey, now: Instant) -> LockInfo {
+        LockInfo {
+            key: key.clone(),
+            holder: self.owner.to_hex(),
+            token: Some(FencingToken::new(self.token)),
+            remaining_ttl: Some(self.expires_at.saturating_duration_since(now)),
+            details: Some(HolderDetails::of_this_process(self.granted_at_ms)),
+        }
     }
 }
 
@@ -322,6 +339,7 @@ impl LockBackend for MemoryBackend {
             min_ttl: MIN_TTL_FLOOR,
             shared_locks: true,
             semaphores: true,
+            holder_details: true,
         }
     }
 
@@ -497,12 +515,63 @@ impl LockBackend for MemoryBackend {
             return Ok(None);
         };
         self.hand_off(key, state, now);
-        Ok(state.holder.as_ref().map(|h| LockInfo {
-            key: key.clone(),
-            holder: h.owner.to_hex(),
-            token: Some(FencingToken::new(h.token)),
-            remaining_ttl: Some(h.expires_at.saturating_duration_since(now)),
-        }))
+        Ok(state.holder.as_ref().map(|h| h.info(key, now)))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
+        self.check_fault(Operation::Inspect).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let mut found: Vec<(&LockKey, &mut KeyState)> = keys
+            .iter_mut()
+            .filter(|(k, _)| {
+                k.as_str().starts_with(prefix) && cursor.is_none_or(|c| k.as_str() > c)
+            })
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(b.0));
+        let mut page = LockPage::default();
+        for (key, state) in found {
+            state.reap(now);
+            if let Some(holder) = &state.holder {
+                if page.locks.len() == limit {
+                    page.cursor = page.locks.last().map(|l| l.key.as_str().to_owned());
+                    break;
+                }
+                page.locks.push(holder.info(key, now));
+            }
+        }
+        Ok(page)
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.check_fault(Operation::Release).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key) else {
+            return Ok(None);
+        };
+        state.reap(now);
+        let broken = state.holder.take().map(|h| h.info(key, now));
+        // The token counter is global and never reset: the next grant is
+        // above the broken one.
+        self.hand_off(key, state, now);
+        if state.is_idle() {
+            keys.remove(key);
+        }
+        Ok(broken)
+    }
+
+    /// Nothing to collect: a free key takes no memory here, and the token
+    /// counter is one for every key.
+    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
+        self.check_fault(Operation::Inspect).await?;
+        Ok(GcReport::default())
     }
 
     async fn try_acquire_kind(

@@ -7,6 +7,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{ErrorKind, LockError, Operation};
+use crate::holder::HolderDetails;
 use crate::key::LockKey;
 use crate::kind::LeaseKind;
 
@@ -422,6 +423,30 @@ pub struct LockInfo {
     pub token: Option<FencingToken>,
     /// Time left before the backend frees the key unless renewed, when known.
     pub remaining_ttl: Option<Duration>,
+    /// Who took the grant (host, process, program, label, time), when the
+    /// holder is one of ours and the backend keeps them.
+    pub details: Option<HolderDetails>,
+}
+
+/// One page of [`LockBackend::list`](crate::LockBackend::list).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockPage {
+    /// The held locks found, in the backend's scan order.
+    pub locks: Vec<LockInfo>,
+    /// Where the next page starts; `None` when the scan is complete.
+    pub cursor: Option<String>,
+}
+
+/// What [`LockBackend::gc`](crate::LockBackend::gc) removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Per-key records removed (token counters, rows).
+    pub removed: u64,
+    /// Records looked at.
+    pub scanned: u64,
+    /// The token floor after the run, where the backend keeps one: every
+    /// later grant of a removed key gets a token above it.
+    pub token_floor: Option<FencingToken>,
 }
 
 #[cfg(test)]

@@ -642,6 +642,7 @@ impl LockBackend for EtcdBackend {
             .map(FencingToken::new);
         let remaining_ttl = self.remaining_ttl(&name, holder.lease(), op).await;
         Ok(Some(LockInfo {
+            details: None,
             key: key.clone(),
             holder: holder_name,
             token,
@@ -666,5 +667,6 @@ pub fn capabilities() -> Capabilities {
         min_ttl: MIN_TTL,
         shared_locks: true,
         semaphores: true,
+        ..Capabilities::minimal()
     }
 }

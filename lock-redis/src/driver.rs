@@ -449,6 +449,7 @@ impl LockBackend for RedisBackend {
                     same.first().and_then(|(_, _, c)| *c).map(FencingToken::new)
                 };
                 return Ok(Some(LockInfo {
+                    details: None,
                     key: key.clone(),
                     holder: holder.clone(),
                     token,

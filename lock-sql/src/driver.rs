@@ -539,6 +539,7 @@ impl LockBackend for SqlBackend {
             // Table mode (crate::shared); session mode has neither.
             shared_locks: true,
             semaphores: true,
+            ..Capabilities::minimal()
         }
     }
 
@@ -738,6 +739,7 @@ impl LockBackend for SqlBackend {
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
         Ok(row.map(|(owner, token, remaining_us)| LockInfo {
+            details: None,
             key: key.clone(),
             holder: owner.unwrap_or_default(),
             token: u64::try_from(token).ok().map(FencingToken::new),

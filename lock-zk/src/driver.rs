@@ -620,6 +620,7 @@ impl LockBackend for ZkBackend {
                 .flatten()
             });
             return Ok(Some(LockInfo {
+                details: None,
                 key: key.clone(),
                 holder: owner.map_or(name, OwnerId::to_hex),
                 token: u64::try_from(stat.czxid).ok().map(FencingToken::new),
@@ -655,6 +656,7 @@ pub fn capabilities() -> Capabilities {
         // layouts (see the crate docs).
         shared_locks: true,
         semaphores: true,
+        ..Capabilities::minimal()
     }
 }
 

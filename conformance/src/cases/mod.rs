@@ -124,6 +124,7 @@ fn check_history(
 use crate::recording::recorded_release;
 
 // After the macros above, which the case modules use.
+mod admin;
 mod api;
 mod compose;
 mod elect;
@@ -131,6 +132,7 @@ mod exclusion;
 mod leases;
 mod shared;
 
+pub use admin::*;
 pub use api::*;
 pub use compose::*;
 pub use elect::*;

@@ -74,6 +74,7 @@ impl LockBackend for AsKind {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let holders = self.inner.holders(key, self.kind.shape()).await?;
         Ok(holders.into_iter().next().map(|h| LockInfo {
+            details: None,
             key: key.clone(),
             holder: h.holder,
             token: h.token,

@@ -67,6 +67,8 @@ impl LockBackend for MigrationBackend {
                 min_ttl: old.min_ttl.max(new.min_ttl),
                 shared_locks: false,
                 semaphores: false,
+                // Its inspect composes both sides' answers; it claims none.
+                holder_details: false,
             },
         }
     }

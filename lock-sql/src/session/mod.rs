@@ -402,6 +402,7 @@ impl LockBackend for SqlSessionBackend {
             min_ttl: self.min_ttl(),
             shared_locks: false,
             semaphores: false,
+            ..Capabilities::minimal()
         }
     }
 
@@ -569,6 +570,7 @@ impl LockBackend for SqlSessionBackend {
         };
         self.checkin(pinned);
         Ok(found.map(|(session, owner, token)| LockInfo {
+            details: None,
             key: key.clone(),
             holder: owner.unwrap_or_else(|| format!("server session {session}")),
             token: token.map(FencingToken::new),

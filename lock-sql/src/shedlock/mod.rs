@@ -462,6 +462,7 @@ impl LockBackend for SqlShedLockBackend {
             min_ttl: MIN_TTL,
             shared_locks: false,
             semaphores: false,
+            ..Capabilities::minimal()
         }
     }
 
@@ -554,6 +555,7 @@ impl LockBackend for SqlShedLockBackend {
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
         Ok(row.map(|(locked_by, token, remaining_us)| LockInfo {
+            details: None,
             key: key.clone(),
             // A ShedLock holder's token is not its own: none.
             token: token

@@ -172,6 +172,11 @@ pub struct Kind {
     /// Whether it spreads over several servers (slower to start; the
     /// failover and node-loss scenarios apply to these).
     pub cluster: bool,
+    /// Whether `distlock compare --spawn` starts it only with `--full` (or
+    /// when named): the three-server quorums, and the other libraries'
+    /// layouts on a single server (the same server again, in another
+    /// layout).
+    pub full_only: bool,
     /// Starts it; with `peer_proxies` the clustered kinds route their peer
     /// traffic through fault proxies (for member partitions).
     pub start: StartFn,
@@ -182,34 +187,43 @@ impl fmt::Debug for Kind {
         f.debug_struct("Kind")
             .field("name", &self.name)
             .field("cluster", &self.cluster)
+            .field("full_only", &self.full_only)
             .finish_non_exhaustive()
     }
 }
 
 macro_rules! kind {
-    ($name:literal, $cluster:literal, $start:expr) => {
+    ($name:literal, $cluster:literal, $full_only:literal, $start:expr) => {
         Kind {
             name: $name,
             cluster: $cluster,
+            full_only: $full_only,
             start: |peer_proxies| Box::pin($start(peer_proxies)),
         }
     };
 }
 
-/// Every kind, in report order: the single servers, then the replicated
-/// and clustered deployments.
+/// Every kind, in report order: the single servers, the replicated and
+/// clustered deployments, then single servers in another library's layout
+/// (`-plain`, `-redisson`: Redis `layout=`; `-kazoo`: ZooKeeper
+/// `nodes=kazoo`; `-shedlock`: the SQL ShedLock table).
 pub static KINDS: &[Kind] = &[
-    kind!("redis", false, single::redis),
-    kind!("etcd", false, single::etcd),
-    kind!("zookeeper", false, single::zookeeper),
-    kind!("postgres", false, single::postgres),
-    kind!("mariadb", false, single::mariadb),
-    kind!("postgres-session", false, single::postgres_session),
-    kind!("mariadb-session", false, single::mariadb_session),
-    kind!("redis-replica", true, replicated::start),
-    kind!("redlock", true, quorum::redlock),
-    kind!("etcd-cluster", true, quorum::etcd_cluster),
-    kind!("zookeeper-ensemble", true, quorum::zookeeper_ensemble),
+    kind!("redis", false, false, single::redis),
+    kind!("etcd", false, false, single::etcd),
+    kind!("zookeeper", false, false, single::zookeeper),
+    kind!("postgres", false, false, single::postgres),
+    kind!("mariadb", false, false, single::mariadb),
+    kind!("postgres-session", false, false, single::postgres_session),
+    kind!("mariadb-session", false, false, single::mariadb_session),
+    kind!("redis-replica", true, false, replicated::start),
+    kind!("redlock", true, false, quorum::redlock),
+    kind!("etcd-cluster", true, true, quorum::etcd_cluster),
+    kind!("zookeeper-ensemble", true, true, quorum::zookeeper_ensemble),
+    kind!("redis-plain", false, true, single::redis_plain),
+    kind!("redis-redisson", false, true, single::redis_redisson),
+    kind!("zookeeper-kazoo", false, true, single::zookeeper_kazoo),
+    kind!("postgres-shedlock", false, true, single::postgres_shedlock),
+    kind!("mariadb-shedlock", false, true, single::mariadb_shedlock),
 ];
 
 /// The names of [`KINDS`].

@@ -248,3 +248,44 @@ pub(super) async fn mariadb_session(_peer_proxies: bool) -> Started {
         "?mode=session",
     )
 }
+
+/// redis-py's, redsync's and node-redlock's layout (`layout=plain`).
+pub(super) async fn redis_plain(_peer_proxies: bool) -> Started {
+    boxed("redis-plain", RedisServer::start().await?, "?layout=plain")
+}
+
+/// Redisson's `RLock` hash (`layout=redisson`).
+pub(super) async fn redis_redisson(_peer_proxies: bool) -> Started {
+    boxed(
+        "redis-redisson",
+        RedisServer::start().await?,
+        "?layout=redisson",
+    )
+}
+
+/// kazoo's node names (`nodes=kazoo`).
+pub(super) async fn zookeeper_kazoo(_peer_proxies: bool) -> Started {
+    boxed(
+        "zookeeper-kazoo",
+        ZkServer::start().await?,
+        "?session_timeout=2s&nodes=kazoo",
+    )
+}
+
+/// ShedLock's table (`layout=shedlock`).
+pub(super) async fn postgres_shedlock(_peer_proxies: bool) -> Started {
+    boxed(
+        "postgres-shedlock",
+        PostgresServer::start().await?,
+        "?layout=shedlock",
+    )
+}
+
+/// ShedLock's table (`layout=shedlock`).
+pub(super) async fn mariadb_shedlock(_peer_proxies: bool) -> Started {
+    boxed(
+        "mariadb-shedlock",
+        MariaDbServer::start().await?,
+        "?layout=shedlock",
+    )
+}

@@ -1,0 +1,272 @@
+//! Cases on operating locks: holder details in `inspect`, `list` of the
+//! held locks under a prefix, `force_release` fencing out the old holder.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lock_core::{ErrorKind, HolderDetails, LockError};
+
+use crate::harness::Harness;
+use crate::history::{FencedResource, History};
+
+use super::*;
+
+/// `Ok(None)` for an admin call the backend refuses as unsupported (the
+/// case is then skipped), the value otherwise.
+fn supported<T>(result: Result<T, LockError>, what: &str) -> Result<Option<T>, String> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(e) if e.kind() == ErrorKind::Unsupported => Ok(None),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A backend that claims holder details (`Capabilities::holder_details`)
+/// shows, to another client, this process's host, pid and program and a
+/// grant time between the moments before and after the acquire.
+pub async fn holder_details_are_reported(h: &Harness) -> CaseResult {
+    let (a, b) = two_clients(h).await?;
+    if !a.capabilities().holder_details {
+        return Ok(Outcome::Skipped(
+            "the backend does not claim holder details".into(),
+        ));
+    }
+    let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
+    let key = h.key("details");
+    let before = now_ms();
+    let lease = take_free(&*a, &key, ttl).await?;
+    let after = now_ms();
+    let info = b
+        .inspect(&key)
+        .await
+        .map_err(fmt_err("inspect"))?
+        .ok_or("inspect found no holder of a held key")?;
+    let details = info
+        .details
+        .ok_or("inspect reported no holder details for our own grant")?;
+    let here = HolderDetails::current();
+    ensure!(
+        details.host == here.host && details.pid == here.pid && details.program == here.program,
+        "the details name another process: {details:?}, this one is {here:?}"
+    );
+    // The grant time is the granting process's clock (this one), taken
+    // while the acquire was in flight.
+    ensure!(
+        (before..=after).contains(&details.granted_at_ms),
+        "grant time {} outside the acquire [{before}, {after}] ms",
+        details.granted_at_ms
+    );
+    ensure!(
+        a.release(&lease).await.map_err(fmt_err("release"))?,
+        "release said not held"
+    );
+    ensure!(
+        b.inspect(&key).await.map_err(fmt_err("inspect"))?.is_none(),
+        "a released key still reports a holder"
+    );
+    Ok(Outcome::Passed(format!(
+        "{}@{} pid {} at {} ms",
+        details.program, details.host, details.pid, details.granted_at_ms
+    )))
+}
+
+/// `list` pages through exactly the held locks under a prefix: each once,
+/// with its token, none outside the prefix, none released; a bad page
+/// size is refused.
+pub async fn list_finds_held_locks(h: &Harness) -> CaseResult {
+    let (a, b) = two_clients(h).await?;
+    let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
+    let prefix = format!("{}/", h.key("list").as_str());
+    let Some(empty) = supported(b.list(&prefix, None, 10).await, "list")? else {
+        return Ok(Outcome::Skipped("the backend does not list locks".into()));
+    };
+    ensure!(
+        empty.locks.is_empty(),
+        "an unused prefix lists {} lock(s)",
+        empty.locks.len()
+    );
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let key = LockKey::new(format!("{prefix}{i}")).map_err(|e| e.to_string())?;
+        held.push(take_free(&*a, &key, ttl).await?);
+    }
+    // Beside the prefix, not under it.
+    let outside = take_free(&*a, &h.key("listx"), ttl).await?;
+    // The prefix without its slash is another key, not under it.
+    let sibling = LockKey::new(prefix.trim_end_matches('/')).map_err(|e| e.to_string())?;
+    let sibling = take_free(&*a, &sibling, ttl).await?;
+    let released = held.pop().ok_or("no lease")?;
+    ensure!(
+        a.release(&released).await.map_err(fmt_err("release"))?,
+        "release said not held"
+    );
+
+    let mut seen = HashSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        ensure!(pages <= 50, "list did not finish within 50 pages of 2");
+        let page = b
+            .list(&prefix, cursor.as_deref(), 2)
+            .await
+            .map_err(fmt_err("list"))?;
+        ensure!(
+            page.locks.len() <= 2,
+            "a page of 2 held {}",
+            page.locks.len()
+        );
+        for info in page.locks {
+            ensure!(
+                info.key.as_str().starts_with(&prefix),
+                "list of {prefix:?} returned {}",
+                info.key
+            );
+            let lease = held
+                .iter()
+                .find(|l| l.key() == &info.key)
+                .ok_or_else(|| format!("list returned {}, which is not held", info.key))?;
+            if let Some(token) = info.token {
+                ensure!(
+                    token == lease.token(),
+                    "list shows token {token} for {}, granted {}",
+                    info.key,
+                    lease.token()
+                );
+            }
+            ensure!(
+                info.remaining_ttl.is_none_or(|left| left <= ttl),
+                "remaining TTL {:?} above the TTL {ttl:?}",
+                info.remaining_ttl
+            );
+            ensure!(
+                seen.insert(info.key.clone()),
+                "list returned {} twice",
+                info.key
+            );
+        }
+        match page.cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    ensure!(
+        seen.len() == held.len(),
+        "list found {} of the {} held locks",
+        seen.len(),
+        held.len()
+    );
+    let bad = b.list(&prefix, None, 0).await;
+    ensure!(
+        matches!(&bad, Err(e) if e.kind() == ErrorKind::InvalidArgument),
+        "a page of 0 locks was not refused: {bad:?}"
+    );
+    for lease in held.iter().chain([&outside, &sibling]) {
+        let _ = a.release(lease).await;
+    }
+    Ok(Outcome::Passed(format!(
+        "{} held locks in {pages} page(s)",
+        seen.len()
+    )))
+}
+
+/// `force_release` breaks a held lock: it returns the broken holder, the
+/// next grant's token is above the broken one (where the backend fences),
+/// a resource checking tokens then rejects the old holder's late write,
+/// the old holder can neither renew nor release, and a free key reports
+/// nothing broken.
+pub async fn force_release_fences_the_old_holder(h: &Harness) -> CaseResult {
+    let (a, admin) = two_clients(h).await?;
+    let c = h.client().await.map_err(fmt_err("connecting a client"))?;
+    let caps = a.capabilities();
+    let ttl = h.ttl_for(&caps).max(Duration::from_secs(10));
+    let key = h.key("force");
+    let Some(none) = supported(admin.force_release(&key).await, "force_release")? else {
+        return Ok(Outcome::Skipped(
+            "the backend does not break locks (force_release)".into(),
+        ));
+    };
+    ensure!(
+        none.is_none(),
+        "a free key reported a broken holder: {none:?}"
+    );
+    let history = Arc::new(History::new());
+    let (rec_a, rec_c) = (history.process(), history.process());
+    let resource = FencedResource::new();
+    let old = take_free(&*a, &key, ttl).await?;
+    ensure!(
+        resource.write(&rec_a, &key, old.token(), |v| *v += 1),
+        "the first holder's write was rejected"
+    );
+    let broken = admin
+        .force_release(&key)
+        .await
+        .map_err(fmt_err("force_release"))?
+        .ok_or("force_release of a held key reported nothing broken")?;
+    if let Some(token) = broken.token {
+        ensure!(
+            token == old.token(),
+            "force_release broke token {token}, the holder had {}",
+            old.token()
+        );
+    }
+    let next = c
+        .acquire(
+            &key,
+            ttl,
+            tokio::time::Instant::now() + Duration::from_secs(10),
+        )
+        .await
+        .map_err(fmt_err("acquire after force_release"))?;
+    let mut fenced = "no fencing on this backend".to_owned();
+    if caps.has_fencing() {
+        ensure!(
+            next.token() > old.token(),
+            "the next grant's token {} is not above the broken {}",
+            next.token(),
+            old.token()
+        );
+        ensure!(
+            resource.write(&rec_c, &key, next.token(), |v| *v += 1),
+            "the next holder's write was rejected"
+        );
+        ensure!(
+            !resource.write(&rec_a, &key, old.token(), |v| *v += 1),
+            "the broken holder's late write was accepted"
+        );
+        fenced = format!(
+            "token {} -> {}, late write rejected",
+            old.token(),
+            next.token()
+        );
+    }
+    match a.renew(&old).await {
+        Ok(_) => return Err("the broken holder could still renew".into()),
+        Err(e) if e.is_not_held() || e.is_lost() => {}
+        Err(e) => return Err(format!("renew of the broken lease: {e}")),
+    }
+    ensure!(
+        !a.release(&old).await.map_err(fmt_err("release"))?,
+        "the broken holder's release said held"
+    );
+    let info = c
+        .inspect(&key)
+        .await
+        .map_err(fmt_err("inspect"))?
+        .ok_or("the new holder is not shown")?;
+    if let Some(token) = info.token {
+        ensure!(token == next.token(), "inspect shows token {token}");
+    }
+    ensure!(
+        c.release(&next).await.map_err(fmt_err("release"))?,
+        "the new holder's release said not held"
+    );
+    Ok(Outcome::Passed(fenced))
+}
