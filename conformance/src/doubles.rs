@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey,
-    LockShape, MemoryBackend, OwnerId,
+    Capabilities, GcReport, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
+    LockKey, LockPage, LockShape, MemoryBackend, OwnerId,
 };
 use tokio::time::Instant;
 
@@ -92,6 +92,21 @@ pub trait Flaw: fmt::Debug + Send + Sync + 'static {
     fn writers_poll(&self) -> bool {
         false
     }
+
+    /// The inner backend's `inspect` answer, as handed to the caller.
+    fn inspect(&self, info: Option<LockInfo>) -> Option<LockInfo> {
+        info
+    }
+
+    /// The inner backend's `list` page, as handed to the caller.
+    fn list(&self, page: LockPage) -> LockPage {
+        page
+    }
+
+    /// `force_release` of `key` happened in the inner backend.
+    fn forced(&self, key: &LockKey) {
+        let _ = key;
+    }
 }
 
 /// A correct backend with a [`Flaw`] on top.
@@ -150,7 +165,28 @@ impl<F: Flaw> LockBackend for Flawed<F> {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+        Ok(self.flaw.inspect(self.inner.inspect(key).await?))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        Ok(self
+            .flaw
+            .list(self.inner.list(prefix, cursor, limit).await?))
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let broken = self.inner.force_release(key).await?;
+        self.flaw.forced(key);
+        Ok(broken)
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.inner.gc(older_than).await
     }
 
     async fn try_acquire_kind(
