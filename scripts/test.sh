@@ -28,6 +28,8 @@ checks=(
   "/usr/share/java/slf4j-nop.jar:libslf4j-java"
   "/usr/share/java/netty-handler.jar:libnetty-java"
   "/usr/share/java/metrics-core.jar:libdropwizard-metrics-java"
+  # distlock-cli/tests/metrics.rs scrapes the metrics endpoint with curl.
+  "curl:curl"
 )
 missing=()
 for check in "${checks[@]}"; do

@@ -22,6 +22,7 @@ mod compare;
 mod floors;
 #[cfg(feature = "compare")]
 mod html;
+mod metrics_http;
 mod run;
 
 /// Process exit codes.
@@ -67,6 +68,11 @@ struct Cli {
     /// TOML config file (url, ttl, wait, require).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// Serve the library's metrics in Prometheus text on this address
+    /// (`127.0.0.1:9464`) while the command runs: a `run` holding its
+    /// lock, an `elect` leading. Every path answers with the metrics.
+    #[arg(long, global = true, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     #[command(subcommand)]
     command: Command,
 }
@@ -441,6 +447,9 @@ async fn client(url: Option<String>, file: Option<PathBuf>) -> Result<LockClient
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, LockError> {
+    if let Some(addr) = cli.metrics_addr {
+        metrics_http::serve(addr, metrics_http::install()?).await?;
+    }
     match cli.command {
         Command::Run {
             ttl,

@@ -15,7 +15,8 @@ use crate::kind::LeaseKind;
 use crate::options::{check_ttl, saturating_add};
 use crate::runtime::RenewalRuntime;
 use crate::scheduler::Scheduler;
-use crate::types::LockInfo;
+use crate::types::{Lease, LockInfo};
+use tracing::Instrument;
 
 /// Defaults applied to every lock request of a [`LockClient`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,7 +279,9 @@ impl LockClient {
     /// Safe: read-only.
     pub async fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
         let key = LockKey::new(key.as_ref())?;
-        self.backend.inspect(&key).await
+        let span =
+            tracing::debug_span!("distlock.inspect", backend = self.backend.name(), key = %key);
+        self.backend.inspect(&key).instrument(span).await
     }
 }
 
@@ -396,46 +399,90 @@ impl LockRequest<'_> {
         {
             return Ok(nested);
         }
-        let lease = if self.kind != LeaseKind::Exclusive {
-            let found = if self.wait.is_zero() {
-                backend.try_acquire_kind(&key, self.kind, self.ttl).await?
-            } else {
-                let deadline = saturating_add(Instant::now(), self.wait);
-                Some(
-                    backend
-                        .acquire_kind(&key, self.kind, self.ttl, deadline)
-                        .await?,
-                )
-            };
-            found.ok_or_else(|| {
-                LockError::new(
-                    ErrorKind::Contended,
-                    Operation::TryAcquire,
-                    format!("cannot take {} now", self.kind),
-                )
-                .with_key(&key)
-                .with_backend(backend.name())
-            })?
-        } else if self.wait.is_zero() {
-            backend.try_acquire(&key, self.ttl).await?.ok_or_else(|| {
-                LockError::new(
-                    ErrorKind::Contended,
-                    Operation::TryAcquire,
-                    "held by another owner",
-                )
-                .with_key(&key)
-                .with_backend(backend.name())
-            })?
-        } else {
-            let deadline = saturating_add(Instant::now(), self.wait);
-            backend.acquire(&key, self.ttl, deadline).await?
-        };
+        let shape = self.kind.shape();
+        let span = tracing::debug_span!(
+            "distlock.acquire",
+            backend = backend.name(),
+            key = %key,
+            kind = %self.kind,
+            ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX),
+            wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX),
+            token = tracing::field::Empty,
+            owner = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let started = crate::telemetry::acquire_started(backend.name(), &key, shape);
+        let result = Self::grant(&backend, &key, self.kind, self.ttl, self.wait)
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::acquire_ended(
+            started,
+            backend.name(),
+            &key,
+            shape,
+            !self.wait.is_zero(),
+            &result,
+        );
+        if !span.is_disabled() {
+            match &result {
+                Ok(lease) => {
+                    span.record("token", lease.token().get());
+                    span.record("owner", tracing::field::display(lease.owner().to_hex()));
+                    span.record("outcome", "granted");
+                }
+                Err(e) => {
+                    span.record("outcome", tracing::field::display(e.kind()));
+                }
+            }
+        }
+        let lease = result?;
         Ok(match self.client.scheduler(&self.renewal_runtime) {
             Some((scheduler, handle)) => {
                 LockGuard::register(scheduler, &handle, lease, &self.renewal)
             }
             None => LockGuard::with_runtime(backend, lease, self.renewal, &self.renewal_runtime),
         })
+    }
+
+    /// The grant itself: one try, or a wait until the request's deadline.
+    async fn grant(
+        backend: &Arc<dyn LockBackend>,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let lease = if kind != LeaseKind::Exclusive {
+            let found = if wait.is_zero() {
+                backend.try_acquire_kind(key, kind, ttl).await?
+            } else {
+                let deadline = saturating_add(Instant::now(), wait);
+                Some(backend.acquire_kind(key, kind, ttl, deadline).await?)
+            };
+            found.ok_or_else(|| {
+                LockError::new(
+                    ErrorKind::Contended,
+                    Operation::TryAcquire,
+                    format!("cannot take {} now", kind),
+                )
+                .with_key(key)
+                .with_backend(backend.name())
+            })?
+        } else if wait.is_zero() {
+            backend.try_acquire(key, ttl).await?.ok_or_else(|| {
+                LockError::new(
+                    ErrorKind::Contended,
+                    Operation::TryAcquire,
+                    "held by another owner",
+                )
+                .with_key(key)
+                .with_backend(backend.name())
+            })?
+        } else {
+            let deadline = saturating_add(Instant::now(), wait);
+            backend.acquire(key, ttl, deadline).await?
+        };
+        Ok(lease)
     }
 
     /// Tries once; `Ok(None)` when the key is held.

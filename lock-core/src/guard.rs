@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
+use tracing::Instrument;
 
 use crate::backend::LockBackend;
 use crate::error::{ErrorKind, LockError, Operation};
@@ -124,12 +125,18 @@ pub(crate) struct Shared {
     /// the state carries the same reason as one declared by the scheduler.
     hint: AtomicU8,
     signal: Mutex<Option<Box<Signal>>>,
+    /// The backend's name, for the metrics' `backend` label (interned:
+    /// one byte, where the struct had padding).
+    backend: u8,
 }
 
 #[derive(Default)]
 struct Signal {
     watch: Option<watch::Sender<LockState>>,
     lost: Option<String>,
+    /// When the current `Suspect` spell began (kept only with the metrics
+    /// on).
+    suspect_since: Option<Instant>,
 }
 
 const HELD: u8 = 0;
@@ -141,19 +148,62 @@ pub(crate) const HINT_HOLD_LIMIT: u8 = 1;
 pub(crate) const HINT_NOT_RENEWED: u8 = 2;
 
 impl Shared {
-    pub(crate) fn new(lease: Lease) -> Self {
+    pub(crate) fn new(lease: Lease, backend: &'static str) -> Self {
         Self {
             deadline: AtomicU64::new(to_ns(lease.validity_deadline())),
             lease,
             state: AtomicU8::new(HELD),
             hint: AtomicU8::new(0),
             signal: Mutex::new(None),
+            backend: crate::telemetry::intern(backend),
+        }
+    }
+
+    /// When the grant was made: the request's send time, as the lease's
+    /// first deadline was computed from it.
+    fn granted_at(&self) -> Instant {
+        let ttl = self.lease.ttl();
+        let valid_for = ttl.saturating_sub(clock_drift(ttl));
+        self.lease
+            .validity_deadline()
+            .checked_sub(valid_for)
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// The metrics of a move from state `current` to `next`.
+    fn record_move(&self, current: u8, next: &LockState, signal: &mut Option<Box<Signal>>) {
+        if !crate::telemetry::metrics_enabled() {
+            return;
+        }
+        let backend = self.backend_name();
+        let key = self.lease.key();
+        let now = Instant::now();
+        if current == SUSPECT
+            && let Some(since) = signal.as_mut().and_then(|s| s.suspect_since.take())
+        {
+            crate::telemetry::suspect_ended(backend, key, now.saturating_duration_since(since));
+        }
+        let held = now.saturating_duration_since(self.granted_at());
+        match next {
+            LockState::Suspect => {
+                signal.get_or_insert_with(Box::default).suspect_since = Some(now);
+            }
+            LockState::Lost(reason) => {
+                crate::telemetry::hold_ended(backend, key, held, Some(reason))
+            }
+            LockState::Released => crate::telemetry::hold_ended(backend, key, held, None),
+            LockState::Held => {}
         }
     }
 
     /// The lease as granted (its deadline field is the grant's).
     pub(crate) fn original(&self) -> &Lease {
         &self.lease
+    }
+
+    /// The backend's name.
+    pub(crate) fn backend_name(&self) -> &'static str {
+        crate::telemetry::name_of(self.backend)
     }
 
     /// A copy of the lease with the current deadline.
@@ -263,9 +313,10 @@ impl Shared {
             return;
         }
         if let LockState::Lost(reason) = &next {
-            tracing::warn!(key = %self.lease.key(), %reason, "lock lost");
+            tracing::warn!(key = %self.lease.key(), backend = self.backend_name(), token = self.lease.token().get(), %reason, "lock lost");
             signal.get_or_insert_with(Box::default).lost = Some(reason.clone());
         }
+        self.record_move(current, &next, &mut signal);
         self.state.store(code, Ordering::Release);
         if let Some(tx) = signal.as_ref().and_then(|s| s.watch.as_ref()) {
             tx.send_replace(next);
@@ -341,7 +392,7 @@ impl LockGuard {
                 Self::register(scheduler, &handle, lease, &policy)
             }
             None => {
-                let shared = Arc::new(Shared::new(lease));
+                let shared = Arc::new(Shared::new(lease, backend.name()));
                 shared.set_state(LockState::Lost(
                     "cannot renew: no Tokio runtime to run the renewal task on".to_owned(),
                 ));
@@ -361,7 +412,7 @@ impl LockGuard {
         lease: Lease,
         policy: &RenewalPolicy,
     ) -> Self {
-        let shared = Arc::new(Shared::new(lease));
+        let shared = Arc::new(Shared::new(lease, scheduler.backend().name()));
         let registration = scheduler.register(&shared, policy, handle);
         Self {
             shared,
@@ -481,7 +532,7 @@ impl LockGuard {
             .scheduler
             .handle()
             .or_else(|| Handle::try_current().ok());
-        let shared = Arc::new(Shared::new(read));
+        let shared = Arc::new(Shared::new(read, self.scheduler.backend().name()));
         let registration = match handle {
             Some(handle) => self.scheduler.register(&shared, &policy, &handle),
             None => {
@@ -623,11 +674,27 @@ impl LockGuard {
         }
         self.scheduler.deregister(self.registration);
         self.registration = Registration::RELEASED;
+        let lease = self.shared.original();
+        let span = tracing::debug_span!(
+            "distlock.release",
+            backend = self.shared.backend_name(),
+            key = %lease.key(),
+            token = lease.token().get(),
+            outcome = tracing::field::Empty,
+        );
         let result = self
             .scheduler
             .backend()
-            .release(self.shared.original())
+            .release(lease)
+            .instrument(span.clone())
             .await;
+        if !span.is_disabled() {
+            match &result {
+                Ok(true) => span.record("outcome", "released"),
+                Ok(false) => span.record("outcome", "not held"),
+                Err(e) => span.record("outcome", tracing::field::display(e.kind())),
+            };
+        }
         self.shared.set_state(LockState::Released);
         result
     }

@@ -92,6 +92,7 @@ mod renew_many;
 mod runtime;
 mod scheduler;
 mod segments;
+mod telemetry;
 mod types;
 
 pub use backend::{LockBackend, MAX_LIST_PAGE, check_list_limit, unsupported_kind};
@@ -115,6 +116,7 @@ pub use redact::redact_url;
 pub use renew_many::{RENEW_BATCH, RENEW_CONCURRENCY, renew_concurrently};
 pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use segments::{MAX_SEGMENTS, SegmentRequest};
+pub use telemetry::{KeyLabel, disable_metrics, enable_metrics, metrics_enabled};
 pub use types::{
     FencingToken, GcReport, Lease, LockInfo, LockPage, OwnerId, SessionState, clock_drift,
     validity_deadline,

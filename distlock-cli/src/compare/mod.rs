@@ -142,6 +142,11 @@ pub(crate) struct BackendResult {
     pub(crate) conformance: Option<SuiteReport>,
     pub(crate) scenarios: BTreeMap<String, ScenarioReport>,
     pub(crate) bench: BenchFigures,
+    /// The library's metrics recorded while the suite and the scenarios ran
+    /// on this backend (counters and histogram counts and sums, as
+    /// Prometheus series: what an operator's scrape would have seen; the
+    /// benchmarks run with the metrics off).
+    pub(crate) metrics: BTreeMap<String, f64>,
     /// Why the backend could not be compared at all (not installed, ...).
     pub(crate) error: Option<String>,
 }
@@ -155,6 +160,7 @@ impl BackendResult {
             conformance: None,
             scenarios: BTreeMap::new(),
             bench: BenchFigures::default(),
+            metrics: BTreeMap::new(),
             error: Some(why),
         }
     }
@@ -381,6 +387,7 @@ fn selected_backends(opts: &CompareOptions, defaults: &[&str]) -> Result<Vec<Str
 
 /// Runs the comparison; progress goes to stderr.
 pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, LockError> {
+    crate::metrics_http::install_once();
     let defaults: Vec<&str> = if opts.spawn {
         EMBEDDED
             .iter()
@@ -460,6 +467,8 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
         }
     };
     progress.say("conformance suite");
+    let metrics_before = crate::metrics_http::snapshot();
+    lock_core::enable_metrics(lock_core::KeyLabel::Omit);
     let config = SuiteConfig {
         iterations: if opts.full { 25 } else { 10 },
         fencing_grants: 1000,
@@ -490,6 +499,8 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
             }
         }
     }
+    lock_core::disable_metrics();
+    let metrics = crate::metrics_http::delta(&metrics_before, &crate::metrics_http::snapshot());
     progress.say("benchmarks");
     // Scenarios may have moved the backend (a failover promotes a replica):
     // the floor must talk to where clients talk now.
@@ -502,6 +513,7 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
         conformance: Some(suite),
         scenarios: scenarios_out,
         bench,
+        metrics,
         error: None,
     }
 }

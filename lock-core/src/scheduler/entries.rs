@@ -241,6 +241,19 @@ impl State {
         let ttl = shared.original().ttl();
         let interval = interval_of(&policy, ttl);
         let entry = &mut self.slots[slot as usize];
+        let key = shared.original().key();
+        match &result {
+            Ok(_) => {
+                let margin = super::from_ns(shared.deadline_ns()).saturating_duration_since(now_at);
+                crate::telemetry::renewal(shared.backend_name(), key, true, margin);
+            }
+            Err(_) => crate::telemetry::renewal(
+                shared.backend_name(),
+                key,
+                false,
+                std::time::Duration::ZERO,
+            ),
+        }
         match result {
             Ok(new_deadline) => {
                 entry.renewals = entry.renewals.saturating_add(1);

@@ -174,7 +174,18 @@ impl Batch {
             // still watched: what a backend buffers per call stays bounded.
             let _permit = permits.acquire_owned().await;
             let leases: Vec<&crate::types::Lease> = held.iter().map(|s| s.original()).collect();
-            backend.renew_many(&leases).await
+            let span = tracing::debug_span!(
+                "distlock.renew",
+                backend = backend.name(),
+                leases = leases.len(),
+                failed = tracing::field::Empty,
+            );
+            let results =
+                tracing::Instrument::instrument(backend.renew_many(&leases), span.clone()).await;
+            if !span.is_disabled() {
+                span.record("failed", results.iter().filter(|r| r.is_err()).count());
+            }
+            results
         });
         Self {
             members,
