@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use distlock::{Config, LockError, parse_duration};
-use lock_core::{ErrorKind, Lease, LeaseKind, LockClient, LockShape};
+use lock_core::{ErrorKind, Lease, LeaseKind, LockClient};
 
+mod admin;
 #[cfg(feature = "compare")]
 mod compare;
 #[cfg(feature = "compare")]
@@ -250,6 +251,72 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         /// The lock's name.
         key: String,
     },
+    /// List the locks held under PREFIX (every key by default), with
+    /// holder, token, remaining TTL and who took each (host, program, pid,
+    /// time, label). One bounded page at a time (--limit); `more: --cursor
+    /// C` continues, --all pages to the end.
+    #[command(after_help = "Examples:
+  distlock --url redis://127.0.0.1:6379 list jobs/
+  distlock --url postgres://db/locks list --all --json")]
+    List {
+        /// Only keys starting with this text.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Locks per page (1 to 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Continue from a previous page.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Every page.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Break a stuck lock, whoever holds it (logged with who ran it). On a
+    /// backend with fencing tokens the next grant's token is above the
+    /// broken one, so a resource that checks tokens rejects the old
+    /// holder's late writes; a backend without tokens is refused unless
+    /// --yes-unfenced. Exit 1 when the key was free.
+    #[command(name = "force-release")]
+    ForceRelease {
+        /// The lock's name.
+        key: String,
+        /// Break it even though the backend has no fencing tokens.
+        #[arg(long)]
+        yes_unfenced: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow a lock's holders: a line now and one each time the holder
+    /// changes (polled every --interval).
+    Watch {
+        /// The lock's name.
+        key: String,
+        /// How often to look.
+        #[arg(long, value_parser = duration_arg, default_value = "200ms")]
+        interval: Duration,
+        /// Stop after this many changes.
+        #[arg(long)]
+        changes: Option<u64>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove stale per-key state (Redis token counters, SQL rows) of keys
+    /// nobody took for --older-than, never letting a key's token go
+    /// backwards (a token floor that new keys start above).
+    Gc {
+        /// How long a key must have been unused (`30d`, `12h`).
+        #[arg(long, value_parser = duration_arg)]
+        older_than: Duration,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Compare backends side by side: the conformance suite, fault
     /// scenarios and benchmarks, one row per backend.
     ///
@@ -328,73 +395,6 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
 
 /// Every holder of `key`: the mutex's, then, where the backend has them,
 /// the read-write lock's and the semaphore's of the same name.
-async fn inspect(client: &LockClient, key: &str, json: bool) -> Result<u8, LockError> {
-    let info = client.inspect(key).await?;
-    let caps = client.capabilities();
-    let lock_key = lock_core::LockKey::new(key)?;
-    let mut shared = Vec::new();
-    for (shape, has) in [
-        (LockShape::ReadWrite, caps.shared_locks),
-        (LockShape::Semaphore, caps.semaphores),
-    ] {
-        if has {
-            for holder in client.backend().holders(&lock_key, shape).await? {
-                shared.push((shape, holder));
-            }
-        }
-    }
-    if json {
-        let holders: Vec<_> = shared
-            .iter()
-            .map(|(shape, h)| {
-                serde_json::json!({
-                    "shape": shape.as_str(),
-                    "kind": h.kind.code(),
-                    "holder": h.holder,
-                    "token": h.token.map(|t| t.get()),
-                    "remaining_ttl_ms": h.remaining_ttl.map(|d| d.as_millis()),
-                })
-            })
-            .collect();
-        let mut value = match &info {
-            Some(info) => serde_json::json!({
-                "key": info.key.as_str(),
-                "held": true,
-                "holder": info.holder,
-                "token": info.token.map(|t| t.get()),
-                "remaining_ttl_ms": info.remaining_ttl.map(|d| d.as_millis()),
-            }),
-            None => serde_json::json!({ "key": key, "held": false }),
-        };
-        value["shared_holders"] = serde_json::Value::Array(holders);
-        println!("{value}");
-        return Ok(0);
-    }
-    let ttl = |t: Option<Duration>| t.map_or("-".to_owned(), distlock::format_duration);
-    let token = |t: Option<lock_core::FencingToken>| t.map_or("-".to_owned(), |t| t.to_string());
-    match &info {
-        Some(info) => println!(
-            "{} held by {} token {} ttl {}",
-            info.key,
-            info.holder,
-            token(info.token),
-            ttl(info.remaining_ttl)
-        ),
-        None if shared.is_empty() => println!("{key} is free"),
-        None => {}
-    }
-    for (shape, h) in &shared {
-        println!(
-            "{key} {shape} {} by {} token {} ttl {}",
-            h.kind,
-            h.holder,
-            token(h.token),
-            ttl(h.remaining_ttl)
-        );
-    }
-    Ok(0)
-}
-
 fn duration_arg(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.message().to_owned())
 }
@@ -558,7 +558,38 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
         }
         Command::Inspect { json, key } => {
             let client = client(cli.url, cli.config).await?;
-            inspect(&client, &key, json).await
+            admin::inspect(&client, &key, json).await
+        }
+        Command::List {
+            prefix,
+            limit,
+            cursor,
+            all,
+            json,
+        } => {
+            let client = client(cli.url, cli.config).await?;
+            admin::list(&client, &prefix, limit, cursor, all, json).await
+        }
+        Command::ForceRelease {
+            key,
+            yes_unfenced,
+            json,
+        } => {
+            let client = client(cli.url, cli.config).await?;
+            admin::force_release(&client, &key, yes_unfenced, json).await
+        }
+        Command::Watch {
+            key,
+            interval,
+            changes,
+            json,
+        } => {
+            let client = client(cli.url, cli.config).await?;
+            admin::watch(&client, &key, interval, changes, json).await
+        }
+        Command::Gc { older_than, json } => {
+            let client = client(cli.url, cli.config).await?;
+            admin::gc(&client, older_than, json).await
         }
         #[cfg(feature = "compare")]
         Command::Compare {

@@ -234,7 +234,7 @@ impl Backoff {
 }
 
 /// Parses a duration the one way every part of the family reads them:
-/// a number with a unit, `us` (or `µs`), `ms`, `s`, `m` (or `min`), `h`,
+/// a number with a unit, `us` (or `µs`), `ms`, `s`, `m` (or `min`), `h`, `d`,
 /// optionally several (`1m30s`) or with a fraction (`1.5s`). A bare `0`
 /// is zero; any other bare number is refused, because `10` could mean
 /// seconds or milliseconds depending on whom you ask.
@@ -264,6 +264,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
             "s" => 1_000_000_000,
             "m" | "min" => 60_000_000_000,
             "h" => 3_600_000_000_000,
+            "d" => 86_400_000_000_000,
             _ => return None,
         };
         let part = Duration::from_nanos(exact_nanos(number, nanos_per_unit)?);
@@ -350,6 +351,7 @@ mod tests {
             ("2m", Duration::from_secs(120)),
             ("1min", Duration::from_secs(60)),
             ("1h", Duration::from_secs(3600)),
+            ("30d", Duration::from_secs(30 * 86_400)),
             ("1m30s", Duration::from_secs(90)),
             ("1.5s", Duration::from_millis(1500)),
             ("100us", Duration::from_micros(100)),
