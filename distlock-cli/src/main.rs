@@ -74,6 +74,11 @@ struct Cli {
     /// lock, an `elect` leading. Every path answers with the metrics.
     #[arg(long, global = true, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// A label every grant of this process carries beside its host, pid
+    /// and program (shown by `inspect`, `list`, `watch`); also
+    /// DISTLOCK_LABEL.
+    #[arg(long, global = true, value_name = "TEXT", env = "DISTLOCK_LABEL")]
+    label: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -447,6 +452,9 @@ async fn client(url: Option<String>, file: Option<PathBuf>) -> Result<LockClient
 }
 
 async fn dispatch(cli: Cli) -> Result<u8, LockError> {
+    if let Some(label) = &cli.label {
+        distlock::set_holder_label(Some(label))?;
+    }
     if let Some(addr) = cli.metrics_addr {
         metrics_http::serve(addr, metrics_http::install()?).await?;
     }
