@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use lock_core::election::Leader;
 use lock_core::{
-    FencingToken, Lease, LeaseKind, LockClient, LockError, LockGuard, LockInfo, LockKey,
+    FencingToken, Lease, LeaseKind, LockClient, LockError, LockGuard, LockInfo, LockKey, LockPage,
     LockRequest, LockState, MultiGuard, OwnerId,
 };
 use tokio::runtime::Runtime;
@@ -207,6 +207,37 @@ impl Client {
     /// As [`LockClient::inspect`].
     pub fn inspect(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
         self.rt.block_on(self.inner.inspect(key))?
+    }
+
+    /// One page of the locks held under `prefix`.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockBackend::list`](lock_core::LockBackend::list).
+    pub fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        let backend = self.inner.backend().clone();
+        let (prefix, cursor) = (prefix.to_owned(), cursor.map(str::to_owned));
+        self.rt
+            .block_on(async move { backend.list(&prefix, cursor.as_deref(), limit).await })?
+    }
+
+    /// Breaks the mutex `key` whoever holds it (see
+    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release)).
+    ///
+    /// # Errors
+    ///
+    /// A bad key; otherwise as
+    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release).
+    pub fn force_release(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
+        let key = LockKey::new(key.as_ref())?;
+        let backend = self.inner.backend().clone();
+        self.rt
+            .block_on(async move { backend.force_release(&key).await })?
     }
 
     fn guard(&self, inner: LockGuard) -> Guard {

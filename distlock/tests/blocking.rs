@@ -94,9 +94,45 @@ fn exclusion_and_renewal(url: &str) {
     assert!(leading.release().expect("resign"));
 }
 
+/// The operator's calls, blocking: list the held lock with its holder
+/// details, break it, and the next grant's token is above it.
+fn operating(url: &str) {
+    let client = Client::connect(url).expect("connect");
+    let guard = client
+        .lock("blocking-ops/a")
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .expect("acquire");
+    let page = client.list("blocking-ops/", None, 10).expect("list");
+    assert_eq!(page.locks.len(), 1, "{url}: {page:?}");
+    let info = &page.locks[0];
+    assert_eq!(info.token, Some(guard.token()), "{url}");
+    let details = info.details.as_ref().expect("holder details");
+    assert_eq!(details.pid, std::process::id(), "{url}");
+    let broken = client
+        .force_release("blocking-ops/a")
+        .expect("force_release")
+        .expect("a holder to break");
+    assert_eq!(broken.token, Some(guard.token()));
+    let next = client
+        .lock("blocking-ops/a")
+        .try_acquire()
+        .expect("try")
+        .expect("free after the break");
+    assert!(next.token() > guard.token(), "{url}");
+    assert!(next.release().expect("release"));
+    assert!(
+        client
+            .force_release("blocking-ops/a")
+            .expect("free")
+            .is_none()
+    );
+}
+
 #[test]
 fn blocking_memory() {
     exclusion_and_renewal("memory://blocking-test");
+    operating("memory://blocking-ops");
 }
 
 #[test]
