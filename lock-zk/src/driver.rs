@@ -19,16 +19,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::election::Leader;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
-    LockError, LockInfo, LockKey, LockShape, Operation, OwnerId, SessionState, TtlModel,
+    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, LockBackend,
+    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, SessionState, TtlModel,
     WaitStrategy, validity_deadline,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
-use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, kazoo_owner_of, mutex_owner_of, owner_of};
+use crate::error::{NAME, timed};
+use crate::paths::{self, mutex_owner_of};
 
 // Child modules: they share the backend's private state.
 // The session: opening it, its state signal, leader-view reads.
@@ -58,6 +58,10 @@ mod shared;
 // Leader election (Curator's `LeaderLatch` layout).
 #[path = "election.rs"]
 mod election;
+
+// Operating locks: holder look-up, list, force_release, gc.
+#[path = "admin.rs"]
+mod admin;
 
 use session::{Session, synced};
 
@@ -127,6 +131,9 @@ struct Inner {
     /// Attempts whose create had an unknown outcome: more than one node may
     /// carry their id, so cleanup sweeps the directory for it.
     uncertain: Mutex<HashSet<OwnerId>>,
+    /// The escaped name of the last key directory `gc` examined: the next
+    /// call goes on from there (see admin.rs).
+    gc_cursor: Mutex<Option<String>>,
 }
 
 impl Drop for Inner {
@@ -197,6 +204,7 @@ impl ZkBackend {
                 owners: expiry::Owners::new(),
                 task: Mutex::new(expiry::ExpiryTask::default()),
                 uncertain: Mutex::new(HashSet::new()),
+                gc_cursor: Mutex::new(None),
             }),
         };
         backend.session(Operation::Connect).await?;
@@ -584,60 +592,36 @@ impl LockBackend for ZkBackend {
             .await
             .map_err(|e| e.with_key(key))?;
         let dir = self.checked_key_path(key, Operation::Inspect)?;
-        let fail = |err: CallError| err.into_lock_error(Operation::Inspect).with_key(key);
-        // The holder may release between the list and the stat: look again.
-        for _ in 0..5 {
-            let children = match timed(self.op_timeout(), session.client.list_children(&dir)).await
-            {
-                Ok(children) => children,
-                Err(err) if err.is(&zk::Error::NoNode) => return Ok(None),
-                Err(err) => return Err(fail(err)),
-            };
-            // The holder may be a kazoo lock: its node name is the holder,
-            // or with `nodes=kazoo` (where ours have kazoo's names too) the
-            // 32-hex id in it, as for ours.
-            let Some((seq, name)) = paths::sorted_mutex_contenders(children).into_iter().next()
-            else {
-                return Ok(None);
-            };
-            let owner = match self.inner.config.node_names() {
-                crate::ZkNodeNames::Curator => owner_of(&name),
-                crate::ZkNodeNames::Kazoo => owner_of(&name).or_else(|| kazoo_owner_of(&name)),
-            };
-            let path = format!("{dir}/{name}");
-            let Some(stat) = timed(self.op_timeout(), session.client.check_stat(&path))
-                .await
-                .map_err(fail)?
-            else {
-                continue;
-            };
-            let seq = u32::try_from(seq).ok();
-            let clock = self.inner.clock;
-            let remaining_ttl = owner.and_then(|owner| {
-                self.tracked(owner, |node| {
-                    (Some(node.seq) == seq).then(|| clock.remaining(node.due, Instant::now()))
-                })
-                .flatten()
-            });
-            return Ok(Some(LockInfo {
-                details: None,
-                key: key.clone(),
-                holder: owner.map_or(name, OwnerId::to_hex),
-                token: u64::try_from(stat.czxid).ok().map(FencingToken::new),
-                remaining_ttl,
-            }));
-        }
-        Err(LockError::new(
-            ErrorKind::Unavailable,
-            Operation::Inspect,
-            "the holder kept changing while we looked",
-        )
-        .with_key(key)
-        .with_backend(NAME))
+        // One list and one `getData` (the holder details are the node's
+        // data, read with its `czxid`), no `sync`: it decides nothing.
+        Ok(self
+            .holder_in(&session, key, &dir, Operation::Inspect)
+            .await?
+            .map(|found| found.info))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        self.list_page(prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.break_holder(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.collect_empty_dirs(older_than).await
     }
 }
 
 /// What the ZooKeeper backend guarantees (the same for every URL).
+// Every field is set today; the update keeps a field lock-core adds later
+// at its conservative default.
+#[allow(clippy::needless_update)]
 pub fn capabilities() -> Capabilities {
     Capabilities {
         // czxid: strictly increasing per key (grants follow creation
@@ -656,6 +640,8 @@ pub fn capabilities() -> Capabilities {
         // layouts (see the crate docs).
         shared_locks: true,
         semaphores: true,
+        // `<owner hex>\n<details>` in every mutex node we create.
+        holder_details: true,
         ..Capabilities::minimal()
     }
 }

@@ -316,8 +316,9 @@
 //! - **Node names**: our mutex node is
 //!   `<attempt id, 32 lowercase hex>__lock__<sequence>` (sequence as the
 //!   server writes it, `%010d`), exactly what kazoo 2.11.0's `Lock` creates
-//!   (`uuid4().hex + "__lock__"`); its data is the owner id in hex (what
-//!   kazoo's `contenders()` lists). The default, `nodes=curator`
+//!   (`uuid4().hex + "__lock__"`); its data is the owner id in hex, a
+//!   newline and the holder details (kazoo's `contenders()` lists the
+//!   whole data: see [Operating locks](#operating-locks)). The default, `nodes=curator`
 //!   ([`ZkNodeNames::Curator`]), keeps `_c_<uuid>-lock-<sequence>`.
 //!   Read-write locks, semaphores (and a semaphore's internal mutex) and
 //!   elections keep Curator's names either way.
@@ -364,6 +365,96 @@
 //!   this was written).
 //!   `tests/conformance.rs` `suite_with_kazoo_node_names` runs the shared
 //!   suite with `nodes=kazoo`.
+//!
+//! # Operating locks
+//!
+//! - **Holder details** ([`HolderDetails`](lock_core::HolderDetails): host,
+//!   pid, program, label, grant time) are the **data of our mutex node**,
+//!   written by the grant's own create (no extra request:
+//!   `tests/round_trips.rs` still counts 3 round trips per cycle), in both
+//!   namings and both layouts: `<owner id, 32 hex>\n<details>`, the
+//!   details in [`HolderDetails::encode_current`](lock_core::HolderDetails::encode_current)'s
+//!   form (`h=<host>;p=<pid>;n=<program>[;l=<label>];t=<ms>`, at most
+//!   about 700 bytes). They live and die with the node (release, TTL
+//!   expiry, session expiry, `force_release`), and renewal does not touch
+//!   them. Nothing other clients compare changes: Curator writes its
+//!   client's IP address as data and never reads it, and kazoo's `Lock`
+//!   never compares node data; kazoo's `contenders()` only *displays* it,
+//!   and for our node now returns `"<owner hex>\n<details>"` (the owner
+//!   on the first line, as before; `tests/kazoo.rs`
+//!   `holder_details_beside_kazoos_identifier` checks it with an unmodified
+//!   kazoo still refused beside our node). `inspect` reads the holder node
+//!   with one `getData` instead of an `exists` (same request count: list +
+//!   read) and reports the details when the data has that form: a kazoo
+//!   or Curator holder (identifier, IP address), a node of an earlier
+//!   version of ours (no data) or a semaphore's or latch's node report
+//!   `details: None`. Capabilities: `holder_details` is `true`.
+//!   Read-write, semaphore and election nodes carry no details (a
+//!   latch's data is Curator's participant id, which Curator reads).
+//! - **`list(prefix, cursor, limit)`**: one `getChildren` of the lock root
+//!   per page (the whole child list of the root comes back in that one
+//!   reply), then of the key directories after the cursor whose
+//!   (unescaped) key starts with `prefix`, at most `limit`: one pipelined
+//!   `getChildren` each, then one pipelined `getData` of each directory's
+//!   lowest contender (ours, Curator's or kazoo's nodes, as `inspect`
+//!   sees them), so a page costs at most `2 × limit + 1` requests in 3
+//!   round trips (plus a look again at a key whose holder left between
+//!   the two reads). Keys are in escaped-name order; the cursor is
+//!   `zk1:<escaped name of the last directory examined>` and is handed
+//!   out only while more matching directories remain; any other text (or
+//!   a name not in the canonical escaped form) is `InvalidArgument`. Only
+//!   mutexes: the `.rwlock`, `.semaphore` and `.election` directories
+//!   (and any root child that is not an escaped key) are skipped.
+//!   **Path layout**: only keys under the root are listed, which there are
+//!   the library's own keys (`__distlock/…`); a path key lives at its own
+//!   path outside the root and is not listed (`inspect` it by name).
+//! - **`force_release(key)`**: finds the holder as `inspect` does and
+//!   deletes its node (any version: it is the operator's to break), one
+//!   atomic request; a holder that left before the delete is looked up
+//!   again, so whoever holds at the delete is broken. Returns the broken
+//!   holder (owner, `czxid` token, details). The token is the node's
+//!   `czxid`: the next grant's node is created later and has a greater
+//!   one, so a resource checking tokens rejects the broken holder's late
+//!   writes; its renewal finds the node gone (`NotHeld`) and its release
+//!   returns `false`. The next waiter watches the deleted node and is
+//!   woken as by a release. A kazoo or Curator holder in a shared
+//!   directory is broken the same way (`tests/kazoo.rs`), but **is not
+//!   told**: kazoo's and Curator's locks do not watch their own node, so
+//!   that process goes on as if it held, unfenced unless its resource
+//!   checks our tokens. The break is logged (`tracing` warn with key,
+//!   node, holder and token). Without containers the empty directory is
+//!   removed after the break, as after a release.
+//! - **`gc(older_than)`**: tokens are `czxid`s (global, never reset), so
+//!   there is no token floor (`token_floor: None`) and removing a key
+//!   directory never lets a token go backwards. What is left to collect
+//!   is empty key directories under the root: one `getChildren` of the
+//!   root, then up to 1,000 key directories from where this backend's
+//!   previous `gc` call stopped (wrapping around, so repeated calls cover
+//!   a larger root): one pipelined `exists` each, and a delete of each
+//!   with no child whose `ctime` and `mtime` are at least `older_than` old
+//!   (server clock against ours; ZooKeeper records no time of the last
+//!   child change, so a directory's age is its creation time). The
+//!   server refuses the delete of a directory that gained a node in
+//!   between (a held or waited-on key is never collected), and a waiter
+//!   that finds its directory gone re-creates it. With container
+//!   directories (the default) the server already removes an empty
+//!   directory that once had a child (its container check, every 60 s by
+//!   default); `gc` removes the rest: containers that never had a child
+//!   (a create that failed after its `mkdir`) and persistent directories
+//!   (`containers=false`, older servers, a crash between a release and
+//!   its directory delete). Path-layout directories (outside the root,
+//!   kazoo's and Curator's) and the shapes' `.` directories are never
+//!   touched. `scanned` counts the directories examined.
+//! - **Tested**: the shared suite's `holder_details_are_reported`,
+//!   `list_finds_held_locks` and `force_release_fences_the_old_holder`
+//!   (`tests/conformance.rs`, default names and `nodes=kazoo`, and the
+//!   3-member ensemble in `tests/ensemble.rs`); `tests/admin.rs`: `gc`
+//!   keeps young directories (1 h), removes old empty ones, never a held
+//!   key's or a `.` directory, the holder renews after it, a re-grant's
+//!   token is above the earlier grant; `list` cursors, bad cursors and
+//!   page sizes, details in pages, the path layout listing only the root;
+//!   `tests/kazoo.rs` and `tests/curator.rs`: details beside kazoo's and
+//!   Curator's holders (theirs report none), kazoo's holder broken.
 //!
 //! # Leader election
 //!

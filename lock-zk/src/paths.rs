@@ -182,6 +182,41 @@ pub(crate) fn key_dir_of(root: &str, key: &str) -> String {
     format!("{root}/{}", utf8_percent_encode(key, COMPONENT))
 }
 
+/// The key whose [`key_dir_of`] component is `name` (a child of the
+/// root), or `None` for a child that is no escaped key (the shapes' `.`
+/// directories, anything not in the canonical escaped form).
+pub(crate) fn key_of_component(name: &str) -> Option<LockKey> {
+    let key = percent_encoding::percent_decode_str(name)
+        .decode_utf8()
+        .ok()?;
+    // Canonical only: `%41` and `A` would otherwise name one key twice.
+    if utf8_percent_encode(&key, COMPONENT).to_string() != name {
+        return None;
+    }
+    LockKey::new(key.into_owned()).ok()
+}
+
+/// The data of our mutex node: the owner id in hex (what kazoo's
+/// `contenders()` lists), a newline, and the holder details
+/// ([`lock_core::HolderDetails::encode_current`]).
+pub(crate) fn mutex_node_data(owner: OwnerId) -> String {
+    format!(
+        "{}\n{}",
+        owner.to_hex(),
+        lock_core::HolderDetails::encode_current()
+    )
+}
+
+/// The holder details in a mutex node's data ([`mutex_node_data`]);
+/// `None` for anything else (a kazoo client's identifier, Curator's IP
+/// address, a node of an earlier version of ours with no data).
+pub(crate) fn details_of_data(data: &[u8]) -> Option<lock_core::HolderDetails> {
+    let text = std::str::from_utf8(data).ok()?;
+    let (owner, details) = text.split_once('\n')?;
+    OwnerId::from_hex(owner).ok()?;
+    lock_core::HolderDetails::decode(details)
+}
+
 /// Whether `dir` is [`key_dir`]`(root, key)`, without building it.
 pub(crate) fn is_key_dir(root: &str, key: &LockKey, dir: &str) -> bool {
     let Some(mut rest) = dir.strip_prefix(root).and_then(|r| r.strip_prefix('/')) else {
@@ -400,6 +435,34 @@ mod tests {
 
     fn key(s: &str) -> LockKey {
         LockKey::new(s).unwrap()
+    }
+
+    /// Root children map back to their keys, canonical escapes only.
+    #[test]
+    fn components_unescape_to_their_keys() {
+        for k in ["jobs/nightly", "a b%c", "..", "ключ", "__distlock/cutover"] {
+            let name = key_dir_of("", k);
+            let name = name.strip_prefix('/').unwrap();
+            assert_eq!(key_of_component(name), Some(key(k)), "{name}");
+        }
+        for not_a_key in [".rwlock", ".semaphore", "%41", "%zz", "a%2f", "%FF"] {
+            assert_eq!(key_of_component(not_a_key), None, "{not_a_key}");
+        }
+    }
+
+    /// Our node data carries the owner and the details; other clients'
+    /// data has no details.
+    #[test]
+    fn node_data_carries_the_details() {
+        let owner = OwnerId::random();
+        let data = mutex_node_data(owner);
+        let (hex, _) = data.split_once('\n').unwrap();
+        assert_eq!(hex, owner.to_hex());
+        let details = details_of_data(data.as_bytes()).expect("details");
+        assert_eq!(details.pid, std::process::id());
+        for foreign in ["", "kazoo-k1", "10.0.0.1", "kazoo-k1\nh=x;p=1;n=y;t=2"] {
+            assert_eq!(details_of_data(foreign.as_bytes()), None, "{foreign:?}");
+        }
     }
 
     #[test]

@@ -26,11 +26,12 @@ use crate::paths::{self, mutex_owner_of};
 /// the data it writes, and how its lease names the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Recipe {
-    /// Curator's `InterProcessMutex`: `lock-` nodes, no data.
+    /// Curator's `InterProcessMutex`: `lock-` nodes whose data is
+    /// `<owner hex>\n<holder details>` (Curator never reads it).
     Mutex,
     /// The mutex with kazoo's `Lock` names (`nodes=kazoo`): `__lock__`
-    /// nodes whose data is the owner value (what kazoo's `contenders()`
-    /// lists); the lease's data is `kazoo:<seq>`.
+    /// nodes whose data is `<owner hex>\n<holder details>` (what kazoo's
+    /// `contenders()` lists); the lease's data is `kazoo:<seq>`.
     KazooMutex,
     /// Curator's `LeaderLatch` on the election `name`: `latch-` nodes
     /// whose data is the candidate's owner value (Curator's participant
@@ -127,10 +128,15 @@ impl ZkBackend {
         key: &LockKey,
     ) -> Result<(String, i64, Option<Instant>), AttemptError> {
         let (prefix, data) = match recipe {
-            Recipe::Mutex => (paths::node_path_prefix(dir, owner), String::new()),
+            // The holder details ride in the create itself (no extra
+            // request), after the owner hex kazoo's `contenders()` lists.
+            Recipe::Mutex => (
+                paths::node_path_prefix(dir, owner),
+                paths::mutex_node_data(owner),
+            ),
             Recipe::KazooMutex => (
                 paths::mutex_node_prefix(dir, owner, crate::ZkNodeNames::Kazoo),
-                owner.to_hex(),
+                paths::mutex_node_data(owner),
             ),
             Recipe::Latch => (
                 paths::named_prefix(dir, owner, paths::LATCH_NAME),

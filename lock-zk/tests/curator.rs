@@ -42,6 +42,8 @@ fn permits(count: u32, limit: u32) -> LeaseKind {
 /// each other in both directions (single try and short wait refused, the
 /// waiter granted after the release), on the default layout
 /// ([`ZkBackend::key_path`]) and on Curator's own path (`layout=path`).
+/// `inspect` reports our holder details beside Curator, none for Curator's
+/// own node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn curator_mutex_and_ours_exclude_each_other() {
     let (target, bs, peer) = setup(1).await;
@@ -58,6 +60,9 @@ async fn curator_mutex_and_ours_exclude_each_other() {
         // Curator holds: ours is refused, then granted after its release.
         let (mut held, answer) = peer.take(&mutex(5_000)).await;
         assert_eq!(answer, "ok", "Curator on a free {path}");
+        // Curator's node (its client's IP as data) has no holder details.
+        let theirs = ours.inspect(k).await.unwrap().expect("Curator holds");
+        assert_eq!(theirs.details, None, "{theirs:?}");
         assert!(
             ours.try_acquire(k, TTL).await.unwrap().is_none(),
             "our try beside Curator's mutex on {path}"
@@ -80,7 +85,14 @@ async fn curator_mutex_and_ours_exclude_each_other() {
             granted_at >= released,
             "ours granted before Curator released"
         );
-        // Ours holds: Curator is refused, then granted after our release.
+        // Ours holds, with holder details in the node's data: Curator is
+        // refused, then granted after our release.
+        let info = ours.inspect(k).await.unwrap().expect("ours holds");
+        assert_eq!(
+            info.details.map(|d| d.pid),
+            Some(std::process::id()),
+            "our details on {path}"
+        );
         for wait in [0, 300] {
             let (_busy, answer) = peer.take(&mutex(wait)).await;
             assert_eq!(

@@ -192,6 +192,13 @@ impl Kazoo {
         assert_eq!(answer, "released", "kazoo release of {}", request.id);
     }
 
+    /// kazoo's `Lock(path).contenders()`: the data of each `__lock__`
+    /// node, as a JSON list.
+    async fn contenders(&self, path: &str) -> String {
+        let mut request = self.request(&format!("contenders {path}")).await;
+        request.answer(Duration::from_secs(10)).await
+    }
+
     async fn children(&self, path: &str) -> String {
         let mut request = self.request(&format!("children {path}")).await;
         request.answer(Duration::from_secs(10)).await
@@ -481,4 +488,76 @@ async fn kazoo_named_nodes_exclude_an_unmodified_kazoo_lock() {
         "an unmodified kazoo was expected to ignore a Curator-named node"
     );
     assert_eq!(kazoo.children(&path).await, "", "nodes left in {path}");
+}
+
+/// Holder details on kazoo's own path (`layout=path&nodes=kazoo`): our
+/// node's data is `<owner hex>\n<details>`, so kazoo's `contenders()`
+/// lists our owner id on the first line, and an unmodified kazoo `Lock` is
+/// still refused beside it; our `inspect` reports the details. Control: a
+/// kazoo holder's node (its identifier as data) has no details. Then
+/// `force_release` breaks the kazoo holder (its node deleted, its id
+/// reported) and ours gets in; `list` of the root does not report path
+/// keys (they live outside the root).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn holder_details_beside_kazoos_identifier() {
+    let Some((_target, ours, kazoo)) = setup("layout=path&containers=false&nodes=kazoo").await
+    else {
+        return;
+    };
+    let path = format!(
+        "/legacy/app/locks/details-{}",
+        &OwnerId::random().to_hex()[..8]
+    );
+    let k = LockKey::new(path.clone()).expect("key");
+    let lease = ours.try_acquire(&k, TTL).await.expect("try").expect("free");
+    let contenders = kazoo.contenders(&path).await;
+    let expected_start = format!("[\"{}\\nh=", lease.owner().to_hex());
+    assert!(
+        contenders.starts_with(&expected_start),
+        "kazoo's contenders() {contenders}, expected it to start {expected_start}"
+    );
+    let info = ours.inspect(&k).await.expect("inspect").expect("held");
+    let details = info.details.expect("details of our grant");
+    assert_eq!(details.pid, std::process::id(), "{details:?}");
+    assert_eq!(info.holder, lease.owner().to_hex());
+    let (_refused, answer) = kazoo.lock(&path, 0, &[]).await;
+    assert_eq!(
+        answer, "busy",
+        "an unmodified kazoo beside our node with details"
+    );
+    let page = ours.list("", None, 1000).await.expect("list");
+    assert!(
+        page.locks.iter().all(|l| l.key != k),
+        "list of the root reported the path key {path}"
+    );
+    assert!(ours.release(&lease).await.expect("release"));
+
+    // Control: kazoo's own holder carries its identifier, no details.
+    let (mut held, answer) = kazoo.lock(&path, 5_000, &[]).await;
+    assert_eq!(answer, "ok");
+    let info = ours.inspect(&k).await.expect("inspect").expect("held");
+    assert!(info.details.is_none(), "details on kazoo's node: {info:?}");
+    let contenders = kazoo.contenders(&path).await;
+    assert!(
+        contenders.contains(&format!("kazoo-{}", held.id)),
+        "{contenders}"
+    );
+
+    // Breaking kazoo's holder: its node goes, ours gets in.
+    let broken = ours
+        .force_release(&k)
+        .await
+        .expect("force_release")
+        .expect("kazoo held");
+    assert_eq!(broken.holder, info.holder, "{broken:?}");
+    assert_eq!(broken.token, info.token, "{broken:?}");
+    let next = ours
+        .try_acquire(&k, TTL)
+        .await
+        .expect("try")
+        .expect("free after breaking kazoo's holder");
+    assert!(Some(next.token()) > broken.token);
+    assert!(ours.release(&next).await.expect("release"));
+    // kazoo's release of a broken lock finds no node and says released.
+    kazoo.release(&mut held).await;
 }

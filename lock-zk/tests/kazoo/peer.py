@@ -9,8 +9,11 @@ reads commands on stdin, one a line, and answers "<id> <answer>":
   <id> rlock <path> <wait ms> [<extra pattern>...]  -> the same with ReadLock
   <id> release                                      -> released
   <id> children <path>                              -> the children, space separated
+  <id> contenders <path>                            -> Lock(client, path).contenders(),
+      as a JSON list (kazoo reads each contender node's data as its identifier)
   exit
 """
+import json
 import sys
 import threading
 
@@ -75,6 +78,11 @@ def main():
         elif command == "children":
             try:
                 say(rid + " " + " ".join(sorted(client.get_children(words[2]))))
+            except Exception as e:
+                say("%s error %r" % (rid, e))
+        elif command == "contenders":
+            try:
+                say(rid + " " + json.dumps(client.Lock(words[2]).contenders()))
             except Exception as e:
                 say("%s error %r" % (rid, e))
         else:
