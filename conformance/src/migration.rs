@@ -110,16 +110,32 @@ pub fn phase_at(stage: usize, task: usize, tasks: usize, wrong: bool) -> Migrati
     }
 }
 
-/// When each stage ends, from the start of the run.
-fn stage_ends(config: &RolloutConfig) -> Vec<Duration> {
-    let s = config.stage;
-    if config.wrong {
-        // A long middle stage, so `new` runs past its wait-out while the
-        // other half is still on `old`.
-        vec![s, s * 4, s * 5]
+/// When each stage ends, from the start of the run: five stages of
+/// `stage`, or for a wrong rollout three with a middle one three times as
+/// long (so `new` runs past its wait-out while the other half is still on
+/// the first phase).
+pub(crate) fn stage_ends(stage: Duration, wrong: bool) -> Vec<Duration> {
+    if wrong {
+        vec![stage, stage * 4, stage * 5]
     } else {
-        (1..=5).map(|i| s * i).collect()
+        (1..=5).map(|i| stage * i).collect()
     }
+}
+
+/// The stage a run that began at `started` is in now (the last one once
+/// they are all over).
+pub(crate) fn stage_now(started: Instant, ends: &[Duration]) -> usize {
+    let elapsed = started.elapsed();
+    ends.iter()
+        .position(|e| elapsed < *e)
+        .unwrap_or(ends.len().saturating_sub(1))
+}
+
+/// The keys of one run: `<prefix>rollout-<run id>/<i>`.
+pub(crate) fn run_keys(prefix: &str, run_id: &str, n: usize) -> Result<Vec<LockKey>, String> {
+    (0..n)
+        .map(|i| LockKey::new(format!("{prefix}rollout-{run_id}/{i}")).map_err(|e| e.to_string()))
+        .collect()
 }
 
 /// An old-backend client that never sees a cutover marker: `inspect` of a
@@ -288,13 +304,11 @@ pub async fn rollout(
     new: Arc<dyn Target>,
     config: RolloutConfig,
 ) -> Result<RolloutReport, String> {
-    let ends = stage_ends(&config);
+    let ends = stage_ends(config.stage, config.wrong);
     let run_id = &OwnerId::random().to_hex()[..8];
     // One migration name per run: each run cuts over afresh.
     let name = format!("rollout-{run_id}");
-    let keys: Vec<LockKey> = (0..config.keys)
-        .map(|i| LockKey::new(format!("rollout-{run_id}/{i}")).map_err(|e| e.to_string()))
-        .collect::<Result<_, _>>()?;
+    let keys = run_keys("", run_id, config.keys)?;
     let resources: Arc<Vec<FencedResource>> =
         Arc::new((0..=config.keys).map(|_| FencedResource::new()).collect());
     let history = Arc::new(History::new());
@@ -315,11 +329,7 @@ pub async fn rollout(
             let mut refusals = 0;
             let mut i = task;
             while Instant::now() < end {
-                let elapsed = started.elapsed();
-                let stage = ends
-                    .iter()
-                    .position(|e| elapsed < *e)
-                    .unwrap_or(ends.len() - 1);
+                let stage = stage_now(started, &ends);
                 let phase = phase_at(stage, task, config.tasks, config.wrong);
                 let backend = process.at(phase);
                 i += 1;

@@ -33,7 +33,9 @@ use tokio::time::{Instant, sleep};
 use super::{LegacyKind, LegacyPeer};
 use crate::harness::Target;
 use crate::history::{CheckReport, EventKind, History, Op, Recorder};
-use crate::migration::{Process, RolloutConfig, recorded_acquire, recorded_release};
+use crate::migration::{
+    Process, RolloutConfig, recorded_acquire, recorded_release, run_keys, stage_ends, stage_now,
+};
 
 /// Shape of a legacy-fleet rollout.
 #[derive(Clone, Debug)]
@@ -116,15 +118,6 @@ fn role_at(stage: usize, task: usize, tasks: usize, wrong: bool) -> Role {
     }
 }
 
-fn stage_ends(config: &LegacyRolloutConfig) -> Vec<Duration> {
-    let s = config.stage;
-    if config.wrong {
-        vec![s, s * 4, s * 5]
-    } else {
-        (1..=5).map(|i| s * i).collect()
-    }
-}
-
 /// One hold by a legacy client, recorded, without a token. The promised
 /// window ends at the release, or `ttl` after the successful try began
 /// (as the peer reports it, measured from the moment the request was sent,
@@ -177,15 +170,10 @@ pub async fn legacy_rollout(
     new: Arc<dyn Target>,
     config: LegacyRolloutConfig,
 ) -> Result<LegacyRolloutReport, String> {
-    let ends = stage_ends(&config);
+    let ends = stage_ends(config.stage, config.wrong);
     let run_id = &OwnerId::random().to_hex()[..8];
     let name = format!("legacy-{run_id}");
-    let keys: Vec<LockKey> = (0..config.keys)
-        .map(|i| {
-            LockKey::new(format!("{}rollout-{run_id}/{i}", config.key_prefix))
-                .map_err(|e| e.to_string())
-        })
-        .collect::<Result<_, _>>()?;
+    let keys = run_keys(&config.key_prefix, run_id, config.keys)?;
     let migration = RolloutConfig {
         ttl: config.ttl,
         ..RolloutConfig::default()
@@ -208,11 +196,7 @@ pub async fn legacy_rollout(
             let mut grants: HashMap<String, usize> = HashMap::new();
             let mut i = task;
             while Instant::now() < end {
-                let elapsed = started.elapsed();
-                let stage = ends
-                    .iter()
-                    .position(|e| elapsed < *e)
-                    .unwrap_or(ends.len() - 1);
+                let stage = stage_now(started, &ends);
                 i += 1;
                 let key = &keys[i % keys.len()];
                 match role_at(stage, task, config.tasks, config.wrong) {
