@@ -1,31 +1,18 @@
 //! The `distlock` command tested as a user would use it: as processes.
 
+mod common;
+
+use common::{BIN, distlock, output, stderr};
+
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
-
-fn distlock(url: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("--url").arg(url).args(args);
-    cmd.env_remove("DISTLOCK_URL").env_remove("DISTLOCK_CONFIG");
-    cmd
-}
-
-fn output(mut cmd: Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("run distlock")
-}
-
 fn sqlite_url(dir: &Path) -> String {
     format!("sqlite://{}", dir.join("locks.db").display())
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Two `run`s on one key: the second waits (or fails at once with

@@ -1,25 +1,15 @@
 //! `distlock run --shared / --write / --semaphore N` and `inspect` of a
 //! shared key, as processes against a real redis-server.
 
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use common::{distlock, output};
+
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
-
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
-
-fn distlock(url: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("--url").arg(url).args(args);
-    cmd.env_remove("DISTLOCK_URL").env_remove("DISTLOCK_CONFIG");
-    cmd.stdin(Stdio::null());
-    cmd
-}
-
-fn output(mut cmd: Command) -> Output {
-    cmd.output().expect("run distlock")
-}
 
 /// A `run` that holds until `release` appears, having written `ready`
 /// once it holds.
