@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Standalone;
-use conformance::process::in_ci;
+use conformance::OrSkip;
 use lock_core::{ErrorKind, LockBackend, LockKey, OwnerId};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -50,26 +50,10 @@ fn soon(ms: u64) -> Instant {
     Instant::now() + Duration::from_millis(ms)
 }
 
-/// The virtualenv's python, or `None` (skip) outside CI when it is missing.
+/// The virtualenv's python, or `None` (skip) outside CI when it is
+/// missing (under CI a missing one fails, naming the installer).
 fn python() -> Option<PathBuf> {
-    let path = std::env::var_os("DISTLOCK_LEGACY_PYTHON").map_or_else(
-        || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/legacy-clients/venv/bin/python")
-        },
-        PathBuf::from,
-    );
-    if path.is_file() {
-        return Some(path);
-    }
-    let message = format!(
-        "{} is missing: run scripts/legacy-clients.sh (it installs kazoo in a virtualenv \
-         and prints the python path; DISTLOCK_LEGACY_PYTHON overrides it)",
-        path.display()
-    );
-    assert!(!in_ci(), "CI requires the legacy clients: {message}");
-    eprintln!("SKIPPED (kazoo missing): {message}");
-    None
+    conformance::legacy::legacy_python().or_skip()
 }
 
 /// One kazoo process: commands on stdin, answers routed by request id.
