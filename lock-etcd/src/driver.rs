@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnResponse};
 use lock_core::election::Leader;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
-    LockError, LockInfo, LockKey, LockShape, Operation, SessionState, TtlModel, WaitStrategy,
+    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, LockBackend,
+    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, TtlModel, WaitStrategy,
     validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
@@ -20,7 +20,7 @@ use crate::config::EtcdConfig;
 use crate::connect::connect_client;
 use crate::error::{NAME, from_etcd, protocol_error, relabel};
 use crate::keys::{self, guarded_delete, key_prefix};
-use crate::session::{RenewRefused, Session, revoke_in_background, ttl_secs};
+use crate::session::{Session, revoke_in_background, ttl_secs};
 
 // Acquiring: the create, the grant, the waiting acquire and its watches.
 #[path = "waiting.rs"]
@@ -37,6 +37,14 @@ mod election;
 // A set of keys in one transaction.
 #[path = "multi.rs"]
 mod multi;
+
+// Renewing our own sessions' grants, one by one and in batches.
+#[path = "renewal.rs"]
+mod renewal;
+
+// Holder details, list, force_release, gc.
+#[path = "admin.rs"]
+mod admin;
 
 /// The shortest TTL etcd leases have: one second (the server may raise it
 /// further, to 1.5 election timeouts).
@@ -220,6 +228,14 @@ impl EtcdBackend {
         Ok(session)
     }
 
+    /// The session that handed out `owner` ([`Session::owns`]).
+    fn session_owning(&self, owner: lock_core::OwnerId) -> Option<Arc<Session>> {
+        lock(&self.inner.sessions)
+            .values()
+            .find(|s| s.owns(owner))
+            .cloned()
+    }
+
     fn session_by_lease(&self, lease_id: i64) -> Option<Arc<Session>> {
         lock(&self.inner.sessions)
             .values()
@@ -351,11 +367,7 @@ impl EtcdBackend {
                 .with_backend(NAME)
         })?;
         let mut entry = self.key_prefix(lease.key());
-        let own = lock(&self.inner.sessions)
-            .values()
-            .find(|s| s.owns(lease.owner()))
-            .cloned();
-        if let Some(session) = own {
+        if let Some(session) = self.session_owning(lease.owner()) {
             entry.push_str(session.hex());
             return Ok(Some((entry, revision, session.lease_id())));
         }
@@ -415,44 +427,14 @@ impl LockBackend for EtcdBackend {
         if let Some(session) = self.session_by_lease(lease_id) {
             // Our own session keeps the etcd lease alive, and this backend
             // deletes the entry at the grant's own deadline: renewing moves
-            // that deadline (no network call).
-            if !session.holds(&entry, revision, lease.owner()) {
-                return Err(not_held("the lease was released or lost"));
-            }
-            if let SessionState::Lost(reason) = session.state() {
-                return Err(LockError::new(ErrorKind::LeaseLost, op, reason)
-                    .with_key(lease.key())
-                    .with_backend(NAME));
-            }
-            let now = Instant::now();
-            let deadline = session.deadline().min(validity_deadline(now, lease.ttl()));
-            if deadline <= now {
-                return Err(LockError::new(
-                    ErrorKind::LeaseLost,
-                    op,
-                    "the session's lease deadline passed",
-                )
-                .with_key(lease.key())
-                .with_backend(NAME));
-            }
-            let due = now.checked_add(lease.ttl()).unwrap_or(now);
-            return match session.renew_held(&entry, revision, lease.owner(), now, due) {
-                Ok(()) => Ok(deadline),
-                Err(RenewRefused::NotHeld) => Err(not_held("the lease was released or lost")),
-                Err(RenewRefused::Expired) => {
-                    tokio::spawn(cleanup(
-                        self.inner.client.clone(),
-                        session,
-                        entry,
-                        lease.owner(),
-                        None,
-                        Some(revision),
-                    ));
-                    Err(not_held(
-                        "the lock's TTL ran out before this renewal; its entry is deleted",
-                    ))
-                }
+            // that deadline, once the entry is seen still there (one
+            // request: it may have been force-released).
+            let grant = renewal::LocalGrant {
+                entry,
+                revision,
+                session,
             };
+            return self.renew_own(lease, grant).await;
         }
         // A lease of another process (rebuilt from a handle): refresh its
         // etcd lease once and check the entry is still the same one.
@@ -480,14 +462,21 @@ impl LockBackend for EtcdBackend {
         })
         .await
         .map_err(|e| e.with_key(lease.key()))?;
-        let txn = Txn::new().when([
-            Compare::create_revision(entry.as_str(), CompareOp::Equal, revision),
-            Compare::value(
+        let mut compares = vec![Compare::create_revision(
+            entry.as_str(),
+            CompareOp::Equal,
+            revision,
+        )];
+        if lease.kind() == LeaseKind::Exclusive {
+            compares.extend(keys::owner_compares(&entry, lease.owner()));
+        } else {
+            compares.push(Compare::value(
                 entry.as_str(),
                 CompareOp::Equal,
                 keys::entry_value(lease.kind(), lease.owner()),
-            ),
-        ]);
+            ));
+        }
+        let txn = Txn::new().when(compares);
         if !self
             .txn(op, txn)
             .await
@@ -504,6 +493,10 @@ impl LockBackend for EtcdBackend {
             return Err(not_held("the etcd lease has no time left"));
         }
         Ok(deadline)
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        self.renew_batch(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
@@ -619,35 +612,30 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let op = Operation::Inspect;
-        let key_prefix = self.key_prefix(key);
-        let mut kv = self.inner.client.kv_client();
-        let response = with_timeout(self.inner.config.op_timeout, op, async {
-            kv.get(key_prefix.as_str(), Some(keys::oldest_entry()))
-                .await
-                .map_err(|e| from_etcd(op, e))
-        })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
-        let Some(holder) = response.kvs().first() else {
-            return Ok(None);
-        };
-        let name = String::from_utf8_lossy(holder.key());
-        let holder_name = name
-            .strip_prefix(key_prefix.as_str())
-            .unwrap_or(&name)
-            .to_owned();
-        let token = u64::try_from(holder.create_revision())
-            .ok()
-            .map(FencingToken::new);
-        let remaining_ttl = self.remaining_ttl(&name, holder.lease(), op).await;
-        Ok(Some(LockInfo {
-            details: None,
-            key: key.clone(),
-            holder: holder_name,
-            token,
-            remaining_ttl,
-        }))
+        Ok(self
+            .read_holder(key, Operation::Inspect)
+            .await?
+            .map(|holder| holder.info))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        self.list_locks(prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.break_lock(key).await
+    }
+
+    /// Nothing to collect: etcd keeps no state of a released key (its
+    /// entries go with the release, and tokens are the store's global
+    /// revisions, which never go back). See the crate docs.
+    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
+        Ok(self.collect_garbage())
     }
 }
 
@@ -667,6 +655,7 @@ pub fn capabilities() -> Capabilities {
         min_ttl: MIN_TTL,
         shared_locks: true,
         semaphores: true,
-        ..Capabilities::minimal()
+        // Every mutex entry's value carries them (see the crate docs).
+        holder_details: true,
     }
 }

@@ -38,8 +38,8 @@ use crate::connect::connect_client;
 use crate::driver::MIN_TTL;
 use crate::error::{NAME, from_etcd, grant_refused, protocol_error};
 use crate::keys::{
-    Created, create_txn, entry_value, exact_delete, guarded_delete, key_prefix, parse_shared_value,
-    plain_entry, shape_prefix,
+    Created, create_txn, entry_value, exact_delete, guarded_delete, key_prefix, mutex_value,
+    parse_shared_value, plain_entry, shape_prefix,
 };
 use crate::session::ttl_secs;
 
@@ -233,7 +233,10 @@ impl RawFloor for EtcdFloor {
         let entry = plain_entry(&key_prefix, &self.lease_hex);
         let owner = OwnerId::random();
         let response = self
-            .txn(op, create_txn(&key_prefix, &entry, self.lease_id, owner))
+            .txn(
+                op,
+                create_txn(&key_prefix, &entry, self.lease_id, mutex_value(owner)),
+            )
             .await
             .map_err(|e| e.with_key(&key))?;
         if !response.succeeded() {

@@ -7,7 +7,7 @@ use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
     Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
-use lock_core::{LeaseKind, LockKey, LockShape, OwnerId};
+use lock_core::{HolderDetails, LeaseKind, LockKey, LockShape, OwnerId};
 
 use crate::session::Session;
 
@@ -25,6 +25,28 @@ pub(crate) fn escape_key(key: &str) -> String {
         }
     }
     out
+}
+
+/// The inverse of [`escape_key`]: `None` for a segment no key escapes to
+/// (a `%` not followed by `25` or `2F`, as in the shape and election tags,
+/// or a `/`).
+pub(crate) fn unescape_key(segment: &str) -> Option<String> {
+    let mut out = String::with_capacity(segment.len());
+    let mut rest = segment;
+    while let Some(at) = rest.find(['%', '/']) {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if tail.starts_with("%25") {
+            out.push('%');
+        } else if tail.starts_with("%2F") {
+            out.push('/');
+        } else {
+            return None;
+        }
+        rest = &tail[3..];
+    }
+    out.push_str(rest);
+    Some(out)
 }
 
 /// `<prefix>/<escaped key>/` (`<escaped key>/` without a prefix), where
@@ -61,7 +83,8 @@ impl Created {
             let existing = first_kv(responses.first());
             Self {
                 my_revision: existing.map(KeyValue::create_revision).filter(|r| *r > 0),
-                ours: existing.is_some_and(|kv| kv.value() == owner.to_hex().as_bytes()),
+                ours: existing
+                    .is_some_and(|kv| value_owner(kv.value()) == owner.to_hex().as_bytes()),
                 owner_revision,
             }
         }
@@ -150,27 +173,72 @@ pub(crate) fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {
     }
 }
 
-/// The create transaction of etcd's concurrency mutex: put `entry` (value:
-/// the grant's owner id, attached to `lease_id`) if it does not exist, and
-/// read the oldest entry under `key_prefix` in the same revision. On
-/// failure, read the existing entry and the oldest one instead.
-pub(crate) fn create_txn(key_prefix: &str, entry: &str, lease_id: i64, owner: OwnerId) -> Txn {
+/// The create transaction of etcd's concurrency mutex: put `entry` (with
+/// `value`, [`mutex_value`] or an election candidate's owner hex, attached
+/// to `lease_id`) if it does not exist, and read the oldest entry under
+/// `key_prefix` in the same revision. On failure, read the existing entry
+/// and the oldest one instead.
+pub(crate) fn create_txn(key_prefix: &str, entry: &str, lease_id: i64, value: String) -> Txn {
     let get_owner = TxnOp::get(key_prefix, Some(oldest_entry()));
     Txn::new()
         .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
         .and_then([
-            TxnOp::put(
-                entry,
-                owner.to_hex(),
-                Some(PutOptions::new().with_lease(lease_id)),
-            ),
+            TxnOp::put(entry, value, Some(PutOptions::new().with_lease(lease_id))),
             get_owner.clone(),
         ])
         .or_else([TxnOp::get(entry, None), get_owner])
 }
 
+/// The value of a mutex entry: `<owner hex> <holder details>` (the details
+/// of this process and this instant, [`HolderDetails::encode_current`]).
+/// `etcdctl lock` writes an empty value and never reads it.
+pub(crate) fn mutex_value(owner: OwnerId) -> String {
+    format!("{} {}", owner.to_hex(), HolderDetails::encode_current())
+}
+
+/// The owner part of an entry's value: up to the first space (the whole
+/// value when it has none: an election candidate's, or an older version's
+/// mutex entry).
+pub(crate) fn value_owner(value: &[u8]) -> &[u8] {
+    value.split(|b| *b == b' ').next().unwrap_or(value)
+}
+
+/// The holder details in a mutex entry's value ([`mutex_value`]), if any.
+pub(crate) fn value_details(value: &[u8]) -> Option<HolderDetails> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (_, details) = text.split_once(' ')?;
+    HolderDetails::decode(details)
+}
+
+/// The compares that say `entry` holds `owner`'s value: for a mutex entry
+/// (`<owner hex> <details>`), a value above `<owner hex>` and below
+/// `<owner hex>!`, i.e. the owner followed by a space (or a lower byte)
+/// and more (etcd compares values as bytes); for an election candidate
+/// (its value is the owner hex alone, the proposal `etcdctl elect` shows),
+/// the exact value.
+pub(crate) fn owner_compares(entry: &str, owner: OwnerId) -> Vec<Compare> {
+    let hex = owner.to_hex();
+    if is_election_entry(entry) {
+        return vec![Compare::value(entry, CompareOp::Equal, hex)];
+    }
+    let above = format!("{hex}!");
+    vec![
+        Compare::value(entry, CompareOp::Greater, hex),
+        Compare::value(entry, CompareOp::Less, above),
+    ]
+}
+
+/// Whether `entry` is an election candidate: the segment before its leaf
+/// ends with [`ELECTION_TAG`] (an escaped key cannot).
+pub(crate) fn is_election_entry(entry: &str) -> bool {
+    entry
+        .rsplit('/')
+        .nth(1)
+        .is_some_and(|segment| segment.ends_with(ELECTION_TAG))
+}
+
 /// Deletes `entry` only if it is still the grant with this create revision
-/// and owner.
+/// and owner ([`owner_compares`]).
 ///
 /// An entry of a read-write lock or a semaphore ([`is_shared_entry`])
 /// stores its kind beside the owner ([`entry_value`]), which the session's
@@ -184,11 +252,10 @@ pub(crate) fn guarded_delete(entry: &str, revision: i64, owner: OwnerId) -> Txn 
             .when([Compare::create_revision(entry, CompareOp::Equal, revision)])
             .and_then([TxnOp::delete(entry, None::<DeleteOptions>)]);
     }
+    let mut compares = vec![Compare::create_revision(entry, CompareOp::Equal, revision)];
+    compares.extend(owner_compares(entry, owner));
     Txn::new()
-        .when([
-            Compare::create_revision(entry, CompareOp::Equal, revision),
-            Compare::value(entry, CompareOp::Equal, owner.to_hex()),
-        ])
+        .when(compares)
         .and_then([TxnOp::delete(entry, None::<DeleteOptions>)])
 }
 
@@ -324,6 +391,36 @@ mod tests {
         assert_eq!(escape_key("a/b"), "a%2Fb");
         assert_eq!(escape_key("100%"), "100%25");
         assert!(!format!("{}/", escape_key("a/b")).starts_with(&format!("{}/", escape_key("a"))));
+    }
+
+    #[test]
+    fn unescaping_inverts_escaping_and_refuses_tags() {
+        for key in ["a", "a/b", "100%", "%2F/%25", "é/x"] {
+            assert_eq!(unescape_key(&escape_key(key)).as_deref(), Some(key));
+        }
+        for bad in ["a%rw", "a%sem", "a%elect", "a/b", "a%2", "%"] {
+            assert_eq!(unescape_key(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mutex_values_carry_the_owner_then_the_details() {
+        let owner = OwnerId::from_u128(0xabc);
+        let value = mutex_value(owner);
+        assert_eq!(value_owner(value.as_bytes()), owner.to_hex().as_bytes());
+        let details = value_details(value.as_bytes()).expect("details");
+        assert_eq!(details.pid, std::process::id());
+        assert_eq!(
+            value_owner(owner.to_hex().as_bytes()),
+            owner.to_hex().as_bytes()
+        );
+        assert_eq!(value_details(owner.to_hex().as_bytes()), None);
+        // `etcdctl lock`'s empty value.
+        assert_eq!(value_details(b""), None);
+        assert!(is_election_entry("p/a%elect/1a"));
+        assert!(!is_election_entry("p/a/1a"));
+        assert_eq!(owner_compares("p/a%elect/1a", owner).len(), 1);
+        assert_eq!(owner_compares("p/a/1a", owner).len(), 2);
     }
 
     #[test]

@@ -183,6 +183,83 @@
 //! (the waiter is queued first); a waiting `lock_all` then queues key by
 //! key.
 //!
+//! # Operating: holder details, list, force-release, gc
+//!
+//! - **Holder details** live in the **value of the mutex entry**
+//!   `<prefix>/<escaped key>/<lease hex>[-<n>]`: `<owner hex> <details>`,
+//!   the owner id (32 hex digits), one space, and
+//!   [`HolderDetails::encode_current`](lock_core::HolderDetails::encode_current)
+//!   (`h=<host>;p=<pid>;n=<program>[;l=<label>];t=<ms>`), written by the
+//!   grant's own create transaction (no extra request: still 2 per
+//!   acquire+release cycle, `tests/round_trips.rs`), the same for each key
+//!   of a multi-lock. Nothing is kept in client memory, and the details go
+//!   with the entry (release, expiry, session loss, force-release).
+//!   `inspect` and `list` decode them from the holder's entry
+//!   ([`Capabilities::holder_details`](lock_core::Capabilities::holder_details)
+//!   is true); a holder that is not ours (`etcdctl lock` writes an empty
+//!   value) reports `None`. Release, expiry and renewal compare the owner
+//!   part only: the value is above `<owner hex>` and below `<owner hex>!`
+//!   (two value compares in the same transaction, beside the create
+//!   revision). Election candidates keep the owner hex alone (it is the
+//!   proposal `etcdctl elect -l` prints); read-write lock and semaphore
+//!   entries keep `<kind code> <owner hex>` (no details: their values are
+//!   compared exactly in several transactions). Caveat: a mutex entry
+//!   written by an earlier version (value: the owner hex alone) is not
+//!   recognised by this version's release or renewal from a handle; it
+//!   goes with its TTL.
+//! - **`list(prefix, cursor, limit)`**: one range read, sorted by key, from
+//!   `<prefix>/<escaped user prefix>` (or the cursor) to the end of that
+//!   prefix, of at most `2 * limit + 8` entries (never more than 2,000),
+//!   values included (most entries are holders, whose values carry the
+//!   details). Entries are grouped by key (a key's entries are contiguous:
+//!   they share `<escaped key>/`), the key unescaped; the holder is the
+//!   entry with the lowest create revision, its token that revision, its
+//!   remaining TTL as `inspect` reports it (our own grants' deadlines; one
+//!   lease read per other lease on the page, 32 at a time). Only mutexes
+//!   are listed (also those `etcdctl lock` holds under the prefix): the
+//!   entries of read-write locks, semaphores and elections, the epoch keys
+//!   and names with more segments are skipped. When the scan stops inside
+//!   a key's queue, that key is left to the next page; a single key whose
+//!   queue fills the whole scan gets one more read (its oldest entry). The
+//!   cursor is `etcd:<entry name without the prefix>` (start there) or
+//!   `etcd+:<name>` (start after it); anything else, or a cursor outside
+//!   the listed prefix, is `InvalidArgument`.
+//! - **`force_release(key)`**: reads the holder (oldest entry) and deletes
+//!   it in one transaction comparing its create revision (read again, up
+//!   to 5 times, if the holder changed in between; `Contended` after
+//!   that). It breaks any holder, ours or another process's, also an
+//!   `etcdctl lock` holder. The next waiter in line is woken by its watch
+//!   on that entry, as by a release. Tokens are the store's revisions,
+//!   never reset, so the next grant's token is above the broken one. The
+//!   broken holder's next `renew` fails `NotHeld` and its `release`
+//!   returns `false`; a guard goes `Lost` at its next renewal.
+//! - **Renewal checks the entry.** `renew` of a grant of our own session
+//!   sends one transaction comparing the entry's create revision (no
+//!   operations) before it moves the grant's deadline; the guards'
+//!   batched renewal (`renew_many`) sends one `LeaseTimeToLive` with
+//!   `keys` per session and batch (up to 1,000 grants) and checks each
+//!   grant's entry among the keys attached to the lease (the entry names
+//!   carry the session's lease id, and a held name is never reused, so
+//!   presence is enough). Each check is bounded by the operation timeout,
+//!   a third of the session TTL and half the time left before the
+//!   session's deadline, so a silent server makes the renewal fail
+//!   (temporarily: `Suspect`) before the lease is lost. Cost: one request
+//!   per renewal batch and session (the answer lists every entry of the
+//!   session: its size grows with the locks held, about 40 bytes each).
+//! - **`gc`** returns `Ok` with nothing removed or scanned: etcd keeps no
+//!   per-key state after a release (the entries are deleted; tokens are
+//!   global revisions, which never go backwards, so there is no counter to
+//!   collect and no floor to keep). The one exception, a read-write lock's
+//!   epoch key (one small key per name, no lease), is kept: without it the
+//!   next readers would carry token 0, below the last writer's.
+//!
+//! Tested in the shared suite (`tests/etcd.rs`: single member and three
+//! members; `tests/security.rs`: TLS and auth) by `holder_details_are_reported`,
+//! `list_finds_held_locks` and `force_release_fences_the_old_holder`, and in
+//! `tests/admin.rs` (a guard broken by `force_release` goes `Lost` through
+//! the batched renewal, a control guard beside it stays held; `list` over
+//! long queues, raw `etcdctl`-style entries and bad cursors; `gc`).
+//!
 //! # Capability checklist
 //!
 //! - [x] Fencing tokens: the entry's **create revision**, global and
@@ -237,7 +314,9 @@
 //!
 //! - Every grant has a deadline of its own, `sent + TTL` (from when the
 //!   deciding request was sent), kept by the session in memory. `renew`
-//!   moves it (no network call: the session lease is kept alive anyway).
+//!   moves it once it has seen the entry still on the server (the session
+//!   lease is kept alive anyway; see *Operating* below for what the check
+//!   costs).
 //!   When it passes without a renewal, one expiry task per session deletes
 //!   the entry with a transaction that compares its create revision and
 //!   owner, in the background. So a lock stops being held on the server when
@@ -293,9 +372,10 @@
 //!
 //! # Caveats
 //!
-//! - An entry deleted behind our back (e.g. `etcdctl del`) is not noticed by
-//!   `renew` of a local lease (it only checks the session); the fencing token
-//!   still protects the resource.
+//! - An entry deleted behind our back (`force_release`, `etcdctl del`) is
+//!   noticed at the holder's next renewal (`NotHeld`; the guard goes
+//!   `Lost`), not before: in between, only the fencing token protects the
+//!   resource.
 //! - etcd serves a watch that starts at or below its current revision from
 //!   a catch-up loop that runs every 100 ms, and a watch created while a
 //!   write commits can end up there without the client being told. A waiter

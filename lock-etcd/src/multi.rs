@@ -15,6 +15,7 @@ use super::waiting::Layout;
 use super::{EtcdBackend, MIN_TTL};
 use crate::cleanup::PendingEntry;
 use crate::error::{NAME, from_etcd, protocol_error};
+use crate::keys::mutex_value;
 
 /// The most keys one transaction takes: etcd's default `--max-txn-ops`
 /// (a transaction holds at most that many compares and that many
@@ -89,7 +90,7 @@ impl EtcdBackend {
                     .map(|p| {
                         TxnOp::put(
                             p.entry.as_str(),
-                            p.owner.to_hex(),
+                            mutex_value(p.owner),
                             Some(PutOptions::new().with_lease(session.lease_id())),
                         )
                     })

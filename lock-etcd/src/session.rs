@@ -478,6 +478,21 @@ impl Session {
             .is_some()
     }
 
+    /// Forgets the grant on `entry` with this create revision, whoever its
+    /// owner, and frees the name: the entry is known to be gone from the
+    /// server (deleted behind our back, e.g. force-released).
+    pub(crate) fn forget_grant(&self, entry: &str, revision: i64) {
+        let Some(tail) = self.tail(entry) else { return };
+        let mut entries = lock(&self.entries);
+        if entries
+            .names
+            .get(tail.as_ref())
+            .is_some_and(|slot| slot.as_ref().is_some_and(|g| g.revision.get() == revision))
+        {
+            entries.names.remove(tail.as_ref());
+        }
+    }
+
     pub(crate) fn holds(&self, entry: &str, revision: i64, owner: OwnerId) -> bool {
         self.with_grant(entry, revision, owner, |_| ()).is_some()
     }

@@ -17,7 +17,9 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::{EtcdBackend, MIN_TTL};
 use crate::cleanup::PendingEntry;
 use crate::error::{NAME, from_etcd, protocol_error};
-use crate::keys::{Created, create_txn, election_lease_data, first_kv, lease_data, predecessor_of};
+use crate::keys::{
+    Created, create_txn, election_lease_data, first_kv, lease_data, mutex_value, predecessor_of,
+};
 use crate::session::Session;
 
 /// How often a waiter re-reads its predecessor even without a watch event
@@ -102,11 +104,15 @@ impl EtcdBackend {
             // takes the create over and still learns its outcome. (Polling
             // it inline rather than on a task of its own saves a spawn, a
             // join and a cross-thread wake-up per acquire.)
+            let value = match layout {
+                Layout::Mutex => mutex_value(owner),
+                Layout::Election => owner.to_hex(),
+            };
             let create = Box::pin(self.create_entry(
                 key_prefix.clone(),
                 entry.clone(),
                 session.lease_id(),
-                owner,
+                (owner, value),
                 op,
             ));
             let created = pending.create.insert(create).as_mut().await;
@@ -170,21 +176,22 @@ impl EtcdBackend {
 
     /// etcd's concurrency mutex: create our entry with the lease if it does
     /// not exist, and read the oldest entry under the key in the same
-    /// revision (one round trip). The value is the grant's owner id, which
-    /// release and renew compare (`etcdctl lock` writes an empty value and
-    /// ignores it).
+    /// revision (one round trip). The value starts with the grant's owner
+    /// id, which release and renew compare, followed for a mutex by the
+    /// holder details (`etcdctl lock` writes an empty value and ignores
+    /// it; an election candidate's value is the owner id alone).
     fn create_entry(
         &self,
         key_prefix: String,
         entry: String,
         lease_id: i64,
-        owner: OwnerId,
+        (owner, value): (OwnerId, String),
         op: Operation,
     ) -> impl std::future::Future<Output = Result<Created, LockError>> + Send + 'static {
         let mut kv = self.inner.client.kv_client();
         let op_timeout = self.inner.config.op_timeout;
         async move {
-            let txn = create_txn(&key_prefix, &entry, lease_id, owner);
+            let txn = create_txn(&key_prefix, &entry, lease_id, value);
             let response = with_timeout(op_timeout, op, async {
                 kv.txn(txn).await.map_err(|e| from_etcd(op, e))
             })

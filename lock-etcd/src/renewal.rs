@@ -1,0 +1,278 @@
+//! Renewing grants of this backend's own sessions: one at a time
+//! (`renew`, which first checks that the entry still exists on the server)
+//! and in batches (`renew_many`, one lease read per session and batch).
+//!
+//! The session keeps its etcd lease alive on its own, so a renewal moves
+//! the grant's own deadline in memory; what it asks the server is only
+//! whether the entry is still there: an operator's `force_release` (or an
+//! `etcdctl del`) deletes it behind the holder's back, and the holder's
+//! next renewal must then fail `NotHeld`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, LeaseTimeToLiveOptions, Txn};
+use lock_core::{
+    ErrorKind, Lease, LeaseKind, LockError, Operation, RENEW_CONCURRENCY, SessionState,
+    renew_concurrently, validity_deadline, with_timeout,
+};
+use tokio::time::Instant;
+
+use super::EtcdBackend;
+use crate::cleanup::cleanup;
+use crate::error::{NAME, from_etcd};
+use crate::session::{RenewRefused, Session};
+
+/// A lease of one of this backend's sessions: its entry, the entry's
+/// create revision and the session.
+pub(super) struct LocalGrant {
+    pub(super) entry: String,
+    pub(super) revision: i64,
+    pub(super) session: Arc<Session>,
+}
+
+fn not_held(lease: &Lease, why: &str) -> LockError {
+    LockError::new(ErrorKind::NotHeld, Operation::Renew, why.to_owned())
+        .with_key(lease.key())
+        .with_backend(NAME)
+}
+
+const DELETED: &str =
+    "the entry was deleted on the server (force-released, or deleted by an operator)";
+
+impl EtcdBackend {
+    /// Where `lease` lives if it is a grant of one of this backend's
+    /// sessions, without a network call (`None` for a lease of another
+    /// process or one that does not parse: `renew` handles those).
+    pub(super) fn local_grant(&self, lease: &Lease) -> Option<LocalGrant> {
+        let op = Operation::Renew;
+        let (entry, revision, lease_id) = if lease.kind() != LeaseKind::Exclusive {
+            self.parse_shared_lease(lease, op).ok()?
+        } else if !lease.backend_data().is_empty() {
+            self.parse_lease(lease, op).ok()?
+        } else {
+            let session = self.session_owning(lease.owner())?;
+            let revision = i64::try_from(lease.token().get()).ok()?;
+            let entry = format!("{}{}", self.key_prefix(lease.key()), session.hex());
+            (entry, revision, session.lease_id())
+        };
+        let session = self.session_by_lease(lease_id)?;
+        Some(LocalGrant {
+            entry,
+            revision,
+            session,
+        })
+    }
+
+    /// How long a renewal's check on the server may take: the operation
+    /// timeout, at most a third of the session's TTL and half the time
+    /// left before the session's deadline, so that a server that does not
+    /// answer makes the renewal fail (temporarily: the guard goes
+    /// `Suspect` and retries) well before the lease is lost.
+    fn check_budget(&self, session: &Session) -> Duration {
+        let left = session.deadline().saturating_duration_since(Instant::now());
+        self.inner
+            .config
+            .op_timeout
+            .min(session.server_ttl() / 3)
+            .min(left / 2)
+            .max(Duration::from_millis(10))
+    }
+
+    /// Whether the entry created at `revision` still exists: one
+    /// transaction comparing its create revision (no operations).
+    async fn entry_exists(
+        &self,
+        entry: &str,
+        revision: i64,
+        budget: Duration,
+    ) -> Result<bool, LockError> {
+        let op = Operation::Renew;
+        let txn = Txn::new().when([Compare::create_revision(entry, CompareOp::Equal, revision)]);
+        let mut kv = self.inner.client.kv_client();
+        let response = with_timeout(budget, op, async {
+            kv.txn(txn).await.map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_backend(NAME))?;
+        Ok(response.succeeded())
+    }
+
+    /// Renews a grant of our own session whose entry was seen on the server
+    /// after `sent_at`: moves its deadline (no network call). An entry seen
+    /// gone is forgotten by the caller before this.
+    pub(super) fn renew_local(
+        &self,
+        lease: &Lease,
+        grant: LocalGrant,
+        sent_at: Instant,
+    ) -> Result<Instant, LockError> {
+        let op = Operation::Renew;
+        let LocalGrant {
+            entry,
+            revision,
+            session,
+        } = grant;
+        if !session.holds(&entry, revision, lease.owner()) {
+            return Err(not_held(lease, "the lease was released or lost"));
+        }
+        if let SessionState::Lost(reason) = session.state() {
+            return Err(LockError::new(ErrorKind::LeaseLost, op, reason)
+                .with_key(lease.key())
+                .with_backend(NAME));
+        }
+        let deadline = session
+            .deadline()
+            .min(validity_deadline(sent_at, lease.ttl()));
+        if deadline <= Instant::now() {
+            return Err(LockError::new(
+                ErrorKind::LeaseLost,
+                op,
+                "the session's lease deadline passed",
+            )
+            .with_key(lease.key())
+            .with_backend(NAME));
+        }
+        let due = sent_at.checked_add(lease.ttl()).unwrap_or(sent_at);
+        match session.renew_held(&entry, revision, lease.owner(), sent_at, due) {
+            Ok(()) => Ok(deadline),
+            Err(RenewRefused::NotHeld) => Err(not_held(lease, "the lease was released or lost")),
+            Err(RenewRefused::Expired) => {
+                tokio::spawn(cleanup(
+                    self.inner.client.clone(),
+                    session,
+                    entry,
+                    lease.owner(),
+                    None,
+                    Some(revision),
+                ));
+                Err(not_held(
+                    lease,
+                    "the lock's TTL ran out before this renewal; its entry is deleted",
+                ))
+            }
+        }
+    }
+
+    /// `renew` of a grant of our own session: checks that its entry still
+    /// exists (one request), then moves its deadline.
+    pub(super) async fn renew_own(
+        &self,
+        lease: &Lease,
+        grant: LocalGrant,
+    ) -> Result<Instant, LockError> {
+        if !grant
+            .session
+            .holds(&grant.entry, grant.revision, lease.owner())
+        {
+            return Err(not_held(lease, "the lease was released or lost"));
+        }
+        let budget = self.check_budget(&grant.session);
+        let sent_at = Instant::now();
+        let exists = self
+            .entry_exists(&grant.entry, grant.revision, budget)
+            .await
+            .map_err(|e| e.with_key(lease.key()))?;
+        if !exists {
+            grant.session.forget_grant(&grant.entry, grant.revision);
+            return Err(not_held(lease, DELETED));
+        }
+        self.renew_local(lease, grant, sent_at)
+    }
+
+    /// `renew_many`: the grants of each of our sessions with one
+    /// `LeaseTimeToLive` request listing the keys attached to its lease
+    /// (an entry missing from the list was deleted behind our back), the
+    /// rest (leases of other processes) with `renew`.
+    pub(super) async fn renew_batch(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        let op = Operation::Renew;
+        let mut results: Vec<Option<Result<Instant, LockError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        let mut by_session: HashMap<i64, Vec<(usize, LocalGrant)>> = HashMap::new();
+        let mut others = Vec::new();
+        for (i, lease) in leases.iter().enumerate() {
+            match self.local_grant(lease) {
+                Some(grant) => by_session
+                    .entry(grant.session.lease_id())
+                    .or_default()
+                    .push((i, grant)),
+                None => others.push(i),
+            }
+        }
+        for (lease_id, grants) in by_session {
+            let budget = grants
+                .first()
+                .map_or(self.inner.config.op_timeout, |(_, g)| {
+                    self.check_budget(&g.session)
+                });
+            let sent_at = Instant::now();
+            let mut lease_client = self.inner.client.lease_client();
+            let answer = with_timeout(budget, op, async {
+                lease_client
+                    .time_to_live(lease_id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+                    .await
+                    .map_err(|e| from_etcd(op, e))
+            })
+            .await;
+            match answer {
+                // The TTL is in whole seconds, rounded down: 0 for a live
+                // lease with less than a second left; -1 for a lease the
+                // server no longer has.
+                Ok(answer) if answer.ttl() >= 0 => {
+                    // etcd lists a lease's keys in no promised order.
+                    let attached: HashSet<&[u8]> =
+                        answer.keys().iter().map(Vec::as_slice).collect();
+                    for (i, grant) in grants {
+                        let lease = leases[i];
+                        results[i] = Some(if attached.contains(grant.entry.as_bytes()) {
+                            self.renew_local(lease, grant, sent_at)
+                        } else {
+                            grant.session.forget_grant(&grant.entry, grant.revision);
+                            Err(not_held(lease, DELETED))
+                        });
+                    }
+                }
+                Ok(_) => {
+                    for (i, grant) in grants {
+                        grant
+                            .session
+                            .lose("the lease expired on the server (TTL 0)");
+                        results[i] = Some(Err(LockError::new(
+                            ErrorKind::LeaseLost,
+                            op,
+                            "the session's lease is gone on the server",
+                        )
+                        .with_key(leases[i].key())
+                        .with_backend(NAME)));
+                    }
+                }
+                Err(err) => {
+                    for (i, _) in grants {
+                        results[i] = Some(Err(LockError::new(err.kind(), op, err.to_string())
+                            .with_key(leases[i].key())
+                            .with_backend(NAME)));
+                    }
+                }
+            }
+        }
+        if !others.is_empty() {
+            let rest: Vec<&Lease> = others.iter().map(|&i| leases[i]).collect();
+            let renewed = renew_concurrently(self, &rest, RENEW_CONCURRENCY).await;
+            for (i, result) in others.into_iter().zip(renewed) {
+                results[i] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(
+                        LockError::new(ErrorKind::Backend, op, "no renewal result for this lease")
+                            .with_backend(NAME),
+                    )
+                })
+            })
+            .collect()
+    }
+}
