@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
-    LockError, LockInfo, LockKey, LockShape, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl,
-    validity_deadline, with_timeout,
+    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderDetails, HolderInfo,
+    Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation,
+    OwnerId, TtlModel, WaitStrategy, check_ttl, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -103,7 +103,7 @@ pub(crate) struct Inner {
     pub(crate) conns: ConnSet,
     /// The users' pool (same database, same options).
     pool: DbPool,
-    statements: Statements,
+    pub(crate) statements: Statements,
     /// The fair grant (`fair=true`; see crate::fair).
     pub(crate) fair_grant: Arc<str>,
     /// The read-write locks' and semaphores' statements.
@@ -173,8 +173,11 @@ impl SqlBackend {
         // An in-memory SQLite database is private to this backend.
         let scope =
             (!config.is_memory()).then(|| format!("{}\n{}", config.driver_url(), config.table));
-        let fair_grant =
-            Arc::from(dialect.fair_grant_sql(&statements.quoted_table, &shared.waiters_table));
+        let fair_grant = Arc::from(dialect.fair_grant_sql(
+            &statements.quoted_table,
+            &statements.quoted_floor,
+            &shared.waiters_table,
+        ));
         let backend = Self {
             inner: Arc::new(Inner {
                 conns: ConnSet::new(options, pool_size(&config), dialect.single_writer()),
@@ -341,7 +344,7 @@ impl SqlBackend {
         for statement in &self.inner.statements.create {
             retry_once!(&self.inner.conns, |conn| dialect.plain(conn, statement))?;
         }
-        Ok(())
+        self.ensure_details_column().await
     }
 
     /// One grant of `key` to `owner`: `Some(token)` when granted, `None`
@@ -386,8 +389,9 @@ impl SqlBackend {
                 return Ok(Some(token));
             }
             let holder = dialect.inspect(conn, &statements.inspect, key).await?;
-            Ok(holder
-                .and_then(|(holder, token, _)| (holder.as_deref() == Some(owner)).then_some(token)))
+            Ok(holder.and_then(|(holder, token, _, _)| {
+                (holder.as_deref() == Some(owner)).then_some(token)
+            }))
         }
         .await;
         checkout.finish(&result);
@@ -517,12 +521,16 @@ impl LockBackend for SqlBackend {
         self.inner.dialect.name()
     }
 
+    // Every field is set today; `..minimal()` keeps a field added later
+    // at its conservative default.
+    #[allow(clippy::needless_update)]
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: FencingScope::PerKey,
-            // Rows are never deleted and the token is bumped in the same
-            // committed statement as the grant: a restart of the database
-            // keeps it (see the crate docs for asynchronous replicas).
+            // The token is bumped in the same committed statement as the
+            // grant, and a row `gc` deletes leaves its token in the floor
+            // that a new row starts above: a restart of the database keeps
+            // them (see the crate docs for asynchronous replicas).
             fencing_survives_failover: true,
             grants_survive_restart: true,
             waiting: if self.inner.dialect.notified() {
@@ -539,6 +547,8 @@ impl LockBackend for SqlBackend {
             // Table mode (crate::shared); session mode has neither.
             shared_locks: true,
             semaphores: true,
+            // The `details` column, written by the grant (crate::admin).
+            holder_details: true,
             ..Capabilities::minimal()
         }
     }
@@ -738,8 +748,8 @@ impl LockBackend for SqlBackend {
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
-        Ok(row.map(|(owner, token, remaining_us)| LockInfo {
-            details: None,
+        Ok(row.map(|(owner, token, remaining_us, details)| LockInfo {
+            details: details.as_deref().and_then(HolderDetails::decode),
             key: key.clone(),
             holder: owner.unwrap_or_default(),
             token: u64::try_from(token).ok().map(FencingToken::new),
@@ -791,5 +801,22 @@ impl LockBackend for SqlBackend {
             LockShape::ReadWrite | LockShape::Semaphore => self.share_holders(key, shape).await,
             _ => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
         }
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        self.list_rows(prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_row(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.gc_rows(older_than).await
     }
 }

@@ -604,6 +604,7 @@
     allow(dead_code, irrefutable_let_patterns, unused_imports, unused_variables)
 )]
 
+mod admin;
 mod config;
 mod conn;
 mod descriptor;

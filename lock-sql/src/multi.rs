@@ -158,9 +158,12 @@ impl SqlBackend {
             .config
             .fair
             .then_some(inner.shared.waiters_table.as_str());
-        let plan = inner
-            .dialect
-            .grant_all_sql(self.quoted_table(), waiters, keys.len());
+        let plan = inner.dialect.grant_all_sql(
+            self.quoted_table(),
+            self.quoted_floor(),
+            waiters,
+            keys.len(),
+        );
         let mut conflicts = 0;
         let mut fresh = false;
         loop {
@@ -198,7 +201,7 @@ impl SqlBackend {
         let mut tokens = Vec::with_capacity(keys.len());
         for key in keys {
             match dialect.inspect(conn, inspect, key).await? {
-                Some((Some(holder), token, _)) if holder == owner => tokens.push(token),
+                Some((Some(holder), token, _, _)) if holder == owner => tokens.push(token),
                 _ => return Ok(None),
             }
         }

@@ -26,6 +26,8 @@ pub(crate) struct Statements {
     pub(crate) inspect: Arc<str>,
     /// The quoted table name.
     pub(crate) quoted_table: String,
+    /// The quoted token floor table (`<table>_floor`, see crate::admin).
+    pub(crate) quoted_floor: String,
 }
 
 /// Quotes each part of a validated (schema-qualified) name with `quote`.
@@ -45,7 +47,8 @@ pub(crate) fn pg_channel(table: &str) -> String {
 impl Statements {
     /// The statements of `dialect` on `table` (validated, not yet quoted).
     pub(crate) fn new(dialect: &dyn Dialect, table: &str) -> Self {
-        dialect.statements(&quote_with(dialect.quote(), table))
+        let floor = quote_with(dialect.quote(), &format!("{table}_floor"));
+        dialect.statements(&quote_with(dialect.quote(), table), &floor)
     }
 }
 

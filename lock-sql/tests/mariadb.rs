@@ -1,6 +1,7 @@
 //! MariaDB 10.11 started by the harness: the whole conformance suite, a
 //! killed holder and a restarted database, fencing (LOCK IN SHARE MODE).
 
+mod admin_checks;
 mod common;
 mod fair_checks;
 mod multi_checks;
@@ -28,6 +29,7 @@ async fn mariadb() {
     fair_checks::run_fair_suite("mariadb", &url).await;
     fair_checks::fair_checks(&url).await;
     multi_checks::multi_checks(&url).await;
+    admin_checks::admin_checks(&url).await;
 
     let a = SqlBackend::connect_url(&url).await.unwrap();
     let b = SqlBackend::connect_url(&url).await.unwrap();

@@ -1,6 +1,7 @@
 //! PostgreSQL 15 started by the harness: the whole conformance suite, a
 //! killed holder and a restarted database, NOTIFY-driven waiting, fencing.
 
+mod admin_checks;
 mod common;
 mod fair_checks;
 mod multi_checks;
@@ -29,6 +30,7 @@ async fn postgres() {
     fair_checks::run_fair_suite("postgres", &url).await;
     fair_checks::fair_checks(&url).await;
     multi_checks::multi_checks(&url).await;
+    admin_checks::admin_checks(&url).await;
 
     // Waiters are woken by NOTIFY, long before the re-check interval.
     let notify_url = common::with_options(&url, "recheck=5s");

@@ -1,6 +1,7 @@
 //! SQLite: the whole conformance suite on a file, several child processes
 //! contending on one file, a holder process killed mid-hold, fenced writes.
 
+mod admin_checks;
 mod common;
 mod fair_checks;
 mod multi_checks;
@@ -63,6 +64,12 @@ async fn fair_session_mode_is_refused() {
             .unwrap()
             .is_fair()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operating_calls_on_a_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    admin_checks::admin_checks(&url_for(&dir.path().join("admin.db"))).await;
 }
 
 #[tokio::test]

@@ -33,8 +33,36 @@ pub(crate) mod sqlite;
 /// Rows renewed by one batch statement: (name, owner, token).
 pub(crate) type Renewed = HashSet<(String, String, i64)>;
 
-/// The current unexpired holder: (owner, token, remaining µs).
-pub(crate) type Holder = (Option<String>, i64, i64);
+/// The current unexpired holder: (owner, token, remaining µs, holder
+/// details as the grant wrote them).
+pub(crate) type Holder = (Option<String>, i64, i64, Option<String>);
+
+/// The width of the lease table's `details` column: the longest encoded
+/// [`lock_core::HolderDetails`].
+pub(crate) const DETAILS_LEN: usize = lock_core::MAX_ENCODED_LEN;
+
+/// The token of a lease row the grant inserts: one above the token floor
+/// that `gc` raised before it removed rows (`f`, quoted, holds at most one
+/// row; none until the first collection: 1).
+pub(crate) fn first_token(f: &str) -> String {
+    format!("(SELECT COALESCE(MAX(token), 0) + 1 FROM {f})")
+}
+
+/// The token floor table `f` (quoted): `id` 1 is its only row.
+pub(crate) fn floor_table(f: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {f} (id INTEGER NOT NULL PRIMARY KEY, token BIGINT NOT NULL)"
+    )
+}
+
+/// How `gc` keeps the lease table to itself while it raises the floor and
+/// removes rows: statements to start, to finish, and to abandon its run.
+#[derive(Debug)]
+pub(crate) struct GcLock {
+    pub(crate) begin: Vec<String>,
+    pub(crate) commit: Vec<String>,
+    pub(crate) abort: Vec<String>,
+}
 
 /// The quoted names of the shared tables of one lease table.
 #[derive(Debug)]
@@ -64,8 +92,47 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         '"'
     }
 
-    /// The lock statements for `table` (already quoted).
-    fn statements(&self, table: &str) -> Statements;
+    /// The lock statements for `table` with its token floor table `floor`
+    /// (both already quoted).
+    fn statements(&self, table: &str, floor: &str) -> Statements;
+
+    /// The lease table's `details` column, for a table created before it
+    /// existed (run only when a probe found it missing).
+    fn add_details_sql(&self, table: &str) -> String {
+        format!("ALTER TABLE {table} ADD COLUMN details VARCHAR({DETAILS_LEN})")
+    }
+
+    /// The key column as text in a `SELECT` (MySQL stores bytes).
+    fn name_text(&self) -> &'static str {
+        "name"
+    }
+
+    /// The predicate "the key starts with the bound `param`", and whether
+    /// the bound value is a `LIKE` pattern (wildcards escaped with `!`).
+    fn prefix_predicate(&self, param: &str) -> (String, bool) {
+        (format!("name LIKE {param} ESCAPE '!'"), true)
+    }
+
+    /// The suffix of a `SELECT` that locks the rows it read for the
+    /// transaction (none where the transaction holds the database).
+    fn for_update(&self) -> &'static str {
+        " FOR UPDATE"
+    }
+
+    /// How `gc` holds off every grant on `table` with floor `floor` (both
+    /// quoted) while it runs, waiting at most `wait_ms` for the table.
+    fn gc_lock(&self, table: &str, floor: &str, wait_ms: u128) -> GcLock {
+        let _ = (table, floor, wait_ms);
+        GcLock {
+            begin: vec![self.begin_sql().to_owned()],
+            commit: vec!["COMMIT".to_owned()],
+            abort: vec!["ROLLBACK".to_owned()],
+        }
+    }
+
+    /// Raises the floor to the bound token (never lowers it); returns the
+    /// floor. Binds: token.
+    fn raise_floor_sql(&self, floor: &str) -> String;
 
     /// Whether releases notify waiters through the database (PostgreSQL
     /// `NOTIFY`); otherwise waiters poll.
@@ -121,13 +188,13 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// How a set of `n` keys is taken all or nothing on lease table `table`
     /// (quoted); with `waiters` (quoted, fair mode) only while none of the
     /// keys has a live mutex waiter. See [`GrantAll`].
-    fn grant_all_sql(&self, table: &str, waiters: Option<&str>, n: usize) -> GrantAll;
+    fn grant_all_sql(&self, table: &str, floor: &str, waiters: Option<&str>, n: usize) -> GrantAll;
 
     /// The fair grant on lease table `table` (quoted) with the waiters
     /// table `waiters` (quoted): the grant statement, gated on no live
     /// mutex waiter (`shape = 'mutex'`) of the key with a smaller id than
     /// the bound one. Binds as the grant's, then that id.
-    fn fair_grant_sql(&self, table: &str, waiters: &str) -> String;
+    fn fair_grant_sql(&self, table: &str, floor: &str, waiters: &str) -> String;
 
     /// The guarded release: whether it matched our row (PostgreSQL
     /// notifies `channel` in the same statement).

@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{FencingScope, Lease, LockError, LockKey};
+use lock_core::{FencingScope, HolderDetails, Lease, LockError, LockKey};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Dialect, GrantAll, Holder, Renewed, SessionDialect, SessionHolder, SharedNames, UpsertBinds,
-    bad_option, marks, micros, spliced_batch, text, token_of, wrong_conn,
+    DETAILS_LEN, Dialect, GcLock, GrantAll, Holder, Renewed, SessionDialect, SessionHolder,
+    SharedNames, UpsertBinds, bad_option, first_token, floor_table, marks, micros, spliced_batch,
+    text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
@@ -51,26 +52,32 @@ impl Dialect for MySql {
 
     // MySQL applies the assignments left to right, so `expires_at` comes
     // last and the conditions before it see the old value.
-    fn statements(&self, t: &str) -> Statements {
+    fn statements(&self, t: &str, f: &str) -> Statements {
         let arc = |s: String| -> Arc<str> { Arc::from(s) };
+        let first = first_token(f);
         Statements {
-            create: vec![arc(format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
+            create: vec![
+                arc(format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (\
                  name VARBINARY(1024) NOT NULL PRIMARY KEY, \
                  owner VARCHAR(64) NULL, \
                  token BIGINT NOT NULL, \
-                 expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
-            ))],
+                 expires_at DATETIME(6) NOT NULL, \
+                 details VARCHAR({DETAILS_LEN}) NULL) ENGINE=InnoDB"
+                )),
+                arc(floor_table(f)),
+            ],
             grant: arc(format!(
-                "INSERT INTO {t} (name, owner, token, expires_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                "INSERT INTO {t} (name, owner, token, expires_at, details) \
+                 VALUES (?, ?, LAST_INSERT_ID({first}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?) \
                  ON DUPLICATE KEY UPDATE \
                  token = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)), \
                  owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
+                 details = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(details), details), \
                  expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
             )),
             release: arc(format!(
-                "UPDATE {t} SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
+                "UPDATE {t} SET owner = NULL, details = NULL, expires_at = UTC_TIMESTAMP(6) \
                  WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
             )),
             renew: arc(format!(
@@ -78,11 +85,52 @@ impl Dialect for MySql {
                  WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
             )),
             inspect: arc(format!(
-                "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+                "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), details \
                  FROM {t} WHERE name = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
             )),
             quoted_table: t.to_owned(),
+            quoted_floor: f.to_owned(),
         }
+    }
+
+    fn add_details_sql(&self, t: &str) -> String {
+        format!("ALTER TABLE {t} ADD COLUMN details VARCHAR({DETAILS_LEN}) NULL")
+    }
+
+    fn name_text(&self) -> &'static str {
+        "CONVERT(name USING utf8mb4)"
+    }
+
+    // LOCK TABLES makes every other session's statement on the two tables
+    // wait (it waits itself for the running ones): a grant reads the
+    // floor after gc committed. InnoDB wants autocommit off around it.
+    fn gc_lock(&self, t: &str, f: &str, wait_ms: u128) -> GcLock {
+        let restore = vec![
+            "UNLOCK TABLES".to_owned(),
+            "SET autocommit = 1, SESSION lock_wait_timeout = DEFAULT".to_owned(),
+        ];
+        GcLock {
+            begin: vec![
+                format!(
+                    "SET autocommit = 0, SESSION lock_wait_timeout = {}",
+                    wait_ms.div_ceil(1000).max(1)
+                ),
+                format!("LOCK TABLES {t} WRITE, {f} WRITE"),
+            ],
+            commit: std::iter::once("COMMIT".to_owned())
+                .chain(restore.iter().cloned())
+                .collect(),
+            abort: std::iter::once("ROLLBACK".to_owned())
+                .chain(restore)
+                .collect(),
+        }
+    }
+
+    fn raise_floor_sql(&self, f: &str) -> String {
+        format!(
+            "INSERT INTO {f} (id, token) VALUES (1, ?) \
+             ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))"
+        )
     }
 
     fn fence_predicate(&self, t: &str, _first: usize) -> String {
@@ -115,9 +163,10 @@ impl Dialect for MySql {
     // No RETURNING: the upsert takes the free rows (and locks every row),
     // then a locking read says which are ours. The waiters check locks
     // their index range in share mode: no waiter registers meanwhile.
-    fn grant_all_sql(&self, t: &str, w: Option<&str>, n: usize) -> GrantAll {
+    fn grant_all_sql(&self, t: &str, f: &str, w: Option<&str>, n: usize) -> GrantAll {
         let now = "UTC_TIMESTAMP(6)";
-        let rows = vec![format!("(?, ?, 1, {now} + INTERVAL ? MICROSECOND)"); n];
+        let first = first_token(f);
+        let rows = vec![format!("(?, ?, {first}, {now} + INTERVAL ? MICROSECOND)"); n];
         GrantAll::Transaction {
             begin: "BEGIN",
             check: w.map(|w| {
@@ -147,16 +196,18 @@ impl Dialect for MySql {
 
     // An earlier live waiter leaves the SELECT empty: nothing is inserted,
     // LAST_INSERT_ID(expr) never runs and the OK packet reports 0.
-    fn fair_grant_sql(&self, t: &str, w: &str) -> String {
+    fn fair_grant_sql(&self, t: &str, f: &str, w: &str) -> String {
         let now = "UTC_TIMESTAMP(6)";
+        let first = first_token(f);
         format!(
-            "INSERT INTO {t} (name, owner, token, expires_at) \
-             SELECT ?, ?, LAST_INSERT_ID(1), {now} + INTERVAL ? MICROSECOND FROM DUAL \
+            "INSERT INTO {t} (name, owner, token, expires_at, details) \
+             SELECT ?, ?, LAST_INSERT_ID({first}), {now} + INTERVAL ? MICROSECOND, ? FROM DUAL \
              WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = ? AND shape = 'mutex' \
              AND expires_at > {now} AND id < ?) \
              ON DUPLICATE KEY UPDATE \
              token = IF(expires_at <= {now}, LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)), \
              owner = IF(expires_at <= {now}, VALUES(owner), owner), \
+             details = IF(expires_at <= {now}, VALUES(details), details), \
              expires_at = IF(expires_at <= {now}, VALUES(expires_at), expires_at)"
         )
     }
@@ -173,7 +224,8 @@ impl Dialect for MySql {
         let query = sqlx::query(text(sql))
             .bind(key.as_str().as_bytes())
             .bind(owner)
-            .bind(micros(ttl));
+            .bind(micros(ttl))
+            .bind(HolderDetails::encode_current());
         let query = match ahead {
             Some(id) => query.bind(key.as_str().as_bytes()).bind(id),
             None => query,
@@ -236,7 +288,14 @@ impl Dialect for MySql {
             .bind(key.as_str().as_bytes())
             .fetch_optional(my(conn)?)
             .await?
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .map(|row| {
+                Ok((
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                ))
+            })
             .transpose()
     }
 

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{FencingScope, Lease, LockError, LockKey};
+use lock_core::{FencingScope, HolderDetails, Lease, LockError, LockKey};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Dialect, GrantAll, Holder, Renewed, SessionDialect, SessionHolder, SharedNames, bad_option,
-    micros, text, token_of, wrong_conn,
+    DETAILS_LEN, Dialect, GcLock, GrantAll, Holder, Renewed, SessionDialect, SessionHolder,
+    SharedNames, bad_option, first_token, floor_table, micros, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
@@ -42,27 +42,33 @@ impl Dialect for Postgres {
         "postgres"
     }
 
-    fn statements(&self, t: &str) -> Statements {
+    fn statements(&self, t: &str, f: &str) -> Statements {
         let arc = |s: String| -> Arc<str> { Arc::from(s) };
+        let first = first_token(f);
         Statements {
-            create: vec![arc(format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
+            create: vec![
+                arc(format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (\
                  name VARCHAR(1024) PRIMARY KEY, \
                  owner VARCHAR(64), \
                  token BIGINT NOT NULL, \
-                 expires_at TIMESTAMPTZ NOT NULL)"
-            ))],
+                 expires_at TIMESTAMPTZ NOT NULL, \
+                 details VARCHAR({DETAILS_LEN}))"
+                )),
+                arc(floor_table(f)),
+            ],
             grant: arc(format!(
-                "INSERT INTO {t} AS l (name, owner, token, expires_at) \
-                 VALUES ($1, $2, 1, now() + $3 * INTERVAL '1 microsecond') \
+                "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
+                 VALUES ($1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $4) \
                  ON CONFLICT (name) DO UPDATE \
-                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at \
+                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at, \
+                 details = EXCLUDED.details \
                  WHERE l.expires_at <= now() \
                  RETURNING token"
             )),
             // The notification is sent at commit, in the same statement.
             release: arc(format!(
-                "WITH r AS (UPDATE {t} SET owner = NULL, expires_at = now() \
+                "WITH r AS (UPDATE {t} SET owner = NULL, details = NULL, expires_at = now() \
                  WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now() \
                  RETURNING name) \
                  SELECT pg_notify($4, name) FROM r"
@@ -73,11 +79,39 @@ impl Dialect for Postgres {
             )),
             inspect: arc(format!(
                 "SELECT owner, token, \
-                 CAST(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000 AS BIGINT) \
+                 CAST(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000 AS BIGINT), details \
                  FROM {t} WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
             )),
             quoted_table: t.to_owned(),
+            quoted_floor: f.to_owned(),
         }
+    }
+
+    fn add_details_sql(&self, t: &str) -> String {
+        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS details VARCHAR({DETAILS_LEN})")
+    }
+
+    // SHARE ROW EXCLUSIVE conflicts with the ROW EXCLUSIVE lock every
+    // grant, renewal and release takes before its snapshot: a grant waits
+    // for gc's commit and then reads the raised floor.
+    fn gc_lock(&self, t: &str, _f: &str, wait_ms: u128) -> GcLock {
+        GcLock {
+            begin: vec![
+                "BEGIN".to_owned(),
+                format!("SET LOCAL lock_timeout = {}", wait_ms.max(1)),
+                format!("LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE"),
+            ],
+            commit: vec!["COMMIT".to_owned()],
+            abort: vec!["ROLLBACK".to_owned()],
+        }
+    }
+
+    fn raise_floor_sql(&self, f: &str) -> String {
+        format!(
+            "INSERT INTO {f} AS x (id, token) VALUES (1, $1) \
+             ON CONFLICT (id) DO UPDATE SET token = GREATEST(x.token, EXCLUDED.token) \
+             RETURNING token"
+        )
     }
 
     fn notified(&self) -> bool {
@@ -127,7 +161,8 @@ impl Dialect for Postgres {
     // snapshot refuses the set before any write; a set only partly free
     // after all (a grant racing ours) divides by zero, which rolls the
     // whole statement back.
-    fn grant_all_sql(&self, t: &str, w: Option<&str>, n: usize) -> GrantAll {
+    fn grant_all_sql(&self, t: &str, f: &str, w: Option<&str>, n: usize) -> GrantAll {
+        let first = first_token(f);
         let values: Vec<String> = (0..n)
             .map(|i| format!("(${}::varchar, {i})", i + 4))
             .collect();
@@ -144,7 +179,7 @@ impl Dialect for Postgres {
         GrantAll::One(format!(
             "WITH v (name, ord) AS (VALUES {}), \
              g AS (INSERT INTO {t} AS l (name, owner, token, expires_at) \
-             SELECT name, $1, 1, now() + $2 * INTERVAL '1 microsecond' FROM v{gate} ORDER BY ord \
+             SELECT name, $1, {first}, now() + $2 * INTERVAL '1 microsecond' FROM v{gate} ORDER BY ord \
              ON CONFLICT (name) DO UPDATE \
              SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at \
              WHERE l.expires_at <= now() \
@@ -156,14 +191,16 @@ impl Dialect for Postgres {
 
     // No row is inserted or taken over while an earlier live waiter is
     // queued: the SELECT yields nothing, so the conflict clause never runs.
-    fn fair_grant_sql(&self, t: &str, w: &str) -> String {
+    fn fair_grant_sql(&self, t: &str, f: &str, w: &str) -> String {
+        let first = first_token(f);
         format!(
-            "INSERT INTO {t} AS l (name, owner, token, expires_at) \
-             SELECT $1, $2, 1, now() + $3 * INTERVAL '1 microsecond' \
+            "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
+             SELECT $1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $5 \
              WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = $1 AND shape = 'mutex' \
              AND expires_at > now() AND id < $4) \
              ON CONFLICT (name) DO UPDATE \
-             SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at \
+             SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at, \
+             details = EXCLUDED.details \
              WHERE l.expires_at <= now() \
              RETURNING token"
         )
@@ -187,6 +224,7 @@ impl Dialect for Postgres {
             None => query,
         };
         query
+            .bind(HolderDetails::encode_current())
             .fetch_optional(pg(conn)?)
             .await?
             .map(|row| row.try_get::<i64, _>(0))
@@ -241,7 +279,14 @@ impl Dialect for Postgres {
             .bind(key.as_str())
             .fetch_optional(pg(conn)?)
             .await?
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .map(|row| {
+                Ok((
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                ))
+            })
             .transpose()
     }
 

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use lock_core::{Lease, LockError, LockKey};
+use lock_core::{HolderDetails, Lease, LockError, LockKey};
 use sqlx::Row;
 
 use super::{
-    Dialect, GrantAll, Holder, Renewed, SharedNames, UpsertBinds, bad_option, micros,
-    spliced_batch, text, token_of, wrong_conn,
+    Dialect, GrantAll, Holder, Renewed, SharedNames, UpsertBinds, bad_option, first_token,
+    floor_table, micros, spliced_batch, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
@@ -74,26 +74,32 @@ impl Dialect for Sqlite {
     }
 
     // "now" is bound as ?3 / ?4.
-    fn statements(&self, t: &str) -> Statements {
+    fn statements(&self, t: &str, f: &str) -> Statements {
         let arc = |s: String| -> Arc<str> { Arc::from(s) };
+        let first = first_token(f);
         Statements {
-            create: vec![arc(format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
+            create: vec![
+                arc(format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (\
                  name TEXT NOT NULL PRIMARY KEY, \
                  owner TEXT, \
                  token INTEGER NOT NULL, \
-                 expires_at INTEGER NOT NULL) WITHOUT ROWID"
-            ))],
+                 expires_at INTEGER NOT NULL, \
+                 details TEXT) WITHOUT ROWID"
+                )),
+                arc(floor_table(f)),
+            ],
             grant: arc(format!(
-                "INSERT INTO {t} AS l (name, owner, token, expires_at) \
-                 VALUES (?1, ?2, 1, ?3 + ?4) \
+                "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
+                 VALUES (?1, ?2, {first}, ?3 + ?4, ?5) \
                  ON CONFLICT (name) DO UPDATE \
-                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at \
+                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at, \
+                 details = excluded.details \
                  WHERE l.expires_at <= ?3 \
                  RETURNING token"
             )),
             release: arc(format!(
-                "UPDATE {t} SET owner = NULL, expires_at = ?4 \
+                "UPDATE {t} SET owner = NULL, details = NULL, expires_at = ?4 \
                  WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4"
             )),
             renew: arc(format!(
@@ -101,10 +107,11 @@ impl Dialect for Sqlite {
                  WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4"
             )),
             inspect: arc(format!(
-                "SELECT owner, token, expires_at - ?2 \
+                "SELECT owner, token, expires_at - ?2, details \
                  FROM {t} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > ?2"
             )),
             quoted_table: t.to_owned(),
+            quoted_floor: f.to_owned(),
         }
     }
 
@@ -116,6 +123,28 @@ impl Dialect for Sqlite {
 
     fn single_writer(&self) -> bool {
         true
+    }
+
+    fn add_details_sql(&self, t: &str) -> String {
+        format!("ALTER TABLE {t} ADD COLUMN details TEXT")
+    }
+
+    // LIKE is case-insensitive on SQLite: a plain prefix test instead.
+    fn prefix_predicate(&self, param: &str) -> (String, bool) {
+        (format!("instr(name, {param}) = 1"), false)
+    }
+
+    // BEGIN IMMEDIATE holds the file's write lock for the transaction.
+    fn for_update(&self) -> &'static str {
+        ""
+    }
+
+    fn raise_floor_sql(&self, f: &str) -> String {
+        format!(
+            "INSERT INTO {f} AS x (id, token) VALUES (1, ?1) \
+             ON CONFLICT (id) DO UPDATE SET token = max(x.token, excluded.token) \
+             RETURNING token"
+        )
     }
 
     fn fence_predicate(&self, t: &str, n: usize) -> String {
@@ -161,10 +190,11 @@ impl Dialect for Sqlite {
 
     // BEGIN IMMEDIATE holds the file's write lock: the check and the
     // upsert see one state.
-    fn grant_all_sql(&self, t: &str, w: Option<&str>, n: usize) -> GrantAll {
+    fn grant_all_sql(&self, t: &str, f: &str, w: Option<&str>, n: usize) -> GrantAll {
+        let first = first_token(f);
         let names: Vec<String> = (0..n).map(|i| format!("?{}", i + 1)).collect();
         let rows: Vec<String> = (0..n)
-            .map(|i| format!("(?{}, ?3, 1, ?1 + ?2)", i + 4))
+            .map(|i| format!("(?{}, ?3, {first}, ?1 + ?2)", i + 4))
             .collect();
         GrantAll::Transaction {
             begin: "BEGIN IMMEDIATE",
@@ -192,14 +222,16 @@ impl Dialect for Sqlite {
     // As PostgreSQL's: an earlier live waiter leaves the SELECT empty.
     // SQLite's waiter rows expire by its own reading of the same host
     // clock (millisecond precision), compared with the bound now (?3).
-    fn fair_grant_sql(&self, t: &str, w: &str) -> String {
+    fn fair_grant_sql(&self, t: &str, f: &str, w: &str) -> String {
+        let first = first_token(f);
         format!(
-            "INSERT INTO {t} AS l (name, owner, token, expires_at) \
-             SELECT ?1, ?2, 1, ?3 + ?4 \
+            "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
+             SELECT ?1, ?2, {first}, ?3 + ?4, ?6 \
              WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = ?1 AND shape = 'mutex' \
              AND expires_at > ?3 AND id < ?5) \
              ON CONFLICT (name) DO UPDATE \
-             SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at \
+             SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at, \
+             details = excluded.details \
              WHERE l.expires_at <= ?3 \
              RETURNING token"
         )
@@ -224,6 +256,7 @@ impl Dialect for Sqlite {
             None => query,
         };
         query
+            .bind(HolderDetails::encode_current())
             .fetch_optional(lite(conn)?)
             .await?
             .map(|row| row.try_get::<i64, _>(0))
@@ -281,7 +314,14 @@ impl Dialect for Sqlite {
             .bind(unix_micros())
             .fetch_optional(lite(conn)?)
             .await?
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .map(|row| {
+                Ok((
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                ))
+            })
             .transpose()
     }
 

@@ -1,0 +1,407 @@
+//! Operating the row-mode locks (issue 18): the lease table's `details`
+//! column, [`list`](lock_core::LockBackend::list),
+//! [`force_release`](lock_core::LockBackend::force_release) and
+//! [`gc`](lock_core::LockBackend::gc) with its token floor table.
+//!
+//! - `details` (nullable text, at most [`lock_core::MAX_ENCODED_LEN`]
+//!   bytes) is written by the grant statement itself (one more bind, no
+//!   extra round trip) and cleared by the release and by `force_release`;
+//!   an expired row's details are hidden with its owner (every read filters
+//!   on `expires_at`) and overwritten by the next grant. A table created
+//!   before the column existed gets it at connect (`ALTER TABLE .. ADD
+//!   COLUMN`, run only when a probe finds it missing; a concurrent connect
+//!   adding it first is not an error).
+//! - `<table>_floor (id, token)`: at most one row. Every grant that
+//!   inserts a new lease row gives it the token `floor + 1` in the same
+//!   statement; `gc` raises the floor to the highest token it removes, in
+//!   the same transaction as the removal, while it keeps every other
+//!   writer off the lease table (PostgreSQL `LOCK TABLE .. IN SHARE ROW
+//!   EXCLUSIVE MODE`, MySQL `LOCK TABLES .. WRITE`, SQLite's write lock),
+//!   so a grant that creates the row again reads the raised floor.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    FencingToken, GcReport, HolderDetails, LockError, LockInfo, LockKey, LockPage, Operation,
+    check_list_limit, with_timeout,
+};
+
+use crate::conn::Checkout;
+use crate::dialect::micros;
+use crate::driver::{NAME, SqlBackend};
+use crate::error::map_sqlx;
+use crate::shared::run::{Bind, Value, execute, fetch};
+
+/// The most lease rows one `gc` call removes.
+pub(crate) const GC_BATCH: i64 = 1000;
+
+/// What a list cursor starts with (then the last key scanned, in hex).
+const CURSOR_TAG: &str = "sql1:";
+
+/// Whether `err` says the probed column does not exist.
+fn is_missing_column(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("42703" | "42S22"))
+                || db.message().contains("no such column")
+        }
+        _ => false,
+    }
+}
+
+/// Whether `err` says the column was added meanwhile (a concurrent connect).
+fn is_duplicate_column(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("42701" | "42S21"))
+                || db.message().contains("duplicate column")
+        }
+        _ => false,
+    }
+}
+
+pub(crate) fn encode_cursor(name: &str) -> String {
+    let mut out = String::with_capacity(CURSOR_TAG.len() + 2 * name.len());
+    out.push_str(CURSOR_TAG);
+    for b in name.bytes() {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// The last key a page scanned, or `None` for a cursor we did not hand out.
+pub(crate) fn decode_cursor(cursor: &str) -> Option<String> {
+    let hex = cursor.strip_prefix(CURSOR_TAG)?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok().filter(|s| !s.is_empty())
+}
+
+/// `prefix` as a `LIKE` pattern escaped with `!`.
+pub(crate) fn like_prefix(prefix: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        if matches!(c, '!' | '%' | '_') {
+            out.push('!');
+        }
+        out.push(c);
+    }
+    out.push('%');
+    out
+}
+
+fn info(key: LockKey, row: &[Value]) -> LockInfo {
+    LockInfo {
+        key,
+        holder: row[0].text().to_owned(),
+        token: u64::try_from(row[1].int()).ok().map(FencingToken::new),
+        remaining_ttl: Some(Duration::from_micros(
+            u64::try_from(row[2].int()).unwrap_or(0),
+        )),
+        details: match &row[3] {
+            Value::Text(Some(text)) => HolderDetails::decode(text),
+            _ => None,
+        },
+    }
+}
+
+/// Ends a transaction: `end`'s statements on success, `abort`'s on an
+/// error. The connection goes back to the set only when they all ran;
+/// otherwise it is dropped (closed), never reused mid-transaction.
+async fn finish<T>(
+    mut checkout: Checkout<'_>,
+    result: Result<T, sqlx::Error>,
+    end: &[String],
+    abort: &[String],
+) -> Result<T, sqlx::Error> {
+    let statements = if result.is_ok() { end } else { abort };
+    let mut ended = Ok(());
+    for statement in statements {
+        if let Err(e) = execute(checkout.conn(), &Arc::from(statement.as_str()), &[]).await {
+            ended = Err(e);
+            break;
+        }
+    }
+    match ended {
+        Ok(()) => {
+            checkout.finish(&result);
+            result
+        }
+        Err(e) => {
+            drop(checkout);
+            result.and(Err(e))
+        }
+    }
+}
+
+impl SqlBackend {
+    /// The token floor table's name, quoted.
+    pub(crate) fn quoted_floor(&self) -> &str {
+        &self.inner().statements.quoted_floor
+    }
+
+    /// Adds the `details` column to a lease table created before it.
+    pub(crate) async fn ensure_details_column(&self) -> Result<(), sqlx::Error> {
+        let inner = self.inner();
+        let table = &inner.statements.quoted_table;
+        let dialect = inner.dialect;
+        let probe: Arc<str> = Arc::from(format!("SELECT details FROM {table} WHERE 1 = 0"));
+        let mut checkout = inner.conns.checkout(false).await?;
+        let probed = dialect.plain(checkout.conn(), &probe).await;
+        if !matches!(&probed, Err(e) if is_missing_column(e)) {
+            checkout.finish(&probed);
+            return probed;
+        }
+        tracing::info!(table = table.as_str(), "adding the holder details column");
+        let alter: Arc<str> = Arc::from(dialect.add_details_sql(table));
+        let added = match dialect.plain(checkout.conn(), &alter).await {
+            Err(e) if is_duplicate_column(&e) => Ok(()),
+            other => other,
+        };
+        checkout.finish(&added);
+        added
+    }
+
+    fn admin_err(&self, operation: Operation) -> impl Fn(sqlx::Error) -> LockError + '_ {
+        move |e| map_sqlx(&self.inner().config, operation, e)
+    }
+
+    /// [`LockBackend::list`](lock_core::LockBackend::list) in row mode: one
+    /// statement scanning at most `limit` rows of keys under `prefix`
+    /// after the cursor, in key order; the held ones are returned.
+    pub(crate) async fn list_rows(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
+        let after = match cursor {
+            None => String::new(),
+            Some(c) => decode_cursor(c).ok_or_else(|| {
+                LockError::invalid_argument(
+                    Operation::Inspect,
+                    "not a cursor of this backend's list (it starts with `sql1:`)",
+                )
+                .with_backend(NAME)
+            })?,
+        };
+        let inner = self.inner();
+        let d = inner.dialect;
+        let (predicate, like) = d.prefix_predicate(&d.param(1));
+        let sql: Arc<str> = Arc::from(format!(
+            "SELECT {name}, owner, token, \
+             CASE WHEN owner IS NOT NULL AND expires_at > {now} THEN {left} ELSE -1 END, details \
+             FROM {t} WHERE {predicate} AND name > {p2} ORDER BY name LIMIT {p3}",
+            name = d.name_text(),
+            now = d.now_sql(),
+            left = d.left_micros(),
+            t = inner.statements.quoted_table,
+            p2 = d.param(2),
+            p3 = d.param(3),
+        ));
+        let pattern = if like {
+            like_prefix(prefix)
+        } else {
+            prefix.to_owned()
+        };
+        let page = i64::try_from(limit).unwrap_or(1);
+        let binds = [Bind::Text(&pattern), Bind::Text(&after), Bind::Int(page)];
+        let rows = async {
+            let mut checkout = inner.conns.checkout_reader(false).await?;
+            let rows = fetch(checkout.conn(), &sql, &binds, "ttiit").await;
+            checkout.finish(&rows);
+            rows
+        };
+        let rows = with_timeout(inner.config.op_timeout, Operation::Inspect, async {
+            rows.await.map_err(self.admin_err(Operation::Inspect))
+        })
+        .await
+        .map_err(|e| e.with_backend(NAME))?;
+        let cursor = (rows.len() == limit)
+            .then(|| rows.last().map(|r| encode_cursor(r[0].text())))
+            .flatten();
+        let locks = rows
+            .iter()
+            .filter(|r| r[3].int() >= 0)
+            .filter_map(|r| Some(info(LockKey::new(r[0].text()).ok()?, &r[1..])))
+            .collect();
+        Ok(LockPage { locks, cursor })
+    }
+
+    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release)
+    /// in row mode: one transaction reads the holder (locking its row) and
+    /// frees the row (owner and details cleared, expired now, token kept);
+    /// PostgreSQL notifies waiters in the same statement, elsewhere this
+    /// process's waiters are woken and the others poll.
+    pub(crate) async fn force_release_row(
+        &self,
+        key: &LockKey,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let inner = self.inner();
+        let d = inner.dialect;
+        let t = &inner.statements.quoted_table;
+        let (now, p1) = (d.now_sql(), d.param(1));
+        let read: Arc<str> = Arc::from(format!(
+            "SELECT owner, token, {left}, details FROM {t} \
+             WHERE name = {p1} AND owner IS NOT NULL AND expires_at > {now}{lock}",
+            left = d.left_micros(),
+            lock = d.for_update(),
+        ));
+        let clear = format!(
+            "UPDATE {t} SET owner = NULL, details = NULL, expires_at = {now} WHERE name = {p1}"
+        );
+        let clear: Arc<str> = Arc::from(d.notifying(&clear).unwrap_or(clear));
+        let begin: Arc<str> = Arc::from(d.begin_sql());
+        let channel = inner.channel.as_str();
+        let name = key.as_str();
+        let found = async {
+            let mut checkout = inner.conns.checkout(false).await?;
+            let body = async {
+                let conn = checkout.conn();
+                execute(conn, &begin, &[]).await?;
+                let held = fetch(conn, &read, &[Bind::Text(name)], "tiit").await?;
+                let Some(row) = held.into_iter().next() else {
+                    return Ok(None);
+                };
+                if d.notified() {
+                    fetch(conn, &clear, &[Bind::Text(name), Bind::Text(channel)], "").await?;
+                } else {
+                    execute(conn, &clear, &[Bind::Text(name)]).await?;
+                }
+                Ok(Some(row))
+            }
+            .await;
+            let end = ["COMMIT".to_owned()];
+            finish(checkout, body, &end, &["ROLLBACK".to_owned()]).await
+        };
+        let found = with_timeout(inner.config.op_timeout, Operation::Release, async {
+            found.await.map_err(self.admin_err(Operation::Release))
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let Some(row) = found else {
+            return Ok(None);
+        };
+        if !d.notified() {
+            inner.waits.released(name);
+        }
+        tracing::warn!(
+            key = name,
+            holder = row[0].text(),
+            token = row[1].int(),
+            "force-released a lock"
+        );
+        Ok(Some(info(key.clone(), &row)))
+    }
+
+    /// [`LockBackend::gc`](lock_core::LockBackend::gc) in row mode: with
+    /// the lease table held against other writers, reads up to
+    /// [`GC_BATCH`] rows that expired (or were released) at least
+    /// `older_than` ago, raises the floor to their highest token and
+    /// deletes them.
+    pub(crate) async fn gc_rows(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let inner = self.inner();
+        let d = inner.dialect;
+        let (t, f) = (
+            &inner.statements.quoted_table,
+            &inner.statements.quoted_floor,
+        );
+        let timeout = inner.config.op_timeout;
+        let lock = d.gc_lock(t, f, timeout.as_millis());
+        let arc = |s: String| -> Arc<str> { Arc::from(s) };
+        let old = d.plus_micros(&d.param(1));
+        let scan = arc(format!(
+            "SELECT {name}, token FROM {t} WHERE expires_at <= {old} ORDER BY name LIMIT {p2}",
+            name = d.name_text(),
+            p2 = d.param(2),
+        ));
+        let raise = arc(d.raise_floor_sql(f));
+        let floor_sql = arc(format!("SELECT COALESCE(MAX(token), 0) FROM {f}"));
+        let delete = arc(format!(
+            "DELETE FROM {t} WHERE expires_at <= {old} AND name >= {} AND name <= {} \
+             AND token <= {}",
+            d.param(2),
+            d.param(3),
+            d.param(4)
+        ));
+        let back = -micros(older_than);
+        let report = async {
+            let mut checkout = inner.conns.checkout(false).await?;
+            let body = async {
+                let conn = checkout.conn();
+                for statement in &lock.begin {
+                    execute(conn, &Arc::from(statement.as_str()), &[]).await?;
+                }
+                let rows =
+                    fetch(conn, &scan, &[Bind::Int(back), Bind::Int(GC_BATCH)], "ti").await?;
+                let scanned = u64::try_from(rows.len()).unwrap_or(0);
+                let mut removed = 0;
+                if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+                    let top = rows.iter().map(|r| r[1].int()).max().unwrap_or(0);
+                    execute(conn, &raise, &[Bind::Int(top)]).await?;
+                    let floor = fetch(conn, &floor_sql, &[], "i").await?;
+                    let floor = floor.first().map_or(top, |r| r[0].int());
+                    let binds = [
+                        Bind::Int(back),
+                        Bind::Text(first[0].text()),
+                        Bind::Text(last[0].text()),
+                        Bind::Int(floor),
+                    ];
+                    removed = execute(conn, &delete, &binds).await?;
+                }
+                let floor = fetch(conn, &floor_sql, &[], "i").await?;
+                let floor = floor.first().map_or(0, |r| r[0].int());
+                Ok(GcReport {
+                    removed,
+                    scanned,
+                    token_floor: u64::try_from(floor)
+                        .ok()
+                        .filter(|&f| f > 0)
+                        .map(FencingToken::new),
+                })
+            }
+            .await;
+            finish(checkout, body, &lock.commit, &lock.abort).await
+        };
+        let report = with_timeout(timeout.saturating_mul(3), Operation::Release, async {
+            report.await.map_err(self.admin_err(Operation::Release))
+        })
+        .await
+        .map_err(|e| e.with_backend(NAME))?;
+        tracing::info!(
+            removed = report.removed,
+            scanned = report.scanned,
+            "collected stale lease rows"
+        );
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_foreign_ones_are_refused() {
+        for name in ["a", "jobs/ä:1", "x%_!"] {
+            assert_eq!(decode_cursor(&encode_cursor(name)).as_deref(), Some(name));
+        }
+        for bad in ["", "sql1:", "sql1:6", "sql1:zz", "other:61", "sql1:ff"] {
+            assert_eq!(decode_cursor(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn like_wildcards_are_escaped() {
+        assert_eq!(like_prefix("a%b_c!"), "a!%b!_c!!%");
+        assert_eq!(like_prefix(""), "%");
+    }
+}

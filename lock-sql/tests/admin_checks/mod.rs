@@ -1,0 +1,208 @@
+//! Row mode's operating calls on one database (issue 18), beside the
+//! shared suite's admin cases: `gc` keeps every token monotonic and never
+//! collects a held key, the `details` column is added to a table created
+//! before it (by concurrent connects), `list` escapes `LIKE` wildcards and
+//! refuses foreign cursors. Each check has its negative control.
+
+use std::time::Duration;
+
+use lock_core::{ErrorKind, LockBackend, LockKey};
+use lock_sql::SqlBackend;
+use lock_sql::sqlx::{self, AssertSqlSafe};
+
+use crate::common::with_options;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// A fresh table for this run.
+fn table(stem: &str) -> String {
+    format!("adm_{stem}_{:08x}", rand_suffix())
+}
+
+fn rand_suffix() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    nanos ^ std::process::id().rotate_left(16)
+}
+
+/// Runs `sql` on the backend's users' pool, whatever the database.
+async fn raw(backend: &SqlBackend, sql: &str) {
+    let sql = AssertSqlSafe(sql.to_owned());
+    if let Some(pool) = backend.pg_pool() {
+        sqlx::query(sql).execute(pool).await.map(drop)
+    } else if let Some(pool) = backend.mysql_pool() {
+        sqlx::query(sql).execute(pool).await.map(drop)
+    } else if let Some(pool) = backend.sqlite_pool() {
+        sqlx::query(sql).execute(pool).await.map(drop)
+    } else {
+        unreachable!("a SqlBackend has one of the three pools")
+    }
+    .unwrap_or_else(|e| panic!("raw statement failed: {e}"));
+}
+
+/// Takes and gives back `key` `times` times; the last token.
+async fn cycle(backend: &SqlBackend, key: &LockKey, times: usize) -> u64 {
+    let mut last = 0;
+    for _ in 0..times {
+        let lease = backend.try_acquire(key, TTL).await.unwrap().expect("free");
+        last = lease.token().get();
+        assert!(backend.release(&lease).await.unwrap());
+    }
+    last
+}
+
+/// `Err` when the re-granted token is not above the one before removal.
+fn monotonic(before: u64, after: u64) -> Result<(), String> {
+    if after > before {
+        Ok(())
+    } else {
+        Err(format!("token went backwards: {before} then {after}"))
+    }
+}
+
+pub(crate) async fn admin_checks(url: &str) {
+    gc_keeps_tokens_monotonic(url).await;
+    details_column_is_added(url).await;
+    list_escapes_and_refuses(url).await;
+}
+
+async fn gc_keeps_tokens_monotonic(base: &str) {
+    let url = with_options(base, &format!("table={}", table("gc")));
+    let backend = SqlBackend::connect_url(&url).await.unwrap();
+    let stale = LockKey::new("gc/stale").unwrap();
+    let held = LockKey::new("gc/held").unwrap();
+    let expired = LockKey::new("gc/expired").unwrap();
+    let before = cycle(&backend, &stale, 3).await;
+    let lease = backend.try_acquire(&held, TTL).await.unwrap().unwrap();
+    let short = backend
+        .try_acquire(&expired, Duration::from_millis(20))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Rows used within the hour stay.
+    let young = backend.gc(Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(young.removed, 0, "{young:?}");
+
+    let report = backend.gc(Duration::ZERO).await.unwrap();
+    assert_eq!(
+        report.removed, 2,
+        "the released and the expired row: {report:?}"
+    );
+    let floor = report
+        .token_floor
+        .expect("a floor after removing rows")
+        .get();
+    assert!(floor >= before.max(short.token().get()), "{report:?}");
+    // The held key is never collected: still ours, still renewable.
+    assert_eq!(
+        backend.inspect(&held).await.unwrap().map(|i| i.token),
+        Some(Some(lease.token()))
+    );
+    backend.renew(&lease).await.unwrap();
+    let again = backend.try_acquire(&stale, TTL).await.unwrap().unwrap();
+    monotonic(before, again.token().get()).unwrap();
+    assert!(again.token().get() > floor);
+    let late = backend.try_acquire(&expired, TTL).await.unwrap().unwrap();
+    monotonic(short.token().get(), late.token().get()).unwrap();
+    // Nothing left to collect: the rows are held or young.
+    assert_eq!(backend.gc(Duration::ZERO).await.unwrap().removed, 0);
+    println!(
+        "{}: gc removed {} (scanned {}), floor {floor}, re-grant {} > {before}",
+        backend.name(),
+        report.removed,
+        report.scanned,
+        again.token()
+    );
+
+    // Negative control: a row deleted by hand (no floor raised) restarts
+    // at 1, and the check above reports it.
+    let control = LockKey::new("gc/control").unwrap();
+    let fresh = SqlBackend::connect_url(&with_options(base, &format!("table={}", table("gcctl"))))
+        .await
+        .unwrap();
+    let before = cycle(&fresh, &control, 3).await;
+    let t = fresh.quoted_table().to_owned();
+    raw(&fresh, &format!("DELETE FROM {t}")).await;
+    let after = cycle(&fresh, &control, 1).await;
+    assert!(
+        monotonic(before, after).is_err(),
+        "the control's token did not go back: {before} then {after}"
+    );
+    fresh.close().await.unwrap();
+    backend.close().await.unwrap();
+}
+
+async fn details_column_is_added(url: &str) {
+    let url = with_options(url, &format!("table={}", table("mig")));
+    let first = SqlBackend::connect_url(&url).await.unwrap();
+    let t = first.quoted_table().to_owned();
+    raw(&first, &format!("ALTER TABLE {t} DROP COLUMN details")).await;
+    let key = LockKey::new("mig/k").unwrap();
+    // Negative control: without the column the grant statement fails.
+    let broken = first.try_acquire(&key, TTL).await;
+    assert!(broken.is_err(), "a grant without the column: {broken:?}");
+    // Concurrent connects add it once; none fails.
+    let connects: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { SqlBackend::connect_url(&url).await })
+        })
+        .collect();
+    let mut backends = Vec::new();
+    for c in connects {
+        backends.push(c.await.unwrap().expect("a concurrent connect"));
+    }
+    let lease = first.try_acquire(&key, TTL).await.unwrap().unwrap();
+    let info = backends[0].inspect(&key).await.unwrap().unwrap();
+    let details = info.details.expect("details after the column was added");
+    assert_eq!(details.pid, std::process::id());
+    assert!(first.release(&lease).await.unwrap());
+    for b in backends {
+        b.close().await.unwrap();
+    }
+    first.close().await.unwrap();
+}
+
+async fn list_escapes_and_refuses(url: &str) {
+    let url = with_options(url, &format!("table={}", table("list")));
+    let backend = SqlBackend::connect_url(&url).await.unwrap();
+    let wild = LockKey::new("l%x/1").unwrap();
+    let plain = LockKey::new("lZx/1").unwrap();
+    let under = LockKey::new("l_x/1").unwrap();
+    let mut leases = Vec::new();
+    for key in [&wild, &plain, &under] {
+        leases.push(backend.try_acquire(key, TTL).await.unwrap().unwrap());
+    }
+    let names = |page: lock_core::LockPage| {
+        page.locks
+            .into_iter()
+            .map(|i| i.key.as_str().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(backend.list("l%x", None, 100).await.unwrap()),
+        ["l%x/1"]
+    );
+    assert_eq!(
+        names(backend.list("l_x", None, 100).await.unwrap()),
+        ["l_x/1"]
+    );
+    // Control: the unescaped pattern's other matches exist and are listed
+    // under their common prefix.
+    assert_eq!(names(backend.list("l", None, 100).await.unwrap()).len(), 3);
+    for bad in ["nope", "sql1:zz"] {
+        let err = backend.list("", Some(bad), 10).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
+    }
+    let err = backend.list("", None, 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    // A free key: nothing to break.
+    for lease in &leases {
+        assert!(backend.release(lease).await.unwrap());
+    }
+    assert_eq!(backend.force_release(&wild).await.unwrap(), None);
+    backend.close().await.unwrap();
+}
