@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::conn::Node;
 use crate::error::NAME;
-use crate::scripts::Scripts;
+use crate::scripts::{Scripts, holder_key};
 
 /// The most renewals sent in one pipeline.
 pub(crate) const MAX_BATCH: usize = 2_000;
@@ -140,11 +140,15 @@ async fn batcher(
 }
 
 async fn send_batch(node: Arc<Node>, scripts: Arc<Scripts>, batch: Vec<Request>) {
+    // The holder details' key is derived here, at send time, so a queued
+    // renewal keeps no more than the lock's name.
+    let sides: Vec<String> = batch.iter().map(|r| holder_key(&r.lock)).collect();
     let calls: Vec<(Vec<&str>, Vec<&str>)> = batch
         .iter()
-        .map(|r| {
+        .zip(&sides)
+        .map(|(r, side)| {
             (
-                vec![r.lock.as_str()],
+                vec![r.lock.as_str(), side.as_str()],
                 vec![r.owner.as_str(), r.ttl_ms.as_str()],
             )
         })

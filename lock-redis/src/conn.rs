@@ -41,6 +41,26 @@ impl Conn {
         }
     }
 
+    /// `cmd` on the cluster master at `at` (Cluster: `SCAN` walks one
+    /// node's keys), or on the connection's one server (`at` ignored).
+    pub(crate) async fn query_at(
+        &mut self,
+        cmd: &Cmd,
+        at: Option<&(String, u16)>,
+    ) -> redis::RedisResult<Value> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        match (self, at) {
+            (Self::Cluster(c), Some((host, port))) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                c.route_command(cmd.clone(), routing).await
+            }
+            (conn, _) => conn.query(cmd).await,
+        }
+    }
+
     async fn pipeline(
         &mut self,
         pipe: &redis::Pipeline,

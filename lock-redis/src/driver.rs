@@ -3,6 +3,7 @@
 //! node), the undo of an unseen grant and the waiting acquire's next step
 //! in `driver/attempt.rs`; the scripts' answers in `scripts.rs`.
 
+mod admin;
 mod attempt;
 mod connecting;
 mod fair;
@@ -16,21 +17,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend,
-    LockError, LockInfo, LockKey, LockShape, Operation, OwnerId, TtlModel, WaitStrategy,
+    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, LockBackend,
+    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, TtlModel, WaitStrategy,
     async_trait, check_ttl, validity_deadline,
 };
-use redis::Value;
 use tokio::time::Instant;
 
 use crate::batch::{Counters, Renewer};
 use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::Node;
-use crate::error::{NAME, unexpected};
+use crate::error::NAME;
 use crate::eviction::EvictionCheck;
 use crate::layout::{LEGACY_OWNER_MARK, check_cluster_slot, legacy_names, legacy_unsupported};
 use crate::notify::Notifier;
-use crate::scripts::{KeyNames, Scripts, as_int, pttl, text};
+use crate::scripts::{KeyNames, Scripts};
 use attempt::{Attempt, Found, next_try};
 
 /// The shortest TTL accepted: below it the clock-drift allowance and one
@@ -73,6 +73,26 @@ struct Inner {
     redlock: bool,
     quorum: usize,
     eviction: EvictionCheck,
+    /// The token floor key (`gc`), on one server and Sentinel only.
+    floor: Option<String>,
+    /// Where the next `gc` run goes on scanning (0: from the start).
+    gc_cursor: std::sync::Mutex<u64>,
+}
+
+impl Inner {
+    fn gc_cursor(&self) -> u64 {
+        *self
+            .gc_cursor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn set_gc_cursor(&self, cursor: u64) {
+        *self
+            .gc_cursor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = cursor;
+    }
 }
 
 impl fmt::Debug for RedisBackend {
@@ -223,6 +243,9 @@ pub fn capabilities(config: &RedisConfig) -> Capabilities {
         ttl_model: TtlModel::PerLease,
         linearizable: false,
         min_ttl: MIN_TTL,
+        // Every mutex grant (plain, fair, multi-lock; every layout and
+        // topology) writes `<lock>:holder` in its script.
+        holder_details: true,
         ..Capabilities::minimal()
     }
 }
@@ -392,72 +415,24 @@ impl LockBackend for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let op = Operation::Inspect;
-        let names = self.names(key, op)?;
-        let inner = &self.inner;
-        let calls = inner.nodes.iter().map(|node| {
-            let names = &names;
-            node.run(
-                op,
-                inner.config.operation_timeout,
-                move |mut conn| async move {
-                    conn.eval(&inner.scripts.inspect, &[&names.lock, &names.counter], &[])
-                        .await
-                },
-            )
-        });
-        let mut holders: Vec<(String, Option<Duration>, Option<u64>)> = Vec::new();
-        let mut errors = Vec::new();
-        let mut free = 0;
-        for result in futures_util::future::join_all(calls).await {
-            match result {
-                Ok(Value::Array(items)) if items.is_empty() => free += 1,
-                Ok(Value::Array(items)) if items.len() == 3 => {
-                    let holder = text(&items[0]).unwrap_or_default();
-                    let left = as_int(&items[1], op).ok().and_then(pttl);
-                    let counter = text(&items[2]).and_then(|t| t.parse::<u64>().ok());
-                    holders.push((holder, left, counter));
-                }
-                Ok(Value::Nil) => free += 1,
-                Ok(other) => errors.push(unexpected(op, &other)),
-                Err(err) => errors.push(err),
-            }
-        }
-        if holders.len() + free < inner.quorum {
-            let err = errors.into_iter().next().unwrap_or_else(|| {
-                LockError::new(ErrorKind::Unavailable, op, "no majority answered")
-                    .with_backend(NAME)
-            });
-            return Err(err.with_key(key));
-        }
-        // The holder is whoever holds it on a majority of nodes.
-        for (holder, _, _) in &holders {
-            let same: Vec<_> = holders.iter().filter(|(h, _, _)| h == holder).collect();
-            if same.len() >= inner.quorum {
-                let remaining = same.iter().filter_map(|(_, left, _)| *left).min();
-                // Our holders store a 32-hex-digit owner id; then the counter
-                // is their token. A foreign client's value tells nothing.
-                let hex = if inner.config.layout.is_legacy() {
-                    holder.strip_prefix(LEGACY_OWNER_MARK)
-                } else {
-                    Some(holder.as_str())
-                };
-                let ours = hex.is_some_and(|hex| OwnerId::from_hex(hex).is_ok());
-                let token = if inner.redlock || !ours {
-                    None
-                } else {
-                    same.first().and_then(|(_, _, c)| *c).map(FencingToken::new)
-                };
-                return Ok(Some(LockInfo {
-                    details: None,
-                    key: key.clone(),
-                    holder: holder.clone(),
-                    token,
-                    remaining_ttl: remaining,
-                }));
-            }
-        }
-        Ok(None)
+        Ok(self.inspect_nodes(key).await?.0)
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        self.list_page(prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_nodes(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.gc_counters(older_than).await
     }
 
     async fn try_acquire_all(

@@ -17,9 +17,11 @@ use lock_core::LockKey;
 use crate::scripts::{KeyNames, LuaScript};
 use crate::shared_scripts::prelude;
 
-/// KEYS: lock, counter, queue, queue expiries, sequence.
+/// KEYS: lock, counter, queue, queue expiries, sequence, holder details,
+/// [token floor].
 /// ARGV: owner, ttl ms, wait ms (above 0: join the queue, or refresh our
-/// place, for that long when refused; `0`: a try), channel.
+/// place, for that long when refused; `0`: a try), channel, holder details
+/// (the token and the details as the mutex's: `scripts::grant_fns`).
 ///
 /// Returns `{1, token}` granted, `{0, ms}` refused (`ms`: when the blocker
 /// ends at the latest: the holder's PTTL, or the end of the queue head's
@@ -35,6 +37,7 @@ use crate::shared_scripts::prelude;
 ///   the mutex's acquire does.
 const FAIR_ACQUIRE: &str = concat!(
     prelude!(),
+    crate::scripts::grant_fns!(),
     r"
 local owner, wait = ARGV[1], tonumber(ARGV[3])
 if redis.pcall('GET', KEYS[1]) == owner then
@@ -43,6 +46,7 @@ if redis.pcall('GET', KEYS[1]) == owner then
     return redis.error_reply('ERR distlock: the lock holds our owner value but its token counter is gone (evicted?)')
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  put_details(KEYS[6], owner, ARGV[5], ARGV[2])
   return {1, token}
 end
 local swept = sweep(KEYS[4], {{'ZREM', KEYS[3]}})
@@ -51,7 +55,8 @@ local ms
 if redis.call('EXISTS', KEYS[1]) == 0 then
   if #head == 0 or head[1] == owner then
     redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
-    local token = redis.call('INCR', KEYS[2])
+    local token = grant_token(KEYS[2], KEYS[7])
+    put_details(KEYS[6], owner, ARGV[5], ARGV[2])
     if #head > 0 then
       redis.call('ZREM', KEYS[3], owner)
       redis.call('ZREM', KEYS[4], owner)
@@ -88,9 +93,10 @@ if n > 0 then redis.call('PUBLISH', ARGV[2], '1') end
 return n
 ";
 
-/// KEYS: per key, in order: lock, counter, queue, queue expiries (4 each).
+/// KEYS: per key, in order: lock, counter, queue, queue expiries, holder
+/// details (5 each), then the token floor where there is one.
 /// ARGV: ttl ms, `1` (fair: a key with live waiters counts as held) or
-/// `0`, then one owner per key.
+/// `0`, then one owner per key, then the holder details.
 ///
 /// All or nothing: `{0, i}` when the `i`-th key (1-based) is held (nothing
 /// was written), else every lock is `SET <owner> PX <ttl>` and its counter
@@ -99,31 +105,35 @@ return n
 /// returns the grants it made, their TTLs set again.
 const MULTI_ACQUIRE: &str = concat!(
     prelude!(),
+    crate::scripts::grant_fns!(),
     r"
-local ttl, fair, n = ARGV[1], ARGV[2] == '1', #KEYS / 4
+local ttl, fair, n = ARGV[1], ARGV[2] == '1', math.floor(#KEYS / 5)
+local floor, details = KEYS[5 * n + 1], ARGV[3 + n]
 if redis.pcall('GET', KEYS[1]) == ARGV[3] then
   local out = {1}
   for i = 0, n - 1 do
-    local token = redis.call('GET', KEYS[4 * i + 2])
-    if redis.pcall('GET', KEYS[4 * i + 1]) ~= ARGV[3 + i] or not token then
+    local token = redis.call('GET', KEYS[5 * i + 2])
+    if redis.pcall('GET', KEYS[5 * i + 1]) ~= ARGV[3 + i] or not token then
       return redis.error_reply('ERR distlock: a resent multi-lock found its set changed (evicted?)')
     end
-    redis.call('PEXPIRE', KEYS[4 * i + 1], ttl)
+    redis.call('PEXPIRE', KEYS[5 * i + 1], ttl)
+    put_details(KEYS[5 * i + 5], ARGV[3 + i], details, ttl)
     out[#out + 1] = token
   end
   return out
 end
 for i = 0, n - 1 do
-  if redis.call('EXISTS', KEYS[4 * i + 1]) == 1 then return {0, i + 1} end
+  if redis.call('EXISTS', KEYS[5 * i + 1]) == 1 then return {0, i + 1} end
   if fair then
-    sweep(KEYS[4 * i + 4], {{'ZREM', KEYS[4 * i + 3]}})
-    if redis.call('ZCARD', KEYS[4 * i + 3]) > 0 then return {0, i + 1} end
+    sweep(KEYS[5 * i + 4], {{'ZREM', KEYS[5 * i + 3]}})
+    if redis.call('ZCARD', KEYS[5 * i + 3]) > 0 then return {0, i + 1} end
   end
 end
 local out = {1}
 for i = 0, n - 1 do
-  redis.call('SET', KEYS[4 * i + 1], ARGV[3 + i], 'PX', ttl)
-  out[#out + 1] = redis.call('INCR', KEYS[4 * i + 2])
+  redis.call('SET', KEYS[5 * i + 1], ARGV[3 + i], 'PX', ttl)
+  out[#out + 1] = grant_token(KEYS[5 * i + 2], floor)
+  put_details(KEYS[5 * i + 5], ARGV[3 + i], details, ttl)
 end
 return out
 "
@@ -170,24 +180,26 @@ impl FairNames {
         }
     }
 
-    /// The acquire script's KEYS.
-    pub(crate) fn acquire_keys(&self) -> [&str; 5] {
+    /// The acquire script's KEYS (without the optional floor).
+    pub(crate) fn acquire_keys(&self) -> [&str; 6] {
         [
             &self.mutex.lock,
             &self.mutex.counter,
             &self.queue,
             &self.queue_expiry,
             &self.seq,
+            &self.mutex.holder,
         ]
     }
 
-    /// The multi-acquire script's four KEYS of this key.
-    pub(crate) fn multi_keys(&self) -> [&str; 4] {
+    /// The multi-acquire script's five KEYS of this key.
+    pub(crate) fn multi_keys(&self) -> [&str; 5] {
         [
             &self.mutex.lock,
             &self.mutex.counter,
             &self.queue,
             &self.queue_expiry,
+            &self.mutex.holder,
         ]
     }
 }
@@ -220,7 +232,7 @@ mod tests {
             .eval(
                 script,
                 &n.acquire_keys(),
-                &[owner, ttl, wait, &n.mutex.channel],
+                &[owner, ttl, wait, &n.mutex.channel, ""],
             )
             .await
             .unwrap();
@@ -324,8 +336,8 @@ mod tests {
         let mut c = conn(server.port()).await;
         let one_pass = broken(
             MULTI_ACQUIRE,
-            "if redis.call('EXISTS', KEYS[4 * i + 1]) == 1 then return {0, i + 1} end",
-            "if redis.call('SET', KEYS[4 * i + 1], ARGV[3 + i], 'NX', 'PX', ttl) == false then return {0, i + 1} end",
+            "if redis.call('EXISTS', KEYS[5 * i + 1]) == 1 then return {0, i + 1} end",
+            "if redis.call('SET', KEYS[5 * i + 1], ARGV[3 + i], 'NX', 'PX', ttl) == false then return {0, i + 1} end",
         );
         for (name, script, safe) in [
             ("real", &FAIR.multi_acquire, true),

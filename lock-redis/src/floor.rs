@@ -8,10 +8,12 @@
 //! the driver's acquire and release scripts. One cycle is then exactly two
 //! requests, two round trips:
 //!
-//! 1. `EVALSHA <acquire> 2 <prefix>{<key>} <prefix>{<key>}:token <owner> <ttl ms>`
-//!    (`SET NX PX`, then `INCR` of the key's fencing counter);
-//! 2. `EVALSHA <release> 1 <prefix>{<key>} <owner> <prefix>{<key>}:released`
-//!    (compare-and-delete, then `PUBLISH` to waiters).
+//! 1. `EVALSHA <acquire> 3 <prefix>{<key>} <prefix>{<key>}:token
+//!    <prefix>{<key>}:holder <owner> <ttl ms> <holder details>` (`SET NX PX`,
+//!    `INCR` of the key's fencing counter, the holder details beside it);
+//! 2. `EVALSHA <release> 2 <prefix>{<key>} <prefix>{<key>}:holder <owner>
+//!    <prefix>{<key>}:released` (compare-and-delete, then `PUBLISH` to
+//!    waiters).
 //!
 //! Script text, key names and arguments are the driver's own
 //! (`crate::scripts`), so the floor makes the same grant and excludes with
@@ -241,6 +243,8 @@ struct GrantRequest {
     names: KeyNames,
     owner: String,
     ttl_ms: String,
+    /// The holder details the driver writes beside the lock.
+    details: String,
 }
 
 impl GrantRequest {
@@ -253,6 +257,7 @@ impl GrantRequest {
             key,
             owner: OwnerId::random().to_hex(),
             ttl_ms: ttl_ms(ttl),
+            details: lock_core::HolderDetails::encode_current(),
         })
     }
 
@@ -262,8 +267,16 @@ impl GrantRequest {
         scripts: &Scripts,
         timeout: Duration,
     ) -> Result<Reply, LockError> {
-        let keys = [self.names.lock.as_bytes(), self.names.counter.as_bytes()];
-        let args = [self.owner.as_bytes(), self.ttl_ms.as_bytes()];
+        let keys = [
+            self.names.lock.as_bytes(),
+            self.names.counter.as_bytes(),
+            self.names.holder.as_bytes(),
+        ];
+        let args = [
+            self.owner.as_bytes(),
+            self.ttl_ms.as_bytes(),
+            self.details.as_bytes(),
+        ];
         node.eval(
             Operation::TryAcquire,
             &scripts.acquire,
@@ -316,7 +329,7 @@ async fn send_release(
     let op = Operation::Release;
     let key = LockKey::new(&grant.key)?;
     let names = KeyNames::new(prefix, &key);
-    let keys = [names.lock.as_bytes()];
+    let keys = [names.lock.as_bytes(), names.holder.as_bytes()];
     let args = [grant.owner.as_bytes(), names.channel.as_bytes()];
     let reply = node
         .eval(op, &scripts.release, &keys, &args, node.target.timeout)

@@ -94,6 +94,7 @@ pub(crate) fn legacy_names(
     KeyNames {
         counter: format!("{lock}{token_suffix}"),
         channel,
+        holder: crate::scripts::holder_key(&lock),
         lock,
     }
 }
@@ -106,7 +107,8 @@ pub(crate) fn check_cluster_slot(
     key: &LockKey,
     op: Operation,
 ) -> Result<(), LockError> {
-    if Slot::for_key(&names.lock) == Slot::for_key(&names.counter) {
+    let slot = Slot::for_key(&names.lock);
+    if slot == Slot::for_key(&names.counter) && slot == Slot::for_key(&names.holder) {
         return Ok(());
     }
     Err(LockError::new(
@@ -123,8 +125,10 @@ pub(crate) fn check_cluster_slot(
     .with_key(key))
 }
 
-/// Redisson layout, acquire. KEYS: lock, counter. ARGV: owner field, ttl ms.
-/// Returns `{1, token}` / `{0, pttl}` like the native acquire.
+/// Redisson layout, acquire. KEYS: lock, counter, [holder details, [token
+/// floor]]. ARGV: owner field, ttl ms, [holder details].
+/// Returns `{1, token}` / `{0, pttl}` like the native acquire (details and
+/// floor as there: `scripts::grant_fns`).
 ///
 /// Redisson's `tryLockInnerAsync` grants when the key does not exist or
 /// its own field is in the hash (reentry: `HINCRBY` +1). Ours grants a key
@@ -133,11 +137,15 @@ pub(crate) fn check_cluster_slot(
 /// client resends after a lost reply), answered with the grant it made and
 /// the TTL set again, never a second count. `pcall` because a foreign
 /// client may keep another type at the key (then it is simply held).
-const REDISSON_ACQUIRE: &str = r"
+const REDISSON_ACQUIRE: &str = concat!(
+    crate::scripts::grant_fns!(),
+    r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, redis.call('INCR', KEYS[2])}
+  local token = grant_token(KEYS[2], KEYS[4])
+  put_details(KEYS[3], ARGV[1], ARGV[3], ARGV[2])
+  return {1, token}
 end
 if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   local token = redis.call('GET', KEYS[2])
@@ -145,12 +153,15 @@ if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     return redis.error_reply('ERR distlock: the lock holds our owner field but its token counter is gone (evicted?)')
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  put_details(KEYS[3], ARGV[1], ARGV[3], ARGV[2])
   return {1, token}
 end
 return {0, redis.call('PTTL', KEYS[1])}
-";
+"
+);
 
-/// Redisson layout, release. KEYS: lock. ARGV: owner field, channel.
+/// Redisson layout, release. KEYS: lock, [holder details]. ARGV: owner
+/// field, channel.
 ///
 /// As Redisson's `unlockInnerAsync`: nothing unless our field is in the
 /// hash; `HINCRBY -1`; at 0 `DEL` and publish Redisson's unlock message
@@ -167,23 +178,27 @@ if count > 0 then
   return 1
 end
 redis.call('DEL', KEYS[1])
+if KEYS[2] then redis.call('DEL', KEYS[2]) end
 redis.call('PUBLISH', ARGV[2], '0')
 redis.pcall('SPUBLISH', ARGV[2], '0')
 return 1
 ";
 
-/// Redisson layout, renew. KEYS: lock. ARGV: owner field, ttl ms. As
-/// Redisson's renewal (`LockTask`): `HEXISTS` before `PEXPIRE`.
+/// Redisson layout, renew. KEYS: lock, [holder details]. ARGV: owner
+/// field, ttl ms. As Redisson's renewal (`LockTask`): `HEXISTS` before
+/// `PEXPIRE` (of the details too).
 const REDISSON_RENEW: &str = r"
 if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  if KEYS[2] then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 ";
 
-/// Redisson layout, inspect. KEYS: lock, counter. `{}` when free, else
-/// `{holder, pttl, counter}`: the hash's (first) field, or `<type>` for a
-/// foreign key of another type.
+/// Redisson layout, inspect. KEYS: lock, counter, holder details. `{}`
+/// when free, else `{holder, pttl, counter, details}`: the hash's (first)
+/// field, or `<type>` for a foreign key of another type; `details` the
+/// side key's text or `''`.
 const REDISSON_INSPECT: &str = r"
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'none' then return {} end
@@ -191,7 +206,7 @@ local holder = '<' .. kind .. '>'
 if kind == 'hash' then
   holder = redis.call('HKEYS', KEYS[1])[1] or ''
 end
-return {holder, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}
+return {holder, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', redis.call('GET', KEYS[3]) or ''}
 ";
 
 /// The Redisson layout's four scripts: acquire, release, renew, inspect.

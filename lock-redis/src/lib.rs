@@ -370,6 +370,77 @@
 //! - Sentinels are contacted without a password unless `sentinel_password`
 //!   is given; data nodes use the URL's credentials.
 //!
+//! # Operating locks (holder details, `list`, `force_release`, `gc`)
+//!
+//! - **Holder details** ([`LockInfo::details`]: host, pid, program,
+//!   label, grant time) live beside the lock in the side key
+//!   `<lock>:holder` (`<prefix>{<key>}:holder` natively, `<prefix><key>:holder`
+//!   in the legacy layouts; same hash tag, so same Cluster slot), a string
+//!   `<owner value> <HolderDetails::encode_current()>`. Every mutex grant
+//!   writes it in its own script with the lock's `PX` (plain, fair and
+//!   multi-lock acquires, every layout and topology, each Redlock node):
+//!   no extra round trip. The renew script (single and batched) `PEXPIRE`s
+//!   it with the lock, release and `force_release` `DEL` it, and it
+//!   expires with the lock. The lock key keeps exactly the bytes other
+//!   clients compare (the owner string, Redisson's hash); `inspect` reads
+//!   the side key in its script and reports details only when the side
+//!   key names the current holder, so a foreign holder has none. Read-write
+//!   locks and semaphores have no details. `Capabilities::holder_details`
+//!   is true everywhere.
+//! - **`list(prefix, cursor, limit)`**: `SCAN <cursor> MATCH <pattern>
+//!   COUNT 200 TYPE string` (`hash` for Redisson), the pattern
+//!   `<prefix>{<escaped user prefix>*` natively (`<prefix><user prefix>*`
+//!   in the legacy layouts), glob characters escaped; only lock keys are
+//!   kept (natively `<prefix>{<tag>}` exactly, so counters, side keys,
+//!   channels, fair queues, read-write and semaphore keys are not; in the
+//!   legacy layouts names ending in the token suffix or `:holder` are
+//!   skipped), then each is inspected (holder, token, TTL, details). At
+//!   most 20 `SCAN`s per call. The cursor is `<target>:<Redis cursor>`
+//!   (`:<hex of the last key>` when a page filled inside one `SCAN`
+//!   batch): target = the node (Redlock: each server in turn; a lock is
+//!   listed with the first server that has it, when a majority holds it; a
+//!   server that does not answer is passed over, its locks are on others)
+//!   or, in Cluster, the master's index in address order
+//!   (`CLUSTER SLOTS`). Any other cursor is `InvalidArgument`. Holders of
+//!   other clients in the legacy layouts are listed like ours (no token).
+//! - **`force_release(key)`**: one script per node: reads the holder (as
+//!   `inspect` would: our owner, another library's value, or `<type>`),
+//!   `DEL`s the lock and its side key, and publishes the release on the
+//!   key's channel (Redisson's unlock message `0`, also by `SPUBLISH`, in
+//!   that layout) so waiters go on at once. The token counter is left
+//!   alone: the next grant's token is above the broken one. The broken
+//!   holder's renew answers `NotHeld`, its release `false`. Redlock: on
+//!   every node, a majority must answer.
+//! - **`gc(older_than)`** (one server and Sentinel, `layout=native`):
+//!   scans `<prefix>{*}:token` (20 `SCAN`s of 200 per call, continuing where
+//!   the last call stopped) and removes, one script per counter (pipelined),
+//!   each counter whose lock is free, that has no TTL, and whose
+//!   `OBJECT IDLETIME` (every grant and inspect touches it) is at least
+//!   `older_than`, after raising the token floor `distlock:token-floor`
+//!   (one key per server, for every prefix and layout) to its value. Every
+//!   script that creates a counter (`INCR` answering 1) adds the floor, in
+//!   the same script: no extra round trip. A server whose
+//!   `maxmemory-policy` is LFU keeps no idle time: nothing is removed.
+//!   Unsupported in Cluster (the floor key cannot share every slot),
+//!   Redlock (its per-node counters are no fence) and the legacy layouts
+//!   (their counters sit among application keys that gc cannot tell from
+//!   ours). `distlock:token-floor` is reserved in the legacy layouts.
+//!
+//! Tested: the shared cases `holder_details_are_reported`,
+//! `list_finds_held_locks` and `force_release_fences_the_old_holder` pass
+//! on one server, fair, Sentinel, Cluster (fair too), Redlock over five
+//! and both legacy layouts (`tests/conformance.rs`, `tests/legacy.rs`);
+//! `tests/admin.rs`: gc (a removed key's next token is above its last and
+//! the floor, a held key's counter stays, nothing idle for an hour goes,
+//! a counter made under another prefix starts above the floor; control:
+//! a counter deleted by hand without the floor restarts at 1), gc refused
+//! in Cluster and the legacy layouts, bad cursors, details beside the
+//! plain and Redisson values (value unchanged, `SET NX` excluded and
+//! getting in on another key, TTL kept by renew, gone with release), and
+//! `force_release` of a foreign holder (counter kept).
+//!
+//! [`LockInfo::details`]: lock_core::LockInfo::details
+//!
 //! # Eviction
 //!
 //! A Redis allowed to evict keys breaks both promises: under any

@@ -16,7 +16,7 @@ use crate::batch::{Counters, MAX_BATCH};
 use crate::conn::Node;
 use crate::driver::{MIN_TTL, RedisBackend};
 use crate::error::NAME;
-use crate::scripts::Scripts;
+use crate::scripts::{Scripts, holder_key};
 
 /// One node's answer: when its pipeline was sent, and per lease renewed
 /// (`true`), not held (`false`) or an error.
@@ -149,9 +149,16 @@ async fn pipeline(
                 Ordering::Relaxed,
             );
         }
+        let sides: Vec<String> = chunk.iter().map(|[lock, _, _]| holder_key(lock)).collect();
         let calls: Vec<(Vec<&str>, Vec<&str>)> = chunk
             .iter()
-            .map(|[lock, owner, ttl]| (vec![lock.as_str()], vec![owner.as_str(), ttl.as_str()]))
+            .zip(&sides)
+            .map(|([lock, owner, ttl], side)| {
+                (
+                    vec![lock.as_str(), side.as_str()],
+                    vec![owner.as_str(), ttl.as_str()],
+                )
+            })
             .collect();
         let answer = node
             .run(Operation::Renew, timeout, |mut conn| {

@@ -23,21 +23,58 @@ impl LuaScript {
     }
 }
 
-/// KEYS: lock, counter. ARGV: owner, ttl ms.
+/// Lua helpers of every script that grants a mutex (the native, plain
+/// and Redisson acquires, the fair acquire, the multi-lock acquire).
+///
+/// `grant_token(counter, floor)`: `INCR` of the key's token counter; a
+/// counter this call created (it answered 1) starts above the token floor
+/// (`floor`: the floor key, `nil` where there is none, Cluster and
+/// Redlock), so a key whose counter `gc` removed never hands out a token at
+/// or below one it handed out before. `put_details(side, owner, details,
+/// ttl)`: the holder details beside the lock (`<lock>:holder` =
+/// `<owner> <details>`), with the lock's TTL; nothing without a side key.
+macro_rules! grant_fns {
+    () => {
+        r"
+local function grant_token(counter, floor)
+  local token = redis.call('INCR', counter)
+  if token == 1 and floor then
+    local f = tonumber(redis.call('GET', floor) or '0')
+    if f and f > 0 then token = redis.call('INCRBY', counter, f) end
+  end
+  return token
+end
+local function put_details(side, owner, details, ttl)
+  if side and details and details ~= '' then
+    redis.call('SET', side, owner .. ' ' .. details, 'PX', ttl)
+  end
+end
+"
+    };
+}
+pub(crate) use grant_fns;
+
+/// KEYS: lock, counter, [holder details, [token floor]]. ARGV: owner,
+/// ttl ms, [holder details].
 /// Returns `{1, token}` when granted, `{0, pttl of the holder}` otherwise.
 ///
 /// Idempotent for its own owner value: the same call sent again (the
 /// cluster client retries a script after a lost reply or a MOVED/ASK
 /// redirect) finds our owner in the key and returns the grant it made,
-/// with the TTL set again as a grant would. The token is the counter's
-/// value: only a grant (`SET NX` succeeding, so nobody held the key)
-/// increments it, so while our owner value is in the key the counter still
-/// holds our token. `pcall` because a foreign client may keep another type
-/// at the key (then it is simply held). A counter that vanished (evicted)
-/// cannot give our token back: fail rather than invent one.
-const ACQUIRE: &str = r"
+/// with the TTL set again as a grant would (the details too). The token is
+/// the counter's value: only a grant (`SET NX` succeeding, so nobody held
+/// the key) increments it, so while our owner value is in the key the
+/// counter still holds our token. `pcall` because a foreign client may
+/// keep another type at the key (then it is simply held). A counter that
+/// vanished (evicted) cannot give our token back: fail rather than invent
+/// one.
+const ACQUIRE: &str = concat!(
+    grant_fns!(),
+    r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
+  local token = grant_token(KEYS[2], KEYS[4])
+  put_details(KEYS[3], ARGV[1], ARGV[3], ARGV[2])
+  return {1, token}
 end
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   local token = redis.call('GET', KEYS[2])
@@ -45,43 +82,96 @@ if redis.pcall('GET', KEYS[1]) == ARGV[1] then
     return redis.error_reply('ERR distlock: the lock holds our owner value but its token counter is gone (evicted?)')
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  put_details(KEYS[3], ARGV[1], ARGV[3], ARGV[2])
   return {1, token}
 end
 return {0, redis.call('PTTL', KEYS[1])}
-";
+"
+);
 
-/// KEYS: lock. ARGV: owner, channel. Compare-and-delete, then tell waiters.
+/// KEYS: lock, [holder details]. ARGV: owner, channel. Compare-and-delete
+/// (the details with the lock), then tell waiters.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  if KEYS[2] then redis.call('DEL', KEYS[2]) end
   redis.call('PUBLISH', ARGV[2], '1')
   return 1
 end
 return 0
 ";
 
-/// KEYS: lock. ARGV: owner, ttl ms. Compare-and-pexpire.
+/// KEYS: lock, [holder details]. ARGV: owner, ttl ms. Compare-and-pexpire
+/// of the lock and its details.
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if KEYS[2] then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 ";
 
-/// KEYS: lock, counter. Returns `{}` when free, else `{holder, pttl, counter}`.
+/// KEYS: lock, counter, holder details. Returns `{}` when free, else
+/// `{holder, pttl, counter, details}` (`details`: the side key's text,
+/// `''` when there is none).
 const INSPECT: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if not holder then return {} end
-return {holder, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}
+return {holder, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', redis.call('GET', KEYS[3]) or ''}
 ";
 
-/// The four scripts, hashed once per backend.
+/// KEYS: lock, counter, holder details. ARGV: channel, release message,
+/// `1` to `SPUBLISH` it too, the layout's lock type (`string`, `hash`).
+/// Breaks the lock whoever holds it (any type: another library's holder
+/// too): `{}` when free, else what inspect would have said (the value of
+/// the layout's type, `<type>` for another), `{holder, pttl, counter, details}`, after deleting the lock
+/// and its details and telling waiters. The counter is left alone, so the
+/// next grant's token is above the broken one.
+const FORCE_RELEASE: &str = r"
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return {} end
+local holder = '<' .. kind .. '>'
+if kind == ARGV[4] and kind == 'string' then
+  holder = redis.call('GET', KEYS[1])
+elseif kind == ARGV[4] and kind == 'hash' then
+  holder = redis.call('HKEYS', KEYS[1])[1] or ''
+end
+local out = {holder, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', redis.pcall('GET', KEYS[3]) or ''}
+if type(out[4]) ~= 'string' then out[4] = '' end
+redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+if ARGV[3] == '1' then redis.pcall('SPUBLISH', ARGV[1], ARGV[2]) end
+return out
+";
+
+/// KEYS: lock, counter, token floor. ARGV: idle seconds. Removes a token
+/// counter nobody holds nor granted for that long (the counter's
+/// `OBJECT IDLETIME`: every grant and inspect touches it), after raising
+/// the floor to its value. Only a counter proper (an integer without TTL)
+/// is removed. Returns 1 when removed, 0 when kept.
+const GC_COUNTER: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('PTTL', KEYS[2]) ~= -1 then return 0 end
+local idle = redis.pcall('OBJECT', 'IDLETIME', KEYS[2])
+if type(idle) ~= 'number' or idle < tonumber(ARGV[1]) then return 0 end
+local token = tonumber(redis.pcall('GET', KEYS[2]))
+if not token then return 0 end
+local floor = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+if token > floor then redis.call('SET', KEYS[3], string.format('%.0f', token)) end
+redis.call('DEL', KEYS[2])
+return 1
+";
+
+/// The mutex's scripts, hashed once per backend.
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) acquire: LuaScript,
     pub(crate) release: LuaScript,
     pub(crate) renew: LuaScript,
     pub(crate) inspect: LuaScript,
+    /// Operators' scripts (the same in every layout).
+    pub(crate) force_release: LuaScript,
+    pub(crate) gc_counter: LuaScript,
 }
 
 impl Scripts {
@@ -103,6 +193,8 @@ impl Scripts {
             release: LuaScript::new(release),
             renew: LuaScript::new(renew),
             inspect: LuaScript::new(inspect),
+            force_release: LuaScript::new(FORCE_RELEASE),
+            gc_counter: LuaScript::new(GC_COUNTER),
         }
     }
 
@@ -111,18 +203,25 @@ impl Scripts {
     }
 
     /// The acquire call on one connection: the driver's and the floor's.
-    /// `ttl_ms` comes from [`ttl_ms`].
+    /// `ttl_ms` comes from [`ttl_ms`]; `details` is
+    /// [`HolderDetails::encode_current`](lock_core::HolderDetails::encode_current);
+    /// `floor` the token floor key where `gc` keeps one.
     pub(crate) async fn call_acquire(
         &self,
         conn: &mut Conn,
         names: &KeyNames,
-        owner: &str,
-        ttl_ms: &str,
+        grant: &GrantArgs<'_>,
     ) -> redis::RedisResult<Value> {
+        let mut keys = vec![
+            names.lock.as_str(),
+            names.counter.as_str(),
+            names.holder.as_str(),
+        ];
+        keys.extend(grant.floor);
         conn.eval(
             &self.acquire,
-            &[&names.lock, &names.counter],
-            &[owner, ttl_ms],
+            &keys,
+            &[grant.owner, grant.ttl_ms, grant.details],
         )
         .await
     }
@@ -135,9 +234,45 @@ impl Scripts {
         names: &KeyNames,
         owner: &str,
     ) -> redis::RedisResult<Value> {
-        conn.eval(&self.release, &[&names.lock], &[owner, &names.channel])
-            .await
+        conn.eval(
+            &self.release,
+            &[&names.lock, &names.holder],
+            &[owner, &names.channel],
+        )
+        .await
     }
+}
+
+/// The ARGV (and the optional floor key) of one acquire call.
+pub(crate) struct GrantArgs<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) ttl_ms: &'a str,
+    pub(crate) details: &'a str,
+    pub(crate) floor: Option<&'a str>,
+}
+
+/// The token floor key: one per server, `distlock:token-floor`, for every
+/// prefix and layout (a counter created by any of them starts above every
+/// token any `gc` removed; never a native name, which has `{` right after
+/// its prefix).
+pub(crate) const FLOOR_KEY: &str = "distlock:token-floor";
+
+/// The side key that holds the holder details of the lock at `lock`.
+pub(crate) fn holder_key(lock: &str) -> String {
+    format!("{lock}{HOLDER_SUFFIX}")
+}
+
+/// What follows a lock's Redis name in its holder details' key.
+pub(crate) const HOLDER_SUFFIX: &str = ":holder";
+
+/// The holder details a side key's text `<owner> <details>` names for the
+/// holder `holder` (`None` for another holder's leftovers or no details).
+pub(crate) fn details_of(holder: &str, side: &str) -> Option<lock_core::HolderDetails> {
+    let (owner, details) = side.split_once(' ')?;
+    if owner != holder {
+        return None;
+    }
+    lock_core::HolderDetails::decode(details)
 }
 
 /// What one node said to an acquire script.
@@ -215,6 +350,53 @@ pub(crate) fn ttl_ms(ttl: Duration) -> String {
     ttl.as_millis().to_string()
 }
 
+/// A key as it stands inside the native layout's hash tag: `%` and `}`
+/// percent-encoded (any prefix of a key escapes to a prefix of its escape).
+pub(crate) fn escape_tag(key: &str) -> String {
+    let mut escaped = String::with_capacity(key.len());
+    for c in key.chars() {
+        match c {
+            '%' => escaped.push_str("%25"),
+            '}' => escaped.push_str("%7D"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+/// The key back from [`escape_tag`]; `None` for text it never makes.
+pub(crate) fn unescape_tag(escaped: &str) -> Option<String> {
+    let mut out = String::with_capacity(escaped.len());
+    let mut rest = escaped;
+    while let Some(at) = rest.find(['%', '}']) {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix("%25") {
+            out.push('%');
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("%7D") {
+            out.push('}');
+            rest = after;
+        } else {
+            return None;
+        }
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// `text` matched literally in a `SCAN MATCH` pattern.
+pub(crate) fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The Redis names of one lock.
 ///
 /// `lock` = `<prefix>{<key>}`: the hash tag makes the lock and its counter
@@ -228,22 +410,19 @@ pub(crate) struct KeyNames {
     pub(crate) lock: String,
     pub(crate) counter: String,
     pub(crate) channel: String,
+    /// `<lock>:holder`: the holder details of our grant (see the crate
+    /// docs, *Operating locks*).
+    pub(crate) holder: String,
 }
 
 impl KeyNames {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
-        let mut escaped = String::with_capacity(key.as_str().len());
-        for c in key.as_str().chars() {
-            match c {
-                '%' => escaped.push_str("%25"),
-                '}' => escaped.push_str("%7D"),
-                c => escaped.push(c),
-            }
-        }
+        let escaped = escape_tag(key.as_str());
         let lock = format!("{prefix}{{{escaped}}}");
         Self {
             counter: format!("{lock}:token"),
             channel: format!("{lock}:released"),
+            holder: holder_key(&lock),
             lock,
         }
     }
@@ -288,6 +467,15 @@ mod tests {
         Conn::Plain(client.get_multiplexed_async_connection().await.unwrap())
     }
 
+    fn args<'a>(owner: &'a str, ttl_ms: &'a str) -> GrantArgs<'a> {
+        GrantArgs {
+            owner,
+            ttl_ms,
+            details: "",
+            floor: None,
+        }
+    }
+
     fn grant(value: &Value) -> Option<u64> {
         match parse_grant(value).unwrap() {
             NodeGrant::Granted(token) => Some(token),
@@ -313,14 +501,14 @@ mod tests {
         let names = KeyNames::new("t:", &LockKey::new("retried").unwrap());
         let owner = lock_core::OwnerId::random().to_hex();
         let first = scripts
-            .call_acquire(&mut conn, &names, &owner, "2000")
+            .call_acquire(&mut conn, &names, &args(&owner, "2000"))
             .await
             .unwrap();
         let token = grant(&first).expect("the first call grants");
         // Time passes before the retry: its PX must be applied again.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let retried = scripts
-            .call_acquire(&mut conn, &names, &owner, "5000")
+            .call_acquire(&mut conn, &names, &args(&owner, "5000"))
             .await
             .unwrap();
         assert_eq!(
@@ -341,7 +529,7 @@ mod tests {
         // Someone else is still excluded, and the counter did not move.
         let other = lock_core::OwnerId::random().to_hex();
         let held = scripts
-            .call_acquire(&mut conn, &names, &other, "2000")
+            .call_acquire(&mut conn, &names, &args(&other, "2000"))
             .await
             .unwrap();
         assert_eq!(grant(&held), None);
@@ -357,7 +545,7 @@ mod tests {
             .await
             .unwrap();
         let err = scripts
-            .call_acquire(&mut conn, &names, &owner, "2000")
+            .call_acquire(&mut conn, &names, &args(&owner, "2000"))
             .await
             .unwrap_err();
         assert!(err.to_string().contains("counter"), "{err}");

@@ -297,7 +297,7 @@ async fn a_set_is_taken_whole_or_not_at_all_with_fresh_tokens() {
     let held = other.try_acquire(&key("b"), TTL).await.unwrap().unwrap();
     assert!(backend.try_acquire_all(&set, TTL).await.unwrap().is_none());
     // Nothing behind: a and c free, their counters untouched; only b's
-    // lock and counter exist.
+    // lock, counter and holder details exist.
     assert!(backend.inspect(&key("a")).await.unwrap().is_none());
     assert!(backend.inspect(&key("c")).await.unwrap().is_none());
     assert_eq!(
@@ -309,7 +309,8 @@ async fn a_set_is_taken_whole_or_not_at_all_with_fresh_tokens() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert!(keys.iter().all(|k| k.contains("{b}")), "{keys:?}");
     assert!(other.release(&held).await.unwrap());
 
     let mut last = [0, 1, 0];

@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep_until};
 use super::{Inner, RedisBackend};
 use crate::conn::Node;
 use crate::error::{NAME, still_held};
-use crate::scripts::{KeyNames, NodeGrant, as_int, parse_grant, pttl, ttl_ms};
+use crate::scripts::{GrantArgs, KeyNames, NodeGrant, as_int, parse_grant, pttl, ttl_ms};
 
 /// What one acquire attempt found.
 pub(super) enum Attempt {
@@ -114,6 +114,13 @@ impl RedisBackend {
         let owner = OwnerId::random();
         let owner_hex = self.owner_value(owner);
         let ttl_ms = ttl_ms(ttl);
+        let details = lock_core::HolderDetails::encode_current();
+        let grant = GrantArgs {
+            owner: &owner_hex,
+            ttl_ms: &ttl_ms,
+            details: &details,
+            floor: self.inner.floor.as_deref(),
+        };
         let pending = PendingGrant {
             inner: &self.inner,
             names: &names,
@@ -128,12 +135,9 @@ impl RedisBackend {
             timeout
         };
         let results = each_node(&inner.nodes, |node| {
-            let (names, owner_hex, ttl_ms) = (&names, &owner_hex, &ttl_ms);
+            let (names, grant) = (&names, &grant);
             node.run(op, per_node, move |mut conn| async move {
-                inner
-                    .scripts
-                    .call_acquire(&mut conn, names, owner_hex, ttl_ms)
-                    .await
+                inner.scripts.call_acquire(&mut conn, names, grant).await
             })
         })
         .await;

@@ -14,7 +14,7 @@ use crate::conn::Node;
 use crate::error::NAME;
 use crate::eviction::{self, EvictionCheck};
 use crate::notify::Notifier;
-use crate::scripts::Scripts;
+use crate::scripts::{FLOOR_KEY, Scripts};
 
 /// Connects to the Redis deployment a URL names (see [`RedisConfig`] for the
 /// forms).
@@ -93,6 +93,10 @@ impl RedisBackend {
             redlock,
             quorum,
             eviction: EvictionCheck::NoEviction,
+            // One floor key cannot share every key's cluster slot, and
+            // Redlock's per-node counters are no fence: no gc there.
+            floor: (!redlock && !cluster).then(|| FLOOR_KEY.to_owned()),
+            gc_cursor: std::sync::Mutex::new(0),
         };
         // Connect and load the scripts (a cluster loads them per node on
         // first use, through the EVAL fallback).

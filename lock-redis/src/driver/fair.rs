@@ -98,16 +98,21 @@ impl RedisBackend {
         let owner_hex = owner.to_hex();
         let ttl_text = ttl_ms(ttl);
         let wait_text = wait.map_or_else(|| "0".to_owned(), ttl_ms);
+        let details = lock_core::HolderDetails::encode_current();
         let args = [
             owner_hex.as_str(),
             ttl_text.as_str(),
             wait_text.as_str(),
             names.mutex.channel.as_str(),
+            details.as_str(),
         ];
+        let mut keys = names.acquire_keys().to_vec();
+        keys.extend(self.inner.floor.as_deref());
+        let keys = &keys;
         let sent_at = Instant::now();
         let value = self.inner.nodes[0]
             .run(op, timeout, |mut conn| async move {
-                conn.eval(&FAIR.acquire, &names.acquire_keys(), &args).await
+                conn.eval(&FAIR.acquire, keys, &args).await
             })
             .await
             .map_err(|e| e.with_key(key))?;

@@ -119,9 +119,12 @@ impl RedisBackend {
         };
         let ttl_text = ttl_ms(ttl);
         let fair = if self.inner.config.fair { "1" } else { "0" };
-        let script_keys: Vec<&str> = names.iter().flat_map(FairNames::multi_keys).collect();
+        let mut script_keys: Vec<&str> = names.iter().flat_map(FairNames::multi_keys).collect();
+        script_keys.extend(self.inner.floor.as_deref());
+        let details = lock_core::HolderDetails::encode_current();
         let mut args: Vec<&str> = vec![&ttl_text, fair];
         args.extend(owner_hex.iter().map(String::as_str));
+        args.push(&details);
         let timeout = self.inner.config.operation_timeout;
         let sent_at = Instant::now();
         let (script_keys, args) = (&script_keys, &args);

@@ -1,0 +1,287 @@
+//! Operating locks on real servers: `gc` of token counters under the
+//! token floor (a removed key's next token is above every earlier one, a
+//! held key's counter stays; the control: a counter deleted by hand,
+//! without the floor, does restart at 1, so the check can fail), `gc`
+//! refused in Cluster and Redlock, holder details beside the legacy
+//! layouts' values (the value other clients compare is unchanged, the
+//! side key goes with the lock), `force_release` of another library's
+//! holder, and bad list cursors.
+
+mod common;
+
+use std::time::Duration;
+
+use common::RedisTarget;
+use conformance::OrSkip;
+use conformance::servers::redis::RedisServer;
+use lock_core::{ErrorKind, HolderDetails, LockBackend, LockKey};
+use lock_redis::{RedisBackend, RedisConfig};
+use redis::aio::MultiplexedConnection;
+
+async fn backend(url: &str) -> RedisBackend {
+    RedisBackend::connect(RedisConfig::from_url(url).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn raw(server: &RedisServer) -> MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn exists(conn: &mut MultiplexedConnection, name: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(name)
+        .query_async::<i64>(conn)
+        .await
+        .unwrap()
+        == 1
+}
+
+/// Takes and releases `key` `times` times; the last token.
+async fn cycle(b: &RedisBackend, key: &LockKey, times: usize) -> u64 {
+    let mut token = 0;
+    for _ in 0..times {
+        let lease = b
+            .try_acquire(key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        token = lease.token().get();
+        assert!(b.release(&lease).await.unwrap());
+    }
+    token
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_removes_idle_counters_and_tokens_stay_above() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let mut conn = raw(&server).await;
+    let b = backend(&format!("{}?prefix=gc:", server.url())).await;
+    let (freed, held, control) = (
+        LockKey::new("freed").unwrap(),
+        LockKey::new("held").unwrap(),
+        LockKey::new("control").unwrap(),
+    );
+    let freed_token = cycle(&b, &freed, 3).await;
+    let control_token = cycle(&b, &control, 3).await;
+    let lease = b
+        .try_acquire(&held, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    // Nothing is idle for an hour: nothing goes.
+    let report = b.gc(Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(report.removed, 0, "{report:?}");
+    assert!(exists(&mut conn, "gc:{freed}:token").await);
+
+    // The control: a counter removed without the floor restarts, so the
+    // check below would see a token go backwards.
+    let _: i64 = redis::cmd("DEL")
+        .arg("gc:{control}:token")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let restarted = cycle(&b, &control, 1).await;
+    assert!(
+        restarted <= control_token,
+        "control: a counter deleted by hand gave {restarted} after {control_token}"
+    );
+
+    let mut removed = 0;
+    let mut floor = None;
+    for _ in 0..10 {
+        let report = b.gc(Duration::ZERO).await.unwrap();
+        assert!(report.scanned >= report.removed, "{report:?}");
+        floor = report.token_floor;
+        removed += report.removed;
+        if report.removed == 0 {
+            break;
+        }
+    }
+    assert!(
+        removed >= 2,
+        "gc removed {removed} counters (freed, control)"
+    );
+    assert!(
+        !exists(&mut conn, "gc:{freed}:token").await,
+        "idle counter kept"
+    );
+    assert!(
+        exists(&mut conn, "gc:{held}:token").await,
+        "the counter of a held key was collected"
+    );
+    let floor = floor.expect("a floor on one server").get();
+    assert!(floor >= freed_token, "floor {floor} below {freed_token}");
+    let again = cycle(&b, &freed, 1).await;
+    assert!(
+        again > freed_token && again > floor,
+        "after gc {freed} got token {again}: was {freed_token}, floor {floor}"
+    );
+    let info = b.inspect(&held).await.unwrap().expect("still held");
+    assert_eq!(info.token, Some(lease.token()));
+    assert!(b.release(&lease).await.unwrap());
+    // The floor is one per server: a counter made under another prefix
+    // (or layout) after the gc starts above it too.
+    let other = backend(&format!("{}?prefix=gc2:", server.url())).await;
+    let fresh = cycle(&other, &LockKey::new("fresh").unwrap(), 1).await;
+    assert!(fresh > floor, "a new counter under another prefix: {fresh}");
+    // The legacy layouts' counters live among application keys: refused.
+    let plain = backend(&format!("{}?layout=plain", server.url())).await;
+    let err = plain.gc(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_is_unsupported_in_cluster() {
+    let Some(target) = RedisTarget::cluster().await.or_skip() else {
+        return;
+    };
+    let b = target.backend().await.unwrap();
+    let err = b.gc(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    // list and force_release work there (the suite's cases), and a bad
+    // cursor is refused.
+    for bad in ["x", "0", "0:1:zz", "99:0", "0:0:00:1"] {
+        let err = b.list("", Some(bad), 10).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
+    }
+}
+
+/// Holder details beside the legacy values: the lock key keeps exactly
+/// the value other clients compare (`distlock:<hex>` string in plain, the
+/// `{field: 1}` hash in redisson), the side key `<key>:holder` has the
+/// lock's TTL and goes with it; a foreign holder has no details and is
+/// broken by force_release (its value removed, the counter kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn details_beside_legacy_values() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let mut conn = raw(&server).await;
+    for layout in ["plain", "redisson"] {
+        let b = backend(&format!("{}?layout={layout}", server.url())).await;
+        let name = format!("legacy-{layout}");
+        let key = LockKey::new(name.clone()).unwrap();
+        let lease = b
+            .try_acquire(&key, Duration::from_secs(20))
+            .await
+            .unwrap()
+            .unwrap();
+        let owner = format!("distlock:{}", lease.owner().to_hex());
+        let value: redis::Value = redis::cmd(if layout == "plain" { "GET" } else { "HGETALL" })
+            .arg(&name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let expected = if layout == "plain" {
+            redis::Value::BulkString(owner.clone().into_bytes())
+        } else {
+            redis::Value::Map(vec![(
+                redis::Value::BulkString(owner.clone().into_bytes()),
+                redis::Value::BulkString(b"1".to_vec()),
+            )])
+        };
+        let same = value == expected
+            || matches!(
+                (&value, layout),
+                (redis::Value::Array(items), "redisson") if items.len() == 2
+                    && items[0] == redis::Value::BulkString(owner.clone().into_bytes())
+            );
+        assert!(same, "{layout}: the lock key holds {value:?}");
+        // Another client doing SET NX on the key is excluded; on another
+        // key (the control) it gets in.
+        let other: Option<String> = redis::cmd("SET")
+            .arg(&name)
+            .arg("foreign")
+            .arg("NX")
+            .arg("PX")
+            .arg(5000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(other.is_none(), "{layout}: SET NX got in beside us");
+        let control: Option<String> = redis::cmd("SET")
+            .arg(format!("{name}-other"))
+            .arg("foreign")
+            .arg("NX")
+            .arg("PX")
+            .arg(5000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(control.is_some(), "control: SET NX on another key failed");
+        let side: String = redis::cmd("GET")
+            .arg(format!("{name}:holder"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let (side_owner, details) = side.split_once(' ').expect("owner and details");
+        assert_eq!(side_owner, owner, "{layout}");
+        assert_eq!(
+            HolderDetails::decode(details).map(|d| d.pid),
+            Some(std::process::id())
+        );
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(format!("{name}:holder"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(pttl > 15_000, "{layout}: the details' TTL is {pttl}");
+        // Renewal keeps the details as long as the lock.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        b.renew(&lease).await.unwrap();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(format!("{name}:holder"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(pttl > 19_000, "{layout}: renew left the details at {pttl}");
+        let info = b.inspect(&key).await.unwrap().unwrap();
+        assert_eq!(
+            info.details.map(|d| d.pid),
+            Some(std::process::id()),
+            "{layout}"
+        );
+        assert!(b.release(&lease).await.unwrap());
+        assert!(
+            !exists(&mut conn, &format!("{name}:holder")).await,
+            "{layout}"
+        );
+
+        // A foreign holder: no details, broken by force_release.
+        let _: () = redis::cmd("SET")
+            .arg(&name)
+            .arg("foreign")
+            .arg("PX")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let info = b.inspect(&key).await.unwrap().expect("the foreign holder");
+        assert_eq!(info.details, None);
+        let broken = b.force_release(&key).await.unwrap().expect("broken");
+        assert_eq!(broken.holder, info.holder, "{layout}: broke another holder");
+        assert_eq!(broken.details, None);
+        let shown = if layout == "plain" {
+            "foreign"
+        } else {
+            "<string>"
+        };
+        assert_eq!(broken.holder, shown, "{layout}");
+        assert!(
+            !exists(&mut conn, &name).await,
+            "{layout}: foreign value kept"
+        );
+        assert!(
+            exists(&mut conn, &format!("{name}:token")).await,
+            "{layout}: force_release removed the counter"
+        );
+        assert!(b.force_release(&key).await.unwrap().is_none());
+    }
+}
