@@ -437,7 +437,10 @@
 //! in Cluster and the legacy layouts, bad cursors, details beside the
 //! plain and Redisson values (value unchanged, `SET NX` excluded and
 //! getting in on another key, TTL kept by renew, gone with release), and
-//! `force_release` of a foreign holder (counter kept).
+//! `force_release` of a foreign holder (counter kept), `force_release`
+//! waking a waiter at once (control: a lock deleted by hand leaves it
+//! waiting for its re-check), and a `list` prefix with glob characters
+//! matched literally (control: a key the unescaped pattern would match).
 //!
 //! [`LockInfo::details`]: lock_core::LockInfo::details
 //!

@@ -462,6 +462,24 @@ mod tests {
         );
     }
 
+    #[test]
+    fn tags_unescape_and_globs_escape() {
+        for key in ["a", "}", "%", "%7D", "a}b%c{", ""] {
+            assert_eq!(unescape_tag(&escape_tag(key)).as_deref(), Some(key));
+        }
+        // Text escape_tag never makes is not a key of ours.
+        assert_eq!(unescape_tag("a}b"), None);
+        assert_eq!(unescape_tag("%41"), None);
+        assert_eq!(glob_escape("a*?[]\\b{"), "a\\*\\?\\[\\]\\\\b{");
+        let side = format!("owner {}", lock_core::HolderDetails::encode_current());
+        assert!(details_of("owner", &side).is_some());
+        assert!(
+            details_of("other", &side).is_none(),
+            "another holder's leftovers"
+        );
+        assert!(details_of("owner", "owner").is_none());
+    }
+
     async fn plain_conn(port: u16) -> Conn {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
         Conn::Plain(client.get_multiplexed_async_connection().await.unwrap())

@@ -285,3 +285,91 @@ async fn details_beside_legacy_values() {
         assert!(b.force_release(&key).await.unwrap().is_none());
     }
 }
+
+/// `force_release` publishes the release: a waiter whose re-check is
+/// 5 s away gets the key at once. The control: the same lock deleted by
+/// hand (no message) keeps the waiter waiting past a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_wakes_waiters() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let mut conn = raw(&server).await;
+    let url = format!("{}?recheck=5s", server.url());
+    let (holder, waiter, admin) = (
+        backend(&url).await,
+        backend(&url).await,
+        backend(&url).await,
+    );
+    for (name, by_hand) in [("woken", false), ("control", true)] {
+        let key = LockKey::new(name).unwrap();
+        let _held = holder
+            .try_acquire(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        let wait = {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                let lease = waiter
+                    .acquire(&key, Duration::from_secs(5), deadline)
+                    .await
+                    .unwrap();
+                (tokio::time::Instant::now(), lease)
+            })
+        };
+        // Let the waiter find the key held and subscribe.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let broken_at = tokio::time::Instant::now();
+        if by_hand {
+            let _: i64 = redis::cmd("DEL")
+                .arg(format!("distlock:{{{name}}}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        } else {
+            assert!(admin.force_release(&key).await.unwrap().is_some());
+        }
+        let (got_at, lease) = wait.await.unwrap();
+        let took = got_at - broken_at;
+        if by_hand {
+            assert!(took > Duration::from_secs(1), "control: woken in {took:?}");
+        } else {
+            assert!(took < Duration::from_secs(1), "waiter took {took:?}");
+        }
+        assert!(waiter.release(&lease).await.unwrap());
+    }
+}
+
+/// `list` matches the prefix literally: glob characters in it are
+/// escaped (the control, a key the unescaped pattern would match, is not
+/// listed), and a `}` in keys round-trips through the hash tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_prefix_is_literal() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let b = backend(&server.url()).await;
+    let ttl = Duration::from_secs(20);
+    let mut leases = Vec::new();
+    for name in ["a*[b]/1", "a*[b]/}x%", "aXb/1", "a*[b]"] {
+        let key = LockKey::new(name).unwrap();
+        leases.push(b.try_acquire(&key, ttl).await.unwrap().unwrap());
+    }
+    let page = b.list("a*[b]/", None, 100).await.unwrap();
+    let mut names: Vec<&str> = page.locks.iter().map(|l| l.key.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["a*[b]/1", "a*[b]/}x%"], "{page:?}");
+    assert_eq!(page.cursor, None);
+    for info in &page.locks {
+        assert_eq!(
+            info.details.as_ref().map(|d| d.pid),
+            Some(std::process::id())
+        );
+    }
+    for lease in &leases {
+        assert!(b.release(lease).await.unwrap());
+    }
+    assert!(b.list("a", None, 100).await.unwrap().locks.is_empty());
+}
