@@ -41,7 +41,7 @@ pub(crate) const GC_BATCH: i64 = 1000;
 const CURSOR_TAG: &str = "sql1:";
 
 /// Whether `err` says the probed column does not exist.
-fn is_missing_column(err: &sqlx::Error) -> bool {
+pub(crate) fn is_missing_column(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Database(db) => {
             matches!(db.code().as_deref(), Some("42703" | "42S22"))
@@ -52,7 +52,7 @@ fn is_missing_column(err: &sqlx::Error) -> bool {
 }
 
 /// Whether `err` says the column was added meanwhile (a concurrent connect).
-fn is_duplicate_column(err: &sqlx::Error) -> bool {
+pub(crate) fn is_duplicate_column(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Database(db) => {
             matches!(db.code().as_deref(), Some("42701" | "42S21"))
@@ -115,7 +115,7 @@ fn info(key: LockKey, row: &[Value]) -> LockInfo {
 /// Ends a transaction: `end`'s statements on success, `abort`'s on an
 /// error. The connection goes back to the set only when they all ran;
 /// otherwise it is dropped (closed), never reused mid-transaction.
-async fn finish<T>(
+pub(crate) async fn finish<T>(
     mut checkout: Checkout<'_>,
     result: Result<T, sqlx::Error>,
     end: &[String],

@@ -5,7 +5,7 @@ use lock_core::driver::{BoxFuture, Driver};
 use lock_core::floor::RawFloor;
 
 use crate::floor::SqlFloor;
-use crate::{SessionFloor, SqlConfig, SqlMode};
+use crate::{SessionFloor, SqlConfig, SqlLayout, SqlMode};
 
 /// The SQL driver: PostgreSQL, MySQL/MariaDB and SQLite, row or session mode.
 pub static DRIVER: Driver = Driver {
@@ -38,7 +38,13 @@ lock_core::floor_fn!(fn permit_floor = one_of_four);
 
 fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
     Box::pin(async move {
-        let floor: Box<dyn RawFloor> = match SqlConfig::from_url(url)?.lock_mode() {
+        let config = SqlConfig::from_url(url)?;
+        if config.layout == SqlLayout::ShedLock {
+            // No floor: see `SqlFloor::connect` (benchmarks then show none,
+            // as for a driver without one, instead of failing the row).
+            return Ok(None);
+        }
+        let floor: Box<dyn RawFloor> = match config.lock_mode() {
             SqlMode::Session => Box::new(SessionFloor::connect(url).await?),
             _ => Box::new(SqlFloor::connect(url).await?),
         };

@@ -76,7 +76,9 @@ impl SqlFloor {
     ///
     /// # Errors
     ///
-    /// As [`SqlBackend::connect_url`](crate::SqlBackend::connect_url).
+    /// As [`SqlBackend::connect_url`](crate::SqlBackend::connect_url);
+    /// [`ErrorKind::Config`] for `layout=shedlock` (no floor: the
+    /// driver's descriptor reports none for it).
     ///
     /// # Cancel safety
     ///
@@ -84,6 +86,16 @@ impl SqlFloor {
     /// meanwhile stays (creation is idempotent).
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         let config = SqlConfig::from_url(url)?;
+        if config.layout == crate::SqlLayout::ShedLock {
+            // The floor is the lease table's two statements; ShedLock's
+            // exchange is another one (its upsert plus the token side
+            // table), which no hand-written floor reproduces here.
+            return Err(LockError::config(
+                "layout=shedlock has no benchmark floor: the floor runs the lease table's \
+                 grant and release, which the ShedLock table does not have",
+            )
+            .with_backend(NAME));
+        }
         let dialect = dialect::of(config.dialect)?;
         let options = dialect.connect_options(&config)?;
         let statements = Statements::new(dialect, &config.table);

@@ -21,7 +21,8 @@
 //!
 //! # The table
 //!
-//! One row per key, never deleted:
+//! One row per key, deleted only by [`gc`](lock_core::LockBackend::gc)
+//! (see "Operating locks"):
 //!
 //! | column | PostgreSQL | MySQL / MariaDB | SQLite |
 //! |---|---|---|---|
@@ -29,6 +30,10 @@
 //! | `owner` (NULL when free) | `VARCHAR(64)` | `VARCHAR(64)` | `TEXT` |
 //! | `token` | `BIGINT` | `BIGINT` | `INTEGER` |
 //! | `expires_at` | `TIMESTAMPTZ` (µs) | `DATETIME(6)` UTC | `INTEGER` µs since the Unix epoch |
+//! | `details` (NULL when free) | `VARCHAR(1216)` | `VARCHAR(1216)` | `TEXT` |
+//!
+//! Beside it, `<table>_floor (id INTEGER PRIMARY KEY, token BIGINT)`: at
+//! most one row, the token floor of `gc`.
 //!
 //! The library creates it with `CREATE TABLE IF NOT EXISTS` (idempotent;
 //! [`SqlBackend::schema_sql`] prints it for teams that create it themselves
@@ -499,6 +504,76 @@
 //! one lock and one counter; a tokens table of another collation is
 //! refused.
 //!
+//! # Operating locks (holder details, list, force-release, gc)
+//!
+//! **Row mode** (every dialect, fair mode included):
+//!
+//! - *Holder details* ([`lock_core::HolderDetails`], `capabilities().holder_details`
+//!   is true): the `details` column of the lease row, written by the grant
+//!   statement itself (one more bind, no extra round trip; the fair grant
+//!   too), cleared by the release and by `force_release`, hidden with the
+//!   owner once the row expires and overwritten by the next grant. A table
+//!   created before the column existed gets it at connect when
+//!   `create_table` is on: a probe (`SELECT details .. WHERE 1 = 0`), then
+//!   `ALTER TABLE .. ADD COLUMN details ..` only when missing (PostgreSQL:
+//!   `ADD COLUMN IF NOT EXISTS`; elsewhere a concurrent connect's
+//!   "duplicate column" is success). With `create_table=false` add the
+//!   column and the floor table yourself ([`SqlBackend::schema_sql`]).
+//!   Multi-lock grants (`try_acquire_all`) and read-write locks /
+//!   semaphores write no details.
+//! - *`list(prefix, cursor, limit)`*: one statement scanning at most
+//!   `limit` rows, `WHERE name LIKE prefix% AND name > cursor ORDER BY name
+//!   LIMIT limit` (`LIKE` wildcards escaped with `!`; SQLite, whose `LIKE`
+//!   ignores case, uses `instr(name, prefix) = 1`); the held rows (owner
+//!   set, unexpired) are returned, so a page may be short while the scan
+//!   goes on. The cursor is `sql1:<hex of the last name scanned>`; anything
+//!   else is `InvalidArgument`. Mutexes only (the shared tables' holders are
+//!   not listed).
+//! - *`force_release(key)`*: one transaction reads the holder (row locked:
+//!   `FOR UPDATE`; SQLite `BEGIN IMMEDIATE`) and sets `owner = NULL,
+//!   details = NULL, expires_at = now`, keeping `token`: the next grant's
+//!   token is above the broken one, the broken holder's renew is `NotHeld`
+//!   and its release `false`. PostgreSQL `NOTIFY`s waiters in the same
+//!   statement; elsewhere this process's waiters are woken and the others
+//!   poll.
+//! - *`gc(older_than)`*: one transaction that keeps every other writer off
+//!   the lease table (PostgreSQL `LOCK TABLE .. IN SHARE ROW EXCLUSIVE
+//!   MODE` with `lock_timeout` = the operation timeout; MySQL/MariaDB
+//!   `LOCK TABLES <table> WRITE, <table>_floor WRITE`; SQLite's write
+//!   lock), reads up to 1000 rows whose `expires_at` is at least
+//!   `older_than` in the past (free: released or expired), raises the
+//!   floor to their highest token (never lowers it) and deletes them (only
+//!   rows with `token <= floor`). A grant that creates a row gives it
+//!   `floor + 1` in the same statement, and waits for `gc`'s commit before
+//!   reading the floor, so no key's token goes backwards. A held key is
+//!   never collected. Run it again while `removed` is not zero. The shared
+//!   tables' rows (`<table>_keys`) are not collected. Grants, renewals and
+//!   releases wait while a batch runs (milliseconds).
+//!
+//! **ShedLock layout**: details in `<table>_tokens.details`
+//! (`<locked_by> <encoded details>`, written by the statement or
+//! transaction that bumps our token; ShedLock's table is never altered and
+//! keeps exactly ShedLock's bytes). They are shown only while ShedLock's
+//! row is unexpired and its `locked_by` is that grant's, so ShedLock's
+//! holders never show ours. `list` scans ShedLock's table (`lock_until >
+//! now` is held; ShedLock holders are listed with `token: None`, names
+//! re-checked byte for byte since ShedLock's collation may ignore case);
+//! `force_release` sets `lock_until = now` whoever holds it (a ShedLock
+//! holder's `extend` and `unlock` then match nothing, as after its
+//! `lockAtMostFor`), token counter kept. `gc` is `Unsupported`: ShedLock's
+//! rows are ShedLock's, and the tokens rows are each name's only record
+//! of its last token. The benchmark floor ([`floor::SqlFloor`]) refuses
+//! `layout=shedlock` with a `Config` error, and the driver's descriptor
+//! reports no floor for it (compare shows none rather than failing).
+//!
+//! **Session mode**: `holder_details` is false and `list`,
+//! `force_release` and `gc` are `Unsupported`: the server names a session
+//! lock by a hash (PostgreSQL `pg_locks.objid`, MySQL's hashed lock name),
+//! so neither our keys nor details can be read back from it; only the
+//! holding session can release it, and breaking it would mean ending that
+//! client's whole session (`pg_terminate_backend` / `KILL`); and there is
+//! no per-key state to collect.
+//!
 //! # Capability checklist
 //!
 //! - [x] fencing tokens, per key, strictly increasing ([`FencingScope::PerKey`](lock_core::FencingScope::PerKey))
@@ -512,6 +587,8 @@
 //!   (FIFO waiters) in row mode, on all three databases; not in session mode
 //! - [x] ShedLock's table as a layout (`layout=shedlock`, mutex only),
 //!   excluding ShedLock's `JdbcTemplateLockProvider` both ways
+//! - [x] holder details, `list`, `force_release` (row mode, ShedLock
+//!   layout) and `gc` with a token floor (row mode); none in session mode
 //!
 //! # Caveats
 //!
@@ -574,6 +651,19 @@
 //! check failing on a broken wrapper made for it;
 //! `tests/shared_round_trips.rs` counts their round trips and the permit
 //! floor's ([`floor::SqlPermitFloor`]) through the fault proxy.
+//!
+//! The shared suite's operating cases (`holder_details_are_reported`,
+//! `list_finds_held_locks`, `force_release_fences_the_old_holder`) pass on
+//! PostgreSQL, MariaDB and SQLite in row mode and on the ShedLock layout;
+//! `tests/admin_checks` (from `tests/postgres.rs`, `tests/mariadb.rs`,
+//! `tests/sqlite.rs`) checks `gc` (tokens above the floor after re-grant,
+//! a held and a young row kept; control: a row deleted by hand restarts
+//! at 1 and the check reports it), the `details` column added by four
+//! concurrent connects to a table without it (control: the grant fails
+//! before), `list`'s escaped wildcards and refused cursors;
+//! `tests/shedlock.rs` checks details beside ShedLock's unchanged row
+//! while ShedLock is still refused, none shown for a ShedLock holder,
+//! force-releasing ShedLock's holder and ours, and the refused floor.
 //!
 //! `cargo run --release -p lock-sql --example sql_bench` compares our
 //! acquire+release cycle, as users write it, with the same two statements

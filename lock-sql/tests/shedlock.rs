@@ -337,6 +337,70 @@ async fn interop(ours_url: &str, plain_url: &str) {
         short.token(),
         held.token()
     );
+    operating(&ours, &mut shed, ours_url).await;
+}
+
+/// Issue 18 on the layout: holder details beside ShedLock's row (its
+/// bytes unchanged, ShedLock still refused), never shown for a ShedLock
+/// holder; list and force_release of a ShedLock holder; no gc; no floor.
+async fn operating(ours: &SqlAnyBackend, shed: &mut ShedLock, ours_url: &str) {
+    let key = LockKey::new(format!("ops-{}", &OwnerId::random().to_hex()[..12])).unwrap();
+    let name = key.as_str();
+    let (ttl, at_most) = (Duration::from_secs(5), Duration::from_secs(30));
+    let lease = ours.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let ours_by = shed_of(ours).locked_by(&lease);
+    // ShedLock's row holds exactly what ShedLock compares; ShedLock is
+    // still refused; the details come from the side table.
+    assert_eq!(shed.row(name).await, Some((ours_by.clone(), false)));
+    shedlock_refused(shed, name).await.unwrap();
+    let info = ours.inspect(&key).await.unwrap().unwrap();
+    let details = info.details.expect("details of our grant");
+    assert_eq!(details.pid, std::process::id());
+    let page = ours.list(name, None, 10).await.unwrap();
+    assert_eq!(page.locks.len(), 1, "{page:?}");
+    assert_eq!(page.locks[0].token, Some(lease.token()));
+    assert!(ours.release(&lease).await.unwrap());
+
+    // ShedLock holds after us: our stale details are not shown for it
+    // (negative control: the side row still has them).
+    assert_eq!(shed.update(name, at_most).await, 1);
+    let info = ours.inspect(&key).await.unwrap().unwrap();
+    assert_eq!((info.holder.as_str(), info.details), (SHED_HOST, None));
+    let page = ours.list(name, None, 10).await.unwrap();
+    assert_eq!(
+        page.locks
+            .iter()
+            .map(|i| (i.holder.as_str(), i.token))
+            .collect::<Vec<_>>(),
+        [(SHED_HOST, None)]
+    );
+    // Breaking ShedLock's holder: its extend then matches nothing, ours
+    // gets the name with a token above the last one.
+    let broken = ours.force_release(&key).await.unwrap().expect("held");
+    assert_eq!(broken.holder, SHED_HOST);
+    assert_eq!(
+        shed.extend(name, at_most).await,
+        0,
+        "broken ShedLock extends"
+    );
+    let next = ours.try_acquire(&key, ttl).await.unwrap().expect("free");
+    assert!(next.token() > lease.token());
+    // Breaking ours: our renew fails, our release says false.
+    let ours_broken = ours.force_release(&key).await.unwrap().expect("held");
+    assert_eq!(ours_broken.token, Some(next.token()));
+    assert!(ours.renew(&next).await.unwrap_err().is_not_held());
+    assert!(!ours.release(&next).await.unwrap());
+    assert_eq!(ours.force_release(&key).await.unwrap(), None);
+    let err = ours.gc(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    // No benchmark floor for the layout: refused, and none from the
+    // driver's descriptor (so compare shows no floor instead of failing).
+    let err = lock_sql::floor::SqlFloor::connect(ours_url)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    let floor = lock_sql::DRIVER.floor.expect("the driver has floors");
+    assert!(floor(ours_url).await.unwrap().is_none());
 }
 
 /// What the layout refuses, and its table handling (SQLite and URLs only).

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey,
-    LockShape,
+    Capabilities, GcReport, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
+    LockKey, LockPage, LockShape,
 };
 use tokio::time::Instant;
 
@@ -146,5 +146,22 @@ impl LockBackend for SqlAnyBackend {
 
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         self.get().holders(key, shape).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        self.get().list(prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.get().force_release(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.get().gc(older_than).await
     }
 }

@@ -43,8 +43,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingToken, Lease, LockBackend, LockError, LockInfo, LockKey,
-    Operation, OwnerId, SessionState, TtlModel, WaitStrategy, check_ttl, validity_deadline,
+    Capabilities, ErrorKind, FencingToken, GcReport, Lease, LockBackend, LockError, LockInfo,
+    LockKey, LockPage, Operation, OwnerId, SessionState, TtlModel, WaitStrategy, check_ttl,
+    validity_deadline,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout, timeout_at};
@@ -577,5 +578,50 @@ impl LockBackend for SqlSessionBackend {
             // The server frees it when the session ends, not at a time.
             remaining_ttl: None,
         }))
+    }
+
+    // Why session mode refuses the operating calls (crate docs, "Operating
+    // locks"): the lock is the server session's, and the server keeps no
+    // row we could enumerate, break or collect.
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        let _ = (prefix, cursor, limit);
+        Err(self.unsupported_admin(
+            "listing session locks: the server names them by a 64-bit hash (PostgreSQL \
+             pg_locks objid) or a hashed name (MySQL/MariaDB), so no prefix of our keys can \
+             be read back from them",
+        ))
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let _ = key;
+        Err(self.unsupported_admin(
+            "breaking a session lock: only the holding session can release it, so breaking \
+             it means ending another client's session (pg_terminate_backend / KILL), which \
+             also breaks every other lock and transaction of that session",
+        ))
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let _ = older_than;
+        Err(self.unsupported_admin(
+            "garbage collection: session mode keeps no per-key state (one token sequence or \
+             counter row for every key)",
+        ))
+    }
+}
+
+impl SqlSessionBackend {
+    fn unsupported_admin(&self, what: &str) -> LockError {
+        LockError::new(
+            ErrorKind::Unsupported,
+            Operation::Inspect,
+            format!("{} does not support {what}", self.inner.name),
+        )
+        .with_backend(self.inner.name)
     }
 }

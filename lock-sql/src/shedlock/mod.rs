@@ -3,6 +3,7 @@
 //! crate docs' "ShedLock layout" for the table, the statements and the
 //! caveats.
 
+mod admin;
 mod sql;
 
 use std::fmt;
@@ -11,9 +12,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, Lease, LockBackend, LockError, LockInfo,
-    LockKey, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl, validity_deadline,
-    with_timeout,
+    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, Lease, LockBackend, LockError,
+    LockInfo, LockKey, LockPage, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl,
+    validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -307,6 +308,9 @@ impl SqlShedLockBackend {
                             }
                         }
                     }
+                    self.ensure_details_column()
+                        .await
+                        .map_err(|e| map_sqlx(config, Operation::Connect, e))?;
                 }
                 for probe in &sql.probe {
                     match retry_once!(conns, checkout_reader, |conn| sql.plain(conn, probe)) {
@@ -373,7 +377,7 @@ impl SqlShedLockBackend {
                     Ok(sql
                         .inspect(conn, key.as_str())
                         .await?
-                        .and_then(|(by, token, _)| token.filter(|_| by == locked_by)))
+                        .and_then(|(by, token, _, _)| token.filter(|_| by == locked_by)))
                 }
                 .await;
                 checkout.finish(&result);
@@ -449,6 +453,9 @@ impl LockBackend for SqlShedLockBackend {
         }
     }
 
+    // Every field is set today; `..minimal()` keeps a field added later
+    // at its conservative default.
+    #[allow(clippy::needless_update)]
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             // Our grants only: a ShedLock holder has no token (crate docs).
@@ -462,6 +469,8 @@ impl LockBackend for SqlShedLockBackend {
             min_ttl: MIN_TTL,
             shared_locks: false,
             semaphores: false,
+            // In the tokens table, beside ShedLock's row (shedlock/admin.rs).
+            holder_details: true,
             ..Capabilities::minimal()
         }
     }
@@ -545,6 +554,33 @@ impl LockBackend for SqlShedLockBackend {
         .map_err(|e| e.with_key(key).with_backend(NAME))
     }
 
+    async fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        self.list_rows(prefix, cursor, limit).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_row(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let _ = older_than;
+        // ShedLock's rows are ShedLock's (it keeps freed rows for ever);
+        // our tokens rows are the counters of the fencing tokens, and
+        // ShedLock's grants could not start above a floor of ours.
+        Err(LockError::new(
+            ErrorKind::Unsupported,
+            Operation::Release,
+            "the ShedLock layout never deletes rows: ShedLock's belong to ShedLock, and the \
+             tokens rows are the only record of each name's last fencing token",
+        )
+        .with_backend(NAME))
+    }
+
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let sql = &self.inner.sql;
         let row = with_timeout(self.timeout(), Operation::Inspect, async {
@@ -554,19 +590,21 @@ impl LockBackend for SqlShedLockBackend {
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
-        Ok(row.map(|(locked_by, token, remaining_us)| LockInfo {
-            details: None,
-            key: key.clone(),
-            // A ShedLock holder's token is not its own: none.
-            token: token
-                .filter(|_| is_ours(&locked_by))
-                .and_then(|t| u64::try_from(t).ok())
-                .map(FencingToken::new),
-            holder: locked_by,
-            remaining_ttl: Some(Duration::from_micros(
-                u64::try_from(remaining_us).unwrap_or(0),
-            )),
-        }))
+        Ok(
+            row.map(|(locked_by, token, remaining_us, details)| LockInfo {
+                details: sql::details_of(&locked_by, details.as_deref()),
+                key: key.clone(),
+                // A ShedLock holder's token is not its own: none.
+                token: token
+                    .filter(|_| is_ours(&locked_by))
+                    .and_then(|t| u64::try_from(t).ok())
+                    .map(FencingToken::new),
+                holder: locked_by,
+                remaining_ttl: Some(Duration::from_micros(
+                    u64::try_from(remaining_us).unwrap_or(0),
+                )),
+            }),
+        )
     }
 }
 

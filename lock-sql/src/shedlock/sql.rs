@@ -17,7 +17,11 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::config::SqlDialect;
 use crate::conn::DbConn;
-use crate::dialect::micros;
+use crate::dialect::{DETAILS_LEN, micros};
+
+/// The tokens table's `details` column: `<locked_by> <details>` (see
+/// [`side_details`]).
+pub(crate) const SIDE_DETAILS_LEN: usize = DETAILS_LEN + 256 + 1;
 use crate::sql::quote_with;
 
 const PG_NOW: &str = "timezone('utc', CURRENT_TIMESTAMP)";
@@ -76,7 +80,7 @@ impl ShedSql {
             arc(format!(
                 "SELECT name, lock_until, locked_at, locked_by FROM {t} WHERE 1 = 0"
             )),
-            arc(format!("SELECT name, token FROM {k} WHERE 1 = 0")),
+            arc(format!("SELECT name, token, details FROM {k} WHERE 1 = 0")),
         ];
         let mut first_grant = arc(String::new());
         let (create, grant, token, ensure_lock_row, release, renew, inspect) = match dialect {
@@ -91,7 +95,7 @@ impl ShedSql {
                         )),
                         arc(format!(
                             "CREATE TABLE IF NOT EXISTS {k} (name VARCHAR(64) NOT NULL \
-                             PRIMARY KEY, token BIGINT NOT NULL)"
+                             PRIMARY KEY, token BIGINT NOT NULL, details VARCHAR({SIDE_DETAILS_LEN}))"
                         )),
                     ],
                     // ShedLock's own upsert (its usingDbTime insert), then
@@ -102,8 +106,9 @@ impl ShedSql {
                          ON CONFLICT (name) DO UPDATE SET lock_until = EXCLUDED.lock_until, \
                          locked_at = EXCLUDED.locked_at, locked_by = EXCLUDED.locked_by \
                          WHERE s.lock_until <= {now} RETURNING s.name) \
-                         INSERT INTO {k} AS k (name, token) SELECT name, 1 FROM g \
-                         ON CONFLICT (name) DO UPDATE SET token = k.token + 1 \
+                         INSERT INTO {k} AS k (name, token, details) SELECT name, 1, $4 FROM g \
+                         ON CONFLICT (name) DO UPDATE SET token = k.token + 1, \
+                         details = EXCLUDED.details \
                          RETURNING k.token"
                     )),
                     arc(String::new()),
@@ -118,8 +123,8 @@ impl ShedSql {
                     )),
                     arc(format!(
                         "SELECT s.locked_by, k.token, \
-                         CAST(EXTRACT(EPOCH FROM (s.lock_until - {now})) * 1000000 AS BIGINT) \
-                         FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
+                         CAST(EXTRACT(EPOCH FROM (s.lock_until - {now})) * 1000000 AS BIGINT), \
+                         k.details FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
                          WHERE s.name = $1 AND s.lock_until > {now}"
                     )),
                 )
@@ -143,7 +148,8 @@ impl ShedSql {
                         )),
                         arc(format!(
                             "CREATE TABLE IF NOT EXISTS {k} (name VARCHAR(64) NOT NULL, \
-                             token BIGINT NOT NULL, PRIMARY KEY (name)) ENGINE=InnoDB"
+                             token BIGINT NOT NULL, details VARCHAR({SIDE_DETAILS_LEN}) NULL, \
+                             PRIMARY KEY (name)) ENGINE=InnoDB"
                         )),
                     ],
                     // Both rows exist (below): ShedLock's update and the
@@ -153,7 +159,7 @@ impl ShedSql {
                         "UPDATE {t} AS s JOIN {k} AS k ON k.name = s.name \
                          SET s.lock_until = TIMESTAMPADD(MICROSECOND, ?, {now}), \
                          s.locked_at = {now}, s.locked_by = ?, \
-                         k.token = LAST_INSERT_ID(k.token + 1) \
+                         k.token = LAST_INSERT_ID(k.token + 1), k.details = ? \
                          WHERE s.name = ? AND s.lock_until <= {now}"
                     )),
                     // Only while the name is not held (the read locks the
@@ -161,9 +167,10 @@ impl ShedSql {
                     // counter moves only while the row is free, so it is
                     // the holder's token whenever the row is held.
                     arc(format!(
-                        "INSERT INTO {k} (name, token) SELECT ?, LAST_INSERT_ID(1) FROM DUAL \
+                        "INSERT INTO {k} (name, token, details) SELECT ?, LAST_INSERT_ID(1), ? FROM DUAL \
                          WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = ? AND lock_until > {now}) \
-                         ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
+                         ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), \
+                         details = VALUES(details)"
                     )),
                     // A free row, as ShedLock's unlock leaves one.
                     arc(format!(
@@ -180,7 +187,7 @@ impl ShedSql {
                     )),
                     arc(format!(
                         "SELECT s.locked_by, k.token, \
-                         TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), s.lock_until) \
+                         TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), s.lock_until), k.details \
                          FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
                          WHERE s.name = ? AND s.lock_until > {now}"
                     )),
@@ -197,7 +204,7 @@ impl ShedSql {
                         )),
                         arc(format!(
                             "CREATE TABLE IF NOT EXISTS {k} (name VARCHAR(64) NOT NULL \
-                             PRIMARY KEY, token INTEGER NOT NULL)"
+                             PRIMARY KEY, token INTEGER NOT NULL, details TEXT)"
                         )),
                     ],
                     arc(format!(
@@ -208,8 +215,9 @@ impl ShedSql {
                          WHERE s.lock_until <= {now}"
                     )),
                     arc(format!(
-                        "INSERT INTO {k} AS k (name, token) VALUES (?1, 1) \
-                         ON CONFLICT (name) DO UPDATE SET token = k.token + 1 RETURNING token"
+                        "INSERT INTO {k} AS k (name, token, details) VALUES (?1, 1, ?2) \
+                         ON CONFLICT (name) DO UPDATE SET token = k.token + 1, \
+                         details = excluded.details RETURNING token"
                     )),
                     arc(String::new()),
                     arc(format!(
@@ -221,7 +229,7 @@ impl ShedSql {
                          WHERE name = ?1 AND locked_by = ?2 AND lock_until > {now}"
                     )),
                     arc(format!(
-                        "SELECT s.locked_by, k.token, (s.lock_until - {now}) * 1000 \
+                        "SELECT s.locked_by, k.token, (s.lock_until - {now}) * 1000, k.details \
                          FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
                          WHERE s.name = ?1 AND s.lock_until > {now}"
                     )),
@@ -281,8 +289,28 @@ fn text(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
     AssertSqlSafe(Arc::clone(sql))
 }
 
-/// The current unexpired holder: (`locked_by`, our token counter, µs left).
-pub(crate) type ShedHolder = (String, Option<i64>, i64);
+/// The current unexpired holder: (`locked_by`, our token counter, µs left,
+/// the details of our last grant as [`side_details`] wrote them).
+pub(crate) type ShedHolder = (String, Option<i64>, i64, Option<String>);
+
+/// What the grant writes into the tokens table's `details` column:
+/// `<locked_by> <encoded details>`, so that a reader shows them only
+/// while that grant's `locked_by` holds the row (ShedLock's own grants
+/// never touch the column, and ShedLock's unlock does not clear it).
+pub(crate) fn side_details(locked_by: &str) -> String {
+    format!("{locked_by} {}", lock_core::HolderDetails::encode_current())
+}
+
+/// The holder details in `column` when they belong to `locked_by`.
+pub(crate) fn details_of(
+    locked_by: &str,
+    column: Option<&str>,
+) -> Option<lock_core::HolderDetails> {
+    let (by, encoded) = column?.split_once(' ')?;
+    (by == locked_by)
+        .then(|| lock_core::HolderDetails::decode(encoded))
+        .flatten()
+}
 
 /// Whether `err` is a conflict the database rolled back (deadlock,
 /// serialization failure): running the statement again is safe.
@@ -350,6 +378,8 @@ impl ShedSql {
         locked_by: &str,
     ) -> Result<Option<i64>, sqlx::Error> {
         let ttl = ttl_value(self.dialect, ttl);
+        let details = side_details(locked_by);
+        let details = details.as_str();
         match conn {
             #[cfg(feature = "postgres")]
             DbConn::Postgres(c) => {
@@ -357,11 +387,12 @@ impl ShedSql {
                     .bind(name)
                     .bind(ttl)
                     .bind(locked_by)
+                    .bind(details)
                     .fetch_optional(&mut *c)
                     .await
             }
             #[cfg(feature = "mysql")]
-            DbConn::MySql(c) => self.grant_mysql(c, name, ttl, locked_by).await,
+            DbConn::MySql(c) => self.grant_mysql(c, name, ttl, locked_by, details).await,
             #[cfg(feature = "sqlite")]
             DbConn::Sqlite(c) => {
                 use sqlx::Executor;
@@ -379,6 +410,7 @@ impl ShedSql {
                     }
                     sqlx::query_scalar::<_, i64>(text(&self.token))
                         .bind(name)
+                        .bind(details)
                         .fetch_one(&mut *c)
                         .await
                         .map(Some)
@@ -417,11 +449,13 @@ impl ShedSql {
         name: &str,
         ttl: i64,
         locked_by: &str,
+        details: &str,
     ) -> Result<Option<i64>, sqlx::Error> {
         let update = async |c: &mut sqlx::MySqlConnection| -> Result<Option<i64>, sqlx::Error> {
             let done = sqlx::query(text(&self.grant))
                 .bind(ttl)
                 .bind(locked_by)
+                .bind(details)
                 .bind(name)
                 .execute(&mut *c)
                 .await?;
@@ -455,6 +489,7 @@ impl ShedSql {
         }
         let bumped = sqlx::query(text(&self.token))
             .bind(name)
+            .bind(details)
             .bind(name)
             .execute(&mut *c)
             .await?;
@@ -562,9 +597,10 @@ impl ShedSql {
         name: &str,
     ) -> Result<Option<ShedHolder>, sqlx::Error> {
         let decode = |row: &dyn Fn(usize) -> Result<Option<i64>, sqlx::Error>,
-                      by: String|
+                      by: String,
+                      details: Option<String>|
          -> Result<ShedHolder, sqlx::Error> {
-            Ok((by, row(1)?, row(2)?.unwrap_or(0)))
+            Ok((by, row(1)?, row(2)?.unwrap_or(0), details))
         };
         match conn {
             #[cfg(feature = "postgres")]
@@ -573,7 +609,7 @@ impl ShedSql {
                     .bind(name)
                     .fetch_optional(&mut *c)
                     .await?;
-                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?))
+                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?, r.try_get(3)?))
                     .transpose()
             }
             #[cfg(feature = "mysql")]
@@ -582,7 +618,7 @@ impl ShedSql {
                     .bind(name)
                     .fetch_optional(&mut *c)
                     .await?;
-                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?))
+                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?, r.try_get(3)?))
                     .transpose()
             }
             #[cfg(feature = "sqlite")]
@@ -591,7 +627,7 @@ impl ShedSql {
                     .bind(name)
                     .fetch_optional(&mut *c)
                     .await?;
-                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?))
+                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?, r.try_get(3)?))
                     .transpose()
             }
         }

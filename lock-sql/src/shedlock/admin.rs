@@ -1,0 +1,243 @@
+//! Operating the ShedLock layout (issue 18): holder details in the tokens
+//! table, `list` of ShedLock's table, `force_release`. No `gc`: the rows
+//! are ShedLock's (it keeps them, freed, for ever) and never deleted here.
+//!
+//! - `details` (`<table>_tokens.details`) holds `<locked_by> <encoded
+//!   details>`, written by our grant in the statement (or, on SQLite and
+//!   MySQL/MariaDB, the transaction or UPDATE) that bumps the token. It is
+//!   shown only while ShedLock's row is unexpired and its `locked_by` is
+//!   that grant's, so a ShedLock grant that follows ours never shows our
+//!   details; ShedLock's table is never altered.
+//! - `list`: one statement scanning at most `limit` rows of ShedLock's
+//!   table after the cursor in name order (`LIKE` prefix, wildcards
+//!   escaped, re-checked byte for byte: ShedLock's `name` may have a
+//!   case-insensitive collation); rows with `lock_until > now` are held,
+//!   ShedLock's holders included (their token is `None`).
+//! - `force_release`: one transaction reads the holder (row locked) and
+//!   sets `lock_until = now`, whoever holds it (a ShedLock holder too: its
+//!   unlock then matches nothing, as after its `lockAtMostFor`). The token
+//!   counter is kept: our next grant's token is above the broken one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    FencingToken, LockError, LockInfo, LockKey, LockPage, Operation, check_list_limit, with_timeout,
+};
+
+use super::sql::details_of;
+use super::{SqlShedLockBackend, is_ours};
+use crate::admin::{
+    decode_cursor, encode_cursor, finish, is_duplicate_column, is_missing_column, like_prefix,
+};
+use crate::config::SqlDialect;
+use crate::driver::NAME;
+use crate::error::map_sqlx;
+use crate::shared::run::{Bind, Value, execute, fetch};
+
+/// The per-database spelling of the admin statements.
+struct Spelling {
+    now: &'static str,
+    left: &'static str,
+    params: [&'static str; 3],
+    lock: &'static str,
+    begin: &'static str,
+}
+
+fn spelling(dialect: SqlDialect) -> Spelling {
+    match dialect {
+        SqlDialect::Postgres => Spelling {
+            now: "timezone('utc', CURRENT_TIMESTAMP)",
+            left: "CAST(EXTRACT(EPOCH FROM (s.lock_until - timezone('utc', CURRENT_TIMESTAMP))) \
+                   * 1000000 AS BIGINT)",
+            params: ["$1", "$2", "$3"],
+            lock: " FOR UPDATE OF s",
+            begin: "BEGIN",
+        },
+        SqlDialect::MySql => Spelling {
+            now: "UTC_TIMESTAMP(3)",
+            left: "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), s.lock_until)",
+            params: ["?", "?", "?"],
+            lock: " FOR UPDATE",
+            begin: "BEGIN",
+        },
+        SqlDialect::Sqlite => Spelling {
+            now: "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)",
+            left: "((s.lock_until - CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) \
+                   AS INTEGER)) * 1000)",
+            params: ["?1", "?2", "?3"],
+            lock: "",
+            begin: "BEGIN IMMEDIATE",
+        },
+    }
+}
+
+/// A holder row `(locked_by, token, µs left, details)` as [`LockInfo`].
+fn info(key: LockKey, row: &[Value]) -> LockInfo {
+    let by = row[0].text().to_owned();
+    LockInfo {
+        key,
+        token: match row[1] {
+            Value::Int(Some(t)) if is_ours(&by) => u64::try_from(t).ok().map(FencingToken::new),
+            _ => None,
+        },
+        remaining_ttl: Some(Duration::from_micros(
+            u64::try_from(row[2].int()).unwrap_or(0),
+        )),
+        details: match &row[3] {
+            Value::Text(text) => details_of(&by, text.as_deref()),
+            Value::Int(_) => None,
+        },
+        holder: by,
+    }
+}
+
+impl SqlShedLockBackend {
+    /// Adds `details` to a tokens table created before it.
+    pub(super) async fn ensure_details_column(&self) -> Result<(), sqlx::Error> {
+        let inner = &self.inner;
+        let k = &inner.sql.quoted_tokens;
+        let probe: Arc<str> = Arc::from(format!("SELECT details FROM {k} WHERE 1 = 0"));
+        let mut checkout = inner.conns.checkout(false).await?;
+        let probed = inner.sql.plain(checkout.conn(), &probe).await;
+        if !matches!(&probed, Err(e) if is_missing_column(e)) {
+            checkout.finish(&probed);
+            return probed;
+        }
+        let kind = match inner.config.dialect {
+            SqlDialect::Sqlite => "TEXT".to_owned(),
+            _ => format!("VARCHAR({})", super::sql::SIDE_DETAILS_LEN),
+        };
+        let alter: Arc<str> = Arc::from(format!("ALTER TABLE {k} ADD COLUMN details {kind}"));
+        let added = match inner.sql.plain(checkout.conn(), &alter).await {
+            Err(e) if is_duplicate_column(&e) => Ok(()),
+            other => other,
+        };
+        checkout.finish(&added);
+        added
+    }
+
+    fn admin_err(&self, operation: Operation) -> impl Fn(sqlx::Error) -> LockError + '_ {
+        move |e| map_sqlx(&self.inner.config, operation, e)
+    }
+
+    /// [`LockBackend::list`](lock_core::LockBackend::list) on ShedLock's
+    /// table (see the module docs).
+    pub(super) async fn list_rows(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<LockPage, LockError> {
+        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
+        let after = match cursor {
+            None => String::new(),
+            Some(c) => decode_cursor(c).ok_or_else(|| {
+                LockError::invalid_argument(
+                    Operation::Inspect,
+                    "not a cursor of this backend's list (it starts with `sql1:`)",
+                )
+                .with_backend(NAME)
+            })?,
+        };
+        let inner = &self.inner;
+        let sp = spelling(inner.config.dialect);
+        let [p1, p2, p3] = sp.params;
+        let sql: Arc<str> = Arc::from(format!(
+            "SELECT s.name, s.locked_by, k.token, \
+             CASE WHEN s.lock_until > {now} THEN {left} ELSE -1 END, k.details \
+             FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
+             WHERE s.name LIKE {p1} ESCAPE '!' AND s.name > {p2} ORDER BY s.name LIMIT {p3}",
+            now = sp.now,
+            left = sp.left,
+            t = inner.sql.quoted_table,
+            k = inner.sql.quoted_tokens,
+        ));
+        let pattern = like_prefix(prefix);
+        let page = i64::try_from(limit).unwrap_or(1);
+        let binds = [Bind::Text(&pattern), Bind::Text(&after), Bind::Int(page)];
+        let rows = async {
+            let mut checkout = inner.conns.checkout_reader(false).await?;
+            let rows = fetch(checkout.conn(), &sql, &binds, "ttiit").await;
+            checkout.finish(&rows);
+            rows
+        };
+        let rows = with_timeout(inner.config.op_timeout, Operation::Inspect, async {
+            rows.await.map_err(self.admin_err(Operation::Inspect))
+        })
+        .await
+        .map_err(|e| e.with_backend(NAME))?;
+        let cursor = (rows.len() == limit)
+            .then(|| rows.last().map(|r| encode_cursor(r[0].text())))
+            .flatten();
+        let locks = rows
+            .iter()
+            .filter(|r| r[3].int() >= 0 && r[0].text().starts_with(prefix))
+            .filter_map(|r| Some(info(LockKey::new(r[0].text()).ok()?, &r[1..])))
+            .collect();
+        Ok(LockPage { locks, cursor })
+    }
+
+    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release)
+    /// on ShedLock's table (see the module docs).
+    pub(super) async fn force_release_row(
+        &self,
+        key: &LockKey,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let inner = &self.inner;
+        let sp = spelling(inner.config.dialect);
+        let (t, k, now, p1) = (
+            &inner.sql.quoted_table,
+            &inner.sql.quoted_tokens,
+            sp.now,
+            sp.params[0],
+        );
+        let read: Arc<str> = Arc::from(format!(
+            "SELECT s.locked_by, k.token, {left}, k.details \
+             FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
+             WHERE s.name = {p1} AND s.lock_until > {now}{lock}",
+            left = sp.left,
+            lock = sp.lock,
+        ));
+        let clear: Arc<str> = Arc::from(format!(
+            "UPDATE {t} SET lock_until = {now} WHERE name = {p1}"
+        ));
+        let begin: Arc<str> = Arc::from(sp.begin);
+        let name = key.as_str();
+        let found = async {
+            let mut checkout = inner.conns.checkout(false).await?;
+            let body = async {
+                let conn = checkout.conn();
+                execute(conn, &begin, &[]).await?;
+                let held = fetch(conn, &read, &[Bind::Text(name)], "tiit").await?;
+                let Some(row) = held.into_iter().next() else {
+                    return Ok(None);
+                };
+                execute(conn, &clear, &[Bind::Text(name)]).await?;
+                Ok(Some(row))
+            }
+            .await;
+            finish(
+                checkout,
+                body,
+                &["COMMIT".to_owned()],
+                &["ROLLBACK".to_owned()],
+            )
+            .await
+        };
+        let found = with_timeout(inner.config.op_timeout, Operation::Release, async {
+            found.await.map_err(self.admin_err(Operation::Release))
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let Some(row) = found else {
+            return Ok(None);
+        };
+        tracing::warn!(
+            key = name,
+            holder = row[0].text(),
+            "force-released a ShedLock lock"
+        );
+        Ok(Some(info(key.clone(), &row)))
+    }
+}
