@@ -69,6 +69,9 @@ struct Inner {
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     /// Serializes session creation so concurrent acquires grant one lease.
     creating: tokio::sync::Mutex<()>,
+    /// The keys each session's lease had at its last listing, shared by the
+    /// renewal batches of one round (see `renewal.rs`).
+    attached: tokio::sync::Mutex<HashMap<i64, renewal::Attached>>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -110,6 +113,7 @@ impl EtcdBackend {
                 prefix,
                 sessions: Mutex::new(HashMap::new()),
                 creating: tokio::sync::Mutex::new(()),
+                attached: tokio::sync::Mutex::default(),
                 config,
             }),
         };

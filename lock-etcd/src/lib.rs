@@ -237,15 +237,19 @@
 //!   sends one transaction comparing the entry's create revision (no
 //!   operations) before it moves the grant's deadline; the guards'
 //!   batched renewal (`renew_many`) sends one `LeaseTimeToLive` with
-//!   `keys` per session and batch (up to 1,000 grants) and checks each
-//!   grant's entry among the keys attached to the lease (the entry names
-//!   carry the session's lease id, and a held name is never reused, so
-//!   presence is enough). Each check is bounded by the operation timeout,
-//!   a third of the session TTL and half the time left before the
-//!   session's deadline, so a silent server makes the renewal fail
-//!   (temporarily: `Suspect`) before the lease is lost. Cost: one request
-//!   per renewal batch and session (the answer lists every entry of the
-//!   session: its size grows with the locks held, about 40 bytes each).
+//!   `keys` per session and renewal round, shared by the round's batches
+//!   of up to 1,000 grants (a listing younger than a sixth of the session
+//!   TTL is reused; it is kept as 8-byte hashes), and checks each grant's
+//!   entry among the keys attached to the lease (the entry names carry the
+//!   session's lease id, and a held name is never reused, so presence is
+//!   enough). Each check is bounded by the operation timeout, a third of
+//!   the session TTL and half the time left before the session's
+//!   deadline, so a silent server makes the renewal fail (temporarily:
+//!   `Suspect`) before the lease is lost. Cost: one request per session
+//!   and renewal period, whose answer lists every entry of the session
+//!   (about 40 bytes each: 4 MB a period at 100,000 held locks); a
+//!   force-release is noticed at the next round (up to a third of the TTL
+//!   plus a sixth).
 //! - **`gc`** returns `Ok` with nothing removed or scanned: etcd keeps no
 //!   per-key state after a release (the entries are deleted; tokens are
 //!   global revisions, which never go backwards, so there is no counter to

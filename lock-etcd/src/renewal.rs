@@ -1,6 +1,8 @@
 //! Renewing grants of this backend's own sessions: one at a time
 //! (`renew`, which first checks that the entry still exists on the server)
-//! and in batches (`renew_many`, one lease read per session and batch).
+//! and in batches (`renew_many`, one listing of each session's keys per
+//! renewal round, shared by the round's batches: a client holding N locks
+//! reads N keys per period, not N per batch).
 //!
 //! The session keeps its etcd lease alive on its own, so a renewal moves
 //! the grant's own deadline in memory; what it asks the server is only
@@ -8,7 +10,7 @@
 //! `etcdctl del`) deletes it behind the holder's back, and the holder's
 //! next renewal must then fail `NotHeld`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +25,23 @@ use super::EtcdBackend;
 use crate::cleanup::cleanup;
 use crate::error::{NAME, from_etcd};
 use crate::session::{RenewRefused, Session};
+
+/// The keys a session's lease had when they were last listed, as hashes
+/// (8 bytes a key while the round lasts, not the key: a client may hold
+/// 100,000; a collision, at odds of 2^-64, would only delay noticing one
+/// deleted entry to the next round).
+pub(super) struct Attached {
+    sent_at: Instant,
+    /// Sorted.
+    keys: Arc<Vec<u64>>,
+}
+
+fn key_hash(key: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
+}
 
 /// A lease of one of this backend's sessions: its entry, the entry's
 /// create revision and the session.
@@ -181,6 +200,60 @@ impl EtcdBackend {
         self.renew_local(lease, grant, sent_at)
     }
 
+    /// The keys attached to the session's lease, with the moment the
+    /// listing was asked for: one `LeaseTimeToLive` request, reused by the
+    /// other batches of the same renewal round (asked within a sixth of the
+    /// session's TTL; a round's batches are due together, the next round
+    /// comes a third of the TTL later). `Ok(None)`: the server no longer
+    /// has the lease.
+    async fn attached_keys(
+        &self,
+        lease_id: i64,
+        session: &Session,
+    ) -> Result<Option<(Instant, Arc<Vec<u64>>)>, LockError> {
+        let op = Operation::Renew;
+        // Held across the request: a batch that comes while another asks
+        // waits for its answer instead of asking again.
+        let mut cache = self.inner.attached.lock().await;
+        let fresh_for = session.server_ttl() / 6;
+        if let Some(seen) = cache.get(&lease_id)
+            && seen.sent_at.elapsed() < fresh_for
+        {
+            return Ok(Some((seen.sent_at, seen.keys.clone())));
+        }
+        let budget = self.check_budget(session);
+        let sent_at = Instant::now();
+        let mut lease_client = self.inner.client.lease_client();
+        let answer = with_timeout(budget, op, async {
+            lease_client
+                .time_to_live(lease_id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+                .await
+                .map_err(|e| from_etcd(op, e))
+        })
+        .await?;
+        // The TTL is in whole seconds, rounded down: 0 for a live lease with
+        // less than a second left; -1 for a lease the server no longer has.
+        if answer.ttl() < 0 {
+            cache.remove(&lease_id);
+            return Ok(None);
+        }
+        // etcd lists a lease's keys in no promised order.
+        let mut hashes: Vec<u64> = answer.keys().iter().map(|k| key_hash(k)).collect();
+        hashes.sort_unstable();
+        let keys = Arc::new(hashes);
+        // Forget sessions that are gone, so the map stays as small as the
+        // live sessions.
+        cache.retain(|_, seen| seen.sent_at.elapsed() < fresh_for.max(Duration::from_secs(60)));
+        cache.insert(
+            lease_id,
+            Attached {
+                sent_at,
+                keys: keys.clone(),
+            },
+        );
+        Ok(Some((sent_at, keys)))
+    }
+
     /// `renew_many`: the grants of each of our sessions with one
     /// `LeaseTimeToLive` request listing the keys attached to its lease
     /// (an entry missing from the list was deleted behind our back), the
@@ -201,39 +274,27 @@ impl EtcdBackend {
             }
         }
         for (lease_id, grants) in by_session {
-            let budget = grants
-                .first()
-                .map_or(self.inner.config.op_timeout, |(_, g)| {
-                    self.check_budget(&g.session)
-                });
-            let sent_at = Instant::now();
-            let mut lease_client = self.inner.client.lease_client();
-            let answer = with_timeout(budget, op, async {
-                lease_client
-                    .time_to_live(lease_id, Some(LeaseTimeToLiveOptions::new().with_keys()))
-                    .await
-                    .map_err(|e| from_etcd(op, e))
-            })
-            .await;
+            let Some(session) = grants.first().map(|(_, g)| g.session.clone()) else {
+                continue;
+            };
+            let answer = self.attached_keys(lease_id, &session).await;
             match answer {
                 // The TTL is in whole seconds, rounded down: 0 for a live
                 // lease with less than a second left; -1 for a lease the
                 // server no longer has.
-                Ok(answer) if answer.ttl() >= 0 => {
-                    // etcd lists a lease's keys in no promised order.
-                    let attached: HashSet<&[u8]> =
-                        answer.keys().iter().map(Vec::as_slice).collect();
+                Ok(Some((sent_at, attached))) => {
                     for (i, grant) in grants {
                         let lease = leases[i];
-                        results[i] = Some(if attached.contains(grant.entry.as_bytes()) {
-                            self.renew_local(lease, grant, sent_at)
-                        } else {
-                            grant.session.forget_grant(&grant.entry, grant.revision);
-                            Err(not_held(lease, DELETED))
-                        });
+                        results[i] =
+                            Some(if attached.contains(&key_hash(grant.entry.as_bytes())) {
+                                self.renew_local(lease, grant, sent_at)
+                            } else {
+                                grant.session.forget_grant(&grant.entry, grant.revision);
+                                Err(not_held(lease, DELETED))
+                            });
                     }
                 }
-                Ok(_) => {
+                Ok(None) => {
                     for (i, grant) in grants {
                         grant
                             .session
