@@ -170,26 +170,10 @@ fn missing(what: &str, message: String) -> Option<PathBuf> {
 }
 
 /// The virtualenv python with redis-py (`DISTLOCK_LEGACY_PYTHON`, by
-/// default `target/legacy-clients/venv/bin/python`), or `None` (skip).
+/// default `target/legacy-clients/venv/bin/python`), or `None` (skip;
+/// under CI a failure naming the installer).
 pub fn python() -> Option<PathBuf> {
-    let path = std::env::var_os("DISTLOCK_LEGACY_PYTHON").map_or_else(
-        || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/legacy-clients/venv/bin/python")
-        },
-        PathBuf::from,
-    );
-    if path.is_file() {
-        return Some(path);
-    }
-    missing(
-        "redis-py",
-        format!(
-            "{} is missing: run scripts/legacy-clients.sh (it installs redis-py in a \
-             virtualenv; DISTLOCK_LEGACY_PYTHON overrides the path)",
-            path.display()
-        ),
-    )
+    conformance::OrSkip::or_skip(conformance::legacy::legacy_python())
 }
 
 /// The folder with node-redlock's `node_modules` (`DISTLOCK_LEGACY_NODE_DIR`,
