@@ -29,7 +29,7 @@ use lock_core::{
 };
 
 use crate::conn::Checkout;
-use crate::dialect::micros;
+use crate::dialect::{Dialect, micros};
 use crate::driver::{NAME, SqlBackend};
 use crate::error::map_sqlx;
 use crate::shared::run::{Bind, Value, execute, fetch};
@@ -141,6 +141,19 @@ pub(crate) async fn finish<T>(
     }
 }
 
+/// "Now" and the µs left before `expires_at` in a statement: the
+/// database's clock, or the bound one (placeholder `n`) where the dialect
+/// binds it.
+fn clock(d: &dyn Dialect, bound: Option<i64>, n: usize) -> (String, String) {
+    match bound {
+        Some(_) => {
+            let p = d.param(n);
+            (p.clone(), format!("(expires_at - {p})"))
+        }
+        None => (d.now_sql().to_owned(), d.left_micros().to_owned()),
+    }
+}
+
 impl SqlBackend {
     /// The token floor table's name, quoted.
     pub(crate) fn quoted_floor(&self) -> &str {
@@ -196,13 +209,13 @@ impl SqlBackend {
         let inner = self.inner();
         let d = inner.dialect;
         let (predicate, like) = d.prefix_predicate(&d.param(1));
+        let bound = d.bound_now();
+        let (now, left) = clock(d, bound, 4);
         let sql: Arc<str> = Arc::from(format!(
             "SELECT {name}, owner, token, \
              CASE WHEN owner IS NOT NULL AND expires_at > {now} THEN {left} ELSE -1 END, details \
              FROM {t} WHERE {predicate} AND name > {p2} ORDER BY name LIMIT {p3}",
             name = d.name_text(),
-            now = d.now_sql(),
-            left = d.left_micros(),
             t = inner.statements.quoted_table,
             p2 = d.param(2),
             p3 = d.param(3),
@@ -213,7 +226,8 @@ impl SqlBackend {
             prefix.to_owned()
         };
         let page = i64::try_from(limit).unwrap_or(1);
-        let binds = [Bind::Text(&pattern), Bind::Text(&after), Bind::Int(page)];
+        let mut binds = vec![Bind::Text(&pattern), Bind::Text(&after), Bind::Int(page)];
+        binds.extend(bound.map(Bind::Int));
         let rows = async {
             let mut checkout = inner.conns.checkout_reader(false).await?;
             let rows = fetch(checkout.conn(), &sql, &binds, "ttiit").await;
@@ -249,12 +263,15 @@ impl SqlBackend {
         let d = inner.dialect;
         let t = &inner.statements.quoted_table;
         let (now, p1) = (d.now_sql(), d.param(1));
+        let bound = d.bound_now();
+        let (read_now, left) = clock(d, bound, 2);
         let read: Arc<str> = Arc::from(format!(
             "SELECT owner, token, {left}, details FROM {t} \
-             WHERE name = {p1} AND owner IS NOT NULL AND expires_at > {now}{lock}",
-            left = d.left_micros(),
+             WHERE name = {p1} AND owner IS NOT NULL AND expires_at > {read_now}{lock}",
             lock = d.for_update(),
         ));
+        let mut read_binds = vec![Bind::Text(key.as_str())];
+        read_binds.extend(bound.map(Bind::Int));
         let clear = format!(
             "UPDATE {t} SET owner = NULL, details = NULL, expires_at = {now} WHERE name = {p1}"
         );
@@ -267,7 +284,7 @@ impl SqlBackend {
             let body = async {
                 let conn = checkout.conn();
                 execute(conn, &begin, &[]).await?;
-                let held = fetch(conn, &read, &[Bind::Text(name)], "tiit").await?;
+                let held = fetch(conn, &read, &read_binds, "tiit").await?;
                 let Some(row) = held.into_iter().next() else {
                     return Ok(None);
                 };

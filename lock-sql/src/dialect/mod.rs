@@ -113,6 +113,13 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         (format!("name LIKE {param} ESCAPE '!'"), true)
     }
 
+    /// "Now" bound by the statement, in the µs `expires_at` stores, where
+    /// the mutex's statements bind it (SQLite: the process's clock, finer
+    /// than SQLite's own); `None` where the database's clock is used.
+    fn bound_now(&self) -> Option<i64> {
+        None
+    }
+
     /// The suffix of a `SELECT` that locks the rows it read for the
     /// transaction (none where the transaction holds the database).
     fn for_update(&self) -> &'static str {

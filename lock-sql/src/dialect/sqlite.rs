@@ -134,6 +134,10 @@ impl Dialect for Sqlite {
         (format!("instr(name, {param}) = 1"), false)
     }
 
+    fn bound_now(&self) -> Option<i64> {
+        Some(unix_micros())
+    }
+
     // BEGIN IMMEDIATE holds the file's write lock for the transaction.
     fn for_update(&self) -> &'static str {
         ""
