@@ -25,7 +25,7 @@ use lock_core::{
     FencingToken, LockError, LockInfo, LockKey, LockPage, Operation, check_list_limit, with_timeout,
 };
 
-use super::sql::details_of;
+use super::sql::{MS_PAD, details_of};
 use super::{SqlShedLockBackend, is_ours};
 use crate::admin::{
     decode_cursor, encode_cursor, finish, is_duplicate_column, is_missing_column, like_prefix,
@@ -73,7 +73,9 @@ fn spelling(dialect: SqlDialect) -> Spelling {
 }
 
 /// A holder row `(locked_by, token, µs left, details)` as [`LockInfo`].
-fn info(key: LockKey, row: &[Value]) -> LockInfo {
+/// `pad` is what the grant added to the TTL on the database side (the
+/// millisecond columns' [`MS_PAD`]): not time the holder can count on.
+fn info(key: LockKey, row: &[Value], pad: Duration) -> LockInfo {
     let by = row[0].text().to_owned();
     LockInfo {
         key,
@@ -81,14 +83,21 @@ fn info(key: LockKey, row: &[Value]) -> LockInfo {
             Value::Int(Some(t)) if is_ours(&by) => u64::try_from(t).ok().map(FencingToken::new),
             _ => None,
         },
-        remaining_ttl: Some(Duration::from_micros(
-            u64::try_from(row[2].int()).unwrap_or(0),
-        )),
+        remaining_ttl: Some(
+            Duration::from_micros(u64::try_from(row[2].int()).unwrap_or(0)).saturating_sub(pad),
+        ),
         details: match &row[3] {
             Value::Text(text) => details_of(&by, text.as_deref()),
             Value::Int(_) => None,
         },
         holder: by,
+    }
+}
+
+fn pad_of(dialect: SqlDialect) -> Duration {
+    match dialect {
+        SqlDialect::Postgres => Duration::ZERO,
+        SqlDialect::MySql | SqlDialect::Sqlite => MS_PAD,
     }
 }
 
@@ -167,13 +176,14 @@ impl SqlShedLockBackend {
         })
         .await
         .map_err(|e| e.with_backend(NAME))?;
+        let pad = pad_of(inner.config.dialect);
         let cursor = (rows.len() == limit)
             .then(|| rows.last().map(|r| encode_cursor(r[0].text())))
             .flatten();
         let locks = rows
             .iter()
             .filter(|r| r[3].int() >= 0 && r[0].text().starts_with(prefix))
-            .filter_map(|r| Some(info(LockKey::new(r[0].text()).ok()?, &r[1..])))
+            .filter_map(|r| Some(info(LockKey::new(r[0].text()).ok()?, &r[1..], pad)))
             .collect();
         Ok(LockPage { locks, cursor })
     }
@@ -233,11 +243,12 @@ impl SqlShedLockBackend {
         let Some(row) = found else {
             return Ok(None);
         };
+        let pad = pad_of(inner.config.dialect);
         tracing::warn!(
             key = name,
             holder = row[0].text(),
             "force-released a ShedLock lock"
         );
-        Ok(Some(info(key.clone(), &row)))
+        Ok(Some(info(key.clone(), &row, pad)))
     }
 }

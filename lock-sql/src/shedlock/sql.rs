@@ -32,7 +32,7 @@ const LITE_NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) 
 /// store milliseconds (MySQL `TIMESTAMP(3)`, SQLite epoch ms): "now" and
 /// the stored value are each truncated by up to 1 ms, so without it the
 /// row could free up to 2 ms before `sent_at + ttl`.
-const MS_PAD: Duration = Duration::from_millis(2);
+pub(crate) const MS_PAD: Duration = Duration::from_millis(2);
 
 /// The statements of one table (validated, quoted here) and its side
 /// table of tokens.
