@@ -13,6 +13,7 @@ use lock_core::{
 use tokio::time::Instant;
 
 use crate::config::{SqlConfig, SqlDialect};
+use crate::conn::retry_once;
 use crate::conn::{ConnSet, DbOptions, DbPool, pool_size};
 use crate::dialect::{self, Dialect, token_of};
 use crate::error::map_sqlx;
@@ -28,44 +29,6 @@ pub(crate) const NAME: &str = "sql";
 /// precision, but a lease must outlive the clock-drift allowance and a
 /// round trip to be of any use.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
-
-/// Runs `$statement` (an expression of `$conn: &mut DbConn`) on one of the
-/// backend's connections; when that connection turns out broken (see
-/// [`crate::conn::is_broken`]), runs it once more on a freshly opened one.
-/// Only for statements that may run twice: renew and inspect are
-/// idempotent, and a release that did commit before its reply was lost
-/// matches nothing the second time (it reports `false`, and the lock is
-/// free either way). Grants recover differently (`grant_once`).
-/// `retry_once!(read, ...)` is for statements that only read (see
-/// [`ConnSet::checkout_reader`]).
-macro_rules! retry_once {
-    ($conns:expr, |$conn:ident| $statement:expr) => {
-        retry_once!(@ checkout, $conns, |$conn| $statement)
-    };
-    (read, $conns:expr, |$conn:ident| $statement:expr) => {
-        retry_once!(@ checkout_reader, $conns, |$conn| $statement)
-    };
-    (@ $checkout:ident, $conns:expr, |$conn:ident| $statement:expr) => {{
-        let conns: &ConnSet = $conns;
-        let mut fresh = false;
-        loop {
-            let mut checkout = match conns.$checkout(fresh).await {
-                Ok(checkout) => checkout,
-                Err(err) => break Err(err),
-            };
-            let result = {
-                let $conn = checkout.conn();
-                $statement.await
-            };
-            if checkout.finish(&result) && !fresh {
-                tracing::debug!("database connection broke; retrying on a fresh one");
-                fresh = true;
-                continue;
-            }
-            break result;
-        }
-    }};
-}
 
 /// A lock service on a SQL table: PostgreSQL, MySQL/MariaDB or SQLite.
 ///

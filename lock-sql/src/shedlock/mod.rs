@@ -19,6 +19,7 @@ use lock_core::{
 use tokio::time::Instant;
 
 use crate::config::{SqlConfig, SqlDialect, SqlLayout, SqlMode};
+use crate::conn::retry_once;
 use crate::conn::{ConnSet, DbOptions, pool_size};
 use crate::driver::{MIN_TTL, NAME};
 use crate::error::map_sqlx;
@@ -29,32 +30,6 @@ pub const SHEDLOCK_MAX_NAME: usize = 64;
 
 /// What `locked_by` holds for our grants: `<host>/distlock/<owner hex>`.
 const OURS: &str = "/distlock/";
-
-/// Runs `$statement` (an expression of `$conn: &mut DbConn`) on one of the
-/// backend's connections, once more on a fresh one when that connection
-/// broke: only for statements that may run twice (release, renew,
-/// inspect, schema).
-macro_rules! retry_once {
-    ($conns:expr, $checkout:ident, |$conn:ident| $statement:expr) => {{
-        let conns: &ConnSet = $conns;
-        let mut fresh = false;
-        loop {
-            let mut checkout = match conns.$checkout(fresh).await {
-                Ok(checkout) => checkout,
-                Err(err) => break Err(err),
-            };
-            let result = {
-                let $conn = checkout.conn();
-                $statement.await
-            };
-            if checkout.finish(&result) && !fresh {
-                fresh = true;
-                continue;
-            }
-            break result;
-        }
-    }};
-}
 
 /// A mutex on ShedLock's table (`shedlock(name, lock_until, locked_at,
 /// locked_by)`) with our fencing tokens in a side table
@@ -292,7 +267,7 @@ impl SqlShedLockBackend {
                         // Concurrent creations may race on PostgreSQL's catalog.
                         let mut attempts = 0;
                         loop {
-                            match retry_once!(conns, checkout, |conn| sql.plain(conn, statement)) {
+                            match retry_once!(conns, |conn| sql.plain(conn, statement)) {
                                 Err(sqlx::Error::Database(db))
                                     if attempts < 3
                                         && (db.is_unique_violation()
@@ -313,7 +288,7 @@ impl SqlShedLockBackend {
                         .map_err(|e| map_sqlx(config, Operation::Connect, e))?;
                 }
                 for probe in &sql.probe {
-                    match retry_once!(conns, checkout_reader, |conn| sql.plain(conn, probe)) {
+                    match retry_once!(read, conns, |conn| sql.plain(conn, probe)) {
                         Err(sqlx::Error::Database(db)) => {
                             return Err(LockError::config(format!(
                                 "layout=shedlock needs the tables {} (name, lock_until, locked_at, \
@@ -332,7 +307,7 @@ impl SqlShedLockBackend {
                         other => other.map_err(|e| map_sqlx(config, Operation::Connect, e))?,
                     }
                 }
-                let mismatch = retry_once!(conns, checkout_reader, |conn| sql
+                let mismatch = retry_once!(read, conns, |conn| sql
                     .collation_mismatch(conn, &config.table))
                 .map_err(|e| map_sqlx(config, Operation::Connect, e))?;
                 if let Some((lock, tokens)) = mismatch {
@@ -515,7 +490,7 @@ impl LockBackend for SqlShedLockBackend {
         let sql = &self.inner.sql;
         let sent_at = Instant::now();
         let renewed = with_timeout(self.timeout(), Operation::Renew, async {
-            retry_once!(&self.inner.conns, checkout, |conn| sql.renew(
+            retry_once!(&self.inner.conns, |conn| sql.renew(
                 conn,
                 key.as_str(),
                 &locked_by,
@@ -543,7 +518,7 @@ impl LockBackend for SqlShedLockBackend {
         let locked_by = self.locked_by(lease);
         let sql = &self.inner.sql;
         with_timeout(self.timeout(), Operation::Release, async {
-            retry_once!(&self.inner.conns, checkout, |conn| sql.release(
+            retry_once!(&self.inner.conns, |conn| sql.release(
                 conn,
                 key.as_str(),
                 &locked_by
@@ -584,7 +559,7 @@ impl LockBackend for SqlShedLockBackend {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let sql = &self.inner.sql;
         let row = with_timeout(self.timeout(), Operation::Inspect, async {
-            retry_once!(&self.inner.conns, checkout_reader, |conn| sql
+            retry_once!(read, &self.inner.conns, |conn| sql
                 .inspect(conn, key.as_str()))
             .map_err(|e| self.err(Operation::Inspect, key, e))
         })
