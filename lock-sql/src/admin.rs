@@ -71,6 +71,27 @@ pub(crate) fn encode_cursor(name: &str) -> String {
     out
 }
 
+/// Checks a `list` call's page size and reads its cursor: the name to
+/// scan after (empty for the first page).
+///
+/// # Errors
+///
+/// `InvalidArgument` for a bad page size or a cursor this driver did not
+/// hand out.
+pub(crate) fn list_start(cursor: Option<&str>, limit: usize) -> Result<String, LockError> {
+    check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
+    match cursor {
+        None => Ok(String::new()),
+        Some(c) => decode_cursor(c).ok_or_else(|| {
+            LockError::invalid_argument(
+                Operation::Inspect,
+                "not a cursor of this backend's list (it starts with `sql1:`)",
+            )
+            .with_backend(NAME)
+        }),
+    }
+}
+
 /// The last key a page scanned, or `None` for a cursor we did not hand out.
 pub(crate) fn decode_cursor(cursor: &str) -> Option<String> {
     let hex = cursor.strip_prefix(CURSOR_TAG)?;
@@ -195,17 +216,7 @@ impl SqlBackend {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<LockPage, LockError> {
-        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
-        let after = match cursor {
-            None => String::new(),
-            Some(c) => decode_cursor(c).ok_or_else(|| {
-                LockError::invalid_argument(
-                    Operation::Inspect,
-                    "not a cursor of this backend's list (it starts with `sql1:`)",
-                )
-                .with_backend(NAME)
-            })?,
-        };
+        let after = list_start(cursor, limit)?;
         let inner = self.inner();
         let d = inner.dialect;
         let (predicate, like) = d.prefix_predicate(&d.param(1));

@@ -21,14 +21,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{
-    FencingToken, LockError, LockInfo, LockKey, LockPage, Operation, check_list_limit, with_timeout,
-};
+use lock_core::{FencingToken, LockError, LockInfo, LockKey, LockPage, Operation, with_timeout};
 
 use super::sql::{MS_PAD, details_of};
 use super::{SqlShedLockBackend, is_ours};
 use crate::admin::{
-    decode_cursor, encode_cursor, finish, is_duplicate_column, is_missing_column, like_prefix,
+    encode_cursor, finish, is_duplicate_column, is_missing_column, like_prefix, list_start,
 };
 use crate::config::SqlDialect;
 use crate::driver::NAME;
@@ -138,17 +136,7 @@ impl SqlShedLockBackend {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<LockPage, LockError> {
-        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
-        let after = match cursor {
-            None => String::new(),
-            Some(c) => decode_cursor(c).ok_or_else(|| {
-                LockError::invalid_argument(
-                    Operation::Inspect,
-                    "not a cursor of this backend's list (it starts with `sql1:`)",
-                )
-                .with_backend(NAME)
-            })?,
-        };
+        let after = list_start(cursor, limit)?;
         let inner = &self.inner;
         let sp = spelling(inner.config.dialect);
         let [p1, p2, p3] = sp.params;
