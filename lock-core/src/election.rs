@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::client::LockClient;
 use crate::error::{LockError, Operation};
@@ -139,7 +140,33 @@ impl<'a> Campaign<'a> {
             .validate(ttl)
             .map_err(|e| e.with_key(&election).with_backend(backend.name()))?;
         let deadline = saturating_add(Instant::now(), self.wait);
-        let lease = backend.campaign(&name, ttl, deadline).await?;
+        let span = tracing::debug_span!(
+            "distlock.campaign",
+            backend = backend.name(),
+            election = %name,
+            ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX),
+            term = tracing::field::Empty,
+            owner = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let result = backend
+            .campaign(&name, ttl, deadline)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            match &result {
+                Ok(lease) => {
+                    span.record("term", lease.token().get());
+                    span.record("owner", tracing::field::display(lease.owner().to_hex()));
+                    span.record("outcome", "leading");
+                }
+                Err(e) => {
+                    span.record("outcome", tracing::field::display(e.kind()));
+                }
+            }
+        }
+        let lease = result?;
         Ok(Leadership {
             guard: self.client.guard_for(lease, &defaults.renewal),
         })
@@ -252,7 +279,9 @@ impl LockClient {
     pub async fn leader(&self, name: &str) -> Result<Option<Leader>, LockError> {
         let backend = self.backend();
         let name = LockKey::new(name).map_err(|e| e.with_backend(backend.name()))?;
-        backend.leader(&name).await
+        let span =
+            tracing::debug_span!("distlock.leader", backend = backend.name(), election = %name);
+        backend.leader(&name).instrument(span).await
     }
 
     /// Follows election `name`'s leader without campaigning: the receiver

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::backend::LockBackend;
 use crate::client::LockClient;
@@ -141,6 +142,48 @@ impl<'a> MultiRequest<'a> {
     /// Dropping the future releases whatever it had taken (in the
     /// background) and withdraws the pending request.
     pub async fn acquire(self) -> Result<MultiGuard, LockError> {
+        let backend = self.client.backend().name();
+        let span = tracing::debug_span!(
+            "distlock.lock_all",
+            backend,
+            keys = tracing::field::Empty,
+            ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX),
+            wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX),
+            tokens = tracing::field::Empty,
+            owner = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        if !span.is_disabled() {
+            if let Ok(keys) = &self.keys {
+                let keys: Vec<&str> = keys.iter().map(LockKey::as_str).collect();
+                span.record("keys", tracing::field::display(keys.join(",")));
+            }
+        }
+        let result = self.take().instrument(span.clone()).await;
+        if !span.is_disabled() {
+            match &result {
+                Ok(set) => {
+                    let tokens: Vec<String> = set
+                        .guards
+                        .iter()
+                        .map(|g| g.token().get().to_string())
+                        .collect();
+                    span.record("tokens", tracing::field::display(tokens.join(",")));
+                    if let Some(first) = set.guards.first() {
+                        span.record("owner", tracing::field::display(first.owner().to_hex()));
+                    }
+                    span.record("outcome", "granted");
+                }
+                Err(e) => {
+                    span.record("outcome", tracing::field::display(e.kind()));
+                }
+            }
+        }
+        result
+    }
+
+    /// [`acquire`](Self::acquire) without its span.
+    async fn take(self) -> Result<MultiGuard, LockError> {
         let backend = self.client.backend().clone();
         let keys = self.keys?;
         if keys.is_empty() || keys.len() > MAX_MULTI_KEYS {
