@@ -153,11 +153,9 @@ impl<'a> MultiRequest<'a> {
             owner = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        if !span.is_disabled() {
-            if let Ok(keys) = &self.keys {
-                let keys: Vec<&str> = keys.iter().map(LockKey::as_str).collect();
-                span.record("keys", tracing::field::display(keys.join(",")));
-            }
+        if let (false, Ok(keys)) = (span.is_disabled(), &self.keys) {
+            let keys: Vec<&str> = keys.iter().map(LockKey::as_str).collect();
+            span.record("keys", tracing::field::display(keys.join(",")));
         }
         let result = self.take().instrument(span.clone()).await;
         if !span.is_disabled() {
