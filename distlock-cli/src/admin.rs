@@ -285,8 +285,11 @@ pub(crate) async fn force_release(
     Ok(if broken.is_some() { 0 } else { exit::NOT_HELD })
 }
 
-/// `distlock watch`: a line each time the holder changes (polled every
-/// `interval`), until interrupted or after `changes` changes.
+/// `distlock watch`: a line each time the holder changes (woken by the
+/// store's watch where the driver has one, see
+/// [`LockBackend::watch_holder`](lock_core::LockBackend::watch_holder),
+/// polled every `interval` otherwise), until interrupted or after
+/// `changes` changes.
 pub(crate) async fn watch(
     client: &LockClient,
     key: &str,
@@ -294,42 +297,47 @@ pub(crate) async fn watch(
     changes: Option<u64>,
     json: bool,
 ) -> Result<u8, LockError> {
-    let mut last: Option<(String, Option<FencingToken>)> = None;
-    let mut first = true;
+    let backend = client.backend();
+    let lock_key = LockKey::new(key).map_err(|e| e.with_backend(backend.name()))?;
+    let print = |info: &Option<LockInfo>| {
+        let at = utc(u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis(),
+        )
+        .unwrap_or(u64::MAX));
+        if json {
+            let value = match info {
+                Some(i) => info_json(i),
+                None => json!({ "key": key, "held": false }),
+            };
+            println!("{}", json!({ "at": at, "lock": value }));
+        } else {
+            match info {
+                Some(i) => println!("{at} {}", info_line(i)),
+                None => println!("{at} {key} is free"),
+            }
+        }
+    };
+    let mut last = client.inspect(key).await?;
+    print(&last);
     let mut seen = 0u64;
     loop {
-        let info = client.inspect(key).await?;
-        let now = info.as_ref().map(|i| (i.holder.clone(), i.token));
-        if first || now != last {
-            let at = utc(u64::try_from(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_millis(),
-            )
-            .unwrap_or(u64::MAX));
-            if json {
-                let value = match &info {
-                    Some(i) => info_json(i),
-                    None => json!({ "key": key, "held": false }),
-                };
-                println!("{}", json!({ "at": at, "lock": value }));
-            } else {
-                match &info {
-                    Some(i) => println!("{at} {}", info_line(i)),
-                    None => println!("{at} {key} is free"),
-                }
+        // Come back now and then even when nothing changes (a watch that
+        // silently stalled is replaced).
+        let until = tokio::time::Instant::now() + interval.max(Duration::from_secs(30));
+        let now = backend
+            .watch_holder(&lock_key, last.as_ref(), interval, until)
+            .await?;
+        if !LockInfo::same_holder(now.as_ref(), last.as_ref()) {
+            print(&now);
+            seen += 1;
+            if changes.is_some_and(|n| seen >= n) {
+                return Ok(0);
             }
-            if !first {
-                seen += 1;
-                if changes.is_some_and(|n| seen >= n) {
-                    return Ok(0);
-                }
-            }
-            first = false;
-            last = now;
         }
-        tokio::time::sleep(interval).await;
+        last = now;
     }
 }
 

@@ -410,6 +410,40 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
         }
     }
 
+    /// Waits until the holder of the mutex `key` is no longer `seen` (a
+    /// different holder or token, or none; see [`LockInfo::same_holder`]),
+    /// or until `deadline`, and returns the holder then, as
+    /// [`inspect`](Self::inspect) reports it. `distlock watch` calls this
+    /// in a loop.
+    ///
+    /// The default reads [`inspect`](Self::inspect) every `poll`; a driver
+    /// with watches overrides it to wake on the store's notification (and
+    /// may ignore `poll`).
+    ///
+    /// # Errors
+    ///
+    /// As [`inspect`](Self::inspect).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only (a watch it opened is closed when dropped).
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let poll = poll.max(Duration::from_millis(5));
+        loop {
+            let now = self.inspect(key).await?;
+            if !LockInfo::same_holder(now.as_ref(), seen) || Instant::now() >= deadline {
+                return Ok(now);
+            }
+            tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
+        }
+    }
+
     /// One page of the held mutexes whose key starts with `prefix` (`""`:
     /// every key), each as [`inspect`](Self::inspect) reports it (holder,
     /// token, remaining TTL, holder details): at most `limit` locks

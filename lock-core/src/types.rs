@@ -428,6 +428,19 @@ pub struct LockInfo {
     pub details: Option<HolderDetails>,
 }
 
+impl LockInfo {
+    /// Whether two observations of a key name the same grant: the same
+    /// holder with the same token, or both free (the remaining TTL and
+    /// the details are not compared).
+    pub fn same_holder(a: Option<&LockInfo>, b: Option<&LockInfo>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.holder == b.holder && a.token == b.token,
+            _ => false,
+        }
+    }
+}
+
 /// One page of [`LockBackend::list`](crate::LockBackend::list).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockPage {

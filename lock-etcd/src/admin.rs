@@ -5,12 +5,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, WatchOptions,
+};
 use lock_core::{
     ErrorKind, FencingToken, GcReport, LockError, LockInfo, LockKey, LockPage, Operation,
     check_list_limit, with_timeout,
 };
 use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
 
 use super::EtcdBackend;
 use crate::error::{NAME, from_etcd};
@@ -71,6 +74,41 @@ impl EtcdBackend {
         key: &LockKey,
         op: Operation,
     ) -> Result<Option<HolderEntry>, LockError> {
+        Ok(self.read_holder_at(key, op).await?.0)
+    }
+
+    /// Waits until the mutex's holder is no longer `seen` (or `deadline`),
+    /// waking on an etcd watch of the key's entries from the revision after
+    /// the read, so a change between the read and the watch is not missed.
+    /// No polling.
+    pub(super) async fn watch_holder_of(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        loop {
+            let (holder, revision) = self.read_holder_at(key, Operation::Inspect).await?;
+            let now = holder.map(|h| h.info);
+            if !LockInfo::same_holder(now.as_ref(), seen) || Instant::now() >= deadline {
+                return Ok(now);
+            }
+            let options = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(revision + 1);
+            tokio::select! {
+                () = sleep_until(deadline) => {}
+                () = self.wait_change(self.key_prefix(key).into_bytes(), options, revision + 1) => {}
+            }
+        }
+    }
+
+    /// The holder and the store's revision of the read.
+    async fn read_holder_at(
+        &self,
+        key: &LockKey,
+        op: Operation,
+    ) -> Result<(Option<HolderEntry>, i64), LockError> {
         let key_prefix = self.key_prefix(key);
         let mut kv = self.inner.client.kv_client();
         let response = with_timeout(self.inner.config.op_timeout, op, async {
@@ -80,13 +118,17 @@ impl EtcdBackend {
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let revision = response.header().map_or(0, |h| h.revision());
         let Some(holder) = response.kvs().first() else {
-            return Ok(None);
+            return Ok((None, revision));
         };
         let remaining_ttl = self
             .remaining_ttl(&String::from_utf8_lossy(holder.key()), holder.lease(), op)
             .await;
-        Ok(Some(holder_entry(key, &key_prefix, holder, remaining_ttl)))
+        Ok((
+            Some(holder_entry(key, &key_prefix, holder, remaining_ttl)),
+            revision,
+        ))
     }
 
     /// See [`lock_core::LockBackend::force_release`]: deletes the holder's

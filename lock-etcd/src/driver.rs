@@ -622,6 +622,16 @@ impl LockBackend for EtcdBackend {
             .map(|holder| holder.info))
     }
 
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        self.watch_holder_of(key, seen, deadline).await
+    }
+
     async fn list(
         &self,
         prefix: &str,

@@ -148,12 +148,12 @@ impl EtcdBackend {
     /// moved past `from` when the watch was created (something may have
     /// happened between our read and the watch: re-read rather than wait for
     /// etcd's catch-up loop), or when the watch ends or fails.
-    async fn wait_change(&self, key: Vec<u8>, options: WatchOptions, from: i64) {
+    pub(super) async fn wait_change(&self, key: Vec<u8>, options: WatchOptions, from: i64) {
         let mut watch_client = self.inner.client.watch_client();
         let mut stream = match watch_client.watch(key, Some(options)).await {
             Ok(stream) => stream,
             Err(err) => {
-                tracing::debug!(%err, "election watch failed");
+                tracing::debug!(%err, "etcd watch failed");
                 sleep(Duration::from_millis(100)).await;
                 return;
             }
@@ -173,7 +173,7 @@ impl EtcdBackend {
                 }
                 Ok(None) => return,
                 Err(err) => {
-                    tracing::debug!(%err, "election watch stream failed");
+                    tracing::debug!(%err, "etcd watch stream failed");
                     sleep(Duration::from_millis(50)).await;
                     return;
                 }
