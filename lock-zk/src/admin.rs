@@ -75,6 +75,54 @@ impl ZkBackend {
         .with_backend(NAME))
     }
 
+    /// Waits until `key`'s holder is no longer `seen` (or `deadline`),
+    /// waking on a ZooKeeper watch armed before each read: of the key
+    /// directory's children (a holder or waiter comes or goes), or of the
+    /// directory's creation while it does not exist. No polling.
+    pub(super) async fn watch_holder_in(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let op = Operation::Inspect;
+        let dir = self.checked_key_path(key, op)?;
+        loop {
+            let session = self.session(op).await.map_err(|e| e.with_key(key))?;
+            let fail = |err: CallError| err.into_lock_error(op).with_key(key);
+            let client = &session.client;
+            let watcher = match timed(self.op_timeout(), client.list_and_watch_children(&dir)).await
+            {
+                Ok((_, watcher)) => watcher,
+                Err(err) if err.is(&zk::Error::NoNode) => {
+                    match timed(self.op_timeout(), client.check_and_watch_stat(&dir))
+                        .await
+                        .map_err(fail)?
+                    {
+                        (None, watcher) => watcher,
+                        // Created meanwhile: watch its children.
+                        (Some(_), _) => continue,
+                    }
+                }
+                Err(err) => return Err(fail(err)),
+            };
+            let now = self
+                .holder_in(&session, key, &dir, op)
+                .await?
+                .map(|found| found.info);
+            if !LockInfo::same_holder(now.as_ref(), seen) || Instant::now() >= deadline {
+                return Ok(now);
+            }
+            let mut state = session.state.clone();
+            tokio::select! {
+                _ = watcher.changed() => {}
+                // A lost session never fires its watches: a new one reads.
+                () = super::waiting::wait_lost(&mut state) => {}
+                () = tokio::time::sleep_until(deadline) => return Ok(now),
+            }
+        }
+    }
+
     /// What `inspect` reports of the contender `name` (sequence `seq`)
     /// with data `data` and stat `stat`.
     fn holder_info(

@@ -600,6 +600,17 @@ impl LockBackend for ZkBackend {
             .map(|found| found.info))
     }
 
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        // A ZooKeeper watch, never polling (see admin.rs).
+        self.watch_holder_in(key, seen, deadline).await
+    }
+
     async fn list(
         &self,
         prefix: &str,
