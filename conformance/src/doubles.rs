@@ -107,6 +107,12 @@ pub trait Flaw: fmt::Debug + Send + Sync + 'static {
     fn forced(&self, key: &LockKey) {
         let _ = key;
     }
+
+    /// Whether `watch_holder` misses every change: it sleeps to its
+    /// deadline and reports the holder the caller had seen.
+    fn watch_misses(&self) -> bool {
+        false
+    }
 }
 
 /// A correct backend with a [`Flaw`] on top.
@@ -187,6 +193,21 @@ impl<F: Flaw> LockBackend for Flawed<F> {
 
     async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
         self.inner.gc(older_than).await
+    }
+
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        if self.flaw.watch_misses() {
+            tokio::time::sleep_until(deadline).await;
+            return Ok(seen.cloned());
+        }
+        // Polls this wrapper's `inspect`, so the flaw's answer is watched.
+        lock_core::poll_holder(self, key, seen, poll, deadline).await
     }
 
     async fn try_acquire_kind(

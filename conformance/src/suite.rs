@@ -167,6 +167,10 @@ pub fn all_cases() -> Vec<Case> {
             force_release_fences_the_old_holder,
             "a broken lock's next token is higher; the old holder is out"
         ),
+        case!(
+            watch_follows_the_holder,
+            "watch reports each grant and release, in order, within 5 s"
+        ),
     ]
 }
 

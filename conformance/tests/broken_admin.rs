@@ -8,6 +8,7 @@
 //! - `ListsOutsidePrefix` returns a lock beside the prefix.
 //! - `TokenResetByForce` restarts a key's tokens after a forced release.
 //! - `BrokenHolderRenews` lets the broken holder renew.
+//! - `WatchMisses` has a `watch_holder` that never sees a change.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,6 +27,7 @@ enum Kind {
     ListsOutsidePrefix,
     TokenResetByForce,
     BrokenHolderRenews,
+    WatchMisses,
 }
 
 #[derive(Debug)]
@@ -117,6 +119,10 @@ impl Flaw for Broken {
         page
     }
 
+    fn watch_misses(&self) -> bool {
+        matches!(self.kind, Kind::WatchMisses)
+    }
+
     fn forced(&self, key: &LockKey) {
         self.forced
             .lock()
@@ -182,5 +188,14 @@ async fn a_force_release_that_does_not_fence_is_caught() {
         cases::force_release_fences_the_old_holder(&harness(Kind::BrokenHolderRenews)).await,
         "broken holder renews",
         "could still renew",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_misses_changes_is_caught() {
+    assert_failed(
+        cases::watch_follows_the_holder(&harness(Kind::WatchMisses)).await,
+        "watch misses changes",
+        "did not report a grant",
     );
 }

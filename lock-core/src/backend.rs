@@ -434,14 +434,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
         poll: Duration,
         deadline: Instant,
     ) -> Result<Option<LockInfo>, LockError> {
-        let poll = poll.max(Duration::from_millis(5));
-        loop {
-            let now = self.inspect(key).await?;
-            if !LockInfo::same_holder(now.as_ref(), seen) || Instant::now() >= deadline {
-                return Ok(now);
-            }
-            tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
-        }
+        poll_holder(self, key, seen, poll, deadline).await
     }
 
     /// One page of the held mutexes whose key starts with `prefix` (`""`:
@@ -530,6 +523,34 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
             self.name(),
             "garbage collection of stale keys",
         ))
+    }
+}
+
+/// [`LockBackend::watch_holder`]'s default, for wrappers that override it:
+/// reads `backend`'s [`inspect`](LockBackend::inspect) every `poll` (at
+/// least 5 ms) until the holder is no longer `seen` or `deadline` passed.
+///
+/// # Errors
+///
+/// As [`LockBackend::inspect`].
+///
+/// # Cancel safety
+///
+/// Safe: read-only.
+pub async fn poll_holder<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    seen: Option<&LockInfo>,
+    poll: Duration,
+    deadline: Instant,
+) -> Result<Option<LockInfo>, LockError> {
+    let poll = poll.max(Duration::from_millis(5));
+    loop {
+        let now = backend.inspect(key).await?;
+        if !LockInfo::same_holder(now.as_ref(), seen) || Instant::now() >= deadline {
+            return Ok(now);
+        }
+        tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::Standalone;
@@ -177,70 +178,25 @@ async fn list_in_the_path_layout_covers_the_root() {
 }
 
 /// `watch_holder` wakes on ZooKeeper's watches, not on its poll: with a
-/// poll of a minute it still reports a grant (the key's directory did not
-/// exist yet), a release and the next grant within seconds each (a polling
-/// implementation would wait the minute), and it returns at its deadline
-/// when nothing changes.
+/// poll of a minute the shared check still sees a grant (the key's
+/// directory did not exist yet), a release and the next grant within 5 s
+/// each (a polling implementation would wait the minute).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_holder_wakes_on_zookeeper_watches() {
     let Some(target) = Standalone::start().await else {
         return;
     };
-    let root = format!("/watch-{}", tag());
-    let options = format!("root={root}");
-    let watcher = backend(&target, &options).await;
-    let client = lock_core::LockClient::new(backend(&target, &options).await);
-    let poll = Duration::from_secs(60);
-    let k = LockKey::new("jobs/w").unwrap();
-    let quiet = tokio::time::Instant::now();
-    let deadline = quiet + Duration::from_millis(300);
-    assert!(
-        watcher
-            .watch_holder(&k, None, poll, deadline)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        quiet.elapsed() >= Duration::from_millis(300),
-        "returned before its deadline"
-    );
-
-    let changes = {
-        let watcher = watcher.clone();
-        let k = k.clone();
-        tokio::spawn(async move {
-            let mut seen = None;
-            let mut out = Vec::new();
-            for _ in 0..3 {
-                let started = tokio::time::Instant::now();
-                let far = started + Duration::from_secs(20);
-                let now = watcher
-                    .watch_holder(&k, seen.as_ref(), poll, far)
-                    .await
-                    .unwrap();
-                out.push((now.as_ref().and_then(|i| i.token), started.elapsed()));
-                seen = now;
-            }
-            out
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let first = client.lock("jobs/w").ttl(TTL).acquire().await.unwrap();
-    let first_token = first.token();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    first.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = client.lock("jobs/w").ttl(TTL).acquire().await.unwrap();
-    let out = changes.await.unwrap();
-    assert_eq!(out[0].0, Some(first_token));
-    assert_eq!(out[1].0, None);
-    assert_eq!(out[2].0, Some(second.token()));
-    for (_, waited) in &out {
-        assert!(
-            *waited < Duration::from_secs(5),
-            "woke after {waited:?}: {out:?}"
-        );
-    }
-    second.release().await.unwrap();
+    let options = format!("root=/watch-{}", tag());
+    let watcher: Arc<dyn LockBackend> = Arc::new(backend(&target, &options).await);
+    let holder: Arc<dyn LockBackend> = Arc::new(backend(&target, &options).await);
+    let seen = conformance::cases::watch_sees_changes(
+        watcher,
+        holder,
+        &LockKey::new("jobs/w").unwrap(),
+        TTL,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    println!("{seen}");
 }

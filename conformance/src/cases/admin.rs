@@ -270,3 +270,107 @@ pub async fn force_release_fences_the_old_holder(h: &Harness) -> CaseResult {
     );
     Ok(Outcome::Passed(fenced))
 }
+
+/// `watch_holder` (what `distlock watch` follows) reports every change of
+/// a key's holder, in order: a grant, its release, the next grant, each
+/// within 5 s of the change; and with nothing changing it returns at its
+/// deadline, with the key still free. Polled every 100 ms here, so every
+/// backend runs it; the drivers with watches run
+/// [`watch_sees_changes`] with a poll of a minute in their own tests,
+/// which only a notification passes.
+pub async fn watch_follows_the_holder(h: &Harness) -> CaseResult {
+    let (a, b) = two_clients(h).await?;
+    let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
+    let key = h.key("watch");
+    watch_sees_changes(b, a, &key, ttl, Duration::from_millis(100))
+        .await
+        .map(Outcome::Passed)
+}
+
+/// The check behind [`watch_follows_the_holder`]: `watcher` follows `key`
+/// (polling every `poll` where the driver has no watch) while `holder`
+/// takes it, releases it and takes it again, each step once the watcher
+/// reported the one before (so no change can hide behind the next). Fails
+/// when a change is missed, reported out of order, or seen later than 5 s
+/// after it happened. The description of what was seen on success.
+pub async fn watch_sees_changes(
+    watcher: Arc<dyn LockBackend>,
+    holder: Arc<dyn LockBackend>,
+    key: &LockKey,
+    ttl: Duration,
+    poll: Duration,
+) -> Result<String, String> {
+    const LATE: Duration = Duration::from_secs(5);
+    let quiet = Instant::now();
+    let free = watcher
+        .watch_holder(key, None, poll, quiet + Duration::from_millis(300))
+        .await
+        .map_err(fmt_err("watch_holder"))?;
+    ensure!(free.is_none(), "a free key watched as held by {free:?}");
+    ensure!(
+        quiet.elapsed() >= Duration::from_millis(300),
+        "watch_holder returned after {:?}, before its deadline, with nothing changed",
+        quiet.elapsed()
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let follower = {
+        let (watcher, key) = (watcher.clone(), key.clone());
+        tokio::spawn(async move {
+            let mut seen: Option<lock_core::LockInfo> = None;
+            loop {
+                let until = Instant::now() + LATE + LATE;
+                match watcher.watch_holder(&key, seen.as_ref(), poll, until).await {
+                    Ok(now) => {
+                        if !lock_core::LockInfo::same_holder(now.as_ref(), seen.as_ref())
+                            && tx.send(now.as_ref().and_then(|i| i.token)).is_err()
+                        {
+                            return;
+                        }
+                        seen = now;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        })
+    };
+    let mut steps = Vec::new();
+    let result = async {
+        let first = take_free(&*holder, key, ttl).await?;
+        steps.push(reported(&mut rx, Some(first.token()), "a grant").await?);
+        ensure!(
+            holder.release(&first).await.map_err(fmt_err("release"))?,
+            "release said not held"
+        );
+        steps.push(reported(&mut rx, None, "a release").await?);
+        let second = take_free(&*holder, key, ttl).await?;
+        steps.push(reported(&mut rx, Some(second.token()), "the next grant").await?);
+        holder.release(&second).await.map_err(fmt_err("release"))?;
+        Ok::<_, String>(())
+    }
+    .await;
+    follower.abort();
+    result?;
+    Ok(format!(
+        "grant, release, grant seen after {steps:?} (poll {poll:?})"
+    ))
+}
+
+/// Waits (up to 5 s) for the watcher's next report and checks it is
+/// `want`; how long it took.
+async fn reported(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Option<lock_core::FencingToken>>,
+    want: Option<lock_core::FencingToken>,
+    what: &str,
+) -> Result<Duration, String> {
+    const LATE: Duration = Duration::from_secs(5);
+    let started = Instant::now();
+    let got = tokio::time::timeout(LATE, rx.recv())
+        .await
+        .map_err(|_| format!("the watch did not report {what} within {LATE:?}"))?
+        .ok_or("the watcher stopped")?;
+    ensure!(
+        got == want,
+        "after {what} the watch reported token {got:?}, not {want:?}"
+    );
+    Ok(started.elapsed())
+}
