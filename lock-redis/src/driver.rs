@@ -30,7 +30,7 @@ use crate::error::NAME;
 use crate::eviction::EvictionCheck;
 use crate::layout::{LEGACY_OWNER_MARK, check_cluster_slot, legacy_names, legacy_unsupported};
 use crate::notify::Notifier;
-use crate::scripts::{KeyNames, Scripts};
+use crate::scripts::{KeyNames, Scripts, TokenFloor};
 use attempt::{Attempt, Found, next_try};
 
 /// The shortest TTL accepted: below it the clock-drift allowance and one
@@ -73,21 +73,24 @@ struct Inner {
     redlock: bool,
     quorum: usize,
     eviction: EvictionCheck,
-    /// The token floor key (`gc`), on one server and Sentinel only.
-    floor: Option<String>,
-    /// Where the next `gc` run goes on scanning (0: from the start).
-    gc_cursor: std::sync::Mutex<u64>,
+    /// Where the token floor keys (`gc`) are: one per server, one per
+    /// Cluster slot, or none.
+    floor: TokenFloor,
+    /// Where the next `gc` run goes on scanning: the scan target (the
+    /// Cluster master's index) and its `SCAN` cursor; `(0, 0)`: from the
+    /// start.
+    gc_cursor: std::sync::Mutex<(usize, u64)>,
 }
 
 impl Inner {
-    fn gc_cursor(&self) -> u64 {
+    fn gc_cursor(&self) -> (usize, u64) {
         *self
             .gc_cursor
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn set_gc_cursor(&self, cursor: u64) {
+    fn set_gc_cursor(&self, cursor: (usize, u64)) {
         *self
             .gc_cursor
             .lock()

@@ -411,20 +411,31 @@
 //!   alone: the next grant's token is above the broken one. The broken
 //!   holder's renew answers `NotHeld`, its release `false`. Redlock: on
 //!   every node, a majority must answer.
-//! - **`gc(older_than)`** (one server and Sentinel, `layout=native`):
-//!   scans `<prefix>{*}:token` (20 `SCAN`s of 200 per call, continuing where
-//!   the last call stopped) and removes, one script per counter (pipelined),
-//!   each counter whose lock is free, that has no TTL, and whose
-//!   `OBJECT IDLETIME` (every grant and inspect touches it) is at least
-//!   `older_than`, after raising the token floor `distlock:token-floor`
-//!   (one key per server, for every prefix and layout) to its value. Every
-//!   script that creates a counter (`INCR` answering 1) adds the floor, in
+//! - **`gc(older_than)`** (one server, Sentinel and Cluster,
+//!   `layout=native`): scans `<prefix>{*}:token` (20 `SCAN`s of 200 per
+//!   call, continuing where the last call stopped; in Cluster every master
+//!   in turn, as `list` walks them) and removes, one script per counter
+//!   (pipelined; concurrent in Cluster), each counter whose lock is free,
+//!   that has no TTL, and whose `OBJECT IDLETIME` (every grant and inspect
+//!   touches it) is at least `older_than`, after raising the counter's
+//!   token floor to its value in the same script. On one server and
+//!   Sentinel the floor is one key, `distlock:token-floor`, for every
+//!   prefix and layout, and the report's `token_floor` is its value. In
+//!   Cluster the floor is one key per hash slot,
+//!   `distlock:token-floor:{<n>%}` with `<n>` the smallest number whose tag
+//!   `<n>%` hashes (CRC16, as the servers) to that slot (a table of the
+//!   16384 names, found once on connect by trying 0, 1, ...; a trailing
+//!   `%` is never in a native name's tag, so no lock of any prefix is a
+//!   floor key): each script gets the floor of its counter's slot as a key,
+//!   so it stays within one slot, and `token_floor` is `None` (no single
+//!   floor). Every script that creates a counter (`INCR` answering 1:
+//!   plain, fair and multi-lock acquires, every layout) adds its floor, in
 //!   the same script: no extra round trip. A server whose
 //!   `maxmemory-policy` is LFU keeps no idle time: nothing is removed.
-//!   Unsupported in Cluster (the floor key cannot share every slot),
-//!   Redlock (its per-node counters are no fence) and the legacy layouts
-//!   (their counters sit among application keys that gc cannot tell from
-//!   ours). `distlock:token-floor` is reserved in the legacy layouts.
+//!   Unsupported with Redlock (its per-node counters are no fence) and in
+//!   the legacy layouts (their counters sit among application keys that gc
+//!   cannot tell from ours; in Cluster they get no floor).
+//!   `distlock:token-floor` is reserved in the legacy layouts.
 //!
 //! Tested: the shared cases `holder_details_are_reported`,
 //! `list_finds_held_locks` and `force_release_fences_the_old_holder` pass
@@ -433,9 +444,13 @@
 //! `tests/admin.rs`: gc (a removed key's next token is above its last and
 //! the floor, a held key's counter stays, nothing idle for an hour goes,
 //! a counter made under another prefix starts above the floor; control:
-//! a counter deleted by hand without the floor restarts at 1), gc refused
-//! in Cluster and the legacy layouts, bad cursors, details beside the
-//! plain and Redisson values (value unchanged, `SET NX` excluded and
+//! a counter deleted by hand without the floor restarts at 1), gc on a
+//! 3-master Cluster (12 keys in 12 slots spread over every master, each
+//! counter removed, each slot's floor at or above its key's last token,
+//! every next token above the last; controls: a counter deleted by hand
+//! and a slot's floor key deleted by hand each restart at 1, which the
+//! same check reports), gc refused with Redlock and the legacy layouts,
+//! bad cursors, details beside the plain and Redisson values (value unchanged, `SET NX` excluded and
 //! getting in on another key, TTL kept by renew, gone with release), and
 //! `force_release` of a foreign holder (counter kept), `force_release`
 //! waking a waiter at once (control: a lock deleted by hand leaves it

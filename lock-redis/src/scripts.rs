@@ -1,9 +1,12 @@
 //! The Lua scripts, the calls that send them, and the key layout.
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use lock_core::{LockError, LockKey, Operation};
 use redis::Value;
+use redis::cluster_routing::Slot;
 
 use crate::conn::Conn;
 use crate::error::unexpected;
@@ -28,9 +31,10 @@ impl LuaScript {
 ///
 /// `grant_token(counter, floor)`: `INCR` of the key's token counter; a
 /// counter this call created (it answered 1) starts above the token floor
-/// (`floor`: the floor key, `nil` where there is none, Cluster and
-/// Redlock), so a key whose counter `gc` removed never hands out a token at
-/// or below one it handed out before. `put_details(side, owner, details,
+/// (`floor`: the floor key, the server's or in Cluster the counter's
+/// slot's; `nil` where there is none, Redlock), so a key whose counter
+/// `gc` removed never hands out a token at or below one it handed out
+/// before. `put_details(side, owner, details,
 /// ttl)`: the holder details beside the lock (`<lock>:holder` =
 /// `<owner> <details>`), with the lock's TTL; nothing without a side key.
 macro_rules! grant_fns {
@@ -256,6 +260,63 @@ pub(crate) struct GrantArgs<'a> {
 /// token any `gc` removed; never a native name, which has `{` right after
 /// its prefix).
 pub(crate) const FLOOR_KEY: &str = "distlock:token-floor";
+
+/// The number of Redis Cluster hash slots.
+const SLOTS: usize = 16384;
+
+/// The Cluster token floor keys, one per slot: `distlock:token-floor:{<n>%}`
+/// for the smallest `n` whose tag `<n>%` hashes to that slot (found once,
+/// by trying `n` = 0, 1, ...: 65 778 tries cover every slot). The trailing
+/// `%` is never made by [`escape_tag`], so no native name of any prefix is
+/// a floor key.
+fn slot_floors() -> &'static HashMap<Slot, Box<str>> {
+    static FLOORS: OnceLock<HashMap<Slot, Box<str>>> = OnceLock::new();
+    FLOORS.get_or_init(|| {
+        let mut floors = HashMap::with_capacity(SLOTS);
+        let mut n: u32 = 0;
+        while floors.len() < SLOTS {
+            let tag = format!("{n}%");
+            floors
+                .entry(Slot::for_key(&tag))
+                .or_insert_with(|| format!("{FLOOR_KEY}:{{{tag}}}").into_boxed_str());
+            n = n.wrapping_add(1);
+        }
+        floors
+    })
+}
+
+/// Where the token floor of a counter is kept (see the crate docs,
+/// *Operating locks*, `gc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TokenFloor {
+    /// No floor, no `gc`: Redlock (per-node counters are no fence), the
+    /// legacy layouts in Cluster.
+    Absent,
+    /// One server or Sentinel: [`FLOOR_KEY`], one key for every prefix.
+    Server,
+    /// Cluster: one key per slot, in the counter's slot, so every script
+    /// stays within one slot.
+    PerSlot,
+}
+
+impl TokenFloor {
+    /// The floor key of the counter `counter` (`None`: no floor).
+    pub(crate) fn key_for(self, counter: &str) -> Option<&'static str> {
+        match self {
+            Self::Absent => None,
+            Self::Server => Some(FLOOR_KEY),
+            Self::PerSlot => slot_floors().get(&Slot::for_key(counter)).map(|k| &**k),
+        }
+    }
+
+    /// Builds what [`key_for`](Self::key_for) needs now (the Cluster table),
+    /// so no acquire pays for it.
+    pub(crate) fn prepare(self) {
+        if self == Self::PerSlot {
+            slot_floors();
+        }
+    }
+}
 
 /// The side key that holds the holder details of the lock at `lock`.
 pub(crate) fn holder_key(lock: &str) -> String {
@@ -483,6 +544,32 @@ mod tests {
     async fn plain_conn(port: u16) -> Conn {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
         Conn::Plain(client.get_multiplexed_async_connection().await.unwrap())
+    }
+
+    /// Every slot has a floor key, in that slot (the Cluster client's own
+    /// hash, as the server's), of a name no native lock name can be.
+    #[test]
+    fn every_slot_has_a_floor_key_in_it() {
+        let floors = slot_floors();
+        assert_eq!(floors.len(), SLOTS);
+        let mut names = std::collections::HashSet::new();
+        for (slot, key) in floors {
+            assert_eq!(Slot::for_key(&**key), *slot, "{key}");
+            let tag = slot_tag(key);
+            assert!(tag.ends_with('%') && unescape_tag(tag).is_none(), "{key}");
+            assert!(names.insert(key.clone()));
+        }
+        // The floor of a lock's counter shares the lock's slot.
+        for name in ["a", "jobs/x", "}", "%", "b"] {
+            let names = KeyNames::new("distlock:", &LockKey::new(name).unwrap());
+            let floor = TokenFloor::PerSlot.key_for(&names.counter).unwrap();
+            assert_eq!(Slot::for_key(floor), Slot::for_key(&names.lock), "{name}");
+            assert!(floor.starts_with("distlock:token-floor:{"), "{floor}");
+        }
+        // "0%": CRC16 (XMODEM) 0x7152, slot 12626, as `CLUSTER KEYSLOT 0%` says.
+        assert_eq!(Slot::for_key("0%"), Slot::new(12626).unwrap());
+        assert_eq!(TokenFloor::Server.key_for("x"), Some(FLOOR_KEY));
+        assert_eq!(TokenFloor::Absent.key_for("x"), None);
     }
 
     fn args<'a>(owner: &'a str, ttl_ms: &'a str) -> GrantArgs<'a> {

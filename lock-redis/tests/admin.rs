@@ -1,22 +1,22 @@
 //! Operating locks on real servers: `gc` of token counters under the
 //! token floor (a removed key's next token is above every earlier one, a
 //! held key's counter stays; the control: a counter deleted by hand,
-//! without the floor, does restart at 1, so the check can fail), `gc`
-//! refused in Cluster and Redlock, holder details beside the legacy
+//! without the floor, does restart at 1, so the check can fail), `gc` on
+//! Cluster under one floor key per slot (the same fence and controls),
+//! `gc` refused with Redlock and the legacy layouts, holder details beside the legacy
 //! layouts' values (the value other clients compare is unchanged, the
 //! side key goes with the lock), `force_release` of another library's
 //! holder, and bad list cursors.
 
-mod common;
-
+use std::collections::HashMap;
 use std::time::Duration;
 
-use common::RedisTarget;
 use conformance::OrSkip;
-use conformance::servers::redis::RedisServer;
+use conformance::servers::redis::{RedisCluster, RedisServer};
 use lock_core::{ErrorKind, HolderDetails, LockBackend, LockKey};
 use lock_redis::{RedisBackend, RedisConfig};
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
 
 async fn backend(url: &str) -> RedisBackend {
     RedisBackend::connect(RedisConfig::from_url(url).unwrap())
@@ -137,20 +137,221 @@ async fn gc_removes_idle_counters_and_tokens_stay_above() {
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
 }
 
+/// Whether every key's token after gc (`after`) is above its token
+/// before (`before`): the fence gc must keep. `Err` names the first key
+/// whose token went back.
+fn tokens_above(before: &[(String, u64)], after: &[(String, u64)]) -> Result<(), String> {
+    for ((key, old), (_, new)) in before.iter().zip(after) {
+        if new <= old {
+            return Err(format!("{key}: token {new} after gc, {old} before"));
+        }
+    }
+    Ok(())
+}
+
+/// A key's hash slot, as the server computes it.
+async fn slot_of(conn: &mut ClusterConnection, name: &str) -> i64 {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// The token floor keys of a Cluster by slot (every master scanned), with
+/// their values.
+async fn slot_floors(cluster: &mut RedisCluster) -> HashMap<i64, (String, u64)> {
+    let mut conn = cluster_conn(cluster).await;
+    let mut floors = HashMap::new();
+    for node in cluster.nodes().iter() {
+        let mut raw = raw(node).await;
+        let names: Vec<String> = redis::cmd("KEYS")
+            .arg("distlock:token-floor*")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        for name in names {
+            let value: u64 = redis::cmd("GET")
+                .arg(&name)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            let slot = slot_of(&mut conn, &name).await;
+            assert!(floors.insert(slot, (name, value)).is_none(), "two floors");
+        }
+    }
+    floors
+}
+
+async fn cluster_conn(cluster: &mut RedisCluster) -> ClusterConnection {
+    let urls: Vec<String> = cluster.nodes().iter().map(RedisServer::url).collect();
+    redis::cluster::ClusterClient::new(urls)
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap()
+}
+
+/// gc on a 3-master Cluster: counters in slots of every master are
+/// removed, each after raising the floor key of its own slot, and every
+/// key's next token is above its last. The controls: a counter deleted by
+/// hand (no floor raised), and a removed counter whose slot's floor key is
+/// deleted by hand, restart at 1, which the same check reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_is_unsupported_in_cluster() {
-    let Some(target) = RedisTarget::cluster().await.or_skip() else {
+async fn gc_on_cluster_keeps_tokens_above_per_slot() {
+    let Some(mut cluster) = RedisCluster::start(3).await.or_skip() else {
         return;
     };
-    let b = target.backend().await.unwrap();
-    let err = b.gc(Duration::ZERO).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    // list and force_release work there (the suite's cases), and a bad
-    // cursor is refused.
+    let mut conn = cluster_conn(&mut cluster).await;
+    let b = backend(&format!("{}?prefix=gc:", cluster.url())).await;
+    let names: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    let keys: Vec<LockKey> = names
+        .iter()
+        .map(|n| LockKey::new(n.clone()).unwrap())
+        .collect();
+    let mut before = Vec::new();
+    let mut slots = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        before.push((key.to_string(), cycle(&b, key, 2 + i % 3).await));
+        slots.push(slot_of(&mut conn, &format!("gc:{{{key}}}:token")).await);
+    }
+    let mut distinct = slots.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        keys.len(),
+        "the keys share slots: {slots:?}"
+    );
+    // Every master holds some of the counters: gc must scan them all.
+    for node in cluster.nodes().iter() {
+        let size: i64 = redis::cmd("DBSIZE")
+            .query_async(&mut raw(node).await)
+            .await
+            .unwrap();
+        assert!(size > 0, "master {} holds no counter", node.port());
+    }
+    let held = LockKey::new("held").unwrap();
+    let lease = b
+        .try_acquire(&held, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let report = b.gc(Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(report.removed, 0, "nothing idle for an hour: {report:?}");
+
+    // Control 1: a counter removed without its floor restarts at 1, and
+    // the check sees it.
+    let control = LockKey::new("control").unwrap();
+    let control_before = vec![("control".to_owned(), cycle(&b, &control, 3).await)];
+    let _: i64 = redis::cmd("DEL")
+        .arg("gc:{control}:token")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let restarted = vec![("control".to_owned(), cycle(&b, &control, 1).await)];
+    assert_eq!(restarted[0].1, 1);
+    assert!(
+        tokens_above(&control_before, &restarted).is_err(),
+        "control: the check missed a counter deleted by hand"
+    );
+
+    let mut removed = 0;
+    for _ in 0..20 {
+        let report = b.gc(Duration::ZERO).await.unwrap();
+        assert!(report.scanned >= report.removed, "{report:?}");
+        assert_eq!(report.token_floor, None, "one floor per slot: {report:?}");
+        removed += report.removed;
+        if report.removed == 0 && removed > 0 {
+            break;
+        }
+    }
+    assert!(
+        removed >= 13,
+        "gc removed {removed} counters (12 keys, control)"
+    );
+    for key in &keys {
+        assert!(
+            !exists_in(&mut conn, &format!("gc:{{{key}}}:token")).await,
+            "{key}: idle counter kept"
+        );
+    }
+    assert!(
+        exists_in(&mut conn, "gc:{held}:token").await,
+        "the counter of a held key was collected"
+    );
+    // Each removed counter raised the floor key of its own slot.
+    let floors = slot_floors(&mut cluster).await;
+    for ((key, token), slot) in before.iter().zip(&slots) {
+        let (name, floor) = floors.get(slot).expect("a floor in the key's slot");
+        assert!(
+            floor >= token,
+            "{key}: floor {name} = {floor} below {token}"
+        );
+    }
+
+    // Control 2: the floor key of k0's slot deleted by hand: k0 restarts.
+    let (k0_floor, _) = &floors[&slots[0]];
+    let _: i64 = redis::cmd("DEL")
+        .arg(k0_floor)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let k0_after = vec![(names[0].clone(), cycle(&b, &keys[0], 1).await)];
+    assert_eq!(k0_after[0].1, 1, "control: k0 without its floor");
+    assert!(
+        tokens_above(&before[..1], &k0_after).is_err(),
+        "control: the check missed a token that went back"
+    );
+
+    let mut after = vec![(names[0].clone(), u64::MAX)];
+    for key in &keys[1..] {
+        after.push((key.to_string(), cycle(&b, key, 1).await));
+    }
+    tokens_above(&before, &after).unwrap();
+    let info = b.inspect(&held).await.unwrap().expect("still held");
+    assert_eq!(info.token, Some(lease.token()));
+    assert!(b.release(&lease).await.unwrap());
+
+    // list works there too, and a bad cursor is refused.
     for bad in ["x", "0", "0:1:zz", "99:0", "0:0:00:1"] {
         let err = b.list("", Some(bad), 10).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
     }
+    // The legacy layouts stay refused in Cluster.
+    let plain = backend(&format!("{}?layout=plain", cluster.url())).await;
+    let err = plain.gc(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+}
+
+/// Redlock's per-node counters are no fence: gc is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_is_unsupported_with_redlock() {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        let Some(server) = RedisServer::start().await.or_skip() else {
+            return;
+        };
+        servers.push(server);
+    }
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let b = backend(&format!("redlock://{}", hosts.join(","))).await;
+    let err = b.gc(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("Redlock"), "{err}");
+}
+
+async fn exists_in(conn: &mut ClusterConnection, name: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(name)
+        .query_async::<i64>(conn)
+        .await
+        .unwrap()
+        == 1
 }
 
 /// Holder details beside the legacy values: the lock key keeps exactly

@@ -15,7 +15,8 @@ use crate::config::RedisTopology;
 use crate::error::{NAME, unexpected};
 use crate::layout::{LEGACY_OWNER_MARK, RedisLayout};
 use crate::scripts::{
-    HOLDER_SUFFIX, as_int, details_of, escape_tag, glob_escape, pttl, text, unescape_tag,
+    FLOOR_KEY, HOLDER_SUFFIX, TokenFloor, as_int, details_of, escape_tag, glob_escape, pttl, text,
+    unescape_tag,
 };
 
 /// The `COUNT` of one `SCAN` (a hint: Redis examines about that many keys).
@@ -454,15 +455,6 @@ impl RedisBackend {
     /// `gc`: see the crate docs, *Operating locks*.
     pub(super) async fn gc_counters(&self, older_than: Duration) -> Result<GcReport, LockError> {
         let op = Operation::Inspect;
-        let Some(floor) = self.inner.floor.as_deref() else {
-            return Err(LockError::new(
-                ErrorKind::Unsupported,
-                op,
-                "gc of token counters needs one server or Sentinel: in Cluster no floor key \
-                 shares every key's slot, and Redlock's per-node counters are no fence",
-            )
-            .with_backend(NAME));
-        };
         let config = &self.inner.config;
         if config.layout.is_legacy() {
             return Err(LockError::new(
@@ -476,35 +468,46 @@ impl RedisBackend {
             )
             .with_backend(NAME));
         }
+        let floors = self.inner.floor;
+        if floors == TokenFloor::Absent {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                op,
+                "gc of token counters needs one server, Sentinel or Cluster: Redlock's \
+                 per-node counters are no fence",
+            )
+            .with_backend(NAME));
+        }
         let suffix = ":token";
         let pattern = format!("{}{{*}}{suffix}", glob_escape(&config.prefix));
         let idle = older_than.as_secs() + u64::from(older_than.subsec_nanos() > 0);
         let idle = idle.to_string();
-        let target: ScanTarget = (0, None);
+        // One server: its one node; Cluster: every master in turn.
+        let targets = self.scan_targets().await?;
         let mut report = GcReport::default();
-        let mut cursor = self.inner.gc_cursor();
+        let (mut at, mut cursor) = self.inner.gc_cursor();
+        if at >= targets.len() {
+            // The Cluster lost a master since the last run: start over.
+            (at, cursor) = (0, 0);
+        }
         for _ in 0..MAX_SCANS {
-            let (next, found) = self.scan(&target, cursor, &pattern, "string").await?;
-            let pairs: Vec<(String, &String)> = found
+            let Some(target) = targets.get(at) else { break };
+            let (next, found) = self.scan(target, cursor, &pattern, "string").await?;
+            let calls: Vec<(Vec<&str>, Vec<&str>)> = found
                 .iter()
                 .filter_map(|counter| {
                     let lock = counter.strip_suffix(suffix)?;
                     let key = self.lock_key_of(lock, "")?;
-                    (self.layout_names(&key).counter == *counter)
-                        .then(|| (lock.to_owned(), counter))
+                    if self.layout_names(&key).counter != *counter {
+                        return None;
+                    }
+                    // The counter's own floor: the server's, or its slot's.
+                    let floor = floors.key_for(counter)?;
+                    Some((vec![lock, counter.as_str(), floor], vec![idle.as_str()]))
                 })
                 .collect();
-            report.scanned += u64::try_from(pairs.len()).unwrap_or(u64::MAX);
-            if !pairs.is_empty() {
-                let calls: Vec<(Vec<&str>, Vec<&str>)> = pairs
-                    .iter()
-                    .map(|(lock, counter)| {
-                        (
-                            vec![lock.as_str(), counter.as_str(), floor],
-                            vec![idle.as_str()],
-                        )
-                    })
-                    .collect();
+            report.scanned += u64::try_from(calls.len()).unwrap_or(u64::MAX);
+            if !calls.is_empty() {
                 let scripts = &self.inner.scripts;
                 let results = self.inner.nodes[0]
                     .run(op, config.operation_timeout, |mut conn| {
@@ -521,18 +524,28 @@ impl RedisBackend {
                 }
             }
             cursor = next;
-            self.inner.set_gc_cursor(next);
             if next == 0 {
+                at += 1;
+            }
+            let done = at == targets.len();
+            if done {
+                at = 0;
+            }
+            self.inner.set_gc_cursor((at, cursor));
+            if done {
                 break;
             }
         }
-        let value = self.inner.nodes[0]
-            .run(op, config.operation_timeout, |mut conn| async move {
-                conn.query::<Option<u64>>(redis::cmd("GET").arg(floor))
-                    .await
-            })
-            .await?;
-        report.token_floor = Some(FencingToken::new(value.unwrap_or(0)));
+        // Cluster: a floor per slot, no one value to report.
+        if floors == TokenFloor::Server {
+            let value = self.inner.nodes[0]
+                .run(op, config.operation_timeout, |mut conn| async move {
+                    conn.query::<Option<u64>>(redis::cmd("GET").arg(FLOOR_KEY))
+                        .await
+                })
+                .await?;
+            report.token_floor = Some(FencingToken::new(value.unwrap_or(0)));
+        }
         Ok(report)
     }
 }

@@ -119,7 +119,7 @@ impl RedisBackend {
             owner: &owner_hex,
             ttl_ms: &ttl_ms,
             details: &details,
-            floor: self.inner.floor.as_deref(),
+            floor: self.inner.floor.key_for(&names.counter),
         };
         let pending = PendingGrant {
             inner: &self.inner,

@@ -14,7 +14,7 @@ use crate::conn::Node;
 use crate::error::NAME;
 use crate::eviction::{self, EvictionCheck};
 use crate::notify::Notifier;
-use crate::scripts::{FLOOR_KEY, Scripts};
+use crate::scripts::{Scripts, TokenFloor};
 
 /// Connects to the Redis deployment a URL names (see [`RedisConfig`] for the
 /// forms).
@@ -93,11 +93,19 @@ impl RedisBackend {
             redlock,
             quorum,
             eviction: EvictionCheck::NoEviction,
-            // One floor key cannot share every key's cluster slot, and
-            // Redlock's per-node counters are no fence: no gc there.
-            floor: (!redlock && !cluster).then(|| FLOOR_KEY.to_owned()),
-            gc_cursor: std::sync::Mutex::new(0),
+            // Redlock's per-node counters are no fence: no gc there. In
+            // Cluster one floor key per slot, where the layout is ours
+            // (gc refuses the legacy layouts).
+            floor: if redlock || (cluster && config.layout.is_legacy()) {
+                TokenFloor::Absent
+            } else if cluster {
+                TokenFloor::PerSlot
+            } else {
+                TokenFloor::Server
+            },
+            gc_cursor: std::sync::Mutex::new((0, 0)),
         };
+        inner.floor.prepare();
         // Connect and load the scripts (a cluster loads them per node on
         // first use, through the EVAL fallback).
         let loads = inner.nodes.iter().map(|node| {

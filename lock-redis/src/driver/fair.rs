@@ -107,7 +107,7 @@ impl RedisBackend {
             details.as_str(),
         ];
         let mut keys = names.acquire_keys().to_vec();
-        keys.extend(self.inner.floor.as_deref());
+        keys.extend(self.inner.floor.key_for(&names.mutex.counter));
         let keys = &keys;
         let sent_at = Instant::now();
         let value = self.inner.nodes[0]

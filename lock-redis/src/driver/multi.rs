@@ -120,7 +120,13 @@ impl RedisBackend {
         let ttl_text = ttl_ms(ttl);
         let fair = if self.inner.config.fair { "1" } else { "0" };
         let mut script_keys: Vec<&str> = names.iter().flat_map(FairNames::multi_keys).collect();
-        script_keys.extend(self.inner.floor.as_deref());
+        // In Cluster every key of the set is in the first one's slot (checked
+        // above), so is its floor.
+        script_keys.extend(
+            names
+                .first()
+                .and_then(|n| self.inner.floor.key_for(&n.mutex.counter)),
+        );
         let details = lock_core::HolderDetails::encode_current();
         let mut args: Vec<&str> = vec![&ttl_text, fair];
         args.extend(owner_hex.iter().map(String::as_str));
