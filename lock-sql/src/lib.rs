@@ -566,13 +566,50 @@
 //! `layout=shedlock` with a `Config` error, and the driver's descriptor
 //! reports no floor for it (compare shows none rather than failing).
 //!
-//! **Session mode**: `holder_details` is false and `list`,
-//! `force_release` and `gc` are `Unsupported`: the server names a session
-//! lock by a hash (PostgreSQL `pg_locks.objid`, MySQL's hashed lock name),
-//! so neither our keys nor details can be read back from it; only the
-//! holding session can release it, and breaking it would mean ending that
-//! client's whole session (`pg_terminate_backend` / `KILL`); and there is
-//! no per-key state to collect.
+//! **Session mode**: `holder_details` is false; `list` and `gc` are
+//! `Unsupported`: the server knows a PostgreSQL advisory lock only by a
+//! 64-bit hash of the key (`pg_locks` `classid`/`objid`) and a
+//! MySQL/MariaDB `GET_LOCK` name (hashed for long or non-lowercase keys)
+//! only when asked for it by name, so no prefix of our keys can be read
+//! back; a session lock leaves nothing to collect, and the token counters
+//! (PostgreSQL's sequence, MySQL/MariaDB's row per key) are each key's
+//! only record of its last token.
+//!
+//! *`force_release(key)`* in session mode **ends the holder's database
+//! session**, which frees its lock: [`SqlSessionBackend`] holds each lock
+//! on a connection of its own (a grant pins its connection until the
+//! release, which checks the connection back in free; a connection in
+//! doubt is closed, never reused), so only that lock is broken. It reads
+//! the holder as `inspect` does, then:
+//!
+//! - PostgreSQL: one statement `SELECT pg_terminate_backend(pid, timeout)`
+//!   over `pg_locks` (`locktype = 'advisory'`, the key's `classid`/`objid`
+//!   halves, `objsubid = 1`, granted, this database) that terminates only
+//!   if that pid still publishes the grant read (`application_name =
+//!   'distlock <owner> <token>'`) and holds no other advisory lock, and
+//!   waits (up to the operation timeout) for the backend to exit. Needs
+//!   the holder's role, a superuser or `pg_signal_backend`.
+//! - MySQL/MariaDB: `IS_USED_LOCK(name)` gives the holding connection; it
+//!   is ended with `KILL CONNECTION id` only if the key's token row still
+//!   names that connection, owner and token (one round trip before the
+//!   `KILL`: a holder that releases and takes another key on the same
+//!   connection in between would lose that lock instead), then waits for
+//!   the server to free the lock. Any connection of the same user may be
+//!   killed; other users' need `CONNECTION_ADMIN` (MySQL 8) / `CONNECTION
+//!   ADMIN` (MariaDB 10.5+) or `SUPER`. The server cannot tell how many
+//!   `GET_LOCK`s a connection holds without `performance_schema`, so a
+//!   non-backend client that takes several through this crate's grant
+//!   statement (the benchmark [`SessionFloor`] grants every key on its one
+//!   session) would lose them all.
+//!
+//! It returns the holder as `inspect` reported it (owner, token), or
+//! `None` when free. A holder that is not one of this crate's session
+//! grants (another client's `pg_advisory_lock` / `GET_LOCK` on the same
+//! server key, or a PostgreSQL session holding other advisory locks) is
+//! left alone with `Unsupported`. The next grant's token comes from the
+//! sequence / counter and is above the broken one; the broken holder's
+//! guard reports Lost at its next keep-alive (the session's end shows as a
+//! broken connection) and its renew and release fail.
 //!
 //! # Capability checklist
 //!
@@ -588,7 +625,8 @@
 //! - [x] ShedLock's table as a layout (`layout=shedlock`, mutex only),
 //!   excluding ShedLock's `JdbcTemplateLockProvider` both ways
 //! - [x] holder details, `list`, `force_release` (row mode, ShedLock
-//!   layout) and `gc` with a token floor (row mode); none in session mode
+//!   layout) and `gc` with a token floor (row mode); in session mode
+//!   `force_release` only (it ends the holder's database session)
 //!
 //! # Caveats
 //!
@@ -654,7 +692,16 @@
 //!
 //! The shared suite's operating cases (`holder_details_are_reported`,
 //! `list_finds_held_locks`, `force_release_fences_the_old_holder`) pass on
-//! PostgreSQL, MariaDB and SQLite in row mode and on the ShedLock layout;
+//! PostgreSQL, MariaDB and SQLite in row mode and on the ShedLock layout,
+//! and `force_release_fences_the_old_holder` in session mode on PostgreSQL
+//! and MariaDB, where `tests/session_common` (`force_released`,
+//! `force_release_spares_foreign_sessions`) also checks the holder's guard
+//! goes Lost within the TTL, its other lock survives, and that a foreign
+//! session (a raw client holding two locks; on PostgreSQL the benchmark
+//! floor's session holding two keys) is refused and left alive (controls:
+//! skipping the terminate fails "still held after force_release"; killing
+//! foreign holders fails "the foreign session was ended"; terminating
+//! sessions with other advisory locks fails the floor check);
 //! `tests/admin_checks` (from `tests/postgres.rs`, `tests/mariadb.rs`,
 //! `tests/sqlite.rs`) checks `gc` (tokens above the floor after re-grant,
 //! a held and a young row kept; control: a row deleted by hand restarts

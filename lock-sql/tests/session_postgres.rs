@@ -20,6 +20,8 @@ async fn postgres_session() {
     session_common::tokens_across_clients(&target).await;
     session_common::dropped_wait(&target).await;
     session_common::unrenewed_lease_expires(&target, Duration::from_secs(1)).await;
+    session_common::force_released(&target).await;
+    session_common::force_release_spares_foreign_sessions(&target).await;
     session_common::killed_session(&target, false).await;
     session_common::killed_session(&target, true).await;
     session_common::partition(&target, Duration::from_secs(2)).await;

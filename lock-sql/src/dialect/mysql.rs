@@ -20,7 +20,9 @@ use super::{
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
-use crate::session::conn::{Granted, ServerKey, mysql_wait_timeout, token_of as session_token};
+use crate::session::conn::{
+    Granted, Killed, ServerKey, mysql_wait_timeout, token_of as session_token,
+};
 use crate::session::sql::{SessionSql, suffixed};
 use crate::sql::Statements;
 
@@ -466,6 +468,12 @@ impl SessionDialect for MySql {
                 "SELECT u.c, t.token, t.owner, t.conn \
                  FROM (SELECT IS_USED_LOCK(?) AS c) u LEFT JOIN {tok} t ON t.name = ?"
             ),
+            // The grant inspect saw still holds it: the same connection
+            // holds the lock and made the key's last grant, this token.
+            kill_holder: format!(
+                "SELECT COUNT(*) FROM {tok} t WHERE t.name = ? AND t.token = ? \
+                 AND t.owner = ? AND t.conn = ? AND IS_USED_LOCK(?) = t.conn"
+            ),
             session_id: Arc::from("SELECT CAST(CONNECTION_ID() AS SIGNED)"),
             counter: tok,
         }
@@ -577,6 +585,61 @@ impl SessionDialect for MySql {
             .execute(my(conn)?)
             .await
             .map(drop)
+    }
+
+    // Two round trips: no statement both checks and kills. A holder that
+    // releases and regrants another key on the same connection between
+    // them loses that lock (crate docs, "Operating locks").
+    #[allow(clippy::too_many_arguments)]
+    async fn kill_holder(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        key: &[u8],
+        server_key: &ServerKey,
+        victim: i64,
+        owner: &str,
+        token: u64,
+        wait: Duration,
+    ) -> Result<Killed, sqlx::Error> {
+        let conn = my(conn)?;
+        let still: i64 = sqlx::query_scalar(AssertSqlSafe(sql.kill_holder.as_str()))
+            .bind(key)
+            .bind(i64::try_from(token).unwrap_or(i64::MAX))
+            .bind(owner)
+            .bind(victim)
+            .bind(server_key.mysql.as_str())
+            .fetch_one(&mut *conn)
+            .await?;
+        if still == 0 {
+            return Ok(Killed::Changed);
+        }
+        match sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {victim}")))
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => {}
+            // ER_NO_SUCH_THREAD: it ended meanwhile (its lock with it).
+            Err(sqlx::Error::Database(db))
+                if db.code().as_deref() == Some("HY000")
+                    && db
+                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|e| e.number() == 1094) => {}
+            Err(e) => return Err(e),
+        }
+        // KILL only flags the connection: wait until the server has freed
+        // the lock (the victim's thread cleans up asynchronously).
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let holder: Option<i64> = sqlx::query_scalar("SELECT IS_USED_LOCK(?)")
+                .bind(server_key.mysql.as_str())
+                .fetch_one(&mut *conn)
+                .await?;
+            if holder != Some(victim) || tokio::time::Instant::now() >= until {
+                return Ok(Killed::Ended);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     async fn prepare_session_schema(

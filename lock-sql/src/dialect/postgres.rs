@@ -16,7 +16,9 @@ use super::{
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
-use crate::session::conn::{Granted, ServerKey, pg_idle_timeout, token_of as session_token};
+use crate::session::conn::{
+    Granted, Killed, ServerKey, pg_idle_timeout, token_of as session_token,
+};
 use crate::session::sql::{SessionSql, suffixed};
 use crate::sql::Statements;
 
@@ -460,6 +462,20 @@ impl SessionDialect for Postgres {
                  AND l.objid::bigint = $2 AND l.objsubid = 1 AND l.granted \
                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                 .to_owned(),
+            // Only the grant inspect saw (same pid, same published owner
+            // and token, so a pooled session regranted since is spared),
+            // and only a session holding no other advisory lock: ending it
+            // frees this lock and nothing else. pg_terminate_backend with
+            // a timeout (14+) waits for the backend to exit.
+            kill_holder: "SELECT CASE WHEN o.n = 1 THEN pg_terminate_backend(l.pid, $5) END, o.n \
+                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid, \
+                 LATERAL (SELECT count(*) AS n FROM pg_locks x WHERE x.pid = l.pid \
+                          AND x.locktype = 'advisory' AND x.granted) o \
+                 WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 \
+                 AND l.objid::bigint = $2 AND l.objsubid = 1 AND l.granted \
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND l.pid = $3::int AND a.application_name = $4"
+                .to_owned(),
             session_id: Arc::from("SELECT CAST(pg_backend_pid() AS BIGINT)"),
             counter: seq,
         }
@@ -583,6 +599,40 @@ impl SessionDialect for Postgres {
             .execute(pg(conn)?)
             .await
             .map(drop)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn kill_holder(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        _key: &[u8],
+        server_key: &ServerKey,
+        victim: i64,
+        owner: &str,
+        token: u64,
+        wait: Duration,
+    ) -> Result<Killed, sqlx::Error> {
+        let wait_ms = i64::try_from(wait.as_millis().max(1)).unwrap_or(i64::MAX);
+        let row = sqlx::query(AssertSqlSafe(sql.kill_holder.as_str()))
+            .bind(server_key.pg_halves.0)
+            .bind(server_key.pg_halves.1)
+            .bind(victim)
+            .bind(format!("distlock {owner} {token}"))
+            .bind(wait_ms)
+            .fetch_optional(pg(conn)?)
+            .await?;
+        let Some(row) = row else {
+            return Ok(Killed::Changed);
+        };
+        let locks: i64 = row.try_get(1)?;
+        // Ended (the backend exited within `wait`, or exits later and
+        // frees the lock then), or spared for its other locks.
+        Ok(if locks == 1 {
+            Killed::Ended
+        } else {
+            Killed::HoldsOthers(locks.saturating_sub(1))
+        })
     }
 
     async fn prepare_session_schema(

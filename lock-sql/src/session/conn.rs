@@ -103,6 +103,17 @@ pub(crate) enum Granted {
     Held,
 }
 
+/// What `force_release`'s conditional kill did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Killed {
+    /// The holder's session was ended.
+    Ended,
+    /// Not held any more as the grant read before (nothing ended).
+    Changed,
+    /// Spared: the session holds this many other locks (PostgreSQL).
+    HoldsOthers(i64),
+}
+
 /// A grant statement's token: `Held` when none (or not positive).
 pub(crate) fn token_of(raw: Option<i64>) -> Granted {
     match raw.and_then(|t| u64::try_from(t).ok()) {
@@ -204,6 +215,33 @@ impl Session {
     /// / `KILL`): any lock it holds is freed.
     pub(crate) async fn kill(&mut self, victim: i64) -> Result<(), sqlx::Error> {
         self.dialect.kill_session(&mut self.conn, victim).await
+    }
+
+    /// `force_release`: ends session `victim` if it still holds the lock
+    /// as grant `owner`/`token` (see [`SessionDialect::kill_holder`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn kill_holder(
+        &mut self,
+        sql: &SessionSql,
+        key: &[u8],
+        server_key: &ServerKey,
+        victim: i64,
+        owner: &str,
+        token: u64,
+        wait: Duration,
+    ) -> Result<Killed, sqlx::Error> {
+        self.dialect
+            .kill_holder(
+                &mut self.conn,
+                sql,
+                key,
+                server_key,
+                victim,
+                owner,
+                token,
+                wait,
+            )
+            .await
     }
 
     /// Creates the token sequence / table and checks a PostgreSQL sequence

@@ -28,6 +28,16 @@
 //! only when that query has run: the server never frees the lock before
 //! the holder's deadline has passed (a partition included), and frees it
 //! about `ttl` after the last keep-alive the server received.
+//!
+//! # Breaking a lock
+//!
+//! [`force_release`](lock_core::LockBackend::force_release) ends the
+//! holder's server session, which frees that one lock: a session of this
+//! backend holds at most one (see above). It ends only a session that
+//! still holds the lock as the grant it read (PostgreSQL checks the pid,
+//! the grant's published owner and token, and that the session holds no
+//! other advisory lock, in the statement that terminates it); anything
+//! else is refused.
 
 mod any;
 pub(crate) mod conn;
@@ -51,7 +61,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout, timeout_at};
 
 pub use any::SqlAnyBackend;
-use conn::{Opts, ServerKey, Session};
+use conn::{Killed, Opts, ServerKey, Session};
 use sql::SessionSql;
 
 use crate::config::{SqlConfig, SqlDialect};
@@ -580,9 +590,9 @@ impl LockBackend for SqlSessionBackend {
         }))
     }
 
-    // Why session mode refuses the operating calls (crate docs, "Operating
-    // locks"): the lock is the server session's, and the server keeps no
-    // row we could enumerate, break or collect.
+    // Why session mode refuses list and gc (crate docs, "Operating
+    // locks"): the server keeps no record of our keys to enumerate, and
+    // the token counters are the only record of each key's last token.
     async fn list(
         &self,
         prefix: &str,
@@ -591,31 +601,141 @@ impl LockBackend for SqlSessionBackend {
     ) -> Result<LockPage, LockError> {
         let _ = (prefix, cursor, limit);
         Err(self.unsupported_admin(
-            "listing session locks: the server names them by a 64-bit hash (PostgreSQL \
-             pg_locks objid) or a hashed name (MySQL/MariaDB), so no prefix of our keys can \
-             be read back from them",
+            "listing session locks: the server knows a PostgreSQL advisory lock only by a \
+             64-bit hash of the key (pg_locks classid/objid) and a MySQL/MariaDB GET_LOCK \
+             name (hashed for long or non-lowercase keys) only if asked for it by name \
+             (IS_USED_LOCK), so no prefix of our keys can be read back from them",
         ))
     }
 
+    /// Breaks the lock by ending the holder's server session
+    /// (`pg_terminate_backend` / `KILL CONNECTION`): see the crate docs,
+    /// "Operating locks". Returns the holder as [`inspect`](Self::inspect)
+    /// reported it just before, or `None` when the key was free.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] when the holder is not a session-mode
+    /// grant of this crate (another client's session, or on PostgreSQL a
+    /// session that holds other advisory locks too): it is left alone;
+    /// [`ErrorKind::Contended`] when the holder changed three times while
+    /// it was read; [`ErrorKind::Timeout`] / [`ErrorKind::Unavailable`]
+    /// as the other calls; [`ErrorKind::Backend`] without the privilege to
+    /// end another session (PostgreSQL: the holder's role, a superuser or
+    /// `pg_signal_backend`; MySQL/MariaDB: the same user, else
+    /// `CONNECTION_ADMIN` / `CONNECTION ADMIN` or `SUPER`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes its session; the holder's session
+    /// may or may not have been ended by then.
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let _ = key;
-        Err(self.unsupported_admin(
-            "breaking a session lock: only the holding session can release it, so breaking \
-             it means ending another client's session (pg_terminate_backend / KILL), which \
-             also breaks every other lock and transaction of that session",
-        ))
+        self.break_lock(key)
+            .await
+            .map_err(|e| e.with_key(key).with_backend(self.inner.name))
     }
 
     async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
         let _ = older_than;
         Err(self.unsupported_admin(
-            "garbage collection: session mode keeps no per-key state (one token sequence or \
-             counter row for every key)",
+            "garbage collection: a session lock leaves nothing behind on the server, and the \
+             token counters (PostgreSQL's one sequence, MySQL/MariaDB's row per key) are each \
+             key's only record of its last token, so none may be deleted",
         ))
     }
 }
 
 impl SqlSessionBackend {
+    /// `force_release`: reads the holder as `inspect` does, then ends its
+    /// server session only if it still holds the lock as that grant (and,
+    /// on PostgreSQL, holds no other advisory lock), and waits (up to the
+    /// operation timeout) for the server to free it. A holder that changed
+    /// in between is read again (three times at most).
+    async fn break_lock(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let op_timeout = self.inner.config.op_timeout;
+        let server_key = ServerKey::new(&self.inner.config.table, key.as_str());
+        let key_bytes = key.as_str().as_bytes();
+        let sql = &self.inner.sql;
+        let timed_out = || {
+            LockError::new(
+                ErrorKind::Timeout,
+                Operation::Inspect,
+                "force_release did not answer within the operation timeout",
+            )
+        };
+        let mut pinned = self.checkout(Instant::now() + op_timeout).await?;
+        for _ in 0..3 {
+            let found = timeout(
+                op_timeout,
+                pinned.session.inspect(sql, key_bytes, &server_key),
+            )
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|e| self.err(Operation::Inspect, key, e))?;
+            let Some((victim, owner, token)) = found else {
+                self.checkin(pinned);
+                return Ok(None);
+            };
+            let (Some(owner), Some(token)) = (owner, token) else {
+                self.checkin(pinned);
+                return Err(LockError::new(
+                    ErrorKind::Unsupported,
+                    Operation::Inspect,
+                    format!(
+                        "{key} is held by server session {victim}, which is not a distlock                          session-mode grant: ending it could break that client's other locks                          and transactions, so it is left alone (end it yourself if you must)"
+                    ),
+                ));
+            };
+            let ended = timeout(
+                op_timeout.saturating_mul(2),
+                pinned.session.kill_holder(
+                    sql,
+                    key_bytes,
+                    &server_key,
+                    victim,
+                    &owner,
+                    token,
+                    op_timeout,
+                ),
+            )
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|e| self.err(Operation::Inspect, key, e))?;
+            match ended {
+                Killed::Ended => {
+                    self.checkin(pinned);
+                    return Ok(Some(LockInfo {
+                        details: None,
+                        key: key.clone(),
+                        holder: owner,
+                        token: Some(FencingToken::new(token)),
+                        remaining_ttl: None,
+                    }));
+                }
+                Killed::HoldsOthers(others) => {
+                    self.checkin(pinned);
+                    return Err(LockError::new(
+                        ErrorKind::Unsupported,
+                        Operation::Inspect,
+                        format!(
+                            "{key} is held by server session {victim}, which also holds {others} \
+                             other advisory lock(s) (not one of this crate's session-mode \
+                             backends, which hold one lock per session): ending it would break \
+                             those too, so it is left alone"
+                        ),
+                    ));
+                }
+                Killed::Changed => {}
+            }
+        }
+        self.checkin(pinned);
+        Err(LockError::new(
+            ErrorKind::Contended,
+            Operation::Inspect,
+            "the holder changed three times while force_release read it",
+        ))
+    }
+
     fn unsupported_admin(&self, what: &str) -> LockError {
         LockError::new(
             ErrorKind::Unsupported,

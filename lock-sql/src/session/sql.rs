@@ -30,6 +30,9 @@ pub(crate) struct SessionSql {
     pub(crate) holds: String,
     /// Who holds the lock, and the token of its last grant.
     pub(crate) inspect: String,
+    /// `force_release`'s conditional end of the holder's session
+    /// (PostgreSQL: one statement; MySQL: the re-check before `KILL`).
+    pub(crate) kill_holder: String,
     /// This session's server-side id (backend pid / connection id).
     pub(crate) session_id: Arc<str>,
 }

@@ -641,3 +641,123 @@ pub async fn round_trips(target: &SessionTarget) {
 fn key_n(base: &LockKey, i: u64) -> LockKey {
     LockKey::new(format!("{}-{i}", base.as_str())).unwrap()
 }
+
+/// `force_release` from another client (issue 18): returns the holder as
+/// `inspect` reported it, ends only the holder's server session (the
+/// holder's guard goes Lost at its next keep-alive, its backend keeps
+/// nothing), the next grant's token is above the broken one, and a free
+/// key reports nothing broken.
+pub async fn force_released(target: &SessionTarget) {
+    let ttl = Duration::from_secs(3);
+    let holder = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let admin = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let key = key("force");
+    assert_eq!(admin.force_release(&key).await.unwrap(), None, "free key");
+    let client = LockClient::new(holder.clone());
+    let guard = client.lock(key.as_str()).ttl(ttl).acquire().await.unwrap();
+    // A second lock of the holder's backend, on its own session: spared.
+    let other = self::key("force-other");
+    let spared = client
+        .lock(other.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let seen = admin.inspect(&key).await.unwrap().expect("held");
+    let broken_at = Instant::now();
+    let broken = admin
+        .force_release(&key)
+        .await
+        .unwrap()
+        .expect("force_release of a held key reported nothing");
+    assert_eq!(broken, seen, "not the holder inspect reported");
+    assert_eq!(broken.token, Some(guard.token()));
+    // The server freed it when force_release returned.
+    let next = admin
+        .try_acquire(&key, ttl)
+        .await
+        .unwrap()
+        .expect("still held after force_release");
+    assert!(
+        next.token() > guard.token(),
+        "token went backwards: {} after {}",
+        next.token(),
+        guard.token()
+    );
+    let lost = timeout(ttl, guard.lost())
+        .await
+        .expect("the broken holder's guard did not go Lost within the TTL");
+    println!(
+        "{} force_release: holder told {:?} after ({lost})",
+        target.name(),
+        broken_at.elapsed()
+    );
+    assert!(
+        holder.renew(&guard.lease()).await.is_err(),
+        "the broken lease renewed"
+    );
+    assert!(spared.is_held(), "the holder's other lock was broken too");
+    assert!(admin.inspect(&other).await.unwrap().is_some());
+    assert_eq!(holder.held_locks(), 1, "only the spared lock is left");
+    assert!(admin.release(&next).await.unwrap());
+    assert_eq!(admin.force_release(&key).await.unwrap(), None, "freed key");
+    spared.release().await.unwrap();
+}
+
+/// `force_release` of a lock held by a session that is not a distlock
+/// session-mode grant (a raw client that also holds another lock) is
+/// refused with `Unsupported` and the session is left alone: ending it
+/// would break that client's other lock too.
+pub async fn force_release_spares_foreign_sessions(target: &SessionTarget) {
+    let url = target.raw_url().await;
+    let admin = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let key = key("foreign");
+    let table = "distlock_leases";
+    match &target.server {
+        Server::Pg => {
+            let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query("SELECT pg_advisory_lock($1), pg_advisory_lock(424242)")
+                .bind(pg_key(table, key.as_str()))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            let err = admin.force_release(&key).await.unwrap_err();
+            assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
+            let alive = sqlx::query("SELECT 1").execute(&mut conn).await;
+            assert!(alive.is_ok(), "the foreign session was ended");
+            assert!(admin.inspect(&key).await.unwrap().is_some(), "freed");
+        }
+        Server::Maria => {
+            let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
+            sqlx::query("SELECT GET_LOCK(?, 0), GET_LOCK('foreign-other', 0)")
+                .bind(mysql_name(table, key.as_str()))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            let err = admin.force_release(&key).await.unwrap_err();
+            assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
+            let alive = sqlx::query("SELECT 1").execute(&mut conn).await;
+            assert!(alive.is_ok(), "the foreign session was ended");
+            assert!(admin.inspect(&key).await.unwrap().is_some(), "freed");
+        }
+    }
+    if target.server == Server::Pg {
+        // The benchmark floor's one session holding two keys: its grant
+        // statement publishes a distlock grant like the backend's, but
+        // the session holds another advisory lock, so it is spared too.
+        use lock_core::floor::RawFloor;
+        let floor = SessionFloor::connect(&target.url).await.unwrap();
+        let (first, last) = (self::key("floor-a"), self::key("floor-b"));
+        let ttl = Duration::from_secs(5);
+        let a = floor.try_grant(first.as_str(), ttl).await.unwrap().unwrap();
+        let b = floor.try_grant(last.as_str(), ttl).await.unwrap().unwrap();
+        let err = admin.force_release(&last).await.unwrap_err();
+        assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
+        assert!(admin.inspect(&first).await.unwrap().is_some(), "freed");
+        assert!(
+            floor.release(&b).await.unwrap(),
+            "the floor's session ended"
+        );
+        assert!(floor.release(&a).await.unwrap());
+    }
+}
