@@ -421,6 +421,40 @@ impl LockBackend for RedisBackend {
         Ok(self.inspect_nodes(key).await?.0)
     }
 
+    /// A held key's release is published on its channel (by our release
+    /// and force_release scripts, and by Redisson's unlock on that
+    /// layout): while the key is held, subscribe first, then read, and wake
+    /// on the message; `poll` still bounds each wait, since an expiry or a
+    /// new grant of a free key publishes nothing.
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        if seen.is_none() {
+            return lock_core::poll_holder(self, key, seen, poll, deadline).await;
+        }
+        let names = self.names(key, Operation::Inspect)?;
+        let watch = self.inner.notifier.watch(&names.channel, deadline).await;
+        let poll = poll.max(Duration::from_millis(5));
+        loop {
+            // Registered before the read so a release in between wakes us.
+            let notified = watch.notify().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = self.inspect(key).await?;
+            if !LockInfo::same_holder(now.as_ref(), seen) || Instant::now() >= deadline {
+                return Ok(now);
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(deadline.min(Instant::now() + poll)) => {}
+            }
+        }
+    }
+
     async fn list(
         &self,
         prefix: &str,

@@ -574,3 +574,70 @@ async fn list_prefix_is_literal() {
     }
     assert!(b.list("a", None, 100).await.unwrap().locks.is_empty());
 }
+
+/// `watch_holder` on a held key wakes on the release channel: with a poll
+/// of a minute, a release (ours, and a `force_release`) is seen within 5 s.
+/// The control: a holder's key deleted by hand publishes nothing, so the
+/// same watch only sees it when it reads again at its 2 s deadline (so the
+/// early wake-ups above came from the channel, not from a read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_holder_wakes_on_the_release_channel() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let mut conn = raw(&server).await;
+    let url = format!("{}?prefix=watch:", server.url());
+    let (holder, watcher) = (backend(&url).await, backend(&url).await);
+    let poll = Duration::from_secs(60);
+    let ttl = Duration::from_secs(30);
+    for how in ["release", "force_release", "by hand"] {
+        let key = LockKey::new(format!("w-{}", how.replace(' ', "-"))).unwrap();
+        let lease = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+        let seen = watcher.inspect(&key).await.unwrap();
+        assert!(seen.is_some());
+        let watching = {
+            let (watcher, key) = (watcher.clone(), key.clone());
+            tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                let deadline = started + Duration::from_secs(2);
+                let now = watcher
+                    .watch_holder(&key, seen.as_ref(), poll, deadline)
+                    .await
+                    .unwrap();
+                (now, started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        match how {
+            "release" => assert!(holder.release(&lease).await.unwrap()),
+            "force_release" => assert!(watcher.force_release(&key).await.unwrap().is_some()),
+            _ => {
+                let name = format!("watch:{{{}}}", key.as_str());
+                assert_eq!(
+                    redis::cmd("DEL")
+                        .arg(&name)
+                        .query_async::<i64>(&mut conn)
+                        .await
+                        .unwrap(),
+                    1
+                );
+            }
+        }
+        let (now, waited) = watching.await.unwrap();
+        println!("{how}: seen free after {waited:?}");
+        if how == "by hand" {
+            assert!(
+                waited >= Duration::from_secs(2),
+                "{how}: woke after {waited:?}"
+            );
+            // Nothing woke it: the change is read at the deadline.
+            assert!(now.is_none(), "{how}: still held at the deadline");
+        } else {
+            assert!(now.is_none(), "{how}: still held");
+            assert!(
+                waited < Duration::from_secs(1),
+                "{how}: woke after {waited:?}"
+            );
+        }
+    }
+}
