@@ -433,3 +433,48 @@ mod tests {
         assert_eq!(like_prefix(""), "%");
     }
 }
+
+impl SqlBackend {
+    /// `watch_holder`: while the key is held, each read is preceded by a
+    /// subscription to the process's release wake-ups (fed by PostgreSQL's
+    /// `NOTIFY` from every process, and by this process's own releases on
+    /// every database), so a release wakes the watch at once; `poll` still
+    /// bounds each wait (an expiry, a grant of a free key and, on
+    /// MariaDB/SQLite, another process's release are only seen by reading).
+    pub(crate) async fn watch_row(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        use lock_core::LockBackend as _;
+        if seen.is_none() {
+            return lock_core::poll_holder(self, key, seen, poll, deadline).await;
+        }
+        if self.inner().dialect.notified() {
+            self.ensure_listener().await;
+        }
+        let poll = poll.max(Duration::from_millis(5));
+        loop {
+            let mut wakes = self.inner().waits.subscribe();
+            let now = self.inspect(key).await?;
+            if !LockInfo::same_holder(now.as_ref(), seen) || tokio::time::Instant::now() >= deadline
+            {
+                return Ok(now);
+            }
+            let sleep = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll));
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    () = &mut sleep => break,
+                    wake = wakes.recv() => match wake {
+                        Ok(crate::wake::Wake::Released(released)) if &*released == key.as_str() => break,
+                        Ok(crate::wake::Wake::All) | Err(_) => break,
+                        Ok(_) => {}
+                    },
+                }
+            }
+        }
+    }
+}

@@ -779,6 +779,16 @@ impl LockBackend for SqlBackend {
         self.force_release_row(key).await
     }
 
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        self.watch_row(key, seen, poll, deadline).await
+    }
+
     async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
         self.gc_rows(older_than).await
     }

@@ -65,6 +65,63 @@ pub(crate) async fn admin_checks(url: &str) {
     gc_keeps_tokens_monotonic(url).await;
     details_column_is_added(url).await;
     list_escapes_and_refuses(url).await;
+    watch_wakes_on_release(url).await;
+}
+
+/// `watch_holder` of a held key wakes on the release wake-up (PostgreSQL's
+/// `NOTIFY`; this process's own release on MariaDB and SQLite): with a
+/// poll of a minute, a release and a `force_release` are seen within 1 s.
+/// The control: an expiry publishes nothing, so the same watch sees it
+/// only when it reads again at its 2 s deadline (the early wake-ups came
+/// from the release, not from a read).
+async fn watch_wakes_on_release(base: &str) {
+    let url = with_options(base, &format!("table={}", table("watch")));
+    let holder = SqlBackend::connect_url(&url).await.unwrap();
+    let watcher = SqlBackend::connect_url(&url).await.unwrap();
+    let poll = Duration::from_secs(60);
+    for how in ["release", "force_release", "expiry"] {
+        let key = LockKey::new(format!("watch/{how}")).unwrap();
+        let ttl = if how == "expiry" {
+            Duration::from_millis(500)
+        } else {
+            TTL
+        };
+        let lease = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
+        let seen = watcher.inspect(&key).await.unwrap();
+        assert!(seen.is_some(), "{how}: not held");
+        let watching = {
+            let (watcher, key) = (watcher.clone(), key.clone());
+            tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                let deadline = started + Duration::from_secs(2);
+                let now = watcher
+                    .watch_holder(&key, seen.as_ref(), poll, deadline)
+                    .await
+                    .unwrap();
+                (now, started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        match how {
+            "release" => assert!(holder.release(&lease).await.unwrap()),
+            "force_release" => assert!(watcher.force_release(&key).await.unwrap().is_some()),
+            _ => {}
+        }
+        let (now, waited) = watching.await.unwrap();
+        println!("watch {how}: seen free after {waited:?}");
+        assert!(now.is_none(), "{how}: still held after {waited:?}");
+        if how == "expiry" {
+            assert!(
+                waited >= Duration::from_secs(2),
+                "{how}: woke after {waited:?}"
+            );
+        } else {
+            assert!(
+                waited < Duration::from_secs(1),
+                "{how}: woke after {waited:?}"
+            );
+        }
+    }
 }
 
 async fn gc_keeps_tokens_monotonic(base: &str) {
