@@ -413,27 +413,6 @@ impl SqlBackend {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cursors_round_trip_and_foreign_ones_are_refused() {
-        for name in ["a", "jobs/ä:1", "x%_!"] {
-            assert_eq!(decode_cursor(&encode_cursor(name)).as_deref(), Some(name));
-        }
-        for bad in ["", "sql1:", "sql1:6", "sql1:zz", "other:61", "sql1:ff"] {
-            assert_eq!(decode_cursor(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn like_wildcards_are_escaped() {
-        assert_eq!(like_prefix("a%b_c!"), "a!%b!_c!!%");
-        assert_eq!(like_prefix(""), "%");
-    }
-}
-
 impl SqlBackend {
     /// `watch_holder`: while the key is held, each read is preceded by a
     /// subscription to the process's release wake-ups (fed by PostgreSQL's
@@ -476,5 +455,26 @@ impl SqlBackend {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_foreign_ones_are_refused() {
+        for name in ["a", "jobs/ä:1", "x%_!"] {
+            assert_eq!(decode_cursor(&encode_cursor(name)).as_deref(), Some(name));
+        }
+        for bad in ["", "sql1:", "sql1:6", "sql1:zz", "other:61", "sql1:ff"] {
+            assert_eq!(decode_cursor(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn like_wildcards_are_escaped() {
+        assert_eq!(like_prefix("a%b_c!"), "a!%b!_c!!%");
+        assert_eq!(like_prefix(""), "%");
     }
 }
