@@ -9,9 +9,11 @@
 //! holder, and bad list cursors.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::cases::watch_across;
 use conformance::servers::redis::{RedisCluster, RedisServer};
 use lock_core::{ErrorKind, HolderDetails, LockBackend, LockKey};
 use lock_redis::{RedisBackend, RedisConfig};
@@ -593,37 +595,25 @@ async fn watch_holder_wakes_on_the_release_channel() {
     for how in ["release", "force_release", "by hand"] {
         let key = LockKey::new(format!("w-{}", how.replace(' ', "-"))).unwrap();
         let lease = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
-        let seen = watcher.inspect(&key).await.unwrap();
-        assert!(seen.is_some());
-        let watching = {
-            let (watcher, key) = (watcher.clone(), key.clone());
-            tokio::spawn(async move {
-                let started = tokio::time::Instant::now();
-                let deadline = started + Duration::from_secs(2);
-                let now = watcher
-                    .watch_holder(&key, seen.as_ref(), poll, deadline)
-                    .await
-                    .unwrap();
-                (now, started.elapsed())
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        match how {
-            "release" => assert!(holder.release(&lease).await.unwrap()),
-            "force_release" => assert!(watcher.force_release(&key).await.unwrap().is_some()),
-            _ => {
-                let name = format!("watch:{{{}}}", key.as_str());
-                assert_eq!(
-                    redis::cmd("DEL")
+        let name = format!("watch:{{{}}}", key.as_str());
+        let act = async {
+            match how {
+                "release" => assert!(holder.release(&lease).await.unwrap()),
+                "force_release" => assert!(watcher.force_release(&key).await.unwrap().is_some()),
+                _ => {
+                    let gone: i64 = redis::cmd("DEL")
                         .arg(&name)
-                        .query_async::<i64>(&mut conn)
+                        .query_async(&mut conn)
                         .await
-                        .unwrap(),
-                    1
-                );
+                        .unwrap();
+                    assert_eq!(gone, 1);
+                }
             }
-        }
-        let (now, waited) = watching.await.unwrap();
+        };
+        let limit = Duration::from_secs(2);
+        let (now, waited) = watch_across(Arc::new(watcher.clone()), &key, poll, limit, act)
+            .await
+            .unwrap();
         println!("{how}: seen free after {waited:?}");
         if how == "by hand" {
             assert!(

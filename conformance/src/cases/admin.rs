@@ -374,3 +374,33 @@ async fn reported(
     );
     Ok(started.elapsed())
 }
+
+/// Reads `key`'s holder through `watcher`, then watches it (`poll`, for at
+/// most `limit`) while `act` runs 200 ms into the watch; what the watch
+/// returned and how long it took. Driver tests use it to show a release
+/// waking their watch long before `poll`, and an unannounced change (an
+/// expiry, a key deleted by hand) seen only at `limit`.
+pub async fn watch_across(
+    watcher: Arc<dyn LockBackend>,
+    key: &LockKey,
+    poll: Duration,
+    limit: Duration,
+    act: impl std::future::Future<Output = ()>,
+) -> Result<(Option<lock_core::LockInfo>, Duration), String> {
+    let seen = watcher.inspect(key).await.map_err(fmt_err("inspect"))?;
+    ensure!(seen.is_some(), "{key} is not held before the watch");
+    let watching = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let now = watcher
+                .watch_holder(&key, seen.as_ref(), poll, started + limit)
+                .await;
+            (now, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    act.await;
+    let (now, waited) = watching.await.map_err(|e| e.to_string())?;
+    Ok((now.map_err(fmt_err("watch_holder"))?, waited))
+}

@@ -87,27 +87,23 @@ async fn watch_wakes_on_release(base: &str) {
             TTL
         };
         let lease = holder.try_acquire(&key, ttl).await.unwrap().unwrap();
-        let seen = watcher.inspect(&key).await.unwrap();
-        assert!(seen.is_some(), "{how}: not held");
-        let watching = {
-            let (watcher, key) = (watcher.clone(), key.clone());
-            tokio::spawn(async move {
-                let started = tokio::time::Instant::now();
-                let deadline = started + Duration::from_secs(2);
-                let now = watcher
-                    .watch_holder(&key, seen.as_ref(), poll, deadline)
-                    .await
-                    .unwrap();
-                (now, started.elapsed())
-            })
+        let act = async {
+            match how {
+                "release" => assert!(holder.release(&lease).await.unwrap()),
+                "force_release" => assert!(watcher.force_release(&key).await.unwrap().is_some()),
+                _ => {}
+            }
         };
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        match how {
-            "release" => assert!(holder.release(&lease).await.unwrap()),
-            "force_release" => assert!(watcher.force_release(&key).await.unwrap().is_some()),
-            _ => {}
-        }
-        let (now, waited) = watching.await.unwrap();
+        let limit = Duration::from_secs(2);
+        let (now, waited) = conformance::cases::watch_across(
+            std::sync::Arc::new(watcher.clone()),
+            &key,
+            poll,
+            limit,
+            act,
+        )
+        .await
+        .unwrap();
         println!("watch {how}: seen free after {waited:?}");
         assert!(now.is_none(), "{how}: still held after {waited:?}");
         if how == "expiry" {
