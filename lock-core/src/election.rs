@@ -51,6 +51,41 @@ pub fn election_lock_key(election: &LockKey) -> Result<LockKey, LockError> {
     LockKey::new(election_key(election.as_str()))
 }
 
+/// [`LockBackend::watch_leader`](crate::LockBackend::watch_leader) for a
+/// driver whose elections are the default renewed mutex
+/// ([`election_lock_key`]) and whose
+/// [`watch_holder`](crate::LockBackend::watch_holder) wakes on the store's
+/// notification: the leader is watched as that mutex's holder.
+///
+/// # Errors
+///
+/// A name too long for the prefixed key; as
+/// [`LockBackend::inspect`](crate::LockBackend::inspect).
+///
+/// # Cancel safety
+///
+/// Safe: read-only.
+pub async fn watch_mutex_leader<B: crate::LockBackend + ?Sized>(
+    backend: &B,
+    election: &LockKey,
+    seen: Option<&Leader>,
+    poll: Duration,
+    deadline: Instant,
+) -> Result<Option<Leader>, LockError> {
+    let key = election_lock_key(election)?;
+    let seen = seen.map(|l| LockInfo {
+        key: key.clone(),
+        holder: l.holder.clone(),
+        token: l.term,
+        remaining_ttl: l.remaining_ttl,
+        details: None,
+    });
+    Ok(backend
+        .watch_holder(&key, seen.as_ref(), poll, deadline)
+        .await?
+        .map(Leader::from_info))
+}
+
 /// The current leader of an election, as observers see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leader {

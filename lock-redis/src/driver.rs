@@ -421,6 +421,17 @@ impl LockBackend for RedisBackend {
         Ok(self.inspect_nodes(key).await?.0)
     }
 
+    /// Elections are the renewed mutex: observers wake as its watch does.
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&lock_core::election::Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<lock_core::election::Leader>, LockError> {
+        lock_core::election::watch_mutex_leader(self, election, seen, poll, deadline).await
+    }
+
     /// A held key's release is published on its channel (by our release
     /// and force_release scripts, and by Redisson's unlock on that
     /// layout): while the key is held, subscribe first, then read, and wake

@@ -631,3 +631,17 @@ async fn watch_holder_wakes_on_the_release_channel() {
         }
     }
 }
+
+/// Observers follow a Redis election through the release channel: with an
+/// observation interval of a minute, a resignation is seen within 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_wake_when_the_leader_resigns() {
+    let Some(server) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let url = format!("{}?prefix=elect:", server.url());
+    let (a, b) = (backend(&url).await, backend(&url).await);
+    conformance::cases::observer_sees_resignation(Arc::new(a), Arc::new(b))
+        .await
+        .unwrap();
+}

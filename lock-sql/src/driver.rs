@@ -779,6 +779,17 @@ impl LockBackend for SqlBackend {
         self.force_release_row(key).await
     }
 
+    /// Elections are the renewed mutex: observers wake as its watch does.
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&lock_core::election::Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<lock_core::election::Leader>, LockError> {
+        lock_core::election::watch_mutex_leader(self, election, seen, poll, deadline).await
+    }
+
     async fn watch_holder(
         &self,
         key: &LockKey,

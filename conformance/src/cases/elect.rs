@@ -243,3 +243,41 @@ async fn deposed_inner(h: &Harness) -> CaseResult {
         figures.join("; ")
     )))
 }
+
+/// A leader on `candidate` is seen by an observer on `observer` (polling
+/// only every minute), and its resignation within 1 s: what a driver
+/// whose observers wake on the store's notification must show (a polling
+/// observer sees the resignation after the minute).
+pub async fn observer_sees_resignation(
+    candidate: Arc<dyn LockBackend>,
+    observer: Arc<dyn LockBackend>,
+) -> Result<Duration, String> {
+    let (candidate, observer) = (
+        lock_core::LockClient::from_arc(candidate),
+        lock_core::LockClient::from_arc(observer),
+    );
+    let leading = candidate
+        .elect("observed")
+        .campaign()
+        .await
+        .map_err(fmt_err("campaign"))?;
+    let mut seen = observer.observe_leader("observed", Duration::from_secs(60));
+    let term = Some(leading.term());
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        seen.wait_for(|l| l.as_ref().is_some_and(|l| l.term == term)),
+    )
+    .await
+    .map_err(|_| "the observer did not see the leader within 5 s".to_string())?
+    .map_err(|e| e.to_string())?;
+    let resigned = Instant::now();
+    ensure!(
+        leading.resign().await.map_err(fmt_err("resign"))?,
+        "resign: not leading"
+    );
+    tokio::time::timeout(Duration::from_secs(1), seen.wait_for(Option::is_none))
+        .await
+        .map_err(|_| "the observer did not see the resignation within 1 s".to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok(resigned.elapsed())
+}

@@ -66,6 +66,17 @@ pub(crate) async fn admin_checks(url: &str) {
     details_column_is_added(url).await;
     list_escapes_and_refuses(url).await;
     watch_wakes_on_release(url).await;
+    // Observers of an election wake on the same release wake-ups.
+    let url = with_options(url, &format!("table={}", table("elect")));
+    let candidate = SqlBackend::connect_url(&url).await.unwrap();
+    let observer = SqlBackend::connect_url(&url).await.unwrap();
+    let took = conformance::cases::observer_sees_resignation(
+        std::sync::Arc::new(candidate),
+        std::sync::Arc::new(observer),
+    )
+    .await
+    .unwrap();
+    println!("observer saw the resignation after {took:?}");
 }
 
 /// `watch_holder` of a held key wakes on the release wake-up (PostgreSQL's
