@@ -330,18 +330,10 @@ async fn gc_on_cluster_keeps_tokens_above_per_slot() {
 /// Redlock's per-node counters are no fence: gc is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_is_unsupported_with_redlock() {
-    let mut servers = Vec::new();
-    for _ in 0..3 {
-        let Some(server) = RedisServer::start().await.or_skip() else {
-            return;
-        };
-        servers.push(server);
-    }
-    let hosts: Vec<String> = servers
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port()))
-        .collect();
-    let b = backend(&format!("redlock://{}", hosts.join(","))).await;
+    let Some(servers) = RedisServer::start_many(3).await.or_skip() else {
+        return;
+    };
+    let b = backend(&RedisServer::redlock_url(&servers)).await;
     let err = b.gc(Duration::ZERO).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     assert!(err.to_string().contains("Redlock"), "{err}");

@@ -405,15 +405,8 @@ async fn cluster_sets_need_one_slot_and_redlock_refuses() {
     assert_eq!(guard.keys().len(), 2);
     assert!(guard.release().await.unwrap());
 
-    let mut servers = Vec::new();
-    for _ in 0..3 {
-        servers.push(RedisServer::start().await.unwrap());
-    }
-    let hosts: Vec<String> = servers
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port()))
-        .collect();
-    let url = format!("redlock://{}", hosts.join(","));
+    let servers = RedisServer::start_many(3).await.unwrap();
+    let url = RedisServer::redlock_url(&servers);
     let redlock = lock_redis::connect(&url).await.unwrap();
     let err = redlock.try_acquire_all(&same, TTL).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");

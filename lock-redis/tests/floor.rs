@@ -279,18 +279,13 @@ async fn floor_errors_are_typed_and_a_cut_connection_is_replaced() {
 /// node of three dead (not with two).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_floor_grants_on_a_majority() {
-    let mut servers = Vec::new();
-    for _ in 0..3 {
-        let Some(server) = RedisServer::start().await.or_skip() else {
-            return;
-        };
-        servers.push(server);
-    }
-    let hosts: Vec<String> = servers
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port()))
-        .collect();
-    let url = format!("redlock://{}?prefix=floor:&timeout=1s", hosts.join(","));
+    let Some(mut servers) = RedisServer::start_many(3).await.or_skip() else {
+        return;
+    };
+    let url = format!(
+        "{}?prefix=floor:&timeout=1s",
+        RedisServer::redlock_url(&servers)
+    );
     let floor = RedlockFloor::connect(&url).await.unwrap();
     let single: Vec<RedisFloor> = {
         let mut v = Vec::new();

@@ -184,16 +184,11 @@ async fn any_foreign_value_holds_a_plain_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_redlock_and_plain_redlock_exclude_both_ways() {
     let Some(dir) = node_dir() else { return };
-    let mut servers = Vec::new();
-    for _ in 0..3 {
-        let Some(server) = RedisServer::start().await.or_skip() else {
-            return;
-        };
-        servers.push(server);
-    }
+    let Some(servers) = RedisServer::start_many(3).await.or_skip() else {
+        return;
+    };
     let ports: Vec<u16> = servers.iter().map(RedisServer::port).collect();
-    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let url = format!("redlock://{}?layout=plain", hosts.join(","));
+    let url = format!("{}?layout=plain", RedisServer::redlock_url(&servers));
     let ours = Ours::new("ours(redlock, plain)", backend(&url).await);
     let peer = Peer::redlock(&dir, &ports).await;
     excludes_both_ways(&ours, &peer, &unique("redlock"))
@@ -201,7 +196,7 @@ async fn node_redlock_and_plain_redlock_exclude_both_ways() {
         .expect("node-redlock and our Redlock with layout=plain must exclude");
     let native = Ours::new(
         "ours(redlock, native)",
-        backend(&format!("redlock://{}", hosts.join(","))).await,
+        backend(&RedisServer::redlock_url(&servers)).await,
     );
     excludes_both_ways(&native, &peer, &unique("control"))
         .await

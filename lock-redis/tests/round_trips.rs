@@ -160,13 +160,9 @@ async fn an_extra_round_trip_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_costs_two_round_trips_per_node_like_its_floor() {
-    let mut servers = Vec::new();
-    for _ in 0..3 {
-        let Some(server) = RedisServer::start().await.or_skip() else {
-            return;
-        };
-        servers.push(server);
-    }
+    let Some(servers) = RedisServer::start_many(3).await.or_skip() else {
+        return;
+    };
     let mut ours_proxies = Vec::new();
     let mut floor_proxies = Vec::new();
     for server in &servers {

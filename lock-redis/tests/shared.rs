@@ -408,18 +408,10 @@ async fn dead_or_cancelled_waiting_writers_stop_blocking_readers() {
 /// Redlock refuses both kinds, saying why; its capabilities say so too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_refuses_shared_kinds() {
-    let mut servers = Vec::new();
-    for _ in 0..3 {
-        let Some(server) = RedisServer::start().await.or_skip() else {
-            return;
-        };
-        servers.push(server);
-    }
-    let hosts: Vec<String> = servers
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port()))
-        .collect();
-    let b = lock_redis::connect(&format!("redlock://{}", hosts.join(",")))
+    let Some(servers) = RedisServer::start_many(3).await.or_skip() else {
+        return;
+    };
+    let b = lock_redis::connect(&RedisServer::redlock_url(&servers))
         .await
         .unwrap();
     let caps = b.capabilities();

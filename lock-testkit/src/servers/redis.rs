@@ -29,6 +29,29 @@ impl RedisServer {
         Self::start_with(&[]).await
     }
 
+    /// Starts `n` independent standalone servers (the nodes of a Redlock
+    /// test).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start), for the first server that fails.
+    pub async fn start_many(n: usize) -> Result<Vec<Self>, HarnessError> {
+        let mut servers = Vec::with_capacity(n);
+        for _ in 0..n {
+            servers.push(Self::start().await?);
+        }
+        Ok(servers)
+    }
+
+    /// `redlock://127.0.0.1:<port>,...` over `servers` (no options).
+    pub fn redlock_url(servers: &[Self]) -> String {
+        let hosts: Vec<String> = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        format!("redlock://{}", hosts.join(","))
+    }
+
     /// Starts a server with extra arguments (e.g. `--replicaof`).
     ///
     /// # Errors
