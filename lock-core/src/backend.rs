@@ -544,13 +544,50 @@ pub async fn poll_holder<B: LockBackend + ?Sized>(
     poll: Duration,
     deadline: Instant,
 ) -> Result<Option<LockInfo>, LockError> {
+    watch_holder_with(backend, key, seen, poll, deadline, || {
+        std::future::pending()
+    })
+    .await
+}
+
+/// [`poll_holder`] that also wakes early: before each read it calls `arm`,
+/// whose future (already listening when `arm` returns, so a change during
+/// the read is not missed) completes on the store's notification that the
+/// holder may have changed; the read is then repeated at once. A driver
+/// whose store announces some changes (a release message) but not others
+/// (an expiry) watches this way.
+///
+/// # Errors
+///
+/// As [`LockBackend::inspect`].
+///
+/// # Cancel safety
+///
+/// Safe: read-only (what `arm` subscribed is dropped with its future).
+pub async fn watch_holder_with<B, A, F>(
+    backend: &B,
+    key: &LockKey,
+    seen: Option<&LockInfo>,
+    poll: Duration,
+    deadline: Instant,
+    mut arm: A,
+) -> Result<Option<LockInfo>, LockError>
+where
+    B: LockBackend + ?Sized,
+    A: FnMut() -> F,
+    F: std::future::Future<Output = ()>,
+{
     let poll = poll.max(Duration::from_millis(5));
     loop {
+        let woken = arm();
         let now = backend.inspect(key).await?;
         if !LockInfo::same_holder(now.as_ref(), seen) || Instant::now() >= deadline {
             return Ok(now);
         }
-        tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
+        tokio::select! {
+            () = woken => {}
+            () = tokio::time::sleep_until(deadline.min(Instant::now() + poll)) => {}
+        }
     }
 }
 

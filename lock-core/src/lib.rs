@@ -95,7 +95,9 @@ mod segments;
 mod telemetry;
 mod types;
 
-pub use backend::{LockBackend, MAX_LIST_PAGE, check_list_limit, poll_holder, unsupported_kind};
+pub use backend::{
+    LockBackend, MAX_LIST_PAGE, check_list_limit, poll_holder, unsupported_kind, watch_holder_with,
+};
 pub use capabilities::{Capabilities, FencingScope, Requirements, TtlModel, WaitStrategy};
 pub use client::{LockClient, LockDefaults, LockRequest};
 pub use error::{ErrorKind, LockError, Operation};

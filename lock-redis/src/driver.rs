@@ -449,21 +449,13 @@ impl LockBackend for RedisBackend {
         }
         let names = self.names(key, Operation::Inspect)?;
         let watch = self.inner.notifier.watch(&names.channel, deadline).await;
-        let poll = poll.max(Duration::from_millis(5));
-        loop {
+        lock_core::watch_holder_with(self, key, seen, poll, deadline, || {
             // Registered before the read so a release in between wakes us.
-            let notified = watch.notify().notified();
-            tokio::pin!(notified);
+            let mut notified = Box::pin(watch.notify().notified());
             notified.as_mut().enable();
-            let now = self.inspect(key).await?;
-            if !LockInfo::same_holder(now.as_ref(), seen) || Instant::now() >= deadline {
-                return Ok(now);
-            }
-            tokio::select! {
-                () = notified => {}
-                () = tokio::time::sleep_until(deadline.min(Instant::now() + poll)) => {}
-            }
-        }
+            notified
+        })
+        .await
     }
 
     async fn list(

@@ -427,34 +427,28 @@ impl SqlBackend {
         poll: Duration,
         deadline: tokio::time::Instant,
     ) -> Result<Option<LockInfo>, LockError> {
-        use lock_core::LockBackend as _;
         if seen.is_none() {
             return lock_core::poll_holder(self, key, seen, poll, deadline).await;
         }
         if self.inner().dialect.notified() {
             self.ensure_listener().await;
         }
-        let poll = poll.max(Duration::from_millis(5));
-        loop {
+        lock_core::watch_holder_with(self, key, seen, poll, deadline, || {
+            // Subscribed before the read so a release in between wakes us.
             let mut wakes = self.inner().waits.subscribe();
-            let now = self.inspect(key).await?;
-            if !LockInfo::same_holder(now.as_ref(), seen) || tokio::time::Instant::now() >= deadline
-            {
-                return Ok(now);
-            }
-            let sleep = tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + poll));
-            tokio::pin!(sleep);
-            loop {
-                tokio::select! {
-                    () = &mut sleep => break,
-                    wake = wakes.recv() => match wake {
-                        Ok(crate::wake::Wake::Released(released)) if &*released == key.as_str() => break,
-                        Ok(crate::wake::Wake::All) | Err(_) => break,
+            async move {
+                loop {
+                    match wakes.recv().await {
+                        Ok(crate::wake::Wake::Released(released)) if &*released == key.as_str() => {
+                            return;
+                        }
+                        Ok(crate::wake::Wake::All) | Err(_) => return,
                         Ok(_) => {}
-                    },
+                    }
                 }
             }
-        }
+        })
+        .await
     }
 }
 
