@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::{
     Capabilities, GcReport, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
-    LockKey, LockPage, LockShape, MemoryBackend, OwnerId,
+    LockKey, LockPage, LockShape, MemoryBackend, OwnerId, SharedPage,
 };
 use tokio::time::Instant;
 
@@ -100,6 +100,16 @@ pub trait Flaw: fmt::Debug + Send + Sync + 'static {
 
     /// The inner backend's `list` page, as handed to the caller.
     fn list(&self, page: LockPage) -> LockPage {
+        page
+    }
+
+    /// The inner backend's `holders` answer, as handed to the caller.
+    fn holders(&self, holders: Vec<HolderInfo>) -> Vec<HolderInfo> {
+        holders
+    }
+
+    /// The inner backend's `list_shared` page, as handed to the caller.
+    fn list_shared(&self, page: SharedPage) -> SharedPage {
         page
     }
 
@@ -267,7 +277,23 @@ impl<F: Flaw> LockBackend for Flawed<F> {
     }
 
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        self.inner.holders(key, shape).await
+        Ok(self.flaw.holders(self.inner.holders(key, shape).await?))
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        if shape == LockShape::Mutex {
+            // Through this wrapper's `list`, so the flaw's page is listed.
+            return lock_core::list_mutex_shared(self, prefix, cursor, limit).await;
+        }
+        Ok(self
+            .flaw
+            .list_shared(self.inner.list_shared(shape, prefix, cursor, limit).await?))
     }
 }
 

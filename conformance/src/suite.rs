@@ -164,6 +164,14 @@ pub fn all_cases() -> Vec<Case> {
             "list pages through exactly the held locks under a prefix"
         ),
         case!(
+            shared_holder_details_are_reported,
+            "readers, writers, permit holders and leaders carry their details"
+        ),
+        case!(
+            list_finds_shared_locks,
+            "list_shared and list_elections page through exactly what is held"
+        ),
+        case!(
             force_release_fences_the_old_holder,
             "a broken lock's next token is higher; the old holder is out"
         ),

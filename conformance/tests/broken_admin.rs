@@ -9,6 +9,10 @@
 //! - `TokenResetByForce` restarts a key's tokens after a forced release.
 //! - `BrokenHolderRenews` lets the broken holder renew.
 //! - `WatchMisses` has a `watch_holder` that never sees a change.
+//! - `SharedNoDetails` reports readers, writers and permit holders without
+//!   details (`NoDetails` also catches a leader without them).
+//! - `ListsSharedTwice` returns a read-write lock twice in one page.
+//! - `ListsOtherShape` lists the prefix's mutex among its read-write locks.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,7 +20,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use conformance::cases::{self, CaseResult};
 use conformance::doubles::{Flaw, FlawedTarget};
 use conformance::{Harness, SuiteConfig};
-use lock_core::{Capabilities, FencingToken, Lease, LockError, LockInfo, LockKey, LockPage};
+use lock_core::{
+    Capabilities, FencingToken, HolderInfo, Lease, LockError, LockInfo, LockKey, LockPage,
+    SharedPage,
+};
 use tokio::time::Instant;
 
 #[derive(Debug)]
@@ -28,6 +35,9 @@ enum Kind {
     TokenResetByForce,
     BrokenHolderRenews,
     WatchMisses,
+    SharedNoDetails,
+    ListsSharedTwice,
+    ListsOtherShape,
 }
 
 #[derive(Debug)]
@@ -119,6 +129,39 @@ impl Flaw for Broken {
         page
     }
 
+    fn holders(&self, mut holders: Vec<HolderInfo>) -> Vec<HolderInfo> {
+        if matches!(self.kind, Kind::SharedNoDetails) {
+            for holder in &mut holders {
+                holder.details = None;
+            }
+        }
+        holders
+    }
+
+    fn list_shared(&self, mut page: SharedPage) -> SharedPage {
+        match self.kind {
+            Kind::ListsSharedTwice => {
+                if let Some(first) = page.locks.first().cloned() {
+                    match page.locks.get_mut(1) {
+                        Some(second) => *second = first,
+                        None => page.locks.push(first),
+                    }
+                }
+            }
+            Kind::ListsOtherShape => {
+                // `<ns>/lists/<name>` becomes `<ns>/lists/m`, the mutex
+                // held under the prefix.
+                if let Some(first) = page.locks.first_mut() {
+                    let text = first.key.as_str();
+                    let dir = text.rsplit_once('/').map_or(text, |(dir, _)| dir);
+                    first.key = LockKey::new(format!("{dir}/m")).expect("key");
+                }
+            }
+            _ => {}
+        }
+        page
+    }
+
     fn watch_misses(&self) -> bool {
         matches!(self.kind, Kind::WatchMisses)
     }
@@ -197,5 +240,33 @@ async fn a_watch_that_misses_changes_is_caught() {
         cases::watch_follows_the_holder(&harness(Kind::WatchMisses)).await,
         "watch misses changes",
         "did not report a grant",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shapes_and_leaders_without_details_are_caught() {
+    assert_failed(
+        cases::shared_holder_details_are_reported(&harness(Kind::SharedNoDetails)).await,
+        "readers without details",
+        "no holder details",
+    );
+    assert_failed(
+        cases::shared_holder_details_are_reported(&harness(Kind::NoDetails)).await,
+        "a leader without details",
+        "the leader: no holder details",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_shared_list_pages_are_caught() {
+    assert_failed(
+        cases::list_finds_shared_locks(&harness(Kind::ListsSharedTwice)).await,
+        "a read-write lock twice",
+        "twice",
+    );
+    assert_failed(
+        cases::list_finds_shared_locks(&harness(Kind::ListsOtherShape)).await,
+        "the mutex among read-write locks",
+        "which is not held",
     );
 }

@@ -7,12 +7,12 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::capabilities::Capabilities;
-use crate::election::{Leader, election_lock_key};
+use crate::election::{ElectionPage, Leader, election_lock_key};
 use crate::error::LockError;
 use crate::error::{ErrorKind, Operation};
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
-use crate::types::{GcReport, Lease, LockInfo, LockPage};
+use crate::types::{GcReport, Lease, LockInfo, LockPage, SharedLockInfo, SharedPage};
 
 /// A lock service: the small, object-safe contract every driver implements.
 ///
@@ -470,6 +470,64 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
         ))
     }
 
+    /// [`list`](Self::list) for the locks of `shape`: one page of the keys
+    /// under `prefix` that have holders in that shape's namespace, each
+    /// with every holder as [`holders`](Self::holders) reports them
+    /// (kind, owner, token, remaining TTL, details), with the same bounds,
+    /// cursor and guarantees as `list`.
+    ///
+    /// The default serves [`LockShape::Mutex`] from [`list`](Self::list)
+    /// and refuses the others.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] where the backend cannot enumerate that
+    /// shape; otherwise as [`list`](Self::list).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only.
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        match shape {
+            LockShape::Mutex => list_mutex_shared(self, prefix, cursor, limit).await,
+            other => Err(crate::holder::unsupported_admin(
+                self.name(),
+                &format!("listing {other} locks"),
+            )),
+        }
+    }
+
+    /// One page of the elections whose name starts with `prefix` that have
+    /// a leader, each as [`leader`](Self::leader) reports it, with the
+    /// bounds, cursor and guarantees of [`list`](Self::list).
+    ///
+    /// The default lists the default election's mutexes
+    /// ([`list_mutex_elections`](crate::election::list_mutex_elections));
+    /// a driver with its own [`campaign`](Self::campaign) layout overrides
+    /// it.
+    ///
+    /// # Errors
+    ///
+    /// As [`list`](Self::list).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only.
+    async fn list_elections(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<ElectionPage, LockError> {
+        crate::election::list_mutex_elections(self, prefix, cursor, limit).await
+    }
+
     /// Breaks the mutex on `key` whoever holds it: an operator's tool for a
     /// stuck lock. Returns the holder it removed, as
     /// [`inspect`](Self::inspect) saw it just before, or `None` when the key
@@ -524,6 +582,36 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
             "garbage collection of stale keys",
         ))
     }
+}
+
+/// [`LockBackend::list_shared`] for [`LockShape::Mutex`], from
+/// [`list`](LockBackend::list): each held mutex with its one holder.
+///
+/// # Errors
+///
+/// As [`LockBackend::list`].
+///
+/// # Cancel safety
+///
+/// Safe: read-only.
+pub async fn list_mutex_shared<B: LockBackend + ?Sized>(
+    backend: &B,
+    prefix: &str,
+    cursor: Option<&str>,
+    limit: usize,
+) -> Result<SharedPage, LockError> {
+    let page = backend.list(prefix, cursor, limit).await?;
+    Ok(SharedPage {
+        locks: page
+            .locks
+            .into_iter()
+            .map(|info| SharedLockInfo {
+                key: info.key.clone(),
+                holders: vec![HolderInfo::from(info)],
+            })
+            .collect(),
+        cursor: page.cursor,
+    })
 }
 
 /// [`LockBackend::watch_holder`]'s default, for wrappers that override it:

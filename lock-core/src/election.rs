@@ -78,7 +78,7 @@ pub async fn watch_mutex_leader<B: crate::LockBackend + ?Sized>(
         holder: l.holder.clone(),
         token: l.term,
         remaining_ttl: l.remaining_ttl,
-        details: None,
+        details: l.details.clone(),
     });
     Ok(backend
         .watch_holder(&key, seen.as_ref(), poll, deadline)
@@ -95,6 +95,9 @@ pub struct Leader {
     pub term: Option<FencingToken>,
     /// Time left before the store frees the leadership unless renewed.
     pub remaining_ttl: Option<Duration>,
+    /// Who campaigned (host, process, program, label, time of the win),
+    /// when the leader is one of ours and the backend keeps them.
+    pub details: Option<crate::holder::HolderDetails>,
 }
 
 impl Leader {
@@ -104,6 +107,7 @@ impl Leader {
             holder: info.holder,
             term: info.token,
             remaining_ttl: info.remaining_ttl,
+            details: info.details,
         }
     }
 
@@ -116,6 +120,63 @@ impl Leader {
             _ => false,
         }
     }
+}
+
+/// An election with a leader, as
+/// [`LockBackend::list_elections`](crate::LockBackend::list_elections)
+/// reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElectionInfo {
+    /// The election's name.
+    pub election: LockKey,
+    /// Its leader.
+    pub leader: Leader,
+}
+
+/// One page of [`LockBackend::list_elections`](crate::LockBackend::list_elections).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ElectionPage {
+    /// The elections found with a leader, in the backend's scan order.
+    pub elections: Vec<ElectionInfo>,
+    /// Where the next page starts; `None` when the scan is complete.
+    pub cursor: Option<String>,
+}
+
+/// [`LockBackend::list_elections`]'s default, for a driver whose elections
+/// are the default renewed mutex ([`election_lock_key`]): one page of the
+/// mutexes under `election/<prefix>`, each as its election's leader.
+///
+/// # Errors
+///
+/// As [`LockBackend::list`](crate::LockBackend::list).
+///
+/// # Cancel safety
+///
+/// Safe: read-only.
+pub async fn list_mutex_elections<B: crate::LockBackend + ?Sized>(
+    backend: &B,
+    prefix: &str,
+    cursor: Option<&str>,
+    limit: usize,
+) -> Result<ElectionPage, LockError> {
+    let page = backend.list(&election_key(prefix), cursor, limit).await?;
+    let mut elections = Vec::with_capacity(page.locks.len());
+    for info in page.locks {
+        let Some(name) = info.key.as_str().strip_prefix("election/") else {
+            continue;
+        };
+        let Ok(election) = LockKey::new(name) else {
+            continue;
+        };
+        elections.push(ElectionInfo {
+            election,
+            leader: Leader::from_info(info),
+        });
+    }
+    Ok(ElectionPage {
+        elections,
+        cursor: page.cursor,
+    })
 }
 
 /// A campaign, made by [`LockClient::elect`].

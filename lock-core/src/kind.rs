@@ -206,6 +206,9 @@ pub struct HolderInfo {
     pub token: Option<FencingToken>,
     /// Time left before the backend frees its share unless renewed.
     pub remaining_ttl: Option<Duration>,
+    /// Who took the share (host, process, program, label, time), when the
+    /// holder is one of ours and the backend keeps them.
+    pub details: Option<crate::holder::HolderDetails>,
 }
 
 impl From<crate::types::LockInfo> for HolderInfo {
@@ -216,6 +219,7 @@ impl From<crate::types::LockInfo> for HolderInfo {
             holder: info.holder,
             token: info.token,
             remaining_ttl: info.remaining_ttl,
+            details: info.details,
         }
     }
 }

@@ -96,7 +96,8 @@ mod telemetry;
 mod types;
 
 pub use backend::{
-    LockBackend, MAX_LIST_PAGE, check_list_limit, poll_holder, unsupported_kind, watch_holder_with,
+    LockBackend, MAX_LIST_PAGE, check_list_limit, list_mutex_shared, poll_holder, unsupported_kind,
+    watch_holder_with,
 };
 pub use capabilities::{Capabilities, FencingScope, Requirements, TtlModel, WaitStrategy};
 pub use client::{LockClient, LockDefaults, LockRequest};
@@ -120,8 +121,8 @@ pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use telemetry::{KeyLabel, disable_metrics, enable_metrics, metrics_enabled};
 pub use types::{
-    FencingToken, GcReport, Lease, LockInfo, LockPage, OwnerId, SessionState, clock_drift,
-    validity_deadline,
+    FencingToken, GcReport, Lease, LockInfo, LockPage, OwnerId, SessionState, SharedLockInfo,
+    SharedPage, clock_drift, validity_deadline,
 };
 
 /// Re-exported so drivers and users name the same `async_trait`.

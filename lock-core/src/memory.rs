@@ -16,7 +16,7 @@ use crate::holder::HolderDetails;
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
 use crate::options::{MIN_TTL_FLOOR, check_ttl};
-use crate::types::{FencingToken, GcReport, Lease, LockInfo, LockPage, OwnerId};
+use crate::types::{FencingToken, GcReport, Lease, LockInfo, LockPage, OwnerId, SharedPage};
 
 mod shared;
 
@@ -612,5 +612,19 @@ impl LockBackend for MemoryBackend {
             return Ok(crate::kind::mutex_holders(self.inspect(key).await?));
         }
         self.share_holders(key, shape).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        if shape == LockShape::Mutex {
+            return crate::backend::list_mutex_shared(self, prefix, cursor, limit).await;
+        }
+        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
+        self.list_shares(shape, prefix, cursor, limit).await
     }
 }

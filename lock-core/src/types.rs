@@ -450,6 +450,27 @@ pub struct LockPage {
     pub cursor: Option<String>,
 }
 
+/// One key's holders in one [`LockShape`](crate::LockShape), as
+/// [`LockBackend::list_shared`](crate::LockBackend::list_shared) reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedLockInfo {
+    /// The key.
+    pub key: LockKey,
+    /// Its holders (never empty): the readers or the writer of a
+    /// read-write lock, the permit holders of a semaphore, the one holder
+    /// of a mutex.
+    pub holders: Vec<crate::kind::HolderInfo>,
+}
+
+/// One page of [`LockBackend::list_shared`](crate::LockBackend::list_shared).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharedPage {
+    /// The held keys found, in the backend's scan order.
+    pub locks: Vec<SharedLockInfo>,
+    /// Where the next page starts; `None` when the scan is complete.
+    pub cursor: Option<String>,
+}
+
 /// What [`LockBackend::gc`](crate::LockBackend::gc) removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GcReport {

@@ -96,6 +96,7 @@ impl EtcdBackend {
     async fn leader_of(&self, kv: &KeyValue, op: Operation) -> Leader {
         let name = String::from_utf8_lossy(kv.key()).into_owned();
         Leader {
+            details: None,
             holder: String::from_utf8_lossy(kv.value()).into_owned(),
             term: u64::try_from(kv.create_revision())
                 .ok()

@@ -218,6 +218,7 @@ impl EtcdBackend {
                 },
             };
             out.push(HolderInfo {
+                details: None,
                 kind,
                 holder: share.owner.clone(),
                 token: u64::try_from(token).ok().map(FencingToken::new),

@@ -236,6 +236,7 @@ impl ZkBackend {
             .flatten()
         });
         Leader {
+            details: None,
             holder: String::from_utf8_lossy(data).into_owned(),
             term: u64::try_from(czxid).ok().map(FencingToken::new),
             remaining_ttl,

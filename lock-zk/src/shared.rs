@@ -768,6 +768,7 @@ impl ZkBackend {
             let remaining_ttl =
                 owner.and_then(|o| self.tracked_shared(o, |t| clock.remaining(t.due, now)));
             out.push(HolderInfo {
+                details: None,
                 kind,
                 holder: owner.map_or_else(|| first.clone(), OwnerId::to_hex),
                 token: token.map(FencingToken::new),

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::{ErrorKind, HolderDetails, LockError};
+use lock_core::{ErrorKind, LockError};
 
 use crate::harness::Harness;
 use crate::history::{FencedResource, History};
@@ -14,7 +14,7 @@ use super::*;
 
 /// `Ok(None)` for an admin call the backend refuses as unsupported (the
 /// case is then skipped), the value otherwise.
-fn supported<T>(result: Result<T, LockError>, what: &str) -> Result<Option<T>, String> {
+pub(super) fn supported<T>(result: Result<T, LockError>, what: &str) -> Result<Option<T>, String> {
     match result {
         Ok(value) => Ok(Some(value)),
         Err(e) if e.kind() == ErrorKind::Unsupported => Ok(None),
@@ -22,7 +22,7 @@ fn supported<T>(result: Result<T, LockError>, what: &str) -> Result<Option<T>, S
     }
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -48,21 +48,8 @@ pub async fn holder_details_are_reported(h: &Harness) -> CaseResult {
         .await
         .map_err(fmt_err("inspect"))?
         .ok_or("inspect found no holder of a held key")?;
-    let details = info
-        .details
-        .ok_or("inspect reported no holder details for our own grant")?;
-    let here = HolderDetails::current();
-    ensure!(
-        details.host == here.host && details.pid == here.pid && details.program == here.program,
-        "the details name another process: {details:?}, this one is {here:?}"
-    );
-    // The grant time is the granting process's clock (this one), taken
-    // while the acquire was in flight.
-    ensure!(
-        (before..=after).contains(&details.granted_at_ms),
-        "grant time {} outside the acquire [{before}, {after}] ms",
-        details.granted_at_ms
-    );
+    super::admin_shapes::check_details(info.details.as_ref(), before, after, "inspect")?;
+    let details = info.details.ok_or("no details")?;
     ensure!(
         a.release(&lease).await.map_err(fmt_err("release"))?,
         "release said not held"

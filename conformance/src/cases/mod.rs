@@ -125,6 +125,7 @@ use crate::recording::recorded_release;
 
 // After the macros above, which the case modules use.
 mod admin;
+mod admin_shapes;
 mod api;
 mod compose;
 mod elect;
@@ -133,6 +134,7 @@ mod leases;
 mod shared;
 
 pub use admin::*;
+pub use admin_shapes::*;
 pub use api::*;
 pub use compose::*;
 pub use elect::*;

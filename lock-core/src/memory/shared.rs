@@ -17,9 +17,10 @@ use tokio::time::Instant;
 
 use super::{MemoryBackend, NAME};
 use crate::error::{ErrorKind, LockError, Operation};
+use crate::holder::HolderDetails;
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
-use crate::types::{FencingToken, Lease, OwnerId};
+use crate::types::{FencingToken, Lease, OwnerId, SharedLockInfo, SharedPage};
 
 pub(super) type SharedKeys = HashMap<(LockShape, LockKey), SharedState>;
 
@@ -40,6 +41,19 @@ struct ShareHolder {
     kind: LeaseKind,
     token: u64,
     expires_at: Instant,
+    granted_at_ms: u64,
+}
+
+impl ShareHolder {
+    fn info(&self, now: Instant) -> HolderInfo {
+        HolderInfo {
+            kind: self.kind,
+            holder: self.owner.to_hex(),
+            token: Some(FencingToken::new(self.token)),
+            remaining_ttl: Some(self.expires_at.saturating_duration_since(now)),
+            details: Some(HolderDetails::of_this_process(self.granted_at_ms)),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -149,6 +163,7 @@ impl MemoryBackend {
             kind,
             token,
             expires_at: now + ttl,
+            granted_at_ms: crate::holder::now_ms(),
         });
         Lease::from_parts(
             key.clone(),
@@ -363,16 +378,47 @@ impl MemoryBackend {
             return Ok(Vec::new());
         };
         self.hand_off_shares(key, state, now);
-        Ok(state
-            .holders
-            .iter()
-            .map(|h| HolderInfo {
-                kind: h.kind,
-                holder: h.owner.to_hex(),
-                token: Some(FencingToken::new(h.token)),
-                remaining_ttl: Some(h.expires_at.saturating_duration_since(now)),
+        Ok(state.holders.iter().map(|h| h.info(now)).collect())
+    }
+
+    /// The keys of `shape` under `prefix` with holders, in key order after
+    /// `cursor`, at most `limit`.
+    pub(super) async fn list_shares(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        self.check_fault(Operation::Inspect).await?;
+        let now = Instant::now();
+        let mut keys = self.shared_keys();
+        let mut found: Vec<(&LockKey, &mut SharedState)> = keys
+            .iter_mut()
+            .filter(|((s, k), _)| {
+                *s == shape
+                    && k.as_str().starts_with(prefix)
+                    && cursor.is_none_or(|c| k.as_str() > c)
             })
-            .collect())
+            .map(|((_, k), state)| (k, state))
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(b.0));
+        let mut page = SharedPage::default();
+        for (key, state) in found {
+            state.reap(now);
+            if state.holders.is_empty() {
+                continue;
+            }
+            if page.locks.len() == limit {
+                page.cursor = page.locks.last().map(|l| l.key.as_str().to_owned());
+                break;
+            }
+            page.locks.push(SharedLockInfo {
+                key: key.clone(),
+                holders: state.holders.iter().map(|h| h.info(now)).collect(),
+            });
+        }
+        Ok(page)
     }
 }
 

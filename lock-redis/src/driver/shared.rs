@@ -750,6 +750,7 @@ impl RedisBackend {
                 };
                 let count = u32::try_from(int(count)?).map_err(|_| unexpected(op, &value))?;
                 out.push(HolderInfo {
+                    details: None,
                     kind: LeaseKind::permits(count, limit.max(count))
                         .map_err(|_| unexpected(op, &value))?,
                     holder: text(owner).unwrap_or_default(),
@@ -768,6 +769,7 @@ impl RedisBackend {
         let writer = text(writer).unwrap_or_default();
         if !writer.is_empty() {
             out.push(HolderInfo {
+                details: None,
                 kind: LeaseKind::Write,
                 holder: writer,
                 token: Some(epoch),
@@ -779,6 +781,7 @@ impl RedisBackend {
                 return Err(unexpected(op, &value));
             };
             out.push(HolderInfo {
+                details: None,
                 kind: LeaseKind::Read,
                 holder: text(owner).unwrap_or_default(),
                 token: Some(epoch),

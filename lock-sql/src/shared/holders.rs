@@ -202,6 +202,7 @@ impl SqlBackend {
                 let kind = LeaseKind::from_code(r[1].text())
                     .map_err(|e| e.with_key(key).with_backend(NAME))?;
                 Ok(HolderInfo {
+                    details: None,
                     kind,
                     holder: r[0].text().to_owned(),
                     token: u64::try_from(r[2].int()).ok().map(FencingToken::new),

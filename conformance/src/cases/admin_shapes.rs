@@ -1,0 +1,451 @@
+//! Operating cases for the lock shapes beyond the mutex: holder details of
+//! readers, writers, permit holders and leaders, and `list_shared` /
+//! `list_elections` paging through exactly what is held.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use lock_core::{ErrorKind, HolderDetails, HolderInfo, LeaseKind, LockBackend, LockShape};
+
+use crate::harness::Harness;
+
+use super::admin::{now_ms, supported};
+use super::*;
+
+/// Checks that `details` name this process and a grant time within
+/// `[before, after]` (the granting process's clock, this one).
+pub(super) fn check_details(
+    details: Option<&HolderDetails>,
+    before: u64,
+    after: u64,
+    what: &str,
+) -> Result<(), String> {
+    let details = details.ok_or_else(|| format!("{what}: no holder details for our own grant"))?;
+    let here = HolderDetails::current();
+    ensure!(
+        details.host == here.host && details.pid == here.pid && details.program == here.program,
+        "{what}: the details name another process: {details:?}, this one is {here:?}"
+    );
+    ensure!(
+        (before..=after).contains(&details.granted_at_ms),
+        "{what}: grant time {} outside the acquire [{before}, {after}] ms",
+        details.granted_at_ms
+    );
+    Ok(())
+}
+
+/// `try_acquire_kind` that must grant, or `Ok(None)` where the backend has
+/// no such shape.
+async fn take_kind(
+    backend: &dyn LockBackend,
+    key: &LockKey,
+    kind: LeaseKind,
+    ttl: Duration,
+) -> Result<Option<Lease>, String> {
+    match backend.try_acquire_kind(key, kind, ttl).await {
+        Ok(Some(lease)) => Ok(Some(lease)),
+        Ok(None) => Err(format!("{kind} on a free {key} was refused")),
+        Err(e) if e.kind() == ErrorKind::Unsupported => Ok(None),
+        Err(e) => Err(format!("{kind} on {key}: {e}")),
+    }
+}
+
+/// The holders of `key` in `shape`, each checked to carry this process's
+/// details within `[before, after]`; `expect` holders of that kind.
+async fn holders_with_details(
+    b: &dyn LockBackend,
+    key: &LockKey,
+    shape: LockShape,
+    expect: (usize, LeaseKind),
+    window: (u64, u64),
+) -> Result<(), String> {
+    let holders = b.holders(key, shape).await.map_err(fmt_err("holders"))?;
+    ensure!(
+        holders.len() == expect.0 && holders.iter().all(|h| h.kind == expect.1),
+        "holders of {shape} {key}: {holders:?}, expected {} of {}",
+        expect.0,
+        expect.1
+    );
+    for holder in &holders {
+        check_details(
+            holder.details.as_ref(),
+            window.0,
+            window.1,
+            &format!("{} of {key}", holder.kind),
+        )?;
+    }
+    Ok(())
+}
+
+async fn release_all(backend: &dyn LockBackend, leases: &[Lease]) -> Result<(), String> {
+    for lease in leases {
+        ensure!(
+            backend.release(lease).await.map_err(fmt_err("release"))?,
+            "release of {} said not held",
+            lease.key()
+        );
+    }
+    Ok(())
+}
+
+/// On a backend that claims holder details, every shape it has reports
+/// them to another client: each of two readers and then the writer of a
+/// read-write lock, each of two permit holders of a semaphore
+/// ([`holders`](LockBackend::holders)), and an election's leader
+/// ([`leader`](LockBackend::leader)): this process's host, pid and program,
+/// and a grant time within the acquire.
+pub async fn shared_holder_details_are_reported(h: &Harness) -> CaseResult {
+    let (a, b) = two_clients(h).await?;
+    if !a.capabilities().holder_details {
+        return Ok(Outcome::Skipped(
+            "the backend does not claim holder details".into(),
+        ));
+    }
+    let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
+    let mut checked = Vec::new();
+
+    let key = h.key("details-rw");
+    let before = now_ms();
+    if let Some(first) = take_kind(&*a, &key, LeaseKind::Read, ttl).await? {
+        let second = take_kind(&*b, &key, LeaseKind::Read, ttl)
+            .await?
+            .ok_or("a second reader: Unsupported after a first")?;
+        let window = (before, now_ms());
+        holders_with_details(
+            &*b,
+            &key,
+            LockShape::ReadWrite,
+            (2, LeaseKind::Read),
+            window,
+        )
+        .await?;
+        release_all(&*a, &[first]).await?;
+        release_all(&*b, &[second]).await?;
+        let before = now_ms();
+        let writer = take_kind(&*a, &key, LeaseKind::Write, ttl)
+            .await?
+            .ok_or("a writer: Unsupported after readers")?;
+        let window = (before, now_ms());
+        holders_with_details(
+            &*b,
+            &key,
+            LockShape::ReadWrite,
+            (1, LeaseKind::Write),
+            window,
+        )
+        .await?;
+        release_all(&*a, &[writer]).await?;
+        checked.push("2 readers, a writer");
+    }
+
+    let key = h.key("details-sem");
+    let permit = LeaseKind::permits(1, 3).map_err(|e| e.to_string())?;
+    let before = now_ms();
+    if let Some(first) = take_kind(&*a, &key, permit, ttl).await? {
+        let second = take_kind(&*b, &key, permit, ttl)
+            .await?
+            .ok_or("a second permit: Unsupported after a first")?;
+        let window = (before, now_ms());
+        holders_with_details(&*b, &key, LockShape::Semaphore, (2, permit), window).await?;
+        release_all(&*a, &[first]).await?;
+        release_all(&*b, &[second]).await?;
+        checked.push("2 permit holders");
+    }
+
+    let election = h.key("details-elect");
+    let before = now_ms();
+    let term = a
+        .campaign(&election, ttl, tokio::time::Instant::now() + ttl)
+        .await
+        .map_err(fmt_err("campaign"))?;
+    let window = (before, now_ms());
+    let leader = b
+        .leader(&election)
+        .await
+        .map_err(fmt_err("leader"))?
+        .ok_or("an election with a leader reported none")?;
+    check_details(leader.details.as_ref(), window.0, window.1, "the leader")?;
+    release_all(&*a, &[term]).await?;
+    checked.push("a leader");
+    Ok(Outcome::Passed(checked.join(", ")))
+}
+
+/// What one listed key is expected to show: its holders' kind and tokens.
+struct Expected {
+    kind: LeaseKind,
+    tokens: Vec<lock_core::FencingToken>,
+}
+
+/// Pages through `list_shared(shape, prefix)` two keys at a time and
+/// checks it found exactly `expected`: each key once, under the prefix,
+/// with its holders' count, kind and tokens (where reported).
+async fn check_shared_listing(
+    b: &dyn LockBackend,
+    shape: LockShape,
+    prefix: &str,
+    expected: &HashMap<LockKey, Expected>,
+) -> Result<Option<usize>, String> {
+    let mut seen = HashSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        ensure!(
+            pages <= 50,
+            "list_shared did not finish within 50 pages of 2"
+        );
+        let Some(page) = supported(
+            b.list_shared(shape, prefix, cursor.as_deref(), 2).await,
+            "list_shared",
+        )?
+        else {
+            return Ok(None);
+        };
+        ensure!(
+            page.locks.len() <= 2,
+            "a page of 2 held {}",
+            page.locks.len()
+        );
+        for lock in page.locks {
+            ensure!(
+                lock.key.as_str().starts_with(prefix),
+                "list_shared({shape}) of {prefix:?} returned {}",
+                lock.key
+            );
+            let want = expected.get(&lock.key).ok_or_else(|| {
+                format!(
+                    "list_shared({shape}) returned {}, which is not held",
+                    lock.key
+                )
+            })?;
+            check_listed(&lock.holders, want, shape, &lock.key)?;
+            ensure!(
+                seen.insert(lock.key.clone()),
+                "list_shared({shape}) returned {} twice",
+                lock.key
+            );
+        }
+        match page.cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    ensure!(
+        seen.len() == expected.len(),
+        "list_shared({shape}) found {} of the {} held keys",
+        seen.len(),
+        expected.len()
+    );
+    Ok(Some(pages))
+}
+
+fn check_listed(
+    holders: &[HolderInfo],
+    want: &Expected,
+    shape: LockShape,
+    key: &LockKey,
+) -> Result<(), String> {
+    ensure!(
+        holders.len() == want.tokens.len() && holders.iter().all(|h| h.kind == want.kind),
+        "list_shared({shape}) shows {key} with {holders:?}, held by {} of {}",
+        want.tokens.len(),
+        want.kind
+    );
+    let mut listed: Vec<_> = holders.iter().filter_map(|h| h.token).collect();
+    if listed.len() == holders.len() {
+        listed.sort();
+        let mut granted = want.tokens.clone();
+        granted.sort();
+        ensure!(
+            listed == granted,
+            "list_shared({shape}) shows tokens {listed:?} for {key}, granted {granted:?}"
+        );
+    }
+    Ok(())
+}
+
+/// `list_shared` pages through exactly the read-write locks, or exactly
+/// the semaphores, held under a prefix (each once, with every holder and
+/// its token; not the other shapes' keys, not released ones), and
+/// `list_elections` exactly the elections with a leader under a prefix,
+/// each with its term. Shapes the backend does not list are reported, not
+/// failed.
+pub async fn list_finds_shared_locks(h: &Harness) -> CaseResult {
+    let (a, b) = two_clients(h).await?;
+    let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
+    let prefix = format!("{}/", h.key("lists").as_str());
+    let key = |name: &str| LockKey::new(format!("{prefix}{name}")).map_err(|e| e.to_string());
+    let mut held = Vec::new();
+    let mut report = Vec::new();
+
+    // A mutex under the prefix: no other shape lists it.
+    held.push((a.clone(), take_free(&*a, &key("m")?, ttl).await?));
+
+    let mut rw = HashMap::new();
+    if let Some(r1) = take_kind(&*a, &key("r")?, LeaseKind::Read, ttl).await? {
+        let r2 = take_kind(&*b, &key("r")?, LeaseKind::Read, ttl)
+            .await?
+            .ok_or("a second reader refused")?;
+        let w = take_kind(&*a, &key("w")?, LeaseKind::Write, ttl)
+            .await?
+            .ok_or("a writer refused")?;
+        let gone = take_kind(&*a, &key("gone")?, LeaseKind::Write, ttl)
+            .await?
+            .ok_or("a writer refused")?;
+        release_all(&*a, &[gone]).await?;
+        let outside = LockKey::new(format!("{}x", prefix.trim_end_matches('/')))
+            .map_err(|e| e.to_string())?;
+        let outside = take_kind(&*a, &outside, LeaseKind::Write, ttl)
+            .await?
+            .ok_or("a writer refused")?;
+        rw.insert(
+            key("r")?,
+            Expected {
+                kind: LeaseKind::Read,
+                tokens: vec![r1.token(), r2.token()],
+            },
+        );
+        rw.insert(
+            key("w")?,
+            Expected {
+                kind: LeaseKind::Write,
+                tokens: vec![w.token()],
+            },
+        );
+        held.extend([
+            (a.clone(), r1),
+            (b.clone(), r2),
+            (a.clone(), w),
+            (a.clone(), outside),
+        ]);
+    }
+
+    let mut sem = HashMap::new();
+    let permit = LeaseKind::permits(1, 3).map_err(|e| e.to_string())?;
+    if let Some(p1) = take_kind(&*a, &key("s")?, permit, ttl).await? {
+        let p2 = take_kind(&*b, &key("s")?, permit, ttl)
+            .await?
+            .ok_or("a second permit refused")?;
+        sem.insert(
+            key("s")?,
+            Expected {
+                kind: permit,
+                tokens: vec![p1.token(), p2.token()],
+            },
+        );
+        held.extend([(a.clone(), p1), (b.clone(), p2)]);
+    }
+
+    let outcome = async {
+        for (shape, expected) in [(LockShape::ReadWrite, &rw), (LockShape::Semaphore, &sem)] {
+            if expected.is_empty() {
+                report.push(format!("no {shape} locks"));
+                continue;
+            }
+            match check_shared_listing(&*b, shape, &prefix, expected).await? {
+                Some(pages) => {
+                    report.push(format!("{shape}: {} keys, {pages} page(s)", expected.len()))
+                }
+                None => report.push(format!("{shape}: not listed (Unsupported)")),
+            }
+        }
+        let elections = check_election_listing(&*a, &*b, &prefix, ttl).await?;
+        report.push(elections);
+        Ok::<_, String>(())
+    }
+    .await;
+    for (backend, lease) in &held {
+        let _ = backend.release(lease).await;
+    }
+    outcome?;
+    let bad = b.list_shared(LockShape::ReadWrite, &prefix, None, 0).await;
+    ensure!(
+        matches!(&bad, Err(e) if matches!(e.kind(), ErrorKind::InvalidArgument | ErrorKind::Unsupported)),
+        "a page of 0 locks was not refused: {bad:?}"
+    );
+    Ok(Outcome::Passed(report.join("; ")))
+}
+
+/// Two elections led under `prefix` (and one resigned) must be listed
+/// exactly, each with its term.
+async fn check_election_listing(
+    a: &dyn LockBackend,
+    b: &dyn LockBackend,
+    prefix: &str,
+    ttl: Duration,
+) -> Result<String, String> {
+    let deadline = || tokio::time::Instant::now() + ttl;
+    let name = |n: &str| LockKey::new(format!("{prefix}{n}")).map_err(|e| e.to_string());
+    let e1 = a
+        .campaign(&name("e1")?, ttl, deadline())
+        .await
+        .map_err(fmt_err("campaign"))?;
+    let e2 = b
+        .campaign(&name("e2")?, ttl, deadline())
+        .await
+        .map_err(fmt_err("campaign"))?;
+    let resigned = a
+        .campaign(&name("e3")?, ttl, deadline())
+        .await
+        .map_err(fmt_err("campaign"))?;
+    let result = async {
+        ensure!(
+            a.release(&resigned).await.map_err(fmt_err("resign"))?,
+            "resignation said not leading"
+        );
+        let terms: HashMap<LockKey, Option<lock_core::FencingToken>> = [
+            (name("e1")?, Some(e1.token())),
+            (name("e2")?, Some(e2.token())),
+        ]
+        .into();
+        let mut seen = HashSet::new();
+        let mut cursor: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            pages += 1;
+            ensure!(pages <= 50, "list_elections did not finish within 50 pages");
+            let Some(page) = supported(
+                b.list_elections(prefix, cursor.as_deref(), 1).await,
+                "list_elections",
+            )?
+            else {
+                return Ok("elections: not listed (Unsupported)".to_owned());
+            };
+            for info in page.elections {
+                let term = terms.get(&info.election).ok_or_else(|| {
+                    format!(
+                        "list_elections returned {}, which has no leader",
+                        info.election
+                    )
+                })?;
+                if let Some(listed) = info.leader.term {
+                    ensure!(
+                        Some(listed) == *term,
+                        "list_elections shows term {listed} for {}, won with {term:?}",
+                        info.election
+                    );
+                }
+                ensure!(
+                    seen.insert(info.election.clone()),
+                    "list_elections returned {} twice",
+                    info.election
+                );
+            }
+            match page.cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        ensure!(
+            seen.len() == terms.len(),
+            "list_elections found {} of the {} led elections",
+            seen.len(),
+            terms.len()
+        );
+        Ok(format!("elections: 2 leaders, {pages} page(s)"))
+    }
+    .await;
+    let _ = a.release(&e1).await;
+    let _ = b.release(&e2).await;
+    result
+}
