@@ -1,11 +1,10 @@
-//! The operator's commands: `inspect`'s output, `list`, `force-release`,
-//! `watch` and `gc`.
+//! The operator's commands: `inspect`'s output, `force-release`, `watch`
+//! and `gc` (`list` and `leader` are in `listing`).
 
 use std::time::Duration;
 
 use lock_core::{
-    FencingToken, HolderDetails, LockClient, LockError, LockInfo, LockKey, LockPage, LockShape,
-    MAX_LIST_PAGE,
+    FencingToken, HolderDetails, HolderInfo, LockClient, LockError, LockInfo, LockKey, LockShape,
 };
 use serde_json::{Value, json};
 
@@ -35,7 +34,7 @@ pub(crate) fn utc(ms: u64) -> String {
     )
 }
 
-fn details_json(details: Option<&HolderDetails>) -> Value {
+pub(crate) fn details_json(details: Option<&HolderDetails>) -> Value {
     details.map_or(Value::Null, |d| {
         json!({
             "host": d.host,
@@ -60,11 +59,11 @@ pub(crate) fn info_json(info: &LockInfo) -> Value {
     })
 }
 
-fn ttl_text(t: Option<Duration>) -> String {
+pub(crate) fn ttl_text(t: Option<Duration>) -> String {
     t.map_or("-".to_owned(), distlock::format_duration)
 }
 
-fn token_text(t: Option<FencingToken>) -> String {
+pub(crate) fn token_text(t: Option<FencingToken>) -> String {
     t.map_or("-".to_owned(), |t| t.to_string())
 }
 
@@ -78,20 +77,51 @@ pub(crate) fn info_line(info: &LockInfo) -> String {
         token_text(info.token),
         ttl_text(info.remaining_ttl)
     );
-    if let Some(d) = &info.details {
-        line.push_str(&format!(
-            " ({} pid {} on {} since {}",
-            d.program,
-            d.pid,
-            d.host,
-            utc(d.granted_at_ms)
-        ));
-        if let Some(label) = &d.label {
-            line.push_str(&format!(", label {label}"));
-        }
-        line.push(')');
-    }
+    line.push_str(&details_text(info.details.as_ref()));
     line
+}
+
+/// ` (program pid P on host since T, label L)`, or nothing without details.
+pub(crate) fn details_text(details: Option<&HolderDetails>) -> String {
+    let Some(d) = details else {
+        return String::new();
+    };
+    let mut text = format!(
+        " ({} pid {} on {} since {}",
+        d.program,
+        d.pid,
+        d.host,
+        utc(d.granted_at_ms)
+    );
+    if let Some(label) = &d.label {
+        text.push_str(&format!(", label {label}"));
+    }
+    text.push(')');
+    text
+}
+
+/// One holder of a read-write lock or semaphore as JSON.
+pub(crate) fn holder_json(shape: LockShape, h: &HolderInfo) -> Value {
+    json!({
+        "shape": shape.as_str(),
+        "kind": h.kind.code(),
+        "holder": h.holder,
+        "token": h.token.map(FencingToken::get),
+        "remaining_ttl_ms": h.remaining_ttl.map(|d| d.as_millis()),
+        "details": details_json(h.details.as_ref()),
+    })
+}
+
+/// One holder of a read-write lock or semaphore in one line.
+pub(crate) fn holder_line(key: &LockKey, shape: LockShape, h: &HolderInfo) -> String {
+    format!(
+        "{key} {shape} {} by {} token {} ttl {}{}",
+        h.kind,
+        h.holder,
+        token_text(h.token),
+        ttl_text(h.remaining_ttl),
+        details_text(h.details.as_ref())
+    )
 }
 
 /// `distlock inspect`.
@@ -113,15 +143,7 @@ pub(crate) async fn inspect(client: &LockClient, key: &str, json: bool) -> Resul
     if json {
         let holders: Vec<_> = shared
             .iter()
-            .map(|(shape, h)| {
-                json!({
-                    "shape": shape.as_str(),
-                    "kind": h.kind.code(),
-                    "holder": h.holder,
-                    "token": h.token.map(FencingToken::get),
-                    "remaining_ttl_ms": h.remaining_ttl.map(|d| d.as_millis()),
-                })
-            })
+            .map(|(shape, h)| holder_json(*shape, h))
             .collect();
         let mut value = match &info {
             Some(info) => info_json(info),
@@ -137,63 +159,7 @@ pub(crate) async fn inspect(client: &LockClient, key: &str, json: bool) -> Resul
         None => {}
     }
     for (shape, h) in &shared {
-        println!(
-            "{key} {shape} {} by {} token {} ttl {}",
-            h.kind,
-            h.holder,
-            token_text(h.token),
-            ttl_text(h.remaining_ttl)
-        );
-    }
-    Ok(0)
-}
-
-/// `distlock list`: one page from `cursor`, or with `all` every page (at
-/// most `MAX_PAGES` of them).
-pub(crate) async fn list(
-    client: &LockClient,
-    prefix: &str,
-    limit: usize,
-    cursor: Option<String>,
-    all: bool,
-    json: bool,
-) -> Result<u8, LockError> {
-    const MAX_PAGES: usize = 10_000;
-    let mut locks = Vec::new();
-    let mut cursor = cursor;
-    for _ in 0..MAX_PAGES {
-        let LockPage {
-            locks: page,
-            cursor: next,
-        } = client
-            .backend()
-            .list(prefix, cursor.as_deref(), limit.clamp(1, MAX_LIST_PAGE))
-            .await?;
-        if !json {
-            for info in &page {
-                println!("{}", info_line(info));
-            }
-        }
-        locks.extend(page);
-        cursor = next;
-        if !all || cursor.is_none() {
-            break;
-        }
-    }
-    if json {
-        let value = json!({
-            "prefix": prefix,
-            "locks": locks.iter().map(info_json).collect::<Vec<_>>(),
-            "cursor": cursor,
-        });
-        println!("{value}");
-    } else {
-        if locks.is_empty() {
-            println!("no lock held under {prefix:?} on this page");
-        }
-        if let Some(cursor) = &cursor {
-            println!("more: --cursor {cursor}");
-        }
+        println!("{}", holder_line(&lock_key, *shape, h));
     }
     Ok(0)
 }

@@ -23,6 +23,7 @@ mod compare;
 mod floors;
 #[cfg(feature = "compare")]
 mod html;
+mod listing;
 mod metrics_http;
 mod run;
 
@@ -256,12 +257,15 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         /// The lock's name.
         key: String,
     },
-    /// List the locks held under PREFIX (every key by default), with
-    /// holder, token, remaining TTL and who took each (host, program, pid,
-    /// time, label). One bounded page at a time (--limit); `more: --cursor
-    /// C` continues, --all pages to the end.
+    /// List the locks held under PREFIX (every key by default): mutexes,
+    /// read-write locks, semaphores and elections with a leader (--shape
+    /// picks one), each holder with its token, remaining TTL and who took
+    /// it (host, program, pid, time, label). One bounded page of each
+    /// shape at a time (--limit); `more: --shape S --cursor C` continues,
+    /// --all pages to the end.
     #[command(after_help = "Examples:
   distlock --url redis://127.0.0.1:6379 list jobs/
+  distlock --url redis://127.0.0.1:6379 list jobs/ --shape rwlock
   distlock --url postgres://db/locks list --all --json")]
     List {
         /// Only keys starting with this text.
@@ -276,9 +280,24 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         /// Every page.
         #[arg(long)]
         all: bool,
+        /// Which locks: mutexes, read-write locks, semaphores, elections
+        /// with a leader, or all of them.
+        #[arg(long, value_enum, default_value = "all")]
+        shape: listing::ListShape,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Who leads the election NAME: holder, term, remaining TTL and who
+    /// campaigned (host, program, pid, time of the win, label).
+    #[command(after_help = "Example:
+  distlock --url etcd://127.0.0.1:2379 leader scheduler --json")]
+    Leader {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// The election's name.
+        name: String,
     },
     /// Break a stuck lock, whoever holds it (logged with who ran it). On a
     /// backend with fencing tokens the next grant's token is above the
@@ -573,10 +592,23 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             limit,
             cursor,
             all,
+            shape,
             json,
         } => {
             let client = client(cli.url, cli.config).await?;
-            admin::list(&client, &prefix, limit, cursor, all, json).await
+            let request = listing::ListRequest {
+                prefix: &prefix,
+                shape,
+                limit,
+                cursor,
+                all,
+                json,
+            };
+            listing::list(&client, request).await
+        }
+        Command::Leader { json, name } => {
+            let client = client(cli.url, cli.config).await?;
+            listing::leader(&client, &name, json).await
         }
         Command::ForceRelease {
             key,

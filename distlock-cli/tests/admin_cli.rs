@@ -5,7 +5,8 @@
 //! `run` learns it lost the lock and stops its command (exit 76), and the
 //! next holder's token is above the broken one; `watch` prints the
 //! changes; `gc` runs; a backend without tokens is refused unless
-//! `--yes-unfenced`.
+//! `--yes-unfenced`; `list` and `leader` show readers, permit holders and
+//! leaders with their processes' details.
 
 mod common;
 
@@ -43,6 +44,110 @@ fn holder(url: &str, key: &str, file: &Path) -> Child {
     distlock(url, &["run", "--ttl", "2s", key, "--", "sh", "-c", &script])
         .spawn()
         .expect("holder")
+}
+
+/// A `run` (or `elect`) with `args` before `--`, writing `$var` to `file`,
+/// then sleeping.
+fn sharer(url: &str, args: &[&str], var: &str, file: &Path) -> Child {
+    let script = format!("echo ${var} > {}; sleep 20", file.display());
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--", "sh", "-c", &script]);
+    distlock(url, &all).spawn().expect("sharer")
+}
+
+/// The holder of `pid` among `holders` (JSON holders with details).
+fn by_pid(holders: &serde_json::Value, pid: u32) -> bool {
+    holders
+        .as_array()
+        .is_some_and(|hs| hs.iter().any(|h| h["details"]["pid"] == pid))
+}
+
+/// `list` shows the readers of a read-write lock, a semaphore's permit
+/// holder and an election's leader, each with its process's details;
+/// `leader` names the leader.
+fn operate_shapes(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let f = |n: &str| dir.path().join(n);
+    let mut children = vec![
+        sharer(
+            url,
+            &["run", "--ttl", "2s", "--shared", "ops/rw"],
+            "DISTLOCK_FENCING_TOKEN",
+            &f("r1"),
+        ),
+        sharer(
+            url,
+            &["run", "--ttl", "2s", "--shared", "ops/rw"],
+            "DISTLOCK_FENCING_TOKEN",
+            &f("r2"),
+        ),
+        sharer(
+            url,
+            &["run", "--ttl", "2s", "--semaphore", "3", "ops/sem"],
+            "DISTLOCK_FENCING_TOKEN",
+            &f("p"),
+        ),
+        sharer(
+            url,
+            &["elect", "--ttl", "2s", "ops/boss"],
+            "DISTLOCK_TERM",
+            &f("e"),
+        ),
+    ];
+    for name in ["r1", "r2", "p", "e"] {
+        token_in(&f(name));
+    }
+    let term = token_in(&f("e"));
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+
+    let listed = output(distlock(url, &["list", "ops/", "--json"]));
+    assert!(listed.status.success(), "{listed:?}");
+    let value: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let rw = value["rwlock"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["key"] == "ops/rw"))
+        .unwrap_or_else(|| panic!("ops/rw not listed: {value}"));
+    assert!(
+        by_pid(&rw["holders"], pids[0]) && by_pid(&rw["holders"], pids[1]),
+        "{rw}"
+    );
+    let sem = value["semaphore"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["key"] == "ops/sem"))
+        .unwrap_or_else(|| panic!("ops/sem not listed: {value}"));
+    assert!(by_pid(&sem["holders"], pids[2]), "{sem}");
+    let boss = value["elections"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["election"] == "ops/boss"))
+        .unwrap_or_else(|| panic!("ops/boss not listed: {value}"));
+    assert_eq!(boss["leader"]["details"]["pid"], pids[3], "{boss}");
+    assert_eq!(boss["leader"]["term"], term, "{boss}");
+
+    let text = stdout(&output(distlock(
+        url,
+        &["list", "ops/", "--shape", "rwlock"],
+    )));
+    assert!(
+        text.lines()
+            .filter(|l| l.starts_with("ops/rw rwlock read by"))
+            .count()
+            == 2,
+        "{text}"
+    );
+    let leader = stdout(&output(distlock(url, &["leader", "ops/boss"])));
+    assert!(
+        leader.contains(&format!("term {term}")) && leader.contains(&format!("pid {}", pids[3])),
+        "{leader}"
+    );
+    let inspect = stdout(&output(distlock(url, &["inspect", "ops/rw"])));
+    assert!(inspect.contains(&format!("pid {}", pids[0])), "{inspect}");
+    // A cursor needs its shape.
+    let bad = output(distlock(url, &["list", "ops/", "--cursor", "x"]));
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 fn operate(url: &str) {
@@ -132,6 +237,7 @@ fn operate(url: &str) {
         .success()
     );
     assert!(token_in(&after) > token_in(&next), "tokens grow across gc");
+    operate_shapes(url);
 }
 
 #[test]
