@@ -35,10 +35,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::election::Leader;
+use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
-    FencingToken, Lease, LeaseKind, LockClient, LockError, LockGuard, LockInfo, LockKey, LockPage,
-    LockRequest, LockState, MultiGuard, OwnerId,
+    FencingToken, HolderInfo, Lease, LeaseKind, LockClient, LockError, LockGuard, LockInfo,
+    LockKey, LockPage, LockRequest, LockShape, LockState, MultiGuard, OwnerId, SharedPage,
 };
 use tokio::runtime::Runtime;
 
@@ -224,6 +224,66 @@ impl Client {
         let (prefix, cursor) = (prefix.to_owned(), cursor.map(str::to_owned));
         self.rt
             .block_on(async move { backend.list(&prefix, cursor.as_deref(), limit).await })?
+    }
+
+    /// Every holder of `key` in `shape`'s namespace (see
+    /// [`LockBackend::holders`](lock_core::LockBackend::holders)).
+    ///
+    /// # Errors
+    ///
+    /// A bad key; otherwise as
+    /// [`LockBackend::holders`](lock_core::LockBackend::holders).
+    pub fn holders(
+        &self,
+        key: impl AsRef<str>,
+        shape: LockShape,
+    ) -> Result<Vec<HolderInfo>, LockError> {
+        let key = LockKey::new(key.as_ref())?;
+        let backend = self.inner.backend().clone();
+        self.rt
+            .block_on(async move { backend.holders(&key, shape).await })?
+    }
+
+    /// One page of the keys of `shape` held under `prefix`, each with its
+    /// holders.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockBackend::list_shared`](lock_core::LockBackend::list_shared).
+    pub fn list_shared(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        let backend = self.inner.backend().clone();
+        let (prefix, cursor) = (prefix.to_owned(), cursor.map(str::to_owned));
+        self.rt.block_on(async move {
+            backend
+                .list_shared(shape, &prefix, cursor.as_deref(), limit)
+                .await
+        })?
+    }
+
+    /// One page of the elections with a leader under `prefix`.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockBackend::list_elections`](lock_core::LockBackend::list_elections).
+    pub fn list_elections(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<ElectionPage, LockError> {
+        let backend = self.inner.backend().clone();
+        let (prefix, cursor) = (prefix.to_owned(), cursor.map(str::to_owned));
+        self.rt.block_on(async move {
+            backend
+                .list_elections(&prefix, cursor.as_deref(), limit)
+                .await
+        })?
     }
 
     /// Breaks the mutex `key` whoever holds it (see

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use distlock::blocking::Client;
-use lock_core::{ErrorKind, LockState};
+use lock_core::{ErrorKind, LockShape, LockState};
 
 /// Threads take one lock in turn: never two inside, every one gets in.
 fn exclusion_and_renewal(url: &str) {
@@ -127,6 +127,37 @@ fn operating(url: &str) {
             .expect("free")
             .is_none()
     );
+
+    // Readers and leaders are listed with their details too.
+    let reader = client
+        .read_lock("blocking-ops/rw")
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .expect("read");
+    let holders = client
+        .holders("blocking-ops/rw", LockShape::ReadWrite)
+        .expect("holders");
+    assert_eq!(holders.len(), 1, "{url}: {holders:?}");
+    assert_eq!(
+        holders[0].details.as_ref().map(|d| d.pid),
+        Some(std::process::id()),
+        "{url}"
+    );
+    let page = client
+        .list_shared(LockShape::ReadWrite, "blocking-ops/", None, 10)
+        .expect("list_shared");
+    assert_eq!(page.locks.len(), 1, "{url}: {page:?}");
+    assert_eq!(page.locks[0].holders.len(), 1, "{url}");
+    assert!(reader.release().expect("release"));
+    let leading = client
+        .elect("blocking-ops/boss", Duration::from_secs(5), Duration::from_secs(5))
+        .expect("elect");
+    let page = client
+        .list_elections("blocking-ops/", None, 10)
+        .expect("list_elections");
+    assert_eq!(page.elections.len(), 1, "{url}: {page:?}");
+    assert_eq!(page.elections[0].leader.term, Some(leading.token()), "{url}");
+    assert!(leading.release().expect("resign"));
 }
 
 #[test]
@@ -139,6 +170,7 @@ fn blocking_memory() {
 fn blocking_sqlite_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     exclusion_and_renewal(&format!("sqlite://{}/locks.db", dir.path().display()));
+    operating(&format!("sqlite://{}/ops.db", dir.path().display()));
 }
 
 #[test]
