@@ -467,6 +467,22 @@ impl LockBackend for RedisBackend {
         self.list_page(prefix, cursor, limit).await
     }
 
+    /// Read-write locks and semaphores by `SCAN` (one server, Sentinel,
+    /// Cluster); the mutex from `list`; `Unsupported` for the shared
+    /// shapes with Redlock and the legacy layouts.
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<lock_core::SharedPage, LockError> {
+        match shape {
+            LockShape::Mutex => lock_core::list_mutex_shared(self, prefix, cursor, limit).await,
+            shape => self.list_shared_page(shape, prefix, cursor, limit).await,
+        }
+    }
+
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.force_release_nodes(key).await
     }

@@ -34,7 +34,7 @@
 //! the next call opens a new one. TLS (`rediss://`), Sentinel and Cluster
 //! have no floor: [`ErrorKind::Unsupported`].
 //!
-//! Not a lock API: use [`RedisBackend`](crate::RedisBackend) for that.
+//! Not a lock API: use [`RedisBackend`] for that.
 
 mod permits;
 mod redlock;

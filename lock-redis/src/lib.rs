@@ -122,11 +122,14 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `<prefix>{<key>}:rw:writer` | string, `PX` | the writer's owner id |
+//! | `<prefix>{<key>}:rw:writer:holder` | string, the writer's `PX` | the writer's holder details, `<owner> <details>` (as the mutex's side key) |
 //! | `<prefix>{<key>}:rw:readers` | sorted set | readers, scored by their own expiry (ms) |
+//! | `<prefix>{<key>}:rw:details` | hash, expires with the readers | owner -> each reader's holder details |
 //! | `<prefix>{<key>}:rw:queue` / `:queue-expiry` | sorted sets | waiting writers by arrival / by expiry |
 //! | `<prefix>{<key>}:rw:counters` | hash, kept forever | `token` (grant counter), `epoch` (last write token), `seq` (arrivals) |
 //! | `<prefix>{<key>}:sem:holders` | sorted set | permit holders, scored by their own expiry |
 //! | `<prefix>{<key>}:sem:counts` / `:tokens` | hashes | each holder's permit count / token |
+//! | `<prefix>{<key>}:sem:details` | hash, expires with the holders | owner -> each permit holder's holder details |
 //! | `<prefix>{<key>}:sem:queue` / `:queue-expiry` | sorted sets | waiting requests by arrival / by expiry |
 //! | `<prefix>{<key>}:sem:counters` | hash, kept forever | `token`, `seq`, `limit` (the limit in use) |
 //!
@@ -177,8 +180,31 @@
 //! - [x] `replicas=N` applies to shared grants as to the mutex: `WAIT`
 //!   after each grant, undone and `Unavailable` when too few replicas took it.
 //! - [x] `holders(key, shape)` lists the writer or every live reader, or
-//!   every live permit holder, with kind, owner, token and remaining TTL.
-//! - **Redlock refuses both** (`Unsupported`, saying why): its majority
+//!   every live permit holder, with kind, owner, token, remaining TTL and
+//!   holder details, read in the same script (one round trip).
+//! - [x] **Holder details** ([`HolderInfo::details`]) of every read, write
+//!   and permit grant are written by the script that grants it (no extra
+//!   round trip), in the lock's slot: a reader's or permit holder's in its
+//!   shape's `:details` hash (field = owner; the hash `PEXPIRE`s with its
+//!   sorted set, renewals extend both, release `HDEL`s the field, and the
+//!   sweep of an expired member removes its field too), the writer's in
+//!   `<writer>:holder` like the mutex's (its `PX`, renewed by the mutex's
+//!   renewal batches, deleted by release). A downgrade moves the writer's
+//!   details to the readers' hash unchanged (same grant time). An abandoned
+//!   grant (lost answer, too few replicas) takes its details with it.
+//! - [x] **`list_shared(shape, prefix, cursor, limit)`** for
+//!   [`LockShape::ReadWrite`](lock_core::LockShape::ReadWrite) and
+//!   [`Semaphore`](lock_core::LockShape::Semaphore) (one server, Sentinel,
+//!   Cluster): `list`'s `SCAN` walk, bounds and cursor (below), with the
+//!   pattern `<prefix>{<escaped user prefix>*}:rw:*` (no `TYPE`; only
+//!   `:rw:writer` and `:rw:readers` names are kept) or
+//!   `…}:sem:holders` (`TYPE zset`); each key found is read by the
+//!   `holders` script and listed with every live holder. A held read-write
+//!   lock has a writer key or a readers set, never both with live holders;
+//!   it is listed through the one that holds it now, so each key once.
+//!   The mutex is listed from `list`.
+//! - **Redlock refuses both** (`Unsupported`, saying why; `list_shared`
+//!   of them too, and the legacy layouts refuse them): its majority
 //!   rule over independent nodes gives no consistent order of readers,
 //!   writers or permits across nodes; two majorities can each count a
 //!   different set of holders, so neither exclusion nor the limit could be
@@ -385,8 +411,10 @@
 //!   clients compare (the owner string, Redisson's hash); `inspect` reads
 //!   the side key in its script and reports details only when the side
 //!   key names the current holder, so a foreign holder has none. Read-write
-//!   locks and semaphores have no details. `Capabilities::holder_details`
-//!   is true everywhere.
+//!   locks and semaphores keep theirs beside each share (see *Read-write
+//!   locks and semaphores*). Elections are the renewed mutex, so a
+//!   leader's details are its mutex's. `Capabilities::holder_details` is
+//!   true everywhere.
 //! - **`list(prefix, cursor, limit)`**: `SCAN <cursor> MATCH <pattern>
 //!   COUNT 200 TYPE string` (`hash` for Redisson), the pattern
 //!   `<prefix>{<escaped user prefix>*` natively (`<prefix><user prefix>*`
@@ -457,7 +485,25 @@
 //! waiting for its re-check), and a `list` prefix with glob characters
 //! matched literally (control: a key the unescaped pattern would match).
 //!
+//! The shared cases `shared_holder_details_are_reported` and
+//! `list_finds_shared_locks` pass on the same targets (two readers, a
+//! writer, two permit holders and a leader carry this process's details;
+//! `list_shared` pages through exactly the held read-write locks and
+//! semaphores; `list_elections` through the led elections). On Redlock and
+//! the legacy layouts they check the leader and the elections only (their
+//! shared shapes are `Unsupported`). `tests/shared.rs`
+//! (`share_details_live_and_die_with_their_share`): the details' keys,
+//! TTLs, renewal, release, sweep of an expired share and downgrade, and
+//! nothing left but the counters (controls, run by hand: the grants sent
+//! without details fail it and both shared cases; the sweep or the release
+//! without the details' hash fail it). `tests/admin.rs`
+//! (`list_shared_is_bounded_and_exact`): 12 read-write locks and 5
+//! semaphores among 10,000 other keys, pages of 4, at most 20 `SCAN`s per
+//! call by the server's own count (control, by hand: 60 per call fails
+//! it), bad cursors and limits, the legacy layouts' refusal.
+//!
 //! [`LockInfo::details`]: lock_core::LockInfo::details
+//! [`HolderInfo::details`]: lock_core::HolderInfo::details
 //!
 //! # Eviction
 //!

@@ -14,11 +14,13 @@ use std::time::Duration;
 
 use lock_core::LockKey;
 
-use crate::scripts::{KeyNames, LuaScript};
+use crate::scripts::{KeyNames, LuaScript, holder_key};
 
 /// The Lua helpers every script starts with: `now` (server ms), `fmt`,
 /// `sweep` (drop members whose expiry passed, and the same members from
-/// companion keys) and `keep` (expire keys with the latest member).
+/// companion keys), `put_share` (a share's holder details in its shape's
+/// details hash; nothing without details) and `keep` (expire keys with the
+/// latest member).
 macro_rules! prelude {
     () => {
         r"
@@ -36,6 +38,9 @@ local function sweep(z, companions)
   end
   return #gone
 end
+local function put_share(h, owner, details)
+  if details and details ~= '' then redis.call('HSET', h, owner, details) end
+end
 local function keep(z, keys)
   local last = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
   if #last == 0 then
@@ -51,9 +56,11 @@ end
 }
 pub(crate) use prelude;
 
-/// KEYS: writer, readers, queue, queue expiries, counters.
+/// KEYS: writer, readers, queue, queue expiries, counters, readers'
+/// details, writer's details.
 /// ARGV: owner, ttl ms, `r` | `w`, wait ms (above 0: register as a waiting
-/// writer for that long when refused; `0`: a try), channel.
+/// writer for that long when refused; `0`: a try), channel, holder details
+/// (`HolderDetails::encode_current`; empty: none).
 ///
 /// Returns `{1, token}` granted, `{0, ms}` refused (`ms`: when the blocker
 /// ends at the latest).
@@ -66,29 +73,38 @@ pub(crate) use prelude;
 ///   token is `HINCRBY token`, above every earlier grant, and becomes the
 ///   epoch.
 /// - A resent script (same owner) finds its own grant and returns it.
+/// - Every grant writes its holder details in the same call: a reader's in
+///   the readers' details hash (field = owner, expiring with the readers
+///   set, swept with its member), the writer's in the side key
+///   `<writer>:holder` as the mutex does (`<owner> <details>`, with the
+///   writer's `PX`).
 const RW_ACQUIRE: &str = concat!(
     prelude!(),
+    crate::scripts::grant_fns!(),
     r"
 local owner, ttl, kind, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local swept = sweep(KEYS[4], {{'ZREM', KEYS[3]}}) + sweep(KEYS[2], {})
+local swept = sweep(KEYS[4], {{'ZREM', KEYS[3]}}) + sweep(KEYS[2], {{'HDEL', KEYS[6]}})
 if swept > 0 then redis.call('PUBLISH', ARGV[5], '1') end
 local function epoch() return tonumber(redis.call('HGET', KEYS[5], 'epoch') or '0') end
 local writer = redis.call('GET', KEYS[1])
 if kind == 'r' then
   if redis.call('ZSCORE', KEYS[2], owner) then
     redis.call('ZADD', KEYS[2], 'XX', fmt(now + ttl), owner)
-    keep(KEYS[2], {KEYS[2]})
+    put_share(KEYS[6], owner, ARGV[6])
+    keep(KEYS[2], {KEYS[2], KEYS[6]})
     return {1, epoch()}
   end
   if writer then return {0, redis.call('PTTL', KEYS[1])} end
   local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
   if #first > 0 then return {0, tonumber(first[2]) - now} end
   redis.call('ZADD', KEYS[2], fmt(now + ttl), owner)
-  keep(KEYS[2], {KEYS[2]})
+  put_share(KEYS[6], owner, ARGV[6])
+  keep(KEYS[2], {KEYS[2], KEYS[6]})
   return {1, epoch()}
 end
 if writer == owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  put_details(KEYS[7], owner, ARGV[6], ARGV[2])
   return {1, epoch()}
 end
 local wait_ms
@@ -104,6 +120,7 @@ else
       local token = redis.call('HINCRBY', KEYS[5], 'token', 1)
       redis.call('HSET', KEYS[5], 'epoch', token)
       redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
+      put_details(KEYS[7], owner, ARGV[6], ARGV[2])
       if #head > 0 then
         redis.call('ZREM', KEYS[3], owner)
         redis.call('ZREM', KEYS[4], owner)
@@ -125,31 +142,44 @@ return {0, wait_ms}
 "
 );
 
-/// KEYS: writer, readers, counters. ARGV: owner, ttl ms, channel.
+/// KEYS: writer, readers, counters, readers' details, writer's details.
+/// ARGV: owner, ttl ms, channel.
 /// If `owner` is the writer: the writer entry goes and `owner` joins the
-/// readers, in one step, keeping its token (the epoch). `{1, token}` or
-/// `{0}` when `owner` is not the writer.
+/// readers, in one step, keeping its token (the epoch) and its holder
+/// details (moved from the writer's side key to the readers' hash).
+/// `{1, token}` or `{0}` when `owner` is not the writer.
 const RW_DOWNGRADE: &str = concat!(
     prelude!(),
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
-sweep(KEYS[2], {})
-redis.call('DEL', KEYS[1])
+sweep(KEYS[2], {{'HDEL', KEYS[4]}})
+local side = redis.call('GET', KEYS[5])
+redis.call('DEL', KEYS[1], KEYS[5])
 redis.call('ZADD', KEYS[2], fmt(now + tonumber(ARGV[2])), ARGV[1])
-keep(KEYS[2], {KEYS[2]})
+local mark = ARGV[1] .. ' '
+if side and string.sub(side, 1, #mark) == mark then
+  put_share(KEYS[4], ARGV[1], string.sub(side, #mark + 1))
+end
+keep(KEYS[2], {KEYS[2], KEYS[4]})
 redis.call('PUBLISH', ARGV[3], '1')
 return {1, tonumber(redis.call('HGET', KEYS[3], 'epoch') or '0')}
 "
 );
 
-/// KEYS: writer, readers, queue, queue expiries. ARGV: owner, channel.
-/// Removes every trace of `owner` (grant or waiting entry): the undo of an
-/// acquire that did not end with a lease. Returns how many were removed.
+/// KEYS: writer, readers, queue, queue expiries, readers' details,
+/// writer's details. ARGV: owner, channel.
+/// Removes every trace of `owner` (grant with its details, or waiting
+/// entry): the undo of an acquire that did not end with a lease. Returns
+/// how many entries were removed (details not counted).
 const RW_ABANDON: &str = r"
 local n = 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then n = n + redis.call('DEL', KEYS[1]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  n = n + redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[6])
+end
 n = n + redis.call('ZREM', KEYS[2], ARGV[1]) + redis.call('ZREM', KEYS[3], ARGV[1])
   + redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
 if n > 0 then redis.call('PUBLISH', ARGV[2], '1') end
 return n
 ";
@@ -188,25 +218,29 @@ return 1
 "
 );
 
-/// KEYS: writer, readers, counters. Returns `{writer or '', writer pttl,
-/// epoch, reader, ms, reader, ms...}` (live readers only).
+/// KEYS: writer, readers, counters, readers' details, writer's details.
+/// Returns `{writer or '', writer pttl, epoch, writer's side key or '',
+/// reader, ms, details or '', reader, ms, details...}` (live readers only).
 const RW_HOLDERS: &str = concat!(
     prelude!(),
     r"
 local out = {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]),
-  tonumber(redis.call('HGET', KEYS[3], 'epoch') or '0')}
+  tonumber(redis.call('HGET', KEYS[3], 'epoch') or '0'), redis.call('GET', KEYS[5]) or ''}
 local rs = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. fmt(now), '+inf', 'WITHSCORES')
 for i = 1, #rs, 2 do
   out[#out + 1] = rs[i]
   out[#out + 1] = tonumber(rs[i + 1]) - now
+  out[#out + 1] = redis.call('HGET', KEYS[4], rs[i]) or ''
 end
 return out
 "
 );
 
-/// KEYS: holders, counts, tokens, queue, queue expiries, counters.
+/// KEYS: holders, counts, tokens, queue, queue expiries, counters, details.
 /// ARGV: owner, ttl ms, count, limit, wait ms (above 0: join the queue for
-/// that long when refused; `0`: a try), channel.
+/// that long when refused; `0`: a try), channel, holder details
+/// (`HolderDetails::encode_current`; empty: none), written in the details
+/// hash (field = owner) by the grant, expiring and swept with the holder.
 ///
 /// Returns `{1, token}` granted, `{0, ms}` refused (`ms`: when the first
 /// holder or waiter ends at the latest), `{-1, limit}` when the semaphore
@@ -220,12 +254,13 @@ const SEM_ACQUIRE: &str = concat!(
     prelude!(),
     r"
 local owner, ttl, count, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local swept = sweep(KEYS[1], {{'HDEL', KEYS[2]}, {'HDEL', KEYS[3]}})
+local swept = sweep(KEYS[1], {{'HDEL', KEYS[2]}, {'HDEL', KEYS[3]}, {'HDEL', KEYS[7]}})
   + sweep(KEYS[5], {{'ZREM', KEYS[4]}})
 if swept > 0 then redis.call('PUBLISH', ARGV[6], '1') end
 if redis.call('ZSCORE', KEYS[1], owner) then
   redis.call('ZADD', KEYS[1], 'XX', fmt(now + ttl), owner)
-  keep(KEYS[1], {KEYS[1], KEYS[2], KEYS[3]})
+  put_share(KEYS[7], owner, ARGV[7])
+  keep(KEYS[1], {KEYS[1], KEYS[2], KEYS[3], KEYS[7]})
   return {1, tonumber(redis.call('HGET', KEYS[3], owner) or '0')}
 end
 local busy = redis.call('ZCARD', KEYS[1]) > 0 or redis.call('ZCARD', KEYS[4]) > 0
@@ -240,7 +275,8 @@ if (#head == 0 or head[1] == owner) and held + count <= limit then
   redis.call('ZADD', KEYS[1], fmt(now + ttl), owner)
   redis.call('HSET', KEYS[2], owner, count)
   redis.call('HSET', KEYS[3], owner, token)
-  keep(KEYS[1], {KEYS[1], KEYS[2], KEYS[3]})
+  put_share(KEYS[7], owner, ARGV[7])
+  keep(KEYS[1], {KEYS[1], KEYS[2], KEYS[3], KEYS[7]})
   if #head > 0 then
     redis.call('ZREM', KEYS[4], owner)
     redis.call('ZREM', KEYS[5], owner)
@@ -264,8 +300,9 @@ return {0, tonumber(first[2]) - now}
 "
 );
 
-/// KEYS: holders, counts, tokens, counters. Returns `{limit, owner, ms,
-/// count, token, ...}` (live holders only; limit 0 when never used).
+/// KEYS: holders, counts, tokens, counters, details. Returns `{limit,
+/// owner, ms, count, token, details or '', ...}` (live holders only; limit
+/// 0 when never used).
 const SEM_HOLDERS: &str = concat!(
     prelude!(),
     r"
@@ -276,6 +313,7 @@ for i = 1, #hs, 2 do
   out[#out + 1] = tonumber(hs[i + 1]) - now
   out[#out + 1] = tonumber(redis.call('HGET', KEYS[2], hs[i]) or '0')
   out[#out + 1] = tonumber(redis.call('HGET', KEYS[3], hs[i]) or '0')
+  out[#out + 1] = redis.call('HGET', KEYS[5], hs[i]) or ''
 end
 return out
 "
@@ -319,18 +357,28 @@ pub(crate) struct RwNames {
     /// Hash kept forever: `token` (counter), `epoch` (last write token),
     /// `seq` (arrival counter).
     pub(crate) counters: String,
+    /// Hash owner -> holder details of each reader (expires with the
+    /// readers set).
+    pub(crate) details: String,
+    /// `<writer>:holder`: the writer's holder details, as the mutex keeps
+    /// its holder's (`<owner> <details>`, the writer's `PX`; renewed by
+    /// the mutex's renewal batches with the writer).
+    pub(crate) writer_details: String,
     pub(crate) channel: String,
 }
 
 impl RwNames {
     pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
         let base = format!("{}:rw", KeyNames::new(prefix, key).lock);
+        let writer = format!("{base}:writer");
         Self {
-            writer: format!("{base}:writer"),
+            writer_details: holder_key(&writer),
+            writer,
             readers: format!("{base}:readers"),
             queue: format!("{base}:queue"),
             queue_expiry: format!("{base}:queue-expiry"),
             counters: format!("{base}:counters"),
+            details: format!("{base}:details"),
             channel: format!("{base}:released"),
         }
     }
@@ -351,6 +399,9 @@ pub(crate) struct SemNames {
     pub(crate) queue_expiry: String,
     /// Hash kept forever: `token`, `seq`, `limit` (the limit in use).
     pub(crate) counters: String,
+    /// Hash owner -> holder details of each permit holder (expires with
+    /// the holders set).
+    pub(crate) details: String,
     pub(crate) channel: String,
 }
 
@@ -364,6 +415,7 @@ impl SemNames {
             queue: format!("{base}:queue"),
             queue_expiry: format!("{base}:queue-expiry"),
             counters: format!("{base}:counters"),
+            details: format!("{base}:details"),
             channel: format!("{base}:released"),
         }
     }
@@ -391,12 +443,15 @@ mod tests {
             &rw.queue,
             &rw.queue_expiry,
             &rw.counters,
+            &rw.details,
+            &rw.writer_details,
             &sem.holders,
             &sem.counts,
             &sem.tokens,
             &sem.queue,
             &sem.queue_expiry,
             &sem.counters,
+            &sem.details,
         ];
         for name in all {
             assert_eq!(tag(name), tag(&mutex.lock), "{name}");
@@ -452,6 +507,8 @@ mod tests {
             n.queue.as_str(),
             n.queue_expiry.as_str(),
             n.counters.as_str(),
+            n.details.as_str(),
+            n.writer_details.as_str(),
         ];
         let acquire = |owner: &'static str, ttl: &'static str| {
             [owner, ttl, "r", "0", n.channel.as_str()].map(str::to_owned)

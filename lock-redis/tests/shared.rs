@@ -2,8 +2,8 @@
 //! 3-master Cluster, Sentinel): exclusion observed under contention, readers and
 //! permit holders observed together, writer preference, downgrade without a
 //! gap, FIFO permits, limit mismatch, expiry of a crashed holder or waiter,
-//! tokens as documented, cancelled waits leave nothing; Redlock refuses
-//! both kinds.
+//! tokens as documented, cancelled waits leave nothing, holder details
+//! beside each share (gone with it); Redlock refuses both kinds.
 //!
 //! Each safety check is a function returning `Err(why)` on a violation, and
 //! is shown failing on a deliberately broken backend (`Broken`, a wrapper
@@ -20,7 +20,7 @@ use std::time::Duration;
 use common::RedisTarget;
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
-use lock_core::{ErrorKind, Lease, LeaseKind, LockBackend, LockShape};
+use lock_core::{ErrorKind, HolderDetails, Lease, LeaseKind, LockBackend, LockShape};
 use lock_redis::{RedisBackend, RedisConfig};
 use shared_checks::*;
 use tokio::time::{Instant, sleep};
@@ -177,6 +177,165 @@ async fn shapes_are_separate_and_holders_are_listed() {
     for shape in [LockShape::Mutex, LockShape::ReadWrite, LockShape::Semaphore] {
         assert!(b.holders(&k, shape).await.unwrap().is_empty(), "{shape}");
     }
+}
+
+/// The holder details of shared grants live and die with their share:
+/// written by the granting script beside it (readers and permit holders
+/// in their shape's `:details` hash, the writer in `<writer>:holder` as
+/// the mutex keeps its holder's), expiring with it, kept by renewal,
+/// removed by release, swept with an expired share, moved to the readers
+/// by a downgrade (same grant time), and reported by `holders`; nothing is
+/// left once every share is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn share_details_live_and_die_with_their_share() {
+    let Some((server, b)) = single().await else {
+        return;
+    };
+    let mut conn = raw(server.port()).await;
+    let k = key("details");
+    let base = b.redis_key(&k);
+    let (rw_details, writer_side, sem_details) = (
+        format!("{base}:rw:details"),
+        format!("{base}:rw:writer:holder"),
+        format!("{base}:sem:details"),
+    );
+    let pid = std::process::id();
+    let short = Duration::from_millis(300);
+    let cmd = |name: &str, key: &str| {
+        let mut c = redis::cmd(name);
+        c.arg(key);
+        c
+    };
+    let field = |hash: &str, lease: &Lease| {
+        let mut c = redis::cmd("HGET");
+        c.arg(hash).arg(lease.owner().to_hex());
+        c
+    };
+    let decode = |text: Option<String>| text.and_then(|t| HolderDetails::decode(&t));
+
+    // The writer: `<owner> <details>` with the writer's TTL, kept by renew.
+    let w = take(&b, &k, LeaseKind::Write).await.unwrap().unwrap();
+    let side: String = cmd("GET", &writer_side)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (owner, text) = side.split_once(' ').expect("owner and details");
+    assert_eq!(owner, w.owner().to_hex());
+    let written = HolderDetails::decode(text).expect("the writer's details");
+    assert_eq!(written.pid, pid);
+    sleep(Duration::from_millis(300)).await;
+    b.renew(&w).await.unwrap();
+    let pttl: i64 = cmd("PTTL", &writer_side)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        pttl > 4_800 && pttl <= 5_000,
+        "the writer's details at {pttl}"
+    );
+    let holders = b.holders(&k, LockShape::ReadWrite).await.unwrap();
+    assert_eq!(holders[0].details.as_ref(), Some(&written), "{holders:?}");
+
+    // Downgrade: the details move to the readers' hash, unchanged.
+    let r = b.downgrade(&w).await.unwrap();
+    let exists: i64 = cmd("EXISTS", &writer_side)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "the writer's details outlive the writer");
+    let moved = decode(field(&rw_details, &r).query_async(&mut conn).await.unwrap());
+    assert_eq!(moved.as_ref(), Some(&written), "downgrade kept the details");
+
+    // A second reader that crashes, beside it: each has its field; the hash
+    // expires with the readers set.
+    let crashed = b
+        .try_acquire_kind(&k, LeaseKind::Read, short)
+        .await
+        .unwrap()
+        .unwrap();
+    let mine = decode(
+        field(&rw_details, &crashed)
+            .query_async(&mut conn)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(mine.map(|d| d.pid), Some(pid));
+    let (set, hash): (i64, i64) = redis::pipe()
+        .cmd("PTTL")
+        .arg(format!("{base}:rw:readers"))
+        .cmd("PTTL")
+        .arg(&rw_details)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        hash > 4_000 && hash <= set,
+        "details {hash} ms, readers {set} ms"
+    );
+    let holders = b.holders(&k, LockShape::ReadWrite).await.unwrap();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    assert!(
+        holders
+            .iter()
+            .all(|h| h.details.as_ref().map(|d| d.pid) == Some(pid))
+    );
+    // Release takes its field; expiry sweeps the crashed one's at the next
+    // grant.
+    assert!(b.release(&r).await.unwrap());
+    let gone: Option<String> = field(&rw_details, &r).query_async(&mut conn).await.unwrap();
+    assert_eq!(gone, None, "release left the details");
+    sleep(short + Duration::from_millis(100)).await;
+    let r3 = take(&b, &k, LeaseKind::Read).await.unwrap().unwrap();
+    let fields: Vec<String> = cmd("HKEYS", &rw_details)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        fields,
+        [r3.owner().to_hex()],
+        "the expired reader's details stay"
+    );
+    assert!(b.release(&r3).await.unwrap());
+
+    // Permits: the same, in the semaphore's hash.
+    let p1 = take(&b, &k, permits(1, 3)).await.unwrap().unwrap();
+    let p2 = b
+        .try_acquire_kind(&k, permits(1, 3), short)
+        .await
+        .unwrap()
+        .unwrap();
+    let holders = b.holders(&k, LockShape::Semaphore).await.unwrap();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    assert!(
+        holders
+            .iter()
+            .all(|h| h.details.as_ref().map(|d| d.pid) == Some(pid))
+    );
+    assert!(b.release(&p1).await.unwrap());
+    let gone: Option<String> = field(&sem_details, &p1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(gone, None, "release left the permit's details");
+    sleep(short + Duration::from_millis(100)).await;
+    let p3 = take(&b, &k, permits(1, 3)).await.unwrap().unwrap();
+    let fields: Vec<String> = cmd("HKEYS", &sem_details)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(fields, [p3.owner().to_hex()], "{p2:?}'s details stay");
+    assert!(b.release(&p3).await.unwrap());
+    // Nothing but the counters is left.
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{k}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    keys.sort();
+    assert!(
+        keys.iter().all(|name| name.ends_with(":counters")),
+        "left behind: {keys:?}"
+    );
 }
 
 /// A semaphore's limit is fixed while it is in use (by holders or
@@ -405,7 +564,8 @@ async fn dead_or_cancelled_waiting_writers_stop_blocking_readers() {
     }
 }
 
-/// Redlock refuses both kinds, saying why; its capabilities say so too.
+/// Redlock refuses both kinds (and listing them), saying why; its
+/// capabilities say so too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_refuses_shared_kinds() {
     let Some(servers) = RedisServer::start_many(3).await.or_skip() else {
@@ -427,10 +587,19 @@ async fn redlock_refuses_shared_kinds() {
     for shape in [LockShape::ReadWrite, LockShape::Semaphore] {
         let err = b.holders(&k, shape).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unsupported);
+        let err = b.list_shared(shape, "", None, 10).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{shape}");
+        assert!(err.to_string().contains("majority"), "{err}");
     }
-    // The mutex still works there.
+    // The mutex still works there, and is listed as a shape of its own.
     let lease = b.try_acquire(&k, TTL).await.unwrap().expect("mutex");
     assert_eq!(b.holders(&k, LockShape::Mutex).await.unwrap().len(), 1);
+    let page = b
+        .list_shared(LockShape::Mutex, k.as_str(), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(page.locks.len(), 1, "{page:?}");
+    assert_eq!(page.locks[0].holders[0].holder, lease.owner().to_hex());
     assert!(b.release(&lease).await.unwrap());
 }
 

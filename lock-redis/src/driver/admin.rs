@@ -2,11 +2,12 @@
 //! `force_release` in one script, `gc` of token counters under a floor
 //! (see the crate docs, *Operating locks*).
 
+use std::future::Future;
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, FencingToken, GcReport, LockError, LockInfo, LockKey, LockPage, Operation, OwnerId,
-    check_list_limit,
+    ErrorKind, FencingToken, GcReport, LeaseKind, LockError, LockInfo, LockKey, LockPage,
+    LockShape, Operation, OwnerId, SharedLockInfo, SharedPage, check_list_limit,
 };
 use redis::Value;
 
@@ -25,6 +26,17 @@ const SCAN_COUNT: usize = 200;
 /// The most `SCAN` calls of one `list` page or one `gc` run: a call
 /// examines at most about `SCAN_COUNT * MAX_SCANS` keys.
 const MAX_SCANS: usize = 20;
+
+/// The name through which `list_shared` found a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum ShareMark {
+    /// `:rw:writer`: listed while a writer holds it.
+    Writer,
+    /// `:rw:readers`: listed while readers hold it.
+    Readers,
+    /// `:sem:holders`: listed while permits are held.
+    Permits,
+}
 
 /// One node's answer to the inspect or force-release script.
 struct NodeHolder {
@@ -281,13 +293,14 @@ impl RedisBackend {
         Ok(masters.into_iter().map(|m| (0, Some(m))).collect())
     }
 
-    /// One `SCAN` on `target`: the next cursor and the names found.
+    /// One `SCAN` on `target` (of the keys of Redis type `kind`, any type
+    /// when `None`): the next cursor and the names found.
     async fn scan(
         &self,
         target: &ScanTarget,
         cursor: u64,
         pattern: &str,
-        kind: &str,
+        kind: Option<&str>,
     ) -> Result<(u64, Vec<String>), LockError> {
         let op = Operation::Inspect;
         let mut cmd = redis::cmd("SCAN");
@@ -295,9 +308,10 @@ impl RedisBackend {
             .arg("MATCH")
             .arg(pattern)
             .arg("COUNT")
-            .arg(SCAN_COUNT)
-            .arg("TYPE")
-            .arg(kind);
+            .arg(SCAN_COUNT);
+        if let Some(kind) = kind {
+            cmd.arg("TYPE").arg(kind);
+        }
         let (node, at) = target;
         let value = self.inner.nodes[*node]
             .run(op, self.inner.config.operation_timeout, |mut conn| {
@@ -368,6 +382,127 @@ impl RedisBackend {
         limit: usize,
     ) -> Result<LockPage, LockError> {
         check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
+        let pattern = self.lock_pattern(prefix);
+        let redlock = self.inner.redlock;
+        let (locks, cursor) = self
+            .scan_page(
+                cursor,
+                limit,
+                &pattern,
+                Some(self.lock_type()),
+                |name| self.lock_key_of(name, prefix).map(|key| (key, ())),
+                |key, (), target| async move {
+                    let (info, present) = match self.inspect_nodes(&key).await {
+                        Ok(found) => found,
+                        // A name this topology refuses (an untagged legacy
+                        // key in Cluster): not one of our locks.
+                        Err(e) if e.kind() == ErrorKind::InvalidArgument => return Ok(None),
+                        Err(e) => return Err(e),
+                    };
+                    // Redlock: a lock is on several nodes; it is listed
+                    // with the first node that has it.
+                    if redlock && present.iter().position(|p| *p) != Some(target) {
+                        return Ok(None);
+                    }
+                    Ok(info)
+                },
+            )
+            .await?;
+        Ok(LockPage { locks, cursor })
+    }
+
+    /// `list_shared` of a read-write lock or a semaphore: see the crate
+    /// docs, *Operating locks*.
+    pub(super) async fn list_shared_page(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        self.check_shared_listing()?;
+        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
+        let base = format!(
+            "{}{{{}*}}",
+            glob_escape(&self.inner.config.prefix),
+            glob_escape(&escape_tag(prefix))
+        );
+        // A held read-write lock has a writer key or a readers set (never
+        // both with live holders: a writer is granted only once every
+        // reader is gone, and a downgrade deletes the writer key); a held
+        // semaphore has its holders set.
+        let (pattern, kind, marks): (String, Option<&str>, &[(&str, ShareMark)]) = match shape {
+            LockShape::Semaphore => (
+                format!("{base}:sem:holders"),
+                Some("zset"),
+                &[(":sem:holders", ShareMark::Permits)],
+            ),
+            LockShape::ReadWrite => (
+                format!("{base}:rw:*"),
+                None,
+                &[
+                    (":rw:writer", ShareMark::Writer),
+                    (":rw:readers", ShareMark::Readers),
+                ],
+            ),
+            other => {
+                return Err(LockError::new(
+                    ErrorKind::Unsupported,
+                    Operation::Inspect,
+                    format!("listing {other} locks"),
+                )
+                .with_backend(NAME));
+            }
+        };
+        let key_of = |name: &str| {
+            marks.iter().find_map(|(suffix, mark)| {
+                let key = self.lock_key_of(name.strip_suffix(suffix)?, prefix)?;
+                Some((key, *mark))
+            })
+        };
+        let (locks, cursor) = self
+            .scan_page(
+                cursor,
+                limit,
+                &pattern,
+                kind,
+                key_of,
+                |key, mark, _| async move {
+                    let holders = self.holders_shared(&key, shape).await?;
+                    // Listed through the name of what holds it now, so a
+                    // key is not listed once by each name.
+                    let writes = holders.first().map(|h| h.kind == LeaseKind::Write);
+                    let listed = match mark {
+                        ShareMark::Writer => writes == Some(true),
+                        ShareMark::Readers => writes == Some(false),
+                        ShareMark::Permits => !holders.is_empty(),
+                    };
+                    Ok(listed.then_some(SharedLockInfo { key, holders }))
+                },
+            )
+            .await?;
+        Ok(SharedPage { locks, cursor })
+    }
+
+    /// One page of a `SCAN` listing (`list`, `list_shared`): `SCAN MATCH
+    /// pattern [TYPE kind]` on each target in turn from `cursor` (a
+    /// [`ListCursor`]), at most [`MAX_SCANS`] scans, each name that
+    /// `key_of` takes for one of ours read by `fetch(key, mark, target)`
+    /// (`None`: not listed), at most `limit` results, none twice on one
+    /// page; the cursor of the next page (`None`: done).
+    async fn scan_page<M, T, Fut>(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+        pattern: &str,
+        kind: Option<&str>,
+        key_of: impl Fn(&str) -> Option<(LockKey, M)>,
+        fetch: impl Fn(LockKey, M, usize) -> Fut,
+    ) -> Result<(Vec<T>, Option<String>), LockError>
+    where
+        M: Ord + Copy,
+        Fut: Future<Output = Result<Option<T>, LockError>>,
+    {
         let mut pos = ListCursor::parse(cursor)?;
         let targets = self.scan_targets().await?;
         if pos.target > targets.len() {
@@ -377,19 +512,15 @@ impl RedisBackend {
             )
             .with_backend(NAME));
         }
-        let pattern = self.lock_pattern(prefix);
-        let mut page = LockPage::default();
+        let mut found_keys: Vec<LockKey> = Vec::new();
+        let mut page = Vec::new();
         let mut scans = 0;
         while let Some(target) = targets.get(pos.target) {
-            if scans == MAX_SCANS || page.locks.len() == limit {
-                page.cursor = Some(pos.encode());
-                return Ok(page);
+            if scans == MAX_SCANS || page.len() == limit {
+                return Ok((page, Some(pos.encode())));
             }
             scans += 1;
-            let (next, found) = match self
-                .scan(target, pos.redis, &pattern, self.lock_type())
-                .await
-            {
+            let (next, found) = match self.scan(target, pos.redis, pattern, kind).await {
                 Ok(found) => found,
                 // Redlock: a held lock is on a majority, so on another
                 // server too, and is listed with the first live one that
@@ -402,44 +533,36 @@ impl RedisBackend {
                 }
                 Err(e) => return Err(e),
             };
-            let mut keys: Vec<LockKey> = found
-                .iter()
-                .filter_map(|name| self.lock_key_of(name, prefix))
-                .collect();
+            let mut keys: Vec<(LockKey, M)> =
+                found.iter().filter_map(|name| key_of(name)).collect();
             keys.sort();
             keys.dedup();
             if let Some(after) = &pos.after {
-                keys.retain(|k| k.as_str() > after.as_str());
+                keys.retain(|(k, _)| k.as_str() > after.as_str());
             }
-            let infos =
-                futures_util::future::join_all(keys.iter().map(|k| self.inspect_nodes(k))).await;
-            for found in infos {
-                let (info, present) = match found {
-                    Ok(found) => found,
-                    // A name this topology refuses (an untagged legacy key
-                    // in Cluster): not one of our locks.
-                    Err(e) if e.kind() == ErrorKind::InvalidArgument => continue,
-                    Err(e) => return Err(e),
-                };
-                let Some(info) = info else { continue };
-                // Redlock: a lock is on several nodes; it is listed with
-                // the first node that has it.
-                if self.inner.redlock && present.iter().position(|p| *p) != Some(pos.target) {
+            let target_at = pos.target;
+            let results = futures_util::future::join_all(
+                keys.iter()
+                    .map(|(k, mark)| fetch(k.clone(), *mark, target_at)),
+            )
+            .await;
+            for ((key, _), result) in keys.into_iter().zip(results) {
+                let Some(item) = result? else { continue };
+                // The same key by another name, or again after a rehash.
+                if found_keys.contains(&key) {
                     continue;
                 }
-                if page.locks.len() == limit {
-                    let last = page.locks.last().map(|l| l.key.as_str().to_owned());
-                    page.cursor = Some(
-                        ListCursor {
-                            target: pos.target,
-                            redis: pos.redis,
-                            after: last,
-                        }
-                        .encode(),
-                    );
-                    return Ok(page);
+                if page.len() == limit {
+                    let last = found_keys.last().map(|k| k.as_str().to_owned());
+                    let next_page = ListCursor {
+                        target: pos.target,
+                        redis: pos.redis,
+                        after: last,
+                    };
+                    return Ok((page, Some(next_page.encode())));
                 }
-                page.locks.push(info);
+                found_keys.push(key);
+                page.push(item);
             }
             pos.after = None;
             if next == 0 {
@@ -449,7 +572,7 @@ impl RedisBackend {
                 pos.redis = next;
             }
         }
-        Ok(page)
+        Ok((page, None))
     }
 
     /// `gc`: see the crate docs, *Operating locks*.
@@ -492,7 +615,7 @@ impl RedisBackend {
         }
         for _ in 0..MAX_SCANS {
             let Some(target) = targets.get(at) else { break };
-            let (next, found) = self.scan(target, cursor, &pattern, "string").await?;
+            let (next, found) = self.scan(target, cursor, &pattern, Some("string")).await?;
             let calls: Vec<(Vec<&str>, Vec<&str>)> = found
                 .iter()
                 .filter_map(|counter| {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape,
-    Operation, OwnerId, RENEW_CONCURRENCY, renew_concurrently, validity_deadline,
+    ErrorKind, FencingToken, HolderDetails, HolderInfo, Lease, LeaseKind, LockError, LockKey,
+    LockShape, Operation, OwnerId, RENEW_CONCURRENCY, renew_concurrently, validity_deadline,
 };
 use redis::Value;
 use tokio::time::Instant;
@@ -17,7 +17,7 @@ use super::attempt::{Attempt, Found, next_try};
 use super::{Inner, RedisBackend};
 use crate::batch::MAX_BATCH;
 use crate::error::{NAME, unexpected};
-use crate::scripts::{as_int, pttl, text, ttl_ms};
+use crate::scripts::{as_int, details_of, pttl, text, ttl_ms};
 use crate::shared_scripts::{RwNames, SHARED, SemNames};
 
 /// Why Redlock has no read-write locks or semaphores.
@@ -87,7 +87,14 @@ async fn abandon(inner: &Inner, names: &Names, owner: &str) -> Result<Value, Loc
                 Names::Rw(n) => {
                     conn.eval(
                         &SHARED.rw_abandon,
-                        &[&n.writer, &n.readers, &n.queue, &n.queue_expiry],
+                        &[
+                            &n.writer,
+                            &n.readers,
+                            &n.queue,
+                            &n.queue_expiry,
+                            &n.details,
+                            &n.writer_details,
+                        ],
                         &[owner, &n.channel],
                     )
                     .await
@@ -95,7 +102,14 @@ async fn abandon(inner: &Inner, names: &Names, owner: &str) -> Result<Value, Loc
                 Names::Sem(n) => {
                     conn.eval(
                         &SHARED.remove,
-                        &[&n.holders, &n.queue, &n.queue_expiry, &n.counts, &n.tokens],
+                        &[
+                            &n.holders,
+                            &n.queue,
+                            &n.queue_expiry,
+                            &n.counts,
+                            &n.tokens,
+                            &n.details,
+                        ],
                         &[owner, &n.channel, "3"],
                     )
                     .await
@@ -129,6 +143,11 @@ fn pair(value: &Value, op: Operation) -> Result<(i64, i64), LockError> {
     Err(unexpected(op, value))
 }
 
+/// A share's entry in its shape's details hash (`''`: none).
+fn share_details(value: &Value) -> Option<HolderDetails> {
+    text(value).and_then(|t| HolderDetails::decode(&t))
+}
+
 fn token_of(n: i64, op: Operation, value: &Value) -> Result<FencingToken, LockError> {
     u64::try_from(n)
         .map(FencingToken::new)
@@ -149,6 +168,29 @@ impl RedisBackend {
             .map_err(|e| e.with_backend(NAME).with_key(key))?;
         if self.inner.redlock {
             return Err(redlock_unsupported(key, op));
+        }
+        Ok(())
+    }
+
+    /// Refuses `list_shared` of a read-write lock or a semaphore where
+    /// there are none: Redlock and the legacy layouts.
+    pub(super) fn check_shared_listing(&self) -> Result<(), LockError> {
+        let op = Operation::Inspect;
+        if self.inner.redlock {
+            return Err(LockError::new(ErrorKind::Unsupported, op, REDLOCK_WHY).with_backend(NAME));
+        }
+        let layout = self.inner.config.layout;
+        if layout.is_legacy() {
+            return Err(LockError::new(
+                ErrorKind::Unsupported,
+                op,
+                format!(
+                    "layout={} has the mutex only: read-write locks and semaphores need \
+                     layout=native",
+                    layout.as_str()
+                ),
+            )
+            .with_backend(NAME));
         }
         Ok(())
     }
@@ -191,6 +233,9 @@ impl RedisBackend {
         let wait_text = wait.map_or_else(|| "0".to_owned(), ttl_ms);
         let wait_flag = wait_text.as_str();
         let (owner_ref, ttl_ref) = (owner_hex.as_str(), ttl_text.as_str());
+        // Written beside the share by the granting script itself.
+        let details = lock_core::HolderDetails::encode_current();
+        let details = details.as_str();
         let sent_at = Instant::now();
         let value = self.inner.nodes[0]
             .run(op, timeout, move |mut conn| async move {
@@ -206,8 +251,11 @@ impl RedisBackend {
                                 &n.queue,
                                 &n.queue_expiry,
                                 &n.counters,
+                                &n.details,
                             ],
-                            &[owner_ref, ttl_ref, &count, &limit, wait_flag, &n.channel],
+                            &[
+                                owner_ref, ttl_ref, &count, &limit, wait_flag, &n.channel, details,
+                            ],
                         )
                         .await
                     }
@@ -221,8 +269,10 @@ impl RedisBackend {
                                 &n.queue,
                                 &n.queue_expiry,
                                 &n.counters,
+                                &n.details,
+                                &n.writer_details,
                             ],
-                            &[owner_ref, ttl_ref, side, wait_flag, &n.channel],
+                            &[owner_ref, ttl_ref, side, wait_flag, &n.channel, details],
                         )
                         .await
                     }
@@ -430,13 +480,17 @@ impl RedisBackend {
                     .run(op, timeout, move |mut conn| async move {
                         match names {
                             Names::Rw(n) => {
-                                conn.eval(&SHARED.zrenew, &[&n.readers], &[owner, ttl_text])
-                                    .await
+                                conn.eval(
+                                    &SHARED.zrenew,
+                                    &[&n.readers, &n.details],
+                                    &[owner, ttl_text],
+                                )
+                                .await
                             }
                             Names::Sem(n) => {
                                 conn.eval(
                                     &SHARED.zrenew,
-                                    &[&n.holders, &n.counts, &n.tokens],
+                                    &[&n.holders, &n.counts, &n.tokens, &n.details],
                                     &[owner, ttl_text],
                                 )
                                 .await
@@ -525,8 +579,8 @@ impl RedisBackend {
                 continue;
             }
             let keys = match self.shared_names(key, kind) {
-                Names::Rw(n) => vec![n.readers],
-                Names::Sem(n) => vec![n.holders, n.counts, n.tokens],
+                Names::Rw(n) => vec![n.readers, n.details],
+                Names::Sem(n) => vec![n.holders, n.counts, n.tokens, n.details],
             };
             calls.push((i, keys, [lease.owner().to_hex(), ttl_ms(lease.ttl())]));
         }
@@ -616,19 +670,28 @@ impl RedisBackend {
                 self.inner.config.operation_timeout,
                 move |mut conn| async move {
                     match names {
-                        // The writer: the mutex's compare-and-delete + publish.
+                        // The writer: the mutex's compare-and-delete (its
+                        // details with it) + publish.
                         Names::Rw(n) if kind == LeaseKind::Write => {
-                            conn.eval(&scripts.release, &[&n.writer], &[owner, &n.channel])
-                                .await
+                            conn.eval(
+                                &scripts.release,
+                                &[&n.writer, &n.writer_details],
+                                &[owner, &n.channel],
+                            )
+                            .await
                         }
                         Names::Rw(n) => {
-                            conn.eval(&SHARED.remove, &[&n.readers], &[owner, &n.channel, "1"])
-                                .await
+                            conn.eval(
+                                &SHARED.remove,
+                                &[&n.readers, &n.details],
+                                &[owner, &n.channel, "1"],
+                            )
+                            .await
                         }
                         Names::Sem(n) => {
                             conn.eval(
                                 &SHARED.remove,
-                                &[&n.holders, &n.counts, &n.tokens],
+                                &[&n.holders, &n.counts, &n.tokens, &n.details],
                                 &[owner, &n.channel, "1"],
                             )
                             .await
@@ -672,7 +735,13 @@ impl RedisBackend {
                 move |mut conn| async move {
                     conn.eval(
                         &SHARED.rw_downgrade,
-                        &[&n.writer, &n.readers, &n.counters],
+                        &[
+                            &n.writer,
+                            &n.readers,
+                            &n.counters,
+                            &n.details,
+                            &n.writer_details,
+                        ],
                         &[owner_ref, ttl_ref, &n.channel],
                     )
                     .await
@@ -717,14 +786,26 @@ impl RedisBackend {
                     if shape == LockShape::Semaphore {
                         conn.eval(
                             &SHARED.sem_holders,
-                            &[&sem.holders, &sem.counts, &sem.tokens, &sem.counters],
+                            &[
+                                &sem.holders,
+                                &sem.counts,
+                                &sem.tokens,
+                                &sem.counters,
+                                &sem.details,
+                            ],
                             &[],
                         )
                         .await
                     } else {
                         conn.eval(
                             &SHARED.rw_holders,
-                            &[&rw.writer, &rw.readers, &rw.counters],
+                            &[
+                                &rw.writer,
+                                &rw.readers,
+                                &rw.counters,
+                                &rw.details,
+                                &rw.writer_details,
+                            ],
                             &[],
                         )
                         .await
@@ -744,13 +825,13 @@ impl RedisBackend {
                 return Err(unexpected(op, &value));
             };
             let limit = u32::try_from(int(limit)?).map_err(|_| unexpected(op, &value))?;
-            for holder in rest.chunks(4) {
-                let [owner, left, count, token] = holder else {
+            for holder in rest.chunks(5) {
+                let [owner, left, count, token, details] = holder else {
                     return Err(unexpected(op, &value));
                 };
                 let count = u32::try_from(int(count)?).map_err(|_| unexpected(op, &value))?;
                 out.push(HolderInfo {
-                    details: None,
+                    details: share_details(details),
                     kind: LeaseKind::permits(count, limit.max(count))
                         .map_err(|_| unexpected(op, &value))?,
                     holder: text(owner).unwrap_or_default(),
@@ -760,7 +841,7 @@ impl RedisBackend {
             }
             return Ok(out);
         }
-        let [writer, writer_ttl, epoch, readers @ ..] = items.as_slice() else {
+        let [writer, writer_ttl, epoch, writer_side, readers @ ..] = items.as_slice() else {
             return Err(unexpected(op, &value));
         };
         // The writer's token is the epoch (set by its grant); every live
@@ -769,19 +850,19 @@ impl RedisBackend {
         let writer = text(writer).unwrap_or_default();
         if !writer.is_empty() {
             out.push(HolderInfo {
-                details: None,
+                details: text(writer_side).and_then(|side| details_of(&writer, &side)),
                 kind: LeaseKind::Write,
                 holder: writer,
                 token: Some(epoch),
                 remaining_ttl: ms(writer_ttl)?,
             });
         }
-        for reader in readers.chunks(2) {
-            let [owner, left] = reader else {
+        for reader in readers.chunks(3) {
+            let [owner, left, details] = reader else {
                 return Err(unexpected(op, &value));
             };
             out.push(HolderInfo {
-                details: None,
+                details: share_details(details),
                 kind: LeaseKind::Read,
                 holder: text(owner).unwrap_or_default(),
                 token: Some(epoch),

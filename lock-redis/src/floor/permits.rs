@@ -19,12 +19,14 @@ use crate::shared_scripts::{SHARED, SemNames};
 /// connection to one server: the floor a permit acquire+release of the
 /// driver is measured against. One cycle is two requests, two round trips:
 ///
-/// 1. `EVALSHA <semaphore acquire> 6 <prefix>{<key>}:sem:holders
-///    …:counts …:tokens …:queue …:queue-expiry …:counters <owner> <ttl ms>
-///    <count> <limit> 0 <channel>` (sweep expired holders, check the limit,
-///    fit, `HINCRBY` of the token, add the holder);
-/// 2. `EVALSHA <remove> 3 …:holders …:counts …:tokens <owner> <channel> 1`
-///    (remove the holder, then `PUBLISH` to waiters).
+/// 1. `EVALSHA <semaphore acquire> 7 <prefix>{<key>}:sem:holders
+///    …:counts …:tokens …:queue …:queue-expiry …:counters …:details <owner>
+///    <ttl ms> <count> <limit> 0 <channel> <holder details>` (sweep expired
+///    holders, check the limit, fit, `HINCRBY` of the token, add the holder
+///    and its details);
+/// 2. `EVALSHA <remove> 4 …:holders …:counts …:tokens …:details <owner>
+///    <channel> 1` (remove the holder and its details, then `PUBLISH` to
+///    waiters).
 ///
 /// The scripts, key names and arguments are the driver's own, so the
 /// floor's permits count against the driver's on the same key. Both
@@ -127,6 +129,7 @@ impl RawFloor for RedisPermitFloor {
         let n = SemNames::new(&self.prefix, &lock_key);
         let owner = OwnerId::random().to_hex();
         let ttl = ttl_ms(ttl);
+        let details = lock_core::HolderDetails::encode_current();
         let keys = [
             n.holders.as_bytes(),
             n.counts.as_bytes(),
@@ -134,6 +137,7 @@ impl RawFloor for RedisPermitFloor {
             n.queue.as_bytes(),
             n.queue_expiry.as_bytes(),
             n.counters.as_bytes(),
+            n.details.as_bytes(),
         ];
         let args = [
             owner.as_bytes(),
@@ -142,6 +146,7 @@ impl RawFloor for RedisPermitFloor {
             self.limit.as_bytes(),
             b"0",
             n.channel.as_bytes(),
+            details.as_bytes(),
         ];
         let reply = self
             .node
@@ -189,6 +194,7 @@ impl RawFloor for RedisPermitFloor {
             n.holders.as_bytes(),
             n.counts.as_bytes(),
             n.tokens.as_bytes(),
+            n.details.as_bytes(),
         ];
         let args = [grant.owner.as_bytes(), n.channel.as_bytes(), b"1"];
         let reply = self
