@@ -7,10 +7,12 @@
 //!   bytes) is written by the grant statement itself (one more bind, no
 //!   extra round trip) and cleared by the release and by `force_release`;
 //!   an expired row's details are hidden with its owner (every read filters
-//!   on `expires_at`) and overwritten by the next grant. A table created
-//!   before the column existed gets it at connect (`ALTER TABLE .. ADD
-//!   COLUMN`, run only when a probe finds it missing; a concurrent connect
-//!   adding it first is not an error).
+//!   on `expires_at`) and overwritten by the next grant. The shared holders
+//!   table has the same column, written by the holder row's insert and
+//!   gone with the row (`crate::shared`). A table (lease or holders)
+//!   created before the column existed gets it at connect (`ALTER TABLE ..
+//!   ADD COLUMN`, run only when a probe finds it missing; a concurrent
+//!   connect adding it first is not an error).
 //! - `<table>_floor (id, token)`: at most one row. Every grant that
 //!   inserts a new lease row gives it the token `floor + 1` in the same
 //!   statement; `gc` raises the floor to the highest token it removes, in
@@ -28,7 +30,7 @@ use lock_core::{
     check_list_limit, with_timeout,
 };
 
-use crate::conn::Checkout;
+use crate::conn::{Checkout, ConnSet, retry_once};
 use crate::dialect::{Dialect, micros};
 use crate::driver::{NAME, SqlBackend};
 use crate::error::map_sqlx;
@@ -181,10 +183,18 @@ impl SqlBackend {
         &self.inner().statements.quoted_floor
     }
 
-    /// Adds the `details` column to a lease table created before it.
+    /// Adds the `details` column to a lease table, and to a shared holders
+    /// table, created before it.
     pub(crate) async fn ensure_details_column(&self) -> Result<(), sqlx::Error> {
         let inner = self.inner();
-        let table = &inner.statements.quoted_table;
+        for table in [&inner.statements.quoted_table, &inner.shared.holders_table] {
+            self.ensure_details_of(table).await?;
+        }
+        Ok(())
+    }
+
+    async fn ensure_details_of(&self, table: &str) -> Result<(), sqlx::Error> {
+        let inner = self.inner();
         let dialect = inner.dialect;
         let probe: Arc<str> = Arc::from(format!("SELECT details FROM {table} WHERE 1 = 0"));
         let mut checkout = inner.conns.checkout(false).await?;
@@ -193,7 +203,7 @@ impl SqlBackend {
             checkout.finish(&probed);
             return probed;
         }
-        tracing::info!(table = table.as_str(), "adding the holder details column");
+        tracing::info!(table, "adding the holder details column");
         let alter: Arc<str> = Arc::from(dialect.add_details_sql(table));
         let added = match dialect.plain(checkout.conn(), &alter).await {
             Err(e) if is_duplicate_column(&e) => Ok(()),
@@ -201,6 +211,30 @@ impl SqlBackend {
         };
         checkout.finish(&added);
         added
+    }
+
+    /// [`LockBackend::inspect`](lock_core::LockBackend::inspect) in row
+    /// mode: the key's unexpired holder with the details its grant wrote
+    /// (once more on a fresh connection when the connection broke).
+    pub(crate) async fn inspect_row(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let inner = self.inner();
+        let (statement, dialect) = (&inner.statements.inspect, inner.dialect);
+        let row = with_timeout(inner.config.op_timeout, Operation::Inspect, async {
+            retry_once!(read, &inner.conns, |conn| dialect
+                .inspect(conn, statement, key))
+            .map_err(|e| self.err(Operation::Inspect, key, e))
+        })
+        .await
+        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        Ok(row.map(|(owner, token, remaining_us, details)| LockInfo {
+            details: details.as_deref().and_then(HolderDetails::decode),
+            key: key.clone(),
+            holder: owner.unwrap_or_default(),
+            token: u64::try_from(token).ok().map(FencingToken::new),
+            remaining_ttl: Some(Duration::from_micros(
+                u64::try_from(remaining_us).unwrap_or(0),
+            )),
+        }))
     }
 
     fn admin_err(&self, operation: Operation) -> impl Fn(sqlx::Error) -> LockError + '_ {

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderDetails, HolderInfo,
-    Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation,
-    OwnerId, TtlModel, WaitStrategy, check_ttl, validity_deadline, with_timeout,
+    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderInfo, Lease, LeaseKind,
+    LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, SharedPage,
+    TtlModel, WaitStrategy, check_ttl, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -702,24 +702,7 @@ impl LockBackend for SqlBackend {
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let statement = &self.inner.statements.inspect;
-        let dialect = self.inner.dialect;
-        let row = with_timeout(self.timeout(), Operation::Inspect, async {
-            retry_once!(read, &self.inner.conns, |conn| dialect
-                .inspect(conn, statement, key))
-            .map_err(|e| self.err(Operation::Inspect, key, e))
-        })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
-        Ok(row.map(|(owner, token, remaining_us, details)| LockInfo {
-            details: details.as_deref().and_then(HolderDetails::decode),
-            key: key.clone(),
-            holder: owner.unwrap_or_default(),
-            token: u64::try_from(token).ok().map(FencingToken::new),
-            remaining_ttl: Some(Duration::from_micros(
-                u64::try_from(remaining_us).unwrap_or(0),
-            )),
-        }))
+        self.inspect_row(key).await
     }
 
     async fn try_acquire_all(
@@ -773,6 +756,16 @@ impl LockBackend for SqlBackend {
         limit: usize,
     ) -> Result<LockPage, LockError> {
         self.list_rows(prefix, cursor, limit).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        self.list_shares(shape, prefix, cursor, limit).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

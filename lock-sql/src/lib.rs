@@ -258,7 +258,7 @@
 //! | table | columns | role |
 //! |---|---|---|
 //! | `t_keys` | `name`, `shape` (`rwlock` / `semaphore`), `token`, `epoch`; key (`name`, `shape`) | per key and shape: the fencing counter (last write or permit token) and the epoch (last write token); never deleted |
-//! | `t_holders` | `name`, `shape`, `owner`, `kind` (`r`, `w`, `p<count>-<limit>`), `cnt`, `lim`, `token`, `expires_at`; key (`name`, `shape`, `owner`) | one row per lease |
+//! | `t_holders` | `name`, `shape`, `owner`, `kind` (`r`, `w`, `p<count>-<limit>`), `cnt`, `lim`, `token`, `expires_at`, `details` (nullable); key (`name`, `shape`, `owner`) | one row per lease |
 //! | `t_waiters` | `id` (database sequence / auto-increment), `name`, `shape`, `owner`, `kind`, `cnt`, `lim`, `expires_at`; index (`name`, `shape`, `id`) | one row per waiting acquire, in arrival order (fair mutex waiters too, shape `mutex`) |
 //!
 //! A mutex, a read-write lock and a semaphore of one key are three
@@ -519,16 +519,22 @@
 //!   `ADD COLUMN IF NOT EXISTS`; elsewhere a concurrent connect's
 //!   "duplicate column" is success). With `create_table=false` add the
 //!   column and the floor table yourself ([`SqlBackend::schema_sql`]).
-//!   Multi-lock grants (`try_acquire_all`) and read-write locks /
-//!   semaphores write no details.
+//!   Readers, writers, permit holders: `t_holders.details`, written by the
+//!   row's insert (no extra round trip), kept by a downgrade, added at
+//!   connect to an older table alike; `holders()` and `list_shared` show
+//!   them. Multi-lock grants (`try_acquire_all`) write no details.
 //! - *`list(prefix, cursor, limit)`*: one statement scanning at most
 //!   `limit` rows, `WHERE name LIKE prefix% AND name > cursor ORDER BY name
 //!   LIMIT limit` (`LIKE` wildcards escaped with `!`; SQLite, whose `LIKE`
 //!   ignores case, uses `instr(name, prefix) = 1`); the held rows (owner
 //!   set, unexpired) are returned, so a page may be short while the scan
 //!   goes on. The cursor is `sql1:<hex of the last name scanned>`; anything
-//!   else is `InvalidArgument`. Mutexes only (the shared tables' holders are
-//!   not listed).
+//!   else is `InvalidArgument`. `list_shared(rwlock | semaphore, ..)`:
+//!   one statement per page on `t_holders`, the first `limit` keys of that
+//!   shape under the prefix after the cursor with a live holder, each with
+//!   all its live holders (a full page's cursor is its last key; same
+//!   cursor format and checks); the mutex from `list`. `list_elections`:
+//!   the election mutexes (`election/<prefix>`) through `list`.
 //! - *`force_release(key)`*: one transaction reads the holder (row locked:
 //!   `FOR UPDATE`; SQLite `BEGIN IMMEDIATE`) and sets `owner = NULL,
 //!   details = NULL, expires_at = now`, keeping `token`: the next grant's
@@ -706,8 +712,11 @@
 //! `tests/sqlite.rs`) checks `gc` (tokens above the floor after re-grant,
 //! a held and a young row kept; control: a row deleted by hand restarts
 //! at 1 and the check reports it), the `details` column added by four
-//! concurrent connects to a table without it (control: the grant fails
-//! before), `list`'s escaped wildcards and refused cursors;
+//! concurrent connects to a lease and a holders table without it
+//! (control: the grants fail before), `list`'s and `list_shared`'s
+//! escaped wildcards and refused cursors; `shared_holder_details_are_reported`
+//! and `list_finds_shared_locks` pass in row mode (controls: no details
+//! bound fails the first, a page ignoring its cursor the second);
 //! `tests/shedlock.rs` checks details beside ShedLock's unchanged row
 //! while ShedLock is still refused, none shown for a ShedLock holder,
 //! force-releasing ShedLock's holder and ours, and the refused floor.

@@ -372,7 +372,7 @@ impl Dialect for MySql {
                  name VARBINARY(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
                  owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
                  cnt BIGINT NOT NULL, lim BIGINT NOT NULL, token BIGINT NOT NULL, \
-                 expires_at DATETIME(6) NOT NULL, \
+                 expires_at DATETIME(6) NOT NULL, details VARCHAR({DETAILS_LEN}) NULL, \
                  PRIMARY KEY (name, shape, owner)) ENGINE=InnoDB"
             ),
             format!(

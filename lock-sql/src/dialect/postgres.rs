@@ -349,7 +349,7 @@ impl Dialect for Postgres {
                  name VARCHAR(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
                  owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
                  cnt BIGINT NOT NULL, lim BIGINT NOT NULL, token BIGINT NOT NULL, \
-                 expires_at TIMESTAMPTZ NOT NULL, \
+                 expires_at TIMESTAMPTZ NOT NULL, details VARCHAR({DETAILS_LEN}), \
                  PRIMARY KEY (name, shape, owner))"
             ),
             format!(

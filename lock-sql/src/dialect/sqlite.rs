@@ -393,7 +393,7 @@ impl Dialect for Sqlite {
                  name TEXT NOT NULL, shape TEXT NOT NULL, \
                  owner TEXT NOT NULL, kind TEXT NOT NULL, \
                  cnt INTEGER NOT NULL, lim INTEGER NOT NULL, token INTEGER NOT NULL, \
-                 expires_at INTEGER NOT NULL, \
+                 expires_at INTEGER NOT NULL, details TEXT, \
                  PRIMARY KEY (name, shape, owner)) WITHOUT ROWID"
             ),
             // AUTOINCREMENT: ids are never reused, so arrival order holds.

@@ -168,6 +168,8 @@ impl SqlPermitFloor {
             && held + self.count <= self.limit;
         let granted = match token {
             Some(token) if fits => {
+                // The driver's insert: the holder's details included.
+                let details = lock_core::HolderDetails::encode_current();
                 let binds = [
                     by_key[0],
                     by_key[1],
@@ -177,6 +179,7 @@ impl SqlPermitFloor {
                     Bind::Int(self.limit),
                     Bind::Int(token),
                     Bind::Int(micros(ttl)),
+                    Bind::Text(&details),
                 ];
                 execute(conn, &sql.insert_holder, &binds).await?;
                 Some(token)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::{
     Capabilities, GcReport, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
-    LockKey, LockPage, LockShape,
+    LockKey, LockPage, LockShape, SharedPage, election::ElectionPage,
 };
 use tokio::time::Instant;
 
@@ -155,6 +155,25 @@ impl LockBackend for SqlAnyBackend {
         limit: usize,
     ) -> Result<LockPage, LockError> {
         self.get().list(prefix, cursor, limit).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        self.get().list_shared(shape, prefix, cursor, limit).await
+    }
+
+    async fn list_elections(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<ElectionPage, LockError> {
+        self.get().list_elections(prefix, cursor, limit).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -1,16 +1,18 @@
 //! Renewal, release, downgrade and listing of read, write and permit
-//! leases: one statement each on the holders table.
+//! leases: one statement each on the holders table. A listed holder
+//! carries the details its grant wrote (`None` for a row written before
+//! the `details` column existed).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape,
-    Operation, check_ttl, validity_deadline, with_timeout,
+    ErrorKind, FencingToken, HolderDetails, HolderInfo, Lease, LeaseKind, LockError, LockKey,
+    LockShape, Operation, check_ttl, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
-use super::run::{Bind, execute, fetch};
+use super::run::{Bind, Value, execute, fetch};
 use crate::dialect::{micros, token_of};
 use crate::driver::{MIN_TTL, NAME, SqlBackend};
 
@@ -187,7 +189,7 @@ impl SqlBackend {
                     .checkout_reader(fresh)
                     .await
                     .map_err(|e| self.err(operation, key, e))?;
-                let result = fetch(checkout.conn(), statement, &binds, "ttii").await;
+                let result = fetch(checkout.conn(), statement, &binds, "ttiit").await;
                 if checkout.finish(&result) && !fresh {
                     fresh = true;
                     continue;
@@ -197,20 +199,29 @@ impl SqlBackend {
         })
         .await
         .map_err(|e| e.with_key(key).with_backend(NAME))?;
-        rows.into_iter()
-            .map(|r| {
-                let kind = LeaseKind::from_code(r[1].text())
-                    .map_err(|e| e.with_key(key).with_backend(NAME))?;
-                Ok(HolderInfo {
-                    details: None,
-                    kind,
-                    holder: r[0].text().to_owned(),
-                    token: u64::try_from(r[2].int()).ok().map(FencingToken::new),
-                    remaining_ttl: Some(Duration::from_micros(
-                        u64::try_from(r[3].int()).unwrap_or(0),
-                    )),
-                })
-            })
+        rows.iter()
+            .map(|r| holder_info(r).map_err(|e| e.with_key(key).with_backend(NAME)))
             .collect()
     }
+}
+
+/// A live holder row `(owner, kind, token, left µs, details)` as
+/// [`HolderInfo`].
+///
+/// # Errors
+///
+/// `InvalidArgument` for a kind code this version does not know.
+pub(super) fn holder_info(r: &[Value]) -> Result<HolderInfo, LockError> {
+    Ok(HolderInfo {
+        kind: LeaseKind::from_code(r[1].text())?,
+        holder: r[0].text().to_owned(),
+        token: u64::try_from(r[2].int()).ok().map(FencingToken::new),
+        remaining_ttl: Some(Duration::from_micros(
+            u64::try_from(r[3].int()).unwrap_or(0),
+        )),
+        details: match &r[4] {
+            Value::Text(Some(text)) => HolderDetails::decode(text),
+            _ => None,
+        },
+    })
 }

@@ -33,6 +33,7 @@
 
 mod fair;
 mod holders;
+mod list;
 pub(crate) mod run;
 pub(crate) mod sql;
 mod wait;
@@ -293,6 +294,8 @@ impl SqlBackend {
                 _ => counter,
             };
             let code = kind.code();
+            // Who takes the share, written by the insert itself.
+            let details = lock_core::HolderDetails::encode_current();
             let binds = [
                 Bind::Text(name),
                 Bind::Text(shape),
@@ -302,6 +305,7 @@ impl SqlBackend {
                 Bind::Int(limit),
                 Bind::Int(token),
                 Bind::Int(micros(ttl)),
+                Bind::Text(&details),
             ];
             execute(conn, &sql.insert_holder, &binds).await?;
             if let Some(id) = waiter {

@@ -14,9 +14,11 @@
 //!   last write token (`epoch`, what readers carry). Never deleted, so
 //!   tokens of a key only grow. Locked by every grant transaction of the
 //!   key: the grant decisions of one key and shape are serialised.
-//! - `t_holders (name, shape, owner, kind, cnt, lim, token, expires_at)`:
-//!   one row per lease; live while `expires_at` is ahead of the database's
-//!   clock.
+//! - `t_holders (name, shape, owner, kind, cnt, lim, token, expires_at,
+//!   details)`: one row per lease; live while `expires_at` is ahead of the
+//!   database's clock. `details` (nullable: rows of older versions, or of a
+//!   table that got the column at connect) is the encoded
+//!   [`lock_core::HolderDetails`] the grant's own insert wrote.
 //! - `t_waiters (id, name, shape, owner, kind, cnt, lim, expires_at)`: one
 //!   row per waiting acquire, in arrival order by the database's id; live
 //!   while the waiter refreshes `expires_at` (every attempt).
@@ -84,7 +86,8 @@ pub(crate) struct SharedSql {
     pub(crate) purge_waiters: Arc<str>,
     /// Sets the key's epoch (binds epoch, name, shape).
     pub(crate) set_epoch: Arc<str>,
-    /// Adds a holder row.
+    /// Adds a holder row (binds name, shape, owner, kind, count, limit,
+    /// token, TTL, details).
     pub(crate) insert_holder: Arc<str>,
     /// Adds a waiter row; the last statement returns its id.
     pub(crate) insert_waiter: Vec<Arc<str>>,
@@ -106,8 +109,19 @@ pub(crate) struct SharedSql {
     /// Whether `release` and `downgrade` return rows (PostgreSQL's
     /// notification) instead of a row count.
     pub(crate) notifies: bool,
-    /// The live holders: `(owner, kind, token, left µs)`.
+    /// The live holders: `(owner, kind, token, left µs, details)`.
     pub(crate) list: Arc<str>,
+    /// One page of `list_shared`: every live holder of the first `limit`
+    /// keys of a shape under a prefix after a cursor, in key order:
+    /// `(name, owner, kind, token, left µs, details)`. Binds shape, prefix
+    /// (a `LIKE` pattern when `page_like`), the name to scan after, limit,
+    /// shape.
+    pub(crate) list_page: Arc<str>,
+    /// Whether `list_page`'s prefix bind is a `LIKE` pattern.
+    pub(crate) page_like: bool,
+    /// The holders table's quoted name (its `details` column is added at
+    /// connect to a table created before it).
+    pub(crate) holders_table: String,
     /// The waiters table's quoted name (fair mutex waiters queue there too,
     /// as shape `mutex`).
     pub(crate) waiters_table: String,
@@ -147,6 +161,8 @@ impl SharedSql {
                 None => (arc(plain), false),
             }
         };
+        // The prefix test spelled with the next placeholder.
+        let (predicate, page_like) = dialect.prefix_predicate("{p}");
         let (release, notifies) = notifying(format!(
             "DELETE FROM {holders} WHERE name = {{p}} AND shape = {{p}} AND owner = {{p}} \
              AND token = {{p}} AND kind = {{p}} AND expires_at > {{now}}"
@@ -185,8 +201,9 @@ impl SharedSql {
                 "UPDATE {keys} SET epoch = {{p}} WHERE name = {{p}} AND shape = {{p}}"
             )),
             insert_holder: r(format!(
-                "INSERT INTO {holders} (name, shape, owner, kind, cnt, lim, token, expires_at) \
-                 VALUES ({{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{exp}})"
+                "INSERT INTO {holders} \
+                 (name, shape, owner, kind, cnt, lim, token, expires_at, details) \
+                 VALUES ({{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{exp}}, {{p}})"
             )),
             insert_waiter: dialect
                 .insert_waiter_sql(waiters)
@@ -212,7 +229,7 @@ impl SharedSql {
             downgrade,
             notifies,
             list: r(format!(
-                "SELECT owner, kind, token, {{left}} FROM {holders} \
+                "SELECT owner, kind, token, {{left}}, details FROM {holders} \
                  WHERE name = {{p}} AND shape = {{p}} AND expires_at > {{now}} ORDER BY token, owner"
             )),
             refresh_live_waiter: r(format!(
@@ -225,6 +242,16 @@ impl SharedSql {
             forget_waiter: r(format!(
                 "DELETE FROM {waiters} WHERE name = {{p}} AND shape = 'mutex' AND owner = {{p}}"
             )),
+            list_page: r(format!(
+                "SELECT {name}, owner, kind, token, {{left}}, details FROM {holders} \
+                 JOIN (SELECT name AS k FROM {holders} WHERE shape = {{p}} AND {predicate} \
+                 AND name > {{p}} AND expires_at > {{now}} GROUP BY name ORDER BY name \
+                 LIMIT {{p}}) page ON name = page.k \
+                 WHERE shape = {{p}} AND expires_at > {{now}} ORDER BY name, token, owner",
+                name = dialect.name_text(),
+            )),
+            page_like,
+            holders_table: holders.clone(),
             waiters_table: waiters.clone(),
         }
     }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LockBackend, LockKey};
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, LockShape};
 use lock_sql::SqlBackend;
 use lock_sql::sqlx::{self, AssertSqlSafe};
 
@@ -203,11 +203,25 @@ async fn details_column_is_added(url: &str) {
     let url = with_options(url, &format!("table={}", table("mig")));
     let first = SqlBackend::connect_url(&url).await.unwrap();
     let t = first.quoted_table().to_owned();
+    // The shared holders table's name, quoted the same way.
+    let quote = &t[t.len() - 1..];
+    let holders = format!("{}_holders{quote}", &t[..t.len() - 1]);
     raw(&first, &format!("ALTER TABLE {t} DROP COLUMN details")).await;
+    raw(
+        &first,
+        &format!("ALTER TABLE {holders} DROP COLUMN details"),
+    )
+    .await;
     let key = LockKey::new("mig/k").unwrap();
-    // Negative control: without the column the grant statement fails.
+    let shared = LockKey::new("mig/r").unwrap();
+    // Negative control: without the columns the grant statements fail.
     let broken = first.try_acquire(&key, TTL).await;
     assert!(broken.is_err(), "a grant without the column: {broken:?}");
+    let broken = first.try_acquire_kind(&shared, LeaseKind::Read, TTL).await;
+    assert!(
+        broken.is_err(),
+        "a read grant without the column: {broken:?}"
+    );
     // Concurrent connects add it once; none fails.
     let connects: Vec<_> = (0..4)
         .map(|_| {
@@ -224,6 +238,18 @@ async fn details_column_is_added(url: &str) {
     let details = info.details.expect("details after the column was added");
     assert_eq!(details.pid, std::process::id());
     assert!(first.release(&lease).await.unwrap());
+    let reader = first
+        .try_acquire_kind(&shared, LeaseKind::Read, TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let listed = backends[0]
+        .holders(&shared, LockShape::ReadWrite)
+        .await
+        .unwrap();
+    let details = listed[0].details.as_ref().expect("a reader's details");
+    assert_eq!(details.pid, std::process::id());
+    assert!(first.release(&reader).await.unwrap());
     for b in backends {
         b.close().await.unwrap();
     }
@@ -263,6 +289,42 @@ async fn list_escapes_and_refuses(url: &str) {
     }
     let err = backend.list("", None, 0).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    // list_shared escapes the same way and takes the same cursors.
+    let mut readers = Vec::new();
+    for key in [&wild, &plain, &under] {
+        let kind = LeaseKind::Read;
+        readers.push(
+            backend
+                .try_acquire_kind(key, kind, TTL)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let shared = |prefix: &'static str| {
+        let backend = backend.clone();
+        async move {
+            let page = backend.list_shared(LockShape::ReadWrite, prefix, None, 100);
+            let page = page.await.unwrap();
+            let keys: Vec<_> = page
+                .locks
+                .iter()
+                .map(|l| l.key.as_str().to_owned())
+                .collect();
+            keys
+        }
+    };
+    assert_eq!(shared("l%x").await, ["l%x/1"]);
+    assert_eq!(shared("l_x").await, ["l_x/1"]);
+    assert_eq!(shared("l").await.len(), 3);
+    let err = backend
+        .list_shared(LockShape::Semaphore, "", Some("sql1:zz"), 10)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    for lease in &readers {
+        assert!(backend.release(lease).await.unwrap());
+    }
     // A free key: nothing to break.
     for lease in &leases {
         assert!(backend.release(lease).await.unwrap());
