@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnResponse};
-use lock_core::election::Leader;
+use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
     Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, LockBackend,
-    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, TtlModel, WaitStrategy,
-    validity_deadline, with_timeout,
+    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, SharedPage, TtlModel,
+    WaitStrategy, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -42,9 +42,13 @@ mod multi;
 #[path = "renewal.rs"]
 mod renewal;
 
-// Holder details, list, force_release, gc.
+// Holder details, force_release, gc.
 #[path = "admin.rs"]
 mod admin;
+
+// list, list_shared, list_elections: one range read per page.
+#[path = "listing.rs"]
+mod listing;
 
 /// The shortest TTL etcd leases have: one second (the server may raise it
 /// further, to 1.5 election timeouts).
@@ -474,10 +478,10 @@ impl LockBackend for EtcdBackend {
         if lease.kind() == LeaseKind::Exclusive {
             compares.extend(keys::owner_compares(&entry, lease.owner()));
         } else {
-            compares.push(Compare::value(
-                entry.as_str(),
-                CompareOp::Equal,
-                keys::entry_value(lease.kind(), lease.owner()),
+            compares.extend(keys::shared_owner_compares(
+                &entry,
+                lease.kind(),
+                lease.owner(),
             ));
         }
         let txn = Txn::new().when(compares);
@@ -639,6 +643,25 @@ impl LockBackend for EtcdBackend {
         limit: usize,
     ) -> Result<LockPage, LockError> {
         self.list_locks(prefix, cursor, limit).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        self.list_shared_locks(shape, prefix, cursor, limit).await
+    }
+
+    async fn list_elections(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<ElectionPage, LockError> {
+        self.list_led_elections(prefix, cursor, limit).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

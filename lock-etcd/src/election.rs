@@ -95,14 +95,8 @@ impl EtcdBackend {
 
     async fn leader_of(&self, kv: &KeyValue, op: Operation) -> Leader {
         let name = String::from_utf8_lossy(kv.key()).into_owned();
-        Leader {
-            details: None,
-            holder: String::from_utf8_lossy(kv.value()).into_owned(),
-            term: u64::try_from(kv.create_revision())
-                .ok()
-                .map(FencingToken::new),
-            remaining_ttl: self.remaining_ttl(&name, kv.lease(), op).await,
-        }
+        let remaining_ttl = self.remaining_ttl(&name, kv.lease(), op).await;
+        leader_of_entry(kv, remaining_ttl)
     }
 
     pub(super) async fn election_leader(
@@ -180,5 +174,28 @@ impl EtcdBackend {
                 }
             }
         }
+    }
+}
+
+/// The leader a candidate entry names: for our candidates (`<owner hex>
+/// <details>`) the owner and the details; for any other value (an
+/// `etcdctl elect` or Go proposal, whatever it holds, or an earlier
+/// version's owner hex alone) the whole value as `holder`, no details.
+/// The term is the entry's create revision.
+pub(super) fn leader_of_entry(kv: &KeyValue, remaining_ttl: Option<Duration>) -> Leader {
+    let value = kv.value();
+    let details = keys::value_details(value);
+    let holder = if details.is_some() {
+        keys::value_owner(value)
+    } else {
+        value
+    };
+    Leader {
+        holder: String::from_utf8_lossy(holder).into_owned(),
+        term: u64::try_from(kv.create_revision())
+            .ok()
+            .map(FencingToken::new),
+        remaining_ttl,
+        details,
     }
 }

@@ -38,8 +38,8 @@ use crate::connect::connect_client;
 use crate::driver::MIN_TTL;
 use crate::error::{NAME, from_etcd, grant_refused, protocol_error};
 use crate::keys::{
-    Created, create_txn, entry_value, exact_delete, guarded_delete, key_prefix, mutex_value,
-    parse_shared_value, plain_entry, shape_prefix,
+    Created, create_txn, entry_value, guarded_delete, key_prefix, mutex_value, parse_shared_value,
+    plain_entry, shape_prefix, shared_delete,
 };
 use crate::session::ttl_secs;
 
@@ -417,13 +417,11 @@ impl RawFloor for EtcdPermitFloor {
         let mut other_limit = None;
         if let Some(TxnOpResponse::Get(get)) = response.op_responses().get(1) {
             for kv in get.kvs().iter().filter(|kv| kv.key() != entry.as_bytes()) {
-                match parse_shared_value(kv.value()) {
-                    Some((lock_core::LeaseKind::Permits { count, limit }, _))
-                        if limit == self.limit =>
-                    {
+                match parse_shared_value(kv.value()).map(|v| v.kind) {
+                    Some(lock_core::LeaseKind::Permits { count, limit }) if limit == self.limit => {
                         taken += u64::from(count);
                     }
-                    Some((lock_core::LeaseKind::Permits { limit, .. }, _)) => {
+                    Some(lock_core::LeaseKind::Permits { limit, .. }) => {
                         other_limit = Some(limit);
                     }
                     _ => taken += u64::from(self.limit),
@@ -432,7 +430,7 @@ impl RawFloor for EtcdPermitFloor {
         }
         if other_limit.is_some() || taken + u64::from(self.count) > u64::from(self.limit) {
             self.floor
-                .txn(op, exact_delete(&entry, revision, &value))
+                .txn(op, shared_delete(&entry, revision, self.kind(), owner))
                 .await
                 .map_err(|e| e.with_key(&key))?;
             if let Some(limit) = other_limit {
@@ -461,10 +459,12 @@ impl RawFloor for EtcdPermitFloor {
         if !grant.handle.starts_with(&prefix) {
             return Ok(false);
         }
-        let value = entry_value(self.kind(), owner);
         let response = self
             .floor
-            .txn(op, exact_delete(&grant.handle, revision, &value))
+            .txn(
+                op,
+                shared_delete(&grant.handle, revision, self.kind(), owner),
+            )
             .await
             .map_err(|e| e.with_key(&key))?;
         Ok(response.succeeded())

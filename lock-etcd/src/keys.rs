@@ -189,52 +189,46 @@ pub(crate) fn create_txn(key_prefix: &str, entry: &str, lease_id: i64, value: St
         .or_else([TxnOp::get(entry, None), get_owner])
 }
 
-/// The value of a mutex entry: `<owner hex> <holder details>` (the details
-/// of this process and this instant, [`HolderDetails::encode_current`]).
-/// `etcdctl lock` writes an empty value and never reads it.
+/// The value of a mutex entry or an election candidate:
+/// `<owner hex> <holder details>` (the details of this process and this
+/// instant, [`HolderDetails::encode_current`]). `etcdctl lock` writes an
+/// empty value and never reads it; `etcdctl elect -l` prints a candidate's
+/// whole value as its proposal.
 pub(crate) fn mutex_value(owner: OwnerId) -> String {
     format!("{} {}", owner.to_hex(), HolderDetails::encode_current())
 }
 
 /// The owner part of an entry's value: up to the first space (the whole
-/// value when it has none: an election candidate's, or an older version's
-/// mutex entry).
+/// value when it has none: an older version's mutex entry or election
+/// candidate).
 pub(crate) fn value_owner(value: &[u8]) -> &[u8] {
     value.split(|b| *b == b' ').next().unwrap_or(value)
 }
 
-/// The holder details in a mutex entry's value ([`mutex_value`]), if any.
+/// The holder details in a mutex entry's or an election candidate's value
+/// ([`mutex_value`]), if any.
 pub(crate) fn value_details(value: &[u8]) -> Option<HolderDetails> {
     let text = std::str::from_utf8(value).ok()?;
     let (_, details) = text.split_once(' ')?;
     HolderDetails::decode(details)
 }
 
-/// The compares that say `entry` holds `owner`'s value: for a mutex entry
-/// (`<owner hex> <details>`), a value above `<owner hex>` and below
-/// `<owner hex>!`, i.e. the owner followed by a space (or a lower byte)
-/// and more (etcd compares values as bytes); for an election candidate
-/// (its value is the owner hex alone, the proposal `etcdctl elect` shows),
-/// the exact value.
+/// The compares that say `entry` (a mutex entry or an election candidate,
+/// `<owner hex> <details>`) holds `owner`'s value: a value above `<owner
+/// hex>` and below `<owner hex>!`, i.e. the owner followed by a space (or
+/// a lower byte) and more (etcd compares values as bytes).
 pub(crate) fn owner_compares(entry: &str, owner: OwnerId) -> Vec<Compare> {
-    let hex = owner.to_hex();
-    if is_election_entry(entry) {
-        return vec![Compare::value(entry, CompareOp::Equal, hex)];
-    }
-    let above = format!("{hex}!");
-    vec![
-        Compare::value(entry, CompareOp::Greater, hex),
-        Compare::value(entry, CompareOp::Less, above),
-    ]
+    owner_part_compares(entry, &owner.to_hex())
 }
 
-/// Whether `entry` is an election candidate: the segment before its leaf
-/// ends with [`ELECTION_TAG`] (an escaped key cannot).
-pub(crate) fn is_election_entry(entry: &str) -> bool {
-    entry
-        .rsplit('/')
-        .nth(1)
-        .is_some_and(|segment| segment.ends_with(ELECTION_TAG))
+/// The compares that say `entry`'s value is `part`, one space (or a lower
+/// byte) and more: above `part`, below `part!`.
+fn owner_part_compares(entry: &str, part: &str) -> Vec<Compare> {
+    let above = format!("{part}!");
+    vec![
+        Compare::value(entry, CompareOp::Greater, part),
+        Compare::value(entry, CompareOp::Less, above),
+    ]
 }
 
 /// Deletes `entry` only if it is still the grant with this create revision
@@ -245,7 +239,7 @@ pub(crate) fn is_election_entry(entry: &str) -> bool {
 /// cleanups do not know: theirs is compared on the create revision alone
 /// (the name carries our lease id, and the create revision names one
 /// incarnation of it). An explicit release of such an entry compares the
-/// whole value ([`exact_delete`]).
+/// kind and owner too ([`shared_delete`]).
 pub(crate) fn guarded_delete(entry: &str, revision: i64, owner: OwnerId) -> Txn {
     if is_shared_entry(entry) {
         return Txn::new()
@@ -340,31 +334,70 @@ pub(crate) fn is_shared_entry(entry: &str) -> bool {
         .is_some_and(|segment| segment.ends_with(RW_TAG) || segment.ends_with(SEM_TAG))
 }
 
-/// The value of an entry: the owner id (hex) for the mutex (as before,
-/// and what `etcdctl lock` ignores), `<kind code> <owner hex>` for the
-/// other kinds (`r 00..`, `w 00..`, `p2-5 00..`).
+/// The value of an entry of a read-write lock or a semaphore:
+/// `<kind code> <owner hex> <holder details>` (`r ..`, `w ..`,
+/// `p<count>-<limit> ..`, then [`HolderDetails::encode_current`]); the
+/// mutex's [`mutex_value`] for [`LeaseKind::Exclusive`].
 pub(crate) fn entry_value(kind: LeaseKind, owner: OwnerId) -> String {
     match kind {
-        LeaseKind::Exclusive => owner.to_hex(),
-        other => format!("{} {}", other.code(), owner.to_hex()),
+        LeaseKind::Exclusive => mutex_value(owner),
+        other => format!(
+            "{} {}",
+            shared_owner_part(other, owner),
+            HolderDetails::encode_current()
+        ),
     }
 }
 
-/// Reads an entry value of a shared kind: (kind, owner hex).
-pub(crate) fn parse_shared_value(value: &[u8]) -> Option<(LeaseKind, &str)> {
-    let text = std::str::from_utf8(value).ok()?;
-    let (code, owner) = text.split_once(' ')?;
-    let kind = LeaseKind::from_code(code).ok()?;
-    (kind != LeaseKind::Exclusive).then_some((kind, owner))
+/// `<kind code> <owner hex>`: what a shared entry's value starts with.
+fn shared_owner_part(kind: LeaseKind, owner: OwnerId) -> String {
+    format!("{} {}", kind.code(), owner.to_hex())
 }
 
-/// Deletes `entry` only if it still has this create revision and value.
-pub(crate) fn exact_delete(entry: &str, revision: i64, value: &str) -> Txn {
+/// A shared entry's value as read: its kind, its owner (hex) and the
+/// holder details when it carries them (an earlier version wrote
+/// `<kind code> <owner hex>` alone).
+pub(crate) struct SharedValue<'a> {
+    pub(crate) kind: LeaseKind,
+    pub(crate) owner: &'a str,
+    pub(crate) details: Option<HolderDetails>,
+}
+
+/// Reads an entry value of a shared kind ([`entry_value`]).
+pub(crate) fn parse_shared_value(value: &[u8]) -> Option<SharedValue<'_>> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (code, rest) = text.split_once(' ')?;
+    let kind = LeaseKind::from_code(code).ok()?;
+    if kind == LeaseKind::Exclusive {
+        return None;
+    }
+    let (owner, details) = match rest.split_once(' ') {
+        Some((owner, details)) => (owner, HolderDetails::decode(details)),
+        None => (rest, None),
+    };
+    Some(SharedValue {
+        kind,
+        owner,
+        details,
+    })
+}
+
+/// The compares that say the shared entry `entry` holds `kind` for
+/// `owner`: its value is `<kind code> <owner hex>`, a space and the
+/// details (above `<kind code> <owner hex>`, below `<kind code> <owner
+/// hex>!`), whatever the details say; so a downgraded entry (`r <new
+/// owner>`) no longer matches its write lease.
+pub(crate) fn shared_owner_compares(entry: &str, kind: LeaseKind, owner: OwnerId) -> Vec<Compare> {
+    owner_part_compares(entry, &shared_owner_part(kind, owner))
+}
+
+/// Deletes the shared entry `entry` only if it still has this create
+/// revision and holds `kind` for `owner` ([`shared_owner_compares`]).
+pub(crate) fn shared_delete(entry: &str, revision: i64, kind: LeaseKind, owner: OwnerId) -> Txn {
+    let mut compares = vec![Compare::create_revision(entry, CompareOp::Equal, revision)];
+    compares.extend(shared_owner_compares(entry, kind, owner));
     Txn::new()
-        .when([
-            Compare::create_revision(entry, CompareOp::Equal, revision),
-            Compare::value(entry, CompareOp::Equal, value),
-        ])
+        .when(compares)
         .and_then([TxnOp::delete(entry, None::<DeleteOptions>)])
 }
 
@@ -417,9 +450,7 @@ mod tests {
         assert_eq!(value_details(owner.to_hex().as_bytes()), None);
         // `etcdctl lock`'s empty value.
         assert_eq!(value_details(b""), None);
-        assert!(is_election_entry("p/a%elect/1a"));
-        assert!(!is_election_entry("p/a/1a"));
-        assert_eq!(owner_compares("p/a%elect/1a", owner).len(), 1);
+        assert_eq!(owner_compares("p/a%elect/1a", owner).len(), 2);
         assert_eq!(owner_compares("p/a/1a", owner).len(), 2);
     }
 
@@ -478,13 +509,27 @@ mod tests {
         let owner = OwnerId::from_u128(0xabc);
         let kind = LeaseKind::permits(2, 5).unwrap();
         let value = entry_value(kind, owner);
+        let parsed = parse_shared_value(value.as_bytes()).expect("a shared value");
+        assert_eq!(parsed.kind, kind);
+        assert_eq!(parsed.owner, owner.to_hex());
+        let details = parsed.details.expect("details");
+        assert_eq!(details.pid, std::process::id());
+        assert!(value.starts_with(&format!("p2-5 {} h=", owner.to_hex())));
+        // An earlier version's value: no details.
+        let old = format!("r {}", owner.to_hex());
+        let parsed = parse_shared_value(old.as_bytes()).expect("an older value");
         assert_eq!(
-            parse_shared_value(value.as_bytes()),
-            Some((kind, owner.to_hex().as_str()))
+            (parsed.kind, parsed.owner),
+            (LeaseKind::Read, &*owner.to_hex())
         );
-        assert_eq!(entry_value(LeaseKind::Exclusive, owner), owner.to_hex());
-        assert_eq!(parse_shared_value(owner.to_hex().as_bytes()), None);
-        assert_eq!(parse_shared_value(b"x 00"), None);
+        assert!(parsed.details.is_none());
+        assert_eq!(
+            entry_value(LeaseKind::Exclusive, owner).split(' ').next(),
+            Some(&*owner.to_hex())
+        );
+        assert!(parse_shared_value(owner.to_hex().as_bytes()).is_none());
+        assert!(parse_shared_value(b"x 00").is_none());
+        assert_eq!(shared_owner_compares("p/a%sem/1a", kind, owner).len(), 2);
         assert_eq!(parse_shared_lease_data("1a-2@17"), Some(("1a-2", 17)));
         assert_eq!(shared_lease_data("1a", 9), "1a@9");
         for bad in ["", "1a", "@3", "1a@0", "1a@x"] {

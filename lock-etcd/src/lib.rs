@@ -60,9 +60,10 @@
 //! prefixes are disjoint from every mutex prefix `<prefix>/<key>/`, and
 //! `etcdctl lock` never sees them.) Every entry is attached to the session
 //! lease and has the per-grant TTL of the mutex's entries (same expiry
-//! task, same renewal); its value is `<kind code> <owner hex>` (`r ..`,
-//! `w ..`, `p<count>-<limit> ..`). Entries are ordered by create revision,
-//! as in etcd's own `recipes` read-write lock:
+//! task, same renewal); its value is `<kind code> <owner hex> <holder
+//! details>` (`r ..`, `w ..`, `p<count>-<limit> ..`; the details as in a
+//! mutex entry, see *Operating* below). Entries are ordered by create
+//! revision, as in etcd's own `recipes` read-write lock:
 //!
 //! - A **reader** is granted when no writer entry is older than its own; it
 //!   waits on the newest older writer (its deletion, or its rewrite to a
@@ -75,9 +76,9 @@
 //!   before its own. Its re-check is one transaction: if our entry exists
 //!   and every entry under the prefix has a create revision >= ours, put
 //!   the epoch key and our entry again.
-//! - **Downgrade** rewrites the writer's own entry from `w <owner>` to
-//!   `r <new owner>` in one transaction guarded by its create revision and
-//!   value: same key, same create revision, so it keeps its place before
+//! - **Downgrade** rewrites the writer's own entry from `w <owner> ..` to
+//!   `r <new owner> <details of now>` in one transaction guarded by its
+//!   create revision and its kind and owner: same key, same create revision, so it keeps its place before
 //!   every waiting writer and no writer can enter in between. The write
 //!   lease is then no longer held (its owner is not the entry's). If the
 //!   transaction's outcome is unknown (timeout), the entry is deleted in
@@ -106,7 +107,8 @@
 //!
 //! `holders(key, shape)` reads the prefix and the epoch key in one
 //! revision and reports the entries whose turn has come with their kind,
-//! owner, token and remaining TTL (as `inspect` does for the mutex).
+//! owner, token, remaining TTL and holder details (as `inspect` does for
+//! the mutex).
 //!
 //! # Elections (compatible with `etcdctl elect` and Go's `concurrency.Election`)
 //!
@@ -129,10 +131,23 @@
 //!   create revision: a later leader's entry was created after every
 //!   earlier leader's, so terms strictly increase, across etcd leader
 //!   changes and restarts.
-//! - Our candidates store their owner id (hex) as the value (the
-//!   "proposal"); [`leader`](lock_core::LockBackend::leader) reports the
-//!   leader's value as `holder` (an `etcdctl elect` leader's proposal), its
-//!   create revision as `term`, and the remaining TTL as `inspect` does.
+//! - Our candidates' value (the "proposal") is the mutex entry's,
+//!   `<owner hex> <holder details>`, written by the campaign's create
+//!   transaction, so `etcdctl elect -l` and Go's `Election.Leader` /
+//!   `Observe` print `<owner hex> h=<host>;p=<pid>;n=<program>[;l=<label>];t=<ms>`
+//!   for our leader (earlier versions: the owner hex alone). This is a
+//!   deliberate change of what `etcdctl` users see: our proposal was an
+//!   opaque owner id that no `etcdctl` or Go user could act on, and it
+//!   stays one token followed by readable details (who leads, since when),
+//!   the same that `list` and `inspect` report for mutex holders; a Go
+//!   program that needs its own proposal format campaigns with its own
+//!   values, which we report untouched.
+//!   [`leader`](lock_core::LockBackend::leader) reports, for a value whose
+//!   part after the first space decodes as holder details, the owner part
+//!   as `holder` and the details as `details`; for any other value (an
+//!   `etcdctl elect` or Go leader's proposal, spaces included) the whole
+//!   value as `holder` and no details; its create revision as `term`, and
+//!   the remaining TTL as `inspect` does.
 //! - The lease is keyed on `election/<name>`
 //!   ([`election_lock_key`](lock_core::election::election_lock_key)) and
 //!   its data says it is an election's (`elect:<leaf>`), so renew and
@@ -200,13 +215,21 @@
 //!   value) reports `None`. Release, expiry and renewal compare the owner
 //!   part only: the value is above `<owner hex>` and below `<owner hex>!`
 //!   (two value compares in the same transaction, beside the create
-//!   revision). Election candidates keep the owner hex alone (it is the
-//!   proposal `etcdctl elect -l` prints); read-write lock and semaphore
-//!   entries keep `<kind code> <owner hex>` (no details: their values are
-//!   compared exactly in several transactions). Caveat: a mutex entry
-//!   written by an earlier version (value: the owner hex alone) is not
-//!   recognised by this version's release or renewal from a handle; it
-//!   goes with its TTL.
+//!   revision). Election candidates carry the same value (see *Elections*:
+//!   it is what `etcdctl elect -l` prints), and `leader` and
+//!   `list_elections` report the details. Read-write lock and semaphore
+//!   entries carry `<kind code> <owner hex> <details>`, written by the
+//!   create transaction of the grant (still one request: a waiting grant
+//!   keeps the details of its create, as a waiting mutex grant does);
+//!   their release, downgrade and renewal from a handle compare `<kind
+//!   code> <owner hex>` the same way (above it, below it with `!`), so a
+//!   downgraded entry (`r <new owner> ..`) no longer matches the write
+//!   lease; `holders` and `list_shared` decode the details. Caveat: an
+//!   entry written by an earlier version (a mutex entry or candidate with
+//!   the owner hex alone, a shared entry with `<kind code> <owner hex>`
+//!   alone) is not recognised by this version's release or renewal from a
+//!   handle; it goes with its TTL (its holders are still reported, without
+//!   details).
 //! - **`list(prefix, cursor, limit)`**: one range read, sorted by key, from
 //!   `<prefix>/<escaped user prefix>` (or the cursor) to the end of that
 //!   prefix, of at most `2 * limit + 8` entries (never more than 2,000),
@@ -224,6 +247,24 @@
 //!   cursor is `etcd:<entry name without the prefix>` (start there) or
 //!   `etcd+:<name>` (start after it); anything else, or a cursor outside
 //!   the listed prefix, is `InvalidArgument`.
+//! - **`list_shared(shape, prefix, cursor, limit)`** for read-write locks
+//!   and semaphores (the mutex: `list`'s page) and **`list_elections(prefix,
+//!   cursor, limit)`** use the same machinery, bounds and cursor format:
+//!   one range read per page over the same range, of which only the
+//!   shape's entries are grouped (`<escaped key>%rw/..` with the epoch key
+//!   `<escaped key>%rw-epoch`, which sorts just before them and is read in
+//!   the same revision; `<escaped key>%sem/..`; `<escaped name>%elect/..`,
+//!   also `etcdctl elect`'s candidates). A read-write lock or semaphore is
+//!   listed with every holder as `holders` reports it (kind, owner, token,
+//!   remaining TTL, details; waiting entries are not holders), an election
+//!   with its leader (the candidate with the lowest create revision) as
+//!   `leader` reports it. Keys with entries but no holder (an idle
+//!   read-write lock's epoch key alone) are skipped. The other shapes'
+//!   entries in the range count against the scan, so a page may hold
+//!   fewer keys than `limit` (or none) and still have a cursor. When the
+//!   scan stops inside a lock's entries it is left to the next page; one
+//!   lock whose entries fill the whole scan gets one more read (`holders`
+//!   or `leader` of it).
 //! - **`force_release(key)`**: reads the holder (oldest entry) and deletes
 //!   it in one transaction comparing its create revision (read again, up
 //!   to 5 times, if the holder changed in between; `Contended` after
@@ -259,7 +300,10 @@
 //!
 //! Tested in the shared suite (`tests/etcd.rs`: single member and three
 //! members; `tests/security.rs`: TLS and auth) by `holder_details_are_reported`,
-//! `list_finds_held_locks` and `force_release_fences_the_old_holder`, and in
+//! `shared_holder_details_are_reported` (readers, a writer, permit holders
+//! and a leader), `list_finds_held_locks`, `list_finds_shared_locks`
+//! (`list_shared` of both shapes and `list_elections`, pages of 2 and 1)
+//! and `force_release_fences_the_old_holder`, and in
 //! `tests/admin.rs` (a guard broken by `force_release` goes `Lost` through
 //! the batched renewal, a control guard beside it stays held; `list` over
 //! long queues, raw `etcdctl`-style entries and bad cursors; `gc`).

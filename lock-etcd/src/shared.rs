@@ -11,8 +11,8 @@ use etcd_client::{
     TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
 };
 use lock_core::{
-    ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape,
-    Operation, OwnerId, SessionState, check_ttl, with_timeout,
+    ErrorKind, FencingToken, HolderDetails, HolderInfo, Lease, LeaseKind, LockError, LockKey,
+    LockShape, Operation, OwnerId, SessionState, check_ttl, with_timeout,
 };
 use tokio::time::{Instant, sleep, sleep_until};
 
@@ -21,8 +21,8 @@ use super::{EtcdBackend, MIN_TTL, lock};
 use crate::cleanup::{PendingEntry, cleanup};
 use crate::error::{NAME, from_etcd, protocol_error};
 use crate::keys::{
-    Created, entry_of_lease, entry_value, epoch_key, exact_delete, parse_shared_lease_data,
-    parse_shared_value, shape_prefix, shared_lease_data,
+    Created, entry_of_lease, entry_value, epoch_key, parse_shared_lease_data, parse_shared_value,
+    shape_prefix, shared_delete, shared_lease_data, shared_owner_compares,
 };
 use crate::session::Session;
 
@@ -34,6 +34,8 @@ mod wait;
 #[path = "shared_ops.rs"]
 mod ops;
 
+pub(super) use ops::granted_shares;
+
 /// How often a semaphore waiter re-reads even without a watch event.
 const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// As in `waiting.rs`: a watch may be behind for this long after its
@@ -43,7 +45,7 @@ const UNSYNCED_GRACE: Duration = Duration::from_millis(150);
 const UNSYNCED_POLL: Duration = Duration::from_millis(5);
 
 /// One entry of a shared shape as read from the server.
-struct Share {
+pub(super) struct Share {
     key: Vec<u8>,
     create_revision: i64,
     mod_revision: i64,
@@ -51,20 +53,25 @@ struct Share {
     /// `None` for a value this crate did not write (counted as conflicting).
     kind: Option<LeaseKind>,
     owner: String,
+    /// The holder details in its value (`None` for an earlier version's).
+    details: Option<HolderDetails>,
 }
 
 impl Share {
-    fn of(kv: &KeyValue) -> Self {
+    pub(super) fn of(kv: &KeyValue) -> Self {
         let parsed = parse_shared_value(kv.value());
+        let (kind, owner, details) = match parsed {
+            Some(value) => (Some(value.kind), value.owner.to_owned(), value.details),
+            None => (None, String::new(), None),
+        };
         Self {
             key: kv.key().to_vec(),
             create_revision: kv.create_revision(),
             mod_revision: kv.mod_revision(),
             lease: kv.lease(),
-            kind: parsed.map(|(kind, _)| kind),
-            owner: parsed
-                .map(|(_, owner)| owner.to_owned())
-                .unwrap_or_default(),
+            kind,
+            owner,
+            details,
         }
     }
 

@@ -32,8 +32,8 @@ impl EtcdBackend {
         let was_held = session
             .as_ref()
             .is_some_and(|s| s.unmark_held(&entry, revision, lease.owner()));
-        let value = entry_value(lease.kind(), lease.owner());
-        match self.txn(op, exact_delete(&entry, revision, &value)).await {
+        let delete = shared_delete(&entry, revision, lease.kind(), lease.owner());
+        match self.txn(op, delete).await {
             Ok(response) => {
                 let released = response.succeeded();
                 if released && let Some(session) = &session {
@@ -93,20 +93,23 @@ impl EtcdBackend {
         let new_owner = session
             .as_ref()
             .map_or_else(OwnerId::random, |s| s.new_owner());
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(entry.as_str(), CompareOp::Equal, revision),
-                Compare::value(
-                    entry.as_str(),
-                    CompareOp::Equal,
-                    entry_value(LeaseKind::Write, lease.owner()),
-                ),
-            ])
-            .and_then([TxnOp::put(
-                entry.as_str(),
-                entry_value(LeaseKind::Read, new_owner),
-                Some(PutOptions::new().with_lease(lease_id)),
-            )]);
+        let mut compares = vec![Compare::create_revision(
+            entry.as_str(),
+            CompareOp::Equal,
+            revision,
+        )];
+        compares.extend(shared_owner_compares(
+            &entry,
+            LeaseKind::Write,
+            lease.owner(),
+        ));
+        // The read lease's value carries fresh details: it is granted now.
+        let read_value = entry_value(LeaseKind::Read, new_owner);
+        let txn = Txn::new().when(compares).and_then([TxnOp::put(
+            entry.as_str(),
+            read_value,
+            Some(PutOptions::new().with_lease(lease_id)),
+        )]);
         match self.txn(op, txn).await {
             Ok(response) if response.succeeded() => {}
             Ok(_) => {
@@ -172,36 +175,10 @@ impl EtcdBackend {
         let responses = response.op_responses();
         let entries = shares(responses.first());
         let epoch_revision = mod_revision_of(responses.get(1));
-        let mut held = Vec::new();
-        let mut writer_before = false;
-        let mut taken: u64 = 0;
-        for (i, share) in entries.iter().enumerate() {
-            let token = match (shape, share.kind) {
-                (LockShape::ReadWrite, Some(LeaseKind::Read)) => {
-                    (!writer_before).then_some(epoch_revision)
-                }
-                (LockShape::ReadWrite, Some(LeaseKind::Write)) => {
-                    writer_before = true;
-                    (i == 0 && share.mod_revision == epoch_revision).then_some(share.mod_revision)
-                }
-                (LockShape::Semaphore, Some(LeaseKind::Permits { count, limit })) => {
-                    let fits = taken + u64::from(count) <= u64::from(limit);
-                    taken += u64::from(count);
-                    fits.then_some(share.mod_revision)
-                }
-                _ => {
-                    writer_before = true;
-                    taken = u64::MAX / 2;
-                    None
-                }
-            };
-            if let (Some(token), Some(kind)) = (token, share.kind) {
-                held.push((share, kind, token));
-            }
-        }
         let mut ttls: HashMap<i64, Option<Duration>> = HashMap::new();
-        let mut out = Vec::with_capacity(held.len());
-        for (share, kind, token) in held {
+        let mut out = Vec::new();
+        for (i, kind, token) in granted_shares(shape, &entries, epoch_revision) {
+            let share = &entries[i];
             let name = String::from_utf8_lossy(&share.key).into_owned();
             let own_due = self
                 .session_by_lease(share.lease)
@@ -217,14 +194,68 @@ impl EtcdBackend {
                     }
                 },
             };
-            out.push(HolderInfo {
-                details: None,
-                kind,
-                holder: share.owner.clone(),
-                token: u64::try_from(token).ok().map(FencingToken::new),
-                remaining_ttl,
-            });
+            out.push(share.holder_info(kind, token, remaining_ttl));
         }
         Ok(out)
+    }
+}
+
+/// The entries of a read-write lock or a semaphore whose turn has come,
+/// from `entries` oldest first (by create revision), each with its kind
+/// and token: readers with no writer before them (the epoch's token), the
+/// oldest entry if it is a granted writer (its epoch put), permit entries
+/// that fit with every entry before them (their grant's revision), by
+/// index in `entries`. A value this crate did not write blocks every entry
+/// after it.
+pub(in crate::driver) fn granted_shares(
+    shape: LockShape,
+    entries: &[Share],
+    epoch_revision: i64,
+) -> Vec<(usize, LeaseKind, i64)> {
+    let mut held = Vec::new();
+    let mut writer_before = false;
+    let mut taken: u64 = 0;
+    for (i, share) in entries.iter().enumerate() {
+        let token = match (shape, share.kind) {
+            (LockShape::ReadWrite, Some(LeaseKind::Read)) => {
+                (!writer_before).then_some(epoch_revision)
+            }
+            (LockShape::ReadWrite, Some(LeaseKind::Write)) => {
+                writer_before = true;
+                (i == 0 && share.mod_revision == epoch_revision).then_some(share.mod_revision)
+            }
+            (LockShape::Semaphore, Some(LeaseKind::Permits { count, limit })) => {
+                let fits = taken + u64::from(count) <= u64::from(limit);
+                taken += u64::from(count);
+                fits.then_some(share.mod_revision)
+            }
+            _ => {
+                writer_before = true;
+                taken = u64::MAX / 2;
+                None
+            }
+        };
+        if let (Some(token), Some(kind)) = (token, share.kind) {
+            held.push((i, kind, token));
+        }
+    }
+    held
+}
+
+impl Share {
+    /// This granted entry as `holders` reports it.
+    pub(in crate::driver) fn holder_info(
+        &self,
+        kind: LeaseKind,
+        token: i64,
+        remaining_ttl: Option<Duration>,
+    ) -> HolderInfo {
+        HolderInfo {
+            kind,
+            holder: self.owner.clone(),
+            token: u64::try_from(token).ok().map(FencingToken::new),
+            remaining_ttl,
+            details: self.details.clone(),
+        }
     }
 }

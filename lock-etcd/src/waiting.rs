@@ -104,10 +104,9 @@ impl EtcdBackend {
             // takes the create over and still learns its outcome. (Polling
             // it inline rather than on a task of its own saves a spawn, a
             // join and a cross-thread wake-up per acquire.)
-            let value = match layout {
-                Layout::Mutex => mutex_value(owner),
-                Layout::Election => owner.to_hex(),
-            };
+            // The same value for a candidate: `etcdctl elect -l` prints it
+            // as the proposal (see the crate docs).
+            let value = mutex_value(owner);
             let create = Box::pin(self.create_entry(
                 key_prefix.clone(),
                 entry.clone(),
@@ -177,9 +176,9 @@ impl EtcdBackend {
     /// etcd's concurrency mutex: create our entry with the lease if it does
     /// not exist, and read the oldest entry under the key in the same
     /// revision (one round trip). The value starts with the grant's owner
-    /// id, which release and renew compare, followed for a mutex by the
-    /// holder details (`etcdctl lock` writes an empty value and ignores
-    /// it; an election candidate's value is the owner id alone).
+    /// id, which release and renew compare, followed by the holder details
+    /// (`etcdctl lock` writes an empty value and ignores it; `etcdctl
+    /// elect -l` prints a candidate's whole value).
     fn create_entry(
         &self,
         key_prefix: String,

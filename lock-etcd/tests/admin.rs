@@ -3,7 +3,9 @@
 //! (`renew_many`) while a guard beside it stays held; `list` pages through
 //! long queues and `etcdctl lock`-style entries (empty values, no details)
 //! with the holder chosen by create revision, not by name; bad cursors;
-//! `gc` removes nothing and never moves a token back.
+//! `list_shared` and `list_elections` through queues longer than a page's
+//! scan, raw entries without details, idle and waiting entries; `gc`
+//! removes nothing and never moves a token back.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,7 +13,10 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
-use lock_core::{ErrorKind, FencingToken, LockBackend, LockClient, LockKey, LockState};
+use lock_core::{
+    ErrorKind, FencingToken, HolderInfo, LeaseKind, LockBackend, LockClient, LockKey, LockShape,
+    LockState,
+};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::time::{Instant, sleep};
 
@@ -151,6 +156,238 @@ async fn list_pages_through_queues_and_foreign_entries() {
     }
     for lease in held.values() {
         assert!(backend.release(lease).await.unwrap());
+    }
+}
+
+/// Pages of `list_shared(shape, "", ..)` of `limit`: (key, holders) in
+/// page order, and the number of pages.
+async fn shared_pages(
+    backend: &EtcdBackend,
+    shape: LockShape,
+    limit: usize,
+) -> (Vec<(String, Vec<HolderInfo>)>, usize) {
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages <= 20, "list_shared({shape}) did not finish");
+        let page = backend
+            .list_shared(shape, "", cursor.as_deref(), limit)
+            .await
+            .unwrap();
+        assert!(page.locks.len() <= limit);
+        seen.extend(
+            page.locks
+                .into_iter()
+                .map(|l| (l.key.as_str().to_owned(), l.holders)),
+        );
+        match page.cursor {
+            Some(next) => cursor = Some(next),
+            None => return (seen, pages),
+        }
+    }
+}
+
+/// `list_shared` and `list_elections` over the range `list` reads, with
+/// queues longer than a page's scan (12 raw readers, 12 raw `etcdctl
+/// elect`-style candidates: one key's entries fill the scan of a page of
+/// 1), an idle read-write lock (its epoch key alone), a waiting writer, our
+/// own grants with details and raw entries without, and every other
+/// shape's entries beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shared_and_elections_page_through_long_queues() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let ttl = Duration::from_secs(10);
+    let backend = EtcdBackend::connect(config_for(&server, "lsh", ttl))
+        .await
+        .unwrap();
+    let other = EtcdBackend::connect(config_for(&server, "lsh", ttl))
+        .await
+        .unwrap();
+    let read = |b: &EtcdBackend, name: &'static str| {
+        let b = b.clone();
+        async move {
+            b.try_acquire_kind(&key(name), LeaseKind::Read, ttl)
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let write = |b: &EtcdBackend, name: &'static str| {
+        let b = b.clone();
+        async move {
+            b.try_acquire_kind(&key(name), LeaseKind::Write, ttl)
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let a1 = read(&backend, "a").await;
+    let a2 = read(&other, "a").await;
+    let c = write(&backend, "c").await;
+    // A writer waiting behind `c` is not a holder.
+    let waiting = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            other
+                .acquire_kind(
+                    &key("c"),
+                    LeaseKind::Write,
+                    ttl,
+                    Instant::now() + Duration::from_secs(20),
+                )
+                .await
+        })
+    };
+    let gone = write(&backend, "g").await;
+    assert!(backend.release(&gone).await.unwrap());
+    let permit = LeaseKind::permits(1, 3).unwrap();
+    let s1 = backend
+        .try_acquire_kind(&key("s"), permit, ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let s2 = other
+        .try_acquire_kind(&key("s"), permit, ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let m = backend.try_acquire(&key("m"), ttl).await.unwrap().unwrap();
+    let f = backend
+        .campaign(&key("f"), ttl, Instant::now() + ttl)
+        .await
+        .unwrap();
+    // Raw entries as an earlier version (readers: `r <owner>`, no details)
+    // and `etcdctl elect` (proposal `p`) write them, without a lease.
+    let mut kv = backend.client().kv_client();
+    let mut e_term = None;
+    for i in 0..12 {
+        kv.put(format!("lsh/b%rw/e{i:02}"), format!("r {i:032x}"), None)
+            .await
+            .unwrap();
+        let put = kv
+            .put(format!("lsh/e%elect/{:x}", 0x100 - i), "p", None)
+            .await
+            .unwrap();
+        e_term.get_or_insert(put.header().unwrap().revision());
+    }
+    sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "a second writer was granted");
+
+    let here = std::process::id();
+    let (rw, pages) = shared_pages(&backend, LockShape::ReadWrite, 1).await;
+    println!(
+        "rwlocks {:?} in {pages} pages",
+        rw.iter().map(|(k, h)| (k, h.len())).collect::<Vec<_>>()
+    );
+    let names: Vec<&str> = rw.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    let mut a_tokens: Vec<_> = rw[0].1.iter().map(|h| h.token).collect();
+    a_tokens.sort();
+    let mut granted = vec![Some(a1.token()), Some(a2.token())];
+    granted.sort();
+    assert_eq!(a_tokens, granted);
+    assert!(rw[0].1.iter().all(|h| h.kind == LeaseKind::Read
+        && h.details.as_ref().is_some_and(|d| d.pid == here)));
+    assert_eq!(rw[1].1.len(), 12, "every raw reader of b");
+    assert!(rw[1].1.iter().all(|h| h.kind == LeaseKind::Read
+        && h.details.is_none()
+        && h.token == Some(FencingToken::new(0))));
+    assert_eq!(
+        rw[2].1.len(),
+        1,
+        "c's writer, not its waiter: {:?}",
+        rw[2].1
+    );
+    assert_eq!(rw[2].1[0].kind, LeaseKind::Write);
+    assert_eq!(rw[2].1[0].token, Some(c.token()));
+    assert_eq!(rw[2].1[0].holder, c.owner().to_hex());
+    assert!(rw[2].1[0].details.as_ref().is_some_and(|d| d.pid == here));
+    assert!(rw[2].1[0].remaining_ttl.is_some_and(|t| t > Duration::ZERO));
+
+    let (sem, _) = shared_pages(&backend, LockShape::Semaphore, 1).await;
+    assert_eq!(sem.len(), 1, "{sem:?}");
+    assert_eq!(sem[0].0, "s");
+    let mut tokens: Vec<_> = sem[0].1.iter().map(|h| h.token).collect();
+    tokens.sort();
+    let mut granted = vec![Some(s1.token()), Some(s2.token())];
+    granted.sort();
+    assert_eq!(tokens, granted);
+    assert!(
+        sem[0]
+            .1
+            .iter()
+            .all(|h| h.kind == permit && h.details.is_some())
+    );
+    let (all, pages) = shared_pages(&backend, LockShape::ReadWrite, 100).await;
+    assert_eq!((all.len(), pages), (3, 1), "one page of 100");
+
+    let mut elections = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..20 {
+        let page = backend
+            .list_elections("", cursor.as_deref(), 1)
+            .await
+            .unwrap();
+        assert!(page.elections.len() <= 1);
+        elections.extend(page.elections);
+        cursor = page.cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(cursor, None, "list_elections did not finish");
+    let names: Vec<&str> = elections.iter().map(|e| e.election.as_str()).collect();
+    assert_eq!(names, ["e", "f"]);
+    let e_term = FencingToken::new(u64::try_from(e_term.unwrap()).unwrap());
+    assert_eq!(elections[0].leader.holder, "p");
+    assert_eq!(
+        elections[0].leader.term,
+        Some(e_term),
+        "the oldest candidate"
+    );
+    assert_eq!(elections[0].leader.details, None);
+    assert_eq!(elections[1].leader.holder, f.owner().to_hex());
+    assert_eq!(elections[1].leader.term, Some(f.token()));
+    assert!(
+        elections[1]
+            .leader
+            .details
+            .as_ref()
+            .is_some_and(|d| d.pid == here)
+    );
+    let under_e = backend.list_elections("e", None, 10).await.unwrap();
+    assert_eq!(under_e.elections.len(), 1);
+
+    // `list` still sees the mutex alone.
+    let mutexes = backend.list("", None, 100).await.unwrap();
+    let names: Vec<&str> = mutexes.locks.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(names, ["m"]);
+    for bad in ["nonsense", "etcd:"] {
+        let err = backend
+            .list_shared(LockShape::Semaphore, "x", Some(bad), 10)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad:?}: {err}");
+    }
+    let err = backend.list_elections("", None, 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+
+    assert!(backend.release(&c).await.unwrap());
+    let second = waiting.await.unwrap().unwrap();
+    for (b, lease) in [
+        (&backend, a1),
+        (&other, a2),
+        (&other, second),
+        (&backend, s1),
+        (&other, s2),
+        (&backend, m),
+        (&backend, f),
+    ] {
+        assert!(b.release(&lease).await.unwrap());
     }
 }
 

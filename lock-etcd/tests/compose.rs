@@ -24,7 +24,8 @@ use conformance::servers::etcd::{EtcdServer, etcdctl};
 use etcd_client::{Client, GetOptions, PutOptions};
 use lock_core::election::{Leader, election_lock_key};
 use lock_core::{
-    ErrorKind, FencingToken, Lease, LockBackend, LockClient, LockError, LockKey, OwnerId,
+    ErrorKind, FencingToken, HolderDetails, Lease, LockBackend, LockClient, LockError, LockKey,
+    OwnerId,
 };
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -295,8 +296,9 @@ async fn etcdctl_elect_and_our_candidates_see_one_leader() {
     let ours = backend(&server).await;
     let client = LockClient::new(ours.clone());
 
-    // (a) We lead: `etcdctl elect -l` prints our entry and value, and a
-    // campaigning `etcdctl elect` does not win until we resign.
+    // (a) We lead: `etcdctl elect -l` prints our entry and value (our
+    // owner id, a space and our holder details), and a campaigning
+    // `etcdctl elect` does not win until we resign.
     let leading = client
         .elect("jobs")
         .ttl(Duration::from_secs(5))
@@ -310,10 +312,14 @@ async fn etcdctl_elect_and_our_candidates_see_one_leader() {
         next_line(&mut heard, Duration::from_secs(10)).await,
         Some(format!("{}/{lease_hex}", etcdctl_name("jobs")))
     );
-    assert_eq!(
-        next_line(&mut heard, Duration::from_secs(2)).await,
-        Some(leading.owner().to_hex())
-    );
+    let proposal = next_line(&mut heard, Duration::from_secs(2))
+        .await
+        .expect("etcdctl elect -l printed no value");
+    let details = proposal
+        .strip_prefix(&format!("{} ", leading.owner().to_hex()))
+        .and_then(HolderDetails::decode)
+        .unwrap_or_else(|| panic!("etcdctl elect -l printed {proposal:?}"));
+    assert_eq!(details.pid, std::process::id());
     let (contender, mut out) = spawn_elect(&etcdctl, &endpoint, &[&etcdctl_name("jobs"), "p"]);
     assert_eq!(
         next_line(&mut out, Duration::from_secs(1)).await,
@@ -323,6 +329,7 @@ async fn etcdctl_elect_and_our_candidates_see_one_leader() {
     let ours_now = client.leader("jobs").await.unwrap().unwrap();
     assert_eq!(ours_now.holder, leading.owner().to_hex());
     assert_eq!(ours_now.term, Some(leading.term()));
+    assert_eq!(ours_now.details, Some(details), "the details etcdctl saw");
     let our_term = leading.term();
     let resigned = Instant::now();
     assert!(leading.resign().await.unwrap());
@@ -351,6 +358,7 @@ async fn etcdctl_elect_and_our_candidates_see_one_leader() {
     );
     let theirs = client.leader("jobs").await.unwrap().unwrap();
     assert_eq!(theirs.holder, "p");
+    assert_eq!(theirs.details, None, "etcdctl's proposal has no details");
     assert!(theirs.term.unwrap() > our_term);
     assert!(
         theirs.remaining_ttl.is_some_and(|t| t > Duration::ZERO),
