@@ -439,11 +439,12 @@
 //!   alone: the next grant's token is above the broken one. The broken
 //!   holder's renew answers `NotHeld`, its release `false`. Redlock: on
 //!   every node, a majority must answer.
-//! - **`gc(older_than)`** (one server, Sentinel and Cluster,
+//! - **`gc(older_than)`** (one server, Sentinel, Cluster and Redlock,
 //!   `layout=native`): scans `<prefix>{*}:token` (20 `SCAN`s of 200 per
 //!   call, continuing where the last call stopped; in Cluster every master
-//!   in turn, as `list` walks them) and removes, one script per counter
-//!   (pipelined; concurrent in Cluster), each counter whose lock is free,
+//!   in turn, on Redlock every node in turn, as `list` walks them) and
+//!   removes, one script per counter (pipelined, on the node scanned;
+//!   concurrent in Cluster), each counter whose lock is free (on that node),
 //!   that has no TTL, and whose `OBJECT IDLETIME` (every grant and inspect
 //!   touches it) is at least `older_than`, after raising the counter's
 //!   token floor to its value in the same script. On one server and
@@ -460,9 +461,17 @@
 //!   plain, fair and multi-lock acquires, every layout) adds its floor, in
 //!   the same script: no extra round trip. A server whose
 //!   `maxmemory-policy` is LFU keeps no idle time: nothing is removed.
-//!   Unsupported with Redlock (its per-node counters are no fence) and in
-//!   the legacy layouts (their counters sit among application keys that gc
-//!   cannot tell from ours; in Cluster they get no floor).
+//!   Redlock: each node has its own `distlock:token-floor`, raised by gc
+//!   on that node and passed to every acquire on that node, so each node's
+//!   counter of a key stays strictly increasing over that node's grants,
+//!   exactly as without gc; the lease's token (the highest counter of the
+//!   nodes that granted) is still no fence (`FencingScope::None`: two
+//!   majorities count on different nodes) and `inspect` still reports none.
+//!   A node that does not answer is passed over (its counters wait for a
+//!   later run); `token_floor` is `None` (one floor per node).
+//!   Unsupported in the legacy layouts (their counters sit among
+//!   application keys that gc cannot tell from ours; in Cluster they get
+//!   no floor).
 //!   `distlock:token-floor` is reserved in the legacy layouts.
 //!
 //! Tested: the shared cases `holder_details_are_reported`,
@@ -477,7 +486,12 @@
 //! counter removed, each slot's floor at or above its key's last token,
 //! every next token above the last; controls: a counter deleted by hand
 //! and a slot's floor key deleted by hand each restart at 1, which the
-//! same check reports), gc refused with Redlock and the legacy layouts,
+//! same check reports), gc on Redlock over three (each node's idle
+//! counters removed under that node's floor, a held key's kept on every
+//! node, every node's next counter and the next token above the last, a
+//! dead node passed over; control: a node's counter deleted by hand
+//! restarts at 1, which the same check reports; by hand: acquires sent
+//! without the node's floor fail it), gc refused with the legacy layouts,
 //! bad cursors, details beside the plain and Redisson values (value unchanged, `SET NX` excluded and
 //! getting in on another key, TTL kept by renew, gone with release), and
 //! `force_release` of a foreign holder (counter kept), `force_release`

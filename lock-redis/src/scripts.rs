@@ -32,7 +32,7 @@ impl LuaScript {
 /// `grant_token(counter, floor)`: `INCR` of the key's token counter; a
 /// counter this call created (it answered 1) starts above the token floor
 /// (`floor`: the floor key, the server's or in Cluster the counter's
-/// slot's; `nil` where there is none, Redlock), so a key whose counter
+/// slot's, each Redlock node's own; `nil` where there is none), so a key whose counter
 /// `gc` removed never hands out a token at or below one it handed out
 /// before. `put_details(side, owner, details,
 /// ttl)`: the holder details beside the lock (`<lock>:holder` =
@@ -289,10 +289,11 @@ fn slot_floors() -> &'static HashMap<Slot, Box<str>> {
 /// *Operating locks*, `gc`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TokenFloor {
-    /// No floor, no `gc`: Redlock (per-node counters are no fence), the
-    /// legacy layouts in Cluster.
+    /// No floor, no `gc`: the legacy layouts in Cluster.
     Absent,
-    /// One server or Sentinel: [`FLOOR_KEY`], one key for every prefix.
+    /// One server or Sentinel: [`FLOOR_KEY`], one key for every prefix;
+    /// Redlock: the same key on each node, the floor of that node's
+    /// counters.
     Server,
     /// Cluster: one key per slot, in the counter's slot, so every script
     /// stays within one slot.

@@ -3,7 +3,8 @@
 //! held key's counter stays; the control: a counter deleted by hand,
 //! without the floor, does restart at 1, so the check can fail), `gc` on
 //! Cluster under one floor key per slot (the same fence and controls),
-//! `gc` refused with Redlock and the legacy layouts, holder details beside the legacy
+//! `gc` on Redlock under one floor per node, `gc` refused with the legacy
+//! layouts, holder details beside the legacy
 //! layouts' values (the value other clients compare is unchanged, the
 //! side key goes with the lock), `force_release` of another library's
 //! holder, and bad list cursors.
@@ -327,16 +328,124 @@ async fn gc_on_cluster_keeps_tokens_above_per_slot() {
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
 }
 
-/// Redlock's per-node counters are no fence: gc is refused.
+/// Each node's counters of `keys`, as that node holds them (0: none).
+async fn node_counters(
+    conns: &mut [MultiplexedConnection],
+    keys: &[LockKey],
+) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for (n, conn) in conns.iter_mut().enumerate() {
+        for key in keys {
+            let value: Option<u64> = redis::cmd("GET")
+                .arg(format!("gc:{{{key}}}:token"))
+                .query_async(conn)
+                .await
+                .unwrap();
+            out.push((format!("node {n} {key}"), value.unwrap_or(0)));
+        }
+    }
+    out
+}
+
+/// gc on Redlock: each node's idle counters go, each after raising that
+/// node's own floor (`distlock:token-floor` on every node), so every
+/// node's counter of a key stays strictly increasing, as it was without
+/// gc, and so does the token (the highest node counter; still no fence,
+/// `FencingScope::None`). A held key's counters stay on every node; a node
+/// that does not answer is passed over. The control: a node's counter
+/// deleted by hand (no floor raised) restarts at 1, which the same check
+/// reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_is_unsupported_with_redlock() {
-    let Some(servers) = RedisServer::start_many(3).await.or_skip() else {
+async fn gc_on_redlock_keeps_every_nodes_counters_above() {
+    let Some(mut servers) = RedisServer::start_many(3).await.or_skip() else {
         return;
     };
-    let b = backend(&RedisServer::redlock_url(&servers)).await;
-    let err = b.gc(Duration::ZERO).await.unwrap_err();
+    let url = format!("{}?prefix=gc:", RedisServer::redlock_url(&servers));
+    let b = backend(&url).await;
+    let mut conns = Vec::new();
+    for server in &servers {
+        conns.push(raw(server).await);
+    }
+    let keys: Vec<LockKey> = ["a", "b", "c", "control"]
+        .into_iter()
+        .map(|k| LockKey::new(k).unwrap())
+        .collect();
+    let mut tokens = Vec::new();
+    for key in &keys {
+        tokens.push((key.to_string(), cycle(&b, key, 3).await));
+    }
+    let held = LockKey::new("held").unwrap();
+    let lease = b
+        .try_acquire(&held, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let (control, keys) = keys.split_last().unwrap();
+    let before = node_counters(&mut conns, keys).await;
+    assert!(before.iter().all(|(_, n)| *n == 3), "{before:?}");
+
+    // The control: node 0's counter deleted by hand, without the floor.
+    let control_before = node_counters(&mut conns[..1], std::slice::from_ref(control)).await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(format!("gc:{{{control}}}:token"))
+        .query_async(&mut conns[0])
+        .await
+        .unwrap();
+    cycle(&b, control, 1).await;
+    let control_after = node_counters(&mut conns[..1], std::slice::from_ref(control)).await;
+    assert!(
+        tokens_above(&control_before, &control_after).is_err(),
+        "control: the check missed a node counter that restarted: {control_after:?}"
+    );
+
+    let report = b.gc(Duration::ZERO).await.unwrap();
+    // a, b, c and control on 3 nodes; held's 3 are kept.
+    assert_eq!((report.removed, report.scanned), (12, 15), "{report:?}");
+    assert_eq!(report.token_floor, None, "one floor per node, no one value");
+    for (n, conn) in conns.iter_mut().enumerate() {
+        for key in keys {
+            assert!(
+                !exists(conn, &format!("gc:{{{key}}}:token")).await,
+                "node {n}: {key}"
+            );
+        }
+        assert!(
+            exists(conn, "gc:{held}:token").await,
+            "node {n}: the held key's counter went"
+        );
+        let floor: u64 = redis::cmd("GET")
+            .arg("distlock:token-floor")
+            .query_async(conn)
+            .await
+            .unwrap();
+        assert!(floor >= 3, "node {n}: floor {floor}");
+    }
+    let mut after_tokens = Vec::new();
+    for key in keys {
+        after_tokens.push((key.to_string(), cycle(&b, key, 1).await));
+    }
+    let after = node_counters(&mut conns, keys).await;
+    tokens_above(&before, &after).unwrap();
+    tokens_above(&tokens, &after_tokens).unwrap();
+    let info = b.inspect(&held).await.unwrap().expect("still held");
+    assert_eq!(info.holder, lease.owner().to_hex());
+    assert!(b.release(&lease).await.unwrap());
+
+    // A node down: gc passes it over and collects on the others.
+    for key in keys {
+        cycle(&b, key, 1).await;
+    }
+    drop(servers.pop());
+    let report = b.gc(Duration::ZERO).await.unwrap();
+    assert!(report.removed >= 6, "{report:?}");
+    // The legacy layout on Redlock stays refused.
+    let plain = backend(&format!(
+        "{}?layout=plain",
+        RedisServer::redlock_url(&servers)
+    ))
+    .await;
+    let err = plain.gc(Duration::ZERO).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-    assert!(err.to_string().contains("Redlock"), "{err}");
 }
 
 async fn exists_in(conn: &mut ClusterConnection, name: &str) -> bool {

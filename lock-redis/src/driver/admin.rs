@@ -596,8 +596,7 @@ impl RedisBackend {
             return Err(LockError::new(
                 ErrorKind::Unsupported,
                 op,
-                "gc of token counters needs one server, Sentinel or Cluster: Redlock's \
-                 per-node counters are no fence",
+                "gc of token counters has no token floor here",
             )
             .with_backend(NAME));
         }
@@ -605,7 +604,8 @@ impl RedisBackend {
         let pattern = format!("{}{{*}}{suffix}", glob_escape(&config.prefix));
         let idle = older_than.as_secs() + u64::from(older_than.subsec_nanos() > 0);
         let idle = idle.to_string();
-        // One server: its one node; Cluster: every master in turn.
+        // One server: its one node; Cluster: every master in turn;
+        // Redlock: every node in turn, each under its own floor.
         let targets = self.scan_targets().await?;
         let mut report = GcReport::default();
         let (mut at, mut cursor) = self.inner.gc_cursor();
@@ -615,37 +615,16 @@ impl RedisBackend {
         }
         for _ in 0..MAX_SCANS {
             let Some(target) = targets.get(at) else { break };
-            let (next, found) = self.scan(target, cursor, &pattern, Some("string")).await?;
-            let calls: Vec<(Vec<&str>, Vec<&str>)> = found
-                .iter()
-                .filter_map(|counter| {
-                    let lock = counter.strip_suffix(suffix)?;
-                    let key = self.lock_key_of(lock, "")?;
-                    if self.layout_names(&key).counter != *counter {
-                        return None;
-                    }
-                    // The counter's own floor: the server's, or its slot's.
-                    let floor = floors.key_for(counter)?;
-                    Some((vec![lock, counter.as_str(), floor], vec![idle.as_str()]))
-                })
-                .collect();
-            report.scanned += u64::try_from(calls.len()).unwrap_or(u64::MAX);
-            if !calls.is_empty() {
-                let scripts = &self.inner.scripts;
-                let results = self.inner.nodes[0]
-                    .run(op, config.operation_timeout, |mut conn| {
-                        let calls = &calls;
-                        async move { conn.eval_many(&scripts.gc_counter, calls).await }
-                    })
-                    .await?;
-                for result in results {
-                    match result {
-                        Ok(Value::Int(1)) => report.removed += 1,
-                        Ok(_) => {}
-                        Err(err) => return Err(self.inner.nodes[0].map_err(op, err)),
-                    }
-                }
-            }
+            let next = match self
+                .gc_batch(target, cursor, &pattern, &idle, &mut report)
+                .await
+            {
+                Ok(next) => next,
+                // Redlock: a node that does not answer is passed over (its
+                // counters wait for the next round); the others go on.
+                Err(e) if self.inner.redlock && e.is_temporary() => 0,
+                Err(e) => return Err(e),
+            };
             cursor = next;
             if next == 0 {
                 at += 1;
@@ -659,8 +638,9 @@ impl RedisBackend {
                 break;
             }
         }
-        // Cluster: a floor per slot, no one value to report.
-        if floors == TokenFloor::Server {
+        // Cluster: a floor per slot, Redlock: one per node; no one value to
+        // report.
+        if floors == TokenFloor::Server && !self.inner.redlock {
             let value = self.inner.nodes[0]
                 .run(op, config.operation_timeout, |mut conn| async move {
                     conn.query::<Option<u64>>(redis::cmd("GET").arg(FLOOR_KEY))
@@ -670,5 +650,54 @@ impl RedisBackend {
             report.token_floor = Some(FencingToken::new(value.unwrap_or(0)));
         }
         Ok(report)
+    }
+
+    /// One `SCAN` of `gc` on `target` and the gc script on each counter it
+    /// found, on that target's node (pipelined); the next Redis cursor.
+    async fn gc_batch(
+        &self,
+        target: &ScanTarget,
+        cursor: u64,
+        pattern: &str,
+        idle: &str,
+        report: &mut GcReport,
+    ) -> Result<u64, LockError> {
+        let op = Operation::Inspect;
+        let (suffix, floors) = (":token", self.inner.floor);
+        let (next, found) = self.scan(target, cursor, pattern, Some("string")).await?;
+        let calls: Vec<(Vec<&str>, Vec<&str>)> = found
+            .iter()
+            .filter_map(|counter| {
+                let lock = counter.strip_suffix(suffix)?;
+                let key = self.lock_key_of(lock, "")?;
+                if self.layout_names(&key).counter != *counter {
+                    return None;
+                }
+                // The counter's own floor: the server's (the node's),
+                // or its slot's.
+                let floor = floors.key_for(counter)?;
+                Some((vec![lock, counter.as_str(), floor], vec![idle]))
+            })
+            .collect();
+        report.scanned += u64::try_from(calls.len()).unwrap_or(u64::MAX);
+        if calls.is_empty() {
+            return Ok(next);
+        }
+        let scripts = &self.inner.scripts;
+        let node = &self.inner.nodes[target.0];
+        let results = node
+            .run(op, self.inner.config.operation_timeout, |mut conn| {
+                let calls = &calls;
+                async move { conn.eval_many(&scripts.gc_counter, calls).await }
+            })
+            .await?;
+        for result in results {
+            match result {
+                Ok(Value::Int(1)) => report.removed += 1,
+                Ok(_) => {}
+                Err(err) => return Err(node.map_err(op, err)),
+            }
+        }
+        Ok(next)
     }
 }

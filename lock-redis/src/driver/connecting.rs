@@ -93,10 +93,11 @@ impl RedisBackend {
             redlock,
             quorum,
             eviction: EvictionCheck::NoEviction,
-            // Redlock's per-node counters are no fence: no gc there. In
-            // Cluster one floor key per slot, where the layout is ours
-            // (gc refuses the legacy layouts).
-            floor: if redlock || (cluster && config.layout.is_legacy()) {
+            // One floor key per server (each Redlock node has its own, so
+            // gc keeps each node's counter strictly increasing, as it was
+            // without gc); in Cluster one per slot, where the layout is
+            // ours (gc refuses the legacy layouts).
+            floor: if cluster && config.layout.is_legacy() {
                 TokenFloor::Absent
             } else if cluster {
                 TokenFloor::PerSlot
