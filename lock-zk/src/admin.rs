@@ -163,26 +163,21 @@ impl ZkBackend {
     /// live at their paths, outside the root).
     fn root_keys(&self, children: Vec<String>) -> Vec<(String, LockKey)> {
         let layout = self.inner.config.layout();
-        let mut keys: Vec<(String, LockKey)> = children
-            .into_iter()
-            .filter_map(|name| {
-                let key = paths::key_of_component(&name)?;
-                (paths::layout_of(layout, key.as_str()) == crate::ZkLayout::Escaped)
-                    .then_some((name, key))
-            })
-            .collect();
+        let mut keys = escaped_keys(children);
+        keys.retain(|(_, key)| paths::layout_of(layout, key.as_str()) == crate::ZkLayout::Escaped);
         keys.sort_by(|a, b| a.0.cmp(&b.0));
         keys
     }
 
-    /// The root's children, or none when the root does not exist yet.
-    async fn root_children(
+    /// The children of `parent` (the root, or a shape's `.` directory), or
+    /// none when it does not exist yet.
+    pub(super) async fn children_of(
         &self,
         session: &Session,
+        parent: &str,
         operation: Operation,
     ) -> Result<Vec<String>, LockError> {
-        let root = self.inner.config.root();
-        match timed(self.op_timeout(), session.client.list_children(root)).await {
+        match timed(self.op_timeout(), session.client.list_children(parent)).await {
             Ok(children) => Ok(children),
             Err(err) if err.is(&zk::Error::NoNode) => Ok(Vec::new()),
             Err(err) => Err(err.into_lock_error(operation)),
@@ -199,23 +194,11 @@ impl ZkBackend {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<LockPage, LockError> {
-        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
-        let after = match cursor {
-            None => None,
-            Some(text) => Some(parse_cursor(text)?),
-        };
+        let bounds = PageBounds::new(prefix, cursor, limit)?;
         let session = self.session(Operation::Inspect).await?;
-        let children = self.root_children(&session, Operation::Inspect).await?;
-        let mut keys: Vec<(String, LockKey)> = self
-            .root_keys(children)
-            .into_iter()
-            .filter(|(name, key)| {
-                after.is_none_or(|a| name.as_str() > a) && key.as_str().starts_with(prefix)
-            })
-            .collect();
-        let more = keys.len() > limit;
-        keys.truncate(limit);
         let root = self.inner.config.root();
+        let children = self.children_of(&session, root, Operation::Inspect).await?;
+        let (keys, next) = bounds.select(self.root_keys(children));
         let dirs: Vec<String> = keys
             .iter()
             .map(|(name, _)| format!("{root}/{name}"))
@@ -265,11 +248,7 @@ impl ZkBackend {
                 Err(err) => return Err(err.into_lock_error(Operation::Inspect).with_key(key)),
             }
         }
-        if more {
-            page.cursor = keys
-                .last()
-                .map(|(name, _)| format!("{CURSOR_PREFIX}{name}"));
-        }
+        page.cursor = next;
         Ok(page)
     }
 
@@ -316,7 +295,8 @@ impl ZkBackend {
     ) -> Result<GcReport, LockError> {
         let operation = Operation::Release;
         let session = self.session(operation).await?;
-        let children = self.root_children(&session, operation).await?;
+        let root = self.inner.config.root();
+        let children = self.children_of(&session, root, operation).await?;
         let keys = self.root_keys(children);
         let start = {
             let cursor = lock(&self.inner.gc_cursor);
@@ -325,7 +305,6 @@ impl ZkBackend {
             })
         };
         let count = keys.len().min(GC_SCAN);
-        let root = self.inner.config.root();
         let dirs: Vec<String> = (0..count)
             .map(|i| format!("{root}/{}", keys[(start + i) % keys.len()].0))
             .collect();
@@ -373,6 +352,63 @@ impl ZkBackend {
             token_floor: None,
         })
     }
+}
+
+/// The bounds of one page of a listing (`list`, `list_shared`,
+/// `list_elections`): the children of one parent directory that are
+/// escaped keys, in escaped-name order, after the cursor, starting with
+/// the prefix, at most `limit`.
+pub(super) struct PageBounds<'a> {
+    prefix: &'a str,
+    after: Option<&'a str>,
+    limit: usize,
+}
+
+impl<'a> PageBounds<'a> {
+    /// Checks `limit` and `cursor` (before any request is sent).
+    pub(super) fn new(
+        prefix: &'a str,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> Result<Self, LockError> {
+        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
+        let after = cursor.map(parse_cursor).transpose()?;
+        Ok(Self {
+            prefix,
+            after,
+            limit,
+        })
+    }
+
+    /// The page's keys among `keys` (escaped name, key), and the cursor of
+    /// the next page while more matching directories remain.
+    pub(super) fn select(
+        &self,
+        mut keys: Vec<(String, LockKey)>,
+    ) -> (Vec<(String, LockKey)>, Option<String>) {
+        keys.retain(|(name, key)| {
+            self.after.is_none_or(|a| name.as_str() > a) && key.as_str().starts_with(self.prefix)
+        });
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        let more = keys.len() > self.limit;
+        keys.truncate(self.limit);
+        let next = if more {
+            keys.last()
+                .map(|(name, _)| format!("{CURSOR_PREFIX}{name}"))
+        } else {
+            None
+        };
+        (keys, next)
+    }
+}
+
+/// The children of a parent directory that are escaped keys (see
+/// [`paths::key_of_component`]), with their keys.
+pub(super) fn escaped_keys(children: Vec<String>) -> Vec<(String, LockKey)> {
+    children
+        .into_iter()
+        .filter_map(|name| paths::key_of_component(&name).map(|key| (name, key)))
+        .collect()
 }
 
 /// The escaped name a `list` cursor continues after.

@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::election::Leader;
+use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
     Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, LockBackend,
-    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, SessionState, TtlModel,
-    WaitStrategy, validity_deadline,
+    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, SessionState,
+    SharedPage, TtlModel, WaitStrategy, validity_deadline,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -283,17 +283,24 @@ impl ZkBackend {
     fn lease_path(&self, lease: &Lease) -> Option<NodeRef> {
         let data = lease.backend_data();
         let root = self.inner.config.root();
-        if let Some(seq) = data.strip_prefix(waiting::LATCH_DATA) {
-            // An election's latch node (see election.rs).
+        if let Some(latch) = data.strip_prefix(waiting::LATCH_DATA) {
+            // An election's latch node (see election.rs), its name with the
+            // details (`latch:<seq>;<details>`) or without (`latch:<seq>`,
+            // an earlier version's).
             let election = lease.key().as_str().strip_prefix("election/")?;
-            if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+            let (seq, details) = latch.split_once(';').unwrap_or((latch, ""));
+            if seq.is_empty()
+                || !seq.bytes().all(|b| b.is_ascii_digit())
+                || !crate::latch_names::is_details_component(details)
+            {
                 return None;
             }
             let seq: u32 = seq.parse().ok()?;
             let dir = paths::latch_dir_of(root, election);
+            let name = crate::latch_names::latch_name(details);
             return Some(NodeRef {
                 dir_len: dir.len(),
-                path: paths::named_node_path(&dir, lease.owner(), paths::LATCH_NAME, seq),
+                path: paths::named_node_path(&dir, lease.owner(), &name, seq),
                 seq,
             });
         }
@@ -618,6 +625,30 @@ impl LockBackend for ZkBackend {
         limit: usize,
     ) -> Result<LockPage, LockError> {
         self.list_page(prefix, cursor, limit).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<SharedPage, LockError> {
+        match shape {
+            LockShape::Mutex => lock_core::list_mutex_shared(self, prefix, cursor, limit).await,
+            _ => self.list_shared_page(shape, prefix, cursor, limit).await,
+        }
+    }
+
+    async fn list_elections(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<ElectionPage, LockError> {
+        // The latch directories (see election.rs), not the generic
+        // election's mutexes.
+        self.list_latches(prefix, cursor, limit).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

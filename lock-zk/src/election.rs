@@ -3,12 +3,13 @@
 //! The election named N lives in `<root>/.election/<escaped N>` (beside
 //! `.rwlock` and `.semaphore`: no mutex key's directory starts with `.`).
 //! A candidate creates an `EPHEMERAL_SEQUENTIAL` node
-//! `_c_<owner id as a UUID>-latch-<sequence>` (Curator's protected name,
-//! so a create whose reply was lost is found again by its id) whose data
-//! is its owner value (Curator's participant id). The candidate whose node
-//! has the lowest sequence (the digits after `latch-`, Curator's sort)
-//! leads; the others watch the node just before their own. Resigning
-//! deletes the node. This is the mutex recipe's queue with another node
+//! `_c_<owner id as a UUID>-<escaped details>-latch-<sequence>` (Curator's
+//! protected name, so a create whose reply was lost is found again by its
+//! id; the holder details in the name, see `latch_names.rs`) whose data
+//! is its owner value (Curator's participant id, which must stay whole).
+//! The candidate whose node has the lowest sequence (the digits after the
+//! last `latch-`, Curator's sort) leads; the others watch the node just
+//! before their own. Resigning deletes the node. This is the mutex recipe's queue with another node
 //! name and data (`waiting.rs`), so it has the same cleanup, session and
 //! deadline handling.
 //!
@@ -27,18 +28,19 @@
 
 use std::time::Duration;
 
-use lock_core::election::{Leader, election_lock_key};
+use lock_core::election::{ElectionInfo, ElectionPage, Leader, election_lock_key};
 use lock_core::{
     ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, check_ttl,
 };
 use tokio::time::{Instant, sleep_until};
 use zookeeper_client as zk;
 
+use super::admin::{PageBounds, escaped_keys};
 use super::session::Session;
 use super::waiting::{Recipe, wait_lost};
 use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend};
 use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, LATCH_NAME, owner_of, sequence_named};
+use crate::paths::{self, ELECTION_PARENT, LATCH_NAME, owner_of, sequence_named};
 
 /// How many times a read retries when the node it found went meanwhile.
 const LOOKS: usize = 5;
@@ -225,6 +227,82 @@ impl ZkBackend {
         .with_backend(NAME))
     }
 
+    /// `list_elections`: one `getChildren` of `<root>/.election`, then the
+    /// latch directories of the page (bounded and paged as `list`): one
+    /// pipelined `getChildren` each, then one pipelined `getData` of each
+    /// first candidate (3 round trips, at most `2 × limit + 1` requests,
+    /// plus a look again at an election whose leader left in between).
+    pub(super) async fn list_latches(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<ElectionPage, LockError> {
+        let op = Operation::Inspect;
+        let bounds = PageBounds::new(prefix, cursor, limit)?;
+        let session = self.session(op).await?;
+        let client = &session.client;
+        let timeout = self.op_timeout();
+        let parent = format!("{}/{ELECTION_PARENT}", self.inner.config.root());
+        let children = self.children_of(&session, &parent, op).await?;
+        let (elections, next) = bounds.select(escaped_keys(children));
+        let dirs: Vec<String> = elections
+            .iter()
+            .map(|(name, _)| format!("{parent}/{name}"))
+            .collect();
+        // Pipelined: every request is sent when its call is made.
+        let listings: Vec<_> = dirs
+            .iter()
+            .map(|dir| timed(timeout, client.list_children(dir)))
+            .collect();
+        let mut heads = Vec::with_capacity(dirs.len());
+        for listing in listings {
+            heads.push(match listing.await {
+                Ok(children) => paths::sorted_named(children, LATCH_NAME)
+                    .into_iter()
+                    .next()
+                    .map(|(_, name)| name),
+                Err(err) if err.is(&zk::Error::NoNode) => None,
+                Err(err) => return Err(err.into_lock_error(op)),
+            });
+        }
+        let reads: Vec<_> = heads
+            .iter()
+            .zip(&dirs)
+            .map(|(head, dir)| {
+                head.as_ref()
+                    .map(|name| timed(timeout, client.get_data(&format!("{dir}/{name}"))))
+            })
+            .collect();
+        let mut page = ElectionPage::default();
+        for (((read, head), dir), (_, election)) in
+            reads.into_iter().zip(heads).zip(&dirs).zip(&elections)
+        {
+            let (Some(read), Some(name)) = (read, head) else {
+                continue;
+            };
+            let leader = match read.await {
+                Ok((data, stat)) => Some(self.leader_of(&name, &data, stat.czxid)),
+                // The leader resigned between the two reads: look again.
+                Err(err) if err.is(&zk::Error::NoNode) => {
+                    self.read_leader(&session, dir, false)
+                        .await
+                        .map_err(|e| e.with_key(election))?
+                        .0
+                }
+                Err(err) => return Err(err.into_lock_error(op).with_key(election)),
+            };
+            if let Some(leader) = leader {
+                page.elections.push(ElectionInfo {
+                    election: election.clone(),
+                    leader,
+                });
+            }
+        }
+        page.cursor = next;
+        Ok(page)
+    }
+
     /// The leader a latch node named `name` with `data` stands for.
     fn leader_of(&self, name: &str, data: &[u8], czxid: i64) -> Leader {
         let clock = self.inner.clock;
@@ -236,7 +314,8 @@ impl ZkBackend {
             .flatten()
         });
         Leader {
-            details: None,
+            // In the name: the data is Curator's participant id, whole.
+            details: crate::latch_names::holder_details(name),
             holder: String::from_utf8_lossy(data).into_owned(),
             term: u64::try_from(czxid).ok().map(FencingToken::new),
             remaining_ttl,

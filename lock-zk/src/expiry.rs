@@ -53,8 +53,9 @@ pub(super) struct Tracked {
 }
 
 /// Marks a [`Tracked`] entry of an election's latch node: its `key` is
-/// this character and the election's name (a key never holds a control
-/// character, so no mutex key starts with it).
+/// this character, the election's name, this character again and the
+/// escaped details in the node's name (a key never holds a control
+/// character, so no mutex key starts with it and the name ends at it).
 pub(super) const LATCH_MARK: char = '\u{1}';
 
 impl Tracked {
@@ -67,12 +68,15 @@ impl Tracked {
         owner: OwnerId,
     ) -> String {
         match self.key.strip_prefix(LATCH_MARK) {
-            Some(election) => paths::named_node_path(
-                &paths::latch_dir_of(root, election),
-                owner,
-                paths::LATCH_NAME,
-                self.seq,
-            ),
+            Some(latch) => {
+                let (election, details) = latch.split_once(LATCH_MARK).unwrap_or((latch, ""));
+                paths::named_node_path(
+                    &paths::latch_dir_of(root, election),
+                    owner,
+                    &crate::latch_names::latch_name(details),
+                    self.seq,
+                )
+            }
             None => paths::mutex_node_path(
                 &paths::mutex_dir_of(root, layout, &self.key),
                 owner,

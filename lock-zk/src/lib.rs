@@ -386,11 +386,35 @@
 //!   kazoo still refused beside our node). `inspect` reads the holder node
 //!   with one `getData` instead of an `exists` (same request count: list +
 //!   read) and reports the details when the data has that form: a kazoo
-//!   or Curator holder (identifier, IP address), a node of an earlier
-//!   version of ours (no data) or a semaphore's or latch's node report
-//!   `details: None`. Capabilities: `holder_details` is `true`.
-//!   Read-write, semaphore and election nodes carry no details (a
-//!   latch's data is Curator's participant id, which Curator reads).
+//!   or Curator holder (identifier, IP address) or a node of an earlier
+//!   version of ours (no data) reports `details: None`. Capabilities:
+//!   `holder_details` is `true`.
+//! - **Details of the other shapes**: a read node, a write node (and the
+//!   read node a downgrade creates) and every lease node of a permit grant
+//!   carry the same `<owner hex>\n<details>` data, written by the create
+//!   (or the downgrade's `multi`) that makes them, so a grant costs what it
+//!   did. Curator's `InterProcessReadWriteLock` and
+//!   `InterProcessSemaphoreV2` write their client's IP address there and
+//!   never read it (a semaphore `Lease.getData()` hands it to the user
+//!   only); our lease nodes used to hold the limit, which nothing read (the
+//!   limit is the `leases` directory's data). `holders` of a read-write
+//!   lock or semaphore reads the directory's children and data together,
+//!   then one pipelined `getData` of each holder's (first) node, whose
+//!   `czxid` is the token where the epoch does not give it (2 round
+//!   trips); Curator's holders report `details: None`.
+//! - **Leaders' details** are in the latch node's **name**, not its data:
+//!   Curator's `LeaderLatch` reports a node's whole data as the
+//!   participant id (`getLeader().getId()`), so details after the owner
+//!   hex would change the id Curator shows for our leaders. Our candidate
+//!   is `_c_<owner id as a UUID>-<escaped details>-latch-<sequence>`
+//!   (details percent-encoded to `[A-Za-z0-9_%-]`), which Curator ranks by
+//!   the text after the last `latch-`, as its own nodes; its data stays the
+//!   owner hex. `leader` reads them with no extra request; a Curator
+//!   leader (or an earlier version of ours, `_c_<uuid>-latch-<seq>`)
+//!   reports `details: None`. `tests/curator.rs` checks that Curator's
+//!   `getLeader().getId()` is still our owner hex alone (the peer escapes
+//!   line breaks, so details after a newline in the data are caught: the
+//!   check fails that way).
 //! - **`list(prefix, cursor, limit)`**: one `getChildren` of the lock root
 //!   per page (the whole child list of the root comes back in that one
 //!   reply), then of the key directories after the cursor whose
@@ -408,6 +432,24 @@
 //!   **Path layout**: only keys under the root are listed, which there are
 //!   the library's own keys (`__distlock/…`); a path key lives at its own
 //!   path outside the root and is not listed (`inspect` it by name).
+//! - **`list_shared(shape, prefix, cursor, limit)`**: a mutex is `list`.
+//!   Read-write locks: one `getChildren` of `<root>/.rwlock`, then the key
+//!   directories of the page, chosen and paged exactly as `list` (escaped
+//!   names after the cursor whose key starts with `prefix`, at most
+//!   `limit`, the same `zk1:` cursor): each's children and data in one
+//!   pipelined burst, then one pipelined `getData` per holder (every
+//!   reader, or the writer), so a page is 3 round trips. Semaphores the
+//!   same over `<root>/.semaphore/<K>/leases` (the permit holders within
+//!   the limit, a grant of several permits as one holder). A key whose
+//!   holders all left is skipped; each key comes with every live holder
+//!   as `holders` reports it (kind, owner, token, details).
+//! - **`list_elections(prefix, cursor, limit)`**: the latch directories
+//!   (`<root>/.election`, see [Leader election](#leader-election)), not
+//!   the generic election's mutexes: one `getChildren` of `.election`, the
+//!   page's directories' children pipelined, then the first candidate's
+//!   data pipelined (term = its `czxid`, holder, details from its name):
+//!   3 round trips, paged and bounded as `list`. An election with no
+//!   candidate is skipped.
 //! - **`force_release(key)`**: finds the holder as `inspect` does and
 //!   deletes its node (any version: it is the operator's to break), one
 //!   atomic request; a holder that left before the delete is looked up
@@ -446,7 +488,10 @@
 //!   kazoo's and Curator's) and the shapes' `.` directories are never
 //!   touched. `scanned` counts the directories examined.
 //! - **Tested**: the shared suite's `holder_details_are_reported`,
-//!   `list_finds_held_locks` and `force_release_fences_the_old_holder`
+//!   `shared_holder_details_are_reported` (2 readers, a writer, 2 permit
+//!   holders, a leader), `list_finds_held_locks`, `list_finds_shared_locks`
+//!   (read-write and semaphore pages of 2, elections pages of 1) and
+//!   `force_release_fences_the_old_holder`
 //!   (`tests/conformance.rs`, default names and `nodes=kazoo`, and the
 //!   3-member ensemble in `tests/ensemble.rs`); `tests/admin.rs`: `gc`
 //!   keeps young directories (1 h), removes old empty ones, never a held
@@ -454,7 +499,11 @@
 //!   token is above the earlier grant; `list` cursors, bad cursors and
 //!   page sizes, details in pages, the path layout listing only the root;
 //!   `tests/kazoo.rs` and `tests/curator.rs`: details beside kazoo's and
-//!   Curator's holders (theirs report none), kazoo's holder broken.
+//!   Curator's holders (theirs report none), kazoo's holder broken;
+//!   `tests/curator.rs` also lists a Curator writer (`holders` and
+//!   `list_shared` agree, no details) and a Curator leader
+//!   (`list_elections`), and `tests/shared.rs` checks the details of a
+//!   downgraded reader and of a 2-permit grant (one `multi`).
 //!
 //! # Leader election
 //!
@@ -471,11 +520,12 @@
 //!   both see the same leader (`tests/curator.rs` checks both directions
 //!   with Curator 5.4).
 //! - A candidate creates an `EPHEMERAL_SEQUENTIAL` node
-//!   `_c_<owner id as a UUID>-latch-<sequence>` (Curator's protected name:
-//!   a create whose reply was lost is found again by the id) whose data is
+//!   `_c_<owner id as a UUID>-<escaped holder details>-latch-<sequence>`
+//!   (Curator's protected name with the details before the latch name: a
+//!   create whose reply was lost is found again by the id) whose data is
 //!   its owner value in hex, which Curator reports as the participant id
 //!   (`getLeader().getId()`). The node with the lowest sequence (the digits
-//!   after `latch-`, Curator's sort) leads; every other candidate watches
+//!   after the last `latch-`, Curator's sort) leads; every other candidate watches
 //!   the node just before its own. Children that are not `latch-` nodes are
 //!   ignored (Curator would rank them: keep the directory to the recipe).
 //!   The campaign is the mutex's queue with another node name: the same
@@ -501,7 +551,9 @@
 //!   the leader is 2 requests.
 //! - Caveats: a plain lock of the key `election/<name>` is *not* excluded
 //!   by a campaign here (it is the generic election's key on other
-//!   backends). The lease's `backend_data` is `latch:<sequence>`. Curator's
+//!   backends). The lease's `backend_data` is
+//!   `latch:<sequence>;<escaped details>` (`latch:<sequence>`, an earlier
+//!   version's lease, names a node without details). Curator's
 //!   latch re-creates its node after a session loss; ours ends the
 //!   leadership (`Lost`) and a new campaign is the caller's.
 //! - **Multi-locks** ([`LockBackend::try_acquire_all`](lock_core::LockBackend::try_acquire_all))
@@ -544,6 +596,7 @@ mod descriptor;
 mod driver;
 mod error;
 pub mod floor;
+mod latch_names;
 mod paths;
 mod wire;
 

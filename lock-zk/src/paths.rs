@@ -25,7 +25,7 @@ use crate::config::{ZkLayout, ZkNodeNames};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 /// Everything but `[A-Za-z0-9_-]` is escaped.
-const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'_').remove(b'-');
+pub(crate) const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'_').remove(b'-');
 
 /// Curator's protected-name prefix.
 const PROTECTED_PREFIX: &str = "_c_";
@@ -301,10 +301,9 @@ fn push_node_prefix(out: &mut String, owner: OwnerId) {
 pub(crate) fn owner_of(name: &str) -> Option<OwnerId> {
     let rest = name.strip_prefix(PROTECTED_PREFIX)?;
     let uuid = rest.get(..36)?;
-    if !rest[36..]
-        .strip_prefix('-')
-        .is_some_and(|r| NAMES.iter().any(|n| r.starts_with(n)))
-    {
+    if !rest[36..].strip_prefix('-').is_some_and(|r| {
+        NAMES.iter().any(|n| r.starts_with(n)) || crate::latch_names::details_part(r).is_some()
+    }) {
         return None;
     }
     // The 32 digits without the 4 dashes, on the stack.

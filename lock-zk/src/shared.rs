@@ -20,8 +20,8 @@
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape,
-    Operation, OwnerId, RetryPolicy, SessionState, check_ttl, validity_deadline,
+    ErrorKind, Lease, LeaseKind, LockError, LockKey, LockShape, Operation, OwnerId, RetryPolicy,
+    SessionState, check_ttl, validity_deadline,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -30,7 +30,7 @@ use super::session::{Session, synced};
 use super::waiting::AttemptError;
 use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend, lock};
 use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, LEASE_NAME, READ_NAME, WRITE_NAME, owner_of, sequence_named};
+use crate::paths::{self, LEASE_NAME, READ_NAME, WRITE_NAME, sequence_named};
 
 // The read-write lock's attempt.
 #[path = "shared_rw.rs"]
@@ -39,6 +39,10 @@ mod rw;
 // The semaphore's attempt and lease nodes.
 #[path = "shared_sem.rs"]
 mod sem;
+
+// `holders` and `list_shared` of both shapes.
+#[path = "shared_list.rs"]
+mod list;
 
 /// How long a `try_acquire_kind` of permits waits for the semaphore's
 /// internal mutex, which other acquirers hold for a few round trips (a
@@ -605,8 +609,9 @@ impl ZkBackend {
         self.schedule_shared(owner, vec![read_path.clone()], sent + ttl);
         let options = zk::CreateMode::Ephemeral.with_acls(self.acls());
         let mut writer = session.client.new_multi_writer();
+        let data = paths::mutex_node_data(owner);
         let added = writer
-            .add_create(&read_path, &[], &options)
+            .add_create(&read_path, data.as_bytes(), &options)
             .and_then(|()| writer.add_delete(write_path, None));
         if let Err(err) = added {
             self.forget_shared(owner);
@@ -659,122 +664,5 @@ impl ZkBackend {
         .with_kind(LeaseKind::Read)
         .with_session(session.state.clone());
         Ok(read)
-    }
-
-    /// `holders` of a read-write lock or a semaphore.
-    pub(super) async fn shared_holders(
-        &self,
-        key: &LockKey,
-        shape: LockShape,
-    ) -> Result<Vec<HolderInfo>, LockError> {
-        let op = Operation::Inspect;
-        let session = self.session(op).await.map_err(|e| e.with_key(key))?;
-        let client = &session.client;
-        let timeout = self.op_timeout();
-        let fail = |err: CallError| err.into_lock_error(op).with_key(key);
-        let root = self.inner.config.root();
-        // (node name, kind, token if known) of each holder, in order.
-        let (dir, held): (String, Vec<Held>) = match shape {
-            LockShape::ReadWrite => {
-                let dir = paths::rw_dir(root, key);
-                let read = async {
-                    let children = client.list_children(&dir);
-                    let data = client.get_data(&dir);
-                    Ok::<_, zk::Error>((children.await?, data.await?.0))
-                };
-                let (children, data) = match timed(timeout, read).await {
-                    Ok(found) => found,
-                    Err(err) if err.is(&zk::Error::NoNode) => return Ok(Vec::new()),
-                    Err(err) => return Err(fail(err)),
-                };
-                let epoch = epoch_of(&data);
-                let nodes = sorted_rw_nodes(children);
-                let mut held = Vec::new();
-                for (index, node) in nodes.iter().enumerate() {
-                    if rw_blocker(&nodes, index).is_none() {
-                        if node.write {
-                            held.push((vec![node.name.clone()], LeaseKind::Write, None));
-                        } else {
-                            held.push((vec![node.name.clone()], LeaseKind::Read, Some(epoch)));
-                        }
-                    }
-                }
-                (dir, held)
-            }
-            LockShape::Semaphore => {
-                let dir = format!("{}/{LEASES}", paths::sem_dir(root, key));
-                let (data, _) = match timed(timeout, client.get_data(&dir)).await {
-                    Ok(found) => found,
-                    Err(err) if err.is(&zk::Error::NoNode) => return Ok(Vec::new()),
-                    Err(err) => return Err(fail(err)),
-                };
-                let children = match timed(timeout, client.list_children(&dir)).await {
-                    Ok(children) => children,
-                    Err(err) if err.is(&zk::Error::NoNode) => return Ok(Vec::new()),
-                    Err(err) => return Err(fail(err)),
-                };
-                let limit = limit_of(&data).unwrap_or(u32::MAX);
-                let mut nodes: Vec<(i64, String)> = children
-                    .into_iter()
-                    .filter_map(|n| sequence_named(&n, LEASE_NAME).map(|s| (s, n)))
-                    .collect();
-                nodes.sort();
-                // Group by owner (a grant of several permits is several
-                // nodes); the nodes past the limit are a waiter's.
-                let mut held: Vec<Held> = Vec::new();
-                let mut total: u32 = 0;
-                let mut groups: Vec<(Option<OwnerId>, Vec<String>)> = Vec::new();
-                for (_, name) in nodes {
-                    let owner = owner_of(&name);
-                    match groups
-                        .iter_mut()
-                        .find(|(o, _)| owner.is_some() && *o == owner)
-                    {
-                        Some((_, names)) => names.push(name),
-                        None => groups.push((owner, vec![name])),
-                    }
-                }
-                for (_, names) in groups {
-                    let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
-                    if total.saturating_add(count) > limit {
-                        break;
-                    }
-                    total += count;
-                    let kind = LeaseKind::Permits {
-                        count,
-                        limit: if limit == u32::MAX { count } else { limit },
-                    };
-                    held.push((names, kind, None));
-                }
-                (dir, held)
-            }
-            _ => return Ok(Vec::new()),
-        };
-        let clock = self.inner.clock;
-        let now = Instant::now();
-        let mut out = Vec::with_capacity(held.len());
-        for (names, kind, token) in held {
-            let first = &names[0];
-            let token = match token {
-                Some(token) => Some(token),
-                None => match timed(timeout, client.check_stat(&format!("{dir}/{first}"))).await {
-                    Ok(Some(stat)) => u64::try_from(stat.czxid).ok(),
-                    // Released while we looked.
-                    Ok(None) => continue,
-                    Err(err) => return Err(fail(err)),
-                },
-            };
-            let owner = owner_of(first);
-            let remaining_ttl =
-                owner.and_then(|o| self.tracked_shared(o, |t| clock.remaining(t.due, now)));
-            out.push(HolderInfo {
-                details: None,
-                kind,
-                holder: owner.map_or_else(|| first.clone(), OwnerId::to_hex),
-                token: token.map(FencingToken::new),
-                remaining_ttl,
-            });
-        }
-        Ok(out)
     }
 }

@@ -37,8 +37,11 @@ impl ZkBackend {
         pending.sweeps.push((dir.to_owned(), owner));
         let prefix = paths::named_prefix(dir, owner, name);
         let created_at = Instant::now();
+        // The holder details ride in the create (no extra request), after
+        // the owner hex, as in a mutex node (Curator never reads this data).
+        let data = paths::mutex_node_data(owner);
         let (path, czxid, seq) = match self
-            .create_sequential(session, dir, &prefix, &[], operation, key)
+            .create_sequential(session, dir, &prefix, data.as_bytes(), operation, key)
             .await
         {
             Ok(created) => created,

@@ -26,7 +26,7 @@ impl ZkBackend {
         leases: &str,
         prefix: &str,
         count: u32,
-        limit_text: &str,
+        data: &str,
         operation: Operation,
         key: &LockKey,
     ) -> Result<(Vec<String>, i64), AttemptError> {
@@ -37,7 +37,7 @@ impl ZkBackend {
             let mut writer = session.client.new_multi_writer();
             for _ in 0..count {
                 writer
-                    .add_create(prefix, limit_text.as_bytes(), &options)
+                    .add_create(prefix, data.as_bytes(), &options)
                     .map_err(|e| Self::fail(session, CallError::Zk(e), operation, key))?;
             }
             let err = match tokio::time::timeout(timeout, writer.commit()).await {
@@ -191,30 +191,25 @@ impl ZkBackend {
         let owner = self.inner.owners.next();
         pending.sweeps.push((leases.clone(), owner));
         let prefix = paths::named_prefix(&leases, owner, LEASE_NAME);
-        let limit_text = limit.to_string();
+        // Each lease node's data: the owner hex and the holder details, as
+        // a mutex node's (Curator hands a lease's data to its user and
+        // never reads it; the limit is the `leases` directory's data).
+        let node_data = paths::mutex_node_data(owner);
         let (ours, first_czxid) = if count == 1 {
             let (path, czxid, _) = self
                 .create_sequential(
                     session,
                     &leases,
                     &prefix,
-                    limit_text.as_bytes(),
+                    node_data.as_bytes(),
                     operation,
                     key,
                 )
                 .await?;
             (vec![path], czxid)
         } else {
-            self.create_leases(
-                session,
-                &leases,
-                &prefix,
-                count,
-                &limit_text,
-                operation,
-                key,
-            )
-            .await?
+            self.create_leases(session, &leases, &prefix, count, &node_data, operation, key)
+                .await?
         };
         pending.sweeps.clear();
         for path in &ours {

@@ -35,7 +35,8 @@ pub(super) enum Recipe {
     KazooMutex,
     /// Curator's `LeaderLatch` on the election `name`: `latch-` nodes
     /// whose data is the candidate's owner value (Curator's participant
-    /// id); the lease's data is `latch:<seq>`.
+    /// id) and whose name carries the holder details (`latch_names.rs`);
+    /// the lease's data is `latch:<seq>;<escaped details>`.
     Latch,
 }
 
@@ -138,8 +139,14 @@ impl ZkBackend {
                 paths::mutex_node_prefix(dir, owner, crate::ZkNodeNames::Kazoo),
                 paths::mutex_node_data(owner),
             ),
+            // The data is Curator's participant id, the whole of it: the
+            // details ride in the name (see latch_names.rs).
             Recipe::Latch => (
-                paths::named_prefix(dir, owner, paths::LATCH_NAME),
+                paths::named_prefix(
+                    dir,
+                    owner,
+                    &crate::latch_names::latch_name(&crate::latch_names::details_component()),
+                ),
                 owner.to_hex(),
             ),
         };
@@ -363,7 +370,10 @@ impl ZkBackend {
                 let data = match recipe {
                     Recipe::Mutex => seq.to_string(),
                     Recipe::KazooMutex => format!("{KAZOO_DATA}{seq}"),
-                    Recipe::Latch => format!("{LATCH_DATA}{seq}"),
+                    Recipe::Latch => format!(
+                        "{LATCH_DATA}{seq};{}",
+                        crate::latch_names::details_of_name(name)
+                    ),
                 };
                 let lease = Lease::granted(
                     key.clone(),
@@ -382,7 +392,9 @@ impl ZkBackend {
                         }
                         Recipe::Latch => {
                             let election = key.as_str().strip_prefix("election/").unwrap_or("");
-                            let tracked = format!("{}{election}", super::expiry::LATCH_MARK);
+                            let mark = super::expiry::LATCH_MARK;
+                            let details = crate::latch_names::details_of_name(name);
+                            let tracked = format!("{mark}{election}{mark}{details}");
                             self.schedule_expiry(owner, &tracked, seq, sent + ttl);
                         }
                     }

@@ -19,7 +19,7 @@ mod peer;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, OwnerId};
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, LockShape, OwnerId};
 use lock_zk::ZkBackend;
 use peer::{Peer, setup};
 use tokio::time::{Instant, sleep, timeout};
@@ -191,6 +191,18 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
     // Curator's writer excludes our writers and readers.
     let (mut c1, answer) = peer.take(&write(5_000)).await;
     assert_eq!(answer, "ok");
+    // Listed and reported as a writer, without details (Curator's node
+    // holds its client's IP address).
+    let theirs = bs[1].holders(&k, LockShape::ReadWrite).await.unwrap();
+    let listed = bs[1]
+        .list_shared(LockShape::ReadWrite, k.as_str(), None, 10)
+        .await
+        .unwrap();
+    let listed = listed.locks.iter().find(|l| l.key == k).expect("listed");
+    assert_eq!(listed.holders, theirs);
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    assert_eq!(theirs[0].kind, LeaseKind::Write);
+    assert_eq!(theirs[0].details, None, "{theirs:?}");
     assert!(
         bs[0]
             .try_acquire_kind(&k, LeaseKind::Write, TTL)

@@ -345,6 +345,12 @@ async fn downgrade_without_a_gap() {
     assert_eq!(holders.len(), 1, "{holders:?}");
     assert_eq!(holders[0].kind, LeaseKind::Read);
     assert_eq!(holders[0].token, Some(w.token()));
+    // The downgrade's read node carries the holder details too.
+    assert_eq!(
+        holders[0].details.as_ref().map(|d| d.pid),
+        Some(std::process::id()),
+        "{holders:?}"
+    );
     assert!(
         !bs[0].release(&w).await.unwrap(),
         "the write lease was released again"
@@ -557,6 +563,12 @@ async fn semaphore_counts_limits_and_fifo() {
     assert_eq!(holders.len(), 1);
     assert_eq!(holders[0].kind, permits(2, 3));
     assert_eq!(holders[0].token, Some(a.token()));
+    // Created in one transaction, the lease nodes carry the details too.
+    assert_eq!(
+        holders[0].details.as_ref().map(|d| d.pid),
+        Some(std::process::id()),
+        "{holders:?}"
+    );
     bs[0].renew(&a).await.expect("renew 2 permits");
     // A request for 2 waits at the head; a later request for 1 (which
     // would fit) waits behind it.

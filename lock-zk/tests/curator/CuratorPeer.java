@@ -22,7 +22,8 @@ import org.apache.curator.retry.RetryOneTime;
  *  Leader latches: "<id> latch <path> <participant id>" (answers "<id> started"),
  *  then "<id> await <ms>" ("<id> leader" or "<id> waiting"), "<id> has"
  *  ("<id> has true|false"), "<id> leader" ("<id> leads <isLeader> <id>", the id
- *  may be empty), "<id> close" ("<id> closed"). */
+ *  may be empty; a backslash and a line break in it are written \\ and \n),
+ *  "<id> close" ("<id> closed"). */
 public class CuratorPeer {
     static final Map<String, BlockingQueue<String>> held = new ConcurrentHashMap<>();
     static final Map<String, LeaderLatch> latches = new ConcurrentHashMap<>();
@@ -83,7 +84,10 @@ public class CuratorPeer {
                         break;
                     case "leader":
                         Participant p = latch.getLeader();
-                        say(id + " leads " + p.isLeader() + " " + p.getId());
+                        // Escaped: an id with a line break must not pass
+                        // for its first line.
+                        say(id + " leads " + p.isLeader() + " "
+                                + p.getId().replace("\\", "\\\\").replace("\n", "\\n"));
                         break;
                     case "close":
                         latch.close();

@@ -107,6 +107,13 @@ async fn curator_leader_latch_and_our_campaigns_see_one_leader() {
     let seen = bs[1].leader(&e).await.unwrap().expect("a leader");
     assert_eq!(seen.holder, me);
     assert_eq!(seen.term, Some(ours.token()));
+    // Our details ride in the latch node's name: Curator's participant id
+    // (checked above) is still the owner hex alone.
+    assert_eq!(
+        seen.details.as_ref().map(|d| d.pid),
+        Some(std::process::id()),
+        "{seen:?}"
+    );
     let mine = bs[0].leader(&e).await.unwrap().expect("a leader");
     assert!(mine.remaining_ttl.is_some_and(|left| left <= TTL));
     bs[0].renew(&ours).await.expect("renew the leadership");
@@ -123,6 +130,15 @@ async fn curator_leader_latch_and_our_campaigns_see_one_leader() {
     assert_eq!(peer.ask(&mut c1, "has").await, "has true");
     let curator = bs[1].leader(&e).await.unwrap().expect("Curator leads");
     assert_eq!(curator.holder, "curator-a");
+    assert_eq!(curator.details, None, "Curator's leader has no details");
+    let listed = bs[1].list_elections(e.as_str(), None, 10).await.unwrap();
+    let listed = listed
+        .elections
+        .iter()
+        .find(|i| i.election == e)
+        .expect("the election listed");
+    assert_eq!(listed.leader.holder, "curator-a");
+    assert_eq!(listed.leader.term, curator.term);
     assert!(
         curator.term > seen.term,
         "terms increase: {curator:?} after {seen:?}"
@@ -176,7 +192,17 @@ async fn curator_leader_latch_and_our_campaigns_see_one_leader() {
     assert_eq!(last.holder, "curator-b");
     assert!(last.term.unwrap() > lease.token());
     assert_eq!(peer.ask(&mut c2, "close").await, "closed");
-    assert_eq!(bs[0].leader(&e).await.unwrap(), None);
+    // Curator's `close` deletes its node in the background: allow it a
+    // moment to arrive.
+    let mut left = bs[0].leader(&e).await.unwrap();
+    for _ in 0..100 {
+        if left.is_none() {
+            break;
+        }
+        sleep(Duration::from_millis(20)).await;
+        left = bs[0].leader(&e).await.unwrap();
+    }
+    assert_eq!(left, None, "a leader after Curator's last latch closed");
 
     // A campaign that cannot lead before its deadline is `Contended` and
     // leaves no candidate behind.
