@@ -8,37 +8,21 @@
 mod checks;
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use checks::*;
-use common::Standalone;
-use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, LockShape, OwnerId};
+use common::{TTL, key, permits, refused, soon, spawn_wait, take, until_children};
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockShape};
 use tokio::time::{Instant, sleep, timeout};
-
-const TTL: Duration = Duration::from_secs(3);
-
-fn key(name: &str) -> LockKey {
-    LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
-}
-
-fn permits(count: u32, limit: u32) -> LeaseKind {
-    LeaseKind::permits(count, limit).expect("permits")
-}
-
-fn soon(ms: u64) -> Instant {
-    Instant::now() + Duration::from_millis(ms)
-}
 
 /// Many readers and writers on separate sessions: no writer ever beside
 /// anyone, and readers really overlap. The same check, with one contender
 /// replaced by a reader that ignores writers, reports overlaps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rw_exclusion_under_contention_and_a_broken_reader_is_caught() {
-    let Some(target) = Standalone::start().await else {
+    let Some((target, bs)) = started(4).await else {
         return;
     };
-    let bs = backends(&target, 4).await;
     let k = key("rw-contention");
     let dir = bs[0].rwlock_path(&k);
     let actors: Vec<Actor> = (0..6).map(|i| Actor::Ours(bs[i % 4].clone())).collect();
@@ -59,33 +43,13 @@ async fn rw_exclusion_under_contention_and_a_broken_reader_is_caught() {
     let k = key("rw-broken");
     let dir = bs[0].rwlock_path(&k);
     // The directory exists once one of ours has used it.
-    let lease = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = take(&bs[0], &k, LeaseKind::Read, "granted").await;
     bs[0].release(&lease).await.unwrap();
     // Once for certain: the broken reader beside our writer...
-    let w = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Write, TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let from = Instant::now();
-    let node = broken_node(&raw, &dir, "__READ__").await;
-    let r_from = Instant::now();
-    sleep(Duration::from_millis(10)).await;
-    let history: History = Arc::default();
-    record(&history, Held::Read, r_from, "broken reader");
-    raw.delete(&node, None).await.unwrap();
-    history.lock().unwrap().push(Interval {
-        held: Held::Write,
-        from,
-        to: Instant::now(),
-        who: "ours".into(),
-    });
+    let w = take(&bs[0], &k, LeaseKind::Write, "granted").await;
+    let history = beside_broken(&raw, &dir, "__READ__", Held::Write, Held::Read, "reader").await;
     bs[0].release(&w).await.unwrap();
-    let violations = rw_violations(&history.lock().unwrap());
+    let violations = rw_violations(&history);
     assert_eq!(
         violations.len(),
         1,
@@ -106,30 +70,15 @@ async fn rw_exclusion_under_contention_and_a_broken_reader_is_caught() {
 /// Readers of separate sessions hold at once, and carry equal tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_share_and_writers_exclude() {
-    let Some(target) = Standalone::start().await else {
+    let Some((_target, bs)) = started(3).await else {
         return;
     };
-    let bs = backends(&target, 3).await;
     let k = key("share");
-    let r1 = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .expect("r1");
-    let r2 = bs[1]
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .expect("r2");
+    let r1 = take(&bs[0], &k, LeaseKind::Read, "r1").await;
+    let r2 = take(&bs[1], &k, LeaseKind::Read, "r2").await;
     assert_eq!(r1.kind(), LeaseKind::Read);
     assert_eq!(r1.token(), r2.token());
-    assert!(
-        bs[2]
-            .try_acquire_kind(&k, LeaseKind::Write, TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(refused(&bs[2], &k, LeaseKind::Write).await);
     let holders = bs[2].holders(&k, LockShape::ReadWrite).await.unwrap();
     assert_eq!(holders.len(), 2, "{holders:?}");
     assert!(holders.iter().all(|h| h.kind == LeaseKind::Read));
@@ -150,33 +99,11 @@ async fn readers_share_and_writers_exclude() {
         bs[0].renew(&r1).await.unwrap_err().kind(),
         ErrorKind::NotHeld
     );
-    assert!(
-        bs[2]
-            .try_acquire_kind(&k, LeaseKind::Write, TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(refused(&bs[2], &k, LeaseKind::Write).await);
     assert!(bs[1].release(&r2).await.unwrap());
-    let w = bs[2]
-        .try_acquire_kind(&k, LeaseKind::Write, TTL)
-        .await
-        .unwrap()
-        .expect("w");
-    assert!(
-        bs[0]
-            .try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        bs[0]
-            .try_acquire_kind(&k, LeaseKind::Write, TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let w = take(&bs[2], &k, LeaseKind::Write, "w").await;
+    assert!(refused(&bs[0], &k, LeaseKind::Read).await);
+    assert!(refused(&bs[0], &k, LeaseKind::Write).await);
     let holders = bs[0].holders(&k, LockShape::ReadWrite).await.unwrap();
     assert_eq!(holders.len(), 1);
     assert_eq!(holders[0].kind, LeaseKind::Write);
@@ -188,39 +115,18 @@ async fn readers_share_and_writers_exclude() {
 /// waiting writer that is cancelled stops blocking readers at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_preference_and_a_cancelled_writer() {
-    let Some(target) = Standalone::start().await else {
+    let Some((target, bs)) = started(3).await else {
         return;
     };
-    let bs = backends(&target, 3).await;
     let k = key("prefer");
-    let r1 = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .expect("r1");
-    let writer = {
-        let (b, k) = (bs[1].clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
-                .await
-        })
-    };
+    let r1 = take(&bs[0], &k, LeaseKind::Read, "r1").await;
+    let writer = spawn_wait(&bs[1], &k, LeaseKind::Write);
     // Until the writer's node is there.
     let dir = bs[0].rwlock_path(&k);
     let raw = target.raw().await;
-    timeout(Duration::from_secs(5), async {
-        while raw.list_children(&dir).await.unwrap().len() < 2 {
-            sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the writer never queued");
+    until_children(&raw, &dir, 2, "the writer never queued").await;
     assert!(
-        bs[2]
-            .try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .is_none(),
+        refused(&bs[2], &k, LeaseKind::Read).await,
         "a reader overtook a waiting writer"
     );
     let err = bs[2]
@@ -229,34 +135,18 @@ async fn writer_preference_and_a_cancelled_writer() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Contended);
     assert!(bs[0].release(&r1).await.unwrap());
-    let w = timeout(Duration::from_secs(5), writer)
+    let (_, w) = timeout(Duration::from_secs(5), writer)
         .await
         .unwrap()
-        .unwrap()
-        .expect("writer");
+        .unwrap();
+    let w = w.expect("writer");
     assert!(w.token() > r1.token());
     assert!(bs[1].release(&w).await.unwrap());
 
     // A waiting writer that is dropped: readers get in again at once.
-    let r1 = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .expect("r1");
-    let waiting = {
-        let (b, k) = (bs[1].clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
-                .await
-        })
-    };
-    timeout(Duration::from_secs(5), async {
-        while raw.list_children(&dir).await.unwrap().len() < 2 {
-            sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the writer never queued");
+    let r1 = take(&bs[0], &k, LeaseKind::Read, "r1").await;
+    let waiting = spawn_wait(&bs[1], &k, LeaseKind::Write);
+    until_children(&raw, &dir, 2, "the writer never queued").await;
     waiting.abort();
     let dropped = Instant::now();
     let r2 = timeout(Duration::from_secs(2), async {
@@ -290,34 +180,15 @@ async fn writer_preference_and_a_cancelled_writer() {
 /// until the read lease goes, and invalidates the write lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downgrade_without_a_gap() {
-    let Some(target) = Standalone::start().await else {
+    let Some((target, bs)) = started(3).await else {
         return;
     };
-    let bs = backends(&target, 3).await;
     let k = key("downgrade");
-    let w = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Write, TTL)
-        .await
-        .unwrap()
-        .expect("w");
-    let waiter = {
-        let (b, k) = (bs[1].clone(), k.clone());
-        tokio::spawn(async move {
-            let lease = b
-                .acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
-                .await;
-            (Instant::now(), lease)
-        })
-    };
+    let w = take(&bs[0], &k, LeaseKind::Write, "w").await;
+    let waiter = spawn_wait(&bs[1], &k, LeaseKind::Write);
     let dir = bs[0].rwlock_path(&k);
     let raw = target.raw().await;
-    timeout(Duration::from_secs(5), async {
-        while raw.list_children(&dir).await.unwrap().len() < 2 {
-            sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the writer never queued");
+    until_children(&raw, &dir, 2, "the writer never queued").await;
     let r = bs[0].downgrade(&w).await.expect("downgrade");
     assert_eq!(r.kind(), LeaseKind::Read);
     assert_eq!(r.token(), w.token(), "the read lease keeps the write token");
@@ -366,17 +237,9 @@ async fn downgrade_without_a_gap() {
     assert!(w2.token() > w.token());
     assert!(bs[1].release(&w2).await.unwrap());
     // A downgrade with no one waiting: another reader joins.
-    let w = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Write, TTL)
-        .await
-        .unwrap()
-        .expect("w");
+    let w = take(&bs[0], &k, LeaseKind::Write, "w").await;
     let r = bs[0].downgrade(&w).await.expect("downgrade");
-    let r2 = bs[2]
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .expect("reader joins");
+    let r2 = take(&bs[2], &k, LeaseKind::Read, "reader joins").await;
     assert_eq!(r2.token(), w.token());
     assert!(bs[0].release(&r).await.unwrap());
     assert!(bs[2].release(&r2).await.unwrap());
@@ -386,26 +249,17 @@ async fn downgrade_without_a_gap() {
 /// carry the last write's token (0 before any write), permits increase.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_as_documented() {
-    let Some(target) = Standalone::start().await else {
+    let Some((_target, bs)) = started(2).await else {
         return;
     };
-    let bs = backends(&target, 2).await;
     let k = key("tokens");
-    let r0 = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let r0 = take(&bs[0], &k, LeaseKind::Read, "granted").await;
     assert_eq!(r0.token().get(), 0, "a read before any write carries 0");
     bs[0].release(&r0).await.unwrap();
     let mut last_write;
     let mut last_grant = 0;
     for round in 0..4 {
-        let w = bs[round % 2]
-            .try_acquire_kind(&k, LeaseKind::Write, TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let w = take(&bs[round % 2], &k, LeaseKind::Write, "granted").await;
         assert!(
             w.token().get() > last_grant,
             "write {} after {last_grant}",
@@ -414,16 +268,8 @@ async fn tokens_as_documented() {
         last_write = w.token().get();
         last_grant = last_write;
         bs[round % 2].release(&w).await.unwrap();
-        let ra = bs[0]
-            .try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .unwrap();
-        let rb = bs[1]
-            .try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let ra = take(&bs[0], &k, LeaseKind::Read, "granted").await;
+        let rb = take(&bs[1], &k, LeaseKind::Read, "granted").await;
         assert_eq!(ra.token().get(), last_write);
         assert_eq!(rb.token().get(), last_write);
         bs[0].release(&ra).await.unwrap();
@@ -432,22 +278,14 @@ async fn tokens_as_documented() {
     let s = key("tokens-sem");
     let mut last = 0;
     for round in 0..6 {
-        let p = bs[round % 2]
-            .try_acquire_kind(&s, permits(1, 2), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let p = take(&bs[round % 2], &s, permits(1, 2), "granted").await;
         assert!(p.token().get() > last);
         last = p.token().get();
         if round % 2 == 1 {
             bs[round % 2].release(&p).await.unwrap();
         } else {
             // Held across the next grant.
-            let q = bs[1]
-                .try_acquire_kind(&s, permits(1, 2), TTL)
-                .await
-                .unwrap()
-                .unwrap();
+            let q = take(&bs[1], &s, permits(1, 2), "granted").await;
             assert!(q.token() > p.token());
             last = q.token().get();
             bs[1].release(&q).await.unwrap();
@@ -461,10 +299,9 @@ async fn tokens_as_documented() {
 /// ignores the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn semaphore_limit_under_contention_and_a_broken_taker_is_caught() {
-    let Some(target) = Standalone::start().await else {
+    let Some((target, bs)) = started(4).await else {
         return;
     };
-    let bs = backends(&target, 4).await;
     let k = key("sem");
     let dir = bs[0].semaphore_path(&k);
     let actors: Vec<Actor> = (0..6).map(|i| Actor::Ours(bs[i % 4].clone())).collect();
@@ -482,33 +319,22 @@ async fn semaphore_limit_under_contention_and_a_broken_taker_is_caught() {
     let raw = target.raw().await;
     let k = key("sem-broken");
     let dir = bs[0].semaphore_path(&k);
-    let p = bs[0]
-        .try_acquire_kind(&k, permits(1, 3), TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let p = take(&bs[0], &k, permits(1, 3), "granted").await;
     bs[0].release(&p).await.unwrap();
     // Once for certain: a broken taker beside our 3 of 3...
-    let all = bs[0]
-        .try_acquire_kind(&k, permits(3, 3), TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let from = Instant::now();
-    let node = broken_node(&raw, &format!("{dir}/leases"), "lease-").await;
-    let b_from = Instant::now();
-    sleep(Duration::from_millis(10)).await;
-    let history: History = Arc::default();
-    record(&history, Held::Permits(1), b_from, "broken taker");
-    raw.delete(&node, None).await.unwrap();
-    history.lock().unwrap().push(Interval {
-        held: Held::Permits(3),
-        from,
-        to: Instant::now(),
-        who: "ours".into(),
-    });
+    let all = take(&bs[0], &k, permits(3, 3), "granted").await;
+    let leases = format!("{dir}/leases");
+    let history = beside_broken(
+        &raw,
+        &leases,
+        "lease-",
+        Held::Permits(3),
+        Held::Permits(1),
+        "taker",
+    )
+    .await;
     bs[0].release(&all).await.unwrap();
-    let (peak, _) = peaks(&history.lock().unwrap());
+    let (peak, _) = peaks(&history);
     assert_eq!(peak, 4, "the check missed a semaphore past its limit");
     // ...and under contention (where it usually shows).
     let mut actors: Vec<Actor> = (0..5).map(|i| Actor::Ours(bs[i % 4].clone())).collect();
@@ -524,23 +350,12 @@ async fn semaphore_limit_under_contention_and_a_broken_taker_is_caught() {
 /// typed errors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_counts_limits_and_fifo() {
-    let Some(target) = Standalone::start().await else {
+    let Some((_target, bs)) = started(3).await else {
         return;
     };
-    let bs = backends(&target, 3).await;
     let k = key("sem-counts");
-    let a = bs[0]
-        .try_acquire_kind(&k, permits(2, 3), TTL)
-        .await
-        .unwrap()
-        .expect("2 of 3");
-    assert!(
-        bs[1]
-            .try_acquire_kind(&k, permits(2, 3), TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let a = take(&bs[0], &k, permits(2, 3), "2 of 3").await;
+    assert!(refused(&bs[1], &k, permits(2, 3)).await);
     let err = bs[1]
         .try_acquire_kind(&k, permits(1, 4), TTL)
         .await
@@ -572,29 +387,13 @@ async fn semaphore_counts_limits_and_fifo() {
     bs[0].renew(&a).await.expect("renew 2 permits");
     // A request for 2 waits at the head; a later request for 1 (which
     // would fit) waits behind it.
-    let big = {
-        let (b, k) = (bs[1].clone(), k.clone());
-        tokio::spawn(async move {
-            let l = b.acquire_kind(&k, permits(2, 3), TTL, soon(10_000)).await;
-            (Instant::now(), l)
-        })
-    };
+    let big = spawn_wait(&bs[1], &k, permits(2, 3));
     sleep(Duration::from_millis(300)).await;
     assert!(
-        bs[2]
-            .try_acquire_kind(&k, permits(1, 3), TTL)
-            .await
-            .unwrap()
-            .is_none(),
+        refused(&bs[2], &k, permits(1, 3)).await,
         "a small request overtook the waiting big one"
     );
-    let small = {
-        let (b, k) = (bs[2].clone(), k.clone());
-        tokio::spawn(async move {
-            let l = b.acquire_kind(&k, permits(1, 3), TTL, soon(10_000)).await;
-            (Instant::now(), l)
-        })
-    };
+    let small = spawn_wait(&bs[2], &k, permits(1, 3));
     sleep(Duration::from_millis(300)).await;
     assert!(!big.is_finished() && !small.is_finished());
     bs[0].release(&a).await.unwrap();
@@ -620,11 +419,7 @@ async fn semaphore_counts_limits_and_fifo() {
     bs[1].release(&l_big).await.unwrap();
     bs[2].release(&l_small).await.unwrap();
     // Idle: a new limit takes effect.
-    let p = bs[0]
-        .try_acquire_kind(&k, permits(4, 5), TTL)
-        .await
-        .unwrap()
-        .expect("idle: new limit");
+    let p = take(&bs[0], &k, permits(4, 5), "idle: new limit").await;
     bs[0].release(&p).await.unwrap();
 }
 
@@ -632,10 +427,9 @@ async fn semaphore_counts_limits_and_fifo() {
 /// stopped renewing): for a writer, a reader and permits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unrenewed_shared_leases_are_freed_at_their_ttl() {
-    let Some(target) = Standalone::start().await else {
+    let Some((_target, bs)) = started(2).await else {
         return;
     };
-    let bs = backends(&target, 2).await;
     let ttl = Duration::from_millis(600);
     let k = key("ttl");
     let w = bs[0]
@@ -680,29 +474,20 @@ async fn unrenewed_shared_leases_are_freed_at_their_ttl() {
 /// semaphore's mutex is free again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_leaves_nothing() {
-    let Some(target) = Standalone::start().await else {
+    let Some((target, bs)) = started(2).await else {
         return;
     };
-    let bs = backends(&target, 2).await;
     let raw = target.raw().await;
     let k = key("cancel");
     let dir = bs[0].rwlock_path(&k);
-    let w = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Write, TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let w = take(&bs[0], &k, LeaseKind::Write, "granted").await;
     for kind in [LeaseKind::Read, LeaseKind::Write] {
         let wait = bs[1].acquire_kind(&k, kind, TTL, soon(10_000));
         assert!(timeout(Duration::from_millis(200), wait).await.is_err());
     }
     let sem = key("cancel-sem");
     let sdir = bs[0].semaphore_path(&sem);
-    let p = bs[0]
-        .try_acquire_kind(&sem, permits(1, 1), TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let p = take(&bs[0], &sem, permits(1, 1), "granted").await;
     let wait = bs[1].acquire_kind(&sem, permits(1, 1), TTL, soon(10_000));
     assert!(timeout(Duration::from_millis(300), wait).await.is_err());
     timeout(Duration::from_secs(3), async {
@@ -721,16 +506,8 @@ async fn cancel_leaves_nothing() {
     assert!(bs[0].release(&w).await.unwrap());
     assert!(bs[0].release(&p).await.unwrap());
     // Everything free.
-    let r = bs[1]
-        .try_acquire_kind(&k, LeaseKind::Write, TTL)
-        .await
-        .unwrap()
-        .expect("free");
-    let q = bs[1]
-        .try_acquire_kind(&sem, permits(1, 1), TTL)
-        .await
-        .unwrap()
-        .expect("free");
+    let r = take(&bs[1], &k, LeaseKind::Write, "free").await;
+    let q = take(&bs[1], &sem, permits(1, 1), "free").await;
     bs[1].release(&r).await.unwrap();
     bs[1].release(&q).await.unwrap();
     assert!(raw.list_children(&dir).await.unwrap().is_empty());

@@ -10,9 +10,66 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::deploy::{self, DeployedTarget, Deployment, Opener};
 use conformance::process::HarnessError;
-use lock_core::{LockBackend, LockError};
+use lock_core::{Lease, LeaseKind, LockBackend, LockError, LockKey, OwnerId};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+
+/// The TTL of the leases the interop and shared-kind tests take.
+pub const TTL: Duration = Duration::from_secs(3);
+
+/// A key of its own for each run: `name` and a random suffix.
+pub fn key(name: &str) -> LockKey {
+    LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
+}
+
+/// `count` of `limit` permits.
+pub fn permits(count: u32, limit: u32) -> LeaseKind {
+    LeaseKind::permits(count, limit).expect("permits")
+}
+
+/// A deadline `ms` milliseconds from now.
+pub fn soon(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+/// A lease of `kind` on `k` (TTL [`TTL`]) by a single try that must be
+/// granted; `what` names it when it is not.
+pub async fn take(b: &ZkBackend, k: &LockKey, kind: LeaseKind, what: &str) -> Lease {
+    b.try_acquire_kind(k, kind, TTL).await.unwrap().expect(what)
+}
+
+/// Whether a single try for `kind` on `k` is refused (its errors fail).
+pub async fn refused(b: &ZkBackend, k: &LockKey, kind: LeaseKind) -> bool {
+    b.try_acquire_kind(k, kind, TTL).await.unwrap().is_none()
+}
+
+/// `b` waits (up to 10 s) for `kind` on `k` in a task of its own, which
+/// returns when it was granted and the lease.
+pub fn spawn_wait(
+    b: &ZkBackend,
+    k: &LockKey,
+    kind: LeaseKind,
+) -> JoinHandle<(Instant, Result<Lease, LockError>)> {
+    let (b, k) = (b.clone(), k.clone());
+    tokio::spawn(async move {
+        let lease = b.acquire_kind(&k, kind, TTL, soon(10_000)).await;
+        (Instant::now(), lease)
+    })
+}
+
+/// Waits (up to 5 s) until `dir` has at least `n` children, or fails
+/// with `what`.
+pub async fn until_children(raw: &zookeeper_client::Client, dir: &str, n: usize, what: &str) {
+    timeout(Duration::from_secs(5), async {
+        while raw.list_children(dir).await.unwrap().len() < n {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}"));
+}
 
 /// What the suite's clients add to a deployment's URL (which already
 /// carries its short `session_timeout`).
@@ -102,6 +159,15 @@ impl Standalone {
     /// A new backend with its own session.
     pub async fn backend(&self) -> Result<ZkBackend, LockError> {
         ZkBackend::connect(ZkConfig::from_url(&self.client_url())?).await
+    }
+
+    /// `n` new backends, each with its own session.
+    pub async fn backends(&self, n: usize) -> Vec<ZkBackend> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(self.backend().await.expect("backend"));
+        }
+        out
     }
 
     /// A raw client of the same server, for outside interference.

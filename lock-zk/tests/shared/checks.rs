@@ -190,12 +190,34 @@ pub(crate) async fn rw_contention(
     history.lock().unwrap().clone()
 }
 
-pub(crate) async fn backends(target: &Standalone, n: usize) -> Vec<ZkBackend> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(target.backend().await.expect("backend"));
-    }
-    out
+/// A standalone server and `n` backends on it, or `None` (skip) when
+/// ZooKeeper is missing.
+pub(crate) async fn started(n: usize) -> Option<(Standalone, Vec<ZkBackend>)> {
+    let target = Standalone::start().await?;
+    let bs = target.backends(n).await;
+    Some((target, bs))
+}
+
+/// One holding of ours (`ours`, granted just before the call) with a
+/// broken node `name` created in `dir` beside it and held 10 ms (`broken`,
+/// by a broken `who`), then deleted: the two holdings.
+pub(crate) async fn beside_broken(
+    raw: &zk::Client,
+    dir: &str,
+    name: &str,
+    ours: Held,
+    broken: Held,
+    who: &str,
+) -> Vec<Interval> {
+    let from = Instant::now();
+    let node = broken_node(raw, dir, name).await;
+    let b_from = Instant::now();
+    sleep(Duration::from_millis(10)).await;
+    let history: History = Arc::default();
+    record(&history, broken, b_from, &format!("broken {who}"));
+    raw.delete(&node, None).await.unwrap();
+    record(&history, ours, from, "ours");
+    history.lock().unwrap().clone()
 }
 
 /// `rounds` permit requests of `actor` (1 or 2 of `limit`).
