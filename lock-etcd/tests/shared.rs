@@ -105,6 +105,15 @@ async fn take(
         .ok_or_else(|| refused.to_owned())
 }
 
+/// `kind` on `key` at once, for a test body: panics with `what` when
+/// refused.
+async fn granted(b: &dyn LockBackend, key: &LockKey, kind: LeaseKind, what: &str) -> Lease {
+    b.try_acquire_kind(key, kind, TTL)
+        .await
+        .unwrap()
+        .expect(what)
+}
+
 /// `kind` on `key`, waiting up to `within`.
 async fn wait_kind(
     b: &dyn LockBackend,

@@ -174,105 +174,131 @@ async fn shows_failure(name: &str, result: Check) {
     }
 }
 
-/// A real etcd, a backend on it and the same backend as a trait object;
-/// `None` when no etcd can be started here.
-async fn start() -> Option<(EtcdServer, Arc<EtcdBackend>, Arc<dyn LockBackend>)> {
-    let server = EtcdServer::start().await.or_skip()?;
-    let real = backend(&server).await;
-    let b: Arc<dyn LockBackend> = real.clone();
-    Some((server, real, b))
+/// A real etcd, a backend on it and the same backend as a trait object.
+struct Setup {
+    server: EtcdServer,
+    real: Arc<EtcdBackend>,
+    b: Arc<dyn LockBackend>,
 }
 
-/// Runs `check` on `real` wrapped with `flaw`, under a fresh key made from
-/// `name`: the check `label` must fail. Then wipes what the double left.
-async fn fails_on<F, Fut>(real: &Arc<EtcdBackend>, name: &str, label: &str, flaw: Flaw, check: F)
-where
-    F: FnOnce(Arc<dyn LockBackend>, LockKey) -> Fut,
-    Fut: std::future::Future<Output = Check>,
-{
-    let k = key(name);
-    shows_failure(
-        label,
-        check(Broken::wrap(real.clone(), flaw), k.clone()).await,
-    )
-    .await;
-    wipe(real, &k).await;
+impl Setup {
+    /// `None` when no etcd can be started here.
+    async fn start() -> Option<Self> {
+        let server = EtcdServer::start().await.or_skip()?;
+        let real = backend(&server).await;
+        let b: Arc<dyn LockBackend> = real.clone();
+        Some(Self { server, real, b })
+    }
+
+    /// Runs `check` on the real backend (and its raw side) under a fresh
+    /// key made from `name`: it must pass.
+    async fn passes<F, Fut>(&self, name: &str, check: F)
+    where
+        F: FnOnce(Arc<dyn LockBackend>, Arc<EtcdBackend>, LockKey) -> Fut,
+        Fut: std::future::Future<Output = Check>,
+    {
+        check(self.b.clone(), self.real.clone(), key(name))
+            .await
+            .unwrap();
+    }
+
+    /// Runs `check` on the real backend wrapped with `flaw`, under a fresh
+    /// key made from `label` (`readers overlap` → `readers-overlap-broken`):
+    /// the check `label` must fail. Then wipes what the double left.
+    async fn fails<F, Fut>(&self, label: &str, flaw: Flaw, check: F)
+    where
+        F: FnOnce(Arc<dyn LockBackend>, Arc<EtcdBackend>, LockKey) -> Fut,
+        Fut: std::future::Future<Output = Check>,
+    {
+        let k = key(&format!("{}-broken", label.replace(' ', "-")));
+        let broken = Broken::wrap(self.real.clone(), flaw);
+        shows_failure(label, check(broken, self.real.clone(), k.clone()).await).await;
+        wipe(&self.real, &k).await;
+    }
+
+    /// [`Self::passes`] on etcd, then [`Self::fails`] with each
+    /// `(label, flaw)` of `flaws`.
+    async fn check<F, Fut>(&self, name: &str, check: F, flaws: &[(&str, Flaw)])
+    where
+        F: Fn(Arc<dyn LockBackend>, Arc<EtcdBackend>, LockKey) -> Fut,
+        Fut: std::future::Future<Output = Check>,
+    {
+        self.passes(name, &check).await;
+        for &(label, flaw) in flaws {
+            self.fails(label, flaw, &check).await;
+        }
+    }
+}
+
+/// Another backend on `server` (1 s TTL) that takes `kind` on `key` and
+/// drops the lease without releasing it; `holder` names it in a failure.
+async fn holder_elsewhere(
+    server: &EtcdServer,
+    key: &LockKey,
+    kind: LeaseKind,
+    holder: &str,
+) -> EtcdBackend {
+    let other = EtcdBackend::connect(config(server, Duration::from_secs(1)))
+        .await
+        .expect("connect");
+    let lease = other
+        .try_acquire_kind(key, kind, Duration::from_secs(1))
+        .await
+        .expect(holder)
+        .expect("granted");
+    drop(lease);
+    other
 }
 
 // ---------------------------------------------------------------- tests
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_share_and_writers_exclude() {
-    let Some((_server, real, b)) = start().await else {
+    let Some(s) = Setup::start().await else {
         return;
     };
-    assert!(b.capabilities().shared_locks && b.capabilities().semaphores);
-    check_readers_overlap(b.clone(), key("overlap"))
-        .await
-        .unwrap();
-    check_writer_excluded(b.clone(), key("exclude"))
-        .await
-        .unwrap();
-    check_writer_preference(b.clone(), real.clone(), key("prefer"))
-        .await
-        .unwrap();
-
-    fails_on(
-        &real,
-        "overlap-broken",
-        "readers overlap",
-        Flaw::ReadAsWrite,
-        check_readers_overlap,
+    assert!(s.b.capabilities().shared_locks && s.b.capabilities().semaphores);
+    let overlap = |b, _, k| check_readers_overlap(b, k);
+    let exclude = |b, _, k| check_writer_excluded(b, k);
+    s.check(
+        "overlap",
+        overlap,
+        &[("readers overlap", Flaw::ReadAsWrite)],
     )
     .await;
-    fails_on(
-        &real,
-        "exclude-broken",
-        "writer excluded",
-        Flaw::WriteAsRead,
-        check_writer_excluded,
+    s.check(
+        "exclude",
+        exclude,
+        &[("writer excluded", Flaw::WriteAsRead)],
     )
     .await;
-    fails_on(
-        &real,
-        "prefer-broken",
-        "writer preference",
-        Flaw::Polling,
-        |b, k| check_writer_preference(b, real.clone(), k),
-    )
-    .await;
+    let prefer = check_writer_preference;
+    s.check("prefer", prefer, &[("writer preference", Flaw::Polling)])
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downgrade_and_tokens() {
-    let Some((_server, real, b)) = start().await else {
+    let Some(s) = Setup::start().await else {
         return;
     };
-    check_downgrade(b.clone(), real.clone(), key("downgrade"))
-        .await
-        .unwrap();
-    check_tokens(b.clone(), real.clone(), key("tokens"))
-        .await
-        .unwrap();
+    let (real, b) = (&s.real, &s.b);
+    let downgrade_flaws = [("downgrade", Flaw::GapDowngrade)];
+    s.check("downgrade", check_downgrade, &downgrade_flaws)
+        .await;
+    let tokens_flaws = [("tokens", Flaw::ReadTokenZero)];
+    s.check("tokens", check_tokens, &tokens_flaws).await;
 
     // Downgrade refuses a read lease, and a write lease whose entry was
     // deleted behind its back (which is then dead for renew too).
     let k = key("downgrade-refused");
-    let read = b
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let read = granted(&**b, &k, LeaseKind::Read, "reader").await;
     assert_eq!(
         b.downgrade(&read).await.unwrap_err().kind(),
         ErrorKind::NotHeld
     );
     assert!(b.release(&read).await.unwrap());
-    let write = b
-        .try_acquire_kind(&k, LeaseKind::Write, TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let write = granted(&**b, &k, LeaseKind::Write, "writer").await;
     real.client()
         .kv_client()
         .delete(
@@ -295,16 +321,8 @@ async fn downgrade_and_tokens() {
     // are three locks.
     let k = key("namespaces");
     let m = b.try_acquire(&k, TTL).await.unwrap().expect("mutex");
-    let w = b
-        .try_acquire_kind(&k, LeaseKind::Write, TTL)
-        .await
-        .unwrap()
-        .expect("writer beside a mutex");
-    let p = b
-        .try_acquire_kind(&k, permits(1, 1), TTL)
-        .await
-        .unwrap()
-        .expect("permit beside both");
+    let w = granted(&**b, &k, LeaseKind::Write, "writer beside a mutex").await;
+    let p = granted(&**b, &k, permits(1, 1), "permit beside both").await;
     assert!(
         b.try_acquire(&k, TTL).await.unwrap().is_none(),
         "the mutex is still one"
@@ -312,86 +330,35 @@ async fn downgrade_and_tokens() {
     for lease in [&m, &w, &p] {
         assert!(b.release(lease).await.unwrap());
     }
-
-    fails_on(
-        &real,
-        "downgrade-broken",
-        "downgrade",
-        Flaw::GapDowngrade,
-        |b, k| check_downgrade(b, real.clone(), k),
-    )
-    .await;
-    fails_on(
-        &real,
-        "tokens-broken",
-        "tokens",
-        Flaw::ReadTokenZero,
-        |b, k| check_tokens(b, real.clone(), k),
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_limits() {
-    let Some((_server, real, b)) = start().await else {
+    let Some(s) = Setup::start().await else {
         return;
     };
-    check_semaphore_limit(b.clone(), real.clone(), key("limit"))
-        .await
-        .unwrap();
-    check_limit_mismatch(b.clone(), real.clone(), key("mismatch"))
-        .await
-        .unwrap();
-
-    fails_on(
-        &real,
-        "limit-broken",
-        "semaphore limit",
-        Flaw::PlusOnePermit,
-        |b, k| check_semaphore_limit(b, real.clone(), k),
-    )
-    .await;
-    fails_on(
-        &real,
-        "fifo-broken",
-        "semaphore FIFO",
-        Flaw::Polling,
-        |b, k| check_semaphore_limit(b, real.clone(), k),
-    )
-    .await;
-    fails_on(
-        &real,
-        "mismatch-broken",
-        "limit mismatch",
-        Flaw::LimitThree,
-        |b, k| check_limit_mismatch(b, real.clone(), k),
-    )
-    .await;
+    let limit_flaws = [
+        ("semaphore limit", Flaw::PlusOnePermit),
+        ("semaphore FIFO", Flaw::Polling),
+    ];
+    s.check("limit", check_semaphore_limit, &limit_flaws).await;
+    let mismatch_flaws = [("limit mismatch", Flaw::LimitThree)];
+    s.check("mismatch", check_limit_mismatch, &mismatch_flaws)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashed_and_cancelled_holders_free_their_share() {
-    let Some((server, real, b)) = start().await else {
+    let Some(s) = Setup::start().await else {
         return;
     };
-    check_cancel(b.clone(), real.clone(), key("cancel"))
-        .await
-        .unwrap();
-    let crash_config = config(&server, Duration::from_secs(1));
+    let (server, real, b) = (&s.server, &s.real, &s.b);
+    let cancel_flaws = [("cancel", Flaw::LeakyCancel)];
+    s.check("cancel", check_cancel, &cancel_flaws).await;
     // A real crash: another backend takes the share and is dropped without
     // releasing (its keep-alive stops, nothing is revoked).
-    let crash = |key: LockKey, kind: LeaseKind| {
-        let crash_config = crash_config.clone();
-        async move {
-            let other = EtcdBackend::connect(crash_config).await.expect("connect");
-            let lease = other
-                .try_acquire_kind(&key, kind, Duration::from_secs(1))
-                .await
-                .expect("crash holder")
-                .expect("granted");
-            drop(lease);
-            drop(other);
-        }
+    let crash = |key: LockKey, kind: LeaseKind| async move {
+        drop(holder_elsewhere(server, &key, kind, "crash holder").await);
     };
     check_crash_freed(b.clone(), key("crash"), crash)
         .await
@@ -400,14 +367,10 @@ async fn crashed_and_cancelled_holders_free_their_share() {
     // A lease moved to another process by its handle is renewed and
     // released there.
     let k = key("handle");
-    let read = b
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .expect("reader");
+    let read = granted(&**b, &k, LeaseKind::Read, "reader").await;
     let moved = Lease::from_handle(&read.to_handle()).expect("handle");
     assert_eq!(moved.kind(), LeaseKind::Read);
-    let elsewhere = backend(&server).await;
+    let elsewhere = backend(server).await;
     elsewhere.renew(&moved).await.expect("renew elsewhere");
     let holders = elsewhere.holders(&k, LockShape::ReadWrite).await.unwrap();
     assert_eq!(holders.len(), 1, "{holders:?}");
@@ -415,16 +378,8 @@ async fn crashed_and_cancelled_holders_free_their_share() {
     assert!(holders[0].remaining_ttl.is_some());
     assert!(elsewhere.release(&moved).await.expect("release elsewhere"));
     assert!(!b.release(&read).await.unwrap(), "released twice");
-    assert_eq!(raw_entries(&real, &k, "%rw").await, 0);
+    assert_eq!(raw_entries(real, &k, "%rw").await, 0);
 
-    fails_on(
-        &real,
-        "cancel-broken",
-        "cancel",
-        Flaw::LeakyCancel,
-        |b, k| check_cancel(b, real.clone(), k),
-    )
-    .await;
     // A broken "crash" whose share is not tied to any lease.
     let raw = real.clone();
     let leaky_crash = |key: LockKey, kind: LeaseKind| {
@@ -452,7 +407,7 @@ async fn crashed_and_cancelled_holders_free_their_share() {
         check_crash_freed(b.clone(), k.clone(), leaky_crash).await,
     )
     .await;
-    wipe(&real, &k).await;
+    wipe(real, &k).await;
 }
 
 /// The permit floor takes permits of the driver's semaphores (same layout,
@@ -472,21 +427,13 @@ async fn permit_floor_uses_the_driver_layout() {
     for _ in 0..3 {
         floor.cycle(k.as_str(), TTL).await.expect("cycle");
     }
-    let held = real
-        .try_acquire_kind(&k, permits(2, 2), TTL)
-        .await
-        .unwrap()
-        .expect("2 of 2");
+    let held = granted(&*real, &k, permits(2, 2), "2 of 2").await;
     assert!(
         floor.try_grant(k.as_str(), TTL).await.unwrap().is_none(),
         "the floor overfilled"
     );
     assert!(real.release(&held).await.unwrap());
-    let one = real
-        .try_acquire_kind(&k, permits(1, 2), TTL)
-        .await
-        .unwrap()
-        .expect("1 of 2");
+    let one = granted(&*real, &k, permits(1, 2), "1 of 2").await;
     let grant = floor
         .try_grant(k.as_str(), TTL)
         .await
@@ -502,11 +449,7 @@ async fn permit_floor_uses_the_driver_layout() {
     );
     assert!(floor.release(&grant).await.unwrap());
     assert!(real.release(&one).await.unwrap());
-    let wrong = real
-        .try_acquire_kind(&k, permits(1, 3), TTL)
-        .await
-        .unwrap()
-        .expect("idle: 1 of 3");
+    let wrong = granted(&*real, &k, permits(1, 3), "idle: 1 of 3").await;
     let refused = floor.try_grant(k.as_str(), TTL).await.unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
     assert!(real.release(&wrong).await.unwrap());
@@ -517,11 +460,7 @@ async fn permit_floor_uses_the_driver_layout() {
         .await
         .expect("connect")
         .expect("a floor");
-    let three = real
-        .try_acquire_kind(&k, permits(3, 4), TTL)
-        .await
-        .unwrap()
-        .expect("3 of 4");
+    let three = granted(&*real, &k, permits(3, 4), "3 of 4").await;
     described
         .cycle(k.as_str(), TTL)
         .await
@@ -537,24 +476,15 @@ async fn stalled_holder_share_expires_with_its_ttl() {
         return;
     };
     let b: Arc<dyn LockBackend> = backend(&server).await;
-    let crash_config = config(&server, Duration::from_secs(1));
     // A stalled holder: its process lives (the session lease is kept
     // alive) but it never renews: the share goes with its own TTL (the
     // session's expiry task deletes entries whose value is not a bare
     // owner id, too).
-    let stall = |key: LockKey, kind: LeaseKind| {
-        let crash_config = crash_config.clone();
-        async move {
-            let other = EtcdBackend::connect(crash_config).await.expect("connect");
-            let lease = other
-                .try_acquire_kind(&key, kind, Duration::from_secs(1))
-                .await
-                .expect("stalled holder")
-                .expect("granted");
-            drop(lease);
-            // Never dropped: its keep-alive runs until the test ends.
-            std::mem::forget(other);
-        }
+    let server = &server;
+    let stall = |key: LockKey, kind: LeaseKind| async move {
+        let other = holder_elsewhere(server, &key, kind, "stalled holder").await;
+        // Never dropped: its keep-alive runs until the test ends.
+        std::mem::forget(other);
     };
     check_crash_freed(b.clone(), key("stall"), stall)
         .await
