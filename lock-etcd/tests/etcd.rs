@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use conformance::deploy::{self, DeployedTarget};
-use conformance::history::{FencedResource, History, Op};
+use conformance::history::{FencedResource, History};
 use conformance::servers::etcd::{EtcdServer, etcdctl};
 use conformance::{Harness, OrSkip, SuiteConfig, run_suite};
 use lock_core::{ErrorKind, LockBackend, LockClient, LockError, LockKey, LockState};
@@ -89,32 +89,17 @@ async fn cluster_contention_survives_leader_kill_and_restart() {
         tasks.push(tokio::spawn(async move {
             let mut grants = Vec::new();
             while !stop.load(Ordering::SeqCst) {
-                rec.invoke(Op::Acquire, &key, None);
-                let lease = match backend
-                    .acquire(
-                        &key,
-                        Duration::from_secs(2),
-                        Instant::now() + Duration::from_secs(10),
-                    )
-                    .await
-                {
-                    Ok(lease) => lease,
-                    Err(_) => {
-                        rec.failed(Op::Acquire, &key, None);
-                        sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let acquire = backend.acquire(&key, Duration::from_secs(2), deadline);
+                let Some(lease) = common::recorded_acquire(&rec, &key, acquire).await else {
+                    continue;
                 };
                 rec.acquired(&key, lease.token(), lease.validity_deadline());
                 grants.push((Instant::now(), lease.token()));
                 *last_grant.lock().unwrap() = Some(Instant::now());
                 resource.write(&rec, &key, lease.token(), |v| *v += 1);
                 sleep(Duration::from_millis(2)).await;
-                rec.invoke(Op::Release, &key, Some(lease.token()));
-                match backend.release(&lease).await {
-                    Ok(held) => rec.released(&key, lease.token(), held),
-                    Err(_) => rec.failed(Op::Release, &key, Some(lease.token())),
-                }
+                common::recorded_release(&rec, &*backend, &key, &lease).await;
             }
             grants
         }));
@@ -141,14 +126,7 @@ async fn cluster_contention_survives_leader_kill_and_restart() {
     // longer on a loaded machine), bounded.
     sleep(Duration::from_secs(1)).await;
     let patience = Instant::now() + Duration::from_secs(15);
-    while last_grant
-        .lock()
-        .unwrap()
-        .is_none_or(|at| at <= restarted_at)
-        && Instant::now() < patience
-    {
-        sleep(Duration::from_millis(50)).await;
-    }
+    common::await_grant_after(&last_grant, restarted_at, patience).await;
     stop.store(true, Ordering::SeqCst);
     let mut grants = Vec::new();
     for task in tasks {

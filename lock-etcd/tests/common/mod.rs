@@ -4,10 +4,13 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use conformance::deploy::Opener;
-use lock_core::LockBackend;
+use conformance::history::{Op, Recorder};
+use lock_core::{Lease, LockBackend, LockError, LockKey};
+use tokio::time::{Instant, sleep};
 
 /// What the suite's clients set in a deployment's URL: a 1 s session TTL
 /// (the deployments hand out `ttl=2s`) and a 1 s per-call timeout, so that
@@ -54,6 +57,51 @@ pub fn suite_opener() -> Opener {
             .map(|(n, v)| (*n, (*v).to_owned()))
             .collect(),
     )
+}
+
+/// One recorded acquire of a contention task: `Op::Acquire` is invoked,
+/// then `acquire` runs; a failure is recorded and paced (20 ms) and gives
+/// `None`. The caller records the grant (its kind is the caller's).
+pub async fn recorded_acquire(
+    rec: &Recorder,
+    key: &LockKey,
+    acquire: impl Future<Output = Result<Lease, LockError>>,
+) -> Option<Lease> {
+    rec.invoke(Op::Acquire, key, None);
+    match acquire.await {
+        Ok(lease) => Some(lease),
+        Err(_) => {
+            rec.failed(Op::Acquire, key, None);
+            sleep(Duration::from_millis(20)).await;
+            None
+        }
+    }
+}
+
+/// One recorded release of a contention task's `lease`.
+pub async fn recorded_release(
+    rec: &Recorder,
+    backend: &dyn LockBackend,
+    key: &LockKey,
+    lease: &Lease,
+) {
+    rec.invoke(Op::Release, key, Some(lease.token()));
+    match backend.release(lease).await {
+        Ok(held) => rec.released(key, lease.token(), held),
+        Err(_) => rec.failed(Op::Release, key, Some(lease.token())),
+    }
+}
+
+/// Waits (polling every 50 ms) until `last_grant` is later than `after`,
+/// or until `patience`: grants resumed after a fault.
+pub async fn await_grant_after(
+    last_grant: &Mutex<Option<Instant>>,
+    after: Instant,
+    patience: Instant,
+) {
+    while last_grant.lock().unwrap().is_none_or(|at| at <= after) && Instant::now() < patience {
+        sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The scaffold of a broken double: writes `#[async_trait] impl LockBackend

@@ -497,7 +497,7 @@ async fn stalled_holder_share_expires_with_its_ttl() {
 /// documented, and grants continue after the fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_contention_survives_leader_kill_and_restart() {
-    use conformance::history::{History, Op};
+    use conformance::history::History;
     use std::sync::atomic::AtomicBool;
     let Some(mut server) = EtcdServer::start_cluster(3).await.or_skip() else {
         return;
@@ -521,27 +521,16 @@ async fn shared_contention_survives_leader_kill_and_restart() {
         tasks.push(tokio::spawn(async move {
             let mut grants = 0usize;
             while !stop.load(Ordering::SeqCst) {
-                rec.invoke(Op::Acquire, &key, None);
-                let lease = match backend
-                    .acquire_kind(&key, kind, TTL, Instant::now() + Duration::from_secs(10))
-                    .await
-                {
-                    Ok(lease) => lease,
-                    Err(_) => {
-                        rec.failed(Op::Acquire, &key, None);
-                        sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let acquire = backend.acquire_kind(&key, kind, TTL, deadline);
+                let Some(lease) = crate::common::recorded_acquire(&rec, &key, acquire).await else {
+                    continue;
                 };
                 rec.acquired_kind(&key, kind, lease.token(), lease.validity_deadline());
                 grants += 1;
                 *last_grant.lock().unwrap() = Some(Instant::now());
                 sleep(Duration::from_millis(5)).await;
-                rec.invoke(Op::Release, &key, Some(lease.token()));
-                match backend.release(&lease).await {
-                    Ok(held) => rec.released(&key, lease.token(), held),
-                    Err(_) => rec.failed(Op::Release, &key, Some(lease.token())),
-                }
+                crate::common::recorded_release(&rec, &*backend, &key, &lease).await;
             }
             grants
         }));
@@ -554,14 +543,7 @@ async fn shared_contention_survives_leader_kill_and_restart() {
     let restarted_at = Instant::now();
     let patience = Instant::now() + Duration::from_secs(15);
     sleep(Duration::from_secs(1)).await;
-    while last_grant
-        .lock()
-        .unwrap()
-        .is_none_or(|at| at <= restarted_at)
-        && Instant::now() < patience
-    {
-        sleep(Duration::from_millis(50)).await;
-    }
+    crate::common::await_grant_after(&last_grant, restarted_at, patience).await;
     stop.store(true, Ordering::SeqCst);
     let mut grants = 0;
     for task in tasks {
