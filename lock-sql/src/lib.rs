@@ -572,14 +572,14 @@
 //! `layout=shedlock` with a `Config` error, and the driver's descriptor
 //! reports no floor for it (compare shows none rather than failing).
 //!
-//! **Session mode**: `holder_details` is false; `list` and `gc` are
-//! `Unsupported`: the server knows a PostgreSQL advisory lock only by a
-//! 64-bit hash of the key (`pg_locks` `classid`/`objid`) and a
-//! MySQL/MariaDB `GET_LOCK` name (hashed for long or non-lowercase keys)
-//! only when asked for it by name, so no prefix of our keys can be read
-//! back; a session lock leaves nothing to collect, and the token counters
-//! (PostgreSQL's sequence, MySQL/MariaDB's row per key) are each key's
-//! only record of its last token.
+//! **Session mode** (see the `session` module): MySQL/MariaDB report
+//! holder details and `list` from the key's `<table>_session_tokens` row,
+//! which the grant writes anyway (with the `GET_LOCK` name and details:
+//! more binds, no extra round trip): one statement per page of at most
+//! `limit` rows in key order, keeping those whose lock is held by the
+//! row's last grant (`IS_USED_LOCK(lock_name) = conn`). PostgreSQL: no
+//! details, `list` `Unsupported` (no per-key row). `gc`: `Unsupported`
+//! (the token counters are each key's only record of its last token).
 //!
 //! *`force_release(key)`* in session mode **ends the holder's database
 //! session**, which frees its lock: [`SqlSessionBackend`] holds each lock

@@ -17,6 +17,8 @@ async fn mariadb_session() {
         .await
         .assert_passed();
     session_common::round_trips(&target).await;
+    session_common::rows::mysql_token_rows(&target).await;
+    session_common::rows::mysql_old_token_table(&target).await;
     session_common::tokens_across_clients(&target).await;
     session_common::dropped_wait(&target).await;
     session_common::unrenewed_lease_expires(&target, Duration::from_secs(1)).await;

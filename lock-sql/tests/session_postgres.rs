@@ -17,6 +17,7 @@ async fn postgres_session() {
         .await
         .assert_passed();
     session_common::round_trips(&target).await;
+    session_common::rows::postgres_lists_nothing(&target).await;
     session_common::tokens_across_clients(&target).await;
     session_common::dropped_wait(&target).await;
     session_common::unrenewed_lease_expires(&target, Duration::from_secs(1)).await;

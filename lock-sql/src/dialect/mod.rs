@@ -523,6 +523,27 @@ pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
         wait: Duration,
     ) -> Result<Killed, sqlx::Error>;
 
+    /// Whether the grant writes holder details that `session_inspect`
+    /// reads back (MySQL/MariaDB: the token row).
+    fn session_details(&self) -> bool {
+        false
+    }
+
+    /// One `list` page: at most `limit` token rows whose key starts with
+    /// `prefix`, after `after`, in key order (see [`SessionListed`]);
+    /// `None` where the server keeps no per-key row to list (PostgreSQL).
+    async fn session_list(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        prefix: &str,
+        after: &str,
+        limit: i64,
+    ) -> Result<Option<Vec<SessionListed>>, sqlx::Error> {
+        let _ = (conn, sql, prefix, after, limit);
+        Ok(None)
+    }
+
     /// Creates the token counter (when `create`) and checks it: a problem
     /// found is returned as text.
     async fn prepare_session_schema(
@@ -533,8 +554,22 @@ pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Option<String>, sqlx::Error>;
 }
 
-/// A session lock's holder: (server session id, owner hex, token).
-pub(crate) type SessionHolder = (i64, Option<String>, Option<u64>);
+/// A session lock's holder.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SessionHolder {
+    /// The server session id holding the lock.
+    pub(crate) session: i64,
+    /// Owner hex and token: only when the holder is one of our grants.
+    pub(crate) owner: Option<String>,
+    pub(crate) token: Option<u64>,
+    /// The encoded holder details its grant wrote (MySQL/MariaDB).
+    pub(crate) details: Option<String>,
+}
+
+/// One token row of a session-mode `list` page: the key as stored, and
+/// its holder when the lock is held by the connection of the row's last
+/// grant (`None`: scanned, not held as that grant).
+pub(crate) type SessionListed = (Vec<u8>, Option<SessionHolder>);
 
 /// The session half of `dialect`, or a Config error (SQLite, or a
 /// dialect whose cargo feature is off).

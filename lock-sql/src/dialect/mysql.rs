@@ -15,9 +15,10 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::{
     DETAILS_LEN, Dialect, GcLock, GrantAll, Holder, Renewed, SessionDialect, SessionHolder,
-    SharedNames, UpsertBinds, bad_option, first_token, floor_table, marks, micros, spliced_batch,
-    text, token_of, wrong_conn,
+    SessionListed, SharedNames, UpsertBinds, bad_option, first_token, floor_table, marks, micros,
+    spliced_batch, text, token_of, wrong_conn,
 };
+use crate::admin::{is_duplicate_column, is_missing_column};
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions, DbPool};
 use crate::session::conn::{
@@ -29,6 +30,21 @@ use crate::sql::Statements;
 /// MySQL and MariaDB.
 #[derive(Debug)]
 pub(crate) struct MySql;
+
+/// The session token table's columns written by the grant beside the
+/// counter (added at connect to a table created before them): the
+/// `GET_LOCK` name (`list` asks the server who holds it), the encoded
+/// holder details, and the token they were written with.
+fn session_columns() -> [(&'static str, String); 3] {
+    [
+        ("lock_name", "VARCHAR(64) NULL".to_owned()),
+        ("details", format!("VARCHAR({DETAILS_LEN}) NULL")),
+        ("details_token", "BIGINT NULL".to_owned()),
+    ]
+}
+
+/// A token row's details, only when written by its last grant.
+const DETAILS_OF_GRANT: &str = "CASE WHEN t.details_token = t.token THEN t.details END";
 
 fn my(conn: &mut DbConn) -> Result<&mut sqlx::MySqlConnection, sqlx::Error> {
     #[allow(irrefutable_let_patterns)] // with only this dialect compiled in
@@ -451,22 +467,38 @@ impl SessionDialect for MySql {
                  name VARBINARY(1024) NOT NULL PRIMARY KEY, \
                  token BIGINT NOT NULL, \
                  owner VARCHAR(64) NOT NULL, \
-                 conn BIGINT NOT NULL) ENGINE=InnoDB"
+                 conn BIGINT NOT NULL, \
+                 {cols}) ENGINE=InnoDB",
+                cols = session_columns()
+                    .map(|(c, ty)| format!("{c} {ty}"))
+                    .join(", "),
             ),
             check: String::new(),
+            // `details_token = token` comes after the token's assignment,
+            // so it is the new token: details written by a client that
+            // does not write them (an older version) are told stale.
             grant: format!(
-                "INSERT INTO {tok} (name, token, owner, conn) \
-                 SELECT ?, LAST_INSERT_ID(1), ?, CONNECTION_ID() FROM DUAL \
+                "INSERT INTO {tok} (name, token, owner, conn, lock_name, details, details_token) \
+                 SELECT ?, LAST_INSERT_ID(1), ?, CONNECTION_ID(), ?, ?, 1 FROM DUAL \
                  WHERE GET_LOCK(?, ?) = 1 \
                  ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), \
-                 owner = VALUES(owner), conn = VALUES(conn)"
+                 owner = VALUES(owner), conn = VALUES(conn), lock_name = VALUES(lock_name), \
+                 details = VALUES(details), details_token = token"
             ),
             wait: String::new(),
             release: "SELECT RELEASE_LOCK(?)".to_owned(),
             holds: "SELECT IS_USED_LOCK(?) = CONNECTION_ID()".to_owned(),
             inspect: format!(
-                "SELECT u.c, t.token, t.owner, t.conn \
+                "SELECT u.c, t.token, t.owner, t.conn, {DETAILS_OF_GRANT} \
                  FROM (SELECT IS_USED_LOCK(?) AS c) u LEFT JOIN {tok} t ON t.name = ?"
+            ),
+            // At most `limit` token rows (the derived table), then who
+            // holds each one's lock now.
+            list: format!(
+                "SELECT p.name, p.token, p.owner, p.conn, p.details, IS_USED_LOCK(p.lock_name) \
+                 FROM (SELECT name, token, owner, conn, lock_name, {DETAILS_OF_GRANT} AS details \
+                 FROM {tok} t WHERE name LIKE ? ESCAPE '!' AND name > ? ORDER BY name LIMIT ?) p \
+                 ORDER BY p.name"
             ),
             // The grant inspect saw still holds it: the same connection
             // holds the lock and made the key's last grant, this token.
@@ -516,6 +548,8 @@ impl SessionDialect for MySql {
             .bind(key)
             .bind(owner)
             .bind(server_key.mysql.as_str())
+            .bind(HolderDetails::encode_current())
+            .bind(server_key.mysql.as_str())
             .bind(seconds)
             .execute(my(conn)?)
             .await?;
@@ -563,20 +597,40 @@ impl SessionDialect for MySql {
         let Some(holder) = row.try_get::<Option<i64>, _>(0)? else {
             return Ok(None);
         };
-        let token: Option<i64> = row.try_get(1)?;
-        let owner: Option<String> = row.try_get(2)?;
-        let conn_id: Option<i64> = row.try_get(3)?;
-        // The token row names the session of the last grant: it is the
-        // holder's only if that session holds the lock now.
-        if conn_id == Some(holder) {
-            Ok(Some((
-                holder,
-                owner,
-                token.and_then(|t| u64::try_from(t).ok()),
-            )))
-        } else {
-            Ok(Some((holder, None, None)))
+        Ok(Some(ours(holder, &row, 1)?.unwrap_or(SessionHolder {
+            session: holder,
+            ..SessionHolder::default()
+        })))
+    }
+
+    fn session_details(&self) -> bool {
+        true
+    }
+
+    async fn session_list(
+        &self,
+        conn: &mut DbConn,
+        sql: &SessionSql,
+        prefix: &str,
+        after: &str,
+        limit: i64,
+    ) -> Result<Option<Vec<SessionListed>>, sqlx::Error> {
+        let rows = sqlx::query(AssertSqlSafe(sql.list.as_str()))
+            .bind(prefix)
+            .bind(after.as_bytes())
+            .bind(limit)
+            .fetch_all(my(conn)?)
+            .await?;
+        let mut page = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let name: Vec<u8> = row.try_get(0)?;
+            let holder = match row.try_get::<Option<i64>, _>(5)? {
+                Some(holder) => ours(holder, row, 1)?,
+                None => None,
+            };
+            page.push((name, holder));
         }
+        Ok(Some(page))
     }
 
     // KILL takes no placeholder; the id is our own integer.
@@ -642,6 +696,9 @@ impl SessionDialect for MySql {
         }
     }
 
+    // A table created before the grant wrote them gets the columns here
+    // (each probed, added only when missing; a concurrent connect adding
+    // it first is not an error).
     async fn prepare_session_schema(
         &self,
         conn: &mut DbConn,
@@ -649,10 +706,50 @@ impl SessionDialect for MySql {
         create: bool,
     ) -> Result<Option<String>, sqlx::Error> {
         if create {
+            let conn = my(conn)?;
             sqlx::query(AssertSqlSafe(sql.create.as_str()))
-                .execute(my(conn)?)
+                .execute(&mut *conn)
                 .await?;
+            let tok = &sql.counter;
+            for (column, ty) in session_columns() {
+                let probe = format!("SELECT {column} FROM {tok} WHERE 1 = 0");
+                match sqlx::query(AssertSqlSafe(probe)).execute(&mut *conn).await {
+                    Err(e) if is_missing_column(&e) => {}
+                    other => {
+                        other?;
+                        continue;
+                    }
+                }
+                tracing::info!(table = tok, column, "adding a session token column");
+                let alter = format!("ALTER TABLE {tok} ADD COLUMN {column} {ty}");
+                match sqlx::query(AssertSqlSafe(alter)).execute(&mut *conn).await {
+                    Err(e) if is_duplicate_column(&e) => {}
+                    other => {
+                        other?;
+                    }
+                }
+            }
         }
         Ok(None)
     }
+}
+
+/// The holder of a session row (columns token, owner, conn, details from
+/// `first`) when `holder`, the connection holding its lock now, made the
+/// row's last grant; `None` otherwise (the lock is someone else's).
+fn ours(
+    holder: i64,
+    row: &sqlx::mysql::MySqlRow,
+    first: usize,
+) -> Result<Option<SessionHolder>, sqlx::Error> {
+    let token: Option<i64> = row.try_get(first)?;
+    let owner: Option<String> = row.try_get(first + 1)?;
+    let conn_id: Option<i64> = row.try_get(first + 2)?;
+    let details: Option<String> = row.try_get(first + 3)?;
+    Ok((conn_id == Some(holder)).then(|| SessionHolder {
+        session: holder,
+        owner,
+        token: token.and_then(|t| u64::try_from(t).ok()),
+        details,
+    }))
 }

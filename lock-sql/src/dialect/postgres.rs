@@ -477,6 +477,7 @@ impl SessionDialect for Postgres {
                  AND l.pid = $3::int AND a.application_name = $4"
                 .to_owned(),
             session_id: Arc::from("SELECT CAST(pg_backend_pid() AS BIGINT)"),
+            list: String::new(),
             counter: seq,
         }
     }
@@ -587,9 +588,13 @@ impl SessionDialect for Postgres {
             let token = parts.next()?.parse::<u64>().ok()?;
             Some((owner, token))
         });
-        Ok(Some(match ours {
-            Some((owner, token)) => (i64::from(pid), Some(owner), Some(token)),
-            None => (i64::from(pid), None, None),
+        let (owner, token) = ours.map_or((None, None), |(o, t)| (Some(o), Some(t)));
+        Ok(Some(SessionHolder {
+            session: i64::from(pid),
+            owner,
+            token,
+            // No per-key row to carry them (see the session module docs).
+            details: None,
         }))
     }
 

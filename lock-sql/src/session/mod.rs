@@ -38,11 +38,17 @@
 //! the grant's published owner and token, and that the session holds no
 //! other advisory lock, in the statement that terminates it); anything
 //! else is refused.
+//!
+//! # Holder details and listing
+//!
+//! MySQL/MariaDB only, from the token row the grant writes anyway; none on
+//! PostgreSQL (see `list.rs`'s module docs).
 
 mod any;
 pub(crate) mod conn;
 pub(crate) mod floor;
 mod grant;
+mod list;
 mod names;
 pub(crate) mod sql;
 
@@ -62,6 +68,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 pub use any::SqlAnyBackend;
 use conn::{Killed, Opts, ServerKey, Session};
+use list::holder_info;
 use sql::SessionSql;
 
 use crate::config::{SqlConfig, SqlDialect};
@@ -411,9 +418,10 @@ impl LockBackend for SqlSessionBackend {
             ttl_model: TtlModel::PerSession,
             linearizable: true,
             min_ttl: self.min_ttl(),
+            // MySQL/MariaDB: the token row the grant writes (module docs).
+            holder_details: self.inner.opts.dialect.session_details(),
             shared_locks: false,
             semaphores: false,
-            ..Capabilities::minimal()
         }
     }
 
@@ -580,32 +588,31 @@ impl LockBackend for SqlSessionBackend {
             }
         };
         self.checkin(pinned);
-        Ok(found.map(|(session, owner, token)| LockInfo {
-            details: None,
-            key: key.clone(),
-            holder: owner.unwrap_or_else(|| format!("server session {session}")),
-            token: token.map(FencingToken::new),
-            // The server frees it when the session ends, not at a time.
-            remaining_ttl: None,
-        }))
+        Ok(found.map(|holder| holder_info(key.clone(), holder)))
     }
 
-    // Why session mode refuses list and gc (crate docs, "Operating
-    // locks"): the server keeps no record of our keys to enumerate, and
-    // the token counters are the only record of each key's last token.
+    /// MySQL/MariaDB: one statement per page over the token rows, each
+    /// listed while the connection of its last grant holds its lock (see
+    /// the module docs, "Holder details and listing").
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] on PostgreSQL; `InvalidArgument` for a
+    /// bad page size or cursor; `Timeout` / `Unavailable` / `Backend` as
+    /// `inspect`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only (a dropped call closes its connection).
     async fn list(
         &self,
         prefix: &str,
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<LockPage, LockError> {
-        let _ = (prefix, cursor, limit);
-        Err(self.unsupported_admin(
-            "listing session locks: the server knows a PostgreSQL advisory lock only by a \
-             64-bit hash of the key (pg_locks classid/objid) and a MySQL/MariaDB GET_LOCK \
-             name (hashed for long or non-lowercase keys) only if asked for it by name \
-             (IS_USED_LOCK), so no prefix of our keys can be read back from them",
-        ))
+        self.list_tokens(prefix, cursor, limit)
+            .await
+            .map_err(|e| e.with_backend(self.inner.name))
     }
 
     /// Breaks the lock by ending the holder's server session
@@ -672,11 +679,12 @@ impl SqlSessionBackend {
             .await
             .map_err(|_| timed_out())?
             .map_err(|e| self.err(Operation::Inspect, key, e))?;
-            let Some((victim, owner, token)) = found else {
+            let Some(holder) = found else {
                 self.checkin(pinned);
                 return Ok(None);
             };
-            let (Some(owner), Some(token)) = (owner, token) else {
+            let victim = holder.session;
+            let (Some(owner), Some(token)) = (holder.owner.clone(), holder.token) else {
                 self.checkin(pinned);
                 return Err(LockError::new(
                     ErrorKind::Unsupported,
@@ -704,13 +712,7 @@ impl SqlSessionBackend {
             match ended {
                 Killed::Ended => {
                     self.checkin(pinned);
-                    return Ok(Some(LockInfo {
-                        details: None,
-                        key: key.clone(),
-                        holder: owner,
-                        token: Some(FencingToken::new(token)),
-                        remaining_ttl: None,
-                    }));
+                    return Ok(Some(holder_info(key.clone(), holder)));
                 }
                 Killed::HoldsOthers(others) => {
                     self.checkin(pinned);

@@ -30,6 +30,9 @@ pub(crate) struct SessionSql {
     pub(crate) holds: String,
     /// Who holds the lock, and the token of its last grant.
     pub(crate) inspect: String,
+    /// MySQL: one `list` page of token rows, with who holds each one's
+    /// lock now. Empty on PostgreSQL (no per-key row).
+    pub(crate) list: String,
     /// `force_release`'s conditional end of the holder's session
     /// (PostgreSQL: one statement; MySQL: the re-check before `KILL`).
     pub(crate) kill_holder: String,

@@ -4,6 +4,8 @@
 
 #![allow(dead_code, unreachable_pub)] // each test binary uses part of this
 
+pub mod rows;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -15,6 +17,11 @@ use lock_sql::SqlSessionBackend;
 
 /// Short operation timeouts so a cut-off session shows up quickly.
 pub const CLIENT_OPTIONS: &str = "mode=session&timeout=1s&pool_size=4";
+
+/// The suite's clients: [`CLIENT_OPTIONS`] with room for the 7 locks one
+/// client holds at once in `list_finds_held_locks` (a session lock pins a
+/// connection).
+pub const SUITE_OPTIONS: &str = "mode=session&timeout=1s&pool_size=16";
 
 /// The database behind a session target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +59,7 @@ impl SessionTarget {
         let port = deployment.port();
         let opener: Opener = Arc::new(|url: String| {
             Box::pin(async move {
-                let url = with_options(&url, CLIENT_OPTIONS);
+                let url = with_options(&url, SUITE_OPTIONS);
                 Ok(Arc::new(SqlSessionBackend::connect_url(&url).await?) as Arc<dyn LockBackend>)
             })
         });

@@ -1,0 +1,211 @@
+//! MySQL/MariaDB session mode: holder details and `list` from the token
+//! rows the grant writes (`<table>_session_tokens`), and PostgreSQL's
+//! refusal.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lock_core::{ErrorKind, LockBackend, LockKey};
+use lock_sql::SqlSessionBackend;
+use lock_sql::sqlx::{self, Connection};
+
+use super::{SessionTarget, key, mysql_name, with_options};
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// All pages of `list(prefix)` in pages of 2: key -> (holder, token, pid).
+async fn listed(
+    backend: &SqlSessionBackend,
+    prefix: &str,
+) -> BTreeMap<String, (String, Option<u64>, Option<u32>)> {
+    let mut all = BTreeMap::new();
+    let mut cursor = None;
+    for _ in 0..50 {
+        let page = backend.list(prefix, cursor.as_deref(), 2).await.unwrap();
+        for info in page.locks {
+            assert_eq!(info.remaining_ttl, None, "{}", info.key);
+            let row = (
+                info.holder,
+                info.token.map(|t| t.get()),
+                info.details.map(|d| d.pid),
+            );
+            assert!(
+                all.insert(info.key.as_str().to_owned(), row).is_none(),
+                "{} listed twice",
+                info.key
+            );
+        }
+        match page.cursor {
+            Some(next) => cursor = Some(next),
+            None => return all,
+        }
+    }
+    panic!("list did not finish in 50 pages");
+}
+
+/// Hashed GET_LOCK names (a mixed-case and a long key) are listed by their
+/// key text with holder, token and this process's details; a row whose
+/// lock a foreign session holds now, and a released one, are not listed;
+/// an older client's grant (no details written) shows no stale details.
+pub async fn mysql_token_rows(target: &SessionTarget) {
+    let backend = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    assert!(backend.capabilities().holder_details);
+    let table = backend.config().table_name().to_owned();
+    let tok = backend.token_counter().to_owned();
+    let prefix = format!("{}/", key("rows").as_str());
+    let at = |name: &str| LockKey::new(format!("{prefix}{name}")).unwrap();
+    let (mixed, long, plain, gone) = (
+        at("Mixed/Case"),
+        at(&"k".repeat(200)),
+        at("plain"),
+        at("gone"),
+    );
+    assert!(mysql_name(&table, mixed.as_str()).starts_with('#'));
+    assert!(mysql_name(&table, long.as_str()).starts_with('#'));
+    let m = backend.try_acquire(&mixed, TTL).await.unwrap().unwrap();
+    let l = backend.try_acquire(&long, TTL).await.unwrap().unwrap();
+    let p = backend.try_acquire(&plain, TTL).await.unwrap().unwrap();
+    let g = backend.try_acquire(&gone, TTL).await.unwrap().unwrap();
+    assert!(backend.release(&g).await.unwrap());
+    assert!(backend.release(&p).await.unwrap());
+
+    // The plain key's lock taken by hand by a foreign session: its row
+    // still names our last grant's connection, which no longer holds it.
+    let raw = target.raw_url().await;
+    let mut foreign = sqlx::MySqlConnection::connect(&raw).await.unwrap();
+    let got: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        .bind(mysql_name(&table, plain.as_str()))
+        .fetch_one(&mut foreign)
+        .await
+        .unwrap();
+    assert_eq!(got, 1);
+    let pid = std::process::id();
+    let ours = |t: u64| (String::new(), Some(t), Some(pid));
+    let strip = |all: BTreeMap<String, (String, Option<u64>, Option<u32>)>| {
+        all.into_iter()
+            .map(|(k, (_, t, d))| (k, (String::new(), t, d)))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let expected: BTreeMap<String, _> = [
+        (mixed.as_str().to_owned(), ours(m.token().get())),
+        (long.as_str().to_owned(), ours(l.token().get())),
+    ]
+    .into();
+    let all = listed(&backend, &prefix).await;
+    assert_eq!(all[mixed.as_str()].0, m.owner().to_hex());
+    assert_eq!(
+        strip(all),
+        expected,
+        "held: the mixed-case and the long key"
+    );
+    let info = backend.inspect(&plain).await.unwrap().unwrap();
+    assert!(info.holder.starts_with("server session "), "{info:?}");
+    assert_eq!((info.token, info.details), (None, None));
+    sqlx::query("SELECT RELEASE_LOCK(?)")
+        .bind(mysql_name(&table, plain.as_str()))
+        .execute(&mut foreign)
+        .await
+        .unwrap();
+
+    // An older client's grant: the statement without the new columns. It
+    // bumps the token and leaves the previous grant's details behind.
+    let old_grant = format!(
+        "INSERT INTO {tok} (name, token, owner, conn) \
+         SELECT ?, LAST_INSERT_ID(1), ?, CONNECTION_ID() FROM DUAL WHERE GET_LOCK(?, 0) = 1 \
+         ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), owner = VALUES(owner), \
+         conn = VALUES(conn)"
+    );
+    let done = sqlx::query(sqlx::AssertSqlSafe(old_grant))
+        .bind(plain.as_str().as_bytes())
+        .bind("old-client")
+        .bind(mysql_name(&table, plain.as_str()))
+        .execute(&mut foreign)
+        .await
+        .unwrap();
+    assert_eq!(done.last_insert_id(), p.token().get() + 1);
+    let info = backend.inspect(&plain).await.unwrap().unwrap();
+    assert_eq!(info.holder, "old-client");
+    assert_eq!(info.token.map(|t| t.get()), Some(p.token().get() + 1));
+    assert!(
+        info.details.is_none(),
+        "an older client's grant shows the previous grant's details: {:?}",
+        info.details
+    );
+    let all = listed(&backend, &prefix).await;
+    assert_eq!(
+        all.get(plain.as_str()),
+        Some(&("old-client".to_owned(), Some(p.token().get() + 1), None))
+    );
+    drop(foreign);
+    for lease in [&m, &l] {
+        assert!(backend.release(lease).await.unwrap());
+    }
+    // Nothing held under the prefix once the foreign session is gone.
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !listed(&backend, &prefix).await.is_empty() {
+        assert!(tokio::time::Instant::now() < until, "still listed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bad = backend.list(&prefix, Some("other:1"), 2).await;
+    assert!(matches!(&bad, Err(e) if e.kind() == ErrorKind::InvalidArgument));
+}
+
+/// A token table created before the details columns (the old 4-column
+/// schema, with a row) gets them at connect; grants then report details
+/// and are listed, and the old row's token goes on from where it was.
+pub async fn mysql_old_token_table(target: &SessionTarget) {
+    let table = format!("old{}", &lock_core::OwnerId::random().to_hex()[..8]);
+    let tok = format!("`{table}_session_tokens`");
+    let raw = target.raw_url().await;
+    let mut conn = sqlx::MySqlConnection::connect(&raw).await.unwrap();
+    let k = key("old");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {tok} (name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+         token BIGINT NOT NULL, owner VARCHAR(64) NOT NULL, conn BIGINT NOT NULL) ENGINE=InnoDB"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {tok} VALUES (?, 41, 'before', 0)"
+    )))
+    .bind(k.as_str().as_bytes())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let url = with_options(&target.url, &format!("table={table}"));
+    // Two connects at once: one adds each column, the other finds it.
+    let (a, b) = tokio::join!(
+        SqlSessionBackend::connect_url(&url),
+        SqlSessionBackend::connect_url(&url)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let lease = a.try_acquire(&k, TTL).await.unwrap().unwrap();
+    assert_eq!(lease.token().get(), 42);
+    let info = b.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.details.map(|d| d.pid), Some(std::process::id()));
+    let prefix = k.as_str().to_owned();
+    let page = b.list(&prefix, None, 10).await.unwrap();
+    assert_eq!(page.locks.len(), 1, "{page:?}");
+    assert!(a.release(&lease).await.unwrap());
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {tok}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// PostgreSQL session mode: no details, `list` refused as Unsupported.
+pub async fn postgres_lists_nothing(target: &SessionTarget) {
+    let backend = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    assert!(!backend.capabilities().holder_details);
+    let k = key("pgd");
+    let lease = backend.try_acquire(&k, TTL).await.unwrap().unwrap();
+    let info = backend.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.details, None);
+    let refused = backend.list(k.as_str(), None, 10).await;
+    assert!(
+        matches!(&refused, Err(e) if e.kind() == ErrorKind::Unsupported),
+        "{refused:?}"
+    );
+    assert!(backend.release(&lease).await.unwrap());
+}
