@@ -154,6 +154,67 @@ async fn joined(
         .map_err(err)
 }
 
+/// Waits for every task: the first failure (the task's own, or its panic)
+/// is the check's.
+async fn join_all(tasks: Vec<JoinHandle<Check>>) -> Check {
+    for task in tasks {
+        task.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
+/// Five tries for `kind` on `key` over 100 ms (a waiter queued ahead must
+/// keep them all out): the first grant, if any.
+async fn five_tries(
+    b: &dyn LockBackend,
+    key: &LockKey,
+    kind: LeaseKind,
+) -> Result<Option<Lease>, String> {
+    for _ in 0..5 {
+        if let Some(lease) = try_kind(b, key, kind).await? {
+            return Ok(Some(lease));
+        }
+        sleep(Duration::from_millis(25)).await;
+    }
+    Ok(None)
+}
+
+/// `tasks` tasks each take `kind(t)` on `key` `rounds` times (waiting up
+/// to `within`) and hold it for `hold`: the most held at once, observed (a
+/// grant of n permits counts n, any other grant 1).
+async fn most_held_at_once(
+    b: &Arc<dyn LockBackend>,
+    key: &LockKey,
+    (tasks, rounds): (u32, u32),
+    (within, hold): (Duration, Duration),
+    kind: impl Fn(u32) -> LeaseKind,
+) -> Result<i64, String> {
+    let active = Arc::new(AtomicI64::new(0));
+    let max = Arc::new(AtomicI64::new(0));
+    let mut running = Vec::new();
+    for t in 0..tasks {
+        let (b, key, active, max) = (b.clone(), key.clone(), active.clone(), max.clone());
+        let kind = kind(t);
+        let weight = match kind {
+            LeaseKind::Permits { count, .. } => i64::from(count),
+            _ => 1,
+        };
+        running.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let lease = wait_kind(&*b, &key, kind, within).await?;
+                let now = active.fetch_add(weight, Ordering::SeqCst) + weight;
+                max.fetch_max(now, Ordering::SeqCst);
+                sleep(hold).await;
+                active.fetch_sub(weight, Ordering::SeqCst);
+                b.release(&lease).await.map_err(err)?;
+            }
+            Ok(())
+        }));
+    }
+    join_all(running).await?;
+    Ok(max.load(Ordering::SeqCst))
+}
+
 // ---------------------------------------------------------------- checks
 
 /// Two readers hold at once (and so do four tasks, observed), with equal
@@ -179,25 +240,14 @@ async fn check_readers_overlap(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
     b.release(&r1).await.map_err(err)?;
     b.release(&r2).await.map_err(err)?;
     // Observed: four tasks each hold a read lock for 300 ms.
-    let active = Arc::new(AtomicU32::new(0));
-    let max = Arc::new(AtomicU32::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..4 {
-        let (b, key, active, max) = (b.clone(), key.clone(), active.clone(), max.clone());
-        tasks.push(tokio::spawn(async move {
-            let lease = wait_kind(&*b, &key, LeaseKind::Read, Duration::from_secs(3)).await?;
-            let now = active.fetch_add(1, Ordering::SeqCst) + 1;
-            max.fetch_max(now, Ordering::SeqCst);
-            sleep(Duration::from_millis(300)).await;
-            active.fetch_sub(1, Ordering::SeqCst);
-            b.release(&lease).await.map_err(err)?;
-            Ok::<(), String>(())
-        }));
-    }
-    for task in tasks {
-        task.await.map_err(|e| e.to_string())??;
-    }
-    let max = max.load(Ordering::SeqCst);
+    let max = most_held_at_once(
+        &b,
+        &key,
+        (4, 1),
+        (Duration::from_secs(3), Duration::from_millis(300)),
+        |_| LeaseKind::Read,
+    )
+    .await?;
     ensure(
         max >= 2,
         format!("readers never overlapped (max {max} at once)"),
@@ -268,9 +318,7 @@ async fn check_writer_excluded(b: Arc<dyn LockBackend>, key: LockKey) -> Check {
             Ok::<(), String>(())
         }));
     }
-    for task in tasks {
-        task.await.map_err(|e| e.to_string())??;
-    }
+    join_all(tasks).await?;
     let v = violations.load(Ordering::SeqCst);
     ensure(
         v == 0,
@@ -294,14 +342,7 @@ async fn check_writer_preference(
     let writer = spawn_acquire(&b, &key, LeaseKind::Write, Duration::from_secs(5));
     queued(&raw, &key, "%rw", 2).await;
     // Five tries over 100 ms, then a wait: all must queue behind the writer.
-    let mut late = None;
-    for _ in 0..5 {
-        late = try_kind(&*b, &key, LeaseKind::Read).await?;
-        if late.is_some() {
-            break;
-        }
-        sleep(Duration::from_millis(25)).await;
-    }
+    let late = five_tries(&*b, &key, LeaseKind::Read).await?;
     let waited = b
         .acquire_kind(
             &key,
@@ -483,14 +524,7 @@ async fn check_semaphore_limit(
     let big = spawn_acquire(&b, &key, permits(3, 3), Duration::from_secs(5));
     queued(&raw, &key, "%sem", 2).await;
     // Five tries over 100 ms: all must queue behind the big one.
-    let mut small = None;
-    for _ in 0..5 {
-        small = try_kind(&*b, &key, permits(1, 3)).await?;
-        if small.is_some() {
-            break;
-        }
-        sleep(Duration::from_millis(25)).await;
-    }
+    let small = five_tries(&*b, &key, permits(1, 3)).await?;
     if let Some(small) = small {
         b.release(&small).await.map_err(err)?;
         b.release(&two).await.map_err(err)?;
@@ -506,29 +540,14 @@ async fn check_semaphore_limit(
     .await?;
     b.release(&big).await.map_err(err)?;
     // Contention: 6 tasks take 1 or 2 of 3 permits.
-    let active = Arc::new(AtomicI64::new(0));
-    let max = Arc::new(AtomicI64::new(0));
-    let mut tasks = Vec::new();
-    for t in 0..6u32 {
-        let (b, key, active, max) = (b.clone(), key.clone(), active.clone(), max.clone());
-        tasks.push(tokio::spawn(async move {
-            let count = 1 + t % 2;
-            for _ in 0..6 {
-                let lease =
-                    wait_kind(&*b, &key, permits(count, 3), Duration::from_secs(10)).await?;
-                let now = active.fetch_add(i64::from(count), Ordering::SeqCst) + i64::from(count);
-                max.fetch_max(now, Ordering::SeqCst);
-                sleep(Duration::from_millis(10)).await;
-                active.fetch_sub(i64::from(count), Ordering::SeqCst);
-                b.release(&lease).await.map_err(err)?;
-            }
-            Ok::<(), String>(())
-        }));
-    }
-    for task in tasks {
-        task.await.map_err(|e| e.to_string())??;
-    }
-    let max = max.load(Ordering::SeqCst);
+    let max = most_held_at_once(
+        &b,
+        &key,
+        (6, 6),
+        (Duration::from_secs(10), Duration::from_millis(10)),
+        |t| permits(1 + t % 2, 3),
+    )
+    .await?;
     ensure(
         max <= 3,
         format!("{max} permits of 3 held at once under contention"),
