@@ -19,24 +19,11 @@ mod peer;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{TTL, key, permits, refused, soon, spawn_wait, take};
 use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, LockShape, OwnerId};
 use lock_zk::ZkBackend;
 use peer::{Peer, setup};
 use tokio::time::{Instant, sleep, timeout};
-
-const TTL: Duration = Duration::from_secs(3);
-
-fn key(name: &str) -> LockKey {
-    LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
-}
-
-fn soon(ms: u64) -> Instant {
-    Instant::now() + Duration::from_millis(ms)
-}
-
-fn permits(count: u32, limit: u32) -> LeaseKind {
-    LeaseKind::permits(count, limit).expect("permits")
-}
 
 /// Curator's `InterProcessMutex` and our mutex on the same path exclude
 /// each other in both directions (single try and short wait refused, the
@@ -204,30 +191,14 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
     assert_eq!(theirs[0].kind, LeaseKind::Write);
     assert_eq!(theirs[0].details, None, "{theirs:?}");
     assert!(
-        bs[0]
-            .try_acquire_kind(&k, LeaseKind::Write, TTL)
-            .await
-            .unwrap()
-            .is_none(),
+        refused(&bs[0], &k, LeaseKind::Write).await,
         "our writer beside Curator's writer"
     );
     assert!(
-        bs[0]
-            .try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .is_none(),
+        refused(&bs[0], &k, LeaseKind::Read).await,
         "our reader beside Curator's writer"
     );
-    let ours = {
-        let (b, k) = (bs[0].clone(), k.clone());
-        tokio::spawn(async move {
-            let lease = b
-                .acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
-                .await;
-            (Instant::now(), lease)
-        })
-    };
+    let ours = spawn_wait(&bs[0], &k, LeaseKind::Write);
     sleep(Duration::from_millis(300)).await;
     assert!(
         !ours.is_finished(),
@@ -258,32 +229,22 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
     assert_eq!(c2.answer(Duration::from_secs(5)).await, "ok");
 
     // Reads share both ways; writers of either wait for all of them.
-    let r = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .expect("our reader beside Curator's reader");
+    let r = take(
+        &bs[0],
+        &k,
+        LeaseKind::Read,
+        "our reader beside Curator's reader",
+    )
+    .await;
     let (mut c3, answer) = peer.take(&read(300)).await;
     assert_eq!(answer, "ok", "Curator's reader beside ours");
-    assert!(
-        bs[1]
-            .try_acquire_kind(&k, LeaseKind::Write, TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(refused(&bs[1], &k, LeaseKind::Write).await);
     let (_, answer) = peer.take(&write(300)).await;
     assert_eq!(answer, "busy", "Curator's writer beside readers");
 
     // Writer preference across both: our waiting writer keeps Curator's new
     // readers out; then Curator's waiting writer keeps ours out.
-    let ours = {
-        let (b, k) = (bs[1].clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
-                .await
-        })
-    };
+    let ours = spawn_wait(&bs[1], &k, LeaseKind::Write);
     sleep(Duration::from_millis(300)).await;
     let (_, answer) = peer.take(&read(300)).await;
     assert_eq!(
@@ -294,19 +255,15 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
     peer.release(&mut c3).await;
     assert!(!ours.is_finished());
     assert!(bs[0].release(&r).await.unwrap());
-    let w = timeout(Duration::from_secs(5), ours)
+    let (_, w) = timeout(Duration::from_secs(5), ours)
         .await
         .unwrap()
-        .unwrap()
-        .expect("our writer");
+        .unwrap();
+    let w = w.expect("our writer");
     let mut c4 = peer.acquire(&write(10_000)).await;
     sleep(Duration::from_millis(300)).await;
     assert!(
-        bs[0]
-            .try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .is_none(),
+        refused(&bs[0], &k, LeaseKind::Read).await,
         "our reader overtook Curator's waiting writer"
     );
     assert!(bs[1].release(&w).await.unwrap());
@@ -320,11 +277,7 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
     let mut c8 = peer.acquire(&write(10_000)).await;
     sleep(Duration::from_millis(300)).await;
     assert!(
-        bs[0]
-            .try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .is_none(),
+        refused(&bs[0], &k, LeaseKind::Read).await,
         "our reader overtook Curator's writer waiting on Curator's reader"
     );
     peer.release(&mut c7).await;
@@ -333,11 +286,7 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
 
     // Downgrade: Curator's waiting writer stays out until our read lease
     // goes, and Curator's new readers queue behind it.
-    let w = bs[0]
-        .try_acquire_kind(&k, LeaseKind::Write, TTL)
-        .await
-        .unwrap()
-        .expect("w");
+    let w = take(&bs[0], &k, LeaseKind::Write, "w").await;
     let mut c5 = peer.acquire(&write(10_000)).await;
     sleep(Duration::from_millis(300)).await;
     let r = bs[0].downgrade(&w).await.expect("downgrade");
@@ -380,19 +329,8 @@ async fn curator_semaphore_and_ours_never_exceed_the_limit() {
     // Deterministic: Curator holds 2 of 3, ours gets the third, nobody more.
     let (mut c1, answer) = peer.take(&format!("sem {path} 5000 3 2")).await;
     assert_eq!(answer, "ok");
-    let p = bs[0]
-        .try_acquire_kind(&k, permits(1, 3), TTL)
-        .await
-        .unwrap()
-        .expect("the third permit");
-    assert!(
-        bs[1]
-            .try_acquire_kind(&k, permits(1, 3), TTL)
-            .await
-            .unwrap()
-            .is_none(),
-        "a fourth permit"
-    );
+    let p = take(&bs[0], &k, permits(1, 3), "the third permit").await;
+    assert!(refused(&bs[1], &k, permits(1, 3)).await, "a fourth permit");
     let (_, answer) = peer.take(&format!("sem {path} 300 3 1")).await;
     assert_eq!(answer, "busy", "Curator took a fourth permit");
     let mut c2 = peer.acquire(&format!("sem {path} 10000 3 1")).await;
@@ -415,11 +353,7 @@ async fn curator_semaphore_and_ours_never_exceed_the_limit() {
     // once under contention.
     let k2 = key("curator-sem-mismatch");
     let path2 = bs[0].semaphore_path(&k2);
-    let all = bs[0]
-        .try_acquire_kind(&k2, permits(3, 3), TTL)
-        .await
-        .unwrap()
-        .expect("3 of 3");
+    let all = take(&bs[0], &k2, permits(3, 3), "3 of 3").await;
     let from = Instant::now();
     let (mut c3, answer) = peer.take(&format!("sem {path2} 1000 5 1")).await;
     assert_eq!(answer, "ok", "Curator with limit 5 beside our 3 of 3");
@@ -530,20 +464,8 @@ async fn killed_curator_holder_is_freed_at_session_expiry() {
     assert_eq!(answer, "ok");
     let (_p, answer) = peer.take(&format!("sem {sem} 5000 2 2")).await;
     assert_eq!(answer, "ok");
-    assert!(
-        bs[0]
-            .try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        bs[0]
-            .try_acquire_kind(&k, permits(1, 2), TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(refused(&bs[0], &k, LeaseKind::Read).await);
+    assert!(refused(&bs[0], &k, permits(1, 2)).await);
     peer.child.start_kill().expect("kill the Curator peer");
     let killed = Instant::now();
     let (r, p) = tokio::join!(

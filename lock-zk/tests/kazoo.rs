@@ -22,33 +22,21 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Standalone;
+use common::routed::{Request, Routed};
+use common::{Standalone, TTL, key, soon};
 use conformance::OrSkip;
 use lock_core::{ErrorKind, LockBackend, LockKey, OwnerId};
 use lock_zk::{ZkBackend, ZkConfig};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::process::{Child, Command};
+use tokio::time::{Instant, sleep};
 
-const TTL: Duration = Duration::from_secs(3);
 const PEER: &str = include_str!("kazoo/peer.py");
 /// What a kazoo lock needs to see our nodes (and Curator's).
 const SEE_OURS: &str = "-lock-";
-
-fn key(name: &str) -> LockKey {
-    LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
-}
-
-fn soon(ms: u64) -> Instant {
-    Instant::now() + Duration::from_millis(ms)
-}
 
 /// The virtualenv's python, or `None` (skip) outside CI when it is
 /// missing (under CI a missing one fails, naming the installer).
@@ -59,29 +47,7 @@ fn python() -> Option<PathBuf> {
 /// One kazoo process: commands on stdin, answers routed by request id.
 struct Kazoo {
     _child: Child,
-    stdin: tokio::sync::Mutex<ChildStdin>,
-    routes: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>>,
-    next: std::sync::atomic::AtomicU64,
-}
-
-/// One kazoo request and its answers.
-struct Request {
-    id: String,
-    answers: mpsc::UnboundedReceiver<String>,
-}
-
-impl Request {
-    async fn answer(&mut self, within: Duration) -> String {
-        timeout(within, self.answers.recv())
-            .await
-            .unwrap_or_else(|_| panic!("kazoo request {} did not answer in {within:?}", self.id))
-            .expect("kazoo peer gone")
-    }
-
-    /// No answer within `within` (still waiting).
-    async fn silent(&mut self, within: Duration) -> bool {
-        timeout(within, self.answers.recv()).await.is_err()
-    }
+    io: Routed,
 }
 
 impl Kazoo {
@@ -99,81 +65,36 @@ impl Kazoo {
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {} ({e})", python.display()));
-        let stdout = child.stdout.take().expect("stdout");
-        let stdin = child.stdin.take().expect("stdin");
-        let routes: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>> = Arc::default();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        {
-            let routes = routes.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stdout).lines();
-                let mut ready = Some(ready_tx);
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if line == "ready" {
-                        if let Some(tx) = ready.take() {
-                            let _ = tx.send(());
-                        }
-                        continue;
-                    }
-                    let (id, rest) = line.split_once(' ').unwrap_or((&line, ""));
-                    if let Some(tx) = routes.lock().unwrap().get(id) {
-                        let _ = tx.send(rest.to_owned());
-                    }
-                }
-            });
-        }
-        timeout(Duration::from_secs(30), ready_rx)
-            .await
-            .expect("kazoo peer did not connect within 30 s")
-            .expect("kazoo peer exited before connecting (is kazoo installed? scripts/legacy-clients.sh)");
-        Self {
-            _child: child,
-            stdin: tokio::sync::Mutex::new(stdin),
-            routes,
-            next: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    async fn send(&self, line: &str) {
-        let mut stdin = self.stdin.lock().await;
-        stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .await
-            .expect("write to the kazoo peer");
-        stdin.flush().await.expect("flush");
+        let io = Routed::start(
+            &mut child,
+            "kazoo",
+            "k",
+            "kazoo peer exited before connecting (is kazoo installed? scripts/legacy-clients.sh)",
+        )
+        .await;
+        Self { _child: child, io }
     }
 
     async fn request(&self, command: &str) -> Request {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = format!("k{n}");
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.routes.lock().unwrap().insert(id.clone(), tx);
-        self.send(&format!("{id} {command}")).await;
-        Request { id, answers: rx }
+        self.io.request(command).await
     }
 
     /// `Lock(path, extra_lock_patterns=extra).acquire(...)`, answered.
     async fn lock(&self, path: &str, wait_ms: u64, extra: &[&str]) -> (Request, String) {
-        let mut request = self
-            .request(&format!("lock {path} {wait_ms} {}", extra.join(" ")))
-            .await;
-        let answer = request.answer(Duration::from_secs(20)).await;
-        (request, answer)
+        self.io
+            .take(&format!("lock {path} {wait_ms} {}", extra.join(" ")))
+            .await
     }
 
     /// `ReadLock(path, extra_lock_patterns=extra).acquire(...)`, answered.
     async fn read_lock(&self, path: &str, wait_ms: u64, extra: &[&str]) -> (Request, String) {
-        let mut request = self
-            .request(&format!("rlock {path} {wait_ms} {}", extra.join(" ")))
-            .await;
-        let answer = request.answer(Duration::from_secs(20)).await;
-        (request, answer)
+        self.io
+            .take(&format!("rlock {path} {wait_ms} {}", extra.join(" ")))
+            .await
     }
 
     async fn release(&self, request: &mut Request) {
-        self.send(&format!("{} release", request.id)).await;
-        let answer = request.answer(Duration::from_secs(10)).await;
-        assert_eq!(answer, "released", "kazoo release of {}", request.id);
+        self.io.release(request).await;
     }
 
     /// kazoo's `Lock(path).contenders()`: the data of each `__lock__`

@@ -4,6 +4,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod routed;
+
 use std::sync::Arc;
 use std::time::Duration;
 

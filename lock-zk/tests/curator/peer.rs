@@ -2,19 +2,17 @@
 //! compiled once per test process against Debian's jars, run with commands
 //! on stdin and answers routed by request id.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use lock_zk::ZkBackend;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
-use tokio::time::timeout;
+use tokio::process::{Child, Command};
 
 use crate::common::Standalone;
+pub(crate) use crate::common::routed::Request;
+use crate::common::routed::Routed;
 
 const JAVA_SOURCE: &str = include_str!("CuratorPeer.java");
 
@@ -87,24 +85,7 @@ pub(crate) fn compiled() -> &'static PathBuf {
 /// One Curator process: commands on stdin, answers routed by request id.
 pub(crate) struct Peer {
     pub(crate) child: Child,
-    stdin: tokio::sync::Mutex<ChildStdin>,
-    routes: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>>,
-    next: std::sync::atomic::AtomicU64,
-}
-
-/// One Curator acquisition.
-pub(crate) struct Request {
-    pub(crate) id: String,
-    pub(crate) answers: mpsc::UnboundedReceiver<String>,
-}
-
-impl Request {
-    pub(crate) async fn answer(&mut self, within: Duration) -> String {
-        timeout(within, self.answers.recv())
-            .await
-            .unwrap_or_else(|_| panic!("Curator request {} did not answer in {within:?}", self.id))
-            .expect("Curator peer gone")
-    }
+    io: Routed,
 }
 
 impl Peer {
@@ -130,72 +111,33 @@ impl Peer {
             .unwrap_or_else(|e| {
                 panic!("cannot run java ({e}): install the Debian package default-jdk-headless")
             });
-        let stdout = child.stdout.take().expect("stdout");
-        let stdin = child.stdin.take().expect("stdin");
-        let routes: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<String>>>> = Arc::default();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        {
-            let routes = routes.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stdout).lines();
-                let mut ready = Some(ready_tx);
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if line == "ready" {
-                        if let Some(tx) = ready.take() {
-                            let _ = tx.send(());
-                        }
-                        continue;
-                    }
-                    let (id, rest) = line.split_once(' ').unwrap_or((&line, ""));
-                    if let Some(tx) = routes.lock().unwrap().get(id) {
-                        let _ = tx.send(rest.to_owned());
-                    }
-                }
-            });
-        }
-        timeout(Duration::from_secs(30), ready_rx)
-            .await
-            .expect("Curator peer did not connect within 30 s")
-            .expect("Curator peer exited before connecting");
-        Self {
-            child,
-            stdin: tokio::sync::Mutex::new(stdin),
-            routes,
-            next: std::sync::atomic::AtomicU64::new(0),
-        }
+        let io = Routed::start(
+            &mut child,
+            "Curator",
+            "c",
+            "Curator peer exited before connecting",
+        )
+        .await;
+        Self { child, io }
     }
 
     pub(crate) async fn send(&self, line: &str) {
-        let mut stdin = self.stdin.lock().await;
-        stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .await
-            .expect("write to Curator peer");
-        stdin.flush().await.expect("flush");
+        self.io.send(line).await;
     }
 
     /// Starts an acquisition: `mutex|read|write <path> <wait ms>` or
     /// `sem <path> <wait ms> <limit> <count>`.
     pub(crate) async fn acquire(&self, command: &str) -> Request {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = format!("c{n}");
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.routes.lock().unwrap().insert(id.clone(), tx);
-        self.send(&format!("{id} {command}")).await;
-        Request { id, answers: rx }
+        self.io.request(command).await
     }
 
     /// Acquires and waits for the answer (`ok`, `busy`, `error ...`).
     pub(crate) async fn take(&self, command: &str) -> (Request, String) {
-        let mut request = self.acquire(command).await;
-        let answer = request.answer(Duration::from_secs(20)).await;
-        (request, answer)
+        self.io.take(command).await
     }
 
     pub(crate) async fn release(&self, request: &mut Request) {
-        self.send(&format!("{} release", request.id)).await;
-        let answer = request.answer(Duration::from_secs(10)).await;
-        assert_eq!(answer, "released", "Curator release of {}", request.id);
+        self.io.release(request).await;
     }
 }
 
@@ -205,10 +147,7 @@ pub(crate) async fn setup(n: usize) -> (Standalone, Vec<ZkBackend>, Peer) {
     let target = Standalone::start()
         .await
         .expect("the Curator interop tests need ZooKeeper (Debian package zookeeper)");
-    let mut backends = Vec::new();
-    for _ in 0..n {
-        backends.push(target.backend().await.expect("backend"));
-    }
+    let backends = target.backends(n).await;
     let connect = target.base_url().trim_start_matches("zk://").to_owned();
     let peer = Peer::start(&connect, 2_000).await;
     (target, backends, peer)
