@@ -17,15 +17,11 @@ use lock_core::{
     ErrorKind, FencingToken, HolderInfo, LeaseKind, LockBackend, LockClient, LockKey, LockShape,
     LockState,
 };
-use lock_etcd::{EtcdBackend, EtcdConfig};
+use lock_etcd::EtcdBackend;
 use tokio::time::{Instant, sleep};
 
-fn config_for(server: &EtcdServer, prefix: &str, ttl: Duration) -> EtcdConfig {
-    EtcdConfig::new(server.endpoints())
-        .prefix(prefix)
-        .ttl(ttl)
-        .op_timeout(Duration::from_secs(1))
-}
+mod common;
+use common::{config_for, connect_for, granted, granted_kind};
 
 fn key(name: &str) -> LockKey {
     LockKey::new(name).unwrap()
@@ -37,12 +33,8 @@ async fn force_release_makes_the_broken_guard_lost_and_spares_others() {
         return;
     };
     let ttl = Duration::from_secs(2);
-    let holder = EtcdBackend::connect(config_for(&server, "force", ttl))
-        .await
-        .unwrap();
-    let admin = EtcdBackend::connect(config_for(&server, "force", ttl))
-        .await
-        .unwrap();
+    let holder = connect_for(&server, "force", ttl).await;
+    let admin = connect_for(&server, "force", ttl).await;
     let client = LockClient::new(holder.clone());
     let broken = client.lock("broken").ttl(ttl).acquire().await.unwrap();
     let kept = client.lock("kept").ttl(ttl).acquire().await.unwrap();
@@ -90,12 +82,10 @@ async fn list_pages_through_queues_and_foreign_entries() {
         return;
     };
     let ttl = Duration::from_secs(10);
-    let backend = EtcdBackend::connect(config_for(&server, "lst", ttl))
-        .await
-        .unwrap();
+    let backend = connect_for(&server, "lst", ttl).await;
     let mut held = HashMap::new();
     for name in ["p1", "p2", "z"] {
-        let lease = backend.try_acquire(&key(name), ttl).await.unwrap().unwrap();
+        let lease = granted(&backend, &key(name), ttl).await;
         held.insert(name.to_owned(), lease);
     }
     // `q`: a queue of 12 entries as `etcdctl lock` writes them (empty
@@ -201,30 +191,12 @@ async fn list_shared_and_elections_page_through_long_queues() {
         return;
     };
     let ttl = Duration::from_secs(10);
-    let backend = EtcdBackend::connect(config_for(&server, "lsh", ttl))
-        .await
-        .unwrap();
-    let other = EtcdBackend::connect(config_for(&server, "lsh", ttl))
-        .await
-        .unwrap();
-    let read = |b: &EtcdBackend, name: &'static str| {
-        let b = b.clone();
-        async move {
-            b.try_acquire_kind(&key(name), LeaseKind::Read, ttl)
-                .await
-                .unwrap()
-                .unwrap()
-        }
-    };
-    let write = |b: &EtcdBackend, name: &'static str| {
-        let b = b.clone();
-        async move {
-            b.try_acquire_kind(&key(name), LeaseKind::Write, ttl)
-                .await
-                .unwrap()
-                .unwrap()
-        }
-    };
+    let backend = connect_for(&server, "lsh", ttl).await;
+    let other = connect_for(&server, "lsh", ttl).await;
+    let read =
+        async |b: &EtcdBackend, name| granted_kind(b, &key(name), LeaseKind::Read, ttl).await;
+    let write =
+        async |b: &EtcdBackend, name| granted_kind(b, &key(name), LeaseKind::Write, ttl).await;
     let a1 = read(&backend, "a").await;
     let a2 = read(&other, "a").await;
     let c = write(&backend, "c").await;
@@ -245,17 +217,9 @@ async fn list_shared_and_elections_page_through_long_queues() {
     let gone = write(&backend, "g").await;
     assert!(backend.release(&gone).await.unwrap());
     let permit = LeaseKind::permits(1, 3).unwrap();
-    let s1 = backend
-        .try_acquire_kind(&key("s"), permit, ttl)
-        .await
-        .unwrap()
-        .unwrap();
-    let s2 = other
-        .try_acquire_kind(&key("s"), permit, ttl)
-        .await
-        .unwrap()
-        .unwrap();
-    let m = backend.try_acquire(&key("m"), ttl).await.unwrap().unwrap();
+    let s1 = granted_kind(&backend, &key("s"), permit, ttl).await;
+    let s2 = granted_kind(&other, &key("s"), permit, ttl).await;
+    let m = granted(&backend, &key("m"), ttl).await;
     let f = backend
         .campaign(&key("f"), ttl, Instant::now() + ttl)
         .await
@@ -397,27 +361,13 @@ async fn gc_removes_nothing_and_tokens_keep_rising() {
         return;
     };
     let ttl = Duration::from_secs(10);
-    let backend = EtcdBackend::connect(config_for(&server, "gc", ttl))
-        .await
-        .unwrap();
-    let held = backend
-        .try_acquire(&key("held"), ttl)
-        .await
-        .unwrap()
-        .unwrap();
-    let freed = backend
-        .try_acquire(&key("freed"), ttl)
-        .await
-        .unwrap()
-        .unwrap();
+    let backend = connect_for(&server, "gc", ttl).await;
+    let held = granted(&backend, &key("held"), ttl).await;
+    let freed = granted(&backend, &key("freed"), ttl).await;
     assert!(backend.release(&freed).await.unwrap());
     let report = backend.gc(Duration::from_millis(1)).await.unwrap();
     assert_eq!(report.removed, 0);
-    let again = backend
-        .try_acquire(&key("freed"), ttl)
-        .await
-        .unwrap()
-        .unwrap();
+    let again = granted(&backend, &key("freed"), ttl).await;
     assert!(again.token() > freed.token());
     let info = backend.inspect(&key("held")).await.unwrap().expect("held");
     assert_eq!(info.token, Some(held.token()));

@@ -20,13 +20,7 @@ use tokio::process::Command;
 use tokio::time::{Instant, sleep, timeout};
 
 mod common;
-
-fn config_for(server: &EtcdServer, prefix: &str, ttl: Duration) -> EtcdConfig {
-    EtcdConfig::new(server.endpoints())
-        .prefix(prefix)
-        .ttl(ttl)
-        .op_timeout(Duration::from_secs(1))
-}
+use common::{config_for, connect_for, granted};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_single_member() {
@@ -321,7 +315,7 @@ async fn session_loss_is_signalled_before_another_grant() {
     assert!(matches!(guard.state(), LockState::Lost(_)));
     // The next acquire on `a` uses a new session.
     let other = LockKey::new("after").unwrap();
-    let lease = a.try_acquire(&other, ttl).await.unwrap().unwrap();
+    let lease = granted(&a, &other, ttl).await;
     assert_ne!(a.session_lease(ttl).unwrap(), first_session);
     assert!(a.release(&lease).await.unwrap());
     assert!(b.release(&next).await.unwrap());
@@ -335,11 +329,9 @@ async fn same_backend_grants_exclude_each_other() {
         return;
     };
     let ttl = Duration::from_secs(5);
-    let backend = EtcdBackend::connect(config_for(&server, "same", ttl))
-        .await
-        .unwrap();
+    let backend = connect_for(&server, "same", ttl).await;
     let key = LockKey::new("k").unwrap();
-    let first = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let first = granted(&backend, &key, ttl).await;
     let lease_hex = backend.session_lease(ttl).unwrap();
     // The session's plain entry, `same/k/<lease hex>` on the server: the
     // lease carries no name for it (its owner id names the session).
@@ -369,8 +361,8 @@ async fn same_backend_grants_exclude_each_other() {
     // `a` and `a/b` are different locks (no prefix overlap).
     let parent = LockKey::new("a").unwrap();
     let child = LockKey::new("a/b").unwrap();
-    let p = backend.try_acquire(&parent, ttl).await.unwrap().unwrap();
-    let c = backend.try_acquire(&child, ttl).await.unwrap().unwrap();
+    let p = granted(&backend, &parent, ttl).await;
+    let c = granted(&backend, &child, ttl).await;
     assert_eq!(
         backend.inspect(&parent).await.unwrap().unwrap().token,
         Some(p.token())
@@ -379,11 +371,9 @@ async fn same_backend_grants_exclude_each_other() {
     assert!(backend.release(&p).await.unwrap());
     assert!(backend.release(&second).await.unwrap());
     // close() revokes the session: a held lock is freed at once.
-    let held = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let held = granted(&backend, &key, ttl).await;
     backend.close().await.unwrap();
-    let other = EtcdBackend::connect(config_for(&server, "same", ttl))
-        .await
-        .unwrap();
+    let other = connect_for(&server, "same", ttl).await;
     assert!(other.try_acquire(&key, ttl).await.unwrap().is_some());
     assert!(!other.release(&held).await.unwrap());
 }
@@ -398,14 +388,10 @@ async fn cancelled_acquires_leave_no_entry_behind() {
         return;
     };
     let ttl = Duration::from_secs(30);
-    let backend = EtcdBackend::connect(config_for(&server, "cancel", ttl))
-        .await
-        .unwrap();
-    let holder = EtcdBackend::connect(config_for(&server, "cancel", ttl))
-        .await
-        .unwrap();
+    let backend = connect_for(&server, "cancel", ttl).await;
+    let holder = connect_for(&server, "cancel", ttl).await;
     let held = LockKey::new("held").unwrap();
-    let held_lease = holder.try_acquire(&held, ttl).await.unwrap().unwrap();
+    let held_lease = granted(&holder, &held, ttl).await;
     let keys: Vec<LockKey> = (0..4)
         .map(|i| LockKey::new(format!("free-{i}")).unwrap())
         .collect();
@@ -483,14 +469,12 @@ async fn benchmark_floor_uses_the_driver_layout() {
             .await
             .unwrap(),
     );
-    let backend = EtcdBackend::connect(config_for(&server, "floor", ttl))
-        .await
-        .unwrap();
+    let backend = connect_for(&server, "floor", ttl).await;
     let key = LockKey::new("k").unwrap();
     for _ in 0..3 {
         floor.cycle("k", ttl).await.unwrap();
     }
-    let lease = backend.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let lease = granted(&backend, &key, ttl).await;
     let err = floor.cycle("k", ttl).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
     // The refused floor cycle removed its queued entry; ours still holds.

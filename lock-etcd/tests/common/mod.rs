@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use conformance::deploy::Opener;
 use conformance::history::{Op, Recorder};
-use lock_core::{Lease, LockBackend, LockError, LockKey};
+use conformance::servers::etcd::EtcdServer;
+use lock_core::{Lease, LeaseKind, LockBackend, LockError, LockKey};
+use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::time::{Instant, sleep};
 
 /// What the suite's clients set in a deployment's URL: a 1 s session TTL
@@ -57,6 +59,38 @@ pub fn suite_opener() -> Opener {
             .map(|(n, v)| (*n, (*v).to_owned()))
             .collect(),
     )
+}
+
+/// A config for `server` under `prefix`: session TTL `ttl`, a 1 s
+/// per-call timeout.
+pub fn config_for(server: &EtcdServer, prefix: &str, ttl: Duration) -> EtcdConfig {
+    EtcdConfig::new(server.endpoints())
+        .prefix(prefix)
+        .ttl(ttl)
+        .op_timeout(Duration::from_secs(1))
+}
+
+/// This driver on `server` with [`config_for`]; panics when it cannot
+/// connect.
+pub async fn connect_for(server: &EtcdServer, prefix: &str, ttl: Duration) -> EtcdBackend {
+    EtcdBackend::connect(config_for(server, prefix, ttl))
+        .await
+        .unwrap()
+}
+
+/// A mutex grant of `key` at once, for a test body: panics when refused.
+pub async fn granted(b: &dyn LockBackend, key: &LockKey, ttl: Duration) -> Lease {
+    b.try_acquire(key, ttl).await.unwrap().unwrap()
+}
+
+/// A `kind` grant of `key` at once, for a test body: panics when refused.
+pub async fn granted_kind(
+    b: &dyn LockBackend,
+    key: &LockKey,
+    kind: LeaseKind,
+    ttl: Duration,
+) -> Lease {
+    b.try_acquire_kind(key, kind, ttl).await.unwrap().unwrap()
 }
 
 /// One recorded acquire of a contention task: `Op::Acquire` is invoked,
