@@ -93,6 +93,13 @@ pub async fn mysql_token_rows(target: &SessionTarget) {
     .into();
     let all = listed(&backend, &prefix).await;
     assert_eq!(all[mixed.as_str()].0, m.owner().to_hex());
+    // LIKE wildcards in a prefix are literal.
+    let narrow = listed(&backend, &format!("{prefix}M")).await;
+    assert_eq!(narrow.keys().collect::<Vec<_>>(), [mixed.as_str()]);
+    for wild in ["%", "_ixed"] {
+        let none = listed(&backend, &format!("{prefix}{wild}")).await;
+        assert!(none.is_empty(), "prefix {wild:?} matched {none:?}");
+    }
     assert_eq!(
         strip(all),
         expected,
