@@ -9,15 +9,71 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{SESSION_TIMEOUT, Standalone};
+use common::{SESSION_TIMEOUT, Standalone, grant, key};
 use conformance::history::{History, Op};
-use lock_core::{ErrorKind, LockBackend, LockClient, LockKey, LockState, OwnerId, SessionState};
+use lock_core::{
+    ErrorKind, Lease, LockBackend, LockClient, LockError, LockKey, LockState, SessionState,
+};
 use lock_zk::{ZkBackend, ZkConfig};
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use zookeeper_client as zk;
 
-fn key(name: &str) -> LockKey {
-    LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
+/// A key `name` held by `a` (TTL 4 s) while `b` waits for it (up to
+/// 30 s) on another session, with a raw client beside them.
+struct HeldAndWaiting {
+    a: ZkBackend,
+    b: ZkBackend,
+    raw: zk::Client,
+    k: LockKey,
+    /// The key's directory.
+    dir: String,
+    held: Lease,
+    waiter: JoinHandle<Result<Lease, LockError>>,
+    /// The nodes in `dir` once the waiter's is there, oldest first.
+    children: Vec<String>,
+}
+
+async fn held_and_waiting(target: &Standalone, name: &str) -> HeldAndWaiting {
+    let a = target.backend().await.expect("a");
+    let b = target.backend().await.expect("b");
+    let raw = target.raw().await;
+    let k = key(name);
+    let dir = a.key_path(&k);
+    let held = grant(&a, &k, Duration::from_secs(4), "free").await;
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire(
+                &k,
+                Duration::from_secs(4),
+                Instant::now() + Duration::from_secs(30),
+            )
+            .await
+        })
+    };
+    sleep(Duration::from_millis(500)).await;
+    let mut children = raw.list_children(&dir).await.expect("list");
+    children.sort_by_key(|name| name[name.len() - 10..].to_owned());
+    HeldAndWaiting {
+        a,
+        b,
+        raw,
+        k,
+        dir,
+        held,
+        waiter,
+        children,
+    }
+}
+
+/// The error `waiter` must end with within 5 s (`hung` when it does not end).
+async fn waiter_error(waiter: JoinHandle<Result<Lease, LockError>>, hung: &str) -> LockError {
+    timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect(hung)
+        .expect("waiter task")
+        .expect_err("the waiter must fail")
 }
 
 /// The server is paused past the session timeout. The holder's guard
@@ -43,11 +99,7 @@ async fn session_expiry_reports_lost_before_another_grant() {
     let first_token = guard.token();
     // A bare lease (no guard, no renewal) on another key, to watch the
     // session signal itself.
-    let bare = a
-        .try_acquire(&key("bare"), Duration::from_secs(2))
-        .await
-        .expect("try")
-        .expect("free");
+    let bare = grant(&a, &key("bare"), Duration::from_secs(2), "free").await;
     let mut bare_session = bare.session().expect("session signal").clone();
     let lost_at = {
         let mut states = guard.subscribe();
@@ -136,55 +188,33 @@ async fn waiter_node_deleted_externally_ends_the_wait() {
     let Some(target) = Standalone::start().await else {
         return;
     };
-    let a = target.backend().await.expect("a");
-    let b = target.backend().await.expect("b");
-    let raw = target.raw().await;
-    let k = key("deleted");
-    let dir = a.key_path(&k);
-    let held = a
-        .try_acquire(&k, Duration::from_secs(4))
-        .await
-        .expect("try")
-        .expect("free");
-    let waiter = {
-        let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire(
-                &k,
-                Duration::from_secs(4),
-                Instant::now() + Duration::from_secs(30),
-            )
-            .await
-        })
-    };
-    sleep(Duration::from_millis(500)).await;
-    let mut children = raw.list_children(&dir).await.expect("list");
-    children.sort_by_key(|name| name[name.len() - 10..].to_owned());
-    assert_eq!(children.len(), 2, "{children:?}");
+    let t = held_and_waiting(&target, "deleted").await;
+    assert_eq!(t.children.len(), 2, "{:?}", t.children);
     let started = Instant::now();
-    raw.delete(&format!("{dir}/{}", children[1]), None)
+    t.raw
+        .delete(&format!("{}/{}", t.dir, t.children[1]), None)
         .await
         .expect("delete the waiter's node");
-    let err = timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiter kept waiting after its node was deleted")
-        .expect("waiter task")
-        .expect_err("the waiter must fail");
+    let err = waiter_error(
+        t.waiter,
+        "the waiter kept waiting after its node was deleted",
+    )
+    .await;
     println!(
         "waiter ended {:?} after its node was deleted: {err}",
         started.elapsed()
     );
     assert_eq!(err.kind(), ErrorKind::LeaseLost, "{err}");
     assert!(err.to_string().contains("deleted"), "{err}");
-    let info = b.inspect(&k).await.expect("inspect").expect("still held");
-    assert_eq!(info.token, Some(held.token()));
-    assert!(a.release(&held).await.expect("release"));
-    let next = b
-        .try_acquire(&k, Duration::from_secs(4))
-        .await
-        .expect("try")
-        .expect("free after release");
-    assert!(b.release(&next).await.expect("release"));
+    let info =
+        t.b.inspect(&t.k)
+            .await
+            .expect("inspect")
+            .expect("still held");
+    assert_eq!(info.token, Some(t.held.token()));
+    assert!(t.a.release(&t.held).await.expect("release"));
+    let next = grant(&t.b, &t.k, Duration::from_secs(4), "free after release").await;
+    assert!(t.b.release(&next).await.expect("release"));
 }
 
 /// The key's directory is removed (with every node in it) while a holder
@@ -195,60 +225,36 @@ async fn parent_removed_under_holder_and_waiter() {
     let Some(target) = Standalone::start().await else {
         return;
     };
-    let a = target.backend().await.expect("a");
-    let b = target.backend().await.expect("b");
-    let raw = target.raw().await;
-    let k = key("parent");
-    let dir = a.key_path(&k);
-    let held = a
-        .try_acquire(&k, Duration::from_secs(4))
-        .await
-        .expect("try")
-        .expect("free");
-    let waiter = {
-        let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire(
-                &k,
-                Duration::from_secs(4),
-                Instant::now() + Duration::from_secs(30),
-            )
-            .await
-        })
-    };
-    sleep(Duration::from_millis(500)).await;
-    let mut children = raw.list_children(&dir).await.expect("list");
-    children.sort_by_key(|name| name[name.len() - 10..].to_owned());
+    let t = held_and_waiting(&target, "parent").await;
     // Waiter first, so the holder's deletion does not wake it early.
-    for name in children.iter().rev() {
-        raw.delete(&format!("{dir}/{name}"), None)
+    for name in t.children.iter().rev() {
+        t.raw
+            .delete(&format!("{}/{name}", t.dir), None)
             .await
             .expect("delete node");
     }
-    raw.delete(&dir, None).await.expect("delete the directory");
-    let err = timeout(Duration::from_secs(5), waiter)
+    t.raw
+        .delete(&t.dir, None)
         .await
-        .expect("the waiter hung after the directory was removed")
-        .expect("waiter task")
-        .expect_err("the waiter must fail");
+        .expect("delete the directory");
+    let err = waiter_error(t.waiter, "the waiter hung after the directory was removed").await;
     println!("waiter: {err}");
     assert_eq!(err.kind(), ErrorKind::LeaseLost, "{err}");
     assert!(
         err.to_string().contains("deleted") || err.to_string().contains("removed"),
         "{err}"
     );
-    assert_eq!(a.renew(&held).await.unwrap_err().kind(), ErrorKind::NotHeld);
-    assert!(!a.release(&held).await.expect("release"));
-    let again = b
-        .try_acquire(&k, Duration::from_secs(4))
-        .await
-        .expect("try")
-        .expect("the key works again");
+    assert_eq!(
+        t.a.renew(&t.held).await.unwrap_err().kind(),
+        ErrorKind::NotHeld
+    );
+    assert!(!t.a.release(&t.held).await.expect("release"));
+    let again = grant(&t.b, &t.k, Duration::from_secs(4), "the key works again").await;
     assert!(
-        again.token() > held.token(),
+        again.token() > t.held.token(),
         "czxid tokens survive the directory's removal"
     );
-    assert!(b.release(&again).await.expect("release"));
+    assert!(t.b.release(&again).await.expect("release"));
 }
 
 /// Foreign lock nodes appear and vanish in the key's directory all the
@@ -344,7 +350,7 @@ async fn unrenewed_lease_is_freed_after_its_ttl() {
     let k = key("ttl");
     let ttl = Duration::from_secs(1);
     let started = Instant::now();
-    let lease = a.try_acquire(&k, ttl).await.expect("try").expect("free");
+    let lease = grant(&a, &k, ttl, "free").await;
     let next = b
         .acquire(&k, ttl, started + ttl + Duration::from_millis(700))
         .await
@@ -376,28 +382,16 @@ async fn shorter_ttl_after_a_long_one_is_still_enforced() {
     let a = target.backend().await.expect("a");
     let b = target.backend().await.expect("b");
     // Arms the task far out, then is released (its queue entry stays).
-    let long = a
-        .try_acquire(&key("ttl-long"), Duration::from_secs(30))
-        .await
-        .expect("try")
-        .expect("free");
-    let held = a
-        .try_acquire(&key("ttl-held"), Duration::from_secs(30))
-        .await
-        .expect("try")
-        .expect("free");
+    let long = grant(&a, &key("ttl-long"), Duration::from_secs(30), "free").await;
+    let held = grant(&a, &key("ttl-held"), Duration::from_secs(30), "free").await;
     assert!(a.release(&long).await.expect("release"));
     // A renewed lease outlives its first deadline.
     let ttl = Duration::from_millis(800);
     let renewed_key = key("ttl-renewed");
-    let renewed = a
-        .try_acquire(&renewed_key, ttl)
-        .await
-        .expect("try")
-        .expect("free");
+    let renewed = grant(&a, &renewed_key, ttl, "free").await;
     let k = key("ttl-short");
     let started = Instant::now();
-    let short = a.try_acquire(&k, ttl).await.expect("try").expect("free");
+    let short = grant(&a, &k, ttl, "free").await;
     let renewer = {
         let a = a.clone();
         let renewed = renewed.clone();
@@ -493,11 +487,7 @@ async fn digest_auth_chroot_and_node_layout() {
         .expect("connect with digest and chroot");
     assert!(!format!("{a:?}").contains("s3cret"));
     let k = key("auth");
-    let lease = a
-        .try_acquire(&k, Duration::from_secs(4))
-        .await
-        .expect("try")
-        .expect("free");
+    let lease = grant(&a, &k, Duration::from_secs(4), "free").await;
     let hosts = target.base_url().trim_start_matches("zk://").to_owned();
     let raw = zk::Client::connector()
         .with_auth("digest", b"app:s3cret")
@@ -574,11 +564,7 @@ async fn paused_server_gives_typed_errors_in_bounded_time() {
     let a = ZkBackend::connect(config).await.expect("a");
     let session = a.session_id();
     let k = key("paused");
-    let warm = a
-        .try_acquire(&k, Duration::from_secs(4))
-        .await
-        .expect("try")
-        .expect("free");
+    let warm = grant(&a, &k, Duration::from_secs(4), "free").await;
     assert!(a.release(&warm).await.expect("release"));
     target.pause().await.expect("pause");
     let transient =

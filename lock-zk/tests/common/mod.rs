@@ -42,6 +42,12 @@ pub async fn take(b: &ZkBackend, k: &LockKey, kind: LeaseKind, what: &str) -> Le
     b.try_acquire_kind(k, kind, TTL).await.unwrap().expect(what)
 }
 
+/// A mutex lease on `k` by a single try that must be granted (`what`
+/// names it when it is not).
+pub async fn grant(b: &ZkBackend, k: &LockKey, ttl: Duration, what: &str) -> Lease {
+    b.try_acquire(k, ttl).await.expect("try").expect(what)
+}
+
 /// Whether a single try for `kind` on `k` is refused (its errors fail).
 pub async fn refused(b: &ZkBackend, k: &LockKey, kind: LeaseKind) -> bool {
     b.try_acquire_kind(k, kind, TTL).await.unwrap().is_none()
