@@ -146,6 +146,55 @@ where
     }
 }
 
+/// One client's proxy and the server endpoint whose counters are read.
+struct Meter<'a> {
+    proxy: &'a FaultProxy,
+    endpoint: &'a str,
+}
+
+impl<'a> Meter<'a> {
+    fn new(proxy: &'a FaultProxy, endpoint: &'a str) -> Self {
+        Self { proxy, endpoint }
+    }
+
+    /// [`count`] through this meter, printed under `what`.
+    async fn measure<F, Fut>(&self, what: &str, cycle: F) -> Counted
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let counted = count(self.proxy, self.endpoint, cycle).await;
+        println!(
+            "{what}: {:.2} requests, {:.2} proxy turns per cycle ({counted:?})",
+            counted.requests_per_cycle(),
+            counted.turns_per_cycle()
+        );
+        counted
+    }
+}
+
+async fn try_cycle(client: &LockClient, key: &str) {
+    let guard = client
+        .lock(key)
+        .ttl(TTL)
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free");
+    guard.release().await.expect("release");
+}
+
+async fn campaign_cycle(client: &LockClient, election: &str) {
+    let leading = client
+        .elect(election)
+        .ttl(TTL)
+        .wait(WAIT)
+        .campaign()
+        .await
+        .expect("campaign on a free election");
+    assert!(leading.resign().await.expect("resign"));
+}
+
 async fn waiting_cycle(client: &LockClient, key: &str) {
     let guard = client
         .lock(key)
@@ -168,76 +217,47 @@ async fn a_cycle_costs_what_the_floor_costs() {
     // connection (and its own background traffic). The session lease has
     // the locks' TTL, so no acquire grants a lease of its own.
     let url = |proxy: &FaultProxy| format!("etcd://127.0.0.1:{}/rt?ttl=30s", proxy.port());
-    let show = |what: &str, counted: &Counted| {
-        println!(
-            "{what}: {:.2} requests, {:.2} proxy turns per cycle ({counted:?})",
-            counted.requests_per_cycle(),
-            counted.turns_per_cycle()
-        );
-    };
 
     let floor_proxy = FaultProxy::start(upstream).await.unwrap();
     let floor = EtcdFloor::connect(&url(&floor_proxy)).await.unwrap();
     let expected = floor.round_trips_per_cycle();
     assert_eq!(expected, 2);
-    let floor_counted = count(&floor_proxy, &endpoint, || async {
+    let floor_cycle = || async {
         floor.cycle("floor", TTL).await.expect("floor cycle");
-    })
-    .await;
-    show("floor", &floor_counted);
-    floor_counted
+    };
+    let floor_meter = Meter::new(&floor_proxy, &endpoint);
+    floor_meter
+        .measure("floor", floor_cycle)
+        .await
         .check_requests(expected)
         .expect("the floor costs what it declares");
     assert_eq!(floor_proxy.connections(), 1, "the floor has one connection");
 
     let ours_proxy = FaultProxy::start(upstream).await.unwrap();
     let client = LockClient::new(lock_etcd::connect(&url(&ours_proxy)).await.unwrap());
-    let counted = count(&ours_proxy, &endpoint, || waiting_cycle(&client, "wait")).await;
-    show("lock(k).ttl(30s).wait(60s).acquire() + release()", &counted);
-    counted
+    let ours = Meter::new(&ours_proxy, &endpoint);
+    let what = "lock(k).ttl(30s).wait(60s).acquire() + release()";
+    ours.measure(what, || waiting_cycle(&client, "wait"))
+        .await
         .check_requests(expected)
         .expect("a waiting acquire on a free key costs the floor's requests");
 
-    let counted = count(&ours_proxy, &endpoint, || async {
-        let guard = client
-            .lock("try")
-            .ttl(TTL)
-            .try_acquire()
-            .await
-            .expect("try")
-            .expect("free");
-        guard.release().await.expect("release");
-    })
-    .await;
-    show("try_acquire() + release()", &counted);
-    counted
+    ours.measure("try_acquire() + release()", || try_cycle(&client, "try"))
+        .await
         .check_requests(expected)
         .expect("try_acquire + release costs the floor's requests");
     // A multi-lock of 3 free keys: one transaction for the whole set, then
     // one guarded delete per key.
-    let counted = count(&ours_proxy, &endpoint, || set_cycle(&client)).await;
-    show(
-        "lock_all([3 keys]).wait(60s).acquire() + release()",
-        &counted,
-    );
-    counted
+    let what = "lock_all([3 keys]).wait(60s).acquire() + release()";
+    ours.measure(what, || set_cycle(&client))
+        .await
         .check_requests(SET_REQUESTS)
         .expect("a set of 3 free keys costs one transaction and 3 releases");
     // A campaign on a free election and its resignation: the mutex's 2
     // (the election's entry is created and deleted as a lock's).
-    let counted = count(&ours_proxy, &endpoint, || async {
-        let leading = client
-            .elect("rt")
-            .ttl(TTL)
-            .wait(WAIT)
-            .campaign()
-            .await
-            .expect("campaign on a free election");
-        assert!(leading.resign().await.expect("resign"));
-    })
-    .await;
-    show("elect(e).ttl(30s).campaign() + resign()", &counted);
-    counted
+    let what = "elect(e).ttl(30s).campaign() + resign()";
+    ours.measure(what, || campaign_cycle(&client, "rt"))
+        .await
         .check_requests(expected)
         .expect("a campaign + resignation costs the floor's requests");
     assert_eq!(ours_proxy.connections(), 1, "one client, one connection");
@@ -247,11 +267,12 @@ async fn a_cycle_costs_what_the_floor_costs() {
     let broken = LockClient::from_arc(Arc::new(LooksFirst(Arc::new(
         lock_etcd::connect(&url(&broken_proxy)).await.unwrap(),
     ))));
-    let counted = count(&broken_proxy, &endpoint, || {
-        waiting_cycle(&broken, "broken")
-    })
-    .await;
-    show("broken (a look before each acquire)", &counted);
+    let broken_meter = Meter::new(&broken_proxy, &endpoint);
+    let counted = broken_meter
+        .measure("broken (a look before each acquire)", || {
+            waiting_cycle(&broken, "broken")
+        })
+        .await;
     assert!(counted.check_requests(expected).is_err(), "{counted:?}");
     counted
         .check_requests(expected + 1)
@@ -259,8 +280,8 @@ async fn a_cycle_costs_what_the_floor_costs() {
     // Without the set's transaction (the double does not forward
     // try_acquire_all), the keys are taken one by one, each after a look:
     // 3 looks + 3 creates + 3 releases.
-    let counted = count(&broken_proxy, &endpoint, || set_cycle(&broken)).await;
-    show("broken (no set transaction, a look per key)", &counted);
+    let what = "broken (no set transaction, a look per key)";
+    let counted = broken_meter.measure(what, || set_cycle(&broken)).await;
     assert!(counted.check_requests(SET_REQUESTS).is_err(), "{counted:?}");
     counted
         .check_requests(9)
