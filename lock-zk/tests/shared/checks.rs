@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::{LeaseKind, LockBackend, LockKey, OwnerId};
+use lock_core::{Lease, LeaseKind, LockBackend, LockKey, OwnerId};
 use lock_zk::ZkBackend;
 use tokio::time::{Instant, sleep};
 use zookeeper_client as zk;
@@ -116,6 +116,40 @@ pub(crate) async fn broken_node(raw: &zk::Client, dir: &str, name: &str) -> Stri
     format!("{prefix}{seq}")
 }
 
+/// Holds `b`'s `lease` for `hold`, records it as `held` by `who`, and
+/// releases it.
+async fn hold_ours(
+    b: &ZkBackend,
+    lease: &Lease,
+    hold: Duration,
+    history: &History,
+    held: Held,
+    who: &str,
+) {
+    let from = Instant::now();
+    sleep(hold).await;
+    record(history, held, from, who);
+    assert!(b.release(lease).await.expect("release"));
+}
+
+/// A broken node `name` in `dir`, held for `hold` and recorded as `held`
+/// by `who (broken)`, then deleted.
+async fn hold_broken(
+    raw: &zk::Client,
+    dir: &str,
+    name: &str,
+    hold: Duration,
+    history: &History,
+    held: Held,
+    who: &str,
+) {
+    let path = broken_node(raw, dir, name).await;
+    let from = Instant::now();
+    sleep(hold).await;
+    record(history, held, from, &format!("{who} (broken)"));
+    raw.delete(&path, None).await.expect("broken delete");
+}
+
 /// `rounds` turns of `actor` on `k`: readers and writers (every third turn
 /// of an even-numbered actor writes), each holding a few milliseconds.
 pub(crate) async fn rw_turns(
@@ -141,48 +175,42 @@ pub(crate) async fn rw_turns(
                     .acquire_kind(&k, kind, TTL, soon(20_000))
                     .await
                     .expect("acquire under contention");
-                let from = Instant::now();
-                sleep(hold).await;
-                record(
-                    &history,
-                    if write { Held::Write } else { Held::Read },
-                    from,
-                    &who,
-                );
-                assert!(b.release(&lease).await.expect("release"));
+                let held = if write { Held::Write } else { Held::Read };
+                hold_ours(b, &lease, hold, &history, held, &who).await;
             }
             Actor::BrokenReader(raw) => {
-                let path = broken_node(raw, &dir, "__READ__").await;
-                let from = Instant::now();
-                sleep(hold * 3).await;
-                record(&history, Held::Read, from, &format!("{who} (broken)"));
-                raw.delete(&path, None).await.expect("broken delete");
+                hold_broken(raw, &dir, "__READ__", hold * 3, &history, Held::Read, &who).await;
             }
             Actor::BrokenPermit(_) => unreachable!(),
         }
     }
 }
 
+/// Every actor's `rw_turns` at once: the holdings they recorded.
 pub(crate) async fn rw_contention(
     actors: Vec<Actor>,
     k: &LockKey,
     dir: &str,
     rounds: usize,
 ) -> Vec<Interval> {
+    contention(actors, |n, actor, history| {
+        rw_turns(actor, k.clone(), dir.to_owned(), n, rounds, history)
+    })
+    .await
+}
+
+/// Runs `turns` of each actor (its number, itself, the shared history) in
+/// a task of its own; the history once all are done.
+async fn contention<F, T>(actors: Vec<Actor>, turns: F) -> Vec<Interval>
+where
+    F: Fn(usize, Actor, History) -> T,
+    T: Future<Output = ()> + Send + 'static,
+{
     let history: History = Arc::default();
     let tasks: Vec<_> = actors
         .into_iter()
         .enumerate()
-        .map(|(n, actor)| {
-            tokio::spawn(rw_turns(
-                actor,
-                k.clone(),
-                dir.to_owned(),
-                n,
-                rounds,
-                history.clone(),
-            ))
-        })
+        .map(|(n, actor)| tokio::spawn(turns(n, actor, history.clone())))
         .collect();
     for task in tasks {
         task.await.expect("contender");
@@ -240,23 +268,19 @@ pub(crate) async fn permit_turns(
                     .acquire_kind(&k, permits(count, limit), TTL, soon(20_000))
                     .await
                     .expect("permits under contention");
-                let from = Instant::now();
-                sleep(hold).await;
-                record(&history, Held::Permits(count), from, &who);
-                assert!(b.release(&lease).await.expect("release"));
+                hold_ours(b, &lease, hold, &history, Held::Permits(count), &who).await;
             }
             Actor::BrokenPermit(raw) => {
-                let path = broken_node(raw, &format!("{dir}/leases"), "lease-").await;
-                let from = Instant::now();
-                sleep(hold * 2).await;
-                record(&history, Held::Permits(1), from, &format!("{who} (broken)"));
-                raw.delete(&path, None).await.expect("broken delete");
+                let leases = format!("{dir}/leases");
+                let held = Held::Permits(1);
+                hold_broken(raw, &leases, "lease-", hold * 2, &history, held, &who).await;
             }
             Actor::BrokenReader(_) => unreachable!(),
         }
     }
 }
 
+/// Every actor's `permit_turns` at once: the holdings they recorded.
 pub(crate) async fn permit_contention(
     actors: Vec<Actor>,
     k: &LockKey,
@@ -264,24 +288,8 @@ pub(crate) async fn permit_contention(
     limit: u32,
     rounds: usize,
 ) -> Vec<Interval> {
-    let history: History = Arc::default();
-    let tasks: Vec<_> = actors
-        .into_iter()
-        .enumerate()
-        .map(|(n, a)| {
-            tokio::spawn(permit_turns(
-                a,
-                k.clone(),
-                dir.to_owned(),
-                n,
-                limit,
-                rounds,
-                history.clone(),
-            ))
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("contender");
-    }
-    history.lock().unwrap().clone()
+    contention(actors, |n, actor, history| {
+        permit_turns(actor, k.clone(), dir.to_owned(), n, limit, rounds, history)
+    })
+    .await
 }
