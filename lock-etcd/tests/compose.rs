@@ -21,7 +21,7 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::history::{History, Op};
 use conformance::servers::etcd::{EtcdServer, etcdctl};
-use etcd_client::{Client, GetOptions, PutOptions};
+use etcd_client::PutOptions;
 use lock_core::election::{Leader, election_lock_key};
 use lock_core::{
     ErrorKind, FencingToken, HolderDetails, Lease, LockBackend, LockClient, LockError, LockKey,
@@ -512,16 +512,8 @@ async fn one_leader_at_a_time_with_several_candidates_per_session() {
     assert!(leaders >= 5, "the observer saw {seen:?}");
     assert_eq!(seen.last(), Some(&None), "{seen:?}");
     assert!(a.release(&mutex).await.unwrap());
-    let raw: Client = a.client().clone();
-    let left = raw
-        .clone()
-        .get(
-            format!("{}/", etcdctl_name("race")),
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(left.count(), 0, "candidates left behind");
+    let left = common::raw_count(&a, format!("{}/", etcdctl_name("race"))).await;
+    assert_eq!(left, 0, "candidates left behind");
 
     // The check fails with one candidate that ignores older ones.
     let broken: Vec<Arc<dyn LockBackend>> = vec![
@@ -559,15 +551,7 @@ crate::common::wrapper_backend! {
 
 /// Candidates under the election `name` (ours have prefix [`PREFIX`]).
 async fn candidacies(raw: &EtcdBackend, name: &str) -> i64 {
-    raw.client()
-        .clone()
-        .get(
-            format!("{}/", etcdctl_name(name)),
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-        .unwrap()
-        .count()
+    common::raw_count(raw, format!("{}/", etcdctl_name(name))).await
 }
 
 /// While `leader` leads, a campaign of `ours` that is dropped, and one that

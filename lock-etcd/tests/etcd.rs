@@ -427,24 +427,17 @@ async fn cancelled_acquires_leave_no_entry_behind() {
         t.await.unwrap();
     }
     // Pending entries are deleted by their cleanup at once.
-    let mut kv = backend.client().clone().kv_client();
     let give_up = Instant::now() + Duration::from_secs(20);
     loop {
-        let left = kv
-            .get(
-                "cancel/",
-                Some(etcd_client::GetOptions::new().with_prefix()),
-            )
-            .await
-            .unwrap();
+        let left = common::raw_count(&backend, "cancel/").await;
         // Only the holder's entry may remain.
-        if left.kvs().len() == 1 {
+        if left == 1 {
             break;
         }
         assert!(
             Instant::now() < give_up,
             "{} entries left behind by cancelled acquires",
-            left.kvs().len() - 1
+            left - 1
         );
         sleep(Duration::from_millis(200)).await;
     }
@@ -478,17 +471,7 @@ async fn benchmark_floor_uses_the_driver_layout() {
     let err = floor.cycle("k", ttl).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
     // The refused floor cycle removed its queued entry; ours still holds.
-    let entries = backend
-        .client()
-        .clone()
-        .kv_client()
-        .get(
-            "floor/k/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(entries.kvs().len(), 1);
+    assert_eq!(common::raw_count(&backend, "floor/k/").await, 1);
     assert_eq!(
         backend.inspect(&key).await.unwrap().unwrap().token,
         Some(lease.token())
@@ -509,14 +492,8 @@ async fn benchmark_floor_uses_the_driver_layout() {
     for task in tasks {
         task.await.unwrap().unwrap();
     }
-    let left = backend
-        .client()
-        .clone()
-        .kv_client()
-        .get("floor/", Some(etcd_client::GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    assert_eq!(left.kvs().len(), 0, "the floor left entries behind");
+    let left = common::raw_count(&backend, "floor/").await;
+    assert_eq!(left, 0, "the floor left entries behind");
     // Bad inputs are typed errors.
     let err = floor.cycle("", ttl).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");

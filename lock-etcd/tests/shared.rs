@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
-use etcd_client::GetOptions;
 use lock_core::{
     ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockKey,
     LockShape, OwnerId,
@@ -64,16 +63,7 @@ fn err(e: LockError) -> String {
 /// The raw entries under a shape's prefix (as the crate docs lay it out).
 async fn raw_entries(raw: &EtcdBackend, key: &LockKey, tag: &str) -> usize {
     let prefix = format!("{PREFIX}/{}{tag}/", key.as_str());
-    raw.client()
-        .kv_client()
-        .get(
-            prefix,
-            Some(GetOptions::new().with_prefix().with_keys_only()),
-        )
-        .await
-        .expect("raw get")
-        .kvs()
-        .len()
+    usize::try_from(common::raw_count(raw, prefix).await).expect("a count")
 }
 
 /// Waits (up to 3 s) until the shape's prefix holds `n` entries: a waiter

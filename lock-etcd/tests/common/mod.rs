@@ -93,6 +93,30 @@ pub async fn granted_kind(
     b.try_acquire_kind(key, kind, ttl).await.unwrap().unwrap()
 }
 
+/// How many entries lie under `prefix` on `b`'s server (counted raw).
+pub async fn raw_count(b: &EtcdBackend, prefix: impl Into<Vec<u8>>) -> i64 {
+    let options = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    b.client()
+        .kv_client()
+        .get(prefix, Some(options))
+        .await
+        .expect("raw count")
+        .count()
+}
+
+/// Deletes every entry under `prefix` on `b`'s server: how many went.
+pub async fn raw_delete(b: &EtcdBackend, prefix: impl Into<Vec<u8>>) -> i64 {
+    let options = etcd_client::DeleteOptions::new().with_prefix();
+    b.client()
+        .kv_client()
+        .delete(prefix, Some(options))
+        .await
+        .expect("raw delete")
+        .deleted()
+}
+
 /// One recorded acquire of a contention task: `Op::Acquire` is invoked,
 /// then `acquire` runs; a failure is recorded and paced (20 ms) and gives
 /// `None`. The caller records the grant (its kind is the caller's).

@@ -156,14 +156,7 @@ crate::common::wrapper_backend! {
 /// Removes what a broken double left on the server.
 async fn wipe(raw: &EtcdBackend, key: &LockKey) {
     for tag in ["%rw/", "%sem/"] {
-        let _ = raw
-            .client()
-            .kv_client()
-            .delete(
-                format!("{PREFIX}/{}{tag}", key.as_str()),
-                Some(etcd_client::DeleteOptions::new().with_prefix()),
-            )
-            .await;
+        crate::common::raw_delete(raw, format!("{PREFIX}/{}{tag}", key.as_str())).await;
     }
 }
 
@@ -299,14 +292,7 @@ async fn downgrade_and_tokens() {
     );
     assert!(b.release(&read).await.unwrap());
     let write = granted(&**b, &k, LeaseKind::Write, "writer").await;
-    real.client()
-        .kv_client()
-        .delete(
-            format!("{PREFIX}/{}%rw/", k.as_str()),
-            Some(etcd_client::DeleteOptions::new().with_prefix()),
-        )
-        .await
-        .unwrap();
+    crate::common::raw_delete(real, format!("{PREFIX}/{}%rw/", k.as_str())).await;
     assert_eq!(
         b.downgrade(&write).await.unwrap_err().kind(),
         ErrorKind::NotHeld
