@@ -238,8 +238,8 @@ async fn list_shared_and_elections_page_through_long_queues() {
             .unwrap();
         e_term.get_or_insert(put.header().unwrap().revision());
     }
-    sleep(Duration::from_millis(200)).await;
-    assert!(!waiting.is_finished(), "a second writer was granted");
+    let why = "a second writer was granted";
+    common::assert_waiting(&waiting, Duration::from_millis(200), why).await;
 
     let here = std::process::id();
     let (rw, pages) = shared_pages(&backend, LockShape::ReadWrite, 1).await;

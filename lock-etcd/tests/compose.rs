@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::history::{History, Op};
-use conformance::servers::etcd::{EtcdServer, etcdctl};
+use conformance::servers::etcd::EtcdServer;
 use etcd_client::PutOptions;
 use lock_core::election::{Leader, election_lock_key};
 use lock_core::{
@@ -286,10 +286,7 @@ async fn waits_while_etcdctl_leads(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_elect_and_our_candidates_see_one_leader() {
-    let Some(server) = EtcdServer::start().await.or_skip() else {
-        return;
-    };
-    let Some(etcdctl) = etcdctl().or_skip() else {
+    let Some((server, etcdctl)) = common::server_and_etcdctl().await else {
         return;
     };
     let endpoint = server.endpoints().join(",");

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conformance::deploy::{self, DeployedTarget};
 use conformance::history::{FencedResource, History};
-use conformance::servers::etcd::{EtcdServer, etcdctl};
+use conformance::servers::etcd::EtcdServer;
 use conformance::{Harness, OrSkip, SuiteConfig, run_suite};
 use lock_core::{ErrorKind, LockBackend, LockClient, LockError, LockKey, LockState};
 use lock_etcd::floor::EtcdFloor;
@@ -150,10 +150,7 @@ async fn cluster_contention_survives_leader_kill_and_restart() {
 /// both directions, and hand over through the watch (well before any TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interop_with_etcdctl_lock() {
-    let Some(server) = EtcdServer::start().await.or_skip() else {
-        return;
-    };
-    let Some(etcdctl) = etcdctl().or_skip() else {
+    let Some((server, etcdctl)) = common::server_and_etcdctl().await else {
         return;
     };
     let endpoint = format!("--endpoints={}", server.endpoints().join(","));
@@ -209,8 +206,8 @@ async fn interop_with_etcdctl_lock() {
                 .await
         })
     };
-    sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "granted while etcdctl held the lock");
+    let why = "granted while etcdctl held the lock";
+    common::assert_waiting(&waiter, Duration::from_millis(300), why).await;
     let signalled = Instant::now();
     // SIGTERM: etcdctl unlocks on a signal.
     let pid = libc::pid_t::try_from(holder.id().unwrap()).unwrap();
@@ -349,11 +346,8 @@ async fn same_backend_grants_exclude_each_other() {
                 .await
         })
     };
-    sleep(Duration::from_millis(300)).await;
-    assert!(
-        !waiter.is_finished(),
-        "second grant while the first is held"
-    );
+    let why = "second grant while the first is held";
+    common::assert_waiting(&waiter, Duration::from_millis(300), why).await;
     assert!(backend.release(&first).await.unwrap());
     let second = waiter.await.unwrap().unwrap();
     assert!(second.backend_data().starts_with(&format!("{lease_hex}-")));

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use conformance::OrSkip;
 use conformance::deploy::Opener;
 use conformance::history::{Op, Recorder};
 use conformance::servers::etcd::EtcdServer;
@@ -91,6 +92,20 @@ pub async fn granted_kind(
     ttl: Duration,
 ) -> Lease {
     b.try_acquire_kind(key, kind, ttl).await.unwrap().unwrap()
+}
+
+/// A server and the `etcdctl` binary beside it; `None` (with the skip
+/// printed) when either is missing here.
+pub async fn server_and_etcdctl() -> Option<(EtcdServer, std::path::PathBuf)> {
+    let server = EtcdServer::start().await.or_skip()?;
+    let etcdctl = conformance::servers::etcd::etcdctl().or_skip()?;
+    Some((server, etcdctl))
+}
+
+/// After `pause`, `waiter` must still be waiting: `why` if it finished.
+pub async fn assert_waiting<T>(waiter: &tokio::task::JoinHandle<T>, pause: Duration, why: &str) {
+    sleep(pause).await;
+    assert!(!waiter.is_finished(), "{why}");
 }
 
 /// How many entries lie under `prefix` on `b`'s server (counted raw).

@@ -165,11 +165,8 @@ async fn try_acquire_all_takes_a_set_in_one_transaction() {
             .acquire()
             .await
     });
-    sleep(Duration::from_millis(300)).await;
-    assert!(
-        !waiter.is_finished(),
-        "the set was granted while y was held"
-    );
+    let why = "the set was granted while y was held";
+    crate::common::assert_waiting(&waiter, Duration::from_millis(300), why).await;
     assert!(b.release(&held).await.unwrap());
     let guard = timeout(Duration::from_secs(5), waiter)
         .await
