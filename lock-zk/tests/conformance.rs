@@ -5,17 +5,9 @@ mod common;
 
 use std::sync::Arc;
 
-use conformance::{Harness, run_suite};
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_on_a_single_server() {
-    let Some(target) = common::deployed("zookeeper").await else {
-        return;
-    };
-    let harness = Harness::new(Arc::new(target));
-    let report = run_suite(&harness).await;
-    println!("{}", report.table());
-    report.assert_passed();
+    common::run_suite_on(common::deployed("zookeeper").await).await;
 }
 
 /// The shared suite again with kazoo-named mutex nodes (`nodes=kazoo`):
@@ -23,13 +15,7 @@ async fn suite_on_a_single_server() {
 /// that naming too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_with_kazoo_node_names() {
-    let Some(target) = common::deployed_with("zookeeper", "nodes=kazoo").await else {
-        return;
-    };
-    let harness = Harness::new(Arc::new(target));
-    let report = run_suite(&harness).await;
-    println!("{}", report.table());
-    report.assert_passed();
+    common::run_suite_on(common::deployed_with("zookeeper", "nodes=kazoo").await).await;
 }
 
 /// Every shared fault scenario: holder process killed and paused (the

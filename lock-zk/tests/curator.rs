@@ -19,7 +19,7 @@ mod peer;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TTL, key, permits, refused, soon, spawn_wait, take};
+use common::{TTL, key, permits, refused, soon, spawn_acquire, spawn_wait, take};
 use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, LockShape, OwnerId};
 use lock_zk::ZkBackend;
 use peer::{Peer, setup};
@@ -56,13 +56,7 @@ async fn curator_mutex_and_ours_exclude_each_other() {
         );
         let err = ours.acquire(k, TTL, soon(300)).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
-        let waiter = {
-            let (ours, k) = (ours.clone(), k.clone());
-            tokio::spawn(async move {
-                let lease = ours.acquire(&k, TTL, soon(10_000)).await;
-                (Instant::now(), lease)
-            })
-        };
+        let waiter = spawn_acquire(ours, k);
         sleep(Duration::from_millis(300)).await;
         let released = Instant::now();
         peer.release(&mut held).await;

@@ -7,22 +7,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use conformance::OrSkip;
 use conformance::history::{FencedResource, History, Op};
 use conformance::servers::zookeeper::ZkEnsemble;
-use conformance::{Harness, OrSkip, run_suite};
 use lock_core::{LockBackend, LockKey, SessionState};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::time::{Instant, sleep};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn suite_on_an_ensemble() {
-    let Some(target) = common::deployed("zookeeper-ensemble").await else {
-        return;
-    };
-    let harness = Harness::new(Arc::new(target));
-    let report = run_suite(&harness).await;
-    println!("{}", report.table());
-    report.assert_passed();
+    common::run_suite_on(common::deployed("zookeeper-ensemble").await).await;
 }
 
 /// The session timeout of the leader-kill test: the most a server with

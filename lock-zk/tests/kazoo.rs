@@ -27,7 +27,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::routed::{Request, Routed};
-use common::{Standalone, TTL, key, soon};
+use common::{Standalone, TTL, key, soon, spawn_acquire};
 use conformance::OrSkip;
 use lock_core::{ErrorKind, LockBackend, LockKey, OwnerId};
 use lock_zk::{ZkBackend, ZkConfig};
@@ -110,6 +110,17 @@ impl Kazoo {
     }
 }
 
+/// A fresh path `/legacy/app/locks/<name>-<random>` (kazoo's own layout)
+/// and our key of the same name (for `layout=path`).
+fn legacy_path(name: &str) -> (String, LockKey) {
+    let path = format!(
+        "/legacy/app/locks/{name}-{}",
+        &OwnerId::random().to_hex()[..8]
+    );
+    let k = LockKey::new(path.clone()).expect("key");
+    (path, k)
+}
+
 /// A server, `n` backends of ours (built from `config_url`'s options) and
 /// a kazoo process, or `None` (skip) when kazoo is not installed.
 async fn setup(options: &str) -> Option<(Standalone, ZkBackend, Kazoo)> {
@@ -147,13 +158,7 @@ async fn kazoo_excludes_ours(
     for lease in tried.iter().chain(waited.as_ref().ok()) {
         ours.release(lease).await.expect("release ours");
     }
-    let waiter = {
-        let (ours, k) = (ours.clone(), k.clone());
-        tokio::spawn(async move {
-            let lease = ours.acquire(&k, TTL, soon(10_000)).await;
-            (Instant::now(), lease)
-        })
-    };
+    let waiter = spawn_acquire(ours, k);
     sleep(Duration::from_millis(300)).await;
     let released = Instant::now();
     kazoo.release(&mut held).await;
@@ -270,11 +275,7 @@ async fn path_layout_locks_kazoos_own_path() {
     let Some((_target, ours, kazoo)) = setup("layout=path&containers=false").await else {
         return;
     };
-    let path = format!(
-        "/legacy/app/locks/orders-{}",
-        &OwnerId::random().to_hex()[..8]
-    );
-    let k = LockKey::new(path.clone()).expect("key");
+    let (path, k) = legacy_path("orders");
     assert_eq!(ours.key_path(&k), path);
     assert!(
         kazoo_excludes_ours(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
@@ -327,11 +328,7 @@ async fn kazoo_named_nodes_exclude_an_unmodified_kazoo_lock() {
     let curator_named = ZkBackend::connect(ZkConfig::from_url(&url).expect("config"))
         .await
         .expect("backend");
-    let path = format!(
-        "/legacy/app/locks/kazoo-named-{}",
-        &OwnerId::random().to_hex()[..8]
-    );
-    let k = LockKey::new(path.clone()).expect("key");
+    let (path, k) = legacy_path("kazoo-named");
     assert!(
         kazoo_excludes_ours(&ours, &kazoo, &k, &path, &[]).await,
         "ours (nodes=kazoo) got the lock while an unmodified kazoo held {path}"
@@ -409,11 +406,7 @@ async fn holder_details_beside_kazoos_identifier() {
     else {
         return;
     };
-    let path = format!(
-        "/legacy/app/locks/details-{}",
-        &OwnerId::random().to_hex()[..8]
-    );
-    let k = LockKey::new(path.clone()).expect("key");
+    let (path, k) = legacy_path("details");
     let lease = ours.try_acquire(&k, TTL).await.expect("try").expect("free");
     let contenders = kazoo.contenders(&path).await;
     let expected_start = format!("[\"{}\\nh=", lease.owner().to_hex());

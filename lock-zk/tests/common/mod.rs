@@ -67,6 +67,31 @@ pub fn spawn_wait(
     })
 }
 
+/// `b` waits (up to 10 s) for the mutex `k` in a task of its own, which
+/// returns when it was granted and the lease.
+pub fn spawn_acquire(
+    b: &ZkBackend,
+    k: &LockKey,
+) -> JoinHandle<(Instant, Result<Lease, LockError>)> {
+    let (b, k) = (b.clone(), k.clone());
+    tokio::spawn(async move {
+        let lease = b.acquire(&k, TTL, soon(10_000)).await;
+        (Instant::now(), lease)
+    })
+}
+
+/// The shared suite on a started deployment ([`deployed`]), if any: its
+/// table printed, every case passed.
+pub async fn run_suite_on(target: Option<DeployedTarget>) {
+    let Some(target) = target else {
+        return;
+    };
+    let harness = conformance::Harness::new(Arc::new(target));
+    let report = conformance::run_suite(&harness).await;
+    println!("{}", report.table());
+    report.assert_passed();
+}
+
 /// Waits (up to 5 s) until `dir` has at least `n` children, or fails
 /// with `what`.
 pub async fn until_children(raw: &zookeeper_client::Client, dir: &str, n: usize, what: &str) {
