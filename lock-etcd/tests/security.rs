@@ -152,13 +152,19 @@ async fn assert_connect_fails(config: EtcdConfig, secret: Option<&str>) -> LockE
     err
 }
 
+/// Fresh certificates and a TLS server with them (that requires client
+/// certificates when `client_certs`); `None` when no etcd can be started.
+async fn tls_server(client_certs: bool) -> Option<(Certs, EtcdServer)> {
+    let certs = Certs::generate();
+    let server = EtcdServer::start_tls(certs.server_files(client_certs))
+        .await
+        .or_skip()?;
+    Some((certs, server))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_conformance_suite_and_lock_cycle() {
-    let certs = Certs::generate();
-    let Some(server) = EtcdServer::start_tls(certs.server_files(false))
-        .await
-        .or_skip()
-    else {
+    let Some((certs, server)) = tls_server(false).await else {
         return;
     };
     let ca = certs.path("ca.pem");
@@ -200,10 +206,7 @@ async fn tls_conformance_suite_and_lock_cycle() {
     // The whole shared suite over TLS: the TLS server as a one-server
     // deployment (no deployment kind starts one), every client a new
     // backend with the suite's options and the CA.
-    let mut options: Vec<(&str, String)> = common::CLIENT_OPTIONS
-        .iter()
-        .map(|(name, value)| (*name, (*value).to_owned()))
-        .collect();
+    let mut options = common::client_options();
     options.push(("ca", ca.display().to_string()));
     let target = DeployedTarget::new(
         Box::new(Single::new("etcd-tls", server, "")),
@@ -216,11 +219,7 @@ async fn tls_conformance_suite_and_lock_cycle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_client_certificates() {
-    let certs = Certs::generate();
-    let Some(server) = EtcdServer::start_tls(certs.server_files(true))
-        .await
-        .or_skip()
-    else {
+    let Some((certs, server)) = tls_server(true).await else {
         return;
     };
     let ca = certs.path("ca.pem").display().to_string();

@@ -52,14 +52,18 @@ pub fn opener(options: Vec<(&'static str, String)>) -> Opener {
     })
 }
 
+/// [`CLIENT_OPTIONS`] as owned values, for [`opener`] (extend it with
+/// options of one target's own).
+pub fn client_options() -> Vec<(&'static str, String)> {
+    CLIENT_OPTIONS
+        .iter()
+        .map(|(n, v)| (*n, (*v).to_owned()))
+        .collect()
+}
+
 /// [`opener`] with [`CLIENT_OPTIONS`].
 pub fn suite_opener() -> Opener {
-    opener(
-        CLIENT_OPTIONS
-            .iter()
-            .map(|(n, v)| (*n, (*v).to_owned()))
-            .collect(),
-    )
+    opener(client_options())
 }
 
 /// A config for `server` under `prefix`: session TTL `ttl`, a 1 s
