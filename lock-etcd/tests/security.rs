@@ -223,14 +223,14 @@ async fn tls_client_certificates() {
         return;
     };
     let ca = certs.path("ca.pem").display().to_string();
-    let with_cert = server.url(
-        "mtls",
-        &format!(
-            "ca={ca}&cert={}&key={}",
-            certs.path("client.pem").display(),
-            certs.path("client-key.pem").display()
-        ),
-    );
+    // The server's URL with our CA and the client certificate of `client`.
+    let url_with_cert = |client: &Certs| {
+        let cert = client.path("client.pem");
+        let key = client.path("client-key.pem");
+        let options = format!("ca={ca}&cert={}&key={}", cert.display(), key.display());
+        server.url("mtls", &options)
+    };
+    let with_cert = url_with_cert(&certs);
     let backend = EtcdBackend::connect(config(&with_cert))
         .await
         .expect("connect with a client certificate");
@@ -239,32 +239,19 @@ async fn tls_client_certificates() {
     // Without a client certificate the server refuses the handshake (the
     // server just closes the connection, or sends an alert, depending on
     // timing: either way a typed error).
-    let err = assert_connect_fails(config(&server.url("mtls", &format!("ca={ca}"))), None).await;
-    assert!(
+    let refused = |err: &LockError| {
         matches!(
             err.kind(),
             ErrorKind::Config | ErrorKind::Unavailable | ErrorKind::Timeout
-        ),
-        "{err}"
-    );
+        )
+    };
+    let err = assert_connect_fails(config(&server.url("mtls", &format!("ca={ca}"))), None).await;
+    assert!(refused(&err), "{err}");
     // A client certificate from a CA the server does not trust.
     let foreign = Certs::generate();
-    let untrusted = server.url(
-        "mtls",
-        &format!(
-            "ca={ca}&cert={}&key={}",
-            foreign.path("client.pem").display(),
-            foreign.path("client-key.pem").display()
-        ),
-    );
+    let untrusted = url_with_cert(&foreign);
     let err = assert_connect_fails(config(&untrusted), None).await;
-    assert!(
-        matches!(
-            err.kind(),
-            ErrorKind::Config | ErrorKind::Unavailable | ErrorKind::Timeout
-        ),
-        "{err}"
-    );
+    assert!(refused(&err), "{err}");
     // A certificate file that does not exist.
     let missing = with_cert.replace(
         &certs.path("client.pem").display().to_string(),
