@@ -106,30 +106,17 @@ async fn kind_scenarios_on_a_single_server() {
 
 /// The `holder` example taking grants of the kind coded `kind`.
 fn holder_command_of(kind: &str) -> Option<conformance::scenarios::HolderCommand> {
-    let exe = std::env::current_exe().ok()?;
-    let holder = exe.parent()?.parent()?.join("examples").join("holder");
-    if !holder.is_file() {
-        eprintln!(
-            "{} is not built: the holder scenarios are skipped (run `cargo test -p lock-zk`)",
-            holder.display()
-        );
-        return None;
-    }
-    let kind = kind.to_owned();
-    Some(Arc::new(
-        move |url: &str, key: &str, ttl: std::time::Duration| {
-            let mut cmd = std::process::Command::new(&holder);
-            cmd.arg(url)
-                .arg(key)
-                .arg(ttl.as_millis().to_string())
-                .arg(&kind);
-            cmd
-        },
-    ))
+    holder_with(Some(kind.to_owned()))
 }
 
 /// The `holder` example next to this test binary (`target/<profile>/examples`).
 fn holder_command() -> Option<conformance::scenarios::HolderCommand> {
+    holder_with(None)
+}
+
+/// The `holder` example, given `kind` as its last argument when there is
+/// one, or `None` (skip, said on stderr) when it is not built.
+fn holder_with(kind: Option<String>) -> Option<conformance::scenarios::HolderCommand> {
     let exe = std::env::current_exe().ok()?;
     let holder = exe.parent()?.parent()?.join("examples").join("holder");
     if !holder.is_file() {
@@ -145,6 +132,7 @@ fn holder_command() -> Option<conformance::scenarios::HolderCommand> {
         move |url: &str, key: &str, ttl: std::time::Duration| {
             let mut cmd = std::process::Command::new(&holder);
             cmd.arg(url).arg(key).arg(ttl.as_millis().to_string());
+            cmd.args(&kind);
             cmd
         },
     ))
