@@ -26,6 +26,19 @@ pub fn key(name: &str) -> LockKey {
     LockKey::new(format!("{name}-{}", &OwnerId::random().to_hex()[..8])).expect("key")
 }
 
+/// A 32-digit owner hex as a UUID (8-4-4-4-12), as Curator's node names
+/// carry it.
+pub fn dashed(hex: &str) -> String {
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
 /// `count` of `limit` permits.
 pub fn permits(count: u32, limit: u32) -> LeaseKind {
     LeaseKind::permits(count, limit).expect("permits")

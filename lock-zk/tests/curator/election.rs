@@ -290,14 +290,7 @@ impl Candidate {
         };
         let owner = OwnerId::random();
         let hex = owner.to_hex();
-        let uuid = format!(
-            "{}-{}-{}-{}-{}",
-            &hex[..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..]
-        );
+        let uuid = crate::common::dashed(&hex);
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let (_, seq) = raw
             .create(

@@ -100,15 +100,8 @@ pub(crate) enum Actor {
 
 pub(crate) async fn broken_node(raw: &zk::Client, dir: &str, name: &str) -> String {
     let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-    let uuid = OwnerId::random().to_hex();
-    let prefix = format!(
-        "{dir}/_c_{}-{}-{}-{}-{}-{name}",
-        &uuid[..8],
-        &uuid[8..12],
-        &uuid[12..16],
-        &uuid[16..20],
-        &uuid[20..]
-    );
+    let uuid = crate::common::dashed(&OwnerId::random().to_hex());
+    let prefix = format!("{dir}/_c_{uuid}-{name}");
     let (_, seq) = raw
         .create(&prefix, &[], &options)
         .await
