@@ -9,8 +9,10 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
 use lock_core::{ErrorKind, Lease, LockBackend, LockClient, LockKey, OwnerId};
-use lock_etcd::{EtcdBackend, EtcdConfig};
+use lock_etcd::EtcdBackend;
 use tokio::time::Instant;
+
+mod common;
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -60,10 +62,7 @@ async fn locks_expire_with_their_own_ttl_while_the_session_lives() {
     let Some(server) = EtcdServer::start().await.or_skip() else {
         return;
     };
-    let config = EtcdConfig::new(server.endpoints())
-        .prefix("expiry")
-        .ttl(TTL)
-        .op_timeout(Duration::from_secs(1));
+    let config = common::config_for(&server, "expiry", TTL);
     let a = EtcdBackend::connect(config.clone()).await.expect("a");
     let b = EtcdBackend::connect(config).await.expect("b");
     let session = a.session_lease(TTL).expect("a's session");

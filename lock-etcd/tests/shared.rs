@@ -34,10 +34,7 @@ fn key(name: &str) -> LockKey {
 }
 
 fn config(server: &EtcdServer, ttl: Duration) -> EtcdConfig {
-    EtcdConfig::new(server.endpoints())
-        .prefix(PREFIX)
-        .ttl(ttl)
-        .op_timeout(Duration::from_secs(1))
+    common::config_for(server, PREFIX, ttl)
 }
 
 async fn backend(server: &EtcdServer) -> Arc<EtcdBackend> {
