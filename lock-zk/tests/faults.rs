@@ -686,31 +686,9 @@ async fn deleted_node_is_noticed(
 #[derive(Debug)]
 struct BlindRenewals(ZkBackend);
 
-#[lock_core::async_trait]
-impl LockBackend for BlindRenewals {
+common::through_zk!(BlindRenewals, {
     fn name(&self) -> &'static str {
         "zookeeper-blind-renewals"
-    }
-    fn capabilities(&self) -> lock_core::Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-    ) -> Result<Option<lock_core::Lease>, lock_core::LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<lock_core::Lease, lock_core::LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &lock_core::Lease) -> Result<Instant, lock_core::LockError> {
-        self.0.renew(lease).await
     }
     async fn renew_many(
         &self,
@@ -722,10 +700,4 @@ impl LockBackend for BlindRenewals {
     async fn release(&self, lease: &lock_core::Lease) -> Result<bool, lock_core::LockError> {
         self.0.release(lease).await
     }
-    async fn inspect(
-        &self,
-        key: &LockKey,
-    ) -> Result<Option<lock_core::LockInfo>, lock_core::LockError> {
-        self.0.inspect(key).await
-    }
-}
+});

@@ -13,6 +13,8 @@
 //! server stops answering and the session expires; measured with
 //! `_JAVA_OPTIONS=-Xmx1g`).
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -24,9 +26,7 @@ use conformance::scale::{
     held_locks_proxied, print_report, scales_from_env,
 };
 use conformance::servers::zookeeper::ZkServer;
-use lock_core::{
-    Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, RENEW_BATCH, async_trait,
-};
+use lock_core::{Lease, LockBackend, LockError, RENEW_BATCH};
 use lock_zk::ZkBackend;
 use tokio::time::Instant;
 
@@ -93,27 +93,9 @@ async fn zookeeper_renews_many_held_locks_on_one_session() {
 #[derive(Debug)]
 struct KilobytePerLease(ZkBackend, Mutex<HashMap<u128, Vec<u8>>>);
 
-#[async_trait]
-impl LockBackend for KilobytePerLease {
+common::through_zk!(KilobytePerLease, {
     fn name(&self) -> &'static str {
         "zookeeper-kilobyte-per-lease"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
     }
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         {
@@ -130,7 +112,4 @@ impl LockBackend for KilobytePerLease {
         self.1.lock().unwrap().remove(&lease.owner().as_u128());
         self.0.release(lease).await
     }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
-    }
-}
+});

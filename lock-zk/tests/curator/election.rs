@@ -10,9 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::election::{Leader, election_lock_key};
-use lock_core::{
-    Capabilities, ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey, OwnerId, async_trait,
-};
+use lock_core::{ErrorKind, Lease, LockBackend, LockError, LockKey, OwnerId};
 use lock_zk::ZkBackend;
 use tokio::time::{Instant, sleep, timeout};
 use zookeeper_client as zk;
@@ -333,45 +331,19 @@ impl Candidate {
 #[derive(Debug)]
 struct Defaults(ZkBackend);
 
-#[async_trait]
-impl LockBackend for Defaults {
+crate::common::through_zk!(Defaults, {
     fn name(&self) -> &'static str {
         self.0.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         self.0.release(lease).await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
-    }
-
     async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
         self.0.leader(election).await
     }
-}
+});
 
 /// With Curator's latch leading, our candidate does not claim to lead; the
 /// one-leader check catches the three broken candidates. Our observer wakes on
