@@ -220,6 +220,37 @@ async fn ours_excludes_kazoo(
     excluded
 }
 
+/// [`kazoo_excludes_ours`] and [`ours_excludes_kazoo`] must both hold;
+/// `names` (ours, kazoo's) name the two sides when one does not.
+async fn exclude_both_ways(
+    ours: &ZkBackend,
+    kazoo: &Kazoo,
+    k: &LockKey,
+    path: &str,
+    extra: &[&str],
+    [our_name, kazoo_name]: [&str; 2],
+) {
+    assert!(
+        kazoo_excludes_ours(ours, kazoo, k, path, extra).await,
+        "{our_name} got the lock while {kazoo_name} held {path}"
+    );
+    assert!(
+        ours_excludes_kazoo(ours, kazoo, k, path, extra).await,
+        "{kazoo_name} got the lock while {our_name} held {path}"
+    );
+}
+
+/// The negative control: an unmodified kazoo lock (no extra patterns)
+/// gets in beside `ours` on `path` (`expected` when it does not), and
+/// nothing is left in `path` afterwards.
+async fn kazoo_ignores(ours: &ZkBackend, kazoo: &Kazoo, k: &LockKey, path: &str, expected: &str) {
+    assert!(
+        !ours_excludes_kazoo(ours, kazoo, k, path, &[]).await,
+        "{expected}"
+    );
+    assert_eq!(kazoo.children(path).await, "", "nodes left in {path}");
+}
+
 /// Both directions on the default layout (kazoo's path is our key's
 /// directory, [`ZkBackend::key_path`]), kazoo's `ReadLock` against ours
 /// both ways, and the negative control: a kazoo
@@ -232,14 +263,7 @@ async fn kazoo_lock_and_ours_exclude_each_other() {
     };
     let k = key("kazoo");
     let path = ours.key_path(&k);
-    assert!(
-        kazoo_excludes_ours(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
-        "ours got the lock while kazoo held {path}"
-    );
-    assert!(
-        ours_excludes_kazoo(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
-        "kazoo got the lock while ours held {path}"
-    );
+    exclude_both_ways(&ours, &kazoo, &k, &path, &[SEE_OURS], ["ours", "kazoo"]).await;
     // A kazoo reader excludes our mutex too (ours is a writer), and the
     // other way round for a reader that sees our nodes.
     let (mut reader, answer) = kazoo.read_lock(&path, 5_000, &[SEE_OURS]).await;
@@ -259,11 +283,14 @@ async fn kazoo_lock_and_ours_exclude_each_other() {
     assert!(ours.release(&lease).await.unwrap());
     // Negative control: kazoo's default contenders are `__lock__` nodes
     // only, so without the extra pattern it takes the lock beside ours.
-    assert!(
-        !ours_excludes_kazoo(&ours, &kazoo, &k, &path, &[]).await,
-        "kazoo without extra_lock_patterns was expected to ignore our node"
-    );
-    assert_eq!(kazoo.children(&path).await, "", "nodes left in {path}");
+    kazoo_ignores(
+        &ours,
+        &kazoo,
+        &k,
+        &path,
+        "kazoo without extra_lock_patterns was expected to ignore our node",
+    )
+    .await;
 }
 
 /// `layout=path`: our key is kazoo's own path, verbatim. Exclusion both
@@ -277,14 +304,7 @@ async fn path_layout_locks_kazoos_own_path() {
     };
     let (path, k) = legacy_path("orders");
     assert_eq!(ours.key_path(&k), path);
-    assert!(
-        kazoo_excludes_ours(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
-        "ours got the lock while kazoo held {path}"
-    );
-    assert!(
-        ours_excludes_kazoo(&ours, &kazoo, &k, &path, &[SEE_OURS]).await,
-        "kazoo got the lock while ours held {path}"
-    );
+    exclude_both_ways(&ours, &kazoo, &k, &path, &[SEE_OURS], ["ours", "kazoo"]).await;
     let (mut held, answer) = kazoo.lock(&path, 5_000, &[SEE_OURS]).await;
     assert_eq!(answer, "ok");
     let info = ours
@@ -329,14 +349,8 @@ async fn kazoo_named_nodes_exclude_an_unmodified_kazoo_lock() {
         .await
         .expect("backend");
     let (path, k) = legacy_path("kazoo-named");
-    assert!(
-        kazoo_excludes_ours(&ours, &kazoo, &k, &path, &[]).await,
-        "ours (nodes=kazoo) got the lock while an unmodified kazoo held {path}"
-    );
-    assert!(
-        ours_excludes_kazoo(&ours, &kazoo, &k, &path, &[]).await,
-        "an unmodified kazoo got the lock while ours (nodes=kazoo) held {path}"
-    );
+    let names = ["ours (nodes=kazoo)", "an unmodified kazoo"];
+    exclude_both_ways(&ours, &kazoo, &k, &path, &[], names).await;
 
     // Our node under kazoo's name, found again by owner and sequence.
     let lease = ours.try_acquire(&k, TTL).await.expect("try").expect("free");
@@ -385,11 +399,14 @@ async fn kazoo_named_nodes_exclude_an_unmodified_kazoo_lock() {
 
     // Control: with Curator's names the same unmodified kazoo does not see
     // our node, and the check says so.
-    assert!(
-        !ours_excludes_kazoo(&curator_named, &kazoo, &k, &path, &[]).await,
-        "an unmodified kazoo was expected to ignore a Curator-named node"
-    );
-    assert_eq!(kazoo.children(&path).await, "", "nodes left in {path}");
+    kazoo_ignores(
+        &curator_named,
+        &kazoo,
+        &k,
+        &path,
+        "an unmodified kazoo was expected to ignore a Curator-named node",
+    )
+    .await;
 }
 
 /// Holder details on kazoo's own path (`layout=path&nodes=kazoo`): our
