@@ -150,13 +150,21 @@ fn operating(url: &str) {
     assert_eq!(page.locks[0].holders.len(), 1, "{url}");
     assert!(reader.release().expect("release"));
     let leading = client
-        .elect("blocking-ops/boss", Duration::from_secs(5), Duration::from_secs(5))
+        .elect(
+            "blocking-ops/boss",
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        )
         .expect("elect");
     let page = client
         .list_elections("blocking-ops/", None, 10)
         .expect("list_elections");
     assert_eq!(page.elections.len(), 1, "{url}: {page:?}");
-    assert_eq!(page.elections[0].leader.term, Some(leading.token()), "{url}");
+    assert_eq!(
+        page.elections[0].leader.term,
+        Some(leading.token()),
+        "{url}"
+    );
     assert!(leading.release().expect("resign"));
 }
 
