@@ -1,12 +1,17 @@
 //! The raw floor of an acquire+release cycle, for benchmarks.
 //!
-//! [`SqlFloor`] opens **one bare sqlx connection** of its own (never the
-//! driver's connections or any pool), creates the lease table as the driver
-//! does when it is missing, and issues the driver's two statements by hand
-//! on that connection, with the same SQL text and the same binds:
+//! [`SqlFloor`] opens **one bare sqlx connection** of its own and sends two
+//! statements written here, by hand, with `sqlx::query` and hand-made
+//! binds: none of the driver's code runs (not its connections, dialects,
+//! statement texts or error retries; only its URL parsing and its mapping
+//! of sqlx errors to [`LockError`]). The statements are the ones the
+//! driver's grant and release send, on the same lease table (created here,
+//! as the driver creates it, when missing):
 //!
 //! 1. the grant (`INSERT .. ON CONFLICT`/`ON DUPLICATE KEY UPDATE`, see the
-//!    crate docs): one round trip;
+//!    crate docs): inserts the row or takes over an expired one, bumping
+//!    the fencing token, the expiry on the database's clock; one round
+//!    trip;
 //! 2. the guarded release (`UPDATE .. WHERE name, owner, token match and
 //!    the row has not expired`, with `pg_notify` on PostgreSQL): one round
 //!    trip.
@@ -21,23 +26,27 @@
 //! semaphore (row mode's shared tables): six round trips per cycle (seven
 //! on MySQL/MariaDB), see its docs.
 
+mod bare;
 mod permits;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
-use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
+use lock_core::{
+    ErrorKind, HolderDetails, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout,
+};
+use sqlx::Row;
 use tokio::sync::Mutex;
 
-use crate::config::SqlConfig;
-use crate::conn::DbConn;
-use crate::dialect::{self, Dialect};
+use crate::config::{SqlConfig, SqlDialect};
 use crate::driver::{MIN_TTL, NAME};
-use crate::error::map_sqlx;
-use crate::sql::{Statements, pg_channel};
+use bare::{Bare, Text, failed, micros, quoted, sql, token_floor};
 
 pub use permits::SqlPermitFloor;
+
+/// The widest encoded holder details (the tables' `details` column).
+const DETAILS_LEN: usize = lock_core::MAX_ENCODED_LEN;
 
 /// The driver's grant and guarded release, by hand on one bare connection.
 ///
@@ -63,10 +72,83 @@ pub use permits::SqlPermitFloor;
 #[derive(Debug)]
 pub struct SqlFloor {
     config: SqlConfig,
-    dialect: &'static dyn Dialect,
-    conn: Mutex<DbConn>,
-    statements: Statements,
+    conn: Mutex<Bare>,
+    grant: Text,
+    release: Text,
     channel: String,
+}
+
+/// The lease table's `CREATE` (as the driver's), its grant and its release
+/// for `dialect` on validated table `table`.
+fn lease_sql(dialect: SqlDialect, table: &str) -> ([Text; 2], Text, Text) {
+    let t = quoted(dialect, table);
+    let (first, create_floor) = token_floor(dialect, table);
+    let (create, grant, release) = match dialect {
+        SqlDialect::Postgres => (
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(1024) PRIMARY KEY, \
+                 owner VARCHAR(64), token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, \
+                 details VARCHAR({DETAILS_LEN}))"
+            ),
+            format!(
+                "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
+                 VALUES ($1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $4) \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at, \
+                 details = EXCLUDED.details \
+                 WHERE l.expires_at <= now() \
+                 RETURNING token"
+            ),
+            format!(
+                "WITH r AS (UPDATE {t} SET owner = NULL, details = NULL, expires_at = now() \
+                 WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now() \
+                 RETURNING name) \
+                 SELECT pg_notify($4, name) FROM r"
+            ),
+        ),
+        SqlDialect::MySql => (
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+                 owner VARCHAR(64) NULL, token BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
+                 details VARCHAR({DETAILS_LEN}) NULL) ENGINE=InnoDB"
+            ),
+            // LAST_INSERT_ID(expr): the new token, or 0 when held.
+            format!(
+                "INSERT INTO {t} (name, owner, token, expires_at, details) \
+                 VALUES (?, ?, LAST_INSERT_ID({first}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?) \
+                 ON DUPLICATE KEY UPDATE \
+                 token = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)), \
+                 owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
+                 details = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(details), details), \
+                 expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
+            ),
+            format!(
+                "UPDATE {t} SET owner = NULL, details = NULL, expires_at = UTC_TIMESTAMP(6) \
+                 WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
+            ),
+        ),
+        // SQLite's "now" is the host clock, bound by each statement.
+        SqlDialect::Sqlite => (
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+                 token INTEGER NOT NULL, expires_at INTEGER NOT NULL, details TEXT) WITHOUT ROWID"
+            ),
+            format!(
+                "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
+                 VALUES (?1, ?2, {first}, ?3 + ?4, ?5) \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at, \
+                 details = excluded.details \
+                 WHERE l.expires_at <= ?3 \
+                 RETURNING token"
+            ),
+            format!(
+                "UPDATE {t} SET owner = NULL, details = NULL, expires_at = ?4 \
+                 WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4"
+            ),
+        ),
+    };
+    ([create.into(), create_floor], grant.into(), release.into())
 }
 
 impl SqlFloor {
@@ -96,27 +178,13 @@ impl SqlFloor {
             )
             .with_backend(NAME));
         }
-        let dialect = dialect::of(config.dialect)?;
-        let options = dialect.connect_options(&config)?;
-        let statements = Statements::new(dialect, &config.table);
-        let err = |e| map_sqlx(&config, Operation::Connect, e).with_backend(NAME);
-        let mut conn = with_timeout(config.op_timeout, Operation::Connect, async {
-            options.connect().await.map_err(err)
-        })
-        .await?;
-        if config.create_table {
-            for create in &statements.create {
-                with_timeout(config.op_timeout, Operation::Connect, async {
-                    dialect.plain(&mut conn, create).await.map_err(err)
-                })
-                .await?;
-            }
-        }
+        let (create, grant, release) = lease_sql(config.dialect, &config.table);
+        let conn = Bare::open(&config, &create).await?;
         Ok(Self {
-            channel: pg_channel(&config.table),
+            channel: format!("distlock_{}", config.table.replace('.', "_")),
             conn: Mutex::new(conn),
-            dialect,
-            statements,
+            grant,
+            release,
             config,
         })
     }
@@ -139,49 +207,76 @@ impl SqlFloor {
         RawFloor::cycle(self, key, ttl).await
     }
 
-    fn failed(&self, operation: Operation, key: &LockKey) -> impl Fn(sqlx::Error) -> LockError {
-        move |e| {
-            map_sqlx(&self.config, operation, e)
-                .with_key(key)
-                .with_backend(NAME)
-        }
-    }
-
     /// The grant statement: `Some(token)` when granted, `None` when held.
     async fn grant(
         &self,
-        key: &LockKey,
+        key: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Option<i64>, LockError> {
-        let mut conn = self.conn.lock().await;
-        self.dialect
-            .grant(&mut conn, &self.statements.grant, key, owner, ttl, None)
-            .await
-            .map_err(self.failed(Operation::TryAcquire, key))
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let details = HolderDetails::encode_current();
+        let row = match &mut *self.conn.lock().await {
+            #[cfg(feature = "postgres")]
+            Bare::Postgres(c) => {
+                let q = sqlx::query(sql(&self.grant))
+                    .bind(key)
+                    .bind(owner)
+                    .bind(micros(ttl))
+                    .bind(details);
+                q.fetch_optional(c).await?.map(|row| row.try_get(0))
+            }
+            #[cfg(feature = "mysql")]
+            Bare::MySql(c) => {
+                let q = sqlx::query(sql(&self.grant))
+                    .bind(key.as_bytes())
+                    .bind(owner);
+                let done = q.bind(micros(ttl)).bind(details).execute(c).await?;
+                return Ok(match done.last_insert_id() {
+                    0 => None,
+                    token => Some(i64::try_from(token).unwrap_or(i64::MAX)),
+                });
+            }
+            #[cfg(feature = "sqlite")]
+            Bare::Sqlite(c) => {
+                let q = sqlx::query(sql(&self.grant)).bind(key).bind(owner);
+                let q = q.bind(bare::unix_micros()).bind(micros(ttl)).bind(details);
+                q.fetch_optional(c).await?.map(|row| row.try_get(0))
+            }
+        };
+        row.transpose()
     }
 
     /// The guarded release statement: whether it matched our row.
-    async fn release_row(&self, key: &LockKey, owner: &str, token: i64) -> Result<bool, LockError> {
-        let mut conn = self.conn.lock().await;
-        self.dialect
-            .release(
-                &mut conn,
-                &self.statements.release,
-                key,
-                owner,
-                token,
-                &self.channel,
-            )
-            .await
-            .map_err(self.failed(Operation::Release, key))
+    async fn release_row(&self, key: &str, owner: &str, token: i64) -> Result<bool, sqlx::Error> {
+        Ok(match &mut *self.conn.lock().await {
+            #[cfg(feature = "postgres")]
+            Bare::Postgres(c) => {
+                let q = sqlx::query(sql(&self.release))
+                    .bind(key)
+                    .bind(owner)
+                    .bind(token)
+                    .bind(&self.channel);
+                q.fetch_optional(c).await?.is_some()
+            }
+            #[cfg(feature = "mysql")]
+            Bare::MySql(c) => {
+                let q = sqlx::query(sql(&self.release)).bind(key.as_bytes());
+                q.bind(owner).bind(token).execute(c).await?.rows_affected() == 1
+            }
+            #[cfg(feature = "sqlite")]
+            Bare::Sqlite(c) => {
+                let q = sqlx::query(sql(&self.release)).bind(key).bind(owner);
+                let q = q.bind(token).bind(bare::unix_micros());
+                q.execute(c).await?.rows_affected() == 1
+            }
+        })
     }
 }
 
 #[async_trait]
 impl RawFloor for SqlFloor {
     fn name(&self) -> &'static str {
-        self.dialect.name()
+        self.config.dialect.as_str()
     }
 
     /// The grant and the release: one statement each.
@@ -191,14 +286,13 @@ impl RawFloor for SqlFloor {
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
         let key = LockKey::new(key)?;
-        check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
-            .map_err(|e| e.with_key(&key).with_backend(NAME))?;
+        let operation = Operation::TryAcquire;
+        check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(&key).with_backend(NAME))?;
         let owner = OwnerId::random().to_hex();
-        let token = with_timeout(
-            self.config.op_timeout,
-            Operation::TryAcquire,
-            self.grant(&key, &owner, ttl),
-        )
+        let token = with_timeout(self.config.op_timeout, operation, async {
+            let granted = self.grant(key.as_str(), &owner, ttl).await;
+            granted.map_err(failed(&self.config, operation))
+        })
         .await
         .map_err(|e| e.with_key(&key).with_backend(NAME))?;
         Ok(token.map(|token| FloorGrant {
@@ -211,21 +305,63 @@ impl RawFloor for SqlFloor {
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
         let key = LockKey::new(&grant.key)?;
+        let operation = Operation::Release;
         let token = i64::try_from(grant.token).map_err(|_| {
             LockError::new(
                 ErrorKind::InvalidArgument,
-                Operation::Release,
+                operation,
                 "a SQL token fits in a BIGINT",
             )
             .with_key(&key)
             .with_backend(NAME)
         })?;
-        with_timeout(
-            self.config.op_timeout,
-            Operation::Release,
-            self.release_row(&key, &grant.owner, token),
-        )
+        with_timeout(self.config.op_timeout, operation, async {
+            let released = self.release_row(key.as_str(), &grant.owner, token).await;
+            released.map_err(failed(&self.config, operation))
+        })
         .await
         .map_err(|e| e.with_key(&key).with_backend(NAME))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SqlDialect;
+
+    /// The floor writes its own SQL; it must stay the text the driver sends
+    /// (same tables, same grant and release), or the ratio compares two
+    /// different exchanges.
+    #[test]
+    fn the_floors_text_is_the_drivers() {
+        for dialect in [SqlDialect::Postgres, SqlDialect::MySql, SqlDialect::Sqlite] {
+            let driver = crate::dialect::of(dialect).expect("every dialect compiled in");
+            for table in ["locks", "app.locks"] {
+                let ours = crate::sql::Statements::new(driver, table);
+                let (create, grant, release) = lease_sql(dialect, table);
+                assert_eq!(
+                    create.as_slice(),
+                    ours.create.as_slice(),
+                    "{dialect} {table}"
+                );
+                assert_eq!(grant, ours.grant, "{dialect} {table}");
+                assert_eq!(release, ours.release, "{dialect} {table}");
+                let shared = crate::shared::sql::SharedSql::new(driver, table);
+                let (create, permits) = permits::permit_sql(dialect, table);
+                assert_eq!(create, shared.create, "{dialect} {table}");
+                let bump: Vec<Text> = [Some(&permits.bump), permits.read_bump.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .cloned()
+                    .collect();
+                assert_eq!(bump, shared.lock_key, "{dialect} {table}");
+                assert_eq!(permits.begin, shared.begin, "{dialect}");
+                assert_eq!(permits.commit, shared.commit, "{dialect}");
+                assert_eq!(permits.rollback, shared.rollback, "{dialect}");
+                assert_eq!(permits.state, shared.state, "{dialect} {table}");
+                assert_eq!(permits.insert, shared.insert_holder, "{dialect} {table}");
+                assert_eq!(permits.release, shared.release, "{dialect} {table}");
+            }
+        }
     }
 }

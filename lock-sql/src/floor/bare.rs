@@ -1,0 +1,140 @@
+//! The floors' own connection: one bare sqlx connection of the configured
+//! database, opened from the driver's URL options, and the few helpers the
+//! floors' hand-written statements need. Nothing here is shared with the
+//! driver's statement code.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lock_core::{LockError, Operation, with_timeout};
+use sqlx::{AssertSqlSafe, Connection};
+
+use crate::config::{SqlConfig, SqlDialect};
+use crate::conn::DbOptions;
+use crate::driver::NAME;
+use crate::error::map_sqlx;
+
+/// `$body` once per compiled-in connection type, with `$c` the bare
+/// connection: the statements bind the same values on every database.
+macro_rules! each {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $conn {
+            #[cfg(feature = "postgres")]
+            $crate::floor::bare::Bare::Postgres($c) => $body,
+            #[cfg(feature = "mysql")]
+            $crate::floor::bare::Bare::MySql($c) => $body,
+            #[cfg(feature = "sqlite")]
+            $crate::floor::bare::Bare::Sqlite($c) => $body,
+        }
+    };
+}
+pub(super) use each;
+
+/// One bare connection, never pooled, never shared with the driver.
+#[derive(Debug)]
+pub(super) enum Bare {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgConnection),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlConnection),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqliteConnection),
+}
+
+/// SQL text the floor built once (the table name spliced in, quoted).
+pub(super) type Text = Arc<str>;
+
+/// `text` as sqlx takes it, without copying it.
+pub(super) fn sql(text: &Text) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(text))
+}
+
+/// A TTL in microseconds, as every statement binds it.
+pub(super) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// SQLite's clock: the host's, in microseconds since the Unix epoch.
+#[cfg(feature = "sqlite")]
+pub(super) fn unix_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, micros)
+}
+
+/// Quotes each part of a validated (schema-qualified) name.
+pub(super) fn quoted(dialect: SqlDialect, name: &str) -> String {
+    let quote = if dialect == SqlDialect::MySql {
+        '`'
+    } else {
+        '"'
+    };
+    name.split('.')
+        .map(|part| format!("{quote}{part}{quote}"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The driver's token floor table (`<table>_floor`): a first grant of a
+/// key starts above it.
+pub(super) fn token_floor(dialect: SqlDialect, table: &str) -> (String, Text) {
+    let f = quoted(dialect, &format!("{table}_floor"));
+    let create = format!(
+        "CREATE TABLE IF NOT EXISTS {f} (id INTEGER NOT NULL PRIMARY KEY, token BIGINT NOT NULL)"
+    );
+    (
+        format!("(SELECT COALESCE(MAX(token), 0) + 1 FROM {f})"),
+        create.into(),
+    )
+}
+
+/// `map_sqlx` for the floor: the driver's error kinds.
+pub(super) fn failed(
+    config: &SqlConfig,
+    operation: Operation,
+) -> impl Fn(sqlx::Error) -> LockError {
+    move |e| map_sqlx(config, operation, e).with_backend(NAME)
+}
+
+impl Bare {
+    /// Opens one connection with the driver's connect options (parsed from
+    /// the URL: the driver's own, SQLite's busy timeout and WAL included;
+    /// only the sqlx options are taken, never the driver's connections),
+    /// then runs `setup` (table creation) on it when the URL asks for it.
+    pub(super) async fn open(config: &SqlConfig, setup: &[Text]) -> Result<Self, LockError> {
+        let err = failed(config, Operation::Connect);
+        let options = crate::dialect::of(config.dialect)?.connect_options(config)?;
+        let connect = async {
+            Ok::<_, sqlx::Error>(match options {
+                #[cfg(feature = "postgres")]
+                DbOptions::Postgres(o) => {
+                    Self::Postgres(sqlx::PgConnection::connect_with(&o).await?)
+                }
+                #[cfg(feature = "mysql")]
+                DbOptions::MySql(o) => Self::MySql(sqlx::MySqlConnection::connect_with(&o).await?),
+                #[cfg(feature = "sqlite")]
+                DbOptions::Sqlite(o) => {
+                    Self::Sqlite(sqlx::SqliteConnection::connect_with(&o).await?)
+                }
+            })
+        };
+        let mut conn = with_timeout(config.op_timeout, Operation::Connect, async {
+            connect.await.map_err(&err)
+        })
+        .await?;
+        if config.create_table {
+            for create in setup {
+                with_timeout(config.op_timeout, Operation::Connect, async {
+                    conn.run(create).await.map_err(&err)
+                })
+                .await?;
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Runs `text` with no binds (setup, `BEGIN`, `COMMIT`, `ROLLBACK`).
+    pub(super) async fn run(&mut self, text: &Text) -> Result<(), sqlx::Error> {
+        each!(self, c => sqlx::query(sql(text)).execute(c).await.map(drop))
+    }
+}
