@@ -59,6 +59,9 @@ impl SqlBackend {
     ) -> Result<Option<Vec<i64>>, sqlx::Error> {
         let names = keys.iter().map(|k| Bind::Text(k.as_str()));
         let n = i64::try_from(keys.len()).unwrap_or(i64::MAX);
+        // Who takes the set: every key's row carries it, as a single grant's.
+        let details = lock_core::HolderDetails::encode_current();
+        let details = details.as_str();
         match plan {
             GrantAll::One(sql) => {
                 let sql = std::sync::Arc::from(sql.as_str());
@@ -66,6 +69,7 @@ impl SqlBackend {
                     [Bind::Text(owner), Bind::Int(micros(ttl)), Bind::Int(n)]
                         .into_iter()
                         .chain(names)
+                        .chain([Bind::Text(details)])
                         .collect();
                 match fetch(conn, &sql, &binds, "ti").await {
                     Ok(rows) => Ok(in_order(
@@ -100,7 +104,12 @@ impl SqlBackend {
                         UpsertBinds::PerRow => keys
                             .iter()
                             .flat_map(|k| {
-                                [Bind::Text(k.as_str()), Bind::Text(owner), Bind::Int(ttl)]
+                                [
+                                    Bind::Text(k.as_str()),
+                                    Bind::Text(owner),
+                                    Bind::Int(ttl),
+                                    Bind::Text(details),
+                                ]
                             })
                             .collect(),
                         UpsertBinds::NowTtlOwnerNames => {
@@ -108,6 +117,7 @@ impl SqlBackend {
                             [Bind::Int(now), Bind::Int(ttl), Bind::Text(owner)]
                                 .into_iter()
                                 .chain(names.iter().copied())
+                                .chain([Bind::Text(details)])
                                 .collect()
                         }
                     };

@@ -91,7 +91,9 @@ async fn release_all(backend: &dyn LockBackend, leases: &[Lease]) -> Result<(), 
 /// On a backend that claims holder details, every shape it has reports
 /// them to another client: each of two readers and then the writer of a
 /// read-write lock, each of two permit holders of a semaphore
-/// ([`holders`](LockBackend::holders)), and an election's leader
+/// ([`holders`](LockBackend::holders)), each key of a multi-lock set taken
+/// in one exchange ([`try_acquire_all`](LockBackend::try_acquire_all),
+/// where the backend has it), and an election's leader
 /// ([`leader`](LockBackend::leader)): this process's host, pid and program,
 /// and a grant time within the acquire.
 pub async fn shared_holder_details_are_reported(h: &Harness) -> CaseResult {
@@ -150,6 +152,34 @@ pub async fn shared_holder_details_are_reported(h: &Harness) -> CaseResult {
         release_all(&*a, &[first]).await?;
         release_all(&*b, &[second]).await?;
         checked.push("2 permit holders");
+    }
+
+    // A multi-lock set taken in one exchange (where the backend has one):
+    // every key of it carries the details.
+    let set = [h.key("details-set/a"), h.key("details-set/b")];
+    let before = now_ms();
+    match a.try_acquire_all(&set, ttl).await {
+        Ok(Some(leases)) => {
+            let window = (before, now_ms());
+            for key in &set {
+                let info = b
+                    .inspect(key)
+                    .await
+                    .map_err(fmt_err("inspect"))?
+                    .ok_or_else(|| format!("{key} of a granted set has no holder"))?;
+                check_details(
+                    info.details.as_ref(),
+                    window.0,
+                    window.1,
+                    &format!("{key} of a set"),
+                )?;
+            }
+            release_all(&*a, &leases).await?;
+            checked.push("a set of 2 keys");
+        }
+        Ok(None) => return Err("a set of free keys was refused".into()),
+        Err(e) if e.kind() == ErrorKind::Unsupported => {}
+        Err(e) => return Err(format!("try_acquire_all: {e}")),
     }
 
     let election = h.key("details-elect");

@@ -314,7 +314,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
 #[derive(Debug)]
 pub(crate) enum GrantAll {
     /// One statement (PostgreSQL): binds owner, TTL µs, the number of keys,
-    /// then every name; returns `(name, token)` of every key or no row, and
+    /// every name, then the holder details; returns `(name, token)` of every key or no row, and
     /// fails with SQLSTATE 22012 (rolled back) when only some were free.
     One(String),
     /// One transaction: `begin`; `check` (fair mode; binds every name)
@@ -336,9 +336,10 @@ pub(crate) enum GrantAll {
 /// The binds of a [`GrantAll::Transaction`] upsert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum UpsertBinds {
-    /// (name, owner, TTL µs) per key (MySQL's positional `?`).
+    /// (name, owner, TTL µs, holder details) per key (MySQL's positional `?`).
     PerRow,
-    /// now (µs), TTL µs, owner, then every name (SQLite's `?n`).
+    /// now (µs), TTL µs, owner, every name, then the holder details
+    /// (SQLite's `?n`).
     NowTtlOwnerNames,
 }
 

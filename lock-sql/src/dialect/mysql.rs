@@ -184,7 +184,7 @@ impl Dialect for MySql {
     fn grant_all_sql(&self, t: &str, f: &str, w: Option<&str>, n: usize) -> GrantAll {
         let now = "UTC_TIMESTAMP(6)";
         let first = first_token(f);
-        let rows = vec![format!("(?, ?, {first}, {now} + INTERVAL ? MICROSECOND)"); n];
+        let rows = vec![format!("(?, ?, {first}, {now} + INTERVAL ? MICROSECOND, ?)"); n];
         GrantAll::Transaction {
             begin: "BEGIN",
             check: w.map(|w| {
@@ -195,10 +195,11 @@ impl Dialect for MySql {
                 )
             }),
             upsert: format!(
-                "INSERT INTO {t} (name, owner, token, expires_at) VALUES {} \
+                "INSERT INTO {t} (name, owner, token, expires_at, details) VALUES {} \
                  ON DUPLICATE KEY UPDATE \
                  token = IF(expires_at <= {now}, token + 1, token), \
                  owner = IF(expires_at <= {now}, VALUES(owner), owner), \
+                 details = IF(expires_at <= {now}, VALUES(details), details), \
                  expires_at = IF(expires_at <= {now}, VALUES(expires_at), expires_at)",
                 rows.join(", ")
             ),

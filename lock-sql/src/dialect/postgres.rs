@@ -178,12 +178,15 @@ impl Dialect for Postgres {
             " WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name IN (SELECT name FROM v) \
              AND expires_at > now()){fair}"
         );
+        let details = n + 4;
         GrantAll::One(format!(
             "WITH v (name, ord) AS (VALUES {}), \
-             g AS (INSERT INTO {t} AS l (name, owner, token, expires_at) \
-             SELECT name, $1, {first}, now() + $2 * INTERVAL '1 microsecond' FROM v{gate} ORDER BY ord \
+             g AS (INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
+             SELECT name, $1, {first}, now() + $2 * INTERVAL '1 microsecond', ${details}::varchar \
+             FROM v{gate} ORDER BY ord \
              ON CONFLICT (name) DO UPDATE \
-             SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at \
+             SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at, \
+             details = EXCLUDED.details \
              WHERE l.expires_at <= now() \
              RETURNING name, token) \
              SELECT name, token, 1 / CASE WHEN (SELECT count(*) FROM g) = $3 THEN 1 ELSE 0 END FROM g",

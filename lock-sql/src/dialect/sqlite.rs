@@ -197,8 +197,9 @@ impl Dialect for Sqlite {
     fn grant_all_sql(&self, t: &str, f: &str, w: Option<&str>, n: usize) -> GrantAll {
         let first = first_token(f);
         let names: Vec<String> = (0..n).map(|i| format!("?{}", i + 1)).collect();
+        let details = n + 4;
         let rows: Vec<String> = (0..n)
-            .map(|i| format!("(?{}, ?3, {first}, ?1 + ?2)", i + 4))
+            .map(|i| format!("(?{}, ?3, {first}, ?1 + ?2, ?{details})", i + 4))
             .collect();
         GrantAll::Transaction {
             begin: "BEGIN IMMEDIATE",
@@ -210,9 +211,10 @@ impl Dialect for Sqlite {
                 )
             }),
             upsert: format!(
-                "INSERT INTO {t} AS l (name, owner, token, expires_at) VALUES {} \
+                "INSERT INTO {t} AS l (name, owner, token, expires_at, details) VALUES {} \
                  ON CONFLICT (name) DO UPDATE \
-                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at \
+                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at, \
+                 details = excluded.details \
                  WHERE l.expires_at <= ?1 \
                  RETURNING name, token",
                 rows.join(", ")
