@@ -93,10 +93,28 @@ fn leader_line(election: &LockKey, l: &Leader) -> String {
     )
 }
 
-/// One page of `shape` from `cursor`, printed as text unless `json`.
+/// One kind of thing `list` pages through.
+#[derive(Clone, Copy)]
+enum Listed {
+    Mutex,
+    Shared(LockShape),
+    Election,
+}
+
+impl Listed {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Mutex => "mutex",
+            Self::Shared(shape) => shape.as_str(),
+            Self::Election => "election",
+        }
+    }
+}
+
+/// One page of `listed` from `cursor`, printed as text unless `json`.
 async fn page(
     client: &LockClient,
-    shape: ListShape,
+    listed: Listed,
     prefix: &str,
     cursor: Option<&str>,
     limit: usize,
@@ -104,8 +122,8 @@ async fn page(
 ) -> Result<Found, LockError> {
     let backend = client.backend();
     let mut found = Found::default();
-    match shape {
-        ListShape::Mutex => {
+    match listed {
+        Listed::Mutex => {
             let page = backend.list(prefix, cursor, limit).await?;
             for info in &page.locks {
                 if !json {
@@ -115,12 +133,7 @@ async fn page(
             }
             found.cursor = page.cursor;
         }
-        ListShape::Rwlock | ListShape::Semaphore => {
-            let shape = if shape == ListShape::Rwlock {
-                LockShape::ReadWrite
-            } else {
-                LockShape::Semaphore
-            };
+        Listed::Shared(shape) => {
             let page = backend.list_shared(shape, prefix, cursor, limit).await?;
             for lock in &page.locks {
                 if !json {
@@ -136,8 +149,7 @@ async fn page(
             }
             found.cursor = page.cursor;
         }
-        ListShape::All => {}
-        ListShape::Election => {
+        Listed::Election => {
             let page = backend.list_elections(prefix, cursor, limit).await?;
             for ElectionInfo { election, leader } in &page.elections {
                 if !json {
@@ -173,17 +185,22 @@ pub(crate) async fn list(client: &LockClient, request: ListRequest<'_>) -> Resul
         ));
     }
     let caps = client.capabilities();
-    let shapes: Vec<ListShape> = match shape {
+    let rwlock = Listed::Shared(LockShape::ReadWrite);
+    let semaphore = Listed::Shared(LockShape::Semaphore);
+    let shapes: Vec<Listed> = match shape {
         ListShape::All => [
-            (ListShape::Mutex, true),
-            (ListShape::Rwlock, caps.shared_locks),
-            (ListShape::Semaphore, caps.semaphores),
-            (ListShape::Election, true),
+            (Listed::Mutex, true),
+            (rwlock, caps.shared_locks),
+            (semaphore, caps.semaphores),
+            (Listed::Election, true),
         ]
         .into_iter()
         .filter_map(|(s, has)| has.then_some(s))
         .collect(),
-        one => vec![one],
+        ListShape::Mutex => vec![Listed::Mutex],
+        ListShape::Rwlock => vec![rwlock],
+        ListShape::Semaphore => vec![semaphore],
+        ListShape::Election => vec![Listed::Election],
     };
     let limit = limit.clamp(1, MAX_LIST_PAGE);
     let mut results: BTreeMap<&str, Found> = BTreeMap::new();

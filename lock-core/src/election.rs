@@ -34,9 +34,12 @@ use crate::key::LockKey;
 use crate::options::{check_ttl, saturating_add};
 use crate::types::{FencingToken, LockInfo, OwnerId};
 
+/// What [`election_key`] puts before an election's name.
+const ELECTION_KEY_PREFIX: &str = "election/";
+
 /// The lock key an election's campaigns take.
 pub fn election_key(name: &str) -> String {
-    format!("election/{name}")
+    format!("{ELECTION_KEY_PREFIX}{name}")
 }
 
 /// The lock key of the election named `election` (a valid key itself):
@@ -162,7 +165,7 @@ pub async fn list_mutex_elections<B: crate::LockBackend + ?Sized>(
     let page = backend.list(&election_key(prefix), cursor, limit).await?;
     let mut elections = Vec::with_capacity(page.locks.len());
     for info in page.locks {
-        let Some(name) = info.key.as_str().strip_prefix("election/") else {
+        let Some(name) = info.key.as_str().strip_prefix(ELECTION_KEY_PREFIX) else {
             continue;
         };
         let Ok(election) = LockKey::new(name) else {

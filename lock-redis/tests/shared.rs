@@ -179,6 +179,17 @@ async fn shapes_are_separate_and_holders_are_listed() {
     }
 }
 
+/// Two holders, both this process (by the details' pid).
+fn assert_two_of_ours(holders: &[lock_core::HolderInfo], pid: u32) {
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    assert!(
+        holders
+            .iter()
+            .all(|h| h.details.as_ref().map(|d| d.pid) == Some(pid)),
+        "{holders:?}"
+    );
+}
+
 /// The holder details of shared grants live and die with their share:
 /// written by the granting script beside it (readers and permit holders
 /// in their shape's `:details` hash, the writer in `<writer>:holder` as
@@ -273,12 +284,7 @@ async fn share_details_live_and_die_with_their_share() {
         "details {hash} ms, readers {set} ms"
     );
     let holders = b.holders(&k, LockShape::ReadWrite).await.unwrap();
-    assert_eq!(holders.len(), 2, "{holders:?}");
-    assert!(
-        holders
-            .iter()
-            .all(|h| h.details.as_ref().map(|d| d.pid) == Some(pid))
-    );
+    assert_two_of_ours(&holders, pid);
     // Release takes its field; expiry sweeps the crashed one's at the next
     // grant.
     assert!(b.release(&r).await.unwrap());
@@ -305,12 +311,7 @@ async fn share_details_live_and_die_with_their_share() {
         .unwrap()
         .unwrap();
     let holders = b.holders(&k, LockShape::Semaphore).await.unwrap();
-    assert_eq!(holders.len(), 2, "{holders:?}");
-    assert!(
-        holders
-            .iter()
-            .all(|h| h.details.as_ref().map(|d| d.pid) == Some(pid))
-    );
+    assert_two_of_ours(&holders, pid);
     assert!(b.release(&p1).await.unwrap());
     let gone: Option<String> = field(&sem_details, &p1)
         .query_async(&mut conn)
