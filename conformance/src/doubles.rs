@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, GcReport, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
-    LockKey, LockPage, LockShape, MemoryBackend, OwnerId, SharedPage,
+    Capabilities, GcReport, HolderInfo, Lease, LeaseKind, ListQuery, LockBackend, LockError,
+    LockInfo, LockKey, LockPage, LockShape, MemoryBackend, OwnerId, SharedPage,
 };
 use tokio::time::Instant;
 
@@ -184,15 +184,8 @@ impl<F: Flaw> LockBackend for Flawed<F> {
         Ok(self.flaw.inspect(self.inner.inspect(key).await?))
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        Ok(self
-            .flaw
-            .list(self.inner.list(prefix, cursor, limit).await?))
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        Ok(self.flaw.list(self.inner.list(query).await?))
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
@@ -283,17 +276,15 @@ impl<F: Flaw> LockBackend for Flawed<F> {
     async fn list_shared(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
         if shape == LockShape::Mutex {
             // Through this wrapper's `list`, so the flaw's page is listed.
-            return lock_core::list_mutex_shared(self, prefix, cursor, limit).await;
+            return lock_core::list_mutex_shared(self, query).await;
         }
         Ok(self
             .flaw
-            .list_shared(self.inner.list_shared(shape, prefix, cursor, limit).await?))
+            .list_shared(self.inner.list_shared(shape, query).await?))
     }
 }
 

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use lock_core::{
-    ErrorKind, FencingToken, LockClient, LockError, LockKey, LockShape, MAX_LIST_PAGE, Operation,
+    ErrorKind, FencingToken, ListQuery, LockClient, LockError, LockKey, LockShape, MAX_LIST_PAGE,
+    Operation,
     election::{ElectionInfo, Leader},
 };
 use serde_json::{Value, json};
@@ -124,7 +125,9 @@ async fn page(
     let mut found = Found::default();
     match listed {
         Listed::Mutex => {
-            let page = backend.list(prefix, cursor, limit).await?;
+            let page = backend
+                .list(&ListQuery::new(prefix, limit).after(cursor))
+                .await?;
             for info in &page.locks {
                 if !json {
                     println!("{}", info_line(info));
@@ -134,7 +137,9 @@ async fn page(
             found.cursor = page.cursor;
         }
         Listed::Shared(shape) => {
-            let page = backend.list_shared(shape, prefix, cursor, limit).await?;
+            let page = backend
+                .list_shared(shape, &ListQuery::new(prefix, limit).after(cursor))
+                .await?;
             for lock in &page.locks {
                 if !json {
                     for h in &lock.holders {
@@ -150,7 +155,9 @@ async fn page(
             found.cursor = page.cursor;
         }
         Listed::Election => {
-            let page = backend.list_elections(prefix, cursor, limit).await?;
+            let page = backend
+                .list_elections(&ListQuery::new(prefix, limit).after(cursor))
+                .await?;
             for ElectionInfo { election, leader } in &page.elections {
                 if !json {
                     println!("{}", leader_line(election, leader));

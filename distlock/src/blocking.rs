@@ -37,8 +37,9 @@ use std::time::Duration;
 
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
-    FencingToken, HolderInfo, Lease, LeaseKind, LockClient, LockError, LockGuard, LockInfo,
-    LockKey, LockPage, LockRequest, LockShape, LockState, MultiGuard, OwnerId, SharedPage,
+    FencingToken, HolderInfo, Lease, LeaseKind, ListQuery, LockClient, LockError, LockGuard,
+    LockInfo, LockKey, LockPage, LockRequest, LockShape, LockState, MultiGuard, OwnerId,
+    SharedPage,
 };
 use tokio::runtime::Runtime;
 
@@ -209,21 +210,15 @@ impl Client {
         self.rt.block_on(self.inner.inspect(key))?
     }
 
-    /// One page of the locks held under `prefix`.
+    /// One page of the locks held under the query's prefix.
     ///
     /// # Errors
     ///
     /// As [`LockBackend::list`](lock_core::LockBackend::list).
-    pub fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        let backend = self.inner.backend().clone();
-        let (prefix, cursor) = (prefix.to_owned(), cursor.map(str::to_owned));
+    pub fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (backend, query) = (self.inner.backend().clone(), query.clone());
         self.rt
-            .block_on(async move { backend.list(&prefix, cursor.as_deref(), limit).await })?
+            .block_on(async move { backend.list(&query).await })?
     }
 
     /// Every holder of `key` in `shape`'s namespace (see
@@ -244,7 +239,7 @@ impl Client {
             .block_on(async move { backend.holders(&key, shape).await })?
     }
 
-    /// One page of the keys of `shape` held under `prefix`, each with its
+    /// One page of the keys of `shape` held under the query's prefix, each with its
     /// holders.
     ///
     /// # Errors
@@ -253,37 +248,22 @@ impl Client {
     pub fn list_shared(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        let backend = self.inner.backend().clone();
-        let (prefix, cursor) = (prefix.to_owned(), cursor.map(str::to_owned));
-        self.rt.block_on(async move {
-            backend
-                .list_shared(shape, &prefix, cursor.as_deref(), limit)
-                .await
-        })?
+        let (backend, query) = (self.inner.backend().clone(), query.clone());
+        self.rt
+            .block_on(async move { backend.list_shared(shape, &query).await })?
     }
 
-    /// One page of the elections with a leader under `prefix`.
+    /// One page of the elections with a leader under the query's prefix.
     ///
     /// # Errors
     ///
     /// As [`LockBackend::list_elections`](lock_core::LockBackend::list_elections).
-    pub fn list_elections(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<ElectionPage, LockError> {
-        let backend = self.inner.backend().clone();
-        let (prefix, cursor) = (prefix.to_owned(), cursor.map(str::to_owned));
-        self.rt.block_on(async move {
-            backend
-                .list_elections(&prefix, cursor.as_deref(), limit)
-                .await
-        })?
+    pub fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        let (backend, query) = (self.inner.backend().clone(), query.clone());
+        self.rt
+            .block_on(async move { backend.list_elections(&query).await })?
     }
 
     /// Breaks the mutex `key` whoever holds it (see

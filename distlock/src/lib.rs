@@ -47,10 +47,10 @@ pub use duration::{format_duration, parse_duration};
 pub use lock_core::driver::Driver;
 pub use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderDetails, KeyLabel, Lease,
-    LockBackend, LockClient, LockDefaults, LockError, LockGuard, LockInfo, LockKey, LockPage,
-    LockRequest, LockState, MemoryBackend, MigrationBackend, MigrationPhase, NEW_EPOCH, Operation,
-    OwnerId, RenewalPolicy, Requirements, TtlModel, WaitStrategy, disable_metrics, enable_metrics,
-    set_holder_label,
+    ListQuery, LockBackend, LockClient, LockDefaults, LockError, LockGuard, LockInfo, LockKey,
+    LockPage, LockRequest, LockState, MemoryBackend, MigrationBackend, MigrationPhase, NEW_EPOCH,
+    Operation, OwnerId, RenewalPolicy, Requirements, TtlModel, WaitStrategy, disable_metrics,
+    enable_metrics, set_holder_label,
 };
 
 /// The drivers this facade knows, one line each: its cargo feature (which

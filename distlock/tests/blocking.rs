@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use distlock::blocking::Client;
-use lock_core::{ErrorKind, LockShape, LockState};
+use lock_core::{ErrorKind, ListQuery, LockShape, LockState};
 
 /// Threads take one lock in turn: never two inside, every one gets in.
 fn exclusion_and_renewal(url: &str) {
@@ -103,7 +103,9 @@ fn operating(url: &str) {
         .ttl(Duration::from_secs(5))
         .acquire()
         .expect("acquire");
-    let page = client.list("blocking-ops/", None, 10).expect("list");
+    let page = client
+        .list(&ListQuery::new("blocking-ops/", 10))
+        .expect("list");
     assert_eq!(page.locks.len(), 1, "{url}: {page:?}");
     let info = &page.locks[0];
     assert_eq!(info.token, Some(guard.token()), "{url}");
@@ -144,7 +146,7 @@ fn operating(url: &str) {
         "{url}"
     );
     let page = client
-        .list_shared(LockShape::ReadWrite, "blocking-ops/", None, 10)
+        .list_shared(LockShape::ReadWrite, &ListQuery::new("blocking-ops/", 10))
         .expect("list_shared");
     assert_eq!(page.locks.len(), 1, "{url}: {page:?}");
     assert_eq!(page.locks[0].holders.len(), 1, "{url}");
@@ -157,7 +159,7 @@ fn operating(url: &str) {
         )
         .expect("elect");
     let page = client
-        .list_elections("blocking-ops/", None, 10)
+        .list_elections(&ListQuery::new("blocking-ops/", 10))
         .expect("list_elections");
     assert_eq!(page.elections.len(), 1, "{url}: {page:?}");
     assert_eq!(

@@ -12,7 +12,7 @@ use crate::error::LockError;
 use crate::error::{ErrorKind, Operation};
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
-use crate::types::{GcReport, Lease, LockInfo, LockPage, SharedLockInfo, SharedPage};
+use crate::types::{GcReport, Lease, ListQuery, LockInfo, LockPage, SharedLockInfo, SharedPage};
 
 /// A lock service: the small, object-safe contract every driver implements.
 ///
@@ -437,11 +437,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
         poll_holder(self, key, seen, poll, deadline).await
     }
 
-    /// One page of the held mutexes whose key starts with `prefix` (`""`:
-    /// every key), each as [`inspect`](Self::inspect) reports it (holder,
-    /// token, remaining TTL, holder details): at most `limit` locks
-    /// (1..=[`MAX_LIST_PAGE`]), continuing from `cursor` (a previous page's
-    /// [`LockPage::cursor`]; `None` starts over). A page may hold fewer
+    /// One page of the held mutexes whose key starts with the query's
+    /// `prefix` (`""`: every key), each as [`inspect`](Self::inspect)
+    /// reports it (holder, token, remaining TTL, holder details): at most
+    /// `limit` locks (1..=[`MAX_LIST_PAGE`]), continuing from `cursor` (a
+    /// previous page's [`LockPage::cursor`]; `None` starts over; see
+    /// [`ListQuery::next_page`]). A page may hold fewer
     /// locks than `limit` while the scan goes on: each call examines a
     /// bounded number of keys, so it returns within the operation timeout
     /// however many keys the store has. Locks taken or freed during a scan
@@ -457,13 +458,8 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     /// # Cancel safety
     ///
     /// Safe: read-only.
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        let _ = (prefix, cursor, limit);
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let _ = query;
         Err(crate::holder::unsupported_admin(
             self.name(),
             "listing locks",
@@ -490,12 +486,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     async fn list_shared(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
         match shape {
-            LockShape::Mutex => list_mutex_shared(self, prefix, cursor, limit).await,
+            LockShape::Mutex => list_mutex_shared(self, query).await,
             other => Err(crate::holder::unsupported_admin(
                 self.name(),
                 &format!("listing {other} locks"),
@@ -503,7 +497,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
         }
     }
 
-    /// One page of the elections whose name starts with `prefix` that have
+    /// One page of the elections whose name starts with the query's `prefix` that have
     /// a leader, each as [`leader`](Self::leader) reports it, with the
     /// bounds, cursor and guarantees of [`list`](Self::list).
     ///
@@ -519,13 +513,8 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     /// # Cancel safety
     ///
     /// Safe: read-only.
-    async fn list_elections(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<ElectionPage, LockError> {
-        crate::election::list_mutex_elections(self, prefix, cursor, limit).await
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        crate::election::list_mutex_elections(self, query).await
     }
 
     /// Breaks the mutex on `key` whoever holds it: an operator's tool for a
@@ -596,11 +585,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
 /// Safe: read-only.
 pub async fn list_mutex_shared<B: LockBackend + ?Sized>(
     backend: &B,
-    prefix: &str,
-    cursor: Option<&str>,
-    limit: usize,
+    query: &ListQuery,
 ) -> Result<SharedPage, LockError> {
-    let page = backend.list(prefix, cursor, limit).await?;
+    let page = backend.list(query).await?;
     Ok(SharedPage {
         locks: page
             .locks

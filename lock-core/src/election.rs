@@ -158,11 +158,11 @@ pub struct ElectionPage {
 /// Safe: read-only.
 pub async fn list_mutex_elections<B: crate::LockBackend + ?Sized>(
     backend: &B,
-    prefix: &str,
-    cursor: Option<&str>,
-    limit: usize,
+    query: &crate::ListQuery,
 ) -> Result<ElectionPage, LockError> {
-    let page = backend.list(&election_key(prefix), cursor, limit).await?;
+    let page = backend
+        .list(&query.with_prefix(election_key(&query.prefix)))
+        .await?;
     let mut elections = Vec::with_capacity(page.locks.len());
     for info in page.locks {
         let Some(name) = info.key.as_str().strip_prefix(ELECTION_KEY_PREFIX) else {

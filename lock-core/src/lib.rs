@@ -95,6 +95,13 @@ mod segments;
 mod telemetry;
 mod types;
 
+// The test doubles the integration tests share, for the unit tests too.
+#[cfg(test)]
+#[path = "../tests/support/mod.rs"]
+mod support;
+#[cfg(test)]
+use crate as under_test;
+
 pub use backend::{
     LockBackend, MAX_LIST_PAGE, check_list_limit, list_mutex_shared, poll_holder, unsupported_kind,
     watch_holder_with,
@@ -121,8 +128,8 @@ pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use telemetry::{KeyLabel, disable_metrics, enable_metrics, metrics_enabled};
 pub use types::{
-    FencingToken, GcReport, Lease, LockInfo, LockPage, OwnerId, SessionState, SharedLockInfo,
-    SharedPage, clock_drift, validity_deadline,
+    FencingToken, GcReport, Lease, ListQuery, LockInfo, LockPage, OwnerId, SessionState,
+    SharedLockInfo, SharedPage, clock_drift, validity_deadline,
 };
 
 /// Re-exported so drivers and users name the same `async_trait`.

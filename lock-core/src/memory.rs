@@ -16,7 +16,9 @@ use crate::holder::HolderDetails;
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
 use crate::options::{MIN_TTL_FLOOR, check_ttl};
-use crate::types::{FencingToken, GcReport, Lease, LockInfo, LockPage, OwnerId, SharedPage};
+use crate::types::{
+    FencingToken, GcReport, Lease, ListQuery, LockInfo, LockPage, OwnerId, SharedPage,
+};
 
 mod shared;
 
@@ -518,12 +520,8 @@ impl LockBackend for MemoryBackend {
         Ok(state.holder.as_ref().map(|h| h.info(key, now)))
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
         self.check_fault(Operation::Inspect).await?;
         let now = Instant::now();
@@ -617,14 +615,13 @@ impl LockBackend for MemoryBackend {
     async fn list_shared(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
         if shape == LockShape::Mutex {
-            return crate::backend::list_mutex_shared(self, prefix, cursor, limit).await;
+            return crate::backend::list_mutex_shared(self, query).await;
         }
-        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
-        self.list_shares(shape, prefix, cursor, limit).await
+        check_list_limit(query.limit).map_err(|e| e.with_backend(NAME))?;
+        self.list_shares(shape, &query.prefix, query.cursor(), query.limit)
+            .await
     }
 }

@@ -441,6 +441,79 @@ impl LockInfo {
     }
 }
 
+/// Which page of a listing to read: the argument of
+/// [`LockBackend::list`](crate::LockBackend::list),
+/// [`list_shared`](crate::LockBackend::list_shared) and
+/// [`list_elections`](crate::LockBackend::list_elections).
+///
+/// ```
+/// use lock_core::ListQuery;
+///
+/// let first = ListQuery::new("jobs/", 100);
+/// assert_eq!(first.cursor, None);
+/// // The page after one that handed out the cursor "c1":
+/// let next = first.next_page(Some("c1".to_owned())).unwrap();
+/// assert_eq!(next.cursor.as_deref(), Some("c1"));
+/// // A page without a cursor was the last one.
+/// assert!(next.next_page(None).is_none());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Only the keys (or election names) that start with this; `""`: all.
+    pub prefix: String,
+    /// Where to continue: a previous page's `cursor`, as the same backend
+    /// handed it out; `None` starts at the beginning.
+    pub cursor: Option<String>,
+    /// The most entries the page may hold: 1 to
+    /// [`MAX_LIST_PAGE`](crate::MAX_LIST_PAGE) (backends refuse others
+    /// with [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)).
+    pub limit: usize,
+}
+
+impl ListQuery {
+    /// The first page of the entries under `prefix`, at most `limit` of them.
+    pub fn new(prefix: impl Into<String>, limit: usize) -> Self {
+        Self {
+            prefix: prefix.into(),
+            cursor: None,
+            limit,
+        }
+    }
+
+    /// The same query continuing from `cursor` (`None`: from the start).
+    #[must_use]
+    pub fn after(mut self, cursor: Option<&str>) -> Self {
+        self.cursor = cursor.map(str::to_owned);
+        self
+    }
+
+    /// The query of the page after one whose cursor was `cursor`; `None`
+    /// when that page was the last.
+    #[must_use]
+    pub fn next_page(&self, cursor: Option<String>) -> Option<Self> {
+        cursor.map(|cursor| Self {
+            prefix: self.prefix.clone(),
+            cursor: Some(cursor),
+            limit: self.limit,
+        })
+    }
+
+    /// The cursor, borrowed.
+    pub fn cursor(&self) -> Option<&str> {
+        self.cursor.as_deref()
+    }
+
+    /// The same page of the keys under `prefix` instead.
+    #[must_use]
+    pub fn with_prefix(&self, prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            cursor: self.cursor.clone(),
+            limit: self.limit,
+        }
+    }
+}
+
 /// One page of [`LockBackend::list`](crate::LockBackend::list).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockPage {

@@ -3,12 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core as under_test;
 use lock_core::{
-    Capabilities, ErrorKind, Lease, LockBackend, LockClient, LockError, LockInfo, LockKey,
-    LockState, MemoryBackend, MemoryFault, SessionState, async_trait,
+    ErrorKind, Lease, LockBackend, LockClient, LockKey, LockState, MemoryBackend, MemoryFault,
+    SessionState, async_trait,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
+
+mod support;
+use support::{Double, Twist};
 
 const TTL: Duration = Duration::from_millis(300);
 
@@ -231,55 +235,25 @@ async fn requirements_are_checked() {
 /// A backend whose leases hang off a session we control.
 #[derive(Debug)]
 struct SessionBackend {
-    inner: MemoryBackend,
     session: watch::Receiver<SessionState>,
 }
 
 #[async_trait]
-impl LockBackend for SessionBackend {
-    fn name(&self) -> &'static str {
-        "session"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        Ok(self
-            .inner
-            .try_acquire(key, ttl)
-            .await?
-            .map(|l| l.with_session(self.session.clone())))
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        Ok(self
-            .inner
-            .acquire(key, ttl, deadline)
-            .await?
-            .with_session(self.session.clone()))
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+impl Twist for SessionBackend {
+    const NAME: &'static str = "session";
+
+    fn granted(&self, lease: Lease) -> Lease {
+        lease.with_session(self.session.clone())
     }
 }
 
 #[tokio::test]
 async fn session_signals_drive_the_guard() {
     let (tx, rx) = watch::channel(SessionState::Alive);
-    let backend = Arc::new(SessionBackend {
-        inner: MemoryBackend::new(),
-        session: rx,
-    });
+    let backend = Arc::new(Double::new(
+        MemoryBackend::new(),
+        SessionBackend { session: rx },
+    ));
     let client = LockClient::from_arc(backend);
     let guard = client
         .lock("session")

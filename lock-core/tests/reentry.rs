@@ -6,65 +6,48 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core as under_test;
 use lock_core::{
-    Capabilities, Lease, LeaseKind, LockBackend, LockClient, LockError, LockInfo, LockKey,
-    LockState, MemoryBackend,
+    Lease, LeaseKind, LockBackend, LockClient, LockError, LockKey, LockState, MemoryBackend,
 };
-use tokio::time::Instant;
+
+mod support;
+use support::{Double, Twist};
 
 /// The memory service, counting the grant requests that reach it.
 #[derive(Debug)]
 struct Counting {
-    inner: MemoryBackend,
     grants: AtomicUsize,
 }
 
 #[async_trait]
-impl LockBackend for Counting {
-    fn name(&self) -> &'static str {
-        "counting"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+impl Twist for Counting {
+    const NAME: &'static str = "counting";
+
+    async fn before_grant(&self) {
         self.grants.fetch_add(1, Ordering::SeqCst);
-        self.inner.try_acquire(key, ttl).await
     }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.grants.fetch_add(1, Ordering::SeqCst);
-        self.inner.acquire(key, ttl, deadline).await
-    }
+
     async fn try_acquire_kind(
         &self,
+        _plain: &dyn LockBackend,
+        memory: &MemoryBackend,
         key: &LockKey,
         kind: LeaseKind,
         ttl: Duration,
     ) -> Result<Option<Lease>, LockError> {
         self.grants.fetch_add(1, Ordering::SeqCst);
-        self.inner.try_acquire_kind(key, kind, ttl).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+        memory.try_acquire_kind(key, kind, ttl).await
     }
 }
 
-fn counting() -> (LockClient, Arc<Counting>) {
-    let backend = Arc::new(Counting {
-        inner: MemoryBackend::new(),
-        grants: AtomicUsize::new(0),
-    });
+fn counting() -> (LockClient, Arc<Double<Counting>>) {
+    let backend = Arc::new(Double::new(
+        MemoryBackend::new(),
+        Counting {
+            grants: AtomicUsize::new(0),
+        },
+    ));
     (LockClient::from_arc(backend.clone()), backend)
 }
 

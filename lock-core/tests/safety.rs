@@ -5,12 +5,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lock_core as under_test;
 use lock_core::{
     Capabilities, ErrorKind, FencingToken, Lease, LockBackend, LockClient, LockError, LockGuard,
-    LockInfo, LockKey, LockState, MemoryBackend, MemoryFault, RenewalPolicy, RetryPolicy,
-    async_trait,
+    LockKey, LockState, MemoryBackend, MemoryFault, RenewalPolicy, RetryPolicy, async_trait,
 };
 use tokio::time::{Instant, sleep, timeout};
+
+mod support;
+use support::{Double, Twist, grant};
 
 const TTL: Duration = Duration::from_millis(300);
 
@@ -64,11 +67,7 @@ async fn max_hold_of_duration_max_keeps_renewing() {
 #[tokio::test]
 async fn huge_renewal_interval_ends_in_lost_not_a_dead_watchdog() {
     let backend = MemoryBackend::new();
-    let lease = backend
-        .try_acquire(&key("huge-interval"), TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = grant(&backend, &key("huge-interval"), TTL).await;
     let policy = RenewalPolicy {
         interval: Some(Duration::MAX),
         ..RenewalPolicy::default()
@@ -115,11 +114,7 @@ async fn wait_of_duration_max_does_not_panic() {
         .unwrap();
     assert!(guard.release().await.unwrap());
     // Held key, freed a little later: the forever-wait gets it.
-    let held = backend
-        .try_acquire(&key("wait-max"), TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let held = grant(&backend, &key("wait-max"), TTL).await;
     let releaser = {
         let backend = backend.clone();
         tokio::spawn(async move {
@@ -207,11 +202,7 @@ async fn nonsense_retry_policies_are_refused() {
 #[tokio::test]
 async fn lease_with_a_huge_ttl_is_lost_not_left_held() {
     let backend = MemoryBackend::new();
-    let granted = backend
-        .try_acquire(&key("huge-ttl"), TTL)
-        .await
-        .unwrap()
-        .unwrap();
+    let granted = grant(&backend, &key("huge-ttl"), TTL).await;
     // What a handle with a forged TTL would rebuild.
     let lease = Lease::from_parts(
         granted.key().clone(),
@@ -249,41 +240,20 @@ async fn handles_with_a_ttl_above_the_maximum_are_refused() {
 
 /// A backend whose renew panics: the renewal task dies mid-flight.
 #[derive(Debug)]
-struct PanicOnRenew(MemoryBackend);
+struct PanicOnRenew;
 
 #[async_trait]
-impl LockBackend for PanicOnRenew {
-    fn name(&self) -> &'static str {
-        "panic-on-renew"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, _lease: &Lease) -> Result<Instant, LockError> {
+impl Twist for PanicOnRenew {
+    const NAME: &'static str = "panic-on-renew";
+
+    async fn renew(&self, _memory: &MemoryBackend, _lease: &Lease) -> Result<Instant, LockError> {
         panic!("deliberately broken backend: renew panics")
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
     }
 }
 
 #[tokio::test]
 async fn a_panicking_renewal_task_reports_lost_at_once() {
-    let client = LockClient::new(PanicOnRenew(MemoryBackend::new()));
+    let client = LockClient::new(Double::new(MemoryBackend::new(), PanicOnRenew));
     let ttl = Duration::from_secs(3);
     let guard = client.lock("panics").ttl(ttl).acquire().await.unwrap();
     // The first renewal comes at about ttl/3 = 1 s and panics; Lost must
@@ -345,11 +315,7 @@ async fn memory_refuses_ttls_below_the_floor() {
     assert!(Capabilities::minimal().min_ttl >= Duration::from_millis(10));
     // The shortest accepted TTL gives a lease that is alive when returned.
     let min = backend.capabilities().min_ttl;
-    let lease = backend
-        .try_acquire(&key("short"), min)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = grant(&backend, &key("short"), min).await;
     assert!(lease.validity_deadline() > Instant::now());
 }
 
@@ -359,54 +325,34 @@ async fn memory_refuses_ttls_below_the_floor() {
 /// before the caller sees it), recording when each renewal is sent.
 #[derive(Debug)]
 struct SlowReply {
-    inner: MemoryBackend,
     delay: Duration,
     renewals: Mutex<Vec<Instant>>,
 }
 
 #[async_trait]
-impl LockBackend for SlowReply {
-    fn name(&self) -> &'static str {
-        "slow-reply"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        let lease = self.inner.try_acquire(key, ttl).await?;
+impl Twist for SlowReply {
+    const NAME: &'static str = "slow-reply";
+
+    async fn after_grant(&self) {
         sleep(self.delay).await;
-        Ok(lease)
     }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        let lease = self.inner.acquire(key, ttl, deadline).await?;
-        sleep(self.delay).await;
-        Ok(lease)
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+
+    async fn renew(&self, memory: &MemoryBackend, lease: &Lease) -> Result<Instant, LockError> {
         self.renewals.lock().unwrap().push(Instant::now());
-        self.inner.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+        memory.renew(lease).await
     }
 }
 
 #[tokio::test]
 async fn a_slow_acquire_is_renewed_relative_to_its_deadline() {
     let ttl = Duration::from_millis(600);
-    let backend = Arc::new(SlowReply {
-        inner: MemoryBackend::new(),
-        delay: Duration::from_millis(300),
-        renewals: Mutex::new(Vec::new()),
-    });
+    let backend = Arc::new(Double::new(
+        MemoryBackend::new(),
+        SlowReply {
+            delay: Duration::from_millis(300),
+            renewals: Mutex::new(Vec::new()),
+        },
+    ));
     let client = LockClient::from_arc(backend.clone());
     let guard = client.lock("slow").ttl(ttl).acquire().await.unwrap();
     let started = Instant::now();
@@ -430,17 +376,14 @@ async fn renewals_follow_the_deadline_of_the_previous_renewal() {
     // A lease granted earlier than the guard started (as a handle read in
     // another process, or a reply delayed on the wire).
     let ttl = Duration::from_millis(900);
-    let backend = Arc::new(SlowReply {
-        inner: MemoryBackend::new(),
-        delay: Duration::ZERO,
-        renewals: Mutex::new(Vec::new()),
-    });
-    let granted = backend
-        .inner
-        .try_acquire(&key("cadence"), ttl)
-        .await
-        .unwrap()
-        .unwrap();
+    let backend = Arc::new(Double::new(
+        MemoryBackend::new(),
+        SlowReply {
+            delay: Duration::ZERO,
+            renewals: Mutex::new(Vec::new()),
+        },
+    ));
+    let granted = grant(backend.memory(), &key("cadence"), ttl).await;
     sleep(Duration::from_millis(200)).await;
     let started = Instant::now();
     let guard = LockGuard::new(backend.clone(), granted, RenewalPolicy::default());
@@ -470,57 +413,30 @@ fn request_on_current_runtime(request: lock_core::LockRequest<'_>) -> lock_core:
 /// lock's deadline by its session lease's): counts the renewals.
 #[derive(Debug)]
 struct CappedRenewals {
-    inner: MemoryBackend,
     renewals: std::sync::atomic::AtomicU64,
 }
 
-#[async_trait::async_trait]
-impl LockBackend for CappedRenewals {
-    fn name(&self) -> &'static str {
-        "capped"
-    }
-    fn capabilities(&self) -> lock_core::Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-    ) -> Result<Option<lock_core::Lease>, lock_core::LockError> {
-        self.inner.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<lock_core::Lease, lock_core::LockError> {
-        self.inner.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &lock_core::Lease) -> Result<Instant, lock_core::LockError> {
+#[async_trait]
+impl Twist for CappedRenewals {
+    const NAME: &'static str = "capped";
+
+    async fn renew(&self, memory: &MemoryBackend, lease: &Lease) -> Result<Instant, LockError> {
         self.renewals
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.renew(lease).await?;
+        memory.renew(lease).await?;
         // Always half a TTL left: below the schedule's wish of 2/3.
         Ok(Instant::now() + lease.ttl() / 2)
-    }
-    async fn release(&self, lease: &lock_core::Lease) -> Result<bool, lock_core::LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(
-        &self,
-        key: &LockKey,
-    ) -> Result<Option<lock_core::LockInfo>, lock_core::LockError> {
-        self.inner.inspect(key).await
     }
 }
 
 #[tokio::test]
 async fn a_deadline_capped_below_a_full_ttl_does_not_make_renewal_spin() {
-    let backend = Arc::new(CappedRenewals {
-        inner: MemoryBackend::new(),
-        renewals: std::sync::atomic::AtomicU64::new(0),
-    });
+    let backend = Arc::new(Double::new(
+        MemoryBackend::new(),
+        CappedRenewals {
+            renewals: std::sync::atomic::AtomicU64::new(0),
+        },
+    ));
     let ttl = Duration::from_millis(600);
     let guard = LockClient::from_arc(backend.clone())
         .lock("capped")

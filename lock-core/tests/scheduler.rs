@@ -6,26 +6,31 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lock_core as under_test;
 use lock_core::{
-    Capabilities, Lease, LockBackend, LockClient, LockError, LockInfo, LockKey, LockState,
-    MemoryBackend, SessionState, async_trait,
+    Lease, LockBackend, LockClient, LockError, LockState, MemoryBackend, SessionState, async_trait,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
+
+mod support;
+use support::{Double, Twist};
 
 /// Grants carry a session channel: one shared by all (`per_grant` false)
 /// or a fresh one per grant, whose senders are kept in `senders`.
 #[derive(Debug)]
 struct Sessions {
-    inner: MemoryBackend,
     shared: watch::Sender<SessionState>,
     per_grant: bool,
     senders: Mutex<Vec<watch::Sender<SessionState>>>,
     renew_calls: AtomicU64,
 }
 
-impl Sessions {
-    fn attach(&self, lease: Lease) -> Lease {
+#[async_trait]
+impl Twist for Sessions {
+    const NAME: &'static str = "sessions";
+
+    fn granted(&self, lease: Lease) -> Lease {
         if self.per_grant {
             let (tx, rx) = watch::channel(SessionState::Alive);
             self.senders.lock().unwrap().push(tx);
@@ -34,54 +39,28 @@ impl Sessions {
             lease.with_session(self.shared.subscribe())
         }
     }
-}
 
-#[async_trait]
-impl LockBackend for Sessions {
-    fn name(&self) -> &'static str {
-        "sessions"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        Ok(self
-            .inner
-            .try_acquire(key, ttl)
-            .await?
-            .map(|l| self.attach(l)))
-    }
-    async fn acquire(
+    async fn renew_many(
         &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        Ok(self.attach(self.inner.acquire(key, ttl, deadline).await?))
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        _plain: &dyn LockBackend,
+        memory: &MemoryBackend,
+        leases: &[&Lease],
+    ) -> Vec<Result<Instant, LockError>> {
         self.renew_calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.renew_many(leases).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+        memory.renew_many(leases).await
     }
 }
 
-fn backend(per_grant: bool) -> Arc<Sessions> {
-    Arc::new(Sessions {
-        inner: MemoryBackend::new(),
-        shared: watch::channel(SessionState::Alive).0,
-        per_grant,
-        senders: Mutex::new(Vec::new()),
-        renew_calls: AtomicU64::new(0),
-    })
+fn backend(per_grant: bool) -> Arc<Double<Sessions>> {
+    Arc::new(Double::new(
+        MemoryBackend::new(),
+        Sessions {
+            shared: watch::channel(SessionState::Alive).0,
+            per_grant,
+            senders: Mutex::new(Vec::new()),
+            renew_calls: AtomicU64::new(0),
+        },
+    ))
 }
 
 const GUARDS: usize = 200;

@@ -33,6 +33,9 @@ use lock_etcd::floor::{EtcdFloor, EtcdPermitFloor};
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// The mutex floor's row label.
+const FLOOR: &str = "raw floor (own client, 2 txns)";
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn row(name: &str, s: &LatencyStats) {
@@ -42,8 +45,8 @@ fn row(name: &str, s: &LatencyStats) {
     );
 }
 
-fn report(floor: &LatencyStats, ours: &LatencyStats) {
-    row("raw floor (own client, 2 txns)", floor);
+fn report(floor_label: &str, floor: &LatencyStats, ours: &LatencyStats) {
+    row(floor_label, floor);
     row("lock-etcd (waiting acquire + release)", ours);
     println!(
         "  ratio lock-etcd / floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
@@ -60,6 +63,25 @@ fn handoff_line(label: &str, h: &Handoffs) {
         h.per_client,
         h.spread()
     );
+}
+
+/// 200 warm-up cycles a side, then `cycles` of one client on one key a
+/// side, interleaved over 10 rounds, reported under `title`.
+async fn one_client(
+    title: &str,
+    (ours, floor): (&dyn Contender, &dyn Contender),
+    keys: (&str, &str),
+    floor_label: &str,
+    cycles: usize,
+) -> Result<(), BoxError> {
+    for _ in 0..200 {
+        ours.cycle(keys.0).await?;
+        floor.cycle(keys.1).await?;
+    }
+    println!("\n1 client, {title} ({cycles} cycles, 10 interleaved rounds):");
+    let (mine, theirs) = interleaved_latency(ours, floor, keys, cycles, 10).await?;
+    report(floor_label, &theirs, &mine);
+    Ok(())
 }
 
 async fn ours(url: &str) -> Result<Arc<dyn Contender>, BoxError> {
@@ -84,16 +106,14 @@ async fn main() -> Result<(), BoxError> {
     let url = server.url("bench", "ttl=30s");
 
     let (one, one_floor) = (ours(&url).await?, floor(&url).await?);
-    for _ in 0..200 {
-        one.cycle("seq").await?;
-        one_floor.cycle("floor-seq").await?;
-    }
-    println!(
-        "\n1 client, sequential acquire+release on one key ({cycles} cycles, 10 interleaved rounds):"
-    );
-    let (mine, theirs) =
-        interleaved_latency(&*one, &*one_floor, ("seq", "floor-seq"), cycles, 10).await?;
-    report(&theirs, &mine);
+    one_client(
+        "sequential acquire+release on one key",
+        (&*one, &*one_floor),
+        ("seq", "floor-seq"),
+        FLOOR,
+        cycles,
+    )
+    .await?;
 
     let clients = 8;
     let mut ours8 = Vec::with_capacity(clients);
@@ -109,7 +129,7 @@ async fn main() -> Result<(), BoxError> {
     );
     let (mine, theirs) =
         interleaved_throughput(&ours8, &floors8, ("par", "floor-par"), per_client, 4).await?;
-    report(&theirs, &mine);
+    report(FLOOR, &theirs, &mine);
 
     println!("\n4 independent clients on one key, 3 s each side:");
     let run = Duration::from_secs(3);
@@ -140,29 +160,14 @@ async fn shared_kinds(url: &str, cycles: usize) -> Result<(), BoxError> {
         Box::new(EtcdPermitFloor::connect(url, 1, 4).await?),
         TTL,
     ));
-    for _ in 0..200 {
-        permit.cycle("permit").await?;
-        permit_floor.cycle("floor-permit").await?;
-    }
-    println!(
-        "\n1 client, one permit of 4 acquired and released ({cycles} cycles, 10 interleaved rounds):"
-    );
-    let (mine, theirs) = interleaved_latency(
-        &*permit,
-        &*permit_floor,
+    one_client(
+        "one permit of 4 acquired and released",
+        (&*permit, &*permit_floor),
         ("permit", "floor-permit"),
+        "permit floor (own client, 2 txns)",
         cycles,
-        10,
     )
     .await?;
-    row("permit floor (own client, 2 txns)", &theirs);
-    row("lock-etcd (waiting acquire + release)", &mine);
-    println!(
-        "  ratio lock-etcd / floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
-        ratio(mine.p50_us, theirs.p50_us),
-        ratio(mine.p99_us, theirs.p99_us),
-        ratio(mine.per_sec, theirs.per_sec)
-    );
 
     let clients = 8;
     let mut all = Vec::with_capacity(clients);

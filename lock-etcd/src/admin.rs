@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, Txn, TxnOp, WatchOptions};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetResponse, KeyValue, Txn, TxnOp, WatchOptions,
+};
 use lock_core::{
     ErrorKind, FencingToken, GcReport, LockError, LockInfo, LockKey, Operation, with_timeout,
 };
@@ -62,6 +64,23 @@ impl EtcdBackend {
         }
     }
 
+    /// The oldest entry under `prefix` (the holder of a key, the leader of
+    /// an election), with the store's revision, in one range read.
+    pub(super) async fn read_oldest(
+        &self,
+        prefix: &str,
+        op: Operation,
+    ) -> Result<GetResponse, LockError> {
+        let mut kv = self.inner.client.kv_client();
+        with_timeout(self.inner.config.op_timeout, op, async {
+            kv.get(prefix, Some(keys::oldest_entry()))
+                .await
+                .map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_backend(NAME))
+    }
+
     /// The holder and the store's revision of the read.
     async fn read_holder_at(
         &self,
@@ -69,14 +88,10 @@ impl EtcdBackend {
         op: Operation,
     ) -> Result<(Option<HolderEntry>, i64), LockError> {
         let key_prefix = self.key_prefix(key);
-        let mut kv = self.inner.client.kv_client();
-        let response = with_timeout(self.inner.config.op_timeout, op, async {
-            kv.get(key_prefix.as_str(), Some(keys::oldest_entry()))
-                .await
-                .map_err(|e| from_etcd(op, e))
-        })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let response = self
+            .read_oldest(&key_prefix, op)
+            .await
+            .map_err(|e| e.with_key(key))?;
         let revision = response.header().map_or(0, |h| h.revision());
         let Some(holder) = response.kvs().first() else {
             return Ok((None, revision));

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
-use lock_core::{LockError, OwnerId};
+use lock_core::{LockError, LockKey, Operation, OwnerId};
 use tokio::time::{Instant, sleep};
 
+use crate::error::protocol_error;
 use crate::keys::{Created, guarded_delete};
 use crate::session::Session;
 
@@ -35,6 +36,33 @@ pub(crate) struct PendingEntry<'a> {
 }
 
 impl PendingEntry<'_> {
+    /// Runs `create` from inside the pending entry and checks its answer:
+    /// our entry's create revision (recorded here) and the oldest entry's
+    /// under the key. If this future is dropped mid-flight, the entry's
+    /// cleanup task takes the create over and still learns its outcome.
+    /// (Polling it inline rather than on a task of its own saves a spawn, a
+    /// join and a cross-thread wake-up per acquire.)
+    pub(crate) async fn run_create(
+        &mut self,
+        create: CreateFuture,
+        key: &LockKey,
+        op: Operation,
+    ) -> Result<(i64, Option<i64>), LockError> {
+        let created = self.create.insert(create).as_mut().await;
+        self.create = None;
+        let created = created.map_err(|e| e.with_key(key))?;
+        let Some(my_revision) = created.my_revision else {
+            return Err(protocol_error(op, key, "no revision for our entry"));
+        };
+        if !created.ours {
+            // Not written by this grant: delete it without a guard (the
+            // name carries our lease id, so it is ours) and never reuse it.
+            return Err(protocol_error(op, key, "our entry name was taken"));
+        }
+        self.revision = Some(my_revision);
+        Ok((my_revision, created.owner_revision))
+    }
+
     /// Deletes the entry now (guarded by its revision and owner); on
     /// failure leaves it to the background cleanup.
     pub(crate) async fn remove_now(mut self) {
@@ -70,6 +98,26 @@ impl Drop for PendingEntry<'_> {
             ));
         }
     }
+}
+
+/// [`cleanup`] on a task of its own of an entry created at `revision`
+/// that nobody holds any more (its lock's TTL ran out, or its release or
+/// downgrade failed).
+pub(crate) fn clean_up_later(
+    client: &Client,
+    session: Arc<Session>,
+    entry: String,
+    owner: OwnerId,
+    revision: i64,
+) {
+    tokio::spawn(cleanup(
+        client.clone(),
+        session,
+        entry,
+        owner,
+        None,
+        Some(revision),
+    ));
 }
 
 /// Deletes an entry nobody holds, retrying while the session lives (the

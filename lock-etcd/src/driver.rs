@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnResponse};
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, LockBackend,
-    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, SharedPage, TtlModel,
-    WaitStrategy, validity_deadline, with_timeout,
+    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, ListQuery,
+    LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, SharedPage,
+    TtlModel, WaitStrategy, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -636,32 +636,23 @@ impl LockBackend for EtcdBackend {
         self.watch_holder_of(key, seen, deadline).await
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        self.list_locks(prefix, cursor, limit).await
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_locks(&query.prefix, query.cursor(), query.limit)
+            .await
     }
 
     async fn list_shared(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        self.list_shared_locks(shape, prefix, cursor, limit).await
+        self.list_shared_locks(shape, &query.prefix, query.cursor(), query.limit)
+            .await
     }
 
-    async fn list_elections(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<ElectionPage, LockError> {
-        self.list_led_elections(prefix, cursor, limit).await
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        self.list_led_elections(&query.prefix, query.cursor(), query.limit)
+            .await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use etcd_client::{KeyValue, WatchFilterType, WatchOptions};
 use lock_core::election::{Leader, election_key, election_lock_key};
-use lock_core::{FencingToken, Lease, LockError, LockKey, Operation, with_timeout};
+use lock_core::{FencingToken, Lease, LockError, LockKey, Operation};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::EtcdBackend;
 use super::waiting::Layout;
-use crate::error::{NAME, from_etcd};
+use crate::error::NAME;
 use crate::keys::{self, election_prefix};
 
 /// The leader as read, with its entry's name, and the revision of the read.
@@ -69,14 +69,10 @@ impl EtcdBackend {
         op: Operation,
     ) -> Result<LeaderRead, LockError> {
         let prefix = self.election_prefix(election);
-        let mut kv = self.inner.client.kv_client();
-        let response = with_timeout(self.inner.config.op_timeout, op, async {
-            kv.get(prefix.as_str(), Some(keys::oldest_entry()))
-                .await
-                .map_err(|e| from_etcd(op, e))
-        })
-        .await
-        .map_err(|e| e.with_key(election).with_backend(NAME))?;
+        let response = self
+            .read_oldest(&prefix, op)
+            .await
+            .map_err(|e| e.with_key(election))?;
         let revision = response.header().map_or(0, |h| h.revision());
         let Some(first) = response.kvs().first() else {
             return Ok(LeaderRead {

@@ -174,6 +174,31 @@ impl EtcdFloor {
         RawFloor::cycle(self, key, ttl).await
     }
 
+    /// The release of a grant of this floor's: the guarded delete `delete`
+    /// builds from the grant's entry, create revision and owner, sent only
+    /// when the entry is under the prefix `key_prefix` gives for the
+    /// grant's key (only an entry of this key is touched).
+    async fn release_entry(
+        &self,
+        grant: &FloorGrant,
+        key_prefix: impl FnOnce(&str, &LockKey) -> String,
+        delete: impl FnOnce(&str, i64, OwnerId) -> etcd_client::Txn,
+    ) -> Result<bool, LockError> {
+        let op = Operation::Release;
+        let key = LockKey::new(grant.key.as_str())?;
+        let Some((owner, revision)) = grant_parts(grant) else {
+            return Ok(false);
+        };
+        if !grant.handle.starts_with(&key_prefix(&self.prefix, &key)) {
+            return Ok(false);
+        }
+        let response = self
+            .txn(op, delete(&grant.handle, revision, owner))
+            .await
+            .map_err(|e| e.with_key(&key))?;
+        Ok(response.succeeded())
+    }
+
     /// One transaction, bounded by the operation timeout.
     async fn txn(
         &self,
@@ -240,13 +265,7 @@ impl RawFloor for EtcdFloor {
             .await
             .map_err(|e| e.with_key(&key))?;
         if !response.succeeded() {
-            return Err(LockError::new(
-                ErrorKind::Contended,
-                op,
-                "the floor already has an entry under this key (concurrent calls on one key)",
-            )
-            .with_key(&key)
-            .with_backend(NAME));
+            return Err(occupied(op, &key));
         }
         let created = Created::from_response(&response, owner);
         let Some(revision) = created.my_revision else {
@@ -263,20 +282,7 @@ impl RawFloor for EtcdFloor {
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
-        let op = Operation::Release;
-        let key = LockKey::new(grant.key.as_str())?;
-        let Some((owner, revision)) = grant_parts(grant) else {
-            return Ok(false);
-        };
-        // Only an entry of this key is touched.
-        if !grant.handle.starts_with(&key_prefix(&self.prefix, &key)) {
-            return Ok(false);
-        }
-        let response = self
-            .txn(op, guarded_delete(&grant.handle, revision, owner))
-            .await
-            .map_err(|e| e.with_key(&key))?;
-        Ok(response.succeeded())
+        self.release_entry(grant, key_prefix, guarded_delete).await
     }
 }
 
@@ -404,13 +410,7 @@ impl RawFloor for EtcdPermitFloor {
             .await
             .map_err(|e| e.with_key(&key))?;
         if !response.succeeded() {
-            return Err(LockError::new(
-                ErrorKind::Contended,
-                op,
-                "the floor already has an entry under this key (concurrent calls on one key)",
-            )
-            .with_key(&key)
-            .with_backend(NAME));
+            return Err(occupied(op, &key));
         }
         let revision = response.header().map_or(0, |h| h.revision());
         let mut taken: u64 = 0;
@@ -450,25 +450,26 @@ impl RawFloor for EtcdPermitFloor {
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
-        let op = Operation::Release;
-        let key = LockKey::new(grant.key.as_str())?;
-        let Some((owner, revision)) = grant_parts(grant) else {
-            return Ok(false);
-        };
-        let prefix = shape_prefix(&self.floor.prefix, &key, lock_core::LockShape::Semaphore);
-        if !grant.handle.starts_with(&prefix) {
-            return Ok(false);
-        }
-        let response = self
-            .floor
-            .txn(
-                op,
-                shared_delete(&grant.handle, revision, self.kind(), owner),
+        self.floor
+            .release_entry(
+                grant,
+                |prefix, key| shape_prefix(prefix, key, lock_core::LockShape::Semaphore),
+                |entry, revision, owner| shared_delete(entry, revision, self.kind(), owner),
             )
             .await
-            .map_err(|e| e.with_key(&key))?;
-        Ok(response.succeeded())
     }
+}
+
+/// `Contended`: the create found the floor's own entry under `key`
+/// (concurrent calls on one key).
+fn occupied(op: Operation, key: &LockKey) -> LockError {
+    LockError::new(
+        ErrorKind::Contended,
+        op,
+        "the floor already has an entry under this key (concurrent calls on one key)",
+    )
+    .with_key(key)
+    .with_backend(NAME)
 }
 
 /// The grant of our entry `entry` (created at `revision`) on `key`.

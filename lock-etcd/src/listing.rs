@@ -11,8 +11,8 @@ use std::time::Duration;
 use etcd_client::{GetOptions, KeyValue};
 use lock_core::election::{ElectionInfo, ElectionPage};
 use lock_core::{
-    HolderInfo, LockError, LockKey, LockPage, LockShape, Operation, SharedLockInfo, SharedPage,
-    check_list_limit, with_timeout,
+    HolderInfo, ListQuery, LockError, LockKey, LockPage, LockShape, Operation, SharedLockInfo,
+    SharedPage, check_list_limit, with_timeout,
 };
 use tokio::task::JoinSet;
 
@@ -355,7 +355,13 @@ impl EtcdBackend {
         let listed = match shape {
             LockShape::ReadWrite => Listed::ReadWrite,
             LockShape::Semaphore => Listed::Semaphore,
-            _ => return lock_core::list_mutex_shared(self, prefix, cursor, limit).await,
+            _ => {
+                return lock_core::list_mutex_shared(
+                    self,
+                    &ListQuery::new(prefix, limit).after(cursor),
+                )
+                .await;
+            }
         };
         let scan = self.scan_page(listed, prefix, cursor, limit).await?;
         // Per group: its holders (its entries oldest first, those whose

@@ -22,7 +22,8 @@ use lock_core::{
 use tokio::time::Instant;
 
 use super::EtcdBackend;
-use crate::cleanup::cleanup;
+use super::waiting::txn_on;
+use crate::cleanup::clean_up_later;
 use crate::error::{NAME, from_etcd};
 use crate::session::{RenewRefused, Session};
 
@@ -110,11 +111,7 @@ impl EtcdBackend {
         let op = Operation::Renew;
         let txn = Txn::new().when([Compare::create_revision(entry, CompareOp::Equal, revision)]);
         let mut kv = self.inner.client.kv_client();
-        let response = with_timeout(budget, op, async {
-            kv.txn(txn).await.map_err(|e| from_etcd(op, e))
-        })
-        .await
-        .map_err(|e| e.with_backend(NAME))?;
+        let response = txn_on(&mut kv, budget, op, txn).await?;
         Ok(response.succeeded())
     }
 
@@ -158,14 +155,7 @@ impl EtcdBackend {
             Ok(()) => Ok(deadline),
             Err(RenewRefused::NotHeld) => Err(not_held(lease, "the lease was released or lost")),
             Err(RenewRefused::Expired) => {
-                tokio::spawn(cleanup(
-                    self.inner.client.clone(),
-                    session,
-                    entry,
-                    lease.owner(),
-                    None,
-                    Some(revision),
-                ));
+                clean_up_later(&self.inner.client, session, entry, lease.owner(), revision);
                 Err(not_held(
                     lease,
                     "the lock's TTL ran out before this renewal; its entry is deleted",

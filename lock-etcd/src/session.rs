@@ -647,14 +647,13 @@ async fn expiry_loop(client: Client, session: Weak<Session>, wake: Arc<Notify>) 
             let (expired, next) = s.take_expired(Instant::now());
             for grant in expired {
                 tracing::debug!(entry = %grant.entry, "lock TTL ran out without a renewal; deleting its entry");
-                tokio::spawn(crate::cleanup::cleanup(
-                    client.clone(),
+                crate::cleanup::clean_up_later(
+                    &client,
                     s.clone(),
                     grant.entry,
                     grant.owner,
-                    None,
-                    Some(grant.revision),
-                ));
+                    grant.revision,
+                );
             }
             next
         };

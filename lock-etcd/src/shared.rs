@@ -8,18 +8,20 @@ use std::time::Duration;
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse,
 };
 use lock_core::{
     ErrorKind, FencingToken, HolderDetails, HolderInfo, Lease, LeaseKind, LockError, LockKey,
-    LockShape, Operation, OwnerId, SessionState, check_ttl, with_timeout,
+    LockShape, Operation, OwnerId, SessionState, check_ttl,
 };
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::waiting::{hand_out, session_alive, session_lost};
+use super::waiting::{
+    Seen, hand_out, held_at_deadline, session_alive, session_lost, start_over, txn_on,
+};
 use super::{EtcdBackend, MIN_TTL, lock};
-use crate::cleanup::{PendingEntry, cleanup};
-use crate::error::{NAME, from_etcd, protocol_error};
+use crate::cleanup::{PendingEntry, clean_up_later};
+use crate::error::{NAME, protocol_error};
 use crate::keys::{
     Created, entry_of_lease, entry_value, epoch_key, parse_shared_lease_data, parse_shared_value,
     shape_prefix, shared_delete, shared_lease_data, shared_owner_compares,
@@ -35,14 +37,6 @@ mod wait;
 mod ops;
 
 pub(super) use ops::granted_shares;
-
-/// How often a semaphore waiter re-reads even without a watch event.
-const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
-/// As in `waiting.rs`: a watch may be behind for this long after its
-/// creation (etcd's catch-up loop runs every 100 ms); meanwhile the waiter
-/// also polls every [`UNSYNCED_POLL`].
-const UNSYNCED_GRACE: Duration = Duration::from_millis(150);
-const UNSYNCED_POLL: Duration = Duration::from_millis(5);
 
 /// One entry of a shared shape as read from the server.
 pub(super) struct Share {
@@ -172,19 +166,9 @@ impl EtcdBackend {
                 .session_for(ttl, op)
                 .await
                 .map_err(|e| e.with_key(key))?;
-            let entry = session.claim_entry(&prefix);
-            let owner = session.new_owner();
+            let mut pending = self.claim_pending(&session, &prefix);
+            let (entry, owner) = (pending.entry.clone(), pending.owner);
             let value = entry_value(kind, owner);
-            let mut pending = PendingEntry {
-                client: &self.inner.client,
-                session: session.clone(),
-                entry: entry.clone(),
-                owner,
-                create: None,
-                revision: None,
-                armed: true,
-                op_timeout: self.inner.config.op_timeout,
-            };
             // As for the mutex, the create runs inside the pending entry so
             // that a cleanup learns its outcome if this future is dropped;
             // the rest of its answer comes back through `found`.
@@ -200,16 +184,7 @@ impl EtcdBackend {
                 found.clone(),
                 op,
             ));
-            let created = pending.create.insert(create).as_mut().await;
-            pending.create = None;
-            let created = created.map_err(|e| e.with_key(key))?;
-            let Some(my_revision) = created.my_revision else {
-                return Err(protocol_error(op, key, "no revision for our entry"));
-            };
-            if !created.ours {
-                return Err(protocol_error(op, key, "our entry name was taken"));
-            }
-            pending.revision = Some(my_revision);
+            let (my_revision, _) = pending.run_create(create, key, op).await?;
             let found = lock(&found)
                 .take()
                 .ok_or_else(|| protocol_error(op, key, "no answer to the create"))?;
@@ -271,20 +246,7 @@ impl EtcdBackend {
                         .grant_shared(key, kind, ttl, &session, pending, token, checked_at, op)
                         .map(Some);
                 }
-                Ok(Err(reason)) => {
-                    tracing::debug!(%key, %reason, "session lost while waiting; retrying");
-                    pending.armed = false;
-                    if Instant::now() >= deadline {
-                        return Err(tag(LockError::new(
-                            ErrorKind::Contended,
-                            op,
-                            format!(
-                                "the session was lost while waiting ({reason}) and the \
-                                 deadline passed"
-                            ),
-                        )));
-                    }
-                }
+                Ok(Err(reason)) => start_over(pending, key, &reason, deadline, op)?,
                 Err(err) if err.kind() == ErrorKind::Contended => {
                     pending.remove_now().await;
                     return Err(tag(err));
@@ -343,11 +305,7 @@ impl EtcdBackend {
             } else {
                 create_if_absent
             };
-            let response = with_timeout(op_timeout, op, async {
-                kv.txn(txn).await.map_err(|e| from_etcd(op, e))
-            })
-            .await
-            .map_err(|e| e.with_backend(NAME))?;
+            let response = txn_on(&mut kv, op_timeout, op, txn).await?;
             let revision = response.header().map_or(0, |h| h.revision());
             let (inner, granted_at_once) = if kind == LeaseKind::Write {
                 if response.succeeded() {
@@ -370,31 +328,21 @@ impl EtcdBackend {
             };
             let own = value.as_bytes();
             let fresh = inner.as_ref().is_none_or(TxnResponse::succeeded);
+            // Our entry as this transaction created it, at its revision.
+            let created_now = Created {
+                my_revision: Some(revision).filter(|r| *r > 0),
+                ours: true,
+                owner_revision: None,
+            };
             let (created, others, epoch) = match &inner {
-                None => (
-                    Created {
-                        my_revision: Some(revision).filter(|r| *r > 0),
-                        ours: true,
-                        owner_revision: None,
-                    },
-                    Vec::new(),
-                    revision,
-                ),
+                None => (created_now, Vec::new(), revision),
                 Some(inner) if inner.succeeded() => {
                     let responses = inner.op_responses();
                     let others: Vec<Share> = shares(responses.get(1))
                         .into_iter()
                         .filter(|s| s.key != entry.as_bytes())
                         .collect();
-                    (
-                        Created {
-                            my_revision: Some(revision).filter(|r| *r > 0),
-                            ours: true,
-                            owner_revision: None,
-                        },
-                        others,
-                        mod_revision_of(responses.get(2)),
-                    )
+                    (created_now, others, mod_revision_of(responses.get(2)))
                 }
                 Some(inner) => {
                     let existing = match inner.op_responses().first() {

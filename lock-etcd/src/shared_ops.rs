@@ -43,14 +43,7 @@ impl EtcdBackend {
             }
             Err(err) => {
                 if was_held && let Some(session) = session {
-                    tokio::spawn(cleanup(
-                        self.inner.client.clone(),
-                        session,
-                        entry,
-                        lease.owner(),
-                        None,
-                        Some(revision),
-                    ));
+                    clean_up_later(&self.inner.client, session, entry, lease.owner(), revision);
                 }
                 Err(err.with_key(lease.key()))
             }
@@ -124,14 +117,7 @@ impl EtcdBackend {
                 if let Some(session) = session
                     && session.unmark_held(&entry, revision, lease.owner())
                 {
-                    tokio::spawn(cleanup(
-                        self.inner.client.clone(),
-                        session,
-                        entry,
-                        lease.owner(),
-                        None,
-                        Some(revision),
-                    ));
+                    clean_up_later(&self.inner.client, session, entry, lease.owner(), revision);
                 }
                 return Err(err.with_key(lease.key()));
             }

@@ -20,13 +20,7 @@ impl EtcdBackend {
         deadline: Instant,
         op: Operation,
     ) -> Result<Result<(u64, Instant), String>, LockError> {
-        let contended = || {
-            LockError::new(
-                ErrorKind::Contended,
-                op,
-                "the lock was still held at the deadline",
-            )
-        };
+        let contended = || held_at_deadline(op);
         let mut state = session.subscribe();
         let mut backoff = lock_core::RetryPolicy::default().backoff();
         loop {
@@ -219,105 +213,41 @@ impl EtcdBackend {
     /// when fewer than `before` entries older than `my_revision` remain, or
     /// when the watch ended for any reason: the caller re-reads either way.
     /// The watch's possible lag after its creation is covered as in
-    /// `wait_deleted` (polling the number of older entries meanwhile).
+    /// `wait_deleted` (probing the number of older entries).
     async fn wait_any_deleted(&self, prefix: &str, my_revision: i64, before: usize, from: i64) {
         if before == 0 {
             return;
         }
-        let mut watch_client = self.inner.client.watch_client();
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(from)
             .with_prev_key()
             .with_filters([WatchFilterType::NoPut]);
-        let count = || async {
-            let mut kv = self.inner.client.kv_client();
-            let response = tokio::time::timeout(
-                self.inner.config.op_timeout,
-                kv.get(
-                    prefix,
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_keys_only()
-                            .with_max_create_revision(my_revision - 1),
-                    ),
-                ),
-            )
-            .await
-            .ok()?
-            .ok()?;
-            Some((
-                response.kvs().len(),
-                response.header().map_or(0, |h| h.revision()),
-            ))
-        };
-        let watch = async {
-            let mut stream = match watch_client.watch(prefix, Some(options)).await {
-                Ok(stream) => stream,
-                Err(err) => {
-                    tracing::debug!(%err, "watch failed");
-                    sleep(Duration::from_millis(100)).await;
-                    return;
-                }
-            };
-            let created_at = Instant::now();
-            let mut poll_until = None;
-            loop {
-                let poll = async {
-                    match poll_until {
-                        Some(until) if Instant::now() < until => sleep(UNSYNCED_POLL).await,
-                        _ => std::future::pending().await,
-                    }
-                };
-                let message = tokio::select! {
-                    biased;
-                    message = stream.message() => message,
-                    () = poll => {
-                        if count().await.is_some_and(|(n, _)| n < before) {
-                            return;
-                        }
-                        continue;
-                    }
-                };
-                match message {
-                    Ok(Some(response)) => {
-                        if response.canceled() || response.compact_revision() > 0 {
-                            return;
-                        }
-                        // Only the deletion of an entry older than ours can
-                        // make room (one without its previous value counts).
-                        if response.events().iter().any(|event| {
-                            event
-                                .prev_kv()
-                                .is_none_or(|kv| kv.create_revision() < my_revision)
-                        }) {
-                            return;
-                        }
-                        if !response.created() {
-                            continue;
-                        }
-                        if response.header().map_or(0, |h| h.revision()) >= from {
-                            return;
-                        }
-                        match count().await {
-                            Some((n, _)) if n < before => return,
-                            Some((_, revision)) if revision < from => {}
-                            _ => poll_until = Some(created_at + UNSYNCED_GRACE),
-                        }
-                    }
-                    Ok(None) => return,
-                    Err(err) => {
-                        tracing::debug!(%err, "watch stream failed");
-                        sleep(Duration::from_millis(50)).await;
-                        return;
-                    }
-                }
+        let older = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_max_create_revision(my_revision - 1);
+        let count = move || {
+            let older = older.clone();
+            async move {
+                let response = self.read_quietly(prefix, older).await?;
+                Some(if response.kvs().len() < before {
+                    Seen::Changed
+                } else {
+                    Seen::Unchanged(response.header().map_or(0, |h| h.revision()))
+                })
             }
         };
-        tokio::select! {
-            () = sleep(RECHECK_INTERVAL) => {}
-            () = watch => {}
-        }
+        // Only the deletion of an entry older than ours can make room (one
+        // without its previous value counts).
+        let makes_room = |response: &WatchResponse| {
+            response.events().iter().any(|event| {
+                event
+                    .prev_kv()
+                    .is_none_or(|kv| kv.create_revision() < my_revision)
+            })
+        };
+        self.watch_until(prefix, options, from, makes_room, count)
+            .await;
     }
 }

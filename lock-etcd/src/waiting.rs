@@ -6,7 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchFilterType, WatchOptions};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, GetResponse, KvClient, Txn, TxnOp, TxnResponse,
+    WatchFilterType, WatchOptions, WatchResponse,
+};
 use lock_core::{
     ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, SessionState,
     check_ttl, with_timeout,
@@ -86,24 +89,9 @@ impl EtcdBackend {
                 .session_for(ttl, op)
                 .await
                 .map_err(|e| e.with_key(key))?;
-            let entry = session.claim_entry(&key_prefix);
-            let owner = session.new_owner();
-            let mut pending = PendingEntry {
-                client: &self.inner.client,
-                session: session.clone(),
-                entry: entry.clone(),
-                owner,
-                create: None,
-                revision: None,
-                armed: true,
-                op_timeout: self.inner.config.op_timeout,
-            };
+            let mut pending = self.claim_pending(&session, &key_prefix);
+            let (entry, owner) = (pending.entry.clone(), pending.owner);
             let sent_at = Instant::now();
-            // The create is polled here, from inside the pending entry: if
-            // this future is dropped mid-flight, the entry's cleanup task
-            // takes the create over and still learns its outcome. (Polling
-            // it inline rather than on a task of its own saves a spawn, a
-            // join and a cross-thread wake-up per acquire.)
             // The same value for a candidate: `etcdctl elect -l` prints it
             // as the proposal (see the crate docs).
             let value = mutex_value(owner);
@@ -114,19 +102,7 @@ impl EtcdBackend {
                 (owner, value),
                 op,
             ));
-            let created = pending.create.insert(create).as_mut().await;
-            pending.create = None;
-            let created = created.map_err(|e| e.with_key(key))?;
-            let Some(my_revision) = created.my_revision else {
-                return Err(protocol_error(op, key, "no revision for our entry"));
-            };
-            if !created.ours {
-                // Not written by this grant: delete it without a guard (the
-                // name carries our lease id, so it is ours) and never reuse it.
-                return Err(protocol_error(op, key, "our entry name was taken"));
-            }
-            pending.revision = Some(my_revision);
-            let owner_revision = created.owner_revision;
+            let (my_revision, owner_revision) = pending.run_create(create, key, op).await?;
             if owner_revision == Some(my_revision) {
                 return self
                     .grant(key, layout, ttl, &session, pending, sent_at, op)
@@ -147,29 +123,32 @@ impl EtcdBackend {
                 }
                 Ok(WaitEnd::Deadline) => {
                     pending.remove_now().await;
-                    return Err(LockError::new(
-                        ErrorKind::Contended,
-                        op,
-                        "the lock was still held at the deadline",
-                    )
-                    .with_key(key)
-                    .with_backend(NAME));
+                    return Err(held_at_deadline(op).with_key(key).with_backend(NAME));
                 }
                 Ok(WaitEnd::SessionLost(reason)) => {
-                    // Our entry went with the lease: start over on a new
-                    // session (the place in the queue is lost).
-                    tracing::debug!(%key, %reason, "session lost while waiting; retrying");
-                    pending.armed = false;
-                    if Instant::now() >= deadline {
-                        return Err(LockError::new(ErrorKind::Contended, op, format!(
-                            "the session was lost while waiting ({reason}) and the deadline passed"
-                        ))
-                        .with_key(key)
-                        .with_backend(NAME));
-                    }
+                    start_over(pending, key, &reason, deadline, op)?;
                 }
                 Err(err) => return Err(err.with_key(key)),
             }
+        }
+    }
+
+    /// A pending entry under `key_prefix` with a name and an owner id of
+    /// `session`'s, armed before its create is sent.
+    pub(super) fn claim_pending(
+        &self,
+        session: &Arc<Session>,
+        key_prefix: &str,
+    ) -> PendingEntry<'_> {
+        PendingEntry {
+            client: &self.inner.client,
+            session: session.clone(),
+            entry: session.claim_entry(key_prefix),
+            owner: session.new_owner(),
+            create: None,
+            revision: None,
+            armed: true,
+            op_timeout: self.inner.config.op_timeout,
         }
     }
 
@@ -191,11 +170,7 @@ impl EtcdBackend {
         let op_timeout = self.inner.config.op_timeout;
         async move {
             let txn = create_txn(&key_prefix, &entry, lease_id, value);
-            let response = with_timeout(op_timeout, op, async {
-                kv.txn(txn).await.map_err(|e| from_etcd(op, e))
-            })
-            .await
-            .map_err(|e| e.with_backend(NAME))?;
+            let response = txn_on(&mut kv, op_timeout, op, txn).await?;
             Ok(Created::from_response(&response, owner))
         }
     }
@@ -303,27 +278,8 @@ impl EtcdBackend {
 
     /// Returns when `key` (the entry created at `create_revision`) was
     /// deleted at or after `from_revision`, or when the watch ended for any
-    /// reason (cancelled, compacted, stream error, periodic re-check): the
-    /// caller re-reads the state either way.
-    ///
-    /// etcd delivers events at once only to a watch that is *synced*, one
-    /// whose start revision was above the store's revision when the server
-    /// registered it. A watch that starts at or below it is served by the
-    /// server's catch-up loop, every 100 ms, until it has caught up. The
-    /// created response cannot tell the two apart: its header revision is
-    /// read before the registration, so a write committed in between (the
-    /// predecessor's own release, under contention) leaves the watch
-    /// unsynced behind a header that looks current. Hence:
-    ///
-    /// - header revision >= `from_revision`: the store moved since our read;
-    ///   re-read at once rather than wait for the catch-up;
-    /// - otherwise one read of `key` after the created response: if its
-    ///   revision is still below `from_revision`, nothing was written before
-    ///   the registration and the watch is synced; if `key` is gone, re-read;
-    ///   if the store moved, the watch may be behind, so `key` is also read
-    ///   every [`UNSYNCED_POLL`] until [`UNSYNCED_GRACE`] after the watch
-    ///   was created (by then the catch-up loop has run), and the watch alone
-    ///   is relied on afterwards.
+    /// reason (see [`Self::watch_until`]): the caller re-reads the state
+    /// either way. The check of a possibly unsynced watch reads `key`.
     ///
     /// With `with_puts`, a put to `key` (a writer rewriting its entry in
     /// place to a reader: a downgrade) also ends the wait.
@@ -334,15 +290,62 @@ impl EtcdBackend {
         from_revision: i64,
         with_puts: bool,
     ) {
-        let mut watch_client = self.inner.client.watch_client();
         let mut options = WatchOptions::new().with_start_revision(from_revision);
         if !with_puts {
             options = options.with_filters([WatchFilterType::NoPut]);
         }
+        let watched: &[u8] = &key;
+        self.watch_until(
+            key.clone(),
+            options,
+            from_revision,
+            |response| !response.events().is_empty(),
+            move || self.entry_seen(watched, create_revision),
+        )
+        .await;
+    }
+
+    /// Watches `key` with `options` (which start at `from`) and returns at
+    /// an event `wakes` accepts, or when the watch ended for any reason
+    /// (cancelled, compacted, stream error, periodic re-check): the caller
+    /// re-reads the state either way. `probe` reads what the waiter waits
+    /// for (`None` when the read failed).
+    ///
+    /// etcd delivers events at once only to a watch that is *synced*, one
+    /// whose start revision was above the store's revision when the server
+    /// registered it. A watch that starts at or below it is served by the
+    /// server's catch-up loop, every 100 ms, until it has caught up. The
+    /// created response cannot tell the two apart: its header revision is
+    /// read before the registration, so a write committed in between (the
+    /// predecessor's own release, under contention) leaves the watch
+    /// unsynced behind a header that looks current. Hence:
+    ///
+    /// - header revision >= `from`: the store moved since our read; re-read
+    ///   at once rather than wait for the catch-up;
+    /// - otherwise one probe after the created response: if it saw nothing
+    ///   change and its revision is still below `from`, nothing was written
+    ///   before the registration and the watch is synced; if it saw the
+    ///   change, re-read; if the store moved, the watch may be behind, so
+    ///   the probe is also run every [`UNSYNCED_POLL`] until
+    ///   [`UNSYNCED_GRACE`] after the watch was created (by then the
+    ///   catch-up loop has run), and the watch alone is relied on
+    ///   afterwards.
+    pub(super) async fn watch_until<P, F>(
+        &self,
+        key: impl Into<Vec<u8>>,
+        options: WatchOptions,
+        from: i64,
+        wakes: impl Fn(&WatchResponse) -> bool,
+        probe: P,
+    ) where
+        P: Fn() -> F,
+        F: std::future::Future<Output = Option<Seen>>,
+    {
+        let mut watch_client = self.inner.client.watch_client();
         let give_up = sleep(RECHECK_INTERVAL);
         tokio::pin!(give_up);
         let watch = async {
-            let mut stream = match watch_client.watch(key.clone(), Some(options)).await {
+            let mut stream = match watch_client.watch(key, Some(options)).await {
                 Ok(stream) => stream,
                 Err(err) => {
                     tracing::debug!(%err, "watch failed");
@@ -363,7 +366,7 @@ impl EtcdBackend {
                     biased;
                     message = stream.message() => message,
                     () = poll => {
-                        if self.entry_present(&key, create_revision).await == Some((false, 0)) {
+                        if matches!(probe().await, Some(Seen::Changed)) {
                             return;
                         }
                         continue;
@@ -375,18 +378,18 @@ impl EtcdBackend {
                             // Compacted or cancelled: re-read instead.
                             return;
                         }
-                        if !response.events().is_empty() {
+                        if wakes(&response) {
                             return;
                         }
                         if !response.created() {
                             continue;
                         }
-                        if response.header().map_or(0, |h| h.revision()) >= from_revision {
+                        if response.header().map_or(0, |h| h.revision()) >= from {
                             return;
                         }
-                        match self.entry_present(&key, create_revision).await {
-                            Some((false, _)) => return,
-                            Some((true, revision)) if revision < from_revision => {}
+                        match probe().await {
+                            Some(Seen::Changed) => return,
+                            Some(Seen::Unchanged(revision)) if revision < from => {}
                             _ => poll_until = Some(created_at + UNSYNCED_GRACE),
                         }
                     }
@@ -405,28 +408,94 @@ impl EtcdBackend {
         }
     }
 
-    /// Whether `key` still holds the entry created at `create_revision`,
-    /// with the revision of the read (`(false, 0)` when it is gone); `None`
-    /// if the read failed.
-    async fn entry_present(&self, key: &[u8], create_revision: i64) -> Option<(bool, i64)> {
-        let mut kv = self.inner.client.kv_client();
-        let response = tokio::time::timeout(
-            self.inner.config.op_timeout,
-            kv.get(key, Some(GetOptions::new().with_keys_only())),
-        )
-        .await
-        .ok()?
-        .ok()?;
+    /// Whether `key` still holds the entry created at `create_revision`
+    /// (`Unchanged` with the revision of the read), or is gone.
+    async fn entry_seen(&self, key: &[u8], create_revision: i64) -> Option<Seen> {
+        let response = self
+            .read_quietly(key, GetOptions::new().with_keys_only())
+            .await?;
         let present = response
             .kvs()
             .first()
             .is_some_and(|kv| kv.create_revision() == create_revision);
-        if present {
-            Some((true, response.header().map_or(0, |h| h.revision())))
+        Some(if present {
+            Seen::Unchanged(response.header().map_or(0, |h| h.revision()))
         } else {
-            Some((false, 0))
-        }
+            Seen::Changed
+        })
     }
+
+    /// One range read bounded by the operation timeout, for a waiter's
+    /// probes: `None` when it failed (the waiter re-reads later anyway).
+    pub(super) async fn read_quietly(
+        &self,
+        key: impl Into<Vec<u8>>,
+        options: GetOptions,
+    ) -> Option<GetResponse> {
+        let mut kv = self.inner.client.kv_client();
+        tokio::time::timeout(self.inner.config.op_timeout, kv.get(key, Some(options)))
+            .await
+            .ok()?
+            .ok()
+    }
+}
+
+/// What a waiter's probe of the keys it watches saw.
+pub(super) enum Seen {
+    /// What the waiter waits for has happened: re-check at once.
+    Changed,
+    /// Nothing yet, as of this store revision.
+    Unchanged(i64),
+}
+
+/// One transaction on `kv`, bounded by `timeout`: the backend's `txn` for
+/// a future that owns its client, or with a budget of its own.
+pub(super) async fn txn_on(
+    kv: &mut KvClient,
+    timeout: Duration,
+    op: Operation,
+    txn: Txn,
+) -> Result<TxnResponse, LockError> {
+    with_timeout(timeout, op, async {
+        kv.txn(txn).await.map_err(|e| from_etcd(op, e))
+    })
+    .await
+    .map_err(|e| e.with_backend(NAME))
+}
+
+/// `Contended`: the deadline of a waiting acquire passed with older
+/// entries still there.
+pub(super) fn held_at_deadline(op: Operation) -> LockError {
+    LockError::new(
+        ErrorKind::Contended,
+        op,
+        "the lock was still held at the deadline",
+    )
+}
+
+/// After the session was lost while `pending` waited (its entry went with
+/// the lease): lets the entry go so that the caller starts over on a new
+/// session (the place in the queue is lost), or `Contended` when the
+/// deadline has passed meanwhile.
+pub(super) fn start_over(
+    mut pending: PendingEntry<'_>,
+    key: &LockKey,
+    reason: &str,
+    deadline: Instant,
+    op: Operation,
+) -> Result<(), LockError> {
+    tracing::debug!(%key, %reason, "session lost while waiting; retrying");
+    pending.armed = false;
+    if Instant::now() >= deadline {
+        return Err(LockError::new(
+            ErrorKind::Contended,
+            op,
+            format!("the session was lost while waiting ({reason}) and the deadline passed"),
+        )
+        .with_key(key)
+        .with_backend(NAME));
+    }
+    Ok(())
 }
 
 pub(super) async fn session_lost(state: &mut watch::Receiver<SessionState>) -> String {

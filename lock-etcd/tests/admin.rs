@@ -14,8 +14,8 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
 use lock_core::{
-    ErrorKind, FencingToken, HolderInfo, LeaseKind, LockBackend, LockClient, LockKey, LockShape,
-    LockState,
+    ErrorKind, FencingToken, HolderInfo, LeaseKind, ListQuery, LockBackend, LockClient, LockKey,
+    LockShape, LockState,
 };
 use lock_etcd::EtcdBackend;
 use tokio::time::{Instant, sleep};
@@ -109,7 +109,10 @@ async fn list_pages_through_queues_and_foreign_entries() {
     loop {
         pages += 1;
         assert!(pages <= 20, "list did not finish");
-        let page = backend.list("", cursor.as_deref(), 1).await.unwrap();
+        let page = backend
+            .list(&ListQuery::new("", 1).after(cursor.as_deref()))
+            .await
+            .unwrap();
         assert!(page.locks.len() <= 1);
         for info in page.locks {
             if info.key.as_str() == "q" {
@@ -132,16 +135,19 @@ async fn list_pages_through_queues_and_foreign_entries() {
     println!("listed {seen:?} in {pages} pages");
     assert_eq!(seen, ["p1", "p2", "q", "z"]);
 
-    let all = backend.list("", None, 100).await.unwrap();
+    let all = backend.list(&ListQuery::new("", 100)).await.unwrap();
     let names: Vec<&str> = all.locks.iter().map(|l| l.key.as_str()).collect();
     assert_eq!(names, ["p1", "p2", "q", "z"]);
     assert_eq!(all.cursor, None);
-    let under_p = backend.list("p", None, 100).await.unwrap();
+    let under_p = backend.list(&ListQuery::new("p", 100)).await.unwrap();
     let names: Vec<&str> = under_p.locks.iter().map(|l| l.key.as_str()).collect();
     assert_eq!(names, ["p1", "p2"]);
 
     for (prefix, bad) in [("", "nonsense"), ("p", "etcd:z/"), ("", "etcd+:")] {
-        let err = backend.list(prefix, Some(bad), 10).await.unwrap_err();
+        let err = backend
+            .list(&ListQuery::new(prefix, 10).after(Some(bad)))
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad:?}: {err}");
     }
     for lease in held.values() {
@@ -163,7 +169,7 @@ async fn shared_pages(
         pages += 1;
         assert!(pages <= 20, "list_shared({shape}) did not finish");
         let page = backend
-            .list_shared(shape, "", cursor.as_deref(), limit)
+            .list_shared(shape, &ListQuery::new("", limit).after(cursor.as_deref()))
             .await
             .unwrap();
         assert!(page.locks.len() <= limit);
@@ -293,7 +299,7 @@ async fn list_shared_and_elections_page_through_long_queues() {
     let mut cursor: Option<String> = None;
     for _ in 0..20 {
         let page = backend
-            .list_elections("", cursor.as_deref(), 1)
+            .list_elections(&ListQuery::new("", 1).after(cursor.as_deref()))
             .await
             .unwrap();
         assert!(page.elections.len() <= 1);
@@ -323,21 +329,30 @@ async fn list_shared_and_elections_page_through_long_queues() {
             .as_ref()
             .is_some_and(|d| d.pid == here)
     );
-    let under_e = backend.list_elections("e", None, 10).await.unwrap();
+    let under_e = backend
+        .list_elections(&ListQuery::new("e", 10))
+        .await
+        .unwrap();
     assert_eq!(under_e.elections.len(), 1);
 
     // `list` still sees the mutex alone.
-    let mutexes = backend.list("", None, 100).await.unwrap();
+    let mutexes = backend.list(&ListQuery::new("", 100)).await.unwrap();
     let names: Vec<&str> = mutexes.locks.iter().map(|l| l.key.as_str()).collect();
     assert_eq!(names, ["m"]);
     for bad in ["nonsense", "etcd:"] {
         let err = backend
-            .list_shared(LockShape::Semaphore, "x", Some(bad), 10)
+            .list_shared(
+                LockShape::Semaphore,
+                &ListQuery::new("x", 10).after(Some(bad)),
+            )
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad:?}: {err}");
     }
-    let err = backend.list_elections("", None, 0).await.unwrap_err();
+    let err = backend
+        .list_elections(&ListQuery::new("", 0))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 
     assert!(backend.release(&c).await.unwrap());

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, LockBackend,
-    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, TtlModel, WaitStrategy,
-    async_trait, check_ttl, validity_deadline,
+    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, ListQuery,
+    LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, TtlModel,
+    WaitStrategy, async_trait, check_ttl, validity_deadline,
 };
 use tokio::time::Instant;
 
@@ -458,13 +458,9 @@ impl LockBackend for RedisBackend {
         .await
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        self.list_page(prefix, cursor, limit).await
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_page(&query.prefix, query.cursor(), query.limit)
+            .await
     }
 
     /// Read-write locks and semaphores by `SCAN` (one server, Sentinel,
@@ -473,13 +469,14 @@ impl LockBackend for RedisBackend {
     async fn list_shared(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<lock_core::SharedPage, LockError> {
         match shape {
-            LockShape::Mutex => lock_core::list_mutex_shared(self, prefix, cursor, limit).await,
-            shape => self.list_shared_page(shape, prefix, cursor, limit).await,
+            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
+            shape => {
+                self.list_shared_page(shape, &query.prefix, query.cursor(), query.limit)
+                    .await
+            }
         }
     }
 

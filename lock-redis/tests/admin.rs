@@ -16,7 +16,7 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::cases::watch_across;
 use conformance::servers::redis::{RedisCluster, RedisServer};
-use lock_core::{ErrorKind, HolderDetails, LockBackend, LockKey};
+use lock_core::{ErrorKind, HolderDetails, ListQuery, LockBackend, LockKey};
 use lock_redis::{RedisBackend, RedisConfig};
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
@@ -319,7 +319,10 @@ async fn gc_on_cluster_keeps_tokens_above_per_slot() {
 
     // list works there too, and a bad cursor is refused.
     for bad in ["x", "0", "0:1:zz", "99:0", "0:0:00:1"] {
-        let err = b.list("", Some(bad), 10).await.unwrap_err();
+        let err = b
+            .list(&ListQuery::new("", 10).after(Some(bad)))
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
     }
     // The legacy layouts stay refused in Cluster.
@@ -661,7 +664,7 @@ async fn list_prefix_is_literal() {
         let key = LockKey::new(name).unwrap();
         leases.push(b.try_acquire(&key, ttl).await.unwrap().unwrap());
     }
-    let page = b.list("a*[b]/", None, 100).await.unwrap();
+    let page = b.list(&ListQuery::new("a*[b]/", 100)).await.unwrap();
     let mut names: Vec<&str> = page.locks.iter().map(|l| l.key.as_str()).collect();
     names.sort_unstable();
     assert_eq!(names, ["a*[b]/1", "a*[b]/}x%"], "{page:?}");
@@ -675,7 +678,13 @@ async fn list_prefix_is_literal() {
     for lease in &leases {
         assert!(b.release(lease).await.unwrap());
     }
-    assert!(b.list("a", None, 100).await.unwrap().locks.is_empty());
+    assert!(
+        b.list(&ListQuery::new("a", 100))
+            .await
+            .unwrap()
+            .locks
+            .is_empty()
+    );
 }
 
 /// `watch_holder` on a held key wakes on the release channel: with a poll
@@ -842,7 +851,7 @@ async fn list_shared_is_bounded_and_exact() {
             assert!(calls < 100, "{shape}: the walk does not end");
             let before = scan_calls(&mut conn).await;
             let page = b
-                .list_shared(shape, "ls/", cursor.as_deref(), 4)
+                .list_shared(shape, &ListQuery::new("ls/", 4).after(cursor.as_deref()))
                 .await
                 .unwrap();
             let scans = scan_calls(&mut conn).await - before;
@@ -880,14 +889,17 @@ async fn list_shared_is_bounded_and_exact() {
     }
     for bad in ["x", "0", "0:1:zz", "99:0", "0:0:00:1"] {
         let err = b
-            .list_shared(LockShape::ReadWrite, "", Some(bad), 10)
+            .list_shared(
+                LockShape::ReadWrite,
+                &ListQuery::new("", 10).after(Some(bad)),
+            )
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
     }
     for limit in [0, lock_core::MAX_LIST_PAGE + 1] {
         let err = b
-            .list_shared(LockShape::Semaphore, "", None, limit)
+            .list_shared(LockShape::Semaphore, &ListQuery::new("", limit))
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{limit}: {err}");
@@ -898,7 +910,10 @@ async fn list_shared_is_bounded_and_exact() {
     for layout in ["plain", "redisson"] {
         let legacy = backend(&format!("{}?layout={layout}", server.url())).await;
         for shape in [LockShape::ReadWrite, LockShape::Semaphore] {
-            let err = legacy.list_shared(shape, "", None, 10).await.unwrap_err();
+            let err = legacy
+                .list_shared(shape, &ListQuery::new("", 10))
+                .await
+                .unwrap_err();
             assert_eq!(
                 err.kind(),
                 ErrorKind::Unsupported,

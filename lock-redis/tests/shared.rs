@@ -20,7 +20,7 @@ use std::time::Duration;
 use common::RedisTarget;
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
-use lock_core::{ErrorKind, HolderDetails, Lease, LeaseKind, LockBackend, LockShape};
+use lock_core::{ErrorKind, HolderDetails, Lease, LeaseKind, ListQuery, LockBackend, LockShape};
 use lock_redis::{RedisBackend, RedisConfig};
 use shared_checks::*;
 use tokio::time::{Instant, sleep};
@@ -588,7 +588,10 @@ async fn redlock_refuses_shared_kinds() {
     for shape in [LockShape::ReadWrite, LockShape::Semaphore] {
         let err = b.holders(&k, shape).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unsupported);
-        let err = b.list_shared(shape, "", None, 10).await.unwrap_err();
+        let err = b
+            .list_shared(shape, &ListQuery::new("", 10))
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{shape}");
         assert!(err.to_string().contains("majority"), "{err}");
     }
@@ -596,7 +599,7 @@ async fn redlock_refuses_shared_kinds() {
     let lease = b.try_acquire(&k, TTL).await.unwrap().expect("mutex");
     assert_eq!(b.holders(&k, LockShape::Mutex).await.unwrap().len(), 1);
     let page = b
-        .list_shared(LockShape::Mutex, k.as_str(), None, 10)
+        .list_shared(LockShape::Mutex, &ListQuery::new(k.as_str(), 10))
         .await
         .unwrap();
     assert_eq!(page.locks.len(), 1, "{page:?}");

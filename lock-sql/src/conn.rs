@@ -57,6 +57,30 @@ impl DbOptions {
             Self::Sqlite(o) => DbConn::Sqlite(sqlx::SqliteConnection::connect_with(o).await?),
         })
     }
+
+    /// The users' pool on these options, of `size` connections, opened
+    /// lazily; a checkout waits at most `acquire` and is not pinged.
+    pub(crate) fn lazy_pool(&self, size: u32, acquire: std::time::Duration) -> DbPool {
+        fn options<DB: sqlx::Database>(
+            size: u32,
+            acquire: std::time::Duration,
+        ) -> sqlx::pool::PoolOptions<DB> {
+            sqlx::pool::PoolOptions::<DB>::new()
+                .max_connections(size)
+                .acquire_timeout(acquire)
+                .test_before_acquire(false)
+        }
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(o) => {
+                DbPool::Postgres(options(size, acquire).connect_lazy_with(o.clone()))
+            }
+            #[cfg(feature = "mysql")]
+            Self::MySql(o) => DbPool::MySql(options(size, acquire).connect_lazy_with(o.clone())),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(o) => DbPool::Sqlite(options(size, acquire).connect_lazy_with(o.clone())),
+        }
+    }
 }
 
 impl DbConn {

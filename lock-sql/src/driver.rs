@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderInfo, Lease, LeaseKind,
-    LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, SharedPage,
-    TtlModel, WaitStrategy, check_ttl, validity_deadline, with_timeout,
+    ListQuery, LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId,
+    SharedPage, TtlModel, WaitStrategy, check_ttl, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -749,23 +749,18 @@ impl LockBackend for SqlBackend {
         }
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        self.list_rows(prefix, cursor, limit).await
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_rows(&query.prefix, query.cursor(), query.limit)
+            .await
     }
 
     async fn list_shared(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        self.list_shares(shape, prefix, cursor, limit).await
+        self.list_shares(shape, &query.prefix, query.cursor(), query.limit)
+            .await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -33,15 +33,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
-use lock_core::{
-    ErrorKind, HolderDetails, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout,
-};
+use lock_core::{HolderDetails, LockError, Operation};
 use sqlx::Row;
 use tokio::sync::Mutex;
 
 use crate::config::{SqlConfig, SqlDialect};
-use crate::driver::{MIN_TTL, NAME};
-use bare::{Bare, Text, failed, micros, quoted, sql, token_floor};
+use crate::driver::NAME;
+use bare::{Bare, Text, micros, quoted, sql, token_floor};
 
 pub use permits::SqlPermitFloor;
 
@@ -285,42 +283,16 @@ impl RawFloor for SqlFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        let key = LockKey::new(key)?;
-        let operation = Operation::TryAcquire;
-        check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        let owner = OwnerId::random().to_hex();
-        let token = with_timeout(self.config.op_timeout, operation, async {
-            let granted = self.grant(key.as_str(), &owner, ttl).await;
-            granted.map_err(failed(&self.config, operation))
-        })
-        .await
-        .map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        Ok(token.map(|token| FloorGrant {
-            key: key.as_str().to_owned(),
-            owner,
-            token: u64::try_from(token).unwrap_or(0),
-            handle: String::new(),
-        }))
+        let (key, owner) = bare::grant_args(key, ttl)?;
+        let grant = self.grant(key.as_str(), &owner, ttl);
+        let token = bare::timed(&self.config, Operation::TryAcquire, &key, grant).await?;
+        Ok(bare::granted(&key, owner, token))
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
-        let key = LockKey::new(&grant.key)?;
-        let operation = Operation::Release;
-        let token = i64::try_from(grant.token).map_err(|_| {
-            LockError::new(
-                ErrorKind::InvalidArgument,
-                operation,
-                "a SQL token fits in a BIGINT",
-            )
-            .with_key(&key)
-            .with_backend(NAME)
-        })?;
-        with_timeout(self.config.op_timeout, operation, async {
-            let released = self.release_row(key.as_str(), &grant.owner, token).await;
-            released.map_err(failed(&self.config, operation))
-        })
-        .await
-        .map_err(|e| e.with_key(&key).with_backend(NAME))
+        let (key, token) = bare::release_args(grant)?;
+        let release = self.release_row(key.as_str(), &grant.owner, token);
+        bare::timed(&self.config, Operation::Release, &key, release).await
     }
 }
 

@@ -14,16 +14,9 @@ use lock_core::{
 use tokio::time::Instant;
 
 use crate::conn::DbConn;
-use crate::dialect::{GrantAll, UpsertBinds, micros};
+use crate::dialect::{GrantAll, UpsertBinds, micros, unix_micros};
 use crate::driver::{MIN_TTL, NAME, SqlBackend};
 use crate::shared::run::{Bind, execute, fetch};
-
-/// The host's wall clock in µs since the Unix epoch (SQLite's clock).
-fn unix_micros() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, micros)
-}
 
 /// Whether `err` is a rolled-back deadlock or serialization conflict, or
 /// the division by zero that rolls back a partly free set (PostgreSQL).

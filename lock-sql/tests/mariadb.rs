@@ -8,10 +8,9 @@ mod multi_checks;
 
 use std::time::Duration;
 
-use conformance::{Harness, OrSkip, Target, run_suite};
+use conformance::{Harness, OrSkip, run_suite};
 use lock_core::{LockBackend, LockKey, WaitStrategy};
 use lock_sql::SqlBackend;
-use lock_sql::sqlx::{self, AssertSqlSafe};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb() {
@@ -72,44 +71,17 @@ async fn mariadb() {
     );
 
     // Fenced write in the same database.
-    let pool = a.mysql_pool().unwrap().clone();
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS ledger (id INT PRIMARY KEY, v BIGINT NOT NULL) ENGINE=InnoDB",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query("INSERT IGNORE INTO ledger VALUES (1, 0)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let fence = a.fence(&next, 2);
-    let sql = format!(
-        "UPDATE ledger SET v = ? WHERE id = 1 AND {}",
-        fence.predicate()
+    common::fenced_write!(
+        a,
+        a,
+        &next,
+        a.mysql_pool().unwrap().clone(),
+        [
+            "CREATE TABLE IF NOT EXISTS ledger (id INT PRIMARY KEY, v BIGINT NOT NULL) ENGINE=InnoDB",
+            "INSERT IGNORE INTO ledger VALUES (1, 0)",
+        ],
+        "UPDATE ledger SET v = ? WHERE id = 1 AND {}"
     );
-    let done = fence
-        .bind(sqlx::query(AssertSqlSafe(sql.clone())).bind(7_i64))
-        .execute(&pool)
-        .await
-        .unwrap();
-    assert_eq!(done.rows_affected(), 1);
-    a.release(&next).await.unwrap();
-    let stale = fence
-        .bind(sqlx::query(AssertSqlSafe(sql)).bind(8_i64))
-        .execute(&pool)
-        .await
-        .unwrap();
-    assert_eq!(stale.rows_affected(), 0, "released lease wrote");
 
-    common::holder_killed_and_database_restarted(&url, || async {
-        assert!(
-            target
-                .kill_and_restart_server()
-                .await
-                .expect("restart mariadb"),
-            "the deployment restarts"
-        );
-    })
-    .await;
+    common::holder_killed_and_deployment_restarted(&url, &target, "mariadb").await;
 }

@@ -8,10 +8,9 @@ mod multi_checks;
 
 use std::time::Duration;
 
-use conformance::{Harness, OrSkip, Target, run_suite};
+use conformance::{Harness, OrSkip, run_suite};
 use lock_core::{LockBackend, LockKey, WaitStrategy};
 use lock_sql::SqlBackend;
-use lock_sql::sqlx::{self, AssertSqlSafe};
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,42 +69,17 @@ async fn postgres() {
     assert!(next.token() > lease.token());
 
     // Fenced write in the same database.
-    let pool = a.pg_pool().unwrap().clone();
-    sqlx::query("CREATE TABLE IF NOT EXISTS ledger (id INT PRIMARY KEY, v BIGINT NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO ledger VALUES (1, 0) ON CONFLICT DO NOTHING")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let fence = a.fence(&next, 2);
-    let sql = format!(
-        "UPDATE ledger SET v = $1 WHERE id = 1 AND {}",
-        fence.predicate()
+    common::fenced_write!(
+        a,
+        b,
+        &next,
+        a.pg_pool().unwrap().clone(),
+        [
+            "CREATE TABLE IF NOT EXISTS ledger (id INT PRIMARY KEY, v BIGINT NOT NULL)",
+            "INSERT INTO ledger VALUES (1, 0) ON CONFLICT DO NOTHING",
+        ],
+        "UPDATE ledger SET v = $1 WHERE id = 1 AND {}"
     );
-    let done = fence
-        .bind(sqlx::query(AssertSqlSafe(sql.clone())).bind(7_i64))
-        .execute(&pool)
-        .await
-        .unwrap();
-    assert_eq!(done.rows_affected(), 1);
-    b.release(&next).await.unwrap();
-    let stale = fence
-        .bind(sqlx::query(AssertSqlSafe(sql)).bind(8_i64))
-        .execute(&pool)
-        .await
-        .unwrap();
-    assert_eq!(stale.rows_affected(), 0, "released lease wrote");
 
-    common::holder_killed_and_database_restarted(&url, || async {
-        assert!(
-            target
-                .kill_and_restart_server()
-                .await
-                .expect("restart postgres"),
-            "the deployment restarts"
-        );
-    })
-    .await;
+    common::holder_killed_and_deployment_restarted(&url, &target, "postgres").await;
 }

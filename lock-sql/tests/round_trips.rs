@@ -11,19 +11,20 @@
 //! pool, our cycle counted 4 here (4.08 on PostgreSQL, 4.12 on MariaDB).
 
 mod common;
+mod proxied;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
-use lock_core::floor::{FloorGrant, RawFloor};
-use lock_core::{LockBackend, LockClient, LockError, LockKey, RetryPolicy};
+use lock_core::floor::RawFloor;
+use lock_core::{LockBackend, LockClient, LockKey, RetryPolicy};
 use lock_sql::floor::SqlFloor;
-use lock_sql::sqlx::{self, Connection};
+use lock_sql::sqlx;
 use lock_sql::{SqlBackend, SqlConfig};
+use proxied::{Extra, ExtraStatement, proxy_to, through};
 use tokio::time::{Instant, sleep};
 
 const CYCLES: u64 = 50;
@@ -31,34 +32,10 @@ const WARM_UP: usize = 5;
 const TTL: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(60);
 
-/// `url` with its server's port replaced by the proxy's.
-fn through(url: &str, server_port: u16, proxy: &FaultProxy) -> String {
-    let url = url.replace(
-        &format!("127.0.0.1:{server_port}/"),
-        &format!("127.0.0.1:{}/", proxy.port()),
-    );
-    common::with_options(&url, "timeout=2s")
-}
-
-async fn proxy_to(port: u16) -> FaultProxy {
-    FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port)))
-        .await
-        .expect("proxy")
-}
-
-/// Round trips per cycle through `proxy`, rounded to the nearest whole
-/// number, over `CYCLES` cycles after a warm-up.
-async fn per_cycle(proxy: &FaultProxy, mut cycle: impl AsyncFnMut()) -> u64 {
-    for _ in 0..WARM_UP {
-        cycle().await;
-    }
-    // Let replies still in flight land before counting from zero.
-    sleep(Duration::from_millis(20)).await;
-    proxy.reset_counters();
-    for _ in 0..CYCLES {
-        cycle().await;
-    }
-    (proxy.round_trips() + CYCLES / 2) / CYCLES
+/// Round trips per cycle through `proxy` over `CYCLES` cycles after a
+/// warm-up.
+async fn per_cycle(proxy: &FaultProxy, cycle: impl AsyncFnMut()) -> u64 {
+    proxied::per_cycle(proxy, WARM_UP, CYCLES, cycle).await
 }
 
 async fn waiting_cycle(client: &LockClient, key: &str) {
@@ -81,40 +58,6 @@ async fn try_cycle(client: &LockClient, key: &str) {
         .expect("try_acquire")
         .expect("a free key is granted");
     assert!(guard.release().await.expect("release"));
-}
-
-/// A floor that also runs `SELECT 1` on a bare connection of its own
-/// through the same proxy in every grant: one extra round trip per cycle,
-/// which the count must see.
-struct ExtraStatement {
-    floor: SqlFloor,
-    extra: tokio::sync::Mutex<Extra>,
-}
-
-enum Extra {
-    Pg(sqlx::PgConnection),
-    My(sqlx::MySqlConnection),
-}
-
-#[lock_core::async_trait]
-impl RawFloor for ExtraStatement {
-    fn name(&self) -> &'static str {
-        self.floor.name()
-    }
-    fn round_trips_per_cycle(&self) -> u32 {
-        self.floor.round_trips_per_cycle()
-    }
-    async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        match &mut *self.extra.lock().await {
-            Extra::Pg(c) => sqlx::query("SELECT 1").execute(c).await.map(drop),
-            Extra::My(c) => sqlx::query("SELECT 1").execute(c).await.map(drop),
-        }
-        .expect("extra statement");
-        self.floor.try_grant(key, ttl).await
-    }
-    async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
-        self.floor.release(grant).await
-    }
 }
 
 /// The round-trip checks on one proxied database.
@@ -141,10 +84,7 @@ async fn round_trips(url: &str, proxy: &FaultProxy, extra: Extra, name: &str) {
     assert_eq!(trying, 2, "{name}: try_acquire + release");
 
     // The count sees one extra statement per cycle...
-    let extra = ExtraStatement {
-        floor: SqlFloor::connect(url).await.unwrap(),
-        extra: tokio::sync::Mutex::new(extra),
-    };
+    let extra = ExtraStatement::new(SqlFloor::connect(url).await.unwrap(), extra);
     let with_extra = per_cycle(proxy, async || {
         RawFloor::cycle(&extra, "rt/extra", TTL)
             .await
@@ -453,10 +393,7 @@ async fn postgres_round_trips_and_retries() {
     };
     let proxy = proxy_to(server.port()).await;
     let url = through(&server.url(), server.port(), &proxy);
-    let extra = sqlx::PgConnection::connect(&url.replace("?timeout=2s", ""))
-        .await
-        .unwrap();
-    round_trips(&url, &proxy, Extra::Pg(extra), "postgres").await;
+    round_trips(&url, &proxy, Extra::postgres(&url).await, "postgres").await;
     let direct = common::with_options(&server.url(), "timeout=2s");
     fair_and_multi_round_trips(&url, &direct, &proxy, "postgres", (1, 1, Some(5))).await;
     cut_connections_are_retried(&url, &proxy, "postgres").await;
@@ -476,10 +413,7 @@ async fn mariadb_round_trips_and_retries() {
     };
     let proxy = proxy_to(server.port()).await;
     let url = through(&server.url(), server.port(), &proxy);
-    let extra = sqlx::MySqlConnection::connect(&url.replace("?timeout=2s", ""))
-        .await
-        .unwrap();
-    round_trips(&url, &proxy, Extra::My(extra), "mariadb").await;
+    round_trips(&url, &proxy, Extra::mariadb(&url).await, "mariadb").await;
     let direct = common::with_options(&server.url(), "timeout=2s");
     fair_and_multi_round_trips(&url, &direct, &proxy, "mariadb", (4, 5, None)).await;
     cut_connections_are_retried(&url, &proxy, "mariadb").await;

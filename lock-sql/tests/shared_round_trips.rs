@@ -8,42 +8,25 @@
 //! than it declares (checked below).
 
 mod common;
+mod proxied;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
-use lock_core::floor::{FloorGrant, RawFloor};
-use lock_core::{LeaseKind, LockBackend, LockError, LockKey};
+use lock_core::floor::RawFloor;
+use lock_core::{LeaseKind, LockBackend, LockKey};
 use lock_sql::SqlBackend;
 use lock_sql::floor::SqlPermitFloor;
-use lock_sql::sqlx::{self, Connection};
-use tokio::time::sleep;
+use proxied::{Extra, ExtraStatement, proxy_to, through};
 
 const CYCLES: u64 = 30;
 const TTL: Duration = Duration::from_secs(30);
 
-fn through(url: &str, server_port: u16, proxy: &FaultProxy) -> String {
-    let url = url.replace(
-        &format!("127.0.0.1:{server_port}/"),
-        &format!("127.0.0.1:{}/", proxy.port()),
-    );
-    common::with_options(&url, "timeout=2s")
-}
-
-async fn per_cycle(proxy: &FaultProxy, mut cycle: impl AsyncFnMut()) -> u64 {
-    for _ in 0..3 {
-        cycle().await;
-    }
-    sleep(Duration::from_millis(20)).await;
-    proxy.reset_counters();
-    for _ in 0..CYCLES {
-        cycle().await;
-    }
-    (proxy.round_trips() + CYCLES / 2) / CYCLES
+async fn per_cycle(proxy: &FaultProxy, cycle: impl AsyncFnMut()) -> u64 {
+    proxied::per_cycle(proxy, 3, CYCLES, cycle).await
 }
 
 async fn kind_cycle(backend: &SqlBackend, key: &LockKey, kind: LeaseKind) {
@@ -53,39 +36,6 @@ async fn kind_cycle(backend: &SqlBackend, key: &LockKey, kind: LeaseKind) {
         .expect("try")
         .expect("a free key is granted");
     assert!(backend.release(&lease).await.expect("release"));
-}
-
-/// The permit floor plus one `SELECT 1` per grant on a connection of its
-/// own through the same proxy.
-struct ExtraStatement {
-    floor: SqlPermitFloor,
-    extra: tokio::sync::Mutex<Extra>,
-}
-
-enum Extra {
-    Pg(sqlx::PgConnection),
-    My(sqlx::MySqlConnection),
-}
-
-#[lock_core::async_trait]
-impl RawFloor for ExtraStatement {
-    fn name(&self) -> &'static str {
-        self.floor.name()
-    }
-    fn round_trips_per_cycle(&self) -> u32 {
-        self.floor.round_trips_per_cycle()
-    }
-    async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        match &mut *self.extra.lock().await {
-            Extra::Pg(c) => sqlx::query("SELECT 1").execute(c).await.map(drop),
-            Extra::My(c) => sqlx::query("SELECT 1").execute(c).await.map(drop),
-        }
-        .expect("extra statement");
-        self.floor.try_grant(key, ttl).await
-    }
-    async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
-        self.floor.release(grant).await
-    }
 }
 
 async fn check(url: &str, proxy: &FaultProxy, extra: Extra, name: &str, lock_statements: u64) {
@@ -129,10 +79,7 @@ async fn check(url: &str, proxy: &FaultProxy, extra: Extra, name: &str, lock_sta
         "{name}: write grant (and its epoch)+release"
     );
 
-    let extra = ExtraStatement {
-        floor: SqlPermitFloor::connect(url, 1, 4).await.unwrap(),
-        extra: tokio::sync::Mutex::new(extra),
-    };
+    let extra = ExtraStatement::new(SqlPermitFloor::connect(url, 1, 4).await.unwrap(), extra);
     let with_extra = per_cycle(proxy, async || {
         RawFloor::cycle(&extra, "srt/extra", TTL)
             .await
@@ -185,14 +132,9 @@ async fn postgres_shared_round_trips() {
     let Some(server) = PostgresServer::start().await.or_skip() else {
         return;
     };
-    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], server.port())))
-        .await
-        .expect("proxy");
+    let proxy = proxy_to(server.port()).await;
     let url = through(&server.url(), server.port(), &proxy);
-    let extra = sqlx::PgConnection::connect(&url.replace("?timeout=2s", ""))
-        .await
-        .unwrap();
-    check(&url, &proxy, Extra::Pg(extra), "postgres", 1).await;
+    check(&url, &proxy, Extra::postgres(&url).await, "postgres", 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,12 +142,7 @@ async fn mariadb_shared_round_trips() {
     let Some(server) = MariaDbServer::start().await.or_skip() else {
         return;
     };
-    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], server.port())))
-        .await
-        .expect("proxy");
+    let proxy = proxy_to(server.port()).await;
     let url = through(&server.url(), server.port(), &proxy);
-    let extra = sqlx::MySqlConnection::connect(&url.replace("?timeout=2s", ""))
-        .await
-        .unwrap();
-    check(&url, &proxy, Extra::My(extra), "mariadb", 2).await;
+    check(&url, &proxy, Extra::mariadb(&url).await, "mariadb", 2).await;
 }

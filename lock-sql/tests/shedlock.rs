@@ -19,7 +19,9 @@ use std::sync::Arc;
 
 use conformance::deploy::{self, DeployedTarget, Opener};
 use conformance::{Harness, OrSkip, Target, run_suite};
-use lock_core::{ErrorKind, LeaseKind, LockBackend, LockError, LockKey, OwnerId, async_trait};
+use lock_core::{
+    ErrorKind, LeaseKind, ListQuery, LockBackend, LockError, LockKey, OwnerId, async_trait,
+};
 use lock_sql::{SqlAnyBackend, SqlBackend, SqlConfig, SqlSessionBackend};
 use shedlock_client::ShedLock;
 use tokio::time::Instant;
@@ -356,7 +358,7 @@ async fn operating(ours: &SqlAnyBackend, shed: &mut ShedLock, ours_url: &str) {
     let info = ours.inspect(&key).await.unwrap().unwrap();
     let details = info.details.expect("details of our grant");
     assert_eq!(details.pid, std::process::id());
-    let page = ours.list(name, None, 10).await.unwrap();
+    let page = ours.list(&ListQuery::new(name, 10)).await.unwrap();
     assert_eq!(page.locks.len(), 1, "{page:?}");
     assert_eq!(page.locks[0].token, Some(lease.token()));
     assert!(ours.release(&lease).await.unwrap());
@@ -366,7 +368,7 @@ async fn operating(ours: &SqlAnyBackend, shed: &mut ShedLock, ours_url: &str) {
     assert_eq!(shed.update(name, at_most).await, 1);
     let info = ours.inspect(&key).await.unwrap().unwrap();
     assert_eq!((info.holder.as_str(), info.details), (SHED_HOST, None));
-    let page = ours.list(name, None, 10).await.unwrap();
+    let page = ours.list(&ListQuery::new(name, 10)).await.unwrap();
     assert_eq!(
         page.locks
             .iter()

@@ -19,9 +19,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, LockBackend,
-    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, SessionState,
-    SharedPage, TtlModel, WaitStrategy, validity_deadline,
+    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, ListQuery,
+    LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId,
+    SessionState, SharedPage, TtlModel, WaitStrategy, validity_deadline,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -618,37 +618,30 @@ impl LockBackend for ZkBackend {
         self.watch_holder_in(key, seen, deadline).await
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        self.list_page(prefix, cursor, limit).await
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_page(&query.prefix, query.cursor(), query.limit)
+            .await
     }
 
     async fn list_shared(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
         match shape {
-            LockShape::Mutex => lock_core::list_mutex_shared(self, prefix, cursor, limit).await,
-            _ => self.list_shared_page(shape, prefix, cursor, limit).await,
+            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
+            _ => {
+                self.list_shared_page(shape, &query.prefix, query.cursor(), query.limit)
+                    .await
+            }
         }
     }
 
-    async fn list_elections(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<ElectionPage, LockError> {
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         // The latch directories (see election.rs), not the generic
         // election's mutexes.
-        self.list_latches(prefix, cursor, limit).await
+        self.list_latches(&query.prefix, query.cursor(), query.limit)
+            .await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

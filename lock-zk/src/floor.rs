@@ -577,6 +577,48 @@ impl ZkFloor {
         }
     }
 
+    /// `create2` of an `EPHEMERAL_SEQUENTIAL` node at `prefix` in `dir`,
+    /// creating `dir` when missing; `what` names the node in a refusal.
+    async fn create_in(
+        &self,
+        operation: Operation,
+        dir: &str,
+        prefix: &str,
+        what: &str,
+    ) -> Result<(String, i64), LockError> {
+        let mut missing_dir = 0;
+        loop {
+            match self
+                .create(operation, prefix, flags::EPHEMERAL_SEQUENTIAL)
+                .await
+            {
+                Ok(created) => return Ok(created),
+                Err(Refused(code::NO_NODE)) if missing_dir < 3 => {
+                    missing_dir += 1;
+                    self.ensure_dir(dir, operation).await?;
+                }
+                Err(Refused(err)) => return Err(server_error(operation, err, what)),
+                Err(Failed(err)) => return Err(err),
+            }
+        }
+    }
+
+    /// `getChildren` of `dir` right after our `node` was created in it: on
+    /// a failure, `node` is withdrawn (best effort) and the list's failure
+    /// reported.
+    async fn children_after_create(
+        &self,
+        operation: Operation,
+        dir: &str,
+        node: &str,
+    ) -> Result<Vec<String>, LockError> {
+        let listed = self.children(operation, dir).await;
+        if listed.is_err() {
+            let _ = self.delete(operation, node).await;
+        }
+        listed
+    }
+
     /// `getChildren` of `path`, without a watch.
     async fn children(&self, operation: Operation, path: &str) -> Result<Vec<String>, LockError> {
         let server_path = self.server_path(path);
@@ -650,40 +692,25 @@ impl RawFloor for ZkFloor {
         let dir = key_dir(&self.shared.root, &key);
         let owner = OwnerId::random();
         let prefix = node_path_prefix(&dir, owner);
-        let mut missing_dir = 0;
-        let (path, czxid) = loop {
-            match self.create(op, &prefix, flags::EPHEMERAL_SEQUENTIAL).await {
-                Ok(created) => break created,
-                Err(Refused(code::NO_NODE)) if missing_dir < 3 => {
-                    missing_dir += 1;
-                    self.ensure_dir(&dir, op)
-                        .await
-                        .map_err(|e| e.with_key(&key))?;
-                }
-                Err(Refused(err)) => {
-                    return Err(server_error(op, err, "the lock node").with_key(&key));
-                }
-                Err(Failed(err)) => return Err(err.with_key(&key)),
-            }
-        };
+        let (path, czxid) = self
+            .create_in(op, &dir, &prefix, "the lock node")
+            .await
+            .map_err(|e| e.with_key(&key))?;
         let name = match path.strip_prefix(prefix.as_str()) {
             Some(_) => &path[dir.len() + 1..],
             None => {
                 return Err(protocol(op, format!("created {path:?} for {prefix:?}")).with_key(&key));
             }
         };
-        let first = match self.children(op, &dir).await {
-            // Whether ours has the lowest sequence; `None` when it is gone.
-            Ok(children) => sorted_lock_nodes(children)
-                .iter()
-                .position(|(_, node)| node == name)
-                .map(|index| index == 0),
-            Err(err) => {
-                // Withdraw, best effort, and report the list's failure.
-                let _ = self.delete(op, &path).await;
-                return Err(err.with_key(&key));
-            }
-        };
+        let children = self
+            .children_after_create(op, &dir, &path)
+            .await
+            .map_err(|e| e.with_key(&key))?;
+        // Whether ours has the lowest sequence; `None` when it is gone.
+        let first = sorted_lock_nodes(children)
+            .iter()
+            .position(|(_, node)| node == name)
+            .map(|index| index == 0);
         match first {
             Some(true) => {}
             Some(false) => {

@@ -30,13 +30,16 @@ use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl};
 
-use super::{Failed, Refused, ZkFloor, protocol, server_error, wire_error};
+use super::{ZkFloor, protocol, server_error, wire_error};
 use crate::driver::MIN_TTL;
 use crate::error::NAME;
 use crate::paths::{
     LEASE_NAME, named_prefix, node_path_prefix, owner_of, sem_dir, sorted_lock_nodes, split_node,
 };
-use crate::wire::{Decoder, code, flags, op};
+use crate::wire::{Decoder, code, op};
+
+/// How a refused create names a semaphore's node.
+const SEM_NODE: &str = "a semaphore node";
 
 /// One permit of a semaphore of `limit` per cycle, by hand on one bare
 /// connection (a [`ZkFloor`]'s).
@@ -156,32 +159,6 @@ impl ZkPermitFloor {
             Err(server_error(operation, err, "storing the leases' limit"))
         }
     }
-
-    /// `create2` of an `EPHEMERAL_SEQUENTIAL` node at `prefix` in `dir`,
-    /// creating `dir` when missing.
-    async fn create_in(
-        &self,
-        operation: Operation,
-        dir: &str,
-        prefix: &str,
-    ) -> Result<(String, i64), LockError> {
-        let mut missing_dir = 0;
-        loop {
-            match self
-                .floor
-                .create(operation, prefix, flags::EPHEMERAL_SEQUENTIAL)
-                .await
-            {
-                Ok(created) => return Ok(created),
-                Err(Refused(code::NO_NODE)) if missing_dir < 3 => {
-                    missing_dir += 1;
-                    self.floor.ensure_dir(dir, operation).await?;
-                }
-                Err(Refused(err)) => return Err(server_error(operation, err, "a semaphore node")),
-                Err(Failed(err)) => return Err(err),
-            }
-        }
-    }
 }
 
 #[async_trait]
@@ -206,19 +183,19 @@ impl RawFloor for ZkPermitFloor {
         let with_key = |e: LockError| e.with_key(&key);
         // 1, 2: the internal mutex.
         let (mutex, _) = self
-            .create_in(op, &locks, &node_path_prefix(&locks, owner))
+            .floor
+            .create_in(op, &locks, &node_path_prefix(&locks, owner), SEM_NODE)
             .await
             .map_err(with_key)?;
         let mutex_name = mutex[locks.len() + 1..].to_owned();
-        let first = match self.floor.children(op, &locks).await {
-            Ok(children) => sorted_lock_nodes(children)
-                .first()
-                .is_some_and(|(_, n)| *n == mutex_name),
-            Err(err) => {
-                let _ = self.floor.delete(op, &mutex).await;
-                return Err(with_key(err));
-            }
-        };
+        let children = self
+            .floor
+            .children_after_create(op, &locks, &mutex)
+            .await
+            .map_err(with_key)?;
+        let first = sorted_lock_nodes(children)
+            .first()
+            .is_some_and(|(_, n)| *n == mutex_name);
         if !first {
             self.floor.delete(op, &mutex).await.map_err(with_key)?;
             return Ok(None);
@@ -292,15 +269,15 @@ impl ZkPermitFloor {
             }
         }
         let (lease, czxid) = self
-            .create_in(op, leases, &named_prefix(leases, owner, LEASE_NAME))
+            .floor
+            .create_in(
+                op,
+                leases,
+                &named_prefix(leases, owner, LEASE_NAME),
+                SEM_NODE,
+            )
             .await?;
-        let children = match self.floor.children(op, leases).await {
-            Ok(children) => children,
-            Err(err) => {
-                let _ = self.floor.delete(op, &lease).await;
-                return Err(err);
-            }
-        };
+        let children = self.floor.children_after_create(op, leases, &lease).await?;
         let name = &lease[leases.len() + 1..];
         if !children.iter().any(|c| c == name) {
             return Err(LockError::new(

@@ -22,12 +22,11 @@
 
 use std::sync::Arc;
 
-use lock_core::{
-    ErrorKind, Lease, LockBackend, LockError, Operation, SessionState, validity_deadline,
-};
+use lock_core::{ErrorKind, Lease, LockBackend, LockError, Operation, validity_deadline};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use super::session::session_gone;
 use super::{NodeRef, Session, ZkBackend};
 use crate::error::{CallError, NAME};
 
@@ -65,10 +64,7 @@ impl ZkBackend {
                 results[index] = Some(self.renew(lease).await);
                 continue;
             };
-            if lease
-                .session()
-                .is_some_and(|s| matches!(*s.borrow(), SessionState::Lost(_)))
-            {
+            if session_gone(lease) {
                 results[index] = Some(Err(not_held(
                     lease,
                     "the ZooKeeper session that held this lease is gone",

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{LockError, Operation, SessionState};
+use lock_core::{Lease, LockError, Operation, SessionState};
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
@@ -32,6 +32,14 @@ impl Session {
     pub(super) fn is_lost(&self) -> bool {
         matches!(*self.state.borrow(), SessionState::Lost(_))
     }
+}
+
+/// Whether the session that handed `lease` out is known to be lost (and
+/// the lease's nodes with it).
+pub(super) fn session_gone(lease: &Lease) -> bool {
+    lease
+        .session()
+        .is_some_and(|s| matches!(*s.borrow(), SessionState::Lost(_)))
 }
 
 fn map_state(state: zk::SessionState) -> SessionState {

@@ -20,14 +20,14 @@
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, Lease, LeaseKind, LockError, LockKey, LockShape, Operation, OwnerId, RetryPolicy,
-    SessionState, check_ttl, validity_deadline,
+    ErrorKind, Lease, LeaseKind, LockError, LockKey, LockShape, Operation, OwnerId, check_ttl,
+    validity_deadline,
 };
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep_until};
 use zookeeper_client as zk;
 
-use super::session::{Session, synced};
-use super::waiting::AttemptError;
+use super::session::{Session, session_gone, synced};
+use super::waiting::{AttemptError, granted, to_token, wait_lost};
 use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend, lock};
 use crate::error::{CallError, NAME, timed};
 use crate::paths::{self, LEASE_NAME, READ_NAME, WRITE_NAME, sequence_named};
@@ -139,6 +139,27 @@ impl Drop for Pending {
     }
 }
 
+/// Waits for `watcher`'s event (the caller then looks again); ends the
+/// attempt when the session is lost, and at `deadline` withdraws `pending`
+/// and fails `Contended` with `why` (for `key`, in `operation`).
+async fn wait_watched(
+    session: &Session,
+    watcher: zk::OneshotWatcher,
+    deadline: Instant,
+    pending: &mut Pending,
+    (operation, key, why): (Operation, &LockKey, &str),
+) -> Result<(), AttemptError> {
+    let mut state = session.state.clone();
+    tokio::select! {
+        _ = watcher.changed() => Ok(()),
+        () = wait_lost(&mut state) => Err(AttemptError::SessionLost),
+        () = sleep_until(deadline) => {
+            pending.withdraw().await;
+            Err(AttemptError::Lock(error(ErrorKind::Contended, operation, key, why)))
+        }
+    }
+}
+
 /// A holder as `holders` finds it: its nodes' names, its kind, its token
 /// when known without a look at its node.
 type Held = (Vec<String>, LeaseKind, Option<u64>);
@@ -211,17 +232,6 @@ fn error(
     LockError::new(kind, operation, why)
         .with_key(key)
         .with_backend(NAME)
-}
-
-fn to_token(czxid: i64, operation: Operation, key: &LockKey) -> Result<u64, AttemptError> {
-    u64::try_from(czxid).map_err(|_| {
-        AttemptError::Lock(error(
-            ErrorKind::Backend,
-            operation,
-            key,
-            format!("negative czxid {czxid}"),
-        ))
-    })
 }
 
 fn seq_u32(seq: i64, operation: Operation, key: &LockKey) -> Result<u32, AttemptError> {
@@ -303,69 +313,41 @@ impl ZkBackend {
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
         let root = self.inner.config.root();
-        let mut backoff = RetryPolicy::default().backoff();
-        let mut tries_left: u32 = 2;
-        loop {
-            let session = self.session(operation).await.map_err(|e| e.with_key(key))?;
-            let result = match kind {
-                LeaseKind::Read | LeaseKind::Write => {
-                    let dir = paths::rw_dir(root, key);
-                    self.rw_attempt(&session, key, &dir, kind, ttl, deadline, operation)
+        self.retry_attempts(
+            key,
+            deadline,
+            operation,
+            "shared acquire attempt",
+            move |session| async move {
+                match kind {
+                    LeaseKind::Read | LeaseKind::Write => {
+                        let dir = paths::rw_dir(root, key);
+                        self.rw_attempt(&session, key, &dir, kind, ttl, deadline, operation)
+                            .await
+                    }
+                    LeaseKind::Permits { count, limit } => {
+                        let base = paths::sem_dir(root, key);
+                        self.sem_attempt(
+                            &session,
+                            key,
+                            &base,
+                            (count, limit),
+                            ttl,
+                            deadline,
+                            operation,
+                        )
                         .await
-                }
-                LeaseKind::Permits { count, limit } => {
-                    let base = paths::sem_dir(root, key);
-                    self.sem_attempt(
-                        &session,
-                        key,
-                        &base,
-                        (count, limit),
-                        ttl,
-                        deadline,
-                        operation,
-                    )
-                    .await
-                }
-                _ => {
-                    return Err(error(
+                    }
+                    _ => Err(AttemptError::Lock(error(
                         ErrorKind::InvalidArgument,
                         operation,
                         key,
                         format!("{kind} is not a shared kind"),
-                    ));
+                    ))),
                 }
-            };
-            match result {
-                Ok(result) => return Ok(result),
-                Err(AttemptError::Lock(err))
-                    if matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
-                        && deadline
-                            .is_some_and(|d| Instant::now() + Duration::from_millis(100) < d) =>
-                {
-                    tracing::debug!(%key, %err, "shared acquire attempt failed; retrying");
-                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
-                    tokio::time::sleep(delay).await;
-                }
-                Err(AttemptError::Lock(err)) => return Err(err),
-                Err(AttemptError::SessionLost) => {
-                    tries_left = tries_left.saturating_sub(1);
-                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
-                    let can_retry = match deadline {
-                        Some(deadline) => Instant::now() + delay < deadline,
-                        None => tries_left > 0,
-                    };
-                    if !can_retry {
-                        return Err(error(
-                            ErrorKind::Unavailable,
-                            operation,
-                            key,
-                            "the ZooKeeper session was lost during the attempt",
-                        ));
-                    }
-                    tokio::time::sleep(delay).await;
-                }
-            }
-        }
+            },
+        )
+        .await
     }
 
     /// `acquire_kind` for shared kinds: bounded past the deadline like the
@@ -448,10 +430,7 @@ impl ZkBackend {
                 "the lease does not name nodes of its key and owner",
             ));
         };
-        if lease
-            .session()
-            .is_some_and(|s| matches!(*s.borrow(), SessionState::Lost(_)))
-        {
+        if session_gone(lease) {
             return Err(not_held(
                 "the ZooKeeper session that held this lease is gone",
             ));
@@ -570,10 +549,7 @@ impl ZkBackend {
         let Some(nodes) = self.shared_nodes(lease) else {
             return Err(not_held("the lease does not name a write node of its key"));
         };
-        if lease
-            .session()
-            .is_some_and(|s| matches!(*s.borrow(), SessionState::Lost(_)))
-        {
+        if session_gone(lease) {
             return Err(not_held(
                 "the ZooKeeper session that held this lease is gone",
             ));

@@ -4,15 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{ErrorKind, FencingToken, Lease, LeaseKind, LockKey, Operation};
-use tokio::time::{Instant, sleep_until};
+use lock_core::{ErrorKind, Lease, LeaseKind, LockKey, Operation};
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::super::ZkBackend;
 use super::super::session::{Session, synced};
-use super::super::waiting::{AttemptError, wait_lost};
+use super::super::waiting::AttemptError;
 use super::*;
-use crate::error::{NAME, timed};
+use crate::error::timed;
 use crate::paths::{self, READ_NAME, WRITE_NAME};
 
 impl ZkBackend {
@@ -114,17 +114,9 @@ impl ZkBackend {
                 };
                 let ttl = ttl.min(session.timeout);
                 let seq = seq_u32(seq, operation, key)?;
-                let lease = Lease::granted(
-                    key.clone(),
-                    owner,
-                    FencingToken::new(token),
-                    ttl,
-                    sent,
-                    format!("{seq};{czxid}"),
-                )
-                .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?
-                .with_kind(kind)
-                .with_session(session.state.clone());
+                let lease = granted(key, owner, token, (ttl, sent), format!("{seq};{czxid}"))?
+                    .with_kind(kind)
+                    .with_session(session.state.clone());
                 pending.disarm();
                 self.schedule_shared(owner, vec![path], sent + ttl);
                 return Ok(Some(lease));
@@ -138,25 +130,18 @@ impl ZkBackend {
                 client.check_and_watch_stat(&format!("{dir}/{blocker}")),
             )
             .await;
-            let watcher = match watched {
-                Ok((None, _)) => continue,
-                Ok((Some(_), watcher)) => watcher,
-                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            let Some(watcher) = Self::watcher_if_present(session, watched, operation, key)? else {
+                continue;
             };
-            let mut state = session.state.clone();
-            tokio::select! {
-                _ = watcher.changed() => {}
-                () = wait_lost(&mut state) => return Err(AttemptError::SessionLost),
-                () = sleep_until(deadline) => {
-                    pending.withdraw().await;
-                    return Err(AttemptError::Lock(error(
-                        ErrorKind::Contended,
-                        operation,
-                        key,
-                        "still held by another owner at the wait deadline",
-                    )));
-                }
-            }
+            let why = "still held by another owner at the wait deadline";
+            wait_watched(
+                session,
+                watcher,
+                deadline,
+                &mut pending,
+                (operation, key, why),
+            )
+            .await?;
         }
     }
 }

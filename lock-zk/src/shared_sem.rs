@@ -4,15 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{ErrorKind, FencingToken, Lease, LeaseKind, LockKey, Operation};
-use tokio::time::{Instant, sleep_until};
+use lock_core::{ErrorKind, Lease, LeaseKind, LockKey, Operation};
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::super::ZkBackend;
 use super::super::session::{Session, synced};
-use super::super::waiting::{AttemptError, wait_lost};
+use super::super::waiting::AttemptError;
 use super::*;
-use crate::error::{CallError, NAME, timed};
+use crate::error::{CallError, timed};
 use crate::paths::{self, LEASE_NAME, sequence_named};
 
 impl ZkBackend {
@@ -273,17 +273,9 @@ impl ZkBackend {
                         .collect::<Vec<_>>()
                         .join(",")
                 );
-                let lease = Lease::granted(
-                    key.clone(),
-                    owner,
-                    FencingToken::new(token),
-                    ttl,
-                    sent,
-                    data,
-                )
-                .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?
-                .with_kind(LeaseKind::Permits { count, limit })
-                .with_session(session.state.clone());
+                let lease = granted(key, owner, token, (ttl, sent), data)?
+                    .with_kind(LeaseKind::Permits { count, limit })
+                    .with_session(session.state.clone());
                 self.schedule_shared(owner, ours.clone(), sent + ttl);
                 // Only the mutex is left to delete.
                 pending.nodes.retain(|(dir, _, _)| *dir == locks);
@@ -298,20 +290,15 @@ impl ZkBackend {
                 // Look again, with a watch.
                 continue;
             };
-            let mut state = session.state.clone();
-            tokio::select! {
-                _ = watcher.changed() => {}
-                () = wait_lost(&mut state) => return Err(AttemptError::SessionLost),
-                () = sleep_until(deadline) => {
-                    pending.withdraw().await;
-                    return Err(AttemptError::Lock(error(
-                        ErrorKind::Contended,
-                        operation,
-                        key,
-                        "no permits free at the wait deadline",
-                    )));
-                }
-            }
+            let why = "no permits free at the wait deadline";
+            wait_watched(
+                session,
+                watcher,
+                deadline,
+                &mut pending,
+                (operation, key, why),
+            )
+            .await?;
         }
     }
 }

@@ -78,6 +78,21 @@ impl ZkBackend {
         }
     }
 
+    /// The watcher `watched` (a `check_and_watch_stat`) set on a node
+    /// that exists; `None` when the node is gone (the caller looks again).
+    pub(super) fn watcher_if_present(
+        session: &Session,
+        watched: Result<(Option<zk::Stat>, zk::OneshotWatcher), CallError>,
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<Option<zk::OneshotWatcher>, AttemptError> {
+        match watched {
+            Ok((Some(_), watcher)) => Ok(Some(watcher)),
+            Ok((None, _)) => Ok(None),
+            Err(err) => Err(Self::fail(session, err, operation, key)),
+        }
+    }
+
     /// Creates the key's directory (and missing ancestors): containers
     /// where the server has them, so empty directories go away by
     /// themselves without a client ever deleting a directory a waiter is
@@ -242,17 +257,7 @@ impl ZkBackend {
             .await?;
         cleanup.path = Some(path.clone());
         let name = &path[dir.len() + 1..];
-        let token = u64::try_from(czxid).map_err(|_| {
-            AttemptError::Lock(
-                LockError::new(
-                    ErrorKind::Backend,
-                    operation,
-                    format!("negative czxid {czxid}"),
-                )
-                .with_key(key)
-                .with_backend(NAME),
-            )
-        })?;
+        let token = to_token(czxid, operation, key)?;
         let mut own_watch: Option<WatchFuture> = None;
         // The first list right after our own create needs no `sync`.
         let mut after_create = created_at;
@@ -375,15 +380,7 @@ impl ZkBackend {
                         crate::latch_names::details_of_name(name)
                     ),
                 };
-                let lease = Lease::granted(
-                    key.clone(),
-                    owner,
-                    FencingToken::new(token),
-                    ttl,
-                    sent,
-                    data,
-                )
-                .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))?;
+                let lease = granted(key, owner, token, (ttl, sent), data)?;
                 cleanup.disarm();
                 if track {
                     match recipe {
@@ -438,11 +435,10 @@ impl ZkBackend {
                 )
                 .await
             };
-            let pred_watcher = match pred {
-                // Gone between our list and the watch: look again.
-                Ok((None, _)) => continue,
-                Ok((Some(_), watcher)) => watcher,
-                Err(err) => return Err(Self::fail(session, err, operation, key)),
+            // Gone between our list and the watch: look again.
+            let Some(pred_watcher) = Self::watcher_if_present(session, pred, operation, key)?
+            else {
+                continue;
             };
             let mut state = session.state.clone();
             tokio::select! {
@@ -515,31 +511,57 @@ impl ZkBackend {
         track: bool,
         recipe: Recipe,
     ) -> Result<Option<Lease>, LockError> {
+        self.retry_attempts(
+            key,
+            deadline,
+            operation,
+            "acquire attempt",
+            move |session| async move {
+                self.attempt(&session, key, dir, ttl, deadline, operation, track, recipe)
+                    .await
+            },
+        )
+        .await
+    }
+
+    /// Runs `attempt` on the live session, again after a temporary
+    /// failure while the wait deadline allows, and on a new session when
+    /// one is lost (while the deadline allows; twice for a single try).
+    /// `what` names the attempt in the debug log.
+    pub(super) async fn retry_attempts<F, A>(
+        &self,
+        key: &LockKey,
+        deadline: Option<Instant>,
+        operation: Operation,
+        what: &str,
+        mut attempt: F,
+    ) -> Result<Option<Lease>, LockError>
+    where
+        F: FnMut(Arc<Session>) -> A,
+        A: Future<Output = Result<Option<Lease>, AttemptError>>,
+    {
         let mut backoff = RetryPolicy::default().backoff();
         let mut tries_left: u32 = 2;
         loop {
             let session = self.session(operation).await.map_err(|e| e.with_key(key))?;
-            match self
-                .attempt(&session, key, dir, ttl, deadline, operation, track, recipe)
-                .await
-            {
+            match attempt(session).await {
                 Ok(result) => return Ok(result),
                 // A wait rides out disconnections (an election, a server
-                // restart): the failed attempt's node is deleted in the
+                // restart): the failed attempt's nodes are deleted in the
                 // background and a new attempt joins the queue.
                 Err(AttemptError::Lock(err))
                     if matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
                         && deadline
                             .is_some_and(|d| Instant::now() + Duration::from_millis(100) < d) =>
                 {
-                    tracing::debug!(%key, %err, "acquire attempt failed; retrying");
+                    tracing::debug!(%key, %err, "{what} failed; retrying");
                     let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
                     tokio::time::sleep(delay).await;
                 }
                 Err(AttemptError::Lock(err)) => return Err(err),
                 Err(AttemptError::SessionLost) => {
-                    // Our node went with the session. A new session may try
-                    // again while the wait deadline allows.
+                    // Our nodes went with the session. A new session may
+                    // try again while the wait deadline allows.
                     tries_left = tries_left.saturating_sub(1);
                     let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
                     let can_retry = match deadline {
@@ -560,6 +582,45 @@ impl ZkBackend {
             }
         }
     }
+}
+
+/// The fencing token of a grant whose node has `czxid`.
+pub(super) fn to_token(
+    czxid: i64,
+    operation: Operation,
+    key: &LockKey,
+) -> Result<u64, AttemptError> {
+    u64::try_from(czxid).map_err(|_| {
+        AttemptError::Lock(
+            LockError::new(
+                ErrorKind::Backend,
+                operation,
+                format!("negative czxid {czxid}"),
+            )
+            .with_key(key)
+            .with_backend(NAME),
+        )
+    })
+}
+
+/// The lease of a grant to `owner` with `token`, valid `ttl` from `sent`,
+/// whose nodes `data` names.
+pub(super) fn granted(
+    key: &LockKey,
+    owner: OwnerId,
+    token: u64,
+    (ttl, sent): (Duration, Instant),
+    data: String,
+) -> Result<Lease, AttemptError> {
+    Lease::granted(
+        key.clone(),
+        owner,
+        FencingToken::new(token),
+        ttl,
+        sent,
+        data,
+    )
+    .map_err(|e| AttemptError::Lock(e.with_backend(NAME)))
 }
 
 type WatchFuture = std::pin::Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;

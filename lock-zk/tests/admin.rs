@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Standalone;
-use lock_core::{ErrorKind, LockBackend, LockKey, OwnerId};
+use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey, OwnerId};
 use lock_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;
 
@@ -109,7 +109,7 @@ async fn list_cursors_and_bounds() {
     };
     let ours = backend(&target, &format!("root=/list-{}", tag())).await;
     let empty = ours
-        .list("", None, 10)
+        .list(&ListQuery::new("", 10))
         .await
         .expect("list of a missing root");
     assert!(
@@ -117,10 +117,13 @@ async fn list_cursors_and_bounds() {
         "{empty:?}"
     );
     for bad in ["nope", "zk1:%zz", "zk1:%41"] {
-        let err = ours.list("", Some(bad), 10).await.unwrap_err();
+        let err = ours
+            .list(&ListQuery::new("", 10).after(Some(bad)))
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
     }
-    let err = ours.list("", None, 1001).await.unwrap_err();
+    let err = ours.list(&ListQuery::new("", 1001)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
 
     let mut leases = Vec::new();
@@ -128,10 +131,13 @@ async fn list_cursors_and_bounds() {
         let key = LockKey::new(name).unwrap();
         leases.push(ours.try_acquire(&key, TTL).await.unwrap().expect("free"));
     }
-    let first = ours.list("a/", None, 2).await.expect("page 1");
+    let first = ours.list(&ListQuery::new("a/", 2)).await.expect("page 1");
     assert_eq!(first.locks.len(), 2, "{first:?}");
     let cursor = first.cursor.clone().expect("a cursor while a/3 remains");
-    let second = ours.list("a/", Some(&cursor), 2).await.expect("page 2");
+    let second = ours
+        .list(&ListQuery::new("a/", 2).after(Some(&cursor)))
+        .await
+        .expect("page 2");
     assert_eq!(second.locks.len(), 1, "{second:?}");
     assert_eq!(second.cursor, None, "nothing after the last page");
     let mut keys: Vec<_> = first
@@ -168,7 +174,7 @@ async fn list_in_the_path_layout_covers_the_root() {
         .unwrap()
         .expect("free");
     let b = ours.try_acquire(&path, TTL).await.unwrap().expect("free");
-    let page = ours.list("", None, 1000).await.expect("list");
+    let page = ours.list(&ListQuery::new("", 1000)).await.expect("list");
     let keys: Vec<_> = page.locks.iter().map(|l| l.key.clone()).collect();
     assert_eq!(keys, std::slice::from_ref(&reserved), "{page:?}");
     let info = ours.inspect(&path).await.unwrap().expect("held");

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{TTL, key, permits, refused, soon, spawn_acquire, spawn_wait, take};
-use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, LockShape, OwnerId};
+use lock_core::{ErrorKind, LeaseKind, ListQuery, LockBackend, LockKey, LockShape, OwnerId};
 use lock_zk::ZkBackend;
 use peer::{Peer, setup};
 use tokio::time::{Instant, sleep, timeout};
@@ -176,7 +176,7 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
     // holds its client's IP address).
     let theirs = bs[1].holders(&k, LockShape::ReadWrite).await.unwrap();
     let listed = bs[1]
-        .list_shared(LockShape::ReadWrite, k.as_str(), None, 10)
+        .list_shared(LockShape::ReadWrite, &ListQuery::new(k.as_str(), 10))
         .await
         .unwrap();
     let listed = listed.locks.iter().find(|l| l.key == k).expect("listed");

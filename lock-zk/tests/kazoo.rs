@@ -29,7 +29,7 @@ use std::time::Duration;
 use common::routed::{Request, Routed};
 use common::{Standalone, TTL, key, soon, spawn_acquire};
 use conformance::OrSkip;
-use lock_core::{ErrorKind, LockBackend, LockKey, OwnerId};
+use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey, OwnerId};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep};
@@ -440,7 +440,7 @@ async fn holder_details_beside_kazoos_identifier() {
         answer, "busy",
         "an unmodified kazoo beside our node with details"
     );
-    let page = ours.list("", None, 1000).await.expect("list");
+    let page = ours.list(&ListQuery::new("", 1000)).await.expect("list");
     assert!(
         page.locks.iter().all(|l| l.key != k),
         "list of the root reported the path key {path}"

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::{ErrorKind, LockError};
+use lock_core::{ErrorKind, ListQuery, LockError};
 
 use crate::harness::Harness;
 use crate::history::{FencedResource, History};
@@ -71,7 +71,7 @@ pub async fn list_finds_held_locks(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
     let prefix = format!("{}/", h.key("list").as_str());
-    let Some(empty) = supported(b.list(&prefix, None, 10).await, "list")? else {
+    let Some(empty) = supported(b.list(&ListQuery::new(&prefix, 10)).await, "list")? else {
         return Ok(Outcome::Skipped("the backend does not list locks".into()));
     };
     ensure!(
@@ -102,7 +102,7 @@ pub async fn list_finds_held_locks(h: &Harness) -> CaseResult {
         pages += 1;
         ensure!(pages <= 50, "list did not finish within 50 pages of 2");
         let page = b
-            .list(&prefix, cursor.as_deref(), 2)
+            .list(&ListQuery::new(&prefix, 2).after(cursor.as_deref()))
             .await
             .map_err(fmt_err("list"))?;
         ensure!(
@@ -150,7 +150,7 @@ pub async fn list_finds_held_locks(h: &Harness) -> CaseResult {
         seen.len(),
         held.len()
     );
-    let bad = b.list(&prefix, None, 0).await;
+    let bad = b.list(&ListQuery::new(&prefix, 0)).await;
     ensure!(
         matches!(&bad, Err(e) if e.kind() == ErrorKind::InvalidArgument),
         "a page of 0 locks was not refused: {bad:?}"

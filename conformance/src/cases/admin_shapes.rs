@@ -5,7 +5,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use lock_core::{ErrorKind, HolderDetails, HolderInfo, LeaseKind, LockBackend, LockShape};
+use lock_core::{
+    ErrorKind, HolderDetails, HolderInfo, LeaseKind, ListQuery, LockBackend, LockShape,
+};
 
 use crate::harness::Harness;
 
@@ -225,7 +227,8 @@ async fn check_shared_listing(
             "list_shared did not finish within 50 pages of 2"
         );
         let Some(page) = supported(
-            b.list_shared(shape, prefix, cursor.as_deref(), 2).await,
+            b.list_shared(shape, &ListQuery::new(prefix, 2).after(cursor.as_deref()))
+                .await,
             "list_shared",
         )?
         else {
@@ -388,7 +391,9 @@ pub async fn list_finds_shared_locks(h: &Harness) -> CaseResult {
         let _ = backend.release(lease).await;
     }
     outcome?;
-    let bad = b.list_shared(LockShape::ReadWrite, &prefix, None, 0).await;
+    let bad = b
+        .list_shared(LockShape::ReadWrite, &ListQuery::new(&prefix, 0))
+        .await;
     ensure!(
         matches!(&bad, Err(e) if matches!(e.kind(), ErrorKind::InvalidArgument | ErrorKind::Unsupported)),
         "a page of 0 locks was not refused: {bad:?}"
@@ -435,7 +440,8 @@ async fn check_election_listing(
             pages += 1;
             ensure!(pages <= 50, "list_elections did not finish within 50 pages");
             let Some(page) = supported(
-                b.list_elections(prefix, cursor.as_deref(), 1).await,
+                b.list_elections(&ListQuery::new(prefix, 1).after(cursor.as_deref()))
+                    .await,
                 "list_elections",
             )?
             else {

@@ -6,9 +6,10 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::MemoryBackend;
-use crate::capabilities::Capabilities;
 use crate::error::{ErrorKind, Operation};
-use crate::types::{FencingToken, Lease, LockInfo};
+use crate::types::{FencingToken, Lease};
+
+use crate::support::{Double, Twist, grant};
 
 fn pair() -> (Arc<dyn LockBackend>, Arc<dyn LockBackend>) {
     (
@@ -26,13 +27,13 @@ async fn adjacent_phases_exclude_each_other() {
     let on_dual = on_old.with_phase(MigrationPhase::Dual);
     let on_new = on_old.with_phase(MigrationPhase::New);
 
-    let held = on_old.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let held = grant(&on_old, &key, ttl).await;
     assert!(on_dual.try_acquire(&key, ttl).await.unwrap().is_none());
     // The failed dual attempt left nothing in the new store.
     assert!(new.inspect(&key).await.unwrap().is_none());
     assert!(on_old.release(&held).await.unwrap());
 
-    let dual = on_dual.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let dual = grant(&on_dual, &key, ttl).await;
     assert!(on_old.try_acquire(&key, ttl).await.unwrap().is_none());
     assert!(on_new.try_acquire(&key, ttl).await.unwrap().is_none());
     assert!(dual.token().get() > NEW_EPOCH);
@@ -40,7 +41,7 @@ async fn adjacent_phases_exclude_each_other() {
     assert!(on_dual.release(&dual).await.unwrap());
     assert!(!on_dual.release(&dual).await.unwrap());
 
-    let newest = on_new.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let newest = grant(&on_new, &key, ttl).await;
     assert!(on_dual.try_acquire(&key, ttl).await.unwrap().is_none());
     assert!(newest.token() > dual.token());
     assert!(on_new.release(&newest).await.unwrap());
@@ -51,11 +52,7 @@ async fn inspect_flags_old_only_holders_during_dual() {
     let (old, new) = pair();
     let key = LockKey::new("k").unwrap();
     let on_old = MigrationBackend::new(old, new, MigrationPhase::Old);
-    let held = on_old
-        .try_acquire(&key, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = grant(&on_old, &key, Duration::from_secs(5)).await;
     let info = on_old
         .with_phase(MigrationPhase::Dual)
         .inspect(&key)
@@ -80,39 +77,15 @@ fn phases_parse() {
 /// A backend whose grants arrive `delay` late (a slow new side).
 #[derive(Debug)]
 struct SlowGrant {
-    inner: MemoryBackend,
     delay: Duration,
 }
 
 #[async_trait]
-impl LockBackend for SlowGrant {
-    fn name(&self) -> &'static str {
-        "slow-grant"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+impl Twist for SlowGrant {
+    const NAME: &'static str = "slow-grant";
+
+    async fn before_grant(&self) {
         tokio::time::sleep(self.delay).await;
-        self.inner.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
     }
 }
 
@@ -120,31 +93,15 @@ impl LockBackend for SlowGrant {
 /// whose renewals are refused.
 #[derive(Debug)]
 struct Faulty {
-    inner: MemoryBackend,
     fail_release: bool,
     refuse_renew: bool,
 }
 
 #[async_trait]
-impl LockBackend for Faulty {
-    fn name(&self) -> &'static str {
-        "faulty"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.inner.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+impl Twist for Faulty {
+    const NAME: &'static str = "faulty";
+
+    async fn renew(&self, memory: &MemoryBackend, lease: &Lease) -> Result<Instant, LockError> {
         if self.refuse_renew {
             return Err(LockError::new(
                 ErrorKind::NotHeld,
@@ -152,9 +109,10 @@ impl LockBackend for Faulty {
                 "refused by the test double",
             ));
         }
-        self.inner.renew(lease).await
+        memory.renew(lease).await
     }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+
+    async fn release(&self, memory: &MemoryBackend, lease: &Lease) -> Result<bool, LockError> {
         if self.fail_release {
             return Err(LockError::new(
                 ErrorKind::Unavailable,
@@ -162,10 +120,7 @@ impl LockBackend for Faulty {
                 "unreachable (test double)",
             ));
         }
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+        memory.release(lease).await
     }
 }
 
@@ -177,10 +132,13 @@ fn key() -> LockKey {
 async fn dual_acquire_keeps_the_old_side_while_the_new_side_is_slow() {
     let old = MemoryBackend::new();
     let new = SlowGrant {
-        inner: MemoryBackend::new(),
         delay: Duration::from_millis(450),
     };
-    let dual = MigrationBackend::new(Arc::new(old.clone()), Arc::new(new), MigrationPhase::Dual);
+    let dual = MigrationBackend::new(
+        Arc::new(old.clone()),
+        Arc::new(Double::new(MemoryBackend::new(), new)),
+        MigrationPhase::Dual,
+    );
     let ttl = Duration::from_millis(200);
     let lease = dual
         .acquire(&key(), ttl, Instant::now() + Duration::from_secs(5))
@@ -203,10 +161,13 @@ async fn dual_try_refuses_a_composed_lease_already_over() {
     let old = MemoryBackend::new();
     let new = MemoryBackend::new();
     let slow = SlowGrant {
-        inner: new.clone(),
         delay: Duration::from_millis(300),
     };
-    let dual = MigrationBackend::new(Arc::new(old.clone()), Arc::new(slow), MigrationPhase::Dual);
+    let dual = MigrationBackend::new(
+        Arc::new(old.clone()),
+        Arc::new(Double::new(new.clone(), slow)),
+        MigrationPhase::Dual,
+    );
     let result = dual.try_acquire(&key(), Duration::from_millis(200)).await;
     match result {
         Ok(Some(lease)) => panic!("handed out {lease:?} although its old side ran out"),
@@ -224,22 +185,20 @@ async fn dual_release_releases_both_sides_whatever_fails() {
         let old = MemoryBackend::new();
         let new = MemoryBackend::new();
         let faulty = |inner: &MemoryBackend, fail| -> Arc<dyn LockBackend> {
-            Arc::new(Faulty {
-                inner: inner.clone(),
-                fail_release: fail,
-                refuse_renew: false,
-            })
+            Arc::new(Double::new(
+                inner.clone(),
+                Faulty {
+                    fail_release: fail,
+                    refuse_renew: false,
+                },
+            ))
         };
         let dual = MigrationBackend::new(
             faulty(&old, !failing_new),
             faulty(&new, failing_new),
             MigrationPhase::Dual,
         );
-        let lease = dual
-            .try_acquire(&key(), Duration::from_secs(5))
-            .await
-            .unwrap()
-            .unwrap();
+        let lease = grant(&dual, &key(), Duration::from_secs(5)).await;
         let err = dual.release(&lease).await.unwrap_err();
         assert!(err.is_unavailable(), "{err}");
         let (left, other) = if failing_new {
@@ -258,18 +217,13 @@ async fn dual_release_releases_both_sides_whatever_fails() {
 async fn dual_acquire_gives_up_when_the_old_side_is_lost_while_waiting() {
     let old = MemoryBackend::new();
     let new = MemoryBackend::new();
-    let other = new
-        .try_acquire(&key(), Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
+    let other = grant(&new, &key(), Duration::from_secs(5)).await;
     let refusing = Faulty {
-        inner: old.clone(),
         fail_release: false,
         refuse_renew: true,
     };
     let dual = MigrationBackend::new(
-        Arc::new(refusing),
+        Arc::new(Double::new(old.clone(), refusing)),
         Arc::new(new.clone()),
         MigrationPhase::Dual,
     );
@@ -307,11 +261,7 @@ async fn dual_renew_reports_a_lost_side() {
         Arc::new(new.clone()),
         MigrationPhase::Dual,
     );
-    let lease = dual
-        .try_acquire(&key(), Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = grant(&dual, &key(), Duration::from_secs(5)).await;
     dual.renew(&lease).await.unwrap();
     // Someone frees the new side behind our back.
     let (_, new_part) = MigrationBackend::split(&lease, Operation::Renew).unwrap();
@@ -327,11 +277,7 @@ async fn first_migration() -> (MigrationBackend, MemoryBackend, FencingToken) {
     let (a, b) = (MemoryBackend::new(), MemoryBackend::new());
     for _ in 0..50 {
         let warm = LockKey::new("warm").unwrap();
-        let l = b
-            .try_acquire(&warm, Duration::from_secs(5))
-            .await
-            .unwrap()
-            .unwrap();
+        let l = grant(&b, &warm, Duration::from_secs(5)).await;
         b.release(&l).await.unwrap();
     }
     let first = MigrationBackend::new(Arc::new(a), Arc::new(b), MigrationPhase::New)
@@ -503,11 +449,7 @@ async fn new_waits_for_an_old_holder_until_the_wait_out() {
     let key = LockKey::new("jobs/holder").unwrap();
     // An old holder from before the cutover, holding a long lease (longer
     // than the configured wait-out: a misconfiguration the wait-out bounds).
-    let held = on_old
-        .try_acquire(&key, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = grant(&on_old, &key, Duration::from_secs(5)).await;
     assert!(
         on_new
             .try_acquire(&key, Duration::from_secs(1))
@@ -569,11 +511,7 @@ async fn a_restarted_new_process_does_not_wait_again() {
     let key = LockKey::new("jobs/restart").unwrap();
     // A try before the wait-out passed still goes through (the key is free
     // in the old backend).
-    let lease = first
-        .try_acquire(&key, Duration::from_secs(1))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = grant(&first, &key, Duration::from_secs(1)).await;
     first.release(&lease).await.unwrap();
     tokio::time::sleep(wait_out + Duration::from_millis(50)).await;
     // A restart: new cutover state, same backends. The marker's age comes
@@ -581,11 +519,7 @@ async fn a_restarted_new_process_does_not_wait_again() {
     // the key held in the old backend (by a client outside the migration),
     // it grants at once.
     let (_, _, restarted) = phases(&old, &new, wait_out);
-    let leftover = old
-        .try_acquire(&key, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
+    let leftover = grant(&old, &key, Duration::from_secs(5)).await;
     let lease = restarted
         .try_acquire(&key, Duration::from_secs(1))
         .await
@@ -649,7 +583,7 @@ async fn an_unreadable_marker_refuses_old_grants() {
 /// A store whose elections live apart from its mutexes (as etcd's and
 /// ZooKeeper's do): a campaign takes the mutex `native/<name>`.
 #[derive(Debug)]
-struct NativeElections(MemoryBackend);
+struct NativeElections;
 
 impl NativeElections {
     fn key(election: &LockKey) -> LockKey {
@@ -658,47 +592,27 @@ impl NativeElections {
 }
 
 #[async_trait]
-impl LockBackend for NativeElections {
-    fn name(&self) -> &'static str {
-        "native"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
-    }
+impl Twist for NativeElections {
+    const NAME: &'static str = "native";
+
     async fn campaign(
         &self,
+        _plain: &dyn LockBackend,
+        memory: &MemoryBackend,
         election: &LockKey,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        self.0.acquire(&Self::key(election), ttl, deadline).await
+        memory.acquire(&Self::key(election), ttl, deadline).await
     }
+
     async fn leader(
         &self,
+        _plain: &dyn LockBackend,
+        memory: &MemoryBackend,
         election: &LockKey,
     ) -> Result<Option<crate::election::Leader>, LockError> {
-        Ok(self
-            .0
+        Ok(memory
             .inspect(&Self::key(election))
             .await?
             .map(crate::election::Leader::from_info))
@@ -711,8 +625,8 @@ impl LockBackend for NativeElections {
 /// and a phase-`old` one lead together).
 #[tokio::test]
 async fn elections_exclude_across_adjacent_phases_on_native_layouts() {
-    let old: Arc<dyn LockBackend> = Arc::new(NativeElections(MemoryBackend::new()));
-    let new: Arc<dyn LockBackend> = Arc::new(NativeElections(MemoryBackend::new()));
+    let old: Arc<dyn LockBackend> = Arc::new(Double::new(MemoryBackend::new(), NativeElections));
+    let new: Arc<dyn LockBackend> = Arc::new(Double::new(MemoryBackend::new(), NativeElections));
     let name = LockKey::new("jobs").unwrap();
     let ttl = Duration::from_secs(5);
     let soon = || Instant::now() + Duration::from_millis(50);

@@ -1,6 +1,7 @@
 use super::*;
-use crate::error::LockError;
 use crate::{LockClient, LockGuard, MemoryBackend, RenewalRuntime};
+
+use crate::support::{Double, Twist};
 
 const CYCLES: u64 = 1_000;
 
@@ -138,7 +139,6 @@ async fn a_hot_loop_rarely_wakes_the_dedicated_renewal_thread() {
 /// out the channel of the connection the lock lives in.
 #[derive(Debug)]
 struct OneSession {
-    inner: MemoryBackend,
     session: std::sync::Mutex<watch::Sender<SessionState>>,
 }
 
@@ -155,38 +155,11 @@ impl OneSession {
 }
 
 #[async_trait::async_trait]
-impl LockBackend for OneSession {
-    fn name(&self) -> &'static str {
-        "one-session"
-    }
-    fn capabilities(&self) -> crate::Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        key: &crate::LockKey,
-        ttl: Duration,
-    ) -> Result<Option<crate::Lease>, LockError> {
-        let lease = self.inner.try_acquire(key, ttl).await?;
-        Ok(lease.map(|l| l.with_session(self.subscribe())))
-    }
-    async fn acquire(
-        &self,
-        key: &crate::LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<crate::Lease, LockError> {
-        let lease = self.inner.acquire(key, ttl, deadline).await?;
-        Ok(lease.with_session(self.subscribe()))
-    }
-    async fn renew(&self, lease: &crate::Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-    async fn release(&self, lease: &crate::Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &crate::LockKey) -> Result<Option<crate::LockInfo>, LockError> {
-        self.inner.inspect(key).await
+impl Twist for OneSession {
+    const NAME: &'static str = "one-session";
+
+    fn granted(&self, lease: crate::Lease) -> crate::Lease {
+        lease.with_session(self.subscribe())
     }
 }
 
@@ -214,14 +187,16 @@ fn session_setup(
 ) -> (
     LockClient,
     Arc<Scheduler>,
-    Arc<OneSession>,
+    Arc<Double<OneSession>>,
     tokio::sync::oneshot::Sender<()>,
 ) {
     let (session, _) = watch::channel(SessionState::Alive);
-    let one = Arc::new(OneSession {
-        inner: MemoryBackend::new(),
-        session: std::sync::Mutex::new(session),
-    });
+    let one = Arc::new(Double::new(
+        MemoryBackend::new(),
+        OneSession {
+            session: std::sync::Mutex::new(session),
+        },
+    ));
     let backend: Arc<dyn LockBackend> = one.clone();
     let (runtime, stop) = own_renewal_thread();
     let scheduler = Scheduler::shared_for(&backend, &runtime.handle().unwrap());

@@ -1,6 +1,7 @@
 //! One acquire attempt on every node (a majority for Redlock), the undo of
 //! a grant whose outcome was not seen, and what a waiting acquire does
-//! after an attempt.
+//! after an attempt; for the one-server acquires of the fair mutex and the
+//! shared kinds, their withdraw guard and their waiting loop.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use lock_core::{
     ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, RetryPolicy,
     random_delay,
 };
+use redis::Value;
 use tokio::sync::futures::Notified;
 use tokio::time::{Instant, sleep_until};
 
@@ -27,6 +29,29 @@ pub(super) enum Attempt {
         retry_in: Option<Duration>,
         split: bool,
     },
+}
+
+impl Attempt {
+    /// Refused by a one-server script that answered the blocker's PTTL
+    /// `ms`; -1 is a foreign holder without TTL: re-check at the interval.
+    pub(super) fn held(ms: i64) -> Self {
+        Self::Held {
+            retry_in: (ms != -1).then(|| pttl(ms).unwrap_or(Duration::ZERO)),
+            split: false,
+        }
+    }
+}
+
+/// A lease granted by an attempt sent at `sent_at`.
+pub(super) fn granted(
+    key: &LockKey,
+    owner: OwnerId,
+    token: FencingToken,
+    ttl: Duration,
+    sent_at: Instant,
+) -> Result<Lease, LockError> {
+    Lease::granted(key.clone(), owner, token, ttl, sent_at, String::new())
+        .map_err(|e| e.with_backend(NAME))
 }
 
 /// What a waiting acquire does after an attempt.
@@ -84,6 +109,56 @@ impl Drop for PendingGrant<'_> {
                 let _ = inner
                     .release_all(&names, &owner, inner.config.operation_timeout)
                     .await;
+            });
+        }
+    }
+}
+
+/// The Redis names under which a one-server acquire leaves traces (its
+/// waiting entry, a grant whose answer was lost), and their removal.
+pub(super) trait Traces: Clone + Send + Sync + 'static {
+    /// Removes every trace of `owner` under these names (and publishes, so
+    /// a waiter behind it goes on at once).
+    fn abandon(
+        &self,
+        inner: &Inner,
+        owner: &str,
+    ) -> impl Future<Output = Result<Value, LockError>> + Send;
+}
+
+/// Removes every trace of an acquire that did not end with a lease,
+/// unless disarmed: at once on `withdraw`, in the background when dropped
+/// armed (a cancelled waiter, a deadline, an error), so the next waiter does
+/// not wait out our entry lease.
+pub(super) struct Withdraw<N: Traces> {
+    inner: Arc<Inner>,
+    names: N,
+    owner: String,
+    armed: bool,
+}
+
+impl<N: Traces> Withdraw<N> {
+    pub(super) fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    pub(super) async fn withdraw(mut self) {
+        self.armed = false;
+        let _ = self.names.abandon(&self.inner, &self.owner).await;
+    }
+}
+
+impl<N: Traces> Drop for Withdraw<N> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let inner = self.inner.clone();
+            let names = self.names.clone();
+            let owner = std::mem::take(&mut self.owner);
+            handle.spawn(async move {
+                let _ = names.abandon(&inner, &owner).await;
             });
         }
     }
@@ -167,15 +242,7 @@ impl RedisBackend {
                 // `pending` releases the grant on drop.
                 return Err(err.with_key(key));
             }
-            let lease = Lease::granted(
-                key.clone(),
-                owner,
-                FencingToken::new(token),
-                ttl,
-                sent_at,
-                String::new(),
-            )
-            .map_err(|e| e.with_backend(NAME))?;
+            let lease = granted(key, owner, FencingToken::new(token), ttl, sent_at)?;
             pending.disarm();
             return Ok(Attempt::Granted(lease));
         }
@@ -243,6 +310,61 @@ impl RedisBackend {
             .with_backend(NAME));
         }
         Ok(())
+    }
+
+    /// A guard that withdraws `owner`'s traces under `names` unless disarmed.
+    pub(super) fn withdraw_guard<N: Traces>(&self, names: &N, owner: OwnerId) -> Withdraw<N> {
+        Withdraw {
+            inner: self.inner.clone(),
+            names: names.clone(),
+            owner: owner.to_hex(),
+            armed: true,
+        }
+    }
+
+    /// How long a waiter's queue entry lives without a refresh: at most the
+    /// lease's TTL and three re-check intervals (1.5 s by default), at
+    /// least 30 ms. A waiter that died stops holding up the queue after it.
+    pub(super) fn entry_lease(&self, ttl: Duration) -> Duration {
+        ttl.min(self.inner.config.recheck * 3)
+            .max(Duration::from_millis(30))
+    }
+
+    /// The waiting part of a one-server acquire (the fair mutex, the shared
+    /// kinds): `attempt` (given its timeout) once; then subscribe to
+    /// `channel` and attempt again on every release notification, when the
+    /// blocker's TTL ends and at least every `refresh`, until a grant, a
+    /// permanent error or `deadline`.
+    pub(super) async fn wait_one_server<F, Fut>(
+        &self,
+        key: &LockKey,
+        channel: &str,
+        deadline: Instant,
+        refresh: Duration,
+        mut attempt: F,
+    ) -> Result<Lease, LockError>
+    where
+        F: FnMut(Duration) -> Fut,
+        Fut: Future<Output = Result<Attempt, LockError>>,
+    {
+        let mut errors = None;
+        let first = attempt(self.attempt_timeout(deadline)).await;
+        if let Found::Granted(lease) = self.found(key, first, deadline, &mut errors)? {
+            return Ok(lease);
+        }
+        let watch = self.inner.notifier.watch(channel, deadline).await;
+        loop {
+            // Registered before the attempt so a release in between wakes us.
+            let notified = watch.notify().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let result = attempt(self.attempt_timeout(deadline)).await;
+            let wait = match self.found(key, result, deadline, &mut errors)? {
+                Found::Granted(lease) => return Ok(lease),
+                Found::Wait(wait) => wait.min(refresh),
+            };
+            next_try(notified.as_mut(), wait, deadline, key).await?;
+        }
     }
 
     /// The bound of one attempt of a waiting acquire: the operation

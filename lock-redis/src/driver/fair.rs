@@ -4,80 +4,39 @@
 //! same counter), so renew / renew_many / release / inspect are the
 //! mutex's.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{FencingToken, Lease, LockError, LockKey, Operation, OwnerId};
 use tokio::time::Instant;
 
-use super::attempt::{Attempt, Found, next_try};
+use super::attempt::{Attempt, Traces, granted};
 use super::{Inner, RedisBackend};
-use crate::error::NAME;
 use crate::fair_scripts::{FAIR, FairNames};
-use crate::scripts::{NodeGrant, parse_grant, pttl, ttl_ms};
+use crate::scripts::{NodeGrant, parse_grant, ttl_ms};
 
-/// Removes every trace of a fair acquire that did not end with a lease
-/// (its queue entry, a grant whose answer was lost) unless disarmed, in
-/// the background when dropped armed (a cancelled waiter, a deadline, an
-/// error), so the next waiter does not wait out our entry lease.
-struct Withdraw {
-    inner: Arc<Inner>,
-    names: FairNames,
-    owner: String,
-    armed: bool,
-}
-
-impl Withdraw {
-    fn disarm(mut self) {
-        self.armed = false;
+/// A fair acquire's traces: its queue entry, a grant whose answer was lost.
+impl Traces for FairNames {
+    async fn abandon(&self, inner: &Inner, owner: &str) -> Result<redis::Value, LockError> {
+        inner.nodes[0]
+            .run(
+                Operation::Release,
+                inner.config.operation_timeout,
+                move |mut conn| async move {
+                    conn.eval(
+                        &FAIR.abandon,
+                        &[&self.mutex.lock, &self.queue, &self.queue_expiry],
+                        &[owner, &self.mutex.channel],
+                    )
+                    .await
+                },
+            )
+            .await
     }
-}
-
-impl Drop for Withdraw {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let inner = self.inner.clone();
-            let names = self.names.clone();
-            let owner = std::mem::take(&mut self.owner);
-            handle.spawn(async move {
-                let _ = abandon(&inner, &names, &owner).await;
-            });
-        }
-    }
-}
-
-async fn abandon(inner: &Inner, names: &FairNames, owner: &str) -> Result<redis::Value, LockError> {
-    inner.nodes[0]
-        .run(
-            Operation::Release,
-            inner.config.operation_timeout,
-            move |mut conn| async move {
-                conn.eval(
-                    &FAIR.abandon,
-                    &[&names.mutex.lock, &names.queue, &names.queue_expiry],
-                    &[owner, &names.mutex.channel],
-                )
-                .await
-            },
-        )
-        .await
 }
 
 impl RedisBackend {
     fn fair_names(&self, key: &LockKey) -> FairNames {
         FairNames::new(&self.inner.config.prefix, key)
-    }
-
-    fn fair_withdraw(&self, names: &FairNames, owner: OwnerId) -> Withdraw {
-        Withdraw {
-            inner: self.inner.clone(),
-            names: names.clone(),
-            owner: owner.to_hex(),
-            armed: true,
-        }
     }
 
     /// One fair acquire script call. `wait`: join the queue (or refresh our
@@ -121,29 +80,13 @@ impl RedisBackend {
                 if self.inner.config.wait_replicas > 0
                     && let Err(err) = self.wait_replicas(op, timeout).await
                 {
-                    let _ = abandon(&self.inner, names, &owner_hex).await;
+                    let _ = names.abandon(&self.inner, &owner_hex).await;
                     return Err(err.with_key(key));
                 }
-                let lease = Lease::granted(
-                    key.clone(),
-                    owner,
-                    FencingToken::new(token),
-                    ttl,
-                    sent_at,
-                    String::new(),
-                )
-                .map_err(|e| e.with_backend(NAME))?;
+                let lease = granted(key, owner, FencingToken::new(token), ttl, sent_at)?;
                 Ok(Attempt::Granted(lease))
             }
-            // -1: a foreign holder without TTL: re-check at the interval.
-            NodeGrant::Held(-1) => Ok(Attempt::Held {
-                retry_in: None,
-                split: false,
-            }),
-            NodeGrant::Held(ms) => Ok(Attempt::Held {
-                retry_in: Some(pttl(ms).unwrap_or(Duration::ZERO)),
-                split: false,
-            }),
+            NodeGrant::Held(ms) => Ok(Attempt::held(ms)),
         }
     }
 
@@ -158,7 +101,7 @@ impl RedisBackend {
         let names = self.fair_names(key);
         let owner = OwnerId::random();
         // Armed until the answer is seen: a lost answer may hide a grant.
-        let guard = self.fair_withdraw(&names, owner);
+        let guard = self.withdraw_guard(&names, owner);
         let timeout = self.inner.config.operation_timeout;
         match self
             .fair_attempt(key, ttl, owner, &names, None, op, timeout)
@@ -191,7 +134,7 @@ impl RedisBackend {
     ) -> Result<Lease, LockError> {
         let names = self.fair_names(key);
         let owner = OwnerId::random();
-        let guard = self.fair_withdraw(&names, owner);
+        let guard = self.withdraw_guard(&names, owner);
         let result = self.wait_fair(key, ttl, deadline, owner, &names).await;
         if result.is_ok() {
             guard.disarm();
@@ -211,57 +154,11 @@ impl RedisBackend {
         names: &FairNames,
     ) -> Result<Lease, LockError> {
         let op = Operation::Acquire;
-        let entry = self.fair_entry_lease(ttl);
-        let mut errors = None;
-        let first = self
-            .fair_attempt(
-                key,
-                ttl,
-                owner,
-                names,
-                Some(entry),
-                op,
-                self.attempt_timeout(deadline),
-            )
-            .await;
-        if let Found::Granted(lease) = self.found(key, first, deadline, &mut errors)? {
-            return Ok(lease);
-        }
-        let watch = self
-            .inner
-            .notifier
-            .watch(&names.mutex.channel, deadline)
-            .await;
-        let refresh = entry / 3;
-        loop {
-            // Registered before the attempt so a release in between wakes us.
-            let notified = watch.notify().notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let attempt = self
-                .fair_attempt(
-                    key,
-                    ttl,
-                    owner,
-                    names,
-                    Some(entry),
-                    op,
-                    self.attempt_timeout(deadline),
-                )
-                .await;
-            let wait = match self.found(key, attempt, deadline, &mut errors)? {
-                Found::Granted(lease) => return Ok(lease),
-                Found::Wait(wait) => wait.min(refresh),
-            };
-            next_try(notified.as_mut(), wait, deadline, key).await?;
-        }
-    }
-
-    /// How long a waiter's queue entry lives without a refresh: at most the
-    /// lease's TTL and three re-check intervals (1.5 s by default), at
-    /// least 30 ms. A waiter that died stops holding up the queue after it.
-    pub(super) fn fair_entry_lease(&self, ttl: Duration) -> Duration {
-        ttl.min(self.inner.config.recheck * 3)
-            .max(Duration::from_millis(30))
+        let entry = self.entry_lease(ttl);
+        let channel = &names.mutex.channel;
+        self.wait_one_server(key, channel, deadline, entry / 3, move |timeout| {
+            self.fair_attempt(key, ttl, owner, names, Some(entry), op, timeout)
+        })
+        .await
     }
 }

@@ -3,7 +3,6 @@
 //! the renew / release / downgrade / holders of the shared kinds. Redlock
 //! refuses them (see the crate docs).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
@@ -13,7 +12,7 @@ use lock_core::{
 use redis::Value;
 use tokio::time::Instant;
 
-use super::attempt::{Attempt, Found, next_try};
+use super::attempt::{Attempt, Traces, granted};
 use super::{Inner, RedisBackend};
 use crate::batch::MAX_BATCH;
 use crate::error::{NAME, unexpected};
@@ -42,81 +41,48 @@ impl Names {
     }
 }
 
-/// Removes every trace of an acquire that did not end with a lease (a
-/// waiting entry, a grant whose answer was lost), unless disarmed: at once
-/// on `withdraw`, in the background when dropped armed.
-struct Withdraw {
-    inner: Arc<Inner>,
-    names: Names,
-    owner: String,
-    armed: bool,
-}
-
-impl Withdraw {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-
-    async fn withdraw(mut self) {
-        self.armed = false;
-        let _ = abandon(&self.inner, &self.names, &self.owner).await;
-    }
-}
-
-impl Drop for Withdraw {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let inner = self.inner.clone();
-            let names = self.names.clone();
-            let owner = std::mem::take(&mut self.owner);
-            handle.spawn(async move {
-                let _ = abandon(&inner, &names, &owner).await;
-            });
-        }
-    }
-}
-
-async fn abandon(inner: &Inner, names: &Names, owner: &str) -> Result<Value, LockError> {
-    let timeout = inner.config.operation_timeout;
-    inner.nodes[0]
-        .run(Operation::Release, timeout, move |mut conn| async move {
-            match names {
-                Names::Rw(n) => {
-                    conn.eval(
-                        &SHARED.rw_abandon,
-                        &[
-                            &n.writer,
-                            &n.readers,
-                            &n.queue,
-                            &n.queue_expiry,
-                            &n.details,
-                            &n.writer_details,
-                        ],
-                        &[owner, &n.channel],
-                    )
-                    .await
+/// A shared acquire's traces: a waiting entry, a grant whose answer was
+/// lost.
+impl Traces for Names {
+    async fn abandon(&self, inner: &Inner, owner: &str) -> Result<Value, LockError> {
+        let timeout = inner.config.operation_timeout;
+        inner.nodes[0]
+            .run(Operation::Release, timeout, move |mut conn| async move {
+                match self {
+                    Names::Rw(n) => {
+                        conn.eval(
+                            &SHARED.rw_abandon,
+                            &[
+                                &n.writer,
+                                &n.readers,
+                                &n.queue,
+                                &n.queue_expiry,
+                                &n.details,
+                                &n.writer_details,
+                            ],
+                            &[owner, &n.channel],
+                        )
+                        .await
+                    }
+                    Names::Sem(n) => {
+                        conn.eval(
+                            &SHARED.remove,
+                            &[
+                                &n.holders,
+                                &n.queue,
+                                &n.queue_expiry,
+                                &n.counts,
+                                &n.tokens,
+                                &n.details,
+                            ],
+                            &[owner, &n.channel, "3"],
+                        )
+                        .await
+                    }
                 }
-                Names::Sem(n) => {
-                    conn.eval(
-                        &SHARED.remove,
-                        &[
-                            &n.holders,
-                            &n.queue,
-                            &n.queue_expiry,
-                            &n.counts,
-                            &n.tokens,
-                            &n.details,
-                        ],
-                        &[owner, &n.channel, "3"],
-                    )
-                    .await
-                }
-            }
-        })
-        .await
+            })
+            .await
+    }
 }
 
 fn redlock_unsupported(key: &LockKey, op: Operation) -> LockError {
@@ -203,15 +169,6 @@ impl RedisBackend {
         }
     }
 
-    fn withdraw_guard(&self, names: &Names, owner: OwnerId) -> Withdraw {
-        Withdraw {
-            inner: self.inner.clone(),
-            names: names.clone(),
-            owner: owner.to_hex(),
-            armed: true,
-        }
-    }
-
     /// One acquire script call for a shared kind. `wait`: register as a
     /// waiter for that long when refused (writers and permit requests of a
     /// waiting acquire; `None` for a try). The same `owner` may be sent
@@ -287,31 +244,15 @@ impl RedisBackend {
                 {
                     // As for the mutex: a grant too few replicas took is
                     // undone (a waiting entry goes with it).
-                    let _ = abandon(&self.inner, names, &owner_hex).await;
+                    let _ = names.abandon(&self.inner, &owner_hex).await;
                     return Err(err.with_key(key));
                 }
-                let lease = Lease::granted(
-                    key.clone(),
-                    owner,
-                    token_of(n, op, &value)?,
-                    ttl,
-                    sent_at,
-                    String::new(),
-                )
-                .map_err(|e| e.with_backend(NAME))?
-                .with_kind(kind);
+                let lease =
+                    granted(key, owner, token_of(n, op, &value)?, ttl, sent_at)?.with_kind(kind);
                 Ok(Attempt::Granted(lease))
             }
-            (0, ms) => Ok(Attempt::Held {
-                // -1: a writer key without TTL (a foreign client): re-check
-                // at the interval.
-                retry_in: if ms == -1 {
-                    None
-                } else {
-                    Some(pttl(ms).unwrap_or(Duration::ZERO))
-                },
-                split: false,
-            }),
+            // -1: a writer key without TTL (a foreign client).
+            (0, ms) => Ok(Attempt::held(ms)),
             (-1, limit) => Err(LockError::invalid_argument(
                 op,
                 format!("the semaphore is in use with a limit of {limit} permits, not {kind}"),
@@ -408,50 +349,12 @@ impl RedisBackend {
         // and is refreshed by every attempt, at least every third of it:
         // a waiter that died stops blocking others soon, whatever its TTL.
         let registers = kind != LeaseKind::Read;
-        let entry = registers.then(|| {
-            ttl.min(self.inner.config.recheck * 3)
-                .max(Duration::from_millis(30))
-        });
-        let mut errors = None;
-        let first = self
-            .shared_attempt(
-                key,
-                kind,
-                ttl,
-                owner,
-                names,
-                entry,
-                op,
-                self.attempt_timeout(deadline),
-            )
-            .await;
-        if let Found::Granted(lease) = self.found(key, first, deadline, &mut errors)? {
-            return Ok(lease);
-        }
-        let watch = self.inner.notifier.watch(names.channel(), deadline).await;
+        let entry = registers.then(|| self.entry_lease(ttl));
         let refresh = entry.map_or(Duration::MAX, |entry| entry / 3);
-        loop {
-            let notified = watch.notify().notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let attempt = self
-                .shared_attempt(
-                    key,
-                    kind,
-                    ttl,
-                    owner,
-                    names,
-                    entry,
-                    op,
-                    self.attempt_timeout(deadline),
-                )
-                .await;
-            let wait = match self.found(key, attempt, deadline, &mut errors)? {
-                Found::Granted(lease) => return Ok(lease),
-                Found::Wait(wait) => wait.min(refresh),
-            };
-            next_try(notified.as_mut(), wait, deadline, key).await?;
-        }
+        self.wait_one_server(key, names.channel(), deadline, refresh, move |timeout| {
+            self.shared_attempt(key, kind, ttl, owner, names, entry, op, timeout)
+        })
+        .await
     }
 
     /// `renew` of a read, write or permit lease.
@@ -750,15 +653,13 @@ impl RedisBackend {
             .await
             .map_err(|e| e.with_key(key))?;
         match pair(&value, op)? {
-            (1, token) => Ok(Lease::granted(
-                key.clone(),
+            (1, token) => Ok(granted(
+                key,
                 lease.owner(),
                 token_of(token, op, &value)?,
                 lease.ttl(),
                 sent_at,
-                String::new(),
-            )
-            .map_err(|e| e.with_backend(NAME))?
+            )?
             .with_kind(LeaseKind::Read)),
             (0, _) => Err(not_held(op, key, "the write lease is not held any more")),
             _ => Err(unexpected(op, &value)),

@@ -1,23 +1,27 @@
 //! What differs between the databases, behind one trait: each dialect's
-//! module ([`postgres`], [`mysql`], [`sqlite`]) holds its SQL text and the
-//! few behaviours that are its own (how a statement's binds are ordered,
-//! how a grant reports its token, where "now" comes from, how a batch of
-//! renewals says which rows it renewed, how connections are opened).
+//! module ([`postgres`], [`mysql`], [`sqlite`]) holds its SQL text and a
+//! [`Profile`], the few behaviours that are its own as data (how a
+//! statement's binds are ordered, how a grant reports its token, where
+//! "now" comes from, how a batch of renewals says which rows it renewed);
+//! the code that runs the lease statements by that data is written once
+//! (`run.rs`, over `crate::shared::run`).
 //!
 //! The rest of the crate asks the backend's [`Dialect`] (a `&'static dyn
 //! Dialect`, chosen once at connect by [`of`]) instead of matching on the
 //! dialect or the connection in every function. The only matches left are
-//! this registry and each dialect's own unwrapping of its connection.
+//! this registry, the connection types' own (`crate::conn`,
+//! `crate::shared::run`) and each dialect's unwrapping of its connection
+//! for its session statements.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Lease, LockError, LockKey};
+use lock_core::{Lease, LockError};
 
 use crate::config::{SqlConfig, SqlDialect};
-use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::conn::{DbConn, DbOptions};
 use crate::driver::NAME;
 use crate::session::conn::{Granted, Killed, ServerKey};
 use crate::session::sql::SessionSql;
@@ -29,6 +33,8 @@ pub(crate) mod mysql;
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
+
+mod run;
 
 /// Rows renewed by one batch statement: (name, owner, token).
 pub(crate) type Renewed = HashSet<(String, String, i64)>;
@@ -78,19 +84,127 @@ pub(crate) struct SharedNames {
     pub(crate) index_qualified: String,
 }
 
+/// What a dialect is, as data: its name, the SQL tokens the shared
+/// statements and the admin code splice in, its connection defaults, and
+/// how its lease statements bind their values and answer. The code that
+/// reads it is written once (the accessors and the lease statements on
+/// `dyn Dialect`, in `run.rs`).
+#[derive(Debug)]
+pub(crate) struct Profile {
+    /// The backend's name (`"postgres"`, `"mysql"`, `"sqlite"`).
+    pub(crate) name: &'static str,
+    /// The identifier quote character.
+    pub(crate) quote: char,
+    /// The key column as text in a `SELECT` (MySQL stores bytes).
+    pub(crate) name_text: &'static str,
+    /// The suffix of a `SELECT` that locks the rows it read for the
+    /// transaction (none where the transaction holds the database).
+    pub(crate) for_update: &'static str,
+    /// Whether releases notify waiters through the database (PostgreSQL
+    /// `NOTIFY`, sent by the release statement, which then answers a row
+    /// per release); otherwise waiters poll.
+    pub(crate) notified: bool,
+    /// Whether the database has a single writer, so the process's writing
+    /// statements take turns (SQLite).
+    pub(crate) single_writer: bool,
+    /// The default number of connections: to a server or file, and to a
+    /// database in memory.
+    pub(crate) pool_size: (u32, u32),
+    /// Whether connections wait out `busy_timeout` for a locked database
+    /// (SQLite): the users' pool waits as long for a connection.
+    pub(crate) busy_timeout: bool,
+    /// The 64-bit integer type a `CAST` names.
+    pub(crate) int_type: &'static str,
+    /// "Now" on the database's clock, as stored in `expires_at`.
+    pub(crate) now_sql: &'static str,
+    /// The microseconds `expires_at` is ahead of now (a `BIGINT`).
+    pub(crate) left_micros: &'static str,
+    /// Opens a grant transaction (SQLite: `BEGIN IMMEDIATE`, so the
+    /// transaction holds the file's write lock from its start).
+    pub(crate) begin: &'static str,
+    /// Whether the mutex's statements bind "now" ([`Arg::Now`]: SQLite,
+    /// the process's clock, finer than SQLite's own) instead of using the
+    /// database's clock.
+    pub(crate) binds_now: bool,
+    /// The lease statements' binds, in the order each text numbers them.
+    pub(crate) binds: LeaseBinds,
+}
+
+/// One value a lease statement binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arg {
+    /// The key, as text.
+    Key,
+    /// The key, as bytes (MySQL's `VARBINARY` column).
+    KeyBytes,
+    /// The owner (hex).
+    Owner,
+    /// The lease's token.
+    Token,
+    /// The TTL in µs.
+    Ttl,
+    /// "Now" in µs on the process's clock ([`Profile::binds_now`]).
+    Now,
+    /// This process's encoded holder details.
+    Details,
+    /// The release's notification channel.
+    Channel,
+    /// The fair grant's waiter id (bound only by the fair grant).
+    Ahead,
+    /// The key as bytes once more, bound only by the fair grant (MySQL's
+    /// waiter gate names it again).
+    AheadKeyBytes,
+}
+
+/// How a dialect's lease statements bind ([`Dialect::statements`] texts;
+/// the grant's also for [`Dialect::fair_grant_sql`]) and answer.
+#[derive(Debug)]
+pub(crate) struct LeaseBinds {
+    pub(crate) grant: &'static [Arg],
+    pub(crate) release: &'static [Arg],
+    pub(crate) renew: &'static [Arg],
+    pub(crate) inspect: &'static [Arg],
+    /// How the grant reports its token.
+    pub(crate) grant_reply: GrantReply,
+    /// How a batch renewal ([`Dialect::renew_batch_sql`]) binds its rows
+    /// and says which it renewed.
+    pub(crate) batch: Batch,
+}
+
+/// How a grant reports its token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GrantReply {
+    /// A `RETURNING token` row when granted, none when held.
+    Returning,
+    /// `LAST_INSERT_ID(expr)` in the OK packet, 0 when held (MySQL: row
+    /// counts cannot tell, sqlx sets `CLIENT_FOUND_ROWS`).
+    LastInsertId,
+}
+
+/// How a batch renewal binds its leases and answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Batch {
+    /// Three arrays (PostgreSQL `unnest`): binds TTL µs, names, owners,
+    /// tokens; one text for any size; returns the renewed rows.
+    Arrays,
+    /// Rows spliced as placeholders ([`spliced_batch`], padded to a power
+    /// of two with the last lease): binds `lead`, every (key, owner,
+    /// token), then every key, the key as `key` says; `returns` the
+    /// renewed rows (SQLite), or only how many matched (MySQL).
+    Spliced {
+        lead: &'static [Arg],
+        key: Arg,
+        returns: bool,
+    },
+}
+
 /// One database's SQL text and behaviours.
 ///
 /// Every value is bound; the only text spliced into SQL is the validated,
 /// quoted table name.
-#[async_trait]
 pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
-    /// The backend's name (`"postgres"`, `"mysql"`, `"sqlite"`).
-    fn name(&self) -> &'static str;
-
-    /// The identifier quote character.
-    fn quote(&self) -> char {
-        '"'
-    }
+    /// What this dialect is, as data.
+    fn profile(&self) -> &'static Profile;
 
     /// The lock statements for `table` with its token floor table `floor`
     /// (both already quoted).
@@ -102,28 +216,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
         format!("ALTER TABLE {table} ADD COLUMN details VARCHAR({DETAILS_LEN})")
     }
 
-    /// The key column as text in a `SELECT` (MySQL stores bytes).
-    fn name_text(&self) -> &'static str {
-        "name"
-    }
-
     /// The predicate "the key starts with the bound `param`", and whether
     /// the bound value is a `LIKE` pattern (wildcards escaped with `!`).
     fn prefix_predicate(&self, param: &str) -> (String, bool) {
         (format!("name LIKE {param} ESCAPE '!'"), true)
-    }
-
-    /// "Now" bound by the statement, in the µs `expires_at` stores, where
-    /// the mutex's statements bind it (SQLite: the process's clock, finer
-    /// than SQLite's own); `None` where the database's clock is used.
-    fn bound_now(&self) -> Option<i64> {
-        None
-    }
-
-    /// The suffix of a `SELECT` that locks the rows it read for the
-    /// transaction (none where the transaction holds the database).
-    fn for_update(&self) -> &'static str {
-        " FOR UPDATE"
     }
 
     /// How `gc` holds off every grant on `table` with floor `floor` (both
@@ -131,7 +227,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     fn gc_lock(&self, table: &str, floor: &str, wait_ms: u128) -> GcLock {
         let _ = (table, floor, wait_ms);
         GcLock {
-            begin: vec![self.begin_sql().to_owned()],
+            begin: vec![self.profile().begin.to_owned()],
             commit: vec!["COMMIT".to_owned()],
             abort: vec!["ROLLBACK".to_owned()],
         }
@@ -141,56 +237,14 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// floor. Binds: token.
     fn raise_floor_sql(&self, floor: &str) -> String;
 
-    /// Whether releases notify waiters through the database (PostgreSQL
-    /// `NOTIFY`); otherwise waiters poll.
-    fn notified(&self) -> bool {
-        false
-    }
-
-    /// The default number of connections.
-    fn default_pool_size(&self, memory: bool) -> u32 {
-        let _ = memory;
-        10
-    }
-
-    /// Whether the database has a single writer, so the process's writing
-    /// statements take turns (SQLite).
-    fn single_writer(&self) -> bool {
-        false
-    }
-
     /// The fence predicate on `table` (quoted), placeholders from `first`.
     fn fence_predicate(&self, table: &str, first: usize) -> String;
 
     /// The batch renewal statement for `rows` leases (see renew_many.rs).
     fn renew_batch_sql(&self, table: &str, rows: usize) -> String;
 
-    /// How many rows a batch of `leases` is sent as (padded to a power of
-    /// two where the rows are spliced as placeholders).
-    fn batch_rows(&self, leases: usize) -> usize {
-        leases.next_power_of_two()
-    }
-
     /// sqlx's connect options for `config`.
     fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError>;
-
-    /// sqlx's connect options for `config` and the users' pool (opened
-    /// lazily) on the same options.
-    fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError>;
-
-    /// The grant: `Some(token)` when the row was inserted or an expired one
-    /// taken over, `None` when someone holds it. `ahead` is `Some(id)` for
-    /// the fair statement ([`Dialect::fair_grant_sql`]): it grants only
-    /// when no live mutex waiter with an id below `id` waits for the key.
-    async fn grant(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        ttl: Duration,
-        ahead: Option<i64>,
-    ) -> Result<Option<i64>, sqlx::Error>;
 
     /// How a set of `n` keys is taken all or nothing on lease table `table`
     /// (quoted); with `waiters` (quoted, fair mode) only while none of the
@@ -200,86 +254,23 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// The fair grant on lease table `table` (quoted) with the waiters
     /// table `waiters` (quoted): the grant statement, gated on no live
     /// mutex waiter (`shape = 'mutex'`) of the key with a smaller id than
-    /// the bound one. Binds as the grant's, then that id.
+    /// the bound one. Binds as the grant's, with [`Arg::Ahead`] (and
+    /// [`Arg::AheadKeyBytes`]) where its [`LeaseBinds::grant`] puts them.
     fn fair_grant_sql(&self, table: &str, floor: &str, waiters: &str) -> String;
 
-    /// The guarded release: whether it matched our row (PostgreSQL
-    /// notifies `channel` in the same statement).
-    async fn release(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
-        channel: &str,
-    ) -> Result<bool, sqlx::Error>;
-
-    /// The renewal: rows matched (1 when still ours and unexpired).
-    async fn renew(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
-        ttl: Duration,
-    ) -> Result<u64, sqlx::Error>;
-
-    /// The current unexpired holder of `key`.
-    async fn inspect(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-    ) -> Result<Option<Holder>, sqlx::Error>;
-
-    /// One batch renewal of `group` (`rows` placeholder rows, the last
-    /// lease repeated as padding): the renewed rows, or `None` when the
-    /// database only says that fewer rows than leases matched (MySQL).
-    async fn renew_batch(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        group: &[&Lease],
-        owners: &[String],
-        ttl: Duration,
-        rows: usize,
-    ) -> Result<Option<Renewed>, sqlx::Error>;
-
-    /// Runs one statement without binds (schema creation, `SELECT 1`).
-    async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error>;
-
     // The read-write locks' and semaphores' tables (crate::shared): the
-    // statements are written once there with the tokens below, which each
-    // dialect spells its own way.
+    // statements are written once there with the tokens below and in the
+    // profile, which each dialect spells its own way.
 
     /// The `n`th (1-based) placeholder; every shared statement binds its
     /// placeholders once each, in the order they appear.
     fn param(&self, n: usize) -> String;
 
-    /// The 64-bit integer type a `CAST` names.
-    fn int_type(&self) -> &'static str {
-        "BIGINT"
-    }
-
-    /// "Now" on the database's clock, as stored in `expires_at`.
-    fn now_sql(&self) -> &'static str;
-
     /// `now` plus `micros` (a placeholder) microseconds.
     fn plus_micros(&self, micros: &str) -> String;
 
-    /// The microseconds `expires_at` is ahead of now (a `BIGINT`).
-    fn left_micros(&self) -> &'static str;
-
     /// The shared tables' `CREATE .. IF NOT EXISTS` statements.
     fn shared_schema(&self, names: &SharedNames) -> Vec<String>;
-
-    /// Opens a grant transaction (SQLite: `BEGIN IMMEDIATE`, so the
-    /// transaction holds the file's write lock from its start).
-    fn begin_sql(&self) -> &'static str {
-        "BEGIN"
-    }
 
     /// Makes sure the key's counter row exists, locks it for the
     /// transaction and adds a bump to its counter; the last statement
@@ -382,6 +373,14 @@ pub(crate) fn wrong_conn(dialect: &str) -> sqlx::Error {
     sqlx::Error::Protocol(format!("not a {dialect} connection"))
 }
 
+/// The host's wall clock in microseconds since the Unix epoch (SQLite's
+/// "database clock", bound by its mutex statements).
+pub(crate) fn unix_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, micros)
+}
+
 /// Microseconds in `d`, saturating.
 pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -438,14 +437,8 @@ pub(crate) fn spliced_batch(
 /// [`Dialect`], in their modules.
 #[async_trait]
 pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
-    /// The backend's name in session mode (`"postgres-session"`, ...).
-    fn session_name(&self) -> &'static str;
-
-    /// The shortest TTL the server's idle timeout can express.
-    fn session_min_ttl(&self) -> Duration;
-
-    /// Where the session tokens are counted.
-    fn session_fencing(&self) -> lock_core::FencingScope;
+    /// What this dialect's session mode is, as data.
+    fn session_profile(&self) -> &'static SessionProfile;
 
     /// The session statements for lease table `table` (validated).
     fn session_sql(&self, table: &str) -> SessionSql;
@@ -524,12 +517,6 @@ pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
         wait: Duration,
     ) -> Result<Killed, sqlx::Error>;
 
-    /// Whether the grant writes holder details that `session_inspect`
-    /// reads back (MySQL/MariaDB: the token row).
-    fn session_details(&self) -> bool {
-        false
-    }
-
     /// One `list` page: at most `limit` token rows whose key starts with
     /// `prefix`, after `after`, in key order (see [`SessionListed`]);
     /// `None` where the server keeps no per-key row to list (PostgreSQL).
@@ -553,6 +540,43 @@ pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
         sql: &SessionSql,
         create: bool,
     ) -> Result<Option<String>, sqlx::Error>;
+}
+
+/// A dialect's session mode, as data.
+#[derive(Debug)]
+pub(crate) struct SessionProfile {
+    /// The backend's name in session mode (`"postgres-session"`, ...).
+    pub(crate) name: &'static str,
+    /// The shortest TTL the server's idle timeout can express.
+    pub(crate) min_ttl: Duration,
+    /// Where the session tokens are counted.
+    pub(crate) fencing: lock_core::FencingScope,
+    /// Whether the grant writes holder details that `session_inspect`
+    /// reads back (MySQL/MariaDB: the token row).
+    pub(crate) details: bool,
+}
+
+impl dyn SessionDialect {
+    /// The backend's name in session mode.
+    pub(crate) fn session_name(&self) -> &'static str {
+        self.session_profile().name
+    }
+
+    /// The shortest TTL the server's idle timeout can express.
+    pub(crate) fn session_min_ttl(&self) -> Duration {
+        self.session_profile().min_ttl
+    }
+
+    /// Where the session tokens are counted.
+    pub(crate) fn session_fencing(&self) -> lock_core::FencingScope {
+        self.session_profile().fencing
+    }
+
+    /// Whether the grant writes holder details that `session_inspect`
+    /// reads back.
+    pub(crate) fn session_details(&self) -> bool {
+        self.session_profile().details
+    }
 }
 
 /// A session lock's holder.

@@ -10,17 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{FencingScope, HolderDetails, Lease, LockError, LockKey};
+use lock_core::{FencingScope, HolderDetails, LockError};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    DETAILS_LEN, Dialect, GcLock, GrantAll, Holder, Renewed, SessionDialect, SessionHolder,
-    SessionListed, SharedNames, UpsertBinds, bad_option, first_token, floor_table, marks, micros,
-    spliced_batch, text, token_of, wrong_conn,
+    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, Profile,
+    SessionDialect, SessionHolder, SessionListed, SessionProfile, SharedNames, UpsertBinds,
+    bad_option, first_token, floor_table, marks, spliced_batch, wrong_conn,
 };
 use crate::admin::{is_duplicate_column, is_missing_column};
 use crate::config::SqlConfig;
-use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::conn::{DbConn, DbOptions};
 use crate::session::conn::{
     Granted, Killed, ServerKey, mysql_wait_timeout, token_of as session_token,
 };
@@ -58,14 +58,48 @@ fn options(config: &SqlConfig) -> Result<sqlx::mysql::MySqlConnectOptions, LockE
     config.driver_url().parse().map_err(bad_option(config))
 }
 
-#[async_trait]
-impl Dialect for MySql {
-    fn name(&self) -> &'static str {
-        "mysql"
-    }
+/// `UTC_TIMESTAMP(6)` in SQL, keys bound as bytes, the grant's token in
+/// the OK packet, a batch renewal that only says how many rows matched.
+static PROFILE: Profile = Profile {
+    name: "mysql",
+    quote: '`',
+    name_text: "CONVERT(name USING utf8mb4)",
+    for_update: " FOR UPDATE",
+    notified: false,
+    single_writer: false,
+    pool_size: (10, 10),
+    busy_timeout: false,
+    int_type: "SIGNED",
+    now_sql: "UTC_TIMESTAMP(6)",
+    left_micros: "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)",
+    begin: "BEGIN",
+    binds_now: false,
+    binds: LeaseBinds {
+        grant: &[
+            Arg::KeyBytes,
+            Arg::Owner,
+            Arg::Ttl,
+            Arg::Details,
+            Arg::AheadKeyBytes,
+            Arg::Ahead,
+        ],
+        release: &[Arg::KeyBytes, Arg::Owner, Arg::Token],
+        // CLIENT_FOUND_ROWS: matched rows, and the WHERE clause is the
+        // ownership check.
+        renew: &[Arg::Ttl, Arg::KeyBytes, Arg::Owner, Arg::Token],
+        inspect: &[Arg::KeyBytes],
+        grant_reply: GrantReply::LastInsertId,
+        batch: Batch::Spliced {
+            lead: &[Arg::Ttl],
+            key: Arg::KeyBytes,
+            returns: false,
+        },
+    },
+};
 
-    fn quote(&self) -> char {
-        '`'
+impl Dialect for MySql {
+    fn profile(&self) -> &'static Profile {
+        &PROFILE
     }
 
     // MySQL applies the assignments left to right, so `expires_at` comes
@@ -115,10 +149,6 @@ impl Dialect for MySql {
         format!("ALTER TABLE {t} ADD COLUMN details VARCHAR({DETAILS_LEN}) NULL")
     }
 
-    fn name_text(&self) -> &'static str {
-        "CONVERT(name USING utf8mb4)"
-    }
-
     // LOCK TABLES makes every other session's statement on the two tables
     // wait (it waits itself for the running ones): a grant reads the
     // floor after gc committed. InnoDB wants autocommit off around it.
@@ -166,16 +196,6 @@ impl Dialect for MySql {
 
     fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
         Ok(DbOptions::MySql(options(config)?))
-    }
-
-    fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError> {
-        let o = options(config)?;
-        let pool = sqlx::pool::PoolOptions::<sqlx::MySql>::new()
-            .max_connections(crate::conn::pool_size(config))
-            .acquire_timeout(config.op_timeout)
-            .test_before_acquire(false)
-            .connect_lazy_with(o.clone());
-        Ok((DbOptions::MySql(o), DbPool::MySql(pool)))
     }
 
     // No RETURNING: the upsert takes the free rows (and locks every row),
@@ -231,148 +251,12 @@ impl Dialect for MySql {
         )
     }
 
-    async fn grant(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        ttl: Duration,
-        ahead: Option<i64>,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        let query = sqlx::query(text(sql))
-            .bind(key.as_str().as_bytes())
-            .bind(owner)
-            .bind(micros(ttl))
-            .bind(HolderDetails::encode_current());
-        let query = match ahead {
-            Some(id) => query.bind(key.as_str().as_bytes()).bind(id),
-            None => query,
-        };
-        let done = query.execute(my(conn)?).await?;
-        // LAST_INSERT_ID(expr): the new token, or 0 when held.
-        Ok(match done.last_insert_id() {
-            0 => None,
-            token => Some(i64::try_from(token).unwrap_or(i64::MAX)),
-        })
-    }
-
-    async fn release(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
-        _channel: &str,
-    ) -> Result<bool, sqlx::Error> {
-        Ok(sqlx::query(text(sql))
-            .bind(key.as_str().as_bytes())
-            .bind(owner)
-            .bind(token)
-            .execute(my(conn)?)
-            .await?
-            .rows_affected()
-            == 1)
-    }
-
-    // CLIENT_FOUND_ROWS: matched rows, and the WHERE clause is the
-    // ownership check.
-    async fn renew(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
-        ttl: Duration,
-    ) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query(text(sql))
-            .bind(micros(ttl))
-            .bind(key.as_str().as_bytes())
-            .bind(owner)
-            .bind(token)
-            .execute(my(conn)?)
-            .await?
-            .rows_affected())
-    }
-
-    async fn inspect(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-    ) -> Result<Option<Holder>, sqlx::Error> {
-        sqlx::query(text(sql))
-            .bind(key.as_str().as_bytes())
-            .fetch_optional(my(conn)?)
-            .await?
-            .map(|row| {
-                Ok((
-                    row.try_get(0)?,
-                    row.try_get(1)?,
-                    row.try_get(2)?,
-                    row.try_get(3)?,
-                ))
-            })
-            .transpose()
-    }
-
-    async fn renew_batch(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        group: &[&Lease],
-        owners: &[String],
-        ttl: Duration,
-        rows: usize,
-    ) -> Result<Option<Renewed>, sqlx::Error> {
-        let pick = |i: usize| i.min(group.len() - 1);
-        let mut query = sqlx::query(text(sql)).bind(micros(ttl));
-        for i in 0..rows {
-            let lease = group[pick(i)];
-            query = query
-                .bind(lease.key().as_str().as_bytes())
-                .bind(owners[pick(i)].as_str())
-                .bind(token_of(lease));
-        }
-        for i in 0..rows {
-            query = query.bind(group[pick(i)].key().as_str().as_bytes());
-        }
-        let matched = query.execute(my(conn)?).await?.rows_affected();
-        Ok(
-            (usize::try_from(matched).ok() == Some(group.len())).then(|| {
-                group
-                    .iter()
-                    .zip(owners)
-                    .map(|(l, o)| (l.key().as_str().to_owned(), o.clone(), token_of(l)))
-                    .collect()
-            }),
-        )
-    }
-
-    async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
-        sqlx::query(text(sql)).execute(my(conn)?).await.map(drop)
-    }
-
     fn param(&self, _n: usize) -> String {
         "?".to_owned()
     }
 
-    fn int_type(&self) -> &'static str {
-        "SIGNED"
-    }
-
-    fn now_sql(&self) -> &'static str {
-        "UTC_TIMESTAMP(6)"
-    }
-
     fn plus_micros(&self, micros: &str) -> String {
         format!("UTC_TIMESTAMP(6) + INTERVAL {micros} MICROSECOND")
-    }
-
-    fn left_micros(&self) -> &'static str {
-        "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)"
     }
 
     fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
@@ -441,17 +325,16 @@ impl Dialect for MySql {
 /// Session mode: `GET_LOCK`, tokens from a counter row per key.
 #[async_trait]
 impl SessionDialect for MySql {
-    fn session_name(&self) -> &'static str {
-        "mysql-session"
-    }
-
-    fn session_min_ttl(&self) -> Duration {
-        crate::MYSQL_SESSION_MIN_TTL
-    }
-
-    /// A counter row per key.
-    fn session_fencing(&self) -> FencingScope {
-        FencingScope::PerKey
+    fn session_profile(&self) -> &'static SessionProfile {
+        static SESSION: SessionProfile = SessionProfile {
+            name: "mysql-session",
+            min_ttl: crate::MYSQL_SESSION_MIN_TTL,
+            // A counter row per key.
+            fencing: FencingScope::PerKey,
+            // The token row carries them.
+            details: true,
+        };
+        &SESSION
     }
 
     // One row per key, never deleted: the token column is bumped only by a
@@ -602,10 +485,6 @@ impl SessionDialect for MySql {
             session: holder,
             ..SessionHolder::default()
         })))
-    }
-
-    fn session_details(&self) -> bool {
-        true
     }
 
     async fn session_list(

@@ -7,15 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{FencingScope, HolderDetails, Lease, LockError, LockKey};
+use lock_core::{FencingScope, Lease, LockError};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    DETAILS_LEN, Dialect, GcLock, GrantAll, Holder, Renewed, SessionDialect, SessionHolder,
-    SharedNames, bad_option, first_token, floor_table, micros, text, token_of, wrong_conn,
+    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, Profile, Renewed,
+    SessionDialect, SessionHolder, SessionProfile, SharedNames, bad_option, first_token,
+    floor_table, micros, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
-use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::conn::{DbConn, DbOptions};
 use crate::session::conn::{
     Granted, Killed, ServerKey, pg_idle_timeout, token_of as session_token,
 };
@@ -38,10 +39,35 @@ fn options(config: &SqlConfig) -> Result<sqlx::postgres::PgConnectOptions, LockE
     config.driver_url().parse().map_err(bad_option(config))
 }
 
-#[async_trait]
+/// `now()` in SQL; the release notifies (and answers its row).
+static PROFILE: Profile = Profile {
+    name: "postgres",
+    quote: '"',
+    name_text: "name",
+    for_update: " FOR UPDATE",
+    notified: true,
+    single_writer: false,
+    pool_size: (10, 10),
+    busy_timeout: false,
+    int_type: "BIGINT",
+    now_sql: "now()",
+    left_micros: "CAST(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000 AS BIGINT)",
+    begin: "BEGIN",
+    binds_now: false,
+    binds: LeaseBinds {
+        grant: &[Arg::Key, Arg::Owner, Arg::Ttl, Arg::Ahead, Arg::Details],
+        release: &[Arg::Key, Arg::Owner, Arg::Token, Arg::Channel],
+        renew: &[Arg::Key, Arg::Owner, Arg::Token, Arg::Ttl],
+        inspect: &[Arg::Key],
+        grant_reply: GrantReply::Returning,
+        // One text for any batch size: the rows travel as three arrays.
+        batch: Batch::Arrays,
+    },
+};
+
 impl Dialect for Postgres {
-    fn name(&self) -> &'static str {
-        "postgres"
+    fn profile(&self) -> &'static Profile {
+        &PROFILE
     }
 
     fn statements(&self, t: &str, f: &str) -> Statements {
@@ -116,10 +142,6 @@ impl Dialect for Postgres {
         )
     }
 
-    fn notified(&self) -> bool {
-        true
-    }
-
     fn fence_predicate(&self, t: &str, n: usize) -> String {
         format!(
             "EXISTS (SELECT 1 FROM {t} WHERE name = ${} AND owner = ${} AND token = ${} \
@@ -130,7 +152,6 @@ impl Dialect for Postgres {
         )
     }
 
-    /// One text for any batch size: the rows travel as three arrays.
     fn renew_batch_sql(&self, table: &str, _rows: usize) -> String {
         format!(
             "UPDATE {table} AS l SET expires_at = now() + $1 * INTERVAL '1 microsecond' \
@@ -140,23 +161,8 @@ impl Dialect for Postgres {
         )
     }
 
-    /// Arrays: no padding.
-    fn batch_rows(&self, leases: usize) -> usize {
-        leases
-    }
-
     fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
         Ok(DbOptions::Postgres(options(config)?))
-    }
-
-    fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError> {
-        let o = options(config)?;
-        let pool = sqlx::pool::PoolOptions::<sqlx::Postgres>::new()
-            .max_connections(crate::conn::pool_size(config))
-            .acquire_timeout(config.op_timeout)
-            .test_before_acquire(false)
-            .connect_lazy_with(o.clone());
-        Ok((DbOptions::Postgres(o), DbPool::Postgres(pool)))
     }
 
     // Every key in one statement. A held key found in the statement's
@@ -211,131 +217,12 @@ impl Dialect for Postgres {
         )
     }
 
-    async fn grant(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        ttl: Duration,
-        ahead: Option<i64>,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        let query = sqlx::query(text(sql))
-            .bind(key.as_str())
-            .bind(owner)
-            .bind(micros(ttl));
-        let query = match ahead {
-            Some(id) => query.bind(id),
-            None => query,
-        };
-        query
-            .bind(HolderDetails::encode_current())
-            .fetch_optional(pg(conn)?)
-            .await?
-            .map(|row| row.try_get::<i64, _>(0))
-            .transpose()
-    }
-
-    async fn release(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
-        channel: &str,
-    ) -> Result<bool, sqlx::Error> {
-        Ok(sqlx::query(text(sql))
-            .bind(key.as_str())
-            .bind(owner)
-            .bind(token)
-            .bind(channel)
-            .fetch_optional(pg(conn)?)
-            .await?
-            .is_some())
-    }
-
-    async fn renew(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
-        ttl: Duration,
-    ) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query(text(sql))
-            .bind(key.as_str())
-            .bind(owner)
-            .bind(token)
-            .bind(micros(ttl))
-            .execute(pg(conn)?)
-            .await?
-            .rows_affected())
-    }
-
-    async fn inspect(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-    ) -> Result<Option<Holder>, sqlx::Error> {
-        sqlx::query(text(sql))
-            .bind(key.as_str())
-            .fetch_optional(pg(conn)?)
-            .await?
-            .map(|row| {
-                Ok((
-                    row.try_get(0)?,
-                    row.try_get(1)?,
-                    row.try_get(2)?,
-                    row.try_get(3)?,
-                ))
-            })
-            .transpose()
-    }
-
-    async fn renew_batch(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        group: &[&Lease],
-        owners: &[String],
-        ttl: Duration,
-        _rows: usize,
-    ) -> Result<Option<Renewed>, sqlx::Error> {
-        let names: Vec<&str> = group.iter().map(|l| l.key().as_str()).collect();
-        let tokens: Vec<i64> = group.iter().map(|l| token_of(l)).collect();
-        let query = sqlx::query(text(sql))
-            .bind(micros(ttl))
-            .bind(names)
-            .bind(owners)
-            .bind(tokens);
-        let mut renewed = Renewed::new();
-        for row in query.fetch_all(pg(conn)?).await? {
-            renewed.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
-        }
-        Ok(Some(renewed))
-    }
-
-    async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
-        sqlx::query(text(sql)).execute(pg(conn)?).await.map(drop)
-    }
-
     fn param(&self, n: usize) -> String {
         format!("${n}")
     }
 
-    fn now_sql(&self) -> &'static str {
-        "now()"
-    }
-
     fn plus_micros(&self, micros: &str) -> String {
         format!("now() + {micros} * INTERVAL '1 microsecond'")
-    }
-
-    fn left_micros(&self) -> &'static str {
-        "CAST(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000 AS BIGINT)"
     }
 
     fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
@@ -406,6 +293,29 @@ impl Dialect for Postgres {
     }
 }
 
+/// One batch renewal of `group` as three arrays (see
+/// [`Batch::Arrays`]): the renewed rows.
+pub(super) async fn renew_arrays(
+    conn: &mut DbConn,
+    sql: &Arc<str>,
+    group: &[&Lease],
+    owners: &[String],
+    ttl: Duration,
+) -> Result<Option<Renewed>, sqlx::Error> {
+    let names: Vec<&str> = group.iter().map(|l| l.key().as_str()).collect();
+    let tokens: Vec<i64> = group.iter().map(|l| token_of(l)).collect();
+    let query = sqlx::query(text(sql))
+        .bind(micros(ttl))
+        .bind(names)
+        .bind(owners)
+        .bind(tokens);
+    let mut renewed = Renewed::new();
+    for row in query.fetch_all(pg(conn)?).await? {
+        renewed.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
+    }
+    Ok(Some(renewed))
+}
+
 /// How often a PostgreSQL backend running a statement checks that its
 /// client is still there (PostgreSQL 14+), so a dropped waiting acquire
 /// ends on the server soon even if the background kill cannot run.
@@ -414,17 +324,16 @@ const PG_CLIENT_CHECK: &str = "250ms";
 /// Session mode: session-level advisory locks, tokens from one sequence.
 #[async_trait]
 impl SessionDialect for Postgres {
-    fn session_name(&self) -> &'static str {
-        "postgres-session"
-    }
-
-    fn session_min_ttl(&self) -> Duration {
-        crate::PG_SESSION_MIN_TTL
-    }
-
-    /// One sequence for every key (nextval order is the order of grants).
-    fn session_fencing(&self) -> FencingScope {
-        FencingScope::Global
+    fn session_profile(&self) -> &'static SessionProfile {
+        static SESSION: SessionProfile = SessionProfile {
+            name: "postgres-session",
+            min_ttl: crate::PG_SESSION_MIN_TTL,
+            // One sequence for every key (nextval order is the order of grants).
+            fencing: FencingScope::Global,
+            // No per-key row to carry them (see the session module docs).
+            details: false,
+        };
+        &SESSION
     }
 
     // The grant's CASE runs `nextval` only when the try-lock succeeded
@@ -596,7 +505,6 @@ impl SessionDialect for Postgres {
             session: i64::from(pid),
             owner,
             token,
-            // No per-key row to carry them (see the session module docs).
             details: None,
         }))
     }

@@ -4,24 +4,21 @@
 //! files opened in WAL mode with `synchronous=NORMAL` and a busy timeout.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_trait::async_trait;
-use lock_core::{HolderDetails, Lease, LockError, LockKey};
-use sqlx::Row;
+use lock_core::LockError;
 
 use super::{
-    Dialect, GrantAll, Holder, Renewed, SharedNames, UpsertBinds, bad_option, first_token,
-    floor_table, micros, spliced_batch, text, token_of, wrong_conn,
+    Arg, Batch, Dialect, GrantAll, GrantReply, LeaseBinds, Profile, SharedNames, UpsertBinds,
+    bad_option, first_token, floor_table, spliced_batch,
 };
 use crate::config::SqlConfig;
-use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::conn::DbOptions;
 use crate::sql::Statements;
 
 /// SQLite's "now" in SQL: the host clock in microseconds since the Unix
 /// epoch, as SQLite reads it (millisecond precision, fixed within one
 /// statement). The shared tables use it; the mutex's statements bind the
-/// same clock from the process ([`unix_micros`]).
+/// same clock from the process ([`super::unix_micros`]).
 const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)";
 
 /// The microseconds `expires_at` is ahead of [`SQLITE_NOW`].
@@ -31,22 +28,6 @@ const SQLITE_LEFT: &str =
 /// SQLite.
 #[derive(Debug)]
 pub(crate) struct Sqlite;
-
-/// The host's wall clock in microseconds since the Unix epoch (SQLite's
-/// "database clock").
-pub(crate) fn unix_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, micros)
-}
-
-fn lite(conn: &mut DbConn) -> Result<&mut sqlx::SqliteConnection, sqlx::Error> {
-    #[allow(irrefutable_let_patterns)] // with only this dialect compiled in
-    let DbConn::Sqlite(c) = conn else {
-        return Err(wrong_conn("sqlite"));
-    };
-    Ok(c)
-}
 
 fn options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptions, LockError> {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
@@ -67,10 +48,52 @@ fn options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptions, Loc
     Ok(options)
 }
 
-#[async_trait]
+/// The host's clock bound as "now" by the mutex's statements (`?n`
+/// placeholders), one writer, `BEGIN IMMEDIATE`.
+static PROFILE: Profile = Profile {
+    name: "sqlite",
+    quote: '"',
+    name_text: "name",
+    // BEGIN IMMEDIATE holds the file's write lock for the transaction.
+    for_update: "",
+    notified: false,
+    single_writer: true,
+    // A file: 4; in memory: 1, the one connection that keeps the database
+    // alive.
+    pool_size: (4, 1),
+    busy_timeout: true,
+    int_type: "BIGINT",
+    // SQLite's own reading of the host clock (fixed within a statement),
+    // in microseconds since the Unix epoch (millisecond precision).
+    now_sql: SQLITE_NOW,
+    left_micros: SQLITE_LEFT,
+    begin: "BEGIN IMMEDIATE",
+    binds_now: true,
+    binds: LeaseBinds {
+        grant: &[
+            Arg::Key,
+            Arg::Owner,
+            Arg::Now,
+            Arg::Ttl,
+            Arg::Ahead,
+            Arg::Details,
+        ],
+        release: &[Arg::Key, Arg::Owner, Arg::Token, Arg::Now],
+        renew: &[Arg::Key, Arg::Owner, Arg::Token, Arg::Now, Arg::Ttl],
+        inspect: &[Arg::Key, Arg::Now],
+        grant_reply: GrantReply::Returning,
+        // ?1 is now, ?2 the TTL.
+        batch: Batch::Spliced {
+            lead: &[Arg::Now, Arg::Ttl],
+            key: Arg::Key,
+            returns: true,
+        },
+    },
+};
+
 impl Dialect for Sqlite {
-    fn name(&self) -> &'static str {
-        "sqlite"
+    fn profile(&self) -> &'static Profile {
+        &PROFILE
     }
 
     // "now" is bound as ?3 / ?4.
@@ -115,16 +138,6 @@ impl Dialect for Sqlite {
         }
     }
 
-    /// A file: 4; in memory: 1, the one connection that keeps the
-    /// database alive.
-    fn default_pool_size(&self, memory: bool) -> u32 {
-        if memory { 1 } else { 4 }
-    }
-
-    fn single_writer(&self) -> bool {
-        true
-    }
-
     fn add_details_sql(&self, t: &str) -> String {
         format!("ALTER TABLE {t} ADD COLUMN details TEXT")
     }
@@ -132,15 +145,6 @@ impl Dialect for Sqlite {
     // LIKE is case-insensitive on SQLite: a plain prefix test instead.
     fn prefix_predicate(&self, param: &str) -> (String, bool) {
         (format!("instr(name, {param}) = 1"), false)
-    }
-
-    fn bound_now(&self) -> Option<i64> {
-        Some(unix_micros())
-    }
-
-    // BEGIN IMMEDIATE holds the file's write lock for the transaction.
-    fn for_update(&self) -> &'static str {
-        ""
     }
 
     fn raise_floor_sql(&self, f: &str) -> String {
@@ -180,16 +184,6 @@ impl Dialect for Sqlite {
 
     fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
         Ok(DbOptions::Sqlite(options(config)?))
-    }
-
-    fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError> {
-        let o = options(config)?;
-        let pool = sqlx::pool::PoolOptions::<sqlx::Sqlite>::new()
-            .max_connections(crate::conn::pool_size(config))
-            .acquire_timeout(config.op_timeout.max(config.busy_timeout))
-            .test_before_acquire(false)
-            .connect_lazy_with(o.clone());
-        Ok((DbOptions::Sqlite(o), DbPool::Sqlite(pool)))
     }
 
     // BEGIN IMMEDIATE holds the file's write lock: the check and the
@@ -243,142 +237,12 @@ impl Dialect for Sqlite {
         )
     }
 
-    async fn grant(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        ttl: Duration,
-        ahead: Option<i64>,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        let query = sqlx::query(text(sql))
-            .bind(key.as_str())
-            .bind(owner)
-            .bind(unix_micros())
-            .bind(micros(ttl));
-        let query = match ahead {
-            Some(id) => query.bind(id),
-            None => query,
-        };
-        query
-            .bind(HolderDetails::encode_current())
-            .fetch_optional(lite(conn)?)
-            .await?
-            .map(|row| row.try_get::<i64, _>(0))
-            .transpose()
-    }
-
-    async fn release(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
-        _channel: &str,
-    ) -> Result<bool, sqlx::Error> {
-        Ok(sqlx::query(text(sql))
-            .bind(key.as_str())
-            .bind(owner)
-            .bind(token)
-            .bind(unix_micros())
-            .execute(lite(conn)?)
-            .await?
-            .rows_affected()
-            == 1)
-    }
-
-    async fn renew(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
-        ttl: Duration,
-    ) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query(text(sql))
-            .bind(key.as_str())
-            .bind(owner)
-            .bind(token)
-            .bind(unix_micros())
-            .bind(micros(ttl))
-            .execute(lite(conn)?)
-            .await?
-            .rows_affected())
-    }
-
-    async fn inspect(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        key: &LockKey,
-    ) -> Result<Option<Holder>, sqlx::Error> {
-        sqlx::query(text(sql))
-            .bind(key.as_str())
-            .bind(unix_micros())
-            .fetch_optional(lite(conn)?)
-            .await?
-            .map(|row| {
-                Ok((
-                    row.try_get(0)?,
-                    row.try_get(1)?,
-                    row.try_get(2)?,
-                    row.try_get(3)?,
-                ))
-            })
-            .transpose()
-    }
-
-    async fn renew_batch(
-        &self,
-        conn: &mut DbConn,
-        sql: &Arc<str>,
-        group: &[&Lease],
-        owners: &[String],
-        ttl: Duration,
-        rows: usize,
-    ) -> Result<Option<Renewed>, sqlx::Error> {
-        let pick = |i: usize| i.min(group.len() - 1);
-        let mut query = sqlx::query(text(sql)).bind(unix_micros()).bind(micros(ttl));
-        for i in 0..rows {
-            let lease = group[pick(i)];
-            query = query
-                .bind(lease.key().as_str())
-                .bind(owners[pick(i)].as_str())
-                .bind(token_of(lease));
-        }
-        for i in 0..rows {
-            query = query.bind(group[pick(i)].key().as_str());
-        }
-        let mut renewed = Renewed::new();
-        for row in query.fetch_all(lite(conn)?).await? {
-            renewed.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
-        }
-        Ok(Some(renewed))
-    }
-
-    async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
-        sqlx::query(text(sql)).execute(lite(conn)?).await.map(drop)
-    }
-
     fn param(&self, n: usize) -> String {
         format!("?{n}")
     }
 
-    /// SQLite's own reading of the host clock (fixed within a statement),
-    /// in microseconds since the Unix epoch (millisecond precision).
-    fn now_sql(&self) -> &'static str {
-        SQLITE_NOW
-    }
-
     fn plus_micros(&self, micros: &str) -> String {
         format!("({SQLITE_NOW} + {micros})")
-    }
-
-    fn left_micros(&self) -> &'static str {
-        SQLITE_LEFT
     }
 
     fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
@@ -413,10 +277,6 @@ impl Dialect for Sqlite {
                 names.index_qualified, names.waiters_unqualified
             ),
         ]
-    }
-
-    fn begin_sql(&self) -> &'static str {
-        "BEGIN IMMEDIATE"
     }
 
     fn lock_key_sql(&self, keys: &str) -> Vec<String> {

@@ -6,12 +6,13 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::{LockError, Operation, with_timeout};
+use lock_core::floor::FloorGrant;
+use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
 use sqlx::{AssertSqlSafe, Connection};
 
 use crate::config::{SqlConfig, SqlDialect};
 use crate::conn::DbOptions;
-use crate::driver::NAME;
+use crate::driver::{MIN_TTL, NAME};
 use crate::error::map_sqlx;
 
 /// `$body` once per compiled-in connection type, with `$c` the bare
@@ -94,6 +95,55 @@ pub(super) fn failed(
     operation: Operation,
 ) -> impl Fn(sqlx::Error) -> LockError {
     move |e| map_sqlx(config, operation, e).with_backend(NAME)
+}
+
+/// A floor grant's key and owner: the key and TTL checked as the driver
+/// checks them, a fresh owner.
+pub(super) fn grant_args(key: &str, ttl: Duration) -> Result<(LockKey, String), LockError> {
+    let key = LockKey::new(key)?;
+    check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
+        .map_err(|e| e.with_key(&key).with_backend(NAME))?;
+    Ok((key, OwnerId::random().to_hex()))
+}
+
+/// A floor release's key and token (a SQL token fits in a `BIGINT`).
+pub(super) fn release_args(grant: &FloorGrant) -> Result<(LockKey, i64), LockError> {
+    let key = LockKey::new(&grant.key)?;
+    let token = i64::try_from(grant.token).map_err(|_| {
+        LockError::new(
+            ErrorKind::InvalidArgument,
+            Operation::Release,
+            "a SQL token fits in a BIGINT",
+        )
+        .with_key(&key)
+        .with_backend(NAME)
+    })?;
+    Ok((key, token))
+}
+
+/// A floor's statements `run` for `operation` on `key`, within the
+/// operation timeout, failing with the driver's error kinds.
+pub(super) async fn timed<T>(
+    config: &SqlConfig,
+    operation: Operation,
+    key: &LockKey,
+    run: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, LockError> {
+    with_timeout(config.op_timeout, operation, async {
+        run.await.map_err(failed(config, operation))
+    })
+    .await
+    .map_err(|e| e.with_key(key).with_backend(NAME))
+}
+
+/// What a floor's try_grant answers for the grant's `token`.
+pub(super) fn granted(key: &LockKey, owner: String, token: Option<i64>) -> Option<FloorGrant> {
+    token.map(|token| FloorGrant {
+        key: key.as_str().to_owned(),
+        owner,
+        token: u64::try_from(token).unwrap_or(0),
+        handle: String::new(),
+    })
 }
 
 impl Bare {

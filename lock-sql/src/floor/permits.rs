@@ -5,17 +5,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
-use lock_core::{
-    ErrorKind, HolderDetails, LeaseKind, LockError, LockKey, LockShape, Operation, OwnerId,
-    check_ttl, with_timeout,
-};
+use lock_core::{ErrorKind, HolderDetails, LeaseKind, LockError, LockShape, Operation};
 use sqlx::Row;
 use tokio::sync::Mutex;
 
-use super::bare::{Bare, Text, each, failed, micros, quoted, sql};
+use super::bare::{Bare, Text, each, micros, quoted, sql};
 use super::{DETAILS_LEN, lease_sql};
 use crate::config::{SqlConfig, SqlDialect};
-use crate::driver::{MIN_TTL, NAME};
+use crate::driver::NAME;
 
 /// `count` of `limit` permits of a semaphore, by hand on one bare
 /// connection: the floor a permit acquire+release of the driver is measured
@@ -409,45 +406,22 @@ impl RawFloor for SqlPermitFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        let key = LockKey::new(key)?;
-        let operation = Operation::TryAcquire;
-        check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        let owner = OwnerId::random().to_hex();
-        let token = with_timeout(self.config.op_timeout, operation, async {
+        let (key, owner) = super::bare::grant_args(key, ttl)?;
+        let grant = async {
             let mut conn = self.conn.lock().await;
             let result = self.grant(&mut conn, key.as_str(), &owner, ttl).await;
             if result.is_err() {
                 let _ = conn.run(&self.sql.rollback).await;
             }
-            result.map_err(failed(&self.config, operation))
-        })
-        .await
-        .map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        Ok(token.map(|token| FloorGrant {
-            key: key.as_str().to_owned(),
-            owner,
-            token: u64::try_from(token).unwrap_or(0),
-            handle: String::new(),
-        }))
+            result
+        };
+        let token = super::bare::timed(&self.config, Operation::TryAcquire, &key, grant).await?;
+        Ok(super::bare::granted(&key, owner, token))
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
-        let key = LockKey::new(&grant.key)?;
-        let operation = Operation::Release;
-        let token = i64::try_from(grant.token).map_err(|_| {
-            LockError::new(
-                ErrorKind::InvalidArgument,
-                operation,
-                "a SQL token fits in a BIGINT",
-            )
-            .with_key(&key)
-            .with_backend(NAME)
-        })?;
-        with_timeout(self.config.op_timeout, operation, async {
-            let released = self.release_row(key.as_str(), &grant.owner, token).await;
-            released.map_err(failed(&self.config, operation))
-        })
-        .await
-        .map_err(|e| e.with_key(&key).with_backend(NAME))
+        let (key, token) = super::bare::release_args(grant)?;
+        let release = self.release_row(key.as_str(), &grant.owner, token);
+        super::bare::timed(&self.config, Operation::Release, &key, release).await
     }
 }

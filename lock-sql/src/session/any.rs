@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, GcReport, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
-    LockKey, LockPage, LockShape, SharedPage, election::ElectionPage,
+    Capabilities, GcReport, HolderInfo, Lease, LeaseKind, ListQuery, LockBackend, LockError,
+    LockInfo, LockKey, LockPage, LockShape, SharedPage, election::ElectionPage,
 };
 use tokio::time::Instant;
 
@@ -148,32 +148,20 @@ impl LockBackend for SqlAnyBackend {
         self.get().holders(key, shape).await
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        self.get().list(prefix, cursor, limit).await
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.get().list(query).await
     }
 
     async fn list_shared(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        self.get().list_shared(shape, prefix, cursor, limit).await
+        self.get().list_shared(shape, query).await
     }
 
-    async fn list_elections(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<ElectionPage, LockError> {
-        self.get().list_elections(prefix, cursor, limit).await
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        self.get().list_elections(query).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -59,9 +59,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingToken, GcReport, Lease, LockBackend, LockError, LockInfo,
-    LockKey, LockPage, Operation, OwnerId, SessionState, TtlModel, WaitStrategy, check_ttl,
-    validity_deadline,
+    Capabilities, ErrorKind, FencingToken, GcReport, Lease, ListQuery, LockBackend, LockError,
+    LockInfo, LockKey, LockPage, Operation, OwnerId, SessionState, TtlModel, WaitStrategy,
+    check_ttl, validity_deadline,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout, timeout_at};
@@ -604,13 +604,8 @@ impl LockBackend for SqlSessionBackend {
     /// # Cancel safety
     ///
     /// Safe: read-only (a dropped call closes its connection).
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        self.list_tokens(prefix, cursor, limit)
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_tokens(&query.prefix, query.cursor(), query.limit)
             .await
             .map_err(|e| e.with_backend(self.inner.name))
     }

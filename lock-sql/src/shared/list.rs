@@ -11,7 +11,7 @@
 //! different pages are read at different instants.
 
 use lock_core::{
-    LockError, LockKey, LockShape, Operation, SharedLockInfo, SharedPage, with_timeout,
+    ListQuery, LockError, LockKey, LockShape, Operation, SharedLockInfo, SharedPage, with_timeout,
 };
 
 use super::holders::holder_info;
@@ -32,7 +32,11 @@ impl SqlBackend {
         limit: usize,
     ) -> Result<SharedPage, LockError> {
         if shape == LockShape::Mutex {
-            return lock_core::list_mutex_shared(self, prefix, cursor, limit).await;
+            return lock_core::list_mutex_shared(
+                self,
+                &ListQuery::new(prefix, limit).after(cursor),
+            )
+            .await;
         }
         let after = list_start(cursor, limit)?;
         let inner = self.inner();

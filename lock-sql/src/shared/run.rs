@@ -15,6 +15,8 @@ use crate::dialect::text;
 pub(crate) enum Bind<'a> {
     Text(&'a str),
     Int(i64),
+    /// A key as bytes (MySQL's `VARBINARY` lease table).
+    Bytes(&'a [u8]),
 }
 
 /// One column read back: `Int` for `i` in the spec, `Text` for `t`.
@@ -38,6 +40,14 @@ impl Value {
             _ => "",
         }
     }
+
+    /// The text read, `None` for SQL `NULL` (or an integer column).
+    pub(crate) fn into_text(self) -> Option<String> {
+        match self {
+            Self::Text(v) => v,
+            Self::Int(_) => None,
+        }
+    }
 }
 
 /// The same body for every connection type (each arm is typed by its own
@@ -46,14 +56,15 @@ macro_rules! on_conn {
     ($conn:expr, |$c:ident| $body:expr) => {
         match $conn {
             #[cfg(feature = "postgres")]
-            DbConn::Postgres($c) => $body,
+            $crate::conn::DbConn::Postgres($c) => $body,
             #[cfg(feature = "mysql")]
-            DbConn::MySql($c) => $body,
+            $crate::conn::DbConn::MySql($c) => $body,
             #[cfg(feature = "sqlite")]
-            DbConn::Sqlite($c) => $body,
+            $crate::conn::DbConn::Sqlite($c) => $body,
         }
     };
 }
+pub(crate) use on_conn;
 
 macro_rules! bound {
     ($sql:expr, $binds:expr) => {{
@@ -62,10 +73,27 @@ macro_rules! bound {
             query = match *bind {
                 Bind::Text(v) => query.bind(v),
                 Bind::Int(v) => query.bind(v),
+                Bind::Bytes(v) => query.bind(v),
             };
         }
         query
     }};
+}
+
+/// One row read as `spec` says (`i` integer, `t` text).
+macro_rules! read {
+    ($row:expr, $spec:expr) => {
+        $spec
+            .chars()
+            .enumerate()
+            .map(|(i, t)| {
+                Ok(match t {
+                    't' => Value::Text($row.try_get(i)?),
+                    _ => Value::Int($row.try_get(i)?),
+                })
+            })
+            .collect::<Result<Vec<Value>, sqlx::Error>>()
+    };
 }
 
 /// Runs `sql` and reads every row as `spec` says (`i` integer, `t` text).
@@ -77,20 +105,37 @@ pub(crate) async fn fetch(
 ) -> Result<Vec<Vec<Value>>, sqlx::Error> {
     on_conn!(conn, |c| {
         let rows = bound!(sql, binds).fetch_all(&mut *c).await?;
-        rows.iter()
-            .map(|row| {
-                spec.chars()
-                    .enumerate()
-                    .map(|(i, t)| {
-                        Ok(match t {
-                            't' => Value::Text(row.try_get(i)?),
-                            _ => Value::Int(row.try_get(i)?),
-                        })
-                    })
-                    .collect()
-            })
-            .collect()
+        rows.iter().map(|row| read!(row, spec)).collect()
     })
+}
+
+/// Runs `sql` and reads its first row, if any, as `spec` says (sqlx's
+/// `fetch_optional`: a statement that answers at most one row).
+pub(crate) async fn fetch_optional(
+    conn: &mut DbConn,
+    sql: &Arc<str>,
+    binds: &[Bind<'_>],
+    spec: &str,
+) -> Result<Option<Vec<Value>>, sqlx::Error> {
+    on_conn!(conn, |c| {
+        let row = bound!(sql, binds).fetch_optional(&mut *c).await?;
+        row.map(|row| read!(row, spec)).transpose()
+    })
+}
+
+/// Runs `sql` on MySQL/MariaDB: the `LAST_INSERT_ID(expr)` its OK packet
+/// carries.
+#[cfg(feature = "mysql")]
+pub(crate) async fn last_insert_id(
+    conn: &mut DbConn,
+    sql: &Arc<str>,
+    binds: &[Bind<'_>],
+) -> Result<u64, sqlx::Error> {
+    #[allow(irrefutable_let_patterns)] // with only MySQL compiled in
+    let DbConn::MySql(c) = conn else {
+        return Err(crate::dialect::wrong_conn("mysql"));
+    };
+    Ok(bound!(sql, binds).execute(&mut *c).await?.last_insert_id())
 }
 
 /// Runs `sql`: the rows it changed (MySQL: matched).

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, Lease, LockBackend, LockError,
-    LockInfo, LockKey, LockPage, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl,
+    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, Lease, ListQuery, LockBackend,
+    LockError, LockInfo, LockKey, LockPage, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl,
     validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
@@ -529,13 +529,9 @@ impl LockBackend for SqlShedLockBackend {
         .map_err(|e| e.with_key(key).with_backend(NAME))
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
-        self.list_rows(prefix, cursor, limit).await
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_rows(&query.prefix, query.cursor(), query.limit)
+            .await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

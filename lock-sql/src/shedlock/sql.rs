@@ -13,11 +13,12 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use crate::config::SqlDialect;
 use crate::conn::DbConn;
 use crate::dialect::{DETAILS_LEN, micros};
+use crate::shared::run::{Bind, Value, execute, fetch_optional, on_conn};
 
 /// The tokens table's `details` column: `<locked_by> <details>` (see
 /// [`side_details`]).
@@ -82,17 +83,36 @@ impl ShedSql {
             )),
             arc(format!("SELECT name, token, details FROM {k} WHERE 1 = 0")),
         ];
+        // ShedLock's DDL on PostgreSQL (and on SQLite, where it has none).
+        let shedlock_ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL, \
+             lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, \
+             locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))"
+        );
+        // ShedLock's unlock and extend, and the read of the holder, in the
+        // dialect's "now", "now + the TTL", "µs left" and placeholders for
+        // (name, locked_by).
+        let rows = |now: &str, until: &str, left: &str, (name, by): (&str, &str)| {
+            let update = |set: &str| {
+                arc(format!(
+                    "UPDATE {t} SET lock_until = {set} \
+                     WHERE name = {name} AND locked_by = {by} AND lock_until > {now}"
+                ))
+            };
+            let inspect = arc(format!(
+                "SELECT s.locked_by, k.token, {left}, k.details \
+                 FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
+                 WHERE s.name = {name} AND s.lock_until > {now}"
+            ));
+            (update(now), update(until), inspect)
+        };
         let mut first_grant = arc(String::new());
-        let (create, grant, token, ensure_lock_row, release, renew, inspect) = match dialect {
+        let (create, grant, token, ensure_lock_row, (release, renew, inspect)) = match dialect {
             SqlDialect::Postgres => {
                 let now = PG_NOW;
                 (
                     vec![
-                        arc(format!(
-                            "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL, \
-                             lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, \
-                             locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))"
-                        )),
+                        arc(shedlock_ddl.clone()),
                         arc(format!(
                             "CREATE TABLE IF NOT EXISTS {k} (name VARCHAR(64) NOT NULL \
                              PRIMARY KEY, token BIGINT NOT NULL, details VARCHAR({SIDE_DETAILS_LEN}))"
@@ -113,20 +133,14 @@ impl ShedSql {
                     )),
                     arc(String::new()),
                     arc(String::new()),
-                    arc(format!(
-                        "UPDATE {t} SET lock_until = {now} \
-                         WHERE name = $1 AND locked_by = $2 AND lock_until > {now}"
-                    )),
-                    arc(format!(
-                        "UPDATE {t} SET lock_until = {now} + $3 * INTERVAL '1 microsecond' \
-                         WHERE name = $1 AND locked_by = $2 AND lock_until > {now}"
-                    )),
-                    arc(format!(
-                        "SELECT s.locked_by, k.token, \
-                         CAST(EXTRACT(EPOCH FROM (s.lock_until - {now})) * 1000000 AS BIGINT), \
-                         k.details FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
-                         WHERE s.name = $1 AND s.lock_until > {now}"
-                    )),
+                    rows(
+                        now,
+                        &format!("{now} + $3 * INTERVAL '1 microsecond'"),
+                        &format!(
+                            "CAST(EXTRACT(EPOCH FROM (s.lock_until - {now})) * 1000000 AS BIGINT)"
+                        ),
+                        ("$1", "$2"),
+                    ),
                 )
             }
             SqlDialect::MySql => {
@@ -177,31 +191,19 @@ impl ShedSql {
                         "INSERT IGNORE INTO {t} (name, lock_until, locked_at, locked_by) \
                          VALUES (?, {now}, {now}, '')"
                     )),
-                    arc(format!(
-                        "UPDATE {t} SET lock_until = {now} \
-                         WHERE name = ? AND locked_by = ? AND lock_until > {now}"
-                    )),
-                    arc(format!(
-                        "UPDATE {t} SET lock_until = TIMESTAMPADD(MICROSECOND, ?, {now}) \
-                         WHERE name = ? AND locked_by = ? AND lock_until > {now}"
-                    )),
-                    arc(format!(
-                        "SELECT s.locked_by, k.token, \
-                         TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), s.lock_until), k.details \
-                         FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
-                         WHERE s.name = ? AND s.lock_until > {now}"
-                    )),
+                    rows(
+                        now,
+                        &format!("TIMESTAMPADD(MICROSECOND, ?, {now})"),
+                        "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), s.lock_until)",
+                        ("?", "?"),
+                    ),
                 )
             }
             SqlDialect::Sqlite => {
                 let now = LITE_NOW;
                 (
                     vec![
-                        arc(format!(
-                            "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL, \
-                             lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, \
-                             locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))"
-                        )),
+                        arc(shedlock_ddl),
                         arc(format!(
                             "CREATE TABLE IF NOT EXISTS {k} (name VARCHAR(64) NOT NULL \
                              PRIMARY KEY, token INTEGER NOT NULL, details TEXT)"
@@ -220,19 +222,12 @@ impl ShedSql {
                          details = excluded.details RETURNING token"
                     )),
                     arc(String::new()),
-                    arc(format!(
-                        "UPDATE {t} SET lock_until = {now} \
-                         WHERE name = ?1 AND locked_by = ?2 AND lock_until > {now}"
-                    )),
-                    arc(format!(
-                        "UPDATE {t} SET lock_until = {now} + ?3 \
-                         WHERE name = ?1 AND locked_by = ?2 AND lock_until > {now}"
-                    )),
-                    arc(format!(
-                        "SELECT s.locked_by, k.token, (s.lock_until - {now}) * 1000, k.details \
-                         FROM {t} s LEFT JOIN {k} k ON k.name = s.name \
-                         WHERE s.name = ?1 AND s.lock_until > {now}"
-                    )),
+                    rows(
+                        now,
+                        &format!("{now} + ?3"),
+                        &format!("(s.lock_until - {now}) * 1000"),
+                        ("?1", "?2"),
+                    ),
                 )
             }
         };
@@ -320,17 +315,10 @@ pub(crate) fn is_conflict(err: &sqlx::Error) -> bool {
 }
 
 impl ShedSql {
-    /// Runs one statement without binds (schema, probes).
+    /// Runs one statement without binds (schema, probes), unprepared.
     pub(crate) async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
         use sqlx::Executor;
-        match conn {
-            #[cfg(feature = "postgres")]
-            DbConn::Postgres(c) => c.execute(text(sql)).await.map(drop),
-            #[cfg(feature = "mysql")]
-            DbConn::MySql(c) => c.execute(text(sql)).await.map(drop),
-            #[cfg(feature = "sqlite")]
-            DbConn::Sqlite(c) => c.execute(text(sql)).await.map(drop),
-        }
+        on_conn!(conn, |c| c.execute(text(sql)).await.map(drop))
     }
 
     /// MySQL/MariaDB: the collations of the `name` columns of `table` and
@@ -526,30 +514,8 @@ impl ShedSql {
         name: &str,
         locked_by: &str,
     ) -> Result<bool, sqlx::Error> {
-        let rows = match conn {
-            #[cfg(feature = "postgres")]
-            DbConn::Postgres(c) => sqlx::query(text(&self.release))
-                .bind(name)
-                .bind(locked_by)
-                .execute(&mut *c)
-                .await?
-                .rows_affected(),
-            #[cfg(feature = "mysql")]
-            DbConn::MySql(c) => sqlx::query(text(&self.release))
-                .bind(name)
-                .bind(locked_by)
-                .execute(&mut *c)
-                .await?
-                .rows_affected(),
-            #[cfg(feature = "sqlite")]
-            DbConn::Sqlite(c) => sqlx::query(text(&self.release))
-                .bind(name)
-                .bind(locked_by)
-                .execute(&mut *c)
-                .await?
-                .rows_affected(),
-        };
-        Ok(rows > 0)
+        let binds = [Bind::Text(name), Bind::Text(locked_by)];
+        Ok(execute(conn, &self.release, &binds).await? > 0)
     }
 
     /// ShedLock's extend: `lock_until = now + ttl` while ours and unexpired.
@@ -560,34 +526,15 @@ impl ShedSql {
         locked_by: &str,
         ttl: Duration,
     ) -> Result<bool, sqlx::Error> {
-        let ttl = ttl_value(self.dialect, ttl);
-        let rows = match conn {
-            #[cfg(feature = "postgres")]
-            DbConn::Postgres(c) => sqlx::query(text(&self.renew))
-                .bind(name)
-                .bind(locked_by)
-                .bind(ttl)
-                .execute(&mut *c)
-                .await?
-                .rows_affected(),
-            #[cfg(feature = "mysql")]
-            DbConn::MySql(c) => sqlx::query(text(&self.renew))
-                .bind(ttl)
-                .bind(name)
-                .bind(locked_by)
-                .execute(&mut *c)
-                .await?
-                .rows_affected(),
-            #[cfg(feature = "sqlite")]
-            DbConn::Sqlite(c) => sqlx::query(text(&self.renew))
-                .bind(name)
-                .bind(locked_by)
-                .bind(ttl)
-                .execute(&mut *c)
-                .await?
-                .rows_affected(),
+        let ttl = Bind::Int(ttl_value(self.dialect, ttl));
+        let (name, locked_by) = (Bind::Text(name), Bind::Text(locked_by));
+        // MySQL's positional `?`: the TTL comes first in the text.
+        let binds = if self.dialect == SqlDialect::MySql {
+            [ttl, name, locked_by]
+        } else {
+            [name, locked_by, ttl]
         };
-        Ok(rows > 0)
+        Ok(execute(conn, &self.renew, &binds).await? > 0)
     }
 
     /// The unexpired holder of `name`, by anyone.
@@ -596,40 +543,16 @@ impl ShedSql {
         conn: &mut DbConn,
         name: &str,
     ) -> Result<Option<ShedHolder>, sqlx::Error> {
-        let decode = |row: &dyn Fn(usize) -> Result<Option<i64>, sqlx::Error>,
-                      by: String,
-                      details: Option<String>|
-         -> Result<ShedHolder, sqlx::Error> {
-            Ok((by, row(1)?, row(2)?.unwrap_or(0), details))
-        };
-        match conn {
-            #[cfg(feature = "postgres")]
-            DbConn::Postgres(c) => {
-                let row = sqlx::query(text(&self.inspect))
-                    .bind(name)
-                    .fetch_optional(&mut *c)
-                    .await?;
-                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?, r.try_get(3)?))
-                    .transpose()
-            }
-            #[cfg(feature = "mysql")]
-            DbConn::MySql(c) => {
-                let row = sqlx::query(text(&self.inspect))
-                    .bind(name)
-                    .fetch_optional(&mut *c)
-                    .await?;
-                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?, r.try_get(3)?))
-                    .transpose()
-            }
-            #[cfg(feature = "sqlite")]
-            DbConn::Sqlite(c) => {
-                let row = sqlx::query(text(&self.inspect))
-                    .bind(name)
-                    .fetch_optional(&mut *c)
-                    .await?;
-                row.map(|r| decode(&|i| r.try_get(i), r.try_get(0)?, r.try_get(3)?))
-                    .transpose()
-            }
-        }
+        let row = fetch_optional(conn, &self.inspect, &[Bind::Text(name)], "tiit").await?;
+        Ok(row.map(|row| {
+            let mut columns = row.into_iter();
+            let mut next = || columns.next().unwrap_or(Value::Int(None));
+            let by = next().into_text().unwrap_or_default();
+            let token = match next() {
+                Value::Int(token) => token,
+                Value::Text(_) => None,
+            };
+            (by, token, next().int(), next().into_text())
+        }))
     }
 }

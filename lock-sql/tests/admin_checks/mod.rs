@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey, LockShape};
+use lock_core::{ErrorKind, LeaseKind, ListQuery, LockBackend, LockKey, LockShape};
 use lock_sql::SqlBackend;
 use lock_sql::sqlx::{self, AssertSqlSafe};
 
@@ -273,21 +273,27 @@ async fn list_escapes_and_refuses(url: &str) {
             .collect::<Vec<_>>()
     };
     assert_eq!(
-        names(backend.list("l%x", None, 100).await.unwrap()),
+        names(backend.list(&ListQuery::new("l%x", 100)).await.unwrap()),
         ["l%x/1"]
     );
     assert_eq!(
-        names(backend.list("l_x", None, 100).await.unwrap()),
+        names(backend.list(&ListQuery::new("l_x", 100)).await.unwrap()),
         ["l_x/1"]
     );
     // Control: the unescaped pattern's other matches exist and are listed
     // under their common prefix.
-    assert_eq!(names(backend.list("l", None, 100).await.unwrap()).len(), 3);
+    assert_eq!(
+        names(backend.list(&ListQuery::new("l", 100)).await.unwrap()).len(),
+        3
+    );
     for bad in ["nope", "sql1:zz"] {
-        let err = backend.list("", Some(bad), 10).await.unwrap_err();
+        let err = backend
+            .list(&ListQuery::new("", 10).after(Some(bad)))
+            .await
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
     }
-    let err = backend.list("", None, 0).await.unwrap_err();
+    let err = backend.list(&ListQuery::new("", 0)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     // list_shared escapes the same way and takes the same cursors.
     let mut readers = Vec::new();
@@ -304,7 +310,8 @@ async fn list_escapes_and_refuses(url: &str) {
     let shared = |prefix: &'static str| {
         let backend = backend.clone();
         async move {
-            let page = backend.list_shared(LockShape::ReadWrite, prefix, None, 100);
+            let query = ListQuery::new(prefix, 100);
+            let page = backend.list_shared(LockShape::ReadWrite, &query);
             let page = page.await.unwrap();
             let keys: Vec<_> = page
                 .locks
@@ -318,7 +325,10 @@ async fn list_escapes_and_refuses(url: &str) {
     assert_eq!(shared("l_x").await, ["l_x/1"]);
     assert_eq!(shared("l").await.len(), 3);
     let err = backend
-        .list_shared(LockShape::Semaphore, "", Some("sql1:zz"), 10)
+        .list_shared(
+            LockShape::Semaphore,
+            &ListQuery::new("", 10).after(Some("sql1:zz")),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");

@@ -159,6 +159,57 @@ pub async fn kill_other_sessions(killer: &SqlBackend) {
     }
 }
 
+/// The fenced write a server suite checks on the users' pool `$pool` of
+/// `$holder` (`$setup`: the ledger table and its row): `$update` (a format
+/// string: `v` bound first, then `{}` the fence predicate from parameter 2)
+/// writes while `$lease` is held, and no more once `$releaser` released it.
+#[allow(unused_macros)] // only the server suites write
+macro_rules! fenced_write {
+    ($holder:expr, $releaser:expr, $lease:expr, $pool:expr, $setup:expr, $update:literal) => {{
+        use lock_sql::sqlx::{self, AssertSqlSafe};
+        let pool = $pool;
+        for statement in $setup {
+            sqlx::query(statement).execute(&pool).await.unwrap();
+        }
+        let fence = $holder.fence($lease, 2);
+        let sql = format!($update, fence.predicate());
+        let done = fence
+            .bind(sqlx::query(AssertSqlSafe(sql.clone())).bind(7_i64))
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(done.rows_affected(), 1);
+        $releaser.release($lease).await.unwrap();
+        let stale = fence
+            .bind(sqlx::query(AssertSqlSafe(sql)).bind(8_i64))
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(stale.rows_affected(), 0, "released lease wrote");
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use fenced_write;
+
+/// [`holder_killed_and_database_restarted`] on a harness deployment of
+/// `kind`, restarted by killing its server.
+pub async fn holder_killed_and_deployment_restarted(
+    url: &str,
+    target: &DeployedTarget,
+    kind: &str,
+) {
+    holder_killed_and_database_restarted(url, || async {
+        assert!(
+            target
+                .kill_and_restart_server()
+                .await
+                .unwrap_or_else(|e| panic!("restart {kind}: {e:?}")),
+            "the deployment restarts"
+        );
+    })
+    .await;
+}
+
 /// A holder whose connections are killed, then the database restarted
 /// (SIGKILL + start) mid-hold: the row survives, the key stays held until
 /// `expires_at`, then frees, and the next token is larger than every

@@ -275,6 +275,20 @@ async fn probe_until_free(
     None
 }
 
+/// The session scenarios every server runs after its own checks: tokens
+/// across clients, a dropped wait, an unrenewed lease, force releases, a
+/// killed session (by the server, by a connection reset), a partition.
+pub async fn scenarios(target: &SessionTarget) {
+    tokens_across_clients(target).await;
+    dropped_wait(target).await;
+    unrenewed_lease_expires(target, Duration::from_secs(1)).await;
+    force_released(target).await;
+    force_release_spares_foreign_sessions(target).await;
+    killed_session(target, false).await;
+    killed_session(target, true).await;
+    partition(target, Duration::from_secs(2)).await;
+}
+
 /// The holder's session is killed (by the server's admin command, or its
 /// TCP connection reset by the proxy): the server frees the lock at once,
 /// and the holder learns it at its next keep-alive. That window, when the

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LockBackend, LockKey};
+use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey};
 use lock_sql::SqlSessionBackend;
 use lock_sql::sqlx::{self, Connection};
 
@@ -21,7 +21,10 @@ async fn listed(
     let mut all = BTreeMap::new();
     let mut cursor = None;
     for _ in 0..50 {
-        let page = backend.list(prefix, cursor.as_deref(), 2).await.unwrap();
+        let page = backend
+            .list(&ListQuery::new(prefix, 2).after(cursor.as_deref()))
+            .await
+            .unwrap();
         for info in page.locks {
             assert_eq!(info.remaining_ttl, None, "{}", info.key);
             let row = (
@@ -153,7 +156,9 @@ pub async fn mysql_token_rows(target: &SessionTarget) {
         assert!(tokio::time::Instant::now() < until, "still listed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let bad = backend.list(&prefix, Some("other:1"), 2).await;
+    let bad = backend
+        .list(&ListQuery::new(&prefix, 2).after(Some("other:1")))
+        .await;
     assert!(matches!(&bad, Err(e) if e.kind() == ErrorKind::InvalidArgument));
 }
 
@@ -192,7 +197,7 @@ pub async fn mysql_old_token_table(target: &SessionTarget) {
     let info = b.inspect(&k).await.unwrap().unwrap();
     assert_eq!(info.details.map(|d| d.pid), Some(std::process::id()));
     let prefix = k.as_str().to_owned();
-    let page = b.list(&prefix, None, 10).await.unwrap();
+    let page = b.list(&ListQuery::new(&prefix, 10)).await.unwrap();
     assert_eq!(page.locks.len(), 1, "{page:?}");
     assert!(a.release(&lease).await.unwrap());
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {tok}")))
@@ -209,7 +214,7 @@ pub async fn postgres_lists_nothing(target: &SessionTarget) {
     let lease = backend.try_acquire(&k, TTL).await.unwrap().unwrap();
     let info = backend.inspect(&k).await.unwrap().unwrap();
     assert_eq!(info.details, None);
-    let refused = backend.list(k.as_str(), None, 10).await;
+    let refused = backend.list(&ListQuery::new(k.as_str(), 10)).await;
     assert!(
         matches!(&refused, Err(e) if e.kind() == ErrorKind::Unsupported),
         "{refused:?}"

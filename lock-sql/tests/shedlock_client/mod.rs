@@ -36,6 +36,39 @@ enum Conn {
     Lite(sqlx::SqliteConnection),
 }
 
+/// One value a statement binds: text, a duration as seconds (`float8`,
+/// what PostgreSQL's `make_interval(secs => ..)` takes), or an integer.
+#[derive(Clone, Copy)]
+enum V<'a> {
+    Text(&'a str),
+    Secs(Duration),
+    Int(i64),
+}
+
+impl Conn {
+    /// Runs `sql` with `binds`: the rows affected.
+    async fn execute(&mut self, sql: String, binds: &[V<'_>]) -> Result<u64, sqlx::Error> {
+        macro_rules! run {
+            ($c:expr) => {{
+                let mut query = sqlx::query(AssertSqlSafe(sql));
+                for bind in binds {
+                    query = match *bind {
+                        V::Text(v) => query.bind(v),
+                        V::Secs(v) => query.bind(v.as_secs_f64()),
+                        V::Int(v) => query.bind(v),
+                    };
+                }
+                query.execute($c).await.map(|r| r.rows_affected())
+            }};
+        }
+        match self {
+            Conn::Pg(c) => run!(c),
+            Conn::My(c) => run!(c),
+            Conn::Lite(c) => run!(c),
+        }
+    }
+}
+
 const PG_NOW: &str = "timezone('utc', CURRENT_TIMESTAMP)";
 const MY_NOW: &str = "UTC_TIMESTAMP(3)";
 
@@ -85,51 +118,36 @@ impl ShedLock {
     /// `false`, as `insertRecord` reports it.
     pub async fn insert(&mut self, name: &str, at_most: Duration) -> bool {
         let t = &self.table;
-        let (by, now_ms) = (self.locked_by.clone(), now_ms());
-        let rows = match &mut self.conn {
-            Conn::Pg(c) => {
+        let (by, now_ms) = (self.locked_by.as_str(), now_ms());
+        let (sql, binds) = match self.conn {
+            Conn::Pg(_) => {
                 let most = format!("{PG_NOW} + make_interval(secs => $2)");
                 let sql = format!(
                     "INSERT INTO {t}(name, lock_until, locked_at, locked_by) VALUES($1, {most}, {PG_NOW}, $3) \
                      ON CONFLICT (name) DO UPDATE SET lock_until = {most}, locked_at = {PG_NOW}, locked_by = $3 \
                      WHERE {t}.name = $1 AND {t}.lock_until <= {PG_NOW}"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(at_most.as_secs_f64())
-                    .bind(&by)
-                    .execute(c)
-                    .await
-                    .map(|r| r.rows_affected())
+                (sql, vec![V::Text(name), V::Secs(at_most), V::Text(by)])
             }
-            Conn::My(c) => {
+            Conn::My(_) => {
                 let sql = format!(
                     "INSERT IGNORE INTO {t}(name, lock_until, locked_at, locked_by) \
                      VALUES(?, TIMESTAMPADD(MICROSECOND, ?, {MY_NOW}), {MY_NOW}, ?)"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(us(at_most))
-                    .bind(&by)
-                    .execute(c)
-                    .await
-                    .map(|r| r.rows_affected())
+                (sql, vec![V::Text(name), V::Int(us(at_most)), V::Text(by)])
             }
-            Conn::Lite(c) => {
+            Conn::Lite(_) => {
                 let sql = format!(
                     "INSERT INTO {t}(name, lock_until, locked_at, locked_by) VALUES(?, ?, ?, ?)"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(now_ms + ms(at_most))
-                    .bind(now_ms)
-                    .bind(&by)
-                    .execute(c)
-                    .await
-                    .map(|r| r.rows_affected())
+                let until = now_ms + ms(at_most);
+                (
+                    sql,
+                    vec![V::Text(name), V::Int(until), V::Int(now_ms), V::Text(by)],
+                )
             }
         };
-        match rows {
+        match self.conn.execute(sql, &binds).await {
             Ok(n) => {
                 if n > 0 {
                     self.locked_at_ms = now_ms;
@@ -146,48 +164,28 @@ impl ShedLock {
     /// affected.
     pub async fn update(&mut self, name: &str, at_most: Duration) -> u64 {
         let t = &self.table;
-        let (by, now_ms) = (self.locked_by.clone(), now_ms());
-        let rows = match &mut self.conn {
-            Conn::Pg(c) => {
-                let gate = if self.ignore_lock_until {
-                    String::new()
-                } else {
-                    format!(" AND {t}.lock_until <= {PG_NOW}")
-                };
+        let (by, now_ms) = (self.locked_by.as_str(), now_ms());
+        let ignore = self.ignore_lock_until;
+        let gate = |gate: String| if ignore { String::new() } else { gate };
+        let (sql, binds) = match self.conn {
+            Conn::Pg(_) => {
+                let gate = gate(format!(" AND {t}.lock_until <= {PG_NOW}"));
                 let sql = format!(
                     "UPDATE {t} SET lock_until = {PG_NOW} + make_interval(secs => $2), locked_at = {PG_NOW}, \
                      locked_by = $3 WHERE {t}.name = $1{gate}"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(at_most.as_secs_f64())
-                    .bind(&by)
-                    .execute(c)
-                    .await
-                    .unwrap()
-                    .rows_affected()
+                (sql, vec![V::Text(name), V::Secs(at_most), V::Text(by)])
             }
-            Conn::My(c) => {
-                let gate = if self.ignore_lock_until {
-                    String::new()
-                } else {
-                    format!(" AND lock_until <= {MY_NOW}")
-                };
+            Conn::My(_) => {
+                let gate = gate(format!(" AND lock_until <= {MY_NOW}"));
                 let sql = format!(
                     "UPDATE {t} SET lock_until = TIMESTAMPADD(MICROSECOND, ?, {MY_NOW}), \
                      locked_at = {MY_NOW}, locked_by = ? WHERE name = ?{gate}"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(us(at_most))
-                    .bind(&by)
-                    .bind(name)
-                    .execute(c)
-                    .await
-                    .unwrap()
-                    .rows_affected()
+                (sql, vec![V::Int(us(at_most)), V::Text(by), V::Text(name)])
             }
-            Conn::Lite(c) => {
-                let gate = if self.ignore_lock_until {
+            Conn::Lite(_) => {
+                let gate = if ignore {
                     " AND ? = ?"
                 } else {
                     " AND lock_until <= ?"
@@ -195,18 +193,21 @@ impl ShedLock {
                 let sql = format!(
                     "UPDATE {t} SET lock_until = ?, locked_at = ?, locked_by = ? WHERE name = ?{gate}"
                 );
-                let mut query = sqlx::query(AssertSqlSafe(sql))
-                    .bind(now_ms + ms(at_most))
-                    .bind(now_ms)
-                    .bind(by.clone())
-                    .bind(name)
-                    .bind(now_ms);
-                if self.ignore_lock_until {
-                    query = query.bind(now_ms);
+                let until = now_ms + ms(at_most);
+                let mut binds = vec![
+                    V::Int(until),
+                    V::Int(now_ms),
+                    V::Text(by),
+                    V::Text(name),
+                    V::Int(now_ms),
+                ];
+                if ignore {
+                    binds.push(V::Int(now_ms));
                 }
-                query.execute(c).await.unwrap().rows_affected()
+                (sql, binds)
             }
         };
+        let rows = self.conn.execute(sql, &binds).await.unwrap();
         if rows > 0 {
             self.locked_at_ms = now_ms;
         }
@@ -222,100 +223,67 @@ impl ShedLock {
     /// unexpired): rows affected.
     pub async fn extend(&mut self, name: &str, at_most: Duration) -> u64 {
         let t = &self.table;
-        let by = self.locked_by.clone();
-        match &mut self.conn {
-            Conn::Pg(c) => {
+        let by = self.locked_by.as_str();
+        let (sql, binds) = match self.conn {
+            Conn::Pg(_) => {
                 let sql = format!(
                     "UPDATE {t} SET lock_until = {PG_NOW} + make_interval(secs => $2) \
                      WHERE name = $1 AND locked_by = $3 AND lock_until > {PG_NOW}"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(at_most.as_secs_f64())
-                    .bind(&by)
-                    .execute(c)
-                    .await
-                    .map(|r| r.rows_affected())
+                (sql, vec![V::Text(name), V::Secs(at_most), V::Text(by)])
             }
-            Conn::My(c) => {
+            Conn::My(_) => {
                 let sql = format!(
                     "UPDATE {t} SET lock_until = TIMESTAMPADD(MICROSECOND, ?, {MY_NOW}) \
                      WHERE name = ? AND locked_by = ? AND lock_until > {MY_NOW}"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(us(at_most))
-                    .bind(name)
-                    .bind(&by)
-                    .execute(c)
-                    .await
-                    .map(|r| r.rows_affected())
+                (sql, vec![V::Int(us(at_most)), V::Text(name), V::Text(by)])
             }
-            Conn::Lite(c) => {
+            Conn::Lite(_) => {
                 let now = now_ms();
                 let sql = format!(
                     "UPDATE {t} SET lock_until = ? WHERE name = ? AND locked_by = ? AND lock_until > ?"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(now + ms(at_most))
-                    .bind(name)
-                    .bind(&by)
-                    .bind(now)
-                    .execute(c)
-                    .await
-                    .map(|r| r.rows_affected())
+                let until = now + ms(at_most);
+                (
+                    sql,
+                    vec![V::Int(until), V::Text(name), V::Text(by), V::Int(now)],
+                )
             }
-        }
-        .unwrap()
+        };
+        self.conn.execute(sql, &binds).await.unwrap()
     }
 
     /// ShedLock's unlock: `lock_until = max(now, locked_at + at_least)`
     /// where its own (the row stays): rows affected.
     pub async fn unlock(&mut self, name: &str, at_least: Duration) -> u64 {
         let t = &self.table;
-        let by = self.locked_by.clone();
-        match &mut self.conn {
-            Conn::Pg(c) => {
+        let by = self.locked_by.as_str();
+        let (sql, binds) = match self.conn {
+            Conn::Pg(_) => {
                 let least = "locked_at + make_interval(secs => $2)";
                 let sql = format!(
                     "UPDATE {t} SET lock_until = CASE WHEN {least} > {PG_NOW} THEN {least} ELSE {PG_NOW} END \
                      WHERE name = $1 AND locked_by = $3"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(name)
-                    .bind(at_least.as_secs_f64())
-                    .bind(&by)
-                    .execute(c)
-                    .await
-                    .map(|r| r.rows_affected())
+                (sql, vec![V::Text(name), V::Secs(at_least), V::Text(by)])
             }
-            Conn::My(c) => {
+            Conn::My(_) => {
                 let least = "TIMESTAMPADD(MICROSECOND, ?, locked_at)";
                 let sql = format!(
                     "UPDATE {t} SET lock_until = IF ({least} > {MY_NOW} , {least}, {MY_NOW}) \
                      WHERE name = ? AND locked_by = ?"
                 );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(us(at_least))
-                    .bind(us(at_least))
-                    .bind(name)
-                    .bind(&by)
-                    .execute(c)
-                    .await
-                    .map(|r| r.rows_affected())
+                let least = V::Int(us(at_least));
+                (sql, vec![least, least, V::Text(name), V::Text(by)])
             }
-            Conn::Lite(c) => {
+            Conn::Lite(_) => {
                 let unlock_time = (self.locked_at_ms + ms(at_least)).max(now_ms());
                 let sql = format!("UPDATE {t} SET lock_until = ? WHERE name = ? AND locked_by = ?");
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(unlock_time)
-                    .bind(name)
-                    .bind(&by)
-                    .execute(c)
-                    .await
-                    .map(|r| r.rows_affected())
+                (sql, vec![V::Int(unlock_time), V::Text(name), V::Text(by)])
             }
-        }
-        .unwrap()
+        };
+        self.conn.execute(sql, &binds).await.unwrap()
     }
 
     /// The row of `name` as it is: (`locked_by`, whether `lock_until` has
@@ -363,24 +331,8 @@ impl ShedLock {
         } else {
             "?"
         };
-        let sql = AssertSqlSafe(format!("DELETE FROM {t} WHERE name = {mark}"));
-        let done = match &mut self.conn {
-            Conn::Pg(c) => sqlx::query(sql)
-                .bind(name)
-                .execute(c)
-                .await
-                .map(|r| r.rows_affected()),
-            Conn::My(c) => sqlx::query(sql)
-                .bind(name)
-                .execute(c)
-                .await
-                .map(|r| r.rows_affected()),
-            Conn::Lite(c) => sqlx::query(sql)
-                .bind(name)
-                .execute(c)
-                .await
-                .map(|r| r.rows_affected()),
-        };
+        let sql = format!("DELETE FROM {t} WHERE name = {mark}");
+        let done = self.conn.execute(sql, &[V::Text(name)]).await;
         assert_eq!(done.unwrap(), 1, "one row of {name}");
     }
 

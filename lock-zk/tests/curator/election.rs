@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::election::{Leader, election_lock_key};
-use lock_core::{ErrorKind, Lease, LockBackend, LockError, LockKey, OwnerId};
+use lock_core::{ErrorKind, Lease, ListQuery, LockBackend, LockError, LockKey, OwnerId};
 use lock_zk::ZkBackend;
 use tokio::time::{Instant, sleep, timeout};
 use zookeeper_client as zk;
@@ -129,7 +129,10 @@ async fn curator_leader_latch_and_our_campaigns_see_one_leader() {
     let curator = bs[1].leader(&e).await.unwrap().expect("Curator leads");
     assert_eq!(curator.holder, "curator-a");
     assert_eq!(curator.details, None, "Curator's leader has no details");
-    let listed = bs[1].list_elections(e.as_str(), None, 10).await.unwrap();
+    let listed = bs[1]
+        .list_elections(&ListQuery::new(e.as_str(), 10))
+        .await
+        .unwrap();
     let listed = listed
         .elections
         .iter()

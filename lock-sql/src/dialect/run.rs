@@ -1,0 +1,327 @@
+//! The code that reads a dialect's [`Profile`], written once: its
+//! accessors, and the lease statements run with the binds and answers the
+//! profile names (every connection type through `crate::shared::run`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{HolderDetails, Lease, LockError, LockKey};
+
+use super::{Arg, Batch, Dialect, GrantReply, Holder, Renewed, micros, token_of, unix_micros};
+use crate::config::SqlConfig;
+use crate::conn::{DbConn, DbOptions, DbPool};
+use crate::shared::run::{Bind, Value, execute, fetch, fetch_optional};
+
+/// The values one lease statement may bind, by [`Arg`].
+struct Values<'a> {
+    key: &'a str,
+    owner: &'a str,
+    token: i64,
+    ttl: Duration,
+    now: Option<i64>,
+    details: &'a str,
+    channel: &'a str,
+    ahead: Option<i64>,
+}
+
+impl<'a> Values<'a> {
+    fn new(dialect: &dyn Dialect, key: &'a str, owner: &'a str) -> Self {
+        Self {
+            key,
+            owner,
+            token: 0,
+            ttl: Duration::ZERO,
+            now: dialect.bound_now(),
+            details: "",
+            channel: "",
+            ahead: None,
+        }
+    }
+
+    /// The binds of `args`, in their order (the fair grant's only when it
+    /// is one).
+    fn binds(&self, args: &[Arg]) -> Vec<Bind<'a>> {
+        args.iter().filter_map(|arg| self.bind(*arg)).collect()
+    }
+
+    fn bind(&self, arg: Arg) -> Option<Bind<'a>> {
+        Some(match arg {
+            Arg::Key => Bind::Text(self.key),
+            Arg::KeyBytes => Bind::Bytes(self.key.as_bytes()),
+            Arg::Owner => Bind::Text(self.owner),
+            Arg::Token => Bind::Int(self.token),
+            Arg::Ttl => Bind::Int(micros(self.ttl)),
+            Arg::Now => Bind::Int(self.now.unwrap_or_else(unix_micros)),
+            Arg::Details => Bind::Text(self.details),
+            Arg::Channel => Bind::Text(self.channel),
+            Arg::Ahead => Bind::Int(self.ahead?),
+            Arg::AheadKeyBytes => {
+                self.ahead?;
+                Bind::Bytes(self.key.as_bytes())
+            }
+        })
+    }
+}
+
+impl dyn Dialect {
+    /// The backend's name (`"postgres"`, `"mysql"`, `"sqlite"`).
+    pub(crate) fn name(&self) -> &'static str {
+        self.profile().name
+    }
+
+    /// The identifier quote character.
+    pub(crate) fn quote(&self) -> char {
+        self.profile().quote
+    }
+
+    /// The key column as text in a `SELECT`.
+    pub(crate) fn name_text(&self) -> &'static str {
+        self.profile().name_text
+    }
+
+    /// "Now" bound by the statement, in the µs `expires_at` stores, where
+    /// the mutex's statements bind it; `None` where the database's clock
+    /// is used.
+    pub(crate) fn bound_now(&self) -> Option<i64> {
+        self.profile().binds_now.then(unix_micros)
+    }
+
+    /// The suffix of a `SELECT` that locks the rows it read.
+    pub(crate) fn for_update(&self) -> &'static str {
+        self.profile().for_update
+    }
+
+    /// Whether releases notify waiters through the database.
+    pub(crate) fn notified(&self) -> bool {
+        self.profile().notified
+    }
+
+    /// The default number of connections.
+    pub(crate) fn default_pool_size(&self, memory: bool) -> u32 {
+        let (server, in_memory) = self.profile().pool_size;
+        if memory { in_memory } else { server }
+    }
+
+    /// Whether the process's writing statements take turns.
+    pub(crate) fn single_writer(&self) -> bool {
+        self.profile().single_writer
+    }
+
+    /// How many rows a batch of `leases` is sent as (padded to a power of
+    /// two where the rows are spliced as placeholders).
+    pub(crate) fn batch_rows(&self, leases: usize) -> usize {
+        match self.profile().binds.batch {
+            Batch::Arrays => leases,
+            Batch::Spliced { .. } => leases.next_power_of_two(),
+        }
+    }
+
+    /// The 64-bit integer type a `CAST` names.
+    pub(crate) fn int_type(&self) -> &'static str {
+        self.profile().int_type
+    }
+
+    /// "Now" on the database's clock, as stored in `expires_at`.
+    pub(crate) fn now_sql(&self) -> &'static str {
+        self.profile().now_sql
+    }
+
+    /// The microseconds `expires_at` is ahead of now.
+    pub(crate) fn left_micros(&self) -> &'static str {
+        self.profile().left_micros
+    }
+
+    /// Opens a grant transaction.
+    pub(crate) fn begin_sql(&self) -> &'static str {
+        self.profile().begin
+    }
+
+    /// sqlx's connect options for `config` and the users' pool (opened
+    /// lazily) on the same options.
+    pub(crate) fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError> {
+        let options = self.connect_options(config)?;
+        let acquire = if self.profile().busy_timeout {
+            config.op_timeout.max(config.busy_timeout)
+        } else {
+            config.op_timeout
+        };
+        let pool = options.lazy_pool(crate::conn::pool_size(config), acquire);
+        Ok((options, pool))
+    }
+
+    /// The grant: `Some(token)` when the row was inserted or an expired one
+    /// taken over, `None` when someone holds it. `ahead` is `Some(id)` for
+    /// the fair statement ([`Dialect::fair_grant_sql`]): it grants only
+    /// when no live mutex waiter with an id below `id` waits for the key.
+    pub(crate) async fn grant(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+        ahead: Option<i64>,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let details = HolderDetails::encode_current();
+        let values = Values {
+            ttl,
+            ahead,
+            details: &details,
+            ..Values::new(self, key.as_str(), owner)
+        };
+        let binds = values.binds(self.profile().binds.grant);
+        match self.profile().binds.grant_reply {
+            GrantReply::Returning => {
+                let row = fetch_optional(conn, sql, &binds, "i").await?;
+                Ok(row.map(|row| row[0].int()))
+            }
+            #[cfg(feature = "mysql")]
+            GrantReply::LastInsertId => {
+                let token = crate::shared::run::last_insert_id(conn, sql, &binds).await?;
+                Ok((token != 0).then(|| i64::try_from(token).unwrap_or(i64::MAX)))
+            }
+            #[cfg(not(feature = "mysql"))]
+            GrantReply::LastInsertId => Err(super::wrong_conn("mysql")),
+        }
+    }
+
+    /// The guarded release: whether it matched our row (PostgreSQL
+    /// notifies `channel` in the same statement, which answers the row).
+    pub(crate) async fn release(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        token: i64,
+        channel: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let values = Values {
+            token,
+            channel,
+            ..Values::new(self, key.as_str(), owner)
+        };
+        let binds = values.binds(self.profile().binds.release);
+        if self.notified() {
+            Ok(fetch_optional(conn, sql, &binds, "").await?.is_some())
+        } else {
+            Ok(execute(conn, sql, &binds).await? == 1)
+        }
+    }
+
+    /// The renewal: rows matched (1 when still ours and unexpired).
+    pub(crate) async fn renew(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        owner: &str,
+        token: i64,
+        ttl: Duration,
+    ) -> Result<u64, sqlx::Error> {
+        let values = Values {
+            token,
+            ttl,
+            ..Values::new(self, key.as_str(), owner)
+        };
+        execute(conn, sql, &values.binds(self.profile().binds.renew)).await
+    }
+
+    /// The current unexpired holder of `key`.
+    pub(crate) async fn inspect(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+    ) -> Result<Option<Holder>, sqlx::Error> {
+        let values = Values::new(self, key.as_str(), "");
+        let binds = values.binds(self.profile().binds.inspect);
+        let row = fetch_optional(conn, sql, &binds, "tiit").await?;
+        Ok(row.map(|row| {
+            let mut columns = row.into_iter();
+            let mut next = || columns.next().unwrap_or(Value::Int(None));
+            (
+                next().into_text(),
+                next().int(),
+                next().int(),
+                next().into_text(),
+            )
+        }))
+    }
+
+    /// One batch renewal of `group` (`rows` rows, the last lease repeated
+    /// as padding where they are spliced): the renewed rows, or `None` when
+    /// the database only says that fewer rows than leases matched (MySQL).
+    pub(crate) async fn renew_batch(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        group: &[&Lease],
+        owners: &[String],
+        ttl: Duration,
+        rows: usize,
+    ) -> Result<Option<Renewed>, sqlx::Error> {
+        let (lead, key, returns) = match self.profile().binds.batch {
+            #[cfg(feature = "postgres")]
+            Batch::Arrays => {
+                return super::postgres::renew_arrays(conn, sql, group, owners, ttl).await;
+            }
+            #[cfg(not(feature = "postgres"))]
+            Batch::Arrays => return Err(super::wrong_conn("postgres")),
+            Batch::Spliced { lead, key, returns } => (lead, key, returns),
+        };
+        let values = Values {
+            ttl,
+            ..Values::new(self, "", "")
+        };
+        let mut binds = values.binds(lead);
+        let pick = |i: usize| i.min(group.len() - 1);
+        let key_of = |i: usize| {
+            let name = group[pick(i)].key().as_str();
+            if key == Arg::KeyBytes {
+                Bind::Bytes(name.as_bytes())
+            } else {
+                Bind::Text(name)
+            }
+        };
+        for i in 0..rows {
+            binds.push(key_of(i));
+            binds.push(Bind::Text(owners[pick(i)].as_str()));
+            binds.push(Bind::Int(token_of(group[pick(i)])));
+        }
+        binds.extend((0..rows).map(key_of));
+        if returns {
+            let renewed = fetch(conn, sql, &binds, "tti").await?;
+            return Ok(Some(
+                renewed
+                    .into_iter()
+                    .map(|row| {
+                        let mut columns = row.into_iter();
+                        let mut next = || columns.next().unwrap_or(Value::Int(None));
+                        let (name, owner) = (next().into_text(), next().into_text());
+                        (
+                            name.unwrap_or_default(),
+                            owner.unwrap_or_default(),
+                            next().int(),
+                        )
+                    })
+                    .collect(),
+            ));
+        }
+        let matched = execute(conn, sql, &binds).await?;
+        Ok(
+            (usize::try_from(matched).ok() == Some(group.len())).then(|| {
+                group
+                    .iter()
+                    .zip(owners)
+                    .map(|(l, o)| (l.key().as_str().to_owned(), o.clone(), token_of(l)))
+                    .collect()
+            }),
+        )
+    }
+
+    /// Runs one statement without binds (schema creation, `SELECT 1`).
+    pub(crate) async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
+        execute(conn, sql, &[]).await.map(drop)
+    }
+}
