@@ -18,20 +18,18 @@ struct Values<'a> {
     owner: &'a str,
     token: i64,
     ttl: Duration,
-    now: Option<i64>,
     details: &'a str,
     channel: &'a str,
     ahead: Option<i64>,
 }
 
 impl<'a> Values<'a> {
-    fn new(dialect: &dyn Dialect, key: &'a str, owner: &'a str) -> Self {
+    fn new(key: &'a str, owner: &'a str) -> Self {
         Self {
             key,
             owner,
             token: 0,
             ttl: Duration::ZERO,
-            now: dialect.bound_now(),
             details: "",
             channel: "",
             ahead: None,
@@ -51,7 +49,8 @@ impl<'a> Values<'a> {
             Arg::Owner => Bind::Text(self.owner),
             Arg::Token => Bind::Int(self.token),
             Arg::Ttl => Bind::Int(micros(self.ttl)),
-            Arg::Now => Bind::Int(self.now.unwrap_or_else(unix_micros)),
+            // Bound only by dialects whose profile says so, once a statement.
+            Arg::Now => Bind::Int(unix_micros()),
             Arg::Details => Bind::Text(self.details),
             Arg::Channel => Bind::Text(self.channel),
             Arg::Ahead => Bind::Int(self.ahead?),
@@ -167,7 +166,7 @@ impl dyn Dialect {
             ttl,
             ahead,
             details: &details,
-            ..Values::new(self, key.as_str(), owner)
+            ..Values::new(key.as_str(), owner)
         };
         let binds = values.binds(self.profile().binds.grant);
         match self.profile().binds.grant_reply {
@@ -199,7 +198,7 @@ impl dyn Dialect {
         let values = Values {
             token,
             channel,
-            ..Values::new(self, key.as_str(), owner)
+            ..Values::new(key.as_str(), owner)
         };
         let binds = values.binds(self.profile().binds.release);
         if self.notified() {
@@ -222,7 +221,7 @@ impl dyn Dialect {
         let values = Values {
             token,
             ttl,
-            ..Values::new(self, key.as_str(), owner)
+            ..Values::new(key.as_str(), owner)
         };
         execute(conn, sql, &values.binds(self.profile().binds.renew)).await
     }
@@ -234,7 +233,7 @@ impl dyn Dialect {
         sql: &Arc<str>,
         key: &LockKey,
     ) -> Result<Option<Holder>, sqlx::Error> {
-        let values = Values::new(self, key.as_str(), "");
+        let values = Values::new(key.as_str(), "");
         let binds = values.binds(self.profile().binds.inspect);
         let row = fetch_optional(conn, sql, &binds, "tiit").await?;
         Ok(row.map(|row| {
@@ -272,7 +271,7 @@ impl dyn Dialect {
         };
         let values = Values {
             ttl,
-            ..Values::new(self, "", "")
+            ..Values::new("", "")
         };
         let mut binds = values.binds(lead);
         let pick = |i: usize| i.min(group.len() - 1);
