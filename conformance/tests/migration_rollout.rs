@@ -95,3 +95,56 @@ async fn whole_suite_passes_in_every_phase() {
         conformance::run_suite(&harness).await.assert_passed();
     }
 }
+
+/// A dual grant takes the old store, then the new one, and its release
+/// gives them back in the other order: in between, a reader finds the
+/// holder in the old store only (marked `old-only:`). The watch case must
+/// follow grants and releases across that moment: shown here with a
+/// holder whose new store answers 150 ms late, watched through the same
+/// stores with no delay every 10 ms, so the watcher sees the half-way
+/// holder on every grant and release (checked first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_follows_dual_grants_across_their_half_way_moment() {
+    use lock_core::{LockBackend, MemoryBackend, MigrationBackend, MigrationPhase};
+    let old = MemoryBackend::new();
+    let dual = |new: &str| -> Arc<dyn LockBackend> {
+        let new = Arc::new(lock_slowmem::connect(new).unwrap());
+        Arc::new(
+            MigrationBackend::new(Arc::new(old.clone()), new, MigrationPhase::Dual)
+                .with_old_lease_max(Duration::ZERO),
+        )
+    };
+    let holder = dual("slowmem://half-way?delay=150ms");
+    let watcher = dual("slowmem://half-way");
+    let ttl = Duration::from_secs(5);
+
+    let key = lock_core::LockKey::new("half-way/seen").unwrap();
+    let grant = tokio::spawn({
+        let (holder, key) = (holder.clone(), key.clone());
+        async move { holder.try_acquire(&key, ttl).await }
+    });
+    tokio::time::sleep(Duration::from_millis(75)).await;
+    let half_way = watcher
+        .inspect(&key)
+        .await
+        .unwrap()
+        .expect("the old side is held");
+    assert!(
+        lock_core::is_old_only(&half_way.holder),
+        "mid-grant the dual reader saw {half_way:?}, not the old side alone"
+    );
+    let lease = grant.await.unwrap().unwrap().expect("a free key");
+    assert!(holder.release(&lease).await.unwrap());
+
+    let key = lock_core::LockKey::new("half-way/watched").unwrap();
+    let seen = conformance::cases::watch_sees_changes(
+        watcher,
+        holder,
+        &key,
+        ttl,
+        Duration::from_millis(10),
+    )
+    .await;
+    assert!(seen.is_ok(), "{seen:?}");
+    println!("{}", seen.unwrap());
+}

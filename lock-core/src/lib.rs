@@ -116,6 +116,7 @@ pub use kind::{HolderInfo, LeaseKind, LockShape, MAX_PERMITS};
 pub use memory::{MemoryBackend, MemoryFault};
 pub use migration::{
     CUTOVER_KEY_PREFIX, DEFAULT_MIGRATION_NAME, MigrationBackend, MigrationPhase, NEW_EPOCH,
+    OLD_ONLY_MARK, is_old_only,
 };
 pub use multi::{MAX_MULTI_KEYS, MultiGuard, MultiRequest, lock_order};
 pub use options::{

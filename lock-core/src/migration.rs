@@ -151,6 +151,21 @@ const EPOCH_SHIFT: u32 = 56;
 /// backend (see the [module docs](self)).
 pub const CUTOVER_KEY_PREFIX: &str = "__distlock/migration-cutover/";
 
+/// The mark phase `Dual` puts before a holder it found in the old backend
+/// only (`inspect`, `leader`, and so `watch_holder`): a process still on
+/// phase `Old`, or a dual grant half-way (its old side taken, its new side
+/// not yet; or on release, its new side already given back). A watcher
+/// polling a dual-phase key can see such a holder for a moment around
+/// every dual grant and release.
+pub const OLD_ONLY_MARK: &str = "old-only:";
+
+/// Whether `holder` (a [`LockInfo::holder`](crate::LockInfo::holder) or
+/// [`Leader::holder`](crate::election::Leader::holder)) carries the
+/// [`OLD_ONLY_MARK`] of a migration's dual phase.
+pub fn is_old_only(holder: &str) -> bool {
+    holder.starts_with(OLD_ONLY_MARK)
+}
+
 /// The migration name used when none is given.
 pub const DEFAULT_MIGRATION_NAME: &str = "default";
 

@@ -309,7 +309,7 @@ pub async fn watch_sees_changes(
                 match watcher.watch_holder(&key, seen.as_ref(), poll, until).await {
                     Ok(now) => {
                         if !lock_core::LockInfo::same_holder(now.as_ref(), seen.as_ref())
-                            && tx.send(now.as_ref().map(|i| i.token)).is_err()
+                            && tx.send(now.clone()).is_err()
                         {
                             return;
                         }
@@ -343,20 +343,31 @@ pub async fn watch_sees_changes(
 }
 
 /// Waits (up to 5 s) for the watcher's next report (`None`: free, else
-/// the holder's token as the backend reports it) and checks it is `want`
-/// (`None`: free; a holder with that token, or with none where the backend
-/// reports no tokens, as Redlock); how long it took.
+/// the holder as the backend reports it) and checks it is `want` (`None`:
+/// free; a holder with that token, or with none where the backend reports
+/// no tokens, as Redlock); how long it took.
+///
+/// A holder marked [`lock_core::OLD_ONLY_MARK`] is passed over: a
+/// migration's dual phase takes the old store and then the new one (and
+/// gives them back in the other order), so a read can fall between the two
+/// halves of one grant or release; that half-way holder is not a step.
 async fn reported(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Option<Option<lock_core::FencingToken>>>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Option<lock_core::LockInfo>>,
     want: Option<lock_core::FencingToken>,
     what: &str,
 ) -> Result<Duration, String> {
     const LATE: Duration = Duration::from_secs(5);
     let started = Instant::now();
-    let got = tokio::time::timeout(LATE, rx.recv())
-        .await
-        .map_err(|_| format!("the watch did not report {what} within {LATE:?}"))?
-        .ok_or("the watcher stopped")?;
+    let got = loop {
+        let report = tokio::time::timeout_at(started + LATE, rx.recv())
+            .await
+            .map_err(|_| format!("the watch did not report {what} within {LATE:?}"))?
+            .ok_or("the watcher stopped")?;
+        match report {
+            Some(info) if lock_core::is_old_only(&info.holder) => continue,
+            report => break report.map(|info| info.token),
+        }
+    };
     let matches = match (got, want) {
         (None, None) => true,
         (Some(token), Some(want)) => token.is_none_or(|t| t == want),

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::dual::{ReleaseOnDrop, worse};
-use super::{MigrationBackend, MigrationPhase};
+use super::{MigrationBackend, MigrationPhase, OLD_ONLY_MARK};
 use crate::backend::LockBackend;
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::election::{Leader, election_lock_key};
@@ -236,7 +236,7 @@ impl LockBackend for MigrationBackend {
                 // Held in the old store only: a process still on `old` (or a
                 // dual acquire half-way). Say so, so operators can find them.
                 Ok(self.old.inspect(key).await?.map(|mut info| {
-                    info.holder = format!("old-only:{}", info.holder);
+                    info.holder = format!("{OLD_ONLY_MARK}{}", info.holder);
                     info
                 }))
             }
@@ -329,7 +329,7 @@ impl LockBackend for MigrationBackend {
                 // A phase-`old` leader, or a dual campaign half-way: named,
                 // but its old-store token is no term of this migration.
                 Ok(self.old.leader(election).await?.map(|mut leader| {
-                    leader.holder = format!("old-only:{}", leader.holder);
+                    leader.holder = format!("{OLD_ONLY_MARK}{}", leader.holder);
                     leader.term = None;
                     leader
                 }))
