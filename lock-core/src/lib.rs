@@ -94,6 +94,7 @@ mod scheduler;
 mod segments;
 mod telemetry;
 mod types;
+pub mod wrapper;
 
 // The test doubles the integration tests share, for the unit tests too.
 #[cfg(test)]
@@ -132,6 +133,7 @@ pub use types::{
     FencingToken, GcReport, Lease, ListQuery, LockInfo, LockPage, OwnerId, SessionState,
     SharedLockInfo, SharedPage, clock_drift, validity_deadline,
 };
+pub use wrapper::LockWrapper;
 
 /// Re-exported so drivers and users name the same `async_trait`.
 pub use async_trait::async_trait;

@@ -1,0 +1,348 @@
+//! Backends built around another backend: a delay, a recorder, a fault, a
+//! deliberately broken double for a test.
+//!
+//! A [`LockWrapper`] names its inner backend and overrides only the calls
+//! it changes; every other call goes to the inner backend unchanged. Every
+//! `LockWrapper` is a [`LockBackend`] (a blanket implementation), so it can
+//! stand wherever a backend does.
+//!
+//! A wrapper forwards each call *as a call*: a default method of
+//! [`LockBackend`] that the inner backend builds on another call (say its
+//! `acquire_kind` on its own `try_acquire_kind`) keeps calling the inner
+//! backend's version, not the wrapper's override. A wrapper that changes a
+//! call which others are built on overrides those too.
+//!
+//! ```
+//! use lock_core::{LockBackend, LockClient, LockKey, LockWrapper, MemoryBackend};
+//!
+//! /// Counts releases, changes nothing.
+//! #[derive(Debug)]
+//! struct Counting {
+//!     inner: MemoryBackend,
+//!     releases: std::sync::atomic::AtomicU64,
+//! }
+//!
+//! #[lock_core::async_trait]
+//! impl LockWrapper for Counting {
+//!     fn inner(&self) -> &dyn LockBackend {
+//!         &self.inner
+//!     }
+//!     async fn release(&self, lease: &lock_core::Lease) -> Result<bool, lock_core::LockError> {
+//!         self.releases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+//!         self.inner.release(lease).await
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lock_core::LockError> {
+//! let counting = std::sync::Arc::new(Counting { inner: MemoryBackend::new(), releases: 0.into() });
+//! let client = LockClient::from_arc(counting.clone());
+//! client.lock("k").acquire().await?.release().await?;
+//! assert_eq!(counting.releases.load(std::sync::atomic::Ordering::Relaxed), 1);
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::backend::LockBackend;
+use crate::capabilities::Capabilities;
+use crate::election::{ElectionPage, Leader};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::kind::{HolderInfo, LeaseKind, LockShape};
+use crate::types::{GcReport, Lease, ListQuery, LockInfo, LockPage, SharedPage};
+
+/// A backend made of another one (see the [module docs](self)): each
+/// method defaults to the same call on [`inner`](Self::inner), and has the
+/// contract of the [`LockBackend`] method of the same name, which an
+/// override must keep unless breaking it is the point (a test double).
+///
+/// Errors and cancel safety: those of the inner backend's call, for every
+/// method left to its default.
+#[async_trait]
+#[allow(missing_docs)] // Each method is the LockBackend method of its name.
+pub trait LockWrapper: Send + Sync + fmt::Debug {
+    /// The backend every call not overridden goes to.
+    fn inner(&self) -> &dyn LockBackend;
+
+    fn name(&self) -> &'static str {
+        self.inner().name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner().capabilities()
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.inner().try_acquire(key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.inner().acquire(key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        self.inner().renew(lease).await
+    }
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        self.inner().renew_many(leases).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.inner().release(lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner().inspect(key).await
+    }
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        self.inner().try_acquire_kind(key, kind, ttl).await
+    }
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.inner().acquire_kind(key, kind, ttl, deadline).await
+    }
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.inner().downgrade(lease).await
+    }
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        self.inner().holders(key, shape).await
+    }
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        self.inner().try_acquire_all(keys, ttl).await
+    }
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.inner().campaign(election, ttl, deadline).await
+    }
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        self.inner().leader(election).await
+    }
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        self.inner()
+            .watch_leader(election, seen, poll, deadline)
+            .await
+    }
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        self.inner().watch_holder(key, seen, poll, deadline).await
+    }
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.inner().list(query).await
+    }
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        self.inner().list_shared(shape, query).await
+    }
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        self.inner().list_elections(query).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.inner().force_release(key).await
+    }
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.inner().gc(older_than).await
+    }
+}
+
+/// Every [`LockWrapper`] is a backend: each call goes to the wrapper's
+/// method of the same name (its override, or the forwarding default).
+#[async_trait]
+impl<W: LockWrapper> LockBackend for W {
+    fn name(&self) -> &'static str {
+        LockWrapper::name(self)
+    }
+    fn capabilities(&self) -> Capabilities {
+        LockWrapper::capabilities(self)
+    }
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        LockWrapper::try_acquire(self, key, ttl).await
+    }
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        LockWrapper::acquire(self, key, ttl, deadline).await
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        LockWrapper::renew(self, lease).await
+    }
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        LockWrapper::renew_many(self, leases).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        LockWrapper::release(self, lease).await
+    }
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        LockWrapper::inspect(self, key).await
+    }
+    async fn try_acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        LockWrapper::try_acquire_kind(self, key, kind, ttl).await
+    }
+    async fn acquire_kind(
+        &self,
+        key: &LockKey,
+        kind: LeaseKind,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        LockWrapper::acquire_kind(self, key, kind, ttl, deadline).await
+    }
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        LockWrapper::downgrade(self, lease).await
+    }
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        LockWrapper::holders(self, key, shape).await
+    }
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        LockWrapper::try_acquire_all(self, keys, ttl).await
+    }
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        LockWrapper::campaign(self, election, ttl, deadline).await
+    }
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        LockWrapper::leader(self, election).await
+    }
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        LockWrapper::watch_leader(self, election, seen, poll, deadline).await
+    }
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        LockWrapper::watch_holder(self, key, seen, poll, deadline).await
+    }
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        LockWrapper::list(self, query).await
+    }
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        LockWrapper::list_shared(self, shape, query).await
+    }
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        LockWrapper::list_elections(self, query).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        LockWrapper::force_release(self, key).await
+    }
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        LockWrapper::gc(self, older_than).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{ErrorKind, MemoryBackend, Operation};
+
+    /// Refuses renewals; everything else is the memory service's.
+    #[derive(Debug)]
+    struct NoRenewals(MemoryBackend);
+
+    #[async_trait]
+    impl LockWrapper for NoRenewals {
+        fn inner(&self) -> &dyn LockBackend {
+            &self.0
+        }
+        fn name(&self) -> &'static str {
+            "no-renewals"
+        }
+        async fn renew(&self, _: &Lease) -> Result<Instant, LockError> {
+            Err(LockError::new(
+                ErrorKind::NotHeld,
+                Operation::Renew,
+                "refused",
+            ))
+        }
+    }
+
+    #[tokio::test]
+    async fn overrides_win_and_the_rest_reaches_the_inner_backend() {
+        let memory = MemoryBackend::new();
+        let wrapped: Arc<dyn LockBackend> = Arc::new(NoRenewals(memory.clone()));
+        assert_eq!(wrapped.name(), "no-renewals");
+        assert_eq!(wrapped.capabilities(), memory.capabilities());
+        let key = LockKey::new("wrapped").unwrap();
+        let lease = wrapped
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("free");
+        // Granted in the inner service: seen there, and through the wrapper.
+        assert_eq!(
+            memory.inspect(&key).await.unwrap().unwrap().token,
+            Some(lease.token())
+        );
+        assert!(wrapped.inspect(&key).await.unwrap().is_some());
+        assert!(wrapped.renew(&lease).await.unwrap_err().is_not_held());
+        let many = wrapped.renew_many(&[&lease]).await;
+        assert!(many[0].is_ok(), "renew_many is not overridden: {many:?}");
+        assert!(wrapped.release(&lease).await.unwrap());
+        assert!(memory.inspect(&key).await.unwrap().is_none());
+    }
+}
