@@ -11,8 +11,8 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
 use lock_core::{
-    Capabilities, ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend, LockError,
-    LockInfo, LockKey, LockShape, async_trait,
+    ErrorKind, FencingToken, Lease, LeaseKind, LockBackend, LockError, LockKey, LockWrapper,
+    async_trait,
 };
 use lock_redis::{RedisBackend, RedisConfig};
 use tokio::time::{Instant, sleep};
@@ -442,7 +442,7 @@ impl Broken {
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         loop {
-            if let Some(lease) = self.try_acquire_kind(key, kind, ttl).await? {
+            if let Some(lease) = LockWrapper::try_acquire_kind(self, key, kind, ttl).await? {
                 return Ok(lease);
             }
             if Instant::now() >= deadline {
@@ -457,33 +457,16 @@ impl Broken {
     }
 }
 
+/// Overrides only the calls a flaw changes; the rest reach the real
+/// backend. `acquire_kind` is written out because a flawed wait must go
+/// through the flawed tries (the inner backend's wait would not).
 #[async_trait]
-impl LockBackend for Broken {
+impl LockWrapper for Broken {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.inner
+    }
     fn name(&self) -> &'static str {
         "broken-redis"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.inner.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
     }
     async fn try_acquire_kind(
         &self,
@@ -546,9 +529,6 @@ impl LockBackend for Broken {
                 });
         }
         self.inner.downgrade(lease).await
-    }
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        self.inner.holders(key, shape).await
     }
 }
 
