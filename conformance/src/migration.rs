@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    CUTOVER_KEY_PREFIX, Capabilities, ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey,
+    CUTOVER_KEY_PREFIX, ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey, LockWrapper,
     MigrationBackend, MigrationPhase, OwnerId,
 };
 use serde::Serialize;
@@ -145,29 +145,9 @@ pub(crate) fn run_keys(prefix: &str, run_id: &str, n: usize) -> Result<Vec<LockK
 pub struct BlindToCutover(pub Arc<dyn LockBackend>);
 
 #[async_trait]
-impl LockBackend for BlindToCutover {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
+impl LockWrapper for BlindToCutover {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.0
     }
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         if key.as_str().starts_with(CUTOVER_KEY_PREFIX) {

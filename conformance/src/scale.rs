@@ -22,8 +22,7 @@ use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::time::Duration;
 
 use lock_core::{
-    Capabilities, Lease, LockBackend, LockClient, LockError, LockGuard, LockInfo, LockKey,
-    async_trait,
+    Lease, LockBackend, LockClient, LockError, LockGuard, LockKey, LockWrapper, async_trait,
 };
 use serde::Serialize;
 use tokio::time::{Instant, sleep};
@@ -153,7 +152,8 @@ pub struct ScaleReport {
     pub first_release_error: Option<String>,
 }
 
-/// Counts what the scheduler asks of the backend.
+/// Counts what the scheduler asks of the backend: renewal calls and the
+/// leases they carry; every other call goes straight through.
 #[derive(Debug)]
 struct Counted {
     inner: Arc<dyn LockBackend>,
@@ -162,23 +162,9 @@ struct Counted {
 }
 
 #[async_trait]
-impl LockBackend for Counted {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.inner.try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner.acquire(key, ttl, deadline).await
+impl LockWrapper for Counted {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.inner
     }
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -190,12 +176,6 @@ impl LockBackend for Counted {
         self.leases
             .fetch_add(u64::try_from(leases.len()).unwrap_or(0), Ordering::Relaxed);
         self.inner.renew_many(leases).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
     }
 }
 

@@ -7,14 +7,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use conformance::scale::{
     CountingAllocator, ScaleConfig, held_locks, print_report, round_trip_bound, scales_from_env,
 };
 use lock_core::{
-    Capabilities, Lease, LockBackend, LockError, LockInfo, LockKey, MemoryBackend, RENEW_BATCH,
-    async_trait,
+    Lease, LockBackend, LockError, LockWrapper, MemoryBackend, RENEW_BATCH, async_trait,
 };
 use tokio::time::Instant;
 
@@ -74,51 +72,14 @@ struct OnePerCall(MemoryBackend, AtomicU64);
 #[derive(Debug)]
 struct KilobytePerLease(MemoryBackend, Mutex<HashMap<u128, Vec<u8>>>);
 
-macro_rules! delegate {
-    ($ty:ty, $renew_many:item, $on_grant:expr) => {
-        #[async_trait]
-        impl LockBackend for $ty {
-            fn name(&self) -> &'static str {
-                "broken-memory"
-            }
-            fn capabilities(&self) -> Capabilities {
-                self.0.capabilities()
-            }
-            async fn try_acquire(
-                &self,
-                key: &LockKey,
-                ttl: Duration,
-            ) -> Result<Option<Lease>, LockError> {
-                let lease = self.0.try_acquire(key, ttl).await?;
-                ($on_grant)(self);
-                Ok(lease)
-            }
-            async fn acquire(
-                &self,
-                key: &LockKey,
-                ttl: Duration,
-                deadline: Instant,
-            ) -> Result<Lease, LockError> {
-                let lease = self.0.acquire(key, ttl, deadline).await?;
-                ($on_grant)(self);
-                Ok(lease)
-            }
-            async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-                self.0.renew(lease).await
-            }
-            $renew_many
-            async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-                self.0.release(lease).await
-            }
-            async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-                self.0.inspect(key).await
-            }
-        }
-    };
-}
-
-delegate!(
-    OnePerCall,
+#[async_trait]
+impl LockWrapper for OnePerCall {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.0
+    }
+    fn name(&self) -> &'static str {
+        "broken-memory"
+    }
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         let mut out = Vec::with_capacity(leases.len());
         for lease in leases {
@@ -126,12 +87,17 @@ delegate!(
             out.push(self.0.renew(lease).await);
         }
         out
-    },
-    |_: &OnePerCall| {}
-);
+    }
+}
 
-delegate!(
-    KilobytePerLease,
+#[async_trait]
+impl LockWrapper for KilobytePerLease {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.0
+    }
+    fn name(&self) -> &'static str {
+        "broken-memory"
+    }
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         {
             let mut state = self.1.lock().unwrap();
@@ -142,9 +108,8 @@ delegate!(
             }
         }
         self.0.renew_many(leases).await
-    },
-    |_: &KilobytePerLease| {}
-);
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checks_catch_a_round_trip_per_lease_and_a_kilobyte_per_lease() {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey, LockShape,
+    Capabilities, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey, LockWrapper,
 };
 use tokio::time::Instant;
 
@@ -37,13 +37,9 @@ impl AsKind {
 }
 
 #[async_trait]
-impl LockBackend for AsKind {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl LockWrapper for AsKind {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.inner
     }
 
     async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
@@ -59,18 +55,6 @@ impl LockBackend for AsKind {
         self.inner.acquire_kind(key, self.kind, ttl, deadline).await
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        self.inner.renew_many(leases).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let holders = self.inner.holders(key, self.kind.shape()).await?;
         Ok(holders.into_iter().next().map(|h| LockInfo {
@@ -80,14 +64,6 @@ impl LockBackend for AsKind {
             token: h.token,
             remaining_ttl: h.remaining_ttl,
         }))
-    }
-
-    async fn holders(
-        &self,
-        key: &LockKey,
-        shape: LockShape,
-    ) -> Result<Vec<lock_core::HolderInfo>, LockError> {
-        self.inner.holders(key, shape).await
     }
 }
 
