@@ -9,10 +9,17 @@
 //! is shown failing on a deliberately broken backend (`Broken`, a wrapper
 //! of the real backend with one flaw), so a check that cannot fail would be
 //! caught here. The checks, their helpers and `Broken` live in
-//! `tests/shared_checks/mod.rs`; the tests that run them, here.
+//! `tests/shared_checks/mod.rs`; the tests that run them, here. The tests
+//! of expiry are in `shared/expiry.rs`, those that count round trips in
+//! `shared/costs.rs`.
 
 mod common;
 mod shared_checks;
+
+#[path = "shared/costs.rs"]
+mod costs;
+#[path = "shared/expiry.rs"]
+mod expiry;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +28,8 @@ use common::RedisTarget;
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
 use lock_core::{ErrorKind, HolderDetails, Lease, LeaseKind, ListQuery, LockBackend, LockShape};
-use lock_redis::{RedisBackend, RedisConfig};
 use shared_checks::*;
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn checks_pass_on_one_server() {
@@ -393,178 +399,6 @@ async fn semaphore_limits_and_bad_input() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 }
 
-/// A crashed reader or permit holder (never renewed nor released) frees its
-/// share when its TTL ends: a waiting writer / permit request gets in then,
-/// and the dead member never keeps a key alive.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crashed_holders_free_their_share_at_their_ttl() {
-    let Some((server, b)) = single().await else {
-        return;
-    };
-    let short = Duration::from_millis(300);
-    let k = key("crash");
-    // A long-lived reader that leaves, and a crashed short one.
-    let long = b
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let _crashed = b
-        .try_acquire_kind(&k, LeaseKind::Read, short)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(b.release(&long).await.unwrap());
-    let start = Instant::now();
-    let w = b
-        .acquire_kind(&k, LeaseKind::Write, TTL, soon(3_000))
-        .await
-        .expect("the writer gets in when the crashed reader's TTL ends");
-    let took = start.elapsed();
-    assert!(
-        took >= Duration::from_millis(200) && took < Duration::from_millis(900),
-        "{took:?}"
-    );
-    assert!(b.release(&w).await.unwrap());
-    // Permits: 2 of 2 held by a crashed holder.
-    let _crashed = b
-        .try_acquire_kind(&k, permits(2, 2), short)
-        .await
-        .unwrap()
-        .unwrap();
-    let start = Instant::now();
-    let p = b
-        .acquire_kind(&k, permits(1, 2), TTL, soon(3_000))
-        .await
-        .expect("the permit comes back at the crashed holder's TTL");
-    assert!(start.elapsed() < Duration::from_millis(900));
-    assert!(b.release(&p).await.unwrap());
-    // Only the counters are left (kept forever, like the mutex's).
-    let mut conn = raw(server.port()).await;
-    let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{k}*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    keys.sort();
-    assert!(
-        keys.iter().all(|name| name.ends_with(":counters")),
-        "left behind: {keys:?}"
-    );
-}
-
-/// A waiting writer that crashed (its entry never refreshed nor withdrawn)
-/// blocks new readers only until its entry's TTL ends; one that is
-/// cancelled (future dropped) stops blocking them at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_or_cancelled_waiting_writers_stop_blocking_readers() {
-    let Some((server, b)) = single().await else {
-        return;
-    };
-    let k = key("waiter");
-    let names_base = format!("distlock:{{{k}}}:rw");
-    let mut conn = raw(server.port()).await;
-    // A crashed waiting writer, as its script left it: in the queue with an
-    // expiry 400 ms from now (server time).
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    let expiry = secs * 1000 + micros / 1000 + 400;
-    let _: () = redis::pipe()
-        .cmd("ZADD")
-        .arg(format!("{names_base}:queue"))
-        .arg(1)
-        .arg("dead-writer")
-        .ignore()
-        .cmd("ZADD")
-        .arg(format!("{names_base}:queue-expiry"))
-        .arg(expiry)
-        .arg("dead-writer")
-        .ignore()
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(
-        b.try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .is_none(),
-        "a live waiting writer keeps readers out"
-    );
-    let start = Instant::now();
-    let r = b
-        .acquire_kind(&k, LeaseKind::Read, TTL, soon(3_000))
-        .await
-        .expect("the reader gets in when the dead waiter's entry expires");
-    let took = start.elapsed();
-    assert!(took < Duration::from_millis(900), "{took:?}");
-    // A writer waiting behind that reader is cancelled: readers go on.
-    let waiting = {
-        let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire_kind(&k, LeaseKind::Write, TTL, soon(10_000))
-                .await
-        })
-    };
-    sleep(Duration::from_millis(150)).await;
-    assert!(
-        b.try_acquire_kind(&k, LeaseKind::Read, TTL)
-            .await
-            .unwrap()
-            .is_none(),
-        "the waiting writer keeps readers out"
-    );
-    // Its entry expires soon (three re-check intervals at most), not with
-    // its lease's TTL: a writer that dies waiting blocks readers briefly.
-    let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(format!("{names_base}:queue-expiry"))
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-    let now_ms = (secs * 1000 + micros / 1000) as f64;
-    assert_eq!(entries.len(), 1, "{entries:?}");
-    let left = entries[0].1 - now_ms;
-    assert!(
-        left > 0.0 && left <= 1_500.0 && TTL > Duration::from_millis(1_500),
-        "the waiting entry lives {left} ms (lease TTL {TTL:?})"
-    );
-    waiting.abort();
-    let _ = waiting.await;
-    let start = Instant::now();
-    let r2 = loop {
-        if let Some(r2) = b.try_acquire_kind(&k, LeaseKind::Read, TTL).await.unwrap() {
-            break r2;
-        }
-        assert!(
-            start.elapsed() < Duration::from_millis(500),
-            "the cancelled writer still blocks readers"
-        );
-        sleep(Duration::from_millis(5)).await;
-    };
-    let queued: u64 = redis::cmd("ZCARD")
-        .arg(format!("{names_base}:queue"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(queued, 0, "the cancelled waiter left its entry");
-    // A writer whose wait reaches its deadline withdraws before returning.
-    let err = b
-        .acquire_kind(&k, LeaseKind::Write, TTL, soon(200))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Contended);
-    let r3 = b
-        .try_acquire_kind(&k, LeaseKind::Read, TTL)
-        .await
-        .unwrap()
-        .expect("no entry left by the timed-out writer");
-    for r in [&r, &r2, &r3] {
-        assert!(b.release(r).await.unwrap());
-    }
-}
-
 /// Redlock refuses both kinds (and listing them), saying why; its
 /// capabilities say so too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -605,139 +439,6 @@ async fn redlock_refuses_shared_kinds() {
     assert_eq!(page.locks.len(), 1, "{page:?}");
     assert_eq!(page.locks[0].holders[0].holder, lease.owner().to_hex());
     assert!(b.release(&lease).await.unwrap());
-}
-
-/// The permit floor (the driver's semaphore scripts by hand on one bare
-/// connection) counts against the driver's permits on the same key, and a
-/// permit acquire+release costs 2 round trips for both, counted by the
-/// fault proxy (a third one fails the comparison: the warm-up cycle with
-/// its `NOSCRIPT` fallback shows the count seeing it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn permit_floor_excludes_with_the_driver_and_costs_what_the_driver_costs() {
-    use conformance::proxy::FaultProxy;
-    use lock_core::floor::RawFloor;
-    use lock_redis::floor::RedisPermitFloor;
-    let Some((server, driver)) = single().await else {
-        return;
-    };
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let url = format!("redis://127.0.0.1:{}", proxy.port());
-    let floor = RedisPermitFloor::connect(&url, 1, 3).await.unwrap();
-    let k = key("floor");
-    // The driver holds 2 of 3: the floor gets the last one, then nothing.
-    let two = driver
-        .try_acquire_kind(&k, permits(2, 3), TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let grant = floor
-        .try_grant(k.as_str(), TTL)
-        .await
-        .unwrap()
-        .expect("1 left");
-    assert!(grant.token > two.token().get());
-    assert!(floor.try_grant(k.as_str(), TTL).await.unwrap().is_none());
-    let holders = driver.holders(&k, LockShape::Semaphore).await.unwrap();
-    assert_eq!(holders.len(), 2, "{holders:?}");
-    assert!(
-        driver
-            .try_acquire_kind(&k, permits(1, 3), TTL)
-            .await
-            .unwrap()
-            .is_none(),
-        "the floor's permit counts for the driver"
-    );
-    assert!(floor.release(&grant).await.unwrap());
-    assert!(!floor.release(&grant).await.unwrap());
-    assert!(driver.release(&two).await.unwrap());
-    let mismatch = RedisPermitFloor::connect(&url, 1, 4).await.unwrap();
-    let _held = driver
-        .try_acquire_kind(&k, permits(1, 3), TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let err = mismatch.try_grant(k.as_str(), TTL).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    assert_eq!(
-        RedisPermitFloor::connect(&url, 4, 3)
-            .await
-            .unwrap_err()
-            .kind(),
-        ErrorKind::InvalidArgument
-    );
-
-    // The descriptor's permit floor: one permit of a semaphore of 4, on
-    // one server only.
-    let of = lock_redis::DRIVER.permit_floor.expect("a permit floor");
-    let described = of(&url).await.unwrap().expect("redis:// has one");
-    let dk = key("described");
-    let grant = described
-        .try_grant(dk.as_str(), TTL)
-        .await
-        .unwrap()
-        .unwrap();
-    let holders = driver.holders(&dk, LockShape::Semaphore).await.unwrap();
-    assert_eq!(holders.len(), 1);
-    assert_eq!(holders[0].kind, permits(1, 4));
-    assert!(described.release(&grant).await.unwrap());
-    assert!(of("redis+cluster://127.0.0.1:1").await.unwrap().is_none());
-
-    // Round trips per cycle: the floor's, then the driver's (its own
-    // connection through the proxy), each after a warm-up.
-    let through = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
-        .await
-        .unwrap();
-    let fk = key("floor-cycle");
-    let floor_trips = per_cycle(&proxy, async || {
-        floor.cycle(fk.as_str(), TTL).await.unwrap();
-    })
-    .await;
-    let dk = key("driver-cycle");
-    let driver_trips = per_cycle(&proxy, async || {
-        let lease = through
-            .acquire_kind(&dk, permits(1, 3), TTL, soon(5_000))
-            .await
-            .unwrap();
-        assert!(through.release(&lease).await.unwrap());
-    })
-    .await;
-    assert_eq!(floor.round_trips_per_cycle(), 2);
-    assert_eq!(floor_trips, 2, "floor");
-    assert_eq!(
-        driver_trips, 2,
-        "driver: acquire_kind + release of one permit"
-    );
-    // The count sees a third round trip: a cold script cache costs the
-    // NOSCRIPT answer and the EVAL on every call.
-    let mut admin = raw(server.port()).await;
-    let cold = per_cycle(&proxy, async || {
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        floor.cycle(fk.as_str(), TTL).await.unwrap();
-    })
-    .await;
-    assert!(
-        cold > 2,
-        "a flushed cache must cost more round trips: {cold}"
-    );
-}
-
-/// Round trips per cycle through `proxy` (rounded), after a warm-up.
-async fn per_cycle(proxy: &conformance::proxy::FaultProxy, mut cycle: impl AsyncFnMut()) -> u64 {
-    const CYCLES: u64 = 40;
-    for _ in 0..3 {
-        cycle().await;
-    }
-    sleep(Duration::from_millis(20)).await;
-    proxy.reset_counters();
-    for _ in 0..CYCLES {
-        cycle().await;
-    }
-    (proxy.round_trips() + CYCLES / 2) / CYCLES
 }
 
 /// `replicas=N`: a shared grant waits for N replicas like the mutex's, and
@@ -794,105 +495,4 @@ async fn shared_grants_wait_for_replicas() {
         );
     }
     replica.process().resume().unwrap();
-}
-
-/// `renew_many` renews read and permit leases in one pipeline (round trips
-/// counted by the fault proxy: 600 shares in at most 2), each with its own
-/// result: an expired share is `NotHeld`, the others are renewed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renew_many_pipelines_shares() {
-    use conformance::proxy::FaultProxy;
-    let Some((server, _)) = single().await else {
-        return;
-    };
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let url = format!("redis://127.0.0.1:{}", proxy.port());
-    let b = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
-        .await
-        .unwrap();
-    let rw = key("many-rw");
-    let sem = key("many-sem");
-    let mut leases = Vec::new();
-    for _ in 0..300 {
-        leases.push(
-            b.try_acquire_kind(&rw, LeaseKind::Read, TTL)
-                .await
-                .unwrap()
-                .unwrap(),
-        );
-        leases.push(
-            b.try_acquire_kind(&sem, permits(1, 1000), TTL)
-                .await
-                .unwrap()
-                .unwrap(),
-        );
-    }
-    let short = b
-        .try_acquire_kind(&rw, LeaseKind::Read, Duration::from_millis(50))
-        .await
-        .unwrap()
-        .unwrap();
-    sleep(Duration::from_millis(120)).await;
-    let mut all: Vec<&Lease> = leases.iter().collect();
-    all.insert(7, &short);
-    // Warm the script cache, then count.
-    let _ = b.renew_many(&all[..2]).await;
-    sleep(Duration::from_millis(20)).await;
-    proxy.reset_counters();
-    let results = b.renew_many(&all).await;
-    let trips = proxy.round_trips();
-    assert_eq!(results.len(), all.len());
-    for (i, result) in results.iter().enumerate() {
-        if i == 7 {
-            assert_eq!(result.as_ref().unwrap_err().kind(), ErrorKind::NotHeld);
-        } else {
-            let deadline = result.as_ref().expect("renewed");
-            assert!(*deadline > Instant::now() + Duration::from_secs(4));
-        }
-    }
-    assert!(
-        trips <= 2,
-        "{} shares renewed in {trips} round trips",
-        all.len()
-    );
-    for lease in &leases {
-        b.release(lease).await.unwrap();
-    }
-}
-
-/// A waiting read, write or downgrade cycle on a free lock costs what the
-/// mutex's costs: one script to acquire, one to release (nothing
-/// subscribed); a downgrade adds exactly its one script.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_cycles_on_a_free_lock_cost_two_round_trips() {
-    use conformance::proxy::FaultProxy;
-    let Some((server, _)) = single().await else {
-        return;
-    };
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let url = format!("redis://127.0.0.1:{}", proxy.port());
-    let b = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
-        .await
-        .unwrap();
-    let k = key("cycles");
-    for kind in [LeaseKind::Read, LeaseKind::Write] {
-        let trips = per_cycle(&proxy, async || {
-            let lease = b.acquire_kind(&k, kind, TTL, soon(5_000)).await.unwrap();
-            assert!(b.release(&lease).await.unwrap());
-        })
-        .await;
-        assert_eq!(trips, 2, "{kind}");
-    }
-    let trips = per_cycle(&proxy, async || {
-        let w = b
-            .acquire_kind(&k, LeaseKind::Write, TTL, soon(5_000))
-            .await
-            .unwrap();
-        let r = b.downgrade(&w).await.unwrap();
-        assert!(b.release(&r).await.unwrap());
-    })
-    .await;
-    assert_eq!(trips, 3, "write, downgrade, release");
 }

@@ -1,0 +1,245 @@
+//! What shared grants cost, counted by the fault proxy: the permit floor
+//! against the driver, `renew_many` of many shares in one pipeline, and a
+//! waiting read, write or downgrade cycle on a free lock.
+
+use std::time::Duration;
+
+use lock_core::{ErrorKind, Lease, LeaseKind, LockBackend, LockShape};
+use lock_redis::{RedisBackend, RedisConfig};
+use tokio::time::{Instant, sleep};
+
+use super::shared_checks::*;
+
+/// The permit floor (the driver's semaphore scripts by hand on one bare
+/// connection) counts against the driver's permits on the same key, and a
+/// permit acquire+release costs 2 round trips for both, counted by the
+/// fault proxy (a third one fails the comparison: the warm-up cycle with
+/// its `NOSCRIPT` fallback shows the count seeing it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_floor_excludes_with_the_driver_and_costs_what_the_driver_costs() {
+    use conformance::proxy::FaultProxy;
+    use lock_core::floor::RawFloor;
+    use lock_redis::floor::RedisPermitFloor;
+    let Some((server, driver)) = single().await else {
+        return;
+    };
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let floor = RedisPermitFloor::connect(&url, 1, 3).await.unwrap();
+    let k = key("floor");
+    // The driver holds 2 of 3: the floor gets the last one, then nothing.
+    let two = driver
+        .try_acquire_kind(&k, permits(2, 3), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let grant = floor
+        .try_grant(k.as_str(), TTL)
+        .await
+        .unwrap()
+        .expect("1 left");
+    assert!(grant.token > two.token().get());
+    assert!(floor.try_grant(k.as_str(), TTL).await.unwrap().is_none());
+    let holders = driver.holders(&k, LockShape::Semaphore).await.unwrap();
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    assert!(
+        driver
+            .try_acquire_kind(&k, permits(1, 3), TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "the floor's permit counts for the driver"
+    );
+    assert!(floor.release(&grant).await.unwrap());
+    assert!(!floor.release(&grant).await.unwrap());
+    assert!(driver.release(&two).await.unwrap());
+    let mismatch = RedisPermitFloor::connect(&url, 1, 4).await.unwrap();
+    let _held = driver
+        .try_acquire_kind(&k, permits(1, 3), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let err = mismatch.try_grant(k.as_str(), TTL).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert_eq!(
+        RedisPermitFloor::connect(&url, 4, 3)
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+
+    // The descriptor's permit floor: one permit of a semaphore of 4, on
+    // one server only.
+    let of = lock_redis::DRIVER.permit_floor.expect("a permit floor");
+    let described = of(&url).await.unwrap().expect("redis:// has one");
+    let dk = key("described");
+    let grant = described
+        .try_grant(dk.as_str(), TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let holders = driver.holders(&dk, LockShape::Semaphore).await.unwrap();
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].kind, permits(1, 4));
+    assert!(described.release(&grant).await.unwrap());
+    assert!(of("redis+cluster://127.0.0.1:1").await.unwrap().is_none());
+
+    // Round trips per cycle: the floor's, then the driver's (its own
+    // connection through the proxy), each after a warm-up.
+    let through = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let fk = key("floor-cycle");
+    let floor_trips = per_cycle(&proxy, async || {
+        floor.cycle(fk.as_str(), TTL).await.unwrap();
+    })
+    .await;
+    let dk = key("driver-cycle");
+    let driver_trips = per_cycle(&proxy, async || {
+        let lease = through
+            .acquire_kind(&dk, permits(1, 3), TTL, soon(5_000))
+            .await
+            .unwrap();
+        assert!(through.release(&lease).await.unwrap());
+    })
+    .await;
+    assert_eq!(floor.round_trips_per_cycle(), 2);
+    assert_eq!(floor_trips, 2, "floor");
+    assert_eq!(
+        driver_trips, 2,
+        "driver: acquire_kind + release of one permit"
+    );
+    // The count sees a third round trip: a cold script cache costs the
+    // NOSCRIPT answer and the EVAL on every call.
+    let mut admin = raw(server.port()).await;
+    let cold = per_cycle(&proxy, async || {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        floor.cycle(fk.as_str(), TTL).await.unwrap();
+    })
+    .await;
+    assert!(
+        cold > 2,
+        "a flushed cache must cost more round trips: {cold}"
+    );
+}
+
+/// Round trips per cycle through `proxy` (rounded), after a warm-up.
+async fn per_cycle(proxy: &conformance::proxy::FaultProxy, mut cycle: impl AsyncFnMut()) -> u64 {
+    const CYCLES: u64 = 40;
+    for _ in 0..3 {
+        cycle().await;
+    }
+    sleep(Duration::from_millis(20)).await;
+    proxy.reset_counters();
+    for _ in 0..CYCLES {
+        cycle().await;
+    }
+    (proxy.round_trips() + CYCLES / 2) / CYCLES
+}
+
+/// `renew_many` renews read and permit leases in one pipeline (round trips
+/// counted by the fault proxy: 600 shares in at most 2), each with its own
+/// result: an expired share is `NotHeld`, the others are renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_many_pipelines_shares() {
+    use conformance::proxy::FaultProxy;
+    let Some((server, _)) = single().await else {
+        return;
+    };
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let b = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let rw = key("many-rw");
+    let sem = key("many-sem");
+    let mut leases = Vec::new();
+    for _ in 0..300 {
+        leases.push(
+            b.try_acquire_kind(&rw, LeaseKind::Read, TTL)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+        leases.push(
+            b.try_acquire_kind(&sem, permits(1, 1000), TTL)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let short = b
+        .try_acquire_kind(&rw, LeaseKind::Read, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .unwrap();
+    sleep(Duration::from_millis(120)).await;
+    let mut all: Vec<&Lease> = leases.iter().collect();
+    all.insert(7, &short);
+    // Warm the script cache, then count.
+    let _ = b.renew_many(&all[..2]).await;
+    sleep(Duration::from_millis(20)).await;
+    proxy.reset_counters();
+    let results = b.renew_many(&all).await;
+    let trips = proxy.round_trips();
+    assert_eq!(results.len(), all.len());
+    for (i, result) in results.iter().enumerate() {
+        if i == 7 {
+            assert_eq!(result.as_ref().unwrap_err().kind(), ErrorKind::NotHeld);
+        } else {
+            let deadline = result.as_ref().expect("renewed");
+            assert!(*deadline > Instant::now() + Duration::from_secs(4));
+        }
+    }
+    assert!(
+        trips <= 2,
+        "{} shares renewed in {trips} round trips",
+        all.len()
+    );
+    for lease in &leases {
+        b.release(lease).await.unwrap();
+    }
+}
+
+/// A waiting read, write or downgrade cycle on a free lock costs what the
+/// mutex's costs: one script to acquire, one to release (nothing
+/// subscribed); a downgrade adds exactly its one script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_cycles_on_a_free_lock_cost_two_round_trips() {
+    use conformance::proxy::FaultProxy;
+    let Some((server, _)) = single().await else {
+        return;
+    };
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let b = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let k = key("cycles");
+    for kind in [LeaseKind::Read, LeaseKind::Write] {
+        let trips = per_cycle(&proxy, async || {
+            let lease = b.acquire_kind(&k, kind, TTL, soon(5_000)).await.unwrap();
+            assert!(b.release(&lease).await.unwrap());
+        })
+        .await;
+        assert_eq!(trips, 2, "{kind}");
+    }
+    let trips = per_cycle(&proxy, async || {
+        let w = b
+            .acquire_kind(&k, LeaseKind::Write, TTL, soon(5_000))
+            .await
+            .unwrap();
+        let r = b.downgrade(&w).await.unwrap();
+        assert!(b.release(&r).await.unwrap());
+    })
+    .await;
+    assert_eq!(trips, 3, "write, downgrade, release");
+}
