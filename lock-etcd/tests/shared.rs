@@ -15,8 +15,7 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
 use lock_core::{
-    ErrorKind, FencingToken, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockKey,
-    LockShape, OwnerId,
+    ErrorKind, FencingToken, Lease, LeaseKind, LockBackend, LockError, LockKey, LockShape, OwnerId,
 };
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::task::JoinHandle;

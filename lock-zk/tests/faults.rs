@@ -686,7 +686,11 @@ async fn deleted_node_is_noticed(
 #[derive(Debug)]
 struct BlindRenewals(ZkBackend);
 
-common::through_zk!(BlindRenewals, {
+#[lock_core::async_trait]
+impl lock_core::LockWrapper for BlindRenewals {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.0
+    }
     fn name(&self) -> &'static str {
         "zookeeper-blind-renewals"
     }
@@ -697,7 +701,4 @@ common::through_zk!(BlindRenewals, {
         let now = Instant::now();
         leases.iter().map(|l| Ok(now + l.ttl() / 2)).collect()
     }
-    async fn release(&self, lease: &lock_core::Lease) -> Result<bool, lock_core::LockError> {
-        self.0.release(lease).await
-    }
-});
+}

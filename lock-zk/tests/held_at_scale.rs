@@ -93,7 +93,11 @@ async fn zookeeper_renews_many_held_locks_on_one_session() {
 #[derive(Debug)]
 struct KilobytePerLease(ZkBackend, Mutex<HashMap<u128, Vec<u8>>>);
 
-common::through_zk!(KilobytePerLease, {
+#[lock_core::async_trait]
+impl lock_core::LockWrapper for KilobytePerLease {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.0
+    }
     fn name(&self) -> &'static str {
         "zookeeper-kilobyte-per-lease"
     }
@@ -112,4 +116,4 @@ common::through_zk!(KilobytePerLease, {
         self.1.lock().unwrap().remove(&lease.owner().as_u128());
         self.0.release(lease).await
     }
-});
+}

@@ -8,10 +8,19 @@ use super::*;
 #[derive(Debug)]
 struct OneByOne(EtcdBackend);
 
-crate::common::wrapper_backend! {
-    OneByOne, "etcd-one-by-one", self.0,
-    forward [try_acquire, acquire, renew, release, inspect],
-    {
+#[lock_core::async_trait]
+impl lock_core::LockWrapper for OneByOne {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.0
+    }
+    fn name(&self) -> &'static str {
+        "etcd-one-by-one"
+    }
+    /// The trait's default, as before the wrapper: each lease with
+    /// `renew`, not etcd's batch.
+    async fn renew_many(&self, leases: &[&lock_core::Lease]) -> Vec<Result<Instant, LockError>> {
+        lock_core::renew_concurrently(self, leases, lock_core::RENEW_CONCURRENCY).await
+    }
     async fn try_acquire_all(
         &self,
         keys: &[LockKey],
@@ -25,7 +34,6 @@ crate::common::wrapper_backend! {
             }
         }
         Ok(Some(leases))
-    }
     }
 }
 

@@ -70,10 +70,14 @@ impl Broken {
     }
 }
 
-crate::common::wrapper_backend! {
-    Broken, "broken-etcd", self.inner,
-    forward [try_acquire, acquire, renew, release, inspect],
-    {
+#[lock_core::async_trait]
+impl lock_core::LockWrapper for Broken {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.inner
+    }
+    fn name(&self) -> &'static str {
+        "broken-etcd"
+    }
     async fn try_acquire_kind(
         &self,
         key: &LockKey,
@@ -146,10 +150,6 @@ crate::common::wrapper_backend! {
                 .await;
         }
         self.inner.downgrade(lease).await
-    }
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        self.inner.holders(key, shape).await
-    }
     }
 }
 

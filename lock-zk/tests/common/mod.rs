@@ -18,52 +18,6 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 
-/// `impl LockBackend for $double` (a wrapper whose field `.0` is a
-/// [`ZkBackend`]) calling through to the driver for `capabilities`,
-/// `try_acquire`, `acquire`, `renew` and `inspect`, with the items given
-/// (`name`, `release`, and whatever the double does its own way).
-#[allow(unused_macros)] // Not every test binary has a double.
-macro_rules! through_zk {
-    ($double:ty, { $($items:tt)* }) => {
-        #[lock_core::async_trait]
-        impl lock_core::LockBackend for $double {
-            fn capabilities(&self) -> lock_core::Capabilities {
-                self.0.capabilities()
-            }
-            async fn try_acquire(
-                &self,
-                key: &lock_core::LockKey,
-                ttl: std::time::Duration,
-            ) -> Result<Option<lock_core::Lease>, lock_core::LockError> {
-                self.0.try_acquire(key, ttl).await
-            }
-            async fn acquire(
-                &self,
-                key: &lock_core::LockKey,
-                ttl: std::time::Duration,
-                deadline: tokio::time::Instant,
-            ) -> Result<lock_core::Lease, lock_core::LockError> {
-                self.0.acquire(key, ttl, deadline).await
-            }
-            async fn renew(
-                &self,
-                lease: &lock_core::Lease,
-            ) -> Result<tokio::time::Instant, lock_core::LockError> {
-                self.0.renew(lease).await
-            }
-            async fn inspect(
-                &self,
-                key: &lock_core::LockKey,
-            ) -> Result<Option<lock_core::LockInfo>, lock_core::LockError> {
-                self.0.inspect(key).await
-            }
-            $($items)*
-        }
-    };
-}
-#[allow(unused_imports)]
-pub(crate) use through_zk;
-
 /// The TTL of the leases the interop and shared-kind tests take.
 pub const TTL: Duration = Duration::from_secs(3);
 

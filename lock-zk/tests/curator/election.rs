@@ -334,19 +334,42 @@ impl Candidate {
 #[derive(Debug)]
 struct Defaults(ZkBackend);
 
-crate::common::through_zk!(Defaults, {
-    fn name(&self) -> &'static str {
-        self.0.name()
+#[lock_core::async_trait]
+impl lock_core::LockWrapper for Defaults {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.0
     }
 
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
+    /// The trait's default: a waiting acquire of the election's mutex.
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.0
+            .acquire(&election_lock_key(election)?, ttl, deadline)
+            .await
     }
 
-    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
-        self.0.leader(election).await
+    /// The trait's default: our `leader` (the latch's) read every `poll`.
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        let poll = poll.max(Duration::from_millis(5));
+        loop {
+            let now = self.0.leader(election).await?;
+            if !Leader::same(now.as_ref(), seen) || Instant::now() >= deadline {
+                return Ok(now);
+            }
+            tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
+        }
     }
-});
+}
 
 /// With Curator's latch leading, our candidate does not claim to lead; the
 /// one-leader check catches the three broken candidates. Our observer wakes on
