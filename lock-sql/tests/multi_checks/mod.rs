@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lock_core::{ErrorKind, Lease, LockBackend, LockError, LockKey, OwnerId, async_trait};
+use lock_core::{
+    ErrorKind, Lease, LockBackend, LockError, LockKey, LockWrapper, OwnerId, async_trait,
+};
 use lock_sql::SqlBackend;
 use tokio::time::{Instant, sleep};
 
@@ -241,17 +243,13 @@ pub struct OneByOneNoRollback {
 }
 
 #[async_trait]
-impl LockBackend for OneByOneNoRollback {
+impl LockWrapper for OneByOneNoRollback {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.inner
+    }
+
     fn name(&self) -> &'static str {
         "one-by-one-no-rollback"
-    }
-
-    fn capabilities(&self) -> lock_core::Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.inner.try_acquire(key, ttl).await
     }
 
     async fn try_acquire_all(
@@ -267,27 +265,6 @@ impl LockBackend for OneByOneNoRollback {
             }
         }
         Ok(Some(leases))
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner.acquire(key, ttl, deadline).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(lease).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.release(lease).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<lock_core::LockInfo>, LockError> {
-        self.inner.inspect(key).await
     }
 }
 
