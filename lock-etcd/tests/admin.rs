@@ -21,7 +21,7 @@ use lock_etcd::EtcdBackend;
 use tokio::time::{Instant, sleep};
 
 mod common;
-use common::{config_for, connect_for, granted, granted_kind};
+use common::{connect_for, granted, granted_kind};
 
 fn key(name: &str) -> LockKey {
     LockKey::new(name).unwrap()
@@ -399,9 +399,8 @@ async fn watch_holder_wakes_on_the_store_watch() {
         return;
     };
     let ttl = Duration::from_secs(5);
-    let connect = || EtcdBackend::connect(config_for(&server, "watch", ttl));
-    let watcher: Arc<dyn LockBackend> = Arc::new(connect().await.unwrap());
-    let holder: Arc<dyn LockBackend> = Arc::new(connect().await.unwrap());
+    let watcher: Arc<dyn LockBackend> = Arc::new(connect_for(&server, "watch", ttl).await);
+    let holder: Arc<dyn LockBackend> = Arc::new(connect_for(&server, "watch", ttl).await);
     let seen = conformance::cases::watch_sees_changes(
         watcher,
         holder,

@@ -20,7 +20,7 @@ use tokio::process::Command;
 use tokio::time::{Instant, sleep, timeout};
 
 mod common;
-use common::{config_for, connect_for, granted};
+use common::{connect_for, granted};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_single_member() {
@@ -60,10 +60,10 @@ async fn cluster_contention_survives_leader_kill_and_restart() {
     let Some(mut server) = EtcdServer::start_cluster(3).await.or_skip() else {
         return;
     };
-    let config = config_for(&server, "chaos", Duration::from_secs(2));
+    let session_ttl = Duration::from_secs(2);
     let clients = [
-        Arc::new(EtcdBackend::connect(config.clone()).await.unwrap()),
-        Arc::new(EtcdBackend::connect(config.clone()).await.unwrap()),
+        Arc::new(connect_for(&server, "chaos", session_ttl).await),
+        Arc::new(connect_for(&server, "chaos", session_ttl).await),
     ];
     let key = LockKey::new("contended").unwrap();
     let history = Arc::new(History::new());
@@ -154,9 +154,7 @@ async fn interop_with_etcdctl_lock() {
         return;
     };
     let endpoint = format!("--endpoints={}", server.endpoints().join(","));
-    let backend = EtcdBackend::connect(config_for(&server, "interop", Duration::from_secs(5)))
-        .await
-        .unwrap();
+    let backend = connect_for(&server, "interop", Duration::from_secs(5)).await;
     let key = LockKey::new("job").unwrap();
     let name = backend.key_prefix(&key).trim_end_matches('/').to_owned();
     assert_eq!(name, "interop/job");
@@ -259,9 +257,8 @@ async fn session_loss_is_signalled_before_another_grant() {
         return;
     };
     let ttl = Duration::from_secs(1);
-    let config = config_for(&server, "session", ttl);
-    let a = EtcdBackend::connect(config.clone()).await.unwrap();
-    let b = EtcdBackend::connect(config.clone()).await.unwrap();
+    let a = connect_for(&server, "session", ttl).await;
+    let b = connect_for(&server, "session", ttl).await;
     let first_session = a.session_lease(ttl).unwrap();
     let key = LockKey::new("paused").unwrap();
     let client = LockClient::new(a.clone());

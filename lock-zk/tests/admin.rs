@@ -9,20 +9,12 @@ use std::time::Duration;
 
 use common::Standalone;
 use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey, OwnerId};
-use lock_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;
 
 const TTL: Duration = Duration::from_secs(5);
 
 fn tag() -> String {
     OwnerId::random().to_hex()[..8].to_owned()
-}
-
-async fn backend(target: &Standalone, options: &str) -> ZkBackend {
-    let url = common::with_options(&target.client_url(), options);
-    ZkBackend::connect(ZkConfig::from_url(&url).expect("config"))
-        .await
-        .expect("backend")
 }
 
 async fn exists(raw: &zk::Client, path: &str) -> bool {
@@ -46,7 +38,9 @@ async fn gc_removes_old_empty_directories_only() {
         return;
     };
     let root = format!("/gc-{}", tag());
-    let ours = backend(&target, &format!("root={root}&containers=false")).await;
+    let ours = target
+        .backend_with(&format!("root={root}&containers=false"), "backend")
+        .await;
     let raw = target.raw().await;
     let held = LockKey::new("held").unwrap();
     let left = LockKey::new("left/behind").unwrap();
@@ -107,7 +101,9 @@ async fn list_cursors_and_bounds() {
     let Some(target) = Standalone::start().await else {
         return;
     };
-    let ours = backend(&target, &format!("root=/list-{}", tag())).await;
+    let ours = target
+        .backend_with(&format!("root=/list-{}", tag()), "backend")
+        .await;
     let empty = ours
         .list(&ListQuery::new("", 10))
         .await
@@ -165,7 +161,9 @@ async fn list_in_the_path_layout_covers_the_root() {
     let Some(target) = Standalone::start().await else {
         return;
     };
-    let ours = backend(&target, &format!("layout=path&root=/listpath-{}", tag())).await;
+    let ours = target
+        .backend_with(&format!("layout=path&root=/listpath-{}", tag()), "backend")
+        .await;
     let reserved = LockKey::new(format!("__distlock/cutover-{}", tag())).unwrap();
     let path = LockKey::new(format!("/app/locks/list-{}", tag())).unwrap();
     let a = ours
@@ -193,8 +191,8 @@ async fn watch_holder_wakes_on_zookeeper_watches() {
         return;
     };
     let options = format!("root=/watch-{}", tag());
-    let watcher: Arc<dyn LockBackend> = Arc::new(backend(&target, &options).await);
-    let holder: Arc<dyn LockBackend> = Arc::new(backend(&target, &options).await);
+    let watcher: Arc<dyn LockBackend> = Arc::new(target.backend_with(&options, "backend").await);
+    let holder: Arc<dyn LockBackend> = Arc::new(target.backend_with(&options, "backend").await);
     let seen = conformance::cases::watch_sees_changes(
         watcher,
         holder,

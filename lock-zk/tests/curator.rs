@@ -34,10 +34,9 @@ use tokio::time::{Instant, sleep, timeout};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn curator_mutex_and_ours_exclude_each_other() {
     let (target, bs, peer) = setup(1).await;
-    let url = format!("{}&layout=path", target.client_url());
-    let on_path = ZkBackend::connect(lock_zk::ZkConfig::from_url(&url).expect("config"))
-        .await
-        .expect("path-layout backend");
+    let on_path = target
+        .backend_with("layout=path", "path-layout backend")
+        .await;
     let default_key = key("curator-mutex");
     let path_key =
         LockKey::new(format!("/curator-app/locks/{}", default_key.as_str())).expect("key");
@@ -107,10 +106,9 @@ async fn curator_mutex_and_ours_exclude_each_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn curator_mutex_misorders_kazoo_named_nodes() {
     let (target, _bs, peer) = setup(0).await;
-    let url = format!("{}&layout=path&nodes=kazoo", target.client_url());
-    let ours = ZkBackend::connect(lock_zk::ZkConfig::from_url(&url).expect("config"))
-        .await
-        .expect("kazoo-named backend");
+    let ours = target
+        .backend_with("layout=path&nodes=kazoo", "kazoo-named backend")
+        .await;
     let k = LockKey::new(format!(
         "/curator-app/locks/kazoo-named-{}",
         &OwnerId::random().to_hex()[..8]

@@ -30,7 +30,7 @@ use common::routed::{Request, Routed};
 use common::{Standalone, TTL, key, soon, spawn_acquire};
 use conformance::OrSkip;
 use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey, OwnerId};
-use lock_zk::{ZkBackend, ZkConfig};
+use lock_zk::ZkBackend;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep};
 
@@ -128,10 +128,7 @@ async fn setup(options: &str) -> Option<(Standalone, ZkBackend, Kazoo)> {
     let target = Standalone::start()
         .await
         .expect("the kazoo interop tests need ZooKeeper (Debian package zookeeper)");
-    let url = common::with_options(&target.client_url(), options);
-    let ours = ZkBackend::connect(ZkConfig::from_url(&url).expect("config"))
-        .await
-        .expect("backend");
+    let ours = target.backend_with(options, "backend").await;
     let connect = target.base_url().trim_start_matches("zk://").to_owned();
     let kazoo = Kazoo::start(&python, &connect).await;
     Some((target, ours, kazoo))
@@ -344,10 +341,7 @@ async fn kazoo_named_nodes_exclude_an_unmodified_kazoo_lock() {
     let Some((target, ours, kazoo)) = setup(&format!("{options}&nodes=kazoo")).await else {
         return;
     };
-    let url = common::with_options(&target.client_url(), options);
-    let curator_named = ZkBackend::connect(ZkConfig::from_url(&url).expect("config"))
-        .await
-        .expect("backend");
+    let curator_named = target.backend_with(options, "backend").await;
     let (path, k) = legacy_path("kazoo-named");
     let names = ["ours (nodes=kazoo)", "an unmodified kazoo"];
     exclude_both_ways(&ours, &kazoo, &k, &path, &[], names).await;

@@ -207,6 +207,16 @@ impl Standalone {
         ZkBackend::connect(ZkConfig::from_url(&self.client_url())?).await
     }
 
+    /// A new backend with its own session and `options` added to the
+    /// client URL (`layout=path`, `root=...`); panics with `what` when it
+    /// cannot connect.
+    pub async fn backend_with(&self, options: &str, what: &str) -> ZkBackend {
+        let url = with_options(&self.client_url(), options);
+        ZkBackend::connect(ZkConfig::from_url(&url).expect("config"))
+            .await
+            .expect(what)
+    }
+
     /// `n` new backends, each with its own session.
     pub async fn backends(&self, n: usize) -> Vec<ZkBackend> {
         let mut out = Vec::new();
