@@ -228,20 +228,22 @@
 //!   nodes (`tests/curator.rs` shows the overrun this allows).
 //! - **Tokens**: a write grant's token is its node's `czxid`; grants of a
 //!   key follow node creation order, so it is greater than every earlier
-//!   grant's (reads included). The writer then stores it in the read-write
-//!   directory's data before the lease is handed out, and a read grant
-//!   carries the value found there right after its grant decision (read
-//!   in the same pipelined exchange as the list): the token of the last
-//!   write grant, 0 before any. Readers of one epoch carry equal tokens; a
-//!   downgraded writer keeps its token. Caveats: Curator's writers do not
-//!   store an epoch (a read after a Curator write carries the last epoch
-//!   one of *ours* wrote), and the directory is a container node: once it
-//!   is empty the server deletes it at its next container check (60 s by
-//!   default), and readers then carry 0 until the next write (whose token
-//!   is still greater than every earlier grant). Without container nodes
-//!   (`containers=false`, old servers) read-write directories are never
-//!   deleted by the client, so the epoch stays (one empty node per key
-//!   ever read-write locked). A permit grant's token is
+//!   grant's (reads included). The writer then stores it as the key's
+//!   epoch before the lease is handed out, in a persistent node of its own,
+//!   `<root>/.rwepoch/<escaped key>` (created at the key's first write; one
+//!   small node per key ever write-locked, never deleted), and in the
+//!   read-write directory's data (where earlier versions kept it; both
+//!   writes sent at once). A read grant carries the greater of the two
+//!   values, read right after its grant decision in the same pipelined
+//!   exchange as the list: the token of the last write grant, 0 before
+//!   any. The directory itself is a container node (as Curator makes it):
+//!   the server deletes it once empty, which is why the epoch does not
+//!   live only in its data (readers would carry 0 after a deletion;
+//!   `tests/epoch.rs` shows it on a server that checks its containers
+//!   every 100 ms). Readers of one epoch carry equal tokens; a downgraded
+//!   writer keeps its token. Caveat: Curator's writers do not store an
+//!   epoch (a read after a Curator write carries the last epoch one of
+//!   *ours* wrote). A permit grant's token is
 //!   the `czxid` of its first lease node: lease nodes are created under the
 //!   mutex, in grant order, so permit tokens strictly increase.
 //! - **Leases, renewal, expiry** as for the mutex: every read, write or

@@ -51,6 +51,9 @@ const NAMES: [&str; 5] = [LOCK_NAME, READ_NAME, WRITE_NAME, LEASE_NAME, LATCH_NA
 /// `.`, which an escaped key never does (`.` is escaped), so it cannot
 /// collide with a mutex's directory.
 pub(crate) const RW_PARENT: &str = ".rwlock";
+/// The parent of every read-write lock's epoch node (see [`rw_epoch_path`]
+/// and [`RW_PARENT`]).
+pub(crate) const RW_EPOCH_PARENT: &str = ".rwepoch";
 /// The parent of every semaphore's directory (see [`RW_PARENT`]).
 pub(crate) const SEM_PARENT: &str = ".semaphore";
 /// The parent of every election's latch directory (see [`RW_PARENT`]).
@@ -77,6 +80,24 @@ pub(crate) fn rw_dir(root: &str, key: &LockKey) -> String {
         "{root}/{RW_PARENT}/{}",
         utf8_percent_encode(key.as_str(), COMPONENT)
     )
+}
+
+/// The node holding `key`'s read-write lock write epoch (the token of its
+/// last write grant): `<root>/.rwepoch/<escaped key>`, a persistent node
+/// outside the lock's directory. The directory is a container (Curator
+/// makes it one too) that the server deletes once it is empty, so an
+/// epoch kept only in its data would fall back to 0; and a child in it
+/// that is no lock node would confuse Curator's predicates.
+pub(crate) fn rw_epoch_path(root: &str, key: &LockKey) -> String {
+    rw_epoch_path_of(
+        root,
+        &utf8_percent_encode(key.as_str(), COMPONENT).to_string(),
+    )
+}
+
+/// [`rw_epoch_path`] of a key's escaped component.
+pub(crate) fn rw_epoch_path_of(root: &str, escaped: &str) -> String {
+    format!("{root}/{RW_EPOCH_PARENT}/{escaped}")
 }
 
 /// The directory of `key`'s semaphore: `<root>/.semaphore/<escaped key>`
@@ -444,7 +465,15 @@ mod tests {
             let name = name.strip_prefix('/').unwrap();
             assert_eq!(key_of_component(name), Some(key(k)), "{name}");
         }
-        for not_a_key in [".rwlock", ".semaphore", "%41", "%zz", "a%2f", "%FF"] {
+        for not_a_key in [
+            ".rwlock",
+            ".rwepoch",
+            ".semaphore",
+            "%41",
+            "%zz",
+            "a%2f",
+            "%FF",
+        ] {
             assert_eq!(key_of_component(not_a_key), None, "{not_a_key}");
         }
     }
@@ -576,6 +605,7 @@ mod tests {
         let root = "/distlock";
         let k = key("a/b");
         assert_eq!(rw_dir(root, &k), "/distlock/.rwlock/a%2Fb");
+        assert_eq!(rw_epoch_path(root, &k), "/distlock/.rwepoch/a%2Fb");
         assert_eq!(sem_dir(root, &k), "/distlock/.semaphore/a%2Fb");
         assert_eq!(latch_dir(root, &k), "/distlock/.election/a%2Fb");
         assert_ne!(key_dir(root, &key(".election")), "/distlock/.election");

@@ -21,26 +21,39 @@ use super::*;
 use crate::error::{CallError, NAME, timed};
 use crate::paths::{self, LEASE_NAME, RW_PARENT, SEM_PARENT, owner_of, sequence_named};
 
-/// A directory's children and data; `None` when it does not exist.
-type Listing = Option<(Vec<String>, Vec<u8>)>;
+/// A directory's children and data, and the stored epoch (a read-write
+/// lock's epoch node, 0 when none or not asked); `None` when the
+/// directory does not exist.
+type Listing = Option<(Vec<String>, Vec<u8>, u64)>;
 
-/// Sends a `getChildren` and a `getData` of `dir` at once (both requests
-/// leave before the returned future is polled).
+/// Sends a `getChildren` and a `getData` of `dir`, and a `getData` of
+/// `epoch` (a read-write lock's epoch node) when given, at once (every
+/// request leaves before the returned future is polled).
 fn read_dir<'a>(
     client: &'a zk::Client,
     dir: &str,
+    epoch: Option<&str>,
     timeout: Duration,
 ) -> impl Future<Output = Result<Listing, CallError>> + Send + 'a {
     let children = timed(timeout, client.list_children(dir));
     let data = timed(timeout, client.get_data(dir));
+    let stored = epoch.map(|path| timed(timeout, client.get_data(path)));
     async move {
         let children = match children.await {
             Ok(children) => children,
             Err(err) if err.is(&zk::Error::NoNode) => return Ok(None),
             Err(err) => return Err(err),
         };
+        let stored = match stored {
+            Some(read) => match read.await {
+                Ok((data, _)) => epoch_of(&data),
+                Err(err) if err.is(&zk::Error::NoNode) => 0,
+                Err(err) => return Err(err),
+            },
+            None => 0,
+        };
         match data.await {
-            Ok((data, _)) => Ok(Some((children, data))),
+            Ok((data, _)) => Ok(Some((children, data, stored))),
             Err(err) if err.is(&zk::Error::NoNode) => Ok(None),
             Err(err) => Err(err),
         }
@@ -49,12 +62,13 @@ fn read_dir<'a>(
 
 /// The holders of a `shape` directory with `children` and `data`, in
 /// grant order: a read-write lock's writer or readers (readers carry the
-/// directory's epoch), a semaphore's permit holders (a grant of several
-/// permits is several nodes; the nodes past the limit are a waiter's).
-fn held_of(shape: LockShape, children: Vec<String>, data: &[u8]) -> Vec<Held> {
+/// epoch: the greater of `stored`, the epoch node's, and the directory's
+/// data), a semaphore's permit holders (a grant of several permits is
+/// several nodes; the nodes past the limit are a waiter's).
+fn held_of(shape: LockShape, children: Vec<String>, data: &[u8], stored: u64) -> Vec<Held> {
     match shape {
         LockShape::ReadWrite => {
-            let epoch = epoch_of(data);
+            let epoch = epoch_of(data).max(stored);
             let nodes = sorted_rw_nodes(children);
             let mut held = Vec::new();
             for (index, node) in nodes.iter().enumerate() {
@@ -178,25 +192,30 @@ impl ZkBackend {
         let client = &session.client;
         let fail = |err: CallError| err.into_lock_error(op).with_key(key);
         let root = self.inner.config.root();
-        let dir = match shape {
-            LockShape::ReadWrite => paths::rw_dir(root, key),
-            _ => format!("{}/{LEASES}", paths::sem_dir(root, key)),
+        let (dir, epoch) = match shape {
+            LockShape::ReadWrite => (
+                paths::rw_dir(root, key),
+                Some(paths::rw_epoch_path(root, key)),
+            ),
+            _ => (format!("{}/{LEASES}", paths::sem_dir(root, key)), None),
         };
-        let Some((children, data)) = read_dir(client, &dir, self.op_timeout())
-            .await
-            .map_err(fail)?
+        let Some((children, data, stored)) =
+            read_dir(client, &dir, epoch.as_deref(), self.op_timeout())
+                .await
+                .map_err(fail)?
         else {
             return Ok(Vec::new());
         };
-        let held = held_of(shape, children, &data);
+        let held = held_of(shape, children, &data, stored);
         self.read_holders(client, &dir, held).await.map_err(fail)
     }
 
     /// `list_shared` of read-write locks or semaphores: one `getChildren`
     /// of the shape's `.` directory, then the key directories of the page
-    /// (bounded and paged as `list`), each's children and data pipelined,
-    /// then every holder's first node pipelined: at most `4 × limit + 1`
-    /// requests plus one per holder, in 3 round trips.
+    /// (bounded and paged as `list`), each's children and data (and a
+    /// read-write lock's epoch node) pipelined, then every holder's
+    /// first node pipelined: at most `5 × limit + 1` requests plus one per
+    /// holder, in 3 round trips.
     pub(in super::super) async fn list_shared_page(
         &self,
         shape: LockShape,
@@ -224,11 +243,22 @@ impl ZkBackend {
             .collect();
         let timeout = self.op_timeout();
         // Pipelined: every request is sent when its call is made.
-        let listings: Vec<_> = dirs.iter().map(|d| read_dir(client, d, timeout)).collect();
+        let root = self.inner.config.root();
+        let epochs: Vec<Option<String>> = keys
+            .iter()
+            .map(|(name, _)| {
+                (shape == LockShape::ReadWrite).then(|| paths::rw_epoch_path_of(root, name))
+            })
+            .collect();
+        let listings: Vec<_> = dirs
+            .iter()
+            .zip(&epochs)
+            .map(|(d, epoch)| read_dir(client, d, epoch.as_deref(), timeout))
+            .collect();
         let mut held = Vec::with_capacity(listings.len());
         for (listing, (_, key)) in listings.into_iter().zip(&keys) {
             held.push(match listing.await {
-                Ok(Some((children, data))) => held_of(shape, children, &data),
+                Ok(Some((children, data, stored))) => held_of(shape, children, &data, stored),
                 Ok(None) => Vec::new(),
                 Err(err) => return Err(err.into_lock_error(op).with_key(key)),
             });

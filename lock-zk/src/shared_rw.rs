@@ -29,6 +29,7 @@ impl ZkBackend {
         operation: Operation,
     ) -> Result<Option<Lease>, AttemptError> {
         let write = kind == LeaseKind::Write;
+        let epoch_path = paths::rw_epoch_path(self.inner.config.root(), key);
         let owner = self.inner.owners.next();
         let name = if write { WRITE_NAME } else { READ_NAME };
         let mut pending = Pending::new(self, &session.client);
@@ -60,12 +61,16 @@ impl ZkBackend {
             // The children and the directory's data (the write epoch a
             // reader carries), sent back to back. After a wait, behind a
             // `sync` (the leader's view, see `synced`).
+            // The epoch is the greater of the epoch node's and the
+            // directory's data (where versions before the epoch node kept
+            // it), both read in the same exchange.
             let read = async {
                 let children = client.list_children(dir);
-                let data = client.get_data(dir);
+                let in_dir = client.get_data(dir);
+                let stored = client.get_data(&epoch_path);
                 let children = children.await?;
-                let data = data.await.map(|(data, _)| data).unwrap_or_default();
-                Ok::<_, zk::Error>((children, data))
+                let epoch = epoch_in(in_dir.await)?.max(epoch_in(stored.await)?);
+                Ok::<_, zk::Error>((children, epoch))
             };
             let (sent, listed) = match after_create.take() {
                 Some(sent) => (sent, timed(timeout, read).await),
@@ -74,7 +79,7 @@ impl ZkBackend {
                     (sent, synced(client.sync(dir), timeout, read).await)
                 }
             };
-            let (children, data) = match listed {
+            let (children, epoch) = match listed {
                 Ok(listed) => listed,
                 Err(err) => return Err(Self::fail(session, err, operation, key)),
             };
@@ -100,17 +105,12 @@ impl ZkBackend {
                     // The epoch readers carry from now on; set before the
                     // grant is handed out, so every read granted after
                     // this writer releases reads it.
-                    if let Err(err) = timed(
-                        timeout,
-                        client.set_data(dir, token.to_string().as_bytes(), None),
-                    )
-                    .await
-                    {
+                    if let Err(err) = self.store_epoch(client, dir, &epoch_path, token).await {
                         return Err(Self::fail(session, err, operation, key));
                     }
                     token
                 } else {
-                    epoch_of(&data)
+                    epoch
                 };
                 let ttl = ttl.min(session.timeout);
                 let seq = seq_u32(seq, operation, key)?;
@@ -143,5 +143,62 @@ impl ZkBackend {
             )
             .await?;
         }
+    }
+
+    /// Stores a write grant's `token` as the key's epoch: in the epoch node
+    /// (persistent, created at the key's first write; see
+    /// [`paths::rw_epoch_path`]) and in the directory's data (what earlier
+    /// versions read), both requests sent at once.
+    async fn store_epoch(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        epoch_path: &str,
+        token: u64,
+    ) -> Result<(), CallError> {
+        let value = token.to_string();
+        let timeout = self.op_timeout();
+        let in_dir = timed(timeout, client.set_data(dir, value.as_bytes(), None));
+        let stored = timed(timeout, client.set_data(epoch_path, value.as_bytes(), None));
+        let (in_dir, stored) = tokio::join!(in_dir, stored);
+        in_dir?;
+        match stored {
+            Err(err) if err.is(&zk::Error::NoNode) => {}
+            other => return other.map(drop),
+        }
+        // The key's first write: create the node (and its parent, once).
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        let parent = &epoch_path[..epoch_path.rfind('/').unwrap_or(0)];
+        let mut created = timed(
+            timeout,
+            client.create(epoch_path, value.as_bytes(), &options),
+        )
+        .await;
+        if matches!(&created, Err(err) if err.is(&zk::Error::NoNode)) {
+            timed(timeout, client.mkdir(parent, &options)).await?;
+            created = timed(
+                timeout,
+                client.create(epoch_path, value.as_bytes(), &options),
+            )
+            .await;
+        }
+        match created {
+            // Created meanwhile by another process's first write.
+            Err(err) if err.is(&zk::Error::NodeExists) => {
+                timed(timeout, client.set_data(epoch_path, value.as_bytes(), None))
+                    .await
+                    .map(drop)
+            }
+            other => other.map(drop),
+        }
+    }
+}
+
+/// The epoch in a `getData` answer: 0 where the node does not exist.
+fn epoch_in(read: Result<(Vec<u8>, zk::Stat), zk::Error>) -> Result<u64, zk::Error> {
+    match read {
+        Ok((data, _)) => Ok(epoch_of(&data)),
+        Err(zk::Error::NoNode) => Ok(0),
+        Err(err) => Err(err),
     }
 }

@@ -163,6 +163,7 @@ async fn spawn_node(
     dir: TempDir,
     client_port: u16,
     config: &str,
+    properties: &[String],
 ) -> Result<ZkNode, HarnessError> {
     let java = find_binary("java", PACKAGE)?;
     if !Path::new(ZOOKEEPER_JAR).is_file() {
@@ -191,6 +192,9 @@ async fn spawn_node(
         "-Xmx1g".to_owned(),
         "-XX:+UseSerialGC".to_owned(),
         "-Dzookeeper.admin.enableServer=false".to_owned(),
+    ])
+    .args(properties.iter().cloned())
+    .args([
         "-cp".to_owned(),
         classpath,
         "org.apache.zookeeper.server.quorum.QuorumPeerMain".to_owned(),
@@ -270,10 +274,31 @@ impl ZkServer {
     ///
     /// Missing Java or ZooKeeper, or a server that does not start.
     pub async fn start() -> Result<Self, HarnessError> {
+        Self::start_with(&[]).await
+    }
+
+    /// [`start`](Self::start) with the server checking for empty container
+    /// nodes every `every` (ZooKeeper's default is 60 s): a container a
+    /// client left empty is deleted within `every`, so what depends on a
+    /// container outliving its children shows within a test's time.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub async fn start_reaping_containers(every: Duration) -> Result<Self, HarnessError> {
+        Self::start_with(&[format!(
+            "-Dznode.container.checkIntervalMs={}",
+            every.as_millis().max(1)
+        )])
+        .await
+    }
+
+    /// A standalone server whose JVM also gets `properties` (`-D...`).
+    async fn start_with(properties: &[String]) -> Result<Self, HarnessError> {
         let dir = temp_dir("zookeeper-")?;
         let port = free_port()?;
         let config = base_config(dir.path(), port, SYNC_LIMIT_TICKS);
-        let node = spawn_node(0, dir, port, &config).await?;
+        let node = spawn_node(0, dir, port, &config, properties).await?;
         wait_serving(&[&node], Duration::from_secs(60)).await?;
         check_identity(&node)?;
         Ok(Self { node })
@@ -425,7 +450,7 @@ impl ZkEnsemble {
                 })
                 .collect();
             let config = format!("{}{servers}", base_config(dir.path(), client, sync_limit));
-            nodes.push(spawn_node(id, dir, client, &config).await?);
+            nodes.push(spawn_node(id, dir, client, &config, &[]).await?);
         }
         let ensemble = Self { nodes, peer_links };
         ensemble.wait_serving(Duration::from_secs(90)).await?;
