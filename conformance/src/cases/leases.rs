@@ -172,6 +172,22 @@ pub(super) async fn lost_signal_inner(h: &Harness) -> CaseResult {
     let ttl = h.ttl_for(&caps);
     let margin = h.config().margin;
     let key = h.key("lost");
+    // One grant and release first, so the client's connection is open
+    // before the latency below: the timed grant then pays for its own
+    // request, not for a connection handshake of several round trips (a
+    // session-mode SQL client connects per held lock, and its handshake at
+    // ttl / 10 a leg could outlast the operation timeout on a loaded host).
+    let warm = h.key("lost-warm-up");
+    if let Some(lease) = cut_client
+        .try_acquire(&warm, ttl)
+        .await
+        .map_err(fmt_err("warm-up grant"))?
+    {
+        cut_client
+            .release(&lease)
+            .await
+            .map_err(fmt_err("warm-up release"))?;
+    }
     // A little latency on the holder's link: a client that dated its
     // deadline from the reply instead of the request would now promise
     // more than the server keeps.
