@@ -27,9 +27,12 @@
 //! `BENCH_ROUNDS` (default 5), `BENCH_LOCKS` (held locks, default 10000;
 //! 0 skips), `BENCH_REDLOCK` (`0` skips the Redlock runs).
 
+mod bench_support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use bench_support::{BoxError, CLIENTS, TTL, WAIT, env, ours_cycle};
 use conformance::bench::{self, LatencyStats};
 use conformance::servers::redis::RedisServer;
 use lock_core::LockClient;
@@ -37,30 +40,20 @@ use lock_core::floor::RawFloor;
 use lock_redis::floor::{RedisFloor, RedisPermitFloor, RedlockFloor};
 use tokio::time::Instant;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-const TTL: Duration = Duration::from_secs(30);
-const WAIT: Duration = Duration::from_secs(60);
-const CLIENTS: usize = 8;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Our cycle as a user writes it.
-async fn ours_cycle(client: &LockClient, key: &str) -> Result<(), lock_core::LockError> {
-    let guard = client.lock(key).ttl(TTL).wait(WAIT).acquire().await?;
-    guard.release().await?;
-    Ok(())
-}
-
 fn line(label: &str, s: &LatencyStats) {
     println!(
         "  {label:<40} p50 {:>8.1} us  p99 {:>8.1} us  {:>9.0} cycles/s",
         s.p50_us, s.p99_us, s.per_sec
+    );
+}
+
+/// Ours against the floor, one client: the p50, p99 and throughput ratios.
+fn ratios(ours: &LatencyStats, floor: &LatencyStats) {
+    println!(
+        "  ours/floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
+        bench::ratio(ours.p50_us, floor.p50_us),
+        bench::ratio(ours.p99_us, floor.p99_us),
+        bench::ratio(ours.per_sec, floor.per_sec)
     );
 }
 
@@ -145,12 +138,7 @@ impl Side {
         println!("\n{name}: 1 client, acquire (wait 60 s) + release:");
         line(&format!("floor ({rt} round trips)"), &floor1);
         line("ours", &ours1);
-        println!(
-            "  ours/floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
-            bench::ratio(ours1.p50_us, floor1.p50_us),
-            bench::ratio(ours1.p99_us, floor1.p99_us),
-            bench::ratio(ours1.per_sec, floor1.per_sec)
-        );
+        ratios(&ours1, &floor1);
         println!("{name}: {CLIENTS} independent clients on {CLIENTS} keys:");
         line("floor", &floor8);
         line("ours", &ours8);
@@ -243,12 +231,7 @@ redis: 1 client, one permit of 3 (wait 60 s) + release:"
         &floors,
     );
     line("ours", &ours);
-    println!(
-        "  ours/floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
-        bench::ratio(ours.p50_us, floors.p50_us),
-        bench::ratio(ours.p99_us, floors.p99_us),
-        bench::ratio(ours.per_sec, floors.per_sec)
-    );
+    ratios(&ours, &floors);
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
         clients.push(LockClient::new(lock_redis::connect(url).await?));

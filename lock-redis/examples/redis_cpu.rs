@@ -24,28 +24,17 @@
 //! the median per contender is printed. `CPU_ONLY=floor,ours` picks
 //! contenders, `CPU_PAR=1` the client counts.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod bench_support;
 
+use std::sync::Arc;
+
+use bench_support::{BoxError, CLIENTS, TTL, WAIT, env, ours_cycle};
 use conformance::cpu::{median, process_tree_cpu_ns, self_cpu_ns};
 use conformance::servers::redis::RedisServer;
 use lock_core::floor::RawFloor;
 use lock_core::{LockBackend, LockClient, LockError, LockKey};
 use lock_redis::floor::RedisFloor;
 use tokio::time::Instant;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-const TTL: Duration = Duration::from_secs(30);
-const WAIT: Duration = Duration::from_secs(60);
-const CLIENTS: usize = 8;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -80,16 +69,7 @@ async fn cycle(clients: &Clients, kind: Kind, i: usize, key: &str) -> Result<(),
             backend.release(&lease).await?;
             Ok(())
         }
-        Kind::Ours => {
-            let guard = clients.ours[i]
-                .lock(key)
-                .ttl(TTL)
-                .wait(WAIT)
-                .acquire()
-                .await?;
-            guard.release().await?;
-            Ok(())
-        }
+        Kind::Ours => ours_cycle(&clients.ours[i], key).await,
     }
 }
 

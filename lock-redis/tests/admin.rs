@@ -10,6 +10,8 @@
 //! holder, and bad list cursors. The gc tests are in `admin/gc.rs`, the
 //! listing tests in `admin/listing.rs`.
 
+mod common;
+
 #[path = "admin/gc.rs"]
 mod gc;
 #[path = "admin/listing.rs"]
@@ -18,6 +20,7 @@ mod listing;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::raw;
 use conformance::OrSkip;
 use conformance::cases::watch_across;
 use conformance::servers::redis::RedisServer;
@@ -31,21 +34,36 @@ async fn backend(url: &str) -> RedisBackend {
         .unwrap()
 }
 
-async fn raw(server: &RedisServer) -> MultiplexedConnection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
-async fn exists(conn: &mut MultiplexedConnection, name: &str) -> bool {
+/// Whether the key `name` exists (on one server, or in a Cluster).
+async fn exists(conn: &mut impl redis::aio::ConnectionLike, name: &str) -> bool {
     redis::cmd("EXISTS")
         .arg(name)
         .query_async::<i64>(conn)
         .await
         .unwrap()
         == 1
+}
+
+/// Another client's `SET name foreign NX PX 5000`: `None` when refused.
+async fn foreign_set_nx(conn: &mut MultiplexedConnection, name: &str) -> Option<String> {
+    redis::cmd("SET")
+        .arg(name)
+        .arg("foreign")
+        .arg("NX")
+        .arg("PX")
+        .arg(5000)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// The key `name`'s remaining TTL in milliseconds (`PTTL`).
+async fn pttl_of(conn: &mut MultiplexedConnection, name: &str) -> i64 {
+    redis::cmd("PTTL")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .unwrap()
 }
 
 /// Holder details beside the legacy values: the lock key keeps exactly
@@ -58,7 +76,7 @@ async fn details_beside_legacy_values() {
     let Some(server) = RedisServer::start().await.or_skip() else {
         return;
     };
-    let mut conn = raw(&server).await;
+    let mut conn = raw(server.port()).await;
     for layout in ["plain", "redisson"] {
         let b = backend(&format!("{}?layout={layout}", server.url())).await;
         let name = format!("legacy-{layout}");
@@ -91,25 +109,9 @@ async fn details_beside_legacy_values() {
         assert!(same, "{layout}: the lock key holds {value:?}");
         // Another client doing SET NX on the key is excluded; on another
         // key (the control) it gets in.
-        let other: Option<String> = redis::cmd("SET")
-            .arg(&name)
-            .arg("foreign")
-            .arg("NX")
-            .arg("PX")
-            .arg(5000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let other = foreign_set_nx(&mut conn, &name).await;
         assert!(other.is_none(), "{layout}: SET NX got in beside us");
-        let control: Option<String> = redis::cmd("SET")
-            .arg(format!("{name}-other"))
-            .arg("foreign")
-            .arg("NX")
-            .arg("PX")
-            .arg(5000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let control = foreign_set_nx(&mut conn, &format!("{name}-other")).await;
         assert!(control.is_some(), "control: SET NX on another key failed");
         let side: String = redis::cmd("GET")
             .arg(format!("{name}:holder"))
@@ -122,20 +124,12 @@ async fn details_beside_legacy_values() {
             HolderDetails::decode(details).map(|d| d.pid),
             Some(std::process::id())
         );
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(format!("{name}:holder"))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let pttl = pttl_of(&mut conn, &format!("{name}:holder")).await;
         assert!(pttl > 15_000, "{layout}: the details' TTL is {pttl}");
         // Renewal keeps the details as long as the lock.
         tokio::time::sleep(Duration::from_millis(1100)).await;
         b.renew(&lease).await.unwrap();
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(format!("{name}:holder"))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let pttl = pttl_of(&mut conn, &format!("{name}:holder")).await;
         assert!(pttl > 19_000, "{layout}: renew left the details at {pttl}");
         let info = b.inspect(&key).await.unwrap().unwrap();
         assert_eq!(
@@ -189,7 +183,7 @@ async fn force_release_wakes_waiters() {
     let Some(server) = RedisServer::start().await.or_skip() else {
         return;
     };
-    let mut conn = raw(&server).await;
+    let mut conn = raw(server.port()).await;
     let url = format!("{}?recheck=5s", server.url());
     let (holder, waiter, admin) = (
         backend(&url).await,
@@ -247,7 +241,7 @@ async fn watch_holder_wakes_on_the_release_channel() {
     let Some(server) = RedisServer::start().await.or_skip() else {
         return;
     };
-    let mut conn = raw(&server).await;
+    let mut conn = raw(server.port()).await;
     let url = format!("{}?prefix=watch:", server.url());
     let (holder, watcher) = (backend(&url).await, backend(&url).await);
     let poll = Duration::from_secs(60);

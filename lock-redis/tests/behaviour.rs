@@ -7,27 +7,16 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Fleet, RedisTarget, deployed};
+use common::{Fleet, RedisTarget, deployed, raw, try_raw, waiting_for_a_replica};
 use conformance::history::History;
 use conformance::servers::redis::RedisServer;
 use conformance::{Harness, OrSkip, Target, run_suite};
-use lock_core::{LockBackend, LockClient, LockKey};
+use lock_core::{Lease, LockBackend, LockClient, LockKey};
 use lock_redis::{RedisBackend, RedisConfig};
 use tokio::time::Instant;
 
 /// Heavy tests run one at a time: several measure timing.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
-    try_raw(port).await.expect("raw connection")
-}
-
-async fn try_raw(port: u16) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-}
 
 /// The node ports of a `redlock://a:p,b:q,...` URL.
 fn redlock_ports(url: &str) -> Vec<u16> {
@@ -41,6 +30,37 @@ fn redlock_ports(url: &str) -> Vec<u16> {
 
 fn key(name: &str) -> LockKey {
     LockKey::new(name).expect("valid key")
+}
+
+/// Tries `k` until the client has re-resolved the master after a failover
+/// (each error meanwhile temporary), for at most `within`; the lease.
+async fn acquire_after_failover(
+    backend: &RedisBackend,
+    k: &LockKey,
+    ttl: Duration,
+    within: Duration,
+) -> Lease {
+    let deadline = Instant::now() + within;
+    loop {
+        match backend.try_acquire(k, ttl).await {
+            Ok(Some(lease)) => break lease,
+            Ok(None) => panic!("the key is held after failover"),
+            Err(err) => {
+                assert!(err.is_temporary(), "{err}");
+                assert!(Instant::now() < deadline, "never re-resolved: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// The value of `k`'s Redis key (its holder) on the server on `port`.
+async fn stored_value(port: u16, backend: &RedisBackend, k: &LockKey) -> Option<String> {
+    redis::cmd("GET")
+        .arg(backend.redis_key(k))
+        .query_async(&mut raw(port).await)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,25 +373,9 @@ async fn sentinel_failover_re_resolves_the_master() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let lease = loop {
-        match backend.try_acquire(&k, ttl).await {
-            Ok(Some(lease)) => break lease,
-            Ok(None) => panic!("the key is held after failover"),
-            Err(err) => {
-                assert!(err.is_temporary(), "{err}");
-                assert!(Instant::now() < deadline, "never re-resolved: {err}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let lease = acquire_after_failover(&backend, &k, ttl, Duration::from_secs(20)).await;
     // The grant lives on the new master, not the old one.
-    let mut new_master = raw(replica_port).await;
-    let holder: Option<String> = redis::cmd("GET")
-        .arg(backend.redis_key(&k))
-        .query_async(&mut new_master)
-        .await
-        .unwrap();
+    let holder = stored_value(replica_port, &backend, &k).await;
     assert_eq!(holder, Some(lease.owner().to_hex()));
     let role: Vec<redis::Value> = redis::cmd("ROLE")
         .query_async(&mut raw(old_master).await)
@@ -520,29 +524,15 @@ async fn negative_control_failover_double_grant_is_detected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_for_replicas_undoes_unacknowledged_grants() {
-    let Some(master) = RedisServer::start().await.or_skip() else {
+    let Some((master, mut replica, backend)) = waiting_for_a_replica().await else {
         return;
     };
-    let Some(mut replica) = RedisServer::start_replica_of(&master).await.or_skip() else {
-        return;
-    };
-    replica
-        .wait_replica_synced(Duration::from_secs(20))
-        .await
-        .unwrap();
-    let url = format!("{}?replicas=1&wait_timeout=200ms", master.url());
-    let backend = lock_redis::connect(&url).await.unwrap();
     assert_eq!(backend.config().replicas(), 1);
     let k = key("waited");
     let ttl = Duration::from_secs(10);
     let lease = backend.try_acquire(&k, ttl).await.unwrap().expect("free");
     // The replica has it.
-    let mut r = raw(replica.port()).await;
-    let on_replica: Option<String> = redis::cmd("GET")
-        .arg(backend.redis_key(&k))
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let on_replica = stored_value(replica.port(), &backend, &k).await;
     assert_eq!(on_replica, Some(lease.owner().to_hex()));
     assert!(backend.release(&lease).await.unwrap());
 
@@ -601,23 +591,8 @@ async fn sentinel_master_killed_clients_follow_the_promoted_replica() {
     };
     // Errors are typed and temporary until the sentinel promotes the
     // replica (down-after 1 s); then the client re-resolves by itself.
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let lease = loop {
-        match backend.try_acquire(&k, ttl).await {
-            Ok(Some(lease)) => break lease,
-            Ok(None) => panic!("the key is held after failover"),
-            Err(err) => {
-                assert!(err.is_temporary(), "{err}");
-                assert!(Instant::now() < deadline, "never re-resolved: {err}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
-    let holder: Option<String> = redis::cmd("GET")
-        .arg(backend.redis_key(&k))
-        .query_async(&mut raw(replica_port).await)
-        .await
-        .unwrap();
+    let lease = acquire_after_failover(&backend, &k, ttl, Duration::from_secs(40)).await;
+    let holder = stored_value(replica_port, &backend, &k).await;
     assert_eq!(holder, Some(lease.owner().to_hex()));
     assert!(backend.release(&lease).await.unwrap());
 }

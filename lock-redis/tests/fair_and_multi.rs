@@ -7,8 +7,11 @@
 //! tokens are fresh; on Cluster a one-slot set is taken by one script and a
 //! spread set falls back to one key at a time; Redlock refuses both.
 
+mod common;
+
 use std::time::Duration;
 
+use common::raw;
 use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::redis::{RedisCluster, RedisServer};
@@ -18,14 +21,6 @@ use redis::aio::MultiplexedConnection;
 use tokio::time::{Instant, sleep};
 
 const TTL: Duration = Duration::from_secs(10);
-
-async fn raw(server: &RedisServer) -> MultiplexedConnection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
 
 fn key(name: &str) -> LockKey {
     LockKey::new(name).unwrap()
@@ -92,7 +87,7 @@ async fn fair_and_unfair_clients_exclude_each_other() {
     // A fair waiter behind an unfair holder is woken by its release (the
     // re-check is 10 s: a grant within a second is the notification), and
     // the token counter is shared.
-    let mut conn = raw(&server).await;
+    let mut conn = raw(server.port()).await;
     let held = unfair.try_acquire(&key("x"), TTL).await.unwrap().unwrap();
     let task = {
         let fair = fair.clone();
@@ -123,7 +118,7 @@ async fn a_try_never_jumps_the_queue() {
     let fair = lock_redis::connect(&format!("{}?fair=true&recheck=10s", server.url()))
         .await
         .unwrap();
-    let mut conn = raw(&server).await;
+    let mut conn = raw(server.port()).await;
     let held = fair.try_acquire(&key("q"), TTL).await.unwrap().unwrap();
     let task = {
         let fair = fair.clone();
@@ -192,7 +187,7 @@ async fn a_cancelled_waiter_leaves_at_once_a_killed_one_within_its_entry_lease()
     let options = "fair=true&recheck=500ms";
     let url = format!("{}?{options}", server.url());
     let backend = lock_redis::connect(&url).await.unwrap();
-    let mut conn = raw(&server).await;
+    let mut conn = raw(server.port()).await;
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
     let mut gaps = Vec::new();
     for killed in [false, true] {
@@ -291,7 +286,7 @@ async fn a_set_is_taken_whole_or_not_at_all_with_fresh_tokens() {
     };
     let backend = lock_redis::connect(&server.url()).await.unwrap();
     let other = lock_redis::connect(&server.url()).await.unwrap();
-    let mut conn = raw(&server).await;
+    let mut conn = raw(server.port()).await;
     let names = ["a", "b", "c"];
     let set = lock_order(&names.map(key));
     let held = other.try_acquire(&key("b"), TTL).await.unwrap().unwrap();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
-use lock_core::{LockBackend, LockClient, LockKey, LockState, RenewalRuntime};
+use lock_core::{LockBackend, LockClient, LockGuard, LockKey, LockState, RenewalRuntime};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_millis(600);
@@ -20,11 +20,7 @@ const TTL: Duration = Duration::from_millis(600);
 /// as another process would; true when it ever got the key.
 fn probe(url: String, key: LockKey) -> std::thread::JoinHandle<bool> {
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        app_runtime().block_on(async {
             let other = lock_redis::connect(&url).await.unwrap();
             let until = Instant::now() + TTL * 5 / 2;
             while Instant::now() < until {
@@ -37,6 +33,22 @@ fn probe(url: String, key: LockKey) -> std::thread::JoinHandle<bool> {
             false
         })
     })
+}
+
+/// Takes `name` through `client` on `app`, then blocks `app`'s only
+/// thread for 3x the TTL while another client probes the key (from
+/// `url`): the guard, and whether the prober ever got the key.
+fn hold_through_a_block(
+    app: &tokio::runtime::Runtime,
+    client: &LockClient,
+    url: String,
+    name: &str,
+) -> (LockGuard, bool) {
+    let guard = app.block_on(client.lock(name).ttl(TTL).acquire()).unwrap();
+    let prober = probe(url, LockKey::new(name).unwrap());
+    // The application blocks its only runtime thread.
+    std::thread::sleep(TTL * 3);
+    (guard, prober.join().unwrap())
 }
 
 fn app_runtime() -> tokio::runtime::Runtime {
@@ -64,23 +76,9 @@ fn connected_on_the_renewal_thread_the_lock_survives_a_blocked_runtime() {
         .unwrap()
         .unwrap(),
     );
-    let key = LockKey::new("blocked-app/dedicated").unwrap();
-    let guard = app
-        .block_on(
-            LockClient::from_arc(backend)
-                .with_renewal_runtime(renewal)
-                .lock(key.as_str())
-                .ttl(TTL)
-                .acquire(),
-        )
-        .unwrap();
-    let prober = probe(url, key);
-    // The application blocks its only runtime thread.
-    std::thread::sleep(TTL * 3);
-    assert!(
-        !prober.join().unwrap(),
-        "another client got the key during the block"
-    );
+    let client = LockClient::from_arc(backend).with_renewal_runtime(renewal);
+    let (guard, got_in) = hold_through_a_block(&app, &client, url, "blocked-app/dedicated");
+    assert!(!got_in, "another client got the key during the block");
     assert_eq!(guard.state(), LockState::Held);
     assert!(app.block_on(guard.release()).unwrap());
 }
@@ -91,19 +89,10 @@ fn connected_on_the_app_runtime_the_loss_is_reported_not_silent() {
     let url = server.url();
     let app = app_runtime();
     let backend: Arc<dyn LockBackend> = Arc::new(app.block_on(lock_redis::connect(&url)).unwrap());
-    let key = LockKey::new("blocked-app/current").unwrap();
-    let guard = app
-        .block_on(
-            LockClient::from_arc(backend)
-                .lock(key.as_str())
-                .ttl(TTL)
-                .acquire(),
-        )
-        .unwrap();
-    let prober = probe(url, key);
-    std::thread::sleep(TTL * 3);
+    let client = LockClient::from_arc(backend);
+    let (guard, got_in) = hold_through_a_block(&app, &client, url, "blocked-app/current");
     assert!(
-        prober.join().unwrap(),
+        got_in,
         "the key should have expired under the blocked holder"
     );
     assert!(

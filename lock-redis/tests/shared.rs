@@ -24,7 +24,7 @@ mod expiry;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::RedisTarget;
+use common::{RedisTarget, raw, waiting_for_a_replica};
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
 use lock_core::{ErrorKind, HolderDetails, Lease, LeaseKind, ListQuery, LockBackend, LockShape};
@@ -333,16 +333,7 @@ async fn share_details_live_and_die_with_their_share() {
     assert_eq!(fields, [p3.owner().to_hex()], "{p2:?}'s details stay");
     assert!(b.release(&p3).await.unwrap());
     // Nothing but the counters is left.
-    let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{k}*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    keys.sort();
-    assert!(
-        keys.iter().all(|name| name.ends_with(":counters")),
-        "left behind: {keys:?}"
-    );
+    assert_only_counters_left(&mut conn, &k).await;
 }
 
 /// A semaphore's limit is fixed while it is in use (by holders or
@@ -445,18 +436,9 @@ async fn redlock_refuses_shared_kinds() {
 /// one they did not acknowledge is undone and reported as `Unavailable`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_grants_wait_for_replicas() {
-    let Some(master) = RedisServer::start().await.or_skip() else {
+    let Some((_master, mut replica, b)) = waiting_for_a_replica().await else {
         return;
     };
-    let Some(mut replica) = RedisServer::start_replica_of(&master).await.or_skip() else {
-        return;
-    };
-    replica
-        .wait_replica_synced(Duration::from_secs(20))
-        .await
-        .unwrap();
-    let url = format!("{}?replicas=1&wait_timeout=200ms", master.url());
-    let b = lock_redis::connect(&url).await.unwrap();
     let k = key("waited");
     let r = b
         .try_acquire_kind(&k, LeaseKind::Read, TTL)

@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::redis::{RedisCluster, RedisServer};
-use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey};
+use lock_core::{ErrorKind, Lease, ListQuery, LockBackend, LockKey};
 use lock_redis::RedisBackend;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 
-use super::{backend, exists, raw};
+use super::{backend, exists};
+use crate::common::raw;
 
 /// Takes and releases `key` `times` times; the last token.
 async fn cycle(b: &RedisBackend, key: &LockKey, times: usize) -> u64 {
@@ -37,7 +38,7 @@ async fn gc_removes_idle_counters_and_tokens_stay_above() {
     let Some(server) = RedisServer::start().await.or_skip() else {
         return;
     };
-    let mut conn = raw(&server).await;
+    let mut conn = raw(server.port()).await;
     let b = backend(&format!("{}?prefix=gc:", server.url())).await;
     let (freed, held, control) = (
         LockKey::new("freed").unwrap(),
@@ -46,11 +47,7 @@ async fn gc_removes_idle_counters_and_tokens_stay_above() {
     );
     let freed_token = cycle(&b, &freed, 3).await;
     let control_token = cycle(&b, &control, 3).await;
-    let lease = b
-        .try_acquire(&held, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = hold(&b, &held).await;
     // Nothing is idle for an hour: nothing goes.
     let report = b.gc(Duration::from_secs(3600)).await.unwrap();
     assert_eq!(report.removed, 0, "{report:?}");
@@ -113,6 +110,14 @@ async fn gc_removes_idle_counters_and_tokens_stay_above() {
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
 }
 
+/// Takes `key` for 30 s: a held key, whose counter gc must keep.
+async fn hold(b: &RedisBackend, key: &LockKey) -> Lease {
+    b.try_acquire(key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 /// Whether every key's token after gc (`after`) is above its token
 /// before (`before`): the fence gc must keep. `Err` names the first key
 /// whose token went back.
@@ -141,7 +146,7 @@ async fn slot_floors(cluster: &mut RedisCluster) -> HashMap<i64, (String, u64)> 
     let mut conn = cluster_conn(cluster).await;
     let mut floors = HashMap::new();
     for node in cluster.nodes().iter() {
-        let mut raw = raw(node).await;
+        let mut raw = raw(node.port()).await;
         let names: Vec<String> = redis::cmd("KEYS")
             .arg("distlock:token-floor*")
             .query_async(&mut raw)
@@ -203,17 +208,13 @@ async fn gc_on_cluster_keeps_tokens_above_per_slot() {
     // Every master holds some of the counters: gc must scan them all.
     for node in cluster.nodes().iter() {
         let size: i64 = redis::cmd("DBSIZE")
-            .query_async(&mut raw(node).await)
+            .query_async(&mut raw(node.port()).await)
             .await
             .unwrap();
         assert!(size > 0, "master {} holds no counter", node.port());
     }
     let held = LockKey::new("held").unwrap();
-    let lease = b
-        .try_acquire(&held, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = hold(&b, &held).await;
     let report = b.gc(Duration::from_secs(3600)).await.unwrap();
     assert_eq!(report.removed, 0, "nothing idle for an hour: {report:?}");
 
@@ -249,12 +250,12 @@ async fn gc_on_cluster_keeps_tokens_above_per_slot() {
     );
     for key in &keys {
         assert!(
-            !exists_in(&mut conn, &format!("gc:{{{key}}}:token")).await,
+            !exists(&mut conn, &format!("gc:{{{key}}}:token")).await,
             "{key}: idle counter kept"
         );
     }
     assert!(
-        exists_in(&mut conn, "gc:{held}:token").await,
+        exists(&mut conn, "gc:{held}:token").await,
         "the counter of a held key was collected"
     );
     // Each removed counter raised the floor key of its own slot.
@@ -340,7 +341,7 @@ async fn gc_on_redlock_keeps_every_nodes_counters_above() {
     let b = backend(&url).await;
     let mut conns = Vec::new();
     for server in &servers {
-        conns.push(raw(server).await);
+        conns.push(raw(server.port()).await);
     }
     let keys: Vec<LockKey> = ["a", "b", "c", "control"]
         .into_iter()
@@ -351,11 +352,7 @@ async fn gc_on_redlock_keeps_every_nodes_counters_above() {
         tokens.push((key.to_string(), cycle(&b, key, 3).await));
     }
     let held = LockKey::new("held").unwrap();
-    let lease = b
-        .try_acquire(&held, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = hold(&b, &held).await;
     let (control, keys) = keys.split_last().unwrap();
     let before = node_counters(&mut conns, keys).await;
     assert!(before.iter().all(|(_, n)| *n == 3), "{before:?}");
@@ -422,13 +419,4 @@ async fn gc_on_redlock_keeps_every_nodes_counters_above() {
     .await;
     let err = plain.gc(Duration::ZERO).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-}
-
-async fn exists_in(conn: &mut ClusterConnection, name: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(name)
-        .query_async::<i64>(conn)
-        .await
-        .unwrap()
-        == 1
 }

@@ -10,7 +10,8 @@ use conformance::servers::redis::RedisServer;
 use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey};
 use redis::aio::MultiplexedConnection;
 
-use super::{backend, raw};
+use super::backend;
+use crate::common::raw;
 
 /// `list` matches the prefix literally: glob characters in it are
 /// escaped (the control, a key the unescaped pattern would match, is not
@@ -78,7 +79,7 @@ async fn list_shared_is_bounded_and_exact() {
         return;
     };
     let b = backend(&server.url()).await;
-    let mut conn = raw(&server).await;
+    let mut conn = raw(server.port()).await;
     for chunk in 0..10 {
         let mut mset = redis::cmd("MSET");
         for i in 0..1_000 {

@@ -55,6 +55,35 @@ pub async fn deployed_with(kind: &str, option: &'static str) -> Option<DeployedT
     ))
 }
 
+/// A bare connection to the server on `port`, for reading and changing
+/// keys behind the driver's back.
+pub async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
+    try_raw(port).await.expect("raw connection")
+}
+
+/// [`raw`], or the error (a server that is down).
+pub async fn try_raw(port: u16) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+}
+
+/// A master with one synced replica, and a client of the master whose
+/// grants wait for that replica (`replicas=1&wait_timeout=200ms`); `None`
+/// (skip) when redis-server is missing.
+pub async fn waiting_for_a_replica() -> Option<(RedisServer, RedisServer, RedisBackend)> {
+    let master = RedisServer::start().await.or_skip()?;
+    let replica = RedisServer::start_replica_of(&master).await.or_skip()?;
+    replica
+        .wait_replica_synced(std::time::Duration::from_secs(20))
+        .await
+        .unwrap();
+    let url = format!("{}?replicas=1&wait_timeout=200ms", master.url());
+    let backend = lock_redis::connect(&url).await.unwrap();
+    Some((master, replica, backend))
+}
+
 /// The servers behind one target.
 pub enum Fleet {
     Cluster(RedisCluster),

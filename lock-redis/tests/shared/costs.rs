@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
+use conformance::proxy::FaultProxy;
 use lock_core::{ErrorKind, Lease, LeaseKind, LockBackend, LockShape};
 use lock_redis::{RedisBackend, RedisConfig};
 use tokio::time::{Instant, sleep};
 
 use super::shared_checks::*;
+use crate::common::raw;
 
 /// The permit floor (the driver's semaphore scripts by hand on one bare
 /// connection) counts against the driver's permits on the same key, and a
@@ -17,15 +19,12 @@ use super::shared_checks::*;
 /// its `NOSCRIPT` fallback shows the count seeing it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permit_floor_excludes_with_the_driver_and_costs_what_the_driver_costs() {
-    use conformance::proxy::FaultProxy;
     use lock_core::floor::RawFloor;
     use lock_redis::floor::RedisPermitFloor;
     let Some((server, driver)) = single().await else {
         return;
     };
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let (proxy, url) = proxied(server.port()).await;
     let floor = RedisPermitFloor::connect(&url, 1, 3).await.unwrap();
     let k = key("floor");
     // The driver holds 2 of 3: the floor gets the last one, then nothing.
@@ -88,9 +87,7 @@ async fn permit_floor_excludes_with_the_driver_and_costs_what_the_driver_costs()
 
     // Round trips per cycle: the floor's, then the driver's (its own
     // connection through the proxy), each after a warm-up.
-    let through = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
-        .await
-        .unwrap();
+    let through = client(&url).await;
     let fk = key("floor-cycle");
     let floor_trips = per_cycle(&proxy, async || {
         floor.cycle(fk.as_str(), TTL).await.unwrap();
@@ -129,8 +126,24 @@ async fn permit_floor_excludes_with_the_driver_and_costs_what_the_driver_costs()
     );
 }
 
+/// A fault proxy in front of the server on `port`, counting round trips,
+/// and the URL that goes through it.
+async fn proxied(port: u16) -> (FaultProxy, String) {
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    (proxy, url)
+}
+
+/// A client of its own through `url`.
+async fn client(url: &str) -> RedisBackend {
+    RedisBackend::connect(RedisConfig::from_url(url).unwrap())
+        .await
+        .unwrap()
+}
+
 /// Round trips per cycle through `proxy` (rounded), after a warm-up.
-async fn per_cycle(proxy: &conformance::proxy::FaultProxy, mut cycle: impl AsyncFnMut()) -> u64 {
+async fn per_cycle(proxy: &FaultProxy, mut cycle: impl AsyncFnMut()) -> u64 {
     const CYCLES: u64 = 40;
     for _ in 0..3 {
         cycle().await;
@@ -148,16 +161,11 @@ async fn per_cycle(proxy: &conformance::proxy::FaultProxy, mut cycle: impl Async
 /// result: an expired share is `NotHeld`, the others are renewed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_many_pipelines_shares() {
-    use conformance::proxy::FaultProxy;
     let Some((server, _)) = single().await else {
         return;
     };
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let url = format!("redis://127.0.0.1:{}", proxy.port());
-    let b = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
-        .await
-        .unwrap();
+    let (proxy, url) = proxied(server.port()).await;
+    let b = client(&url).await;
     let rw = key("many-rw");
     let sem = key("many-sem");
     let mut leases = Vec::new();
@@ -213,16 +221,11 @@ async fn renew_many_pipelines_shares() {
 /// subscribed); a downgrade adds exactly its one script.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_cycles_on_a_free_lock_cost_two_round_trips() {
-    use conformance::proxy::FaultProxy;
     let Some((server, _)) = single().await else {
         return;
     };
-    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let url = format!("redis://127.0.0.1:{}", proxy.port());
-    let b = RedisBackend::connect(RedisConfig::from_url(&url).unwrap())
-        .await
-        .unwrap();
+    let (proxy, url) = proxied(server.port()).await;
+    let b = client(&url).await;
     let k = key("cycles");
     for kind in [LeaseKind::Read, LeaseKind::Write] {
         let trips = per_cycle(&proxy, async || {

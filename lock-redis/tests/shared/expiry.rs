@@ -8,6 +8,7 @@ use lock_core::{ErrorKind, LeaseKind, LockBackend};
 use tokio::time::{Instant, sleep};
 
 use super::shared_checks::*;
+use crate::common::raw;
 
 /// A crashed reader or permit holder (never renewed nor released) frees its
 /// share when its TTL ends: a waiting writer / permit request gets in then,
@@ -56,17 +57,7 @@ async fn crashed_holders_free_their_share_at_their_ttl() {
     assert!(start.elapsed() < Duration::from_millis(900));
     assert!(b.release(&p).await.unwrap());
     // Only the counters are left (kept forever, like the mutex's).
-    let mut conn = raw(server.port()).await;
-    let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{k}*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    keys.sort();
-    assert!(
-        keys.iter().all(|name| name.ends_with(":counters")),
-        "left behind: {keys:?}"
-    );
+    assert_only_counters_left(&mut raw(server.port()).await, &k).await;
 }
 
 /// A waiting writer that crashed (its entry never refreshed nor withdrawn)

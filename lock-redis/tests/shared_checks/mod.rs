@@ -45,14 +45,6 @@ pub(crate) async fn single() -> Option<(RedisServer, RedisBackend)> {
     Some((server, backend))
 }
 
-pub(crate) async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
 pub(crate) async fn take(
     b: &dyn LockBackend,
     k: &LockKey,
@@ -61,6 +53,24 @@ pub(crate) async fn take(
     b.try_acquire_kind(k, kind, TTL)
         .await
         .map_err(|e| format!("try {kind}: {e}"))
+}
+
+/// Every Redis key of `k` left is a token counter (kept forever, like the
+/// mutex's): no share, queue entry or holder detail outlived its holder.
+pub(crate) async fn assert_only_counters_left(
+    conn: &mut redis::aio::MultiplexedConnection,
+    k: &LockKey,
+) {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{k}*"))
+        .query_async(conn)
+        .await
+        .unwrap();
+    keys.sort();
+    assert!(
+        keys.iter().all(|name| name.ends_with(":counters")),
+        "left behind: {keys:?}"
+    );
 }
 
 // ---------------------------------------------------------------- checks
