@@ -200,6 +200,41 @@ impl Contender for Ours {
     }
 }
 
+/// One waiting acquire of a free `key` and its release, through the user
+/// API as [`Ours`] does it (`client.lock(key).ttl(ttl).wait(60 s)`), for
+/// the tests that count what a cycle costs on the wire.
+///
+/// # Panics
+///
+/// On any error, or when the release finds the lock no longer held.
+pub async fn waiting_cycle(client: &LockClient, key: &str, ttl: Duration) {
+    let guard = client
+        .lock(key)
+        .ttl(ttl)
+        .wait(CONTENDED_LIMIT)
+        .acquire()
+        .await
+        .expect("a free key is granted");
+    assert!(guard.release().await.expect("release"), "released");
+}
+
+/// [`waiting_cycle`] with a single try (`try_acquire`) instead of a
+/// waiting acquire.
+///
+/// # Panics
+///
+/// As [`waiting_cycle`], and when the key is held.
+pub async fn try_cycle(client: &LockClient, key: &str, ttl: Duration) {
+    let guard = client
+        .lock(key)
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .expect("try_acquire")
+        .expect("a free key is granted");
+    assert!(guard.release().await.expect("release"), "released");
+}
+
 /// A floor's cycle: its grant and release; on a held key it asks again at
 /// once (a hand-written polling loop: the floor has no waiting of its own).
 pub struct FloorCycle {

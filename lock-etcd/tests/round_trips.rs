@@ -35,10 +35,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::OrSkip;
 use conformance::doubles::LooksFirst;
 use conformance::proxy::FaultProxy;
 use conformance::servers::etcd::EtcdServer;
+use conformance::{OrSkip, bench};
 use lock_core::LockClient;
 use lock_core::floor::RawFloor;
 use lock_etcd::floor::EtcdFloor;
@@ -174,14 +174,7 @@ impl<'a> Meter<'a> {
 }
 
 async fn try_cycle(client: &LockClient, key: &str) {
-    let guard = client
-        .lock(key)
-        .ttl(TTL)
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("free");
-    guard.release().await.expect("release");
+    bench::try_cycle(client, key, TTL).await;
 }
 
 async fn campaign_cycle(client: &LockClient, election: &str) {
@@ -196,14 +189,7 @@ async fn campaign_cycle(client: &LockClient, election: &str) {
 }
 
 async fn waiting_cycle(client: &LockClient, key: &str) {
-    let guard = client
-        .lock(key)
-        .ttl(TTL)
-        .wait(WAIT)
-        .acquire()
-        .await
-        .expect("acquire a free key");
-    guard.release().await.expect("release");
+    bench::waiting_cycle(client, key, TTL).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

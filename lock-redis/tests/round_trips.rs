@@ -14,7 +14,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use conformance::OrSkip;
-use conformance::proxy::FaultProxy;
+use conformance::bench;
+use conformance::proxy::{CycleCount, CyclePlan, FaultProxy, count_cycles};
 use conformance::servers::redis::RedisServer;
 use lock_core::floor::RawFloor;
 use lock_core::{LockClient, LockKey};
@@ -26,7 +27,6 @@ use tokio::time::{Instant, sleep};
 const CYCLES: u64 = 50;
 const WARM_UP: usize = 5;
 const TTL: Duration = Duration::from_secs(30);
-const WAIT: Duration = Duration::from_secs(60);
 
 fn server_addr(server: &RedisServer) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], server.port()))
@@ -34,45 +34,20 @@ fn server_addr(server: &RedisServer) -> SocketAddr {
 
 /// Round trips per cycle on each of `proxies` (rounded to the nearest
 /// whole number), over `CYCLES` cycles after a warm-up.
-async fn per_cycle(proxies: &[&FaultProxy], mut cycle: impl AsyncFnMut()) -> Vec<u64> {
-    for _ in 0..WARM_UP {
-        cycle().await;
-    }
-    // Let replies still in flight land before counting from zero.
-    sleep(Duration::from_millis(20)).await;
-    for proxy in proxies {
-        proxy.reset_counters();
-    }
-    for _ in 0..CYCLES {
-        cycle().await;
-    }
-    proxies
+async fn per_cycle(proxies: &[&FaultProxy], cycle: impl AsyncFnMut()) -> Vec<u64> {
+    count_cycles(proxies, CyclePlan::new(WARM_UP, CYCLES), cycle)
+        .await
         .iter()
-        .map(|p| (p.round_trips() + CYCLES / 2) / CYCLES)
+        .map(CycleCount::rounded)
         .collect()
 }
 
-/// The user API's waiting cycle, as users write it.
 async fn waiting_cycle(client: &LockClient, key: &str) {
-    let guard = client
-        .lock(key)
-        .ttl(TTL)
-        .wait(WAIT)
-        .acquire()
-        .await
-        .expect("a free key is granted");
-    assert!(guard.release().await.expect("release"));
+    bench::waiting_cycle(client, key, TTL).await;
 }
 
 async fn try_cycle(client: &LockClient, key: &str) {
-    let guard = client
-        .lock(key)
-        .ttl(TTL)
-        .try_acquire()
-        .await
-        .expect("try_acquire")
-        .expect("a free key is granted");
-    assert!(guard.release().await.expect("release"));
+    bench::try_cycle(client, key, TTL).await;
 }
 
 async fn floor_cycle(floor: &dyn RawFloor, key: &str) {
@@ -352,7 +327,7 @@ async fn lock_all_acquire(client: &LockClient, proxy: &FaultProxy, keys: &[&str]
         let guard = client
             .lock_all(keys.iter().copied())
             .ttl(TTL)
-            .wait(WAIT)
+            .wait(bench::CONTENDED_LIMIT)
             .acquire()
             .await
             .expect("free keys are granted");

@@ -15,10 +15,10 @@ mod proxied;
 
 use std::time::Duration;
 
-use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
+use conformance::{OrSkip, bench};
 use lock_core::floor::RawFloor;
 use lock_core::{LockBackend, LockClient, LockKey, RetryPolicy};
 use lock_sql::floor::SqlFloor;
@@ -39,25 +39,11 @@ async fn per_cycle(proxy: &FaultProxy, cycle: impl AsyncFnMut()) -> u64 {
 }
 
 async fn waiting_cycle(client: &LockClient, key: &str) {
-    let guard = client
-        .lock(key)
-        .ttl(TTL)
-        .wait(WAIT)
-        .acquire()
-        .await
-        .expect("a free key is granted");
-    assert!(guard.release().await.expect("release"));
+    bench::waiting_cycle(client, key, TTL).await;
 }
 
 async fn try_cycle(client: &LockClient, key: &str) {
-    let guard = client
-        .lock(key)
-        .ttl(TTL)
-        .try_acquire()
-        .await
-        .expect("try_acquire")
-        .expect("a free key is granted");
-    assert!(guard.release().await.expect("release"));
+    bench::try_cycle(client, key, TTL).await;
 }
 
 /// The round-trip checks on one proxied database.

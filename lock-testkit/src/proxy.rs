@@ -25,6 +25,10 @@ use tokio::time::sleep;
 
 use crate::process::HarnessError;
 
+mod cycles;
+
+pub use cycles::{CycleCount, CyclePlan, count_cycles};
+
 /// How traffic flows right now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {

@@ -9,15 +9,14 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use conformance::OrSkip;
-use conformance::proxy::FaultProxy;
+use conformance::proxy::{CyclePlan, FaultProxy};
 use conformance::servers::zookeeper::ZkServer;
 use lock_core::floor::RawFloor;
 use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey};
 use lock_zk::floor::ZkPermitFloor;
-use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
-const CYCLES: u32 = 50;
+const CYCLES: u64 = 50;
 
 fn permits(count: u32, limit: u32) -> LeaseKind {
     LeaseKind::permits(count, limit).expect("permits")
@@ -25,27 +24,9 @@ fn permits(count: u32, limit: u32) -> LeaseKind {
 
 /// Round trips per cycle over `CYCLES` cycles, the idle background
 /// (pings over as long a stretch) subtracted.
-async fn per_cycle<F, Fut>(proxy: &FaultProxy, mut cycle: F) -> f64
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    for _ in 0..3 {
-        cycle().await;
-    }
-    proxy.reset_counters();
-    let started = Instant::now();
-    for _ in 0..CYCLES {
-        cycle().await;
-    }
-    let took = started.elapsed();
-    let turns = proxy.round_trips();
-    proxy.reset_counters();
-    tokio::time::sleep(took).await;
-    let idle = proxy.round_trips();
-    #[allow(clippy::cast_precision_loss)]
-    let per = turns.saturating_sub(idle) as f64 / f64::from(CYCLES);
-    per
+async fn per_cycle(proxy: &FaultProxy, cycle: impl AsyncFnMut()) -> f64 {
+    let plan = CyclePlan::new(3, CYCLES).with_idle();
+    proxy.count_cycles(plan, cycle).await.per_cycle()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,95 +7,33 @@
 //! higher and fails the same check (shown below with a backend that looks
 //! at the key before acquiring).
 
-use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::bench;
 use conformance::doubles::LooksFirst;
-use conformance::proxy::FaultProxy;
+use conformance::proxy::{CycleCount, CyclePlan, FaultProxy};
 use conformance::servers::zookeeper::ZkServer;
 use lock_core::LockClient;
 use lock_core::floor::RawFloor;
 use lock_zk::floor::ZkFloor;
-use tokio::time::Instant;
 
-const CYCLES: u32 = 100;
+const CYCLES: u64 = 100;
 const TTL: Duration = Duration::from_secs(30);
-const WAIT: Duration = Duration::from_secs(60);
-
-/// What the proxy counted over `cycles` cycles and the `tail` after them
-/// (requests a cycle defers, such as a cleanup at the lease's TTL, belong
-/// to it), and over an idle stretch as long as both (background traffic:
-/// pings).
-#[derive(Debug)]
-struct Counted {
-    cycles: u32,
-    turns: u64,
-    idle_turns: u64,
-}
-
-impl Counted {
-    /// Round trips per cycle, background subtracted.
-    fn per_cycle(&self) -> f64 {
-        let turns = self.turns.saturating_sub(self.idle_turns);
-        #[allow(clippy::cast_precision_loss)]
-        let per_cycle = turns as f64 / f64::from(self.cycles);
-        per_cycle
-    }
-
-    /// Exactly `expected` per cycle after rounding, or why not.
-    fn check(&self, expected: u32) -> Result<(), String> {
-        let per_cycle = self.per_cycle();
-        if (per_cycle - f64::from(expected)).abs() < 0.5 {
-            Ok(())
-        } else {
-            Err(format!(
-                "{per_cycle:.2} round trips per cycle, expected {expected} ({self:?})"
-            ))
-        }
-    }
-}
 
 /// Runs a few warm-up cycles (sessions, key directories) and lets what
-/// they deferred pass, then counts `CYCLES` cycles and `tail`, then an
-/// idle stretch of the same length.
-async fn count<F, Fut>(proxy: &FaultProxy, tail: Duration, mut cycle: F) -> Counted
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
-{
-    for _ in 0..5 {
-        cycle().await;
-    }
-    tokio::time::sleep(tail).await;
-    proxy.reset_counters();
-    let started = Instant::now();
-    for _ in 0..CYCLES {
-        cycle().await;
-    }
-    tokio::time::sleep(tail).await;
-    let took = started.elapsed();
-    let turns = proxy.round_trips();
-    proxy.reset_counters();
-    tokio::time::sleep(took).await;
-    Counted {
-        cycles: CYCLES,
-        turns,
-        idle_turns: proxy.round_trips(),
-    }
+/// they deferred pass, then counts `CYCLES` cycles and `tail` (requests a
+/// cycle defers, such as a cleanup at the lease's TTL, belong to it), then
+/// an idle stretch of the same length (background traffic: pings).
+async fn count(proxy: &FaultProxy, tail: Duration, cycle: impl AsyncFnMut()) -> CycleCount {
+    let plan = CyclePlan::new(5, CYCLES).with_tail(tail).with_idle();
+    proxy.count_cycles(plan, cycle).await
 }
 
 async fn waiting_cycle(client: &LockClient, key: &str) {
-    let guard = client
-        .lock(key)
-        .ttl(TTL)
-        .wait(WAIT)
-        .acquire()
-        .await
-        .expect("acquire a free key");
-    guard.release().await.expect("release");
+    bench::waiting_cycle(client, key, TTL).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,7 +58,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
 
     let floor_proxy = FaultProxy::start(upstream).await.unwrap();
     let floor = ZkFloor::connect(&url(&floor_proxy)).await.unwrap();
-    let expected = floor.round_trips_per_cycle();
+    let expected = u64::from(floor.round_trips_per_cycle());
     assert_eq!(expected, 3);
     let counted = count(&floor_proxy, Duration::ZERO, || async {
         floor.cycle("floor", TTL).await.expect("floor cycle");
@@ -143,17 +81,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
         .check(expected)
         .expect("a waiting acquire on a free key costs the floor's round trips");
 
-    let counted = count(&ours_proxy, tail, || async {
-        let guard = client
-            .lock("try")
-            .ttl(TTL)
-            .try_acquire()
-            .await
-            .expect("try")
-            .expect("free");
-        guard.release().await.expect("release");
-    })
-    .await;
+    let counted = count(&ours_proxy, tail, || bench::try_cycle(&client, "try", TTL)).await;
     println!(
         "try_acquire() + release(): {:.2} per cycle ({counted:?})",
         counted.per_cycle()
@@ -168,7 +96,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
         let leadership = client
             .elect("rt-elect")
             .ttl(TTL)
-            .wait(WAIT)
+            .wait(bench::CONTENDED_LIMIT)
             .campaign()
             .await
             .expect("campaign on a free election");

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use conformance::proxy::FaultProxy;
+use conformance::proxy::{CyclePlan, FaultProxy};
 use lock_core::{ErrorKind, Lease, LeaseKind, LockBackend, LockShape};
 use lock_redis::{RedisBackend, RedisConfig};
 use tokio::time::{Instant, sleep};
@@ -143,17 +143,11 @@ async fn client(url: &str) -> RedisBackend {
 }
 
 /// Round trips per cycle through `proxy` (rounded), after a warm-up.
-async fn per_cycle(proxy: &FaultProxy, mut cycle: impl AsyncFnMut()) -> u64 {
-    const CYCLES: u64 = 40;
-    for _ in 0..3 {
-        cycle().await;
-    }
-    sleep(Duration::from_millis(20)).await;
-    proxy.reset_counters();
-    for _ in 0..CYCLES {
-        cycle().await;
-    }
-    (proxy.round_trips() + CYCLES / 2) / CYCLES
+async fn per_cycle(proxy: &FaultProxy, cycle: impl AsyncFnMut()) -> u64 {
+    proxy
+        .count_cycles(CyclePlan::new(3, 40), cycle)
+        .await
+        .rounded()
 }
 
 /// `renew_many` renews read and permit leases in one pipeline (round trips

@@ -8,11 +8,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use conformance::proxy::FaultProxy;
+use conformance::proxy::{CyclePlan, FaultProxy};
 use lock_core::LockError;
 use lock_core::floor::{FloorGrant, RawFloor};
 use lock_sql::sqlx::{self, Connection};
-use tokio::time::sleep;
 
 /// The options the proxied clients add to a server's URL.
 const OPTIONS: &str = "timeout=2s";
@@ -39,18 +38,12 @@ pub async fn per_cycle(
     proxy: &FaultProxy,
     warm_up: usize,
     cycles: u64,
-    mut cycle: impl AsyncFnMut(),
+    cycle: impl AsyncFnMut(),
 ) -> u64 {
-    for _ in 0..warm_up {
-        cycle().await;
-    }
-    // Let replies still in flight land before counting from zero.
-    sleep(Duration::from_millis(20)).await;
-    proxy.reset_counters();
-    for _ in 0..cycles {
-        cycle().await;
-    }
-    (proxy.round_trips() + cycles / 2) / cycles
+    proxy
+        .count_cycles(CyclePlan::new(warm_up, cycles), cycle)
+        .await
+        .rounded()
 }
 
 /// A bare connection of its own through the proxy, for the extra
