@@ -5,30 +5,18 @@ mod admin_checks;
 mod common;
 mod fair_checks;
 mod multi_checks;
+mod server_checks;
 
 use std::time::Duration;
 
-use conformance::{Harness, OrSkip, run_suite};
 use lock_core::{LockBackend, LockKey, WaitStrategy};
 use lock_sql::SqlBackend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb() {
-    let Some(target) = common::deployed("mariadb").await.or_skip() else {
+    let Some((target, url)) = server_checks::deployed_and_checked("mariadb").await else {
         return;
     };
-    let url = common::client_url(&target);
-    run_suite(&Harness::new(target.clone()))
-        .await
-        .assert_passed();
-    common::check_floor(&url).await;
-    // Fair mode on the same server: the mutex cases (FIFO included) and
-    // the fair checks (their broken variants run on SQLite: the same
-    // checks, dialect-independent doubles).
-    fair_checks::run_fair_suite("mariadb", &url).await;
-    fair_checks::fair_checks(&url).await;
-    multi_checks::multi_checks(&url).await;
-    admin_checks::admin_checks(&url).await;
 
     let a = SqlBackend::connect_url(&url).await.unwrap();
     let b = SqlBackend::connect_url(&url).await.unwrap();

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, FencingToken, Lease, LeaseKind, LockBackend, LockError, LockKey, LockWrapper,
+    FencingToken, Lease, LeaseKind, LockBackend, LockError, LockKey, LockWrapper,
     RENEW_CONCURRENCY, async_trait, renew_concurrently,
 };
 use lock_sql::SqlBackend;
 use shared_checks::*;
-use tokio::time::{Instant, sleep};
+use tokio::time::Instant;
 
 /// Ways to break the real backend, each one a check must catch.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -144,19 +144,12 @@ impl LockWrapper for Broken {
     ) -> Result<Lease, LockError> {
         let (real, ttl) = (self.kind(kind), self.ttl(ttl));
         match self.how {
-            Breakage::UnqueuedWriter if kind == LeaseKind::Write => loop {
-                if let Some(lease) = self.inner.try_acquire_kind(key, real, ttl).await? {
-                    return Ok(lease);
-                }
-                if Instant::now() >= deadline {
-                    return Err(LockError::new(
-                        ErrorKind::Contended,
-                        lock_core::Operation::Acquire,
-                        "deadline",
-                    ));
-                }
-                sleep(Duration::from_millis(20)).await;
-            },
+            Breakage::UnqueuedWriter if kind == LeaseKind::Write => {
+                common::poll_until_granted(deadline, "deadline", || {
+                    self.inner.try_acquire_kind(key, real, ttl)
+                })
+                .await
+            }
             Breakage::Detached => {
                 let (inner, key) = (self.inner.clone(), key.clone());
                 let task =

@@ -18,10 +18,8 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use conformance::deploy::{self, DeployedTarget, Opener};
-use conformance::{Harness, OrSkip, Target, run_suite};
-use lock_core::{
-    ErrorKind, LeaseKind, ListQuery, LockBackend, LockError, LockKey, OwnerId, async_trait,
-};
+use conformance::{Harness, OrSkip, run_suite};
+use lock_core::{ErrorKind, LeaseKind, ListQuery, LockBackend, LockKey, OwnerId};
 use lock_sql::{SqlAnyBackend, SqlBackend, SqlConfig, SqlSessionBackend};
 use shedlock_client::ShedLock;
 use tokio::time::Instant;
@@ -36,33 +34,18 @@ const SHED_HOST: &str = "shedlock-host-1";
 
 const OPTIONS: &str = "layout=shedlock&timeout=2s&pool_size=4";
 
-/// The shared conformance suite's target on the ShedLock layout (cases
+/// The shared conformance suite on the ShedLock layout at `url` (cases
 /// needing kinds, fairness or fault injection skip themselves by
 /// capability or target).
-struct ShedTarget {
-    name: String,
-    url: String,
-}
-
-#[async_trait]
-impl Target for ShedTarget {
-    fn name(&self) -> String {
-        self.name.clone()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(lock_sql::connect(&self.url).await?))
-    }
-
-    fn url(&self) -> Option<String> {
-        Some(self.url.clone())
-    }
-}
-
 async fn suite(name: &str, url: &str) {
-    let target = Arc::new(ShedTarget {
+    let target = Arc::new(common::UrlTarget {
         name: format!("{name}-shedlock"),
         url: url.to_owned(),
+        open: Arc::new(|url: String| {
+            Box::pin(
+                async move { Ok(Arc::new(lock_sql::connect(&url).await?) as Arc<dyn LockBackend>) },
+            )
+        }),
     });
     run_suite(&Harness::new(target)).await.assert_passed();
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use conformance::{Harness, run_suite};
 use lock_core::{ErrorKind, LockBackend, LockKey};
 use lock_sql::sqlx::{self, AssertSqlSafe};
-use lock_sql::{SqlBackend, SqlConfig};
+use lock_sql::{SqlBackend, SqlConfig, SqlFence};
 use tokio::time::Instant;
 
 const CHILD_DB: &str = "LOCK_SQL_CHILD_DB";
@@ -100,6 +100,29 @@ async fn prepare_counter(backend: &SqlBackend) {
     .unwrap();
 }
 
+/// The counter's value.
+async fn read_counter(pool: &sqlx::SqlitePool) -> i64 {
+    sqlx::query_scalar("SELECT v FROM counter WHERE id = 1")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Writes `value` to the counter under `fence`: the rows written (0 where
+/// the fence refuses an expired or released lease).
+async fn write_counter(pool: &sqlx::SqlitePool, fence: &SqlFence, value: i64) -> u64 {
+    let sql = format!(
+        "UPDATE counter SET v = ?1 WHERE id = 1 AND {}",
+        fence.predicate()
+    );
+    fence
+        .bind(sqlx::query(AssertSqlSafe(sql)).bind(value))
+        .execute(pool)
+        .await
+        .unwrap()
+        .rows_affected()
+}
+
 /// One contender: `iterations` times acquire the shared key, read the
 /// counter, yield, write it back +1 under the fence, log the token, release.
 /// A lost update or an out-of-order token shows in the checks afterwards.
@@ -117,23 +140,11 @@ async fn contend(path: &std::path::Path, iterations: usize) {
             )
             .await
             .unwrap();
-        let v: i64 = sqlx::query_scalar("SELECT v FROM counter WHERE id = 1")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        let v = read_counter(&pool).await;
         tokio::time::sleep(Duration::from_millis(1)).await;
         let fence = backend.fence(&lease, 2);
-        let sql = format!(
-            "UPDATE counter SET v = ?1 WHERE id = 1 AND {}",
-            fence.predicate()
-        );
-        let done = fence
-            .bind(sqlx::query(AssertSqlSafe(sql)).bind(v + 1))
-            .execute(&pool)
-            .await
-            .unwrap();
         assert_eq!(
-            done.rows_affected(),
+            write_counter(&pool, &fence, v + 1).await,
             1,
             "fenced write refused while holding"
         );
@@ -182,11 +193,7 @@ async fn sqlite_child_worker() {
             let path = dir.path().join("solo.db");
             contend(&path, 5).await;
             let backend = SqlBackend::connect_url(&url_for(&path)).await.unwrap();
-            let v: i64 = sqlx::query_scalar("SELECT v FROM counter WHERE id = 1")
-                .fetch_one(backend.sqlite_pool().unwrap())
-                .await
-                .unwrap();
-            assert_eq!(v, 5);
+            assert_eq!(read_counter(backend.sqlite_pool().unwrap()).await, 5);
         }
     }
 }
@@ -240,12 +247,8 @@ async fn several_processes_contend_on_one_file() {
         );
     }
     let pool = backend.sqlite_pool().unwrap();
-    let v: i64 = sqlx::query_scalar("SELECT v FROM counter WHERE id = 1")
-        .fetch_one(pool)
-        .await
-        .unwrap();
     assert_eq!(
-        v,
+        read_counter(pool).await,
         i64::try_from(PROCESSES * ITERATIONS).unwrap(),
         "lost updates"
     );
@@ -338,20 +341,8 @@ async fn fence_refuses_stale_writers() {
         .unwrap()
         .unwrap();
     let write = |lease: &lock_core::Lease, value: i64| {
-        let fence = backend.fence(lease, 2);
-        let sql = format!(
-            "UPDATE counter SET v = ?1 WHERE id = 1 AND {}",
-            fence.predicate()
-        );
-        let pool = pool.clone();
-        async move {
-            fence
-                .bind(sqlx::query(AssertSqlSafe(sql)).bind(value))
-                .execute(&pool)
-                .await
-                .unwrap()
-                .rows_affected()
-        }
+        let (fence, pool) = (backend.fence(lease, 2), pool.clone());
+        async move { write_counter(&pool, &fence, value).await }
     };
     assert_eq!(
         write(&old, 1).await,

@@ -34,6 +34,31 @@ pub fn opener() -> Opener {
     })
 }
 
+/// A suite target of clients opened on one URL, with no deployment to
+/// pause, restart or proxy (the cases needing one skip themselves): fair
+/// mode on a started server, the ShedLock layout.
+pub struct UrlTarget {
+    pub name: String,
+    pub url: String,
+    /// How each client is opened from `url`.
+    pub open: Opener,
+}
+
+#[async_trait]
+impl Target for UrlTarget {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        (self.open)(self.url.clone()).await
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
+    }
+}
+
 /// A started deployment of `kind` (`postgres`, `mariadb`) as a suite
 /// target: unreachable = SIGSTOP of the server, kill-and-restart, proxied
 /// clients (see [`DeployedTarget`]).
@@ -123,6 +148,32 @@ where
             }
             other => return other,
         }
+    }
+}
+
+/// A wait with no queue, as the broken doubles wait: `try_grant` every
+/// 20 ms until it grants, or Contended (`why`) once `deadline` has passed.
+pub async fn poll_until_granted<F, Fut>(
+    deadline: tokio::time::Instant,
+    why: &str,
+    mut try_grant: F,
+) -> Result<lock_core::Lease, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<lock_core::Lease>, LockError>>,
+{
+    loop {
+        if let Some(lease) = try_grant().await? {
+            return Ok(lease);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(LockError::new(
+                lock_core::ErrorKind::Contended,
+                lock_core::Operation::Acquire,
+                why,
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 

@@ -13,38 +13,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use conformance::{Harness, Target, all_cases, run_cases};
+use conformance::{Harness, all_cases, run_cases};
 use lock_core::election::election_lock_key;
 use lock_core::{
-    ErrorKind, Lease, LeaseKind, LockBackend, LockError, LockKey, LockWrapper, Operation, OwnerId,
+    Lease, LeaseKind, LockBackend, LockError, LockKey, LockWrapper, Operation, OwnerId,
     async_trait, unsupported_kind,
 };
 use lock_sql::SqlBackend;
 use lock_sql::sqlx;
 use tokio::time::{Instant, sleep};
 
-use crate::common::with_options;
-
-/// A suite target whose clients are `url` (with `fair=true`).
-pub struct FairTarget {
-    pub name: String,
-    pub url: String,
-}
-
-#[async_trait]
-impl Target for FairTarget {
-    fn name(&self) -> String {
-        self.name.clone()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        Ok(Arc::new(SqlBackend::connect_url(&self.url).await?))
-    }
-
-    fn url(&self) -> Option<String> {
-        Some(self.url.clone())
-    }
-}
+use crate::common::{UrlTarget, poll_until_granted, with_options};
 
 /// The mutex cases that need no fault injection, FIFO among them.
 const FAIR_CASES: &[&str] = &[
@@ -66,9 +45,14 @@ const FAIR_CASES: &[&str] = &[
 /// The fair suite target of `name` on `url` (`fair=true` appended): the
 /// mutex cases, which must pass, the FIFO one included (not skipped).
 pub async fn run_fair_suite(name: &str, url: &str) {
-    let target = Arc::new(FairTarget {
+    let target = Arc::new(UrlTarget {
         name: format!("{name}-fair"),
         url: with_options(url, "fair=true"),
+        open: Arc::new(|url: String| {
+            Box::pin(async move {
+                Ok(Arc::new(SqlBackend::connect_url(&url).await?) as Arc<dyn LockBackend>)
+            })
+        }),
     });
     let cases: Vec<_> = all_cases()
         .into_iter()
@@ -147,24 +131,29 @@ pub async fn fair_and_unfair_exclude(
 ) -> Result<String, String> {
     let key = fresh_key("mixed");
     let ttl = Duration::from_secs(10);
-    let held = take(&*fair, &key, ttl).await?;
-    let stolen = unfair
-        .try_acquire(&key, ttl)
-        .await
-        .map_err(|e| e.to_string())?;
-    if stolen.is_some() {
-        return Err("an unfair client took a key a fair one holds".into());
+    for (holder, other, stolen) in [
+        (
+            &fair,
+            &unfair,
+            "an unfair client took a key a fair one holds",
+        ),
+        (
+            &unfair,
+            &fair,
+            "a fair client took a key an unfair one holds",
+        ),
+    ] {
+        let held = take(&**holder, &key, ttl).await?;
+        if other
+            .try_acquire(&key, ttl)
+            .await
+            .map_err(|e| e.to_string())?
+            .is_some()
+        {
+            return Err(stolen.into());
+        }
+        holder.release(&held).await.map_err(|e| e.to_string())?;
     }
-    fair.release(&held).await.map_err(|e| e.to_string())?;
-    let held = take(&*unfair, &key, ttl).await?;
-    let stolen = fair
-        .try_acquire(&key, ttl)
-        .await
-        .map_err(|e| e.to_string())?;
-    if stolen.is_some() {
-        return Err("a fair client took a key an unfair one holds".into());
-    }
-    unfair.release(&held).await.map_err(|e| e.to_string())?;
     let inside = Arc::new(AtomicUsize::new(0));
     let overlaps = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -376,19 +365,10 @@ impl LockWrapper for NeverSkipsDead {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        loop {
-            if let Some(lease) = LockBackend::try_acquire(self, key, ttl).await? {
-                return Ok(lease);
-            }
-            if Instant::now() >= deadline {
-                return Err(LockError::new(
-                    ErrorKind::Contended,
-                    lock_core::Operation::Acquire,
-                    "a waiter row is there",
-                ));
-            }
-            sleep(Duration::from_millis(20)).await;
-        }
+        poll_until_granted(deadline, "a waiter row is there", || {
+            LockBackend::try_acquire(self, key, ttl)
+        })
+        .await
     }
 
     async fn try_acquire_kind(

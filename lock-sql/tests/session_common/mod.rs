@@ -725,6 +725,19 @@ pub async fn force_released(target: &SessionTarget) {
     spared.release().await.unwrap();
 }
 
+/// `admin`'s `force_release` of `key` is refused (Unsupported), then the
+/// foreign session holding it is still `alive` and the key still held.
+async fn refused_and_spared(
+    admin: &SqlSessionBackend,
+    key: &LockKey,
+    alive: impl std::future::Future<Output = bool>,
+) {
+    let err = admin.force_release(key).await.unwrap_err();
+    assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
+    assert!(alive.await, "the foreign session was ended");
+    assert!(admin.inspect(key).await.unwrap().is_some(), "freed");
+}
+
 /// `force_release` of a lock held by a session that is not a distlock
 /// session-mode grant (a raw client that also holds another lock) is
 /// refused with `Unsupported` and the session is left alone: ending it
@@ -742,11 +755,8 @@ pub async fn force_release_spares_foreign_sessions(target: &SessionTarget) {
                 .execute(&mut conn)
                 .await
                 .unwrap();
-            let err = admin.force_release(&key).await.unwrap_err();
-            assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
-            let alive = sqlx::query("SELECT 1").execute(&mut conn).await;
-            assert!(alive.is_ok(), "the foreign session was ended");
-            assert!(admin.inspect(&key).await.unwrap().is_some(), "freed");
+            let alive = async { sqlx::query("SELECT 1").execute(&mut conn).await.is_ok() };
+            refused_and_spared(&admin, &key, alive).await;
         }
         Server::Maria => {
             let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
@@ -755,11 +765,8 @@ pub async fn force_release_spares_foreign_sessions(target: &SessionTarget) {
                 .execute(&mut conn)
                 .await
                 .unwrap();
-            let err = admin.force_release(&key).await.unwrap_err();
-            assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
-            let alive = sqlx::query("SELECT 1").execute(&mut conn).await;
-            assert!(alive.is_ok(), "the foreign session was ended");
-            assert!(admin.inspect(&key).await.unwrap().is_some(), "freed");
+            let alive = async { sqlx::query("SELECT 1").execute(&mut conn).await.is_ok() };
+            refused_and_spared(&admin, &key, alive).await;
         }
     }
     if target.server == Server::Pg {
