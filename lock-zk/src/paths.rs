@@ -82,12 +82,10 @@ pub(crate) fn rw_dir(root: &str, key: &LockKey) -> String {
     )
 }
 
-/// The node holding `key`'s read-write lock write epoch (the token of its
-/// last write grant): `<root>/.rwepoch/<escaped key>`, a persistent node
-/// outside the lock's directory. The directory is a container (Curator
-/// makes it one too) that the server deletes once it is empty, so an
-/// epoch kept only in its data would fall back to 0; and a child in it
-/// that is no lock node would confuse Curator's predicates.
+/// The persistent node holding `key`'s write epoch (its last write grant's
+/// token): `<root>/.rwepoch/<escaped key>`. Not in the lock's directory: a
+/// container the server deletes once empty, where a foreign child would
+/// also confuse Curator's predicates.
 pub(crate) fn rw_epoch_path(root: &str, key: &LockKey) -> String {
     rw_epoch_path_of(
         root,
