@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
-use crate::error::{NAME, timed};
+use crate::error::{NAME, timed_resending};
 use crate::paths::{self, mutex_owner_of};
 
 // Child modules: they share the backend's private state.
@@ -515,16 +515,17 @@ impl LockBackend for ZkBackend {
             .session(Operation::Release)
             .await
             .map_err(|e| e.with_key(lease.key()))?;
-        let deleted = match timed(self.op_timeout(), session.client.delete(path, None)).await {
-            Ok(()) => true,
-            Err(err) if err.is(&zk::Error::NoNode) => false,
-            Err(err) => {
-                // The local expiry stays armed: it deletes the node later.
-                return Err(err
-                    .into_lock_error(Operation::Release)
-                    .with_key(lease.key()));
-            }
-        };
+        let deleted =
+            match timed_resending(self.op_timeout(), || session.client.delete(path, None)).await {
+                Ok(()) => true,
+                Err(err) if err.is(&zk::Error::NoNode) => false,
+                Err(err) => {
+                    // The local expiry stays armed: it deletes the node later.
+                    return Err(err
+                        .into_lock_error(Operation::Release)
+                        .with_key(lease.key()));
+                }
+            };
         self.forget_expiry(lease.owner());
         self.sweep_uncertain(&session.client, dir, lease.owner(), false)
             .await;

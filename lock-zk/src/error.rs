@@ -118,3 +118,42 @@ where
         Err(_) => Err(CallError::TimedOut(timeout)),
     }
 }
+
+/// [`timed`] for a request that is safe to send again (a delete of our own
+/// node by path): made by `call`, the first time at once (so requests made
+/// together leave together), and again after a pause when the connection
+/// broke with it in flight (the client reconnects, and the session lives
+/// on across a reconnection), until it gets an answer or `timeout` has
+/// passed since the first try. A repeated delete whose first copy was
+/// applied answers `NoNode`.
+pub(crate) fn timed_resending<T, F>(
+    timeout: Duration,
+    mut call: impl FnMut() -> F,
+) -> impl Future<Output = Result<T, CallError>>
+where
+    F: Future<Output = Result<T, zk::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut sent = Some(call());
+    async move {
+        let mut pause = Duration::from_millis(25);
+        loop {
+            let request = match sent.take() {
+                Some(request) => request,
+                None => call(),
+            };
+            match tokio::time::timeout_at(deadline, request).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err))
+                    if connection_failure(&err)
+                        && tokio::time::Instant::now() + pause < deadline =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(400));
+                }
+                Ok(Err(err)) => return Err(CallError::Zk(err)),
+                Err(_) => return Err(CallError::TimedOut(timeout)),
+            }
+        }
+    }
+}

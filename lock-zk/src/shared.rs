@@ -29,7 +29,7 @@ use zookeeper_client as zk;
 use super::session::{Session, session_gone, synced};
 use super::waiting::{AttemptError, granted, to_token, wait_lost};
 use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend, lock};
-use crate::error::{CallError, NAME, timed};
+use crate::error::{CallError, NAME, timed, timed_resending};
 use crate::paths::{self, LEASE_NAME, READ_NAME, WRITE_NAME, sequence_named};
 
 // The read-write lock's attempt.
@@ -514,7 +514,7 @@ impl ZkBackend {
         let calls: Vec<_> = nodes
             .paths
             .iter()
-            .map(|p| timed(self.op_timeout(), session.client.delete(p, None)))
+            .map(|p| timed_resending(self.op_timeout(), || session.client.delete(p, None)))
             .collect();
         let mut deleted = false;
         let mut failure = None;

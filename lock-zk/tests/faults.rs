@@ -606,6 +606,46 @@ async fn paused_server_gives_typed_errors_in_bounded_time() {
     assert!(a.release(&lease).await.expect("release"));
 }
 
+/// A release whose connection breaks in flight is sent again once the
+/// client has reconnected, within the operation timeout: the server
+/// stalls (SIGSTOP) past the client's liveness limit (2/5 of a 2 s
+/// session: "no response from connection in 800ms"), then answers again
+/// within the session. The lock is freed at once instead of being left to
+/// the session's end; before, the release failed with `Unavailable` and
+/// the key stayed held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_rides_out_a_broken_connection() {
+    let Some(target) = Standalone::start().await else {
+        return;
+    };
+    let url = format!("{}?session_timeout=2s&timeout=5s", target.base_url());
+    let a = Arc::new(
+        ZkBackend::connect(ZkConfig::from_url(&url).expect("config"))
+            .await
+            .expect("a"),
+    );
+    let k = key("broken-release");
+    let held = grant(&*a, &k, Duration::from_secs(30), "free").await;
+    target.pause().await.expect("pause");
+    let release = tokio::spawn({
+        let a = a.clone();
+        async move { a.release(&held).await }
+    });
+    sleep(Duration::from_millis(1200)).await;
+    target.resume().await.expect("resume");
+    let released = release.await.expect("release task");
+    println!("release across a broken connection: {released:?}");
+    assert!(released.is_ok(), "{released:?}");
+    let b = ZkBackend::connect(ZkConfig::from_url(&url).expect("config"))
+        .await
+        .expect("b");
+    let next = b
+        .try_acquire(&k, Duration::from_secs(5))
+        .await
+        .expect("try");
+    assert!(next.is_some(), "the released key is still held");
+}
+
 /// Guards renewed in one batch (`renew_many`: a `sync` and a node check
 /// per lease): the one whose node an administrator deletes goes `Lost`
 /// within a renewal interval (plus a request), the others stay held. A
