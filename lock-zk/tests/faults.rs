@@ -625,7 +625,7 @@ async fn a_release_rides_out_a_broken_connection() {
             .expect("a"),
     );
     let k = key("broken-release");
-    let held = grant(&*a, &k, Duration::from_secs(30), "free").await;
+    let held = grant(&a, &k, Duration::from_secs(30), "free").await;
     target.pause().await.expect("pause");
     let release = tokio::spawn({
         let a = a.clone();
