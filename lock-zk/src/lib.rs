@@ -107,7 +107,11 @@
 //!   may already have expired the session: the client learns of the expiry
 //!   only on reconnecting, after the server deleted our nodes); `Expired` →
 //!   `Lost` at once, and the next call opens a new session. A grant is never
-//!   made on an old session's node.
+//!   made on an old session's node. A connection is declared dead after 3/5
+//!   of the session timeout without a byte from the server (the client
+//!   crate's default of 2/5, 800 ms of a 2 s session, broke connections on
+//!   a loaded host), and a release whose connection broke in flight is sent
+//!   again on the reconnected session within the operation timeout.
 //! - [x] Ensembles, chroot (created when missing), digest authentication
 //!   (every node this driver creates, chroot and lock root included, then
 //!   gets the `CREATOR_ALL` ACL: only sessions of the same user can list or

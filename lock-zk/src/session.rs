@@ -139,7 +139,14 @@ impl ZkBackend {
 
     async fn open_session(&self, operation: Operation) -> Result<Session, LockError> {
         let config = &self.inner.config;
-        let mut connector = zk::Client::connector().with_session_timeout(config.session_timeout());
+        // The client declares a connection dead after this long without a
+        // byte from the server (and moves to another server, the session
+        // living on). Its default is 2/5 of the session timeout (800 ms of
+        // a 2 s session), which a loaded host's scheduling alone can
+        // exceed; 3/5 is the most it accepts, near the Java client's 2/3.
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(config.session_timeout())
+            .with_connection_timeout(config.session_timeout() * 3 / 5);
         if let Some((user, password)) = config.digest() {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
