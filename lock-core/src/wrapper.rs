@@ -56,241 +56,78 @@ use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
 use crate::types::{GcReport, Lease, ListQuery, LockInfo, LockPage, SharedPage};
 
-/// A backend made of another one (see the [module docs](self)): each
-/// method defaults to the same call on [`inner`](Self::inner), and has the
-/// contract of the [`LockBackend`] method of the same name, which an
-/// override must keep unless breaking it is the point (a test double).
-///
-/// Errors and cancel safety: those of the inner backend's call, for every
-/// method left to its default.
-#[async_trait]
-#[allow(missing_docs)] // Each method is the LockBackend method of its name.
-pub trait LockWrapper: Send + Sync + fmt::Debug {
-    /// The backend every call not overridden goes to.
-    fn inner(&self) -> &dyn LockBackend;
+/// Writes [`LockWrapper`] and its blanket [`LockBackend`] implementation
+/// from one list of the forwarded calls, so the two cannot drift apart.
+macro_rules! wrapper {
+    ($(async fn $call:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+        /// A backend made of another one (see the [module docs](self)):
+        /// each method defaults to the same call on [`inner`](Self::inner),
+        /// and has the contract of the [`LockBackend`] method of the same
+        /// name, which an override must keep unless breaking it is the
+        /// point (a test double).
+        ///
+        /// Errors and cancel safety: those of the inner backend's call,
+        /// for every method left to its default.
+        #[async_trait]
+        #[allow(missing_docs)] // Each method is the LockBackend method of its name.
+        pub trait LockWrapper: Send + Sync + fmt::Debug {
+            /// The backend every call not overridden goes to.
+            fn inner(&self) -> &dyn LockBackend;
 
-    fn name(&self) -> &'static str {
-        self.inner().name()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner().capabilities()
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.inner().try_acquire(key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner().acquire(key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner().renew(lease).await
-    }
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        self.inner().renew_many(leases).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner().release(lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner().inspect(key).await
-    }
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        self.inner().try_acquire_kind(key, kind, ttl).await
-    }
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner().acquire_kind(key, kind, ttl, deadline).await
-    }
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.inner().downgrade(lease).await
-    }
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        self.inner().holders(key, shape).await
-    }
-    async fn try_acquire_all(
-        &self,
-        keys: &[LockKey],
-        ttl: Duration,
-    ) -> Result<Option<Vec<Lease>>, LockError> {
-        self.inner().try_acquire_all(keys, ttl).await
-    }
-    async fn campaign(
-        &self,
-        election: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner().campaign(election, ttl, deadline).await
-    }
-    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
-        self.inner().leader(election).await
-    }
-    async fn watch_leader(
-        &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<Leader>, LockError> {
-        self.inner()
-            .watch_leader(election, seen, poll, deadline)
-            .await
-    }
-    async fn watch_holder(
-        &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<LockInfo>, LockError> {
-        self.inner().watch_holder(key, seen, poll, deadline).await
-    }
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.inner().list(query).await
-    }
-    async fn list_shared(
-        &self,
-        shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<SharedPage, LockError> {
-        self.inner().list_shared(shape, query).await
-    }
-    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        self.inner().list_elections(query).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner().force_release(key).await
-    }
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.inner().gc(older_than).await
-    }
+            fn name(&self) -> &'static str {
+                self.inner().name()
+            }
+            fn capabilities(&self) -> Capabilities {
+                self.inner().capabilities()
+            }
+            $(
+                async fn $call(&self $(, $arg: $ty)*) -> $ret {
+                    self.inner().$call($($arg),*).await
+                }
+            )*
+        }
+
+        /// Every [`LockWrapper`] is a backend: each call goes to the
+        /// wrapper's method of the same name (its override, or the
+        /// forwarding default).
+        #[async_trait]
+        impl<W: LockWrapper> LockBackend for W {
+            fn name(&self) -> &'static str {
+                LockWrapper::name(self)
+            }
+            fn capabilities(&self) -> Capabilities {
+                LockWrapper::capabilities(self)
+            }
+            $(
+                async fn $call(&self $(, $arg: $ty)*) -> $ret {
+                    LockWrapper::$call(self $(, $arg)*).await
+                }
+            )*
+        }
+    };
 }
 
-/// Every [`LockWrapper`] is a backend: each call goes to the wrapper's
-/// method of the same name (its override, or the forwarding default).
-#[async_trait]
-impl<W: LockWrapper> LockBackend for W {
-    fn name(&self) -> &'static str {
-        LockWrapper::name(self)
-    }
-    fn capabilities(&self) -> Capabilities {
-        LockWrapper::capabilities(self)
-    }
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        LockWrapper::try_acquire(self, key, ttl).await
-    }
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        LockWrapper::acquire(self, key, ttl, deadline).await
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        LockWrapper::renew(self, lease).await
-    }
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        LockWrapper::renew_many(self, leases).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        LockWrapper::release(self, lease).await
-    }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        LockWrapper::inspect(self, key).await
-    }
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        LockWrapper::try_acquire_kind(self, key, kind, ttl).await
-    }
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        LockWrapper::acquire_kind(self, key, kind, ttl, deadline).await
-    }
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        LockWrapper::downgrade(self, lease).await
-    }
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        LockWrapper::holders(self, key, shape).await
-    }
-    async fn try_acquire_all(
-        &self,
-        keys: &[LockKey],
-        ttl: Duration,
-    ) -> Result<Option<Vec<Lease>>, LockError> {
-        LockWrapper::try_acquire_all(self, keys, ttl).await
-    }
-    async fn campaign(
-        &self,
-        election: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        LockWrapper::campaign(self, election, ttl, deadline).await
-    }
-    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
-        LockWrapper::leader(self, election).await
-    }
-    async fn watch_leader(
-        &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<Leader>, LockError> {
-        LockWrapper::watch_leader(self, election, seen, poll, deadline).await
-    }
-    async fn watch_holder(
-        &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<LockInfo>, LockError> {
-        LockWrapper::watch_holder(self, key, seen, poll, deadline).await
-    }
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        LockWrapper::list(self, query).await
-    }
-    async fn list_shared(
-        &self,
-        shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<SharedPage, LockError> {
-        LockWrapper::list_shared(self, shape, query).await
-    }
-    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        LockWrapper::list_elections(self, query).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        LockWrapper::force_release(self, key).await
-    }
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        LockWrapper::gc(self, older_than).await
-    }
+wrapper! {
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError>;
+    async fn acquire(&self, key: &LockKey, ttl: Duration, deadline: Instant) -> Result<Lease, LockError>;
+    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError>;
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>>;
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError>;
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
+    async fn try_acquire_kind(&self, key: &LockKey, kind: LeaseKind, ttl: Duration) -> Result<Option<Lease>, LockError>;
+    async fn acquire_kind(&self, key: &LockKey, kind: LeaseKind, ttl: Duration, deadline: Instant) -> Result<Lease, LockError>;
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError>;
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError>;
+    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Lease>>, LockError>;
+    async fn campaign(&self, election: &LockKey, ttl: Duration, deadline: Instant) -> Result<Lease, LockError>;
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError>;
+    async fn watch_leader(&self, election: &LockKey, seen: Option<&Leader>, poll: Duration, deadline: Instant) -> Result<Option<Leader>, LockError>;
+    async fn watch_holder(&self, key: &LockKey, seen: Option<&LockInfo>, poll: Duration, deadline: Instant) -> Result<Option<LockInfo>, LockError>;
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError>;
+    async fn list_shared(&self, shape: LockShape, query: &ListQuery) -> Result<SharedPage, LockError>;
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError>;
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError>;
 }
 
 #[cfg(test)]
