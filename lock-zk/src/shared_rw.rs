@@ -146,9 +146,11 @@ impl ZkBackend {
     }
 
     /// Stores a write grant's `token` as the key's epoch: in the epoch node
-    /// (persistent, created at the key's first write; see
-    /// [`paths::rw_epoch_path`]) and in the directory's data (what earlier
-    /// versions read), both requests sent at once.
+    /// (persistent; see [`paths::rw_epoch_path`]) and in the directory's
+    /// data (what earlier versions read). One exchange: the node's create
+    /// (refused once it exists) and its `setData` go together, in that
+    /// order, with the directory's; only the very first write under a root
+    /// also creates the epoch nodes' parent, and sends them again.
     async fn store_epoch(
         &self,
         client: &zk::Client,
@@ -158,38 +160,29 @@ impl ZkBackend {
     ) -> Result<(), CallError> {
         let value = token.to_string();
         let timeout = self.op_timeout();
-        let in_dir = timed(timeout, client.set_data(dir, value.as_bytes(), None));
-        let stored = timed(timeout, client.set_data(epoch_path, value.as_bytes(), None));
-        let (in_dir, stored) = tokio::join!(in_dir, stored);
-        in_dir?;
-        match stored {
-            Err(err) if err.is(&zk::Error::NoNode) => {}
-            other => return other.map(drop),
-        }
-        // The key's first write: create the node (and its parent, once).
         let options = zk::CreateMode::Persistent.with_acls(self.acls());
         let parent = &epoch_path[..epoch_path.rfind('/').unwrap_or(0)];
-        let mut created = timed(
-            timeout,
-            client.create(epoch_path, value.as_bytes(), &options),
-        )
-        .await;
-        if matches!(&created, Err(err) if err.is(&zk::Error::NoNode)) {
-            timed(timeout, client.mkdir(parent, &options)).await?;
-            created = timed(
+        let mut parent_made = false;
+        loop {
+            let in_dir = timed(timeout, client.set_data(dir, value.as_bytes(), None));
+            let created = timed(
                 timeout,
                 client.create(epoch_path, value.as_bytes(), &options),
-            )
-            .await;
-        }
-        match created {
-            // Created meanwhile by another process's first write.
-            Err(err) if err.is(&zk::Error::NodeExists) => {
-                timed(timeout, client.set_data(epoch_path, value.as_bytes(), None))
-                    .await
-                    .map(drop)
+            );
+            let stored = timed(timeout, client.set_data(epoch_path, value.as_bytes(), None));
+            let (in_dir, created, stored) = tokio::join!(in_dir, created, stored);
+            in_dir?;
+            match created {
+                Ok(_) => {}
+                Err(err) if err.is(&zk::Error::NodeExists) => {}
+                Err(err) if err.is(&zk::Error::NoNode) && !parent_made => {
+                    timed(timeout, client.mkdir(parent, &options)).await?;
+                    parent_made = true;
+                    continue;
+                }
+                Err(err) => return Err(err),
             }
-            other => other.map(drop),
+            return stored.map(drop);
         }
     }
 }
