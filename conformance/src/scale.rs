@@ -123,9 +123,13 @@ pub struct ScaleReport {
     pub backend: String,
     /// Locks held.
     pub locks: usize,
-    /// Client-side heap per held lock, median of samples taken while holding
-    /// (guards, their scheduler entries and the driver's per-lock state;
-    /// the server's own state excluded for in-process backends).
+    /// Client-side heap retained per held lock: the lowest of the samples
+    /// taken every 50 ms while holding (guards, their scheduler entries and
+    /// the driver's per-lock state; the server's own state excluded for
+    /// in-process backends). A renewal batch's buffers in flight belong to
+    /// the batch (at most `RENEW_BATCH` leases), not to each held lock:
+    /// they are in the peak. (The median used before counted them whenever
+    /// a loaded server kept a batch in flight for half the window.)
     pub bytes_per_lock: f64,
     /// The highest sample (renewal batches in flight included).
     pub peak_bytes_per_lock: f64,
@@ -341,14 +345,14 @@ pub async fn held_locks(
     let trips = round_trips.map(|read| read());
     let all_held = guards.iter().all(LockGuard::is_held);
     samples.sort_unstable();
-    let median = samples.get(samples.len() / 2).copied().unwrap_or(0);
+    let retained = samples.first().copied().unwrap_or(0);
     let peak = samples.last().copied().unwrap_or(0);
     let periods = f64::from(config.periods.max(1));
 
     let report = ScaleReport {
         backend: backend.name().to_owned(),
         locks: n,
-        bytes_per_lock: per(median as f64, n) - server_bytes_per_lock,
+        bytes_per_lock: per(retained as f64, n) - server_bytes_per_lock,
         peak_bytes_per_lock: per(peak as f64, n) - server_bytes_per_lock,
         server_bytes_per_lock,
         renew_calls_per_period: calls as f64 / periods,
