@@ -477,15 +477,19 @@ pub async fn round_trips_per_cycle(
     warm_up: usize,
     cycles: usize,
 ) -> Result<f64, LockError> {
-    for _ in 0..warm_up {
-        who.cycle(key).await?;
+    let mut failed = None;
+    let plan = crate::proxy::CyclePlan::new(warm_up, u64::try_from(cycles).unwrap_or(u64::MAX));
+    let count = proxy
+        .count_cycles(plan, async || {
+            if failed.is_none()
+                && let Err(err) = who.cycle(key).await
+            {
+                failed = Some(err);
+            }
+        })
+        .await;
+    match failed {
+        Some(err) => Err(err),
+        None => Ok(count.per_cycle()),
     }
-    // Let replies still in flight land before counting from zero.
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    proxy.reset_counters();
-    for _ in 0..cycles {
-        who.cycle(key).await?;
-    }
-    #[allow(clippy::cast_precision_loss)]
-    Ok(proxy.round_trips() as f64 / cycles.max(1) as f64)
 }
