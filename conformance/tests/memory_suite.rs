@@ -72,6 +72,20 @@ async fn checker_catches_a_backend_that_grants_twice() {
     }
 }
 
+/// The guard case asks for the key from another client while a guard
+/// renews it: a second grant then is a double holder, told apart from a
+/// lock the guard lost (its deadline passed before the other client asked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_case_catches_a_backend_that_grants_twice() {
+    match cases::guard_keeps_lock_past_ttl(&broken_harness()).await {
+        Err(why) => assert!(
+            why.starts_with("another client got the key while the guard held it"),
+            "{why}"
+        ),
+        other => panic!("a double-granting backend passed the guard case: {other:?}"),
+    }
+}
+
 /// Hands out a token from an old grant every tenth time, contended or not.
 #[derive(Debug, Default)]
 struct StaleTokens {

@@ -295,7 +295,7 @@ async fn lost_grant_reply_is_recovered(url: &str, proxy: &FaultProxy, name: &str
 /// client in another process would, and it polls) takes the key straight
 /// back: the check sees that. On PostgreSQL such a waiter hears the
 /// release's `NOTIFY` and races the releaser: either may win.
-async fn waiters_come_first(url: &str, name: &str, unknown_waiter: bool) {
+async fn waiters_come_first(url: &str, proxy: &FaultProxy, name: &str, unknown_waiter: bool) {
     // A long poll: the releaser waits for the waiter's grant rather than a
     // short timer (which on a loaded machine could run out first), and the
     // unknown waiter does not look again for a while.
@@ -320,6 +320,7 @@ async fn waiters_come_first(url: &str, name: &str, unknown_waiter: bool) {
     for round in 0..rounds {
         let b = if round < 3 { &known } else { &unknown };
         let held = a.try_acquire(&key, TTL).await.unwrap().unwrap();
+        proxy.reset_counters();
         let waiter = tokio::spawn({
             let (b, key) = (b.clone(), key.clone());
             async move {
@@ -330,8 +331,11 @@ async fn waiters_come_first(url: &str, name: &str, unknown_waiter: bool) {
                 at
             }
         });
-        // The waiter tried once and waits.
-        sleep(Duration::from_millis(300)).await;
+        // The waiter tried once and waits: its first exchanges went through
+        // the proxy and it has fallen quiet (a fixed sleep could run out
+        // before a loaded machine ran the waiter's first try, which would
+        // then find the key free).
+        settled_after_first_turn(proxy).await;
         assert!(a.release(&held).await.unwrap());
         let again = a.acquire(&key, TTL, Instant::now() + WAIT).await.unwrap();
         let regranted = Instant::now();
@@ -348,6 +352,24 @@ async fn waiters_come_first(url: &str, name: &str, unknown_waiter: bool) {
                 regranted < waiter_granted,
                 "{name}: a waiter the releaser cannot know about is served after it"
             );
+        }
+    }
+}
+
+/// Waits until `proxy` has counted a round trip since its counters were
+/// reset, then until no new one came for 50 ms (the waiters here poll
+/// every 500 ms).
+async fn settled_after_first_turn(proxy: &FaultProxy) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.round_trips() == 0 {
+        assert!(Instant::now() < deadline, "the waiter sent nothing in 10 s");
+        sleep(Duration::from_millis(5)).await;
+    }
+    loop {
+        let seen = proxy.round_trips();
+        sleep(Duration::from_millis(50)).await;
+        if proxy.round_trips() == seen {
+            return;
         }
     }
 }
@@ -384,7 +406,7 @@ async fn postgres_round_trips_and_retries() {
     fair_and_multi_round_trips(&url, &direct, &proxy, "postgres", (1, 1, Some(5))).await;
     cut_connections_are_retried(&url, &proxy, "postgres").await;
     lost_grant_reply_is_recovered(&url, &proxy, "postgres").await;
-    waiters_come_first(&url, "postgres", false).await;
+    waiters_come_first(&url, &proxy, "postgres", false).await;
     killed_sessions_are_retried(
         &common::with_options(&server.url(), "timeout=2s"),
         "postgres",
@@ -404,7 +426,7 @@ async fn mariadb_round_trips_and_retries() {
     fair_and_multi_round_trips(&url, &direct, &proxy, "mariadb", (4, 5, None)).await;
     cut_connections_are_retried(&url, &proxy, "mariadb").await;
     lost_grant_reply_is_recovered(&url, &proxy, "mariadb").await;
-    waiters_come_first(&url, "mariadb", true).await;
+    waiters_come_first(&url, &proxy, "mariadb", true).await;
     killed_sessions_are_retried(
         &common::with_options(&server.url(), "timeout=2s"),
         "mariadb",

@@ -114,19 +114,44 @@ pub async fn guard_keeps_lock_past_ttl(h: &Harness) -> CaseResult {
             "guard state {:?} while holding",
             guard.state()
         );
-        ensure!(
-            b.try_acquire(&key, ttl)
-                .await
-                .map_err(fmt_err("try_acquire b"))?
-                .is_none(),
-            "another client got the key while the guard held it"
-        );
+        let asked = Instant::now();
+        let taken = b
+            .try_acquire(&key, ttl)
+            .await
+            .map_err(fmt_err("try_acquire b"))?;
+        if taken.is_some() {
+            return Err(taken_from_guard(&guard, asked).await);
+        }
     }
     ensure!(
         guard.release().await.map_err(fmt_err("release"))?,
         "release said not held"
     );
     Ok(Outcome::Passed(format!("held {hold:?} with TTL {ttl:?}")))
+}
+
+/// Why another client could take the key from a renewing guard: a double
+/// holder (the guard still counted itself valid when the other grant was
+/// asked for) or a lost lock (its renewals stopped landing within the TTL
+/// and the guard's deadline passed first). Both fail the case; the message
+/// says which, from the guard's own deadline and state.
+async fn taken_from_guard(guard: &lock_core::LockGuard, asked: Instant) -> String {
+    let deadline = guard.validity_deadline();
+    if deadline > asked {
+        return format!(
+            "another client got the key while the guard held it (the guard's deadline was {:?} \
+             after the other client asked)",
+            deadline - asked
+        );
+    }
+    let reason = timeout(Duration::from_millis(200), guard.lost())
+        .await
+        .unwrap_or_else(|_| format!("state {:?}", guard.state()));
+    format!(
+        "the guard lost the lock {:?} before another client asked for it (its renewals did not \
+         land within the TTL): {reason}",
+        asked - deadline
+    )
 }
 
 /// When the holder is cut off from the backend, the guard reports `Lost`
