@@ -15,7 +15,7 @@ use lock_core::{
 };
 use tokio::time::Instant;
 
-use crate::cleanup::cleanup;
+use crate::cleanup::clean_up_later;
 use crate::config::EtcdConfig;
 use crate::connect::connect_client;
 use crate::error::{NAME, from_etcd, protocol_error, relabel};
@@ -258,6 +258,36 @@ impl EtcdBackend {
         })
         .await
         .map_err(|e| e.with_backend(NAME))
+    }
+
+    /// Sends a release's guarded `delete` of `entry` (created at its
+    /// revision) and returns whether it deleted it. On success the session
+    /// frees the entry's name; on failure, if `clean_up_on_failure`, a task
+    /// of its own keeps deleting the entry while the session lives.
+    async fn delete_released(
+        &self,
+        op: Operation,
+        delete: Txn,
+        lease: &Lease,
+        (entry, revision): (String, i64),
+        session: Option<Arc<Session>>,
+        clean_up_on_failure: bool,
+    ) -> Result<bool, LockError> {
+        match self.txn(op, delete).await {
+            Ok(response) => {
+                let released = response.succeeded();
+                if released && let Some(session) = &session {
+                    session.free_entry(&entry);
+                }
+                Ok(released)
+            }
+            Err(err) => {
+                if clean_up_on_failure && let Some(session) = session {
+                    clean_up_later(&self.inner.client, session, entry, lease.owner(), revision);
+                }
+                Err(err.with_key(lease.key()))
+            }
+        }
     }
 
     /// Checks a lease's entry against the key it claims, and returns
@@ -519,32 +549,10 @@ impl LockBackend for EtcdBackend {
         if let Some(session) = &session {
             session.unmark_held(&entry, revision, lease.owner());
         }
-        match self
-            .txn(op, guarded_delete(&entry, revision, lease.owner()))
+        let delete = guarded_delete(&entry, revision, lease.owner());
+        // Our session would keep the entry alive: on failure keep trying.
+        self.delete_released(op, delete, lease, (entry, revision), session, true)
             .await
-        {
-            Ok(response) => {
-                let released = response.succeeded();
-                if released && let Some(session) = &session {
-                    session.free_entry(&entry);
-                }
-                Ok(released)
-            }
-            Err(err) => {
-                // Our session would keep the entry alive: keep trying.
-                if let Some(session) = session {
-                    tokio::spawn(cleanup(
-                        self.inner.client.clone(),
-                        session,
-                        entry,
-                        lease.owner(),
-                        None,
-                        Some(revision),
-                    ));
-                }
-                Err(err.with_key(lease.key()))
-            }
-        }
     }
 
     async fn try_acquire_kind(

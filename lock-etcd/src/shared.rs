@@ -17,7 +17,7 @@ use lock_core::{
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::waiting::{
-    Seen, hand_out, held_at_deadline, session_alive, session_lost, start_over, txn_on,
+    Grant, Seen, grant_entry, held_at_deadline, session_lost, start_over, txn_on,
 };
 use super::{EtcdBackend, MIN_TTL, lock};
 use crate::cleanup::{PendingEntry, clean_up_later};
@@ -386,19 +386,9 @@ impl EtcdBackend {
         sent_at: Instant,
         op: Operation,
     ) -> Result<Lease, LockError> {
-        let revision = pending.revision.unwrap_or(0);
-        session_alive(session, key, op)?;
         let leaf = pending.entry.rsplit('/').next().unwrap_or_default();
-        let lease = Lease::granted(
-            key.clone(),
-            pending.owner,
-            FencingToken::new(token),
-            ttl,
-            sent_at,
-            shared_lease_data(leaf, revision),
-        )
-        .map_err(|e| e.with_backend(NAME))?
-        .with_kind(kind);
-        hand_out(session, pending, lease, revision, ttl, sent_at, key, op)
+        let data = shared_lease_data(leaf, pending.revision.unwrap_or(0));
+        let grant = Grant { kind, token, data };
+        grant_entry(session, pending, grant, ttl, sent_at, key, op)
     }
 }

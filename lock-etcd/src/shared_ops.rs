@@ -33,21 +33,8 @@ impl EtcdBackend {
             .as_ref()
             .is_some_and(|s| s.unmark_held(&entry, revision, lease.owner()));
         let delete = shared_delete(&entry, revision, lease.kind(), lease.owner());
-        match self.txn(op, delete).await {
-            Ok(response) => {
-                let released = response.succeeded();
-                if released && let Some(session) = &session {
-                    session.free_entry(&entry);
-                }
-                Ok(released)
-            }
-            Err(err) => {
-                if was_held && let Some(session) = session {
-                    clean_up_later(&self.inner.client, session, entry, lease.owner(), revision);
-                }
-                Err(err.with_key(lease.key()))
-            }
-        }
+        self.delete_released(op, delete, lease, (entry, revision), session, was_held)
+            .await
     }
 
     /// Write to read in place: one transaction rewrites our entry's value

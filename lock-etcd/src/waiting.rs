@@ -11,8 +11,8 @@ use etcd_client::{
     WatchFilterType, WatchOptions, WatchResponse,
 };
 use lock_core::{
-    ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, SessionState,
-    check_ttl, with_timeout,
+    ErrorKind, FencingToken, Lease, LeaseKind, LockError, LockKey, Operation, OwnerId,
+    SessionState, check_ttl, with_timeout,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -190,20 +190,16 @@ impl EtcdBackend {
         let revision = pending.revision.unwrap_or(0);
         let token =
             u64::try_from(revision).map_err(|_| protocol_error(op, key, "negative revision"))?;
-        session_alive(session, key, op)?;
-        let lease = Lease::granted(
-            key.clone(),
-            pending.owner,
-            FencingToken::new(token),
-            ttl,
-            sent_at,
-            match layout {
-                Layout::Mutex => lease_data(session, &pending.entry).to_owned(),
-                Layout::Election => election_lease_data(&pending.entry),
-            },
-        )
-        .map_err(|e| e.with_backend(NAME))?;
-        hand_out(session, pending, lease, revision, ttl, sent_at, key, op)
+        let data = match layout {
+            Layout::Mutex => lease_data(session, &pending.entry).to_owned(),
+            Layout::Election => election_lease_data(&pending.entry),
+        };
+        let grant = Grant {
+            kind: LeaseKind::Exclusive,
+            token,
+            data,
+        };
+        grant_entry(session, pending, grant, ttl, sent_at, key, op)
     }
 
     /// Waits until no entry older than ours exists under the key's prefix,
@@ -526,6 +522,40 @@ pub(super) fn session_alive(
     )
     .with_key(key)
     .with_backend(NAME))
+}
+
+/// What a granted entry's lease carries besides its key, owner and TTL.
+pub(super) struct Grant {
+    pub(super) kind: LeaseKind,
+    pub(super) token: u64,
+    /// The lease's backend data, naming its entry.
+    pub(super) data: String,
+}
+
+/// Builds the lease `grant` describes for our `pending` entry and hands it
+/// out (see [`hand_out`]); fails if the session was lost meanwhile.
+pub(super) fn grant_entry(
+    session: &Arc<Session>,
+    pending: PendingEntry<'_>,
+    grant: Grant,
+    ttl: Duration,
+    sent_at: Instant,
+    key: &LockKey,
+    op: Operation,
+) -> Result<Lease, LockError> {
+    let revision = pending.revision.unwrap_or(0);
+    session_alive(session, key, op)?;
+    let lease = Lease::granted(
+        key.clone(),
+        pending.owner,
+        FencingToken::new(grant.token),
+        ttl,
+        sent_at,
+        grant.data,
+    )
+    .map_err(|e| e.with_backend(NAME))?
+    .with_kind(grant.kind);
+    hand_out(session, pending, lease, revision, ttl, sent_at, key, op)
 }
 
 /// Hands out `lease` for our entry `pending` (a mutex, election or shared
