@@ -400,14 +400,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
         poll: Duration,
         deadline: Instant,
     ) -> Result<Option<Leader>, LockError> {
-        let poll = poll.max(Duration::from_millis(5));
-        loop {
-            let now = self.leader(election).await?;
-            if !Leader::same(now.as_ref(), seen) || Instant::now() >= deadline {
-                return Ok(now);
-            }
-            tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
-        }
+        poll_leader(self, election, seen, poll, deadline).await
     }
 
     /// Waits until the holder of the mutex `key` is no longer `seen` (a
@@ -623,6 +616,34 @@ pub async fn poll_holder<B: LockBackend + ?Sized>(
         std::future::pending()
     })
     .await
+}
+
+/// [`LockBackend::watch_leader`]'s default, for wrappers that override it:
+/// reads `backend`'s [`leader`](LockBackend::leader) every `poll` (at least
+/// 5 ms) until the leader is no longer `seen` or `deadline` passed.
+///
+/// # Errors
+///
+/// As [`LockBackend::leader`].
+///
+/// # Cancel safety
+///
+/// Safe: read-only.
+pub async fn poll_leader<B: LockBackend + ?Sized>(
+    backend: &B,
+    election: &LockKey,
+    seen: Option<&Leader>,
+    poll: Duration,
+    deadline: Instant,
+) -> Result<Option<Leader>, LockError> {
+    let poll = poll.max(Duration::from_millis(5));
+    loop {
+        let now = backend.leader(election).await?;
+        if !Leader::same(now.as_ref(), seen) || Instant::now() >= deadline {
+            return Ok(now);
+        }
+        tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
+    }
 }
 
 /// [`poll_holder`] that also wakes early: before each read it calls `arm`,

@@ -104,8 +104,8 @@ mod support;
 use crate as under_test;
 
 pub use backend::{
-    LockBackend, MAX_LIST_PAGE, check_list_limit, list_mutex_shared, poll_holder, unsupported_kind,
-    watch_holder_with,
+    LockBackend, MAX_LIST_PAGE, check_list_limit, list_mutex_shared, poll_holder, poll_leader,
+    unsupported_kind, watch_holder_with,
 };
 pub use capabilities::{Capabilities, FencingScope, Requirements, TtlModel, WaitStrategy};
 pub use client::{LockClient, LockDefaults, LockRequest};

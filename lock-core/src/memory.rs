@@ -198,23 +198,14 @@ impl MemoryBackend {
 
     fn grant(&self, key: &LockKey, state: &mut KeyState, ttl: Duration, now: Instant) -> Lease {
         let owner = OwnerId::random();
-        let token = self.inner.last_token.fetch_add(1, Ordering::SeqCst) + 1;
+        let token = self.next_token();
         state.holder = Some(Holder {
             owner,
             token,
             expires_at: now + ttl,
             granted_at_ms: crate::holder::now_ms(),
         });
-        // Granted and timed in one step under the lock, so `now` is both when
-        // the request was served and when the lease starts: never expired.
-        Lease::from_parts(
-            key.clone(),
-            owner,
-            FencingToken::new(token),
-            ttl,
-            crate::types::validity_deadline(now, ttl),
-            String::new(),
-        )
+        fresh_lease(key, owner, token, ttl, now)
     }
 
     /// Hands a free key to the oldest waiter still listening.
@@ -234,8 +225,77 @@ impl MemoryBackend {
         }
     }
 
+    /// The next fencing token of the store (mutexes and shares draw from one
+    /// counter).
+    fn next_token(&self) -> u64 {
+        self.inner.last_token.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
     fn invalid(err: LockError, key: &LockKey) -> LockError {
         err.with_key(key).with_backend(NAME)
+    }
+}
+
+/// The lease of a grant made at `now`. Granted and timed in one step under
+/// the store's lock, so `now` is both when the request was served and when
+/// the lease starts: never expired.
+fn fresh_lease(key: &LockKey, owner: OwnerId, token: u64, ttl: Duration, now: Instant) -> Lease {
+    Lease::from_parts(
+        key.clone(),
+        owner,
+        FencingToken::new(token),
+        ttl,
+        crate::types::validity_deadline(now, ttl),
+        String::new(),
+    )
+}
+
+/// A queued waiter's end of its hand-off channel.
+struct Pending {
+    rx: oneshot::Receiver<Lease>,
+    /// The grant (or the service's refusal) was taken from `rx`: the
+    /// registration owning this has nothing left to withdraw.
+    done: bool,
+}
+
+/// The waiting half of an `acquire` (mutex or share) whose waiter is queued
+/// with `pending`: sleeps until the grant, the next expiry or the deadline,
+/// then has `hand_off` run the queue under the store's lock (it returns the
+/// next expiry) and looks again. Unless `pending.done` is set on return, the
+/// caller's registration still owns the waiter and withdraws it on drop.
+async fn wait_for_hand_off(
+    pending: &mut Pending,
+    key: &LockKey,
+    mut expiry: Option<Instant>,
+    deadline: Instant,
+    backend: &MemoryBackend,
+    mut hand_off: impl FnMut(Instant) -> Option<Instant>,
+    contended: impl FnOnce() -> String,
+) -> Result<Lease, LockError> {
+    loop {
+        let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
+        if let Some(granted) = granted_by(&mut pending.rx, wake_at, key).await {
+            pending.done = true;
+            return granted;
+        }
+        if let Err(err) = backend.check_fault(Operation::Acquire).await {
+            return Err(err.with_key(key));
+        }
+        let now = Instant::now();
+        expiry = hand_off(now);
+        if let Ok(lease) = pending.rx.try_recv() {
+            pending.done = true;
+            return Ok(lease);
+        }
+        if now >= deadline {
+            // Leaving `done` unset: dropping the registration removes the
+            // waiter.
+            return Err(
+                LockError::new(ErrorKind::Contended, Operation::Acquire, contended())
+                    .with_key(key)
+                    .with_backend(NAME),
+            );
+        }
     }
 }
 
@@ -288,20 +348,19 @@ struct WaiterRegistration<'a> {
     backend: &'a MemoryBackend,
     key: &'a LockKey,
     id: u64,
-    rx: oneshot::Receiver<Lease>,
-    done: bool,
+    pending: Pending,
 }
 
 impl Drop for WaiterRegistration<'_> {
     fn drop(&mut self) {
-        if self.done {
+        if self.pending.done {
             return;
         }
         let now = Instant::now();
         let mut keys = self.backend.keys();
         if let Some(state) = keys.get_mut(self.key) {
             state.waiters.retain(|w| w.id != self.id);
-            if let Ok(lease) = self.rx.try_recv() {
+            if let Ok(lease) = self.pending.rx.try_recv() {
                 // Granted but never seen by the caller: release it now.
                 if state
                     .holder
@@ -403,7 +462,7 @@ impl LockBackend for MemoryBackend {
         self.check_fault(Operation::Acquire).await?;
         let (tx, rx) = oneshot::channel();
         let id = self.inner.next_waiter.fetch_add(1, Ordering::Relaxed);
-        let mut expiry = {
+        let expiry = {
             let now = Instant::now();
             let mut keys = self.keys();
             let state = keys.entry(key.clone()).or_default();
@@ -419,39 +478,23 @@ impl LockBackend for MemoryBackend {
             backend: self,
             key,
             id,
-            rx,
-            done: false,
+            pending: Pending { rx, done: false },
         };
-        loop {
-            let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
-            if let Some(granted) = granted_by(&mut registration.rx, wake_at, key).await {
-                registration.done = true;
-                return granted;
-            }
-            if let Err(err) = self.check_fault(Operation::Acquire).await {
-                return Err(err.with_key(key));
-            }
-            let now = Instant::now();
-            let mut keys = self.keys();
-            let state = keys.entry(key.clone()).or_default();
-            self.hand_off(key, state, now);
-            if let Ok(lease) = registration.rx.try_recv() {
-                registration.done = true;
-                return Ok(lease);
-            }
-            if now >= deadline {
-                drop(keys);
-                // Dropping the registration removes the waiter.
-                return Err(LockError::new(
-                    ErrorKind::Contended,
-                    Operation::Acquire,
-                    "still held by another owner at the wait deadline",
-                )
-                .with_key(key)
-                .with_backend(NAME));
-            }
-            expiry = state.holder.as_ref().map(|h| h.expires_at);
-        }
+        wait_for_hand_off(
+            &mut registration.pending,
+            key,
+            expiry,
+            deadline,
+            self,
+            |now| {
+                let mut keys = self.keys();
+                let state = keys.entry(key.clone()).or_default();
+                self.hand_off(key, state, now);
+                state.holder.as_ref().map(|h| h.expires_at)
+            },
+            || "still held by another owner at the wait deadline".to_owned(),
+        )
+        .await
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {

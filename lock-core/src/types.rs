@@ -189,16 +189,14 @@ impl Lease {
             )
             .with_key(&key));
         }
-        Ok(Self {
+        Ok(Self::from_parts(
             key,
             owner,
             token,
-            ttl_ns: ttl_ns(ttl),
+            ttl,
             validity_deadline,
-            backend_data: backend_data.into_boxed_str(),
-            session: None,
-            kind: None,
-        })
+            backend_data,
+        ))
     }
 
     /// Rebuilds a lease from its parts without a deadline check, e.g. from a

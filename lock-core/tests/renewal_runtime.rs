@@ -2,11 +2,15 @@
 
 use std::time::Duration;
 
+use lock_core as under_test;
 use lock_core::{
     LockBackend, LockClient, LockGuard, LockKey, LockRequest, LockState, MemoryBackend,
     RenewalPolicy, RenewalRuntime,
 };
 use tokio::time::Instant;
+
+mod support;
+use support::free_within_a_second;
 
 const TTL: Duration = Duration::from_millis(300);
 
@@ -124,11 +128,13 @@ async fn lost_signal_run_and_drop_release_work_across_runtimes() {
         .await
         .unwrap();
     drop(guard);
-    let lease = backend
-        .acquire(&key("cross"), TTL, Instant::now() + Duration::from_secs(1))
-        .await
-        .expect("the dropped guard's lock was released");
-    assert!(backend.release(&lease).await.unwrap());
+    free_within_a_second(
+        &backend,
+        &key("cross"),
+        TTL,
+        "the dropped guard's lock was released",
+    )
+    .await;
 }
 
 #[test]
@@ -158,14 +164,6 @@ fn a_guard_made_outside_any_runtime_renews_on_the_dedicated_thread() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let lease = backend
-            .acquire(
-                &key("no-runtime"),
-                TTL,
-                Instant::now() + Duration::from_secs(1),
-            )
-            .await
-            .expect("released by the drop");
-        assert!(backend.release(&lease).await.unwrap());
+        free_within_a_second(&backend, &key("no-runtime"), TTL, "released by the drop").await;
     });
 }

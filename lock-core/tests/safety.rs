@@ -8,7 +8,8 @@ use std::time::Duration;
 use lock_core as under_test;
 use lock_core::{
     Capabilities, ErrorKind, FencingToken, Lease, LockBackend, LockClient, LockError, LockGuard,
-    LockKey, LockState, MemoryBackend, MemoryFault, RenewalPolicy, RetryPolicy, async_trait,
+    LockKey, LockRequest, LockState, MemoryBackend, MemoryFault, RenewalPolicy, RetryPolicy,
+    async_trait,
 };
 use tokio::time::{Instant, sleep, timeout};
 
@@ -35,6 +36,19 @@ async fn assert_lost_within(guard: &LockGuard, limit: Duration) {
         guard.state()
     );
     assert!(matches!(guard.state(), LockState::Lost(_)));
+}
+
+/// The request's acquire fails: its error.
+async fn refused(request: LockRequest<'_>) -> LockError {
+    request.acquire().await.map(|g| g.state()).unwrap_err()
+}
+
+/// The default renewal policy, renewing every `interval`.
+fn renewing_every(interval: Duration) -> RenewalPolicy {
+    RenewalPolicy {
+        interval: Some(interval),
+        ..RenewalPolicy::default()
+    }
 }
 
 // ---- item 1: overflow and unexpected ends of the renewal task ----
@@ -68,11 +82,7 @@ async fn max_hold_of_duration_max_keeps_renewing() {
 async fn huge_renewal_interval_ends_in_lost_not_a_dead_watchdog() {
     let backend = MemoryBackend::new();
     let lease = grant(&backend, &key("huge-interval"), TTL).await;
-    let policy = RenewalPolicy {
-        interval: Some(Duration::MAX),
-        ..RenewalPolicy::default()
-    };
-    let guard = LockGuard::new(Arc::new(backend), lease, policy);
+    let guard = LockGuard::new(Arc::new(backend), lease, renewing_every(Duration::MAX));
     assert_lost_within(&guard, TTL * 3).await;
 }
 
@@ -80,18 +90,13 @@ async fn huge_renewal_interval_ends_in_lost_not_a_dead_watchdog() {
 async fn renewal_interval_not_shorter_than_the_ttl_is_refused() {
     let client = LockClient::new(MemoryBackend::new());
     for interval in [Duration::ZERO, TTL, Duration::MAX] {
-        let policy = RenewalPolicy {
-            interval: Some(interval),
-            ..RenewalPolicy::default()
-        };
-        let err = client
-            .lock("interval")
-            .ttl(TTL)
-            .renewal(policy)
-            .acquire()
-            .await
-            .map(|g| g.state())
-            .unwrap_err();
+        let err = refused(
+            client
+                .lock("interval")
+                .ttl(TTL)
+                .renewal(renewing_every(interval)),
+        )
+        .await;
         assert_eq!(
             err.kind(),
             ErrorKind::InvalidArgument,
@@ -187,14 +192,7 @@ async fn nonsense_retry_policies_are_refused() {
             retry,
             ..RenewalPolicy::default()
         };
-        let err = client
-            .lock("retry")
-            .ttl(TTL)
-            .renewal(policy)
-            .acquire()
-            .await
-            .map(|g| g.state())
-            .unwrap_err();
+        let err = refused(client.lock("retry").ttl(TTL).renewal(policy)).await;
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{retry:?}: {err}");
     }
 }
@@ -212,11 +210,7 @@ async fn lease_with_a_huge_ttl_is_lost_not_left_held() {
         granted.validity_deadline(),
         String::new(),
     );
-    let policy = RenewalPolicy {
-        interval: Some(TTL / 3),
-        ..RenewalPolicy::default()
-    };
-    let guard = LockGuard::new(Arc::new(backend), lease, policy);
+    let guard = LockGuard::new(Arc::new(backend), lease, renewing_every(TTL / 3));
     assert_lost_within(&guard, TTL * 3).await;
 }
 
@@ -302,13 +296,7 @@ async fn memory_refuses_ttls_below_the_floor() {
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{ttl:?}: {err}");
-        let err = client
-            .lock("short")
-            .ttl(ttl)
-            .acquire()
-            .await
-            .map(|g| g.state())
-            .unwrap_err();
+        let err = refused(client.lock("short").ttl(ttl)).await;
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{ttl:?}: {err}");
     }
     assert!(backend.capabilities().min_ttl >= Duration::from_millis(10));
@@ -329,6 +317,19 @@ struct SlowReply {
     renewals: Mutex<Vec<Instant>>,
 }
 
+impl SlowReply {
+    /// A memory backend whose grants reach the caller `delay` late.
+    fn backend(delay: Duration) -> Arc<Double<Self>> {
+        Arc::new(Double::new(
+            MemoryBackend::new(),
+            Self {
+                delay,
+                renewals: Mutex::new(Vec::new()),
+            },
+        ))
+    }
+}
+
 #[async_trait]
 impl Twist for SlowReply {
     const NAME: &'static str = "slow-reply";
@@ -346,13 +347,7 @@ impl Twist for SlowReply {
 #[tokio::test]
 async fn a_slow_acquire_is_renewed_relative_to_its_deadline() {
     let ttl = Duration::from_millis(600);
-    let backend = Arc::new(Double::new(
-        MemoryBackend::new(),
-        SlowReply {
-            delay: Duration::from_millis(300),
-            renewals: Mutex::new(Vec::new()),
-        },
-    ));
+    let backend = SlowReply::backend(Duration::from_millis(300));
     let client = LockClient::from_arc(backend.clone());
     let guard = client.lock("slow").ttl(ttl).acquire().await.unwrap();
     let started = Instant::now();
@@ -376,13 +371,7 @@ async fn renewals_follow_the_deadline_of_the_previous_renewal() {
     // A lease granted earlier than the guard started (as a handle read in
     // another process, or a reply delayed on the wire).
     let ttl = Duration::from_millis(900);
-    let backend = Arc::new(Double::new(
-        MemoryBackend::new(),
-        SlowReply {
-            delay: Duration::ZERO,
-            renewals: Mutex::new(Vec::new()),
-        },
-    ));
+    let backend = SlowReply::backend(Duration::ZERO);
     let granted = grant(backend.memory(), &key("cadence"), ttl).await;
     sleep(Duration::from_millis(200)).await;
     let started = Instant::now();

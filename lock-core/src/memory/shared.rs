@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{MemoryBackend, NAME};
+use super::{MemoryBackend, NAME, Pending};
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::holder::HolderDetails;
 use crate::key::LockKey;
@@ -150,7 +150,7 @@ impl MemoryBackend {
         let token = match kind {
             LeaseKind::Read => state.epoch,
             _ => {
-                let token = self.inner.last_token.fetch_add(1, Ordering::SeqCst) + 1;
+                let token = self.next_token();
                 if kind == LeaseKind::Write {
                     state.epoch = token;
                 }
@@ -165,15 +165,7 @@ impl MemoryBackend {
             expires_at: now + ttl,
             granted_at_ms: crate::holder::now_ms(),
         });
-        Lease::from_parts(
-            key.clone(),
-            owner,
-            FencingToken::new(token),
-            ttl,
-            crate::types::validity_deadline(now, ttl),
-            String::new(),
-        )
-        .with_kind(kind)
+        super::fresh_lease(key, owner, token, ttl, now).with_kind(kind)
     }
 
     /// Grants the head of the queue while it fits.
@@ -233,7 +225,7 @@ impl MemoryBackend {
         let shape = kind.shape();
         let (tx, rx) = oneshot::channel();
         let id = self.inner.next_waiter.fetch_add(1, Ordering::Relaxed);
-        let mut expiry = {
+        let expiry = {
             let now = Instant::now();
             let mut keys = self.shared_keys();
             let state = keys.entry((shape, key.clone())).or_default();
@@ -251,38 +243,23 @@ impl MemoryBackend {
             key,
             shape,
             id,
-            rx,
-            done: false,
+            pending: Pending { rx, done: false },
         };
-        loop {
-            let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
-            if let Some(granted) = super::granted_by(&mut registration.rx, wake_at, key).await {
-                registration.done = true;
-                return granted;
-            }
-            if let Err(err) = self.check_fault(Operation::Acquire).await {
-                return Err(err.with_key(key));
-            }
-            let now = Instant::now();
-            let mut keys = self.shared_keys();
-            let state = keys.entry((shape, key.clone())).or_default();
-            self.hand_off_shares(key, state, now);
-            if let Ok(lease) = registration.rx.try_recv() {
-                registration.done = true;
-                return Ok(lease);
-            }
-            if now >= deadline {
-                drop(keys);
-                return Err(LockError::new(
-                    ErrorKind::Contended,
-                    Operation::Acquire,
-                    format!("cannot take {kind} before the wait deadline"),
-                )
-                .with_key(key)
-                .with_backend(NAME));
-            }
-            expiry = state.next_expiry();
-        }
+        super::wait_for_hand_off(
+            &mut registration.pending,
+            key,
+            expiry,
+            deadline,
+            self,
+            |now| {
+                let mut keys = self.shared_keys();
+                let state = keys.entry((shape, key.clone())).or_default();
+                self.hand_off_shares(key, state, now);
+                state.next_expiry()
+            },
+            || format!("cannot take {kind} before the wait deadline"),
+        )
+        .await
     }
 
     fn not_held(lease: &Lease, operation: Operation) -> LockError {
@@ -429,13 +406,12 @@ struct ShareRegistration<'a> {
     key: &'a LockKey,
     shape: LockShape,
     id: u64,
-    rx: oneshot::Receiver<Lease>,
-    done: bool,
+    pending: Pending,
 }
 
 impl Drop for ShareRegistration<'_> {
     fn drop(&mut self) {
-        if self.done {
+        if self.pending.done {
             return;
         }
         let now = Instant::now();
@@ -443,7 +419,7 @@ impl Drop for ShareRegistration<'_> {
         let mut keys = self.backend.shared_keys();
         if let Some(state) = keys.get_mut(&map_key) {
             state.waiters.retain(|w| w.id != self.id);
-            if let Ok(lease) = self.rx.try_recv() {
+            if let Ok(lease) = self.pending.rx.try_recv() {
                 state
                     .holders
                     .retain(|h| !(h.owner == lease.owner() && h.kind == lease.kind()));

@@ -300,14 +300,7 @@ impl LockBackend for MigrationBackend {
         if self.phase == MigrationPhase::Old {
             return self.old.watch_leader(election, seen, poll, deadline).await;
         }
-        let poll = poll.max(Duration::from_millis(5));
-        loop {
-            let now = self.leader(election).await?;
-            if !Leader::same(now.as_ref(), seen) || Instant::now() >= deadline {
-                return Ok(now);
-            }
-            tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
-        }
+        crate::backend::poll_leader(self, election, seen, poll, deadline).await
     }
 
     /// The leader in the store the phase decides in (`dual`: the new

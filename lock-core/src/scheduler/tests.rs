@@ -39,12 +39,7 @@ fn setup() -> (LockClient, Arc<Scheduler>) {
 /// the loop.
 async fn hot_loop(client: &LockClient, scheduler: &Scheduler, yields: bool) -> (u64, u64) {
     let cycle = || async {
-        let guard = client
-            .lock("hot")
-            .ttl(Duration::from_secs(10))
-            .acquire()
-            .await
-            .unwrap();
+        let guard = held(client, "hot", Duration::from_secs(10)).await;
         assert!(guard.release().await.unwrap());
         if yields {
             tokio::task::yield_now().await;
@@ -242,17 +237,9 @@ async fn lost_unnotified(
     one: &OneSession,
 ) -> Option<Duration> {
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert!(
-        from_ns(scheduler.lock().planned_wake) > Instant::now() + Duration::from_secs(2),
-        "the task should sleep long now"
-    );
+    assert_sleeps_long(scheduler);
     scheduler.lock().never_notify = true;
-    let guard = client
-        .lock("on-session")
-        .ttl(Duration::from_secs(10))
-        .acquire()
-        .await
-        .unwrap();
+    let guard = held(client, "on-session", Duration::from_secs(10)).await;
     let ended = Instant::now();
     one.session
         .lock()
@@ -284,12 +271,7 @@ async fn a_guard_on_a_reused_idle_session_sees_the_session_end_at_once() {
     ] {
         let (client, scheduler, one, _stop) = session_setup(idle_limit);
         scheduler.lock().linger = duration_ns(Duration::from_millis(50));
-        let first = client
-            .lock("on-session")
-            .ttl(Duration::from_secs(10))
-            .acquire()
-            .await
-            .unwrap();
+        let first = held(&client, "on-session", Duration::from_secs(10)).await;
         // The task armed a watcher on the session (it runs on the
         // shared renewal thread, which other tests keep busy).
         settle_until(|| scheduler.lock().sessions.iter().any(|s| s.watched)).await;
@@ -310,6 +292,20 @@ async fn a_guard_on_a_reused_idle_session_sees_the_session_end_at_once() {
     }
 }
 
+/// A guard on `name` with `ttl`, on `client`.
+async fn held(client: &LockClient, name: &str, ttl: Duration) -> LockGuard {
+    client.lock(name).ttl(ttl).acquire().await.unwrap()
+}
+
+/// The task plans its next wake-up seconds away (a 10 s lock's renewal).
+fn assert_sleeps_long(scheduler: &Scheduler) {
+    let planned = scheduler.lock().planned_wake;
+    assert!(
+        from_ns(planned) > Instant::now() + Duration::from_secs(2),
+        "the task should sleep long now"
+    );
+}
+
 async fn settle_until(what: impl Fn() -> bool) {
     let until = Instant::now() + Duration::from_secs(5);
     while !what() && Instant::now() < until {
@@ -325,27 +321,13 @@ async fn settle_until(what: impl Fn() -> bool) {
 async fn short_ttl_after_a_long_sleep(never_notify: bool) -> (bool, u32) {
     let (client, scheduler) = setup();
     scheduler.lock().linger = duration_ns(Duration::from_millis(50));
-    let long = client
-        .lock("long")
-        .ttl(Duration::from_secs(10))
-        .acquire()
-        .await
-        .unwrap();
+    let long = held(&client, "long", Duration::from_secs(10)).await;
     // Past the linger and one more tick: the task plans its next
     // wake-up at the long lock's renewal.
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let planned = scheduler.lock().planned_wake;
-    assert!(
-        from_ns(planned) > Instant::now() + Duration::from_secs(2),
-        "the task should sleep long now"
-    );
+    assert_sleeps_long(&scheduler);
     scheduler.lock().never_notify = never_notify;
-    let short = client
-        .lock("short")
-        .ttl(Duration::from_millis(30))
-        .acquire()
-        .await
-        .unwrap();
+    let short = held(&client, "short", Duration::from_millis(30)).await;
     let mut renewals = 0;
     let mut deadline = short.validity_deadline();
     let until = Instant::now() + Duration::from_millis(300);
@@ -391,21 +373,11 @@ async fn a_short_ttl_lock_registered_between_ticks_is_renewed_and_idle_stops_tic
     let _timing = TIMING.lock().await;
     let (client, scheduler) = setup();
     scheduler.lock().linger = duration_ns(Duration::from_millis(100));
-    let long = client
-        .lock("long")
-        .ttl(Duration::from_secs(10))
-        .acquire()
-        .await
-        .unwrap();
+    let long = held(&client, "long", Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     // The task ticks (at most 100 ms); the 30 ms lock's first renewal
     // is due before the next tick.
-    let short = client
-        .lock("short")
-        .ttl(Duration::from_millis(30))
-        .acquire()
-        .await
-        .unwrap();
+    let short = held(&client, "short", Duration::from_millis(30)).await;
     let first = short.validity_deadline();
     settle_until(|| short.validity_deadline() > first + Duration::from_millis(60)).await;
     assert!(short.is_held());
@@ -420,12 +392,7 @@ async fn a_short_ttl_lock_registered_between_ticks_is_renewed_and_idle_stops_tic
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(scheduler.wakeups.load(Ordering::Relaxed), wakeups);
     // And the next registration wakes it (it must arm the timers).
-    let again: LockGuard = client
-        .lock("long")
-        .ttl(Duration::from_secs(10))
-        .acquire()
-        .await
-        .unwrap();
+    let again: LockGuard = held(&client, "long", Duration::from_secs(10)).await;
     settle_until(|| scheduler.wakeups.load(Ordering::Relaxed) > wakeups).await;
     assert!(again.release().await.unwrap());
 }

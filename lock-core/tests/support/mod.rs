@@ -253,3 +253,19 @@ pub(crate) async fn grant<B: LockBackend + ?Sized>(
         .unwrap()
         .expect("the key is free")
 }
+
+/// `key` is free again within a second (a dropped guard let it go): takes
+/// it and releases it. `released` is the failure message, naming what
+/// should have freed it.
+pub(crate) async fn free_within_a_second<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    ttl: Duration,
+    released: &str,
+) {
+    let lease = backend
+        .acquire(key, ttl, Instant::now() + Duration::from_secs(1))
+        .await
+        .expect(released);
+    assert!(backend.release(&lease).await.unwrap());
+}
