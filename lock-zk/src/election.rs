@@ -37,7 +37,7 @@ use zookeeper_client as zk;
 
 use super::admin::{PageBounds, escaped_keys};
 use super::session::Session;
-use super::waiting::{Recipe, wait_lost};
+use super::waiting::{Queue, Recipe, wait_lost};
 use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend};
 use crate::error::{CallError, NAME, timed};
 use crate::paths::{self, ELECTION_PARENT, LATCH_NAME, owner_of, sequence_named};
@@ -66,15 +66,15 @@ impl ZkBackend {
         let dir = self.latch_path(election);
         let bounded = tokio::time::timeout_at(
             deadline + ACQUIRE_GRACE,
-            self.lock_in_recipe(
-                &key,
-                &dir,
+            self.lock_in_recipe(Queue {
+                key: &key,
+                dir: &dir,
                 ttl,
-                Some(deadline),
-                Operation::Acquire,
-                true,
-                Recipe::Latch,
-            ),
+                deadline: Some(deadline),
+                operation: Operation::Acquire,
+                track: true,
+                recipe: Recipe::Latch,
+            }),
         )
         .await
         .map_err(|_| {

@@ -181,6 +181,25 @@ fn protocol(operation: Operation, why: String) -> LockError {
     wire_error(operation, WireError::Frame(why))
 }
 
+/// A single try's key, once `ttl` passed the driver's minimum (both
+/// floors' `try_grant` start here).
+fn try_grant_key(key: &str, ttl: Duration) -> Result<LockKey, LockError> {
+    let key = LockKey::new(key)?;
+    check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
+        .map_err(|e| e.with_key(&key).with_backend(NAME))?;
+    Ok(key)
+}
+
+/// The grant of `owner`'s node `handle` on `key`.
+fn floor_grant(key: &LockKey, owner: OwnerId, token: u64, handle: String) -> FloorGrant {
+    FloorGrant {
+        key: key.as_str().to_owned(),
+        owner: owner.to_hex(),
+        token,
+        handle,
+    }
+}
+
 impl Conn {
     fn take_xid(&mut self) -> i32 {
         let xid = self.next_xid;
@@ -686,9 +705,8 @@ impl RawFloor for ZkFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        let key = LockKey::new(key)?;
+        let key = try_grant_key(key, ttl)?;
         let op = Operation::TryAcquire;
-        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
         let dir = key_dir(&self.shared.root, &key);
         let owner = OwnerId::random();
         let prefix = node_path_prefix(&dir, owner);
@@ -729,12 +747,7 @@ impl RawFloor for ZkFloor {
         }
         let token = u64::try_from(czxid)
             .map_err(|_| protocol(op, format!("negative czxid {czxid}")).with_key(&key))?;
-        Ok(Some(FloorGrant {
-            key: key.as_str().to_owned(),
-            owner: owner.to_hex(),
-            token,
-            handle: path,
-        }))
+        Ok(Some(floor_grant(&key, owner, token, path)))
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {

@@ -28,10 +28,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
-use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl};
+use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId};
 
-use super::{ZkFloor, protocol, server_error, wire_error};
-use crate::driver::MIN_TTL;
+use super::{ZkFloor, floor_grant, protocol, server_error, try_grant_key, wire_error};
 use crate::error::NAME;
 use crate::paths::{
     LEASE_NAME, named_prefix, node_path_prefix, owner_of, sem_dir, sorted_lock_nodes, split_node,
@@ -174,9 +173,8 @@ impl RawFloor for ZkPermitFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        let key = LockKey::new(key)?;
+        let key = try_grant_key(key, ttl)?;
         let op = Operation::TryAcquire;
-        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
         let base = sem_dir(&self.floor.shared.root, &key);
         let (locks, leases) = (format!("{base}/locks"), format!("{base}/leases"));
         let owner = OwnerId::random();
@@ -205,12 +203,7 @@ impl RawFloor for ZkPermitFloor {
         let released = self.floor.delete(op, &mutex).await;
         let grant = result.map_err(with_key)?;
         released.map_err(with_key)?;
-        Ok(grant.map(|(path, token)| FloorGrant {
-            key: key.as_str().to_owned(),
-            owner: owner.to_hex(),
-            token,
-            handle: path,
-        }))
+        Ok(grant.map(|(path, token)| floor_grant(&key, owner, token, path)))
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {

@@ -10,7 +10,7 @@ use zookeeper_client as zk;
 
 use super::super::ZkBackend;
 use super::super::session::{Session, synced};
-use super::super::waiting::AttemptError;
+use super::super::waiting::{AttemptError, Queue, Recipe};
 use super::*;
 use crate::error::{CallError, timed};
 use crate::paths::{self, LEASE_NAME, sequence_named};
@@ -123,10 +123,16 @@ impl ZkBackend {
         }
         // The internal mutex (Curator's `<path>/locks`), FIFO.
         let mutex_deadline = deadline.unwrap_or_else(|| Instant::now() + TRY_MUTEX_WAIT);
-        let mutex = match self
-            .lock_in(key, &locks, ttl, Some(mutex_deadline), operation, false)
-            .await
-        {
+        let queue = Queue {
+            key,
+            dir: &locks,
+            ttl,
+            deadline: Some(mutex_deadline),
+            operation,
+            track: false,
+            recipe: Recipe::Mutex,
+        };
+        let mutex = match self.lock_in_recipe(queue).await {
             Ok(Some(mutex)) => mutex,
             Ok(None) => return Ok(None),
             Err(err) if err.kind() == ErrorKind::Contended && deadline.is_none() => {

@@ -22,6 +22,34 @@ use super::{MIN_TTL, ZkBackend, lock};
 use crate::error::{CallError, NAME, timed};
 use crate::paths::{self, mutex_owner_of};
 
+/// Where and how an acquisition waits: the key's queue of nodes in the
+/// lock directory `dir`, following `recipe` (the mutex's nodes, or an
+/// election's latch nodes: same queue, same watches, same cleanup).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Queue<'a> {
+    pub(super) key: &'a LockKey,
+    pub(super) dir: &'a str,
+    pub(super) ttl: Duration,
+    /// `None` for a single try.
+    pub(super) deadline: Option<Instant>,
+    pub(super) operation: Operation,
+    /// Enforce the lease's TTL locally (a lease handed to the user); a
+    /// semaphore's internal mutex, held only while its acquire runs, is not
+    /// tracked (its holder deletes it, or it goes with the session).
+    pub(super) track: bool,
+    pub(super) recipe: Recipe,
+}
+
+/// Our node went away while we waited (`why`): the attempt ends with
+/// `LeaseLost` (its cleanup is disarmed by the caller: nothing to delete).
+fn node_gone(why: String, operation: Operation, key: &LockKey) -> AttemptError {
+    AttemptError::Lock(
+        LockError::new(ErrorKind::LeaseLost, operation, why)
+            .with_key(key)
+            .with_backend(NAME),
+    )
+}
+
 /// Which recipe an attempt follows: the node name it creates and sorts on,
 /// the data it writes, and how its lease names the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,19 +258,21 @@ impl ZkBackend {
         Some((path, stat.czxid))
     }
 
-    /// One acquisition with a fresh attempt id on `session`.
-    #[allow(clippy::too_many_arguments)]
+    /// One acquisition in `queue` with a fresh attempt id on `session`.
     async fn attempt(
         &self,
         session: &Arc<Session>,
-        key: &LockKey,
-        dir: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        operation: Operation,
-        track: bool,
-        recipe: Recipe,
+        queue: Queue<'_>,
     ) -> Result<Option<Lease>, AttemptError> {
+        let Queue {
+            key,
+            dir,
+            ttl,
+            deadline,
+            operation,
+            track,
+            recipe,
+        } = queue;
         let owner = self.inner.owners.next();
         let mut cleanup = NodeCleanup {
             backend: self,
@@ -294,17 +324,13 @@ impl ZkBackend {
                 Ok(children) => children,
                 Err(err) if err.is(&zk::Error::NoNode) && !session.is_lost() => {
                     cleanup.disarm();
-                    return Err(AttemptError::Lock(
-                        LockError::new(
-                            ErrorKind::LeaseLost,
-                            operation,
-                            format!(
-                                "the lock directory {dir} was removed while we waited, \
-                                 and our node {name} with it"
-                            ),
-                        )
-                        .with_key(key)
-                        .with_backend(NAME),
+                    return Err(node_gone(
+                        format!(
+                            "the lock directory {dir} was removed while we waited, \
+                             and our node {name} with it"
+                        ),
+                        operation,
+                        key,
                     ));
                 }
                 Err(err) => return Err(Self::fail(session, err, operation, key)),
@@ -336,17 +362,13 @@ impl ZkBackend {
                     return Err(AttemptError::SessionLost);
                 }
                 cleanup.disarm();
-                return Err(AttemptError::Lock(
-                    LockError::new(
-                        ErrorKind::LeaseLost,
-                        operation,
-                        format!(
-                            "our lock node {path} was deleted while we waited \
-                             (by another client or an administrator)"
-                        ),
-                    )
-                    .with_key(key)
-                    .with_backend(NAME),
+                return Err(node_gone(
+                    format!(
+                        "our lock node {path} was deleted while we waited \
+                         (by another client or an administrator)"
+                    ),
+                    operation,
+                    key,
                 ));
             };
             if index == 0 {
@@ -471,55 +493,35 @@ impl ZkBackend {
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
         let dir = self.checked_key_path(key, operation)?;
         // A user's mutex takes the configured names; a semaphore's internal
-        // mutex ([`Self::lock_in`]) keeps Curator's.
+        // mutex (`shared_sem.rs`) keeps Curator's.
         let recipe = match self.inner.config.node_names() {
             crate::ZkNodeNames::Curator => Recipe::Mutex,
             crate::ZkNodeNames::Kazoo => Recipe::KazooMutex,
         };
-        self.lock_in_recipe(key, &dir, ttl, deadline, operation, true, recipe)
-            .await
-    }
-
-    /// [`Self::lock_in_recipe`] with the mutex recipe.
-    pub(super) async fn lock_in(
-        &self,
-        key: &LockKey,
-        dir: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        operation: Operation,
-        track: bool,
-    ) -> Result<Option<Lease>, LockError> {
-        self.lock_in_recipe(key, dir, ttl, deadline, operation, track, Recipe::Mutex)
-            .await
-    }
-
-    /// The mutex recipe on the lock directory `dir`. `track`: enforce the
-    /// lease's TTL locally (a lease handed to the user); a semaphore's
-    /// internal mutex, held only while its acquire runs, is not tracked
-    /// (its holder deletes it, or it goes with the session). `recipe`: the
-    /// mutex's nodes, or an election's latch nodes (same queue, same
-    /// watches, same cleanup).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn lock_in_recipe(
-        &self,
-        key: &LockKey,
-        dir: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        operation: Operation,
-        track: bool,
-        recipe: Recipe,
-    ) -> Result<Option<Lease>, LockError> {
-        self.retry_attempts(
+        let queue = Queue {
             key,
+            dir: &dir,
+            ttl,
             deadline,
             operation,
+            track: true,
+            recipe,
+        };
+        self.lock_in_recipe(queue).await
+    }
+
+    /// The mutex recipe in `queue` (see [`Queue`]), with attempts retried
+    /// as [`Self::retry_attempts`] says.
+    pub(super) async fn lock_in_recipe(
+        &self,
+        queue: Queue<'_>,
+    ) -> Result<Option<Lease>, LockError> {
+        self.retry_attempts(
+            queue.key,
+            queue.deadline,
+            queue.operation,
             "acquire attempt",
-            move |session| async move {
-                self.attempt(&session, key, dir, ttl, deadline, operation, track, recipe)
-                    .await
-            },
+            move |session| async move { self.attempt(&session, queue).await },
         )
         .await
     }

@@ -123,18 +123,15 @@ public class CuratorPeer {
                     say(id + " ok");
                     q.take();
                     sem.returnAll(leases);
-                } else if (w[1].equals("mutex")) {
-                    InterProcessMutex m = new InterProcessMutex(client, w[2]);
-                    if (!m.acquire(wait, TimeUnit.MILLISECONDS)) {
-                        say(id + " busy");
-                        return;
-                    }
-                    say(id + " ok");
-                    q.take();
-                    m.release();
                 } else {
-                    InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, w[2]);
-                    InterProcessMutex m = w[1].equals("read") ? rw.readLock() : rw.writeLock();
+                    // "mutex", or "read" / "write" of a read-write lock.
+                    InterProcessMutex m;
+                    if (w[1].equals("mutex")) {
+                        m = new InterProcessMutex(client, w[2]);
+                    } else {
+                        InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, w[2]);
+                        m = w[1].equals("read") ? rw.readLock() : rw.writeLock();
+                    }
                     if (!m.acquire(wait, TimeUnit.MILLISECONDS)) {
                         say(id + " busy");
                         return;
