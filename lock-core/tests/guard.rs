@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
 mod support;
-use support::{Double, Twist, free_within_a_second};
+use support::{Double, Twist, dropped_guard_frees};
 
 const TTL: Duration = Duration::from_millis(300);
 
@@ -167,14 +167,8 @@ async fn taken_over_lease_is_lost_at_the_next_renewal() {
 async fn drop_releases_in_the_background() {
     let backend = MemoryBackend::new();
     let client = LockClient::new(backend.clone());
-    let guard = client
-        .lock("dropped")
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    drop(guard);
-    free_within_a_second(
+    dropped_guard_frees(
+        &client,
         &backend,
         &key("dropped"),
         TTL,

@@ -10,7 +10,7 @@ use lock_core::{
 use tokio::time::Instant;
 
 mod support;
-use support::free_within_a_second;
+use support::{dropped_guard_frees, free_within_a_second};
 
 const TTL: Duration = Duration::from_millis(300);
 
@@ -121,14 +121,8 @@ async fn lost_signal_run_and_drop_release_work_across_runtimes() {
     assert!(guard.lost().await.contains("renewal refused"));
     drop(guard);
     // Drop releases in the background.
-    let guard = client
-        .lock("cross")
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await
-        .unwrap();
-    drop(guard);
-    free_within_a_second(
+    dropped_guard_frees(
+        &client,
         &backend,
         &key("cross"),
         TTL,

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 
 use super::under_test::election::Leader;
 use super::under_test::{
-    Capabilities, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey, MemoryBackend,
-    async_trait,
+    Capabilities, Lease, LeaseKind, LockBackend, LockClient, LockError, LockInfo, LockKey,
+    MemoryBackend, async_trait,
 };
 
 /// What a test double changes of the memory service it wraps.
@@ -252,6 +252,26 @@ pub(crate) async fn grant<B: LockBackend + ?Sized>(
         .await
         .unwrap()
         .expect("the key is free")
+}
+
+/// Takes `key` on `client` (a 30 s TTL) and drops the guard: `backend`
+/// (under `client`) must have it free again within a second, as
+/// [`free_within_a_second`] checks with `released` and `ttl`.
+pub(crate) async fn dropped_guard_frees(
+    client: &LockClient,
+    backend: &MemoryBackend,
+    key: &LockKey,
+    ttl: Duration,
+    released: &str,
+) {
+    let guard = client
+        .lock(key.as_str())
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    drop(guard);
+    free_within_a_second(backend, key, ttl, released).await;
 }
 
 /// `key` is free again within a second (a dropped guard let it go): takes
