@@ -161,17 +161,7 @@ impl Recorder {
         token: Option<FencingToken>,
         valid_until: Option<Instant>,
     ) {
-        let h = &self.history;
-        h.push(Event {
-            at: h.since(Instant::now()),
-            process: self.process,
-            kind,
-            op,
-            key: key.as_str().to_owned(),
-            token: token.map(FencingToken::get),
-            valid_until: valid_until.map(|t| h.since(t)),
-            grant: None,
-        });
+        self.record_at(Instant::now(), kind, op, key, token, valid_until);
     }
 
     /// An operation is about to be sent.

@@ -460,6 +460,33 @@ pub struct RolloutVerdicts {
     pub blind: RolloutReport,
 }
 
+impl RolloutVerdicts {
+    /// One line per run (`correct`, `wrong`, `blind`) for a test's log: the
+    /// checker's summary, grants per phase, fenced writes accepted and
+    /// rejected, `old` refusals and the straggler's outcome.
+    pub fn lines(&self) -> Vec<String> {
+        [
+            ("correct", &self.correct),
+            ("wrong", &self.wrong),
+            ("blind", &self.blind),
+        ]
+        .into_iter()
+        .map(|(name, report)| {
+            format!(
+                "{name:>7}: {} ; grants {:?} ; fenced writes accepted {} rejected {} ; old \
+                 refusals {} ; straggler {}",
+                report.check.summary(),
+                report.grants_by_phase,
+                report.writes_accepted,
+                report.writes_rejected,
+                report.refusals,
+                report.straggler
+            )
+        })
+        .collect()
+    }
+}
+
 /// Runs the correct rollout (with its straggler), the wrong one, and the
 /// correct one with a broken `old` side, and checks each verdict: the
 /// correct one exclusive with the straggler refused; the wrong one

@@ -12,20 +12,8 @@ async fn memory_to_memory_rollout() {
     let verdicts = rollout_is_guarded(Arc::new(MemoryTarget::new()), Arc::new(MemoryTarget::new()))
         .await
         .unwrap();
-    for (name, report) in [
-        ("correct", &verdicts.correct),
-        ("wrong", &verdicts.wrong),
-        ("blind", &verdicts.blind),
-    ] {
-        println!(
-            "{name:>7} rollout: {} ; grants {:?} ; writes accepted {} rejected {} ; old refusals {} ; straggler {}",
-            report.check.summary(),
-            report.grants_by_phase,
-            report.writes_accepted,
-            report.writes_rejected,
-            report.refusals,
-            report.straggler
-        );
+    for line in verdicts.lines() {
+        println!("{line}");
     }
     assert_eq!(verdicts.correct.check.stale_writes_accepted, 0);
     assert_eq!(verdicts.correct.straggler, "refused");

@@ -44,20 +44,8 @@ async fn check(old: String, new: String) {
     .await
     .unwrap_or_else(|e| panic!("{old} -> {new}: {e}"));
     println!("{old} -> {new}");
-    for (name, report) in [
-        ("correct", &verdicts.correct),
-        ("wrong", &verdicts.wrong),
-        ("blind", &verdicts.blind),
-    ] {
-        println!(
-            "  {name:>7}: {} ; grants {:?} ; fenced writes accepted {} rejected {} ; old refusals {} ; straggler {}",
-            report.check.summary(),
-            report.grants_by_phase,
-            report.writes_accepted,
-            report.writes_rejected,
-            report.refusals,
-            report.straggler
-        );
+    for line in verdicts.lines() {
+        println!("  {line}");
     }
     assert_eq!(verdicts.correct.check.stale_writes_accepted, 0);
     assert_eq!(verdicts.correct.straggler, "refused");

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_core::{LockClient, LockState, TtlModel};
+use lock_core::{LockClient, LockGuard, LockState, TtlModel};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::harness::Harness;
@@ -93,18 +93,26 @@ pub(super) async fn sleep_until_past(at: Instant) {
     tokio::time::sleep_until(at).await;
 }
 
+/// A renewing guard on `key` with `ttl`, from a client over `backend`.
+async fn guard_on(
+    backend: Arc<dyn LockBackend>,
+    key: &LockKey,
+    ttl: Duration,
+) -> Result<LockGuard, String> {
+    LockClient::from_arc(backend)
+        .lock(key.as_str())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .map_err(fmt_err("acquire"))
+}
+
 /// The guard keeps a lock for more than 5x its TTL by renewing it.
 pub async fn guard_keeps_lock_past_ttl(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities());
     let key = h.key("guard");
-    let client = LockClient::from_arc(a);
-    let guard = client
-        .lock(key.as_str())
-        .ttl(ttl)
-        .acquire()
-        .await
-        .map_err(fmt_err("acquire"))?;
+    let guard = guard_on(a, &key, ttl).await?;
     let hold = ttl * 5 + ttl / 2;
     let until = Instant::now() + hold;
     while Instant::now() < until {
@@ -217,12 +225,7 @@ pub(super) async fn lost_signal_inner(h: &Harness) -> CaseResult {
     // deadline from the reply instead of the request would now promise
     // more than the server keeps.
     proxy.set_latency(ttl / 10, Duration::ZERO);
-    let guard = LockClient::from_arc(cut_client)
-        .lock(key.as_str())
-        .ttl(ttl)
-        .acquire()
-        .await
-        .map_err(fmt_err("acquire"))?;
+    let guard = guard_on(cut_client, &key, ttl).await?;
     // Let one renewal happen first, so the case covers a renewed lease.
     sleep(ttl / 2).await;
     proxy.partition();
@@ -286,13 +289,7 @@ pub(super) async fn lost_signal_everyone_cut(h: &Harness) -> CaseResult {
     let a = h.client().await.map_err(fmt_err("client"))?;
     let ttl = h.ttl_for(&a.capabilities());
     let key = h.key("lost");
-    let client = LockClient::from_arc(a);
-    let guard = client
-        .lock(key.as_str())
-        .ttl(ttl)
-        .acquire()
-        .await
-        .map_err(fmt_err("acquire"))?;
+    let guard = guard_on(a, &key, ttl).await?;
     sleep(ttl / 2).await;
     match h.target().make_unreachable().await {
         Ok(true) => {}

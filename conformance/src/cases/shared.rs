@@ -15,7 +15,8 @@ use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::harness::Harness;
-use crate::history::{History, Op, Recorder};
+use crate::harness::SuiteConfig;
+use crate::history::{CheckReport, History, Op, Recorder};
 
 use super::*;
 
@@ -96,6 +97,124 @@ async fn held_together(
     Ok(all)
 }
 
+/// What the contention tasks observe while they hold a grant: counters
+/// beside the history, judged by the case.
+trait Occupancy: Send + Sync + 'static {
+    /// A grant of `kind` was just taken.
+    fn enter(&self, kind: LeaseKind);
+    /// The grant of `kind` is about to be released.
+    fn leave(&self, kind: LeaseKind);
+}
+
+/// Readers and writers inside, and how often a writer was inside beside
+/// anyone.
+#[derive(Default)]
+struct ReadersAndWriters {
+    writers: AtomicUsize,
+    readers: AtomicUsize,
+    violations: AtomicUsize,
+}
+
+impl ReadersAndWriters {
+    /// The counter of `kind`'s side, then the other side's.
+    fn sides(&self, kind: LeaseKind) -> (&AtomicUsize, &AtomicUsize) {
+        if kind == LeaseKind::Write {
+            (&self.writers, &self.readers)
+        } else {
+            (&self.readers, &self.writers)
+        }
+    }
+}
+
+impl Occupancy for ReadersAndWriters {
+    fn enter(&self, kind: LeaseKind) {
+        let (mine, other) = self.sides(kind);
+        let before = mine.fetch_add(1, Ordering::SeqCst);
+        if other.load(Ordering::SeqCst) > 0 || (kind == LeaseKind::Write && before > 0) {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn leave(&self, kind: LeaseKind) {
+        self.sides(kind).0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Permits held now, and the most ever held at once.
+#[derive(Default)]
+struct PermitsInside {
+    now: AtomicU32,
+    max: AtomicU32,
+}
+
+impl Occupancy for PermitsInside {
+    fn enter(&self, kind: LeaseKind) {
+        let count = permit_count(kind);
+        let now = self.now.fetch_add(count, Ordering::SeqCst) + count;
+        self.max.fetch_max(now, Ordering::SeqCst);
+    }
+
+    fn leave(&self, kind: LeaseKind) {
+        self.now.fetch_sub(permit_count(kind), Ordering::SeqCst);
+    }
+}
+
+/// The permits a grant of `kind` holds (none but a semaphore's).
+fn permit_count(kind: LeaseKind) -> u32 {
+    match kind {
+        LeaseKind::Permits { count, .. } => count,
+        _ => 0,
+    }
+}
+
+/// Contention on `key`: `cfg.tasks` tasks spread over `clients`, each
+/// taking `kind_of(task, iteration)` `cfg.iterations` times (waiting up to
+/// a minute), inside for 300 µs between `inside`'s `enter` and `leave`.
+/// Every grant and release is recorded; returns the history's check.
+async fn contend(
+    clients: &[Arc<dyn LockBackend>],
+    key: &LockKey,
+    ttl: Duration,
+    cfg: SuiteConfig,
+    kind_of: impl Fn(usize, usize) -> LeaseKind + Copy + Send + 'static,
+    inside: Arc<impl Occupancy>,
+) -> Result<CheckReport, String> {
+    let history = Arc::new(History::new());
+    let mut tasks = Vec::new();
+    for t in 0..cfg.tasks {
+        let backend = clients[t % clients.len()].clone();
+        let rec = history.process();
+        let (key, inside) = (key.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..cfg.iterations {
+                let kind = kind_of(t, i);
+                let lease = recorded_acquire_kind(
+                    &*backend,
+                    &rec,
+                    &key,
+                    kind,
+                    ttl,
+                    Instant::now() + Duration::from_secs(60),
+                )
+                .await?;
+                inside.enter(kind);
+                sleep(Duration::from_micros(300)).await;
+                inside.leave(kind);
+                rec.invoke(Op::Release, lease.key(), Some(lease.token()));
+                let held = backend.release(&lease).await?;
+                rec.released(lease.key(), lease.token(), held);
+            }
+            Ok::<(), lock_core::LockError>(())
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| format!("task panicked: {e}"))?
+            .map_err(fmt_err("contention task"))?;
+    }
+    Ok(history.check())
+}
+
 /// Readers and writers on one key over several clients: no writer ever
 /// beside anyone (observed by counters and judged from the history), read
 /// tokens equal the latest write token, and readers are observed inside
@@ -116,61 +235,16 @@ pub async fn readers_share_writers_exclude(h: &Harness) -> CaseResult {
         "{readers} readers were never inside together: read locks are not shared"
     );
     // 2. Contention: every third grant a writer.
-    let history = Arc::new(History::new());
-    let writers_in = Arc::new(AtomicUsize::new(0));
-    let readers_in = Arc::new(AtomicUsize::new(0));
-    let violations = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for t in 0..cfg.tasks {
-        let backend = clients[t % clients.len()].clone();
-        let rec = history.process();
-        let (key, writers_in, readers_in, violations) = (
-            key.clone(),
-            writers_in.clone(),
-            readers_in.clone(),
-            violations.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            for i in 0..cfg.iterations {
-                let write = (t + i) % 3 == 0;
-                let kind = if write {
-                    LeaseKind::Write
-                } else {
-                    LeaseKind::Read
-                };
-                let lease = recorded_acquire_kind(
-                    &*backend,
-                    &rec,
-                    &key,
-                    kind,
-                    ttl,
-                    Instant::now() + Duration::from_secs(60),
-                )
-                .await?;
-                let (mine, other) = if write {
-                    (&writers_in, &readers_in)
-                } else {
-                    (&readers_in, &writers_in)
-                };
-                let before = mine.fetch_add(1, Ordering::SeqCst);
-                if other.load(Ordering::SeqCst) > 0 || (write && before > 0) {
-                    violations.fetch_add(1, Ordering::SeqCst);
-                }
-                sleep(Duration::from_micros(300)).await;
-                mine.fetch_sub(1, Ordering::SeqCst);
-                rec.invoke(Op::Release, lease.key(), Some(lease.token()));
-                let held = backend.release(&lease).await?;
-                rec.released(lease.key(), lease.token(), held);
-            }
-            Ok::<(), lock_core::LockError>(())
-        }));
-    }
-    for task in tasks {
-        task.await
-            .map_err(|e| format!("task panicked: {e}"))?
-            .map_err(fmt_err("contention task"))?;
-    }
-    let report = history.check();
+    let inside = Arc::new(ReadersAndWriters::default());
+    let kind_of = |t: usize, i: usize| {
+        if (t + i).is_multiple_of(3) {
+            LeaseKind::Write
+        } else {
+            LeaseKind::Read
+        }
+    };
+    let report = contend(&clients, &key, ttl, cfg, kind_of, inside.clone()).await?;
+    let violations = &inside.violations;
     ensure!(
         violations.load(Ordering::SeqCst) == 0,
         "a writer was inside beside someone {} time(s); {}",
@@ -378,45 +452,13 @@ pub async fn permits_never_exceed_limit(h: &Harness) -> CaseResult {
         "3 permit holders of 3 were never inside together"
     );
     // 2. Contention.
-    let history = Arc::new(History::new());
-    let inside = Arc::new(AtomicU32::new(0));
-    let max_inside = Arc::new(AtomicU32::new(0));
-    let mut tasks = Vec::new();
-    for t in 0..cfg.tasks {
-        let backend = clients[t % clients.len()].clone();
-        let rec = history.process();
-        let (key, inside, max_inside) = (key.clone(), inside.clone(), max_inside.clone());
-        tasks.push(tokio::spawn(async move {
-            for i in 0..cfg.iterations {
-                let count = if (t + i) % 4 == 0 { 2 } else { 1 };
-                let kind = LeaseKind::Permits { count, limit };
-                let lease = recorded_acquire_kind(
-                    &*backend,
-                    &rec,
-                    &key,
-                    kind,
-                    ttl,
-                    Instant::now() + Duration::from_secs(60),
-                )
-                .await?;
-                let now = inside.fetch_add(count, Ordering::SeqCst) + count;
-                max_inside.fetch_max(now, Ordering::SeqCst);
-                sleep(Duration::from_micros(300)).await;
-                inside.fetch_sub(count, Ordering::SeqCst);
-                rec.invoke(Op::Release, lease.key(), Some(lease.token()));
-                let held = backend.release(&lease).await?;
-                rec.released(lease.key(), lease.token(), held);
-            }
-            Ok::<(), lock_core::LockError>(())
-        }));
-    }
-    for task in tasks {
-        task.await
-            .map_err(|e| format!("task panicked: {e}"))?
-            .map_err(fmt_err("contention task"))?;
-    }
-    let report = history.check();
-    let max = max_inside.load(Ordering::SeqCst);
+    let inside = Arc::new(PermitsInside::default());
+    let kind_of = move |t: usize, i: usize| {
+        let count = if (t + i).is_multiple_of(4) { 2 } else { 1 };
+        LeaseKind::Permits { count, limit }
+    };
+    let report = contend(&clients, &key, ttl, cfg, kind_of, inside.clone()).await?;
+    let max = inside.max.load(Ordering::SeqCst);
     ensure!(
         max <= limit,
         "{max} permits of {limit} were held at once; {}",
