@@ -441,10 +441,34 @@ mod tests {
         Ok(())
     }
 
+    /// A proxy in front of an echo server, and a connection through it.
+    async fn proxied_echo() -> (FaultProxy, TcpStream) {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        (proxy, stream)
+    }
+
+    /// A ping on `stream` gets no answer within 200 ms.
+    async fn assert_unanswered(stream: &mut TcpStream) {
+        assert!(
+            timeout(Duration::from_millis(200), ping(stream))
+                .await
+                .is_err()
+        );
+    }
+
+    /// The proxy closed `stream` within 2 s; `survived` says otherwise.
+    async fn assert_closed(stream: &mut TcpStream, survived: &str) {
+        let mut buf = [0u8; 4];
+        let read = timeout(Duration::from_secs(2), stream.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(matches!(read, Ok(0) | Err(_)), "{survived}: {read:?}");
+    }
+
     #[tokio::test]
     async fn passes_delays_partitions_and_resets() {
-        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
-        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (proxy, mut stream) = proxied_echo().await;
         ping(&mut stream).await.unwrap();
 
         proxy.set_latency(Duration::from_millis(50), Duration::ZERO);
@@ -457,11 +481,7 @@ mod tests {
         proxy.set_latency(Duration::ZERO, Duration::ZERO);
 
         proxy.partition();
-        assert!(
-            timeout(Duration::from_millis(200), ping(&mut stream))
-                .await
-                .is_err()
-        );
+        assert_unanswered(&mut stream).await;
         proxy.heal();
         // The held ping is delivered after the heal: read its echo, then a
         // fresh one works.
@@ -473,22 +493,14 @@ mod tests {
         ping(&mut stream).await.unwrap();
 
         proxy.reset();
-        let mut buf = [0u8; 4];
-        let read = timeout(Duration::from_secs(2), stream.read(&mut buf))
-            .await
-            .unwrap();
-        assert!(
-            matches!(read, Ok(0) | Err(_)),
-            "reset connection still open: {read:?}"
-        );
+        assert_closed(&mut stream, "reset connection still open").await;
         let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
         ping(&mut fresh).await.unwrap();
     }
 
     #[tokio::test]
     async fn counts_one_round_trip_per_request_answered() {
-        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
-        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (proxy, mut stream) = proxied_echo().await;
         for _ in 0..5 {
             ping(&mut stream).await.unwrap();
         }
@@ -509,24 +521,12 @@ mod tests {
 
     #[tokio::test]
     async fn blackhole_drops_and_closes_on_heal() {
-        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
-        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (proxy, mut stream) = proxied_echo().await;
         ping(&mut stream).await.unwrap();
         proxy.blackhole();
-        assert!(
-            timeout(Duration::from_millis(200), ping(&mut stream))
-                .await
-                .is_err()
-        );
+        assert_unanswered(&mut stream).await;
         proxy.heal();
-        let mut buf = [0u8; 4];
-        let read = timeout(Duration::from_secs(2), stream.read(&mut buf))
-            .await
-            .unwrap();
-        assert!(
-            matches!(read, Ok(0) | Err(_)),
-            "blackholed connection survived: {read:?}"
-        );
+        assert_closed(&mut stream, "blackholed connection survived").await;
         let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
         ping(&mut fresh).await.unwrap();
         assert!(proxy.connections() >= 2);

@@ -58,30 +58,16 @@ impl RedisServer {
     ///
     /// Missing binary, or a server that does not start.
     pub async fn start_with(extra: &[&str]) -> Result<Self, HarnessError> {
-        let binary = find_binary("redis-server", PACKAGE)?;
-        let dir = temp_dir("redis-")?;
         let port = free_port()?;
-        let spec = ServerSpec::new(
+        let listen = ["--port".to_owned(), port.to_string()];
+        Self::launch(
             format!("redis-server :{port}"),
-            binary,
-            dir.path().join("redis.log"),
+            "redis-",
+            port,
+            listen,
+            extra,
         )
-        .args([
-            "--port".to_owned(),
-            port.to_string(),
-            "--bind".to_owned(),
-            "127.0.0.1".to_owned(),
-            "--dir".to_owned(),
-            dir.path().display().to_string(),
-            "--save".to_owned(),
-            String::new(),
-            "--appendonly".to_owned(),
-            "no".to_owned(),
-        ])
-        .args(extra.iter().copied())
-        .ready(Ready::Port(port));
-        let process = ServerProcess::start(spec).await?;
-        Ok(Self { process, port, dir })
+        .await
     }
 
     /// Starts a server that only speaks TLS (`--port 0 --tls-port <port>`),
@@ -99,15 +85,8 @@ impl RedisServer {
         key_file: &std::path::Path,
         ca_file: &std::path::Path,
     ) -> Result<Self, HarnessError> {
-        let binary = find_binary("redis-server", PACKAGE)?;
-        let dir = temp_dir("redis-tls-")?;
         let port = free_port()?;
-        let spec = ServerSpec::new(
-            format!("redis-server tls :{port}"),
-            binary,
-            dir.path().join("redis.log"),
-        )
-        .args([
+        let listen = [
             "--port".to_owned(),
             "0".to_owned(),
             "--tls-port".to_owned(),
@@ -120,16 +99,37 @@ impl RedisServer {
             ca_file.display().to_string(),
             "--tls-auth-clients".to_owned(),
             "no".to_owned(),
-            "--bind".to_owned(),
-            "127.0.0.1".to_owned(),
-            "--dir".to_owned(),
-            dir.path().display().to_string(),
-            "--save".to_owned(),
-            String::new(),
-            "--appendonly".to_owned(),
-            "no".to_owned(),
-        ])
-        .ready(Ready::Port(port));
+        ];
+        let label = format!("redis-server tls :{port}");
+        Self::launch(label, "redis-tls-", port, listen, &[]).await
+    }
+
+    /// Starts `redis-server` listening on `port` as `listen` says, in a
+    /// fresh directory named from `dir_prefix`: on loopback, without
+    /// persistence, then `extra` arguments.
+    async fn launch<const N: usize>(
+        label: String,
+        dir_prefix: &str,
+        port: u16,
+        listen: [String; N],
+        extra: &[&str],
+    ) -> Result<Self, HarnessError> {
+        let binary = find_binary("redis-server", PACKAGE)?;
+        let dir = temp_dir(dir_prefix)?;
+        let spec = ServerSpec::new(label, binary, dir.path().join("redis.log"))
+            .args(listen)
+            .args([
+                "--bind".to_owned(),
+                "127.0.0.1".to_owned(),
+                "--dir".to_owned(),
+                dir.path().display().to_string(),
+                "--save".to_owned(),
+                String::new(),
+                "--appendonly".to_owned(),
+                "no".to_owned(),
+            ])
+            .args(extra.iter().copied())
+            .ready(Ready::Port(port));
         let process = ServerProcess::start(spec).await?;
         Ok(Self { process, port, dir })
     }
