@@ -30,10 +30,11 @@ use lock_core::{
     check_list_limit, with_timeout,
 };
 
+use crate::config::SqlConfig;
 use crate::conn::{Checkout, ConnSet, retry_once};
 use crate::dialect::{Dialect, micros};
 use crate::driver::{NAME, SqlBackend};
-use crate::error::map_sqlx;
+use crate::error::{map_sqlx, timed};
 use crate::shared::run::{Bind, Value, execute, fetch};
 
 /// The most lease rows one `gc` call removes.
@@ -164,6 +165,73 @@ pub(crate) async fn finish<T>(
     }
 }
 
+/// One `list` page: `sql` with `binds` on a reader connection of `conns`,
+/// within the operation timeout, its rows read as `spec` (the key's name
+/// first), and the cursor after the last row when the page is full
+/// (`limit` rows).
+pub(crate) async fn list_page(
+    conns: &ConnSet,
+    config: &SqlConfig,
+    sql: &Arc<str>,
+    binds: &[Bind<'_>],
+    spec: &str,
+    limit: usize,
+) -> Result<(Vec<Vec<Value>>, Option<String>), LockError> {
+    let rows = timed(config, Operation::Inspect, None, async {
+        let mut checkout = conns.checkout_reader(false).await?;
+        let rows = fetch(checkout.conn(), sql, binds, spec).await;
+        checkout.finish(&rows);
+        rows
+    })
+    .await?;
+    let cursor = (rows.len() == limit)
+        .then(|| rows.last().map(|r| encode_cursor(r[0].text())))
+        .flatten();
+    Ok((rows, cursor))
+}
+
+/// `force_release`'s transaction on `key`, within the operation timeout:
+/// `begin`, then `read` with its binds (the holder's row, locked: holder,
+/// token, µs left, details) and, only when there is one, `clear` with its
+/// binds (its rows fetched when `clear_answers`: a statement that
+/// notifies); COMMIT, or ROLLBACK after an error. The holder's row.
+pub(crate) async fn read_and_clear(
+    conns: &ConnSet,
+    config: &SqlConfig,
+    key: &LockKey,
+    begin: &Arc<str>,
+    (read, read_binds): (&Arc<str>, &[Bind<'_>]),
+    (clear, clear_binds): (&Arc<str>, &[Bind<'_>]),
+    clear_answers: bool,
+) -> Result<Option<Vec<Value>>, LockError> {
+    timed(config, Operation::Release, Some(key), async {
+        let mut checkout = conns.checkout(false).await?;
+        let body = async {
+            let conn = checkout.conn();
+            execute(conn, begin, &[]).await?;
+            let held = fetch(conn, read, read_binds, "tiit").await?;
+            let Some(row) = held.into_iter().next() else {
+                return Ok(None);
+            };
+            if clear_answers {
+                fetch(conn, clear, clear_binds, "").await?;
+            } else {
+                execute(conn, clear, clear_binds).await?;
+            }
+            Ok(Some(row))
+        }
+        .await;
+        finish(
+            checkout,
+            body,
+            &["COMMIT".to_owned()],
+            &["ROLLBACK".to_owned()],
+        )
+        .await
+    })
+    .await
+}
+
 /// "Now" and the µs left before `expires_at` in a statement: the
 /// database's clock, or the bound one (placeholder `n`) where the dialect
 /// binds it.
@@ -219,13 +287,11 @@ impl SqlBackend {
     pub(crate) async fn inspect_row(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let inner = self.inner();
         let (statement, dialect) = (&inner.statements.inspect, inner.dialect);
-        let row = with_timeout(inner.config.op_timeout, Operation::Inspect, async {
+        let row = timed(&inner.config, Operation::Inspect, Some(key), async {
             retry_once!(read, &inner.conns, |conn| dialect
                 .inspect(conn, statement, key))
-            .map_err(|e| self.err(Operation::Inspect, key, e))
         })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        .await?;
         Ok(row.map(|(owner, token, remaining_us, details)| LockInfo {
             details: details.as_deref().and_then(HolderDetails::decode),
             key: key.clone(),
@@ -273,20 +339,8 @@ impl SqlBackend {
         let page = i64::try_from(limit).unwrap_or(1);
         let mut binds = vec![Bind::Text(&pattern), Bind::Text(&after), Bind::Int(page)];
         binds.extend(bound.map(Bind::Int));
-        let rows = async {
-            let mut checkout = inner.conns.checkout_reader(false).await?;
-            let rows = fetch(checkout.conn(), &sql, &binds, "ttiit").await;
-            checkout.finish(&rows);
-            rows
-        };
-        let rows = with_timeout(inner.config.op_timeout, Operation::Inspect, async {
-            rows.await.map_err(self.admin_err(Operation::Inspect))
-        })
-        .await
-        .map_err(|e| e.with_backend(NAME))?;
-        let cursor = (rows.len() == limit)
-            .then(|| rows.last().map(|r| encode_cursor(r[0].text())))
-            .flatten();
+        let (rows, cursor) =
+            list_page(&inner.conns, &inner.config, &sql, &binds, "ttiit", limit).await?;
         let locks = rows
             .iter()
             .filter(|r| r[3].int() >= 0)
@@ -324,31 +378,19 @@ impl SqlBackend {
         let begin: Arc<str> = Arc::from(d.begin_sql());
         let channel = inner.channel.as_str();
         let name = key.as_str();
-        let found = async {
-            let mut checkout = inner.conns.checkout(false).await?;
-            let body = async {
-                let conn = checkout.conn();
-                execute(conn, &begin, &[]).await?;
-                let held = fetch(conn, &read, &read_binds, "tiit").await?;
-                let Some(row) = held.into_iter().next() else {
-                    return Ok(None);
-                };
-                if d.notified() {
-                    fetch(conn, &clear, &[Bind::Text(name), Bind::Text(channel)], "").await?;
-                } else {
-                    execute(conn, &clear, &[Bind::Text(name)]).await?;
-                }
-                Ok(Some(row))
-            }
-            .await;
-            let end = ["COMMIT".to_owned()];
-            finish(checkout, body, &end, &["ROLLBACK".to_owned()]).await
-        };
-        let found = with_timeout(inner.config.op_timeout, Operation::Release, async {
-            found.await.map_err(self.admin_err(Operation::Release))
-        })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        // The notifying statement also binds the channel.
+        let clear_binds = [Bind::Text(name), Bind::Text(channel)];
+        let clear_binds = &clear_binds[..if d.notified() { 2 } else { 1 }];
+        let found = read_and_clear(
+            &inner.conns,
+            &inner.config,
+            key,
+            &begin,
+            (&read, &read_binds),
+            (&clear, clear_binds),
+            d.notified(),
+        )
+        .await?;
         let Some(row) = found else {
             return Ok(None);
         };

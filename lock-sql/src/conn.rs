@@ -331,15 +331,19 @@ impl DbPool {
 /// matches nothing the second time (it reports `false`, and the lock is
 /// free either way). Grants recover differently (`grant_once`).
 /// `retry_once!(read, ...)` is for statements that only read (see
-/// [`ConnSet::checkout_reader`]).
+/// [`ConnSet::checkout_reader`]); `|conn, fresh|` also names whether this
+/// is the second run, on the fresh connection.
 macro_rules! retry_once {
     ($conns:expr, |$conn:ident| $statement:expr) => {
-        retry_once!(@ checkout, $conns, |$conn| $statement)
+        retry_once!(@ checkout, $conns, |$conn, _fresh| $statement)
+    };
+    ($conns:expr, |$conn:ident, $fresh:ident| $statement:expr) => {
+        retry_once!(@ checkout, $conns, |$conn, $fresh| $statement)
     };
     (read, $conns:expr, |$conn:ident| $statement:expr) => {
-        retry_once!(@ checkout_reader, $conns, |$conn| $statement)
+        retry_once!(@ checkout_reader, $conns, |$conn, _fresh| $statement)
     };
-    (@ $checkout:ident, $conns:expr, |$conn:ident| $statement:expr) => {{
+    (@ $checkout:ident, $conns:expr, |$conn:ident, $fresh:ident| $statement:expr) => {{
         let conns: &ConnSet = $conns;
         let mut fresh = false;
         loop {
@@ -348,6 +352,7 @@ macro_rules! retry_once {
                 Err(err) => break Err(err),
             };
             let result = {
+                let $fresh = fresh;
                 let $conn = checkout.conn();
                 $statement.await
             };

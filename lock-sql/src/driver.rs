@@ -16,7 +16,7 @@ use crate::config::{SqlConfig, SqlDialect};
 use crate::conn::retry_once;
 use crate::conn::{ConnSet, DbOptions, DbPool, pool_size};
 use crate::dialect::{self, Dialect, token_of};
-use crate::error::map_sqlx;
+use crate::error::{map_sqlx, timed};
 use crate::shared::sql::SharedSql;
 use crate::sql::Statements;
 #[cfg(feature = "postgres")]
@@ -24,6 +24,45 @@ use crate::wake::run_listener;
 use crate::wake::{Waits, Wake, taken_within};
 
 pub(crate) const NAME: &str = "sql";
+
+/// A grant the database confirmed: `token` for `key` and `owner`, asked
+/// for at `sent_at`.
+pub(crate) struct Grant<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) owner: OwnerId,
+    pub(crate) token: FencingToken,
+    pub(crate) kind: LeaseKind,
+    pub(crate) ttl: Duration,
+    pub(crate) sent_at: Instant,
+}
+
+impl Grant<'_> {
+    /// The grant's lease; when it arrived too late to be of use (after its
+    /// validity deadline), `give_back` releases it rather than let it
+    /// block others until its TTL, and the lease's error is returned.
+    pub(crate) async fn lease_or_give_back<F: Future<Output = ()>>(
+        self,
+        give_back: impl FnOnce(Lease) -> F,
+    ) -> Result<Lease, LockError> {
+        let Self {
+            key,
+            owner,
+            token,
+            kind,
+            ttl,
+            sent_at,
+        } = self;
+        match Lease::granted(key.clone(), owner, token, ttl, sent_at, String::new()) {
+            Ok(lease) => Ok(lease.with_kind(kind)),
+            Err(err) => {
+                let stale =
+                    Lease::from_parts(key.clone(), owner, token, ttl, sent_at, String::new());
+                give_back(stale.with_kind(kind)).await;
+                Err(err.with_backend(NAME))
+            }
+        }
+    }
+}
 
 /// The shortest TTL accepted: the database clocks have microsecond
 /// precision, but a lease must outlive the clock-drift allowance and a
@@ -398,40 +437,25 @@ impl SqlBackend {
     ) -> Result<Option<Lease>, LockError> {
         let owner = OwnerId::random();
         let sent_at = Instant::now();
-        let granted = with_timeout(self.timeout(), operation, async {
-            self.grant(key, owner, ttl, ahead)
-                .await
-                .map_err(|e| self.err(operation, key, e))
-        })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let grant = self.grant(key, owner, ttl, ahead);
+        let granted = timed(&self.inner.config, operation, Some(key), grant).await?;
         let Some(token) = granted else {
             return Ok(None);
         };
-        match Lease::granted(
-            key.clone(),
+        let grant = Grant {
+            key,
             owner,
-            FencingToken::new(token),
+            token: FencingToken::new(token),
+            kind: LeaseKind::Exclusive,
             ttl,
             sent_at,
-            String::new(),
-        ) {
-            Ok(lease) => Ok(Some(lease)),
-            Err(err) => {
-                // Too late to be of use: give it back rather than let it
-                // block others until its TTL.
-                let stale = Lease::from_parts(
-                    key.clone(),
-                    owner,
-                    FencingToken::new(token),
-                    ttl,
-                    sent_at,
-                    String::new(),
-                );
+        };
+        grant
+            .lease_or_give_back(|stale| async move {
                 let _ = self.release(&stale).await;
-                Err(err.with_backend(NAME))
-            }
-        }
+            })
+            .await
+            .map(Some)
     }
 
     /// Makes sure the PostgreSQL listener of this database and table runs
@@ -627,13 +651,11 @@ impl LockBackend for SqlBackend {
         let token = token_of(lease);
         let dialect = self.inner.dialect;
         let sent_at = Instant::now();
-        let renewed = with_timeout(self.timeout(), Operation::Renew, async {
+        let renewed = timed(&self.inner.config, Operation::Renew, Some(key), async {
             retry_once!(&self.inner.conns, |conn| dialect
                 .renew(conn, statement, key, &owner, token, ttl))
-            .map_err(|e| self.err(Operation::Renew, key, e))
         })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        .await?;
         if renewed == 1 {
             Ok(validity_deadline(sent_at, ttl))
         } else {
@@ -686,13 +708,11 @@ impl LockBackend for SqlBackend {
         let token = token_of(lease);
         let channel = &self.inner.channel;
         let dialect = self.inner.dialect;
-        let released = with_timeout(self.timeout(), Operation::Release, async {
+        let released = timed(&self.inner.config, Operation::Release, Some(key), async {
             retry_once!(&self.inner.conns, |conn| dialect
                 .release(conn, statement, key, &owner, token, channel))
-            .map_err(|e| self.err(Operation::Release, key, e))
         })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        .await?;
         if released && !dialect.notified() {
             // Wake this process's waiters at once; other processes poll.
             // (PostgreSQL's NOTIFY reaches every waiter, ours included.)

@@ -1,8 +1,9 @@
 //! Mapping sqlx errors onto [`LockError`] kinds, without passwords.
 
-use lock_core::{ErrorKind, LockError, Operation};
+use lock_core::{ErrorKind, LockError, LockKey, Operation, with_timeout};
 
 use crate::config::SqlConfig;
+use crate::driver::NAME;
 
 /// Why a database call failed, in sqlx's words (kept private: callers see
 /// [`LockError`] with this as its source).
@@ -59,4 +60,25 @@ pub(crate) fn map_sqlx(config: &SqlConfig, operation: Operation, err: sqlx::Erro
     LockError::new(kind, operation, message)
         .with_backend("sql")
         .with_source(SqlError(config.scrub(&err.to_string())))
+}
+
+/// `work`, the statements of one `operation`, within the operation timeout
+/// of `config`, a sqlx error mapped by [`map_sqlx`]; either error names
+/// `key` (when there is one) and the backend ([`NAME`]).
+///
+/// Cancel safety: that of `work` (dropped with it).
+pub(crate) async fn timed<T>(
+    config: &SqlConfig,
+    operation: Operation,
+    key: Option<&LockKey>,
+    work: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, LockError> {
+    with_timeout(config.op_timeout, operation, async {
+        work.await.map_err(|e| map_sqlx(config, operation, e))
+    })
+    .await
+    .map_err(|e| match key {
+        Some(key) => e.with_key(key).with_backend(NAME),
+        None => e.with_backend(NAME),
+    })
 }

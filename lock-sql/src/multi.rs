@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use lock_core::{
     ErrorKind, FencingToken, Lease, LockBackend, LockError, LockKey, Operation, OwnerId, check_ttl,
-    with_timeout,
 };
 use tokio::time::Instant;
 
 use crate::conn::DbConn;
 use crate::dialect::{GrantAll, UpsertBinds, micros, unix_micros};
 use crate::driver::{MIN_TTL, NAME, SqlBackend};
+use crate::error::timed;
 use crate::shared::run::{Bind, execute, fetch};
 
 /// Whether `err` is a rolled-back deadlock or serialization conflict, or
@@ -235,13 +235,9 @@ impl SqlBackend {
         }
         let owner = OwnerId::random();
         let sent_at = Instant::now();
-        let granted = with_timeout(self.inner().config.op_timeout, operation, async {
-            self.grant_all(keys, &owner.to_hex(), ttl)
-                .await
-                .map_err(|e| self.err(operation, &keys[0], e))
-        })
-        .await
-        .map_err(|e| e.with_key(first).with_backend(NAME))?;
+        let owner_hex = owner.to_hex();
+        let grant = self.grant_all(keys, &owner_hex, ttl);
+        let granted = timed(&self.inner().config, operation, keys.first(), grant).await?;
         let Some(tokens) = granted else {
             return Ok(None);
         };

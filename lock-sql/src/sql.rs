@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, floor_table};
 
 /// SQL text for one backend. `Arc<str>` so that issuing a statement does not
 /// copy it (sqlx takes ownership of the SQL of each query).
@@ -47,8 +47,18 @@ pub(crate) fn pg_channel(table: &str) -> String {
 impl Statements {
     /// The statements of `dialect` on `table` (validated, not yet quoted).
     pub(crate) fn new(dialect: &dyn Dialect, table: &str) -> Self {
-        let floor = quote_with(dialect.quote(), &format!("{table}_floor"));
-        dialect.statements(&quote_with(dialect.quote(), table), &floor)
+        let quoted_floor = quote_with(dialect.quote(), &format!("{table}_floor"));
+        let quoted_table = quote_with(dialect.quote(), table);
+        let sql = dialect.statements(&quoted_table, &quoted_floor);
+        Self {
+            create: vec![sql.create.into(), floor_table(&quoted_floor).into()],
+            grant: sql.grant.into(),
+            release: sql.release.into(),
+            renew: sql.renew.into(),
+            inspect: sql.inspect.into(),
+            quoted_table,
+            quoted_floor,
+        }
     }
 }
 

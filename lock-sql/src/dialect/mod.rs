@@ -25,7 +25,6 @@ use crate::conn::{DbConn, DbOptions};
 use crate::driver::NAME;
 use crate::session::conn::{Granted, Killed, ServerKey};
 use crate::session::sql::SessionSql;
-use crate::sql::Statements;
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -59,6 +58,19 @@ pub(crate) fn floor_table(f: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {f} (id INTEGER NOT NULL PRIMARY KEY, token BIGINT NOT NULL)"
     )
+}
+
+/// A dialect's text of the lease table's statements, which
+/// [`Statements::new`](crate::sql::Statements::new) completes (the token
+/// floor table, the quoted names).
+#[derive(Debug)]
+pub(crate) struct LeaseSql {
+    /// Creates the lease table if missing.
+    pub(crate) create: String,
+    pub(crate) grant: String,
+    pub(crate) release: String,
+    pub(crate) renew: String,
+    pub(crate) inspect: String,
 }
 
 /// How `gc` keeps the lease table to itself while it raises the floor and
@@ -206,9 +218,9 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// What this dialect is, as data.
     fn profile(&self) -> &'static Profile;
 
-    /// The lock statements for `table` with its token floor table `floor`
-    /// (both already quoted).
-    fn statements(&self, table: &str, floor: &str) -> Statements;
+    /// The lease table's statements for `table` with its token floor
+    /// table `floor` (both already quoted).
+    fn statements(&self, table: &str, floor: &str) -> LeaseSql;
 
     /// The lease table's `details` column, for a table created before it
     /// existed (run only when a probe found it missing).
@@ -391,8 +403,17 @@ pub(crate) fn token_of(lease: &Lease) -> i64 {
     i64::try_from(lease.token().get()).unwrap_or(i64::MAX)
 }
 
+/// The driver URL of `config` parsed as a database's sqlx connect options
+/// (a Config error when sqlx refuses it).
+pub(crate) fn parse_options<O>(config: &SqlConfig) -> Result<O, LockError>
+where
+    O: std::str::FromStr<Err = sqlx::Error>,
+{
+    config.driver_url().parse().map_err(bad_option(config))
+}
+
 /// The bad-option error of a driver URL sqlx refused.
-pub(crate) fn bad_option(config: &SqlConfig) -> impl Fn(sqlx::Error) -> LockError + '_ {
+fn bad_option(config: &SqlConfig) -> impl Fn(sqlx::Error) -> LockError + '_ {
     move |e| {
         LockError::config(config.scrub(&format!(
             "the {} driver rejected {}: {e}",

@@ -14,9 +14,9 @@ use lock_core::{FencingScope, HolderDetails, LockError};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, Profile,
+    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile,
     SessionDialect, SessionHolder, SessionListed, SessionProfile, SharedNames, UpsertBinds,
-    bad_option, first_token, floor_table, marks, spliced_batch, wrong_conn,
+    first_token, marks, parse_options, spliced_batch, wrong_conn,
 };
 use crate::admin::{is_duplicate_column, is_missing_column};
 use crate::config::SqlConfig;
@@ -25,7 +25,6 @@ use crate::session::conn::{
     Granted, Killed, ServerKey, mysql_wait_timeout, token_of as session_token,
 };
 use crate::session::sql::{SessionSql, suffixed};
-use crate::sql::Statements;
 
 /// MySQL and MariaDB.
 #[derive(Debug)]
@@ -52,10 +51,6 @@ fn my(conn: &mut DbConn) -> Result<&mut sqlx::MySqlConnection, sqlx::Error> {
         return Err(wrong_conn("mysql"));
     };
     Ok(c)
-}
-
-fn options(config: &SqlConfig) -> Result<sqlx::mysql::MySqlConnectOptions, LockError> {
-    config.driver_url().parse().map_err(bad_option(config))
 }
 
 /// `UTC_TIMESTAMP(6)` in SQL, keys bound as bytes, the grant's token in
@@ -104,22 +99,18 @@ impl Dialect for MySql {
 
     // MySQL applies the assignments left to right, so `expires_at` comes
     // last and the conditions before it see the old value.
-    fn statements(&self, t: &str, f: &str) -> Statements {
-        let arc = |s: String| -> Arc<str> { Arc::from(s) };
+    fn statements(&self, t: &str, f: &str) -> LeaseSql {
         let first = first_token(f);
-        Statements {
-            create: vec![
-                arc(format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
+        LeaseSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
                  name VARBINARY(1024) NOT NULL PRIMARY KEY, \
                  owner VARCHAR(64) NULL, \
                  token BIGINT NOT NULL, \
                  expires_at DATETIME(6) NOT NULL, \
                  details VARCHAR({DETAILS_LEN}) NULL) ENGINE=InnoDB"
-                )),
-                arc(floor_table(f)),
-            ],
-            grant: arc(format!(
+            ),
+            grant: format!(
                 "INSERT INTO {t} (name, owner, token, expires_at, details) \
                  VALUES (?, ?, LAST_INSERT_ID({first}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?) \
                  ON DUPLICATE KEY UPDATE \
@@ -127,21 +118,19 @@ impl Dialect for MySql {
                  owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
                  details = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(details), details), \
                  expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
-            )),
-            release: arc(format!(
+            ),
+            release: format!(
                 "UPDATE {t} SET owner = NULL, details = NULL, expires_at = UTC_TIMESTAMP(6) \
                  WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
-            )),
-            renew: arc(format!(
+            ),
+            renew: format!(
                 "UPDATE {t} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
-            )),
-            inspect: arc(format!(
+            ),
+            inspect: format!(
                 "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), details \
                  FROM {t} WHERE name = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
-            )),
-            quoted_table: t.to_owned(),
-            quoted_floor: f.to_owned(),
+            ),
         }
     }
 
@@ -195,7 +184,7 @@ impl Dialect for MySql {
     }
 
     fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
-        Ok(DbOptions::MySql(options(config)?))
+        Ok(DbOptions::MySql(parse_options(config)?))
     }
 
     // No RETURNING: the upsert takes the free rows (and locks every row),
@@ -396,7 +385,7 @@ impl SessionDialect for MySql {
     }
 
     fn session_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
-        Ok(DbOptions::MySql(options(config)?))
+        Ok(DbOptions::MySql(parse_options(config)?))
     }
 
     async fn arm_idle_timeout(

@@ -11,9 +11,9 @@ use lock_core::{FencingScope, Lease, LockError};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, Profile, Renewed,
-    SessionDialect, SessionHolder, SessionProfile, SharedNames, bad_option, first_token,
-    floor_table, micros, text, token_of, wrong_conn,
+    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile,
+    Renewed, SessionDialect, SessionHolder, SessionProfile, SharedNames, first_token, micros,
+    parse_options, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions};
@@ -21,7 +21,6 @@ use crate::session::conn::{
     Granted, Killed, ServerKey, pg_idle_timeout, token_of as session_token,
 };
 use crate::session::sql::{SessionSql, suffixed};
-use crate::sql::Statements;
 
 /// PostgreSQL.
 #[derive(Debug)]
@@ -33,10 +32,6 @@ fn pg(conn: &mut DbConn) -> Result<&mut sqlx::PgConnection, sqlx::Error> {
         return Err(wrong_conn("postgres"));
     };
     Ok(c)
-}
-
-fn options(config: &SqlConfig) -> Result<sqlx::postgres::PgConnectOptions, LockError> {
-    config.driver_url().parse().map_err(bad_option(config))
 }
 
 /// `now()` in SQL; the release notifies (and answers its row).
@@ -70,22 +65,18 @@ impl Dialect for Postgres {
         &PROFILE
     }
 
-    fn statements(&self, t: &str, f: &str) -> Statements {
-        let arc = |s: String| -> Arc<str> { Arc::from(s) };
+    fn statements(&self, t: &str, f: &str) -> LeaseSql {
         let first = first_token(f);
-        Statements {
-            create: vec![
-                arc(format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
+        LeaseSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
                  name VARCHAR(1024) PRIMARY KEY, \
                  owner VARCHAR(64), \
                  token BIGINT NOT NULL, \
                  expires_at TIMESTAMPTZ NOT NULL, \
                  details VARCHAR({DETAILS_LEN}))"
-                )),
-                arc(floor_table(f)),
-            ],
-            grant: arc(format!(
+            ),
+            grant: format!(
                 "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
                  VALUES ($1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $4) \
                  ON CONFLICT (name) DO UPDATE \
@@ -93,25 +84,23 @@ impl Dialect for Postgres {
                  details = EXCLUDED.details \
                  WHERE l.expires_at <= now() \
                  RETURNING token"
-            )),
+            ),
             // The notification is sent at commit, in the same statement.
-            release: arc(format!(
+            release: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, details = NULL, expires_at = now() \
                  WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now() \
                  RETURNING name) \
                  SELECT pg_notify($4, name) FROM r"
-            )),
-            renew: arc(format!(
+            ),
+            renew: format!(
                 "UPDATE {t} SET expires_at = now() + $4 * INTERVAL '1 microsecond' \
                  WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now()"
-            )),
-            inspect: arc(format!(
+            ),
+            inspect: format!(
                 "SELECT owner, token, \
                  CAST(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000 AS BIGINT), details \
                  FROM {t} WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
-            )),
-            quoted_table: t.to_owned(),
-            quoted_floor: f.to_owned(),
+            ),
         }
     }
 
@@ -162,7 +151,7 @@ impl Dialect for Postgres {
     }
 
     fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
-        Ok(DbOptions::Postgres(options(config)?))
+        Ok(DbOptions::Postgres(parse_options(config)?))
     }
 
     // Every key in one statement. A held key found in the statement's
@@ -395,7 +384,7 @@ impl SessionDialect for Postgres {
     }
 
     fn session_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
-        let options = options(config)?;
+        let options: sqlx::postgres::PgConnectOptions = parse_options(config)?;
         Ok(DbOptions::Postgres(
             options.application_name("distlock").options([
                 ("client_connection_check_interval", PG_CLIENT_CHECK),

@@ -3,17 +3,14 @@
 //! writer per database file (the process's writing statements take turns);
 //! files opened in WAL mode with `synchronous=NORMAL` and a busy timeout.
 
-use std::sync::Arc;
-
 use lock_core::LockError;
 
 use super::{
-    Arg, Batch, Dialect, GrantAll, GrantReply, LeaseBinds, Profile, SharedNames, UpsertBinds,
-    bad_option, first_token, floor_table, spliced_batch,
+    Arg, Batch, Dialect, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile, SharedNames,
+    UpsertBinds, first_token, parse_options, spliced_batch,
 };
 use crate::config::SqlConfig;
 use crate::conn::DbOptions;
-use crate::sql::Statements;
 
 /// SQLite's "now" in SQL: the host clock in microseconds since the Unix
 /// epoch, as SQLite reads it (millisecond precision, fixed within one
@@ -34,8 +31,7 @@ fn options(config: &SqlConfig) -> Result<sqlx::sqlite::SqliteConnectOptions, Loc
     // `sqlite::memory:` parses to a uniquely named shared-cache in-memory
     // database: the users' pool, built from the same options, opens the
     // same one.
-    let mut options: SqliteConnectOptions =
-        config.driver_url().parse().map_err(bad_option(config))?;
+    let mut options: SqliteConnectOptions = parse_options(config)?;
     options = options.busy_timeout(config.busy_timeout);
     if !config.is_memory() {
         // WAL: readers never block the writer, and several processes share
@@ -97,22 +93,18 @@ impl Dialect for Sqlite {
     }
 
     // "now" is bound as ?3 / ?4.
-    fn statements(&self, t: &str, f: &str) -> Statements {
-        let arc = |s: String| -> Arc<str> { Arc::from(s) };
+    fn statements(&self, t: &str, f: &str) -> LeaseSql {
         let first = first_token(f);
-        Statements {
-            create: vec![
-                arc(format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\
+        LeaseSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
                  name TEXT NOT NULL PRIMARY KEY, \
                  owner TEXT, \
                  token INTEGER NOT NULL, \
                  expires_at INTEGER NOT NULL, \
                  details TEXT) WITHOUT ROWID"
-                )),
-                arc(floor_table(f)),
-            ],
-            grant: arc(format!(
+            ),
+            grant: format!(
                 "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
                  VALUES (?1, ?2, {first}, ?3 + ?4, ?5) \
                  ON CONFLICT (name) DO UPDATE \
@@ -120,21 +112,19 @@ impl Dialect for Sqlite {
                  details = excluded.details \
                  WHERE l.expires_at <= ?3 \
                  RETURNING token"
-            )),
-            release: arc(format!(
+            ),
+            release: format!(
                 "UPDATE {t} SET owner = NULL, details = NULL, expires_at = ?4 \
                  WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4"
-            )),
-            renew: arc(format!(
+            ),
+            renew: format!(
                 "UPDATE {t} SET expires_at = ?4 + ?5 \
                  WHERE name = ?1 AND owner = ?2 AND token = ?3 AND expires_at > ?4"
-            )),
-            inspect: arc(format!(
+            ),
+            inspect: format!(
                 "SELECT owner, token, expires_at - ?2, details \
                  FROM {t} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > ?2"
-            )),
-            quoted_table: t.to_owned(),
-            quoted_floor: f.to_owned(),
+            ),
         }
     }
 

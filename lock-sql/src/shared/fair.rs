@@ -8,14 +8,16 @@
 
 use std::time::Duration;
 
-use lock_core::{ErrorKind, Lease, LockError, LockKey, Operation, OwnerId, with_timeout};
+use lock_core::{ErrorKind, Lease, LockError, LockKey, Operation, OwnerId};
 use tokio::time::Instant;
 
 use super::run::Bind;
 use super::wait::Queued;
 use super::{insert_waiter, waiter_ttl};
+use crate::conn::{ConnSet, retry_once};
 use crate::dialect::micros;
 use crate::driver::{NAME, SqlBackend};
+use crate::error::timed;
 
 /// The shape of mutex waiters' rows.
 const MUTEX: &str = "mutex";
@@ -43,31 +45,16 @@ impl SqlBackend {
             Bind::Int(0),
             Bind::Int(micros),
         ];
-        with_timeout(self.inner().config.op_timeout, operation, async {
-            let mut fresh = false;
-            loop {
-                let mut checkout = conns
-                    .checkout(fresh)
-                    .await
-                    .map_err(|e| self.err(operation, key, e))?;
-                let result = async {
-                    if fresh {
-                        let forget = [Bind::Text(key.as_str()), Bind::Text(owner)];
-                        super::run::execute(checkout.conn(), &shared.forget_waiter, &forget)
-                            .await?;
-                    }
-                    insert_waiter(checkout.conn(), &shared.insert_waiter, &binds).await
+        timed(&self.inner().config, operation, Some(key), async {
+            retry_once!(conns, |conn, fresh| async {
+                if fresh {
+                    let forget = [Bind::Text(key.as_str()), Bind::Text(owner)];
+                    super::run::execute(conn, &shared.forget_waiter, &forget).await?;
                 }
-                .await;
-                if checkout.finish(&result) && !fresh {
-                    fresh = true;
-                    continue;
-                }
-                break result.map_err(|e| self.err(operation, key, e));
-            }
+                insert_waiter(conn, &shared.insert_waiter, &binds).await
+            })
         })
         .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))
     }
 
     /// `acquire` in fair mode: a fair try (behind every live waiter), then

@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use lock_core::{
     ErrorKind, FencingToken, HolderDetails, HolderInfo, Lease, LeaseKind, LockError, LockKey,
-    LockShape, Operation, check_ttl, validity_deadline, with_timeout,
+    LockShape, Operation, check_ttl, validity_deadline,
 };
 use tokio::time::Instant;
 
 use super::run::{Bind, Value, execute, fetch};
+use crate::conn::{ConnSet, retry_once};
 use crate::dialect::{micros, token_of};
 use crate::driver::{MIN_TTL, NAME, SqlBackend};
+use crate::error::timed;
 
 impl SqlBackend {
     /// A statement on a holder row, once more on a fresh connection when
@@ -29,29 +31,18 @@ impl SqlBackend {
         operation: Operation,
     ) -> Result<u64, LockError> {
         let conns = &self.inner().conns;
-        with_timeout(self.inner().config.op_timeout, operation, async {
-            let mut fresh = false;
-            loop {
-                let mut checkout = conns
-                    .checkout(fresh)
-                    .await
-                    .map_err(|e| self.err(operation, key, e))?;
-                let result = if returns_rows {
-                    fetch(checkout.conn(), statement, binds, "")
+        timed(&self.inner().config, operation, Some(key), async {
+            retry_once!(conns, |conn| async {
+                if returns_rows {
+                    fetch(conn, statement, binds, "")
                         .await
                         .map(|rows| rows.len() as u64)
                 } else {
-                    execute(checkout.conn(), statement, binds).await
-                };
-                if checkout.finish(&result) && !fresh {
-                    fresh = true;
-                    continue;
+                    execute(conn, statement, binds).await
                 }
-                break result.map_err(|e| self.err(operation, key, e));
-            }
+            })
         })
         .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))
     }
 
     fn not_held(lease: &Lease, operation: Operation) -> LockError {
@@ -182,23 +173,10 @@ impl SqlBackend {
         let conns = &self.inner().conns;
         let statement = &self.inner().shared.list;
         let binds = [Bind::Text(key.as_str()), Bind::Text(shape.as_str())];
-        let rows = with_timeout(self.inner().config.op_timeout, operation, async {
-            let mut fresh = false;
-            loop {
-                let mut checkout = conns
-                    .checkout_reader(fresh)
-                    .await
-                    .map_err(|e| self.err(operation, key, e))?;
-                let result = fetch(checkout.conn(), statement, &binds, "ttiit").await;
-                if checkout.finish(&result) && !fresh {
-                    fresh = true;
-                    continue;
-                }
-                break result.map_err(|e| self.err(operation, key, e));
-            }
+        let rows = timed(&self.inner().config, operation, Some(key), async {
+            retry_once!(read, conns, |conn| fetch(conn, statement, &binds, "ttiit"))
         })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        .await?;
         rows.iter()
             .map(|r| holder_info(r).map_err(|e| e.with_key(key).with_backend(NAME)))
             .collect()

@@ -10,16 +10,14 @@
 //! one statement, so each key's holders are as of one instant; keys of
 //! different pages are read at different instants.
 
-use lock_core::{
-    ListQuery, LockError, LockKey, LockShape, Operation, SharedLockInfo, SharedPage, with_timeout,
-};
+use lock_core::{ListQuery, LockError, LockKey, LockShape, Operation, SharedLockInfo, SharedPage};
 
 use super::holders::holder_info;
 use super::run::{Bind, fetch};
 use crate::admin::{encode_cursor, like_prefix, list_start};
 use crate::conn::{ConnSet, retry_once};
 use crate::driver::{NAME, SqlBackend};
-use crate::error::map_sqlx;
+use crate::error::timed;
 
 impl SqlBackend {
     /// `list_shared`: the mutex from `list`, read-write locks and
@@ -54,17 +52,15 @@ impl SqlBackend {
             Bind::Int(page),
             Bind::Text(shape.as_str()),
         ];
-        let rows = with_timeout(inner.config.op_timeout, Operation::Inspect, async {
+        let rows = timed(&inner.config, Operation::Inspect, None, async {
             retry_once!(read, &inner.conns, |conn| fetch(
                 conn,
                 &sql.list_page,
                 &binds,
                 "tttiit"
             ))
-            .map_err(|e| map_sqlx(&inner.config, Operation::Inspect, e))
         })
-        .await
-        .map_err(|e| e.with_backend(NAME))?;
+        .await?;
         let mut locks: Vec<SharedLockInfo> = Vec::new();
         let (mut scanned, mut last) = (0, None);
         for row in &rows {

@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use self::run::{Bind, execute, fetch};
 use crate::conn::DbConn;
 use crate::dialect::micros;
-use crate::driver::{MIN_TTL, NAME, SqlBackend};
+use crate::driver::{Grant, MIN_TTL, NAME, SqlBackend};
 
 /// What one grant transaction decided.
 #[derive(Debug)]
@@ -447,17 +447,19 @@ impl SqlBackend {
         ttl: Duration,
         sent_at: Instant,
     ) -> Result<Lease, LockError> {
-        let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
-        match Lease::granted(key.clone(), owner, token, ttl, sent_at, String::new()) {
-            Ok(lease) => Ok(lease.with_kind(kind)),
-            Err(err) => {
-                let stale =
-                    Lease::from_parts(key.clone(), owner, token, ttl, sent_at, String::new())
-                        .with_kind(kind);
+        let grant = Grant {
+            key,
+            owner,
+            token: FencingToken::new(u64::try_from(token).unwrap_or(0)),
+            kind,
+            ttl,
+            sent_at,
+        };
+        grant
+            .lease_or_give_back(|stale| async move {
                 let _ = self.release_share(&stale).await;
-                Err(err.with_backend(NAME))
-            }
-        }
+            })
+            .await
     }
 
     /// `try_acquire_kind` for read, write and permits.

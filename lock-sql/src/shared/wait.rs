@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use lock_core::{
-    ErrorKind, Lease, LeaseKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout,
-};
+use lock_core::{ErrorKind, Lease, LeaseKind, LockError, LockKey, Operation, OwnerId, check_ttl};
 use tokio::time::Instant;
 
 use super::run::Bind;
 use super::{HolderRow, Outcome, WaiterRow, amounts, grantable, read_state, waiter_ttl};
+use crate::conn::{ConnSet, retry_once};
 use crate::driver::{MIN_TTL, NAME, SqlBackend};
+use crate::error::timed;
 use crate::wake::Wake;
 
 impl SqlBackend {
@@ -31,23 +31,10 @@ impl SqlBackend {
         let conns = &self.inner().conns;
         let statement = &self.inner().shared.state;
         let (name, shape) = (key.as_str(), kind.shape().as_str());
-        let (holders, waiters) = with_timeout(self.inner().config.op_timeout, operation, async {
-            let mut fresh = false;
-            loop {
-                let mut checkout = conns
-                    .checkout_reader(fresh)
-                    .await
-                    .map_err(|e| self.err(operation, key, e))?;
-                let result = read_state(checkout.conn(), statement, name, shape).await;
-                if checkout.finish(&result) && !fresh {
-                    fresh = true;
-                    continue;
-                }
-                break result.map_err(|e| self.err(operation, key, e));
-            }
+        let (holders, waiters) = timed(&self.inner().config, operation, Some(key), async {
+            retry_once!(read, conns, |conn| read_state(conn, statement, name, shape))
         })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        .await?;
         let ours_live = waiters.iter().any(|w| w.id == waiter && w.live);
         if !ours_live || holders.iter().any(|h| !h.live) {
             return Ok(true);

@@ -21,17 +21,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{FencingToken, LockError, LockInfo, LockKey, LockPage, Operation, with_timeout};
+use lock_core::{FencingToken, LockError, LockInfo, LockKey, LockPage};
 
 use super::sql::{MS_PAD, details_of};
 use super::{SqlShedLockBackend, is_ours};
 use crate::admin::{
-    encode_cursor, finish, is_duplicate_column, is_missing_column, like_prefix, list_start,
+    is_duplicate_column, is_missing_column, like_prefix, list_page, list_start, read_and_clear,
 };
 use crate::config::SqlDialect;
-use crate::driver::NAME;
-use crate::error::map_sqlx;
-use crate::shared::run::{Bind, Value, execute, fetch};
+use crate::shared::run::{Bind, Value};
 
 /// The per-database spelling of the admin statements.
 struct Spelling {
@@ -124,10 +122,6 @@ impl SqlShedLockBackend {
         added
     }
 
-    fn admin_err(&self, operation: Operation) -> impl Fn(sqlx::Error) -> LockError + '_ {
-        move |e| map_sqlx(&self.inner.config, operation, e)
-    }
-
     /// [`LockBackend::list`](lock_core::LockBackend::list) on ShedLock's
     /// table (see the module docs).
     pub(super) async fn list_rows(
@@ -153,21 +147,9 @@ impl SqlShedLockBackend {
         let pattern = like_prefix(prefix);
         let page = i64::try_from(limit).unwrap_or(1);
         let binds = [Bind::Text(&pattern), Bind::Text(&after), Bind::Int(page)];
-        let rows = async {
-            let mut checkout = inner.conns.checkout_reader(false).await?;
-            let rows = fetch(checkout.conn(), &sql, &binds, "ttiit").await;
-            checkout.finish(&rows);
-            rows
-        };
-        let rows = with_timeout(inner.config.op_timeout, Operation::Inspect, async {
-            rows.await.map_err(self.admin_err(Operation::Inspect))
-        })
-        .await
-        .map_err(|e| e.with_backend(NAME))?;
+        let (rows, cursor) =
+            list_page(&inner.conns, &inner.config, &sql, &binds, "ttiit", limit).await?;
         let pad = pad_of(inner.config.dialect);
-        let cursor = (rows.len() == limit)
-            .then(|| rows.last().map(|r| encode_cursor(r[0].text())))
-            .flatten();
         let locks = rows
             .iter()
             .filter(|r| r[3].int() >= 0 && r[0].text().starts_with(prefix))
@@ -202,32 +184,17 @@ impl SqlShedLockBackend {
         ));
         let begin: Arc<str> = Arc::from(sp.begin);
         let name = key.as_str();
-        let found = async {
-            let mut checkout = inner.conns.checkout(false).await?;
-            let body = async {
-                let conn = checkout.conn();
-                execute(conn, &begin, &[]).await?;
-                let held = fetch(conn, &read, &[Bind::Text(name)], "tiit").await?;
-                let Some(row) = held.into_iter().next() else {
-                    return Ok(None);
-                };
-                execute(conn, &clear, &[Bind::Text(name)]).await?;
-                Ok(Some(row))
-            }
-            .await;
-            finish(
-                checkout,
-                body,
-                &["COMMIT".to_owned()],
-                &["ROLLBACK".to_owned()],
-            )
-            .await
-        };
-        let found = with_timeout(inner.config.op_timeout, Operation::Release, async {
-            found.await.map_err(self.admin_err(Operation::Release))
-        })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let by_name = [Bind::Text(name)];
+        let found = read_and_clear(
+            &inner.conns,
+            &inner.config,
+            key,
+            &begin,
+            (&read, &by_name),
+            (&clear, &by_name),
+            false,
+        )
+        .await?;
         let Some(row) = found else {
             return Ok(None);
         };

@@ -12,17 +12,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, Lease, ListQuery, LockBackend,
-    LockError, LockInfo, LockKey, LockPage, Operation, OwnerId, TtlModel, WaitStrategy, check_ttl,
-    validity_deadline, with_timeout,
+    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, Lease, LeaseKind, ListQuery,
+    LockBackend, LockError, LockInfo, LockKey, LockPage, Operation, OwnerId, TtlModel,
+    WaitStrategy, check_ttl, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
 use crate::config::{SqlConfig, SqlDialect, SqlLayout, SqlMode};
 use crate::conn::retry_once;
 use crate::conn::{ConnSet, DbOptions, pool_size};
-use crate::driver::{MIN_TTL, NAME};
-use crate::error::map_sqlx;
+use crate::driver::{Grant, MIN_TTL, NAME};
+use crate::error::{map_sqlx, timed};
 use sql::{ShedSql, is_conflict};
 
 /// The longest ShedLock lock name (its `name VARCHAR(64)` column).
@@ -244,16 +244,6 @@ impl SqlShedLockBackend {
         Ok(())
     }
 
-    fn timeout(&self) -> Duration {
-        self.inner.config.op_timeout
-    }
-
-    fn err(&self, operation: Operation, key: &LockKey, err: sqlx::Error) -> LockError {
-        map_sqlx(&self.inner.config, operation, err)
-            .with_key(key)
-            .with_backend(NAME)
-    }
-
     async fn prepare(&self) -> Result<(), LockError> {
         let config = &self.inner.config;
         let sql = &self.inner.sql;
@@ -394,27 +384,25 @@ impl SqlShedLockBackend {
         let owner = OwnerId::random();
         let locked_by = self.locked_by_owner(owner);
         let sent_at = Instant::now();
-        let granted = with_timeout(self.timeout(), operation, async {
-            self.grant(key, &locked_by, ttl)
-                .await
-                .map_err(|e| self.err(operation, key, e))
-        })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        let grant = self.grant(key, &locked_by, ttl);
+        let granted = timed(&self.inner.config, operation, Some(key), grant).await?;
         let Some(token) = granted else {
             return Ok(None);
         };
-        let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
-        match Lease::granted(key.clone(), owner, token, ttl, sent_at, String::new()) {
-            Ok(lease) => Ok(Some(lease)),
-            Err(err) => {
-                // Too late to be of use: give it back.
-                let stale =
-                    Lease::from_parts(key.clone(), owner, token, ttl, sent_at, String::new());
+        let grant = Grant {
+            key,
+            owner,
+            token: FencingToken::new(u64::try_from(token).unwrap_or(0)),
+            kind: LeaseKind::Exclusive,
+            ttl,
+            sent_at,
+        };
+        grant
+            .lease_or_give_back(|stale| async move {
                 let _ = self.release(&stale).await;
-                Err(err.with_backend(NAME))
-            }
-        }
+            })
+            .await
+            .map(Some)
     }
 }
 
@@ -489,17 +477,15 @@ impl LockBackend for SqlShedLockBackend {
         let locked_by = self.locked_by(lease);
         let sql = &self.inner.sql;
         let sent_at = Instant::now();
-        let renewed = with_timeout(self.timeout(), Operation::Renew, async {
+        let renewed = timed(&self.inner.config, Operation::Renew, Some(key), async {
             retry_once!(&self.inner.conns, |conn| sql.renew(
                 conn,
                 key.as_str(),
                 &locked_by,
                 ttl
             ))
-            .map_err(|e| self.err(Operation::Renew, key, e))
         })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        .await?;
         if renewed {
             Ok(validity_deadline(sent_at, ttl))
         } else {
@@ -517,16 +503,14 @@ impl LockBackend for SqlShedLockBackend {
         let key = lease.key();
         let locked_by = self.locked_by(lease);
         let sql = &self.inner.sql;
-        with_timeout(self.timeout(), Operation::Release, async {
+        timed(&self.inner.config, Operation::Release, Some(key), async {
             retry_once!(&self.inner.conns, |conn| sql.release(
                 conn,
                 key.as_str(),
                 &locked_by
             ))
-            .map_err(|e| self.err(Operation::Release, key, e))
         })
         .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))
     }
 
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
@@ -554,13 +538,11 @@ impl LockBackend for SqlShedLockBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let sql = &self.inner.sql;
-        let row = with_timeout(self.timeout(), Operation::Inspect, async {
+        let row = timed(&self.inner.config, Operation::Inspect, Some(key), async {
             retry_once!(read, &self.inner.conns, |conn| sql
                 .inspect(conn, key.as_str()))
-            .map_err(|e| self.err(Operation::Inspect, key, e))
         })
-        .await
-        .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        .await?;
         Ok(
             row.map(|(locked_by, token, remaining_us, details)| LockInfo {
                 details: sql::details_of(&locked_by, details.as_deref()),
