@@ -30,6 +30,16 @@ pub(crate) struct UrlTarget {
     pub(crate) url: String,
 }
 
+impl UrlTarget {
+    /// The target of a server the user runs at `url`, named by its scheme.
+    pub(crate) fn of(url: &str) -> Self {
+        Self {
+            name: url.split(':').next().unwrap_or("url").to_owned(),
+            url: url.to_owned(),
+        }
+    }
+}
+
 #[async_trait]
 impl Target for UrlTarget {
     fn name(&self) -> String {
@@ -210,6 +220,19 @@ struct Candidate {
     _keep: Option<tempfile::TempDir>,
 }
 
+impl Candidate {
+    /// A server the user runs at `url`.
+    fn at_url(url: &str) -> Self {
+        let target = UrlTarget::of(url);
+        Self {
+            name: target.name.clone(),
+            url: url.to_owned(),
+            target: Arc::new(target),
+            _keep: None,
+        }
+    }
+}
+
 pub(crate) const EMBEDDED: &[&str] = &["memory", "sqlite"];
 
 /// The server kinds `--spawn` starts when `--backends` is not given: every
@@ -294,16 +317,7 @@ fn capabilities_json(c: &Capabilities) -> Value {
 /// `distlock check --url URL`: the suite and the scenarios that need no
 /// process control, against a server the user runs.
 pub(crate) async fn check(url: &str) -> Vec<BackendResult> {
-    let scheme = url.split(':').next().unwrap_or("url").to_owned();
-    let candidate = Candidate {
-        name: scheme.clone(),
-        url: url.to_owned(),
-        target: Arc::new(UrlTarget {
-            name: scheme,
-            url: url.to_owned(),
-        }),
-        _keep: None,
-    };
+    let candidate = Candidate::at_url(url);
     let opts = CompareOptions {
         backends: None,
         urls: Vec::new(),
@@ -398,30 +412,10 @@ pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, Loc
         EMBEDDED.to_vec()
     };
     let names = selected_backends(opts, &defaults)?;
-    let total = names.len() + opts.urls.len();
     let mut results = Vec::new();
-    for (index, name) in names
-        .iter()
-        .map(String::as_str)
-        .chain(opts.urls.iter().map(String::as_str))
-        .enumerate()
-    {
-        let progress = Progress {
-            step: index + 1,
-            total,
-            name: name.to_owned(),
-        };
+    for (name, progress) in visits(&names, &opts.urls) {
         let candidate = if name.contains(':') {
-            let scheme = name.split(':').next().unwrap_or("url").to_owned();
-            Ok(Candidate {
-                name: scheme.clone(),
-                url: name.to_owned(),
-                target: Arc::new(UrlTarget {
-                    name: scheme,
-                    url: name.to_owned(),
-                }),
-                _keep: None,
-            })
+            Ok(Candidate::at_url(name))
         } else {
             progress.say("starting");
             candidate(name).await
@@ -435,6 +429,28 @@ pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, Loc
         }
     }
     Ok(results)
+}
+
+/// The backends to visit in order (`names`, then the `--url`s), each with
+/// its progress line.
+fn visits<'a>(
+    names: &'a [String],
+    urls: &'a [String],
+) -> impl Iterator<Item = (&'a str, Progress)> + 'a {
+    let total = names.len() + urls.len();
+    names
+        .iter()
+        .chain(urls)
+        .map(String::as_str)
+        .enumerate()
+        .map(move |(index, name)| {
+            let progress = Progress {
+                step: index + 1,
+                total,
+                name: name.to_owned(),
+            };
+            (name, progress)
+        })
 }
 
 struct Progress {

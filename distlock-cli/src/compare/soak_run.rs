@@ -66,26 +66,11 @@ pub(crate) async fn soak(
     let seed = seed.unwrap_or_else(conformance::soak::random_seed);
     eprintln!("soak seed {seed} (replay with --seed {seed})");
     let names = selected_backends(opts, EMBEDDED)?;
-    let total = names.len() + opts.urls.len();
     let mut results = Vec::new();
-    for (index, name) in names
-        .iter()
-        .map(String::as_str)
-        .chain(opts.urls.iter().map(String::as_str))
-        .enumerate()
-    {
-        let progress = Progress {
-            step: index + 1,
-            total,
-            name: name.to_owned(),
-        };
+    for (name, progress) in visits(&names, &opts.urls) {
         progress.say("starting");
         let started = if name.contains(':') {
-            let scheme = name.split(':').next().unwrap_or("url").to_owned();
-            let target: Arc<dyn Target> = Arc::new(UrlTarget {
-                name: scheme,
-                url: name.to_owned(),
-            });
+            let target: Arc<dyn Target> = Arc::new(UrlTarget::of(name));
             Ok((target, None, None))
         } else {
             soak_target(name).await
