@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::conn::Node;
-use crate::error::NAME;
+use crate::error::{NAME, copy_for_each};
 use crate::scripts::{Scripts, holder_key};
 
 /// The most renewals sent in one pipeline.
@@ -140,50 +140,64 @@ async fn batcher(
 }
 
 async fn send_batch(node: Arc<Node>, scripts: Arc<Scripts>, batch: Vec<Request>) {
-    // The holder details' key is derived here, at send time, so a queued
-    // renewal keeps no more than the lock's name.
-    let sides: Vec<String> = batch.iter().map(|r| holder_key(&r.lock)).collect();
-    let calls: Vec<(Vec<&str>, Vec<&str>)> = batch
+    let renewals: Vec<[&str; 3]> = batch
         .iter()
-        .zip(&sides)
-        .map(|(r, side)| {
-            (
-                vec![r.lock.as_str(), side.as_str()],
-                vec![r.owner.as_str(), r.ttl_ms.as_str()],
-            )
-        })
+        .map(|r| [r.lock.as_str(), r.owner.as_str(), r.ttl_ms.as_str()])
         .collect();
     let sent_at = Instant::now();
-    let timeout = node.timeout();
-    let result = node
-        .run(Operation::Renew, timeout, |mut conn| {
-            let calls = &calls;
-            let scripts = &scripts;
-            async move { conn.eval_many(&scripts.renew, calls).await }
-        })
-        .await;
+    let result = renew_pipeline(&node, &scripts, &renewals, node.timeout()).await;
     match result {
         Ok(results) => {
             for (request, result) in batch.into_iter().zip(results) {
-                let reply = match result {
-                    Ok(Value::Int(n)) => Ok((n == 1, sent_at)),
-                    Ok(other) => Err(LockError::new(
-                        ErrorKind::Backend,
-                        Operation::Renew,
-                        format!("unexpected renewal answer {other:?}"),
-                    )
-                    .with_backend(NAME)),
-                    Err(err) => Err(node.map_err(Operation::Renew, err)),
-                };
-                let _ = request.reply.send(reply);
+                let _ = request.reply.send(result.map(|renewed| (renewed, sent_at)));
             }
         }
         Err(err) => {
             for request in batch {
-                let copy = LockError::new(err.kind(), Operation::Renew, err.to_string())
-                    .with_backend(NAME);
+                let copy = copy_for_each(&err, Operation::Renew);
                 let _ = request.reply.send(Err(copy));
             }
         }
     }
+}
+
+/// One pipeline of renew script calls on `node`, one per `[lock, owner,
+/// ttl ms]`: per call whether it renewed (`false`: not held) or its error;
+/// `Err` when the pipeline failed as a whole. The holder details' key is
+/// derived here, at send time, so a queued renewal keeps no more than the
+/// lock's name.
+pub(crate) async fn renew_pipeline(
+    node: &Node,
+    scripts: &Scripts,
+    renewals: &[[&str; 3]],
+    timeout: Duration,
+) -> Result<Vec<Result<bool, LockError>>, LockError> {
+    let sides: Vec<String> = renewals
+        .iter()
+        .map(|[lock, _, _]| holder_key(lock))
+        .collect();
+    let calls: Vec<(Vec<&str>, Vec<&str>)> = renewals
+        .iter()
+        .zip(&sides)
+        .map(|([lock, owner, ttl], side)| (vec![*lock, side.as_str()], vec![*owner, *ttl]))
+        .collect();
+    let calls = &calls;
+    let replies = node
+        .run(Operation::Renew, timeout, |mut conn| async move {
+            conn.eval_many(&scripts.renew, calls).await
+        })
+        .await?;
+    Ok(replies
+        .into_iter()
+        .map(|reply| match reply {
+            Ok(Value::Int(n)) => Ok(n == 1),
+            Ok(other) => Err(LockError::new(
+                ErrorKind::Backend,
+                Operation::Renew,
+                format!("unexpected renewal answer {other:?}"),
+            )
+            .with_backend(NAME)),
+            Err(err) => Err(node.map_err(Operation::Renew, err)),
+        })
+        .collect())
 }

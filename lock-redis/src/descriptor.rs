@@ -43,20 +43,20 @@ pub static DRIVER: Driver = Driver {
 
 lock_core::connect_fn!(fn connect = crate::connect);
 
+/// The scheme of `url`, lowercased (the floors' choice of topology).
+fn scheme(url: &str) -> String {
+    lock_core::driver::scheme_of(url).to_ascii_lowercase()
+}
+
 fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
     Box::pin(async move {
-        Ok(
-            match lock_core::driver::scheme_of(url)
-                .to_ascii_lowercase()
-                .as_str()
-            {
-                "redis" | "rediss" => {
-                    Some(Box::new(RedisFloor::connect(url).await?) as Box<dyn RawFloor>)
-                }
-                "redlock" => Some(Box::new(RedlockFloor::connect(url).await?) as Box<dyn RawFloor>),
-                _ => None,
-            },
-        )
+        Ok(match scheme(url).as_str() {
+            "redis" | "rediss" => {
+                Some(Box::new(RedisFloor::connect(url).await?) as Box<dyn RawFloor>)
+            }
+            "redlock" => Some(Box::new(RedlockFloor::connect(url).await?) as Box<dyn RawFloor>),
+            _ => None,
+        })
     })
 }
 
@@ -64,17 +64,12 @@ fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError
 /// is refused as by the mutex floor); other topologies have none.
 fn permit_floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
     Box::pin(async move {
-        Ok(
-            match lock_core::driver::scheme_of(url)
-                .to_ascii_lowercase()
-                .as_str()
-            {
-                "redis" | "rediss" => {
-                    Some(Box::new(RedisPermitFloor::connect(url, 1, 4).await?) as Box<dyn RawFloor>)
-                }
-                _ => None,
-            },
-        )
+        Ok(match scheme(url).as_str() {
+            "redis" | "rediss" => {
+                Some(Box::new(RedisPermitFloor::connect(url, 1, 4).await?) as Box<dyn RawFloor>)
+            }
+            _ => None,
+        })
     })
 }
 

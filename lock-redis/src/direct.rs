@@ -311,11 +311,7 @@ mod tests {
     /// gets their own reply, never someone else's.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn replies_reach_their_callers_under_concurrency_and_cancellation() {
-        use conformance::OrSkip;
-        let Some(server) = conformance::servers::redis::RedisServer::start()
-            .await
-            .or_skip()
-        else {
+        let Some(server) = crate::test_redis::server().await else {
             return;
         };
         let conn = Direct::connect("127.0.0.1", server.port(), None, None, 0)

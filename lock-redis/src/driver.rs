@@ -19,14 +19,14 @@ use std::time::Duration;
 use lock_core::{
     Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, ListQuery,
     LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, TtlModel,
-    WaitStrategy, async_trait, check_ttl, validity_deadline,
+    WaitStrategy, async_trait, check_ttl,
 };
 use tokio::time::Instant;
 
 use crate::batch::{Counters, Renewer};
 use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::Node;
-use crate::error::NAME;
+use crate::error::{NAME, renewed_until};
 use crate::eviction::EvictionCheck;
 use crate::layout::{LEGACY_OWNER_MARK, check_cluster_slot, legacy_names, legacy_unsupported};
 use crate::notify::Notifier;
@@ -357,17 +357,7 @@ impl LockBackend for RedisBackend {
                 .copied()
                 .min()
                 .unwrap_or_else(Instant::now);
-            let deadline = validity_deadline(sent_at, lease.ttl());
-            if deadline > Instant::now() {
-                return Ok(deadline);
-            }
-            return Err(LockError::new(
-                ErrorKind::LeaseLost,
-                op,
-                "the renewal arrived after its validity deadline",
-            )
-            .with_backend(NAME)
-            .with_key(key));
+            return renewed_until(sent_at, lease.ttl(), op).map_err(|e| e.with_key(key));
         }
         if not_held > n - quorum {
             return Err(LockError::new(

@@ -5,8 +5,10 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use lock_core::{ErrorKind, LockError, LockKey, Operation};
+use lock_core::{ErrorKind, LockError, LockKey, Operation, validity_deadline};
 use redis::RedisError;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The backend's name in every error (and `LockBackend::name`).
 pub(crate) const NAME: &str = "redis";
@@ -108,6 +110,30 @@ pub(crate) fn unexpected(op: Operation, answer: &dyn fmt::Debug) -> LockError {
         format!("unexpected answer from the lock script: {answer:?}"),
     )
     .with_backend(NAME)
+}
+
+/// The validity deadline a renewal of a `ttl` lease sent at `sent_at`
+/// gives; `LeaseLost` when its answer came after that deadline.
+pub(crate) fn renewed_until(
+    sent_at: Instant,
+    ttl: Duration,
+    op: Operation,
+) -> Result<Instant, LockError> {
+    let deadline = validity_deadline(sent_at, ttl);
+    if deadline > Instant::now() {
+        return Ok(deadline);
+    }
+    Err(LockError::new(
+        ErrorKind::LeaseLost,
+        op,
+        "the renewal arrived after its validity deadline",
+    )
+    .with_backend(NAME))
+}
+
+/// A copy of `err` (a pipeline's failure) for each renewal it carried.
+pub(crate) fn copy_for_each(err: &LockError, op: Operation) -> LockError {
+    LockError::new(err.kind(), op, err.to_string()).with_backend(NAME)
 }
 
 /// A waiting acquire's deadline passed with the key still held.

@@ -41,13 +41,7 @@ const FAIR_ACQUIRE: &str = concat!(
     r"
 local owner, wait = ARGV[1], tonumber(ARGV[3])
 if redis.pcall('GET', KEYS[1]) == owner then
-  local token = redis.call('GET', KEYS[2])
-  if not token then
-    return redis.error_reply('ERR distlock: the lock holds our owner value but its token counter is gone (evicted?)')
-  end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  put_details(KEYS[6], owner, ARGV[5], ARGV[2])
-  return {1, token}
+  return grant_again(KEYS[1], KEYS[2], KEYS[6], owner, ARGV[5], ARGV[2], 'value')
 end
 local swept = sweep(KEYS[4], {{'ZREM', KEYS[3]}})
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)
@@ -212,13 +206,7 @@ mod tests {
 
     use super::*;
     use crate::conn::Conn;
-
-    /// `script` with `from` replaced by `to`: a deliberately broken variant
-    /// (the replacement must apply, or the test proves nothing).
-    fn broken(script: &str, from: &str, to: &str) -> LuaScript {
-        assert!(script.contains(from), "{from}");
-        LuaScript::new(Box::leak(script.replace(from, to).into_boxed_str()))
-    }
+    use crate::test_redis::broken;
 
     /// `{flag, n}` of an acquire.
     async fn call(
@@ -248,11 +236,6 @@ mod tests {
         }
     }
 
-    async fn conn(port: u16) -> Conn {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-        Conn::Plain(client.get_multiplexed_async_connection().await.unwrap())
-    }
-
     /// The queue order is kept (only the head takes a free key; a try does
     /// not jump), and a waiter whose entry lease ended is skipped by the
     /// next attempt. The broken variants are caught: without the head
@@ -260,14 +243,9 @@ mod tests {
     /// without the sweep a dead head stalls the queue.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_the_live_head_takes_a_free_key() {
-        use conformance::OrSkip;
-        let Some(server) = conformance::servers::redis::RedisServer::start()
-            .await
-            .or_skip()
-        else {
+        let Some((_server, mut c)) = crate::test_redis::server_and_conn().await else {
             return;
         };
-        let mut c = conn(server.port()).await;
         let real = &FAIR.acquire;
         let no_head_check = broken(FAIR_ACQUIRE, "#head == 0 or head[1] == owner", "true");
         let no_sweep = broken(
@@ -326,14 +304,9 @@ mod tests {
     /// variant that sets keys while checking leaves the free keys held).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_multi_acquire_with_a_held_key_writes_nothing() {
-        use conformance::OrSkip;
-        let Some(server) = conformance::servers::redis::RedisServer::start()
-            .await
-            .or_skip()
-        else {
+        let Some((_server, mut c)) = crate::test_redis::server_and_conn().await else {
             return;
         };
-        let mut c = conn(server.port()).await;
         let one_pass = broken(
             MULTI_ACQUIRE,
             "if redis.call('EXISTS', KEYS[5 * i + 1]) == 1 then return {0, i + 1} end",

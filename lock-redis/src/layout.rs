@@ -148,13 +148,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {1, token}
 end
 if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  local token = redis.call('GET', KEYS[2])
-  if not token then
-    return redis.error_reply('ERR distlock: the lock holds our owner field but its token counter is gone (evicted?)')
-  end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  put_details(KEYS[3], ARGV[1], ARGV[3], ARGV[2])
-  return {1, token}
+  return grant_again(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[2], 'field')
 end
 return {0, redis.call('PTTL', KEYS[1])}
 "

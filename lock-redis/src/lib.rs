@@ -620,6 +620,8 @@ mod notify;
 mod renew_many;
 mod scripts;
 mod shared_scripts;
+#[cfg(test)]
+mod test_redis;
 
 pub use config::{
     DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL, RedisConfig,

@@ -8,23 +8,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use lock_core::{ErrorKind, Lease, LockError, Operation, check_ttl, validity_deadline};
-use redis::Value;
+use lock_core::{ErrorKind, Lease, LockError, Operation, check_ttl};
 use tokio::time::Instant;
 
-use crate::batch::{Counters, MAX_BATCH};
+use crate::batch::{Counters, MAX_BATCH, renew_pipeline};
 use crate::conn::Node;
 use crate::driver::{MIN_TTL, RedisBackend};
-use crate::error::NAME;
-use crate::scripts::{Scripts, holder_key};
+use crate::error::{NAME, copy_for_each, renewed_until};
+use crate::scripts::Scripts;
 
 /// One node's answer: when its pipeline was sent, and per lease renewed
 /// (`true`), not held (`false`) or an error.
 type NodeAnswer = (Instant, Result<Vec<Result<bool, LockError>>, LockError>);
-
-fn copy(err: &LockError) -> LockError {
-    LockError::new(err.kind(), Operation::Renew, err.to_string()).with_backend(NAME)
-}
 
 impl RedisBackend {
     /// Renews `leases` with one pipeline per node (per `MAX_BATCH`).
@@ -81,7 +76,7 @@ impl RedisBackend {
                     }
                     Ok(Some(Ok(false))) => not_held += 1,
                     Ok(Some(Err(err))) | Err(err) => {
-                        error.get_or_insert_with(|| copy(err));
+                        error.get_or_insert_with(|| copy_for_each(err, op));
                     }
                     Ok(None) => {
                         error.get_or_insert_with(|| {
@@ -92,18 +87,7 @@ impl RedisBackend {
                 }
             }
             let result = if renewed >= quorum {
-                let deadline =
-                    validity_deadline(renewed_at.unwrap_or_else(Instant::now), lease.ttl());
-                if deadline > Instant::now() {
-                    Ok(deadline)
-                } else {
-                    Err(LockError::new(
-                        ErrorKind::LeaseLost,
-                        op,
-                        "the renewal arrived after its validity deadline",
-                    )
-                    .with_backend(NAME))
-                }
+                renewed_until(renewed_at.unwrap_or_else(Instant::now), lease.ttl(), op)
             } else if not_held > nodes.len() - quorum {
                 Err(LockError::new(
                     ErrorKind::NotHeld,
@@ -149,39 +133,12 @@ async fn pipeline(
                 Ordering::Relaxed,
             );
         }
-        let sides: Vec<String> = chunk.iter().map(|[lock, _, _]| holder_key(lock)).collect();
-        let calls: Vec<(Vec<&str>, Vec<&str>)> = chunk
+        let renewals: Vec<[&str; 3]> = chunk
             .iter()
-            .zip(&sides)
-            .map(|([lock, owner, ttl], side)| {
-                (
-                    vec![lock.as_str(), side.as_str()],
-                    vec![owner.as_str(), ttl.as_str()],
-                )
-            })
+            .map(|[lock, owner, ttl]| [lock.as_str(), owner.as_str(), ttl.as_str()])
             .collect();
-        let answer = node
-            .run(Operation::Renew, timeout, |mut conn| {
-                let calls = &calls;
-                let scripts = &scripts;
-                async move { conn.eval_many(&scripts.renew, calls).await }
-            })
-            .await;
-        match answer {
-            Ok(replies) => {
-                for reply in replies {
-                    out.push(match reply {
-                        Ok(Value::Int(n)) => Ok(n == 1),
-                        Ok(other) => Err(LockError::new(
-                            ErrorKind::Backend,
-                            Operation::Renew,
-                            format!("unexpected renewal answer {other:?}"),
-                        )
-                        .with_backend(NAME)),
-                        Err(err) => Err(node.map_err(Operation::Renew, err)),
-                    });
-                }
-            }
+        match renew_pipeline(&node, &scripts, &renewals, timeout).await {
+            Ok(replies) => out.extend(replies),
             Err(err) => return (sent_at, Err(err)),
         }
     }

@@ -37,6 +37,11 @@ impl LuaScript {
 /// before. `put_details(side, owner, details,
 /// ttl)`: the holder details beside the lock (`<lock>:holder` =
 /// `<owner> <details>`), with the lock's TTL; nothing without a side key.
+/// `grant_again(lock, counter, side, owner, details, ttl, held_as)`: a
+/// resent acquire that found our owner in `lock` (as its `held_as`, value
+/// or field) returns the grant it made, the counter's token, with the TTL
+/// and details set again; fails if the counter vanished (evicted), rather
+/// than invent a token.
 macro_rules! grant_fns {
     () => {
         r"
@@ -52,6 +57,15 @@ local function put_details(side, owner, details, ttl)
   if side and details and details ~= '' then
     redis.call('SET', side, owner .. ' ' .. details, 'PX', ttl)
   end
+end
+local function grant_again(lock, counter, side, owner, details, ttl, held_as)
+  local token = redis.call('GET', counter)
+  if not token then
+    return redis.error_reply('ERR distlock: the lock holds our owner ' .. held_as .. ' but its token counter is gone (evicted?)')
+  end
+  redis.call('PEXPIRE', lock, ttl)
+  put_details(side, owner, details, ttl)
+  return {1, token}
 end
 "
     };
@@ -81,13 +95,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, token}
 end
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
-  local token = redis.call('GET', KEYS[2])
-  if not token then
-    return redis.error_reply('ERR distlock: the lock holds our owner value but its token counter is gone (evicted?)')
-  end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  put_details(KEYS[3], ARGV[1], ARGV[3], ARGV[2])
-  return {1, token}
+  return grant_again(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3], ARGV[2], 'value')
 end
 return {0, redis.call('PTTL', KEYS[1])}
 "
@@ -542,11 +550,6 @@ mod tests {
         assert!(details_of("owner", "owner").is_none());
     }
 
-    async fn plain_conn(port: u16) -> Conn {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-        Conn::Plain(client.get_multiplexed_async_connection().await.unwrap())
-    }
-
     /// Every slot has a floor key, in that slot (the Cluster client's own
     /// hash, as the server's), of a name no native lock name can be.
     #[test]
@@ -595,15 +598,10 @@ mod tests {
     /// as a grant would; anyone else still finds the key held.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_retried_acquire_returns_its_own_grant() {
-        use conformance::OrSkip;
-        let Some(server) = conformance::servers::redis::RedisServer::start()
-            .await
-            .or_skip()
-        else {
+        let Some((_server, mut conn)) = crate::test_redis::server_and_conn().await else {
             return;
         };
         let scripts = Scripts::new();
-        let mut conn = plain_conn(server.port()).await;
         let names = KeyNames::new("t:", &LockKey::new("retried").unwrap());
         let owner = lock_core::OwnerId::random().to_hex();
         let first = scripts

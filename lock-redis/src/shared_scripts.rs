@@ -424,6 +424,7 @@ impl SemNames {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_redis::broken;
 
     fn tag(key: &str) -> &str {
         let open = key.find('{').unwrap();
@@ -465,13 +466,6 @@ mod tests {
         assert_eq!(rw.writer, "p:{a%7Db{c}:rw:writer");
     }
 
-    /// `script` with `from` replaced by `to`: a deliberately broken variant
-    /// (the replacement must apply, or the test proves nothing).
-    fn broken(script: &str, from: &str, to: &str) -> LuaScript {
-        assert!(script.contains(from), "{from}");
-        LuaScript::new(Box::leak(script.replace(from, to).into_boxed_str()))
-    }
-
     async fn int(
         conn: &mut crate::conn::Conn,
         script: &LuaScript,
@@ -490,16 +484,9 @@ mod tests {
     /// broken variants (no expiry check, no `keep`) are caught.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn expired_shares_stay_dead_and_never_keep_a_key_alive() {
-        use conformance::OrSkip;
-        let Some(server) = conformance::servers::redis::RedisServer::start()
-            .await
-            .or_skip()
-        else {
+        let Some((_server, mut conn)) = crate::test_redis::server_and_conn().await else {
             return;
         };
-        let client = redis::Client::open(server.url()).unwrap();
-        let mut conn =
-            crate::conn::Conn::Plain(client.get_multiplexed_async_connection().await.unwrap());
         let n = RwNames::new("t:", &LockKey::new("expired").unwrap());
         let keys = [
             n.writer.as_str(),

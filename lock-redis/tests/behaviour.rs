@@ -32,16 +32,39 @@ fn key(name: &str) -> LockKey {
     LockKey::new(name).expect("valid key")
 }
 
+/// A Sentinel deployment for a failover test (the heavy tests' turn
+/// held), a backend on it, and the key `name`, acquired and released once
+/// on the first master.
+async fn sentinel_in_use(
+    name: &str,
+) -> Option<(
+    RedisTarget,
+    tokio::sync::MutexGuard<'static, ()>,
+    RedisBackend,
+    LockKey,
+)> {
+    let target = RedisTarget::sentinel().await.or_skip()?;
+    let serial = SERIAL.lock().await;
+    let backend = target.backend().await.unwrap();
+    let k = key(name);
+    let ttl = Duration::from_secs(5);
+    let lease = backend.try_acquire(&k, ttl).await.unwrap().expect("free");
+    assert!(backend.release(&lease).await.unwrap());
+    Some((target, serial, backend, k))
+}
+
 /// Tries `k` until the client has re-resolved the master after a failover
-/// (each error meanwhile temporary), for at most `within`; the lease.
+/// (each error meanwhile temporary), for at most `within`; the lease,
+/// whose grant is checked to live on the new master (on `new_master`).
 async fn acquire_after_failover(
     backend: &RedisBackend,
     k: &LockKey,
     ttl: Duration,
+    new_master: u16,
     within: Duration,
 ) -> Lease {
     let deadline = Instant::now() + within;
-    loop {
+    let lease = loop {
         match backend.try_acquire(k, ttl).await {
             Ok(Some(lease)) => break lease,
             Ok(None) => panic!("the key is held after failover"),
@@ -51,7 +74,10 @@ async fn acquire_after_failover(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-    }
+    };
+    let holder = stored_value(new_master, backend, k).await;
+    assert_eq!(holder, Some(lease.owner().to_hex()));
+    lease
 }
 
 /// The value of `k`'s Redis key (its holder) on the server on `port`.
@@ -322,15 +348,10 @@ async fn redlock_with_three_of_five_killed_fails_in_time_and_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinel_failover_re_resolves_the_master() {
-    let Some(target) = RedisTarget::sentinel().await.or_skip() else {
+    let Some((target, _serial, backend, k)) = sentinel_in_use("failover").await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    let backend = target.backend().await.unwrap();
-    let k = key("failover");
     let ttl = Duration::from_secs(5);
-    let lease = backend.try_acquire(&k, ttl).await.unwrap().expect("free");
-    assert!(backend.release(&lease).await.unwrap());
 
     // Graceful failover: the old master stays up as a replica, so a client
     // that kept talking to it would get READONLY.
@@ -373,10 +394,9 @@ async fn sentinel_failover_re_resolves_the_master() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let lease = acquire_after_failover(&backend, &k, ttl, Duration::from_secs(20)).await;
     // The grant lives on the new master, not the old one.
-    let holder = stored_value(replica_port, &backend, &k).await;
-    assert_eq!(holder, Some(lease.owner().to_hex()));
+    let lease =
+        acquire_after_failover(&backend, &k, ttl, replica_port, Duration::from_secs(20)).await;
     let role: Vec<redis::Value> = redis::cmd("ROLE")
         .query_async(&mut raw(old_master).await)
         .await
@@ -571,15 +591,10 @@ async fn wait_for_replicas_undoes_unacknowledged_grants() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinel_master_killed_clients_follow_the_promoted_replica() {
-    let Some(target) = RedisTarget::sentinel().await.or_skip() else {
+    let Some((target, _serial, backend, k)) = sentinel_in_use("killed-master").await else {
         return;
     };
-    let _serial = SERIAL.lock().await;
-    let backend = target.backend().await.unwrap();
-    let k = key("killed-master");
     let ttl = Duration::from_secs(5);
-    let lease = backend.try_acquire(&k, ttl).await.unwrap().expect("free");
-    assert!(backend.release(&lease).await.unwrap());
     let replica_port = match &mut *target.fleet() {
         Fleet::Sentinel {
             master, replica, ..
@@ -591,9 +606,8 @@ async fn sentinel_master_killed_clients_follow_the_promoted_replica() {
     };
     // Errors are typed and temporary until the sentinel promotes the
     // replica (down-after 1 s); then the client re-resolves by itself.
-    let lease = acquire_after_failover(&backend, &k, ttl, Duration::from_secs(40)).await;
-    let holder = stored_value(replica_port, &backend, &k).await;
-    assert_eq!(holder, Some(lease.owner().to_hex()));
+    let lease =
+        acquire_after_failover(&backend, &k, ttl, replica_port, Duration::from_secs(40)).await;
     assert!(backend.release(&lease).await.unwrap());
 }
 

@@ -18,7 +18,7 @@ use conformance::bench;
 use conformance::proxy::{CycleCount, CyclePlan, FaultProxy, count_cycles};
 use conformance::servers::redis::RedisServer;
 use lock_core::floor::RawFloor;
-use lock_core::{LockClient, LockKey};
+use lock_core::{LockClient, LockError, LockGuard, LockKey};
 use lock_redis::floor::{RedisFloor, RedlockFloor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -27,6 +27,23 @@ use tokio::time::{Instant, sleep};
 const CYCLES: u64 = 50;
 const WARM_UP: usize = 5;
 const TTL: Duration = Duration::from_secs(30);
+
+/// A waiting acquire of `c` by `waiter` (for at most 8 s) on a task of
+/// its own: its outcome and when it ended.
+fn spawn_waiter(
+    waiter: &LockClient,
+) -> tokio::task::JoinHandle<(Result<LockGuard, LockError>, Instant)> {
+    let waiter = waiter.clone();
+    tokio::spawn(async move {
+        let guard = waiter
+            .lock("c")
+            .ttl(TTL)
+            .wait(Duration::from_secs(8))
+            .acquire()
+            .await;
+        (guard, Instant::now())
+    })
+}
 
 fn server_addr(server: &RedisServer) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], server.port()))
@@ -213,18 +230,7 @@ async fn contended_waiting_acquire_is_notified_and_retries_after_subscribing() {
 
     // 1. Notified: the waiter subscribes, the holder releases.
     let held = holder.lock("c").ttl(TTL).acquire().await.unwrap();
-    let task = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move {
-            let guard = waiter
-                .lock("c")
-                .ttl(TTL)
-                .wait(Duration::from_secs(8))
-                .acquire()
-                .await;
-            (guard, Instant::now())
-        })
-    };
+    let task = spawn_waiter(&waiter);
     let until = Instant::now() + Duration::from_secs(5);
     while subscribers(&server, &channel).await == 0 {
         assert!(Instant::now() < until, "the waiter never subscribed");
@@ -257,18 +263,7 @@ async fn contended_waiting_acquire_is_notified_and_retries_after_subscribing() {
     proxy.set_latency(Duration::from_millis(300), Duration::ZERO);
     proxy.reset_counters();
     let started = Instant::now();
-    let task = {
-        let waiter = waiter.clone();
-        tokio::spawn(async move {
-            let guard = waiter
-                .lock("c")
-                .ttl(TTL)
-                .wait(Duration::from_secs(8))
-                .acquire()
-                .await;
-            (guard, Instant::now())
-        })
-    };
+    let task = spawn_waiter(&waiter);
     let until = Instant::now() + Duration::from_secs(5);
     while proxy.bytes().0 == 0 {
         assert!(

@@ -16,8 +16,8 @@ use crate::config::RedisTopology;
 use crate::error::{NAME, unexpected};
 use crate::layout::{LEGACY_OWNER_MARK, RedisLayout};
 use crate::scripts::{
-    FLOOR_KEY, HOLDER_SUFFIX, TokenFloor, as_int, details_of, escape_tag, glob_escape, pttl, text,
-    unescape_tag,
+    FLOOR_KEY, HOLDER_SUFFIX, KeyNames, LuaScript, TokenFloor, as_int, details_of, escape_tag,
+    glob_escape, pttl, text, unescape_tag,
 };
 
 /// The `COUNT` of one `SCAN` (a hint: Redis examines about that many keys).
@@ -122,24 +122,28 @@ impl RedisBackend {
     ) -> Result<(Option<LockInfo>, Vec<bool>), LockError> {
         let op = Operation::Inspect;
         let names = self.names(key, op)?;
-        let inner = &self.inner;
-        let calls = inner.nodes.iter().map(|node| {
-            let names = &names;
-            node.run(
-                op,
-                inner.config.operation_timeout,
-                move |mut conn| async move {
-                    conn.eval(
-                        &inner.scripts.inspect,
-                        &[&names.lock, &names.counter, &names.holder],
-                        &[],
-                    )
-                    .await
-                },
-            )
-        });
-        let answers = futures_util::future::join_all(calls).await;
+        let script = &self.inner.scripts.inspect;
+        let answers = self.eval_on_every_node(op, script, &names, &[]).await;
         self.majority_holder(key, op, answers)
+    }
+
+    /// `script` on every node at once, on the key's lock, counter and
+    /// holder details, with `args`: the answers in node order.
+    async fn eval_on_every_node(
+        &self,
+        op: Operation,
+        script: &LuaScript,
+        names: &KeyNames,
+        args: &[&str],
+    ) -> Vec<Result<Value, LockError>> {
+        let timeout = self.inner.config.operation_timeout;
+        let calls = self.inner.nodes.iter().map(|node| {
+            node.run(op, timeout, move |mut conn| async move {
+                conn.eval(script, &[&names.lock, &names.counter, &names.holder], args)
+                    .await
+            })
+        });
+        futures_util::future::join_all(calls).await
     }
 
     /// Reads the answers of the inspect (or force-release) script.
@@ -236,23 +240,9 @@ impl RedisBackend {
         } else {
             ("1", "0")
         };
-        let inner = &self.inner;
-        let calls = inner.nodes.iter().map(|node| {
-            let names = &names;
-            node.run(
-                op,
-                inner.config.operation_timeout,
-                move |mut conn| async move {
-                    conn.eval(
-                        &inner.scripts.force_release,
-                        &[&names.lock, &names.counter, &names.holder],
-                        &[&names.channel, message, sharded, self.lock_type()],
-                    )
-                    .await
-                },
-            )
-        });
-        let answers = futures_util::future::join_all(calls).await;
+        let script = &self.inner.scripts.force_release;
+        let args = [names.channel.as_str(), message, sharded, self.lock_type()];
+        let answers = self.eval_on_every_node(op, script, &names, &args).await;
         Ok(self.majority_holder(key, op, answers)?.0)
     }
 

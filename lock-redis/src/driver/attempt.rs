@@ -42,6 +42,28 @@ impl Attempt {
     }
 }
 
+/// The texts a one-server acquire script (fair mutex, shared kinds) takes
+/// besides its key names.
+pub(super) struct AcquireTexts {
+    pub(super) owner: String,
+    pub(super) ttl: String,
+    /// The waiting entry's lease, or "0" for a try (register no entry).
+    pub(super) wait: String,
+    /// The holder's details, written beside the grant by the script itself.
+    pub(super) details: String,
+}
+
+impl AcquireTexts {
+    pub(super) fn new(owner: OwnerId, ttl: Duration, wait: Option<Duration>) -> Self {
+        Self {
+            owner: owner.to_hex(),
+            ttl: ttl_ms(ttl),
+            wait: wait.map_or_else(|| "0".to_owned(), ttl_ms),
+            details: lock_core::HolderDetails::encode_current(),
+        }
+    }
+}
+
 /// A lease granted by an attempt sent at `sent_at`.
 pub(super) fn granted(
     key: &LockKey,
@@ -145,6 +167,34 @@ impl<N: Traces> Withdraw<N> {
     pub(super) async fn withdraw(mut self) {
         self.armed = false;
         let _ = self.names.abandon(&self.inner, &self.owner).await;
+    }
+}
+
+impl<N: Traces> Withdraw<N> {
+    /// A single try's answer: once a grant or a refusal is seen there is
+    /// nothing to withdraw (the guard is disarmed), nor after an error
+    /// `wrote_nothing` recognises; after any other error the answer may
+    /// have hidden a grant, and the guard withdraws in the background.
+    pub(super) fn settle_try(
+        self,
+        attempt: Result<Attempt, LockError>,
+        wrote_nothing: impl FnOnce(&LockError) -> bool,
+    ) -> Result<Option<Lease>, LockError> {
+        match attempt {
+            Ok(Attempt::Granted(lease)) => {
+                self.disarm();
+                Ok(Some(lease))
+            }
+            Ok(Attempt::Held { .. }) => {
+                self.disarm();
+                Ok(None)
+            }
+            Err(err) if wrote_nothing(&err) => {
+                self.disarm();
+                Err(err)
+            }
+            Err(err) => Err(err),
+        }
     }
 }
 
@@ -308,6 +358,26 @@ impl RedisBackend {
                 format!("only {acked} of {wanted} replicas acknowledged the grant; it was undone"),
             )
             .with_backend(NAME));
+        }
+        Ok(())
+    }
+
+    /// After a one-server grant to `owner_hex` under `names`: with
+    /// `wait_replicas` configured, waits for that many replicas; a grant
+    /// too few replicas took is undone (a waiting entry goes with it).
+    pub(super) async fn confirm_one_server_grant<N: Traces>(
+        &self,
+        names: &N,
+        owner_hex: &str,
+        op: Operation,
+        timeout: Duration,
+        key: &LockKey,
+    ) -> Result<(), LockError> {
+        if self.inner.config.wait_replicas > 0
+            && let Err(err) = self.wait_replicas(op, timeout).await
+        {
+            let _ = names.abandon(&self.inner, owner_hex).await;
+            return Err(err.with_key(key));
         }
         Ok(())
     }

@@ -9,10 +9,10 @@ use std::time::Duration;
 use lock_core::{FencingToken, Lease, LockError, LockKey, Operation, OwnerId};
 use tokio::time::Instant;
 
-use super::attempt::{Attempt, Traces, granted};
+use super::attempt::{AcquireTexts, Attempt, Traces, granted};
 use super::{Inner, RedisBackend};
 use crate::fair_scripts::{FAIR, FairNames};
-use crate::scripts::{NodeGrant, parse_grant, ttl_ms};
+use crate::scripts::{NodeGrant, parse_grant};
 
 /// A fair acquire's traces: its queue entry, a grant whose answer was lost.
 impl Traces for FairNames {
@@ -54,16 +54,13 @@ impl RedisBackend {
         op: Operation,
         timeout: Duration,
     ) -> Result<Attempt, LockError> {
-        let owner_hex = owner.to_hex();
-        let ttl_text = ttl_ms(ttl);
-        let wait_text = wait.map_or_else(|| "0".to_owned(), ttl_ms);
-        let details = lock_core::HolderDetails::encode_current();
+        let texts = AcquireTexts::new(owner, ttl, wait);
         let args = [
-            owner_hex.as_str(),
-            ttl_text.as_str(),
-            wait_text.as_str(),
+            texts.owner.as_str(),
+            texts.ttl.as_str(),
+            texts.wait.as_str(),
             names.mutex.channel.as_str(),
-            details.as_str(),
+            texts.details.as_str(),
         ];
         let mut keys = names.acquire_keys().to_vec();
         keys.extend(self.inner.floor.key_for(&names.mutex.counter));
@@ -77,12 +74,8 @@ impl RedisBackend {
             .map_err(|e| e.with_key(key))?;
         match parse_grant(&value).map_err(|e| e.with_key(key))? {
             NodeGrant::Granted(token) => {
-                if self.inner.config.wait_replicas > 0
-                    && let Err(err) = self.wait_replicas(op, timeout).await
-                {
-                    let _ = names.abandon(&self.inner, &owner_hex).await;
-                    return Err(err.with_key(key));
-                }
+                self.confirm_one_server_grant(names, &texts.owner, op, timeout, key)
+                    .await?;
                 let lease = granted(key, owner, FencingToken::new(token), ttl, sent_at)?;
                 Ok(Attempt::Granted(lease))
             }
@@ -103,19 +96,10 @@ impl RedisBackend {
         // Armed until the answer is seen: a lost answer may hide a grant.
         let guard = self.withdraw_guard(&names, owner);
         let timeout = self.inner.config.operation_timeout;
-        match self
+        let attempt = self
             .fair_attempt(key, ttl, owner, &names, None, op, timeout)
-            .await?
-        {
-            Attempt::Granted(lease) => {
-                guard.disarm();
-                Ok(Some(lease))
-            }
-            Attempt::Held { .. } => {
-                guard.disarm();
-                Ok(None)
-            }
-        }
+            .await;
+        guard.settle_try(attempt, |_| false)
     }
 
     /// `acquire` in fair mode: one try that also joins the queue when

@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use lock_core::{
     ErrorKind, FencingToken, HolderDetails, HolderInfo, Lease, LeaseKind, LockError, LockKey,
-    LockShape, Operation, OwnerId, RENEW_CONCURRENCY, renew_concurrently, validity_deadline,
+    LockShape, Operation, OwnerId, RENEW_CONCURRENCY, renew_concurrently,
 };
 use redis::Value;
 use tokio::time::Instant;
 
-use super::attempt::{Attempt, Traces, granted};
+use super::attempt::{AcquireTexts, Attempt, Traces, granted};
 use super::{Inner, RedisBackend};
 use crate::batch::MAX_BATCH;
-use crate::error::{NAME, unexpected};
+use crate::error::{NAME, copy_for_each, renewed_until, unexpected};
 use crate::scripts::{as_int, details_of, pttl, text, ttl_ms};
 use crate::shared_scripts::{RwNames, SHARED, SemNames};
 
@@ -185,14 +185,9 @@ impl RedisBackend {
         op: Operation,
         timeout: Duration,
     ) -> Result<Attempt, LockError> {
-        let owner_hex = owner.to_hex();
-        let ttl_text = ttl_ms(ttl);
-        let wait_text = wait.map_or_else(|| "0".to_owned(), ttl_ms);
-        let wait_flag = wait_text.as_str();
-        let (owner_ref, ttl_ref) = (owner_hex.as_str(), ttl_text.as_str());
-        // Written beside the share by the granting script itself.
-        let details = lock_core::HolderDetails::encode_current();
-        let details = details.as_str();
+        let texts = AcquireTexts::new(owner, ttl, wait);
+        let (owner_ref, ttl_ref) = (texts.owner.as_str(), texts.ttl.as_str());
+        let (wait_flag, details) = (texts.wait.as_str(), texts.details.as_str());
         let sent_at = Instant::now();
         let value = self.inner.nodes[0]
             .run(op, timeout, move |mut conn| async move {
@@ -239,14 +234,8 @@ impl RedisBackend {
             .await?;
         match pair(&value, op)? {
             (1, n) => {
-                if self.inner.config.wait_replicas > 0
-                    && let Err(err) = self.wait_replicas(op, timeout).await
-                {
-                    // As for the mutex: a grant too few replicas took is
-                    // undone (a waiting entry goes with it).
-                    let _ = names.abandon(&self.inner, &owner_hex).await;
-                    return Err(err.with_key(key));
-                }
+                self.confirm_one_server_grant(names, &texts.owner, op, timeout, key)
+                    .await?;
                 let lease =
                     granted(key, owner, token_of(n, op, &value)?, ttl, sent_at)?.with_kind(kind);
                 Ok(Attempt::Granted(lease))
@@ -280,21 +269,9 @@ impl RedisBackend {
         let attempt = self
             .shared_attempt(key, kind, ttl, owner, &names, None, op, timeout)
             .await;
-        match attempt {
-            Ok(Attempt::Granted(lease)) => {
-                guard.disarm();
-                Ok(Some(lease))
-            }
-            Ok(Attempt::Held { .. }) => {
-                guard.disarm();
-                Ok(None)
-            }
-            Err(err) if err.kind() == ErrorKind::InvalidArgument => {
-                guard.disarm();
-                Err(err)
-            }
-            Err(err) => Err(err),
-        }
+        // A refused argument (a semaphore in use with another limit): the
+        // script wrote nothing.
+        guard.settle_try(attempt, |err| err.kind() == ErrorKind::InvalidArgument)
     }
 
     /// `acquire_kind` for a read, write or permit grant: one try (on a free
@@ -412,17 +389,7 @@ impl RedisBackend {
                 "the lock is not held by this lease any more",
             ));
         }
-        let deadline = validity_deadline(sent_at, lease.ttl());
-        if deadline > Instant::now() {
-            return Ok(deadline);
-        }
-        Err(LockError::new(
-            ErrorKind::LeaseLost,
-            op,
-            "the renewal arrived after its validity deadline",
-        )
-        .with_backend(NAME)
-        .with_key(key))
+        renewed_until(sent_at, lease.ttl(), op).map_err(|e| e.with_key(key))
     }
 
     /// `renew_many` with leases of other kinds than the mutex: the mutex
@@ -510,19 +477,7 @@ impl RedisBackend {
                 let lease = leases[*i];
                 let result = match &answer {
                     Ok(replies) => match replies.get(position) {
-                        Some(Ok(Value::Int(1))) => {
-                            let deadline = validity_deadline(sent_at, lease.ttl());
-                            if deadline > Instant::now() {
-                                Ok(deadline)
-                            } else {
-                                Err(LockError::new(
-                                    ErrorKind::LeaseLost,
-                                    op,
-                                    "the renewal arrived after its validity deadline",
-                                )
-                                .with_backend(NAME))
-                            }
-                        }
+                        Some(Ok(Value::Int(1))) => renewed_until(sent_at, lease.ttl(), op),
                         Some(Ok(Value::Int(0))) => Err(not_held(
                             op,
                             lease.key(),
@@ -537,9 +492,7 @@ impl RedisBackend {
                             )
                         }
                     },
-                    Err(err) => {
-                        Err(LockError::new(err.kind(), op, err.to_string()).with_backend(NAME))
-                    }
+                    Err(err) => Err(copy_for_each(err, op)),
                 };
                 results[*i] = Some(result.map_err(|e| e.with_key(lease.key())));
             }
