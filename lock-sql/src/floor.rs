@@ -3,8 +3,8 @@
 //! [`SqlFloor`] opens **one bare sqlx connection** of its own and sends two
 //! statements written here, by hand, with `sqlx::query` and hand-made
 //! binds: none of the driver's code runs (not its connections, dialects,
-//! statement texts or error retries; only its URL parsing and its mapping
-//! of sqlx errors to [`LockError`]). The statements are the ones the
+//! statement texts or error retries; only its URL parsing, its connection
+//! type's connect, and its mapping of sqlx errors to [`LockError`]). The statements are the ones the
 //! driver's grant and release send, on the same lease table (created here,
 //! as the driver creates it, when missing):
 //!

@@ -396,22 +396,17 @@ async fn table_option_and_schema() {
 #[tokio::test]
 async fn unreachable_and_bad_configs_fail_typed_and_bounded() {
     let started = Instant::now();
-    let err = SqlBackend::connect_url("postgres://u:hunter2@127.0.0.1:1/db?timeout=500ms")
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
-        "{err}"
-    );
-    assert!(!format!("{err} {err:?}").contains("hunter2"));
-    let err = SqlBackend::connect_url("mysql://u:hunter2@127.0.0.1:1/db?timeout=500ms")
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
-        "{err}"
-    );
-    assert!(!format!("{err} {err:?}").contains("hunter2"));
+    for unreachable in [
+        "postgres://u:hunter2@127.0.0.1:1/db?timeout=500ms",
+        "mysql://u:hunter2@127.0.0.1:1/db?timeout=500ms",
+    ] {
+        let err = SqlBackend::connect_url(unreachable).await.unwrap_err();
+        assert!(
+            matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+            "{err}"
+        );
+        assert!(!format!("{err} {err:?}").contains("hunter2"));
+    }
     assert!(started.elapsed() < Duration::from_secs(5));
     let err = SqlBackend::connect_url("sqlite:///nonexistent-dir/x/y.db?mode=rw")
         .await

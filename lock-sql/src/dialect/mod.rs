@@ -351,6 +351,14 @@ pub(crate) fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// The Config error of a dialect whose cargo feature is off.
+fn without_feature(dialect: SqlDialect) -> LockError {
+    LockError::config(format!(
+        "lock-sql was built without its `{dialect}` feature"
+    ))
+    .with_backend(NAME)
+}
+
 /// The dialect of `dialect`, or a Config error when its cargo feature is
 /// off.
 pub(crate) fn of(dialect: SqlDialect) -> Result<&'static dyn Dialect, LockError> {
@@ -364,12 +372,7 @@ pub(crate) fn of(dialect: SqlDialect) -> Result<&'static dyn Dialect, LockError>
         #[allow(unreachable_patterns)] // with every feature on
         _ => None,
     };
-    found.ok_or_else(|| {
-        LockError::config(format!(
-            "lock-sql was built without its `{dialect}` feature"
-        ))
-        .with_backend(NAME)
-    })
+    found.ok_or_else(|| without_feature(dialect))
 }
 
 /// The SQL text of a statement (sqlx takes ownership of it; an `Arc` is
@@ -635,10 +638,5 @@ pub(crate) fn session_of(dialect: SqlDialect) -> Result<&'static dyn SessionDial
         #[allow(unreachable_patterns)] // with every feature on
         _ => None,
     };
-    found.ok_or_else(|| {
-        LockError::config(format!(
-            "lock-sql was built without its `{dialect}` feature"
-        ))
-        .with_backend(NAME)
-    })
+    found.ok_or_else(|| without_feature(dialect))
 }

@@ -1,17 +1,18 @@
 //! The floors' own connection: one bare sqlx connection of the configured
-//! database, opened from the driver's URL options, and the few helpers the
-//! floors' hand-written statements need. Nothing here is shared with the
-//! driver's statement code.
+//! database, opened from the driver's URL options (the driver's connection
+//! type, never one of its connections), and the few helpers the floors'
+//! hand-written statements need. Nothing here is shared with the driver's
+//! statement code.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_core::floor::FloorGrant;
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
-use sqlx::{AssertSqlSafe, Connection};
+use sqlx::AssertSqlSafe;
 
 use crate::config::{SqlConfig, SqlDialect};
-use crate::conn::DbOptions;
+use crate::conn::DbConn;
 use crate::driver::{MIN_TTL, NAME};
 use crate::error::map_sqlx;
 
@@ -21,26 +22,18 @@ macro_rules! each {
     ($conn:expr, $c:ident => $body:expr) => {
         match $conn {
             #[cfg(feature = "postgres")]
-            $crate::floor::bare::Bare::Postgres($c) => $body,
+            $crate::conn::DbConn::Postgres($c) => $body,
             #[cfg(feature = "mysql")]
-            $crate::floor::bare::Bare::MySql($c) => $body,
+            $crate::conn::DbConn::MySql($c) => $body,
             #[cfg(feature = "sqlite")]
-            $crate::floor::bare::Bare::Sqlite($c) => $body,
+            $crate::conn::DbConn::Sqlite($c) => $body,
         }
     };
 }
 pub(super) use each;
 
 /// One bare connection, never pooled, never shared with the driver.
-#[derive(Debug)]
-pub(super) enum Bare {
-    #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgConnection),
-    #[cfg(feature = "mysql")]
-    MySql(sqlx::MySqlConnection),
-    #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqliteConnection),
-}
+pub(super) type Bare = DbConn;
 
 /// SQL text the floor built once (the table name spliced in, quoted).
 pub(super) type Text = Arc<str>;
@@ -146,6 +139,8 @@ pub(super) fn granted(key: &LockKey, owner: String, token: Option<i64>) -> Optio
     })
 }
 
+// The floors' own calls on the driver's connection type (visible to the
+// floors only).
 impl Bare {
     /// Opens one connection with the driver's connect options (parsed from
     /// the URL: the driver's own, SQLite's busy timeout and WAL included;
@@ -154,22 +149,8 @@ impl Bare {
     pub(super) async fn open(config: &SqlConfig, setup: &[Text]) -> Result<Self, LockError> {
         let err = failed(config, Operation::Connect);
         let options = crate::dialect::of(config.dialect)?.connect_options(config)?;
-        let connect = async {
-            Ok::<_, sqlx::Error>(match options {
-                #[cfg(feature = "postgres")]
-                DbOptions::Postgres(o) => {
-                    Self::Postgres(sqlx::PgConnection::connect_with(&o).await?)
-                }
-                #[cfg(feature = "mysql")]
-                DbOptions::MySql(o) => Self::MySql(sqlx::MySqlConnection::connect_with(&o).await?),
-                #[cfg(feature = "sqlite")]
-                DbOptions::Sqlite(o) => {
-                    Self::Sqlite(sqlx::SqliteConnection::connect_with(&o).await?)
-                }
-            })
-        };
         let mut conn = with_timeout(config.op_timeout, Operation::Connect, async {
-            connect.await.map_err(&err)
+            options.connect().await.map_err(&err)
         })
         .await?;
         if config.create_table {

@@ -612,14 +612,15 @@ pub async fn round_trips(target: &SessionTarget) {
         "one round trip per try-grant and one per release"
     );
     let client = LockClient::new(backend.clone());
-    let ours = per_cycle(&proxy, n, || async {
-        let guard = client
+    let acquire = || {
+        client
             .lock(key.as_str())
             .ttl(ttl)
             .wait(Duration::from_secs(60))
             .acquire()
-            .await
-            .unwrap();
+    };
+    let ours = per_cycle(&proxy, n, || async {
+        let guard = acquire().await.unwrap();
         guard.release().await.unwrap();
     })
     .await;
@@ -638,13 +639,7 @@ pub async fn round_trips(target: &SessionTarget) {
     assert_eq!(ours, floor_rt, "waiting acquire + release vs the floor");
     // An extra request per cycle is caught.
     let extra = per_cycle(&proxy, n, || async {
-        let guard = client
-            .lock(key.as_str())
-            .ttl(ttl)
-            .wait(Duration::from_secs(60))
-            .acquire()
-            .await
-            .unwrap();
+        let guard = acquire().await.unwrap();
         let _ = backend.inspect(&key).await.unwrap();
         guard.release().await.unwrap();
     })
