@@ -83,6 +83,23 @@ impl DbOptions {
     }
 }
 
+/// The same body for every connection type (each arm is typed by its own
+/// connection): for statements that bind the same values on every
+/// database.
+macro_rules! on_conn {
+    ($conn:expr, |$c:ident| $body:expr) => {
+        match $conn {
+            #[cfg(feature = "postgres")]
+            $crate::conn::DbConn::Postgres($c) => $body,
+            #[cfg(feature = "mysql")]
+            $crate::conn::DbConn::MySql($c) => $body,
+            #[cfg(feature = "sqlite")]
+            $crate::conn::DbConn::Sqlite($c) => $body,
+        }
+    };
+}
+pub(crate) use on_conn;
+
 impl DbConn {
     /// Says goodbye to the server (best effort).
     async fn close(self) {

@@ -12,25 +12,9 @@ use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, wi
 use sqlx::AssertSqlSafe;
 
 use crate::config::{SqlConfig, SqlDialect};
-use crate::conn::DbConn;
+use crate::conn::{DbConn, on_conn};
 use crate::driver::{MIN_TTL, NAME};
 use crate::error::map_sqlx;
-
-/// `$body` once per compiled-in connection type, with `$c` the bare
-/// connection: the statements bind the same values on every database.
-macro_rules! each {
-    ($conn:expr, $c:ident => $body:expr) => {
-        match $conn {
-            #[cfg(feature = "postgres")]
-            $crate::conn::DbConn::Postgres($c) => $body,
-            #[cfg(feature = "mysql")]
-            $crate::conn::DbConn::MySql($c) => $body,
-            #[cfg(feature = "sqlite")]
-            $crate::conn::DbConn::Sqlite($c) => $body,
-        }
-    };
-}
-pub(super) use each;
 
 /// One bare connection, never pooled, never shared with the driver.
 pub(super) type Bare = DbConn;
@@ -166,6 +150,6 @@ impl Bare {
 
     /// Runs `text` with no binds (setup, `BEGIN`, `COMMIT`, `ROLLBACK`).
     pub(super) async fn run(&mut self, text: &Text) -> Result<(), sqlx::Error> {
-        each!(self, c => sqlx::query(sql(text)).execute(c).await.map(drop))
+        on_conn!(self, |c| sqlx::query(sql(text)).execute(c).await.map(drop))
     }
 }

@@ -9,9 +9,10 @@ use lock_core::{ErrorKind, HolderDetails, LeaseKind, LockError, LockShape, Opera
 use sqlx::Row;
 use tokio::sync::Mutex;
 
-use super::bare::{Bare, Text, each, micros, quoted, sql};
+use super::bare::{Bare, Text, micros, quoted, sql};
 use super::{DETAILS_LEN, lease_sql};
 use crate::config::{SqlConfig, SqlDialect};
+use crate::conn::on_conn;
 use crate::driver::NAME;
 
 /// `count` of `limit` permits of a semaphore, by hand on one bare
@@ -320,7 +321,7 @@ impl SqlPermitFloor {
         let (s, shape) = (&self.sql, LockShape::Semaphore.as_str());
         let details = HolderDetails::encode_current();
         conn.run(&s.begin).await?;
-        each!(conn, c => {
+        on_conn!(conn, |c| {
             let bump = sqlx::query(sql(&s.bump)).bind(name).bind(shape).bind(1_i64);
             let row = match &s.read_bump {
                 None => bump.fetch_optional(&mut *c).await?,
@@ -331,7 +332,11 @@ impl SqlPermitFloor {
                 }
             };
             let token: Option<i64> = row.map(|r| r.try_get(0)).transpose()?;
-            let state = sqlx::query(sql(&s.state)).bind(name).bind(shape).bind(name).bind(shape);
+            let state = sqlx::query(sql(&s.state))
+                .bind(name)
+                .bind(shape)
+                .bind(name)
+                .bind(shape);
             let (mut held, mut fits) = (0_i64, true);
             for r in state.fetch_all(&mut *c).await? {
                 let (waiter, cnt, lim, live): (i64, i64, i64, i64) =

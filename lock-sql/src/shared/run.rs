@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sqlx::Row;
 
-use crate::conn::DbConn;
+use crate::conn::{DbConn, on_conn};
 use crate::dialect::text;
 
 /// One bound value.
@@ -49,22 +49,6 @@ impl Value {
         }
     }
 }
-
-/// The same body for every connection type (each arm is typed by its own
-/// connection).
-macro_rules! on_conn {
-    ($conn:expr, |$c:ident| $body:expr) => {
-        match $conn {
-            #[cfg(feature = "postgres")]
-            $crate::conn::DbConn::Postgres($c) => $body,
-            #[cfg(feature = "mysql")]
-            $crate::conn::DbConn::MySql($c) => $body,
-            #[cfg(feature = "sqlite")]
-            $crate::conn::DbConn::Sqlite($c) => $body,
-        }
-    };
-}
-pub(crate) use on_conn;
 
 macro_rules! bound {
     ($sql:expr, $binds:expr) => {{

@@ -17,8 +17,9 @@ use sqlx::AssertSqlSafe;
 
 use crate::config::SqlDialect;
 use crate::conn::DbConn;
+use crate::conn::on_conn;
 use crate::dialect::{DETAILS_LEN, micros};
-use crate::shared::run::{Bind, Value, execute, fetch_optional, on_conn};
+use crate::shared::run::{Bind, Value, execute, fetch_optional};
 
 /// The tokens table's `details` column: `<locked_by> <details>` (see
 /// [`side_details`]).
