@@ -759,6 +759,7 @@ mod driver;
 mod error;
 mod fence;
 pub mod floor;
+mod granted;
 mod multi;
 pub mod renew_many;
 mod session;

@@ -49,7 +49,8 @@ use tokio::time::Instant;
 use self::run::{Bind, execute, fetch};
 use crate::conn::DbConn;
 use crate::dialect::micros;
-use crate::driver::{Grant, MIN_TTL, NAME, SqlBackend};
+use crate::driver::{MIN_TTL, NAME, SqlBackend};
+use crate::granted::Grant;
 
 /// What one grant transaction decided.
 #[derive(Debug)]

@@ -21,8 +21,9 @@ use tokio::time::Instant;
 use crate::config::{SqlConfig, SqlDialect, SqlLayout, SqlMode};
 use crate::conn::retry_once;
 use crate::conn::{ConnSet, DbOptions, pool_size};
-use crate::driver::{Grant, MIN_TTL, NAME};
+use crate::driver::{MIN_TTL, NAME};
 use crate::error::{map_sqlx, timed};
+use crate::granted::Grant;
 use sql::{ShedSql, is_conflict};
 
 /// The longest ShedLock lock name (its `name VARCHAR(64)` column).
