@@ -1,8 +1,9 @@
 //! Probe (not a test): where one acquire+release cycle's time goes, 1
 //! client, interleaved rounds:
 //! - the floor (hand-written jute on one bare connection);
-//! - the `zookeeper-client` crate alone: create + list + delete, the same
-//!   three requests our cycle sends, without any lock-zk code;
+//! - the `zookeeper-client` crate alone: create, list, delete, the three
+//!   requests our cycle sends, one after the other (ours sends the list
+//!   behind the create), without any lock-zk code;
 //! - `ZkBackend::acquire` + `release` directly (no `LockClient`);
 //! - the user API (`LockClient`, guard, renewal scheduler).
 //!

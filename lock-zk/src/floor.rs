@@ -4,15 +4,16 @@
 //! [`ZkFloor`] does not use the driver's client (nor any ZooKeeper client
 //! crate): it opens one `TcpStream`, performs the session handshake itself
 //! and speaks jute ([`crate::wire`]) on it. A cycle is what the driver's
-//! recipe does on a free key, three requests, each one round trip:
+//! recipe does on a free key, three requests in two round trips:
 //!
 //! 1. `create2` of the `EPHEMERAL_SEQUENTIAL` node
 //!    `<root>/<escaped key>/_c_<attempt id>-lock-` (Curator's protected
 //!    name; the server appends the sequence); its `czxid` is the token;
-//! 2. `getChildren` of the key directory: granted when ours has the lowest
-//!    sequence (otherwise the node is deleted again and the key is reported
-//!    held);
-//! 3. `delete` of the node (the release).
+//!    and, in the same write, `getChildren` of the key directory (the
+//!    server answers it after applying the create): granted when ours has
+//!    the lowest sequence (otherwise the node is deleted again and the key
+//!    is reported held);
+//! 2. `delete` of the node (the release).
 //!
 //! Outside the steady state: a create answered `NoNode` creates the key
 //! directory first (as a container where the server has them, like the
@@ -65,7 +66,7 @@ use crate::wire::{
     read_packet, xid,
 };
 
-/// Hand-written create / getChildren / delete requests on one bare TCP
+/// Hand-written create + getChildren (one write) / delete requests on one bare TCP
 /// connection with a ZooKeeper session of its own: the floor our
 /// acquire+release cycle is measured against. Serves one call at a time
 /// (concurrent calls queue on the connection).
@@ -80,7 +81,7 @@ use crate::wire::{
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), lock_core::LockError> {
 /// let floor = ZkFloor::connect("zk://127.0.0.1:2181").await?;
-/// assert_eq!(floor.round_trips_per_cycle(), 3);
+/// assert_eq!(floor.round_trips_per_cycle(), 2);
 /// floor.cycle("bench/0", Duration::from_secs(10)).await?;
 /// # Ok(()) }
 /// ```
@@ -217,6 +218,18 @@ impl Conn {
         xid: i32,
         patience: Duration,
     ) -> Result<(i32, Vec<u8>), WireError> {
+        let mut replies = self.exchange_all(packet, &[xid], patience).await?;
+        Ok(replies.remove(0))
+    }
+
+    /// [`Conn::exchange`] of several requests written at once (`packets`,
+    /// one after another, of `xids` in that order): their replies, in order.
+    async fn exchange_all(
+        &mut self,
+        packets: Vec<u8>,
+        xids: &[i32],
+        patience: Duration,
+    ) -> Result<Vec<(i32, Vec<u8>)>, WireError> {
         if let Some(why) = &self.broken {
             return Err(WireError::Broken(why.clone()));
         }
@@ -229,8 +242,9 @@ impl Conn {
         self.last_sent = Instant::now();
         let stream = &mut self.stream;
         let exchange = async {
-            stream.write_all(&packet).await?;
-            loop {
+            stream.write_all(&packets).await?;
+            let mut replies = Vec::with_capacity(xids.len());
+            while let Some(&xid) = xids.get(replies.len()) {
                 let reply = read_packet(stream).await?;
                 let mut decoder = Decoder::new(&reply);
                 let header = ReplyHeader::decode(&mut decoder)?;
@@ -244,8 +258,9 @@ impl Conn {
                     )));
                 }
                 let body = reply[reply.len() - decoder.remaining()..].to_vec();
-                return Ok((header.err, body));
+                replies.push((header.err, body));
             }
+            Ok(replies)
         };
         let result = match timeout(patience, exchange).await {
             Ok(result) => result,
@@ -497,22 +512,37 @@ impl ZkFloor {
         } else {
             op::CREATE2
         };
+        let server_path = self.server_path(path);
+        let reply = self
+            .request(operation, opcode, |packet| {
+                self.create_body(packet, &server_path, mode);
+            })
+            .await
+            .map_err(Failed)?;
+        self.created(operation, reply)
+    }
+
+    /// A create request's body: `server_path` with our ACL, in `mode`.
+    fn create_body(&self, packet: &mut Encoder, server_path: &str, mode: i32) {
         let (scheme, id) = if self.shared.digest {
             ("auth", "")
         } else {
             ("world", "anyone")
         };
-        let server_path = self.server_path(path);
-        let (err, body) = self
-            .request(operation, opcode, |packet| {
-                packet
-                    .string(&server_path)
-                    .buffer(&[])
-                    .acl(scheme, id)
-                    .int(mode);
-            })
-            .await
-            .map_err(Failed)?;
+        packet
+            .string(server_path)
+            .buffer(&[])
+            .acl(scheme, id)
+            .int(mode);
+    }
+
+    /// A create's reply (error code, body): the created path (inside the
+    /// chroot) and its `czxid`.
+    fn created(
+        &self,
+        operation: Operation,
+        (err, body): (i32, Vec<u8>),
+    ) -> Result<(String, i64), Outcome> {
         if err != code::OK {
             return Err(Refused(err));
         }
@@ -622,6 +652,73 @@ impl ZkFloor {
         }
     }
 
+    /// `create2` of an `EPHEMERAL_SEQUENTIAL` node at `prefix` in `dir` with
+    /// the `getChildren` of `dir` written right behind it, in one write: the
+    /// server answers a session's requests in order, and the list only once
+    /// the create is applied, so one round trip creates the node and shows
+    /// whether it is first. The created node, and what the list answered.
+    async fn create_then_list(
+        &self,
+        operation: Operation,
+        dir: &str,
+        prefix: &str,
+    ) -> Result<((String, i64), Result<Vec<String>, LockError>), Outcome> {
+        let (create_path, list_path) = (self.server_path(prefix), self.server_path(dir));
+        let mut conn = self.shared.conn.lock().await;
+        let (create_xid, list_xid) = (conn.take_xid(), conn.take_xid());
+        let mut create = Encoder::request(create_xid, op::CREATE2);
+        self.create_body(&mut create, &create_path, flags::EPHEMERAL_SEQUENTIAL);
+        let mut list = Encoder::request(list_xid, op::GET_CHILDREN);
+        list.string(&list_path).boolean(false);
+        let mut packets = create.finish();
+        packets.extend_from_slice(&list.finish());
+        let mut replies = conn
+            .exchange_all(packets, &[create_xid, list_xid], self.shared.op_timeout)
+            .await
+            .map_err(|e| Failed(wire_error(operation, e)))?;
+        drop(conn);
+        let listed = replies
+            .pop()
+            .map(|reply| self.children_of(operation, reply));
+        let node = replies.pop().map(|reply| self.created(operation, reply));
+        match (node, listed) {
+            (Some(node), Some(listed)) => Ok((node?, listed)),
+            _ => Err(Failed(protocol(operation, "a reply is missing".to_owned()))),
+        }
+    }
+
+    /// An `EPHEMERAL_SEQUENTIAL` node at `prefix` in `dir` and the children
+    /// of `dir` once it exists, in one round trip ([`Self::create_then_list`])
+    /// where `dir` exists; otherwise `dir` is created and the node created
+    /// and listed one request at a time (a key's first grant, or a
+    /// container the server removed). On a failed list the node is
+    /// withdrawn (best effort). `what` names the node in a refusal.
+    pub(super) async fn create_listed(
+        &self,
+        operation: Operation,
+        dir: &str,
+        prefix: &str,
+        what: &str,
+    ) -> Result<(String, i64, Vec<String>), LockError> {
+        let ((path, czxid), listed) = match self.create_then_list(operation, dir, prefix).await {
+            Ok(done) => done,
+            Err(Refused(code::NO_NODE)) => {
+                let (path, czxid) = self.create_in(operation, dir, prefix, what).await?;
+                let listed = self.children_after_create(operation, dir, &path).await?;
+                return Ok((path, czxid, listed));
+            }
+            Err(Refused(err)) => return Err(server_error(operation, err, what)),
+            Err(Failed(err)) => return Err(err),
+        };
+        match listed {
+            Ok(children) => Ok((path, czxid, children)),
+            Err(err) => {
+                let _ = self.delete(operation, &path).await;
+                Err(err)
+            }
+        }
+    }
+
     /// `getChildren` of `dir` right after our `node` was created in it: on
     /// a failure, `node` is withdrawn (best effort) and the list's failure
     /// reported.
@@ -641,11 +738,20 @@ impl ZkFloor {
     /// `getChildren` of `path`, without a watch.
     async fn children(&self, operation: Operation, path: &str) -> Result<Vec<String>, LockError> {
         let server_path = self.server_path(path);
-        let (err, body) = self
+        let reply = self
             .request(operation, op::GET_CHILDREN, |packet| {
                 packet.string(&server_path).boolean(false);
             })
             .await?;
+        self.children_of(operation, reply)
+    }
+
+    /// A `getChildren` reply (error code, body): the children's names.
+    fn children_of(
+        &self,
+        operation: Operation,
+        (err, body): (i32, Vec<u8>),
+    ) -> Result<Vec<String>, LockError> {
         if err != code::OK {
             return Err(server_error(operation, err, "listing the key directory"));
         }
@@ -699,9 +805,9 @@ impl RawFloor for ZkFloor {
         NAME
     }
 
-    /// create2, getChildren, delete.
+    /// create2 with getChildren written behind it, then delete.
     fn round_trips_per_cycle(&self) -> u32 {
-        3
+        2
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
@@ -710,8 +816,8 @@ impl RawFloor for ZkFloor {
         let dir = key_dir(&self.shared.root, &key);
         let owner = OwnerId::random();
         let prefix = node_path_prefix(&dir, owner);
-        let (path, czxid) = self
-            .create_in(op, &dir, &prefix, "the lock node")
+        let (path, czxid, children) = self
+            .create_listed(op, &dir, &prefix, "the lock node")
             .await
             .map_err(|e| e.with_key(&key))?;
         let name = match path.strip_prefix(prefix.as_str()) {
@@ -720,10 +826,6 @@ impl RawFloor for ZkFloor {
                 return Err(protocol(op, format!("created {path:?} for {prefix:?}")).with_key(&key));
             }
         };
-        let children = self
-            .children_after_create(op, &dir, &path)
-            .await
-            .map_err(|e| e.with_key(&key))?;
         // Whether ours has the lowest sequence; `None` when it is gone.
         let first = sorted_lock_nodes(children)
             .iter()

@@ -92,10 +92,14 @@
 //!   back-to-back with the read (the server holds the read until the `sync`
 //!   is done), and on a follower one follower-to-leader hop (no disk
 //!   write) before the read is answered. **Cost**: an acquire on a free key
-//!   is create + list, and with the release's delete 3 round trips per
-//!   cycle, what the recipe needs (`tests/round_trips.rs` counts them
-//!   through a proxy); a renewal is one (`sync`, check) exchange, which
-//!   the client may write as two packets. A follower that cannot reach its leader now fails
+//!   is create + list, the list written right behind the create before its
+//!   reply is awaited, so one round trip; with the release's delete 2 round
+//!   trips per cycle, the floor's (`tests/round_trips.rs` counts them
+//!   through a proxy); a renewal is one (`sync`, check) exchange. The
+//!   client crate leaves Nagle's algorithm on, which held a request made
+//!   right behind another until the first one's reply (3 round trips a
+//!   cycle); the driver sets `TCP_NODELAY` on the crate's connections to
+//!   the ensemble (on Linux: see `nodelay.rs`). A follower that cannot reach its leader now fails
 //!   the renewal (operation timeout, or the client dropping the connection
 //!   that stopped answering) instead of confirming it. `sync` + read is
 //!   not strictly linearizable (ZOOKEEPER-1675: a deposed leader that has
@@ -260,12 +264,12 @@
 //!   `<seq>[,<seq>…];<czxid of the first node>`.
 //! - **Cost**: a write grant on a free lock is create + list + `setData`
 //!   (3 round trips), a read grant create + list (2, the directory's data
-//!   read in the same exchange), a grant of one permit 7 (a look at the
-//!   limit, mutex create + list, the limit under the mutex, lease create,
-//!   list, mutex delete; several permits add one `czxid` read); a release
-//!   is one delete. The hand-written permit floor
+//!   read in the same exchange), a grant of one permit 6 (a look at the
+//!   limit, the mutex's create + list in one exchange, the limit under the
+//!   mutex, lease create, list, mutex delete; several permits add one
+//!   `czxid` read); a release is one delete. The hand-written permit floor
 //!   ([`floor::ZkPermitFloor`], the descriptor's `permit_floor`: one permit
-//!   of a semaphore of 4) costs 7 per cycle, the driver 8: its early look
+//!   of a semaphore of 4) costs 6 per cycle, the driver 7: its early look
 //!   (`tests/permit_floor.rs` counts both through a proxy).
 //!
 //! # kazoo and Curator on their own paths
@@ -377,7 +381,7 @@
 //! - **Holder details** ([`HolderDetails`](lock_core::HolderDetails): host,
 //!   pid, program, label, grant time) are the **data of our mutex node**,
 //!   written by the grant's own create (no extra request:
-//!   `tests/round_trips.rs` still counts 3 round trips per cycle), in both
+//!   `tests/round_trips.rs` still counts 2 round trips per cycle), in both
 //!   namings and both layouts: `<owner id, 32 hex>\n<details>`, the
 //!   details in [`HolderDetails::encode_current`](lock_core::HolderDetails::encode_current)'s
 //!   form (`h=<host>;p=<pid>;n=<program>[;l=<label>];t=<ms>`, at most
@@ -587,10 +591,11 @@
 //! by hand on one bare connection ([`floor::ZkFloor`], ZooKeeper's wire
 //! protocol written out, also used by `distlock compare`);
 //! `tests/round_trips.rs` checks that a cycle on a free key costs the
-//! floor's 3 round trips, including what it defers to the lease's TTL.
-//! `--example bench_parts` splits one client's cycle: the floor, the same
-//! three requests through the `zookeeper-client` crate alone, the backend,
-//! and the user API. Most of the distance to the floor is the crate's:
+//! floor's 2 round trips, including what it defers to the lease's TTL.
+//! `--example bench_parts` splits one client's cycle: the floor (create
+//! and list in one write, then delete), the three requests one after the
+//! other through the `zookeeper-client` crate alone, the backend, and the
+//! user API. Most of the distance to the floor is the crate's:
 //! its socket is an `async-net` stream served by `async-io`'s reactor
 //! thread, and every request and reply passes through its session task,
 //! so each reply crosses two threads before the caller runs.
@@ -603,6 +608,7 @@ mod driver;
 mod error;
 pub mod floor;
 mod latch_names;
+mod nodelay;
 mod paths;
 mod wire;
 

@@ -2,10 +2,11 @@
 //! requests written by hand on the floor's one bare connection.
 //!
 //! A cycle on a semaphore with a free permit is what the driver's recipe
-//! needs, seven requests, each one round trip (the driver sends the same
-//! ones one at a time, plus an early look at the limit before the mutex):
+//! needs, seven requests in six round trips (the driver sends the same
+//! ones, plus an early look at the limit before the mutex):
 //!
-//! 1. `create2` of the internal mutex's node `<sem>/locks/_c_<id>-lock-`;
+//! 1. `create2` of the internal mutex's node `<sem>/locks/_c_<id>-lock-`,
+//!    and in the same write
 //! 2. `getChildren` of `<sem>/locks`: ours must be first (otherwise the
 //!    node is deleted and the semaphore reported busy);
 //! 3. `getData` of `<sem>/leases`: the limit our clients agreed on (a
@@ -44,10 +45,11 @@ const SEM_NODE: &str = "a semaphore node";
 /// connection (a [`ZkFloor`]'s).
 ///
 /// A cycle on a semaphore with a free permit is what the driver's recipe
-/// needs, seven requests, each one round trip (the driver sends the same
-/// ones one at a time, plus an early look at the limit before the mutex):
+/// needs, seven requests in six round trips (the driver sends the same
+/// ones, plus an early look at the limit before the mutex):
 ///
-/// 1. `create2` of the internal mutex's node `<sem>/locks/_c_<id>-lock-`;
+/// 1. `create2` of the internal mutex's node `<sem>/locks/_c_<id>-lock-`,
+///    and in the same write
 /// 2. `getChildren` of `<sem>/locks`: ours must be first (otherwise the
 ///    node is deleted and the semaphore reported busy);
 /// 3. `getData` of `<sem>/leases`: the limit our clients agreed on (a
@@ -166,10 +168,10 @@ impl RawFloor for ZkPermitFloor {
         NAME
     }
 
-    /// Mutex create2 and getChildren, getData, lease create2 and
+    /// Mutex create2 with getChildren behind it, getData, lease create2 and
     /// getChildren, mutex delete, lease delete.
     fn round_trips_per_cycle(&self) -> u32 {
-        7
+        6
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
@@ -179,18 +181,13 @@ impl RawFloor for ZkPermitFloor {
         let (locks, leases) = (format!("{base}/locks"), format!("{base}/leases"));
         let owner = OwnerId::random();
         let with_key = |e: LockError| e.with_key(&key);
-        // 1, 2: the internal mutex.
-        let (mutex, _) = self
+        // 1, 2: the internal mutex, its create and list in one write.
+        let (mutex, _, children) = self
             .floor
-            .create_in(op, &locks, &node_path_prefix(&locks, owner), SEM_NODE)
+            .create_listed(op, &locks, &node_path_prefix(&locks, owner), SEM_NODE)
             .await
             .map_err(with_key)?;
         let mutex_name = mutex[locks.len() + 1..].to_owned();
-        let children = self
-            .floor
-            .children_after_create(op, &locks, &mutex)
-            .await
-            .map_err(with_key)?;
         let first = sorted_lock_nodes(children)
             .first()
             .is_some_and(|(_, n)| *n == mutex_name);

@@ -3,6 +3,7 @@
 //! reflect the leader's view (`synced`).
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use zookeeper_client as zk;
 
 use super::{ZkBackend, lock};
 use crate::error::{CallError, NAME, connect_error, timed};
+use crate::nodelay;
 
 /// One ZooKeeper session and the state signal derived from it.
 pub(super) struct Session {
@@ -61,11 +63,20 @@ fn map_state(state: zk::SessionState) -> SessionState {
 
 /// Forwards every session state change to the lock-core signal. The
 /// client's watcher keeps only the latest state, so it is drained for the
-/// whole life of the session.
-async fn drain_states(mut watcher: zk::StateWatcher, tx: watch::Sender<SessionState>) {
+/// whole life of the session. Each time the session is connected again
+/// (on a new connection), that connection gets `TCP_NODELAY` (see
+/// `nodelay.rs`).
+async fn drain_states(
+    mut watcher: zk::StateWatcher,
+    tx: watch::Sender<SessionState>,
+    peers: Vec<SocketAddr>,
+) {
     loop {
         let state = watcher.changed().await;
         tracing::debug!(%state, "ZooKeeper session state");
+        if state == zk::SessionState::SyncConnected {
+            nodelay::set_on_connections_to(&peers);
+        }
         let mapped = map_state(state);
         let terminal = matches!(mapped, SessionState::Lost(_));
         tx.send_replace(mapped);
@@ -89,11 +100,12 @@ async fn drain_states(mut watcher: zk::StateWatcher, tx: watch::Sender<SessionSt
 /// So a read answered after a successful `sync` sees every change the
 /// leader had committed when it handled the `sync`, and a follower cut off
 /// from its leader cannot answer at all. Both requests are queued at once,
-/// before either answer is awaited: one extra request, often no extra
-/// client round trip (the client may write them as two packets, and a
-/// server that answers the `sync` before the read arrives costs one more:
-/// measured, about every other time on loopback), and on a follower one
-/// follower-to-leader hop added to the read's latency. Callers create `read` after calling this
+/// before either answer is awaited: one extra request, no extra client
+/// round trip (the client may write them as two packets, which leave at
+/// once since the connection has `TCP_NODELAY`, see `nodelay.rs`; with
+/// Nagle on, the read waited for the `sync`'s reply about every other
+/// time on loopback), and on a follower one follower-to-leader hop added
+/// to the read's latency. Callers create `read` after calling this
 /// (the client sends a request when the call is made), e.g.
 /// `synced(client, dir, t, client.list_children(dir))`.
 ///
@@ -151,9 +163,11 @@ impl ZkBackend {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
         let connect_string = config.connect_string();
+        let peers = nodelay::resolve(config.hosts(), config.connect_timeout()).await;
         let client = timed(config.connect_timeout(), connector.connect(&connect_string))
             .await
             .map_err(|err| connect_error(operation, &connect_string, err))?;
+        nodelay::set_on_connections_to(&peers);
         let client = match config.chroot() {
             None => client,
             Some(chroot) => {
@@ -170,7 +184,7 @@ impl ZkBackend {
         };
         let watcher = client.state_watcher();
         let (tx, rx) = watch::channel(map_state(watcher.peek_state()));
-        let drain = tokio::spawn(drain_states(watcher, tx));
+        let drain = tokio::spawn(drain_states(watcher, tx, peers));
         Ok(Session {
             id: client.session_id().0,
             timeout: client.session_timeout(),

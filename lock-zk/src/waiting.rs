@@ -84,6 +84,13 @@ pub(super) const LATCH_DATA: &str = "latch:";
 /// The `backend_data` prefix of a mutex lease on a kazoo-named node.
 pub(super) const KAZOO_DATA: &str = "kazoo:";
 
+/// A create whose reply came back: when it was sent, and the reply to the
+/// list of the directory sent right behind it.
+pub(super) struct Created {
+    sent: Instant,
+    listed: Result<Vec<String>, CallError>,
+}
+
 /// Why one attempt ended without a result.
 pub(super) enum AttemptError {
     /// The session is gone (and our node with it): a new session may try.
@@ -160,8 +167,15 @@ impl ZkBackend {
     /// node is looked up by the attempt id in its name before creating
     /// again, so a lost reply does not leave an orphan blocking the key.
     ///
-    /// Returns the node's path and `czxid`, and when the create whose reply
-    /// came back was sent (`None` when the node was found by a lookup).
+    /// The list of the directory is sent right behind each create, before
+    /// the create's reply is awaited: the server answers a session's
+    /// requests in order and a read only after that session's earlier
+    /// writes are applied, so the list already shows our node, and a free
+    /// key is decided in one round trip (create + list) instead of two.
+    ///
+    /// Returns the node's path and `czxid`, and, when the create's own
+    /// reply came back, when it was sent with the list sent behind it
+    /// (`None` when the node was found by a lookup after a lost reply).
     async fn create_node(
         &self,
         session: &Session,
@@ -170,7 +184,7 @@ impl ZkBackend {
         recipe: Recipe,
         operation: Operation,
         key: &LockKey,
-    ) -> Result<(String, i64, Option<Instant>), AttemptError> {
+    ) -> Result<(String, i64, Option<Created>), AttemptError> {
         let (prefix, data) = match recipe {
             // The holder details ride in the create itself (no extra
             // request), after the owner hex kazoo's `contenders()` lists.
@@ -198,17 +212,21 @@ impl ZkBackend {
         let mut unknown = 0;
         loop {
             let sent = Instant::now();
-            match timed(
-                self.op_timeout(),
-                session.client.create(&prefix, data.as_bytes(), &options),
-            )
-            .await
-            {
+            // Both requests are made now, in this order, and awaited together
+            // (the list's reply is dropped unless the create succeeded).
+            let (created, listed) = tokio::join!(
+                timed(
+                    self.op_timeout(),
+                    session.client.create(&prefix, data.as_bytes(), &options),
+                ),
+                timed(self.op_timeout(), session.client.list_children(dir)),
+            );
+            match created {
                 Ok((stat, sequence)) => {
                     // The prefix has room for the sequence number.
                     let mut path = prefix;
                     let _ = write!(path, "{sequence}");
-                    return Ok((path, stat.czxid, Some(sent)));
+                    return Ok((path, stat.czxid, Some(Created { sent, listed })));
                 }
                 // The directory is created on demand, and a container may be
                 // removed by the server between our mkdir and create.
@@ -289,7 +307,7 @@ impl ZkBackend {
         let name = &path[dir.len() + 1..];
         let token = to_token(czxid, operation, key)?;
         let mut own_watch: Option<WatchFuture> = None;
-        // The first list right after our own create needs no `sync`.
+        // The first list, sent right behind our own create, needs no `sync`.
         let mut after_create = created_at;
         loop {
             // The list that decides the grant must be the leader's view, not
@@ -301,14 +319,10 @@ impl ZkBackend {
             // the create. The grant is then dated from the create's sending,
             // before the leader last heard from the session. Every later list
             // (after a watch event) is preceded by a `sync` (see `synced`).
-            // Skipping it here keeps a free key at create + list: the client
-            // may write a `sync` and the list in two packets, and a server
-            // that answers the `sync` in between costs one more round trip.
+            // Skipping it here keeps a free key's create and list together
+            // (see `create_node`).
             let (sent, listed) = match after_create.take() {
-                Some(create_sent) => (
-                    create_sent,
-                    timed(self.op_timeout(), session.client.list_children(dir)).await,
-                ),
+                Some(Created { sent, listed }) => (sent, listed),
                 None => {
                     let sent = Instant::now();
                     let listed = synced(

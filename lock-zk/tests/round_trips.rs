@@ -59,7 +59,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
     let floor_proxy = FaultProxy::start(upstream).await.unwrap();
     let floor = ZkFloor::connect(&url(&floor_proxy)).await.unwrap();
     let expected = u64::from(floor.round_trips_per_cycle());
-    assert_eq!(expected, 3);
+    assert_eq!(expected, 2);
     let counted = count(&floor_proxy, Duration::ZERO, || async {
         floor.cycle("floor", TTL).await.expect("floor cycle");
     })
