@@ -1,11 +1,14 @@
 //! Round trips per acquire+release cycle, counted by the fault proxy
 //! between the client and a real ZooKeeper server: our waiting acquire as
 //! users write it, our `try_acquire`, and the hand-written floor must each
-//! cost exactly the floor's declared 3 (create, getChildren, delete) on a
-//! free key, and so must a campaign + resignation (Curator's latch nodes)
-//! on a free election. A client that adds one request per cycle is counted one
-//! higher and fails the same check (shown below with a backend that looks
-//! at the key before acquiring).
+//! cost exactly the floor's declared 2 (create with getChildren written
+//! behind it, then delete) on a free key, and so must a campaign +
+//! resignation (Curator's latch nodes) on a free election. A client that
+//! adds one request per cycle is counted one higher and fails the same
+//! check (shown below with a backend that looks at the key before
+//! acquiring), and so does one whose list waits for the create's reply
+//! (measured: 3.0 per cycle with Nagle's algorithm left on the client
+//! crate's connection, see the driver's `nodelay.rs`).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -91,7 +94,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
         .expect("try_acquire + release costs the floor's round trips");
 
     // An election in Curator's latch layout costs the same on a free
-    // election: create, list, delete.
+    // election: create and list in one exchange, then delete.
     let counted = count(&ours_proxy, tail, || async {
         let leadership = client
             .elect("rt-elect")
