@@ -262,9 +262,11 @@
 //!   server when the session ends (a crashed holder's share comes back
 //!   after the session timeout). The lease's data is
 //!   `<seq>[,<seq>…];<czxid of the first node>`.
-//! - **Cost**: a write grant on a free lock is create + list + `setData`
-//!   (3 round trips), a read grant create + list (2, the directory's data
-//!   read in the same exchange), a grant of one permit 6 (a look at the
+//! - **Cost**: a read grant on a free lock is one round trip (the create,
+//!   with the directory's list and both epoch reads written behind it), a
+//!   write grant two (the same, then storing its epoch); with the release's
+//!   delete a cycle is 2 and 3 (`tests/round_trips.rs` counts them); a
+//!   grant of one permit 6 (a look at the
 //!   limit, the mutex's create + list in one exchange, the limit under the
 //!   mutex, lease create, list, mutex delete; several permits add one
 //!   `czxid` read); a release is one delete. The hand-written permit floor

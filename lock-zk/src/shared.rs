@@ -17,6 +17,7 @@
 //!   waits (still holding it) until the directory has at most `limit`
 //!   children. The `leases` directory's data is the limit our clients use.
 
+use std::future::Future;
 use std::time::Duration;
 
 use lock_core::{
@@ -385,9 +386,14 @@ impl ZkBackend {
 
     /// Creates one `EPHEMERAL_SEQUENTIAL` node at `prefix` in `dir`
     /// (creating the directory when missing). Returns its path, `czxid`
-    /// and sequence number.
+    /// and sequence number, and the future `behind` made right after the
+    /// create that succeeded: requests it makes when called leave behind
+    /// the create, before its reply is awaited (the server answers them
+    /// once the create is applied), so a read of what the create changed
+    /// costs no round trip of its own. Its replies are dropped when the
+    /// create failed.
     #[allow(clippy::too_many_arguments)]
-    async fn create_sequential(
+    async fn create_sequential<B: Future>(
         &self,
         session: &Session,
         dir: &str,
@@ -395,19 +401,20 @@ impl ZkBackend {
         data: &[u8],
         operation: Operation,
         key: &LockKey,
-    ) -> Result<(String, i64, i64), AttemptError> {
+        mut behind: impl FnMut() -> B,
+    ) -> Result<(String, i64, i64, B), AttemptError> {
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let mut missing_dir = 0;
         loop {
-            match timed(
+            let created = timed(
                 self.op_timeout(),
                 session.client.create(prefix, data, &options),
-            )
-            .await
-            {
+            );
+            let behind = behind();
+            match created.await {
                 Ok((stat, sequence)) => {
                     let path = format!("{prefix}{sequence}");
-                    return Ok((path, stat.czxid, sequence.into_i64()));
+                    return Ok((path, stat.czxid, sequence.into_i64(), behind));
                 }
                 Err(err) if err.is(&zk::Error::NoNode) && missing_dir < 3 => {
                     missing_dir += 1;

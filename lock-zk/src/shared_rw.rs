@@ -41,8 +41,26 @@ impl ZkBackend {
         // The holder details ride in the create (no extra request), after
         // the owner hex, as in a mutex node (Curator never reads this data).
         let data = paths::mutex_node_data(owner);
-        let (path, czxid, seq) = match self
-            .create_sequential(session, dir, &prefix, data.as_bytes(), operation, key)
+        let client = &session.client;
+        // The children and the directory's data (the write epoch a reader
+        // carries), the three requests made when this is called and sent
+        // back to back: right behind our create (no round trip of their
+        // own), and after a wait behind a `sync` (the leader's view, see
+        // `synced`). The epoch is the greater of the epoch node's and the
+        // directory's data (where versions before the epoch node kept it),
+        // both read in the same exchange.
+        let read = || {
+            let children = client.list_children(dir);
+            let in_dir = client.get_data(dir);
+            let stored = client.get_data(&epoch_path);
+            async move {
+                let children = children.await?;
+                let epoch = epoch_in(in_dir.await)?.max(epoch_in(stored.await)?);
+                Ok::<_, zk::Error>((children, epoch))
+            }
+        };
+        let (path, czxid, seq, first_read) = match self
+            .create_sequential(session, dir, &prefix, data.as_bytes(), operation, key, read)
             .await
         {
             Ok(created) => created,
@@ -54,29 +72,14 @@ impl ZkBackend {
         pending.sweeps.clear();
         pending.nodes.push((dir.to_owned(), path.clone(), owner));
         let node_name = path[dir.len() + 1..].to_owned();
-        let mut after_create = Some(created_at);
+        let mut after_create = Some((created_at, first_read));
         let timeout = self.op_timeout();
         loop {
-            let client = &session.client;
-            // The children and the directory's data (the write epoch a
-            // reader carries), sent back to back. After a wait, behind a
-            // `sync` (the leader's view, see `synced`).
-            // The epoch is the greater of the epoch node's and the
-            // directory's data (where versions before the epoch node kept
-            // it), both read in the same exchange.
-            let read = async {
-                let children = client.list_children(dir);
-                let in_dir = client.get_data(dir);
-                let stored = client.get_data(&epoch_path);
-                let children = children.await?;
-                let epoch = epoch_in(in_dir.await)?.max(epoch_in(stored.await)?);
-                Ok::<_, zk::Error>((children, epoch))
-            };
             let (sent, listed) = match after_create.take() {
-                Some(sent) => (sent, timed(timeout, read).await),
+                Some((sent, first_read)) => (sent, timed(timeout, first_read).await),
                 None => {
                     let sent = Instant::now();
-                    (sent, synced(client.sync(dir), timeout, read).await)
+                    (sent, synced(client.sync(dir), timeout, read()).await)
                 }
             };
             let (children, epoch) = match listed {

@@ -202,7 +202,7 @@ impl ZkBackend {
         // never reads it; the limit is the `leases` directory's data).
         let node_data = paths::mutex_node_data(owner);
         let (ours, first_czxid) = if count == 1 {
-            let (path, czxid, _) = self
+            let (path, czxid, _, _) = self
                 .create_sequential(
                     session,
                     &leases,
@@ -210,6 +210,7 @@ impl ZkBackend {
                     node_data.as_bytes(),
                     operation,
                     key,
+                    || async {},
                 )
                 .await?;
             (vec![path], czxid)

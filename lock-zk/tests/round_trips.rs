@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::OrSkip;
-use conformance::bench;
+use conformance::bench::{self, Contender};
 use conformance::doubles::LooksFirst;
 use conformance::proxy::{CycleCount, CyclePlan, FaultProxy};
 use conformance::servers::zookeeper::ZkServer;
-use lock_core::LockClient;
 use lock_core::floor::RawFloor;
+use lock_core::{LeaseKind, LockClient};
 use lock_zk::floor::ZkFloor;
 
 const CYCLES: u64 = 100;
@@ -113,6 +113,24 @@ async fn a_cycle_costs_what_the_floor_costs() {
     counted
         .check(expected)
         .expect("a campaign + resignation costs the mutex's round trips");
+    // A read-write lock's grants: the node's create with the directory's
+    // list and both epoch reads behind it (one round trip), a write grant
+    // then storing its epoch (one more), and the release's delete.
+    for (kind, expected_rw) in [(LeaseKind::Read, 2), (LeaseKind::Write, 3)] {
+        let contender = bench::Ours::with_kind(client.clone(), TTL, kind);
+        let key = format!("rt-{kind}");
+        let counted = count(&ours_proxy, tail, || async {
+            contender.cycle(&key).await.expect("a free read-write lock");
+        })
+        .await;
+        println!(
+            "{kind} lock + release: {:.2} per cycle ({counted:?})",
+            counted.per_cycle()
+        );
+        counted
+            .check(expected_rw)
+            .unwrap_or_else(|e| panic!("a {kind} grant + release: {e}"));
+    }
     assert_eq!(ours_proxy.connections(), 1, "one session, one connection");
 
     // The check can fail: one extra request per cycle is counted.
