@@ -266,12 +266,13 @@
 //!   with the directory's list and both epoch reads written behind it), a
 //!   write grant two (the same, then storing its epoch); with the release's
 //!   delete a cycle is 2 and 3 (`tests/round_trips.rs` counts them); a
-//!   grant of one permit 6 (a look at the
+//!   grant of one permit 5 (a look at the
 //!   limit, the mutex's create + list in one exchange, the limit under the
-//!   mutex, lease create, list, mutex delete; several permits add one
-//!   `czxid` read); a release is one delete. The hand-written permit floor
+//!   mutex, the lease's create + list in one exchange, mutex delete;
+//!   several permits take their lease nodes in one transaction, listed
+//!   after it, and add one `czxid` read); a release is one delete. The hand-written permit floor
 //!   ([`floor::ZkPermitFloor`], the descriptor's `permit_floor`: one permit
-//!   of a semaphore of 4) costs 6 per cycle, the driver 7: its early look
+//!   of a semaphore of 4) costs 5 per cycle, the driver 6: its early look
 //!   (`tests/permit_floor.rs` counts both through a proxy).
 //!
 //! # kazoo and Curator on their own paths

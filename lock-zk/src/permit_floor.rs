@@ -2,7 +2,7 @@
 //! requests written by hand on the floor's one bare connection.
 //!
 //! A cycle on a semaphore with a free permit is what the driver's recipe
-//! needs, seven requests in six round trips (the driver sends the same
+//! needs, seven requests in five round trips (the driver sends the same
 //! ones, plus an early look at the limit before the mutex):
 //!
 //! 1. `create2` of the internal mutex's node `<sem>/locks/_c_<id>-lock-`,
@@ -14,7 +14,7 @@
 //!    a missing directory, takes ours with a `setData`, outside the steady
 //!    state);
 //! 4. `create2` of the lease node `<sem>/leases/_c_<id>-lease-`; its
-//!    `czxid` is the token;
+//!    `czxid` is the token; and in the same write
 //! 5. `getChildren` of `<sem>/leases`: granted when there are at most
 //!    `limit` (otherwise both nodes are deleted and the semaphore reported
 //!    busy);
@@ -45,7 +45,7 @@ const SEM_NODE: &str = "a semaphore node";
 /// connection (a [`ZkFloor`]'s).
 ///
 /// A cycle on a semaphore with a free permit is what the driver's recipe
-/// needs, seven requests in six round trips (the driver sends the same
+/// needs, seven requests in five round trips (the driver sends the same
 /// ones, plus an early look at the limit before the mutex):
 ///
 /// 1. `create2` of the internal mutex's node `<sem>/locks/_c_<id>-lock-`,
@@ -57,7 +57,7 @@ const SEM_NODE: &str = "a semaphore node";
 ///    a missing directory, takes ours with a `setData`, outside the steady
 ///    state);
 /// 4. `create2` of the lease node `<sem>/leases/_c_<id>-lease-`; its
-///    `czxid` is the token;
+///    `czxid` is the token; and in the same write
 /// 5. `getChildren` of `<sem>/leases`: granted when there are at most
 ///    `limit` (otherwise both nodes are deleted and the semaphore reported
 ///    busy);
@@ -169,9 +169,9 @@ impl RawFloor for ZkPermitFloor {
     }
 
     /// Mutex create2 with getChildren behind it, getData, lease create2 and
-    /// getChildren, mutex delete, lease delete.
+    /// getChildren behind it, mutex delete, lease delete.
     fn round_trips_per_cycle(&self) -> u32 {
-        6
+        5
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
@@ -258,16 +258,15 @@ impl ZkPermitFloor {
                     .await?;
             }
         }
-        let (lease, czxid) = self
+        let (lease, czxid, children) = self
             .floor
-            .create_in(
+            .create_listed(
                 op,
                 leases,
                 &named_prefix(leases, owner, LEASE_NAME),
                 SEM_NODE,
             )
             .await?;
-        let children = self.floor.children_after_create(op, leases, &lease).await?;
         let name = &lease[leases.len() + 1..];
         if !children.iter().any(|c| c == name) {
             return Err(LockError::new(

@@ -201,8 +201,12 @@ impl ZkBackend {
         // a mutex node's (Curator hands a lease's data to its user and
         // never reads it; the limit is the `leases` directory's data).
         let node_data = paths::mutex_node_data(owner);
-        let (ours, first_czxid) = if count == 1 {
-            let (path, czxid, _, _) = self
+        let created_at = Instant::now();
+        // One permit: the list of the leases is sent right behind the
+        // lease's create (no round trip of its own), unwatched (a grant
+        // would leave a watch armed).
+        let (ours, first_czxid, mut first_list) = if count == 1 {
+            let (path, czxid, _, listed) = self
                 .create_sequential(
                     session,
                     &leases,
@@ -210,13 +214,15 @@ impl ZkBackend {
                     node_data.as_bytes(),
                     operation,
                     key,
-                    || async {},
+                    || timed(timeout, session.client.list_children(&leases)),
                 )
                 .await?;
-            (vec![path], czxid)
+            (vec![path], czxid, Some(listed))
         } else {
-            self.create_leases(session, &leases, &prefix, count, &node_data, operation, key)
-                .await?
+            let (ours, czxid) = self
+                .create_leases(session, &leases, &prefix, count, &node_data, operation, key)
+                .await?;
+            (ours, czxid, None)
         };
         pending.sweeps.clear();
         for path in &ours {
@@ -232,15 +238,21 @@ impl ZkBackend {
         let mut first = true;
         loop {
             let client = &session.client;
-            let sent = Instant::now();
+            let mut sent = Instant::now();
             // The first look sets no watch: a grant would leave it armed
             // (its event would come at some later change). A wait looks
             // again with a watch, behind a `sync`.
             let listed = if first {
                 first = false;
-                timed(timeout, client.list_children(&leases))
-                    .await
-                    .map(|children| (children, None))
+                let listed = match first_list.take() {
+                    Some(listed) => {
+                        // Sent with the create: the grant dates from it.
+                        sent = created_at;
+                        listed.await
+                    }
+                    None => timed(timeout, client.list_children(&leases)).await,
+                };
+                listed.map(|children| (children, None))
             } else {
                 synced(
                     client.sync(&leases),

@@ -1,7 +1,7 @@
 //! The hand-written permit floor ([`ZkPermitFloor`]) against a real
 //! ZooKeeper server: its permits count against the driver's on the same
 //! semaphore (and the driver's against its), limits must agree, and a
-//! cycle costs the 6 round trips it declares, counted by a fault proxy
+//! cycle costs the 5 round trips it declares, counted by a fault proxy
 //! (the driver's own permit cycle is counted beside it: one more, its
 //! early look at the limit before the mutex).
 
