@@ -361,9 +361,15 @@ impl SessionDialect for MySql {
             wait: String::new(),
             release: "SELECT RELEASE_LOCK(?)".to_owned(),
             holds: "SELECT IS_USED_LOCK(?) = CONNECTION_ID()".to_owned(),
+            // A locking read of the token row: a grant whose GET_LOCK has
+            // succeeded but whose row update is not committed yet (same
+            // statement) would otherwise show its lock with the row of the
+            // grant before it, the same connection's when that released and
+            // granted again: the last token reported for the new holder.
             inspect: format!(
                 "SELECT u.c, t.token, t.owner, t.conn, {DETAILS_OF_GRANT} \
-                 FROM (SELECT IS_USED_LOCK(?) AS c) u LEFT JOIN {tok} t ON t.name = ?"
+                 FROM (SELECT IS_USED_LOCK(?) AS c) u LEFT JOIN {tok} t ON t.name = ? \
+                 LOCK IN SHARE MODE"
             ),
             // At most `limit` token rows (the derived table), then who
             // holds each one's lock now.
