@@ -672,19 +672,19 @@ impl ZkFloor {
         list.string(&list_path).boolean(false);
         let mut packets = create.finish();
         packets.extend_from_slice(&list.finish());
-        let mut replies = conn
+        let replies = conn
             .exchange_all(packets, &[create_xid, list_xid], self.shared.op_timeout)
             .await
             .map_err(|e| Failed(wire_error(operation, e)))?;
         drop(conn);
-        let listed = replies
-            .pop()
-            .map(|reply| self.children_of(operation, reply));
-        let node = replies.pop().map(|reply| self.created(operation, reply));
-        match (node, listed) {
-            (Some(node), Some(listed)) => Ok((node?, listed)),
-            _ => Err(Failed(protocol(operation, "a reply is missing".to_owned()))),
-        }
+        // `exchange_all` answers one reply per xid, in order.
+        let Ok([created, listed]) = <[_; 2]>::try_from(replies) else {
+            return Err(Failed(protocol(operation, "a reply is missing".to_owned())));
+        };
+        Ok((
+            self.created(operation, created)?,
+            self.children_of(operation, listed),
+        ))
     }
 
     /// An `EPHEMERAL_SEQUENTIAL` node at `prefix` in `dir` and the children
