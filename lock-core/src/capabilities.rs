@@ -76,6 +76,11 @@ pub struct Capabilities {
     /// library reports who took it ([`LockInfo::details`](crate::LockInfo::details):
     /// host, process, program, label, time of the grant).
     pub holder_details: bool,
+    /// The most grants one backend value can hold at once, where each held
+    /// (or waiting) grant pins a connection of its own (SQL session mode:
+    /// its `pool_size`); one more waits for a connection and fails after
+    /// the operation timeout. `None` where only memory limits them.
+    pub max_held: Option<u32>,
 }
 
 impl Capabilities {
@@ -95,6 +100,7 @@ impl Capabilities {
             shared_locks: false,
             semaphores: false,
             holder_details: false,
+            max_held: None,
         }
     }
 

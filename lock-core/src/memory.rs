@@ -401,6 +401,7 @@ impl LockBackend for MemoryBackend {
             shared_locks: true,
             semaphores: true,
             holder_details: true,
+            max_held: None,
         }
     }
 

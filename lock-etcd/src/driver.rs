@@ -693,5 +693,6 @@ pub fn capabilities() -> Capabilities {
         semaphores: true,
         // Every mutex entry's value carries them (see the crate docs).
         holder_details: true,
+        max_held: None,
     }
 }

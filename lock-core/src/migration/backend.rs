@@ -69,6 +69,11 @@ impl LockBackend for MigrationBackend {
                 semaphores: false,
                 // Its inspect composes both sides' answers; it claims none.
                 holder_details: false,
+                // A dual grant holds on both stores at once.
+                max_held: match (old.max_held, new.max_held) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
             },
         }
     }

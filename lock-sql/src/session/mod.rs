@@ -422,6 +422,8 @@ impl LockBackend for SqlSessionBackend {
             holder_details: self.inner.opts.dialect.session_details(),
             shared_locks: false,
             semaphores: false,
+            // A connection per held or waiting lock.
+            max_held: Some(u32::try_from(self.inner.pool_size).unwrap_or(u32::MAX)),
         }
     }
 

@@ -526,6 +526,9 @@ pub async fn tokens_across_clients(target: &SessionTarget) {
     for _ in 0..3 {
         clients.push(SqlSessionBackend::connect_url(&target.url).await.unwrap());
     }
+    // A connection per held lock: the capabilities say how many (the
+    // client's pool_size=4), so a caller can tell before it runs out.
+    assert_eq!(clients[0].capabilities().max_held, Some(4));
     let key = key("tokens");
     let mut last = 0;
     for i in 0..60 {
