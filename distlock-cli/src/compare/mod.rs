@@ -79,6 +79,12 @@ pub(crate) struct BenchFigures {
     pub(crate) cycle_histogram: Option<[u32; bench::HISTOGRAM_BUCKETS]>,
     pub(crate) floor_cycle_p50_us: Option<f64>,
     pub(crate) cycle_ratio: Option<f64>,
+    /// The 1-client pair measured again with this process and the servers
+    /// it started pinned to one CPU (`conformance::cpu::OneCpu`): ours, the
+    /// floor, the ratio.
+    pub(crate) one_cpu_cycle_p50_us: Option<f64>,
+    pub(crate) one_cpu_floor_cycle_p50_us: Option<f64>,
+    pub(crate) one_cpu_cycle_ratio: Option<f64>,
     pub(crate) throughput_8x8: Option<f64>,
     pub(crate) floor_throughput_8x8: Option<f64>,
     pub(crate) throughput_ratio: Option<f64>,
@@ -646,6 +652,20 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             .find_map(|r| r.bench.held_locks)
             .unwrap_or(1000)
     );
+    for r in results {
+        let b = &r.bench;
+        if let (Some(ours), Some(floor), Some(ratio)) = (
+            b.one_cpu_cycle_p50_us,
+            b.one_cpu_floor_cycle_p50_us,
+            b.one_cpu_cycle_ratio,
+        ) {
+            println!(
+                "  {}: 1-client p50 on one CPU (this process and the servers it started): \
+                 {ours:.1} µs, floor {floor:.1} µs, {ratio:.2}x",
+                r.name
+            );
+        }
+    }
     for r in results {
         if let Some(e) = &r.bench.held_error {
             println!("  {}: held locks at scale not measured: {e}", r.name);
