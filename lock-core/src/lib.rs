@@ -125,7 +125,7 @@ pub use options::{
     random_delay, saturating_add, with_timeout,
 };
 pub use redact::redact_url;
-pub use renew_many::{RENEW_BATCH, RENEW_CONCURRENCY, renew_concurrently};
+pub use renew_many::{RENEW_BATCH, RENEW_CONCURRENCY, renew_concurrently, results_in_order};
 pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use telemetry::{KeyLabel, disable_metrics, enable_metrics, metrics_enabled};

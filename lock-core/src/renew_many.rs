@@ -75,6 +75,20 @@ pub async fn renew_concurrently<B: LockBackend + ?Sized>(
         .collect()
 }
 
+/// A driver's batched `renew_many` answers as one result per lease, in
+/// the leases' order: `results[i]` is lease `i`'s, and a lease no batch
+/// answered for gets a [`Backend`](ErrorKind::Backend) error from
+/// `backend`.
+pub fn results_in_order(
+    results: Vec<Option<Result<Instant, LockError>>>,
+    backend: &'static str,
+) -> Vec<Result<Instant, LockError>> {
+    results
+        .into_iter()
+        .map(|result| result.unwrap_or_else(|| Err(missing_result().with_backend(backend))))
+        .collect()
+}
+
 /// The error for a lease a `renew_many` answer left out.
 pub(crate) fn missing_result() -> LockError {
     LockError::new(

@@ -103,14 +103,7 @@ impl RedisBackend {
             };
             results[index] = Some(result.map_err(|e| e.with_key(lease.key())));
         }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(LockError::new(ErrorKind::Backend, op, "no result").with_backend(NAME))
-                })
-            })
-            .collect()
+        lock_core::results_in_order(results, NAME)
     }
 }
 

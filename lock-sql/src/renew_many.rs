@@ -73,14 +73,7 @@ impl RowRenewal<'_> {
                 }
             }
         }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(LockError::new(ErrorKind::Backend, op, "no result").with_backend(NAME))
-                })
-            })
-            .collect()
+        lock_core::results_in_order(results, NAME)
     }
 
     async fn renew_group(

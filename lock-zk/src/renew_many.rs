@@ -115,14 +115,7 @@ impl ZkBackend {
                 }
             }
         }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(LockError::new(ErrorKind::Backend, op, "no result").with_backend(NAME))
-                })
-            })
-            .collect()
+        lock_core::results_in_order(results, NAME)
     }
 
     /// One multi of existence checks for `pending`.

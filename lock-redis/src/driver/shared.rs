@@ -497,14 +497,7 @@ impl RedisBackend {
                 results[*i] = Some(result.map_err(|e| e.with_key(lease.key())));
             }
         }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(LockError::new(ErrorKind::Backend, op, "no result").with_backend(NAME))
-                })
-            })
-            .collect()
+        lock_core::results_in_order(results, NAME)
     }
 
     /// `release` of a read, write or permit lease.
