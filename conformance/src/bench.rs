@@ -398,6 +398,43 @@ fn merge_runs(runs: &[LatencyStats]) -> LatencyStats {
     merged
 }
 
+/// `clients` tasks, each running `cycles` of `floor`'s cycle on a key of
+/// its own (`par/<i>`) at once, as the benchmarks run floors: a floor
+/// shared by tasks must keep their exchanges apart.
+///
+/// # Errors
+///
+/// The first cycle error.
+///
+/// # Panics
+///
+/// If a task panicked (the panic is resumed).
+pub async fn floor_cycles_in_parallel(
+    floor: Arc<dyn RawFloor>,
+    ttl: Duration,
+    clients: usize,
+    cycles: usize,
+) -> Result<(), LockError> {
+    let tasks: Vec<_> = (0..clients)
+        .map(|t| {
+            let floor = floor.clone();
+            tokio::spawn(async move {
+                for _ in 0..cycles {
+                    floor.cycle(&format!("par/{t}"), ttl).await?;
+                }
+                Ok::<_, LockError>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        match task.await {
+            Ok(result) => result?,
+            Err(join) => std::panic::resume_unwind(join.into_panic()),
+        }
+    }
+    Ok(())
+}
+
 /// Contended handoffs: every contender cycles on one key for `duration`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Handoffs {

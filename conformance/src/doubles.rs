@@ -336,6 +336,56 @@ impl LockBackend for LooksFirst {
     }
 }
 
+/// A broken driver for the memory check of held locks at scale
+/// ([`crate::scale`]): the inner backend, plus a kilobyte of client-side
+/// renewal state per lease it renewed and did not release.
+#[derive(Debug)]
+pub struct KilobytePerLease {
+    inner: Arc<dyn LockBackend>,
+    state: std::sync::Mutex<std::collections::HashMap<u128, Vec<u8>>>,
+}
+
+impl KilobytePerLease {
+    /// `inner` with a kilobyte per renewed lease.
+    pub fn new(inner: Arc<dyn LockBackend>) -> Self {
+        Self {
+            inner,
+            state: std::sync::Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u128, Vec<u8>>> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[async_trait]
+impl lock_core::LockWrapper for KilobytePerLease {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.inner
+    }
+    fn name(&self) -> &'static str {
+        "broken-kilobyte-per-lease"
+    }
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        {
+            let mut state = self.state();
+            for lease in leases {
+                state
+                    .entry(lease.owner().as_u128())
+                    .or_insert_with(|| vec![0u8; 1024]);
+            }
+        }
+        self.inner.renew_many(leases).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.state().remove(&lease.owner().as_u128());
+        self.inner.release(lease).await
+    }
+}
+
 /// A grant made up by a flaw, unknown to the inner service.
 ///
 /// # Errors

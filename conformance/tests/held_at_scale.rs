@@ -4,10 +4,10 @@
 //! keeps a kilobyte per lease). `DISTLOCK_SCALE=1000,10000,100000` runs
 //! more sizes.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
+use conformance::doubles::KilobytePerLease;
 use conformance::scale::{
     CountingAllocator, ScaleConfig, held_locks, print_report, round_trip_bound, scales_from_env,
 };
@@ -68,10 +68,6 @@ async fn memory_holds_many_locks_in_few_bytes_and_few_renewal_calls() {
 #[derive(Debug)]
 struct OnePerCall(MemoryBackend, AtomicU64);
 
-/// Broken: keeps a kilobyte of client-side renewal state per held lease.
-#[derive(Debug)]
-struct KilobytePerLease(MemoryBackend, Mutex<HashMap<u128, Vec<u8>>>);
-
 #[async_trait]
 impl LockWrapper for OnePerCall {
     fn inner(&self) -> &dyn LockBackend {
@@ -87,27 +83,6 @@ impl LockWrapper for OnePerCall {
             out.push(self.0.renew(lease).await);
         }
         out
-    }
-}
-
-#[async_trait]
-impl LockWrapper for KilobytePerLease {
-    fn inner(&self) -> &dyn LockBackend {
-        &self.0
-    }
-    fn name(&self) -> &'static str {
-        "broken-memory"
-    }
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        {
-            let mut state = self.1.lock().unwrap();
-            for lease in leases {
-                state
-                    .entry(lease.owner().as_u128())
-                    .or_insert_with(|| vec![0u8; 1024]);
-            }
-        }
-        self.0.renew_many(leases).await
     }
 }
 
@@ -135,10 +110,8 @@ async fn the_checks_catch_a_round_trip_per_lease_and_a_kilobyte_per_lease() {
         "the round-trip check missed a round trip per lease: {counted} <= {bound}"
     );
 
-    let broken: Arc<dyn LockBackend> = Arc::new(KilobytePerLease(
-        MemoryBackend::new(),
-        Mutex::new(HashMap::new()),
-    ));
+    let broken: Arc<dyn LockBackend> =
+        Arc::new(KilobytePerLease::new(Arc::new(MemoryBackend::new())));
     let report = held_locks(broken, &config(locks), None, None)
         .await
         .unwrap();

@@ -12,7 +12,7 @@ use conformance::deploy::{self, DeployedTarget};
 use conformance::history::{FencedResource, History};
 use conformance::servers::etcd::EtcdServer;
 use conformance::{Harness, OrSkip, SuiteConfig, run_suite};
-use lock_core::{ErrorKind, LockBackend, LockClient, LockError, LockKey, LockState};
+use lock_core::{ErrorKind, LockBackend, LockClient, LockKey, LockState};
 use lock_etcd::floor::EtcdFloor;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -469,20 +469,9 @@ async fn benchmark_floor_uses_the_driver_layout() {
     );
     assert!(backend.release(&lease).await.unwrap());
     // Parallel cycles on distinct keys, as the benchmarks run them.
-    let tasks: Vec<_> = (0..8)
-        .map(|t| {
-            let floor = floor.clone();
-            tokio::spawn(async move {
-                for _ in 0..20 {
-                    floor.cycle(&format!("par/{t}"), ttl).await?;
-                }
-                Ok::<_, LockError>(())
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap().unwrap();
-    }
+    conformance::bench::floor_cycles_in_parallel(floor.clone(), ttl, 8, 20)
+        .await
+        .unwrap();
     let left = common::raw_count(&backend, "floor/").await;
     assert_eq!(left, 0, "the floor left entries behind");
     // Bad inputs are typed errors.

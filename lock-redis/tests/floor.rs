@@ -11,7 +11,7 @@ use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::redis::RedisServer;
 use lock_core::floor::RawFloor;
-use lock_core::{ErrorKind, LockBackend, LockError, LockKey};
+use lock_core::{ErrorKind, LockBackend, LockKey};
 use lock_redis::floor::{RedisFloor, RedlockFloor};
 use lock_redis::{RedisBackend, RedisConfig};
 
@@ -73,20 +73,9 @@ async fn floor_uses_the_driver_layout_and_leaves_nothing_behind() {
     assert_eq!(lock_keys(server.port()).await, Vec::<String>::new());
 
     // Parallel cycles on distinct keys, as the benchmarks run them.
-    let tasks: Vec<_> = (0..8)
-        .map(|t| {
-            let floor = floor.clone();
-            tokio::spawn(async move {
-                for _ in 0..20 {
-                    floor.cycle(&format!("par/{t}"), ttl).await?;
-                }
-                Ok::<_, LockError>(())
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap().unwrap();
-    }
+    conformance::bench::floor_cycles_in_parallel(floor.clone(), ttl, 8, 20)
+        .await
+        .unwrap();
     assert_eq!(
         lock_keys(server.port()).await,
         Vec::<String>::new(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::servers::zookeeper::ZkServer;
 use lock_core::floor::RawFloor;
-use lock_core::{ErrorKind, LockBackend, LockError, LockKey};
+use lock_core::{ErrorKind, LockBackend, LockKey};
 use lock_zk::floor::ZkFloor;
 use lock_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;
@@ -101,20 +101,9 @@ async fn floor_uses_the_driver_layout_and_leaves_nothing_behind() {
     drop(stuck);
 
     // Parallel cycles on distinct keys, as the benchmarks run them.
-    let tasks: Vec<_> = (0..8)
-        .map(|t| {
-            let floor = floor.clone();
-            tokio::spawn(async move {
-                for _ in 0..20 {
-                    floor.cycle(&format!("par/{t}"), ttl).await?;
-                }
-                Ok::<_, LockError>(())
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap().unwrap();
-    }
+    conformance::bench::floor_cycles_in_parallel(floor.clone(), ttl, 8, 20)
+        .await
+        .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         // The dropped floor's node goes with its session.

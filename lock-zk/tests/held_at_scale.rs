@@ -15,20 +15,18 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::doubles::KilobytePerLease;
 use conformance::scale::{
     CountingAllocator, MAX_BYTES_PER_LOCK, ScaleConfig, check_report, check_round_trips,
     held_locks_proxied, print_report, scales_from_env,
 };
 use conformance::servers::zookeeper::ZkServer;
-use lock_core::{Lease, LockBackend, LockError, RENEW_BATCH};
-use lock_zk::ZkBackend;
-use tokio::time::Instant;
+use lock_core::{LockBackend, RENEW_BATCH};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -75,7 +73,7 @@ async fn zookeeper_renews_many_held_locks_on_one_session() {
     // held lease.
     let report = held_locks_proxied(upstream, &config(1_000), |addr| async move {
         let backend = lock_zk::connect(&format!("zk://{addr}")).await?;
-        Ok(Arc::new(KilobytePerLease(backend, Mutex::new(HashMap::new()))) as Arc<dyn LockBackend>)
+        Ok(Arc::new(KilobytePerLease::new(Arc::new(backend))) as Arc<dyn LockBackend>)
     })
     .await
     .unwrap();
@@ -86,34 +84,4 @@ async fn zookeeper_renews_many_held_locks_on_one_session() {
         report.bytes_per_lock > MAX_BYTES_PER_LOCK && err.contains("bytes per held lock"),
         "{err}"
     );
-}
-
-/// Broken: the real driver, plus a kilobyte of renewal state per held
-/// lease.
-#[derive(Debug)]
-struct KilobytePerLease(ZkBackend, Mutex<HashMap<u128, Vec<u8>>>);
-
-#[lock_core::async_trait]
-impl lock_core::LockWrapper for KilobytePerLease {
-    fn inner(&self) -> &dyn LockBackend {
-        &self.0
-    }
-    fn name(&self) -> &'static str {
-        "zookeeper-kilobyte-per-lease"
-    }
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        {
-            let mut state = self.1.lock().unwrap();
-            for lease in leases {
-                state
-                    .entry(lease.owner().as_u128())
-                    .or_insert_with(|| vec![0u8; 1024]);
-            }
-        }
-        self.0.renew_many(leases).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.1.lock().unwrap().remove(&lease.owner().as_u128());
-        self.0.release(lease).await
-    }
 }
