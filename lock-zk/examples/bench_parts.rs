@@ -2,8 +2,8 @@
 //! client, interleaved rounds:
 //! - the floor (hand-written jute on one bare connection);
 //! - the `zookeeper-client` crate alone: create, list, delete, the three
-//!   requests our cycle sends, one after the other (ours sends the list
-//!   behind the create), without any lock-zk code;
+//!   requests our cycle sends, the list behind the create as ours sends it
+//!   (2 round trips), without any lock-zk code;
 //! - `ZkBackend::acquire` + `release` directly (no `LockClient`);
 //! - the user API (`LockClient`, guard, renewal scheduler).
 //!
@@ -30,10 +30,13 @@ async fn main() -> Result<(), BoxError> {
         .unwrap_or(2000);
     let server = ZkServer::start().await?;
     let url = format!("{}?session_timeout=10s", server.url());
+    // The raw crate's client first: lock-zk's connect sets TCP_NODELAY on
+    // every socket of the process connected to the ensemble, so the raw
+    // client's gets it too and the two pipeline alike.
+    let raw = zk::Client::connect(&server.connect_string()).await?;
     let floor = ZkFloor::connect(&url).await?;
     let backend = lock_zk::connect(&url).await?;
     let client = LockClient::new(lock_zk::connect(&url).await?);
-    let raw = zk::Client::connect(&server.connect_string()).await?;
     let dir = "/bench-parts-raw";
     let _ = raw
         .create(
@@ -69,8 +72,12 @@ async fn main() -> Result<(), BoxError> {
                     }
                     1 => {
                         let prefix = format!("{dir}/_c_{}-lock-", OwnerId::random().to_hex());
-                        let (_, seq) = raw.create(&prefix, &[], &options).await?;
-                        let _ = raw.list_children(dir).await?;
+                        // The list sent behind the create, before its reply, as
+                        // ours does (the crate sends a request when it is made).
+                        let create = raw.create(&prefix, &[], &options);
+                        let list = raw.list_children(dir);
+                        let (_, seq) = create.await?;
+                        let _ = list.await?;
                         raw.delete(&format!("{prefix}{seq}"), None).await?;
                     }
                     2 => {
