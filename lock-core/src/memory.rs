@@ -665,7 +665,6 @@ impl LockBackend for MemoryBackend {
             return crate::backend::list_mutex_shared(self, query).await;
         }
         check_list_limit(query.limit).map_err(|e| e.with_backend(NAME))?;
-        self.list_shares(shape, &query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_shares(shape, query).await
     }
 }

@@ -645,8 +645,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_locks(&query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_locks(query).await
     }
 
     async fn list_shared(
@@ -654,13 +653,11 @@ impl LockBackend for EtcdBackend {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        self.list_shared_locks(shape, &query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_shared_locks(shape, query).await
     }
 
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        self.list_led_elections(&query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_led_elections(query).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -302,12 +302,8 @@ impl EtcdBackend {
     /// key's holder the entry with the lowest create revision, plus one
     /// lease read per other process's lease among the holders (and one
     /// holder read when a single key's queue fills the whole scan).
-    pub(super) async fn list_locks(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
+    pub(super) async fn list_locks(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         let op = Operation::Inspect;
         let scan = self.scan_page(Listed::Mutex, prefix, cursor, limit).await?;
         let holders: Vec<usize> = scan
@@ -347,10 +343,9 @@ impl EtcdBackend {
     pub(super) async fn list_shared_locks(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         let op = Operation::Inspect;
         let listed = match shape {
             LockShape::ReadWrite => Listed::ReadWrite,
@@ -420,10 +415,9 @@ impl EtcdBackend {
     /// a single election's candidates fill the whole scan).
     pub(super) async fn list_led_elections(
         &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<ElectionPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         let op = Operation::Inspect;
         let scan = self
             .scan_page(Listed::Election, prefix, cursor, limit)

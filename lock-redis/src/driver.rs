@@ -449,8 +449,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_page(&query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_page(query).await
     }
 
     /// Read-write locks and semaphores by `SCAN` (one server, Sentinel,
@@ -463,10 +462,7 @@ impl LockBackend for RedisBackend {
     ) -> Result<lock_core::SharedPage, LockError> {
         match shape {
             LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
-            shape => {
-                self.list_shared_page(shape, &query.prefix, query.cursor(), query.limit)
-                    .await
-            }
+            shape => self.list_shared_page(shape, query).await,
         }
     }
 

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    FencingToken, GcReport, HolderDetails, LockError, LockInfo, LockKey, LockPage, Operation,
-    check_list_limit, with_timeout,
+    FencingToken, GcReport, HolderDetails, ListQuery, LockError, LockInfo, LockKey, LockPage,
+    Operation, check_list_limit, with_timeout,
 };
 
 use crate::config::SqlConfig;
@@ -310,12 +310,8 @@ impl SqlBackend {
     /// [`LockBackend::list`](lock_core::LockBackend::list) in row mode: one
     /// statement scanning at most `limit` rows of keys under `prefix`
     /// after the cursor, in key order; the held ones are returned.
-    pub(crate) async fn list_rows(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
+    pub(crate) async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         let after = list_start(cursor, limit)?;
         let inner = self.inner();
         let d = inner.dialect;

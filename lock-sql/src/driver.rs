@@ -732,8 +732,7 @@ impl LockBackend for SqlBackend {
     }
 
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_rows(&query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_rows(query).await
     }
 
     async fn list_shared(
@@ -741,8 +740,7 @@ impl LockBackend for SqlBackend {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        self.list_shares(shape, &query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_shares(shape, query).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -5,8 +5,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_core::{
-    ErrorKind, FencingToken, GcReport, LockError, LockInfo, LockKey, LockPage, Operation, OwnerId,
-    check_list_limit,
+    ErrorKind, FencingToken, GcReport, ListQuery, LockError, LockInfo, LockKey, LockPage,
+    Operation, OwnerId, check_list_limit,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -188,12 +188,8 @@ impl ZkBackend {
     /// after the cursor whose key starts with `prefix`, at most `limit` of
     /// them: one pipelined `getChildren` each, then one pipelined
     /// `getData` of each lowest contender.
-    pub(super) async fn list_page(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
+    pub(super) async fn list_page(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         let bounds = PageBounds::new(prefix, cursor, limit)?;
         let session = self.session(Operation::Inspect).await?;
         let root = self.inner.config.root();

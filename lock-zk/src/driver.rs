@@ -620,8 +620,7 @@ impl LockBackend for ZkBackend {
     }
 
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_page(&query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_page(query).await
     }
 
     async fn list_shared(
@@ -631,18 +630,14 @@ impl LockBackend for ZkBackend {
     ) -> Result<SharedPage, LockError> {
         match shape {
             LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
-            _ => {
-                self.list_shared_page(shape, &query.prefix, query.cursor(), query.limit)
-                    .await
-            }
+            _ => self.list_shared_page(shape, query).await,
         }
     }
 
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         // The latch directories (see election.rs), not the generic
         // election's mutexes.
-        self.list_latches(&query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_latches(query).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use lock_core::election::{ElectionInfo, ElectionPage, Leader, election_lock_key};
 use lock_core::{
-    ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, check_ttl,
+    ErrorKind, FencingToken, Lease, ListQuery, LockError, LockKey, Operation, OwnerId, check_ttl,
 };
 use tokio::time::{Instant, sleep_until};
 use zookeeper_client as zk;
@@ -232,12 +232,8 @@ impl ZkBackend {
     /// pipelined `getChildren` each, then one pipelined `getData` of each
     /// first candidate (3 round trips, at most `2 × limit + 1` requests,
     /// plus a look again at an election whose leader left in between).
-    pub(super) async fn list_latches(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<ElectionPage, LockError> {
+    pub(super) async fn list_latches(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         let op = Operation::Inspect;
         let bounds = PageBounds::new(prefix, cursor, limit)?;
         let session = self.session(op).await?;

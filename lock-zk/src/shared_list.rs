@@ -9,8 +9,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, FencingToken, HolderInfo, LeaseKind, LockError, LockKey, LockShape, Operation,
-    OwnerId, SharedLockInfo, SharedPage,
+    ErrorKind, FencingToken, HolderInfo, LeaseKind, ListQuery, LockError, LockKey, LockShape,
+    Operation, OwnerId, SharedLockInfo, SharedPage,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -219,10 +219,9 @@ impl ZkBackend {
     pub(in super::super) async fn list_shared_page(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         let op = Operation::Inspect;
         let Some((parent, child)) = self.shape_parent(shape) else {
             return Err(LockError::new(

@@ -20,7 +20,7 @@ use crate::error::{ErrorKind, LockError, Operation};
 use crate::holder::HolderDetails;
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
-use crate::types::{FencingToken, Lease, OwnerId, SharedLockInfo, SharedPage};
+use crate::types::{FencingToken, Lease, ListQuery, OwnerId, SharedLockInfo, SharedPage};
 
 pub(super) type SharedKeys = HashMap<(LockShape, LockKey), SharedState>;
 
@@ -363,10 +363,9 @@ impl MemoryBackend {
     pub(super) async fn list_shares(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         self.check_fault(Operation::Inspect).await?;
         let now = Instant::now();
         let mut keys = self.shared_keys();

@@ -6,8 +6,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, FencingToken, GcReport, LeaseKind, LockError, LockInfo, LockKey, LockPage,
-    LockShape, Operation, OwnerId, SharedLockInfo, SharedPage, check_list_limit,
+    ErrorKind, FencingToken, GcReport, LeaseKind, ListQuery, LockError, LockInfo, LockKey,
+    LockPage, LockShape, Operation, OwnerId, SharedLockInfo, SharedPage, check_list_limit,
 };
 use redis::Value;
 
@@ -365,12 +365,8 @@ impl RedisBackend {
     }
 
     /// `list`: see the crate docs, *Operating locks*.
-    pub(super) async fn list_page(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
+    pub(super) async fn list_page(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
         let pattern = self.lock_pattern(prefix);
         let redlock = self.inner.redlock;
@@ -406,10 +402,9 @@ impl RedisBackend {
     pub(super) async fn list_shared_page(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         self.check_shared_listing()?;
         check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
         let base = format!(

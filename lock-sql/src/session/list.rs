@@ -68,7 +68,8 @@
 //! floor. `gc` stays `Unsupported`.
 
 use lock_core::{
-    ErrorKind, FencingToken, HolderDetails, LockError, LockInfo, LockKey, LockPage, Operation,
+    ErrorKind, FencingToken, HolderDetails, ListQuery, LockError, LockInfo, LockKey, LockPage,
+    Operation,
 };
 use tokio::time::{Instant, timeout};
 
@@ -92,12 +93,8 @@ pub(super) fn holder_info(key: LockKey, holder: SessionHolder) -> LockInfo {
 
 impl SqlSessionBackend {
     /// `list`: one page of token rows (MySQL/MariaDB), or `Unsupported`.
-    pub(super) async fn list_tokens(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
+    pub(super) async fn list_tokens(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         let after = list_start(cursor, limit)?;
         let op_timeout = self.inner.config.op_timeout;
         let timed_out = || {

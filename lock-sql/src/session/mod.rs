@@ -11,8 +11,9 @@
 //! that same connection, which then goes back to this backend's idle list.
 //! A waiting acquire pins one too (the server does the waiting). So one
 //! backend holds or waits for at most `pool_size` locks at a time (default
-//! 10; more acquires wait for a connection until their deadline), and the
-//! database needs one connection per held lock.
+//! 10; more acquires wait for a connection until their deadline;
+//! [`Capabilities::max_held`](lock_core::Capabilities::max_held) says so),
+//! and the database needs one connection per held lock.
 //!
 //! # Lease = session
 //!
@@ -607,7 +608,7 @@ impl LockBackend for SqlSessionBackend {
     ///
     /// Safe: read-only (a dropped call closes its connection).
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_tokens(&query.prefix, query.cursor(), query.limit)
+        self.list_tokens(query)
             .await
             .map_err(|e| e.with_backend(self.inner.name))
     }

@@ -25,10 +25,9 @@ impl SqlBackend {
     pub(crate) async fn list_shares(
         &self,
         shape: LockShape,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
+        query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         if shape == LockShape::Mutex {
             return lock_core::list_mutex_shared(
                 self,

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{FencingToken, LockError, LockInfo, LockKey, LockPage};
+use lock_core::{FencingToken, ListQuery, LockError, LockInfo, LockKey, LockPage};
 
 use super::sql::{MS_PAD, details_of};
 use super::{SqlShedLockBackend, is_ours};
@@ -124,12 +124,8 @@ impl SqlShedLockBackend {
 
     /// [`LockBackend::list`](lock_core::LockBackend::list) on ShedLock's
     /// table (see the module docs).
-    pub(super) async fn list_rows(
-        &self,
-        prefix: &str,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<LockPage, LockError> {
+    pub(super) async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
         let after = list_start(cursor, limit)?;
         let inner = &self.inner;
         let sp = spelling(inner.config.dialect);

@@ -515,8 +515,7 @@ impl LockBackend for SqlShedLockBackend {
     }
 
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_rows(&query.prefix, query.cursor(), query.limit)
-            .await
+        self.list_rows(query).await
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
