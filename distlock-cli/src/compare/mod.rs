@@ -317,6 +317,7 @@ fn capabilities_json(c: &Capabilities) -> Value {
         "min_ttl_ms": c.min_ttl.as_millis(),
         "shared_locks": c.shared_locks,
         "semaphores": c.semaphores,
+        "max_held": c.max_held,
     })
 }
 
