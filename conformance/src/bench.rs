@@ -435,6 +435,31 @@ pub async fn floor_cycles_in_parallel(
     Ok(())
 }
 
+/// Checks that `floor` refuses bad input with a typed error, as the
+/// driver would: an empty key, and a TTL of `too_short` (below the
+/// driver's minimum) on a valid key.
+///
+/// # Panics
+///
+/// When either is accepted or fails with another kind than
+/// `InvalidArgument`.
+pub async fn assert_floor_refuses_bad_input(
+    floor: &dyn RawFloor,
+    ttl: Duration,
+    too_short: Duration,
+) {
+    for (key, ttl) in [("", ttl), ("floor/too-short", too_short)] {
+        match floor.cycle(key, ttl).await {
+            Err(err) => assert_eq!(
+                err.kind(),
+                lock_core::ErrorKind::InvalidArgument,
+                "key {key:?}, ttl {ttl:?}: {err}"
+            ),
+            Ok(()) => panic!("the floor accepted key {key:?} with ttl {ttl:?}"),
+        }
+    }
+}
+
 /// Contended handoffs: every contender cycles on one key for `duration`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Handoffs {

@@ -475,13 +475,8 @@ async fn benchmark_floor_uses_the_driver_layout() {
     let left = common::raw_count(&backend, "floor/").await;
     assert_eq!(left, 0, "the floor left entries behind");
     // Bad inputs are typed errors.
-    let err = floor.cycle("", ttl).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    let err = floor
-        .cycle("k", Duration::from_millis(10))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    conformance::bench::assert_floor_refuses_bad_input(&*floor, ttl, Duration::from_millis(10))
+        .await;
     let err = EtcdFloor::connect("etcd://").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
 }

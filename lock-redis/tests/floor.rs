@@ -83,13 +83,8 @@ async fn floor_uses_the_driver_layout_and_leaves_nothing_behind() {
     );
 
     // Bad inputs are typed errors.
-    let err = floor.cycle("", ttl).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    let err = floor
-        .cycle("k", Duration::from_millis(1))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    conformance::bench::assert_floor_refuses_bad_input(&*floor, ttl, Duration::from_millis(1))
+        .await;
     let err = RedisFloor::connect("redis://").await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     for url in [

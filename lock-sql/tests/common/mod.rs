@@ -362,11 +362,6 @@ pub async fn check_floor(url: &str) {
     assert_eq!(next.token().get(), 6);
     assert!(backend.release(&next).await.unwrap());
     // Bad inputs are typed errors.
-    let err = floor.cycle("", ttl).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    let err = floor
-        .cycle("floor/zero", std::time::Duration::ZERO)
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    conformance::bench::assert_floor_refuses_bad_input(&floor, ttl, std::time::Duration::ZERO)
+        .await;
 }
