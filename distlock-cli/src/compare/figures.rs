@@ -26,7 +26,8 @@ pub(super) async fn bench_into(
     full: bool,
 ) -> Result<(), LockError> {
     let probe = target.client().await?;
-    let ttl = Duration::from_secs(10).max(probe.capabilities().min_ttl);
+    let caps = probe.capabilities();
+    let ttl = Duration::from_secs(10).max(caps.min_ttl);
     let run = OwnerId::random().to_hex()[..8].to_owned();
     let ours_client = |backend: Arc<dyn LockBackend>| -> Arc<dyn Contender> {
         Arc::new(Ours::new(LockClient::from_arc(backend), ttl))
@@ -132,7 +133,7 @@ pub(super) async fn bench_into(
     drop((ours, floors));
     round_trips_into(out, url, ttl, &run).await?;
     drop(probe);
-    held_at_scale(out, target, url, full).await;
+    held_at_scale(out, target, url, full, caps.max_held).await;
     super::shared::shared_into(out, target, url, full).await;
     super::compose::compose_into(out, target, url, full).await;
     Ok(())
@@ -180,16 +181,10 @@ pub(super) async fn held_at_scale(
     target: &dyn Target,
     url: &str,
     full: bool,
+    max_held: Option<u32>,
 ) {
     let mut config = ScaleConfig::new(if full { 10_000 } else { 1000 });
-    let limit = match target.client().await {
-        Ok(probe) => probe.capabilities().max_held,
-        Err(e) => {
-            out.held_error = Some(e.to_string());
-            return;
-        }
-    };
-    if let Some(limit) = limit.filter(|&l| usize::try_from(l).is_ok_and(|l| l < config.locks)) {
+    if let Some(limit) = max_held.filter(|&l| usize::try_from(l).is_ok_and(|l| l < config.locks)) {
         out.held_error = Some(format!(
             "a connection per held lock: at most {limit} held at once (capabilities' \
              max_held), fewer than the {} measured",
