@@ -565,7 +565,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
         self.check_fault(Operation::Inspect).await?;
         let now = Instant::now();

@@ -501,6 +501,11 @@ impl ListQuery {
         self.cursor.as_deref()
     }
 
+    /// Prefix, cursor and limit, borrowed: what a driver's page scan reads.
+    pub fn parts(&self) -> (&str, Option<&str>, usize) {
+        (&self.prefix, self.cursor(), self.limit)
+    }
+
     /// The same page of the keys under `prefix` instead.
     #[must_use]
     pub fn with_prefix(&self, prefix: impl Into<String>) -> Self {

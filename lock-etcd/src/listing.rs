@@ -303,7 +303,7 @@ impl EtcdBackend {
     /// lease read per other process's lease among the holders (and one
     /// holder read when a single key's queue fills the whole scan).
     pub(super) async fn list_locks(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         let op = Operation::Inspect;
         let scan = self.scan_page(Listed::Mutex, prefix, cursor, limit).await?;
         let holders: Vec<usize> = scan
@@ -345,7 +345,7 @@ impl EtcdBackend {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         let op = Operation::Inspect;
         let listed = match shape {
             LockShape::ReadWrite => Listed::ReadWrite,
@@ -417,7 +417,7 @@ impl EtcdBackend {
         &self,
         query: &ListQuery,
     ) -> Result<ElectionPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         let op = Operation::Inspect;
         let scan = self
             .scan_page(Listed::Election, prefix, cursor, limit)

@@ -311,7 +311,7 @@ impl SqlBackend {
     /// statement scanning at most `limit` rows of keys under `prefix`
     /// after the cursor, in key order; the held ones are returned.
     pub(crate) async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         let after = list_start(cursor, limit)?;
         let inner = self.inner();
         let d = inner.dialect;

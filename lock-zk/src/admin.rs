@@ -189,7 +189,7 @@ impl ZkBackend {
     /// them: one pipelined `getChildren` each, then one pipelined
     /// `getData` of each lowest contender.
     pub(super) async fn list_page(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         let bounds = PageBounds::new(prefix, cursor, limit)?;
         let session = self.session(Operation::Inspect).await?;
         let root = self.inner.config.root();

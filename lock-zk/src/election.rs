@@ -233,7 +233,7 @@ impl ZkBackend {
     /// first candidate (3 round trips, at most `2 × limit + 1` requests,
     /// plus a look again at an election whose leader left in between).
     pub(super) async fn list_latches(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         let op = Operation::Inspect;
         let bounds = PageBounds::new(prefix, cursor, limit)?;
         let session = self.session(op).await?;

@@ -221,7 +221,7 @@ impl ZkBackend {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         let op = Operation::Inspect;
         let Some((parent, child)) = self.shape_parent(shape) else {
             return Err(LockError::new(

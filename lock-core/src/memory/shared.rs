@@ -365,7 +365,7 @@ impl MemoryBackend {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         self.check_fault(Operation::Inspect).await?;
         let now = Instant::now();
         let mut keys = self.shared_keys();

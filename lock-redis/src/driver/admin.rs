@@ -366,7 +366,7 @@ impl RedisBackend {
 
     /// `list`: see the crate docs, *Operating locks*.
     pub(super) async fn list_page(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
         let pattern = self.lock_pattern(prefix);
         let redlock = self.inner.redlock;
@@ -404,7 +404,7 @@ impl RedisBackend {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         self.check_shared_listing()?;
         check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
         let base = format!(

@@ -94,7 +94,7 @@ pub(super) fn holder_info(key: LockKey, holder: SessionHolder) -> LockInfo {
 impl SqlSessionBackend {
     /// `list`: one page of token rows (MySQL/MariaDB), or `Unsupported`.
     pub(super) async fn list_tokens(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         let after = list_start(cursor, limit)?;
         let op_timeout = self.inner.config.op_timeout;
         let timed_out = || {

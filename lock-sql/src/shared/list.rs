@@ -27,7 +27,7 @@ impl SqlBackend {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         if shape == LockShape::Mutex {
             return lock_core::list_mutex_shared(
                 self,

@@ -125,7 +125,7 @@ impl SqlShedLockBackend {
     /// [`LockBackend::list`](lock_core::LockBackend::list) on ShedLock's
     /// table (see the module docs).
     pub(super) async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        let (prefix, cursor, limit) = (query.prefix.as_str(), query.cursor(), query.limit);
+        let (prefix, cursor, limit) = query.parts();
         let after = list_start(cursor, limit)?;
         let inner = &self.inner;
         let sp = spelling(inner.config.dialect);
