@@ -3,7 +3,7 @@
 //! - the floor (hand-written jute on one bare connection);
 //! - the `zookeeper-client` crate alone: create, list, delete, the three
 //!   requests our cycle sends, the list behind the create as ours sends it
-//!   (2 round trips), without any lock-zk code;
+//!   (2 round trips), with the same node data, without any lock-zk code;
 //! - `ZkBackend::acquire` + `release` directly (no `LockClient`);
 //! - the user API (`LockClient`, guard, renewal scheduler).
 //!
@@ -47,6 +47,8 @@ async fn main() -> Result<(), BoxError> {
         .await;
     let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
     let key_b = LockKey::new("parts-backend")?;
+    // The node data ours writes (the attempt id, the holder details).
+    let details = lock_core::HolderDetails::encode_current();
 
     // ONLY=<0..3>: run that side alone (for a profiler).
     let only: Option<usize> = std::env::var("ONLY").ok().and_then(|v| v.parse().ok());
@@ -71,10 +73,12 @@ async fn main() -> Result<(), BoxError> {
                         floor.release(&grant).await?;
                     }
                     1 => {
-                        let prefix = format!("{dir}/_c_{}-lock-", OwnerId::random().to_hex());
+                        let owner = OwnerId::random().to_hex();
+                        let prefix = format!("{dir}/_c_{owner}-lock-");
+                        let data = format!("{owner}\n{details}");
                         // The list sent behind the create, before its reply, as
                         // ours does (the crate sends a request when it is made).
-                        let create = raw.create(&prefix, &[], &options);
+                        let create = raw.create(&prefix, data.as_bytes(), &options);
                         let list = raw.list_children(dir);
                         let (_, seq) = create.await?;
                         let _ = list.await?;

@@ -8,8 +8,10 @@
 //!
 //! 1. `create2` of the `EPHEMERAL_SEQUENTIAL` node
 //!    `<root>/<escaped key>/_c_<attempt id>-lock-` (Curator's protected
-//!    name; the server appends the sequence); its `czxid` is the token;
-//!    and, in the same write, `getChildren` of the key directory (the
+//!    name; the server appends the sequence), carrying what the driver's
+//!    node carries (the attempt id in hex and the holder details, encoded
+//!    once per floor as the Redis and SQL floors do); its `czxid` is the
+//!    token; and, in the same write, `getChildren` of the key directory (the
 //!    server answers it after applying the create): granted when ours has
 //!    the lowest sequence (otherwise the node is deleted again and the key
 //!    is reported held);
@@ -103,6 +105,9 @@ struct Shared {
     /// Key directories as containers; cleared when the server has none.
     containers: AtomicBool,
     op_timeout: Duration,
+    /// The holder details the driver writes into its nodes beside the
+    /// owner (encoded once, as the Redis and SQL floors do).
+    details: String,
 }
 
 /// The connection and what is known of its state.
@@ -373,6 +378,7 @@ impl ZkFloor {
             digest: config.digest().is_some(),
             containers: AtomicBool::new(config.containers()),
             op_timeout: config.op_timeout(),
+            details: lock_core::HolderDetails::encode_current(),
         });
         // From here on, dropping `floor` closes the session.
         let mut floor = Self {
@@ -506,6 +512,7 @@ impl ZkFloor {
         operation: Operation,
         path: &str,
         mode: i32,
+        data: &[u8],
     ) -> Result<(String, i64), Outcome> {
         let opcode = if mode == flags::CONTAINER {
             op::CREATE_CONTAINER
@@ -515,7 +522,7 @@ impl ZkFloor {
         let server_path = self.server_path(path);
         let reply = self
             .request(operation, opcode, |packet| {
-                self.create_body(packet, &server_path, mode);
+                self.create_body(packet, &server_path, mode, data);
             })
             .await
             .map_err(Failed)?;
@@ -523,7 +530,7 @@ impl ZkFloor {
     }
 
     /// A create request's body: `server_path` with our ACL, in `mode`.
-    fn create_body(&self, packet: &mut Encoder, server_path: &str, mode: i32) {
+    fn create_body(&self, packet: &mut Encoder, server_path: &str, mode: i32, data: &[u8]) {
         let (scheme, id) = if self.shared.digest {
             ("auth", "")
         } else {
@@ -531,7 +538,7 @@ impl ZkFloor {
         };
         packet
             .string(server_path)
-            .buffer(&[])
+            .buffer(data)
             .acl(scheme, id)
             .int(mode);
     }
@@ -568,7 +575,7 @@ impl ZkFloor {
     async fn mkdir(&self, path: &str, mode: i32, operation: Operation) -> Result<(), Outcome> {
         let mut end = path.len();
         loop {
-            match self.create(operation, &path[..end], mode).await {
+            match self.create(operation, &path[..end], mode, &[]).await {
                 Ok(_) | Err(Refused(code::NODE_EXISTS)) => {
                     if end >= path.len() {
                         return Ok(());
@@ -633,12 +640,13 @@ impl ZkFloor {
         operation: Operation,
         dir: &str,
         prefix: &str,
+        data: &[u8],
         what: &str,
     ) -> Result<(String, i64), LockError> {
         let mut missing_dir = 0;
         loop {
             match self
-                .create(operation, prefix, flags::EPHEMERAL_SEQUENTIAL)
+                .create(operation, prefix, flags::EPHEMERAL_SEQUENTIAL, data)
                 .await
             {
                 Ok(created) => return Ok(created),
@@ -662,12 +670,13 @@ impl ZkFloor {
         operation: Operation,
         dir: &str,
         prefix: &str,
+        data: &[u8],
     ) -> Result<((String, i64), Result<Vec<String>, LockError>), Outcome> {
         let (create_path, list_path) = (self.server_path(prefix), self.server_path(dir));
         let mut conn = self.shared.conn.lock().await;
         let (create_xid, list_xid) = (conn.take_xid(), conn.take_xid());
         let mut create = Encoder::request(create_xid, op::CREATE2);
-        self.create_body(&mut create, &create_path, flags::EPHEMERAL_SEQUENTIAL);
+        self.create_body(&mut create, &create_path, flags::EPHEMERAL_SEQUENTIAL, data);
         let mut list = Encoder::request(list_xid, op::GET_CHILDREN);
         list.string(&list_path).boolean(false);
         let mut packets = create.finish();
@@ -692,24 +701,29 @@ impl ZkFloor {
     /// where `dir` exists; otherwise `dir` is created and the node created
     /// and listed one request at a time (a key's first grant, or a
     /// container the server removed). On a failed list the node is
-    /// withdrawn (best effort). `what` names the node in a refusal.
+    /// withdrawn (best effort). `what` names the node in a refusal. The
+    /// node carries what the driver's nodes carry: `owner`'s hex and the
+    /// holder details.
     pub(super) async fn create_listed(
         &self,
         operation: Operation,
         dir: &str,
-        prefix: &str,
+        (prefix, owner): (&str, OwnerId),
         what: &str,
     ) -> Result<(String, i64, Vec<String>), LockError> {
-        let ((path, czxid), listed) = match self.create_then_list(operation, dir, prefix).await {
-            Ok(done) => done,
-            Err(Refused(code::NO_NODE)) => {
-                let (path, czxid) = self.create_in(operation, dir, prefix, what).await?;
-                let listed = self.children_after_create(operation, dir, &path).await?;
-                return Ok((path, czxid, listed));
-            }
-            Err(Refused(err)) => return Err(server_error(operation, err, what)),
-            Err(Failed(err)) => return Err(err),
-        };
+        let data = format!("{}\n{}", owner.to_hex(), self.shared.details);
+        let data = data.as_bytes();
+        let ((path, czxid), listed) =
+            match self.create_then_list(operation, dir, prefix, data).await {
+                Ok(done) => done,
+                Err(Refused(code::NO_NODE)) => {
+                    let (path, czxid) = self.create_in(operation, dir, prefix, data, what).await?;
+                    let listed = self.children_after_create(operation, dir, &path).await?;
+                    return Ok((path, czxid, listed));
+                }
+                Err(Refused(err)) => return Err(server_error(operation, err, what)),
+                Err(Failed(err)) => return Err(err),
+            };
         match listed {
             Ok(children) => Ok((path, czxid, children)),
             Err(err) => {
@@ -817,7 +831,7 @@ impl RawFloor for ZkFloor {
         let owner = OwnerId::random();
         let prefix = node_path_prefix(&dir, owner);
         let (path, czxid, children) = self
-            .create_listed(op, &dir, &prefix, "the lock node")
+            .create_listed(op, &dir, (&prefix, owner), "the lock node")
             .await
             .map_err(|e| e.with_key(&key))?;
         let name = match path.strip_prefix(prefix.as_str()) {

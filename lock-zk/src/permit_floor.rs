@@ -184,7 +184,12 @@ impl RawFloor for ZkPermitFloor {
         // 1, 2: the internal mutex, its create and list in one write.
         let (mutex, _, children) = self
             .floor
-            .create_listed(op, &locks, &node_path_prefix(&locks, owner), SEM_NODE)
+            .create_listed(
+                op,
+                &locks,
+                (&node_path_prefix(&locks, owner), owner),
+                SEM_NODE,
+            )
             .await
             .map_err(with_key)?;
         let mutex_name = mutex[locks.len() + 1..].to_owned();
@@ -263,7 +268,7 @@ impl ZkPermitFloor {
             .create_listed(
                 op,
                 leases,
-                &named_prefix(leases, owner, LEASE_NAME),
+                (&named_prefix(leases, owner, LEASE_NAME), owner),
                 SEM_NODE,
             )
             .await?;

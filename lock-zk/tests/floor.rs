@@ -96,6 +96,14 @@ async fn floor_uses_the_driver_layout_and_leaves_nothing_behind() {
         assert!(created, "the floor's create never landed");
     }
     assert!(backend.try_acquire(&held, ttl).await.unwrap().is_none());
+    // The floor's node carries what the driver's nodes carry: the driver
+    // reads this process's holder details from it.
+    let details = backend.inspect(&held).await.unwrap().unwrap().details;
+    assert_eq!(
+        details.map(|d| d.pid),
+        Some(std::process::id()),
+        "the floor's node data"
+    );
     let err = shared.cycle("held", ttl).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
     drop(stuck);
