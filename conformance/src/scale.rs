@@ -117,7 +117,7 @@ impl ScaleConfig {
 }
 
 /// What [`held_locks`] measured.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct ScaleReport {
     /// The backend's name.
     pub backend: String,

@@ -415,6 +415,22 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         #[arg(long)]
         json: bool,
     },
+    /// Internal to compare: holds many locks on URL with one client in
+    /// this process, counts the heap per held lock and the renewal round
+    /// trips, and prints the report as JSON (compare runs it as a child,
+    /// so that its own heap does not blur the measurement).
+    #[cfg(feature = "compare")]
+    #[command(hide = true)]
+    HeldAtScale {
+        /// How many locks to hold.
+        #[arg(long)]
+        locks: usize,
+        /// The keys' prefix (keys are `<prefix><index>`).
+        #[arg(long)]
+        key_prefix: String,
+        /// The backend URL.
+        url: String,
+    },
 }
 
 /// Every holder of `key`: the mutex's, then, where the backend has them,
@@ -693,6 +709,12 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             }
             Ok(u8::from(results.iter().any(compare::BackendResult::failed)))
         }
+        #[cfg(feature = "compare")]
+        Command::HeldAtScale {
+            locks,
+            key_prefix,
+            url,
+        } => compare::held_at_scale_child(&url, locks, &key_prefix).await,
         #[cfg(feature = "compare")]
         Command::Check { json } => {
             let config = config(cli.url, cli.config)?;

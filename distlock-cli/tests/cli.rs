@@ -602,3 +602,48 @@ fn compare_refuses_unknown_backend_names() {
         stderr(&out)
     );
 }
+
+/// `compare`'s held-at-scale child (`distlock held-at-scale`, hidden):
+/// holds the locks in a process of its own and prints its report as
+/// JSON; a bad URL is a one-line error and a failing exit, not a report.
+#[test]
+fn held_at_scale_child_prints_its_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let out = output(distlock(
+        "memory://",
+        &[
+            "held-at-scale",
+            "--locks",
+            "200",
+            "--key-prefix",
+            "t/",
+            &url,
+        ],
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["locks"], 200, "{report}");
+    assert_eq!(report["all_held"], true, "{report}");
+    assert!(report["bytes_per_lock"].as_f64().unwrap() > 0.0, "{report}");
+    assert_eq!(report["release_errors"], 0, "{report}");
+
+    let out = output(distlock(
+        "memory://",
+        &[
+            "held-at-scale",
+            "--locks",
+            "10",
+            "--key-prefix",
+            "t/",
+            "nosuch://x",
+        ],
+    ));
+    assert!(!out.status.success());
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
+}

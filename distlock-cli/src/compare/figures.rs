@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use conformance::Target;
 use conformance::bench::{self, Contender, FloorCycle, Ours};
-use conformance::scale::{self, ScaleConfig};
+use conformance::scale::{self, ScaleConfig, ScaleReport};
 use lock_core::{LockBackend, LockClient, LockError, OwnerId};
 
 use super::*;
@@ -133,7 +133,7 @@ pub(super) async fn bench_into(
     drop((ours, floors));
     round_trips_into(out, url, ttl, &run).await?;
     drop(probe);
-    held_at_scale(out, target, url, full, caps.max_held).await;
+    held_at_scale(out, url, full, caps.max_held).await;
     super::shared::shared_into(out, target, url, full).await;
     super::compose::compose_into(out, target, url, full).await;
     Ok(())
@@ -176,38 +176,28 @@ pub(super) async fn round_trips_into(
 /// server's own state excluded for the in-process backend) and renewal
 /// round trips per renewal period, counted by a fault proxy where the URL
 /// names one loopback server (else `renew_many` calls per period).
+///
+/// Measured in a child process of its own (`distlock held-at-scale`, see
+/// [`held_at_scale_child`]): this process's heap also holds what earlier
+/// phases left (the suite's clients, whose background tasks end on their
+/// next tick, seconds later), and those frees during the window made the
+/// heap shrink while 1,000 etcd locks were held.
 pub(super) async fn held_at_scale(
     out: &mut BenchFigures,
-    target: &dyn Target,
     url: &str,
     full: bool,
     max_held: Option<u32>,
 ) {
-    let mut config = ScaleConfig::new(if full { 10_000 } else { 1000 });
-    if let Some(limit) = max_held.filter(|&l| usize::try_from(l).is_ok_and(|l| l < config.locks)) {
+    let locks = if full { 10_000 } else { 1000 };
+    if let Some(limit) = max_held.filter(|&l| usize::try_from(l).is_ok_and(|l| l < locks)) {
         out.held_error = Some(format!(
             "a connection per held lock: at most {limit} held at once (capabilities' \
-             max_held), fewer than the {} measured",
-            config.locks
+             max_held), fewer than the {locks} measured"
         ));
         return;
     }
-    config.key_prefix = format!("bench-{}/held-", &OwnerId::random().to_hex()[..8]);
-    config.in_process = url.starts_with("memory:");
-    let measured = match crate::floors::proxied(url).await {
-        Some((proxied, proxy)) => match distlock::open(&proxied).await {
-            Ok(backend) => {
-                let trips = || proxy.round_trips();
-                let reset = || proxy.reset_counters();
-                scale::held_locks(backend, &config, Some(&trips), Some(&reset)).await
-            }
-            Err(e) => Err(e),
-        },
-        None => match target.client().await {
-            Ok(backend) => scale::held_locks(backend, &config, None, None).await,
-            Err(e) => Err(e),
-        },
-    };
+    let prefix = format!("bench-{}/held-", &OwnerId::random().to_hex()[..8]);
+    let measured = measure_in_child(url, locks, &prefix).await;
     match measured {
         Ok(report) => {
             out.held_locks = Some(report.locks);
@@ -230,4 +220,80 @@ pub(super) async fn held_at_scale(
         // Said, not fatal.
         Err(e) => out.held_error = Some(e.to_string()),
     }
+}
+
+/// The longest the held-at-scale child may take (10,000 locks acquired,
+/// three renewal periods, released).
+const HELD_CHILD_LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs `distlock held-at-scale` (this executable) on `url` and reads its
+/// report.
+async fn measure_in_child(url: &str, locks: usize, prefix: &str) -> Result<ScaleReport, LockError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| LockError::config("cannot find this executable").with_source(e))?;
+    let child = tokio::process::Command::new(exe)
+        .args([
+            "held-at-scale",
+            "--locks",
+            &locks.to_string(),
+            "--key-prefix",
+            prefix,
+            url,
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| LockError::config("cannot start the held-at-scale child").with_source(e))?;
+    let output = tokio::time::timeout(HELD_CHILD_LIMIT, child.wait_with_output())
+        .await
+        .map_err(|_| {
+            LockError::new(
+                lock_core::ErrorKind::Timeout,
+                lock_core::Operation::Acquire,
+                format!("the held-at-scale child took over {HELD_CHILD_LIMIT:?} (killed)"),
+            )
+        })?
+        .map_err(|e| LockError::config("the held-at-scale child failed").with_source(e))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr.lines().last().unwrap_or("no message");
+        return Err(LockError::new(
+            lock_core::ErrorKind::Backend,
+            lock_core::Operation::Acquire,
+            format!("held locks at scale: {last}"),
+        ));
+    }
+    serde_json::from_slice(&output.stdout).map_err(|e| {
+        LockError::config("the held-at-scale child's report is not JSON").with_source(e)
+    })
+}
+
+/// The child's side (`distlock held-at-scale`): holds `locks` locks on
+/// `url` with one client in this fresh process and prints the report as
+/// JSON.
+///
+/// # Errors
+///
+/// Connecting, acquiring or renewing failed.
+pub(crate) async fn held_at_scale_child(
+    url: &str,
+    locks: usize,
+    key_prefix: &str,
+) -> Result<u8, LockError> {
+    let mut config = ScaleConfig::new(locks);
+    key_prefix.clone_into(&mut config.key_prefix);
+    config.in_process = url.starts_with("memory:");
+    let report = match crate::floors::proxied(url).await {
+        Some((proxied, proxy)) => {
+            let backend = distlock::open(&proxied).await?;
+            let trips = || proxy.round_trips();
+            let reset = || proxy.reset_counters();
+            scale::held_locks(backend, &config, Some(&trips), Some(&reset)).await?
+        }
+        None => scale::held_locks(distlock::open(url).await?, &config, None, None).await?,
+    };
+    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    Ok(0)
 }

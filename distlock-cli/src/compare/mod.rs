@@ -20,6 +20,7 @@ mod figures;
 mod shared;
 mod soak_run;
 
+pub(crate) use figures::held_at_scale_child;
 use figures::*;
 pub(crate) use soak_run::*;
 
