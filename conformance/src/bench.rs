@@ -2,6 +2,9 @@
 //! measured in one run (ours vs. the raw round trips issued by hand). No
 //! timed assertions: these only measure.
 
+mod standard;
+pub use standard::{StandardFigures, StandardRun, standard_figures};
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! `cargo run --release -p lock-etcd --example etcd_bench [-- <cycles>]`
 //!
 //! Prints, ours and the floor interleaved so that machine load hits both
-//! alike:
+//! alike, [`conformance::bench::StandardFigures`]:
 //! - 1 client: p50/p99 per cycle and the ratios;
 //! - 8 independent clients on 8 keys (each its own `connect()`, each floor
 //!   its own client): throughput and the ratio;
@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::bench::{
-    Contender, FloorCycle, Handoffs, LatencyStats, Ours, handoffs, interleaved_latency,
-    interleaved_throughput, measure_parallel, ratio,
+    Contender, FloorCycle, LatencyStats, Ours, StandardRun, interleaved_latency, measure_parallel,
+    ratio, standard_figures,
 };
 use conformance::servers::etcd::EtcdServer;
 use lock_core::LockClient;
@@ -45,26 +45,6 @@ fn row(name: &str, s: &LatencyStats) {
     );
 }
 
-fn report(floor_label: &str, floor: &LatencyStats, ours: &LatencyStats) {
-    row(floor_label, floor);
-    row("lock-etcd (waiting acquire + release)", ours);
-    println!(
-        "  ratio lock-etcd / floor: p50 {:.3}x  p99 {:.3}x  throughput {:.3}x",
-        ratio(ours.p50_us, floor.p50_us),
-        ratio(ours.p99_us, floor.p99_us),
-        ratio(ours.per_sec, floor.per_sec)
-    );
-}
-
-fn handoff_line(label: &str, h: &Handoffs) {
-    println!(
-        "  {label:<40} {:>8.0} handoffs/s  per client {:?}  spread {:.2}x",
-        h.per_sec,
-        h.per_client,
-        h.spread()
-    );
-}
-
 /// 200 warm-up cycles a side, then `cycles` of one client on one key a
 /// side, interleaved over 10 rounds, reported under `title`.
 async fn one_client(
@@ -80,7 +60,13 @@ async fn one_client(
     }
     println!("\n1 client, {title} ({cycles} cycles, 10 interleaved rounds):");
     let (mine, theirs) = interleaved_latency(ours, floor, keys, cycles, 10).await?;
-    report(floor_label, &theirs, &mine);
+    row(floor_label, &theirs);
+    row("lock-etcd (waiting acquire + release)", &mine);
+    println!(
+        "  ours / floor: p50 {:.3}x  p99 {:.3}x",
+        ratio(mine.p50_us, theirs.p50_us),
+        ratio(mine.p99_us, theirs.p99_us)
+    );
     Ok(())
 }
 
@@ -105,44 +91,14 @@ async fn main() -> Result<(), BoxError> {
     // The session lease has the locks' TTL: granted once per client.
     let url = server.url("bench", "ttl=30s");
 
-    let (one, one_floor) = (ours(&url).await?, floor(&url).await?);
-    one_client(
-        "sequential acquire+release on one key",
-        (&*one, &*one_floor),
-        ("seq", "floor-seq"),
-        FLOOR,
-        cycles,
-    )
-    .await?;
-
-    let clients = 8;
-    let mut ours8 = Vec::with_capacity(clients);
-    let mut floors8 = Vec::with_capacity(clients);
-    for _ in 0..clients {
+    let (mut ours8, mut floors8) = (Vec::new(), Vec::new());
+    for _ in 0..8 {
         ours8.push(ours(&url).await?);
         floors8.push(floor(&url).await?);
     }
-    let per_client = (cycles / 2).max(100);
-    interleaved_throughput(&ours8, &floors8, ("par", "floor-par"), 20, 1).await?;
-    println!(
-        "\n{clients} independent clients on {clients} keys, {per_client} cycles each (4 interleaved rounds):"
-    );
-    let (mine, theirs) =
-        interleaved_throughput(&ours8, &floors8, ("par", "floor-par"), per_client, 4).await?;
-    report(FLOOR, &theirs, &mine);
-
-    println!("\n4 independent clients on one key, 3 s each side:");
-    let run = Duration::from_secs(3);
-    let floor4: Vec<_> = floors8[..4].to_vec();
-    let ours4: Vec<_> = ours8[..4].to_vec();
-    let theirs = handoffs(&floor4, "floor-handoff", run).await?;
-    let mine = handoffs(&ours4, "handoff", run).await?;
-    handoff_line("raw floor (polling try_grant)", &theirs);
-    handoff_line("lock-etcd (predecessor watch)", &mine);
-    println!(
-        "  ratio lock-etcd / floor: {:.3}x",
-        ratio(mine.per_sec, theirs.per_sec)
-    );
+    standard_figures(&ours8, &floors8, &StandardRun::new(cycles))
+        .await?
+        .print("etcd", "lock-etcd (waiting acquire + release)", FLOOR);
 
     shared_kinds(&url, cycles).await
 }

@@ -7,10 +7,11 @@
 //! Starts its own PostgreSQL and MariaDB (skipped with a note where not
 //! installed). Ours is the user's cycle:
 //! `client.lock(k).ttl(30s).wait(60s).acquire()` then `guard.release()`.
-//! Prints, per database: 1 client p50 (ours and floor interleaved), 8
-//! independent clients on 8 keys (each its own backend / floor
-//! connection), 4 clients on one key (handoffs and the busiest / least
-//! busy client), and round trips per cycle counted by the fault proxy.
+//! Prints, per database, [`conformance::bench::StandardFigures`] (ours and
+//! the floor interleaved): 1 client p50, 8 independent clients on 8 keys
+//! (each its own backend / floor connection), 4 clients on one key
+//! (handoffs and the busiest / least busy client); then row mode's p50 and
+//! round trips per cycle counted by the fault proxy.
 //! Measures only; asserts nothing.
 //!
 //! Environment: `BENCH_CYCLES` (1-client cycles per side, default 2000),
@@ -21,8 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::bench::{
-    Contender, FloorCycle, Ours, handoffs, interleaved_latency, interleaved_throughput, ratio,
-    round_trips_per_cycle,
+    Contender, FloorCycle, Ours, StandardRun, interleaved_latency, round_trips_per_cycle,
+    standard_figures,
 };
 use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
@@ -63,19 +64,26 @@ async fn run(name: &str, base: &str, port: u16) {
     let row = lock_sql::connect(base).await.expect("row mode");
     let row: Arc<dyn Contender> = Arc::new(Ours::new(LockClient::new(row), TTL));
 
-    let (a, f) = (ours(&url).await, floor(&url).await);
-    let (o, fl) = interleaved_latency(
-        &*a,
-        &*f,
-        (&format!("{tag}/lat-o"), &format!("{tag}/lat-f")),
-        cycles,
-        rounds,
-    )
-    .await
-    .expect("latency");
+    let (mut ours8, mut floors8) = (Vec::new(), Vec::new());
+    for _ in 0..8 {
+        ours8.push(ours(&url).await);
+        floors8.push(floor(&url).await);
+    }
+    let mut run = StandardRun::new(cycles);
+    run.rounds = rounds;
+    run.handoff_window =
+        Duration::from_secs(u64::try_from(env("BENCH_HANDOFF_SECS", 3)).unwrap_or(3));
+    standard_figures(&ours8, &floors8, &run)
+        .await
+        .expect("standard figures")
+        .print(
+            name,
+            "session mode (waiting acquire + release)",
+            "session floor (bare connection)",
+        );
     let (r, _) = interleaved_latency(
         &*row,
-        &*f,
+        &*floors8[0],
         (&format!("{tag}/lat-r"), &format!("{tag}/lat-f2")),
         cycles / 2,
         rounds,
@@ -83,63 +91,8 @@ async fn run(name: &str, base: &str, port: u16) {
     .await
     .expect("row latency");
     println!(
-        "{name} 1 client p50: session ours {:.0} us, floor {:.0} us, ratio {:.2}x (p99 {:.0} / {:.0} us); row mode ours {:.0} us",
-        o.p50_us,
-        fl.p50_us,
-        ratio(o.p50_us, fl.p50_us),
-        o.p99_us,
-        fl.p99_us,
+        "{name} row mode's user cycle on the same server, for context: p50 {:.0} us",
         r.p50_us
-    );
-
-    let mut ours8 = Vec::new();
-    let mut floors8 = Vec::new();
-    for _ in 0..8 {
-        ours8.push(ours(&url).await);
-        floors8.push(floor(&url).await);
-    }
-    let (o8, f8) = interleaved_throughput(
-        &ours8,
-        &floors8,
-        (&format!("{tag}/t-o"), &format!("{tag}/t-f")),
-        cycles / 4,
-        rounds,
-    )
-    .await
-    .expect("throughput");
-    println!(
-        "{name} 8 clients on 8 keys: ours {:.0}/s, floor {:.0}/s, ratio {:.2}x (p50 {:.0} / {:.0} us)",
-        o8.per_sec,
-        f8.per_sec,
-        o8.per_sec / f8.per_sec.max(1e-9),
-        o8.p50_us,
-        f8.p50_us
-    );
-
-    let secs = u64::try_from(env("BENCH_HANDOFF_SECS", 3)).unwrap_or(3);
-    let h_ours = handoffs(
-        &ours8[..4],
-        &format!("{tag}/h-o"),
-        Duration::from_secs(secs),
-    )
-    .await
-    .expect("handoffs");
-    let h_floor = handoffs(
-        &floors8[..4],
-        &format!("{tag}/h-f"),
-        Duration::from_secs(secs),
-    )
-    .await
-    .expect("floor handoffs");
-    println!(
-        "{name} 4 clients on one key: ours {:.0} handoffs/s {:?} (spread {:.2}), floor {:.0}/s {:?} (spread {:.2}), ratio {:.2}x",
-        h_ours.per_sec,
-        h_ours.per_client,
-        h_ours.spread(),
-        h_floor.per_sec,
-        h_floor.per_client,
-        h_floor.spread(),
-        h_ours.per_sec / h_floor.per_sec.max(1e-9)
     );
 
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
