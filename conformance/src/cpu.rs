@@ -110,6 +110,103 @@ impl OneCpu {
     pub fn pin() -> Option<Self> {
         None
     }
+
+    /// Like [`pin`](Self::pin) for the pair under test only: this process
+    /// and the servers listening on loopback `ports` (with their
+    /// descendants) go to the calling thread's CPU, and every other
+    /// process this one started (the other backends' servers of a
+    /// `--spawn` run) to the remaining CPUs, so that their background work
+    /// (a JVM's compiler and collector, a raft tick) does not run inside
+    /// the measured pair. With no other CPU they are left where they are.
+    #[cfg(target_os = "linux")]
+    pub fn pin_serving(ports: &[u16]) -> Option<Self> {
+        // SAFETY: no arguments; returns the CPU number or -1.
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).ok()?;
+        // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` comes from the kernel, so it is below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(cpu, &mut one) };
+        let mut rest = affinity_of(0)?;
+        // SAFETY: as above.
+        unsafe { libc::CPU_CLR(cpu, &mut rest) };
+        // SAFETY: a live cpu_set_t.
+        let others_move = unsafe { libc::CPU_COUNT(&rest) } > 0;
+        let family = family_processes();
+        let measured = serving_tree(&family, ports);
+        let mut saved = Vec::new();
+        for (pid, _) in &family {
+            let mask = if *pid == std::process::id() || measured.contains(pid) {
+                &one
+            } else if others_move {
+                &rest
+            } else {
+                continue;
+            };
+            for tid in threads_of(*pid) {
+                if let Some(before) = affinity_of(tid)
+                    && set_affinity(tid, mask)
+                {
+                    saved.push((tid, before));
+                }
+            }
+        }
+        (!saved.is_empty()).then_some(Self { cpu, saved })
+    }
+
+    /// Pins nothing: not Linux.
+    #[cfg(not(target_os = "linux"))]
+    pub fn pin_serving(_ports: &[u16]) -> Option<Self> {
+        None
+    }
+}
+
+/// The processes of `family` (`(pid, parent)`) listening on loopback TCP
+/// `ports`, and their descendants.
+#[cfg(target_os = "linux")]
+fn serving_tree(family: &[(u32, u32)], ports: &[u16]) -> Vec<u32> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address (addr:PORT in hex), st (0A: listening), inode.
+            let (Some(local), Some(state), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let port = local
+                .rsplit_once(':')
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            if *state == "0A" && port.is_some_and(|p| ports.contains(&p)) {
+                inodes.push(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    let mut tree: Vec<u32> = family
+        .iter()
+        .map(|(pid, _)| *pid)
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+                fds.flatten().any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|to| inodes.iter().any(|i| to.as_os_str() == i.as_str()))
+                })
+            })
+        })
+        .collect();
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            family
+                .iter()
+                .filter(|(_, ppid)| *ppid == parent)
+                .map(|(pid, _)| *pid),
+        );
+        i += 1;
+    }
+    tree
 }
 
 #[cfg(target_os = "linux")]
@@ -133,8 +230,18 @@ impl Drop for OneCpu {
 /// descended from it.
 #[cfg(target_os = "linux")]
 fn family_threads() -> Vec<libc::pid_t> {
+    family_processes()
+        .iter()
+        .flat_map(|(pid, _)| threads_of(*pid))
+        .collect()
+}
+
+/// This process (first) and every process descended from it, each with
+/// its parent.
+#[cfg(target_os = "linux")]
+fn family_processes() -> Vec<(u32, u32)> {
     let me = std::process::id();
-    let mut family = vec![me];
+    let mut family = vec![(me, 0)];
     let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
         .map(|procs| {
             procs
@@ -149,28 +256,28 @@ fn family_threads() -> Vec<libc::pid_t> {
     // Breadth first: children of anything already in the family.
     let mut i = 0;
     while i < family.len() {
-        let parent = family[i];
+        let parent = family[i].0;
         family.extend(
             parents
                 .iter()
-                .filter(|(pid, ppid)| *ppid == parent && *pid != me)
-                .map(|(pid, _)| *pid),
+                .filter(|(pid, ppid)| *ppid == parent && *pid != me),
         );
         i += 1;
     }
     family
-        .iter()
-        .flat_map(|pid| {
-            std::fs::read_dir(format!("/proc/{pid}/task"))
-                .map(|tasks| {
-                    tasks
-                        .flatten()
-                        .filter_map(|t| t.file_name().to_str()?.parse().ok())
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default()
+}
+
+/// The thread ids of process `pid` (none once it is gone).
+#[cfg(target_os = "linux")]
+fn threads_of(pid: u32) -> Vec<libc::pid_t> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| t.file_name().to_str()?.parse().ok())
+                .collect()
         })
-        .collect()
+        .unwrap_or_default()
 }
 
 #[cfg(target_os = "linux")]
@@ -200,9 +307,15 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 mod tests {
     use super::*;
 
+    /// The pinning tests change every thread of this process: one at a time.
+    static PINNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[cfg(target_os = "linux")]
     #[test]
     fn one_cpu_pins_every_thread_and_puts_them_back() {
+        let _one = PINNING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let before = affinity_of(0).expect("own affinity");
         let (started, go) = std::sync::mpsc::channel::<()>();
         let (done, finish) = std::sync::mpsc::channel::<()>();
@@ -239,6 +352,65 @@ mod tests {
         assert_eq!(count(&affinity_of(pid).unwrap()), count(&before));
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// The server on the given port goes to the pinned CPU with this
+    /// process; another child process goes to the other CPUs; all are put
+    /// back.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn pin_serving_separates_the_measured_server_from_the_others() {
+        use std::io::BufRead;
+        let _one = PINNING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = |mask: &libc::cpu_set_t| {
+            // SAFETY: a live cpu_set_t.
+            unsafe { libc::CPU_COUNT(mask) }
+        };
+        let before = affinity_of(0).expect("own affinity");
+        let mut server = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen()\n\
+                 print(s.getsockname()[1],flush=True)\ntime.sleep(30)",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 (Debian package python3)");
+        let mut line = String::new();
+        std::io::BufReader::new(server.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port: u16 = line.trim().parse().unwrap();
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = |c: &std::process::Child| libc::pid_t::try_from(c.id()).unwrap();
+        let pinned = OneCpu::pin_serving(&[port]).expect("pinned");
+        let on_cpu = |mask: &libc::cpu_set_t| {
+            // SAFETY: a live cpu_set_t; the CPU number is below CPU_SETSIZE.
+            unsafe { libc::CPU_ISSET(pinned.cpu, mask) }
+        };
+        for tid in [0, pid(&server)] {
+            let mask = affinity_of(tid).unwrap();
+            assert_eq!(count(&mask), 1, "{tid}");
+            assert!(on_cpu(&mask), "{tid}");
+        }
+        let theirs = affinity_of(pid(&other)).unwrap();
+        if count(&before) > 1 {
+            assert_eq!(count(&theirs), count(&before) - 1);
+            assert!(!on_cpu(&theirs));
+        }
+        drop(pinned);
+        for tid in [0, pid(&server), pid(&other)] {
+            assert_eq!(count(&affinity_of(tid).unwrap()), count(&before), "{tid}");
+        }
+        for child in [&mut server, &mut other] {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
     }
 
     #[test]

@@ -66,7 +66,9 @@ pub(super) async fn bench_into(
             // timer) lands inside whichever side's round is running, and
             // 300 cycles in 10 rounds moved PostgreSQL's ratio between 1.06
             // and 1.20 from one run to the next.
-            if let Some(pinned) = conformance::cpu::OneCpu::pin() {
+            // Only this backend's servers share the CPU with us: the
+            // other backends' servers go to the other CPU meanwhile.
+            if let Some(pinned) = conformance::cpu::OneCpu::pin_serving(&loopback_ports(url)) {
                 let pair = bench::interleaved_latency(
                     &*ours[0],
                     &*floors[0],
@@ -142,6 +144,20 @@ pub(super) async fn bench_into(
     super::shared::shared_into(out, target, url, full).await;
     super::compose::compose_into(out, target, url, full).await;
     Ok(())
+}
+
+/// The ports of the hosts `url` names (`scheme://[user@]h:p[,h:p...]/...`);
+/// none for a URL without an authority (SQLite, memory).
+pub(super) fn loopback_ports(url: &str) -> Vec<u16> {
+    let Some((_, rest)) = url.split_once("://") else {
+        return Vec::new();
+    };
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    hosts
+        .split(',')
+        .filter_map(|host| host.rsplit_once(':')?.1.parse().ok())
+        .collect()
 }
 
 /// Cycles a side of the 1-client pair on one CPU, and its rounds.

@@ -738,6 +738,22 @@ pub(crate) fn to_json(results: &[BackendResult]) -> Value {
 mod tests {
     use super::*;
 
+    /// The one-CPU pair keeps the servers of these ports with it.
+    #[test]
+    fn loopback_ports_are_the_urls_hosts() {
+        assert_eq!(
+            loopback_ports("postgres://u:p@w@127.0.0.1:5432/db?mode=session"),
+            [5432]
+        );
+        assert_eq!(
+            loopback_ports("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"),
+            [1, 2, 3]
+        );
+        assert_eq!(loopback_ports("etcd://127.0.0.1:2379/prefix"), [2379]);
+        assert!(loopback_ports("sqlite:///tmp/x.db").is_empty());
+        assert!(loopback_ports("memory://").is_empty());
+    }
+
     /// Every alias is a URL scheme some compiled-in driver handles, and
     /// names a backend `--backends` knows.
     #[test]
