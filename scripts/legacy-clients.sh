@@ -14,6 +14,8 @@
 #                        DISTLOCK_LEGACY_NODE_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/apt-install.sh
+source scripts/apt-install.sh
 
 # The versions the interop tests were run with.
 KAZOO_VERSION=2.11.0
@@ -38,18 +40,7 @@ fi
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
-  echo "installing missing packages: ${missing[*]}" >&2
-  if [[ $(id -u) -eq 0 ]]; then
-    sudo=()
-  elif command -v sudo >/dev/null 2>&1; then
-    sudo=(sudo)
-  else
-    echo "error: need root (or sudo) to run: apt-get install -y ${missing[*]}" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+  apt_install "packages" "${missing[@]}"
 fi
 
 python="$venv/bin/python"

@@ -5,6 +5,8 @@
 # system service is used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/apt-install.sh
+source scripts/apt-install.sh
 
 # binary-or-file -> Debian package
 checks=(
@@ -48,20 +50,7 @@ for check in "${checks[@]}"; do
 done
 
 if ((${#missing[@]})); then
-  echo "installing missing server packages: ${missing[*]}"
-  if [[ $(id -u) -eq 0 ]]; then
-    sudo=()
-  elif command -v sudo >/dev/null 2>&1; then
-    sudo=(sudo)
-  else
-    echo "error: need root (or sudo) to run: apt-get install -y ${missing[*]}" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo[@]}" apt-get update -qq
-  # Debian's policy here starts no services on install; the tests start
-  # their own servers anyway.
-  "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+  apt_install "server packages" "${missing[@]}"
 fi
 
 # The other libraries' clients the interop tests run (kazoo, redis-py), in
