@@ -310,12 +310,16 @@ mod tests {
     /// The pinning tests change every thread of this process: one at a time.
     static PINNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    fn pinning() -> std::sync::MutexGuard<'static, ()> {
+        PINNING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn one_cpu_pins_every_thread_and_puts_them_back() {
-        let _one = PINNING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _one = pinning();
         let before = affinity_of(0).expect("own affinity");
         let (started, go) = std::sync::mpsc::channel::<()>();
         let (done, finish) = std::sync::mpsc::channel::<()>();
@@ -361,9 +365,7 @@ mod tests {
     #[test]
     fn pin_serving_separates_the_measured_server_from_the_others() {
         use std::io::BufRead;
-        let _one = PINNING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _one = pinning();
         let count = |mask: &libc::cpu_set_t| {
             // SAFETY: a live cpu_set_t.
             unsafe { libc::CPU_COUNT(mask) }

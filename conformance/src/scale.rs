@@ -498,6 +498,20 @@ where
             )
         })?;
     let backend = connect(proxy.addr()).await?;
+    held_locks_through(backend, config, &proxy).await
+}
+
+/// [`held_locks`] on a backend connected through `proxy`, which counts
+/// the round trips.
+///
+/// # Errors
+///
+/// As [`held_locks`].
+pub async fn held_locks_through(
+    backend: Arc<dyn LockBackend>,
+    config: &ScaleConfig,
+    proxy: &crate::proxy::FaultProxy,
+) -> Result<ScaleReport, LockError> {
     let trips = || proxy.round_trips();
     let reset = || proxy.reset_counters();
     held_locks(backend, config, Some(&trips), Some(&reset)).await

@@ -314,10 +314,7 @@ pub(crate) async fn held_at_scale_child(
     config.in_process = url.starts_with("memory:");
     let report = match crate::floors::proxied(url).await {
         Some((proxied, proxy)) => {
-            let backend = distlock::open(&proxied).await?;
-            let trips = || proxy.round_trips();
-            let reset = || proxy.reset_counters();
-            scale::held_locks(backend, &config, Some(&trips), Some(&reset)).await?
+            scale::held_locks_through(distlock::open(&proxied).await?, &config, &proxy).await?
         }
         None => scale::held_locks(distlock::open(url).await?, &config, None, None).await?,
     };
