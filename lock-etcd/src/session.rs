@@ -67,6 +67,10 @@ pub(crate) struct Session {
     base: Instant,
     /// Wakes the expiry task: an earlier deadline, a loss, the drop.
     expiry_wake: Arc<Notify>,
+    /// Wakes the keep-alive task when the session is dropped, so that it
+    /// ends (and lets go of its client and stream) at once rather than at
+    /// its next keep-alive, up to TTL/3 later.
+    keep_alive_wake: Arc<Notify>,
 }
 
 /// An instant as nanoseconds after the session's `base` (exact: the
@@ -104,8 +108,10 @@ impl Default for Entries {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        // The expiry task only holds a weak reference: let it end.
+        // The expiry and keep-alive tasks only hold weak references: let
+        // them end.
         self.expiry_wake.notify_one();
+        self.keep_alive_wake.notify_one();
     }
 }
 
@@ -204,11 +210,13 @@ impl Session {
             owners: AtomicU64::new(split_owner(OwnerId::random()).1),
             base: sent_at,
             expiry_wake: Arc::new(Notify::new()),
+            keep_alive_wake: Arc::new(Notify::new()),
         });
         tracing::debug!(lease = %format_args!("{:x}", grant.id()), ttl = ?server_ttl, "etcd session started");
         tokio::spawn(keep_alive_loop(
             client.clone(),
             Arc::downgrade(&session),
+            session.keep_alive_wake.clone(),
             op_timeout,
         ));
         tokio::spawn(expiry_loop(
@@ -564,13 +572,19 @@ async fn one_keep_alive(
     }
 }
 
-/// Keeps the lease alive every TTL/3 until the session is dropped or lost.
+/// Keeps the lease alive every TTL/3 until the session is dropped (`wake`
+/// says so at once) or lost.
 ///
 /// Each attempt is bounded by TTL/3 (and the operation timeout), so a hung
 /// server turns the session `Suspect` well before the deadline; a stream
 /// whose request timed out is dropped, so a late answer is never credited
 /// to a newer request.
-async fn keep_alive_loop(client: Client, session: Weak<Session>, op_timeout: Duration) {
+async fn keep_alive_loop(
+    client: Client,
+    session: Weak<Session>,
+    wake: Arc<Notify>,
+    op_timeout: Duration,
+) {
     let mut stream = None;
     let mut failures: u32 = 0;
     loop {
@@ -602,7 +616,10 @@ async fn keep_alive_loop(client: Client, session: Weak<Session>, op_timeout: Dur
                 s.set_state(SessionState::Alive);
                 failures = 0;
                 drop(s);
-                sleep_until(sent_at + interval).await;
+                tokio::select! {
+                    () = sleep_until(sent_at + interval) => {}
+                    () = wake.notified() => {}
+                }
             }
             Ok(Ok(_)) => {
                 s.lose("the lease expired on the server (keep-alive answered TTL 0)");
@@ -621,7 +638,10 @@ async fn keep_alive_loop(client: Client, session: Weak<Session>, op_timeout: Dur
                 let backoff = Duration::from_millis(25)
                     .saturating_mul(1 << failures.min(5))
                     .min(interval / 2);
-                sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
+                tokio::select! {
+                    () = sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))) => {}
+                    () = wake.notified() => {}
+                }
             }
             Err(_) => {
                 tracing::debug!(lease = %s.lease_hex(), "keep-alive timed out");
