@@ -87,22 +87,7 @@ impl OneCpu {
     /// the caller runs on.
     #[cfg(target_os = "linux")]
     pub fn pin() -> Option<Self> {
-        // SAFETY: no arguments; returns the CPU number or -1.
-        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).ok()?;
-        // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
-        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `cpu` comes from the kernel, so it is below CPU_SETSIZE.
-        unsafe { libc::CPU_SET(cpu, &mut one) };
-        let mut saved = Vec::new();
-        for tid in family_threads() {
-            let Some(mask) = affinity_of(tid) else {
-                continue;
-            };
-            if set_affinity(tid, &one) {
-                saved.push((tid, mask));
-            }
-        }
-        (!saved.is_empty()).then_some(Self { cpu, saved })
+        Self::pin_where(|_, _| true)
     }
 
     /// Pins nothing: not Linux.
@@ -120,6 +105,16 @@ impl OneCpu {
     /// the measured pair. With no other CPU they are left where they are.
     #[cfg(target_os = "linux")]
     pub fn pin_serving(ports: &[u16]) -> Option<Self> {
+        Self::pin_where(|family, pid| {
+            pid == std::process::id() || serving_tree(family, ports).contains(&pid)
+        })
+    }
+
+    /// Pins the processes of this one's family (with their threads) for
+    /// which `measured(family, pid)` holds to the calling thread's CPU, and
+    /// the others to the remaining CPUs (left alone with no other CPU).
+    #[cfg(target_os = "linux")]
+    fn pin_where(measured: impl Fn(&[(u32, u32)], u32) -> bool) -> Option<Self> {
         // SAFETY: no arguments; returns the CPU number or -1.
         let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).ok()?;
         // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
@@ -132,10 +127,9 @@ impl OneCpu {
         // SAFETY: a live cpu_set_t.
         let others_move = unsafe { libc::CPU_COUNT(&rest) } > 0;
         let family = family_processes();
-        let measured = serving_tree(&family, ports);
         let mut saved = Vec::new();
         for (pid, _) in &family {
-            let mask = if *pid == std::process::id() || measured.contains(pid) {
+            let mask = if measured(&family, *pid) {
                 &one
             } else if others_move {
                 &rest
@@ -195,18 +189,25 @@ fn serving_tree(family: &[(u32, u32)], ports: &[u16]) -> Vec<u32> {
             })
         })
         .collect();
+    with_descendants(&mut tree, family);
+    tree
+}
+
+/// Adds to `tree` every descendant, in `processes` (`(pid, parent)`), of
+/// the processes already in it (breadth first).
+#[cfg(target_os = "linux")]
+fn with_descendants(tree: &mut Vec<u32>, processes: &[(u32, u32)]) {
     let mut i = 0;
     while i < tree.len() {
         let parent = tree[i];
         tree.extend(
-            family
+            processes
                 .iter()
-                .filter(|(_, ppid)| *ppid == parent)
+                .filter(|(pid, ppid)| *ppid == parent && *pid != parent)
                 .map(|(pid, _)| *pid),
         );
         i += 1;
     }
-    tree
 }
 
 #[cfg(target_os = "linux")]
@@ -241,7 +242,6 @@ fn family_threads() -> Vec<libc::pid_t> {
 #[cfg(target_os = "linux")]
 fn family_processes() -> Vec<(u32, u32)> {
     let me = std::process::id();
-    let mut family = vec![(me, 0)];
     let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
         .map(|procs| {
             procs
@@ -253,18 +253,21 @@ fn family_processes() -> Vec<(u32, u32)> {
                 .collect()
         })
         .unwrap_or_default();
-    // Breadth first: children of anything already in the family.
-    let mut i = 0;
-    while i < family.len() {
-        let parent = family[i].0;
-        family.extend(
-            parents
-                .iter()
-                .filter(|(pid, ppid)| *ppid == parent && *pid != me),
-        );
-        i += 1;
-    }
-    family
+    let mut pids = vec![me];
+    with_descendants(&mut pids, &parents);
+    pids.into_iter()
+        .map(|pid| {
+            let parent = if pid == me {
+                0
+            } else {
+                parents
+                    .iter()
+                    .find(|(p, _)| *p == pid)
+                    .map_or(0, |(_, pp)| *pp)
+            };
+            (pid, parent)
+        })
+        .collect()
 }
 
 /// The thread ids of process `pid` (none once it is gone).
