@@ -636,14 +636,14 @@ pub async fn poll_leader<B: LockBackend + ?Sized>(
     poll: Duration,
     deadline: Instant,
 ) -> Result<Option<Leader>, LockError> {
-    let poll = poll.max(Duration::from_millis(5));
-    loop {
-        let now = backend.leader(election).await?;
-        if !Leader::same(now.as_ref(), seen) || Instant::now() >= deadline {
-            return Ok(now);
-        }
-        tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
-    }
+    watch_with(
+        || backend.leader(election),
+        |now| !Leader::same(now, seen),
+        poll,
+        deadline,
+        std::future::pending,
+    )
+    .await
 }
 
 /// [`poll_holder`] that also wakes early: before each read it calls `arm`,
@@ -666,18 +666,45 @@ pub async fn watch_holder_with<B, A, F>(
     seen: Option<&LockInfo>,
     poll: Duration,
     deadline: Instant,
-    mut arm: A,
+    arm: A,
 ) -> Result<Option<LockInfo>, LockError>
 where
     B: LockBackend + ?Sized,
     A: FnMut() -> F,
     F: std::future::Future<Output = ()>,
 {
+    watch_with(
+        || backend.inspect(key),
+        |now| !LockInfo::same_holder(now, seen),
+        poll,
+        deadline,
+        arm,
+    )
+    .await
+}
+
+/// The loop of the polling watches: `read` until `changed` says what it
+/// read is no longer what the caller saw, or `deadline` passed; between
+/// reads, `poll` (at least 5 ms) or the wake of the future `arm` returned
+/// before the read, whichever comes first.
+async fn watch_with<T, R, RF, A, F>(
+    mut read: R,
+    changed: impl Fn(Option<&T>) -> bool,
+    poll: Duration,
+    deadline: Instant,
+    mut arm: A,
+) -> Result<Option<T>, LockError>
+where
+    R: FnMut() -> RF,
+    RF: std::future::Future<Output = Result<Option<T>, LockError>>,
+    A: FnMut() -> F,
+    F: std::future::Future<Output = ()>,
+{
     let poll = poll.max(Duration::from_millis(5));
     loop {
         let woken = arm();
-        let now = backend.inspect(key).await?;
-        if !LockInfo::same_holder(now.as_ref(), seen) || Instant::now() >= deadline {
+        let now = read().await?;
+        if changed(now.as_ref()) || Instant::now() >= deadline {
             return Ok(now);
         }
         tokio::select! {

@@ -12,7 +12,7 @@ use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::election::{Leader, election_lock_key};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
-use crate::types::{FencingToken, Lease, LockInfo};
+use crate::types::{Lease, LockInfo};
 
 #[async_trait]
 impl LockBackend for MigrationBackend {
@@ -226,26 +226,18 @@ impl LockBackend for MigrationBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.check_key(key, Operation::Inspect)?;
-        let base = self.epoch_base();
-        let epoch = |mut info: LockInfo| {
-            info.token = info.token.map(|t| FencingToken::new(base | t.get()));
-            info
-        };
-        match self.phase {
-            MigrationPhase::Old => self.old.inspect(key).await,
-            MigrationPhase::New => Ok(self.new.inspect(key).await?.map(epoch)),
-            MigrationPhase::Dual => {
-                if let Some(info) = self.new.inspect(key).await? {
-                    return Ok(Some(epoch(info)));
-                }
-                // Held in the old store only: a process still on `old` (or a
-                // dual acquire half-way). Say so, so operators can find them.
-                Ok(self.old.inspect(key).await?.map(|mut info| {
-                    info.holder = format!("{OLD_ONLY_MARK}{}", info.holder);
-                    info
-                }))
-            }
-        }
+        self.read_by_phase(
+            self.old.inspect(key),
+            self.new.inspect(key),
+            |info| &mut info.token,
+            // Held in the old store only: a process still on `old` (or a
+            // dual acquire half-way). Say so, so operators can find them.
+            |mut info| {
+                info.holder = format!("{OLD_ONLY_MARK}{}", info.holder);
+                info
+            },
+        )
+        .await
     }
 
     /// Elections follow the phases as locks do, on each store's own
@@ -312,26 +304,18 @@ impl LockBackend for MigrationBackend {
     /// store's, else the old store's, marked `old-only:` as `inspect` does
     /// and without a term).
     async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
-        let base = self.epoch_base();
-        let epoch = |mut leader: Leader| {
-            leader.term = leader.term.map(|t| FencingToken::new(base | t.get()));
-            leader
-        };
-        match self.phase {
-            MigrationPhase::Old => self.old.leader(election).await,
-            MigrationPhase::New => Ok(self.new.leader(election).await?.map(epoch)),
-            MigrationPhase::Dual => {
-                if let Some(leader) = self.new.leader(election).await? {
-                    return Ok(Some(epoch(leader)));
-                }
-                // A phase-`old` leader, or a dual campaign half-way: named,
-                // but its old-store token is no term of this migration.
-                Ok(self.old.leader(election).await?.map(|mut leader| {
-                    leader.holder = format!("{OLD_ONLY_MARK}{}", leader.holder);
-                    leader.term = None;
-                    leader
-                }))
-            }
-        }
+        self.read_by_phase(
+            self.old.leader(election),
+            self.new.leader(election),
+            |leader| &mut leader.term,
+            // A phase-`old` leader, or a dual campaign half-way: named, but
+            // its old-store token is no term of this migration.
+            |mut leader| {
+                leader.holder = format!("{OLD_ONLY_MARK}{}", leader.holder);
+                leader.term = None;
+                leader
+            },
+        )
+        .await
     }
 }

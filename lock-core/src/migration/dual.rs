@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
-use super::{EPOCH_SHIFT, MigrationBackend, NEW_EPOCH};
+use super::{EPOCH_SHIFT, MigrationBackend, MigrationPhase, NEW_EPOCH};
 use crate::backend::LockBackend;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
@@ -19,6 +19,36 @@ use crate::types::{FencingToken, Lease, OwnerId, SessionState};
 impl MigrationBackend {
     pub(super) fn epoch_base(&self) -> u64 {
         u64::from(self.epoch) << EPOCH_SHIFT
+    }
+
+    /// What `inspect` and `leader` read, by phase: `old` the old store's
+    /// record as it is; `new` the new store's, its `token` carrying the
+    /// migration's epoch; `dual` the new store's if it has one (with the
+    /// epoch), else the old store's as `old_only` marks it. Only the
+    /// phase's reads run (the futures are lazy), the new store's first.
+    pub(super) async fn read_by_phase<T: Send>(
+        &self,
+        old: impl Future<Output = Result<Option<T>, LockError>> + Send,
+        new: impl Future<Output = Result<Option<T>, LockError>> + Send,
+        token: impl Fn(&mut T) -> &mut Option<FencingToken> + Send,
+        old_only: impl FnOnce(T) -> T + Send,
+    ) -> Result<Option<T>, LockError> {
+        let base = self.epoch_base();
+        let epoch = move |mut record: T| {
+            let token = token(&mut record);
+            *token = token.map(|t| FencingToken::new(base | t.get()));
+            record
+        };
+        match self.phase {
+            MigrationPhase::Old => old.await,
+            MigrationPhase::New => Ok(new.await?.map(epoch)),
+            MigrationPhase::Dual => {
+                if let Some(record) = new.await? {
+                    return Ok(Some(epoch(record)));
+                }
+                Ok(old.await?.map(old_only))
+            }
+        }
     }
 
     pub(super) fn epoch_token(&self, lease: &Lease) -> Result<FencingToken, LockError> {
