@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lock_core::{ErrorKind, FencingScope, Lease, OwnerId};
+use lock_core::{ErrorKind, FencingScope, FencingToken, Lease, OwnerId};
 use tokio::time::{Instant, sleep};
 
 use crate::harness::Harness;
@@ -40,22 +40,17 @@ pub async fn mutual_exclusion(h: &Harness) -> CaseResult {
         );
         tasks.push(tokio::spawn(async move {
             for _ in 0..cfg.iterations {
-                let lease = recorded_acquire(
-                    &*backend,
-                    &rec,
-                    &key,
-                    ttl,
-                    Instant::now() + Duration::from_secs(60),
-                )
+                let ((), held) = recorded_turn(&*backend, &rec, &key, ttl, async |_| {
+                    let now_inside = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    max_inside.fetch_max(now_inside, Ordering::SeqCst);
+                    let read = *counter.lock().expect("counter");
+                    tokio::task::yield_now().await;
+                    sleep(Duration::from_micros(200)).await;
+                    *counter.lock().expect("counter") = read + 1;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                })
                 .await?;
-                let now_inside = inside.fetch_add(1, Ordering::SeqCst) + 1;
-                max_inside.fetch_max(now_inside, Ordering::SeqCst);
-                let read = *counter.lock().expect("counter");
-                tokio::task::yield_now().await;
-                sleep(Duration::from_micros(200)).await;
-                *counter.lock().expect("counter") = read + 1;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                if !recorded_release(&*backend, &rec, &lease).await? {
+                if !held {
                     return Err(lock_core::LockError::new(
                         ErrorKind::NotHeld,
                         lock_core::Operation::Release,
@@ -98,6 +93,24 @@ pub async fn mutual_exclusion(h: &Harness) -> CaseResult {
     )))
 }
 
+/// One turn of a contending task: waits (up to a minute) for `key`,
+/// recorded, runs `section` with the grant's token, then releases,
+/// recorded. What `section` returned, and whether the lease was still held
+/// at the release.
+async fn recorded_turn<T>(
+    backend: &dyn LockBackend,
+    rec: &Recorder,
+    key: &LockKey,
+    ttl: Duration,
+    section: impl AsyncFnOnce(FencingToken) -> T,
+) -> Result<(T, bool), lock_core::LockError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let lease = recorded_acquire(backend, rec, key, ttl, deadline).await?;
+    let out = section(lease.token()).await;
+    let held = recorded_release(backend, rec, &lease).await?;
+    Ok((out, held))
+}
+
 /// At least `fencing_grants` contended grants of one key: tokens strictly
 /// increase in grant order, and a fenced resource rejects nothing.
 pub async fn fencing_tokens_increase(h: &Harness) -> CaseResult {
@@ -124,22 +137,18 @@ pub async fn fencing_tokens_increase(h: &Harness) -> CaseResult {
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
             {
-                let lease = recorded_acquire(
-                    &*backend,
-                    &rec,
-                    &key,
-                    ttl,
-                    Instant::now() + Duration::from_secs(60),
-                )
+                let (written, _) = recorded_turn(&*backend, &rec, &key, ttl, async |token| {
+                    let written = resource.write(&rec, &key, token, |v| *v += 1);
+                    // Hold across a scheduling point so the other tasks
+                    // really contend (with a fast backend they would
+                    // otherwise rarely see the key held).
+                    tokio::task::yield_now().await;
+                    written
+                })
                 .await?;
-                if !resource.write(&rec, &key, lease.token(), |v| *v += 1) {
+                if !written {
                     rejected += 1;
                 }
-                // Hold across a scheduling point so the other tasks really
-                // contend (with a fast backend they would otherwise rarely
-                // see the key held).
-                tokio::task::yield_now().await;
-                recorded_release(&*backend, &rec, &lease).await?;
             }
             Ok::<u64, lock_core::LockError>(rejected)
         }));
