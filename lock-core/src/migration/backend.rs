@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::dual::{ReleaseOnDrop, worse};
-use super::{MigrationBackend, MigrationPhase, OLD_ONLY_MARK};
+use super::{MigrationBackend, MigrationPhase};
 use crate::backend::LockBackend;
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::election::{Leader, election_lock_key};
@@ -226,18 +226,8 @@ impl LockBackend for MigrationBackend {
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.check_key(key, Operation::Inspect)?;
-        self.read_by_phase(
-            self.old.inspect(key),
-            self.new.inspect(key),
-            |info| &mut info.token,
-            // Held in the old store only: a process still on `old` (or a
-            // dual acquire half-way). Say so, so operators can find them.
-            |mut info| {
-                info.holder = format!("{OLD_ONLY_MARK}{}", info.holder);
-                info
-            },
-        )
-        .await
+        self.read_by_phase(self.old.inspect(key), self.new.inspect(key))
+            .await
     }
 
     /// Elections follow the phases as locks do, on each store's own
@@ -304,18 +294,7 @@ impl LockBackend for MigrationBackend {
     /// store's, else the old store's, marked `old-only:` as `inspect` does
     /// and without a term).
     async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
-        self.read_by_phase(
-            self.old.leader(election),
-            self.new.leader(election),
-            |leader| &mut leader.term,
-            // A phase-`old` leader, or a dual campaign half-way: named, but
-            // its old-store token is no term of this migration.
-            |mut leader| {
-                leader.holder = format!("{OLD_ONLY_MARK}{}", leader.holder);
-                leader.term = None;
-                leader
-            },
-        )
-        .await
+        self.read_by_phase(self.old.leader(election), self.new.leader(election))
+            .await
     }
 }

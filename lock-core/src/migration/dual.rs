@@ -10,11 +10,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
-use super::{EPOCH_SHIFT, MigrationBackend, MigrationPhase, NEW_EPOCH};
+use super::{EPOCH_SHIFT, MigrationBackend, MigrationPhase, NEW_EPOCH, OLD_ONLY_MARK};
 use crate::backend::LockBackend;
+use crate::election::Leader;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
-use crate::types::{FencingToken, Lease, OwnerId, SessionState};
+use crate::types::{FencingToken, Lease, LockInfo, OwnerId, SessionState};
 
 impl MigrationBackend {
     pub(super) fn epoch_base(&self) -> u64 {
@@ -22,20 +23,19 @@ impl MigrationBackend {
     }
 
     /// What `inspect` and `leader` read, by phase: `old` the old store's
-    /// record as it is; `new` the new store's, its `token` carrying the
+    /// record as it is; `new` the new store's, its token carrying the
     /// migration's epoch; `dual` the new store's if it has one (with the
-    /// epoch), else the old store's as `old_only` marks it. Only the
-    /// phase's reads run (the futures are lazy), the new store's first.
-    pub(super) async fn read_by_phase<T: Send>(
+    /// epoch), else the old store's, [marked](Record::old_only) old-only.
+    /// Only the phase's reads run (the futures are lazy), the new store's
+    /// first.
+    pub(super) async fn read_by_phase<T: Record>(
         &self,
         old: impl Future<Output = Result<Option<T>, LockError>> + Send,
         new: impl Future<Output = Result<Option<T>, LockError>> + Send,
-        token: impl Fn(&mut T) -> &mut Option<FencingToken> + Send,
-        old_only: impl FnOnce(T) -> T + Send,
     ) -> Result<Option<T>, LockError> {
         let base = self.epoch_base();
-        let epoch = move |mut record: T| {
-            let token = token(&mut record);
+        let epoch = |mut record: T| {
+            let token = record.token();
             *token = token.map(|t| FencingToken::new(base | t.get()));
             record
         };
@@ -46,7 +46,7 @@ impl MigrationBackend {
                 if let Some(record) = new.await? {
                     return Ok(Some(epoch(record)));
                 }
-                Ok(old.await?.map(old_only))
+                Ok(old.await?.map(T::old_only))
             }
         }
     }
@@ -402,5 +402,47 @@ impl Drop for ReleaseOnDrop {
                 let _ = backend.release(&lease).await;
             });
         }
+    }
+}
+
+/// What [`read_by_phase`](MigrationBackend::read_by_phase) reads: a lock's
+/// info or an election's leader.
+pub(super) trait Record: Send + Sized {
+    /// Its fencing token (a leader's term), which the epoch goes into.
+    fn token(&mut self) -> &mut Option<FencingToken>;
+    /// Read in the old store only during `dual`: its holder marked with
+    /// [`OLD_ONLY_MARK`].
+    fn old_only(self) -> Self;
+}
+
+/// `holder` with [`OLD_ONLY_MARK`] before it.
+fn mark_old_only(holder: &mut String) {
+    holder.insert_str(0, OLD_ONLY_MARK);
+}
+
+impl Record for LockInfo {
+    fn token(&mut self) -> &mut Option<FencingToken> {
+        &mut self.token
+    }
+
+    /// Held in the old store only: a process still on `old` (or a dual
+    /// acquire half-way). Marked so operators can find them.
+    fn old_only(mut self) -> Self {
+        mark_old_only(&mut self.holder);
+        self
+    }
+}
+
+impl Record for Leader {
+    fn token(&mut self) -> &mut Option<FencingToken> {
+        &mut self.term
+    }
+
+    /// A phase-`old` leader, or a dual campaign half-way: named, but its
+    /// old-store token is no term of this migration.
+    fn old_only(mut self) -> Self {
+        mark_old_only(&mut self.holder);
+        self.term = None;
+        self
     }
 }
