@@ -30,7 +30,11 @@
 //! the floor's own pings (`xid -2`) when the connection has been idle for a
 //! third of the negotiated timeout, so an idle floor keeps its session; it
 //! sends nothing while cycles run. Dropping the floor sends `closeSession`
-//! (best effort), so its nodes go at once.
+//! (best effort), so its nodes go at once. The connection's own part (the
+//! handshake, writing a request and reading its reply, the pings, the
+//! `closeSession`) is the private `conn` submodule; the node requests and
+//! the cycle are here, and [`ZkPermitFloor`] (one permit of a semaphore,
+//! on a floor's connection) is the `permit` submodule.
 //!
 //! Each request is bounded by the operation timeout. A timeout, an I/O
 //! error, a malformed packet or a call cancelled mid-request leaves the
@@ -40,21 +44,20 @@
 //! [`ZkBackend`](crate::ZkBackend) for that).
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::Mutex;
-use tokio::time::{Instant, sleep_until, timeout};
 
+// The bare connection: handshake, request exchange, keep-alive pings.
+mod conn;
 // One permit of a semaphore, by hand on the same kind of connection.
-#[path = "permit_floor.rs"]
 mod permit;
+use conn::{Conn, handshake, keep_alive};
 pub use permit::ZkPermitFloor;
 
 use crate::config::ZkConfig;
@@ -63,10 +66,7 @@ use crate::error::NAME;
 use crate::paths::{
     is_key_dir, key_dir, node_path_prefix, owner_of, sorted_lock_nodes, split_node,
 };
-use crate::wire::{
-    ConnectResponse, Decoder, Encoder, ReplyHeader, WireError, code, code_name, flags, op,
-    read_packet, xid,
-};
+use crate::wire::{Decoder, Encoder, WireError, code, code_name, flags, op, xid};
 
 /// Hand-written create + getChildren (one write) / delete requests on one bare TCP
 /// connection with a ZooKeeper session of its own: the floor our
@@ -110,18 +110,6 @@ struct Shared {
     details: String,
 }
 
-/// The connection and what is known of its state.
-struct Conn {
-    stream: TcpStream,
-    next_xid: i32,
-    last_sent: Instant,
-    /// Why the connection can no longer be used.
-    broken: Option<String>,
-    /// A request was written and its reply not read yet; still set when a
-    /// call is dropped mid-way, which makes the next call give up.
-    in_flight: bool,
-}
-
 impl fmt::Debug for ZkFloor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkFloor")
@@ -145,12 +133,8 @@ impl Drop for ZkFloor {
         };
         let shared = self.shared.clone();
         runtime.spawn(async move {
-            let mut conn = shared.conn.lock().await;
-            let xid = conn.take_xid();
-            let packet = Encoder::request(xid, op::CLOSE_SESSION).finish();
             let patience = shared.op_timeout.min(Duration::from_secs(2));
-            let _ = conn.exchange(packet, xid, patience).await;
-            let _ = conn.stream.shutdown().await;
+            shared.conn.lock().await.close(patience).await;
         });
     }
 }
@@ -204,125 +188,6 @@ fn floor_grant(key: &LockKey, owner: OwnerId, token: u64, handle: String) -> Flo
         token,
         handle,
     }
-}
-
-impl Conn {
-    fn take_xid(&mut self) -> i32 {
-        let xid = self.next_xid;
-        self.next_xid = if xid == i32::MAX { 1 } else { xid + 1 };
-        xid
-    }
-
-    /// Writes `packet` (a request of `xid`) and reads its reply: the reply
-    /// header's error code and the body after the header. Watch
-    /// notifications are skipped (the floor sets no watch, but a server may
-    /// still send one). Any failure breaks the connection for good.
-    async fn exchange(
-        &mut self,
-        packet: Vec<u8>,
-        xid: i32,
-        patience: Duration,
-    ) -> Result<(i32, Vec<u8>), WireError> {
-        let mut replies = self.exchange_all(packet, &[xid], patience).await?;
-        Ok(replies.remove(0))
-    }
-
-    /// [`Conn::exchange`] of several requests written at once (`packets`,
-    /// one after another, of `xids` in that order): their replies, in order.
-    async fn exchange_all(
-        &mut self,
-        packets: Vec<u8>,
-        xids: &[i32],
-        patience: Duration,
-    ) -> Result<Vec<(i32, Vec<u8>)>, WireError> {
-        if let Some(why) = &self.broken {
-            return Err(WireError::Broken(why.clone()));
-        }
-        if self.in_flight {
-            let why = "an earlier call was dropped mid-request".to_owned();
-            self.broken = Some(why.clone());
-            return Err(WireError::Broken(why));
-        }
-        self.in_flight = true;
-        self.last_sent = Instant::now();
-        let stream = &mut self.stream;
-        let exchange = async {
-            stream.write_all(&packets).await?;
-            let mut replies = Vec::with_capacity(xids.len());
-            while let Some(&xid) = xids.get(replies.len()) {
-                let reply = read_packet(stream).await?;
-                let mut decoder = Decoder::new(&reply);
-                let header = ReplyHeader::decode(&mut decoder)?;
-                if header.xid == xid::NOTIFICATION {
-                    continue;
-                }
-                if header.xid != xid {
-                    return Err(WireError::Frame(format!(
-                        "reply for xid {} while waiting for xid {xid}",
-                        header.xid
-                    )));
-                }
-                let body = reply[reply.len() - decoder.remaining()..].to_vec();
-                replies.push((header.err, body));
-            }
-            Ok(replies)
-        };
-        let result = match timeout(patience, exchange).await {
-            Ok(result) => result,
-            Err(_) => Err(WireError::TimedOut),
-        };
-        match &result {
-            Ok(_) => self.in_flight = false,
-            Err(err) => self.broken = Some(err.to_string()),
-        }
-        result
-    }
-}
-
-/// Opens the connection to the first of `hosts` that grants a session.
-async fn handshake(config: &ZkConfig) -> Result<(Conn, ConnectResponse), LockError> {
-    let op = Operation::Connect;
-    let give_up = Instant::now() + config.connect_timeout();
-    let timeout_ms = i32::try_from(config.session_timeout().as_millis()).unwrap_or(i32::MAX);
-    let mut failures = Vec::new();
-    for host in config.hosts() {
-        let attempt = async {
-            let mut stream = TcpStream::connect(host.as_str()).await?;
-            stream.set_nodelay(true)?;
-            stream
-                .write_all(&Encoder::connect(timeout_ms).finish())
-                .await?;
-            let response = ConnectResponse::decode(&read_packet(&mut stream).await?)?;
-            Ok::<_, WireError>((stream, response))
-        };
-        match tokio::time::timeout_at(give_up, attempt).await {
-            Ok(Ok((stream, response))) if response.timeout_ms > 0 => {
-                let conn = Conn {
-                    stream,
-                    next_xid: 1,
-                    last_sent: Instant::now(),
-                    broken: None,
-                    in_flight: false,
-                };
-                return Ok((conn, response));
-            }
-            Ok(Ok(_)) => failures.push(format!("{host}: session refused")),
-            Ok(Err(err)) => failures.push(format!("{host}: {err}")),
-            Err(_) => {
-                failures.push(format!("{host}: no session within the connect timeout"));
-                break;
-            }
-        }
-    }
-    Err(LockError::new(
-        ErrorKind::Unavailable,
-        op,
-        format!(
-            "the ZooKeeper floor could not open a session ({})",
-            failures.join("; ")
-        ),
-    )
-    .with_backend(NAME))
 }
 
 impl ZkFloor {
@@ -733,6 +598,36 @@ impl ZkFloor {
         }
     }
 
+    /// `owner`'s lock node in `dir` (the driver's name for it), created
+    /// and listed in one round trip where `dir` exists
+    /// ([`Self::create_listed`]): its path, its `czxid`, and whether it has
+    /// the lowest sequence (`None` when it was gone before the list).
+    /// `what` names the node in a refusal.
+    async fn lock_node(
+        &self,
+        operation: Operation,
+        dir: &str,
+        owner: OwnerId,
+        what: &str,
+    ) -> Result<(String, i64, Option<bool>), LockError> {
+        let prefix = node_path_prefix(dir, owner);
+        let (path, czxid, children) = self
+            .create_listed(operation, dir, (&prefix, owner), what)
+            .await?;
+        if !path.starts_with(prefix.as_str()) {
+            return Err(protocol(
+                operation,
+                format!("created {path:?} for {prefix:?}"),
+            ));
+        }
+        let name = &path[dir.len() + 1..];
+        let first = sorted_lock_nodes(children)
+            .iter()
+            .position(|(_, node)| node == name)
+            .map(|index| index == 0);
+        Ok((path, czxid, first))
+    }
+
     /// `getChildren` of `dir` right after our `node` was created in it: on
     /// a failure, `node` is withdrawn (best effort) and the list's failure
     /// reported.
@@ -782,37 +677,6 @@ enum Outcome {
 }
 use Outcome::{Failed, Refused};
 
-/// Pings when the connection has been idle for `interval`; ends with the
-/// floor or the connection.
-async fn keep_alive(shared: Weak<Shared>, interval: Duration) {
-    let interval = interval.max(Duration::from_millis(10));
-    let mut next = Instant::now() + interval;
-    loop {
-        sleep_until(next).await;
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        let mut conn = shared.conn.lock().await;
-        if conn.broken.is_some() {
-            return;
-        }
-        let idle_until = conn.last_sent + interval;
-        if Instant::now() < idle_until {
-            next = idle_until;
-            continue;
-        }
-        let packet = Encoder::request(xid::PING, op::PING).finish();
-        if conn
-            .exchange(packet, xid::PING, shared.op_timeout)
-            .await
-            .is_err()
-        {
-            return;
-        }
-        next = conn.last_sent + interval;
-    }
-}
-
 #[async_trait]
 impl RawFloor for ZkFloor {
     fn name(&self) -> &'static str {
@@ -829,22 +693,10 @@ impl RawFloor for ZkFloor {
         let op = Operation::TryAcquire;
         let dir = key_dir(&self.shared.root, &key);
         let owner = OwnerId::random();
-        let prefix = node_path_prefix(&dir, owner);
-        let (path, czxid, children) = self
-            .create_listed(op, &dir, (&prefix, owner), "the lock node")
+        let (path, czxid, first) = self
+            .lock_node(op, &dir, owner, "the lock node")
             .await
             .map_err(|e| e.with_key(&key))?;
-        let name = match path.strip_prefix(prefix.as_str()) {
-            Some(_) => &path[dir.len() + 1..],
-            None => {
-                return Err(protocol(op, format!("created {path:?} for {prefix:?}")).with_key(&key));
-            }
-        };
-        // Whether ours has the lowest sequence; `None` when it is gone.
-        let first = sorted_lock_nodes(children)
-            .iter()
-            .position(|(_, node)| node == name)
-            .map(|index| index == 0);
         match first {
             Some(true) => {}
             Some(false) => {

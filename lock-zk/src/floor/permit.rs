@@ -33,9 +33,7 @@ use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId};
 
 use super::{ZkFloor, floor_grant, protocol, server_error, try_grant_key, wire_error};
 use crate::error::NAME;
-use crate::paths::{
-    LEASE_NAME, named_prefix, node_path_prefix, owner_of, sem_dir, sorted_lock_nodes, split_node,
-};
+use crate::paths::{LEASE_NAME, named_prefix, owner_of, sem_dir, split_node};
 use crate::wire::{Decoder, code, op};
 
 /// How a refused create names a semaphore's node.
@@ -181,22 +179,14 @@ impl RawFloor for ZkPermitFloor {
         let (locks, leases) = (format!("{base}/locks"), format!("{base}/leases"));
         let owner = OwnerId::random();
         let with_key = |e: LockError| e.with_key(&key);
-        // 1, 2: the internal mutex, its create and list in one write.
-        let (mutex, _, children) = self
+        // 1, 2: the internal mutex, its create and list in one write; it
+        // must be first (one gone before the list is not).
+        let (mutex, _, first) = self
             .floor
-            .create_listed(
-                op,
-                &locks,
-                (&node_path_prefix(&locks, owner), owner),
-                SEM_NODE,
-            )
+            .lock_node(op, &locks, owner, SEM_NODE)
             .await
             .map_err(with_key)?;
-        let mutex_name = mutex[locks.len() + 1..].to_owned();
-        let first = sorted_lock_nodes(children)
-            .first()
-            .is_some_and(|(_, n)| *n == mutex_name);
-        if !first {
+        if first != Some(true) {
             self.floor.delete(op, &mutex).await.map_err(with_key)?;
             return Ok(None);
         }
