@@ -50,6 +50,28 @@ impl OwnerId {
         format!("{:032x}", self.as_u128())
     }
 
+    /// The 32 hex digits laid out as a UUID (8-4-4-4-12, lowercase), the
+    /// form in which Curator's node names and Redisson's hash fields carry
+    /// a client id.
+    ///
+    /// ```
+    /// use lock_core::OwnerId;
+    ///
+    /// let owner = OwnerId::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+    /// assert_eq!(owner.to_uuid(), "01234567-89ab-cdef-0123-456789abcdef");
+    /// ```
+    pub fn to_uuid(self) -> String {
+        let hex = self.to_hex();
+        format!(
+            "{}-{}-{}-{}-{}",
+            &hex[..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..]
+        )
+    }
+
     /// Parses the 32-hex-digit form.
     ///
     /// # Errors

@@ -85,16 +85,8 @@ impl Redisson {
     async fn new(port: u16, thread_id: u64) -> Self {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
         let conn = client.get_multiplexed_async_connection().await.unwrap();
-        let hex = OwnerId::random().to_hex();
         // Redisson's id is a UUID; its field `<uuid>:<threadId>`.
-        let uuid = format!(
-            "{}-{}-{}-{}-{}",
-            &hex[..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..]
-        );
+        let uuid = OwnerId::random().to_uuid();
         Self {
             client,
             conn,

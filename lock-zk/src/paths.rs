@@ -250,20 +250,6 @@ pub(crate) fn is_key_dir(root: &str, key: &LockKey, dir: &str) -> bool {
     rest.is_empty()
 }
 
-/// The owner id written as a UUID (8-4-4-4-12 lowercase hex).
-#[cfg(test)]
-pub(crate) fn owner_uuid(owner: OwnerId) -> String {
-    let hex = owner.to_hex();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
-}
-
 /// The name prefix a lock node of `owner` is created with (the server
 /// appends the sequence number).
 #[cfg(test)]
@@ -566,7 +552,7 @@ mod tests {
             OwnerId::from_u128(0),
             OwnerId::from_u128(u128::MAX),
         ] {
-            let plain = format!("_c_{}-lock-", owner_uuid(owner));
+            let plain = format!("_c_{}-lock-", owner.to_uuid());
             assert_eq!(node_prefix(owner), plain);
             assert_eq!(node_path_prefix("/d/k", owner), format!("/d/k/{plain}"));
             assert_eq!(owner_of(&format!("{plain}0000000001")), Some(owner));
@@ -640,7 +626,7 @@ mod tests {
         assert_eq!(sequence_of(name), None);
         assert_eq!(
             named_prefix("/d", owner, LEASE_NAME),
-            format!("/d/_c_{}-lease-", owner_uuid(owner))
+            format!("/d/_c_{}-lease-", owner.to_uuid())
         );
     }
 

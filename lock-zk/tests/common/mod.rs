@@ -29,14 +29,7 @@ pub fn key(name: &str) -> LockKey {
 /// A 32-digit owner hex as a UUID (8-4-4-4-12), as Curator's node names
 /// carry it.
 pub fn dashed(hex: &str) -> String {
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    OwnerId::from_hex(hex).expect("an owner hex").to_uuid()
 }
 
 /// `count` of `limit` permits.

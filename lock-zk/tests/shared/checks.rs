@@ -100,7 +100,7 @@ pub(crate) enum Actor {
 
 pub(crate) async fn broken_node(raw: &zk::Client, dir: &str, name: &str) -> String {
     let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-    let uuid = crate::common::dashed(&OwnerId::random().to_hex());
+    let uuid = OwnerId::random().to_uuid();
     let prefix = format!("{dir}/_c_{uuid}-{name}");
     let (_, seq) = raw
         .create(&prefix, &[], &options)
