@@ -92,8 +92,8 @@ fn lease_sql(dialect: SqlDialect, table: &str) -> ([Text; 2], Text, Text) {
                 "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
                  VALUES ($1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $4) \
                  ON CONFLICT (name) DO UPDATE \
-                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at, \
-                 details = EXCLUDED.details \
+                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at, \
+                 details = excluded.details \
                  WHERE l.expires_at <= now() \
                  RETURNING token"
             ),

@@ -53,6 +53,22 @@ pub(crate) fn first_token(f: &str) -> String {
     format!("(SELECT COALESCE(MAX(token), 0) + 1 FROM {f})")
 }
 
+/// The lease grant of PostgreSQL and SQLite on table `t` (quoted): inserts
+/// the rows `source` yields (a `VALUES` list or a `SELECT`) and takes over
+/// an existing row only when it expired by `now`, bumping its token; the
+/// rows it wrote answer `returning`. A row still held is left as it is and
+/// answers nothing.
+pub(crate) fn lease_upsert(t: &str, source: &str, now: &str, returning: &str) -> String {
+    format!(
+        "INSERT INTO {t} AS l (name, owner, token, expires_at, details) {source} \
+         ON CONFLICT (name) DO UPDATE \
+         SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at, \
+         details = excluded.details \
+         WHERE l.expires_at <= {now} \
+         RETURNING {returning}"
+    )
+}
+
 /// The token floor table `f` (quoted): `id` 1 is its only row.
 pub(crate) fn floor_table(f: &str) -> String {
     format!(

@@ -42,6 +42,30 @@ fn session_columns() -> [(&'static str, String); 3] {
     ]
 }
 
+/// "Now" on MySQL's clock (fixed for the duration of a statement).
+const NOW: &str = "UTC_TIMESTAMP(6)";
+
+/// The `ON DUPLICATE KEY UPDATE` of the lease grants: an existing row is
+/// taken over only when it expired by [`NOW`], its token bumped. MySQL
+/// applies the assignments left to right, so `expires_at` comes last and
+/// the conditions before it see the old value. When `reported`,
+/// `LAST_INSERT_ID(expr)` carries the new token in the OK packet, and 0
+/// when the row is still held.
+fn take_over_expired(reported: bool) -> String {
+    let (bumped, kept) = if reported {
+        ("LAST_INSERT_ID(token + 1)", "token + LAST_INSERT_ID(0)")
+    } else {
+        ("token + 1", "token")
+    };
+    format!(
+        "ON DUPLICATE KEY UPDATE \
+         token = IF(expires_at <= {NOW}, {bumped}, {kept}), \
+         owner = IF(expires_at <= {NOW}, VALUES(owner), owner), \
+         details = IF(expires_at <= {NOW}, VALUES(details), details), \
+         expires_at = IF(expires_at <= {NOW}, VALUES(expires_at), expires_at)"
+    )
+}
+
 /// A token row's details, only when written by its last grant.
 const DETAILS_OF_GRANT: &str = "CASE WHEN t.details_token = t.token THEN t.details END";
 
@@ -65,7 +89,7 @@ static PROFILE: Profile = Profile {
     pool_size: (10, 10),
     busy_timeout: false,
     int_type: "SIGNED",
-    now_sql: "UTC_TIMESTAMP(6)",
+    now_sql: NOW,
     left_micros: "TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)",
     begin: "BEGIN",
     binds_now: false,
@@ -97,8 +121,6 @@ impl Dialect for MySql {
         &PROFILE
     }
 
-    // MySQL applies the assignments left to right, so `expires_at` comes
-    // last and the conditions before it see the old value.
     fn statements(&self, t: &str, f: &str) -> LeaseSql {
         let first = first_token(f);
         LeaseSql {
@@ -112,12 +134,8 @@ impl Dialect for MySql {
             ),
             grant: format!(
                 "INSERT INTO {t} (name, owner, token, expires_at, details) \
-                 VALUES (?, ?, LAST_INSERT_ID({first}), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?) \
-                 ON DUPLICATE KEY UPDATE \
-                 token = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)), \
-                 owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
-                 details = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(details), details), \
-                 expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
+                 VALUES (?, ?, LAST_INSERT_ID({first}), {NOW} + INTERVAL ? MICROSECOND, ?) {}",
+                take_over_expired(true)
             ),
             release: format!(
                 "UPDATE {t} SET owner = NULL, details = NULL, expires_at = UTC_TIMESTAMP(6) \
@@ -178,9 +196,8 @@ impl Dialect for MySql {
     }
 
     fn renew_batch_sql(&self, table: &str, rows: usize) -> String {
-        let now = "UTC_TIMESTAMP(6)";
-        let set = format!("{now} + INTERVAL ? MICROSECOND");
-        spliced_batch(table, &set, now, rows, "", "", || "?".to_owned())
+        let set = format!("{NOW} + INTERVAL ? MICROSECOND");
+        spliced_batch(table, &set, NOW, rows, "", "", || "?".to_owned())
     }
 
     fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
@@ -191,26 +208,21 @@ impl Dialect for MySql {
     // then a locking read says which are ours. The waiters check locks
     // their index range in share mode: no waiter registers meanwhile.
     fn grant_all_sql(&self, t: &str, f: &str, w: Option<&str>, n: usize) -> GrantAll {
-        let now = "UTC_TIMESTAMP(6)";
         let first = first_token(f);
-        let rows = vec![format!("(?, ?, {first}, {now} + INTERVAL ? MICROSECOND, ?)"); n];
+        let rows = vec![format!("(?, ?, {first}, {NOW} + INTERVAL ? MICROSECOND, ?)"); n];
         GrantAll::Transaction {
             begin: "BEGIN",
             check: w.map(|w| {
                 format!(
                     "SELECT COUNT(*) FROM {w} WHERE name IN ({}) AND shape = 'mutex' \
-                     AND expires_at > {now} LOCK IN SHARE MODE",
+                     AND expires_at > {NOW} LOCK IN SHARE MODE",
                     marks(n)
                 )
             }),
             upsert: format!(
-                "INSERT INTO {t} (name, owner, token, expires_at, details) VALUES {} \
-                 ON DUPLICATE KEY UPDATE \
-                 token = IF(expires_at <= {now}, token + 1, token), \
-                 owner = IF(expires_at <= {now}, VALUES(owner), owner), \
-                 details = IF(expires_at <= {now}, VALUES(details), details), \
-                 expires_at = IF(expires_at <= {now}, VALUES(expires_at), expires_at)",
-                rows.join(", ")
+                "INSERT INTO {t} (name, owner, token, expires_at, details) VALUES {} {}",
+                rows.join(", "),
+                take_over_expired(false)
             ),
             rows: UpsertBinds::PerRow,
             returns: false,
@@ -225,18 +237,13 @@ impl Dialect for MySql {
     // An earlier live waiter leaves the SELECT empty: nothing is inserted,
     // LAST_INSERT_ID(expr) never runs and the OK packet reports 0.
     fn fair_grant_sql(&self, t: &str, f: &str, w: &str) -> String {
-        let now = "UTC_TIMESTAMP(6)";
         let first = first_token(f);
         format!(
             "INSERT INTO {t} (name, owner, token, expires_at, details) \
-             SELECT ?, ?, LAST_INSERT_ID({first}), {now} + INTERVAL ? MICROSECOND, ? FROM DUAL \
+             SELECT ?, ?, LAST_INSERT_ID({first}), {NOW} + INTERVAL ? MICROSECOND, ? FROM DUAL \
              WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = ? AND shape = 'mutex' \
-             AND expires_at > {now} AND id < ?) \
-             ON DUPLICATE KEY UPDATE \
-             token = IF(expires_at <= {now}, LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)), \
-             owner = IF(expires_at <= {now}, VALUES(owner), owner), \
-             details = IF(expires_at <= {now}, VALUES(details), details), \
-             expires_at = IF(expires_at <= {now}, VALUES(expires_at), expires_at)"
+             AND expires_at > {NOW} AND id < ?) {}",
+            take_over_expired(true)
         )
     }
 
@@ -441,11 +448,7 @@ impl SessionDialect for MySql {
         sql: &SessionSql,
         server_key: &ServerKey,
     ) -> Result<bool, sqlx::Error> {
-        let released: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.release.as_str()))
-            .bind(server_key.mysql.as_str())
-            .fetch_one(my(conn)?)
-            .await?;
-        Ok(released == Some(1))
+        answers_one(conn, &sql.release, server_key).await
     }
 
     async fn session_holds(
@@ -454,11 +457,7 @@ impl SessionDialect for MySql {
         sql: &SessionSql,
         server_key: &ServerKey,
     ) -> Result<bool, sqlx::Error> {
-        let held: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.holds.as_str()))
-            .bind(server_key.mysql.as_str())
-            .fetch_one(my(conn)?)
-            .await?;
-        Ok(held == Some(1))
+        answers_one(conn, &sql.holds, server_key).await
     }
 
     async fn session_inspect(
@@ -607,6 +606,21 @@ impl SessionDialect for MySql {
         }
         Ok(None)
     }
+}
+
+/// Runs `statement`, which binds the lock's name once: whether it answers
+/// 1 (`RELEASE_LOCK` released the lock, `IS_USED_LOCK` names this
+/// connection; 0 or NULL otherwise).
+async fn answers_one(
+    conn: &mut DbConn,
+    statement: &str,
+    server_key: &ServerKey,
+) -> Result<bool, sqlx::Error> {
+    let answer: Option<i64> = sqlx::query_scalar(AssertSqlSafe(statement))
+        .bind(server_key.mysql.as_str())
+        .fetch_one(my(conn)?)
+        .await?;
+    Ok(answer == Some(1))
 }
 
 /// The holder of a session row (columns token, owner, conn, details from

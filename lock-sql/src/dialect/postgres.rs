@@ -12,8 +12,8 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::{
     Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile,
-    Renewed, SessionDialect, SessionHolder, SessionProfile, SharedNames, first_token, micros,
-    parse_options, text, token_of, wrong_conn,
+    Renewed, SessionDialect, SessionHolder, SessionProfile, SharedNames, first_token, lease_upsert,
+    micros, parse_options, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions};
@@ -76,14 +76,11 @@ impl Dialect for Postgres {
                  expires_at TIMESTAMPTZ NOT NULL, \
                  details VARCHAR({DETAILS_LEN}))"
             ),
-            grant: format!(
-                "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
-                 VALUES ($1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $4) \
-                 ON CONFLICT (name) DO UPDATE \
-                 SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at, \
-                 details = EXCLUDED.details \
-                 WHERE l.expires_at <= now() \
-                 RETURNING token"
+            grant: lease_upsert(
+                t,
+                &format!("VALUES ($1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $4)"),
+                "now()",
+                "token",
             ),
             // The notification is sent at commit, in the same statement.
             release: format!(
@@ -174,18 +171,15 @@ impl Dialect for Postgres {
              AND expires_at > now()){fair}"
         );
         let details = n + 4;
+        let source = format!(
+            "SELECT name, $1, {first}, now() + $2 * INTERVAL '1 microsecond', ${details}::varchar \
+             FROM v{gate} ORDER BY ord"
+        );
         GrantAll::One(format!(
-            "WITH v (name, ord) AS (VALUES {}), \
-             g AS (INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
-             SELECT name, $1, {first}, now() + $2 * INTERVAL '1 microsecond', ${details}::varchar \
-             FROM v{gate} ORDER BY ord \
-             ON CONFLICT (name) DO UPDATE \
-             SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at, \
-             details = EXCLUDED.details \
-             WHERE l.expires_at <= now() \
-             RETURNING name, token) \
+            "WITH v (name, ord) AS (VALUES {}), g AS ({}) \
              SELECT name, token, 1 / CASE WHEN (SELECT count(*) FROM g) = $3 THEN 1 ELSE 0 END FROM g",
-            values.join(", ")
+            values.join(", "),
+            lease_upsert(t, &source, "now()", "name, token")
         ))
     }
 
@@ -193,17 +187,12 @@ impl Dialect for Postgres {
     // queued: the SELECT yields nothing, so the conflict clause never runs.
     fn fair_grant_sql(&self, t: &str, f: &str, w: &str) -> String {
         let first = first_token(f);
-        format!(
-            "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
-             SELECT $1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $5 \
+        let source = format!(
+            "SELECT $1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $5 \
              WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = $1 AND shape = 'mutex' \
-             AND expires_at > now() AND id < $4) \
-             ON CONFLICT (name) DO UPDATE \
-             SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at, \
-             details = EXCLUDED.details \
-             WHERE l.expires_at <= now() \
-             RETURNING token"
-        )
+             AND expires_at > now() AND id < $4)"
+        );
+        lease_upsert(t, &source, "now()", "token")
     }
 
     fn param(&self, n: usize) -> String {

@@ -7,7 +7,7 @@ use lock_core::LockError;
 
 use super::{
     Arg, Batch, Dialect, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile, SharedNames,
-    UpsertBinds, first_token, parse_options, spliced_batch,
+    UpsertBinds, first_token, lease_upsert, parse_options, spliced_batch,
 };
 use crate::config::SqlConfig;
 use crate::conn::DbOptions;
@@ -104,14 +104,11 @@ impl Dialect for Sqlite {
                  expires_at INTEGER NOT NULL, \
                  details TEXT) WITHOUT ROWID"
             ),
-            grant: format!(
-                "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
-                 VALUES (?1, ?2, {first}, ?3 + ?4, ?5) \
-                 ON CONFLICT (name) DO UPDATE \
-                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at, \
-                 details = excluded.details \
-                 WHERE l.expires_at <= ?3 \
-                 RETURNING token"
+            grant: lease_upsert(
+                t,
+                &format!("VALUES (?1, ?2, {first}, ?3 + ?4, ?5)"),
+                "?3",
+                "token",
             ),
             release: format!(
                 "UPDATE {t} SET owner = NULL, details = NULL, expires_at = ?4 \
@@ -194,14 +191,11 @@ impl Dialect for Sqlite {
                     names.join(", ")
                 )
             }),
-            upsert: format!(
-                "INSERT INTO {t} AS l (name, owner, token, expires_at, details) VALUES {} \
-                 ON CONFLICT (name) DO UPDATE \
-                 SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at, \
-                 details = excluded.details \
-                 WHERE l.expires_at <= ?1 \
-                 RETURNING name, token",
-                rows.join(", ")
+            upsert: lease_upsert(
+                t,
+                &format!("VALUES {}", rows.join(", ")),
+                "?1",
+                "name, token",
             ),
             rows: UpsertBinds::NowTtlOwnerNames,
             returns: true,
@@ -214,17 +208,12 @@ impl Dialect for Sqlite {
     // clock (millisecond precision), compared with the bound now (?3).
     fn fair_grant_sql(&self, t: &str, f: &str, w: &str) -> String {
         let first = first_token(f);
-        format!(
-            "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
-             SELECT ?1, ?2, {first}, ?3 + ?4, ?6 \
+        let source = format!(
+            "SELECT ?1, ?2, {first}, ?3 + ?4, ?6 \
              WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = ?1 AND shape = 'mutex' \
-             AND expires_at > ?3 AND id < ?5) \
-             ON CONFLICT (name) DO UPDATE \
-             SET owner = excluded.owner, token = l.token + 1, expires_at = excluded.expires_at, \
-             details = excluded.details \
-             WHERE l.expires_at <= ?3 \
-             RETURNING token"
-        )
+             AND expires_at > ?3 AND id < ?5)"
+        );
+        lease_upsert(t, &source, "?3", "token")
     }
 
     fn param(&self, n: usize) -> String {
