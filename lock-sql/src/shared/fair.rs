@@ -68,17 +68,10 @@ impl SqlBackend {
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         let operation = Operation::Acquire;
-        let config = &self.inner().config;
         let shared = &self.inner().shared;
-        let notified = self.inner_dialect().notified();
         let owner = OwnerId::random().to_hex();
-        let mut backoff = config.poll.backoff();
-        let mut started_listener = false;
-        let mut queued = Queued {
-            backend: self.clone(),
-            key: key.clone(),
-            id: None,
-        };
+        let mut pacing = self.pacing();
+        let mut queued = Queued::new(self, key);
         let mut refreshed_at = Instant::now();
         loop {
             // Subscribe before the attempt, so a release between a refusal
@@ -141,14 +134,7 @@ impl SqlBackend {
                 }
                 Some(_) => {}
             }
-            if notified && !started_listener {
-                self.ensure_listener().await;
-                started_listener = true;
-                // Releases before the listener ran were not heard.
-                continue;
-            }
-            self.wait_for_wake(&mut wakes, key, ttl, deadline, &mut backoff)
-                .await;
+            self.pace(&mut pacing, &mut wakes, key, ttl, deadline).await;
         }
     }
 }

@@ -66,6 +66,44 @@ pub(crate) enum Outcome {
     Retry,
 }
 
+/// One grant request, as a grant transaction decides it.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    key: &'a LockKey,
+    kind: LeaseKind,
+    /// The owner (hex) the holder row is written with.
+    owner: &'a str,
+    ttl: Duration,
+    /// Our waiter row, when we are queued.
+    waiter: Option<i64>,
+    /// Whether a refusal queues us (inserts or refreshes our waiter row).
+    register: bool,
+}
+
+impl<'a> Request<'a> {
+    /// A request that is not queued and does not queue when refused.
+    fn once(key: &'a LockKey, kind: LeaseKind, owner: &'a str, ttl: Duration) -> Self {
+        Self {
+            key,
+            kind,
+            owner,
+            ttl,
+            waiter: None,
+            register: false,
+        }
+    }
+
+    /// The same request from a waiting acquire: queued as `waiter` (when
+    /// it is), and queued when refused.
+    fn queued(self, waiter: Option<i64>) -> Self {
+        Self {
+            waiter,
+            register: true,
+            ..self
+        }
+    }
+}
+
 /// A holder row as the grant reads it.
 struct HolderRow {
     owner: String,
@@ -194,17 +232,19 @@ impl SqlBackend {
     }
 
     /// The body of one grant transaction (between BEGIN and COMMIT).
-    #[allow(clippy::too_many_arguments)]
     async fn decide(
         &self,
         conn: &mut DbConn,
-        key: &LockKey,
-        kind: LeaseKind,
-        owner: &str,
-        ttl: Duration,
-        waiter: Option<i64>,
-        register: bool,
+        request: Request<'_>,
     ) -> Result<Outcome, sqlx::Error> {
+        let Request {
+            key,
+            kind,
+            owner,
+            ttl,
+            waiter,
+            register,
+        } = request;
         let sql = &self.inner().shared;
         let (name, shape) = (key.as_str(), kind.shape().as_str());
         let by_key = [Bind::Text(name), Bind::Text(shape)];
@@ -284,6 +324,17 @@ impl SqlBackend {
             .into_iter()
             .filter(|w| waiter.is_none_or(|me| w.id < me))
             .collect();
+        // The columns a holder row and a waiter row start with: name,
+        // shape, owner, kind, count, limit.
+        let code = kind.code();
+        let row = [
+            Bind::Text(name),
+            Bind::Text(shape),
+            Bind::Text(owner),
+            Bind::Text(&code),
+            Bind::Int(count),
+            Bind::Int(limit),
+        ];
         if grantable(kind, &live, &earlier) {
             let token = match kind {
                 LeaseKind::Read => epoch,
@@ -294,21 +345,14 @@ impl SqlBackend {
                 }
                 _ => counter,
             };
-            let code = kind.code();
             // Who takes the share, written by the insert itself.
             let details = lock_core::HolderDetails::encode_current();
-            let binds = [
-                Bind::Text(name),
-                Bind::Text(shape),
-                Bind::Text(owner),
-                Bind::Text(&code),
-                Bind::Int(count),
-                Bind::Int(limit),
+            let holder = [
                 Bind::Int(token),
                 Bind::Int(micros(ttl)),
                 Bind::Text(&details),
             ];
-            execute(conn, &sql.insert_holder, &binds).await?;
+            execute(conn, &sql.insert_holder, &[&row[..], &holder].concat()).await?;
             if let Some(id) = waiter {
                 execute(conn, &sql.delete_waiter, &[Bind::Int(id)]).await?;
             }
@@ -328,39 +372,21 @@ impl SqlBackend {
             .await?;
             return Ok(Outcome::Queued(Some(id)));
         }
-        let code = kind.code();
-        let binds = [
-            Bind::Text(name),
-            Bind::Text(shape),
-            Bind::Text(owner),
-            Bind::Text(&code),
-            Bind::Int(count),
-            Bind::Int(limit),
-            Bind::Int(micros(waiter_ttl(ttl))),
-        ];
+        let binds = [&row[..], &[Bind::Int(micros(waiter_ttl(ttl)))]].concat();
         let id = insert_waiter(conn, &sql.insert_waiter, &binds).await?;
         Ok(Outcome::Queued(Some(id)))
     }
 
     /// One grant transaction on one connection: BEGIN, decide, COMMIT
     /// (ROLLBACK on an error).
-    #[allow(clippy::too_many_arguments)]
     async fn transaction(
         &self,
         conn: &mut DbConn,
-        key: &LockKey,
-        kind: LeaseKind,
-        owner: &str,
-        ttl: Duration,
-        waiter: Option<i64>,
-        register: bool,
+        request: Request<'_>,
     ) -> Result<Outcome, sqlx::Error> {
         let sql = &self.inner().shared;
         execute(conn, &sql.begin, &[]).await?;
-        match self
-            .decide(conn, key, kind, owner, ttl, waiter, register)
-            .await
-        {
+        match self.decide(conn, request).await {
             Ok(Outcome::Retry) => {
                 execute(conn, &sql.rollback, &[]).await?;
                 Ok(Outcome::Retry)
@@ -381,17 +407,12 @@ impl SqlBackend {
     /// A grant transaction with its retries: once more on a fresh
     /// connection when the connection broke (the same owner: a grant that
     /// did commit is found as ours), and again after a rolled-back deadlock.
-    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        owner: &str,
-        ttl: Duration,
-        waiter: Option<i64>,
-        register: bool,
+        request: Request<'_>,
         operation: Operation,
     ) -> Result<Outcome, LockError> {
+        let key = request.key;
         let conns = &self.inner().conns;
         with_timeout(self.inner().config.op_timeout, operation, async {
             let mut fresh = false;
@@ -401,9 +422,7 @@ impl SqlBackend {
                     .checkout(fresh)
                     .await
                     .map_err(|e| self.err(operation, key, e))?;
-                let result = self
-                    .transaction(checkout.conn(), key, kind, owner, ttl, waiter, register)
-                    .await;
+                let result = self.transaction(checkout.conn(), request).await;
                 if checkout.finish(&result) && !fresh {
                     fresh = true;
                     continue;
@@ -475,10 +494,9 @@ impl SqlBackend {
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
         let owner = OwnerId::random();
         let sent_at = Instant::now();
-        match self
-            .attempt(key, kind, &owner.to_hex(), ttl, None, false, operation)
-            .await?
-        {
+        let owner_hex = owner.to_hex();
+        let request = Request::once(key, kind, &owner_hex, ttl);
+        match self.attempt(request, operation).await? {
             Outcome::Granted(token) => self
                 .share_lease(key, kind, owner, token, ttl, sent_at)
                 .await

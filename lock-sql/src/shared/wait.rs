@@ -8,7 +8,7 @@ use lock_core::{ErrorKind, Lease, LeaseKind, LockError, LockKey, Operation, Owne
 use tokio::time::Instant;
 
 use super::run::Bind;
-use super::{HolderRow, Outcome, WaiterRow, amounts, grantable, read_state, waiter_ttl};
+use super::{HolderRow, Outcome, Request, WaiterRow, amounts, grantable, read_state, waiter_ttl};
 use crate::conn::{ConnSet, retry_once};
 use crate::driver::{MIN_TTL, NAME, SqlBackend};
 use crate::error::timed;
@@ -65,15 +65,9 @@ impl SqlBackend {
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
         let owner = OwnerId::random();
         let owner_hex = owner.to_hex();
-        let config = &self.inner().config;
-        let notified = self.inner_dialect().notified();
-        let mut backoff = config.poll.backoff();
-        let mut started_listener = false;
-        let mut queued = Queued {
-            backend: self.clone(),
-            key: key.clone(),
-            id: None,
-        };
+        let request = Request::once(key, kind, &owner_hex, ttl);
+        let mut pacing = self.pacing();
+        let mut queued = Queued::new(self, key);
         // When our waiter row was last written (it lives `waiter_ttl` from
         // then).
         let mut refreshed_at = Instant::now();
@@ -93,7 +87,7 @@ impl SqlBackend {
             };
             look_first = true;
             if skip {
-                self.wait_for_wake(&mut wakes, key, ttl, deadline, &mut backoff)
+                self.wait_for_wake(&mut wakes, key, ttl, deadline, &mut pacing.backoff)
                     .await;
                 if Instant::now() >= deadline {
                     // One last decision at the deadline.
@@ -102,10 +96,7 @@ impl SqlBackend {
                 continue;
             }
             let sent_at = Instant::now();
-            match self
-                .attempt(key, kind, &owner_hex, ttl, queued.id, true, operation)
-                .await?
-            {
+            match self.attempt(request.queued(queued.id), operation).await? {
                 Outcome::Granted(token) => {
                     // The grant's transaction deleted our waiter row.
                     queued.id = None;
@@ -134,22 +125,46 @@ impl SqlBackend {
                 .with_key(key)
                 .with_backend(NAME));
             }
-            if notified && !started_listener {
-                self.ensure_listener().await;
-                started_listener = true;
-                // Releases before the listener ran were not heard.
-                continue;
-            }
-            self.wait_for_wake(&mut wakes, key, ttl, deadline, &mut backoff)
-                .await;
+            self.pace(&mut pacing, &mut wakes, key, ttl, deadline).await;
         }
+    }
+
+    /// A waiting acquire's pacing: the configured poll backoff, the
+    /// listener not started yet.
+    pub(super) fn pacing(&self) -> Pacing {
+        Pacing {
+            backoff: self.inner().config.poll.backoff(),
+            notified: self.inner_dialect().notified(),
+            started_listener: false,
+        }
+    }
+
+    /// Between a refused attempt and the next: the first time on a
+    /// notified backend, starts the listener and returns at once (releases
+    /// before it ran were not heard: the caller attempts again);
+    /// otherwise sleeps as [`wait_for_wake`](Self::wait_for_wake) does.
+    pub(super) async fn pace(
+        &self,
+        pacing: &mut Pacing,
+        wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) {
+        if pacing.notified && !pacing.started_listener {
+            self.ensure_listener().await;
+            pacing.started_listener = true;
+            return;
+        }
+        self.wait_for_wake(wakes, key, ttl, deadline, &mut pacing.backoff)
+            .await;
     }
 
     /// Sleeps until a wake-up for `key` (a release, a downgrade, a
     /// withdrawal), the next poll or re-check, or `deadline`; attempts come
     /// at least every third of the waiter row's TTL ([`waiter_ttl`]), so
     /// the row stays live.
-    pub(super) async fn wait_for_wake(
+    async fn wait_for_wake(
         &self,
         wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
         key: &LockKey,
@@ -207,6 +222,16 @@ impl SqlBackend {
     }
 }
 
+/// How a waiting acquire paces its attempts ([`SqlBackend::pace`]).
+pub(super) struct Pacing {
+    /// The poll backoff (reset by a wake-up for the key).
+    backoff: lock_core::Backoff,
+    /// Whether releases notify through the database (PostgreSQL).
+    notified: bool,
+    /// Whether the notification listener was started.
+    started_listener: bool,
+}
+
 /// A waiting acquire's row in the waiters table: withdrawn when the
 /// acquire gives up, and in the background when it is dropped.
 pub(super) struct Queued {
@@ -216,6 +241,15 @@ pub(super) struct Queued {
 }
 
 impl Queued {
+    /// Not queued yet, for `key` on `backend`.
+    pub(super) fn new(backend: &SqlBackend, key: &LockKey) -> Self {
+        Self {
+            backend: backend.clone(),
+            key: key.clone(),
+            id: None,
+        }
+    }
+
     pub(super) async fn withdraw(&mut self) {
         if let Some(id) = self.id.take() {
             self.backend.withdraw(&self.key, id).await;
