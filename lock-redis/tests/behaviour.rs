@@ -89,6 +89,32 @@ async fn stored_value(port: u16, backend: &RedisBackend, k: &LockKey) -> Option<
         .unwrap()
 }
 
+/// A plain client's `SET <redis_key> other-client-random NX PX 10000`:
+/// `Some("OK")` when it took the key.
+async fn plain_set_nx_px(
+    conn: &mut redis::aio::MultiplexedConnection,
+    redis_key: &str,
+) -> Option<String> {
+    redis::cmd("SET")
+        .arg(redis_key)
+        .arg("other-client-random")
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// A plain client's `GET <redis_key>` of a key that is set.
+async fn plain_get(conn: &mut redis::aio::MultiplexedConnection, redis_key: &str) -> String {
+    redis::cmd("GET")
+        .arg(redis_key)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interop_with_plain_set_nx_px_both_ways() {
     let Some(server) = RedisServer::start().await.or_skip() else {
@@ -108,21 +134,9 @@ async fn interop_with_plain_set_nx_px_both_ways() {
         .await
         .unwrap()
         .expect("free");
-    let set: Option<String> = redis::cmd("SET")
-        .arg(&redis_key)
-        .arg("other-client-random")
-        .arg("NX")
-        .arg("PX")
-        .arg(10_000)
-        .query_async(&mut other)
-        .await
-        .unwrap();
+    let set = plain_set_nx_px(&mut other, &redis_key).await;
     assert_eq!(set, None, "a plain SET NX PX got a key we hold");
-    let stored: String = redis::cmd("GET")
-        .arg(&redis_key)
-        .query_async(&mut other)
-        .await
-        .unwrap();
+    let stored = plain_get(&mut other, &redis_key).await;
     assert_eq!(
         stored,
         lease.owner().to_hex(),
@@ -131,15 +145,7 @@ async fn interop_with_plain_set_nx_px_both_ways() {
     assert!(backend.release(&lease).await.unwrap());
 
     // The other client holds: ours fails, and never touches its key.
-    let set: Option<String> = redis::cmd("SET")
-        .arg(&redis_key)
-        .arg("other-client-random")
-        .arg("NX")
-        .arg("PX")
-        .arg(10_000)
-        .query_async(&mut other)
-        .await
-        .unwrap();
+    let set = plain_set_nx_px(&mut other, &redis_key).await;
     assert_eq!(set.as_deref(), Some("OK"));
     assert!(
         backend
@@ -154,11 +160,7 @@ async fn interop_with_plain_set_nx_px_both_ways() {
     // Our stale lease cannot release or renew the foreign holder's lock.
     assert!(!backend.release(&lease).await.unwrap());
     assert!(backend.renew(&lease).await.unwrap_err().is_not_held());
-    let stored: String = redis::cmd("GET")
-        .arg(&redis_key)
-        .query_async(&mut other)
-        .await
-        .unwrap();
+    let stored = plain_get(&mut other, &redis_key).await;
     assert_eq!(stored, "other-client-random");
     // A waiter gets it once the other client deletes its key (the re-check
     // covers clients that publish nothing).

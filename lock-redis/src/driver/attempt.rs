@@ -103,6 +103,24 @@ pub(super) enum Found {
     Wait(Duration),
 }
 
+/// The cleanup of a guard dropped armed, in the background on the current
+/// runtime: `cleanup` runs on clones of the backend's state and of
+/// `names`, with `owner`. Without a runtime nothing is spawned and the
+/// traces expire with their TTL.
+fn in_background<N, F>(
+    inner: &Arc<Inner>,
+    names: &N,
+    owner: String,
+    cleanup: impl FnOnce(Arc<Inner>, N, String) -> F,
+) where
+    N: Clone,
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(cleanup(inner.clone(), names.clone(), owner));
+    }
+}
+
 /// Releases a grant whose outcome we could not see (timeout, cancelled
 /// future, expired on arrival, WAIT not satisfied) unless disarmed.
 struct PendingGrant<'a> {
@@ -120,18 +138,18 @@ impl PendingGrant<'_> {
 
 impl Drop for PendingGrant<'_> {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let inner = self.inner.clone();
-            let names = self.names.clone();
+        if self.armed {
             let owner = self.owner.to_owned();
-            handle.spawn(async move {
-                let _ = inner
-                    .release_all(&names, &owner, inner.config.operation_timeout)
-                    .await;
-            });
+            in_background(
+                self.inner,
+                self.names,
+                owner,
+                |inner, names, owner| async move {
+                    let _ = inner
+                        .release_all(&names, &owner, inner.config.operation_timeout)
+                        .await;
+                },
+            );
         }
     }
 }
@@ -200,16 +218,16 @@ impl<N: Traces> Withdraw<N> {
 
 impl<N: Traces> Drop for Withdraw<N> {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let inner = self.inner.clone();
-            let names = self.names.clone();
+        if self.armed {
             let owner = std::mem::take(&mut self.owner);
-            handle.spawn(async move {
-                let _ = names.abandon(&inner, &owner).await;
-            });
+            in_background(
+                &self.inner,
+                &self.names,
+                owner,
+                |inner, names, owner| async move {
+                    let _ = names.abandon(&inner, &owner).await;
+                },
+            );
         }
     }
 }
