@@ -1,11 +1,9 @@
 //! MariaDB on loopback, with a database and a password user created over
 //! the server's Unix socket.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use tempfile::TempDir;
-
+use super::{Kind, LoopbackServer};
 use crate::process::{
     HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, run_setup, temp_dir,
 };
@@ -20,13 +18,15 @@ pub const USER: &str = "distlock";
 /// Its password (a test server on loopback only).
 pub const PASSWORD: &str = "distlock-test-pw";
 
-/// One MariaDB server on a free loopback port, binary log off.
+/// One MariaDB server on a free loopback port, binary log off (data in
+/// `data/` of its [`dir`](LoopbackServer::dir)).
+pub type MariaDbServer = LoopbackServer<MariaDb>;
+
+/// The [`Kind`] of a [`MariaDbServer`].
 #[derive(Debug)]
-pub struct MariaDbServer {
-    process: ServerProcess,
-    port: u16,
-    dir: TempDir,
-}
+pub struct MariaDb;
+
+impl Kind for MariaDb {}
 
 impl MariaDbServer {
     /// Initializes a data directory, starts the server and creates
@@ -72,7 +72,7 @@ impl MariaDbServer {
         ])
         .ready(Ready::Port(port));
         let process = ServerProcess::start(spec).await?;
-        let server = Self { process, port, dir };
+        let server = Self::new(process, port, dir);
         let sql = format!(
             "CREATE DATABASE IF NOT EXISTS {DATABASE}; \
              CREATE USER IF NOT EXISTS '{USER}'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}'; \
@@ -114,20 +114,5 @@ impl MariaDbServer {
             "mysql://{USER}:{PASSWORD}@127.0.0.1:{}/{DATABASE}",
             self.port
         )
-    }
-
-    /// The port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The temporary directory (data in `data/`).
-    pub fn dir(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
-    }
-
-    /// The process, for faults (pause, kill, restart).
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
     }
 }

@@ -10,3 +10,64 @@ pub mod mariadb;
 pub mod postgres;
 pub mod redis;
 pub mod zookeeper;
+
+use std::marker::PhantomData;
+use std::path::PathBuf;
+
+use tempfile::TempDir;
+
+use crate::process::ServerProcess;
+
+/// One server process of kind `K` on a free loopback port, in a temporary
+/// directory it is stopped with: what the single-process servers
+/// ([`redis::RedisServer`], [`postgres::PostgresServer`],
+/// [`mariadb::MariaDbServer`]) share. Each kind adds its start, its URL and
+/// its faults.
+#[derive(Debug)]
+pub struct LoopbackServer<K: Kind> {
+    process: ServerProcess,
+    port: u16,
+    dir: TempDir,
+    kind: PhantomData<K>,
+}
+
+/// A kind of [`LoopbackServer`]: what it does besides stopping its process
+/// when dropped.
+pub trait Kind: std::fmt::Debug + Send + Sync + Sized {
+    /// Runs as the server is dropped, before its process is stopped
+    /// (nothing by default).
+    fn on_drop(_server: &mut LoopbackServer<Self>) {}
+}
+
+impl<K: Kind> LoopbackServer<K> {
+    fn new(process: ServerProcess, port: u16, dir: TempDir) -> Self {
+        Self {
+            process,
+            port,
+            dir,
+            kind: PhantomData,
+        }
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The temporary directory (data and log).
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    /// The server's process, for faults (pause, kill, restart). A kind
+    /// whose server has more processes says so with its own faults.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
+impl<K: Kind> Drop for LoopbackServer<K> {
+    fn drop(&mut self) {
+        K::on_drop(self);
+    }
+}

@@ -3,11 +3,9 @@
 //! `pg_ctl`), so pause / kill / restart reach the real server's process
 //! group.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use tempfile::TempDir;
-
+use super::{Kind, LoopbackServer};
 use crate::process::{
     HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, run_setup, system_user,
     temp_dir,
@@ -19,12 +17,22 @@ pub const PACKAGE: &str = "postgresql";
 /// The database user created by `initdb` (trust authentication).
 pub const USER: &str = "distlock";
 
-/// One PostgreSQL server on a free loopback port, `fsync=off`.
+/// One PostgreSQL server on a free loopback port, `fsync=off` (data in
+/// `data/` of its [`dir`](LoopbackServer::dir), log in `postgres.log`). Its
+/// [`process`](LoopbackServer::process) is the postmaster's: prefer
+/// [`pause`](Self::pause), [`kill`](Self::kill) and
+/// [`restart`](Self::restart), which also reach the backends.
+pub type PostgresServer = LoopbackServer<Postgres>;
+
+/// The [`Kind`] of a [`PostgresServer`]: dropped, it kills the postmaster
+/// and every backend.
 #[derive(Debug)]
-pub struct PostgresServer {
-    process: ServerProcess,
-    port: u16,
-    dir: TempDir,
+pub struct Postgres;
+
+impl Kind for Postgres {
+    fn on_drop(server: &mut PostgresServer) {
+        let _ = server.kill();
+    }
 }
 
 impl PostgresServer {
@@ -75,7 +83,7 @@ impl PostgresServer {
         spec.user = Some(user);
         spec.cwd = Some(dir.path().to_path_buf());
         let process = ServerProcess::start(spec).await?;
-        let server = Self { process, port, dir };
+        let server = Self::new(process, port, dir);
         server.wait_accepting().await?;
         Ok(server)
     }
@@ -195,29 +203,6 @@ impl PostgresServer {
     /// `postgres://distlock@127.0.0.1:<port>/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://{USER}@127.0.0.1:{}/postgres", self.port)
-    }
-
-    /// The port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The temporary directory (data in `data/`, log in `postgres.log`).
-    pub fn dir(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
-    }
-
-    /// The postmaster's process. Prefer [`pause`](Self::pause),
-    /// [`kill`](Self::kill) and [`restart`](Self::restart), which also reach
-    /// the backends.
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
-    }
-}
-
-impl Drop for PostgresServer {
-    fn drop(&mut self) {
-        let _ = self.kill();
     }
 }
 

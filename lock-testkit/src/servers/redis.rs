@@ -1,9 +1,8 @@
 //! redis-server on loopback.
 
-use std::path::PathBuf;
-
 use tempfile::TempDir;
 
+use super::{Kind, LoopbackServer};
 use crate::process::{
     HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, temp_dir,
 };
@@ -12,12 +11,13 @@ use crate::process::{
 pub const PACKAGE: &str = "redis-server";
 
 /// One redis-server, without persistence, on a free loopback port.
+pub type RedisServer = LoopbackServer<Redis>;
+
+/// The [`Kind`] of a [`RedisServer`].
 #[derive(Debug)]
-pub struct RedisServer {
-    process: ServerProcess,
-    port: u16,
-    dir: TempDir,
-}
+pub struct Redis;
+
+impl Kind for Redis {}
 
 impl RedisServer {
     /// Starts a standalone server.
@@ -131,27 +131,12 @@ impl RedisServer {
             .args(extra.iter().copied())
             .ready(Ready::Port(port));
         let process = ServerProcess::start(spec).await?;
-        Ok(Self { process, port, dir })
+        Ok(Self::new(process, port, dir))
     }
 
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// The port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The data directory.
-    pub fn dir(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
-    }
-
-    /// The process, for faults (pause, kill, restart).
-    pub fn process(&mut self) -> &mut ServerProcess {
-        &mut self.process
+        format!("redis://127.0.0.1:{}", self.port())
     }
 }
 
