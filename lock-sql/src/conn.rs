@@ -151,6 +151,56 @@ pub(crate) fn is_broken(err: &sqlx::Error) -> bool {
     }
 }
 
+/// Schema set-up that lost a race with another client setting up the same
+/// schema at the same moment, which trying again resolves: concurrent
+/// `CREATE .. IF NOT EXISTS` colliding in PostgreSQL's catalog (unique
+/// violation, 42P07), or processes opening a new SQLite file together,
+/// which find it locked by another one's WAL switch or table creation
+/// without SQLite's busy handler waiting (a lock upgrade it refuses rather
+/// than risk a deadlock: SQLITE_BUSY, SQLITE_LOCKED and their extended
+/// codes).
+///
+/// ```ignore
+/// let mut race = SchemaRace::within(budget);
+/// let done = loop {
+///     match create().await {
+///         Err(err) if race.again(&err).await => {}
+///         other => break other,
+///     }
+/// };
+/// ```
+pub(crate) struct SchemaRace {
+    until: tokio::time::Instant,
+    pause: std::time::Duration,
+}
+
+impl SchemaRace {
+    /// Retries allowed for `budget` from now.
+    pub(crate) fn within(budget: std::time::Duration) -> Self {
+        Self {
+            until: tokio::time::Instant::now() + budget,
+            pause: std::time::Duration::from_millis(10),
+        }
+    }
+
+    /// Whether to try again after `err`: `true` (after a pause, 10 ms
+    /// doubling up to 200 ms) when it is such a race and the budget allows
+    /// one more pause.
+    pub(crate) async fn again(&mut self, err: &sqlx::Error) -> bool {
+        let race = matches!(
+            err,
+            sqlx::Error::Database(db) if db.is_unique_violation()
+                || matches!(db.code().as_deref(), Some("42P07" | "5" | "6" | "261" | "517"))
+        );
+        if !race || tokio::time::Instant::now() + self.pause >= self.until {
+            return false;
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(std::time::Duration::from_millis(200));
+        true
+    }
+}
+
 /// At most `size` bare connections, idle ones kept for reuse (last in,
 /// first out, so a quiet client keeps using one warm connection).
 ///

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::config::{SqlConfig, SqlDialect};
 use crate::conn::retry_once;
-use crate::conn::{ConnSet, DbOptions, DbPool, pool_size};
+use crate::conn::{ConnSet, DbOptions, DbPool, SchemaRace, pool_size};
 use crate::dialect::{self, Dialect, token_of};
 use crate::error::{map_sqlx, timed};
 use crate::granted::Grant;
@@ -276,28 +276,15 @@ impl SqlBackend {
                 return retry_once!(read, &self.inner.conns, |conn| dialect.plain(conn, &ping))
                     .map_err(|e| map_sqlx(config, Operation::Connect, e));
             }
-            // Concurrent `CREATE TABLE IF NOT EXISTS` can race on
-            // PostgreSQL's catalog (unique violation); the loser retries
-            // and then finds the table.
-            let mut last = None;
-            for _ in 0..3 {
+            // Another client creating the same tables at the same moment:
+            // the loser tries again (see `SchemaRace`).
+            let mut race = SchemaRace::within(config.op_timeout);
+            loop {
                 match self.create_schema().await {
-                    Ok(()) => return Ok(()),
-                    Err(err) => {
-                        let temporary = matches!(
-                            &err,
-                            sqlx::Error::Database(db) if db.is_unique_violation()
-                                || db.code().as_deref() == Some("42P07")
-                        );
-                        last = Some(map_sqlx(config, Operation::Connect, err));
-                        if !temporary {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
+                    Err(err) if race.again(&err).await => {}
+                    other => break other.map_err(|e| map_sqlx(config, Operation::Connect, e)),
                 }
             }
-            Err(last.unwrap_or_else(|| LockError::config("could not create the lease table")))
         })
         .await
         .map_err(|e| e.with_backend(NAME))

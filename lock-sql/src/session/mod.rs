@@ -73,6 +73,7 @@ use list::holder_info;
 use sql::SessionSql;
 
 use crate::config::{SqlConfig, SqlDialect};
+use crate::conn::SchemaRace;
 use crate::error::map_sqlx;
 
 /// The shortest TTL on PostgreSQL (`idle_session_timeout` has millisecond
@@ -225,22 +226,16 @@ impl SqlSessionBackend {
     async fn prepare(&self) -> Result<(), LockError> {
         let config = &self.inner.config;
         let mut pinned = self.checkout(Instant::now() + config.op_timeout).await?;
-        // Concurrent CREATE .. IF NOT EXISTS can race on PostgreSQL's
-        // catalog (unique violation): retry, then the object exists.
-        let mut attempt = 0;
+        // Another client creating the same sequence or table at the same
+        // moment: the loser tries again (see `SchemaRace`).
+        let mut race = SchemaRace::within(config.op_timeout);
         let verdict = loop {
             match pinned
                 .session
                 .prepare_schema(&self.inner.sql, config.create_table)
                 .await
             {
-                Err(sqlx::Error::Database(db))
-                    if attempt < 3
-                        && (db.is_unique_violation() || db.code().as_deref() == Some("42P07")) =>
-                {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                Err(err) if race.again(&err).await => {}
                 other => break other.map_err(|e| map_sqlx(config, Operation::Connect, e))?,
             }
         };
