@@ -10,9 +10,10 @@ use async_trait::async_trait;
 use conformance::Target;
 use conformance::bench::{self, Contender, Ours};
 use conformance::cpu::median;
-use lock_core::{LockBackend, LockClient, LockError, OwnerId};
+use lock_core::{LockBackend, LockClient, LockError};
 
-use super::{BenchFigures, cell};
+use super::figures::{Bench, Start};
+use super::{BenchFigures, Column};
 
 /// Keys in the multi-lock cycle.
 const MULTI_KEYS: usize = 3;
@@ -62,26 +63,14 @@ impl Contender for ElectCycle {
     }
 }
 
-pub(super) async fn compose_into(
-    out: &mut BenchFigures,
-    target: &dyn Target,
-    url: &str,
-    full: bool,
-) {
-    if let Err(e) = measure(out, target, url, full).await {
-        out.compose_error = Some(e.to_string());
-    }
-}
-
-async fn measure(
-    out: &mut BenchFigures,
-    target: &dyn Target,
-    url: &str,
-    full: bool,
-) -> Result<(), LockError> {
-    let backend = target.client().await?;
-    let ttl = Duration::from_secs(10).max(backend.capabilities().min_ttl);
-    let run = OwnerId::random().to_hex()[..8].to_owned();
+/// The composed-shapes figures into `out` (see the module docs).
+pub(super) async fn measure(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), LockError> {
+    let Bench { target, url, full } = bench;
+    let Start {
+        probe: backend,
+        ttl,
+        run,
+    } = Start::of(target).await?;
     let client = LockClient::from_arc(backend);
     let plain = Ours::new(client.clone(), ttl);
     let multi = MultiCycle {
@@ -174,29 +163,16 @@ pub(crate) fn print_compose_table(results: &[super::BackendResult]) {
         results,
         |b| b.multi_p50_us.is_some() || b.compose_error.is_some(),
         &[
-            ("lock p50", 10),
-            ("3-key p50", 10),
-            ("x lock", 7),
-            ("term p50", 10),
-            ("x lock", 7),
-            ("unfair/s", 10),
-            ("spread", 7),
-            ("fair/s", 10),
-            ("spread", 7),
+            Column("lock p50", 10, |b| b.multi_plain_p50_us, 1),
+            Column("3-key p50", 10, |b| b.multi_p50_us, 1),
+            Column("x lock", 7, |b| b.multi_ratio, 2),
+            Column("term p50", 10, |b| b.elect_p50_us, 1),
+            Column("x lock", 7, |b| b.elect_ratio, 2),
+            Column("unfair/s", 10, |b| b.unfair_handoffs_per_s, 0),
+            Column("spread", 7, |b| b.unfair_handoff_spread, 2),
+            Column("fair/s", 10, |b| b.fair_handoffs_per_s, 0),
+            Column("spread", 7, |b| b.fair_handoff_spread, 2),
         ],
-        |b| {
-            vec![
-                cell(b.multi_plain_p50_us, 1),
-                cell(b.multi_p50_us, 1),
-                cell(b.multi_ratio, 2),
-                cell(b.elect_p50_us, 1),
-                cell(b.elect_ratio, 2),
-                cell(b.unfair_handoffs_per_s, 0),
-                cell(b.unfair_handoff_spread, 2),
-                cell(b.fair_handoffs_per_s, 0),
-                cell(b.fair_handoff_spread, 2),
-            ]
-        },
         |b| b.compose_error.as_ref(),
         "composed-shapes",
         &format!(

@@ -13,22 +13,46 @@ use super::*;
 
 pub(super) async fn benchmarks(target: &dyn Target, url: &str, full: bool) -> BenchFigures {
     let mut out = BenchFigures::default();
-    if let Err(e) = bench_into(&mut out, target, url, full).await {
+    if let Err(e) = bench_into(&mut out, Bench { target, url, full }).await {
         out.error = Some(e.to_string());
     }
     out
 }
 
-pub(super) async fn bench_into(
-    out: &mut BenchFigures,
-    target: &dyn Target,
-    url: &str,
-    full: bool,
-) -> Result<(), LockError> {
-    let probe = target.client().await?;
+/// What the measuring parts measure: the target, its URL, and whether the
+/// run is the full one (more cycles, longer windows).
+#[derive(Clone, Copy)]
+pub(super) struct Bench<'a> {
+    pub(super) target: &'a dyn Target,
+    pub(super) url: &'a str,
+    pub(super) full: bool,
+}
+
+/// What each measuring part starts from: a client of the target (open while
+/// the part runs), the TTL of the part's locks (10 s, or the backend's
+/// minimum TTL if that is longer) and a fresh tag that keeps the part's keys
+/// apart from other runs'.
+pub(super) struct Start {
+    pub(super) probe: Arc<dyn LockBackend>,
+    pub(super) ttl: Duration,
+    pub(super) run: String,
+}
+
+impl Start {
+    /// Errors: the target's client could not be opened. Cancel safety:
+    /// dropping the future drops the client being opened.
+    pub(super) async fn of(target: &dyn Target) -> Result<Self, LockError> {
+        let probe = target.client().await?;
+        let ttl = Duration::from_secs(10).max(probe.capabilities().min_ttl);
+        let run = OwnerId::random().to_hex()[..8].to_owned();
+        Ok(Self { probe, ttl, run })
+    }
+}
+
+async fn bench_into(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), LockError> {
+    let Bench { target, url, full } = bench;
+    let Start { probe, ttl, run } = Start::of(target).await?;
     let caps = probe.capabilities();
-    let ttl = Duration::from_secs(10).max(caps.min_ttl);
-    let run = OwnerId::random().to_hex()[..8].to_owned();
     let ours_client = |backend: Arc<dyn LockBackend>| -> Arc<dyn Contender> {
         Arc::new(Ours::new(LockClient::from_arc(backend), ttl))
     };
@@ -143,8 +167,12 @@ pub(super) async fn bench_into(
     round_trips_into(out, url, ttl, &run).await?;
     drop(probe);
     held_at_scale(out, url, full, caps.max_held).await;
-    super::shared::shared_into(out, target, url, full).await;
-    super::compose::compose_into(out, target, url, full).await;
+    if let Err(e) = super::shared::measure(out, bench).await {
+        out.shared_error = Some(e.to_string());
+    }
+    if let Err(e) = super::compose::measure(out, bench).await {
+        out.compose_error = Some(e.to_string());
+    }
     Ok(())
 }
 

@@ -542,14 +542,23 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
     }
 }
 
+/// A small table's column: its header, its width, the figure it shows and
+/// that figure's decimals.
+pub(super) struct Column(
+    pub(super) &'static str,
+    pub(super) usize,
+    pub(super) fn(&BenchFigures) -> Option<f64>,
+    pub(super) usize,
+);
+
 /// A small table of benchmark figures: the rows `keep` selects, a header of
-/// `(title, width)` columns after the backend name, `cells` per row, the
-/// row's error (as "`what` benchmark error: ..."), then `note`.
+/// the columns' titles after the backend name, each row's figures with
+/// their decimals ("-" where a figure is missing), the row's error (as
+/// "`what` benchmark error: ..."), then `note`.
 pub(super) fn print_small_table(
     results: &[BackendResult],
     keep: impl Fn(&BenchFigures) -> bool,
-    columns: &[(&str, usize)],
-    cells: impl Fn(&BenchFigures) -> Vec<String>,
+    columns: &[Column],
     error: impl Fn(&BenchFigures) -> Option<&String>,
     what: &str,
     note: &str,
@@ -566,18 +575,18 @@ pub(super) fn print_small_table(
         .max(10);
     let line = |name: &str, values: Vec<String>| {
         let mut text = format!("{name:<w$}");
-        for ((_, width), value) in columns.iter().zip(values) {
+        for (Column(_, width, ..), value) in columns.iter().zip(values) {
             text.push_str(&format!(" {value:>width$}"));
         }
         println!("{text}");
     };
     println!();
-    line(
-        "backend",
-        columns.iter().map(|(t, _)| (*t).to_owned()).collect(),
-    );
+    line("backend", columns.iter().map(|c| c.0.to_owned()).collect());
     for r in rows {
-        line(&r.name, cells(&r.bench));
+        let cells = columns
+            .iter()
+            .map(|Column(_, _, figure, digits)| cell(figure(&r.bench), *digits));
+        line(&r.name, cells.collect());
         if let Some(e) = error(&r.bench) {
             println!("{:<w$}   {what} benchmark error: {e}", "");
         }

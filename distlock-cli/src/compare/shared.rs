@@ -5,39 +5,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::Target;
 use conformance::bench::{self, Contender, FloorCycle, Ours};
-use lock_core::{LeaseKind, LockBackend, LockClient, LockError, OwnerId};
+use lock_core::{LeaseKind, LockBackend, LockClient, LockError};
 
 use conformance::cpu::median;
 
-use super::figures::CLIENTS;
-use super::{BenchFigures, cell};
+use super::figures::{Bench, CLIENTS, Start};
+use super::{BenchFigures, Column};
 
 /// The permit floors' semaphore size (see `Driver::permit_floor`).
 const PERMIT_LIMIT: u32 = 4;
 
-pub(super) async fn shared_into(
-    out: &mut BenchFigures,
-    target: &dyn Target,
-    url: &str,
-    full: bool,
-) {
-    if let Err(e) = measure(out, target, url, full).await {
-        out.shared_error = Some(e.to_string());
-    }
-}
-
-async fn measure(
-    out: &mut BenchFigures,
-    target: &dyn Target,
-    url: &str,
-    full: bool,
-) -> Result<(), LockError> {
-    let probe = target.client().await?;
+/// The shared-lock figures into `out` (see the module docs).
+pub(super) async fn measure(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), LockError> {
+    let Bench { target, url, full } = bench;
+    let Start { probe, ttl, run } = Start::of(target).await?;
     let caps = probe.capabilities();
-    let ttl = Duration::from_secs(10).max(caps.min_ttl);
-    let run = OwnerId::random().to_hex()[..8].to_owned();
     let contender = |backend: Arc<dyn LockBackend>, kind| -> Arc<dyn Contender> {
         Arc::new(Ours::with_kind(LockClient::from_arc(backend), ttl, kind))
     };
@@ -115,23 +98,13 @@ pub(crate) fn print_shared_table(results: &[super::BackendResult]) {
         results,
         |b| b.readers_8_per_s.is_some() || b.permit_p50_us.is_some() || b.shared_error.is_some(),
         &[
-            ("8 readers/s", 11),
-            ("8 mutex/s", 11),
-            ("x mutex", 8),
-            ("permit p50", 11),
-            ("floor p50", 11),
-            ("x floor", 8),
+            Column("8 readers/s", 11, |b| b.readers_8_per_s, 0),
+            Column("8 mutex/s", 11, |b| b.mutex_8_per_s, 0),
+            Column("x mutex", 8, |b| b.readers_ratio, 2),
+            Column("permit p50", 11, |b| b.permit_p50_us, 1),
+            Column("floor p50", 11, |b| b.floor_permit_p50_us, 1),
+            Column("x floor", 8, |b| b.permit_ratio, 2),
         ],
-        |b| {
-            vec![
-                cell(b.readers_8_per_s, 0),
-                cell(b.mutex_8_per_s, 0),
-                cell(b.readers_ratio, 2),
-                cell(b.permit_p50_us, 1),
-                cell(b.floor_permit_p50_us, 1),
-                cell(b.permit_ratio, 2),
-            ]
-        },
         |b| b.shared_error.as_ref(),
         "shared-lock",
         &format!(
