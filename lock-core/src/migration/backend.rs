@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::dual::{ReleaseOnDrop, worse};
+use super::dual::worse;
 use super::{MigrationBackend, MigrationPhase};
 use crate::backend::LockBackend;
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
@@ -144,22 +144,8 @@ impl LockBackend for MigrationBackend {
                 // Always old first, then new: one global order, no deadlock
                 // between dual processes.
                 let old = self.old.acquire(key, ttl, deadline).await?;
-                // Gives the old lease back if this future is dropped.
-                let mut pending = ReleaseOnDrop::new(self.old.clone(), old.clone());
-                if let Err(e) = self.check_old_epoch(&old, Operation::Acquire) {
-                    pending.disarm();
-                    let _ = self.old.release(&old).await;
-                    return Err(e);
-                }
-                let (old, new) = self.acquire_new_keeping_old(key, ttl, deadline, old).await;
-                pending.disarm();
-                match new {
-                    Ok(new) => self.finish(Some(old), Some(new)).await,
-                    Err(e) => {
-                        let _ = self.old.release(&old).await;
-                        Err(e)
-                    }
-                }
+                self.dual_grant(key, ttl, old, self.new.acquire(key, ttl, deadline))
+                    .await
             }
         }
     }
@@ -255,23 +241,8 @@ impl LockBackend for MigrationBackend {
             return self.finish(None, Some(new)).await;
         }
         let old = self.old.campaign(election, ttl, deadline).await?;
-        let mut pending = ReleaseOnDrop::new(self.old.clone(), old.clone());
-        if let Err(e) = self.check_old_epoch(&old, Operation::Acquire) {
-            pending.disarm();
-            let _ = self.old.release(&old).await;
-            return Err(e);
-        }
-        let (old, new) = self
-            .new_side_keeping_old(&key, ttl, self.new.campaign(election, ttl, deadline), old)
-            .await;
-        pending.disarm();
-        match new {
-            Ok(new) => self.finish(Some(old), Some(new)).await,
-            Err(e) => {
-                let _ = self.old.release(&old).await;
-                Err(e)
-            }
-        }
+        self.dual_grant(&key, ttl, old, self.new.campaign(election, ttl, deadline))
+            .await
     }
 
     /// Phase `old` wakes on the old store's watch; the others poll

@@ -220,23 +220,38 @@ impl MigrationBackend {
         LockError::invalid_argument(operation, "migration lease holds no backend lease")
     }
 
-    /// Phase `Dual`: waits for the new-side grant while renewing the old
-    /// lease. Hands the old lease back (with its current deadline) either
-    /// way.
-    pub(super) async fn acquire_new_keeping_old(
+    /// Phase `Dual` once `old` (the old side's grant: a lock or a term) is
+    /// held: checks its epoch, waits for `acquire` (the new side's grant)
+    /// while renewing `old`, and composes the two. `old` is given back when
+    /// either fails, and if this future is dropped.
+    pub(super) async fn dual_grant(
         &self,
         key: &LockKey,
         ttl: Duration,
-        deadline: Instant,
         old: Lease,
-    ) -> (Lease, Result<Lease, LockError>) {
-        self.new_side_keeping_old(key, ttl, self.new.acquire(key, ttl, deadline), old)
-            .await
+        acquire: impl Future<Output = Result<Lease, LockError>>,
+    ) -> Result<Lease, LockError> {
+        // Gives the old lease back if this future is dropped.
+        let mut pending = ReleaseOnDrop::new(self.old.clone(), old.clone());
+        if let Err(e) = self.check_old_epoch(&old, Operation::Acquire) {
+            pending.disarm();
+            let _ = self.old.release(&old).await;
+            return Err(e);
+        }
+        let (old, new) = self.new_side_keeping_old(key, ttl, acquire, old).await;
+        pending.disarm();
+        match new {
+            Ok(new) => self.finish(Some(old), Some(new)).await,
+            Err(e) => {
+                let _ = self.old.release(&old).await;
+                Err(e)
+            }
+        }
     }
 
     /// Waits for `acquire` (the new side's grant: a lock or a campaign)
     /// while renewing `old`, and gives up when `old` is lost.
-    pub(super) async fn new_side_keeping_old(
+    async fn new_side_keeping_old(
         &self,
         key: &LockKey,
         ttl: Duration,
