@@ -360,14 +360,7 @@ impl lock_core::LockWrapper for Defaults {
         poll: Duration,
         deadline: Instant,
     ) -> Result<Option<Leader>, LockError> {
-        let poll = poll.max(Duration::from_millis(5));
-        loop {
-            let now = self.0.leader(election).await?;
-            if !Leader::same(now.as_ref(), seen) || Instant::now() >= deadline {
-                return Ok(now);
-            }
-            tokio::time::sleep_until(deadline.min(Instant::now() + poll)).await;
-        }
+        lock_core::poll_leader(&self.0, election, seen, poll, deadline).await
     }
 }
 
