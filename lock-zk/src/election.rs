@@ -37,8 +37,8 @@ use zookeeper_client as zk;
 
 use super::admin::{PageBounds, escaped_keys};
 use super::session::Session;
-use super::waiting::{Queue, Recipe, wait_lost};
-use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend};
+use super::waiting::{Queue, Recipe, bounded_wait, wait_lost};
+use super::{MIN_TTL, ZkBackend};
 use crate::error::{CallError, NAME, timed};
 use crate::paths::{self, ELECTION_PARENT, LATCH_NAME, owner_of, sequence_named};
 
@@ -64,37 +64,17 @@ impl ZkBackend {
         check_ttl(ttl, MIN_TTL, Operation::Acquire)
             .map_err(|e| e.with_key(&key).with_backend(NAME))?;
         let dir = self.latch_path(election);
-        let bounded = tokio::time::timeout_at(
-            deadline + ACQUIRE_GRACE,
-            self.lock_in_recipe(Queue {
-                key: &key,
-                dir: &dir,
-                ttl,
-                deadline: Some(deadline),
-                operation: Operation::Acquire,
-                track: true,
-                recipe: Recipe::Latch,
-            }),
-        )
-        .await
-        .map_err(|_| {
-            LockError::new(
-                ErrorKind::Timeout,
-                Operation::Acquire,
-                "ZooKeeper did not answer before the campaign's deadline",
-            )
-            .with_key(&key)
-            .with_backend(NAME)
-        })?;
-        bounded?.ok_or_else(|| {
-            LockError::new(
-                ErrorKind::Contended,
-                Operation::Acquire,
-                "another candidate still leads at the campaign's deadline",
-            )
-            .with_key(&key)
-            .with_backend(NAME)
-        })
+        let attempt = self.lock_in_recipe(Queue {
+            key: &key,
+            dir: &dir,
+            ttl,
+            deadline: Some(deadline),
+            operation: Operation::Acquire,
+            track: true,
+            recipe: Recipe::Latch,
+        });
+        let why = "another candidate still leads at the campaign's deadline";
+        bounded_wait(&key, deadline, ("campaign's deadline", why), attempt).await
     }
 
     pub(super) async fn latch_leader(

@@ -28,8 +28,8 @@ use tokio::time::{Instant, sleep_until};
 use zookeeper_client as zk;
 
 use super::session::{Session, session_gone, synced};
-use super::waiting::{AttemptError, granted, to_token, wait_lost};
-use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend, lock};
+use super::waiting::{AttemptError, bounded_wait, granted, to_token, wait_lost};
+use super::{MIN_TTL, ZkBackend, lock};
 use crate::error::{CallError, NAME, timed, timed_resending};
 use crate::paths::{self, LEASE_NAME, READ_NAME, WRITE_NAME, sequence_named};
 
@@ -360,28 +360,9 @@ impl ZkBackend {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        let op = Operation::Acquire;
-        let bounded = tokio::time::timeout_at(
-            deadline + ACQUIRE_GRACE,
-            self.acquire_shared(key, kind, ttl, Some(deadline), op),
-        )
-        .await
-        .map_err(|_| {
-            error(
-                ErrorKind::Timeout,
-                op,
-                key,
-                "ZooKeeper did not answer before the wait deadline",
-            )
-        })?;
-        bounded?.ok_or_else(|| {
-            error(
-                ErrorKind::Contended,
-                op,
-                key,
-                "still held by another owner at the wait deadline",
-            )
-        })
+        let attempt = self.acquire_shared(key, kind, ttl, Some(deadline), Operation::Acquire);
+        let why = "still held by another owner at the wait deadline";
+        bounded_wait(key, deadline, ("wait deadline", why), attempt).await
     }
 
     /// Creates one `EPHEMERAL_SEQUENTIAL` node at `prefix` in `dir`

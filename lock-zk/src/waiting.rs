@@ -18,7 +18,7 @@ use zookeeper_client as zk;
 
 use super::cleanup::NodeCleanup;
 use super::session::{Session, synced};
-use super::{MIN_TTL, ZkBackend, lock};
+use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend, lock};
 use crate::error::{CallError, NAME, timed};
 use crate::paths::{self, mutex_owner_of};
 
@@ -598,6 +598,34 @@ impl ZkBackend {
             }
         }
     }
+}
+
+/// `attempt`, a waiting acquire of `key` until `deadline`, bounded at
+/// [`ACQUIRE_GRACE`] past the deadline: requests have their own timeouts,
+/// but a wait must also end near its deadline when the servers stop
+/// answering (`Timeout`: "ZooKeeper did not answer before the
+/// `<deadline_name>`"). No grant by the deadline is `Contended` with `why`.
+pub(super) async fn bounded_wait(
+    key: &LockKey,
+    deadline: Instant,
+    (deadline_name, why): (&str, &str),
+    attempt: impl Future<Output = Result<Option<Lease>, LockError>>,
+) -> Result<Lease, LockError> {
+    let operation = Operation::Acquire;
+    let fail = |kind, why: String| {
+        LockError::new(kind, operation, why)
+            .with_key(key)
+            .with_backend(NAME)
+    };
+    let answered = tokio::time::timeout_at(deadline + ACQUIRE_GRACE, attempt)
+        .await
+        .map_err(|_| {
+            fail(
+                ErrorKind::Timeout,
+                format!("ZooKeeper did not answer before the {deadline_name}"),
+            )
+        })?;
+    answered?.ok_or_else(|| fail(ErrorKind::Contended, why.to_owned()))
 }
 
 /// The fencing token of a grant whose node has `czxid`.
