@@ -412,9 +412,11 @@ impl LockRequest<'_> {
             outcome = tracing::field::Empty,
         );
         let started = crate::telemetry::acquire_started(backend.name(), &key, shape);
-        let result = Self::grant(&backend, &key, self.kind, self.ttl, self.wait)
-            .instrument(span.clone())
-            .await;
+        let result = crate::telemetry::in_span(
+            &span,
+            Self::grant(&backend, &key, self.kind, self.ttl, self.wait),
+        )
+        .await;
         crate::telemetry::acquire_ended(
             started,
             backend.name(),

@@ -8,7 +8,6 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
-use tracing::Instrument;
 
 use crate::backend::LockBackend;
 use crate::error::{ErrorKind, LockError, Operation};
@@ -682,12 +681,8 @@ impl LockGuard {
             token = lease.token().get(),
             outcome = tracing::field::Empty,
         );
-        let result = self
-            .scheduler
-            .backend()
-            .release(lease)
-            .instrument(span.clone())
-            .await;
+        let result =
+            crate::telemetry::in_span(&span, self.scheduler.backend().release(lease)).await;
         if !span.is_disabled() {
             match &result {
                 Ok(true) => span.record("outcome", "released"),
