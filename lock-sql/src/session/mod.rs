@@ -54,8 +54,8 @@ mod names;
 pub(crate) mod sql;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::config::{SqlConfig, SqlDialect, SqlLayout, SqlMode};
 use crate::conn::retry_once;
-use crate::conn::{ConnSet, DbOptions, pool_size};
+use crate::conn::{ConnSet, DbOptions, SchemaRace, pool_size};
 use crate::driver::{MIN_TTL, NAME};
 use crate::error::{map_sqlx, timed};
 use crate::granted::Grant;
@@ -255,18 +255,13 @@ impl SqlShedLockBackend {
             async {
                 if config.create_table {
                     for statement in &sql.create {
-                        // Concurrent creations may race on PostgreSQL's catalog.
-                        let mut attempts = 0;
+                        // Another client creating the same tables at the
+                        // same moment: the loser tries again (see
+                        // `SchemaRace`).
+                        let mut race = SchemaRace::within(config.op_timeout);
                         loop {
                             match retry_once!(conns, |conn| sql.plain(conn, statement)) {
-                                Err(sqlx::Error::Database(db))
-                                    if attempts < 3
-                                        && (db.is_unique_violation()
-                                            || db.code().as_deref() == Some("42P07")) =>
-                                {
-                                    attempts += 1;
-                                    tokio::time::sleep(Duration::from_millis(20)).await;
-                                }
+                                Err(err) if race.again(&err).await => {}
                                 other => {
                                     other.map_err(|e| map_sqlx(config, Operation::Connect, e))?;
                                     break;
