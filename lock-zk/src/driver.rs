@@ -390,30 +390,16 @@ impl LockBackend for ZkBackend {
     ) -> Result<Lease, LockError> {
         // Requests have their own timeouts, but a wait must also end near
         // its deadline when the servers stop answering.
-        let bounded = tokio::time::timeout_at(
-            deadline + ACQUIRE_GRACE,
+        waiting::bounded_wait(
+            key,
+            deadline,
+            (
+                "wait deadline",
+                "still held by another owner at the wait deadline",
+            ),
             self.lock_key(key, ttl, Some(deadline), Operation::Acquire),
         )
         .await
-        .map_err(|_| {
-            LockError::new(
-                ErrorKind::Timeout,
-                Operation::Acquire,
-                "ZooKeeper did not answer before the wait deadline",
-            )
-            .with_key(key)
-            .with_backend(NAME)
-        })?;
-        match bounded? {
-            Some(lease) => Ok(lease),
-            None => Err(LockError::new(
-                ErrorKind::Contended,
-                Operation::Acquire,
-                "still held by another owner at the wait deadline",
-            )
-            .with_key(key)
-            .with_backend(NAME)),
-        }
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
