@@ -48,13 +48,22 @@ impl DbOptions {
     /// Opens one connection.
     pub(crate) async fn connect(&self) -> Result<DbConn, sqlx::Error> {
         use sqlx::Connection;
+        // Each connect future boxed: they are kilobytes, and inline they
+        // would make every future that may open a connection (a checkout,
+        // so every statement's) that large, copied at every call.
         Ok(match self {
             #[cfg(feature = "postgres")]
-            Self::Postgres(o) => DbConn::Postgres(sqlx::PgConnection::connect_with(o).await?),
+            Self::Postgres(o) => {
+                DbConn::Postgres(Box::pin(sqlx::PgConnection::connect_with(o)).await?)
+            }
             #[cfg(feature = "mysql")]
-            Self::MySql(o) => DbConn::MySql(sqlx::MySqlConnection::connect_with(o).await?),
+            Self::MySql(o) => {
+                DbConn::MySql(Box::pin(sqlx::MySqlConnection::connect_with(o)).await?)
+            }
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(o) => DbConn::Sqlite(sqlx::SqliteConnection::connect_with(o).await?),
+            Self::Sqlite(o) => {
+                DbConn::Sqlite(Box::pin(sqlx::SqliteConnection::connect_with(o)).await?)
+            }
         })
     }
 
@@ -421,7 +430,11 @@ macro_rules! retry_once {
             let result = {
                 let $fresh = fresh;
                 let $conn = checkout.conn();
-                $statement.await
+                // Boxed: a statement's future (a query and its arguments for
+                // each database the crate is built with) is kilobytes, and
+                // inline it would make every caller's future that large,
+                // copied at every call.
+                Box::pin($statement).await
             };
             if checkout.finish(&result) && !fresh {
                 tracing::debug!("database connection broke; retrying on a fresh one");

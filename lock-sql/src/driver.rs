@@ -323,9 +323,8 @@ impl SqlBackend {
         };
         let (conns, dialect) = (&self.inner.conns, self.inner.dialect);
         let mut checkout = conns.checkout(false).await?;
-        let result = dialect
-            .grant(checkout.conn(), grant, key, owner, ttl, ahead)
-            .await;
+        // Boxed, as in `retry_once!`: statement futures are kilobytes.
+        let result = Box::pin(dialect.grant(checkout.conn(), grant, key, owner, ttl, ahead)).await;
         if !checkout.finish(&result) {
             return result;
         }
@@ -334,7 +333,7 @@ impl SqlBackend {
             "database connection broke under a grant; retrying on a fresh one"
         );
         let mut checkout = conns.checkout(true).await?;
-        let result = async {
+        let result = Box::pin(async {
             let conn = checkout.conn();
             if let Some(token) = dialect.grant(conn, grant, key, owner, ttl, ahead).await? {
                 return Ok(Some(token));
@@ -343,7 +342,7 @@ impl SqlBackend {
             Ok(holder.and_then(|(holder, token, _, _)| {
                 (holder.as_deref() == Some(owner)).then_some(token)
             }))
-        }
+        })
         .await;
         checkout.finish(&result);
         result
@@ -506,7 +505,8 @@ impl LockBackend for SqlBackend {
         check_ttl(ttl, MIN_TTL, Operation::Acquire)
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
         if self.inner.config.fair {
-            return self.acquire_fair(key, ttl, deadline).await;
+            // Boxed: fair mode's future is large (see `ensure_listener` below).
+            return Box::pin(self.acquire_fair(key, ttl, deadline)).await;
         }
         let notified = self.inner.dialect.notified();
         let waits = &self.inner.waits;
@@ -554,14 +554,16 @@ impl LockBackend for SqlBackend {
             waiting.get_or_insert_with(|| waits.wait_for(key.as_str()));
             let delay = if notified {
                 if !started_listener {
-                    self.ensure_listener().await;
+                    // Boxed: starting the listener is a rare path with a
+                    // large future, which would make every acquire's large.
+                    Box::pin(self.ensure_listener()).await;
                     started_listener = true;
                     // Releases before the listener ran were not heard.
                     if !taken {
                         continue;
                     }
                 }
-                self.recheck_delay(key).await
+                Box::pin(self.recheck_delay(key)).await
             } else {
                 backoff.next_delay().unwrap_or(poll.max)
             };
