@@ -230,22 +230,7 @@ async fn several_processes_contend_on_one_file() {
                 .unwrap()
         })
         .collect();
-    let outputs = tokio::task::spawn_blocking(move || {
-        children
-            .into_iter()
-            .map(|c| c.wait_with_output().unwrap())
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap();
-    for out in &outputs {
-        assert!(
-            out.status.success(),
-            "child failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    common::all_succeed(children, "child failed").await;
     let pool = backend.sqlite_pool().unwrap();
     assert_eq!(
         read_counter(pool).await,

@@ -3,6 +3,8 @@
 //! creation) instead of failing with "database is locked". Two `distlock
 //! run` commands started together on a fresh file hit exactly this.
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -68,21 +70,7 @@ async fn processes_opening_a_new_file_together_all_connect() {
             .collect();
         tokio::time::sleep(Duration::from_millis(300)).await;
         std::fs::write(path.with_extension("go"), b"").unwrap();
-        let outputs = tokio::task::spawn_blocking(move || {
-            children
-                .into_iter()
-                .map(|c| c.wait_with_output().unwrap())
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap();
-        for out in &outputs {
-            assert!(
-                out.status.success(),
-                "round {round}: a process failed to open the new file: {}\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        let what = format!("round {round}: a process failed to open the new file");
+        common::all_succeed(children, &what).await;
     }
 }

@@ -17,6 +17,28 @@ use lock_sql::sqlx::{self, Connection};
 /// server shows up quickly as a timeout.
 pub const CLIENT_OPTIONS: &str = "timeout=1s&pool_size=4";
 
+/// Waits for every child process (off the runtime's threads) and fails the
+/// test, naming `what` and showing the child's output, when one did not
+/// exit successfully.
+pub async fn all_succeed(children: Vec<std::process::Child>, what: &str) {
+    let outputs = tokio::task::spawn_blocking(move || {
+        children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for out in &outputs {
+        assert!(
+            out.status.success(),
+            "{what}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Appends `options` to `url`.
 pub fn with_options(url: &str, options: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
