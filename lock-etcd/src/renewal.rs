@@ -33,6 +33,9 @@ use crate::session::{RenewRefused, Session};
 /// deleted entry to the next round).
 pub(super) struct Attached {
     sent_at: Instant,
+    /// The store revision the listing answered at (0 if the answer had no
+    /// header): an entry created later is not in it.
+    revision: i64,
     /// Sorted.
     keys: Arc<Vec<u64>>,
 }
@@ -194,12 +197,16 @@ impl EtcdBackend {
     /// listing was asked for: one `LeaseTimeToLive` request, reused by the
     /// other batches of the same renewal round (asked within a sixth of the
     /// session's TTL; a round's batches are due together, the next round
-    /// comes a third of the TTL later). `Ok(None)`: the server no longer
-    /// has the lease.
+    /// comes a third of the TTL later) as long as it answered at a revision
+    /// no older than `newest`, the newest entry the batch asks about (an
+    /// entry created after the listing is missing from it, and must not be
+    /// taken for one deleted behind our back). `Ok(None)`: the server no
+    /// longer has the lease.
     async fn attached_keys(
         &self,
         lease_id: i64,
         session: &Session,
+        newest: i64,
     ) -> Result<Option<(Instant, Arc<Vec<u64>>)>, LockError> {
         let op = Operation::Renew;
         // Held across the request: a batch that comes while another asks
@@ -208,6 +215,7 @@ impl EtcdBackend {
         let fresh_for = session.server_ttl() / 6;
         if let Some(seen) = cache.get(&lease_id)
             && seen.sent_at.elapsed() < fresh_for
+            && seen.revision >= newest
         {
             return Ok(Some((seen.sent_at, seen.keys.clone())));
         }
@@ -228,6 +236,7 @@ impl EtcdBackend {
             return Ok(None);
         }
         // etcd lists a lease's keys in no promised order.
+        let revision = answer.header().map_or(0, |h| h.revision());
         let mut hashes: Vec<u64> = answer.keys().iter().map(|k| key_hash(k)).collect();
         hashes.sort_unstable();
         let keys = Arc::new(hashes);
@@ -238,6 +247,7 @@ impl EtcdBackend {
             lease_id,
             Attached {
                 sent_at,
+                revision,
                 keys: keys.clone(),
             },
         );
@@ -267,7 +277,8 @@ impl EtcdBackend {
             let Some(session) = grants.first().map(|(_, g)| g.session.clone()) else {
                 continue;
             };
-            let answer = self.attached_keys(lease_id, &session).await;
+            let newest = grants.iter().map(|(_, g)| g.revision).max().unwrap_or(0);
+            let answer = self.attached_keys(lease_id, &session, newest).await;
             match answer {
                 // The TTL is in whole seconds, rounded down: 0 for a live
                 // lease with less than a second left; -1 for a lease the
