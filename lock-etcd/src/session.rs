@@ -17,24 +17,31 @@
 //! bounds the case where this process cannot delete it (crashed,
 //! partitioned).
 //!
-//! Per held lock the session keeps one map slot: the part of the entry
-//! name that is not the same for every entry of the session (the escaped
-//! key, stored once, without the backend prefix and the lease id), its
-//! revision, the low half of its owner id (the high half is the session's)
-//! and its deadline: 40 bytes and the key. There is no expiry queue: the expiry task
-//! looks over the slots when the earliest deadline it saw comes up (at most
-//! every [`EXPIRY_SCAN_GAP`]), so a grant is deleted at most that long after
-//! its deadline. Every lease of the session carries a receiver of the
-//! session's one state channel (no channel per grant).
+//! Per held lock the session keeps one map slot of 32 bytes and nothing
+//! else: a keyed hash of the part of the entry name that is not the same
+//! for every entry of the session (the escaped key and any `-<n>` suffix,
+//! without the backend prefix and the lease id), its revision, the low half
+//! of its owner id (the high half is the session's) and its deadline. The
+//! name itself is not kept: two names with the same hash never coexist
+//! (a new entry whose hash is taken gets the next suffixed name), and the
+//! expiry task, the only one that needs a name it was not handed, reads the
+//! names of the session's entries back from the server (one
+//! `LeaseTimeToLive` listing its keys, as a renewal batch does). There is no
+//! expiry queue: the expiry task looks over the slots when the earliest
+//! deadline it saw comes up (at most every [`EXPIRY_SCAN_GAP`]), so a grant
+//! is deleted at most that long after its deadline (plus that listing's and
+//! the delete's round trips). Every lease of the session carries a receiver
+//! of the session's one state channel (no channel per grant).
 
-use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::num::NonZeroI64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions};
 use lock_core::{
     ErrorKind, LockError, Operation, OwnerId, SessionState, validity_deadline, with_timeout,
 };
@@ -65,6 +72,8 @@ pub(crate) struct Session {
     owners: AtomicU64,
     /// The origin of the compact deadlines ([`Ticks`]).
     base: Instant,
+    /// Keys the hashes of the entry names' tails (see [`Entries::names`]).
+    hasher: RandomState,
     /// Wakes the expiry task: an earlier deadline, a loss, the drop.
     expiry_wake: Arc<Notify>,
     /// Wakes the keep-alive task when the session is dropped, so that it
@@ -88,10 +97,12 @@ pub(crate) const EXPIRY_SCAN_GAP: Duration = Duration::from_millis(20);
 struct Entries {
     /// Entries that may exist on the server (held, waiting, or being
     /// cleaned up), never reused for another grant while listed, with the
-    /// grant if one is handed out on it. Keyed by the name's *tail* (see
-    /// [`Session::tail`]): `<escaped key>/` for the session's plain entry
-    /// under a key, `<escaped key>/-<n>` for a suffixed one.
-    names: HashMap<Box<str>, Option<HeldGrant>>,
+    /// grant if one is handed out on it. Keyed by the session's keyed hash
+    /// of the name's *tail* (see [`Session::slot_of`]): of `<escaped key>/`
+    /// for the session's plain entry under a key, of `<escaped key>/-<n>`
+    /// for a suffixed one. A name whose hash is listed is never given out
+    /// ([`Session::claim_entry`]), so a hash stands for one name at a time.
+    names: HashMap<Slot, Option<HeldGrant>, BuildHasherDefault<Prehashed>>,
     /// When the expiry task looks next (`Ticks::MAX`: not before it is
     /// woken). A grant due earlier wakes it.
     planned: Ticks,
@@ -100,9 +111,33 @@ struct Entries {
 impl Default for Entries {
     fn default() -> Self {
         Self {
-            names: HashMap::new(),
+            names: HashMap::default(),
             planned: Ticks::MAX,
         }
+    }
+}
+
+/// The keyed hash of an entry name's tail: its key in [`Entries::names`].
+type Slot = u64;
+
+/// Hashes [`Slot`]s, which are already keyed hashes: taken as they are.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by `u64` keys; folded for completeness.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 
@@ -160,11 +195,12 @@ pub(crate) enum RenewRefused {
     Expired,
 }
 
-/// A grant whose TTL ran out, to delete.
-pub(crate) struct ExpiredGrant {
-    pub(crate) entry: String,
-    pub(crate) revision: i64,
-    pub(crate) owner: OwnerId,
+/// A grant whose TTL ran out, to delete once its entry's name is read
+/// back from the server.
+struct ExpiredGrant {
+    slot: Slot,
+    revision: i64,
+    owner: OwnerId,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -209,6 +245,7 @@ impl Session {
             owner_high: split_owner(OwnerId::random()).0,
             owners: AtomicU64::new(split_owner(OwnerId::random()).1),
             base: sent_at,
+            hasher: RandomState::new(),
             expiry_wake: Arc::new(Notify::new()),
             keep_alive_wake: Arc::new(Notify::new()),
         });
@@ -223,6 +260,7 @@ impl Session {
             client.clone(),
             Arc::downgrade(&session),
             session.expiry_wake.clone(),
+            op_timeout,
         ));
         Ok(session)
     }
@@ -268,15 +306,15 @@ impl Session {
     pub(crate) fn claim_entry(&self, key_prefix: &str) -> String {
         let mut entries = lock(&self.entries);
         let part = key_prefix.strip_prefix(&*self.root).unwrap_or(key_prefix);
-        if !entries.names.contains_key(part) {
-            entries.names.insert(Box::from(part), None);
+        if let Entry::Vacant(free) = entries.names.entry(self.hash_tail(part, "")) {
+            free.insert(None);
             return plain_entry(key_prefix, &self.hex);
         }
         loop {
             let n = self.counter.fetch_add(1, Ordering::Relaxed);
-            let tail = format!("{part}-{n}");
-            if !entries.names.contains_key(tail.as_str()) {
-                entries.names.insert(tail.into_boxed_str(), None);
+            if let Entry::Vacant(free) = entries.names.entry(self.hash_tail(part, &format!("-{n}")))
+            {
+                free.insert(None);
                 return numbered_entry(key_prefix, &self.hex, n);
             }
         }
@@ -300,39 +338,45 @@ impl Session {
         OwnerId::from_u128((u128::from(self.owner_high) << 64) | u128::from(low))
     }
 
-    /// The key of `entry` in the session's map: the name without the
-    /// backend's prefix and this session's lease id (`None` for a name that
-    /// is not one of this session's entries).
-    fn tail<'a>(&self, entry: &'a str) -> Option<Cow<'a, str>> {
+    /// The key of `entry` in the session's map: the hash of the name
+    /// without the backend's prefix and this session's lease id (`None` for
+    /// a name that is not one of this session's entries).
+    fn slot_of(&self, entry: &str) -> Option<Slot> {
         let rest = entry.strip_prefix(&*self.root)?;
         let slash = rest.rfind('/')?;
         let (part, leaf) = rest.split_at(slash + 1);
         let suffix = leaf.strip_prefix(&*self.hex)?;
-        if suffix.is_empty() {
-            return Some(Cow::Borrowed(part));
+        if !suffix.is_empty() {
+            let n = suffix.strip_prefix('-')?;
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
         }
-        let n = suffix.strip_prefix('-')?;
-        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        Some(Cow::Owned(format!("{part}{suffix}")))
+        Some(self.hash_tail(part, suffix))
     }
 
-    /// The entry name a map key stands for (the inverse of [`Self::tail`]).
-    fn entry_of(&self, tail: &str) -> String {
-        let slash = tail.rfind('/').map_or(0, |i| i + 1);
-        let (part, suffix) = tail.split_at(slash);
-        format!("{}{part}{}{suffix}", self.root, self.hex)
+    /// The keyed hash of the tail `part` + `suffix` (hashed as one string,
+    /// without joining them).
+    fn hash_tail(&self, part: &str, suffix: &str) -> Slot {
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write(part.as_bytes());
+        hasher.write(suffix.as_bytes());
+        hasher.finish()
     }
 
     /// The entry is known to be gone from the server: its name may be
     /// reused. A name a grant is handed out on is kept (a late second
     /// cleanup of an earlier grant must not free a newer one's name).
     pub(crate) fn free_entry(&self, entry: &str) {
-        let Some(tail) = self.tail(entry) else { return };
+        if let Some(slot) = self.slot_of(entry) {
+            self.free_slot(slot);
+        }
+    }
+
+    fn free_slot(&self, slot: Slot) {
         let mut entries = lock(&self.entries);
-        if matches!(entries.names.get(tail.as_ref()), Some(None)) {
-            entries.names.remove(tail.as_ref());
+        if matches!(entries.names.get(&slot), Some(None)) {
+            entries.names.remove(&slot);
         }
     }
 
@@ -358,9 +402,9 @@ impl Session {
     ) -> watch::Receiver<SessionState> {
         let due = self.ticks(due);
         let (high, owner_low) = split_owner(owner);
-        if let (Some(revision), Some(tail), true) = (
+        if let (Some(revision), Some(slot), true) = (
             NonZeroI64::new(revision),
-            self.tail(entry),
+            self.slot_of(entry),
             high == self.owner_high,
         ) {
             let grant = HeldGrant {
@@ -369,14 +413,7 @@ impl Session {
                 due,
             };
             let mut entries = lock(&self.entries);
-            match entries.names.get_mut(tail.as_ref()) {
-                Some(slot) => *slot = Some(grant),
-                None => {
-                    entries
-                        .names
-                        .insert(tail.into_owned().into_boxed_str(), Some(grant));
-                }
-            }
+            entries.names.insert(slot, Some(grant));
             if due < entries.planned {
                 entries.planned = due;
                 self.expiry_wake.notify_one();
@@ -393,9 +430,9 @@ impl Session {
         owner: OwnerId,
         f: impl FnOnce(&mut Option<HeldGrant>) -> T,
     ) -> Option<T> {
-        let tail = self.tail(entry)?;
+        let key = self.slot_of(entry)?;
         let mut entries = lock(&self.entries);
-        let slot = entries.names.get_mut(tail.as_ref())?;
+        let slot = entries.names.get_mut(&key)?;
         if slot
             .as_ref()
             .is_some_and(|g| g.is(revision, owner, self.owner_high))
@@ -437,10 +474,10 @@ impl Session {
 
     /// When a grant is deleted unless renewed, if it is held.
     pub(crate) fn due(&self, entry: &str) -> Option<Instant> {
-        let tail = self.tail(entry)?;
+        let slot = self.slot_of(entry)?;
         let due = lock(&self.entries)
             .names
-            .get(tail.as_ref())
+            .get(&slot)
             .and_then(|slot| slot.as_ref().map(|g| g.due))?;
         Some(self.instant(due))
     }
@@ -454,7 +491,7 @@ impl Session {
         let entries = &mut *guard;
         let mut expired = Vec::new();
         let mut next = Ticks::MAX;
-        for (tail, slot) in &mut entries.names {
+        for (&key, slot) in &mut entries.names {
             let Some(grant) = slot else { continue };
             if grant.due > now_ticks {
                 next = next.min(grant.due);
@@ -463,15 +500,15 @@ impl Session {
             let (revision, owner) = (grant.revision.get(), grant.owner_low);
             // Listed until the cleanup frees the name.
             *slot = None;
-            expired.push((tail.clone(), revision, owner));
+            expired.push((key, revision, owner));
         }
         let next = (next != Ticks::MAX).then(|| next.max(self.ticks(now + EXPIRY_SCAN_GAP)));
         entries.planned = next.unwrap_or(Ticks::MAX);
         drop(guard);
         let expired = expired
             .into_iter()
-            .map(|(tail, revision, low)| ExpiredGrant {
-                entry: self.entry_of(&tail),
+            .map(|(slot, revision, low)| ExpiredGrant {
+                slot,
                 revision,
                 owner: OwnerId::from_u128((u128::from(self.owner_high) << 64) | u128::from(low)),
             })
@@ -490,14 +527,16 @@ impl Session {
     /// owner, and frees the name: the entry is known to be gone from the
     /// server (deleted behind our back, e.g. force-released).
     pub(crate) fn forget_grant(&self, entry: &str, revision: i64) {
-        let Some(tail) = self.tail(entry) else { return };
+        let Some(slot) = self.slot_of(entry) else {
+            return;
+        };
         let mut entries = lock(&self.entries);
         if entries
             .names
-            .get(tail.as_ref())
+            .get(&slot)
             .is_some_and(|slot| slot.as_ref().is_some_and(|g| g.revision.get() == revision))
         {
-            entries.names.remove(tail.as_ref());
+            entries.names.remove(&slot);
         }
     }
 
@@ -524,7 +563,7 @@ impl Session {
         }
         self.set_state(SessionState::Lost(reason.to_owned()));
         let mut entries = lock(&self.entries);
-        entries.names = HashMap::new();
+        entries.names = HashMap::default();
         entries.planned = Ticks::MAX;
         drop(entries);
         self.expiry_wake.notify_one();
@@ -657,7 +696,18 @@ async fn keep_alive_loop(
 /// renewal (the lease would keep it as long as the session lives). Sleeps
 /// until the earliest deadline, or until woken by an earlier one, the
 /// session's loss or its drop.
-async fn expiry_loop(client: Client, session: Weak<Session>, wake: Arc<Notify>) {
+///
+/// The session keeps no entry names, so the names of the expired grants
+/// are read back first with one `LeaseTimeToLive` listing the session's
+/// keys; should that fail, it is asked again [`EXPIRY_RETRY`] later (the
+/// grants stay marked expired, their names unused, meanwhile).
+async fn expiry_loop(
+    client: Client,
+    session: Weak<Session>,
+    wake: Arc<Notify>,
+    op_timeout: Duration,
+) {
+    let mut pending: Vec<ExpiredGrant> = Vec::new();
     loop {
         let next = {
             let Some(s) = session.upgrade() else { return };
@@ -665,17 +715,19 @@ async fn expiry_loop(client: Client, session: Weak<Session>, wake: Arc<Notify>) 
                 return;
             }
             let (expired, next) = s.take_expired(Instant::now());
-            for grant in expired {
-                tracing::debug!(entry = %grant.entry, "lock TTL ran out without a renewal; deleting its entry");
-                crate::cleanup::clean_up_later(
-                    &client,
-                    s.clone(),
-                    grant.entry,
-                    grant.owner,
-                    grant.revision,
-                );
+            pending.extend(expired);
+            if pending.is_empty() {
+                next
+            } else {
+                match delete_expired(&client, &s, &mut pending, op_timeout).await {
+                    Ok(()) => next,
+                    Err(err) => {
+                        tracing::debug!(lease = %s.lease_hex(), %err, "could not list the session's entries to delete expired grants");
+                        let retry = Instant::now() + EXPIRY_RETRY;
+                        Some(next.map_or(retry, |at| at.min(retry)))
+                    }
+                }
             }
-            next
         };
         match next {
             Some(at) => {
@@ -687,6 +739,69 @@ async fn expiry_loop(client: Client, session: Weak<Session>, wake: Arc<Notify>) 
             None => wake.notified().await,
         }
     }
+}
+
+/// How soon the expiry task asks again for the session's entry names
+/// after that failed.
+const EXPIRY_RETRY: Duration = Duration::from_millis(200);
+
+/// Reads the names of the session's entries from the server and starts
+/// the guarded delete of each `pending` grant's entry (an entry no longer
+/// listed is gone already: its name is freed). Empties `pending` unless
+/// the listing fails.
+async fn delete_expired(
+    client: &Client,
+    session: &Arc<Session>,
+    pending: &mut Vec<ExpiredGrant>,
+    op_timeout: Duration,
+) -> Result<(), LockError> {
+    let op = Operation::Release;
+    let budget = op_timeout
+        .min(session.server_ttl() / 3)
+        .max(Duration::from_millis(10));
+    let mut lease_client = client.lease_client();
+    let answer = with_timeout(budget, op, async {
+        lease_client
+            .time_to_live(
+                session.lease_id,
+                Some(LeaseTimeToLiveOptions::new().with_keys()),
+            )
+            .await
+            .map_err(|e| from_etcd(op, e))
+    })
+    .await?;
+    if answer.ttl() < 0 {
+        // The lease, and every entry on it, is gone; the keep-alive
+        // declares the session lost.
+        pending.clear();
+        return Ok(());
+    }
+    let wanted: HashSet<Slot> = pending.iter().map(|g| g.slot).collect();
+    let mut names: HashMap<Slot, String> = HashMap::new();
+    for key in answer.keys() {
+        if let Ok(name) = std::str::from_utf8(key)
+            && let Some(slot) = session.slot_of(name)
+            && wanted.contains(&slot)
+        {
+            names.insert(slot, name.to_owned());
+        }
+    }
+    for grant in pending.drain(..) {
+        match names.remove(&grant.slot) {
+            Some(entry) => {
+                tracing::debug!(%entry, "lock TTL ran out without a renewal; deleting its entry");
+                crate::cleanup::clean_up_later(
+                    client,
+                    session.clone(),
+                    entry,
+                    grant.owner,
+                    grant.revision,
+                );
+            }
+            None => session.free_slot(grant.slot),
+        }
+    }
+    Ok(())
 }
 
 /// Revokes a lease we gave up on, so that entries the server may still

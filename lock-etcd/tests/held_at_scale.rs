@@ -36,15 +36,16 @@ async fn etcd_renews_many_held_locks_with_one_session_keep_alive() {
         print_report(&report);
         // The session's keep-alives (a few per period) are the background.
         if locks <= 1_000 {
-            // At most 450 B per held lock: 335 B measured at 1k (release
-            // build). The driver's part is one 40 B map slot per lock (the
-            // table sized by the harness's 1,000-lease warm-up at this
-            // size) and the escaped key once (~20 B); the lease carries no
+            // At most 450 B per held lock: 349-372 B measured at 1k (release
+            // build; 383-422 B while the session kept each entry's name).
+            // The driver's part is one 32 B map slot per lock (a keyed hash
+            // of the entry name's tail, its revision, owner and deadline;
+            // the table at half load at this size); the lease carries no
             // entry name (its owner id names the session). The rest is
-            // lock-core's guard, lease and scheduler slot and the harness's
-            // own guard vector (32 B). It was ~1.4 kB with a watch channel
-            // and three copies of the entry name per grant (before commit
-            // 10982fb), which fails this check.
+            // lock-core's guard, lease and scheduler slot, the key, and the
+            // harness's own guard vector (24 B). It was ~1.4 kB with a watch
+            // channel and three copies of the entry name per grant (before
+            // commit 10982fb), which fails this check.
             check_report(&report, RENEW_BATCH, 4).unwrap();
         } else {
             // Not met above 1k: 419 B at 10k and 405 B at 100k measured
