@@ -1,6 +1,8 @@
 //! The backend [`connect`](crate::connect) returns: row or session mode, as
 //! the URL's `mode` option says.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,6 +15,9 @@ use tokio::time::Instant;
 use super::SqlSessionBackend;
 use crate::config::{SqlConfig, SqlLayout, SqlMode};
 use crate::{SqlBackend, SqlShedLockBackend};
+
+/// A call's future as `async_trait` boxes it.
+type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
 
 /// A SQL lock backend in either mode ([`SqlBackend`] for `mode=row`, the
 /// default; [`SqlSessionBackend`] for `mode=session`), or on ShedLock's
@@ -92,29 +97,63 @@ impl LockBackend for SqlAnyBackend {
         self.get().capabilities()
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.get().try_acquire(key, ttl).await
+    // The four calls of every lock's life hand back the inner backend's
+    // boxed future as it is, rather than boxing a second future that only
+    // awaits it (an allocation and an indirect poll per call).
+
+    fn try_acquire<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        key: &'life1 LockKey,
+        ttl: Duration,
+    ) -> Call<'async_trait, Option<Lease>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.get().try_acquire(key, ttl)
     }
 
-    async fn acquire(
-        &self,
-        key: &LockKey,
+    fn acquire<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        key: &'life1 LockKey,
         ttl: Duration,
         deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.get().acquire(key, ttl, deadline).await
+    ) -> Call<'async_trait, Lease>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.get().acquire(key, ttl, deadline)
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.get().renew(lease).await
+    fn renew<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        lease: &'life1 Lease,
+    ) -> Call<'async_trait, Instant>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.get().renew(lease)
     }
 
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         self.get().renew_many(leases).await
     }
 
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.get().release(lease).await
+    fn release<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        lease: &'life1 Lease,
+    ) -> Call<'async_trait, bool>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.get().release(lease)
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

@@ -26,12 +26,16 @@ impl SqlSessionBackend {
         check_ttl(ttl, self.min_ttl(), operation)
             .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
         let op_timeout = self.inner.config.op_timeout;
-        let conn_until = wait_until
-            .unwrap_or_else(Instant::now)
-            .max(Instant::now() + op_timeout);
+        let now = Instant::now();
+        let conn_until = wait_until.unwrap_or(now).max(now + op_timeout);
         let owner = OwnerId::random();
-        let owner_hex = owner.to_hex();
-        let server_key = ServerKey::new(&self.inner.config.table, key.as_str());
+        let owner_hex = OwnerHex::new(owner);
+        let owner_hex = owner_hex.as_str();
+        let server_key = ServerKey::of(
+            self.inner.config.dialect,
+            &self.inner.config.table,
+            key.as_str(),
+        );
         let key_bytes = key.as_str().as_bytes();
         let sql = &self.inner.sql;
 
@@ -49,7 +53,7 @@ impl SqlSessionBackend {
                 op_timeout,
                 pinned
                     .session
-                    .grant(sql, key_bytes, &server_key, &owner_hex, ttl, None),
+                    .grant(sql, key_bytes, &server_key, owner_hex, ttl, None),
             )
             .await;
             match attempt {
@@ -98,7 +102,7 @@ impl SqlSessionBackend {
                         sql,
                         key_bytes,
                         &server_key,
-                        &owner_hex,
+                        owner_hex,
                         ttl,
                         Some(remaining),
                     ),
@@ -198,6 +202,30 @@ impl SqlSessionBackend {
     }
 }
 
+/// An owner id as [`OwnerId::to_hex`] writes it (32 lowercase hex
+/// digits), on the stack: `format!` with its padding machinery and the
+/// `String` cost about 500 instructions a grant, for a value that only
+/// lives as long as the grant statement's binds.
+struct OwnerHex([u8; 32]);
+
+impl OwnerHex {
+    fn new(owner: OwnerId) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let value = owner.as_u128();
+        let mut hex = [0u8; 32];
+        for (i, digit) in hex.iter_mut().enumerate() {
+            let nibble = (value >> (124 - 4 * i)) & 0xf;
+            *digit = DIGITS[usize::try_from(nibble).unwrap_or(0)];
+        }
+        Self(hex)
+    }
+
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits: never the fallback.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
 /// Kills a session from another connection when a server-side wait on it
 /// is abandoned (the future dropped, or our own timeout): closing the
 /// socket alone may go unnoticed by a server blocked in a lock wait, which
@@ -226,7 +254,7 @@ impl Drop for KillOnDrop {
                 .unwrap_or_else(PoisonError::into_inner)
                 .pop();
             let session = match reused {
-                Some(session) if !session.maybe_expired(Instant::now()) => Some(session),
+                Some(session) if !session.maybe_expired() => Some(session),
                 _ => backend.open_session(until).await.ok(),
             };
             if let Some(mut session) = session {
@@ -244,5 +272,24 @@ impl Drop for KillOnDrop {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lock_core::OwnerId;
+
+    use super::OwnerHex;
+
+    #[test]
+    fn owner_hex_is_to_hex() {
+        for value in [0, 1, 0xabc, u128::MAX, u128::MAX >> 4, 1 << 127] {
+            let owner = OwnerId::from_u128(value);
+            assert_eq!(OwnerHex::new(owner).as_str(), owner.to_hex());
+        }
+        for _ in 0..100 {
+            let owner = OwnerId::random();
+            assert_eq!(OwnerHex::new(owner).as_str(), owner.to_hex());
+        }
     }
 }

@@ -65,7 +65,7 @@ use lock_core::{
     LockInfo, LockKey, LockPage, Operation, OwnerId, SessionState, TtlModel, WaitStrategy,
     check_ttl, validity_deadline,
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::{Instant, timeout, timeout_at};
 
 pub use any::SqlAnyBackend;
@@ -316,21 +316,31 @@ impl SqlSessionBackend {
     /// have ended for silence) or a new one, waiting for a free connection
     /// until `until`.
     async fn checkout(&self, until: Instant) -> Result<Pinned, LockError> {
-        let permit = timeout_at(until, Arc::clone(&self.inner.in_use).acquire_owned())
-            .await
-            .map_err(|_| {
-                LockError::new(
-                    ErrorKind::Timeout,
-                    Operation::Connect,
-                    format!(
-                        "all {} session connections of this backend are in use (each held lock or \
-                         waiting acquire pins one; raise pool_size)",
-                        self.inner.pool_size
-                    ),
-                )
-            })?
-            .map_err(|_| LockError::new(ErrorKind::Unavailable, Operation::Connect, "closed"))?;
-        let now = Instant::now();
+        let closed = || LockError::new(ErrorKind::Unavailable, Operation::Connect, "closed");
+        // A free permit is taken without arming a timer (a `Sleep` costs a
+        // runtime handle and a timer entry even when it never waits). No
+        // queue jumping: a permit released while acquires wait goes to the
+        // first waiter, never back to the free count.
+        let permit = match Arc::clone(&self.inner.in_use).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => return Err(closed()),
+            Err(TryAcquireError::NoPermits) => {
+                timeout_at(until, Arc::clone(&self.inner.in_use).acquire_owned())
+                    .await
+                    .map_err(|_| {
+                        LockError::new(
+                            ErrorKind::Timeout,
+                            Operation::Connect,
+                            format!(
+                                "all {} session connections of this backend are in use (each held \
+                                 lock or waiting acquire pins one; raise pool_size)",
+                                self.inner.pool_size
+                            ),
+                        )
+                    })?
+                    .map_err(|_| closed())?
+            }
+        };
         let reused = {
             let mut idle = self
                 .inner
@@ -339,7 +349,7 @@ impl SqlSessionBackend {
                 .unwrap_or_else(PoisonError::into_inner);
             loop {
                 match idle.pop() {
-                    Some(session) if session.maybe_expired(now) => drop(session),
+                    Some(session) if session.maybe_expired() => drop(session),
                     other => break other,
                 }
             }
@@ -373,7 +383,11 @@ impl SqlSessionBackend {
 
     fn checkin(&self, pinned: Pinned) {
         let Pinned { mut session, .. } = pinned;
-        session.idle_since = Instant::now();
+        // Read only under a server idle timer (`Session::maybe_expired`);
+        // a PostgreSQL session has none while idle (reset at release).
+        if session.wait_timeout.is_some() {
+            session.idle_since = Instant::now();
+        }
         let mut idle = self
             .inner
             .idle
@@ -586,7 +600,11 @@ impl LockBackend for SqlSessionBackend {
             .checkout(Instant::now() + op_timeout)
             .await
             .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
-        let server_key = ServerKey::new(&self.inner.config.table, key.as_str());
+        let server_key = ServerKey::of(
+            self.inner.config.dialect,
+            &self.inner.config.table,
+            key.as_str(),
+        );
         let found = timeout(
             op_timeout,
             pinned
@@ -675,7 +693,11 @@ impl SqlSessionBackend {
     /// in between is read again (three times at most).
     async fn break_lock(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let op_timeout = self.inner.config.op_timeout;
-        let server_key = ServerKey::new(&self.inner.config.table, key.as_str());
+        let server_key = ServerKey::of(
+            self.inner.config.dialect,
+            &self.inner.config.table,
+            key.as_str(),
+        );
         let key_bytes = key.as_str().as_bytes();
         let sql = &self.inner.sql;
         let timed_out = || {
