@@ -487,15 +487,17 @@ pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
     /// that travel in the handshake.
     fn session_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError>;
 
-    /// Makes the server end the session after `ttl` of silence, no earlier,
-    /// where that takes a statement of its own (MySQL `SET wait_timeout`,
-    /// only when `armed`, the value set before, differs).
-    async fn arm_idle_timeout(
-        &self,
-        conn: &mut DbConn,
-        armed: &mut Option<u64>,
-        ttl: Duration,
-    ) -> Result<(), sqlx::Error>;
+    /// The idle timeout, in whole seconds, that makes the server end the
+    /// session after `ttl` of silence, no earlier, where that takes a
+    /// statement of its own ([`arm_idle_timeout`](Self::arm_idle_timeout),
+    /// MySQL `SET wait_timeout`); `None` where the grant statement sets it
+    /// (PostgreSQL). Plain data, so a grant that needs no statement does
+    /// not build and box a future to find out.
+    fn idle_timeout_secs(&self, ttl: Duration) -> Option<u64>;
+
+    /// Sets the idle timeout [`idle_timeout_secs`](Self::idle_timeout_secs)
+    /// asked for (the caller skips it when the session has it already).
+    async fn arm_idle_timeout(&self, conn: &mut DbConn, secs: u64) -> Result<(), sqlx::Error>;
 
     /// One grant statement: a try when `wait` is `None`, else a wait of up
     /// to that long on the server; the token in the same statement.

@@ -401,20 +401,15 @@ impl SessionDialect for MySql {
         Ok(DbOptions::MySql(parse_options(config)?))
     }
 
-    async fn arm_idle_timeout(
-        &self,
-        conn: &mut DbConn,
-        armed: &mut Option<u64>,
-        ttl: Duration,
-    ) -> Result<(), sqlx::Error> {
-        let secs = mysql_wait_timeout(ttl);
-        if *armed != Some(secs) {
-            sqlx::query("SET SESSION wait_timeout = ?")
-                .bind(secs)
-                .execute(my(conn)?)
-                .await?;
-            *armed = Some(secs);
-        }
+    fn idle_timeout_secs(&self, ttl: Duration) -> Option<u64> {
+        Some(mysql_wait_timeout(ttl))
+    }
+
+    async fn arm_idle_timeout(&self, conn: &mut DbConn, secs: u64) -> Result<(), sqlx::Error> {
+        sqlx::query("SET SESSION wait_timeout = ?")
+            .bind(secs)
+            .execute(my(conn)?)
+            .await?;
         Ok(())
     }
 

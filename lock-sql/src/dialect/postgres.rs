@@ -387,13 +387,13 @@ impl SessionDialect for Postgres {
         ))
     }
 
-    /// Set inside the grant statement: nothing to do here.
-    async fn arm_idle_timeout(
-        &self,
-        _conn: &mut DbConn,
-        _armed: &mut Option<u64>,
-        _ttl: Duration,
-    ) -> Result<(), sqlx::Error> {
+    /// Set inside the grant statement (`idle_session_timeout`).
+    fn idle_timeout_secs(&self, _ttl: Duration) -> Option<u64> {
+        None
+    }
+
+    /// Never asked for (see `idle_timeout_secs`): nothing to do.
+    async fn arm_idle_timeout(&self, _conn: &mut DbConn, _secs: u64) -> Result<(), sqlx::Error> {
         Ok(())
     }
 

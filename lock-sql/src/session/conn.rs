@@ -191,9 +191,12 @@ impl Session {
         ttl: Duration,
         wait: Option<Duration>,
     ) -> Result<Granted, sqlx::Error> {
-        self.dialect
-            .arm_idle_timeout(&mut self.conn, &mut self.wait_timeout, ttl)
-            .await?;
+        if let Some(secs) = self.dialect.idle_timeout_secs(ttl)
+            && self.wait_timeout != Some(secs)
+        {
+            self.dialect.arm_idle_timeout(&mut self.conn, secs).await?;
+            self.wait_timeout = Some(secs);
+        }
         self.dialect
             .session_grant(&mut self.conn, sql, key, server_key, owner, ttl, wait)
             .await

@@ -211,11 +211,10 @@ struct OwnerHex([u8; 32]);
 impl OwnerHex {
     fn new(owner: OwnerId) -> Self {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let value = owner.as_u128();
         let mut hex = [0u8; 32];
-        for (i, digit) in hex.iter_mut().enumerate() {
-            let nibble = (value >> (124 - 4 * i)) & 0xf;
-            *digit = DIGITS[usize::try_from(nibble).unwrap_or(0)];
+        for (pair, byte) in hex.chunks_exact_mut(2).zip(owner.as_u128().to_be_bytes()) {
+            pair[0] = DIGITS[usize::from(byte >> 4)];
+            pair[1] = DIGITS[usize::from(byte & 0xf)];
         }
         Self(hex)
     }

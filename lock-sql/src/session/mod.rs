@@ -54,6 +54,7 @@ mod names;
 pub(crate) mod sql;
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -415,13 +416,14 @@ impl SqlSessionBackend {
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let matches = held
-            .get(&lease.owner())
-            .is_some_and(|h| h.key == *lease.key() && h.token == lease.token());
-        if matches {
-            held.remove(&lease.owner())
-        } else {
-            None
+        // One lookup: the entry is removed only when it is this grant.
+        match held.entry(lease.owner()) {
+            Entry::Occupied(found)
+                if found.get().key == *lease.key() && found.get().token == lease.token() =>
+            {
+                Some(found.remove())
+            }
+            _ => None,
         }
     }
 }
