@@ -69,8 +69,10 @@ struct Inner {
     config: EtcdConfig,
     /// Normalized prefix, without a trailing separator.
     prefix: String,
-    /// One session per server TTL (in whole seconds).
-    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// The sessions of each server TTL (in whole seconds): usually one;
+    /// another is started when those alive have no room left (see
+    /// [`crate::session::LISTING_BUDGET`]).
+    sessions: Mutex<HashMap<u64, Vec<Arc<Session>>>>,
     /// Serializes session creation so concurrent acquires grant one lease.
     creating: tokio::sync::Mutex<()>,
     /// The keys each session's lease had at its last listing, shared by the
@@ -82,6 +84,7 @@ impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let sessions: Vec<String> = lock(&self.inner.sessions)
             .values()
+            .flatten()
             .map(|s| format!("{s:?}"))
             .collect();
         f.debug_struct("EtcdBackend")
@@ -147,13 +150,25 @@ impl EtcdBackend {
     }
 
     /// The lease id (hex, as in entry names) of the session used for `ttl`,
-    /// if it exists and is alive.
+    /// if it exists and is alive (the first of them, when the locks held
+    /// with this TTL fill more than one: see [`Self::session_leases`]).
     pub fn session_lease(&self, ttl: Duration) -> Option<String> {
+        self.session_leases(ttl).into_iter().next()
+    }
+
+    /// The lease ids (hex) of every live session used for `ttl`, oldest
+    /// first. A session takes new grants until its key listing, which
+    /// every renewal round reads, reaches 2 MiB (some 44,000 locks with
+    /// 20-byte keys); then another session is started.
+    pub fn session_leases(&self, ttl: Duration) -> Vec<String> {
         let secs = ttl_secs(ttl);
         lock(&self.inner.sessions)
             .get(&secs)
+            .into_iter()
+            .flatten()
             .filter(|s| s.is_alive())
             .map(|s| s.lease_hex())
+            .collect()
     }
 
     /// Revokes every session lease: every lock held through this backend is
@@ -169,8 +184,10 @@ impl EtcdBackend {
     ///
     /// Safe: leases not yet revoked expire with their TTL.
     pub async fn close(&self) -> Result<(), LockError> {
-        let sessions: Vec<Arc<Session>> =
-            lock(&self.inner.sessions).drain().map(|(_, s)| s).collect();
+        let sessions: Vec<Arc<Session>> = lock(&self.inner.sessions)
+            .drain()
+            .flat_map(|(_, s)| s)
+            .collect();
         let mut first_error = None;
         for session in sessions {
             session.lose("the backend was closed");
@@ -198,21 +215,26 @@ impl EtcdBackend {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// The live session for `ttl`, granting a new lease if there is none.
+    /// The first live session for `ttl` with room for a grant, if any.
+    fn session_with_room(&self, secs: u64) -> Option<Arc<Session>> {
+        lock(&self.inner.sessions)
+            .get(&secs)?
+            .iter()
+            .find(|s| s.is_alive() && s.has_room())
+            .cloned()
+    }
+
+    /// A live session for `ttl` with room for a grant, granting a new lease
+    /// if there is none. Sessions of `ttl` no longer alive are dropped (and
+    /// declared lost) then.
     async fn session_for(&self, ttl: Duration, op: Operation) -> Result<Arc<Session>, LockError> {
         let secs = ttl_secs(ttl);
-        if let Some(s) = lock(&self.inner.sessions)
-            .get(&secs)
-            .filter(|s| s.is_alive())
-        {
-            return Ok(s.clone());
+        if let Some(s) = self.session_with_room(secs) {
+            return Ok(s);
         }
         let _creating = self.inner.creating.lock().await;
-        if let Some(s) = lock(&self.inner.sessions)
-            .get(&secs)
-            .filter(|s| s.is_alive())
-        {
-            return Ok(s.clone());
+        if let Some(s) = self.session_with_room(secs) {
+            return Ok(s);
         }
         let ttl_i64 = i64::try_from(secs)
             .map_err(|_| LockError::invalid_argument(op, "TTL too large for an etcd lease"))?;
@@ -229,10 +251,16 @@ impl EtcdBackend {
         )
         .await
         .map_err(|e| relabel(e, op))?;
-        let old = lock(&self.inner.sessions).insert(secs, session.clone());
-        if let Some(old) = old {
-            old.lose("replaced by a new session");
-        }
+        let mut sessions = lock(&self.inner.sessions);
+        let of_ttl = sessions.entry(secs).or_default();
+        of_ttl.retain(|old| {
+            let alive = old.is_alive();
+            if !alive {
+                old.lose("replaced by a new session");
+            }
+            alive
+        });
+        of_ttl.push(session.clone());
         Ok(session)
     }
 
@@ -240,6 +268,7 @@ impl EtcdBackend {
     fn session_owning(&self, owner: lock_core::OwnerId) -> Option<Arc<Session>> {
         lock(&self.inner.sessions)
             .values()
+            .flatten()
             .find(|s| s.owns(owner))
             .cloned()
     }
@@ -247,6 +276,7 @@ impl EtcdBackend {
     fn session_by_lease(&self, lease_id: i64) -> Option<Arc<Session>> {
         lock(&self.inner.sessions)
             .values()
+            .flatten()
             .find(|s| s.lease_id() == lease_id)
             .cloned()
     }

@@ -33,8 +33,11 @@ use crate::session::{RenewRefused, Session};
 /// deleted entry to the next round).
 pub(super) struct Attached {
     sent_at: Instant,
-    /// The store revision the listing answered at (0 if the answer had no
-    /// header): an entry created later is not in it.
+    /// The session's newest grant when the listing was asked for
+    /// ([`Session::newest_grant`]): a grant created later may be missing
+    /// from it. (Not the answer's header revision: the server reads that
+    /// after it collected the keys, so an entry created in between counts
+    /// in the revision but is not listed.)
     revision: i64,
     /// Sorted.
     keys: Arc<Vec<u64>>,
@@ -220,6 +223,7 @@ impl EtcdBackend {
             return Ok(Some((seen.sent_at, seen.keys.clone())));
         }
         let budget = self.check_budget(session);
+        let revision = session.newest_grant();
         let sent_at = Instant::now();
         let mut lease_client = self.inner.client.lease_client();
         let answer = with_timeout(budget, op, async {
@@ -236,7 +240,6 @@ impl EtcdBackend {
             return Ok(None);
         }
         // etcd lists a lease's keys in no promised order.
-        let revision = answer.header().map_or(0, |h| h.revision());
         let mut hashes: Vec<u64> = answer.keys().iter().map(|k| key_hash(k)).collect();
         hashes.sort_unstable();
         let keys = Arc::new(hashes);

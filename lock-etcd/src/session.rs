@@ -37,7 +37,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::num::NonZeroI64;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -70,6 +70,9 @@ pub(crate) struct Session {
     /// and the counter that makes the low half.
     owner_high: u64,
     owners: AtomicU64,
+    /// The newest create revision of an entry handed out as a grant: every
+    /// grant up to it was on the server when this was read.
+    newest_grant: AtomicI64,
     /// The origin of the compact deadlines ([`Ticks`]).
     base: Instant,
     /// Keys the hashes of the entry names' tails (see [`Entries::names`]).
@@ -106,13 +109,47 @@ struct Entries {
     /// When the expiry task looks next (`Ticks::MAX`: not before it is
     /// woken). A grant due earlier wakes it.
     planned: Ticks,
+    /// About the size of the session's key listing (`LeaseTimeToLive` with
+    /// keys): the listed names' lengths plus their framing.
+    listed_bytes: usize,
 }
+
+impl Entries {
+    /// Lists a name of `len` bytes.
+    fn listed(&mut self, len: usize) {
+        self.listed_bytes = self.listed_bytes.saturating_add(len + NAME_FRAMING);
+    }
+
+    /// Removes `slot`, whose name is `len` bytes long (`None`: not known,
+    /// counted as the average name).
+    fn unlist(&mut self, slot: Slot, len: Option<usize>) {
+        let average = self.listed_bytes / self.names.len().max(1);
+        if self.names.remove(&slot).is_some() {
+            let freed = len.map_or(average, |len| len + NAME_FRAMING);
+            self.listed_bytes = self.listed_bytes.saturating_sub(freed);
+        }
+    }
+}
+
+/// Bytes a listed key costs in a `LeaseTimeToLive` answer besides its name
+/// (field tag and length).
+const NAME_FRAMING: usize = 3;
+
+/// How large a session's key listing may grow before new grants go to
+/// another session of the same TTL: half the 4 MiB the client accepts in
+/// one answer (gRPC's default, which the etcd client does not let us raise
+/// for lease calls). At about 45 bytes a name (a 20-byte key), that is some
+/// 44,000 entries a session: a client holding 100,000 such locks keeps
+/// three sessions, one keep-alive stream and one listing per renewal round
+/// each.
+pub(crate) const LISTING_BUDGET: usize = 2 << 20;
 
 impl Default for Entries {
     fn default() -> Self {
         Self {
             names: HashMap::default(),
             planned: Ticks::MAX,
+            listed_bytes: 0,
         }
     }
 }
@@ -244,6 +281,7 @@ impl Session {
             counter: AtomicU64::new(0),
             owner_high: split_owner(OwnerId::random()).0,
             owners: AtomicU64::new(split_owner(OwnerId::random()).1),
+            newest_grant: AtomicI64::new(0),
             base: sent_at,
             hasher: RandomState::new(),
             expiry_wake: Arc::new(Notify::new()),
@@ -308,16 +346,33 @@ impl Session {
         let part = key_prefix.strip_prefix(&*self.root).unwrap_or(key_prefix);
         if let Entry::Vacant(free) = entries.names.entry(self.hash_tail(part, "")) {
             free.insert(None);
-            return plain_entry(key_prefix, &self.hex);
+            let entry = plain_entry(key_prefix, &self.hex);
+            entries.listed(entry.len());
+            return entry;
         }
         loop {
             let n = self.counter.fetch_add(1, Ordering::Relaxed);
             if let Entry::Vacant(free) = entries.names.entry(self.hash_tail(part, &format!("-{n}")))
             {
                 free.insert(None);
-                return numbered_entry(key_prefix, &self.hex, n);
+                let entry = numbered_entry(key_prefix, &self.hex, n);
+                entries.listed(entry.len());
+                return entry;
             }
         }
+    }
+
+    /// The newest create revision handed out as a grant so far: a key
+    /// listing asked for after reading it includes every grant up to it
+    /// that still exists.
+    pub(crate) fn newest_grant(&self) -> i64 {
+        self.newest_grant.load(Ordering::Relaxed)
+    }
+
+    /// Whether new grants may still go to this session: its key listing is
+    /// below [`LISTING_BUDGET`].
+    pub(crate) fn has_room(&self) -> bool {
+        lock(&self.entries).listed_bytes < LISTING_BUDGET
     }
 
     /// Whether `owner` was handed out by this session ([`Self::new_owner`]).
@@ -369,14 +424,16 @@ impl Session {
     /// cleanup of an earlier grant must not free a newer one's name).
     pub(crate) fn free_entry(&self, entry: &str) {
         if let Some(slot) = self.slot_of(entry) {
-            self.free_slot(slot);
+            self.free_slot(slot, Some(entry.len()));
         }
     }
 
-    fn free_slot(&self, slot: Slot) {
+    /// [`Self::free_entry`] by slot, for a name `len` bytes long (`None`:
+    /// not known).
+    fn free_slot(&self, slot: Slot, len: Option<usize>) {
         let mut entries = lock(&self.entries);
         if matches!(entries.names.get(&slot), Some(None)) {
-            entries.names.remove(&slot);
+            entries.unlist(slot, len);
         }
     }
 
@@ -412,8 +469,12 @@ impl Session {
                 owner_low,
                 due,
             };
+            self.newest_grant
+                .fetch_max(revision.get(), Ordering::Relaxed);
             let mut entries = lock(&self.entries);
-            entries.names.insert(slot, Some(grant));
+            if entries.names.insert(slot, Some(grant)).is_none() {
+                entries.listed(entry.len());
+            }
             if due < entries.planned {
                 entries.planned = due;
                 self.expiry_wake.notify_one();
@@ -536,7 +597,7 @@ impl Session {
             .get(&slot)
             .is_some_and(|slot| slot.as_ref().is_some_and(|g| g.revision.get() == revision))
         {
-            entries.names.remove(&slot);
+            entries.unlist(slot, Some(entry.len()));
         }
     }
 
@@ -563,8 +624,7 @@ impl Session {
         }
         self.set_state(SessionState::Lost(reason.to_owned()));
         let mut entries = lock(&self.entries);
-        entries.names = HashMap::default();
-        entries.planned = Ticks::MAX;
+        *entries = Entries::default();
         drop(entries);
         self.expiry_wake.notify_one();
     }
@@ -798,7 +858,7 @@ async fn delete_expired(
                     grant.revision,
                 );
             }
-            None => session.free_slot(grant.slot),
+            None => session.free_slot(grant.slot, None),
         }
     }
     Ok(())
