@@ -150,6 +150,18 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// `prefix` (the encoded process part) with the grant time appended, built
+/// in one allocation (no `format!`: a grant's path on several drivers).
+fn with_grant_time(prefix: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(prefix.len() + 3 + 20);
+    out.push_str(prefix);
+    out.push_str(";t=");
+    // Writing into a String cannot fail.
+    let _ = write!(out, "{}", now_ms());
+    out
+}
+
 impl HolderDetails {
     /// This process, now.
     pub fn current() -> Self {
@@ -173,26 +185,22 @@ impl HolderDetails {
     /// label.
     pub fn encode_current() -> String {
         let state = label_state();
-        let cached = state
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .encoded
-            .clone();
-        let prefix = cached.unwrap_or_else(|| {
-            let mut state = state.write().unwrap_or_else(PoisonError::into_inner);
-            let p = process();
-            let encoded = Self {
-                host: p.host.clone(),
-                pid: p.pid,
-                program: p.program.clone(),
-                label: state.label.clone(),
-                granted_at_ms: 0,
-            }
-            .encode_process();
-            state.encoded = Some(encoded.clone());
-            encoded
-        });
-        format!("{prefix};t={}", now_ms())
+        if let Some(prefix) = &state.read().unwrap_or_else(PoisonError::into_inner).encoded {
+            return with_grant_time(prefix);
+        }
+        let mut state = state.write().unwrap_or_else(PoisonError::into_inner);
+        let p = process();
+        let encoded = Self {
+            host: p.host.clone(),
+            pid: p.pid,
+            program: p.program.clone(),
+            label: state.label.clone(),
+            granted_at_ms: 0,
+        }
+        .encode_process();
+        let out = with_grant_time(&encoded);
+        state.encoded = Some(encoded);
+        out
     }
 
     fn encode_process(&self) -> String {

@@ -198,7 +198,14 @@ pub(crate) fn check_path_key(key: &LockKey) -> Result<(), String> {
 
 /// [`key_dir`] of a key's text.
 pub(crate) fn key_dir_of(root: &str, key: &str) -> String {
-    format!("{root}/{}", utf8_percent_encode(key, COMPONENT))
+    // Borrowed when nothing needs escaping (the common key): one
+    // allocation of the right size, no formatting.
+    let escaped: std::borrow::Cow<'_, str> = utf8_percent_encode(key, COMPONENT).into();
+    let mut dir = String::with_capacity(root.len() + 1 + escaped.len());
+    dir.push_str(root);
+    dir.push('/');
+    dir.push_str(&escaped);
+    dir
 }
 
 /// The key whose [`key_dir_of`] component is `name` (a child of the
@@ -219,11 +226,12 @@ pub(crate) fn key_of_component(name: &str) -> Option<LockKey> {
 /// `contenders()` lists), a newline, and the holder details
 /// ([`lock_core::HolderDetails::encode_current`]).
 pub(crate) fn mutex_node_data(owner: OwnerId) -> String {
-    format!(
-        "{}\n{}",
-        owner.to_hex(),
-        lock_core::HolderDetails::encode_current()
-    )
+    let details = lock_core::HolderDetails::encode_current();
+    let mut data = String::with_capacity(32 + 1 + details.len());
+    data.push_str(owner.hex().as_str());
+    data.push('\n');
+    data.push_str(&details);
+    data
 }
 
 /// The holder details in a mutex node's data ([`mutex_node_data`]);
@@ -288,18 +296,10 @@ pub(crate) fn node_path(dir: &str, owner: OwnerId, seq: u32) -> String {
 const PREFIX_LEN: usize = PROTECTED_PREFIX.len() + 36 + 1 + LOCK_NAME.len();
 
 fn push_node_prefix(out: &mut String, owner: OwnerId) {
-    use std::fmt::Write as _;
-    let v = owner.as_u128();
-    // Writing into a String cannot fail.
-    let _ = write!(
-        out,
-        "{PROTECTED_PREFIX}{:08x}-{:04x}-{:04x}-{:04x}-{:012x}-{LOCK_NAME}",
-        v >> 96,
-        (v >> 80) & 0xffff,
-        (v >> 64) & 0xffff,
-        (v >> 48) & 0xffff,
-        v & 0xffff_ffff_ffff
-    );
+    out.push_str(PROTECTED_PREFIX);
+    owner.push_uuid(out);
+    out.push('-');
+    out.push_str(LOCK_NAME);
 }
 
 /// The owner id embedded in one of our node names, if it is one.
@@ -382,7 +382,7 @@ pub(crate) fn mutex_node_prefix(dir: &str, owner: OwnerId, nodes: ZkNodeNames) -
             let mut path = String::with_capacity(dir.len() + 1 + 32 + KAZOO_LOCK_NAME.len() + 10);
             path.push_str(dir);
             path.push('/');
-            path.push_str(&owner.to_hex());
+            path.push_str(owner.hex().as_str());
             path.push_str(KAZOO_LOCK_NAME);
             path
         }

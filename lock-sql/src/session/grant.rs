@@ -29,7 +29,7 @@ impl SqlSessionBackend {
         let now = Instant::now();
         let conn_until = wait_until.unwrap_or(now).max(now + op_timeout);
         let owner = OwnerId::random();
-        let owner_hex = OwnerHex::new(owner);
+        let owner_hex = owner.hex();
         let owner_hex = owner_hex.as_str();
         let server_key = ServerKey::of(
             self.inner.config.dialect,
@@ -202,29 +202,6 @@ impl SqlSessionBackend {
     }
 }
 
-/// An owner id as [`OwnerId::to_hex`] writes it (32 lowercase hex
-/// digits), on the stack: `format!` with its padding machinery and the
-/// `String` cost about 500 instructions a grant, for a value that only
-/// lives as long as the grant statement's binds.
-struct OwnerHex([u8; 32]);
-
-impl OwnerHex {
-    fn new(owner: OwnerId) -> Self {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut hex = [0u8; 32];
-        for (pair, byte) in hex.chunks_exact_mut(2).zip(owner.as_u128().to_be_bytes()) {
-            pair[0] = DIGITS[usize::from(byte >> 4)];
-            pair[1] = DIGITS[usize::from(byte & 0xf)];
-        }
-        Self(hex)
-    }
-
-    fn as_str(&self) -> &str {
-        // Only ASCII hex digits: never the fallback.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-}
-
 /// Kills a session from another connection when a server-side wait on it
 /// is abandoned (the future dropped, or our own timeout): closing the
 /// socket alone may go unnoticed by a server blocked in a lock wait, which
@@ -271,24 +248,5 @@ impl Drop for KillOnDrop {
                 }
             }
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use lock_core::OwnerId;
-
-    use super::OwnerHex;
-
-    #[test]
-    fn owner_hex_is_to_hex() {
-        for value in [0, 1, 0xabc, u128::MAX, u128::MAX >> 4, 1 << 127] {
-            let owner = OwnerId::from_u128(value);
-            assert_eq!(OwnerHex::new(owner).as_str(), owner.to_hex());
-        }
-        for _ in 0..100 {
-            let owner = OwnerId::random();
-            assert_eq!(OwnerHex::new(owner).as_str(), owner.to_hex());
-        }
     }
 }
