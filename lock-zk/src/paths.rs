@@ -120,12 +120,25 @@ pub(crate) fn is_rw_dir(root: &str, dir: &str) -> bool {
 /// sequence `seq` in `dir`, as the server names it.
 pub(crate) fn named_node_path(dir: &str, owner: OwnerId, name: &str, seq: u32) -> String {
     let mut path = named_prefix(dir, owner, name);
-    if i32::try_from(seq).is_ok() {
-        path.push_str(&format!("{seq:010}"));
-    } else {
-        path.push_str(&format!("{seq:019}"));
-    }
+    push_sequence(&mut path, seq);
     path
+}
+
+/// Appends a sequence number as the server writes it in a sequential
+/// node's name: `%010d`, and 19 digits past `i32::MAX` (as the client
+/// crate formats it), without the formatting machinery.
+fn push_sequence(path: &mut String, seq: u32) {
+    let width = if i32::try_from(seq).is_ok() { 10 } else { 19 };
+    let mut digits = [b'0'; 19];
+    let mut rest = seq;
+    for slot in digits[..width].iter_mut().rev() {
+        // One decimal digit.
+        #[allow(clippy::cast_possible_truncation)]
+        let digit = (rest % 10) as u8;
+        *slot = b'0' + digit;
+        rest /= 10;
+    }
+    path.push_str(std::str::from_utf8(&digits[..width]).unwrap_or_default());
 }
 
 /// The path prefix of `owner`'s node named `name` in `dir` (the server
@@ -140,9 +153,25 @@ pub(crate) fn named_prefix(dir: &str, owner: OwnerId, name: &str) -> String {
 /// The sequence number of a node called `name` (the digits after its last
 /// `name`), as Curator's `fixForSorting` reads it.
 pub(crate) fn sequence_named(node: &str, name: &str) -> Option<i64> {
-    let at = node.rfind(name)?;
-    let digits = &node[at + name.len()..];
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if name.as_bytes().last().is_none_or(u8::is_ascii_digit) {
+        // A name that ends with a digit (none of ours does) may stand
+        // anywhere in the trailing digits: search for it.
+        let at = node.rfind(name)?;
+        let digits = &node[at + name.len()..];
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        return digits.parse().ok();
+    }
+    // Otherwise its last occurrence followed only by digits ends where the
+    // trailing digits begin: no substring search (a cycle reads every
+    // contender's name).
+    let start = node
+        .bytes()
+        .rposition(|b| !b.is_ascii_digit())
+        .map_or(0, |i| i + 1);
+    let (head, digits) = node.split_at(start);
+    if digits.is_empty() || !head.ends_with(name) {
         return None;
     }
     digits.parse().ok()
@@ -281,14 +310,8 @@ pub(crate) fn node_path_prefix(dir: &str, owner: OwnerId) -> String {
 /// the server names it (`%010d`, wider past `i32::MAX` as the client
 /// crate formats it).
 pub(crate) fn node_path(dir: &str, owner: OwnerId, seq: u32) -> String {
-    use std::fmt::Write as _;
     let mut path = node_path_prefix(dir, owner);
-    // Writing into a String cannot fail.
-    if i32::try_from(seq).is_ok() {
-        let _ = write!(path, "{seq:010}");
-    } else {
-        let _ = write!(path, "{seq:019}");
-    }
+    push_sequence(&mut path, seq);
     path
 }
 
@@ -392,14 +415,8 @@ pub(crate) fn mutex_node_prefix(dir: &str, owner: OwnerId, nodes: ZkNodeNames) -
 /// The path of `owner`'s mutex node with sequence `seq` in `dir`, named as
 /// `nodes` says, as the server names it (see [`node_path`]).
 pub(crate) fn mutex_node_path(dir: &str, owner: OwnerId, nodes: ZkNodeNames, seq: u32) -> String {
-    use std::fmt::Write as _;
     let mut path = mutex_node_prefix(dir, owner, nodes);
-    // Writing into a String cannot fail.
-    if i32::try_from(seq).is_ok() {
-        let _ = write!(path, "{seq:010}");
-    } else {
-        let _ = write!(path, "{seq:019}");
-    }
+    push_sequence(&mut path, seq);
     path
 }
 
@@ -436,6 +453,34 @@ pub(crate) fn split_node(path: &str) -> Option<(&str, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hand-written sequence and the search-free parse agree with
+    /// `format!` and with a plain search.
+    #[test]
+    fn sequences_are_written_and_read_as_the_server_names_them() {
+        for seq in [0, 7, 42, 9_999_999, 2_147_483_647, 2_147_483_648, u32::MAX] {
+            let mut path = String::from("/d/x-");
+            push_sequence(&mut path, seq);
+            let expected = if i32::try_from(seq).is_ok() {
+                format!("/d/x-{seq:010}")
+            } else {
+                format!("/d/x-{seq:019}")
+            };
+            assert_eq!(path, expected);
+        }
+        for (node, name, seq) in [
+            ("_c_abc-lock-0000000042", LOCK_NAME, Some(42)),
+            ("lock-lock-0000000001", LOCK_NAME, Some(1)),
+            ("lock-", LOCK_NAME, None),
+            ("lock-12x3", LOCK_NAME, None),
+            ("lease-0000000003", LOCK_NAME, None),
+            ("abc__lock__0000000009", KAZOO_LOCK_NAME, Some(9)),
+            ("n1-0000000005", "n1-", Some(5)),
+            ("x-007", "x-0", Some(7)),
+        ] {
+            assert_eq!(sequence_named(node, name), seq, "{node} / {name}");
+        }
+    }
 
     fn key(s: &str) -> LockKey {
         LockKey::new(s).unwrap()
