@@ -130,8 +130,9 @@ pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use telemetry::{KeyLabel, disable_metrics, enable_metrics, metrics_enabled};
 pub use types::{
-    FencingToken, GcReport, Lease, ListQuery, LockInfo, LockPage, OwnerHex, OwnerId, SessionState,
-    SharedLockInfo, SharedPage, clock_drift, validity_deadline,
+    FencingToken, GcReport, Lease, ListQuery, LockInfo, LockPage, OwnerHex, OwnerId,
+    RandomKeyHasher, RandomKeys, SessionState, SharedLockInfo, SharedPage, clock_drift,
+    validity_deadline,
 };
 pub use wrapper::LockWrapper;
 

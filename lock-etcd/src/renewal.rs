@@ -14,17 +14,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, LeaseTimeToLiveOptions, Txn};
+use etcd_client::{Compare, CompareOp, Txn};
 use lock_core::{
     ErrorKind, Lease, LeaseKind, LockError, Operation, RENEW_CONCURRENCY, SessionState,
-    renew_concurrently, validity_deadline, with_timeout,
+    renew_concurrently, validity_deadline,
 };
 use tokio::time::Instant;
 
 use super::EtcdBackend;
 use super::waiting::txn_on;
 use crate::cleanup::clean_up_later;
-use crate::error::{NAME, from_etcd};
+use crate::error::NAME;
 use crate::session::{RenewRefused, Session};
 
 /// The keys a session's lease had when they were last listed, as hashes
@@ -91,19 +91,10 @@ impl EtcdBackend {
         })
     }
 
-    /// How long a renewal's check on the server may take: the operation
-    /// timeout, at most a third of the session's TTL and half the time
-    /// left before the session's deadline, so that a server that does not
-    /// answer makes the renewal fail (temporarily: the guard goes
-    /// `Suspect` and retries) well before the lease is lost.
+    /// How long a renewal's check on the server may take
+    /// ([`Session::call_budget`]).
     fn check_budget(&self, session: &Session) -> Duration {
-        let left = session.deadline().saturating_duration_since(Instant::now());
-        self.inner
-            .config
-            .op_timeout
-            .min(session.server_ttl() / 3)
-            .min(left / 2)
-            .max(Duration::from_millis(10))
+        session.call_budget(self.inner.config.op_timeout)
     }
 
     /// Whether the entry created at `revision` still exists: one
@@ -200,11 +191,11 @@ impl EtcdBackend {
     /// listing was asked for: one `LeaseTimeToLive` request, reused by the
     /// other batches of the same renewal round (asked within a sixth of the
     /// session's TTL; a round's batches are due together, the next round
-    /// comes a third of the TTL later) as long as it answered at a revision
-    /// no older than `newest`, the newest entry the batch asks about (an
-    /// entry created after the listing is missing from it, and must not be
-    /// taken for one deleted behind our back). `Ok(None)`: the server no
-    /// longer has the lease.
+    /// comes a third of the TTL later) as long as the session had handed
+    /// out `newest`, the newest entry the batch asks about, before the
+    /// listing was asked for (an entry created after the listing is
+    /// missing from it, and must not be taken for one deleted behind our
+    /// back). `Ok(None)`: the server no longer has the lease.
     async fn attached_keys(
         &self,
         lease_id: i64,
@@ -222,23 +213,15 @@ impl EtcdBackend {
         {
             return Ok(Some((seen.sent_at, seen.keys.clone())));
         }
-        let budget = self.check_budget(session);
         let revision = session.newest_grant();
         let sent_at = Instant::now();
-        let mut lease_client = self.inner.client.lease_client();
-        let answer = with_timeout(budget, op, async {
-            lease_client
-                .time_to_live(lease_id, Some(LeaseTimeToLiveOptions::new().with_keys()))
-                .await
-                .map_err(|e| from_etcd(op, e))
-        })
-        .await?;
-        // The TTL is in whole seconds, rounded down: 0 for a live lease with
-        // less than a second left; -1 for a lease the server no longer has.
-        if answer.ttl() < 0 {
+        let listed = session
+            .list_keys(&self.inner.client, self.inner.config.op_timeout, op)
+            .await?;
+        let Some(answer) = listed else {
             cache.remove(&lease_id);
             return Ok(None);
-        }
+        };
         // etcd lists a lease's keys in no promised order.
         let mut hashes: Vec<u64> = answer.keys().iter().map(|k| key_hash(k)).collect();
         hashes.sort_unstable();

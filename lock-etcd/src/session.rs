@@ -35,15 +35,18 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::num::NonZeroI64;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions};
+use etcd_client::{
+    Client, LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse,
+};
 use lock_core::{
-    ErrorKind, LockError, Operation, OwnerId, SessionState, validity_deadline, with_timeout,
+    ErrorKind, LockError, Operation, OwnerId, RandomKeys, SessionState, validity_deadline,
+    with_timeout,
 };
 use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, sleep, sleep_until};
@@ -105,7 +108,7 @@ struct Entries {
     /// for the session's plain entry under a key, of `<escaped key>/-<n>`
     /// for a suffixed one. A name whose hash is listed is never given out
     /// ([`Session::claim_entry`]), so a hash stands for one name at a time.
-    names: HashMap<Slot, Option<HeldGrant>, BuildHasherDefault<Prehashed>>,
+    names: HashMap<Slot, Option<HeldGrant>, RandomKeys>,
     /// When the expiry task looks next (`Ticks::MAX`: not before it is
     /// woken). A grant due earlier wakes it.
     planned: Ticks,
@@ -156,27 +159,6 @@ impl Default for Entries {
 
 /// The keyed hash of an entry name's tail: its key in [`Entries::names`].
 type Slot = u64;
-
-/// Hashes [`Slot`]s, which are already keyed hashes: taken as they are.
-#[derive(Default)]
-struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn write(&mut self, bytes: &[u8]) {
-        // Not used by `u64` keys; folded for completeness.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
 
 impl Drop for Session {
     fn drop(&mut self) {
@@ -328,6 +310,43 @@ impl Session {
 
     pub(crate) fn state(&self) -> SessionState {
         self.state.borrow().clone()
+    }
+
+    /// How long a call checking this session's entries on the server may
+    /// take: `op_timeout`, at most a third of the session's TTL and half
+    /// the time left before its deadline, so that a server that does not
+    /// answer fails the call (a renewal goes `Suspect` and retries) well
+    /// before the lease is lost.
+    pub(crate) fn call_budget(&self, op_timeout: Duration) -> Duration {
+        let left = self.deadline().saturating_duration_since(Instant::now());
+        op_timeout
+            .min(self.server_ttl / 3)
+            .min(left / 2)
+            .max(Duration::from_millis(10))
+    }
+
+    /// The keys attached to the session's lease: one `LeaseTimeToLive`
+    /// listing them, within [`Self::call_budget`]. `Ok(None)`: the server
+    /// no longer has the lease (its TTL, whole seconds rounded down, reads
+    /// -1; a live lease with under a second left reads 0).
+    pub(crate) async fn list_keys(
+        &self,
+        client: &Client,
+        op_timeout: Duration,
+        op: Operation,
+    ) -> Result<Option<LeaseTimeToLiveResponse>, LockError> {
+        let mut lease_client = client.lease_client();
+        let answer = with_timeout(self.call_budget(op_timeout), op, async {
+            lease_client
+                .time_to_live(
+                    self.lease_id,
+                    Some(LeaseTimeToLiveOptions::new().with_keys()),
+                )
+                .await
+                .map_err(|e| from_etcd(op, e))
+        })
+        .await?;
+        Ok((answer.ttl() >= 0).then_some(answer))
     }
 
     /// Not lost and before its local deadline.
@@ -815,27 +834,15 @@ async fn delete_expired(
     pending: &mut Vec<ExpiredGrant>,
     op_timeout: Duration,
 ) -> Result<(), LockError> {
-    let op = Operation::Release;
-    let budget = op_timeout
-        .min(session.server_ttl() / 3)
-        .max(Duration::from_millis(10));
-    let mut lease_client = client.lease_client();
-    let answer = with_timeout(budget, op, async {
-        lease_client
-            .time_to_live(
-                session.lease_id,
-                Some(LeaseTimeToLiveOptions::new().with_keys()),
-            )
-            .await
-            .map_err(|e| from_etcd(op, e))
-    })
-    .await?;
-    if answer.ttl() < 0 {
+    let Some(answer) = session
+        .list_keys(client, op_timeout, Operation::Release)
+        .await?
+    else {
         // The lease, and every entry on it, is gone; the keep-alive
         // declares the session lost.
         pending.clear();
         return Ok(());
-    }
+    };
     let wanted: HashSet<Slot> = pending.iter().map(|g| g.slot).collect();
     let mut names: HashMap<Slot, String> = HashMap::new();
     for key in answer.keys() {
