@@ -131,27 +131,86 @@ fn is_executable(path: &Path) -> bool {
         .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// A free TCP port on 127.0.0.1 (bound, then released for the server).
+/// A free TCP port on 127.0.0.1 for a server this process is about to start.
+///
+/// A port the kernel hands out for `bind(0)` comes from its ephemeral range,
+/// which is also where every outgoing connection on the machine takes its
+/// local port: between our check and the server's own `bind`, a client of
+/// some other test could take it, and the server (a ZooKeeper peer, say)
+/// fails to start. Ports are therefore drawn below the ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), where the kernel never
+/// assigns one, and reserved across processes: each is `flock`ed through a
+/// file in `$TMPDIR/distlock-test-ports` for the life of this process, so
+/// two test binaries running at once never draw the same port.
 ///
 /// # Errors
 ///
 /// When no port can be bound.
 pub fn free_port() -> Result<u16, HarnessError> {
-    // Ports handed out in this process are remembered so that two servers
-    // started back to back never get the same one.
-    static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    static TAKEN: Mutex<Vec<(u16, Option<std::fs::File>)>> = Mutex::new(Vec::new());
+    let mut taken = TAKEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (low, high) = reserved_range();
+    let span = u32::from(high - low);
+    if span > 0 {
+        let mut next = std::process::id().wrapping_mul(7919)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+        for _ in 0..256 {
+            next = next.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            let port = low + u16::try_from((next >> 8) % span).unwrap_or(0);
+            if taken.iter().any(|(p, _)| *p == port) {
+                continue;
+            }
+            let Some(reservation) = reserve(port) else {
+                continue;
+            };
+            if TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).is_ok() {
+                taken.push((port, Some(reservation)));
+                return Ok(port);
+            }
+        }
+    }
+    // No room below the ephemeral range (or all of it busy): fall back to
+    // the kernel's choice, remembered so that this process never hands it
+    // out twice.
     for _ in 0..64 {
         let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
         let port = listener.local_addr()?.port();
-        let mut taken = TAKEN
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !taken.contains(&port) {
-            taken.push(port);
+        if !taken.iter().any(|(p, _)| *p == port) {
+            taken.push((port, None));
             return Ok(port);
         }
     }
     Err(HarnessError::Io(io::Error::other("no free port found")))
+}
+
+/// Ports `free_port` draws from: from 20000 (or the ephemeral range's
+/// start minus 8192, if lower) up to where the ephemeral range starts.
+fn reserved_range() -> (u16, u16) {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let low = 20000.min(ephemeral_low.saturating_sub(8192)).max(1024);
+    (low, ephemeral_low.max(low))
+}
+
+/// Locks `$TMPDIR/distlock-test-ports/<port>` for this process's life;
+/// `None` when another process holds it.
+fn reserve(port: u16) -> Option<std::fs::File> {
+    let dir = std::env::temp_dir().join("distlock-test-ports");
+    std::fs::create_dir_all(&dir).ok()?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))
+        .ok()?;
+    file.try_lock().ok()?;
+    Some(file)
 }
 
 /// How to tell that a server is ready.

@@ -21,6 +21,10 @@ pub const PACKAGE: &str = "zookeeper";
 /// Where Debian puts the server's jar.
 pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 
+/// Debian's SLF4J binding that logs to stderr (package `libslf4j-java`, a
+/// dependency of `zookeeper`).
+const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+
 /// The server's tick in milliseconds. Session timeouts are clamped by the
 /// server to 2–20 ticks, i.e. 1 s to 10 s.
 pub const TICK_MS: u64 = 500;
@@ -177,7 +181,14 @@ async fn spawn_node(
     if id > 0 {
         std::fs::write(dir.path().join("myid"), format!("{id}\n"))?;
     }
-    let classpath = format!("{}:{ZOOKEEPER_JAR}:/usr/share/java/*", dir.path().display());
+    // Debian's /usr/share/java holds half a dozen SLF4J bindings and the
+    // first found wins; naming slf4j-simple first makes the server's own
+    // warnings and errors (a port it cannot bind, an election that does not
+    // finish) reach zk.log, which a failed start prints.
+    let classpath = format!(
+        "{}:{SLF4J_SIMPLE_JAR}:{ZOOKEEPER_JAR}:/usr/share/java/*",
+        dir.path().display()
+    );
     let spec = ServerSpec::new(
         format!("zookeeper #{id} :{client_port}"),
         java,
@@ -192,6 +203,7 @@ async fn spawn_node(
         "-Xmx1g".to_owned(),
         "-XX:+UseSerialGC".to_owned(),
         "-Dzookeeper.admin.enableServer=false".to_owned(),
+        "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn".to_owned(),
     ])
     .args(properties.iter().cloned())
     .args([
