@@ -24,10 +24,12 @@
 //!
 //! [`SqlPermitFloor`] is the same for one permit grant and release of a
 //! semaphore (row mode's shared tables): six round trips per cycle (seven
-//! on MySQL/MariaDB), see its docs.
+//! on MySQL/MariaDB), see its docs. [`SessionFloor`] is session mode's
+//! (advisory locks / `GET_LOCK`): two round trips per cycle.
 
 mod bare;
 mod permits;
+mod session;
 
 use std::time::Duration;
 
@@ -42,6 +44,7 @@ use crate::driver::NAME;
 use bare::{Bare, Text, micros, quoted, sql, token_floor};
 
 pub use permits::SqlPermitFloor;
+pub use session::SessionFloor;
 
 /// The widest encoded holder details (the tables' `details` column).
 const DETAILS_LEN: usize = lock_core::MAX_ENCODED_LEN;

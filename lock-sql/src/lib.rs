@@ -774,7 +774,7 @@ pub use config::{
 pub use descriptor::DRIVER;
 pub use driver::{MIN_TTL, SqlBackend};
 pub use fence::SqlFence;
-pub use session::floor::SessionFloor;
+pub use floor::SessionFloor;
 pub use session::{MYSQL_SESSION_MIN_TTL, PG_SESSION_MIN_TTL, SqlAnyBackend, SqlSessionBackend};
 pub use shedlock::{SHEDLOCK_MAX_NAME, SqlShedLockBackend};
 

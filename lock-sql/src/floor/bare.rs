@@ -131,8 +131,18 @@ impl Bare {
     /// only the sqlx options are taken, never the driver's connections),
     /// then runs `setup` (table creation) on it when the URL asks for it.
     pub(super) async fn open(config: &SqlConfig, setup: &[Text]) -> Result<Self, LockError> {
-        let err = failed(config, Operation::Connect);
         let options = crate::dialect::of(config.dialect)?.connect_options(config)?;
+        Self::open_with(config, options, setup).await
+    }
+
+    /// [`open`](Self::open) on `options` (the URL's, with settings a floor
+    /// added to them).
+    pub(super) async fn open_with(
+        config: &SqlConfig,
+        options: crate::conn::DbOptions,
+        setup: &[Text],
+    ) -> Result<Self, LockError> {
+        let err = failed(config, Operation::Connect);
         let mut conn = with_timeout(config.op_timeout, Operation::Connect, async {
             options.connect().await.map_err(&err)
         })

@@ -73,16 +73,6 @@ pub(crate) struct ServerKey {
 }
 
 impl ServerKey {
-    /// Both databases' names of `key` (the floor's).
-    pub(crate) fn new(namespace: &str, key: &str) -> Self {
-        let pg = names::pg_lock_key(namespace, key);
-        Self {
-            pg,
-            pg_halves: names::pg_lock_halves(pg),
-            mysql: names::mysql_lock_name(namespace, key),
-        }
-    }
-
     /// `key`'s name on `dialect` only; the other database's fields stay
     /// empty (`0`, `""`): each [`SessionDialect`] reads only its own. The
     /// `GET_LOCK` name a PostgreSQL grant does not need cost a `format!`

@@ -47,10 +47,9 @@
 
 mod any;
 pub(crate) mod conn;
-pub(crate) mod floor;
 mod grant;
 mod list;
-mod names;
+pub(crate) mod names;
 pub(crate) mod sql;
 
 use std::collections::HashMap;
