@@ -86,6 +86,7 @@ mod memory;
 mod migration;
 mod multi;
 mod options;
+mod owner;
 mod redact;
 pub mod reentry;
 mod renew_many;
@@ -124,15 +125,15 @@ pub use options::{
     Backoff, FAR_FUTURE, MAX_TTL, MIN_TTL_FLOOR, RetryPolicy, check_ttl, parse_duration,
     random_delay, saturating_add, with_timeout,
 };
+pub use owner::{OwnerHex, OwnerId, RandomKeyHasher, RandomKeys};
 pub use redact::redact_url;
 pub use renew_many::{RENEW_BATCH, RENEW_CONCURRENCY, renew_concurrently, results_in_order};
 pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
 pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use telemetry::{KeyLabel, disable_metrics, enable_metrics, metrics_enabled};
 pub use types::{
-    FencingToken, GcReport, Lease, ListQuery, LockInfo, LockPage, OwnerHex, OwnerId,
-    RandomKeyHasher, RandomKeys, SessionState, SharedLockInfo, SharedPage, clock_drift,
-    validity_deadline,
+    FencingToken, GcReport, Lease, ListQuery, LockInfo, LockPage, SessionState, SharedLockInfo,
+    SharedPage, clock_drift, validity_deadline,
 };
 pub use wrapper::LockWrapper;
 

@@ -33,26 +33,30 @@
 //! the delete's round trips). Every lease of the session carries a receiver
 //! of the session's one state channel (no channel per grant).
 
+use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::num::NonZeroI64;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{
-    Client, LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse,
-};
+use etcd_client::{Client, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse};
 use lock_core::{
-    ErrorKind, LockError, Operation, OwnerId, RandomKeys, SessionState, validity_deadline,
-    with_timeout,
+    LockError, Operation, OwnerId, RandomKeys, SessionState, validity_deadline, with_timeout,
 };
 use tokio::sync::{Notify, watch};
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::Instant;
 
 use crate::error::{from_etcd, grant_refused};
 use crate::keys::{numbered_entry, plain_entry};
+
+mod expiry;
+mod keep_alive;
+
+use expiry::expiry_loop;
+use keep_alive::keep_alive_loop;
+pub(crate) use keep_alive::revoke_in_background;
 
 /// A granted lease, its keep-alive task, and what this process knows about
 /// the entries attached to it.
@@ -654,249 +658,6 @@ impl Session {
             *current = deadline;
         }
     }
-}
-
-/// Sends one keep-alive on the open stream (opening it if needed) and
-/// returns the TTL the server answered with.
-async fn one_keep_alive(
-    client: &Client,
-    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-    lease_id: i64,
-) -> Result<i64, LockError> {
-    let op = Operation::Renew;
-    match stream {
-        None => {
-            // Opening the stream sends the first keep-alive and waits for its
-            // answer (an error when the lease is gone).
-            let opened = client
-                .lease_client()
-                .keep_alive(lease_id)
-                .await
-                .map_err(|e| from_etcd(op, e))?;
-            *stream = Some(opened);
-            Ok(i64::MAX)
-        }
-        Some((keeper, responses)) => {
-            keeper.keep_alive().await.map_err(|e| from_etcd(op, e))?;
-            match responses.message().await.map_err(|e| from_etcd(op, e))? {
-                Some(response) => Ok(response.ttl()),
-                None => Err(LockError::new(
-                    ErrorKind::Unavailable,
-                    op,
-                    "keep-alive stream closed",
-                )),
-            }
-        }
-    }
-}
-
-/// Keeps the lease alive every TTL/3 until the session is dropped (`wake`
-/// says so at once) or lost.
-///
-/// Each attempt is bounded by TTL/3 (and the operation timeout), so a hung
-/// server turns the session `Suspect` well before the deadline; a stream
-/// whose request timed out is dropped, so a late answer is never credited
-/// to a newer request.
-async fn keep_alive_loop(
-    client: Client,
-    session: Weak<Session>,
-    wake: Arc<Notify>,
-    op_timeout: Duration,
-) {
-    let mut stream = None;
-    let mut failures: u32 = 0;
-    loop {
-        let Some(s) = session.upgrade() else { return };
-        let ttl = s.server_ttl;
-        let interval = (ttl / 3).max(Duration::from_millis(100));
-        let deadline = s.deadline();
-        let lease_id = s.lease_id;
-        drop(s);
-        let sent_at = Instant::now();
-        if sent_at >= deadline {
-            if let Some(s) = session.upgrade() {
-                s.lose("no keep-alive succeeded before the lease's local deadline");
-                revoke_in_background(&client, lease_id, ttl);
-            }
-            return;
-        }
-        let budget = op_timeout.min(interval).min(deadline - sent_at);
-        let outcome =
-            tokio::time::timeout(budget, one_keep_alive(&client, &mut stream, lease_id)).await;
-        let Some(s) = session.upgrade() else { return };
-        match outcome {
-            Ok(Ok(server_ttl)) if server_ttl > 0 => {
-                let granted = u64::try_from(server_ttl)
-                    .map(Duration::from_secs)
-                    .unwrap_or(ttl)
-                    .min(ttl);
-                s.extend(validity_deadline(sent_at, granted));
-                s.set_state(SessionState::Alive);
-                failures = 0;
-                drop(s);
-                tokio::select! {
-                    () = sleep_until(sent_at + interval) => {}
-                    () = wake.notified() => {}
-                }
-            }
-            Ok(Ok(_)) => {
-                s.lose("the lease expired on the server (keep-alive answered TTL 0)");
-                return;
-            }
-            Ok(Err(err)) if err.kind() == ErrorKind::LeaseLost => {
-                s.lose(&format!("the lease is gone on the server: {err}"));
-                return;
-            }
-            Ok(Err(err)) => {
-                tracing::debug!(lease = %s.lease_hex(), %err, "keep-alive failed");
-                stream = None;
-                s.set_state(SessionState::Suspect);
-                failures = failures.saturating_add(1);
-                drop(s);
-                let backoff = Duration::from_millis(25)
-                    .saturating_mul(1 << failures.min(5))
-                    .min(interval / 2);
-                tokio::select! {
-                    () = sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))) => {}
-                    () = wake.notified() => {}
-                }
-            }
-            Err(_) => {
-                tracing::debug!(lease = %s.lease_hex(), "keep-alive timed out");
-                stream = None;
-                s.set_state(SessionState::Suspect);
-                failures = failures.saturating_add(1);
-            }
-        }
-    }
-}
-
-/// Deletes each grant of the session whose own deadline passed without a
-/// renewal (the lease would keep it as long as the session lives). Sleeps
-/// until the earliest deadline, or until woken by an earlier one, the
-/// session's loss or its drop.
-///
-/// The session keeps no entry names, so the names of the expired grants
-/// are read back first with one `LeaseTimeToLive` listing the session's
-/// keys; should that fail, it is asked again [`EXPIRY_RETRY`] later (the
-/// grants stay marked expired, their names unused, meanwhile).
-async fn expiry_loop(
-    client: Client,
-    session: Weak<Session>,
-    wake: Arc<Notify>,
-    op_timeout: Duration,
-) {
-    let mut pending: Vec<ExpiredGrant> = Vec::new();
-    loop {
-        let next = {
-            let Some(s) = session.upgrade() else { return };
-            if matches!(s.state(), SessionState::Lost(_)) {
-                return;
-            }
-            let (expired, next) = s.take_expired(Instant::now());
-            pending.extend(expired);
-            if pending.is_empty() {
-                next
-            } else {
-                match delete_expired(&client, &s, &mut pending, op_timeout).await {
-                    Ok(()) => next,
-                    Err(err) => {
-                        tracing::debug!(lease = %s.lease_hex(), %err, "could not list the session's entries to delete expired grants");
-                        let retry = Instant::now() + EXPIRY_RETRY;
-                        Some(next.map_or(retry, |at| at.min(retry)))
-                    }
-                }
-            }
-        };
-        match next {
-            Some(at) => {
-                tokio::select! {
-                    () = sleep_until(at) => {}
-                    () = wake.notified() => {}
-                }
-            }
-            None => wake.notified().await,
-        }
-    }
-}
-
-/// How soon the expiry task asks again for the session's entry names
-/// after that failed.
-const EXPIRY_RETRY: Duration = Duration::from_millis(200);
-
-/// Reads the names of the session's entries from the server and starts
-/// the guarded delete of each `pending` grant's entry (an entry no longer
-/// listed is gone already: its name is freed). Empties `pending` unless
-/// the listing fails.
-async fn delete_expired(
-    client: &Client,
-    session: &Arc<Session>,
-    pending: &mut Vec<ExpiredGrant>,
-    op_timeout: Duration,
-) -> Result<(), LockError> {
-    let Some(answer) = session
-        .list_keys(client, op_timeout, Operation::Release)
-        .await?
-    else {
-        // The lease, and every entry on it, is gone; the keep-alive
-        // declares the session lost.
-        pending.clear();
-        return Ok(());
-    };
-    let wanted: HashSet<Slot> = pending.iter().map(|g| g.slot).collect();
-    let mut names: HashMap<Slot, String> = HashMap::new();
-    for key in answer.keys() {
-        if let Ok(name) = std::str::from_utf8(key)
-            && let Some(slot) = session.slot_of(name)
-            && wanted.contains(&slot)
-        {
-            names.insert(slot, name.to_owned());
-        }
-    }
-    for grant in pending.drain(..) {
-        match names.remove(&grant.slot) {
-            Some(entry) => {
-                tracing::debug!(%entry, "lock TTL ran out without a renewal; deleting its entry");
-                crate::cleanup::clean_up_later(
-                    client,
-                    session.clone(),
-                    entry,
-                    grant.owner,
-                    grant.revision,
-                );
-            }
-            None => session.free_slot(grant.slot, None),
-        }
-    }
-    Ok(())
-}
-
-/// Revokes a lease we gave up on, so that entries the server may still
-/// keep (a lease outlives a leader change) vanish as soon as it is
-/// reachable. Best effort, for a bounded time.
-pub(crate) fn revoke_in_background(client: &Client, lease_id: i64, ttl: Duration) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let mut lease_client = client.lease_client();
-    handle.spawn(async move {
-        let give_up = Instant::now() + ttl.saturating_mul(3).max(Duration::from_secs(5));
-        let mut delay = Duration::from_millis(50);
-        while Instant::now() < give_up {
-            match tokio::time::timeout(Duration::from_secs(1), lease_client.revoke(lease_id)).await
-            {
-                Ok(Ok(_)) => return,
-                Ok(Err(err)) => {
-                    if from_etcd(Operation::Release, err).kind() == ErrorKind::LeaseLost {
-                        return;
-                    }
-                }
-                Err(_) => {}
-            }
-            sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(1));
-        }
-    });
 }
 
 /// Whole seconds for an etcd lease, rounded up (the server's unit).
