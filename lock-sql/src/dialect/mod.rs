@@ -23,7 +23,7 @@ use lock_core::{Lease, LockError};
 use crate::config::{SqlConfig, SqlDialect};
 use crate::conn::{DbConn, DbOptions};
 use crate::driver::NAME;
-use crate::session::conn::{Granted, Killed, ServerKey};
+use crate::session::conn::{Granted, KillTarget, Killed, ServerKey};
 use crate::session::sql::SessionSql;
 
 #[cfg(feature = "mysql")]
@@ -542,20 +542,15 @@ pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
     /// Ends session `victim` on the server from `conn`.
     async fn kill_session(&self, conn: &mut DbConn, victim: i64) -> Result<(), sqlx::Error>;
 
-    /// `force_release`: ends session `victim` only if it still holds the
-    /// lock of `server_key` as the grant `inspect` reported (`token`) and,
-    /// where the server can tell (PostgreSQL), holds no other lock; then
-    /// waits (up to `wait`) for the server to free the lock.
-    #[allow(clippy::too_many_arguments)]
+    /// `force_release`: ends the target's session only if it still holds
+    /// the lock as the grant `inspect` reported and, where the server can
+    /// tell (PostgreSQL), holds no other lock; then waits (up to `wait`)
+    /// for the server to free the lock.
     async fn kill_holder(
         &self,
         conn: &mut DbConn,
         sql: &SessionSql,
-        key: &[u8],
-        server_key: &ServerKey,
-        victim: i64,
-        owner: &str,
-        token: u64,
+        target: KillTarget<'_>,
         wait: Duration,
     ) -> Result<Killed, sqlx::Error>;
 

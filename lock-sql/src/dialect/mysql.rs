@@ -22,7 +22,7 @@ use crate::admin::{is_duplicate_column, is_missing_column};
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions};
 use crate::session::conn::{
-    Granted, Killed, ServerKey, mysql_wait_timeout, token_of as session_token,
+    Granted, KillTarget, Killed, ServerKey, mysql_wait_timeout, token_of as session_token,
 };
 use crate::session::sql::{SessionSql, suffixed};
 
@@ -513,18 +513,20 @@ impl SessionDialect for MySql {
     // Two round trips: no statement both checks and kills. A holder that
     // releases and regrants another key on the same connection between
     // them loses that lock (crate docs, "Operating locks").
-    #[allow(clippy::too_many_arguments)]
     async fn kill_holder(
         &self,
         conn: &mut DbConn,
         sql: &SessionSql,
-        key: &[u8],
-        server_key: &ServerKey,
-        victim: i64,
-        owner: &str,
-        token: u64,
+        target: KillTarget<'_>,
         wait: Duration,
     ) -> Result<Killed, sqlx::Error> {
+        let KillTarget {
+            key,
+            server_key,
+            victim,
+            owner,
+            token,
+        } = target;
         let conn = my(conn)?;
         let still: i64 = sqlx::query_scalar(AssertSqlSafe(sql.kill_holder.as_str()))
             .bind(key)

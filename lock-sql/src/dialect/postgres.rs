@@ -18,7 +18,7 @@ use super::{
 use crate::config::SqlConfig;
 use crate::conn::{DbConn, DbOptions};
 use crate::session::conn::{
-    Granted, Killed, ServerKey, pg_idle_timeout, token_of as session_token,
+    Granted, KillTarget, Killed, ServerKey, pg_idle_timeout, token_of as session_token,
 };
 use crate::session::sql::{SessionSql, suffixed};
 
@@ -495,18 +495,20 @@ impl SessionDialect for Postgres {
             .map(drop)
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn kill_holder(
         &self,
         conn: &mut DbConn,
         sql: &SessionSql,
-        _key: &[u8],
-        server_key: &ServerKey,
-        victim: i64,
-        owner: &str,
-        token: u64,
+        target: KillTarget<'_>,
         wait: Duration,
     ) -> Result<Killed, sqlx::Error> {
+        let KillTarget {
+            server_key,
+            victim,
+            owner,
+            token,
+            ..
+        } = target;
         let wait_ms = i64::try_from(wait.as_millis().max(1)).unwrap_or(i64::MAX);
         let row = sqlx::query(AssertSqlSafe(sql.kill_holder.as_str()))
             .bind(server_key.pg_halves.0)

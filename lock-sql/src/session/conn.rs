@@ -129,6 +129,17 @@ pub(crate) enum Killed {
     HoldsOthers(i64),
 }
 
+/// The grant `force_release` ends: session `victim`, holding the lock of
+/// `server_key` (key `key`) as grant `owner`/`token` when `inspect` read it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KillTarget<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) server_key: &'a ServerKey,
+    pub(crate) victim: i64,
+    pub(crate) owner: &'a str,
+    pub(crate) token: u64,
+}
+
 /// A grant statement's token: `Held` when none (or not positive).
 pub(crate) fn token_of(raw: Option<i64>) -> Granted {
     match raw.and_then(|t| u64::try_from(t).ok()) {
@@ -234,30 +245,16 @@ impl Session {
         self.dialect.kill_session(&mut self.conn, victim).await
     }
 
-    /// `force_release`: ends session `victim` if it still holds the lock
-    /// as grant `owner`/`token` (see [`SessionDialect::kill_holder`]).
-    #[allow(clippy::too_many_arguments)]
+    /// `force_release`: ends the target's session if it still holds the
+    /// lock as that grant (see [`SessionDialect::kill_holder`]).
     pub(crate) async fn kill_holder(
         &mut self,
         sql: &SessionSql,
-        key: &[u8],
-        server_key: &ServerKey,
-        victim: i64,
-        owner: &str,
-        token: u64,
+        target: KillTarget<'_>,
         wait: Duration,
     ) -> Result<Killed, sqlx::Error> {
         self.dialect
-            .kill_holder(
-                &mut self.conn,
-                sql,
-                key,
-                server_key,
-                victim,
-                owner,
-                token,
-                wait,
-            )
+            .kill_holder(&mut self.conn, sql, target, wait)
             .await
     }
 

@@ -68,7 +68,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::{Instant, timeout, timeout_at};
 
 pub use any::SqlAnyBackend;
-use conn::{Killed, Opts, ServerKey, Session};
+use conn::{KillTarget, Killed, Opts, ServerKey, Session};
 use list::holder_info;
 use sql::SessionSql;
 
@@ -717,11 +717,13 @@ impl SqlSessionBackend {
                 op_timeout.saturating_mul(2),
                 pinned.session.kill_holder(
                     sql,
-                    key_bytes,
-                    &server_key,
-                    victim,
-                    &owner,
-                    token,
+                    KillTarget {
+                        key: key_bytes,
+                        server_key: &server_key,
+                        victim,
+                        owner: &owner,
+                        token,
+                    },
                     op_timeout,
                 ),
             )
