@@ -1,11 +1,12 @@
 //! The raw floor of an acquire+release cycle, for benchmarks.
 //!
-//! [`EtcdFloor`] has an etcd client of its own (its own HTTP/2 connection:
-//! one per endpoint of the URL, so one for a single-member URL), never the
-//! driver's, and a lease of its own granted once at connect and kept alive
-//! by a small task of its own (one keep-alive per TTL/3, nothing of the
-//! driver's session machinery). A cycle is the driver's uncontended path,
-//! two RPCs:
+//! [`EtcdFloor`] speaks etcd's gRPC API **by hand on one bare HTTP/2
+//! connection of its own** (the `h2` crate over a tokio `TcpStream`, the
+//! protobuf messages encoded and decoded in `floor/wire.rs`): none of the
+//! driver's code runs, and not its `etcd-client` client, tonic channel or
+//! generated messages either. It grants one lease at connect and keeps it
+//! alive on one `LeaseKeepAlive` stream (one keep-alive per TTL/3). A cycle
+//! is the driver's uncontended path, two RPCs:
 //!
 //! 1. the create transaction of etcd's concurrency mutex: put
 //!    `<prefix>/<key>/<lease hex>` with the lease if absent, and read the
@@ -15,37 +16,40 @@
 //!    owner value are still ours (the release).
 //!
 //! A key found held has our queued entry deleted again (a third RPC, not in
-//! the uncontended cycle). The same transactions as the driver, on the
-//! same layout, so the floor's entries exclude with the driver's (and
-//! `etcdctl lock`'s) on the same key.
+//! the uncontended cycle). The same transactions as the driver's (written
+//! again here), on the same layout (`crate::keys`, the one module the
+//! floor shares with the driver), so the floor's entries exclude with the
+//! driver's (and `etcdctl lock`'s) on the same key. It talks to the URL's
+//! first endpoint, in plain HTTP/2 (no TLS), with the URL's credentials
+//! if any.
 //!
 //! It exists so benchmarks (`distlock compare`, this crate's `bench`
 //! example) can report "ours / floor" ratios measured in one run. It is not
 //! a lock API: use [`EtcdBackend`](crate::EtcdBackend) for that.
 
+mod wire;
+
 use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, KvClient};
 use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
-use tokio::sync::Mutex;
-use tokio::time::sleep;
 
 use crate::config::EtcdConfig;
-use crate::connect::connect_client;
 use crate::driver::MIN_TTL;
-use crate::error::{NAME, from_etcd, grant_refused, protocol_error};
+use crate::error::{NAME, protocol_error};
 use crate::keys::{
-    Created, create_txn, entry_value, guarded_delete, key_prefix, mutex_value, parse_shared_value,
-    plain_entry, shape_prefix, shared_delete,
+    entry_value, key_prefix, mutex_value, parse_shared_value, plain_entry, shape_prefix,
+    shared_owner_part,
 };
 use crate::session::ttl_secs;
+use wire::{Cmp, Compare, Op, TxnReply, Wire};
 
-/// Hand-issued create and guarded-delete transactions on a client and
-/// lease of its own: the floor our acquire+release cycle is measured
-/// against. Serves one call at a time (concurrent calls queue).
+/// Hand-issued create and guarded-delete transactions on a bare HTTP/2
+/// connection and a lease of its own: the floor our acquire+release cycle
+/// is measured against. Calls from several tasks share the connection
+/// (HTTP/2 streams); eight independent clients are eight floors.
 ///
 /// Dropping it stops the keep-alive and revokes the lease in the
 /// background.
@@ -65,8 +69,7 @@ use crate::session::ttl_secs;
 /// # Ok(()) }
 /// ```
 pub struct EtcdFloor {
-    client: Client,
-    kv: Mutex<KvClient>,
+    wire: Wire,
     /// Normalized prefix, without a trailing separator.
     prefix: String,
     lease_id: i64,
@@ -91,10 +94,13 @@ impl Drop for EtcdFloor {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut leases = self.client.lease_client();
-        let lease_id = self.lease_id;
+        let wire = self.wire.clone();
+        let mut revoke = Vec::new();
+        wire::put_int(&mut revoke, 1, self.lease_id);
         runtime.spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(2), leases.revoke(lease_id)).await;
+            let path = "/etcdserverpb.Lease/LeaseRevoke";
+            let call = wire.unary(path, revoke, Operation::Release);
+            let _ = tokio::time::timeout(Duration::from_secs(2), call).await;
         });
     }
 }
@@ -136,26 +142,53 @@ impl EtcdFloor {
 
     async fn open(config: &EtcdConfig) -> Result<Self, LockError> {
         let op = Operation::Connect;
-        let client = connect_client(config).await?;
+        if config.tls.is_some() {
+            return Err(LockError::config(
+                "the etcd floor speaks plain HTTP/2 by hand: no TLS (compare against a \
+                 plaintext member)",
+            )
+            .with_backend(NAME));
+        }
+        let Some(endpoint) = config.endpoints.first() else {
+            return Err(LockError::config("no etcd endpoint").with_backend(NAME));
+        };
         let ttl = i64::try_from(ttl_secs(config.ttl))
             .map_err(|_| LockError::invalid_argument(op, "TTL too large for an etcd lease"))?;
-        let mut leases = client.lease_client();
-        let grant = with_timeout(config.op_timeout, op, async {
-            leases.grant(ttl, None).await.map_err(|e| from_etcd(op, e))
+        let (wire, lease_id, granted) = with_timeout(config.connect_timeout, op, async {
+            let mut wire = Wire::connect(endpoint, op).await?;
+            if let (Some(user), Some(password)) = (&config.user, &config.password) {
+                wire.authenticate(user, password, op).await?;
+            }
+            // LeaseGrant { TTL = 1 } -> { ID = 2, TTL = 3, error = 4 }.
+            let mut request = Vec::new();
+            wire::put_int(&mut request, 1, ttl);
+            let reply = wire
+                .unary("/etcdserverpb.Lease/LeaseGrant", request, op)
+                .await?;
+            let error = wire::fields(&reply)
+                .find_map(|(f, v)| (f == 4).then(|| v.bytes()).flatten())
+                .map(|e| String::from_utf8_lossy(e).into_owned())
+                .unwrap_or_default();
+            let id = wire::int_field(&reply, 2);
+            if id == 0 || !error.is_empty() {
+                return Err(LockError::new(
+                    ErrorKind::Unavailable,
+                    op,
+                    format!("the floor's lease grant was refused: {error}"),
+                )
+                .with_backend(NAME));
+            }
+            Ok((wire, id, wire::int_field(&reply, 3)))
         })
         .await
         .map_err(|e| e.with_backend(NAME))?;
-        if let Some(err) = grant_refused(op, "the floor's lease grant", &grant) {
-            return Err(err);
-        }
-        let interval = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1)) / 3;
-        let keeper = tokio::spawn(keep_alive(client.clone(), grant.id(), interval));
+        let interval = Duration::from_secs(u64::try_from(granted).unwrap_or(1)) / 3;
+        let keeper = tokio::spawn(wire.clone().keep_alive(lease_id, interval));
         Ok(Self {
-            kv: Mutex::new(client.kv_client()),
-            client,
+            wire,
             prefix: config.prefix.trim_end_matches('/').to_owned(),
-            lease_id: grant.id(),
-            lease_hex: format!("{:x}", grant.id()),
+            lease_id,
+            lease_hex: format!("{lease_id:x}"),
             op_timeout: config.op_timeout,
             keeper,
         })
@@ -174,15 +207,16 @@ impl EtcdFloor {
         RawFloor::cycle(self, key, ttl).await
     }
 
-    /// The release of a grant of this floor's: the guarded delete `delete`
-    /// builds from the grant's entry, create revision and owner, sent only
-    /// when the entry is under the prefix `key_prefix` gives for the
-    /// grant's key (only an entry of this key is touched).
+    /// The release of a grant of this floor's: the guarded delete of the
+    /// grant's entry (its create revision, and a value that starts with
+    /// `owner_part` and a space), sent only when the entry is under the
+    /// prefix `key_prefix` gives for the grant's key (only an entry of this
+    /// key is touched).
     async fn release_entry(
         &self,
         grant: &FloorGrant,
         key_prefix: impl FnOnce(&str, &LockKey) -> String,
-        delete: impl FnOnce(&str, i64, OwnerId) -> etcd_client::Txn,
+        owner_part: impl FnOnce(OwnerId) -> String,
     ) -> Result<bool, LockError> {
         let op = Operation::Release;
         let key = LockKey::new(grant.key.as_str())?;
@@ -192,50 +226,44 @@ impl EtcdFloor {
         if !grant.handle.starts_with(&key_prefix(&self.prefix, &key)) {
             return Ok(false);
         }
-        let response = self
-            .txn(op, delete(&grant.handle, revision, owner))
+        let reply = self
+            .delete(op, &grant.handle, revision, &owner_part(owner))
             .await
             .map_err(|e| e.with_key(&key))?;
-        Ok(response.succeeded())
+        Ok(reply.succeeded)
+    }
+
+    /// The guarded delete of `entry`: only while it has this create
+    /// revision and its value is `<owner part> ...` (above the owner part,
+    /// below the owner part followed by `!`), as the driver's release.
+    async fn delete(
+        &self,
+        op: Operation,
+        entry: &str,
+        revision: i64,
+        owner_part: &str,
+    ) -> Result<TxnReply, LockError> {
+        let above = format!("{owner_part}!");
+        let request = wire::txn(
+            &[
+                Compare::CreateRevision(entry, Cmp::Equal, revision),
+                Compare::Value(entry, Cmp::Greater, owner_part.as_bytes()),
+                Compare::Value(entry, Cmp::Less, above.as_bytes()),
+            ],
+            &[Op::Delete(entry)],
+            &[],
+        );
+        self.txn(op, request).await
     }
 
     /// One transaction, bounded by the operation timeout.
-    async fn txn(
-        &self,
-        op: Operation,
-        txn: etcd_client::Txn,
-    ) -> Result<etcd_client::TxnResponse, LockError> {
-        let mut kv = self.kv.lock().await;
+    async fn txn(&self, op: Operation, request: Vec<u8>) -> Result<TxnReply, LockError> {
         with_timeout(self.op_timeout, op, async {
-            kv.txn(txn).await.map_err(|e| from_etcd(op, e))
+            let reply = self.wire.unary("/etcdserverpb.KV/Txn", request, op).await?;
+            Ok(wire::txn_reply(&reply))
         })
         .await
         .map_err(|e| e.with_backend(NAME))
-    }
-}
-
-/// Keeps the floor's lease alive: one keep-alive per `interval` on one
-/// stream (reopened after a failure). Ends when the floor drops it.
-async fn keep_alive(client: Client, lease_id: i64, interval: Duration) {
-    let interval = interval.max(Duration::from_millis(100));
-    let mut stream = None;
-    loop {
-        sleep(interval).await;
-        if stream.is_none() {
-            // Opening the stream sends the first keep-alive.
-            stream = client.lease_client().keep_alive(lease_id).await.ok();
-            continue;
-        }
-        let kept = match &mut stream {
-            Some((keeper, responses)) => {
-                keeper.keep_alive().await.is_ok()
-                    && matches!(responses.message().await, Ok(Some(_)))
-            }
-            None => false,
-        };
-        if !kept {
-            stream = None;
-        }
     }
 }
 
@@ -257,23 +285,29 @@ impl RawFloor for EtcdFloor {
         let key_prefix = key_prefix(&self.prefix, &key);
         let entry = plain_entry(&key_prefix, &self.lease_hex);
         let owner = OwnerId::random();
-        let response = self
-            .txn(
-                op,
-                create_txn(&key_prefix, &entry, self.lease_id, mutex_value(owner)),
-            )
-            .await
-            .map_err(|e| e.with_key(&key))?;
-        if !response.succeeded() {
+        let value = mutex_value(owner);
+        // The driver's create transaction: put ours if absent, and read the
+        // oldest entry under the key in the same revision.
+        let request = wire::txn(
+            &[Compare::CreateRevision(&entry, Cmp::Equal, 0)],
+            &[
+                Op::Put(&entry, value.as_bytes(), self.lease_id),
+                Op::Oldest(&key_prefix, 1),
+            ],
+            &[Op::Get(&entry), Op::Oldest(&key_prefix, 1)],
+        );
+        let reply = self.txn(op, request).await.map_err(|e| e.with_key(&key))?;
+        if !reply.succeeded {
             return Err(occupied(op, &key));
         }
-        let created = Created::from_response(&response, owner);
-        let Some(revision) = created.my_revision else {
+        let revision = reply.revision;
+        if revision <= 0 {
             return Err(protocol_error(op, &key, "no revision for our entry"));
-        };
-        if created.owner_revision != Some(revision) {
+        }
+        let oldest = reply.ranges.get(1).and_then(|kvs| kvs.first());
+        if oldest.map(|kv| kv.create_revision) != Some(revision) {
             // An older entry holds the key: withdraw ours.
-            self.txn(op, guarded_delete(&entry, revision, owner))
+            self.delete(op, &entry, revision, &owner.to_hex())
                 .await
                 .map_err(|e| e.with_key(&key))?;
             return Ok(None);
@@ -282,7 +316,8 @@ impl RawFloor for EtcdFloor {
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
-        self.release_entry(grant, key_prefix, guarded_delete).await
+        self.release_entry(grant, key_prefix, |owner| owner.to_hex())
+            .await
     }
 }
 
@@ -372,10 +407,6 @@ impl RawFloor for EtcdPermitFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        use etcd_client::{
-            Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-            TxnOpResponse,
-        };
         let key = LockKey::new(key)?;
         let op = Operation::TryAcquire;
         check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
@@ -383,41 +414,28 @@ impl RawFloor for EtcdPermitFloor {
         let entry = plain_entry(&prefix, &self.floor.lease_hex);
         let owner = OwnerId::random();
         let value = entry_value(self.kind(), owner);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.as_str(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([
-                TxnOp::put(
-                    entry.as_str(),
-                    value.as_str(),
-                    Some(PutOptions::new().with_lease(self.floor.lease_id)),
-                ),
-                TxnOp::get(
-                    prefix.as_str(),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Ascend),
-                    ),
-                ),
-            ]);
-        let response = self
+        let request = wire::txn(
+            &[Compare::CreateRevision(&entry, Cmp::Equal, 0)],
+            &[
+                Op::Put(&entry, value.as_bytes(), self.floor.lease_id),
+                Op::Oldest(&prefix, 0),
+            ],
+            &[],
+        );
+        let reply = self
             .floor
-            .txn(op, txn)
+            .txn(op, request)
             .await
             .map_err(|e| e.with_key(&key))?;
-        if !response.succeeded() {
+        if !reply.succeeded {
             return Err(occupied(op, &key));
         }
-        let revision = response.header().map_or(0, |h| h.revision());
+        let revision = reply.revision;
         let mut taken: u64 = 0;
         let mut other_limit = None;
-        if let Some(TxnOpResponse::Get(get)) = response.op_responses().get(1) {
-            for kv in get.kvs().iter().filter(|kv| kv.key() != entry.as_bytes()) {
-                match parse_shared_value(kv.value()).map(|v| v.kind) {
+        if let Some(kvs) = reply.ranges.get(1) {
+            for kv in kvs.iter().filter(|kv| kv.key != entry.as_bytes()) {
+                match parse_shared_value(&kv.value).map(|v| v.kind) {
                     Some(lock_core::LeaseKind::Permits { count, limit }) if limit == self.limit => {
                         taken += u64::from(count);
                     }
@@ -429,8 +447,9 @@ impl RawFloor for EtcdPermitFloor {
             }
         }
         if other_limit.is_some() || taken + u64::from(self.count) > u64::from(self.limit) {
+            let part = shared_owner_part(self.kind(), owner);
             self.floor
-                .txn(op, shared_delete(&entry, revision, self.kind(), owner))
+                .delete(op, &entry, revision, &part)
                 .await
                 .map_err(|e| e.with_key(&key))?;
             if let Some(limit) = other_limit {
@@ -454,7 +473,7 @@ impl RawFloor for EtcdPermitFloor {
             .release_entry(
                 grant,
                 |prefix, key| shape_prefix(prefix, key, lock_core::LockShape::Semaphore),
-                |entry, revision, owner| shared_delete(entry, revision, self.kind(), owner),
+                |owner| shared_owner_part(self.kind(), owner),
             )
             .await
     }

@@ -350,7 +350,7 @@ pub(crate) fn entry_value(kind: LeaseKind, owner: OwnerId) -> String {
 }
 
 /// `<kind code> <owner hex>`: what a shared entry's value starts with.
-fn shared_owner_part(kind: LeaseKind, owner: OwnerId) -> String {
+pub(crate) fn shared_owner_part(kind: LeaseKind, owner: OwnerId) -> String {
     format!("{} {}", kind.code(), owner.to_hex())
 }
 
