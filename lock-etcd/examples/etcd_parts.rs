@@ -8,6 +8,8 @@
 //! - the same through `etcd-client` on one bare hyper HTTP/2 connection
 //!   (`Channel::Custom`, no tower buffer or balancer): what the client
 //!   library costs apart from its channel;
+//! - `EtcdBackend::acquire` + `release` directly (no `LockClient`, guard
+//!   or renewal scheduler);
 //! - ours: `LockClient` with a waiting acquire, then `release`.
 //!
 //! Per side: p50 and mean wall time, and CPU per cycle of this process and
@@ -18,7 +20,7 @@
 //! taskset -c 0 target/release/examples/etcd_parts 2000
 //! ```
 //!
-//! `ONLY=<0..3>` runs one side alone (for a profiler).
+//! `ONLY=<0..4>` runs one side alone (for a profiler).
 #![allow(missing_docs)]
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -26,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use conformance::servers::etcd::EtcdServer;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use lock_core::LockBackend;
 
 #[derive(Clone)]
 struct H2 {
@@ -129,16 +132,21 @@ async fn main() {
         .await
         .unwrap();
     let ours = lock_core::LockClient::new(backend);
+    // A second backend (own connection and session) used directly.
+    let direct = lock_etcd::EtcdBackend::connect(lock_etcd::EtcdConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let direct_key = lock_core::LockKey::new("probe-direct").unwrap();
     let n: u64 = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
-    let mut totals = [Duration::ZERO; 4];
-    let mut cpu = [(0u64, 0u64); 4];
-    let mut samples: [Vec<Duration>; 4] = Default::default();
+    let mut totals = [Duration::ZERO; 5];
+    let mut cpu = [(0u64, 0u64); 5];
+    let mut samples: [Vec<Duration>; 5] = Default::default();
     for round in 0..10usize {
-        for side in 0..4 {
-            let side = (side + round) % 4;
+        for side in 0..5 {
+            let side = (side + round) % 5;
             if std::env::var("ONLY")
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
@@ -160,6 +168,14 @@ async fn main() {
                         .unwrap(),
                     1 => cycle(&mut tonic_client, lease, i).await,
                     2 => cycle(&mut h2_client, lease, i).await,
+                    3 => {
+                        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+                        let lease = direct
+                            .acquire(&direct_key, Duration::from_secs(30), deadline)
+                            .await
+                            .unwrap();
+                        direct.release(&lease).await.unwrap();
+                    }
                     _ => {
                         let g = ours
                             .lock("probe-ours")
@@ -182,6 +198,7 @@ async fn main() {
         "hand floor",
         "etcd-client/tonic",
         "etcd-client/h2",
+        "EtcdBackend direct",
         "ours (LockClient)",
     ]
     .iter()

@@ -232,6 +232,14 @@ impl EtcdBackend {
         if let Some(s) = self.session_with_room(secs) {
             return Ok(s);
         }
+        // Boxed: starting a session (a lease grant and a keep-alive stream)
+        // is rare, and its futures inline would make every acquire's
+        // future (which async_trait boxes and copies) tens of kilobytes.
+        Box::pin(self.start_session(secs, op)).await
+    }
+
+    /// [`Self::session_for`]'s slow path: a new session for `secs`.
+    async fn start_session(&self, secs: u64, op: Operation) -> Result<Arc<Session>, LockError> {
         let _creating = self.inner.creating.lock().await;
         if let Some(s) = self.session_with_room(secs) {
             return Ok(s);

@@ -109,11 +109,12 @@ impl EtcdBackend {
                     .map(Some);
             }
             let Some(deadline) = deadline else {
-                pending.remove_now().await;
+                Box::pin(pending.remove_now()).await;
                 return Ok(None);
             };
-            match self
-                .wait_turn(&session, &key_prefix, &entry, my_revision, deadline, op)
+            // Boxed: waiting (a watch) is the contended path; inline, its
+            // futures would enlarge every acquire's.
+            match Box::pin(self.wait_turn(&session, &key_prefix, &entry, my_revision, deadline, op))
                 .await
             {
                 Ok(WaitEnd::Granted(checked_at)) => {
@@ -122,7 +123,7 @@ impl EtcdBackend {
                         .map(Some);
                 }
                 Ok(WaitEnd::Deadline) => {
-                    pending.remove_now().await;
+                    Box::pin(pending.remove_now()).await;
                     return Err(held_at_deadline(op).with_key(key).with_backend(NAME));
                 }
                 Ok(WaitEnd::SessionLost(reason)) => {
