@@ -409,14 +409,16 @@
 //!
 //! `cargo run --release -p lock-etcd --example etcd_bench` compares our
 //! acquire+release cycle (a waiting acquire, as users write it) with the
-//! same two transactions issued by hand on a client and lease of their own
-//! ([`floor::EtcdFloor`], also used by `distlock compare`), with 1 client
+//! same two transactions issued by hand, gRPC over one bare HTTP/2
+//! connection with a lease of their own ([`floor::EtcdFloor`], also used
+//! by `distlock compare`), with 1 client
 //! and with 8 independent clients; one permit of a semaphore against
 //! [`floor::EtcdPermitFloor`] (the same two transactions the driver sends
 //! for an uncontended permit: create-and-read, exact delete; also the
 //! descriptor's `permit_floor`, one permit of 4); and 8 readers on one key
 //! against 8 clients of the mutex. `tests/round_trips.rs` checks that a
-//! cycle on a free key costs the floor's 2 RPCs.
+//! cycle on a free key costs the floor's 2 RPCs. `etcd_parts` splits one
+//! cycle's time between the wire, `etcd-client` and this driver.
 //!
 //! # Caveats
 //!
