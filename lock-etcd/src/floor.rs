@@ -165,8 +165,7 @@ impl EtcdFloor {
             let reply = wire
                 .unary("/etcdserverpb.Lease/LeaseGrant", request, op)
                 .await?;
-            let error = wire::fields(&reply)
-                .find_map(|(f, v)| (f == 4).then(|| v.bytes()).flatten())
+            let error = wire::bytes_field(&reply, 4)
                 .map(|e| String::from_utf8_lossy(e).into_owned())
                 .unwrap_or_default();
             let id = wire::int_field(&reply, 2);
@@ -256,6 +255,46 @@ impl EtcdFloor {
         self.txn(op, request).await
     }
 
+    /// The driver's create transaction under `prefix`: put `value` at this
+    /// floor's entry there (with the lease) if it is absent, and list the
+    /// entries under `prefix` in the same revision, oldest first (at most
+    /// `limit`; 0: all). `read_on_failure`: the transaction's failure branch
+    /// reads our entry and the same listing, as the driver's mutex create
+    /// does. `Contended` when the entry exists (concurrent calls on one
+    /// key).
+    async fn create(
+        &self,
+        key: &LockKey,
+        prefix: &str,
+        value: &str,
+        limit: i64,
+        read_on_failure: bool,
+    ) -> Result<CreatedEntry, LockError> {
+        let op = Operation::TryAcquire;
+        let entry = plain_entry(prefix, &self.lease_hex);
+        let failure = [Op::Get(&entry), Op::Oldest(prefix, limit)];
+        let request = wire::txn(
+            &[Compare::CreateRevision(&entry, Cmp::Equal, 0)],
+            &[
+                Op::Put(&entry, value.as_bytes(), self.lease_id),
+                Op::Oldest(prefix, limit),
+            ],
+            if read_on_failure { &failure } else { &[] },
+        );
+        let reply = self.txn(op, request).await.map_err(|e| e.with_key(key))?;
+        if !reply.succeeded {
+            return Err(occupied(op, key));
+        }
+        if reply.revision <= 0 {
+            return Err(protocol_error(op, key, "no revision for our entry"));
+        }
+        Ok(CreatedEntry {
+            revision: reply.revision,
+            listed: reply.ranges.into_iter().nth(1).unwrap_or_default(),
+            entry,
+        })
+    }
+
     /// One transaction, bounded by the operation timeout.
     async fn txn(&self, op: Operation, request: Vec<u8>) -> Result<TxnReply, LockError> {
         with_timeout(self.op_timeout, op, async {
@@ -279,33 +318,22 @@ impl RawFloor for EtcdFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        let key = LockKey::new(key)?;
         let op = Operation::TryAcquire;
-        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        let key_prefix = key_prefix(&self.prefix, &key);
-        let entry = plain_entry(&key_prefix, &self.lease_hex);
+        let key = checked_key(key, ttl, op)?;
         let owner = OwnerId::random();
-        let value = mutex_value(owner);
-        // The driver's create transaction: put ours if absent, and read the
-        // oldest entry under the key in the same revision.
-        let request = wire::txn(
-            &[Compare::CreateRevision(&entry, Cmp::Equal, 0)],
-            &[
-                Op::Put(&entry, value.as_bytes(), self.lease_id),
-                Op::Oldest(&key_prefix, 1),
-            ],
-            &[Op::Get(&entry), Op::Oldest(&key_prefix, 1)],
-        );
-        let reply = self.txn(op, request).await.map_err(|e| e.with_key(&key))?;
-        if !reply.succeeded {
-            return Err(occupied(op, &key));
-        }
-        let revision = reply.revision;
-        if revision <= 0 {
-            return Err(protocol_error(op, &key, "no revision for our entry"));
-        }
-        let oldest = reply.ranges.get(1).and_then(|kvs| kvs.first());
-        if oldest.map(|kv| kv.create_revision) != Some(revision) {
+        // The driver's mutex: the oldest entry under the key holds it (and
+        // the driver reads the same on failure).
+        let created = self
+            .create(
+                &key,
+                &key_prefix(&self.prefix, &key),
+                &mutex_value(owner),
+                1,
+                true,
+            )
+            .await?;
+        let (entry, revision) = (created.entry, created.revision);
+        if created.listed.first().map(|kv| kv.create_revision) != Some(revision) {
             // An older entry holds the key: withdraw ours.
             self.delete(op, &entry, revision, &owner.to_hex())
                 .await
@@ -407,43 +435,31 @@ impl RawFloor for EtcdPermitFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        let key = LockKey::new(key)?;
         let op = Operation::TryAcquire;
-        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        let prefix = shape_prefix(&self.floor.prefix, &key, lock_core::LockShape::Semaphore);
-        let entry = plain_entry(&prefix, &self.floor.lease_hex);
+        let key = checked_key(key, ttl, op)?;
         let owner = OwnerId::random();
-        let value = entry_value(self.kind(), owner);
-        let request = wire::txn(
-            &[Compare::CreateRevision(&entry, Cmp::Equal, 0)],
-            &[
-                Op::Put(&entry, value.as_bytes(), self.floor.lease_id),
-                Op::Oldest(&prefix, 0),
-            ],
-            &[],
-        );
-        let reply = self
+        // Every entry under the semaphore counts.
+        let prefix = shape_prefix(&self.floor.prefix, &key, lock_core::LockShape::Semaphore);
+        let created = self
             .floor
-            .txn(op, request)
-            .await
-            .map_err(|e| e.with_key(&key))?;
-        if !reply.succeeded {
-            return Err(occupied(op, &key));
-        }
-        let revision = reply.revision;
+            .create(&key, &prefix, &entry_value(self.kind(), owner), 0, false)
+            .await?;
+        let (entry, revision) = (created.entry, created.revision);
         let mut taken: u64 = 0;
         let mut other_limit = None;
-        if let Some(kvs) = reply.ranges.get(1) {
-            for kv in kvs.iter().filter(|kv| kv.key != entry.as_bytes()) {
-                match parse_shared_value(&kv.value).map(|v| v.kind) {
-                    Some(lock_core::LeaseKind::Permits { count, limit }) if limit == self.limit => {
-                        taken += u64::from(count);
-                    }
-                    Some(lock_core::LeaseKind::Permits { limit, .. }) => {
-                        other_limit = Some(limit);
-                    }
-                    _ => taken += u64::from(self.limit),
+        for kv in created
+            .listed
+            .iter()
+            .filter(|kv| kv.key != entry.as_bytes())
+        {
+            match parse_shared_value(&kv.value).map(|v| v.kind) {
+                Some(lock_core::LeaseKind::Permits { count, limit }) if limit == self.limit => {
+                    taken += u64::from(count);
                 }
+                Some(lock_core::LeaseKind::Permits { limit, .. }) => {
+                    other_limit = Some(limit);
+                }
+                _ => taken += u64::from(self.limit),
             }
         }
         if other_limit.is_some() || taken + u64::from(self.count) > u64::from(self.limit) {
@@ -477,6 +493,21 @@ impl RawFloor for EtcdPermitFloor {
             )
             .await
     }
+}
+
+/// What [`EtcdFloor::create`] made: our entry, its create revision, and the
+/// entries listed under the prefix in that revision.
+struct CreatedEntry {
+    entry: String,
+    revision: i64,
+    listed: Vec<wire::Kv>,
+}
+
+/// `key` as a lock key, with a TTL the driver takes.
+fn checked_key(key: &str, ttl: Duration, op: Operation) -> Result<LockKey, LockError> {
+    let key = LockKey::new(key)?;
+    check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(&key).with_backend(NAME))?;
+    Ok(key)
 }
 
 /// `Contended`: the create found the floor's own entry under `key`

@@ -286,16 +286,17 @@ impl RawFloor for SqlFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        let (key, owner) = bare::grant_args(key, ttl)?;
+        let (key, owner) = bare::grant_args(bare::ROW, key, ttl)?;
         let grant = self.grant(key.as_str(), &owner, ttl);
-        let token = bare::timed(&self.config, Operation::TryAcquire, &key, grant).await?;
+        let token =
+            bare::timed(&self.config, bare::ROW, Operation::TryAcquire, &key, grant).await?;
         Ok(bare::granted(&key, owner, token))
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
         let (key, token) = bare::release_args(grant)?;
         let release = self.release_row(key.as_str(), &grant.owner, token);
-        bare::timed(&self.config, Operation::Release, &key, release).await
+        bare::timed(&self.config, bare::ROW, Operation::Release, &key, release).await
     }
 }
 

@@ -201,8 +201,14 @@ fn reserved_range() -> (u16, u16) {
 /// Locks `$TMPDIR/distlock-test-ports/<port>` for this process's life;
 /// `None` when another process holds it.
 fn reserve(port: u16) -> Option<std::fs::File> {
-    let dir = std::env::temp_dir().join("distlock-test-ports");
-    std::fs::create_dir_all(&dir).ok()?;
+    // Made once per process, not once per port.
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let dir = DIR
+        .get_or_init(|| {
+            let dir = std::env::temp_dir().join("distlock-test-ports");
+            std::fs::create_dir_all(&dir).ok().map(|()| dir)
+        })
+        .as_ref()?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -60,8 +60,7 @@ impl Wire {
         let reply = self
             .unary("/etcdserverpb.Auth/Authenticate", request, op)
             .await?;
-        let token = fields(&reply)
-            .find_map(|(f, v)| (f == 2).then(|| v.bytes()).flatten())
+        let token = bytes_field(&reply, 2)
             .ok_or_else(|| failed(op, "no token in the authenticate answer"))?;
         self.token = Some(String::from_utf8_lossy(token).into_owned());
         Ok(())
@@ -312,6 +311,13 @@ pub(super) fn fields(mut data: &[u8]) -> impl Iterator<Item = (u32, Value<'_>)> 
         };
         Some((field, value))
     })
+}
+
+/// The `bytes`/`string` field `field` of `data`, if present.
+pub(super) fn bytes_field(data: &[u8], field: u32) -> Option<&[u8]> {
+    fields(data)
+        .filter(|(f, _)| *f == field)
+        .find_map(|(_, v)| v.bytes())
 }
 
 /// The `int64` field `field` of `data` (0 when absent).

@@ -74,12 +74,30 @@ pub(super) fn failed(
     move |e| map_sqlx(config, operation, e).with_backend(NAME)
 }
 
+/// What a floor's errors are labelled with and the shortest TTL it takes:
+/// the driver's row mode ([`ROW`]) or its session mode.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Label {
+    pub(super) name: &'static str,
+    pub(super) min_ttl: Duration,
+}
+
+/// The row floors' label: the driver's.
+pub(super) const ROW: Label = Label {
+    name: NAME,
+    min_ttl: MIN_TTL,
+};
+
 /// A floor grant's key and owner: the key and TTL checked as the driver
 /// checks them, a fresh owner.
-pub(super) fn grant_args(key: &str, ttl: Duration) -> Result<(LockKey, String), LockError> {
+pub(super) fn grant_args(
+    label: Label,
+    key: &str,
+    ttl: Duration,
+) -> Result<(LockKey, String), LockError> {
     let key = LockKey::new(key)?;
-    check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
-        .map_err(|e| e.with_key(&key).with_backend(NAME))?;
+    check_ttl(ttl, label.min_ttl, Operation::TryAcquire)
+        .map_err(|e| e.with_key(&key).with_backend(label.name))?;
     Ok((key, OwnerId::random().to_hex()))
 }
 
@@ -102,6 +120,7 @@ pub(super) fn release_args(grant: &FloorGrant) -> Result<(LockKey, i64), LockErr
 /// operation timeout, failing with the driver's error kinds.
 pub(super) async fn timed<T>(
     config: &SqlConfig,
+    label: Label,
     operation: Operation,
     key: &LockKey,
     run: impl Future<Output = Result<T, sqlx::Error>>,
@@ -110,7 +129,7 @@ pub(super) async fn timed<T>(
         run.await.map_err(failed(config, operation))
     })
     .await
-    .map_err(|e| e.with_key(key).with_backend(NAME))
+    .map_err(|e| e.with_key(key).with_backend(label.name))
 }
 
 /// What a floor's try_grant answers for the grant's `token`.

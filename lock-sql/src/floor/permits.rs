@@ -411,7 +411,7 @@ impl RawFloor for SqlPermitFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        let (key, owner) = super::bare::grant_args(key, ttl)?;
+        let (key, owner) = super::bare::grant_args(super::bare::ROW, key, ttl)?;
         let grant = async {
             let mut conn = self.conn.lock().await;
             let result = self.grant(&mut conn, key.as_str(), &owner, ttl).await;
@@ -420,13 +420,27 @@ impl RawFloor for SqlPermitFloor {
             }
             result
         };
-        let token = super::bare::timed(&self.config, Operation::TryAcquire, &key, grant).await?;
+        let token = super::bare::timed(
+            &self.config,
+            super::bare::ROW,
+            Operation::TryAcquire,
+            &key,
+            grant,
+        )
+        .await?;
         Ok(super::bare::granted(&key, owner, token))
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
         let (key, token) = super::bare::release_args(grant)?;
         let release = self.release_row(key.as_str(), &grant.owner, token);
-        super::bare::timed(&self.config, Operation::Release, &key, release).await
+        super::bare::timed(
+            &self.config,
+            super::bare::ROW,
+            Operation::Release,
+            &key,
+            release,
+        )
+        .await
     }
 }

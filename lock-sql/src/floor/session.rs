@@ -19,25 +19,26 @@
 //! Two round trips per cycle. Unlike the backend, the floor never arms the
 //! MySQL/MariaDB session's `wait_timeout` (one more statement whenever the
 //! TTL's whole seconds change): its session lives only as long as a
-//! benchmark. On PostgreSQL it opens its connection with the session
-//! settings the driver sends in the startup packet (no round trip), so the
-//! server runs the same session.
+//! benchmark.
 //!
-//! The lock names follow the crate's key layout (`session::names`), the
-//! one module the floor shares with the driver: the floor must take the
-//! same server lock as the driver for the same key.
+//! What the floor takes from the driver is data, not code on the path it
+//! measures: the session profile (name, shortest TTL, and the connect
+//! options with the session settings PostgreSQL gets in the startup
+//! packet, no round trip), the key layout (`session::names`: the floor
+//! takes the same server lock as the driver for the same key) and the
+//! TTL's conversion to `idle_session_timeout`.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
-use lock_core::{LockError, LockKey, Operation, OwnerId, check_ttl};
+use lock_core::{LockError, LockKey, Operation};
 use sqlx::Row;
 use tokio::sync::Mutex;
 
-use super::bare::{self, Bare, Text, quoted, sql};
+use super::bare::{self, Bare, Label, Text, quoted, sql};
 use crate::config::{SqlConfig, SqlDialect};
-use crate::conn::DbOptions;
+use crate::session::conn::pg_idle_timeout;
 use crate::session::names;
 
 /// Session mode's grant and release, by hand on one bare connection.
@@ -46,7 +47,7 @@ use crate::session::names;
 /// (each its own server lock), as one benchmark client needs.
 #[derive(Debug)]
 pub struct SessionFloor {
-    name: &'static str,
+    label: Label,
     config: SqlConfig,
     conn: Mutex<Bare>,
     grant: Text,
@@ -118,30 +119,23 @@ impl SessionFloor {
     /// table created meanwhile stays (creation is idempotent).
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         let config = SqlConfig::from_url(url)?;
-        let (name, options) = match crate::dialect::of(config.dialect)?.connect_options(&config)? {
-            #[cfg(feature = "postgres")]
-            DbOptions::Postgres(o) => (
-                "postgres-session",
-                // The driver's session settings, in the startup packet.
-                DbOptions::Postgres(o.application_name("distlock").options([
-                    ("client_connection_check_interval", "250ms"),
-                    ("tcp_keepalives_idle", "5"),
-                    ("tcp_keepalives_interval", "1"),
-                    ("tcp_keepalives_count", "3"),
-                    ("idle_session_timeout", "0"),
-                ])),
-            ),
-            other => ("mysql-session", other),
+        // The driver's session profile (its name, shortest TTL and connect
+        // options with the session settings of the startup packet); a
+        // SQLite URL is refused here, as the driver refuses it.
+        let session = crate::dialect::session_of(config.dialect)?;
+        let label = Label {
+            name: session.session_name(),
+            min_ttl: session.session_min_ttl(),
         };
         let Some((create, grant, release)) = session_sql(config.dialect, &config.table) else {
-            return Err(LockError::config(
-                "session mode needs PostgreSQL or MySQL/MariaDB (SQLite has no session locks)",
-            )
-            .with_backend(name));
+            return Err(
+                LockError::config("session mode has no SQLite floor").with_backend(label.name)
+            );
         };
+        let options = session.session_options(&config)?;
         let conn = Bare::open_with(&config, options, &[create]).await?;
         Ok(Self {
-            name,
+            label,
             conn: Mutex::new(conn),
             grant,
             release,
@@ -160,12 +154,10 @@ impl SessionFloor {
         Ok(match &mut *self.conn.lock().await {
             #[cfg(feature = "postgres")]
             Bare::Postgres(c) => {
-                // idle_session_timeout in whole milliseconds, rounded up.
-                let idle = ttl.as_micros().div_ceil(1000).max(1).to_string();
                 let q = sqlx::query(sql(&self.grant))
                     .bind(names::pg_lock_key(namespace, key))
                     .bind(owner)
-                    .bind(idle);
+                    .bind(pg_idle_timeout(ttl));
                 q.fetch_one(c).await?.try_get::<Option<i64>, _>(0)?
             }
             #[cfg(feature = "mysql")]
@@ -210,7 +202,7 @@ impl SessionFloor {
 #[async_trait]
 impl RawFloor for SessionFloor {
     fn name(&self) -> &'static str {
-        self.name
+        self.label.name
     }
 
     /// The grant and the release: one statement each.
@@ -219,26 +211,17 @@ impl RawFloor for SessionFloor {
     }
 
     async fn try_grant(&self, key: &str, ttl: Duration) -> Result<Option<FloorGrant>, LockError> {
-        let key = LockKey::new(key)?;
-        let min = match self.config.dialect {
-            SqlDialect::Postgres => crate::PG_SESSION_MIN_TTL,
-            _ => crate::MYSQL_SESSION_MIN_TTL,
-        };
-        check_ttl(ttl, min, Operation::TryAcquire)
-            .map_err(|e| e.with_key(&key).with_backend(self.name))?;
-        let owner = OwnerId::random().to_hex();
+        let (key, owner) = bare::grant_args(self.label, key, ttl)?;
         let grant = self.grant(key.as_str(), &owner, ttl);
-        let token = bare::timed(&self.config, Operation::TryAcquire, &key, grant).await;
-        let token = token.map_err(|e| e.with_backend(self.name))?;
+        let token =
+            bare::timed(&self.config, self.label, Operation::TryAcquire, &key, grant).await?;
         Ok(bare::granted(&key, owner, token))
     }
 
     async fn release(&self, grant: &FloorGrant) -> Result<bool, LockError> {
         let key = LockKey::new(&grant.key)?;
         let release = self.release_lock(key.as_str());
-        bare::timed(&self.config, Operation::Release, &key, release)
-            .await
-            .map_err(|e| e.with_backend(self.name))
+        bare::timed(&self.config, self.label, Operation::Release, &key, release).await
     }
 }
 
