@@ -4,12 +4,13 @@
 //! - the hand floor ([`lock_etcd::floor::EtcdFloor`]: the driver's two
 //!   transactions, gRPC by hand on one bare HTTP/2 connection);
 //! - the same two transactions through `etcd-client` on its own tonic
-//!   channel (what the driver connects), no lock-etcd code;
+//!   channel (what the driver connects over TLS), no lock-etcd code;
 //! - the same through `etcd-client` on one bare hyper HTTP/2 connection
 //!   (`Channel::Custom`, no tower buffer or balancer): what the client
 //!   library costs apart from its channel;
 //! - `EtcdBackend::acquire` + `release` directly (no `LockClient`, guard
-//!   or renewal scheduler);
+//!   or renewal scheduler), on the driver's own plaintext channel
+//!   (`src/channel.rs`);
 //! - ours: `LockClient` with a waiting acquire, then `release`.
 //!
 //! Per side: p50 and mean wall time, and CPU per cycle of this process and

@@ -5,31 +5,45 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 use lock_core::{LockError, Operation, with_timeout};
 
+use crate::channel::BareChannel;
 use crate::config::EtcdConfig;
 use crate::error::from_etcd;
+
+/// The HTTP/2 keep-alive: a PING after this long without anything
+/// received, and the connection dropped when its PONG takes longer.
+const KEEP_ALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(2));
 
 /// Validates `config` and connects an etcd client with it (no lease yet).
 pub(crate) async fn connect_client(config: &EtcdConfig) -> Result<Client, LockError> {
     config.validate()?;
     let mut options = ConnectOptions::new()
         .with_connect_timeout(config.connect_timeout)
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+        .with_keep_alive(KEEP_ALIVE.0, KEEP_ALIVE.1)
         .with_require_leader(true);
     if let Some(user) = &config.user {
         options = options.with_user(user.clone(), config.password.clone().unwrap_or_default());
     }
-    let scheme = if config.tls.is_some() {
-        "https"
-    } else {
-        "http"
+    let Some(tls) = &config.tls else {
+        // Plaintext: the driver's own channel (see `channel.rs`).
+        let channel = BareChannel::new(&config.endpoints, config.connect_timeout, KEEP_ALIVE)
+            .map_err(LockError::config)?;
+        let channel = etcd_client::Channel::Custom(tower::util::BoxCloneSyncService::new(channel));
+        return with_timeout(
+            config.connect_timeout + config.op_timeout,
+            Operation::Connect,
+            async {
+                Client::from_channel(channel, Some(options))
+                    .await
+                    .map_err(|e| from_etcd(Operation::Connect, e))
+            },
+        )
+        .await;
     };
-    if let Some(tls) = &config.tls {
-        options = options.with_tls(tls_options(tls)?);
-    }
+    options = options.with_tls(tls_options(tls)?);
     let endpoints: Vec<String> = config
         .endpoints
         .iter()
-        .map(|e| format!("{scheme}://{e}"))
+        .map(|e| format!("https://{e}"))
         .collect();
     with_timeout(
         config.connect_timeout + config.op_timeout,

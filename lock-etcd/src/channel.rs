@@ -1,0 +1,470 @@
+//! The driver's own channel under `etcd-client` for plaintext endpoints:
+//! one HTTP/2 connection (the `h2` crate over a tokio `TcpStream`) to one
+//! member at a time, instead of tonic's balanced channel.
+//!
+//! Why: tonic hands a request to hyper, whose connection task writes the
+//! HEADERS frame while the request's body is still being piped by another
+//! task, so one unary call leaves in two or three TCP writes (HEADERS,
+//! DATA, an empty END_STREAM frame) and etcd wakes once for each. Here a
+//! unary request's body is already complete when it is handed over, so
+//! HEADERS and DATA (with END_STREAM) are queued together and leave in one
+//! write, as the hand-written floor sends them. Measured by
+//! `examples/etcd_parts.rs`.
+//!
+//! What it does in tonic's place:
+//! - **Members**: it talks to one member at a time and moves to the next
+//!   one (in the configured order, wrapping around) when the connection
+//!   breaks, cannot be opened within the connect timeout, or the member
+//!   answers `Unavailable` (etcd's "no leader", "leader changed", "request
+//!   timed out", "server stopped"), so that a member cut off from the
+//!   majority is left. Streams already open stay on their connection until
+//!   they end.
+//! - **Keep-alive**: an HTTP/2 PING after `interval` without anything
+//!   received, and the connection dropped when its PONG is not back within
+//!   `timeout` (what tonic's `http2_keep_alive_interval` does).
+//! - **Errors**: a transport failure is a gRPC `Unavailable` status whose
+//!   message starts with "transport error", as the driver's error mapping
+//!   expects from tonic.
+//!
+//! TLS endpoints keep `etcd-client`'s own tonic channel.
+
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use h2::client::SendRequest;
+use h2::{Ping, PingPong, RecvStream, SendStream};
+use http_body::{Body, Frame};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tonic::Status;
+
+type TonicBody = tonic::body::Body;
+
+/// gRPC's `Unavailable` code, as it stands in a `grpc-status` header.
+const UNAVAILABLE: &[u8] = b"14";
+
+/// A tower service for `etcd_client::Channel::Custom`; clones share the
+/// connection.
+#[derive(Clone)]
+pub(crate) struct BareChannel {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// `host:port` of each member, in the configured order.
+    endpoints: Vec<http::uri::Authority>,
+    connect_timeout: Duration,
+    /// (interval, timeout) of the keep-alive pings.
+    keep_alive: (Duration, Duration),
+    /// The connection requests go to, if one is open.
+    current: Mutex<Option<Conn>>,
+    /// Held while a connection is being opened, so that concurrent calls
+    /// open one.
+    connecting: tokio::sync::Mutex<()>,
+    /// The member to try first when the next connection is opened.
+    next: AtomicUsize,
+    generations: AtomicU64,
+}
+
+#[derive(Clone)]
+struct Conn {
+    send: SendRequest<Bytes>,
+    endpoint: usize,
+    generation: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A transport failure, as tonic reports one.
+fn transport_error(what: impl std::fmt::Display) -> Status {
+    Status::unavailable(format!("transport error: {what}"))
+}
+
+impl BareChannel {
+    /// A channel to `endpoints` (`host:port` each); nothing is opened until
+    /// the first call.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the endpoint that is not a valid `host:port`.
+    pub(crate) fn new(
+        endpoints: &[String],
+        connect_timeout: Duration,
+        keep_alive: (Duration, Duration),
+    ) -> Result<Self, String> {
+        let endpoints = endpoints
+            .iter()
+            .map(|e| {
+                e.parse::<http::uri::Authority>()
+                    .map_err(|err| format!("bad etcd endpoint {e:?}: {err}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if endpoints.is_empty() {
+            return Err("no etcd endpoint".to_owned());
+        }
+        Ok(Self {
+            shared: Arc::new(Shared {
+                endpoints,
+                connect_timeout,
+                keep_alive,
+                current: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+                next: AtomicUsize::new(0),
+                generations: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl tower::Service<http::Request<TonicBody>> for BareChannel {
+    type Response = http::Response<TonicBody>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness is waited for in the call: a broken connection is
+        // replaced there.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<TonicBody>) -> Self::Future {
+        let shared = self.shared.clone();
+        Box::pin(async move { shared.call(request).await.map_err(Into::into) })
+    }
+}
+
+impl Shared {
+    async fn call(
+        self: Arc<Self>,
+        request: http::Request<TonicBody>,
+    ) -> Result<http::Response<TonicBody>, Status> {
+        let conn = self.connection().await?;
+        let mut send = match conn.send.clone().ready().await {
+            Ok(send) => send,
+            Err(err) => {
+                self.broken(conn.endpoint, conn.generation);
+                return Err(transport_error(err));
+            }
+        };
+        let (mut parts, mut body) = request.into_parts();
+        let (data, ended) = take_ready(&mut body).await?;
+        let path = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        parts.uri = http::Uri::builder()
+            .scheme(http::uri::Scheme::HTTP)
+            .authority(self.endpoints[conn.endpoint].clone())
+            .path_and_query(path)
+            .build()
+            .map_err(|e| Status::internal(format!("request URI: {e}")))?;
+        parts.version = http::Version::HTTP_2;
+        let head = http::Request::from_parts(parts, ());
+        let (response, mut stream) = send
+            .send_request(head, ended && data.is_empty())
+            .map_err(|e| self.failed(&conn, &e))?;
+        if !data.is_empty() {
+            stream
+                .send_data(data, ended)
+                .map_err(|e| self.failed(&conn, &e))?;
+        }
+        if !ended {
+            tokio::spawn(pipe(body, stream));
+        }
+        let response = response.await.map_err(|e| self.failed(&conn, &e))?;
+        // A member without a leader (or stopping) answers at once with the
+        // status in the headers: the next calls go to another member.
+        if response
+            .headers()
+            .get("grpc-status")
+            .is_some_and(|s| s.as_bytes() == UNAVAILABLE)
+        {
+            self.move_on(&conn);
+        }
+        Ok(response.map(|recv| {
+            TonicBody::new(Recv {
+                recv,
+                data_done: false,
+            })
+        }))
+    }
+
+    /// The open connection, or a new one.
+    async fn connection(self: &Arc<Self>) -> Result<Conn, Status> {
+        if let Some(conn) = lock(&self.current).clone() {
+            return Ok(conn);
+        }
+        let _opening = self.connecting.lock().await;
+        if let Some(conn) = lock(&self.current).clone() {
+            return Ok(conn);
+        }
+        let first = self.next.load(Ordering::Relaxed);
+        let count = self.endpoints.len();
+        let mut last = String::new();
+        for i in 0..count {
+            let endpoint = (first + i) % count;
+            match tokio::time::timeout(self.connect_timeout, self.open(endpoint)).await {
+                Ok(Ok(conn)) => {
+                    self.next.store(endpoint, Ordering::Relaxed);
+                    *lock(&self.current) = Some(conn.clone());
+                    return Ok(conn);
+                }
+                Ok(Err(err)) => last = format!("{}: {err}", self.endpoints[endpoint]),
+                Err(_) => {
+                    last = format!(
+                        "{}: no connection within {:?}",
+                        self.endpoints[endpoint], self.connect_timeout
+                    );
+                }
+            }
+        }
+        Err(transport_error(format_args!(
+            "no etcd endpoint could be reached (last: {last})"
+        )))
+    }
+
+    /// Opens a connection to member `endpoint` and starts its task.
+    async fn open(self: &Arc<Self>, endpoint: usize) -> Result<Conn, String> {
+        let tcp = TcpStream::connect(self.endpoints[endpoint].as_str())
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = tcp.set_nodelay(true);
+        let heard = Arc::new(AtomicBool::new(false));
+        let io = Heard {
+            io: tcp,
+            heard: heard.clone(),
+        };
+        let (send, mut connection) = h2::client::handshake(io)
+            .await
+            .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let conn = Conn {
+            send,
+            endpoint,
+            generation,
+        };
+        let pings = connection.ping_pong();
+        let (interval, timeout) = self.keep_alive;
+        let this: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let keep_alive = async move {
+                match pings {
+                    Some(pings) => keep_alive(pings, heard, interval, timeout).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = connection => {}
+                () = keep_alive => {
+                    tracing::debug!(target: "lock_etcd", "etcd connection missed its keep-alive");
+                }
+            }
+            if let Some(shared) = this.upgrade() {
+                shared.broken(endpoint, generation);
+            }
+        });
+        Ok(conn)
+    }
+
+    /// The connection failed: the next call opens another one, starting
+    /// with the next member.
+    /// (The connection's task holds no `SendRequest`, or the connection
+    /// would never end.)
+    fn broken(&self, endpoint: usize, generation: u64) {
+        let mut current = lock(&self.current);
+        if current.as_ref().is_some_and(|c| c.generation == generation) {
+            *current = None;
+            self.next
+                .store((endpoint + 1) % self.endpoints.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// The member cannot serve now: with other members, the next call
+    /// opens a connection to the next one (this one is left to its open
+    /// streams).
+    fn move_on(&self, conn: &Conn) {
+        if self.endpoints.len() > 1 {
+            self.broken(conn.endpoint, conn.generation);
+        }
+    }
+
+    fn failed(&self, conn: &Conn, err: &h2::Error) -> Status {
+        if err.is_io() || err.is_go_away() || err.reason().is_none() {
+            self.broken(conn.endpoint, conn.generation);
+        }
+        transport_error(err)
+    }
+}
+
+/// Takes what the request body has ready now: (the data, whether the body
+/// ended). A unary request's body is complete at once.
+async fn take_ready(body: &mut TonicBody) -> Result<(Bytes, bool), Status> {
+    let mut data = BytesMut::new();
+    let ended = poll_fn(|cx| {
+        loop {
+            match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(chunk) = frame.into_data() {
+                        data.extend_from_slice(&chunk);
+                    }
+                }
+                Poll::Ready(Some(Err(status))) => return Poll::Ready(Err(status)),
+                Poll::Ready(None) => return Poll::Ready(Ok(true)),
+                Poll::Pending => return Poll::Ready(Ok(false)),
+            }
+        }
+    })
+    .await?;
+    Ok((data.freeze(), ended))
+}
+
+/// Sends the rest of a streaming request's body, message by message, until
+/// it ends or the stream is reset.
+async fn pipe(mut body: TonicBody, mut stream: SendStream<Bytes>) {
+    loop {
+        let next = poll_fn(|cx| {
+            if stream.poll_reset(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            Pin::new(&mut body).poll_frame(cx).map(Some)
+        })
+        .await;
+        match next {
+            // Reset by the server, or the connection is gone.
+            None => return,
+            Some(Some(Ok(frame))) => {
+                if let Ok(chunk) = frame.into_data()
+                    && stream.send_data(chunk, false).is_err()
+                {
+                    return;
+                }
+            }
+            Some(Some(Err(_))) => {
+                stream.send_reset(h2::Reason::CANCEL);
+                return;
+            }
+            Some(None) => {
+                let _ = stream.send_data(Bytes::new(), true);
+                return;
+            }
+        }
+    }
+}
+
+/// Pings after `interval` without anything received; returns when a PONG
+/// is not back within `timeout`.
+async fn keep_alive(
+    mut pings: PingPong,
+    heard: Arc<AtomicBool>,
+    interval: Duration,
+    timeout: Duration,
+) {
+    loop {
+        tokio::time::sleep(interval).await;
+        if heard.swap(false, Ordering::Relaxed) {
+            continue;
+        }
+        match tokio::time::timeout(timeout, pings.ping(Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            _ => return,
+        }
+    }
+}
+
+/// A response body: the data frames, then the trailers (where gRPC puts
+/// the status).
+struct Recv {
+    recv: RecvStream,
+    data_done: bool,
+}
+
+impl Body for Recv {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        if !this.data_done {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(chunk)) => {
+                    let _ = this.recv.flow_control().release_capacity(chunk.len());
+                    return Poll::Ready(Some(Ok(Frame::data(chunk))));
+                }
+                Some(Err(err)) => return Poll::Ready(Some(Err(transport_error(err)))),
+                None => this.data_done = true,
+            }
+        }
+        Poll::Ready(match ready!(this.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Some(Ok(Frame::trailers(trailers))),
+            Ok(None) => None,
+            Err(err) => Some(Err(transport_error(err))),
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+}
+
+/// A TCP stream that notes when something was received (for the
+/// keep-alive).
+struct Heard {
+    io: TcpStream,
+    heard: Arc<AtomicBool>,
+}
+
+impl AsyncRead for Heard {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.heard.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Heard {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
