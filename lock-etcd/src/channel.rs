@@ -14,11 +14,12 @@
 //! What it does in tonic's place:
 //! - **Members**: it talks to one member at a time and moves to the next
 //!   one (in the configured order, wrapping around) when the connection
-//!   breaks, cannot be opened within the connect timeout, or the member
+//!   breaks, cannot be opened within the connect timeout, the member
 //!   answers `Unavailable` (etcd's "no leader", "leader changed", "request
-//!   timed out", "server stopped"), so that a member cut off from the
-//!   majority is left. Streams already open stay on their connection until
-//!   they end.
+//!   timed out", "server stopped"), or a caller gives up on a call that
+//!   waited a second or more for its answer, so that a member cut off from
+//!   the majority is left. Streams already open stay on their connection
+//!   until they end.
 //! - **Keep-alive**: an HTTP/2 PING after `interval` without anything
 //!   received, and the connection dropped when its PONG is not back within
 //!   `timeout` (what tonic's `http2_keep_alive_interval` does).
@@ -179,7 +180,15 @@ impl Shared {
         if !ended {
             tokio::spawn(pipe(body, stream));
         }
-        let response = response.await.map_err(|e| self.failed(&conn, &e))?;
+        let mut waiting = Waiting {
+            shared: &self,
+            conn: &conn,
+            since: std::time::Instant::now(),
+            answered: false,
+        };
+        let response = response.await;
+        waiting.answered = true;
+        let response = response.map_err(|e| self.failed(&conn, &e))?;
         // A member without a leader (or stopping) answers at once with the
         // status in the headers: the next calls go to another member.
         if response
@@ -301,6 +310,32 @@ impl Shared {
             self.broken(conn.endpoint, conn.generation);
         }
         transport_error(err)
+    }
+}
+
+/// A call waiting for its answer; when its caller gives up on it after
+/// [`ABANDONED`] (the driver's per-call timeout, or any other reason), the
+/// member is taken for unresponsive and the next calls go to the next one.
+/// A member partitioned from its peers may still believe it has a leader
+/// and hold every write until etcd's own request timeout (about 7 s),
+/// longer than a caller waits.
+struct Waiting<'a> {
+    shared: &'a Shared,
+    conn: &'a Conn,
+    since: std::time::Instant,
+    answered: bool,
+}
+
+/// How long a call waits for its answer before its caller giving up on it
+/// counts against the member.
+const ABANDONED: Duration = Duration::from_secs(1);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if !self.answered && self.since.elapsed() >= ABANDONED {
+            tracing::debug!(target: "lock_etcd", "a call was abandoned after {:?}: next member", self.since.elapsed());
+            self.shared.move_on(self.conn);
+        }
     }
 }
 

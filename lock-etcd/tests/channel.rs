@@ -1,0 +1,101 @@
+//! The driver's own plaintext channel (`src/channel.rs`) leaves a member
+//! that cannot serve: one whose connection stops answering (found by the
+//! keep-alive PING, with no call in flight), and one cut off from its
+//! peers (found by calls its callers give up on, or its `Unavailable`
+//! answers). Each test lists the bad member first, so a channel that stayed
+//! on it would fail every acquire.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use conformance::OrSkip;
+use conformance::proxy::FaultProxy;
+use conformance::servers::etcd::EtcdServer;
+use lock_core::{LockBackend, LockKey};
+use tokio::time::{Instant, sleep};
+
+/// Acquires and releases `key` once with the URL's TTL (60 s: the
+/// session's keep-alives, every 20 s, make no call during a test), every
+/// call bounded by the URL's `timeout`; `Err` carries the error's text.
+async fn cycle(backend: &lock_etcd::EtcdBackend, key: &LockKey) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let lease = backend
+        .acquire(key, Duration::from_secs(60), deadline)
+        .await
+        .map_err(|e| e.to_string())?;
+    backend.release(&lease).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_stops_answering_is_left_by_the_keep_alive() {
+    let Some(server) = EtcdServer::start().await.or_skip() else {
+        return;
+    };
+    let direct = server.endpoints()[0].clone();
+    let upstream: SocketAddr = direct.parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    // The proxy first: the client connects through it.
+    let url = format!(
+        "etcd://127.0.0.1:{},{direct}/channel?ttl=60s&timeout=1s",
+        proxy.port()
+    );
+    let backend = lock_etcd::connect(&url).await.unwrap();
+    let key = LockKey::new("k").unwrap();
+    cycle(&backend, &key).await.unwrap();
+    assert_eq!(proxy.connections(), 1);
+    // Everything sent through the proxy now vanishes, and nothing closes
+    // the connection. No call is made until the keep-alive (a PING after
+    // 2 s of silence, 2 s for its answer) had time to give up on it; one
+    // that waited on the dead connection would fail (1 s timeout).
+    proxy.blackhole();
+    sleep(Duration::from_secs(7)).await;
+    let started = Instant::now();
+    cycle(&backend, &key)
+        .await
+        .expect("the first cycle after the keep-alive went to the other endpoint");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_from_its_peers_is_left() {
+    let Some(server) = EtcdServer::start_cluster_with_peer_proxies(3)
+        .await
+        .or_skip()
+    else {
+        return;
+    };
+    let leader = server.wait_leader(Duration::from_secs(10)).await.unwrap();
+    // A follower, listed first: the client connects to it.
+    let cut = (leader + 1) % server.len();
+    let mut endpoints = server.endpoints();
+    endpoints.rotate_left(cut);
+    let url = format!("etcd://{}/channel?ttl=60s&timeout=1s", endpoints.join(","));
+    let backend = lock_etcd::connect(&url).await.unwrap();
+    let key = LockKey::new("k").unwrap();
+    cycle(&backend, &key).await.unwrap();
+    assert!(server.partition_member(cut));
+    // The first calls may wait on the member and fail; within a bounded
+    // time cycles succeed again, and then keep succeeding.
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut failures = Vec::new();
+    loop {
+        match cycle(&backend, &key).await {
+            Ok(()) => break,
+            Err(err) => failures.push(err),
+        }
+        assert!(
+            Instant::now() < until,
+            "no cycle succeeded within 20 s of the partition: {failures:?}"
+        );
+    }
+    for _ in 0..5 {
+        cycle(&backend, &key).await.unwrap();
+    }
+    println!("cycles failed before the client left the member: {failures:?}");
+    server.heal_member(cut);
+}
