@@ -4,7 +4,7 @@ use lock_core::{ErrorKind, LockError, LockKey, Operation};
 
 pub(crate) const NAME: &str = "etcd";
 
-// gRPC status codes, compared by value (tonic is not a direct dependency).
+// gRPC status codes, compared by value.
 const CANCELLED: i32 = 1;
 const UNKNOWN: i32 = 2;
 const INVALID_ARGUMENT: i32 = 3;
@@ -27,9 +27,11 @@ pub(crate) fn from_etcd(operation: Operation, err: etcd_client::Error) -> LockEr
             } else {
                 match i32::from(status.code()) {
                     UNAVAILABLE | CANCELLED | ABORTED => ErrorKind::Unavailable,
-                    // tonic reports a connection that broke (reset, broken
-                    // pipe, a TLS alert from the server) as Unknown
-                    // "transport error": the request may not have arrived.
+                    // tonic's channel (TLS) reports a connection that broke
+                    // (reset, broken pipe, a TLS alert from the server) as
+                    // Unknown "transport error", the driver's own channel as
+                    // Unavailable "transport error": the request may not
+                    // have arrived.
                     UNKNOWN if message.contains("transport error") => ErrorKind::Unavailable,
                     DEADLINE_EXCEEDED => ErrorKind::Timeout,
                     UNAUTHENTICATED | PERMISSION_DENIED => ErrorKind::Config,
