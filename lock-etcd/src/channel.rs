@@ -46,6 +46,11 @@ use tonic::Status;
 
 type TonicBody = tonic::body::Body;
 
+/// The receive window of each stream and of the connection (hyper's
+/// defaults for an HTTP/2 client, which tonic's channel uses).
+const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
+
 /// gRPC's `Unavailable` code, as it stands in a `grpc-status` header.
 const UNAVAILABLE: &[u8] = b"14";
 
@@ -251,7 +256,13 @@ impl Shared {
             io: tcp,
             heard: heard.clone(),
         };
-        let (send, mut connection) = h2::client::handshake(io)
+        // Receive windows as hyper's defaults (tonic's channel): a large
+        // answer (a key listing of megabytes) flows without a window
+        // update per 64 KiB.
+        let (send, mut connection) = h2::client::Builder::new()
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .handshake(io)
             .await
             .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
