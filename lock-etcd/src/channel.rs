@@ -151,12 +151,21 @@ impl Shared {
         self: Arc<Self>,
         request: http::Request<TonicBody>,
     ) -> Result<http::Response<TonicBody>, Status> {
-        let conn = self.connection().await?;
-        let mut send = match conn.send.clone().ready().await {
-            Ok(send) => send,
-            Err(err) => {
-                self.broken(conn.endpoint, conn.generation);
-                return Err(transport_error(err));
+        // A connection found closed before anything was sent on it (the
+        // server restarted, say) is replaced once: nothing of this call
+        // has left yet.
+        let mut retried = false;
+        let (conn, mut send) = loop {
+            let conn = self.connection().await?;
+            match conn.send.clone().ready().await {
+                Ok(send) => break (conn, send),
+                Err(err) => {
+                    self.broken(conn.endpoint, conn.generation);
+                    if retried {
+                        return Err(transport_error(err));
+                    }
+                    retried = true;
+                }
             }
         };
         let (mut parts, mut body) = request.into_parts();
