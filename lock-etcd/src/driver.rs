@@ -50,6 +50,10 @@ mod admin;
 #[path = "listing.rs"]
 mod listing;
 
+// Revoking sessions of other TTLs once idle.
+#[path = "retire.rs"]
+mod retire;
+
 /// The shortest TTL etcd leases have: one second (the server may raise it
 /// further, to 1.5 election timeouts).
 pub const MIN_TTL: Duration = Duration::from_secs(1);
@@ -129,6 +133,7 @@ impl EtcdBackend {
             .session_for(ttl, Operation::Connect)
             .await
             .map_err(|e| e.with_backend(NAME))?;
+        backend.retire_idle_sessions();
         Ok(backend)
     }
 

@@ -404,6 +404,14 @@
 //! - If the session lease is lost, **every** lock on it is lost at once; the
 //!   next acquire creates a new session. An acquire that was waiting starts
 //!   over on the new session (it loses its place in the queue).
+//! - A session started for a TTL other than the configured one is revoked
+//!   once it has had no entry (held, waiting or being cleaned up) for
+//!   three of its TTLs, and at least 10 s (looked at every 5 s; the next
+//!   grant of that TTL starts a new session, one lease grant more), so a
+//!   client that used many TTLs does not keep a lease and a keep-alive
+//!   stream for each forever. It is retired under the sessions' lock only
+//!   when nothing else refers to it, so no grant can be on its way to it
+//!   (`tests/sessions.rs`; retiring a session with a held lock fails it).
 //! - `inspect` reports, as the remaining TTL, the grant's own deadline for
 //!   locks held through this backend, and for locks of other backends an
 //!   upper bound: the etcd lease's granted TTL (their local deadlines are not

@@ -398,6 +398,11 @@ impl Session {
         lock(&self.entries).listed_bytes < LISTING_BUDGET
     }
 
+    /// Whether the session has no entry (held, waiting or being cleaned up).
+    pub(crate) fn is_idle(&self) -> bool {
+        lock(&self.entries).names.is_empty()
+    }
+
     /// Whether `owner` was handed out by this session ([`Self::new_owner`]).
     pub(crate) fn owns(&self, owner: OwnerId) -> bool {
         split_owner(owner).0 == self.owner_high
