@@ -234,6 +234,10 @@ impl Shared {
         let mut last = String::new();
         for i in 0..count {
             let endpoint = (first + i) % count;
+            // Moved past before the attempt: if the caller gives up during
+            // it (a member that drops connection attempts can take the
+            // whole connect timeout), the next call tries the next member.
+            self.next.store((endpoint + 1) % count, Ordering::Relaxed);
             match tokio::time::timeout(self.connect_timeout, self.open(endpoint)).await {
                 Ok(Ok(conn)) => {
                     self.next.store(endpoint, Ordering::Relaxed);
@@ -521,5 +525,54 @@ impl AsyncWrite for Heard {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member whose TCP handshake never completes (its accept queue is
+    /// full, so the kernel drops the SYN): a call that gives up while
+    /// connecting to it leaves the next call to the next member.
+    #[tokio::test]
+    async fn a_call_abandoned_while_connecting_moves_on() {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let full = socket.listen(0).unwrap();
+        let addr = full.local_addr().unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..4 {
+            if let Ok(Ok(stream)) =
+                tokio::time::timeout(Duration::from_millis(100), TcpStream::connect(addr)).await
+            {
+                queued.push(stream);
+            }
+        }
+        let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoints = [addr.to_string(), other.local_addr().unwrap().to_string()];
+        let channel = BareChannel::new(
+            &endpoints,
+            Duration::from_secs(30),
+            (Duration::from_secs(2), Duration::from_secs(2)),
+        )
+        .unwrap();
+        let shared = channel.shared.clone();
+        let gave_up = tokio::time::timeout(Duration::from_millis(200), shared.connection()).await;
+        assert!(
+            gave_up.is_err(),
+            "the connection to the full member was made"
+        );
+        assert_eq!(shared.next.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn bad_endpoints_are_refused() {
+        let keep_alive = (Duration::from_secs(2), Duration::from_secs(2));
+        assert!(BareChannel::new(&[], Duration::from_secs(1), keep_alive).is_err());
+        let err = BareChannel::new(&["a b:1".to_owned()], Duration::from_secs(1), keep_alive)
+            .err()
+            .unwrap();
+        assert!(err.contains("a b:1"), "{err}");
     }
 }
