@@ -1,6 +1,7 @@
-//! The driver's own channel under `etcd-client` for plaintext endpoints:
-//! one HTTP/2 connection (the `h2` crate over a tokio `TcpStream`) to one
-//! member at a time, instead of tonic's balanced channel.
+//! The driver's own channel under `etcd-client`: one HTTP/2 connection
+//! (the `h2` crate over a tokio `TcpStream`, with `tokio-rustls` for
+//! `etcds://`) to one member at a time, instead of tonic's balanced
+//! channel.
 //!
 //! Why: tonic hands a request to hyper, whose connection task writes the
 //! HEADERS frame while the request's body is still being piped by another
@@ -26,8 +27,9 @@
 //! - **Errors**: a transport failure is a gRPC `Unavailable` status whose
 //!   message starts with "transport error", as the driver's error mapping
 //!   expects from tonic.
-//!
-//! TLS endpoints keep `etcd-client`'s own tonic channel.
+//! - **TLS**: rustls (ring), ALPN `h2`, the server name from the endpoint
+//!   or the configured `domain`; a certificate rejected either way is a
+//!   handshake error whose text the driver's error mapping recognizes.
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
@@ -42,6 +44,7 @@ use h2::{Ping, PingPong, RecvStream, SendStream};
 use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::rustls;
 use tonic::Status;
 
 type TonicBody = tonic::body::Body;
@@ -61,12 +64,20 @@ pub(crate) struct BareChannel {
     shared: Arc<Shared>,
 }
 
+/// TLS for every member: the client configuration and the name to verify
+/// instead of each endpoint's host.
+pub(crate) struct ChannelTls {
+    pub(crate) connector: tokio_rustls::TlsConnector,
+    pub(crate) domain: Option<String>,
+}
+
 struct Shared {
     /// `host:port` of each member, in the configured order.
     endpoints: Vec<http::uri::Authority>,
     connect_timeout: Duration,
     /// (interval, timeout) of the keep-alive pings.
     keep_alive: (Duration, Duration),
+    tls: Option<ChannelTls>,
     /// The connection requests go to, if one is open.
     current: Mutex<Option<Conn>>,
     /// Held while a connection is being opened, so that concurrent calls
@@ -104,6 +115,7 @@ impl BareChannel {
         endpoints: &[String],
         connect_timeout: Duration,
         keep_alive: (Duration, Duration),
+        tls: Option<ChannelTls>,
     ) -> Result<Self, String> {
         let endpoints = endpoints
             .iter()
@@ -120,6 +132,7 @@ impl BareChannel {
                 endpoints,
                 connect_timeout,
                 keep_alive,
+                tls,
                 current: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 next: AtomicUsize::new(0),
@@ -175,8 +188,13 @@ impl Shared {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        let scheme = if self.tls.is_some() {
+            http::uri::Scheme::HTTPS
+        } else {
+            http::uri::Scheme::HTTP
+        };
         parts.uri = http::Uri::builder()
-            .scheme(http::uri::Scheme::HTTP)
+            .scheme(scheme)
             .authority(self.endpoints[conn.endpoint].clone())
             .path_and_query(path)
             .build()
@@ -260,13 +278,38 @@ impl Shared {
 
     /// Opens a connection to member `endpoint` and starts its task.
     async fn open(self: &Arc<Self>, endpoint: usize) -> Result<Conn, String> {
-        let tcp = TcpStream::connect(self.endpoints[endpoint].as_str())
+        let authority = &self.endpoints[endpoint];
+        let tcp = TcpStream::connect(authority.as_str())
             .await
             .map_err(|e| e.to_string())?;
         let _ = tcp.set_nodelay(true);
+        let Some(tls) = &self.tls else {
+            return self.start(tcp, endpoint).await;
+        };
+        let host = tls.domain.as_deref().unwrap_or_else(|| {
+            let host = authority.host();
+            host.strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(host)
+        });
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|e| format!("bad TLS server name {host:?}: {e}"))?;
+        let stream = tls
+            .connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("TLS handshake: {e}"))?;
+        self.start(stream, endpoint).await
+    }
+
+    /// Says hello in HTTP/2 over `io` and starts the connection's task.
+    async fn start<T>(self: &Arc<Self>, io: T, endpoint: usize) -> Result<Conn, String>
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let heard = Arc::new(AtomicBool::new(false));
         let io = Heard {
-            io: tcp,
+            io,
             heard: heard.clone(),
         };
         // Receive windows as hyper's defaults (tonic's channel): a large
@@ -476,14 +519,14 @@ impl Body for Recv {
     }
 }
 
-/// A TCP stream that notes when something was received (for the
+/// A connection's stream that notes when something was received (for the
 /// keep-alive).
-struct Heard {
-    io: TcpStream,
+struct Heard<T> {
+    io: T,
     heard: Arc<AtomicBool>,
 }
 
-impl AsyncRead for Heard {
+impl<T: AsyncRead + Unpin> AsyncRead for Heard<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -498,7 +541,7 @@ impl AsyncRead for Heard {
     }
 }
 
-impl AsyncWrite for Heard {
+impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -555,6 +598,7 @@ mod tests {
             &endpoints,
             Duration::from_secs(30),
             (Duration::from_secs(2), Duration::from_secs(2)),
+            None,
         )
         .unwrap();
         let shared = channel.shared.clone();
@@ -569,10 +613,15 @@ mod tests {
     #[test]
     fn bad_endpoints_are_refused() {
         let keep_alive = (Duration::from_secs(2), Duration::from_secs(2));
-        assert!(BareChannel::new(&[], Duration::from_secs(1), keep_alive).is_err());
-        let err = BareChannel::new(&["a b:1".to_owned()], Duration::from_secs(1), keep_alive)
-            .err()
-            .unwrap();
+        assert!(BareChannel::new(&[], Duration::from_secs(1), keep_alive, None).is_err());
+        let err = BareChannel::new(
+            &["a b:1".to_owned()],
+            Duration::from_secs(1),
+            keep_alive,
+            None,
+        )
+        .err()
+        .unwrap();
         assert!(err.contains("a b:1"), "{err}");
     }
 }

@@ -27,11 +27,10 @@ pub(crate) fn from_etcd(operation: Operation, err: etcd_client::Error) -> LockEr
             } else {
                 match i32::from(status.code()) {
                     UNAVAILABLE | CANCELLED | ABORTED => ErrorKind::Unavailable,
-                    // tonic's channel (TLS) reports a connection that broke
-                    // (reset, broken pipe, a TLS alert from the server) as
-                    // Unknown "transport error", the driver's own channel as
-                    // Unavailable "transport error": the request may not
-                    // have arrived.
+                    // A connection that broke (reset, broken pipe, a TLS
+                    // alert from the server) is a "transport error": Unknown
+                    // from tonic's own channel, Unavailable from the
+                    // driver's; the request may not have arrived.
                     UNKNOWN if message.contains("transport error") => ErrorKind::Unavailable,
                     DEADLINE_EXCEEDED => ErrorKind::Timeout,
                     UNAUTHENTICATED | PERMISSION_DENIED => ErrorKind::Config,

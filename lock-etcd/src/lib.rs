@@ -327,17 +327,17 @@
 //!   guard goes `Suspect` when a keep-alive fails and `Lost` when the server
 //!   answers TTL <= 0 or at the local deadline (last keep-alive **sent** +
 //!   TTL − drift), which is before the server can expire the lease.
-//! - [x] Several endpoints. Over plaintext the client talks to one member
-//!   at a time on one HTTP/2 connection of its own (`src/channel.rs`):
-//!   it moves to the next member, in the URL's order, when the
-//!   connection breaks, misses its keep-alive PING (2 s without anything
-//!   received, then 2 s for the answer), cannot be opened within
-//!   `connect_timeout`, or the member answers `Unavailable` (no leader,
-//!   leader changed, request timed out, stopping), so a member cut off from
-//!   the majority is left at the first refusal. A unary request leaves in
-//!   one TCP write (HEADERS and DATA together), where tonic's channel took
-//!   two or three and etcd woke for each. Over TLS (`etcds://`)
-//!   `etcd-client`'s tonic channel balances over the members.
+//! - [x] Several endpoints. The client talks to one member at a time on
+//!   one HTTP/2 connection of its own (`src/channel.rs`; rustls for
+//!   `etcds://`): it moves to the next member, in the URL's order, when
+//!   the connection breaks, misses its keep-alive PING (2 s without
+//!   anything received, then 2 s for the answer), cannot be opened within
+//!   `connect_timeout`, the member answers `Unavailable` (no leader,
+//!   leader changed, request timed out, stopping), or a caller gives up on
+//!   a call that waited a second or more for its answer, so a member cut
+//!   off from the majority is left (`tests/channel.rs`). A unary request
+//!   leaves in one TCP write (HEADERS and DATA together), where tonic's
+//!   channel took two or three and etcd woke for each.
 //! - [x] TLS (`etcds://` with `ca`, `cert`/`key` client certificates and
 //!   `domain`), **tested** against etcd 3.4 with certificates generated at
 //!   test time (`tests/security.rs`): the whole conformance suite over TLS,
