@@ -112,14 +112,23 @@ async fn take(b: &dyn LockBackend, key: &LockKey, ttl: Duration) -> Result<Lease
         .ok_or_else(|| format!("{key} is not free"))
 }
 
-/// Polls `acquire` for `for_`, then leaks it: a waiter that dies without
-/// withdrawing (its row stays until it expires).
-async fn leak_waiter(b: &dyn LockBackend, key: &LockKey, ttl: Duration, for_: Duration) {
+/// Drives a waiting `acquire` until its waiter row is in `rows`' table
+/// (at most 10 s: on a loaded machine queueing can take longer than any
+/// fixed pause, and a wait leaked before it queued would leave nothing to
+/// check), then leaks it: a waiter that dies without withdrawing (its row
+/// stays until it expires).
+async fn leak_waiter(b: &dyn LockBackend, rows: &SqlBackend, key: &LockKey, ttl: Duration) {
     let mut wait = Box::pin(b.acquire(key, ttl, Instant::now() + Duration::from_secs(60)));
-    assert!(
-        tokio::time::timeout(for_, &mut wait).await.is_err(),
-        "the leaked waiter was granted"
-    );
+    let until = Instant::now() + Duration::from_secs(10);
+    while waiter_rows(rows, key).await == 0 {
+        assert!(Instant::now() < until, "the leaked waiter never queued");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), &mut wait)
+                .await
+                .is_err(),
+            "the leaked waiter was granted"
+        );
+    }
     std::mem::forget(wait);
 }
 
@@ -193,11 +202,12 @@ pub async fn dead_waiter_is_skipped(
     dying: &dyn LockBackend,
     tryer: &dyn LockBackend,
     next: &dyn LockBackend,
+    rows: &SqlBackend,
 ) -> Result<String, String> {
     let key = fresh_key("dead");
     let ttl = Duration::from_secs(1);
     let held = take(holder, &key, Duration::from_secs(10)).await?;
-    leak_waiter(dying, &key, ttl, Duration::from_millis(300)).await;
+    leak_waiter(dying, rows, &key, ttl).await;
     let died = Instant::now();
     holder.release(&held).await.map_err(|e| e.to_string())?;
     if let Some(lease) = tryer
@@ -278,15 +288,14 @@ pub async fn drop_wait(b: Arc<dyn LockBackend>, key: LockKey) {
     let _ = task.await;
 }
 
-/// Leaks a waiting acquire after 300 ms (the broken "cancellation").
-pub async fn leak_wait(b: Arc<dyn LockBackend>, key: LockKey) {
-    leak_waiter(
-        &*b,
-        &key,
-        Duration::from_secs(30),
-        Duration::from_millis(300),
-    )
-    .await;
+/// Leaks a waiting acquire once it is queued in `rows`' table (the broken
+/// "cancellation").
+pub fn leak_wait(
+    rows: Arc<SqlBackend>,
+) -> impl FnOnce(Arc<dyn LockBackend>, LockKey) -> std::pin::Pin<Box<dyn Future<Output = ()>>> {
+    move |b, key| {
+        Box::pin(async move { leak_waiter(&*b, &rows, &key, Duration::from_secs(30)).await })
+    }
 }
 
 /// A holder that releases and asks again at once comes after the waiter
@@ -440,7 +449,7 @@ pub async fn fair_checks(url: &str) {
         ),
         (
             "dead waiter skipped",
-            dead_waiter_is_skipped(&*a, &*b, &*c, &*d).await,
+            dead_waiter_is_skipped(&*a, &*b, &*c, &*d, &a).await,
         ),
         (
             "cancelled waiter withdraws",
@@ -478,15 +487,15 @@ pub async fn broken_variants(url: &str) {
     let caught = [
         (
             "unfair tryer",
-            dead_waiter_is_skipped(&*a, &*b, &*unfair, &*c).await,
+            dead_waiter_is_skipped(&*a, &*b, &*unfair, &*c, &a).await,
         ),
         (
             "never skips dead",
-            dead_waiter_is_skipped(&*a, &*b, &*c, &never).await,
+            dead_waiter_is_skipped(&*a, &*b, &*c, &never, &a).await,
         ),
         (
             "leaked wait",
-            cancelled_waiter_withdraws(&*a, b.clone(), &*c, &a, leak_wait).await,
+            cancelled_waiter_withdraws(&*a, b.clone(), &*c, &a, leak_wait(a.clone())).await,
         ),
         (
             "other table",
