@@ -22,6 +22,10 @@ use crate::session::conn::{
 };
 use crate::session::sql::{SessionSql, suffixed};
 
+/// The `application_name` of a session-mode connection holding no grant
+/// of ours (a grant publishes `distlock <owner hex> <token>`).
+const IDLE_MARKER: &str = "distlock";
+
 /// PostgreSQL.
 #[derive(Debug)]
 pub(crate) struct Postgres;
@@ -375,7 +379,7 @@ impl SessionDialect for Postgres {
     fn session_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
         let options: sqlx::postgres::PgConnectOptions = parse_options(config)?;
         Ok(DbOptions::Postgres(
-            options.application_name("distlock").options([
+            options.application_name(IDLE_MARKER).options([
                 ("client_connection_check_interval", PG_CLIENT_CHECK),
                 // A dead client host while a statement runs (idle sessions
                 // are ended by idle_session_timeout instead).
@@ -463,14 +467,27 @@ impl SessionDialect for Postgres {
         _key: &[u8],
         server_key: &ServerKey,
     ) -> Result<Option<SessionHolder>, sqlx::Error> {
-        let row = sqlx::query(AssertSqlSafe(sql.inspect.as_str()))
-            .bind(server_key.pg_halves.0)
-            .bind(server_key.pg_halves.1)
-            .fetch_optional(pg(conn)?)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let pid: i32 = row.try_get(0)?;
-        let app: Option<String> = row.try_get(1)?;
+        // `pg_locks` and `pg_stat_activity` are read one after the other,
+        // and a session of ours shows the bare marker while holding only
+        // inside one of its statements: between a grant's lock and its
+        // publishing, or a release's unlock and its reset. Read then, the
+        // holder would show without its token (a release seen as a holder
+        // of unknown token); such a row is read again (twice at most).
+        let mut attempts = 0;
+        let (pid, app) = loop {
+            let row = sqlx::query(AssertSqlSafe(sql.inspect.as_str()))
+                .bind(server_key.pg_halves.0)
+                .bind(server_key.pg_halves.1)
+                .fetch_optional(pg(conn)?)
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            let pid: i32 = row.try_get(0)?;
+            let app: Option<String> = row.try_get(1)?;
+            attempts += 1;
+            if app.as_deref() != Some(IDLE_MARKER) || attempts == 3 {
+                break (pid, app);
+            }
+        };
         // `distlock <owner hex> <token>` while one of ours holds it.
         let ours = app.as_deref().and_then(|a| {
             let mut parts = a.strip_prefix("distlock ")?.split(' ');
