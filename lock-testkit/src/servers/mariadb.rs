@@ -41,15 +41,7 @@ impl MariaDbServer {
         let client = find_binary("mariadb", "mariadb-client")?;
         let dir = temp_dir("mariadb-")?;
         let data = dir.path().join("data");
-        let mut init = Command::new(&install);
-        init.args([
-            "--no-defaults",
-            "--user=root",
-            "--auth-root-authentication-method=socket",
-            "--skip-test-db",
-        ])
-        .arg(format!("--datadir={}", data.display()));
-        run_setup(init, None, "mariadb-install-db")?;
+        install_db(&install, &data)?;
         let port = free_port()?;
         let socket = dir.path().join("mysqld.sock");
         let spec = ServerSpec::new(
@@ -115,4 +107,40 @@ impl MariaDbServer {
             self.port
         )
     }
+}
+
+/// Runs `mariadb-install-db` into `data`, once more in a clean directory if
+/// it fails (it failed once in a CI run on 2026-12-05, saying only that
+/// the system tables could not be installed); a second failure carries the
+/// bootstrap's own log from the data directory.
+fn install_db(install: &std::path::Path, data: &std::path::Path) -> Result<(), HarnessError> {
+    let run = || {
+        let mut init = Command::new(install);
+        init.args([
+            "--no-defaults",
+            "--user=root",
+            "--auth-root-authentication-method=socket",
+            "--skip-test-db",
+        ])
+        .arg(format!("--datadir={}", data.display()));
+        run_setup(init, None, "mariadb-install-db")
+    };
+    if run().is_ok() {
+        return Ok(());
+    }
+    let _ = std::fs::remove_dir_all(data);
+    run().map_err(|err| match err {
+        HarnessError::Setup { what, mut output } => {
+            for entry in std::fs::read_dir(data).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.extension().is_some_and(|e| e == "err" || e == "log")
+                    && let Ok(text) = std::fs::read_to_string(&path)
+                {
+                    output.push_str(&format!("\n--- {}:\n{text}", path.display()));
+                }
+            }
+            HarnessError::Setup { what, output }
+        }
+        other => other,
+    })
 }
