@@ -28,9 +28,10 @@ pub(crate) fn from_etcd(operation: Operation, err: etcd_client::Error) -> LockEr
                 match i32::from(status.code()) {
                     UNAVAILABLE | CANCELLED | ABORTED => ErrorKind::Unavailable,
                     // A connection that broke (reset, broken pipe, a TLS
-                    // alert from the server) is a "transport error": Unknown
-                    // from tonic's own channel, Unavailable from the
-                    // driver's; the request may not have arrived.
+                    // alert from the server) is a "transport error": the
+                    // driver's channel says Unavailable; tonic says Unknown
+                    // for a transport error it wraps itself. The request
+                    // may not have arrived.
                     UNKNOWN if message.contains("transport error") => ErrorKind::Unavailable,
                     DEADLINE_EXCEEDED => ErrorKind::Timeout,
                     UNAUTHENTICATED | PERMISSION_DENIED => ErrorKind::Config,

@@ -342,10 +342,11 @@ impl SessionDialect for Postgres {
                  WHEN pg_advisory_lock($1)::text IS NULL THEN NULL \
                  ELSE nextval('{seq}') END AS t OFFSET 0) g"
             ),
-            release: "SELECT pg_advisory_unlock($1), \
-                 set_config('application_name', 'distlock', false), \
+            release: format!(
+                "SELECT pg_advisory_unlock($1), \
+                 set_config('application_name', '{IDLE_MARKER}', false), \
                  set_config('idle_session_timeout', '0', false)"
-                .to_owned(),
+            ),
             holds: "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
                  AND pid = pg_backend_pid() AND classid::bigint = $1 \
                  AND objid::bigint = $2 AND objsubid = 1 AND granted)"
