@@ -8,6 +8,10 @@
 //! - the same through `etcd-client` on one bare hyper HTTP/2 connection
 //!   (`Channel::Custom`, no tower buffer or balancer): what the client
 //!   library costs apart from its channel;
+//! - the same through `etcd-client` on the driver's own channel (a
+//!   backend's [`client`](lock_etcd::EtcdBackend::client), no other
+//!   lock-etcd code): what the required client library costs on the
+//!   transport the driver uses;
 //! - `EtcdBackend::acquire` + `release` directly (no `LockClient`, guard
 //!   or renewal scheduler), on the driver's own plaintext channel
 //!   (`src/channel.rs`);
@@ -21,7 +25,7 @@
 //! taskset -c 0 target/release/examples/etcd_parts 2000
 //! ```
 //!
-//! `ONLY=<0..4>` runs one side alone (for a profiler).
+//! `ONLY=<0..5>` runs one side alone (for a profiler).
 #![allow(missing_docs)]
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -138,16 +142,22 @@ async fn main() {
         .await
         .unwrap();
     let direct_key = lock_core::LockKey::new("probe-direct").unwrap();
+    // A third backend lends its etcd-client (on the driver's channel).
+    let lender = lock_etcd::EtcdBackend::connect(lock_etcd::EtcdConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let mut channel_client = lender.client().clone();
     let n: u64 = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
-    let mut totals = [Duration::ZERO; 5];
-    let mut cpu = [(0u64, 0u64); 5];
-    let mut samples: [Vec<Duration>; 5] = Default::default();
+    const SIDES: usize = 6;
+    let mut totals = [Duration::ZERO; SIDES];
+    let mut cpu = [(0u64, 0u64); SIDES];
+    let mut samples: [Vec<Duration>; SIDES] = Default::default();
     for round in 0..10usize {
-        for side in 0..5 {
-            let side = (side + round) % 5;
+        for side in 0..SIDES {
+            let side = (side + round) % SIDES;
             if std::env::var("ONLY")
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
@@ -169,7 +179,8 @@ async fn main() {
                         .unwrap(),
                     1 => cycle(&mut tonic_client, lease, i).await,
                     2 => cycle(&mut h2_client, lease, i).await,
-                    3 => {
+                    3 => cycle(&mut channel_client, lease, i).await,
+                    4 => {
                         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
                         let lease = direct
                             .acquire(&direct_key, Duration::from_secs(30), deadline)
@@ -199,6 +210,7 @@ async fn main() {
         "hand floor",
         "etcd-client/tonic",
         "etcd-client/h2",
+        "etcd-client/ours",
         "EtcdBackend direct",
         "ours (LockClient)",
     ]

@@ -128,6 +128,99 @@ async fn main() -> Result<(), BoxError> {
             bench::ratio(s.p50_us, stats[0].p50_us)
         );
     }
+    if only.is_none() {
+        eight_clients(&server, &url).await?;
+    }
     drop(server);
+    Ok(())
+}
+
+/// 8 independent clients on 8 keys, each side in turn for a second, five
+/// rounds: the floor, the crate alone (its own client per task, the same
+/// three requests) and the user API, cycles per second.
+async fn eight_clients(server: &ZkServer, url: &str) -> Result<(), BoxError> {
+    const CLIENTS: usize = 8;
+    let mut totals = [0u64; 3];
+    let mut cpu = [0u64; 3];
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let mut floors = Vec::new();
+    let mut raws = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..CLIENTS {
+        floors.push(std::sync::Arc::new(ZkFloor::connect(url).await?));
+        let raw = zk::Client::connect(&server.connect_string()).await?;
+        let dir = format!("/bench-eight-{i}");
+        let _ = raw
+            .create(
+                &dir,
+                &[],
+                &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+            )
+            .await;
+        raws.push((raw, dir));
+        clients.push(LockClient::new(lock_zk::connect(url).await?));
+    }
+    for round in 0..=5 {
+        for side in 0..3 {
+            let side = (side + round) % 3;
+            let stop = Instant::now() + Duration::from_secs(1);
+            let cpu_before = conformance::cpu::self_cpu_ns();
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..CLIENTS {
+                let floor = floors[i].clone();
+                let (raw, dir) = raws[i].clone();
+                let client = clients[i].clone();
+                let options = options.clone();
+                tasks.spawn(async move {
+                    let mut done = 0u64;
+                    while Instant::now() < stop {
+                        match side {
+                            0 => {
+                                let key = format!("eight-floor-{i}");
+                                let grant = floor.try_grant(&key, TTL).await?.expect("free");
+                                floor.release(&grant).await?;
+                            }
+                            1 => {
+                                let prefix = format!("{dir}/_c_x-lock-");
+                                let create = raw.create(&prefix, b"x", &options);
+                                let list = raw.list_children(&dir);
+                                let (_, seq) = create.await?;
+                                let _ = list.await?;
+                                raw.delete(&format!("{prefix}{seq}"), None).await?;
+                            }
+                            _ => {
+                                let guard = client
+                                    .lock(format!("eight-client-{i}"))
+                                    .ttl(TTL)
+                                    .wait(Duration::from_secs(60))
+                                    .acquire()
+                                    .await?;
+                                guard.release().await?;
+                            }
+                        }
+                        done += 1;
+                    }
+                    Ok::<u64, BoxError>(done)
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                if round > 0 {
+                    totals[side] += done??;
+                }
+            }
+            if round > 0 {
+                cpu[side] += conformance::cpu::self_cpu_ns() - cpu_before;
+            }
+        }
+    }
+    let labels = ["floor", "zookeeper-client alone", "LockClient"];
+    for (i, (label, total)) in labels.iter().zip(totals).enumerate() {
+        println!(
+            "  8 clients {label:<24} {:>8.0} cycles/s  ratio {:.3}x  client CPU {:.1} us/cycle",
+            total as f64 / 5.0,
+            total as f64 / totals[0] as f64,
+            cpu[i] as f64 / 1e3 / total as f64
+        );
+    }
     Ok(())
 }
