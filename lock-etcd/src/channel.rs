@@ -610,6 +610,67 @@ mod tests {
         assert_eq!(shared.next.load(Ordering::Relaxed), 1);
     }
 
+    /// A gRPC server on loopback that answers every call at once with
+    /// `grpc-status` in the headers (a trailers-only answer, as etcd gives
+    /// "no leader"), counting the calls it got.
+    async fn answering(status: &'static str) -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    while let Some(Ok((_, mut respond))) = conn.accept().await {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                        let answer = http::Response::builder()
+                            .header("content-type", "application/grpc")
+                            .header("grpc-status", status)
+                            .body(())
+                            .unwrap();
+                        let _ = respond.send_response(answer, true);
+                    }
+                });
+            }
+        });
+        (addr, calls)
+    }
+
+    /// A member answering `Unavailable` in the headers (etcd's "no
+    /// leader", "leader changed", "server stopped") sends the next call to
+    /// the next member; an answer with another status does not.
+    #[tokio::test]
+    async fn a_member_answering_unavailable_is_left() {
+        let (no_leader, no_leader_calls) = answering("14").await;
+        let (fine, fine_calls) = answering("0").await;
+        let channel = BareChannel::new(
+            &[no_leader, fine],
+            Duration::from_secs(5),
+            (Duration::from_secs(2), Duration::from_secs(2)),
+            None,
+        )
+        .unwrap();
+        let call = || {
+            let request = http::Request::builder()
+                .uri("http://etcd/etcdserverpb.KV/Txn")
+                .body(TonicBody::empty())
+                .unwrap();
+            channel.shared.clone().call(request)
+        };
+        let first = call().await.unwrap();
+        assert_eq!(first.headers()["grpc-status"], "14");
+        for _ in 0..3 {
+            let next = call().await.unwrap();
+            assert_eq!(next.headers()["grpc-status"], "0");
+        }
+        assert_eq!(no_leader_calls.load(Ordering::Relaxed), 1);
+        assert_eq!(fine_calls.load(Ordering::Relaxed), 3);
+    }
+
     #[test]
     fn bad_endpoints_are_refused() {
         let keep_alive = (Duration::from_secs(2), Duration::from_secs(2));
