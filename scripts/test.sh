@@ -80,6 +80,7 @@ fi
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 cargo test --workspace --no-run --message-format=json-render-diagnostics >"$logs/build.json"
+built=$SECONDS
 # "<package dir> <test binary>" per test target; the slow ones first.
 # (Test targets only: `"test":true` in the profile; the binaries and
 # examples the tests run are built too, but are not tests.)
@@ -91,12 +92,13 @@ echo "doc -" >>"$logs/jobs"
 total=$(wc -l <"$logs/jobs")
 echo 0 >"$logs/next"
 worker() {
-  local n dir exe out rc
+  local n dir exe out rc started
   while true; do
     n=$(flock "$logs/next" sh -c 'n=$(cat "$1"); echo $((n + 1)) >"$1"; echo "$n"' _ "$logs/next")
     ((n < total)) || return 0
     read -r dir exe < <(sed -n "$((n + 1))p" "$logs/jobs")
     out="$logs/out.$n"
+    started=$SECONDS
     if [[ $dir == doc ]]; then
       cargo test --workspace --doc >"$out" 2>&1 && rc=0 || rc=$?
       exe="doc tests"
@@ -104,7 +106,7 @@ worker() {
       (cd "$dir" && "$exe") >"$out" 2>&1 && rc=0 || rc=$?
     fi
     {
-      echo "=== ${exe#"$PWD"/} ($dir): exit $rc"
+      echo "=== ${exe#"$PWD"/} ($dir): exit $rc, $((SECONDS - started)) s"
       cat "$out"
     } | flock "$logs/print" cat
     ((rc == 0)) || echo "${exe#"$PWD"/} ($dir)" >>"$logs/failed"
@@ -114,8 +116,8 @@ worker &
 worker &
 wait
 if [[ -s $logs/failed ]]; then
-  echo "FAILED test binaries:"
+  echo "FAILED test binaries (setup and build $built s, tests $((SECONDS - built)) s):"
   cat "$logs/failed"
   exit 1
 fi
-echo "all $total test jobs passed"
+echo "all $total test jobs passed (setup and build $built s, tests $((SECONDS - built)) s)"

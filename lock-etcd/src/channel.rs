@@ -24,6 +24,9 @@
 //! - **Keep-alive**: an HTTP/2 PING after `interval` without anything
 //!   received, and the connection dropped when its PONG is not back within
 //!   `timeout` (what tonic's `http2_keep_alive_interval` does).
+//! - **Streams** (watch, lease keep-alive): the request body is piped by
+//!   a task that takes the next message only when the stream has send
+//!   window, so a member that stops reading holds the body back.
 //! - **Errors**: a transport failure is a gRPC `Unavailable` status whose
 //!   message starts with "transport error", as the driver's error mapping
 //!   expects from tonic.
@@ -429,12 +432,23 @@ async fn take_ready(body: &mut TonicBody) -> Result<(Bytes, bool), Status> {
 }
 
 /// Sends the rest of a streaming request's body, message by message, until
-/// it ends or the stream is reset.
+/// it ends or the stream is reset. The next message is taken from the body
+/// only once the stream has send window again (as hyper does), so a member
+/// that stops reading holds the body back instead of having every message
+/// buffered in memory.
 async fn pipe(mut body: TonicBody, mut stream: SendStream<Bytes>) {
     loop {
+        stream.reserve_capacity(1);
         let next = poll_fn(|cx| {
             if stream.poll_reset(cx).is_ready() {
                 return Poll::Ready(None);
+            }
+            while stream.capacity() == 0 {
+                match ready!(stream.poll_capacity(cx)) {
+                    Some(Ok(_)) => {}
+                    // Reset, or the connection is gone.
+                    Some(Err(_)) | None => return Poll::Ready(None),
+                }
             }
             Pin::new(&mut body).poll_frame(cx).map(Some)
         })
@@ -669,6 +683,85 @@ mod tests {
         }
         assert_eq!(no_leader_calls.load(Ordering::Relaxed), 1);
         assert_eq!(fine_calls.load(Ordering::Relaxed), 3);
+    }
+
+    /// A streaming request body of `total` messages of 1 KiB, counting the
+    /// messages taken from it; nothing is ready at its first poll (as a
+    /// watch's body before its first message), so the call sends the
+    /// headers alone and the rest is piped.
+    struct Messages {
+        taken: Arc<AtomicUsize>,
+        total: usize,
+        polled: bool,
+    }
+
+    impl Body for Messages {
+        type Data = Bytes;
+        type Error = Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            if !self.polled {
+                self.polled = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if self.taken.fetch_add(1, Ordering::Relaxed) >= self.total {
+                return Poll::Ready(None);
+            }
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![0u8; 1024])))))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            false
+        }
+    }
+
+    /// A member that answers a streaming call's headers and then never
+    /// reads it: the channel takes a send window's worth of messages from
+    /// the body (HTTP/2's initial 64 KiB) and waits, instead of buffering
+    /// all of them.
+    #[tokio::test]
+    async fn a_stream_nobody_reads_holds_its_body_back() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut conn = h2::server::handshake(tcp).await.unwrap();
+            let mut kept = Vec::new();
+            while let Some(Ok((request, mut respond))) = conn.accept().await {
+                let answer = http::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(())
+                    .unwrap();
+                kept.push((request, respond.send_response(answer, false).unwrap()));
+            }
+        });
+        let channel = BareChannel::new(
+            &[addr],
+            Duration::from_secs(5),
+            (Duration::from_secs(30), Duration::from_secs(30)),
+            None,
+        )
+        .unwrap();
+        let taken = Arc::new(AtomicUsize::new(0));
+        let request = http::Request::builder()
+            .uri("http://etcd/etcdserverpb.Watch/Watch")
+            .body(TonicBody::new(Messages {
+                taken: taken.clone(),
+                total: 1000,
+                polled: false,
+            }))
+            .unwrap();
+        let _response = channel.shared.clone().call(request).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let taken = taken.load(Ordering::Relaxed);
+        assert!(
+            (64..=66).contains(&taken),
+            "{taken} messages of 1 KiB taken for a 64 KiB window"
+        );
     }
 
     #[test]
