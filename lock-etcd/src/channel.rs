@@ -81,6 +81,8 @@ struct Shared {
     /// (interval, timeout) of the keep-alive pings.
     keep_alive: (Duration, Duration),
     tls: Option<ChannelTls>,
+    /// `https` with TLS, else `http`: the scheme of every request's URI.
+    scheme: http::uri::Scheme,
     /// The connection requests go to, if one is open.
     current: Mutex<Option<Conn>>,
     /// Held while a connection is being opened, so that concurrent calls
@@ -135,6 +137,11 @@ impl BareChannel {
                 endpoints,
                 connect_timeout,
                 keep_alive,
+                scheme: if tls.is_some() {
+                    http::uri::Scheme::HTTPS
+                } else {
+                    http::uri::Scheme::HTTP
+                },
                 tls,
                 current: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
@@ -191,13 +198,8 @@ impl Shared {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-        let scheme = if self.tls.is_some() {
-            http::uri::Scheme::HTTPS
-        } else {
-            http::uri::Scheme::HTTP
-        };
         parts.uri = http::Uri::builder()
-            .scheme(scheme)
+            .scheme(self.scheme.clone())
             .authority(self.endpoints[conn.endpoint].clone())
             .path_and_query(path)
             .build()

@@ -54,7 +54,8 @@ async fn sweep_loop(inner: Weak<Inner>) {
 fn sweep(inner: &Inner, idle_since: &mut HashMap<i64, Instant>, now: Instant) {
     let kept_secs = ttl_secs(inner.config.ttl);
     let mut retired = Vec::new();
-    let mut seen = Vec::new();
+    // Idle sessions kept for now (their idle start is remembered).
+    let mut waiting = Vec::new();
     {
         let mut sessions = lock(&inner.sessions);
         for (secs, of_ttl) in sessions.iter_mut() {
@@ -69,9 +70,9 @@ fn sweep(inner: &Inner, idle_since: &mut HashMap<i64, Instant>, now: Instant) {
                 if Arc::strong_count(session) > 1 || !session.is_idle() {
                     return true;
                 }
-                seen.push(id);
                 let since = *idle_since.entry(id).or_insert(now);
                 if now.duration_since(since) < idle_limit(session.server_ttl()) {
+                    waiting.push(id);
                     return true;
                 }
                 retired.push((id, session.server_ttl()));
@@ -80,7 +81,7 @@ fn sweep(inner: &Inner, idle_since: &mut HashMap<i64, Instant>, now: Instant) {
         }
         sessions.retain(|_, of_ttl| !of_ttl.is_empty());
     }
-    idle_since.retain(|id, _| seen.contains(id) && !retired.iter().any(|(r, _)| r == id));
+    idle_since.retain(|id, _| waiting.contains(id));
     for (lease_id, ttl) in retired {
         tracing::debug!(
             target: "lock_etcd",
