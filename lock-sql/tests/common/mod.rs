@@ -6,12 +6,14 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use conformance::deploy::{self, DeployedTarget, Opener};
 use conformance::{HarnessError, Target};
-use lock_core::{LockBackend, LockError, async_trait};
+use lock_core::{LockBackend, LockError, LockKey, async_trait};
 use lock_sql::SqlBackend;
 use lock_sql::sqlx::{self, Connection};
+use tokio::time::Instant;
 
 /// Options every test client uses: short operation timeouts so a paused
 /// server shows up quickly as a timeout.
@@ -386,4 +388,65 @@ pub async fn check_floor(url: &str) {
     // Bad inputs are typed errors.
     conformance::bench::assert_floor_refuses_bad_input(&floor, ttl, std::time::Duration::ZERO)
         .await;
+}
+
+/// Mutex waiter rows of `key` in the default table's waiters table
+/// (counted through `backend`'s users' pool).
+pub async fn waiter_rows(backend: &SqlBackend, key: &LockKey) -> i64 {
+    let table = format!("{}_waiters", backend.config().table_name());
+    if let Some(pool) = backend.pg_pool() {
+        let sql = format!("SELECT COUNT(*) FROM \"{table}\" WHERE name = $1 AND shape = 'mutex'");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(key.as_str())
+            .fetch_one(pool)
+            .await
+            .expect("count waiters")
+    } else if let Some(pool) = backend.mysql_pool() {
+        let sql = format!("SELECT COUNT(*) FROM `{table}` WHERE name = ? AND shape = 'mutex'");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(key.as_str().as_bytes())
+            .fetch_one(pool)
+            .await
+            .expect("count waiters")
+    } else {
+        let pool = backend.sqlite_pool().expect("a pool");
+        let sql = format!("SELECT COUNT(*) FROM \"{table}\" WHERE name = ?1 AND shape = 'mutex'");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(key.as_str())
+            .fetch_one(pool)
+            .await
+            .expect("count waiters")
+    }
+}
+
+/// Drives a waiting `acquire` of `dying` until its waiter row is in
+/// `rows`' table (at most 10 s: on a loaded machine queueing can take
+/// longer than any fixed pause, and a wait leaked before it queued would
+/// leave nothing to check), then leaks it with `dying` itself: a waiter
+/// whose process dies without withdrawing (its row stays until it
+/// expires). `dying` must be a backend of its own, used for nothing else:
+/// the leaked wait may be in the middle of a statement, holding that
+/// backend's connection and, on SQLite, its writer turn for good, as a
+/// dead process would hold them (its later calls would time out).
+pub async fn leak_waiter(
+    dying: Arc<dyn LockBackend>,
+    rows: &SqlBackend,
+    key: &LockKey,
+    ttl: Duration,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut wait = Box::pin({
+        let key = key.clone();
+        async move { dying.acquire(&key, ttl, deadline).await }
+    });
+    let until = Instant::now() + Duration::from_secs(10);
+    while waiter_rows(rows, key).await == 0 {
+        assert!(Instant::now() < until, "the leaked waiter never queued");
+        match tokio::time::timeout(Duration::from_millis(20), &mut wait).await {
+            Err(_) => {}
+            Ok(Ok(lease)) => panic!("the leaked waiter was granted: {lease:?}"),
+            Ok(Err(e)) => panic!("the leaked waiter failed: {e}"),
+        }
+    }
+    std::mem::forget(wait);
 }

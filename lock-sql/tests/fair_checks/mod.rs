@@ -20,10 +20,9 @@ use lock_core::{
     async_trait, unsupported_kind,
 };
 use lock_sql::SqlBackend;
-use lock_sql::sqlx;
 use tokio::time::{Instant, sleep};
 
-use crate::common::{UrlTarget, poll_until_granted, with_options};
+use crate::common::{UrlTarget, leak_waiter, poll_until_granted, waiter_rows, with_options};
 
 /// The mutex cases that need no fault injection, FIFO among them.
 const FAIR_CASES: &[&str] = &[
@@ -72,35 +71,6 @@ pub async fn run_fair_suite(name: &str, url: &str) {
     report.assert_passed();
 }
 
-/// Mutex waiter rows of `key` in the default table's waiters table
-/// (counted through `backend`'s users' pool).
-pub async fn waiter_rows(backend: &SqlBackend, key: &LockKey) -> i64 {
-    let table = format!("{}_waiters", backend.config().table_name());
-    if let Some(pool) = backend.pg_pool() {
-        let sql = format!("SELECT COUNT(*) FROM \"{table}\" WHERE name = $1 AND shape = 'mutex'");
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(key.as_str())
-            .fetch_one(pool)
-            .await
-            .expect("count waiters")
-    } else if let Some(pool) = backend.mysql_pool() {
-        let sql = format!("SELECT COUNT(*) FROM `{table}` WHERE name = ? AND shape = 'mutex'");
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(key.as_str().as_bytes())
-            .fetch_one(pool)
-            .await
-            .expect("count waiters")
-    } else {
-        let pool = backend.sqlite_pool().expect("a pool");
-        let sql = format!("SELECT COUNT(*) FROM \"{table}\" WHERE name = ?1 AND shape = 'mutex'");
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(key.as_str())
-            .fetch_one(pool)
-            .await
-            .expect("count waiters")
-    }
-}
-
 fn fresh_key(what: &str) -> LockKey {
     LockKey::new(format!("fair/{what}/{}", OwnerId::random())).expect("key")
 }
@@ -110,26 +80,6 @@ async fn take(b: &dyn LockBackend, key: &LockKey, ttl: Duration) -> Result<Lease
         .await
         .map_err(|e| format!("try_acquire: {e}"))?
         .ok_or_else(|| format!("{key} is not free"))
-}
-
-/// Drives a waiting `acquire` until its waiter row is in `rows`' table
-/// (at most 10 s: on a loaded machine queueing can take longer than any
-/// fixed pause, and a wait leaked before it queued would leave nothing to
-/// check), then leaks it: a waiter that dies without withdrawing (its row
-/// stays until it expires).
-async fn leak_waiter(b: &dyn LockBackend, rows: &SqlBackend, key: &LockKey, ttl: Duration) {
-    let mut wait = Box::pin(b.acquire(key, ttl, Instant::now() + Duration::from_secs(60)));
-    let until = Instant::now() + Duration::from_secs(10);
-    while waiter_rows(rows, key).await == 0 {
-        assert!(Instant::now() < until, "the leaked waiter never queued");
-        assert!(
-            tokio::time::timeout(Duration::from_millis(20), &mut wait)
-                .await
-                .is_err(),
-            "the leaked waiter was granted"
-        );
-    }
-    std::mem::forget(wait);
 }
 
 /// Fair and unfair clients of one key exclude each other: each refuses
@@ -194,12 +144,13 @@ pub async fn fair_and_unfair_exclude(
     }
 }
 
-/// A try is refused while a waiter lives, the key free: a waiter leaked
-/// with a 1 s TTL keeps `tryer` out, and `next` (waiting) is granted
-/// within that lease plus a margin (the dead waiter skipped).
+/// A try is refused while a waiter lives, the key free: a waiter of
+/// `dying` (a backend of its own, leaked with it) queued with a 1 s TTL
+/// keeps `tryer` out, and `next` (waiting) is granted within that lease
+/// plus a margin (the dead waiter skipped).
 pub async fn dead_waiter_is_skipped(
     holder: &SqlBackend,
-    dying: &dyn LockBackend,
+    dying: Arc<dyn LockBackend>,
     tryer: &dyn LockBackend,
     next: &dyn LockBackend,
 ) -> Result<String, String> {
@@ -288,9 +239,9 @@ pub async fn drop_wait(b: Arc<dyn LockBackend>, key: LockKey) {
 }
 
 /// Leaks a waiting acquire once it is queued in `rows`' table (the broken
-/// "cancellation").
+/// "cancellation"), `b` with it (a backend of its own).
 pub async fn leak_wait(rows: Arc<SqlBackend>, b: Arc<dyn LockBackend>, key: LockKey) {
-    leak_waiter(&*b, &rows, &key, Duration::from_secs(30)).await;
+    leak_waiter(b, &rows, &key, Duration::from_secs(30)).await;
 }
 
 /// A holder that releases and asks again at once comes after the waiter
@@ -444,7 +395,7 @@ pub async fn fair_checks(url: &str) {
         ),
         (
             "dead waiter skipped",
-            dead_waiter_is_skipped(&a, &*b, &*c, &*d).await,
+            dead_waiter_is_skipped(&a, connect(&fair_url).await, &*c, &*d).await,
         ),
         (
             "cancelled waiter withdraws",
@@ -469,11 +420,7 @@ pub async fn fair_checks(url: &str) {
 /// exclusion).
 pub async fn broken_variants(url: &str) {
     let fair_url = with_options(url, "fair=true");
-    let (a, b, c) = (
-        connect(&fair_url).await,
-        connect(&fair_url).await,
-        connect(&fair_url).await,
-    );
+    let (a, c) = (connect(&fair_url).await, connect(&fair_url).await);
     let unfair = connect(url).await;
     let elsewhere = connect(&with_options(&fair_url, "table=fair_elsewhere")).await;
     let never = NeverSkipsDead {
@@ -482,15 +429,15 @@ pub async fn broken_variants(url: &str) {
     let caught = [
         (
             "unfair tryer",
-            dead_waiter_is_skipped(&a, &*b, &*unfair, &*c).await,
+            dead_waiter_is_skipped(&a, connect(&fair_url).await, &*unfair, &*c).await,
         ),
         (
             "never skips dead",
-            dead_waiter_is_skipped(&a, &*b, &*c, &never).await,
+            dead_waiter_is_skipped(&a, connect(&fair_url).await, &*c, &never).await,
         ),
         (
             "leaked wait",
-            cancelled_waiter_withdraws(&*a, b.clone(), &*c, &a, |b, key| {
+            cancelled_waiter_withdraws(&*a, connect(&fair_url).await, &*c, &a, |b, key| {
                 leak_wait(a.clone(), b, key)
             })
             .await,
