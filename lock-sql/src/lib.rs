@@ -95,7 +95,12 @@
 //!   your own statements.
 //! - **SQLite** files are opened in WAL mode with `synchronous=NORMAL` and a
 //!   busy timeout (default 5 s), so several processes can contend on one
-//!   file.
+//!   file. A backend's writing statements take turns in the process (the
+//!   file has one writer). A call's future that is kept but no longer
+//!   polled (left pinned after another `select!` branch won) keeps that
+//!   turn while it sits in a statement: the backend's other writes,
+//!   renewals included, wait and end in `Timeout` at the operation
+//!   timeout until it is polled or dropped. Drop what you stop polling.
 //!
 //! # Session mode (`?mode=session`, PostgreSQL and MySQL/MariaDB)
 //!
