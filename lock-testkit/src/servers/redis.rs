@@ -357,6 +357,12 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts `masters` (at least 3) cluster-enabled servers and joins them.
     ///
+    /// Each node's cluster bus gets a port of its own from [`free_port`]
+    /// (`--cluster-port`): by default it is the client port + 10000, which
+    /// for the harness's ports lies in the kernel's ephemeral range, where
+    /// any outgoing connection on the machine may hold it (a node then
+    /// fails to start: "Failed listening on port ... (cluster)").
+    ///
     /// # Errors
     ///
     /// Missing binaries, servers that do not start, or a cluster that does
@@ -364,10 +370,13 @@ impl RedisCluster {
     pub async fn start(masters: usize) -> Result<Self, HarnessError> {
         let mut nodes = Vec::new();
         for _ in 0..masters.max(3) {
+            let bus = free_port()?.to_string();
             nodes.push(
                 RedisServer::start_with(&[
                     "--cluster-enabled",
                     "yes",
+                    "--cluster-port",
+                    &bus,
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
