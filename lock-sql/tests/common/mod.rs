@@ -419,6 +419,16 @@ pub async fn waiter_rows(backend: &SqlBackend, key: &LockKey) -> i64 {
     }
 }
 
+/// Waits (at most 10 s) until a mutex waiter row of `key` is in `rows`'
+/// table: a fixed pause can be too short on a loaded machine.
+pub async fn wait_for_waiter(rows: &SqlBackend, key: &LockKey) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while waiter_rows(rows, key).await == 0 {
+        assert!(Instant::now() < until, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Drives a waiting `acquire` of `dying` until its waiter row is in
 /// `rows`' table (at most 10 s: on a loaded machine queueing can take
 /// longer than any fixed pause, and a wait leaked before it queued would

@@ -22,7 +22,9 @@ use lock_core::{
 use lock_sql::SqlBackend;
 use tokio::time::{Instant, sleep};
 
-use crate::common::{UrlTarget, leak_waiter, poll_until_granted, waiter_rows, with_options};
+use crate::common::{
+    UrlTarget, leak_waiter, poll_until_granted, wait_for_waiter, waiter_rows, with_options,
+};
 
 /// The mutex cases that need no fault injection, FIFO among them.
 const FAIR_CASES: &[&str] = &[
@@ -245,10 +247,12 @@ pub async fn leak_wait(rows: Arc<SqlBackend>, b: Arc<dyn LockBackend>, key: Lock
 }
 
 /// A holder that releases and asks again at once comes after the waiter
-/// that was queued: the waiter's grant comes first (its token is lower).
+/// that was queued (its row in `rows`' table): the waiter's grant comes
+/// first (its token is lower).
 pub async fn releasing_holder_queues_behind(
     holder: &dyn LockBackend,
     waiter: Arc<dyn LockBackend>,
+    rows: &SqlBackend,
 ) -> Result<String, String> {
     let key = fresh_key("handoff");
     let ttl = Duration::from_secs(10);
@@ -264,7 +268,7 @@ pub async fn releasing_holder_queues_behind(
             Ok::<_, LockError>(lease.token())
         }
     });
-    sleep(Duration::from_millis(300)).await;
+    wait_for_waiter(rows, &key).await;
     holder.release(&held).await.map_err(|e| e.to_string())?;
     let again = holder
         .acquire(&key, ttl, Instant::now() + Duration::from_secs(10))
@@ -403,7 +407,7 @@ pub async fn fair_checks(url: &str) {
         ),
         (
             "releasing holder queues",
-            releasing_holder_queues_behind(&*a, b.clone()).await,
+            releasing_holder_queues_behind(&*a, b.clone(), &a).await,
         ),
     ];
     for (name, result) in results {
@@ -417,7 +421,8 @@ pub async fn fair_checks(url: &str) {
 /// Each check failing on its broken variant: an unfair tryer (try refused
 /// while a waiter lives), a backend that never skips dead waiters, a leaked
 /// instead of dropped wait, a "fair" client on another table (no
-/// exclusion).
+/// exclusion), an unfair holder releasing and asking again (it takes the
+/// key back before the queued waiter).
 pub async fn broken_variants(url: &str) {
     let fair_url = with_options(url, "fair=true");
     let (a, c) = (connect(&fair_url).await, connect(&fair_url).await);
@@ -445,6 +450,10 @@ pub async fn broken_variants(url: &str) {
         (
             "other table",
             fair_and_unfair_exclude(a.clone(), elsewhere).await,
+        ),
+        (
+            "unfair releasing holder",
+            releasing_holder_queues_behind(&*unfair, c.clone(), &a).await,
         ),
     ];
     for (name, result) in caught {
