@@ -689,8 +689,8 @@
 //! holder queued behind a waiter) and the multi-lock checks
 //! (`tests/multi_checks`); SQLite also shows each failing on a broken
 //! variant (an unfair tryer, a backend that never skips dead waiters, a
-//! leaked wait, a "fair" client on another table, a set taken one by one
-//! without rollback).
+//! leaked wait, a "fair" client on another table, an unfair releasing
+//! holder, a set taken one by one without rollback, an unfair set).
 //!
 //! `tests/shared.rs` runs the read-write lock and semaphore checks
 //! (exclusion under contention, readers overlapping, writer preference,
