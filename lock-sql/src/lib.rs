@@ -95,12 +95,9 @@
 //!   your own statements.
 //! - **SQLite** files are opened in WAL mode with `synchronous=NORMAL` and a
 //!   busy timeout (default 5 s), so several processes can contend on one
-//!   file. A backend's writing statements take turns in the process (the
-//!   file has one writer). A call's future that is kept but no longer
-//!   polled (left pinned after another `select!` branch won) keeps that
-//!   turn while it sits in a statement: the backend's other writes,
-//!   renewals included, wait and end in `Timeout` at the operation
-//!   timeout until it is polled or dropped. Drop what you stop polling.
+//!   file. A backend's writes take turns: a call's future kept unpolled
+//!   mid-statement holds the turn, and the backend's other writes end in
+//!   `Timeout` until it is polled or dropped. Drop what you stop polling.
 //!
 //! # Session mode (`?mode=session`, PostgreSQL and MySQL/MariaDB)
 //!
@@ -175,8 +172,7 @@
 //!   skipped by the gate at once. A dropped (cancelled) acquire deletes
 //!   its row in the background and wakes the others; one that dies leaves
 //!   its row to expire (at most min(TTL, 10 s) after its last refresh).
-//!   A waiter whose own row expired (stalled past it) queues again at the
-//!   end.
+//!   A waiter whose own row expired (stalled past it) queues again last.
 //! - The mutex row is the same as unfair clients': fair and unfair clients
 //!   of one key exclude each other (tested); unfair clients ignore the
 //!   queue, so mixing them gives up FIFO, never exclusion.
@@ -681,16 +677,15 @@
 //! retry on one fresh connection), loses a grant's reply (recovered by
 //! owner) and checks that waiters come before a releasing holder.
 //!
-//! `tests/postgres.rs`, `tests/mariadb.rs` and `tests/sqlite.rs` also run
-//! the mutex cases on a `fair=true` target (the FIFO case among them) and
-//! the fair checks (`tests/fair_checks`: fair and unfair clients exclude
-//! each other, a try refused while a waiter lives, a dead waiter skipped
-//! within its lease, a cancelled waiter's row withdrawn, a releasing
-//! holder queued behind a waiter) and the multi-lock checks
-//! (`tests/multi_checks`); SQLite also shows each failing on a broken
-//! variant (an unfair tryer, a backend that never skips dead waiters, a
-//! leaked wait, a "fair" client on another table, an unfair releasing
-//! holder, a set taken one by one without rollback, an unfair set).
+//! `tests/{postgres,mariadb,sqlite}.rs` also run the mutex cases on a
+//! `fair=true` target (FIFO among them), the fair checks (`fair_checks`:
+//! fair and unfair clients exclude each other, a try refused while a
+//! waiter lives, a dead waiter skipped within its lease, a cancelled
+//! waiter's row withdrawn, a releasing holder queued behind a waiter) and
+//! the multi-lock checks (`multi_checks`); SQLite also shows each failing
+//! on a broken variant (an unfair tryer, a never-skipping backend, a leaked
+//! wait, a "fair" client on another table, an unfair releasing holder, a
+//! set taken one by one without rollback, an unfair set).
 //!
 //! `tests/shared.rs` runs the read-write lock and semaphore checks
 //! (exclusion under contention, readers overlapping, writer preference,
