@@ -160,8 +160,9 @@ impl SqlFloor {
     /// # Errors
     ///
     /// As [`SqlBackend::connect_url`](crate::SqlBackend::connect_url);
-    /// [`ErrorKind::Config`] for `layout=shedlock` (no floor: the
-    /// driver's descriptor reports none for it).
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for
+    /// `layout=shedlock` (no floor: the driver's descriptor reports none
+    /// for it).
     ///
     /// # Cancel safety
     ///
@@ -194,11 +195,13 @@ impl SqlFloor {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidArgument`] for a key or TTL the driver would
-    /// refuse; [`ErrorKind::Contended`] when someone holds `key` (the floor
-    /// never waits); [`ErrorKind::NotHeld`] when the release matched no row;
-    /// the driver's kinds (`Unavailable`, `Timeout`, `Backend`) for database
-    /// failures.
+    /// [`InvalidArgument`](lock_core::ErrorKind::InvalidArgument) for a
+    /// key or TTL the driver would refuse;
+    /// [`Contended`](lock_core::ErrorKind::Contended) when someone holds
+    /// `key` (the floor never waits);
+    /// [`NotHeld`](lock_core::ErrorKind::NotHeld) when the release matched
+    /// no row; the driver's kinds (`Unavailable`, `Timeout`, `Backend`) for
+    /// database failures.
     ///
     /// # Cancel safety
     ///
