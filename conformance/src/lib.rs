@@ -16,7 +16,7 @@
 //! - [`migration`]: the rollout simulation for migrating between backends.
 //! - [`legacy`]: other libraries' lock clients as processes, and the
 //!   rollout from a fleet of them.
-//! - [`bench`]: latency and throughput measurements for ratio benchmarks;
+//! - [`mod@bench`]: latency and throughput measurements for ratio benchmarks;
 //!   [`cpu`]: CPU time of this process and of a server's process tree.
 //! - [`scenarios`]: fault scenarios (crashed, paused, partitioned holders,
 //!   restarted servers, injected latency, lost replies, cancellation storms)

@@ -240,7 +240,7 @@ impl LockClient {
 
     /// Starts a request for any one of `segments` locks that together
     /// guard one resource split into parts (`key/0` .. `key/<segments-1>`):
-    /// see [`SegmentRequest`].
+    /// see [`SegmentRequest`](crate::SegmentRequest).
     pub fn segments(&self, key: impl AsRef<str>, segments: u32) -> crate::SegmentRequest<'_> {
         crate::SegmentRequest::new(self, key.as_ref(), segments)
     }

@@ -145,7 +145,7 @@ pub struct ElectionPage {
     pub cursor: Option<String>,
 }
 
-/// [`LockBackend::list_elections`]'s default, for a driver whose elections
+/// [`LockBackend::list_elections`](crate::LockBackend::list_elections)'s default, for a driver whose elections
 /// are the default renewed mutex ([`election_lock_key`]): one page of the
 /// mutexes under `election/<prefix>`, each as its election's leader.
 ///

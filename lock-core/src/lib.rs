@@ -83,7 +83,7 @@ mod holder;
 mod key;
 pub mod kind;
 mod memory;
-mod migration;
+pub mod migration;
 mod multi;
 mod options;
 mod owner;

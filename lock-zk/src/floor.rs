@@ -3,7 +3,7 @@
 //!
 //! [`ZkFloor`] does not use the driver's client (nor any ZooKeeper client
 //! crate): it opens one `TcpStream`, performs the session handshake itself
-//! and speaks jute ([`crate::wire`]) on it. A cycle is what the driver's
+//! and speaks jute (the driver's `wire` module) on it. A cycle is what the driver's
 //! recipe does on a free key, three requests in two round trips:
 //!
 //! 1. `create2` of the `EPHEMERAL_SEQUENTIAL` node
@@ -21,7 +21,7 @@
 //! directory first (as a container where the server has them, like the
 //! driver), and without containers the release also deletes the emptied
 //! directory, as the driver does. Names and paths come from the driver's
-//! own helpers ([`crate::paths`]), so the floor's nodes exclude with the
+//! own helpers (its `paths` module), so the floor's nodes exclude with the
 //! driver's (and Curator's) on the same key.
 //!
 //! The session: the handshake asks for the configured session timeout;

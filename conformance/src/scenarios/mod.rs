@@ -124,7 +124,7 @@ impl ScenarioReport {
 /// and a TTL, it must take the lock, keep it (renewed) while it lives, and
 /// exit with status 76 when it learns the lock was lost (as `distlock run
 /// --on-lost term KEY -- cmd` does). When its environment has
-/// [`RESOURCE_ENV`](crate::resource::RESOURCE_ENV), the work it does under
+/// [`crate::resource::RESOURCE_ENV`], the work it does under
 /// the lock is to send its fencing token to that resource every ~20 ms
 /// (see [`crate::resource`]); [`HOLDER_WORK`] is such a command for
 /// `distlock run`.
