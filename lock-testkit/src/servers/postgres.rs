@@ -133,17 +133,33 @@ impl PostgresServer {
         self.wait_accepting().await
     }
 
-    /// Kills the postmaster and every backend with SIGKILL.
+    /// Kills the postmaster and every backend with SIGKILL, and returns
+    /// once they are gone (at most 10 s).
+    ///
+    /// The postmaster is frozen first, so that it forks no backend after
+    /// its children are listed: one forked in between outlived the kill
+    /// (it exits on its own once it notices the postmaster gone), and a
+    /// postmaster started meanwhile refused to start ("pre-existing shared
+    /// memory block ... is still in use"). Waiting for the killed backends
+    /// closes the same window for the listed ones.
     ///
     /// # Errors
     ///
     /// When the signal cannot be sent.
     pub fn kill(&mut self) -> Result<(), HarnessError> {
+        if let Some(pid) = self.process.pid()
+            && !self.process.is_paused()
+        {
+            signal(pid, libc::SIGSTOP);
+            // A postmaster that cannot be seen stopped has exited.
+            let _ = crate::process::wait_stopped(pid, std::time::Duration::from_secs(5));
+        }
         let children = self.children();
-        self.process.kill()?;
-        for pid in children {
+        for &pid in &children {
             signal(pid, libc::SIGKILL);
         }
+        self.process.kill()?;
+        wait_gone(&children, std::time::Duration::from_secs(10));
         Ok(())
     }
 
@@ -203,6 +219,25 @@ impl PostgresServer {
     /// `postgres://distlock@127.0.0.1:<port>/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://{USER}@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+/// Waits (at most `timeout`) until none of `pids` runs: each is gone from
+/// /proc or a zombie (a zombie holds no memory; with its parent killed it
+/// waits for init to reap it).
+fn wait_gone(pids: &[u32], timeout: std::time::Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    let running = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let state = stat[stat.rfind(')')? + 1..].trim_start().chars().next()?;
+                Some(state != 'Z')
+            })
+            .unwrap_or(false)
+    };
+    while pids.iter().any(running) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 
