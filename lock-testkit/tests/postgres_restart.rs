@@ -17,6 +17,7 @@ use std::net::{Ipv4Addr, TcpStream};
 use std::time::Duration;
 
 use lock_testkit::OrSkip;
+use lock_testkit::deploy::SingleServer;
 use lock_testkit::servers::postgres::PostgresServer;
 
 const ROUNDS: usize = 20;
@@ -26,13 +27,7 @@ async fn restarts_while_clients_connect() {
     let Some(mut server) = PostgresServer::start().await.or_skip() else {
         return;
     };
-    let port = server
-        .url()
-        .rsplit(':')
-        .next()
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|p| p.parse::<u16>().ok())
-        .expect("a port in the URL");
+    let port = server.client_port();
     let stop = Arc::new(AtomicBool::new(false));
     let connected = Arc::new(AtomicUsize::new(0));
     // Clients that connect again and again: the postmaster forks a backend

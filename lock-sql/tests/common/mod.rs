@@ -449,14 +449,12 @@ pub async fn leak_waiter(
         let key = key.clone();
         async move { dying.acquire(&key, ttl, deadline).await }
     });
-    let until = Instant::now() + Duration::from_secs(10);
-    while waiter_rows(rows, key).await == 0 {
-        assert!(Instant::now() < until, "the leaked waiter never queued");
-        match tokio::time::timeout(Duration::from_millis(20), &mut wait).await {
-            Err(_) => {}
-            Ok(Ok(lease)) => panic!("the leaked waiter was granted: {lease:?}"),
-            Ok(Err(e)) => panic!("the leaked waiter failed: {e}"),
-        }
+    tokio::select! {
+        () = wait_for_waiter(rows, key) => {}
+        result = &mut wait => match result {
+            Ok(lease) => panic!("the leaked waiter was granted: {lease:?}"),
+            Err(e) => panic!("the leaked waiter failed: {e}"),
+        },
     }
     std::mem::forget(wait);
 }
