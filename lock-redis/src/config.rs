@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use lock_core::LockError;
 use lock_core::endpoint::{Endpoint, HostPort, Secret};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 use crate::eviction::EvictionMode;
 use crate::layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};
@@ -83,9 +85,7 @@ pub enum RedisTopology {
 ///   self-signed server certificate). The file is read when the backend
 ///   connects; an unreadable or malformed file is a `Config` error. The
 ///   server's certificate must still match the host name or IP address in
-///   the URL. Not available for `redis+cluster://` (the redis crate's
-///   cluster client only takes custom roots when built with rustls; this
-///   driver uses native-tls).
+///   the URL. Not available for `redis+cluster://` yet (not tested).
 /// - `insecure=true`: **disables certificate and host name verification**
 ///   entirely: the connection is encrypted but not authenticated, so anyone
 ///   on the path can impersonate the server. For throwaway test setups
@@ -450,7 +450,7 @@ impl RedisConfig {
         }
         if self.tls_ca.is_some() && matches!(self.topology, RedisTopology::Cluster(_)) {
             return Err(LockError::config(
-                "the ca option is not supported for redis+cluster:// (native-tls build)",
+                "the ca option is not supported for redis+cluster:// yet",
             ));
         }
         if self.wait_replicas > 0 && self.wait_timeout.is_zero() {
@@ -553,6 +553,20 @@ impl RedisConfig {
         let pem = std::fs::read(path).map_err(|err| {
             LockError::config(format!("cannot read the CA file {}: {err}", path.display()))
         })?;
+        // Checked here because rustls skips text that is not PEM: a file
+        // without a certificate would trust nothing and fail every
+        // handshake as an unknown issuer, naming neither the file nor why.
+        let certificates = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| {
+                LockError::config(format!("malformed CA file {}: {err}", path.display()))
+            })?;
+        if certificates.is_empty() {
+            return Err(LockError::config(format!(
+                "the CA file {} holds no PEM certificate",
+                path.display()
+            )));
+        }
         Ok(Some(redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(pem),

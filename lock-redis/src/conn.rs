@@ -181,6 +181,20 @@ impl fmt::Debug for Node {
     }
 }
 
+/// Makes sure rustls has a process-wide crypto provider before a TLS
+/// connection is made. The redis crate builds its TLS config with
+/// `rustls::ClientConfig::builder()`, which panics when none is installed
+/// and rustls cannot choose one from its features (a program that also
+/// links aws-lc-rs), and its `insecure` verifier reads the installed one.
+/// Installs ring (the provider of every distlock driver) only when there is
+/// none: a provider the application installed stays.
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // An error means another thread installed one first: as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// A client for one URL; with `tls`, trusting its roots (the `ca` option).
 pub(crate) fn open_client(
     url: &str,
@@ -278,6 +292,9 @@ impl Node {
         secrets: Arc<Vec<String>>,
         tls: Option<redis::TlsCertificates>,
     ) -> Self {
+        if config.tls {
+            ensure_crypto_provider();
+        }
         Self {
             source,
             label,

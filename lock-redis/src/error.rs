@@ -4,6 +4,7 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::sync::Arc;
 
 use lock_core::{ErrorKind, LockError, LockKey, Operation, validity_deadline};
 use redis::RedisError;
@@ -25,15 +26,16 @@ pub(crate) fn map_redis_error(
     use redis::ServerErrorKind as S;
     let kind = if err.is_timeout() {
         ErrorKind::Timeout
+    } else if is_tls_failure(&err) {
+        // A TLS handshake that rustls refused (untrusted CA, name
+        // mismatch): retrying will not help; the trust settings or the
+        // URL must change.
+        ErrorKind::Config
     } else if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
         ErrorKind::Unavailable
     } else {
         match err.kind() {
             K::AuthenticationFailed | K::InvalidClientConfig => ErrorKind::Config,
-            // A TLS handshake that failed verification (untrusted CA, name
-            // mismatch): retrying will not help; the trust settings must
-            // change. native-tls errors arrive as client errors.
-            K::Client if is_tls_failure(&err) => ErrorKind::Config,
             K::Server(
                 S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly | S::BusyLoading,
             )
@@ -51,13 +53,30 @@ pub(crate) fn map_redis_error(
         .with_source(Redacted::new(&err, secrets))
 }
 
-/// Whether a client-side error comes from the TLS layer (native-tls /
-/// OpenSSL text; the redis crate does not type it further).
+/// Whether `err` comes from the TLS layer: a rustls error, or a host name
+/// rustls cannot verify. The redis crate wraps them (a failed handshake is
+/// an I/O error holding rustls's error), so the chain is searched, looking
+/// inside the `Arc` and the `io::Error` that `source()` steps over.
 fn is_tls_failure(err: &RedisError) -> bool {
-    let text = err.to_string().to_ascii_lowercase();
-    ["certificate", "ssl", "tls", "handshake"]
-        .iter()
-        .any(|needle| text.contains(needle))
+    fn is_tls(err: &(dyn StdError + 'static)) -> bool {
+        err.is::<rustls::Error>()
+            || err.is::<rustls::pki_types::InvalidDnsNameError>()
+            || err
+                .downcast_ref::<Arc<dyn StdError + Send + Sync>>()
+                .is_some_and(|inner| is_tls(&**inner))
+            || err
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .is_some_and(|inner| is_tls(inner))
+    }
+    let mut next: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(err) = next {
+        if is_tls(err) {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 pub(crate) fn needs_reconnect(err: &RedisError) -> bool {

@@ -34,15 +34,18 @@
 //!
 //! # TLS
 //!
-//! `rediss://` (and `tls=true`) use native-tls (OpenSSL on Linux). The
-//! server certificate is verified against the system trust store, or only
-//! against the PEM file of the `ca` option
+//! `rediss://` (and `tls=true`) use rustls with the ring crypto provider,
+//! like every distlock driver (no OpenSSL). The server certificate is
+//! verified against the system trust store (read by
+//! `rustls-native-certs`), or only against the PEM file of the `ca` option
 //! ([`RedisConfig::tls_ca_file`]), and must match the host name or IP
 //! address of the URL. A certificate that fails verification is a `Config`
 //! error at connect (retrying does not help), within the operation timeout.
-//! Client certificates (mutual TLS) are not supported yet, and `ca` is not
-//! available for `redis+cluster://` (the redis crate takes custom roots for
-//! its cluster client only in rustls builds).
+//! The redis crate takes rustls's process-wide crypto provider: the backend
+//! installs ring as that provider when a TLS connection is configured and
+//! none is installed yet; one the application installed first is used
+//! instead. Client certificates (mutual TLS) are not supported yet, and
+//! `ca` is not available for `redis+cluster://` yet.
 //!
 //! # What it does
 //!
