@@ -1,5 +1,6 @@
 //! The `distlock` command: run a command under a distributed lock, take,
-//! renew, release and inspect locks from the shell, and compare backends.
+//! renew, release and inspect locks from the shell. (Comparing backends is
+//! `distlock-compare`'s job: this command links no test code.)
 //!
 //! Exit codes (see `distlock --help`):
 //! 0 success; the command's own status for `run`; 1 `release`/`renew` of a
@@ -17,12 +18,6 @@ use distlock::{Config, LockError, parse_duration};
 use lock_core::{ErrorKind, Lease, LeaseKind, LockClient};
 
 mod admin;
-#[cfg(feature = "compare")]
-mod compare;
-#[cfg(feature = "compare")]
-mod floors;
-#[cfg(feature = "compare")]
-mod html;
 mod listing;
 mod metrics_http;
 mod run;
@@ -43,12 +38,6 @@ mod exit {
     pub(crate) const CANNOT_EXEC: u8 = 126;
 }
 
-// The comparison measures heap bytes per held lock; the lock commands
-// alone (`--no-default-features`) keep the system allocator untouched.
-#[cfg(feature = "compare")]
-#[global_allocator]
-static ALLOCATOR: conformance::scale::CountingAllocator = conformance::scale::CountingAllocator;
-
 const AFTER_HELP: &str = "\
 Backend: --url, or --config FILE (TOML), or the environment (DISTLOCK_URL,
 DISTLOCK_CONFIG, DISTLOCK_TTL, DISTLOCK_WAIT, DISTLOCK_REQUIRE).
@@ -59,8 +48,7 @@ renew); 2 usage or configuration error; 69 backend unavailable; 75 lock
 held by someone else past --wait; 76 lock lost while the command ran;
 126 command could not be started.";
 
-/// Distributed locks from the shell, and a side-by-side comparison of
-/// lock backends.
+/// Distributed locks from the shell.
 #[derive(Parser, Debug)]
 #[command(name = "distlock", version, about, after_help = AFTER_HELP)]
 struct Cli {
@@ -341,95 +329,19 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         #[arg(long)]
         json: bool,
     },
-    /// Compare backends side by side: the conformance suite, fault
-    /// scenarios and benchmarks, one row per backend.
-    ///
-    /// Without servers it compares the embedded backends (memory, SQLite).
-    /// With --spawn it also starts every server it finds installed (Redis,
-    /// etcd, ZooKeeper, PostgreSQL, MariaDB, plus a Redis master with an
-    /// async replica and five Redlock servers; with --full also a 3-member
-    /// etcd cluster and a 3-node ZooKeeper ensemble) on loopback ports in
-    /// temporary directories and stops them afterwards. The replicated and
-    /// clustered deployments add the scenarios replica_failover,
-    /// minority_down and majority_down. Exits 1 if any conformance case
-    /// fails or any scenario shows a violation (including a negative
-    /// control that was not flagged).
-    #[cfg(feature = "compare")]
-    #[command(after_help = "Examples:
-  distlock compare
-  distlock compare --spawn --quick --json report.json --html report.html
-  distlock compare --backends redis,etcd --spawn
-  distlock compare --backends redis-replica,redlock,etcd-cluster,zookeeper-ensemble --spawn
-  distlock compare --with redis://10.0.0.5:6379")]
+    /// Moved to `distlock-compare`: `compare` and `check` link the
+    /// conformance suite and the test kit, which the installed command does
+    /// not carry. Says where they went (exit 2).
+    #[command(hide = true, disable_help_flag = true)]
     Compare {
-        /// Backends to compare (comma separated; the list is in the long
-        /// help). Default: the embedded ones, plus with --spawn every server
-        /// kind except etcd-cluster and zookeeper-ensemble, which only
-        /// --full adds.
-        #[arg(long, value_delimiter = ',', long_help = backends_help())]
-        backends: Option<Vec<String>>,
-        /// Start the servers on loopback.
-        #[arg(long)]
-        spawn: bool,
-        /// Also compare the backend at this URL (repeatable; no fault
-        /// injection there).
-        #[arg(long = "with")]
-        urls: Vec<String>,
-        /// Shorter run (the default; under 5 minutes with every server).
-        #[arg(long, conflicts_with = "full")]
-        quick: bool,
-        /// Longer run: more iterations, 10,000 cancelled acquires, longer
-        /// node-loss runs, and the etcd cluster and ZooKeeper ensemble.
-        #[arg(long)]
-        full: bool,
-        /// Skip the fault scenarios.
-        #[arg(long)]
-        no_scenarios: bool,
-        /// Write every figure as JSON to this file.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Write a self-contained HTML report to this file.
-        #[arg(long)]
-        html: Option<PathBuf>,
-        /// Instead of the comparison: a randomized fault soak of this
-        /// length per backend (clients take locks and update a counter
-        /// under them while a nemesis injects partitions, latency, client
-        /// and server pauses, server restarts, leader kills and, on the
-        /// etcd cluster and ZooKeeper ensemble, member partitions). Exits 1
-        /// on a violation the backend promises to avoid; violations in
-        /// known unsafe cases are reported as negative controls.
-        #[arg(long, value_parser = duration_arg, conflicts_with_all = ["full", "no_scenarios", "html"])]
-        soak: Option<Duration>,
-        /// With --soak: the seed of the fault schedule and the clients'
-        /// choices (printed by every soak; replays its schedule).
-        #[arg(long, requires = "soak")]
-        seed: Option<u64>,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
-    /// Run the conformance suite and the scenarios that need no process
-    /// control against a server you point at (--url).
-    #[cfg(feature = "compare")]
-    #[command(after_help = "Example:
-  distlock --url redis://127.0.0.1:6379 check")]
+    /// See `Compare`.
+    #[command(hide = true, disable_help_flag = true)]
     Check {
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Internal to compare: holds many locks on URL with one client in
-    /// this process, counts the heap per held lock and the renewal round
-    /// trips, and prints the report as JSON (compare runs it as a child,
-    /// so that its own heap does not blur the measurement).
-    #[cfg(feature = "compare")]
-    #[command(hide = true)]
-    HeldAtScale {
-        /// How many locks to hold.
-        #[arg(long)]
-        locks: usize,
-        /// The keys' prefix (keys are `<prefix><index>`).
-        #[arg(long)]
-        key_prefix: String,
-        /// The backend URL.
-        url: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -647,106 +559,19 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             let client = client(cli.url, cli.config).await?;
             admin::gc(&client, older_than, json).await
         }
-        #[cfg(feature = "compare")]
-        Command::Compare {
-            backends,
-            spawn,
-            urls,
-            quick: _,
-            full,
-            no_scenarios,
-            json,
-            html,
-            soak,
-            seed,
-        } => {
-            if let Some(duration) = soak {
-                let opts = compare::CompareOptions {
-                    backends,
-                    urls,
-                    spawn,
-                    full: false,
-                    scenarios: false,
-                    json,
-                    html: None,
-                };
-                let results = compare::soak(&opts, duration, seed).await?;
-                compare::print_soak(&results);
-                if let Some(path) = &opts.json {
-                    let text = serde_json::to_string_pretty(&compare::soak_json(&results))
-                        .unwrap_or_default();
-                    std::fs::write(path, text).map_err(|e| {
-                        LockError::config(format!("cannot write {}", path.display())).with_source(e)
-                    })?;
-                    eprintln!("wrote {}", path.display());
-                }
-                return Ok(u8::from(results.iter().any(compare::SoakResult::failed)));
-            }
-            let opts = compare::CompareOptions {
-                backends,
-                urls,
-                spawn,
-                full,
-                scenarios: !no_scenarios,
-                json,
-                html,
-            };
-            let results = compare::run(&opts).await?;
-            compare::print_table(&results);
-            if let Some(path) = &opts.json {
-                let text =
-                    serde_json::to_string_pretty(&compare::to_json(&results)).unwrap_or_default();
-                std::fs::write(path, text).map_err(|e| {
-                    LockError::config(format!("cannot write {}", path.display())).with_source(e)
-                })?;
-                eprintln!("wrote {}", path.display());
-            }
-            if let Some(path) = &opts.html {
-                std::fs::write(path, html::render(&results)).map_err(|e| {
-                    LockError::config(format!("cannot write {}", path.display())).with_source(e)
-                })?;
-                eprintln!("wrote {}", path.display());
-            }
-            Ok(u8::from(results.iter().any(compare::BackendResult::failed)))
-        }
-        #[cfg(feature = "compare")]
-        Command::HeldAtScale {
-            locks,
-            key_prefix,
-            url,
-        } => compare::held_at_scale_child(&url, locks, &key_prefix).await,
-        #[cfg(feature = "compare")]
-        Command::Check { json } => {
-            let config = config(cli.url, cli.config)?;
-            if config.migration.is_some() {
-                return Err(LockError::config("check takes a single backend URL"));
-            }
-            let results = compare::check(&config.url).await;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&compare::to_json(&results)).unwrap_or_default()
-                );
-            } else {
-                compare::print_table(&results);
-            }
-            Ok(u8::from(results.iter().any(compare::BackendResult::failed)))
-        }
+        Command::Compare { .. } => Ok(moved("compare")),
+        Command::Check { .. } => Ok(moved("check")),
     }
 }
 
-#[cfg(feature = "compare")]
-/// The long help of `compare --backends`, from the embedded backends and
-/// the test kit's table of deployment kinds.
-fn backends_help() -> String {
-    format!(
-        "Backends to compare, comma separated: {}, {}. Default: the embedded \
-         ones, plus with --spawn every server kind except etcd-cluster, \
-         zookeeper-ensemble and the other libraries' layouts (-plain, \
-         -redisson, -kazoo, -shedlock), which only --full adds.",
-        compare::EMBEDDED.join(", "),
-        conformance::deploy::kind_names().join(", ")
-    )
+/// `compare` and `check` from an older habit: where they went.
+fn moved(what: &str) -> u8 {
+    eprintln!(
+        "distlock: `{what}` is not part of the distlock command; it moved to \
+         distlock-compare, with the same flags: \
+         cargo run --release -p distlock-compare -- {what} ..."
+    );
+    exit::USAGE
 }
 
 /// The long help of `--url`: one line per driver compiled in, from its

@@ -1,9 +1,7 @@
 //! `--metrics-addr`: the library's metrics in Prometheus text, served over
 //! plain HTTP while the command runs (a `run` holding its lock, an `elect`
-//! leading), and the same metrics as JSON for `compare`'s report.
+//! leading).
 
-#[cfg(feature = "compare")]
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
@@ -38,38 +36,6 @@ pub(crate) fn install_once() -> Option<PrometheusHandle> {
     HANDLE
         .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
         .clone()
-}
-
-/// The counters and the histograms' counts and sums now (empty without
-/// the recorder).
-#[cfg(feature = "compare")]
-pub(crate) fn snapshot() -> BTreeMap<String, f64> {
-    let Some(handle) = HANDLE.get().and_then(Option::as_ref) else {
-        return BTreeMap::new();
-    };
-    samples(&handle.render())
-        .into_iter()
-        .filter(|(series, _)| {
-            let name = series.split('{').next().unwrap_or_default();
-            name.ends_with("_total") || name.ends_with("_count") || name.ends_with("_sum")
-        })
-        .collect()
-}
-
-/// What grew from `before` to `after` (series that did not move are left
-/// out).
-#[cfg(feature = "compare")]
-pub(crate) fn delta(
-    before: &BTreeMap<String, f64>,
-    after: &BTreeMap<String, f64>,
-) -> BTreeMap<String, f64> {
-    after
-        .iter()
-        .filter_map(|(series, value)| {
-            let grown = value - before.get(series).copied().unwrap_or(0.0);
-            (grown > 0.0).then(|| (series.clone(), grown))
-        })
-        .collect()
 }
 
 /// Binds `addr` and serves `handle`'s text to every request, on a task of
@@ -113,34 +79,4 @@ pub(crate) async fn serve(addr: SocketAddr, handle: PrometheusHandle) -> Result<
         }
     });
     Ok(())
-}
-
-/// The samples of a Prometheus text page as `(series, value)` pairs, in
-/// page order (comment lines skipped): what `compare --json` reports.
-#[cfg(any(feature = "compare", test))]
-pub(crate) fn samples(text: &str) -> Vec<(String, f64)> {
-    text.lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            Some((series.to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn samples_read_series_and_values() {
-        let text = "# TYPE x counter\nx{backend=\"sqlite\"} 3\ny 0.5\n\nbad line\n";
-        assert_eq!(
-            samples(text),
-            vec![
-                ("x{backend=\"sqlite\"}".to_owned(), 3.0),
-                ("y".to_owned(), 0.5)
-            ]
-        );
-    }
 }

@@ -325,7 +325,7 @@ fn config_file_selects_the_backend() {
 
 #[test]
 fn help_has_examples_for_every_command() {
-    for command in ["run", "acquire", "inspect", "compare", "check"] {
+    for command in ["run", "acquire", "inspect"] {
         let out = output({
             let mut c = Command::new(BIN);
             c.args([command, "--help"]);
@@ -573,77 +573,17 @@ async fn on_lost_term_stops_the_command_before_the_deadline() {
     stops_before_the_deadline(&server, Stall::Refused, "trap 'sleep 0.3; exit 0' TERM").await;
 }
 
-/// `compare --backends` takes the backend names and URL schemes as
-/// aliases; an unknown name is a usage error (exit 2) before anything
-/// starts.
+/// The installed command has no comparison: `compare` and `check` say
+/// where they went (a usage error, exit 2) instead of "unrecognized".
 #[test]
-fn compare_refuses_unknown_backend_names() {
-    let out = output(distlock(
-        "memory://",
-        &["compare", "--backends", "memory,nosuch"],
-    ));
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("unknown backend \"nosuch\""),
-        "{}",
-        stderr(&out)
-    );
-    assert!(
-        !stderr(&out).contains("conformance"),
-        "it started: {}",
-        stderr(&out)
-    );
-    // `zk` is `zookeeper`, which needs --spawn: refused as that, not as unknown.
-    let out = output(distlock("memory://", &["compare", "--backends", "zk"]));
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("\"zookeeper\" needs a server"),
-        "{}",
-        stderr(&out)
-    );
-}
-
-/// `compare`'s held-at-scale child (`distlock held-at-scale`, hidden):
-/// holds the locks in a process of its own and prints its report as
-/// JSON; a bad URL is a one-line error and a failing exit, not a report.
-#[test]
-fn held_at_scale_child_prints_its_report() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = sqlite_url(dir.path());
-    let out = output(distlock(
-        "memory://",
-        &[
-            "held-at-scale",
-            "--locks",
-            "200",
-            "--key-prefix",
-            "t/",
-            &url,
-        ],
-    ));
-    assert!(out.status.success(), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["locks"], 200, "{report}");
-    assert_eq!(report["all_held"], true, "{report}");
-    assert!(report["bytes_per_lock"].as_f64().unwrap() > 0.0, "{report}");
-    assert_eq!(report["release_errors"], 0, "{report}");
-
-    let out = output(distlock(
-        "memory://",
-        &[
-            "held-at-scale",
-            "--locks",
-            "10",
-            "--key-prefix",
-            "t/",
-            "nosuch://x",
-        ],
-    ));
-    assert!(!out.status.success());
-    assert!(
-        out.stdout.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
+fn compare_and_check_point_to_distlock_compare() {
+    for command in ["compare", "check"] {
+        let out = output(distlock("memory://", &[command, "--spawn", "--quick"]));
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("-p distlock-compare -- {command}")),
+            "{}",
+            stderr(&out)
+        );
+    }
 }

@@ -232,7 +232,7 @@ pub(super) async fn round_trips_into(
 /// round trips per renewal period, counted by a fault proxy where the URL
 /// names one loopback server (else `renew_many` calls per period).
 ///
-/// Measured in a child process of its own (`distlock held-at-scale`, see
+/// Measured in a child process of its own (`distlock-compare held-at-scale`, see
 /// [`held_at_scale_child`]): this process's heap also holds what earlier
 /// phases left (the suite's clients, whose background tasks end on their
 /// next tick, seconds later), and those frees during the window made the
@@ -281,7 +281,7 @@ pub(super) async fn held_at_scale(
 /// three renewal periods, released).
 const HELD_CHILD_LIMIT: Duration = Duration::from_secs(300);
 
-/// Runs `distlock held-at-scale` (this executable) on `url` and reads its
+/// Runs `distlock-compare held-at-scale` (this executable) on `url` and reads its
 /// report.
 async fn measure_in_child(url: &str, locks: usize, prefix: &str) -> Result<ScaleReport, LockError> {
     let exe = std::env::current_exe()
@@ -325,7 +325,7 @@ async fn measure_in_child(url: &str, locks: usize, prefix: &str) -> Result<Scale
     })
 }
 
-/// The child's side (`distlock held-at-scale`): holds `locks` locks on
+/// The child's side (`distlock-compare held-at-scale`): holds `locks` locks on
 /// `url` with one client in this fresh process and prints the report as
 /// JSON.
 ///

@@ -1,4 +1,4 @@
-//! `distlock compare`: the conformance suite, the fault scenarios and the
+//! `distlock-compare compare`: the conformance suite, the fault scenarios and the
 //! benchmarks, per backend, side by side; a terminal table, JSON and HTML.
 
 use std::collections::BTreeMap;
@@ -206,12 +206,7 @@ fn holder_command() -> Option<HolderCommand> {
 }
 
 fn holder_command_kind(kind: lock_core::LeaseKind) -> Option<HolderCommand> {
-    let exe = std::env::current_exe().ok()?;
-    Some(scenarios::distlock_run_holder_kind(
-        exe,
-        scenarios::HOLDER_WORK.to_owned(),
-        kind,
-    ))
+    crate::holder::command(kind)
 }
 
 /// The name a scenario run with `kind` in the mutex's place is reported
@@ -322,7 +317,7 @@ fn capabilities_json(c: &Capabilities) -> Value {
     })
 }
 
-/// `distlock check --url URL`: the suite and the scenarios that need no
+/// `distlock-compare --url URL check`: the suite and the scenarios that need no
 /// process control, against a server the user runs.
 pub(crate) async fn check(url: &str) -> Vec<BackendResult> {
     let candidate = Candidate::at_url(url);
@@ -409,7 +404,7 @@ fn selected_backends(opts: &CompareOptions, defaults: &[&str]) -> Result<Vec<Str
 
 /// Runs the comparison; progress goes to stderr.
 pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, LockError> {
-    crate::metrics_http::install_once();
+    crate::metrics::install_once();
     let defaults: Vec<&str> = if opts.spawn {
         EMBEDDED
             .iter()
@@ -491,7 +486,7 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
         }
     };
     progress.say("conformance suite");
-    let metrics_before = crate::metrics_http::snapshot();
+    let metrics_before = crate::metrics::snapshot();
     lock_core::enable_metrics(lock_core::KeyLabel::Omit);
     let config = SuiteConfig {
         iterations: if opts.full { 25 } else { 10 },
@@ -524,7 +519,7 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
         }
     }
     lock_core::disable_metrics();
-    let metrics = crate::metrics_http::delta(&metrics_before, &crate::metrics_http::snapshot());
+    let metrics = crate::metrics::delta(&metrics_before, &crate::metrics::snapshot());
     progress.say("benchmarks");
     // Scenarios may have moved the backend (a failover promotes a replica):
     // the floor must talk to where clients talk now.

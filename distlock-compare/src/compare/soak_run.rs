@@ -1,4 +1,4 @@
-//! `distlock compare --soak`: the randomized fault soak per backend.
+//! `distlock-compare compare --soak`: the randomized fault soak per backend.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::*;
 
-/// One backend's soak outcome (`distlock compare --soak`).
+/// One backend's soak outcome (`distlock-compare compare --soak`).
 #[derive(Debug, Serialize)]
 pub(crate) struct SoakResult {
     pub(crate) name: String,
@@ -56,7 +56,7 @@ pub(super) async fn soak_target(
     Ok((c.target, None, c._keep))
 }
 
-/// `distlock compare --soak DURATION`: each backend in turn, one seed for
+/// `distlock-compare compare --soak DURATION`: each backend in turn, one seed for
 /// all (printed first; `--seed` replays it).
 pub(crate) async fn soak(
     opts: &CompareOptions,

@@ -1,4 +1,4 @@
-//! `distlock compare --spawn` on the replicated and clustered Redis
+//! `distlock-compare compare --spawn` on the replicated and clustered Redis
 //! deployments, run as a process and judged from its JSON: the async
 //! replica failover must be flagged (a negative control: Redis loses the
 //! grant), Redlock must stay safe with a minority of its nodes down and
@@ -12,7 +12,7 @@ use conformance::process::find_binary;
 use conformance::servers::redis::{PACKAGE, TOOLS_PACKAGE};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+const BIN: &str = env!("CARGO_BIN_EXE_distlock-compare");
 
 fn verdict<'a>(report: &'a Value, backend: &str, scenario: &str) -> &'a str {
     report["backends"]
@@ -46,7 +46,7 @@ fn failover_is_flagged_and_redlock_survives_node_loss() {
         .env_remove("DISTLOCK_CONFIG")
         .stdin(Stdio::null())
         .output()
-        .expect("run distlock compare");
+        .expect("run distlock-compare compare");
     let elapsed = started.elapsed();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -1,10 +1,10 @@
-//! `distlock compare --soak`: a short soak on the embedded backend prints
-//! its seed, writes the per-fault figures as JSON and exits 0; the same
-//! `--seed` is reported back; bad flags are usage errors.
+//! `distlock-compare compare --soak`: a short soak on the embedded backend
+//! prints its seed, writes the per-fault figures as JSON and exits 0; the
+//! same `--seed` is reported back; bad flags are usage errors.
 
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+const BIN: &str = env!("CARGO_BIN_EXE_distlock-compare");
 
 #[test]
 fn a_short_soak_reports_its_seed_and_faults() {
