@@ -140,6 +140,10 @@ pub fn all_cases() -> Vec<Case> {
             "lock_all leaves no partial grant; no deadlock"
         ),
         case!(
+            multi_lock_keeps_its_first_keys_while_waiting,
+            "keys taken first stay held (renewed) while lock_all waits for a later one"
+        ),
+        case!(
             reentrant_scope_nests,
             "the same lock in a scope is nested, not regranted"
         ),

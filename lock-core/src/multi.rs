@@ -11,15 +11,18 @@
 //! after another in one global order (sorted, duplicates removed), so two
 //! clients locking overlapping sets never deadlock: whoever holds the
 //! smallest contested key proceeds. All of it runs within the one
-//! deadline. A set that is not taken whole leaves nothing behind: the keys
-//! already granted are released, also when the acquire is cancelled half
-//! way.
+//! deadline. While a later key is waited for, the keys already granted are
+//! renewed together, so none of them expires (and goes to someone else)
+//! before the set is whole; a set with a key that ran out anyway is never
+//! handed out. A set that is not taken whole leaves nothing behind: the
+//! keys already granted are released, also when the acquire is cancelled
+//! half way.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
 use crate::backend::LockBackend;
@@ -134,8 +137,10 @@ impl<'a> MultiRequest<'a> {
     ///
     /// [`ErrorKind::InvalidArgument`] for a bad key or TTL, no keys, or more
     /// than [`MAX_MULTI_KEYS`]; [`ErrorKind::Contended`] when the set could
-    /// not be had in time; backend errors. In every error case no key of
-    /// the set is left held by this request.
+    /// not be had in time; [`ErrorKind::LeaseLost`] when a key already
+    /// granted was lost, or ran out because its renewals failed, while a
+    /// later key was waited for; backend errors. In every error case no key
+    /// of the set is left held by this request.
     ///
     /// # Cancel safety
     ///
@@ -237,7 +242,16 @@ impl<'a> MultiRequest<'a> {
                     })
                 })
             } else {
-                backend.acquire(&key, self.ttl, deadline).await
+                let wait = backend.acquire(&key, self.ttl, deadline);
+                keeping_held(
+                    &*backend,
+                    &key,
+                    self.ttl,
+                    &self.renewal,
+                    &mut partial.leases,
+                    wait,
+                )
+                .await
             };
             match granted {
                 Ok(lease) => partial.leases.push(lease),
@@ -246,6 +260,23 @@ impl<'a> MultiRequest<'a> {
                     return Err(err);
                 }
             }
+        }
+        // A key taken first may have run out while a later one was
+        // granted (its renewals failing): such a set is never handed out.
+        if let Some(lapsed) = partial
+            .leases
+            .iter()
+            .find(|l| l.validity_deadline() <= Instant::now())
+        {
+            let err = LockError::new(
+                ErrorKind::LeaseLost,
+                Operation::Acquire,
+                "a key of the set ran out (its renewals failed) before the last key was granted",
+            )
+            .with_key(lapsed.key())
+            .with_backend(backend.name());
+            partial.release_all().await;
+            return Err(err);
         }
         Ok(guard_set(self.client, &self.renewal, &mut partial))
     }
@@ -265,6 +296,105 @@ impl<'a> MultiRequest<'a> {
             Err(err) if err.is_contended() => Ok(None),
             Err(err) => Err(err),
         }
+    }
+}
+
+/// Waits for `wait` (the waiting acquire of `key`, the next key of a set)
+/// while keeping `held` (the keys of the set already granted) alive: they
+/// are renewed together ([`LockBackend::renew_many`]) on the schedule a
+/// guard would use, so none expires on the server while a later key is
+/// still held by someone else. Fails with [`ErrorKind::LeaseLost`] (and
+/// drops `wait`, which withdraws the request) when a held key is no longer
+/// ours or runs out because its renewals kept failing.
+///
+/// The keys are renewed even under [`MultiRequest::no_renewal`]: the set
+/// is not granted until it is whole, and that policy is about the guard.
+async fn keeping_held(
+    backend: &dyn LockBackend,
+    key: &LockKey,
+    ttl: Duration,
+    renewal: &RenewalPolicy,
+    held: &mut [Lease],
+    wait: impl Future<Output = Result<Lease, LockError>>,
+) -> Result<Lease, LockError> {
+    if held.is_empty() {
+        return wait.await;
+    }
+    let lost = |held: &Lease, why: String| {
+        LockError::new(ErrorKind::LeaseLost, Operation::Acquire, why)
+            .with_key(held.key())
+            .with_backend(backend.name())
+    };
+    // As a guard schedules it: `interval` after the request that set the
+    // earliest deadline was sent.
+    let interval = renewal.interval.unwrap_or(ttl / 3);
+    let lead = ttl.saturating_sub(interval);
+    let retry = (interval / 4).max(Duration::from_millis(5));
+    let earliest = |held: &[Lease]| {
+        held.iter()
+            .map(Lease::validity_deadline)
+            .min()
+            .unwrap_or_else(Instant::now)
+    };
+    let mut next_renewal = earliest(held)
+        .checked_sub(lead)
+        .unwrap_or_else(Instant::now);
+    tokio::pin!(wait);
+    loop {
+        let expires = earliest(held);
+        let ran_out = |held: &[Lease]| {
+            let lapsed = held
+                .iter()
+                .find(|l| l.validity_deadline() <= expires)
+                .unwrap_or(&held[0]);
+            lost(
+                lapsed,
+                format!(
+                    "{} ran out (its renewals failed) while the multi-lock waited for {key}",
+                    lapsed.key()
+                ),
+            )
+        };
+        tokio::select! {
+            biased;
+            granted = &mut wait => return granted,
+            () = sleep_until(expires) => return Err(ran_out(held)),
+            () = sleep_until(next_renewal) => {}
+        }
+        let renewed = {
+            let refs: Vec<&Lease> = held.iter().collect();
+            tokio::select! {
+                biased;
+                granted = &mut wait => return granted,
+                renewed = backend.renew_many(&refs) => renewed,
+                () = sleep_until(expires) => return Err(ran_out(held)),
+            }
+        };
+        let mut all_renewed = true;
+        for (lease, result) in held.iter_mut().zip(renewed) {
+            match result {
+                Ok(until) => lease.set_validity_deadline(until),
+                Err(e) if matches!(e.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost) => {
+                    let why = format!(
+                        "{} was lost while the multi-lock waited for {key}: {}",
+                        lease.key(),
+                        e.message()
+                    );
+                    return Err(lost(lease, why).with_source(e));
+                }
+                Err(e) => {
+                    tracing::debug!(key = %lease.key(), %e, "renewing a partial multi-lock failed; retrying");
+                    all_renewed = false;
+                }
+            }
+        }
+        next_renewal = if all_renewed {
+            earliest(held)
+                .checked_sub(lead)
+                .unwrap_or_else(Instant::now)
+        } else {
+            Instant::now() + retry
+        };
     }
 }
 

@@ -4,7 +4,13 @@
 
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LockClient, LockState, MemoryBackend};
+use async_trait::async_trait;
+use lock_core as under_test;
+use lock_core::{ErrorKind, Lease, LockClient, LockError, LockState, MemoryBackend};
+use tokio::time::Instant;
+
+mod support;
+use support::{Double, Twist};
 
 fn client() -> LockClient {
     LockClient::new(MemoryBackend::new())
@@ -133,4 +139,112 @@ async fn one_lost_signal_for_the_set() {
     assert!(matches!(all.state(), LockState::Lost(_)));
     let err = all.run(async {}).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LeaseLost);
+}
+
+/// Issue 37: while `lock_all` waits for a later key, the keys it already
+/// took are renewed, so none of them expires on the server, nobody else
+/// takes it, and the set is handed out whole and held.
+#[tokio::test]
+async fn keys_taken_first_are_renewed_while_later_ones_are_waited_for() {
+    let c = client();
+    let ttl = Duration::from_millis(200);
+    let k2 = c.lock("k2").ttl(ttl).acquire().await.unwrap();
+    let releaser = tokio::spawn(async move {
+        // Held for several TTLs of the multi-lock.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        k2.release().await.unwrap();
+    });
+    let thief = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let until = tokio::time::Instant::now() + Duration::from_millis(900);
+            while tokio::time::Instant::now() < until {
+                if let Some(stolen) = c.lock("k1").ttl(ttl).try_acquire().await.unwrap() {
+                    return Some(stolen);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            None
+        })
+    };
+    let all = c
+        .lock_all(["k1", "k2"])
+        .ttl(ttl)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await;
+    let stolen = thief.await.unwrap();
+    releaser.await.unwrap();
+    assert!(
+        stolen.is_none(),
+        "another client took k1 while lock_all was waiting for k2"
+    );
+    let all = all.unwrap();
+    assert!(
+        all.is_held(),
+        "lock_all returned a set that is not held: {:?}",
+        all.state()
+    );
+    assert!(
+        all.release().await.unwrap(),
+        "a key of the set was no longer ours"
+    );
+}
+
+/// A memory service whose renewals never get through (the server is
+/// unreachable for them).
+#[derive(Debug)]
+struct RenewalsFail;
+
+#[async_trait]
+impl Twist for RenewalsFail {
+    const NAME: &'static str = "renewals-fail";
+
+    async fn renew(&self, _memory: &MemoryBackend, lease: &Lease) -> Result<Instant, LockError> {
+        Err(LockError::new(
+            ErrorKind::Unavailable,
+            lock_core::Operation::Renew,
+            "injected: the renewal did not get through",
+        )
+        .with_key(lease.key()))
+    }
+}
+
+/// Issue 37: when a key taken first runs out while `lock_all` still waits
+/// (its renewals fail), the acquire fails with `LeaseLost` and leaves
+/// nothing held, instead of handing out a set that is already lost.
+#[tokio::test]
+async fn a_set_whose_first_key_ran_out_is_never_handed_out() {
+    let c = LockClient::from_arc(std::sync::Arc::new(Double::new(
+        MemoryBackend::new(),
+        RenewalsFail,
+    )));
+    let k2 = c
+        .lock("k2")
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    let releaser = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        k2.release().await.unwrap();
+    });
+    let started = Instant::now();
+    let err = c
+        .lock_all(["k1", "k2"])
+        .ttl(Duration::from_millis(150))
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .map(|set| set.state())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LeaseLost, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "the acquire went on after k1 ran out: {:?}",
+        started.elapsed()
+    );
+    releaser.await.unwrap();
+    assert!(free(&c, "k1").await && free(&c, "k2").await);
 }

@@ -111,6 +111,70 @@ pub async fn multi_lock_is_all_or_nothing(h: &Harness) -> CaseResult {
     ))
 }
 
+/// While a multi-lock waits for a later key, the keys it already took stay
+/// its own: another client that holds the later key for 2.5 TTLs and keeps
+/// trying the earlier one never gets it, and the set is handed out held
+/// (the keys taken first are renewed while the later ones are waited for).
+pub async fn multi_lock_keeps_its_first_keys_while_waiting(h: &Harness) -> CaseResult {
+    let (a, b) = two_clients(h).await?;
+    let ttl = h.ttl_for(&a.capabilities());
+    let margin = h.config().margin;
+    // In lock order: `first` is taken, then `later` is waited for.
+    let (first, later) = (h.key("keep-a"), h.key("keep-b"));
+    let hold = ttl * 5 / 2;
+    let blocker = take_free(&*b, &later, hold + ttl * 4).await?;
+    let ca = LockClient::from_arc(a.clone());
+    let waiting = ca
+        .lock_all([first.as_str(), later.as_str()])
+        .ttl(ttl)
+        .wait(hold + ttl * 2 + margin)
+        .acquire();
+    let contender = async {
+        let until = Instant::now() + hold;
+        let mut stolen = None;
+        while stolen.is_none() && Instant::now() < until {
+            stolen = b
+                .try_acquire(&first, ttl)
+                .await
+                .map_err(fmt_err("try the first key"))?;
+            tokio::time::sleep(ttl / 10).await;
+        }
+        b.release(&blocker).await.map_err(fmt_err("release"))?;
+        Ok::<_, String>(stolen)
+    };
+    let (set, stolen) = futures_join(waiting, contender).await;
+    if let Some(stolen) = stolen? {
+        let _ = b.release(&stolen).await;
+        if let Ok(set) = set {
+            let _ = set.release().await;
+        }
+        return Err(format!(
+            "another client took {first} while the multi-lock that held it waited for {later}"
+        ));
+    }
+    let set = set.map_err(fmt_err("lock_all"))?;
+    let state = set.state();
+    let held = set.is_held();
+    let released = set.release().await.map_err(fmt_err("release the set"))?;
+    ensure!(
+        held,
+        "lock_all handed out a set that is not held: {state:?}"
+    );
+    ensure!(
+        released,
+        "a key of the set was no longer ours at its release"
+    );
+    for key in [&first, &later] {
+        ensure!(
+            is_free(&*b, key, ttl).await?,
+            "{key} was left held after the set's release"
+        );
+    }
+    Ok(Outcome::Passed(format!(
+        "the first key stayed ours through a {hold:?} wait for the second"
+    )))
+}
+
 async fn futures_join<A: std::future::Future, B: std::future::Future>(
     a: A,
     b: B,
