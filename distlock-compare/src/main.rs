@@ -227,8 +227,10 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
                 json,
                 html,
             };
+            let started = std::time::Instant::now();
             let results = compare::run(&opts).await?;
             compare::print_table(&results);
+            println!("compare took {:.0} s", started.elapsed().as_secs_f64());
             if let Some(path) = &opts.json {
                 let text =
                     serde_json::to_string_pretty(&compare::to_json(&results)).unwrap_or_default();

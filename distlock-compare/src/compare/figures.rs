@@ -8,12 +8,20 @@ use conformance::Target;
 use conformance::bench::{self, Contender, FloorCycle, Ours};
 use conformance::scale::{self, ScaleConfig, ScaleReport};
 use lock_core::{LockBackend, LockClient, LockError, OwnerId};
+use tokio::time::Instant;
+
+use super::phases::Phases;
 
 use super::*;
 
-pub(super) async fn benchmarks(target: &dyn Target, url: &str, full: bool) -> BenchFigures {
+pub(super) async fn benchmarks(
+    target: &dyn Target,
+    url: &str,
+    full: bool,
+    phases: &mut Phases,
+) -> BenchFigures {
     let mut out = BenchFigures::default();
-    if let Err(e) = bench_into(&mut out, Bench { target, url, full }).await {
+    if let Err(e) = bench_into(&mut out, Bench { target, url, full }, phases).await {
         out.error = Some(e.to_string());
     }
     out
@@ -49,8 +57,13 @@ impl Start {
     }
 }
 
-async fn bench_into(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), LockError> {
+async fn bench_into(
+    out: &mut BenchFigures,
+    bench: Bench<'_>,
+    phases: &mut Phases,
+) -> Result<(), LockError> {
     let Bench { target, url, full } = bench;
+    let mut phase = Instant::now();
     let Start { probe, ttl, run } = Start::of(target).await?;
     let caps = probe.capabilities();
     let ours_client = |backend: Arc<dyn LockBackend>| -> Arc<dyn Contender> {
@@ -71,6 +84,8 @@ async fn bench_into(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), Lock
             floors[0].cycle(&floor_key).await?;
         }
     }
+    phases.record("bench setup", phase.elapsed());
+    phase = Instant::now();
     let n = if full { 2000 } else { 300 };
     let cycle = match &floors {
         Some(floors) => {
@@ -79,6 +94,8 @@ async fn bench_into(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), Lock
                     .await?;
             out.floor_cycle_p50_us = Some(floor.p50_us);
             out.cycle_ratio = Some(bench::ratio(cycle.p50_us, floor.p50_us));
+            phases.record("bench latency", phase.elapsed());
+            phase = Instant::now();
             // On a machine with few CPUs, which CPU the OS gives each side
             // of a hand-off (the caller, an embedded database's connection
             // thread, a server process) sets a whole run's latency level,
@@ -107,10 +124,16 @@ async fn bench_into(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), Lock
                 out.one_cpu_floor_cycle_p50_us = Some(floor.p50_us);
                 out.one_cpu_cycle_ratio = Some(bench::ratio(ours.p50_us, floor.p50_us));
             }
+            phases.record("bench one-cpu", phase.elapsed());
             cycle
         }
-        None => bench::concurrent_cycles(&ours[..1], &cycle_key, n).await?,
+        None => {
+            let cycle = bench::concurrent_cycles(&ours[..1], &cycle_key, n).await?;
+            phases.record("bench latency", phase.elapsed());
+            cycle
+        }
     };
+    phase = Instant::now();
     out.cycle_p50_us = Some(cycle.p50_us);
     out.cycle_p99_us = Some(cycle.p99_us);
     out.cycles_per_s = Some(cycle.per_sec);
@@ -139,6 +162,8 @@ async fn bench_into(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), Lock
         None => bench::concurrent_cycles(&ours, &prefixes.0, per_client).await?,
     };
     out.throughput_8x8 = Some(parallel.per_sec);
+    phases.record("bench throughput", phase.elapsed());
+    phase = Instant::now();
     let window = if full {
         Duration::from_secs(5)
     } else {
@@ -164,13 +189,27 @@ async fn bench_into(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), Lock
         out.handoff_ratio = Some(bench::ratio(handoff.per_sec, floor.per_sec));
     }
     drop((ours, floors));
-    round_trips_into(out, url, ttl, &run).await?;
+    phases.record("bench handoff", phase.elapsed());
+    phases
+        .time("bench round-trips", round_trips_into(out, url, ttl, &run))
+        .await?;
     drop(probe);
-    held_at_scale(out, url, full, caps.max_held).await;
-    if let Err(e) = super::shared::measure(out, bench).await {
+    phases
+        .time(
+            "bench held-at-scale",
+            held_at_scale(out, url, full, caps.max_held),
+        )
+        .await;
+    if let Err(e) = phases
+        .time("bench shared", super::shared::measure(out, bench))
+        .await
+    {
         out.shared_error = Some(e.to_string());
     }
-    if let Err(e) = super::compose::measure(out, bench).await {
+    if let Err(e) = phases
+        .time("bench compose", super::compose::measure(out, bench))
+        .await
+    {
         out.compose_error = Some(e.to_string());
     }
     Ok(())

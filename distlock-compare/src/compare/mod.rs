@@ -17,11 +17,13 @@ use serde_json::{Value, json};
 
 mod compose;
 mod figures;
+mod phases;
 mod shared;
 mod soak_run;
 
 pub(crate) use figures::held_at_scale_child;
 use figures::*;
+use phases::Phases;
 pub(crate) use soak_run::*;
 
 /// A backend reached by URL: every client is a fresh `distlock::open`.
@@ -166,10 +168,13 @@ pub(crate) struct BackendResult {
     pub(crate) metrics: BTreeMap<String, f64>,
     /// Why the backend could not be compared at all (not installed, ...).
     pub(crate) error: Option<String>,
+    /// How long each phase took (server start, each suite case, each
+    /// scenario, each benchmark part), in the order they ran.
+    pub(crate) phases: Phases,
 }
 
 impl BackendResult {
-    fn unavailable(name: &str, why: String) -> Self {
+    fn unavailable(name: &str, why: String, phases: Phases) -> Self {
         Self {
             name: name.to_owned(),
             url: String::new(),
@@ -179,6 +184,7 @@ impl BackendResult {
             bench: BenchFigures::default(),
             metrics: BTreeMap::new(),
             error: Some(why),
+            phases,
         }
     }
 
@@ -335,7 +341,7 @@ pub(crate) async fn check(url: &str) -> Vec<BackendResult> {
         total: 1,
         name: candidate.name.clone(),
     };
-    vec![compare_one(candidate, &opts, &progress).await]
+    vec![compare_one(candidate, &opts, &progress, Phases::default()).await]
 }
 
 /// URL schemes `--backends` accepts for the backend kind they name (the
@@ -417,17 +423,18 @@ pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, Loc
     let names = selected_backends(opts, &defaults)?;
     let mut results = Vec::new();
     for (name, progress) in visits(&names, &opts.urls) {
+        let mut phases = Phases::default();
         let candidate = if name.contains(':') {
             Ok(Candidate::at_url(name))
         } else {
             progress.say("starting");
-            candidate(name).await
+            phases.time("start", candidate(name)).await
         };
         match candidate {
-            Ok(c) => results.push(compare_one(c, opts, &progress).await),
+            Ok(c) => results.push(compare_one(c, opts, &progress, phases).await),
             Err(why) => {
                 progress.say(&why);
-                results.push(BackendResult::unavailable(name, why));
+                results.push(BackendResult::unavailable(name, why, phases));
             }
         }
     }
@@ -477,12 +484,17 @@ impl Progress {
     }
 }
 
-async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -> BackendResult {
-    let caps = match c.target.client().await {
+async fn compare_one(
+    c: Candidate,
+    opts: &CompareOptions,
+    progress: &Progress,
+    mut phases: Phases,
+) -> BackendResult {
+    let caps = match phases.time("start connect", c.target.client()).await {
         Ok(client) => client.capabilities(),
         Err(e) => {
             progress.say(&format!("cannot connect: {e}"));
-            return BackendResult::unavailable(&c.name, format!("cannot connect: {e}"));
+            return BackendResult::unavailable(&c.name, format!("cannot connect: {e}"), phases);
         }
     };
     progress.say("conformance suite");
@@ -494,7 +506,17 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
         ..SuiteConfig::default()
     };
     let suite = conformance::run_suite(&Harness::with_config(c.target.clone(), config)).await;
-    progress.say(&format!("conformance {}", suite.verdict()));
+    for case in &suite.cases {
+        phases.record(
+            &format!("suite {}", case.name),
+            Duration::from_millis(u64::try_from(case.elapsed_ms).unwrap_or(u64::MAX)),
+        );
+    }
+    progress.say(&format!(
+        "conformance {} in {:.0} s",
+        suite.verdict(),
+        phases.seconds("suite ")
+    ));
     let mut scenarios_out = BTreeMap::new();
     if opts.scenarios {
         let env = ScenarioEnv {
@@ -505,7 +527,12 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
         };
         for name in scenarios::SCENARIOS {
             progress.say(&format!("scenario {name}"));
-            let report = scenarios::run_scenario(name, &env).await;
+            let report = phases
+                .time(
+                    &format!("scenario {name}"),
+                    scenarios::run_scenario(name, &env),
+                )
+                .await;
             scenarios_out.insert((*name).to_owned(), report);
         }
         for kind in scenarios::scenario_kinds(&caps) {
@@ -513,7 +540,12 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
             for name in scenarios::KIND_SCENARIOS {
                 let label = kind_scenario_name(name, kind);
                 progress.say(&format!("scenario {label}"));
-                let report = scenarios::run_scenario(name, &env).await;
+                let report = phases
+                    .time(
+                        &format!("scenario {label}"),
+                        scenarios::run_scenario(name, &env),
+                    )
+                    .await;
                 scenarios_out.insert(label, report);
             }
         }
@@ -524,7 +556,8 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
     // Scenarios may have moved the backend (a failover promotes a replica):
     // the floor must talk to where clients talk now.
     let current_url = c.target.url().unwrap_or_else(|| c.url.clone());
-    let bench = benchmarks(&*c.target, &current_url, opts.full).await;
+    let bench = benchmarks(&*c.target, &current_url, opts.full, &mut phases).await;
+    progress.say(&phases::summary("took", &phases));
     BackendResult {
         name: c.name,
         url: distlock::redact_url(&c.url),
@@ -534,6 +567,7 @@ async fn compare_one(c: Candidate, opts: &CompareOptions, progress: &Progress) -
         bench,
         metrics,
         error: None,
+        phases,
     }
 }
 
@@ -718,6 +752,11 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             "(flagged = a negative control: the unsafe outcome this backend cannot prevent was observed and reported; \
              name[w]: run with the write side of a read-write lock in the mutex's place, name[p1-1]: with a semaphore of one permit)"
         );
+    }
+    println!();
+    println!("time per backend, s (the slowest parts in brackets):");
+    for r in results {
+        println!("  {}", phases::summary(&r.name, &r.phases));
     }
     for r in results {
         if let Some(s) = &r.conformance {
