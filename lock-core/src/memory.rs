@@ -45,6 +45,9 @@ pub enum MemoryFault {
 /// - Waiters are served first come, first served: a release or an expiry
 ///   hands the key directly to the oldest waiter, woken by a channel, with
 ///   no polling. Expiry is noticed by a timer at the holder's expiry instant.
+///   A hand-off is dated when it is made; one that reaches its waiter only
+///   after its deadline (the waiting task ran late) is given back and the
+///   acquire fails with [`ErrorKind::LeaseLost`].
 /// - Read-write locks and semaphores (see [`crate::kind`]): per key a list
 ///   of holders, each with its own expiry, and one FIFO queue, so a waiting
 ///   writer keeps new readers out and a large permit request is not
@@ -208,7 +211,19 @@ impl MemoryBackend {
         fresh_lease(key, owner, token, ttl, now)
     }
 
-    /// Hands a free key to the oldest waiter still listening.
+    /// Hands a free key to the oldest waiter still listening (under the
+    /// store's lock, as every caller holds it).
+    ///
+    /// The grant is dated when it is made, read under the lock, not at
+    /// `now` (when the caller, maybe the releaser, read the clock before it
+    /// took the lock): the holder's expiry and the lease's deadline both
+    /// count from that instant, so the lease promises no more than the
+    /// store keeps. The waiter's own request was sent earlier still, but
+    /// dating from it would hand every waiter that waited longer than its
+    /// TTL a lease already over; the hand-off is the server's grant, on the
+    /// waiter's own clock (one process). What the waiter must still check
+    /// is that the lease has not run out by the time it takes it (its task
+    /// may run late): see [`arrived`].
     fn hand_off(&self, key: &LockKey, state: &mut KeyState, now: Instant) {
         state.reap(now);
         while state.holder.is_none() {
@@ -218,7 +233,7 @@ impl MemoryBackend {
             if waiter.tx.is_closed() {
                 continue;
             }
-            let lease = self.grant(key, state, waiter.ttl, now);
+            let lease = self.grant(key, state, waiter.ttl, Instant::now());
             if waiter.tx.send(lease).is_err() {
                 state.holder = None;
             }
@@ -234,6 +249,50 @@ impl MemoryBackend {
     fn invalid(err: LockError, key: &LockKey) -> LockError {
         err.with_key(key).with_backend(NAME)
     }
+
+    /// Gives a mutex grant back if it is still the holder (no fault
+    /// checked): `release` without the injected faults, for a grant the
+    /// store itself must undo.
+    fn give_back(&self, lease: &Lease) -> bool {
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(lease.key()) else {
+            return false;
+        };
+        state.reap(now);
+        let ours = state
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.owner == lease.owner());
+        if ours {
+            state.holder = None;
+        }
+        self.hand_off(lease.key(), state, now);
+        if state.is_idle() {
+            keys.remove(lease.key());
+        }
+        ours
+    }
+}
+
+/// A handed-off `lease` as its waiter takes it: returned while its deadline
+/// is ahead, else given back (`give_back`, so the key goes on to the next
+/// waiter now, not at the stale holder's expiry) and refused with
+/// [`ErrorKind::LeaseLost`], as a driver refuses a grant whose reply came
+/// after its deadline. A hand-off waits in its channel until the waiter's
+/// task runs, which may be arbitrarily late (a blocked runtime).
+fn arrived(lease: Lease, give_back: impl FnOnce(&Lease)) -> Result<Lease, LockError> {
+    if lease.validity_deadline() > Instant::now() {
+        return Ok(lease);
+    }
+    give_back(&lease);
+    Err(LockError::new(
+        ErrorKind::LeaseLost,
+        Operation::Acquire,
+        "the hand-off reached the waiter after its validity deadline (the waiting task ran late)",
+    )
+    .with_key(lease.key())
+    .with_backend(NAME))
 }
 
 /// The lease of a grant made at `now`. Granted and timed in one step under
@@ -261,8 +320,9 @@ struct Pending {
 /// The waiting half of an `acquire` (mutex or share) whose waiter is queued
 /// with `pending`: sleeps until the grant, the next expiry or the deadline,
 /// then has `hand_off` run the queue under the store's lock (it returns the
-/// next expiry) and looks again. Unless `pending.done` is set on return, the
-/// caller's registration still owns the waiter and withdraws it on drop.
+/// next expiry) and looks again. The caller takes a grant through
+/// [`arrived`]. Unless `pending.done` is set on return, the caller's
+/// registration still owns the waiter and withdraws it on drop.
 async fn wait_for_hand_off(
     pending: &mut Pending,
     key: &LockKey,
@@ -481,7 +541,7 @@ impl LockBackend for MemoryBackend {
             id,
             pending: Pending { rx, done: false },
         };
-        wait_for_hand_off(
+        let granted = wait_for_hand_off(
             &mut registration.pending,
             key,
             expiry,
@@ -495,7 +555,10 @@ impl LockBackend for MemoryBackend {
             },
             || "still held by another owner at the wait deadline".to_owned(),
         )
-        .await
+        .await?;
+        arrived(granted, |lease| {
+            self.give_back(lease);
+        })
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
@@ -533,24 +596,7 @@ impl LockBackend for MemoryBackend {
         if lease.kind() != LeaseKind::Exclusive {
             return Ok(self.release_share(lease));
         }
-        let now = Instant::now();
-        let mut keys = self.keys();
-        let Some(state) = keys.get_mut(lease.key()) else {
-            return Ok(false);
-        };
-        state.reap(now);
-        let ours = state
-            .holder
-            .as_ref()
-            .is_some_and(|h| h.owner == lease.owner());
-        if ours {
-            state.holder = None;
-        }
-        self.hand_off(lease.key(), state, now);
-        if state.is_idle() {
-            keys.remove(lease.key());
-        }
-        Ok(ours)
+        Ok(self.give_back(lease))
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {

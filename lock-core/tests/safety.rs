@@ -444,3 +444,48 @@ async fn a_deadline_capped_below_a_full_ttl_does_not_make_renewal_spin() {
     );
     assert!(guard.release().await.unwrap());
 }
+
+/// Issue 37: a lease handed off to a waiter (by the holder's release) is
+/// checked when the waiter takes it. A waiter whose task only runs again
+/// after the lease's deadline (here: the runtime's one thread blocked for
+/// longer than the TTL) gets `LeaseLost`, never a lease that is already
+/// over; the key is not left to that dead grant. For the mutex and for a
+/// write share alike.
+#[tokio::test(flavor = "current_thread")]
+async fn a_handed_off_lease_past_its_deadline_is_never_returned() {
+    use lock_core::LeaseKind;
+    for kind in [LeaseKind::Exclusive, LeaseKind::Write] {
+        let backend = MemoryBackend::new();
+        let k = key("handed-off");
+        let held = backend
+            .try_acquire_kind(&k, kind, TTL)
+            .await
+            .unwrap()
+            .expect("free");
+        let waiter = {
+            let (backend, k) = (backend.clone(), k.clone());
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let result = backend.acquire_kind(&k, kind, TTL, deadline).await;
+                (result, Instant::now())
+            })
+        };
+        // The waiter queues.
+        sleep(Duration::from_millis(20)).await;
+        assert!(backend.release(&held).await.unwrap());
+        // The hand-off is made; the waiter cannot run until well past its
+        // lease's deadline.
+        std::thread::sleep(TTL + Duration::from_millis(100));
+        let (result, returned_at) = waiter.await.unwrap();
+        match result {
+            Ok(lease) => assert!(
+                lease.validity_deadline() > returned_at,
+                "{kind}: acquire returned a lease {:?} past its deadline",
+                returned_at - lease.validity_deadline()
+            ),
+            Err(err) => assert_eq!(err.kind(), ErrorKind::LeaseLost, "{kind}: {err}"),
+        }
+        let again = backend.try_acquire_kind(&k, kind, TTL).await.unwrap();
+        assert!(again.is_some(), "{kind}: the dead hand-off kept the key");
+    }
+}

@@ -168,7 +168,9 @@ impl MemoryBackend {
         super::fresh_lease(key, owner, token, ttl, now).with_kind(kind)
     }
 
-    /// Grants the head of the queue while it fits.
+    /// Grants the head of the queue while it fits (under the store's lock;
+    /// each grant dated when it is made, as [`MemoryBackend::hand_off`]
+    /// explains).
     fn hand_off_shares(&self, key: &LockKey, state: &mut SharedState, now: Instant) {
         state.reap(now);
         while let Some(head) = state.waiters.front() {
@@ -182,7 +184,7 @@ impl MemoryBackend {
             let Some(waiter) = state.waiters.pop_front() else {
                 return;
             };
-            let lease = self.grant_share(key, state, waiter.kind, waiter.ttl, now);
+            let lease = self.grant_share(key, state, waiter.kind, waiter.ttl, Instant::now());
             if waiter.tx.send(lease).is_err() {
                 state.holders.pop();
             }
@@ -245,7 +247,7 @@ impl MemoryBackend {
             id,
             pending: Pending { rx, done: false },
         };
-        super::wait_for_hand_off(
+        let granted = super::wait_for_hand_off(
             &mut registration.pending,
             key,
             expiry,
@@ -259,7 +261,10 @@ impl MemoryBackend {
             },
             || format!("cannot take {kind} before the wait deadline"),
         )
-        .await
+        .await?;
+        super::arrived(granted, |lease| {
+            self.release_share(lease);
+        })
     }
 
     fn not_held(lease: &Lease, operation: Operation) -> LockError {
