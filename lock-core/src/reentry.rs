@@ -7,7 +7,10 @@
 //! is wrong in async Rust: a task moves between threads and many tasks
 //! share one. Here the scope is the *task* that entered it: a task spawned
 //! from inside a scope is not in it, and asks like any other client (it
-//! waits while the lock is held, even by its parent).
+//! waits while the lock is held, even by its parent). Scopes nest, and two
+//! scopes running at once in one task (`join!`, `select!`) are apart: each
+//! sees its own lock and those of the scopes it was entered from, never
+//! its sibling's.
 //!
 //! The outermost guard owns the grant: nested guards are views of it.
 //! Releasing or dropping a nested guard only ends that view; the lock is
@@ -15,7 +18,6 @@
 //! reads `Released` (or `Lost`, at the same moment as the outer guard, if
 //! the lock is lost).
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -26,10 +28,21 @@ use crate::kind::LeaseKind;
 use crate::scheduler::Scheduler;
 
 tokio::task_local! {
-    static SCOPE: RefCell<Vec<Entry>>;
+    /// The innermost scope the code being polled runs in. Each scope sets
+    /// its own value for its own future only (tokio swaps it in around
+    /// each poll of that future), so two scopes running at once in one
+    /// task (`join!`, `select!`) never see or end each other's entries: a
+    /// per-task stack would let the first to finish pop the other's.
+    static SCOPE: Arc<Scope>;
 }
 
-#[derive(Clone)]
+/// One scope: its lock and the scope it was entered from (shared with the
+/// scope's siblings, never changed).
+struct Scope {
+    entry: Entry,
+    parent: Option<Arc<Scope>>,
+}
+
 struct Entry {
     backend: usize,
     key: LockKey,
@@ -50,23 +63,30 @@ fn covers(held: LeaseKind, asked: LeaseKind) -> bool {
 }
 
 /// A nested guard for `key` when the current task runs inside the scope of
-/// a live guard of `backend` that covers `kind`.
+/// a live guard of `backend` that covers `kind` (the innermost such scope).
 pub(crate) fn find(backend: usize, key: &LockKey, kind: LeaseKind) -> Option<LockGuard> {
     SCOPE
-        .try_with(|scope| {
-            scope
-                .borrow()
-                .iter()
-                .rev()
-                .find(|e| e.backend == backend && &e.key == key && covers(e.kind, kind))
-                .filter(|e| e.shared.is_held())
-                .map(|e| LockGuard::nested(e.shared.clone(), e.scheduler.clone()))
+        .try_with(|innermost| {
+            let mut scope = Some(innermost);
+            while let Some(current) = scope {
+                let e = &current.entry;
+                if e.backend == backend && &e.key == key && covers(e.kind, kind) {
+                    return e
+                        .shared
+                        .is_held()
+                        .then(|| LockGuard::nested(e.shared.clone(), e.scheduler.clone()));
+                }
+                scope = current.parent.as_ref();
+            }
+            None
         })
         .ok()
         .flatten()
 }
 
-/// Runs `work` with `guard`'s lock in the current task's scope.
+/// Runs `work` with `guard`'s lock in the current task's scope: a scope of
+/// its own, inside the one it is entered from (if any), that ends with
+/// `work` (also when `work` is dropped half way).
 pub(crate) async fn run_in_scope<F: Future>(
     backend: usize,
     shared: Arc<Shared>,
@@ -80,20 +100,6 @@ pub(crate) async fn run_in_scope<F: Future>(
         shared,
         scheduler,
     };
-    let pushed = SCOPE
-        .try_with(|scope| scope.borrow_mut().push(entry.clone()))
-        .is_ok();
-    if !pushed {
-        return SCOPE.scope(RefCell::new(vec![entry]), work).await;
-    }
-    // Already inside a scope: extend it for `work`, and take the entry
-    // back out afterwards, also when `work` is dropped half way.
-    struct Pop;
-    impl Drop for Pop {
-        fn drop(&mut self) {
-            let _ = SCOPE.try_with(|scope| scope.borrow_mut().pop());
-        }
-    }
-    let _pop = Pop;
-    work.await
+    let parent = SCOPE.try_with(Arc::clone).ok();
+    SCOPE.scope(Arc::new(Scope { entry, parent }), work).await
 }

@@ -160,3 +160,81 @@ impl RefusesDowngrade for lock_core::LockGuard {
         self.downgrade().await.is_err()
     }
 }
+
+/// Whether `client` hands out `key` right now, and nested: `Some(true)`
+/// nested (the key is in the current scope), `Some(false)` a real grant
+/// (given back), `None` refused.
+async fn nested_here(client: &LockClient, key: &str) -> Option<bool> {
+    let guard = client.lock(key).try_acquire().await.unwrap()?;
+    let nested = guard.is_nested();
+    guard.release().await.unwrap();
+    Some(nested)
+}
+
+/// Issue 37: two scopes running at once in one task (`join!`, `select!`)
+/// each see their own lock and their parents', never each other's, and one
+/// ending (or dropped half way) takes nothing of the other's with it.
+#[tokio::test]
+async fn sibling_scopes_in_one_task_keep_their_own_entries() {
+    use tokio::time::sleep;
+    let client = LockClient::new(MemoryBackend::new());
+    let outer = client.lock("outer").acquire().await.unwrap();
+    let a = client.lock("a").acquire().await.unwrap();
+    let b = client.lock("b").acquire().await.unwrap();
+    let c = &client;
+    let (in_a, in_b) = outer
+        .scope(async {
+            tokio::join!(
+                a.scope(async {
+                    // Ends first.
+                    sleep(Duration::from_millis(10)).await;
+                    (
+                        nested_here(c, "a").await,
+                        nested_here(c, "b").await,
+                        nested_here(c, "outer").await,
+                    )
+                }),
+                b.scope(async {
+                    sleep(Duration::from_millis(50)).await;
+                    (
+                        nested_here(c, "b").await,
+                        nested_here(c, "a").await,
+                        nested_here(c, "outer").await,
+                    )
+                }),
+            )
+        })
+        .await;
+    assert_eq!(in_a, (Some(true), None, Some(true)), "inside a's scope");
+    assert_eq!(in_b, (Some(true), None, Some(true)), "inside b's scope");
+    // A scope dropped half way by `select!` beside one that goes on.
+    let in_b = outer
+        .scope(async {
+            let ((), in_b) = tokio::join!(
+                async {
+                    tokio::select! {
+                        () = a.scope(std::future::pending::<()>()) => {}
+                        () = sleep(Duration::from_millis(10)) => {}
+                    }
+                },
+                b.scope(async {
+                    sleep(Duration::from_millis(50)).await;
+                    (
+                        nested_here(c, "b").await,
+                        nested_here(c, "a").await,
+                        nested_here(c, "outer").await,
+                    )
+                }),
+            );
+            in_b
+        })
+        .await;
+    assert_eq!(
+        in_b,
+        (Some(true), None, Some(true)),
+        "beside a dropped scope"
+    );
+    for guard in [outer, a, b] {
+        assert!(guard.release().await.unwrap());
+    }
+}
