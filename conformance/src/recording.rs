@@ -28,6 +28,9 @@ use crate::history::{Op, Recorder};
 /// or `fail`; release records `invoke` (which ends the promised window
 /// whatever the outcome), then `ok` / `fail`. An error whose outcome is
 /// unknown (a timeout) is recorded as `fail`: it promised nothing.
+/// `renew_many` is forwarded as the batch it is (the scheduler's renewals
+/// go through the driver's batched path, which is what must be judged),
+/// each lease recorded as one renewal.
 #[derive(Debug)]
 pub struct RecordingBackend {
     inner: Arc<dyn LockBackend>,
@@ -98,6 +101,29 @@ impl LockBackend for RecordingBackend {
         result
     }
 
+    /// Forwards the batch to the inner backend's `renew_many` (not one
+    /// `renew` per lease, which the trait's default would do and which is
+    /// not the path the renewal scheduler takes): every lease's `invoke`
+    /// when the batch is sent, then each one's `ok` with the deadline the
+    /// batch returned for it, or `fail`.
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        for lease in leases {
+            self.recorder
+                .invoke(Op::Renew, lease.key(), Some(lease.token()));
+        }
+        let results = self.inner.renew_many(leases).await;
+        for (i, lease) in leases.iter().enumerate() {
+            let (key, token) = (lease.key(), lease.token());
+            match results.get(i) {
+                Some(Ok(deadline)) => self.recorder.renewed(key, token, *deadline),
+                // An error, or no answer for it (the caller treats that as
+                // a temporary error).
+                _ => self.recorder.failed(Op::Renew, key, Some(token)),
+            }
+        }
+        results
+    }
+
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         let (key, token) = (lease.key(), lease.token());
         self.recorder.invoke(Op::Release, key, Some(token));
@@ -149,19 +175,32 @@ impl LockBackend for RecordingBackend {
         result
     }
 
-    /// Recorded as the write grant's release starting and a read grant
-    /// (with the same token) beginning when the downgrade returned.
+    /// Recorded as the write grant's release invoked when the downgrade is
+    /// sent (the release's start ends the promised window: the service may
+    /// let readers in as soon as it has the request, before the reply is
+    /// back) and an acquire of a read grant (with the same token) that
+    /// begins when the downgrade returned. A failed downgrade is a failed
+    /// release and acquire; the write window stays ended at the invoke (the
+    /// outcome may be unknown, so nothing more was promised).
     async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let (key, token) = (lease.key(), lease.token());
+        self.recorder.invoke(Op::Release, key, Some(token));
+        self.recorder.invoke(Op::Acquire, key, None);
         let result = self.inner.downgrade(lease).await;
-        if let Ok(read) = &result {
-            self.recorder
-                .invoke(Op::Release, lease.key(), Some(lease.token()));
-            self.recorder.acquired_kind(
-                read.key(),
-                LeaseKind::Read,
-                read.token(),
-                read.validity_deadline(),
-            );
+        match &result {
+            Ok(read) => {
+                self.recorder.released(key, token, true);
+                self.recorder.acquired_kind(
+                    read.key(),
+                    LeaseKind::Read,
+                    read.token(),
+                    read.validity_deadline(),
+                );
+            }
+            Err(_) => {
+                self.recorder.failed(Op::Release, key, Some(token));
+                self.recorder.failed(Op::Acquire, key, None);
+            }
         }
         result
     }
