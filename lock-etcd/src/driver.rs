@@ -11,7 +11,7 @@ use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
     Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, ListQuery,
     LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, SharedPage,
-    TtlModel, WaitStrategy, validity_deadline, with_timeout,
+    TtlModel, WaitStrategy, saturating_add, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -407,7 +407,8 @@ impl EtcdBackend {
         attempt: impl std::future::Future<Output = Result<Option<Lease>, LockError>>,
     ) -> Result<Lease, LockError> {
         let grace = Duration::from_millis(250);
-        match tokio::time::timeout_at(deadline + grace, attempt).await {
+        // Saturating: a deadline near the end of time must not overflow.
+        match tokio::time::timeout_at(saturating_add(deadline, grace), attempt).await {
             Ok(Ok(Some(lease))) => Ok(lease),
             Ok(Ok(None)) => Err(protocol_error(Operation::Acquire, key, "no grant")),
             Ok(Err(e)) => Err(e),
@@ -734,5 +735,44 @@ pub fn capabilities() -> Capabilities {
         // Every mutex entry's value carries them (see the crate docs).
         holder_details: true,
         max_held: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The latest `Instant` this platform has (std does not say where time
+    /// ends: found by taking every step that still fits).
+    fn end_of_time() -> Instant {
+        let mut at = Instant::now();
+        let mut step = Duration::from_secs(1 << 62);
+        while !step.is_zero() {
+            match at.checked_add(step) {
+                Some(later) => at = later,
+                None => step /= 2,
+            }
+        }
+        at
+    }
+
+    /// Issue 37: a waiting acquire's bound is its deadline plus a grace;
+    /// a deadline closer to the end of time than that grace must not
+    /// overflow (`Instant + Duration` panics).
+    #[tokio::test]
+    async fn a_wait_with_a_deadline_near_the_end_of_time_does_not_panic() {
+        let key = LockKey::new("far").unwrap();
+        let deadline = end_of_time() - Duration::from_millis(100);
+        let lease = Lease::granted(
+            key.clone(),
+            lock_core::OwnerId::random(),
+            lock_core::FencingToken::new(1),
+            Duration::from_secs(5),
+            Instant::now(),
+            String::new(),
+        )
+        .unwrap();
+        let granted = EtcdBackend::bounded_wait(&key, deadline, async { Ok(Some(lease)) }).await;
+        assert!(granted.is_ok(), "{granted:?}");
     }
 }

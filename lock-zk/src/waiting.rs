@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lock_core::{
     ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, RetryPolicy,
-    SessionState, check_ttl,
+    SessionState, check_ttl, saturating_add,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
@@ -617,7 +617,8 @@ pub(super) async fn bounded_wait(
             .with_key(key)
             .with_backend(NAME)
     };
-    let answered = tokio::time::timeout_at(deadline + ACQUIRE_GRACE, attempt)
+    // Saturating: a deadline near the end of time must not overflow.
+    let answered = tokio::time::timeout_at(saturating_add(deadline, ACQUIRE_GRACE), attempt)
         .await
         .map_err(|_| {
             fail(
@@ -685,5 +686,47 @@ pub(super) async fn wait_lost(state: &mut watch::Receiver<SessionState>) {
         if state.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The latest `Instant` this platform has (std does not say where time
+    /// ends: found by taking every step that still fits).
+    fn end_of_time() -> Instant {
+        let mut at = Instant::now();
+        let mut step = Duration::from_secs(1 << 62);
+        while !step.is_zero() {
+            match at.checked_add(step) {
+                Some(later) => at = later,
+                None => step /= 2,
+            }
+        }
+        at
+    }
+
+    /// Issue 37: a waiting acquire's bound is its deadline plus
+    /// [`ACQUIRE_GRACE`]; a deadline closer to the end of time than that
+    /// must not overflow (`Instant + Duration` panics).
+    #[tokio::test]
+    async fn a_wait_with_a_deadline_near_the_end_of_time_does_not_panic() {
+        let key = LockKey::new("far").unwrap();
+        let deadline = end_of_time() - Duration::from_millis(100);
+        let lease = Lease::granted(
+            key.clone(),
+            OwnerId::random(),
+            FencingToken::new(1),
+            Duration::from_secs(5),
+            Instant::now(),
+            String::new(),
+        )
+        .unwrap();
+        let granted = bounded_wait(&key, deadline, ("wait deadline", "held"), async {
+            Ok(Some(lease))
+        })
+        .await;
+        assert!(granted.is_ok(), "{granted:?}");
     }
 }
