@@ -49,7 +49,10 @@
 //! - **Not linearizable**: a failover to a lagging replica, or a restart
 //!   without fsync, can grant a key twice and send its token **backwards**
 //!   (`fencing_survives_failover` is `false`); `replicas=N` narrows that
-//!   window and does not close it.
+//!   window and does not close it. Its `WAIT` runs right after the grant on
+//!   the grant's own connection (`WAIT` only counts that connection's
+//!   writes); a grant whose connection breaks before `WAIT` answers is
+//!   undone like one whose answer was lost.
 //! - An evicting `maxmemory-policy` deletes held locks or token counters: run
 //!   with `noeviction` (checked at connect, see [`RedisBackend::eviction`]).
 //! - **Redlock has no safe fencing token** ([`FencingScope::None`]) and its

@@ -591,6 +591,62 @@ async fn wait_for_replicas_undoes_unacknowledged_grants() {
     assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported);
 }
 
+/// Issue 37: `WAIT` confirms only the writes of the connection it runs on.
+/// Here the client's shared connection is dropped (another call on it timed
+/// out) while the grant script's answer is on its way back, so the next
+/// call opens a fresh connection; a `WAIT` sent there would count a replica
+/// that never got the grant (a fresh connection has written nothing to
+/// wait for) and confirm it. The replica is frozen: the grant must be
+/// refused and undone, as when nothing reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_replicas_confirms_on_the_grants_own_connection() {
+    let _serial = SERIAL.lock().await;
+    let Some(master) = RedisServer::start().await.or_skip() else {
+        return;
+    };
+    let mut replica = RedisServer::start_replica_of(&master).await.unwrap();
+    replica
+        .wait_replica_synced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], master.port()));
+    let proxy = conformance::proxy::FaultProxy::start(upstream)
+        .await
+        .unwrap();
+    let url = format!(
+        "redis://127.0.0.1:{}?replicas=1&wait_timeout=200ms&timeout=5s",
+        proxy.port()
+    );
+    let backend = Arc::new(lock_redis::connect(&url).await.unwrap());
+    let (k, other) = (key("confirmed"), key("dropped-connection"));
+    let ttl = Duration::from_secs(30);
+    // Connected, and the paths warm (scripts loaded).
+    let warm = backend.try_acquire(&k, ttl).await.unwrap().expect("free");
+    assert!(backend.release(&warm).await.unwrap());
+    replica.process().pause().unwrap();
+    proxy.set_latency(Duration::from_millis(200), Duration::ZERO);
+    // A waiting acquire whose attempt times out after 100 ms drops the
+    // shared connection; the grant below was sent on it just before.
+    let dropper = {
+        let (backend, other) = (backend.clone(), other.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_millis(100);
+            let _ = backend.acquire(&other, ttl, deadline).await;
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let granted = backend.try_acquire(&k, ttl).await;
+    dropper.await.unwrap();
+    proxy.set_latency(Duration::ZERO, Duration::ZERO);
+    replica.process().resume().unwrap();
+    match granted {
+        Ok(lease) => panic!(
+            "a grant no replica acknowledged was confirmed (WAIT ran on another connection): {lease:?}"
+        ),
+        Err(err) => assert!(err.message().contains("replicas"), "{err}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinel_master_killed_clients_follow_the_promoted_replica() {
     let Some((target, _serial, backend, k)) = sentinel_in_use("killed-master").await else {

@@ -15,7 +15,7 @@ use tokio::sync::futures::Notified;
 use tokio::time::{Instant, sleep_until};
 
 use super::{Inner, RedisBackend};
-use crate::conn::Node;
+use crate::conn::{Conn, Node};
 use crate::error::{NAME, still_held};
 use crate::scripts::{GrantArgs, KeyNames, NodeGrant, as_int, parse_grant, pttl, ttl_ms};
 
@@ -279,16 +279,27 @@ impl RedisBackend {
         };
         let results = each_node(&inner.nodes, |node| {
             let (names, grant) = (&names, &grant);
-            node.run(op, per_node, move |mut conn| async move {
-                inner.scripts.call_acquire(&mut conn, names, grant).await
-            })
+            self.run_grant(
+                node,
+                op,
+                per_node,
+                move |mut conn| async move {
+                    inner.scripts.call_acquire(&mut conn, names, grant).await
+                },
+                |value| matches!(parse_grant(value), Ok(NodeGrant::Granted(_))),
+            )
         })
         .await;
         let mut tokens = Vec::new();
         let mut held_pttl: Option<Duration> = None;
         let mut errors = Vec::new();
+        let mut acked = None;
         for result in results {
-            match result.and_then(|v| parse_grant(&v)) {
+            let result = result.and_then(|(value, replicas)| {
+                acked = acked.or(replicas);
+                parse_grant(&value)
+            });
+            match result {
                 Ok(NodeGrant::Granted(token)) => tokens.push(token),
                 Ok(NodeGrant::Held(ms)) => {
                     let left = pttl(ms).unwrap_or(Duration::ZERO);
@@ -304,9 +315,7 @@ impl RedisBackend {
         if tokens.len() >= inner.quorum {
             // Redlock: the highest node counter is a hint, not a safe token.
             let token = tokens.iter().copied().max().unwrap_or(0);
-            if inner.config.wait_replicas > 0
-                && let Err(err) = self.wait_replicas(op, timeout).await
-            {
+            if let Err(err) = self.replicas_acked(op, acked) {
                 // `pending` releases the grant on drop.
                 return Err(err.with_key(key));
             }
@@ -350,25 +359,72 @@ impl RedisBackend {
         })
     }
 
-    pub(super) async fn wait_replicas(
+    /// Runs a grant script (`script`, on a handle of `node`'s connection)
+    /// and, with `replicas=N` configured, when the answer is a grant
+    /// (`is_grant`), `WAIT`s for the replicas on the *same* connection
+    /// right after it, within the same bounded call. `WAIT` counts the
+    /// acknowledgements of the writes of the connection it runs on: sent on
+    /// another one (the shared connection re-established in between, after
+    /// some other call on it failed or timed out) it would confirm nothing.
+    /// If that connection breaks before `WAIT` answers, the call fails like
+    /// a grant whose answer was lost (the caller undoes it). Returns the
+    /// script's answer and how many replicas acknowledged it (`None`: no
+    /// `WAIT` was sent).
+    pub(super) async fn run_grant<F, Fut>(
         &self,
+        node: &Node,
         op: Operation,
         timeout: Duration,
-    ) -> Result<(), LockError> {
+        script: F,
+        is_grant: impl FnOnce(&Value) -> bool,
+    ) -> Result<(Value, Option<i64>), LockError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<Value>>,
+    {
         let config = &self.inner.config;
         let wanted = config.wait_replicas;
         let wait_ms = config.wait_timeout.as_millis().to_string();
-        let node = &self.inner.nodes[0];
-        let acked = node
-            .run(
+        // `WAIT` blocks up to its own timeout on the server.
+        let bound = if wanted > 0 {
+            timeout.saturating_add(config.wait_timeout * 2)
+        } else {
+            timeout
+        };
+        node.run(op, bound, |mut conn| async move {
+            // A clone of the handle: the same server connection.
+            let value = script(conn.clone()).await?;
+            if wanted == 0 || !is_grant(&value) {
+                return Ok((value, None));
+            }
+            let acked = conn
+                .query::<i64>(redis::cmd("WAIT").arg(wanted).arg(&wait_ms))
+                .await?;
+            Ok((value, Some(acked)))
+        })
+        .await
+    }
+
+    /// Whether a grant's `WAIT` (see [`run_grant`](Self::run_grant)) was
+    /// acknowledged by the configured number of replicas; always with none
+    /// configured.
+    pub(super) fn replicas_acked(
+        &self,
+        op: Operation,
+        acked: Option<i64>,
+    ) -> Result<(), LockError> {
+        let wanted = self.inner.config.wait_replicas;
+        if wanted == 0 {
+            return Ok(());
+        }
+        let Some(acked) = acked else {
+            return Err(LockError::new(
+                ErrorKind::Backend,
                 op,
-                timeout.max(config.wait_timeout * 2),
-                |mut conn| async move {
-                    conn.query::<i64>(redis::cmd("WAIT").arg(wanted).arg(&wait_ms))
-                        .await
-                },
+                "the grant was not confirmed by WAIT on its connection; it was undone",
             )
-            .await?;
+            .with_backend(NAME));
+        };
         if acked < i64::from(wanted) {
             return Err(LockError::new(
                 ErrorKind::Unavailable,
@@ -380,20 +436,19 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// After a one-server grant to `owner_hex` under `names`: with
-    /// `wait_replicas` configured, waits for that many replicas; a grant
-    /// too few replicas took is undone (a waiting entry goes with it).
+    /// After a one-server grant to `owner_hex` under `names`, whose `WAIT`
+    /// (on the grant's connection, see [`run_grant`](Self::run_grant))
+    /// answered `acked`: a grant too few replicas took is undone (a waiting
+    /// entry goes with it).
     pub(super) async fn confirm_one_server_grant<N: Traces>(
         &self,
         names: &N,
         owner_hex: &str,
         op: Operation,
-        timeout: Duration,
+        acked: Option<i64>,
         key: &LockKey,
     ) -> Result<(), LockError> {
-        if self.inner.config.wait_replicas > 0
-            && let Err(err) = self.wait_replicas(op, timeout).await
-        {
+        if let Err(err) = self.replicas_acked(op, acked) {
             let _ = names.abandon(&self.inner, owner_hex).await;
             return Err(err.with_key(key));
         }

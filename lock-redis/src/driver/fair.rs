@@ -66,15 +66,19 @@ impl RedisBackend {
         keys.extend(self.inner.floor.key_for(&names.mutex.counter));
         let keys = &keys;
         let sent_at = Instant::now();
-        let value = self.inner.nodes[0]
-            .run(op, timeout, |mut conn| async move {
-                conn.eval(&FAIR.acquire, keys, &args).await
-            })
+        let (value, acked) = self
+            .run_grant(
+                &self.inner.nodes[0],
+                op,
+                timeout,
+                |mut conn| async move { conn.eval(&FAIR.acquire, keys, &args).await },
+                |value| matches!(parse_grant(value), Ok(NodeGrant::Granted(_))),
+            )
             .await
             .map_err(|e| e.with_key(key))?;
         match parse_grant(&value).map_err(|e| e.with_key(key))? {
             NodeGrant::Granted(token) => {
-                self.confirm_one_server_grant(names, &texts.owner, op, timeout, key)
+                self.confirm_one_server_grant(names, &texts.owner, op, acked, key)
                     .await?;
                 let lease = granted(key, owner, FencingToken::new(token), ttl, sent_at)?;
                 Ok(Attempt::Granted(lease))

@@ -134,10 +134,18 @@ impl RedisBackend {
         let timeout = self.inner.config.operation_timeout;
         let sent_at = Instant::now();
         let (script_keys, args) = (&script_keys, &args);
-        let value = self.inner.nodes[0]
-            .run(op, timeout, move |mut conn| async move {
-                conn.eval(&FAIR.multi_acquire, script_keys, args).await
-            })
+        let (value, acked) = self
+            .run_grant(
+                &self.inner.nodes[0],
+                op,
+                timeout,
+                move |mut conn| async move {
+                    conn.eval(&FAIR.multi_acquire, script_keys, args).await
+                },
+                |value| {
+                    matches!(value, Value::Array(items) if matches!(items.first(), Some(Value::Int(1))))
+                },
+            )
             .await
             .map_err(|e| e.with_key(first))?;
         let Value::Array(items) = &value else {
@@ -154,12 +162,9 @@ impl RedisBackend {
                 let Some(tokens) = tokens else {
                     return Err(unexpected(op, &value).with_key(first));
                 };
-                if self.inner.config.wait_replicas > 0 {
-                    // `pending` releases the set on error.
-                    self.wait_replicas(op, timeout)
-                        .await
-                        .map_err(|e| e.with_key(first))?;
-                }
+                // `pending` releases the set on error.
+                self.replicas_acked(op, acked)
+                    .map_err(|e| e.with_key(first))?;
                 let leases = keys
                     .iter()
                     .zip(owners)

@@ -189,52 +189,55 @@ impl RedisBackend {
         let (owner_ref, ttl_ref) = (texts.owner.as_str(), texts.ttl.as_str());
         let (wait_flag, details) = (texts.wait.as_str(), texts.details.as_str());
         let sent_at = Instant::now();
-        let value = self.inner.nodes[0]
-            .run(op, timeout, move |mut conn| async move {
-                match (names, kind) {
-                    (Names::Sem(n), LeaseKind::Permits { count, limit }) => {
-                        let (count, limit) = (count.to_string(), limit.to_string());
-                        conn.eval(
-                            &SHARED.sem_acquire,
-                            &[
-                                &n.holders,
-                                &n.counts,
-                                &n.tokens,
-                                &n.queue,
-                                &n.queue_expiry,
-                                &n.counters,
-                                &n.details,
-                            ],
-                            &[
-                                owner_ref, ttl_ref, &count, &limit, wait_flag, &n.channel, details,
-                            ],
-                        )
-                        .await
-                    }
-                    (Names::Rw(n), kind) => {
-                        let side = if kind == LeaseKind::Read { "r" } else { "w" };
-                        conn.eval(
-                            &SHARED.rw_acquire,
-                            &[
-                                &n.writer,
-                                &n.readers,
-                                &n.queue,
-                                &n.queue_expiry,
-                                &n.counters,
-                                &n.details,
-                                &n.writer_details,
-                            ],
-                            &[owner_ref, ttl_ref, side, wait_flag, &n.channel, details],
-                        )
-                        .await
-                    }
-                    (Names::Sem(_), _) => Ok(Value::Nil),
+        let script = move |mut conn: crate::conn::Conn| async move {
+            match (names, kind) {
+                (Names::Sem(n), LeaseKind::Permits { count, limit }) => {
+                    let (count, limit) = (count.to_string(), limit.to_string());
+                    conn.eval(
+                        &SHARED.sem_acquire,
+                        &[
+                            &n.holders,
+                            &n.counts,
+                            &n.tokens,
+                            &n.queue,
+                            &n.queue_expiry,
+                            &n.counters,
+                            &n.details,
+                        ],
+                        &[
+                            owner_ref, ttl_ref, &count, &limit, wait_flag, &n.channel, details,
+                        ],
+                    )
+                    .await
                 }
+                (Names::Rw(n), kind) => {
+                    let side = if kind == LeaseKind::Read { "r" } else { "w" };
+                    conn.eval(
+                        &SHARED.rw_acquire,
+                        &[
+                            &n.writer,
+                            &n.readers,
+                            &n.queue,
+                            &n.queue_expiry,
+                            &n.counters,
+                            &n.details,
+                            &n.writer_details,
+                        ],
+                        &[owner_ref, ttl_ref, side, wait_flag, &n.channel, details],
+                    )
+                    .await
+                }
+                (Names::Sem(_), _) => Ok(Value::Nil),
+            }
+        };
+        let (value, acked) = self
+            .run_grant(&self.inner.nodes[0], op, timeout, script, |value| {
+                matches!(pair(value, op), Ok((1, _)))
             })
             .await?;
         match pair(&value, op)? {
             (1, n) => {
-                self.confirm_one_server_grant(names, &texts.owner, op, timeout, key)
+                self.confirm_one_server_grant(names, &texts.owner, op, acked, key)
                     .await?;
                 let lease =
                     granted(key, owner, token_of(n, op, &value)?, ttl, sent_at)?.with_kind(kind);
