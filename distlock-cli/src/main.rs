@@ -7,7 +7,8 @@
 //! lock that is not held; 2 usage or configuration error; 69 backend
 //! unavailable or failed; 75 lock held by someone else past `--wait`
 //! (override with `--conflict-exit-code`); 76 lock lost while the command
-//! ran; 126 the command could not be started.
+//! ran; 77 lock lost before the command started (it did not run); 126 the
+//! command could not be started.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,6 +19,7 @@ use distlock::{Config, LockError, parse_duration};
 use lock_core::{ErrorKind, Lease, LeaseKind, LockClient};
 
 mod admin;
+mod keeper;
 mod listing;
 mod metrics_http;
 mod run;
@@ -32,8 +34,11 @@ mod exit {
     pub(crate) const UNAVAILABLE: u8 = 69;
     /// The lock stayed held by someone else past --wait (like `flock -w`).
     pub(crate) const CONTENDED: u8 = 75;
-    /// The lock was lost while the command ran.
+    /// `run`/`elect`: the lock was lost while the command ran.
     pub(crate) const LOCK_LOST: u8 = 76;
+    /// `run`/`elect`: the lock was lost before the command started (it
+    /// did not run).
+    pub(crate) const LOST_BEFORE_START: u8 = 77;
     /// The command could not be started.
     pub(crate) const CANNOT_EXEC: u8 = 126;
 }
@@ -46,7 +51,8 @@ Durations: 500ms, 30s, 5m, 1h, 1m30s.
 Exit codes: 0 ok (run: the command's own status); 1 not held (release,
 renew); 2 usage or configuration error; 69 backend unavailable; 75 lock
 held by someone else past --wait; 76 lock lost while the command ran;
-126 command could not be started.";
+77 lock lost before the command started (not run); 126 command could not
+be started.";
 
 /// Distributed locks from the shell.
 #[derive(Parser, Debug)]
@@ -351,8 +357,23 @@ fn duration_arg(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.message().to_owned())
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // Before any thread exists: `distlock run` starts this binary again as
+    // its command's keeper.
+    keeper::run_if_keeper();
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(async_main()),
+        Err(err) => {
+            eprintln!("distlock: cannot start the runtime: {err}");
+            ExitCode::from(exit::UNAVAILABLE)
+        }
+    }
+}
+
+async fn async_main() -> ExitCode {
     let cli = Cli::parse();
     match dispatch(cli).await {
         Ok(code) => ExitCode::from(code),
@@ -368,7 +389,9 @@ fn code_for(err: &LockError) -> u8 {
         ErrorKind::InvalidArgument | ErrorKind::Config | ErrorKind::Unsupported => exit::USAGE,
         ErrorKind::Contended => exit::CONTENDED,
         ErrorKind::NotHeld => exit::NOT_HELD,
-        ErrorKind::LeaseLost => exit::LOCK_LOST,
+        // A lease found lost by `renew` or `release` is simply not held;
+        // 76 is for a command that ran under a lock that was lost.
+        ErrorKind::LeaseLost => exit::NOT_HELD,
         _ => exit::UNAVAILABLE,
     }
 }

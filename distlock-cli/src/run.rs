@@ -143,31 +143,35 @@ pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockEr
         Some(asked) => asked.min(fits),
         None => DEFAULT_KILL_AFTER.min(fits),
     };
-    let mut cmd = Command::new(program);
-    if let Some(name) = &args.election {
-        cmd.env("DISTLOCK_ELECTION", name)
-            .env("DISTLOCK_TERM", guard.token().to_string());
+    // The lock may already be gone (a lease lost between the grant and
+    // now): the command must not start at all.
+    if let LockState::Lost(reason) = guard.state() {
+        eprintln!(
+            "distlock: lock {:?} lost before the command started ({reason}); not running it",
+            args.key
+        );
+        let _ = guard.release().await;
+        return Ok(exit::LOST_BEFORE_START);
     }
-    cmd.args(rest)
-        .env("DISTLOCK_KEY", &args.key)
-        .env("DISTLOCK_LOCK_KIND", guard.kind().code())
-        .env("DISTLOCK_FENCING_TOKEN", guard.token().to_string())
-        .env("DISTLOCK_OWNER", guard.owner().to_hex())
-        .env("DISTLOCK_HANDLE", guard.lease().to_handle())
-        .stdin(Stdio::inherit())
-        // Its own process group: forwarded signals and the on-lost action
-        // reach the whole job, grandchildren included.
-        .process_group(0)
-        .kill_on_drop(false);
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
+    // Signals are handled from before the command exists: one that comes
+    // while it starts is forwarded, not left to kill distlock alone.
+    let mut signals = Signals::new();
+    let foreground = terminal_is_ours();
+    let (mut child, watch) = match spawn_kept(program, rest, &args, &guard, foreground) {
+        Ok(started) => started,
         Err(err) => {
             let _ = guard.release().await;
             eprintln!("distlock: cannot start {program:?}: {err}");
             return Ok(exit::CANNOT_EXEC);
         }
     };
-    let outcome = supervise(&mut child, &guard, &args, kill_after).await;
+    let outcome = supervise(&mut child, &guard, &args, kill_after, &mut signals).await;
+    if foreground {
+        take_terminal_back();
+    }
+    // The keeper has ended (or is being waited for no more): closing the
+    // watch pipe now only tells a keeper still alive to stop everything.
+    drop(watch);
     let released = guard.release().await;
     match outcome {
         Supervised::Exited(status) => {
@@ -228,10 +232,10 @@ async fn supervise(
     guard: &LockGuard,
     args: &RunArgs,
     kill_after: Duration,
+    signals: &mut Signals,
 ) -> Supervised {
     let pid = child.id().and_then(|p| libc::pid_t::try_from(p).ok());
     let margin = stop_margin(guard.lease().ttl());
-    let mut signals = Signals::new();
     let mut states = guard.subscribe();
     let mut states_open = true;
     let mut lost_reason: Option<String> = None;
@@ -340,6 +344,90 @@ async fn supervise(
                 lost_reason = Some(reason);
             }
         }
+    }
+}
+
+/// Starts the command under a keeper (see [`crate::keeper`]): this binary
+/// again, leading a process group of its own, with the read end of a pipe
+/// whose write end (returned) only this process holds. Whatever ends this
+/// process closes it, and the keeper then kills the command.
+fn spawn_kept(
+    program: &str,
+    rest: &[String],
+    args: &RunArgs,
+    guard: &LockGuard,
+    foreground: bool,
+) -> std::io::Result<(Child, std::os::fd::OwnedFd)> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned only here.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let watch = read_end.as_raw_fd();
+    // `/proc/self/exe` is this very binary even if its file was replaced
+    // or removed since it started.
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg(crate::keeper::ARG).arg(watch.to_string());
+    if foreground {
+        cmd.arg("--foreground");
+    }
+    cmd.arg("--").arg(program).args(rest);
+    if let Some(name) = &args.election {
+        cmd.env("DISTLOCK_ELECTION", name)
+            .env("DISTLOCK_TERM", guard.token().to_string());
+    }
+    cmd.env("DISTLOCK_KEY", &args.key)
+        .env("DISTLOCK_LOCK_KIND", guard.kind().code())
+        .env("DISTLOCK_FENCING_TOKEN", guard.token().to_string())
+        .env("DISTLOCK_OWNER", guard.owner().to_hex())
+        .env("DISTLOCK_HANDLE", guard.lease().to_handle())
+        .stdin(Stdio::inherit())
+        // Its own process group: forwarded signals and the on-lost action
+        // reach the whole job, grandchildren included.
+        .process_group(0)
+        .kill_on_drop(false);
+    // SAFETY: the closure runs between fork and exec and only calls
+    // fcntl(2), which is async-signal-safe; it lets the read end (and only
+    // it) survive the exec into the keeper.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(watch, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    drop(read_end);
+    if foreground {
+        // From here this process is in a background group; writing to the
+        // terminal or taking it back must not stop it.
+        // SAFETY: signal(2) with integer arguments.
+        unsafe {
+            libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+        }
+    }
+    Ok((child, write_end))
+}
+
+/// Whether stdin is a terminal whose foreground process group is ours: the
+/// command then gets the terminal (its keeper makes its group the
+/// foreground), so reading it does not stop it with SIGTTIN.
+fn terminal_is_ours() -> bool {
+    // SAFETY: isatty, tcgetpgrp and getpgrp take integers only.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// Makes our process group the terminal's foreground again (SIGTTOU is
+/// ignored since the command was given the terminal).
+fn take_terminal_back() {
+    // SAFETY: tcsetpgrp and getpgrp take integers only.
+    unsafe {
+        libc::tcsetpgrp(0, libc::getpgrp());
     }
 }
 
