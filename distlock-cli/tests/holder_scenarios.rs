@@ -79,3 +79,34 @@ async fn a_holder_whose_token_is_above_the_next_grants_is_caught() {
             .unwrap_or(0);
     assert!(symptoms > 0, "{}", report.detail);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holders_command_stops_before_its_deadline() {
+    let report = scenarios::holder_killed(&env(HOLDER_WORK.to_owned())).await;
+    assert_eq!(report.verdict, Verdict::Safe, "{}", report.detail);
+}
+
+/// The broken variant of the check above: a holder whose work runs beside
+/// `distlock run` (started by the same shell, given the token through a
+/// file) instead of under it, so nothing stops the work when `distlock`
+/// dies. `holder_killed` must catch the work writing past the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_work_outlives_it_is_caught() {
+    let bin = env!("CARGO_BIN_EXE_distlock");
+    let unsupervised: HolderCommand = Arc::new(move |url: &str, key: &str, ttl: Duration| {
+        let script = format!(
+            r#"tok=$(mktemp); ( while [ ! -s "$tok" ]; do sleep 0.01; done; DISTLOCK_FENCING_TOKEN=$(cat "$tok"); {HOLDER_WORK} ) & exec {bin} --url "$0" run --ttl {ttl}ms "$1" -- bash -c "echo \$DISTLOCK_FENCING_TOKEN >$tok; exec sleep 600""#,
+            ttl = ttl.as_millis()
+        );
+        let mut cmd = std::process::Command::new("bash");
+        cmd.args(["-c", &script, url, key]);
+        cmd
+    });
+    let env = ScenarioEnv {
+        holder: Some(unsupervised),
+        ..env(HOLDER_WORK.to_owned())
+    };
+    let report = scenarios::holder_killed(&env).await;
+    assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
+    assert!(report.detail.contains("KEPT RUNNING"), "{}", report.detail);
+}

@@ -14,33 +14,74 @@ use crate::resource::ResourceServer;
 
 use super::*;
 
-/// A holder process is killed with SIGKILL: how long until another client
-/// gets the key (TTL or session timeout), and it must get it.
+/// The holder process (`distlock run`, say) is killed with SIGKILL, its pid
+/// alone and not its process group, as the OOM killer or a crash would end
+/// it, while its command writes to the resource. Two things are judged:
+/// another client must get the key (after the TTL or the session timeout:
+/// how long is the figure), and the command must be gone before the
+/// holder's deadline: a write that reaches the resource later than the
+/// kill plus the TTL (no deadline of the killed holder can be later), or
+/// after the next grant, is a command that outlived its lock: a
+/// violation. Whatever the holder left behind is killed when the run ends.
 pub async fn holder_killed(env: &ScenarioEnv) -> ScenarioReport {
     finish(holder_killed_inner(env).await)
 }
 
 pub(super) async fn holder_killed_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String> {
     let observer = client(env).await?;
+    let resource = ResourceServer::start()
+        .await
+        .map_err(|e| format!("resource server: {e}"))?;
     let runs = if env.quick { 2 } else { 5 };
     let mut samples = Vec::new();
+    let mut outlived: Option<Duration> = None;
+    let mut stopped_after = Duration::ZERO;
     for run in 0..runs {
         let key = key(&format!("killed-{run}"));
-        let Some((holder, _)) = start_holder(env, &*observer, &key, None).await? else {
+        let before = resource.arrivals().len();
+        let Some((holder, _)) = start_holder(env, &*observer, &key, Some(&resource)).await? else {
             return Ok(ScenarioReport::skipped(
                 "no holder process or URL for this target",
             ));
         };
+        // The command is running once it has written.
+        let until = Instant::now() + Duration::from_secs(5);
+        while resource.arrivals().len() == before {
+            if Instant::now() >= until {
+                return Err("the holder's command never wrote to the resource".into());
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+        let groups = holder.child_groups();
         let killed_at = Instant::now();
-        holder.kill_group();
-        drop(holder);
+        holder.signal(libc::SIGKILL);
         let bound = free_bound(env, &*observer);
         let lease = observer
             .acquire(&key, env.ttl, killed_at + bound)
             .await
             .map_err(|e| format!("the killed holder's lock was not freed within {bound:?}: {e}"))?;
-        samples.push(killed_at.elapsed());
+        let granted_at = Instant::now();
+        samples.push(granted_at - killed_at);
+        // Watch past both the next grant and the latest deadline the
+        // killed holder can have had.
+        let latest_deadline = killed_at + env.ttl;
+        let limit = latest_deadline.min(granted_at);
+        tokio::time::sleep_until(granted_at.max(latest_deadline) + Duration::from_millis(300))
+            .await;
         let _ = observer.release(&lease).await;
+        let last = resource.arrivals()[before..]
+            .iter()
+            .map(|a| a.at)
+            .max()
+            .unwrap_or(killed_at);
+        stopped_after = stopped_after.max(last.saturating_duration_since(killed_at));
+        if last > limit {
+            let late = last - limit;
+            outlived = Some(outlived.map_or(late, |o| o.max(late)));
+        }
+        // Clean up whatever survived, so the next run starts clean.
+        holder.signal_children(&groups, libc::SIGKILL);
+        drop(holder);
     }
     let mut figures = BTreeMap::new();
     figures.insert(
@@ -51,14 +92,22 @@ pub(super) async fn holder_killed_inner(env: &ScenarioEnv) -> Result<ScenarioRep
         "time_to_free_p99_ms".into(),
         ms(percentile(&mut samples, 0.99)),
     );
+    figures.insert("command_last_write_after_kill_ms".into(), ms(stopped_after));
     figures.insert("runs".into(), json!(runs));
-    Ok(ScenarioReport::judged(
-        false,
-        false,
-        format!(
-            "freed after {:?} (median of {runs})",
+    let detail = match outlived {
+        Some(late) => format!(
+            "the killed holder's COMMAND KEPT RUNNING: it wrote {late:?} past the holder's deadline or the next grant; freed after {:?} (median of {runs})",
             percentile(&mut samples, 0.5)
         ),
+        None => format!(
+            "freed after {:?} (median of {runs}); the command's last write {stopped_after:?} after the kill",
+            percentile(&mut samples, 0.5)
+        ),
+    };
+    Ok(ScenarioReport::judged(
+        false,
+        outlived.is_some(),
+        detail,
         figures,
     ))
 }
