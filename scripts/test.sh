@@ -19,7 +19,6 @@ checks=(
   "mariadbd:mariadb-server"
   "mariadb-install-db:mariadb-server"
   "/usr/lib/postgresql/15/bin/postgres:postgresql"
-  "protoc:protobuf-compiler"
   # The Curator interop tests (lock-zk/tests/curator.rs) compile a Java peer.
   "javac:default-jdk-headless"
   "/usr/share/java/curator-recipes.jar:libcurator-recipes-java"
@@ -32,6 +31,11 @@ checks=(
   "/usr/share/java/metrics-core.jar:libdropwizard-metrics-java"
   # distlock-cli/tests/metrics.rs scrapes the metrics endpoint with curl.
   "curl:curl"
+  # Real partitions (lock-testkit's netns): namespaces, veth, bridge, tc.
+  "ip:iproute2"
+  "tc:iproute2"
+  # distlock-cli/tests/supervision.rs runs distlock on a pseudo-terminal.
+  "script:bsdutils"
 )
 missing=()
 for check in "${checks[@]}"; do
