@@ -61,5 +61,5 @@ pub mod soak;
 pub mod suite;
 
 pub use harness::{Harness, MemoryTarget, SuiteConfig, Target};
-pub use lock_testkit::{HarnessError, OrSkip, link, process, proxy, servers};
+pub use lock_testkit::{HarnessError, OrSkip, link, netns, process, proxy, servers};
 pub use suite::{Case, CaseReport, SuiteReport, all_cases, run_cases, run_suite};

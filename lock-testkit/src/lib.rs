@@ -13,6 +13,9 @@
 //! - [`proxy`]: a TCP fault proxy (latency, partitions, blackholes, resets)
 //!   that also counts round trips; [`link`] gives in-process backends the
 //!   same faults.
+//! - [`netns`]: real partitions in the kernel (network namespaces, veth
+//!   pairs on loopback-range addresses, a blackhole of traffic-control
+//!   queues), where TCP sees what a network failure does.
 //!
 //! The suite itself (cases, scenarios, the checker) lives in the
 //! `conformance` crate, which re-exports these modules.
@@ -21,6 +24,7 @@
 
 pub mod deploy;
 pub mod link;
+pub mod netns;
 pub mod process;
 pub mod proxy;
 pub mod servers;

@@ -249,6 +249,9 @@ pub struct ServerSpec {
     pub ready_timeout: Duration,
     /// Where the server's stdout and stderr go.
     pub log: PathBuf,
+    /// Run in this network namespace (its `/run/netns/NAME` path, see
+    /// [`crate::netns`]) instead of this process's.
+    pub netns: Option<PathBuf>,
 }
 
 impl ServerSpec {
@@ -264,6 +267,7 @@ impl ServerSpec {
             ready: Vec::new(),
             ready_timeout: Duration::from_secs(30),
             log,
+            netns: None,
         }
     }
 
@@ -326,7 +330,7 @@ impl ServerProcess {
         if let Some(cwd) = &self.spec.cwd {
             cmd.current_dir(cwd);
         }
-        self.child = Some(spawn_owned(cmd, self.spec.user)?);
+        self.child = Some(spawn_owned(cmd, self.spec.user, self.spec.netns.clone())?);
         self.paused = false;
         self.wait_ready().await
     }
@@ -580,19 +584,28 @@ pub fn run_setup(
     }
 }
 
-type SpawnRequest = (Command, Option<(u32, u32)>, mpsc::Sender<io::Result<Child>>);
+type SpawnRequest = (
+    Command,
+    Option<(u32, u32)>,
+    Option<PathBuf>,
+    mpsc::Sender<io::Result<Child>>,
+);
 
 /// Spawns on one long-lived thread: the parent-death signal fires when the
 /// *thread* that forked exits, and test threads end early.
-fn spawn_owned(cmd: Command, user: Option<(u32, u32)>) -> io::Result<Child> {
+fn spawn_owned(
+    cmd: Command,
+    user: Option<(u32, u32)>,
+    netns: Option<PathBuf>,
+) -> io::Result<Child> {
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
     let sender = SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
         std::thread::Builder::new()
             .name("server-spawner".into())
             .spawn(move || {
-                for (cmd, user, reply) in rx {
-                    let _ = reply.send(spawn_now(cmd, user));
+                for (cmd, user, netns, reply) in rx {
+                    let _ = reply.send(spawn_now(cmd, user, netns));
                 }
             })
             .expect("spawning the server-spawner thread");
@@ -602,23 +615,50 @@ fn spawn_owned(cmd: Command, user: Option<(u32, u32)>) -> io::Result<Child> {
     sender
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .send((cmd, user, reply_tx))
+        .send((cmd, user, netns, reply_tx))
         .map_err(|_| io::Error::other("server spawner thread is gone"))?;
     reply_rx
         .recv()
         .map_err(|_| io::Error::other("server spawner thread is gone"))?
 }
 
-fn spawn_now(mut cmd: Command, user: Option<(u32, u32)>) -> io::Result<Child> {
+fn spawn_now(
+    mut cmd: Command,
+    user: Option<(u32, u32)>,
+    netns: Option<PathBuf>,
+) -> io::Result<Child> {
+    use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
-    if let Some((uid, gid)) = user {
+    // Entering a network namespace needs root: in the child it comes before
+    // the change of user, which the closure then makes itself (std would
+    // make it before any closure runs).
+    let netns = netns.map(std::fs::File::open).transpose()?;
+    let netns_fd = netns.as_ref().map(AsRawFd::as_raw_fd);
+    if let Some((uid, gid)) = user
+        && netns_fd.is_none()
+    {
         cmd.uid(uid).gid(gid);
     }
+    let late_user = user.filter(|_| netns_fd.is_some());
     cmd.process_group(0);
     // SAFETY: the closure runs in the forked child before exec and only
-    // calls prctl(2) and getppid(2), which are async-signal-safe.
+    // calls setns(2), setgroups(2), setgid(2), setuid(2), prctl(2) and
+    // getppid(2), which are async-signal-safe; the namespace descriptor
+    // stays open in the parent until spawn returns.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            if let Some(fd) = netns_fd
+                && libc::setns(fd, libc::CLONE_NEWNET) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some((uid, gid)) = late_user
+                && (libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0)
+            {
+                return Err(io::Error::last_os_error());
+            }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -629,7 +669,9 @@ fn spawn_now(mut cmd: Command, user: Option<(u32, u32)>) -> io::Result<Child> {
             Ok(())
         });
     }
-    cmd.spawn()
+    let child = cmd.spawn();
+    drop(netns);
+    child
 }
 
 /// The uid and gid of a system user (e.g. `postgres`), read from

@@ -32,11 +32,13 @@ use crate::resource::{RESOURCE_ENV, ResourceServer};
 mod cluster;
 mod holder;
 mod kinds;
+mod partition;
 mod server;
 
 pub use cluster::*;
 pub use holder::*;
 pub use kinds::*;
+pub use partition::*;
 pub use server::*;
 
 /// A scenario's verdict.

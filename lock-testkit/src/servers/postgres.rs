@@ -6,6 +6,7 @@
 use std::process::Command;
 
 use super::{Kind, LoopbackServer};
+use crate::netns::{Host, Lab};
 use crate::process::{
     HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, run_setup, system_user,
     temp_dir,
@@ -43,6 +44,58 @@ impl PostgresServer {
     /// Missing binaries or `postgres` user, a failing `initdb`, or a server
     /// that does not start.
     pub async fn start() -> Result<Self, HarnessError> {
+        let server = Self::start_where(None).await?;
+        server.wait_accepting().await?;
+        Ok(server)
+    }
+
+    /// As [`start`](Self::start), in the namespace of `lab`'s host named
+    /// `host`, listening on its address: reach it with
+    /// [`url_at`](Self::url_at) from the other hosts' namespaces.
+    /// [`restart`](Self::restart) is not for such a server.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub async fn start_in(lab: &Lab, host: &str) -> Result<Self, HarnessError> {
+        let prober = lab.other_than(host).ok_or_else(|| HarnessError::Setup {
+            what: "PostgresServer::start_in".into(),
+            output: "the lab needs a host to reach the server from".into(),
+        })?;
+        let host = lab.host(host);
+        let server = Self::start_where(Some(host)).await?;
+        let port = server.port;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let log = server.dir.path().join("postgres.log");
+        lab.wait_listening(host.addr(), port, std::time::Duration::from_secs(30))
+            .map_err(|_| HarnessError::NotReady {
+                name: format!("postgres {}:{port}", host.addr()),
+                log_tail: crate::process::log_tail(&log),
+            })?;
+        let isready = find_binary("pg_isready", PACKAGE)?;
+        loop {
+            let status = prober
+                .netns()
+                .command(&isready)
+                .args(["-h", &host.addr().to_string(), "-p", &port.to_string()])
+                .args(["-U", USER, "-d", "postgres"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()?;
+            if status.success() {
+                return Ok(server);
+            }
+            if std::time::Instant::now() >= until {
+                return Err(HarnessError::NotReady {
+                    name: format!("postgres {}:{port}", host.addr()),
+                    log_tail: crate::process::log_tail(&server.dir.path().join("postgres.log")),
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn start_where(host: Option<&Host>) -> Result<Self, HarnessError> {
         let postgres = find_binary("postgres", PACKAGE)?;
         let initdb = find_binary("initdb", PACKAGE)?;
         let user = system_user("postgres").ok_or_else(|| HarnessError::MissingBinary {
@@ -58,8 +111,18 @@ impl PostgresServer {
             .args(["-U", USER, "-A", "trust", "--no-sync", "-E", "UTF8"])
             .env("LC_ALL", "C");
         run_setup(init, Some(user), "initdb")?;
+        if host.is_some() {
+            // initdb trusts 127.0.0.1 alone; the lab's clients come from
+            // the other loopback-range addresses.
+            use std::io::Write;
+            let mut hba = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("pg_hba.conf"))?;
+            writeln!(hba, "host all all 127.0.0.0/8 trust")?;
+        }
         let port = free_port()?;
         let socket_dir = dir.path().display().to_string();
+        let listen = host.map_or_else(|| "127.0.0.1".to_owned(), |h| h.addr().to_string());
         let mut spec = ServerSpec::new(
             format!("postgres :{port}"),
             postgres,
@@ -71,21 +134,22 @@ impl PostgresServer {
             "-p".to_owned(),
             port.to_string(),
             "-c".to_owned(),
-            "listen_addresses=127.0.0.1".to_owned(),
+            format!("listen_addresses={listen}"),
             "-k".to_owned(),
             socket_dir,
             "-c".to_owned(),
             "fsync=off".to_owned(),
             "-c".to_owned(),
             "max_connections=200".to_owned(),
-        ])
-        .ready(Ready::Port(port));
+        ]);
+        match host {
+            None => spec = spec.ready(Ready::Port(port)),
+            Some(host) => spec.netns = Some(host.netns().path()),
+        }
         spec.user = Some(user);
         spec.cwd = Some(dir.path().to_path_buf());
         let process = ServerProcess::start(spec).await?;
-        let server = Self::new(process, port, dir);
-        server.wait_accepting().await?;
-        Ok(server)
+        Ok(Self::new(process, port, dir))
     }
 
     /// The port opens a little before the server accepts queries (startup
@@ -218,7 +282,13 @@ impl PostgresServer {
 
     /// `postgres://distlock@127.0.0.1:<port>/postgres`.
     pub fn url(&self) -> String {
-        format!("postgres://{USER}@127.0.0.1:{}/postgres", self.port)
+        self.url_at(std::net::Ipv4Addr::LOCALHOST)
+    }
+
+    /// `postgres://distlock@<addr>:<port>/postgres`: for a server started
+    /// with [`start_in`](Self::start_in), its host's address.
+    pub fn url_at(&self, addr: std::net::Ipv4Addr) -> String {
+        format!("postgres://{USER}@{addr}:{}/postgres", self.port)
     }
 }
 

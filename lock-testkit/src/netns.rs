@@ -1,0 +1,431 @@
+//! Network faults in the kernel, not in a proxy: network namespaces on a
+//! bridge, and a blackhole made of traffic-control queues.
+//!
+//! A userspace proxy cannot show what a real partition does to TCP: its
+//! own sockets answer the server's keep-alive probes and its connections
+//! end cleanly. A [`Lab`] makes one namespace per host (a server, a
+//! holder, an observer, the members of a cluster) and a *wire* namespace
+//! with a bridge; each host is joined to the bridge by a veth pair and has
+//! a **loopback-range address** (`127.0.1.1`, `127.0.1.2`, ...) with
+//! `route_localnet` set and `lo` left down, so nothing reaches any other
+//! network. A server runs in its host's namespace
+//! ([`ServerSpec::netns`](crate::process::ServerSpec::netns)), a client in
+//! another, either as a process ([`Namespace::command`]) or as a thread
+//! that enters it before it opens any socket ([`Namespace::spawn`], which
+//! runs its own runtime there).
+//!
+//! [`Lab::isolate`] cuts a host off from every other one in the kernel:
+//! the packets are dropped on the *wire's* side, on the bridge ports'
+//! egress queues (an `htb` class of 8 bits per second and a one-byte burst
+//! holding a `pfifo` of length 0): on the isolated host's own port for
+//! everything, and on every other port, through a `u32` filter on the
+//! isolated host's source address. No host drops a packet on its own
+//! queue, where its TCP would take the drop for local congestion and
+//! retry its keep-alive probe without counting it: each end sees the
+//! other go silent, as across a real network. [`Lab::heal`] removes the
+//! queues. Every namespace (and with it every veth end) is deleted on
+//! drop; namespaces that a killed test process left behind are deleted by
+//! the next [`Lab::new`].
+//!
+//! Needs root and iproute2 (`ip`, `tc`).
+
+use std::ffi::OsStr;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::process::{HarnessError, find_binary};
+
+/// The Debian package with `ip` and `tc`.
+pub const PACKAGE: &str = "iproute2";
+
+/// The prefix of every namespace this module makes (`dlk<pid>x<n>...`).
+const PREFIX: &str = "dlk";
+
+/// One network namespace, deleted on drop.
+#[derive(Debug)]
+pub struct Namespace {
+    name: String,
+    ip: PathBuf,
+}
+
+impl Namespace {
+    /// Makes a namespace named `<prefix><pid>x<n><role>`, with
+    /// `route_localnet` set and `lo` down.
+    fn create(role: &str) -> Result<Self, HarnessError> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let ip = find_binary("ip", PACKAGE)?;
+        let name = format!(
+            "{PREFIX}{}x{}{role}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        run(
+            Command::new(&ip).args(["netns", "add", &name]),
+            "ip netns add",
+        )?;
+        let ns = Self { name, ip };
+        ns.run("sysctl", &["-qw", "net.ipv4.conf.all.route_localnet=1"])?;
+        ns.run("sysctl", &["-qw", "net.ipv4.conf.default.route_localnet=1"])?;
+        Ok(ns)
+    }
+
+    /// Its name (for `ip netns exec`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip netns exec NAME program`: a process in this namespace.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new(&self.ip);
+        cmd.args(["netns", "exec", &self.name]).arg(program);
+        cmd
+    }
+
+    /// Runs `program args` in the namespace to the end.
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::Setup`] with its output when it fails.
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<(), HarnessError> {
+        let mut cmd = self.command(program);
+        cmd.args(args);
+        run(
+            &mut cmd,
+            &format!("{program} {} in {}", args.join(" "), self.name),
+        )
+    }
+
+    /// Runs `work` on a new thread that has entered this namespace: every
+    /// socket it (and every thread it starts, such as a runtime's workers)
+    /// opens is in the namespace.
+    ///
+    /// # Errors
+    ///
+    /// The thread's result is an error when the namespace cannot be
+    /// entered.
+    pub fn spawn<F, R>(&self, work: F) -> std::thread::JoinHandle<std::io::Result<R>>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let path = self.path();
+        std::thread::spawn(move || {
+            enter(&path)?;
+            Ok(work())
+        })
+    }
+
+    /// Whether a TCP connection to `addr:port` from this namespace succeeds
+    /// (within 500 ms).
+    pub fn connects(&self, addr: Ipv4Addr, port: u16) -> bool {
+        self.spawn(move || {
+            std::net::TcpStream::connect_timeout(
+                &(addr, port).into(),
+                std::time::Duration::from_millis(500),
+            )
+            .is_ok()
+        })
+        .join()
+        .is_ok_and(|r| r.unwrap_or(false))
+    }
+
+    /// `/run/netns/NAME`, what `setns` opens.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.ip)
+            .args(["netns", "delete", &self.name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Moves the calling thread into the network namespace at `path`.
+fn enter(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path)?;
+    // SAFETY: setns(2) on a descriptor we own; it changes only this
+    // thread's network namespace.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One host of a [`Lab`]: a namespace on the bridge with one address.
+#[derive(Debug)]
+pub struct Host {
+    name: String,
+    addr: Ipv4Addr,
+    /// Its veth end in the wire's namespace (a bridge port).
+    port: String,
+    netns: Namespace,
+}
+
+impl Host {
+    /// The name it was given in [`Lab::new`].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its address (`127.0.1.N`).
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+
+    /// Its namespace.
+    pub fn netns(&self) -> &Namespace {
+        &self.netns
+    }
+}
+
+/// Hosts on one bridge, each in a namespace of its own (see the module
+/// docs). Dropped, it deletes every namespace it made.
+#[derive(Debug)]
+pub struct Lab {
+    hosts: Vec<Host>,
+    wire: Namespace,
+    tc: PathBuf,
+}
+
+impl Lab {
+    /// Makes a host per name, `127.0.1.1` for the first, `127.0.1.2` for
+    /// the second, and so on, all on one bridge (after deleting what a
+    /// killed test process left behind).
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::MissingBinary`] without iproute2; a setup error when
+    /// this process may not make namespaces (not root), or with more than
+    /// 250 hosts.
+    pub fn new(names: &[&str]) -> Result<Self, HarnessError> {
+        remove_orphans();
+        let ip = find_binary("ip", PACKAGE)?;
+        let tc = find_binary("tc", PACKAGE)?;
+        if names.len() > 250 {
+            return Err(HarnessError::Setup {
+                what: "Lab::new".into(),
+                output: "at most 250 hosts".into(),
+            });
+        }
+        let wire = Namespace::create("w")?;
+        wire.run("ip", &["link", "add", "br0", "type", "bridge"])?;
+        wire.run("ip", &["link", "set", "br0", "up"])?;
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let mut hosts = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let n = u8::try_from(i + 1).unwrap_or(u8::MAX);
+            let addr = Ipv4Addr::new(127, 0, 1, n);
+            let netns = Namespace::create(&format!("h{n}"))?;
+            // Interface names are at most 15 bytes and are made in this
+            // process's namespace first: unique per process and link.
+            let link = NEXT.fetch_add(1, Ordering::Relaxed);
+            let pid = std::process::id() % 100_000;
+            let port = format!("dkw{pid}x{link}");
+            let dev = format!("dkh{pid}x{link}");
+            run(
+                Command::new(&ip).args([
+                    "link",
+                    "add",
+                    &port,
+                    "netns",
+                    &wire.name,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &dev,
+                    "netns",
+                    &netns.name,
+                ]),
+                "ip link add (veth)",
+            )?;
+            wire.run("ip", &["link", "set", &port, "master", "br0"])?;
+            wire.run("ip", &["link", "set", &port, "up"])?;
+            netns.run(
+                "sysctl",
+                &["-qw", &format!("net.ipv4.conf.{dev}.route_localnet=1")],
+            )?;
+            netns.run("ip", &["addr", "add", &format!("{addr}/24"), "dev", &dev])?;
+            netns.run("ip", &["link", "set", &dev, "up"])?;
+            hosts.push(Host {
+                name: (*name).to_owned(),
+                addr,
+                port,
+                netns,
+            });
+        }
+        Ok(Self { hosts, wire, tc })
+    }
+
+    /// A host other than `name` (to reach `name` from), if any.
+    pub fn other_than(&self, name: &str) -> Option<&Host> {
+        self.hosts.iter().find(|h| h.name != name)
+    }
+
+    /// The host named `name`.
+    ///
+    /// # Panics
+    ///
+    /// When there is none (a test's own mistake).
+    pub fn host(&self, name: &str) -> &Host {
+        self.hosts
+            .iter()
+            .find(|h| h.name == name)
+            .unwrap_or_else(|| panic!("no host {name:?} in this lab"))
+    }
+
+    /// Cuts `name` off from every other host, both ways, until
+    /// [`heal`](Self::heal): its packets are dropped on the wire (see the
+    /// module docs).
+    ///
+    /// # Errors
+    ///
+    /// When `tc` fails.
+    pub fn isolate(&self, name: &str) -> Result<(), HarnessError> {
+        let cut = self.host(name);
+        for host in &self.hosts {
+            let port = host.port.as_str();
+            // Class 1:1 drops (8 bit/s, one-byte burst, a queue of 0);
+            // class 1:2 passes. The isolated host's own port drops all,
+            // the others only what comes from its address.
+            let default = if host.name == cut.name { "1" } else { "2" };
+            let src = format!("{}/32", cut.addr);
+            let steps: [&[&str]; 5] = [
+                &[
+                    "qdisc", "replace", "dev", port, "root", "handle", "1:", "htb", "default",
+                    default,
+                ],
+                &[
+                    "class", "replace", "dev", port, "parent", "1:", "classid", "1:1", "htb",
+                    "rate", "8bit", "ceil", "8bit", "burst", "1", "cburst", "1",
+                ],
+                &[
+                    "class", "replace", "dev", port, "parent", "1:", "classid", "1:2", "htb",
+                    "rate", "10gbit",
+                ],
+                &[
+                    "qdisc", "replace", "dev", port, "parent", "1:1", "handle", "10:", "pfifo",
+                    "limit", "0",
+                ],
+                &[
+                    "filter", "add", "dev", port, "parent", "1:", "protocol", "ip", "prio", "1",
+                    "u32", "match", "ip", "src", &src, "flowid", "1:1",
+                ],
+            ];
+            for step in steps {
+                let mut cmd = self.wire.command(&self.tc);
+                cmd.args(step);
+                run(&mut cmd, &format!("tc {}", step.join(" ")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets every packet through again (undoes every [`isolate`](Self::isolate)).
+    ///
+    /// # Errors
+    ///
+    /// When `tc` fails for a reason other than nothing to remove.
+    pub fn heal(&self) -> Result<(), HarnessError> {
+        for host in &self.hosts {
+            let output = self
+                .wire
+                .command(&self.tc)
+                .args(["qdisc", "del", "dev", &host.port, "root"])
+                .stdin(Stdio::null())
+                .output()?;
+            let text = String::from_utf8_lossy(&output.stderr);
+            if !output.status.success()
+                && !text.contains("No such file")
+                && !text.contains("Cannot delete qdisc with handle of zero")
+            {
+                return Err(HarnessError::Setup {
+                    what: "tc qdisc del".into(),
+                    output: text.into_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (at most `timeout`) until `addr:port` answers from every other
+    /// host's namespace (a host cannot reach its own address: `lo` is down
+    /// in its namespace, and local delivery goes through `lo`).
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::NotReady`] when it does not.
+    pub fn wait_listening(
+        &self,
+        addr: Ipv4Addr,
+        port: u16,
+        timeout: std::time::Duration,
+    ) -> Result<(), HarnessError> {
+        let until = std::time::Instant::now() + timeout;
+        while !self
+            .hosts
+            .iter()
+            .filter(|h| h.addr != addr)
+            .all(|h| h.netns.connects(addr, port))
+        {
+            if std::time::Instant::now() >= until {
+                return Err(HarnessError::NotReady {
+                    name: format!("{addr}:{port} in a lab"),
+                    log_tail: String::new(),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+/// Deletes namespaces of ours whose process is gone.
+fn remove_orphans() {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    let Ok(ip) = find_binary("ip", PACKAGE) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('x').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new(&ip)
+                .args(["netns", "delete", &name])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<(), HarnessError> {
+    let output = cmd.stdin(Stdio::null()).output()?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(HarnessError::Setup {
+            what: what.to_owned(),
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        })
+    }
+}
