@@ -303,6 +303,31 @@ pub(super) async fn renew_arrays(
 /// ends on the server soon even if the background kill cannot run.
 const PG_CLIENT_CHECK: &str = "250ms";
 
+/// `tcp_keepalives_idle` (seconds) of a session-mode connection that holds
+/// no lock; a grant sets the TTL instead (rounded up to whole seconds).
+const IDLE_KEEPALIVE_IDLE: &str = "5";
+
+/// The liveness rule of session mode on PostgreSQL: how long after the
+/// last packet (or statement) it received from a silent client the server
+/// can end a session that holds a lock of `ttl`, and with it the lock.
+/// It must never be shorter than the TTL, or a partitioned holder loses
+/// its lock before its own deadline (last renewal sent + TTL - drift): the
+/// earlier of `idle_session_timeout` (the TTL in milliseconds, rounded up)
+/// and the keep-alive (idle for the TTL in seconds rounded up, then
+/// `tcp_keepalives_count` unanswered probes `tcp_keepalives_interval`
+/// apart), as the grant statement and `session_options` set them.
+#[cfg(test)]
+fn server_may_end_session_after(ttl: Duration) -> Duration {
+    let idle_session = Duration::from_millis(pg_idle_timeout(ttl).parse().unwrap_or(u64::MAX));
+    let keepalive = Duration::from_secs(
+        ttl.as_millis()
+            .div_ceil(1000)
+            .try_into()
+            .unwrap_or(u64::MAX),
+    ) + Duration::from_secs(1) * 3;
+    idle_session.min(keepalive)
+}
+
 /// Session mode: session-level advisory locks, tokens from one sequence.
 #[async_trait]
 impl SessionDialect for Postgres {
@@ -325,9 +350,17 @@ impl SessionDialect for Postgres {
     // the outer query, so the volatile lock call is evaluated exactly once.
     fn session_sql(&self, table: &str) -> SessionSql {
         let seq = suffixed('"', table, "_session_seq");
+        // With the grant, the server's own liveness checks move out to the
+        // lease's TTL ($3, milliseconds): `idle_session_timeout` ends a
+        // silent session no earlier than the TTL after its last statement,
+        // and the keep-alive probes start no earlier than the TTL (whole
+        // seconds, rounded up) after the last packet. Either way the server
+        // frees the lock only after the holder's deadline (last renewal
+        // sent + TTL - drift) has passed: see `liveness_rule`.
         let publish = "CASE WHEN g.t IS NOT NULL THEN \
              set_config('application_name', 'distlock ' || $2 || ' ' || g.t, false) \
-             || set_config('idle_session_timeout', $3, false) END";
+             || set_config('idle_session_timeout', $3, false) \
+             || set_config('tcp_keepalives_idle', ceil($3::numeric / 1000)::bigint::text, false) END";
         SessionSql {
             create: format!("CREATE SEQUENCE IF NOT EXISTS {seq} AS BIGINT CACHE 1 NO CYCLE"),
             check: "SELECT seqcache, seqcycle FROM pg_sequence WHERE seqrelid = $1::regclass"
@@ -345,7 +378,8 @@ impl SessionDialect for Postgres {
             release: format!(
                 "SELECT pg_advisory_unlock($1), \
                  set_config('application_name', '{IDLE_MARKER}', false), \
-                 set_config('idle_session_timeout', '0', false)"
+                 set_config('idle_session_timeout', '0', false), \
+                 set_config('tcp_keepalives_idle', '{IDLE_KEEPALIVE_IDLE}', false)"
             ),
             holds: "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
                  AND pid = pg_backend_pid() AND classid::bigint = $1 \
@@ -382,9 +416,13 @@ impl SessionDialect for Postgres {
         Ok(DbOptions::Postgres(
             options.application_name(IDLE_MARKER).options([
                 ("client_connection_check_interval", PG_CLIENT_CHECK),
-                // A dead client host while a statement runs (idle sessions
-                // are ended by idle_session_timeout instead).
-                ("tcp_keepalives_idle", "5"),
+                // A dead client host while a statement runs or while the
+                // connection holds nothing. A grant moves the idle time out
+                // to the TTL (the grant statement sets it) and the release
+                // brings it back: probes this early would end a partitioned
+                // holder's session, and free its lock, seconds after the
+                // cut and long before the holder's deadline.
+                ("tcp_keepalives_idle", IDLE_KEEPALIVE_IDLE),
                 ("tcp_keepalives_interval", "1"),
                 ("tcp_keepalives_count", "3"),
                 ("idle_session_timeout", "0"),
@@ -575,5 +613,26 @@ impl SessionDialect for Postgres {
             )));
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rule holds for every TTL session mode accepts: the server never
+    /// ends a silent holder's session before the TTL has passed since the
+    /// last thing it heard (the holder's last renewal at the latest).
+    #[test]
+    fn the_server_never_ends_a_holders_session_before_the_ttl() {
+        let mut ttl = crate::PG_SESSION_MIN_TTL;
+        while ttl < Duration::from_secs(3600) {
+            assert!(
+                server_may_end_session_after(ttl) >= ttl,
+                "TTL {ttl:?}: the server may end the session after {:?}",
+                server_may_end_session_after(ttl)
+            );
+            ttl = ttl * 3 / 2 + Duration::from_millis(7);
+        }
     }
 }
