@@ -466,3 +466,41 @@ impl<F: Flaw> Target for FlawedTarget<F> {
         )))
     }
 }
+
+/// A [`Flaw`] for the lost-signal checks: the client believes every lease
+/// runs an hour longer than the store keeps it (a driver that dates its
+/// deadlines wrong), so its lost signal comes long after another client
+/// could have the key.
+#[derive(Debug, Default)]
+pub struct HourLongerLeases;
+
+impl Flaw for HourLongerLeases {
+    fn grant(&self, lease: Lease) -> Lease {
+        with_deadline(
+            &lease,
+            lease.validity_deadline() + Duration::from_secs(3600),
+        )
+    }
+
+    fn renew(
+        &self,
+        _lease: &Lease,
+        result: Result<Instant, LockError>,
+    ) -> Result<Instant, LockError> {
+        result.map(|deadline| deadline + Duration::from_secs(3600))
+    }
+}
+
+/// `open` with `flaw` on every client it opens.
+pub fn flawed_opener<F: Flaw + 'static>(
+    open: crate::deploy::Opener,
+    flaw: Arc<F>,
+) -> crate::deploy::Opener {
+    Arc::new(move |url: String| {
+        let (open, flaw) = (open.clone(), flaw.clone());
+        Box::pin(async move {
+            let inner = open(url).await?;
+            Ok(Arc::new(Flawed::new(inner, flaw)) as Arc<dyn LockBackend>)
+        })
+    })
+}

@@ -337,3 +337,31 @@ impl Target for MemoryTarget {
         )))
     }
 }
+
+/// A suite target of clients opened on one URL, with no deployment to
+/// pause, restart or proxy (the cases needing one skip themselves): a
+/// server started by the test itself (in a lab's namespace, say), or a
+/// layout or mode of a deployed server.
+pub struct UrlTarget {
+    /// The name in reports.
+    pub name: String,
+    /// What every client is opened on.
+    pub url: String,
+    /// How each client is opened from `url`.
+    pub open: crate::deploy::Opener,
+}
+
+#[async_trait]
+impl Target for UrlTarget {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
+        (self.open)(self.url.clone()).await
+    }
+
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
+    }
+}

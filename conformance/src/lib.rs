@@ -60,6 +60,6 @@ pub mod scenarios;
 pub mod soak;
 pub mod suite;
 
-pub use harness::{Harness, MemoryTarget, SuiteConfig, Target};
+pub use harness::{Harness, MemoryTarget, SuiteConfig, Target, UrlTarget};
 pub use lock_testkit::{HarnessError, OrSkip, link, netns, process, proxy, servers};
 pub use suite::{Case, CaseReport, SuiteReport, all_cases, run_cases, run_suite};

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use common::{CLIENT_OPTIONS, UrlTarget, with_options};
 use conformance::OrSkip;
-use conformance::doubles::{Flaw, Flawed, with_deadline};
+use conformance::doubles::{HourLongerLeases, flawed_opener};
 use conformance::netns::Lab;
 use conformance::scenarios::{HOLDER_HOST, OBSERVER_HOST, PartitionEnv, Verdict, holder_cut_off};
 use conformance::servers::postgres::PostgresServer;
-use lock_core::{Lease, LockBackend, LockError};
+use lock_core::LockBackend;
 
 /// Longer than the 8 s that the server's default-ish keep-alive (5 s idle,
 /// 3 probes 1 s apart) took to end a silent session.
@@ -79,38 +79,12 @@ async fn session_mode_frees_a_cut_off_holders_lock_only_after_its_deadline() {
     assert_eq!(report.verdict, Verdict::Safe, "{}", report.detail);
 }
 
-/// Leases an hour longer on the client than on the server.
-#[derive(Debug)]
-struct HourLonger;
-
-impl Flaw for HourLonger {
-    fn grant(&self, lease: Lease) -> Lease {
-        with_deadline(
-            &lease,
-            lease.validity_deadline() + Duration::from_secs(3600),
-        )
-    }
-
-    fn renew(
-        &self,
-        _lease: &Lease,
-        result: Result<tokio::time::Instant, LockError>,
-    ) -> Result<tokio::time::Instant, LockError> {
-        result.map(|deadline| deadline + Duration::from_secs(3600))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_told_too_late_is_caught() {
     let Some(started) = started().await else {
         return;
     };
-    let flawed: conformance::deploy::Opener = Arc::new(|url: String| {
-        Box::pin(async move {
-            let inner = (opener())(url).await?;
-            Ok(Arc::new(Flawed::new(inner, Arc::new(HourLonger))) as Arc<dyn LockBackend>)
-        })
-    });
+    let flawed = flawed_opener(opener(), Arc::new(HourLongerLeases));
     let started_at = Instant::now();
     let report = holder_cut_off(&env(&started, flawed)).await;
     assert_eq!(

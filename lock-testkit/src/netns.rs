@@ -110,11 +110,7 @@ impl Namespace {
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
-        let path = self.path();
-        std::thread::spawn(move || {
-            enter(&path)?;
-            Ok(work())
-        })
+        spawn_in(self.path(), work)
     }
 
     /// Whether a TCP connection to `addr:port` from this namespace succeeds
@@ -145,6 +141,19 @@ impl Drop for Namespace {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// Runs `work` on a new thread inside the network namespace at `path`
+/// (`/run/netns/NAME`); see [`Namespace::spawn`].
+pub fn spawn_in<F, R>(path: PathBuf, work: F) -> std::thread::JoinHandle<std::io::Result<R>>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    std::thread::spawn(move || {
+        enter(&path)?;
+        Ok(work())
+    })
 }
 
 /// Moves the calling thread into the network namespace at `path`.
@@ -263,6 +272,11 @@ impl Lab {
             });
         }
         Ok(Self { hosts, wire, tc })
+    }
+
+    /// Every host, in the order given to [`new`](Self::new).
+    pub fn hosts(&self) -> &[Host] {
+        &self.hosts
     }
 
     /// A host other than `name` (to reach `name` from), if any.

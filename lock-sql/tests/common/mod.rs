@@ -58,30 +58,8 @@ pub fn opener() -> Opener {
     })
 }
 
-/// A suite target of clients opened on one URL, with no deployment to
-/// pause, restart or proxy (the cases needing one skip themselves): fair
-/// mode on a started server, the ShedLock layout.
-pub struct UrlTarget {
-    pub name: String,
-    pub url: String,
-    /// How each client is opened from `url`.
-    pub open: Opener,
-}
-
-#[async_trait]
-impl Target for UrlTarget {
-    fn name(&self) -> String {
-        self.name.clone()
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        (self.open)(self.url.clone()).await
-    }
-
-    fn url(&self) -> Option<String> {
-        Some(self.url.clone())
-    }
-}
+#[allow(unused_imports)] // each test binary uses part of this
+pub use conformance::UrlTarget;
 
 /// A started deployment of `kind` (`postgres`, `mariadb`) as a suite
 /// target: unreachable = SIGSTOP of the server, kill-and-restart, proxied

@@ -30,6 +30,15 @@ pub struct EtcdTlsFiles {
     pub client_ca: Option<PathBuf>,
 }
 
+/// Where the members of a cluster in a lab run.
+#[derive(Debug)]
+struct Placement {
+    /// Member i's address and namespace.
+    hosts: Vec<(std::net::Ipv4Addr, PathBuf)>,
+    /// A namespace from which every member can be reached.
+    probe_from: PathBuf,
+}
+
 /// One member of an [`EtcdServer`].
 #[derive(Debug)]
 pub struct EtcdMember {
@@ -39,6 +48,11 @@ pub struct EtcdMember {
     /// Plain-HTTP port for `/health` and `/metrics` when the client port
     /// speaks TLS (`--listen-metrics-urls`).
     metrics_port: Option<u16>,
+    /// Where it listens (127.0.0.1, or its lab host's address).
+    addr: std::net::Ipv4Addr,
+    /// For a member in a lab: the namespace (`/run/netns/NAME`) of another
+    /// host, where its health and metrics are read from.
+    probe_from: Option<PathBuf>,
     process: ServerProcess,
 }
 
@@ -48,9 +62,9 @@ impl EtcdMember {
         &self.name
     }
 
-    /// `127.0.0.1:<client port>`.
+    /// `<address>:<client port>` (127.0.0.1 unless it runs in a lab).
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("{}:{}", self.addr, self.client_port)
     }
 
     /// The client port.
@@ -68,9 +82,25 @@ impl EtcdMember {
         &mut self.process
     }
 
-    /// The plain-HTTP port serving `/health` and `/metrics`.
-    fn http_port(&self) -> u16 {
-        self.metrics_port.unwrap_or(self.client_port)
+    /// `GET path` on its plain-HTTP port (`/health`, `/metrics`), from
+    /// where it can be reached.
+    async fn http_get(&self, path: &str) -> Option<String> {
+        let port = self.metrics_port.unwrap_or(self.client_port);
+        let Some(probe) = self.probe_from.clone() else {
+            return http_get(std::net::Ipv4Addr::LOCALHOST, port, path).await;
+        };
+        let (addr, path) = (self.addr, path.to_owned());
+        let thread = crate::netns::spawn_in(probe, move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(http_get(addr, port, &path))
+        });
+        tokio::task::spawn_blocking(move || thread.join().ok()?.ok()?)
+            .await
+            .ok()
+            .flatten()
     }
 }
 
@@ -106,7 +136,7 @@ impl EtcdServer {
     ///
     /// Missing binary, or members that do not become healthy.
     pub async fn start_cluster(size: usize) -> Result<Self, HarnessError> {
-        Self::start_members(size, None, false).await
+        Self::start_members(size, None, false, None).await
     }
 
     /// Starts a cluster like [`start_cluster`](Self::start_cluster) whose
@@ -121,7 +151,7 @@ impl EtcdServer {
     ///
     /// Missing binary, or members that do not become healthy.
     pub async fn start_cluster_with_peer_proxies(size: usize) -> Result<Self, HarnessError> {
-        Self::start_members(size, None, true).await
+        Self::start_members(size, None, true, None).await
     }
 
     /// Starts a single member whose client port speaks only TLS with these
@@ -134,13 +164,46 @@ impl EtcdServer {
     /// Missing binary, or a server that does not become healthy (e.g. a
     /// certificate etcd cannot load: see the log tail in the error).
     pub async fn start_tls(tls: EtcdTlsFiles) -> Result<Self, HarnessError> {
-        Self::start_members(1, Some(tls), false).await
+        Self::start_members(1, Some(tls), false, None).await
+    }
+
+    /// Starts one member on each of `lab`'s hosts named in `hosts`, each in
+    /// its host's namespace and listening on its address, so that
+    /// [`Lab::isolate`](crate::netns::Lab::isolate) cuts a member off from
+    /// its peers (or a client host off from the cluster) in the kernel.
+    /// The lab needs a host that runs no member: health is read from there.
+    ///
+    /// # Errors
+    ///
+    /// As [`start_cluster`](Self::start_cluster); a setup error without a
+    /// host to read health from.
+    pub async fn start_in(lab: &crate::netns::Lab, hosts: &[&str]) -> Result<Self, HarnessError> {
+        let prober = lab
+            .hosts()
+            .iter()
+            .find(|h| !hosts.contains(&h.name()))
+            .ok_or_else(|| HarnessError::Setup {
+                what: "EtcdServer::start_in".into(),
+                output: "the lab needs a host that runs no member".into(),
+            })?;
+        let placement = Placement {
+            hosts: hosts
+                .iter()
+                .map(|name| {
+                    let host = lab.host(name);
+                    (host.addr(), host.netns().path())
+                })
+                .collect(),
+            probe_from: prober.netns().path(),
+        };
+        Self::start_members(hosts.len(), None, false, Some(placement)).await
     }
 
     async fn start_members(
         size: usize,
         tls: Option<EtcdTlsFiles>,
         proxied_peers: bool,
+        placement: Option<Placement>,
     ) -> Result<Self, HarnessError> {
         let binary = find_binary("etcd", PACKAGE)?;
         // Data on tmpfs when there is one: etcd fsyncs its WAL on every
@@ -174,11 +237,17 @@ impl EtcdServer {
                 .get(index)
                 .map_or(peer, |p: &FaultProxy| p.port())
         };
+        let addr_of = |index: usize| {
+            placement
+                .as_ref()
+                .and_then(|p| p.hosts.get(index))
+                .map_or(std::net::Ipv4Addr::LOCALHOST, |(addr, _)| *addr)
+        };
         let initial_cluster = ports
             .iter()
             .enumerate()
             .map(|(i, (name, _, peer, _))| {
-                format!("{name}=http://127.0.0.1:{}", advertised(i, *peer))
+                format!("{name}=http://{}:{}", addr_of(i), advertised(i, *peer))
             })
             .collect::<Vec<_>>()
             .join(",");
@@ -188,9 +257,10 @@ impl EtcdServer {
         let client_scheme = if tls.is_some() { "https" } else { "http" };
         for (index, (name, client_port, peer_port, metrics_port)) in ports.into_iter().enumerate() {
             let data = dir.path().join(&name);
-            let client_url = format!("{client_scheme}://127.0.0.1:{client_port}");
-            let peer_url = format!("http://127.0.0.1:{peer_port}");
-            let advertised_peer_url = format!("http://127.0.0.1:{}", advertised(index, peer_port));
+            let addr = addr_of(index);
+            let client_url = format!("{client_scheme}://{addr}:{client_port}");
+            let peer_url = format!("http://{addr}:{peer_port}");
+            let advertised_peer_url = format!("http://{addr}:{}", advertised(index, peer_port));
             // No readiness check here: a member only serves clients once a
             // quorum is up, so all are started first and checked after.
             let spec = ServerSpec::new(
@@ -245,12 +315,19 @@ impl EtcdServer {
                     spec.args(args)
                 }
             };
+            let mut spec = spec;
+            spec.netns = placement
+                .as_ref()
+                .and_then(|p| p.hosts.get(index))
+                .map(|(_, netns)| netns.clone());
             let process = ServerProcess::start(spec).await?;
             members.push(EtcdMember {
                 name,
                 client_port,
                 peer_port,
                 metrics_port,
+                addr,
+                probe_from: placement.as_ref().map(|p| p.probe_from.clone()),
                 process,
             });
         }
@@ -320,7 +397,7 @@ impl EtcdServer {
             if member.process.pid().is_none() || member.process.is_paused() {
                 continue;
             }
-            if let Some(metrics) = http_get(member.http_port(), "/metrics").await
+            if let Some(metrics) = member.http_get("/metrics").await
                 && metrics
                     .lines()
                     .any(|line| line.trim() == "etcd_server_is_leader 1")
@@ -361,7 +438,7 @@ impl EtcdServer {
         let member = &self.members[index];
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(body) = http_get(member.http_port(), "/health").await
+            if let Some(body) = member.http_get("/health").await
                 && body.contains("\"health\":\"true\"")
             {
                 return Ok(());
@@ -482,11 +559,9 @@ pub fn etcdctl() -> Result<PathBuf, HarnessError> {
 
 /// A plain HTTP/1.0 GET on loopback, returning the body; `None` on any
 /// failure or after 1 s.
-async fn http_get(port: u16, path: &str) -> Option<String> {
+async fn http_get(addr: std::net::Ipv4Addr, port: u16, path: &str) -> Option<String> {
     let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
+        let mut stream = tokio::net::TcpStream::connect((addr, port)).await.ok()?;
         let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = Vec::new();
