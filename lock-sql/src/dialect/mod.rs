@@ -539,8 +539,16 @@ pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
         server_key: &ServerKey,
     ) -> Result<Option<SessionHolder>, sqlx::Error>;
 
-    /// Ends session `victim` on the server from `conn`.
-    async fn kill_session(&self, conn: &mut DbConn, victim: i64) -> Result<(), sqlx::Error>;
+    /// Ends session `victim`, waiting for a grant to `owner`, on the server
+    /// from `conn`. Where the server reuses session ids (PostgreSQL's are
+    /// process ids) the session must also still show `owner` as waiting,
+    /// so that a new session that took over the id is never ended.
+    async fn kill_session(
+        &self,
+        conn: &mut DbConn,
+        victim: i64,
+        owner: &str,
+    ) -> Result<(), sqlx::Error>;
 
     /// `force_release`: ends the target's session only if it still holds
     /// the lock as the grant `inspect` reported and, where the server can

@@ -502,8 +502,15 @@ impl SessionDialect for MySql {
         Ok(Some(page))
     }
 
-    // KILL takes no placeholder; the id is our own integer.
-    async fn kill_session(&self, conn: &mut DbConn, victim: i64) -> Result<(), sqlx::Error> {
+    // KILL takes no placeholder; the id is our own integer. Connection ids
+    // only grow while the server runs (never reused), so the id alone
+    // names the waiting session.
+    async fn kill_session(
+        &self,
+        conn: &mut DbConn,
+        victim: i64,
+        _owner: &str,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query(AssertSqlSafe(format!("KILL {victim}")))
             .execute(my(conn)?)
             .await

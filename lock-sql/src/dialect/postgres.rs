@@ -303,6 +303,16 @@ pub(super) async fn renew_arrays(
 /// ends on the server soon even if the background kill cannot run.
 const PG_CLIENT_CHECK: &str = "250ms";
 
+/// The `application_name` prefix of a session waiting for a grant (the
+/// owner follows): what a dropped wait's clean-up checks before it ends
+/// the session by pid.
+const WAITING_MARKER: &str = "distlock-waiting";
+
+/// `application_name` of a session waiting for a grant to `owner`.
+fn waiting_name(owner: &str) -> String {
+    format!("{WAITING_MARKER} {owner}")
+}
+
 /// `tcp_keepalives_idle` (seconds) of a session-mode connection that holds
 /// no lock; a grant sets the TTL instead (rounded up to whole seconds).
 const IDLE_KEEPALIVE_IDLE: &str = "5";
@@ -372,6 +382,7 @@ impl SessionDialect for Postgres {
             wait: format!(
                 "SELECT g.t, {publish} FROM (SELECT CASE \
                  WHEN set_config('lock_timeout', $4, false) IS NULL THEN NULL \
+                 WHEN set_config('application_name', '{WAITING_MARKER} ' || $2, false) IS NULL THEN NULL \
                  WHEN pg_advisory_lock($1)::text IS NULL THEN NULL \
                  ELSE nextval('{seq}') END AS t OFFSET 0) g"
             ),
@@ -543,12 +554,23 @@ impl SessionDialect for Postgres {
         }))
     }
 
-    async fn kill_session(&self, conn: &mut DbConn, victim: i64) -> Result<(), sqlx::Error> {
-        sqlx::query("SELECT pg_terminate_backend($1::int)")
-            .bind(victim)
-            .execute(pg(conn)?)
-            .await
-            .map(drop)
+    // A backend's pid can be another backend's once it has exited: only
+    // the session that still shows this waiting owner is ended.
+    async fn kill_session(
+        &self,
+        conn: &mut DbConn,
+        victim: i64,
+        owner: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE pid = $1::int AND application_name = $2",
+        )
+        .bind(victim)
+        .bind(waiting_name(owner))
+        .execute(pg(conn)?)
+        .await
+        .map(drop)
     }
 
     async fn kill_holder(
@@ -633,6 +655,73 @@ mod tests {
                 server_may_end_session_after(ttl)
             );
             ttl = ttl * 3 / 2 + Duration::from_millis(7);
+        }
+    }
+
+    /// The clean-up of a dropped waiting acquire ends the session by pid:
+    /// a session that has the pid but does not wait for that owner (the
+    /// waiter's backend exited and the pid went to a new one) must survive,
+    /// the waiting one must not. With `pg_terminate_backend(pid)` alone
+    /// the bystander was ended.
+    async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
+        sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_waits_clean_up_ends_only_the_session_still_waiting() {
+        use conformance::OrSkip;
+        use conformance::servers::postgres::PostgresServer;
+        use sqlx::Connection;
+        let Some(server) = PostgresServer::start().await.or_skip() else {
+            return;
+        };
+        let connect = || async { sqlx::PgConnection::connect(&server.url()).await.unwrap() };
+        let alive = |victim: i32| {
+            let url = server.url();
+            async move {
+                let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                    .bind(victim)
+                    .fetch_one(&mut conn)
+                    .await
+                    .unwrap()
+                    == 1
+            }
+        };
+        let mut killer = DbConn::Postgres(connect().await);
+        // A bystander with the pid the clean-up was given.
+        let mut bystander = connect().await;
+        let bystander_pid = backend_pid(&mut bystander).await;
+        Postgres
+            .kill_session(&mut killer, i64::from(bystander_pid), "00ff")
+            .await
+            .unwrap();
+        assert!(
+            alive(bystander_pid).await,
+            "a session that waits for no one was ended by pid"
+        );
+        // The session still waiting for that owner is ended.
+        let mut waiter = connect().await;
+        let waiter_pid = backend_pid(&mut waiter).await;
+        sqlx::query("SELECT set_config('application_name', $1, false)")
+            .bind(waiting_name("00ff"))
+            .execute(&mut waiter)
+            .await
+            .unwrap();
+        Postgres
+            .kill_session(&mut killer, i64::from(waiter_pid), "00ff")
+            .await
+            .unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while alive(waiter_pid).await {
+            assert!(
+                std::time::Instant::now() < until,
+                "the waiting session was not ended"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }

@@ -239,10 +239,15 @@ impl Session {
             .await
     }
 
-    /// Ends a session on the server from this one (`pg_terminate_backend`
-    /// / `KILL`): any lock it holds is freed.
-    pub(crate) async fn kill(&mut self, victim: i64) -> Result<(), sqlx::Error> {
-        self.dialect.kill_session(&mut self.conn, victim).await
+    /// Ends the session of a dropped waiting acquire on the server from
+    /// this one (`pg_terminate_backend` / `KILL`): any lock it holds is
+    /// freed. `owner` is the waiting acquire's owner, which identifies the
+    /// session where the server can reuse ids (see
+    /// [`SessionDialect::kill_session`]).
+    pub(crate) async fn kill(&mut self, victim: i64, owner: &str) -> Result<(), sqlx::Error> {
+        self.dialect
+            .kill_session(&mut self.conn, victim, owner)
+            .await
     }
 
     /// `force_release`: ends the target's session if it still holds the

@@ -94,6 +94,7 @@ impl SqlSessionBackend {
                 let mut kill = KillOnDrop {
                     backend: Some(self.clone()),
                     victim: pinned.session.id,
+                    owner: owner_hex.to_owned(),
                 };
                 sent_at = Instant::now();
                 let waited = timeout(
@@ -209,6 +210,9 @@ impl SqlSessionBackend {
 struct KillOnDrop {
     backend: Option<SqlSessionBackend>,
     victim: i64,
+    /// The waiting grant's owner (hex): the session is ended only while it
+    /// still waits for this owner.
+    owner: String,
 }
 
 impl Drop for KillOnDrop {
@@ -220,6 +224,7 @@ impl Drop for KillOnDrop {
             return;
         };
         let victim = self.victim;
+        let owner = std::mem::take(&mut self.owner);
         runtime.spawn(async move {
             let until = Instant::now() + backend.inner.config.op_timeout;
             // Outside the permits: this must not wait behind held locks.
@@ -234,7 +239,7 @@ impl Drop for KillOnDrop {
                 _ => backend.open_session(until).await.ok(),
             };
             if let Some(mut session) = session {
-                let killed = timeout_at(until, session.kill(victim)).await;
+                let killed = timeout_at(until, session.kill(victim, &owner)).await;
                 if matches!(killed, Ok(Ok(()))) {
                     session.idle_since = Instant::now();
                     let mut idle = backend
