@@ -8,6 +8,22 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/apt-install.sh
 source scripts/apt-install.sh
 
+# In CI the build is made once: incremental state would only take disk.
+if [[ ${CI:-} == true ]]; then
+  export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+# The whole run builds every test binary first, before this script installs
+# anything: the build must need nothing it installs, since the README's
+# main job builds the same crates on a machine where this script never ran.
+# On a fresh machine a build that needed, say, protobuf-compiler fails here
+# as it would there.
+if ((!$#)); then
+  cargo test --workspace --no-run --message-format=json-render-diagnostics >"$logs/build.json"
+  built=$SECONDS
+fi
+
 # binary-or-file -> Debian package
 checks=(
   "redis-server:redis-server"
@@ -64,10 +80,6 @@ legacy_python=$(bash scripts/legacy-clients.sh | tail -n 1)
 [[ $legacy_python == /* ]] || legacy_python="$PWD/$legacy_python"
 export DISTLOCK_LEGACY_PYTHON="$legacy_python"
 
-# In CI the build is made once: incremental state would only take disk.
-if [[ ${CI:-} == true ]]; then
-  export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-fi
 # A missing server binary fails the tests instead of skipping them.
 export CI="${CI:-true}"
 
@@ -81,10 +93,6 @@ fi
 # on two cores. Each binary runs from its package's directory, as cargo
 # runs it; its output is printed whole when it ends. The doc tests are one
 # more job. Every job runs; the exit status says whether all passed.
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
-cargo test --workspace --no-run --message-format=json-render-diagnostics >"$logs/build.json"
-built=$SECONDS
 # "<package dir> <test binary>" per test target; the slow ones first.
 # (Test targets only: `"test":true` in the profile; the binaries and
 # examples the tests run are built too, but are not tests.)
