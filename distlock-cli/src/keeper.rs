@@ -32,7 +32,7 @@ pub(crate) const ARG: &str = "__distlock-keeper";
 /// The signals `distlock` forwards to the command's process group: the
 /// keeper is in that group and must outlive them to report the command's
 /// status.
-const FORWARDED: [libc::c_int; 6] = [
+pub(crate) const FORWARDED: [libc::c_int; 6] = [
     libc::SIGINT,
     libc::SIGTERM,
     libc::SIGHUP,

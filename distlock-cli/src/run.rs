@@ -455,15 +455,7 @@ struct Signals {
 
 impl Signals {
     fn new() -> Self {
-        let kinds = [
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGUSR1,
-            libc::SIGUSR2,
-        ];
-        let streams = kinds
+        let streams = crate::keeper::FORWARDED
             .into_iter()
             .filter_map(|sig| signal(SignalKind::from_raw(sig)).ok().map(|s| (sig, s)))
             .collect();
