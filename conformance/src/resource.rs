@@ -7,7 +7,8 @@
 //! the [`RESOURCE_ENV`] environment variable (`127.0.0.1:PORT`). While a
 //! holder believes it holds the lock, it sends its fencing token as one
 //! line every ~20 ms, one connection per write (`echo "$TOKEN"
-//! >/dev/tcp/127.0.0.1/PORT` in bash does).
+//! >/dev/tcp/127.0.0.1/PORT` in bash does), after one line that reports its
+//! lease ([`crate::scenarios::LEASE_REPORT`]), which is not a write.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};

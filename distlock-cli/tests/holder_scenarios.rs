@@ -1,19 +1,28 @@
-//! The pause scenario with real holder processes (`distlock run`) on a
-//! SQLite file, judged from the writes that reached the resource: the
-//! honest holder's late write is refused by token order, and a holder that
-//! carries a token above the next holder's (what a backend whose tokens
-//! went backwards would hand out) is caught getting in.
+//! The pause and kill scenarios with real holder processes (`distlock
+//! run`) on a SQLite file, judged from the writes that reached the
+//! resource, the grants and the holder's exit: the honest holder's late
+//! write is refused by token order, and each finding has a broken variant
+//! that must be caught: a holder that carries a token above the next
+//! holder's (what a backend whose tokens went backwards would hand out), a
+//! backend that grants the key inside the paused holder's lease, a holder
+//! that never reports its loss (`--on-lost ignore`), and, without fencing,
+//! a negative control that sees nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::Target;
-use conformance::scenarios::{self, HOLDER_WORK, HolderCommand, ScenarioEnv, Verdict};
-use lock_core::{LockBackend, LockError};
+use conformance::deploy::Opener;
+use conformance::doubles::{Flaw, flawed_opener, rogue_lease};
+use conformance::scenarios::{
+    self, HOLDER_WORK, HolderCommand, ScenarioEnv, ScenarioReport, Verdict,
+};
+use lock_core::{Capabilities, FencingScope, FencingToken, Lease, LockBackend, LockError, LockKey};
 
 struct SqliteFile {
     url: String,
+    open: Opener,
     _dir: tempfile::TempDir,
 }
 
@@ -23,21 +32,49 @@ impl Target for SqliteFile {
         "sqlite".into()
     }
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        distlock::open(&self.url).await
+        (self.open)(self.url.clone()).await
     }
     fn url(&self) -> Option<String> {
         Some(self.url.clone())
     }
 }
 
-fn sqlite() -> Arc<dyn Target> {
+fn opener() -> Opener {
+    Arc::new(|url: String| Box::pin(async move { distlock::open(&url).await }))
+}
+
+/// A SQLite file whose scenario clients (not the holder process, which is
+/// the real `distlock` binary) are opened with `open`.
+fn sqlite_with(open: Opener) -> Arc<dyn Target> {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("locks.db").display());
-    Arc::new(SqliteFile { url, _dir: dir })
+    Arc::new(SqliteFile {
+        url,
+        open,
+        _dir: dir,
+    })
+}
+
+fn sqlite() -> Arc<dyn Target> {
+    sqlite_with(opener())
 }
 
 fn holder(work: String) -> HolderCommand {
     scenarios::distlock_run_holder(env!("CARGO_BIN_EXE_distlock").into(), work)
+}
+
+/// A `distlock run --on-lost ignore` holder: when the lock is lost it lets
+/// the command run on and exits with the command's status, never 76.
+fn ignoring_holder() -> HolderCommand {
+    let exe = env!("CARGO_BIN_EXE_distlock");
+    Arc::new(move |url: &str, key: &str, ttl: Duration| {
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(["--url", url, "run", "--on-lost", "ignore"])
+            .arg("--ttl")
+            .arg(format!("{}ms", ttl.as_millis()))
+            .args([key, "--", "bash", "-c", HOLDER_WORK]);
+        cmd
+    })
 }
 
 fn env(work: String) -> ScenarioEnv {
@@ -49,10 +86,43 @@ fn env(work: String) -> ScenarioEnv {
     }
 }
 
+/// The scenario clients see the backend as one without fencing tokens (as
+/// Redlock is): the pause scenario becomes a negative control.
+#[derive(Debug)]
+struct NoFencing;
+
+impl Flaw for NoFencing {
+    fn capabilities(&self, inner: Capabilities) -> Capabilities {
+        Capabilities {
+            fencing: FencingScope::None,
+            ..inner
+        }
+    }
+}
+
+fn unfenced(holder: HolderCommand) -> ScenarioEnv {
+    ScenarioEnv {
+        target: sqlite_with(flawed_opener(opener(), Arc::new(NoFencing))),
+        holder: Some(holder),
+        ..env(HOLDER_WORK.to_owned())
+    }
+}
+
+fn figure(report: &ScenarioReport, name: &str) -> serde_json::Value {
+    report
+        .figures
+        .get(name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no figure {name}: {}", report.detail))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_paused_holders_late_write_is_refused_by_token_order() {
     let report = scenarios::holder_paused(&env(HOLDER_WORK.to_owned())).await;
+    println!("{}\n{:?}", report.detail, report.figures);
     assert_eq!(report.verdict, Verdict::Safe, "{}", report.detail);
+    assert_eq!(figure(&report, "overlapping_grants"), 0);
+    assert_eq!(figure(&report, "lost_signal_reported"), true);
     let late = report.figures["writes_after_resume"].as_u64().unwrap_or(0);
     assert!(late > 0, "{}", report.detail);
     assert_eq!(
@@ -78,6 +148,108 @@ async fn a_holder_whose_token_is_above_the_next_grants_is_caught() {
             .as_u64()
             .unwrap_or(0);
     assert!(symptoms > 0, "{}", report.detail);
+}
+
+/// A backend that hands the key to another client while the paused
+/// holder's lease still runs (the grant is made up, with a token above any
+/// real one, so fencing has nothing to say): the grant inside the holder's
+/// window is a violation on its own.
+#[derive(Debug)]
+struct GrantsWhileHeld;
+
+impl Flaw for GrantsWhileHeld {
+    fn contended(&self, key: &LockKey, ttl: Duration) -> Option<Lease> {
+        rogue_lease(key, ttl, FencingToken::new(1 << 40)).ok()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_inside_the_paused_holders_lease_is_caught() {
+    let env = ScenarioEnv {
+        target: sqlite_with(flawed_opener(opener(), Arc::new(GrantsWhileHeld))),
+        ..env(HOLDER_WORK.to_owned())
+    };
+    let report = scenarios::holder_paused(&env).await;
+    assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
+    assert!(
+        figure(&report, "overlapping_grants").as_u64().unwrap_or(0) > 0,
+        "{}",
+        report.detail
+    );
+    assert!(report.detail.contains("BEFORE"), "{}", report.detail);
+}
+
+/// A holder that never reports its loss (`--on-lost ignore`: its command
+/// runs on and it exits with the command's status) is a violation even
+/// though the tokens kept its late writes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_never_reports_its_loss_is_caught_even_when_fenced() {
+    let env = ScenarioEnv {
+        holder: Some(ignoring_holder()),
+        ..env(HOLDER_WORK.to_owned())
+    };
+    let report = scenarios::holder_paused(&env).await;
+    assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
+    assert_eq!(figure(&report, "lost_signal_reported"), false);
+    assert_eq!(figure(&report, "stale_writes_accepted"), 0);
+    assert_eq!(figure(&report, "current_holder_writes_rejected"), 0);
+    assert_eq!(figure(&report, "overlapping_grants"), 0);
+    assert!(
+        report.detail.contains("did NOT report"),
+        "{}",
+        report.detail
+    );
+}
+
+/// Without fencing, the paused holder's late write getting in is the
+/// expected outcome: flagged as a negative control.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_the_late_write_is_flagged() {
+    let report = scenarios::holder_paused(&unfenced(holder(HOLDER_WORK.to_owned()))).await;
+    assert!(report.negative_control, "{}", report.detail);
+    assert_eq!(report.verdict, Verdict::Flagged, "{}", report.detail);
+    assert!(
+        figure(&report, "stale_writes_accepted")
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "{}",
+        report.detail
+    );
+}
+
+/// Without fencing, a flagged stale write does not excuse a holder that
+/// never reports its loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_a_holder_that_never_reports_its_loss_is_caught() {
+    let report = scenarios::holder_paused(&unfenced(ignoring_holder())).await;
+    assert!(report.negative_control, "{}", report.detail);
+    assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
+    assert_eq!(figure(&report, "lost_signal_reported"), false);
+    assert!(
+        figure(&report, "stale_writes_accepted")
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "{}",
+        report.detail
+    );
+}
+
+/// Without fencing, a resumed holder whose command writes nothing more
+/// leaves the negative control with nothing observed: it fails (the
+/// instrument failed), it does not pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_a_negative_control_that_sees_nothing_fails() {
+    // Reports its lease, writes once, then only sleeps.
+    let once = r#"r="$DISTLOCK_TEST_RESOURCE"; echo "lease $DISTLOCK_HANDLE" >"/dev/tcp/${r%:*}/${r##*:}"; echo "$DISTLOCK_FENCING_TOKEN" >"/dev/tcp/${r%:*}/${r##*:}"; exec sleep 600"#;
+    let report = scenarios::holder_paused(&unfenced(holder(once.to_owned()))).await;
+    assert!(report.negative_control, "{}", report.detail);
+    assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
+    assert!(report.detail.contains("NOT flagged"), "{}", report.detail);
+    assert_eq!(figure(&report, "writes_after_resume"), 0);
+    // The holder itself behaved: the failure is the instrument's.
+    assert_eq!(figure(&report, "lost_signal_reported"), true);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

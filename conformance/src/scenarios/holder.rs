@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{FencingToken, LockClient};
+use lock_core::{FencingToken, LockBackend, LockClient, LockKey};
 use serde_json::json;
 use tokio::time::{Instant, sleep};
 
@@ -71,6 +71,7 @@ pub(super) async fn holder_killed_inner(env: &ScenarioEnv) -> Result<ScenarioRep
         let _ = observer.release(&lease).await;
         let last = resource.arrivals()[before..]
             .iter()
+            .filter(|a| lease_report(&a.line).is_none())
             .map(|a| a.at)
             .max()
             .unwrap_or(killed_at);
@@ -112,18 +113,142 @@ pub(super) async fn holder_killed_inner(env: &ScenarioEnv) -> Result<ScenarioRep
     ))
 }
 
-/// A holder process is paused (SIGSTOP, with the command it runs) past
-/// its TTL while another client takes the key and writes to the protected
-/// resource. On resume the paused process itself writes to the resource
-/// with the token it holds, as a process that does not know it was paused
-/// would, and must then learn it lost the lock (exit 76). The resource
-/// records every write (token, writer, time) and the history checker judges
-/// them from the grant order: a write of the older grant that a
-/// token-checking resource would let in after the newer holder's write is
-/// a stale write accepted. Without fencing tokens this is a negative
-/// control: the stale write must be observed getting in.
+/// A holder process (`distlock run`, say) is paused (SIGSTOP, with the
+/// command it runs) past its deadline while another client takes the key
+/// and writes to the protected resource. On resume the paused command
+/// itself writes to the resource with the token it holds, as a process
+/// that does not know it was paused would, and the holder must then learn
+/// it lost the lock. The resource records every write (token, writer,
+/// time) and the history checker judges them from the grant order. Three
+/// findings, each judged on its own:
+///
+/// - **Exclusion**: the other client must not be granted the key before
+///   the deadline the paused holder believes it has. Its promised window
+///   runs to an upper bound of that deadline, from the TTL of its own
+///   lease and the moment it was stopped (see [`holder_deadline_bound`]);
+///   a grant inside it is a violation, for every backend. The holder is
+///   resumed only once that bound has passed, so every write it makes
+///   after resuming is one of a holder whose lease is over.
+/// - **Fencing**: a write of the older grant that a token-checking
+///   resource would let in after the newer holder's write (a stale write
+///   accepted), or the newer holder's write refused, is a violation.
+///   Without fencing tokens this is a negative control: the stale write
+///   must be observed getting in (flagged); a resumed holder that made no
+///   write leaves nothing observed, and the negative control fails (the
+///   instrument failed), as the fenced judgment does.
+/// - **Lost signal**: the holder must report the loss with exit 76 (lost
+///   while the command ran). Anything else (77, the command's own status,
+///   still running) is a violation even where fencing protected the
+///   resource: a holder that does not learn of its loss keeps acting on
+///   it.
 pub async fn holder_paused(env: &ScenarioEnv) -> ScenarioReport {
     finish(holder_paused_inner(env).await)
+}
+
+/// An upper bound of the deadline a holder stopped at `stopped_at` can
+/// believe it has, for a lease of `ttl` (the TTL of the holder's own
+/// lease, as its `DISTLOCK_HANDLE` says: a backend may have raised the TTL
+/// asked for).
+///
+/// Every driver dates a deadline with [`lock_core::validity_deadline`]:
+/// the send time of the request that set it plus at most the lease's TTL,
+/// minus the drift allowance (lock-core's contract: "a lease's local
+/// validity deadline is `sent_at + ttl - drift`"). The request that set
+/// the holder's current deadline is its acquire, sent before the scenario
+/// saw the grant, or a renewal, sent while the holder ran: either way no
+/// later than `stopped_at`, read once every thread of the holder process
+/// is seen stopped. A renewal sent before the stop whose reply comes after
+/// the resume is covered the same way. `validity_deadline` grows with the
+/// send time, so this bound is at or after any deadline the holder can
+/// believe: the promised window errs long (more chances to catch an
+/// overlap), never short. It is late by the time between the holder's
+/// latest request and the stop, which the scenario keeps short by
+/// stopping the holder just after a renewal reached the server (seen as
+/// the server's expiry moving forward); the drift allowance then keeps the
+/// bound before the server's own expiry on a correct backend.
+///
+/// A renewal the holder sends after the resume (answered by a server that
+/// should have refused it) is not covered: that holder does not learn of
+/// its loss, which the lost-signal finding judges.
+pub fn holder_deadline_bound(stopped_at: Instant, ttl: Duration) -> Instant {
+    lock_core::validity_deadline(stopped_at, ttl)
+}
+
+/// Stops the holder process (SIGSTOP, and waits until every thread of it
+/// is stopped) just after a renewal of its grant (`token`) reached the
+/// server, and returns when it was stopped, with how long before that the
+/// renewal arrived at most (`None` when no stop could be aligned).
+///
+/// A renewal is seen as the server's expiry (the remaining TTL `inspect`
+/// reports, added to the time of its answer) moving forward by more than a
+/// tenth of the TTL; it arrived after the previous look was sent. A stop
+/// that comes later than half the drift allowance after that look (a slow
+/// round trip, the scheduler) is undone (SIGCONT: the holder lost a few
+/// milliseconds) and the next renewal is awaited, for at most twice the
+/// TTL (some six renewal intervals); then, or without a remaining TTL to
+/// read, the holder is stopped where it is. Only the tightness of
+/// [`holder_deadline_bound`] depends on this, never its soundness: on a
+/// correct backend the other half of the drift allowance keeps the bound
+/// before the server's expiry.
+async fn stop_after_renewal(
+    holder: &Holder,
+    observer: &dyn LockBackend,
+    key: &LockKey,
+    token: Option<FencingToken>,
+    ttl: Duration,
+) -> Result<(Instant, Option<Duration>), String> {
+    let stop = || async {
+        holder.signal(libc::SIGSTOP);
+        holder.wait_stopped(Duration::from_secs(2)).await?;
+        Ok::<_, String>(Instant::now())
+    };
+    let budget = lock_core::clock_drift(ttl) / 2;
+    let step = ttl / 10;
+    let until = Instant::now() + ttl * 2;
+    let mut baseline: Option<Instant> = None;
+    let mut previous_look: Option<Instant> = None;
+    while Instant::now() < until {
+        let look = Instant::now();
+        let Ok(Some(info)) = observer.inspect(key).await else {
+            break;
+        };
+        let (Some(remaining), true) = (info.remaining_ttl, info.token == token) else {
+            break;
+        };
+        // The server read its remaining TTL before its answer came: the
+        // estimate is late by at most a round trip, far below `step`.
+        let expiry = Instant::now() + remaining;
+        match (baseline, previous_look) {
+            (Some(b), Some(since)) if expiry > b + step => {
+                let stopped_at = stop().await?;
+                let lag = stopped_at - since;
+                if lag <= budget {
+                    return Ok((stopped_at, Some(lag)));
+                }
+                holder.signal(libc::SIGCONT);
+                baseline = None;
+                previous_look = None;
+                continue;
+            }
+            (Some(b), _) => baseline = Some(b.min(expiry)),
+            (None, _) => baseline = Some(expiry),
+        }
+        previous_look = Some(look);
+        // No sleep: each look is a round trip already, and every moment
+        // between the renewal and the stop makes the bound later.
+        tokio::task::yield_now().await;
+    }
+    Ok((stop().await?, None))
+}
+
+/// A signed duration in milliseconds: `to - from`.
+fn signed_ms(from: Instant, to: Instant) -> serde_json::Value {
+    let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
+    if to >= from {
+        json!(ms(to - from))
+    } else {
+        json!(-ms(from - to))
+    }
 }
 
 pub(super) async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioReport, String> {
@@ -136,44 +261,57 @@ pub(super) async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioRep
     let resource = ResourceServer::start()
         .await
         .map_err(|e| format!("resource server: {e}"))?;
+    // The holder's grant comes after its process starts: the earliest its
+    // window can begin.
+    let started = Instant::now();
     let Some((mut holder, token_a)) = start_holder(env, &*other, &key, Some(&resource)).await?
     else {
         return Ok(ScenarioReport::skipped(
             "no holder process or URL for this target",
         ));
     };
-    let seen_at = Instant::now();
-    // Wait for the holder's first write, so the pause lands mid-work.
+    // Wait for the holder's lease report and its first write, so the pause
+    // lands mid-work.
     let until = Instant::now() + Duration::from_secs(5);
-    while resource.arrivals().is_empty() {
+    let holder_ttl = loop {
+        let arrivals = resource.arrivals();
+        let wrote = arrivals.iter().any(|a| lease_report(&a.line).is_none());
+        if let (Some(lease), true) = (reported_lease(&arrivals), wrote) {
+            break lease.ttl();
+        }
         if Instant::now() >= until {
-            return Err("the holder process never wrote to the resource".into());
+            return Err(
+                "the holder's command did not report its lease (a `lease $DISTLOCK_HANDLE` line) and write to the resource within 5 s: its deadline cannot be bounded (the instrument failed)"
+                    .into(),
+            );
         }
         sleep(Duration::from_millis(10)).await;
-    }
+    };
     let groups = holder.child_groups();
-    holder.signal(libc::SIGSTOP);
+    let (paused_at, renewal_lag) =
+        stop_after_renewal(&holder, &*other, &key, token_a, holder_ttl).await?;
     holder.signal_children(&groups, libc::SIGSTOP);
-    let paused_at = Instant::now();
+    let deadline_bound = holder_deadline_bound(paused_at, holder_ttl);
     let rec_a = history.process();
     let rec_b = history.process();
-    // The holder's grant as observed: held from when it was first seen (or
-    // first wrote) until it was paused; what it did after is judged.
-    let first_write = resource.arrivals().first().map_or(seen_at, |a| a.at);
     let token_of = |t: Option<FencingToken>| t.filter(|_| fenced);
     rec_a.record_at(
-        first_write.min(seen_at),
+        started,
         EventKind::Ok,
         Op::Acquire,
         &key,
         token_of(token_a),
-        Some(paused_at),
+        Some(deadline_bound),
     );
-    let bound = free_bound(env, &*other);
+    let bound = free_bound(env, &*other).max(holder_ttl * 2 + Duration::from_secs(2));
     let lease_b = recorded_acquire(&*other, &rec_b, &key, env.ttl, paused_at + bound)
         .await
         .map_err(|e| format!("the paused holder's lock was not freed within {bound:?}: {e}"))?;
+    let granted_at = Instant::now();
     rec_b.wrote(&key, token_of(Some(lease_b.token())));
+    // Resume past the holder's deadline bound: every write it makes from
+    // here is one of a holder whose lease is over, whatever it believed.
+    tokio::time::sleep_until(deadline_bound + Duration::from_millis(1)).await;
     // Resume the command first: it acts on what it believes before the
     // lock keeper can tell it anything.
     let resumed_at = Instant::now();
@@ -195,12 +333,16 @@ pub(super) async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioRep
         sleep(Duration::from_millis(10)).await;
     }
     let _ = recorded_release(&*other, &rec_b, &lease_b).await;
-    let arrivals = resource.arrivals();
-    let late_writes = arrivals.iter().filter(|a| a.at >= resumed_at).count();
-    for arrival in &arrivals {
-        let token = arrival.line.parse::<u64>().ok().map(FencingToken::new);
+    let writes: Vec<_> = resource
+        .arrivals()
+        .into_iter()
+        .filter(|a| lease_report(&a.line).is_none())
+        .collect();
+    let late_writes = writes.iter().filter(|a| a.at >= resumed_at).count();
+    for write in &writes {
+        let token = write.line.parse::<u64>().ok().map(FencingToken::new);
         rec_a.record_at(
-            arrival.at,
+            write.at,
             EventKind::Ok,
             Op::Write,
             &key,
@@ -208,24 +350,85 @@ pub(super) async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioRep
             None,
         );
     }
-    if late_writes == 0 {
-        return Err(
-            "the resumed holder made no write: nothing was observed to judge (the instrument failed)"
-                .into(),
-        );
-    }
     let report = history.check();
-    // A stale write getting in, or the current holder's write refused (its
-    // token was not above the paused holder's): either way the tokens did
-    // not protect the resource.
-    let stale_accepted =
-        report.stale_writes_accepted > 0 || report.current_holder_writes_rejected > 0;
+
+    let mut violations = Vec::new();
+    // Exclusion: the next grant inside the paused holder's window (or
+    // handed out already past its own deadline).
+    if report.overlap_count > 0 {
+        violations.push(format!(
+            "another client was granted the key {} ms BEFORE the paused holder's deadline could be over",
+            signed_ms(granted_at, deadline_bound)
+        ));
+    }
+    if report.grants_past_deadline > 0 {
+        violations.push("the next grant was handed out past its own deadline".to_owned());
+    }
+    let exclusion = format!(
+        "next grant {} ms after the paused holder's deadline bound",
+        signed_ms(deadline_bound, granted_at)
+    );
+    // Fencing: a stale write getting in, or the current holder's write
+    // refused (its token was not above the paused holder's).
+    let stale_seen = report.stale_writes_accepted > 0;
+    let unprotected = stale_seen || report.current_holder_writes_rejected > 0;
+    let fencing = if late_writes == 0 {
+        "the resumed holder made no write: nothing was observed to judge (the instrument failed)"
+            .to_owned()
+    } else {
+        format!(
+            "of its {late_writes} write(s) after resuming, {} got in past the newer holder's write; {} write(s) of a current holder refused",
+            report.stale_writes_accepted, report.current_holder_writes_rejected
+        )
+    };
+    let negative_control = if fenced {
+        if late_writes == 0 {
+            violations.push(fencing.clone());
+        } else if unprotected {
+            violations.push(format!(
+                "the tokens did not protect the resource: {fencing}"
+            ));
+        }
+        None
+    } else {
+        // The negative control: without tokens the paused holder's late
+        // write must be seen getting in after the newer holder's.
+        Some(late_writes > 0 && stale_seen)
+    };
+    // The lost signal, on its own.
+    let noticed = exit_code == Some(EXIT_LOCK_LOST);
+    let lost_signal = format!(
+        "resumed holder {} its loss ({})",
+        if noticed {
+            "reported"
+        } else {
+            "did NOT report"
+        },
+        exit_code.map_or("still running".to_owned(), |c| format!("exit {c}"))
+    );
+    if !noticed {
+        violations.push(format!(
+            "{lost_signal}, where exit {EXIT_LOCK_LOST} was due"
+        ));
+    }
+
     let mut figures = BTreeMap::new();
     figures.insert("paused_for_ms".into(), ms(resumed_at - paused_at));
+    figures.insert("holder_ttl_ms".into(), ms(holder_ttl));
+    figures.insert(
+        "stopped_after_renewal_at_most_ms".into(),
+        json!(renewal_lag.map(|d| (d.as_secs_f64() * 1e4).round() / 10.0)),
+    );
+    figures.insert(
+        "next_grant_after_deadline_bound_ms".into(),
+        signed_ms(deadline_bound, granted_at),
+    );
+    figures.insert("overlapping_grants".into(), json!(report.overlap_count));
     if let Some(d) = noticed_after {
         figures.insert("lost_signal_after_resume_ms".into(), ms(d));
     }
     figures.insert("holder_exit_code".into(), json!(exit_code));
+    figures.insert("lost_signal_reported".into(), json!(noticed));
     figures.insert("writes_after_resume".into(), json!(late_writes));
     figures.insert(
         "stale_writes_accepted".into(),
@@ -236,20 +439,12 @@ pub(super) async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioRep
         "current_holder_writes_rejected".into(),
         json!(report.current_holder_writes_rejected),
     );
-    let noticed = exit_code == Some(76);
-    let violated = stale_accepted || !noticed;
-    Ok(ScenarioReport::judged(
-        !fenced,
-        violated,
+    Ok(ScenarioReport::from_findings(
+        negative_control,
+        &violations,
         format!(
-            "resumed holder {} its loss ({}); of its {late_writes} write(s) after resuming, {} got in past the newer holder's write ({})",
-            if noticed {
-                "reported"
-            } else {
-                "did NOT report"
-            },
-            exit_code.map_or("still running".to_owned(), |c| format!("exit {c}")),
-            report.stale_writes_accepted,
+            "exclusion: {exclusion}; fencing{}: {fencing}; lost signal: {lost_signal} ({})",
+            if fenced { "" } else { " (negative control)" },
             report.summary()
         ),
         figures,

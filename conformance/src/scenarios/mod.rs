@@ -106,6 +106,42 @@ impl ScenarioReport {
         }
     }
 
+    /// A report judged on several counts at once: `violations` names each
+    /// unsafe outcome found where the backend promises safety, and
+    /// `negative_control` is `Some(seen)` where the scenario is a negative
+    /// control for this backend, `seen` being whether its expected unsafe
+    /// outcome was observed. Any violation fails the scenario, negative
+    /// control or not; a negative control that saw nothing fails it too
+    /// (the instrument failed).
+    fn from_findings(
+        negative_control: Option<bool>,
+        violations: &[String],
+        detail: String,
+        figures: BTreeMap<String, Value>,
+    ) -> Self {
+        let verdict = match (violations.is_empty(), negative_control) {
+            (false, _) | (true, Some(false)) => Verdict::Violation,
+            (true, Some(true)) => Verdict::Flagged,
+            (true, None) => Verdict::Safe,
+        };
+        let mut text = String::new();
+        if negative_control == Some(false) {
+            text.push_str(
+                "negative control NOT flagged (the unsafe outcome was expected but not observed): ",
+            );
+        }
+        if !violations.is_empty() {
+            text.push_str(&format!("VIOLATION: {}; ", violations.join("; ")));
+        }
+        text.push_str(&detail);
+        Self {
+            verdict,
+            negative_control: negative_control.is_some(),
+            detail: text,
+            figures,
+        }
+    }
+
     fn failed(detail: String) -> Self {
         Self {
             verdict: Verdict::Violation,
@@ -124,18 +160,46 @@ impl ScenarioReport {
 
 /// Builds the command of a lock-holder process: given a backend URL, a key
 /// and a TTL, it must take the lock, keep it (renewed) while it lives, and
-/// exit with status 76 when it learns the lock was lost (as `distlock run
-/// --on-lost term KEY -- cmd` does). When its environment has
-/// [`crate::resource::RESOURCE_ENV`], the work it does under
-/// the lock is to send its fencing token to that resource every ~20 ms
-/// (see [`crate::resource`]); [`HOLDER_WORK`] is such a command for
+/// exit with status 76 when it learns the lock was lost while its work ran
+/// (as `distlock run --on-lost term KEY -- cmd` does). When its environment
+/// has [`crate::resource::RESOURCE_ENV`], the work it does under the lock
+/// is to report its lease to that resource once (a line `lease <handle>`,
+/// see [`LEASE_REPORT`]; the handle is what `distlock run` gives its
+/// command in `DISTLOCK_HANDLE`, and the pause scenario bounds the
+/// holder's deadline with its TTL), then send its fencing token every
+/// ~20 ms (see [`crate::resource`]); [`HOLDER_WORK`] is such a command for
 /// `distlock run`.
 pub type HolderCommand = Arc<dyn Fn(&str, &str, Duration) -> Command + Send + Sync>;
 
-/// The work of a `distlock run` holder, as a `bash -c` script: send the
-/// fencing token to the resource every 20 ms when there is one, sleep
-/// otherwise.
-pub const HOLDER_WORK: &str = r#"r="${DISTLOCK_TEST_RESOURCE:-}"; [ -z "$r" ] && exec sleep 600; while :; do echo "$DISTLOCK_FENCING_TOKEN" >"/dev/tcp/${r%:*}/${r##*:}" 2>/dev/null; sleep 0.02; done"#;
+/// The work of a `distlock run` holder, as a `bash -c` script: when there
+/// is a resource, report the lease (`lease $DISTLOCK_HANDLE`) and then send
+/// the fencing token to it every 20 ms; sleep otherwise.
+pub const HOLDER_WORK: &str = r#"r="${DISTLOCK_TEST_RESOURCE:-}"; [ -z "$r" ] && exec sleep 600; echo "lease ${DISTLOCK_HANDLE:-}" >"/dev/tcp/${r%:*}/${r##*:}" 2>/dev/null; while :; do echo "$DISTLOCK_FENCING_TOKEN" >"/dev/tcp/${r%:*}/${r##*:}" 2>/dev/null; sleep 0.02; done"#;
+
+/// The exit status of a holder that learnt its lock was lost while its
+/// work ran (`distlock run`'s; 77 says the lock was lost before the work
+/// started).
+pub const EXIT_LOCK_LOST: i32 = 76;
+
+/// The first word of the line a holder's work sends to report its lease
+/// (followed by the lease's handle, [`Lease::to_handle`]). Such a line is
+/// a report, not a write to the resource.
+pub const LEASE_REPORT: &str = "lease";
+
+/// The handle of a lease report line, or `None` for a write.
+fn lease_report(line: &str) -> Option<&str> {
+    line.strip_prefix(LEASE_REPORT)
+        .filter(|rest| rest.is_empty() || rest.starts_with(' '))
+        .map(str::trim)
+}
+
+/// The lease the holder's work reported (its first parsable report).
+fn reported_lease(arrivals: &[crate::resource::Arrival]) -> Option<Lease> {
+    arrivals
+        .iter()
+        .filter_map(|a| lease_report(&a.line))
+        .find_map(|handle| Lease::from_handle(handle).ok())
+}
 
 /// The holder command of a `distlock` binary at `exe`: `distlock --url URL
 /// run --on-lost term --kill-after 1s --ttl TTL KEY -- bash -c WORK`
@@ -338,6 +402,40 @@ impl Holder {
         out
     }
 
+    /// Waits until every thread of the holder process is stopped (state
+    /// `T` in `/proc/PID/task/*/stat`): from then on nothing it sends can
+    /// leave it. An error when the process ended, or was not seen stopped
+    /// within `patience` (with the thread states last seen).
+    async fn wait_stopped(&self, patience: Duration) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            let states = thread_states(self.pid);
+            if !states.is_empty() && states.iter().all(|s| matches!(s, 'T' | 't')) {
+                return Ok(());
+            }
+            if states.is_empty() || states.iter().any(|s| matches!(s, 'Z' | 'X')) {
+                return Err(
+                    "the holder process ended before it could be stopped (it lost its lock early?)"
+                        .to_owned(),
+                );
+            }
+            let waited = start.elapsed();
+            if waited >= patience {
+                let states: String = states.into_iter().collect();
+                return Err(format!(
+                    "the holder process was not seen stopped within {patience:?} of SIGSTOP (thread states {states:?})"
+                ));
+            }
+            // A stop takes microseconds: look again at once for a while
+            // (the caller's clock reading waits for this), then calmly.
+            if waited < Duration::from_millis(5) {
+                tokio::task::yield_now().await;
+            } else {
+                sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+
     /// Signals every child's process group.
     fn signal_children(&self, groups: &[libc::pid_t], sig: libc::c_int) {
         for group in groups {
@@ -354,6 +452,25 @@ impl Holder {
             libc::kill(-self.pid, libc::SIGKILL);
         }
     }
+}
+
+/// The state of each thread of `pid` (`R`, `S`, `D`, `T`...), from
+/// `/proc/PID/task/*/stat`; none when the process is gone.
+fn thread_states(pid: libc::pid_t) -> Vec<char> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        // A thread that ended meanwhile has no stat to read: skip it.
+        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
+        // `pid (comm) S ...`: the state follows the last parenthesis (the
+        // command name may hold any character).
+        .filter_map(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+        })
+        .collect()
 }
 
 impl Drop for Holder {
