@@ -39,10 +39,25 @@
 //! the whole run (overlapping promised windows, grants past their
 //! deadline, stale writes accepted, token regressions and duplicates where
 //! the backend promises fencing) plus lost increments of the counter. Each
-//! violation found is attributed to the fault kinds that were active
-//! during it (for an overlap: from the first grant's start to the end of
-//! the overlap; for a stale write or a lost increment: from the writer's
-//! grant to its write; for a token regression: between the two grants).
+//! violation found is attributed to the faults that *cover* it: those that
+//! could have made it, judged from when each fault was active and where:
+//!
+//! - **When**: the fault was active at some moment between the earlier
+//!   grant involved and the moment the violation became possible: for a
+//!   double grant (overlapping windows), from the first holder's grant to
+//!   the second's (a fault that starts once both hold came too late, and
+//!   one that ended before the first grant too early); for a stale write,
+//!   from the late writer's grant to the newer grant whose write got in
+//!   first; for a lost increment, from the earliest grant involved to the
+//!   write; for a token regression, between the two grants.
+//! - **Where**: a fault of one client's link, or a freeze of one client,
+//!   covers only a late write of that very client: a stale write it made,
+//!   or a lost increment it made or whose overwritten increments include
+//!   its own (its late write got in, then the current holder's write
+//!   overwrote it). A paused or cut-off holder cannot make the server
+//!   grant twice. A single-member client's partition covers only
+//!   violations that client took part in. Server, node and member faults
+//!   act on every client.
 //!
 //! Some fault kinds are known to break some backends, decided from
 //! [`Capabilities`] only ([`known_unsafe`]): server restarts, leader kills
@@ -51,10 +66,12 @@
 //! partitions and latency where there is no fencing (Redlock), member
 //! partitions where the store is not linearizable. The nemesis still
 //! injects them (a negative control must be able to show its violation),
-//! and a violation during which one of them was active is reported as
-//! *expected (negative control)* for that kind instead of failing the run.
-//! A violation with no known-unsafe fault active, or none at all, fails
-//! the run ([`SoakReport::fails_run`]). Stale writes are tied to their
+//! and a violation that one of them covers is reported as *expected
+//! (negative control)* for that kind instead of failing the run. A
+//! violation no known-unsafe fault covers fails the run
+//! ([`SoakReport::fails_run`]), whatever else was active meanwhile: a
+//! double grant on Redlock while only a freeze of some client was under
+//! way, or one made after a restart's window, is the backend's. Stale writes are tied to their
 //! writes by replaying the checker's rule on the recorded events;
 //! every overlapping pair is listed by running the checker again with the
 //! listed pairs' earlier windows taken out (it lists ten at a time). A
@@ -291,11 +308,13 @@ pub async fn run_soak(
     });
     let mut freeze_slots = Vec::new();
     let mut tasks = Vec::new();
+    let mut worker_processes = Vec::new();
     for (i, (backend, reach)) in clients.into_iter().enumerate() {
         let journal = Journal {
             recorder: history.process(),
             clock,
         };
+        worker_processes.push(journal.recorder.id());
         let slot = Arc::new(Mutex::new(None));
         freeze_slots.push(slot.clone());
         let worker = Worker {
@@ -392,6 +411,7 @@ pub async fn run_soak(
     let judged = Judged {
         caps: &caps,
         injected: &injected,
+        workers: &worker_processes,
     };
     let events = history.events();
     let stale = stale_writes(&events);
@@ -419,7 +439,7 @@ pub async fn run_soak(
         for k in &v.faults {
             let s = faults.entry(k.as_str().to_owned()).or_default();
             s.violations += 1;
-            if v.expected && known_unsafe(*k, &caps).is_some() {
+            if known_unsafe(*k, &caps).is_some() {
                 s.expected_violations += 1;
             }
         }
@@ -473,27 +493,72 @@ pub async fn run_soak(
     })
 }
 
-/// Attribution of violations to the faults active during them.
+/// Attribution of violations to the faults that cover them (see the
+/// module docs).
 struct Judged<'a> {
     caps: &'a Capabilities,
     injected: &'a [InjectedFault],
+    /// The history's process of each worker, by worker index (the target
+    /// of a client fault).
+    workers: &'a [u64],
+}
+
+/// What a fault must cover to have made a violation.
+struct Cause {
+    /// It must have been active at some moment in `from..=to`.
+    from: Duration,
+    to: Duration,
+    /// The processes whose grants or writes make the violation.
+    involved: Vec<u64>,
+    /// For a violation made by a late write: the processes whose write
+    /// may be the late one (empty for a double grant).
+    late_writers: Vec<u64>,
 }
 
 impl Judged<'_> {
-    fn during(&self, from: Duration, to: Duration) -> Vec<FaultKind> {
-        let mut kinds: Vec<FaultKind> = self
-            .injected
-            .iter()
-            .filter(|f| f.start <= to && f.end >= from)
-            .map(|f| f.kind)
-            .collect();
-        kinds.sort();
-        kinds.dedup();
-        kinds
+    /// The history's process of worker `index`.
+    fn worker(&self, index: usize) -> Option<u64> {
+        self.workers.get(index).copied()
     }
 
-    fn violation(&self, what: &str, from: Duration, to: Duration, detail: String) -> Violation {
-        let faults = self.during(from, to);
+    /// Whether `fault` can have made a violation of `cause`.
+    fn covers(&self, fault: &InjectedFault, cause: &Cause) -> bool {
+        if fault.start > cause.to || fault.end < cause.from {
+            return false;
+        }
+        match fault.kind {
+            // A frozen, slowed or cut-off client can only write late: it
+            // makes no server grant twice.
+            FaultKind::ClientFreeze | FaultKind::ClientLatency | FaultKind::ClientPartition => self
+                .worker(fault.target)
+                .is_some_and(|p| cause.late_writers.contains(&p)),
+            FaultKind::MemberClientPartition => self
+                .worker(fault.target)
+                .is_some_and(|p| cause.involved.contains(&p)),
+            FaultKind::ServerPause
+            | FaultKind::ServerRestart
+            | FaultKind::LeaderKill
+            | FaultKind::NodeKill
+            | FaultKind::MemberPartition => true,
+        }
+    }
+
+    fn violation(
+        &self,
+        what: &str,
+        from: Duration,
+        to: Duration,
+        cause: &Cause,
+        detail: String,
+    ) -> Violation {
+        let mut faults: Vec<FaultKind> = self
+            .injected
+            .iter()
+            .filter(|f| self.covers(f, cause))
+            .map(|f| f.kind)
+            .collect();
+        faults.sort();
+        faults.dedup();
         let expected = faults.iter().any(|k| known_unsafe(*k, self.caps).is_some());
         Violation {
             what: what.to_owned(),
@@ -517,10 +582,19 @@ impl Judged<'_> {
         let mut out = Vec::new();
         let (overlaps, incomplete) = all_overlaps(events);
         for (a, b) in &overlaps {
+            // The second grant is the double grant: a fault must have
+            // been active between the first grant and it.
+            let cause = Cause {
+                from: a.start,
+                to: b.start,
+                involved: vec![a.process, b.process],
+                late_writers: Vec::new(),
+            };
             out.push(self.violation(
                 "overlap",
                 a.start,
                 a.end.min(b.end),
+                &cause,
                 format!(
                     "key {}: process {} (token {:?}) and process {} (token {:?})",
                     a.key, a.process, a.token, b.process, b.token
@@ -541,11 +615,22 @@ impl Judged<'_> {
                 ),
             });
         }
+        let late_write = |l: &LostIncrement| {
+            let mut writers = l.overwritten.clone();
+            writers.push(l.writer);
+            Cause {
+                from: l.grant_at,
+                to: l.newer_grant_at.unwrap_or(l.write_at),
+                involved: writers.clone(),
+                late_writers: writers,
+            }
+        };
         for l in lost {
             out.push(self.violation(
                 "lost_update",
                 l.grant_at,
                 l.write_at,
+                &late_write(l),
                 format!("key {}: {} increment(s) overwritten", l.key, l.lost),
             ));
         }
@@ -554,6 +639,7 @@ impl Judged<'_> {
                 "stale_write",
                 l.grant_at,
                 l.write_at,
+                &late_write(l),
                 format!(
                     "key {}: a write from the grant at {} ms got in after a later grant's write",
                     l.key,
@@ -576,10 +662,17 @@ impl Judged<'_> {
                     } else {
                         "token_regression"
                     };
+                    let cause = Cause {
+                        from: p_at,
+                        to: *at,
+                        involved: Vec::new(),
+                        late_writers: Vec::new(),
+                    };
                     out.push(self.violation(
                         what,
                         p_at,
                         *at,
+                        &cause,
                         format!("key {key}: token {token} after {p}"),
                     ));
                 }
@@ -622,3 +715,6 @@ impl Judged<'_> {
                 .any(|f| known_unsafe(f.kind, self.caps).is_some())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -16,21 +16,36 @@ use crate::recording::RecordingBackend;
 pub(super) struct Register {
     pub(super) value: u64,
     pub(super) last_token: Option<u64>,
-    /// The latest applied writes: (value after, writer's grant time), to
-    /// date a lost increment from the earliest grant involved.
-    pub(super) recent: std::collections::VecDeque<(u64, Duration)>,
+    /// The latest applied writes: (value after, writer's grant time,
+    /// writer's process), to date a lost increment from the earliest grant
+    /// involved and name every writer involved.
+    pub(super) recent: std::collections::VecDeque<(u64, Duration, u64)>,
 }
 
 /// Applied writes remembered per key.
 pub(super) const RECENT_WRITES: usize = 64;
 
-/// A write applied over a read that was no longer current.
+/// A write applied over a read that was no longer current, or (from
+/// [`stale_writes`]) a write of an older grant that got in after a newer
+/// grant's write.
 #[derive(Debug, Clone)]
 pub(super) struct LostIncrement {
     pub(super) grant_at: Duration,
     pub(super) write_at: Duration,
     pub(super) lost: u64,
     pub(super) key: String,
+    /// The history's process of the writer (of a lost increment: the one
+    /// whose write overwrote the others).
+    pub(super) writer: u64,
+    /// For a lost increment: the processes whose increments were
+    /// overwritten. Any of them, or the writer, may be the late one (a
+    /// frozen client's write that got in inside another's tenure is
+    /// overwritten by that holder's own write).
+    pub(super) overwritten: Vec<u64>,
+    /// For a stale write: the start of the newer grant whose write got in
+    /// first (the stale writer's lease was over, or should have been, by
+    /// then).
+    pub(super) newer_grant_at: Option<Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -96,15 +111,23 @@ impl Resource {
         // The overwritten increments' writers may have been granted before
         // this writer (e.g. across a restart that reset the tokens): the
         // lost update spans from the earliest of those grants.
-        let earliest = reg
+        let overwritten: Vec<(Duration, u64)> = reg
             .recent
             .iter()
             .rev()
-            .take_while(|(after, _)| *after > read)
-            .map(|(_, at)| *at)
+            .take_while(|(after, _, _)| *after > read)
+            .map(|(_, at, writer)| (*at, *writer))
+            .collect();
+        let earliest = overwritten
+            .iter()
+            .map(|(at, _)| *at)
             .fold(grant_at, Duration::min);
+        let mut overwritten: Vec<u64> = overwritten.into_iter().map(|(_, w)| w).collect();
+        overwritten.sort_unstable();
+        overwritten.dedup();
+        let writer = journal.recorder.id();
         reg.value = read + 1;
-        reg.recent.push_back((reg.value, grant_at));
+        reg.recent.push_back((reg.value, grant_at, writer));
         if reg.recent.len() > RECENT_WRITES {
             reg.recent.pop_front();
         }
@@ -118,6 +141,9 @@ impl Resource {
                 write_at: journal.now(),
                 lost,
                 key: key.as_str().to_owned(),
+                writer,
+                overwritten,
+                newer_grant_at: None,
             });
         }
     }
@@ -239,6 +265,9 @@ pub(super) fn stale_writes(events: &[Event]) -> Vec<LostIncrement> {
                             write_at: e.at,
                             lost: 0,
                             key: e.key.clone(),
+                            writer: e.process,
+                            overwritten: Vec::new(),
+                            newer_grant_at: Some(n),
                         }),
                         _ => *newest = Some(g),
                     }
@@ -251,13 +280,18 @@ pub(super) fn stale_writes(events: &[Event]) -> Vec<LostIncrement> {
 }
 
 pub(super) fn observed(history: &History) -> Observed {
+    observed_in(&history.events())
+}
+
+/// [`observed`] of a list of events.
+pub(super) fn observed_in(events: &[Event]) -> Observed {
     let mut out = Observed {
         grants: Vec::new(),
         errors: Vec::new(),
         lost: Vec::new(),
         tokens: Vec::new(),
     };
-    for e in history.events() {
+    for e in events {
         match (e.op, e.kind) {
             (Op::Acquire, EventKind::Ok) => {
                 out.grants.push(e.at);

@@ -42,10 +42,11 @@ pub struct FaultStats {
     pub errors: usize,
     /// Lost signals observed while it was active.
     pub lost: usize,
-    /// Violations during which it was active.
+    /// Violations it covers (it could have made them: see the soak's
+    /// module docs).
     pub violations: usize,
-    /// Of those, violations reported as expected (a known unsafe case for
-    /// this backend: see `known_unsafe`).
+    /// Of those, the ones it excuses: it is a known unsafe case for this
+    /// backend (see `known_unsafe`), so they are expected.
     pub expected_violations: usize,
     /// Why this kind is a known unsafe case for this backend, if it is.
     pub known_unsafe: Option<String>,
@@ -61,7 +62,10 @@ pub struct Violation {
     pub from_ms: u64,
     /// End of that interval (ms).
     pub to_ms: u64,
-    /// Fault kinds active during it.
+    /// Fault kinds that cover it: active between the earlier grant
+    /// involved and the moment it became possible, and, for a fault of one
+    /// client, on the client whose late write it is (see the soak's module
+    /// docs). Faults merely active meanwhile are not listed.
     pub faults: Vec<FaultKind>,
     /// Whether one of them is a known unsafe case for this backend.
     pub expected: bool,
@@ -207,7 +211,7 @@ impl SoakReport {
             let faults: Vec<&str> = v.faults.iter().map(|k| k.as_str()).collect();
             let _ = writeln!(
                 out,
-                "  {} {} at {}..{} ms during [{}]: {}",
+                "  {} {} at {}..{} ms covered by [{}]: {}",
                 if v.expected { "expected" } else { "VIOLATION" },
                 v.what,
                 v.from_ms,
