@@ -402,6 +402,125 @@ impl Lab {
     }
 }
 
+/// Where a test server runs: on `127.0.0.1` in this process's namespace
+/// (the default), or on a lab host's address in that host's namespace
+/// ([`Placement::on`]), where it is checked and set up from another host's
+/// namespace (a host cannot reach its own address). The spawners of
+/// [`crate::servers`] take one, so that every server kind can be put on a
+/// lab host the same way.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    addr: Ipv4Addr,
+    /// The server's namespace (`/run/netns/NAME`), for a lab host.
+    netns: Option<PathBuf>,
+    /// Another host's namespace (name and path), and `ip`, to reach the
+    /// server from.
+    reach_from: Option<(String, PathBuf, PathBuf)>,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Self::loopback()
+    }
+}
+
+impl Placement {
+    /// `127.0.0.1` in this process's namespace.
+    pub fn loopback() -> Self {
+        Self {
+            addr: Ipv4Addr::LOCALHOST,
+            netns: None,
+            reach_from: None,
+        }
+    }
+
+    /// `lab`'s host named `host`: its namespace and address, reached from
+    /// the first other host (any host can reach every other one until
+    /// [`Lab::isolate`]).
+    ///
+    /// # Errors
+    ///
+    /// A setup error when the lab has no other host; a missing `ip`.
+    pub fn on(lab: &Lab, host: &str) -> Result<Self, HarnessError> {
+        let prober = lab.other_than(host).ok_or_else(|| HarnessError::Setup {
+            what: format!("placing a server on lab host {host:?}"),
+            output: "the lab needs another host to reach the server from".into(),
+        })?;
+        let host = lab.host(host);
+        Ok(Self {
+            addr: host.addr(),
+            netns: Some(host.netns().path()),
+            reach_from: Some((
+                prober.netns().name().to_owned(),
+                prober.netns().path(),
+                find_binary("ip", PACKAGE)?,
+            )),
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+
+    /// The namespace to start the server in
+    /// ([`ServerSpec::netns`](crate::process::ServerSpec::netns)); `None`
+    /// for this process's.
+    pub fn netns(&self) -> Option<PathBuf> {
+        self.netns.clone()
+    }
+
+    /// Whether it is on a lab host.
+    pub fn is_in_lab(&self) -> bool {
+        self.netns.is_some()
+    }
+
+    /// The readiness check of a server listening on `port` here: a TCP
+    /// connection from where it is reached.
+    pub fn ready(&self, port: u16) -> crate::process::Ready {
+        match &self.reach_from {
+            None => crate::process::Ready::Port(port),
+            Some((_, path, _)) => crate::process::Ready::Reachable {
+                addr: self.addr,
+                port,
+                from: path.clone(),
+            },
+        }
+    }
+
+    /// A command run where the server can be reached from (a client tool:
+    /// `redis-cli -h <addr>`, `pg_isready`...).
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        match &self.reach_from {
+            None => Command::new(program),
+            Some((name, _, ip)) => {
+                let mut cmd = Command::new(ip);
+                cmd.args(["netns", "exec", name]).arg(program);
+                cmd
+            }
+        }
+    }
+
+    /// Runs `work` where the server can be reached from (on a thread in
+    /// that namespace for a lab host), and returns its result.
+    ///
+    /// # Errors
+    ///
+    /// When the namespace cannot be entered.
+    pub fn reach<F, R>(&self, work: F) -> std::io::Result<R>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        match &self.reach_from {
+            None => Ok(work()),
+            Some((_, path, _)) => spawn_in(path.clone(), work)
+                .join()
+                .map_err(|_| std::io::Error::other("the probe thread panicked"))?,
+        }
+    }
+}
+
 /// Deletes namespaces of ours whose process is gone.
 fn remove_orphans() {
     let Ok(entries) = std::fs::read_dir("/run/netns") else {

@@ -224,6 +224,17 @@ fn reserve(port: u16) -> Option<std::fs::File> {
 pub enum Ready {
     /// A TCP connection to this loopback port succeeds.
     Port(u16),
+    /// A TCP connection to `addr:port` from the network namespace at
+    /// `from` (`/run/netns/NAME`) succeeds: a server on a lab host (see
+    /// [`crate::netns::Placement`]).
+    Reachable {
+        /// The server's address.
+        addr: Ipv4Addr,
+        /// Its port.
+        port: u16,
+        /// The namespace to connect from.
+        from: PathBuf,
+    },
     /// A command exits with status 0 (e.g. `redis-cli ping`).
     Command(Vec<OsString>),
 }
@@ -497,6 +508,19 @@ async fn check_ready(check: &Ready) -> bool {
         )
         .await
         .is_ok_and(|r| r.is_ok()),
+        Ready::Reachable { addr, port, from } => {
+            let (addr, port) = (*addr, *port);
+            let connected = crate::netns::spawn_in(from.clone(), move || {
+                std::net::TcpStream::connect_timeout(
+                    &SocketAddr::from((addr, port)),
+                    Duration::from_millis(500),
+                )
+                .is_ok()
+            });
+            tokio::task::spawn_blocking(move || connected.join())
+                .await
+                .is_ok_and(|joined| matches!(joined, Ok(Ok(true))))
+        }
         Ready::Command(argv) => {
             let Some((program, args)) = argv.split_first() else {
                 return true;

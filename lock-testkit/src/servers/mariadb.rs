@@ -1,11 +1,12 @@
-//! MariaDB on loopback, with a database and a password user created over
-//! the server's Unix socket.
+//! MariaDB on loopback (or on a lab host), with a database and a password
+//! user created over the server's Unix socket.
 
 use std::process::Command;
 
 use super::{Kind, LoopbackServer};
+use crate::netns::{Lab, Placement};
 use crate::process::{
-    HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, run_setup, temp_dir,
+    HarnessError, ServerProcess, ServerSpec, find_binary, free_port, run_setup, temp_dir,
 };
 
 /// The Debian package that provides MariaDB.
@@ -36,6 +37,24 @@ impl MariaDbServer {
     ///
     /// Missing binaries, a failing setup, or a server that does not start.
     pub async fn start() -> Result<Self, HarnessError> {
+        Self::start_at(Placement::loopback()).await
+    }
+
+    /// As [`start`](Self::start), in the namespace of `lab`'s host named
+    /// `host`, listening on its address (what [`url`](Self::url) names),
+    /// with [`USER`] allowed from every loopback-range address (the lab's
+    /// other hosts). The setup still goes over the Unix socket, which no
+    /// network namespace hides.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start); a lab without another host to reach it
+    /// from.
+    pub async fn start_in(lab: &Lab, host: &str) -> Result<Self, HarnessError> {
+        Self::start_at(Placement::on(lab, host)?).await
+    }
+
+    async fn start_at(place: Placement) -> Result<Self, HarnessError> {
         let mariadbd = find_binary("mariadbd", PACKAGE)?;
         let install = find_binary("mariadb-install-db", PACKAGE)?;
         let client = find_binary("mariadb", "mariadb-client")?;
@@ -44,8 +63,8 @@ impl MariaDbServer {
         install_db(&install, &data)?;
         let port = free_port()?;
         let socket = dir.path().join("mysqld.sock");
-        let spec = ServerSpec::new(
-            format!("mariadbd :{port}"),
+        let mut spec = ServerSpec::new(
+            format!("mariadbd {}:{port}", place.addr()),
             mariadbd,
             dir.path().join("mariadb.log"),
         )
@@ -54,7 +73,7 @@ impl MariaDbServer {
             "--user=root".to_owned(),
             format!("--datadir={}", data.display()),
             format!("--port={port}"),
-            "--bind-address=127.0.0.1".to_owned(),
+            format!("--bind-address={}", place.addr()),
             format!("--socket={}", socket.display()),
             format!("--pid-file={}", dir.path().join("mysqld.pid").display()),
             format!("--log-error={}", dir.path().join("error.log").display()),
@@ -62,14 +81,25 @@ impl MariaDbServer {
             "--innodb-flush-log-at-trx-commit=2".to_owned(),
             "--max-connections=500".to_owned(),
         ])
-        .ready(Ready::Port(port));
+        .ready(place.ready(port));
+        // A lab host has no name service to ask who 127.0.1.N is.
+        if place.is_in_lab() {
+            spec = spec.args(["--skip-name-resolve"]);
+        }
+        spec.netns = place.netns();
+        // The lab's clients come from the other loopback-range addresses.
+        let client_host = if place.is_in_lab() {
+            "127.0.0.0/255.0.0.0"
+        } else {
+            "127.0.0.1"
+        };
         let process = ServerProcess::start(spec).await?;
-        let server = Self::new(process, port, dir);
+        let server = Self::new(process, port, place, dir);
         let sql = format!(
             "CREATE DATABASE IF NOT EXISTS {DATABASE}; \
-             CREATE USER IF NOT EXISTS '{USER}'@'127.0.0.1' IDENTIFIED BY '{PASSWORD}'; \
+             CREATE USER IF NOT EXISTS '{USER}'@'{client_host}' IDENTIFIED BY '{PASSWORD}'; \
              CREATE USER IF NOT EXISTS '{USER}'@'localhost' IDENTIFIED BY '{PASSWORD}'; \
-             GRANT ALL ON {DATABASE}.* TO '{USER}'@'127.0.0.1'; \
+             GRANT ALL ON {DATABASE}.* TO '{USER}'@'{client_host}'; \
              GRANT ALL ON {DATABASE}.* TO '{USER}'@'localhost'; \
              FLUSH PRIVILEGES;"
         );
@@ -100,10 +130,12 @@ impl MariaDbServer {
         self.process.restart().await
     }
 
-    /// `mysql://distlock:<password>@127.0.0.1:<port>/distlock`.
+    /// `mysql://distlock:<password>@<address>:<port>/distlock` (127.0.0.1,
+    /// or its lab host's address).
     pub fn url(&self) -> String {
         format!(
-            "mysql://{USER}:{PASSWORD}@127.0.0.1:{}/{DATABASE}",
+            "mysql://{USER}:{PASSWORD}@{}:{}/{DATABASE}",
+            self.addr(),
             self.port
         )
     }

@@ -1,7 +1,9 @@
 //! Spawners for each real server the drivers are tested against. Each
 //! starts its server on free loopback ports in a temporary directory and
 //! stops it on drop; a missing binary is [`HarnessError::MissingBinary`]
-//! naming the Debian package.
+//! naming the Debian package. Each also has a `start_in` that puts it on
+//! hosts of a [`Lab`](crate::netns::Lab) (see
+//! [`Placement`](crate::netns::Placement)), for real partitions.
 //!
 //! [`HarnessError::MissingBinary`]: crate::process::HarnessError::MissingBinary
 
@@ -16,6 +18,7 @@ use std::path::PathBuf;
 
 use tempfile::TempDir;
 
+use crate::netns::Placement;
 use crate::process::ServerProcess;
 
 /// One server process of kind `K` on a free loopback port, in a temporary
@@ -27,6 +30,7 @@ use crate::process::ServerProcess;
 pub struct LoopbackServer<K: Kind> {
     process: ServerProcess,
     port: u16,
+    place: Placement,
     dir: TempDir,
     kind: PhantomData<K>,
 }
@@ -40,10 +44,11 @@ pub trait Kind: std::fmt::Debug + Send + Sync + Sized {
 }
 
 impl<K: Kind> LoopbackServer<K> {
-    fn new(process: ServerProcess, port: u16, dir: TempDir) -> Self {
+    fn new(process: ServerProcess, port: u16, place: Placement, dir: TempDir) -> Self {
         Self {
             process,
             port,
+            place,
             dir,
             kind: PhantomData,
         }
@@ -52,6 +57,16 @@ impl<K: Kind> LoopbackServer<K> {
     /// The client port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The address it listens on: 127.0.0.1, or its lab host's.
+    pub fn addr(&self) -> std::net::Ipv4Addr {
+        self.place.addr()
+    }
+
+    /// Where it runs (and is reached from).
+    pub fn placement(&self) -> &Placement {
+        &self.place
     }
 
     /// The temporary directory (data and log).

@@ -6,9 +6,9 @@
 use std::process::Command;
 
 use super::{Kind, LoopbackServer};
-use crate::netns::{Host, Lab};
+use crate::netns::{Lab, Placement};
 use crate::process::{
-    HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, run_setup, system_user,
+    HarnessError, ServerProcess, ServerSpec, find_binary, free_port, run_setup, system_user,
     temp_dir,
 };
 
@@ -44,58 +44,25 @@ impl PostgresServer {
     /// Missing binaries or `postgres` user, a failing `initdb`, or a server
     /// that does not start.
     pub async fn start() -> Result<Self, HarnessError> {
-        let server = Self::start_where(None).await?;
+        let server = Self::start_at(Placement::loopback()).await?;
         server.wait_accepting().await?;
         Ok(server)
     }
 
     /// As [`start`](Self::start), in the namespace of `lab`'s host named
     /// `host`, listening on its address: reach it with
-    /// [`url_at`](Self::url_at) from the other hosts' namespaces.
-    /// [`restart`](Self::restart) is not for such a server.
+    /// [`url`](Self::url) from the other hosts' namespaces.
     ///
     /// # Errors
     ///
     /// As [`start`](Self::start).
     pub async fn start_in(lab: &Lab, host: &str) -> Result<Self, HarnessError> {
-        let prober = lab.other_than(host).ok_or_else(|| HarnessError::Setup {
-            what: "PostgresServer::start_in".into(),
-            output: "the lab needs a host to reach the server from".into(),
-        })?;
-        let host = lab.host(host);
-        let server = Self::start_where(Some(host)).await?;
-        let port = server.port;
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let log = server.dir.path().join("postgres.log");
-        lab.wait_listening(host.addr(), port, std::time::Duration::from_secs(30))
-            .map_err(|_| HarnessError::NotReady {
-                name: format!("postgres {}:{port}", host.addr()),
-                log_tail: crate::process::log_tail(&log),
-            })?;
-        let isready = find_binary("pg_isready", PACKAGE)?;
-        loop {
-            let status = prober
-                .netns()
-                .command(&isready)
-                .args(["-h", &host.addr().to_string(), "-p", &port.to_string()])
-                .args(["-U", USER, "-d", "postgres"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()?;
-            if status.success() {
-                return Ok(server);
-            }
-            if std::time::Instant::now() >= until {
-                return Err(HarnessError::NotReady {
-                    name: format!("postgres {}:{port}", host.addr()),
-                    log_tail: crate::process::log_tail(&server.dir.path().join("postgres.log")),
-                });
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        let server = Self::start_at(Placement::on(lab, host)?).await?;
+        server.wait_accepting().await?;
+        Ok(server)
     }
 
-    async fn start_where(host: Option<&Host>) -> Result<Self, HarnessError> {
+    async fn start_at(place: Placement) -> Result<Self, HarnessError> {
         let postgres = find_binary("postgres", PACKAGE)?;
         let initdb = find_binary("initdb", PACKAGE)?;
         let user = system_user("postgres").ok_or_else(|| HarnessError::MissingBinary {
@@ -111,7 +78,7 @@ impl PostgresServer {
             .args(["-U", USER, "-A", "trust", "--no-sync", "-E", "UTF8"])
             .env("LC_ALL", "C");
         run_setup(init, Some(user), "initdb")?;
-        if host.is_some() {
+        if place.is_in_lab() {
             // initdb trusts 127.0.0.1 alone; the lab's clients come from
             // the other loopback-range addresses.
             use std::io::Write;
@@ -122,9 +89,8 @@ impl PostgresServer {
         }
         let port = free_port()?;
         let socket_dir = dir.path().display().to_string();
-        let listen = host.map_or_else(|| "127.0.0.1".to_owned(), |h| h.addr().to_string());
         let mut spec = ServerSpec::new(
-            format!("postgres :{port}"),
+            format!("postgres {}:{port}", place.addr()),
             postgres,
             dir.path().join("postgres.log"),
         )
@@ -134,22 +100,20 @@ impl PostgresServer {
             "-p".to_owned(),
             port.to_string(),
             "-c".to_owned(),
-            format!("listen_addresses={listen}"),
+            format!("listen_addresses={}", place.addr()),
             "-k".to_owned(),
             socket_dir,
             "-c".to_owned(),
             "fsync=off".to_owned(),
             "-c".to_owned(),
             "max_connections=200".to_owned(),
-        ]);
-        match host {
-            None => spec = spec.ready(Ready::Port(port)),
-            Some(host) => spec.netns = Some(host.netns().path()),
-        }
+        ])
+        .ready(place.ready(port));
+        spec.netns = place.netns();
         spec.user = Some(user);
         spec.cwd = Some(dir.path().to_path_buf());
         let process = ServerProcess::start(spec).await?;
-        Ok(Self::new(process, port, dir))
+        Ok(Self::new(process, port, place, dir))
     }
 
     /// The port opens a little before the server accepts queries (startup
@@ -159,17 +123,11 @@ impl PostgresServer {
             return Ok(());
         };
         for _ in 0..200 {
-            let status = Command::new(&isready)
-                .args([
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    &self.port.to_string(),
-                    "-U",
-                    USER,
-                    "-d",
-                    "postgres",
-                ])
+            let status = self
+                .placement()
+                .command(&isready)
+                .args(["-h", &self.addr().to_string(), "-p", &self.port.to_string()])
+                .args(["-U", USER, "-d", "postgres"])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .status()?;
@@ -179,7 +137,7 @@ impl PostgresServer {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         Err(HarnessError::NotReady {
-            name: format!("postgres :{}", self.port),
+            name: format!("postgres {}:{}", self.addr(), self.port),
             log_tail: crate::process::log_tail(&self.dir.path().join("postgres.log")),
         })
     }
@@ -280,13 +238,14 @@ impl PostgresServer {
             .collect()
     }
 
-    /// `postgres://distlock@127.0.0.1:<port>/postgres`.
+    /// `postgres://distlock@<address>:<port>/postgres` (127.0.0.1, or
+    /// the lab host's address for a server started with
+    /// [`start_in`](Self::start_in)).
     pub fn url(&self) -> String {
-        self.url_at(std::net::Ipv4Addr::LOCALHOST)
+        self.url_at(self.addr())
     }
 
-    /// `postgres://distlock@<addr>:<port>/postgres`: for a server started
-    /// with [`start_in`](Self::start_in), its host's address.
+    /// `postgres://distlock@<addr>:<port>/postgres`.
     pub fn url_at(&self, addr: std::net::Ipv4Addr) -> String {
         format!("postgres://{USER}@{addr}:{}/postgres", self.port)
     }

@@ -1,11 +1,11 @@
-//! redis-server on loopback.
+//! redis-server on loopback, or on the hosts of a lab (a single server,
+//! Redlock's independent servers, a master with a replica and sentinels).
 
 use tempfile::TempDir;
 
 use super::{Kind, LoopbackServer};
-use crate::process::{
-    HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, temp_dir,
-};
+use crate::netns::{Lab, Placement};
+use crate::process::{HarnessError, ServerProcess, ServerSpec, find_binary, free_port, temp_dir};
 
 /// The Debian package that provides `redis-server`.
 pub const PACKAGE: &str = "redis-server";
@@ -43,11 +43,38 @@ impl RedisServer {
         Ok(servers)
     }
 
-    /// `redlock://127.0.0.1:<port>,...` over `servers` (no options).
+    /// As [`start`](Self::start), in the namespace of `lab`'s host named
+    /// `host`, listening on its address (what [`url`](Self::url) names):
+    /// reach it from the other hosts' namespaces.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start); a lab without another host to reach it
+    /// from.
+    pub async fn start_in(lab: &Lab, host: &str) -> Result<Self, HarnessError> {
+        Self::start_at(Placement::on(lab, host)?, &[]).await
+    }
+
+    /// One standalone server on each of `lab`'s hosts named in `hosts`
+    /// (the nodes of a Redlock test whose holder a partition cuts off
+    /// from every node).
+    ///
+    /// # Errors
+    ///
+    /// As [`start_in`](Self::start_in), for the first server that fails.
+    pub async fn start_many_in(lab: &Lab, hosts: &[&str]) -> Result<Vec<Self>, HarnessError> {
+        let mut servers = Vec::with_capacity(hosts.len());
+        for host in hosts {
+            servers.push(Self::start_in(lab, host).await?);
+        }
+        Ok(servers)
+    }
+
+    /// `redlock://<address>:<port>,...` over `servers` (no options).
     pub fn redlock_url(servers: &[Self]) -> String {
         let hosts: Vec<String> = servers
             .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .map(|s| format!("{}:{}", s.addr(), s.port()))
             .collect();
         format!("redlock://{}", hosts.join(","))
     }
@@ -58,9 +85,14 @@ impl RedisServer {
     ///
     /// Missing binary, or a server that does not start.
     pub async fn start_with(extra: &[&str]) -> Result<Self, HarnessError> {
+        Self::start_at(Placement::loopback(), extra).await
+    }
+
+    async fn start_at(place: Placement, extra: &[&str]) -> Result<Self, HarnessError> {
         let port = free_port()?;
         let listen = ["--port".to_owned(), port.to_string()];
         Self::launch(
+            place,
             format!("redis-server :{port}"),
             "redis-",
             port,
@@ -101,13 +133,22 @@ impl RedisServer {
             "no".to_owned(),
         ];
         let label = format!("redis-server tls :{port}");
-        Self::launch(label, "redis-tls-", port, listen, &[]).await
+        Self::launch(
+            Placement::loopback(),
+            label,
+            "redis-tls-",
+            port,
+            listen,
+            &[],
+        )
+        .await
     }
 
     /// Starts `redis-server` listening on `port` as `listen` says, in a
-    /// fresh directory named from `dir_prefix`: on loopback, without
-    /// persistence, then `extra` arguments.
+    /// fresh directory named from `dir_prefix`: on `place`'s address,
+    /// without persistence, then `extra` arguments.
     async fn launch<const N: usize>(
+        place: Placement,
         label: String,
         dir_prefix: &str,
         port: u16,
@@ -116,11 +157,11 @@ impl RedisServer {
     ) -> Result<Self, HarnessError> {
         let binary = find_binary("redis-server", PACKAGE)?;
         let dir = temp_dir(dir_prefix)?;
-        let spec = ServerSpec::new(label, binary, dir.path().join("redis.log"))
+        let mut spec = ServerSpec::new(label, binary, dir.path().join("redis.log"))
             .args(listen)
             .args([
                 "--bind".to_owned(),
-                "127.0.0.1".to_owned(),
+                place.addr().to_string(),
                 "--dir".to_owned(),
                 dir.path().display().to_string(),
                 "--save".to_owned(),
@@ -128,15 +169,28 @@ impl RedisServer {
                 "--appendonly".to_owned(),
                 "no".to_owned(),
             ])
+            .args(lab_args(&place))
             .args(extra.iter().copied())
-            .ready(Ready::Port(port));
+            .ready(place.ready(port));
+        spec.netns = place.netns();
         let process = ServerProcess::start(spec).await?;
-        Ok(Self::new(process, port, dir))
+        Ok(Self::new(process, port, place, dir))
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://<address>:<port>` (127.0.0.1, or its lab host's address).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port())
+        format!("redis://{}:{}", self.addr(), self.port())
+    }
+}
+
+/// What a server on a lab host needs besides its address: without a
+/// password, protected mode accepts clients from 127.0.0.1 and ::1 alone,
+/// and the lab's clients come from the other loopback-range addresses.
+fn lab_args(place: &Placement) -> Vec<String> {
+    if place.is_in_lab() {
+        vec!["--protected-mode".to_owned(), "no".to_owned()]
+    } else {
+        Vec::new()
     }
 }
 
@@ -151,16 +205,38 @@ impl RedisServer {
     /// Missing binary, or a server that does not start.
     pub async fn start_replica_of(master: &RedisServer) -> Result<Self, HarnessError> {
         let port = master.port().to_string();
-        Self::start_with(&["--replicaof", "127.0.0.1", &port]).await
+        Self::start_with(&["--replicaof", &master.addr().to_string(), &port]).await
     }
 
-    /// Runs `redis-cli -p <port> <args...>` and returns its output.
+    /// As [`start_replica_of`](Self::start_replica_of), on `lab`'s host
+    /// named `host` (see [`start_in`](Self::start_in)), for a `master` on
+    /// another host of the same lab.
+    ///
+    /// # Errors
+    ///
+    /// As [`start_in`](Self::start_in).
+    pub async fn start_replica_in(
+        master: &RedisServer,
+        lab: &Lab,
+        host: &str,
+    ) -> Result<Self, HarnessError> {
+        let port = master.port().to_string();
+        let master_addr = master.addr().to_string();
+        Self::start_at(
+            Placement::on(lab, host)?,
+            &["--replicaof", &master_addr, &port],
+        )
+        .await
+    }
+
+    /// Runs `redis-cli -h <address> -p <port> <args...>` (from another
+    /// host's namespace for a server on a lab host) and returns its output.
     ///
     /// # Errors
     ///
     /// Missing `redis-cli`, or the command failing.
     pub fn cli(&self, args: &[&str]) -> Result<String, HarnessError> {
-        redis_cli(self.port, args)
+        redis_cli_at(self.placement(), self.port, args)
     }
 
     /// Promotes this replica to a master (`REPLICAOF NO ONE`).
@@ -190,7 +266,7 @@ impl RedisServer {
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(HarnessError::NotReady {
-                    name: format!("redis replica :{}", self.port),
+                    name: format!("redis replica {}:{}", self.addr(), self.port),
                     log_tail: self.cli(&["INFO", "replication"]).unwrap_or_default(),
                 });
             }
@@ -205,9 +281,20 @@ impl RedisServer {
 ///
 /// Missing `redis-cli`, or the command failing.
 pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, HarnessError> {
+    redis_cli_at(&Placement::loopback(), port, args)
+}
+
+/// Runs `redis-cli -h <address> -p <port> <args...>` for a server placed
+/// at `place`, from where it is reached.
+///
+/// # Errors
+///
+/// Missing `redis-cli`, or the command failing.
+pub fn redis_cli_at(place: &Placement, port: u16, args: &[&str]) -> Result<String, HarnessError> {
     let cli = find_binary("redis-cli", TOOLS_PACKAGE)?;
-    let output = std::process::Command::new(cli)
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+    let output = place
+        .command(cli)
+        .args(["-h", &place.addr().to_string(), "-p", &port.to_string()])
         .args(args)
         .stdin(std::process::Stdio::null())
         .output()?;
@@ -216,54 +303,93 @@ pub fn redis_cli(port: u16, args: &[&str]) -> Result<String, HarnessError> {
         Ok(text)
     } else {
         Err(HarnessError::Setup {
-            what: format!("redis-cli -p {port} {}", args.join(" ")),
+            what: format!("redis-cli -h {} -p {port} {}", place.addr(), args.join(" ")),
             output: format!("{text}{}", String::from_utf8_lossy(&output.stderr)),
         })
     }
 }
 
-/// One Redis Sentinel monitoring one master (quorum 1, 1 s down-after).
+/// One Redis Sentinel monitoring one master (1 s down-after).
 #[derive(Debug)]
 pub struct RedisSentinel {
     process: ServerProcess,
     port: u16,
+    place: Placement,
     master_name: String,
     _dir: TempDir,
 }
 
 impl RedisSentinel {
-    /// Starts a sentinel that monitors `master_port` as `master_name`.
+    /// Starts a sentinel on loopback that monitors `master_port` (on
+    /// 127.0.0.1) as `master_name`, quorum 1.
     ///
     /// # Errors
     ///
     /// Missing binary, or a sentinel that does not start.
     pub async fn start(master_name: &str, master_port: u16) -> Result<Self, HarnessError> {
+        let master = (std::net::Ipv4Addr::LOCALHOST, master_port);
+        Self::start_at(Placement::loopback(), master_name, master, 1).await
+    }
+
+    /// Starts a sentinel in the namespace of `lab`'s host named `host`,
+    /// listening on its address, that monitors `master` (on another host
+    /// of the lab) as `master_name`; `quorum` sentinels must agree that
+    /// the master is down.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub async fn start_in(
+        lab: &Lab,
+        host: &str,
+        master_name: &str,
+        master: &RedisServer,
+        quorum: usize,
+    ) -> Result<Self, HarnessError> {
+        let place = Placement::on(lab, host)?;
+        Self::start_at(place, master_name, (master.addr(), master.port()), quorum).await
+    }
+
+    async fn start_at(
+        place: Placement,
+        master_name: &str,
+        (master_addr, master_port): (std::net::Ipv4Addr, u16),
+        quorum: usize,
+    ) -> Result<Self, HarnessError> {
         let binary = find_binary("redis-server", PACKAGE)?;
         let dir = temp_dir("redis-sentinel-")?;
         let port = free_port()?;
         let conf = dir.path().join("sentinel.conf");
+        let protected = if place.is_in_lab() {
+            "protected-mode no\n"
+        } else {
+            ""
+        };
         std::fs::write(
             &conf,
             format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
-                 sentinel monitor {master_name} 127.0.0.1 {master_port} 1\n\
+                "port {port}\nbind {addr}\n{protected}dir {dir}\n\
+                 sentinel monitor {master_name} {master_addr} {master_port} {quorum}\n\
                  sentinel down-after-milliseconds {master_name} 1000\n\
                  sentinel failover-timeout {master_name} 5000\n\
                  sentinel parallel-syncs {master_name} 1\n",
+                addr = place.addr(),
                 dir = dir.path().display()
             ),
         )?;
-        let spec = ServerSpec::new(
-            format!("redis-sentinel :{port}"),
+        let mut spec = ServerSpec::new(
+            format!("redis-sentinel {}:{port}", place.addr()),
             binary,
             dir.path().join("sentinel.log"),
         )
         .args([conf.display().to_string(), "--sentinel".to_owned()])
-        .ready(Ready::Port(port));
+        .ready(place.ready(port));
+        spec.netns = place.netns();
         let process = ServerProcess::start(spec).await?;
         Ok(Self {
             process,
             port,
+            place,
             master_name: master_name.to_owned(),
             _dir: dir,
         })
@@ -274,16 +400,23 @@ impl RedisSentinel {
         self.port
     }
 
+    /// The sentinel's address (127.0.0.1, or its lab host's).
+    pub fn addr(&self) -> std::net::Ipv4Addr {
+        self.place.addr()
+    }
+
     /// The monitored master's name.
     pub fn master_name(&self) -> &str {
         &self.master_name
     }
 
-    /// `redis+sentinel://127.0.0.1:<port>/<master>`.
+    /// `redis+sentinel://<address>:<port>/<master>`.
     pub fn url(&self) -> String {
         format!(
-            "redis+sentinel://127.0.0.1:{}/{}",
-            self.port, self.master_name
+            "redis+sentinel://{}:{}/{}",
+            self.addr(),
+            self.port,
+            self.master_name
         )
     }
 
@@ -293,7 +426,8 @@ impl RedisSentinel {
     ///
     /// When `redis-cli` fails or the answer cannot be read.
     pub fn master_port(&self) -> Result<u16, HarnessError> {
-        let out = redis_cli(
+        let out = redis_cli_at(
+            &self.place,
             self.port,
             &["SENTINEL", "get-master-addr-by-name", &self.master_name],
         )?;
@@ -317,14 +451,21 @@ impl RedisSentinel {
     ) -> Result<(), HarnessError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if let Ok(out) = redis_cli(self.port, &["SENTINEL", "replicas", &self.master_name])
-                && out.contains("slave")
+            if let Ok(out) = redis_cli_at(
+                &self.place,
+                self.port,
+                &["SENTINEL", "replicas", &self.master_name],
+            ) && out.contains("slave")
             {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(HarnessError::NotReady {
-                    name: format!("redis-sentinel :{} (no replica discovered)", self.port),
+                    name: format!(
+                        "redis-sentinel {}:{} (no replica discovered)",
+                        self.addr(),
+                        self.port
+                    ),
                     log_tail: crate::process::log_tail(&self.process.spec().log),
                 });
             }
@@ -338,12 +479,90 @@ impl RedisSentinel {
     ///
     /// When the sentinel refuses.
     pub fn failover(&self) -> Result<(), HarnessError> {
-        redis_cli(self.port, &["SENTINEL", "FAILOVER", &self.master_name]).map(|_| ())
+        redis_cli_at(
+            &self.place,
+            self.port,
+            &["SENTINEL", "FAILOVER", &self.master_name],
+        )
+        .map(|_| ())
     }
 
     /// The process, for faults.
     pub fn process(&mut self) -> &mut ServerProcess {
         &mut self.process
+    }
+}
+
+/// A master, a replica of it and sentinels watching it (a majority of the
+/// sentinels is the quorum), each on a lab host of its own: a Sentinel
+/// deployment that [`Lab::isolate`] can cut a client off from.
+#[derive(Debug)]
+pub struct SentinelGroup {
+    master: RedisServer,
+    replica: RedisServer,
+    sentinels: Vec<RedisSentinel>,
+}
+
+impl SentinelGroup {
+    /// Starts the master on `lab`'s host `master`, its replica on
+    /// `replica`, and one sentinel on each of `sentinels`, all watching the
+    /// master as `master_name`; returns once the replica is in sync and
+    /// every sentinel knows it.
+    ///
+    /// # Errors
+    ///
+    /// Missing binaries, servers that do not start, or a replica that
+    /// does not sync (or is not discovered) within 20 s.
+    pub async fn start_in(
+        lab: &Lab,
+        master: &str,
+        replica: &str,
+        sentinels: &[&str],
+        master_name: &str,
+    ) -> Result<Self, HarnessError> {
+        let timeout = std::time::Duration::from_secs(20);
+        let master = RedisServer::start_in(lab, master).await?;
+        let replica = RedisServer::start_replica_in(&master, lab, replica).await?;
+        replica.wait_replica_synced(timeout).await?;
+        let quorum = sentinels.len() / 2 + 1;
+        let mut started = Vec::with_capacity(sentinels.len());
+        for host in sentinels {
+            started.push(RedisSentinel::start_in(lab, host, master_name, &master, quorum).await?);
+        }
+        for sentinel in &started {
+            sentinel.wait_replica_known(timeout).await?;
+        }
+        Ok(Self {
+            master,
+            replica,
+            sentinels: started,
+        })
+    }
+
+    /// `redis+sentinel://<sentinel>,<sentinel>.../<master name>`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("{}:{}", s.addr(), s.port()))
+            .collect();
+        let name = self.sentinels.first().map_or("", |s| s.master_name());
+        format!("redis+sentinel://{}/{name}", hosts.join(","))
+    }
+
+    /// The master.
+    pub fn master(&mut self) -> &mut RedisServer {
+        &mut self.master
+    }
+
+    /// The replica.
+    pub fn replica(&mut self) -> &mut RedisServer {
+        &mut self.replica
+    }
+
+    /// The sentinels.
+    pub fn sentinels(&mut self) -> &mut [RedisSentinel] {
+        &mut self.sentinels
     }
 }
 

@@ -1,6 +1,8 @@
 //! ZooKeeper 3.8 on loopback: one standalone server, or an ensemble of
 //! several servers (quorum peers) with kill / restart of a single member
-//! and a way to find the leader (the `srvr` four-letter word).
+//! and a way to find the leader (the `srvr` four-letter word). Either can
+//! also run on the hosts of a lab (`start_in`), client and peer ports on
+//! the hosts' addresses.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -10,9 +12,8 @@ use std::time::Duration;
 use tempfile::TempDir;
 use tokio::time::Instant;
 
-use crate::process::{
-    HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, temp_dir,
-};
+use crate::netns::{Lab, Placement};
+use crate::process::{HarnessError, ServerProcess, ServerSpec, find_binary, free_port, temp_dir};
 use crate::proxy::FaultProxy;
 
 /// The Debian package that provides ZooKeeper (and pulls in Java).
@@ -53,6 +54,7 @@ pub struct ZkNode {
     id: u32,
     process: ServerProcess,
     client_port: u16,
+    place: Placement,
     dir: TempDir,
 }
 
@@ -62,9 +64,9 @@ impl ZkNode {
         self.id
     }
 
-    /// `127.0.0.1:<client port>`.
+    /// `<address>:<client port>` (127.0.0.1, or its lab host's address).
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("{}:{}", self.place.addr(), self.client_port)
     }
 
     /// The client port.
@@ -101,7 +103,7 @@ impl ZkNode {
     /// returns the answer, or `None` when the server does not answer
     /// within `timeout` (paused, killed, starting).
     pub fn four_letter(&self, command: &str, timeout: Duration) -> Option<String> {
-        four_letter(self.client_port, command, timeout)
+        four_letter(&self.place, self.client_port, command, timeout)
     }
 
     /// The member's role, or `None` while it is not serving (election in
@@ -127,8 +129,18 @@ fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
-fn four_letter(port: u16, command: &str, timeout: Duration) -> Option<String> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+/// A four-letter word to the server at `place`'s address on `port`, sent
+/// from where it is reached.
+fn four_letter(place: &Placement, port: u16, command: &str, timeout: Duration) -> Option<String> {
+    let addr = SocketAddr::from((place.addr(), port));
+    let command = command.to_owned();
+    place
+        .reach(move || four_letter_to(addr, &command, timeout))
+        .ok()
+        .flatten()
+}
+
+fn four_letter_to(addr: SocketAddr, command: &str, timeout: Duration) -> Option<String> {
     let mut stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
     stream.set_read_timeout(Some(timeout)).ok()?;
     stream.set_write_timeout(Some(timeout)).ok()?;
@@ -161,11 +173,11 @@ fn check_identity(node: &ZkNode) -> Result<(), HarnessError> {
     }
 }
 
-/// Starts one JVM for `dir/zoo.cfg`.
+/// Starts one JVM for `dir/zoo.cfg`, at `place`.
 async fn spawn_node(
     id: u32,
     dir: TempDir,
-    client_port: u16,
+    (place, client_port): (Placement, u16),
     config: &str,
     properties: &[String],
 ) -> Result<ZkNode, HarnessError> {
@@ -189,8 +201,8 @@ async fn spawn_node(
         "{}:{SLF4J_SIMPLE_JAR}:{ZOOKEEPER_JAR}:/usr/share/java/*",
         dir.path().display()
     );
-    let spec = ServerSpec::new(
-        format!("zookeeper #{id} :{client_port}"),
+    let mut spec = ServerSpec::new(
+        format!("zookeeper #{id} {}:{client_port}", place.addr()),
         java,
         dir.path().join("zk.log"),
     )
@@ -212,20 +224,22 @@ async fn spawn_node(
         "org.apache.zookeeper.server.quorum.QuorumPeerMain".to_owned(),
         cfg.display().to_string(),
     ])
-    .ready(Ready::Port(client_port));
+    .ready(place.ready(client_port));
+    spec.netns = place.netns();
     let process = ServerProcess::start(spec).await?;
     Ok(ZkNode {
         id,
         process,
         client_port,
+        place,
         dir,
     })
 }
 
-fn base_config(dir: &Path, client_port: u16, sync_limit: u32) -> String {
+fn base_config(dir: &Path, (addr, client_port): (Ipv4Addr, u16), sync_limit: u32) -> String {
     format!(
         "tickTime={TICK_MS}\ninitLimit=10\nsyncLimit={sync_limit}\ndataDir={}\nclientPort={client_port}\n\
-         clientPortAddress=127.0.0.1\nadmin.enableServer=false\nmaxClientCnxns=0\n\
+         clientPortAddress={addr}\nadmin.enableServer=false\nmaxClientCnxns=0\n\
          4lw.commands.whitelist=*\n",
         dir.display()
     )
@@ -237,9 +251,9 @@ async fn wait_serving(nodes: &[&ZkNode], timeout: Duration) -> Result<(), Harnes
     loop {
         let mut all = true;
         for node in nodes {
-            let port = node.client_port;
+            let (place, port) = (node.place.clone(), node.client_port);
             let serving = tokio::task::spawn_blocking(move || {
-                four_letter(port, "srvr", Duration::from_millis(500))
+                four_letter(&place, port, "srvr", Duration::from_millis(500))
                     .is_some_and(|a| a.contains("Mode:"))
             })
             .await
@@ -305,23 +319,40 @@ impl ZkServer {
         .await
     }
 
+    /// As [`start`](Self::start), in the namespace of `lab`'s host named
+    /// `host`, its client port on the host's address (what
+    /// [`url`](Self::url) names): reach it from the other hosts'
+    /// namespaces.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start); a lab without another host to reach it
+    /// from.
+    pub async fn start_in(lab: &Lab, host: &str) -> Result<Self, HarnessError> {
+        Self::start_at(Placement::on(lab, host)?, &[]).await
+    }
+
     /// A standalone server whose JVM also gets `properties` (`-D...`).
     async fn start_with(properties: &[String]) -> Result<Self, HarnessError> {
+        Self::start_at(Placement::loopback(), properties).await
+    }
+
+    async fn start_at(place: Placement, properties: &[String]) -> Result<Self, HarnessError> {
         let dir = temp_dir("zookeeper-")?;
         let port = free_port()?;
-        let config = base_config(dir.path(), port, SYNC_LIMIT_TICKS);
-        let node = spawn_node(0, dir, port, &config, properties).await?;
+        let config = base_config(dir.path(), (place.addr(), port), SYNC_LIMIT_TICKS);
+        let node = spawn_node(0, dir, (place, port), &config, properties).await?;
         wait_serving(&[&node], Duration::from_secs(60)).await?;
         check_identity(&node)?;
         Ok(Self { node })
     }
 
-    /// `127.0.0.1:<port>`: a connect string.
+    /// `<address>:<port>`: a connect string.
     pub fn connect_string(&self) -> String {
         self.node.address()
     }
 
-    /// `zk://127.0.0.1:<port>`.
+    /// `zk://<address>:<port>`.
     pub fn url(&self) -> String {
         format!("zk://{}", self.node.address())
     }
@@ -383,7 +414,25 @@ impl ZkEnsemble {
     ///
     /// Missing Java or ZooKeeper, or an ensemble that does not form.
     pub async fn start(size: usize) -> Result<Self, HarnessError> {
-        Self::start_inner(size, SYNC_LIMIT_TICKS, false).await
+        let places = vec![Placement::loopback(); size.max(1)];
+        Self::start_inner(places, SYNC_LIMIT_TICKS, false).await
+    }
+
+    /// Starts one member on each of `lab`'s hosts named in `hosts`, each
+    /// in its host's namespace with its client, quorum and election ports
+    /// on the host's address, so that [`Lab::isolate`] cuts a client (or
+    /// a member) off in the kernel.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start); a lab without another host to reach a
+    /// member from.
+    pub async fn start_in(lab: &Lab, hosts: &[&str]) -> Result<Self, HarnessError> {
+        let places = hosts
+            .iter()
+            .map(|host| Placement::on(lab, host))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::start_inner(places, SYNC_LIMIT_TICKS, false).await
     }
 
     /// Like [`start`](Self::start), but every member reaches every other
@@ -407,16 +456,19 @@ impl ZkEnsemble {
         size: usize,
         sync_limit: u32,
     ) -> Result<Self, HarnessError> {
-        Self::start_inner(size, sync_limit, true).await
+        let places = vec![Placement::loopback(); size.max(1)];
+        Self::start_inner(places, sync_limit, true).await
     }
 
+    /// One member at each of `places` (the peer proxies, with `proxied`,
+    /// are on loopback: for loopback members only).
     async fn start_inner(
-        size: usize,
+        places: Vec<Placement>,
         sync_limit: u32,
         proxied: bool,
     ) -> Result<Self, HarnessError> {
         let mut members = Vec::new();
-        for index in 0..size.max(1) {
+        for index in 0..places.len() {
             let id = u32::try_from(index + 1).unwrap_or(u32::MAX);
             members.push((
                 id,
@@ -442,27 +494,30 @@ impl ZkEnsemble {
             }
         }
         let mut nodes = Vec::new();
-        let ids: Vec<(u32, u16, u16)> = members
+        let ids: Vec<(u32, Ipv4Addr, u16, u16)> = members
             .iter()
-            .map(|(id, _, _, quorum, election)| (*id, *quorum, *election))
+            .zip(&places)
+            .map(|((id, _, _, quorum, election), place)| (*id, place.addr(), *quorum, *election))
             .collect();
-        for (index, (id, dir, client, _, _)) in members.into_iter().enumerate() {
+        for (index, ((id, dir, client, _, _), place)) in members.into_iter().zip(places).enumerate()
+        {
             let servers: String = ids
                 .iter()
                 .enumerate()
-                .map(|(to, (peer_id, quorum, election))| {
+                .map(|(to, (peer_id, addr, quorum, election))| {
                     match peer_links.iter().find(|l| l.from == index && l.to == to) {
                         Some(link) => format!(
                             "server.{peer_id}=127.0.0.1:{}:{}\n",
                             link.quorum.port(),
                             link.election.port()
                         ),
-                        None => format!("server.{peer_id}=127.0.0.1:{quorum}:{election}\n"),
+                        None => format!("server.{peer_id}={addr}:{quorum}:{election}\n"),
                     }
                 })
                 .collect();
-            let config = format!("{}{servers}", base_config(dir.path(), client, sync_limit));
-            nodes.push(spawn_node(id, dir, client, &config, &[]).await?);
+            let base = base_config(dir.path(), (place.addr(), client), sync_limit);
+            let config = format!("{base}{servers}");
+            nodes.push(spawn_node(id, dir, (place, client), &config, &[]).await?);
         }
         let ensemble = Self { nodes, peer_links };
         ensemble.wait_serving(Duration::from_secs(90)).await?;
@@ -472,7 +527,7 @@ impl ZkEnsemble {
         Ok(ensemble)
     }
 
-    /// `127.0.0.1:a,127.0.0.1:b,...`: the connect string of every member.
+    /// `<address>:a,<address>:b,...`: the connect string of every member.
     pub fn connect_string(&self) -> String {
         self.nodes
             .iter()
@@ -481,7 +536,7 @@ impl ZkEnsemble {
             .join(",")
     }
 
-    /// `zk://127.0.0.1:a,127.0.0.1:b,...`.
+    /// `zk://<address>:a,<address>:b,...`.
     pub fn url(&self) -> String {
         format!("zk://{}", self.connect_string())
     }
@@ -546,10 +601,14 @@ impl ZkEnsemble {
 
     /// The index of the current leader, if one is serving.
     pub async fn leader(&self) -> Option<usize> {
-        let ports: Vec<u16> = self.nodes.iter().map(|n| n.client_port).collect();
+        let members: Vec<(Placement, u16)> = self
+            .nodes
+            .iter()
+            .map(|n| (n.place.clone(), n.client_port))
+            .collect();
         tokio::task::spawn_blocking(move || {
-            ports.iter().position(|port| {
-                four_letter(*port, "srvr", Duration::from_millis(500))
+            members.iter().position(|(place, port)| {
+                four_letter(place, *port, "srvr", Duration::from_millis(500))
                     .is_some_and(|a| a.contains("Mode: leader"))
             })
         })
