@@ -1,11 +1,20 @@
-//! PostgreSQL session mode under a real partition (in the kernel, see
+//! The SQL backends under a real partition (in the kernel, see
 //! `lock_testkit::netns`): the holder's connection is cut off, the server
 //! sees a silent client, and whatever it does about that (keep-alive
-//! probes, `idle_session_timeout`) must not free the lock before the
-//! holder's deadline. Before the grant moved the server's keep-alive out to
-//! the TTL, the server ended the cut-off session about 8 s after its last
-//! packet and another client was granted the key seconds before the
-//! holder was told (a 12 s TTL here).
+//! probes, `idle_session_timeout`, `wait_timeout`) must not free the lock
+//! before the holder's deadline.
+//!
+//! PostgreSQL session mode runs by default. Before the grant moved the
+//! server's keep-alive out to the TTL, the server ended the cut-off
+//! session about 8 s after its last packet and another client was granted
+//! the key seconds before the holder was told (a 12 s TTL here).
+//!
+//! The others are long (a lab and a server per test) and run only when
+//! asked, `DISTLOCK_PARTITIONS=all cargo test -p lock-sql --test
+//! partition` (otherwise they print `skipped: set DISTLOCK_PARTITIONS=all`):
+//! PostgreSQL row mode, MariaDB row mode and MariaDB session mode
+//! (`GET_LOCK`, the session ended by `wait_timeout`, which the grant sets
+//! to the TTL rounded up to whole seconds).
 //!
 //! The check's broken variant: a holder whose client believes its leases
 //! run an hour longer than they do must be caught.
@@ -13,21 +22,30 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{CLIENT_OPTIONS, UrlTarget, with_options};
+use common::{CLIENT_OPTIONS, with_options};
 use conformance::OrSkip;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
 use conformance::netns::Lab;
-use conformance::scenarios::{HOLDER_HOST, OBSERVER_HOST, PartitionEnv, Verdict, holder_cut_off};
+use conformance::scenarios::{
+    PartitionEnv, all_partitions_selected, assert_cut_off_safe, assert_told_too_late_caught,
+};
+use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use lock_core::LockBackend;
 
-/// Longer than the 8 s that the server's default-ish keep-alive (5 s idle,
-/// 3 probes 1 s apart) took to end a silent session.
-const TTL: Duration = Duration::from_secs(12);
+/// Session mode: longer than the 8 s that the server's default-ish
+/// keep-alive (5 s idle, 3 probes 1 s apart) took to end a silent
+/// PostgreSQL session, so that a server-side liveness check shorter than
+/// this shows.
+const SESSION_TTL: Duration = Duration::from_secs(12);
 
-/// Session-mode clients, with the suite's short operation timeouts.
+/// Row mode: the row's `expires_at` alone frees the key.
+const ROW_TTL: Duration = Duration::from_secs(4);
+
+/// Clients of either mode (the URL says which), with the suite's short
+/// operation timeouts.
 fn opener() -> conformance::deploy::Opener {
     Arc::new(|url: String| {
         Box::pin(async move {
@@ -37,63 +55,104 @@ fn opener() -> conformance::deploy::Opener {
     })
 }
 
-struct Started {
+/// The lab and the server of one test, kept until its end.
+struct Started<S> {
     lab: Arc<Lab>,
-    server: PostgresServer,
+    server: S,
 }
 
-async fn started() -> Option<Started> {
-    let lab = Arc::new(Lab::new(&["server", HOLDER_HOST, OBSERVER_HOST]).or_skip()?);
+async fn postgres() -> Option<Started<PostgresServer>> {
+    let lab = PartitionEnv::lab(&["server"]).or_skip()?;
     let server = PostgresServer::start_in(&lab, "server").await.or_skip()?;
     Some(Started { lab, server })
 }
 
-fn env(started: &Started, holder: conformance::deploy::Opener) -> PartitionEnv {
-    let url = with_options(
-        &started.server.url_at(started.lab.host("server").addr()),
-        "mode=session",
-    );
-    PartitionEnv {
-        lab: started.lab.clone(),
-        holder: Arc::new(UrlTarget {
-            name: "postgres-session".into(),
-            url: url.clone(),
-            open: holder,
-        }),
-        observer: Arc::new(UrlTarget {
-            name: "postgres-session".into(),
-            url,
-            open: opener(),
-        }),
-        ttl: TTL,
-    }
+async fn mariadb() -> Option<Started<MariaDbServer>> {
+    let lab = PartitionEnv::lab(&["server"]).or_skip()?;
+    let server = MariaDbServer::start_in(&lab, "server").await.or_skip()?;
+    Some(Started { lab, server })
+}
+
+fn env<S>(
+    started: &Started<S>,
+    name: &str,
+    url: &str,
+    holder: conformance::deploy::Opener,
+    ttl: Duration,
+) -> PartitionEnv {
+    PartitionEnv::on_url(started.lab.clone(), name, url, holder, opener(), ttl)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_mode_frees_a_cut_off_holders_lock_only_after_its_deadline() {
-    let Some(started) = started().await else {
+    let Some(started) = postgres().await else {
         return;
     };
-    let report = holder_cut_off(&env(&started, opener())).await;
-    eprintln!("{}: {:?}", report.detail, report.figures);
-    assert_eq!(report.verdict, Verdict::Safe, "{}", report.detail);
+    let url = with_options(&started.server.url(), "mode=session");
+    let env = env(&started, "postgres-session", &url, opener(), SESSION_TTL);
+    assert_cut_off_safe(&env, "postgres session").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_told_too_late_is_caught() {
-    let Some(started) = started().await else {
+    let Some(started) = postgres().await else {
         return;
     };
+    let url = with_options(&started.server.url(), "mode=session");
     let flawed = flawed_opener(opener(), Arc::new(HourLongerLeases));
-    let started_at = Instant::now();
-    let report = holder_cut_off(&env(&started, flawed)).await;
-    assert_eq!(
-        report.verdict,
-        Verdict::Violation,
-        "{} (after {:?})",
-        report.detail,
-        started_at.elapsed()
-    );
-    // Caught for the right reason: the grant came first, not an error.
-    assert!(report.detail.contains("granted"), "{}", report.detail);
+    let env = env(&started, "postgres-session", &url, flawed, SESSION_TTL);
+    assert_told_too_late_caught(&env, "postgres session").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_mode_on_postgres_frees_a_cut_off_holders_lock_only_after_its_deadline() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(started) = postgres().await else {
+        return;
+    };
+    let url = started.server.url();
+    let env = env(&started, "postgres", &url, opener(), ROW_TTL);
+    assert_cut_off_safe(&env, "postgres row").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_mode_on_mariadb_frees_a_cut_off_holders_lock_only_after_its_deadline() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(started) = mariadb().await else {
+        return;
+    };
+    let url = started.server.url();
+    let env = env(&started, "mariadb", &url, opener(), ROW_TTL);
+    assert_cut_off_safe(&env, "mariadb row").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_on_mariadb_frees_a_cut_off_holders_lock_only_after_its_deadline() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(started) = mariadb().await else {
+        return;
+    };
+    let url = with_options(&started.server.url(), "mode=session");
+    let env = env(&started, "mariadb-session", &url, opener(), SESSION_TTL);
+    assert_cut_off_safe(&env, "mariadb session").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mariadb_session_holder_told_too_late_is_caught() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(started) = mariadb().await else {
+        return;
+    };
+    let url = with_options(&started.server.url(), "mode=session");
+    let flawed = flawed_opener(opener(), Arc::new(HourLongerLeases));
+    let env = env(&started, "mariadb-session", &url, flawed, SESSION_TTL);
+    assert_told_too_late_caught(&env, "mariadb session").await;
 }

@@ -1,14 +1,34 @@
+//! ZooKeeper under partitions.
+//!
 //! A client attached to a follower that is cut off from the rest of a
-//! 3-member ensemble. The follower keeps serving its clients from its own
-//! state (until `syncLimit` runs out) while the leader expires the client's
-//! session and hands the lock to someone else: the cut-off client must not
-//! renew, nor be granted, on the strength of that stale state.
+//! 3-member ensemble (peer proxies). The follower keeps serving its clients
+//! from its own state (until `syncLimit` runs out) while the leader expires
+//! the client's session and hands the lock to someone else: the cut-off
+//! client must not renew, nor be granted, on the strength of that stale
+//! state.
+//!
+//! A real partition (in the kernel, see `lock_testkit::netns`): the
+//! holder's host is cut off from a standalone server and from a 3-member
+//! ensemble on lab hosts. The servers expire the holder's session a session
+//! timeout after the last packet they received from it, which must come
+//! after the holder's deadline (its lost signal); the broken variant, a
+//! holder told an hour late, is caught. These are long (a lab and servers
+//! per test): they run only when asked,
+//! `DISTLOCK_PARTITIONS=all cargo test -p lock-zk --test partition`, and
+//! otherwise print `skipped: set DISTLOCK_PARTITIONS=all`.
+
+mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::opener;
 use conformance::OrSkip;
-use conformance::servers::zookeeper::{TICK_MS, ZkEnsemble, ZkMode};
+use conformance::doubles::{HourLongerLeases, flawed_opener};
+use conformance::scenarios::{
+    PartitionEnv, all_partitions_selected, assert_cut_off_safe, assert_told_too_late_caught,
+};
+use conformance::servers::zookeeper::{TICK_MS, ZkEnsemble, ZkMode, ZkServer};
 use lock_core::{LockBackend, LockKey, OwnerId};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::time::{Instant, sleep};
@@ -215,4 +235,63 @@ async fn partitioned_follower_cannot_renew_or_grant() {
     );
     other.release(&granted).await.expect("release");
     ensemble.heal_member(follower).expect("heal");
+}
+
+/// The session timeout (and the TTL) of the real-partition tests: 8 ticks.
+const CUT_OFF_TTL: Duration = Duration::from_secs(4);
+
+/// A standalone server's URL, or an ensemble's, with the session timeout
+/// at [`CUT_OFF_TTL`].
+fn session_url(url: &str) -> String {
+    common::with_options(url, &format!("session_timeout={}s", CUT_OFF_TTL.as_secs()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_is_told_before_a_standalone_server_frees_its_lock() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(lab) = PartitionEnv::lab(&["zk"]).or_skip() else {
+        return;
+    };
+    let Some(server) = ZkServer::start_in(&lab, "zk").await.or_skip() else {
+        return;
+    };
+    let url = session_url(&server.url());
+    let env = PartitionEnv::on_url(lab, "zookeeper", &url, opener(), opener(), CUT_OFF_TTL);
+    assert_cut_off_safe(&env, "zookeeper standalone").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_is_told_before_an_ensemble_frees_its_lock() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let members = ["zk1", "zk2", "zk3"];
+    let Some(lab) = PartitionEnv::lab(&members).or_skip() else {
+        return;
+    };
+    let Some(ensemble) = ZkEnsemble::start_in(&lab, &members).await.or_skip() else {
+        return;
+    };
+    let url = session_url(&ensemble.url());
+    let env = PartitionEnv::on_url(lab, "zookeeper", &url, opener(), opener(), CUT_OFF_TTL);
+    assert_cut_off_safe(&env, "zookeeper ensemble").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_told_too_late_is_caught() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(lab) = PartitionEnv::lab(&["zk"]).or_skip() else {
+        return;
+    };
+    let Some(server) = ZkServer::start_in(&lab, "zk").await.or_skip() else {
+        return;
+    };
+    let url = session_url(&server.url());
+    let flawed = flawed_opener(opener(), Arc::new(HourLongerLeases));
+    let env = PartitionEnv::on_url(lab, "zookeeper", &url, flawed, opener(), CUT_OFF_TTL);
+    assert_told_too_late_caught(&env, "zookeeper standalone").await;
 }

@@ -8,6 +8,12 @@
 //! `idle_session_timeout`, MariaDB's `wait_timeout`, ZooKeeper's session
 //! timeout, etcd's lease) must not free the lock before the holder's
 //! deadline, which is when its lost signal fires.
+//!
+//! Each driver's `tests/partition.rs` runs [`holder_cut_off`] on its
+//! servers placed on lab hosts by the test kit (`start_in`). Beyond the
+//! default ones (PostgreSQL session mode, etcd), those tests run only with
+//! `DISTLOCK_PARTITIONS=all` ([`all_partitions_selected`]): each takes a
+//! lab, a server and a TTL or two.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::LockClient;
+use lock_testkit::HarnessError;
 use lock_testkit::netns::{Lab, Namespace};
 
 /// The host of a [`PartitionEnv`]'s lab whose client is cut off.
@@ -41,6 +48,92 @@ pub struct PartitionEnv {
     pub observer: Arc<dyn Target>,
     /// The lease TTL.
     pub ttl: Duration,
+}
+
+/// The environment variable that selects every partition test
+/// ([`all_partitions_selected`]).
+pub const PARTITIONS_VAR: &str = "DISTLOCK_PARTITIONS";
+
+/// Whether `DISTLOCK_PARTITIONS=all` selects every partition test; when it
+/// does not, prints `skipped: set DISTLOCK_PARTITIONS=all` (and the test
+/// returns).
+pub fn all_partitions_selected() -> bool {
+    let selected = std::env::var(PARTITIONS_VAR).is_ok_and(|v| v == "all");
+    if !selected {
+        eprintln!("skipped: set {PARTITIONS_VAR}=all");
+    }
+    selected
+}
+
+impl PartitionEnv {
+    /// A lab with a host per name in `servers` (for the servers the test
+    /// kit's `start_in` puts there), then [`HOLDER_HOST`] and
+    /// [`OBSERVER_HOST`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Lab::new`].
+    pub fn lab(servers: &[&str]) -> Result<Arc<Lab>, HarnessError> {
+        let mut hosts = servers.to_vec();
+        hosts.extend([HOLDER_HOST, OBSERVER_HOST]);
+        Ok(Arc::new(Lab::new(&hosts)?))
+    }
+
+    /// Holder and observer clients opened on `url` (the holder's with
+    /// `holder`, the observer's with `observer`), named `name` in reports.
+    pub fn on_url(
+        lab: Arc<Lab>,
+        name: &str,
+        url: &str,
+        holder: crate::deploy::Opener,
+        observer: crate::deploy::Opener,
+        ttl: Duration,
+    ) -> Self {
+        let target = |open| {
+            Arc::new(crate::UrlTarget {
+                name: name.to_owned(),
+                url: url.to_owned(),
+                open,
+            }) as Arc<dyn Target>
+        };
+        Self {
+            lab,
+            holder: target(holder),
+            observer: target(observer),
+            ttl,
+        }
+    }
+}
+
+/// [`holder_cut_off`] on `env`, printed under `label` (verdict, detail and
+/// figures); panics unless it is [`Verdict::Safe`].
+pub async fn assert_cut_off_safe(env: &PartitionEnv, label: &str) -> ScenarioReport {
+    let report = holder_cut_off(env).await;
+    eprintln!(
+        "{label}: {:?}: {}: {:?}",
+        report.verdict, report.detail, report.figures
+    );
+    assert_eq!(report.verdict, Verdict::Safe, "{label}: {}", report.detail);
+    report
+}
+
+/// [`holder_cut_off`] on `env` whose holder is broken (told of its loss
+/// too late, e.g. [`crate::doubles::HourLongerLeases`]): panics unless the
+/// check catches it, by another client's grant before the holder was told.
+pub async fn assert_told_too_late_caught(env: &PartitionEnv, label: &str) {
+    let report = holder_cut_off(env).await;
+    eprintln!(
+        "{label} (broken holder): {:?}: {}",
+        report.verdict, report.detail
+    );
+    assert_eq!(
+        report.verdict,
+        Verdict::Violation,
+        "{label}: {}",
+        report.detail
+    );
+    // Caught for the right reason: the grant came first, not an error.
+    assert!(report.detail.contains("granted"), "{}", report.detail);
 }
 
 /// Runs `make()` to the end on a thread inside `ns`, on a runtime of its

@@ -1,0 +1,100 @@
+//! Redis under a real partition (in the kernel, see
+//! `lock_testkit::netns`): the holder's host is cut off from a single
+//! server, from a Sentinel deployment (master, replica and three
+//! sentinels, each on a host of its own) and from all five Redlock nodes.
+//! The key the holder can no longer renew expires on the server(s) a TTL
+//! after the last renewal they received, which must come after the
+//! holder's deadline (its lost signal: last renewal sent + TTL - drift).
+//! The broken variant: a holder told an hour late is caught.
+//!
+//! Long (a lab and servers per test): they run only when asked,
+//! `DISTLOCK_PARTITIONS=all cargo test -p lock-redis --test partition`,
+//! and otherwise print `skipped: set DISTLOCK_PARTITIONS=all`.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::opener;
+use conformance::OrSkip;
+use conformance::doubles::{HourLongerLeases, flawed_opener};
+use conformance::scenarios::{
+    PartitionEnv, all_partitions_selected, assert_cut_off_safe, assert_told_too_late_caught,
+};
+use conformance::servers::redis::{RedisServer, SentinelGroup};
+
+const TTL: Duration = Duration::from_secs(4);
+
+const REDLOCK_HOSTS: [&str; 5] = ["r1", "r2", "r3", "r4", "r5"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_is_told_before_a_single_server_frees_its_lock() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(lab) = PartitionEnv::lab(&["redis"]).or_skip() else {
+        return;
+    };
+    let Some(server) = RedisServer::start_in(&lab, "redis").await.or_skip() else {
+        return;
+    };
+    let env = PartitionEnv::on_url(lab, "redis", &server.url(), opener(), opener(), TTL);
+    assert_cut_off_safe(&env, "redis single").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_is_told_before_a_sentinel_master_frees_its_lock() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let sentinels = ["s1", "s2", "s3"];
+    let mut servers = vec!["master", "replica"];
+    servers.extend(sentinels);
+    let Some(lab) = PartitionEnv::lab(&servers).or_skip() else {
+        return;
+    };
+    let Some(group) = SentinelGroup::start_in(&lab, "master", "replica", &sentinels, "locks")
+        .await
+        .or_skip()
+    else {
+        return;
+    };
+    let env = PartitionEnv::on_url(lab, "redis-sentinel", &group.url(), opener(), opener(), TTL);
+    assert_cut_off_safe(&env, "redis sentinel").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_from_every_redlock_node_is_told_before_they_free_its_lock() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(lab) = PartitionEnv::lab(&REDLOCK_HOSTS).or_skip() else {
+        return;
+    };
+    let Some(nodes) = RedisServer::start_many_in(&lab, &REDLOCK_HOSTS)
+        .await
+        .or_skip()
+    else {
+        return;
+    };
+    let url = RedisServer::redlock_url(&nodes);
+    let env = PartitionEnv::on_url(lab, "redlock", &url, opener(), opener(), TTL);
+    assert_cut_off_safe(&env, "redlock").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_told_too_late_is_caught() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(lab) = PartitionEnv::lab(&["redis"]).or_skip() else {
+        return;
+    };
+    let Some(server) = RedisServer::start_in(&lab, "redis").await.or_skip() else {
+        return;
+    };
+    let flawed = flawed_opener(opener(), Arc::new(HourLongerLeases));
+    let env = PartitionEnv::on_url(lab, "redis", &server.url(), flawed, opener(), TTL);
+    assert_told_too_late_caught(&env, "redis single").await;
+}
