@@ -63,6 +63,12 @@
 //!   session or a server restart frees the lock at once while the holder
 //!   learns at its next keep-alive: only the fencing token protects the
 //!   resource then.
+//! - Session mode on MySQL/MariaDB keeps a lock through a partition only
+//!   for a TTL within the server's TCP keep-alive (`tcp_keepalive_time` +
+//!   `_probes` × `_interval`, GLOBAL settings, 0 meaning the server host's:
+//!   about 2 h 11 min on Linux): a cut-off holder's session is ended, and
+//!   its lock freed, that long after its last packet, whatever its TTL. A
+//!   client cannot move them per session (PostgreSQL's it can, and does).
 //! - `sqlite::memory:` databases are private to one backend; use a file to
 //!   share locks. TLS needs the `tls-rustls` feature. The MySQL dialect is
 //!   tested against MariaDB.

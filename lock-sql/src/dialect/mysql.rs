@@ -401,6 +401,8 @@ impl SessionDialect for MySql {
         Ok(DbOptions::MySql(parse_options(config)?))
     }
 
+    /// `wait_timeout`, the TTL in whole seconds rounded up: see
+    /// `server_may_end_session_after` for the liveness rule.
     fn idle_timeout_secs(&self, ttl: Duration) -> Option<u64> {
         Some(mysql_wait_timeout(ttl))
     }
@@ -645,4 +647,83 @@ fn ours(
         token: token.and_then(|t| u64::try_from(t).ok()),
         details,
     }))
+}
+
+/// The liveness rule of session mode on MySQL/MariaDB: how long after the
+/// last statement it received from a silent client (the holder's last
+/// renewal at the latest) the server can end a session that holds a lock
+/// of `ttl`, and with it the lock. It must never be shorter than the TTL,
+/// or a partitioned holder loses its lock before its own deadline (last
+/// renewal sent + TTL - drift).
+///
+/// What ends an idle or dead connection on the server:
+/// - `wait_timeout`, which the grant sets (session scope) to the TTL in
+///   whole seconds, rounded up;
+/// - the TCP keep-alive the server turns on for every TCP client
+///   (`SO_KEEPALIVE`): `keepalive` here, idle time plus unanswered probes.
+///   Its settings (`tcp_keepalive_time`, `_interval`, `_probes`) are
+///   GLOBAL only, 0 meaning the server host's own (Linux: 7200 s, 75 s,
+///   9), so a client cannot move them out to its TTL as it does on
+///   PostgreSQL: a TTL beyond them is not kept through a partition.
+///
+/// The others do not apply: `net_read_timeout` and `net_write_timeout`
+/// only within a statement's packets, the `idle_*transaction_timeout`s only
+/// to a session inside a transaction (a session-mode grant runs in
+/// autocommit and leaves none open), `interactive_timeout` only at connect
+/// (the grant's `wait_timeout` replaces it).
+#[cfg(test)]
+fn server_may_end_session_after(ttl: Duration, keepalive: Duration) -> Duration {
+    Duration::from_secs(mysql_wait_timeout(ttl)).min(keepalive)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Linux's defaults, which the server uses with its own settings at 0
+    /// (theirs): 7200 s idle, then 9 probes 75 s apart.
+    const LINUX_KEEPALIVE: Duration = Duration::from_secs(7200 + 9 * 75);
+
+    /// Every TTL session mode accepts, from the shortest, with odd
+    /// fractions of a second (down to a nanosecond past a whole second).
+    fn ttls(up_to: Duration) -> Vec<Duration> {
+        let mut ttls = Vec::new();
+        let mut ttl = crate::MYSQL_SESSION_MIN_TTL;
+        while ttl <= up_to {
+            for odd in [0, 1, 999, 1_000, 999_999, 1_000_001, 499_999_999] {
+                ttls.push(ttl + Duration::from_nanos(odd));
+            }
+            ttl = ttl * 3 / 2 + Duration::from_millis(7);
+        }
+        ttls.push(up_to);
+        ttls
+    }
+
+    /// The rule holds for every TTL within the server's keep-alive (Linux
+    /// defaults): the server never ends a silent holder's session before
+    /// the TTL has passed since the last thing it heard.
+    #[test]
+    fn the_server_never_ends_a_holders_session_before_the_ttl() {
+        for ttl in ttls(LINUX_KEEPALIVE) {
+            assert!(
+                server_may_end_session_after(ttl, LINUX_KEEPALIVE) >= ttl,
+                "TTL {ttl:?}: the server may end the session after {:?}",
+                server_may_end_session_after(ttl, LINUX_KEEPALIVE)
+            );
+        }
+    }
+
+    /// The part the driver sets covers every TTL the API accepts:
+    /// `wait_timeout` never undercuts it (only the server's keep-alive
+    /// can, see `server_may_end_session_after`).
+    #[test]
+    fn wait_timeout_never_undercuts_the_ttl() {
+        for ttl in ttls(lock_core::MAX_TTL) {
+            let wait_timeout = Duration::from_secs(mysql_wait_timeout(ttl));
+            assert!(
+                wait_timeout >= ttl,
+                "TTL {ttl:?}: wait_timeout {wait_timeout:?}"
+            );
+        }
+    }
 }

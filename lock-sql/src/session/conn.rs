@@ -97,16 +97,18 @@ impl ServerKey {
     }
 }
 
-/// `ttl` in whole milliseconds, rounded up (PostgreSQL's
-/// `idle_session_timeout`): the server never ends the session earlier.
+/// `ttl` in whole milliseconds, rounded up from the nanosecond
+/// (PostgreSQL's `idle_session_timeout`): the server never ends the
+/// session earlier.
 pub(crate) fn pg_idle_timeout(ttl: Duration) -> String {
-    let ms = ttl.as_micros().div_ceil(1000).max(1);
+    let ms = ttl.as_nanos().div_ceil(1_000_000).max(1);
     ms.to_string()
 }
 
-/// `ttl` in whole seconds, rounded up (MySQL's `wait_timeout`).
+/// `ttl` in whole seconds, rounded up from the nanosecond (MySQL's
+/// `wait_timeout`; rounded from the millisecond, a TTL of 1.0005 s got 1 s).
 pub(crate) fn mysql_wait_timeout(ttl: Duration) -> u64 {
-    let secs = ttl.as_millis().div_ceil(1000).max(1);
+    let secs = ttl.as_nanos().div_ceil(1_000_000_000).max(1);
     u64::try_from(secs).unwrap_or(u64::MAX).min(31_536_000)
 }
 

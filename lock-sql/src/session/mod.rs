@@ -28,7 +28,10 @@
 //! the last confirmed keep-alive, while the server's idle timer starts
 //! only when that query has run: the server never frees the lock before
 //! the holder's deadline has passed (a partition included), and frees it
-//! about `ttl` after the last keep-alive the server received.
+//! about `ttl` after the last keep-alive the server received. On
+//! MySQL/MariaDB that holds for a TTL within the server's own TCP
+//! keep-alive, a GLOBAL setting no session can change (see the crate's
+//! caveats and `dialect::mysql`'s liveness rule).
 //!
 //! # Breaking a lock
 //!
