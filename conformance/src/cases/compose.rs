@@ -145,11 +145,15 @@ pub async fn multi_lock_keeps_its_first_keys_while_waiting(h: &Harness) -> CaseR
     let (set, stolen) = futures_join(waiting, contender).await;
     if let Some(stolen) = stolen? {
         let _ = b.release(&stolen).await;
-        if let Ok(set) = set {
-            let _ = set.release().await;
-        }
+        let outcome = match set {
+            Ok(set) => {
+                let _ = set.release().await;
+                "granted".to_owned()
+            }
+            Err(e) => format!("failed: {e}"),
+        };
         return Err(format!(
-            "another client took {first} while the multi-lock that held it waited for {later}"
+            "another client took {first} while the multi-lock that held it waited for {later} (the multi-lock {outcome})"
         ));
     }
     let set = set.map_err(fmt_err("lock_all"))?;
