@@ -48,6 +48,11 @@ async fn main() {
         None => guard.lost().await,
         Some(addr) => {
             let token = guard.token().to_string();
+            // First the lease it holds (the scenarios read the holder's TTL
+            // from it; conformance::scenarios::LEASE_REPORT), then its work.
+            if let Ok(mut stream) = std::net::TcpStream::connect(&addr) {
+                let _ = writeln!(stream, "lease {}", guard.lease().to_handle());
+            }
             loop {
                 if let Ok(mut stream) = std::net::TcpStream::connect(&addr) {
                     let _ = writeln!(stream, "{token}");

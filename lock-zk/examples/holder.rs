@@ -56,6 +56,14 @@ async fn main() {
     };
     let resource = std::env::var("DISTLOCK_TEST_RESOURCE").ok();
     let token = guard.token().to_string();
+    // First the lease it holds (the scenarios read the holder's TTL from it;
+    // conformance::scenarios::LEASE_REPORT), then its work.
+    if let Some(addr) = &resource
+        && let Ok(mut stream) = std::net::TcpStream::connect(addr)
+    {
+        use std::io::Write;
+        let _ = writeln!(stream, "lease {}", guard.lease().to_handle());
+    }
     let reason = match resource {
         None => guard.lost().await,
         Some(addr) => loop {
