@@ -272,6 +272,13 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
             "<p><small>capabilities: {}</small></p>",
             esc(&r.capabilities.to_string())
         );
+        if !r.left_to_full_run.is_empty() {
+            let _ = write!(
+                html,
+                "<p><b>Not checked by this quick run</b> (left to the full run): {}</p>",
+                esc(&r.left_to_full_run.join(", "))
+            );
+        }
         if let Some(s) = &r.conformance {
             html.push_str(
                 "<table><tr><th>case</th><th>verdict</th><th>ms</th><th>detail</th></tr>",

@@ -61,9 +61,16 @@ enum Command {
     /// etcd cluster and a 3-node ZooKeeper ensemble) on loopback ports in
     /// temporary directories and stops them afterwards. The replicated and
     /// clustered deployments add the scenarios replica_failover,
-    /// minority_down and majority_down. Exits 1 if any conformance case
-    /// fails or any scenario shows a violation (including a negative
-    /// control that was not flagged).
+    /// minority_down and majority_down.
+    ///
+    /// --quick checks the mutex only, in under 5 minutes with every server
+    /// on two cores: its conformance cases and fault matrix (the verdict
+    /// stages of three backends at a time, then the benchmarks one backend
+    /// at a time), its figures with fewer rounds; the other shapes'
+    /// cases, scenarios and figures are left to the run without --quick,
+    /// and the report lists them. Exits 1 if any conformance case fails or
+    /// any scenario shows a violation (including a negative control that
+    /// was not flagged).
     #[command(after_help = "Examples:
   distlock-compare compare
   distlock-compare compare --spawn --quick --json report.json --html report.html
@@ -84,7 +91,9 @@ enum Command {
         /// injection there).
         #[arg(long = "with")]
         urls: Vec<String>,
-        /// Shorter run (the default; under 5 minutes with every server).
+        /// The mutex only, fewer rounds (under 5 minutes with every server
+        /// on two cores); the report names the checks left to the run
+        /// without --quick.
         #[arg(long, conflicts_with = "full")]
         quick: bool,
         /// Longer run: more iterations, 10,000 cancelled acquires, longer
@@ -191,7 +200,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             backends,
             spawn,
             urls,
-            quick: _,
+            quick,
             full,
             no_scenarios,
             json,
@@ -204,6 +213,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
                     backends,
                     urls,
                     spawn,
+                    quick: false,
                     full: false,
                     scenarios: false,
                     json,
@@ -222,6 +232,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
                 backends,
                 urls,
                 spawn,
+                quick,
                 full,
                 scenarios: !no_scenarios,
                 json,

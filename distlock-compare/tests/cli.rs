@@ -121,3 +121,61 @@ fn held_at_scale_child_prints_its_report() {
     );
     assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
 }
+
+/// `compare --quick` checks the mutex and says which checks it left to
+/// the full run (in the table's text and the JSON), and how long each
+/// phase took.
+#[test]
+fn quick_names_what_it_left_to_the_full_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let out = output(distlock(
+        "memory://",
+        &[
+            "compare",
+            "--quick",
+            "--backends",
+            "memory",
+            "--no-scenarios",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    ));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
+    assert!(stdout.contains("left to the full run"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let memory = &report["backends"][0];
+    let left: Vec<&str> = memory["left_to_full_run"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    for what in [
+        "case readers_share_writers_exclude",
+        "case one_leader_at_a_time",
+        "figures shared-lock",
+    ] {
+        assert!(left.contains(&what), "{what} not in {left:?}");
+    }
+    let ran: Vec<&str> = memory["conformance"]["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert!(ran.contains(&"mutual_exclusion"), "{ran:?}");
+    assert!(!ran.contains(&"readers_share_writers_exclude"), "{ran:?}");
+    assert!(memory["bench"]["readers_8_per_s"].is_null(), "{memory:#}");
+    let phases = memory["phases"].as_array().unwrap();
+    assert!(
+        phases.iter().any(|p| p["name"] == "suite mutual_exclusion"),
+        "{phases:?}"
+    );
+    assert!(
+        phases.iter().any(|p| p["name"] == "bench latency"),
+        "{phases:?}"
+    );
+}

@@ -65,7 +65,9 @@ impl Contender for ElectCycle {
 
 /// The composed-shapes figures into `out` (see the module docs).
 pub(super) async fn measure(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), LockError> {
-    let Bench { target, url, full } = bench;
+    let Bench {
+        target, url, full, ..
+    } = bench;
     let Start {
         probe: backend,
         ttl,

@@ -14,26 +14,38 @@ use super::phases::Phases;
 
 use super::*;
 
+/// The benchmarks of `target` into `out`; the held-at-scale figures too
+/// unless `out` has them (the quick run measures those beside the verdicts:
+/// bytes in a child process and round trips counted by a proxy do not
+/// depend on what else runs).
 pub(super) async fn benchmarks(
     target: &dyn Target,
     url: &str,
-    full: bool,
+    opts: &CompareOptions,
     phases: &mut Phases,
+    mut out: BenchFigures,
 ) -> BenchFigures {
-    let mut out = BenchFigures::default();
-    if let Err(e) = bench_into(&mut out, Bench { target, url, full }, phases).await {
+    let bench = Bench {
+        target,
+        url,
+        full: opts.full,
+        quick: opts.quick,
+    };
+    if let Err(e) = bench_into(&mut out, bench, phases).await {
         out.error = Some(e.to_string());
     }
     out
 }
 
 /// What the measuring parts measure: the target, its URL, and whether the
-/// run is the full one (more cycles, longer windows).
+/// run is the long one (more cycles, longer windows) or the quick one
+/// (fewer rounds, the mutex only).
 #[derive(Clone, Copy)]
 pub(super) struct Bench<'a> {
     pub(super) target: &'a dyn Target,
     pub(super) url: &'a str,
     pub(super) full: bool,
+    pub(super) quick: bool,
 }
 
 /// What each measuring part starts from: a client of the target (open while
@@ -62,7 +74,12 @@ async fn bench_into(
     bench: Bench<'_>,
     phases: &mut Phases,
 ) -> Result<(), LockError> {
-    let Bench { target, url, full } = bench;
+    let Bench {
+        target,
+        url,
+        full,
+        quick,
+    } = bench;
     let mut phase = Instant::now();
     let Start { probe, ttl, run } = Start::of(target).await?;
     let caps = probe.capabilities();
@@ -109,13 +126,20 @@ async fn bench_into(
             // and 1.20 from one run to the next.
             // Only this backend's servers share the CPU with us: the
             // other backends' servers go to the other CPU meanwhile.
+            // The quick run's pair is a quarter as long: a first look, its
+            // ratio noisier (said under the table).
+            let (cycles, rounds) = if quick {
+                (ONE_CPU_CYCLES / 4, ONE_CPU_ROUNDS / 4)
+            } else {
+                (ONE_CPU_CYCLES, ONE_CPU_ROUNDS)
+            };
             if let Some(pinned) = conformance::cpu::OneCpu::pin_serving(&loopback_ports(url)) {
                 let pair = bench::interleaved_latency(
                     &*ours[0],
                     &*floors[0],
                     (&cycle_key, &floor_key),
-                    ONE_CPU_CYCLES,
-                    ONE_CPU_ROUNDS,
+                    cycles,
+                    rounds,
                 )
                 .await;
                 drop(pinned);
@@ -143,7 +167,11 @@ async fn bench_into(
     // between 0.7 and 1.7 from one run to the next), and rounds enough
     // that the median round is not a lucky one (8 rounds of 50 put
     // PostgreSQL at 0.83x, 0.89x and 0.93x in three runs).
-    let (per_client, rounds) = if full { (4000, 20) } else { (1200, 24) };
+    let (per_client, rounds) = match (full, quick) {
+        (true, _) => (4000, 20),
+        (false, false) => (1200, 24),
+        (false, true) => (600, 12),
+    };
     let prefixes = (format!("bench-{run}/par"), format!("floor-{run}/par"));
     let parallel = match &floors {
         Some(floors) => {
@@ -164,10 +192,10 @@ async fn bench_into(
     out.throughput_8x8 = Some(parallel.per_sec);
     phases.record("bench throughput", phase.elapsed());
     phase = Instant::now();
-    let window = if full {
-        Duration::from_secs(5)
-    } else {
-        Duration::from_millis(1500)
+    let window = match (full, quick) {
+        (true, _) => Duration::from_secs(5),
+        (false, false) => Duration::from_millis(1500),
+        (false, true) => Duration::from_millis(750),
     };
     let handoff = bench::handoffs(
         &ours[..HANDOFF_CLIENTS],
@@ -194,12 +222,19 @@ async fn bench_into(
         .time("bench round-trips", round_trips_into(out, url, ttl, &run))
         .await?;
     drop(probe);
-    phases
-        .time(
-            "bench held-at-scale",
-            held_at_scale(out, url, full, caps.max_held),
-        )
-        .await;
+    if out.held_locks.is_none() && out.held_error.is_none() {
+        phases
+            .time(
+                "bench held-at-scale",
+                held_at_scale(out, url, full, caps.max_held),
+            )
+            .await;
+    }
+    if quick {
+        // The other shapes' figures are the full run's (named in the
+        // report's list of what the quick run left out).
+        return Ok(());
+    }
     if let Err(e) = phases
         .time("bench shared", super::shared::measure(out, bench))
         .await

@@ -4,13 +4,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::bench::{self};
 use conformance::deploy::{self, DeployedTarget, Opener};
-use conformance::scenarios::{self, HolderCommand, ScenarioEnv, ScenarioReport, Verdict};
-use conformance::{Harness, HarnessError, MemoryTarget, SuiteConfig, SuiteReport, Target};
+use conformance::scenarios::{self, HolderCommand, ScenarioReport, Verdict};
+use conformance::{HarnessError, MemoryTarget, SuiteReport, Target};
 use lock_core::{Capabilities, LockBackend, LockError};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -20,6 +19,7 @@ mod figures;
 mod phases;
 mod shared;
 mod soak_run;
+mod verdicts;
 
 pub(crate) use figures::held_at_scale_child;
 use figures::*;
@@ -64,6 +64,8 @@ pub(crate) struct CompareOptions {
     pub(crate) backends: Option<Vec<String>>,
     pub(crate) urls: Vec<String>,
     pub(crate) spawn: bool,
+    /// The quick run: the mutex only, fewer rounds (see [`verdicts`]).
+    pub(crate) quick: bool,
     pub(crate) full: bool,
     pub(crate) scenarios: bool,
     pub(crate) json: Option<PathBuf>,
@@ -171,6 +173,9 @@ pub(crate) struct BackendResult {
     /// How long each phase took (server start, each suite case, each
     /// scenario, each benchmark part), in the order they ran.
     pub(crate) phases: Phases,
+    /// The checks a quick run did not make on this backend (`case NAME`,
+    /// `scenario NAME[KIND]`, `figures WHAT`); empty in the full run.
+    pub(crate) left_to_full_run: Vec<String>,
 }
 
 impl BackendResult {
@@ -185,6 +190,7 @@ impl BackendResult {
             metrics: BTreeMap::new(),
             error: Some(why),
             phases,
+            left_to_full_run: Vec::new(),
         }
     }
 
@@ -331,6 +337,7 @@ pub(crate) async fn check(url: &str) -> Vec<BackendResult> {
         backends: None,
         urls: Vec::new(),
         spawn: false,
+        quick: false,
         full: false,
         scenarios: true,
         json: None,
@@ -421,24 +428,137 @@ pub(crate) async fn run(opts: &CompareOptions) -> Result<Vec<BackendResult>, Loc
         EMBEDDED.to_vec()
     };
     let names = selected_backends(opts, &defaults)?;
+    if opts.quick {
+        return Ok(run_in_lanes(opts, &names).await);
+    }
     let mut results = Vec::new();
     for (name, progress) in visits(&names, &opts.urls) {
         let mut phases = Phases::default();
-        let candidate = if name.contains(':') {
-            Ok(Candidate::at_url(name))
-        } else {
-            progress.say("starting");
-            phases.time("start", candidate(name)).await
-        };
-        match candidate {
+        match start(name, &progress, &mut phases, "start servers").await {
             Ok(c) => results.push(compare_one(c, opts, &progress, phases).await),
-            Err(why) => {
-                progress.say(&why);
-                results.push(BackendResult::unavailable(name, why, phases));
-            }
+            Err(why) => results.push(BackendResult::unavailable(name, why, phases)),
         }
     }
     Ok(results)
+}
+
+/// The quick run: the verdict stages of [`verdicts::quick_lanes`] backends
+/// at a time (they mostly wait: TTLs, paused holders, injected latency),
+/// each on servers of its own, stopped when its stage and its held-at-scale
+/// counts end (those beside the next backend's stage); then the timed
+/// benchmarks of one backend at a time on servers started again, with
+/// nothing else running.
+async fn run_in_lanes(opts: &CompareOptions, names: &[String]) -> Vec<BackendResult> {
+    let lanes = verdicts::Lanes::new(verdicts::quick_lanes());
+    let started = std::time::Instant::now();
+    lock_core::enable_metrics(lock_core::KeyLabel::Omit);
+    let stage = visits(names, &opts.urls).map(|(name, progress)| {
+        let lanes = &lanes;
+        async move {
+            let slot = lanes.slot().await;
+            let mut phases = Phases::default();
+            let found = match start(name, &progress, &mut phases, "start servers").await {
+                Ok(c) => {
+                    let found =
+                        verdicts::verdicts(&c, opts, &progress, &mut phases, (lanes, slot)).await;
+                    match found {
+                        Ok((v, slot)) => {
+                            // Counted in a child process and by a proxy of
+                            // its own: the next backend may start meanwhile.
+                            drop(slot);
+                            let mut figures = BenchFigures::default();
+                            let url = c.target.url().unwrap_or_else(|| c.url.clone());
+                            phases
+                                .time(
+                                    "bench held-at-scale",
+                                    held_at_scale(&mut figures, &url, opts.full, v.caps.max_held),
+                                )
+                                .await;
+                            Ok((v, distlock::redact_url(&c.url), figures))
+                        }
+                        Err(why) => Err(why),
+                    }
+                }
+                Err(why) => Err(why),
+            };
+            (name, progress, phases, found)
+        }
+    });
+    let stage = futures_util::future::join_all(stage).await;
+    lock_core::disable_metrics();
+    eprintln!(
+        "verdict stages: {:.0} s ({} backends at a time); benchmarks next, one at a time",
+        started.elapsed().as_secs_f64(),
+        verdicts::quick_lanes()
+    );
+    let started = std::time::Instant::now();
+    let mut results = Vec::new();
+    for (name, progress, mut phases, found) in stage {
+        let (v, url, figures) = match found {
+            Ok(found) => found,
+            Err(why) => {
+                progress.say(&why);
+                results.push(BackendResult::unavailable(name, why, phases));
+                continue;
+            }
+        };
+        let bench = match start(name, &progress, &mut phases, "start again").await {
+            Ok(c) => {
+                progress.say("benchmarks");
+                let url = c.target.url().unwrap_or_else(|| c.url.clone());
+                benchmarks(&*c.target, &url, opts, &mut phases, figures).await
+            }
+            Err(why) => BenchFigures {
+                error: Some(format!("not measured: {why}")),
+                ..figures
+            },
+        };
+        progress.say(&phases::summary("took", &phases));
+        results.push(result_of(name.to_owned(), url, v, bench, phases));
+    }
+    eprintln!("benchmarks: {:.0} s", started.elapsed().as_secs_f64());
+    results
+}
+
+/// Starts the backend `name` (a kind, an embedded backend, or a URL to
+/// use as it is), timed as `phase`.
+async fn start(
+    name: &str,
+    progress: &Progress,
+    phases: &mut Phases,
+    phase: &str,
+) -> Result<Candidate, String> {
+    if name.contains(':') {
+        return Ok(Candidate::at_url(name));
+    }
+    progress.say("starting");
+    let started = phases.time(phase, candidate(name)).await;
+    if let Err(why) = &started {
+        progress.say(why);
+    }
+    started
+}
+
+/// One backend's result from its verdicts and its figures.
+fn result_of(
+    name: String,
+    url: String,
+    v: verdicts::Verdicts,
+    bench: BenchFigures,
+    phases: Phases,
+) -> BackendResult {
+    BackendResult {
+        name,
+        url,
+        capabilities: capabilities_json(&v.caps),
+        conformance: Some(v.suite),
+        scenarios: v.scenarios,
+        bench,
+        metrics: v.metrics,
+        error: None,
+        phases,
+        left_to_full_run: v.left_to_full_run,
+    }
 }
 
 /// The backends to visit in order (`names`, then the `--url`s), each with
@@ -490,85 +610,32 @@ async fn compare_one(
     progress: &Progress,
     mut phases: Phases,
 ) -> BackendResult {
-    let caps = match phases.time("start connect", c.target.client()).await {
-        Ok(client) => client.capabilities(),
-        Err(e) => {
-            progress.say(&format!("cannot connect: {e}"));
-            return BackendResult::unavailable(&c.name, format!("cannot connect: {e}"), phases);
-        }
-    };
-    progress.say("conformance suite");
-    let metrics_before = crate::metrics::snapshot();
     lock_core::enable_metrics(lock_core::KeyLabel::Omit);
-    let config = SuiteConfig {
-        iterations: if opts.full { 25 } else { 10 },
-        fencing_grants: 1000,
-        ..SuiteConfig::default()
-    };
-    let suite = conformance::run_suite(&Harness::with_config(c.target.clone(), config)).await;
-    for case in &suite.cases {
-        phases.record(
-            &format!("suite {}", case.name),
-            Duration::from_millis(u64::try_from(case.elapsed_ms).unwrap_or(u64::MAX)),
-        );
-    }
-    progress.say(&format!(
-        "conformance {} in {:.0} s",
-        suite.verdict(),
-        phases.seconds("suite ")
-    ));
-    let mut scenarios_out = BTreeMap::new();
-    if opts.scenarios {
-        let env = ScenarioEnv {
-            target: c.target.clone(),
-            holder: holder_command(),
-            quick: !opts.full,
-            ttl: Duration::from_secs(1).max(caps.min_ttl),
-        };
-        for name in scenarios::SCENARIOS {
-            progress.say(&format!("scenario {name}"));
-            let report = phases
-                .time(
-                    &format!("scenario {name}"),
-                    scenarios::run_scenario(name, &env),
-                )
-                .await;
-            scenarios_out.insert((*name).to_owned(), report);
-        }
-        for kind in scenarios::scenario_kinds(&caps) {
-            let env = scenarios::for_kind(&env, kind, holder_command_kind(kind));
-            for name in scenarios::KIND_SCENARIOS {
-                let label = kind_scenario_name(name, kind);
-                progress.say(&format!("scenario {label}"));
-                let report = phases
-                    .time(
-                        &format!("scenario {label}"),
-                        scenarios::run_scenario(name, &env),
-                    )
-                    .await;
-                scenarios_out.insert(label, report);
-            }
-        }
-    }
+    let lanes = verdicts::Lanes::new(1);
+    let slot = lanes.slot().await;
+    let found = verdicts::verdicts(&c, opts, progress, &mut phases, (&lanes, slot)).await;
     lock_core::disable_metrics();
-    let metrics = crate::metrics::delta(&metrics_before, &crate::metrics::snapshot());
+    let v = match found {
+        Ok((v, _)) => v,
+        Err(why) => {
+            progress.say(&why);
+            return BackendResult::unavailable(&c.name, why, phases);
+        }
+    };
     progress.say("benchmarks");
     // Scenarios may have moved the backend (a failover promotes a replica):
     // the floor must talk to where clients talk now.
     let current_url = c.target.url().unwrap_or_else(|| c.url.clone());
-    let bench = benchmarks(&*c.target, &current_url, opts.full, &mut phases).await;
+    let bench = benchmarks(
+        &*c.target,
+        &current_url,
+        opts,
+        &mut phases,
+        BenchFigures::default(),
+    )
+    .await;
     progress.say(&phases::summary("took", &phases));
-    BackendResult {
-        name: c.name,
-        url: distlock::redact_url(&c.url),
-        capabilities: capabilities_json(&caps),
-        conformance: Some(suite),
-        scenarios: scenarios_out,
-        bench,
-        metrics,
-        error: None,
-        phases,
-    }
+    result_of(c.name, distlock::redact_url(&c.url), v, bench, phases)
 }
 
 /// A small table's column: its header, its width, the figure it shows and
@@ -753,8 +820,12 @@ pub(crate) fn print_table(results: &[BackendResult]) {
              name[w]: run with the write side of a read-write lock in the mutex's place, name[p1-1]: with a semaphore of one permit)"
         );
     }
+    verdicts::print_left_to_full_run(results);
     println!();
-    println!("time per backend, s (the slowest parts in brackets):");
+    println!(
+        "time per backend, s: its phases one after another, the slowest in brackets \
+         (a quick run overlaps backends' verdict stages, so these add up to more than it took)"
+    );
     for r in results {
         println!("  {}", phases::summary(&r.name, &r.phases));
     }

@@ -11,7 +11,8 @@ use tokio::time::Instant;
 /// One timed phase.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Phase {
-    /// `start`, `suite`, `scenario holder_killed`, `bench latency`, ...
+    /// `start servers`, `suite mutual_exclusion`, `scenario holder_killed`,
+    /// `bench latency`, ...
     pub(crate) name: String,
     /// Wall-clock seconds.
     pub(crate) seconds: f64,
@@ -60,7 +61,7 @@ pub(crate) fn summary(name: &str, phases: &Phases) -> String {
     let total: f64 = phases.all().iter().map(|p| p.seconds).sum();
     let mut line = format!("{name}: {total:.0} s");
     for (group, prefix) in [
-        ("start", "start"),
+        ("start", "start "),
         ("suite", "suite "),
         ("scenarios", "scenario "),
         ("bench", "bench "),
@@ -96,14 +97,14 @@ mod tests {
     #[test]
     fn summary_groups_and_names_the_slowest() {
         let mut phases = Phases::default();
-        phases.record("start", Duration::from_secs(2));
+        phases.record("start servers", Duration::from_secs(2));
         phases.record("suite mutual_exclusion", Duration::from_secs(30));
         phases.record("scenario holder_killed", Duration::from_secs(5));
         phases.record("scenario latency_injected", Duration::from_secs(9));
         phases.record("bench latency", Duration::from_secs(1));
         assert_eq!(
             summary("redis", &phases),
-            "redis: 47 s; start 2.0; suite 30.0 (mutual_exclusion 30.0); scenarios 14.0 \
+            "redis: 47 s; start 2.0 (servers 2.0); suite 30.0 (mutual_exclusion 30.0); scenarios 14.0 \
              (latency_injected 9.0, holder_killed 5.0); bench 1.0 (latency 1.0)"
         );
     }

@@ -18,7 +18,9 @@ const PERMIT_LIMIT: u32 = 4;
 
 /// The shared-lock figures into `out` (see the module docs).
 pub(super) async fn measure(out: &mut BenchFigures, bench: Bench<'_>) -> Result<(), LockError> {
-    let Bench { target, url, full } = bench;
+    let Bench {
+        target, url, full, ..
+    } = bench;
     let Start { probe, ttl, run } = Start::of(target).await?;
     let caps = probe.capabilities();
     let contender = |backend: Arc<dyn LockBackend>, kind| -> Arc<dyn Contender> {
