@@ -77,7 +77,7 @@ fn compare_refuses_unknown_backend_names() {
     );
 }
 
-/// `compare`'s held-at-scale child (`distlock held-at-scale`, hidden):
+/// `compare`'s held-at-scale child (`distlock-compare held-at-scale`, hidden):
 /// holds the locks in a process of its own and prints its report as
 /// JSON; a bad URL is a one-line error and a failing exit, not a report.
 #[test]

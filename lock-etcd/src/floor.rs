@@ -23,7 +23,7 @@
 //! first endpoint, in plain HTTP/2 (no TLS), with the URL's credentials
 //! if any.
 //!
-//! It exists so benchmarks (`distlock compare`, this crate's `bench`
+//! It exists so benchmarks (`distlock-compare compare`, this crate's `bench`
 //! example) can report "ours / floor" ratios measured in one run. It is not
 //! a lock API: use [`EtcdBackend`](crate::EtcdBackend) for that.
 

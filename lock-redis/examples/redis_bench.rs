@@ -151,7 +151,7 @@ impl Side {
     }
 
     /// 4 of our clients contending on one key for `duration`
-    /// (`conformance::bench::handoffs`, as `distlock compare` measures it).
+    /// (`conformance::bench::handoffs`, as `distlock-compare compare` measures it).
     async fn handoffs(&self, duration: Duration) -> Result<(), BoxError> {
         let contenders: Vec<Arc<dyn bench::Contender>> = self
             .ours

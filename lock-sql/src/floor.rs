@@ -19,7 +19,7 @@
 //! Two round trips per cycle (after the connection's first use of each
 //! statement, which sqlx prepares once). Nothing else: no retries, no
 //! reconnection, no lease objects, no wake-ups. It exists so benchmarks
-//! (`distlock compare`, this crate's `bench` example) can report "ours /
+//! (`distlock-compare compare`, this crate's `bench` example) can report "ours /
 //! floor" ratios. It is not a lock API: use [`SqlBackend`](crate::SqlBackend).
 //!
 //! [`SqlPermitFloor`] is the same for one permit grant and release of a

@@ -1,5 +1,5 @@
 //! The figures every driver's benchmark example prints, measured the way
-//! `distlock compare` measures them: ours and the floor interleaved round
+//! `distlock-compare compare` measures them: ours and the floor interleaved round
 //! by round (the order swapped every round) so that machine load hits both
 //! alike, each client on a connection of its own.
 

@@ -163,7 +163,7 @@ pub type Started = Result<Box<dyn Deployment>, HarnessError>;
 /// Starts a deployment (a boxed future, so kinds fit in one table).
 pub type StartFn = fn(peer_proxies: bool) -> Pin<Box<dyn Future<Output = Started> + Send>>;
 
-/// One kind of deployment that `distlock compare --spawn` and the tests
+/// One kind of deployment that `distlock-compare compare --spawn` and the tests
 /// can start.
 #[derive(Clone, Copy)]
 pub struct Kind {
@@ -172,7 +172,7 @@ pub struct Kind {
     /// Whether it spreads over several servers (slower to start; the
     /// failover and node-loss scenarios apply to these).
     pub cluster: bool,
-    /// Whether `distlock compare --spawn` starts it only with `--full` (or
+    /// Whether `distlock-compare compare --spawn` starts it only with `--full` (or
     /// when named): the three-server quorums, and the other libraries'
     /// layouts on a single server (the same server again, in another
     /// layout).
