@@ -354,20 +354,37 @@ pub(super) async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioRep
 
     let mut violations = Vec::new();
     // Exclusion: the next grant inside the paused holder's window (or
-    // handed out already past its own deadline).
+    // handed out already past its own deadline). Only a stop aligned to a
+    // renewal makes the bound tight enough to judge: unaligned (no
+    // remaining TTL to watch, as in SQL session mode), the holder's real
+    // deadline lies up to a renewal interval (or more, if renewals were
+    // failing) before the bound, and a grant in between proves nothing:
+    // said, not judged.
+    let mut exclusion_judged = true;
     if report.overlap_count > 0 {
-        violations.push(format!(
-            "another client was granted the key {} ms BEFORE the paused holder's deadline could be over",
-            signed_ms(granted_at, deadline_bound)
-        ));
+        if renewal_lag.is_some() {
+            violations.push(format!(
+                "another client was granted the key {} ms BEFORE the paused holder's deadline could be over",
+                signed_ms(granted_at, deadline_bound)
+            ));
+        } else {
+            exclusion_judged = false;
+        }
     }
     if report.grants_past_deadline > 0 {
         violations.push("the next grant was handed out past its own deadline".to_owned());
     }
-    let exclusion = format!(
-        "next grant {} ms after the paused holder's deadline bound",
-        signed_ms(deadline_bound, granted_at)
-    );
+    let exclusion = if exclusion_judged {
+        format!(
+            "next grant {} ms after the paused holder's deadline bound",
+            signed_ms(deadline_bound, granted_at)
+        )
+    } else {
+        format!(
+            "next grant {} ms before a deadline bound not aligned to a renewal: not judged",
+            signed_ms(granted_at, deadline_bound)
+        )
+    };
     // Fencing: a stale write getting in, or the current holder's write
     // refused (its token was not above the paused holder's).
     let stale_seen = report.stale_writes_accepted > 0;
@@ -424,6 +441,7 @@ pub(super) async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioRep
         signed_ms(deadline_bound, granted_at),
     );
     figures.insert("overlapping_grants".into(), json!(report.overlap_count));
+    figures.insert("exclusion_judged".into(), json!(exclusion_judged));
     if let Some(d) = noticed_after {
         figures.insert("lost_signal_after_resume_ms".into(), ms(d));
     }
