@@ -8,8 +8,8 @@
 //! 1. the grant, one round trip, the token in its answer:
 //!    - PostgreSQL: `pg_try_advisory_lock` and `nextval` of the token
 //!      sequence in one `SELECT`, which also publishes the owner and token
-//!      in `application_name` and arms `idle_session_timeout` (the TTL),
-//!      as the driver's grant does;
+//!      in `application_name` and arms `idle_session_timeout` and the
+//!      keep-alive idle time (the TTL), as the driver's grant does;
 //!    - MySQL/MariaDB: `INSERT .. SELECT .. WHERE GET_LOCK(name, 0) = 1 ON
 //!      DUPLICATE KEY UPDATE` on the per-key token row, the token in the OK
 //!      packet's `LAST_INSERT_ID`;
@@ -63,7 +63,8 @@ fn session_sql(dialect: SqlDialect, table: &str) -> Option<(Text, Text, Text)> {
             let seq = quoted(dialect, &format!("{table}_session_seq"));
             let publish = "CASE WHEN g.t IS NOT NULL THEN \
                  set_config('application_name', 'distlock ' || $2 || ' ' || g.t, false) \
-                 || set_config('idle_session_timeout', $3, false) END";
+                 || set_config('idle_session_timeout', $3, false) \
+                 || set_config('tcp_keepalives_idle', ceil($3::numeric / 1000)::bigint::text, false) END";
             (
                 format!("CREATE SEQUENCE IF NOT EXISTS {seq} AS BIGINT CACHE 1 NO CYCLE"),
                 format!(
@@ -72,7 +73,8 @@ fn session_sql(dialect: SqlDialect, table: &str) -> Option<(Text, Text, Text)> {
                 ),
                 "SELECT pg_advisory_unlock($1), \
                  set_config('application_name', 'distlock', false), \
-                 set_config('idle_session_timeout', '0', false)"
+                 set_config('idle_session_timeout', '0', false), \
+                 set_config('tcp_keepalives_idle', '5', false)"
                     .to_owned(),
             )
         }
