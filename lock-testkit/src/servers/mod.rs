@@ -3,7 +3,7 @@
 //! stops it on drop; a missing binary is [`HarnessError::MissingBinary`]
 //! naming the Debian package. Each also has a `start_in` that puts it on
 //! hosts of a [`Lab`](crate::netns::Lab) (see
-//! [`Placement`](crate::netns::Placement)), for real partitions.
+//! [`netns::Placement`](crate::netns::Placement)), for real partitions.
 //!
 //! [`HarnessError::MissingBinary`]: crate::process::HarnessError::MissingBinary
 
