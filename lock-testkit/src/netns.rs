@@ -35,7 +35,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::process::{HarnessError, find_binary};
+use crate::process::{HarnessError, find_binary, run_to_end};
 
 /// The Debian package with `ip` and `tc`.
 pub const PACKAGE: &str = "iproute2";
@@ -61,7 +61,7 @@ impl Namespace {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        run(
+        run_to_end(
             Command::new(&ip).args(["netns", "add", &name]),
             "ip netns add",
         )?;
@@ -91,7 +91,7 @@ impl Namespace {
     pub fn run(&self, program: &str, args: &[&str]) -> Result<(), HarnessError> {
         let mut cmd = self.command(program);
         cmd.args(args);
-        run(
+        run_to_end(
             &mut cmd,
             &format!("{program} {} in {}", args.join(" "), self.name),
         )
@@ -239,7 +239,7 @@ impl Lab {
             let pid = std::process::id() % 100_000;
             let port = format!("dkw{pid}x{link}");
             let dev = format!("dkh{pid}x{link}");
-            run(
+            run_to_end(
                 Command::new(&ip).args([
                     "link",
                     "add",
@@ -337,7 +337,7 @@ impl Lab {
             for step in steps {
                 let mut cmd = self.wire.command(&self.tc);
                 cmd.args(step);
-                run(&mut cmd, &format!("tc {}", step.join(" ")))?;
+                run_to_end(&mut cmd, &format!("tc {}", step.join(" ")))?;
             }
         }
         Ok(())
@@ -544,21 +544,5 @@ fn remove_orphans() {
                 .stderr(Stdio::null())
                 .status();
         }
-    }
-}
-
-fn run(cmd: &mut Command, what: &str) -> Result<(), HarnessError> {
-    let output = cmd.stdin(Stdio::null()).output()?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(HarnessError::Setup {
-            what: what.to_owned(),
-            output: format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            ),
-        })
     }
 }

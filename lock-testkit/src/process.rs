@@ -593,6 +593,15 @@ pub fn run_setup(
     if let Some((uid, gid)) = user {
         cmd.uid(uid).gid(gid);
     }
+    run_to_end(&mut cmd, what)
+}
+
+/// Runs `cmd` to completion, stdin closed.
+///
+/// # Errors
+///
+/// [`HarnessError::Setup`] named `what`, with its output, when it fails.
+pub(crate) fn run_to_end(cmd: &mut Command, what: &str) -> Result<(), HarnessError> {
     let output = cmd.stdin(Stdio::null()).output()?;
     if output.status.success() {
         Ok(())
@@ -606,6 +615,21 @@ pub fn run_setup(
             ),
         })
     }
+}
+
+/// The latest `Instant` this platform has (std does not say where time
+/// ends: found by taking every step that still fits), for tests of
+/// deadlines near it.
+pub fn end_of_time() -> Instant {
+    let mut at = Instant::now();
+    let mut step = Duration::from_secs(1 << 62);
+    while !step.is_zero() {
+        match at.checked_add(step) {
+            Some(later) => at = later,
+            None => step /= 2,
+        }
+    }
+    at
 }
 
 type SpawnRequest = (

@@ -693,19 +693,7 @@ pub(super) async fn wait_lost(state: &mut watch::Receiver<SessionState>) {
 mod tests {
     use super::*;
 
-    /// The latest `Instant` this platform has (std does not say where time
-    /// ends: found by taking every step that still fits).
-    fn end_of_time() -> Instant {
-        let mut at = Instant::now();
-        let mut step = Duration::from_secs(1 << 62);
-        while !step.is_zero() {
-            match at.checked_add(step) {
-                Some(later) => at = later,
-                None => step /= 2,
-            }
-        }
-        at
-    }
+    use conformance::process::end_of_time;
 
     /// Issue 37: a waiting acquire's bound is its deadline plus
     /// [`ACQUIRE_GRACE`]; a deadline closer to the end of time than that
