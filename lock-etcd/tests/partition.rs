@@ -11,11 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::suite_opener;
+use conformance::OrSkip;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
-use conformance::netns::Lab;
-use conformance::scenarios::{HOLDER_HOST, OBSERVER_HOST, PartitionEnv, Verdict, holder_cut_off};
+use conformance::scenarios::{PartitionEnv, Verdict, holder_cut_off};
 use conformance::servers::etcd::EtcdServer;
-use conformance::{OrSkip, UrlTarget};
 
 const TTL: Duration = Duration::from_secs(4);
 
@@ -23,24 +22,10 @@ async fn env(
     members: &[&str],
     holder: conformance::deploy::Opener,
 ) -> Option<(PartitionEnv, EtcdServer)> {
-    let mut hosts = members.to_vec();
-    hosts.extend([HOLDER_HOST, OBSERVER_HOST]);
-    let lab = Arc::new(Lab::new(&hosts).or_skip()?);
+    let lab = PartitionEnv::lab(members).or_skip()?;
     let server = EtcdServer::start_in(&lab, members).await.or_skip()?;
     let url = server.url("partition", &format!("ttl={}s", TTL.as_secs()));
-    let target = |open| {
-        Arc::new(UrlTarget {
-            name: "etcd".into(),
-            url: url.clone(),
-            open,
-        })
-    };
-    let env = PartitionEnv {
-        lab,
-        holder: target(holder),
-        observer: target(suite_opener()),
-        ttl: TTL,
-    };
+    let env = PartitionEnv::on_url(lab, "etcd", &url, holder, suite_opener(), TTL);
     Some((env, server))
 }
 
