@@ -13,7 +13,9 @@ use std::time::Duration;
 use common::suite_opener;
 use conformance::OrSkip;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
-use conformance::scenarios::{PartitionEnv, Verdict, holder_cut_off};
+use conformance::scenarios::{
+    Cut, PartitionEnv, Verdict, all_partitions_selected, assert_under_cut_safe, holder_cut_off,
+};
 use conformance::servers::etcd::EtcdServer;
 
 const TTL: Duration = Duration::from_secs(4);
@@ -62,4 +64,92 @@ async fn a_holder_told_too_late_is_caught() {
     let report = holder_cut_off(&env).await;
     assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
     assert!(report.detail.contains("granted"), "{}", report.detail);
+}
+
+/// The members of the clusters below.
+const MEMBERS: [&str; 3] = ["m0", "m1", "m2"];
+
+/// A three-member cluster on lab hosts. Once it has a leader, `attach`
+/// (given the leader's index) names the member the holder is attached to,
+/// or `None` for every member; the observer is attached to every other.
+/// Returns the env, the server, and the holder's member.
+async fn cluster_env(
+    attach: impl FnOnce(usize) -> Option<usize>,
+) -> Option<(PartitionEnv, EtcdServer, Option<usize>)> {
+    let lab = PartitionEnv::lab(&MEMBERS).or_skip()?;
+    let server = EtcdServer::start_in(&lab, &MEMBERS).await.or_skip()?;
+    let leader = server
+        .wait_leader(Duration::from_secs(10))
+        .await
+        .expect("the cluster elected no leader");
+    let attached = attach(leader);
+    let query = format!("ttl={}s", TTL.as_secs());
+    let endpoints = server.endpoints();
+    let url_of = |members: Vec<&str>| format!("etcd://{}/partition?{query}", members.join(","));
+    let holder_url = match attached {
+        Some(i) => url_of(vec![endpoints[i].as_str()]),
+        None => server.url("partition", &query),
+    };
+    let observer_url = url_of(
+        (0..MEMBERS.len())
+            .filter(|i| Some(*i) != attached)
+            .map(|i| endpoints[i].as_str())
+            .collect(),
+    );
+    let env = PartitionEnv::on_urls(
+        lab,
+        "etcd",
+        (&holder_url, suite_opener()),
+        (&observer_url, suite_opener()),
+        TTL,
+    );
+    Some((env, server, attached))
+}
+
+/// The holder is attached to one member only (chosen by `pick` from the
+/// leader's index), which is cut from the two others while every client
+/// still reaches it.
+async fn member_cut_from_peers(label: &str, pick: impl FnOnce(usize) -> usize) {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some((env, _server, Some(member))) = cluster_env(|leader| Some(pick(leader))).await else {
+        return;
+    };
+    let cut = Cut::MemberFromPeers {
+        member: MEMBERS[member].to_owned(),
+        peers: MEMBERS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != member)
+            .map(|(_, m)| (*m).to_owned())
+            .collect(),
+    };
+    assert_under_cut_safe(&env, &cut, label).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_leader_cut_from_its_peers_is_told_before_the_cluster_frees_its_lock() {
+    member_cut_from_peers("etcd leader cut from its peers", |leader| leader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_follower_cut_from_its_peers_is_told_before_the_cluster_frees_its_lock() {
+    member_cut_from_peers("etcd follower cut from its peers", |leader| {
+        (leader + 1) % MEMBERS.len()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_from_two_members_fails_over_or_is_told_first() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some((env, _server, _)) = cluster_env(|_| None).await else {
+        return;
+    };
+    // The members still reach one another; the holder reaches only m2.
+    let cut = Cut::HolderFrom(vec!["m0".to_owned(), "m1".to_owned()]);
+    assert_under_cut_safe(&env, &cut, "etcd holder cut from two of three members").await;
 }

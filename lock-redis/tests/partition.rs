@@ -20,7 +20,8 @@ use common::opener;
 use conformance::OrSkip;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
 use conformance::scenarios::{
-    PartitionEnv, all_partitions_selected, assert_cut_off_safe, assert_told_too_late_caught,
+    Cut, PartitionEnv, Verdict, all_partitions_selected, assert_cut_off_safe,
+    assert_told_too_late_caught, holder_under_cut,
 };
 use conformance::servers::redis::{RedisServer, SentinelGroup};
 
@@ -97,4 +98,48 @@ async fn a_holder_told_too_late_is_caught() {
     let flawed = flawed_opener(opener(), Arc::new(HourLongerLeases));
     let env = PartitionEnv::on_url(lab, "redis", &server.url(), flawed, opener(), TTL);
     assert_told_too_late_caught(&env, "redis single").await;
+}
+
+/// The Sentinel deployment's master is cut from its peers (the replica and
+/// the three sentinels) while every client still reaches it: the sentinels
+/// promote the replica, the holder keeps renewing on the old master, and
+/// the observer (a new client per attempt, as a process started after the
+/// failover: through the sentinels) is granted the key on the new one once
+/// the replicated key expires there. Asynchronous replication makes
+/// this a double grant, the caveat the backend table states; the scenario
+/// must see it (`replicas=1` waits for the replica only after the grant,
+/// not after each renewal, and does not change that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_master_cut_from_its_peers_double_grants() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let sentinels = ["s1", "s2", "s3"];
+    let mut servers = vec!["master", "replica"];
+    servers.extend(sentinels);
+    let Some(lab) = PartitionEnv::lab(&servers).or_skip() else {
+        return;
+    };
+    let Some(group) = SentinelGroup::start_in(&lab, "master", "replica", &sentinels, "locks")
+        .await
+        .or_skip()
+    else {
+        return;
+    };
+    let mut env =
+        PartitionEnv::on_url(lab, "redis-sentinel", &group.url(), opener(), opener(), TTL);
+    env.observer_fresh_clients = true;
+    let mut peers = vec!["replica".to_owned()];
+    peers.extend(sentinels.iter().map(|s| (*s).to_owned()));
+    let cut = Cut::MemberFromPeers {
+        member: "master".to_owned(),
+        peers,
+    };
+    let report = holder_under_cut(&env, &cut).await;
+    eprintln!(
+        "redis sentinel, master cut from its peers: {:?}: {}: {:?}",
+        report.verdict, report.detail, report.figures
+    );
+    assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
+    assert!(report.detail.contains("granted"), "{}", report.detail);
 }

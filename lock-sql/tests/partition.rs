@@ -29,7 +29,8 @@ use conformance::OrSkip;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
 use conformance::netns::Lab;
 use conformance::scenarios::{
-    PartitionEnv, all_partitions_selected, assert_cut_off_safe, assert_told_too_late_caught,
+    Cut, Locate, OBSERVER_HOST, PartitionEnv, all_partitions_selected, assert_cut_off_safe,
+    assert_told_too_late_caught, assert_under_cut_safe,
 };
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
@@ -155,4 +156,76 @@ async fn a_mariadb_session_holder_told_too_late_is_caught() {
     let flawed = flawed_opener(opener(), Arc::new(HourLongerLeases));
     let env = env(&started, "mariadb-session", &url, flawed, SESSION_TTL);
     assert_told_too_late_caught(&env, "mariadb session").await;
+}
+
+/// The client port of the session that holds a lock, as the server sees it
+/// (`pg_stat_activity`, the holder's `application_name`), asked from the
+/// observer's host.
+fn holding_session_port(lab: Arc<Lab>, url: String) -> Locate {
+    Locate(Arc::new(move || {
+        let (lab, url) = (lab.clone(), url.clone());
+        Box::pin(async move {
+            let thread = lab.host(OBSERVER_HOST).netns().spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                runtime.block_on(async {
+                    use sqlx::Connection;
+                    let mut conn = sqlx::PgConnection::connect(&url)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let ports: Vec<i32> = sqlx::query_scalar(
+                        "SELECT client_port FROM pg_stat_activity \
+                         WHERE application_name LIKE 'distlock %'",
+                    )
+                    .fetch_all(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    match ports.as_slice() {
+                        [port] => u16::try_from(*port).map_err(|e| e.to_string()),
+                        other => Err(format!(
+                            "expected one holding session, found ports {other:?}"
+                        )),
+                    }
+                })
+            });
+            tokio::task::spawn_blocking(move || {
+                thread
+                    .join()
+                    .map_err(|_| "the locating thread panicked".to_owned())?
+                    .map_err(|e| e.to_string())?
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        })
+    }))
+}
+
+/// Only the connection that holds the lock is cut; the holder's pool keeps
+/// its other connections. Its renewal must still fail (it runs on the
+/// holding session, not on any pooled connection), and the server must not
+/// end the session before the holder's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_with_only_its_holding_connection_cut_is_told_first() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some(started) = postgres().await else {
+        return;
+    };
+    let url = with_options(&started.server.url(), "mode=session");
+    let env = env(&started, "postgres-session", &url, opener(), SESSION_TTL);
+    let port = started
+        .server
+        .url()
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next()?.parse::<u16>().ok())
+        .expect("a port in the server's URL");
+    let cut = Cut::HolderConnection {
+        server: "server".to_owned(),
+        port,
+        locate: holding_session_port(started.lab.clone(), started.server.url()),
+    };
+    assert_under_cut_safe(&env, &cut, "postgres session, holding connection cut").await;
 }

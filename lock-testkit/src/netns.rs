@@ -14,12 +14,14 @@
 //! that enters it before it opens any socket ([`Namespace::spawn`], which
 //! runs its own runtime there).
 //!
-//! [`Lab::isolate`] cuts a host off from every other one in the kernel:
-//! the packets are dropped on the *wire's* side, on the bridge ports'
-//! egress queues (an `htb` class of 8 bits per second and a one-byte burst
-//! holding a `pfifo` of length 0): on the isolated host's own port for
-//! everything, and on every other port, through a `u32` filter on the
-//! isolated host's source address. No host drops a packet on its own
+//! [`Lab::isolate`] cuts a host off from every other one in the kernel,
+//! [`Lab::cut_from`] from some hosts (a cluster member from its peers),
+//! [`Lab::cut_connections`] only the TCP connections to one port of one
+//! host, [`Lab::cut_connection`] a single one: the packets are dropped on the *wire's* side, on the bridge
+//! ports' egress queues (an `htb` class of 8 bits per second and a
+//! one-byte burst holding a `pfifo` of length 0), through `u32` filters
+//! on the source address (and ports): on the port towards each end, for
+//! the packets that come from the other end. No host drops a packet on its own
 //! queue, where its TCP would take the drop for local congestion and
 //! retry its keep-alive probe without counting it: each end sees the
 //! other go silent, as across a real network. [`Lab::heal`] removes the
@@ -202,6 +204,52 @@ pub struct Lab {
     hosts: Vec<Host>,
     wire: Namespace,
     tc: PathBuf,
+    /// The bridge ports that have the dropping queues.
+    shaped: std::sync::Mutex<Vec<String>>,
+}
+
+/// One condition of a dropping filter (all of a filter's must hold).
+#[derive(Clone, Copy, Debug)]
+enum DropMatch {
+    /// The packet's source address.
+    From(Ipv4Addr),
+    /// A TCP packet to this port.
+    ToPort(u16),
+    /// A TCP packet from this port.
+    FromPort(u16),
+}
+
+impl DropMatch {
+    /// Its words in a `tc filter ... u32` command (the ports assume an IP
+    /// header without options, as every packet here has).
+    fn u32_words(self) -> Vec<String> {
+        let words: Vec<String> = match self {
+            Self::From(addr) => vec!["ip".into(), "src".into(), format!("{addr}/32")],
+            Self::ToPort(port) => vec![
+                "ip".into(),
+                "protocol".into(),
+                "6".into(),
+                "0xff".into(),
+                "match".into(),
+                "ip".into(),
+                "dport".into(),
+                port.to_string(),
+                "0xffff".into(),
+            ],
+            Self::FromPort(port) => vec![
+                "ip".into(),
+                "protocol".into(),
+                "6".into(),
+                "0xff".into(),
+                "match".into(),
+                "ip".into(),
+                "sport".into(),
+                port.to_string(),
+                "0xffff".into(),
+            ],
+        };
+        std::iter::once("match".to_owned()).chain(words).collect()
+    }
 }
 
 impl Lab {
@@ -271,7 +319,12 @@ impl Lab {
                 netns,
             });
         }
-        Ok(Self { hosts, wire, tc })
+        Ok(Self {
+            hosts,
+            wire,
+            tc,
+            shaped: std::sync::Mutex::new(Vec::new()),
+        })
     }
 
     /// Every host, in the order given to [`new`](Self::new).
@@ -304,18 +357,100 @@ impl Lab {
     ///
     /// When `tc` fails.
     pub fn isolate(&self, name: &str) -> Result<(), HarnessError> {
-        let cut = self.host(name);
-        for host in &self.hosts {
-            let port = host.port.as_str();
+        let others: Vec<&str> = self
+            .hosts
+            .iter()
+            .filter(|h| h.name != name)
+            .map(|h| h.name.as_str())
+            .collect();
+        self.cut_from(name, &others)
+    }
+
+    /// Cuts the links between `name` and each of `peers`, both ways, until
+    /// [`heal`](Self::heal); every other link stays up (a cluster member
+    /// cut from the other members while its clients still reach it, or a
+    /// client cut from one member of several).
+    ///
+    /// # Errors
+    ///
+    /// When `tc` fails.
+    pub fn cut_from(&self, name: &str, peers: &[&str]) -> Result<(), HarnessError> {
+        let a = self.host(name);
+        for peer in peers {
+            let b = self.host(peer);
+            self.drop_on(b, &[DropMatch::From(a.addr)])?;
+            self.drop_on(a, &[DropMatch::From(b.addr)])?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the TCP connections between host `client` and port `port` of
+    /// host `server`, both ways, until [`heal`](Self::heal): every other
+    /// packet between them (other ports, other protocols) still passes. A
+    /// client cut from one server of several on one host, or from its
+    /// server while its other traffic flows.
+    ///
+    /// # Errors
+    ///
+    /// When `tc` fails.
+    pub fn cut_connections(
+        &self,
+        client: &str,
+        server: &str,
+        port: u16,
+    ) -> Result<(), HarnessError> {
+        let c = self.host(client);
+        let s = self.host(server);
+        self.drop_on(s, &[DropMatch::From(c.addr), DropMatch::ToPort(port)])?;
+        self.drop_on(c, &[DropMatch::From(s.addr), DropMatch::FromPort(port)])
+    }
+
+    /// Cuts one TCP connection, between `client`'s port `client_port` and
+    /// `server`'s port `port`, both ways, until [`heal`](Self::heal): the
+    /// client's other connections (a pool's) still pass.
+    ///
+    /// # Errors
+    ///
+    /// When `tc` fails.
+    pub fn cut_connection(
+        &self,
+        client: &str,
+        client_port: u16,
+        server: &str,
+        port: u16,
+    ) -> Result<(), HarnessError> {
+        let c = self.host(client);
+        let s = self.host(server);
+        self.drop_on(
+            s,
+            &[
+                DropMatch::From(c.addr),
+                DropMatch::FromPort(client_port),
+                DropMatch::ToPort(port),
+            ],
+        )?;
+        self.drop_on(
+            c,
+            &[
+                DropMatch::From(s.addr),
+                DropMatch::FromPort(port),
+                DropMatch::ToPort(client_port),
+            ],
+        )
+    }
+
+    /// Drops, on the egress queue of the bridge port towards `host`, every
+    /// packet that meets all of `matches` (the port's queues are made the
+    /// first time; each call adds a filter).
+    fn drop_on(&self, host: &Host, matches: &[DropMatch]) -> Result<(), HarnessError> {
+        let port = host.port.as_str();
+        let mut shaped = self.shaped.lock().unwrap_or_else(|e| e.into_inner());
+        if !shaped.iter().any(|p| p == port) {
             // Class 1:1 drops (8 bit/s, one-byte burst, a queue of 0);
-            // class 1:2 passes. The isolated host's own port drops all,
-            // the others only what comes from its address.
-            let default = if host.name == cut.name { "1" } else { "2" };
-            let src = format!("{}/32", cut.addr);
-            let steps: [&[&str]; 5] = [
+            // class 1:2, the default, passes.
+            let steps: [&[&str]; 4] = [
                 &[
-                    "qdisc", "replace", "dev", port, "root", "handle", "1:", "htb", "default",
-                    default,
+                    "qdisc", "replace", "dev", port, "root", "handle", "1:", "htb", "default", "2",
                 ],
                 &[
                     "class", "replace", "dev", port, "parent", "1:", "classid", "1:1", "htb",
@@ -329,26 +464,39 @@ impl Lab {
                     "qdisc", "replace", "dev", port, "parent", "1:1", "handle", "10:", "pfifo",
                     "limit", "0",
                 ],
-                &[
-                    "filter", "add", "dev", port, "parent", "1:", "protocol", "ip", "prio", "1",
-                    "u32", "match", "ip", "src", &src, "flowid", "1:1",
-                ],
             ];
             for step in steps {
-                let mut cmd = self.wire.command(&self.tc);
-                cmd.args(step);
-                run_to_end(&mut cmd, &format!("tc {}", step.join(" ")))?;
+                self.tc(step)?;
             }
+            shaped.push(port.to_owned());
         }
-        Ok(())
+        let mut filter: Vec<String> = [
+            "filter", "add", "dev", port, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        for m in matches {
+            filter.extend(m.u32_words());
+        }
+        filter.extend(["flowid".to_owned(), "1:1".to_owned()]);
+        let words: Vec<&str> = filter.iter().map(String::as_str).collect();
+        self.tc(&words)
     }
 
-    /// Lets every packet through again (undoes every [`isolate`](Self::isolate)).
+    fn tc(&self, args: &[&str]) -> Result<(), HarnessError> {
+        let mut cmd = self.wire.command(&self.tc);
+        cmd.args(args);
+        run_to_end(&mut cmd, &format!("tc {}", args.join(" ")))
+    }
+
+    /// Lets every packet through again (undoes every cut).
     ///
     /// # Errors
     ///
     /// When `tc` fails for a reason other than nothing to remove.
     pub fn heal(&self) -> Result<(), HarnessError> {
+        let mut shaped = self.shaped.lock().unwrap_or_else(|e| e.into_inner());
         for host in &self.hosts {
             let output = self
                 .wire
@@ -367,6 +515,7 @@ impl Lab {
                 });
             }
         }
+        shaped.clear();
         Ok(())
     }
 

@@ -26,7 +26,8 @@ use common::opener;
 use conformance::OrSkip;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
 use conformance::scenarios::{
-    PartitionEnv, all_partitions_selected, assert_cut_off_safe, assert_told_too_late_caught,
+    Cut, PartitionEnv, all_partitions_selected, assert_cut_off_safe, assert_told_too_late_caught,
+    assert_under_cut_safe,
 };
 use conformance::servers::zookeeper::{TICK_MS, ZkEnsemble, ZkMode, ZkServer};
 use lock_core::{LockBackend, LockKey, OwnerId};
@@ -294,4 +295,96 @@ async fn a_holder_told_too_late_is_caught() {
     let flawed = flawed_opener(opener(), Arc::new(HourLongerLeases));
     let env = PartitionEnv::on_url(lab, "zookeeper", &url, flawed, opener(), CUT_OFF_TTL);
     assert_told_too_late_caught(&env, "zookeeper standalone").await;
+}
+
+/// The members of the ensembles below.
+const MEMBERS: [&str; 3] = ["zk1", "zk2", "zk3"];
+
+/// A three-member ensemble on lab hosts. Once it has a leader, `attach`
+/// (given the leader's index) names the member the holder is attached to,
+/// or `None` for every member; the observer is attached to every other.
+async fn ensemble_env(
+    attach: impl FnOnce(usize) -> Option<usize>,
+) -> Option<(PartitionEnv, ZkEnsemble, Option<usize>)> {
+    let lab = PartitionEnv::lab(&MEMBERS).or_skip()?;
+    let ensemble = ZkEnsemble::start_in(&lab, &MEMBERS).await.or_skip()?;
+    let mut leader = None;
+    for _ in 0..100 {
+        leader = ensemble.leader().await;
+        if leader.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    let attached = attach(leader.expect("the ensemble elected no leader"));
+    let url_of = |members: Vec<String>| session_url(&format!("zk://{}", members.join(",")));
+    let addresses: Vec<String> = ensemble.nodes().iter().map(|n| n.address()).collect();
+    let holder_url = match attached {
+        Some(i) => url_of(vec![addresses[i].clone()]),
+        None => session_url(&ensemble.url()),
+    };
+    let observer_url = url_of(
+        (0..MEMBERS.len())
+            .filter(|i| Some(*i) != attached)
+            .map(|i| addresses[i].clone())
+            .collect(),
+    );
+    let env = PartitionEnv::on_urls(
+        lab,
+        "zookeeper",
+        (&holder_url, opener()),
+        (&observer_url, opener()),
+        CUT_OFF_TTL,
+    );
+    Some((env, ensemble, attached))
+}
+
+/// The holder is attached to one member only (chosen by `pick` from the
+/// leader's index), which is cut from the two others while every client
+/// still reaches it: a follower keeps its clients' connections a while
+/// from stale state, a leader loses its quorum.
+async fn member_cut_from_peers(label: &str, pick: impl FnOnce(usize) -> usize) {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some((env, _ensemble, Some(member))) = ensemble_env(|leader| Some(pick(leader))).await
+    else {
+        return;
+    };
+    let cut = Cut::MemberFromPeers {
+        member: MEMBERS[member].to_owned(),
+        peers: MEMBERS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != member)
+            .map(|(_, m)| (*m).to_owned())
+            .collect(),
+    };
+    assert_under_cut_safe(&env, &cut, label).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_leader_cut_from_its_peers_is_told_before_the_ensemble_frees_its_lock() {
+    member_cut_from_peers("zookeeper leader cut from its peers", |leader| leader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_follower_cut_from_its_peers_is_told_before_the_ensemble_frees_its_lock() {
+    member_cut_from_peers("zookeeper follower cut from its peers", |leader| {
+        (leader + 1) % MEMBERS.len()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_from_two_members_fails_over_or_is_told_first() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some((env, _ensemble, _)) = ensemble_env(|_| None).await else {
+        return;
+    };
+    // The members still reach one another; the holder reaches only zk3.
+    let cut = Cut::HolderFrom(vec!["zk1".to_owned(), "zk2".to_owned()]);
+    assert_under_cut_safe(&env, &cut, "zookeeper holder cut from two of three members").await;
 }

@@ -48,6 +48,10 @@ pub struct PartitionEnv {
     pub observer: Arc<dyn Target>,
     /// The lease TTL.
     pub ttl: Duration,
+    /// Whether the observer opens a new client for each attempt after the
+    /// cut (a process started after a failover, which finds the new
+    /// master), rather than one client made before it.
+    pub observer_fresh_clients: bool,
 }
 
 /// The environment variable that selects every partition test
@@ -89,7 +93,19 @@ impl PartitionEnv {
         observer: crate::deploy::Opener,
         ttl: Duration,
     ) -> Self {
-        let target = |open| {
+        Self::on_urls(lab, name, (url, holder), (url, observer), ttl)
+    }
+
+    /// As [`on_url`](Self::on_url) with a URL of its own for the holder and
+    /// for the observer (a holder attached to one member of a cluster).
+    pub fn on_urls(
+        lab: Arc<Lab>,
+        name: &str,
+        holder: (&str, crate::deploy::Opener),
+        observer: (&str, crate::deploy::Opener),
+        ttl: Duration,
+    ) -> Self {
+        let target = |(url, open): (&str, crate::deploy::Opener)| {
             Arc::new(crate::UrlTarget {
                 name: name.to_owned(),
                 url: url.to_owned(),
@@ -101,6 +117,7 @@ impl PartitionEnv {
             holder: target(holder),
             observer: target(observer),
             ttl,
+            observer_fresh_clients: false,
         }
     }
 }
@@ -109,6 +126,18 @@ impl PartitionEnv {
 /// figures); panics unless it is [`Verdict::Safe`].
 pub async fn assert_cut_off_safe(env: &PartitionEnv, label: &str) -> ScenarioReport {
     let report = holder_cut_off(env).await;
+    eprintln!(
+        "{label}: {:?}: {}: {:?}",
+        report.verdict, report.detail, report.figures
+    );
+    assert_eq!(report.verdict, Verdict::Safe, "{label}: {}", report.detail);
+    report
+}
+
+/// [`holder_under_cut`] on `env` with `cut`, printed under `label`; panics
+/// unless it is [`Verdict::Safe`].
+pub async fn assert_under_cut_safe(env: &PartitionEnv, cut: &Cut, label: &str) -> ScenarioReport {
+    let report = holder_under_cut(env, cut).await;
     eprintln!(
         "{label}: {:?}: {}: {:?}",
         report.verdict, report.detail, report.figures
@@ -164,10 +193,97 @@ where
     rx
 }
 
+/// How the observer's failed wait begins.
+const NOT_FREED: &str = "the cut-off holder's lock was not freed";
+
 async fn received<T>(rx: oneshot::Receiver<Result<T, String>>, what: &str) -> Result<T, String> {
     rx.await.map_err(|_| {
         format!("the {what} thread ended without an answer (namespace not entered?)")
     })?
+}
+
+/// Finds the client port of the holder's connection that holds its lock,
+/// once the holder is granted (from the server's view of its sessions,
+/// for example), for [`Cut::HolderConnection`].
+#[derive(Clone)]
+#[allow(clippy::type_complexity)]
+pub struct Locate(
+    pub  Arc<
+        dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<u16, String>> + Send>>
+            + Send
+            + Sync,
+    >,
+);
+
+impl std::fmt::Debug for Locate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Locate(..)")
+    }
+}
+
+/// Which links a partition scenario cuts, half a TTL after the holder's
+/// grant.
+#[derive(Clone, Debug)]
+pub enum Cut {
+    /// One connection of the holder's: the one `locate` finds, to `port`
+    /// of host `server`; the holder's other connections (its pool's)
+    /// stay up.
+    HolderConnection {
+        /// The server's host.
+        server: String,
+        /// The server's port.
+        port: u16,
+        /// Finds the holder's end of the connection.
+        locate: Locate,
+    },
+    /// The holder's host from every other host: the lock must be freed,
+    /// and the holder told first ([`holder_cut_off`]).
+    HolderIsolated,
+    /// The holder's host from these server hosts (members of a cluster);
+    /// the other links stay up. A client that fails over may keep its
+    /// lock.
+    HolderFrom(Vec<String>),
+    /// A server host (member) from the other server hosts (its peers); the
+    /// clients still reach every member. A holder attached to the cut
+    /// member must not keep its lock on the strength of the member's stale
+    /// state.
+    MemberFromPeers {
+        /// The member cut.
+        member: String,
+        /// The members it is cut from.
+        peers: Vec<String>,
+    },
+}
+
+impl Cut {
+    async fn apply(&self, lab: &Lab) -> Result<(), String> {
+        let done = match self {
+            Self::HolderConnection {
+                server,
+                port,
+                locate,
+            } => {
+                let client_port = (locate.0)().await?;
+                lab.cut_connection(HOLDER_HOST, client_port, server, *port)
+            }
+            Self::HolderIsolated => lab.isolate(HOLDER_HOST),
+            Self::HolderFrom(servers) => {
+                let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
+                lab.cut_from(HOLDER_HOST, &servers)
+            }
+            Self::MemberFromPeers { member, peers } => {
+                let peers: Vec<&str> = peers.iter().map(String::as_str).collect();
+                lab.cut_from(member, &peers)
+            }
+        };
+        done.map_err(|e| e.to_string())
+    }
+
+    /// Whether the cut must end in the lock's release: only when the
+    /// holder can reach no server at all.
+    fn must_free(&self) -> bool {
+        matches!(self, Self::HolderIsolated)
+    }
 }
 
 /// The holder takes the key and keeps it (renewed) for half a TTL; then its
@@ -177,14 +293,25 @@ async fn received<T>(rx: oneshot::Receiver<Result<T, String>>, what: &str) -> Re
 /// margin, server free time minus the holder's Lost time, is the figure
 /// `lost_before_grant_ms`), and the key must be freed at all.
 pub async fn holder_cut_off(env: &PartitionEnv) -> ScenarioReport {
-    finish(holder_cut_off_inner(env).await)
+    finish(holder_under_cut_inner(env, &Cut::HolderIsolated).await)
 }
 
-async fn holder_cut_off_inner(env: &PartitionEnv) -> Result<ScenarioReport, String> {
+/// As [`holder_cut_off`] with any [`Cut`]. When the cut leaves the holder
+/// a way to its servers, the observer's wait may end without the key (the
+/// holder kept it, told of no loss): safe. Judged in every case: a grant
+/// to the observer before the holder's lost signal is a violation; a
+/// holder told it lost a key that was then not freed within the bound is
+/// a failure.
+pub async fn holder_under_cut(env: &PartitionEnv, cut: &Cut) -> ScenarioReport {
+    finish(holder_under_cut_inner(env, cut).await)
+}
+
+async fn holder_under_cut_inner(env: &PartitionEnv, cut: &Cut) -> Result<ScenarioReport, String> {
     let key = key("cut-off");
     let ttl = env.ttl;
     let (cut_tx, cut_rx) = oneshot::channel::<()>();
     let (held_tx, held_rx) = oneshot::channel::<Result<(), String>>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let holder_target = env.holder.clone();
     let holder_key = key.clone();
     let lost = run_in(env.lab.host(HOLDER_HOST).netns(), move || async move {
@@ -213,10 +340,16 @@ async fn holder_cut_off_inner(env: &PartitionEnv) -> Result<ScenarioReport, Stri
         };
         let _ = cut_rx.await;
         let bound = ttl * 4 + Duration::from_secs(30);
-        let lost_at = tokio::time::timeout(bound, guard.lost())
-            .await
-            .map(|_reason| Instant::now())
-            .map_err(|_| format!("the cut-off holder was not told within {bound:?}"));
+        let lost_at = tokio::select! {
+            lost = tokio::time::timeout(bound, guard.lost()) => lost
+                .map(|_reason| Instant::now())
+                .map_err(|_| format!("the cut-off holder was not told within {bound:?}")),
+            _ = stop_rx => {
+                // Kept through the cut (after the heal): released.
+                let _ = tokio::time::timeout(ttl, guard.release()).await;
+                return Err("kept".to_owned());
+            }
+        };
         // Its release cannot get through; it must not hold the thread.
         std::mem::forget(guard);
         lost_at
@@ -230,6 +363,7 @@ async fn holder_cut_off_inner(env: &PartitionEnv) -> Result<ScenarioReport, Stri
     let (ready_tx, ready_rx) = oneshot::channel::<Result<(), String>>();
     let (start_tx, start_rx) = oneshot::channel::<Instant>();
     let observer_key = key.clone();
+    let fresh_clients = env.observer_fresh_clients;
     let granted = run_in(env.lab.host(OBSERVER_HOST).netns(), move || async move {
         let observer = match observer_target.client().await {
             Ok(observer) => {
@@ -248,12 +382,38 @@ async fn holder_cut_off_inner(env: &PartitionEnv) -> Result<ScenarioReport, Stri
             TtlModel::PerLease => ttl * 2 + Duration::from_secs(5),
             _ => ttl * 2 + Duration::from_secs(30),
         };
-        let lease = observer
-            .acquire(&observer_key, ttl, cut_at + bound)
-            .await
-            .map_err(|e| {
-                format!("the cut-off holder's lock was not freed within {bound:?}: {e}")
-            })?;
+        // As a user would: errors before the deadline (an election under
+        // way, a member unreachable, an operation's own timeout) are
+        // retried until it.
+        let deadline = cut_at + bound;
+        let mut errors = Vec::new();
+        let mut observer = observer;
+        let lease = loop {
+            // A fresh process after the cut: a new client per attempt, one
+            // second each.
+            let until = if fresh_clients {
+                match observer_target.client().await {
+                    Ok(fresh) => observer = fresh,
+                    Err(e) => errors.push(format!("observer client: {e}")),
+                }
+                deadline.min(Instant::now() + Duration::from_secs(1))
+            } else {
+                deadline
+            };
+            match observer.acquire(&observer_key, ttl, until).await {
+                Ok(lease) => break lease,
+                Err(e) if Instant::now() >= deadline => {
+                    errors.dedup();
+                    return Err(format!(
+                        "{NOT_FREED} within {bound:?}: {e} (errors before: {errors:?})"
+                    ));
+                }
+                Err(e) => {
+                    errors.push(e.to_string());
+                    sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
         let at = Instant::now();
         let _ = observer.release(&lease).await;
         Ok(at)
@@ -263,9 +423,9 @@ async fn holder_cut_off_inner(env: &PartitionEnv) -> Result<ScenarioReport, Stri
         .map_err(|_| "the observer thread ended early".to_owned())??;
     // Renewals run for a while before the cut.
     sleep(ttl / 2).await;
-    env.lab
-        .isolate(HOLDER_HOST)
-        .map_err(|e| format!("cutting the holder off: {e}"))?;
+    cut.apply(&env.lab)
+        .await
+        .map_err(|e| format!("cutting {cut:?}: {e}"))?;
     let cut_at = Instant::now();
     let _ = cut_tx.send(());
     let _ = start_tx.send(cut_at);
@@ -274,7 +434,30 @@ async fn holder_cut_off_inner(env: &PartitionEnv) -> Result<ScenarioReport, Stri
     // patience for the report's figure, not for the verdict.
     let lost = tokio::time::timeout(Duration::from_secs(2), received(lost, "holder")).await;
     let healed = env.lab.heal();
-    let granted_at = granted?;
+    let _ = stop_tx.send(());
+    let granted_at = match granted {
+        Ok(at) => at,
+        Err(e) if !cut.must_free() && e.starts_with(NOT_FREED) => {
+            healed.map_err(|e| format!("healing: {e}"))?;
+            let mut figures = BTreeMap::new();
+            figures.insert("ttl_ms".into(), ms(ttl));
+            return match lost {
+                Err(_) => Ok(ScenarioReport::judged(
+                    false,
+                    false,
+                    format!(
+                        "the holder kept its lock through the cut ({cut:?}): no loss, no grant ({e})"
+                    ),
+                    figures,
+                )),
+                Ok(lost) => Err(format!(
+                    "the holder was told it lost the key ({:?} after the cut) but the key was not freed: {e}",
+                    lost.map(|at| at - cut_at)
+                )),
+            };
+        }
+        Err(e) => return Err(e),
+    };
     healed.map_err(|e| format!("healing the holder's link: {e}"))?;
     let Ok(lost) = lost else {
         let mut figures = BTreeMap::new();
