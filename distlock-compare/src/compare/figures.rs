@@ -190,6 +190,22 @@ async fn bench_into(
         None => bench::concurrent_cycles(&ours, &prefixes.0, per_client).await?,
     };
     out.throughput_8x8 = Some(parallel.per_sec);
+    // The other shape services run: one client, many tasks.
+    if let Some(floors) = &floors {
+        let shared: Vec<Arc<dyn Contender>> = vec![ours[0].clone(); CLIENTS];
+        let prefixes = (format!("bench-{run}/one"), format!("floor-{run}/one"));
+        let (one, floor) = bench::interleaved_throughput(
+            &shared,
+            floors,
+            (&prefixes.0, &prefixes.1),
+            per_client,
+            rounds,
+        )
+        .await?;
+        out.throughput_shared_client = Some(one.per_sec);
+        out.floor_throughput_shared_client = Some(floor.per_sec);
+        out.throughput_shared_client_ratio = Some(bench::ratio(one.per_sec, floor.per_sec));
+    }
     phases.record("bench throughput", phase.elapsed());
     phase = Instant::now();
     let window = match (full, quick) {

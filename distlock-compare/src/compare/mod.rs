@@ -93,6 +93,14 @@ pub(crate) struct BenchFigures {
     pub(crate) throughput_8x8: Option<f64>,
     pub(crate) floor_throughput_8x8: Option<f64>,
     pub(crate) throughput_ratio: Option<f64>,
+    /// The 8-client shape with one client shared by 8 tasks (each on a key
+    /// of its own), cycles/s, against the same 8 floor connections,
+    /// interleaved in the same run.
+    pub(crate) throughput_shared_client: Option<f64>,
+    /// The floor's figure in the rounds interleaved with the shared client.
+    pub(crate) floor_throughput_shared_client: Option<f64>,
+    /// Ours (shared client) over the floor.
+    pub(crate) throughput_shared_client_ratio: Option<f64>,
     pub(crate) handoffs_per_s: Option<f64>,
     /// The busiest handoff client's grants over the least busy one's.
     pub(crate) handoff_spread: Option<f64>,
@@ -151,6 +159,10 @@ pub(crate) struct BenchFigures {
     pub(crate) fair_handoff_spread: Option<f64>,
     /// Why the composed-shapes figures failed, if they did.
     pub(crate) compose_error: Option<String>,
+    /// The servers' durability settings during the timed benchmarks
+    /// (`conformance::servers::Durability::describe`), for servers this
+    /// run started.
+    pub(crate) servers: Option<String>,
     pub(crate) error: Option<String>,
 }
 
@@ -502,10 +514,11 @@ async fn run_in_lanes(opts: &CompareOptions, names: &[String]) -> Vec<BackendRes
                 continue;
             }
         };
-        let bench = match start(name, &progress, &mut phases, "start again").await {
-            Ok(c) => {
+        let bench = match start_for_benchmarks(name, &progress, &mut phases).await {
+            Ok((c, servers)) => {
                 progress.say("benchmarks");
                 let url = c.target.url().unwrap_or_else(|| c.url.clone());
+                let figures = BenchFigures { servers, ..figures };
                 benchmarks(&*c.target, &url, opts, &mut phases, figures).await
             }
             Err(why) => BenchFigures {
@@ -518,6 +531,26 @@ async fn run_in_lanes(opts: &CompareOptions, names: &[String]) -> Vec<BackendRes
     }
     eprintln!("benchmarks: {:.0} s", started.elapsed().as_secs_f64());
     results
+}
+
+/// Starts the backend `name` again for the timed benchmarks, timed as
+/// `start again`: a server kind with the servers' own durable defaults (as
+/// deployed: a write per grant costs a disk flush), with those settings
+/// described; an embedded backend or a URL as it is.
+async fn start_for_benchmarks(
+    name: &str,
+    progress: &Progress,
+    phases: &mut Phases,
+) -> Result<(Candidate, Option<String>), String> {
+    use conformance::servers::{Durability, set_durability};
+    let spawned = !name.contains(':') && deploy::kind(name).is_some();
+    if spawned {
+        set_durability(Durability::ServerDefaults);
+    }
+    let started = start(name, progress, phases, "start again").await;
+    set_durability(Durability::Fast);
+    let servers = spawned.then(|| Durability::ServerDefaults.describe().to_owned());
+    Ok((started?, servers))
 }
 
 /// Starts the backend `name` (a kind, an embedded backend, or a URL to
@@ -622,20 +655,33 @@ async fn compare_one(
             return BackendResult::unavailable(&c.name, why, phases);
         }
     };
-    progress.say("benchmarks");
-    // Scenarios may have moved the backend (a failover promotes a replica):
-    // the floor must talk to where clients talk now.
-    let current_url = c.target.url().unwrap_or_else(|| c.url.clone());
-    let bench = benchmarks(
-        &*c.target,
-        &current_url,
-        opts,
-        &mut phases,
-        BenchFigures::default(),
-    )
-    .await;
+    let (name, url) = (c.name.clone(), distlock::redact_url(&c.url));
+    // A spawned server kind is started again for the benchmarks, with its
+    // durable defaults; anything else is measured where it is (scenarios
+    // may have moved it: the floor talks to where clients talk now).
+    let again = if deploy::kind(&name).is_some() {
+        drop(c);
+        start_for_benchmarks(&name, progress, &mut phases).await
+    } else {
+        Ok((c, None))
+    };
+    let bench = match again {
+        Ok((c, servers)) => {
+            progress.say("benchmarks");
+            let current_url = c.target.url().unwrap_or_else(|| c.url.clone());
+            let figures = BenchFigures {
+                servers,
+                ..BenchFigures::default()
+            };
+            benchmarks(&*c.target, &current_url, opts, &mut phases, figures).await
+        }
+        Err(why) => BenchFigures {
+            error: Some(format!("not measured: {why}")),
+            ..BenchFigures::default()
+        },
+    };
     progress.say(&phases::summary("took", &phases));
-    result_of(c.name, distlock::redact_url(&c.url), v, bench, phases)
+    result_of(name, url, v, bench, phases)
 }
 
 /// A small table's column: its header, its width, the figure it shows and
@@ -749,6 +795,9 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             println!("{:<w$}   benchmark error: {e}", "");
         }
     }
+    if let Some(servers) = results.iter().find_map(|r| r.bench.servers.as_deref()) {
+        println!("benchmarks on servers started again with {servers}");
+    }
     println!(
         "(x floor: ours over the hand-written floor on one bare connection, interleaved in one run; \
          8 clients on 8 keys and handoff (4 clients, 1 key) use independent clients with a waiting \
@@ -778,6 +827,7 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             println!("  {}: held locks at scale not measured: {e}", r.name);
         }
     }
+    print_client_shapes_table(results);
     shared::print_shared_table(results);
     compose::print_compose_table(results);
     let with_scenarios: Vec<&BackendResult> =
@@ -885,4 +935,26 @@ mod tests {
         assert_eq!(canonical_backend("ZooKeeper").as_deref(), Some("zookeeper"));
         assert_eq!(canonical_backend("nosuch"), None);
     }
+}
+
+/// The two ways a service runs 8 lockers in one process: 8 clients (each
+/// from its own connect) and one client shared by 8 tasks, each against 8
+/// floor connections.
+fn print_client_shapes_table(results: &[BackendResult]) {
+    print_small_table(
+        results,
+        |b| b.throughput_shared_client.is_some(),
+        &[
+            Column("8 clients", 10, |b| b.throughput_8x8, 0),
+            Column("floor", 8, |b| b.floor_throughput_8x8, 0),
+            Column("x floor", 7, |b| b.throughput_ratio, 2),
+            Column("1 client/8 tasks", 16, |b| b.throughput_shared_client, 0),
+            Column("floor", 8, |b| b.floor_throughput_shared_client, 0),
+            Column("x floor", 7, |b| b.throughput_shared_client_ratio, 2),
+        ],
+        |_| None,
+        "client shapes",
+        "(cycles/s, one process on its runtime, 8 keys; each shape interleaved in one run with 8 \
+         floor connections)",
+    );
 }

@@ -206,14 +206,19 @@ impl EtcdServer {
         placement: Option<Placement>,
     ) -> Result<Self, HarnessError> {
         let binary = find_binary("etcd", PACKAGE)?;
-        // Data on tmpfs when there is one: etcd fsyncs its WAL on every
-        // write, which on a shared disk makes tests slow and noisy.
-        let dir = match tempfile::Builder::new()
-            .prefix("etcd-")
-            .tempdir_in("/dev/shm")
-        {
-            Ok(dir) => dir,
-            Err(_) => temp_dir("etcd-")?,
+        // Data on tmpfs when there is one, for the functional tests: etcd
+        // fsyncs its WAL on every write, which on a shared disk makes tests
+        // slow and noisy. On disk under the servers' defaults.
+        let on_tmpfs = match super::durability() {
+            super::Durability::Fast => tempfile::Builder::new()
+                .prefix("etcd-")
+                .tempdir_in("/dev/shm")
+                .ok(),
+            super::Durability::ServerDefaults => None,
+        };
+        let dir = match on_tmpfs {
+            Some(dir) => dir,
+            None => temp_dir("etcd-")?,
         };
         let mut ports = Vec::new();
         for i in 0..size.max(1) {

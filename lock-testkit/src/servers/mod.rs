@@ -15,11 +15,73 @@ pub mod zookeeper;
 
 use std::marker::PhantomData;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tempfile::TempDir;
 
 use crate::netns::Placement;
 use crate::process::ServerProcess;
+
+/// How the servers started from now on treat durability.
+///
+/// The functional tests run [`Fast`](Self::Fast) (the default): what they
+/// check does not depend on a write reaching the disk. Benchmarks run
+/// [`ServerDefaults`](Self::ServerDefaults), as deployments do, so that a
+/// write per grant costs what it costs ([`set_durability`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// PostgreSQL `fsync=off`, MariaDB `innodb_flush_log_at_trx_commit=2`,
+    /// etcd's data on `/dev/shm`, Redis without snapshots; ZooKeeper as
+    /// its defaults (`forceSync=yes`, data on disk).
+    Fast,
+    /// Every server with its own defaults, data on disk: PostgreSQL
+    /// `fsync=on`, MariaDB flushing its log at each commit, etcd's WAL on
+    /// disk, Redis's default snapshots (`appendonly no`: Redis's default is
+    /// not durable), ZooKeeper unchanged.
+    ServerDefaults,
+}
+
+impl Durability {
+    /// The settings in a line (for reports).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Fast => {
+                "fast test settings: PostgreSQL fsync=off, MariaDB innodb_flush_log_at_trx_commit=2, \
+                 etcd data on /dev/shm, Redis without snapshots, ZooKeeper defaults"
+            }
+            Self::ServerDefaults => {
+                "server defaults, data on disk: PostgreSQL fsync=on, MariaDB \
+                 innodb_flush_log_at_trx_commit=1, etcd WAL fsynced on disk, Redis default \
+                 snapshots (appendonly no), ZooKeeper forceSync=yes"
+            }
+        }
+    }
+}
+
+static SERVER_DEFAULTS: AtomicBool = AtomicBool::new(false);
+
+/// Sets how the servers started from now on (in this process) treat
+/// durability; servers already running keep theirs.
+pub fn set_durability(durability: Durability) {
+    SERVER_DEFAULTS.store(durability == Durability::ServerDefaults, Ordering::SeqCst);
+}
+
+/// How the servers started now treat durability ([`set_durability`]).
+pub fn durability() -> Durability {
+    if SERVER_DEFAULTS.load(Ordering::SeqCst) {
+        Durability::ServerDefaults
+    } else {
+        Durability::Fast
+    }
+}
+
+/// `fast` under [`Durability::Fast`], nothing under the server's defaults.
+fn fast_only(fast: &[&str]) -> Vec<String> {
+    match durability() {
+        Durability::Fast => fast.iter().map(|a| (*a).to_owned()).collect(),
+        Durability::ServerDefaults => Vec::new(),
+    }
+}
 
 /// One server process of kind `K` on a free loopback port, in a temporary
 /// directory it is stopped with: what the single-process servers

@@ -104,10 +104,9 @@ impl PostgresServer {
             "-k".to_owned(),
             socket_dir,
             "-c".to_owned(),
-            "fsync=off".to_owned(),
-            "-c".to_owned(),
             "max_connections=200".to_owned(),
         ])
+        .args(super::fast_only(&["-c", "fsync=off"]))
         .ready(place.ready(port));
         spec.netns = place.netns();
         spec.user = Some(user);

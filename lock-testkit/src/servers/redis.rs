@@ -164,11 +164,8 @@ impl RedisServer {
                 place.addr().to_string(),
                 "--dir".to_owned(),
                 dir.path().display().to_string(),
-                "--save".to_owned(),
-                String::new(),
-                "--appendonly".to_owned(),
-                "no".to_owned(),
             ])
+            .args(super::fast_only(&["--save", "", "--appendonly", "no"]))
             .args(lab_args(&place))
             .args(extra.iter().copied())
             .ready(place.ready(port));
