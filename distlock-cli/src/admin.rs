@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use lock_core::{
     FencingToken, HolderDetails, HolderInfo, LockClient, LockError, LockInfo, LockKey, LockShape,
+    Operation,
 };
 use serde_json::{Value, json};
 
@@ -191,10 +192,22 @@ pub(crate) async fn force_release(
     client: &LockClient,
     key: &str,
     yes_unfenced: bool,
+    reserved: bool,
     json: bool,
 ) -> Result<u8, LockError> {
     let caps = client.capabilities();
     let key = LockKey::new(key)?;
+    if key.is_reserved() && !reserved {
+        return Err(LockError::invalid_argument(
+            Operation::Release,
+            format!(
+                "{key} is one of distlock's own keys (a migration's cutover marker or its record): \
+                 breaking it lets processes still on phase `old` in beside `new` holders; \
+                 pass --reserved to break it anyway"
+            ),
+        )
+        .with_key(&key));
+    }
     if !caps.has_fencing() && !yes_unfenced {
         return Err(LockError::config(format!(
             "{} gives no fencing tokens: the broken holder's late writes could not be told \
@@ -202,7 +215,11 @@ pub(crate) async fn force_release(
             client.backend().name()
         )));
     }
-    let broken = client.backend().force_release(&key).await?;
+    let broken = if reserved {
+        client.force_release_reserved(key.as_str()).await?
+    } else {
+        client.force_release(key.as_str()).await?
+    };
     let who = operator();
     match &broken {
         Some(info) => {

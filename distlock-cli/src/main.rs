@@ -297,7 +297,8 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
     /// backend with fencing tokens the next grant's token is above the
     /// broken one, so a resource that checks tokens rejects the old
     /// holder's late writes; a backend without tokens is refused unless
-    /// --yes-unfenced. Exit 1 when the key was free.
+    /// --yes-unfenced, and distlock's own reserved keys (`__distlock/...`)
+    /// unless --reserved. Exit 1 when the key was free.
     #[command(name = "force-release")]
     ForceRelease {
         /// The lock's name.
@@ -305,6 +306,11 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         /// Break it even though the backend has no fencing tokens.
         #[arg(long)]
         yes_unfenced: bool,
+        /// Break it even though it is one of distlock's own reserved keys
+        /// (`__distlock/...`, such as a migration's cutover marker, which
+        /// keeps processes still on phase `old` out once `new` runs).
+        #[arg(long)]
+        reserved: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -564,10 +570,11 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
         Command::ForceRelease {
             key,
             yes_unfenced,
+            reserved,
             json,
         } => {
             let client = client(cli.url, cli.config).await?;
-            admin::force_release(&client, &key, yes_unfenced, json).await
+            admin::force_release(&client, &key, yes_unfenced, reserved, json).await
         }
         Command::Watch {
             key,

@@ -301,3 +301,28 @@ fn force_release_without_tokens_needs_consent() {
     ));
     assert_eq!(consented.status.code(), Some(1), "free key: {consented:?}");
 }
+
+/// A reserved key (a migration's cutover marker) is not broken unless
+/// told `--reserved`; `--help` shows the flag.
+#[test]
+fn force_release_of_a_reserved_key_needs_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("old.db").display());
+    let marker = "__distlock/migration-cutover/default";
+    let held = output(distlock(&url, &["acquire", "--ttl", "60s", marker]));
+    assert!(held.status.success(), "{held:?}");
+    let refused = output(distlock(&url, &["force-release", marker]));
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--reserved"),
+        "{refused:?}"
+    );
+    let still = output(distlock(&url, &["inspect", marker]));
+    assert!(!stdout(&still).contains("is free"), "{still:?}");
+    let broken = output(distlock(&url, &["force-release", "--reserved", marker]));
+    assert_eq!(broken.status.code(), Some(0), "{broken:?}");
+    let free = output(distlock(&url, &["inspect", marker]));
+    assert!(stdout(&free).contains("is free"), "{free:?}");
+    let help = output(distlock(&url, &["force-release", "--help"]));
+    assert!(stdout(&help).contains("--reserved"), "{help:?}");
+}

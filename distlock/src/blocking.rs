@@ -267,17 +267,32 @@ impl Client {
     }
 
     /// Breaks the mutex `key` whoever holds it (see
-    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release)).
+    /// [`LockClient::force_release`](lock_core::LockClient::force_release)):
+    /// refuses the library's own reserved keys, such as a migration's
+    /// cutover marker.
+    ///
+    /// # Errors
+    ///
+    /// A bad or reserved key (`InvalidArgument`); otherwise as
+    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release).
+    pub fn force_release(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
+        self.rt.block_on(self.inner.force_release(key.as_ref()))?
+    }
+
+    /// [`force_release`](Self::force_release) that also breaks the
+    /// library's own reserved keys (see
+    /// [`LockClient::force_release_reserved`](lock_core::LockClient::force_release_reserved)).
     ///
     /// # Errors
     ///
     /// A bad key; otherwise as
     /// [`LockBackend::force_release`](lock_core::LockBackend::force_release).
-    pub fn force_release(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
-        let key = LockKey::new(key.as_ref())?;
-        let backend = self.inner.backend().clone();
+    pub fn force_release_reserved(
+        &self,
+        key: impl AsRef<str>,
+    ) -> Result<Option<LockInfo>, LockError> {
         self.rt
-            .block_on(async move { backend.force_release(&key).await })?
+            .block_on(self.inner.force_release_reserved(key.as_ref()))?
     }
 
     fn guard(&self, inner: LockGuard) -> Guard {

@@ -129,6 +129,26 @@ fn operating(url: &str) {
             .expect("free")
             .is_none()
     );
+    // The library's own keys (a migration's cutover marker) are broken
+    // only when asked for by name.
+    let marker = "__distlock/migration-cutover/blocking-ops";
+    let held = client
+        .lock(marker)
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .expect("acquire the marker");
+    let refused = client.force_release(marker).unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        ErrorKind::InvalidArgument,
+        "{url}: {refused}"
+    );
+    let broken = client
+        .force_release_reserved(marker)
+        .expect("force_release_reserved")
+        .expect("a holder to break");
+    assert_eq!(broken.token, Some(held.token()), "{url}");
+    drop(held);
 
     // Readers and leaders are listed with their details too.
     let reader = client

@@ -522,6 +522,13 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     /// checks tokens rejects the old holder's late writes once the next
     /// holder has written.
     ///
+    /// This is the driver's primitive and breaks any key, including the
+    /// library's own [reserved keys](LockKey::is_reserved) (a migration's
+    /// cutover marker). Operators' tools call
+    /// [`LockClient::force_release`](crate::LockClient::force_release),
+    /// which refuses those unless asked with
+    /// [`force_release_reserved`](crate::LockClient::force_release_reserved).
+    ///
     /// # Errors
     ///
     /// [`ErrorKind::Unsupported`] by default; otherwise as

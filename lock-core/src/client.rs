@@ -283,6 +283,82 @@ impl LockClient {
             tracing::debug_span!("distlock.inspect", backend = self.backend.name(), key = %key);
         self.backend.inspect(&key).instrument(span).await
     }
+
+    /// Breaks the mutex on `key` whoever holds it (an operator's tool for a
+    /// stuck lock; see [`LockBackend::force_release`]), and returns the
+    /// holder it removed, or `None` when the key was free.
+    ///
+    /// Refuses the library's own [reserved keys](LockKey::is_reserved),
+    /// such as a migration's cutover marker: breaking that one lets a
+    /// process still configured for phase `old` in beside `new` holders.
+    /// Use [`force_release_reserved`](Self::force_release_reserved) to
+    /// break one on purpose.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
+    /// for an invalid or a reserved key (nothing is sent); otherwise as
+    /// [`LockBackend::force_release`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockBackend::force_release`]: one atomic request.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lock_core::{ErrorKind, LockClient, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let guard = client.lock("jobs/stuck").acquire().await?;
+    /// let broken = client.force_release("jobs/stuck").await?;
+    /// assert_eq!(broken.and_then(|h| h.token), Some(guard.token()));
+    /// let marker = "__distlock/migration-cutover/default";
+    /// let refused = client.force_release(marker).await.unwrap_err();
+    /// assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_release(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
+        let key = LockKey::new(key.as_ref())?;
+        if key.is_reserved() {
+            return Err(LockError::invalid_argument(
+                Operation::Release,
+                format!(
+                    "{key} is one of the library's own keys (a migration's cutover marker or its record): \
+                     breaking it lets processes still on phase `old` in beside `new` holders; \
+                     use force_release_reserved to break it anyway"
+                ),
+            )
+            .with_key(&key)
+            .with_backend(self.backend.name()));
+        }
+        self.backend.force_release(&key).await
+    }
+
+    /// [`force_release`](Self::force_release) that also breaks the
+    /// library's own [reserved keys](LockKey::is_reserved): for an
+    /// operator who means it (a migration abandoned, a marker of a
+    /// migration that no longer exists). A migration's `new` processes
+    /// that still run set their cutover marker again within their refresh
+    /// interval.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
+    /// for an invalid key; otherwise as [`LockBackend::force_release`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockBackend::force_release`]: one atomic request.
+    pub async fn force_release_reserved(
+        &self,
+        key: impl AsRef<str>,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let key = LockKey::new(key.as_ref())?;
+        self.backend.force_release(&key).await
+    }
 }
 
 /// One lock request; finish it with [`acquire`](Self::acquire) or

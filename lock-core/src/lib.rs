@@ -117,8 +117,8 @@ pub use key::{LockKey, MAX_KEY_LEN, RESERVED_KEY_PREFIX};
 pub use kind::{HolderInfo, LeaseKind, LockShape, MAX_PERMITS};
 pub use memory::{MemoryBackend, MemoryFault};
 pub use migration::{
-    CUTOVER_KEY_PREFIX, DEFAULT_MIGRATION_NAME, MigrationBackend, MigrationPhase, NEW_EPOCH,
-    OLD_ONLY_MARK, is_old_only,
+    CUTOVER_KEY_PREFIX, DEFAULT_MARKER_REFRESH, DEFAULT_MIGRATION_NAME, MigrationBackend,
+    MigrationPhase, NEW_EPOCH, OLD_ONLY_MARK, is_old_only,
 };
 pub use multi::{MAX_MULTI_KEYS, MultiGuard, MultiRequest, lock_order};
 pub use options::{

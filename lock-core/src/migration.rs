@@ -68,7 +68,12 @@
 //!    makes sure the *cutover marker* exists in the old backend: a lock on
 //!    the reserved key `__distlock/migration-cutover/<name>` (see
 //!    [`MigrationBackend::with_name`]), taken with [`MAX_TTL`] and never
-//!    renewed or released. If `inspect` shows it free, the process takes it.
+//!    released. If `inspect` shows it free, the process takes it. Beside
+//!    it, the process records the longest old lease it was configured for
+//!    ([`with_old_lease_max`](MigrationBackend::with_old_lease_max)) as the
+//!    reserved key `__distlock/migration-old-ttl/<name>/<milliseconds>` (a
+//!    lock carries no payload through the [`LockBackend`] trait, so the
+//!    value is the key's name).
 //! 2. **Check after grant.** Every `Old` grant, *after* it obtained its
 //!    old-backend lease, reads the marker (`inspect`). If the marker is set,
 //!    the lease is released and the acquire fails with
@@ -78,57 +83,103 @@
 //!    the guard reports `Lost`. Such a lease is deliberately *not*
 //!    released: its holder may still be inside its promised window, and
 //!    freeing the old key early would let a `Dual` process in beside it.
-//! 3. **Wait-out, key by key.** Until the marker is older than the longest
-//!    lease any `Old` process can hold
-//!    ([`with_old_lease_max`](MigrationBackend::with_old_lease_max); the
-//!    facade defaults it to the configured TTL) plus the clock-drift
-//!    allowance, a `New` grant of a key first takes that key once in the
+//! 3. **Wait-out, key by key.** The wait-out is the longest old lease
+//!    recorded beside the marker by any `New` process, or this process's
+//!    own `old_lease_max` if that is longer (the facade defaults it to the
+//!    configured TTL), plus the clock-drift allowance; the records are
+//!    read when a marker is first seen and again before the wait-out is
+//!    declared over. Until the marker is
+//!    that old, a `New` grant of a key first takes that key once in the
 //!    old backend (waiting, as any waiter, while an `Old` or `Dual`
 //!    process holds it) and gives it straight back, then locks the new
 //!    backend. Once the marker is that old, `New` grants go straight to
-//!    the new backend and never touch the old one again. The marker's age
-//!    is read from the old backend itself (`MAX_TTL` minus the remaining
-//!    TTL `inspect` reports, for backends with per-lease TTLs), so a
-//!    restarted `New` process whose marker is old already skips step 3;
-//!    where the backend cannot tell (per-session TTLs), the process counts
-//!    from when it first saw the marker.
+//!    the new backend. The marker's age is read from the old backend
+//!    itself (`MAX_TTL` minus the remaining TTL `inspect` reports, for
+//!    backends with per-lease TTLs), so a restarted `New` process whose
+//!    marker is old already skips step 3 (a marker just renewed by its
+//!    keeper, see step 4, reads as new: a process starting then waits out
+//!    once more); where the backend cannot tell
+//!    (per-session TTLs), the process counts from when it first saw the
+//!    marker.
+//! 4. **Keeping the marker while `New` runs.** Every `New` process runs a
+//!    keeper on the renewal thread (see [`RenewalRuntime`](crate::RenewalRuntime)) that, every
+//!    [`with_marker_refresh`](MigrationBackend::with_marker_refresh)
+//!    interval ([`DEFAULT_MARKER_REFRESH`], 5 s), reads the marker and:
+//!    sets it again when it is gone (force-released, its TTL run out, the
+//!    session that held it ended, the store restarted empty); renews it
+//!    when it set it itself and half its TTL is gone, so it never runs out
+//!    while that process runs; and looks again right after another
+//!    process's marker is due to run out. It keeps this process's record
+//!    of the old TTL the same way. When the marker it reads is not the one
+//!    it read last (another holder or token: it vanished and was set again
+//!    in between), the wait-out starts over from the new marker: `New`
+//!    grants take each key in the old backend again (step 3), so an `Old`
+//!    lease granted while the marker was gone is waited out rather than
+//!    joined, and its renewals fail from then on.
 //!
-//! **Why this closes the window.** Let `A` be the moment the marker was
-//! created. Take any `Old` grant or renewal and the marker read that
-//! follows it. If the read came after `A`, it saw the marker (the old
-//! backend is linearizable) and the grant was refused (never handed out),
-//! or the renewal refused, leaving the holder's previous deadline in force.
-//! If the read came before `A`, so did the grant or renewal, and the
-//! promised window it produced ends at most one old TTL later, before
-//! `A + old_lease_max`; it also ends before the old backend frees the key
-//! (the local deadline is computed from the send time minus drift), and a
-//! freed lease cannot be renewed. So at any moment after `A`, an open `Old`
-//! promise on a key means the old backend shows the key held. A `New`
-//! grant made before `A + old_lease_max` first took the key in the old
-//! backend after `A` (it confirmed the marker first): at that moment no
-//! pre-`A` promise on it was open, and post-`A` `Old` grants are all
-//! refused, so none overlaps the `New` grant. A `New` grant after
-//! `A + old_lease_max` overlaps no pre-`A` promise either, since they all
-//! ended by then. `Dual` needs no check: it excludes `Old` through the old
-//! backend and `New` through the new one.
+//! **Why this closes the window.** Let `A` be the moment the current
+//! marker was set. Take any `Old` grant or renewal and the marker read that
+//! follows it. If the read came after `A` (and the marker was still
+//! there), it saw the marker (the old backend is linearizable) and the
+//! grant was refused (never handed out), or the renewal refused, leaving
+//! the holder's previous deadline in force. If the read came before `A`,
+//! so did the grant or renewal, and the promised window it produced ends
+//! at most one old TTL later, before `A + old_lease_max`; it also ends
+//! before the old backend frees the key (the local deadline is computed
+//! from the send time minus drift), and a freed lease cannot be renewed.
+//! So at any moment after `A`, an open `Old` promise on a key means the
+//! old backend shows the key held. A `New` grant made before
+//! `A + old_lease_max` first took the key in the old backend after `A`
+//! (it confirmed the marker first): at that moment no pre-`A` promise on
+//! it was open, and post-`A` `Old` grants are all refused, so none
+//! overlaps the `New` grant. A `New` grant after `A + old_lease_max`
+//! overlaps no pre-`A` promise either, since they all ended by then. When
+//! the marker is set again, `A` moves to that moment and the keepers make
+//! every `New` process wait out again from there. `Dual` needs no check:
+//! it excludes `Old` through the old backend and `New` through the new
+//! one.
 //!
 //! **Cost.** One extra `inspect` on the old backend per `Old`-phase acquire
 //! and per renewal of an old-only lease. In phase `New`, until the marker
 //! is older than the wait-out: one `inspect` of the marker and one
 //! acquire + release of the key in the old backend per grant (a straggler
-//! or dual holder delays it as it would a waiter); after that, nothing.
+//! or dual holder delays it as it would a waiter), and a `list` of the
+//! records when a marker is first seen and once more before its wait-out
+//! is declared over (a grant whose wait for the key ran to the end of
+//! the wait-out asks again, so a longer value recorded meanwhile still
+//! counts); after that, nothing per grant. Each `New` process's keeper reads the
+//! marker and its record once per refresh interval (two `inspect`s), and
+//! renews or sets them again when needed.
 //!
-//! **Limits.** The guard lasts as long as the old backend keeps the marker:
-//! [`MAX_TTL`] (24 h) on backends with per-lease TTLs (Redis, SQL, memory);
-//! on backends whose locks hang off a client session (etcd, ZooKeeper as
-//! the *old* side) only while the announcing process's session lives. A
-//! store that loses data (Redis restarted without persistence) loses the
-//! marker with everything else. Set `old_lease_max` to at least the longest
-//! TTL any `Old` process uses. Processes that lock the old backend without
-//! this wrapper are not guarded (the playbook starts by putting every
-//! process behind it in phase `Old`). A `New` process needs the old backend
-//! reachable while the marker is younger than the wait-out (its grants
-//! fail with the old backend's error meanwhile), and for its first grant.
+//! **Limits.** The marker can still go missing between two looks of the
+//! keepers: from the moment it vanishes until the first `New` process's
+//! next look (at most one refresh interval plus a round trip; about one
+//! round trip when it runs out by its TTL, since the keepers look again
+//! right then), an `Old` process is admitted, and on a key a `New` process
+//! already holds, it holds beside it until its own lease ends (at most one
+//! old TTL). Nothing is admitted beside `New` grants made after the marker
+//! is back (they wait it out). The keeper needs the old backend: while it
+//! cannot reach it, it logs and keeps trying, and `New` grants past the
+//! wait-out go on (an `Old` process that can reach the old backend
+//! meanwhile is guarded only by the marker still being there). A store
+//! that loses data (Redis restarted without persistence) loses the marker
+//! with everything else until the next look. Break the marker by hand
+//! only on purpose: [`LockClient::force_release`](crate::LockClient::force_release)
+//! and `distlock force-release` refuse reserved keys unless asked with
+//! [`force_release_reserved`](crate::LockClient::force_release_reserved) /
+//! `--reserved` (the [`LockBackend::force_release`] primitive itself does
+//! not check). The recorded wait-out is read with [`LockBackend::list`];
+//! an old side that cannot list (a [`MigrationBackend`] wrapped by
+//! [`MigrationBackend::stacked`]) uses the local `old_lease_max` only.
+//! The records say what the `New` processes were configured with, not
+//! what `Old` processes actually use: set `old_lease_max` to at least the
+//! longest TTL any `Old` process uses. Processes that lock the old backend
+//! without this wrapper are not guarded (the playbook starts by putting
+//! every process behind it in phase `Old`). A `New` process needs the old
+//! backend reachable while the marker is younger than the wait-out (its
+//! grants fail with the old backend's error meanwhile), and for its first
+//! grant. Once no process can run phase `Old` any more (the old store is
+//! retired), turn the keeper off with a zero refresh interval.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,6 +216,10 @@ pub const OLD_ONLY_MARK: &str = "old-only:";
 pub fn is_old_only(holder: &str) -> bool {
     holder.starts_with(OLD_ONLY_MARK)
 }
+
+/// How often a `New` process checks the cutover marker by default (see
+/// [`MigrationBackend::with_marker_refresh`]).
+pub const DEFAULT_MARKER_REFRESH: Duration = Duration::from_secs(5);
 
 /// The migration name used when none is given.
 pub const DEFAULT_MIGRATION_NAME: &str = "default";
@@ -251,6 +306,7 @@ pub struct MigrationBackend {
     name: String,
     cutover_key: LockKey,
     old_lease_max: Duration,
+    marker_refresh: Duration,
     cutover: Arc<Cutover>,
 }
 
@@ -270,7 +326,7 @@ impl MigrationBackend {
     /// becomes the old side, and this migration stamps the next epoch
     /// (`first.epoch() + 1`), so its tokens stay above every token `first`
     /// can hand out. Its name defaults to `<first's name>.<epoch>` and its
-    /// wait-out to `first`'s.
+    /// wait-out and marker refresh interval to `first`'s.
     ///
     /// # Errors
     ///
@@ -284,9 +340,10 @@ impl MigrationBackend {
             LockError::config("cannot stack another migration: epoch 255 is the last one")
         })?;
         let name = format!("{}.{epoch}", first.name);
-        let old_lease_max = first.old_lease_max;
+        let (old_lease_max, marker_refresh) = (first.old_lease_max, first.marker_refresh);
         let mut stacked = Self::build(Arc::new(first), new, phase, epoch).with_name(&name)?;
         stacked.old_lease_max = old_lease_max;
+        stacked.marker_refresh = marker_refresh;
         Ok(stacked)
     }
 
@@ -305,6 +362,7 @@ impl MigrationBackend {
             cutover_key: LockKey::new(format!("{CUTOVER_KEY_PREFIX}{DEFAULT_MIGRATION_NAME}"))
                 .expect("the default cutover key is a valid key"),
             old_lease_max: LockDefaults::default().ttl,
+            marker_refresh: DEFAULT_MARKER_REFRESH,
             cutover: Arc::default(),
         }
     }
@@ -322,21 +380,38 @@ impl MigrationBackend {
         if name.is_empty() {
             return Err(LockError::config("the migration name must not be empty"));
         }
-        self.cutover_key = LockKey::new(format!("{CUTOVER_KEY_PREFIX}{name}")).map_err(|e| {
+        let bad = |e: LockError| {
             LockError::config(format!("bad migration name {name:?}: {}", e.message()))
-        })?;
+        };
+        self.cutover_key = LockKey::new(format!("{CUTOVER_KEY_PREFIX}{name}")).map_err(bad)?;
+        // The longest record key this name makes must be valid too.
+        marker::record_key(name, MAX_TTL).map_err(bad)?;
         self.name = name.to_owned();
         self.cutover = Arc::default();
         Ok(self)
     }
 
     /// Sets the wait-out: the longest TTL any process in phase `Old` holds
-    /// a lease with. A `New` process makes no grant until the cutover
-    /// marker is this old (plus the drift allowance). Capped at
-    /// [`MAX_TTL`].
+    /// a lease with. A `New` process records it beside the cutover marker
+    /// and makes no grant without first taking the key in the old backend
+    /// until the marker is as old as the longest value any `New` process
+    /// recorded there, or this one if longer (plus the drift allowance).
+    /// Capped at [`MAX_TTL`].
     #[must_use]
     pub fn with_old_lease_max(mut self, old_lease_max: Duration) -> Self {
         self.old_lease_max = old_lease_max.min(MAX_TTL);
+        self
+    }
+
+    /// How often a `New` process makes sure the cutover marker is still
+    /// set in the old backend, setting it again if it vanished (default
+    /// [`DEFAULT_MARKER_REFRESH`]; see the module docs). This bounds how
+    /// long the marker can stay missing while `New` processes run. Zero
+    /// turns the keeper off: only for when no process can run phase `Old`
+    /// any more (the old store is gone).
+    #[must_use]
+    pub fn with_marker_refresh(mut self, every: Duration) -> Self {
+        self.marker_refresh = every;
         self
     }
 
@@ -360,7 +435,9 @@ impl MigrationBackend {
         &self.cutover_key
     }
 
-    /// The wait-out (see [`with_old_lease_max`](Self::with_old_lease_max)).
+    /// This process's wait-out (see
+    /// [`with_old_lease_max`](Self::with_old_lease_max); a longer one
+    /// recorded beside the marker by another `New` process wins).
     pub fn old_lease_max(&self) -> Duration {
         self.old_lease_max
     }
@@ -378,6 +455,7 @@ impl MigrationBackend {
 mod backend;
 mod cutover;
 mod dual;
+mod marker;
 
 use cutover::Cutover;
 

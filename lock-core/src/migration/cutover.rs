@@ -6,43 +6,50 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
-use tokio::time::{Instant, sleep};
+use tokio::time::Instant;
 
+use super::marker::{MarkerSite, start_keeper};
 use super::{MOVED, MigrationBackend};
 use crate::capabilities::TtlModel;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
 use crate::options::MAX_TTL;
-use crate::types::{Lease, clock_drift};
+use crate::types::{FencingToken, Lease, clock_drift};
 
 /// This process's view of the cutover, shared by clones and
 /// [`with_phase`](MigrationBackend::with_phase) copies.
 #[derive(Debug, Default)]
 pub(super) struct Cutover {
     /// The marker was seen older than the wait-out: `New` grants need no
-    /// look at the old backend any more.
+    /// look at the old backend any more. Cleared again by the keeper when
+    /// the marker was set again since its last look.
     pub(super) done: AtomicBool,
-    /// One marker check / announcement at a time.
-    pub(super) turn: Mutex<()>,
-    /// When this process first saw the marker (its age where the backend
-    /// cannot tell).
-    pub(super) first_seen: std::sync::Mutex<Option<Instant>>,
+    /// One marker check, announcement or keeper round at a time, with
+    /// what they share.
+    pub(super) turn: Mutex<Seen>,
+    /// The keeper task was started.
+    pub(super) keeper: AtomicBool,
 }
 
-impl Cutover {
-    fn first_seen(&self) -> Option<Instant> {
-        *self
-            .first_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn set_first_seen(&self, at: Option<Instant>) {
-        *self
-            .first_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = at;
-    }
+/// What the marker checks of one process remember.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    /// When this process first saw the current marker (its age where the
+    /// backend cannot tell).
+    pub(super) first_seen: Option<Instant>,
+    /// The current marker's holder and token: a different one means the
+    /// marker vanished and was set again.
+    pub(super) marker_id: Option<(String, Option<FencingToken>)>,
+    /// The marker, when this process set it (renewed by the keeper).
+    pub(super) marker_lease: Option<Lease>,
+    /// This process's record of its `old_lease_max`, when it set it.
+    pub(super) record_lease: Option<Lease>,
+    /// The record was asserted since the current marker was first seen.
+    pub(super) recorded: bool,
+    /// The wait-out last read from the records of the current marker
+    /// (read when it is first seen and again before it is declared old
+    /// enough, not at every grant: listing can be costly).
+    pub(super) wait_out: Option<Duration>,
 }
 
 impl MigrationBackend {
@@ -108,71 +115,81 @@ impl MigrationBackend {
         self.finish(Some(old), None).await
     }
 
+    /// Where this migration's marker lives, for the marker checks.
+    pub(super) fn marker_site(&self) -> MarkerSite {
+        MarkerSite {
+            old: self.old.clone(),
+            marker: self.cutover_key.clone(),
+            name: self.name.clone(),
+            old_lease_max: self.old_lease_max,
+        }
+    }
+
     /// Phase `New`: makes sure the cutover marker exists in the old
-    /// backend (announcing it if not). `None` once the marker is older than
-    /// the wait-out (from then on the old backend is not consulted again);
-    /// otherwise the instant at which it will be.
+    /// backend (announcing it if not, or again if it vanished), records
+    /// this process's `old_lease_max` beside it, and starts the keeper
+    /// that keeps both while this process runs. `None` once the marker is
+    /// older than the wait-out (from then on grants do not consult the old
+    /// backend, until the keeper finds the marker set again); otherwise
+    /// the instant at which it will be.
+    ///
+    /// The wait-out is the longest `old_lease_max` recorded beside the
+    /// marker by any `New` process, or this process's own if longer.
     pub(super) async fn cutover_pending(&self) -> Result<Option<Instant>, LockError> {
         if self.cutover.done.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let _turn = self.cutover.turn.lock().await;
+        let mut seen = self.cutover.turn.lock().await;
         if self.cutover.done.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let needed = self.old_lease_max + clock_drift(self.old_lease_max);
-        let server_age_counts = self.old.capabilities().ttl_model == TtlModel::PerLease;
-        let mut attempts = 0;
-        let (now, server_age) = loop {
-            let now = Instant::now();
-            match self.old.inspect(&self.cutover_key).await? {
-                Some(info) => {
-                    let age = info
-                        .remaining_ttl
-                        .filter(|_| server_age_counts)
-                        .map(|left| MAX_TTL.saturating_sub(left));
-                    break (now, age);
-                }
-                None => {
-                    self.cutover.set_first_seen(None);
-                    if self
-                        .old
-                        .try_acquire(&self.cutover_key, MAX_TTL)
-                        .await?
-                        .is_some()
-                    {
-                        // Never renewed or released: it lasts its TTL.
-                        tracing::info!(
-                            migration = %self.name,
-                            marker = %self.cutover_key,
-                            "announced the cutover to the new backend in the old backend"
-                        );
-                        break (now, Some(Duration::ZERO));
-                    }
-                    // Someone announced between our read and our take.
-                    attempts += 1;
-                    if attempts >= 5 {
-                        return Err(LockError::new(
-                            ErrorKind::Unavailable,
-                            Operation::Acquire,
-                            "the migration's cutover marker is neither readable nor free in the old backend",
-                        )
-                        .with_key(&self.cutover_key));
-                    }
-                    sleep(Duration::from_millis(5)).await;
-                }
-            }
-        };
-        let first_seen = self.cutover.first_seen().unwrap_or(now);
-        self.cutover.set_first_seen(Some(first_seen));
+        let site = self.marker_site();
+        let observed = site.assert_marker(&mut seen).await?;
+        start_keeper(&site, &self.cutover, self.marker_refresh);
+        if !seen.recorded {
+            site.assert_record(&mut seen).await?;
+        }
+        let server_age = observed
+            .info
+            .remaining_ttl
+            .filter(|_| self.old.capabilities().ttl_model == TtlModel::PerLease)
+            .map(|left| MAX_TTL.saturating_sub(left));
+        let now = observed.at;
+        let first_seen = *seen.first_seen.get_or_insert(now);
         let age = server_age
             .unwrap_or(Duration::ZERO)
             .max(now.saturating_duration_since(first_seen));
+        let mut fresh = false;
+        let mut wait_out = match seen.wait_out {
+            Some(wait_out) => wait_out,
+            None => {
+                fresh = true;
+                self.wait_out(&site).await?
+            }
+        };
+        if age >= wait_out + clock_drift(wait_out) && !fresh {
+            // About to stop looking: read the records once more, in case a
+            // process with a longer `old_ttl` recorded it meanwhile.
+            wait_out = self.wait_out(&site).await?;
+        }
+        seen.wait_out = Some(wait_out);
+        let needed = wait_out + clock_drift(wait_out);
         if age >= needed {
             self.cutover.done.store(true, Ordering::Release);
             return Ok(None);
         }
         Ok(Some(now.checked_add(needed - age).unwrap_or(now)))
+    }
+
+    /// The wait-out: the longest `old_lease_max` recorded beside the
+    /// marker, or this process's own if longer.
+    async fn wait_out(&self, site: &MarkerSite) -> Result<Duration, LockError> {
+        Ok(site
+            .recorded_old_lease_max()
+            .await?
+            .map_or(self.old_lease_max, |recorded| {
+                recorded.max(self.old_lease_max)
+            }))
     }
 
     /// Phase `New` before the wait-out has passed: proves that no `Old`
@@ -191,14 +208,27 @@ impl MigrationBackend {
                 Some(old) => old,
                 None => return Ok(false),
             },
-            Some(deadline) => match self.old.acquire(key, ttl, deadline.min(ready_at)).await {
-                Ok(old) => old,
-                // Held all along until the wait-out passed: every old
-                // promise has ended by now.
-                Err(e) if e.is_contended() && Instant::now() >= ready_at => return Ok(true),
-                Err(e) if e.is_contended() => return Ok(false),
-                Err(e) => return Err(e),
-            },
+            Some(deadline) => {
+                let mut ready_at = ready_at;
+                loop {
+                    match self.old.acquire(key, ttl, deadline.min(ready_at)).await {
+                        Ok(old) => break old,
+                        // Held all along until the wait-out passed: every
+                        // old promise has ended by now, unless the wait-out
+                        // grew meanwhile (a longer `old_ttl` recorded, the
+                        // marker set again): ask again, and wait on if so.
+                        Err(e) if e.is_contended() && Instant::now() >= ready_at => {
+                            match self.cutover_pending().await? {
+                                None => return Ok(true),
+                                Some(later) if Instant::now() < deadline => ready_at = later,
+                                Some(_) => return Ok(false),
+                            }
+                        }
+                        Err(e) if e.is_contended() => return Ok(false),
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
         };
         // If this release fails the old lease expires with its TTL; `Old`
         // processes are refused meanwhile and `Dual` ones wait.

@@ -89,10 +89,16 @@ impl MigrationBackend {
     }
 
     pub(super) fn check_key(&self, key: &LockKey, operation: Operation) -> Result<(), LockError> {
-        if *key == self.cutover_key {
+        // Reserved first: no allocation on the path of ordinary keys.
+        if key.is_reserved()
+            && (*key == self.cutover_key
+                || key
+                    .as_str()
+                    .starts_with(&super::marker::record_prefix(&self.name)))
+        {
             return Err(LockError::invalid_argument(
                 operation,
-                "this key holds the migration's cutover marker and cannot be locked through it",
+                "this key holds the migration's cutover marker (or its record) and cannot be locked through it",
             )
             .with_key(key));
         }

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::MemoryBackend;
 use crate::error::{ErrorKind, Operation};
-use crate::types::{FencingToken, Lease};
+use crate::types::{FencingToken, Lease, LockInfo};
 
 use crate::support::{Double, Twist, grant};
 
@@ -576,6 +576,270 @@ async fn an_unreadable_marker_refuses_old_grants() {
             .unwrap()
             .is_some()
     );
+}
+
+// ---- keeping the marker while `new` runs (issue 37, bug 2) ----
+
+/// A `new` process of its own that checks the marker every 50 ms.
+fn kept_new(
+    old: Arc<dyn LockBackend>,
+    new: &MemoryBackend,
+    wait_out: Duration,
+) -> MigrationBackend {
+    MigrationBackend::new(old, Arc::new(new.clone()), MigrationPhase::New)
+        .with_old_lease_max(wait_out)
+        .with_marker_refresh(Duration::from_millis(50))
+}
+
+/// Waits (at most 2 s) until the old store shows the marker `key`.
+async fn marker_in(old: &MemoryBackend, key: &LockKey) -> Option<LockInfo> {
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Some(info) = old.inspect(key).await.unwrap() {
+            return Some(info);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A straggler on `old` tries `key`: it must be refused as moved.
+async fn assert_straggler_refused(on_old: &MigrationBackend, key: &LockKey) {
+    match on_old.try_acquire(key, Duration::from_secs(1)).await {
+        Err(e) if e.kind() == ErrorKind::Config && e.message().contains("moved") => {}
+        other => panic!(
+            "a straggler on `old` was not refused while a `new` process holds {key}: {other:?}"
+        ),
+    }
+}
+
+#[tokio::test]
+async fn a_vanished_marker_is_set_again_while_new_runs() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let (on_old, _, _) = phases(&old, &new, Duration::from_millis(50));
+    let on_new = kept_new(Arc::new(old.clone()), &new, Duration::from_millis(50));
+    let key = LockKey::new("jobs/kept").unwrap();
+    let held = grant(&on_new, &key, Duration::from_secs(5)).await;
+    // Past the wait-out: `new` grants no longer look at the old store.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let other = grant(
+        &on_new,
+        &LockKey::new("jobs/other").unwrap(),
+        Duration::from_secs(1),
+    )
+    .await;
+    on_new.release(&other).await.unwrap();
+    // The marker disappears (an operator's force-release, a restarted
+    // store, an ended session).
+    let marker = on_new.cutover_key().clone();
+    assert!(old.force_release(&marker).await.unwrap().is_some());
+    // Within a few refresh intervals it is set again...
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ... so a straggler on `old` is refused beside the `new` holder.
+    assert_straggler_refused(&on_old, &key).await;
+    assert!(old.inspect(&marker).await.unwrap().is_some());
+    on_new.release(&held).await.unwrap();
+}
+
+/// The old store with every reserved key's TTL cut to 400 ms (the 24 h
+/// TTL of the marker, running out within a test).
+#[derive(Debug)]
+struct ShortMarkers(MemoryBackend);
+
+const SHORT_MARKER_TTL: Duration = Duration::from_millis(400);
+
+#[async_trait]
+impl crate::wrapper::LockWrapper for ShortMarkers {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.0
+    }
+
+    fn name(&self) -> &'static str {
+        "short-markers"
+    }
+
+    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        let ttl = if key.is_reserved() {
+            ttl.min(SHORT_MARKER_TTL)
+        } else {
+            ttl
+        };
+        self.0.try_acquire(key, ttl).await
+    }
+}
+
+#[tokio::test]
+async fn the_marker_is_renewed_before_its_ttl_runs_out() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let (on_old, _, _) = phases(&old, &new, Duration::ZERO);
+    let on_new = kept_new(Arc::new(ShortMarkers(old.clone())), &new, Duration::ZERO);
+    let key = LockKey::new("jobs/renewed").unwrap();
+    let held = grant(&on_new, &key, Duration::from_secs(5)).await;
+    let marker = on_new.cutover_key().clone();
+    let first = old.inspect(&marker).await.unwrap().expect("announced");
+    tokio::time::sleep(SHORT_MARKER_TTL * 3).await;
+    let now = old.inspect(&marker).await.unwrap();
+    assert!(
+        now.as_ref().is_some_and(|now| now.token == first.token),
+        "the marker was not kept past its TTL (first {first:?}, now {now:?})"
+    );
+    assert_straggler_refused(&on_old, &key).await;
+    on_new.release(&held).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_marker_set_again_restarts_the_wait_out() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let wait_out = Duration::from_millis(600);
+    let processes = [
+        kept_new(Arc::new(old.clone()), &new, wait_out),
+        kept_new(Arc::new(old.clone()), &new, wait_out),
+    ];
+    let key = LockKey::new("jobs/gap").unwrap();
+    let warm = LockKey::new("jobs/warm").unwrap();
+    for process in &processes {
+        let lease = grant(process, &warm, Duration::from_secs(1)).await;
+        process.release(&lease).await.unwrap();
+    }
+    tokio::time::sleep(wait_out + Duration::from_millis(100)).await;
+    for process in &processes {
+        // Past the wait-out now.
+        let lease = grant(process, &warm, Duration::from_secs(1)).await;
+        process.release(&lease).await.unwrap();
+    }
+    let marker = processes[0].cutover_key().clone();
+    let before = old.force_release(&marker).await.unwrap().expect("set");
+    // While the marker is gone, a process on the old store takes `key`
+    // (a straggler on `old` would be admitted here).
+    let straggler = grant(&old, &key, Duration::from_secs(5)).await;
+    // A `new` process that starts now announces the cutover again.
+    let starting = kept_new(Arc::new(old.clone()), &new, wait_out);
+    let lease = grant(&starting, &warm, Duration::from_secs(1)).await;
+    starting.release(&lease).await.unwrap();
+    let again = marker_in(&old, &marker).await.expect("announced again");
+    assert_ne!(again.token, before.token);
+    // Every `new` process notices within a refresh and waits the old
+    // leases out again: none grants `key` beside the straggler.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    for (i, process) in processes.iter().chain([&starting]).enumerate() {
+        let granted = process
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(
+            granted.is_none(),
+            "`new` process {i} granted {key} beside a lease taken in the old store while the marker was gone"
+        );
+    }
+    old.release(&straggler).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_wait_out_is_the_longest_recorded_old_ttl() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let (on_old, _, careful) = phases(&old, &new, Duration::from_secs(1));
+    // A process configured with a shorter `old_ttl` than the fleet's.
+    let (_, _, hasty) = phases(&old, &new, Duration::from_millis(100));
+    let key = LockKey::new("jobs/recorded").unwrap();
+    let held = grant(&on_old, &key, Duration::from_secs(5)).await;
+    // The first `new` process announces the cutover with its 1 s.
+    let other = grant(
+        &careful,
+        &LockKey::new("jobs/other").unwrap(),
+        Duration::from_secs(1),
+    )
+    .await;
+    careful.release(&other).await.unwrap();
+    let started = Instant::now();
+    let lease = hasty
+        .acquire(
+            &key,
+            Duration::from_secs(1),
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(800),
+        "granted beside an old holder after {waited:?}: the local 100 ms, not the recorded 1 s"
+    );
+    hasty.release(&lease).await.unwrap();
+    let _ = on_old.release(&held).await;
+}
+
+#[tokio::test]
+async fn a_longer_old_ttl_recorded_during_the_wait_out_extends_it() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let (on_old, _, hasty) = phases(&old, &new, Duration::from_millis(100));
+    let key = LockKey::new("jobs/recorded-later").unwrap();
+    let held = grant(&on_old, &key, Duration::from_secs(5)).await;
+    // The hasty process announces first, with its 100 ms...
+    let other = LockKey::new("jobs/other").unwrap();
+    let lease = grant(&hasty, &other, Duration::from_secs(1)).await;
+    hasty.release(&lease).await.unwrap();
+    // ... then a process configured with 1 s records it.
+    let (_, _, careful) = phases(&old, &new, Duration::from_secs(1));
+    let lease = grant(&careful, &other, Duration::from_secs(1)).await;
+    careful.release(&lease).await.unwrap();
+    let started = Instant::now();
+    let lease = hasty
+        .acquire(
+            &key,
+            Duration::from_secs(1),
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(800),
+        "granted beside an old holder after {waited:?}: the 1 s recorded during the wait-out was not read"
+    );
+    hasty.release(&lease).await.unwrap();
+    let _ = on_old.release(&held).await;
+}
+
+#[tokio::test]
+async fn the_marker_is_not_force_released_by_accident() {
+    let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    let (_, _, on_new) = phases(&old, &new, Duration::ZERO);
+    let lease = grant(
+        &on_new,
+        &LockKey::new("jobs/a").unwrap(),
+        Duration::from_secs(1),
+    )
+    .await;
+    on_new.release(&lease).await.unwrap();
+    let marker = on_new.cutover_key().as_str().to_owned();
+    let admin = crate::LockClient::new(old.clone());
+    match admin.force_release(&marker).await {
+        Err(e) if e.kind() == ErrorKind::InvalidArgument => {
+            assert!(e.message().contains("force_release_reserved"), "{e}");
+        }
+        other => panic!("force_release broke the reserved key {marker}: {other:?}"),
+    }
+    assert!(admin.inspect(&marker).await.unwrap().is_some());
+    // Ordinary keys are broken as before.
+    let ordinary = grant(
+        &old,
+        &LockKey::new("jobs/b").unwrap(),
+        Duration::from_secs(5),
+    )
+    .await;
+    let broken = admin.force_release("jobs/b").await.unwrap().expect("held");
+    assert_eq!(broken.token, Some(ordinary.token()));
+    // Asked for explicitly, the marker is broken.
+    assert!(
+        admin
+            .force_release_reserved(&marker)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(admin.inspect(&marker).await.unwrap().is_none());
 }
 
 // ---- elections (each store's own layout) ----
