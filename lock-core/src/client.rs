@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::LockBackend;
+use crate::calls::LockBackendExt;
 use crate::capabilities::{Capabilities, Requirements};
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::guard::{LockGuard, RenewalPolicy};

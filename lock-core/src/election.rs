@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::calls::LockBackendExt;
 use crate::client::LockClient;
 use crate::error::{LockError, Operation};
 use crate::guard::{LockGuard, LockState};
@@ -68,7 +69,7 @@ pub fn election_lock_key(election: &LockKey) -> Result<LockKey, LockError> {
 /// # Cancel safety
 ///
 /// Safe: read-only.
-pub async fn watch_mutex_leader<B: crate::LockBackend + ?Sized>(
+pub async fn watch_mutex_leader<B: crate::LockBackendExt + ?Sized>(
     backend: &B,
     election: &LockKey,
     seen: Option<&Leader>,
@@ -156,7 +157,7 @@ pub struct ElectionPage {
 /// # Cancel safety
 ///
 /// Safe: read-only.
-pub async fn list_mutex_elections<B: crate::LockBackend + ?Sized>(
+pub async fn list_mutex_elections<B: crate::Admin + ?Sized>(
     backend: &B,
     query: &crate::ListQuery,
 ) -> Result<ElectionPage, LockError> {

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use crate::backend::LockBackend;
+use crate::calls::LockBackendExt;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
 use crate::kind::LeaseKind;

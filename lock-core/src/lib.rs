@@ -1,7 +1,10 @@
 //! The core of the distlock family: one lock API over many backends.
 //!
-//! - [`LockBackend`]: the small, object-safe trait every driver implements,
-//!   with each method's contract written down.
+//! - [`LockBackend`]: the small, object-safe kernel every driver implements
+//!   (grant, batch renewal, release, holders), with each method's contract
+//!   written down; optional [`facets`] for the rest (administration,
+//!   elections, atomic sets, downgrades, holder watches); and
+//!   [`LockBackendExt`], the calls built on them.
 //! - [`LockClient`] / [`LockGuard`]: what users hold. Guards are renewed by
 //!   one renewal scheduler per backend and runtime (batched through
 //!   [`LockBackend::renew_many`], not a task per guard); a guard exposes the [`FencingToken`] and the local validity deadline,
@@ -71,12 +74,14 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod calls;
 mod capabilities;
 mod client;
 pub mod driver;
 pub mod election;
 pub mod endpoint;
 mod error;
+pub mod facets;
 pub mod floor;
 mod guard;
 mod holder;
@@ -105,12 +110,14 @@ mod support;
 use crate as under_test;
 
 pub use backend::{
-    LockBackend, MAX_LIST_PAGE, check_list_limit, list_mutex_shared, poll_holder, poll_leader,
-    unsupported_kind, watch_holder_with,
+    GrantRequest, LockBackend, MAX_LIST_PAGE, check_list_limit, list_mutex_shared, poll_holder,
+    poll_leader, unsupported_kind, unsupported_shape, watch_holder_with,
 };
+pub use calls::LockBackendExt;
 pub use capabilities::{Capabilities, FencingScope, Requirements, TtlModel, WaitStrategy};
 pub use client::{LockClient, LockDefaults, LockRequest};
 pub use error::{ErrorKind, LockError, Operation};
+pub use facets::{Admin, Downgrade, Elections, Facets, HolderWatch, LockSets};
 pub use guard::{LockGuard, LockState, RenewalPolicy};
 pub use holder::{HolderDetails, MAX_ENCODED_LEN, MAX_LABEL_LEN, holder_label, set_holder_label};
 pub use key::{LockKey, MAX_KEY_LEN, RESERVED_KEY_PREFIX};

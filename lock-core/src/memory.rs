@@ -9,9 +9,10 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 
-use crate::backend::{LockBackend, check_list_limit};
+use crate::backend::{GrantRequest, LockBackend, check_list_limit};
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::error::{ErrorKind, LockError, Operation};
+use crate::facets::{Admin, Downgrade, Facets, LockSets};
 use crate::holder::HolderDetails;
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
@@ -199,7 +200,7 @@ impl MemoryBackend {
         }
     }
 
-    fn grant(&self, key: &LockKey, state: &mut KeyState, ttl: Duration, now: Instant) -> Lease {
+    fn grant_to(&self, key: &LockKey, state: &mut KeyState, ttl: Duration, now: Instant) -> Lease {
         let owner = OwnerId::random();
         let token = self.next_token();
         state.holder = Some(Holder {
@@ -233,7 +234,7 @@ impl MemoryBackend {
             if waiter.tx.is_closed() {
                 continue;
             }
-            let lease = self.grant(key, state, waiter.ttl, Instant::now());
+            let lease = self.grant_to(key, state, waiter.ttl, Instant::now());
             if waiter.tx.send(lease).is_err() {
                 state.holder = None;
             }
@@ -465,21 +466,137 @@ impl LockBackend for MemoryBackend {
         }
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        check_ttl(ttl, self.capabilities().min_ttl, Operation::TryAcquire)
-            .map_err(|e| Self::invalid(e, key))?;
-        self.check_fault(Operation::TryAcquire).await?;
-        let now = Instant::now();
-        let mut keys = self.keys();
-        let state = keys.entry(key.clone()).or_default();
-        state.reap(now);
-        // Waiters come first: a try never jumps the queue.
-        if state.holder.is_some() || !state.waiters.is_empty() {
-            return Ok(None);
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        match (kind, deadline) {
+            (LeaseKind::Exclusive, None) => self.try_take(key, ttl).await,
+            (LeaseKind::Exclusive, Some(deadline)) => {
+                self.take_waiting(key, ttl, deadline).await.map(Some)
+            }
+            (kind, deadline) => {
+                check_ttl(ttl, self.capabilities().min_ttl, request.operation())
+                    .map_err(|e| Self::invalid(e, key))?;
+                match deadline {
+                    None => self.try_acquire_share(key, kind, ttl).await,
+                    Some(deadline) => self.acquire_share(key, kind, ttl, deadline).await.map(Some),
+                }
+            }
         }
-        Ok(Some(self.grant(key, state, ttl, now)))
     }
 
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        crate::renew_many::renew_concurrently(leases, crate::RENEW_CONCURRENCY, |lease| {
+            self.renew_one(lease)
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        self.check_fault(Operation::Release).await?;
+        if lease.kind() != LeaseKind::Exclusive {
+            return Ok(self.release_share(lease));
+        }
+        Ok(self.give_back(lease))
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        if shape == LockShape::Mutex {
+            return Ok(crate::kind::mutex_holders(self.inspect_mutex(key).await?));
+        }
+        self.share_holders(key, shape).await
+    }
+
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            admin: Some(self),
+            lock_sets: Some(self),
+            downgrade: Some(self),
+            ..Facets::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Admin for MemoryBackend {
+    async fn list_elections(
+        &self,
+        query: &ListQuery,
+    ) -> Result<crate::election::ElectionPage, LockError> {
+        crate::election::list_mutex_elections(self, query).await
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (prefix, cursor, limit) = query.parts();
+        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
+        self.check_fault(Operation::Inspect).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let mut found: Vec<(&LockKey, &mut KeyState)> = keys
+            .iter_mut()
+            .filter(|(k, _)| {
+                k.as_str().starts_with(prefix) && cursor.is_none_or(|c| k.as_str() > c)
+            })
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(b.0));
+        let mut page = LockPage::default();
+        for (key, state) in found {
+            state.reap(now);
+            if let Some(holder) = &state.holder {
+                if page.locks.len() == limit {
+                    page.cursor = page.locks.last().map(|l| l.key.as_str().to_owned());
+                    break;
+                }
+                page.locks.push(holder.info(key, now));
+            }
+        }
+        Ok(page)
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        if shape == LockShape::Mutex {
+            return crate::backend::list_mutex_shared(self, query).await;
+        }
+        check_list_limit(query.limit).map_err(|e| e.with_backend(NAME))?;
+        self.list_shares(shape, query).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.check_fault(Operation::Release).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key) else {
+            return Ok(None);
+        };
+        state.reap(now);
+        let broken = state.holder.take().map(|h| h.info(key, now));
+        // The token counter is global and never reset: the next grant is
+        // above the broken one.
+        self.hand_off(key, state, now);
+        if state.is_idle() {
+            keys.remove(key);
+        }
+        Ok(broken)
+    }
+
+    /// Nothing to collect: a free key takes no memory here, and the token
+    /// counter is one for every key.
+    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
+        self.check_fault(Operation::Inspect).await?;
+        Ok(GcReport::default())
+    }
+}
+
+#[async_trait]
+impl LockSets for MemoryBackend {
     /// The whole set under the store's one lock: atomic, as the trait asks.
     async fn try_acquire_all(
         &self,
@@ -506,13 +623,42 @@ impl LockBackend for MemoryBackend {
             keys.iter()
                 .map(|key| {
                     let state = store.entry(key.clone()).or_default();
-                    self.grant(key, state, ttl, now)
+                    self.grant_to(key, state, ttl, now)
                 })
                 .collect(),
         ))
     }
+}
 
-    async fn acquire(
+#[async_trait]
+impl Downgrade for MemoryBackend {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_share(lease).await
+    }
+}
+
+/// The mutex's calls, which [`LockBackend::grant`] and the facets reach.
+impl MemoryBackend {
+    pub(crate) async fn try_take(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        check_ttl(ttl, self.capabilities().min_ttl, Operation::TryAcquire)
+            .map_err(|e| Self::invalid(e, key))?;
+        self.check_fault(Operation::TryAcquire).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let state = keys.entry(key.clone()).or_default();
+        state.reap(now);
+        // Waiters come first: a try never jumps the queue.
+        if state.holder.is_some() || !state.waiters.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.grant_to(key, state, ttl, now)))
+    }
+
+    pub(crate) async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -529,7 +675,7 @@ impl LockBackend for MemoryBackend {
             let state = keys.entry(key.clone()).or_default();
             state.reap(now);
             if state.holder.is_none() && state.waiters.is_empty() {
-                return Ok(self.grant(key, state, ttl, now));
+                return Ok(self.grant_to(key, state, ttl, now));
             }
             state.waiters.push_back(Waiter { id, ttl, tx });
             self.hand_off(key, state, now);
@@ -561,7 +707,7 @@ impl LockBackend for MemoryBackend {
         })
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+    async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
         // A lease rebuilt from parts may carry any TTL; no grant has one
         // outside these bounds.
         check_ttl(lease.ttl(), self.capabilities().min_ttl, Operation::Renew)
@@ -591,15 +737,7 @@ impl LockBackend for MemoryBackend {
         }
     }
 
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.check_fault(Operation::Release).await?;
-        if lease.kind() != LeaseKind::Exclusive {
-            return Ok(self.release_share(lease));
-        }
-        Ok(self.give_back(lease))
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         self.check_fault(Operation::Inspect).await?;
         let now = Instant::now();
         let mut keys = self.keys();
@@ -608,109 +746,5 @@ impl LockBackend for MemoryBackend {
         };
         self.hand_off(key, state, now);
         Ok(state.holder.as_ref().map(|h| h.info(key, now)))
-    }
-
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        let (prefix, cursor, limit) = query.parts();
-        check_list_limit(limit).map_err(|e| e.with_backend(NAME))?;
-        self.check_fault(Operation::Inspect).await?;
-        let now = Instant::now();
-        let mut keys = self.keys();
-        let mut found: Vec<(&LockKey, &mut KeyState)> = keys
-            .iter_mut()
-            .filter(|(k, _)| {
-                k.as_str().starts_with(prefix) && cursor.is_none_or(|c| k.as_str() > c)
-            })
-            .collect();
-        found.sort_by(|a, b| a.0.cmp(b.0));
-        let mut page = LockPage::default();
-        for (key, state) in found {
-            state.reap(now);
-            if let Some(holder) = &state.holder {
-                if page.locks.len() == limit {
-                    page.cursor = page.locks.last().map(|l| l.key.as_str().to_owned());
-                    break;
-                }
-                page.locks.push(holder.info(key, now));
-            }
-        }
-        Ok(page)
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.check_fault(Operation::Release).await?;
-        let now = Instant::now();
-        let mut keys = self.keys();
-        let Some(state) = keys.get_mut(key) else {
-            return Ok(None);
-        };
-        state.reap(now);
-        let broken = state.holder.take().map(|h| h.info(key, now));
-        // The token counter is global and never reset: the next grant is
-        // above the broken one.
-        self.hand_off(key, state, now);
-        if state.is_idle() {
-            keys.remove(key);
-        }
-        Ok(broken)
-    }
-
-    /// Nothing to collect: a free key takes no memory here, and the token
-    /// counter is one for every key.
-    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
-        self.check_fault(Operation::Inspect).await?;
-        Ok(GcReport::default())
-    }
-
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        if kind == LeaseKind::Exclusive {
-            return self.try_acquire(key, ttl).await;
-        }
-        check_ttl(ttl, self.capabilities().min_ttl, Operation::TryAcquire)
-            .map_err(|e| Self::invalid(e, key))?;
-        self.try_acquire_share(key, kind, ttl).await
-    }
-
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        if kind == LeaseKind::Exclusive {
-            return self.acquire(key, ttl, deadline).await;
-        }
-        check_ttl(ttl, self.capabilities().min_ttl, Operation::Acquire)
-            .map_err(|e| Self::invalid(e, key))?;
-        self.acquire_share(key, kind, ttl, deadline).await
-    }
-
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.downgrade_share(lease).await
-    }
-
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        if shape == LockShape::Mutex {
-            return Ok(crate::kind::mutex_holders(self.inspect(key).await?));
-        }
-        self.share_holders(key, shape).await
-    }
-
-    async fn list_shared(
-        &self,
-        shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<SharedPage, LockError> {
-        if shape == LockShape::Mutex {
-            return crate::backend::list_mutex_shared(self, query).await;
-        }
-        check_list_limit(query.limit).map_err(|e| e.with_backend(NAME))?;
-        self.list_shares(shape, query).await
     }
 }

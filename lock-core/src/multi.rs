@@ -26,6 +26,7 @@ use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
 use crate::backend::LockBackend;
+use crate::calls::LockBackendExt;
 use crate::client::LockClient;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::guard::{LockGuard, LockState, RenewalPolicy};

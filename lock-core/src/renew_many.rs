@@ -1,6 +1,6 @@
-//! Renewing many leases at once: the default of
-//! [`LockBackend::renew_many`](crate::LockBackend::renew_many), usable by
-//! drivers for the leases their batched path cannot take.
+//! Renewing many leases at once: for drivers whose
+//! [`LockBackend::renew_many`](crate::LockBackend::renew_many) renews some
+//! (or all) leases one by one, a bounded number at a time.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,7 +8,6 @@ use std::task::Poll;
 
 use tokio::time::Instant;
 
-use crate::backend::LockBackend;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::types::Lease;
 
@@ -20,10 +19,10 @@ pub const RENEW_BATCH: usize = 1_000;
 /// How many renewals the default `renew_many` keeps in flight at once.
 pub const RENEW_CONCURRENCY: usize = 64;
 
-type RenewFuture<'a> = Pin<Box<dyn Future<Output = Result<Instant, LockError>> + Send + 'a>>;
-
-/// Renews every lease with [`LockBackend::renew`], at most `limit` (at
-/// least 1) at a time, and returns one result per lease in order.
+/// Renews every lease with `renew` (one lease's renewal, with the
+/// contract of [`LockBackend::renew_many`](crate::LockBackend::renew_many)
+/// for that lease), at most `limit` (at least 1) at a time, and returns one
+/// result per lease in order.
 ///
 /// # Errors
 ///
@@ -31,22 +30,26 @@ type RenewFuture<'a> = Pin<Box<dyn Future<Output = Result<Instant, LockError>> +
 ///
 /// # Cancel safety
 ///
-/// As [`LockBackend::renew`]: dropping the future leaves each renewal done
-/// or not done; every lease stays valid until its previous deadline.
-pub async fn renew_concurrently<B: LockBackend + ?Sized>(
-    backend: &B,
-    leases: &[&Lease],
+/// Dropping the future leaves each renewal done or not done; every lease
+/// stays valid until its previous deadline.
+pub async fn renew_concurrently<'a, F, Fut>(
+    leases: &[&'a Lease],
     limit: usize,
-) -> Vec<Result<Instant, LockError>> {
+    renew: F,
+) -> Vec<Result<Instant, LockError>>
+where
+    F: Fn(&'a Lease) -> Fut,
+    Fut: Future<Output = Result<Instant, LockError>>,
+{
     let limit = limit.max(1);
     let mut results: Vec<Option<Result<Instant, LockError>>> =
         std::iter::repeat_with(|| None).take(leases.len()).collect();
     let mut next = 0;
-    let mut running: Vec<(usize, RenewFuture<'_>)> = Vec::with_capacity(limit.min(leases.len()));
+    let mut running: Vec<(usize, Pin<Box<Fut>>)> = Vec::with_capacity(limit.min(leases.len()));
     std::future::poll_fn(|cx| {
         loop {
             while running.len() < limit && next < leases.len() {
-                running.push((next, backend.renew(leases[next])));
+                running.push((next, Box::pin(renew(leases[next]))));
                 next += 1;
             }
             let mut progressed = false;

@@ -6,11 +6,11 @@
 //! `LockWrapper` is a [`LockBackend`] (a blanket implementation), so it can
 //! stand wherever a backend does.
 //!
-//! A wrapper forwards each call *as a call*: a default method of
-//! [`LockBackend`] that the inner backend builds on another call (say its
-//! `acquire_kind` on its own `try_acquire_kind`) keeps calling the inner
-//! backend's version, not the wrapper's override. A wrapper that changes a
-//! call which others are built on overrides those too.
+//! A wrapper forwards the kernel's calls and, unless it overrides
+//! [`facets`](LockWrapper::facets), the inner backend's facets unchanged
+//! (a facet's calls then go straight to the inner backend). A wrapper that
+//! changes what a facet does (a recorder, a delay) returns facets of its
+//! own.
 //!
 //! ```
 //! use lock_core::{LockBackend, LockClient, LockKey, LockWrapper, MemoryBackend};
@@ -43,18 +43,17 @@
 //! ```
 
 use std::fmt;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backend::LockBackend;
+use crate::backend::{GrantRequest, LockBackend};
 use crate::capabilities::Capabilities;
-use crate::election::{ElectionPage, Leader};
 use crate::error::LockError;
+use crate::facets::Facets;
 use crate::key::LockKey;
-use crate::kind::{HolderInfo, LeaseKind, LockShape};
-use crate::types::{GcReport, Lease, ListQuery, LockInfo, LockPage, SharedPage};
+use crate::kind::{HolderInfo, LockShape};
+use crate::types::Lease;
 
 /// Writes [`LockWrapper`] and its blanket [`LockBackend`] implementation
 /// from one list of the forwarded calls, so the two cannot drift apart.
@@ -80,6 +79,11 @@ macro_rules! wrapper {
             fn capabilities(&self) -> Capabilities {
                 self.inner().capabilities()
             }
+            /// The inner backend's facets, forwarded unchanged: a wrapper
+            /// that changes a facet's calls returns its own.
+            fn facets(&self) -> Facets<'_> {
+                self.inner().facets()
+            }
             $(
                 async fn $call(&self $(, $arg: $ty)*) -> $ret {
                     self.inner().$call($($arg),*).await
@@ -98,6 +102,9 @@ macro_rules! wrapper {
             fn capabilities(&self) -> Capabilities {
                 LockWrapper::capabilities(self)
             }
+            fn facets(&self) -> Facets<'_> {
+                LockWrapper::facets(self)
+            }
             $(
                 async fn $call(&self $(, $arg: $ty)*) -> $ret {
                     LockWrapper::$call(self $(, $arg)*).await
@@ -108,26 +115,10 @@ macro_rules! wrapper {
 }
 
 wrapper! {
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError>;
-    async fn acquire(&self, key: &LockKey, ttl: Duration, deadline: Instant) -> Result<Lease, LockError>;
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError>;
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError>;
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>>;
     async fn release(&self, lease: &Lease) -> Result<bool, LockError>;
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
-    async fn try_acquire_kind(&self, key: &LockKey, kind: LeaseKind, ttl: Duration) -> Result<Option<Lease>, LockError>;
-    async fn acquire_kind(&self, key: &LockKey, kind: LeaseKind, ttl: Duration, deadline: Instant) -> Result<Lease, LockError>;
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError>;
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError>;
-    async fn try_acquire_all(&self, keys: &[LockKey], ttl: Duration) -> Result<Option<Vec<Lease>>, LockError>;
-    async fn campaign(&self, election: &LockKey, ttl: Duration, deadline: Instant) -> Result<Lease, LockError>;
-    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError>;
-    async fn watch_leader(&self, election: &LockKey, seen: Option<&Leader>, poll: Duration, deadline: Instant) -> Result<Option<Leader>, LockError>;
-    async fn watch_holder(&self, key: &LockKey, seen: Option<&LockInfo>, poll: Duration, deadline: Instant) -> Result<Option<LockInfo>, LockError>;
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError>;
-    async fn list_shared(&self, shape: LockShape, query: &ListQuery) -> Result<SharedPage, LockError>;
-    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError>;
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError>;
 }
 
 #[cfg(test)]
@@ -135,7 +126,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{ErrorKind, MemoryBackend, Operation};
+    use crate::{ErrorKind, LockBackendExt, MemoryBackend, Operation};
+    use std::time::Duration;
+    use tokio::time::Instant;
 
     /// Refuses renewals; everything else is the memory service's.
     #[derive(Debug)]
@@ -149,12 +142,17 @@ mod tests {
         fn name(&self) -> &'static str {
             "no-renewals"
         }
-        async fn renew(&self, _: &Lease) -> Result<Instant, LockError> {
-            Err(LockError::new(
-                ErrorKind::NotHeld,
-                Operation::Renew,
-                "refused",
-            ))
+        async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+            leases
+                .iter()
+                .map(|_| {
+                    Err(LockError::new(
+                        ErrorKind::NotHeld,
+                        Operation::Renew,
+                        "refused",
+                    ))
+                })
+                .collect()
         }
     }
 
@@ -177,8 +175,8 @@ mod tests {
         );
         assert!(wrapped.inspect(&key).await.unwrap().is_some());
         assert!(wrapped.renew(&lease).await.unwrap_err().is_not_held());
-        let many = wrapped.renew_many(&[&lease]).await;
-        assert!(many[0].is_ok(), "renew_many is not overridden: {many:?}");
+        // Facets are the inner backend's.
+        assert_eq!(wrapped.facets().names(), memory.facets().names());
         assert!(wrapped.release(&lease).await.unwrap());
         assert!(memory.inspect(&key).await.unwrap().is_none());
     }

@@ -1,4 +1,5 @@
-//! The [`LockBackend`] implementation: each operation by phase.
+//! The [`LockBackend`] implementation and its elections: each operation by
+//! phase.
 
 use std::time::Duration;
 
@@ -7,12 +8,15 @@ use tokio::time::Instant;
 
 use super::dual::worse;
 use super::{MigrationBackend, MigrationPhase};
-use crate::backend::LockBackend;
+use crate::backend::{GrantRequest, LockBackend, unsupported_kind, unsupported_shape};
+use crate::calls::LockBackendExt;
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::election::{Leader, election_lock_key};
 use crate::error::{LockError, Operation};
+use crate::facets::{Elections, Facets};
 use crate::key::LockKey;
-use crate::types::{Lease, LockInfo};
+use crate::kind::{HolderInfo, LeaseKind, LockShape};
+use crate::types::Lease;
 
 #[async_trait]
 impl LockBackend for MigrationBackend {
@@ -78,7 +82,93 @@ impl LockBackend for MigrationBackend {
         }
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    /// Mutexes only: a migration does not bridge read-write locks or
+    /// semaphores between the stores.
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        if kind != LeaseKind::Exclusive {
+            return Err(unsupported_kind(
+                LockBackend::name(self),
+                key,
+                kind,
+                request.operation(),
+            ));
+        }
+        match deadline {
+            None => self.try_take(key, ttl).await,
+            Some(deadline) => self.take_waiting(key, ttl, deadline).await.map(Some),
+        }
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        crate::renew_many::renew_concurrently(leases, crate::RENEW_CONCURRENCY, |lease| {
+            self.renew_one(lease)
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let (old, new) = match Self::split(lease, Operation::Release) {
+            Ok(parts) => parts,
+            Err(e) if e.is_not_held() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if old.is_none() && new.is_none() {
+            return Err(Self::empty_error(Operation::Release));
+        }
+        // Reverse of the acquire order: new, then old; the second is
+        // attempted whatever happened to the first.
+        let new_result = match &new {
+            Some(new) => Some(self.new.release(new).await),
+            None => None,
+        };
+        let old_result = match &old {
+            Some(old) => Some(self.old.release(old).await),
+            None => None,
+        };
+        let mut held = true;
+        let mut first_error = None;
+        for result in [new_result, old_result].into_iter().flatten() {
+            match result {
+                Ok(h) => held &= h,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(held),
+        }
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        if shape != LockShape::Mutex {
+            return Err(unsupported_shape(LockBackend::name(self), key, shape));
+        }
+        self.check_key(key, Operation::Inspect)?;
+        Ok(crate::kind::mutex_holders(
+            self.read_by_phase(self.old.inspect(key), self.new.inspect(key))
+                .await?,
+        ))
+    }
+
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            elections: Some(self),
+            ..Facets::default()
+        }
+    }
+}
+
+/// The mutex's calls by phase.
+impl MigrationBackend {
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         self.check_key(key, Operation::TryAcquire)?;
         match self.phase {
             MigrationPhase::Old => match self.old.try_acquire(key, ttl).await? {
@@ -117,7 +207,7 @@ impl LockBackend for MigrationBackend {
         }
     }
 
-    async fn acquire(
+    async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -150,7 +240,7 @@ impl LockBackend for MigrationBackend {
         }
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+    async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
         let (old, new) = Self::split(lease, Operation::Renew)?;
         match (&old, &new) {
             (Some(old), Some(new)) => {
@@ -174,48 +264,10 @@ impl LockBackend for MigrationBackend {
             (None, None) => Err(Self::empty_error(Operation::Renew)),
         }
     }
+}
 
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        let (old, new) = match Self::split(lease, Operation::Release) {
-            Ok(parts) => parts,
-            Err(e) if e.is_not_held() => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        if old.is_none() && new.is_none() {
-            return Err(Self::empty_error(Operation::Release));
-        }
-        // Reverse of the acquire order: new, then old; the second is
-        // attempted whatever happened to the first.
-        let new_result = match &new {
-            Some(new) => Some(self.new.release(new).await),
-            None => None,
-        };
-        let old_result = match &old {
-            Some(old) => Some(self.old.release(old).await),
-            None => None,
-        };
-        let mut held = true;
-        let mut first_error = None;
-        for result in [new_result, old_result].into_iter().flatten() {
-            match result {
-                Ok(h) => held &= h,
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(held),
-        }
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.check_key(key, Operation::Inspect)?;
-        self.read_by_phase(self.old.inspect(key), self.new.inspect(key))
-            .await
-    }
-
+#[async_trait]
+impl Elections for MigrationBackend {
     /// Elections follow the phases as locks do, on each store's own
     /// election layout (so processes on the plain old backend and on phase
     /// `old` see the same leader, and phase `new` the same as the plain new

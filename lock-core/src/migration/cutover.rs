@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::marker::{MarkerSite, start_keeper};
 use super::{MOVED, MigrationBackend};
+use crate::calls::LockBackendExt;
 use crate::capabilities::TtlModel;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;

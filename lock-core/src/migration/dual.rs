@@ -12,6 +12,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::{EPOCH_SHIFT, MigrationBackend, MigrationPhase, NEW_EPOCH, OLD_ONLY_MARK};
 use crate::backend::LockBackend;
+use crate::calls::LockBackendExt;
 use crate::election::Leader;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;

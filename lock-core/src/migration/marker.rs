@@ -12,6 +12,7 @@ use tokio::time::{Instant, sleep};
 
 use super::cutover::{Cutover, Seen};
 use crate::backend::LockBackend;
+use crate::calls::LockBackendExt;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
 use crate::options::MAX_TTL;
