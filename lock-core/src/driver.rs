@@ -200,6 +200,7 @@ fn named_memory(url: &str) -> Result<MemoryBackend, LockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::LockBackendExt;
 
     fn no_connect(_: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
         Box::pin(async { Err(LockError::config("test driver")) })

@@ -63,7 +63,7 @@ pub enum MemoryFault {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_core::{LockBackend, LockKey, MemoryBackend};
+/// use lock_core::{LockBackend, LockBackendExt, LockKey, MemoryBackend};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_core::LockError> {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core as under_test;
+use lock_core::LockBackendExt;
 use lock_core::{
     ErrorKind, Lease, LockBackend, LockClient, LockKey, LockState, MemoryBackend, MemoryFault,
     SessionState, async_trait,

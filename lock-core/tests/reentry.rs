@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core as under_test;
-use lock_core::{
-    Lease, LeaseKind, LockBackend, LockClient, LockError, LockKey, LockState, MemoryBackend,
-};
+use lock_core::{LockClient, LockState, MemoryBackend};
 
 mod support;
 use support::{Double, Twist};
@@ -26,18 +24,6 @@ impl Twist for Counting {
 
     async fn before_grant(&self) {
         self.grants.fetch_add(1, Ordering::SeqCst);
-    }
-
-    async fn try_acquire_kind(
-        &self,
-        _plain: &dyn LockBackend,
-        memory: &MemoryBackend,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        self.grants.fetch_add(1, Ordering::SeqCst);
-        memory.try_acquire_kind(key, kind, ttl).await
     }
 }
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use lock_core as under_test;
+use lock_core::LockBackendExt;
 use lock_core::{
     LockBackend, LockClient, LockGuard, LockKey, LockRequest, LockState, MemoryBackend,
     RenewalPolicy, RenewalRuntime,

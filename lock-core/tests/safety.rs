@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core as under_test;
+use lock_core::LockBackendExt;
 use lock_core::{
     Capabilities, ErrorKind, FencingToken, Lease, LockBackend, LockClient, LockError, LockGuard,
     LockKey, LockRequest, LockState, MemoryBackend, MemoryFault, RenewalPolicy, RetryPolicy,

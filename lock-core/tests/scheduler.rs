@@ -42,7 +42,6 @@ impl Twist for Sessions {
 
     async fn renew_many(
         &self,
-        _plain: &dyn LockBackend,
         memory: &MemoryBackend,
         leases: &[&Lease],
     ) -> Vec<Result<Instant, LockError>> {

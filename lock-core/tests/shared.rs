@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lock_core::LockBackendExt;
 use lock_core::{ErrorKind, LeaseKind, LockBackend, LockClient, LockKey, LockShape, MemoryBackend};
 
 fn client() -> LockClient {

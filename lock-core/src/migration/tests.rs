@@ -5,9 +5,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::*;
-use crate::MemoryBackend;
 use crate::error::{ErrorKind, Operation};
 use crate::types::{FencingToken, Lease, LockInfo};
+use crate::{LockBackendExt, MemoryBackend};
 
 use crate::support::{Double, Twist, grant};
 
@@ -660,13 +660,13 @@ impl crate::wrapper::LockWrapper for ShortMarkers {
         "short-markers"
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        let ttl = if key.is_reserved() {
-            ttl.min(SHORT_MARKER_TTL)
+    async fn grant(&self, request: crate::GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let ttl = if request.key.is_reserved() {
+            request.ttl.min(SHORT_MARKER_TTL)
         } else {
-            ttl
+            request.ttl
         };
-        self.0.try_acquire(key, ttl).await
+        self.0.grant(crate::GrantRequest { ttl, ..request }).await
     }
 }
 
@@ -858,10 +858,10 @@ impl NativeElections {
 #[async_trait]
 impl Twist for NativeElections {
     const NAME: &'static str = "native";
+    const ELECTIONS: bool = true;
 
     async fn campaign(
         &self,
-        _plain: &dyn LockBackend,
         memory: &MemoryBackend,
         election: &LockKey,
         ttl: Duration,
@@ -872,7 +872,6 @@ impl Twist for NativeElections {
 
     async fn leader(
         &self,
-        _plain: &dyn LockBackend,
         memory: &MemoryBackend,
         election: &LockKey,
     ) -> Result<Option<crate::election::Leader>, LockError> {

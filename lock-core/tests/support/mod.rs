@@ -18,81 +18,78 @@ use tokio::time::Instant;
 
 use super::under_test::election::Leader;
 use super::under_test::{
-    Capabilities, Lease, LeaseKind, LockBackend, LockClient, LockError, LockInfo, LockKey,
-    MemoryBackend, async_trait,
+    Capabilities, Elections, Facets, GrantRequest, HolderInfo, Lease, LockBackend, LockBackendExt,
+    LockClient, LockError, LockKey, LockShape, MemoryBackend, RENEW_CONCURRENCY, async_trait,
+    poll_leader, renew_concurrently,
 };
 
 /// What a test double changes of the memory service it wraps.
 ///
-/// A grant passes [`before_grant`](Self::before_grant), the memory
-/// service, [`after_grant`](Self::after_grant), then
-/// [`granted`](Self::granted). The other mutex calls default to the memory
-/// service's. The calls past the mutex's also get `plain`, the double
-/// without that override (the trait's default over the double's mutex
-/// calls), and default to it: a double that does not write one behaves as
-/// a hand-written backend that left it out.
+/// A grant (of any kind, tried once or waited for) passes
+/// [`before_grant`](Self::before_grant), the memory service,
+/// [`after_grant`](Self::after_grant), then [`granted`](Self::granted).
+/// Renewals, releases and elections default to the memory service's
+/// (a batch renewal to [`renew`](Self::renew) of each lease). The double
+/// has an [`Elections`] facet only when [`ELECTIONS`](Self::ELECTIONS)
+/// says so; otherwise it elects through the mutex, as a backend without
+/// the facet does. It has no other facet: a double is a hand-written
+/// backend of the kernel alone.
 #[async_trait]
 pub(crate) trait Twist: fmt::Debug + Send + Sync + 'static {
     /// The name the double reports.
     const NAME: &'static str;
 
-    /// Before a mutex grant request reaches the memory service.
+    /// Whether [`campaign`](Self::campaign) and [`leader`](Self::leader)
+    /// are the double's own elections (an [`Elections`] facet).
+    const ELECTIONS: bool = false;
+
+    /// Before a grant request reaches the memory service.
     async fn before_grant(&self) {}
 
-    /// After the memory service answered a mutex grant request.
+    /// After the memory service answered a grant request.
     async fn after_grant(&self) {}
 
-    /// A mutex grant of the memory service, as handed to the caller.
+    /// A grant of the memory service, as handed to the caller.
     fn granted(&self, lease: Lease) -> Lease {
         lease
     }
 
+    /// One lease's renewal.
     async fn renew(&self, memory: &MemoryBackend, lease: &Lease) -> Result<Instant, LockError> {
         memory.renew(lease).await
+    }
+
+    /// A batch's renewal: [`renew`](Self::renew) of each lease.
+    async fn renew_many(
+        &self,
+        memory: &MemoryBackend,
+        leases: &[&Lease],
+    ) -> Vec<Result<Instant, LockError>> {
+        renew_concurrently(leases, RENEW_CONCURRENCY, |lease| self.renew(memory, lease)).await
     }
 
     async fn release(&self, memory: &MemoryBackend, lease: &Lease) -> Result<bool, LockError> {
         memory.release(lease).await
     }
 
-    async fn try_acquire_kind(
-        &self,
-        plain: &dyn LockBackend,
-        _memory: &MemoryBackend,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        plain.try_acquire_kind(key, kind, ttl).await
-    }
-
-    async fn renew_many(
-        &self,
-        plain: &dyn LockBackend,
-        _memory: &MemoryBackend,
-        leases: &[&Lease],
-    ) -> Vec<Result<Instant, LockError>> {
-        plain.renew_many(leases).await
-    }
-
+    /// The facet's campaign, when [`ELECTIONS`](Self::ELECTIONS).
     async fn campaign(
         &self,
-        plain: &dyn LockBackend,
-        _memory: &MemoryBackend,
+        memory: &MemoryBackend,
         election: &LockKey,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        plain.campaign(election, ttl, deadline).await
+        memory.campaign(election, ttl, deadline).await
     }
 
+    /// The facet's leader, when [`ELECTIONS`](Self::ELECTIONS).
     async fn leader(
         &self,
-        plain: &dyn LockBackend,
-        _memory: &MemoryBackend,
+        memory: &MemoryBackend,
         election: &LockKey,
     ) -> Result<Option<Leader>, LockError> {
-        plain.leader(election).await
+        memory.leader(election).await
     }
 }
 
@@ -134,54 +131,35 @@ impl<T: Twist> LockBackend for Double<T> {
         self.memory.capabilities()
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
         self.twist.before_grant().await;
-        let lease = self.memory.try_acquire(key, ttl).await?;
+        let lease = self.memory.grant(request).await?;
         self.twist.after_grant().await;
         Ok(lease.map(|lease| self.twist.granted(lease)))
     }
 
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.twist.before_grant().await;
-        let lease = self.memory.acquire(key, ttl, deadline).await?;
-        self.twist.after_grant().await;
-        Ok(self.twist.granted(lease))
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.twist.renew(&self.memory, lease).await
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        self.twist.renew_many(&self.memory, leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         self.twist.release(&self.memory, lease).await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.memory.inspect(key).await
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        self.memory.holders(key, shape).await
     }
 
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        self.twist
-            .try_acquire_kind(&Plain(self), &self.memory, key, kind, ttl)
-            .await
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            elections: T::ELECTIONS.then_some(self as &dyn Elections),
+            ..Facets::default()
+        }
     }
+}
 
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        self.twist
-            .renew_many(&Plain(self), &self.memory, leases)
-            .await
-    }
-
+#[async_trait]
+impl<T: Twist> Elections for Double<T> {
     async fn campaign(
         &self,
         election: &LockKey,
@@ -189,55 +167,22 @@ impl<T: Twist> LockBackend for Double<T> {
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         self.twist
-            .campaign(&Plain(self), &self.memory, election, ttl, deadline)
+            .campaign(&self.memory, election, ttl, deadline)
             .await
     }
 
     async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
-        self.twist
-            .leader(&Plain(self), &self.memory, election)
-            .await
-    }
-}
-
-/// A double's mutex calls alone: every other method is the trait's
-/// default over them.
-#[derive(Debug)]
-struct Plain<'a, T>(&'a Double<T>);
-
-#[async_trait]
-impl<T: Twist> LockBackend for Plain<'_, T> {
-    fn name(&self) -> &'static str {
-        T::NAME
+        self.twist.leader(&self.memory, election).await
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-
-    async fn acquire(
+    async fn watch_leader(
         &self,
-        key: &LockKey,
-        ttl: Duration,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
         deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.0.acquire(key, ttl, deadline).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
+    ) -> Result<Option<Leader>, LockError> {
+        poll_leader(self, election, seen, poll, deadline).await
     }
 }
 
