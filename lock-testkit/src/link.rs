@@ -23,10 +23,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::election::Leader;
+use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
-    Capabilities, ErrorKind, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
-    LockKey, LockShape, Operation,
+    Admin, Downgrade, Elections, ErrorKind, Facets, GcReport, GrantRequest, HolderInfo,
+    HolderWatch, Lease, ListQuery, LockBackend, LockBackendExt, LockError, LockInfo, LockKey,
+    LockPage, LockSets, LockShape, LockWrapper, Operation, RENEW_CONCURRENCY, SharedPage,
+    renew_concurrently,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, timeout};
@@ -44,6 +46,10 @@ type Call<T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send>>;
 /// A [`LockBackend`] reached through an in-process link with the faults of
 /// a [`FaultProxy`](crate::proxy::FaultProxy) (made by
 /// [`FaultProxy::in_process`](crate::proxy::FaultProxy::in_process)).
+///
+/// A [`LockWrapper`]: the kernel's calls cross the link, and so does every
+/// call of each facet the inner backend has (the link has exactly the
+/// inner backend's facets).
 #[derive(Debug)]
 pub struct FaultLink {
     inner: Arc<dyn LockBackend>,
@@ -115,7 +121,7 @@ impl FaultLink {
     async fn call<T: Send + 'static>(
         &self,
         op: Operation,
-        key: &LockKey,
+        key: Option<&LockKey>,
         budget: Duration,
         call: Call<T>,
     ) -> Result<T, LockError> {
@@ -130,11 +136,15 @@ impl FaultLink {
             }
         });
         let mut reply_state = self.state.clone();
-        let unreachable = |what: &str| {
-            LockError::new(ErrorKind::Unavailable, op, what.to_owned())
-                .with_key(key)
-                .with_backend(self.inner.name())
+        let about = |error: LockError| {
+            let error = error.with_backend(self.inner.name());
+            match key {
+                Some(key) => error.with_key(key),
+                None => error,
+            }
         };
+        let unreachable =
+            |what: &str| about(LockError::new(ErrorKind::Unavailable, op, what.to_owned()));
         let exchange = async {
             let Ok((result, latency)) = rx.await else {
                 // Dropped or cut on the way there; a drop looks like
@@ -155,13 +165,11 @@ impl FaultLink {
         };
         match timeout(budget, exchange).await {
             Ok(result) => result,
-            Err(_) => Err(LockError::new(
+            Err(_) => Err(about(LockError::new(
                 ErrorKind::Timeout,
                 op,
                 format!("no reply within {budget:?}"),
-            )
-            .with_key(key)
-            .with_backend(self.inner.name())),
+            ))),
         }
     }
 
@@ -187,20 +195,30 @@ impl FaultLink {
 }
 
 #[async_trait]
-impl LockBackend for FaultLink {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+impl LockWrapper for FaultLink {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.inner
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        let (inner, k) = (self.inner.clone(), key.clone());
-        let call: Call<Option<Lease>> = Box::pin(async move { inner.try_acquire(&k, ttl).await });
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let (inner, k) = (self.inner.clone(), request.key.clone());
+        let (kind, ttl, deadline) = (request.kind, request.ttl, request.deadline);
+        let call: Call<Option<Lease>> = Box::pin(async move {
+            inner
+                .grant(GrantRequest {
+                    key: &k,
+                    kind,
+                    ttl,
+                    deadline,
+                })
+                .await
+        });
+        let budget = match deadline {
+            None => self.op_timeout,
+            Some(deadline) => deadline.saturating_duration_since(Instant::now()) + self.op_timeout,
+        };
         match self
-            .call(Operation::TryAcquire, key, self.op_timeout, call)
+            .call(request.operation(), Some(request.key), budget, call)
             .await?
         {
             Some(lease) => self.fresh(lease).map(Some),
@@ -208,110 +226,95 @@ impl LockBackend for FaultLink {
         }
     }
 
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        let (inner, k) = (self.inner.clone(), key.clone());
-        let call: Call<Lease> = Box::pin(async move { inner.acquire(&k, ttl, deadline).await });
-        let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
-        let lease = self.call(Operation::Acquire, key, budget, call).await?;
-        self.fresh(lease)
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        let (inner, l) = (self.inner.clone(), lease.clone());
-        let call: Call<Instant> = Box::pin(async move { inner.renew(&l).await });
-        self.call(Operation::Renew, lease.key(), self.op_timeout, call)
-            .await
+    /// Each lease crosses the link on its own (as a driver renewing one
+    /// by one), at most [`RENEW_CONCURRENCY`] at a time.
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        renew_concurrently(leases, RENEW_CONCURRENCY, |lease| self.renew_one(lease)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         let (inner, l) = (self.inner.clone(), lease.clone());
         let call: Call<bool> = Box::pin(async move { inner.release(&l).await });
-        self.call(Operation::Release, lease.key(), self.op_timeout, call)
-            .await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let (inner, k) = (self.inner.clone(), key.clone());
-        let call: Call<Option<LockInfo>> = Box::pin(async move { inner.inspect(&k).await });
-        self.call(Operation::Inspect, key, self.op_timeout, call)
-            .await
-    }
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        let (inner, k) = (self.inner.clone(), key.clone());
-        let call: Call<Option<Lease>> =
-            Box::pin(async move { inner.try_acquire_kind(&k, kind, ttl).await });
-        match self
-            .call(Operation::TryAcquire, key, self.op_timeout, call)
-            .await?
-        {
-            Some(lease) => self.fresh(lease).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        let (inner, k) = (self.inner.clone(), key.clone());
-        let call: Call<Lease> =
-            Box::pin(async move { inner.acquire_kind(&k, kind, ttl, deadline).await });
-        let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
-        let lease = self.call(Operation::Acquire, key, budget, call).await?;
-        self.fresh(lease)
-    }
-
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        let (inner, l) = (self.inner.clone(), lease.clone());
-        let call: Call<Lease> = Box::pin(async move { inner.downgrade(&l).await });
-        self.call(Operation::Downgrade, lease.key(), self.op_timeout, call)
+        self.call(Operation::Release, Some(lease.key()), self.op_timeout, call)
             .await
     }
 
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         let (inner, k) = (self.inner.clone(), key.clone());
         let call: Call<Vec<HolderInfo>> = Box::pin(async move { inner.holders(&k, shape).await });
-        self.call(Operation::Inspect, key, self.op_timeout, call)
+        self.call(Operation::Inspect, Some(key), self.op_timeout, call)
             .await
     }
 
-    async fn try_acquire_all(
-        &self,
-        keys: &[LockKey],
-        ttl: Duration,
-    ) -> Result<Option<Vec<Lease>>, LockError> {
-        let Some(first) = keys.first() else {
-            return self.inner.try_acquire_all(keys, ttl).await;
-        };
-        let (inner, ks) = (self.inner.clone(), keys.to_vec());
-        let call: Call<Option<Vec<Lease>>> =
-            Box::pin(async move { inner.try_acquire_all(&ks, ttl).await });
-        match self
-            .call(Operation::TryAcquire, first, self.op_timeout, call)
-            .await?
-        {
-            Some(leases) => leases
-                .into_iter()
-                .map(|lease| self.fresh(lease))
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            None => Ok(None),
+    /// The inner backend's facets, each call across the link.
+    fn facets(&self) -> Facets<'_> {
+        let inner = self.inner.facets();
+        Facets {
+            admin: inner.admin.map(|_| self as &dyn Admin),
+            elections: inner.elections.map(|_| self as &dyn Elections),
+            lock_sets: inner.lock_sets.map(|_| self as &dyn LockSets),
+            downgrade: inner.downgrade.map(|_| self as &dyn Downgrade),
+            holder_watch: inner.holder_watch.map(|_| self as &dyn HolderWatch),
         }
     }
+}
 
+impl FaultLink {
+    async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let (inner, l) = (self.inner.clone(), lease.clone());
+        let call: Call<Instant> = Box::pin(async move { inner.renew(&l).await });
+        self.call(Operation::Renew, Some(lease.key()), self.op_timeout, call)
+            .await
+    }
+}
+
+// The facets below are offered only when the inner backend has them (see
+// `facets`), so each call reaches the inner backend's facet.
+
+#[async_trait]
+impl Admin for FaultLink {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        let (inner, q) = (self.inner.clone(), query.clone());
+        let call: Call<LockPage> = Box::pin(async move { inner.list(&q).await });
+        self.call(Operation::Inspect, None, self.op_timeout, call)
+            .await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        let (inner, q) = (self.inner.clone(), query.clone());
+        let call: Call<SharedPage> = Box::pin(async move { inner.list_shared(shape, &q).await });
+        self.call(Operation::Inspect, None, self.op_timeout, call)
+            .await
+    }
+
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        let (inner, q) = (self.inner.clone(), query.clone());
+        let call: Call<ElectionPage> = Box::pin(async move { inner.list_elections(&q).await });
+        self.call(Operation::Inspect, None, self.op_timeout, call)
+            .await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let (inner, k) = (self.inner.clone(), key.clone());
+        let call: Call<Option<LockInfo>> = Box::pin(async move { inner.force_release(&k).await });
+        self.call(Operation::Release, Some(key), self.op_timeout, call)
+            .await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let inner = self.inner.clone();
+        let call: Call<GcReport> = Box::pin(async move { inner.gc(older_than).await });
+        self.call(Operation::Inspect, None, self.op_timeout, call)
+            .await
+    }
+}
+
+#[async_trait]
+impl Elections for FaultLink {
     async fn campaign(
         &self,
         election: &LockKey,
@@ -322,7 +325,7 @@ impl LockBackend for FaultLink {
         let call: Call<Lease> = Box::pin(async move { inner.campaign(&e, ttl, deadline).await });
         let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
         let lease = self
-            .call(Operation::Acquire, election, budget, call)
+            .call(Operation::Acquire, Some(election), budget, call)
             .await?;
         self.fresh(lease)
     }
@@ -330,7 +333,7 @@ impl LockBackend for FaultLink {
     async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
         let (inner, e) = (self.inner.clone(), election.clone());
         let call: Call<Option<Leader>> = Box::pin(async move { inner.leader(&e).await });
-        self.call(Operation::Inspect, election, self.op_timeout, call)
+        self.call(Operation::Inspect, Some(election), self.op_timeout, call)
             .await
     }
 
@@ -345,6 +348,66 @@ impl LockBackend for FaultLink {
         let call: Call<Option<Leader>> =
             Box::pin(async move { inner.watch_leader(&e, seen.as_ref(), poll, deadline).await });
         let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
-        self.call(Operation::Inspect, election, budget, call).await
+        self.call(Operation::Inspect, Some(election), budget, call)
+            .await
+    }
+}
+
+#[async_trait]
+impl LockSets for FaultLink {
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        let Some(first) = keys.first() else {
+            return self.inner.try_acquire_all(keys, ttl).await;
+        };
+        let (inner, ks) = (self.inner.clone(), keys.to_vec());
+        let call: Call<Option<Vec<Lease>>> =
+            Box::pin(async move { inner.try_acquire_all(&ks, ttl).await });
+        match self
+            .call(Operation::TryAcquire, Some(first), self.op_timeout, call)
+            .await?
+        {
+            Some(leases) => leases
+                .into_iter()
+                .map(|lease| self.fresh(lease))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+#[async_trait]
+impl Downgrade for FaultLink {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        let (inner, l) = (self.inner.clone(), lease.clone());
+        let call: Call<Lease> = Box::pin(async move { inner.downgrade(&l).await });
+        self.call(
+            Operation::Downgrade,
+            Some(lease.key()),
+            self.op_timeout,
+            call,
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl HolderWatch for FaultLink {
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let (inner, k, seen) = (self.inner.clone(), key.clone(), seen.cloned());
+        let call: Call<Option<LockInfo>> =
+            Box::pin(async move { inner.watch_holder(&k, seen.as_ref(), poll, deadline).await });
+        let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
+        self.call(Operation::Inspect, Some(key), budget, call).await
     }
 }
