@@ -3,10 +3,29 @@
 //!
 //! It exists to show what a driver of the distlock family consists of, in
 //! the fewest lines: a configuration read with the shared URL parser
-//! ([`lock_core::endpoint`]), a [`LockBackend`] implementation, and a
-//! [`DRIVER`] descriptor that the `distlock` facade registers in one line
-//! (see `CONTRIBUTING.md`). Its tests run the whole conformance suite
-//! through `distlock::open`, the way every driver's do.
+//! ([`lock_core::endpoint`]), the backend, and a [`DRIVER`] descriptor
+//! that the `distlock` facade registers in one line (see
+//! `CONTRIBUTING.md`). Its tests run the whole conformance suite through
+//! `distlock::open`, the way every driver's do.
+//!
+//! The backend has the two parts every backend has:
+//!
+//! - **the kernel** ([`LockBackend`]): `name`, `capabilities`, `grant`
+//!   (one call for every kind of grant, tried once or waited for),
+//!   `renew_many`, `release`, `holders` and `facets`. Everything else a
+//!   caller uses (`try_acquire`, `acquire`, `renew` of one lease,
+//!   `inspect`, the mutex-based election, ...) comes from
+//!   [`LockBackendExt`](lock_core::LockBackendExt), built on the kernel;
+//! - **facets** ([`lock_core::facets`]): [`Admin`], [`Elections`],
+//!   [`LockSets`], [`Downgrade`], [`HolderWatch`], each present or not;
+//!   presence is the capability, and the conformance suite checks every
+//!   facet a backend has.
+//!
+//! `SlowMemory` is made of a [`MemoryBackend`], so it is written as a
+//! [`LockWrapper`]: it delays each kernel call, and offers exactly the
+//! facets of the memory service, each call delayed too (today: `Admin`,
+//! `LockSets`, `Downgrade`). A backend of its own (a new store) implements
+//! [`LockBackend`] directly, and one `impl` per facet it has.
 //!
 //! Same name, same locks (within this process); `slowmem://` and
 //! `memory://` with the same name are independent.
@@ -29,10 +48,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::driver::{BoxFuture, Driver};
+use lock_core::election::{ElectionPage, Leader};
 use lock_core::endpoint::Endpoint;
 use lock_core::{
-    Capabilities, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey,
-    LockShape, MemoryBackend,
+    Admin, Downgrade, Elections, Facets, GcReport, GrantRequest, HolderInfo, HolderWatch, Lease,
+    ListQuery, LockBackend, LockBackendExt, LockError, LockInfo, LockKey, LockPage, LockSets,
+    LockShape, LockWrapper, MemoryBackend, SharedPage,
 };
 use tokio::time::{Instant, sleep};
 
@@ -49,7 +70,7 @@ pub static DRIVER: Driver = Driver {
     connect: connect_boxed,
     floor: None,
     permit_floor: None,
-    capabilities: Some(|url| Ok(connect(url)?.capabilities())),
+    capabilities: Some(|url| Ok(LockBackend::capabilities(&connect(url)?))),
     fair_option: None,
 };
 
@@ -100,7 +121,8 @@ fn named(name: String) -> MemoryBackend {
         .clone()
 }
 
-/// In-process locks with a delay before every call.
+/// In-process locks with a delay before every call: a [`LockWrapper`]
+/// over the memory service, with its facets.
 #[derive(Clone, Debug)]
 pub struct SlowMemory {
     inner: MemoryBackend,
@@ -122,34 +144,29 @@ impl SlowMemory {
     }
 }
 
+/// The kernel: each call travels, then runs in the memory service. Every
+/// other call ([`LockBackendExt`](lock_core::LockBackendExt)'s
+/// conveniences) is built on these four and the facets below.
 #[async_trait]
-impl LockBackend for SlowMemory {
+impl LockWrapper for SlowMemory {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.inner
+    }
+
     fn name(&self) -> &'static str {
         "slowmem"
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        self.travel().await;
+        self.inner.grant(request).await
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    /// One trip for the whole batch, as a driver that renews in one
+    /// exchange.
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         self.travel().await;
-        self.inner.try_acquire(key, ttl).await
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.travel().await;
-        self.inner.acquire(key, ttl, deadline).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.travel().await;
-        self.inner.renew(lease).await
+        self.inner.renew_many(leases).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
@@ -157,48 +174,156 @@ impl LockBackend for SlowMemory {
         self.inner.release(lease).await
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.travel().await;
-        self.inner.inspect(key).await
-    }
-
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        self.travel().await;
-        self.inner.try_acquire_kind(key, kind, ttl).await
-    }
-
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.travel().await;
-        self.inner.acquire_kind(key, kind, ttl, deadline).await
-    }
-
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.travel().await;
-        self.inner.downgrade(lease).await
-    }
-
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
         self.travel().await;
         self.inner.holders(key, shape).await
     }
 
+    /// Exactly the memory service's facets, each call delayed like the
+    /// kernel's. A wrapper that changes nothing in a facet would leave
+    /// this to the default, which hands out the inner backend's facets
+    /// unchanged.
+    fn facets(&self) -> Facets<'_> {
+        let inner = self.inner.facets();
+        Facets {
+            admin: inner.admin.map(|_| self as &dyn Admin),
+            elections: inner.elections.map(|_| self as &dyn Elections),
+            lock_sets: inner.lock_sets.map(|_| self as &dyn LockSets),
+            downgrade: inner.downgrade.map(|_| self as &dyn Downgrade),
+            holder_watch: inner.holder_watch.map(|_| self as &dyn HolderWatch),
+        }
+    }
+}
+
+// The facets. `facets` offers each only when the memory service has it, so
+// each call below reaches the memory service's facet through the
+// `LockBackendExt` method of the same name on `inner()`.
+
+#[async_trait]
+impl Admin for SlowMemory {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.travel().await;
+        self.inner().list(query).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        self.travel().await;
+        self.inner().list_shared(shape, query).await
+    }
+
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        self.travel().await;
+        self.inner().list_elections(query).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.travel().await;
+        self.inner().force_release(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.travel().await;
+        self.inner().gc(older_than).await
+    }
+}
+
+#[async_trait]
+impl Elections for SlowMemory {
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.travel().await;
+        self.inner().campaign(election, ttl, deadline).await
+    }
+
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        self.travel().await;
+        self.inner().leader(election).await
+    }
+
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        self.travel().await;
+        self.inner
+            .watch_leader(election, seen, poll, deadline)
+            .await
+    }
+}
+
+#[async_trait]
+impl LockSets for SlowMemory {
     async fn try_acquire_all(
         &self,
         keys: &[LockKey],
         ttl: Duration,
     ) -> Result<Option<Vec<Lease>>, LockError> {
         self.travel().await;
-        self.inner.try_acquire_all(keys, ttl).await
+        self.inner().try_acquire_all(keys, ttl).await
+    }
+}
+
+#[async_trait]
+impl Downgrade for SlowMemory {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.travel().await;
+        self.inner().downgrade(lease).await
+    }
+}
+
+#[async_trait]
+impl HolderWatch for SlowMemory {
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        self.travel().await;
+        self.inner().watch_holder(key, seen, poll, deadline).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every facet the memory service has is here, delayed: no call the
+    /// memory service serves answers `Unsupported` through slowmem.
+    #[tokio::test]
+    async fn the_memory_services_facets_are_all_here_and_delayed() {
+        let slow: Arc<dyn LockBackend> = Arc::new(connect("slowmem://facets?delay=20ms").unwrap());
+        let memory = named("facets".to_owned());
+        assert_eq!(slow.facets().names(), memory.facets().names());
+        assert_eq!(
+            slow.facets().names(),
+            ["admin", "lock_sets", "downgrade"],
+            "the memory service's facets changed: check this driver's docs"
+        );
+        let key = LockKey::new("listed").unwrap();
+        let lease = slow
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("free");
+        let started = Instant::now();
+        let page = slow.list(&ListQuery::new("", 10)).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        assert!(page.locks.iter().any(|info| info.key == key));
+        let broken = slow.force_release(&key).await.unwrap().expect("held");
+        assert_eq!(broken.token, Some(lease.token()));
+        assert_eq!(slow.gc(Duration::ZERO).await.unwrap(), GcReport::default());
     }
 }
