@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use distlock::{LockBackend, LockState, MemoryBackend};
+use distlock::{LockBackendExt, LockState, MemoryBackend};
 use lock_core::MemoryFault;
 
 #[tokio::main]

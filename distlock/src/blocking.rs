@@ -37,8 +37,8 @@ use std::time::Duration;
 
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
-    FencingToken, HolderInfo, Lease, LeaseKind, ListQuery, LockClient, LockError, LockGuard,
-    LockInfo, LockKey, LockPage, LockRequest, LockShape, LockState, MultiGuard, OwnerId,
+    FencingToken, HolderInfo, Lease, LeaseKind, ListQuery, LockBackendExt, LockClient, LockError,
+    LockGuard, LockInfo, LockKey, LockPage, LockRequest, LockShape, LockState, MultiGuard, OwnerId,
     SharedPage,
 };
 use tokio::runtime::Runtime;
@@ -214,7 +214,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`LockBackend::list`](lock_core::LockBackend::list).
+    /// As [`Admin::list`](lock_core::Admin::list).
     pub fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         let (backend, query) = (self.inner.backend().clone(), query.clone());
         self.rt
@@ -244,7 +244,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`LockBackend::list_shared`](lock_core::LockBackend::list_shared).
+    /// As [`Admin::list_shared`](lock_core::Admin::list_shared).
     pub fn list_shared(
         &self,
         shape: LockShape,
@@ -259,7 +259,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`LockBackend::list_elections`](lock_core::LockBackend::list_elections).
+    /// As [`Admin::list_elections`](lock_core::Admin::list_elections).
     pub fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         let (backend, query) = (self.inner.backend().clone(), query.clone());
         self.rt
@@ -274,7 +274,7 @@ impl Client {
     /// # Errors
     ///
     /// A bad or reserved key (`InvalidArgument`); otherwise as
-    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release).
+    /// [`Admin::force_release`](lock_core::Admin::force_release).
     pub fn force_release(&self, key: impl AsRef<str>) -> Result<Option<LockInfo>, LockError> {
         self.rt.block_on(self.inner.force_release(key.as_ref()))?
     }
@@ -286,7 +286,7 @@ impl Client {
     /// # Errors
     ///
     /// A bad key; otherwise as
-    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release).
+    /// [`Admin::force_release`](lock_core::Admin::force_release).
     pub fn force_release_reserved(
         &self,
         key: impl AsRef<str>,

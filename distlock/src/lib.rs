@@ -33,6 +33,30 @@
 //!
 //! Programs that are not async use [`blocking::Client`]: the same locks with
 //! synchronous methods.
+//!
+//! Tools that call a backend directly use [`open`]: the backend's kernel
+//! ([`LockBackend`]) and the calls built on it and its optional facets
+//! ([`LockBackendExt`]: `try_acquire`, `inspect`, `list`,
+//! `force_release`, ...). [`LockBackend::facets`] says which optional parts
+//! ([`Admin`], [`Elections`], [`LockSets`], [`Downgrade`], [`HolderWatch`])
+//! a backend has; a call of a facet it lacks answers
+//! [`ErrorKind::Unsupported`].
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::LockError> {
+//! use std::time::Duration;
+//! use distlock::{LockBackendExt, LockKey};
+//!
+//! let backend = distlock::open("memory://tools").await?;
+//! let key = LockKey::new("jobs/nightly")?;
+//! let lease = backend.try_acquire(&key, Duration::from_secs(30)).await?.expect("free");
+//! assert_eq!(backend.inspect(&key).await?.unwrap().token, Some(lease.token()));
+//! assert!(backend.facets().admin.is_some());
+//! let broken = backend.force_release(&key).await?;
+//! assert!(broken.is_some());
+//! # Ok(()) }
+//! ```
 
 #![deny(missing_docs)]
 
@@ -47,10 +71,17 @@ pub use duration::{format_duration, parse_duration};
 pub use lock_core::driver::Driver;
 pub use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderDetails, KeyLabel, Lease,
-    ListQuery, LockBackend, LockClient, LockDefaults, LockError, LockGuard, LockInfo, LockKey,
-    LockPage, LockRequest, LockState, MemoryBackend, MigrationBackend, MigrationPhase, NEW_EPOCH,
-    Operation, OwnerId, RenewalPolicy, Requirements, TtlModel, WaitStrategy, disable_metrics,
-    enable_metrics, set_holder_label,
+    ListQuery, LockClient, LockDefaults, LockError, LockGuard, LockInfo, LockKey, LockPage,
+    LockRequest, LockState, MemoryBackend, MigrationBackend, MigrationPhase, NEW_EPOCH, Operation,
+    OwnerId, RenewalPolicy, Requirements, TtlModel, WaitStrategy, disable_metrics, enable_metrics,
+    set_holder_label,
+};
+// The backend contract, for tools that call a backend directly (what
+// `open` returns) and for driver authors: the kernel every driver
+// implements, its optional facets, and the calls built on both.
+pub use lock_core::{
+    Admin, Downgrade, Elections, Facets, GrantRequest, HolderWatch, LockBackend, LockBackendExt,
+    LockSets, LockWrapper,
 };
 
 /// The drivers this facade knows, one line each: its cargo feature (which
