@@ -34,7 +34,7 @@ use conformance::cpu::{median, process_tree_cpu_ns, self_cpu_ns};
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use lock_core::floor::RawFloor;
-use lock_core::{LockBackend, LockClient, LockError, LockKey};
+use lock_core::{LockBackend, LockBackendExt, LockClient, LockError, LockKey};
 use lock_sql::floor::SqlFloor;
 use lock_sql::{SessionFloor, SqlConfig, SqlMode};
 use tokio::time::Instant;

@@ -1,7 +1,7 @@
 //! Operating the row-mode locks (issue 18): the lease table's `details`
-//! column, [`list`](lock_core::LockBackend::list),
-//! [`force_release`](lock_core::LockBackend::force_release) and
-//! [`gc`](lock_core::LockBackend::gc) with its token floor table.
+//! column, [`list`](lock_core::Admin::list),
+//! [`force_release`](lock_core::Admin::force_release) and
+//! [`gc`](lock_core::Admin::gc) with its token floor table.
 //!
 //! - `details` (nullable text, at most [`lock_core::MAX_ENCODED_LEN`]
 //!   bytes) is written by the grant statement itself (one more bind, no
@@ -281,10 +281,10 @@ impl SqlBackend {
         added
     }
 
-    /// [`LockBackend::inspect`](lock_core::LockBackend::inspect) in row
+    /// [`LockBackendExt::inspect`](lock_core::LockBackendExt::inspect) in row
     /// mode: the key's unexpired holder with the details its grant wrote
     /// (once more on a fresh connection when the connection broke).
-    pub(crate) async fn inspect_row(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    pub(crate) async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let inner = self.inner();
         let (statement, dialect) = (&inner.statements.inspect, inner.dialect);
         let row = timed(&inner.config, Operation::Inspect, Some(key), async {
@@ -307,7 +307,7 @@ impl SqlBackend {
         move |e| map_sqlx(&self.inner().config, operation, e)
     }
 
-    /// [`LockBackend::list`](lock_core::LockBackend::list) in row mode: one
+    /// [`Admin::list`](lock_core::Admin::list) in row mode: one
     /// statement scanning at most `limit` rows of keys under `prefix`
     /// after the cursor, in key order; the held ones are returned.
     pub(crate) async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
@@ -345,7 +345,7 @@ impl SqlBackend {
         Ok(LockPage { locks, cursor })
     }
 
-    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release)
+    /// [`Admin::force_release`](lock_core::Admin::force_release)
     /// in row mode: one transaction reads the holder (locking its row) and
     /// frees the row (owner and details cleared, expired now, token kept);
     /// PostgreSQL notifies waiters in the same statement, elsewhere this
@@ -402,7 +402,7 @@ impl SqlBackend {
         Ok(Some(info(key.clone(), &row)))
     }
 
-    /// [`LockBackend::gc`](lock_core::LockBackend::gc) in row mode: with
+    /// [`Admin::gc`](lock_core::Admin::gc) in row mode: with
     /// the lease table held against other writers, reads up to
     /// [`GC_BATCH`] rows that expired (or were released) at least
     /// `older_than` ago, raises the floor to their highest token and

@@ -5,10 +5,12 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::election::ElectionPage;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderInfo, Lease, LeaseKind,
-    ListQuery, LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId,
-    SharedPage, TtlModel, WaitStrategy, check_ttl, validity_deadline, with_timeout,
+    Admin, Capabilities, Downgrade, ErrorKind, Facets, FencingScope, FencingToken, GcReport,
+    GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, LockBackend, LockError,
+    LockInfo, LockKey, LockPage, LockSets, LockShape, Operation, OwnerId, SharedPage, TtlModel,
+    WaitStrategy, check_ttl, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -40,7 +42,7 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_core::{LockBackend, LockKey};
+/// use lock_core::{LockBackend, LockBackendExt, LockKey};
 /// use lock_sql::SqlBackend;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -350,7 +352,7 @@ impl SqlBackend {
 
     /// One grant statement with its retries: `Some(token)` when the row was
     /// inserted or an expired one taken over, `None` when someone holds it.
-    async fn grant(
+    async fn grant_row(
         &self,
         key: &LockKey,
         owner: OwnerId,
@@ -385,7 +387,7 @@ impl SqlBackend {
     ) -> Result<Option<Lease>, LockError> {
         let owner = OwnerId::random();
         let sent_at = Instant::now();
-        let grant = self.grant(key, owner, ttl, ahead);
+        let grant = self.grant_row(key, owner, ttl, ahead);
         let granted = timed(&self.inner.config, operation, Some(key), grant).await?;
         let Some(token) = granted else {
             return Ok(None);
@@ -440,7 +442,7 @@ impl SqlBackend {
     /// holder's expiry (read from the database clock), at most `recheck`.
     async fn recheck_delay(&self, key: &LockKey) -> Duration {
         let cap = self.inner.config.recheck;
-        let remaining = match self.inspect(key).await {
+        let remaining = match self.inspect_mutex(key).await {
             Ok(Some(info)) => info.remaining_ttl.unwrap_or(cap),
             Ok(None) => Duration::ZERO,
             Err(_) => cap,
@@ -488,7 +490,163 @@ impl LockBackend for SqlBackend {
         }
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        match (kind, deadline) {
+            (LeaseKind::Exclusive, None) => self.try_take(key, ttl).await,
+            (LeaseKind::Exclusive, Some(deadline)) => {
+                self.take_waiting(key, ttl, deadline).await.map(Some)
+            }
+            (kind, None) => self.try_share(key, kind, ttl).await,
+            (kind, Some(deadline)) => self.acquire_share(key, kind, ttl, deadline).await.map(Some),
+        }
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        if leases.iter().any(|l| l.kind() != LeaseKind::Exclusive) {
+            // Mutex leases in batches, the others one by one.
+            let (mutexes, others): (Vec<usize>, Vec<usize>) =
+                (0..leases.len()).partition(|&i| leases[i].kind() == LeaseKind::Exclusive);
+            let batch: Vec<&Lease> = mutexes.iter().map(|&i| leases[i]).collect();
+            let mut results: Vec<Option<Result<Instant, LockError>>> =
+                std::iter::repeat_with(|| None).take(leases.len()).collect();
+            for (i, result) in mutexes.into_iter().zip(self.renew_many(&batch).await) {
+                results[i] = Some(result);
+            }
+            for i in others {
+                results[i] = Some(self.renew_share(leases[i]).await);
+            }
+            return results.into_iter().flatten().collect();
+        }
+        // One UPDATE per batch of keys (see renew_many.rs).
+        let inner = &self.inner;
+        let table = &inner.statements.quoted_table;
+        let batch = crate::renew_many::RowRenewal {
+            backend: self,
+            dialect: inner.dialect,
+            conns: &inner.conns,
+            config: &inner.config,
+            table,
+        };
+        batch.renew(leases).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.release_share(lease).await;
+        }
+        let key = lease.key();
+        let statement = &self.inner.statements.release;
+        let owner = lease.owner().to_hex();
+        let token = token_of(lease);
+        let channel = &self.inner.channel;
+        let dialect = self.inner.dialect;
+        let released = timed(&self.inner.config, Operation::Release, Some(key), async {
+            retry_once!(&self.inner.conns, |conn| dialect
+                .release(conn, statement, key, &owner, token, channel))
+        })
+        .await?;
+        if released && !dialect.notified() {
+            // Wake this process's waiters at once; other processes poll.
+            // (PostgreSQL's NOTIFY reaches every waiter, ours included.)
+            self.inner.waits.released(key.as_str());
+        }
+        Ok(released)
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::ReadWrite | LockShape::Semaphore => self.share_holders(key, shape).await,
+            _ => Ok(lock_core::kind::mutex_holders(
+                self.inspect_mutex(key).await?,
+            )),
+        }
+    }
+
+    /// Elections are the default renewed mutex (no facet of their own):
+    /// their observers wake as [`HolderWatch`] does for that mutex.
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            admin: Some(self),
+            lock_sets: Some(self),
+            downgrade: Some(self),
+            holder_watch: Some(self),
+            ..Facets::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Admin for SqlBackend {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_rows(query).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        self.list_shares(shape, query).await
+    }
+
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        lock_core::election::list_mutex_elections(self, query).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_row(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.gc_rows(older_than).await
+    }
+}
+
+#[async_trait]
+impl LockSets for SqlBackend {
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        self.try_all(keys, ttl).await
+    }
+}
+
+#[async_trait]
+impl Downgrade for SqlBackend {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_share(lease).await
+    }
+}
+
+#[async_trait]
+impl HolderWatch for SqlBackend {
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        self.watch_row(key, seen, poll, deadline).await
+    }
+}
+
+/// The mutex's calls, which [`LockBackend::grant`] and
+/// [`LockBackend::renew_many`] reach.
+impl SqlBackend {
+    pub(crate) async fn try_take(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
         check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
         // Fair: not while anyone waits (every live waiter is ahead).
@@ -496,7 +654,7 @@ impl LockBackend for SqlBackend {
         self.try_once(key, ttl, Operation::TryAcquire, ahead).await
     }
 
-    async fn acquire(
+    pub(crate) async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -589,7 +747,7 @@ impl LockBackend for SqlBackend {
         }
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+    pub(crate) async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
         if lease.kind() != LeaseKind::Exclusive {
             return self.renew_share(lease).await;
         }
@@ -618,146 +776,5 @@ impl LockBackend for SqlBackend {
             .with_key(key)
             .with_backend(NAME))
         }
-    }
-
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        if leases.iter().any(|l| l.kind() != LeaseKind::Exclusive) {
-            // Mutex leases in batches, the others one by one.
-            let (mutexes, others): (Vec<usize>, Vec<usize>) =
-                (0..leases.len()).partition(|&i| leases[i].kind() == LeaseKind::Exclusive);
-            let batch: Vec<&Lease> = mutexes.iter().map(|&i| leases[i]).collect();
-            let mut results: Vec<Option<Result<Instant, LockError>>> =
-                std::iter::repeat_with(|| None).take(leases.len()).collect();
-            for (i, result) in mutexes.into_iter().zip(self.renew_many(&batch).await) {
-                results[i] = Some(result);
-            }
-            for i in others {
-                results[i] = Some(self.renew_share(leases[i]).await);
-            }
-            return results.into_iter().flatten().collect();
-        }
-        // One UPDATE per batch of keys (see renew_many.rs).
-        let inner = &self.inner;
-        let table = &inner.statements.quoted_table;
-        let batch = crate::renew_many::RowRenewal {
-            backend: self,
-            dialect: inner.dialect,
-            conns: &inner.conns,
-            config: &inner.config,
-            table,
-        };
-        batch.renew(leases).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        if lease.kind() != LeaseKind::Exclusive {
-            return self.release_share(lease).await;
-        }
-        let key = lease.key();
-        let statement = &self.inner.statements.release;
-        let owner = lease.owner().to_hex();
-        let token = token_of(lease);
-        let channel = &self.inner.channel;
-        let dialect = self.inner.dialect;
-        let released = timed(&self.inner.config, Operation::Release, Some(key), async {
-            retry_once!(&self.inner.conns, |conn| dialect
-                .release(conn, statement, key, &owner, token, channel))
-        })
-        .await?;
-        if released && !dialect.notified() {
-            // Wake this process's waiters at once; other processes poll.
-            // (PostgreSQL's NOTIFY reaches every waiter, ours included.)
-            self.inner.waits.released(key.as_str());
-        }
-        Ok(released)
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inspect_row(key).await
-    }
-
-    async fn try_acquire_all(
-        &self,
-        keys: &[LockKey],
-        ttl: Duration,
-    ) -> Result<Option<Vec<Lease>>, LockError> {
-        self.try_all(keys, ttl).await
-    }
-
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        match kind {
-            LeaseKind::Exclusive => self.try_acquire(key, ttl).await,
-            kind => self.try_share(key, kind, ttl).await,
-        }
-    }
-
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        match kind {
-            LeaseKind::Exclusive => self.acquire(key, ttl, deadline).await,
-            kind => self.acquire_share(key, kind, ttl, deadline).await,
-        }
-    }
-
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.downgrade_share(lease).await
-    }
-
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        match shape {
-            LockShape::ReadWrite | LockShape::Semaphore => self.share_holders(key, shape).await,
-            _ => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
-        }
-    }
-
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_rows(query).await
-    }
-
-    async fn list_shared(
-        &self,
-        shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<SharedPage, LockError> {
-        self.list_shares(shape, query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.force_release_row(key).await
-    }
-
-    /// Elections are the renewed mutex: observers wake as its watch does.
-    async fn watch_leader(
-        &self,
-        election: &LockKey,
-        seen: Option<&lock_core::election::Leader>,
-        poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<lock_core::election::Leader>, LockError> {
-        lock_core::election::watch_mutex_leader(self, election, seen, poll, deadline).await
-    }
-
-    async fn watch_holder(
-        &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<LockInfo>, LockError> {
-        self.watch_row(key, seen, poll, deadline).await
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.gc_rows(older_than).await
     }
 }

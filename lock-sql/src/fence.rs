@@ -30,7 +30,7 @@ use crate::driver::SqlBackend;
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_core::{LockBackend, LockKey};
+/// use lock_core::{LockBackend, LockBackendExt, LockKey};
 /// use lock_sql::{SqlBackend, sqlx};
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -20,9 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{
-    ErrorKind, Lease, LockBackend, LockError, Operation, check_ttl, validity_deadline,
-};
+use lock_core::{ErrorKind, Lease, LockError, Operation, check_ttl, validity_deadline};
 use tokio::time::Instant;
 
 use crate::config::SqlConfig;
@@ -40,7 +38,7 @@ const MAX_ROWS: usize = RENEW_ROWS_PER_STATEMENT;
 
 /// What the driver hands over for a batch.
 pub(crate) struct RowRenewal<'a> {
-    pub(crate) backend: &'a dyn LockBackend,
+    pub(crate) backend: &'a crate::SqlBackend,
     pub(crate) dialect: &'static dyn Dialect,
     pub(crate) conns: &'a ConnSet,
     pub(crate) config: &'a SqlConfig,
@@ -135,7 +133,7 @@ impl RowRenewal<'_> {
             Ok(None) => {
                 let mut out = Vec::with_capacity(group.len());
                 for lease in group {
-                    out.push(self.backend.renew(lease).await);
+                    out.push(self.backend.renew_one(lease).await);
                 }
                 out
             }

@@ -14,7 +14,9 @@ use conformance::scale::{
 };
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
-use lock_core::{ErrorKind, FencingToken, Lease, LockBackend, LockError, LockKey, OwnerId};
+use lock_core::{
+    ErrorKind, FencingToken, Lease, LockBackend, LockBackendExt, LockError, LockKey, OwnerId,
+};
 use lock_sql::renew_many::RENEW_ROWS_PER_STATEMENT;
 
 #[global_allocator]

@@ -9,7 +9,7 @@ mod server_checks;
 
 use std::time::Duration;
 
-use lock_core::{LockBackend, LockKey, WaitStrategy};
+use lock_core::{LockBackend, LockBackendExt, LockKey, WaitStrategy};
 use lock_sql::SqlBackend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@ use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use conformance::{OrSkip, bench};
 use lock_core::floor::RawFloor;
-use lock_core::{LockBackend, LockClient, LockKey, RetryPolicy};
+use lock_core::{LockBackend, LockBackendExt, LockClient, LockKey, RetryPolicy};
 use lock_sql::floor::SqlFloor;
 use lock_sql::sqlx;
 use lock_sql::{SqlBackend, SqlConfig};

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    FencingToken, Lease, LeaseKind, LockBackend, LockError, LockKey, LockWrapper,
-    RENEW_CONCURRENCY, async_trait, renew_concurrently,
+    Downgrade, Facets, FencingToken, GrantRequest, Lease, LeaseKind, LockBackend, LockBackendExt,
+    LockError, LockKey, LockWrapper, RENEW_CONCURRENCY, async_trait, renew_concurrently,
 };
 use lock_sql::SqlBackend;
 use shared_checks::*;
@@ -102,10 +102,11 @@ impl Broken {
     }
 }
 
-/// Overrides only what each breakage changes. `renew_many` is written
-/// out because LockBackend's default (which the hand-written impl this
-/// replaces inherited) renews through this wrapper's `renew`, and so the
-/// real row of a shifted read token; forwarding it would skip that.
+/// Overrides only what each breakage changes: grants of the shared kinds,
+/// renewals and releases (through the real row of a shifted read token),
+/// and the downgrade (a facet of its own, beside the inner backend's
+/// other facets). `renew_many` renews lease by lease, as the hand-written
+/// impl this replaces did, each through the real row.
 #[async_trait]
 impl LockWrapper for Broken {
     fn inner(&self) -> &dyn LockBackend {
@@ -114,16 +115,40 @@ impl LockWrapper for Broken {
     fn name(&self) -> &'static str {
         "broken-sql"
     }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.inner.renew(&self.real(lease)).await
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            downgrade: Some(self),
+            ..self.inner.facets()
+        }
+    }
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        if kind == LeaseKind::Exclusive {
+            return self.inner.grant(request).await;
+        }
+        match deadline {
+            None => self.try_kind(key, kind, ttl).await,
+            Some(deadline) => self.wait_kind(key, kind, ttl, deadline).await.map(Some),
+        }
     }
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        renew_concurrently(self, leases, RENEW_CONCURRENCY).await
+        renew_concurrently(leases, RENEW_CONCURRENCY, |lease| async move {
+            self.inner.renew(&self.real(lease)).await
+        })
+        .await
     }
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         self.inner.release(&self.real(lease)).await
     }
-    async fn try_acquire_kind(
+}
+
+impl Broken {
+    async fn try_kind(
         &self,
         key: &LockKey,
         kind: LeaseKind,
@@ -135,7 +160,8 @@ impl LockWrapper for Broken {
             .await?;
         Ok(lease.map(|l| self.back(l, kind)))
     }
-    async fn acquire_kind(
+
+    async fn wait_kind(
         &self,
         key: &LockKey,
         kind: LeaseKind,
@@ -164,6 +190,10 @@ impl LockWrapper for Broken {
             )),
         }
     }
+}
+
+#[async_trait]
+impl Downgrade for Broken {
     async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
         if self.how == Breakage::GapDowngrade {
             self.inner.release(lease).await?;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use conformance::deploy::{self, DeployedTarget, Opener};
 use conformance::{Harness, OrSkip, run_suite};
-use lock_core::{ErrorKind, LeaseKind, ListQuery, LockBackend, LockKey, OwnerId};
+use lock_core::{ErrorKind, LeaseKind, ListQuery, LockBackend, LockBackendExt, LockKey, OwnerId};
 use lock_sql::{SqlAnyBackend, SqlBackend, SqlConfig, SqlSessionBackend};
 use shedlock_client::ShedLock;
 use tokio::time::Instant;

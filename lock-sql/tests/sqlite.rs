@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::{Harness, run_suite};
-use lock_core::{ErrorKind, LockBackend, LockKey};
+use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockKey};
 use lock_sql::sqlx::{self, AssertSqlSafe};
 use lock_sql::{SqlBackend, SqlConfig, SqlFence};
 use tokio::time::Instant;

@@ -8,7 +8,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use lock_core::{LockBackend, LockKey};
+use lock_core::{LockBackend, LockBackendExt, LockKey};
 use lock_sql::SqlBackend;
 
 const CHILD_DB: &str = "LOCK_SQL_FIRST_OPEN_DB";

@@ -3,12 +3,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
-use async_trait::async_trait;
 use lock_core::{
-    Capabilities, GcReport, HolderInfo, Lease, LeaseKind, ListQuery, LockBackend, LockError,
-    LockInfo, LockKey, LockPage, LockShape, SharedPage, election::ElectionPage,
+    GrantRequest, HolderInfo, Lease, LockBackend, LockError, LockKey, LockShape, LockWrapper,
 };
 use tokio::time::Instant;
 
@@ -87,61 +84,42 @@ impl SqlAnyBackend {
     }
 }
 
-#[async_trait]
-impl LockBackend for SqlAnyBackend {
-    fn name(&self) -> &'static str {
-        self.get().name()
+/// Every call goes to the backend held, unchanged, and so do its facets:
+/// a row-mode `SqlAnyBackend` has the row mode's admin, lock sets,
+/// downgrades and holder watch, a session-mode one the session mode's
+/// admin.
+impl LockWrapper for SqlAnyBackend {
+    fn inner(&self) -> &dyn LockBackend {
+        self.get()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.get().capabilities()
-    }
+    // The kernel's calls hand back the inner backend's boxed future as it
+    // is, rather than boxing a second future that only awaits it (an
+    // allocation and an indirect poll per call).
 
-    // The four calls of every lock's life hand back the inner backend's
-    // boxed future as it is, rather than boxing a second future that only
-    // awaits it (an allocation and an indirect poll per call).
-
-    fn try_acquire<'life0, 'life1, 'async_trait>(
+    fn grant<'life0, 'life1, 'async_trait>(
         &'life0 self,
-        key: &'life1 LockKey,
-        ttl: Duration,
+        request: GrantRequest<'life1>,
     ) -> Call<'async_trait, Option<Lease>>
     where
         'life0: 'async_trait,
         'life1: 'async_trait,
         Self: 'async_trait,
     {
-        self.get().try_acquire(key, ttl)
+        self.get().grant(request)
     }
 
-    fn acquire<'life0, 'life1, 'async_trait>(
+    fn renew_many<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
-        key: &'life1 LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Call<'async_trait, Lease>
+        leases: &'life1 [&'life2 Lease],
+    ) -> Pin<Box<dyn Future<Output = Vec<Result<Instant, LockError>>> + Send + 'async_trait>>
     where
         'life0: 'async_trait,
         'life1: 'async_trait,
+        'life2: 'async_trait,
         Self: 'async_trait,
     {
-        self.get().acquire(key, ttl, deadline)
-    }
-
-    fn renew<'life0, 'life1, 'async_trait>(
-        &'life0 self,
-        lease: &'life1 Lease,
-    ) -> Call<'async_trait, Instant>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        Self: 'async_trait,
-    {
-        self.get().renew(lease)
-    }
-
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        self.get().renew_many(leases).await
+        self.get().renew_many(leases)
     }
 
     fn release<'life0, 'life1, 'async_trait>(
@@ -156,58 +134,16 @@ impl LockBackend for SqlAnyBackend {
         self.get().release(lease)
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.get().inspect(key).await
-    }
-
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        self.get().try_acquire_kind(key, kind, ttl).await
-    }
-
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.get().acquire_kind(key, kind, ttl, deadline).await
-    }
-
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.get().downgrade(lease).await
-    }
-
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        self.get().holders(key, shape).await
-    }
-
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.get().list(query).await
-    }
-
-    async fn list_shared(
-        &self,
+    fn holders<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        key: &'life1 LockKey,
         shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<SharedPage, LockError> {
-        self.get().list_shared(shape, query).await
-    }
-
-    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        self.get().list_elections(query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.get().force_release(key).await
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.get().gc(older_than).await
+    ) -> Call<'async_trait, Vec<HolderInfo>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.get().holders(key, shape)
     }
 }

@@ -16,7 +16,7 @@ use super::{Held, SqlSessionBackend, is_broken};
 impl SqlSessionBackend {
     /// One grant: a try, then (for `acquire`) one server-side wait until
     /// `wait_until`.
-    pub(super) async fn grant(
+    pub(super) async fn grant_session(
         &self,
         key: &LockKey,
         ttl: Duration,

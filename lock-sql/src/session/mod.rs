@@ -22,7 +22,7 @@
 //! `idle_session_timeout` (14+, set in the grant statement, in
 //! milliseconds rounded up, reset at release), MySQL/MariaDB's
 //! `wait_timeout` (whole seconds rounded up, set when it changes). A
-//! keep-alive ([`renew`](lock_core::LockBackend::renew)) is a query on the
+//! keep-alive ([`renew`](lock_core::LockBackendExt::renew)) is a query on the
 //! pinned connection that also checks the session still holds the lock;
 //! the lease's deadline is `sent_at + ttl - drift` from the send time of
 //! the last confirmed keep-alive, while the server's idle timer starts
@@ -35,7 +35,7 @@
 //!
 //! # Breaking a lock
 //!
-//! [`force_release`](lock_core::LockBackend::force_release) ends the
+//! [`force_release`](lock_core::Admin::force_release) ends the
 //! holder's server session, which frees that one lock: a session of this
 //! backend holds at most one (see above). It ends only a session that
 //! still holds the lock as the grant it read (PostgreSQL checks the pid,
@@ -62,10 +62,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::election::ElectionPage;
 use lock_core::{
-    Capabilities, ErrorKind, FencingToken, GcReport, Lease, ListQuery, LockBackend, LockError,
-    LockInfo, LockKey, LockPage, Operation, OwnerId, RandomKeys, SessionState, TtlModel,
-    WaitStrategy, check_ttl, validity_deadline,
+    Admin, Capabilities, ErrorKind, Facets, FencingToken, GcReport, GrantRequest, HolderInfo,
+    Lease, LeaseKind, ListQuery, LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape,
+    Operation, OwnerId, RENEW_CONCURRENCY, RandomKeys, SessionState, SharedPage, TtlModel,
+    WaitStrategy, check_ttl, renew_concurrently, unsupported_kind, unsupported_shape,
+    validity_deadline,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::{Instant, timeout, timeout_at};
@@ -442,18 +445,181 @@ impl LockBackend for SqlSessionBackend {
         }
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.grant(key, ttl, None, Operation::TryAcquire).await
+    /// Mutexes only: a server session lock has no shared kinds.
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        if kind != LeaseKind::Exclusive {
+            return Err(unsupported_kind(
+                self.inner.name,
+                key,
+                kind,
+                request.operation(),
+            ));
+        }
+        match deadline {
+            None => self.try_take(key, ttl).await,
+            Some(deadline) => self.take_waiting(key, ttl, deadline).await.map(Some),
+        }
     }
 
-    async fn acquire(
+    /// One keep-alive per lease, each on its own pinned session.
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        renew_concurrently(leases, RENEW_CONCURRENCY, |lease| self.renew_one(lease)).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let Some(held) = self.forget(lease) else {
+            return Ok(false);
+        };
+        // No signal on the session's channel: the session lives on (its
+        // guard deregistered before releasing).
+        let mut slot = held.session.lock().await;
+        // Taken out: if this future is dropped, the connection is closed
+        // with it and the server frees the lock.
+        let Some(mut pinned) = slot.take() else {
+            return Ok(false);
+        };
+        drop(slot);
+        let released = timeout(
+            self.inner.config.op_timeout,
+            pinned.session.release(&self.inner.sql, &held.server_key),
+        )
+        .await;
+        match released {
+            Ok(Ok(true)) => {
+                self.checkin(pinned);
+                Ok(true)
+            }
+            // Not ours any more (someone ran pg_advisory_unlock_all?): the
+            // session's state is unclear, close it.
+            Ok(Ok(false)) => Ok(false),
+            // The session is gone, and its lock with it.
+            Ok(Err(e)) if is_broken(&e) => Ok(false),
+            Ok(Err(e)) => Err(self.err(Operation::Release, lease.key(), e)),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                Operation::Release,
+                "the release did not answer within the operation timeout; its session was \
+                 closed, so the server frees the lock when it notices (at the latest after the TTL)",
+            )
+            .with_key(lease.key())
+            .with_backend(self.inner.name)),
+        }
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        if shape != LockShape::Mutex {
+            return Err(unsupported_shape(self.inner.name, key, shape));
+        }
+        Ok(lock_core::kind::mutex_holders(
+            self.inspect_mutex(key).await?,
+        ))
+    }
+
+    /// Elections are the default renewed mutex; holders are watched by
+    /// polling.
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            admin: Some(self),
+            ..Facets::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Admin for SqlSessionBackend {
+    /// MySQL/MariaDB: one statement per page over the token rows, each
+    /// listed while the connection of its last grant holds its lock (see
+    /// the module docs, "Holder details and listing").
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] on PostgreSQL; `InvalidArgument` for a
+    /// bad page size or cursor; `Timeout` / `Unavailable` / `Backend` as
+    /// `inspect`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only (a dropped call closes its connection).
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_tokens(query)
+            .await
+            .map_err(|e| e.with_backend(self.inner.name))
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        match shape {
+            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
+            other => Err(self.unsupported_admin(&format!("listing {other} locks"))),
+        }
+    }
+
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        lock_core::election::list_mutex_elections(self, query).await
+    }
+
+    /// Breaks the lock by ending the holder's server session
+    /// (`pg_terminate_backend` / `KILL CONNECTION`): see the crate docs,
+    /// "Operating locks". Returns the holder as [`inspect`](lock_core::LockBackendExt::inspect)
+    /// reported it just before, or `None` when the key was free.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] when the holder is not a session-mode
+    /// grant of this crate (another client's session, or on PostgreSQL a
+    /// session that holds other advisory locks too): it is left alone;
+    /// [`ErrorKind::Contended`] when the holder changed three times while
+    /// it was read; [`ErrorKind::Timeout`] / [`ErrorKind::Unavailable`]
+    /// as the other calls; [`ErrorKind::Backend`] without the privilege to
+    /// end another session (PostgreSQL: the holder's role, a superuser or
+    /// `pg_signal_backend`; MySQL/MariaDB: the same user, else
+    /// `CONNECTION_ADMIN` / `CONNECTION ADMIN` or `SUPER`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes its session; the holder's session
+    /// may or may not have been ended by then.
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.break_lock(key)
+            .await
+            .map_err(|e| e.with_key(key).with_backend(self.inner.name))
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let _ = older_than;
+        Err(self.unsupported_admin(
+            "garbage collection: a session lock leaves nothing behind on the server, and the \
+             token counters (PostgreSQL's one sequence, MySQL/MariaDB's row per key) are each \
+             key's only record of its last token, so none may be deleted",
+        ))
+    }
+}
+
+/// The mutex's calls, which [`LockBackend::grant`] and
+/// [`LockBackend::renew_many`] reach.
+impl SqlSessionBackend {
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        self.grant_session(key, ttl, None, Operation::TryAcquire)
+            .await
+    }
+
+    async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         match self
-            .grant(key, ttl, Some(deadline), Operation::Acquire)
+            .grant_session(key, ttl, Some(deadline), Operation::Acquire)
             .await?
         {
             Some(lease) => Ok(lease),
@@ -467,7 +633,7 @@ impl LockBackend for SqlSessionBackend {
         }
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+    async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
         let key = lease.key();
         let name = self.inner.name;
         let not_held = |why: &str| {
@@ -537,47 +703,7 @@ impl LockBackend for SqlSessionBackend {
         }
     }
 
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        let Some(held) = self.forget(lease) else {
-            return Ok(false);
-        };
-        // No signal on the session's channel: the session lives on (its
-        // guard deregistered before releasing).
-        let mut slot = held.session.lock().await;
-        // Taken out: if this future is dropped, the connection is closed
-        // with it and the server frees the lock.
-        let Some(mut pinned) = slot.take() else {
-            return Ok(false);
-        };
-        drop(slot);
-        let released = timeout(
-            self.inner.config.op_timeout,
-            pinned.session.release(&self.inner.sql, &held.server_key),
-        )
-        .await;
-        match released {
-            Ok(Ok(true)) => {
-                self.checkin(pinned);
-                Ok(true)
-            }
-            // Not ours any more (someone ran pg_advisory_unlock_all?): the
-            // session's state is unclear, close it.
-            Ok(Ok(false)) => Ok(false),
-            // The session is gone, and its lock with it.
-            Ok(Err(e)) if is_broken(&e) => Ok(false),
-            Ok(Err(e)) => Err(self.err(Operation::Release, lease.key(), e)),
-            Err(_) => Err(LockError::new(
-                ErrorKind::Timeout,
-                Operation::Release,
-                "the release did not answer within the operation timeout; its session was \
-                 closed, so the server frees the lock when it notices (at the latest after the TTL)",
-            )
-            .with_key(lease.key())
-            .with_backend(self.inner.name)),
-        }
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let op_timeout = self.inner.config.op_timeout;
         let mut pinned = self
             .checkout(Instant::now() + op_timeout)
@@ -610,61 +736,6 @@ impl LockBackend for SqlSessionBackend {
         };
         self.checkin(pinned);
         Ok(found.map(|holder| holder_info(key.clone(), holder)))
-    }
-
-    /// MySQL/MariaDB: one statement per page over the token rows, each
-    /// listed while the connection of its last grant holds its lock (see
-    /// the module docs, "Holder details and listing").
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Unsupported`] on PostgreSQL; `InvalidArgument` for a
-    /// bad page size or cursor; `Timeout` / `Unavailable` / `Backend` as
-    /// `inspect`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Safe: read-only (a dropped call closes its connection).
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_tokens(query)
-            .await
-            .map_err(|e| e.with_backend(self.inner.name))
-    }
-
-    /// Breaks the lock by ending the holder's server session
-    /// (`pg_terminate_backend` / `KILL CONNECTION`): see the crate docs,
-    /// "Operating locks". Returns the holder as [`inspect`](Self::inspect)
-    /// reported it just before, or `None` when the key was free.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Unsupported`] when the holder is not a session-mode
-    /// grant of this crate (another client's session, or on PostgreSQL a
-    /// session that holds other advisory locks too): it is left alone;
-    /// [`ErrorKind::Contended`] when the holder changed three times while
-    /// it was read; [`ErrorKind::Timeout`] / [`ErrorKind::Unavailable`]
-    /// as the other calls; [`ErrorKind::Backend`] without the privilege to
-    /// end another session (PostgreSQL: the holder's role, a superuser or
-    /// `pg_signal_backend`; MySQL/MariaDB: the same user, else
-    /// `CONNECTION_ADMIN` / `CONNECTION ADMIN` or `SUPER`).
-    ///
-    /// # Cancel safety
-    ///
-    /// Safe: dropping the future closes its session; the holder's session
-    /// may or may not have been ended by then.
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.break_lock(key)
-            .await
-            .map_err(|e| e.with_key(key).with_backend(self.inner.name))
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        let _ = older_than;
-        Err(self.unsupported_admin(
-            "garbage collection: a session lock leaves nothing behind on the server, and the \
-             token counters (PostgreSQL's one sequence, MySQL/MariaDB's row per key) are each \
-             key's only record of its last token, so none may be deleted",
-        ))
     }
 }
 

@@ -122,7 +122,7 @@ impl SqlShedLockBackend {
         added
     }
 
-    /// [`LockBackend::list`](lock_core::LockBackend::list) on ShedLock's
+    /// [`Admin::list`](lock_core::Admin::list) on ShedLock's
     /// table (see the module docs).
     pub(super) async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         let (prefix, cursor, limit) = query.parts();
@@ -154,7 +154,7 @@ impl SqlShedLockBackend {
         Ok(LockPage { locks, cursor })
     }
 
-    /// [`LockBackend::force_release`](lock_core::LockBackend::force_release)
+    /// [`Admin::force_release`](lock_core::Admin::force_release)
     /// on ShedLock's table (see the module docs).
     pub(super) async fn force_release_row(
         &self,

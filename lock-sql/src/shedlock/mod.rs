@@ -11,10 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::election::ElectionPage;
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, Lease, LeaseKind, ListQuery,
-    LockBackend, LockError, LockInfo, LockKey, LockPage, Operation, OwnerId, TtlModel,
-    WaitStrategy, check_ttl, validity_deadline, with_timeout,
+    Admin, Capabilities, ErrorKind, Facets, FencingScope, FencingToken, GcReport, GrantRequest,
+    HolderInfo, Lease, LeaseKind, ListQuery, LockBackend, LockError, LockInfo, LockKey, LockPage,
+    LockShape, Operation, OwnerId, RENEW_CONCURRENCY, SharedPage, TtlModel, WaitStrategy,
+    check_ttl, renew_concurrently, unsupported_kind, unsupported_shape, validity_deadline,
+    with_timeout,
 };
 use tokio::time::Instant;
 
@@ -47,7 +50,7 @@ const OURS: &str = "/distlock/";
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_core::{LockBackend, LockKey};
+/// use lock_core::{LockBackend, LockBackendExt, LockKey};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_core::LockError> {
@@ -315,7 +318,7 @@ impl SqlShedLockBackend {
     /// have committed before its reply was lost; the retry on a fresh
     /// connection cannot grant twice (our row is unexpired), and one
     /// inspect says whether the holder is us.
-    async fn grant(
+    async fn grant_row(
         &self,
         key: &LockKey,
         locked_by: &str,
@@ -380,7 +383,7 @@ impl SqlShedLockBackend {
         let owner = OwnerId::random();
         let locked_by = self.locked_by_owner(owner);
         let sent_at = Instant::now();
-        let grant = self.grant(key, &locked_by, ttl);
+        let grant = self.grant_row(key, &locked_by, ttl);
         let granted = timed(&self.inner.config, operation, Some(key), grant).await?;
         let Some(token) = granted else {
             return Ok(None);
@@ -434,11 +437,121 @@ impl LockBackend for SqlShedLockBackend {
         }
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    /// The mutex only: ShedLock's table has no shared kinds.
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        if kind != LeaseKind::Exclusive {
+            return Err(unsupported_kind(
+                LockBackend::name(self),
+                key,
+                kind,
+                request.operation(),
+            ));
+        }
+        match deadline {
+            None => self.try_take(key, ttl).await,
+            Some(deadline) => self.take_waiting(key, ttl, deadline).await.map(Some),
+        }
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        renew_concurrently(leases, RENEW_CONCURRENCY, |lease| self.renew_one(lease)).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let key = lease.key();
+        let locked_by = self.locked_by(lease);
+        let sql = &self.inner.sql;
+        timed(&self.inner.config, Operation::Release, Some(key), async {
+            retry_once!(&self.inner.conns, |conn| sql.release(
+                conn,
+                key.as_str(),
+                &locked_by
+            ))
+        })
+        .await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        if shape != LockShape::Mutex {
+            return Err(unsupported_shape(LockBackend::name(self), key, shape));
+        }
+        Ok(lock_core::kind::mutex_holders(
+            self.inspect_mutex(key).await?,
+        ))
+    }
+
+    /// Elections are the default renewed mutex; holders are watched by
+    /// polling.
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            admin: Some(self),
+            ..Facets::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Admin for SqlShedLockBackend {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_rows(query).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        match shape {
+            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
+            other => {
+                let name = LockBackend::name(self);
+                Err(LockError::new(
+                    ErrorKind::Unsupported,
+                    Operation::Inspect,
+                    format!("{name} does not support listing {other} locks"),
+                )
+                .with_backend(name))
+            }
+        }
+    }
+
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        lock_core::election::list_mutex_elections(self, query).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_row(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let _ = older_than;
+        // ShedLock's rows are ShedLock's (it keeps freed rows for ever);
+        // our tokens rows are the counters of the fencing tokens, and
+        // ShedLock's grants could not start above a floor of ours.
+        Err(LockError::new(
+            ErrorKind::Unsupported,
+            Operation::Release,
+            "the ShedLock layout never deletes rows: ShedLock's belong to ShedLock, and the \
+             tokens rows are the only record of each name's last fencing token",
+        )
+        .with_backend(NAME))
+    }
+}
+
+/// The mutex's calls, which [`LockBackend::grant`] and
+/// [`LockBackend::renew_many`] reach.
+impl SqlShedLockBackend {
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         self.try_once(key, ttl, Operation::TryAcquire).await
     }
 
-    async fn acquire(
+    async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -465,7 +578,7 @@ impl LockBackend for SqlShedLockBackend {
         }
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+    async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
         let key = lease.key();
         let ttl = lease.ttl();
         check_ttl(ttl, MIN_TTL, Operation::Renew)
@@ -495,43 +608,7 @@ impl LockBackend for SqlShedLockBackend {
         }
     }
 
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        let key = lease.key();
-        let locked_by = self.locked_by(lease);
-        let sql = &self.inner.sql;
-        timed(&self.inner.config, Operation::Release, Some(key), async {
-            retry_once!(&self.inner.conns, |conn| sql.release(
-                conn,
-                key.as_str(),
-                &locked_by
-            ))
-        })
-        .await
-    }
-
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_rows(query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.force_release_row(key).await
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        let _ = older_than;
-        // ShedLock's rows are ShedLock's (it keeps freed rows for ever);
-        // our tokens rows are the counters of the fencing tokens, and
-        // ShedLock's grants could not start above a floor of ours.
-        Err(LockError::new(
-            ErrorKind::Unsupported,
-            Operation::Release,
-            "the ShedLock layout never deletes rows: ShedLock's belong to ShedLock, and the \
-             tokens rows are the only record of each name's last fencing token",
-        )
-        .with_backend(NAME))
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let sql = &self.inner.sql;
         let row = timed(&self.inner.config, Operation::Inspect, Some(key), async {
             retry_once!(read, &self.inner.conns, |conn| sql

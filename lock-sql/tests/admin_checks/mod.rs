@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LeaseKind, ListQuery, LockBackend, LockKey, LockShape};
+use lock_core::{ErrorKind, LeaseKind, ListQuery, LockBackend, LockBackendExt, LockKey, LockShape};
 use lock_sql::SqlBackend;
 use lock_sql::sqlx::{self, AssertSqlSafe};
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conformance::deploy::{self, DeployedTarget, Opener};
 use conformance::{HarnessError, Target};
-use lock_core::{LockBackend, LockError, LockKey, async_trait};
+use lock_core::{LockBackend, LockBackendExt, LockError, LockKey, async_trait};
 use lock_sql::SqlBackend;
 use lock_sql::sqlx::{self, Connection};
 use tokio::time::Instant;

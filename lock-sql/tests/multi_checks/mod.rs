@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, Lease, LockBackend, LockError, LockKey, LockWrapper, OwnerId, async_trait,
+    ErrorKind, Facets, Lease, LockBackend, LockBackendExt, LockError, LockKey, LockSets,
+    LockWrapper, OwnerId, async_trait,
 };
 use lock_sql::SqlBackend;
 use tokio::time::sleep;
@@ -237,7 +238,7 @@ pub struct OneByOneNoRollback {
     pub inner: SqlBackend,
 }
 
-#[async_trait]
+/// Its own lock sets, beside the inner backend's other facets.
 impl LockWrapper for OneByOneNoRollback {
     fn inner(&self) -> &dyn LockBackend {
         &self.inner
@@ -247,6 +248,16 @@ impl LockWrapper for OneByOneNoRollback {
         "one-by-one-no-rollback"
     }
 
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            lock_sets: Some(self),
+            ..self.inner.facets()
+        }
+    }
+}
+
+#[async_trait]
+impl LockSets for OneByOneNoRollback {
     async fn try_acquire_all(
         &self,
         keys: &[LockKey],

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use conformance::HarnessError;
 use conformance::deploy::{self, DeployedTarget, Opener};
 use conformance::proxy::FaultProxy;
-use lock_core::LockBackend;
+use lock_core::{LockBackend, LockBackendExt};
 use lock_sql::SqlSessionBackend;
 
 /// Short operation timeouts so a cut-off session shows up quickly.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey};
+use lock_core::{ErrorKind, ListQuery, LockBackend, LockBackendExt, LockKey};
 use lock_sql::SqlSessionBackend;
 use lock_sql::sqlx::{self, Connection};
 

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lock_core::{ErrorKind, FencingToken, LeaseKind, LockBackend, LockError, LockKey, LockShape};
+use lock_core::{
+    ErrorKind, FencingToken, LeaseKind, LockBackend, LockBackendExt, LockError, LockKey, LockShape,
+};
 use lock_sql::SqlBackend;
 use tokio::time::{Instant, sleep};
 
