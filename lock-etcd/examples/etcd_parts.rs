@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use conformance::servers::etcd::EtcdServer;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lock_core::LockBackend;
+use lock_core::LockBackendExt;
 
 #[derive(Clone)]
 struct H2 {

@@ -105,7 +105,7 @@ impl EtcdBackend {
         ))
     }
 
-    /// See [`lock_core::LockBackend::force_release`]: deletes the holder's
+    /// See [`lock_core::Admin::force_release`]: deletes the holder's
     /// entry in a transaction comparing its create revision (the holder
     /// read just before; read again if it changed in between).
     pub(super) async fn break_lock(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
@@ -148,7 +148,7 @@ impl EtcdBackend {
         .with_backend(NAME))
     }
 
-    /// See [`lock_core::LockBackend::gc`]: nothing to collect.
+    /// See [`lock_core::Admin::gc`]: nothing to collect.
     pub(super) fn collect_garbage(&self) -> GcReport {
         GcReport::default()
     }

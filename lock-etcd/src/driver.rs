@@ -9,9 +9,10 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnResponse};
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, ListQuery,
-    LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, SharedPage,
-    TtlModel, WaitStrategy, saturating_add, validity_deadline, with_timeout,
+    Admin, Capabilities, Downgrade, Elections, ErrorKind, Facets, FencingScope, GcReport,
+    GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, LockBackend, LockError,
+    LockInfo, LockKey, LockPage, LockSets, LockShape, Operation, SharedPage, TtlModel,
+    WaitStrategy, saturating_add, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -481,12 +482,172 @@ impl LockBackend for EtcdBackend {
         capabilities()
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        match (kind, deadline) {
+            (LeaseKind::Exclusive, None) => self.try_take(key, ttl).await,
+            (LeaseKind::Exclusive, Some(deadline)) => {
+                self.take_waiting(key, ttl, deadline).await.map(Some)
+            }
+            (kind, None) => {
+                self.acquire_shared(key, kind, ttl, None, Operation::TryAcquire)
+                    .await
+            }
+            (kind, Some(deadline)) => {
+                // Bounded like the mutex's wait; dropping `acquire_shared`
+                // is cancel-safe.
+                let attempt =
+                    self.acquire_shared(key, kind, ttl, Some(deadline), Operation::Acquire);
+                Self::bounded_wait(key, deadline, attempt).await.map(Some)
+            }
+        }
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        self.renew_batch(leases).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.release_shared(lease).await;
+        }
+        let op = Operation::Release;
+        let Some((entry, revision, lease_id)) = self.resolve_lease(lease, op).await? else {
+            return Ok(false);
+        };
+        let session = self.session_by_lease(lease_id);
+        if let Some(session) = &session {
+            session.unmark_held(&entry, revision, lease.owner());
+        }
+        let delete = guarded_delete(&entry, revision, lease.owner());
+        // Our session would keep the entry alive: on failure keep trying.
+        self.delete_released(op, delete, lease, (entry, revision), session, true)
+            .await
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::ReadWrite | LockShape::Semaphore => self.shared_holders(key, shape).await,
+            _ => Ok(lock_core::kind::mutex_holders(
+                self.inspect_mutex(key).await?,
+            )),
+        }
+    }
+
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            admin: Some(self),
+            elections: Some(self),
+            lock_sets: Some(self),
+            downgrade: Some(self),
+            holder_watch: Some(self),
+        }
+    }
+}
+
+#[async_trait]
+impl Admin for EtcdBackend {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_locks(query).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        self.list_shared_locks(shape, query).await
+    }
+
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        self.list_led_elections(query).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.break_lock(key).await
+    }
+
+    /// Nothing to collect: etcd keeps no state of a released key (its
+    /// entries go with the release, and tokens are the store's global
+    /// revisions, which never go back). See the crate docs.
+    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
+        Ok(self.collect_garbage())
+    }
+}
+
+/// Elections in the layout of etcd's `concurrency.Election` (`etcdctl elect`
+/// sees the same leader).
+#[async_trait]
+impl Elections for EtcdBackend {
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.campaign_entry(election, ttl, deadline).await
+    }
+
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        self.election_leader(election).await
+    }
+
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        self.watch_election(election, seen, deadline).await
+    }
+}
+
+#[async_trait]
+impl LockSets for EtcdBackend {
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        self.acquire_set(keys, ttl).await
+    }
+}
+
+#[async_trait]
+impl Downgrade for EtcdBackend {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_shared(lease).await
+    }
+}
+
+#[async_trait]
+impl HolderWatch for EtcdBackend {
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        self.watch_holder_of(key, seen, deadline).await
+    }
+}
+
+/// The mutex's calls, which [`LockBackend::grant`], `renew_many` and the
+/// facets reach.
+impl EtcdBackend {
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         self.acquire_inner(key, ttl, None, Operation::TryAcquire)
             .await
     }
 
-    async fn acquire(
+    async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -496,7 +657,7 @@ impl LockBackend for EtcdBackend {
         Self::bounded_wait(key, deadline, attempt).await
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+    async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
         let op = Operation::Renew;
         let not_held = |why: &str| {
             LockError::new(ErrorKind::NotHeld, op, why.to_owned())
@@ -577,142 +738,11 @@ impl LockBackend for EtcdBackend {
         Ok(deadline)
     }
 
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        self.renew_batch(leases).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        if lease.kind() != LeaseKind::Exclusive {
-            return self.release_shared(lease).await;
-        }
-        let op = Operation::Release;
-        let Some((entry, revision, lease_id)) = self.resolve_lease(lease, op).await? else {
-            return Ok(false);
-        };
-        let session = self.session_by_lease(lease_id);
-        if let Some(session) = &session {
-            session.unmark_held(&entry, revision, lease.owner());
-        }
-        let delete = guarded_delete(&entry, revision, lease.owner());
-        // Our session would keep the entry alive: on failure keep trying.
-        self.delete_released(op, delete, lease, (entry, revision), session, true)
-            .await
-    }
-
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        match kind {
-            LeaseKind::Exclusive => self.try_acquire(key, ttl).await,
-            other => {
-                self.acquire_shared(key, other, ttl, None, Operation::TryAcquire)
-                    .await
-            }
-        }
-    }
-
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        if kind == LeaseKind::Exclusive {
-            return self.acquire(key, ttl, deadline).await;
-        }
-        // Bounded like `acquire`; dropping `acquire_shared` is cancel-safe.
-        let attempt = self.acquire_shared(key, kind, ttl, Some(deadline), Operation::Acquire);
-        Self::bounded_wait(key, deadline, attempt).await
-    }
-
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.downgrade_shared(lease).await
-    }
-
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        match shape {
-            LockShape::ReadWrite | LockShape::Semaphore => self.shared_holders(key, shape).await,
-            _ => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
-        }
-    }
-
-    async fn try_acquire_all(
-        &self,
-        keys: &[LockKey],
-        ttl: Duration,
-    ) -> Result<Option<Vec<Lease>>, LockError> {
-        self.acquire_set(keys, ttl).await
-    }
-
-    async fn campaign(
-        &self,
-        election: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.campaign_entry(election, ttl, deadline).await
-    }
-
-    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
-        self.election_leader(election).await
-    }
-
-    async fn watch_leader(
-        &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        _poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<Leader>, LockError> {
-        self.watch_election(election, seen, deadline).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         Ok(self
             .read_holder(key, Operation::Inspect)
             .await?
             .map(|holder| holder.info))
-    }
-
-    async fn watch_holder(
-        &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        _poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<LockInfo>, LockError> {
-        self.watch_holder_of(key, seen, deadline).await
-    }
-
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_locks(query).await
-    }
-
-    async fn list_shared(
-        &self,
-        shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<SharedPage, LockError> {
-        self.list_shared_locks(shape, query).await
-    }
-
-    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        self.list_led_elections(query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.break_lock(key).await
-    }
-
-    /// Nothing to collect: etcd keeps no state of a released key (its
-    /// entries go with the release, and tokens are the store's global
-    /// revisions, which never go back). See the crate docs.
-    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
-        Ok(self.collect_garbage())
     }
 }
 

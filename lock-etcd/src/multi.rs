@@ -25,7 +25,7 @@ use crate::keys::mutex_value;
 pub(crate) const MAX_SET_KEYS: usize = 128;
 
 impl EtcdBackend {
-    /// [`LockBackend::try_acquire_all`](lock_core::LockBackend::try_acquire_all):
+    /// [`LockSets::try_acquire_all`](lock_core::LockSets::try_acquire_all):
     /// one transaction that compares every key's prefix to be empty and puts
     /// our entry under each; the tokens are that transaction's revision
     /// (each entry's create revision).

@@ -1,5 +1,5 @@
 //! Renewing grants of this backend's own sessions: one at a time
-//! (`renew`, which first checks that the entry still exists on the server)
+//! (`renew_one`, which first checks that the entry still exists on the server)
 //! and in batches (`renew_many`, one listing of each session's keys per
 //! renewal round, shared by the round's batches: a client holding N locks
 //! reads N keys per period, not N per batch).
@@ -70,7 +70,7 @@ const DELETED: &str =
 impl EtcdBackend {
     /// Where `lease` lives if it is a grant of one of this backend's
     /// sessions, without a network call (`None` for a lease of another
-    /// process or one that does not parse: `renew` handles those).
+    /// process or one that does not parse: `renew_one` handles those).
     pub(super) fn local_grant(&self, lease: &Lease) -> Option<LocalGrant> {
         let op = Operation::Renew;
         let (entry, revision, lease_id) = if lease.kind() != LeaseKind::Exclusive {
@@ -161,7 +161,7 @@ impl EtcdBackend {
         }
     }
 
-    /// `renew` of a grant of our own session: checks that its entry still
+    /// `renew_one` of a grant of our own session: checks that its entry still
     /// exists (one request), then moves its deadline.
     pub(super) async fn renew_own(
         &self,
@@ -243,7 +243,7 @@ impl EtcdBackend {
     /// `renew_many`: the grants of each of our sessions with one
     /// `LeaseTimeToLive` request listing the keys attached to its lease
     /// (an entry missing from the list was deleted behind our back), the
-    /// rest (leases of other processes) with `renew`.
+    /// rest (leases of other processes) with `renew_one`.
     pub(super) async fn renew_batch(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         let op = Operation::Renew;
         let mut results: Vec<Option<Result<Instant, LockError>>> =
@@ -306,7 +306,8 @@ impl EtcdBackend {
         }
         if !others.is_empty() {
             let rest: Vec<&Lease> = others.iter().map(|&i| leases[i]).collect();
-            let renewed = renew_concurrently(self, &rest, RENEW_CONCURRENCY).await;
+            let renewed =
+                renew_concurrently(&rest, RENEW_CONCURRENCY, |lease| self.renew_one(lease)).await;
             for (i, result) in others.into_iter().zip(renewed) {
                 results[i] = Some(result);
             }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
+use lock_core::LockBackendExt;
 use lock_core::{
     ErrorKind, FencingToken, HolderInfo, LeaseKind, ListQuery, LockBackend, LockClient, LockKey,
     LockShape, LockState,

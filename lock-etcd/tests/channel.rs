@@ -11,6 +11,7 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::etcd::EtcdServer;
+use lock_core::LockBackendExt;
 use lock_core::{LockBackend, LockKey};
 use tokio::time::{Instant, sleep};
 

@@ -24,8 +24,8 @@ use conformance::servers::etcd::EtcdServer;
 use etcd_client::PutOptions;
 use lock_core::election::{Leader, election_lock_key};
 use lock_core::{
-    ErrorKind, FencingToken, HolderDetails, Lease, LockBackend, LockClient, LockError, LockKey,
-    OwnerId,
+    ErrorKind, Facets, FencingToken, HolderDetails, Lease, LockBackend, LockBackendExt, LockClient,
+    LockError, LockKey, OwnerId,
 };
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -125,25 +125,13 @@ impl lock_core::LockWrapper for IgnoresOlder {
     fn name(&self) -> &'static str {
         "etcd-ignores-older"
     }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        let Some(entry) = lease.backend_data().strip_prefix("broken:") else {
-            return self.inner.renew(lease).await;
-        };
-        let found = self.inner.client().clone().get(entry, None).await.unwrap();
-        if found.kvs().is_empty() {
-            return Err(LockError::new(
-                ErrorKind::NotHeld,
-                lock_core::Operation::Renew,
-                "gone",
-            ));
-        }
-        Ok(Instant::now() + lease.ttl())
-    }
-    /// The trait's default, as before the wrapper: each lease through
-    /// this double's `renew` (the inner backend's batch knows nothing of
-    /// the broken candidacies).
+    /// Each lease through this double's `renew_one` (the inner backend's
+    /// batch knows nothing of the broken candidacies).
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        lock_core::renew_concurrently(self, leases, lock_core::RENEW_CONCURRENCY).await
+        lock_core::renew_concurrently(leases, lock_core::RENEW_CONCURRENCY, |lease| {
+            self.renew_one(lease)
+        })
+        .await
     }
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         let Some(entry) = lease.backend_data().strip_prefix("broken:") else {
@@ -157,6 +145,47 @@ impl lock_core::LockWrapper for IgnoresOlder {
             .await
             .unwrap();
         Ok(deleted.deleted() == 1)
+    }
+    /// The inner backend's facets, with this double's elections.
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            elections: Some(self),
+            ..self.inner.facets()
+        }
+    }
+}
+
+impl IgnoresOlder {
+    async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let Some(entry) = lease.backend_data().strip_prefix("broken:") else {
+            return self.inner.renew(lease).await;
+        };
+        let found = self.inner.client().clone().get(entry, None).await.unwrap();
+        if found.kvs().is_empty() {
+            return Err(LockError::new(
+                ErrorKind::NotHeld,
+                lock_core::Operation::Renew,
+                "gone",
+            ));
+        }
+        Ok(Instant::now() + lease.ttl())
+    }
+}
+
+/// Leads at once; `leader` and `watch_leader` are the inner backend's.
+#[lock_core::async_trait]
+impl lock_core::Elections for IgnoresOlder {
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        LockBackendExt::leader(&self.inner, election).await
+    }
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        LockBackendExt::watch_leader(&self.inner, election, seen, poll, deadline).await
     }
     async fn campaign(
         &self,
@@ -545,14 +574,37 @@ impl lock_core::LockWrapper for NeverWithdraws {
     fn name(&self) -> &'static str {
         "etcd-never-withdraws"
     }
+    /// The inner double's facets, with this double's elections.
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            elections: Some(self),
+            ..LockBackend::facets(&self.0)
+        }
+    }
+}
+
+#[lock_core::async_trait]
+impl lock_core::Elections for NeverWithdraws {
     async fn campaign(
         &self,
         election: &LockKey,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        let _entry = LockBackend::campaign(&self.0, election, ttl, deadline).await?;
+        let _entry = LockBackendExt::campaign(&self.0, election, ttl, deadline).await?;
         std::future::pending().await
+    }
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        LockBackendExt::leader(&self.0, election).await
+    }
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        LockBackendExt::watch_leader(&self.0, election, seen, poll, deadline).await
     }
 }
 

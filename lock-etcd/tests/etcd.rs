@@ -12,6 +12,7 @@ use conformance::deploy::{self, DeployedTarget};
 use conformance::history::{FencedResource, History};
 use conformance::servers::etcd::EtcdServer;
 use conformance::{Harness, OrSkip, SuiteConfig, run_suite};
+use lock_core::LockBackendExt;
 use lock_core::{ErrorKind, LockBackend, LockClient, LockKey, LockState};
 use lock_etcd::floor::EtcdFloor;
 use lock_etcd::{EtcdBackend, EtcdConfig};

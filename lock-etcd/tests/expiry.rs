@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
+use lock_core::LockBackendExt;
 use lock_core::{ErrorKind, Lease, LockBackend, LockClient, LockKey, OwnerId};
 use lock_etcd::EtcdBackend;
 use tokio::time::Instant;

@@ -11,6 +11,7 @@ use conformance::deploy::{DeployedTarget, Single};
 use conformance::process::run_setup;
 use conformance::servers::etcd::{EtcdServer, etcdctl};
 use conformance::{Harness, OrSkip, run_suite};
+use lock_core::LockBackendExt;
 use lock_core::{ErrorKind, LockBackend, LockError, LockKey};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::time::{Instant, timeout};

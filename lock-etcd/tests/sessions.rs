@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
+use lock_core::LockBackendExt;
 use lock_core::{LockBackend, LockClient, LockKey};
 use tokio::time::{Instant, sleep};
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::etcd::EtcdServer;
+use lock_core::LockBackendExt;
 use lock_core::{
     ErrorKind, FencingToken, Lease, LeaseKind, LockBackend, LockError, LockKey, LockShape, OwnerId,
 };

@@ -11,6 +11,7 @@ use conformance::OrSkip;
 use conformance::deploy::Opener;
 use conformance::history::{Op, Recorder};
 use conformance::servers::etcd::EtcdServer;
+use lock_core::LockBackendExt;
 use lock_core::{Lease, LeaseKind, LockBackend, LockError, LockKey};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::time::{Instant, sleep};

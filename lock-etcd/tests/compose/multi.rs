@@ -16,11 +16,24 @@ impl lock_core::LockWrapper for OneByOne {
     fn name(&self) -> &'static str {
         "etcd-one-by-one"
     }
-    /// The trait's default, as before the wrapper: each lease with
-    /// `renew`, not etcd's batch.
+    /// Each lease renewed on its own, not in etcd's batch.
     async fn renew_many(&self, leases: &[&lock_core::Lease]) -> Vec<Result<Instant, LockError>> {
-        lock_core::renew_concurrently(self, leases, lock_core::RENEW_CONCURRENCY).await
+        lock_core::renew_concurrently(leases, lock_core::RENEW_CONCURRENCY, |lease| {
+            self.0.renew(lease)
+        })
+        .await
     }
+    /// etcd's facets, with this double's sets.
+    fn facets(&self) -> lock_core::Facets<'_> {
+        lock_core::Facets {
+            lock_sets: Some(self),
+            ..self.0.facets()
+        }
+    }
+}
+
+#[lock_core::async_trait]
+impl lock_core::LockSets for OneByOne {
     async fn try_acquire_all(
         &self,
         keys: &[LockKey],

@@ -3,6 +3,7 @@
 //! `tests/shared.rs`).
 
 use super::*;
+use lock_core::{Downgrade, Facets, GrantRequest};
 
 // ---------------------------------------------------------------- doubles
 
@@ -78,7 +79,33 @@ impl lock_core::LockWrapper for Broken {
     fn name(&self) -> &'static str {
         "broken-etcd"
     }
-    async fn try_acquire_kind(
+    /// Mutexes are etcd's; the other kinds go through the flaw.
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        if kind == LeaseKind::Exclusive {
+            return self.inner.grant(request).await;
+        }
+        match deadline {
+            None => self.try_kind(key, kind, ttl).await,
+            Some(deadline) => self.wait_kind(key, kind, ttl, deadline).await.map(Some),
+        }
+    }
+    /// etcd's facets, with this double's downgrade.
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            downgrade: Some(self),
+            ..self.inner.facets()
+        }
+    }
+}
+
+impl Broken {
+    async fn try_kind(
         &self,
         key: &LockKey,
         kind: LeaseKind,
@@ -90,7 +117,7 @@ impl lock_core::LockWrapper for Broken {
             .await?;
         Ok(lease.map(|l| self.lease(l)))
     }
-    async fn acquire_kind(
+    async fn wait_kind(
         &self,
         key: &LockKey,
         kind: LeaseKind,
@@ -136,6 +163,10 @@ impl lock_core::LockWrapper for Broken {
             }
         }
     }
+}
+
+#[lock_core::async_trait]
+impl Downgrade for Broken {
     async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
         if self.flaw == Flaw::GapDowngrade {
             self.inner.release(lease).await?;
@@ -149,7 +180,7 @@ impl lock_core::LockWrapper for Broken {
                 )
                 .await;
         }
-        self.inner.downgrade(lease).await
+        LockBackendExt::downgrade(&*self.inner, lease).await
     }
 }
 
