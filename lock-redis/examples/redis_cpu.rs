@@ -15,7 +15,7 @@
 //! connections:
 //!
 //! - **floor**: [`lock_redis::floor::RedisFloor`]'s cycle;
-//! - **trait**: `LockBackend::acquire` (waiting) + `LockBackend::release`
+//! - **trait**: `LockBackendExt::acquire` (waiting) + `LockBackend::release`
 //!   on a `RedisBackend`, no guard;
 //! - **ours**: `client.lock(k).ttl(30s).wait(60s).acquire()` then
 //!   `guard.release()`.
@@ -32,7 +32,7 @@ use bench_support::{BoxError, CLIENTS, TTL, WAIT, env, ours_cycle};
 use conformance::cpu::{median, process_tree_cpu_ns, self_cpu_ns};
 use conformance::servers::redis::RedisServer;
 use lock_core::floor::RawFloor;
-use lock_core::{LockBackend, LockClient, LockError, LockKey};
+use lock_core::{LockBackend, LockBackendExt, LockClient, LockError, LockKey};
 use lock_redis::floor::RedisFloor;
 use tokio::time::Instant;
 

@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, ListQuery,
-    LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, TtlModel,
-    WaitStrategy, async_trait, check_ttl,
+    Admin, Capabilities, Downgrade, ErrorKind, Facets, FencingScope, GcReport, GrantRequest,
+    HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, LockBackend, LockError, LockInfo,
+    LockKey, LockPage, LockSets, LockShape, Operation, OwnerId, TtlModel, WaitStrategy,
+    async_trait, check_ttl,
 };
 use tokio::time::Instant;
 
@@ -47,7 +48,7 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lock_core::{LockBackend, LockKey};
+/// use lock_core::{LockBackend, LockBackendExt, LockKey};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_core::LockError> {
@@ -263,7 +264,192 @@ impl LockBackend for RedisBackend {
         capabilities(&self.inner.config)
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        match (kind, deadline) {
+            (LeaseKind::Exclusive, None) => self.try_take(key, ttl).await,
+            (LeaseKind::Exclusive, Some(deadline)) => {
+                self.take_waiting(key, ttl, deadline).await.map(Some)
+            }
+            (kind, None) => {
+                self.refuse_legacy(
+                    Operation::TryAcquire,
+                    "read-write locks and semaphores",
+                    key,
+                )?;
+                self.try_acquire_shared(key, kind, ttl).await
+            }
+            (kind, Some(deadline)) => {
+                self.refuse_legacy(Operation::Acquire, "read-write locks and semaphores", key)?;
+                self.acquire_shared(key, kind, ttl, deadline)
+                    .await
+                    .map(Some)
+            }
+        }
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        if leases.iter().any(|l| l.kind() != LeaseKind::Exclusive) {
+            return self.renew_mixed(leases).await;
+        }
+        // One pipeline per node for the whole batch (see renew_many.rs).
+        self.renew_pipelined(leases).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.release_shared(lease).await;
+        }
+        let names = self.names(lease.key(), Operation::Release)?;
+        let owner = self.owner_value(lease.owner());
+        let (released, _not_held, errors) = self
+            .inner
+            .release_all(&names, &owner, self.inner.config.operation_timeout)
+            .await;
+        let quorum = self.inner.quorum;
+        if released >= quorum || (self.inner.redlock && released > 0 && errors.is_empty()) {
+            return Ok(true);
+        }
+        if released + errors.len() >= quorum && !errors.is_empty() {
+            // Whether a majority held it is unknown: report the error; the
+            // lease expires with its TTL where the release did not arrive.
+            let err = errors.into_iter().next().unwrap_or_else(|| {
+                LockError::new(ErrorKind::Unavailable, Operation::Release, "no answer")
+            });
+            return Err(err.with_key(lease.key()));
+        }
+        Ok(false)
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::Mutex => Ok(lock_core::kind::mutex_holders(
+                self.inspect_mutex(key).await?,
+            )),
+            shape => {
+                self.refuse_legacy(Operation::Inspect, "read-write locks and semaphores", key)?;
+                self.holders_shared(key, shape).await
+            }
+        }
+    }
+
+    /// Administration and holder watches everywhere; sets of keys in one
+    /// script and downgrades where the layout and topology have them (not
+    /// on Redlock, not in the legacy layouts: see the crate docs).
+    /// Elections are the renewed mutex (lock-core's default), watched as
+    /// its holder.
+    fn facets(&self) -> Facets<'_> {
+        let ours = !self.inner.redlock && !self.inner.config.layout.is_legacy();
+        Facets {
+            admin: Some(self),
+            lock_sets: ours.then_some(self as &dyn LockSets),
+            downgrade: ours.then_some(self as &dyn Downgrade),
+            holder_watch: Some(self),
+            ..Facets::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Admin for RedisBackend {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_page(query).await
+    }
+
+    /// Read-write locks and semaphores by `SCAN` (one server, Sentinel,
+    /// Cluster); the mutex from `list`; `Unsupported` for the shared
+    /// shapes with Redlock and the legacy layouts.
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<lock_core::SharedPage, LockError> {
+        match shape {
+            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
+            shape => self.list_shared_page(shape, query).await,
+        }
+    }
+
+    /// Elections are the default mutexes.
+    async fn list_elections(
+        &self,
+        query: &ListQuery,
+    ) -> Result<lock_core::election::ElectionPage, LockError> {
+        lock_core::election::list_mutex_elections(self, query).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_nodes(key).await
+    }
+
+    /// `Unsupported` in the legacy layouts, whose counters sit in the
+    /// other library's key space (see the crate docs, *Operating locks*).
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.gc_counters(older_than).await
+    }
+}
+
+#[async_trait]
+impl HolderWatch for RedisBackend {
+    /// A held key's release is published on its channel (by our release
+    /// and force_release scripts, and by Redisson's unlock on that
+    /// layout): while the key is held, subscribe first, then read, and wake
+    /// on the message; `poll` still bounds each wait, since an expiry or a
+    /// new grant of a free key publishes nothing.
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        if seen.is_none() {
+            return lock_core::poll_holder(self, key, seen, poll, deadline).await;
+        }
+        let names = self.names(key, Operation::Inspect)?;
+        let watch = self.inner.notifier.watch(&names.channel, deadline).await;
+        lock_core::watch_holder_with(self, key, seen, poll, deadline, || {
+            // Registered before the read so a release in between wakes us.
+            let mut notified = Box::pin(watch.notify().notified());
+            notified.as_mut().enable();
+            notified
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl LockSets for RedisBackend {
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        if let Some(first) = keys.first() {
+            // lock-core takes the keys one at a time on `Unsupported`.
+            self.refuse_legacy(Operation::TryAcquire, "one-script sets of keys", first)?;
+        }
+        self.try_acquire_set(keys, ttl).await
+    }
+}
+
+#[async_trait]
+impl Downgrade for RedisBackend {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.refuse_legacy(Operation::Downgrade, "read-write locks", lease.key())?;
+        self.downgrade_shared(lease).await
+    }
+}
+
+/// The mutex's calls, which [`LockBackend::grant`], `renew_many` and the
+/// facets reach.
+impl RedisBackend {
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         let op = Operation::TryAcquire;
         self.check_ttl(ttl, op, key)?;
         if self.inner.config.fair {
@@ -278,7 +464,7 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn acquire(
+    async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -323,7 +509,9 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+    /// One lease's renewal, every kind (the write leases of `renew_many`
+    /// come here).
+    pub(crate) async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
         if lease.kind() != LeaseKind::Exclusive {
             return self.renew_shared(lease).await;
         }
@@ -374,165 +562,7 @@ impl LockBackend for RedisBackend {
         Err(err.with_key(key))
     }
 
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        if leases.iter().any(|l| l.kind() != LeaseKind::Exclusive) {
-            return self.renew_mixed(leases).await;
-        }
-        // One pipeline per node for the whole batch (see renew_many.rs).
-        self.renew_pipelined(leases).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        if lease.kind() != LeaseKind::Exclusive {
-            return self.release_shared(lease).await;
-        }
-        let names = self.names(lease.key(), Operation::Release)?;
-        let owner = self.owner_value(lease.owner());
-        let (released, _not_held, errors) = self
-            .inner
-            .release_all(&names, &owner, self.inner.config.operation_timeout)
-            .await;
-        let quorum = self.inner.quorum;
-        if released >= quorum || (self.inner.redlock && released > 0 && errors.is_empty()) {
-            return Ok(true);
-        }
-        if released + errors.len() >= quorum && !errors.is_empty() {
-            // Whether a majority held it is unknown: report the error; the
-            // lease expires with its TTL where the release did not arrive.
-            let err = errors.into_iter().next().unwrap_or_else(|| {
-                LockError::new(ErrorKind::Unavailable, Operation::Release, "no answer")
-            });
-            return Err(err.with_key(lease.key()));
-        }
-        Ok(false)
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         Ok(self.inspect_nodes(key).await?.0)
-    }
-
-    /// Elections are the renewed mutex: observers wake as its watch does.
-    async fn watch_leader(
-        &self,
-        election: &LockKey,
-        seen: Option<&lock_core::election::Leader>,
-        poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<lock_core::election::Leader>, LockError> {
-        lock_core::election::watch_mutex_leader(self, election, seen, poll, deadline).await
-    }
-
-    /// A held key's release is published on its channel (by our release
-    /// and force_release scripts, and by Redisson's unlock on that
-    /// layout): while the key is held, subscribe first, then read, and wake
-    /// on the message; `poll` still bounds each wait, since an expiry or a
-    /// new grant of a free key publishes nothing.
-    async fn watch_holder(
-        &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<LockInfo>, LockError> {
-        if seen.is_none() {
-            return lock_core::poll_holder(self, key, seen, poll, deadline).await;
-        }
-        let names = self.names(key, Operation::Inspect)?;
-        let watch = self.inner.notifier.watch(&names.channel, deadline).await;
-        lock_core::watch_holder_with(self, key, seen, poll, deadline, || {
-            // Registered before the read so a release in between wakes us.
-            let mut notified = Box::pin(watch.notify().notified());
-            notified.as_mut().enable();
-            notified
-        })
-        .await
-    }
-
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_page(query).await
-    }
-
-    /// Read-write locks and semaphores by `SCAN` (one server, Sentinel,
-    /// Cluster); the mutex from `list`; `Unsupported` for the shared
-    /// shapes with Redlock and the legacy layouts.
-    async fn list_shared(
-        &self,
-        shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<lock_core::SharedPage, LockError> {
-        match shape {
-            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
-            shape => self.list_shared_page(shape, query).await,
-        }
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.force_release_nodes(key).await
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.gc_counters(older_than).await
-    }
-
-    async fn try_acquire_all(
-        &self,
-        keys: &[LockKey],
-        ttl: Duration,
-    ) -> Result<Option<Vec<Lease>>, LockError> {
-        if let Some(first) = keys.first() {
-            // lock-core takes the keys one at a time on `Unsupported`.
-            self.refuse_legacy(Operation::TryAcquire, "one-script sets of keys", first)?;
-        }
-        self.try_acquire_set(keys, ttl).await
-    }
-
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        match kind {
-            LeaseKind::Exclusive => self.try_acquire(key, ttl).await,
-            kind => {
-                self.refuse_legacy(
-                    Operation::TryAcquire,
-                    "read-write locks and semaphores",
-                    key,
-                )?;
-                self.try_acquire_shared(key, kind, ttl).await
-            }
-        }
-    }
-
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        match kind {
-            LeaseKind::Exclusive => self.acquire(key, ttl, deadline).await,
-            kind => {
-                self.refuse_legacy(Operation::Acquire, "read-write locks and semaphores", key)?;
-                self.acquire_shared(key, kind, ttl, deadline).await
-            }
-        }
-    }
-
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.refuse_legacy(Operation::Downgrade, "read-write locks", lease.key())?;
-        self.downgrade_shared(lease).await
-    }
-
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        match shape {
-            LockShape::Mutex => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
-            shape => {
-                self.refuse_legacy(Operation::Inspect, "read-write locks and semaphores", key)?;
-                self.holders_shared(key, shape).await
-            }
-        }
     }
 }

@@ -24,7 +24,7 @@ use common::raw;
 use conformance::OrSkip;
 use conformance::cases::watch_across;
 use conformance::servers::redis::RedisServer;
-use lock_core::{HolderDetails, LockBackend, LockKey};
+use lock_core::{HolderDetails, LockBackend, LockBackendExt, LockKey};
 use lock_redis::{RedisBackend, RedisConfig};
 use redis::aio::MultiplexedConnection;
 

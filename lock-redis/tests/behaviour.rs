@@ -11,7 +11,7 @@ use common::{Fleet, RedisTarget, deployed, raw, try_raw, waiting_for_a_replica};
 use conformance::history::History;
 use conformance::servers::redis::RedisServer;
 use conformance::{Harness, OrSkip, Target, run_suite};
-use lock_core::{Lease, LockBackend, LockClient, LockKey};
+use lock_core::{Lease, LockBackend, LockBackendExt, LockClient, LockKey};
 use lock_redis::{RedisBackend, RedisConfig};
 use tokio::time::Instant;
 

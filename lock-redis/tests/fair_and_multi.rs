@@ -15,7 +15,7 @@ use common::raw;
 use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::redis::{RedisCluster, RedisServer};
-use lock_core::{ErrorKind, LockBackend, LockClient, LockKey, lock_order};
+use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockClient, LockKey, lock_order};
 use lock_redis::RedisBackend;
 use redis::aio::MultiplexedConnection;
 use tokio::time::{Instant, sleep};

@@ -11,7 +11,7 @@ use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::redis::RedisServer;
 use lock_core::floor::RawFloor;
-use lock_core::{ErrorKind, LockBackend, LockKey};
+use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockKey};
 use lock_redis::floor::{RedisFloor, RedlockFloor};
 use lock_redis::{RedisBackend, RedisConfig};
 

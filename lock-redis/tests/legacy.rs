@@ -24,7 +24,7 @@ use std::time::Duration;
 use conformance::servers::redis::{RedisCluster, RedisServer};
 use conformance::{Harness, OrSkip, run_suite};
 use contender::{Contender, Ours, Peer, excludes_both_ways, node_dir, python, unique};
-use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey};
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockBackendExt, LockKey};
 use lock_redis::{RedisBackend, RedisConfig, RedisLayout};
 
 async fn backend(url: &str) -> RedisBackend {

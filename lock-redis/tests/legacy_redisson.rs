@@ -19,7 +19,7 @@ use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
 use contender::{Contender, Ours, TTL, excludes_both_ways, unique};
 use futures_util::StreamExt;
-use lock_core::{ErrorKind, LockBackend, LockKey, OwnerId};
+use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockKey, OwnerId};
 use lock_redis::{RedisBackend, RedisConfig};
 use redis::Value;
 use redis::aio::MultiplexedConnection;

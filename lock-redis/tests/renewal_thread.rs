@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
-use lock_core::{LockBackend, LockClient, LockGuard, LockKey, LockState, RenewalRuntime};
+use lock_core::{
+    LockBackend, LockBackendExt, LockClient, LockGuard, LockKey, LockState, RenewalRuntime,
+};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_millis(600);

@@ -27,7 +27,9 @@ use std::time::Duration;
 use common::{RedisTarget, raw, waiting_for_a_replica};
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
-use lock_core::{ErrorKind, HolderDetails, Lease, LeaseKind, ListQuery, LockBackend, LockShape};
+use lock_core::{
+    ErrorKind, HolderDetails, Lease, LeaseKind, ListQuery, LockBackend, LockBackendExt, LockShape,
+};
 use shared_checks::*;
 use tokio::time::sleep;
 

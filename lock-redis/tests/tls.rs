@@ -15,7 +15,7 @@ use common::opener_with;
 use conformance::deploy::{DeployedTarget, Single};
 use conformance::servers::redis::RedisServer;
 use conformance::{Harness, HarnessError, OrSkip, run_suite};
-use lock_core::{ErrorKind, LockBackend, LockError, LockKey};
+use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockError, LockKey};
 use lock_redis::{RedisBackend, RedisConfig};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use tempfile::TempDir;

@@ -414,7 +414,7 @@ impl RedisBackend {
         let (mutex, write, shares) = (pick(&groups[0]), pick(&groups[1]), pick(&groups[2]));
         let (mutex, write, shares) = futures_util::future::join3(
             self.renew_pipelined(&mutex),
-            renew_concurrently(self, &write, RENEW_CONCURRENCY),
+            renew_concurrently(&write, RENEW_CONCURRENCY, |lease| self.renew_one(lease)),
             self.renew_shares(&shares),
         )
         .await;

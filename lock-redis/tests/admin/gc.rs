@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::redis::{RedisCluster, RedisServer};
-use lock_core::{ErrorKind, Lease, ListQuery, LockBackend, LockKey};
+use lock_core::{ErrorKind, Lease, ListQuery, LockBackend, LockBackendExt, LockKey};
 use lock_redis::RedisBackend;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
-use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey};
+use lock_core::{ErrorKind, ListQuery, LockBackend, LockBackendExt, LockKey};
 use redis::aio::MultiplexedConnection;
 
 use super::backend;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::process::in_ci;
-use lock_core::{ErrorKind, Lease, LockBackend, LockKey};
+use lock_core::{ErrorKind, Lease, LockBackend, LockBackendExt, LockKey};
 use lock_redis::RedisBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use conformance::proxy::{CyclePlan, FaultProxy};
-use lock_core::{ErrorKind, Lease, LeaseKind, LockBackend, LockShape};
+use lock_core::{ErrorKind, Lease, LeaseKind, LockBackend, LockBackendExt, LockShape};
 use lock_redis::{RedisBackend, RedisConfig};
 use tokio::time::{Instant, sleep};
 

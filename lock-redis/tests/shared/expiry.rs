@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lock_core::{ErrorKind, LeaseKind, LockBackend};
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockBackendExt};
 use tokio::time::{Instant, sleep};
 
 use super::shared_checks::*;

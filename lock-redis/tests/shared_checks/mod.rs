@@ -11,8 +11,8 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
 use lock_core::{
-    ErrorKind, FencingToken, Lease, LeaseKind, LockBackend, LockError, LockKey, LockWrapper,
-    async_trait,
+    Downgrade, ErrorKind, Facets, FencingToken, GrantRequest, Lease, LeaseKind, LockBackend,
+    LockBackendExt, LockError, LockKey, LockWrapper, async_trait,
 };
 use lock_redis::{RedisBackend, RedisConfig};
 use tokio::time::{Instant, sleep};
@@ -444,41 +444,9 @@ impl Broken {
         LockKey::new(format!("{key}-shadow")).unwrap()
     }
 
-    async fn poll(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        loop {
-            if let Some(lease) = LockWrapper::try_acquire_kind(self, key, kind, ttl).await? {
-                return Ok(lease);
-            }
-            if Instant::now() >= deadline {
-                return Err(LockError::new(
-                    ErrorKind::Contended,
-                    lock_core::Operation::Acquire,
-                    "held",
-                ));
-            }
-            sleep(Duration::from_millis(5)).await;
-        }
-    }
-}
-
-/// Overrides only the calls a flaw changes; the rest reach the real
-/// backend. `acquire_kind` is written out because a flawed wait must go
-/// through the flawed tries (the inner backend's wait would not).
-#[async_trait]
-impl LockWrapper for Broken {
-    fn inner(&self) -> &dyn LockBackend {
-        &self.inner
-    }
-    fn name(&self) -> &'static str {
-        "broken-redis"
-    }
-    async fn try_acquire_kind(
+    /// A try of `kind` with the flaw applied (the wrapper's tries, and
+    /// the polls of its flawed waits).
+    async fn try_kind(
         &self,
         key: &LockKey,
         kind: LeaseKind,
@@ -511,22 +479,74 @@ impl LockWrapper for Broken {
             _ => self.inner.try_acquire_kind(key, kind, ttl).await,
         }
     }
-    async fn acquire_kind(
+
+    async fn poll(
         &self,
         key: &LockKey,
         kind: LeaseKind,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
+        loop {
+            if let Some(lease) = self.try_kind(key, kind, ttl).await? {
+                return Ok(lease);
+            }
+            if Instant::now() >= deadline {
+                return Err(LockError::new(
+                    ErrorKind::Contended,
+                    lock_core::Operation::Acquire,
+                    "held",
+                ));
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Overrides only the calls a flaw changes; the rest reach the real
+/// backend. A flawed wait goes through the flawed tries (the inner
+/// backend's wait would not); the mutex is the real backend's.
+#[async_trait]
+impl LockWrapper for Broken {
+    fn inner(&self) -> &dyn LockBackend {
+        &self.inner
+    }
+    fn name(&self) -> &'static str {
+        "broken-redis"
+    }
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        if kind == LeaseKind::Exclusive {
+            return self.inner.grant(request).await;
+        }
+        let Some(deadline) = deadline else {
+            return self.try_kind(key, kind, ttl).await;
+        };
         match (self.flaw, kind) {
             (Flaw::WriterDoesNotQueue, LeaseKind::Write)
             | (Flaw::PermitsDoNotQueue, LeaseKind::Permits { .. })
             | (Flaw::ReaderIgnoresWriter | Flaw::ExtraPermit | Flaw::StaleWriteToken, _) => {
-                self.poll(key, kind, ttl, deadline).await
+                self.poll(key, kind, ttl, deadline).await.map(Some)
             }
-            _ => self.inner.acquire_kind(key, kind, ttl, deadline).await,
+            _ => self.inner.grant(request).await,
         }
     }
+    /// The real backend's facets, with this double's downgrade.
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            downgrade: Some(self),
+            ..self.inner.facets()
+        }
+    }
+}
+
+#[async_trait]
+impl Downgrade for Broken {
     async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
         if self.flaw == Flaw::DowngradeWithGap {
             self.inner.release(lease).await?;
@@ -538,7 +558,7 @@ impl LockWrapper for Broken {
                     LockError::new(ErrorKind::NotHeld, lock_core::Operation::Downgrade, "lost")
                 });
         }
-        self.inner.downgrade(lease).await
+        LockBackendExt::downgrade(&self.inner, lease).await
     }
 }
 
