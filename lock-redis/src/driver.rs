@@ -387,7 +387,7 @@ impl Admin for RedisBackend {
         self.force_release_nodes(key).await
     }
 
-    /// `Unsupported` in the legacy layouts, whose counters sit in the
+    /// An empty report in the legacy layouts, whose counters sit in the
     /// other library's key space (see the crate docs, *Operating locks*).
     async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
         self.gc_counters(older_than).await

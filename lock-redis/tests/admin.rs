@@ -3,8 +3,8 @@
 //! held key's counter stays; the control: a counter deleted by hand,
 //! without the floor, does restart at 1, so the check can fail), `gc` on
 //! Cluster under one floor key per slot (the same fence and controls),
-//! `gc` on Redlock under one floor per node, `gc` refused with the legacy
-//! layouts, holder details beside the legacy
+//! `gc` on Redlock under one floor per node, `gc` collecting nothing with
+//! the legacy layouts, holder details beside the legacy
 //! layouts' values (the value other clients compare is unchanged, the
 //! side key goes with the lock), `force_release` of another library's
 //! holder, and bad list cursors. The gc tests are in `admin/gc.rs`, the

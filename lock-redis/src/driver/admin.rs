@@ -565,16 +565,10 @@ impl RedisBackend {
         let op = Operation::Inspect;
         let config = &self.inner.config;
         if config.layout.is_legacy() {
-            return Err(LockError::new(
-                ErrorKind::Unsupported,
-                op,
-                format!(
-                    "gc needs layout=native: the counters of layout={} sit in the other \
-                     library's key space, beside keys gc cannot tell from application data",
-                    config.layout.as_str()
-                ),
-            )
-            .with_backend(NAME));
+            // Nothing gc may collect: the counters of the legacy layouts sit
+            // in the other library's key space, beside keys gc cannot tell
+            // from application data. Removing nothing keeps every token.
+            return Ok(GcReport::default());
         }
         let floors = self.inner.floor;
         if floors == TokenFloor::Absent {

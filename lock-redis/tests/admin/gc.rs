@@ -104,10 +104,14 @@ async fn gc_removes_idle_counters_and_tokens_stay_above() {
     let other = backend(&format!("{}?prefix=gc2:", server.url())).await;
     let fresh = cycle(&other, &LockKey::new("fresh").unwrap(), 1).await;
     assert!(fresh > floor, "a new counter under another prefix: {fresh}");
-    // The legacy layouts' counters live among application keys: refused.
+    // The legacy layouts' counters live among application keys: gc
+    // collects nothing there, and the counter stays.
     let plain = backend(&format!("{}?layout=plain", server.url())).await;
-    let err = plain.gc(Duration::ZERO).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let plain_key = LockKey::new("plain-kept").unwrap();
+    cycle(&plain, &plain_key, 1).await;
+    let report = plain.gc(Duration::ZERO).await.unwrap();
+    assert_eq!(report, lock_core::GcReport::default());
+    assert!(exists(&mut conn, "plain-kept:token").await);
 }
 
 /// Takes `key` for 30 s: a held key, whose counter gc must keep.
@@ -299,10 +303,10 @@ async fn gc_on_cluster_keeps_tokens_above_per_slot() {
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
     }
-    // The legacy layouts stay refused in Cluster.
+    // The legacy layouts collect nothing in Cluster either.
     let plain = backend(&format!("{}?layout=plain", cluster.url())).await;
-    let err = plain.gc(Duration::ZERO).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let report = plain.gc(Duration::ZERO).await.unwrap();
+    assert_eq!(report, lock_core::GcReport::default());
 }
 
 /// Each node's counters of `keys`, as that node holds them (0: none).
@@ -411,12 +415,12 @@ async fn gc_on_redlock_keeps_every_nodes_counters_above() {
     drop(servers.pop());
     let report = b.gc(Duration::ZERO).await.unwrap();
     assert!(report.removed >= 6, "{report:?}");
-    // The legacy layout on Redlock stays refused.
+    // The legacy layout on Redlock collects nothing.
     let plain = backend(&format!(
         "{}?layout=plain",
         RedisServer::redlock_url(&servers)
     ))
     .await;
-    let err = plain.gc(Duration::ZERO).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let report = plain.gc(Duration::ZERO).await.unwrap();
+    assert_eq!(report, lock_core::GcReport::default());
 }
