@@ -14,7 +14,7 @@ use std::time::Duration;
 use conformance::bench::{self, LatencyStats};
 use conformance::servers::zookeeper::ZkServer;
 use lock_core::floor::RawFloor;
-use lock_core::{LockBackend, LockClient, LockKey, OwnerId};
+use lock_core::{LockBackend, LockBackendExt, LockClient, LockKey, OwnerId};
 use lock_zk::floor::ZkFloor;
 use tokio::time::Instant;
 use zookeeper_client as zk;

@@ -1,7 +1,9 @@
 //! The [`LockBackend`] implementation: one ZooKeeper session per backend,
 //! Curator-style lock nodes, czxid fencing tokens.
 //!
-//! This file holds [`ZkBackend`], its shared state and the trait's methods;
+//! This file holds [`ZkBackend`], its shared state, the kernel's methods
+//! and the facets it has (`Admin`, `Elections` in Curator's latch layout,
+//! `Downgrade`, `HolderWatch`);
 //! the child modules hold the parts: `session.rs` (opening the session, its
 //! state signal, leader-view reads), `waiting.rs` (the lock node, the grant
 //! and the waiting acquire), `cleanup.rs` (deleting nodes of attempts that
@@ -19,9 +21,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
-    Capabilities, ErrorKind, FencingScope, GcReport, HolderInfo, Lease, LeaseKind, ListQuery,
-    LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId,
-    SessionState, SharedPage, TtlModel, WaitStrategy, validity_deadline,
+    Admin, Capabilities, Downgrade, Elections, ErrorKind, Facets, FencingScope, GcReport,
+    GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, LockBackend, LockError,
+    LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, SessionState, SharedPage, TtlModel,
+    WaitStrategy, validity_deadline,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -83,7 +86,7 @@ pub const MIN_TTL: Duration = Duration::from_millis(100);
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lock_core::{LockBackend, LockKey};
+/// use lock_core::{LockBackend, LockBackendExt, LockKey};
 /// use lock_zk::ZkBackend;
 ///
 /// # #[tokio::main]
@@ -378,12 +381,178 @@ impl LockBackend for ZkBackend {
         capabilities()
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        // Boxed (see `acquire`).
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        // Each path boxed (see `take_waiting`): this future stays small
+        // whichever path it takes.
+        match (kind, deadline) {
+            (LeaseKind::Exclusive, None) => self.try_take(key, ttl).await,
+            (LeaseKind::Exclusive, Some(deadline)) => {
+                self.take_waiting(key, ttl, deadline).await.map(Some)
+            }
+            (kind, None) => {
+                Box::pin(self.acquire_shared(key, kind, ttl, None, Operation::TryAcquire)).await
+            }
+            (kind, Some(deadline)) => Box::pin(self.acquire_shared_until(key, kind, ttl, deadline))
+                .await
+                .map(Some),
+        }
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        // One multi of existence checks per batch (see renew_many.rs).
+        self.renew_batch(leases).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.release_shared(lease).await;
+        }
+        // A lease whose node does not carry its owner id is not ours to act
+        // on: another owner's node is never touched.
+        let Some(node) = self.lease_path(lease) else {
+            return Ok(false);
+        };
+        let (path, dir) = (node.path(), node.dir());
+        let session = self
+            .session(Operation::Release)
+            .await
+            .map_err(|e| e.with_key(lease.key()))?;
+        let deleted =
+            match timed_resending(self.op_timeout(), || session.client.delete(path, None)).await {
+                Ok(()) => true,
+                Err(err) if err.is(&zk::Error::NoNode) => false,
+                Err(err) => {
+                    // The local expiry stays armed: it deletes the node later.
+                    return Err(err
+                        .into_lock_error(Operation::Release)
+                        .with_key(lease.key()));
+                }
+            };
+        self.forget_expiry(lease.owner());
+        self.sweep_uncertain(&session.client, dir, lease.owner(), false)
+            .await;
+        self.remove_empty_dir(&session.client, dir).await;
+        Ok(deleted)
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::ReadWrite | LockShape::Semaphore => self.shared_holders(key, shape).await,
+            _ => Ok(lock_core::kind::mutex_holders(
+                self.inspect_mutex(key).await?,
+            )),
+        }
+    }
+
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            admin: Some(self),
+            elections: Some(self),
+            downgrade: Some(self),
+            holder_watch: Some(self),
+            ..Facets::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Admin for ZkBackend {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_page(query).await
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        match shape {
+            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
+            _ => self.list_shared_page(shape, query).await,
+        }
+    }
+
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        // The latch directories (see election.rs), not the generic
+        // election's mutexes.
+        self.list_latches(query).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.break_holder(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.collect_empty_dirs(older_than).await
+    }
+}
+
+/// Curator's `LeaderLatch` layout (see election.rs).
+#[async_trait]
+impl Elections for ZkBackend {
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.campaign_latch(election, ttl, deadline).await
+    }
+
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        self.latch_leader(election).await
+    }
+
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        // A ZooKeeper watch, never polling (see election.rs).
+        self.watch_latch_leader(election, seen, deadline).await
+    }
+}
+
+#[async_trait]
+impl Downgrade for ZkBackend {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_write(lease).await
+    }
+}
+
+#[async_trait]
+impl HolderWatch for ZkBackend {
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        // A ZooKeeper watch, never polling (see admin.rs).
+        self.watch_holder_in(key, seen, deadline).await
+    }
+}
+
+/// The mutex's calls, which [`LockBackend::grant`], `renew_many` and
+/// `holders` reach.
+impl ZkBackend {
+    /// Tries once to take the mutex `key`.
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        // Boxed (see `take_waiting`).
         Box::pin(self.lock_key(key, ttl, None, Operation::TryAcquire)).await
     }
 
-    async fn acquire(
+    /// Takes the mutex `key`, waiting until `deadline`.
+    async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -399,7 +568,7 @@ impl LockBackend for ZkBackend {
                 "still held by another owner at the wait deadline",
             ),
             // Boxed: the attempt's future is some kilobytes (the client's
-            // request futures live in it), and this call's future, which
+            // request futures live in it), and the caller's future, which
             // async_trait moves into a box of its own, would otherwise
             // hold it inline: a profile showed that move as the largest
             // cost of a cycle on the client (about 10,000 of 78,000
@@ -409,7 +578,10 @@ impl LockBackend for ZkBackend {
         .await
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+    /// Renews one mutex lease, confirming its node from the leader's view
+    /// (`sync` + node check): the path of a lease that `renew_batch` does
+    /// not check in its multi (another session's, or not a node of ours).
+    async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
         if lease.kind() != LeaseKind::Exclusive {
             return self.renew_shared(lease).await;
         }
@@ -489,105 +661,8 @@ impl LockBackend for ZkBackend {
         }
     }
 
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        // One multi of existence checks per batch (see renew_many.rs).
-        self.renew_batch(leases).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        if lease.kind() != LeaseKind::Exclusive {
-            return self.release_shared(lease).await;
-        }
-        // A lease whose node does not carry its owner id is not ours to act
-        // on: another owner's node is never touched.
-        let Some(node) = self.lease_path(lease) else {
-            return Ok(false);
-        };
-        let (path, dir) = (node.path(), node.dir());
-        let session = self
-            .session(Operation::Release)
-            .await
-            .map_err(|e| e.with_key(lease.key()))?;
-        let deleted =
-            match timed_resending(self.op_timeout(), || session.client.delete(path, None)).await {
-                Ok(()) => true,
-                Err(err) if err.is(&zk::Error::NoNode) => false,
-                Err(err) => {
-                    // The local expiry stays armed: it deletes the node later.
-                    return Err(err
-                        .into_lock_error(Operation::Release)
-                        .with_key(lease.key()));
-                }
-            };
-        self.forget_expiry(lease.owner());
-        self.sweep_uncertain(&session.client, dir, lease.owner(), false)
-            .await;
-        self.remove_empty_dir(&session.client, dir).await;
-        Ok(deleted)
-    }
-
-    async fn try_acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        if kind == LeaseKind::Exclusive {
-            return self.try_acquire(key, ttl).await;
-        }
-        self.acquire_shared(key, kind, ttl, None, Operation::TryAcquire)
-            .await
-    }
-
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        if kind == LeaseKind::Exclusive {
-            return self.acquire(key, ttl, deadline).await;
-        }
-        self.acquire_shared_until(key, kind, ttl, deadline).await
-    }
-
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        self.downgrade_write(lease).await
-    }
-
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        match shape {
-            LockShape::ReadWrite | LockShape::Semaphore => self.shared_holders(key, shape).await,
-            _ => Ok(lock_core::kind::mutex_holders(self.inspect(key).await?)),
-        }
-    }
-
-    async fn campaign(
-        &self,
-        election: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.campaign_latch(election, ttl, deadline).await
-    }
-
-    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
-        self.latch_leader(election).await
-    }
-
-    async fn watch_leader(
-        &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        _poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<Leader>, LockError> {
-        // A ZooKeeper watch, never polling (see election.rs).
-        self.watch_latch_leader(election, seen, deadline).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    /// Who holds the mutex `key`, without a `sync`.
+    async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let session = self
             .session(Operation::Inspect)
             .await
@@ -599,46 +674,6 @@ impl LockBackend for ZkBackend {
             .holder_in(&session, key, &dir, Operation::Inspect)
             .await?
             .map(|found| found.info))
-    }
-
-    async fn watch_holder(
-        &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        _poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<LockInfo>, LockError> {
-        // A ZooKeeper watch, never polling (see admin.rs).
-        self.watch_holder_in(key, seen, deadline).await
-    }
-
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_page(query).await
-    }
-
-    async fn list_shared(
-        &self,
-        shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<SharedPage, LockError> {
-        match shape {
-            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
-            _ => self.list_shared_page(shape, query).await,
-        }
-    }
-
-    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        // The latch directories (see election.rs), not the generic
-        // election's mutexes.
-        self.list_latches(query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.break_holder(key).await
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.collect_empty_dirs(older_than).await
     }
 }
 

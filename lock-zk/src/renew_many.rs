@@ -18,11 +18,11 @@
 //! with 1,000 requests in flight per batch raising the client's heap from
 //! 433 to 658 B per held lock at 10,000. The multi stays.
 //!
-//! Leases of other sessions (rebuilt from handles) go through `renew`.
+//! Leases of other sessions (rebuilt from handles) go through `renew_one`.
 
 use std::sync::Arc;
 
-use lock_core::{ErrorKind, Lease, LockBackend, LockError, Operation, validity_deadline};
+use lock_core::{ErrorKind, Lease, LockError, Operation, validity_deadline};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -60,8 +60,8 @@ impl ZkBackend {
                 .session()
                 .is_some_and(|s| s.same_channel(&session.state));
             let Some(node) = self.lease_path(lease).filter(|_| ours) else {
-                // Not of this session (or not a node of ours): `renew` says why.
-                results[index] = Some(self.renew(lease).await);
+                // Not of this session (or not a node of ours): `renew_one` says why.
+                results[index] = Some(self.renew_one(lease).await);
                 continue;
             };
             if session_gone(lease) {

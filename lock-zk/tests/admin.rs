@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Standalone;
-use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey, OwnerId};
+use lock_core::{ErrorKind, ListQuery, LockBackend, LockBackendExt, LockKey, OwnerId};
 use zookeeper_client as zk;
 
 const TTL: Duration = Duration::from_secs(5);

@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{TTL, key, permits, refused, soon, spawn_acquire, spawn_wait, take};
-use lock_core::{ErrorKind, LeaseKind, ListQuery, LockBackend, LockKey, LockShape, OwnerId};
+use lock_core::{
+    ErrorKind, LeaseKind, ListQuery, LockBackend, LockBackendExt, LockKey, LockShape, OwnerId,
+};
 use lock_zk::ZkBackend;
 use peer::{Peer, setup};
 use tokio::time::{Instant, sleep, timeout};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::history::{FencedResource, History, Op};
 use conformance::servers::zookeeper::ZkEnsemble;
-use lock_core::{LockBackend, LockKey, SessionState};
+use lock_core::{LockBackend, LockBackendExt, LockKey, SessionState};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::time::{Instant, sleep};
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::servers::zookeeper::ZkServer;
-use lock_core::{LeaseKind, LockBackend, LockKey, LockShape, OwnerId};
+use lock_core::{LeaseKind, LockBackend, LockBackendExt, LockKey, LockShape, OwnerId};
 use tokio::time::sleep;
 
 const TTL: Duration = Duration::from_secs(5);

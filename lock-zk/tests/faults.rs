@@ -12,7 +12,8 @@ use std::time::Duration;
 use common::{SESSION_TIMEOUT, Standalone, grant, key};
 use conformance::history::{History, Op};
 use lock_core::{
-    ErrorKind, Lease, LockBackend, LockClient, LockError, LockKey, LockState, SessionState,
+    ErrorKind, Lease, LockBackend, LockBackendExt, LockClient, LockError, LockKey, LockState,
+    SessionState,
 };
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::task::JoinHandle;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::servers::zookeeper::ZkServer;
 use lock_core::floor::RawFloor;
-use lock_core::{ErrorKind, LockBackend, LockKey};
+use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockKey};
 use lock_zk::floor::ZkFloor;
 use lock_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;

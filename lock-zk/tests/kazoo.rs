@@ -29,7 +29,7 @@ use std::time::Duration;
 use common::routed::{Request, Routed};
 use common::{Standalone, TTL, key, soon, spawn_acquire};
 use conformance::OrSkip;
-use lock_core::{ErrorKind, ListQuery, LockBackend, LockKey, OwnerId};
+use lock_core::{ErrorKind, ListQuery, LockBackend, LockBackendExt, LockKey, OwnerId};
 use lock_zk::ZkBackend;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep};

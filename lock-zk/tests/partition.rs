@@ -30,7 +30,7 @@ use conformance::scenarios::{
     assert_under_cut_safe,
 };
 use conformance::servers::zookeeper::{TICK_MS, ZkEnsemble, ZkMode, ZkServer};
-use lock_core::{LockBackend, LockKey, OwnerId};
+use lock_core::{LockBackend, LockBackendExt, LockKey, OwnerId};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::time::{Instant, sleep};
 
@@ -111,8 +111,9 @@ async fn partitioned_follower_cannot_renew_or_grant() {
         .expect("free key");
     let node_path = cut_off.node_path(&lease).expect("a lock node of ours");
 
-    // What the sync costs through a follower: a renewal (sync + node check,
-    // sent together) against a plain node check on the same follower.
+    // What the leader's view costs through a follower: a renewal (the
+    // batch's multi of node checks, which the follower forwards to the
+    // leader) against a plain node check on the same follower.
     let (mut plain, mut renew) = (Vec::new(), Vec::new());
     for _ in 0..50 {
         let t = Instant::now();
@@ -125,7 +126,7 @@ async fn partitioned_follower_cannot_renew_or_grant() {
     plain.sort();
     renew.sort();
     println!(
-        "through a follower, p50 over 50: plain node check {:?}, renewal (sync + check) {:?}",
+        "through a follower, p50 over 50: plain node check {:?}, renewal (multi check) {:?}",
         plain[25], renew[25]
     );
 

@@ -12,7 +12,7 @@ use conformance::OrSkip;
 use conformance::proxy::{CyclePlan, FaultProxy};
 use conformance::servers::zookeeper::ZkServer;
 use lock_core::floor::RawFloor;
-use lock_core::{ErrorKind, LeaseKind, LockBackend, LockKey};
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockBackendExt, LockKey};
 use lock_zk::floor::ZkPermitFloor;
 
 const TTL: Duration = Duration::from_secs(30);

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use checks::*;
 use common::{TTL, key, permits, refused, soon, spawn_wait, take, until_children};
-use lock_core::{ErrorKind, LeaseKind, LockBackend, LockShape};
+use lock_core::{ErrorKind, LeaseKind, LockBackend, LockBackendExt, LockShape};
 use tokio::time::{Instant, sleep, timeout};
 
 /// Many readers and writers on separate sessions: no writer ever beside

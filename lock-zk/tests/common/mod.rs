@@ -12,7 +12,7 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::deploy::{self, DeployedTarget, Deployment, Opener};
 use conformance::process::HarnessError;
-use lock_core::{Lease, LeaseKind, LockBackend, LockError, LockKey, OwnerId};
+use lock_core::{Lease, LeaseKind, LockBackend, LockBackendExt, LockError, LockKey, OwnerId};
 use lock_zk::{ZkBackend, ZkConfig};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;

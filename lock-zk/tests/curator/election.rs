@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::election::{Leader, election_lock_key};
-use lock_core::{ErrorKind, Lease, ListQuery, LockBackend, LockError, LockKey, OwnerId};
+use lock_core::{
+    ErrorKind, Lease, ListQuery, LockBackend, LockBackendExt, LockError, LockKey, OwnerId,
+};
 use lock_zk::ZkBackend;
 use tokio::time::{Instant, sleep, timeout};
 use zookeeper_client as zk;
@@ -327,10 +329,11 @@ impl Candidate {
     }
 }
 
-/// Our backend with the trait's defaults for `campaign` (a waiting acquire
-/// of the mutex `election/<name>`, blind to the latch) and `watch_leader`
-/// (polling): what this driver did before it had the latch. The broken
-/// variant of the observer check, and a candidate of the one-leader check.
+/// Our backend with the generic election for `campaign` (a waiting acquire
+/// of the mutex `election/<name>`, blind to the latch) and a polling
+/// `watch_leader`, the latch's `leader` kept: what this driver did before
+/// it had the latch. The broken variant of the observer check, and a
+/// candidate of the one-leader check.
 #[derive(Debug)]
 struct Defaults(ZkBackend);
 
@@ -340,7 +343,18 @@ impl lock_core::LockWrapper for Defaults {
         &self.0
     }
 
-    /// The trait's default: a waiting acquire of the election's mutex.
+    /// Our facets, with the elections below instead of the latch's.
+    fn facets(&self) -> lock_core::Facets<'_> {
+        lock_core::Facets {
+            elections: Some(self),
+            ..self.0.facets()
+        }
+    }
+}
+
+#[lock_core::async_trait]
+impl lock_core::Elections for Defaults {
+    /// The default: a waiting acquire of the election's mutex.
     async fn campaign(
         &self,
         election: &LockKey,
@@ -352,7 +366,12 @@ impl lock_core::LockWrapper for Defaults {
             .await
     }
 
-    /// The trait's default: our `leader` (the latch's) read every `poll`.
+    /// Our `leader` (the latch's).
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        LockBackendExt::leader(&self.0, election).await
+    }
+
+    /// The polling default: our `leader` (the latch's) read every `poll`.
     async fn watch_leader(
         &self,
         election: &LockKey,

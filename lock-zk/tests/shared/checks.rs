@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::{Lease, LeaseKind, LockBackend, LockKey, OwnerId};
+use lock_core::{Lease, LeaseKind, LockBackend, LockBackendExt, LockKey, OwnerId};
 use lock_zk::ZkBackend;
 use tokio::time::{Instant, sleep};
 use zookeeper_client as zk;
