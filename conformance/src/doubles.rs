@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::election::ElectionPage;
 use lock_core::{
-    Capabilities, GcReport, HolderInfo, Lease, LeaseKind, ListQuery, LockBackend, LockError,
-    LockInfo, LockKey, LockPage, LockShape, MemoryBackend, OwnerId, SharedPage,
+    Admin, Capabilities, Downgrade, Facets, GcReport, GrantRequest, HolderInfo, HolderWatch, Lease,
+    LeaseKind, ListQuery, LockBackend, LockBackendExt, LockError, LockInfo, LockKey, LockPage,
+    LockShape, LockWrapper, MemoryBackend, OwnerId, SharedPage,
 };
 use tokio::time::Instant;
 
@@ -93,7 +95,8 @@ pub trait Flaw: fmt::Debug + Send + Sync + 'static {
         false
     }
 
-    /// The inner backend's `inspect` answer, as handed to the caller.
+    /// The inner backend's `inspect` answer (the mutex's holder), as
+    /// handed to the caller (then through [`holders`](Self::holders)).
     fn inspect(&self, info: Option<LockInfo>) -> Option<LockInfo> {
         info
     }
@@ -103,7 +106,8 @@ pub trait Flaw: fmt::Debug + Send + Sync + 'static {
         page
     }
 
-    /// The inner backend's `holders` answer, as handed to the caller.
+    /// The inner backend's `holders` answer (of any shape), as handed to
+    /// the caller.
     fn holders(&self, holders: Vec<HolderInfo>) -> Vec<HolderInfo> {
         holders
     }
@@ -118,14 +122,23 @@ pub trait Flaw: fmt::Debug + Send + Sync + 'static {
         let _ = key;
     }
 
-    /// Whether `watch_holder` misses every change: it sleeps to its
-    /// deadline and reports the holder the caller had seen.
+    /// Whether `watch_holder` misses every change: the backend then claims
+    /// a [`HolderWatch`] facet that sleeps to its deadline and reports the
+    /// holder the caller had seen.
     fn watch_misses(&self) -> bool {
         false
     }
 }
 
 /// A correct backend with a [`Flaw`] on top.
+///
+/// Its facets: [`Admin`] where the inner backend has one (its pages and
+/// forced releases pass through the flaw), [`Downgrade`] where the inner
+/// backend has one or the flaw downgrades with a gap, and [`HolderWatch`]
+/// when the flaw's watch misses every change (otherwise `watch_holder`
+/// polls this backend's flawed `inspect`). No elections of its own (a
+/// campaign is a grant of the election's mutex, through the flaw) and no
+/// lock sets (a set is taken key by key, through the flaw).
 #[derive(Debug)]
 pub struct Flawed<F> {
     inner: Arc<dyn LockBackend>,
@@ -137,32 +150,25 @@ impl<F: Flaw> Flawed<F> {
     pub fn new(inner: Arc<dyn LockBackend>, flaw: Arc<F>) -> Self {
         Self { inner, flaw }
     }
-}
 
-#[async_trait]
-impl<F: Flaw> LockBackend for Flawed<F> {
-    fn name(&self) -> &'static str {
-        self.flaw.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.flaw.capabilities(self.inner.capabilities())
-    }
-
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    /// A mutex tried once: the inner grant through the flaw, or the flaw's
+    /// grant of a held key.
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         Ok(match self.inner.try_acquire(key, ttl).await? {
             Some(lease) => Some(self.flaw.grant(lease)),
             None => self.flaw.contended(key, ttl),
         })
     }
 
-    async fn acquire(
+    /// A mutex waited for: tried once through the flaw, then the inner
+    /// wait.
+    async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        if let Some(lease) = self.try_acquire(key, ttl).await? {
+        if let Some(lease) = self.try_take(key, ttl).await? {
             return Ok(lease);
         }
         Ok(self
@@ -170,50 +176,8 @@ impl<F: Flaw> LockBackend for Flawed<F> {
             .grant(self.inner.acquire(key, ttl, deadline).await?))
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        let result = self.inner.renew(lease).await;
-        self.flaw.renew(lease, result)
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        let result = self.inner.release(lease).await;
-        self.flaw.release(lease, result)
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        Ok(self.flaw.inspect(self.inner.inspect(key).await?))
-    }
-
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        Ok(self.flaw.list(self.inner.list(query).await?))
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let broken = self.inner.force_release(key).await?;
-        self.flaw.forced(key);
-        Ok(broken)
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.inner.gc(older_than).await
-    }
-
-    async fn watch_holder(
-        &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
-    ) -> Result<Option<LockInfo>, LockError> {
-        if self.flaw.watch_misses() {
-            tokio::time::sleep_until(deadline).await;
-            return Ok(seen.cloned());
-        }
-        // Polls this wrapper's `inspect`, so the flaw's answer is watched.
-        lock_core::poll_holder(self, key, seen, poll, deadline).await
-    }
-
-    async fn try_acquire_kind(
+    /// A share tried once, of the kind the flaw asks for.
+    async fn try_share(
         &self,
         key: &LockKey,
         kind: LeaseKind,
@@ -226,20 +190,21 @@ impl<F: Flaw> LockBackend for Flawed<F> {
         })
     }
 
-    async fn acquire_kind(
+    /// A share waited for (a writer only polling, where the flaw says so).
+    async fn share_waiting(
         &self,
         key: &LockKey,
         kind: LeaseKind,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        if let Some(lease) = self.try_acquire_kind(key, kind, ttl).await? {
+        if let Some(lease) = self.try_share(key, kind, ttl).await? {
             return Ok(lease);
         }
         if kind == LeaseKind::Write && self.flaw.writers_poll() {
             while Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                if let Some(lease) = self.try_acquire_kind(key, kind, ttl).await? {
+                if let Some(lease) = self.try_share(key, kind, ttl).await? {
                     return Ok(lease);
                 }
             }
@@ -254,23 +219,90 @@ impl<F: Flaw> LockBackend for Flawed<F> {
             .flaw
             .grant(self.inner.acquire_kind(key, asked, ttl, deadline).await?))
     }
+}
 
-    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
-        if !self.flaw.downgrade_with_gap() {
-            return self.inner.downgrade(lease).await;
-        }
-        self.inner.release(lease).await?;
-        // The gap: anyone waiting for the write lock gets it now.
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let deadline = Instant::now() + lease.ttl();
-        self.inner
-            .acquire_kind(lease.key(), LeaseKind::Read, lease.ttl(), deadline)
-            .await
+#[async_trait]
+impl<F: Flaw> LockWrapper for Flawed<F> {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.inner
     }
 
+    fn name(&self) -> &'static str {
+        self.flaw.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.flaw.capabilities(self.inner.capabilities())
+    }
+
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        match (kind, deadline) {
+            (LeaseKind::Exclusive, None) => self.try_take(key, ttl).await,
+            (LeaseKind::Exclusive, Some(deadline)) => {
+                self.take_waiting(key, ttl, deadline).await.map(Some)
+            }
+            (kind, None) => self.try_share(key, kind, ttl).await,
+            (kind, Some(deadline)) => self.share_waiting(key, kind, ttl, deadline).await.map(Some),
+        }
+    }
+
+    /// The inner batch, each answer through the flaw.
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        let mut results = self.inner.renew_many(leases).await.into_iter();
+        leases
+            .iter()
+            .map(|lease| {
+                let result = results.next().unwrap_or_else(|| {
+                    Err(LockError::new(
+                        lock_core::ErrorKind::Backend,
+                        lock_core::Operation::Renew,
+                        "no answer for this lease in the batch",
+                    ))
+                });
+                self.flaw.renew(lease, result)
+            })
+            .collect()
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let result = self.inner.release(lease).await;
+        self.flaw.release(lease, result)
+    }
+
+    /// The mutex's holder through the flaw's `inspect`, then every shape's
+    /// holders through its `holders`.
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        Ok(self.flaw.holders(self.inner.holders(key, shape).await?))
+        let holders = match shape {
+            LockShape::Mutex => {
+                lock_core::kind::mutex_holders(self.flaw.inspect(self.inner.inspect(key).await?))
+            }
+            shape => self.inner.holders(key, shape).await?,
+        };
+        Ok(self.flaw.holders(holders))
+    }
+
+    fn facets(&self) -> Facets<'_> {
+        let inner = self.inner.facets();
+        Facets {
+            admin: inner.admin.map(|_| self as &dyn Admin),
+            downgrade: (inner.downgrade.is_some() || self.flaw.downgrade_with_gap())
+                .then_some(self as &dyn Downgrade),
+            holder_watch: self.flaw.watch_misses().then_some(self as &dyn HolderWatch),
+            ..Facets::default()
+        }
+    }
+}
+
+#[async_trait]
+impl<F: Flaw> Admin for Flawed<F> {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        Ok(self.flaw.list(self.inner.list(query).await?))
     }
 
     async fn list_shared(
@@ -286,53 +318,80 @@ impl<F: Flaw> LockBackend for Flawed<F> {
             .flaw
             .list_shared(self.inner.list_shared(shape, query).await?))
     }
+
+    /// The default elections' mutexes, through this wrapper's `list`.
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        lock_core::election::list_mutex_elections(self, query).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let broken = self.inner.force_release(key).await?;
+        self.flaw.forced(key);
+        Ok(broken)
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.inner.gc(older_than).await
+    }
+}
+
+#[async_trait]
+impl<F: Flaw> Downgrade for Flawed<F> {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        if !self.flaw.downgrade_with_gap() {
+            return self.inner.downgrade(lease).await;
+        }
+        self.inner.release(lease).await?;
+        // The gap: anyone waiting for the write lock gets it now.
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let deadline = Instant::now() + lease.ttl();
+        self.inner
+            .acquire_kind(lease.key(), LeaseKind::Read, lease.ttl(), deadline)
+            .await
+    }
+}
+
+/// Present only for a flaw whose watch misses every change.
+#[async_trait]
+impl<F: Flaw> HolderWatch for Flawed<F> {
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        if self.flaw.watch_misses() {
+            tokio::time::sleep_until(deadline).await;
+            return Ok(seen.cloned());
+        }
+        // Polls this wrapper's `inspect`, so the flaw's answer is watched.
+        lock_core::poll_holder(self, key, seen, poll, deadline).await
+    }
 }
 
 /// A broken driver for round-trip checks: it looks at the key (one
-/// [`inspect`](LockBackend::inspect)) before every waiting acquire, one
-/// extra round trip per cycle that a round-trip count must see. Everything
-/// else goes straight to the inner backend.
+/// [`inspect`](LockBackendExt::inspect)) before every waiting mutex grant,
+/// one extra round trip per cycle that a round-trip count must see.
+/// Everything else (facets included) goes straight to the inner backend.
 #[derive(Debug)]
 pub struct LooksFirst(pub Arc<dyn LockBackend>);
 
 #[async_trait]
-impl LockBackend for LooksFirst {
-    fn name(&self) -> &'static str {
-        self.0.name()
+impl LockWrapper for LooksFirst {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.0
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.0.try_acquire(key, ttl).await
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        assert!(self.0.inspect(key).await?.is_none(), "the key is free");
-        self.0.acquire(key, ttl, deadline).await
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.0.renew(lease).await
-    }
-
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        self.0.renew_many(leases).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.0.release(lease).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.0.inspect(key).await
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        if request.kind == LeaseKind::Exclusive && request.deadline.is_some() {
+            assert!(
+                self.0.inspect(request.key).await?.is_none(),
+                "the key is free"
+            );
+        }
+        self.0.grant(request).await
     }
 }
 
@@ -362,7 +421,7 @@ impl KilobytePerLease {
 }
 
 #[async_trait]
-impl lock_core::LockWrapper for KilobytePerLease {
+impl LockWrapper for KilobytePerLease {
     fn inner(&self) -> &dyn LockBackend {
         &*self.inner
     }

@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::LockBackendExt;
 use lock_core::{
-    CUTOVER_KEY_PREFIX, ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey, LockWrapper,
-    MigrationBackend, MigrationPhase, OwnerId,
+    CUTOVER_KEY_PREFIX, ErrorKind, HolderInfo, Lease, LockBackend, LockError, LockKey, LockShape,
+    LockWrapper, MigrationBackend, MigrationPhase, OwnerId,
 };
 use serde::Serialize;
 use tokio::time::{Instant, sleep, sleep_until};
@@ -138,9 +139,10 @@ pub(crate) fn run_keys(prefix: &str, run_id: &str, n: usize) -> Result<Vec<LockK
         .collect()
 }
 
-/// An old-backend client that never sees a cutover marker: `inspect` of a
-/// key under [`CUTOVER_KEY_PREFIX`] says "free". Broken on purpose, to show
-/// that the checker catches the straggler when the guard is missing.
+/// An old-backend client that never sees a cutover marker: the mutex
+/// holders (`inspect`) of a key under [`CUTOVER_KEY_PREFIX`] say "free".
+/// Broken on purpose, to show that the checker catches the straggler when
+/// the guard is missing.
 #[derive(Debug)]
 pub struct BlindToCutover(pub Arc<dyn LockBackend>);
 
@@ -149,11 +151,11 @@ impl LockWrapper for BlindToCutover {
     fn inner(&self) -> &dyn LockBackend {
         &*self.0
     }
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        if key.as_str().starts_with(CUTOVER_KEY_PREFIX) {
-            return Ok(None);
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        if shape == LockShape::Mutex && key.as_str().starts_with(CUTOVER_KEY_PREFIX) {
+            return Ok(Vec::new());
         }
-        self.0.inspect(key).await
+        self.0.holders(key, shape).await
     }
 }
 

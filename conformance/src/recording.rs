@@ -1,5 +1,5 @@
 //! Recording what a client does, as it does it: a [`RecordingBackend`]
-//! that writes every acquire, renewal and release of one client process
+//! that writes every grant, renewal and release of one client process
 //! into a [`History`](crate::history::History), and [`recorded_guard`],
 //! which takes a lock the way users do (a [`LockGuard`] that renews on its
 //! own) and also records the moment the guard reports the lock lost.
@@ -14,8 +14,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::election::Leader;
 use lock_core::{
-    Capabilities, HolderInfo, Lease, LeaseKind, LockBackend, LockClient, LockError, LockGuard,
-    LockInfo, LockKey, LockShape, LockState,
+    Downgrade, Elections, Facets, GrantRequest, Lease, LeaseKind, LockBackend, LockBackendExt,
+    LockClient, LockError, LockGuard, LockKey, LockSets, LockState, LockWrapper,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -24,13 +24,21 @@ use crate::history::{Op, Recorder};
 
 /// A backend wrapper that records one client process's operations.
 ///
-/// Acquire and renew record `invoke`, then `ok` with the promised deadline
-/// or `fail`; release records `invoke` (which ends the promised window
-/// whatever the outcome), then `ok` / `fail`. An error whose outcome is
-/// unknown (a timeout) is recorded as `fail`: it promised nothing.
-/// `renew_many` is forwarded as the batch it is (the scheduler's renewals
-/// go through the driver's batched path, which is what must be judged),
-/// each lease recorded as one renewal.
+/// Grants record `invoke`, then `ok` with the promised deadline or `fail`;
+/// releases record `invoke` (which ends the promised window whatever the
+/// outcome), then `ok` / `fail`. An error whose outcome is unknown (a
+/// timeout) is recorded as `fail`: it promised nothing. `renew_many` is
+/// forwarded as the batch it is (the scheduler's renewals go through the
+/// driver's batched path, which is what must be judged), each lease
+/// recorded as one renewal.
+///
+/// Grants made through facets are recorded too: the wrapper has its own
+/// [`LockSets`], [`Downgrade`] and [`Elections`] facets wherever the inner
+/// backend has them (each recording, then calling the inner facet), and
+/// forwards the facets that grant nothing ([`Admin`](lock_core::Admin),
+/// [`HolderWatch`](lock_core::HolderWatch)) unchanged. Without an inner
+/// `Elections` facet, a campaign is a grant of the election's mutex,
+/// recorded by [`grant`](LockBackend::grant).
 #[derive(Debug)]
 pub struct RecordingBackend {
     inner: Arc<dyn LockBackend>,
@@ -47,65 +55,40 @@ impl RecordingBackend {
     pub fn recorder(&self) -> &Recorder {
         &self.recorder
     }
+
+    /// Records a grant of `kind` on `key` that returned `lease`.
+    fn granted(&self, key: &LockKey, kind: LeaseKind, lease: &Lease) {
+        let (token, deadline) = (lease.token(), lease.validity_deadline());
+        match kind {
+            LeaseKind::Exclusive => self.recorder.acquired(key, token, deadline),
+            kind => self.recorder.acquired_kind(key, kind, token, deadline),
+        }
+    }
 }
 
 #[async_trait]
-impl LockBackend for RecordingBackend {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+impl LockWrapper for RecordingBackend {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.inner
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    /// Every kind, tried once or waited for: `invoke`, then `ok` with the
+    /// lease's deadline, or `fail` (an error, or "held" for a try).
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let (key, kind) = (request.key, request.kind);
         self.recorder.invoke(Op::Acquire, key, None);
-        let result = self.inner.try_acquire(key, ttl).await;
+        let result = self.inner.grant(request).await;
         match &result {
-            Ok(Some(lease)) => {
-                self.recorder
-                    .acquired(key, lease.token(), lease.validity_deadline());
-            }
+            Ok(Some(lease)) => self.granted(key, kind, lease),
             _ => self.recorder.failed(Op::Acquire, key, None),
         }
         result
     }
 
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.recorder.invoke(Op::Acquire, key, None);
-        let result = self.inner.acquire(key, ttl, deadline).await;
-        match &result {
-            Ok(lease) => {
-                self.recorder
-                    .acquired(key, lease.token(), lease.validity_deadline());
-            }
-            Err(_) => self.recorder.failed(Op::Acquire, key, None),
-        }
-        result
-    }
-
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        let (key, token) = (lease.key(), lease.token());
-        self.recorder.invoke(Op::Renew, key, Some(token));
-        let result = self.inner.renew(lease).await;
-        match &result {
-            Ok(deadline) => self.recorder.renewed(key, token, *deadline),
-            Err(_) => self.recorder.failed(Op::Renew, key, Some(token)),
-        }
-        result
-    }
-
     /// Forwards the batch to the inner backend's `renew_many` (not one
-    /// `renew` per lease, which the trait's default would do and which is
-    /// not the path the renewal scheduler takes): every lease's `invoke`
-    /// when the batch is sent, then each one's `ok` with the deadline the
-    /// batch returned for it, or `fail`.
+    /// renewal per lease, which is not the path the renewal scheduler
+    /// takes): every lease's `invoke` when the batch is sent, then each
+    /// one's `ok` with the deadline the batch returned for it, or `fail`.
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         for lease in leases {
             self.recorder
@@ -135,46 +118,51 @@ impl LockBackend for RecordingBackend {
         result
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.inner.inspect(key).await
+    /// The inner backend's facets, with this wrapper's recording
+    /// [`LockSets`], [`Downgrade`] and [`Elections`] in place of the inner
+    /// ones (present exactly where the inner backend has them).
+    fn facets(&self) -> Facets<'_> {
+        let inner = self.inner.facets();
+        Facets {
+            lock_sets: inner.lock_sets.map(|_| self as &dyn LockSets),
+            downgrade: inner.downgrade.map(|_| self as &dyn Downgrade),
+            elections: inner.elections.map(|_| self as &dyn Elections),
+            ..inner
+        }
     }
-    async fn try_acquire_kind(
+}
+
+#[async_trait]
+impl LockSets for RecordingBackend {
+    /// Recorded as one acquire per key, invoked together and granted (or
+    /// failed) together.
+    async fn try_acquire_all(
         &self,
-        key: &LockKey,
-        kind: LeaseKind,
+        keys: &[LockKey],
         ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        self.recorder.invoke(Op::Acquire, key, None);
-        let result = self.inner.try_acquire_kind(key, kind, ttl).await;
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        for key in keys {
+            self.recorder.invoke(Op::Acquire, key, None);
+        }
+        let result = self.inner.try_acquire_all(keys, ttl).await;
         match &result {
-            Ok(Some(lease)) => {
-                self.recorder
-                    .acquired_kind(key, kind, lease.token(), lease.validity_deadline());
+            Ok(Some(leases)) => {
+                for lease in leases {
+                    self.granted(lease.key(), LeaseKind::Exclusive, lease);
+                }
             }
-            _ => self.recorder.failed(Op::Acquire, key, None),
+            _ => {
+                for key in keys {
+                    self.recorder.failed(Op::Acquire, key, None);
+                }
+            }
         }
         result
     }
+}
 
-    async fn acquire_kind(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.recorder.invoke(Op::Acquire, key, None);
-        let result = self.inner.acquire_kind(key, kind, ttl, deadline).await;
-        match &result {
-            Ok(lease) => {
-                self.recorder
-                    .acquired_kind(key, kind, lease.token(), lease.validity_deadline());
-            }
-            Err(_) => self.recorder.failed(Op::Acquire, key, None),
-        }
-        result
-    }
-
+#[async_trait]
+impl Downgrade for RecordingBackend {
     /// Recorded as the write grant's release invoked when the downgrade is
     /// sent (the release's start ends the promised window: the service may
     /// let readers in as soon as it has the request, before the reply is
@@ -190,12 +178,7 @@ impl LockBackend for RecordingBackend {
         match &result {
             Ok(read) => {
                 self.recorder.released(key, token, true);
-                self.recorder.acquired_kind(
-                    read.key(),
-                    LeaseKind::Read,
-                    read.token(),
-                    read.validity_deadline(),
-                );
+                self.granted(read.key(), LeaseKind::Read, read);
             }
             Err(_) => {
                 self.recorder.failed(Op::Release, key, Some(token));
@@ -204,38 +187,10 @@ impl LockBackend for RecordingBackend {
         }
         result
     }
+}
 
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        self.inner.holders(key, shape).await
-    }
-
-    /// Recorded as one acquire per key, invoked together and granted (or
-    /// failed) together.
-    async fn try_acquire_all(
-        &self,
-        keys: &[LockKey],
-        ttl: Duration,
-    ) -> Result<Option<Vec<Lease>>, LockError> {
-        for key in keys {
-            self.recorder.invoke(Op::Acquire, key, None);
-        }
-        let result = self.inner.try_acquire_all(keys, ttl).await;
-        match &result {
-            Ok(Some(leases)) => {
-                for lease in leases {
-                    self.recorder
-                        .acquired(lease.key(), lease.token(), lease.validity_deadline());
-                }
-            }
-            _ => {
-                for key in keys {
-                    self.recorder.failed(Op::Acquire, key, None);
-                }
-            }
-        }
-        result
-    }
-
+#[async_trait]
+impl Elections for RecordingBackend {
     /// Recorded as an acquire of the election's lock key: the leader's
     /// term is a grant like a lock's.
     async fn campaign(
@@ -248,10 +203,7 @@ impl LockBackend for RecordingBackend {
         self.recorder.invoke(Op::Acquire, &key, None);
         let result = self.inner.campaign(election, ttl, deadline).await;
         match &result {
-            Ok(lease) => {
-                self.recorder
-                    .acquired(lease.key(), lease.token(), lease.validity_deadline());
-            }
+            Ok(lease) => self.granted(lease.key(), LeaseKind::Exclusive, lease),
             Err(_) => self.recorder.failed(Op::Acquire, &key, None),
         }
         result

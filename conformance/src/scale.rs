@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::time::Duration;
 
+use lock_core::LockBackendExt;
 use lock_core::{
     Lease, LockBackend, LockClient, LockError, LockGuard, LockKey, LockWrapper, async_trait,
 };
@@ -169,11 +170,6 @@ struct Counted {
 impl LockWrapper for Counted {
     fn inner(&self) -> &dyn LockBackend {
         &*self.inner
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.leases.fetch_add(1, Ordering::Relaxed);
-        self.inner.renew(lease).await
     }
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);

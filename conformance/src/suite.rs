@@ -139,6 +139,10 @@ pub fn all_cases() -> Vec<Case> {
             multi_lock_is_all_or_nothing,
             "lock_all leaves no partial grant; no deadlock"
         ),
+        case!(
+            lock_sets_are_atomic,
+            "a set in one exchange: all or none; races never both win (LockSets facet)"
+        ),
         // multi_lock_keeps_its_first_keys_while_waiting (cases/compose.rs)
         // is not in the suite yet: it passes on the in-memory backend and
         // fails on MariaDB row mode and a ZooKeeper ensemble (the set is
@@ -181,6 +185,10 @@ pub fn all_cases() -> Vec<Case> {
             "a broken lock's next token is higher; the old holder is out"
         ),
         case!(
+            gc_keeps_tokens_rising,
+            "gc keeps held keys and tokens rising (Admin facet)"
+        ),
+        case!(
             watch_follows_the_holder,
             "watch reports each grant and release, in order, within 5 s"
         ),
@@ -205,6 +213,9 @@ pub struct CaseReport {
 pub struct SuiteReport {
     /// The target's name.
     pub target: String,
+    /// The facets its clients have ([`Facets::names`](lock_core::Facets::names)):
+    /// the cases of the others were skipped, naming them.
+    pub facets: Vec<&'static str>,
     /// One entry per case.
     pub cases: Vec<CaseReport>,
 }
@@ -237,7 +248,12 @@ impl SuiteReport {
 
     /// A plain-text table, one case per line.
     pub fn table(&self) -> String {
-        let mut out = format!("conformance suite on {}: {}\n", self.target, self.verdict());
+        let mut out = format!(
+            "conformance suite on {} (facets: {}): {}\n",
+            self.target,
+            facet_list(&self.facets),
+            self.verdict()
+        );
         for c in &self.cases {
             out.push_str(&format!(
                 "  {:<8} {:<34} {:>7} ms  {}\n",
@@ -276,6 +292,10 @@ pub async fn run_suite(h: &Harness) -> SuiteReport {
 
 /// Runs the given cases against `h`, one after another.
 pub async fn run_cases(h: &Harness, cases: &[Case]) -> SuiteReport {
+    let facets = match h.client().await {
+        Ok(client) => client.facets().names(),
+        Err(_) => Vec::new(),
+    };
     let mut reports = Vec::new();
     for case in cases {
         let started = Instant::now();
@@ -296,7 +316,17 @@ pub async fn run_cases(h: &Harness, cases: &[Case]) -> SuiteReport {
     }
     SuiteReport {
         target: h.target().name(),
+        facets,
         cases: reports,
+    }
+}
+
+/// `admin, lock_sets`, or `none`.
+pub fn facet_list(facets: &[&str]) -> String {
+    if facets.is_empty() {
+        "none".to_owned()
+    } else {
+        facets.join(", ")
     }
 }
 

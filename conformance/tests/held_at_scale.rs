@@ -11,6 +11,7 @@ use conformance::doubles::KilobytePerLease;
 use conformance::scale::{
     CountingAllocator, ScaleConfig, held_locks, print_report, round_trip_bound, scales_from_env,
 };
+use lock_core::LockBackendExt;
 use lock_core::{
     Lease, LockBackend, LockError, LockWrapper, MemoryBackend, RENEW_BATCH, async_trait,
 };

@@ -1,6 +1,7 @@
 //! The rollout simulation between two in-memory services (the same code
 //! runs Redis → etcd / ZooKeeper in the facade's tests).
 
+use lock_core::LockBackendExt;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -123,8 +123,8 @@ fn held_at_scale_child_prints_its_report() {
 }
 
 /// `compare --quick` checks the mutex and says which checks it left to
-/// the full run (in the table's text and the JSON), and how long each
-/// phase took.
+/// the full run (in the table's text and the JSON), how long each phase
+/// took, and which facets the backend has.
 #[test]
 fn quick_names_what_it_left_to_the_full_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -169,6 +169,11 @@ fn quick_names_what_it_left_to_the_full_run() {
     assert!(ran.contains(&"mutual_exclusion"), "{ran:?}");
     assert!(!ran.contains(&"readers_share_writers_exclude"), "{ran:?}");
     assert!(memory["bench"]["readers_8_per_s"].is_null(), "{memory:#}");
+    // The facets the in-memory backend has, beside its capabilities and
+    // in its suite report.
+    let facets = serde_json::json!(["admin", "lock_sets", "downgrade"]);
+    assert_eq!(memory["capabilities"]["facets"], facets, "{memory:#}");
+    assert_eq!(memory["conformance"]["facets"], facets, "{memory:#}");
     let phases = memory["phases"].as_array().unwrap();
     assert!(
         phases.iter().any(|p| p["name"] == "suite mutual_exclusion"),

@@ -1,26 +1,18 @@
-//! Cases on operating locks: holder details in `inspect`, `list` of the
-//! held locks under a prefix, `force_release` fencing out the old holder.
+//! Cases on operating locks: holder details in `inspect`, and the
+//! [`Admin`](lock_core::Admin) facet's calls (`list` of the held locks
+//! under a prefix, `force_release` fencing out the old holder, `gc`
+//! keeping tokens rising), run where the backend has that facet.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::{ErrorKind, ListQuery, LockError};
+use lock_core::{ErrorKind, ListQuery};
 
 use crate::harness::Harness;
 use crate::history::{FencedResource, History};
 
 use super::*;
-
-/// `Ok(None)` for an admin call the backend refuses as unsupported (the
-/// case is then skipped), the value otherwise.
-pub(super) fn supported<T>(result: Result<T, LockError>, what: &str) -> Result<Option<T>, String> {
-    match result {
-        Ok(value) => Ok(Some(value)),
-        Err(e) if e.kind() == ErrorKind::Unsupported => Ok(None),
-        Err(e) => Err(format!("{what}: {e}")),
-    }
-}
 
 pub(super) fn now_ms() -> u64 {
     SystemTime::now()
@@ -64,16 +56,17 @@ pub async fn holder_details_are_reported(h: &Harness) -> CaseResult {
     )))
 }
 
-/// `list` pages through exactly the held locks under a prefix: each once,
-/// with its token, none outside the prefix, none released; a bad page
-/// size is refused.
+/// `list` (the [`Admin`](lock_core::Admin) facet) pages through exactly
+/// the held locks under a prefix: each once, with its token, none outside
+/// the prefix, none released; a bad page size is refused.
 pub async fn list_finds_held_locks(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
+    if b.facets().admin.is_none() {
+        return Ok(without_facet("Admin", "list"));
+    }
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
     let prefix = format!("{}/", h.key("list").as_str());
-    let Some(empty) = supported(b.list(&ListQuery::new(&prefix, 10)).await, "list")? else {
-        return Ok(Outcome::Skipped("the backend does not list locks".into()));
-    };
+    let empty = served(b.list(&ListQuery::new(&prefix, 10)).await, "Admin", "list")?;
     ensure!(
         empty.locks.is_empty(),
         "an unused prefix lists {} lock(s)",
@@ -101,10 +94,12 @@ pub async fn list_finds_held_locks(h: &Harness) -> CaseResult {
     loop {
         pages += 1;
         ensure!(pages <= 50, "list did not finish within 50 pages of 2");
-        let page = b
-            .list(&ListQuery::new(&prefix, 2).after(cursor.as_deref()))
-            .await
-            .map_err(fmt_err("list"))?;
+        let page = served(
+            b.list(&ListQuery::new(&prefix, 2).after(cursor.as_deref()))
+                .await,
+            "Admin",
+            "list",
+        )?;
         ensure!(
             page.locks.len() <= 2,
             "a page of 2 held {}",
@@ -164,22 +159,21 @@ pub async fn list_finds_held_locks(h: &Harness) -> CaseResult {
     )))
 }
 
-/// `force_release` breaks a held lock: it returns the broken holder, the
-/// next grant's token is above the broken one (where the backend fences),
-/// a resource checking tokens then rejects the old holder's late write,
-/// the old holder can neither renew nor release, and a free key reports
-/// nothing broken.
+/// `force_release` (the [`Admin`](lock_core::Admin) facet) breaks a held
+/// lock: it returns the broken holder, the next grant's token is above the
+/// broken one (where the backend fences), a resource checking tokens then
+/// rejects the old holder's late write, the old holder can neither renew
+/// nor release, and a free key reports nothing broken.
 pub async fn force_release_fences_the_old_holder(h: &Harness) -> CaseResult {
     let (a, admin) = two_clients(h).await?;
+    if admin.facets().admin.is_none() {
+        return Ok(without_facet("Admin", "force_release"));
+    }
     let c = h.client().await.map_err(fmt_err("connecting a client"))?;
     let caps = a.capabilities();
     let ttl = h.ttl_for(&caps).max(Duration::from_secs(10));
     let key = h.key("force");
-    let Some(none) = supported(admin.force_release(&key).await, "force_release")? else {
-        return Ok(Outcome::Skipped(
-            "the backend does not break locks (force_release)".into(),
-        ));
-    };
+    let none = served(admin.force_release(&key).await, "Admin", "force_release")?;
     ensure!(
         none.is_none(),
         "a free key reported a broken holder: {none:?}"
@@ -192,10 +186,7 @@ pub async fn force_release_fences_the_old_holder(h: &Harness) -> CaseResult {
         resource.write(&rec_a, &key, old.token(), |v| *v += 1),
         "the first holder's write was rejected"
     );
-    let broken = admin
-        .force_release(&key)
-        .await
-        .map_err(fmt_err("force_release"))?
+    let broken = served(admin.force_release(&key).await, "Admin", "force_release")?
         .ok_or("force_release of a held key reported nothing broken")?;
     if let Some(token) = broken.token {
         ensure!(
@@ -256,6 +247,74 @@ pub async fn force_release_fences_the_old_holder(h: &Harness) -> CaseResult {
         "the new holder's release said not held"
     );
     Ok(Outcome::Passed(fenced))
+}
+
+/// `gc` (the [`Admin`](lock_core::Admin) facet) collects without letting
+/// a token go backwards: after runs of `gc` with no age limit (until one
+/// removes nothing, at most 20), a held key keeps its holder, its token and
+/// its renewals, and a freed key's next grant gets a token above its last
+/// one (where the backend fences). A backend that keeps no per-key state
+/// answers an empty report, which passes.
+pub async fn gc_keeps_tokens_rising(h: &Harness) -> CaseResult {
+    let (a, admin) = two_clients(h).await?;
+    if admin.facets().admin.is_none() {
+        return Ok(without_facet("Admin", "gc"));
+    }
+    let caps = a.capabilities();
+    let ttl = h.ttl_for(&caps).max(Duration::from_secs(5));
+    let (freed, held) = (h.key("gc-freed"), h.key("gc-held"));
+    let first = take_free(&*a, &freed, ttl).await?;
+    ensure!(
+        a.release(&first).await.map_err(fmt_err("release"))?,
+        "release said not held"
+    );
+    let kept = take_free(&*a, &held, ttl).await?;
+    let (mut removed, mut runs) = (0, 0);
+    loop {
+        runs += 1;
+        let report = served(admin.gc(Duration::ZERO).await, "Admin", "gc")?;
+        removed += report.removed;
+        if report.removed == 0 || runs == 20 {
+            break;
+        }
+    }
+    let info = admin
+        .inspect(&held)
+        .await
+        .map_err(fmt_err("inspect"))?
+        .ok_or("gc freed a held key")?;
+    if let Some(token) = info.token {
+        ensure!(
+            token == kept.token(),
+            "after gc the held key shows token {token}, granted {}",
+            kept.token()
+        );
+    }
+    a.renew(&kept)
+        .await
+        .map_err(fmt_err("renew of a held key after gc"))?;
+    let next = take_free(&*a, &freed, ttl).await?;
+    let mut fenced = "no fencing on this backend".to_owned();
+    if caps.has_fencing() {
+        ensure!(
+            next.token() > first.token(),
+            "after gc the freed key's next token {} is not above its last {}",
+            next.token(),
+            first.token()
+        );
+        fenced = format!("freed key's token {} -> {}", first.token(), next.token());
+    }
+    ensure!(
+        a.release(&next).await.map_err(fmt_err("release"))?,
+        "release said not held"
+    );
+    ensure!(
+        a.release(&kept).await.map_err(fmt_err("release"))?,
+        "the held key's release after gc said not held"
+    );
+    Ok(Outcome::Passed(format!(
+        "{removed} record(s) removed in {runs} run(s); held key kept; {fenced}"
+    )))
 }
 
 /// `watch_holder` (what `distlock watch` follows) reports every change of

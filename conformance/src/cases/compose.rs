@@ -1,7 +1,10 @@
 //! Cases on locks composed in lock-core over any backend's mutex:
 //! multi-locks (all or nothing, no partial grant left by a failure or a
-//! cancelled acquire) and reentrancy by scope (nested, no second grant,
-//! never across tasks).
+//! cancelled acquire; `LockClient` takes a set key by key where the
+//! backend has no [`LockSets`](lock_core::LockSets) facet, so these run on
+//! every backend), sets taken in one exchange (the facet's atomicity,
+//! where the backend has it) and reentrancy by scope (nested, no second
+//! grant, never across tasks).
 
 use std::time::Duration;
 
@@ -109,6 +112,177 @@ pub async fn multi_lock_is_all_or_nothing(h: &Harness) -> CaseResult {
     Ok(Outcome::Passed(
         "refused, cancelled and timed-out sets left nothing; overlapping sets finished".into(),
     ))
+}
+
+/// A set taken in one exchange (the [`LockSets`](lock_core::LockSets)
+/// facet, where the backend has it) is all or nothing: refused while one
+/// key is held, it grants none of the others; granted, every key is held
+/// with its own lease (in the order asked, each with a token above that
+/// key's last one where the backend fences) that renews and releases like any other; and two
+/// clients racing for overlapping sets never both win, nor leave the
+/// loser's other key held. A set the facet refuses as a whole
+/// (`Unsupported`, allowed for a set it cannot take in one exchange) skips
+/// the case, saying so.
+pub async fn lock_sets_are_atomic(h: &Harness) -> CaseResult {
+    let (a, b) = two_clients(h).await?;
+    if a.facets().lock_sets.is_none() {
+        return Ok(super::without_facet(
+            "LockSets",
+            "try_acquire_all; multi-locks are taken key by key",
+        ));
+    }
+    let caps = a.capabilities();
+    let ttl = h.ttl_for(&caps).max(Duration::from_secs(5));
+    let keys = lock_core::lock_order(&[h.key("set-a"), h.key("set-b"), h.key("set-c")]);
+    // Refused while one key is held: none of the others taken.
+    let blocker = take_free(&*b, &keys[2], ttl).await?;
+    match a.try_acquire_all(&keys, ttl).await {
+        Ok(None) => {}
+        Ok(Some(leases)) => {
+            for lease in &leases {
+                let _ = a.release(lease).await;
+            }
+            let _ = b.release(&blocker).await;
+            return Err(format!(
+                "a set was granted while {} was held by another client",
+                keys[2]
+            ));
+        }
+        Err(e) if e.kind() == lock_core::ErrorKind::Unsupported => {
+            let _ = b.release(&blocker).await;
+            return Ok(Outcome::Skipped(format!(
+                "the LockSets facet refused this set as a whole: {e}"
+            )));
+        }
+        Err(e) => return Err(format!("try_acquire_all: {e}")),
+    }
+    // Each key's last token before the set: the blocker's, and those of a
+    // grant of each other key (free, or the refused set left it held).
+    let mut last = vec![blocker.token()];
+    for key in keys[..2].iter().rev() {
+        let probe = b
+            .try_acquire(key, ttl)
+            .await
+            .map_err(fmt_err("try_acquire"))?
+            .ok_or_else(|| format!("a refused set left {key} held"))?;
+        b.release(&probe).await.map_err(fmt_err("release"))?;
+        last.insert(0, probe.token());
+    }
+    ensure!(
+        b.release(&blocker).await.map_err(fmt_err("release"))?,
+        "the blocker's release said not held"
+    );
+    // Granted: every key held, in order, renewable and releasable.
+    let leases = served(
+        a.try_acquire_all(&keys, ttl).await,
+        "LockSets",
+        "try_acquire_all",
+    )?
+    .ok_or("a set of free keys was refused")?;
+    let asked: Vec<&LockKey> = keys.iter().collect();
+    let granted: Vec<&LockKey> = leases.iter().map(Lease::key).collect();
+    ensure!(
+        granted == asked,
+        "a set of {asked:?} was granted as {granted:?}"
+    );
+    // A fresh token per key (keys of one set may share a value: one
+    // transaction's revision, or per-key counters).
+    if caps.has_fencing() {
+        for (lease, before) in leases.iter().zip(&last) {
+            ensure!(
+                lease.token() > *before,
+                "{} of the set got token {}, not above its last {before}",
+                lease.key(),
+                lease.token()
+            );
+        }
+    }
+    for lease in &leases {
+        let info = b
+            .inspect(lease.key())
+            .await
+            .map_err(fmt_err("inspect"))?
+            .ok_or_else(|| format!("{} of a granted set has no holder", lease.key()))?;
+        if let Some(token) = info.token {
+            ensure!(
+                token == lease.token(),
+                "{} shows token {token}, the set's lease has {}",
+                lease.key(),
+                lease.token()
+            );
+        }
+        ensure!(
+            b.try_acquire(lease.key(), ttl)
+                .await
+                .map_err(fmt_err("try_acquire"))?
+                .is_none(),
+            "another client took {} of a granted set",
+            lease.key()
+        );
+    }
+    let refs: Vec<&Lease> = leases.iter().collect();
+    for (lease, renewed) in leases.iter().zip(a.renew_many(&refs).await) {
+        renewed.map_err(|e| format!("renewal of {} of the set: {e}", lease.key()))?;
+    }
+    for lease in &leases {
+        ensure!(
+            a.release(lease).await.map_err(fmt_err("release"))?,
+            "{} of the set: release said not held",
+            lease.key()
+        );
+    }
+    // Racing for overlapping sets: [a, b] against [b, c].
+    let (set_a, set_b) = (
+        vec![keys[0].clone(), keys[1].clone()],
+        vec![keys[1].clone(), keys[2].clone()],
+    );
+    let mut wins = [0u32; 2];
+    for round in 0..20 {
+        // Sent together, first one side then the other first.
+        let (first, second) = (
+            a.try_acquire_all(&set_a, ttl),
+            b.try_acquire_all(&set_b, ttl),
+        );
+        let (got_a, got_b) = if round % 2 == 0 {
+            tokio::join!(first, second)
+        } else {
+            let (got_b, got_a) = tokio::join!(second, first);
+            (got_a, got_b)
+        };
+        let got_a = served(got_a, "LockSets", "try_acquire_all")?;
+        let got_b = served(got_b, "LockSets", "try_acquire_all")?;
+        let both = got_a.is_some() && got_b.is_some();
+        // The loser's key outside the overlap must be free.
+        let loser_key = match (&got_a, &got_b) {
+            (Some(_), None) => Some(&keys[2]),
+            (None, Some(_)) => Some(&keys[0]),
+            _ => None,
+        };
+        let free = match loser_key {
+            Some(key) => is_free(&*a, key, ttl).await?,
+            None => true,
+        };
+        for (client, got) in [(&a, &got_a), (&b, &got_b)] {
+            for lease in got.iter().flatten() {
+                let _ = client.release(lease).await;
+            }
+        }
+        ensure!(!both, "round {round}: both overlapping sets were granted");
+        ensure!(
+            free,
+            "round {round}: the losing set left {} held",
+            loser_key.map_or("?", |k| k.as_str())
+        );
+        wins[0] += u32::from(got_a.is_some());
+        wins[1] += u32::from(got_b.is_some());
+    }
+    ensure!(
+        wins[0] + wins[1] > 0,
+        "20 races for overlapping free sets: no set was ever granted"
+    );
+    Ok(Outcome::Passed(format!(
+        "refused set took nothing; granted set held, renewed, released; races won {wins:?}, never both"
+    )))
 }
 
 /// While a multi-lock waits for a later key, the keys it already took stay

@@ -4,11 +4,20 @@
 //! Each returns a [`CaseResult`]: an [`Outcome`], or the failure. Timing checks use the harness's margin for
 //! lateness only; safety is judged from the recorded history, never from
 //! wall-clock luck.
+//!
+//! Optional parts are gated on what the backend *declares*, never on an
+//! `Unsupported` answer: a case for a [facet](lock_core::facets) runs when
+//! the backend's [`facets()`](lock_core::LockBackend::facets) has it and is
+//! skipped, naming the facet, otherwise; a present facet that answers
+//! `Unsupported` fails the case. Shapes are gated on the
+//! capabilities (`shared_locks`, `semaphores`) the same way. Calls with a
+//! fallback for every backend (elections through the mutex, holder watches
+//! by polling, multi-locks key by key in `LockClient`) run everywhere.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{Lease, LockBackend, LockKey};
+use lock_core::{Lease, LockBackend, LockBackendExt, LockKey};
 use tokio::time::Instant;
 
 use crate::harness::Harness;
@@ -47,6 +56,28 @@ macro_rules! ensure {
 
 fn fmt_err(what: &str) -> impl Fn(lock_core::LockError) -> String + '_ {
     move |e| format!("{what}: {e}")
+}
+
+/// The skip of a case whose facet the backend does not have.
+fn without_facet(facet: &str, what: &str) -> Outcome {
+    Outcome::Skipped(format!("the backend has no {facet} facet ({what})"))
+}
+
+/// The answer of a call to a facet the backend has (see
+/// [`Facets`](lock_core::Facets)): the value, or the failure, an
+/// `Unsupported` answer included (a present facet serves every call).
+fn served<T>(
+    result: Result<T, lock_core::LockError>,
+    facet: &str,
+    call: &str,
+) -> Result<T, String> {
+    result.map_err(|e| {
+        if e.kind() == lock_core::ErrorKind::Unsupported {
+            format!("{call}: the backend has the {facet} facet, which answered Unsupported: {e}")
+        } else {
+            format!("{call}: {e}")
+        }
+    })
 }
 
 async fn clients(h: &Harness, n: usize) -> Result<Vec<Arc<dyn LockBackend>>, String> {

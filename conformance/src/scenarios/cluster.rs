@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use lock_core::LockBackendExt;
 use lock_core::TtlModel;
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep, timeout};

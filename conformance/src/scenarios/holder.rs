@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::LockBackendExt;
 use lock_core::{FencingToken, LockBackend, LockClient, LockKey};
 use serde_json::json;
 use tokio::time::{Instant, sleep};

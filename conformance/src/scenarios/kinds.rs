@@ -3,26 +3,25 @@
 //! of one permit, in the mutex's place.
 //!
 //! [`AsKind`] serves a backend's grants of one kind through the mutex's
-//! methods (`try_acquire` takes a write lease, `inspect` reports the first
-//! holder of that shape), so every scenario, its observers and its history
-//! checker run unchanged; the holder process takes the same kind with
+//! calls (a mutex grant takes a write lease, the mutex's holders are the
+//! first holder of that shape), so every scenario, its observers and its
+//! history checker run unchanged; the holder process takes the same kind with
 //! `distlock run --write` / `--semaphore 1` (see [`for_kind`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, Lease, LeaseKind, LockBackend, LockError, LockInfo, LockKey, LockWrapper,
+    Capabilities, GrantRequest, HolderInfo, Lease, LeaseKind, LockBackend, LockError, LockInfo,
+    LockKey, LockShape, LockWrapper,
 };
-use tokio::time::Instant;
 
 use super::{HolderCommand, ScenarioEnv};
 use crate::harness::Target;
 use crate::process::HarnessError;
 use crate::proxy::FaultProxy;
 
-/// A backend whose mutex methods take grants of `kind` instead.
+/// A backend whose mutex grants are grants of `kind` instead.
 #[derive(Debug)]
 pub struct AsKind {
     inner: Arc<dyn LockBackend>,
@@ -42,28 +41,29 @@ impl LockWrapper for AsKind {
         &*self.inner
     }
 
-    async fn try_acquire(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.inner.try_acquire_kind(key, self.kind, ttl).await
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let kind = match request.kind {
+            LeaseKind::Exclusive => self.kind,
+            other => other,
+        };
+        self.inner.grant(request.kind(kind)).await
     }
 
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        self.inner.acquire_kind(key, self.kind, ttl, deadline).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    /// The mutex's holder is the first holder of `kind`'s shape.
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        if shape != LockShape::Mutex {
+            return self.inner.holders(key, shape).await;
+        }
         let holders = self.inner.holders(key, self.kind.shape()).await?;
-        Ok(holders.into_iter().next().map(|h| LockInfo {
-            details: None,
-            key: key.clone(),
-            holder: h.holder,
-            token: h.token,
-            remaining_ttl: h.remaining_ttl,
-        }))
+        Ok(lock_core::kind::mutex_holders(
+            holders.into_iter().next().map(|h| LockInfo {
+                details: None,
+                key: key.clone(),
+                holder: h.holder,
+                token: h.token,
+                remaining_ttl: h.remaining_ttl,
+            }),
+        ))
     }
 }
 

@@ -20,6 +20,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::LockBackendExt;
 use lock_core::{FencingToken, Lease, LeaseKind, LockBackend, LockKey, OwnerId, TtlModel};
 use serde::Serialize;
 use serde_json::{Value, json};

@@ -20,6 +20,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::LockBackendExt;
 use lock_core::LockClient;
 use lock_testkit::HarnessError;
 use lock_testkit::netns::{Lab, Namespace};

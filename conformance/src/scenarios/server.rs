@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use lock_core::LockBackendExt;
 use lock_core::{LockBackend, LockKey};
 use serde_json::json;
 use tokio::time::{Instant, sleep, timeout};

@@ -65,6 +65,8 @@ pub(super) fn quick_lanes() -> usize {
 /// What the verdict stage found on one backend.
 pub(super) struct Verdicts {
     pub(super) caps: Capabilities,
+    /// The backend's facets ([`lock_core::Facets::names`]).
+    pub(super) facets: Vec<&'static str>,
     pub(super) suite: SuiteReport,
     pub(super) scenarios: BTreeMap<String, ScenarioReport>,
     /// The library's metrics series of this backend that grew meanwhile.
@@ -141,7 +143,11 @@ pub(super) async fn verdicts(
         .time("start connect", c.target.client())
         .await
         .map_err(|e| format!("cannot connect: {e}"))?;
-    let (caps, label) = (client.capabilities(), client.name());
+    let (caps, label, facets) = (
+        client.capabilities(),
+        client.name(),
+        client.facets().names(),
+    );
     drop(client);
     let (slot, turn) = lanes.turn(label, slot).await;
     let metrics_before = crate::metrics::snapshot();
@@ -223,6 +229,7 @@ pub(super) async fn verdicts(
     }
     let found = Verdicts {
         caps,
+        facets,
         suite,
         scenarios: scenarios_out,
         metrics,
