@@ -94,8 +94,9 @@ impl LockWrapper for SqlAnyBackend {
     }
 
     // The kernel's calls hand back the inner backend's boxed future as it
-    // is, rather than boxing a second future that only awaits it (an
-    // allocation and an indirect poll per call).
+    // is, rather than boxing one more future of their own that only awaits
+    // it (an allocation and an indirect poll per call; the blanket
+    // `LockBackend` impl of every wrapper boxes one around it already).
 
     fn grant<'life0, 'life1, 'async_trait>(
         &'life0 self,
