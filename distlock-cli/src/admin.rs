@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use lock_core::{
-    FencingToken, HolderDetails, HolderInfo, LockClient, LockError, LockInfo, LockKey, LockShape,
-    Operation,
+    FencingToken, HolderDetails, HolderInfo, LockBackendExt, LockClient, LockError, LockInfo,
+    LockKey, LockShape, Operation,
 };
 use serde_json::{Value, json};
 
@@ -270,7 +270,7 @@ pub(crate) async fn force_release(
 
 /// `distlock watch`: a line each time the holder changes (woken by the
 /// store's watch where the driver has one, see
-/// [`LockBackend::watch_holder`](lock_core::LockBackend::watch_holder),
+/// [`HolderWatch::watch_holder`](lock_core::HolderWatch::watch_holder),
 /// polled every `interval` otherwise), until interrupted or after
 /// `changes` changes.
 pub(crate) async fn watch(

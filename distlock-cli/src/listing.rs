@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use lock_core::{
-    ErrorKind, FencingToken, ListQuery, LockClient, LockError, LockKey, LockShape, MAX_LIST_PAGE,
-    Operation,
+    ErrorKind, FencingToken, ListQuery, LockBackendExt, LockClient, LockError, LockKey, LockShape,
+    MAX_LIST_PAGE, Operation,
     election::{ElectionInfo, Leader},
 };
 use serde_json::{Value, json};

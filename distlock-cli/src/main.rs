@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use distlock::{Config, LockError, parse_duration};
-use lock_core::{ErrorKind, Lease, LeaseKind, LockClient};
+use lock_core::{ErrorKind, Lease, LeaseKind, LockBackendExt, LockClient};
 
 mod admin;
 mod keeper;
