@@ -15,7 +15,7 @@
 //!   `renew_many`, `release`, `holders` and `facets`. Everything else a
 //!   caller uses (`try_acquire`, `acquire`, `renew` of one lease,
 //!   `inspect`, the mutex-based election, ...) comes from
-//!   [`LockBackendExt`](lock_core::LockBackendExt), built on the kernel;
+//!   [`LockBackendExt`], built on the kernel;
 //! - **facets** ([`lock_core::facets`]): [`Admin`], [`Elections`],
 //!   [`LockSets`], [`Downgrade`], [`HolderWatch`], each present or not;
 //!   presence is the capability, and the conformance suite checks every
@@ -145,7 +145,7 @@ impl SlowMemory {
 }
 
 /// The kernel: each call travels, then runs in the memory service. Every
-/// other call ([`LockBackendExt`](lock_core::LockBackendExt)'s
+/// other call ([`LockBackendExt`]'s
 /// conveniences) is built on these four and the facets below.
 #[async_trait]
 impl LockWrapper for SlowMemory {
