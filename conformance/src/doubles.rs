@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use lock_core::election::ElectionPage;
 use lock_core::{
     Admin, Capabilities, Downgrade, Facets, GcReport, GrantRequest, HolderInfo, HolderWatch, Lease,
-    LeaseKind, ListQuery, LockBackend, LockBackendExt, LockError, LockInfo, LockKey, LockPage,
-    LockShape, LockWrapper, MemoryBackend, OwnerId, SharedPage,
+    LeaseKind, ListQuery, Listing, LockBackend, LockBackendExt, LockError, LockInfo, LockKey,
+    LockPage, LockShape, LockWrapper, MemoryBackend, OwnerId, SharedPage,
 };
 use tokio::time::Instant;
 
@@ -290,6 +290,7 @@ impl<F: Flaw> LockWrapper for Flawed<F> {
     fn facets(&self) -> Facets<'_> {
         let inner = self.inner.facets();
         Facets {
+            listing: inner.listing.map(|_| self as &dyn Listing),
             admin: inner.admin.map(|_| self as &dyn Admin),
             downgrade: (inner.downgrade.is_some() || self.flaw.downgrade_with_gap())
                 .then_some(self as &dyn Downgrade),
@@ -301,6 +302,19 @@ impl<F: Flaw> LockWrapper for Flawed<F> {
 
 #[async_trait]
 impl<F: Flaw> Admin for Flawed<F> {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let broken = self.inner.force_release(key).await?;
+        self.flaw.forced(key);
+        Ok(broken)
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.inner.gc(older_than).await
+    }
+}
+
+#[async_trait]
+impl<F: Flaw> Listing for Flawed<F> {
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         Ok(self.flaw.list(self.inner.list(query).await?))
     }
@@ -322,16 +336,6 @@ impl<F: Flaw> Admin for Flawed<F> {
     /// The default elections' mutexes, through this wrapper's `list`.
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         lock_core::election::list_mutex_elections(self, query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let broken = self.inner.force_release(key).await?;
-        self.flaw.forced(key);
-        Ok(broken)
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.inner.gc(older_than).await
     }
 }
 

@@ -22,9 +22,9 @@ use async_trait::async_trait;
 use conformance::{Harness, SuiteReport, Target, all_cases, run_cases};
 use lock_core::election::ElectionPage;
 use lock_core::{
-    Admin, Capabilities, ErrorKind, Facets, GcReport, ListQuery, LockBackend, LockBackendExt,
-    LockError, LockInfo, LockKey, LockPage, LockShape, LockWrapper, MemoryBackend, Operation,
-    SharedPage,
+    Admin, Capabilities, ErrorKind, Facets, GcReport, ListQuery, Listing, LockBackend,
+    LockBackendExt, LockError, LockInfo, LockKey, LockPage, LockShape, LockWrapper, MemoryBackend,
+    Operation, SharedPage,
 };
 
 /// What a [`Wrapped`] double changes.
@@ -71,6 +71,7 @@ impl LockWrapper for Wrapped {
     fn facets(&self) -> Facets<'_> {
         match self.double {
             Double::GcRefused => Facets {
+                listing: Some(self),
                 admin: Some(self),
                 ..self.inner.facets()
             },
@@ -82,6 +83,22 @@ impl LockWrapper for Wrapped {
 /// The memory service's administration, except `gc`.
 #[async_trait]
 impl Admin for Wrapped {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        LockBackendExt::force_release(&self.inner, key).await
+    }
+
+    /// Broken on purpose: the facet is claimed, the call refused.
+    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
+        Err(LockError::new(
+            ErrorKind::Unsupported,
+            Operation::Inspect,
+            "garbage collection is not implemented",
+        ))
+    }
+}
+
+#[async_trait]
+impl Listing for Wrapped {
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         LockBackendExt::list(&self.inner, query).await
     }
@@ -96,19 +113,6 @@ impl Admin for Wrapped {
 
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         LockBackendExt::list_elections(&self.inner, query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        LockBackendExt::force_release(&self.inner, key).await
-    }
-
-    /// Broken on purpose: the facet is claimed, the call refused.
-    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
-        Err(LockError::new(
-            ErrorKind::Unsupported,
-            Operation::Inspect,
-            "garbage collection is not implemented",
-        ))
     }
 }
 

@@ -12,7 +12,7 @@ use crate::capabilities::Capabilities;
 use crate::election::Leader;
 use crate::error::LockError;
 use crate::error::{ErrorKind, Operation};
-use crate::facets::{Admin, Facets};
+use crate::facets::{Facets, Listing};
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
 use crate::types::{Lease, ListQuery, LockInfo, SharedLockInfo, SharedPage};
@@ -220,17 +220,17 @@ pub fn unsupported_shape(backend: &'static str, key: &LockKey, shape: LockShape)
     .with_backend(backend)
 }
 
-/// [`Admin::list_shared`] for [`LockShape::Mutex`], from
-/// [`list`](Admin::list): each held mutex with its one holder.
+/// [`Listing::list_shared`] for [`LockShape::Mutex`], from
+/// [`list`](Listing::list): each held mutex with its one holder.
 ///
 /// # Errors
 ///
-/// As [`Admin::list`].
+/// As [`Listing::list`].
 ///
 /// # Cancel safety
 ///
 /// Safe: read-only.
-pub async fn list_mutex_shared<B: Admin + ?Sized>(
+pub async fn list_mutex_shared<B: Listing + ?Sized>(
     backend: &B,
     query: &ListQuery,
 ) -> Result<SharedPage, LockError> {
@@ -369,10 +369,10 @@ where
     }
 }
 
-/// The most locks one [`Admin::list`] page may return.
+/// The most locks one [`Listing::list`] page may return.
 pub const MAX_LIST_PAGE: usize = 1000;
 
-/// Checks an [`Admin::list`] page size.
+/// Checks an [`Listing::list`] page size.
 ///
 /// # Errors
 ///

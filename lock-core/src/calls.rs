@@ -299,7 +299,7 @@ pub trait LockBackendExt: LockBackend {
         }
     }
 
-    /// [`Admin::list`](crate::Admin::list).
+    /// [`Listing::list`](crate::Listing::list).
     ///
     /// # Errors
     ///
@@ -309,13 +309,13 @@ pub trait LockBackendExt: LockBackend {
     ///
     /// Safe: read-only.
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        match self.facets().admin {
-            Some(admin) => admin.list(query).await,
+        match self.facets().listing {
+            Some(listing) => listing.list(query).await,
             None => Err(no_admin(self.name(), "listing locks")),
         }
     }
 
-    /// [`Admin::list_shared`](crate::Admin::list_shared).
+    /// [`Listing::list_shared`](crate::Listing::list_shared).
     ///
     /// # Errors
     ///
@@ -329,13 +329,13 @@ pub trait LockBackendExt: LockBackend {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        match self.facets().admin {
-            Some(admin) => admin.list_shared(shape, query).await,
+        match self.facets().listing {
+            Some(listing) => listing.list_shared(shape, query).await,
             None => Err(no_admin(self.name(), &format!("listing {shape} locks"))),
         }
     }
 
-    /// [`Admin::list_elections`](crate::Admin::list_elections).
+    /// [`Listing::list_elections`](crate::Listing::list_elections).
     ///
     /// # Errors
     ///
@@ -345,8 +345,8 @@ pub trait LockBackendExt: LockBackend {
     ///
     /// Safe: read-only.
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        match self.facets().admin {
-            Some(admin) => admin.list_elections(query).await,
+        match self.facets().listing {
+            Some(listing) => listing.list_elections(query).await,
             None => Err(no_admin(self.name(), "listing elections")),
         }
     }

@@ -157,7 +157,7 @@ pub struct ElectionPage {
 /// # Cancel safety
 ///
 /// Safe: read-only.
-pub async fn list_mutex_elections<B: crate::Admin + ?Sized>(
+pub async fn list_mutex_elections<B: crate::Listing + ?Sized>(
     backend: &B,
     query: &crate::ListQuery,
 ) -> Result<ElectionPage, LockError> {

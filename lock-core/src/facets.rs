@@ -26,7 +26,9 @@ use crate::types::{GcReport, Lease, ListQuery, LockInfo, LockPage, SharedPage};
 /// it has not.
 #[derive(Clone, Copy, Default)]
 pub struct Facets<'a> {
-    /// Listing, breaking and collecting locks: the operators' tools.
+    /// Listing locks and elections.
+    pub listing: Option<&'a dyn Listing>,
+    /// Breaking and collecting locks: the operators' tools.
     pub admin: Option<&'a dyn Admin>,
     /// Elections in the store's own layout (`etcdctl elect`, Curator's
     /// `LeaderLatch`).
@@ -42,6 +44,7 @@ pub struct Facets<'a> {
 impl fmt::Debug for Facets<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Facets")
+            .field("listing", &self.listing.is_some())
             .field("admin", &self.admin.is_some())
             .field("elections", &self.elections.is_some())
             .field("lock_sets", &self.lock_sets.is_some())
@@ -52,10 +55,11 @@ impl fmt::Debug for Facets<'_> {
 }
 
 impl Facets<'_> {
-    /// The names of the facets present, for reports (`admin`, `elections`,
-    /// `lock_sets`, `downgrade`, `holder_watch`).
+    /// The names of the facets present, for reports (`listing`, `admin`,
+    /// `elections`, `lock_sets`, `downgrade`, `holder_watch`).
     pub fn names(&self) -> Vec<&'static str> {
         [
+            ("listing", self.listing.is_some()),
             ("admin", self.admin.is_some()),
             ("elections", self.elections.is_some()),
             ("lock_sets", self.lock_sets.is_some()),
@@ -68,9 +72,9 @@ impl Facets<'_> {
     }
 }
 
-/// Listing, breaking and collecting locks.
+/// Listing locks and elections: what is held, by whom.
 #[async_trait]
-pub trait Admin: Send + Sync {
+pub trait Listing: Send + Sync {
     /// One page of the held mutexes whose key starts with the query's
     /// `prefix` (`""`: every key), each as
     /// [`inspect`](crate::LockBackendExt::inspect) reports it (holder,
@@ -130,7 +134,11 @@ pub trait Admin: Send + Sync {
     ///
     /// Safe: read-only.
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError>;
+}
 
+/// Breaking and collecting locks: the operators' tools.
+#[async_trait]
+pub trait Admin: Send + Sync {
     /// Breaks the mutex on `key` whoever holds it: an operator's tool for a
     /// stuck lock. Returns the holder it removed, as `inspect` saw it just
     /// before, or `None` when the key was free.

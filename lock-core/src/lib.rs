@@ -117,7 +117,7 @@ pub use calls::LockBackendExt;
 pub use capabilities::{Capabilities, FencingScope, Requirements, TtlModel, WaitStrategy};
 pub use client::{LockClient, LockDefaults, LockRequest};
 pub use error::{ErrorKind, LockError, Operation};
-pub use facets::{Admin, Downgrade, Elections, Facets, HolderWatch, LockSets};
+pub use facets::{Admin, Downgrade, Elections, Facets, HolderWatch, Listing, LockSets};
 pub use guard::{LockGuard, LockState, RenewalPolicy};
 pub use holder::{HolderDetails, MAX_ENCODED_LEN, MAX_LABEL_LEN, holder_label, set_holder_label};
 pub use key::{LockKey, MAX_KEY_LEN, RESERVED_KEY_PREFIX};

@@ -12,7 +12,7 @@ use tokio::time::{Instant, sleep_until};
 use crate::backend::{GrantRequest, LockBackend, check_list_limit};
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::error::{ErrorKind, LockError, Operation};
-use crate::facets::{Admin, Downgrade, Facets, LockSets};
+use crate::facets::{Admin, Downgrade, Facets, Listing, LockSets};
 use crate::holder::HolderDetails;
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LeaseKind, LockShape};
@@ -513,6 +513,7 @@ impl LockBackend for MemoryBackend {
 
     fn facets(&self) -> Facets<'_> {
         Facets {
+            listing: Some(self),
             admin: Some(self),
             lock_sets: Some(self),
             downgrade: Some(self),
@@ -523,6 +524,34 @@ impl LockBackend for MemoryBackend {
 
 #[async_trait]
 impl Admin for MemoryBackend {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.check_fault(Operation::Release).await?;
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key) else {
+            return Ok(None);
+        };
+        state.reap(now);
+        let broken = state.holder.take().map(|h| h.info(key, now));
+        // The token counter is global and never reset: the next grant is
+        // above the broken one.
+        self.hand_off(key, state, now);
+        if state.is_idle() {
+            keys.remove(key);
+        }
+        Ok(broken)
+    }
+
+    /// Nothing to collect: a free key takes no memory here, and the token
+    /// counter is one for every key.
+    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
+        self.check_fault(Operation::Inspect).await?;
+        Ok(GcReport::default())
+    }
+}
+
+#[async_trait]
+impl Listing for MemoryBackend {
     async fn list_elections(
         &self,
         query: &ListQuery,
@@ -567,31 +596,6 @@ impl Admin for MemoryBackend {
         }
         check_list_limit(query.limit).map_err(|e| e.with_backend(NAME))?;
         self.list_shares(shape, query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.check_fault(Operation::Release).await?;
-        let now = Instant::now();
-        let mut keys = self.keys();
-        let Some(state) = keys.get_mut(key) else {
-            return Ok(None);
-        };
-        state.reap(now);
-        let broken = state.holder.take().map(|h| h.info(key, now));
-        // The token counter is global and never reset: the next grant is
-        // above the broken one.
-        self.hand_off(key, state, now);
-        if state.is_idle() {
-            keys.remove(key);
-        }
-        Ok(broken)
-    }
-
-    /// Nothing to collect: a free key takes no memory here, and the token
-    /// counter is one for every key.
-    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
-        self.check_fault(Operation::Inspect).await?;
-        Ok(GcReport::default())
     }
 }
 

@@ -10,8 +10,8 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnResponse};
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
     Admin, Capabilities, Downgrade, Elections, ErrorKind, Facets, FencingScope, GcReport,
-    GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, LockBackend, LockError,
-    LockInfo, LockKey, LockPage, LockSets, LockShape, Operation, SharedPage, TtlModel,
+    GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, Listing, LockBackend,
+    LockError, LockInfo, LockKey, LockPage, LockSets, LockShape, Operation, SharedPage, TtlModel,
     WaitStrategy, saturating_add, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
@@ -541,6 +541,7 @@ impl LockBackend for EtcdBackend {
 
     fn facets(&self) -> Facets<'_> {
         Facets {
+            listing: Some(self),
             admin: Some(self),
             elections: Some(self),
             lock_sets: Some(self),
@@ -552,6 +553,20 @@ impl LockBackend for EtcdBackend {
 
 #[async_trait]
 impl Admin for EtcdBackend {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.break_lock(key).await
+    }
+
+    /// Nothing to collect: etcd keeps no state of a released key (its
+    /// entries go with the release, and tokens are the store's global
+    /// revisions, which never go back). See the crate docs.
+    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
+        Ok(self.collect_garbage())
+    }
+}
+
+#[async_trait]
+impl Listing for EtcdBackend {
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         self.list_locks(query).await
     }
@@ -566,17 +581,6 @@ impl Admin for EtcdBackend {
 
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         self.list_led_elections(query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.break_lock(key).await
-    }
-
-    /// Nothing to collect: etcd keeps no state of a released key (its
-    /// entries go with the release, and tokens are the store's global
-    /// revisions, which never go back). See the crate docs.
-    async fn gc(&self, _older_than: Duration) -> Result<GcReport, LockError> {
-        Ok(self.collect_garbage())
     }
 }
 

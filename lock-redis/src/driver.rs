@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use lock_core::{
     Admin, Capabilities, Downgrade, ErrorKind, Facets, FencingScope, GcReport, GrantRequest,
-    HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, LockBackend, LockError, LockInfo,
-    LockKey, LockPage, LockSets, LockShape, Operation, OwnerId, TtlModel, WaitStrategy,
+    HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, Listing, LockBackend, LockError,
+    LockInfo, LockKey, LockPage, LockSets, LockShape, Operation, OwnerId, TtlModel, WaitStrategy,
     async_trait, check_ttl,
 };
 use tokio::time::Instant;
@@ -346,6 +346,7 @@ impl LockBackend for RedisBackend {
     fn facets(&self) -> Facets<'_> {
         let ours = !self.inner.redlock && !self.inner.config.layout.is_legacy();
         Facets {
+            listing: Some(self),
             admin: Some(self),
             lock_sets: ours.then_some(self as &dyn LockSets),
             downgrade: ours.then_some(self as &dyn Downgrade),
@@ -357,6 +358,19 @@ impl LockBackend for RedisBackend {
 
 #[async_trait]
 impl Admin for RedisBackend {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_nodes(key).await
+    }
+
+    /// An empty report in the legacy layouts, whose counters sit in the
+    /// other library's key space (see the crate docs, *Operating locks*).
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.gc_counters(older_than).await
+    }
+}
+
+#[async_trait]
+impl Listing for RedisBackend {
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         self.list_page(query).await
     }
@@ -381,16 +395,6 @@ impl Admin for RedisBackend {
         query: &ListQuery,
     ) -> Result<lock_core::election::ElectionPage, LockError> {
         lock_core::election::list_mutex_elections(self, query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.force_release_nodes(key).await
-    }
-
-    /// An empty report in the legacy layouts, whose counters sit in the
-    /// other library's key space (see the crate docs, *Operating locks*).
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.gc_counters(older_than).await
     }
 }
 

@@ -52,8 +52,8 @@ use lock_core::election::{ElectionPage, Leader};
 use lock_core::endpoint::Endpoint;
 use lock_core::{
     Admin, Downgrade, Elections, Facets, GcReport, GrantRequest, HolderInfo, HolderWatch, Lease,
-    ListQuery, LockBackend, LockBackendExt, LockError, LockInfo, LockKey, LockPage, LockSets,
-    LockShape, LockWrapper, MemoryBackend, SharedPage,
+    ListQuery, Listing, LockBackend, LockBackendExt, LockError, LockInfo, LockKey, LockPage,
+    LockSets, LockShape, LockWrapper, MemoryBackend, SharedPage,
 };
 use tokio::time::{Instant, sleep};
 
@@ -186,6 +186,7 @@ impl LockWrapper for SlowMemory {
     fn facets(&self) -> Facets<'_> {
         let inner = self.inner.facets();
         Facets {
+            listing: inner.listing.map(|_| self as &dyn Listing),
             admin: inner.admin.map(|_| self as &dyn Admin),
             elections: inner.elections.map(|_| self as &dyn Elections),
             lock_sets: inner.lock_sets.map(|_| self as &dyn LockSets),
@@ -201,6 +202,19 @@ impl LockWrapper for SlowMemory {
 
 #[async_trait]
 impl Admin for SlowMemory {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.travel().await;
+        self.inner().force_release(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.travel().await;
+        self.inner().gc(older_than).await
+    }
+}
+
+#[async_trait]
+impl Listing for SlowMemory {
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         self.travel().await;
         self.inner().list(query).await
@@ -218,16 +232,6 @@ impl Admin for SlowMemory {
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         self.travel().await;
         self.inner().list_elections(query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.travel().await;
-        self.inner().force_release(key).await
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.travel().await;
-        self.inner().gc(older_than).await
     }
 }
 

@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use lock_core::election::ElectionPage;
 use lock_core::{
     Admin, Capabilities, Downgrade, ErrorKind, Facets, FencingScope, FencingToken, GcReport,
-    GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, LockBackend, LockError,
-    LockInfo, LockKey, LockPage, LockSets, LockShape, Operation, OwnerId, SharedPage, TtlModel,
-    WaitStrategy, check_ttl, validity_deadline, with_timeout,
+    GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, Listing, LockBackend,
+    LockError, LockInfo, LockKey, LockPage, LockSets, LockShape, Operation, OwnerId, SharedPage,
+    TtlModel, WaitStrategy, check_ttl, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -572,6 +572,7 @@ impl LockBackend for SqlBackend {
     /// their observers wake as [`HolderWatch`] does for that mutex.
     fn facets(&self) -> Facets<'_> {
         Facets {
+            listing: Some(self),
             admin: Some(self),
             lock_sets: Some(self),
             downgrade: Some(self),
@@ -583,6 +584,17 @@ impl LockBackend for SqlBackend {
 
 #[async_trait]
 impl Admin for SqlBackend {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_row(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.gc_rows(older_than).await
+    }
+}
+
+#[async_trait]
+impl Listing for SqlBackend {
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         self.list_rows(query).await
     }
@@ -597,14 +609,6 @@ impl Admin for SqlBackend {
 
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         lock_core::election::list_mutex_elections(self, query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.force_release_row(key).await
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.gc_rows(older_than).await
     }
 }
 

@@ -26,8 +26,8 @@ use async_trait::async_trait;
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
     Admin, Downgrade, Elections, ErrorKind, Facets, GcReport, GrantRequest, HolderInfo,
-    HolderWatch, Lease, ListQuery, LockBackend, LockBackendExt, LockError, LockInfo, LockKey,
-    LockPage, LockSets, LockShape, LockWrapper, Operation, RENEW_CONCURRENCY, SharedPage,
+    HolderWatch, Lease, ListQuery, Listing, LockBackend, LockBackendExt, LockError, LockInfo,
+    LockKey, LockPage, LockSets, LockShape, LockWrapper, Operation, RENEW_CONCURRENCY, SharedPage,
     renew_concurrently,
 };
 use tokio::sync::{oneshot, watch};
@@ -250,6 +250,7 @@ impl LockWrapper for FaultLink {
     fn facets(&self) -> Facets<'_> {
         let inner = self.inner.facets();
         Facets {
+            listing: inner.listing.map(|_| self as &dyn Listing),
             admin: inner.admin.map(|_| self as &dyn Admin),
             elections: inner.elections.map(|_| self as &dyn Elections),
             lock_sets: inner.lock_sets.map(|_| self as &dyn LockSets),
@@ -273,6 +274,23 @@ impl FaultLink {
 
 #[async_trait]
 impl Admin for FaultLink {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let (inner, k) = (self.inner.clone(), key.clone());
+        let call: Call<Option<LockInfo>> = Box::pin(async move { inner.force_release(&k).await });
+        self.call(Operation::Release, Some(key), self.op_timeout, call)
+            .await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let inner = self.inner.clone();
+        let call: Call<GcReport> = Box::pin(async move { inner.gc(older_than).await });
+        self.call(Operation::Inspect, None, self.op_timeout, call)
+            .await
+    }
+}
+
+#[async_trait]
+impl Listing for FaultLink {
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         let (inner, q) = (self.inner.clone(), query.clone());
         let call: Call<LockPage> = Box::pin(async move { inner.list(&q).await });
@@ -294,20 +312,6 @@ impl Admin for FaultLink {
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         let (inner, q) = (self.inner.clone(), query.clone());
         let call: Call<ElectionPage> = Box::pin(async move { inner.list_elections(&q).await });
-        self.call(Operation::Inspect, None, self.op_timeout, call)
-            .await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let (inner, k) = (self.inner.clone(), key.clone());
-        let call: Call<Option<LockInfo>> = Box::pin(async move { inner.force_release(&k).await });
-        self.call(Operation::Release, Some(key), self.op_timeout, call)
-            .await
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        let inner = self.inner.clone();
-        let call: Call<GcReport> = Box::pin(async move { inner.gc(older_than).await });
         self.call(Operation::Inspect, None, self.op_timeout, call)
             .await
     }

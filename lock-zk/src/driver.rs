@@ -22,9 +22,9 @@ use async_trait::async_trait;
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::{
     Admin, Capabilities, Downgrade, Elections, ErrorKind, Facets, FencingScope, GcReport,
-    GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, LockBackend, LockError,
-    LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, SessionState, SharedPage, TtlModel,
-    WaitStrategy, validity_deadline,
+    GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind, ListQuery, Listing, LockBackend,
+    LockError, LockInfo, LockKey, LockPage, LockShape, Operation, OwnerId, SessionState,
+    SharedPage, TtlModel, WaitStrategy, validity_deadline,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -452,6 +452,7 @@ impl LockBackend for ZkBackend {
 
     fn facets(&self) -> Facets<'_> {
         Facets {
+            listing: Some(self),
             admin: Some(self),
             elections: Some(self),
             downgrade: Some(self),
@@ -463,6 +464,17 @@ impl LockBackend for ZkBackend {
 
 #[async_trait]
 impl Admin for ZkBackend {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.break_holder(key).await
+    }
+
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.collect_empty_dirs(older_than).await
+    }
+}
+
+#[async_trait]
+impl Listing for ZkBackend {
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         self.list_page(query).await
     }
@@ -482,14 +494,6 @@ impl Admin for ZkBackend {
         // The latch directories (see election.rs), not the generic
         // election's mutexes.
         self.list_latches(query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.break_holder(key).await
-    }
-
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        self.collect_empty_dirs(older_than).await
     }
 }
 

@@ -56,17 +56,21 @@ pub async fn holder_details_are_reported(h: &Harness) -> CaseResult {
     )))
 }
 
-/// `list` (the [`Admin`](lock_core::Admin) facet) pages through exactly
+/// `list` (the [`Listing`](lock_core::Listing) facet) pages through exactly
 /// the held locks under a prefix: each once, with its token, none outside
 /// the prefix, none released; a bad page size is refused.
 pub async fn list_finds_held_locks(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
-    if b.facets().admin.is_none() {
-        return Ok(without_facet("Admin", "list"));
+    if b.facets().listing.is_none() {
+        return Ok(without_facet("Listing", "list"));
     }
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
     let prefix = format!("{}/", h.key("list").as_str());
-    let empty = served(b.list(&ListQuery::new(&prefix, 10)).await, "Admin", "list")?;
+    let empty = served(
+        b.list(&ListQuery::new(&prefix, 10)).await,
+        "Listing",
+        "list",
+    )?;
     ensure!(
         empty.locks.is_empty(),
         "an unused prefix lists {} lock(s)",
@@ -97,7 +101,7 @@ pub async fn list_finds_held_locks(h: &Harness) -> CaseResult {
         let page = served(
             b.list(&ListQuery::new(&prefix, 2).after(cursor.as_deref()))
                 .await,
-            "Admin",
+            "Listing",
             "list",
         )?;
         ensure!(

@@ -247,7 +247,7 @@ async fn check_shared_listing(
         let page = served(
             b.list_shared(shape, &ListQuery::new(prefix, 2).after(cursor.as_deref()))
                 .await,
-            "Admin",
+            "Listing",
             &format!("list_shared({shape})"),
         )?;
         ensure!(
@@ -313,7 +313,7 @@ fn check_listed(
     Ok(())
 }
 
-/// `list_shared` (the [`Admin`](lock_core::Admin) facet) pages through
+/// `list_shared` (the [`Listing`](lock_core::Listing) facet) pages through
 /// exactly the read-write locks, or exactly the semaphores, held under a
 /// prefix (each once, with every holder and its token; not the other
 /// shapes' keys, not released ones), and `list_elections` exactly the
@@ -321,8 +321,8 @@ fn check_listed(
 /// the capabilities claim is listed; `Unsupported` for one of them fails.
 pub async fn list_finds_shared_locks(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
-    if b.facets().admin.is_none() {
-        return Ok(without_facet("Admin", "list_shared, list_elections"));
+    if b.facets().listing.is_none() {
+        return Ok(without_facet("Listing", "list_shared, list_elections"));
     }
     let caps = b.capabilities();
     let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(5));
@@ -461,7 +461,7 @@ async fn check_election_listing(
             let page = served(
                 b.list_elections(&ListQuery::new(prefix, 1).after(cursor.as_deref()))
                     .await,
-                "Admin",
+                "Listing",
                 "list_elections",
             )?;
             for info in page.elections {

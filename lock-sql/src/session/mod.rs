@@ -65,9 +65,9 @@ use async_trait::async_trait;
 use lock_core::election::ElectionPage;
 use lock_core::{
     Admin, Capabilities, ErrorKind, Facets, FencingToken, GcReport, GrantRequest, HolderInfo,
-    Lease, LeaseKind, ListQuery, LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape,
-    Operation, OwnerId, RENEW_CONCURRENCY, RandomKeys, SessionState, SharedPage, TtlModel,
-    WaitStrategy, check_ttl, renew_concurrently, unsupported_kind, unsupported_shape,
+    Lease, LeaseKind, ListQuery, Listing, LockBackend, LockError, LockInfo, LockKey, LockPage,
+    LockShape, Operation, OwnerId, RENEW_CONCURRENCY, RandomKeys, SessionState, SharedPage,
+    TtlModel, WaitStrategy, check_ttl, renew_concurrently, unsupported_kind, unsupported_shape,
     validity_deadline,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
@@ -522,9 +522,16 @@ impl LockBackend for SqlSessionBackend {
     }
 
     /// Elections are the default renewed mutex; holders are watched by
-    /// polling.
+    /// polling. Listing on MySQL/MariaDB only (from the key's token row): a
+    /// PostgreSQL advisory lock is known to the server by a 64-bit hash of
+    /// its key alone, so there is nothing to list there; breaking a lock
+    /// (ending its holder's session) works on both.
     fn facets(&self) -> Facets<'_> {
         Facets {
+            listing: match self.dialect() {
+                SqlDialect::MySql => Some(self),
+                _ => None,
+            },
             admin: Some(self),
             ..Facets::default()
         }
@@ -533,40 +540,6 @@ impl LockBackend for SqlSessionBackend {
 
 #[async_trait]
 impl Admin for SqlSessionBackend {
-    /// MySQL/MariaDB: one statement per page over the token rows, each
-    /// listed while the connection of its last grant holds its lock (see
-    /// the module docs, "Holder details and listing").
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Unsupported`] on PostgreSQL; `InvalidArgument` for a
-    /// bad page size or cursor; `Timeout` / `Unavailable` / `Backend` as
-    /// `inspect`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Safe: read-only (a dropped call closes its connection).
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_tokens(query)
-            .await
-            .map_err(|e| e.with_backend(self.inner.name))
-    }
-
-    async fn list_shared(
-        &self,
-        shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<SharedPage, LockError> {
-        match shape {
-            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
-            other => Err(self.unsupported_admin(&format!("listing {other} locks"))),
-        }
-    }
-
-    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        lock_core::election::list_mutex_elections(self, query).await
-    }
-
     /// Breaks the lock by ending the holder's server session
     /// (`pg_terminate_backend` / `KILL CONNECTION`): see the crate docs,
     /// "Operating locks". Returns the holder as [`inspect`](lock_core::LockBackendExt::inspect)
@@ -616,6 +589,43 @@ impl Admin for SqlSessionBackend {
              record of its last token)"
         );
         Ok(GcReport::default())
+    }
+}
+
+#[async_trait]
+impl Listing for SqlSessionBackend {
+    /// MySQL/MariaDB: one statement per page over the token rows, each
+    /// listed while the connection of its last grant holds its lock (see
+    /// the module docs, "Holder details and listing").
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] on PostgreSQL; `InvalidArgument` for a
+    /// bad page size or cursor; `Timeout` / `Unavailable` / `Backend` as
+    /// `inspect`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: read-only (a dropped call closes its connection).
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_tokens(query)
+            .await
+            .map_err(|e| e.with_backend(self.inner.name))
+    }
+
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        match shape {
+            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
+            other => Err(self.unsupported_admin(&format!("listing {other} locks"))),
+        }
+    }
+
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        lock_core::election::list_mutex_elections(self, query).await
     }
 }
 

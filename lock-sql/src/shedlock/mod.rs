@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use lock_core::election::ElectionPage;
 use lock_core::{
     Admin, Capabilities, ErrorKind, Facets, FencingScope, FencingToken, GcReport, GrantRequest,
-    HolderInfo, Lease, LeaseKind, ListQuery, LockBackend, LockError, LockInfo, LockKey, LockPage,
-    LockShape, Operation, OwnerId, RENEW_CONCURRENCY, SharedPage, TtlModel, WaitStrategy,
+    HolderInfo, Lease, LeaseKind, ListQuery, Listing, LockBackend, LockError, LockInfo, LockKey,
+    LockPage, LockShape, Operation, OwnerId, RENEW_CONCURRENCY, SharedPage, TtlModel, WaitStrategy,
     check_ttl, renew_concurrently, unsupported_kind, unsupported_shape, validity_deadline,
     with_timeout,
 };
@@ -490,6 +490,7 @@ impl LockBackend for SqlShedLockBackend {
     /// polling.
     fn facets(&self) -> Facets<'_> {
         Facets {
+            listing: Some(self),
             admin: Some(self),
             ..Facets::default()
         }
@@ -498,6 +499,35 @@ impl LockBackend for SqlShedLockBackend {
 
 #[async_trait]
 impl Admin for SqlShedLockBackend {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_row(key).await
+    }
+
+    /// Collects nothing, by design: ShedLock's rows are ShedLock's (it
+    /// keeps freed rows for ever), and our tokens rows are the only record
+    /// of each name's last fencing token (ShedLock's grants could not
+    /// start above a floor of ours), so no row is ever deletable. Answers
+    /// an empty report: nothing removed, nothing to run again for.
+    ///
+    /// # Errors
+    ///
+    /// None.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: nothing is sent.
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let _ = older_than;
+        tracing::debug!(
+            "gc on the ShedLock layout: nothing to collect (ShedLock's rows are ShedLock's, \
+             the tokens rows are each name's only record of its last token)"
+        );
+        Ok(GcReport::default())
+    }
+}
+
+#[async_trait]
+impl Listing for SqlShedLockBackend {
     async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         self.list_rows(query).await
     }
@@ -523,32 +553,6 @@ impl Admin for SqlShedLockBackend {
 
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         lock_core::election::list_mutex_elections(self, query).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        self.force_release_row(key).await
-    }
-
-    /// Collects nothing, by design: ShedLock's rows are ShedLock's (it
-    /// keeps freed rows for ever), and our tokens rows are the only record
-    /// of each name's last fencing token (ShedLock's grants could not
-    /// start above a floor of ours), so no row is ever deletable. Answers
-    /// an empty report: nothing removed, nothing to run again for.
-    ///
-    /// # Errors
-    ///
-    /// None.
-    ///
-    /// # Cancel safety
-    ///
-    /// Safe: nothing is sent.
-    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        let _ = older_than;
-        tracing::debug!(
-            "gc on the ShedLock layout: nothing to collect (ShedLock's rows are ShedLock's, \
-             the tokens rows are each name's only record of its last token)"
-        );
-        Ok(GcReport::default())
     }
 }
 
