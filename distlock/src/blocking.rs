@@ -214,7 +214,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`Admin::list`](lock_core::Admin::list).
+    /// As [`Listing::list`](lock_core::Listing::list).
     pub fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         let (backend, query) = (self.inner.backend().clone(), query.clone());
         self.rt
@@ -244,7 +244,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`Admin::list_shared`](lock_core::Admin::list_shared).
+    /// As [`Listing::list_shared`](lock_core::Listing::list_shared).
     pub fn list_shared(
         &self,
         shape: LockShape,
@@ -259,7 +259,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`Admin::list_elections`](lock_core::Admin::list_elections).
+    /// As [`Listing::list_elections`](lock_core::Listing::list_elections).
     pub fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         let (backend, query) = (self.inner.backend().clone(), query.clone());
         self.rt

@@ -220,12 +220,12 @@ pub fn unsupported_shape(backend: &'static str, key: &LockKey, shape: LockShape)
     .with_backend(backend)
 }
 
-/// [`Listing::list_shared`] for [`LockShape::Mutex`], from
+/// [`Listing::list_shared`](crate::Listing::list_shared) for [`LockShape::Mutex`], from
 /// [`list`](Listing::list): each held mutex with its one holder.
 ///
 /// # Errors
 ///
-/// As [`Listing::list`].
+/// As [`Listing::list`](crate::Listing::list).
 ///
 /// # Cancel safety
 ///
@@ -255,7 +255,7 @@ pub async fn list_mutex_shared<B: Listing + ?Sized>(
 ///
 /// # Errors
 ///
-/// As [`LockBackendExt::inspect`].
+/// As [`LockBackendExt::inspect`](crate::LockBackendExt::inspect).
 ///
 /// # Cancel safety
 ///
@@ -279,7 +279,7 @@ pub async fn poll_holder<B: LockBackend + ?Sized>(
 ///
 /// # Errors
 ///
-/// As [`LockBackendExt::leader`].
+/// As [`LockBackendExt::leader`](crate::LockBackendExt::leader).
 ///
 /// # Cancel safety
 ///
@@ -310,7 +310,7 @@ pub async fn poll_leader<B: LockBackend + ?Sized>(
 ///
 /// # Errors
 ///
-/// As [`LockBackendExt::inspect`].
+/// As [`LockBackendExt::inspect`](crate::LockBackendExt::inspect).
 ///
 /// # Cancel safety
 ///
@@ -369,10 +369,10 @@ where
     }
 }
 
-/// The most locks one [`Listing::list`] page may return.
+/// The most locks one [`Listing::list`](crate::Listing::list) page may return.
 pub const MAX_LIST_PAGE: usize = 1000;
 
-/// Checks an [`Listing::list`] page size.
+/// Checks an [`Listing::list`](crate::Listing::list) page size.
 ///
 /// # Errors
 ///

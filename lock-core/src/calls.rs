@@ -15,7 +15,8 @@ use crate::key::LockKey;
 use crate::kind::{LeaseKind, LockShape};
 use crate::types::{GcReport, Lease, ListQuery, LockInfo, LockPage, SharedPage};
 
-/// The calls on a backend beyond its kernel (see the [module docs](self)).
+/// The calls on a backend beyond its kernel, built on it and its facets;
+/// implemented for every backend and not overridable.
 ///
 /// Each documents where it goes: the kernel, a facet, or (for a backend
 /// without the facet) the fallback named; a facet-only call on a backend

@@ -72,7 +72,7 @@ pub struct Capabilities {
     pub shared_locks: bool,
     /// Counting semaphores.
     pub semaphores: bool,
-    /// [`inspect`](crate::LockBackend::inspect) of a mutex granted by this
+    /// [`inspect`](crate::LockBackendExt::inspect) of a mutex granted by this
     /// library reports who took it ([`LockInfo::details`](crate::LockInfo::details):
     /// host, process, program, label, time of the grant).
     pub holder_details: bool,

@@ -286,7 +286,7 @@ impl LockClient {
     }
 
     /// Breaks the mutex on `key` whoever holds it (an operator's tool for a
-    /// stuck lock; see [`LockBackend::force_release`]), and returns the
+    /// stuck lock; see [`Admin::force_release`](crate::Admin::force_release)), and returns the
     /// holder it removed, or `None` when the key was free.
     ///
     /// Refuses the library's own [reserved keys](LockKey::is_reserved),
@@ -299,11 +299,11 @@ impl LockClient {
     ///
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
     /// for an invalid or a reserved key (nothing is sent); otherwise as
-    /// [`LockBackend::force_release`].
+    /// [`Admin::force_release`](crate::Admin::force_release).
     ///
     /// # Cancel safety
     ///
-    /// As [`LockBackend::force_release`]: one atomic request.
+    /// As [`Admin::force_release`](crate::Admin::force_release): one atomic request.
     ///
     /// # Examples
     ///
@@ -348,11 +348,11 @@ impl LockClient {
     /// # Errors
     ///
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
-    /// for an invalid key; otherwise as [`LockBackend::force_release`].
+    /// for an invalid key; otherwise as [`Admin::force_release`](crate::Admin::force_release).
     ///
     /// # Cancel safety
     ///
-    /// As [`LockBackend::force_release`]: one atomic request.
+    /// As [`Admin::force_release`](crate::Admin::force_release): one atomic request.
     pub async fn force_release_reserved(
         &self,
         key: impl AsRef<str>,
@@ -456,7 +456,7 @@ impl LockRequest<'_> {
     ///
     /// # Cancel safety
     ///
-    /// See [`LockBackend::acquire`]: dropping withdraws the request and
+    /// See [`LockBackendExt::acquire`](crate::LockBackendExt::acquire): dropping withdraws the request and
     /// leaves nothing held past its TTL.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let backend = self.client.backend.clone();
@@ -572,7 +572,7 @@ impl LockRequest<'_> {
     ///
     /// # Cancel safety
     ///
-    /// See [`LockBackend::try_acquire`].
+    /// See [`LockBackendExt::try_acquire`](crate::LockBackendExt::try_acquire).
     pub async fn try_acquire(self) -> Result<Option<LockGuard>, LockError> {
         match self.wait(Duration::ZERO).acquire().await {
             Ok(guard) => Ok(Some(guard)),

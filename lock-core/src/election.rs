@@ -14,7 +14,7 @@
 //!
 //! Every backend gets this generic election on its renewed mutex. A driver
 //! may bring its store's own election layout instead (see
-//! [`LockBackend::campaign`](crate::LockBackend::campaign)): etcd's uses
+//! [`LockBackendExt::campaign`]): etcd's uses
 //! the layout of etcd's `concurrency.Election` and ZooKeeper's that of
 //! Curator's `LeaderLatch`, so `etcdctl elect` and Curator candidates see
 //! the same leader as this crate's. Observers wake on the store's watch
@@ -44,7 +44,7 @@ pub fn election_key(name: &str) -> String {
 }
 
 /// The lock key of the election named `election` (a valid key itself):
-/// what [`LockBackend::campaign`](crate::LockBackend::campaign)'s lease is
+/// what [`LockBackendExt::campaign`]'s lease is
 /// keyed on.
 ///
 /// # Errors
@@ -55,16 +55,16 @@ pub fn election_lock_key(election: &LockKey) -> Result<LockKey, LockError> {
     LockKey::new(election_key(election.as_str()))
 }
 
-/// [`LockBackend::watch_leader`](crate::LockBackend::watch_leader) for a
+/// [`LockBackendExt::watch_leader`] for a
 /// driver whose elections are the default renewed mutex
 /// ([`election_lock_key`]) and whose
-/// [`watch_holder`](crate::LockBackend::watch_holder) wakes on the store's
+/// [`watch_holder`](LockBackendExt::watch_holder) wakes on the store's
 /// notification: the leader is watched as that mutex's holder.
 ///
 /// # Errors
 ///
 /// A name too long for the prefixed key; as
-/// [`LockBackend::inspect`](crate::LockBackend::inspect).
+/// [`LockBackendExt::inspect`].
 ///
 /// # Cancel safety
 ///
@@ -127,7 +127,7 @@ impl Leader {
 }
 
 /// An election with a leader, as
-/// [`LockBackend::list_elections`](crate::LockBackend::list_elections)
+/// [`Listing::list_elections`](crate::Listing::list_elections)
 /// reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ElectionInfo {
@@ -137,7 +137,7 @@ pub struct ElectionInfo {
     pub leader: Leader,
 }
 
-/// One page of [`LockBackend::list_elections`](crate::LockBackend::list_elections).
+/// One page of [`Listing::list_elections`](crate::Listing::list_elections).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ElectionPage {
     /// The elections found with a leader, in the backend's scan order.
@@ -146,13 +146,13 @@ pub struct ElectionPage {
     pub cursor: Option<String>,
 }
 
-/// [`LockBackend::list_elections`](crate::LockBackend::list_elections)'s default, for a driver whose elections
+/// [`Listing::list_elections`](crate::Listing::list_elections)'s default, for a driver whose elections
 /// are the default renewed mutex ([`election_lock_key`]): one page of the
 /// mutexes under `election/<prefix>`, each as its election's leader.
 ///
 /// # Errors
 ///
-/// As [`LockBackend::list`](crate::LockBackend::list).
+/// As [`Listing::list`](crate::Listing::list).
 ///
 /// # Cancel safety
 ///

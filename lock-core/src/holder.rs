@@ -1,7 +1,7 @@
 //! Who took a grant: host, process, program, an application label and the
 //! time of the grant, written beside the lock by the backend at grant time
-//! and read back by [`inspect`](crate::LockBackend::inspect) and
-//! [`list`](crate::LockBackend::list), so an operator can tell which
+//! and read back by [`inspect`](crate::LockBackendExt::inspect) and
+//! [`list`](crate::Listing::list), so an operator can tell which
 //! process holds a key and since when.
 //!
 //! The details never replace the owner value a layout stores (other

@@ -3,7 +3,7 @@
 //!
 //! Every kind is a [`Lease`](crate::Lease) like the mutex's: its own owner,
 //! TTL, renewal, lost signal and fencing token, renewed and released through
-//! the same [`LockBackend::renew`](crate::LockBackend::renew) and
+//! the same [`LockBackendExt::renew`](crate::LockBackendExt::renew) and
 //! [`release`](crate::LockBackend::release), which read the lease's
 //! [`kind`](crate::Lease::kind).
 //!

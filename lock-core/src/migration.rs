@@ -167,8 +167,8 @@
 //! only on purpose: [`LockClient::force_release`](crate::LockClient::force_release)
 //! and `distlock force-release` refuse reserved keys unless asked with
 //! [`force_release_reserved`](crate::LockClient::force_release_reserved) /
-//! `--reserved` (the [`LockBackend::force_release`] primitive itself does
-//! not check). The recorded wait-out is read with [`LockBackend::list`];
+//! `--reserved` (the [`Admin::force_release`](crate::Admin::force_release) primitive itself does
+//! not check). The recorded wait-out is read with [`Listing::list`](crate::Listing::list);
 //! an old side that cannot list (a [`MigrationBackend`] wrapped by
 //! [`MigrationBackend::stacked`]) uses the local `old_lease_max` only.
 //! The records say what the `New` processes were configured with, not

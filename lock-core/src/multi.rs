@@ -4,7 +4,7 @@
 //! Each key is a mutex of its own (so a multi-lock and a plain lock of one
 //! of its keys exclude each other). The set is first asked for in one
 //! atomic exchange where the backend has one
-//! ([`LockBackend::try_acquire_all`]: one Lua script on keys of one Redis
+//! ([`LockBackendExt::try_acquire_all`](crate::LockBackendExt::try_acquire_all): one Lua script on keys of one Redis
 //! slot, one etcd or SQL transaction), which is the whole cost on free
 //! keys. When that is refused because a key is held (and the request
 //! waits), or the backend has no such exchange, the keys are taken one

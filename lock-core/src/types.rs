@@ -320,7 +320,7 @@ pub fn validity_deadline(sent_at: Instant, ttl: Duration) -> Instant {
     sent_at.checked_add(valid_for).unwrap_or(sent_at)
 }
 
-/// Who holds a key right now, as [`LockBackend::inspect`](crate::LockBackend::inspect) reports it.
+/// Who holds a key right now, as [`LockBackendExt::inspect`](crate::LockBackendExt::inspect) reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockInfo {
     /// The key.
@@ -351,9 +351,9 @@ impl LockInfo {
 }
 
 /// Which page of a listing to read: the argument of
-/// [`LockBackend::list`](crate::LockBackend::list),
-/// [`list_shared`](crate::LockBackend::list_shared) and
-/// [`list_elections`](crate::LockBackend::list_elections).
+/// [`Listing::list`](crate::Listing::list),
+/// [`list_shared`](crate::Listing::list_shared) and
+/// [`list_elections`](crate::Listing::list_elections).
 ///
 /// ```
 /// use lock_core::ListQuery;
@@ -428,7 +428,7 @@ impl ListQuery {
     }
 }
 
-/// One page of [`LockBackend::list`](crate::LockBackend::list).
+/// One page of [`Listing::list`](crate::Listing::list).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockPage {
     /// The held locks found, in the backend's scan order.
@@ -438,7 +438,7 @@ pub struct LockPage {
 }
 
 /// One key's holders in one [`LockShape`](crate::LockShape), as
-/// [`LockBackend::list_shared`](crate::LockBackend::list_shared) reports it.
+/// [`Listing::list_shared`](crate::Listing::list_shared) reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SharedLockInfo {
     /// The key.
@@ -449,7 +449,7 @@ pub struct SharedLockInfo {
     pub holders: Vec<crate::kind::HolderInfo>,
 }
 
-/// One page of [`LockBackend::list_shared`](crate::LockBackend::list_shared).
+/// One page of [`Listing::list_shared`](crate::Listing::list_shared).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SharedPage {
     /// The held keys found, in the backend's scan order.
@@ -458,7 +458,7 @@ pub struct SharedPage {
     pub cursor: Option<String>,
 }
 
-/// What [`LockBackend::gc`](crate::LockBackend::gc) removed.
+/// What [`Admin::gc`](crate::Admin::gc) removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GcReport {
     /// Per-key records removed (token counters, rows).

@@ -297,7 +297,7 @@ impl EtcdBackend {
         })
     }
 
-    /// See [`lock_core::Admin::list`] and the crate docs: one range
+    /// See [`lock_core::Listing::list`] and the crate docs: one range
     /// read ([`scan_page`](Self::scan_page)) of the mutex entries, each
     /// key's holder the entry with the lowest create revision, plus one
     /// lease read per other process's lease among the holders (and one
@@ -334,7 +334,7 @@ impl EtcdBackend {
         Ok(page)
     }
 
-    /// See [`lock_core::Admin::list_shared`] and the crate docs: one
+    /// See [`lock_core::Listing::list_shared`] and the crate docs: one
     /// range read ([`scan_page`](Self::scan_page)) of the read-write lock
     /// (with their epoch keys) or semaphore entries, each key with every
     /// holder as `holders` reports them, plus one lease read per other
@@ -406,7 +406,7 @@ impl EtcdBackend {
         Ok(page)
     }
 
-    /// See [`lock_core::Admin::list_elections`] and the crate docs:
+    /// See [`lock_core::Listing::list_elections`] and the crate docs:
     /// one range read ([`scan_page`](Self::scan_page)) of the election
     /// candidates (`<escaped name>%elect/<leaf>`, ours and `etcdctl
     /// elect`'s), each election's leader the candidate with the lowest

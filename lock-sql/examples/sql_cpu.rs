@@ -17,7 +17,7 @@
 //!
 //! - **floor**: the database's floor (`SqlFloor`, or `SessionFloor` in
 //!   session mode) asking again at once on a held key, as `compare` runs it;
-//! - **trait**: `LockBackend::acquire` (waiting) + `LockBackend::release`,
+//! - **trait**: `LockBackendExt::acquire` (waiting) + `LockBackend::release`,
 //!   no guard;
 //! - **ours**: `client.lock(k).ttl(30s).wait(60s).acquire()` then
 //!   `guard.release()`.

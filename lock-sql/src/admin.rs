@@ -1,5 +1,5 @@
 //! Operating the row-mode locks (issue 18): the lease table's `details`
-//! column, [`list`](lock_core::Admin::list),
+//! column, [`list`](lock_core::Listing::list),
 //! [`force_release`](lock_core::Admin::force_release) and
 //! [`gc`](lock_core::Admin::gc) with its token floor table.
 //!
@@ -307,7 +307,7 @@ impl SqlBackend {
         move |e| map_sqlx(&self.inner().config, operation, e)
     }
 
-    /// [`Admin::list`](lock_core::Admin::list) in row mode: one
+    /// [`Listing::list`](lock_core::Listing::list) in row mode: one
     /// statement scanning at most `limit` rows of keys under `prefix`
     /// after the cursor, in key order; the held ones are returned.
     pub(crate) async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {

@@ -1,9 +1,9 @@
-//! [`list_shared`](lock_core::Admin::list_shared) in row mode: one
+//! [`list_shared`](lock_core::Listing::list_shared) in row mode: one
 //! statement per page on the holders table.
 //!
 //! The statement picks the first `limit` keys of the shape under the
 //! prefix after the cursor that have a live holder (in key order, the
-//! order and cursor of the mutex [`list`](lock_core::Admin::list))
+//! order and cursor of the mutex [`list`](lock_core::Listing::list))
 //! and returns every live holder of those keys, with the details their
 //! grants wrote. A page holds at most `limit` keys; when it is full, its
 //! cursor is its last key (the next page may then be empty). The page is

@@ -122,7 +122,7 @@ impl SqlShedLockBackend {
         added
     }
 
-    /// [`Admin::list`](lock_core::Admin::list) on ShedLock's
+    /// [`Listing::list`](lock_core::Listing::list) on ShedLock's
     /// table (see the module docs).
     pub(super) async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         let (prefix, cursor, limit) = query.parts();
