@@ -123,6 +123,14 @@ pub trait Flaw: fmt::Debug + Send + Sync + 'static {
     fn watch_misses(&self) -> bool {
         false
     }
+
+    /// Whether `renew_many` is a no-op that says it renewed: it sends
+    /// nothing and answers each lease with a fresh deadline (its TTL from
+    /// now), like a driver whose batched renewal never reaches the server.
+    /// `renew` stays correct.
+    fn renew_many_is_a_no_op(&self) -> bool {
+        false
+    }
 }
 
 /// A correct backend with a [`Flaw`] on top.
@@ -173,6 +181,19 @@ impl<F: Flaw> LockBackend for Flawed<F> {
     async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
         let result = self.inner.renew(lease).await;
         self.flaw.renew(lease, result)
+    }
+
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        if self.flaw.renew_many_is_a_no_op() {
+            let now = Instant::now();
+            return leases
+                .iter()
+                .map(|lease| Ok(lock_core::validity_deadline(now, lease.ttl())))
+                .collect();
+        }
+        // One `renew` per lease through this wrapper, so the flaw's
+        // `renew` answers (as the default `renew_many` would).
+        lock_core::renew_concurrently(self, leases, lock_core::RENEW_CONCURRENCY).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {

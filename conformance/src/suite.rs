@@ -139,11 +139,10 @@ pub fn all_cases() -> Vec<Case> {
             multi_lock_is_all_or_nothing,
             "lock_all leaves no partial grant; no deadlock"
         ),
-        // multi_lock_keeps_its_first_keys_while_waiting (cases/compose.rs)
-        // is not in the suite yet: it passes on the in-memory backend and
-        // fails on MariaDB row mode and a ZooKeeper ensemble (the set is
-        // granted while another client took its first key), cause not
-        // found yet (issue 37, bug 1).
+        case!(
+            multi_lock_keeps_its_first_keys_while_waiting,
+            "keys taken first stay held while lock_all waits for a later one"
+        ),
         case!(
             reentrant_scope_nests,
             "the same lock in a scope is nested, not regranted"
