@@ -168,7 +168,7 @@ pub async fn assert_told_too_late_caught(env: &PartitionEnv, label: &str) {
 /// Runs `make()` to the end on a thread inside `ns`, on a runtime of its
 /// own (its workers are in the namespace too); its output comes back
 /// through the returned channel.
-fn run_in<F, Fut, T>(ns: &Namespace, make: F) -> oneshot::Receiver<Result<T, String>>
+pub(crate) fn run_in<F, Fut, T>(ns: &Namespace, make: F) -> oneshot::Receiver<Result<T, String>>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, String>>,
@@ -196,7 +196,10 @@ where
 /// How the observer's failed wait begins.
 const NOT_FREED: &str = "the cut-off holder's lock was not freed";
 
-async fn received<T>(rx: oneshot::Receiver<Result<T, String>>, what: &str) -> Result<T, String> {
+pub(crate) async fn received<T>(
+    rx: oneshot::Receiver<Result<T, String>>,
+    what: &str,
+) -> Result<T, String> {
     rx.await.map_err(|_| {
         format!("the {what} thread ended without an answer (namespace not entered?)")
     })?
