@@ -898,6 +898,28 @@ pub(crate) fn to_json(results: &[BackendResult]) -> Value {
     json!({ "backends": results })
 }
 
+/// The two ways a service runs 8 lockers in one process: 8 clients (each
+/// from its own connect) and one client shared by 8 tasks, each against 8
+/// floor connections.
+fn print_client_shapes_table(results: &[BackendResult]) {
+    print_small_table(
+        results,
+        |b| b.throughput_shared_client.is_some(),
+        &[
+            Column("8 clients", 10, |b| b.throughput_8x8, 0),
+            Column("floor", 8, |b| b.floor_throughput_8x8, 0),
+            Column("x floor", 7, |b| b.throughput_ratio, 2),
+            Column("1 client/8 tasks", 16, |b| b.throughput_shared_client, 0),
+            Column("floor", 8, |b| b.floor_throughput_shared_client, 0),
+            Column("x floor", 7, |b| b.throughput_shared_client_ratio, 2),
+        ],
+        |_| None,
+        "client shapes",
+        "(cycles/s, one process on its runtime, 8 keys; each shape interleaved in one run with 8 \
+         floor connections)",
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -935,26 +957,4 @@ mod tests {
         assert_eq!(canonical_backend("ZooKeeper").as_deref(), Some("zookeeper"));
         assert_eq!(canonical_backend("nosuch"), None);
     }
-}
-
-/// The two ways a service runs 8 lockers in one process: 8 clients (each
-/// from its own connect) and one client shared by 8 tasks, each against 8
-/// floor connections.
-fn print_client_shapes_table(results: &[BackendResult]) {
-    print_small_table(
-        results,
-        |b| b.throughput_shared_client.is_some(),
-        &[
-            Column("8 clients", 10, |b| b.throughput_8x8, 0),
-            Column("floor", 8, |b| b.floor_throughput_8x8, 0),
-            Column("x floor", 7, |b| b.throughput_ratio, 2),
-            Column("1 client/8 tasks", 16, |b| b.throughput_shared_client, 0),
-            Column("floor", 8, |b| b.floor_throughput_shared_client, 0),
-            Column("x floor", 7, |b| b.throughput_shared_client_ratio, 2),
-        ],
-        |_| None,
-        "client shapes",
-        "(cycles/s, one process on its runtime, 8 keys; each shape interleaved in one run with 8 \
-         floor connections)",
-    );
 }
