@@ -96,6 +96,37 @@ impl PartitionEnv {
         Self::on_urls(lab, name, (url, holder), (url, observer), ttl)
     }
 
+    /// A cluster whose members answer clients at `addresses`: the holder
+    /// attached to member `attached` only (`None`: to every member), the
+    /// observer to every other member; `url_of` makes a URL from a list of
+    /// addresses. Both open clients with `open`.
+    pub fn attached_to(
+        lab: Arc<Lab>,
+        name: &str,
+        addresses: &[String],
+        attached: Option<usize>,
+        url_of: impl Fn(&[String]) -> String,
+        open: crate::deploy::Opener,
+        ttl: Duration,
+    ) -> Self {
+        let holder_url = match attached {
+            Some(i) => url_of(&addresses[i..=i]),
+            None => url_of(addresses),
+        };
+        let others: Vec<String> = (0..addresses.len())
+            .filter(|i| Some(*i) != attached)
+            .map(|i| addresses[i].clone())
+            .collect();
+        let observer_url = url_of(&others);
+        Self::on_urls(
+            lab,
+            name,
+            (&holder_url, open.clone()),
+            (&observer_url, open),
+            ttl,
+        )
+    }
+
     /// As [`on_url`](Self::on_url) with a URL of its own for the holder and
     /// for the observer (a holder attached to one member of a cluster).
     pub fn on_urls(
@@ -280,6 +311,19 @@ impl Cut {
             }
         };
         done.map_err(|e| e.to_string())
+    }
+
+    /// `members[member]` cut from every other of `members`.
+    pub fn member_from_peers(members: &[&str], member: usize) -> Self {
+        Self::MemberFromPeers {
+            member: members[member].to_owned(),
+            peers: members
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != member)
+                .map(|(_, m)| (*m).to_owned())
+                .collect(),
+        }
     }
 
     /// Whether the cut must end in the lock's release: only when the
