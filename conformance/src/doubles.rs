@@ -128,6 +128,14 @@ pub trait Flaw: fmt::Debug + Send + Sync + 'static {
     fn watch_misses(&self) -> bool {
         false
     }
+
+    /// Whether `renew_many` is a no-op that says it renewed: it sends
+    /// nothing and answers each lease with a fresh deadline (its TTL from
+    /// now), like a driver whose batched renewal never reaches the server.
+    /// `renew` stays correct.
+    fn renew_many_is_a_no_op(&self) -> bool {
+        false
+    }
 }
 
 /// A correct backend with a [`Flaw`] on top.
@@ -254,6 +262,13 @@ impl<F: Flaw> LockWrapper for Flawed<F> {
 
     /// The inner batch, each answer through the flaw.
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        if self.flaw.renew_many_is_a_no_op() {
+            let now = Instant::now();
+            return leases
+                .iter()
+                .map(|lease| Ok(lock_core::validity_deadline(now, lease.ttl())))
+                .collect();
+        }
         let mut results = self.inner.renew_many(leases).await.into_iter();
         leases
             .iter()

@@ -143,11 +143,10 @@ pub fn all_cases() -> Vec<Case> {
             lock_sets_are_atomic,
             "a set in one exchange: all or none; races never both win (LockSets facet)"
         ),
-        // multi_lock_keeps_its_first_keys_while_waiting (cases/compose.rs)
-        // is not in the suite yet: it passes on the in-memory backend and
-        // fails on MariaDB row mode and a ZooKeeper ensemble (the set is
-        // granted while another client took its first key), cause not
-        // found yet (issue 37, bug 1).
+        case!(
+            multi_lock_keeps_its_first_keys_while_waiting,
+            "keys taken first stay held while lock_all waits for a later one"
+        ),
         case!(
             reentrant_scope_nests,
             "the same lock in a scope is nested, not regranted"

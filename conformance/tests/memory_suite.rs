@@ -158,3 +158,32 @@ async fn double_grants_are_caught_in_multi_locks_and_elections() {
         other => panic!("a double-granting backend passed the election loop: {other:?}"),
     }
 }
+
+/// A multi-lock keeps the keys it took first only through `renew_many`
+/// (the partial set is renewed together while a later key is waited for):
+/// with a `renew_many` that renews nothing and says it did, the first key
+/// runs out on the server during the wait and the other client gets it.
+#[derive(Debug)]
+struct RenewManyDoesNothing;
+
+impl Flaw for RenewManyDoesNothing {
+    fn name(&self) -> &'static str {
+        "renew-many-does-nothing"
+    }
+    fn renew_many_is_a_no_op(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_that_does_not_renew_its_first_keys_is_caught() {
+    let h = Harness::new(Arc::new(FlawedTarget::new(RenewManyDoesNothing)));
+    match cases::multi_lock_keeps_its_first_keys_while_waiting(&h).await {
+        Err(why) => assert!(
+            why.starts_with("another client took")
+                && why.contains("while the multi-lock that held it waited"),
+            "{why}"
+        ),
+        other => panic!("a multi-lock whose renew_many does nothing passed: {other:?}"),
+    }
+}

@@ -76,7 +76,9 @@ enum Command {
   distlock-compare compare --spawn --quick --json report.json --html report.html
   distlock-compare compare --backends redis,etcd --spawn
   distlock-compare compare --backends redis-replica,redlock,etcd-cluster,zookeeper-ensemble --spawn
-  distlock-compare compare --with redis://10.0.0.5:6379")]
+  distlock-compare compare --with redis://10.0.0.5:6379
+  distlock-compare compare --spawn --soak 10m --backends etcd-cluster
+  distlock-compare compare --spawn --soak 2m --netns --backends postgres-session,etcd-cluster")]
     Compare {
         /// Backends to compare (comma separated; the list is in the long
         /// help). Default: the embedded ones, plus with --spawn every server
@@ -122,6 +124,18 @@ enum Command {
         /// choices (printed by every soak; replays its schedule).
         #[arg(long, requires = "soak")]
         seed: Option<u64>,
+        /// With --soak: start each backend's servers in a lab of network
+        /// namespaces (one host per server, per cluster member and per
+        /// worker) and cut the partitions in the kernel instead of in
+        /// proxies: a client partition isolates the worker's host, a
+        /// member partition cuts a member's host from its peers', a
+        /// member-client partition cuts the single-member worker's host
+        /// from its member's. No client latency (it needs a proxy). Needs
+        /// root and iproute2; for redis, redlock, etcd, etcd-cluster,
+        /// zookeeper, zookeeper-ensemble, postgres, postgres-session,
+        /// mariadb and mariadb-session.
+        #[arg(long, requires = "soak")]
+        netns: bool,
     },
     /// Run the conformance suite and the scenarios that need no process
     /// control against a server you point at (--url).
@@ -207,6 +221,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             html,
             soak,
             seed,
+            netns,
         } => {
             if let Some(duration) = soak {
                 let opts = compare::CompareOptions {
@@ -219,7 +234,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
                     json,
                     html: None,
                 };
-                let results = compare::soak(&opts, duration, seed).await?;
+                let results = compare::soak(&opts, duration, seed, netns).await?;
                 compare::print_soak(&results);
                 if let Some(path) = &opts.json {
                     let text = serde_json::to_string_pretty(&compare::soak_json(&results))

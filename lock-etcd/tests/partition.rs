@@ -84,23 +84,14 @@ async fn cluster_env(
         .expect("the cluster elected no leader");
     let attached = attach(leader);
     let query = format!("ttl={}s", TTL.as_secs());
-    let endpoints = server.endpoints();
-    let url_of = |members: Vec<&str>| format!("etcd://{}/partition?{query}", members.join(","));
-    let holder_url = match attached {
-        Some(i) => url_of(vec![endpoints[i].as_str()]),
-        None => server.url("partition", &query),
-    };
-    let observer_url = url_of(
-        (0..MEMBERS.len())
-            .filter(|i| Some(*i) != attached)
-            .map(|i| endpoints[i].as_str())
-            .collect(),
-    );
-    let env = PartitionEnv::on_urls(
+    let url_of = |members: &[String]| format!("etcd://{}/partition?{query}", members.join(","));
+    let env = PartitionEnv::attached_to(
         lab,
         "etcd",
-        (&holder_url, suite_opener()),
-        (&observer_url, suite_opener()),
+        &server.endpoints(),
+        attached,
+        url_of,
+        suite_opener(),
         TTL,
     );
     Some((env, server, attached))
@@ -116,16 +107,7 @@ async fn member_cut_from_peers(label: &str, pick: impl FnOnce(usize) -> usize) {
     let Some((env, _server, Some(member))) = cluster_env(|leader| Some(pick(leader))).await else {
         return;
     };
-    let cut = Cut::MemberFromPeers {
-        member: MEMBERS[member].to_owned(),
-        peers: MEMBERS
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != member)
-            .map(|(_, m)| (*m).to_owned())
-            .collect(),
-    };
-    assert_under_cut_safe(&env, &cut, label).await;
+    assert_under_cut_safe(&env, &Cut::member_from_peers(&MEMBERS, member), label).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

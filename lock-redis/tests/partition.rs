@@ -29,6 +29,19 @@ const TTL: Duration = Duration::from_secs(4);
 
 const REDLOCK_HOSTS: [&str; 5] = ["r1", "r2", "r3", "r4", "r5"];
 
+/// A Sentinel deployment's hosts: the master first, its replica, three
+/// sentinels.
+const SENTINEL_HOSTS: [&str; 5] = ["master", "replica", "s1", "s2", "s3"];
+
+/// A Sentinel deployment on lab hosts ([`SENTINEL_HOSTS`]).
+async fn sentinel_lab() -> Option<(Arc<conformance::netns::Lab>, SentinelGroup)> {
+    let lab = PartitionEnv::lab(&SENTINEL_HOSTS).or_skip()?;
+    let group = SentinelGroup::start_in(&lab, "master", "replica", &SENTINEL_HOSTS[2..], "locks")
+        .await
+        .or_skip()?;
+    Some((lab, group))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_holder_is_told_before_a_single_server_frees_its_lock() {
     if !all_partitions_selected() {
@@ -49,16 +62,7 @@ async fn a_cut_off_holder_is_told_before_a_sentinel_master_frees_its_lock() {
     if !all_partitions_selected() {
         return;
     }
-    let sentinels = ["s1", "s2", "s3"];
-    let mut servers = vec!["master", "replica"];
-    servers.extend(sentinels);
-    let Some(lab) = PartitionEnv::lab(&servers).or_skip() else {
-        return;
-    };
-    let Some(group) = SentinelGroup::start_in(&lab, "master", "replica", &sentinels, "locks")
-        .await
-        .or_skip()
-    else {
+    let Some((lab, group)) = sentinel_lab().await else {
         return;
     };
     let env = PartitionEnv::on_url(lab, "redis-sentinel", &group.url(), opener(), opener(), TTL);
@@ -114,27 +118,13 @@ async fn a_sentinel_master_cut_from_its_peers_double_grants() {
     if !all_partitions_selected() {
         return;
     }
-    let sentinels = ["s1", "s2", "s3"];
-    let mut servers = vec!["master", "replica"];
-    servers.extend(sentinels);
-    let Some(lab) = PartitionEnv::lab(&servers).or_skip() else {
-        return;
-    };
-    let Some(group) = SentinelGroup::start_in(&lab, "master", "replica", &sentinels, "locks")
-        .await
-        .or_skip()
-    else {
+    let Some((lab, group)) = sentinel_lab().await else {
         return;
     };
     let mut env =
         PartitionEnv::on_url(lab, "redis-sentinel", &group.url(), opener(), opener(), TTL);
     env.observer_fresh_clients = true;
-    let mut peers = vec!["replica".to_owned()];
-    peers.extend(sentinels.iter().map(|s| (*s).to_owned()));
-    let cut = Cut::MemberFromPeers {
-        member: "master".to_owned(),
-        peers,
-    };
+    let cut = Cut::member_from_peers(&SENTINEL_HOSTS, 0);
     let report = holder_under_cut(&env, &cut).await;
     eprintln!(
         "redis sentinel, master cut from its peers: {:?}: {}: {:?}",

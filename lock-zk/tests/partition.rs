@@ -318,23 +318,15 @@ async fn ensemble_env(
         sleep(Duration::from_millis(100)).await;
     }
     let attached = attach(leader.expect("the ensemble elected no leader"));
-    let url_of = |members: Vec<String>| session_url(&format!("zk://{}", members.join(",")));
     let addresses: Vec<String> = ensemble.nodes().iter().map(|n| n.address()).collect();
-    let holder_url = match attached {
-        Some(i) => url_of(vec![addresses[i].clone()]),
-        None => session_url(&ensemble.url()),
-    };
-    let observer_url = url_of(
-        (0..MEMBERS.len())
-            .filter(|i| Some(*i) != attached)
-            .map(|i| addresses[i].clone())
-            .collect(),
-    );
-    let env = PartitionEnv::on_urls(
+    let url_of = |members: &[String]| session_url(&format!("zk://{}", members.join(",")));
+    let env = PartitionEnv::attached_to(
         lab,
         "zookeeper",
-        (&holder_url, opener()),
-        (&observer_url, opener()),
+        &addresses,
+        attached,
+        url_of,
+        opener(),
         CUT_OFF_TTL,
     );
     Some((env, ensemble, attached))
@@ -352,16 +344,7 @@ async fn member_cut_from_peers(label: &str, pick: impl FnOnce(usize) -> usize) {
     else {
         return;
     };
-    let cut = Cut::MemberFromPeers {
-        member: MEMBERS[member].to_owned(),
-        peers: MEMBERS
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != member)
-            .map(|(_, m)| (*m).to_owned())
-            .collect(),
-    };
-    assert_under_cut_safe(&env, &cut, label).await;
+    assert_under_cut_safe(&env, &Cut::member_from_peers(&MEMBERS, member), label).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,9 +6,11 @@
 //! where the backend has it) and reentrancy by scope (nested, no second
 //! grant, never across tasks).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::LockClient;
+use lock_core::{Facets, GrantRequest, LockClient, LockError, LockSets, LockWrapper};
+use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
 
 use crate::harness::Harness;
@@ -285,25 +287,102 @@ pub async fn lock_sets_are_atomic(h: &Harness) -> CaseResult {
     )))
 }
 
+/// A client that says when it is granted `key`: the multi-lock's client in
+/// [`multi_lock_keeps_its_first_keys_while_waiting`], so that the other
+/// client contends for the first key only once the multi-lock holds it.
+#[derive(Debug)]
+struct SaysWhenGranted {
+    inner: Arc<dyn LockBackend>,
+    key: LockKey,
+    granted: watch::Sender<bool>,
+}
+
+impl SaysWhenGranted {
+    fn saw<'a>(&self, mut leases: impl Iterator<Item = &'a Lease>) {
+        if leases.any(|lease| *lease.key() == self.key) {
+            self.granted.send_replace(true);
+        }
+    }
+}
+
+/// Every grant a multi-lock takes a key with (through the kernel, or a
+/// whole set through the LockSets facet); everything else goes to the
+/// inner client unchanged (its batched `renew_many` included).
+#[lock_core::async_trait]
+impl LockWrapper for SaysWhenGranted {
+    fn inner(&self) -> &dyn LockBackend {
+        &*self.inner
+    }
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let granted = self.inner.grant(request).await?;
+        self.saw(granted.iter());
+        Ok(granted)
+    }
+    fn facets(&self) -> Facets<'_> {
+        let inner = self.inner.facets();
+        Facets {
+            lock_sets: inner.lock_sets.map(|_| self as &dyn LockSets),
+            ..inner
+        }
+    }
+}
+
+#[lock_core::async_trait]
+impl LockSets for SaysWhenGranted {
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        let granted = self.inner.try_acquire_all(keys, ttl).await?;
+        self.saw(granted.iter().flatten());
+        Ok(granted)
+    }
+}
+
 /// While a multi-lock waits for a later key, the keys it already took stay
-/// its own: another client that holds the later key for 2.5 TTLs and keeps
-/// trying the earlier one never gets it, and the set is handed out held
-/// (the keys taken first are renewed while the later ones are waited for).
+/// its own: once the multi-lock holds its first key, another client that
+/// holds the later key for 2.5 TTLs and keeps trying the first one never
+/// gets it, and the set is handed out held (the keys taken first are
+/// renewed while the later ones are waited for).
 pub async fn multi_lock_keeps_its_first_keys_while_waiting(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
-    let ttl = h.ttl_for(&a.capabilities());
+    // At least 2 s: the first key lives on its renewals alone, which must
+    // keep up on a loaded machine (each is due a third of a TTL early).
+    let ttl = h.ttl_for(&a.capabilities()).max(Duration::from_secs(2));
     let margin = h.config().margin;
     // In lock order: `first` is taken, then `later` is waited for.
     let (first, later) = (h.key("keep-a"), h.key("keep-b"));
     let hold = ttl * 5 / 2;
-    let blocker = take_free(&*b, &later, hold + ttl * 4).await?;
-    let ca = LockClient::from_arc(a.clone());
+    // How long the multi-lock may take to be granted its (free) first key;
+    // a few round trips normally, more on a loaded machine.
+    let settle = ttl * 5;
+    let blocker = take_free(&*b, &later, settle + hold + ttl * 4).await?;
+    let (granted, mut first_granted) = watch::channel(false);
+    let ca = LockClient::from_arc(Arc::new(SaysWhenGranted {
+        inner: a.clone(),
+        key: first.clone(),
+        granted,
+    }));
     let waiting = ca
         .lock_all([first.as_str(), later.as_str()])
         .ttl(ttl)
-        .wait(hold + ttl * 2 + margin)
+        .wait(settle + hold + ttl * 2 + margin)
         .acquire();
     let contender = async {
+        // Trying the first key before the multi-lock has it would take the
+        // free key ahead of the multi-lock, which then only waits for it:
+        // that says nothing about keeping a key.
+        let seen = matches!(
+            timeout(settle, first_granted.wait_for(|granted| *granted)).await,
+            Ok(Ok(_))
+        );
+        if !seen {
+            b.release(&blocker).await.map_err(fmt_err("release"))?;
+            return Err(format!(
+                "the multi-lock was not granted {first}, its first key in lock order, within {settle:?}"
+            ));
+        }
         let until = Instant::now() + hold;
         let mut stolen = None;
         while stolen.is_none() && Instant::now() < until {

@@ -97,6 +97,37 @@ impl PartitionEnv {
         Self::on_urls(lab, name, (url, holder), (url, observer), ttl)
     }
 
+    /// A cluster whose members answer clients at `addresses`: the holder
+    /// attached to member `attached` only (`None`: to every member), the
+    /// observer to every other member; `url_of` makes a URL from a list of
+    /// addresses. Both open clients with `open`.
+    pub fn attached_to(
+        lab: Arc<Lab>,
+        name: &str,
+        addresses: &[String],
+        attached: Option<usize>,
+        url_of: impl Fn(&[String]) -> String,
+        open: crate::deploy::Opener,
+        ttl: Duration,
+    ) -> Self {
+        let holder_url = match attached {
+            Some(i) => url_of(&addresses[i..=i]),
+            None => url_of(addresses),
+        };
+        let others: Vec<String> = (0..addresses.len())
+            .filter(|i| Some(*i) != attached)
+            .map(|i| addresses[i].clone())
+            .collect();
+        let observer_url = url_of(&others);
+        Self::on_urls(
+            lab,
+            name,
+            (&holder_url, open.clone()),
+            (&observer_url, open),
+            ttl,
+        )
+    }
+
     /// As [`on_url`](Self::on_url) with a URL of its own for the holder and
     /// for the observer (a holder attached to one member of a cluster).
     pub fn on_urls(
@@ -169,7 +200,7 @@ pub async fn assert_told_too_late_caught(env: &PartitionEnv, label: &str) {
 /// Runs `make()` to the end on a thread inside `ns`, on a runtime of its
 /// own (its workers are in the namespace too); its output comes back
 /// through the returned channel.
-fn run_in<F, Fut, T>(ns: &Namespace, make: F) -> oneshot::Receiver<Result<T, String>>
+pub(crate) fn run_in<F, Fut, T>(ns: &Namespace, make: F) -> oneshot::Receiver<Result<T, String>>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, String>>,
@@ -197,7 +228,10 @@ where
 /// How the observer's failed wait begins.
 const NOT_FREED: &str = "the cut-off holder's lock was not freed";
 
-async fn received<T>(rx: oneshot::Receiver<Result<T, String>>, what: &str) -> Result<T, String> {
+pub(crate) async fn received<T>(
+    rx: oneshot::Receiver<Result<T, String>>,
+    what: &str,
+) -> Result<T, String> {
     rx.await.map_err(|_| {
         format!("the {what} thread ended without an answer (namespace not entered?)")
     })?
@@ -278,6 +312,19 @@ impl Cut {
             }
         };
         done.map_err(|e| e.to_string())
+    }
+
+    /// `members[member]` cut from every other of `members`.
+    pub fn member_from_peers(members: &[&str], member: usize) -> Self {
+        Self::MemberFromPeers {
+            member: members[member].to_owned(),
+            peers: members
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != member)
+                .map(|(_, m)| (*m).to_owned())
+                .collect(),
+        }
     }
 
     /// Whether the cut must end in the lock's release: only when the

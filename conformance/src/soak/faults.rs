@@ -74,7 +74,8 @@ pub enum FaultKind {
     /// Latency (± a quarter as jitter) on one worker's link, up to twice
     /// the TTL.
     ClientLatency,
-    /// One worker's link holds all traffic (delivered on heal).
+    /// One worker's link holds all traffic (delivered on heal); in a
+    /// kernel-partition soak, its host is isolated (packets dropped).
     ClientPartition,
     /// The server (every node) is frozen with SIGSTOP, then resumed.
     ServerPause,
@@ -89,9 +90,11 @@ pub enum FaultKind {
     /// then started again.
     NodeKill,
     /// One member's peer links are cut (a partition of one member from the
-    /// others).
+    /// others): in the peer proxies, or in the kernel in a
+    /// kernel-partition soak.
     MemberPartition,
-    /// The link between a worker and the single member it talks to is cut.
+    /// The link between a worker and the single member it talks to is cut
+    /// (its proxy, or in the kernel in a kernel-partition soak).
     MemberClientPartition,
 }
 

@@ -23,6 +23,18 @@
 //!   guard does not renew during the freeze, since a paused process renews
 //!   nothing either).
 //!
+//! # Partitions in the kernel
+//!
+//! [`run_soak`] cuts client links in fault proxies (or in-process links)
+//! and members' peer links in the deployment's proxies.
+//! [`run_soak_in_lab`] puts each worker's client on a host of a
+//! [`Lab`](lock_testkit::netns::Lab) of its own (a thread in that host's
+//! network namespace, with its own runtime; the history and the resource
+//! are shared as in the other mode) and cuts the partitions there:
+//! isolating a worker's host, cutting a member's host from its peers', or
+//! the single-member worker's host from its member's (see [`SoakLab`]).
+//! Client latency is left out in that mode.
+//!
 //! # Replaying a run
 //!
 //! Everything random comes from one seed ([`SplitMix64`]): the fault
@@ -85,7 +97,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{Capabilities, LockBackend, LockClient, LockError, LockKey, OwnerId};
+use lock_core::{Capabilities, LockBackend, LockError, LockKey, OwnerId};
 use tokio::time::Instant;
 
 use crate::harness::Target;
@@ -94,14 +106,28 @@ use crate::process::HarnessError;
 use crate::proxy::FaultProxy;
 
 mod faults;
+mod lab;
 mod observe;
 mod report;
 mod workers;
 
 pub use faults::*;
+use lab::*;
+pub use lab::{SoakLab, run_soak_in_lab};
 use observe::*;
 pub use report::*;
 use workers::*;
+
+/// Where a run's network faults act.
+pub(super) enum Network {
+    /// Workers on this runtime; client faults through fault proxies or
+    /// in-process links, member faults through the deployment's
+    /// ([`MemberFaults`]).
+    Proxies(Option<Arc<dyn MemberFaults>>),
+    /// Workers on lab hosts; partitions cut in the kernel
+    /// ([`run_soak_in_lab`]).
+    Lab(Arc<SoakLab>),
+}
 
 /// Faults on the members of a clustered deployment: peer-link partitions
 /// and clients attached to a single member. Implemented by
@@ -177,6 +203,11 @@ pub struct SoakConfig {
     /// Restrict the nemesis to these kinds (`None`: every kind that
     /// applies to the target).
     pub kinds: Option<Vec<FaultKind>>,
+    /// One hold in this many lasts one to three TTLs, renewed meanwhile,
+    /// instead of under a quarter of one: a partition then lands while a
+    /// holder depends on its renewals and its lost signal (the path a
+    /// kernel cut tests). `0` (the default): never.
+    pub long_hold_every: u32,
 }
 
 impl SoakConfig {
@@ -189,6 +220,7 @@ impl SoakConfig {
             keys: 2,
             ttl: Duration::from_secs(1),
             kinds: None,
+            long_hold_every: 0,
         }
     }
 }
@@ -214,13 +246,30 @@ pub async fn run_soak(
     members: Option<Arc<dyn MemberFaults>>,
     config: &SoakConfig,
 ) -> Result<SoakReport, LockError> {
-    let probe = target.client().await?;
-    let caps = probe.capabilities();
-    drop(probe);
+    run(target, Network::Proxies(members), config).await
+}
+
+/// A worker whose client is made: where it runs, and how to start it.
+enum Prepared {
+    /// On this runtime.
+    Here(Box<Worker>),
+    /// On a lab host's thread.
+    InLab(LabWorker),
+}
+
+/// [`run_soak`] or [`run_soak_in_lab`], by `network`.
+async fn run(
+    target: Arc<dyn Target>,
+    network: Network,
+    config: &SoakConfig,
+) -> Result<SoakReport, LockError> {
+    let caps = match &network {
+        Network::Lab(lab) => lab.capabilities(&target).await?,
+        Network::Proxies(_) => target.client().await?.capabilities(),
+    };
     let ttl = config.ttl.max(caps.min_ttl);
     let mut nemesis_errors = Vec::new();
-    let (mut kinds, mut not_applicable) =
-        applicable(&target, members.as_ref(), &mut nemesis_errors).await;
+    let (mut kinds, mut not_applicable) = applicable(&target, &network, &mut nemesis_errors).await;
     if let Some(only) = &config.kinds {
         for k in kinds.iter().filter(|k| !only.contains(k)) {
             not_applicable.insert(
@@ -239,65 +288,120 @@ pub async fn run_soak(
         .map(|i| LockKey::new(format!("soak-{run}/k{i}")))
         .collect::<Result<_, _>>()?;
 
-    // Clients: the first two workers behind fault links, the last one
-    // (on a multi-member deployment) attached to a single member.
     let workers = config.workers.max(2);
+    let url = target.url();
+    let mut freeze_slots = Vec::new();
+    let mut worker_processes = Vec::new();
+    let mut setup = |index: usize, reach: Reach| {
+        let journal = Journal {
+            recorder: history.process(),
+            clock,
+        };
+        worker_processes.push(journal.recorder.id());
+        let slot = Arc::new(Mutex::new(None));
+        freeze_slots.push(slot.clone());
+        WorkerSetup {
+            index,
+            journal,
+            rng: SplitMix64::stream(config.seed, 100 + u64::try_from(index).unwrap_or(0)),
+            freeze: slot,
+            reach,
+            url: url.clone(),
+        }
+    };
     let mut links = Links {
         workers: Vec::new(),
         member: None,
     };
-    let mut clients = Vec::new();
-    let mut client_links = "none".to_owned();
-    let url = target.url();
-    for i in 0..workers {
-        let mut backend = None;
-        let mut reach = Reach::Direct;
-        if i == workers - 1
-            && let Some(m) = &members
-            && m.members().await > 1
-        {
-            let member = usize::try_from(config.seed % 3).unwrap_or(0) % m.members().await;
-            match m.member_client(member).await {
-                Ok(Some((client, proxy))) => {
-                    links.member = Some((i, proxy));
-                    backend = Some(client);
-                    reach = Reach::Member;
+    let mut lab_faults = None;
+    let mut prepared = Vec::new();
+    let client_links;
+    match &network {
+        Network::Proxies(members) => {
+            // The first two workers behind fault links, the last one (on
+            // a multi-member deployment) attached to a single member.
+            let mut links_kind = "none".to_owned();
+            for i in 0..workers {
+                let mut backend = None;
+                let mut reach = Reach::Direct;
+                if i == workers - 1
+                    && let Some(m) = members
+                    && m.members().await > 1
+                {
+                    let member = usize::try_from(config.seed % 3).unwrap_or(0) % m.members().await;
+                    match m.member_client(member).await {
+                        Ok(Some((client, proxy))) => {
+                            links.member = Some((i, proxy));
+                            backend = Some(client);
+                            reach = Reach::Member;
+                        }
+                        Ok(None) => {}
+                        Err(e) => nemesis_errors.push(format!("member client: {e}")),
+                    }
                 }
-                Ok(None) => {}
-                Err(e) => nemesis_errors.push(format!("member client: {e}")),
+                if backend.is_none() && i < 2 {
+                    match target.proxied_client().await {
+                        Ok(Some((client, proxy))) => {
+                            links_kind = "tcp proxy".into();
+                            let link = Arc::new(Mutex::new(proxy));
+                            links.workers.push((i, link.clone()));
+                            reach = Reach::Proxy(link);
+                            backend = Some(client);
+                        }
+                        Ok(None) | Err(_) => {
+                            let inner = target.client().await?;
+                            let (client, proxy) =
+                                FaultProxy::in_process(inner, Duration::from_secs(1));
+                            links_kind = "in-process link".into();
+                            let link = Arc::new(Mutex::new(proxy));
+                            links.workers.push((i, link.clone()));
+                            reach = Reach::InProcess(link);
+                            backend = Some(client);
+                        }
+                    }
+                }
+                let backend = match backend {
+                    Some(b) => b,
+                    None => target.client().await?,
+                };
+                prepared.push(Prepared::Here(Box::new(
+                    setup(i, reach).with_client(backend),
+                )));
             }
+            client_links = links_kind;
         }
-        if backend.is_none() && i < 2 {
-            match target.proxied_client().await {
-                Ok(Some((client, proxy))) => {
-                    client_links = "tcp proxy".into();
-                    let link = Arc::new(Mutex::new(proxy));
-                    links.workers.push((i, link.clone()));
-                    reach = Reach::Proxy(link);
-                    backend = Some(client);
-                }
-                Ok(None) | Err(_) => {
-                    let inner = target.client().await?;
-                    let (client, proxy) = FaultProxy::in_process(inner, Duration::from_secs(1));
-                    client_links = "in-process link".into();
-                    let link = Arc::new(Mutex::new(proxy));
-                    links.workers.push((i, link.clone()));
-                    reach = Reach::InProcess(link);
-                    backend = Some(client);
-                }
-            }
+        Network::Lab(lab) => {
+            // Every worker on a host of its own; the last one (on a
+            // cluster) attached to a single member.
+            let member_worker = (lab.members.len() > 1).then(|| {
+                let member = usize::try_from(config.seed % 3).unwrap_or(0) % lab.members.len();
+                (workers - 1, member)
+            });
+            let setups = (0..workers)
+                .map(|i| {
+                    let reach = match member_worker {
+                        Some((w, _)) if w == i => Reach::Member,
+                        _ => Reach::Direct,
+                    };
+                    setup(i, reach)
+                })
+                .collect();
+            let started = lab.start_workers(&target, member_worker, setups).await?;
+            prepared.extend(started.into_iter().map(Prepared::InLab));
+            lab_faults = Some(LabFaults {
+                lab: lab.clone(),
+                workers,
+                member_worker,
+            });
+            client_links = "kernel cuts (a network namespace per worker)".to_owned();
         }
-        let backend = match backend {
-            Some(b) => b,
-            None => target.client().await?,
-        };
-        clients.push((backend, reach));
     }
 
     let shared = Arc::new(Shared {
         target: target.clone(),
         keys,
         ttl,
+        long_hold_every: config.long_hold_every,
         end: Instant::now() + config.duration,
         resource: Resource {
             fenced: caps.has_fencing(),
@@ -306,33 +410,34 @@ pub async fn run_soak(
         injected: Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
     });
-    let mut freeze_slots = Vec::new();
-    let mut tasks = Vec::new();
-    let mut worker_processes = Vec::new();
-    for (i, (backend, reach)) in clients.into_iter().enumerate() {
-        let journal = Journal {
-            recorder: history.process(),
-            clock,
-        };
-        worker_processes.push(journal.recorder.id());
-        let slot = Arc::new(Mutex::new(None));
-        freeze_slots.push(slot.clone());
-        let worker = Worker {
-            index: i,
-            client: LockClient::from_arc(journal.backend(backend)),
-            journal,
-            rng: SplitMix64::stream(config.seed, 100 + u64::try_from(i).unwrap_or(0)),
-            freeze: slot,
-            reach,
-            url: url.clone(),
-        };
-        tasks.push(tokio::spawn(work(worker, shared.clone())));
+    let mut tasks: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+        Vec::new();
+    for worker in prepared {
+        match worker {
+            Prepared::Here(worker) => {
+                let task = tokio::spawn(work(*worker, shared.clone()));
+                tasks.push(Box::pin(async move {
+                    let _ = task.await;
+                }));
+            }
+            Prepared::InLab(worker) => {
+                let _ = worker.start.send(shared.clone());
+                tasks.push(Box::pin(async move {
+                    let _ = worker.done.await;
+                }));
+            }
+        }
     }
 
+    let members = match &network {
+        Network::Proxies(members) => members.clone(),
+        Network::Lab(_) => None,
+    };
     let nemesis = Arc::new(Nemesis {
         target: target.clone(),
         members: members.clone(),
         links,
+        lab: lab_faults,
         partitionable: match &members {
             Some(m) => m.partitionable_members().await,
             None => 0,
@@ -386,6 +491,11 @@ pub async fn run_soak(
         for i in 0..nemesis.partitionable {
             let _ = m.heal_member(i).await;
         }
+    }
+    if let Network::Lab(lab) = &network
+        && let Err(e) = lab.heal().await
+    {
+        nemesis.error("lab heal", &e);
     }
     let _ = target.heal().await;
     let _ = target.restart_nodes().await;
@@ -470,6 +580,7 @@ pub async fn run_soak(
         workers,
         keys: shared.keys.len(),
         ttl_ms: ms(ttl),
+        long_hold_every: config.long_hold_every,
         fenced: caps.has_fencing(),
         client_links,
         kinds,

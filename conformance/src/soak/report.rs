@@ -100,6 +100,8 @@ pub struct SoakReport {
     pub keys: usize,
     /// TTL (ms).
     pub ttl_ms: u64,
+    /// One hold in this many lasted one to three TTLs (0: none did).
+    pub long_hold_every: u32,
     /// Whether the resource checked tokens (the backend has fencing).
     pub fenced: bool,
     /// How the client-link faults reach the workers: `tcp proxy` or
@@ -156,13 +158,19 @@ impl SoakReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "soak {}: seed {} | {:.0} s | {} workers on {} keys | ttl {} ms | {} grants, {} errors, {} lost signals, {} writes ({} refused), {} lost increments",
+            "soak {}: seed {} | {:.0} s | {} workers on {} keys | ttl {} ms{} | clients: {} | {} grants, {} errors, {} lost signals, {} writes ({} refused), {} lost increments",
             self.backend,
             self.seed,
             self.duration_s,
             self.workers,
             self.keys,
             self.ttl_ms,
+            if self.long_hold_every > 0 {
+                format!(", 1 hold in {} of 1-3 TTLs", self.long_hold_every)
+            } else {
+                String::new()
+            },
+            self.client_links,
             self.grants,
             self.errors,
             self.lost_signals,

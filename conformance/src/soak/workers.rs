@@ -25,6 +25,33 @@ pub(super) struct Worker {
     pub(super) url: Option<String>,
 }
 
+/// A worker before its client: everything but the client, so that the
+/// client can be made where the worker runs (inside a lab host's network
+/// namespace, for a kernel-partition soak).
+pub(super) struct WorkerSetup {
+    pub(super) index: usize,
+    pub(super) journal: Journal,
+    pub(super) rng: SplitMix64,
+    pub(super) freeze: Arc<Mutex<Option<Duration>>>,
+    pub(super) reach: Reach,
+    pub(super) url: Option<String>,
+}
+
+impl WorkerSetup {
+    /// The worker, with `backend` recorded into its journal.
+    pub(super) fn with_client(self, backend: Arc<dyn LockBackend>) -> Worker {
+        Worker {
+            index: self.index,
+            client: LockClient::from_arc(self.journal.backend(backend)),
+            journal: self.journal,
+            rng: self.rng,
+            freeze: self.freeze,
+            reach: self.reach,
+            url: self.url,
+        }
+    }
+}
+
 /// How a worker reaches the backend (and so how it reconnects when a
 /// failover moved the primary: clients made from then on talk to the new
 /// one, as [`Target::fail_over`] says).
@@ -74,6 +101,8 @@ pub(super) struct Shared {
     pub(super) target: Arc<dyn Target>,
     pub(super) keys: Vec<LockKey>,
     pub(super) ttl: Duration,
+    /// See [`SoakConfig::long_hold_every`].
+    pub(super) long_hold_every: u32,
     pub(super) end: Instant,
     pub(super) resource: Resource,
     pub(super) injected: Mutex<Vec<InjectedFault>>,
@@ -101,7 +130,15 @@ pub(super) async fn work(mut w: Worker, shared: Arc<Shared>) {
             }
         }
         let key = shared.keys[w.rng.index(shared.keys.len())].clone();
-        let hold = w.rng.between(Duration::ZERO, ttl / 4);
+        // Drawn only when asked for: runs without long holds replay the
+        // same choices as before they existed.
+        let long =
+            shared.long_hold_every > 0 && w.rng.below(u64::from(shared.long_hold_every)) == 0;
+        let hold = if long {
+            w.rng.between(ttl, ttl * 3)
+        } else {
+            w.rng.between(Duration::ZERO, ttl / 4)
+        };
         let backoff = w
             .rng
             .between(Duration::from_millis(5), Duration::from_millis(60));
@@ -190,6 +227,8 @@ pub(super) struct Nemesis {
     pub(super) target: Arc<dyn Target>,
     pub(super) members: Option<Arc<dyn MemberFaults>>,
     pub(super) links: Links,
+    /// In a kernel-partition soak: the partitions are cut in the lab.
+    pub(super) lab: Option<LabFaults>,
     pub(super) partitionable: usize,
     pub(super) ttl: Duration,
     pub(super) errors: Mutex<Vec<String>>,
@@ -216,6 +255,17 @@ impl Nemesis {
             let n = u64::try_from(n.max(1)).unwrap_or(1);
             usize::try_from(fault.target % n).unwrap_or(0)
         };
+        if let Some(lab) = &self.lab
+            && lab.cuts(fault.kind)
+        {
+            let target = lab.cut(self, fault).await?;
+            return Some(InjectedFault {
+                kind: fault.kind,
+                target,
+                start: since(start),
+                end: since(Instant::now()),
+            });
+        }
         let target = match fault.kind {
             FaultKind::ClientLatency | FaultKind::ClientPartition => {
                 let (index, link) = self.links.workers.get(pick(self.links.workers.len()))?;
@@ -326,17 +376,24 @@ impl Nemesis {
 /// (those probe injections are not counted), and why the others do not.
 pub(super) async fn applicable(
     target: &Arc<dyn Target>,
-    members: Option<&Arc<dyn MemberFaults>>,
+    network: &Network,
     errors: &mut Vec<String>,
 ) -> (Vec<FaultKind>, BTreeMap<String, String>) {
-    let mut kinds = vec![
-        FaultKind::ClientFreeze,
-        FaultKind::ClientLatency,
-        FaultKind::ClientPartition,
-    ];
+    let mut kinds = vec![FaultKind::ClientFreeze];
     let mut not = BTreeMap::new();
     let mut note = |k: FaultKind, why: &str| {
         not.insert(k.as_str().to_owned(), why.to_owned());
+    };
+    let members = match network {
+        Network::Proxies(members) => {
+            kinds.extend([FaultKind::ClientLatency, FaultKind::ClientPartition]);
+            members.as_ref()
+        }
+        Network::Lab(_) => {
+            kinds.push(FaultKind::ClientPartition);
+            note(FaultKind::ClientLatency, LATENCY_NOT_IN_LAB);
+            None
+        }
     };
     match target.make_unreachable().await {
         Ok(true) => {
@@ -380,6 +437,16 @@ pub(super) async fn applicable(
                 "not a quorum deployment"
             },
         );
+    }
+    if let Network::Lab(lab) = network {
+        if lab.members.len() > 1 {
+            kinds.extend([FaultKind::MemberPartition, FaultKind::MemberClientPartition]);
+        } else {
+            for k in [FaultKind::MemberPartition, FaultKind::MemberClientPartition] {
+                note(k, "not a cluster whose members replicate to one another");
+            }
+        }
+        return (kinds, not);
     }
     match members {
         Some(m) => {

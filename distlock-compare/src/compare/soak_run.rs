@@ -56,19 +56,80 @@ pub(super) async fn soak_target(
     Ok((c.target, None, c._keep))
 }
 
+/// In a kernel-partition soak, one hold in this many lasts 1-3 TTLs.
+const LAB_LONG_HOLD_EVERY: u32 = 4;
+
+/// `distlock-compare compare --soak DURATION --netns`: `name`'s servers
+/// started in a lab, the workers' clients on hosts of their own, the
+/// partitions cut in the kernel.
+async fn soak_in_lab(
+    name: &str,
+    config: &conformance::soak::SoakConfig,
+) -> Result<conformance::soak::SoakReport, String> {
+    let (deployment, hosts) =
+        deploy::start_in_lab(name, config.workers)
+            .await
+            .map_err(|e| match e {
+                HarnessError::MissingBinary { .. } => format!("not installed: {e}"),
+                other => format!("could not start in a lab: {other}"),
+            })?;
+    let lab = conformance::soak::SoakLab::from_hosts(&hosts, name, &opener());
+    let target: Arc<dyn Target> = Arc::new(DeployedTarget::new(deployment, opener()));
+    let report = conformance::soak::run_soak_in_lab(target, lab, config)
+        .await
+        .map_err(|e| format!("cannot run: {e}"));
+    // The servers went with the target; the lab's namespaces go last.
+    drop(hosts);
+    report
+}
+
 /// `distlock-compare compare --soak DURATION`: each backend in turn, one seed for
-/// all (printed first; `--seed` replays it).
+/// all (printed first; `--seed` replays it); with `netns`, in a lab
+/// ([`soak_in_lab`]).
 pub(crate) async fn soak(
     opts: &CompareOptions,
     duration: Duration,
     seed: Option<u64>,
+    netns: bool,
 ) -> Result<Vec<SoakResult>, LockError> {
     let seed = seed.unwrap_or_else(conformance::soak::random_seed);
     eprintln!("soak seed {seed} (replay with --seed {seed})");
+    if netns && opts.backends.is_none() {
+        return Err(LockError::config(format!(
+            "--netns needs --backends (of {})",
+            deploy::lab_kind_names().join(", ")
+        )));
+    }
     let names = selected_backends(opts, EMBEDDED)?;
     let mut results = Vec::new();
     for (name, progress) in visits(&names, &opts.urls) {
         progress.say("starting");
+        if netns {
+            progress.say(&format!(
+                "kernel-partition soak for {}",
+                distlock::format_duration(duration)
+            ));
+            let mut config = conformance::soak::SoakConfig::new(duration, seed);
+            // Holds across renewals, so that a cut lands while a holder
+            // depends on them.
+            config.long_hold_every = LAB_LONG_HOLD_EVERY;
+            let (report, error) = match soak_in_lab(name, &config).await {
+                Ok(report) => {
+                    progress.say(&report.verdict);
+                    (Some(report), None)
+                }
+                Err(why) => {
+                    progress.say(&why);
+                    (None, Some(why))
+                }
+            };
+            results.push(SoakResult {
+                name: name.to_owned(),
+                report,
+                error,
+            });
+            continue;
+        }
         let started = if name.contains(':') {
             let target: Arc<dyn Target> = Arc::new(UrlTarget::of(name));
             Ok((target, None, None))

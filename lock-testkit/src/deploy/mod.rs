@@ -5,8 +5,11 @@
 //!
 //! Each kind is one entry of [`KINDS`] with a function that starts it;
 //! [`start`] picks it by name. Adding a kind is one type implementing
-//! [`Deployment`] and one line in [`KINDS`].
+//! [`Deployment`] and one line in [`KINDS`]. [`start_in_lab`] starts the
+//! same deployments with each server on a host of a
+//! [`Lab`](crate::netns::Lab), for partitions cut in the kernel.
 
+mod lab;
 mod quorum;
 mod replicated;
 mod single;
@@ -17,6 +20,7 @@ use std::pin::Pin;
 
 use async_trait::async_trait;
 
+pub use lab::{CONTROL_HOST, LabHosts, lab_kind_names, start_in_lab};
 pub use quorum::{EtcdCluster, Fleet, RedlockFleet, ZkQuorum};
 pub use replicated::ReplicatedRedis;
 pub use single::{Single, SingleServer};

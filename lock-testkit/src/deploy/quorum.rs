@@ -20,7 +20,7 @@ pub struct Fleet<T> {
 }
 
 impl<T> Fleet<T> {
-    fn new(servers: T) -> Self {
+    pub(super) fn new(servers: T) -> Self {
         Self {
             servers,
             down: Vec::new(),
@@ -69,12 +69,8 @@ impl Deployment for RedlockFleet {
     }
 
     fn url(&self) -> String {
-        let nodes: Vec<String> = self
-            .servers
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
-        format!("redlock://{}", nodes.join(","))
+        // Each node's own address: 127.0.0.1, or its lab host's.
+        RedisServer::redlock_url(&self.servers)
     }
 
     fn port(&self) -> u16 {
