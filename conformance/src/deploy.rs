@@ -154,7 +154,14 @@ impl Target for DeployedTarget {
         };
         let proxy =
             FaultProxy::start(SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port))).await?;
-        let url = url_via(&url, upstream_port, proxy.port());
+        let proxied = url_via(&url, upstream_port, proxy.port());
+        if proxied == url {
+            // Clients do not connect to that port by the URL (they find
+            // the server through others: Sentinel); a proxy there would
+            // cut nothing.
+            return Ok(None);
+        }
+        let url = proxied;
         let client = (self.open)(url).await.map_err(|e| HarnessError::Setup {
             what: "connecting through the proxy".into(),
             output: e.to_string(),
@@ -183,5 +190,9 @@ impl Target for DeployedTarget {
 
     async fn restart_nodes(&self) -> Result<(), HarnessError> {
         self.deployment.lock().await.restart_nodes().await
+    }
+
+    async fn primary_member(&self) -> Option<usize> {
+        self.deployment.lock().await.primary_member()
     }
 }

@@ -158,6 +158,20 @@ pub trait Target: Send + Sync {
     async fn restart_nodes(&self) -> Result<(), HarnessError> {
         Ok(())
     }
+
+    /// For a deployment of one primary and peers that watch it (Redis
+    /// Sentinel: the master, its replica and the sentinels, in the order
+    /// of a lab's server hosts), the index of the current primary in that
+    /// order: the member a kernel-partition soak cuts from the others, and
+    /// after whose heal it waits in [`restart_nodes`](Self::restart_nodes)
+    /// until the deployment has recovered. `None` for the other targets.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: it only looks.
+    async fn primary_member(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Timing and scale of the suite. Defaults suit a loopback server on a

@@ -595,6 +595,28 @@ impl Placement {
             what: format!("placing a server on lab host {host:?}"),
             output: "the lab needs another host to reach the server from".into(),
         })?;
+        Self::on_via(lab, host, prober.name())
+    }
+
+    /// `lab`'s host named `host`, as [`on`](Self::on), reached from the
+    /// host named `from` (one that the faults of a test leave connected
+    /// to it).
+    ///
+    /// # Errors
+    ///
+    /// A setup error when `from` is `host`; a missing `ip`.
+    ///
+    /// # Panics
+    ///
+    /// When the lab has no host of either name (a test's own mistake).
+    pub fn on_via(lab: &Lab, host: &str, from: &str) -> Result<Self, HarnessError> {
+        if host == from {
+            return Err(HarnessError::Setup {
+                what: format!("placing a server on lab host {host:?}"),
+                output: "a host cannot reach its own address: probe from another".into(),
+            });
+        }
+        let prober = lab.host(from);
         let host = lab.host(host);
         Ok(Self {
             addr: host.addr(),

@@ -91,7 +91,8 @@ pub enum FaultKind {
     NodeKill,
     /// One member's peer links are cut (a partition of one member from the
     /// others): in the peer proxies, or in the kernel in a
-    /// kernel-partition soak.
+    /// kernel-partition soak (where on Redis Sentinel the member cut is
+    /// the master, from its replica and the sentinels).
     MemberPartition,
     /// The link between a worker and the single member it talks to is cut
     /// (its proxy, or in the kernel in a kernel-partition soak).
@@ -157,7 +158,10 @@ pub fn known_unsafe(kind: FaultKind, caps: &Capabilities) -> Option<&'static str
             Some("fencing = none: a paused holder's late write cannot be refused")
         }
         FaultKind::MemberPartition | FaultKind::MemberClientPartition if !caps.linearizable => {
-            Some("linearizable = false: a partitioned member may grant on its own")
+            Some(
+                "linearizable = false: a partitioned member may grant on its own, or its peers fail over \
+                 without it (a Sentinel master cut from its replica and sentinels)",
+            )
         }
         _ => None,
     }

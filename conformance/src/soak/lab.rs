@@ -15,7 +15,14 @@
 //!   ([`Lab::isolate`]): every packet between it and any other host is
 //!   dropped, both ways.
 //! - [`FaultKind::MemberPartition`]: one member's host is cut from the
-//!   other members' ([`Lab::cut_from`]); the workers still reach it.
+//!   other members' ([`Lab::cut_from`]); the workers still reach it. On a
+//!   deployment with a primary its peers watch
+//!   ([`Target::primary_member`]: Redis Sentinel), the current primary is
+//!   the one cut (the master from its replica and the sentinels), and the
+//!   fault lasts until the deployment has settled after the heal
+//!   ([`Target::restart_nodes`]: the sentinels demote the old master 8 s
+//!   after it returns, and until then it serves the clients still
+//!   connected to it).
 //! - [`FaultKind::MemberClientPartition`]: the last worker, whose client
 //!   knows one member only, is cut from that member's host.
 //!
@@ -211,6 +218,11 @@ pub(super) struct LabFaults {
     pub(super) workers: usize,
     /// The worker attached to a single member, and that member.
     pub(super) member_worker: Option<(usize, usize)>,
+    /// Whether a member partition cuts the deployment's current primary
+    /// ([`Target::primary_member`]: a Sentinel master from its replica and
+    /// sentinels) rather than any member, and lasts until the deployment
+    /// has recovered ([`Target::restart_nodes`]).
+    pub(super) primary_cut: bool,
 }
 
 impl LabFaults {
@@ -239,7 +251,17 @@ impl LabFaults {
                 (worker, self.lab.clients[worker].clone(), None)
             }
             FaultKind::MemberPartition => {
-                let member = pick(servers.len());
+                let member = if self.primary_cut {
+                    match nemesis.target.primary_member().await {
+                        Some(primary) if primary < servers.len() => primary,
+                        _ => {
+                            nemesis.error(fault.kind.as_str(), &"no primary member to cut");
+                            return None;
+                        }
+                    }
+                } else {
+                    pick(servers.len())
+                };
                 let peers: Vec<String> = servers
                     .iter()
                     .enumerate()
@@ -282,6 +304,14 @@ impl LabFaults {
         tokio::time::sleep(fault.duration).await;
         if let Err(e) = self.lab.heal().await {
             nemesis.error("lab heal", &e);
+        }
+        if self.primary_cut && fault.kind == FaultKind::MemberPartition {
+            // A failover the cut caused goes on after the heal (the old
+            // master serves its clients until the sentinels demote it):
+            // the fault lasts until the deployment has settled.
+            if let Err(e) = nemesis.target.restart_nodes().await {
+                nemesis.error("member partition settle", &e);
+            }
         }
         Some(index)
     }

@@ -392,6 +392,7 @@ async fn run(
                 lab: lab.clone(),
                 workers,
                 member_worker,
+                primary_cut: lab.members.len() <= 1 && target.primary_member().await.is_some(),
             });
             client_links = "kernel cuts (a network namespace per worker)".to_owned();
         }

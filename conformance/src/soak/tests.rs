@@ -127,6 +127,49 @@ fn a_harmless_fault_covering_the_double_grant_does_not_excuse_it() {
     assert_eq!(overlap.faults, vec![FaultKind::ServerPause]);
 }
 
+/// Redis (single, Sentinel): tokens per key, lost with the data on a
+/// restart or a failover, not linearizable.
+fn redis() -> Capabilities {
+    Capabilities {
+        fencing: FencingScope::PerKey,
+        fencing_survives_failover: false,
+        grants_survive_restart: false,
+        linearizable: false,
+        ..Capabilities::minimal()
+    }
+}
+
+#[test]
+fn a_sentinel_master_cut_from_its_peers_is_a_known_unsafe_double_grant_on_redis() {
+    // The backend table: a Sentinel master cut from its peers double
+    // grants, and so do a failover and a restart without persistence.
+    let caps = redis();
+    for kind in [
+        FaultKind::MemberPartition,
+        FaultKind::LeaderKill,
+        FaultKind::ServerRestart,
+    ] {
+        assert!(known_unsafe(kind, &caps).is_some(), "{kind}");
+        let injected = [fault(kind, 0, 300, 350)];
+        let overlap = the("overlap", &judge(&caps, &injected, &double_grant()));
+        assert!(overlap.expected, "{overlap:?}");
+        assert_eq!(overlap.faults, vec![kind]);
+        // Over before the first grant: it excuses nothing.
+        let injected = [fault(kind, 0, 20, 80)];
+        let overlap = the("overlap", &judge(&caps, &injected, &double_grant()));
+        assert!(!overlap.expected, "{overlap:?}");
+    }
+    // A pause (no failover: the replica is frozen too) and a holder's own
+    // partition are not known unsafe on Redis, and the second never
+    // explains a double grant: the soak still finds Redis's own bugs.
+    for kind in [FaultKind::ServerPause, FaultKind::ClientPartition] {
+        assert!(known_unsafe(kind, &caps).is_none(), "{kind}");
+        let injected = [fault(kind, 0, 50, 1200)];
+        let overlap = the("overlap", &judge(&caps, &injected, &double_grant()));
+        assert!(!overlap.expected, "{overlap:?}");
+    }
+}
+
 #[test]
 fn client_faults_do_not_excuse_a_double_grant_without_fencing() {
     // On a backend without tokens every client fault is a known unsafe

@@ -441,6 +441,12 @@ pub(super) async fn applicable(
     if let Network::Lab(lab) = network {
         if lab.members.len() > 1 {
             kinds.extend([FaultKind::MemberPartition, FaultKind::MemberClientPartition]);
+        } else if lab.servers.len() > 1 && target.primary_member().await.is_some() {
+            kinds.push(FaultKind::MemberPartition);
+            note(
+                FaultKind::MemberClientPartition,
+                "clients find the primary through the deployment (Sentinel): none is pinned to one member",
+            );
         } else {
             for k in [FaultKind::MemberPartition, FaultKind::MemberClientPartition] {
                 note(k, "not a cluster whose members replicate to one another");

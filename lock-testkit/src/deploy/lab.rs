@@ -10,13 +10,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::quorum::Fleet;
+use super::sentinel::{SENTINEL_MASTER, SentinelRedis};
 use super::single::Single;
 use super::{Deployment, QUORUM_NODES, REDLOCK_NODES};
 use crate::netns::Lab;
 use crate::process::HarnessError;
 use crate::servers::{
     etcd::EtcdServer, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-    zookeeper::ZkEnsemble, zookeeper::ZkServer,
+    redis::SentinelGroup, zookeeper::ZkEnsemble, zookeeper::ZkServer,
 };
 
 /// The host, right after the servers', from which the test kit reaches the
@@ -30,7 +31,8 @@ pub struct LabHosts {
     /// namespaces.
     pub lab: Arc<Lab>,
     /// The servers' hosts: the one server, the members of a cluster (in
-    /// member order) or Redlock's nodes.
+    /// member order), Redlock's nodes, or a Sentinel deployment's master,
+    /// replica and sentinels.
     pub servers: Vec<String>,
     /// For a cluster whose members replicate to one another (etcd,
     /// ZooKeeper): per member, in member order, a URL that reaches that
@@ -65,6 +67,10 @@ macro_rules! lab_kind {
     };
 }
 
+/// Hosts of a `redis-sentinel` deployment: the master, its replica, three
+/// sentinels.
+const SENTINEL_HOSTS: usize = 5;
+
 /// The kinds [`start_in_lab`] knows, with the options their loopback
 /// deployments use (short sessions, the mode).
 static LAB_TABLE: &[LabKind] = &[
@@ -75,6 +81,7 @@ static LAB_TABLE: &[LabKind] = &[
     lab_kind!("mariadb", 1, mariadb),
     lab_kind!("postgres-session", 1, postgres_session),
     lab_kind!("mariadb-session", 1, mariadb_session),
+    lab_kind!("redis-sentinel", SENTINEL_HOSTS, redis_sentinel),
     lab_kind!("redlock", REDLOCK_NODES, redlock),
     lab_kind!("etcd-cluster", QUORUM_NODES, etcd_cluster),
     lab_kind!("zookeeper-ensemble", QUORUM_NODES, zookeeper_ensemble),
@@ -171,6 +178,13 @@ async fn postgres_session(lab: Arc<Lab>, hosts: Vec<String>) -> LabStarted {
 async fn mariadb_session(lab: Arc<Lab>, hosts: Vec<String>) -> LabStarted {
     let server = MariaDbServer::start_in(&lab, &hosts[0]).await?;
     single("mariadb-session", server, "?mode=session")
+}
+
+async fn redis_sentinel(lab: Arc<Lab>, hosts: Vec<String>) -> LabStarted {
+    let sentinels: Vec<&str> = hosts[2..].iter().map(String::as_str).collect();
+    let group =
+        SentinelGroup::start_in(&lab, &hosts[0], &hosts[1], &sentinels, SENTINEL_MASTER).await?;
+    Ok((Box::new(SentinelRedis::new(group)), Vec::new()))
 }
 
 async fn redlock(lab: Arc<Lab>, hosts: Vec<String>) -> LabStarted {

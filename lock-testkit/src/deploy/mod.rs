@@ -12,6 +12,7 @@
 mod lab;
 mod quorum;
 mod replicated;
+mod sentinel;
 mod single;
 
 use std::fmt;
@@ -23,6 +24,7 @@ use async_trait::async_trait;
 pub use lab::{CONTROL_HOST, LabHosts, lab_kind_names, start_in_lab};
 pub use quorum::{EtcdCluster, Fleet, RedlockFleet, ZkQuorum};
 pub use replicated::ReplicatedRedis;
+pub use sentinel::{SENTINEL_MASTER, SentinelRedis};
 pub use single::{Single, SingleServer};
 
 use crate::process::HarnessError;
@@ -111,13 +113,25 @@ pub trait Deployment: fmt::Debug + Send + Sync {
     }
 
     /// Starts every node a fault killed and waits until the deployment
-    /// serves.
+    /// serves; for a deployment that recovers from a partition on its own
+    /// ([`primary_member`](Self::primary_member)), also until it has (a
+    /// lab soak's member partition lasts until then).
     ///
     /// # Errors
     ///
     /// When a node does not come back.
     async fn restart_nodes(&mut self) -> Result<(), HarnessError> {
         Ok(())
+    }
+
+    /// For a deployment of one primary and peers that watch it without a
+    /// consensus of their own on the data (Redis Sentinel: the master, its
+    /// replica and the sentinels, in that order on a lab's server hosts),
+    /// the index in that order of the current primary: the member a lab
+    /// soak's member partition cuts from the others. `None` for the other
+    /// kinds (there any member may be cut).
+    fn primary_member(&self) -> Option<usize> {
+        None
     }
 
     /// Members whose peer traffic can be cut ([`partition_member`](Self::partition_member)).
@@ -220,6 +234,7 @@ pub static KINDS: &[Kind] = &[
     kind!("postgres-session", false, false, single::postgres_session),
     kind!("mariadb-session", false, false, single::mariadb_session),
     kind!("redis-replica", true, false, replicated::start),
+    kind!("redis-sentinel", true, true, sentinel::start),
     kind!("redlock", true, false, quorum::redlock),
     kind!("etcd-cluster", true, true, quorum::etcd_cluster),
     kind!("zookeeper-ensemble", true, true, quorum::zookeeper_ensemble),

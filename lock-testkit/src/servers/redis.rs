@@ -423,18 +423,28 @@ impl RedisSentinel {
     ///
     /// When `redis-cli` fails or the answer cannot be read.
     pub fn master_port(&self) -> Result<u16, HarnessError> {
+        self.master_addr().map(|(_, port)| port)
+    }
+
+    /// The address and port of the master the sentinel currently reports.
+    ///
+    /// # Errors
+    ///
+    /// When `redis-cli` fails or the answer cannot be read.
+    pub fn master_addr(&self) -> Result<(String, u16), HarnessError> {
         let out = redis_cli_at(
             &self.place,
             self.port,
             &["SENTINEL", "get-master-addr-by-name", &self.master_name],
         )?;
-        out.lines()
-            .nth(1)
-            .and_then(|p| p.trim().parse().ok())
-            .ok_or_else(|| HarnessError::Setup {
+        let mut lines = out.lines().map(str::trim);
+        match (lines.next(), lines.next().and_then(|p| p.parse().ok())) {
+            (Some(addr), Some(port)) if !addr.is_empty() => Ok((addr.to_owned(), port)),
+            _ => Err(HarnessError::Setup {
                 what: "reading the master address from the sentinel".to_owned(),
                 output: out,
-            })
+            }),
+        }
     }
 
     /// Waits until the sentinel has discovered at least one replica.
@@ -491,20 +501,41 @@ impl RedisSentinel {
 }
 
 /// A master, a replica of it and sentinels watching it (a majority of the
-/// sentinels is the quorum), each on a lab host of its own: a Sentinel
-/// deployment that [`Lab::isolate`] can cut a client off from.
+/// sentinels is the quorum): a Sentinel deployment, on loopback
+/// ([`start`](Self::start)) or each process on a lab host of its own
+/// ([`start_in`](Self::start_in)), which [`Lab::isolate`] can cut a client
+/// off from and [`Lab::cut_from`](crate::netns::Lab::cut_from) the master
+/// from its peers.
+///
+/// Its two data nodes are started alike, as masters without persistence
+/// (both with full syncs that start at once), the second made a replica
+/// of the first with `REPLICAOF`: a node killed and started again comes
+/// back empty and a master, whichever role it had, and is given its role
+/// again ([`replicate`](Self::replicate), [`SentinelGroup::node`] and
+/// [`RedisServer::promote`]).
 #[derive(Debug)]
 pub struct SentinelGroup {
-    master: RedisServer,
-    replica: RedisServer,
+    /// The data nodes: the one started as the master, then its replica
+    /// (the sentinels may have swapped their roles since).
+    nodes: [RedisServer; 2],
     sentinels: Vec<RedisSentinel>,
 }
+
+/// Sentinels of a [`SentinelGroup`] started on loopback.
+const LOOPBACK_SENTINELS: usize = 3;
+
+/// How long a [`SentinelGroup`] waits for its replica to sync and its
+/// sentinels to discover it.
+const SENTINEL_GROUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 impl SentinelGroup {
     /// Starts the master on `lab`'s host `master`, its replica on
     /// `replica`, and one sentinel on each of `sentinels`, all watching the
     /// master as `master_name`; returns once the replica is in sync and
-    /// every sentinel knows it.
+    /// every sentinel knows it. They are set up and probed from the first
+    /// host of the lab that runs none of them (so that cutting the master
+    /// from its peers leaves them reachable from there), or from another
+    /// host of the group when every host runs one.
     ///
     /// # Errors
     ///
@@ -517,23 +548,69 @@ impl SentinelGroup {
         sentinels: &[&str],
         master_name: &str,
     ) -> Result<Self, HarnessError> {
-        let timeout = std::time::Duration::from_secs(20);
-        let master = RedisServer::start_in(lab, master).await?;
-        let replica = RedisServer::start_replica_in(&master, lab, replica).await?;
-        replica.wait_replica_synced(timeout).await?;
+        let outside = lab
+            .hosts()
+            .iter()
+            .map(crate::netns::Host::name)
+            .find(|h| *h != master && *h != replica && !sentinels.contains(h));
+        let place = |host: &str| match outside {
+            Some(from) => Placement::on_via(lab, host, from),
+            None => Placement::on(lab, host),
+        };
+        let sentinels = sentinels
+            .iter()
+            .map(|host| place(host))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::start_at([place(master)?, place(replica)?], sentinels, master_name).await
+    }
+
+    /// Starts the master, its replica and three sentinels (quorum 2) on
+    /// loopback, as [`start_in`](Self::start_in) does on a lab.
+    ///
+    /// # Errors
+    ///
+    /// As [`start_in`](Self::start_in).
+    pub async fn start(master_name: &str) -> Result<Self, HarnessError> {
+        let sentinels = vec![Placement::loopback(); LOOPBACK_SENTINELS];
+        Self::start_at(
+            [Placement::loopback(), Placement::loopback()],
+            sentinels,
+            master_name,
+        )
+        .await
+    }
+
+    async fn start_at(
+        [master, replica]: [Placement; 2],
+        sentinels: Vec<Placement>,
+        master_name: &str,
+    ) -> Result<Self, HarnessError> {
+        // Full syncs start at once (the default waits 5 s for more
+        // replicas); either node may become the master.
+        let fast_sync = ["--repl-diskless-sync-delay", "0"];
+        let nodes = [
+            RedisServer::start_at(master, &fast_sync).await?,
+            RedisServer::start_at(replica, &fast_sync).await?,
+        ];
+        let mut group = Self {
+            nodes,
+            sentinels: Vec::with_capacity(sentinels.len()),
+        };
+        group.replicate(1, 0)?;
+        group.nodes[1]
+            .wait_replica_synced(SENTINEL_GROUP_TIMEOUT)
+            .await?;
         let quorum = sentinels.len() / 2 + 1;
-        let mut started = Vec::with_capacity(sentinels.len());
-        for host in sentinels {
-            started.push(RedisSentinel::start_in(lab, host, master_name, &master, quorum).await?);
+        let watched = (group.nodes[0].addr(), group.nodes[0].port());
+        for place in sentinels {
+            group
+                .sentinels
+                .push(RedisSentinel::start_at(place, master_name, watched, quorum).await?);
         }
-        for sentinel in &started {
-            sentinel.wait_replica_known(timeout).await?;
+        for sentinel in &group.sentinels {
+            sentinel.wait_replica_known(SENTINEL_GROUP_TIMEOUT).await?;
         }
-        Ok(Self {
-            master,
-            replica,
-            sentinels: started,
-        })
+        Ok(group)
     }
 
     /// `redis+sentinel://<sentinel>,<sentinel>.../<master name>`.
@@ -547,19 +624,104 @@ impl SentinelGroup {
         format!("redis+sentinel://{}/{name}", hosts.join(","))
     }
 
-    /// The master.
+    /// The node started as the master.
     pub fn master(&mut self) -> &mut RedisServer {
-        &mut self.master
+        &mut self.nodes[0]
     }
 
-    /// The replica.
+    /// The node started as the replica.
     pub fn replica(&mut self) -> &mut RedisServer {
-        &mut self.replica
+        &mut self.nodes[1]
+    }
+
+    /// Data node `index`: 0 the one started as the master, 1 its replica.
+    ///
+    /// # Panics
+    ///
+    /// When `index` is not 0 or 1.
+    pub fn node(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.nodes[index]
+    }
+
+    /// Both data nodes, as [`node`](Self::node) numbers them.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
     }
 
     /// The sentinels.
     pub fn sentinels(&mut self) -> &mut [RedisSentinel] {
         &mut self.sentinels
+    }
+
+    /// The data node (0 or 1, as [`node`](Self::node)) the sentinels name
+    /// the master now: the first sentinel that answers with one of them.
+    ///
+    /// # Errors
+    ///
+    /// When no sentinel answers with a node of the group.
+    pub fn current_master(&self) -> Result<usize, HarnessError> {
+        let mut answers = Vec::new();
+        for sentinel in &self.sentinels {
+            match sentinel.master_addr() {
+                Ok((addr, port)) => {
+                    if let Some(i) = self
+                        .nodes
+                        .iter()
+                        .position(|n| n.addr().to_string() == addr && n.port() == port)
+                    {
+                        return Ok(i);
+                    }
+                    answers.push(format!("{addr}:{port}"));
+                }
+                Err(e) => answers.push(e.to_string()),
+            }
+        }
+        Err(HarnessError::Setup {
+            what: "asking the sentinels for the master".to_owned(),
+            output: answers.join("; "),
+        })
+    }
+
+    /// Makes data node `replica` a replica of data node `master`
+    /// (`REPLICAOF`; nothing changes when it already is one).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::cli`].
+    pub fn replicate(&self, replica: usize, master: usize) -> Result<(), HarnessError> {
+        let (addr, port) = (
+            self.nodes[master].addr().to_string(),
+            self.nodes[master].port().to_string(),
+        );
+        self.nodes[replica]
+            .cli(&["REPLICAOF", &addr, &port])
+            .map(|_| ())
+    }
+
+    /// Whether data node `index` says it is a master (`INFO replication`);
+    /// `false` when it does not answer.
+    pub fn is_master(&self, index: usize) -> bool {
+        self.nodes[index]
+            .cli(&["INFO", "replication"])
+            .is_ok_and(|info| info.contains("role:master"))
+    }
+
+    /// Whether data node `replica` is a replica of data node `master`
+    /// with its link up; `false` when it does not answer.
+    pub fn is_replica_of(&self, replica: usize, master: usize) -> bool {
+        let Ok(info) = self.nodes[replica].cli(&["INFO", "replication"]) else {
+            return false;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+                .map(str::to_owned)
+        };
+        let master = &self.nodes[master];
+        field("role").as_deref() == Some("slave")
+            && field("master_host") == Some(master.addr().to_string())
+            && field("master_port") == Some(master.port().to_string())
+            && field("master_link_status").as_deref() == Some("up")
     }
 }
 
