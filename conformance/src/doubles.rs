@@ -392,8 +392,10 @@ impl<F: Flaw> HolderWatch for Flawed<F> {
 
 /// A broken driver for round-trip checks: it looks at the key (one
 /// [`inspect`](LockBackendExt::inspect)) before every waiting mutex grant,
-/// one extra round trip per cycle that a round-trip count must see.
-/// Everything else (facets included) goes straight to the inner backend.
+/// one extra round trip per cycle that a round-trip count must see. It
+/// has no `LockSets` and no `Elections` facet, so a multi-lock takes its
+/// keys one by one (a look per key) and a campaign is its mutex grant
+/// (looked at first); every other facet is the inner backend's.
 #[derive(Debug)]
 pub struct LooksFirst(pub Arc<dyn LockBackend>);
 
@@ -411,6 +413,14 @@ impl LockWrapper for LooksFirst {
             );
         }
         self.0.grant(request).await
+    }
+
+    fn facets(&self) -> Facets<'_> {
+        Facets {
+            lock_sets: None,
+            elections: None,
+            ..self.0.facets()
+        }
     }
 }
 

@@ -171,7 +171,7 @@ fn quick_names_what_it_left_to_the_full_run() {
     assert!(memory["bench"]["readers_8_per_s"].is_null(), "{memory:#}");
     // The facets the in-memory backend has, beside its capabilities and
     // in its suite report.
-    let facets = serde_json::json!(["admin", "lock_sets", "downgrade"]);
+    let facets = serde_json::json!(["listing", "admin", "lock_sets", "downgrade"]);
     assert_eq!(memory["capabilities"]["facets"], facets, "{memory:#}");
     assert_eq!(memory["conformance"]["facets"], facets, "{memory:#}");
     let phases = memory["phases"].as_array().unwrap();

@@ -16,14 +16,14 @@
 //!   caller uses (`try_acquire`, `acquire`, `renew` of one lease,
 //!   `inspect`, the mutex-based election, ...) comes from
 //!   [`LockBackendExt`], built on the kernel;
-//! - **facets** ([`lock_core::facets`]): [`Admin`], [`Elections`],
+//! - **facets** ([`lock_core::facets`]): [`Listing`], [`Admin`], [`Elections`],
 //!   [`LockSets`], [`Downgrade`], [`HolderWatch`], each present or not;
 //!   presence is the capability, and the conformance suite checks every
 //!   facet a backend has.
 //!
 //! `SlowMemory` is made of a [`MemoryBackend`], so it is written as a
 //! [`LockWrapper`]: it delays each kernel call, and offers exactly the
-//! facets of the memory service, each call delayed too (today: `Admin`,
+//! facets of the memory service, each call delayed too (today: `Listing`, `Admin`,
 //! `LockSets`, `Downgrade`). A backend of its own (a new store) implements
 //! [`LockBackend`] directly, and one `impl` per facet it has.
 //!
@@ -313,7 +313,7 @@ mod tests {
         assert_eq!(slow.facets().names(), memory.facets().names());
         assert_eq!(
             slow.facets().names(),
-            ["admin", "lock_sets", "downgrade"],
+            ["listing", "admin", "lock_sets", "downgrade"],
             "the memory service's facets changed: check this driver's docs"
         );
         let key = LockKey::new("listed").unwrap();
