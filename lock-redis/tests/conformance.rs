@@ -38,12 +38,34 @@ async fn suite_single_node_fair() {
     run(target).await;
 }
 
+/// Fair mode in Cluster: the mutex cases that fair mode changes (the
+/// single-node fair target runs the whole suite in fair mode).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn suite_cluster_fair() {
+async fn fair_mutex_cases_in_cluster() {
     let Some(target) = RedisTarget::cluster().await.or_skip() else {
         return;
     };
-    run(target.with_option("fair=true")).await;
+    run_fair_mutex_cases(target).await;
+}
+
+/// The mutex cases that fair mode changes, in fair mode on `target`.
+async fn run_fair_mutex_cases(target: RedisTarget) {
+    let wanted = [
+        "mutual_exclusion",
+        "waiters_are_served_in_order",
+        "acquire_times_out_at_deadline",
+        "dropped_acquire_leaves_nothing",
+        "multi_lock_is_all_or_nothing",
+        "one_leader_at_a_time",
+    ];
+    let cases: Vec<_> = all_cases()
+        .into_iter()
+        .filter(|c| wanted.contains(&c.name))
+        .collect();
+    assert_eq!(cases.len(), wanted.len(), "a case was renamed");
+    let _serial = SERIAL.lock().await;
+    let harness = Harness::new(Arc::new(target.with_option("fair=true")));
+    run_cases(&harness, &cases).await.assert_passed();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -63,29 +85,13 @@ async fn suite_sentinel() {
 }
 
 /// Fair mode through Sentinel (the scripts run on the master it
-/// resolves): the mutex cases that fair mode changes, not the whole suite
-/// (the single-node and cluster fair targets run that).
+/// resolves): the mutex cases that fair mode changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fair_mutex_cases_through_sentinel() {
     let Some(target) = RedisTarget::sentinel().await.or_skip() else {
         return;
     };
-    let wanted = [
-        "mutual_exclusion",
-        "waiters_are_served_in_order",
-        "acquire_times_out_at_deadline",
-        "dropped_acquire_leaves_nothing",
-        "multi_lock_is_all_or_nothing",
-        "one_leader_at_a_time",
-    ];
-    let cases: Vec<_> = all_cases()
-        .into_iter()
-        .filter(|c| wanted.contains(&c.name))
-        .collect();
-    assert_eq!(cases.len(), wanted.len(), "a case was renamed");
-    let _serial = SERIAL.lock().await;
-    let harness = Harness::new(Arc::new(target.with_option("fair=true")));
-    run_cases(&harness, &cases).await.assert_passed();
+    run_fair_mutex_cases(target).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
