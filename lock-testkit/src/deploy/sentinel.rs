@@ -1,0 +1,252 @@
+//! A Redis master, its replica and three sentinels (`redis-sentinel`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{Deployment, Started};
+use crate::process::HarnessError;
+use crate::servers::redis::SentinelGroup;
+
+/// The master name the sentinels watch.
+pub const SENTINEL_MASTER: &str = "locks";
+
+/// How long a failover by the sentinels may take (1 s down-after, the
+/// vote, the promotion).
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long [`SentinelRedis`] leaves the sentinels to bring a returning old
+/// master back as a replica on their own (they wait 8 s after it reports
+/// its role) before it does so itself.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a replica may take to sync.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A Sentinel deployment ([`SentinelGroup`]): two data nodes without
+/// persistence, one the master and one its asynchronous replica, and
+/// sentinels (down-after 1 s, a majority quorum) that promote the replica
+/// when the master is gone. Clients find the master through the sentinels
+/// (`redis+sentinel://`), and find it again after a failover.
+///
+/// The faults:
+///
+/// - pause: both data nodes frozen, the sentinels left running; with the
+///   replica frozen too they have no replica to promote, so a pause is no
+///   failover.
+/// - kill and restart: both data nodes killed and started again (empty,
+///   as Redis without persistence comes back), the node the sentinels name
+///   the master made a master and the other its replica again.
+/// - fail over: the master killed; the sentinels promote the replica. The
+///   killed node comes back (empty) as a replica of the new master at
+///   [`restart_nodes`](Deployment::restart_nodes).
+/// - member partition (in a lab): the current master ([`primary_member`])
+///   cut from its replica and the sentinels, which fail over without it
+///   when the cut lasts past their down-after; clients still reach it.
+///   After the heal, [`restart_nodes`](Deployment::restart_nodes) waits
+///   until the sentinels have made the old master a replica of the new one
+///   (as they do on their own, 8 s after it returns).
+///
+/// The replication hold ([`hold_replication`](Deployment::hold_replication))
+/// does not freeze the replica, as `redis-replica`'s does: the sentinels
+/// would not promote a replica that does not answer. The master refuses
+/// its `PSYNC` and `SYNC` (`ACL SETUSER default -psync -sync`) and drops
+/// its link: the replica keeps answering the sentinels, its link stays
+/// down, and a failover soon after promotes it without the writes made
+/// since.
+///
+/// [`primary_member`]: Deployment::primary_member
+#[derive(Debug)]
+pub struct SentinelRedis {
+    group: SentinelGroup,
+    /// The data node a failover killed, until it is started again.
+    down: Option<usize>,
+    /// The data node that refuses its replica's syncs (a replication
+    /// hold), until it is killed or the hold undone.
+    held: Option<usize>,
+}
+
+impl SentinelRedis {
+    /// Wraps a started group.
+    pub fn new(group: SentinelGroup) -> Self {
+        Self {
+            group,
+            down: None,
+            held: None,
+        }
+    }
+
+    /// Undoes a replication hold on a node still running.
+    fn release_hold(&mut self) -> Result<(), HarnessError> {
+        if let Some(master) = self.held.take()
+            && self.down != Some(master)
+        {
+            self.group.nodes()[master].cli(&["ACL", "SETUSER", "default", "+psync", "+sync"])?;
+        }
+        Ok(())
+    }
+
+    /// The group.
+    pub fn group(&mut self) -> &mut SentinelGroup {
+        &mut self.group
+    }
+
+    /// Makes the node the sentinels name the master a master, and the
+    /// other (when it runs) its replica; waits until that one is in sync.
+    async fn align(&mut self) -> Result<(), HarnessError> {
+        let master = self.group.current_master()?;
+        self.group.node(master).promote()?;
+        let other = 1 - master;
+        if self.down != Some(other) {
+            self.group.replicate(other, master)?;
+            self.group
+                .node(other)
+                .wait_replica_synced(SYNC_TIMEOUT)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the roles agree with the sentinels: the master they name is
+    /// a master, and the other node (when it runs) its replica in sync.
+    fn settled(&self) -> bool {
+        let Ok(master) = self.group.current_master() else {
+            return false;
+        };
+        let other = 1 - master;
+        self.group.is_master(master)
+            && (self.down == Some(other) || self.group.is_replica_of(other, master))
+    }
+}
+
+#[async_trait]
+impl Deployment for SentinelRedis {
+    fn kind(&self) -> &'static str {
+        "redis-sentinel"
+    }
+
+    fn url(&self) -> String {
+        self.group.url()
+    }
+
+    /// The current master's port. It is not in [`url`](Self::url), which
+    /// names the sentinels: a fault proxy cannot go in front of the master
+    /// by rewriting the URL (the soak then cuts clients in process).
+    fn port(&self) -> u16 {
+        let master = self.group.current_master().unwrap_or(0);
+        self.group.nodes()[master].port()
+    }
+
+    fn pause(&mut self) -> Result<(), HarnessError> {
+        for i in 0..2 {
+            let node = self.group.node(i).process();
+            if node.pid().is_some() && !node.is_paused() {
+                node.pause()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn resume(&mut self) -> Result<(), HarnessError> {
+        for i in 0..2 {
+            let node = self.group.node(i).process();
+            if node.is_paused() {
+                node.resume()?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn kill_and_restart(&mut self) -> Result<(), HarnessError> {
+        for i in 0..2 {
+            self.group.node(i).process().kill()?;
+        }
+        for i in 0..2 {
+            self.group.node(i).process().restart().await?;
+        }
+        self.down = None;
+        self.held = None;
+        self.align().await
+    }
+
+    async fn hold_replication(&mut self) -> Result<bool, HarnessError> {
+        if self.held.is_some() {
+            return Ok(true);
+        }
+        if self.down.is_some() {
+            self.restart_nodes().await?;
+        }
+        let master = self.group.current_master()?;
+        let replica = 1 - master;
+        self.group
+            .node(replica)
+            .wait_replica_synced(SYNC_TIMEOUT)
+            .await?;
+        let node = &self.group.nodes()[master];
+        // Everything written so far reaches the replica...
+        node.cli(&["WAIT", "1", "2000"])?;
+        // ...and nothing after: it may not sync again, and its link is
+        // dropped.
+        node.cli(&["ACL", "SETUSER", "default", "-psync", "-sync"])?;
+        self.held = Some(master);
+        node.cli(&["CLIENT", "KILL", "TYPE", "replica"])?;
+        Ok(true)
+    }
+
+    async fn fail_over(&mut self) -> Result<bool, HarnessError> {
+        let old = self.group.current_master()?;
+        self.group.node(old).process().kill()?;
+        self.down = Some(old);
+        if self.held == Some(old) {
+            // Its refusal went with it.
+            self.held = None;
+        }
+        let deadline = tokio::time::Instant::now() + FAILOVER_TIMEOUT;
+        loop {
+            if let Ok(new) = self.group.current_master()
+                && new != old
+                && self.group.is_master(new)
+            {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(HarnessError::NotReady {
+                    name: "redis-sentinel failover (no replica promoted)".to_owned(),
+                    log_tail: String::new(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Undoes a replication hold; starts the node a failover killed
+    /// (empty) and makes it a replica of the current master at once;
+    /// otherwise waits until the sentinels
+    /// have settled the roles on their own (after a member partition),
+    /// and sets them itself if they have not within 30 s.
+    async fn restart_nodes(&mut self) -> Result<(), HarnessError> {
+        self.release_hold()?;
+        if let Some(down) = self.down {
+            self.group.node(down).process().restart().await?;
+            self.down = None;
+            return self.align().await;
+        }
+        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            if self.settled() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.align().await
+    }
+
+    fn primary_member(&self) -> Option<usize> {
+        self.group.current_master().ok()
+    }
+}
+
+pub(super) async fn start(_peer_proxies: bool) -> Started {
+    let group = SentinelGroup::start(SENTINEL_MASTER).await?;
+    Ok(Box::new(SentinelRedis::new(group)))
+}
