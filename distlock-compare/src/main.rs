@@ -58,7 +58,8 @@ enum Command {
     /// With --spawn it also starts every server it finds installed (Redis,
     /// etcd, ZooKeeper, PostgreSQL, MariaDB, plus a Redis master with an
     /// async replica and five Redlock servers; with --full also a 3-member
-    /// etcd cluster and a 3-node ZooKeeper ensemble) on loopback ports in
+    /// etcd cluster, a 3-node ZooKeeper ensemble and a Redis Sentinel
+    /// deployment) on loopback ports in
     /// temporary directories and stops them afterwards. The replicated and
     /// clustered deployments add the scenarios replica_failover,
     /// minority_down and majority_down.
@@ -82,8 +83,8 @@ enum Command {
     Compare {
         /// Backends to compare (comma separated; the list is in the long
         /// help). Default: the embedded ones, plus with --spawn every server
-        /// kind except etcd-cluster and zookeeper-ensemble, which only
-        /// --full adds.
+        /// kind except etcd-cluster, zookeeper-ensemble and redis-sentinel,
+        /// which only --full adds.
         #[arg(long, value_delimiter = ',', long_help = backends_help())]
         backends: Option<Vec<String>>,
         /// Start the servers on loopback.
@@ -297,7 +298,7 @@ fn backends_help() -> String {
     format!(
         "Backends to compare, comma separated: {}, {}. Default: the embedded \
          ones, plus with --spawn every server kind except etcd-cluster, \
-         zookeeper-ensemble and the other libraries' layouts (-plain, \
+         zookeeper-ensemble, redis-sentinel and the other libraries' layouts (-plain, \
          -redisson, -kazoo, -shedlock), which only --full adds.",
         compare::EMBEDDED.join(", "),
         conformance::deploy::kind_names().join(", ")

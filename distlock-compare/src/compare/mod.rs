@@ -264,7 +264,7 @@ pub(crate) const EMBEDDED: &[&str] = &["memory", "sqlite"];
 /// The server kinds `--spawn` starts when `--backends` is not given: every
 /// single server, the Redis master/replica pair and Redlock (they start in
 /// a second and their failover and node-loss scenarios take seconds); the
-/// etcd cluster and the ZooKeeper ensemble (three JVMs) and the other
+/// etcd cluster, the ZooKeeper ensemble (three JVMs), Redis Sentinel and the other
 /// libraries' layouts (`redis-plain`, `redis-redisson`, `zookeeper-kazoo`,
 /// `postgres-shedlock`, `mariadb-shedlock`) only with `--full`, which keeps
 /// `--quick` under 5 minutes on a two-core machine. Any kind can be asked

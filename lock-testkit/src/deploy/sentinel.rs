@@ -11,16 +11,17 @@ use crate::servers::redis::SentinelGroup;
 /// The master name the sentinels watch.
 pub const SENTINEL_MASTER: &str = "locks";
 
-/// How long a failover by the sentinels may take (1 s down-after, the
-/// vote, the promotion).
-const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a failover by the sentinels may take: 1 s down-after, the
+/// vote, the promotion, after the TILT period of sentinels that were
+/// frozen (5 s, or 30 s on a Redis older than 7.0).
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(45);
 
-/// How long [`SentinelRedis`] leaves the sentinels to bring a returning old
-/// master back as a replica on their own (they wait 8 s after it reports
-/// its role) before it does so itself.
+/// How long [`SentinelRedis`] leaves the sentinels to settle the roles on
+/// their own (they make a returning old master a replica 10 s after it
+/// reports its role) before it sets them itself.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a replica may take to sync.
+/// How long a replica may take to sync once told whom to follow.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A Sentinel deployment ([`SentinelGroup`]): two data nodes without
@@ -31,12 +32,18 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 ///
 /// The faults:
 ///
-/// - pause: both data nodes frozen, the sentinels left running; with the
-///   replica frozen too they have no replica to promote, so a pause is no
-///   failover.
-/// - kill and restart: both data nodes killed and started again (empty,
-///   as Redis without persistence comes back), the node the sentinels name
-///   the master made a master and the other its replica again.
+/// - pause: every process frozen, the sentinels first (and resumed last),
+///   so that none of them sees the data nodes stop: a pause is no
+///   failover. (A sentinel frozen for over 2 s then spends its TILT
+///   period, 5 s here, acting on nothing.) Freezing the data nodes alone
+///   would be a failover: a frozen replica is not always seen down by the
+///   time the sentinels pick one, and carries out its promotion on resume.
+/// - kill and restart: both data nodes killed and started again, empty (as
+///   Redis without persistence comes back). The sentinels see the master
+///   gone at once (down-after 1 s is their ping period) and often fail
+///   over to the restarted replica; the roles are set as the sentinels'
+///   majority names them, and the fault lasts until the sentinels agree
+///   and the replica is in sync.
 /// - fail over: the master killed; the sentinels promote the replica. The
 ///   killed node comes back (empty) as a replica of the new master at
 ///   [`restart_nodes`](Deployment::restart_nodes).
@@ -44,8 +51,9 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 ///   cut from its replica and the sentinels, which fail over without it
 ///   when the cut lasts past their down-after; clients still reach it.
 ///   After the heal, [`restart_nodes`](Deployment::restart_nodes) waits
-///   until the sentinels have made the old master a replica of the new one
-///   (as they do on their own, 8 s after it returns).
+///   until the sentinels have made the old master a replica of the new one,
+///   as they do on their own; until then it serves the clients still
+///   connected to it.
 ///
 /// The replication hold ([`hold_replication`](Deployment::hold_replication))
 /// does not freeze the replica, as `redis-replica`'s does: the sentinels
@@ -76,6 +84,11 @@ impl SentinelRedis {
         }
     }
 
+    /// The group.
+    pub fn group(&mut self) -> &mut SentinelGroup {
+        &mut self.group
+    }
+
     /// Undoes a replication hold on a node still running.
     fn release_hold(&mut self) -> Result<(), HarnessError> {
         if let Some(master) = self.held.take()
@@ -86,36 +99,54 @@ impl SentinelRedis {
         Ok(())
     }
 
-    /// The group.
-    pub fn group(&mut self) -> &mut SentinelGroup {
-        &mut self.group
-    }
-
-    /// Makes the node the sentinels name the master a master, and the
-    /// other (when it runs) its replica; waits until that one is in sync.
-    async fn align(&mut self) -> Result<(), HarnessError> {
+    /// Gives the data nodes the roles a majority of the sentinels names:
+    /// the master a master, the other (when it runs) its replica.
+    fn align(&mut self) -> Result<(), HarnessError> {
         let master = self.group.current_master()?;
         self.group.node(master).promote()?;
         let other = 1 - master;
         if self.down != Some(other) {
             self.group.replicate(other, master)?;
-            self.group
-                .node(other)
-                .wait_replica_synced(SYNC_TIMEOUT)
-                .await?;
         }
         Ok(())
     }
 
-    /// Whether the roles agree with the sentinels: the master they name is
-    /// a master, and the other node (when it runs) its replica in sync.
+    /// Whether the roles are settled: every sentinel names the same
+    /// master, sees it up and has no failover under way, it is a master,
+    /// and the other node (when it runs) is its replica with its link up.
     fn settled(&self) -> bool {
-        let Ok(master) = self.group.current_master() else {
+        let Ok(master) = self.group.agreed_master() else {
             return false;
         };
         let other = 1 - master;
         self.group.is_master(master)
             && (self.down == Some(other) || self.group.is_replica_of(other, master))
+    }
+
+    /// Waits until the roles are settled, as the sentinels settle them;
+    /// when they have not within [`SETTLE_TIMEOUT`], sets them as their
+    /// majority says and waits again.
+    async fn settle(&mut self) -> Result<(), HarnessError> {
+        for (patience, align) in [(SETTLE_TIMEOUT, false), (SYNC_TIMEOUT, true)] {
+            if align {
+                self.align()?;
+            }
+            let deadline = tokio::time::Instant::now() + patience;
+            while tokio::time::Instant::now() < deadline {
+                if self.settled() {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Err(HarnessError::NotReady {
+            name: "redis-sentinel (the sentinels and the data nodes' roles do not agree)"
+                .to_owned(),
+            log_tail: self
+                .group
+                .agreed_master()
+                .map_or_else(|e| e.to_string(), |m| format!("master: node {m}")),
+        })
     }
 }
 
@@ -138,6 +169,12 @@ impl Deployment for SentinelRedis {
     }
 
     fn pause(&mut self) -> Result<(), HarnessError> {
+        for sentinel in self.group.sentinels() {
+            let process = sentinel.process();
+            if process.pid().is_some() && !process.is_paused() {
+                process.pause()?;
+            }
+        }
         for i in 0..2 {
             let node = self.group.node(i).process();
             if node.pid().is_some() && !node.is_paused() {
@@ -154,6 +191,12 @@ impl Deployment for SentinelRedis {
                 node.resume()?;
             }
         }
+        for sentinel in self.group.sentinels() {
+            let process = sentinel.process();
+            if process.is_paused() {
+                process.resume()?;
+            }
+        }
         Ok(())
     }
 
@@ -166,7 +209,10 @@ impl Deployment for SentinelRedis {
         }
         self.down = None;
         self.held = None;
-        self.align().await
+        // Both come back masters; the sentinels may be failing over
+        // meanwhile (settle waits for them).
+        let _ = self.align();
+        self.settle().await
     }
 
     async fn hold_replication(&mut self) -> Result<bool, HarnessError> {
@@ -175,13 +221,10 @@ impl Deployment for SentinelRedis {
         }
         if self.down.is_some() {
             self.restart_nodes().await?;
+        } else {
+            self.settle().await?;
         }
         let master = self.group.current_master()?;
-        let replica = 1 - master;
-        self.group
-            .node(replica)
-            .wait_replica_synced(SYNC_TIMEOUT)
-            .await?;
         let node = &self.group.nodes()[master];
         // Everything written so far reaches the replica...
         node.cli(&["WAIT", "1", "2000"])?;
@@ -220,25 +263,18 @@ impl Deployment for SentinelRedis {
     }
 
     /// Undoes a replication hold; starts the node a failover killed
-    /// (empty) and makes it a replica of the current master at once;
-    /// otherwise waits until the sentinels
-    /// have settled the roles on their own (after a member partition),
-    /// and sets them itself if they have not within 30 s.
+    /// (empty) and makes it a replica of the current master at once; then
+    /// waits until the roles are settled (after a member partition, until
+    /// the sentinels have made the old master a replica), setting them
+    /// itself if the sentinels have not within 30 s.
     async fn restart_nodes(&mut self) -> Result<(), HarnessError> {
         self.release_hold()?;
         if let Some(down) = self.down {
             self.group.node(down).process().restart().await?;
             self.down = None;
-            return self.align().await;
+            let _ = self.align();
         }
-        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
-        while tokio::time::Instant::now() < deadline {
-            if self.settled() {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        self.align().await
+        self.settle().await
     }
 
     fn primary_member(&self) -> Option<usize> {

@@ -306,7 +306,8 @@ pub fn redis_cli_at(place: &Placement, port: u16, args: &[&str]) -> Result<Strin
     }
 }
 
-/// One Redis Sentinel monitoring one master (1 s down-after).
+/// One Redis Sentinel monitoring one master (1 s down-after, a 5 s TILT
+/// period).
 #[derive(Debug)]
 pub struct RedisSentinel {
     process: ServerProcess,
@@ -383,6 +384,11 @@ impl RedisSentinel {
         .ready(place.ready(port));
         spec.netns = place.netns();
         let process = ServerProcess::start(spec).await?;
+        // A sentinel that sees its clock jump by over 2 s (it was frozen)
+        // acts on nothing for the TILT period, 30 s by default: 5 s here,
+        // so that a paused deployment fails over again soon after. Redis
+        // 7.0 has `SENTINEL DEBUG`; an older one keeps its 30 s.
+        let _ = redis_cli_at(&place, port, &["SENTINEL", "DEBUG", "tilt-period", "5000"]);
         Ok(Self {
             process,
             port,
@@ -445,6 +451,34 @@ impl RedisSentinel {
                 output: out,
             }),
         }
+    }
+
+    /// The flags the sentinel keeps on the master (`SENTINEL MASTER`):
+    /// `master` alone while it sees it up and no failover under way;
+    /// `s_down`, `o_down`, `failover_in_progress`, ... added otherwise.
+    ///
+    /// # Errors
+    ///
+    /// When `redis-cli` fails or the answer has no flags.
+    pub fn master_flags(&self) -> Result<String, HarnessError> {
+        let out = redis_cli_at(
+            &self.place,
+            self.port,
+            &["SENTINEL", "MASTER", &self.master_name],
+        )?;
+        let mut lines = out.lines().map(str::trim);
+        while let Some(key) = lines.next() {
+            let value = lines.next();
+            if key == "flags"
+                && let Some(flags) = value
+            {
+                return Ok(flags.to_owned());
+            }
+        }
+        Err(HarnessError::Setup {
+            what: "reading the master's flags from the sentinel".to_owned(),
+            output: out,
+        })
     }
 
     /// Waits until the sentinel has discovered at least one replica.
@@ -653,33 +687,74 @@ impl SentinelGroup {
         &mut self.sentinels
     }
 
-    /// The data node (0 or 1, as [`node`](Self::node)) the sentinels name
-    /// the master now: the first sentinel that answers with one of them.
+    /// The data node (0 or 1, as [`node`](Self::node)) a majority of the
+    /// sentinels name the master now.
     ///
     /// # Errors
     ///
-    /// When no sentinel answers with a node of the group.
+    /// When no node is named by a majority (the sentinels do not answer,
+    /// or disagree, as they do for a moment during a failover).
     pub fn current_master(&self) -> Result<usize, HarnessError> {
-        let mut answers = Vec::new();
+        let views = self.master_views();
+        let majority = self.sentinels.len() / 2 + 1;
+        (0..self.nodes.len())
+            .find(|i| views.iter().filter(|v| v.as_ref() == Ok(i)).count() >= majority)
+            .ok_or_else(|| Self::no_master(&views))
+    }
+
+    /// The data node every sentinel names the master now, while none of
+    /// them sees it down or has a failover under way (its flags are
+    /// `master` alone, [`RedisSentinel::master_flags`]).
+    ///
+    /// # Errors
+    ///
+    /// When a sentinel does not answer with a node of the group, they
+    /// disagree, or one of them sees the master down or is failing over.
+    pub fn agreed_master(&self) -> Result<usize, HarnessError> {
+        let views = self.master_views();
+        let master = match views.first() {
+            Some(Ok(first)) if views.iter().all(|v| v.as_ref() == Ok(first)) => *first,
+            _ => return Err(Self::no_master(&views)),
+        };
         for sentinel in &self.sentinels {
-            match sentinel.master_addr() {
-                Ok((addr, port)) => {
-                    if let Some(i) = self
-                        .nodes
-                        .iter()
-                        .position(|n| n.addr().to_string() == addr && n.port() == port)
-                    {
-                        return Ok(i);
-                    }
-                    answers.push(format!("{addr}:{port}"));
-                }
-                Err(e) => answers.push(e.to_string()),
+            let flags = sentinel.master_flags()?;
+            if flags != "master" {
+                return Err(HarnessError::Setup {
+                    what: format!("sentinel {}:{}", sentinel.addr(), sentinel.port()),
+                    output: format!("master flags {flags}"),
+                });
             }
         }
-        Err(HarnessError::Setup {
+        Ok(master)
+    }
+
+    /// What each sentinel names the master: a node of the group, or what
+    /// it said instead.
+    fn master_views(&self) -> Vec<Result<usize, String>> {
+        self.sentinels
+            .iter()
+            .map(|sentinel| {
+                let (addr, port) = sentinel.master_addr().map_err(|e| e.to_string())?;
+                self.nodes
+                    .iter()
+                    .position(|n| n.addr().to_string() == addr && n.port() == port)
+                    .ok_or_else(|| format!("{addr}:{port}"))
+            })
+            .collect()
+    }
+
+    fn no_master(views: &[Result<usize, String>]) -> HarnessError {
+        let views: Vec<String> = views
+            .iter()
+            .map(|v| match v {
+                Ok(i) => format!("node {i}"),
+                Err(other) => other.clone(),
+            })
+            .collect();
+        HarnessError::Setup {
             what: "asking the sentinels for the master".to_owned(),
-            output: answers.join("; "),
-        })
+            output: views.join("; "),
+        }
     }
 
     /// Makes data node `replica` a replica of data node `master`
