@@ -172,7 +172,10 @@ async fn a_claimed_admin_facet_whose_gc_is_unsupported_fails() {
         ],
     )
     .await;
-    assert_eq!(report.facets, ["listing", "admin", "lock_sets", "downgrade"]);
+    assert_eq!(
+        report.facets,
+        ["listing", "admin", "lock_sets", "downgrade"]
+    );
     let (gc, why) = verdict(&report, "gc_keeps_tokens_rising");
     assert_eq!(
         gc, "failed",
