@@ -57,6 +57,19 @@ impl<'a> GrantRequest<'a> {
         }
     }
 
+    /// `Ok` for a mutex grant; for another kind, the
+    /// [`unsupported_kind`] error of a `backend` that grants mutexes only.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] for a read, write or permit grant.
+    pub fn mutex_only(&self, backend: &'static str) -> Result<(), LockError> {
+        match self.kind {
+            LeaseKind::Exclusive => Ok(()),
+            kind => Err(unsupported_kind(backend, self.key, kind, self.operation())),
+        }
+    }
+
     /// The operation this request is, for errors.
     pub fn operation(&self) -> Operation {
         match self.deadline {

@@ -8,14 +8,14 @@ use tokio::time::Instant;
 
 use super::dual::worse;
 use super::{MigrationBackend, MigrationPhase};
-use crate::backend::{GrantRequest, LockBackend, unsupported_kind, unsupported_shape};
+use crate::backend::{GrantRequest, LockBackend, unsupported_shape};
 use crate::calls::LockBackendExt;
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::election::{Leader, election_lock_key};
 use crate::error::{LockError, Operation};
 use crate::facets::{Elections, Facets};
 use crate::key::LockKey;
-use crate::kind::{HolderInfo, LeaseKind, LockShape};
+use crate::kind::{HolderInfo, LockShape};
 use crate::types::Lease;
 
 #[async_trait]
@@ -85,20 +85,10 @@ impl LockBackend for MigrationBackend {
     /// Mutexes only: a migration does not bridge read-write locks or
     /// semaphores between the stores.
     async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        request.mutex_only(LockBackend::name(self))?;
         let GrantRequest {
-            key,
-            kind,
-            ttl,
-            deadline,
+            key, ttl, deadline, ..
         } = request;
-        if kind != LeaseKind::Exclusive {
-            return Err(unsupported_kind(
-                LockBackend::name(self),
-                key,
-                kind,
-                request.operation(),
-            ));
-        }
         match deadline {
             None => self.try_take(key, ttl).await,
             Some(deadline) => self.take_waiting(key, ttl, deadline).await.map(Some),

@@ -65,10 +65,9 @@ use async_trait::async_trait;
 use lock_core::election::ElectionPage;
 use lock_core::{
     Admin, Capabilities, ErrorKind, Facets, FencingToken, GcReport, GrantRequest, HolderInfo,
-    Lease, LeaseKind, ListQuery, Listing, LockBackend, LockError, LockInfo, LockKey, LockPage,
-    LockShape, Operation, OwnerId, RENEW_CONCURRENCY, RandomKeys, SessionState, SharedPage,
-    TtlModel, WaitStrategy, check_ttl, renew_concurrently, unsupported_kind, unsupported_shape,
-    validity_deadline,
+    Lease, ListQuery, Listing, LockBackend, LockError, LockInfo, LockKey, LockPage, LockShape,
+    Operation, OwnerId, RENEW_CONCURRENCY, RandomKeys, SessionState, SharedPage, TtlModel,
+    WaitStrategy, check_ttl, renew_concurrently, unsupported_shape, validity_deadline,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::{Instant, timeout, timeout_at};
@@ -447,20 +446,10 @@ impl LockBackend for SqlSessionBackend {
 
     /// Mutexes only: a server session lock has no shared kinds.
     async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        request.mutex_only(self.inner.name)?;
         let GrantRequest {
-            key,
-            kind,
-            ttl,
-            deadline,
+            key, ttl, deadline, ..
         } = request;
-        if kind != LeaseKind::Exclusive {
-            return Err(unsupported_kind(
-                self.inner.name,
-                key,
-                kind,
-                request.operation(),
-            ));
-        }
         match deadline {
             None => self.try_take(key, ttl).await,
             Some(deadline) => self.take_waiting(key, ttl, deadline).await.map(Some),

@@ -16,8 +16,7 @@ use lock_core::{
     Admin, Capabilities, ErrorKind, Facets, FencingScope, FencingToken, GcReport, GrantRequest,
     HolderInfo, Lease, LeaseKind, ListQuery, Listing, LockBackend, LockError, LockInfo, LockKey,
     LockPage, LockShape, Operation, OwnerId, RENEW_CONCURRENCY, SharedPage, TtlModel, WaitStrategy,
-    check_ttl, renew_concurrently, unsupported_kind, unsupported_shape, validity_deadline,
-    with_timeout,
+    check_ttl, renew_concurrently, unsupported_shape, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
@@ -439,20 +438,10 @@ impl LockBackend for SqlShedLockBackend {
 
     /// The mutex only: ShedLock's table has no shared kinds.
     async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        request.mutex_only(LockBackend::name(self))?;
         let GrantRequest {
-            key,
-            kind,
-            ttl,
-            deadline,
+            key, ttl, deadline, ..
         } = request;
-        if kind != LeaseKind::Exclusive {
-            return Err(unsupported_kind(
-                LockBackend::name(self),
-                key,
-                kind,
-                request.operation(),
-            ));
-        }
         match deadline {
             None => self.try_take(key, ttl).await,
             Some(deadline) => self.take_waiting(key, ttl, deadline).await.map(Some),
