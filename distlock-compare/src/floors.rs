@@ -18,7 +18,7 @@ use lock_core::floor::RawFloor;
 ///
 /// An unknown scheme; the floor's connection errors.
 pub(crate) async fn connect(url: &str) -> Result<Option<Box<dyn RawFloor>>, LockError> {
-    match distlock::driver_for(url)?.floor {
+    match lock_bench::for_driver(distlock::driver_for(url)?.name).floor {
         Some(floor) => floor(url).await,
         None => Ok(None),
     }

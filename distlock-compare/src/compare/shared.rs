@@ -13,7 +13,7 @@ use conformance::cpu::median;
 use super::figures::{Bench, CLIENTS, Start};
 use super::{BenchFigures, Column};
 
-/// The permit floors' semaphore size (see `Driver::permit_floor`).
+/// The permit floors' semaphore size (see `lock_bench::Floors::permit_floor`).
 const PERMIT_LIMIT: u32 = 4;
 
 /// The shared-lock figures into `out` (see the module docs).
@@ -63,7 +63,7 @@ pub(super) async fn measure(out: &mut BenchFigures, bench: Bench<'_>) -> Result<
         };
         let ours = contender(target.client().await?, kind);
         let key = format!("bench-{run}/permit");
-        let floor = match distlock::driver_for(url)?.permit_floor {
+        let floor = match lock_bench::for_driver(distlock::driver_for(url)?.name).permit_floor {
             Some(connect) => connect(url).await?,
             None => None,
         };

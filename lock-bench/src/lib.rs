@@ -1,0 +1,43 @@
+//! What `distlock-compare` needs of each backend beyond its driver, kept
+//! out of the product crates: the **raw floors** (the minimal grant and
+//! release written by hand on one bare connection, which benchmarks divide
+//! by), the permit floors, and the URL option of a driver's fair mode.
+//!
+//! One entry per driver in [`for_driver`]; a new backend adds a module with
+//! its floor and one arm there (see CONTRIBUTING.md).
+
+use lock_core::driver::FloorFn;
+
+/// A driver's benchmark hooks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Floors {
+    /// The mutex floor, when the driver has one.
+    pub floor: Option<FloorFn>,
+    /// The floor for one permit of a semaphore of 4, when it has one.
+    pub permit_floor: Option<FloorFn>,
+    /// The URL option (`name=value`) that turns on the driver's fair
+    /// (FIFO) mode, for a driver whose default waiting is not in arrival
+    /// order, so that benchmarks show fair and unfair side by side.
+    pub fair_option: Option<&'static str>,
+}
+
+/// The hooks of the driver named `driver` (`Driver::name`); none for a
+/// driver without floors (memory).
+pub fn for_driver(driver: &str) -> Floors {
+    match driver {
+        "redis" => from_descriptor(&lock_redis::DRIVER),
+        "etcd" => from_descriptor(&lock_etcd::DRIVER),
+        "zk" => from_descriptor(&lock_zk::DRIVER),
+        "sql" => from_descriptor(&lock_sql::DRIVER),
+        _ => Floors::default(),
+    }
+}
+
+// Transitional: the floors still live in the drivers while they move here.
+fn from_descriptor(d: &lock_core::driver::Driver) -> Floors {
+    Floors {
+        floor: d.floor,
+        permit_floor: d.permit_floor,
+        fair_option: d.fair_option,
+    }
+}
