@@ -52,7 +52,7 @@ impl crate::soak::MemberFaults for DeployedTarget {
     }
 }
 
-/// Opens a backend from a URL (the facade's `distlock::open`, injected so
+/// Opens a backend from a URL (the facade's `distlock::backend::open`, injected so
 /// that this crate stays independent of the drivers).
 pub type Opener = Arc<
     dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<Arc<dyn LockBackend>, LockError>> + Send>>

@@ -608,7 +608,7 @@ fn moved(what: &str) -> u8 {
 /// descriptor.
 fn url_help() -> String {
     let mut help = String::from("Backend URL. This build knows:");
-    for driver in distlock::drivers() {
+    for driver in distlock::backend::drivers() {
         help.push_str("\n  ");
         help.push_str(driver.summary);
     }

@@ -40,7 +40,7 @@ impl Target for SqliteFile {
 }
 
 fn opener() -> Opener {
-    Arc::new(|url: String| Box::pin(async move { distlock::open(&url).await }))
+    Arc::new(|url: String| Box::pin(async move { distlock::backend::open(&url).await }))
 }
 
 /// A SQLite file whose scenario clients (not the holder process, which is

@@ -13,7 +13,7 @@ use lock_core::LeaseKind;
 
 async fn env(work: &str, kind: LeaseKind) -> Option<ScenarioEnv> {
     let opener: Opener =
-        Arc::new(|url: String| Box::pin(async move { distlock::open(&url).await }));
+        Arc::new(|url: String| Box::pin(async move { distlock::backend::open(&url).await }));
     let deployment = deploy::start("redis").await.or_skip()?;
     let base = ScenarioEnv {
         target: Arc::new(DeployedTarget::new(deployment, opener)),

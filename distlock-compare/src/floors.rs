@@ -18,7 +18,7 @@ use lock_core::floor::RawFloor;
 ///
 /// An unknown scheme; the floor's connection errors.
 pub(crate) async fn connect(url: &str) -> Result<Option<Box<dyn RawFloor>>, LockError> {
-    match lock_bench::for_driver(distlock::driver_for(url)?.name).floor {
+    match lock_bench::for_driver(distlock::backend::driver_for(url)?.name).floor {
         Some(floor) => floor(url).await,
         None => Ok(None),
     }
@@ -52,7 +52,7 @@ pub(crate) async fn contenders(
 /// The default port of a scheme whose URL names servers (from the
 /// driver's descriptor).
 fn default_port(scheme: &str) -> Option<u16> {
-    distlock::drivers()
+    distlock::backend::drivers()
         .iter()
         .find_map(|d| d.default_port(scheme))
 }

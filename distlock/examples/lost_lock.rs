@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use distlock::{LockBackendExt, LockState, MemoryBackend};
+use distlock::LockState;
+use distlock::backend::{LockBackendExt, MemoryBackend};
 use lock_core::MemoryFault;
 
 #[tokio::main]

@@ -34,21 +34,20 @@
 //! Programs that are not async use [`blocking::Client`]: the same locks with
 //! synchronous methods.
 //!
-//! Tools that call a backend directly use [`open`]: the backend's kernel
-//! ([`LockBackend`]) and the calls built on it and its optional facets
-//! ([`LockBackendExt`]: `try_acquire`, `inspect`, `list`,
-//! `force_release`, ...). [`LockBackend::facets`] says which optional parts
-//! ([`Admin`], [`Elections`], [`LockSets`], [`Downgrade`], [`HolderWatch`])
-//! a backend has; a call of a facet it lacks answers
-//! [`ErrorKind::Unsupported`].
+//! Tools that call a backend directly (an admin command, a test harness)
+//! and driver authors use [`backend`]: `backend::open` returns the
+//! backend's kernel ([`backend::LockBackend`]), with the calls built on it
+//! and on its optional facets ([`backend::LockBackendExt`]: `try_acquire`,
+//! `inspect`, `list`, `force_release`, ...).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), distlock::LockError> {
 //! use std::time::Duration;
-//! use distlock::{LockBackendExt, LockKey};
+//! use distlock::LockKey;
+//! use distlock::backend::LockBackendExt;
 //!
-//! let backend = distlock::open("memory://tools").await?;
+//! let backend = distlock::backend::open("memory://tools").await?;
 //! let key = LockKey::new("jobs/nightly")?;
 //! let lease = backend.try_acquire(&key, Duration::from_secs(30)).await?.expect("free");
 //! assert_eq!(backend.inspect(&key).await?.unwrap().token, Some(lease.token()));
@@ -60,38 +59,32 @@
 
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod blocking;
 mod config;
 mod duration;
 
-use std::sync::Arc;
-
 pub use config::{Config, MigrationConfig, parse_requirements, redact_url};
 pub use duration::{format_duration, parse_duration};
-pub use lock_core::driver::Driver;
 pub use lock_core::{
-    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderDetails, KeyLabel, Lease,
-    ListQuery, LockClient, LockDefaults, LockError, LockGuard, LockInfo, LockKey, LockPage,
-    LockRequest, LockState, MemoryBackend, MigrationBackend, MigrationPhase, NEW_EPOCH, Operation,
-    OwnerId, RenewalPolicy, Requirements, TtlModel, WaitStrategy, disable_metrics, enable_metrics,
-    set_holder_label,
-};
-// The backend contract, for tools that call a backend directly (what
-// `open` returns) and for driver authors: the kernel every driver
-// implements, its optional facets, and the calls built on both.
-pub use lock_core::{
-    Admin, Downgrade, Elections, Facets, GrantRequest, HolderWatch, LockBackend, LockBackendExt,
-    LockSets, LockWrapper,
+    Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderDetails, HolderInfo,
+    KeyLabel, LeaseKind, ListQuery, LockClient, LockDefaults, LockError, LockGuard, LockInfo,
+    LockKey, LockPage, LockRequest, LockShape, LockState, MigrationPhase, MultiGuard,
+    MultiRequest, NEW_EPOCH, Operation, OwnerId, RenewalPolicy, Requirements, SharedLockInfo,
+    SharedPage, TtlModel, WaitStrategy, disable_metrics, enable_metrics, set_holder_label,
 };
 
+use backend::Driver;
+
 /// The drivers this facade knows, one line each: its cargo feature (which
-/// is also the driver's [`Driver::name`]) and its crate, which exports a
+/// is also the driver's [`backend::Driver::name`]) and its crate, which exports a
 /// `DRIVER` descriptor. A driver whose feature is off is left out of the
 /// build, and its feature is named when a URL cannot be served.
 macro_rules! drivers {
     ($($feature:literal => $krate:ident),* $(,)?) => {
-        /// The drivers compiled into this build, the in-memory one first.
-        pub fn drivers() -> &'static [&'static Driver] {
+        /// The drivers compiled into this build, the in-memory one first
+        /// (public as [`backend::drivers`]).
+        fn registered_drivers() -> &'static [&'static Driver] {
             static DRIVERS: &[&Driver] = &[
                 &lock_core::driver::MEMORY,
                 $(
@@ -124,108 +117,22 @@ drivers! {
     "zk" => lock_zk,
     "sql" => lock_sql,
     "slowmem" => lock_slowmem,
+    "file" => lock_file,
 }
 
 /// The URL schemes this build understands.
 pub fn supported_schemes() -> Vec<&'static str> {
-    drivers()
+    registered_drivers()
         .iter()
         .flat_map(|d| d.schemes.iter().copied())
         .collect()
-}
-
-/// The driver this build has for `url`'s scheme.
-///
-/// # Errors
-///
-/// [`ErrorKind::Config`] for an unknown scheme, listing the supported ones
-/// and the driver features this build was compiled without.
-pub fn driver_for(url: &str) -> Result<&'static Driver, LockError> {
-    lock_core::driver::find(drivers(), url).ok_or_else(|| {
-        let scheme = lock_core::driver::scheme_of(url);
-        let missing = missing_features();
-        let hint = if missing.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; drivers not compiled in (cargo features of distlock): {}",
-                missing.join(", ")
-            )
-        };
-        LockError::config(format!(
-            "unknown backend scheme {scheme:?} in {:?}; this build supports: {}{hint}",
-            redact_url(url),
-            supported_schemes().join(", ")
-        ))
-    })
-}
-
-/// Opens the backend a URL names.
-///
-/// # Errors
-///
-/// [`ErrorKind::Config`] for a malformed URL or an unknown scheme (naming
-/// the cargo feature when the scheme's driver is not compiled in); the
-/// driver's connection errors, within its connect timeout.
-///
-/// # Cancel safety
-///
-/// Safe: a dropped connect leaves nothing behind.
-pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
-    let config = Config::from_url(url)?;
-    open_config(&config).await
-}
-
-/// Opens the backend of a [`Config`] and checks its requirements.
-///
-/// # Errors
-///
-/// As [`open`], plus [`ErrorKind::Unsupported`] when the backend cannot
-/// meet the config's requirements.
-///
-/// # Cancel safety
-///
-/// Safe: a dropped connect leaves nothing behind.
-pub async fn open_config(config: &Config) -> Result<Arc<dyn LockBackend>, LockError> {
-    let required = |url: &str| required_safety(url, &config.requirements);
-    let backend = match &config.migration {
-        Some(m) => {
-            let old = open_url(&required(&m.old_url)).await?;
-            let new = open_url(&required(&m.new_url)).await?;
-            Arc::new(m.backend(old, new, config.defaults.ttl)?) as Arc<dyn LockBackend>
-        }
-        None => open_url(&required(&config.url)).await?,
-    };
-    backend
-        .capabilities()
-        .check(&config.requirements)
-        .map_err(|e| e.with_backend(backend.name()))?;
-    Ok(backend)
-}
-
-/// A config that requires fencing tokens cannot accept a Redis that may
-/// evict keys (an evicted token counter starts again at 1): unless the URL
-/// says otherwise, such a connect runs the Redis driver's eviction check in
-/// `refuse` mode.
-fn required_safety(url: &str, requirements: &lock_core::Requirements) -> String {
-    let redis_family = driver_for(url).is_ok_and(|d| d.name == "redis");
-    if !requirements.fencing || !redis_family || url.contains("eviction=") {
-        return url.to_owned();
-    }
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}eviction=refuse")
-}
-
-async fn open_url(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
-    Config::from_url(url)?;
-    (driver_for(url)?.connect)(url).await
 }
 
 /// Connects to the backend a URL names and wraps it in a [`LockClient`].
 ///
 /// # Errors
 ///
-/// As [`open`].
+/// As [`backend::open`].
 ///
 /// # Cancel safety
 ///
@@ -238,13 +145,13 @@ pub async fn connect(url: &str) -> Result<LockClient, LockError> {
 ///
 /// # Errors
 ///
-/// As [`open_config`].
+/// As [`backend::open_config`].
 ///
 /// # Cancel safety
 ///
 /// Safe: a dropped connect leaves nothing behind.
 pub async fn connect_config(config: &Config) -> Result<LockClient, LockError> {
-    let backend = open_config(config).await?;
+    let backend = backend::open_config(config).await?;
     Ok(LockClient::from_arc(backend).with_defaults(config.defaults))
 }
 
@@ -266,7 +173,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_schemes_and_bad_urls_are_config_errors() {
         for url in ["gopher://x", "nonsense", "", "://"] {
-            let err = open(url).await.unwrap_err();
+            let err = backend::open(url).await.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
         }
     }

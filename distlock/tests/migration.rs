@@ -32,7 +32,7 @@ impl Target for UrlTarget {
         self.0.split(':').next().unwrap_or("url").to_owned()
     }
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        distlock::open(&self.0).await
+        distlock::backend::open(&self.0).await
     }
 }
 

@@ -10,11 +10,11 @@
 //! message, an error's `Debug`, or a parsed config's `Debug`.
 //!
 //! Nothing here connects anywhere: the facade has no parse-only entry point
-//! for network schemes (`distlock::open` / `connect` connect), so URLs of
+//! for network schemes (`distlock::backend::open` / `connect` connect), so URLs of
 //! network schemes go to the drivers' parsers (`RedisConfig::from_url`,
 //! `EtcdConfig::from_url`, `ZkConfig::from_url`, `SqlConfig::from_url`),
 //! which never connect. Only `memory://` URLs and URLs without a known
-//! scheme go through `distlock::open`, which then opens nothing on the
+//! scheme go through `distlock::backend::open`, which then opens nothing on the
 //! network.
 
 use distlock::lock_etcd::EtcdConfig;
@@ -322,7 +322,7 @@ fn parse_without_connecting(
                 other == "memory" || !supported_schemes().contains(&other),
                 "{other}"
             );
-            match rt.block_on(distlock::open(url)) {
+            match rt.block_on(distlock::backend::open(url)) {
                 Ok(backend) => prop_assert_eq!(backend.name(), "memory", "{}", what),
                 Err(err) => check_error(&err, Parser::Facade, &what, marker)?,
             }

@@ -17,14 +17,14 @@ async fn requiring_fencing_refuses_an_evicting_redis() {
     };
     let url = server.url();
     let plain = distlock::Config::from_toml_str(&format!("url = {url:?}")).unwrap();
-    let backend = distlock::open_config(&plain)
+    let backend = distlock::backend::open_config(&plain)
         .await
         .expect("accepted without the requirement");
     drop(backend);
     let strict =
         distlock::Config::from_toml_str(&format!("url = {url:?}\nrequire = [\"fencing\"]"))
             .unwrap();
-    let err = distlock::open_config(&strict)
+    let err = distlock::backend::open_config(&strict)
         .await
         .expect_err("an evicting Redis must be refused when fencing is required");
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
@@ -34,7 +34,7 @@ async fn requiring_fencing_refuses_an_evicting_redis() {
         "url = \"{url}?eviction=warn\"\nrequire = [\"fencing\"]"
     ))
     .unwrap();
-    assert!(distlock::open_config(&explicit).await.is_ok());
+    assert!(distlock::backend::open_config(&explicit).await.is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,5 +47,5 @@ async fn requiring_fencing_accepts_a_redis_that_never_evicts() {
         server.url()
     ))
     .unwrap();
-    assert!(distlock::open_config(&strict).await.is_ok());
+    assert!(distlock::backend::open_config(&strict).await.is_ok());
 }

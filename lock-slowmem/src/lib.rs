@@ -6,7 +6,7 @@
 //! ([`lock_core::endpoint`]), the backend, and a [`DRIVER`] descriptor
 //! that the `distlock` facade registers in one line (see
 //! `CONTRIBUTING.md`). Its tests run the whole conformance suite through
-//! `distlock::open`, the way every driver's do.
+//! `distlock::backend::open`, the way every driver's do.
 //!
 //! The backend has the two parts every backend has:
 //!

@@ -1,5 +1,5 @@
 //! The whole conformance suite on `slowmem://`, opened through the facade
-//! (`distlock::open`), where the driver is registered by its descriptor.
+//! (`distlock::backend::open`), where the driver is registered by its descriptor.
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ impl Target for UrlTarget {
     }
 
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        distlock::open(&self.0).await
+        distlock::backend::open(&self.0).await
     }
 
     fn url(&self) -> Option<String> {
@@ -43,7 +43,7 @@ async fn bad_urls_are_config_errors() {
         "slowmem://x?delay=2s",
         "slowmem://x?latency=1ms",
     ] {
-        let err = distlock::open(url).await.unwrap_err();
+        let err = distlock::backend::open(url).await.unwrap_err();
         assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{url}: {err}");
     }
 }

@@ -97,7 +97,7 @@ pub(super) async fn measure(out: &mut BenchFigures, bench: Bench<'_>) -> Result<
     let (p, e) = bench::interleaved_latency(&plain, &elect, (&keys.0, &name), n, 10).await?;
     out.elect_p50_us = Some(e.p50_us);
     out.elect_ratio = Some(bench::ratio(e.p50_us, p.p50_us));
-    if let Some(option) = lock_bench::for_driver(distlock::driver_for(url)?.name).fair_option {
+    if let Some(option) = lock_bench::for_driver(distlock::backend::driver_for(url)?.name).fair_option {
         fair_handoffs(out, target, &with_option(url, option), ttl, &run, full).await?;
     }
     Ok(())
@@ -122,7 +122,7 @@ async fn fair_handoffs(
     for _ in 0..HANDOFF_CLIENTS {
         let backend: Arc<dyn LockBackend> = target.client().await?;
         unfair.push(Arc::new(Ours::new(LockClient::from_arc(backend), ttl)) as Arc<dyn Contender>);
-        let backend = match distlock::open(fair_url).await {
+        let backend = match distlock::backend::open(fair_url).await {
             Ok(backend) => backend,
             // This configuration has no fair mode (another library's
             // layout): no fair column, not an error.

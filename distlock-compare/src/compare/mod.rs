@@ -26,7 +26,7 @@ use figures::*;
 use phases::Phases;
 pub(crate) use soak_run::*;
 
-/// A backend reached by URL: every client is a fresh `distlock::open`.
+/// A backend reached by URL: every client is a fresh `distlock::backend::open`.
 /// It cannot inject faults, so fault cases are skipped for it.
 pub(crate) struct UrlTarget {
     pub(crate) name: String,
@@ -50,7 +50,7 @@ impl Target for UrlTarget {
     }
 
     async fn client(&self) -> Result<Arc<dyn LockBackend>, LockError> {
-        distlock::open(&self.url).await
+        distlock::backend::open(&self.url).await
     }
 
     fn url(&self) -> Option<String> {
@@ -222,7 +222,7 @@ impl BackendResult {
 }
 
 fn opener() -> Opener {
-    Arc::new(|url: String| Box::pin(async move { distlock::open(&url).await }))
+    Arc::new(|url: String| Box::pin(async move { distlock::backend::open(&url).await }))
 }
 
 fn holder_command() -> Option<HolderCommand> {
@@ -949,7 +949,7 @@ mod tests {
     fn aliases_are_driver_schemes_of_known_backends() {
         for (alias, kind) in ALIASES {
             assert!(
-                distlock::drivers()
+                distlock::backend::drivers()
                     .iter()
                     .any(|d| d.schemes.iter().any(|s| s == alias)),
                 "{alias} is no driver's scheme"

@@ -63,7 +63,7 @@ pub(super) async fn measure(out: &mut BenchFigures, bench: Bench<'_>) -> Result<
         };
         let ours = contender(target.client().await?, kind);
         let key = format!("bench-{run}/permit");
-        let floor = match lock_bench::for_driver(distlock::driver_for(url)?.name).permit_floor {
+        let floor = match lock_bench::for_driver(distlock::backend::driver_for(url)?.name).permit_floor {
             Some(connect) => connect(url).await?,
             None => None,
         };
