@@ -8,6 +8,8 @@
 
 use lock_core::driver::FloorFn;
 
+pub mod redis;
+
 /// A driver's benchmark hooks.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Floors {
@@ -25,7 +27,12 @@ pub struct Floors {
 /// driver without floors (memory).
 pub fn for_driver(driver: &str) -> Floors {
     match driver {
-        "redis" => from_descriptor(&lock_redis::DRIVER),
+        "redis" => Floors {
+            floor: Some(redis::floor),
+            permit_floor: Some(redis::permit_floor),
+            // FIFO mutexes on one server, Sentinel and Cluster.
+            fair_option: Some("fair=true"),
+        },
         "etcd" => from_descriptor(&lock_etcd::DRIVER),
         "zk" => from_descriptor(&lock_zk::DRIVER),
         "sql" => from_descriptor(&lock_sql::DRIVER),

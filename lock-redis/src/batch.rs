@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::conn::Node;
 use crate::error::{NAME, copy_for_each};
-use crate::scripts::{Scripts, holder_key};
+use crate::keys::{Scripts, holder_key};
 
 /// The most renewals sent in one pipeline.
 pub(crate) const MAX_BATCH: usize = 2_000;

@@ -10,7 +10,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
 use crate::eviction::EvictionMode;
-use crate::layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};
+use crate::keys::layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};
 
 /// The default key prefix (`distlock:`): a lock named `jobs/a` lives in the
 /// Redis key `distlock:{jobs/a}`.
@@ -403,7 +403,33 @@ impl RedisConfig {
         self.wait_replicas
     }
 
-    pub(crate) fn validate(&self) -> Result<(), LockError> {
+    /// Whether the data connections use TLS (`rediss://`, `tls=true`).
+    pub fn uses_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The database number (`SELECT`) of the data connections.
+    pub fn database(&self) -> i64 {
+        self.db
+    }
+
+    /// The user name and password the data connections `AUTH` with.
+    pub fn credentials(&self) -> (Option<&str>, Option<&str>) {
+        (self.username.as_deref(), self.password.as_deref())
+    }
+
+    /// Checks the settings together (what [`RedisBackend::connect`]
+    /// checks first): the nodes, prefix, layout, timeouts, TTL and TLS
+    /// options.
+    ///
+    /// [`RedisBackend::connect`]: crate::RedisBackend::connect
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) or
+    /// [`ErrorKind::Unsupported`](lock_core::ErrorKind::Unsupported) for
+    /// settings that do not go together.
+    pub fn validate(&self) -> Result<(), LockError> {
         let nodes: &[RedisNode] = match &self.topology {
             RedisTopology::Single(node) => std::slice::from_ref(node),
             RedisTopology::Sentinel { sentinels, master } => {

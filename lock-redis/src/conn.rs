@@ -16,7 +16,7 @@ use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
 use crate::config::{RedisConfig, RedisNode};
 use crate::direct::Direct;
 use crate::error::{NAME, Redacted, map_redis_error, needs_reconnect};
-use crate::scripts::LuaScript;
+use crate::keys::LuaScript;
 
 /// A connection handle; cheap to clone (every kind is shared by its
 /// clones and pipelines concurrent requests).

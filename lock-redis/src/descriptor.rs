@@ -1,10 +1,6 @@
 //! This driver's entry in the family ([`lock_core::driver`]).
 
-use lock_core::LockError;
-use lock_core::driver::{BoxFuture, Driver};
-use lock_core::floor::RawFloor;
-
-use crate::floor::{RedisFloor, RedisPermitFloor, RedlockFloor};
+use lock_core::driver::Driver;
 
 /// The Redis driver: one server, Sentinel, Cluster and Redlock.
 pub static DRIVER: Driver = Driver {
@@ -29,49 +25,19 @@ pub static DRIVER: Driver = Driver {
     ],
     summary: "redis://host[:port][/db], redis+sentinel://, redis+cluster://, redlock://a,b,c",
     connect,
-    floor: Some(floor),
-    permit_floor: Some(permit_floor),
+    // The benchmark hooks are lock-bench's (`lock_bench::redis`).
+    floor: None,
+    permit_floor: None,
     // From the URL alone (Redlock changes fencing); nothing connects.
     capabilities: Some(|url| {
         let config = crate::RedisConfig::from_url(url)?;
         config.validate()?;
         Ok(crate::capabilities(&config))
     }),
-    // FIFO mutexes on one server, Sentinel and Cluster (see the crate docs).
-    fair_option: Some("fair=true"),
+    fair_option: None,
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);
-
-/// The scheme of `url`, lowercased (the floors' choice of topology).
-fn scheme(url: &str) -> String {
-    lock_core::driver::scheme_of(url).to_ascii_lowercase()
-}
-
-fn floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
-    Box::pin(async move {
-        Ok(match scheme(url).as_str() {
-            "redis" | "rediss" => {
-                Some(Box::new(RedisFloor::connect(url).await?) as Box<dyn RawFloor>)
-            }
-            "redlock" => Some(Box::new(RedlockFloor::connect(url).await?) as Box<dyn RawFloor>),
-            _ => None,
-        })
-    })
-}
-
-/// One permit of a semaphore of 4 by hand, on one server (`redis://`; TLS
-/// is refused as by the mutex floor); other topologies have none.
-fn permit_floor(url: &str) -> BoxFuture<'_, Result<Option<Box<dyn RawFloor>>, LockError>> {
-    Box::pin(async move {
-        Ok(match scheme(url).as_str() {
-            "redis" | "rediss" => {
-                Some(Box::new(RedisPermitFloor::connect(url, 1, 4).await?) as Box<dyn RawFloor>)
-            }
-            _ => None,
-        })
-    })
-}
 
 #[cfg(test)]
 mod tests {
@@ -107,8 +73,8 @@ mod tests {
             "only fencing and the shared kinds differ"
         );
         assert!(single.shared_locks && single.semaphores);
-        // Fair mode is FIFO and nothing else changes; Redlock refuses it.
-        assert_eq!(DRIVER.fair_option, Some("fair=true"));
+        // Fair mode (`fair=true`) is FIFO and nothing else changes;
+        // Redlock refuses it.
         for url in [
             "redis://127.0.0.1:1?fair=true",
             "redis+sentinel://127.0.0.1:1/locks?fair=true",

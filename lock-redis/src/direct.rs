@@ -29,7 +29,7 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::oneshot;
 
-use crate::floor::resp;
+mod resp;
 
 /// A connection handle; clones share the connection.
 #[derive(Clone)]

@@ -29,9 +29,11 @@ use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::Node;
 use crate::error::{NAME, renewed_until};
 use crate::eviction::EvictionCheck;
-use crate::layout::{LEGACY_OWNER_MARK, check_cluster_slot, legacy_names, legacy_unsupported};
+use crate::keys::layout::{
+    LEGACY_OWNER_MARK, check_cluster_slot, legacy_names, legacy_unsupported,
+};
+use crate::keys::{KeyNames, Scripts, TokenFloor};
 use crate::notify::Notifier;
-use crate::scripts::{KeyNames, Scripts, TokenFloor};
 use attempt::{Attempt, Found, next_try};
 
 /// The shortest TTL accepted: below it the clock-drift allowance and one

@@ -1,6 +1,6 @@
 //! The mapping from the redis crate's errors (and the servers' error
 //! replies) to [`LockError`] kinds, with this backend's name and every
-//! secret scrubbed from the text; shared by the driver and the floors.
+//! secret scrubbed from the text.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -110,16 +110,6 @@ impl fmt::Display for Redacted {
 }
 
 impl StdError for Redacted {}
-
-/// The kind of a server's error reply, from its code (the first word):
-/// the floors read replies themselves (floor.rs).
-pub(crate) fn error_reply_kind(text: &str) -> ErrorKind {
-    match text.split(' ').next().unwrap_or_default() {
-        "WRONGPASS" | "NOAUTH" | "NOPERM" => ErrorKind::Config,
-        "LOADING" | "BUSY" | "MASTERDOWN" | "READONLY" | "TRYAGAIN" => ErrorKind::Unavailable,
-        _ => ErrorKind::Backend,
-    }
-}
 
 /// A script answered something it never returns.
 pub(crate) fn unexpected(op: Operation, answer: &dyn fmt::Debug) -> LockError {

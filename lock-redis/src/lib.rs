@@ -75,13 +75,9 @@ mod direct;
 mod driver;
 mod error;
 mod eviction;
-mod fair_scripts;
-pub mod floor;
-mod layout;
+pub mod keys;
 mod notify;
 mod renew_many;
-mod scripts;
-mod shared_scripts;
 #[cfg(test)]
 mod test_redis;
 
@@ -92,4 +88,4 @@ pub use config::{
 pub use descriptor::DRIVER;
 pub use driver::{MIN_TTL, RedisBackend, RedisRenewalStats, capabilities, connect};
 pub use eviction::{EvictionCheck, EvictionMode};
-pub use layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};
+pub use keys::layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};

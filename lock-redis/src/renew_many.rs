@@ -15,7 +15,7 @@ use crate::batch::{Counters, MAX_BATCH, renew_pipeline};
 use crate::conn::Node;
 use crate::driver::{MIN_TTL, RedisBackend};
 use crate::error::{NAME, copy_for_each, renewed_until};
-use crate::scripts::Scripts;
+use crate::keys::Scripts;
 
 /// One node's answer: when its pipeline was sent, and per lease renewed
 /// (`true`), not held (`false`) or an error.

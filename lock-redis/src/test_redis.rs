@@ -6,7 +6,7 @@ use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
 
 use crate::conn::Conn;
-use crate::scripts::LuaScript;
+use crate::keys::LuaScript;
 
 /// A fresh `redis-server`; `None` (a printed skip, a failure under CI)
 /// when it is not installed.

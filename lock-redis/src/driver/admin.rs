@@ -14,8 +14,8 @@ use redis::Value;
 use super::RedisBackend;
 use crate::config::RedisTopology;
 use crate::error::{NAME, unexpected};
-use crate::layout::{LEGACY_OWNER_MARK, RedisLayout};
-use crate::scripts::{
+use crate::keys::layout::{LEGACY_OWNER_MARK, RedisLayout};
+use crate::keys::{
     FLOOR_KEY, HOLDER_SUFFIX, KeyNames, LuaScript, TokenFloor, as_int, details_of, escape_tag,
     glob_escape, pttl, text, unescape_tag,
 };

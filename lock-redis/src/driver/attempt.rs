@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep_until};
 use super::{Inner, RedisBackend};
 use crate::conn::{Conn, Node};
 use crate::error::{NAME, still_held};
-use crate::scripts::{GrantArgs, KeyNames, NodeGrant, as_int, parse_grant, pttl, ttl_ms};
+use crate::keys::{GrantArgs, KeyNames, NodeGrant, as_int, parse_grant, pttl, ttl_ms};
 
 /// What one acquire attempt found.
 pub(super) enum Attempt {

@@ -13,8 +13,8 @@ use crate::config::{RedisConfig, RedisTopology};
 use crate::conn::Node;
 use crate::error::NAME;
 use crate::eviction::{self, EvictionCheck};
+use crate::keys::{Scripts, TokenFloor};
 use crate::notify::Notifier;
-use crate::scripts::{Scripts, TokenFloor};
 
 /// Connects to the Redis deployment a URL names (see [`RedisConfig`] for the
 /// forms).

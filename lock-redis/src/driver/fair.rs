@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::attempt::{AcquireTexts, Attempt, Traces, granted};
 use super::{Inner, RedisBackend};
-use crate::fair_scripts::{FAIR, FairNames};
-use crate::scripts::{NodeGrant, parse_grant};
+use crate::keys::fair::{FAIR, FairNames};
+use crate::keys::{NodeGrant, parse_grant};
 
 /// A fair acquire's traces: its queue entry, a grant whose answer was lost.
 impl Traces for FairNames {

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use super::{Inner, RedisBackend};
 use crate::config::RedisTopology;
 use crate::error::{NAME, unexpected};
-use crate::fair_scripts::{FAIR, FairNames};
-use crate::scripts::{KeyNames, ttl_ms};
+use crate::keys::fair::{FAIR, FairNames};
+use crate::keys::{KeyNames, ttl_ms};
 
 /// Releases every key of a set whose answer was not seen (timeout,
 /// dropped future, WAIT not satisfied) unless disarmed, in the background.

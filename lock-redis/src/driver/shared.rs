@@ -16,8 +16,8 @@ use super::attempt::{AcquireTexts, Attempt, Traces, granted};
 use super::{Inner, RedisBackend};
 use crate::batch::MAX_BATCH;
 use crate::error::{NAME, copy_for_each, renewed_until, unexpected};
-use crate::scripts::{as_int, details_of, pttl, text, ttl_ms};
-use crate::shared_scripts::{RwNames, SHARED, SemNames};
+use crate::keys::shared::{RwNames, SHARED, SemNames};
+use crate::keys::{as_int, details_of, pttl, text, ttl_ms};
 
 /// Why Redlock has no read-write locks or semaphores.
 const REDLOCK_WHY: &str = "Redlock does not provide read-write locks or semaphores: its \

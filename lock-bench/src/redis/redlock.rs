@@ -10,10 +10,10 @@ use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, Operation, async_trait, validity_deadline};
 use tokio::time::Instant;
 
-use super::{FloorNode, GrantRequest, Target, floor_config, send_release, unsupported};
-use crate::config::RedisTopology;
-use crate::error::NAME;
-use crate::scripts::Scripts;
+use lock_redis::RedisTopology;
+use lock_redis::keys::Scripts;
+
+use super::{FloorNode, GrantRequest, NAME, Target, floor_config, send_release, unsupported};
 
 /// The driver's Redlock cycle by hand: one bare connection per node of a
 /// `redlock://` URL; the acquire script sent to every node at once, granted
@@ -29,7 +29,7 @@ use crate::scripts::Scripts;
 /// ```no_run
 /// use std::time::Duration;
 /// use lock_core::floor::RawFloor;
-/// use lock_redis::floor::RedlockFloor;
+/// use lock_bench::redis::RedlockFloor;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_core::LockError> {
@@ -62,7 +62,7 @@ impl fmt::Debug for RedlockFloor {
 
 impl RedlockFloor {
     /// Opens one bare connection to every node of a `redlock://` URL (same
-    /// syntax and options as [`crate::connect`]) and loads the driver's
+    /// syntax and options as [`lock_redis::connect`]) and loads the driver's
     /// acquire and release scripts on each. Every node must answer: a
     /// floor measures the full exchange.
     ///
@@ -78,7 +78,7 @@ impl RedlockFloor {
     /// Safe: dropping the future closes the connections made so far.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         let config = floor_config(url)?;
-        let RedisTopology::Redlock(nodes) = &config.topology else {
+        let RedisTopology::Redlock(nodes) = config.topology() else {
             return Err(unsupported("non-Redlock", "use RedisFloor for one server"));
         };
         let scripts = Scripts::new();
@@ -95,8 +95,8 @@ impl RedlockFloor {
                 quorum: connected.len() / 2 + 1,
                 nodes: connected,
                 scripts,
-                prefix: config.prefix.clone(),
-                timeout: config.operation_timeout,
+                prefix: config.key_prefix().to_owned(),
+                timeout: config.timeout(),
             }),
         })
     }

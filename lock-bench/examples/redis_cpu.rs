@@ -3,7 +3,7 @@
 //! blurs wall-clock throughput.
 //!
 //! ```text
-//! cargo run --release -p lock-redis --example redis_cpu
+//! cargo run --release -p lock-bench --example redis_cpu
 //! ```
 //!
 //! For each contender it runs `CPU_CYCLES` cycles (default 20,000), first
@@ -14,7 +14,7 @@
 //! `/proc/<pid>/stat`, clock ticks). Contenders, each on its own
 //! connections:
 //!
-//! - **floor**: [`lock_redis::floor::RedisFloor`]'s cycle;
+//! - **floor**: [`lock_bench::redis::RedisFloor`]'s cycle;
 //! - **trait**: `LockBackendExt::acquire` (waiting) + `LockBackend::release`
 //!   on a `RedisBackend`, no guard;
 //! - **ours**: `client.lock(k).ttl(30s).wait(60s).acquire()` then
@@ -24,16 +24,16 @@
 //! the median per contender is printed. `CPU_ONLY=floor,ours` picks
 //! contenders, `CPU_PAR=1` the client counts.
 
-mod bench_support;
+mod redis_bench_support;
 
 use std::sync::Arc;
 
-use bench_support::{BoxError, CLIENTS, TTL, WAIT, env, ours_cycle};
 use conformance::cpu::{median, process_tree_cpu_ns, self_cpu_ns};
 use conformance::servers::redis::RedisServer;
+use lock_bench::redis::RedisFloor;
 use lock_core::floor::RawFloor;
 use lock_core::{LockBackend, LockBackendExt, LockClient, LockError, LockKey};
-use lock_redis::floor::RedisFloor;
+use redis_bench_support::{BoxError, CLIENTS, TTL, WAIT, env, ours_cycle};
 use tokio::time::Instant;
 
 #[derive(Clone, Copy)]

@@ -11,7 +11,7 @@ use lock_core::{ErrorKind, LockError, LockKey, Operation};
 use redis::cluster_routing::Slot;
 
 use crate::error::NAME;
-use crate::scripts::KeyNames;
+use crate::keys::KeyNames;
 
 /// Which Redis data layout the mutex uses (the `layout` URL option, see
 /// [`RedisConfig::layout`](crate::RedisConfig::layout) and the crate docs,
@@ -94,7 +94,7 @@ pub(crate) fn legacy_names(
     KeyNames {
         counter: format!("{lock}{token_suffix}"),
         channel,
-        holder: crate::scripts::holder_key(&lock),
+        holder: crate::keys::holder_key(&lock),
         lock,
     }
 }
@@ -138,7 +138,7 @@ pub(crate) fn check_cluster_slot(
 /// the TTL set again, never a second count. `pcall` because a foreign
 /// client may keep another type at the key (then it is simply held).
 const REDISSON_ACQUIRE: &str = concat!(
-    crate::scripts::grant_fns!(),
+    crate::keys::grant_fns!(),
     r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], 1)

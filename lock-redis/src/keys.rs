@@ -1,4 +1,18 @@
-//! The Lua scripts, the calls that send them, and the key layout.
+//! The key layout: how a [`LockKey`] becomes Redis names, and the Lua
+//! scripts that grant, release, renew and inspect under those names.
+//!
+//! Public so that other tools (the benchmark floors of `lock-bench`, an
+//! operator's script) take the same lock as the driver on the same key:
+//! [`KeyNames`] for the mutex, [`SemNames`] and [`RwNames`] for the shared
+//! kinds, [`Scripts`] and [`SHARED`] for the scripts' texts and hashes.
+//! The layouts of other libraries (`layout=plain|redisson`) are described
+//! on [`RedisLayout`](crate::RedisLayout).
+
+pub(crate) mod fair;
+pub(crate) mod layout;
+pub(crate) mod shared;
+
+pub use shared::{RwNames, SHARED, SemNames, SharedScripts};
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -14,13 +28,16 @@ use crate::error::unexpected;
 /// A Lua script with its SHA1, sent by `EVALSHA` (with an `EVAL` fallback
 /// when the server lost its script cache).
 #[derive(Debug)]
-pub(crate) struct LuaScript {
-    pub(crate) code: &'static str,
-    pub(crate) hash: String,
+pub struct LuaScript {
+    /// The script's text.
+    pub code: &'static str,
+    /// Its SHA1 in hex, as `EVALSHA` takes it.
+    pub hash: String,
 }
 
 impl LuaScript {
-    pub(crate) fn new(code: &'static str) -> Self {
+    /// `code` and its hash.
+    pub fn new(code: &'static str) -> Self {
         let hash = redis::Script::new(code).get_hash().to_owned();
         Self { code, hash }
     }
@@ -176,20 +193,33 @@ return 1
 
 /// The mutex's scripts, hashed once per backend.
 #[derive(Debug)]
-pub(crate) struct Scripts {
-    pub(crate) acquire: LuaScript,
-    pub(crate) release: LuaScript,
-    pub(crate) renew: LuaScript,
-    pub(crate) inspect: LuaScript,
-    /// Operators' scripts (the same in every layout).
-    pub(crate) force_release: LuaScript,
-    pub(crate) gc_counter: LuaScript,
+pub struct Scripts {
+    /// KEYS: lock, counter, [holder details, [token floor]]. ARGV: owner,
+    /// ttl ms, [holder details]. `SET NX PX` and `INCR` of the counter:
+    /// `{1, token}` when granted, `{0, pttl of the holder}` otherwise.
+    pub acquire: LuaScript,
+    /// KEYS: lock, [holder details]. ARGV: owner, channel.
+    /// Compare-and-delete, then `PUBLISH` to waiters: 1 when released.
+    pub release: LuaScript,
+    /// KEYS: lock, [holder details]. ARGV: owner, ttl ms.
+    /// Compare-and-`PEXPIRE`.
+    pub renew: LuaScript,
+    /// KEYS: lock, counter, holder details: `{}` when free, else
+    /// `{holder, pttl, counter, details}`.
+    pub inspect: LuaScript,
+    /// KEYS: lock, counter, holder details. Breaks the lock whoever holds
+    /// it (the same in every layout).
+    pub force_release: LuaScript,
+    /// KEYS: lock, counter, token floor. Removes an idle token counter
+    /// after raising the floor to its value.
+    pub gc_counter: LuaScript,
 }
 
 impl Scripts {
     /// The native layout's scripts (also those of `layout=plain`, which
     /// only names its keys differently).
-    pub(crate) fn new() -> Self {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
         Self::for_layout(crate::RedisLayout::Native)
     }
 
@@ -197,7 +227,7 @@ impl Scripts {
     /// every layout, so every caller stays layout-blind.
     pub(crate) fn for_layout(layout: crate::RedisLayout) -> Self {
         let [acquire, release, renew, inspect] = match layout {
-            crate::RedisLayout::Redisson => crate::layout::redisson_scripts(),
+            crate::RedisLayout::Redisson => crate::keys::layout::redisson_scripts(),
             _ => [ACQUIRE, RELEASE, RENEW, INSPECT],
         };
         Self {
@@ -476,17 +506,21 @@ pub(crate) fn glob_escape(text: &str) -> String {
 /// any client doing `SET <prefix>{<key>} <random> NX PX <ttl>` excludes
 /// with us.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct KeyNames {
-    pub(crate) lock: String,
-    pub(crate) counter: String,
-    pub(crate) channel: String,
+pub struct KeyNames {
+    /// `<prefix>{<key>}`: the owner value, with the lease's TTL.
+    pub lock: String,
+    /// `<lock>:token`: the key's fencing token counter.
+    pub counter: String,
+    /// `<lock>:released`: the channel a release publishes on.
+    pub channel: String,
     /// `<lock>:holder`: the holder details of our grant (see the crate
     /// docs, *Operating locks*).
-    pub(crate) holder: String,
+    pub holder: String,
 }
 
 impl KeyNames {
-    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
+    /// The names of `key`'s mutex under `prefix` in the native layout.
+    pub fn new(prefix: &str, key: &LockKey) -> Self {
         let escaped = escape_tag(key.as_str());
         let lock = format!("{prefix}{{{escaped}}}");
         Self {

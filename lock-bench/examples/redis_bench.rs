@@ -3,12 +3,12 @@
 //! redis-servers started here.
 //!
 //! ```text
-//! cargo run --release -p lock-redis --example redis_bench
+//! cargo run --release -p lock-bench --example redis_bench
 //! ```
 //!
 //! - **ours**: `client.lock(k).ttl(30s).wait(60s).acquire()` then
 //!   `guard.release()`, each client its own `lock_redis::connect(url)`;
-//! - **floor**: [`lock_redis::floor::RedisFloor`] (`EVALSHA` acquire +
+//! - **floor**: [`lock_bench::redis::RedisFloor`] (`EVALSHA` acquire +
 //!   `EVALSHA` release on one bare TCP connection, RESP by hand), each
 //!   client its own floor.
 //!
@@ -18,8 +18,8 @@
 //! (throughput), 4 clients contending on one key (handoffs/s and spread),
 //! 10,000 locks held at once (renewal round trips per period, memory per
 //! held lock), and the same 1- and 8-client runs on Redlock over 5 servers
-//! against [`lock_redis::floor::RedlockFloor`]; one permit of a semaphore
-//! (1 client) against [`lock_redis::floor::RedisPermitFloor`], and 8
+//! against [`lock_bench::redis::RedlockFloor`]; one permit of a semaphore
+//! (1 client) against [`lock_bench::redis::RedisPermitFloor`], and 8
 //! readers on one key against 8 clients of the mutex on one key (each
 //! holding 1 ms).
 //!
@@ -27,17 +27,17 @@
 //! `BENCH_ROUNDS` (default 5), `BENCH_LOCKS` (held locks, default 10000;
 //! 0 skips), `BENCH_REDLOCK` (`0` skips the Redlock runs).
 
-mod bench_support;
+mod redis_bench_support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bench_support::{BoxError, CLIENTS, TTL, WAIT, env, ours_cycle};
 use conformance::bench::{self, LatencyStats};
 use conformance::servers::redis::RedisServer;
+use lock_bench::redis::{RedisFloor, RedisPermitFloor, RedlockFloor};
 use lock_core::LockClient;
 use lock_core::floor::RawFloor;
-use lock_redis::floor::{RedisFloor, RedisPermitFloor, RedlockFloor};
+use redis_bench_support::{BoxError, CLIENTS, TTL, WAIT, env, ours_cycle};
 use tokio::time::Instant;
 
 fn line(label: &str, s: &LatencyStats) {

@@ -7,13 +7,11 @@ use std::time::Duration;
 use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{LeaseKind, LockError, LockKey, Operation, OwnerId, async_trait, check_ttl};
 
+use lock_redis::keys::{SHARED, SemNames};
+use lock_redis::{MIN_TTL, RedisBackend, RedisConfig, RedisTopology};
+
 use super::resp::Reply;
-use super::{FloorNode, Target, floor_config, unsupported};
-use crate::config::{RedisConfig, RedisTopology};
-use crate::driver::{MIN_TTL, RedisBackend};
-use crate::error::{NAME, unexpected};
-use crate::scripts::ttl_ms;
-use crate::shared_scripts::{SHARED, SemNames};
+use super::{FloorNode, NAME, Target, floor_config, ttl_ms, unexpected, unsupported};
 
 /// `count` of `limit` permits of a semaphore by hand on one bare
 /// connection to one server: the floor a permit acquire+release of the
@@ -87,14 +85,14 @@ impl RedisPermitFloor {
     ) -> Result<Self, LockError> {
         LeaseKind::permits(count, limit)?;
         let config = backend.config();
-        if config.tls {
+        if config.uses_tls() {
             return Err(unsupported("TLS", "use redis://"));
         }
         Self::with_config(config, count, limit).await
     }
 
     async fn with_config(config: &RedisConfig, count: u32, limit: u32) -> Result<Self, LockError> {
-        let RedisTopology::Single(node) = &config.topology else {
+        let RedisTopology::Single(node) = config.topology() else {
             return Err(unsupported(
                 "permit variant for this topology",
                 "one server, redis://",
@@ -104,7 +102,7 @@ impl RedisPermitFloor {
         let node = FloorNode::connect_loading(Target::new(config, node), &codes).await?;
         Ok(Self {
             node,
-            prefix: config.prefix.clone(),
+            prefix: config.key_prefix().to_owned(),
             count: count.to_string(),
             limit: limit.to_string(),
         })

@@ -16,7 +16,7 @@
 //!    waiters).
 //!
 //! Script text, key names and arguments are the driver's own
-//! (`crate::scripts`), so the floor makes the same grant and excludes with
+//! ([`lock_redis::keys`]), so the floor makes the same grant and excludes with
 //! the driver on the same key. A `NOSCRIPT` answer (the server's script
 //! cache was flushed) is followed by the same call as `EVAL`.
 //!
@@ -38,7 +38,7 @@
 
 mod permits;
 mod redlock;
-pub(crate) mod resp;
+mod resp;
 
 use std::fmt;
 use std::sync::Arc;
@@ -48,6 +48,8 @@ use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{
     ErrorKind, LockError, LockKey, Operation, OwnerId, async_trait, check_ttl, with_timeout,
 };
+use lock_redis::keys::{KeyNames, LuaScript, Scripts};
+use lock_redis::{MIN_TTL, RedisBackend, RedisConfig, RedisNode, RedisTopology};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -55,10 +57,91 @@ pub use permits::RedisPermitFloor;
 pub use redlock::RedlockFloor;
 use resp::Reply;
 
-use crate::config::{RedisConfig, RedisNode, RedisTopology};
-use crate::driver::{MIN_TTL, RedisBackend};
-use crate::error::{NAME, Redacted, error_reply_kind, unexpected};
-use crate::scripts::{Answer, KeyNames, LuaScript, NodeGrant, Scripts, grant_of, ttl_ms};
+/// The backend name the floors' errors carry (the driver's).
+const NAME: &str = "redis";
+
+lock_core::floor_fn!(fn floor_single = RedisFloor::connect);
+lock_core::floor_fn!(fn floor_redlock = RedlockFloor::connect);
+lock_core::floor_fn!(fn permit_floor_single = one_of_four);
+
+/// One permit of a semaphore of 4 per cycle (the hook's contract).
+async fn one_of_four(url: &str) -> Result<RedisPermitFloor, LockError> {
+    RedisPermitFloor::connect(url, 1, 4).await
+}
+
+/// The scheme of `url`, lowercased (the floors' choice of topology).
+fn scheme(url: &str) -> String {
+    lock_core::driver::scheme_of(url).to_ascii_lowercase()
+}
+
+/// The mutex floor of a Redis URL (`lock_bench::for_driver("redis")`):
+/// [`RedisFloor`] for one server, [`RedlockFloor`] for Redlock; none for
+/// Sentinel and Cluster.
+pub fn floor(url: &str) -> lock_core::driver::BoxFuture<'_, FloorResult> {
+    match scheme(url).as_str() {
+        "redis" | "rediss" => floor_single(url),
+        "redlock" => floor_redlock(url),
+        _ => Box::pin(async { Ok(None) }),
+    }
+}
+
+/// One permit of a semaphore of 4 by hand, on one server (`redis://`; TLS
+/// is refused as by the mutex floor); other topologies have none.
+pub fn permit_floor(url: &str) -> lock_core::driver::BoxFuture<'_, FloorResult> {
+    match scheme(url).as_str() {
+        "redis" | "rediss" => permit_floor_single(url),
+        _ => Box::pin(async { Ok(None) }),
+    }
+}
+
+/// What a floor hook answers.
+type FloorResult = Result<Option<Box<dyn RawFloor>>, LockError>;
+
+/// A server's error text with every secret scrubbed out.
+#[derive(Debug)]
+struct Redacted(String);
+
+impl Redacted {
+    fn new(err: &dyn fmt::Display, secrets: &[String]) -> Self {
+        let mut text = err.to_string();
+        for secret in secrets {
+            text = text.replace(secret.as_str(), "<redacted>");
+        }
+        Self(text)
+    }
+}
+
+impl fmt::Display for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Redacted {}
+
+/// The kind of a server's error reply, from its code (the first word).
+fn error_reply_kind(text: &str) -> ErrorKind {
+    match text.split(' ').next().unwrap_or_default() {
+        "WRONGPASS" | "NOAUTH" | "NOPERM" => ErrorKind::Config,
+        "LOADING" | "BUSY" | "MASTERDOWN" | "READONLY" | "TRYAGAIN" => ErrorKind::Unavailable,
+        _ => ErrorKind::Backend,
+    }
+}
+
+/// A script answered something it never returns.
+fn unexpected(op: Operation, answer: &dyn fmt::Debug) -> LockError {
+    LockError::new(
+        ErrorKind::Backend,
+        op,
+        format!("unexpected answer from the lock script: {answer:?}"),
+    )
+    .with_backend(NAME)
+}
+
+/// A TTL as the scripts' `PX` argument (whole milliseconds).
+fn ttl_ms(ttl: Duration) -> String {
+    ttl.as_millis().to_string()
+}
 
 /// The acquire and release scripts by hand on one bare connection to one
 /// server: the floor our acquire+release cycle is measured against.
@@ -70,7 +153,7 @@ use crate::scripts::{Answer, KeyNames, LuaScript, NodeGrant, Scripts, grant_of, 
 /// ```no_run
 /// use std::time::Duration;
 /// use lock_core::floor::RawFloor;
-/// use lock_redis::floor::RedisFloor;
+/// use lock_bench::redis::RedisFloor;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lock_core::LockError> {
@@ -114,7 +197,7 @@ fn unsupported(what: &str, instead: &str) -> LockError {
 fn floor_config(url: &str) -> Result<RedisConfig, LockError> {
     let config = RedisConfig::from_url(url)?;
     config.validate()?;
-    if config.tls {
+    if config.uses_tls() {
         return Err(unsupported(
             "TLS",
             "it speaks RESP on a bare TCP connection; use redis://",
@@ -125,7 +208,7 @@ fn floor_config(url: &str) -> Result<RedisConfig, LockError> {
 
 impl RedisFloor {
     /// Connects to the one server of a `redis://` URL (same syntax and
-    /// options as [`crate::connect`]; `prefix`, `timeout` and the database
+    /// options as [`lock_redis::connect`]; `prefix`, `timeout` and the database
     /// and credentials are used) on one bare TCP connection, and loads the
     /// driver's acquire and release scripts.
     ///
@@ -157,20 +240,21 @@ impl RedisFloor {
     /// As [`connect`](Self::connect).
     pub async fn from_backend(backend: &RedisBackend) -> Result<Self, LockError> {
         let config = backend.config();
-        if config.tls {
+        if config.uses_tls() {
             return Err(unsupported("TLS", "use redis://"));
         }
         Self::with_config(config).await
     }
 
     async fn with_config(config: &RedisConfig) -> Result<Self, LockError> {
-        let node = match &config.topology {
+        let node = match config.topology() {
             RedisTopology::Single(node) => node,
             RedisTopology::Redlock(_) => {
                 return Err(unsupported("single-server Redlock", "use RedlockFloor"));
             }
             RedisTopology::Sentinel { .. } => return Err(unsupported("Sentinel", "one server")),
             RedisTopology::Cluster(_) => return Err(unsupported("Cluster", "one server")),
+            _ => return Err(unsupported("this topology", "one server")),
         };
         let scripts = Scripts::new();
         let node = FloorNode::connect(Target::new(config, node), &scripts).await?;
@@ -178,7 +262,7 @@ impl RedisFloor {
             shared: Arc::new(Shared {
                 node,
                 scripts,
-                prefix: config.prefix.clone(),
+                prefix: config.key_prefix().to_owned(),
             }),
         })
     }
@@ -288,21 +372,27 @@ impl GrantRequest {
         .map_err(|e| e.with_key(&self.key))
     }
 
-    /// The acquire script's answer, read as the driver reads it
-    /// ([`grant_of`]): the token when granted, `None` when held.
+    /// The acquire script's answer, read as the driver reads it: `{1,
+    /// token}` granted (the token an integer, or the counter's string when
+    /// a resent acquire found its own grant), `{0, pttl}` held.
     fn granted(&self, reply: Reply) -> Result<Option<u64>, LockError> {
-        if let Reply::Array(Some(items)) = &reply
-            && let [Reply::Int(flag), answer] = items.as_slice()
-        {
-            let answer = match answer {
-                Reply::Int(n) => Answer::Int(*n),
-                Reply::Bulk(Some(bytes)) => Answer::Text(bytes),
-                _ => Answer::Other,
-            };
-            match grant_of(*flag, answer) {
-                Some(NodeGrant::Granted(token)) => return Ok(Some(token)),
-                Some(NodeGrant::Held(_)) => return Ok(None),
-                None => {}
+        if let Reply::Array(Some(items)) = &reply {
+            match items.as_slice() {
+                [Reply::Int(1), Reply::Int(n)] => {
+                    if let Ok(token) = u64::try_from(*n) {
+                        return Ok(Some(token));
+                    }
+                }
+                [Reply::Int(1), Reply::Bulk(Some(bytes))] => {
+                    if let Some(token) = std::str::from_utf8(bytes)
+                        .ok()
+                        .and_then(|t| t.parse::<u64>().ok())
+                    {
+                        return Ok(Some(token));
+                    }
+                }
+                [Reply::Int(0), Reply::Int(_)] => return Ok(None),
+                _ => {}
             }
         }
         Err(unexpected(Operation::TryAcquire, &reply).with_key(&self.key))
@@ -355,13 +445,18 @@ struct Target {
 
 impl Target {
     fn new(config: &RedisConfig, node: &RedisNode) -> Self {
+        let (username, password) = config.credentials();
         Self {
             node: node.clone(),
-            username: config.username.clone(),
-            password: config.password.clone(),
-            db: config.db,
-            timeout: config.operation_timeout,
-            secrets: config.secrets(),
+            username: username.map(str::to_owned),
+            password: password.map(str::to_owned),
+            db: config.database(),
+            timeout: config.timeout(),
+            secrets: password
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .into_iter()
+                .collect(),
         }
     }
 

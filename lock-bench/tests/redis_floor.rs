@@ -10,9 +10,9 @@ use std::time::Duration;
 use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::redis::RedisServer;
+use lock_bench::redis::{RedisFloor, RedlockFloor};
 use lock_core::floor::RawFloor;
 use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockKey};
-use lock_redis::floor::{RedisFloor, RedlockFloor};
 use lock_redis::{RedisBackend, RedisConfig};
 
 async fn lock_keys(port: u16) -> Vec<String> {

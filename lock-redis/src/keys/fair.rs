@@ -14,8 +14,8 @@ use std::sync::LazyLock;
 
 use lock_core::LockKey;
 
-use crate::scripts::{KeyNames, LuaScript};
-use crate::shared_scripts::prelude;
+use crate::keys::shared::prelude;
+use crate::keys::{KeyNames, LuaScript};
 
 /// KEYS: lock, counter, queue, queue expiries, sequence, holder details,
 /// [token floor].
@@ -37,7 +37,7 @@ use crate::shared_scripts::prelude;
 ///   the mutex's acquire does.
 const FAIR_ACQUIRE: &str = concat!(
     prelude!(),
-    crate::scripts::grant_fns!(),
+    crate::keys::grant_fns!(),
     r"
 local owner, wait = ARGV[1], tonumber(ARGV[3])
 if redis.pcall('GET', KEYS[1]) == owner then
@@ -99,7 +99,7 @@ return n
 /// returns the grants it made, their TTLs set again.
 const MULTI_ACQUIRE: &str = concat!(
     prelude!(),
-    crate::scripts::grant_fns!(),
+    crate::keys::grant_fns!(),
     r"
 local ttl, fair, n = ARGV[1], ARGV[2] == '1', math.floor(#KEYS / 5)
 local floor, details = KEYS[5 * n + 1], ARGV[3 + n]

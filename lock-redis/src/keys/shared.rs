@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use lock_core::LockKey;
 
-use crate::scripts::{KeyNames, LuaScript, holder_key};
+use crate::keys::{KeyNames, LuaScript, holder_key};
 
 /// The Lua helpers every script starts with: `now` (server ms), `fmt`,
 /// `sweep` (drop members whose expiry passed, and the same members from
@@ -80,7 +80,7 @@ pub(crate) use prelude;
 ///   writer's `PX`).
 const RW_ACQUIRE: &str = concat!(
     prelude!(),
-    crate::scripts::grant_fns!(),
+    crate::keys::grant_fns!(),
     r"
 local owner, ttl, kind, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local swept = sweep(KEYS[4], {{'ZREM', KEYS[3]}}) + sweep(KEYS[2], {{'HDEL', KEYS[6]}})
@@ -319,20 +319,36 @@ return out
 "
 );
 
-/// The scripts of the shared shapes, hashed once per process.
+/// The scripts of the shared shapes (read-write locks and semaphores),
+/// hashed once per process. Each script's KEYS and ARGV are described at
+/// its text in the source.
 #[derive(Debug)]
-pub(crate) struct SharedScripts {
-    pub(crate) rw_acquire: LuaScript,
-    pub(crate) rw_downgrade: LuaScript,
-    pub(crate) rw_abandon: LuaScript,
-    pub(crate) rw_holders: LuaScript,
-    pub(crate) sem_acquire: LuaScript,
-    pub(crate) sem_holders: LuaScript,
-    pub(crate) remove: LuaScript,
-    pub(crate) zrenew: LuaScript,
+pub struct SharedScripts {
+    /// A read or write grant (or a waiting writer's entry).
+    pub rw_acquire: LuaScript,
+    /// A write lease turned into a read lease with the same token.
+    pub rw_downgrade: LuaScript,
+    /// Removes a read-write waiter's traces.
+    pub rw_abandon: LuaScript,
+    /// The writer and readers of a read-write lock.
+    pub rw_holders: LuaScript,
+    /// KEYS: holders, counts, tokens, queue, queue expiry, counters,
+    /// details. ARGV: owner, ttl ms, count, limit, wait ms (`0`: a try),
+    /// channel, details. `{1, token}` granted, `{0, _}` refused, `{-1,
+    /// limit in use}` for another limit.
+    pub sem_acquire: LuaScript,
+    /// The permit holders of a semaphore.
+    pub sem_holders: LuaScript,
+    /// KEYS: `nz` sorted sets, then hashes. ARGV: owner, channel, `nz`.
+    /// Removes a share (a reader, a permit holder, a waiter) from all of
+    /// them and publishes: 1 when it was a live member of the first set.
+    pub remove: LuaScript,
+    /// Compare-and-renew of a share's expiry.
+    pub zrenew: LuaScript,
 }
 
-pub(crate) static SHARED: LazyLock<SharedScripts> = LazyLock::new(|| SharedScripts {
+/// The shared shapes' scripts.
+pub static SHARED: LazyLock<SharedScripts> = LazyLock::new(|| SharedScripts {
     rw_acquire: LuaScript::new(RW_ACQUIRE),
     rw_downgrade: LuaScript::new(RW_DOWNGRADE),
     rw_abandon: LuaScript::new(RW_ABANDON),
@@ -345,30 +361,32 @@ pub(crate) static SHARED: LazyLock<SharedScripts> = LazyLock::new(|| SharedScrip
 
 /// The Redis names of one read-write lock: `<prefix>{<key>}:rw:<part>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct RwNames {
+pub struct RwNames {
     /// The writer: a plain string (the owner) with PX.
-    pub(crate) writer: String,
+    pub writer: String,
     /// Readers: sorted set, member = owner, score = its expiry (server ms).
-    pub(crate) readers: String,
+    pub readers: String,
     /// Waiting writers by arrival (score = sequence number).
-    pub(crate) queue: String,
+    pub queue: String,
     /// Waiting writers by expiry (score = server ms).
-    pub(crate) queue_expiry: String,
+    pub queue_expiry: String,
     /// Hash kept forever: `token` (counter), `epoch` (last write token),
     /// `seq` (arrival counter).
-    pub(crate) counters: String,
+    pub counters: String,
     /// Hash owner -> holder details of each reader (expires with the
     /// readers set).
-    pub(crate) details: String,
+    pub details: String,
     /// `<writer>:holder`: the writer's holder details, as the mutex keeps
     /// its holder's (`<owner> <details>`, the writer's `PX`; renewed by
     /// the mutex's renewal batches with the writer).
-    pub(crate) writer_details: String,
-    pub(crate) channel: String,
+    pub writer_details: String,
+    /// The channel a release publishes on.
+    pub channel: String,
 }
 
 impl RwNames {
-    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
+    /// The names of `key`'s read-write lock under `prefix`.
+    pub fn new(prefix: &str, key: &LockKey) -> Self {
         let base = format!("{}:rw", KeyNames::new(prefix, key).lock);
         let writer = format!("{base}:writer");
         Self {
@@ -386,27 +404,29 @@ impl RwNames {
 
 /// The Redis names of one semaphore: `<prefix>{<key>}:sem:<part>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct SemNames {
+pub struct SemNames {
     /// Permit holders: sorted set, member = owner, score = its expiry.
-    pub(crate) holders: String,
+    pub holders: String,
     /// Hash owner -> permits it holds.
-    pub(crate) counts: String,
+    pub counts: String,
     /// Hash owner -> its fencing token.
-    pub(crate) tokens: String,
+    pub tokens: String,
     /// Waiting requests by arrival.
-    pub(crate) queue: String,
+    pub queue: String,
     /// Waiting requests by expiry.
-    pub(crate) queue_expiry: String,
+    pub queue_expiry: String,
     /// Hash kept forever: `token`, `seq`, `limit` (the limit in use).
-    pub(crate) counters: String,
+    pub counters: String,
     /// Hash owner -> holder details of each permit holder (expires with
     /// the holders set).
-    pub(crate) details: String,
-    pub(crate) channel: String,
+    pub details: String,
+    /// The channel a release publishes on.
+    pub channel: String,
 }
 
 impl SemNames {
-    pub(crate) fn new(prefix: &str, key: &LockKey) -> Self {
+    /// The names of `key`'s semaphore under `prefix`.
+    pub fn new(prefix: &str, key: &LockKey) -> Self {
         let base = format!("{}:sem", KeyNames::new(prefix, key).lock);
         Self {
             holders: format!("{base}:holders"),
