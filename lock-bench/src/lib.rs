@@ -8,6 +8,8 @@
 
 use lock_core::driver::FloorFn;
 
+pub mod etcd;
+
 pub mod redis;
 
 /// A driver's benchmark hooks.
@@ -33,7 +35,11 @@ pub fn for_driver(driver: &str) -> Floors {
             // FIFO mutexes on one server, Sentinel and Cluster.
             fair_option: Some("fair=true"),
         },
-        "etcd" => from_descriptor(&lock_etcd::DRIVER),
+        "etcd" => Floors {
+            floor: Some(etcd::floor),
+            permit_floor: Some(etcd::permit_floor),
+            fair_option: None,
+        },
         "zk" => from_descriptor(&lock_zk::DRIVER),
         "sql" => from_descriptor(&lock_sql::DRIVER),
         _ => Floors::default(),

@@ -1,7 +1,14 @@
-//! The key layout, shared by the driver and the floor: how a [`LockKey`]
-//! becomes the prefix its entries live under, the entry names, and the
-//! transactions of etcd's concurrency mutex on them (the create that reads
-//! the oldest entry in the same revision, and the guarded delete).
+//! The key layout: how a [`LockKey`] becomes the prefix its entries live
+//! under, the entry names and values, and the transactions of etcd's
+//! concurrency mutex on them (the create that reads the oldest entry in the
+//! same revision, and the guarded delete).
+//!
+//! The public items are the layout other clients (and the benchmark floor,
+//! which issues the same transactions by hand) need to take the same locks:
+//! a mutex on `key` under the prefix `locks` is the entry
+//! `locks/<escaped key>/<lease hex>` whose value starts with the owner's
+//! hex ([`key_prefix`], [`plain_entry`], [`mutex_value`]); read-write locks
+//! and semaphores live under [`shape_prefix`] with [`entry_value`]s.
 
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
@@ -9,13 +16,11 @@ use etcd_client::{
 };
 use lock_core::{HolderDetails, LeaseKind, LockKey, LockShape, OwnerId};
 
-use crate::session::Session;
-
 /// Escapes a lock key into one path segment: `%` and `/` are
 /// percent-encoded, so `a` and `a/b` get disjoint prefixes (`a/` and
 /// `a%2Fb/`). Other keys are unchanged, so `etcdctl lock <prefix>/<key>`
 /// names the same lock.
-pub(crate) fn escape_key(key: &str) -> String {
+pub fn escape_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
     for c in key.chars() {
         match c {
@@ -51,7 +56,7 @@ pub(crate) fn unescape_key(segment: &str) -> Option<String> {
 
 /// `<prefix>/<escaped key>/` (`<escaped key>/` without a prefix), where
 /// `prefix` is normalized (no trailing separator).
-pub(crate) fn key_prefix(prefix: &str, key: &LockKey) -> String {
+pub fn key_prefix(prefix: &str, key: &LockKey) -> String {
     if prefix.is_empty() {
         format!("{}/", escape_key(key.as_str()))
     } else {
@@ -95,9 +100,9 @@ impl Created {
 /// plain entry under the key (its owner id names the session, see
 /// [`crate::EtcdBackend`]'s `resolve_lease`), else the last segment,
 /// `<lease hex>-<n>` (the key's prefix is known from the lease's key).
-pub(crate) fn lease_data<'a>(session: &Session, entry: &'a str) -> &'a str {
+pub(crate) fn lease_data<'a>(session_hex: &str, entry: &'a str) -> &'a str {
     let leaf = entry.rsplit('/').next().unwrap_or(entry);
-    if leaf == session.hex() { "" } else { leaf }
+    if leaf == session_hex { "" } else { leaf }
 }
 
 /// The entry a lease's data names under `key_prefix` (the inverse of
@@ -128,7 +133,7 @@ pub(crate) fn entry_of_lease(
 
 /// `<key prefix><lease hex>`: the plain entry of a lease under a key, the
 /// name etcd's concurrency mutex (and `etcdctl lock`) uses.
-pub(crate) fn plain_entry(key_prefix: &str, lease_hex: &str) -> String {
+pub fn plain_entry(key_prefix: &str, lease_hex: &str) -> String {
     format!("{key_prefix}{lease_hex}")
 }
 
@@ -194,7 +199,7 @@ pub(crate) fn create_txn(key_prefix: &str, entry: &str, lease_id: i64, value: St
 /// instant, [`HolderDetails::encode_current`]). `etcdctl lock` writes an
 /// empty value and never reads it; `etcdctl elect -l` prints a candidate's
 /// whole value as its proposal.
-pub(crate) fn mutex_value(owner: OwnerId) -> String {
+pub fn mutex_value(owner: OwnerId) -> String {
     format!("{} {}", owner.to_hex(), HolderDetails::encode_current())
 }
 
@@ -263,7 +268,7 @@ pub(crate) const SEM_TAG: &str = "%sem";
 /// key>/` for [`LockShape::Mutex`]). An escaped key never holds a `%`
 /// that is not followed by `25` or `2F`, so these prefixes are disjoint
 /// from every mutex prefix and from each other.
-pub(crate) fn shape_prefix(prefix: &str, key: &LockKey, shape: LockShape) -> String {
+pub fn shape_prefix(prefix: &str, key: &LockKey, shape: LockShape) -> String {
     let tag = match shape {
         LockShape::ReadWrite => RW_TAG,
         LockShape::Semaphore => SEM_TAG,
@@ -338,7 +343,7 @@ pub(crate) fn is_shared_entry(entry: &str) -> bool {
 /// `<kind code> <owner hex> <holder details>` (`r ..`, `w ..`,
 /// `p<count>-<limit> ..`, then [`HolderDetails::encode_current`]); the
 /// mutex's [`mutex_value`] for [`LeaseKind::Exclusive`].
-pub(crate) fn entry_value(kind: LeaseKind, owner: OwnerId) -> String {
+pub fn entry_value(kind: LeaseKind, owner: OwnerId) -> String {
     match kind {
         LeaseKind::Exclusive => mutex_value(owner),
         other => format!(
@@ -350,21 +355,25 @@ pub(crate) fn entry_value(kind: LeaseKind, owner: OwnerId) -> String {
 }
 
 /// `<kind code> <owner hex>`: what a shared entry's value starts with.
-pub(crate) fn shared_owner_part(kind: LeaseKind, owner: OwnerId) -> String {
+pub fn shared_owner_part(kind: LeaseKind, owner: OwnerId) -> String {
     format!("{} {}", kind.code(), owner.to_hex())
 }
 
 /// A shared entry's value as read: its kind, its owner (hex) and the
 /// holder details when it carries them (an earlier version wrote
 /// `<kind code> <owner hex>` alone).
-pub(crate) struct SharedValue<'a> {
-    pub(crate) kind: LeaseKind,
-    pub(crate) owner: &'a str,
-    pub(crate) details: Option<HolderDetails>,
+#[derive(Debug)]
+pub struct SharedValue<'a> {
+    /// The grant's kind (never [`LeaseKind::Exclusive`]).
+    pub kind: LeaseKind,
+    /// The owner id, in hex.
+    pub owner: &'a str,
+    /// The holder details, when the value carries them.
+    pub details: Option<HolderDetails>,
 }
 
 /// Reads an entry value of a shared kind ([`entry_value`]).
-pub(crate) fn parse_shared_value(value: &[u8]) -> Option<SharedValue<'_>> {
+pub fn parse_shared_value(value: &[u8]) -> Option<SharedValue<'_>> {
     let text = std::str::from_utf8(value).ok()?;
     let (code, rest) = text.split_once(' ')?;
     let kind = LeaseKind::from_code(code).ok()?;

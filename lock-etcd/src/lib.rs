@@ -65,8 +65,7 @@ mod connect;
 mod descriptor;
 mod driver;
 mod error;
-pub mod floor;
-mod keys;
+pub mod keys;
 mod session;
 
 pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TTL, EtcdConfig, EtcdTls};

@@ -192,7 +192,7 @@ impl EtcdBackend {
         let token =
             u64::try_from(revision).map_err(|_| protocol_error(op, key, "negative revision"))?;
         let data = match layout {
-            Layout::Mutex => lease_data(session, &pending.entry).to_owned(),
+            Layout::Mutex => lease_data(session.hex(), &pending.entry).to_owned(),
             Layout::Election => election_lease_data(&pending.entry),
         };
         let grant = Grant {

@@ -14,7 +14,6 @@ use conformance::servers::etcd::EtcdServer;
 use conformance::{Harness, OrSkip, SuiteConfig, run_suite};
 use lock_core::LockBackendExt;
 use lock_core::{ErrorKind, LockBackend, LockClient, LockKey, LockState};
-use lock_etcd::floor::EtcdFloor;
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -438,48 +437,6 @@ async fn cancelled_acquires_leave_no_entry_behind() {
         let lease = backend.try_acquire(key, ttl).await.unwrap();
         assert!(lease.is_some(), "{key} still held");
     }
-}
-
-/// The benchmark floor issues the driver's transactions on the driver's
-/// layout: it excludes and is excluded by the driver on the same name,
-/// never steals a held key, and leaves no entry behind.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn benchmark_floor_uses_the_driver_layout() {
-    let Some(server) = EtcdServer::start().await.or_skip() else {
-        return;
-    };
-    let ttl = Duration::from_secs(5);
-    let floor = Arc::new(
-        EtcdFloor::connect(&server.url("floor", "ttl=5s&timeout=1s"))
-            .await
-            .unwrap(),
-    );
-    let backend = connect_for(&server, "floor", ttl).await;
-    let key = LockKey::new("k").unwrap();
-    for _ in 0..3 {
-        floor.cycle("k", ttl).await.unwrap();
-    }
-    let lease = granted(&backend, &key, ttl).await;
-    let err = floor.cycle("k", ttl).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Contended, "{err}");
-    // The refused floor cycle removed its queued entry; ours still holds.
-    assert_eq!(common::raw_count(&backend, "floor/k/").await, 1);
-    assert_eq!(
-        backend.inspect(&key).await.unwrap().unwrap().token,
-        Some(lease.token())
-    );
-    assert!(backend.release(&lease).await.unwrap());
-    // Parallel cycles on distinct keys, as the benchmarks run them.
-    conformance::bench::floor_cycles_in_parallel(floor.clone(), ttl, 8, 20)
-        .await
-        .unwrap();
-    let left = common::raw_count(&backend, "floor/").await;
-    assert_eq!(left, 0, "the floor left entries behind");
-    // Bad inputs are typed errors.
-    conformance::bench::assert_floor_refuses_bad_input(&*floor, ttl, Duration::from_millis(10))
-        .await;
-    let err = EtcdFloor::connect("etcd://").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

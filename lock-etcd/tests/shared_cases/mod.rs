@@ -427,64 +427,6 @@ async fn crashed_and_cancelled_holders_free_their_share() {
     wipe(real, &k).await;
 }
 
-/// The permit floor takes permits of the driver's semaphores (same layout,
-/// same limit rule) and leaves nothing behind.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn permit_floor_uses_the_driver_layout() {
-    use lock_core::floor::RawFloor;
-    let Some(server) = EtcdServer::start().await.or_skip() else {
-        return;
-    };
-    let real = backend(&server).await;
-    let floor = lock_etcd::floor::EtcdPermitFloor::from_backend(&real, 1, 2)
-        .await
-        .expect("floor");
-    assert_eq!(floor.round_trips_per_cycle(), 2);
-    let k = key("floor");
-    for _ in 0..3 {
-        floor.cycle(k.as_str(), TTL).await.expect("cycle");
-    }
-    let held = granted(&*real, &k, permits(2, 2), "2 of 2").await;
-    assert!(
-        floor.try_grant(k.as_str(), TTL).await.unwrap().is_none(),
-        "the floor overfilled"
-    );
-    assert!(real.release(&held).await.unwrap());
-    let one = granted(&*real, &k, permits(1, 2), "1 of 2").await;
-    let grant = floor
-        .try_grant(k.as_str(), TTL)
-        .await
-        .unwrap()
-        .expect("the floor's permit");
-    assert!(grant.token > one.token().get());
-    assert!(
-        real.try_acquire_kind(&k, permits(1, 2), TTL)
-            .await
-            .unwrap()
-            .is_none(),
-        "3 of 2"
-    );
-    assert!(floor.release(&grant).await.unwrap());
-    assert!(real.release(&one).await.unwrap());
-    let wrong = granted(&*real, &k, permits(1, 3), "idle: 1 of 3").await;
-    let refused = floor.try_grant(k.as_str(), TTL).await.unwrap_err();
-    assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
-    assert!(real.release(&wrong).await.unwrap());
-    assert_eq!(raw_entries(&real, &k, "%sem").await, 0);
-    // The descriptor's permit floor: one permit of 4.
-    let url = server.url(PREFIX, "ttl=2s&timeout=1s");
-    let described = (lock_etcd::DRIVER.permit_floor.expect("permit floor"))(&url)
-        .await
-        .expect("connect")
-        .expect("a floor");
-    let three = granted(&*real, &k, permits(3, 4), "3 of 4").await;
-    described
-        .cycle(k.as_str(), TTL)
-        .await
-        .expect("the 4th permit");
-    assert!(real.release(&three).await.unwrap());
-}
-
 /// A stalled holder keeps its session alive but never renews: its share is
 /// deleted by the session's expiry task at the end of its own TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! Probe (not a test): what TLS (`etcds://`) costs one etcd acquire+release
 //! cycle, one client, interleaved rounds:
 //!
-//! - the hand floor ([`lock_etcd::floor::EtcdFloor`], plaintext: it has no
+//! - the hand floor ([`lock_bench::etcd::EtcdFloor`], plaintext: it has no
 //!   TLS) against a plaintext server;
 //! - ours (`LockClient`, waiting acquire, then `release`) against the same
 //!   plaintext server;
@@ -13,12 +13,12 @@
 //! `ONLY=<0..2>` runs one side alone (for `strace` or a profiler).
 //!
 //! ```text
-//! cargo build --release -p lock-etcd --example etcd_tls
+//! cargo build --release -p lock-bench --example etcd_tls
 //! target/release/examples/etcd_tls 2000
 //! ```
 #![allow(missing_docs)]
 
-#[path = "../tests/certs/mod.rs"]
+#[path = "../../lock-etcd/tests/certs/mod.rs"]
 mod certs;
 
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ async fn main() {
         .expect("a TLS etcd");
     let plain_url = plain.url("probe", "");
     let tls_url = tls.url("probe", &format!("ca={}", certs.path("ca.pem").display()));
-    let floor = lock_etcd::floor::EtcdFloor::connect(&plain_url)
+    let floor = lock_bench::etcd::EtcdFloor::connect(&plain_url)
         .await
         .expect("floor");
     let ours_plain = LockClient::new(lock_etcd::connect(&plain_url).await.expect("plaintext"));

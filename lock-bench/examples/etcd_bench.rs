@@ -1,10 +1,10 @@
 //! Benchmark (not a test): our acquire+release cycle as users write it
 //! (`client.lock(k).ttl(30s).wait(60s).acquire()`, then `guard.release()`)
-//! against the raw floor ([`lock_etcd::floor::EtcdFloor`]: the create
+//! against the raw floor ([`lock_bench::etcd::EtcdFloor`]: the create
 //! transaction and the guarded delete on a client and lease of its own), on
 //! an etcd this program starts itself. Asserts nothing.
 //!
-//! `cargo run --release -p lock-etcd --example etcd_bench [-- <cycles>]`
+//! `cargo run --release -p lock-bench --example etcd_bench [-- <cycles>]`
 //!
 //! Prints, ours and the floor interleaved so that machine load hits both
 //! alike, [`conformance::bench::StandardFigures`]:
@@ -15,7 +15,7 @@
 //!   with `try_grant`; ours watches its predecessor) and the busiest
 //!   client's grants over the least busy one's;
 //! - 1 client, one permit of a semaphore of 4 (a waiting acquire and its
-//!   release) against [`lock_etcd::floor::EtcdPermitFloor`];
+//!   release) against [`lock_bench::etcd::EtcdPermitFloor`];
 //! - 8 clients on one key, each holding 1 ms: as readers of a read-write
 //!   lock against as clients of the mutex (throughput).
 
@@ -27,9 +27,9 @@ use conformance::bench::{
     ratio, standard_figures,
 };
 use conformance::servers::etcd::EtcdServer;
+use lock_bench::etcd::{EtcdFloor, EtcdPermitFloor};
 use lock_core::LockClient;
 use lock_core::floor::RawFloor;
-use lock_etcd::floor::{EtcdFloor, EtcdPermitFloor};
 
 const TTL: Duration = Duration::from_secs(30);
 

@@ -12,7 +12,7 @@ use h2::RecvStream;
 use h2::client::SendRequest;
 use lock_core::{ErrorKind, LockError, Operation};
 
-use crate::error::NAME;
+use super::NAME;
 
 /// One HTTP/2 connection to one etcd member, and the auth token to send.
 #[derive(Clone)]

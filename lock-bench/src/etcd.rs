@@ -1,8 +1,9 @@
-//! The raw floor of an acquire+release cycle, for benchmarks.
+//! The etcd floor: the raw floor of an acquire+release cycle, for
+//! benchmarks.
 //!
 //! [`EtcdFloor`] speaks etcd's gRPC API **by hand on one bare HTTP/2
 //! connection of its own** (the `h2` crate over a tokio `TcpStream`, the
-//! protobuf messages encoded and decoded in `floor/wire.rs`): none of the
+//! protobuf messages encoded and decoded in `etcd/wire.rs`): none of the
 //! driver's code runs, and not its `etcd-client` client, tonic channel or
 //! generated messages either. It grants one lease at connect and keeps it
 //! alive on one `LeaseKeepAlive` stream (one keep-alive per TTL/3). A cycle
@@ -17,15 +18,15 @@
 //!
 //! A key found held has our queued entry deleted again (a third RPC, not in
 //! the uncontended cycle). The same transactions as the driver's (written
-//! again here), on the same layout (`crate::keys`, the one module the
+//! again here), on the same layout ([`lock_etcd::keys`], the one module the
 //! floor shares with the driver), so the floor's entries exclude with the
 //! driver's (and `etcdctl lock`'s) on the same key. It talks to the URL's
 //! first endpoint, in plain HTTP/2 (no TLS), with the URL's credentials
 //! if any.
 //!
-//! It exists so benchmarks (`distlock-compare compare`, this crate's `bench`
+//! It exists so benchmarks (`distlock-compare compare`, the `etcd_bench`
 //! example) can report "ours / floor" ratios measured in one run. It is not
-//! a lock API: use [`EtcdBackend`](crate::EtcdBackend) for that.
+//! a lock API: use [`EtcdBackend`](lock_etcd::EtcdBackend) for that.
 
 mod wire;
 
@@ -36,15 +37,46 @@ use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
 
-use crate::config::EtcdConfig;
-use crate::driver::MIN_TTL;
-use crate::error::{NAME, protocol_error};
-use crate::keys::{
+use lock_etcd::keys::{
     entry_value, key_prefix, mutex_value, parse_shared_value, plain_entry, shape_prefix,
     shared_owner_part,
 };
-use crate::session::ttl_secs;
+use lock_etcd::{EtcdConfig, MIN_TTL};
 use wire::{Cmp, Compare, Op, TxnReply, Wire};
+
+/// The backend's name, as the driver's errors carry it.
+const NAME: &str = "etcd";
+
+lock_core::floor_fn!(pub(crate) fn floor = EtcdFloor::connect);
+lock_core::floor_fn!(pub(crate) fn permit_floor = one_of_four);
+
+/// One permit of a semaphore of 4 per cycle (the permit floor's contract).
+async fn one_of_four(url: &str) -> Result<EtcdPermitFloor, LockError> {
+    EtcdPermitFloor::connect(url, 1, 4).await
+}
+
+/// A lease's TTL in whole seconds as etcd grants it: rounded up, at least 1
+/// (as the driver's sessions).
+fn ttl_secs(ttl: Duration) -> u64 {
+    let secs = ttl.as_secs();
+    let secs = if ttl.subsec_nanos() > 0 {
+        secs.saturating_add(1)
+    } else {
+        secs
+    };
+    secs.max(1)
+}
+
+/// An answer the floor cannot read, as the driver reports one.
+fn protocol_error(op: Operation, key: &LockKey, why: &str) -> LockError {
+    LockError::new(
+        ErrorKind::Backend,
+        op,
+        format!("unexpected etcd answer: {why}"),
+    )
+    .with_key(key)
+    .with_backend(NAME)
+}
 
 /// Hand-issued create and guarded-delete transactions on a bare HTTP/2
 /// connection and a lease of its own: the floor our acquire+release cycle
@@ -59,7 +91,7 @@ use wire::{Cmp, Compare, Op, TxnReply, Wire};
 /// ```no_run
 /// use std::time::Duration;
 /// use lock_core::floor::RawFloor;
-/// use lock_etcd::floor::EtcdFloor;
+/// use lock_bench::etcd::EtcdFloor;
 ///
 /// # #[tokio::main]
 /// # async fn main() -> Result<(), lock_core::LockError> {
@@ -106,13 +138,13 @@ impl Drop for EtcdFloor {
 }
 
 impl EtcdFloor {
-    /// Connects a client of its own like [`crate::connect`] (same URL
+    /// Connects a client of its own like [`lock_etcd::connect`] (same URL
     /// syntax and options) and grants one lease of the URL's `ttl`, kept
     /// alive (every TTL/3) until the floor is dropped.
     ///
     /// # Errors
     ///
-    /// As [`crate::connect`]: [`ErrorKind::Config`] for a bad URL or
+    /// As [`lock_etcd::connect`]: [`ErrorKind::Config`] for a bad URL or
     /// rejected credentials, [`ErrorKind::Unavailable`] /
     /// [`ErrorKind::Timeout`] when etcd cannot be reached or the lease
     /// cannot be granted in time.
@@ -136,7 +168,7 @@ impl EtcdFloor {
     /// # Cancel safety
     ///
     /// As [`EtcdFloor::connect`].
-    pub async fn from_backend(backend: &crate::EtcdBackend) -> Result<Self, LockError> {
+    pub async fn from_backend(backend: &lock_etcd::EtcdBackend) -> Result<Self, LockError> {
         Self::open(backend.config()).await
     }
 
@@ -403,7 +435,7 @@ impl EtcdPermitFloor {
     ///
     /// As [`EtcdFloor::connect`].
     pub async fn from_backend(
-        backend: &crate::EtcdBackend,
+        backend: &lock_etcd::EtcdBackend,
         count: u32,
         limit: u32,
     ) -> Result<Self, LockError> {

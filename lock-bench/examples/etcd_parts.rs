@@ -1,7 +1,7 @@
 //! Probe (not a test): where one etcd acquire+release cycle's time goes,
 //! one client, interleaved rounds, against a server this process starts:
 //!
-//! - the hand floor ([`lock_etcd::floor::EtcdFloor`]: the driver's two
+//! - the hand floor ([`lock_bench::etcd::EtcdFloor`]: the driver's two
 //!   transactions, gRPC by hand on one bare HTTP/2 connection);
 //! - the same two transactions through `etcd-client` on its own tonic
 //!   channel (what the driver connects over TLS), no lock-etcd code;
@@ -21,7 +21,7 @@
 //! of the etcd server. Pin it to one CPU to take thread placement out:
 //!
 //! ```text
-//! cargo build --release -p lock-etcd --example etcd_parts
+//! cargo build --release -p lock-bench --example etcd_parts
 //! taskset -c 0 target/release/examples/etcd_parts 2000
 //! ```
 //!
@@ -132,7 +132,7 @@ async fn main() {
         authority: endpoint.clone(),
     }));
     let mut h2_client = Client::from_channel(channel, None).await.unwrap();
-    let floor = lock_etcd::floor::EtcdFloor::connect(&url).await.unwrap();
+    let floor = lock_bench::etcd::EtcdFloor::connect(&url).await.unwrap();
     let lease = tonic_client.lease_grant(30, None).await.unwrap().id();
     let backend = lock_etcd::EtcdBackend::connect(lock_etcd::EtcdConfig::from_url(&url).unwrap())
         .await
