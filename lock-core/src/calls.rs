@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backend::{GrantRequest, LockBackend, poll_holder};
-use crate::election::{ElectionPage, Leader, election_lock_key};
+use crate::backend::{GrantRequest, LockBackend};
+use crate::election::record::{ElectionPage, Leader, election_lock_key};
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
 use crate::kind::{LeaseKind, LockShape};
@@ -409,4 +409,125 @@ fn granted(
 
 fn no_admin(backend: &'static str, what: &str) -> LockError {
     crate::holder::unsupported_admin(backend, what)
+}
+
+/// How a backend without a [`HolderWatch`](crate::HolderWatch) facet is
+/// watched: reads `backend`'s [`inspect`](LockBackendExt::inspect) every
+/// `poll` (at least 5 ms) until the holder is no longer `seen` or
+/// `deadline` passed.
+///
+/// # Errors
+///
+/// As [`LockBackendExt::inspect`](crate::LockBackendExt::inspect).
+///
+/// # Cancel safety
+///
+/// Safe: read-only.
+pub async fn poll_holder<B: LockBackend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    seen: Option<&LockInfo>,
+    poll: Duration,
+    deadline: Instant,
+) -> Result<Option<LockInfo>, LockError> {
+    watch_holder_with(backend, key, seen, poll, deadline, || {
+        std::future::pending()
+    })
+    .await
+}
+
+/// How an election without a notification is watched: reads `backend`'s
+/// [`leader`](LockBackendExt::leader) every `poll` (at least 5 ms) until
+/// the leader is no longer `seen` or `deadline` passed.
+///
+/// # Errors
+///
+/// As [`LockBackendExt::leader`](crate::LockBackendExt::leader).
+///
+/// # Cancel safety
+///
+/// Safe: read-only.
+pub async fn poll_leader<B: LockBackend + ?Sized>(
+    backend: &B,
+    election: &LockKey,
+    seen: Option<&Leader>,
+    poll: Duration,
+    deadline: Instant,
+) -> Result<Option<Leader>, LockError> {
+    watch_with(
+        || backend.leader(election),
+        |now| !Leader::same(now, seen),
+        poll,
+        deadline,
+        std::future::pending,
+    )
+    .await
+}
+
+/// [`poll_holder`] that also wakes early: before each read it calls `arm`,
+/// whose future (already listening when `arm` returns, so a change during
+/// the read is not missed) completes on the store's notification that the
+/// holder may have changed; the read is then repeated at once. A driver
+/// whose store announces some changes (a release message) but not others
+/// (an expiry) watches this way.
+///
+/// # Errors
+///
+/// As [`LockBackendExt::inspect`](crate::LockBackendExt::inspect).
+///
+/// # Cancel safety
+///
+/// Safe: read-only (what `arm` subscribed is dropped with its future).
+pub async fn watch_holder_with<B, A, F>(
+    backend: &B,
+    key: &LockKey,
+    seen: Option<&LockInfo>,
+    poll: Duration,
+    deadline: Instant,
+    arm: A,
+) -> Result<Option<LockInfo>, LockError>
+where
+    B: LockBackend + ?Sized,
+    A: FnMut() -> F,
+    F: std::future::Future<Output = ()>,
+{
+    watch_with(
+        || backend.inspect(key),
+        |now| !LockInfo::same_holder(now, seen),
+        poll,
+        deadline,
+        arm,
+    )
+    .await
+}
+
+/// The loop of the polling watches: `read` until `changed` says what it
+/// read is no longer what the caller saw, or `deadline` passed; between
+/// reads, `poll` (at least 5 ms) or the wake of the future `arm` returned
+/// before the read, whichever comes first.
+async fn watch_with<T, R, RF, A, F>(
+    mut read: R,
+    changed: impl Fn(Option<&T>) -> bool,
+    poll: Duration,
+    deadline: Instant,
+    mut arm: A,
+) -> Result<Option<T>, LockError>
+where
+    R: FnMut() -> RF,
+    RF: std::future::Future<Output = Result<Option<T>, LockError>>,
+    A: FnMut() -> F,
+    F: std::future::Future<Output = ()>,
+{
+    let poll = poll.max(Duration::from_millis(5));
+    loop {
+        let woken = arm();
+        let now = read().await?;
+        if changed(now.as_ref()) || Instant::now() >= deadline {
+            return Ok(now);
+        }
+        tokio::select! {
+            () = woken => {}
+            () = tokio::time::sleep_until(deadline.min(Instant::now() + poll)) => {}
+        }
+    }
 }

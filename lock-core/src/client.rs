@@ -1,5 +1,8 @@
 //! The friendly API: `client.lock("key").ttl(..).wait(..).acquire().await`.
 
+pub(crate) mod multi;
+pub(crate) mod segments;
+
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -10,7 +13,8 @@ use crate::backend::LockBackend;
 use crate::calls::LockBackendExt;
 use crate::capabilities::{Capabilities, Requirements};
 use crate::error::{ErrorKind, LockError, Operation};
-use crate::guard::{LockGuard, RenewalPolicy};
+use crate::guard::LockGuard;
+use crate::hold::RenewalPolicy;
 use crate::key::LockKey;
 use crate::kind::LeaseKind;
 use crate::options::{check_ttl, saturating_add};
@@ -471,10 +475,10 @@ impl LockRequest<'_> {
             .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
         // Inside the scope of a guard of this lock: a nested guard, no
         // second grant (see `reentry`).
-        if let Some(nested) =
+        if let Some((shared, scheduler)) =
             crate::reentry::find(crate::reentry::backend_id(&backend), &key, self.kind)
         {
-            return Ok(nested);
+            return Ok(LockGuard::nested(shared, scheduler));
         }
         let shape = self.kind.shape();
         let span = tracing::debug_span!(

@@ -30,30 +30,16 @@ use tracing::Instrument;
 use crate::calls::LockBackendExt;
 use crate::client::LockClient;
 use crate::error::{LockError, Operation};
-use crate::guard::{LockGuard, LockState};
+use crate::guard::LockGuard;
+use crate::hold::LockState;
 use crate::key::LockKey;
 use crate::options::{check_ttl, saturating_add};
 use crate::types::{FencingToken, LockInfo, OwnerId};
 
-/// What [`election_key`] puts before an election's name.
-const ELECTION_KEY_PREFIX: &str = "election/";
+pub(crate) mod record;
 
-/// The lock key an election's campaigns take.
-pub fn election_key(name: &str) -> String {
-    format!("{ELECTION_KEY_PREFIX}{name}")
-}
-
-/// The lock key of the election named `election` (a valid key itself):
-/// what [`LockBackendExt::campaign`]'s lease is
-/// keyed on.
-///
-/// # Errors
-///
-/// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) when
-/// the prefixed key is too long.
-pub fn election_lock_key(election: &LockKey) -> Result<LockKey, LockError> {
-    LockKey::new(election_key(election.as_str()))
-}
+use record::ELECTION_KEY_PREFIX;
+pub use record::{ElectionInfo, ElectionPage, Leader, election_key, election_lock_key};
 
 /// [`LockBackendExt::watch_leader`] for a
 /// driver whose elections are the default renewed mutex
@@ -88,62 +74,6 @@ pub async fn watch_mutex_leader<B: crate::LockBackendExt + ?Sized>(
         .watch_holder(&key, seen.as_ref(), poll, deadline)
         .await?
         .map(Leader::from_info))
-}
-
-/// The current leader of an election, as observers see it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Leader {
-    /// The leader's owner value as the backend stores it.
-    pub holder: String,
-    /// Its term (its lock's fencing token), where the backend has tokens.
-    pub term: Option<FencingToken>,
-    /// Time left before the store frees the leadership unless renewed.
-    pub remaining_ttl: Option<Duration>,
-    /// Who campaigned (host, process, program, label, time of the win),
-    /// when the leader is one of ours and the backend keeps them.
-    pub details: Option<crate::holder::HolderDetails>,
-}
-
-impl Leader {
-    /// The leader a lock's holder is.
-    pub fn from_info(info: LockInfo) -> Self {
-        Self {
-            holder: info.holder,
-            term: info.token,
-            remaining_ttl: info.remaining_ttl,
-            details: info.details,
-        }
-    }
-
-    /// Whether two observations name the same leader in the same term (the
-    /// remaining TTL is not compared).
-    pub fn same(a: Option<&Leader>, b: Option<&Leader>) -> bool {
-        match (a, b) {
-            (None, None) => true,
-            (Some(a), Some(b)) => a.holder == b.holder && a.term == b.term,
-            _ => false,
-        }
-    }
-}
-
-/// An election with a leader, as
-/// [`Listing::list_elections`](crate::Listing::list_elections)
-/// reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ElectionInfo {
-    /// The election's name.
-    pub election: LockKey,
-    /// Its leader.
-    pub leader: Leader,
-}
-
-/// One page of [`Listing::list_elections`](crate::Listing::list_elections).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ElectionPage {
-    /// The elections found with a leader, in the backend's scan order.
-    pub elections: Vec<ElectionInfo>,
-    /// Where the next page starts; `None` when the scan is complete.
-    pub cursor: Option<String>,
 }
 
 /// [`Listing::list_elections`](crate::Listing::list_elections)'s default, for a driver whose elections

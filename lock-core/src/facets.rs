@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::election::{ElectionPage, Leader};
+use crate::election::record::{ElectionPage, Leader};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::kind::LockShape;

@@ -39,7 +39,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::{LockError, Operation};
-use crate::types::FencingToken;
+use crate::token::FencingToken;
 
 /// The largest semaphore limit (permits per key) any backend accepts.
 pub const MAX_PERMITS: u32 = 1 << 20;
@@ -211,24 +211,11 @@ pub struct HolderInfo {
     pub details: Option<crate::holder::HolderDetails>,
 }
 
-impl From<crate::types::LockInfo> for HolderInfo {
-    /// The one holder of a mutex, as `inspect` reported it.
-    fn from(info: crate::types::LockInfo) -> Self {
-        Self {
-            kind: LeaseKind::Exclusive,
-            holder: info.holder,
-            token: info.token,
-            remaining_ttl: info.remaining_ttl,
-            details: info.details,
-        }
-    }
-}
-
 /// A mutex's holders from what `inspect` reported: none or one (what a
 /// driver's [`holders`](crate::LockBackend::holders) answers for
 /// [`LockShape::Mutex`]).
-pub fn mutex_holders(info: Option<crate::types::LockInfo>) -> Vec<HolderInfo> {
-    info.map(HolderInfo::from).into_iter().collect()
+pub fn mutex_holders<I: Into<HolderInfo>>(info: Option<I>) -> Vec<HolderInfo> {
+    info.map(Into::into).into_iter().collect()
 }
 
 #[cfg(test)]

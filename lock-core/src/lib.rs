@@ -84,12 +84,12 @@ mod error;
 pub mod facets;
 pub mod floor;
 mod guard;
+mod hold;
 mod holder;
 mod key;
 pub mod kind;
 mod memory;
 pub mod migration;
-mod multi;
 mod options;
 mod owner;
 mod redact;
@@ -97,8 +97,8 @@ pub mod reentry;
 mod renew_many;
 mod runtime;
 mod scheduler;
-mod segments;
 mod telemetry;
+mod token;
 mod types;
 pub mod wrapper;
 
@@ -110,15 +110,18 @@ mod support;
 use crate as under_test;
 
 pub use backend::{
-    GrantRequest, LockBackend, MAX_LIST_PAGE, check_list_limit, list_mutex_shared, poll_holder,
-    poll_leader, unsupported_kind, unsupported_shape, watch_holder_with,
+    GrantRequest, LockBackend, MAX_LIST_PAGE, check_list_limit, list_mutex_shared,
+    unsupported_kind, unsupported_shape,
 };
-pub use calls::LockBackendExt;
+pub use calls::{LockBackendExt, poll_holder, poll_leader, watch_holder_with};
 pub use capabilities::{Capabilities, FencingScope, Requirements, TtlModel, WaitStrategy};
+pub use client::multi::{MAX_MULTI_KEYS, MultiGuard, MultiRequest, lock_order};
+pub use client::segments::{MAX_SEGMENTS, SegmentRequest};
 pub use client::{LockClient, LockDefaults, LockRequest};
 pub use error::{ErrorKind, LockError, Operation};
 pub use facets::{Admin, Downgrade, Elections, Facets, HolderWatch, Listing, LockSets};
-pub use guard::{LockGuard, LockState, RenewalPolicy};
+pub use guard::LockGuard;
+pub use hold::{LockState, RenewalPolicy};
 pub use holder::{HolderDetails, MAX_ENCODED_LEN, MAX_LABEL_LEN, holder_label, set_holder_label};
 pub use key::{LockKey, MAX_KEY_LEN, RESERVED_KEY_PREFIX};
 pub use kind::{HolderInfo, LeaseKind, LockShape, MAX_PERMITS};
@@ -127,7 +130,6 @@ pub use migration::{
     CUTOVER_KEY_PREFIX, DEFAULT_MARKER_REFRESH, DEFAULT_MIGRATION_NAME, MigrationBackend,
     MigrationPhase, NEW_EPOCH, OLD_ONLY_MARK, is_old_only,
 };
-pub use multi::{MAX_MULTI_KEYS, MultiGuard, MultiRequest, lock_order};
 pub use options::{
     Backoff, FAR_FUTURE, MAX_TTL, MIN_TTL_FLOOR, RetryPolicy, check_ttl, parse_duration,
     random_delay, saturating_add, with_timeout,
@@ -136,11 +138,11 @@ pub use owner::{OwnerHex, OwnerId, RandomKeyHasher, RandomKeys};
 pub use redact::redact_url;
 pub use renew_many::{RENEW_BATCH, RENEW_CONCURRENCY, renew_concurrently, results_in_order};
 pub use runtime::{RENEWAL_THREAD_NAME, RenewalRuntime};
-pub use segments::{MAX_SEGMENTS, SegmentRequest};
 pub use telemetry::{KeyLabel, disable_metrics, enable_metrics, metrics_enabled};
+pub use token::FencingToken;
 pub use types::{
-    FencingToken, GcReport, Lease, ListQuery, LockInfo, LockPage, SessionState, SharedLockInfo,
-    SharedPage, clock_drift, validity_deadline,
+    GcReport, Lease, ListQuery, LockInfo, LockPage, SessionState, SharedLockInfo, SharedPage,
+    clock_drift, validity_deadline,
 };
 pub use wrapper::LockWrapper;
 

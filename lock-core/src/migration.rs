@@ -457,7 +457,7 @@ mod cutover;
 mod dual;
 mod marker;
 
-use cutover::Cutover;
+use marker::Cutover;
 
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::backend::LockBackend;
-use crate::guard::{LockGuard, Shared};
+use crate::hold::Shared;
 use crate::key::LockKey;
 use crate::kind::LeaseKind;
 use crate::scheduler::Scheduler;
@@ -62,9 +62,14 @@ fn covers(held: LeaseKind, asked: LeaseKind) -> bool {
     held == asked || (held == LeaseKind::Write && asked == LeaseKind::Read)
 }
 
-/// A nested guard for `key` when the current task runs inside the scope of
-/// a live guard of `backend` that covers `kind` (the innermost such scope).
-pub(crate) fn find(backend: usize, key: &LockKey, kind: LeaseKind) -> Option<LockGuard> {
+/// The hold (and its scheduler) a nested guard for `key` shares, when the
+/// current task runs inside the scope of a live guard of `backend` that
+/// covers `kind` (the innermost such scope).
+pub(crate) fn find(
+    backend: usize,
+    key: &LockKey,
+    kind: LeaseKind,
+) -> Option<(Arc<Shared>, Arc<Scheduler>)> {
     SCOPE
         .try_with(|innermost| {
             let mut scope = Some(innermost);
@@ -74,7 +79,7 @@ pub(crate) fn find(backend: usize, key: &LockKey, kind: LeaseKind) -> Option<Loc
                     return e
                         .shared
                         .is_held()
-                        .then(|| LockGuard::nested(e.shared.clone(), e.scheduler.clone()));
+                        .then(|| (e.shared.clone(), e.scheduler.clone()));
                 }
                 scope = current.parent.as_ref();
             }

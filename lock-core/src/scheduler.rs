@@ -61,7 +61,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -69,8 +69,9 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::backend::LockBackend;
-use crate::guard::{HINT_HOLD_LIMIT, HINT_NOT_RENEWED, LockState, RenewalPolicy, Shared};
-use crate::options::{Backoff, FAR_FUTURE, saturating_add};
+use crate::hold::{HINT_HOLD_LIMIT, HINT_NOT_RENEWED, LockState, RenewalPolicy, Shared};
+pub(crate) use crate::hold::{NEVER, from_ns, to_ns};
+use crate::options::{Backoff, saturating_add};
 use crate::types::SessionState;
 use timers::Timers;
 
@@ -91,36 +92,6 @@ const LINGER: Duration = Duration::from_secs(1);
 
 /// The longest tick while registrations are recent.
 const MAX_TICK: Duration = Duration::from_millis(100);
-
-/// "No time": a timer that never fires.
-pub(crate) const NEVER: u64 = u64::MAX;
-
-/// The instant all compact times (`u64` nanoseconds) count from: a year
-/// before first use, so that no deadline of any clock in the process
-/// (Tokio's paused test clocks included) lies before it.
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(|| {
-        let now = Instant::now();
-        [365 * 24 * 3600, 24 * 3600, 3600, 0]
-            .iter()
-            .find_map(|secs| now.checked_sub(Duration::from_secs(*secs)))
-            .unwrap_or(now)
-    })
-}
-
-/// An instant as nanoseconds since [`epoch`] (saturating at both ends).
-pub(crate) fn to_ns(at: Instant) -> u64 {
-    u64::try_from(at.saturating_duration_since(epoch()).as_nanos()).unwrap_or(NEVER)
-}
-
-/// The instant of a compact time.
-pub(crate) fn from_ns(ns: u64) -> Instant {
-    let epoch = epoch();
-    epoch
-        .checked_add(Duration::from_nanos(ns))
-        .unwrap_or_else(|| saturating_add(epoch, FAR_FUTURE))
-}
 
 fn duration_ns(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(NEVER)

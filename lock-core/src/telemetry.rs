@@ -39,6 +39,13 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::kind::LockShape;
 
+/// Why a guard was lost, in the words its `Lost` state carries (and the
+/// metrics classify).
+pub(crate) const RENEWAL_FAILED: &str =
+    "the lease's validity deadline passed before a renewal succeeded";
+pub(crate) const HOLD_LIMIT: &str = "the hold limit was reached and the lease ran out";
+pub(crate) const NOT_RENEWED: &str = "the lease ran out (renewal disabled)";
+
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// How a key becomes the `key` label of the metrics.
@@ -241,7 +248,6 @@ pub(crate) fn hold_ended(backend: &'static str, key: &LockKey, held: Duration, l
 
 /// The bounded class of a loss reason (the texts are the guard's own).
 fn lost_class(reason: &str) -> &'static str {
-    use crate::guard::{HOLD_LIMIT, NOT_RENEWED, RENEWAL_FAILED};
     if reason.starts_with("renewal refused") {
         "refused"
     } else if reason.starts_with("backend session lost") {
@@ -293,7 +299,6 @@ mod tests {
 
     #[test]
     fn loss_reasons_fall_in_few_classes() {
-        use crate::guard::{HOLD_LIMIT, NOT_RENEWED, RENEWAL_FAILED};
         assert_eq!(lost_class("renewal refused: not held"), "refused");
         assert_eq!(lost_class("backend session lost: expired"), "session");
         assert_eq!(lost_class(RENEWAL_FAILED), "expired");

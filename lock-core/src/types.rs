@@ -9,33 +9,9 @@ use tokio::time::Instant;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::holder::HolderDetails;
 use crate::key::LockKey;
-use crate::kind::LeaseKind;
+use crate::kind::{HolderInfo, LeaseKind};
 pub(crate) use crate::owner::OwnerId;
-
-/// A number that strictly increases with every grant of a key (see the
-/// backend's [`Capabilities::fencing`](crate::Capabilities::fencing) for its
-/// scope). A protected resource accepts a write only if its token is greater
-/// than the last one it accepted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FencingToken(u64);
-
-impl FencingToken {
-    /// Wraps a raw value.
-    pub const fn new(value: u64) -> Self {
-        Self(value)
-    }
-
-    /// The raw value.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+pub(crate) use crate::token::FencingToken;
 
 /// What a backend session says about the leases attached to it. Backends
 /// whose leases hang off a session (etcd, ZooKeeper) publish it so the guard
@@ -350,6 +326,19 @@ impl LockInfo {
     }
 }
 
+impl From<LockInfo> for HolderInfo {
+    /// The one holder of a mutex, as `inspect` reported it.
+    fn from(info: LockInfo) -> Self {
+        Self {
+            kind: LeaseKind::Exclusive,
+            holder: info.holder,
+            token: info.token,
+            remaining_ttl: info.remaining_ttl,
+            details: info.details,
+        }
+    }
+}
+
 /// Which page of a listing to read: the argument of
 /// [`Listing::list`](crate::Listing::list),
 /// [`list_shared`](crate::Listing::list_shared) and
@@ -446,7 +435,7 @@ pub struct SharedLockInfo {
     /// Its holders (never empty): the readers or the writer of a
     /// read-write lock, the permit holders of a semaphore, the one holder
     /// of a mutex.
-    pub holders: Vec<crate::kind::HolderInfo>,
+    pub holders: Vec<HolderInfo>,
 }
 
 /// One page of [`Listing::list_shared`](crate::Listing::list_shared).

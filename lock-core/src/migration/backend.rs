@@ -300,7 +300,7 @@ impl Elections for MigrationBackend {
         if self.phase == MigrationPhase::Old {
             return self.old.watch_leader(election, seen, poll, deadline).await;
         }
-        crate::backend::poll_leader(self, election, seen, poll, deadline).await
+        crate::calls::poll_leader(self, election, seen, poll, deadline).await
     }
 
     /// The leader in the store the phase decides in (`dual`: the new

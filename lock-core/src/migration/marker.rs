@@ -4,20 +4,56 @@
 //! keeper task that does both every refresh interval (see the module docs
 //! of [`migration`](super)).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tokio::sync::Mutex;
 use tokio::time::{Instant, sleep};
 
-use super::cutover::{Cutover, Seen};
 use crate::backend::LockBackend;
 use crate::calls::LockBackendExt;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::key::LockKey;
 use crate::options::MAX_TTL;
 use crate::runtime::RenewalRuntime;
-use crate::types::{Lease, ListQuery, LockInfo};
+use crate::types::{FencingToken, Lease, ListQuery, LockInfo};
+
+/// This process's view of the cutover, shared by clones and
+/// [`with_phase`](MigrationBackend::with_phase) copies.
+#[derive(Debug, Default)]
+pub(super) struct Cutover {
+    /// The marker was seen older than the wait-out: `New` grants need no
+    /// look at the old backend any more. Cleared again by the keeper when
+    /// the marker was set again since its last look.
+    pub(super) done: AtomicBool,
+    /// One marker check, announcement or keeper round at a time, with
+    /// what they share.
+    pub(super) turn: Mutex<Seen>,
+    /// The keeper task was started.
+    pub(super) keeper: AtomicBool,
+}
+
+/// What the marker checks of one process remember.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    /// When this process first saw the current marker (its age where the
+    /// backend cannot tell).
+    pub(super) first_seen: Option<Instant>,
+    /// The current marker's holder and token: a different one means the
+    /// marker vanished and was set again.
+    pub(super) marker_id: Option<(String, Option<FencingToken>)>,
+    /// The marker, when this process set it (renewed by the keeper).
+    pub(super) marker_lease: Option<Lease>,
+    /// This process's record of its `old_lease_max`, when it set it.
+    pub(super) record_lease: Option<Lease>,
+    /// The record was asserted since the current marker was first seen.
+    pub(super) recorded: bool,
+    /// The wait-out last read from the records of the current marker
+    /// (read when it is first seen and again before it is declared old
+    /// enough, not at every grant: listing can be costly).
+    pub(super) wait_out: Option<Duration>,
+}
 
 /// The prefix of the reserved keys that record, beside a migration's
 /// cutover marker, the longest TTL a process in phase `Old` may hold

@@ -9,10 +9,9 @@ use super::{
     State, duration_ns, interval_of, renewal_at, to_ns,
 };
 use crate::error::{ErrorKind, LockError};
-use crate::guard::{
-    HINT_HOLD_LIMIT, HOLD_LIMIT, LockState, NOT_RENEWED, RENEWAL_FAILED, RenewalPolicy,
-};
+use crate::hold::{HINT_HOLD_LIMIT, LockState, RenewalPolicy};
 use crate::options::saturating_add;
+use crate::telemetry::{HOLD_LIMIT, NOT_RENEWED, RENEWAL_FAILED};
 
 impl State {
     pub(super) fn is_current(&self, registration: Registration) -> bool {

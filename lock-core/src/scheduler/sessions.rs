@@ -7,7 +7,7 @@ use std::pin::Pin;
 use tokio::sync::watch;
 
 use super::{NO_SESSION, SESSION_SEARCH, SESSION_SUSPECT, Scheduler, SessionSlot, State};
-use crate::guard::LockState;
+use crate::hold::LockState;
 use crate::types::SessionState;
 
 impl Scheduler {

@@ -16,7 +16,7 @@ use super::sessions::{Watcher, watch_session};
 use super::{IN_FLIGHT, NEVER, Registration, Scheduler, State, from_ns, to_ns};
 use crate::backend::LockBackend;
 use crate::error::LockError;
-use crate::guard::LockState;
+use crate::hold::LockState;
 use crate::renew_many::{RENEW_BATCH, missing_result};
 use crate::types::SessionState;
 
