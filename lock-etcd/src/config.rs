@@ -7,6 +7,9 @@ use std::time::Duration;
 use lock_core::LockError;
 use lock_core::endpoint::{Endpoint, HostPort, Secret};
 
+/// The shortest TTL etcd leases have: one second (the server may raise it
+/// further, to 1.5 election timeouts).
+pub const MIN_TTL: Duration = Duration::from_secs(1);
 /// The session TTL used when none is configured.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 /// The per-call timeout used when none is configured.

@@ -58,19 +58,28 @@
 
 #![deny(missing_docs)]
 
-mod channel;
-mod cleanup;
+// The pieces every component uses.
 mod config;
-mod connect;
+mod connection;
 mod descriptor;
-mod driver;
 mod error;
 pub mod keys;
-mod session;
 
-pub use config::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TTL, EtcdConfig, EtcdTls};
+// The components, each owning one concern, and the backend made of them.
+mod admin;
+mod backend;
+mod elections;
+mod grants;
+mod renewal;
+mod sets;
+mod shared;
+mod waiting;
+
+pub use backend::{EtcdBackend, capabilities};
+pub use config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TTL, EtcdConfig, EtcdTls, MIN_TTL,
+};
 pub use descriptor::DRIVER;
-pub use driver::{EtcdBackend, MIN_TTL, capabilities};
 
 use lock_core::LockError;
 

@@ -17,21 +17,20 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, Txn};
 use lock_core::{
     ErrorKind, Lease, LeaseKind, LockError, Operation, RENEW_CONCURRENCY, SessionState,
-    renew_concurrently, validity_deadline,
+    renew_concurrently, validity_deadline, with_timeout,
 };
 use tokio::time::Instant;
 
-use super::EtcdBackend;
-use super::waiting::txn_on;
-use crate::cleanup::clean_up_later;
-use crate::error::NAME;
-use crate::session::{RenewRefused, Session};
+use crate::connection::{Connection, RenewRefused, Session, clean_up_later, txn_on};
+use crate::error::{NAME, from_etcd};
+use crate::grants::Grants;
+use crate::keys;
 
 /// The keys a session's lease had when they were last listed, as hashes
 /// (8 bytes a key while the round lasts, not the key: a client may hold
 /// 100,000; a collision, at odds of 2^-64, would only delay noticing one
 /// deleted entry to the next round).
-pub(super) struct Attached {
+struct Attached {
     sent_at: Instant,
     /// The session's newest grant when the listing was asked for
     /// ([`Session::newest_grant`]): a grant created later may be missing
@@ -52,10 +51,10 @@ fn key_hash(key: &[u8]) -> u64 {
 
 /// A lease of one of this backend's sessions: its entry, the entry's
 /// create revision and the session.
-pub(super) struct LocalGrant {
-    pub(super) entry: String,
-    pub(super) revision: i64,
-    pub(super) session: Arc<Session>,
+struct LocalGrant {
+    entry: String,
+    revision: i64,
+    session: Arc<Session>,
 }
 
 fn not_held(lease: &Lease, why: &str) -> LockError {
@@ -67,23 +66,46 @@ fn not_held(lease: &Lease, why: &str) -> LockError {
 const DELETED: &str =
     "the entry was deleted on the server (force-released, or deleted by an operator)";
 
-impl EtcdBackend {
+/// Renewals of grants: `renew_many` and `renew_one`.
+pub(crate) struct Renewal {
+    conn: Arc<Connection>,
+    grants: Grants,
+    /// The keys each session's lease had at its last listing, shared by the
+    /// renewal batches of one round.
+    attached: tokio::sync::Mutex<HashMap<i64, Attached>>,
+}
+
+impl std::fmt::Debug for Renewal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renewal").finish_non_exhaustive()
+    }
+}
+
+impl Renewal {
+    pub(crate) fn new(conn: Arc<Connection>, grants: Grants) -> Self {
+        Self {
+            conn,
+            grants,
+            attached: tokio::sync::Mutex::default(),
+        }
+    }
+
     /// Where `lease` lives if it is a grant of one of this backend's
     /// sessions, without a network call (`None` for a lease of another
     /// process or one that does not parse: `renew_one` handles those).
-    pub(super) fn local_grant(&self, lease: &Lease) -> Option<LocalGrant> {
+    fn local_grant(&self, lease: &Lease) -> Option<LocalGrant> {
         let op = Operation::Renew;
         let (entry, revision, lease_id) = if lease.kind() != LeaseKind::Exclusive {
-            self.parse_shared_lease(lease, op).ok()?
+            self.grants.parse_shared_lease(lease, op).ok()?
         } else if !lease.backend_data().is_empty() {
-            self.parse_lease(lease, op).ok()?
+            self.grants.parse_lease(lease, op).ok()?
         } else {
-            let session = self.session_owning(lease.owner())?;
+            let session = self.conn.session_owning(lease.owner())?;
             let revision = i64::try_from(lease.token().get()).ok()?;
-            let entry = format!("{}{}", self.key_prefix(lease.key()), session.hex());
+            let entry = format!("{}{}", self.conn.key_prefix(lease.key()), session.hex());
             (entry, revision, session.lease_id())
         };
-        let session = self.session_by_lease(lease_id)?;
+        let session = self.conn.session_by_lease(lease_id)?;
         Some(LocalGrant {
             entry,
             revision,
@@ -94,7 +116,7 @@ impl EtcdBackend {
     /// How long a renewal's check on the server may take
     /// ([`Session::call_budget`]).
     fn check_budget(&self, session: &Session) -> Duration {
-        session.call_budget(self.inner.config.op_timeout)
+        session.call_budget(self.conn.config.op_timeout)
     }
 
     /// Whether the entry created at `revision` still exists: one
@@ -107,7 +129,7 @@ impl EtcdBackend {
     ) -> Result<bool, LockError> {
         let op = Operation::Renew;
         let txn = Txn::new().when([Compare::create_revision(entry, CompareOp::Equal, revision)]);
-        let mut kv = self.inner.client.kv_client();
+        let mut kv = self.conn.client.kv_client();
         let response = txn_on(&mut kv, budget, op, txn).await?;
         Ok(response.succeeded())
     }
@@ -115,7 +137,7 @@ impl EtcdBackend {
     /// Renews a grant of our own session whose entry was seen on the server
     /// after `sent_at`: moves its deadline (no network call). An entry seen
     /// gone is forgotten by the caller before this.
-    pub(super) fn renew_local(
+    fn renew_local(
         &self,
         lease: &Lease,
         grant: LocalGrant,
@@ -152,7 +174,7 @@ impl EtcdBackend {
             Ok(()) => Ok(deadline),
             Err(RenewRefused::NotHeld) => Err(not_held(lease, "the lease was released or lost")),
             Err(RenewRefused::Expired) => {
-                clean_up_later(&self.inner.client, session, entry, lease.owner(), revision);
+                clean_up_later(&self.conn.client, session, entry, lease.owner(), revision);
                 Err(not_held(
                     lease,
                     "the lock's TTL ran out before this renewal; its entry is deleted",
@@ -163,11 +185,7 @@ impl EtcdBackend {
 
     /// `renew_one` of a grant of our own session: checks that its entry still
     /// exists (one request), then moves its deadline.
-    pub(super) async fn renew_own(
-        &self,
-        lease: &Lease,
-        grant: LocalGrant,
-    ) -> Result<Instant, LockError> {
+    async fn renew_own(&self, lease: &Lease, grant: LocalGrant) -> Result<Instant, LockError> {
         if !grant
             .session
             .holds(&grant.entry, grant.revision, lease.owner())
@@ -205,7 +223,7 @@ impl EtcdBackend {
         let op = Operation::Renew;
         // Held across the request: a batch that comes while another asks
         // waits for its answer instead of asking again.
-        let mut cache = self.inner.attached.lock().await;
+        let mut cache = self.attached.lock().await;
         let fresh_for = session.server_ttl() / 6;
         if let Some(seen) = cache.get(&lease_id)
             && seen.sent_at.elapsed() < fresh_for
@@ -216,7 +234,7 @@ impl EtcdBackend {
         let revision = session.newest_grant();
         let sent_at = Instant::now();
         let listed = session
-            .list_keys(&self.inner.client, self.inner.config.op_timeout, op)
+            .list_keys(&self.conn.client, self.conn.config.op_timeout, op)
             .await?;
         let Some(answer) = listed else {
             cache.remove(&lease_id);
@@ -244,7 +262,7 @@ impl EtcdBackend {
     /// `LeaseTimeToLive` request listing the keys attached to its lease
     /// (an entry missing from the list was deleted behind our back), the
     /// rest (leases of other processes) with `renew_one`.
-    pub(super) async fn renew_batch(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+    pub(crate) async fn renew_batch(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         let op = Operation::Renew;
         let mut results: Vec<Option<Result<Instant, LockError>>> =
             std::iter::repeat_with(|| None).take(leases.len()).collect();
@@ -323,5 +341,90 @@ impl EtcdBackend {
                 })
             })
             .collect()
+    }
+
+    /// Renews one lease: a grant of our own session moves its deadline
+    /// once its entry is seen still there; a lease of another process has
+    /// its etcd lease refreshed and its entry checked.
+    pub(crate) async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let op = Operation::Renew;
+        let not_held = |why: &str| {
+            LockError::new(ErrorKind::NotHeld, op, why.to_owned())
+                .with_key(lease.key())
+                .with_backend(NAME)
+        };
+        let Some((entry, revision, lease_id)) = self.grants.resolve_lease(lease, op).await? else {
+            return Err(not_held("the entry is gone"));
+        };
+        if let Some(session) = self.conn.session_by_lease(lease_id) {
+            // Our own session keeps the etcd lease alive, and this backend
+            // deletes the entry at the grant's own deadline: renewing moves
+            // that deadline, once the entry is seen still there (one
+            // request: it may have been force-released).
+            let grant = LocalGrant {
+                entry,
+                revision,
+                session,
+            };
+            return self.renew_own(lease, grant).await;
+        }
+        // A lease of another process (rebuilt from a handle): refresh its
+        // etcd lease once and check the entry is still the same one.
+        let sent_at = Instant::now();
+        let mut lease_client = self.conn.client.lease_client();
+        let kept = with_timeout(self.conn.config.op_timeout, op, async {
+            lease_client
+                .keep_alive(lease_id)
+                .await
+                .map_err(|e| from_etcd(op, e))
+        })
+        .await;
+        match kept {
+            Ok(_) => {}
+            Err(err) if err.kind() == ErrorKind::LeaseLost => {
+                return Err(not_held("the etcd lease is gone"));
+            }
+            Err(err) => return Err(err.with_key(lease.key())),
+        }
+        let granted = with_timeout(self.conn.config.op_timeout, op, async {
+            lease_client
+                .time_to_live(lease_id, None)
+                .await
+                .map_err(|e| from_etcd(op, e))
+        })
+        .await
+        .map_err(|e| e.with_key(lease.key()))?;
+        let mut compares = vec![Compare::create_revision(
+            entry.as_str(),
+            CompareOp::Equal,
+            revision,
+        )];
+        if lease.kind() == LeaseKind::Exclusive {
+            compares.extend(keys::owner_compares(&entry, lease.owner()));
+        } else {
+            compares.extend(keys::shared_owner_compares(
+                &entry,
+                lease.kind(),
+                lease.owner(),
+            ));
+        }
+        let txn = Txn::new().when(compares);
+        if !self
+            .conn
+            .txn(op, txn)
+            .await
+            .map_err(|e| e.with_key(lease.key()))?
+            .succeeded()
+        {
+            return Err(not_held("the entry is gone or was re-created"));
+        }
+        let server_ttl = u64::try_from(granted.granted_ttl())
+            .map(Duration::from_secs)
+            .unwrap_or(Duration::ZERO);
+        let deadline = validity_deadline(sent_at, lease.ttl().min(server_ttl));
+        if deadline <= Instant::now() {
+            return Err(not_held("the etcd lease has no time left"));
+        }
+        Ok(deadline)
     }
 }

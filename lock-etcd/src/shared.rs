@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse,
@@ -16,30 +17,26 @@ use lock_core::{
 };
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::waiting::{
-    Grant, Seen, grant_entry, held_at_deadline, session_lost, start_over, txn_on,
-};
-use super::{EtcdBackend, MIN_TTL, lock};
-use crate::cleanup::{PendingEntry, clean_up_later};
+use crate::config::MIN_TTL;
+use crate::connection::{Connection, PendingEntry, Session, clean_up_later, lock, txn_on};
 use crate::error::{NAME, protocol_error};
+use crate::grants::{Grant, Grants, grant_entry};
 use crate::keys::{
-    Created, entry_of_lease, entry_value, epoch_key, parse_shared_lease_data, parse_shared_value,
-    shape_prefix, shared_delete, shared_lease_data, shared_owner_compares,
+    Created, entry_value, epoch_key, parse_shared_value, shared_delete, shared_lease_data,
+    shared_owner_compares,
 };
-use crate::session::Session;
+use crate::waiting::{Seen, Waiting, held_at_deadline, session_lost, start_over};
 
 // Waiting for a turn: the re-checks and their watches.
-#[path = "shared_wait.rs"]
 mod wait;
 
 // Release, downgrade and holders of shared leases.
-#[path = "shared_ops.rs"]
 mod ops;
 
-pub(super) use ops::granted_shares;
+pub(crate) use ops::granted_shares;
 
 /// One entry of a shared shape as read from the server.
-pub(super) struct Share {
+pub(crate) struct Share {
     key: Vec<u8>,
     create_revision: i64,
     mod_revision: i64,
@@ -52,7 +49,7 @@ pub(super) struct Share {
 }
 
 impl Share {
-    pub(super) fn of(kv: &KeyValue) -> Self {
+    pub(crate) fn of(kv: &KeyValue) -> Self {
         let parsed = parse_shared_value(kv.value());
         let (kind, owner, details) = match parsed {
             Some(value) => (Some(value.kind), value.owner.to_owned(), value.details),
@@ -142,13 +139,33 @@ enum Turn {
     Lost(String),
 }
 
-impl EtcdBackend {
-    fn shape_prefix(&self, key: &LockKey, shape: LockShape) -> String {
-        shape_prefix(&self.inner.prefix, key, shape)
+/// Read-write locks and semaphores: their grants, releases, downgrades and
+/// holders.
+#[derive(Clone, Debug)]
+pub(crate) struct Shared {
+    conn: Arc<Connection>,
+    grants: Grants,
+    waiting: Waiting,
+}
+
+#[async_trait]
+impl lock_core::Downgrade for Shared {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_shared(lease).await
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(conn: Arc<Connection>, grants: Grants, waiting: Waiting) -> Self {
+        Self {
+            conn,
+            grants,
+            waiting,
+        }
     }
 
     /// Takes a read, write or permit grant: `deadline` `None` tries once.
-    pub(super) async fn acquire_shared(
+    pub(crate) async fn acquire_shared(
         &self,
         key: &LockKey,
         kind: LeaseKind,
@@ -159,14 +176,15 @@ impl EtcdBackend {
         let tag = |e: LockError| e.with_key(key).with_backend(NAME);
         kind.validate(op).map_err(tag)?;
         check_ttl(ttl, MIN_TTL, op).map_err(tag)?;
-        let prefix = self.shape_prefix(key, kind.shape());
-        let epoch = epoch_key(&self.inner.prefix, key);
+        let prefix = self.conn.shape_prefix(key, kind.shape());
+        let epoch = epoch_key(&self.conn.prefix, key);
         loop {
             let session = self
+                .conn
                 .session_for(ttl, op)
                 .await
                 .map_err(|e| e.with_key(key))?;
-            let mut pending = self.claim_pending(&session, &prefix);
+            let mut pending = self.conn.claim_pending(&session, &prefix);
             let (entry, owner) = (pending.entry.clone(), pending.owner);
             let value = entry_value(kind, owner);
             // As for the mutex, the create runs inside the pending entry so
@@ -275,8 +293,8 @@ impl EtcdBackend {
         found: Arc<Mutex<Option<SharedCreated>>>,
         op: Operation,
     ) -> impl std::future::Future<Output = Result<Created, LockError>> + Send + 'static {
-        let mut kv = self.inner.client.kv_client();
-        let op_timeout = self.inner.config.op_timeout;
+        let mut kv = self.conn.client.kv_client();
+        let op_timeout = self.conn.config.op_timeout;
         async move {
             let put = TxnOp::put(
                 entry.as_str(),

@@ -1,29 +1,22 @@
-//! Acquiring: the create transaction, the grant, and the waiting acquire
-//! (our turn in the queue: the predecessor's deletion watched, re-read on
-//! every wake-up, the session's loss and the deadline), started over on a
-//! new session when one is lost.
+//! Waiting grants: our turn in the queue (the predecessor's deletion
+//! watched, re-read on every wake-up, the session's loss and the
+//! deadline), started over on a new session when one is lost; and the
+//! watches other waiters (shared shapes, elections, holder watches) use.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, GetResponse, KvClient, Txn, TxnOp, TxnResponse,
-    WatchFilterType, WatchOptions, WatchResponse,
+    Compare, CompareOp, GetOptions, Txn, TxnOp, WatchFilterType, WatchOptions, WatchResponse,
 };
-use lock_core::{
-    ErrorKind, FencingToken, Lease, LeaseKind, LockError, LockKey, Operation, OwnerId,
-    SessionState, check_ttl, with_timeout,
-};
+use lock_core::{ErrorKind, Lease, LockError, LockKey, Operation, SessionState, saturating_add};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::{EtcdBackend, MIN_TTL};
-use crate::cleanup::PendingEntry;
-use crate::error::{NAME, from_etcd, protocol_error};
-use crate::keys::{
-    Created, create_txn, election_lease_data, first_kv, lease_data, mutex_value, predecessor_of,
-};
-use crate::session::Session;
+use crate::connection::{Connection, PendingEntry, Session};
+use crate::error::{NAME, protocol_error};
+use crate::grants::{Attempt, Grants, Layout};
+use crate::keys::{first_kv, predecessor_of};
 
 /// How often a waiter re-reads its predecessor even without a watch event
 /// (a safety net; the watch is what normally wakes it).
@@ -47,71 +40,67 @@ enum WaitEnd {
     SessionLost(String),
 }
 
-/// Where a grant's entry lives, and so how its lease names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Layout {
-    /// A mutex entry under `<prefix>/<escaped key>/`.
-    Mutex,
-    /// A candidate of an election under `<prefix>/<escaped name>%elect/`
-    /// (the lease's key is `election/<name>`; its data says so).
-    Election,
+/// Waiting grants of the mutex and of elections, and the watches.
+#[derive(Clone, Debug)]
+pub(crate) struct Waiting {
+    conn: Arc<Connection>,
+    grants: Grants,
 }
 
-impl EtcdBackend {
-    /// The heart of both acquire flavours: `deadline` `None` tries once.
-    pub(super) async fn acquire_inner(
+impl Waiting {
+    pub(crate) fn new(conn: Arc<Connection>, grants: Grants) -> Self {
+        Self { conn, grants }
+    }
+
+    /// A waiting grant of `key`'s mutex, bounded by `deadline`.
+    pub(crate) async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
-        deadline: Option<Instant>,
-        op: Operation,
-    ) -> Result<Option<Lease>, LockError> {
-        let key_prefix = self.key_prefix(key);
-        self.acquire_entry(key, key_prefix, Layout::Mutex, ttl, deadline, op)
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let key_prefix = self.conn.key_prefix(key);
+        let attempt = async {
+            self.acquire_entry(
+                key,
+                key_prefix,
+                Layout::Mutex,
+                ttl,
+                deadline,
+                Operation::Acquire,
+            )
             .await
+            .map(Some)
+        };
+        bounded_wait(key, deadline, attempt).await
     }
 
     /// etcd's concurrency mutex (and election: the same queue) under
     /// `key_prefix`: create our entry, and wait for every older entry to go
-    /// when `deadline` is given. The lease is keyed on `key`.
-    pub(super) async fn acquire_entry(
+    /// until `deadline`. The lease is keyed on `key`.
+    pub(crate) async fn acquire_entry(
         &self,
         key: &LockKey,
         key_prefix: String,
         layout: Layout,
         ttl: Duration,
-        deadline: Option<Instant>,
+        deadline: Instant,
         op: Operation,
-    ) -> Result<Option<Lease>, LockError> {
-        check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_key(key).with_backend(NAME))?;
+    ) -> Result<Lease, LockError> {
         loop {
-            let session = self
-                .session_for(ttl, op)
-                .await
-                .map_err(|e| e.with_key(key))?;
-            let mut pending = self.claim_pending(&session, &key_prefix);
-            let (entry, owner) = (pending.entry.clone(), pending.owner);
-            let sent_at = Instant::now();
-            // The same value for a candidate: `etcdctl elect -l` prints it
-            // as the proposal (see the crate docs).
-            let value = mutex_value(owner);
-            let create = Box::pin(self.create_entry(
-                key_prefix.clone(),
-                entry.clone(),
-                session.lease_id(),
-                (owner, value),
-                op,
-            ));
-            let (my_revision, owner_revision) = pending.run_create(create, key, op).await?;
-            if owner_revision == Some(my_revision) {
-                return self
-                    .grant(key, layout, ttl, &session, pending, sent_at, op)
-                    .map(Some);
-            }
-            let Some(deadline) = deadline else {
-                Box::pin(pending.remove_now()).await;
-                return Ok(None);
+            let (session, pending, my_revision) = match self
+                .grants
+                .attempt(key, &key_prefix, layout, ttl, op)
+                .await?
+            {
+                Attempt::Granted(lease) => return Ok(lease),
+                Attempt::Queued {
+                    session,
+                    pending,
+                    my_revision,
+                } => (session, pending, my_revision),
             };
+            let entry = pending.entry.clone();
             // Boxed: waiting (a watch) is the contended path; inline, its
             // futures would enlarge every acquire's.
             match Box::pin(self.wait_turn(&session, &key_prefix, &entry, my_revision, deadline, op))
@@ -119,8 +108,8 @@ impl EtcdBackend {
             {
                 Ok(WaitEnd::Granted(checked_at)) => {
                     return self
-                        .grant(key, layout, ttl, &session, pending, checked_at, op)
-                        .map(Some);
+                        .grants
+                        .grant(key, layout, ttl, &session, pending, checked_at, op);
                 }
                 Ok(WaitEnd::Deadline) => {
                     Box::pin(pending.remove_now()).await;
@@ -132,75 +121,6 @@ impl EtcdBackend {
                 Err(err) => return Err(err.with_key(key)),
             }
         }
-    }
-
-    /// A pending entry under `key_prefix` with a name and an owner id of
-    /// `session`'s, armed before its create is sent.
-    pub(super) fn claim_pending(
-        &self,
-        session: &Arc<Session>,
-        key_prefix: &str,
-    ) -> PendingEntry<'_> {
-        PendingEntry {
-            client: &self.inner.client,
-            session: session.clone(),
-            entry: session.claim_entry(key_prefix),
-            owner: session.new_owner(),
-            create: None,
-            revision: None,
-            armed: true,
-            op_timeout: self.inner.config.op_timeout,
-        }
-    }
-
-    /// etcd's concurrency mutex: create our entry with the lease if it does
-    /// not exist, and read the oldest entry under the key in the same
-    /// revision (one round trip). The value starts with the grant's owner
-    /// id, which release and renew compare, followed by the holder details
-    /// (`etcdctl lock` writes an empty value and ignores it; `etcdctl
-    /// elect -l` prints a candidate's whole value).
-    fn create_entry(
-        &self,
-        key_prefix: String,
-        entry: String,
-        lease_id: i64,
-        (owner, value): (OwnerId, String),
-        op: Operation,
-    ) -> impl std::future::Future<Output = Result<Created, LockError>> + Send + 'static {
-        let mut kv = self.inner.client.kv_client();
-        let op_timeout = self.inner.config.op_timeout;
-        async move {
-            let txn = create_txn(&key_prefix, &entry, lease_id, value);
-            let response = txn_on(&mut kv, op_timeout, op, txn).await?;
-            Ok(Created::from_response(&response, owner))
-        }
-    }
-
-    /// Turns our oldest entry into a lease; on failure the entry is removed.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn grant(
-        &self,
-        key: &LockKey,
-        layout: Layout,
-        ttl: Duration,
-        session: &Arc<Session>,
-        pending: PendingEntry<'_>,
-        sent_at: Instant,
-        op: Operation,
-    ) -> Result<Lease, LockError> {
-        let revision = pending.revision.unwrap_or(0);
-        let token =
-            u64::try_from(revision).map_err(|_| protocol_error(op, key, "negative revision"))?;
-        let data = match layout {
-            Layout::Mutex => lease_data(session.hex(), &pending.entry).to_owned(),
-            Layout::Election => election_lease_data(&pending.entry),
-        };
-        let grant = Grant {
-            kind: LeaseKind::Exclusive,
-            token,
-            data,
-        };
-        grant_entry(session, pending, grant, ttl, sent_at, key, op)
     }
 
     /// Waits until no entry older than ours exists under the key's prefix,
@@ -236,7 +156,7 @@ impl EtcdBackend {
             let response = tokio::select! {
                 biased;
                 () = sleep_until(deadline) => return Ok(WaitEnd::Deadline),
-                response = self.txn(op, txn) => response,
+                response = self.conn.txn(op, txn) => response,
             };
             let response = match response {
                 Ok(response) => response,
@@ -280,7 +200,7 @@ impl EtcdBackend {
     ///
     /// With `with_puts`, a put to `key` (a writer rewriting its entry in
     /// place to a reader: a downgrade) also ends the wait.
-    pub(super) async fn wait_deleted(
+    pub(crate) async fn wait_deleted(
         &self,
         key: Vec<u8>,
         create_revision: i64,
@@ -327,7 +247,7 @@ impl EtcdBackend {
     ///   [`UNSYNCED_GRACE`] after the watch was created (by then the
     ///   catch-up loop has run), and the watch alone is relied on
     ///   afterwards.
-    pub(super) async fn watch_until<P, F>(
+    pub(crate) async fn watch_until<P, F>(
         &self,
         key: impl Into<Vec<u8>>,
         options: WatchOptions,
@@ -338,7 +258,7 @@ impl EtcdBackend {
         P: Fn() -> F,
         F: std::future::Future<Output = Option<Seen>>,
     {
-        let mut watch_client = self.inner.client.watch_client();
+        let mut watch_client = self.conn.client.watch_client();
         let give_up = sleep(RECHECK_INTERVAL);
         tokio::pin!(give_up);
         let watch = async {
@@ -409,6 +329,7 @@ impl EtcdBackend {
     /// (`Unchanged` with the revision of the read), or is gone.
     async fn entry_seen(&self, key: &[u8], create_revision: i64) -> Option<Seen> {
         let response = self
+            .conn
             .read_quietly(key, GetOptions::new().with_keys_only())
             .await?;
         let present = response
@@ -422,47 +343,80 @@ impl EtcdBackend {
         })
     }
 
-    /// One range read bounded by the operation timeout, for a waiter's
-    /// probes: `None` when it failed (the waiter re-reads later anyway).
-    pub(super) async fn read_quietly(
-        &self,
-        key: impl Into<Vec<u8>>,
-        options: GetOptions,
-    ) -> Option<GetResponse> {
-        let mut kv = self.inner.client.kv_client();
-        tokio::time::timeout(self.inner.config.op_timeout, kv.get(key, Some(options)))
-            .await
-            .ok()?
-            .ok()
+    /// Returns at the first event of the watch, when the store already
+    /// moved past `from` when the watch was created (something may have
+    /// happened between our read and the watch: re-read rather than wait for
+    /// etcd's catch-up loop), or when the watch ends or fails.
+    pub(crate) async fn wait_change(&self, key: Vec<u8>, options: WatchOptions, from: i64) {
+        let mut watch_client = self.conn.client.watch_client();
+        let mut stream = match watch_client.watch(key, Some(options)).await {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::debug!(%err, "etcd watch failed");
+                sleep(Duration::from_millis(100)).await;
+                return;
+            }
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(response)) => {
+                    if response.canceled()
+                        || response.compact_revision() > 0
+                        || !response.events().is_empty()
+                    {
+                        return;
+                    }
+                    if response.created() && response.header().map_or(0, |h| h.revision()) >= from {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(err) => {
+                    tracing::debug!(%err, "etcd watch stream failed");
+                    sleep(Duration::from_millis(50)).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Runs a waiting acquire, bounded by its deadline plus a short grace:
+/// a request that hangs (most members down) must not hold the caller
+/// past its wait. Dropping `attempt` must be cancel-safe (the acquires
+/// clean a create in flight up in the background).
+pub(crate) async fn bounded_wait(
+    key: &LockKey,
+    deadline: Instant,
+    attempt: impl std::future::Future<Output = Result<Option<Lease>, LockError>>,
+) -> Result<Lease, LockError> {
+    let grace = Duration::from_millis(250);
+    // Saturating: a deadline near the end of time must not overflow.
+    match tokio::time::timeout_at(saturating_add(deadline, grace), attempt).await {
+        Ok(Ok(Some(lease))) => Ok(lease),
+        Ok(Ok(None)) => Err(protocol_error(Operation::Acquire, key, "no grant")),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(LockError::new(
+            ErrorKind::Timeout,
+            Operation::Acquire,
+            "etcd did not answer before the wait deadline",
+        )
+        .with_key(key)
+        .with_backend(NAME)),
     }
 }
 
 /// What a waiter's probe of the keys it watches saw.
-pub(super) enum Seen {
+pub(crate) enum Seen {
     /// What the waiter waits for has happened: re-check at once.
     Changed,
     /// Nothing yet, as of this store revision.
     Unchanged(i64),
 }
 
-/// One transaction on `kv`, bounded by `timeout`: the backend's `txn` for
-/// a future that owns its client, or with a budget of its own.
-pub(super) async fn txn_on(
-    kv: &mut KvClient,
-    timeout: Duration,
-    op: Operation,
-    txn: Txn,
-) -> Result<TxnResponse, LockError> {
-    with_timeout(timeout, op, async {
-        kv.txn(txn).await.map_err(|e| from_etcd(op, e))
-    })
-    .await
-    .map_err(|e| e.with_backend(NAME))
-}
-
 /// `Contended`: the deadline of a waiting acquire passed with older
 /// entries still there.
-pub(super) fn held_at_deadline(op: Operation) -> LockError {
+pub(crate) fn held_at_deadline(op: Operation) -> LockError {
     LockError::new(
         ErrorKind::Contended,
         op,
@@ -474,7 +428,7 @@ pub(super) fn held_at_deadline(op: Operation) -> LockError {
 /// the lease): lets the entry go so that the caller starts over on a new
 /// session (the place in the queue is lost), or `Contended` when the
 /// deadline has passed meanwhile.
-pub(super) fn start_over(
+pub(crate) fn start_over(
     mut pending: PendingEntry<'_>,
     key: &LockKey,
     reason: &str,
@@ -495,7 +449,7 @@ pub(super) fn start_over(
     Ok(())
 }
 
-pub(super) async fn session_lost(state: &mut watch::Receiver<SessionState>) -> String {
+pub(crate) async fn session_lost(state: &mut watch::Receiver<SessionState>) -> String {
     loop {
         if let SessionState::Lost(reason) = &*state.borrow_and_update() {
             return reason.clone();
@@ -506,88 +460,29 @@ pub(super) async fn session_lost(state: &mut watch::Receiver<SessionState>) -> S
     }
 }
 
-/// Refuses (`LeaseLost`) a grant whose session was lost before it could be
-/// handed out.
-pub(super) fn session_alive(
-    session: &Session,
-    key: &LockKey,
-    op: Operation,
-) -> Result<(), LockError> {
-    if session.is_alive() {
-        return Ok(());
-    }
-    Err(LockError::new(
-        ErrorKind::LeaseLost,
-        op,
-        "the session was lost before the grant could be handed out",
-    )
-    .with_key(key)
-    .with_backend(NAME))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// What a granted entry's lease carries besides its key, owner and TTL.
-pub(super) struct Grant {
-    pub(super) kind: LeaseKind,
-    pub(super) token: u64,
-    /// The lease's backend data, naming its entry.
-    pub(super) data: String,
-}
+    use conformance::process::end_of_time;
 
-/// Builds the lease `grant` describes for our `pending` entry and hands it
-/// out (see [`hand_out`]); fails if the session was lost meanwhile.
-pub(super) fn grant_entry(
-    session: &Arc<Session>,
-    pending: PendingEntry<'_>,
-    grant: Grant,
-    ttl: Duration,
-    sent_at: Instant,
-    key: &LockKey,
-    op: Operation,
-) -> Result<Lease, LockError> {
-    let revision = pending.revision.unwrap_or(0);
-    session_alive(session, key, op)?;
-    let lease = Lease::granted(
-        key.clone(),
-        pending.owner,
-        FencingToken::new(grant.token),
-        ttl,
-        sent_at,
-        grant.data,
-    )
-    .map_err(|e| e.with_backend(NAME))?
-    .with_kind(grant.kind);
-    hand_out(session, pending, lease, revision, ttl, sent_at, key, op)
-}
-
-/// Hands out `lease` for our entry `pending` (a mutex, election or shared
-/// grant): its validity ends no later than the session's lease, which the
-/// entry lives by (`LeaseLost` when that has passed, the entry then
-/// removed), and the entry is marked held until `ttl` after `sent_at`
-/// (deleted then unless renewed, not kept as long as the session lives).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn hand_out(
-    session: &Arc<Session>,
-    mut pending: PendingEntry<'_>,
-    mut lease: Lease,
-    revision: i64,
-    ttl: Duration,
-    sent_at: Instant,
-    key: &LockKey,
-    op: Operation,
-) -> Result<Lease, LockError> {
-    let deadline = lease.validity_deadline().min(session.deadline());
-    if deadline <= Instant::now() {
-        return Err(LockError::new(
-            ErrorKind::LeaseLost,
-            op,
-            "the session's lease deadline passed before the grant",
+    /// Issue 37: a waiting acquire's bound is its deadline plus a grace;
+    /// a deadline closer to the end of time than that grace must not
+    /// overflow (`Instant + Duration` panics).
+    #[tokio::test]
+    async fn a_wait_with_a_deadline_near_the_end_of_time_does_not_panic() {
+        let key = LockKey::new("far").unwrap();
+        let deadline = end_of_time() - Duration::from_millis(100);
+        let lease = Lease::granted(
+            key.clone(),
+            lock_core::OwnerId::random(),
+            lock_core::FencingToken::new(1),
+            Duration::from_secs(5),
+            Instant::now(),
+            String::new(),
         )
-        .with_key(key)
-        .with_backend(NAME));
+        .unwrap();
+        let granted = bounded_wait(&key, deadline, async { Ok(Some(lease)) }).await;
+        assert!(granted.is_ok(), "{granted:?}");
     }
-    lease.set_validity_deadline(deadline);
-    let due = sent_at.checked_add(ttl).unwrap_or(sent_at);
-    let signal = session.mark_held(&pending.entry, revision, pending.owner, due);
-    pending.armed = false;
-    Ok(lease.with_session(signal))
 }

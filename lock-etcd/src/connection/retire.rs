@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use super::{EtcdBackend, Inner, lock};
-use crate::session::{revoke_in_background, ttl_secs};
+use super::session::{revoke_in_background, ttl_secs};
+use super::{Connection, lock};
 
 /// How often the sessions are looked over.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -29,18 +29,15 @@ fn idle_limit(ttl: Duration) -> Duration {
     ttl.saturating_mul(3).max(Duration::from_secs(10))
 }
 
-impl EtcdBackend {
-    /// Starts the backend's sweeper; it ends when the backend is dropped.
-    pub(super) fn retire_idle_sessions(&self) {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let inner = Arc::downgrade(&self.inner);
-        handle.spawn(sweep_loop(inner));
-    }
+/// Starts the connection's sweeper; it ends when the connection is dropped.
+pub(super) fn retire_idle_sessions(connection: &Arc<Connection>) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(sweep_loop(Arc::downgrade(connection)));
 }
 
-async fn sweep_loop(inner: Weak<Inner>) {
+async fn sweep_loop(inner: Weak<Connection>) {
     // Lease id -> when its session was first seen idle.
     let mut idle_since: HashMap<i64, Instant> = HashMap::new();
     loop {
@@ -51,7 +48,7 @@ async fn sweep_loop(inner: Weak<Inner>) {
 }
 
 /// One look over the sessions: retires those idle long enough.
-fn sweep(inner: &Inner, idle_since: &mut HashMap<i64, Instant>, now: Instant) {
+fn sweep(inner: &Connection, idle_since: &mut HashMap<i64, Instant>, now: Instant) {
     let kept_secs = ttl_secs(inner.config.ttl);
     let mut retired = Vec::new();
     // Idle sessions kept for now (their idle start is remembered).

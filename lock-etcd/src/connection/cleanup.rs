@@ -9,9 +9,9 @@ use etcd_client::Client;
 use lock_core::{LockError, LockKey, Operation, OwnerId};
 use tokio::time::{Instant, sleep};
 
+use super::session::Session;
 use crate::error::protocol_error;
 use crate::keys::{Created, guarded_delete};
-use crate::session::Session;
 
 /// A create transaction in flight, owned so that whoever holds it (the
 /// acquire, or the cleanup after the acquire was dropped) learns its outcome.

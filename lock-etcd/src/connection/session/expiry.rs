@@ -99,7 +99,7 @@ async fn delete_expired(
         match names.remove(&grant.slot) {
             Some(entry) => {
                 tracing::debug!(%entry, "lock TTL ran out without a renewal; deleting its entry");
-                crate::cleanup::clean_up_later(
+                crate::connection::clean_up_later(
                     client,
                     session.clone(),
                     entry,

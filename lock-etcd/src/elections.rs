@@ -6,17 +6,20 @@
 //! does: the same queue), and resigning deletes the entry. The term is the
 //! leader entry's create revision.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use etcd_client::{KeyValue, WatchFilterType, WatchOptions};
-use lock_core::election::{Leader, election_key, election_lock_key};
+use lock_core::election::{Leader, election_lock_key};
 use lock_core::{FencingToken, Lease, LockError, LockKey, Operation};
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep_until};
 
-use super::EtcdBackend;
-use super::waiting::Layout;
+use crate::connection::Connection;
 use crate::error::NAME;
-use crate::keys::{self, election_prefix};
+use crate::grants::{Grants, Layout};
+use crate::keys;
+use crate::waiting::{Waiting, bounded_wait};
 
 /// The leader as read, with its entry's name, and the revision of the read.
 struct LeaderRead {
@@ -25,39 +28,74 @@ struct LeaderRead {
     revision: i64,
 }
 
-impl EtcdBackend {
-    /// Where the candidates of `election` live (see [`keys::election_name`]).
-    fn election_prefix(&self, election: &LockKey) -> String {
-        election_prefix(&self.inner.prefix, election)
+/// Elections in the layout of etcd's `concurrency.Election`
+/// (`etcdctl elect` sees the same leader).
+#[derive(Clone, Debug)]
+pub(crate) struct Elections {
+    conn: Arc<Connection>,
+    grants: Grants,
+    waiting: Waiting,
+}
+
+#[async_trait]
+impl lock_core::Elections for Elections {
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.campaign_entry(election, ttl, deadline).await
     }
 
-    /// The election prefix of a leadership lease, from its key
-    /// (`election/<name>`); `None` for any other key.
-    pub(super) fn election_prefix_of(&self, lease_key: &LockKey) -> Option<String> {
-        let name = lease_key.as_str().strip_prefix(&election_key(""))?;
-        let election = LockKey::new(name).ok()?;
-        Some(self.election_prefix(&election))
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        self.election_leader(election).await
+    }
+
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        self.watch_election(election, seen, deadline).await
+    }
+}
+
+impl Elections {
+    pub(crate) fn new(conn: Arc<Connection>, grants: Grants, waiting: Waiting) -> Self {
+        Self {
+            conn,
+            grants,
+            waiting,
+        }
     }
 
     /// Campaigns: our entry under the election's prefix, then our turn, as
     /// a waiting acquire of the mutex does (bounded the same way).
-    pub(super) async fn campaign_entry(
+    pub(crate) async fn campaign_entry(
         &self,
         election: &LockKey,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         let key = election_lock_key(election).map_err(|e| e.with_backend(NAME))?;
-        let prefix = self.election_prefix(election);
-        let attempt = self.acquire_entry(
-            &key,
-            prefix,
-            Layout::Election,
-            ttl,
-            Some(deadline),
-            Operation::Acquire,
-        );
-        Self::bounded_wait(&key, deadline, attempt).await
+        let prefix = self.conn.election_prefix(election);
+        let attempt = async {
+            self.waiting
+                .acquire_entry(
+                    &key,
+                    prefix,
+                    Layout::Election,
+                    ttl,
+                    deadline,
+                    Operation::Acquire,
+                )
+                .await
+                .map(Some)
+        };
+        bounded_wait(&key, deadline, attempt).await
     }
 
     /// The oldest candidate under the election's prefix: holder = its value
@@ -68,8 +106,9 @@ impl EtcdBackend {
         election: &LockKey,
         op: Operation,
     ) -> Result<LeaderRead, LockError> {
-        let prefix = self.election_prefix(election);
+        let prefix = self.conn.election_prefix(election);
         let response = self
+            .grants
             .read_oldest(&prefix, op)
             .await
             .map_err(|e| e.with_key(election))?;
@@ -91,11 +130,11 @@ impl EtcdBackend {
 
     async fn leader_of(&self, kv: &KeyValue, op: Operation) -> Leader {
         let name = String::from_utf8_lossy(kv.key()).into_owned();
-        let remaining_ttl = self.remaining_ttl(&name, kv.lease(), op).await;
+        let remaining_ttl = self.grants.remaining_ttl(&name, kv.lease(), op).await;
         leader_of_entry(kv, remaining_ttl)
     }
 
-    pub(super) async fn election_leader(
+    pub(crate) async fn election_leader(
         &self,
         election: &LockKey,
     ) -> Result<Option<Leader>, LockError> {
@@ -106,7 +145,7 @@ impl EtcdBackend {
     /// etcd watch: of the leader's entry (deleted, or rewritten by an
     /// `etcdctl`/Go leader's proclaim) while there is one, of the prefix's
     /// puts while there is none. No polling.
-    pub(super) async fn watch_election(
+    pub(crate) async fn watch_election(
         &self,
         election: &LockKey,
         seen: Option<&Leader>,
@@ -121,7 +160,7 @@ impl EtcdBackend {
             let (watched, options) = match read.entry {
                 Some(entry) => (entry, WatchOptions::new().with_start_revision(from)),
                 None => (
-                    self.election_prefix(election).into_bytes(),
+                    self.conn.election_prefix(election).into_bytes(),
                     WatchOptions::new()
                         .with_prefix()
                         .with_start_revision(from)
@@ -130,44 +169,7 @@ impl EtcdBackend {
             };
             tokio::select! {
                 () = sleep_until(deadline) => {}
-                () = self.wait_change(watched, options, from) => {}
-            }
-        }
-    }
-
-    /// Returns at the first event of the watch, when the store already
-    /// moved past `from` when the watch was created (something may have
-    /// happened between our read and the watch: re-read rather than wait for
-    /// etcd's catch-up loop), or when the watch ends or fails.
-    pub(super) async fn wait_change(&self, key: Vec<u8>, options: WatchOptions, from: i64) {
-        let mut watch_client = self.inner.client.watch_client();
-        let mut stream = match watch_client.watch(key, Some(options)).await {
-            Ok(stream) => stream,
-            Err(err) => {
-                tracing::debug!(%err, "etcd watch failed");
-                sleep(Duration::from_millis(100)).await;
-                return;
-            }
-        };
-        loop {
-            match stream.message().await {
-                Ok(Some(response)) => {
-                    if response.canceled()
-                        || response.compact_revision() > 0
-                        || !response.events().is_empty()
-                    {
-                        return;
-                    }
-                    if response.created() && response.header().map_or(0, |h| h.revision()) >= from {
-                        return;
-                    }
-                }
-                Ok(None) => return,
-                Err(err) => {
-                    tracing::debug!(%err, "etcd watch stream failed");
-                    sleep(Duration::from_millis(50)).await;
-                    return;
-                }
+                () = self.waiting.wait_change(watched, options, from) => {}
             }
         }
     }
@@ -178,7 +180,7 @@ impl EtcdBackend {
 /// `etcdctl elect` or Go proposal, whatever it holds, or an earlier
 /// version's owner hex alone) the whole value as `holder`, no details.
 /// The term is the entry's create revision.
-pub(super) fn leader_of_entry(kv: &KeyValue, remaining_ttl: Option<Duration>) -> Leader {
+pub(crate) fn leader_of_entry(kv: &KeyValue, remaining_ttl: Option<Duration>) -> Leader {
     let value = kv.value();
     let details = keys::value_details(value);
     let holder = if details.is_some() {

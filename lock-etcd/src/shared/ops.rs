@@ -1,39 +1,22 @@
 //! Read-write locks and semaphores: parsing, releasing and downgrading a
-//! shared lease, and the holders of a shape (moved out of `shared.rs`).
+//! shared lease, and the holders of a shape .
 
 use super::*;
 
-impl EtcdBackend {
-    /// (entry, create revision, lease id) of a shared lease.
-    pub(in crate::driver) fn parse_shared_lease(
-        &self,
-        lease: &Lease,
-        op: Operation,
-    ) -> Result<(String, i64, i64), LockError> {
-        let bad = |why: &str| {
-            LockError::invalid_argument(op, format!("not an etcd lease of this backend: {why}"))
-                .with_key(lease.key())
-                .with_backend(NAME)
-        };
-        let (leaf, revision) =
-            parse_shared_lease_data(lease.backend_data()).ok_or_else(|| bad("entry"))?;
-        let prefix = self.shape_prefix(lease.key(), lease.kind().shape());
-        let (entry, lease_id) = entry_of_lease(prefix, leaf).map_err(bad)?;
-        Ok((entry, revision, lease_id))
-    }
-
+impl Shared {
     /// Releases a read, write or permit lease: deletes its entry if it still
     /// has the lease's create revision and value (a downgraded write lease's
     /// entry now holds the read lease's value, so it is left alone).
-    pub(in crate::driver) async fn release_shared(&self, lease: &Lease) -> Result<bool, LockError> {
+    pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<bool, LockError> {
         let op = Operation::Release;
-        let (entry, revision, lease_id) = self.parse_shared_lease(lease, op)?;
-        let session = self.session_by_lease(lease_id);
+        let (entry, revision, lease_id) = self.grants.parse_shared_lease(lease, op)?;
+        let session = self.conn.session_by_lease(lease_id);
         let was_held = session
             .as_ref()
             .is_some_and(|s| s.unmark_held(&entry, revision, lease.owner()));
         let delete = shared_delete(&entry, revision, lease.kind(), lease.owner());
-        self.delete_released(op, delete, lease, (entry, revision), session, was_held)
+        self.grants
+            .delete_released(op, delete, lease, (entry, revision), session, was_held)
             .await
     }
 
@@ -41,10 +24,7 @@ impl EtcdBackend {
     /// (same key, same create revision, so the same place before every
     /// waiter) if it still is this write lease's. The read lease gets a new
     /// owner id, so the write lease is no longer held.
-    pub(in crate::driver) async fn downgrade_shared(
-        &self,
-        lease: &Lease,
-    ) -> Result<Lease, LockError> {
+    pub(crate) async fn downgrade_shared(&self, lease: &Lease) -> Result<Lease, LockError> {
         let op = Operation::Downgrade;
         let not_held = |why: &str| {
             LockError::new(ErrorKind::NotHeld, op, why.to_owned())
@@ -54,12 +34,12 @@ impl EtcdBackend {
         if lease.kind() != LeaseKind::Write {
             return Err(not_held("only a write lease can be downgraded"));
         }
-        let (entry, revision, lease_id) = self.parse_shared_lease(lease, op)?;
+        let (entry, revision, lease_id) = self.grants.parse_shared_lease(lease, op)?;
         let now = Instant::now();
         if lease.validity_deadline() <= now && lease.session().is_some() {
             return Err(not_held("the write lease's deadline passed"));
         }
-        let session = self.session_by_lease(lease_id);
+        let session = self.conn.session_by_lease(lease_id);
         if let Some(session) = &session {
             if !session.holds(&entry, revision, lease.owner()) {
                 return Err(not_held("the write lease was released or lost"));
@@ -90,7 +70,7 @@ impl EtcdBackend {
             read_value,
             Some(PutOptions::new().with_lease(lease_id)),
         )]);
-        match self.txn(op, txn).await {
+        match self.conn.txn(op, txn).await {
             Ok(response) if response.succeeded() => {}
             Ok(_) => {
                 if let Some(session) = &session {
@@ -104,7 +84,7 @@ impl EtcdBackend {
                 if let Some(session) = session
                     && session.unmark_held(&entry, revision, lease.owner())
                 {
-                    clean_up_later(&self.inner.client, session, entry, lease.owner(), revision);
+                    clean_up_later(&self.conn.client, session, entry, lease.owner(), revision);
                 }
                 return Err(err.with_key(lease.key()));
             }
@@ -132,19 +112,19 @@ impl EtcdBackend {
     /// turn has come (readers with no writer before them, the oldest entry
     /// if it is a granted writer; permit entries that fit with every entry
     /// before them).
-    pub(in crate::driver) async fn shared_holders(
+    pub(crate) async fn shared_holders(
         &self,
         key: &LockKey,
         shape: LockShape,
     ) -> Result<Vec<HolderInfo>, LockError> {
         let op = Operation::Inspect;
-        let prefix = self.shape_prefix(key, shape);
-        let epoch = epoch_key(&self.inner.prefix, key);
+        let prefix = self.conn.shape_prefix(key, shape);
+        let epoch = epoch_key(&self.conn.prefix, key);
         let txn = Txn::new().and_then([
             TxnOp::get(prefix.as_str(), Some(all_entries())),
             TxnOp::get(epoch.as_str(), None),
         ]);
-        let response = self.txn(op, txn).await.map_err(|e| e.with_key(key))?;
+        let response = self.conn.txn(op, txn).await.map_err(|e| e.with_key(key))?;
         let responses = response.op_responses();
         let entries = shares(responses.first());
         let epoch_revision = mod_revision_of(responses.get(1));
@@ -154,6 +134,7 @@ impl EtcdBackend {
             let share = &entries[i];
             let name = String::from_utf8_lossy(&share.key).into_owned();
             let own_due = self
+                .conn
                 .session_by_lease(share.lease)
                 .and_then(|s| s.due(&name));
             let remaining_ttl = match own_due {
@@ -161,7 +142,7 @@ impl EtcdBackend {
                 None => match ttls.get(&share.lease) {
                     Some(ttl) => *ttl,
                     None => {
-                        let ttl = self.lease_ttl(share.lease, op).await;
+                        let ttl = self.conn.lease_ttl(share.lease, op).await;
                         ttls.insert(share.lease, ttl);
                         ttl
                     }
@@ -180,7 +161,7 @@ impl EtcdBackend {
 /// that fit with every entry before them (their grant's revision), by
 /// index in `entries`. A value this crate did not write blocks every entry
 /// after it.
-pub(in crate::driver) fn granted_shares(
+pub(crate) fn granted_shares(
     shape: LockShape,
     entries: &[Share],
     epoch_revision: i64,
@@ -217,7 +198,7 @@ pub(in crate::driver) fn granted_shares(
 
 impl Share {
     /// This granted entry as `holders` reports it.
-    pub(in crate::driver) fn holder_info(
+    pub(crate) fn holder_info(
         &self,
         kind: LeaseKind,
         token: i64,

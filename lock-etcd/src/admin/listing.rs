@@ -16,12 +16,12 @@ use lock_core::{
 };
 use tokio::task::JoinSet;
 
-use super::EtcdBackend;
-use super::admin::holder_entry;
-use super::election::leader_of_entry;
-use super::shared::{Share, granted_shares};
+use super::Admin;
+use crate::elections::leader_of_entry;
 use crate::error::{NAME, from_etcd};
+use crate::grants::holder_entry;
 use crate::keys::{ELECTION_TAG, RW_TAG, SEM_TAG, escape_key, unescape_key};
+use crate::shared::{Share, granted_shares};
 
 /// The most entries one listing call reads (one range request).
 pub(crate) const LIST_SCAN_MAX: i64 = 2_000;
@@ -156,14 +156,14 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-impl EtcdBackend {
+impl Admin {
     /// What every entry name of this backend starts with: the prefix and
     /// the separator (nothing without a prefix).
     fn root(&self) -> String {
-        if self.inner.prefix.is_empty() {
+        if self.conn.prefix.is_empty() {
             String::new()
         } else {
-            format!("{}/", self.inner.prefix)
+            format!("{}/", self.conn.prefix)
         }
     }
 
@@ -217,8 +217,8 @@ impl EtcdBackend {
         let scan = i64::try_from(limit.saturating_mul(2).saturating_add(8))
             .unwrap_or(LIST_SCAN_MAX)
             .min(LIST_SCAN_MAX);
-        let mut kv = self.inner.client.kv_client();
-        let mut response = with_timeout(self.inner.config.op_timeout, op, async {
+        let mut kv = self.conn.client.kv_client();
+        let mut response = with_timeout(self.conn.config.op_timeout, op, async {
             kv.get(
                 start_key,
                 Some(GetOptions::new().with_range(end).with_limit(scan)),
@@ -319,15 +319,19 @@ impl EtcdBackend {
         };
         for group in &scan.groups {
             if group.fills_scan {
-                page.locks
-                    .extend(self.read_holder(&group.key, op).await?.map(|h| h.info));
+                page.locks.extend(
+                    self.grants
+                        .read_holder(&group.key, op)
+                        .await?
+                        .map(|h| h.info),
+                );
                 continue;
             }
             let Some((i, holder)) = group.oldest(&scan.kvs) else {
                 continue;
             };
             let ttl = ttls.get(&i).copied().flatten();
-            let key_prefix = self.key_prefix(&group.key);
+            let key_prefix = self.conn.key_prefix(&group.key);
             page.locks
                 .push(holder_entry(&group.key, &key_prefix, holder, ttl).info);
         }
@@ -387,7 +391,7 @@ impl EtcdBackend {
         };
         for (group, held) in scan.groups.iter().zip(granted) {
             let holders: Vec<HolderInfo> = if group.fills_scan {
-                self.shared_holders(&group.key, shape).await?
+                self.shared.shared_holders(&group.key, shape).await?
             } else {
                 held.into_iter()
                     .map(|(i, mut info)| {
@@ -435,7 +439,7 @@ impl EtcdBackend {
         };
         for group in &scan.groups {
             let leader = if group.fills_scan {
-                self.election_leader(&group.key).await?
+                self.elections.election_leader(&group.key).await?
             } else {
                 group.oldest(&scan.kvs).map(|(i, kv)| {
                     let ttl = ttls.get(&i).copied().flatten();
@@ -467,6 +471,7 @@ impl EtcdBackend {
             let holder = &kvs[i];
             let entry = String::from_utf8_lossy(holder.key());
             let own = self
+                .conn
                 .session_by_lease(holder.lease())
                 .and_then(|s| s.due(&entry));
             match own {
@@ -481,9 +486,9 @@ impl EtcdBackend {
         for chunk in leases.chunks(TTL_READS_AT_ONCE) {
             let mut reads = JoinSet::new();
             for (lease_id, holders) in chunk {
-                let backend = self.clone();
+                let conn = self.conn.clone();
                 let (lease_id, holders) = (*lease_id, holders.clone());
-                reads.spawn(async move { (holders, backend.lease_ttl(lease_id, op).await) });
+                reads.spawn(async move { (holders, conn.lease_ttl(lease_id, op).await) });
             }
             while let Some(read) = reads.join_next().await {
                 if let Ok((holders, ttl)) = read {

@@ -3,18 +3,18 @@
 //! all in one revision; otherwise nothing is written.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use lock_core::{
-    ErrorKind, Lease, LockBackend, LockError, LockKey, Operation, check_ttl, with_timeout,
-};
+use lock_core::{ErrorKind, Lease, LockError, LockKey, Operation, check_ttl, with_timeout};
 use tokio::time::Instant;
 
-use super::waiting::Layout;
-use super::{EtcdBackend, MIN_TTL};
-use crate::cleanup::PendingEntry;
+use crate::config::MIN_TTL;
+use crate::connection::{Connection, PendingEntry};
 use crate::error::{NAME, from_etcd, protocol_error};
+use crate::grants::{Grants, Layout};
 use crate::keys::mutex_value;
 
 /// The most keys one transaction takes: etcd's default `--max-txn-ops`
@@ -24,12 +24,34 @@ use crate::keys::mutex_value;
 /// multi-lock then takes the keys one by one.
 pub(crate) const MAX_SET_KEYS: usize = 128;
 
-impl EtcdBackend {
+/// Multi-locks: a set of mutexes in one transaction.
+#[derive(Debug)]
+pub(crate) struct Sets {
+    conn: Arc<Connection>,
+    grants: Grants,
+}
+
+#[async_trait]
+impl lock_core::LockSets for Sets {
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        self.acquire_set(keys, ttl).await
+    }
+}
+
+impl Sets {
+    pub(crate) fn new(conn: Arc<Connection>, grants: Grants) -> Self {
+        Self { conn, grants }
+    }
+
     /// [`LockSets::try_acquire_all`](lock_core::LockSets::try_acquire_all):
     /// one transaction that compares every key's prefix to be empty and puts
     /// our entry under each; the tokens are that transaction's revision
     /// (each entry's create revision).
-    pub(super) async fn acquire_set(
+    async fn acquire_set(
         &self,
         keys: &[LockKey],
         ttl: Duration,
@@ -55,22 +77,14 @@ impl EtcdBackend {
             return Err(too_large(first, keys.len()));
         }
         let session = self
+            .conn
             .session_for(ttl, op)
             .await
             .map_err(|e| e.with_key(first))?;
-        let prefixes: Vec<String> = keys.iter().map(|k| self.key_prefix(k)).collect();
+        let prefixes: Vec<String> = keys.iter().map(|k| self.conn.key_prefix(k)).collect();
         let mut pending: Vec<PendingEntry<'_>> = prefixes
             .iter()
-            .map(|prefix| PendingEntry {
-                client: &self.inner.client,
-                session: session.clone(),
-                entry: session.claim_entry(prefix),
-                owner: session.new_owner(),
-                create: None,
-                revision: None,
-                armed: true,
-                op_timeout: self.inner.config.op_timeout,
-            })
+            .map(|prefix| self.conn.claim_pending(&session, prefix))
             .collect();
         let txn = Txn::new()
             .when(
@@ -97,11 +111,11 @@ impl EtcdBackend {
                     .collect::<Vec<_>>(),
             );
         let sent_at = Instant::now();
-        let mut kv = self.inner.client.kv_client();
+        let mut kv = self.conn.client.kv_client();
         // Until the answer comes, every entry may exist: dropped armed (an
         // error, a timeout, this future dropped), each is deleted in the
         // background and its name never reused.
-        let response = with_timeout(self.inner.config.op_timeout, op, async {
+        let response = with_timeout(self.conn.config.op_timeout, op, async {
             kv.txn(txn).await.map_err(|e| {
                 if e.to_string().contains("too many operations") {
                     too_large(first, keys.len())
@@ -126,13 +140,16 @@ impl EtcdBackend {
         let mut leases = Vec::with_capacity(keys.len());
         for (key, mut entry) in keys.iter().zip(pending) {
             entry.revision = Some(revision);
-            match self.grant(key, Layout::Mutex, ttl, &session, entry, sent_at, op) {
+            match self
+                .grants
+                .grant(key, Layout::Mutex, ttl, &session, entry, sent_at, op)
+            {
                 Ok(lease) => leases.push(lease),
                 Err(err) => {
                     // The entries not yet granted are deleted as they drop;
                     // give back the ones granted.
                     for lease in &leases {
-                        let _ = self.release(lease).await;
+                        let _ = self.grants.release(lease).await;
                     }
                     return Err(err);
                 }

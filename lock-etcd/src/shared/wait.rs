@@ -1,9 +1,9 @@
 //! Read-write locks and semaphores, waiting: a waiter's re-check of its
-//! turn and the watches it sleeps on (moved out of `shared.rs`).
+//! turn and the watches it sleeps on .
 
 use super::*;
 
-impl EtcdBackend {
+impl Shared {
     /// Waits for our turn: `Ok(Ok((token, sent)))` when granted,
     /// `Ok(Err(reason))` when our entry or session was lost, `Contended`
     /// at the deadline.
@@ -63,7 +63,7 @@ impl EtcdBackend {
                         biased;
                         () = sleep_until(deadline) => return Err(contended()),
                         reason = session_lost(&mut state) => return Ok(Err(reason)),
-                        () = self.wait_deleted(key, create_revision, from, with_puts) => {}
+                        () = self.waiting.wait_deleted(key, create_revision, from, with_puts) => {}
                     }
                 }
                 Turn::WaitAny { before, from } => {
@@ -121,7 +121,7 @@ impl EtcdBackend {
                             Some(entries_before(my_revision).with_limit(1).with_keys_only()),
                         ),
                     ]);
-                let response = self.txn(op, txn).await?;
+                let response = self.conn.txn(op, txn).await?;
                 let revision = response.header().map_or(0, |h| h.revision());
                 if response.succeeded() {
                     return Ok(Turn::Granted(u64::try_from(revision).unwrap_or(0)));
@@ -151,7 +151,7 @@ impl EtcdBackend {
                     TxnOp::get(prefix, Some(entries_before(my_revision))),
                     TxnOp::get(epoch, None),
                 ]);
-                let response = self.txn(op, txn).await?;
+                let response = self.conn.txn(op, txn).await?;
                 if !response.succeeded() {
                     return Ok(gone());
                 }
@@ -178,7 +178,7 @@ impl EtcdBackend {
                 let txn = Txn::new()
                     .when([ours.clone()])
                     .and_then([TxnOp::get(prefix, Some(entries_before(my_revision)))]);
-                let response = self.txn(op, txn).await?;
+                let response = self.conn.txn(op, txn).await?;
                 if !response.succeeded() {
                     return Ok(gone());
                 }
@@ -197,7 +197,7 @@ impl EtcdBackend {
                 let txn = Txn::new()
                     .when([ours, Compare::value(entry, CompareOp::Equal, value)])
                     .and_then([put_again()]);
-                let response = self.txn(op, txn).await?;
+                let response = self.conn.txn(op, txn).await?;
                 if !response.succeeded() {
                     return Ok(gone());
                 }
@@ -230,7 +230,7 @@ impl EtcdBackend {
         let count = move || {
             let older = older.clone();
             async move {
-                let response = self.read_quietly(prefix, older).await?;
+                let response = self.conn.read_quietly(prefix, older).await?;
                 Some(if response.kvs().len() < before {
                     Seen::Changed
                 } else {
@@ -247,7 +247,8 @@ impl EtcdBackend {
                     .is_none_or(|kv| kv.create_revision() < my_revision)
             })
         };
-        self.watch_until(prefix, options, from, makes_room, count)
+        self.waiting
+            .watch_until(prefix, options, from, makes_room, count)
             .await;
     }
 }
