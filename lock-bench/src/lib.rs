@@ -9,6 +9,7 @@
 use lock_core::driver::FloorFn;
 
 pub mod etcd;
+pub mod file;
 
 pub mod redis;
 
@@ -39,6 +40,10 @@ pub fn for_driver(driver: &str) -> Floors {
             floor: Some(etcd::floor),
             permit_floor: Some(etcd::permit_floor),
             fair_option: None,
+        },
+        "file" => Floors {
+            floor: Some(file::floor),
+            ..Floors::default()
         },
         "zk" => from_descriptor(&lock_zk::DRIVER),
         "sql" => from_descriptor(&lock_sql::DRIVER),
