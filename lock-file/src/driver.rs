@@ -232,7 +232,7 @@ impl LockBackend for FileBackend {
     }
 
     /// Tries the lock without blocking; a waiting grant polls with a
-    /// backoff from [`FIRST_POLL`] doubling to [`MAX_POLL`], with jitter.
+    /// backoff from 1 ms doubling to [`MAX_POLL`], with jitter.
     ///
     /// Why polling rather than a blocking `flock` on a thread: a blocked
     /// `flock(2)` can be interrupted only by a signal, so a cancelled or
