@@ -49,6 +49,7 @@ pub mod cases;
 pub mod cpu;
 pub mod deploy;
 pub mod doubles;
+pub mod fencing;
 pub mod harness;
 pub mod history;
 pub mod legacy;

@@ -55,34 +55,44 @@ impl conformance::Target for PhaseTarget {
     }
 }
 
+// The whole suite in each phase of a rollout, one test per phase (they run
+// side by side).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn whole_suite_passes_in_every_phase() {
-    for phase in [
-        lock_core::MigrationPhase::Old,
-        lock_core::MigrationPhase::Dual,
-        lock_core::MigrationPhase::New,
-    ] {
-        let target = PhaseTarget {
-            old: MemoryTarget::new(),
-            new: MemoryTarget::new(),
-            phase,
-        };
-        // Cut over once before the suite (the zero wait-out then passes at
-        // once), so phase `new` runs as it does after a rollout.
-        if phase == lock_core::MigrationPhase::New {
-            let client = conformance::Target::client(&target).await.unwrap();
-            let warm = lock_core::LockKey::new("warm-up").unwrap();
-            let lease = client
-                .try_acquire(&warm, Duration::from_secs(1))
-                .await
-                .unwrap()
-                .unwrap();
-            client.release(&lease).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let harness = conformance::Harness::new(Arc::new(target));
-        conformance::run_suite(&harness).await.assert_passed();
+async fn whole_suite_passes_in_phase_old() {
+    whole_suite_passes_in(lock_core::MigrationPhase::Old).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_suite_passes_in_phase_dual() {
+    whole_suite_passes_in(lock_core::MigrationPhase::Dual).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_suite_passes_in_phase_new() {
+    whole_suite_passes_in(lock_core::MigrationPhase::New).await;
+}
+
+async fn whole_suite_passes_in(phase: lock_core::MigrationPhase) {
+    let target = PhaseTarget {
+        old: MemoryTarget::new(),
+        new: MemoryTarget::new(),
+        phase,
+    };
+    // Cut over once before the suite (the zero wait-out then passes at
+    // once), so phase `new` runs as it does after a rollout.
+    if phase == lock_core::MigrationPhase::New {
+        let client = conformance::Target::client(&target).await.unwrap();
+        let warm = lock_core::LockKey::new("warm-up").unwrap();
+        let lease = client
+            .try_acquire(&warm, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        client.release(&lease).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let harness = conformance::Harness::new(Arc::new(target));
+    conformance::run_suite(&harness).await.assert_passed();
 }
 
 /// A dual grant takes the old store, then the new one, and its release

@@ -1,5 +1,6 @@
 //! `distlock-compare compare --spawn` on the replicated and clustered Redis
-//! deployments, run as a process and judged from its JSON: the async
+//! deployments (`--quick`: the mutex's cases and fault matrix), run as a
+//! process and judged from its JSON: the async
 //! replica failover must be flagged (a negative control: Redis loses the
 //! grant), Redlock must stay safe with a minority of its nodes down and
 //! fail cleanly with a majority down, and nothing may be a violation.
@@ -37,6 +38,9 @@ fn failover_is_flagged_and_redlock_survives_node_loss() {
         .args([
             "compare",
             "--spawn",
+            // The mutex's cases and fault matrix: the scenarios this test
+            // judges (the drivers' own tests run the whole suite).
+            "--quick",
             "--backends",
             "redis-replica,redlock",
             "--json",
