@@ -9,8 +9,11 @@ use lock_core::endpoint::{Endpoint, HostPort, Secret};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
-use crate::eviction::EvictionMode;
 use crate::keys::layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};
+
+/// The shortest TTL accepted: below it the clock-drift allowance and one
+/// round trip eat the whole lease.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
 
 /// The default key prefix (`distlock:`): a lock named `jobs/a` lives in the
 /// Redis key `distlock:{jobs/a}`.
@@ -754,6 +757,31 @@ fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
     options.finish("redis")?;
     config.validate()?;
     Ok(config)
+}
+
+/// What [`RedisConfig::eviction`] asks the
+/// connect-time eviction check to do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EvictionMode {
+    /// Log a `tracing` warning when a server may evict keys (the default).
+    #[default]
+    Warn,
+    /// Refuse to connect (a `Config` error) when a server may evict keys.
+    /// A server whose `CONFIG` command is disabled or renamed cannot be
+    /// checked: that is a warning, never a refusal.
+    Refuse,
+}
+
+impl EvictionMode {
+    /// Parses the `eviction` URL option: `warn` or `refuse`.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        match text {
+            "warn" => Some(Self::Warn),
+            "refuse" => Some(Self::Refuse),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

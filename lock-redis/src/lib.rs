@@ -67,25 +67,44 @@
 
 #![deny(missing_docs)]
 
-mod batch;
+mod admin;
+mod backend;
 mod config;
-mod conn;
+mod connection;
 mod descriptor;
-mod direct;
-mod driver;
 mod error;
-mod eviction;
+mod grants;
 pub mod keys;
-mod notify;
-mod renew_many;
+mod renewal;
+mod sets;
+mod shared;
 #[cfg(test)]
 mod test_redis;
+mod waiting;
 
+pub use backend::{RedisBackend, capabilities};
 pub use config::{
-    DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL, RedisConfig,
-    RedisNode, RedisTopology,
+    DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL, EvictionMode, MIN_TTL,
+    RedisConfig, RedisNode, RedisTopology,
 };
+pub use connection::eviction::EvictionCheck;
 pub use descriptor::DRIVER;
-pub use driver::{MIN_TTL, RedisBackend, RedisRenewalStats, capabilities, connect};
-pub use eviction::{EvictionCheck, EvictionMode};
 pub use keys::layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};
+pub use renewal::RedisRenewalStats;
+
+/// Connects to the Redis deployment a URL names (see [`RedisConfig`] for the
+/// forms).
+///
+/// # Errors
+///
+/// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for a bad URL;
+/// [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable) /
+/// [`ErrorKind::Timeout`](lock_core::ErrorKind::Timeout) when not enough
+/// servers answer.
+///
+/// # Cancel safety
+///
+/// Safe: dropping it drops the half-made connections.
+pub async fn connect(url: &str) -> Result<RedisBackend, lock_core::LockError> {
+    RedisBackend::connect(RedisConfig::from_url(url)?).await
+}

@@ -5,7 +5,7 @@
 use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
 
-use crate::conn::Conn;
+use crate::connection::Conn;
 use crate::keys::LuaScript;
 
 /// A fresh `redis-server`; `None` (a printed skip, a failure under CI)

@@ -14,8 +14,9 @@ use std::sync::LazyLock;
 
 use lock_core::LockKey;
 
+use crate::keys::names::KeyNames;
+use crate::keys::scripts::LuaScript;
 use crate::keys::shared::prelude;
-use crate::keys::{KeyNames, LuaScript};
 
 /// KEYS: lock, counter, queue, queue expiries, sequence, holder details,
 /// [token floor].
@@ -37,7 +38,7 @@ use crate::keys::{KeyNames, LuaScript};
 ///   the mutex's acquire does.
 const FAIR_ACQUIRE: &str = concat!(
     prelude!(),
-    crate::keys::grant_fns!(),
+    crate::keys::scripts::grant_fns!(),
     r"
 local owner, wait = ARGV[1], tonumber(ARGV[3])
 if redis.pcall('GET', KEYS[1]) == owner then
@@ -99,7 +100,7 @@ return n
 /// returns the grants it made, their TTLs set again.
 const MULTI_ACQUIRE: &str = concat!(
     prelude!(),
-    crate::keys::grant_fns!(),
+    crate::keys::scripts::grant_fns!(),
     r"
 local ttl, fair, n = ARGV[1], ARGV[2] == '1', math.floor(#KEYS / 5)
 local floor, details = KEYS[5 * n + 1], ARGV[3 + n]
@@ -205,7 +206,7 @@ mod tests {
     use redis::Value;
 
     use super::*;
-    use crate::conn::Conn;
+    use crate::connection::node::Conn;
     use crate::test_redis::broken;
 
     /// `{flag, n}` of an acquire.

@@ -11,7 +11,8 @@ use lock_core::{ErrorKind, LockError, LockKey, Operation};
 use redis::cluster_routing::Slot;
 
 use crate::error::NAME;
-use crate::keys::KeyNames;
+use crate::keys::names::{KeyNames, holder_key};
+use crate::keys::scripts::Scripts;
 
 /// Which Redis data layout the mutex uses (the `layout` URL option, see
 /// [`RedisConfig::layout`](crate::RedisConfig::layout) and the crate docs,
@@ -94,7 +95,7 @@ pub(crate) fn legacy_names(
     KeyNames {
         counter: format!("{lock}{token_suffix}"),
         channel,
-        holder: crate::keys::holder_key(&lock),
+        holder: holder_key(&lock),
         lock,
     }
 }
@@ -138,7 +139,7 @@ pub(crate) fn check_cluster_slot(
 /// the TTL set again, never a second count. `pcall` because a foreign
 /// client may keep another type at the key (then it is simply held).
 const REDISSON_ACQUIRE: &str = concat!(
-    crate::keys::grant_fns!(),
+    crate::keys::scripts::grant_fns!(),
     r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
@@ -203,14 +204,19 @@ end
 return {holder, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', redis.call('GET', KEYS[3]) or ''}
 ";
 
-/// The Redisson layout's four scripts: acquire, release, renew, inspect.
-pub(crate) fn redisson_scripts() -> [&'static str; 4] {
-    [
-        REDISSON_ACQUIRE,
-        REDISSON_RELEASE,
-        REDISSON_RENEW,
-        REDISSON_INSPECT,
-    ]
+/// The mutex scripts of `layout` (Redisson's own acquire, release, renew
+/// and inspect; the native ones otherwise: `layout=plain` only names its
+/// keys differently).
+pub(crate) fn scripts_for(layout: RedisLayout) -> Scripts {
+    match layout {
+        RedisLayout::Redisson => Scripts::with_texts([
+            REDISSON_ACQUIRE,
+            REDISSON_RELEASE,
+            REDISSON_RENEW,
+            REDISSON_INSPECT,
+        ]),
+        _ => Scripts::new(),
+    }
 }
 
 /// The typed refusal of a lock shape a legacy layout does not have.

@@ -1,5 +1,5 @@
 //! The Lua scripts and key layout of the read-write lock and the
-//! semaphore (the mutex's are in `scripts.rs` and stay untouched).
+//! semaphore (the mutex's are in `scripts.rs` and `names.rs`).
 //!
 //! Every key of one lock carries the mutex's hash tag `{<key>}`, so a
 //! cluster serves each script on one slot; each shape has its own suffix
@@ -12,9 +12,10 @@ use std::sync::LazyLock;
 #[cfg(test)]
 use std::time::Duration;
 
-use lock_core::LockKey;
+use lock_core::{LeaseKind, LockKey, LockShape};
 
-use crate::keys::{KeyNames, LuaScript, holder_key};
+use crate::keys::names::{KeyNames, holder_key};
+use crate::keys::scripts::LuaScript;
 
 /// The Lua helpers every script starts with: `now` (server ms), `fmt`,
 /// `sweep` (drop members whose expiry passed, and the same members from
@@ -80,7 +81,7 @@ pub(crate) use prelude;
 ///   writer's `PX`).
 const RW_ACQUIRE: &str = concat!(
     prelude!(),
-    crate::keys::grant_fns!(),
+    crate::keys::scripts::grant_fns!(),
     r"
 local owner, ttl, kind, wait = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local swept = sweep(KEYS[4], {{'ZREM', KEYS[3]}}) + sweep(KEYS[2], {{'HDEL', KEYS[6]}})
@@ -441,6 +442,31 @@ impl SemNames {
     }
 }
 
+/// The Redis names of a lock of one shared shape.
+#[derive(Clone, Debug)]
+pub(crate) enum SharedNames {
+    Rw(RwNames),
+    Sem(SemNames),
+}
+
+impl SharedNames {
+    /// The names of `key`'s lock of the shape of `kind` under `prefix`.
+    pub(crate) fn new(prefix: &str, key: &LockKey, kind: LeaseKind) -> Self {
+        match kind.shape() {
+            LockShape::Semaphore => Self::Sem(SemNames::new(prefix, key)),
+            _ => Self::Rw(RwNames::new(prefix, key)),
+        }
+    }
+
+    /// The channel a release publishes on.
+    pub(crate) fn channel(&self) -> &str {
+        match self {
+            Self::Rw(n) => &n.channel,
+            Self::Sem(n) => &n.channel,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -487,7 +513,7 @@ mod tests {
     }
 
     async fn int(
-        conn: &mut crate::conn::Conn,
+        conn: &mut crate::connection::node::Conn,
         script: &LuaScript,
         keys: &[&str],
         args: &[&str],

@@ -9,33 +9,9 @@ use std::time::Duration;
 
 use lock_core::{LockError, Operation};
 
-use crate::conn::Node;
+use crate::config::EvictionMode;
+use crate::connection::node::Node;
 use crate::error::NAME;
-
-/// What [`RedisConfig::eviction`](crate::RedisConfig::eviction) asks the
-/// connect-time eviction check to do.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum EvictionMode {
-    /// Log a `tracing` warning when a server may evict keys (the default).
-    #[default]
-    Warn,
-    /// Refuse to connect (a `Config` error) when a server may evict keys.
-    /// A server whose `CONFIG` command is disabled or renamed cannot be
-    /// checked: that is a warning, never a refusal.
-    Refuse,
-}
-
-impl EvictionMode {
-    /// Parses the `eviction` URL option: `warn` or `refuse`.
-    pub(crate) fn parse(text: &str) -> Option<Self> {
-        match text {
-            "warn" => Some(Self::Warn),
-            "refuse" => Some(Self::Refuse),
-            _ => None,
-        }
-    }
-}
 
 /// What the connect-time check found ([`RedisBackend::eviction`](crate::RedisBackend::eviction)).
 #[derive(Clone, Debug, PartialEq, Eq)]

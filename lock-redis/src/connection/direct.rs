@@ -15,7 +15,7 @@
 //! Cancellation: a caller dropped after writing leaves its place in the
 //! queue, and its reply is read and dropped; a caller dropped mid-write
 //! (or any I/O or framing error) breaks the connection: every waiter gets
-//! an I/O error, so [`Node`](crate::conn::Node) reconnects. Plain TCP only
+//! an I/O error, so [`Node`](crate::connection::node::Node) reconnects. Plain TCP only
 //! (TLS connections stay on the multiplexed connection).
 
 use std::collections::VecDeque;

@@ -16,9 +16,10 @@ use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::conn::Node;
+use crate::connection::node::Node;
 use crate::error::{NAME, copy_for_each};
-use crate::keys::{Scripts, holder_key};
+use crate::keys::names::holder_key;
+use crate::keys::scripts::Scripts;
 
 /// The most renewals sent in one pipeline.
 pub(crate) const MAX_BATCH: usize = 2_000;

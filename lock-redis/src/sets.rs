@@ -6,21 +6,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId};
+use lock_core::{
+    ErrorKind, FencingToken, Lease, LockError, LockKey, LockSets, Operation, OwnerId, async_trait,
+};
 use redis::Value;
 use redis::cluster_routing::Slot;
 use tokio::time::Instant;
 
-use super::{Inner, RedisBackend};
 use crate::config::RedisTopology;
+use crate::connection::Servers;
 use crate::error::{NAME, unexpected};
+use crate::grants::undo::release_everywhere;
+use crate::grants::{Grants, check_ttl};
 use crate::keys::fair::{FAIR, FairNames};
-use crate::keys::{KeyNames, ttl_ms};
+use crate::keys::names::KeyNames;
+use crate::keys::replies::ttl_ms;
 
 /// Releases every key of a set whose answer was not seen (timeout,
 /// dropped future, WAIT not satisfied) unless disarmed, in the background.
 struct PendingSet {
-    inner: Arc<Inner>,
+    servers: Arc<Servers>,
     grants: Vec<(KeyNames, String)>,
 }
 
@@ -36,13 +41,11 @@ impl Drop for PendingSet {
             return;
         }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let inner = self.inner.clone();
+            let servers = self.servers.clone();
             let grants = std::mem::take(&mut self.grants);
             handle.spawn(async move {
                 for (names, owner) in &grants {
-                    let _ = inner
-                        .release_all(names, owner, inner.config.operation_timeout)
-                        .await;
+                    let _ = release_everywhere(&servers, names, owner, servers.timeout()).await;
                 }
             });
         }
@@ -69,16 +72,27 @@ fn token(value: &Value) -> Option<u64> {
     }
 }
 
-impl RedisBackend {
+/// Sets of mutexes taken in one script: the `LockSets` facet.
+#[derive(Clone)]
+pub(crate) struct Sets {
+    grants: Grants,
+}
+
+impl Sets {
+    pub(crate) fn new(grants: Grants) -> Self {
+        Self { grants }
+    }
+
     /// See the module docs. In fair mode a key with live waiters counts as
     /// held (nobody jumps a queue).
-    pub(super) async fn try_acquire_set(
+    async fn try_acquire_set(
         &self,
         keys: &[LockKey],
         ttl: Duration,
     ) -> Result<Option<Vec<Lease>>, LockError> {
         let op = Operation::TryAcquire;
-        if self.inner.redlock {
+        let servers = self.grants.servers();
+        if servers.redlock {
             return Err(unsupported(
                 keys,
                 "Redlock takes a set of keys one key at a time (no atomic exchange spans \
@@ -86,13 +100,10 @@ impl RedisBackend {
             ));
         }
         for key in keys {
-            self.check_ttl(ttl, op, key)?;
+            check_ttl(ttl, op, key)?;
         }
-        let names: Vec<FairNames> = keys
-            .iter()
-            .map(|k| FairNames::new(&self.inner.config.prefix, k))
-            .collect();
-        if matches!(self.inner.config.topology, RedisTopology::Cluster(_))
+        let names: Vec<FairNames> = keys.iter().map(|k| servers.keys.fair(k)).collect();
+        if matches!(servers.config.topology, RedisTopology::Cluster(_))
             && let Some(first) = names.first()
         {
             let slot = Slot::for_key(&first.mutex.lock);
@@ -110,7 +121,7 @@ impl RedisBackend {
         let owners: Vec<OwnerId> = keys.iter().map(|_| OwnerId::random()).collect();
         let owner_hex: Vec<String> = owners.iter().map(|o| o.to_hex()).collect();
         let pending = PendingSet {
-            inner: self.inner.clone(),
+            servers: servers.clone(),
             grants: names
                 .iter()
                 .zip(&owner_hex)
@@ -118,25 +129,26 @@ impl RedisBackend {
                 .collect(),
         };
         let ttl_text = ttl_ms(ttl);
-        let fair = if self.inner.config.fair { "1" } else { "0" };
+        let fair = if servers.config.fair { "1" } else { "0" };
         let mut script_keys: Vec<&str> = names.iter().flat_map(FairNames::multi_keys).collect();
         // In Cluster every key of the set is in the first one's slot (checked
         // above), so is its floor.
         script_keys.extend(
             names
                 .first()
-                .and_then(|n| self.inner.floor.key_for(&n.mutex.counter)),
+                .and_then(|n| servers.floor.key_for(&n.mutex.counter)),
         );
         let details = lock_core::HolderDetails::encode_current();
         let mut args: Vec<&str> = vec![&ttl_text, fair];
         args.extend(owner_hex.iter().map(String::as_str));
         args.push(&details);
-        let timeout = self.inner.config.operation_timeout;
+        let timeout = servers.timeout();
         let sent_at = Instant::now();
         let (script_keys, args) = (&script_keys, &args);
         let (value, acked) = self
+            .grants
             .run_grant(
-                &self.inner.nodes[0],
+                servers.first(),
                 op,
                 timeout,
                 move |mut conn| async move {
@@ -163,7 +175,8 @@ impl RedisBackend {
                     return Err(unexpected(op, &value).with_key(first));
                 };
                 // `pending` releases the set on error.
-                self.replicas_acked(op, acked)
+                self.grants
+                    .replicas_acked(op, acked)
                     .map_err(|e| e.with_key(first))?;
                 let leases = keys
                     .iter()
@@ -186,5 +199,24 @@ impl RedisBackend {
             }
             _ => Err(unexpected(op, &value).with_key(first)),
         }
+    }
+}
+
+#[async_trait]
+impl LockSets for Sets {
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        ttl: Duration,
+    ) -> Result<Option<Vec<Lease>>, LockError> {
+        if let Some(first) = keys.first() {
+            // lock-core takes the keys one at a time on `Unsupported`.
+            self.grants.servers().keys.refuse_legacy(
+                Operation::TryAcquire,
+                "one-script sets of keys",
+                first,
+            )?;
+        }
+        self.try_acquire_set(keys, ttl).await
     }
 }

@@ -14,9 +14,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
 
 use crate::config::{RedisConfig, RedisNode};
-use crate::direct::Direct;
+use crate::connection::direct::Direct;
 use crate::error::{NAME, Redacted, map_redis_error, needs_reconnect};
-use crate::keys::LuaScript;
+use crate::keys::scripts::LuaScript;
 
 /// A connection handle; cheap to clone (every kind is shared by its
 /// clones and pipelines concurrent requests).

@@ -2,7 +2,7 @@
 //! waiter of the backend, subscribed only to the channels someone waits on.
 //!
 //! A waiting acquire watches a channel only after its first try found the
-//! key held (see `RedisBackend::acquire`), so an uncontended acquire never
+//! key held (see `Waiting::take`), so an uncontended acquire never
 //! touches the pub/sub connection; the connection itself is made on the
 //! first subscription and kept (idle) afterwards.
 
@@ -15,7 +15,7 @@ use lock_core::RetryPolicy;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::conn::Node;
+use crate::connection::node::Node;
 
 enum Command {
     Subscribe(String, oneshot::Sender<()>),

@@ -1,5 +1,13 @@
-//! Connecting a [`RedisBackend`]: the nodes of a topology, their shared
-//! connections and scripts, and the eviction check.
+//! Making and keeping the connections: one [`Node`] per endpoint (a
+//! server, a Sentinel-managed master, a cluster) behind one shared
+//! connection, the pub/sub connections of the release notifications, the
+//! eviction check at connect, and [`Servers`], what every component of a
+//! backend shares.
+
+pub(crate) mod direct;
+pub(crate) mod eviction;
+pub(crate) mod node;
+pub(crate) mod pubsub;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,46 +15,42 @@ use std::time::Duration;
 use lock_core::{ErrorKind, LockError, Operation};
 use redis::Value;
 
-use super::{Inner, RedisBackend};
-use crate::batch::Renewer;
 use crate::config::{RedisConfig, RedisTopology};
-use crate::conn::Node;
 use crate::error::NAME;
-use crate::eviction::{self, EvictionCheck};
-use crate::keys::{Scripts, TokenFloor};
-use crate::notify::Notifier;
+use crate::keys::layout::scripts_for;
+use crate::keys::names::TokenFloor;
+use crate::keys::scripts::Scripts;
+use crate::keys::space::KeySpace;
+pub(crate) use eviction::EvictionCheck;
+pub(crate) use node::{Conn, Node};
+use pubsub::Notifier;
 
-/// Connects to the Redis deployment a URL names (see [`RedisConfig`] for the
-/// forms).
-///
-/// # Errors
-///
-/// [`ErrorKind::Config`] for a bad URL; [`ErrorKind::Unavailable`] /
-/// [`ErrorKind::Timeout`] when not enough servers answer.
-///
-/// # Cancel safety
-///
-/// Safe: dropping it drops the half-made connections.
-pub async fn connect(url: &str) -> Result<RedisBackend, LockError> {
-    RedisBackend::connect(RedisConfig::from_url(url)?).await
+/// One backend's deployment: its configuration and key names, the scripts,
+/// one [`Node`] per endpoint (several for Redlock), the release
+/// notifications, and what the connect-time checks found. Shared (in an
+/// `Arc`) by every component and every clone of the backend.
+pub(crate) struct Servers {
+    pub(crate) config: Arc<RedisConfig>,
+    pub(crate) keys: KeySpace,
+    pub(crate) scripts: Arc<Scripts>,
+    pub(crate) nodes: Vec<Arc<Node>>,
+    pub(crate) notifier: Notifier,
+    /// Redlock over independent servers (a majority decides).
+    pub(crate) redlock: bool,
+    /// How many nodes must agree: 1 on one endpoint, a majority for Redlock.
+    pub(crate) quorum: usize,
+    /// Where the token floor keys (`gc`) are: one per server, one per
+    /// Cluster slot, or none.
+    pub(crate) floor: TokenFloor,
+    pub(crate) eviction: EvictionCheck,
 }
 
-impl RedisBackend {
-    /// Connects with `config`: opens the shared connection of each node and
-    /// loads the scripts. Must be called within a Tokio runtime (the
-    /// backend runs its pub/sub and renewal-batching tasks on it). Redlock needs a majority of its nodes to answer;
-    /// the others are connected later, when they come back.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Config`] for a bad configuration or wrong credentials;
-    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when not enough
-    /// servers answer.
-    ///
-    /// # Cancel safety
-    ///
-    /// Safe: dropping it drops the half-made connections.
-    pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
+impl Servers {
+    /// Connects with `config`: opens the shared connection of each node,
+    /// loads the scripts and checks the servers' eviction policy. Redlock
+    /// needs a majority of its nodes to answer; the others are connected
+    /// later, when they come back.
+    pub(crate) async fn connect(config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
         if tokio::runtime::Handle::try_current().is_err() {
             // Its background tasks (pub/sub, renewal batches) need Tokio.
@@ -77,21 +81,14 @@ impl RedisBackend {
             .with_backend(NAME));
         }
         let nodes: Vec<Arc<Node>> = nodes.into_iter().map(Arc::new).collect();
-        let scripts = Arc::new(Scripts::for_layout(config.layout));
-        let renewers = nodes
-            .iter()
-            .map(|n| Renewer::new(n.clone(), scripts.clone()))
-            .collect();
         let notifier = Notifier::new(&nodes, config.operation_timeout.min(Duration::from_secs(1)));
-        let quorum = nodes.len() / 2 + 1;
-        let mut inner = Inner {
-            config: config.clone(),
-            scripts,
+        let mut servers = Self {
+            keys: KeySpace::new(config.layout, &config.prefix, &config.token_suffix, cluster),
+            scripts: Arc::new(scripts_for(config.layout)),
+            quorum: nodes.len() / 2 + 1,
             nodes,
-            renewers,
             notifier,
             redlock,
-            quorum,
             eviction: EvictionCheck::NoEviction,
             // One floor key per server (each Redlock node has its own, so
             // gc keeps each node's counter strictly increasing, as it was
@@ -104,18 +101,18 @@ impl RedisBackend {
             } else {
                 TokenFloor::Server
             },
-            gc_cursor: std::sync::Mutex::new((0, 0)),
+            config: config.clone(),
         };
-        inner.floor.prepare();
+        servers.floor.prepare();
         // Connect and load the scripts (a cluster loads them per node on
         // first use, through the EVAL fallback).
-        let loads = inner.nodes.iter().map(|node| {
-            let scripts = inner.scripts.clone();
+        let loads = servers.nodes.iter().map(|node| {
+            let scripts = servers.scripts.clone();
             node.run(
                 Operation::Connect,
                 config.operation_timeout,
                 move |mut conn| async move {
-                    if !matches!(conn, crate::conn::Conn::Cluster(_)) {
+                    if !matches!(conn, Conn::Cluster(_)) {
                         for script in scripts.all() {
                             let _: String = conn
                                 .query(redis::cmd("SCRIPT").arg("LOAD").arg(script.code))
@@ -130,7 +127,7 @@ impl RedisBackend {
         });
         let results = futures_util::future::join_all(loads).await;
         let ok = results.iter().filter(|r| r.is_ok()).count();
-        if ok < inner.quorum {
+        if ok < servers.quorum {
             let err = results.into_iter().find_map(Result::err);
             return Err(err.unwrap_or_else(|| {
                 LockError::new(
@@ -143,10 +140,33 @@ impl RedisBackend {
         // A server that may evict keys can delete a held lock or a token
         // counter: warn, or refuse when the configuration asks for it.
         let live: Vec<bool> = results.iter().map(Result::is_ok).collect();
-        inner.eviction = eviction::check(&inner.nodes, &live, config.operation_timeout).await;
-        eviction::apply(&inner.eviction, config.eviction)?;
-        Ok(Self {
-            inner: Arc::new(inner),
-        })
+        servers.eviction = eviction::check(&servers.nodes, &live, config.operation_timeout).await;
+        eviction::apply(&servers.eviction, config.eviction)?;
+        Ok(servers)
+    }
+
+    /// The operation timeout of one call.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.config.operation_timeout
+    }
+
+    /// The node of the one-server shapes (one server, Sentinel, Cluster):
+    /// fair mutexes, shared kinds, sets of keys.
+    pub(crate) fn first(&self) -> &Node {
+        &self.nodes[0]
+    }
+
+    /// Runs `call` on every node: concurrently, or directly when there is
+    /// one.
+    pub(crate) async fn each_node<'a, F, Fut, T>(&'a self, mut call: F) -> Vec<T>
+    where
+        F: FnMut(&'a Arc<Node>) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        if let [node] = self.nodes.as_slice() {
+            vec![call(node).await]
+        } else {
+            futures_util::future::join_all(self.nodes.iter().map(call)).await
+        }
     }
 }

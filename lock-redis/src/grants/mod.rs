@@ -1,0 +1,343 @@
+//! Grants: the try-once mutex grant on every node (a majority for
+//! Redlock), its `WAIT` for replicas, the release, and the holder `inspect`
+//! reports; the undo of grants whose outcome was not seen (`undo.rs`).
+
+pub(crate) mod attempt;
+pub(crate) mod holders;
+pub(crate) mod undo;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{ErrorKind, FencingToken, Lease, LockError, LockInfo, LockKey, Operation, OwnerId};
+use redis::Value;
+use tokio::time::Instant;
+
+use crate::config::MIN_TTL;
+use crate::connection::{Conn, Node, Servers};
+use crate::error::NAME;
+use crate::keys::names::KeyNames;
+use crate::keys::replies::{NodeGrant, parse_grant, pttl, ttl_ms};
+use crate::keys::scripts::Scripts;
+use attempt::{Attempt, granted};
+use undo::{PendingGrant, Traces, Withdraw, release_everywhere};
+
+/// `ttl` checked against [`MIN_TTL`] and the longest TTL, the error naming
+/// this backend and `key`.
+pub(crate) fn check_ttl(ttl: Duration, op: Operation, key: &LockKey) -> Result<(), LockError> {
+    lock_core::check_ttl(ttl, MIN_TTL, op).map_err(|e| e.with_backend(NAME).with_key(key))
+}
+
+/// The ARGV (and the optional floor key) of one acquire call.
+struct GrantArgs<'a> {
+    owner: &'a str,
+    ttl_ms: &'a str,
+    details: &'a str,
+    floor: Option<&'a str>,
+}
+
+/// The acquire script on one connection. `ttl_ms` comes from [`ttl_ms`];
+/// `details` is
+/// [`HolderDetails::encode_current`](lock_core::HolderDetails::encode_current);
+/// `floor` the token floor key where `gc` keeps one.
+async fn call_acquire(
+    conn: &mut Conn,
+    scripts: &Scripts,
+    names: &KeyNames,
+    grant: &GrantArgs<'_>,
+) -> redis::RedisResult<Value> {
+    let mut keys = vec![
+        names.lock.as_str(),
+        names.counter.as_str(),
+        names.holder.as_str(),
+    ];
+    keys.extend(grant.floor);
+    conn.eval(
+        &scripts.acquire,
+        &keys,
+        &[grant.owner, grant.ttl_ms, grant.details],
+    )
+    .await
+}
+
+/// The mutex's grants, releases and holders, and the grant machinery the
+/// other components share (`run_grant`, the replicas' check, the withdraw
+/// guard).
+#[derive(Clone)]
+pub(crate) struct Grants {
+    servers: Arc<Servers>,
+}
+
+impl Grants {
+    pub(crate) fn new(servers: Arc<Servers>) -> Self {
+        Self { servers }
+    }
+
+    pub(crate) fn servers(&self) -> &Arc<Servers> {
+        &self.servers
+    }
+
+    /// A single try of the (unfair) mutex: one round trip per node.
+    pub(crate) async fn try_take(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        let op = Operation::TryAcquire;
+        check_ttl(ttl, op, key)?;
+        match self.attempt(key, ttl, op, self.servers.timeout()).await? {
+            Attempt::Granted(lease) => Ok(Some(lease)),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    /// The mutex's release: compare-and-delete on every node; `true` when
+    /// a majority (Redlock: any node, with no error) released it.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let servers = &self.servers;
+        let names = servers.keys.mutex(lease.key(), Operation::Release)?;
+        let owner = servers.keys.owner_value(lease.owner());
+        let (released, _not_held, errors) =
+            release_everywhere(servers, &names, &owner, servers.timeout()).await;
+        let quorum = servers.quorum;
+        if released >= quorum || (servers.redlock && released > 0 && errors.is_empty()) {
+            return Ok(true);
+        }
+        if released + errors.len() >= quorum && !errors.is_empty() {
+            // Whether a majority held it is unknown: report the error; the
+            // lease expires with its TTL where the release did not arrive.
+            let err = errors.into_iter().next().unwrap_or_else(|| {
+                LockError::new(ErrorKind::Unavailable, Operation::Release, "no answer")
+            });
+            return Err(err.with_key(lease.key()));
+        }
+        Ok(false)
+    }
+
+    /// The mutex's holder, as a majority of nodes report it.
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        Ok(holders::inspect_nodes(&self.servers, key).await?.0)
+    }
+
+    /// One acquire attempt of the mutex on every node (see the crate docs:
+    /// a majority for Redlock, whose partial grants are undone at once).
+    pub(crate) async fn attempt(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        op: Operation,
+        timeout: Duration,
+    ) -> Result<Attempt, LockError> {
+        let servers = &self.servers;
+        let names = servers.keys.mutex(key, op)?;
+        let owner = OwnerId::random();
+        let owner_hex = servers.keys.owner_value(owner);
+        let ttl_ms = ttl_ms(ttl);
+        let details = lock_core::HolderDetails::encode_current();
+        let grant = GrantArgs {
+            owner: &owner_hex,
+            ttl_ms: &ttl_ms,
+            details: &details,
+            floor: servers.floor.key_for(&names.counter),
+        };
+        let pending = PendingGrant {
+            servers,
+            names: &names,
+            owner: &owner_hex,
+            armed: true,
+        };
+        let sent_at = Instant::now();
+        let per_node = if servers.redlock {
+            timeout.min((ttl / 10).max(Duration::from_millis(100)))
+        } else {
+            timeout
+        };
+        let results = servers
+            .each_node(|node| {
+                let (names, grant) = (&names, &grant);
+                self.run_grant(
+                    node,
+                    op,
+                    per_node,
+                    move |mut conn| async move {
+                        call_acquire(&mut conn, &servers.scripts, names, grant).await
+                    },
+                    |value| matches!(parse_grant(value), Ok(NodeGrant::Granted(_))),
+                )
+            })
+            .await;
+        let mut tokens = Vec::new();
+        let mut held_pttl: Option<Duration> = None;
+        let mut errors = Vec::new();
+        let mut acked = None;
+        for result in results {
+            let result = result.and_then(|(value, replicas)| {
+                acked = acked.or(replicas);
+                parse_grant(&value)
+            });
+            match result {
+                Ok(NodeGrant::Granted(token)) => tokens.push(token),
+                Ok(NodeGrant::Held(ms)) => {
+                    let left = pttl(ms).unwrap_or(Duration::ZERO);
+                    held_pttl = Some(held_pttl.map_or(left, |p| p.min(left)));
+                    if ms == -1 {
+                        // A foreign holder without TTL: re-check at the interval.
+                        held_pttl = Some(servers.config.recheck);
+                    }
+                }
+                Err(err) => errors.push(err),
+            }
+        }
+        if tokens.len() >= servers.quorum {
+            // Redlock: the highest node counter is a hint, not a safe token.
+            let token = tokens.iter().copied().max().unwrap_or(0);
+            if let Err(err) = self.replicas_acked(op, acked) {
+                // `pending` releases the grant on drop.
+                return Err(err.with_key(key));
+            }
+            let lease = granted(key, owner, FencingToken::new(token), ttl, sent_at)?;
+            pending.disarm();
+            return Ok(Attempt::Granted(lease));
+        }
+        let split = !tokens.is_empty();
+        if tokens.is_empty() && errors.is_empty() {
+            // Nothing was set anywhere: nothing to undo.
+            pending.disarm();
+        } else {
+            // Undo the partial grant now, on every node (also those whose
+            // answer was lost), so no partial lock is left behind.
+            let _ = release_everywhere(servers, &names, &owner_hex, per_node).await;
+            pending.disarm();
+        }
+        if errors.len() > servers.nodes.len() - servers.quorum {
+            let err = errors.swap_remove(0);
+            let err = if servers.redlock {
+                LockError::new(
+                    err.kind(),
+                    op,
+                    format!(
+                        "only {} of {} Redlock nodes answered (a majority is needed): {}",
+                        servers.nodes.len() - errors.len() - 1,
+                        servers.nodes.len(),
+                        err.message()
+                    ),
+                )
+                .with_backend(NAME)
+                .with_source(err)
+            } else {
+                err
+            };
+            return Err(err.with_key(key));
+        }
+        Ok(Attempt::Held {
+            retry_in: held_pttl,
+            split,
+        })
+    }
+
+    /// Runs a grant script (`script`, on a handle of `node`'s connection)
+    /// and, with `replicas=N` configured, when the answer is a grant
+    /// (`is_grant`), `WAIT`s for the replicas on the *same* connection
+    /// right after it, within the same bounded call. `WAIT` counts the
+    /// acknowledgements of the writes of the connection it runs on: sent on
+    /// another one (the shared connection re-established in between, after
+    /// some other call on it failed or timed out) it would confirm nothing.
+    /// If that connection breaks before `WAIT` answers, the call fails like
+    /// a grant whose answer was lost (the caller undoes it). Returns the
+    /// script's answer and how many replicas acknowledged it (`None`: no
+    /// `WAIT` was sent).
+    pub(crate) async fn run_grant<F, Fut>(
+        &self,
+        node: &Node,
+        op: Operation,
+        timeout: Duration,
+        script: F,
+        is_grant: impl FnOnce(&Value) -> bool,
+    ) -> Result<(Value, Option<i64>), LockError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<Value>>,
+    {
+        let config = &self.servers.config;
+        let wanted = config.wait_replicas;
+        let wait_ms = config.wait_timeout.as_millis().to_string();
+        // `WAIT` blocks up to its own timeout on the server.
+        let bound = if wanted > 0 {
+            timeout.saturating_add(config.wait_timeout * 2)
+        } else {
+            timeout
+        };
+        node.run(op, bound, |mut conn| async move {
+            // A clone of the handle: the same server connection.
+            let value = script(conn.clone()).await?;
+            if wanted == 0 || !is_grant(&value) {
+                return Ok((value, None));
+            }
+            let acked = conn
+                .query::<i64>(redis::cmd("WAIT").arg(wanted).arg(&wait_ms))
+                .await?;
+            Ok((value, Some(acked)))
+        })
+        .await
+    }
+
+    /// Whether a grant's `WAIT` (see [`run_grant`](Self::run_grant)) was
+    /// acknowledged by the configured number of replicas; always with none
+    /// configured.
+    pub(crate) fn replicas_acked(
+        &self,
+        op: Operation,
+        acked: Option<i64>,
+    ) -> Result<(), LockError> {
+        let wanted = self.servers.config.wait_replicas;
+        if wanted == 0 {
+            return Ok(());
+        }
+        let Some(acked) = acked else {
+            return Err(LockError::new(
+                ErrorKind::Backend,
+                op,
+                "the grant was not confirmed by WAIT on its connection; it was undone",
+            )
+            .with_backend(NAME));
+        };
+        if acked < i64::from(wanted) {
+            return Err(LockError::new(
+                ErrorKind::Unavailable,
+                op,
+                format!("only {acked} of {wanted} replicas acknowledged the grant; it was undone"),
+            )
+            .with_backend(NAME));
+        }
+        Ok(())
+    }
+
+    /// After a one-server grant to `owner_hex` under `names`, whose `WAIT`
+    /// (on the grant's connection, see [`run_grant`](Self::run_grant))
+    /// answered `acked`: a grant too few replicas took is undone (a waiting
+    /// entry goes with it).
+    pub(crate) async fn confirm_one_server_grant<N: Traces>(
+        &self,
+        names: &N,
+        owner_hex: &str,
+        op: Operation,
+        acked: Option<i64>,
+        key: &LockKey,
+    ) -> Result<(), LockError> {
+        if let Err(err) = self.replicas_acked(op, acked) {
+            let _ = names.abandon(&self.servers, owner_hex).await;
+            return Err(err.with_key(key));
+        }
+        Ok(())
+    }
+
+    /// A guard that withdraws `owner`'s traces under `names` unless disarmed.
+    pub(crate) fn withdraw_guard<N: Traces>(&self, names: &N, owner: OwnerId) -> Withdraw<N> {
+        Withdraw {
+            servers: self.servers.clone(),
+            names: names.clone(),
+            owner: owner.to_hex(),
+            armed: true,
+        }
+    }
+}
