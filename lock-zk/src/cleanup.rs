@@ -3,17 +3,17 @@
 //! create whose reply was lost, and empty key directories without
 //! container nodes.
 
-use std::sync::atomic::Ordering;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::{OwnerId, RetryPolicy};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::session::Session;
-use super::{ZkBackend, lock};
+use crate::connection::{Connection, Session, lock};
 use crate::error::timed;
-use crate::paths::mutex_owner_of;
+use crate::keys::mutex_owner_of;
 
 /// How long a background cleanup keeps trying to delete a node.
 const CLEANUP_PATIENCE: Duration = Duration::from_secs(60);
@@ -31,17 +31,17 @@ const CLEANUP_RETRY: RetryPolicy = RetryPolicy {
 /// is found by the attempt id (requests of one session are answered in
 /// order, so the lookup sees the create). Borrows what it needs and clones
 /// it only when it fires.
-pub(super) struct NodeCleanup<'a> {
-    pub(super) backend: &'a ZkBackend,
-    pub(super) client: &'a zk::Client,
-    pub(super) dir: &'a str,
-    pub(super) owner: OwnerId,
-    pub(super) armed: bool,
-    pub(super) path: Option<String>,
+pub(crate) struct NodeCleanup<'a> {
+    pub(crate) cleanup: &'a Cleanup,
+    pub(crate) client: &'a zk::Client,
+    pub(crate) dir: &'a str,
+    pub(crate) owner: OwnerId,
+    pub(crate) armed: bool,
+    pub(crate) path: Option<String>,
 }
 
 impl NodeCleanup<'_> {
-    pub(super) fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
 }
@@ -54,30 +54,61 @@ impl Drop for NodeCleanup<'_> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let backend = self.backend.clone();
+        let cleanup = self.cleanup.clone();
         let client = self.client.clone();
         let dir = self.dir.to_owned();
         let owner = self.owner;
         let path = self.path.take();
         runtime.spawn(async move {
             match path {
-                Some(path) => backend.delete_node(&client, &path, &dir, owner).await,
+                Some(path) => cleanup.delete_node(&client, &path, &dir, owner).await,
                 None => {
-                    lock(&backend.inner.uncertain).insert(owner);
-                    backend.sweep_uncertain(&client, &dir, owner, true).await;
+                    cleanup.mark_uncertain(owner);
+                    cleanup.sweep_uncertain(&client, &dir, owner, true).await;
                 }
             }
         });
     }
 }
 
-impl ZkBackend {
+/// Deleting the nodes of attempts that ended without the lock. Clones
+/// share the set of uncertain attempts.
+#[derive(Clone)]
+pub(crate) struct Cleanup {
+    conn: Arc<Connection>,
+    /// Attempts whose create had an unknown outcome: more than one node may
+    /// carry their id, so cleanup sweeps the directory for it.
+    uncertain: Arc<Mutex<HashSet<OwnerId>>>,
+}
+
+impl Cleanup {
+    pub(crate) fn new(conn: Arc<Connection>) -> Self {
+        Self {
+            conn,
+            uncertain: Arc::new(Mutex::new(HashSet::new())),
+        }
+    }
+
+    pub(crate) fn conn(&self) -> &Arc<Connection> {
+        &self.conn
+    }
+
+    /// `owner`'s create had an unknown outcome: its directory is swept
+    /// for its nodes when its attempt ends.
+    pub(crate) fn mark_uncertain(&self, owner: OwnerId) {
+        lock(&self.uncertain).insert(owner);
+    }
+
+    fn op_timeout(&self) -> Duration {
+        self.conn.op_timeout()
+    }
+
     /// Deletes a node of ours and, if its attempt had a lost create reply,
     /// any other node carrying the same attempt id. Best effort.
     ///
     /// Retried through disconnections: a waiting node left behind by a
     /// live session would block the key for as long as the session lives.
-    pub(super) async fn delete_node(
+    pub(crate) async fn delete_node(
         &self,
         client: &zk::Client,
         path: &str,
@@ -110,7 +141,7 @@ impl ZkBackend {
     /// Deletes every node of `dir` carrying `owner`'s id, if that attempt
     /// had a create with an unknown outcome. `patient`: keep retrying
     /// through disconnections (background cleanups only).
-    pub(super) async fn sweep_uncertain(
+    pub(crate) async fn sweep_uncertain(
         &self,
         client: &zk::Client,
         dir: &str,
@@ -118,7 +149,7 @@ impl ZkBackend {
         patient: bool,
     ) {
         {
-            let mut uncertain = lock(&self.inner.uncertain);
+            let mut uncertain = lock(&self.uncertain);
             // Almost always empty: no hashing then.
             if uncertain.is_empty() || !uncertain.remove(&owner) {
                 return;
@@ -156,29 +187,19 @@ impl ZkBackend {
     ///
     /// A read-write lock's directory is kept: its data is the write epoch
     /// readers carry.
-    pub(super) async fn remove_empty_dir(&self, client: &zk::Client, dir: &str) {
-        if !self.inner.containers.load(Ordering::Relaxed)
-            && !crate::paths::is_rw_dir(self.inner.config.root(), dir)
-            && !self.is_foreign_dir(dir)
+    pub(crate) async fn remove_empty_dir(&self, client: &zk::Client, dir: &str) {
+        if !self.conn.containers()
+            && !crate::keys::is_rw_dir(self.conn.config().root(), dir)
+            && !self.conn.is_foreign_dir(dir)
         {
             let _ = timed(self.op_timeout(), client.delete(dir, None)).await;
         }
     }
 
-    /// Whether `dir` is a path-layout lock directory outside the root
-    /// (another library's path): never removed, never a container.
-    pub(super) fn is_foreign_dir(&self, dir: &str) -> bool {
-        let config = &self.inner.config;
-        config.layout() == crate::ZkLayout::Path
-            && !dir
-                .strip_prefix(config.root())
-                .is_some_and(|rest| rest.starts_with('/'))
-    }
-
     /// Deletes our node at the end of an attempt that did not get the lock,
     /// with one bounded request; if that fails the cleanup stays armed and
     /// retries in the background when it is dropped.
-    pub(super) async fn withdraw(&self, session: &Session, cleanup: &mut NodeCleanup<'_>) {
+    pub(crate) async fn withdraw(&self, session: &Session, cleanup: &mut NodeCleanup<'_>) {
         let Some(path) = cleanup.path.clone() else {
             return;
         };

@@ -9,6 +9,11 @@ use lock_core::endpoint::{Endpoint, HostPort};
 /// The port of a host written without one (ZooKeeper's client port).
 pub(crate) const DEFAULT_PORT: u16 = 2181;
 
+/// The shortest TTL accepted. A ZooKeeper lease lives as long as its
+/// session; the TTL only paces renewals and bounds the local validity, so
+/// it needs room for a few round trips.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
 /// The default lock root inside the chroot.
 pub const DEFAULT_ROOT: &str = "/distlock";
 

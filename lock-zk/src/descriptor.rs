@@ -2,8 +2,6 @@
 
 use lock_core::driver::Driver;
 
-use crate::floor::ZkFloor;
-
 /// The ZooKeeper driver.
 pub static DRIVER: Driver = Driver {
     name: "zk",
@@ -11,8 +9,8 @@ pub static DRIVER: Driver = Driver {
     default_ports: &[("zk", 2181), ("zookeeper", 2181)],
     summary: "zk://host[:port][,host[:port]...][/chroot]",
     connect,
-    floor: Some(floor),
-    permit_floor: Some(permit_floor),
+    floor: None,
+    permit_floor: None,
     capabilities: Some(|url| {
         crate::ZkConfig::from_url(url)?;
         Ok(crate::capabilities())
@@ -21,13 +19,6 @@ pub static DRIVER: Driver = Driver {
 };
 
 lock_core::connect_fn!(fn connect = crate::connect);
-lock_core::floor_fn!(fn floor = ZkFloor::connect);
-lock_core::floor_fn!(fn permit_floor = one_of_four);
-
-/// One permit of a semaphore of 4 per cycle (the descriptor's contract).
-async fn one_of_four(url: &str) -> Result<crate::floor::ZkPermitFloor, lock_core::LockError> {
-    crate::floor::ZkPermitFloor::connect(url, 4).await
-}
 
 #[cfg(test)]
 mod tests {

@@ -22,41 +22,44 @@
 //! sequential grants with the same TTL never do, so the acquire path
 //! spawns nothing and wakes nobody.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::OwnerId;
+use lock_core::{Lease, OwnerId};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
-use super::{Inner, ZkBackend, lock};
-use crate::paths;
+use crate::cleanup::Cleanup;
+use crate::config::ZkConfig;
+use crate::connection::lock;
+use crate::keys;
 
 /// The shortest time between two scans of the tracked nodes.
-pub(super) const MIN_GAP: Duration = Duration::from_millis(20);
+pub(crate) const MIN_GAP: Duration = Duration::from_millis(20);
 
 /// One tick of the stored deadlines.
 const TICK: Duration = Duration::from_millis(10);
 
 /// A granted node this backend tracks, keyed by the low half of its owner
 /// id ([`Owners`]).
-pub(super) struct Tracked {
+pub(crate) struct Tracked {
     /// The lease's key (its directory follows from it).
-    pub(super) key: Box<str>,
+    pub(crate) key: Box<str>,
     /// The node's sequence number.
-    pub(super) seq: u32,
+    pub(crate) seq: u32,
     /// When the node is deleted unless renewed first, in ticks since the
     /// backend's epoch ([`Clock`]).
-    pub(super) due: u32,
+    pub(crate) due: u32,
 }
 
 /// Marks a [`Tracked`] entry of an election's latch node: its `key` is
 /// this character, the election's name, this character again and the
 /// escaped details in the node's name (a key never holds a control
 /// character, so no mutex key starts with it and the name ends at it).
-pub(super) const LATCH_MARK: char = '\u{1}';
+pub(crate) const LATCH_MARK: char = '\u{1}';
 
 impl Tracked {
     /// The node's path (rebuilt from the key, the owner and the sequence).
@@ -70,15 +73,15 @@ impl Tracked {
         match self.key.strip_prefix(LATCH_MARK) {
             Some(latch) => {
                 let (election, details) = latch.split_once(LATCH_MARK).unwrap_or((latch, ""));
-                paths::named_node_path(
-                    &paths::latch_dir_of(root, election),
+                keys::named_node_path(
+                    &keys::latch_dir_of(root, election),
                     owner,
-                    &crate::latch_names::latch_name(details),
+                    &crate::keys::latch_name(details),
                     self.seq,
                 )
             }
-            None => paths::mutex_node_path(
-                &paths::mutex_dir_of(root, layout, &self.key),
+            None => keys::mutex_node_path(
+                &keys::mutex_dir_of(root, layout, &self.key),
                 owner,
                 nodes,
                 self.seq,
@@ -90,11 +93,11 @@ impl Tracked {
 /// A granted node (or the nodes of one permit grant) of a read-write lock
 /// or a semaphore this backend tracks, keyed like [`Tracked`]. Kept apart
 /// from the mutex's compact map: these store their paths.
-pub(super) struct SharedTracked {
+pub(crate) struct SharedTracked {
     /// The lease's nodes.
-    pub(super) paths: Vec<String>,
+    pub(crate) paths: Vec<String>,
     /// When the nodes are deleted unless renewed first (see [`Tracked`]).
-    pub(super) due: u32,
+    pub(crate) due: u32,
 }
 
 /// The owner ids (attempt ids) of one backend: a random upper half drawn
@@ -103,13 +106,13 @@ pub(super) struct SharedTracked {
 /// backends as long as their random halves differ; the backend's map of
 /// granted nodes is keyed by the lower half alone (8 bytes per slot instead
 /// of 16, which with a `u128`'s alignment would pad every slot to 48).
-pub(super) struct Owners {
+pub(crate) struct Owners {
     upper: u64,
     next: AtomicU64,
 }
 
 impl Owners {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let seed = OwnerId::random().as_u128();
         // The two halves of a random value.
         #[allow(clippy::cast_possible_truncation)]
@@ -121,13 +124,13 @@ impl Owners {
     }
 
     /// A fresh attempt id.
-    pub(super) fn next(&self) -> OwnerId {
+    pub(crate) fn next(&self) -> OwnerId {
         let lower = self.next.fetch_add(1, Ordering::Relaxed);
         self.owner(lower)
     }
 
     /// The map key of `owner`, if it is one of this backend's.
-    pub(super) fn key(&self, owner: OwnerId) -> Option<u64> {
+    pub(crate) fn key(&self, owner: OwnerId) -> Option<u64> {
         let v = owner.as_u128();
         // The two halves.
         #[allow(clippy::cast_possible_truncation)]
@@ -144,12 +147,12 @@ impl Owners {
 /// time it is compared with (deadlines are at most a session timeout
 /// ahead, and the task removes due ones within a scan gap).
 #[derive(Clone, Copy)]
-pub(super) struct Clock {
+pub(crate) struct Clock {
     epoch: Instant,
 }
 
 impl Clock {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             epoch: Instant::now(),
         }
@@ -170,12 +173,12 @@ impl Clock {
     }
 
     /// A deadline: rounded up, so a node is never deleted before it.
-    pub(super) fn deadline(self, at: Instant) -> u32 {
+    pub(crate) fn deadline(self, at: Instant) -> u32 {
         self.ticks(at, true)
     }
 
     /// Whether the deadline `due` has passed at `now`.
-    pub(super) fn passed(self, due: u32, now: Instant) -> bool {
+    pub(crate) fn passed(self, due: u32, now: Instant) -> bool {
         self.remaining_ticks(due, now) <= 0
     }
 
@@ -188,7 +191,7 @@ impl Clock {
     }
 
     /// Time from `now` until `due` (zero once passed).
-    pub(super) fn remaining(self, due: u32, now: Instant) -> Duration {
+    pub(crate) fn remaining(self, due: u32, now: Instant) -> Duration {
         let ticks = u32::try_from(self.remaining_ticks(due, now)).unwrap_or(0);
         TICK * ticks
     }
@@ -196,7 +199,7 @@ impl Clock {
 
 /// The backend's expiry task and what it sleeps until.
 #[derive(Default)]
-pub(super) struct ExpiryTask {
+pub(crate) struct ExpiryTask {
     /// When the task scans next (`None`: only when woken).
     armed: Option<Instant>,
     task: Option<JoinHandle<()>>,
@@ -205,25 +208,107 @@ pub(super) struct ExpiryTask {
 
 impl ExpiryTask {
     /// Stops the task (the backend is dropped).
-    pub(super) fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
         }
     }
 }
 
-impl ZkBackend {
+/// The backend's local TTL enforcement: the granted nodes it tracks and
+/// its one expiry task. Clones share them.
+#[derive(Clone)]
+pub(crate) struct Expiry {
+    state: Arc<ExpiryState>,
+    /// What deletes a node whose TTL ran out.
+    cleanup: Cleanup,
+}
+
+struct ExpiryState {
+    /// The granted nodes by owner id, each with when it must be deleted
+    /// if not renewed (the lease's validity deadline comes before).
+    /// Removed at release.
+    expiries: Mutex<HashMap<u64, Tracked>>,
+    /// The same for read, write and permit leases (locked after
+    /// `expiries` when both are).
+    shared: Mutex<HashMap<u64, SharedTracked>>,
+    /// The attempt ids this backend hands out (and keys `expiries` by).
+    owners: Owners,
+    /// The deadlines' epoch.
+    clock: Clock,
+    /// The expiry task. Locked after `expiries` when both are.
+    task: Mutex<ExpiryTask>,
+}
+
+impl Drop for ExpiryState {
+    fn drop(&mut self) {
+        lock(&self.task).stop();
+    }
+}
+
+impl Expiry {
+    pub(crate) fn new(cleanup: Cleanup) -> Self {
+        Self {
+            state: Arc::new(ExpiryState {
+                expiries: Mutex::new(HashMap::new()),
+                shared: Mutex::new(HashMap::new()),
+                owners: Owners::new(),
+                clock: Clock::new(),
+                task: Mutex::new(ExpiryTask::default()),
+            }),
+            cleanup,
+        }
+    }
+
+    /// A fresh attempt id (the owner of the lease it may grant).
+    pub(crate) fn next_owner(&self) -> OwnerId {
+        self.state.owners.next()
+    }
+
+    /// The deadlines' clock.
+    pub(crate) fn clock(&self) -> Clock {
+        self.state.clock
+    }
+
+    /// Whether `lease`'s node (sequence `seq`) is tracked and its TTL has
+    /// not run out by `at`.
+    pub(crate) fn tracked_until(&self, lease: &Lease, seq: u32, at: Instant) -> bool {
+        let clock = self.state.clock;
+        self.tracked(lease.owner(), |node| {
+            node.seq == seq && !clock.passed(node.due, at)
+        })
+        .unwrap_or(false)
+    }
+
+    /// Moves the deadline of `lease`'s node to `sent + ttl` after a
+    /// confirmed renewal. `false` when the node is no longer tracked (its
+    /// TTL ran out and the expiry task took it, or it was released), so the
+    /// renewal must not be reported.
+    pub(crate) fn extend(&self, lease: &Lease, seq: u32, sent: Instant, ttl: Duration) -> bool {
+        let clock = self.state.clock;
+        self.tracked(lease.owner(), |node| {
+            if node.seq != seq || clock.passed(node.due, sent) {
+                return false;
+            }
+            if clock.passed(node.due, sent + ttl) {
+                node.due = clock.deadline(sent + ttl);
+            }
+            true
+        })
+        .unwrap_or(false)
+    }
+
     /// Tracks a granted node (`key` is its lease's key, or [`LATCH_MARK`]
     /// and the election's name for a latch node): if not renewed by `at`,
     /// it is deleted.
-    pub(super) fn schedule_expiry(&self, owner: OwnerId, key: &str, seq: u32, at: Instant) {
-        let clock = self.inner.clock;
-        let Some(slot) = self.inner.owners.key(owner) else {
+    pub(crate) fn schedule_expiry(&self, owner: OwnerId, key: &str, seq: u32, at: Instant) {
+        let clock = self.state.clock;
+        let Some(slot) = self.state.owners.key(owner) else {
             // Every grant carries an id from `Owners::next`.
             tracing::warn!(%key, "lock node of a foreign owner id not tracked");
             return;
         };
-        let mut tracked = lock(&self.inner.expiries);
+        let mut tracked = lock(&self.state.expiries);
         tracked.insert(
             slot,
             Tracked {
@@ -232,20 +317,20 @@ impl ZkBackend {
                 due: clock.deadline(at),
             },
         );
-        let task = lock(&self.inner.task);
+        let task = lock(&self.state.task);
         drop(tracked);
         self.arm(task, at);
     }
 
     /// Tracks the nodes of a read, write or permit lease: if not renewed
     /// by `at`, they are deleted.
-    pub(super) fn schedule_shared(&self, owner: OwnerId, paths: Vec<String>, at: Instant) {
-        let clock = self.inner.clock;
-        let Some(slot) = self.inner.owners.key(owner) else {
+    pub(crate) fn schedule_shared(&self, owner: OwnerId, paths: Vec<String>, at: Instant) {
+        let clock = self.state.clock;
+        let Some(slot) = self.state.owners.key(owner) else {
             tracing::warn!("shared lock node of a foreign owner id not tracked");
             return;
         };
-        let mut tracked = lock(&self.inner.shared);
+        let mut tracked = lock(&self.state.shared);
         tracked.insert(
             slot,
             SharedTracked {
@@ -253,26 +338,26 @@ impl ZkBackend {
                 due: clock.deadline(at),
             },
         );
-        let task = lock(&self.inner.task);
+        let task = lock(&self.state.task);
         drop(tracked);
         self.arm(task, at);
     }
 
     /// Stops enforcing the TTL of `owner`'s shared-lock nodes.
-    pub(super) fn forget_shared(&self, owner: OwnerId) {
-        if let Some(slot) = self.inner.owners.key(owner) {
-            lock(&self.inner.shared).remove(&slot);
+    pub(crate) fn forget_shared(&self, owner: OwnerId) {
+        if let Some(slot) = self.state.owners.key(owner) {
+            lock(&self.state.shared).remove(&slot);
         }
     }
 
     /// `owner`'s tracked shared-lock nodes, if any.
-    pub(super) fn tracked_shared<T>(
+    pub(crate) fn tracked_shared<T>(
         &self,
         owner: OwnerId,
         f: impl FnOnce(&mut SharedTracked) -> T,
     ) -> Option<T> {
-        let slot = self.inner.owners.key(owner)?;
-        lock(&self.inner.shared).get_mut(&slot).map(f)
+        let slot = self.state.owners.key(owner)?;
+        lock(&self.state.shared).get_mut(&slot).map(f)
     }
 
     /// Makes sure the expiry task runs and scans by `at`.
@@ -283,9 +368,10 @@ impl ZkBackend {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return;
             };
-            let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+            let weak: Weak<ExpiryState> = Arc::downgrade(&self.state);
             task.armed = None;
-            task.task = Some(runtime.spawn(expiry_loop(weak, task.wake.clone())));
+            task.task =
+                Some(runtime.spawn(expiry_loop(weak, task.wake.clone(), self.cleanup.clone())));
             return;
         }
         if task.armed.is_none_or(|armed| at < armed) {
@@ -296,20 +382,20 @@ impl ZkBackend {
 
     /// Stops enforcing the TTL of `owner`'s node (released, or found gone),
     /// so no delete is ever sent for a node that no longer exists.
-    pub(super) fn forget_expiry(&self, owner: OwnerId) {
-        if let Some(slot) = self.inner.owners.key(owner) {
-            lock(&self.inner.expiries).remove(&slot);
+    pub(crate) fn forget_expiry(&self, owner: OwnerId) {
+        if let Some(slot) = self.state.owners.key(owner) {
+            lock(&self.state.expiries).remove(&slot);
         }
     }
 
     /// `owner`'s tracked node, if any.
-    pub(super) fn tracked<T>(
+    pub(crate) fn tracked<T>(
         &self,
         owner: OwnerId,
         f: impl FnOnce(&mut Tracked) -> T,
     ) -> Option<T> {
-        let slot = self.inner.owners.key(owner)?;
-        lock(&self.inner.expiries).get_mut(&slot).map(f)
+        let slot = self.state.owners.key(owner)?;
+        lock(&self.state.expiries).get_mut(&slot).map(f)
     }
 }
 
@@ -324,9 +410,9 @@ type Due = (Vec<(String, OwnerId)>, Option<Instant>, Instant);
 /// Removes the nodes whose deadline passed by `now`: their paths, when the
 /// task scans next (the earliest deadline left, no sooner than the gap)
 /// and the gap (the earliest any scan may run).
-fn take_due(inner: &Inner, now: Instant) -> Due {
+fn take_due(inner: &ExpiryState, config: &ZkConfig, now: Instant) -> Due {
     let clock = inner.clock;
-    let root = inner.config.root();
+    let root = config.root();
     let mut tracked = lock(&inner.expiries);
     let mut due = Vec::new();
     let mut earliest: Option<Duration> = None;
@@ -334,12 +420,7 @@ fn take_due(inner: &Inner, now: Instant) -> Due {
         if clock.passed(node.due, now) {
             let owner = inner.owners.owner(*slot);
             due.push((
-                node.path(
-                    root,
-                    inner.config.layout(),
-                    inner.config.node_names(),
-                    owner,
-                ),
+                node.path(root, config.layout(), config.node_names(), owner),
                 owner,
             ));
             false
@@ -376,27 +457,26 @@ fn take_due(inner: &Inner, now: Instant) -> Due {
 /// the earliest deadline, or until a grant with an earlier one wakes it
 /// (scanning no sooner than the scan gap after the last scan). Holds the
 /// backend only while it looks.
-async fn expiry_loop(inner: Weak<Inner>, wake: Arc<Notify>) {
+async fn expiry_loop(inner: Weak<ExpiryState>, wake: Arc<Notify>, cleanup: Cleanup) {
     loop {
         let now = Instant::now();
         let (next, gap) = {
             let Some(inner) = inner.upgrade() else {
                 return;
             };
-            let (due, next, gap) = take_due(&inner, now);
+            let (due, next, gap) = take_due(&inner, cleanup.conn().config(), now);
             if !due.is_empty() {
-                let backend = ZkBackend { inner };
                 // No live session: the nodes went with the last one.
-                if let Some(session) = backend.inner.current().filter(|s| !s.is_lost()) {
+                if let Some(session) = cleanup.conn().current().filter(|s| !s.is_lost()) {
                     for (path, owner) in due {
                         tracing::debug!(%path, "lease not renewed within its TTL; deleting its node");
-                        let backend = backend.clone();
+                        let cleanup = cleanup.clone();
                         let client = session.client.clone();
                         tokio::spawn(async move {
-                            let Some((dir, _)) = paths::split_node(&path) else {
+                            let Some((dir, _)) = keys::split_node(&path) else {
                                 return;
                             };
-                            backend.delete_node(&client, &path, dir, owner).await;
+                            cleanup.delete_node(&client, &path, dir, owner).await;
                         });
                     }
                 }

@@ -56,19 +56,24 @@
 
 #![deny(missing_docs)]
 
+mod admin;
+mod backend;
+mod cleanup;
 mod config;
+mod connection;
 mod descriptor;
-mod driver;
+mod elections;
 mod error;
-pub mod floor;
-mod latch_names;
-mod nodelay;
-mod paths;
-mod wire;
+mod expiry;
+mod grants;
+pub mod keys;
+mod renewal;
+mod shared;
+mod waiting;
 
-pub use config::{DEFAULT_ROOT, ZkConfig, ZkLayout, ZkNodeNames};
+pub use backend::{ZkBackend, capabilities};
+pub use config::{DEFAULT_ROOT, MIN_TTL, ZkConfig, ZkLayout, ZkNodeNames};
 pub use descriptor::DRIVER;
-pub use driver::{MIN_TTL, ZkBackend, capabilities};
 
 use lock_core::LockError;
 

@@ -17,252 +17,99 @@
 //!   waits (still holding it) until the directory has at most `limit`
 //!   children. The `leases` directory's data is the limit our clients use.
 
-use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use lock_core::{
-    ErrorKind, Lease, LeaseKind, LockError, LockKey, LockShape, Operation, OwnerId, check_ttl,
+    ErrorKind, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape, Operation, check_ttl,
     validity_deadline,
 };
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::session::{Session, session_gone, synced};
-use super::waiting::{AttemptError, bounded_wait, granted, to_token, wait_lost};
-use super::{MIN_TTL, ZkBackend, lock};
+use crate::cleanup::Cleanup;
+use crate::config::MIN_TTL;
+use crate::connection::{Connection, session_gone, synced};
 use crate::error::{CallError, NAME, timed, timed_resending};
-use crate::paths::{self, LEASE_NAME, READ_NAME, WRITE_NAME, sequence_named};
+use crate::expiry::Expiry;
+use crate::keys::{self, LEASE_NAME, READ_NAME, WRITE_NAME};
+use crate::waiting::{AttemptError, Waiting, bounded_wait};
 
+// Listing the holders of read-write locks and semaphores.
+pub(crate) mod list;
+// What the shapes share: lease nodes, pending nodes, the shared create.
+mod nodes;
 // The read-write lock's attempt.
-#[path = "shared_rw.rs"]
 mod rw;
-
-// The semaphore's attempt and lease nodes.
-#[path = "shared_sem.rs"]
+// The semaphore's attempt.
 mod sem;
 
-// `holders` and `list_shared` of both shapes.
-#[path = "shared_list.rs"]
-mod list;
+use list::SharedListing;
+use nodes::{LEASES, SharedNodes, error};
+use rw::RwLocks;
+use sem::Semaphores;
 
-/// How long a `try_acquire_kind` of permits waits for the semaphore's
-/// internal mutex, which other acquirers hold for a few round trips (a
-/// waiter holds it until its permits are free: the try then gives up).
-const TRY_MUTEX_WAIT: Duration = Duration::from_millis(1_000);
-
-/// The `locks` child of a semaphore directory (Curator's `LOCK_PARENT`).
-const LOCKS: &str = "locks";
-/// The `leases` child of a semaphore directory (Curator's `LEASE_PARENT`).
-const LEASES: &str = "leases";
-
-/// The nodes a shared lease names (from its kind, key, owner and data).
-pub(super) struct SharedNodes {
-    /// The directory the nodes are in.
-    pub(super) dir: String,
-    /// The nodes' paths.
-    pub(super) paths: Vec<String>,
-    /// The first node's `czxid` (renewals confirm it).
-    pub(super) czxid: i64,
+/// Read-write locks and semaphores: acquire, renew, release, downgrade,
+/// holders.
+#[derive(Clone)]
+pub(crate) struct SharedLocks {
+    conn: Arc<Connection>,
+    expiry: Expiry,
+    cleanup: Cleanup,
+    waiting: Waiting,
+    rw: RwLocks,
+    sem: Semaphores,
+    list: SharedListing,
 }
 
-/// Nodes to delete when an acquire ends without a grant (at once, or in
-/// the background when the future is dropped): nodes created, and
-/// directories to sweep for an owner whose create's outcome is unknown.
-struct Pending {
-    backend: ZkBackend,
-    client: zk::Client,
-    nodes: Vec<(String, String, OwnerId)>,
-    sweeps: Vec<(String, OwnerId)>,
-}
-
-impl Pending {
-    fn new(backend: &ZkBackend, client: &zk::Client) -> Self {
+impl SharedLocks {
+    pub(crate) fn new(
+        conn: Arc<Connection>,
+        expiry: Expiry,
+        cleanup: Cleanup,
+        waiting: Waiting,
+    ) -> Self {
+        let parts = (
+            conn.clone(),
+            expiry.clone(),
+            cleanup.clone(),
+            waiting.clone(),
+        );
         Self {
-            backend: backend.clone(),
-            client: client.clone(),
-            nodes: Vec::new(),
-            sweeps: Vec::new(),
+            rw: RwLocks::new(
+                parts.0.clone(),
+                parts.1.clone(),
+                parts.2.clone(),
+                parts.3.clone(),
+            ),
+            sem: Semaphores::new(parts.0, parts.1, parts.2, parts.3),
+            list: SharedListing::new(conn.clone(), expiry.clone()),
+            conn,
+            expiry,
+            cleanup,
+            waiting,
         }
     }
 
-    /// Deletes everything now (bounded); what fails stays for the
-    /// background cleanup at drop.
-    async fn withdraw(&mut self) {
-        let timeout = self.backend.op_timeout();
-        let mut left = Vec::new();
-        // Newest first: a semaphore's lease nodes before its mutex, so the
-        // next acquirer does not count them.
-        for (dir, path, owner) in std::mem::take(&mut self.nodes).into_iter().rev() {
-            match timed(timeout, self.client.delete(&path, None)).await {
-                Ok(()) => {}
-                Err(err) if err.is(&zk::Error::NoNode) || err.ends_session() => {}
-                Err(_) => left.push((dir, path, owner)),
-            }
-        }
-        left.reverse();
-        self.nodes = left;
-        for (dir, owner) in std::mem::take(&mut self.sweeps) {
-            lock(&self.backend.inner.uncertain).insert(owner);
-            self.backend
-                .sweep_uncertain(&self.client, &dir, owner, false)
-                .await;
-        }
+    /// The listing of read-write locks and semaphores.
+    pub(crate) fn listing(&self) -> &SharedListing {
+        &self.list
     }
 
-    /// Keeps nothing: the nodes are granted.
-    fn disarm(&mut self) {
-        self.nodes.clear();
-        self.sweeps.clear();
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if self.nodes.is_empty() && self.sweeps.is_empty() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let backend = self.backend.clone();
-        let client = self.client.clone();
-        let nodes = std::mem::take(&mut self.nodes);
-        let sweeps = std::mem::take(&mut self.sweeps);
-        runtime.spawn(async move {
-            for (dir, path, owner) in nodes.into_iter().rev() {
-                backend.delete_node(&client, &path, &dir, owner).await;
-            }
-            for (dir, owner) in sweeps {
-                lock(&backend.inner.uncertain).insert(owner);
-                backend.sweep_uncertain(&client, &dir, owner, true).await;
-            }
-        });
-    }
-}
-
-/// Waits for `watcher`'s event (the caller then looks again); ends the
-/// attempt when the session is lost, and at `deadline` withdraws `pending`
-/// and fails `Contended` with `why` (for `key`, in `operation`).
-async fn wait_watched(
-    session: &Session,
-    watcher: zk::OneshotWatcher,
-    deadline: Instant,
-    pending: &mut Pending,
-    (operation, key, why): (Operation, &LockKey, &str),
-) -> Result<(), AttemptError> {
-    let mut state = session.state.clone();
-    tokio::select! {
-        _ = watcher.changed() => Ok(()),
-        () = wait_lost(&mut state) => Err(AttemptError::SessionLost),
-        () = sleep_until(deadline) => {
-            pending.withdraw().await;
-            Err(AttemptError::Lock(error(ErrorKind::Contended, operation, key, why)))
-        }
-    }
-}
-
-/// A holder as `holders` finds it: its nodes' names, its kind, its token
-/// when known without a look at its node.
-type Held = (Vec<String>, LeaseKind, Option<u64>);
-
-/// One node of a read-write lock directory.
-struct RwNode {
-    seq: i64,
-    name: String,
-    write: bool,
-}
-
-/// The read and write nodes among `children`, in grant order (Curator
-/// sorts on the digits after `__READ__` / `__WRIT__`).
-fn sorted_rw_nodes(children: Vec<String>) -> Vec<RwNode> {
-    let mut nodes: Vec<RwNode> = children
-        .into_iter()
-        .filter_map(|name| {
-            if let Some(seq) = sequence_named(&name, WRITE_NAME) {
-                Some(RwNode {
-                    seq,
-                    name,
-                    write: true,
-                })
-            } else {
-                sequence_named(&name, READ_NAME).map(|seq| RwNode {
-                    seq,
-                    name,
-                    write: false,
-                })
-            }
-        })
-        .collect();
-    nodes.sort_by(|a, b| (a.seq, &a.name).cmp(&(b.seq, &b.name)));
-    nodes
-}
-
-/// The node `index` waits for, or `None` when it holds: a writer waits
-/// for the node just before it, a reader for the first write node before
-/// it (Curator's predicates).
-fn rw_blocker(nodes: &[RwNode], index: usize) -> Option<&str> {
-    if nodes[index].write {
-        index.checked_sub(1).map(|i| nodes[i].name.as_str())
-    } else {
-        nodes[..index]
-            .iter()
-            .find(|n| n.write)
-            .map(|n| n.name.as_str())
-    }
-}
-
-/// The token in a read-write lock directory's data (0 when none).
-fn epoch_of(data: &[u8]) -> u64 {
-    std::str::from_utf8(data)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// The limit in a `leases` directory's data, if our clients wrote one.
-fn limit_of(data: &[u8]) -> Option<u32> {
-    std::str::from_utf8(data).ok()?.trim().parse().ok()
-}
-
-fn error(
-    kind: ErrorKind,
-    operation: Operation,
-    key: &LockKey,
-    why: impl Into<String>,
-) -> LockError {
-    LockError::new(kind, operation, why)
-        .with_key(key)
-        .with_backend(NAME)
-}
-
-fn seq_u32(seq: i64, operation: Operation, key: &LockKey) -> Result<u32, AttemptError> {
-    u32::try_from(seq).map_err(|_| {
-        AttemptError::Lock(error(
-            ErrorKind::Backend,
-            operation,
-            key,
-            format!("unexpected sequence number {seq}"),
-        ))
-    })
-}
-
-impl ZkBackend {
-    /// The directory of `key`'s read-write lock (inside the chroot): point
-    /// Curator's `InterProcessReadWriteLock` there to share it.
-    pub fn rwlock_path(&self, key: &LockKey) -> String {
-        paths::rw_dir(self.inner.config.root(), key)
-    }
-
-    /// The path of `key`'s semaphore (inside the chroot): point Curator's
-    /// `InterProcessSemaphoreV2` there (with the same limit) to share it.
-    pub fn semaphore_path(&self, key: &LockKey) -> String {
-        paths::sem_dir(self.inner.config.root(), key)
+    /// The holders of `key`'s read-write lock or semaphore.
+    pub(crate) async fn holders(
+        &self,
+        key: &LockKey,
+        shape: LockShape,
+    ) -> Result<Vec<HolderInfo>, LockError> {
+        self.list.shared_holders(key, shape).await
     }
 
     /// The nodes of a read, write or permit lease. Its data is
     /// `<seq>[,<seq>...];<czxid of the first node>`.
-    pub(super) fn shared_nodes(&self, lease: &Lease) -> Option<SharedNodes> {
-        let root = self.inner.config.root();
+    fn shared_nodes(&self, lease: &Lease) -> Option<SharedNodes> {
+        let root = self.conn.config().root();
         let (seqs, czxid) = lease.backend_data().split_once(';')?;
         let czxid: i64 = czxid.parse().ok()?;
         let seqs: Vec<u32> = seqs
@@ -276,14 +123,14 @@ impl ZkBackend {
             })
             .collect::<Option<_>>()?;
         let (dir, name) = match lease.kind() {
-            LeaseKind::Read => (paths::rw_dir(root, lease.key()), READ_NAME),
-            LeaseKind::Write => (paths::rw_dir(root, lease.key()), WRITE_NAME),
+            LeaseKind::Read => (keys::rw_dir(root, lease.key()), READ_NAME),
+            LeaseKind::Write => (keys::rw_dir(root, lease.key()), WRITE_NAME),
             LeaseKind::Permits { count, .. } => {
                 if usize::try_from(count).ok()? != seqs.len() {
                     return None;
                 }
                 (
-                    format!("{}/{LEASES}", paths::sem_dir(root, lease.key())),
+                    format!("{}/{LEASES}", keys::sem_dir(root, lease.key())),
                     LEASE_NAME,
                 )
             }
@@ -294,7 +141,7 @@ impl ZkBackend {
         }
         let paths = seqs
             .iter()
-            .map(|seq| paths::named_node_path(&dir, lease.owner(), name, *seq))
+            .map(|seq| keys::named_node_path(&dir, lease.owner(), name, *seq))
             .collect();
         Some(SharedNodes { dir, paths, czxid })
     }
@@ -302,7 +149,7 @@ impl ZkBackend {
     /// `try_acquire_kind` / `acquire_kind` for read, write and permit
     /// grants: attempts on the live session, retried on a new one as the
     /// mutex's are.
-    pub(super) async fn acquire_shared(
+    pub(crate) async fn acquire_shared(
         &self,
         key: &LockKey,
         kind: LeaseKind,
@@ -313,47 +160,50 @@ impl ZkBackend {
         kind.validate(operation)
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
-        let root = self.inner.config.root();
-        self.retry_attempts(
-            key,
-            deadline,
-            operation,
-            "shared acquire attempt",
-            move |session| async move {
-                match kind {
-                    LeaseKind::Read | LeaseKind::Write => {
-                        let dir = paths::rw_dir(root, key);
-                        self.rw_attempt(&session, key, &dir, kind, ttl, deadline, operation)
-                            .await
-                    }
-                    LeaseKind::Permits { count, limit } => {
-                        let base = paths::sem_dir(root, key);
-                        self.sem_attempt(
-                            &session,
-                            key,
-                            &base,
-                            (count, limit),
-                            ttl,
-                            deadline,
+        let root = self.conn.config().root();
+        self.waiting
+            .retry_attempts(
+                key,
+                deadline,
+                operation,
+                "shared acquire attempt",
+                move |session| async move {
+                    match kind {
+                        LeaseKind::Read | LeaseKind::Write => {
+                            let dir = keys::rw_dir(root, key);
+                            self.rw
+                                .rw_attempt(&session, key, &dir, kind, ttl, deadline, operation)
+                                .await
+                        }
+                        LeaseKind::Permits { count, limit } => {
+                            let base = keys::sem_dir(root, key);
+                            self.sem
+                                .sem_attempt(
+                                    &session,
+                                    key,
+                                    &base,
+                                    (count, limit),
+                                    ttl,
+                                    deadline,
+                                    operation,
+                                )
+                                .await
+                        }
+                        _ => Err(AttemptError::Lock(error(
+                            ErrorKind::InvalidArgument,
                             operation,
-                        )
-                        .await
+                            key,
+                            format!("{kind} is not a shared kind"),
+                        ))),
                     }
-                    _ => Err(AttemptError::Lock(error(
-                        ErrorKind::InvalidArgument,
-                        operation,
-                        key,
-                        format!("{kind} is not a shared kind"),
-                    ))),
-                }
-            },
-        )
-        .await
+                },
+            )
+            .await
     }
 
     /// `acquire_kind` for shared kinds: bounded past the deadline like the
     /// mutex's `acquire`, `Contended` at the deadline.
-    pub(super) async fn acquire_shared_until(
+    pub(crate) async fn acquire_shared_until(
         &self,
         key: &LockKey,
         kind: LeaseKind,
@@ -365,51 +215,10 @@ impl ZkBackend {
         bounded_wait(key, deadline, ("wait deadline", why), attempt).await
     }
 
-    /// Creates one `EPHEMERAL_SEQUENTIAL` node at `prefix` in `dir`
-    /// (creating the directory when missing). Returns its path, `czxid`
-    /// and sequence number, and the future `behind` made right after the
-    /// create that succeeded: requests it makes when called leave behind
-    /// the create, before its reply is awaited (the server answers them
-    /// once the create is applied), so a read of what the create changed
-    /// costs no round trip of its own. Its replies are dropped when the
-    /// create failed.
-    #[allow(clippy::too_many_arguments)]
-    async fn create_sequential<B: Future>(
-        &self,
-        session: &Session,
-        dir: &str,
-        prefix: &str,
-        data: &[u8],
-        operation: Operation,
-        key: &LockKey,
-        mut behind: impl FnMut() -> B,
-    ) -> Result<(String, i64, i64, B), AttemptError> {
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
-        let mut missing_dir = 0;
-        loop {
-            let created = timed(
-                self.op_timeout(),
-                session.client.create(prefix, data, &options),
-            );
-            let behind = behind();
-            match created.await {
-                Ok((stat, sequence)) => {
-                    let path = format!("{prefix}{sequence}");
-                    return Ok((path, stat.czxid, sequence.into_i64(), behind));
-                }
-                Err(err) if err.is(&zk::Error::NoNode) && missing_dir < 3 => {
-                    missing_dir += 1;
-                    self.ensure_dir(session, dir, operation, key).await?;
-                }
-                Err(err) => return Err(Self::fail(session, err, operation, key)),
-            }
-        }
-    }
-
     /// `renew` of a read, write or permit lease: its nodes still exist
     /// (from the leader's view), with the grant's `czxid`, on this
     /// backend's session, and its TTL has not run out.
-    pub(super) async fn renew_shared(&self, lease: &Lease) -> Result<Instant, LockError> {
+    pub(crate) async fn renew_shared(&self, lease: &Lease) -> Result<Instant, LockError> {
         let op = Operation::Renew;
         let key = lease.key();
         let not_held = |why: &str| error(ErrorKind::NotHeld, op, key, why.to_owned());
@@ -423,14 +232,15 @@ impl ZkBackend {
                 "the ZooKeeper session that held this lease is gone",
             ));
         }
-        let session = self.session(op).await.map_err(|e| e.with_key(key))?;
+        let session = self.conn.session(op).await.map_err(|e| e.with_key(key))?;
         let sent = Instant::now();
         let ours = lease
             .session()
             .is_some_and(|s| s.same_channel(&session.state));
-        let clock = self.inner.clock;
+        let clock = self.expiry.clock();
         if ours
             && !self
+                .expiry
                 .tracked_shared(lease.owner(), |t| !clock.passed(t.due, sent))
                 .unwrap_or(false)
         {
@@ -447,11 +257,11 @@ impl ZkBackend {
             }
             Ok::<_, zk::Error>(stats)
         };
-        let stats = synced(client.sync(&nodes.dir), self.op_timeout(), read)
+        let stats = synced(client.sync(&nodes.dir), self.conn.op_timeout(), read)
             .await
             .map_err(|err| err.into_lock_error(op).with_key(key))?;
         if stats.iter().any(Option::is_none) {
-            self.forget_shared(lease.owner());
+            self.expiry.forget_shared(lease.owner());
             return Err(not_held(
                 "the lease's node is gone (released, expired, or deleted)",
             ));
@@ -471,6 +281,7 @@ impl ZkBackend {
         }
         let ttl = lease.ttl().min(session.timeout);
         let extended = self
+            .expiry
             .tracked_shared(lease.owner(), |t| {
                 if clock.passed(t.due, sent) {
                     return false;
@@ -490,19 +301,20 @@ impl ZkBackend {
     }
 
     /// `release` of a read, write or permit lease: deletes its nodes.
-    pub(super) async fn release_shared(&self, lease: &Lease) -> Result<bool, LockError> {
+    pub(crate) async fn release_shared(&self, lease: &Lease) -> Result<bool, LockError> {
         let op = Operation::Release;
         let Some(nodes) = self.shared_nodes(lease) else {
             return Ok(false);
         };
         let session = self
+            .conn
             .session(op)
             .await
             .map_err(|e| e.with_key(lease.key()))?;
         let calls: Vec<_> = nodes
             .paths
             .iter()
-            .map(|p| timed_resending(self.op_timeout(), || session.client.delete(p, None)))
+            .map(|p| timed_resending(self.conn.op_timeout(), || session.client.delete(p, None)))
             .collect();
         let mut deleted = false;
         let mut failure = None;
@@ -517,8 +329,10 @@ impl ZkBackend {
             // The local expiry stays armed: it deletes the rest later.
             return Err(err.into_lock_error(op).with_key(lease.key()));
         }
-        self.forget_shared(lease.owner());
-        self.remove_empty_dir(&session.client, &nodes.dir).await;
+        self.expiry.forget_shared(lease.owner());
+        self.cleanup
+            .remove_empty_dir(&session.client, &nodes.dir)
+            .await;
         Ok(deleted)
     }
 
@@ -527,7 +341,7 @@ impl ZkBackend {
     /// before every waiter, as Curator 5.5+ names a read lock taken by the
     /// write lock's owner) and deletes the write node. No writer can come
     /// between: the read node exists before the write node goes.
-    pub(super) async fn downgrade_write(&self, lease: &Lease) -> Result<Lease, LockError> {
+    pub(crate) async fn downgrade_write(&self, lease: &Lease) -> Result<Lease, LockError> {
         let op = Operation::Downgrade;
         let key = lease.key();
         let not_held = |why: &str| error(ErrorKind::NotHeld, op, key, why.to_owned());
@@ -542,7 +356,7 @@ impl ZkBackend {
                 "the ZooKeeper session that held this lease is gone",
             ));
         }
-        let session = self.session(op).await.map_err(|e| e.with_key(key))?;
+        let session = self.conn.session(op).await.map_err(|e| e.with_key(key))?;
         if !lease
             .session()
             .is_some_and(|s| s.same_channel(&session.state))
@@ -552,8 +366,9 @@ impl ZkBackend {
             ));
         }
         let sent = Instant::now();
-        let clock = self.inner.clock;
+        let clock = self.expiry.clock();
         if !self
+            .expiry
             .tracked_shared(lease.owner(), |t| !clock.passed(t.due, sent))
             .unwrap_or(false)
         {
@@ -565,23 +380,24 @@ impl ZkBackend {
             .split_once(';')
             .and_then(|(s, _)| s.parse::<u32>().ok())
             .ok_or_else(|| not_held("bad lease data"))?;
-        let owner = self.inner.owners.next();
-        let read_path = paths::named_node_path(&nodes.dir, owner, READ_NAME, seq);
+        let owner = self.expiry.next_owner();
+        let read_path = keys::named_node_path(&nodes.dir, owner, READ_NAME, seq);
         let ttl = lease.ttl().min(session.timeout);
         // Tracked before the transaction is sent: if its outcome is
         // unknown, the read node is still deleted at its TTL.
-        self.schedule_shared(owner, vec![read_path.clone()], sent + ttl);
-        let options = zk::CreateMode::Ephemeral.with_acls(self.acls());
+        self.expiry
+            .schedule_shared(owner, vec![read_path.clone()], sent + ttl);
+        let options = zk::CreateMode::Ephemeral.with_acls(self.conn.acls());
         let mut writer = session.client.new_multi_writer();
-        let data = paths::mutex_node_data(owner);
+        let data = keys::mutex_node_data(owner);
         let added = writer
             .add_create(&read_path, data.as_bytes(), &options)
             .and_then(|()| writer.add_delete(write_path, None));
         if let Err(err) = added {
-            self.forget_shared(owner);
+            self.expiry.forget_shared(owner);
             return Err(CallError::Zk(err).into_lock_error(op).with_key(key));
         }
-        let timeout = self.op_timeout();
+        let timeout = self.conn.op_timeout();
         let results = match tokio::time::timeout(timeout, writer.commit()).await {
             Err(_) => {
                 return Err(CallError::TimedOut(timeout)
@@ -592,26 +408,26 @@ impl ZkBackend {
                 source: zk::Error::NoNode,
                 ..
             })) => {
-                self.forget_shared(owner);
+                self.expiry.forget_shared(owner);
                 return Err(not_held("the write node is gone"));
             }
             Ok(Err(err)) => {
                 let err = CallError::Zk(zk::Error::from(err));
                 if !err.outcome_unknown() {
-                    self.forget_shared(owner);
+                    self.expiry.forget_shared(owner);
                 }
                 return Err(err.into_lock_error(op).with_key(key));
             }
             Ok(Ok(results)) => results,
         };
         drop(results);
-        self.forget_shared(lease.owner());
+        self.expiry.forget_shared(lease.owner());
         // A multi's create answers without a stat: read the node's czxid
         // (renewals confirm it).
         let czxid = match timed(timeout, session.client.check_stat(&read_path)).await {
             Ok(Some(stat)) => stat.czxid,
             Ok(None) => {
-                self.forget_shared(owner);
+                self.expiry.forget_shared(owner);
                 return Err(not_held("the read node vanished right after the downgrade"));
             }
             Err(err) => return Err(err.into_lock_error(op).with_key(key)),
@@ -628,5 +444,12 @@ impl ZkBackend {
         .with_kind(LeaseKind::Read)
         .with_session(session.state.clone());
         Ok(read)
+    }
+}
+
+#[async_trait]
+impl lock_core::Downgrade for SharedLocks {
+    async fn downgrade(&self, lease: &Lease) -> Result<Lease, LockError> {
+        self.downgrade_write(lease).await
     }
 }

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+
 use std::time::Duration;
 
 use lock_core::{
@@ -16,28 +16,33 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 use zookeeper_client as zk;
 
-use super::cleanup::NodeCleanup;
-use super::session::{Session, synced};
-use super::{ACQUIRE_GRACE, MIN_TTL, ZkBackend, lock};
+use crate::cleanup::{Cleanup, NodeCleanup};
+use crate::config::MIN_TTL;
+use crate::connection::{Connection, Session, synced};
 use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, mutex_owner_of};
+use crate::expiry::Expiry;
+use crate::keys::{self, mutex_owner_of};
+
+/// How far past its deadline an acquire may run when the servers are slow
+/// to answer (a normal wait ends at the deadline itself).
+pub(crate) const ACQUIRE_GRACE: Duration = Duration::from_millis(500);
 
 /// Where and how an acquisition waits: the key's queue of nodes in the
 /// lock directory `dir`, following `recipe` (the mutex's nodes, or an
 /// election's latch nodes: same queue, same watches, same cleanup).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Queue<'a> {
-    pub(super) key: &'a LockKey,
-    pub(super) dir: &'a str,
-    pub(super) ttl: Duration,
+pub(crate) struct Queue<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) dir: &'a str,
+    pub(crate) ttl: Duration,
     /// `None` for a single try.
-    pub(super) deadline: Option<Instant>,
-    pub(super) operation: Operation,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) operation: Operation,
     /// Enforce the lease's TTL locally (a lease handed to the user); a
     /// semaphore's internal mutex, held only while its acquire runs, is not
     /// tracked (its holder deletes it, or it goes with the session).
-    pub(super) track: bool,
-    pub(super) recipe: Recipe,
+    pub(crate) track: bool,
+    pub(crate) recipe: Recipe,
 }
 
 /// Our node went away while we waited (`why`): the attempt ends with
@@ -53,7 +58,7 @@ fn node_gone(why: String, operation: Operation, key: &LockKey) -> AttemptError {
 /// Which recipe an attempt follows: the node name it creates and sorts on,
 /// the data it writes, and how its lease names the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Recipe {
+pub(crate) enum Recipe {
     /// Curator's `InterProcessMutex`: `lock-` nodes whose data is
     /// `<owner hex>\n<holder details>` (Curator never reads it).
     Mutex,
@@ -63,68 +68,83 @@ pub(super) enum Recipe {
     KazooMutex,
     /// Curator's `LeaderLatch` on the election `name`: `latch-` nodes
     /// whose data is the candidate's owner value (Curator's participant
-    /// id) and whose name carries the holder details (`latch_names.rs`);
+    /// id) and whose name carries the holder details (`keys.rs`);
     /// the lease's data is `latch:<seq>;<escaped details>`.
     Latch,
 }
 
 impl Recipe {
-    pub(super) fn node_name(self) -> &'static str {
+    pub(crate) fn node_name(self) -> &'static str {
         match self {
-            Self::Mutex => paths::LOCK_NAME,
-            Self::KazooMutex => paths::KAZOO_LOCK_NAME,
-            Self::Latch => paths::LATCH_NAME,
+            Self::Mutex => keys::LOCK_NAME,
+            Self::KazooMutex => keys::KAZOO_LOCK_NAME,
+            Self::Latch => keys::LATCH_NAME,
         }
     }
 }
 
-/// The `backend_data` prefix of an election (latch node) lease.
-pub(super) const LATCH_DATA: &str = "latch:";
-
-/// The `backend_data` prefix of a mutex lease on a kazoo-named node.
-pub(super) const KAZOO_DATA: &str = "kazoo:";
-
 /// A create whose reply came back: when it was sent, and the reply to the
 /// list of the directory sent right behind it.
-pub(super) struct Created {
+pub(crate) struct Created {
     sent: Instant,
     listed: Result<Vec<String>, CallError>,
 }
 
 /// Why one attempt ended without a result.
-pub(super) enum AttemptError {
+pub(crate) enum AttemptError {
     /// The session is gone (and our node with it): a new session may try.
     SessionLost,
     /// A final error for the caller.
     Lock(LockError),
 }
 
-impl ZkBackend {
-    pub(super) fn fail(
-        session: &Session,
-        err: CallError,
-        operation: Operation,
-        key: &LockKey,
-    ) -> AttemptError {
-        if err.ends_session() || session.is_lost() {
-            AttemptError::SessionLost
-        } else {
-            AttemptError::Lock(err.into_lock_error(operation).with_key(key))
-        }
+/// How an attempt's failed request ends it: a lost session lets a new
+/// one try; anything else is the caller's error.
+pub(crate) fn fail(
+    session: &Session,
+    err: CallError,
+    operation: Operation,
+    key: &LockKey,
+) -> AttemptError {
+    if err.ends_session() || session.is_lost() {
+        AttemptError::SessionLost
+    } else {
+        AttemptError::Lock(err.into_lock_error(operation).with_key(key))
     }
+}
 
-    /// The watcher `watched` (a `check_and_watch_stat`) set on a node
-    /// that exists; `None` when the node is gone (the caller looks again).
-    pub(super) fn watcher_if_present(
-        session: &Session,
-        watched: Result<(Option<zk::Stat>, zk::OneshotWatcher), CallError>,
-        operation: Operation,
-        key: &LockKey,
-    ) -> Result<Option<zk::OneshotWatcher>, AttemptError> {
-        match watched {
-            Ok((Some(_), watcher)) => Ok(Some(watcher)),
-            Ok((None, _)) => Ok(None),
-            Err(err) => Err(Self::fail(session, err, operation, key)),
+/// The watcher `watched` (a `check_and_watch_stat`) set on a node
+/// that exists; `None` when the node is gone (the caller looks again).
+pub(crate) fn watcher_if_present(
+    session: &Session,
+    watched: Result<(Option<zk::Stat>, zk::OneshotWatcher), CallError>,
+    operation: Operation,
+    key: &LockKey,
+) -> Result<Option<zk::OneshotWatcher>, AttemptError> {
+    match watched {
+        Ok((Some(_), watcher)) => Ok(Some(watcher)),
+        Ok((None, _)) => Ok(None),
+        Err(err) => Err(fail(session, err, operation, key)),
+    }
+}
+
+/// Where acquisitions wait: an `EPHEMERAL_SEQUENTIAL` node in the key's
+/// queue, the grant decision, the waiting on the predecessor, retried on a
+/// new session when one is lost. Both the mutex (single tries too) and an
+/// election's latch go through it, and the semaphore's internal mutex.
+#[derive(Clone)]
+pub(crate) struct Waiting {
+    conn: Arc<Connection>,
+    expiry: Expiry,
+    cleanup: Cleanup,
+}
+
+impl Waiting {
+    pub(crate) fn new(conn: Arc<Connection>, expiry: Expiry, cleanup: Cleanup) -> Self {
+        Self {
+            conn,
+            expiry,
+            cleanup,
         }
     }
 
@@ -132,7 +152,7 @@ impl ZkBackend {
     /// where the server has them, so empty directories go away by
     /// themselves without a client ever deleting a directory a waiter is
     /// about to use.
-    pub(super) async fn ensure_dir(
+    pub(crate) async fn ensure_dir(
         &self,
         session: &Session,
         dir: &str,
@@ -142,23 +162,22 @@ impl ZkBackend {
         loop {
             // A path-layout directory (outside the root) is another
             // library's path: persistent, as kazoo and Curator make it.
-            let containers =
-                self.inner.containers.load(Ordering::Relaxed) && !self.is_foreign_dir(dir);
+            let containers = self.conn.containers() && !self.conn.is_foreign_dir(dir);
             let mode = if containers {
                 zk::CreateMode::Container
             } else {
                 zk::CreateMode::Persistent
             };
-            let options = mode.with_acls(self.acls());
-            match timed(self.op_timeout(), session.client.mkdir(dir, &options)).await {
+            let options = mode.with_acls(self.conn.acls());
+            match timed(self.conn.op_timeout(), session.client.mkdir(dir, &options)).await {
                 Ok(()) => return Ok(()),
                 Err(CallError::Zk(zk::Error::Unimplemented)) if containers => {
                     tracing::info!(
                         "ZooKeeper server has no container nodes; using persistent key directories"
                     );
-                    self.inner.containers.store(false, Ordering::Relaxed);
+                    self.conn.no_containers();
                 }
-                Err(err) => return Err(Self::fail(session, err, operation, key)),
+                Err(err) => return Err(fail(session, err, operation, key)),
             }
         }
     }
@@ -189,25 +208,25 @@ impl ZkBackend {
             // The holder details ride in the create itself (no extra
             // request), after the owner hex kazoo's `contenders()` lists.
             Recipe::Mutex => (
-                paths::node_path_prefix(dir, owner),
-                paths::mutex_node_data(owner),
+                keys::node_path_prefix(dir, owner),
+                keys::mutex_node_data(owner),
             ),
             Recipe::KazooMutex => (
-                paths::mutex_node_prefix(dir, owner, crate::ZkNodeNames::Kazoo),
-                paths::mutex_node_data(owner),
+                keys::mutex_node_prefix(dir, owner, crate::ZkNodeNames::Kazoo),
+                keys::mutex_node_data(owner),
             ),
             // The data is Curator's participant id, the whole of it: the
-            // details ride in the name (see latch_names.rs).
+            // details ride in the name (see keys.rs).
             Recipe::Latch => (
-                paths::named_prefix(
+                keys::named_prefix(
                     dir,
                     owner,
-                    &crate::latch_names::latch_name(&crate::latch_names::details_component()),
+                    &crate::keys::latch_name(&crate::keys::details_component()),
                 ),
                 owner.to_hex(),
             ),
         };
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.conn.acls());
         let mut missing_dir = 0;
         let mut unknown = 0;
         loop {
@@ -216,10 +235,10 @@ impl ZkBackend {
             // (the list's reply is dropped unless the create succeeded).
             let (created, listed) = tokio::join!(
                 timed(
-                    self.op_timeout(),
+                    self.conn.op_timeout(),
                     session.client.create(&prefix, data.as_bytes(), &options),
                 ),
-                timed(self.op_timeout(), session.client.list_children(dir)),
+                timed(self.conn.op_timeout(), session.client.list_children(dir)),
             );
             match created {
                 Ok((stat, sequence)) => {
@@ -237,20 +256,20 @@ impl ZkBackend {
                 // Our own timeout: the server is not answering, so give up
                 // now; the armed cleanup finds the node by its id later.
                 Err(err @ CallError::TimedOut(_)) => {
-                    lock(&self.inner.uncertain).insert(owner);
-                    return Err(Self::fail(session, err, operation, key));
+                    self.cleanup.mark_uncertain(owner);
+                    return Err(fail(session, err, operation, key));
                 }
                 // The connection dropped with the reply in flight: look for
                 // the node once we are connected again.
                 Err(err) if err.outcome_unknown() && unknown < 3 && !session.is_lost() => {
                     unknown += 1;
-                    lock(&self.inner.uncertain).insert(owner);
+                    self.cleanup.mark_uncertain(owner);
                     tracing::debug!(%key, "create reply lost; looking for our node");
                     if let Some((path, czxid)) = self.find_own(session, dir, owner, recipe).await {
                         return Ok((path, czxid, None));
                     }
                 }
-                Err(err) => return Err(Self::fail(session, err, operation, key)),
+                Err(err) => return Err(fail(session, err, operation, key)),
             }
         }
     }
@@ -263,14 +282,14 @@ impl ZkBackend {
         owner: OwnerId,
         recipe: Recipe,
     ) -> Option<(String, i64)> {
-        let children = timed(self.op_timeout(), session.client.list_children(dir))
+        let children = timed(self.conn.op_timeout(), session.client.list_children(dir))
             .await
             .ok()?;
-        let (_, name) = paths::sorted_named(children, recipe.node_name())
+        let (_, name) = keys::sorted_named(children, recipe.node_name())
             .into_iter()
             .find(|(_, name)| mutex_owner_of(name) == Some(owner))?;
         let path = format!("{dir}/{name}");
-        let stat = timed(self.op_timeout(), session.client.check_stat(&path))
+        let stat = timed(self.conn.op_timeout(), session.client.check_stat(&path))
             .await
             .ok()??;
         Some((path, stat.czxid))
@@ -291,9 +310,9 @@ impl ZkBackend {
             track,
             recipe,
         } = queue;
-        let owner = self.inner.owners.next();
+        let owner = self.expiry.next_owner();
         let mut cleanup = NodeCleanup {
-            backend: self,
+            cleanup: &self.cleanup,
             client: &session.client,
             dir,
             owner,
@@ -327,7 +346,7 @@ impl ZkBackend {
                     let sent = Instant::now();
                     let listed = synced(
                         session.client.sync(dir),
-                        self.op_timeout(),
+                        self.conn.op_timeout(),
                         session.client.list_children(dir),
                     )
                     .await;
@@ -347,14 +366,14 @@ impl ZkBackend {
                         key,
                     ));
                 }
-                Err(err) => return Err(Self::fail(session, err, operation, key)),
+                Err(err) => return Err(fail(session, err, operation, key)),
             };
             // Curator's order: the digits after the recipe's node name;
             // the first node holds (leads). Other children are ignored.
             // A mutex also waits behind kazoo's lock nodes in its directory.
             let mut nodes = match recipe {
-                Recipe::Mutex | Recipe::KazooMutex => paths::sorted_mutex_contenders(children),
-                Recipe::Latch => paths::sorted_named(children, recipe.node_name()),
+                Recipe::Mutex | Recipe::KazooMutex => keys::sorted_mutex_contenders(children),
+                Recipe::Latch => keys::sorted_named(children, recipe.node_name()),
             };
             // Extra nodes of this attempt (a create retried after a lost
             // reply) would block everyone: remove them.
@@ -362,7 +381,7 @@ impl ZkBackend {
                 if *other != name && mutex_owner_of(other) == Some(owner) {
                     let client = session.client.clone();
                     let extra = format!("{dir}/{other}");
-                    let timeout = self.op_timeout();
+                    let timeout = self.conn.op_timeout();
                     tokio::spawn(async move {
                         let _ = timed(timeout, client.delete(&extra, None)).await;
                     });
@@ -410,25 +429,26 @@ impl ZkBackend {
                 })?;
                 let data = match recipe {
                     Recipe::Mutex => seq.to_string(),
-                    Recipe::KazooMutex => format!("{KAZOO_DATA}{seq}"),
-                    Recipe::Latch => format!(
-                        "{LATCH_DATA}{seq};{}",
-                        crate::latch_names::details_of_name(name)
-                    ),
+                    Recipe::KazooMutex => format!("{}{seq}", keys::KAZOO_DATA),
+                    Recipe::Latch => {
+                        format!("{}{seq};{}", keys::LATCH_DATA, keys::details_of_name(name))
+                    }
                 };
                 let lease = granted(key, owner, token, (ttl, sent), data)?;
                 cleanup.disarm();
                 if track {
                     match recipe {
                         Recipe::Mutex | Recipe::KazooMutex => {
-                            self.schedule_expiry(owner, key.as_str(), seq, sent + ttl);
+                            self.expiry
+                                .schedule_expiry(owner, key.as_str(), seq, sent + ttl);
                         }
                         Recipe::Latch => {
                             let election = key.as_str().strip_prefix("election/").unwrap_or("");
                             let mark = super::expiry::LATCH_MARK;
-                            let details = crate::latch_names::details_of_name(name);
+                            let details = crate::keys::details_of_name(name);
                             let tracked = format!("{mark}{election}{mark}{details}");
-                            self.schedule_expiry(owner, &tracked, seq, sent + ttl);
+                            self.expiry
+                                .schedule_expiry(owner, &tracked, seq, sent + ttl);
                         }
                     }
                 }
@@ -436,7 +456,7 @@ impl ZkBackend {
             }
             let Some(deadline) = deadline else {
                 // A single try: someone holds it; withdraw.
-                self.withdraw(session, &mut cleanup).await;
+                self.cleanup.withdraw(session, &mut cleanup).await;
                 return Ok(None);
             };
             // Watch only the immediate predecessor (no herd on release), and
@@ -447,11 +467,11 @@ impl ZkBackend {
             let pred = if own_watch.is_none() {
                 let (own, pred) = tokio::join!(
                     timed(
-                        self.op_timeout(),
+                        self.conn.op_timeout(),
                         session.client.check_and_watch_stat(&path)
                     ),
                     timed(
-                        self.op_timeout(),
+                        self.conn.op_timeout(),
                         session.client.check_and_watch_stat(&predecessor)
                     ),
                 );
@@ -459,21 +479,20 @@ impl ZkBackend {
                     Ok((Some(_), watcher)) => own_watch = Some(Box::pin(watcher.changed())),
                     // Gone: the next look reports it.
                     Ok((None, _)) => continue,
-                    Err(err) => return Err(Self::fail(session, err, operation, key)),
+                    Err(err) => return Err(fail(session, err, operation, key)),
                 }
                 pred
             } else {
                 // The watch on our own node is still armed from an earlier
                 // round: keeping it spares a request before the next list.
                 timed(
-                    self.op_timeout(),
+                    self.conn.op_timeout(),
                     session.client.check_and_watch_stat(&predecessor),
                 )
                 .await
             };
             // Gone between our list and the watch: look again.
-            let Some(pred_watcher) = Self::watcher_if_present(session, pred, operation, key)?
-            else {
+            let Some(pred_watcher) = watcher_if_present(session, pred, operation, key)? else {
                 continue;
             };
             let mut state = session.state.clone();
@@ -482,7 +501,7 @@ impl ZkBackend {
                 _ = armed(&mut own_watch) => own_watch = None,
                 () = wait_lost(&mut state) => return Err(AttemptError::SessionLost),
                 () = sleep_until(deadline) => {
-                    self.withdraw(session, &mut cleanup).await;
+                    self.cleanup.withdraw(session, &mut cleanup).await;
                     return Err(AttemptError::Lock(
                         LockError::new(
                             ErrorKind::Contended,
@@ -497,7 +516,7 @@ impl ZkBackend {
         }
     }
 
-    pub(super) async fn lock_key(
+    pub(crate) async fn lock_key(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -505,10 +524,10 @@ impl ZkBackend {
         operation: Operation,
     ) -> Result<Option<Lease>, LockError> {
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
-        let dir = self.checked_key_path(key, operation)?;
+        let dir = self.conn.checked_key_path(key, operation)?;
         // A user's mutex takes the configured names; a semaphore's internal
-        // mutex (`shared_sem.rs`) keeps Curator's.
-        let recipe = match self.inner.config.node_names() {
+        // mutex (`shared/sem.rs`) keeps Curator's.
+        let recipe = match self.conn.config().node_names() {
             crate::ZkNodeNames::Curator => Recipe::Mutex,
             crate::ZkNodeNames::Kazoo => Recipe::KazooMutex,
         };
@@ -526,7 +545,7 @@ impl ZkBackend {
 
     /// The mutex recipe in `queue` (see [`Queue`]), with attempts retried
     /// as [`Self::retry_attempts`] says.
-    pub(super) async fn lock_in_recipe(
+    pub(crate) async fn lock_in_recipe(
         &self,
         queue: Queue<'_>,
     ) -> Result<Option<Lease>, LockError> {
@@ -544,7 +563,7 @@ impl ZkBackend {
     /// failure while the wait deadline allows, and on a new session when
     /// one is lost (while the deadline allows; twice for a single try).
     /// `what` names the attempt in the debug log.
-    pub(super) async fn retry_attempts<F, A>(
+    pub(crate) async fn retry_attempts<F, A>(
         &self,
         key: &LockKey,
         deadline: Option<Instant>,
@@ -559,7 +578,11 @@ impl ZkBackend {
         let mut backoff = RetryPolicy::default().backoff();
         let mut tries_left: u32 = 2;
         loop {
-            let session = self.session(operation).await.map_err(|e| e.with_key(key))?;
+            let session = self
+                .conn
+                .session(operation)
+                .await
+                .map_err(|e| e.with_key(key))?;
             match attempt(session).await {
                 Ok(result) => return Ok(result),
                 // A wait rides out disconnections (an election, a server
@@ -605,7 +628,7 @@ impl ZkBackend {
 /// but a wait must also end near its deadline when the servers stop
 /// answering (`Timeout`: "ZooKeeper did not answer before the
 /// `<deadline_name>`"). No grant by the deadline is `Contended` with `why`.
-pub(super) async fn bounded_wait(
+pub(crate) async fn bounded_wait(
     key: &LockKey,
     deadline: Instant,
     (deadline_name, why): (&str, &str),
@@ -630,7 +653,7 @@ pub(super) async fn bounded_wait(
 }
 
 /// The fencing token of a grant whose node has `czxid`.
-pub(super) fn to_token(
+pub(crate) fn to_token(
     czxid: i64,
     operation: Operation,
     key: &LockKey,
@@ -650,7 +673,7 @@ pub(super) fn to_token(
 
 /// The lease of a grant to `owner` with `token`, valid `ttl` from `sent`,
 /// whose nodes `data` names.
-pub(super) fn granted(
+pub(crate) fn granted(
     key: &LockKey,
     owner: OwnerId,
     token: u64,
@@ -678,7 +701,7 @@ async fn armed(watch: &mut Option<WatchFuture>) -> zk::WatchedEvent {
     }
 }
 
-pub(super) async fn wait_lost(state: &mut watch::Receiver<SessionState>) {
+pub(crate) async fn wait_lost(state: &mut watch::Receiver<SessionState>) {
     loop {
         if matches!(*state.borrow_and_update(), SessionState::Lost(_)) {
             return;

@@ -19,7 +19,7 @@ async fn suite_with_kazoo_node_names() {
 }
 
 /// Every shared fault scenario: holder process killed and paused (the
-/// `holder` example, which `cargo test` builds), partitioned client
+/// `lock-zk-holder` binary), partitioned client
 /// (through a fault proxy), server killed and restarted, injected latency,
 /// lost release reply, cancellation storm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -104,30 +104,20 @@ async fn kind_scenarios_on_a_single_server() {
     );
 }
 
-/// The `holder` example taking grants of the kind coded `kind`.
+/// The holder process taking grants of the kind coded `kind`.
 fn holder_command_of(kind: &str) -> Option<conformance::scenarios::HolderCommand> {
     holder_with(Some(kind.to_owned()))
 }
 
-/// The `holder` example next to this test binary (`target/<profile>/examples`).
+/// The holder process (the `lock-zk-holder` binary).
 fn holder_command() -> Option<conformance::scenarios::HolderCommand> {
     holder_with(None)
 }
 
-/// The `holder` example, given `kind` as its last argument when there is
-/// one, or `None` (skip, said on stderr) when it is not built.
+/// The holder process, given `kind` as its last argument when there is
+/// one.
 fn holder_with(kind: Option<String>) -> Option<conformance::scenarios::HolderCommand> {
-    let exe = std::env::current_exe().ok()?;
-    let holder = exe.parent()?.parent()?.join("examples").join("holder");
-    if !holder.is_file() {
-        // `cargo test -p lock-zk` builds examples; `--test conformance`
-        // alone does not.
-        eprintln!(
-            "{} is not built: the holder scenarios are skipped (run `cargo test -p lock-zk`)",
-            holder.display()
-        );
-        return None;
-    }
+    let holder = std::path::PathBuf::from(env!("CARGO_BIN_EXE_lock-zk-holder"));
     Some(Arc::new(
         move |url: &str, key: &str, ttl: std::time::Duration| {
             let mut cmd = std::process::Command::new(&holder);

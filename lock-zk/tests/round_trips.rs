@@ -1,14 +1,25 @@
 //! Round trips per acquire+release cycle, counted by the fault proxy
 //! between the client and a real ZooKeeper server: our waiting acquire as
-//! users write it, our `try_acquire`, and the hand-written floor must each
-//! cost exactly the floor's declared 2 (create with getChildren written
-//! behind it, then delete) on a free key, and so must a campaign +
-//! resignation (Curator's latch nodes) on a free election. A client that
-//! adds one request per cycle is counted one higher and fails the same
-//! check (shown below with a backend that looks at the key before
-//! acquiring), and so does one whose list waits for the create's reply
-//! (measured: 3.0 per cycle with Nagle's algorithm left on the client
-//! crate's connection, see the driver's `nodelay.rs`).
+//! users write it and our `try_acquire` must each cost exactly the
+//! hand-written floor's 2 (create with getChildren written behind it, then
+//! delete; counted on the floor in `lock-bench`) on a free key, and so
+//! must a campaign + resignation (Curator's latch nodes) on a free
+//! election. A client that adds one request per cycle is counted one
+//! higher and fails the same check (shown below with a backend that looks
+//! at the key before acquiring).
+//!
+//! These counts are of the driver's requests, so the test sets
+//! `TCP_NODELAY` on the `zookeeper-client` crate's socket itself (through
+//! the proxy's address, [`nodelay_to`]): the crate writes each request as
+//! its task takes it, with Nagle's algorithm on and no way to turn it off,
+//! so a request made together with an earlier one may wait for the
+//! earlier one's acknowledgement, which comes with its reply. On the
+//! crate's own socket a cycle then costs 2 or 3, depending on whether the
+//! crate's task wrote the create before the list was made (measured: 2.99
+//! on an idle host, 2.03 on a loaded one); the last check below shows that
+//! range. That round trip is the crate's (see `lock-bench`'s
+//! `examples/zk_transport.rs` for its latency): the driver no longer
+//! changes sockets it does not own.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -19,9 +30,45 @@ use conformance::bench::{self, Contender};
 use conformance::doubles::LooksFirst;
 use conformance::proxy::{CycleCount, CyclePlan, FaultProxy};
 use conformance::servers::zookeeper::ZkServer;
-use lock_core::floor::RawFloor;
 use lock_core::{LeaseKind, LockClient};
-use lock_zk::floor::ZkFloor;
+
+/// The hand-written floor's round trips per cycle (create with getChildren
+/// written behind it, then delete), which `lock-bench`'s
+/// `tests/zk_round_trips.rs` counts on the floor itself.
+const FLOOR_ROUND_TRIPS: u64 = 2;
+
+/// What the client crate's socket may add to a cycle on top of the
+/// floor's count (Nagle's algorithm, see the module docs).
+const NAGLE: u64 = 1;
+
+/// Sets `TCP_NODELAY` on this process's TCP sockets connected to `peer`
+/// (the client crate's connection to a proxy); returns how many.
+fn nodelay_to(peer: SocketAddr) -> usize {
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    let mut set = 0;
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: duplicates whatever the number names now (EBADF when
+        // nothing); the duplicate is owned, and closed, here alone.
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            continue;
+        }
+        // SAFETY: `dup` was just made and nothing else knows of it.
+        let stream = std::net::TcpStream::from(unsafe { OwnedFd::from_raw_fd(dup) });
+        if stream.peer_addr().is_ok_and(|p| p == peer) && stream.set_nodelay(true).is_ok() {
+            set += 1;
+        }
+    }
+    set
+}
 
 const CYCLES: u64 = 100;
 const TTL: Duration = Duration::from_secs(30);
@@ -59,22 +106,11 @@ async fn a_cycle_costs_what_the_floor_costs() {
         )
     };
 
-    let floor_proxy = FaultProxy::start(upstream).await.unwrap();
-    let floor = ZkFloor::connect(&url(&floor_proxy)).await.unwrap();
-    let expected = u64::from(floor.round_trips_per_cycle());
-    assert_eq!(expected, 2);
-    let counted = count(&floor_proxy, Duration::ZERO, || async {
-        floor.cycle("floor", TTL).await.expect("floor cycle");
-    })
-    .await;
-    println!("floor: {:.2} per cycle ({counted:?})", counted.per_cycle());
-    counted
-        .check(expected)
-        .expect("the floor costs what it declares");
-    assert_eq!(floor_proxy.connections(), 1, "the floor has one connection");
+    let expected = FLOOR_ROUND_TRIPS;
 
     let ours_proxy = FaultProxy::start(upstream).await.unwrap();
     let client = LockClient::new(lock_zk::connect(&url(&ours_proxy)).await.unwrap());
+    assert_eq!(nodelay_to(ours_proxy.addr()), 1, "one connection");
     let counted = count(&ours_proxy, tail, || waiting_cycle(&client, "wait")).await;
     println!(
         "lock(k).ttl(30s).wait(60s).acquire() + release(): {:.2} per cycle ({counted:?})",
@@ -140,6 +176,7 @@ async fn a_cycle_costs_what_the_floor_costs() {
             .await
             .unwrap(),
     ))));
+    assert_eq!(nodelay_to(broken_proxy.addr()), 1, "one connection");
     let counted = count(&broken_proxy, tail, || waiting_cycle(&broken, "broken")).await;
     println!(
         "broken (a look before each acquire): {:.2} per cycle ({counted:?})",
@@ -149,4 +186,18 @@ async fn a_cycle_costs_what_the_floor_costs() {
     counted
         .check(expected + 1)
         .expect("one extra request per cycle is counted once");
+
+    // The crate's own socket (Nagle's algorithm on): between the floor's
+    // count and one more per cycle, as the module docs say.
+    let plain_proxy = FaultProxy::start(upstream).await.unwrap();
+    let plain = LockClient::new(lock_zk::connect(&url(&plain_proxy)).await.unwrap());
+    let counted = count(&plain_proxy, tail, || waiting_cycle(&plain, "plain")).await;
+    println!(
+        "on the crate's own socket: {:.2} per cycle ({counted:?})",
+        counted.per_cycle()
+    );
+    assert!(
+        counted.check(expected).is_ok() || counted.check(expected + NAGLE).is_ok(),
+        "{counted:?}"
+    );
 }

@@ -1,8 +1,10 @@
 //! Read-write locks and semaphores against a real ZooKeeper server started
 //! here: exclusion observed under contention (and the same check catching
 //! a broken reader and a broken permit taker that write the recipe's nodes
-//! without obeying it), readers overlapping, writer preference, downgrade,
-//! tokens, limits, expiry of an unrenewed holder, and cancellation.
+//! without obeying it), readers overlapping, downgrade, tokens, limits,
+//! expiry of an unrenewed holder, and cancellation. Writer preference and
+//! a cancelled writer's wait are the suite's (`writers_are_not_starved`,
+//! `cancelled_share_waits_leave_nothing`).
 
 #[path = "shared/checks.rs"]
 mod checks;
@@ -109,71 +111,6 @@ async fn readers_share_and_writers_exclude() {
     assert_eq!(holders[0].kind, LeaseKind::Write);
     assert_eq!(holders[0].token, Some(w.token()));
     assert!(bs[2].release(&w).await.unwrap());
-}
-
-/// Once a writer waits, new readers (try and wait) queue behind it; a
-/// waiting writer that is cancelled stops blocking readers at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writer_preference_and_a_cancelled_writer() {
-    let Some((target, bs)) = started(3).await else {
-        return;
-    };
-    let k = key("prefer");
-    let r1 = take(&bs[0], &k, LeaseKind::Read, "r1").await;
-    let writer = spawn_wait(&bs[1], &k, LeaseKind::Write);
-    // Until the writer's node is there.
-    let dir = bs[0].rwlock_path(&k);
-    let raw = target.raw().await;
-    until_children(&raw, &dir, 2, "the writer never queued").await;
-    assert!(
-        refused(&bs[2], &k, LeaseKind::Read).await,
-        "a reader overtook a waiting writer"
-    );
-    let err = bs[2]
-        .acquire_kind(&k, LeaseKind::Read, TTL, soon(300))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Contended);
-    assert!(bs[0].release(&r1).await.unwrap());
-    let (_, w) = timeout(Duration::from_secs(5), writer)
-        .await
-        .unwrap()
-        .unwrap();
-    let w = w.expect("writer");
-    assert!(w.token() > r1.token());
-    assert!(bs[1].release(&w).await.unwrap());
-
-    // A waiting writer that is dropped: readers get in again at once.
-    let r1 = take(&bs[0], &k, LeaseKind::Read, "r1").await;
-    let waiting = spawn_wait(&bs[1], &k, LeaseKind::Write);
-    until_children(&raw, &dir, 2, "the writer never queued").await;
-    waiting.abort();
-    let dropped = Instant::now();
-    let r2 = timeout(Duration::from_secs(2), async {
-        loop {
-            if let Some(r) = bs[2]
-                .try_acquire_kind(&k, LeaseKind::Read, TTL)
-                .await
-                .unwrap()
-            {
-                return r;
-            }
-            sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("a cancelled writer kept blocking readers");
-    println!(
-        "reader admitted {:?} after the writer was dropped",
-        dropped.elapsed()
-    );
-    assert_eq!(
-        raw.list_children(&dir).await.unwrap().len(),
-        2,
-        "only the two readers are left"
-    );
-    assert!(bs[0].release(&r1).await.unwrap());
-    assert!(bs[2].release(&r2).await.unwrap());
 }
 
 /// Downgrade keeps the token, lets readers in, keeps a waiting writer out

@@ -8,14 +8,42 @@ use lock_core::{ErrorKind, Lease, LeaseKind, LockKey, Operation};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::super::ZkBackend;
-use super::super::session::{Session, synced};
-use super::super::waiting::{AttemptError, Queue, Recipe};
-use super::*;
+use super::nodes::{
+    LEASES, LOCKS, Pending, TRY_MUTEX_WAIT, create_sequential, error, limit_of, seq_u32,
+    wait_watched,
+};
+use crate::cleanup::Cleanup;
+use crate::connection::{Connection, Session, synced};
 use crate::error::{CallError, timed};
-use crate::paths::{self, LEASE_NAME, sequence_named};
+use crate::expiry::Expiry;
+use crate::keys::{self, LEASE_NAME, sequence_named};
+use crate::waiting::{self, AttemptError, Queue, Recipe, Waiting, granted, to_token};
 
-impl ZkBackend {
+/// Semaphores in Curator's `InterProcessSemaphoreV2` layout: one
+/// acquisition attempt.
+#[derive(Clone)]
+pub(crate) struct Semaphores {
+    conn: Arc<Connection>,
+    expiry: Expiry,
+    cleanup: Cleanup,
+    waiting: Waiting,
+}
+
+impl Semaphores {
+    pub(crate) fn new(
+        conn: Arc<Connection>,
+        expiry: Expiry,
+        cleanup: Cleanup,
+        waiting: Waiting,
+    ) -> Self {
+        Self {
+            conn,
+            expiry,
+            cleanup,
+            waiting,
+        }
+    }
+
     /// `count` lease nodes at `prefix`, created in one transaction (all or
     /// none). Returns their paths and the first one's `czxid` (a multi's
     /// creates answer without a stat: it is read once).
@@ -30,15 +58,15 @@ impl ZkBackend {
         operation: Operation,
         key: &LockKey,
     ) -> Result<(Vec<String>, i64), AttemptError> {
-        let timeout = self.op_timeout();
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let timeout = self.conn.op_timeout();
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.conn.acls());
         let mut missing_dir = 0;
         let created = loop {
             let mut writer = session.client.new_multi_writer();
             for _ in 0..count {
                 writer
                     .add_create(prefix, data.as_bytes(), &options)
-                    .map_err(|e| Self::fail(session, CallError::Zk(e), operation, key))?;
+                    .map_err(|e| waiting::fail(session, CallError::Zk(e), operation, key))?;
             }
             let err = match tokio::time::timeout(timeout, writer.commit()).await {
                 Ok(Ok(results)) => break results,
@@ -49,10 +77,12 @@ impl ZkBackend {
             // limit was read.
             if err.is(&zk::Error::NoNode) && missing_dir < 3 {
                 missing_dir += 1;
-                self.ensure_dir(session, leases, operation, key).await?;
+                self.waiting
+                    .ensure_dir(session, leases, operation, key)
+                    .await?;
                 continue;
             }
-            return Err(Self::fail(session, err, operation, key));
+            return Err(waiting::fail(session, err, operation, key));
         };
         let paths: Vec<String> = created
             .into_iter()
@@ -77,14 +107,14 @@ impl ZkBackend {
                 key,
                 format!("our lease node {first} was deleted at once"),
             ))),
-            Err(err) => Err(Self::fail(session, err, operation, key)),
+            Err(err) => Err(waiting::fail(session, err, operation, key)),
         }
     }
 
     /// One permit acquisition: the internal mutex, the limit check, the
     /// lease nodes, the wait for room (holding the mutex, as Curator does).
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn sem_attempt(
+    pub(crate) async fn sem_attempt(
         &self,
         session: &Arc<Session>,
         key: &LockKey,
@@ -96,7 +126,7 @@ impl ZkBackend {
     ) -> Result<Option<Lease>, AttemptError> {
         let leases = format!("{base}/{LEASES}");
         let locks = format!("{base}/{LOCKS}");
-        let timeout = self.op_timeout();
+        let timeout = self.conn.op_timeout();
         let mismatch = |theirs: u32| {
             AttemptError::Lock(error(
                 ErrorKind::InvalidArgument,
@@ -119,7 +149,7 @@ impl ZkBackend {
             }
             Ok(_) => {}
             Err(err) if err.is(&zk::Error::NoNode) => {}
-            Err(err) => return Err(Self::fail(session, err, operation, key)),
+            Err(err) => return Err(waiting::fail(session, err, operation, key)),
         }
         // The internal mutex (Curator's `<path>/locks`), FIFO.
         let mutex_deadline = deadline.unwrap_or_else(|| Instant::now() + TRY_MUTEX_WAIT);
@@ -132,7 +162,7 @@ impl ZkBackend {
             track: false,
             recipe: Recipe::Mutex,
         };
-        let mutex = match self.lock_in_recipe(queue).await {
+        let mutex = match self.waiting.lock_in_recipe(queue).await {
             Ok(Some(mutex)) => mutex,
             Ok(None) => return Ok(None),
             Err(err) if err.kind() == ErrorKind::Contended && deadline.is_none() => {
@@ -142,13 +172,17 @@ impl ZkBackend {
         };
         // The mutex may have been granted on a newer session (the one this
         // attempt began on was lost): go on with the session that holds it.
-        let session = &self.session(operation).await.map_err(AttemptError::Lock)?;
-        let mut pending = Pending::new(self, &session.client);
+        let session = &self
+            .conn
+            .session(operation)
+            .await
+            .map_err(AttemptError::Lock)?;
+        let mut pending = Pending::new(&self.cleanup, &session.client);
         let mutex_path = mutex
             .backend_data()
             .parse::<u32>()
             .ok()
-            .map(|seq| paths::node_path(&locks, mutex.owner(), seq));
+            .map(|seq| keys::node_path(&locks, mutex.owner(), seq));
         if let Some(path) = &mutex_path {
             pending
                 .nodes
@@ -166,13 +200,15 @@ impl ZkBackend {
         let (data, stat) = match timed(timeout, session.client.get_data(&leases)).await {
             Ok(found) => found,
             Err(err) if err.is(&zk::Error::NoNode) => {
-                self.ensure_dir(session, &leases, operation, key).await?;
+                self.waiting
+                    .ensure_dir(session, &leases, operation, key)
+                    .await?;
                 match timed(timeout, session.client.get_data(&leases)).await {
                     Ok(found) => found,
-                    Err(err) => return Err(Self::fail(session, err, operation, key)),
+                    Err(err) => return Err(waiting::fail(session, err, operation, key)),
                 }
             }
-            Err(err) => return Err(Self::fail(session, err, operation, key)),
+            Err(err) => return Err(waiting::fail(session, err, operation, key)),
         };
         let stored = limit_of(&data);
         if let Some(theirs) = stored.filter(|l| stat.num_children > 0 && *l != limit) {
@@ -189,34 +225,34 @@ impl ZkBackend {
             )
             .await
             {
-                return Err(Self::fail(session, err, operation, key));
+                return Err(waiting::fail(session, err, operation, key));
             }
         }
         // Our lease nodes: one create (whose reply carries the czxid), or
         // several at once in one transaction.
-        let owner = self.inner.owners.next();
+        let owner = self.expiry.next_owner();
         pending.sweeps.push((leases.clone(), owner));
-        let prefix = paths::named_prefix(&leases, owner, LEASE_NAME);
+        let prefix = keys::named_prefix(&leases, owner, LEASE_NAME);
         // Each lease node's data: the owner hex and the holder details, as
         // a mutex node's (Curator hands a lease's data to its user and
         // never reads it; the limit is the `leases` directory's data).
-        let node_data = paths::mutex_node_data(owner);
+        let node_data = keys::mutex_node_data(owner);
         let created_at = Instant::now();
         // One permit: the list of the leases is sent right behind the
         // lease's create (no round trip of its own), unwatched (a grant
         // would leave a watch armed).
         let (ours, first_czxid, mut first_list) = if count == 1 {
-            let (path, czxid, _, listed) = self
-                .create_sequential(
-                    session,
-                    &leases,
-                    &prefix,
-                    node_data.as_bytes(),
-                    operation,
-                    key,
-                    || timed(timeout, session.client.list_children(&leases)),
-                )
-                .await?;
+            let (path, czxid, _, listed) = create_sequential(
+                (&self.conn, &self.waiting),
+                session,
+                &leases,
+                &prefix,
+                node_data.as_bytes(),
+                operation,
+                key,
+                || timed(timeout, session.client.list_children(&leases)),
+            )
+            .await?;
             (vec![path], czxid, Some(listed))
         } else {
             let (ours, czxid) = self
@@ -264,7 +300,7 @@ impl ZkBackend {
             };
             let (children, watcher) = match listed {
                 Ok(listed) => listed,
-                Err(err) => return Err(Self::fail(session, err, operation, key)),
+                Err(err) => return Err(waiting::fail(session, err, operation, key)),
             };
             if !names.iter().all(|n| children.iter().any(|c| c == n)) {
                 if session.is_lost() {
@@ -295,7 +331,7 @@ impl ZkBackend {
                 let lease = granted(key, owner, token, (ttl, sent), data)?
                     .with_kind(LeaseKind::Permits { count, limit })
                     .with_session(session.state.clone());
-                self.schedule_shared(owner, ours.clone(), sent + ttl);
+                self.expiry.schedule_shared(owner, ours.clone(), sent + ttl);
                 // Only the mutex is left to delete.
                 pending.nodes.retain(|(dir, _, _)| *dir == locks);
                 pending.withdraw().await;

@@ -5,7 +5,7 @@
 //! A candidate creates an `EPHEMERAL_SEQUENTIAL` node
 //! `_c_<owner id as a UUID>-<escaped details>-latch-<sequence>` (Curator's
 //! protected name, so a create whose reply was lost is found again by its
-//! id; the holder details in the name, see `latch_names.rs`) whose data
+//! id; the holder details in the name, see `keys.rs`) whose data
 //! is its owner value (Curator's participant id, which must stay whole).
 //! The candidate whose node has the lowest sequence (the digits after the
 //! last `latch-`, Curator's sort) leads; the others watch the node just
@@ -26,8 +26,10 @@
 //! the directory's children when it is empty, on the directory's existence
 //! when it is missing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use lock_core::election::{ElectionInfo, ElectionPage, Leader, election_lock_key};
 use lock_core::{
     ErrorKind, FencingToken, Lease, ListQuery, LockError, LockKey, Operation, OwnerId, check_ttl,
@@ -35,26 +37,35 @@ use lock_core::{
 use tokio::time::{Instant, sleep_until};
 use zookeeper_client as zk;
 
-use super::admin::{PageBounds, escaped_keys};
-use super::session::Session;
-use super::waiting::{Queue, Recipe, bounded_wait, wait_lost};
-use super::{MIN_TTL, ZkBackend};
+use crate::admin::pages::{PageBounds, escaped_keys};
+use crate::config::MIN_TTL;
+use crate::connection::{Connection, Session};
 use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, ELECTION_PARENT, LATCH_NAME, owner_of, sequence_named};
+use crate::expiry::Expiry;
+use crate::keys::{self, ELECTION_PARENT, LATCH_NAME, owner_of, sequence_named};
+use crate::waiting::{Queue, Recipe, Waiting, bounded_wait, wait_lost};
 
 /// How many times a read retries when the node it found went meanwhile.
 const LOOKS: usize = 5;
 
-impl ZkBackend {
-    /// The ZooKeeper path (inside the chroot) of the election `election`'s
-    /// latch directory: `<root>/.election/<escaped name>`. A Curator
-    /// `LeaderLatch` on `<chroot>` + this path is a candidate of the same
-    /// election.
-    pub fn latch_path(&self, election: &LockKey) -> String {
-        paths::latch_dir(self.inner.config.root(), election)
+/// The `Elections` facet in Curator's `LeaderLatch` layout.
+#[derive(Clone)]
+pub(crate) struct Elections {
+    conn: Arc<Connection>,
+    expiry: Expiry,
+    waiting: Waiting,
+}
+
+impl Elections {
+    pub(crate) fn new(conn: Arc<Connection>, expiry: Expiry, waiting: Waiting) -> Self {
+        Self {
+            conn,
+            expiry,
+            waiting,
+        }
     }
 
-    pub(super) async fn campaign_latch(
+    pub(crate) async fn campaign_latch(
         &self,
         election: &LockKey,
         ttl: Duration,
@@ -63,8 +74,8 @@ impl ZkBackend {
         let key = election_lock_key(election).map_err(|e| e.with_backend(NAME))?;
         check_ttl(ttl, MIN_TTL, Operation::Acquire)
             .map_err(|e| e.with_key(&key).with_backend(NAME))?;
-        let dir = self.latch_path(election);
-        let attempt = self.lock_in_recipe(Queue {
+        let dir = keys::latch_dir(self.conn.config().root(), election);
+        let attempt = self.waiting.lock_in_recipe(Queue {
             key: &key,
             dir: &dir,
             ttl,
@@ -77,32 +88,34 @@ impl ZkBackend {
         bounded_wait(&key, deadline, ("campaign's deadline", why), attempt).await
     }
 
-    pub(super) async fn latch_leader(
+    pub(crate) async fn latch_leader(
         &self,
         election: &LockKey,
     ) -> Result<Option<Leader>, LockError> {
         let key = election_lock_key(election).map_err(|e| e.with_backend(NAME))?;
         let session = self
+            .conn
             .session(Operation::Inspect)
             .await
             .map_err(|e| e.with_key(&key))?;
-        let dir = self.latch_path(election);
+        let dir = keys::latch_dir(self.conn.config().root(), election);
         self.read_leader(&session, &dir, false)
             .await
             .map(|(leader, _)| leader)
             .map_err(|err| err.with_key(&key))
     }
 
-    pub(super) async fn watch_latch_leader(
+    pub(crate) async fn watch_latch_leader(
         &self,
         election: &LockKey,
         seen: Option<&Leader>,
         deadline: Instant,
     ) -> Result<Option<Leader>, LockError> {
         let key = election_lock_key(election).map_err(|e| e.with_backend(NAME))?;
-        let dir = self.latch_path(election);
+        let dir = keys::latch_dir(self.conn.config().root(), election);
         loop {
             let session = self
+                .conn
                 .session(Operation::Inspect)
                 .await
                 .map_err(|e| e.with_key(&key))?;
@@ -138,7 +151,7 @@ impl ZkBackend {
         watch: bool,
     ) -> Result<(Option<Leader>, Option<zk::OneshotWatcher>), LockError> {
         let fail = |err: CallError| err.into_lock_error(Operation::Inspect);
-        let timeout = self.op_timeout();
+        let timeout = self.conn.op_timeout();
         let client = &session.client;
         for _ in 0..LOOKS {
             let children = match timed(timeout, client.list_children(dir)).await {
@@ -159,7 +172,7 @@ impl ZkBackend {
                 }
                 Err(err) => return Err(fail(err)),
             };
-            let Some((_, first)) = paths::sorted_named(children, LATCH_NAME).into_iter().next()
+            let Some((_, first)) = keys::sorted_named(children, LATCH_NAME).into_iter().next()
             else {
                 if !watch {
                     return Ok((None, None));
@@ -212,15 +225,15 @@ impl ZkBackend {
     /// pipelined `getChildren` each, then one pipelined `getData` of each
     /// first candidate (3 round trips, at most `2 × limit + 1` requests,
     /// plus a look again at an election whose leader left in between).
-    pub(super) async fn list_latches(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+    pub(crate) async fn list_latches(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
         let (prefix, cursor, limit) = query.parts();
         let op = Operation::Inspect;
         let bounds = PageBounds::new(prefix, cursor, limit)?;
-        let session = self.session(op).await?;
+        let session = self.conn.session(op).await?;
         let client = &session.client;
-        let timeout = self.op_timeout();
-        let parent = format!("{}/{ELECTION_PARENT}", self.inner.config.root());
-        let children = self.children_of(&session, &parent, op).await?;
+        let timeout = self.conn.op_timeout();
+        let parent = format!("{}/{ELECTION_PARENT}", self.conn.config().root());
+        let children = self.conn.children_of(&session, &parent, op).await?;
         let (elections, next) = bounds.select(escaped_keys(children));
         let dirs: Vec<String> = elections
             .iter()
@@ -234,7 +247,7 @@ impl ZkBackend {
         let mut heads = Vec::with_capacity(dirs.len());
         for listing in listings {
             heads.push(match listing.await {
-                Ok(children) => paths::sorted_named(children, LATCH_NAME)
+                Ok(children) => keys::sorted_named(children, LATCH_NAME)
                     .into_iter()
                     .next()
                     .map(|(_, name)| name),
@@ -281,20 +294,48 @@ impl ZkBackend {
 
     /// The leader a latch node named `name` with `data` stands for.
     fn leader_of(&self, name: &str, data: &[u8], czxid: i64) -> Leader {
-        let clock = self.inner.clock;
+        let clock = self.expiry.clock();
         let seq = sequence_named(name, LATCH_NAME).and_then(|seq| u32::try_from(seq).ok());
         let remaining_ttl = owner_of(name).and_then(|owner: OwnerId| {
-            self.tracked(owner, |node| {
-                (Some(node.seq) == seq).then(|| clock.remaining(node.due, Instant::now()))
-            })
-            .flatten()
+            self.expiry
+                .tracked(owner, |node| {
+                    (Some(node.seq) == seq).then(|| clock.remaining(node.due, Instant::now()))
+                })
+                .flatten()
         });
         Leader {
             // In the name: the data is Curator's participant id, whole.
-            details: crate::latch_names::holder_details(name),
+            details: crate::keys::holder_details(name),
             holder: String::from_utf8_lossy(data).into_owned(),
             term: u64::try_from(czxid).ok().map(FencingToken::new),
             remaining_ttl,
         }
+    }
+}
+
+#[async_trait]
+impl lock_core::Elections for Elections {
+    async fn campaign(
+        &self,
+        election: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        self.campaign_latch(election, ttl, deadline).await
+    }
+
+    async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError> {
+        self.latch_leader(election).await
+    }
+
+    async fn watch_leader(
+        &self,
+        election: &LockKey,
+        seen: Option<&Leader>,
+        _poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<Leader>, LockError> {
+        // A ZooKeeper watch, never polling.
+        self.watch_latch_leader(election, seen, deadline).await
     }
 }

@@ -15,11 +15,14 @@ use lock_core::{
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::super::ZkBackend;
-use super::super::admin::{PageBounds, escaped_keys};
-use super::*;
+use std::sync::Arc;
+
+use super::nodes::{Held, LEASES, epoch_of, limit_of, rw_blocker, sorted_rw_nodes};
+use crate::admin::pages::{PageBounds, escaped_keys};
+use crate::connection::Connection;
 use crate::error::{CallError, NAME, timed};
-use crate::paths::{self, LEASE_NAME, RW_PARENT, SEM_PARENT, owner_of, sequence_named};
+use crate::expiry::Expiry;
+use crate::keys::{self, LEASE_NAME, RW_PARENT, SEM_PARENT, owner_of, sequence_named};
 
 /// A directory's children and data, and the stored epoch (a read-write
 /// lock's epoch node, 0 when none or not asked); `None` when the
@@ -120,12 +123,23 @@ fn held_of(shape: LockShape, children: Vec<String>, data: &[u8], stored: u64) ->
     }
 }
 
-impl ZkBackend {
+/// `holders` and `list_shared` of read-write locks and semaphores.
+#[derive(Clone)]
+pub(crate) struct SharedListing {
+    conn: Arc<Connection>,
+    expiry: Expiry,
+}
+
+impl SharedListing {
+    pub(crate) fn new(conn: Arc<Connection>, expiry: Expiry) -> Self {
+        Self { conn, expiry }
+    }
+
     /// The directory whose children are the nodes of `shape` locks, and
     /// the child of a key's directory they are in (a semaphore's
     /// `leases`).
     fn shape_parent(&self, shape: LockShape) -> Option<(String, Option<&'static str>)> {
-        let root = self.inner.config.root();
+        let root = self.conn.config().root();
         match shape {
             LockShape::ReadWrite => Some((format!("{root}/{RW_PARENT}"), None)),
             LockShape::Semaphore => Some((format!("{root}/{SEM_PARENT}"), Some(LEASES))),
@@ -141,7 +155,7 @@ impl ZkBackend {
         dir: &str,
         held: Vec<Held>,
     ) -> impl Future<Output = Result<Vec<HolderInfo>, CallError>> + Send + 'a {
-        let timeout = self.op_timeout();
+        let timeout = self.conn.op_timeout();
         let reads: Vec<_> = held
             .into_iter()
             .map(|(names, kind, token)| {
@@ -150,7 +164,7 @@ impl ZkBackend {
             })
             .collect();
         async move {
-            let clock = self.inner.clock;
+            let clock = self.expiry.clock();
             let mut out = Vec::with_capacity(reads.len());
             for (names, kind, token, read) in reads {
                 let (data, stat) = match read.await {
@@ -163,10 +177,12 @@ impl ZkBackend {
                 let token = token.or_else(|| u64::try_from(stat.czxid).ok());
                 let owner = owner_of(first);
                 let now = Instant::now();
-                let remaining_ttl =
-                    owner.and_then(|o| self.tracked_shared(o, |t| clock.remaining(t.due, now)));
+                let remaining_ttl = owner.and_then(|o| {
+                    self.expiry
+                        .tracked_shared(o, |t| clock.remaining(t.due, now))
+                });
                 out.push(HolderInfo {
-                    details: paths::details_of_data(&data),
+                    details: keys::details_of_data(&data),
                     kind,
                     holder: owner.map_or_else(|| first.clone(), OwnerId::to_hex),
                     token: token.map(FencingToken::new),
@@ -179,7 +195,7 @@ impl ZkBackend {
 
     /// `holders` of a read-write lock or a semaphore: the directory's
     /// children and data, then each holder's first node (2 round trips).
-    pub(in super::super) async fn shared_holders(
+    pub(crate) async fn shared_holders(
         &self,
         key: &LockKey,
         shape: LockShape,
@@ -188,19 +204,19 @@ impl ZkBackend {
         if self.shape_parent(shape).is_none() {
             return Ok(Vec::new());
         }
-        let session = self.session(op).await.map_err(|e| e.with_key(key))?;
+        let session = self.conn.session(op).await.map_err(|e| e.with_key(key))?;
         let client = &session.client;
         let fail = |err: CallError| err.into_lock_error(op).with_key(key);
-        let root = self.inner.config.root();
+        let root = self.conn.config().root();
         let (dir, epoch) = match shape {
             LockShape::ReadWrite => (
-                paths::rw_dir(root, key),
-                Some(paths::rw_epoch_path(root, key)),
+                keys::rw_dir(root, key),
+                Some(keys::rw_epoch_path(root, key)),
             ),
-            _ => (format!("{}/{LEASES}", paths::sem_dir(root, key)), None),
+            _ => (format!("{}/{LEASES}", keys::sem_dir(root, key)), None),
         };
         let Some((children, data, stored)) =
-            read_dir(client, &dir, epoch.as_deref(), self.op_timeout())
+            read_dir(client, &dir, epoch.as_deref(), self.conn.op_timeout())
                 .await
                 .map_err(fail)?
         else {
@@ -216,7 +232,7 @@ impl ZkBackend {
     /// read-write lock's epoch node) pipelined, then every holder's
     /// first node pipelined: at most `5 × limit + 1` requests plus one per
     /// holder, in 3 round trips.
-    pub(in super::super) async fn list_shared_page(
+    pub(crate) async fn list_shared_page(
         &self,
         shape: LockShape,
         query: &ListQuery,
@@ -232,21 +248,21 @@ impl ZkBackend {
             .with_backend(NAME));
         };
         let bounds = PageBounds::new(prefix, cursor, limit)?;
-        let session = self.session(op).await?;
+        let session = self.conn.session(op).await?;
         let client = &session.client;
-        let children = self.children_of(&session, &parent, op).await?;
+        let children = self.conn.children_of(&session, &parent, op).await?;
         let (keys, next) = bounds.select(escaped_keys(children));
         let dirs: Vec<String> = keys
             .iter()
             .map(|(name, _)| key_nodes_dir(&parent, name, child))
             .collect();
-        let timeout = self.op_timeout();
+        let timeout = self.conn.op_timeout();
         // Pipelined: every request is sent when its call is made.
-        let root = self.inner.config.root();
+        let root = self.conn.config().root();
         let epochs: Vec<Option<String>> = keys
             .iter()
             .map(|(name, _)| {
-                (shape == LockShape::ReadWrite).then(|| paths::rw_epoch_path_of(root, name))
+                (shape == LockShape::ReadWrite).then(|| keys::rw_epoch_path_of(root, name))
             })
             .collect();
         let listings: Vec<_> = dirs

@@ -373,3 +373,40 @@ fn node_paths_are_the_servers_names() {
     assert_eq!(owner_of(name), Some(owner));
     assert_eq!(sequence_of(name), Some(7));
 }
+
+/// A detailed latch name keeps the owner, the sequence and Curator's
+/// order (the digits after the last `latch-`), and gives the details
+/// back; plain names have none.
+#[test]
+fn latch_names_carry_the_details() {
+    let owner = OwnerId::random();
+    let details = details_component();
+    assert!(is_details_component(&details));
+    let path = named_node_path("/e", owner, &latch_name(&details), 7);
+    let name = path.strip_prefix("/e/").unwrap();
+    assert!(!name.contains('/'));
+    assert_eq!(owner_of(name), Some(owner));
+    assert_eq!(sequence_named(name, LATCH_NAME), Some(7));
+    assert_eq!(details_of_name(name), details);
+    let found = holder_details(name).expect("details");
+    assert_eq!(found.pid, std::process::id());
+    let curator = "_c_5f1e6c8e-0000-0000-0000-000000000000-latch-0000000003";
+    assert_eq!(holder_details(curator), None);
+    assert_eq!(details_of_name(curator), "");
+    let plain = named_node_path("/e", owner, LATCH_NAME, 9);
+    assert_eq!(holder_details(plain.strip_prefix("/e/").unwrap()), None);
+    let order: Vec<i64> = sorted_named(
+        vec![name.to_owned(), curator.to_owned(), "x".to_owned()],
+        LATCH_NAME,
+    )
+    .into_iter()
+    .map(|(seq, _)| seq)
+    .collect();
+    assert_eq!(order, [3, 7]);
+    // Curator's `fixForSorting`: the text after the last `latch-`.
+    let after = |n: &str| n[n.rfind(LATCH_NAME).unwrap() + LATCH_NAME.len()..].to_owned();
+    assert_eq!(after(name), "0000000007");
+    for bad in ["h%3Dx-latch-", "h%3Dx-latch-1a", "h;x-latch-1", "-latch-1"] {
+        assert_eq!(details_part(bad), None, "{bad}");
+    }
+}

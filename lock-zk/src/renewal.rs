@@ -22,23 +22,44 @@
 
 use std::sync::Arc;
 
-use lock_core::{ErrorKind, Lease, LockError, Operation, validity_deadline};
+use lock_core::{
+    ErrorKind, Lease, LeaseKind, LockError, Operation, SessionState, validity_deadline,
+};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::session::session_gone;
-use super::{NodeRef, Session, ZkBackend};
+use crate::connection::{Connection, Session, session_gone, synced};
 use crate::error::{CallError, NAME};
+use crate::expiry::Expiry;
+use crate::keys::{self, NodeRef};
+use crate::shared::SharedLocks;
 
 /// The most checks in one multi.
 const MAX_CHECKS: usize = 1_000;
 
-impl ZkBackend {
-    pub(super) async fn renew_batch(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+/// Renewals: one multi of existence checks per batch of mutex leases,
+/// read, write and permit leases one at a time.
+#[derive(Clone)]
+pub(crate) struct Renewal {
+    conn: Arc<Connection>,
+    expiry: Expiry,
+    shared: SharedLocks,
+}
+
+impl Renewal {
+    pub(crate) fn new(conn: Arc<Connection>, expiry: Expiry, shared: SharedLocks) -> Self {
+        Self {
+            conn,
+            expiry,
+            shared,
+        }
+    }
+
+    pub(crate) async fn renew_batch(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         let op = Operation::Renew;
         let mut results: Vec<Option<Result<Instant, LockError>>> =
             std::iter::repeat_with(|| None).take(leases.len()).collect();
-        let session: Arc<Session> = match self.session(op).await {
+        let session: Arc<Session> = match self.conn.session(op).await {
             Ok(session) => session,
             Err(err) => {
                 return leases
@@ -53,13 +74,13 @@ impl ZkBackend {
         for (index, lease) in leases.iter().enumerate() {
             if lease.kind() != lock_core::LeaseKind::Exclusive {
                 // Read, write and permit leases: one at a time.
-                results[index] = Some(self.renew_shared(lease).await);
+                results[index] = Some(self.shared.renew_shared(lease).await);
                 continue;
             }
             let ours = lease
                 .session()
                 .is_some_and(|s| s.same_channel(&session.state));
-            let Some(node) = self.lease_path(lease).filter(|_| ours) else {
+            let Some(node) = keys::lease_node(self.conn.config(), lease).filter(|_| ours) else {
                 // Not of this session (or not a node of ours): `renew_one` says why.
                 results[index] = Some(self.renew_one(lease).await);
                 continue;
@@ -72,7 +93,7 @@ impl ZkBackend {
                 continue;
             }
             // A lease this backend already gave up on is not revived.
-            if !self.tracked_until(lease, node.seq, sent) {
+            if !self.expiry.tracked_until(lease, node.seq, sent) {
                 results[index] = Some(Err(not_held(
                     lease,
                     "the lease's TTL ran out before this renewal; its node is deleted",
@@ -98,7 +119,7 @@ impl ZkBackend {
                                 Some(self.confirmed(leases[*index], node, &session, sent));
                         }
                         let (index, _) = &pending[failed];
-                        self.forget_expiry(leases[*index].owner());
+                        self.expiry.forget_expiry(leases[*index].owner());
                         results[*index] = Some(Err(not_held(
                             leases[*index],
                             "the lock node is gone (released, expired, or deleted)",
@@ -118,6 +139,90 @@ impl ZkBackend {
         lock_core::results_in_order(results, NAME)
     }
 
+    /// Renews one mutex lease, confirming its node from the leader's view
+    /// (`sync` + node check): the path of a lease that `renew_batch` does
+    /// not check in its multi (another session's, or not a node of ours).
+    pub(crate) async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
+        if lease.kind() != LeaseKind::Exclusive {
+            return self.shared.renew_shared(lease).await;
+        }
+        let not_held = |why: &str| {
+            LockError::new(ErrorKind::NotHeld, Operation::Renew, why.to_owned())
+                .with_key(lease.key())
+                .with_backend(NAME)
+        };
+        let Some(node) = keys::lease_node(self.conn.config(), lease) else {
+            return Err(not_held(
+                "the lease does not name a lock node of its key and owner",
+            ));
+        };
+        if lease
+            .session()
+            .is_some_and(|s| matches!(*s.borrow(), SessionState::Lost(_)))
+        {
+            return Err(not_held(
+                "the ZooKeeper session that held this lease is gone",
+            ));
+        }
+        let session = self
+            .conn
+            .session(Operation::Renew)
+            .await
+            .map_err(|e| e.with_key(lease.key()))?;
+        let sent = Instant::now();
+        // A lease this backend already gave up on (its TTL ran out without a
+        // renewal: the node is being deleted) is not revived. Every node
+        // granted on this session is tracked until released or expired.
+        let ours = lease
+            .session()
+            .is_some_and(|s| s.same_channel(&session.state));
+        if ours && !self.expiry.tracked_until(lease, node.seq, sent) {
+            return Err(not_held(
+                "the lease's TTL ran out before this renewal; its node is deleted",
+            ));
+        }
+        // Confirm the node from the leader's view: a follower cut off from
+        // the leader would still show it after the leader expired our
+        // session and granted the key to someone else (see `synced`).
+        match synced(
+            session.client.sync(node.dir()),
+            self.conn.op_timeout(),
+            session.client.check_stat(node.path()),
+        )
+        .await
+        {
+            Ok(None) => {
+                self.expiry.forget_expiry(lease.owner());
+                Err(not_held(
+                    "the lock node is gone (released, expired, or deleted)",
+                ))
+            }
+            Ok(Some(stat)) if u64::try_from(stat.czxid).ok() != Some(lease.token().get()) => {
+                Err(not_held("the lock node was re-created: not this grant"))
+            }
+            Ok(Some(stat)) if stat.ephemeral_owner != session.id => Err(LockError::new(
+                ErrorKind::Unsupported,
+                Operation::Renew,
+                "the lock node belongs to another ZooKeeper session: it lives as long as that \
+                 session and can be released, but not renewed, from here",
+            )
+            .with_key(lease.key())
+            .with_backend(NAME)),
+            Ok(Some(_)) => {
+                let ttl = lease.ttl().min(session.timeout);
+                // Our session's node, no longer tracked: its TTL ran out
+                // while the check was in flight (the delete is on its way).
+                if !self.expiry.extend(lease, node.seq, sent, ttl) {
+                    return Err(not_held(
+                        "the lease's TTL ran out before this renewal; its node is deleted",
+                    ));
+                }
+                Ok(validity_deadline(sent, ttl))
+            }
+            Err(err) => Err(err.into_lock_error(Operation::Renew).with_key(lease.key())),
+        }
+    }
+
     /// One multi of existence checks for `pending`.
     async fn check_all(
         &self,
@@ -130,7 +235,7 @@ impl ZkBackend {
                 .add_check_version(node.path(), -1)
                 .map_err(|e| Failed::Call(CallError::Zk(e)))?;
         }
-        let timeout = self.op_timeout();
+        let timeout = self.conn.op_timeout();
         match tokio::time::timeout(timeout, writer.commit()).await {
             Err(_) => Err(Failed::Call(CallError::TimedOut(timeout))),
             Ok(Ok(_)) => Ok(()),
@@ -153,7 +258,7 @@ impl ZkBackend {
         sent: Instant,
     ) -> Result<Instant, LockError> {
         let ttl = lease.ttl().min(session.timeout);
-        if self.extend(lease, node.seq, sent, ttl) {
+        if self.expiry.extend(lease, node.seq, sent, ttl) {
             Ok(validity_deadline(sent, ttl))
         } else {
             Err(not_held(

@@ -8,17 +8,44 @@ use lock_core::{ErrorKind, Lease, LeaseKind, LockKey, Operation};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::super::ZkBackend;
-use super::super::session::{Session, synced};
-use super::super::waiting::AttemptError;
-use super::*;
-use crate::error::timed;
-use crate::paths::{self, READ_NAME, WRITE_NAME};
+use super::nodes::{
+    Pending, create_sequential, epoch_of, error, rw_blocker, seq_u32, sorted_rw_nodes, wait_watched,
+};
+use crate::cleanup::Cleanup;
+use crate::connection::{Connection, Session, synced};
+use crate::error::{CallError, timed};
+use crate::expiry::Expiry;
+use crate::keys::{self, READ_NAME, WRITE_NAME};
+use crate::waiting::{self, AttemptError, Waiting, granted, to_token};
 
-impl ZkBackend {
+/// Read-write locks in Curator's `InterProcessReadWriteLock` layout: one
+/// acquisition attempt.
+#[derive(Clone)]
+pub(crate) struct RwLocks {
+    conn: Arc<Connection>,
+    expiry: Expiry,
+    cleanup: Cleanup,
+    waiting: Waiting,
+}
+
+impl RwLocks {
+    pub(crate) fn new(
+        conn: Arc<Connection>,
+        expiry: Expiry,
+        cleanup: Cleanup,
+        waiting: Waiting,
+    ) -> Self {
+        Self {
+            conn,
+            expiry,
+            cleanup,
+            waiting,
+        }
+    }
+
     /// One read or write acquisition with a fresh attempt id on `session`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn rw_attempt(
+    pub(crate) async fn rw_attempt(
         &self,
         session: &Arc<Session>,
         key: &LockKey,
@@ -29,18 +56,18 @@ impl ZkBackend {
         operation: Operation,
     ) -> Result<Option<Lease>, AttemptError> {
         let write = kind == LeaseKind::Write;
-        let epoch_path = paths::rw_epoch_path(self.inner.config.root(), key);
-        let owner = self.inner.owners.next();
+        let epoch_path = keys::rw_epoch_path(self.conn.config().root(), key);
+        let owner = self.expiry.next_owner();
         let name = if write { WRITE_NAME } else { READ_NAME };
-        let mut pending = Pending::new(self, &session.client);
+        let mut pending = Pending::new(&self.cleanup, &session.client);
         // Armed before the create: a future dropped while it is in flight
         // has its node found by the attempt id.
         pending.sweeps.push((dir.to_owned(), owner));
-        let prefix = paths::named_prefix(dir, owner, name);
+        let prefix = keys::named_prefix(dir, owner, name);
         let created_at = Instant::now();
         // The holder details ride in the create (no extra request), after
         // the owner hex, as in a mutex node (Curator never reads this data).
-        let data = paths::mutex_node_data(owner);
+        let data = keys::mutex_node_data(owner);
         let client = &session.client;
         // The children and the directory's data (the write epoch a reader
         // carries), the three requests made when this is called and sent
@@ -59,9 +86,17 @@ impl ZkBackend {
                 Ok::<_, zk::Error>((children, epoch))
             }
         };
-        let (path, czxid, seq, first_read) = match self
-            .create_sequential(session, dir, &prefix, data.as_bytes(), operation, key, read)
-            .await
+        let (path, czxid, seq, first_read) = match create_sequential(
+            (&self.conn, &self.waiting),
+            session,
+            dir,
+            &prefix,
+            data.as_bytes(),
+            operation,
+            key,
+            read,
+        )
+        .await
         {
             Ok(created) => created,
             Err(err) => {
@@ -73,7 +108,7 @@ impl ZkBackend {
         pending.nodes.push((dir.to_owned(), path.clone(), owner));
         let node_name = path[dir.len() + 1..].to_owned();
         let mut after_create = Some((created_at, first_read));
-        let timeout = self.op_timeout();
+        let timeout = self.conn.op_timeout();
         loop {
             let (sent, listed) = match after_create.take() {
                 Some((sent, first_read)) => (sent, timed(timeout, first_read).await),
@@ -84,7 +119,7 @@ impl ZkBackend {
             };
             let (children, epoch) = match listed {
                 Ok(listed) => listed,
-                Err(err) => return Err(Self::fail(session, err, operation, key)),
+                Err(err) => return Err(waiting::fail(session, err, operation, key)),
             };
             let nodes = sorted_rw_nodes(children);
             let Some(index) = nodes.iter().position(|n| n.name == node_name) else {
@@ -109,7 +144,7 @@ impl ZkBackend {
                     // grant is handed out, so every read granted after
                     // this writer releases reads it.
                     if let Err(err) = self.store_epoch(client, dir, &epoch_path, token).await {
-                        return Err(Self::fail(session, err, operation, key));
+                        return Err(waiting::fail(session, err, operation, key));
                     }
                     token
                 } else {
@@ -121,7 +156,7 @@ impl ZkBackend {
                     .with_kind(kind)
                     .with_session(session.state.clone());
                 pending.disarm();
-                self.schedule_shared(owner, vec![path], sent + ttl);
+                self.expiry.schedule_shared(owner, vec![path], sent + ttl);
                 return Ok(Some(lease));
             };
             let Some(deadline) = deadline else {
@@ -133,7 +168,8 @@ impl ZkBackend {
                 client.check_and_watch_stat(&format!("{dir}/{blocker}")),
             )
             .await;
-            let Some(watcher) = Self::watcher_if_present(session, watched, operation, key)? else {
+            let Some(watcher) = waiting::watcher_if_present(session, watched, operation, key)?
+            else {
                 continue;
             };
             let why = "still held by another owner at the wait deadline";
@@ -149,7 +185,7 @@ impl ZkBackend {
     }
 
     /// Stores a write grant's `token` as the key's epoch: in the epoch node
-    /// (persistent; see [`paths::rw_epoch_path`]) and in the directory's
+    /// (persistent; see [`keys::rw_epoch_path`]) and in the directory's
     /// data (what earlier versions read). One exchange: the node's create
     /// (refused once it exists) and its `setData` go together, in that
     /// order, with the directory's; only the very first write under a root
@@ -162,8 +198,8 @@ impl ZkBackend {
         token: u64,
     ) -> Result<(), CallError> {
         let value = token.to_string();
-        let timeout = self.op_timeout();
-        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        let timeout = self.conn.op_timeout();
+        let options = zk::CreateMode::Persistent.with_acls(self.conn.acls());
         let parent = &epoch_path[..epoch_path.rfind('/').unwrap_or(0)];
         let mut parent_made = false;
         loop {

@@ -1,4 +1,8 @@
-//! Key escaping and lock node names.
+//! The key layout: how a [`LockKey`] becomes ZooKeeper directories and
+//! node names. Public so that other code (the benchmark floor in
+//! `lock-bench`, tools that inspect an ensemble) takes exactly the
+//! driver's nodes; the driver itself is used through [`crate::ZkBackend`].
+//!
 //!
 //! - A key becomes one path component under the lock root: every byte
 //!   outside `[A-Za-z0-9_-]` is percent-encoded (`%2F` for `/`, `%2E` for
@@ -19,9 +23,9 @@
 //!   pattern (`__lock__(-?\d{10})$`) matches it. Its owner is read back
 //!   from the 32 digits before `__lock__`.
 
-use lock_core::{LockKey, OwnerId};
+use lock_core::{Lease, LockKey, OwnerId};
 
-use crate::config::{ZkLayout, ZkNodeNames};
+use crate::config::{ZkConfig, ZkLayout, ZkNodeNames};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 /// Everything but `[A-Za-z0-9_-]` is escaped.
@@ -31,7 +35,7 @@ pub(crate) const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'_').remove(b'
 const PROTECTED_PREFIX: &str = "_c_";
 /// The lock name Curator's `InterProcessMutex` uses; nodes sort on what
 /// follows it.
-pub(crate) const LOCK_NAME: &str = "lock-";
+pub const LOCK_NAME: &str = "lock-";
 /// The node name of kazoo's `Lock` and `WriteLock` (`<uuid hex>__lock__<seq>`).
 pub(crate) const KAZOO_LOCK_NAME: &str = "__lock__";
 /// The node name of kazoo's `ReadLock` (`<uuid hex>__rlock__<seq>`).
@@ -41,7 +45,7 @@ pub(crate) const READ_NAME: &str = "__READ__";
 /// The write node name of Curator's `InterProcessReadWriteLock`.
 pub(crate) const WRITE_NAME: &str = "__WRIT__";
 /// The lease node name of Curator's `InterProcessSemaphoreV2`.
-pub(crate) const LEASE_NAME: &str = "lease-";
+pub const LEASE_NAME: &str = "lease-";
 /// The candidate node name of Curator's `LeaderLatch`.
 pub(crate) const LATCH_NAME: &str = "latch-";
 /// Every node name this driver creates (after the protected prefix).
@@ -101,7 +105,7 @@ pub(crate) fn rw_epoch_path_of(root: &str, escaped: &str) -> String {
 /// The directory of `key`'s semaphore: `<root>/.semaphore/<escaped key>`
 /// (Curator's `InterProcessSemaphoreV2` path: its `locks` and `leases`
 /// children are below it).
-pub(crate) fn sem_dir(root: &str, key: &LockKey) -> String {
+pub fn sem_dir(root: &str, key: &LockKey) -> String {
     format!(
         "{root}/{SEM_PARENT}/{}",
         utf8_percent_encode(key.as_str(), COMPONENT)
@@ -143,7 +147,7 @@ fn push_sequence(path: &mut String, seq: u32) {
 
 /// The path prefix of `owner`'s node named `name` in `dir` (the server
 /// appends the sequence number to a sequential create).
-pub(crate) fn named_prefix(dir: &str, owner: OwnerId, name: &str) -> String {
+pub fn named_prefix(dir: &str, owner: OwnerId, name: &str) -> String {
     let mut path = node_path_prefix(dir, owner);
     path.truncate(path.len() - LOCK_NAME.len());
     path.push_str(name);
@@ -178,7 +182,7 @@ pub(crate) fn sequence_named(node: &str, name: &str) -> Option<i64> {
 }
 
 /// The directory holding `key`'s lock nodes.
-pub(crate) fn key_dir(root: &str, key: &LockKey) -> String {
+pub fn key_dir(root: &str, key: &LockKey) -> String {
     key_dir_of(root, key.as_str())
 }
 
@@ -274,7 +278,7 @@ pub(crate) fn details_of_data(data: &[u8]) -> Option<lock_core::HolderDetails> {
 }
 
 /// Whether `dir` is [`key_dir`]`(root, key)`, without building it.
-pub(crate) fn is_key_dir(root: &str, key: &LockKey, dir: &str) -> bool {
+pub fn is_key_dir(root: &str, key: &LockKey, dir: &str) -> bool {
     let Some(mut rest) = dir.strip_prefix(root).and_then(|r| r.strip_prefix('/')) else {
         return false;
     };
@@ -298,7 +302,7 @@ pub(crate) fn node_prefix(owner: OwnerId) -> String {
 
 /// The path prefix of `owner`'s lock node in `dir`, built in one allocation
 /// with room for the sequence number the server appends.
-pub(crate) fn node_path_prefix(dir: &str, owner: OwnerId) -> String {
+pub fn node_path_prefix(dir: &str, owner: OwnerId) -> String {
     let mut path = String::with_capacity(dir.len() + 1 + PREFIX_LEN + 10);
     path.push_str(dir);
     path.push('/');
@@ -326,12 +330,13 @@ fn push_node_prefix(out: &mut String, owner: OwnerId) {
 }
 
 /// The owner id embedded in one of our node names, if it is one.
-pub(crate) fn owner_of(name: &str) -> Option<OwnerId> {
+pub fn owner_of(name: &str) -> Option<OwnerId> {
     let rest = name.strip_prefix(PROTECTED_PREFIX)?;
     let uuid = rest.get(..36)?;
-    if !rest[36..].strip_prefix('-').is_some_and(|r| {
-        NAMES.iter().any(|n| r.starts_with(n)) || crate::latch_names::details_part(r).is_some()
-    }) {
+    if !rest[36..]
+        .strip_prefix('-')
+        .is_some_and(|r| NAMES.iter().any(|n| r.starts_with(n)) || details_part(r).is_some())
+    {
         return None;
     }
     // The 32 digits without the 4 dashes, on the stack.
@@ -360,7 +365,7 @@ pub(crate) fn sequence_of(name: &str) -> Option<i64> {
 }
 
 /// Lock nodes among `children`, in grant order (sequence, then name).
-pub(crate) fn sorted_lock_nodes(children: Vec<String>) -> Vec<(i64, String)> {
+pub fn sorted_lock_nodes(children: Vec<String>) -> Vec<(i64, String)> {
     sorted_named(children, LOCK_NAME)
 }
 
@@ -442,12 +447,177 @@ pub(crate) fn mutex_owner_of(name: &str) -> Option<OwnerId> {
 }
 
 /// Splits a lock node path into its directory and name.
-pub(crate) fn split_node(path: &str) -> Option<(&str, &str)> {
+pub fn split_node(path: &str) -> Option<(&str, &str)> {
     let (dir, name) = path.rsplit_once('/')?;
     if dir.is_empty() || name.is_empty() {
         return None;
     }
     Some((dir, name))
+}
+
+// ---- Latch node names ----
+//
+// The names of our election candidates' latch nodes, which carry the
+// holder details.
+//
+// A latch node's data is Curator's participant id: `LeaderLatch`'s
+// `getLeader()` and `getParticipants()` read the whole data as the id
+// (`new String(bytes, UTF-8)`), so nothing can follow our owner hex there
+// without changing the id Curator reports. The details go in the name
+// instead: `_c_<owner id as a UUID>-<escaped details>-latch-<sequence>`.
+// Curator sorts latch nodes on the text after the *last* `latch-`
+// (`fixForSorting`), so these names rank by their sequence number among
+// Curator's `_c_<uuid>-latch-<sequence>` nodes; our own order (the digits
+// after the last `latch-`) is the same. The details are
+// [`HolderDetails::encode_current`]'s text percent-encoded as a key
+// component (`[A-Za-z0-9_-]` kept, so the name holds no `/`), a few
+// hundred bytes at most. A plain `_c_<uuid>-latch-<seq>` (Curator's, or an
+// earlier version of ours) has no details.
+
+/// The separator between the details and the latch name.
+const DETAILED_LATCH: &str = "-latch-";
+
+/// This process's details for a candidacy starting now, escaped for a
+/// node name.
+pub(crate) fn details_component() -> String {
+    utf8_percent_encode(&lock_core::HolderDetails::encode_current(), COMPONENT).to_string()
+}
+
+/// What follows `_c_<uuid>-` in a latch node's name before the sequence:
+/// `latch-` without details, `<details>-latch-` with them.
+pub(crate) fn latch_name(details: &str) -> String {
+    if details.is_empty() {
+        LATCH_NAME.to_owned()
+    } else {
+        format!("{details}{DETAILED_LATCH}")
+    }
+}
+
+/// Whether `text` is escaped details as [`details_component`] writes them
+/// (possibly empty).
+pub(crate) fn is_details_component(text: &str) -> bool {
+    text.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'%'))
+}
+
+/// The escaped details in what follows `_c_<uuid>-` in a node's name
+/// (`<details>-latch-<digits>`): `None` when it is no detailed latch name.
+pub(crate) fn details_part(rest: &str) -> Option<&str> {
+    let at = rest.rfind(DETAILED_LATCH)?;
+    let digits = &rest[at + DETAILED_LATCH.len()..];
+    let details = &rest[..at];
+    (!details.is_empty()
+        && !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && is_details_component(details))
+    .then_some(details)
+}
+
+/// The escaped details in a latch node `name` of ours (`""` for a plain
+/// latch name, Curator's or an earlier version of ours).
+pub(crate) fn details_of_name(name: &str) -> &str {
+    name.strip_prefix("_c_")
+        .and_then(|rest| rest.get(37..))
+        .and_then(details_part)
+        .unwrap_or("")
+}
+
+/// The holder details a latch node's name carries, if any.
+pub(crate) fn holder_details(name: &str) -> Option<lock_core::HolderDetails> {
+    let escaped = details_of_name(name);
+    if escaped.is_empty() {
+        return None;
+    }
+    lock_core::HolderDetails::decode(
+        &percent_encoding::percent_decode_str(escaped)
+            .decode_utf8()
+            .ok()?,
+    )
+}
+
+// ---- Leases: the node a lease names ----
+
+/// The `backend_data` prefix of an election (latch node) lease.
+pub(crate) const LATCH_DATA: &str = "latch:";
+
+/// The `backend_data` prefix of a mutex lease on a kazoo-named node.
+pub(crate) const KAZOO_DATA: &str = "kazoo:";
+
+/// A lease's lock node (see [`lease_node`]).
+pub(crate) struct NodeRef {
+    pub(crate) path: String,
+    pub(crate) dir_len: usize,
+    pub(crate) seq: u32,
+}
+
+impl NodeRef {
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub(crate) fn dir(&self) -> &str {
+        &self.path[..self.dir_len]
+    }
+}
+
+/// The lock node of `lease`: its key's directory, a name carrying the
+/// lease's owner id, and the sequence number the lease stores (its
+/// `backend_data`, the digits alone: the rest of the path follows from
+/// the key and the owner, so a held lease keeps a few bytes instead of
+/// the whole path). A full path (what earlier versions stored) is
+/// accepted when it is a lock node of the lease's key and owner.
+/// Anything else is not a lease of ours and is never acted on.
+pub(crate) fn lease_node(config: &ZkConfig, lease: &Lease) -> Option<NodeRef> {
+    let data = lease.backend_data();
+    let root = config.root();
+    if let Some(latch) = data.strip_prefix(LATCH_DATA) {
+        // An election's latch node (see elections.rs), its name with the
+        // details (`latch:<seq>;<details>`) or without (`latch:<seq>`,
+        // an earlier version's).
+        let election = lease.key().as_str().strip_prefix("election/")?;
+        let (seq, details) = latch.split_once(';').unwrap_or((latch, ""));
+        if seq.is_empty()
+            || !seq.bytes().all(|b| b.is_ascii_digit())
+            || !is_details_component(details)
+        {
+            return None;
+        }
+        let seq: u32 = seq.parse().ok()?;
+        let dir = latch_dir_of(root, election);
+        let name = latch_name(details);
+        return Some(NodeRef {
+            dir_len: dir.len(),
+            path: named_node_path(&dir, lease.owner(), &name, seq),
+            seq,
+        });
+    }
+    if data.starts_with('/') {
+        let (node_dir, name) = split_node(data)?;
+        let seq = u32::try_from(mutex_sequence_of(name)?).ok()?;
+        return (is_mutex_dir(root, config.layout(), lease.key(), node_dir)
+            && mutex_owner_of(name) == Some(lease.owner()))
+        .then(|| NodeRef {
+            path: data.to_owned(),
+            dir_len: node_dir.len(),
+            seq,
+        });
+    }
+    // A kazoo-named node (`nodes=kazoo`) says so in its data, so any
+    // backend on the key's directory finds it whatever its own setting.
+    let (nodes, data) = match data.strip_prefix(KAZOO_DATA) {
+        Some(seq) => (ZkNodeNames::Kazoo, seq),
+        None => (ZkNodeNames::Curator, data),
+    };
+    if data.is_empty() || !data.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let seq: u32 = data.parse().ok()?;
+    let dir = mutex_dir_of(root, config.layout(), lease.key().as_str());
+    Some(NodeRef {
+        dir_len: dir.len(),
+        path: mutex_node_path(&dir, lease.owner(), nodes, seq),
+        seq,
+    })
 }
 
 #[cfg(test)]
