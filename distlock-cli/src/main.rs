@@ -39,6 +39,9 @@ mod exit {
     /// `run`/`elect`: the lock was lost before the command started (it
     /// did not run).
     pub(crate) const LOST_BEFORE_START: u8 = 77;
+    /// `run --once-per`: a run under this lock succeeded within the period;
+    /// the command was skipped.
+    pub(crate) const RAN_RECENTLY: u8 = 78;
     /// The command could not be started.
     pub(crate) const CANNOT_EXEC: u8 = 126;
 }
@@ -166,6 +169,20 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         /// Exit code when the lock could not be had within --wait.
         #[arg(long, default_value_t = exit::CONTENDED)]
         conflict_exit_code: u8,
+        /// Keep the lock until at least this long after it was granted,
+        /// even when the command ends sooner (the process stays to renew
+        /// it): a job started on several hosts with skewed clocks runs
+        /// once per window (with --wait 0).
+        #[arg(long, value_parser = duration_arg)]
+        at_least: Option<Duration>,
+        /// Run the command only if no run under this lock succeeded within
+        /// this period (at most 24h): a successful run leaves a record
+        /// beside the lock, written only while the lock is still held,
+        /// that lasts the period; a host that gets the lock within it
+        /// skips the command and exits 78. A failed or fenced-out run
+        /// does not count.
+        #[arg(long, value_parser = duration_arg)]
+        once_per: Option<Duration>,
         #[command(flatten)]
         kind: KindArgs,
         /// The lock's name.
@@ -207,6 +224,23 @@ deadline; --kill-after may be at most 4.5s (TTL/2 - margin).")]
         /// The command and its arguments (after --).
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Write stdin to FILE only if the fencing token is not below the last
+    /// token that wrote FILE (kept in FILE.fence): the resource side of
+    /// `run`'s DISTLOCK_FENCING_TOKEN for a job that writes a file. Replaces
+    /// FILE atomically (or appends with --append); a stale token changes
+    /// nothing and exits 76.
+    #[command(after_help = "Example:
+  distlock --url redis://127.0.0.1:6379 run nightly -- sh -c './report | distlock fence-write out/report.txt'")]
+    FenceWrite {
+        /// Append instead of replacing.
+        #[arg(long)]
+        append: bool,
+        /// The writer's fencing token (set by `distlock run`).
+        #[arg(long, env = "DISTLOCK_FENCING_TOKEN")]
+        token: u64,
+        /// The file to write.
+        file: std::path::PathBuf,
     },
     /// Take a lock and print a handle for `renew` / `release` (the lock is
     /// not renewed: it expires with its TTL unless renewed).
@@ -441,6 +475,8 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             on_lost,
             kill_after,
             conflict_exit_code,
+            at_least,
+            once_per,
             kind,
             key,
             command,
@@ -452,6 +488,8 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
                     key,
                     kind: kind.kind(),
                     election: None,
+                    at_least,
+                    once_per,
                     ttl,
                     wait,
                     on_lost,
@@ -483,11 +521,18 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
                     kill_after,
                     conflict_exit_code,
                     election: Some(name),
+                    at_least: None,
+                    once_per: None,
                     command,
                 },
             )
             .await
         }
+        Command::FenceWrite {
+            append,
+            token,
+            file,
+        } => fence_write(&file, token, append),
         Command::Acquire {
             ttl,
             wait,
@@ -613,4 +658,26 @@ fn url_help() -> String {
         help.push_str(driver.summary);
     }
     help
+}
+
+/// `fence-write`: stdin to `file`, fenced by `token`.
+fn fence_write(file: &std::path::Path, token: u64, append: bool) -> Result<u8, LockError> {
+    use std::io::Read;
+    let mut contents = Vec::new();
+    if let Err(err) = std::io::stdin().read_to_end(&mut contents) {
+        eprintln!("distlock: cannot read stdin: {err}");
+        return Ok(exit::USAGE);
+    }
+    let token = lock_core::FencingToken::new(token);
+    match lock_fence::file::write(file, token, &contents, append) {
+        Ok(()) => Ok(0),
+        Err(err @ lock_fence::FenceError::Stale { .. }) => {
+            eprintln!("distlock: {err}; {} left unchanged", file.display());
+            Ok(exit::LOCK_LOST)
+        }
+        Err(err) => {
+            eprintln!("distlock: cannot write {}: {err}", file.display());
+            Ok(exit::UNAVAILABLE)
+        }
+    }
 }

@@ -4,7 +4,9 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use distlock::format_duration;
-use lock_core::{LockClient, LockError, LockGuard, LockState};
+use lock_core::{
+    LockBackendExt, LockClient, LockError, LockGuard, LockKey, LockState, RESERVED_KEY_PREFIX,
+};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep_until};
@@ -42,7 +44,21 @@ pub(crate) struct RunArgs {
     /// For `elect`: the election's name (the command also sees
     /// DISTLOCK_ELECTION and DISTLOCK_TERM).
     pub(crate) election: Option<String>,
+    /// Keep the lock until at least this long after the grant, even when
+    /// the command ends sooner.
+    pub(crate) at_least: Option<Duration>,
+    /// Skip the command when a run of it under this lock succeeded within
+    /// this period (the "last run" record, [`last_run_key`]).
+    pub(crate) once_per: Option<Duration>,
     pub(crate) command: Vec<String>,
+}
+
+/// The key of the "last run" record of `--once-per` for lock `key`: a
+/// reserved key beside the lock, granted with a TTL of the period when a
+/// run succeeds and never renewed, so it says "a run succeeded within the
+/// period" for exactly that long.
+pub(crate) fn last_run_key(key: &str) -> Result<LockKey, LockError> {
+    LockKey::new(format!("{RESERVED_KEY_PREFIX}last-run/{key}"))
 }
 
 /// How long before the lock's local deadline the command must be gone:
@@ -83,6 +99,17 @@ pub(crate) fn stop_plan(
 /// Acquires, runs the command with the lock held (renewed), releases.
 /// Returns the process exit code.
 pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockError> {
+    let last_run = match args.once_per {
+        Some(period) => {
+            lock_core::check_ttl(
+                period,
+                Duration::from_millis(10),
+                lock_core::Operation::Validate,
+            )?;
+            Some(last_run_key(&args.key)?)
+        }
+        None => None,
+    };
     let granted = match &args.election {
         // The driver's own election layout (etcd's, Curator's LeaderLatch)
         // where it has one.
@@ -118,6 +145,28 @@ pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockEr
         }
         Err(err) => return Err(err),
     };
+    let granted_at = Instant::now();
+    // `--once-per`: read under the lock, so that no run can record itself
+    // between this look and ours.
+    if let Some(record) = &last_run {
+        match client.backend().inspect(record).await {
+            Ok(Some(info)) => {
+                eprintln!(
+                    "distlock: {:?} already ran within the period (last run's record expires in {}); skipping the command",
+                    args.key,
+                    info.remaining_ttl
+                        .map_or_else(|| "its TTL".to_owned(), format_duration)
+                );
+                let _ = guard.release().await;
+                return Ok(exit::RAN_RECENTLY);
+            }
+            Ok(None) => {}
+            Err(err) => {
+                let _ = guard.release().await;
+                return Err(err);
+            }
+        }
+    }
     let Some((program, rest)) = args.command.split_first() else {
         let _ = guard.release().await;
         return Err(LockError::invalid_argument(
@@ -172,6 +221,14 @@ pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockEr
     // The keeper has ended (or is being waited for no more): closing the
     // watch pipe now only tells a keeper still alive to stop everything.
     drop(watch);
+    if let Supervised::Exited(status) = &outcome {
+        if let (Some(record), Some(period), true) = (&last_run, args.once_per, status.success()) {
+            record_run(client, &guard, record, period).await;
+        }
+        if let Some(at_least) = args.at_least {
+            hold_until(&guard, granted_at + at_least).await;
+        }
+    }
     let released = guard.release().await;
     match outcome {
         Supervised::Exited(status) => {
@@ -193,6 +250,48 @@ pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockEr
         Supervised::WaitFailed(err) => {
             eprintln!("distlock: waiting for the command failed: {err}");
             Ok(exit::UNAVAILABLE)
+        }
+    }
+}
+
+/// Records a successful run for `--once-per`, fenced by the lock: the
+/// lease is renewed first, a round trip that proves the lock is still ours
+/// and keeps it ours for a TTL, inside which the record is written. A run
+/// whose lock was lost (broken, expired: the next holder may have started
+/// its own run) is not recorded.
+async fn record_run(client: &LockClient, guard: &LockGuard, record: &LockKey, period: Duration) {
+    let margin = stop_margin(guard.lease().ttl());
+    let proven = match client.backend().renew(&guard.lease()).await {
+        Ok(valid_until) => guard.is_held() && valid_until > Instant::now() + margin,
+        Err(_) => false,
+    };
+    if !proven {
+        eprintln!(
+            "distlock: warning: lock {:?} is no longer ours: this run is not recorded for --once-per",
+            guard.key().as_str()
+        );
+        return;
+    }
+    match client.backend().try_acquire(record, period).await {
+        Ok(Some(_)) => {}
+        Ok(None) => eprintln!(
+            "distlock: warning: the last-run record of {:?} was already set",
+            guard.key().as_str()
+        ),
+        Err(err) => eprintln!("distlock: warning: cannot record the run for --once-per: {err}"),
+    }
+}
+
+/// `--at-least`: keeps the lock (renewed) until `until`, or until it is
+/// lost.
+async fn hold_until(guard: &LockGuard, until: Instant) {
+    if Instant::now() >= until {
+        return;
+    }
+    tokio::select! {
+        () = sleep_until(until) => {}
+        reason = guard.lost() => {
+            eprintln!("distlock: lock {:?} ended before --at-least passed ({reason})", guard.key().as_str());
         }
     }
 }
