@@ -1,4 +1,4 @@
-//! The driver's own plaintext channel (`src/channel.rs`) leaves a member
+//! The driver's own plaintext channel (`src/connection/channel.rs`) leaves a member
 //! that cannot serve: one whose connection stops answering (found by the
 //! keep-alive PING, with no call in flight), and one cut off from its
 //! peers (found by calls its callers give up on, or its `Unavailable`

@@ -135,3 +135,91 @@ async fn a_holder_cut_from_two_members_fails_over_or_is_told_first() {
     let cut = Cut::HolderFrom(vec!["m0".to_owned(), "m1".to_owned()]);
     assert_under_cut_safe(&env, &cut, "etcd holder cut from two of three members").await;
 }
+
+/// Acquires and releases `key` once with a 60 s TTL (the session's
+/// keep-alives make no call during the test), every call bounded by the
+/// URL's `timeout`; `Err` carries the error's text.
+async fn cycle(backend: &lock_etcd::EtcdBackend, key: &lock_core::LockKey) -> Result<(), String> {
+    use lock_core::{LockBackend, LockBackendExt};
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let lease = backend
+        .acquire(key, Duration::from_secs(60), deadline)
+        .await
+        .map_err(|e| e.to_string())?;
+    backend.release(&lease).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// A client that reaches every member of a three-member cluster, and lists
+/// first a follower that is then cut from its two peers (in the kernel,
+/// while the client still reaches it): within 20 s its cycles succeed
+/// again, and then keep succeeding (five in a row). A transport that keeps
+/// sending some calls to the cut member (which cannot commit anything)
+/// fails: those calls time out for as long as the cut lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaves_a_member_cut_from_its_peers() {
+    let Some(lab) = PartitionEnv::lab(&MEMBERS).or_skip() else {
+        return;
+    };
+    let Some(server) = EtcdServer::start_in(&lab, &MEMBERS).await.or_skip() else {
+        return;
+    };
+    let leader = server
+        .wait_leader(Duration::from_secs(10))
+        .await
+        .expect("the cluster elected no leader");
+    let cut = (leader + 1) % MEMBERS.len();
+    let mut endpoints = server.endpoints();
+    endpoints.rotate_left(cut);
+    let url = format!("etcd://{}/leave?ttl=60s&timeout=1s", endpoints.join(","));
+    let peers: Vec<&'static str> = MEMBERS
+        .iter()
+        .copied()
+        .filter(|m| *m != MEMBERS[cut])
+        .collect();
+    let in_lab = lab.clone();
+    let outcome = lab
+        .host(conformance::scenarios::OBSERVER_HOST)
+        .netns()
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let backend = lock_etcd::connect(&url).await.map_err(|e| e.to_string())?;
+                let key = lock_core::LockKey::new("k").unwrap();
+                cycle(&backend, &key).await?;
+                in_lab
+                    .cut_from(MEMBERS[cut], &peers)
+                    .map_err(|e| e.to_string())?;
+                let until = tokio::time::Instant::now() + Duration::from_secs(20);
+                let mut failures = Vec::new();
+                loop {
+                    match cycle(&backend, &key).await {
+                        Ok(()) => break,
+                        Err(err) => failures.push(err),
+                    }
+                    if tokio::time::Instant::now() >= until {
+                        return Err(format!(
+                            "no cycle succeeded within 20 s of the cut: {failures:?}"
+                        ));
+                    }
+                }
+                for i in 0..5 {
+                    cycle(&backend, &key)
+                        .await
+                        .map_err(|e| format!("cycle {i} after the first success: {e}"))?;
+                }
+                Ok::<_, String>(failures)
+            })
+        })
+        .join();
+    let _ = lab.heal();
+    let failures = outcome
+        .expect("the client thread panicked")
+        .expect("the client thread entered the observer's namespace")
+        .unwrap_or_else(|why| panic!("{why}"));
+    println!("cycles failed before the client left the member: {failures:?}");
+}

@@ -1,0 +1,146 @@
+//! Probe (not a test): what the transport costs one etcd acquire+release
+//! cycle at a real network's round-trip time, one client, interleaved
+//! rounds, each side on a fault proxy of its own that adds the round-trip
+//! time (`RTT_US`, default 1000: 1 ms, half each way):
+//!
+//! - `etcd-client` on its own channel (`Client::connect`), sending the
+//!   driver's two transactions (the create and the guarded delete);
+//! - the same two transactions through the `etcd-client` a backend
+//!   connected ([`EtcdBackend::client`](lock_etcd::EtcdBackend::client)):
+//!   the transport the driver uses;
+//! - ours: `LockClient` with a waiting acquire, then `release`.
+//!
+//! Per side: p50 and mean wall time.
+//!
+//! ```text
+//! cargo run --release -p lock-bench --example etcd_transport [-- <cycles>]
+//! ```
+#![allow(missing_docs)]
+use std::time::{Duration, Instant};
+
+use conformance::proxy::FaultProxy;
+use conformance::servers::etcd::EtcdServer;
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+
+async fn cycle(c: &mut Client, lease: i64, prefix: &str) {
+    use etcd_client::{GetOptions, SortOrder, SortTarget};
+    let entry = format!("{prefix}{lease:x}");
+    let owner = "0123456789abcdef0123456789abcdef";
+    let value = format!("{owner} some-host 1234 details");
+    let oldest = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1);
+    let t = Txn::new()
+        .when([Compare::create_revision(
+            entry.as_str(),
+            CompareOp::Equal,
+            0,
+        )])
+        .and_then([
+            TxnOp::put(
+                entry.as_str(),
+                value.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(prefix, Some(oldest.clone())),
+        ])
+        .or_else([
+            TxnOp::get(entry.as_str(), None),
+            TxnOp::get(prefix, Some(oldest)),
+        ]);
+    let r = c.txn(t).await.unwrap();
+    let rev = r.header().unwrap().revision();
+    let d = Txn::new()
+        .when([
+            Compare::create_revision(entry.as_str(), CompareOp::Equal, rev),
+            Compare::value(entry.as_str(), CompareOp::Greater, owner),
+            Compare::value(entry.as_str(), CompareOp::Less, format!("{owner}!")),
+        ])
+        .and_then([TxnOp::delete(entry.as_str(), None)]);
+    assert!(c.txn(d).await.unwrap().succeeded());
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1000);
+    let rtt = Duration::from_micros(
+        std::env::var("RTT_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000),
+    );
+    let server = EtcdServer::start().await.expect("an etcd server");
+    let upstream = server.endpoints()[0].parse().unwrap();
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        let proxy = FaultProxy::start(upstream).await.unwrap();
+        proxy.set_latency(rtt / 2, Duration::ZERO);
+        proxies.push(proxy);
+    }
+    let url = |p: &FaultProxy| format!("etcd://127.0.0.1:{}/probe?ttl=30s", p.port());
+    let mut library = Client::connect([format!("http://127.0.0.1:{}", proxies[0].port())], None)
+        .await
+        .unwrap();
+    let lender = lock_etcd::connect(&url(&proxies[1])).await.unwrap();
+    let mut driver_transport = lender.client().clone();
+    let ours = lock_core::LockClient::new(lock_etcd::connect(&url(&proxies[2])).await.unwrap());
+    let lease = library.lease_grant(30, None).await.unwrap().id();
+    let mut keeper = library.clone();
+    tokio::spawn(async move {
+        let (mut keep, _stream) = keeper.lease_keep_alive(lease).await.unwrap();
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let _ = keep.keep_alive().await;
+        }
+    });
+    const SIDES: usize = 3;
+    let names = [
+        "etcd-client, its own channel",
+        "etcd-client, the driver's transport",
+        "ours (LockClient)",
+    ];
+    let mut totals = [Duration::ZERO; SIDES];
+    let mut samples: [Vec<Duration>; SIDES] = Default::default();
+    let rounds = 10;
+    for round in 0..rounds {
+        for side in 0..SIDES {
+            let side = (side + round) % SIDES;
+            let started = Instant::now();
+            for _ in 0..n / rounds {
+                let at = Instant::now();
+                match side {
+                    0 => cycle(&mut library, lease, "probe/lib/").await,
+                    1 => cycle(&mut driver_transport, lease, "probe/drv/").await,
+                    _ => {
+                        let g = ours
+                            .lock("ours")
+                            .ttl(Duration::from_secs(30))
+                            .wait(Duration::from_secs(60))
+                            .acquire()
+                            .await
+                            .unwrap();
+                        g.release().await.unwrap();
+                    }
+                }
+                samples[side].push(at.elapsed());
+            }
+            totals[side] += started.elapsed();
+        }
+    }
+    println!("RTT {} us, {n} cycles per side", rtt.as_micros());
+    for (i, name) in names.iter().enumerate() {
+        samples[i].sort();
+        let p50 = samples[i][samples[i].len() / 2];
+        #[allow(clippy::cast_precision_loss)]
+        let mean = totals[i].as_secs_f64() * 1e6 / samples[i].len() as f64;
+        println!(
+            "{name:<38} p50 {:>8.1} us  mean {:>8.1} us",
+            p50.as_secs_f64() * 1e6,
+            mean
+        );
+    }
+}
