@@ -315,6 +315,16 @@ fn parse_without_connecting(
         "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite" => {
             driver!(Parser::Sql, SqlConfig::from_url(url.trim()))
         }
+        // In-process drivers: opening reaches no network either.
+        "file" | "slowmem" => match rt.block_on(distlock::backend::open(url)) {
+            Ok(backend) => prop_assert!(
+                ["file", "slowmem"].contains(&backend.name()),
+                "{} opened {}",
+                what,
+                backend.name()
+            ),
+            Err(err) => check_error(&err, Parser::Facade, &what, marker)?,
+        },
         other => {
             // memory://, or no scheme the facade knows: `open` reaches no
             // network (memory is in-process; anything else is refused).

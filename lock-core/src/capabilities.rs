@@ -35,6 +35,10 @@ pub enum TtlModel {
     PerLease,
     /// Leases hang off a client session whose TTL is renewed once for all.
     PerSession,
+    /// Leases last as long as the holding process keeps them (a file lock:
+    /// the kernel frees it when the holder's file is closed, at the latest
+    /// when the process dies); there is no TTL to run out.
+    PerProcess,
 }
 
 /// What a backend guarantees. A plain `Copy` struct: decide from these

@@ -43,12 +43,10 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     // No notification of an unlock exists for flock: waiters poll.
     waiting: WaitStrategy::Poll,
     fifo: false,
-    // There is no "per process" model in lock-core: a grant lasts as long
-    // as its open file description, that is until it is released, this
-    // backend value is dropped, or the process dies; its TTL frees
-    // nothing. The nearest model is the session one (the session being
-    // the backend value within its process).
-    ttl_model: TtlModel::PerSession,
+    // A grant lasts as long as its open file description: until it is
+    // released, this backend value is dropped, or the process dies; its
+    // TTL frees nothing.
+    ttl_model: TtlModel::PerProcess,
     // One kernel arbitrates every lock: each grant is atomic and seen by
     // every later one on the same host.
     linearizable: true,

@@ -35,10 +35,9 @@
 //! file and frees the lock at once, whatever the TTL. **The TTL frees
 //! nothing**: a holder that stops renewing keeps the lock while its process
 //! lives (its guard reports `Lost` at its validity deadline, which is the
-//! safe side). A paused process (`SIGSTOP`) keeps its locks. lock-core has
-//! no "per process" [`TtlModel`](lock_core::TtlModel);
+//! safe side). A paused process (`SIGSTOP`) keeps its locks.
 //! [`Capabilities::ttl_model`](lock_core::Capabilities::ttl_model) says
-//! `PerSession`, the session being the backend value within its process.
+//! [`TtlModel::PerProcess`](lock_core::TtlModel::PerProcess).
 //! A renewal sends nothing anywhere: it checks that the grant is still in
 //! this backend and that its path still names the locked file (same device
 //! and inode), and fails with `NotHeld` if the file was deleted or replaced.

@@ -16,10 +16,18 @@ use super::*;
 pub async fn expiry_frees_key(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let caps = a.capabilities();
-    if caps.ttl_model == TtlModel::PerSession {
-        return Ok(Outcome::Skipped(
-            "TTL is per session: a lease expires only with its session (see the holder-killed scenario)".into(),
-        ));
+    match caps.ttl_model {
+        TtlModel::PerLease => {}
+        TtlModel::PerSession => {
+            return Ok(Outcome::Skipped(
+                "TTL is per session: a lease expires only with its session (see the holder-killed scenario)".into(),
+            ));
+        }
+        _ => {
+            return Ok(Outcome::Skipped(
+                "leases are per process: one ends when its holder process does (see the driver's killed-holder test)".into(),
+            ));
+        }
     }
     let ttl = h.ttl_for(&caps);
     let margin = h.config().margin;

@@ -551,9 +551,9 @@ pub async fn crashed_share_is_freed(h: &Harness) -> CaseResult {
             "the backend claims neither read-write locks nor semaphores".into(),
         ));
     }
-    if caps.ttl_model == TtlModel::PerSession {
+    if caps.ttl_model != TtlModel::PerLease {
         return Ok(Outcome::Skipped(
-            "TTL is per session: a share ends only with its session (see the holder scenarios)"
+            "TTL is per session or per process: a share ends only with its session or process (see the holder scenarios)"
                 .into(),
         ));
     }

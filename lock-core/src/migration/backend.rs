@@ -59,12 +59,12 @@ impl LockBackend for MigrationBackend {
                     WaitStrategy::Poll
                 },
                 fifo: false,
-                ttl_model: if old.ttl_model == TtlModel::PerSession
-                    || new.ttl_model == TtlModel::PerSession
-                {
-                    TtlModel::PerSession
-                } else {
-                    TtlModel::PerLease
+                // The looser of the two: a lease of the pair lasts as
+                // long as its longest-lived part.
+                ttl_model: match (old.ttl_model, new.ttl_model) {
+                    (TtlModel::PerProcess, _) | (_, TtlModel::PerProcess) => TtlModel::PerProcess,
+                    (TtlModel::PerSession, _) | (_, TtlModel::PerSession) => TtlModel::PerSession,
+                    _ => TtlModel::PerLease,
                 },
                 // Exclusion in this phase rests on both stores.
                 linearizable: old.linearizable && new.linearizable,
