@@ -1,8 +1,7 @@
 //! The fault scenarios of `conformance::scenarios` with the write side of a
 //! read-write lock and a semaphore of one permit in the mutex's place, on
 //! a single etcd member: holder process killed and paused (the
-//! `etcd_holder` example, which `cargo test -p lock-etcd` builds; the name
-//! is unique because every crate's examples share `target/<profile>/examples`), client partitioned
+//! `lock-etcd-holder` binary, `src/bin/holder.rs`), client partitioned
 //! (through the deployment's fault proxy), server killed and restarted.
 //! The scenarios' history checker judges each run.
 
@@ -57,18 +56,10 @@ async fn kind_scenarios_on_a_single_member() {
     );
 }
 
-/// The `etcd_holder` example (next to this test binary, in
-/// `target/<profile>/examples`) taking grants of the kind coded `kind`.
+/// The holder binary (`src/bin/holder.rs`) taking grants of the kind
+/// coded `kind`.
 fn holder_command(kind: &str) -> Option<HolderCommand> {
-    let exe = std::env::current_exe().ok()?;
-    let holder = exe.parent()?.parent()?.join("examples").join("etcd_holder");
-    if !holder.is_file() {
-        eprintln!(
-            "{} is not built: the holder scenarios are skipped (run `cargo test -p lock-etcd`)",
-            holder.display()
-        );
-        return None;
-    }
+    let holder = std::path::PathBuf::from(env!("CARGO_BIN_EXE_lock-etcd-holder"));
     let kind = kind.to_owned();
     Some(Arc::new(move |url: &str, key: &str, ttl: Duration| {
         let mut cmd = std::process::Command::new(&holder);

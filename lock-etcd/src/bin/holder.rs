@@ -1,5 +1,6 @@
-//! A holder process for the fault scenarios (`tests/scenarios.rs`):
-//! `etcd_holder <url> <key> <ttl ms> [kind code]` takes the lock, or with a kind
+//! A holder process for the fault scenarios (`tests/scenarios.rs`, which
+//! find it as `CARGO_BIN_EXE_lock-etcd-holder`; not a user tool):
+//! `lock-etcd-holder <url> <key> <ttl ms> [kind code]` takes the lock, or with a kind
 //! code (`w`, `r`, `p<count>-<limit>`) that grant of the key's read-write
 //! lock or semaphore, holds it (its guard renews) and exits with status 76
 //! once it learns the grant is lost. With `DISTLOCK_TEST_RESOURCE=host:port`
@@ -28,7 +29,7 @@ async fn main() {
             LeaseKind::from_code(code).unwrap_or_else(|e| fail(e, 2)),
         ),
         _ => fail(
-            "usage: etcd_holder <url> <key> <ttl ms> [x|r|w|p<count>-<limit>]",
+            "usage: lock-etcd-holder <url> <key> <ttl ms> [x|r|w|p<count>-<limit>]",
             2,
         ),
     };
