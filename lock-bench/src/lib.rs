@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod file;
 
 pub mod redis;
+pub mod zk;
 
 /// A driver's benchmark hooks.
 #[derive(Clone, Copy, Debug, Default)]
@@ -45,7 +46,11 @@ pub fn for_driver(driver: &str) -> Floors {
             floor: Some(file::floor),
             ..Floors::default()
         },
-        "zk" => from_descriptor(&lock_zk::DRIVER),
+        "zk" => Floors {
+            floor: Some(zk::floor),
+            permit_floor: Some(zk::permit_floor),
+            fair_option: None,
+        },
         "sql" => from_descriptor(&lock_sql::DRIVER),
         _ => Floors::default(),
     }
