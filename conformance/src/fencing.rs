@@ -225,3 +225,62 @@ async fn racing(store: Arc<dyn FencedResource>, r: &str) -> CaseResult {
     }
     Ok(())
 }
+
+/// A fenced resource in memory that keeps the rule (or, built with
+/// [`unchecked`](Self::unchecked), accepts every write): the reference the
+/// adapters are compared with, and a store for tests that need one.
+#[derive(Debug, Default)]
+pub struct MemoryFenced {
+    unchecked: bool,
+    state: std::sync::Mutex<std::collections::HashMap<String, (u64, String)>>,
+}
+
+impl MemoryFenced {
+    /// Keeps the rule.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Accepts every write (a resource that does not check tokens).
+    pub fn unchecked() -> Self {
+        Self {
+            unchecked: true,
+            ..Self::default()
+        }
+    }
+}
+
+#[async_trait]
+impl FencedResource for MemoryFenced {
+    fn name(&self) -> String {
+        if self.unchecked {
+            "memory (unchecked)"
+        } else {
+            "memory"
+        }
+        .to_owned()
+    }
+
+    async fn write(&self, resource: &str, token: u64, value: &str) -> Result<FenceOutcome, String> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((last, _)) = state.get(resource)
+            && token < *last
+            && !self.unchecked
+        {
+            return Ok(FenceOutcome::Refused { current: *last });
+        }
+        state.insert(resource.to_owned(), (token, value.to_owned()));
+        Ok(FenceOutcome::Accepted)
+    }
+
+    async fn read(&self, resource: &str) -> Result<Option<String>, String> {
+        let state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(state.get(resource).map(|(_, v)| v.clone()))
+    }
+}

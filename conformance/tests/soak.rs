@@ -306,3 +306,41 @@ async fn a_holder_told_too_late_is_caught_by_a_kernel_partition_soak() {
         report.table()
     );
 }
+
+/// With a real fenced store beside the resource, the late writes of frozen
+/// clients are refused by the store, and a store that accepts them (no
+/// check) fails the run: the store's verdict is observed, not assumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_store_is_judged_by_what_it_answers() {
+    use conformance::fencing::MemoryFenced;
+    use conformance::soak::FenceStore;
+    let run = |store: MemoryFenced| async move {
+        let mut config = SoakConfig::new(Duration::from_secs(8), 5);
+        config.kinds = Some(vec![FaultKind::ClientFreeze]);
+        config.keys = 1;
+        config.fence_store = Some(FenceStore(Arc::new(store)));
+        let target: Arc<dyn Target> = Arc::new(MemoryTarget::new());
+        run_soak(target, None, &config).await.expect("soak runs")
+    };
+    let checked = run(MemoryFenced::new()).await;
+    println!("{}", checked.table());
+    let store = checked.fence_store.as_ref().expect("a store report");
+    assert!(
+        store.refused > 0,
+        "no late write reached the store\n{}",
+        checked.table()
+    );
+    assert_eq!(
+        store.accepted_stale + store.refused_admitted,
+        0,
+        "{}",
+        checked.table()
+    );
+    assert!(!checked.fails_run(), "{}", checked.table());
+
+    let unchecked = run(MemoryFenced::unchecked()).await;
+    println!("{}", unchecked.table());
+    let store = unchecked.fence_store.as_ref().expect("a store report");
+    assert!(store.accepted_stale > 0, "{}", unchecked.table());
+    assert!(unchecked.fails_run(), "{}", unchecked.table());
+}

@@ -20,6 +20,7 @@ use distlock::{Config, LockError, parse_duration};
 use lock_core::ErrorKind;
 
 mod compare;
+mod fence_store;
 mod floors;
 mod holder;
 mod html;

@@ -208,6 +208,21 @@ pub struct SoakConfig {
     /// holder depends on its renewals and its lost signal (the path a
     /// kernel cut tests). `0` (the default): never.
     pub long_hold_every: u32,
+    /// A real fenced store (a `lock-fence` adapter) every write also goes
+    /// to, with the holder's token, when the backend has tokens: the
+    /// report then counts the stale writes it refused, and any write it
+    /// judged otherwise than the resource's rule is a violation.
+    pub fence_store: Option<FenceStore>,
+}
+
+/// A real fenced store for [`SoakConfig::fence_store`].
+#[derive(Clone)]
+pub struct FenceStore(pub Arc<dyn crate::fencing::FencedResource>);
+
+impl std::fmt::Debug for FenceStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("FenceStore").field(&self.0.name()).finish()
+    }
 }
 
 impl SoakConfig {
@@ -221,6 +236,7 @@ impl SoakConfig {
             ttl: Duration::from_secs(1),
             kinds: None,
             long_hold_every: 0,
+            fence_store: None,
         }
     }
 }
@@ -398,6 +414,7 @@ async fn run(
         }
     }
 
+    let keys_for_turns = keys.clone();
     let shared = Arc::new(Shared {
         target: target.clone(),
         keys,
@@ -408,6 +425,11 @@ async fn run(
             fenced: caps.has_fencing(),
             state: Mutex::new(ResourceState::default()),
         },
+        store: config.fence_store.clone().filter(|_| caps.has_fencing()),
+        turns: keys_for_turns
+            .iter()
+            .map(|k| (k.as_str().to_owned(), Arc::default()))
+            .collect(),
         injected: Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
     });
@@ -555,8 +577,11 @@ async fn run(
             }
         }
     }
-    let unexpected = violations.iter().filter(|v| !v.expected).count();
-    let expected = violations.len() - unexpected;
+    let listed_unexpected = violations.iter().filter(|v| !v.expected).count();
+    let expected = violations.len() - listed_unexpected;
+    // A real store that judged a write otherwise than the rule.
+    let store_disagreements = resource.store.accepted_stale + resource.store.refused_admitted;
+    let unexpected = listed_unexpected + store_disagreements;
     let mut violation_counts: BTreeMap<String, ViolationCount> = BTreeMap::new();
     for v in &violations {
         let c = violation_counts.entry(v.what.clone()).or_default();
@@ -594,6 +619,14 @@ async fn run(
         writes: resource.writes,
         writes_refused: resource.writes_refused,
         reads_refused: resource.reads_refused,
+        fence_store: shared.store.as_ref().map(|s| FenceStoreReport {
+            store: s.0.name(),
+            writes: resource.store.writes,
+            refused: resource.store.refused,
+            errors: resource.store.errors,
+            accepted_stale: resource.store.accepted_stale,
+            refused_admitted: resource.store.refused_admitted,
+        }),
         lost_increments,
         check,
         violations,

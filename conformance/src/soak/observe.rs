@@ -9,6 +9,7 @@ use lock_core::{FencingToken, LockBackend, LockGuard, LockKey};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::fencing::FenceOutcome;
 use crate::history::{Event, EventKind, History, Op, Recorder, Window, check};
 use crate::recording::RecordingBackend;
 
@@ -20,6 +21,8 @@ pub(super) struct Register {
     /// writer's process), to date a lost increment from the earliest grant
     /// involved and name every writer involved.
     pub(super) recent: std::collections::VecDeque<(u64, Duration, u64)>,
+    /// The highest token the real fenced store accepted for this key.
+    pub(super) store_last: Option<u64>,
 }
 
 /// Applied writes remembered per key.
@@ -56,6 +59,20 @@ pub(super) struct ResourceState {
     pub(super) writes_refused: usize,
     pub(super) reads_refused: usize,
     pub(super) lost: Vec<LostIncrement>,
+    /// The real fenced store's side (`SoakConfig::fence_store`).
+    pub(super) store: StoreCounts,
+}
+
+/// What the real fenced store answered, beside the resource's own rule.
+#[derive(Debug, Default)]
+pub(super) struct StoreCounts {
+    pub(super) writes: usize,
+    pub(super) refused: usize,
+    pub(super) errors: usize,
+    /// Accepted by the store although the rule says stale.
+    pub(super) accepted_stale: usize,
+    /// Refused by the store although the rule admits it.
+    pub(super) refused_admitted: usize,
 }
 
 /// A counter per key that checks tokens on every access (when `fenced`).
@@ -89,7 +106,9 @@ impl Resource {
     }
 
     /// Writes `read + 1`; records the write in the history (always, as it
-    /// arrived, before judging it).
+    /// arrived, before judging it). `store`: what the real fenced store
+    /// answered for the same write, made just before under the key's turn;
+    /// its verdict is compared with the rule's.
     pub(super) fn write(
         &self,
         journal: &Journal,
@@ -97,16 +116,40 @@ impl Resource {
         token: FencingToken,
         read: u64,
         grant_at: Duration,
+        store: Option<Result<FenceOutcome, String>>,
     ) {
         let mut state = self.lock();
         let sent = self.fenced.then_some(token);
         journal.wrote(key, sent);
         state.writes += 1;
         let reg = state.registers.entry(key.as_str().to_owned()).or_default();
-        if !self.admits(reg, token) {
+        let admitted = self.admits(reg, token);
+        if let Some(answer) = store {
+            // The store sees writes only (the resource's rule also counts
+            // the tokens of reads): it is judged against the highest token
+            // it accepted before, its writes of a key being in the same
+            // order as here (they take turns).
+            let below = reg.store_last.is_some_and(|last| token.get() < last);
+            let counts = &mut state.store;
+            counts.writes += 1;
+            match answer {
+                Ok(FenceOutcome::Accepted) => {
+                    counts.accepted_stale += usize::from(below);
+                    let reg = state.registers.entry(key.as_str().to_owned()).or_default();
+                    reg.store_last = reg.store_last.max(Some(token.get()));
+                }
+                Ok(FenceOutcome::Refused { .. }) => {
+                    counts.refused += 1;
+                    counts.refused_admitted += usize::from(!below);
+                }
+                Err(_) => counts.errors += 1,
+            }
+        }
+        if !admitted {
             state.writes_refused += 1;
             return;
         }
+        let reg = state.registers.entry(key.as_str().to_owned()).or_default();
         let lost = reg.value.saturating_sub(read);
         // The overwritten increments' writers may have been granted before
         // this writer (e.g. across a restart that reset the tokens): the

@@ -127,6 +127,8 @@ pub struct SoakReport {
     pub writes_refused: usize,
     /// Reads refused by the resource.
     pub reads_refused: usize,
+    /// The real fenced store's answers, when the run had one.
+    pub fence_store: Option<FenceStoreReport>,
     /// Increments lost: applied writes minus the counters' final values.
     pub lost_increments: u64,
     /// The history checker's findings.
@@ -178,6 +180,18 @@ impl SoakReport {
             self.writes_refused,
             self.lost_increments
         );
+        if let Some(store) = &self.fence_store {
+            let _ = writeln!(
+                out,
+                "  fenced store {}: {} writes, {} stale refused, {} errors; judged otherwise than the rule: {} accepted stale, {} refused in order",
+                store.store,
+                store.writes,
+                store.refused,
+                store.errors,
+                store.accepted_stale,
+                store.refused_admitted
+            );
+        }
         let _ = writeln!(
             out,
             "  {:<24} {:>8} {:>10} {:>7} {:>7} {:>6} {:>10} {:>9}",
@@ -238,3 +252,21 @@ impl SoakReport {
 
 // ---------------------------------------------------------------------
 // The protected resource.
+
+/// What the real fenced store ([`SoakConfig::fence_store`]) answered.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FenceStoreReport {
+    /// The store (its adapter and database).
+    pub store: String,
+    /// Writes sent to it.
+    pub writes: usize,
+    /// Stale writes it refused.
+    pub refused: usize,
+    /// Writes it failed to answer.
+    pub errors: usize,
+    /// Writes it accepted although the rule says stale (a violation).
+    pub accepted_stale: usize,
+    /// Writes it refused although the rule admits them (a violation: a
+    /// broken adapter).
+    pub refused_admitted: usize,
+}

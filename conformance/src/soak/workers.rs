@@ -1,11 +1,11 @@
 //! The clients and the nemesis of a soak run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use lock_core::{LockBackend, LockClient, LockError, LockKey};
+use lock_core::{FencingToken, LockBackend, LockClient, LockError, LockKey};
 use tokio::time::Instant;
 
 use crate::harness::Target;
@@ -105,11 +105,45 @@ pub(super) struct Shared {
     pub(super) long_hold_every: u32,
     pub(super) end: Instant,
     pub(super) resource: Resource,
+    /// The real fenced store, when the run has one and the backend has
+    /// tokens.
+    pub(super) store: Option<FenceStore>,
+    /// One turn per key: a write goes to the store and to the resource
+    /// in one step, so both see the writes of a key in the same order.
+    pub(super) turns: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
     pub(super) injected: Mutex<Vec<InjectedFault>>,
     pub(super) stop: AtomicBool,
 }
 
 impl Shared {
+    /// Writes `read + 1` under `token`: to the real store first (if any),
+    /// then to the resource, which compares the two verdicts.
+    async fn write(
+        &self,
+        journal: &Journal,
+        key: &LockKey,
+        token: FencingToken,
+        read: u64,
+        grant_at: Duration,
+    ) {
+        let turn = self.turns.get(key.as_str()).cloned();
+        let _turn = match &turn {
+            Some(turn) => Some(turn.lock().await),
+            None => None,
+        };
+        let store = match &self.store {
+            Some(store) => Some(
+                store
+                    .0
+                    .write(key.as_str(), token.get(), &(read + 1).to_string())
+                    .await,
+            ),
+            None => None,
+        };
+        self.resource
+            .write(journal, key, token, read, grant_at, store);
+    }
+
     pub(super) fn push_fault(&self, fault: InjectedFault) {
         self.injected
             .lock()
@@ -194,16 +228,12 @@ pub(super) async fn work(mut w: Worker, shared: Arc<Shared>) {
                     });
                     // Wakes and writes with the token it holds, without
                     // looking at the guard: what a paused process does.
-                    shared
-                        .resource
-                        .write(&w.journal, &key, token, read, grant_at);
+                    shared.write(&w.journal, &key, token, read, grant_at).await;
                 }
                 None => {
                     tokio::time::sleep(hold).await;
                     if guard.is_held() {
-                        shared
-                            .resource
-                            .write(&w.journal, &key, token, read, grant_at);
+                        shared.write(&w.journal, &key, token, read, grant_at).await;
                     }
                 }
             }

@@ -97,7 +97,9 @@ pub(super) async fn measure(out: &mut BenchFigures, bench: Bench<'_>) -> Result<
     let (p, e) = bench::interleaved_latency(&plain, &elect, (&keys.0, &name), n, 10).await?;
     out.elect_p50_us = Some(e.p50_us);
     out.elect_ratio = Some(bench::ratio(e.p50_us, p.p50_us));
-    if let Some(option) = lock_bench::for_driver(distlock::backend::driver_for(url)?.name).fair_option {
+    if let Some(option) =
+        lock_bench::for_driver(distlock::backend::driver_for(url)?.name).fair_option
+    {
         fair_handoffs(out, target, &with_option(url, option), ttl, &run, full).await?;
     }
     Ok(())

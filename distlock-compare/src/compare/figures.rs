@@ -300,7 +300,10 @@ pub(super) async fn round_trips_into(
 ) -> Result<(), LockError> {
     const CYCLES: usize = 50;
     if let Some((proxied, proxy)) = crate::floors::proxied(url).await {
-        let ours = Ours::new(LockClient::from_arc(distlock::backend::open(&proxied).await?), ttl);
+        let ours = Ours::new(
+            LockClient::from_arc(distlock::backend::open(&proxied).await?),
+            ttl,
+        );
         let key = format!("bench-{run}/round-trips");
         out.round_trips_per_cycle =
             Some(bench::round_trips_per_cycle(&ours, &proxy, &key, 5, CYCLES).await?);
@@ -432,7 +435,8 @@ pub(crate) async fn held_at_scale_child(
     config.in_process = url.starts_with("memory:");
     let report = match crate::floors::proxied(url).await {
         Some((proxied, proxy)) => {
-            scale::held_locks_through(distlock::backend::open(&proxied).await?, &config, &proxy).await?
+            scale::held_locks_through(distlock::backend::open(&proxied).await?, &config, &proxy)
+                .await?
         }
         None => scale::held_locks(distlock::backend::open(url).await?, &config, None, None).await?,
     };

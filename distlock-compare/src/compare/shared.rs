@@ -63,10 +63,11 @@ pub(super) async fn measure(out: &mut BenchFigures, bench: Bench<'_>) -> Result<
         };
         let ours = contender(target.client().await?, kind);
         let key = format!("bench-{run}/permit");
-        let floor = match lock_bench::for_driver(distlock::backend::driver_for(url)?.name).permit_floor {
-            Some(connect) => connect(url).await?,
-            None => None,
-        };
+        let floor =
+            match lock_bench::for_driver(distlock::backend::driver_for(url)?.name).permit_floor {
+                Some(connect) => connect(url).await?,
+                None => None,
+            };
         let n = if full { 1000 } else { 200 };
         for _ in 0..10 {
             ours.cycle(&key).await?;

@@ -113,6 +113,7 @@ pub(crate) async fn soak(
             // Holds across renewals, so that a cut lands while a holder
             // depends on them.
             config.long_hold_every = LAB_LONG_HOLD_EVERY;
+            config.fence_store = fence_store().await;
             let (report, error) = match soak_in_lab(name, &config).await {
                 Ok(report) => {
                     progress.say(&report.verdict);
@@ -149,7 +150,8 @@ pub(crate) async fn soak(
             }
         };
         progress.say(&format!("soak for {}", distlock::format_duration(duration)));
-        let config = conformance::soak::SoakConfig::new(duration, seed);
+        let mut config = conformance::soak::SoakConfig::new(duration, seed);
+        config.fence_store = fence_store().await;
         let result = match conformance::soak::run_soak(target, members, &config).await {
             Ok(report) => {
                 progress.say(&report.verdict);
@@ -187,4 +189,18 @@ pub(crate) fn print_soak(results: &[SoakResult]) {
 /// The soak's JSON document.
 pub(crate) fn soak_json(results: &[SoakResult]) -> Value {
     json!({ "soak": results })
+}
+
+/// The soak's real fenced store (said on stderr when it cannot be made:
+/// the run then checks tokens in its in-process resource only).
+async fn fence_store() -> Option<conformance::soak::FenceStore> {
+    match crate::fence_store::sqlite().await {
+        Ok(store) => Some(store),
+        Err(why) => {
+            eprintln!(
+                "soak: no fenced store ({why}); tokens are checked by the in-process resource only"
+            );
+            None
+        }
+    }
 }
