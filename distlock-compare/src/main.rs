@@ -138,6 +138,11 @@ enum Command {
         /// mariadb and mariadb-session.
         #[arg(long, requires = "soak")]
         netns: bool,
+        /// With --soak: the real fenced store every write also goes to
+        /// (lock-fence's SQL adapter on a SQLite file, or its Redis
+        /// adapter on a redis-server of its own), outside the faults.
+        #[arg(long, value_enum, requires = "soak", default_value = "sqlite")]
+        fence_store: fence_store::Kind,
     },
     /// Run the conformance suite and the scenarios that need no process
     /// control against a server you point at (--url).
@@ -224,6 +229,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             soak,
             seed,
             netns,
+            fence_store,
         } => {
             if let Some(duration) = soak {
                 let opts = compare::CompareOptions {
@@ -236,7 +242,7 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
                     json,
                     html: None,
                 };
-                let results = compare::soak(&opts, duration, seed, netns).await?;
+                let results = compare::soak(&opts, duration, seed, netns, fence_store).await?;
                 compare::print_soak(&results);
                 if let Some(path) = &opts.json {
                     let text = serde_json::to_string_pretty(&compare::soak_json(&results))

@@ -91,6 +91,7 @@ pub(crate) async fn soak(
     duration: Duration,
     seed: Option<u64>,
     netns: bool,
+    store: crate::fence_store::Kind,
 ) -> Result<Vec<SoakResult>, LockError> {
     let seed = seed.unwrap_or_else(conformance::soak::random_seed);
     eprintln!("soak seed {seed} (replay with --seed {seed})");
@@ -113,7 +114,7 @@ pub(crate) async fn soak(
             // Holds across renewals, so that a cut lands while a holder
             // depends on them.
             config.long_hold_every = LAB_LONG_HOLD_EVERY;
-            config.fence_store = fence_store().await;
+            config.fence_store = fence_store(store).await;
             let (report, error) = match soak_in_lab(name, &config).await {
                 Ok(report) => {
                     progress.say(&report.verdict);
@@ -151,7 +152,7 @@ pub(crate) async fn soak(
         };
         progress.say(&format!("soak for {}", distlock::format_duration(duration)));
         let mut config = conformance::soak::SoakConfig::new(duration, seed);
-        config.fence_store = fence_store().await;
+        config.fence_store = fence_store(store).await;
         let result = match conformance::soak::run_soak(target, members, &config).await {
             Ok(report) => {
                 progress.say(&report.verdict);
@@ -193,8 +194,8 @@ pub(crate) fn soak_json(results: &[SoakResult]) -> Value {
 
 /// The soak's real fenced store (said on stderr when it cannot be made:
 /// the run then checks tokens in its in-process resource only).
-async fn fence_store() -> Option<conformance::soak::FenceStore> {
-    match crate::fence_store::sqlite().await {
+async fn fence_store(kind: crate::fence_store::Kind) -> Option<conformance::soak::FenceStore> {
+    match crate::fence_store::start(kind).await {
         Ok(store) => Some(store),
         Err(why) => {
             eprintln!(
