@@ -10,8 +10,8 @@ use lock_core::driver::FloorFn;
 
 pub mod etcd;
 pub mod file;
-
 pub mod redis;
+pub mod sql;
 pub mod zk;
 
 /// A driver's benchmark hooks.
@@ -51,16 +51,13 @@ pub fn for_driver(driver: &str) -> Floors {
             permit_floor: Some(zk::permit_floor),
             fair_option: None,
         },
-        "sql" => from_descriptor(&lock_sql::DRIVER),
+        "sql" => Floors {
+            floor: Some(sql::floor),
+            permit_floor: Some(sql::permit_floor),
+            // FIFO mutex waiting in row mode (session mode refuses it at
+            // connect).
+            fair_option: Some("fair=true"),
+        },
         _ => Floors::default(),
-    }
-}
-
-// Transitional: the floors still live in the drivers while they move here.
-fn from_descriptor(d: &lock_core::driver::Driver) -> Floors {
-    Floors {
-        floor: d.floor,
-        permit_floor: d.permit_floor,
-        fair_option: d.fair_option,
     }
 }

@@ -21,49 +21,33 @@
 //!   EXCLUSIVE MODE`, MySQL `LOCK TABLES .. WRITE`, SQLite's write lock),
 //!   so a grant that creates the row again reads the raised floor.
 
+pub(crate) mod session;
+mod shared;
+pub(crate) mod shedlock;
+
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use lock_core::election::ElectionPage;
 use lock_core::{
-    FencingToken, GcReport, HolderDetails, ListQuery, LockError, LockInfo, LockKey, LockPage,
-    Operation, check_list_limit, with_timeout,
+    Admin, FencingToken, GcReport, HolderDetails, ListQuery, Listing, LockError, LockInfo, LockKey,
+    LockPage, LockShape, Operation, SharedPage, check_list_limit, with_timeout,
 };
 
-use crate::config::SqlConfig;
-use crate::conn::{Checkout, ConnSet, retry_once};
+use crate::config::{NAME, SqlConfig};
+use crate::connection::table::Table;
+use crate::connection::{Checkout, ConnSet};
+use crate::dialect::binds::{Bind, Value, execute, fetch};
 use crate::dialect::{Dialect, micros};
-use crate::driver::{NAME, SqlBackend};
 use crate::error::{map_sqlx, timed};
-use crate::shared::run::{Bind, Value, execute, fetch};
 
 /// The most lease rows one `gc` call removes.
 pub(crate) const GC_BATCH: i64 = 1000;
 
 /// What a list cursor starts with (then the last key scanned, in hex).
 const CURSOR_TAG: &str = "sql1:";
-
-/// Whether `err` says the probed column does not exist.
-pub(crate) fn is_missing_column(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("42703" | "42S22"))
-                || db.message().contains("no such column")
-        }
-        _ => false,
-    }
-}
-
-/// Whether `err` says the column was added meanwhile (a concurrent connect).
-pub(crate) fn is_duplicate_column(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("42701" | "42S21"))
-                || db.message().contains("duplicate column")
-        }
-        _ => false,
-    }
-}
 
 pub(crate) fn encode_cursor(name: &str) -> String {
     let mut out = String::with_capacity(CURSOR_TAG.len() + 2 * name.len());
@@ -245,75 +229,57 @@ fn clock(d: &dyn Dialect, bound: Option<i64>, n: usize) -> (String, String) {
     }
 }
 
-impl SqlBackend {
-    /// The token floor table's name, quoted.
-    pub(crate) fn quoted_floor(&self) -> &str {
-        &self.inner().statements.quoted_floor
+/// Row mode's operating calls: the [`Admin`] and [`Listing`] facets.
+pub(crate) struct Administration {
+    inner: Arc<Table>,
+}
+
+#[async_trait]
+impl Admin for Administration {
+    async fn force_release(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        self.force_release_row(key).await
     }
 
-    /// Adds the `details` column to a lease table, and to a shared holders
-    /// table, created before it.
-    pub(crate) async fn ensure_details_column(&self) -> Result<(), sqlx::Error> {
-        let inner = self.inner();
-        for table in [&inner.statements.quoted_table, &inner.shared.holders_table] {
-            self.ensure_details_of(table).await?;
-        }
-        Ok(())
+    async fn gc(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        self.gc_rows(older_than).await
+    }
+}
+
+#[async_trait]
+impl Listing for Administration {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+        self.list_rows(query).await
     }
 
-    async fn ensure_details_of(&self, table: &str) -> Result<(), sqlx::Error> {
-        let inner = self.inner();
-        let dialect = inner.dialect;
-        let probe: Arc<str> = Arc::from(format!("SELECT details FROM {table} WHERE 1 = 0"));
-        let mut checkout = inner.conns.checkout(false).await?;
-        let probed = dialect.plain(checkout.conn(), &probe).await;
-        if !matches!(&probed, Err(e) if is_missing_column(e)) {
-            checkout.finish(&probed);
-            return probed;
-        }
-        tracing::info!(table, "adding the holder details column");
-        let alter: Arc<str> = Arc::from(dialect.add_details_sql(table));
-        let added = match dialect.plain(checkout.conn(), &alter).await {
-            Err(e) if is_duplicate_column(&e) => Ok(()),
-            other => other,
-        };
-        checkout.finish(&added);
-        added
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        self.list_shares(shape, query).await
     }
 
-    /// [`LockBackendExt::inspect`](lock_core::LockBackendExt::inspect) in row
-    /// mode: the key's unexpired holder with the details its grant wrote
-    /// (once more on a fresh connection when the connection broke).
-    pub(crate) async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let inner = self.inner();
-        let (statement, dialect) = (&inner.statements.inspect, inner.dialect);
-        let row = timed(&inner.config, Operation::Inspect, Some(key), async {
-            retry_once!(read, &inner.conns, |conn| dialect
-                .inspect(conn, statement, key))
-        })
-        .await?;
-        Ok(row.map(|(owner, token, remaining_us, details)| LockInfo {
-            details: details.as_deref().and_then(HolderDetails::decode),
-            key: key.clone(),
-            holder: owner.unwrap_or_default(),
-            token: u64::try_from(token).ok().map(FencingToken::new),
-            remaining_ttl: Some(Duration::from_micros(
-                u64::try_from(remaining_us).unwrap_or(0),
-            )),
-        }))
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        lock_core::election::list_mutex_elections(self, query).await
+    }
+}
+
+impl Administration {
+    pub(crate) fn new(inner: Arc<Table>) -> Self {
+        Self { inner }
     }
 
     fn admin_err(&self, operation: Operation) -> impl Fn(sqlx::Error) -> LockError + '_ {
-        move |e| map_sqlx(&self.inner().config, operation, e)
+        move |e| map_sqlx(&self.inner.config, operation, e)
     }
 
     /// [`Listing::list`](lock_core::Listing::list) in row mode: one
     /// statement scanning at most `limit` rows of keys under `prefix`
     /// after the cursor, in key order; the held ones are returned.
-    pub(crate) async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+    async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         let (prefix, cursor, limit) = query.parts();
         let after = list_start(cursor, limit)?;
-        let inner = self.inner();
+        let inner = &self.inner;
         let d = inner.dialect;
         let (predicate, like) = d.prefix_predicate(&d.param(1));
         let bound = d.bound_now();
@@ -350,11 +316,8 @@ impl SqlBackend {
     /// frees the row (owner and details cleared, expired now, token kept);
     /// PostgreSQL notifies waiters in the same statement, elsewhere this
     /// process's waiters are woken and the others poll.
-    pub(crate) async fn force_release_row(
-        &self,
-        key: &LockKey,
-    ) -> Result<Option<LockInfo>, LockError> {
-        let inner = self.inner();
+    async fn force_release_row(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let inner = &self.inner;
         let d = inner.dialect;
         let t = &inner.statements.quoted_table;
         let (now, p1) = (d.now_sql(), d.param(1));
@@ -407,8 +370,8 @@ impl SqlBackend {
     /// [`GC_BATCH`] rows that expired (or were released) at least
     /// `older_than` ago, raises the floor to their highest token and
     /// deletes them.
-    pub(crate) async fn gc_rows(&self, older_than: Duration) -> Result<GcReport, LockError> {
-        let inner = self.inner();
+    async fn gc_rows(&self, older_than: Duration) -> Result<GcReport, LockError> {
+        let inner = &self.inner;
         let d = inner.dialect;
         let (t, f) = (
             &inner.statements.quoted_table,
@@ -482,45 +445,6 @@ impl SqlBackend {
             "collected stale lease rows"
         );
         Ok(report)
-    }
-}
-
-impl SqlBackend {
-    /// `watch_holder`: while the key is held, each read is preceded by a
-    /// subscription to the process's release wake-ups (fed by PostgreSQL's
-    /// `NOTIFY` from every process, and by this process's own releases on
-    /// every database), so a release wakes the watch at once; `poll` still
-    /// bounds each wait (an expiry, a grant of a free key and, on
-    /// MariaDB/SQLite, another process's release are only seen by reading).
-    pub(crate) async fn watch_row(
-        &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: tokio::time::Instant,
-    ) -> Result<Option<LockInfo>, LockError> {
-        if seen.is_none() {
-            return lock_core::poll_holder(self, key, seen, poll, deadline).await;
-        }
-        if self.inner().dialect.notified() {
-            self.ensure_listener().await;
-        }
-        lock_core::watch_holder_with(self, key, seen, poll, deadline, || {
-            // Subscribed before the read so a release in between wakes us.
-            let mut wakes = self.inner().waits.subscribe();
-            async move {
-                loop {
-                    match wakes.recv().await {
-                        Ok(crate::wake::Wake::Released(released)) if &*released == key.as_str() => {
-                            return;
-                        }
-                        Ok(crate::wake::Wake::All) | Err(_) => return,
-                        Ok(_) => {}
-                    }
-                }
-            }
-        })
-        .await
     }
 }
 

@@ -6,6 +6,22 @@ use std::time::Duration;
 use lock_core::endpoint::Endpoint;
 use lock_core::{LockError, RetryPolicy};
 
+/// The driver's name, which its errors carry.
+pub(crate) const NAME: &str = "sql";
+
+/// The shortest TTL accepted in row mode: the database clocks have
+/// microsecond precision, but a lease must outlive the clock-drift
+/// allowance and a round trip to be of any use.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The shortest TTL of session mode on PostgreSQL
+/// (`idle_session_timeout` has millisecond precision).
+pub const PG_SESSION_MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The shortest TTL of session mode on MySQL/MariaDB (`wait_timeout`
+/// counts whole seconds).
+pub const MYSQL_SESSION_MIN_TTL: Duration = Duration::from_secs(1);
+
 /// The SQL dialect a [`SqlConfig`] talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -461,6 +477,12 @@ impl SqlConfig {
         self.op_timeout
     }
 
+    /// Whether connecting creates the tables when missing
+    /// (`create_table`, on by default).
+    pub fn creates_table(&self) -> bool {
+        self.create_table
+    }
+
     /// The connection URL with any password replaced by `***`.
     pub fn redacted_url(&self) -> &str {
         &self.redacted_url
@@ -538,6 +560,21 @@ fn parse_mode(value: &str) -> Result<SqlMode, LockError> {
             "mode must be row or session, got {other:?}"
         ))),
     }
+}
+
+/// The layout check of [`crate::SqlBackend::connect`] and
+/// [`crate::SqlSessionBackend::connect`]: both refuse `layout=shedlock`.
+pub(crate) fn refuse_shedlock(config: &SqlConfig, opener: &str) -> Result<(), LockError> {
+    if config.layout == SqlLayout::ShedLock {
+        let what = if config.mode == SqlMode::Session {
+            "layout=shedlock cannot be combined with mode=session"
+        } else {
+            "layout=shedlock is the ShedLock backend: open it with lock_sql::connect or \
+             SqlShedLockBackend"
+        };
+        return Err(LockError::config(format!("{what}, not {opener}")).with_backend(NAME));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 
 use lock_core::{ErrorKind, LockError, LockKey, Operation, with_timeout};
 
+use crate::config::NAME;
 use crate::config::SqlConfig;
-use crate::driver::NAME;
 
 /// Why a database call failed, in sqlx's words (kept private: callers see
 /// [`LockError`] with this as its source).
@@ -81,4 +81,26 @@ pub(crate) async fn timed<T>(
         Some(key) => e.with_key(key).with_backend(NAME),
         None => e.with_backend(NAME),
     })
+}
+
+/// Whether `err` says the probed column does not exist.
+pub(crate) fn is_missing_column(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("42703" | "42S22"))
+                || db.message().contains("no such column")
+        }
+        _ => false,
+    }
+}
+
+/// Whether `err` says the column was added meanwhile (a concurrent connect).
+pub(crate) fn is_duplicate_column(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("42701" | "42S21"))
+                || db.message().contains("duplicate column")
+        }
+        _ => false,
+    }
 }

@@ -3,7 +3,7 @@
 
 use lock_core::Lease;
 
-use crate::driver::SqlBackend;
+use crate::connection::table::Table;
 
 /// A condition that is true only while a lease is still current: its row
 /// has the lease's owner and token and has not expired by the database's
@@ -97,15 +97,14 @@ impl SqlFence {
     }
 }
 
-impl SqlBackend {
-    /// A [`SqlFence`] for `lease`, whose placeholders start at
-    /// `first_param` (PostgreSQL `$n`, SQLite `?n`; ignored on MySQL, whose
-    /// placeholders are positional).
-    pub fn fence(&self, lease: &Lease, first_param: usize) -> SqlFence {
-        let t = self.quoted_table();
+impl SqlFence {
+    /// The fence of `lease` on `table`, whose placeholders start at
+    /// `first_param`.
+    pub(crate) fn new(table: &Table, lease: &Lease, first_param: usize) -> Self {
+        let t = table.quoted_table();
         let n = first_param.max(1);
-        let predicate = self.inner_dialect().fence_predicate(t, n);
-        SqlFence {
+        let predicate = table.dialect.fence_predicate(t, n);
+        Self {
             predicate,
             key: lease.key().as_str().to_owned(),
             owner: lease.owner().to_hex(),

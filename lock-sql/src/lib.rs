@@ -85,32 +85,31 @@
 )]
 
 mod admin;
+mod backend;
 mod config;
-mod conn;
+mod connection;
 mod descriptor;
 mod dialect;
-mod driver;
 mod error;
 mod fence;
-pub mod floor;
-mod granted;
-mod multi;
-pub mod renew_many;
-mod session;
+mod grants;
+pub mod keys;
+mod renewal;
+mod sets;
 mod shared;
-mod shedlock;
-mod sql;
-mod wake;
+mod waiting;
 
+pub use backend::session::SqlSessionBackend;
+pub use backend::shedlock::SqlShedLockBackend;
+pub use backend::{SqlAnyBackend, SqlBackend};
 pub use config::{
-    DEFAULT_TABLE, MAX_TABLE_LEN, SHEDLOCK_TABLE, SqlConfig, SqlDialect, SqlLayout, SqlMode,
+    DEFAULT_TABLE, MAX_TABLE_LEN, MIN_TTL, MYSQL_SESSION_MIN_TTL, PG_SESSION_MIN_TTL,
+    SHEDLOCK_TABLE, SqlConfig, SqlDialect, SqlLayout, SqlMode,
 };
 pub use descriptor::DRIVER;
-pub use driver::{MIN_TTL, SqlBackend};
 pub use fence::SqlFence;
-pub use floor::SessionFloor;
-pub use session::{MYSQL_SESSION_MIN_TTL, PG_SESSION_MIN_TTL, SqlAnyBackend, SqlSessionBackend};
-pub use shedlock::{SHEDLOCK_MAX_NAME, SqlShedLockBackend};
+pub use keys::shedlock::SHEDLOCK_MAX_NAME;
+pub use renewal::RENEW_ROWS_PER_STATEMENT;
 
 /// The sqlx this crate uses, so fenced statements name the same types.
 pub use sqlx;

@@ -17,7 +17,7 @@ use conformance::servers::postgres::PostgresServer;
 use lock_core::{
     ErrorKind, FencingToken, Lease, LockBackend, LockBackendExt, LockError, LockKey, OwnerId,
 };
-use lock_sql::renew_many::RENEW_ROWS_PER_STATEMENT;
+use lock_sql::RENEW_ROWS_PER_STATEMENT;
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;

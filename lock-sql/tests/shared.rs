@@ -39,7 +39,7 @@ async fn sqlite_shared() {
 /// session mode (no semaphores there) and bad counts.
 #[tokio::test]
 async fn permit_floor_refuses_session_mode_and_bad_counts() {
-    use lock_sql::floor::SqlPermitFloor;
+    use lock_bench::sql::SqlPermitFloor;
     let session = SqlPermitFloor::connect("postgres://u@127.0.0.1:1/db?mode=session", 1, 4).await;
     assert_eq!(session.unwrap_err().kind(), ErrorKind::Unsupported);
     let bad = SqlPermitFloor::connect("sqlite::memory:", 5, 4).await;

@@ -16,10 +16,10 @@ use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
+use lock_bench::sql::SqlPermitFloor;
 use lock_core::floor::RawFloor;
 use lock_core::{LeaseKind, LockBackend, LockBackendExt, LockKey};
 use lock_sql::SqlBackend;
-use lock_sql::floor::SqlPermitFloor;
 use proxied::{Extra, ExtraStatement, proxy_to, through};
 
 const CYCLES: u64 = 30;

@@ -386,11 +386,13 @@ async fn operating(ours: &SqlAnyBackend, shed: &mut ShedLock, ours_url: &str) {
     assert!(ours.release(&after).await.unwrap());
     // No benchmark floor for the layout: refused, and none from the
     // driver's descriptor (so compare shows no floor instead of failing).
-    let err = lock_sql::floor::SqlFloor::connect(ours_url)
+    let err = lock_bench::sql::SqlFloor::connect(ours_url)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
-    let floor = lock_sql::DRIVER.floor.expect("the driver has floors");
+    let floor = lock_bench::for_driver("sql")
+        .floor
+        .expect("the driver has floors");
     assert!(floor(ours_url).await.unwrap().is_none());
 }
 

@@ -4,13 +4,13 @@
 //! statement's binds are ordered, how a grant reports its token, where
 //! "now" comes from, how a batch of renewals says which rows it renewed);
 //! the code that runs the lease statements by that data is written once
-//! (`run.rs`, over `crate::shared::run`).
+//! (`run.rs`, over `crate::dialect::binds`).
 //!
 //! The rest of the crate asks the backend's [`Dialect`] (a `&'static dyn
 //! Dialect`, chosen once at connect by [`of`]) instead of matching on the
 //! dialect or the connection in every function. The only matches left are
-//! this registry, the connection types' own (`crate::conn`,
-//! `crate::shared::run`) and each dialect's unwrapping of its connection
+//! this registry, the connection types' own (`crate::connection`,
+//! `crate::dialect::binds`) and each dialect's unwrapping of its connection
 //! for its session statements.
 
 use std::collections::HashSet;
@@ -20,11 +20,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::{Lease, LockError};
 
+use crate::config::NAME;
 use crate::config::{SqlConfig, SqlDialect};
-use crate::conn::{DbConn, DbOptions};
-use crate::driver::NAME;
-use crate::session::conn::{Granted, KillTarget, Killed, ServerKey};
-use crate::session::sql::SessionSql;
+use crate::connection::{DbConn, DbOptions};
+use crate::dialect::session::SessionSql;
+use crate::dialect::session::{Granted, KillTarget, Killed, ServerKey};
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -33,7 +33,9 @@ pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
+pub(crate) mod binds;
 mod run;
+pub(crate) mod session;
 
 /// Rows renewed by one batch statement: (name, owner, token).
 pub(crate) type Renewed = HashSet<(String, String, i64)>;
@@ -77,7 +79,7 @@ pub(crate) fn floor_table(f: &str) -> String {
 }
 
 /// A dialect's text of the lease table's statements, which
-/// [`Statements::new`](crate::sql::Statements::new) completes (the token
+/// [`Statements::new`](crate::keys::Statements::new) completes (the token
 /// floor table, the quoted names).
 #[derive(Debug)]
 pub(crate) struct LeaseSql {
@@ -268,7 +270,7 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// The fence predicate on `table` (quoted), placeholders from `first`.
     fn fence_predicate(&self, table: &str, first: usize) -> String;
 
-    /// The batch renewal statement for `rows` leases (see renew_many.rs).
+    /// The batch renewal statement for `rows` leases (see `crate::renewal`).
     fn renew_batch_sql(&self, table: &str, rows: usize) -> String;
 
     /// sqlx's connect options for `config`.
@@ -660,4 +662,27 @@ pub(crate) fn session_of(dialect: SqlDialect) -> Result<&'static dyn SessionDial
         _ => None,
     };
     found.ok_or_else(|| without_feature(dialect))
+}
+
+/// The connections' size: `pool_size`, or the dialect's default (10;
+/// SQLite file: 4; in memory: 1, the one connection that keeps the database
+/// alive).
+pub(crate) fn pool_size(config: &SqlConfig) -> u32 {
+    let default =
+        of(config.dialect).map_or(10, |dialect| dialect.default_pool_size(config.is_memory()));
+    config.pool_size.unwrap_or(default)
+}
+
+/// Quotes each part of a validated (schema-qualified) name with `quote`.
+pub(crate) fn quote_with(quote: char, table: &str) -> String {
+    table
+        .split('.')
+        .map(|part| format!("{quote}{part}{quote}"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The PostgreSQL notification channel for releases on `table`.
+pub(crate) fn pg_channel(table: &str) -> String {
+    format!("distlock_{}", table.replace('.', "_"))
 }

@@ -18,13 +18,13 @@ use super::{
     SessionDialect, SessionHolder, SessionListed, SessionProfile, SharedNames, UpsertBinds,
     first_token, marks, parse_options, spliced_batch, wrong_conn,
 };
-use crate::admin::{is_duplicate_column, is_missing_column};
 use crate::config::SqlConfig;
-use crate::conn::{DbConn, DbOptions};
-use crate::session::conn::{
+use crate::connection::{DbConn, DbOptions};
+use crate::dialect::session::{
     Granted, KillTarget, Killed, ServerKey, mysql_wait_timeout, token_of as session_token,
 };
-use crate::session::sql::{SessionSql, suffixed};
+use crate::dialect::session::{SessionSql, suffixed};
+use crate::error::{is_duplicate_column, is_missing_column};
 
 /// MySQL and MariaDB.
 #[derive(Debug)]
@@ -324,7 +324,7 @@ impl SessionDialect for MySql {
     fn session_profile(&self) -> &'static SessionProfile {
         static SESSION: SessionProfile = SessionProfile {
             name: "mysql-session",
-            min_ttl: crate::MYSQL_SESSION_MIN_TTL,
+            min_ttl: crate::config::MYSQL_SESSION_MIN_TTL,
             // A counter row per key.
             fencing: FencingScope::PerKey,
             // The token row carries them.
@@ -688,7 +688,7 @@ mod tests {
     /// fractions of a second (down to a nanosecond past a whole second).
     fn ttls(up_to: Duration) -> Vec<Duration> {
         let mut ttls = Vec::new();
-        let mut ttl = crate::MYSQL_SESSION_MIN_TTL;
+        let mut ttl = crate::config::MYSQL_SESSION_MIN_TTL;
         while ttl <= up_to {
             for odd in [0, 1, 999, 1_000, 999_999, 1_000_001, 499_999_999] {
                 ttls.push(ttl + Duration::from_nanos(odd));

@@ -16,11 +16,11 @@ use super::{
     micros, parse_options, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
-use crate::conn::{DbConn, DbOptions};
-use crate::session::conn::{
+use crate::connection::{DbConn, DbOptions};
+use crate::dialect::session::{
     Granted, KillTarget, Killed, ServerKey, pg_idle_timeout, token_of as session_token,
 };
-use crate::session::sql::{SessionSql, suffixed};
+use crate::dialect::session::{SessionSql, suffixed};
 
 /// The `application_name` of a session-mode connection holding no grant
 /// of ours (a grant publishes `distlock <owner hex> <token>`).
@@ -344,7 +344,7 @@ impl SessionDialect for Postgres {
     fn session_profile(&self) -> &'static SessionProfile {
         static SESSION: SessionProfile = SessionProfile {
             name: "postgres-session",
-            min_ttl: crate::PG_SESSION_MIN_TTL,
+            min_ttl: crate::config::PG_SESSION_MIN_TTL,
             // One sequence for every key (nextval order is the order of grants).
             fencing: FencingScope::Global,
             // No per-key row to carry them (see the session module docs).
@@ -647,7 +647,7 @@ mod tests {
     /// last thing it heard (the holder's last renewal at the latest).
     #[test]
     fn the_server_never_ends_a_holders_session_before_the_ttl() {
-        let mut ttl = crate::PG_SESSION_MIN_TTL;
+        let mut ttl = crate::config::PG_SESSION_MIN_TTL;
         while ttl < Duration::from_secs(3600) {
             assert!(
                 server_may_end_session_after(ttl) >= ttl,

@@ -1,6 +1,6 @@
 //! The code that reads a dialect's [`Profile`], written once: its
 //! accessors, and the lease statements run with the binds and answers the
-//! profile names (every connection type through `crate::shared::run`).
+//! profile names (every connection type through `crate::dialect::binds`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +9,8 @@ use lock_core::{HolderDetails, Lease, LockError, LockKey};
 
 use super::{Arg, Batch, Dialect, GrantReply, Holder, Renewed, micros, token_of, unix_micros};
 use crate::config::SqlConfig;
-use crate::conn::{DbConn, DbOptions, DbPool};
-use crate::shared::run::{Bind, Value, execute, fetch, fetch_optional};
+use crate::connection::{DbConn, DbOptions, DbPool};
+use crate::dialect::binds::{Bind, Value, execute, fetch, fetch_optional};
 
 /// The values one lease statement may bind, by [`Arg`].
 struct Values<'a> {
@@ -144,7 +144,7 @@ impl dyn Dialect {
         } else {
             config.op_timeout
         };
-        let pool = options.lazy_pool(crate::conn::pool_size(config), acquire);
+        let pool = options.lazy_pool(super::pool_size(config), acquire);
         Ok((options, pool))
     }
 
@@ -176,7 +176,7 @@ impl dyn Dialect {
             }
             #[cfg(feature = "mysql")]
             GrantReply::LastInsertId => {
-                let token = crate::shared::run::last_insert_id(conn, sql, &binds).await?;
+                let token = crate::dialect::binds::last_insert_id(conn, sql, &binds).await?;
                 Ok((token != 0).then(|| i64::try_from(token).unwrap_or(i64::MAX)))
             }
             #[cfg(not(feature = "mysql"))]

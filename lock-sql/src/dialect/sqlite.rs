@@ -10,7 +10,7 @@ use super::{
     UpsertBinds, first_token, lease_upsert, parse_options, spliced_batch,
 };
 use crate::config::SqlConfig;
-use crate::conn::DbOptions;
+use crate::connection::DbOptions;
 
 /// SQLite's "now" in SQL: the host clock in microseconds since the Unix
 /// epoch, as SQLite reads it (millisecond precision, fixed within one

@@ -12,17 +12,19 @@ use lock_core::{
 };
 use tokio::time::Instant;
 
-use super::run::{Bind, Value, execute, fetch};
-use crate::conn::{ConnSet, retry_once};
+use crate::config::{MIN_TTL, NAME};
+use crate::connection::{ConnSet, retry_once};
+use crate::dialect::binds::{Bind, Value, execute, fetch};
 use crate::dialect::{micros, token_of};
-use crate::driver::{MIN_TTL, NAME, SqlBackend};
 use crate::error::timed;
 
-impl SqlBackend {
+use super::Shared;
+
+impl Shared {
     /// A statement on a holder row, once more on a fresh connection when
     /// the connection broke (all are idempotent or report `false` the
     /// second time): the rows it changed.
-    pub(super) async fn holder_statement(
+    pub(crate) async fn holder_statement(
         &self,
         key: &LockKey,
         statement: &Arc<str>,
@@ -30,8 +32,8 @@ impl SqlBackend {
         returns_rows: bool,
         operation: Operation,
     ) -> Result<u64, LockError> {
-        let conns = &self.inner().conns;
-        timed(&self.inner().config, operation, Some(key), async {
+        let conns = &self.inner.conns;
+        timed(&self.inner.config, operation, Some(key), async {
             retry_once!(conns, |conn| async {
                 if returns_rows {
                     fetch(conn, statement, binds, "")
@@ -70,7 +72,7 @@ impl SqlBackend {
             Bind::Text(&code),
         ];
         let sent_at = Instant::now();
-        let statement = &self.inner().shared.renew;
+        let statement = &self.inner.shared.renew;
         match self
             .holder_statement(key, statement, &binds, false, Operation::Renew)
             .await?
@@ -83,8 +85,8 @@ impl SqlBackend {
     /// Wakes the process's waiters for `key` where the database does not
     /// notify them.
     fn woke(&self, key: &LockKey) {
-        if !self.inner().shared.notifies {
-            self.inner().waits.released(key.as_str());
+        if !self.inner.shared.notifies {
+            self.inner.waits.released(key.as_str());
         }
     }
 
@@ -92,8 +94,8 @@ impl SqlBackend {
     pub(crate) async fn release_share(&self, lease: &Lease) -> Result<bool, LockError> {
         let (key, kind) = (lease.key(), lease.kind());
         let (owner, code) = (lease.owner().to_hex(), kind.code());
-        let shared = &self.inner().shared;
-        let channel = &self.inner().channel;
+        let shared = &self.inner.shared;
+        let channel = &self.inner.channel;
         let mut binds = vec![
             Bind::Text(key.as_str()),
             Bind::Text(kind.shape().as_str()),
@@ -128,8 +130,8 @@ impl SqlBackend {
             return Err(Self::not_held(lease, Operation::Downgrade));
         }
         let owner = lease.owner().to_hex();
-        let shared = &self.inner().shared;
-        let channel = &self.inner().channel;
+        let shared = &self.inner.shared;
+        let channel = &self.inner.channel;
         let mut binds = vec![
             Bind::Text(key.as_str()),
             Bind::Text(LockShape::ReadWrite.as_str()),
@@ -170,10 +172,10 @@ impl SqlBackend {
         shape: LockShape,
     ) -> Result<Vec<HolderInfo>, LockError> {
         let operation = Operation::Inspect;
-        let conns = &self.inner().conns;
-        let statement = &self.inner().shared.list;
+        let conns = &self.inner.conns;
+        let statement = &self.inner.shared.list;
         let binds = [Bind::Text(key.as_str()), Bind::Text(shape.as_str())];
-        let rows = timed(&self.inner().config, operation, Some(key), async {
+        let rows = timed(&self.inner.config, operation, Some(key), async {
             retry_once!(read, conns, |conn| fetch(conn, statement, &binds, "ttiit"))
         })
         .await?;
@@ -189,7 +191,7 @@ impl SqlBackend {
 /// # Errors
 ///
 /// `InvalidArgument` for a kind code this version does not know.
-pub(super) fn holder_info(r: &[Value]) -> Result<HolderInfo, LockError> {
+pub(crate) fn holder_info(r: &[Value]) -> Result<HolderInfo, LockError> {
     Ok(HolderInfo {
         kind: LeaseKind::from_code(r[1].text())?,
         holder: r[0].text().to_owned(),

@@ -7,14 +7,16 @@ use std::time::Duration;
 use lock_core::{ErrorKind, Lease, LeaseKind, LockError, LockKey, Operation, OwnerId, check_ttl};
 use tokio::time::Instant;
 
-use super::run::Bind;
-use super::{HolderRow, Outcome, Request, WaiterRow, amounts, grantable, read_state, waiter_ttl};
-use crate::conn::{ConnSet, retry_once};
-use crate::driver::{MIN_TTL, NAME, SqlBackend};
+use super::{
+    HolderRow, Outcome, Request, Shared, WaiterRow, amounts, grantable, read_state, waiter_ttl,
+};
+use crate::config::{MIN_TTL, NAME};
+use crate::connection::wake::{Wake, released_within};
+use crate::connection::{ConnSet, retry_once};
+use crate::dialect::binds::Bind;
 use crate::error::timed;
-use crate::wake::Wake;
 
-impl SqlBackend {
+impl Shared {
     /// A waiting acquire's look before its next grant transaction, read
     /// only and outside any transaction (on SQLite without the writer
     /// turn): `false` when the transaction would only refuse again and its
@@ -28,10 +30,10 @@ impl SqlBackend {
         waiter: i64,
     ) -> Result<bool, LockError> {
         let operation = Operation::Acquire;
-        let conns = &self.inner().conns;
-        let statement = &self.inner().shared.state;
+        let conns = &self.inner.conns;
+        let statement = &self.inner.shared.state;
         let (name, shape) = (key.as_str(), kind.shape().as_str());
-        let (holders, waiters) = timed(&self.inner().config, operation, Some(key), async {
+        let (holders, waiters) = timed(&self.inner.config, operation, Some(key), async {
             retry_once!(read, conns, |conn| read_state(conn, statement, name, shape))
         })
         .await?;
@@ -75,7 +77,7 @@ impl SqlBackend {
         loop {
             // Subscribe before the attempt, so a release between a refusal
             // and the wait is not missed.
-            let mut wakes = self.inner().waits.subscribe();
+            let mut wakes = self.inner.waits.subscribe();
             // While our row is fresh, a read-only look spares a write
             // transaction (and on SQLite the file's write lock) that would
             // only refuse again.
@@ -131,10 +133,10 @@ impl SqlBackend {
 
     /// A waiting acquire's pacing: the configured poll backoff, the
     /// listener not started yet.
-    pub(super) fn pacing(&self) -> Pacing {
+    pub(crate) fn pacing(&self) -> Pacing {
         Pacing {
-            backoff: self.inner().config.poll.backoff(),
-            notified: self.inner_dialect().notified(),
+            backoff: self.inner.config.poll.backoff(),
+            notified: self.inner.dialect.notified(),
             started_listener: false,
         }
     }
@@ -143,7 +145,7 @@ impl SqlBackend {
     /// notified backend, starts the listener and returns at once (releases
     /// before it ran were not heard: the caller attempts again);
     /// otherwise sleeps as [`wait_for_wake`](Self::wait_for_wake) does.
-    pub(super) async fn pace(
+    pub(crate) async fn pace(
         &self,
         pacing: &mut Pacing,
         wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
@@ -152,7 +154,7 @@ impl SqlBackend {
         deadline: Instant,
     ) {
         if pacing.notified && !pacing.started_listener {
-            self.ensure_listener().await;
+            self.inner.ensure_listener().await;
             pacing.started_listener = true;
             return;
         }
@@ -172,35 +174,24 @@ impl SqlBackend {
         deadline: Instant,
         backoff: &mut lock_core::Backoff,
     ) {
-        let config = &self.inner().config;
-        let delay = if self.inner_dialect().notified() {
+        let config = &self.inner.config;
+        let delay = if self.inner.dialect.notified() {
             config.recheck
         } else {
             backoff.next_delay().unwrap_or(config.poll.max)
         };
         let delay =
             delay.min(waiter_ttl(ttl) / 3) + lock_core::random_delay(Duration::from_millis(2));
-        let sleep = tokio::time::sleep_until((Instant::now() + delay).min(deadline));
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                () = &mut sleep => break,
-                wake = wakes.recv() => match wake {
-                    Ok(Wake::Released(released)) if &*released == key.as_str() => {
-                        *backoff = config.poll.backoff();
-                        break;
-                    }
-                    Ok(Wake::All) | Err(_) => break,
-                    Ok(Wake::Released(_) | Wake::Taken(_)) => {}
-                },
-            }
+        let until = (Instant::now() + delay).min(deadline);
+        if released_within(wakes, key, until).await {
+            *backoff = config.poll.backoff();
         }
     }
 
     /// Deletes waiter row `id` and wakes the key's waiters (the ones behind
     /// it may go now).
     async fn withdraw(&self, key: &LockKey, id: i64) {
-        let shared = &self.inner().shared;
+        let shared = &self.inner.shared;
         let _ = self
             .holder_statement(
                 key,
@@ -212,18 +203,18 @@ impl SqlBackend {
             .await;
         match &shared.notify {
             Some(notify) => {
-                let binds = [Bind::Text(&self.inner().channel), Bind::Text(key.as_str())];
+                let binds = [Bind::Text(&self.inner.channel), Bind::Text(key.as_str())];
                 let _ = self
                     .holder_statement(key, notify, &binds, true, Operation::Acquire)
                     .await;
             }
-            None => self.inner().waits.released(key.as_str()),
+            None => self.inner.waits.released(key.as_str()),
         }
     }
 }
 
-/// How a waiting acquire paces its attempts ([`SqlBackend::pace`]).
-pub(super) struct Pacing {
+/// How a waiting acquire paces its attempts ([`Shared::pace`]).
+pub(crate) struct Pacing {
     /// The poll backoff (reset by a wake-up for the key).
     backoff: lock_core::Backoff,
     /// Whether releases notify through the database (PostgreSQL).
@@ -234,15 +225,15 @@ pub(super) struct Pacing {
 
 /// A waiting acquire's row in the waiters table: withdrawn when the
 /// acquire gives up, and in the background when it is dropped.
-pub(super) struct Queued {
-    pub(super) backend: SqlBackend,
-    pub(super) key: LockKey,
-    pub(super) id: Option<i64>,
+pub(crate) struct Queued {
+    pub(crate) backend: Shared,
+    pub(crate) key: LockKey,
+    pub(crate) id: Option<i64>,
 }
 
 impl Queued {
     /// Not queued yet, for `key` on `backend`.
-    pub(super) fn new(backend: &SqlBackend, key: &LockKey) -> Self {
+    pub(crate) fn new(backend: &Shared, key: &LockKey) -> Self {
         Self {
             backend: backend.clone(),
             key: key.clone(),
@@ -250,7 +241,7 @@ impl Queued {
         }
     }
 
-    pub(super) async fn withdraw(&mut self) {
+    pub(crate) async fn withdraw(&mut self) {
         if let Some(id) = self.id.take() {
             self.backend.withdraw(&self.key, id).await;
         }

@@ -343,8 +343,8 @@ where
 /// driver holds (without waiting or stealing it), and bumps the same
 /// per-key token the driver uses.
 pub async fn check_floor(url: &str) {
+    use lock_bench::sql::SqlFloor;
     use lock_core::{ErrorKind, LockKey};
-    use lock_sql::floor::SqlFloor;
     let ttl = std::time::Duration::from_secs(30);
     let floor = SqlFloor::connect(url).await.unwrap();
     let backend = SqlBackend::connect_url(url).await.unwrap();

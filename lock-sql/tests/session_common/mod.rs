@@ -114,8 +114,8 @@ pub fn with_options(url: &str, options: &str) -> String {
     format!("{base}?{}", pairs.join("&"))
 }
 
+use lock_bench::sql::SessionFloor;
 use lock_core::{LockClient, LockKey, OwnerId};
-use lock_sql::SessionFloor;
 use lock_sql::sqlx::{self, Connection};
 use std::time::Duration;
 use tokio::time::{Instant, sleep, timeout};

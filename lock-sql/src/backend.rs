@@ -1,0 +1,359 @@
+//! [`SqlBackend`], row mode's backend: the components that own each concern
+//! (grants, waiting, renewal, the shared kinds, sets, administration) over
+//! one lease table, the kernel ([`LockBackend`]) delegating to them, and
+//! its facets. The other modes' backends are this role's sub-modules:
+//! `session.rs` (server-session locks), `shedlock.rs` (ShedLock's table),
+//! `any.rs` (the one [`connect`](crate::connect) returns).
+
+mod any;
+pub(crate) mod session;
+pub(crate) mod shedlock;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{
+    Capabilities, Facets, FencingScope, GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind,
+    LockBackend, LockError, LockInfo, LockKey, LockShape, TtlModel, WaitStrategy,
+};
+use tokio::time::Instant;
+
+pub use any::SqlAnyBackend;
+
+use crate::admin::Administration;
+use crate::config::{MIN_TTL, NAME, SqlConfig, SqlDialect};
+use crate::connection::DbPool;
+use crate::connection::table::Table;
+use crate::fence::SqlFence;
+use crate::grants::Grants;
+use crate::renewal::Renewal;
+use crate::sets::Sets;
+use crate::shared::Shared;
+use crate::waiting::Waiting;
+
+/// A lock service on a SQL table: PostgreSQL, MySQL/MariaDB or SQLite.
+///
+/// Cheap to clone: clones share one set of connections. See the crate docs
+/// for the table, the statements and the caveats.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_core::{LockBackend, LockBackendExt, LockKey};
+/// use lock_sql::SqlBackend;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_core::LockError> {
+/// let backend = SqlBackend::connect_url("sqlite::memory:").await?;
+/// let key = LockKey::new("reports")?;
+/// let lease = backend.try_acquire(&key, Duration::from_secs(5)).await?.expect("free");
+/// assert!(backend.try_acquire(&key, Duration::from_secs(5)).await?.is_none());
+/// assert!(backend.release(&lease).await?);
+/// let again = backend.try_acquire(&key, Duration::from_secs(5)).await?.expect("free again");
+/// assert!(again.token() > lease.token());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct SqlBackend {
+    inner: Arc<Parts>,
+}
+
+/// The components, each owning its concern, over one table.
+struct Parts {
+    table: Arc<Table>,
+    grants: Grants,
+    waiting: Waiting,
+    renewal: Renewal,
+    shared: Shared,
+    sets: Sets,
+    admin: Administration,
+}
+
+impl fmt::Debug for SqlBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlBackend")
+            .field("config", &self.inner.table.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlBackend {
+    /// Connects with a URL (see [`SqlConfig::from_url`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`SqlConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes whatever was opened.
+    pub async fn connect_url(url: &str) -> Result<Self, LockError> {
+        Self::connect(SqlConfig::from_url(url)?).await
+    }
+
+    /// Opens a first connection, checks the database answers and creates
+    /// the lease table when it is missing (unless disabled).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] for options the driver rejects, a dialect
+    /// whose cargo feature is off, or `mode=session` (that is
+    /// [`SqlSessionBackend`](crate::SqlSessionBackend));
+    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when the database
+    /// cannot be reached within the operation timeout;
+    /// [`ErrorKind::Backend`] when creating the table fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes whatever was opened. A table created
+    /// meanwhile stays (creation is idempotent).
+    pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        if config.lock_mode() == crate::SqlMode::Session {
+            // Silently taking row locks for a URL that asks for session
+            // locks would let two fleets believe they exclude each other.
+            return Err(LockError::config(
+                "mode=session is the session-lock backend: open it with lock_sql::connect \
+                 or SqlSessionBackend, not SqlBackend",
+            )
+            .with_backend(NAME));
+        }
+        crate::config::refuse_shedlock(&config, "SqlBackend")?;
+        let table = Table::open(config).await?;
+        let grants = Grants::new(Arc::clone(&table));
+        let shared = Shared::new(Arc::clone(&table));
+        let parts = Parts {
+            waiting: Waiting::new(Arc::clone(&table), grants.clone(), shared.clone()),
+            renewal: Renewal::new(Arc::clone(&table)),
+            sets: Sets::new(Arc::clone(&table), grants.clone()),
+            admin: Administration::new(Arc::clone(&table)),
+            grants,
+            shared,
+            table,
+        };
+        Ok(Self {
+            inner: Arc::new(parts),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SqlConfig {
+        &self.inner.table.config
+    }
+
+    /// The dialect.
+    pub fn dialect(&self) -> SqlDialect {
+        self.inner.table.config.dialect
+    }
+
+    /// A PostgreSQL pool on the same database, to run your own (e.g.
+    /// fenced) statements on. The lock statements never use it: it opens
+    /// its connections when you first use it, and as a sqlx pool it pings
+    /// each connection as it returns (a second round trip per statement).
+    #[cfg(feature = "postgres")]
+    pub fn pg_pool(&self) -> Option<&sqlx::PgPool> {
+        #[allow(unreachable_patterns)] // with only this feature on
+        match &self.inner.table.pool {
+            DbPool::Postgres(pool) => Some(pool),
+            _ => None,
+        }
+    }
+
+    /// A MySQL/MariaDB pool on the same database, to run your own (e.g.
+    /// fenced) statements on; see [`pg_pool`](Self::pg_pool).
+    #[cfg(feature = "mysql")]
+    pub fn mysql_pool(&self) -> Option<&sqlx::MySqlPool> {
+        #[allow(unreachable_patterns)] // with only this feature on
+        match &self.inner.table.pool {
+            DbPool::MySql(pool) => Some(pool),
+            _ => None,
+        }
+    }
+
+    /// A SQLite pool on the same database (an in-memory one included), to
+    /// run your own (e.g. fenced) statements on; see
+    /// [`pg_pool`](Self::pg_pool).
+    #[cfg(feature = "sqlite")]
+    pub fn sqlite_pool(&self) -> Option<&sqlx::SqlitePool> {
+        #[allow(unreachable_patterns)] // with only this feature on
+        match &self.inner.table.pool {
+            DbPool::Sqlite(pool) => Some(pool),
+            _ => None,
+        }
+    }
+
+    /// The lease table's name, quoted for this dialect.
+    pub fn quoted_table(&self) -> &str {
+        self.inner.table.quoted_table()
+    }
+
+    /// The schema this backend creates, for teams that create it themselves
+    /// (then connect with `create_table=false`).
+    pub fn schema_sql(&self) -> Vec<String> {
+        self.inner
+            .table
+            .statements
+            .create
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    /// Closes the connections and the pool: later calls fail with
+    /// [`ErrorKind::Unavailable`].
+    ///
+    /// # Errors
+    ///
+    /// None today; kept fallible for future drivers.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: new calls are refused once called; idle connections not yet
+    /// closed are dropped with the backend.
+    pub async fn close(&self) -> Result<(), LockError> {
+        self.inner.table.close().await;
+        Ok(())
+    }
+
+    /// A [`SqlFence`] for `lease`, whose placeholders start at
+    /// `first_param` (PostgreSQL `$n`, SQLite `?n`; ignored on MySQL, whose
+    /// placeholders are positional).
+    pub fn fence(&self, lease: &Lease, first_param: usize) -> SqlFence {
+        SqlFence::new(&self.inner.table, lease, first_param)
+    }
+}
+
+#[async_trait]
+impl LockBackend for SqlBackend {
+    fn name(&self) -> &'static str {
+        self.inner.table.dialect.name()
+    }
+
+    // Every field is set today; `..minimal()` keeps a field added later
+    // at its conservative default.
+    #[allow(clippy::needless_update)]
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: FencingScope::PerKey,
+            // The token is bumped in the same committed statement as the
+            // grant, and a row `gc` deletes leaves its token in the floor
+            // that a new row starts above: a restart of the database keeps
+            // them (see the crate docs for asynchronous replicas).
+            fencing_survives_failover: true,
+            grants_survive_restart: true,
+            waiting: if self.inner.table.dialect.notified() {
+                WaitStrategy::Notify
+            } else {
+                WaitStrategy::Poll
+            },
+            // Fair mode queues mutex waiters by a database-assigned id.
+            fifo: self.inner.table.config.fair,
+            ttl_model: TtlModel::PerLease,
+            // One primary orders every grant of a row.
+            linearizable: true,
+            min_ttl: MIN_TTL,
+            // Table mode (crate::shared); session mode has neither.
+            shared_locks: true,
+            semaphores: true,
+            // The `details` column, written by the grant (crate::admin).
+            holder_details: true,
+            ..Capabilities::minimal()
+        }
+    }
+
+    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key,
+            kind,
+            ttl,
+            deadline,
+        } = request;
+        let parts = &self.inner;
+        match (kind, deadline) {
+            (LeaseKind::Exclusive, None) => parts.grants.try_take(key, ttl).await,
+            (LeaseKind::Exclusive, Some(deadline)) => parts
+                .waiting
+                .take_waiting(key, ttl, deadline)
+                .await
+                .map(Some),
+            (kind, None) => parts.shared.try_share(key, kind, ttl).await,
+            (kind, Some(deadline)) => parts
+                .shared
+                .acquire_share(key, kind, ttl, deadline)
+                .await
+                .map(Some),
+        }
+    }
+
+    /// Mutex leases in batches (one `UPDATE` per batch, `renewal.rs`), the
+    /// shared kinds one by one.
+    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        let parts = &self.inner;
+        if leases.iter().all(|l| l.kind() == LeaseKind::Exclusive) {
+            return parts.renewal.renew(leases).await;
+        }
+        let (mutexes, others): (Vec<usize>, Vec<usize>) =
+            (0..leases.len()).partition(|&i| leases[i].kind() == LeaseKind::Exclusive);
+        let batch: Vec<&Lease> = mutexes.iter().map(|&i| leases[i]).collect();
+        let mut results: Vec<Option<Result<Instant, LockError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        for (i, result) in mutexes.into_iter().zip(parts.renewal.renew(&batch).await) {
+            results[i] = Some(result);
+        }
+        for i in others {
+            results[i] = Some(parts.shared.renew_share(leases[i]).await);
+        }
+        results.into_iter().flatten().collect()
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        match lease.kind() {
+            LeaseKind::Exclusive => self.inner.grants.release(lease).await,
+            _ => self.inner.shared.release_share(lease).await,
+        }
+    }
+
+    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
+        match shape {
+            LockShape::ReadWrite | LockShape::Semaphore => {
+                self.inner.shared.share_holders(key, shape).await
+            }
+            _ => Ok(lock_core::kind::mutex_holders(
+                self.inner.grants.inspect(key).await?,
+            )),
+        }
+    }
+
+    /// Elections are the default renewed mutex (no facet of their own):
+    /// their observers wake as [`HolderWatch`] does for that mutex.
+    fn facets(&self) -> Facets<'_> {
+        let parts = &self.inner;
+        Facets {
+            listing: Some(&parts.admin),
+            admin: Some(&parts.admin),
+            lock_sets: Some(&parts.sets),
+            downgrade: Some(&parts.shared),
+            holder_watch: Some(self),
+            ..Facets::default()
+        }
+    }
+}
+
+/// On the backend rather than a component: the watch reads the holder
+/// through the kernel (`inspect`), woken by the waiting component's
+/// notifications.
+#[async_trait]
+impl HolderWatch for SqlBackend {
+    async fn watch_holder(
+        &self,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        let waiting = &self.inner.waiting;
+        waiting.watch_holder(self, key, seen, poll, deadline).await
+    }
+}

@@ -1,0 +1,149 @@
+//! The backend [`connect`](crate::connect) returns: row or session mode, as
+//! the URL's `mode` option says.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use lock_core::{
+    GrantRequest, HolderInfo, Lease, LockBackend, LockError, LockKey, LockShape, LockWrapper,
+};
+use tokio::time::Instant;
+
+use crate::config::{SqlConfig, SqlLayout, SqlMode};
+use crate::{SqlBackend, SqlSessionBackend, SqlShedLockBackend};
+
+/// A call's future as `async_trait` boxes it.
+type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
+
+/// A SQL lock backend in either mode ([`SqlBackend`] for `mode=row`, the
+/// default; [`SqlSessionBackend`] for `mode=session`), or on ShedLock's
+/// table ([`SqlShedLockBackend`] for `layout=shedlock`).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum SqlAnyBackend {
+    /// A unique-row lease table.
+    Row(SqlBackend),
+    /// Server-session locks.
+    Session(SqlSessionBackend),
+    /// ShedLock's table (`layout=shedlock`).
+    ShedLock(SqlShedLockBackend),
+}
+
+impl SqlAnyBackend {
+    /// Connects in the mode and layout `config` names.
+    ///
+    /// # Errors
+    ///
+    /// As [`SqlBackend::connect`], [`SqlSessionBackend::connect`] or
+    /// [`SqlShedLockBackend::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes whatever was opened.
+    pub async fn connect(config: SqlConfig) -> Result<Self, LockError> {
+        if config.table_layout() == SqlLayout::ShedLock {
+            return Ok(Self::ShedLock(SqlShedLockBackend::connect(config).await?));
+        }
+        match config.lock_mode() {
+            SqlMode::Session => Ok(Self::Session(SqlSessionBackend::connect(config).await?)),
+            _ => Ok(Self::Row(SqlBackend::connect(config).await?)),
+        }
+    }
+
+    /// The row-mode backend, if this is one.
+    pub fn as_row(&self) -> Option<&SqlBackend> {
+        match self {
+            Self::Row(backend) => Some(backend),
+            Self::Session(_) | Self::ShedLock(_) => None,
+        }
+    }
+
+    /// The session-mode backend, if this is one.
+    pub fn as_session(&self) -> Option<&SqlSessionBackend> {
+        match self {
+            Self::Session(backend) => Some(backend),
+            Self::Row(_) | Self::ShedLock(_) => None,
+        }
+    }
+
+    /// The ShedLock-layout backend, if this is one.
+    pub fn as_shedlock(&self) -> Option<&SqlShedLockBackend> {
+        match self {
+            Self::ShedLock(backend) => Some(backend),
+            Self::Row(_) | Self::Session(_) => None,
+        }
+    }
+
+    fn get(&self) -> &dyn LockBackend {
+        match self {
+            Self::Row(backend) => backend,
+            Self::Session(backend) => backend,
+            Self::ShedLock(backend) => backend,
+        }
+    }
+}
+
+/// Every call goes to the backend held, unchanged, and so do its facets:
+/// a row-mode `SqlAnyBackend` has the row mode's admin, lock sets,
+/// downgrades and holder watch, a session-mode one the session mode's
+/// admin.
+impl LockWrapper for SqlAnyBackend {
+    fn inner(&self) -> &dyn LockBackend {
+        self.get()
+    }
+
+    // The kernel's calls hand back the inner backend's boxed future as it
+    // is, rather than boxing one more future of their own that only awaits
+    // it (an allocation and an indirect poll per call; the blanket
+    // `LockBackend` impl of every wrapper boxes one around it already).
+
+    fn grant<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        request: GrantRequest<'life1>,
+    ) -> Call<'async_trait, Option<Lease>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.get().grant(request)
+    }
+
+    fn renew_many<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        leases: &'life1 [&'life2 Lease],
+    ) -> Pin<Box<dyn Future<Output = Vec<Result<Instant, LockError>>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.get().renew_many(leases)
+    }
+
+    fn release<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        lease: &'life1 Lease,
+    ) -> Call<'async_trait, bool>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.get().release(lease)
+    }
+
+    fn holders<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        key: &'life1 LockKey,
+        shape: LockShape,
+    ) -> Call<'async_trait, Vec<HolderInfo>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.get().holders(key, shape)
+    }
+}

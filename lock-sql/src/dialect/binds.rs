@@ -1,0 +1,134 @@
+//! Running a shared-table statement with its binds on a connection of any
+//! dialect: the statements are the same text with the same binds (keys,
+//! owners, kinds as text; counts, tokens, TTLs, ids as `BIGINT`), so one
+//! body serves every connection type.
+
+use std::sync::Arc;
+
+use sqlx::Row;
+
+use crate::connection::{DbConn, on_conn};
+use crate::dialect::text;
+
+/// One bound value.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bind<'a> {
+    Text(&'a str),
+    Int(i64),
+    /// A key as bytes (MySQL's `VARBINARY` lease table).
+    Bytes(&'a [u8]),
+}
+
+/// One column read back: `Int` for `i` in the spec, `Text` for `t`.
+#[derive(Clone, Debug)]
+pub(crate) enum Value {
+    Int(Option<i64>),
+    Text(Option<String>),
+}
+
+impl Value {
+    pub(crate) fn int(&self) -> i64 {
+        match self {
+            Self::Int(Some(v)) => *v,
+            _ => 0,
+        }
+    }
+
+    pub(crate) fn text(&self) -> &str {
+        match self {
+            Self::Text(Some(v)) => v,
+            _ => "",
+        }
+    }
+
+    /// The text read, `None` for SQL `NULL` (or an integer column).
+    pub(crate) fn into_text(self) -> Option<String> {
+        match self {
+            Self::Text(v) => v,
+            Self::Int(_) => None,
+        }
+    }
+}
+
+macro_rules! bound {
+    ($sql:expr, $binds:expr) => {{
+        let mut query = sqlx::query(text($sql));
+        for bind in $binds {
+            query = match *bind {
+                Bind::Text(v) => query.bind(v),
+                Bind::Int(v) => query.bind(v),
+                Bind::Bytes(v) => query.bind(v),
+            };
+        }
+        query
+    }};
+}
+
+/// One row read as `spec` says (`i` integer, `t` text).
+macro_rules! read {
+    ($row:expr, $spec:expr) => {
+        $spec
+            .chars()
+            .enumerate()
+            .map(|(i, t)| {
+                Ok(match t {
+                    't' => Value::Text($row.try_get(i)?),
+                    _ => Value::Int($row.try_get(i)?),
+                })
+            })
+            .collect::<Result<Vec<Value>, sqlx::Error>>()
+    };
+}
+
+/// Runs `sql` and reads every row as `spec` says (`i` integer, `t` text).
+pub(crate) async fn fetch(
+    conn: &mut DbConn,
+    sql: &Arc<str>,
+    binds: &[Bind<'_>],
+    spec: &str,
+) -> Result<Vec<Vec<Value>>, sqlx::Error> {
+    on_conn!(conn, |c| {
+        let rows = bound!(sql, binds).fetch_all(&mut *c).await?;
+        rows.iter().map(|row| read!(row, spec)).collect()
+    })
+}
+
+/// Runs `sql` and reads its first row, if any, as `spec` says (sqlx's
+/// `fetch_optional`: a statement that answers at most one row).
+pub(crate) async fn fetch_optional(
+    conn: &mut DbConn,
+    sql: &Arc<str>,
+    binds: &[Bind<'_>],
+    spec: &str,
+) -> Result<Option<Vec<Value>>, sqlx::Error> {
+    on_conn!(conn, |c| {
+        let row = bound!(sql, binds).fetch_optional(&mut *c).await?;
+        row.map(|row| read!(row, spec)).transpose()
+    })
+}
+
+/// Runs `sql` on MySQL/MariaDB: the `LAST_INSERT_ID(expr)` its OK packet
+/// carries.
+#[cfg(feature = "mysql")]
+pub(crate) async fn last_insert_id(
+    conn: &mut DbConn,
+    sql: &Arc<str>,
+    binds: &[Bind<'_>],
+) -> Result<u64, sqlx::Error> {
+    #[allow(irrefutable_let_patterns)] // with only MySQL compiled in
+    let DbConn::MySql(c) = conn else {
+        return Err(crate::dialect::wrong_conn("mysql"));
+    };
+    Ok(bound!(sql, binds).execute(&mut *c).await?.last_insert_id())
+}
+
+/// Runs `sql`: the rows it changed (MySQL: matched).
+pub(crate) async fn execute(
+    conn: &mut DbConn,
+    sql: &Arc<str>,
+    binds: &[Bind<'_>],
+) -> Result<u64, sqlx::Error> {
+    on_conn!(conn, |c| {
+        Ok(bound!(sql, binds).execute(&mut *c).await?.rows_affected())
+    })
+}

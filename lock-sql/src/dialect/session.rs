@@ -1,0 +1,145 @@
+//! The statements of session mode, built once per backend from the
+//! validated table name by its [`SessionDialect`] (the text lives in
+//! `crate::dialect`). Values are bound; only the (validated, quoted)
+//! sequence or token-table name is spliced.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::SqlDialect;
+use crate::dialect::{SessionDialect, quote_with};
+
+/// Session-mode SQL for one dialect.
+#[derive(Debug)]
+pub(crate) struct SessionSql {
+    /// Creates the token sequence / table if missing (idempotent).
+    pub(crate) create: String,
+    /// PostgreSQL: reads the sequence's cache size and cycle flag
+    /// (`$1` = its quoted name). Empty on MySQL.
+    pub(crate) check: String,
+    /// The quoted sequence (PostgreSQL) or token table (MySQL) name.
+    pub(crate) counter: String,
+    /// One try (PostgreSQL) or a try/wait (MySQL, by its timeout
+    /// parameter) that takes the lock and its token in one statement.
+    pub(crate) grant: String,
+    /// PostgreSQL: the waiting grant (`lock_timeout` set in the same
+    /// statement). MySQL uses `grant` with a positive timeout.
+    pub(crate) wait: String,
+    /// Releases the lock (and resets the session's settings).
+    pub(crate) release: String,
+    /// The keep-alive: does this session still hold the lock?
+    pub(crate) holds: String,
+    /// Who holds the lock, and the token of its last grant.
+    pub(crate) inspect: String,
+    /// MySQL: one `list` page of token rows, with who holds each one's
+    /// lock now. Empty on PostgreSQL (no per-key row).
+    pub(crate) list: String,
+    /// `force_release`'s conditional end of the holder's session
+    /// (PostgreSQL: one statement; MySQL: the re-check before `KILL`).
+    pub(crate) kill_holder: String,
+    /// This session's server-side id (backend pid / connection id).
+    pub(crate) session_id: Arc<str>,
+}
+
+/// `table` with `suffix` appended to its last part (`schema.t` ->
+/// `schema.t_suffix`), quoted with `quote`. The table name was validated
+/// to at most 48 bytes, so the result fits both servers' 63/64-byte limits.
+pub(crate) fn suffixed(quote: char, table: &str, suffix: &str) -> String {
+    quote_with(quote, &format!("{table}{suffix}"))
+}
+
+impl SessionSql {
+    /// The statements of `dialect` for lease table `table` (validated).
+    pub(crate) fn new(dialect: &dyn SessionDialect, table: &str) -> Self {
+        dialect.session_sql(table)
+    }
+}
+
+/// A key as the server's lock sees it.
+#[derive(Clone, Debug)]
+pub(crate) struct ServerKey {
+    /// PostgreSQL advisory-lock key.
+    pub(crate) pg: i64,
+    /// Its `pg_locks` halves (classid, objid).
+    pub(crate) pg_halves: (i64, i64),
+    /// MySQL `GET_LOCK` name.
+    pub(crate) mysql: String,
+}
+
+impl ServerKey {
+    /// `key`'s name on `dialect` only; the other database's fields stay
+    /// empty (`0`, `""`): each [`SessionDialect`] reads only its own. The
+    /// `GET_LOCK` name a PostgreSQL grant does not need cost a `format!`
+    /// and an allocation per grant (about 1,300 instructions), the
+    /// advisory-lock hash a MySQL grant does not need about 260.
+    pub(crate) fn of(dialect: SqlDialect, namespace: &str, key: &str) -> Self {
+        match dialect {
+            SqlDialect::Postgres => {
+                let pg = crate::keys::session::pg_lock_key(namespace, key);
+                Self {
+                    pg,
+                    pg_halves: crate::keys::session::pg_lock_halves(pg),
+                    mysql: String::new(),
+                }
+            }
+            SqlDialect::MySql | SqlDialect::Sqlite => Self {
+                pg: 0,
+                pg_halves: (0, 0),
+                mysql: crate::keys::session::mysql_lock_name(namespace, key),
+            },
+        }
+    }
+}
+
+/// `ttl` in whole milliseconds, rounded up from the nanosecond
+/// (PostgreSQL's `idle_session_timeout`): the server never ends the
+/// session earlier.
+pub(crate) fn pg_idle_timeout(ttl: Duration) -> String {
+    let ms = ttl.as_nanos().div_ceil(1_000_000).max(1);
+    ms.to_string()
+}
+
+/// `ttl` in whole seconds, rounded up from the nanosecond (MySQL's
+/// `wait_timeout`; rounded from the millisecond, a TTL of 1.0005 s got 1 s).
+pub(crate) fn mysql_wait_timeout(ttl: Duration) -> u64 {
+    let secs = ttl.as_nanos().div_ceil(1_000_000_000).max(1);
+    u64::try_from(secs).unwrap_or(u64::MAX).min(31_536_000)
+}
+
+/// What a grant statement returned.
+pub(crate) enum Granted {
+    /// The lock and this token.
+    Token(u64),
+    /// Someone else holds it (at the end of the wait, for a wait).
+    Held,
+}
+
+/// What `force_release`'s conditional kill did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Killed {
+    /// The holder's session was ended.
+    Ended,
+    /// Not held any more as the grant read before (nothing ended).
+    Changed,
+    /// Spared: the session holds this many other locks (PostgreSQL).
+    HoldsOthers(i64),
+}
+
+/// The grant `force_release` ends: session `victim`, holding the lock of
+/// `server_key` (key `key`) as grant `owner`/`token` when `inspect` read it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KillTarget<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) server_key: &'a ServerKey,
+    pub(crate) victim: i64,
+    pub(crate) owner: &'a str,
+    pub(crate) token: u64,
+}
+
+/// A grant statement's token: `Held` when none (or not positive).
+pub(crate) fn token_of(raw: Option<i64>) -> Granted {
+    match raw.and_then(|t| u64::try_from(t).ok()) {
+        Some(t) if t > 0 => Granted::Token(t),
+        _ => Granted::Held,
+    }
+}

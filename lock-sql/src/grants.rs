@@ -1,0 +1,240 @@
+//! Row mode's mutex grant (one statement that inserts the row or takes
+//! over an expired one, bumping the token), its release and its holder;
+//! and [`Grant`], a grant the database confirmed turned into its lease (or
+//! given back when it arrived too late): one path for the mutex, ShedLock
+//! and shared grants.
+
+pub(crate) mod session;
+pub(crate) mod shedlock;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    FencingToken, HolderDetails, Lease, LeaseKind, LockError, LockInfo, LockKey, Operation,
+    OwnerId, check_ttl,
+};
+use tokio::time::Instant;
+
+use crate::config::{MIN_TTL, NAME};
+use crate::connection::table::Table;
+use crate::connection::{ConnSet, retry_once};
+use crate::dialect::token_of;
+use crate::error::timed;
+
+/// A grant the database confirmed: `token` for `key` and `owner`, asked
+/// for at `sent_at`.
+pub(crate) struct Grant<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) owner: OwnerId,
+    pub(crate) token: FencingToken,
+    pub(crate) kind: LeaseKind,
+    pub(crate) ttl: Duration,
+    pub(crate) sent_at: Instant,
+}
+
+impl Grant<'_> {
+    /// The grant's lease; when it arrived too late to be of use (after its
+    /// validity deadline), `give_back` releases it rather than let it
+    /// block others until its TTL, and the lease's error is returned.
+    pub(crate) async fn lease_or_give_back<F: Future<Output = ()>>(
+        self,
+        give_back: impl FnOnce(Lease) -> F,
+    ) -> Result<Lease, LockError> {
+        let Self {
+            key,
+            owner,
+            token,
+            kind,
+            ttl,
+            sent_at,
+        } = self;
+        match Lease::granted(key.clone(), owner, token, ttl, sent_at, String::new()) {
+            Ok(lease) => Ok(lease.with_kind(kind)),
+            Err(err) => {
+                let stale =
+                    Lease::from_parts(key.clone(), owner, token, ttl, sent_at, String::new());
+                give_back(stale.with_kind(kind)).await;
+                Err(err.with_backend(NAME))
+            }
+        }
+    }
+}
+
+/// Row mode's try-once mutex grant, release and holder.
+#[derive(Clone)]
+pub(crate) struct Grants {
+    inner: Arc<Table>,
+}
+
+impl Grants {
+    pub(crate) fn new(inner: Arc<Table>) -> Self {
+        Self { inner }
+    }
+
+    /// One grant of `key` to `owner`: `Some(token)` when granted, `None`
+    /// when someone else holds it.
+    ///
+    /// When the connection breaks under the statement, its reply may have
+    /// been lost after the grant committed. The grant then runs once more,
+    /// with the same owner, on a fresh connection: it cannot grant twice (a
+    /// row we hold is unexpired, so the statement leaves it alone), and
+    /// when it finds the row held, one inspect on the same connection tells
+    /// whether the holder is `owner`, in which case the first grant did
+    /// commit and its token is ours. Without this the lost grant would hold
+    /// the key for its whole TTL while its requester waited behind it.
+    async fn grant_once(
+        &self,
+        key: &LockKey,
+        owner: &str,
+        ttl: Duration,
+        ahead: Option<i64>,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let statements = &self.inner.statements;
+        let grant = match ahead {
+            Some(_) => &self.inner.fair_grant,
+            None => &statements.grant,
+        };
+        let (conns, dialect) = (&self.inner.conns, self.inner.dialect);
+        let mut checkout = conns.checkout(false).await?;
+        // Boxed, as in `retry_once!`: statement futures are kilobytes.
+        let result = Box::pin(dialect.grant(checkout.conn(), grant, key, owner, ttl, ahead)).await;
+        if !checkout.finish(&result) {
+            return result;
+        }
+        tracing::debug!(
+            key = key.as_str(),
+            "database connection broke under a grant; retrying on a fresh one"
+        );
+        let mut checkout = conns.checkout(true).await?;
+        let result = Box::pin(async {
+            let conn = checkout.conn();
+            if let Some(token) = dialect.grant(conn, grant, key, owner, ttl, ahead).await? {
+                return Ok(Some(token));
+            }
+            let holder = dialect.inspect(conn, &statements.inspect, key).await?;
+            Ok(holder.and_then(|(holder, token, _, _)| {
+                (holder.as_deref() == Some(owner)).then_some(token)
+            }))
+        })
+        .await;
+        checkout.finish(&result);
+        result
+    }
+
+    /// One grant statement with its retries: `Some(token)` when the row was
+    /// inserted or an expired one taken over, `None` when someone holds it.
+    async fn grant_row(
+        &self,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        ahead: Option<i64>,
+    ) -> Result<Option<u64>, sqlx::Error> {
+        let owner = owner.to_hex();
+        // A statement that lost a deadlock or serialization conflict
+        // (InnoDB's gap locks on concurrent first inserts of one key) was
+        // rolled back and changed nothing: run it again.
+        let mut attempts = 0;
+        let token = loop {
+            match self.grant_once(key, &owner, ttl, ahead).await {
+                Err(sqlx::Error::Database(db))
+                    if attempts < 5 && matches!(db.code().as_deref(), Some("40001" | "40P01")) =>
+                {
+                    attempts += 1;
+                    tokio::time::sleep(lock_core::random_delay(Duration::from_millis(2))).await;
+                }
+                other => break other?,
+            }
+        };
+        Ok(token.map(|t| u64::try_from(t).unwrap_or(0)))
+    }
+
+    /// One try: the lease, or `None` when held. `ahead`: the fair grant,
+    /// behind no live waiter queued before this id.
+    pub(crate) async fn try_once(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        operation: Operation,
+        ahead: Option<i64>,
+    ) -> Result<Option<Lease>, LockError> {
+        let owner = OwnerId::random();
+        let sent_at = Instant::now();
+        let grant = self.grant_row(key, owner, ttl, ahead);
+        let granted = timed(&self.inner.config, operation, Some(key), grant).await?;
+        let Some(token) = granted else {
+            return Ok(None);
+        };
+        let grant = Grant {
+            key,
+            owner,
+            token: FencingToken::new(token),
+            kind: LeaseKind::Exclusive,
+            ttl,
+            sent_at,
+        };
+        grant
+            .lease_or_give_back(|stale| async move {
+                let _ = self.release(&stale).await;
+            })
+            .await
+            .map(Some)
+    }
+
+    /// The try-once grant of a mutex.
+    pub(crate) async fn try_take(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LockError> {
+        check_ttl(ttl, MIN_TTL, Operation::TryAcquire)
+            .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        // Fair: not while anyone waits (every live waiter is ahead).
+        let ahead = self.inner.config.fair.then_some(i64::MAX);
+        self.try_once(key, ttl, Operation::TryAcquire, ahead).await
+    }
+
+    /// The guarded release of a mutex lease: whether it was still ours.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let inner = &self.inner;
+        let key = lease.key();
+        let statement = &inner.statements.release;
+        let owner = lease.owner().to_hex();
+        let token = token_of(lease);
+        let channel = &inner.channel;
+        let dialect = inner.dialect;
+        let released = timed(&inner.config, Operation::Release, Some(key), async {
+            retry_once!(&inner.conns, |conn| dialect
+                .release(conn, statement, key, &owner, token, channel))
+        })
+        .await?;
+        if released && !dialect.notified() {
+            // Wake this process's waiters at once; other processes poll.
+            // (PostgreSQL's NOTIFY reaches every waiter, ours included.)
+            inner.waits.released(key.as_str());
+        }
+        Ok(released)
+    }
+
+    /// The key's unexpired holder with the details its grant wrote (once
+    /// more on a fresh connection when the connection broke).
+    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let inner = &self.inner;
+        let (statement, dialect) = (&inner.statements.inspect, inner.dialect);
+        let row = timed(&inner.config, Operation::Inspect, Some(key), async {
+            retry_once!(read, &inner.conns, |conn| dialect
+                .inspect(conn, statement, key))
+        })
+        .await?;
+        Ok(row.map(|(owner, token, remaining_us, details)| LockInfo {
+            details: details.as_deref().and_then(HolderDetails::decode),
+            key: key.clone(),
+            holder: owner.unwrap_or_default(),
+            token: u64::try_from(token).ok().map(FencingToken::new),
+            remaining_ttl: Some(Duration::from_micros(
+                u64::try_from(remaining_us).unwrap_or(0),
+            )),
+        }))
+    }
+}

@@ -1,0 +1,171 @@
+//! Row mode's waiting grants of a mutex: tries paced by the release
+//! notifications (PostgreSQL `LISTEN/NOTIFY`, this process's own releases
+//! elsewhere) and a bounded re-check, letting the process's earlier waiters
+//! go first (see `crate::connection::wake`); fair mode (`fair.rs`); and the
+//! holder watch, woken by the same notifications.
+
+mod fair;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::{
+    ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey, Operation, check_ttl,
+};
+use tokio::time::Instant;
+
+use crate::config::{MIN_TTL, NAME};
+use crate::connection::table::Table;
+use crate::connection::wake::{Wake, released_within, taken_within};
+use crate::grants::Grants;
+use crate::shared::Shared;
+
+/// Row mode's waiting mutex grants.
+pub(crate) struct Waiting {
+    inner: Arc<Table>,
+    grants: Grants,
+    /// The waiter queue fair mode shares with the shared kinds.
+    shared: Shared,
+}
+
+impl Waiting {
+    pub(crate) fn new(inner: Arc<Table>, grants: Grants, shared: Shared) -> Self {
+        Self {
+            inner,
+            grants,
+            shared,
+        }
+    }
+
+    /// A mutex grant that waits until `deadline`.
+    pub(crate) async fn take_waiting(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        check_ttl(ttl, MIN_TTL, Operation::Acquire)
+            .map_err(|e| e.with_key(key).with_backend(NAME))?;
+        if self.inner.config.fair {
+            // Boxed: fair mode's future is large.
+            return Box::pin(self.acquire_fair(key, ttl, deadline)).await;
+        }
+        let notified = self.inner.dialect.notified();
+        let waits = &self.inner.waits;
+        let poll = self.inner.config.poll;
+        let mut backoff = poll.backoff();
+        let mut started_listener = false;
+        // Waiters first (see `crate::connection::wake`): while clients of
+        // this process wait for the key, a newcomer (typically the holder
+        // that just released it) lets them go first instead of racing them
+        // to the row.
+        let mut behind_waiters = waits.has_waiters(key.as_str());
+        let mut waiting = None;
+        loop {
+            // Subscribe before trying, so a release between the failed try
+            // and the wait is not missed.
+            let mut wakes = waits.subscribe();
+            let let_waiters_go = behind_waiters;
+            behind_waiters = false;
+            // Until one of them takes the key (then no try: wait for its
+            // release like them), or one initial poll interval.
+            let taken = let_waiters_go
+                && taken_within(
+                    &mut wakes,
+                    key,
+                    (Instant::now() + poll.initial).min(deadline),
+                )
+                .await;
+            if !let_waiters_go || !taken {
+                let tried = self.grants.try_once(key, ttl, Operation::Acquire, None);
+                if let Some(lease) = tried.await? {
+                    if waiting.is_some() {
+                        waits.taken(key.as_str());
+                    }
+                    return Ok(lease);
+                }
+                if Instant::now() >= deadline {
+                    return Err(LockError::new(
+                        ErrorKind::Contended,
+                        Operation::Acquire,
+                        "still held by another owner at the wait deadline",
+                    )
+                    .with_key(key)
+                    .with_backend(NAME));
+                }
+            }
+            // Counted as waiting from the first failed try on.
+            waiting.get_or_insert_with(|| waits.wait_for(key.as_str()));
+            let delay = if notified {
+                if !started_listener {
+                    // Boxed: starting the listener is a rare path with a
+                    // large future, which would make every acquire's large.
+                    Box::pin(self.inner.ensure_listener()).await;
+                    started_listener = true;
+                    // Releases before the listener ran were not heard.
+                    if !taken {
+                        continue;
+                    }
+                }
+                Box::pin(self.recheck_delay(key)).await
+            } else {
+                backoff.next_delay().unwrap_or(poll.max)
+            };
+            let wake_at = (Instant::now() + delay).min(deadline);
+            if released_within(&mut wakes, key, wake_at).await {
+                // Activity on the key: poll from short again.
+                backoff = poll.backoff();
+            }
+        }
+    }
+
+    /// How long to sleep before re-trying, for a notified waiter: until the
+    /// holder's expiry (read from the database clock), at most `recheck`.
+    async fn recheck_delay(&self, key: &LockKey) -> Duration {
+        let cap = self.inner.config.recheck;
+        let remaining = match self.grants.inspect(key).await {
+            Ok(Some(info)) => info.remaining_ttl.unwrap_or(cap),
+            Ok(None) => Duration::ZERO,
+            Err(_) => cap,
+        };
+        // A little jitter so that waiters do not all retry at once.
+        remaining.min(cap) + lock_core::random_delay(Duration::from_millis(2))
+    }
+
+    /// `watch_holder` of `backend` (this table's): while the key is held,
+    /// each read is preceded by a subscription to the process's release
+    /// wake-ups (fed by PostgreSQL's `NOTIFY` from every process, and by
+    /// this process's own releases on every database), so a release wakes
+    /// the watch at once; `poll` still bounds each wait (an expiry, a grant
+    /// of a free key and, on MariaDB/SQLite, another process's release are
+    /// only seen by reading).
+    pub(crate) async fn watch_holder<B: LockBackend>(
+        &self,
+        backend: &B,
+        key: &LockKey,
+        seen: Option<&LockInfo>,
+        poll: Duration,
+        deadline: Instant,
+    ) -> Result<Option<LockInfo>, LockError> {
+        if seen.is_none() {
+            return lock_core::poll_holder(backend, key, seen, poll, deadline).await;
+        }
+        if self.inner.dialect.notified() {
+            self.inner.ensure_listener().await;
+        }
+        lock_core::watch_holder_with(backend, key, seen, poll, deadline, || {
+            // Subscribed before the read so a release in between wakes us.
+            let mut wakes = self.inner.waits.subscribe();
+            async move {
+                loop {
+                    match wakes.recv().await {
+                        Ok(Wake::Released(released)) if &*released == key.as_str() => return,
+                        Ok(Wake::All) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            }
+        })
+        .await
+    }
+}
