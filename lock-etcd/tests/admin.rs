@@ -4,8 +4,8 @@
 //! long queues and `etcdctl lock`-style entries (empty values, no details)
 //! with the holder chosen by create revision, not by name; bad cursors;
 //! `list_shared` and `list_elections` through queues longer than a page's
-//! scan, raw entries without details, idle and waiting entries; `gc`
-//! removes nothing and never moves a token back.
+//! scan, raw entries without details, idle and waiting entries. (`gc`
+//! keeping tokens rising is the suite's `gc_keeps_tokens_rising`.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -369,26 +369,6 @@ async fn list_shared_and_elections_page_through_long_queues() {
     ] {
         assert!(b.release(&lease).await.unwrap());
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_removes_nothing_and_tokens_keep_rising() {
-    let Some(server) = EtcdServer::start().await.or_skip() else {
-        return;
-    };
-    let ttl = Duration::from_secs(10);
-    let backend = connect_for(&server, "gc", ttl).await;
-    let held = granted(&backend, &key("held"), ttl).await;
-    let freed = granted(&backend, &key("freed"), ttl).await;
-    assert!(backend.release(&freed).await.unwrap());
-    let report = backend.gc(Duration::from_millis(1)).await.unwrap();
-    assert_eq!(report.removed, 0);
-    let again = granted(&backend, &key("freed"), ttl).await;
-    assert!(again.token() > freed.token());
-    let info = backend.inspect(&key("held")).await.unwrap().expect("held");
-    assert_eq!(info.token, Some(held.token()));
-    assert!(backend.release(&again).await.unwrap());
-    assert!(backend.release(&held).await.unwrap());
 }
 
 /// `watch_holder` wakes on etcd's watch, not on its poll: with a poll of a

@@ -1,7 +1,7 @@
 //! Certificates for TLS tests and probes, generated with rcgen into a
 //! temporary directory: a CA, a server certificate for `127.0.0.1` /
 //! `localhost`, a client certificate, and an unrelated CA.
-//! (`tests/security.rs`; `examples/etcd_tls.rs` includes it by path.)
+//! (`tests/security.rs`; `lock-bench/examples/etcd_tls.rs` includes it by path.)
 
 #![allow(dead_code, unreachable_pub)]
 
