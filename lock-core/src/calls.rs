@@ -259,20 +259,7 @@ pub trait LockBackendExt: LockBackend {
     ) -> Result<Option<Leader>, LockError> {
         match self.facets().elections {
             Some(facet) => facet.watch_leader(election, seen, poll, deadline).await,
-            None => {
-                let key = election_lock_key(election)?;
-                let seen = seen.map(|l| LockInfo {
-                    key: key.clone(),
-                    holder: l.holder.clone(),
-                    token: l.term,
-                    remaining_ttl: l.remaining_ttl,
-                    details: l.details.clone(),
-                });
-                Ok(self
-                    .watch_holder(&key, seen.as_ref(), poll, deadline)
-                    .await?
-                    .map(Leader::from_info))
-            }
+            None => watch_mutex_leader(self, election, seen, poll, deadline).await,
         }
     }
 
@@ -530,4 +517,39 @@ where
             () = tokio::time::sleep_until(deadline.min(Instant::now() + poll)) => {}
         }
     }
+}
+
+/// [`LockBackendExt::watch_leader`] for a
+/// driver whose elections are the default renewed mutex
+/// ([`election_lock_key`]) and whose
+/// [`watch_holder`](LockBackendExt::watch_holder) wakes on the store's
+/// notification: the leader is watched as that mutex's holder.
+///
+/// # Errors
+///
+/// A name too long for the prefixed key; as
+/// [`LockBackendExt::inspect`].
+///
+/// # Cancel safety
+///
+/// Safe: read-only.
+pub async fn watch_mutex_leader<B: LockBackendExt + ?Sized>(
+    backend: &B,
+    election: &LockKey,
+    seen: Option<&Leader>,
+    poll: Duration,
+    deadline: Instant,
+) -> Result<Option<Leader>, LockError> {
+    let key = election_lock_key(election)?;
+    let seen = seen.map(|l| LockInfo {
+        key: key.clone(),
+        holder: l.holder.clone(),
+        token: l.term,
+        remaining_ttl: l.remaining_ttl,
+        details: l.details.clone(),
+    });
+    Ok(backend
+        .watch_holder(&key, seen.as_ref(), poll, deadline)
+        .await?
+        .map(Leader::from_info))
 }

@@ -34,47 +34,13 @@ use crate::guard::LockGuard;
 use crate::hold::LockState;
 use crate::key::LockKey;
 use crate::options::{check_ttl, saturating_add};
-use crate::types::{FencingToken, LockInfo, OwnerId};
+use crate::types::{FencingToken, OwnerId};
 
 pub(crate) mod record;
 
 use record::ELECTION_KEY_PREFIX;
+pub use crate::calls::watch_mutex_leader;
 pub use record::{ElectionInfo, ElectionPage, Leader, election_key, election_lock_key};
-
-/// [`LockBackendExt::watch_leader`] for a
-/// driver whose elections are the default renewed mutex
-/// ([`election_lock_key`]) and whose
-/// [`watch_holder`](LockBackendExt::watch_holder) wakes on the store's
-/// notification: the leader is watched as that mutex's holder.
-///
-/// # Errors
-///
-/// A name too long for the prefixed key; as
-/// [`LockBackendExt::inspect`].
-///
-/// # Cancel safety
-///
-/// Safe: read-only.
-pub async fn watch_mutex_leader<B: crate::LockBackendExt + ?Sized>(
-    backend: &B,
-    election: &LockKey,
-    seen: Option<&Leader>,
-    poll: Duration,
-    deadline: Instant,
-) -> Result<Option<Leader>, LockError> {
-    let key = election_lock_key(election)?;
-    let seen = seen.map(|l| LockInfo {
-        key: key.clone(),
-        holder: l.holder.clone(),
-        token: l.term,
-        remaining_ttl: l.remaining_ttl,
-        details: l.details.clone(),
-    });
-    Ok(backend
-        .watch_holder(&key, seen.as_ref(), poll, deadline)
-        .await?
-        .map(Leader::from_info))
-}
 
 /// [`Listing::list_elections`](crate::Listing::list_elections)'s default, for a driver whose elections
 /// are the default renewed mutex ([`election_lock_key`]): one page of the
