@@ -49,6 +49,10 @@
 //! - A kazoo or Curator holder broken by `force_release` is not told (their
 //!   locks do not watch their own node).
 //! - A ZooKeeper server needs about 2 kB of heap per held lock.
+//! - The `zookeeper-client` crate's socket keeps Nagle's algorithm on (it
+//!   offers no `TCP_NODELAY`): requests the driver makes together (a
+//!   create and the list behind it) may leave one round trip apart, so an
+//!   acquire on a free key costs one or two round trips, not always one.
 //!
 //! The recipes, the other clients' layouts, elections, the operating calls
 //! and how each is tested are described in depth in
