@@ -110,9 +110,7 @@ fn info(key: LockKey, row: &[Value]) -> LockInfo {
         key,
         holder: row[0].text().to_owned(),
         token: u64::try_from(row[1].int()).ok().map(FencingToken::new),
-        remaining_ttl: Some(Duration::from_micros(
-            u64::try_from(row[2].int()).unwrap_or(0),
-        )),
+        remaining_ttl: Some(crate::dialect::remaining(row[2].int())),
         details: match &row[3] {
             Value::Text(Some(text)) => HolderDetails::decode(text),
             _ => None,
@@ -226,6 +224,26 @@ fn clock(d: &dyn Dialect, bound: Option<i64>, n: usize) -> (String, String) {
             (p.clone(), format!("(expires_at - {p})"))
         }
         None => (d.now_sql().to_owned(), d.left_micros().to_owned()),
+    }
+}
+
+/// `list_shared` of a backend whose only shape is the mutex (session mode,
+/// the ShedLock layout): the mutex from `list`, `Unsupported` for the
+/// others.
+pub(crate) async fn list_mutex_only<L: Listing>(
+    listing: &L,
+    name: &'static str,
+    shape: LockShape,
+    query: &ListQuery,
+) -> Result<SharedPage, LockError> {
+    match shape {
+        LockShape::Mutex => lock_core::list_mutex_shared(listing, query).await,
+        other => Err(LockError::new(
+            lock_core::ErrorKind::Unsupported,
+            Operation::Inspect,
+            format!("{name} does not support listing {other} locks"),
+        )
+        .with_backend(name)),
     }
 }
 

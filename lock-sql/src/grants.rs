@@ -232,9 +232,7 @@ impl Grants {
             key: key.clone(),
             holder: owner.unwrap_or_default(),
             token: u64::try_from(token).ok().map(FencingToken::new),
-            remaining_ttl: Some(Duration::from_micros(
-                u64::try_from(remaining_us).unwrap_or(0),
-            )),
+            remaining_ttl: Some(crate::dialect::remaining(remaining_us)),
         }))
     }
 }

@@ -80,9 +80,9 @@ use lock_core::{
 };
 use tokio::time::{Instant, timeout};
 
-use crate::admin::{encode_cursor, like_prefix, list_start};
+use crate::admin::{encode_cursor, like_prefix, list_mutex_only, list_start};
 use crate::connection::session::Sessions;
-use crate::dialect::session::{KillTarget, Killed, ServerKey};
+use crate::dialect::session::{KillTarget, Killed};
 use crate::grants::session::holder_info;
 
 /// Session mode's operating calls: the [`Admin`] facet, and the [`Listing`]
@@ -171,10 +171,7 @@ impl Listing for SessionAdmin {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        match shape {
-            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
-            other => Err(self.unsupported_admin(&format!("listing {other} locks"))),
-        }
+        list_mutex_only(self, self.inner.name, shape, query).await
     }
 
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
@@ -246,11 +243,7 @@ impl SessionAdmin {
     /// in between is read again (three times at most).
     async fn break_lock(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let op_timeout = self.inner.config.op_timeout;
-        let server_key = ServerKey::of(
-            self.inner.config.dialect,
-            &self.inner.config.table,
-            key.as_str(),
-        );
+        let server_key = self.inner.server_key(key);
         let key_bytes = key.as_str().as_bytes();
         let sql = &self.inner.sql;
         let timed_out = || {

@@ -24,11 +24,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::election::ElectionPage;
 use lock_core::{
-    Admin, ErrorKind, FencingToken, GcReport, ListQuery, Listing, LockError, LockInfo, LockKey,
-    LockPage, LockShape, Operation, SharedPage,
+    Admin, FencingToken, GcReport, ListQuery, Listing, LockError, LockInfo, LockKey, LockPage,
+    LockShape, SharedPage,
 };
 
-use crate::admin::{like_prefix, list_page, list_start, read_and_clear};
+use crate::admin::{like_prefix, list_mutex_only, list_page, list_start, read_and_clear};
 use crate::config::SqlDialect;
 use crate::connection::shedlock::ShedTable;
 use crate::dialect::binds::{Bind, Value};
@@ -148,18 +148,7 @@ impl Listing for ShedAdmin {
         shape: LockShape,
         query: &ListQuery,
     ) -> Result<SharedPage, LockError> {
-        match shape {
-            LockShape::Mutex => lock_core::list_mutex_shared(self, query).await,
-            other => {
-                let name = self.name;
-                Err(LockError::new(
-                    ErrorKind::Unsupported,
-                    Operation::Inspect,
-                    format!("{name} does not support listing {other} locks"),
-                )
-                .with_backend(name))
-            }
-        }
+        list_mutex_only(self, self.name, shape, query).await
     }
 
     async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {

@@ -243,6 +243,11 @@ impl Sessions {
         }
     }
 
+    /// `key` as this database's server lock sees it.
+    pub(crate) fn server_key(&self, key: &LockKey) -> ServerKey {
+        ServerKey::of(self.config.dialect, &self.config.table, key.as_str())
+    }
+
     /// An idle session outside the permits (for a background kill, which
     /// must not wait behind held locks).
     pub(crate) fn take_idle(&self) -> Option<Session> {

@@ -201,43 +201,49 @@ pub(crate) async fn run_listener(
 /// PostgreSQL the newcomer's own release is heard only now, through its
 /// `NOTIFY`, and would send it racing the waiters again.
 pub(crate) async fn taken_within(
-    wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
+    wakes: &mut broadcast::Receiver<Wake>,
     key: &LockKey,
     until: Instant,
 ) -> bool {
-    let sleep = tokio::time::sleep_until(until);
-    tokio::pin!(sleep);
-    loop {
-        tokio::select! {
-            () = &mut sleep => return false,
-            wake = wakes.recv() => match wake {
-                Ok(Wake::Taken(taken)) if &*taken == key.as_str() => return true,
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return false,
-            },
-        }
-    }
+    first_wake(wakes, until, |wake| match wake {
+        Ok(Wake::Taken(taken)) => (&*taken == key.as_str()).then_some(true),
+        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => None,
+        Err(broadcast::error::RecvError::Closed) => Some(false),
+    })
+    .await
 }
 
 /// Sleeps until `until`, or until a wake-up that concerns `key`: its
 /// release (`true`: activity on the key, a poll backoff starts short
-/// again), a wake-up of every waiter, or a lagged or closed channel (re-check
-/// rather than miss one).
+/// again), a wake-up of every waiter, or a lagged or closed channel
+/// (re-check rather than miss one).
 pub(crate) async fn released_within(
-    wakes: &mut tokio::sync::broadcast::Receiver<Wake>,
+    wakes: &mut broadcast::Receiver<Wake>,
     key: &LockKey,
     until: Instant,
+) -> bool {
+    first_wake(wakes, until, |wake| match wake {
+        Ok(Wake::Released(released)) if &*released == key.as_str() => Some(true),
+        Ok(Wake::All) | Err(_) => Some(false),
+        Ok(Wake::Released(_) | Wake::Taken(_)) => None,
+    })
+    .await
+}
+
+/// The first answer `decide` gives for a wake-up received before `until`
+/// (`false` at `until`).
+async fn first_wake(
+    wakes: &mut broadcast::Receiver<Wake>,
+    until: Instant,
+    decide: impl Fn(Result<Wake, broadcast::error::RecvError>) -> Option<bool>,
 ) -> bool {
     let sleep = tokio::time::sleep_until(until);
     tokio::pin!(sleep);
     loop {
         tokio::select! {
             () = &mut sleep => return false,
-            wake = wakes.recv() => match wake {
-                Ok(Wake::Released(released)) if &*released == key.as_str() => return true,
-                Ok(Wake::All) | Err(_) => return false,
-                Ok(Wake::Released(_) | Wake::Taken(_)) => {}
+            wake = wakes.recv() => if let Some(answer) = decide(wake) {
+                return answer;
             },
         }
     }

@@ -419,6 +419,12 @@ pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// A remaining TTL the database reported in microseconds (none left when
+/// negative).
+pub(crate) fn remaining(micros: i64) -> Duration {
+    Duration::from_micros(u64::try_from(micros).unwrap_or(0))
+}
+
 /// A lease's token as the database stores it.
 pub(crate) fn token_of(lease: &Lease) -> i64 {
     i64::try_from(lease.token().get()).unwrap_or(i64::MAX)

@@ -170,11 +170,7 @@ impl SessionGrants {
             .checkout(Instant::now() + op_timeout)
             .await
             .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
-        let server_key = ServerKey::of(
-            self.inner.config.dialect,
-            &self.inner.config.table,
-            key.as_str(),
-        );
+        let server_key = self.inner.server_key(key);
         let found = timeout(
             op_timeout,
             pinned
@@ -216,11 +212,7 @@ impl SessionGrants {
         let owner = OwnerId::random();
         let owner_hex = owner.hex();
         let owner_hex = owner_hex.as_str();
-        let server_key = ServerKey::of(
-            self.inner.config.dialect,
-            &self.inner.config.table,
-            key.as_str(),
-        );
+        let server_key = self.inner.server_key(key);
         let key_bytes = key.as_str().as_bytes();
         let sql = &self.inner.sql;
 

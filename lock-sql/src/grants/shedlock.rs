@@ -99,9 +99,7 @@ impl ShedGrants {
                     .and_then(|t| u64::try_from(t).ok())
                     .map(FencingToken::new),
                 holder: locked_by,
-                remaining_ttl: Some(Duration::from_micros(
-                    u64::try_from(remaining_us).unwrap_or(0),
-                )),
+                remaining_ttl: Some(crate::dialect::remaining(remaining_us)),
             }),
         )
     }

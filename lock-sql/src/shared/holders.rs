@@ -4,7 +4,6 @@
 //! the `details` column existed).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use lock_core::{
     ErrorKind, FencingToken, HolderDetails, HolderInfo, Lease, LeaseKind, LockError, LockKey,
@@ -196,9 +195,7 @@ pub(crate) fn holder_info(r: &[Value]) -> Result<HolderInfo, LockError> {
         kind: LeaseKind::from_code(r[1].text())?,
         holder: r[0].text().to_owned(),
         token: u64::try_from(r[2].int()).ok().map(FencingToken::new),
-        remaining_ttl: Some(Duration::from_micros(
-            u64::try_from(r[3].int()).unwrap_or(0),
-        )),
+        remaining_ttl: Some(crate::dialect::remaining(r[3].int())),
         details: match &r[4] {
             Value::Text(Some(text)) => HolderDetails::decode(text),
             _ => None,
