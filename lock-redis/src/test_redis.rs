@@ -24,7 +24,7 @@ pub(crate) async fn server_and_conn() -> Option<(RedisServer, Conn)> {
 /// A plain multiplexed connection to the server on `port`.
 pub(crate) async fn plain_conn(port: u16) -> Conn {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-    Conn::Plain(client.get_multiplexed_async_connection().await.unwrap())
+    Conn::Server(client.get_multiplexed_async_connection().await.unwrap())
 }
 
 /// `script` with `from` replaced by `to`: a deliberately broken variant

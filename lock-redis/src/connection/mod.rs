@@ -4,7 +4,6 @@
 //! eviction check at connect, and [`Servers`], what every component of a
 //! backend shares.
 
-pub(crate) mod direct;
 pub(crate) mod eviction;
 pub(crate) mod node;
 pub(crate) mod pubsub;
@@ -60,14 +59,14 @@ impl Servers {
         }
         let config = Arc::new(config);
         let nodes: Vec<Node> = match &config.topology {
-            RedisTopology::Single(node) => vec![Node::direct(&config, node)?],
+            RedisTopology::Single(node) => vec![Node::server(&config, node)?],
             RedisTopology::Sentinel { sentinels, master } => {
                 vec![Node::sentinel(&config, sentinels, master)?]
             }
             RedisTopology::Cluster(seeds) => vec![Node::cluster(&config, seeds)?],
             RedisTopology::Redlock(nodes) => nodes
                 .iter()
-                .map(|n| Node::direct(&config, n))
+                .map(|n| Node::server(&config, n))
                 .collect::<Result<_, _>>()?,
         };
         let redlock = matches!(config.topology, RedisTopology::Redlock(_));

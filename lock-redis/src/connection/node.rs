@@ -1,5 +1,7 @@
 //! One logical Redis endpoint (a server, a Sentinel-managed master, or a
-//! cluster) behind one shared, multiplexed, reconnecting connection.
+//! cluster) behind one shared, multiplexed, reconnecting connection: the
+//! redis crate's own (its multiplexed connection for one server, its
+//! cluster connection for a cluster).
 
 use std::fmt;
 use std::future::Future;
@@ -14,7 +16,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
 
 use crate::config::{RedisConfig, RedisNode};
-use crate::connection::direct::Direct;
 use crate::error::{NAME, Redacted, map_redis_error, needs_reconnect};
 use crate::keys::scripts::LuaScript;
 
@@ -22,10 +23,9 @@ use crate::keys::scripts::LuaScript;
 /// clones and pipelines concurrent requests).
 #[derive(Clone)]
 pub(crate) enum Conn {
-    /// Plain TCP to one server, driven by its callers (see `direct.rs`).
-    Direct(Direct),
-    /// TLS to one server: the redis crate's multiplexed connection.
-    Plain(MultiplexedConnection),
+    /// One server (plain TCP or TLS): the redis crate's multiplexed
+    /// connection.
+    Server(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
 
@@ -35,8 +35,7 @@ impl Conn {
         cmd: &Cmd,
     ) -> redis::RedisResult<T> {
         match self {
-            Self::Direct(c) => cmd.query_async(c).await,
-            Self::Plain(c) => cmd.query_async(c).await,
+            Self::Server(c) => cmd.query_async(c).await,
             Self::Cluster(c) => cmd.query_async(c).await,
         }
     }
@@ -66,8 +65,7 @@ impl Conn {
         pipe: &redis::Pipeline,
     ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
         match self {
-            Self::Direct(c) => pipe.query_async(c).await,
-            Self::Plain(c) => pipe.query_async(c).await,
+            Self::Server(c) => pipe.query_async(c).await,
             Self::Cluster(c) => pipe.query_async(c).await,
         }
     }
@@ -92,26 +90,37 @@ impl Conn {
         }
     }
 
-    /// Many calls of one script. On a plain connection they go as one
-    /// pipeline (one round trip); on a cluster connection concurrently
-    /// (the cluster client pipelines per node on its own).
+    /// Many calls of one script. On one server they go as pipelines of at
+    /// most [`PIPELINE_CHUNK`] calls, all sent at once (one round trip in
+    /// all); on a cluster connection concurrently (the cluster client
+    /// pipelines per node on its own).
     pub(crate) async fn eval_many(
         &mut self,
         script: &LuaScript,
         calls: &[(Vec<&str>, Vec<&str>)],
     ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
         match self {
-            Self::Direct(_) | Self::Plain(_) => {
-                let mut pipe = redis::pipe();
-                pipe.ignore_errors();
-                for (keys, args) in calls {
-                    pipe.add_command(script_cmd("EVALSHA", &script.hash, keys, args));
-                }
-                let mut results = self.pipeline(&pipe).await?;
-                for (result, (keys, args)) in results.iter_mut().zip(calls) {
-                    if matches!(result, Err(err) if is_noscript(err)) {
-                        *result = self.eval(script, keys, args).await;
+            Self::Server(_) => {
+                let chunks = calls.chunks(PIPELINE_CHUNK).map(|chunk| {
+                    let mut conn = self.clone();
+                    async move {
+                        let mut pipe = redis::pipe();
+                        pipe.ignore_errors();
+                        for (keys, args) in chunk {
+                            pipe.add_command(script_cmd("EVALSHA", &script.hash, keys, args));
+                        }
+                        let mut results = conn.pipeline(&pipe).await?;
+                        for (result, (keys, args)) in results.iter_mut().zip(chunk) {
+                            if matches!(result, Err(err) if is_noscript(err)) {
+                                *result = conn.eval(script, keys, args).await;
+                            }
+                        }
+                        Ok::<_, redis::RedisError>(results)
                     }
+                });
+                let mut results = Vec::with_capacity(calls.len());
+                for chunk in futures_util::future::join_all(chunks).await {
+                    results.extend(chunk?);
                 }
                 Ok(results)
             }
@@ -126,6 +135,14 @@ impl Conn {
     }
 }
 
+/// The most calls in one pipeline. The multiplexed connection keeps its
+/// write buffer as large as the largest request it has written: a renewal
+/// batch of 1,000 locks in one pipeline (about 150 KB) would stay allocated
+/// for the connection's life, `tests/held_at_scale.rs` counts it per held
+/// lock. The chunks of one batch are sent together, so the batch still
+/// costs one round trip.
+const PIPELINE_CHUNK: usize = 512;
+
 fn script_cmd(verb: &str, body: &str, keys: &[&str], args: &[&str]) -> Cmd {
     let mut cmd = redis::cmd(verb);
     cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
@@ -138,7 +155,7 @@ fn is_noscript(err: &RedisError) -> bool {
 
 /// Where connections come from.
 enum Source {
-    Direct(redis::Client),
+    Server(redis::Client),
     Sentinel {
         sentinels: Vec<redis::Client>,
         master: String,
@@ -214,12 +231,12 @@ pub(crate) fn open_client(
 
 impl Node {
     /// A single server.
-    pub(crate) fn direct(config: &Arc<RedisConfig>, node: &RedisNode) -> Result<Self, LockError> {
+    pub(crate) fn server(config: &Arc<RedisConfig>, node: &RedisNode) -> Result<Self, LockError> {
         let secrets = Arc::new(config.secrets());
         let tls = config.tls_certificates()?;
         let client = open_client(&config.node_url(node), tls.as_ref(), &secrets)?;
         Ok(Self::new(
-            Source::Direct(client),
+            Source::Server(client),
             node.to_string(),
             config,
             secrets,
@@ -346,7 +363,7 @@ impl Node {
     async fn connect(&self) -> Result<(Conn, Option<redis::Client>), LockError> {
         let op = Operation::Connect;
         match &self.source {
-            Source::Direct(client) => Ok((self.data_conn(client).await?, Some(client.clone()))),
+            Source::Server(client) => Ok((self.data_conn(client).await?, Some(client.clone()))),
             Source::Cluster { client, .. } => {
                 let conn = client
                     .get_async_connection()
@@ -423,29 +440,14 @@ impl Node {
         Ok((data, Some(client)))
     }
 
-    /// A data connection to the server `client` names: a caller-driven
-    /// one over plain TCP, the redis crate's multiplexed one over TLS.
+    /// A data connection to the server `client` names: the redis crate's
+    /// multiplexed connection (plain TCP or TLS).
     async fn data_conn(&self, client: &redis::Client) -> Result<Conn, LockError> {
-        let op = Operation::Connect;
-        let info = client.get_connection_info();
-        if let redis::ConnectionAddr::Tcp(host, port) = info.addr() {
-            let settings = info.redis_settings();
-            return Direct::connect(
-                host,
-                *port,
-                settings.username(),
-                settings.password(),
-                settings.db(),
-            )
-            .await
-            .map(Conn::Direct)
-            .map_err(|e| self.map_err(op, e));
-        }
         client
             .get_multiplexed_async_connection_with_config(&self.conn_config())
             .await
-            .map(Conn::Plain)
-            .map_err(|e| self.map_err(op, e))
+            .map(Conn::Server)
+            .map_err(|e| self.map_err(Operation::Connect, e))
     }
 
     fn invalidate(&self, generation: Option<u64>) {
