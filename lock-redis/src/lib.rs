@@ -13,6 +13,9 @@
 //! # let _ = total; Ok(()) }
 //! ```
 //!
+//! A whole program (a URL from the environment, a TTL and a wait, the
+//! fencing token, the lost signal, the release) is `examples/redis_lock.rs`.
+//!
 //! # URLs
 //!
 //! | scheme | topology |
