@@ -1,17 +1,12 @@
-//! Read-write locks and semaphores on real servers (one server, a
-//! 3-master Cluster, Sentinel): exclusion observed under contention, readers and
-//! permit holders observed together, writer preference, downgrade without a
-//! gap, FIFO permits, limit mismatch, expiry of a crashed holder or waiter,
-//! tokens as documented, cancelled waits leave nothing, holder details
-//! beside each share (gone with it); Redlock refuses both kinds.
-//!
-//! Each safety check is a function returning `Err(why)` on a violation, and
-//! is shown failing on a deliberately broken backend (`Broken`, a wrapper
-//! of the real backend with one flaw), so a check that cannot fail would be
-//! caught here. The checks, their helpers and `Broken` live in
-//! `tests/shared_checks/mod.rs`; the tests that run them, here. The tests
-//! of expiry are in `shared/expiry.rs`, those that count round trips in
-//! `shared/costs.rs`.
+//! Read-write locks and semaphores on real servers, what is particular to
+//! Redis: FIFO permits (one server, a 3-master Cluster, Sentinel), the
+//! three shapes of a name kept apart, limit mismatch, holder details
+//! beside each share (gone with it), `WAIT` for replicas; Redlock refuses
+//! both kinds. The cases every backend shares (exclusion, tokens, writer
+//! preference, downgrade, the permit limit) are the conformance suite's
+//! (`tests/conformance.rs`). The FIFO check and its broken double live in
+//! `tests/shared_checks/mod.rs`; the tests of expiry are in
+//! `shared/expiry.rs`, those that count round trips in `shared/costs.rs`.
 
 mod common;
 mod shared_checks;
@@ -33,83 +28,31 @@ use lock_core::{
 use shared_checks::*;
 use tokio::time::sleep;
 
+/// Permits are granted in arrival order on one server, in a Cluster and
+/// through Sentinel; the check catches a backend whose permit requests do
+/// not queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn checks_pass_on_one_server() {
+async fn semaphore_permits_are_fifo() {
     let Some((_server, backend)) = single().await else {
         return;
     };
-    assert!(backend.capabilities().shared_locks && backend.capabilities().semaphores);
-    all_checks_pass(&backend).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn checks_pass_on_a_cluster() {
-    let Some(target) = RedisTarget::cluster().await.or_skip() else {
-        return;
-    };
-    let backend = target.backend().await.expect("connect");
-    assert!(backend.capabilities().shared_locks && backend.capabilities().semaphores);
-    all_checks_pass(&backend).await;
-}
-
-/// Sentinel runs the single-node scripts on the master it resolves.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn checks_pass_through_sentinel() {
-    let Some(target) = RedisTarget::sentinel().await.or_skip() else {
-        return;
-    };
-    let backend = target.backend().await.expect("connect");
-    assert!(backend.capabilities().shared_locks && backend.capabilities().semaphores);
-    let b: Arc<dyn LockBackend> = Arc::new(backend);
-    check_rw_basics(&*b, &key("sentinel-rw")).await.unwrap();
-    check_writer_preference(b.clone(), &key("sentinel-pref"))
-        .await
-        .unwrap();
-    check_semaphore_fifo(b, &key("sentinel-sem")).await.unwrap();
-}
-
-/// Every check above fails on a backend with the flaw it is about.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn each_check_fails_on_a_broken_backend() {
-    let Some((_server, backend)) = single().await else {
-        return;
-    };
-    let broken = |flaw| Broken::wrap(&backend, flaw);
-    let err = check_rw_basics(&*broken(Flaw::ReaderIgnoresWriter), &key("b1"))
-        .await
-        .unwrap_err();
-    assert!(err.contains("granted beside"), "{err}");
-    let err = check_rw_basics(&*broken(Flaw::StaleWriteToken), &key("b2"))
-        .await
-        .unwrap_err();
-    assert!(err.contains("write token"), "{err}");
-    let err = check_rw_contention(broken(Flaw::ReaderIgnoresWriter), &key("b3"))
-        .await
-        .unwrap_err();
-    assert!(err.contains("beside"), "{err}");
-    let err = check_writer_preference(broken(Flaw::WriterDoesNotQueue), &key("b4"))
-        .await
-        .unwrap_err();
-    assert!(err.contains("while a writer was waiting"), "{err}");
-    let err = check_downgrade(broken(Flaw::DowngradeWithGap), &key("b5"))
-        .await
-        .unwrap_err();
-    assert!(
-        // The intruder seen inside, the read share lost to it, or the
-        // reader carrying the intruder's token: each is the gap.
-        err.contains("during a downgrade")
-            || err.contains("downgrade failed")
-            || err.contains("downgrade gave"),
-        "{err}"
-    );
-    let err = check_semaphore_limit(broken(Flaw::ExtraPermit), &key("b6"))
-        .await
-        .unwrap_err();
-    assert!(err.contains("4th permit"), "{err}");
-    let err = check_semaphore_fifo(broken(Flaw::PermitsDoNotQueue), &key("b7"))
+    assert!(backend.capabilities().semaphores);
+    let b: Arc<dyn LockBackend> = Arc::new(backend.clone());
+    check_semaphore_fifo(b, &key("fifo")).await.unwrap();
+    let err = check_semaphore_fifo(PermitsDoNotQueue::wrap(&backend), &key("broken"))
         .await
         .unwrap_err();
     assert!(err.contains("overtook"), "{err}");
+    if let Some(target) = RedisTarget::cluster().await.or_skip() {
+        let b: Arc<dyn LockBackend> = Arc::new(target.backend().await.expect("connect"));
+        check_semaphore_fifo(b, &key("cluster-fifo")).await.unwrap();
+    }
+    if let Some(target) = RedisTarget::sentinel().await.or_skip() {
+        let b: Arc<dyn LockBackend> = Arc::new(target.backend().await.expect("connect"));
+        check_semaphore_fifo(b, &key("sentinel-fifo"))
+            .await
+            .unwrap();
+    }
 }
 
 /// The three shapes of one name are three locks; holders lists each
