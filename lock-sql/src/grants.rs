@@ -10,9 +10,10 @@ pub(crate) mod shedlock;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use lock_core::{
-    FencingToken, HolderDetails, Lease, LeaseKind, LockError, LockInfo, LockKey, Operation,
-    OwnerId, check_ttl,
+    FencingToken, GrantRequest, HolderDetails, HolderInfo, Lease, LeaseKind, LockError, LockInfo,
+    LockKey, LockShape, Operation, OwnerId, check_ttl, unsupported_shape,
 };
 use tokio::time::Instant;
 
@@ -58,6 +59,56 @@ impl Grant<'_> {
                 Err(err.with_backend(NAME))
             }
         }
+    }
+}
+
+/// The grants of a mode whose only shape is the mutex (session mode, the
+/// ShedLock layout): the kernel's `grant` and `holders` of such a backend
+/// are written once, here, over its three calls.
+#[async_trait]
+pub(crate) trait MutexOnly: Send + Sync {
+    /// One try: the lease, or `None` when held.
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError>;
+
+    /// A grant that waits until `deadline`.
+    async fn take_waiting(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError>;
+
+    /// The key's holder.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
+
+    /// `grant` of backend `name`: the mutex, tried once or waited for;
+    /// the shared kinds refused.
+    async fn grant_mutex(
+        &self,
+        name: &'static str,
+        request: GrantRequest<'_>,
+    ) -> Result<Option<Lease>, LockError> {
+        request.mutex_only(name)?;
+        let GrantRequest {
+            key, ttl, deadline, ..
+        } = request;
+        match deadline {
+            None => self.try_take(key, ttl).await,
+            Some(deadline) => self.take_waiting(key, ttl, deadline).await.map(Some),
+        }
+    }
+
+    /// `holders` of backend `name`: the mutex's, the other shapes refused.
+    async fn mutex_holders(
+        &self,
+        name: &'static str,
+        key: &LockKey,
+        shape: LockShape,
+    ) -> Result<Vec<HolderInfo>, LockError> {
+        if shape != LockShape::Mutex {
+            return Err(unsupported_shape(name, key, shape));
+        }
+        Ok(lock_core::kind::mutex_holders(self.inspect(key).await?))
     }
 }
 

@@ -58,13 +58,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lock_core::{
     Capabilities, ErrorKind, Facets, GrantRequest, HolderInfo, Lease, LockBackend, LockError,
-    LockKey, LockShape, Operation, TtlModel, WaitStrategy, unsupported_shape,
+    LockKey, LockShape, Operation, TtlModel, WaitStrategy,
 };
 use tokio::time::Instant;
 
 use crate::admin::session::SessionAdmin;
 use crate::config::{SqlConfig, SqlDialect};
 use crate::connection::session::Sessions;
+use crate::grants::MutexOnly;
 use crate::grants::session::{HeldLocks, SessionGrants};
 use crate::renewal::session::SessionRenewal;
 
@@ -224,15 +225,10 @@ impl LockBackend for SqlSessionBackend {
 
     /// Mutexes only: a server session lock has no shared kinds.
     async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
-        request.mutex_only(self.inner.sessions.name)?;
-        let GrantRequest {
-            key, ttl, deadline, ..
-        } = request;
-        let grants = &self.inner.grants;
-        match deadline {
-            None => grants.try_take(key, ttl).await,
-            Some(deadline) => grants.take_waiting(key, ttl, deadline).await.map(Some),
-        }
+        self.inner
+            .grants
+            .grant_mutex(self.inner.sessions.name, request)
+            .await
     }
 
     /// One keep-alive per lease, each on its own pinned session.
@@ -245,12 +241,10 @@ impl LockBackend for SqlSessionBackend {
     }
 
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        if shape != LockShape::Mutex {
-            return Err(unsupported_shape(self.inner.sessions.name, key, shape));
-        }
-        Ok(lock_core::kind::mutex_holders(
-            self.inner.grants.inspect(key).await?,
-        ))
+        self.inner
+            .grants
+            .mutex_holders(self.inner.sessions.name, key, shape)
+            .await
     }
 
     /// Elections are the default renewed mutex; holders are watched by

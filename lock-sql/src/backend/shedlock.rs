@@ -15,13 +15,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lock_core::{
     Capabilities, ErrorKind, Facets, FencingScope, GrantRequest, HolderInfo, Lease, LockBackend,
-    LockError, LockKey, LockShape, Operation, TtlModel, WaitStrategy, unsupported_shape,
+    LockError, LockKey, LockShape, Operation, TtlModel, WaitStrategy,
 };
 use tokio::time::Instant;
 
 use crate::admin::shedlock::ShedAdmin;
 use crate::config::{MIN_TTL, NAME, SqlConfig, SqlDialect, SqlLayout};
 use crate::connection::shedlock::ShedTable;
+use crate::grants::MutexOnly;
 use crate::grants::shedlock::ShedGrants;
 use crate::renewal::shedlock::ShedRenewal;
 
@@ -238,15 +239,10 @@ impl LockBackend for SqlShedLockBackend {
 
     /// The mutex only: ShedLock's table has no shared kinds.
     async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
-        request.mutex_only(LockBackend::name(self))?;
-        let GrantRequest {
-            key, ttl, deadline, ..
-        } = request;
-        let grants = &self.inner.grants;
-        match deadline {
-            None => grants.try_take(key, ttl).await,
-            Some(deadline) => grants.take_waiting(key, ttl, deadline).await.map(Some),
-        }
+        self.inner
+            .grants
+            .grant_mutex(LockBackend::name(self), request)
+            .await
     }
 
     async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
@@ -258,12 +254,10 @@ impl LockBackend for SqlShedLockBackend {
     }
 
     async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        if shape != LockShape::Mutex {
-            return Err(unsupported_shape(LockBackend::name(self), key, shape));
-        }
-        Ok(lock_core::kind::mutex_holders(
-            self.inner.grants.inspect(key).await?,
-        ))
+        self.inner
+            .grants
+            .mutex_holders(LockBackend::name(self), key, shape)
+            .await
     }
 
     /// Elections are the default renewed mutex; holders are watched by

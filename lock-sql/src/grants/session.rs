@@ -7,6 +7,7 @@ use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use lock_core::{
     ErrorKind, FencingToken, HolderDetails, Lease, LockError, LockInfo, LockKey, Operation,
     OwnerId, RandomKeys, SessionState, check_ttl,
@@ -16,6 +17,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 use crate::connection::session::{Pinned, Sessions, is_broken};
 use crate::dialect::SessionHolder;
 use crate::dialect::session::{Granted, ServerKey};
+use crate::grants::MutexOnly;
 
 /// A held lock and its pinned session (whose channel its guard watches).
 pub(crate) struct Held {
@@ -85,21 +87,14 @@ pub(crate) struct SessionGrants {
     held: Arc<HeldLocks>,
 }
 
-impl SessionGrants {
-    pub(crate) fn new(inner: Arc<Sessions>, held: Arc<HeldLocks>) -> Self {
-        Self { inner, held }
-    }
-
-    pub(crate) async fn try_take(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
+#[async_trait]
+impl MutexOnly for SessionGrants {
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         self.grant_session(key, ttl, None, Operation::TryAcquire)
             .await
     }
 
-    pub(crate) async fn take_waiting(
+    async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -118,6 +113,45 @@ impl SessionGrants {
             .with_key(key)
             .with_backend(self.inner.name)),
         }
+    }
+
+    /// The key's holder as the server reports it.
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+        let op_timeout = self.inner.config.op_timeout;
+        let mut pinned = self
+            .inner
+            .checkout(Instant::now() + op_timeout)
+            .await
+            .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
+        let server_key = self.inner.server_key(key);
+        let found = timeout(
+            op_timeout,
+            pinned
+                .session
+                .inspect(&self.inner.sql, key.as_str().as_bytes(), &server_key),
+        )
+        .await;
+        let found = match found {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => return Err(self.inner.err(Operation::Inspect, key, e)),
+            Err(_) => {
+                return Err(LockError::new(
+                    ErrorKind::Timeout,
+                    Operation::Inspect,
+                    "inspect did not answer within the operation timeout",
+                )
+                .with_key(key)
+                .with_backend(self.inner.name));
+            }
+        };
+        self.inner.checkin(pinned);
+        Ok(found.map(|holder| holder_info(key.clone(), holder)))
+    }
+}
+
+impl SessionGrants {
+    pub(crate) fn new(inner: Arc<Sessions>, held: Arc<HeldLocks>) -> Self {
+        Self { inner, held }
     }
 
     /// The release on the lock's own session, which then goes back to the
@@ -160,39 +194,6 @@ impl SessionGrants {
             .with_key(lease.key())
             .with_backend(self.inner.name)),
         }
-    }
-
-    /// The key's holder as the server reports it.
-    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
-        let op_timeout = self.inner.config.op_timeout;
-        let mut pinned = self
-            .inner
-            .checkout(Instant::now() + op_timeout)
-            .await
-            .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
-        let server_key = self.inner.server_key(key);
-        let found = timeout(
-            op_timeout,
-            pinned
-                .session
-                .inspect(&self.inner.sql, key.as_str().as_bytes(), &server_key),
-        )
-        .await;
-        let found = match found {
-            Ok(Ok(found)) => found,
-            Ok(Err(e)) => return Err(self.inner.err(Operation::Inspect, key, e)),
-            Err(_) => {
-                return Err(LockError::new(
-                    ErrorKind::Timeout,
-                    Operation::Inspect,
-                    "inspect did not answer within the operation timeout",
-                )
-                .with_key(key)
-                .with_backend(self.inner.name));
-            }
-        };
-        self.inner.checkin(pinned);
-        Ok(found.map(|holder| holder_info(key.clone(), holder)))
     }
 
     /// One grant: a try, then (for `acquire`) one server-side wait until

@@ -6,13 +6,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use lock_core::{
     ErrorKind, FencingToken, Lease, LeaseKind, LockError, LockInfo, LockKey, Operation, OwnerId,
     check_ttl,
 };
 use tokio::time::Instant;
 
-use super::Grant;
+use super::{Grant, MutexOnly};
 use crate::config::{MIN_TTL, NAME};
 use crate::connection::shedlock::ShedTable;
 use crate::connection::{ConnSet, retry_once};
@@ -24,22 +25,15 @@ pub(crate) struct ShedGrants {
     inner: Arc<ShedTable>,
 }
 
-impl ShedGrants {
-    pub(crate) fn new(inner: Arc<ShedTable>) -> Self {
-        Self { inner }
-    }
-
+#[async_trait]
+impl MutexOnly for ShedGrants {
     /// The try-once grant.
-    pub(crate) async fn try_take(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
+    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
         self.try_once(key, ttl, Operation::TryAcquire).await
     }
 
     /// A grant that polls until `deadline`.
-    pub(crate) async fn take_waiting(
+    async fn take_waiting(
         &self,
         key: &LockKey,
         ttl: Duration,
@@ -66,23 +60,8 @@ impl ShedGrants {
         }
     }
 
-    /// The release guarded by our `locked_by`.
-    pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        let key = lease.key();
-        let locked_by = self.inner.locked_by(lease.owner());
-        let sql = &self.inner.sql;
-        timed(&self.inner.config, Operation::Release, Some(key), async {
-            retry_once!(&self.inner.conns, |conn| sql.release(
-                conn,
-                key.as_str(),
-                &locked_by
-            ))
-        })
-        .await
-    }
-
     /// The key's holder as the rows show it.
-    pub(crate) async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let sql = &self.inner.sql;
         let row = timed(&self.inner.config, Operation::Inspect, Some(key), async {
             retry_once!(read, &self.inner.conns, |conn| sql
@@ -102,6 +81,27 @@ impl ShedGrants {
                 remaining_ttl: Some(crate::dialect::remaining(remaining_us)),
             }),
         )
+    }
+}
+
+impl ShedGrants {
+    pub(crate) fn new(inner: Arc<ShedTable>) -> Self {
+        Self { inner }
+    }
+
+    /// The release guarded by our `locked_by`.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let key = lease.key();
+        let locked_by = self.inner.locked_by(lease.owner());
+        let sql = &self.inner.sql;
+        timed(&self.inner.config, Operation::Release, Some(key), async {
+            retry_once!(&self.inner.conns, |conn| sql.release(
+                conn,
+                key.as_str(),
+                &locked_by
+            ))
+        })
+        .await
     }
 
     /// One grant with its recovery: a grant whose connection broke may
