@@ -4,17 +4,15 @@
 //! - the hand floor ([`lock_bench::etcd::EtcdFloor`]: the driver's two
 //!   transactions, gRPC by hand on one bare HTTP/2 connection);
 //! - the same two transactions through `etcd-client` on its own tonic
-//!   channel (what the driver connects over TLS), no lock-etcd code;
+//!   channel, no lock-etcd code;
 //! - the same through `etcd-client` on one bare hyper HTTP/2 connection
 //!   (`Channel::Custom`, no tower buffer or balancer): what the client
 //!   library costs apart from its channel;
-//! - the same through `etcd-client` on the driver's own channel (a
-//!   backend's [`client`](lock_etcd::EtcdBackend::client), no other
-//!   lock-etcd code): what the required client library costs on the
-//!   transport the driver uses;
+//! - the same through the `etcd-client` a backend connected (its
+//!   [`client`](lock_etcd::EtcdBackend::client), no other lock-etcd
+//!   code): the transport the driver uses;
 //! - `EtcdBackend::acquire` + `release` directly (no `LockClient`, guard
-//!   or renewal scheduler), on the driver's own plaintext channel
-//!   (`src/channel.rs`);
+//!   or renewal scheduler);
 //! - ours: `LockClient` with a waiting acquire, then `release`.
 //!
 //! Per side: p50 and mean wall time, and CPU per cycle of this process and

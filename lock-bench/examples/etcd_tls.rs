@@ -6,7 +6,7 @@
 //! - ours (`LockClient`, waiting acquire, then `release`) against the same
 //!   plaintext server;
 //! - ours against a TLS server started beside it (certificates generated
-//!   for the run, the CA given as `ca=`): the driver's channel over
+//!   for the run, the CA given as `ca=`): `etcd-client`'s channel over
 //!   rustls.
 //!
 //! Per side: p50 and mean wall time and this process's CPU per cycle.

@@ -9,7 +9,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, KvClient, Txn, TxnResponse};
+use etcd_client::{
+    Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, KvClient, TlsOptions,
+    Txn, TxnResponse,
+};
 use lock_core::election::election_key;
 use lock_core::{ErrorKind, LockError, LockKey, LockShape, Operation, OwnerId, with_timeout};
 
@@ -17,17 +20,17 @@ use crate::config::{EtcdConfig, EtcdTls};
 use crate::error::{NAME, from_etcd, relabel};
 use crate::keys::{election_prefix, key_prefix, shape_prefix};
 
-mod channel;
 mod cleanup;
+mod members;
 mod retire;
 mod session;
 
-use channel::{BareChannel, ChannelTls};
 pub(crate) use cleanup::{PendingEntry, clean_up_later};
 pub(crate) use session::{RenewRefused, Session, revoke_in_background, ttl_secs};
 
 /// The HTTP/2 keep-alive: a PING after this long without anything
-/// received, and the connection dropped when its PONG takes longer.
+/// received (also while no call is in flight), and the connection dropped
+/// when its PONG takes longer.
 const KEEP_ALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(2));
 
 /// The client, the configuration and the sessions, shared by every
@@ -69,7 +72,7 @@ impl Connection {
     /// sweeper that retires idle sessions runs until the connection is
     /// dropped.
     pub(crate) async fn open(config: EtcdConfig) -> Result<Arc<Self>, LockError> {
-        let client = connect_client(&config).await?;
+        let (client, urls, options) = connect_client(&config).await?;
         let prefix = config.prefix.trim_end_matches('/').to_owned();
         let connection = Arc::new(Self {
             client,
@@ -84,6 +87,7 @@ impl Connection {
             .await
             .map_err(|e| e.with_backend(NAME))?;
         retire::retire_idle_sessions(&connection);
+        members::watch_members(Arc::downgrade(&connection), urls, options);
         Ok(connection)
     }
 
@@ -309,38 +313,55 @@ pub(crate) async fn txn_on(
     .map_err(|e| e.with_backend(NAME))
 }
 
-/// Validates `config` and connects an etcd client with it (no lease yet).
-async fn connect_client(config: &EtcdConfig) -> Result<Client, LockError> {
+/// Validates `config` and connects an etcd client with it (no lease yet),
+/// on `etcd-client`'s own channel (tonic's, balanced over the endpoints),
+/// with an HTTP/2 keep-alive that also runs while idle, so that a
+/// connection that stops answering is dropped before a call waits on it.
+///
+/// Returns the client, the endpoints as it was given them (with their
+/// scheme, as `Client::remove_endpoint` needs them) and its options.
+async fn connect_client(
+    config: &EtcdConfig,
+) -> Result<(Client, Vec<String>, ConnectOptions), LockError> {
     config.validate()?;
-    // The channel does the connecting, the keep-alive and TLS; these are
-    // what `etcd-client` adds above it.
-    let mut options = ConnectOptions::new().with_require_leader(true);
+    let (interval, timeout) = KEEP_ALIVE;
+    let mut options = ConnectOptions::new()
+        .with_require_leader(true)
+        .with_connect_timeout(config.connect_timeout)
+        .with_keep_alive(interval, timeout)
+        .with_keep_alive_while_idle(true);
     if let Some(user) = &config.user {
         options = options.with_user(user.clone(), config.password.clone().unwrap_or_default());
     }
-    let tls = config.tls.as_ref().map(channel_tls).transpose()?;
-    let channel = BareChannel::new(&config.endpoints, config.connect_timeout, KEEP_ALIVE, tls)
-        .map_err(LockError::config)?;
-    let channel = etcd_client::Channel::Custom(tower::util::BoxCloneSyncService::new(channel));
-    with_timeout(
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    if let Some(tls) = &config.tls {
+        options = options.with_tls(tls_options(tls)?);
+    }
+    let urls: Vec<String> = config
+        .endpoints
+        .iter()
+        .map(|endpoint| format!("{scheme}://{endpoint}"))
+        .collect();
+    let client = with_timeout(
         config.connect_timeout + config.op_timeout,
         Operation::Connect,
         async {
-            Client::from_channel(channel, Some(options))
+            Client::connect(&urls, Some(options.clone()))
                 .await
                 .map_err(|e| from_etcd(Operation::Connect, e))
         },
     )
-    .await
+    .await?;
+    Ok((client, urls, options))
 }
 
-/// The channel's TLS from the configuration: the CA's certificates as the
-/// only roots, the client certificate if given, ALPN `h2`.
-fn channel_tls(tls: &EtcdTls) -> Result<ChannelTls, LockError> {
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
-
+/// The client's TLS from the configuration: the CA's certificates as the
+/// roots, the client certificate if given, the server name if given.
+fn tls_options(tls: &EtcdTls) -> Result<TlsOptions, LockError> {
     let read = |path: &Path, what: &str| {
         std::fs::read(path).map_err(|e| {
             LockError::config(format!(
@@ -350,40 +371,18 @@ fn channel_tls(tls: &EtcdTls) -> Result<ChannelTls, LockError> {
             .with_source(e)
         })
     };
-    let bad_pem = |path: &Path, what: &str, e: &dyn std::fmt::Display| {
-        LockError::config(format!(
-            "the TLS {what} file {} holds no usable PEM: {e}",
-            path.display()
-        ))
-    };
-    let mut roots = RootCertStore::empty();
+    let mut options = TlsOptions::new();
     if let Some(ca) = &tls.ca_file {
-        let pem = read(ca, "CA")?;
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| bad_pem(ca, "CA", &e))?;
-            roots.add(cert).map_err(|e| bad_pem(ca, "CA", &e))?;
-        }
+        options = options.ca_certificate(Certificate::from_pem(read(ca, "CA")?));
     }
-    let builder = ClientConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| LockError::config(format!("TLS: {e}")))?
-        .with_root_certificates(roots);
-    let mut config = match (&tls.cert_file, &tls.key_file) {
-        (Some(cert), Some(key)) => {
-            let certs = CertificateDer::pem_slice_iter(&read(cert, "certificate")?)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| bad_pem(cert, "certificate", &e))?;
-            let private = PrivateKeyDer::from_pem_slice(&read(key, "key")?)
-                .map_err(|e| bad_pem(key, "key", &e))?;
-            builder
-                .with_client_auth_cert(certs, private)
-                .map_err(|e| LockError::config(format!("TLS client certificate: {e}")))?
-        }
-        _ => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(ChannelTls {
-        connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
-        domain: tls.domain.clone(),
-    })
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        options = options.identity(Identity::from_pem(
+            read(cert, "certificate")?,
+            read(key, "key")?,
+        ));
+    }
+    if let Some(domain) = &tls.domain {
+        options = options.domain_name(domain.clone());
+    }
+    Ok(options)
 }

@@ -28,10 +28,9 @@ pub(crate) fn from_etcd(operation: Operation, err: etcd_client::Error) -> LockEr
                 match i32::from(status.code()) {
                     UNAVAILABLE | CANCELLED | ABORTED => ErrorKind::Unavailable,
                     // A connection that broke (reset, broken pipe, a TLS
-                    // alert from the server) is a "transport error": the
-                    // driver's channel says Unavailable; tonic says Unknown
-                    // for a transport error it wraps itself. The request
-                    // may not have arrived.
+                    // alert from the server) is a "transport error", which
+                    // tonic reports as Unknown. The request may not have
+                    // arrived.
                     UNKNOWN if message.contains("transport error") => ErrorKind::Unavailable,
                     DEADLINE_EXCEEDED => ErrorKind::Timeout,
                     UNAUTHENTICATED | PERMISSION_DENIED => ErrorKind::Config,

@@ -38,7 +38,8 @@
 //!   client that granted it.
 //! - [x] Read-write locks, semaphores, multi-locks of up to 128 keys in one
 //!   transaction; holder details, `list`, `force_release`.
-//! - [x] Several endpoints (moves to the next member when one fails), TLS,
+//! - [x] Several endpoints (calls spread over the members that answer; a
+//!   member cut off from its peers is left until it answers again), TLS,
 //!   user/password authentication.
 //!
 //! # Caveats
