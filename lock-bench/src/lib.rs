@@ -10,6 +10,7 @@ use lock_core::driver::FloorFn;
 
 pub mod etcd;
 pub mod file;
+pub mod nats;
 pub mod redis;
 pub mod sql;
 pub mod zk;
@@ -44,6 +45,10 @@ pub fn for_driver(driver: &str) -> Floors {
         },
         "file" => Floors {
             floor: Some(file::floor),
+            ..Floors::default()
+        },
+        "nats" => Floors {
+            floor: Some(nats::floor),
             ..Floors::default()
         },
         "zk" => Floors {

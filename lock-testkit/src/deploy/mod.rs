@@ -10,6 +10,7 @@
 //! [`Lab`](crate::netns::Lab), for partitions cut in the kernel.
 
 mod lab;
+mod nats;
 mod quorum;
 mod replicated;
 mod sentinel;
@@ -22,6 +23,7 @@ use std::pin::Pin;
 use async_trait::async_trait;
 
 pub use lab::{CONTROL_HOST, LabHosts, lab_kind_names, start_in_lab};
+pub use nats::NatsCluster;
 pub use quorum::{EtcdCluster, Fleet, RedlockFleet, ZkQuorum};
 pub use replicated::ReplicatedRedis;
 pub use sentinel::{SENTINEL_MASTER, SentinelRedis};
@@ -233,11 +235,13 @@ pub static KINDS: &[Kind] = &[
     kind!("mariadb", false, false, single::mariadb),
     kind!("postgres-session", false, false, single::postgres_session),
     kind!("mariadb-session", false, false, single::mariadb_session),
+    kind!("nats", false, false, nats::single),
     kind!("redis-replica", true, false, replicated::start),
     kind!("redis-sentinel", true, true, sentinel::start),
     kind!("redlock", true, false, quorum::redlock),
     kind!("etcd-cluster", true, true, quorum::etcd_cluster),
     kind!("zookeeper-ensemble", true, true, quorum::zookeeper_ensemble),
+    kind!("nats-cluster", true, true, nats::cluster),
     kind!("redis-plain", false, true, single::redis_plain),
     kind!("redis-redisson", false, true, single::redis_redisson),
     kind!("zookeeper-kazoo", false, true, single::zookeeper_kazoo),

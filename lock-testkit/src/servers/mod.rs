@@ -9,6 +9,7 @@
 
 pub mod etcd;
 pub mod mariadb;
+pub mod nats;
 pub mod postgres;
 pub mod redis;
 pub mod zookeeper;
