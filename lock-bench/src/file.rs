@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl};
 use lock_file::FileConfig;
-use lock_file::paths::KeyFiles;
+use lock_file::keys::KeyFiles;
 
 // The driver's hook in `crate::for_driver`.
 lock_core::floor_fn!(pub(crate) fn floor = FileFloor::connect);

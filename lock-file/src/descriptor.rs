@@ -5,8 +5,8 @@ use std::sync::Arc;
 use lock_core::LockBackend;
 use lock_core::driver::{BoxFuture, Driver};
 
+use crate::backend::CAPABILITIES;
 use crate::config::FileConfig;
-use crate::driver::CAPABILITIES;
 use crate::{FileBackend, LockError, NAME};
 
 /// The file driver: `file:///path/to/dir`.

@@ -60,7 +60,7 @@
 //! Key `k` of a mutex is the file `<dir>/<stem>.lock`, its counter
 //! `<stem>.token`; a read-write lock uses `<stem>.rwlock`, `<stem>.rwtoken`
 //! and `<stem>.rwgate`. The stem escapes every byte outside
-//! `[A-Za-z0-9._-]` as `%XX`; see [`paths`] for the exact mapping. Files
+//! `[A-Za-z0-9._-]` as `%XX`; see [`keys`] for the exact mapping. Files
 //! are never deleted by the backend (deleting a lock file while it is held
 //! would let a second holder lock a new file at the same path; renewals
 //! detect it). The lock file holds the exclusive holder's record
@@ -94,18 +94,18 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod attempt;
+mod backend;
 mod config;
+mod connection;
 mod descriptor;
-mod driver;
 mod error;
 mod files;
-pub mod paths;
-mod session;
+mod grants;
+pub mod keys;
 
+pub use backend::{CAPABILITIES, FileBackend, MAX_POLL};
 pub use config::FileConfig;
 pub use descriptor::DRIVER;
-pub use driver::{CAPABILITIES, FileBackend, MAX_POLL};
 pub use lock_core::LockError;
 
 /// The backend's name (and the facade's cargo feature).

@@ -14,12 +14,12 @@ use lock_core::{
 use tokio::time::{Instant, sleep_until};
 
 use crate::NAME;
-use crate::attempt::{Attempt, Taken};
 use crate::config::FileConfig;
+use crate::connection::{Session, Standing};
 use crate::error::{io_error, task_error};
 use crate::files::{FlockHolder, Record, flock_holders, read_token};
-use crate::paths::KeyFiles;
-use crate::session::{Session, Standing};
+use crate::grants::{Attempt, Taken};
+use crate::keys::KeyFiles;
 
 /// The first pause between two polls of a held lock.
 const FIRST_POLL: Duration = Duration::from_millis(1);

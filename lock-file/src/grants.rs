@@ -25,7 +25,7 @@ use std::io;
 use lock_core::{LeaseKind, OwnerId};
 
 use crate::files::{Counter, Record, read_token, try_lock_path};
-use crate::paths::KeyFiles;
+use crate::keys::KeyFiles;
 
 /// What an attempt took.
 #[derive(Debug)]
