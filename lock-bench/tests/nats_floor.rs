@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
+use std::net::{Ipv4Addr, SocketAddr};
+
 use conformance::OrSkip;
+use conformance::proxy::{CyclePlan, FaultProxy};
 use conformance::servers::nats::{BUCKET, NatsServer};
 use lock_bench::nats::NatsFloor;
 use lock_core::floor::RawFloor;
@@ -60,4 +63,26 @@ async fn the_floor_takes_the_drivers_lock() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_costs_what_it_declares() {
+    let Some(server) = NatsServer::start().await.or_skip() else {
+        return;
+    };
+    let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()));
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let url = format!("nats://127.0.0.1:{}/{BUCKET}", proxy.port());
+    let floor = NatsFloor::connect(&url).await.unwrap();
+    let expected = u64::from(floor.round_trips_per_cycle());
+    let plan = CyclePlan::new(5, 100).with_idle();
+    let counted = proxy
+        .count_cycles(plan, || async {
+            floor.cycle("floor", TTL).await.expect("floor cycle");
+        })
+        .await;
+    println!("floor: {:.2} per cycle ({counted:?})", counted.per_cycle());
+    counted
+        .check(expected)
+        .expect("the floor costs what it declares");
 }

@@ -33,6 +33,9 @@ where
         || text.contains("disconnect")
         || text.contains("no responders")
         || text.contains("not found")
+        || text.contains("no stream")
+        || text.contains("unavailable")
+        || text.contains("503")
         || text.contains("connection")
     {
         ErrorKind::Unavailable
