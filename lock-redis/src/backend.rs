@@ -71,8 +71,10 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Config`] for a bad configuration or wrong credentials;
-    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when not enough
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for a bad
+    /// configuration or wrong credentials;
+    /// [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable) /
+    /// [`ErrorKind::Timeout`](lock_core::ErrorKind::Timeout) when not enough
     /// servers answer.
     ///
     /// # Cancel safety
