@@ -1,15 +1,25 @@
-//! The shared fault scenarios (without a holder process) on one
-//! nats-server and on the 3-node cluster: partitioned client (through a
-//! fault proxy), server killed and restarted, injected latency, lost
-//! release reply, cancellation storm; on the cluster also the stream
-//! leader killed (failover) and nodes lost.
+//! The shared fault scenarios on one nats-server and on the 3-node
+//! cluster: holder process killed and paused (the `lock-nats-holder`
+//! binary), partitioned client (through a fault proxy), server killed and
+//! restarted, injected latency, lost release reply, cancellation storm; on
+//! the cluster also the stream leader killed (failover) and nodes lost.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::scenarios::{SCENARIOS, ScenarioEnv, Verdict, run_all};
+use conformance::scenarios::{HolderCommand, SCENARIOS, ScenarioEnv, Verdict, run_all};
+
+/// The holder process (the `lock-nats-holder` binary).
+fn holder() -> HolderCommand {
+    let holder = std::path::PathBuf::from(env!("CARGO_BIN_EXE_lock-nats-holder"));
+    Arc::new(move |url: &str, key: &str, ttl: Duration| {
+        let mut cmd = std::process::Command::new(&holder);
+        cmd.arg(url).arg(key).arg(ttl.as_millis().to_string());
+        cmd
+    })
+}
 
 async fn run_on(kind: &str, cluster_only_skipped: bool) {
     let Some(target) = common::deployed(kind).await else {
@@ -17,7 +27,7 @@ async fn run_on(kind: &str, cluster_only_skipped: bool) {
     };
     let env = ScenarioEnv {
         target: Arc::new(target),
-        holder: None,
+        holder: Some(holder()),
         quick: true,
         ttl: Duration::from_secs(2),
     };
@@ -32,12 +42,11 @@ async fn run_on(kind: &str, cluster_only_skipped: bool) {
     assert!(failed.is_empty(), "scenarios failed on {kind}: {failed:?}");
     const CLUSTER_ONLY: &[&str] = &["replica_failover", "minority_down", "majority_down"];
     for name in SCENARIOS {
-        if name.starts_with("holder_") {
-            continue;
-        }
         let skipped = reports[*name].verdict == Verdict::Skipped;
         if CLUSTER_ONLY.contains(name) && cluster_only_skipped {
             assert!(skipped, "{name} ran on a single server");
+        } else if name.starts_with("holder_") {
+            assert!(!skipped, "{name} was skipped");
         }
     }
 }
