@@ -86,3 +86,49 @@ async fn a_leader_kill_keeps_an_unexpired_key() {
     assert!(again.token() > next.token());
     assert!(holder.release(&again).await.unwrap());
 }
+
+/// A key whose TTL runs out during the election: freed no earlier than
+/// its TTL, and once a leader serves the stream again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_expiring_during_the_election_is_not_freed_early() {
+    let Some(mut servers) = NatsServer::start_cluster(3).await.or_skip() else {
+        return;
+    };
+    // Requests sent during the election wait their timeout: 1 s here.
+    let url = format!("{}&timeout=1s", servers.url(BUCKET));
+    let holder = lock_nats::connect(&url).await.expect("holder");
+    let other = lock_nats::connect(&url).await.expect("other");
+    let key = common::key("expires-in-election");
+    let ttl = Duration::from_secs(2);
+    let granted_at = Instant::now();
+    let lease = holder.try_acquire(&key, ttl).await.unwrap().expect("free");
+    let waiter = {
+        let (other, key) = (other.clone(), key.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(40);
+            loop {
+                match other.acquire(&key, ttl, deadline).await {
+                    Ok(lease) => return (lease, granted_at.elapsed()),
+                    Err(e) if e.is_unavailable() || e.is_timeout() => {
+                        sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        })
+    };
+    let stream = format!("KV_{BUCKET}");
+    servers
+        .kill_stream_leader(&stream, Duration::from_secs(20))
+        .await
+        .expect("a new leader");
+    let elected = granted_at.elapsed();
+    let (next, freed_after) = waiter.await.unwrap();
+    println!(
+        "TTL {ttl:?}: leader killed at once, new leader seen {elected:?} after the grant; \
+         key taken by another client {freed_after:?} after the grant"
+    );
+    assert!(freed_after >= ttl, "freed before its TTL: {freed_after:?}");
+    assert!(next.token() > lease.token());
+    assert!(other.release(&next).await.unwrap());
+}
