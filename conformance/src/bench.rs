@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::floor::RawFloor;
+use crate::floor::RawFloor;
 use lock_core::{LockClient, LockError};
 use serde::Serialize;
 use tokio::time::Instant;

@@ -50,6 +50,7 @@ pub mod cpu;
 pub mod deploy;
 pub mod doubles;
 pub mod fencing;
+pub mod floor;
 pub mod harness;
 pub mod history;
 pub mod legacy;

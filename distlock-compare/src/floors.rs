@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::bench::{Contender, FloorCycle};
+use conformance::floor::RawFloor;
 use conformance::proxy::FaultProxy;
 use lock_core::LockError;
-use lock_core::floor::RawFloor;
 
 /// The floor for the backend at `url`, from its driver's descriptor:
 /// `Ok(None)` when its driver has none (memory, Sentinel, Cluster).

@@ -17,6 +17,8 @@ pub use lock_core::{
     LockBackendExt, LockSets, LockWrapper, MemoryBackend, MigrationBackend,
 };
 
+use lock_core::endpoint::Endpoint;
+
 use crate::{Config, LockError, redact_url, supported_schemes};
 
 /// The drivers compiled into this build, the in-memory one first (one line
@@ -24,7 +26,6 @@ use crate::{Config, LockError, redact_url, supported_schemes};
 pub fn drivers() -> &'static [&'static Driver] {
     crate::registered_drivers()
 }
-
 
 /// The driver this build has for `url`'s scheme.
 ///
@@ -79,37 +80,36 @@ pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 ///
 /// Safe: a dropped connect leaves nothing behind.
 pub async fn open_config(config: &Config) -> Result<Arc<dyn LockBackend>, LockError> {
-    let required = |url: &str| required_safety(url, &config.requirements);
+    let requirements = &config.requirements;
     let backend = match &config.migration {
         Some(m) => {
-            let old = open_url(&required(&m.old_url)).await?;
-            let new = open_url(&required(&m.new_url)).await?;
+            let old = open_url(&m.old_url, requirements).await?;
+            let new = open_url(&m.new_url, requirements).await?;
             Arc::new(m.backend(old, new, config.defaults.ttl)?) as Arc<dyn LockBackend>
         }
-        None => open_url(&required(&config.url)).await?,
+        None => open_url(&config.url, requirements).await?,
     };
     backend
         .capabilities()
-        .check(&config.requirements)
+        .check(requirements)
         .map_err(|e| e.with_backend(backend.name()))?;
     Ok(backend)
 }
 
-/// A config that requires fencing tokens cannot accept a Redis that may
-/// evict keys (an evicted token counter starts again at 1): unless the URL
-/// says otherwise, such a connect runs the Redis driver's eviction check in
-/// `refuse` mode.
-fn required_safety(url: &str, requirements: &lock_core::Requirements) -> String {
-    let redis_family = driver_for(url).is_ok_and(|d| d.name == "redis");
-    if !requirements.fencing || !redis_family || url.contains("eviction=") {
-        return url.to_owned();
-    }
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}eviction=refuse")
+/// The URL parsed once: its scheme picks the driver, which receives the
+/// parsed URL and the typed requirements (a driver with a setting for one,
+/// such as Redis refusing an evicting server when fencing is required,
+/// applies it; every backend's capabilities are checked after).
+async fn open_url(
+    url: &str,
+    requirements: &lock_core::Requirements,
+) -> Result<Arc<dyn LockBackend>, LockError> {
+    let endpoint = Endpoint::parse(url)
+        .map_err(|e| LockError::config(format!("bad backend URL {:?}: {e}", redact_url(url))))?;
+    let driver = drivers()
+        .iter()
+        .copied()
+        .find(|d| d.schemes.contains(&endpoint.scheme()))
+        .map_or_else(|| driver_for(url), Ok)?;
+    (driver.connect)(endpoint, *requirements).await
 }
-
-async fn open_url(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
-    Config::from_url(url)?;
-    (driver_for(url)?.connect)(url).await
-}
-

@@ -69,9 +69,9 @@ pub use duration::{format_duration, parse_duration};
 pub use lock_core::{
     Capabilities, ErrorKind, FencingScope, FencingToken, GcReport, HolderDetails, HolderInfo,
     KeyLabel, LeaseKind, ListQuery, LockClient, LockDefaults, LockError, LockGuard, LockInfo,
-    LockKey, LockPage, LockRequest, LockShape, LockState, MigrationPhase, MultiGuard,
-    MultiRequest, NEW_EPOCH, Operation, OwnerId, RenewalPolicy, Requirements, SharedLockInfo,
-    SharedPage, TtlModel, WaitStrategy, disable_metrics, enable_metrics, set_holder_label,
+    LockKey, LockPage, LockRequest, LockShape, LockState, MigrationPhase, MultiGuard, MultiRequest,
+    NEW_EPOCH, Operation, OwnerId, RenewalPolicy, Requirements, SharedLockInfo, SharedPage,
+    TtlModel, WaitStrategy, disable_metrics, enable_metrics, set_holder_label,
 };
 
 use backend::Driver;

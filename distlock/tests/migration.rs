@@ -22,7 +22,8 @@ use conformance::servers::etcd::EtcdServer;
 use conformance::servers::redis::RedisServer;
 use conformance::servers::zookeeper::ZkServer;
 use conformance::{HarnessError, Target};
-use distlock::{LockBackend, LockError};
+use distlock::LockError;
+use distlock::backend::LockBackend;
 
 struct UrlTarget(String);
 

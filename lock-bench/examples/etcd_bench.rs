@@ -26,10 +26,10 @@ use conformance::bench::{
     Contender, FloorCycle, LatencyStats, Ours, StandardRun, interleaved_latency, measure_parallel,
     ratio, standard_figures,
 };
+use conformance::floor::RawFloor;
 use conformance::servers::etcd::EtcdServer;
 use lock_bench::etcd::{EtcdFloor, EtcdPermitFloor};
 use lock_core::LockClient;
-use lock_core::floor::RawFloor;
 
 const TTL: Duration = Duration::from_secs(30);
 

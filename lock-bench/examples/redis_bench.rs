@@ -33,10 +33,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::bench::{self, LatencyStats};
+use conformance::floor::RawFloor;
 use conformance::servers::redis::RedisServer;
 use lock_bench::redis::{RedisFloor, RedisPermitFloor, RedlockFloor};
 use lock_core::LockClient;
-use lock_core::floor::RawFloor;
 use redis_bench_support::{BoxError, CLIENTS, TTL, WAIT, env, ours_cycle};
 use tokio::time::Instant;
 

@@ -29,9 +29,9 @@ mod redis_bench_support;
 use std::sync::Arc;
 
 use conformance::cpu::{median, process_tree_cpu_ns, self_cpu_ns};
+use conformance::floor::RawFloor;
 use conformance::servers::redis::RedisServer;
 use lock_bench::redis::RedisFloor;
-use lock_core::floor::RawFloor;
 use lock_core::{LockBackend, LockBackendExt, LockClient, LockError, LockKey};
 use redis_bench_support::{BoxError, CLIENTS, TTL, WAIT, env, ours_cycle};
 use tokio::time::Instant;

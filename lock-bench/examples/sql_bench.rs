@@ -30,12 +30,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::bench::{self, Contender, FloorCycle, Handoffs, LatencyStats, Ours};
+use conformance::floor::RawFloor;
 use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use lock_bench::sql::SqlFloor;
 use lock_core::LockClient;
-use lock_core::floor::RawFloor;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -31,11 +31,11 @@ use std::time::Duration;
 
 use conformance::bench::{Contender, FloorCycle};
 use conformance::cpu::{median, process_tree_cpu_ns, self_cpu_ns};
+use conformance::floor::RawFloor;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use lock_bench::sql::SessionFloor;
 use lock_bench::sql::SqlFloor;
-use lock_core::floor::RawFloor;
 use lock_core::{LockBackend, LockBackendExt, LockClient, LockError, LockKey};
 use lock_sql::{SqlConfig, SqlMode};
 use tokio::time::Instant;

@@ -12,9 +12,9 @@
 use std::time::Duration;
 
 use conformance::bench::{self, LatencyStats};
+use conformance::floor::RawFloor;
 use conformance::servers::zookeeper::ZkServer;
 use lock_bench::zk::ZkFloor;
-use lock_core::floor::RawFloor;
 use lock_core::{LockBackend, LockBackendExt, LockClient, LockKey, OwnerId};
 use tokio::time::Instant;
 use zookeeper_client as zk;

@@ -34,7 +34,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
 
 use lock_etcd::keys::{
@@ -47,8 +47,8 @@ use wire::{Cmp, Compare, Op, TxnReply, Wire};
 /// The backend's name, as the driver's errors carry it.
 const NAME: &str = "etcd";
 
-lock_core::floor_fn!(pub(crate) fn floor = EtcdFloor::connect);
-lock_core::floor_fn!(pub(crate) fn permit_floor = one_of_four);
+crate::floor_fn!(pub(crate) fn floor = EtcdFloor::connect);
+crate::floor_fn!(pub(crate) fn permit_floor = one_of_four);
 
 /// One permit of a semaphore of 4 per cycle (the permit floor's contract).
 async fn one_of_four(url: &str) -> Result<EtcdPermitFloor, LockError> {
@@ -90,7 +90,7 @@ fn protocol_error(op: Operation, key: &LockKey, why: &str) -> LockError {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lock_core::floor::RawFloor;
+/// use conformance::floor::RawFloor;
 /// use lock_bench::etcd::EtcdFloor;
 ///
 /// # #[tokio::main]

@@ -26,13 +26,13 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl};
 use lock_file::FileConfig;
 use lock_file::keys::KeyFiles;
 
 // The driver's hook in `crate::for_driver`.
-lock_core::floor_fn!(pub(crate) fn floor = FileFloor::connect);
+crate::floor_fn!(pub(crate) fn floor = FileFloor::connect);
 
 /// A hand-written flock grant and release (see the module docs).
 #[derive(Debug)]

@@ -6,7 +6,43 @@
 //! One entry per driver in [`for_driver`]; a new backend adds a module with
 //! its floor and one arm there (see CONTRIBUTING.md).
 
-use lock_core::driver::FloorFn;
+use std::future::Future;
+use std::pin::Pin;
+
+use conformance::floor::RawFloor;
+use lock_core::LockError;
+
+/// A boxed, sendable future (what a floor's connect returns).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Connects a driver's raw floor for a URL: `Ok(None)` when this URL's
+/// form has none (a Cluster or Sentinel URL, say).
+pub type FloorFn =
+    for<'a> fn(&'a str) -> BoxFuture<'a, Result<Option<Box<dyn RawFloor>>, LockError>>;
+
+/// Declares a [`FloorFn`] named `$name` that opens a floor with
+/// `$connect(url).await` (an `async fn(&str) -> Result<F, LockError>` whose
+/// `F` implements [`RawFloor`]), for every URL of the driver.
+macro_rules! floor_fn {
+    ($vis:vis fn $name:ident = $connect:path) => {
+        $vis fn $name(
+            url: &str,
+        ) -> $crate::BoxFuture<
+            '_,
+            ::std::result::Result<
+                ::std::option::Option<::std::boxed::Box<dyn ::conformance::floor::RawFloor>>,
+                ::lock_core::LockError,
+            >,
+        > {
+            ::std::boxed::Box::pin(async move {
+                let floor = $connect(url).await?;
+                Ok(Some(::std::boxed::Box::new(floor)
+                    as ::std::boxed::Box<dyn ::conformance::floor::RawFloor>))
+            })
+        }
+    };
+}
+pub(crate) use floor_fn;
 
 pub mod etcd;
 pub mod file;

@@ -30,7 +30,7 @@ use std::sync::PoisonError;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl};
 use lock_nats::{NatsConfig, keys::kv_key};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -39,7 +39,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Mutex;
 
 // The driver's hook in `crate::for_driver`.
-lock_core::floor_fn!(pub(crate) fn floor = NatsFloor::connect);
+crate::floor_fn!(pub(crate) fn floor = NatsFloor::connect);
 
 /// How long one exchange may take.
 const TIMEOUT: Duration = Duration::from_secs(5);

@@ -44,7 +44,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{
     ErrorKind, LockError, LockKey, Operation, OwnerId, async_trait, check_ttl, with_timeout,
 };
@@ -60,9 +60,9 @@ use resp::Reply;
 /// The backend name the floors' errors carry (the driver's).
 const NAME: &str = "redis";
 
-lock_core::floor_fn!(fn floor_single = RedisFloor::connect);
-lock_core::floor_fn!(fn floor_redlock = RedlockFloor::connect);
-lock_core::floor_fn!(fn permit_floor_single = one_of_four);
+crate::floor_fn!(fn floor_single = RedisFloor::connect);
+crate::floor_fn!(fn floor_redlock = RedlockFloor::connect);
+crate::floor_fn!(fn permit_floor_single = one_of_four);
 
 /// One permit of a semaphore of 4 per cycle (the hook's contract).
 async fn one_of_four(url: &str) -> Result<RedisPermitFloor, LockError> {
@@ -77,7 +77,7 @@ fn scheme(url: &str) -> String {
 /// The mutex floor of a Redis URL (`lock_bench::for_driver("redis")`):
 /// [`RedisFloor`] for one server, [`RedlockFloor`] for Redlock; none for
 /// Sentinel and Cluster.
-pub fn floor(url: &str) -> lock_core::driver::BoxFuture<'_, FloorResult> {
+pub fn floor(url: &str) -> crate::BoxFuture<'_, FloorResult> {
     match scheme(url).as_str() {
         "redis" | "rediss" => floor_single(url),
         "redlock" => floor_redlock(url),
@@ -87,7 +87,7 @@ pub fn floor(url: &str) -> lock_core::driver::BoxFuture<'_, FloorResult> {
 
 /// One permit of a semaphore of 4 by hand, on one server (`redis://`; TLS
 /// is refused as by the mutex floor); other topologies have none.
-pub fn permit_floor(url: &str) -> lock_core::driver::BoxFuture<'_, FloorResult> {
+pub fn permit_floor(url: &str) -> crate::BoxFuture<'_, FloorResult> {
     match scheme(url).as_str() {
         "redis" | "rediss" => permit_floor_single(url),
         _ => Box::pin(async { Ok(None) }),
@@ -152,7 +152,7 @@ fn ttl_ms(ttl: Duration) -> String {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lock_core::floor::RawFloor;
+/// use conformance::floor::RawFloor;
 /// use lock_bench::redis::RedisFloor;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -33,9 +33,9 @@ mod session;
 
 use std::time::Duration;
 
+use crate::BoxFuture;
 use async_trait::async_trait;
-use lock_core::driver::BoxFuture;
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{HolderDetails, LockError, Operation};
 use lock_sql::sqlx::{self, Row};
 use lock_sql::{SqlConfig, SqlDialect, SqlLayout, SqlMode};
@@ -78,7 +78,7 @@ async fn one_of_four(url: &str) -> Result<SqlPermitFloor, LockError> {
     SqlPermitFloor::connect(url, 1, 4).await
 }
 
-lock_core::floor_fn!(pub(crate) fn permit_floor = one_of_four);
+crate::floor_fn!(pub(crate) fn permit_floor = one_of_four);
 
 /// The widest encoded holder details (the tables' `details` column).
 const DETAILS_LEN: usize = lock_core::MAX_ENCODED_LEN;
@@ -92,7 +92,7 @@ const DETAILS_LEN: usize = lock_core::MAX_ENCODED_LEN;
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_core::floor::RawFloor;
+/// use conformance::floor::RawFloor;
 /// use lock_bench::sql::SqlFloor;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

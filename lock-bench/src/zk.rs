@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl};
 use tokio::sync::Mutex;
 
@@ -73,8 +73,8 @@ use wire::{Decoder, Encoder, WireError, code, code_name, flags, op, xid};
 const NAME: &str = "zookeeper";
 
 // The driver's hooks in `crate::for_driver`.
-lock_core::floor_fn!(pub(crate) fn floor = ZkFloor::connect);
-lock_core::floor_fn!(pub(crate) fn permit_floor = one_of_four);
+crate::floor_fn!(pub(crate) fn floor = ZkFloor::connect);
+crate::floor_fn!(pub(crate) fn permit_floor = one_of_four);
 
 /// One permit of a semaphore of 4 per cycle (the hook's contract).
 async fn one_of_four(url: &str) -> Result<ZkPermitFloor, LockError> {
@@ -90,7 +90,7 @@ async fn one_of_four(url: &str) -> Result<ZkPermitFloor, LockError> {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lock_core::floor::RawFloor;
+/// use conformance::floor::RawFloor;
 /// use lock_bench::zk::ZkFloor;
 ///
 /// # #[tokio::main]

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::floor::RawFloor;
 use conformance::proxy::FaultProxy;
 use conformance::servers::etcd::EtcdServer;
 use lock_bench::etcd::{EtcdFloor, EtcdPermitFloor};
-use lock_core::floor::RawFloor;
 use lock_core::{ErrorKind, Lease, LeaseKind, LockBackend, LockBackendExt, LockKey, OwnerId};
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

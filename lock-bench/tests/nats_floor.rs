@@ -7,10 +7,10 @@ use std::time::Duration;
 use std::net::{Ipv4Addr, SocketAddr};
 
 use conformance::OrSkip;
+use conformance::floor::RawFloor;
 use conformance::proxy::{CyclePlan, FaultProxy};
 use conformance::servers::nats::{BUCKET, NatsServer};
 use lock_bench::nats::NatsFloor;
-use lock_core::floor::RawFloor;
 use lock_core::{LockBackend, LockBackendExt, LockKey};
 
 const TTL: Duration = Duration::from_secs(5);

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::floor::RawFloor;
 use conformance::proxy::FaultProxy;
 use conformance::servers::redis::RedisServer;
 use lock_bench::redis::{RedisFloor, RedlockFloor};
-use lock_core::floor::RawFloor;
 use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockKey};
 use lock_redis::{RedisBackend, RedisConfig};
 

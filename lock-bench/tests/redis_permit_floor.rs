@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::floor::RawFloor;
 use conformance::proxy::{CyclePlan, FaultProxy};
 use conformance::servers::redis::RedisServer;
 use lock_bench::redis::RedisPermitFloor;
-use lock_core::floor::RawFloor;
 use lock_core::{ErrorKind, LeaseKind, LockBackend, LockBackendExt, LockKey, LockShape};
 use lock_redis::{RedisBackend, RedisConfig};
 use tokio::time::Instant;

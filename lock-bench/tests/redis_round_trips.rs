@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use conformance::OrSkip;
 use conformance::bench;
+use conformance::floor::RawFloor;
 use conformance::proxy::{CycleCount, CyclePlan, FaultProxy, count_cycles};
 use conformance::servers::redis::RedisServer;
 use lock_bench::redis::{RedisFloor, RedlockFloor};
-use lock_core::floor::RawFloor;
 use lock_core::{LockClient, LockError, LockGuard, LockKey};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -8,9 +8,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::floor::RawFloor;
 use conformance::servers::zookeeper::ZkServer;
 use lock_bench::zk::ZkFloor;
-use lock_core::floor::RawFloor;
 use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockKey};
 use lock_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;

@@ -9,10 +9,10 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::floor::RawFloor;
 use conformance::proxy::{CyclePlan, FaultProxy};
 use conformance::servers::zookeeper::ZkServer;
 use lock_bench::zk::ZkPermitFloor;
-use lock_core::floor::RawFloor;
 use lock_core::{ErrorKind, LeaseKind, LockBackend, LockBackendExt, LockKey};
 
 const TTL: Duration = Duration::from_secs(30);

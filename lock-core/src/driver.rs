@@ -1,6 +1,6 @@
 //! Driver descriptors: what a backend crate tells the rest of the family
 //! about itself, so that the facade, the command-line tool and the tests
-//! derive their scheme tables, connects and floors from one list instead of
+//! derive their scheme tables and connects from one list instead of
 //! naming every driver by hand.
 //!
 //! A driver crate exports one `pub static DRIVER: Driver`; the facade lists
@@ -12,23 +12,24 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use crate::floor::RawFloor;
+use crate::capabilities::Requirements;
+use crate::endpoint::Endpoint;
 use crate::{LockBackend, LockError, MemoryBackend};
 
 /// A boxed, sendable future (what a descriptor's functions return).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Connects the backend a URL names.
-pub type ConnectFn = for<'a> fn(&'a str) -> BoxFuture<'a, Result<Arc<dyn LockBackend>, LockError>>;
+/// Connects the backend of a parsed URL (parsed once, by the caller, who
+/// chose the driver from its scheme), meeting what the caller requires
+/// where the driver has a setting for it (a Redis that must not evict keys
+/// when fencing is required, say). The caller still checks the
+/// capabilities against the requirements once connected.
+pub type ConnectFn =
+    fn(Endpoint, Requirements) -> BoxFuture<'static, Result<Arc<dyn LockBackend>, LockError>>;
 
-/// Connects the driver's raw floor (the minimal grant and release written
-/// by hand on one bare connection, for benchmarks): `Ok(None)` when this
-/// URL's form has none (a Cluster or Sentinel URL, say).
-pub type FloorFn =
-    for<'a> fn(&'a str) -> BoxFuture<'a, Result<Option<Box<dyn RawFloor>>, LockError>>;
-
-/// What a URL's backend promises, read from the URL alone (no connect).
-pub type CapabilitiesFn = fn(&str) -> Result<crate::Capabilities, LockError>;
+/// What a URL's backend promises, read from the parsed URL alone (no
+/// connect).
+pub type CapabilitiesFn = fn(&Endpoint) -> Result<crate::Capabilities, LockError>;
 
 /// One driver's entry in the family.
 #[derive(Clone, Copy)]
@@ -46,21 +47,9 @@ pub struct Driver {
     pub summary: &'static str,
     /// Connects the backend a URL names.
     pub connect: ConnectFn,
-    /// Its raw floor, when it has one.
-    pub floor: Option<FloorFn>,
-    /// Its raw floor for one permit of a semaphore of 4 (grant and release
-    /// of a single permit, hand-written like [`floor`](Self::floor)), when
-    /// it has one.
-    pub permit_floor: Option<FloorFn>,
     /// The capabilities a URL's backend will report, without connecting
     /// (`None`: known only once connected).
     pub capabilities: Option<CapabilitiesFn>,
-    /// The URL option (`name=value`, added to a URL's query) that turns on
-    /// this driver's fair (FIFO) mode, for a driver whose default waiting
-    /// is not in arrival order; `None` when the driver has no such mode (or
-    /// is always fair). Benchmarks use it to show fair and unfair side by
-    /// side.
-    pub fair_option: Option<&'static str>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -112,47 +101,26 @@ pub fn find<'a>(drivers: &[&'a Driver], url: &str) -> Option<&'a Driver> {
 }
 
 /// Declares a [`ConnectFn`] named `$name` that opens a backend with
-/// `$connect(url).await` (an `async fn(&str) -> Result<B, LockError>` whose
-/// `B` implements [`LockBackend`]).
+/// `$open(endpoint, requirements).await` (an
+/// `async fn(Endpoint, Requirements) -> Result<B, LockError>` whose `B`
+/// implements [`LockBackend`]).
 ///
 /// ```text
-/// lock_core::connect_fn!(fn connect_any = crate::connect);
+/// lock_core::connect_fn!(fn connect = crate::open);
 /// ```
 #[macro_export]
 macro_rules! connect_fn {
-    ($vis:vis fn $name:ident = $connect:path) => {
+    ($vis:vis fn $name:ident = $open:path) => {
         $vis fn $name(
-            url: &str,
+            endpoint: $crate::endpoint::Endpoint,
+            requirements: $crate::Requirements,
         ) -> $crate::driver::BoxFuture<
-            '_,
+            'static,
             ::std::result::Result<::std::sync::Arc<dyn $crate::LockBackend>, $crate::LockError>,
         > {
             ::std::boxed::Box::pin(async move {
-                let backend = $connect(url).await?;
+                let backend = $open(endpoint, requirements).await?;
                 Ok(::std::sync::Arc::new(backend) as ::std::sync::Arc<dyn $crate::LockBackend>)
-            })
-        }
-    };
-}
-
-/// Declares a [`FloorFn`] named `$name` that opens a floor with
-/// `$connect(url).await` (an `async fn(&str) -> Result<F, LockError>` whose
-/// `F` implements [`RawFloor`]), for every URL of the driver.
-#[macro_export]
-macro_rules! floor_fn {
-    ($vis:vis fn $name:ident = $connect:path) => {
-        $vis fn $name(
-            url: &str,
-        ) -> $crate::driver::BoxFuture<
-            '_,
-            ::std::result::Result<
-                ::std::option::Option<::std::boxed::Box<dyn $crate::floor::RawFloor>>,
-                $crate::LockError,
-            >,
-        > {
-            ::std::boxed::Box::pin(async move {
-                let floor = $connect(url).await?;
-                Ok(Some(::std::boxed::Box::new(floor) as ::std::boxed::Box<dyn $crate::floor::RawFloor>))
             })
         }
     };
@@ -167,25 +135,24 @@ pub static MEMORY: Driver = Driver {
     default_ports: &[],
     summary: "memory://[name]: in-process locks, shared by name within this process",
     connect: connect_memory,
-    floor: None,
-    permit_floor: None,
     capabilities: Some(|_| Ok(MemoryBackend::new().capabilities())),
-    fair_option: None,
 };
 
-fn connect_memory(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move { Ok(Arc::new(named_memory(url)?) as Arc<dyn LockBackend>) })
+fn connect_memory(
+    endpoint: Endpoint,
+    _: Requirements,
+) -> BoxFuture<'static, Result<Arc<dyn LockBackend>, LockError>> {
+    Box::pin(async move { Ok(Arc::new(named_memory(endpoint)?) as Arc<dyn LockBackend>) })
 }
 
 /// The process's memory backend of that name (`memory://jobs`).
-fn named_memory(url: &str) -> Result<MemoryBackend, LockError> {
+fn named_memory(mut endpoint: Endpoint) -> Result<MemoryBackend, LockError> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, MemoryBackend>>> = OnceLock::new();
-    let mut endpoint = crate::endpoint::Endpoint::parse(url)?;
     if endpoint.scheme() != "memory" || !endpoint.has_authority() {
         return Err(LockError::config("a memory URL is memory://[name]"));
     }
     endpoint.options().finish("memory")?;
-    let name = url.trim()["memory://".len()..]
+    let name = endpoint.raw_base()["memory://".len()..]
         .trim_end_matches('/')
         .to_owned();
     let registry = REGISTRY.get_or_init(|| Mutex::new(HashMap::new()));
@@ -202,7 +169,10 @@ mod tests {
     use super::*;
     use crate::LockBackendExt;
 
-    fn no_connect(_: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
+    fn no_connect(
+        _: Endpoint,
+        _: Requirements,
+    ) -> BoxFuture<'static, Result<Arc<dyn LockBackend>, LockError>> {
         Box::pin(async { Err(LockError::config("test driver")) })
     }
 
@@ -212,10 +182,7 @@ mod tests {
         default_ports: &[("a", 1)],
         summary: "a://host",
         connect: no_connect,
-        floor: None,
-        permit_floor: None,
         capabilities: None,
-        fair_option: None,
     };
 
     #[test]
@@ -230,21 +197,26 @@ mod tests {
         assert_eq!(A.default_port("a+s"), None);
     }
 
+    async fn open(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
+        (MEMORY.connect)(Endpoint::parse(url)?, Requirements::none()).await
+    }
+
     #[tokio::test]
     async fn memory_urls_share_by_name() {
-        let a = (MEMORY.connect)("memory://shared").await.unwrap();
-        let b = (MEMORY.connect)("memory://shared/").await.unwrap();
-        let c = (MEMORY.connect)("memory://other").await.unwrap();
+        let a = open("memory://shared").await.unwrap();
+        let b = open("memory://shared/").await.unwrap();
+        let c = open("memory://other").await.unwrap();
         let key = crate::LockKey::new("k").unwrap();
         let ttl = std::time::Duration::from_secs(5);
         let lease = a.try_acquire(&key, ttl).await.unwrap().unwrap();
         assert!(b.try_acquire(&key, ttl).await.unwrap().is_none());
         assert!(c.try_acquire(&key, ttl).await.unwrap().is_some());
         a.release(&lease).await.unwrap();
-        let promised = (MEMORY.capabilities.unwrap())("memory://shared").unwrap();
+        let promised =
+            (MEMORY.capabilities.unwrap())(&Endpoint::parse("memory://shared").unwrap()).unwrap();
         assert_eq!(promised, a.capabilities());
         for bad in ["memory:x", "memory://x?ttl=1s"] {
-            assert!((MEMORY.connect)(bad).await.is_err(), "{bad}");
+            assert!(open(bad).await.is_err(), "{bad}");
         }
     }
 }

@@ -38,8 +38,8 @@ use crate::types::{FencingToken, OwnerId};
 
 pub(crate) mod record;
 
-use record::ELECTION_KEY_PREFIX;
 pub use crate::calls::watch_mutex_leader;
+use record::ELECTION_KEY_PREFIX;
 pub use record::{ElectionInfo, ElectionPage, Leader, election_key, election_lock_key};
 
 /// [`Listing::list_elections`](crate::Listing::list_elections)'s default, for a driver whose elections

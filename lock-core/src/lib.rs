@@ -82,7 +82,6 @@ pub mod election;
 pub mod endpoint;
 mod error;
 pub mod facets;
-pub mod floor;
 mod guard;
 mod hold;
 mod holder;

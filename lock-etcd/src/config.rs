@@ -135,7 +135,16 @@ impl EtcdConfig {
     /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for anything
     /// malformed or unknown (the message never contains the password).
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let mut url = Endpoint::parse(url)?;
+        Self::from_endpoint(Endpoint::parse(url)?)
+    }
+
+    /// The config of a parsed URL (what the facade hands the driver; see
+    /// [`from_url`](Self::from_url) for the URL's form).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_url`](Self::from_url).
+    pub fn from_endpoint(mut url: Endpoint) -> Result<Self, LockError> {
         let tls = match url.scheme() {
             "etcd" => false,
             "etcds" => true,

@@ -9,14 +9,10 @@ pub static DRIVER: Driver = Driver {
     default_ports: &[("etcd", 2379), ("etcds", 2379)],
     summary: "etcd://host[:port][,host[:port]...][/prefix] (etcds:// for TLS)",
     connect,
-    // The benchmark hooks live in `lock-bench` (`lock_bench::etcd`).
-    floor: None,
-    permit_floor: None,
     capabilities: Some(|url| {
-        crate::EtcdConfig::from_url(url)?;
+        crate::EtcdConfig::from_endpoint(url.clone())?;
         Ok(crate::capabilities())
     }),
-    fair_option: None,
 };
 
-lock_core::connect_fn!(fn connect = crate::connect);
+lock_core::connect_fn!(fn connect = crate::open);

@@ -29,8 +29,17 @@ impl FileConfig {
     /// scheme, a host other than `localhost`, a relative or empty path, or
     /// any option.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
+        Self::from_endpoint(Endpoint::parse(url)?)
+    }
+
+    /// The config of a parsed URL (what the facade hands the driver; see
+    /// [`from_url`](Self::from_url) for the URL's form).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_url`](Self::from_url).
+    pub fn from_endpoint(mut endpoint: Endpoint) -> Result<Self, LockError> {
         const FORM: &str = "a file URL is file:///absolute/path/to/dir";
-        let mut endpoint = Endpoint::parse(url)?;
         if endpoint.scheme() != "file" || !endpoint.has_authority() {
             return Err(LockError::config(FORM));
         }

@@ -127,3 +127,22 @@ pub async fn connect(url: &str) -> Result<FileBackend, LockError> {
     let config = FileConfig::from_url(url).map_err(|e| e.with_backend(NAME))?;
     FileBackend::new(config)
 }
+
+/// Opens the backend of a parsed URL, meeting `requirements` where the
+/// driver has a setting for them (what the facade's `distlock::connect`
+/// calls, through [`DRIVER`]).
+///
+/// # Errors
+///
+/// As [`connect`].
+///
+/// # Cancel safety
+///
+/// As [`connect`].
+pub async fn open(
+    endpoint: lock_core::endpoint::Endpoint,
+    _requirements: lock_core::Requirements,
+) -> Result<FileBackend, LockError> {
+    let config = FileConfig::from_endpoint(endpoint).map_err(|e| e.with_backend(NAME))?;
+    FileBackend::new(config)
+}

@@ -80,8 +80,17 @@ impl NatsConfig {
     /// scheme, no host, no bucket or more than one path segment, an invalid
     /// bucket name, an unknown option or a malformed value.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
+        Self::from_endpoint(Endpoint::parse(url).map_err(|e| e.with_backend(NAME))?)
+    }
+
+    /// The config of a parsed URL (what the facade hands the driver; see
+    /// [`from_url`](Self::from_url) for the URL's form).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_url`](Self::from_url).
+    pub fn from_endpoint(mut endpoint: Endpoint) -> Result<Self, LockError> {
         const FORM: &str = "a NATS URL is nats://host:port[,host:port]/bucket";
-        let mut endpoint = Endpoint::parse(url).map_err(|e| e.with_backend(NAME))?;
         if endpoint.scheme() != "nats" || !endpoint.has_authority() {
             return Err(LockError::config(FORM).with_backend(NAME));
         }

@@ -13,11 +13,7 @@ pub static DRIVER: Driver = Driver {
     default_ports: &[("nats", DEFAULT_PORT)],
     summary: "nats://host:port[,host:port]/bucket: a JetStream key-value bucket (server 2.11+)",
     connect,
-    // The hand-written floor lives in lock-bench (`lock_bench::nats`).
-    floor: None,
-    permit_floor: None,
-    capabilities: Some(|url| NatsConfig::from_url(url).map(|_| CAPABILITIES)),
-    fair_option: None,
+    capabilities: Some(|url| NatsConfig::from_endpoint(url.clone()).map(|_| CAPABILITIES)),
 };
 
-lock_core::connect_fn!(fn connect = crate::connect);
+lock_core::connect_fn!(fn connect = crate::open);

@@ -122,3 +122,21 @@ pub const NAME: &str = "nats";
 pub async fn connect(url: &str) -> Result<NatsBackend, LockError> {
     NatsBackend::connect(NatsConfig::from_url(url)?).await
 }
+
+/// Opens the backend of a parsed URL, meeting `requirements` where the
+/// driver has a setting for them (what the facade's `distlock::connect`
+/// calls, through [`DRIVER`]).
+///
+/// # Errors
+///
+/// As [`connect`].
+///
+/// # Cancel safety
+///
+/// As [`connect`].
+pub async fn open(
+    endpoint: lock_core::endpoint::Endpoint,
+    _requirements: lock_core::Requirements,
+) -> Result<NatsBackend, LockError> {
+    NatsBackend::connect(NatsConfig::from_endpoint(endpoint)?).await
+}

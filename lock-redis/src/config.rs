@@ -200,6 +200,16 @@ impl RedisConfig {
     /// scheme, a bad host list, port, option or value. The message never
     /// contains the password.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
+        Self::from_endpoint(Endpoint::parse(url)?)
+    }
+
+    /// The config of a parsed URL (what the facade hands the driver; see
+    /// [`from_url`](Self::from_url) for the URL's form).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_url`](Self::from_url).
+    pub fn from_endpoint(url: Endpoint) -> Result<Self, LockError> {
         parse_url(url)
     }
 
@@ -634,8 +644,7 @@ fn check_token_suffix(suffix: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-fn parse_url(url: &str) -> Result<RedisConfig, LockError> {
-    let mut url = Endpoint::parse(url)?;
+fn parse_url(mut url: Endpoint) -> Result<RedisConfig, LockError> {
     let scheme = url.scheme().to_owned();
     let segments = url.path_segments()?;
     let mut segments = segments.iter().map(String::as_str);

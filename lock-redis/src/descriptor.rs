@@ -25,19 +25,15 @@ pub static DRIVER: Driver = Driver {
     ],
     summary: "redis://host[:port][/db], redis+sentinel://, redis+cluster://, redlock://a,b,c",
     connect,
-    // The benchmark hooks are lock-bench's (`lock_bench::redis`).
-    floor: None,
-    permit_floor: None,
     // From the URL alone (Redlock changes fencing); nothing connects.
     capabilities: Some(|url| {
-        let config = crate::RedisConfig::from_url(url)?;
+        let config = crate::RedisConfig::from_endpoint(url.clone())?;
         config.validate()?;
         Ok(crate::capabilities(&config))
     }),
-    fair_option: None,
 };
 
-lock_core::connect_fn!(fn connect = crate::connect);
+lock_core::connect_fn!(fn connect = crate::open);
 
 #[cfg(test)]
 mod tests {
@@ -47,9 +43,10 @@ mod tests {
 
     #[test]
     fn capabilities_come_from_the_url_alone() {
-        let of = DRIVER
+        let from_url = DRIVER
             .capabilities
             .expect("capabilities without connecting");
+        let of = |url: &str| from_url(&lock_core::endpoint::Endpoint::parse(url)?);
         // Nothing listens on port 1: no connection is made.
         let single = of("redis://127.0.0.1:1/2?ttl=5s").expect("caps");
         assert_eq!(single.fencing, FencingScope::PerKey);

@@ -111,3 +111,28 @@ pub use renewal::RedisRenewalStats;
 pub async fn connect(url: &str) -> Result<RedisBackend, lock_core::LockError> {
     RedisBackend::connect(RedisConfig::from_url(url)?).await
 }
+
+/// Opens the backend of a parsed URL, meeting `requirements` where the
+/// driver has a setting for them (what the facade's `distlock::connect`
+/// calls, through [`DRIVER`]).
+///
+/// # Errors
+///
+/// As [`connect`].
+///
+/// # Cancel safety
+///
+/// As [`connect`].
+pub async fn open(
+    mut endpoint: lock_core::endpoint::Endpoint,
+    requirements: lock_core::Requirements,
+) -> Result<RedisBackend, lock_core::LockError> {
+    // Fencing required: a Redis that may evict keys (and with them the
+    // token counters) is refused, unless the URL chose the mode.
+    let chosen = endpoint.options().contains("eviction");
+    let mut config = RedisConfig::from_endpoint(endpoint)?;
+    if requirements.fencing && !chosen {
+        config = config.eviction(EvictionMode::Refuse);
+    }
+    RedisBackend::connect(config).await
+}

@@ -115,8 +115,11 @@ async fn descriptor_capabilities_match_a_connected_backend() {
             return;
         };
         let url = target.url();
-        let promised = of(&url).expect("caps");
-        let backend = (lock_redis::DRIVER.connect)(&url).await.expect("connect");
+        let endpoint = lock_core::endpoint::Endpoint::parse(&url).expect("a URL");
+        let promised = of(&endpoint).expect("caps");
+        let backend = (lock_redis::DRIVER.connect)(endpoint, lock_core::Requirements::none())
+            .await
+            .expect("connect");
         assert_eq!(promised, backend.capabilities(), "{kind}: {url}");
         seen.push(promised);
     }

@@ -43,11 +43,11 @@
 #![deny(missing_docs)]
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::driver::{BoxFuture, Driver};
+use lock_core::driver::Driver;
 use lock_core::election::{ElectionPage, Leader};
 use lock_core::endpoint::Endpoint;
 use lock_core::{
@@ -68,14 +68,13 @@ pub static DRIVER: Driver = Driver {
     default_ports: &[],
     summary: "slowmem://name?delay=1ms: in-process locks with a delay per call",
     connect: connect_boxed,
-    floor: None,
-    permit_floor: None,
-    capabilities: Some(|url| Ok(LockBackend::capabilities(&connect(url)?))),
-    fair_option: None,
+    capabilities: Some(|url| Ok(LockBackend::capabilities(&from_endpoint(url.clone())?))),
 };
 
-fn connect_boxed(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockError>> {
-    Box::pin(async move { Ok(Arc::new(connect(url)?) as Arc<dyn LockBackend>) })
+lock_core::connect_fn!(fn connect_boxed = open);
+
+async fn open(endpoint: Endpoint, _: lock_core::Requirements) -> Result<SlowMemory, LockError> {
+    from_endpoint(endpoint)
 }
 
 /// Opens `slowmem://name[?delay=<duration>]` (no delay by default).
@@ -86,7 +85,15 @@ fn connect_boxed(url: &str) -> BoxFuture<'_, Result<Arc<dyn LockBackend>, LockEr
 /// an unknown option, or a delay that is not a duration up to
 /// [`MAX_DELAY`].
 pub fn connect(url: &str) -> Result<SlowMemory, LockError> {
-    let mut endpoint = Endpoint::parse(url)?;
+    from_endpoint(Endpoint::parse(url)?)
+}
+
+/// [`connect`] for a parsed URL.
+///
+/// # Errors
+///
+/// As [`connect`].
+pub fn from_endpoint(mut endpoint: Endpoint) -> Result<SlowMemory, LockError> {
     if endpoint.scheme() != "slowmem" || !endpoint.has_authority() {
         return Err(LockError::config(
             "a slowmem URL is slowmem://name[?delay=1ms]",
@@ -308,7 +315,8 @@ mod tests {
     /// memory service serves answers `Unsupported` through slowmem.
     #[tokio::test]
     async fn the_memory_services_facets_are_all_here_and_delayed() {
-        let slow: Arc<dyn LockBackend> = Arc::new(connect("slowmem://facets?delay=20ms").unwrap());
+        let slow: std::sync::Arc<dyn LockBackend> =
+            std::sync::Arc::new(connect("slowmem://facets?delay=20ms").unwrap());
         let memory = named("facets".to_owned());
         assert_eq!(slow.facets().names(), memory.facets().names());
         assert_eq!(

@@ -186,11 +186,21 @@ impl SqlConfig {
     /// scheme, a bad option value or a bad table name. The message never
     /// contains the password.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let mut endpoint = Endpoint::parse(url).map_err(|_| {
+        let endpoint = Endpoint::parse(url).map_err(|_| {
             LockError::config(
                 "SQL URL has no scheme (expected postgres://, mysql://, sqlite://...)",
             )
         })?;
+        Self::from_endpoint(endpoint)
+    }
+
+    /// The config of a parsed URL (what the facade hands the driver; see
+    /// [`from_url`](Self::from_url) for the URL's form).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_url`](Self::from_url).
+    pub fn from_endpoint(mut endpoint: Endpoint) -> Result<Self, LockError> {
         let dialect = match endpoint.scheme() {
             "postgres" | "postgresql" => SqlDialect::Postgres,
             "mysql" | "mariadb" => SqlDialect::MySql,

@@ -14,11 +14,7 @@ pub static DRIVER: Driver = Driver {
     ],
     summary: "postgres://, mysql://, mariadb://, sqlite://path or sqlite::memory: (?mode=session for server-session locks, ?fair=true for FIFO waiting)",
     connect,
-    // The benchmark hooks live in `lock-bench` (`lock_bench::sql`).
-    floor: None,
-    permit_floor: None,
     capabilities: None,
-    fair_option: None,
 };
 
-lock_core::connect_fn!(fn connect = crate::connect);
+lock_core::connect_fn!(fn connect = crate::open);

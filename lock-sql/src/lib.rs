@@ -131,3 +131,21 @@ pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql", "mysql", "mariadb",
 pub async fn connect(url: &str) -> Result<SqlAnyBackend, lock_core::LockError> {
     SqlAnyBackend::connect(SqlConfig::from_url(url)?).await
 }
+
+/// Opens the backend of a parsed URL, meeting `requirements` where the
+/// driver has a setting for them (what the facade's `distlock::connect`
+/// calls, through [`DRIVER`]).
+///
+/// # Errors
+///
+/// As [`connect`].
+///
+/// # Cancel safety
+///
+/// As [`connect`].
+pub async fn open(
+    endpoint: lock_core::endpoint::Endpoint,
+    _requirements: lock_core::Requirements,
+) -> Result<SqlAnyBackend, lock_core::LockError> {
+    SqlAnyBackend::connect(SqlConfig::from_endpoint(endpoint)?).await
+}

@@ -15,12 +15,12 @@ mod proxied;
 
 use std::time::Duration;
 
+use conformance::floor::RawFloor;
 use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use conformance::{OrSkip, bench};
 use lock_bench::sql::SqlFloor;
-use lock_core::floor::RawFloor;
 use lock_core::{LockBackend, LockBackendExt, LockClient, LockKey, RetryPolicy};
 use lock_sql::sqlx;
 use lock_sql::{SqlBackend, SqlConfig};

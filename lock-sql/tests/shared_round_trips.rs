@@ -13,11 +13,11 @@ mod proxied;
 use std::time::Duration;
 
 use conformance::OrSkip;
+use conformance::floor::RawFloor;
 use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use lock_bench::sql::SqlPermitFloor;
-use lock_core::floor::RawFloor;
 use lock_core::{LeaseKind, LockBackend, LockBackendExt, LockKey};
 use lock_sql::SqlBackend;
 use proxied::{Extra, ExtraStatement, proxy_to, through};

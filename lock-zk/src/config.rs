@@ -158,7 +158,16 @@ impl ZkConfig {
     /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for anything that
     /// is not such a URL. The message never contains the password.
     pub fn from_url(url: &str) -> Result<Self, LockError> {
-        let mut url = Endpoint::parse(url)?;
+        Self::from_endpoint(Endpoint::parse(url)?)
+    }
+
+    /// The config of a parsed URL (what the facade hands the driver; see
+    /// [`from_url`](Self::from_url) for the URL's form).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_url`](Self::from_url).
+    pub fn from_endpoint(mut url: Endpoint) -> Result<Self, LockError> {
         if !matches!(url.scheme(), "zk" | "zookeeper") || !url.has_authority() {
             return Err(LockError::config(
                 "a ZooKeeper URL starts with zk:// or zookeeper://",

@@ -9,16 +9,13 @@ pub static DRIVER: Driver = Driver {
     default_ports: &[("zk", 2181), ("zookeeper", 2181)],
     summary: "zk://host[:port][,host[:port]...][/chroot]",
     connect,
-    floor: None,
-    permit_floor: None,
     capabilities: Some(|url| {
-        crate::ZkConfig::from_url(url)?;
+        crate::ZkConfig::from_endpoint(url.clone())?;
         Ok(crate::capabilities())
     }),
-    fair_option: None,
 };
 
-lock_core::connect_fn!(fn connect = crate::connect);
+lock_core::connect_fn!(fn connect = crate::open);
 
 #[cfg(test)]
 mod tests {
@@ -28,9 +25,10 @@ mod tests {
 
     #[test]
     fn capabilities_come_from_the_url_alone() {
-        let of = DRIVER
+        let from_url = DRIVER
             .capabilities
             .expect("capabilities without connecting");
+        let of = |url: &str| from_url(&lock_core::endpoint::Endpoint::parse(url)?);
         // Nothing listens there: no connection is made.
         assert_eq!(
             of("zk://127.0.0.1:1,127.0.0.1:2/app?session_timeout=4s").expect("caps"),

@@ -99,3 +99,21 @@ pub const URL_SCHEMES: &[&str] = &["zk", "zookeeper"];
 pub async fn connect(url: &str) -> Result<ZkBackend, LockError> {
     ZkBackend::connect(ZkConfig::from_url(url)?).await
 }
+
+/// Opens the backend of a parsed URL, meeting `requirements` where the
+/// driver has a setting for them (what the facade's `distlock::connect`
+/// calls, through [`DRIVER`]).
+///
+/// # Errors
+///
+/// As [`connect`].
+///
+/// # Cancel safety
+///
+/// As [`connect`].
+pub async fn open(
+    endpoint: lock_core::endpoint::Endpoint,
+    _requirements: lock_core::Requirements,
+) -> Result<ZkBackend, LockError> {
+    ZkBackend::connect(ZkConfig::from_endpoint(endpoint)?).await
+}

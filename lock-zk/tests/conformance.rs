@@ -136,7 +136,10 @@ async fn descriptor_capabilities_match_a_connected_backend() {
         return;
     };
     let url = common::with_options(&target.url(), common::CLIENT_OPTIONS);
-    let promised = (lock_zk::DRIVER.capabilities.expect("capabilities"))(&url).expect("caps");
-    let backend = (lock_zk::DRIVER.connect)(&url).await.expect("connect");
+    let endpoint = lock_core::endpoint::Endpoint::parse(&url).expect("a URL");
+    let promised = (lock_zk::DRIVER.capabilities.expect("capabilities"))(&endpoint).expect("caps");
+    let backend = (lock_zk::DRIVER.connect)(endpoint, lock_core::Requirements::none())
+        .await
+        .expect("connect");
     assert_eq!(promised, backend.capabilities());
 }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{LeaseKind, LockError, LockKey, Operation, OwnerId, async_trait, check_ttl};
 
 use lock_redis::keys::{SHARED, SemNames};

@@ -5,8 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use conformance::floor::{FloorGrant, RawFloor};
 use futures_util::future::join_all;
-use lock_core::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, Operation, async_trait, validity_deadline};
 use tokio::time::Instant;
 
@@ -28,7 +28,7 @@ use super::{FloorNode, GrantRequest, NAME, Target, floor_config, send_release, u
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lock_core::floor::RawFloor;
+/// use conformance::floor::RawFloor;
 /// use lock_bench::redis::RedlockFloor;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::floor::FloorGrant;
+use conformance::floor::FloorGrant;
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, check_ttl, with_timeout};
 use lock_sql::keys::{DbConn, DbOptions};
 use lock_sql::sqlx::{self, AssertSqlSafe};

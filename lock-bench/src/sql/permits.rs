@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, HolderDetails, LeaseKind, LockError, LockShape, Operation};
 use lock_sql::sqlx::{self, Row};
 use lock_sql::{SqlConfig, SqlDialect, SqlMode};
@@ -41,7 +41,7 @@ use super::{DETAILS_LEN, NAME, lease_sql};
 ///
 /// ```
 /// use std::time::Duration;
-/// use lock_core::floor::RawFloor;
+/// use conformance::floor::RawFloor;
 /// use lock_bench::sql::SqlPermitFloor;
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -31,7 +31,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{LockError, LockKey, Operation};
 use lock_sql::keys::{mysql_lock_name, pg_idle_timeout, pg_lock_key};
 use lock_sql::sqlx::{self, Row};

@@ -28,7 +28,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::floor::{FloorGrant, RawFloor};
+use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId};
 
 use lock_zk::keys::{LEASE_NAME, named_prefix, owner_of, sem_dir, split_node};
@@ -70,7 +70,7 @@ const SEM_NODE: &str = "a semaphore node";
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lock_core::floor::RawFloor;
+/// use conformance::floor::RawFloor;
 /// use lock_bench::zk::ZkPermitFloor;
 ///
 /// # #[tokio::main]

@@ -8,9 +8,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use conformance::floor::{FloorGrant, RawFloor};
 use conformance::proxy::{CyclePlan, FaultProxy};
 use lock_core::LockError;
-use lock_core::floor::{FloorGrant, RawFloor};
 use lock_sql::sqlx::{self, Connection};
 
 /// The options the proxied clients add to a server's URL.

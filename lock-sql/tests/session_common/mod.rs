@@ -629,7 +629,7 @@ pub async fn round_trips(target: &SessionTarget) {
     .await;
     let (floor_proxy, floor_url) = target.proxy("").await;
     let floor = SessionFloor::connect(&floor_url).await.unwrap();
-    use lock_core::floor::RawFloor;
+    use conformance::floor::RawFloor;
     let floor_rt = per_cycle(&floor_proxy, n, || async {
         floor.cycle(key.as_str(), ttl).await.unwrap();
     })
@@ -771,7 +771,7 @@ pub async fn force_release_spares_foreign_sessions(target: &SessionTarget) {
         // The benchmark floor's one session holding two keys: its grant
         // statement publishes a distlock grant like the backend's, but
         // the session holds another advisory lock, so it is spared too.
-        use lock_core::floor::RawFloor;
+        use conformance::floor::RawFloor;
         let floor = SessionFloor::connect(&target.url).await.unwrap();
         let (first, last) = (self::key("floor-a"), self::key("floor-b"));
         let ttl = Duration::from_secs(5);

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::LockError;
+use lock_core::LockError;
 
 /// What a floor's grant hands back, for its release.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,7 +87,7 @@ pub trait RawFloor: Send + Sync {
     ///
     /// As [`try_grant`](Self::try_grant).
     async fn cycle(&self, key: &str, ttl: Duration) -> Result<(), LockError> {
-        use crate::error::{ErrorKind, Operation};
+        use lock_core::{ErrorKind, Operation};
         let Some(grant) = self.try_grant(key, ttl).await? else {
             return Err(LockError::new(
                 ErrorKind::Contended,
