@@ -55,7 +55,7 @@ enum Command {
     /// Compare backends side by side: the conformance suite, fault
     /// scenarios and benchmarks, one row per backend.
     ///
-    /// Without servers it compares the embedded backends (memory, SQLite).
+    /// Without servers it compares the embedded backends (memory, SQLite, file locks).
     /// With --spawn it also starts every server it finds installed (Redis,
     /// etcd, ZooKeeper, PostgreSQL, MariaDB, plus a Redis master with an
     /// async replica and five Redlock servers; with --full also a 3-member

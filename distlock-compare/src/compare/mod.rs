@@ -259,7 +259,7 @@ impl Candidate {
     }
 }
 
-pub(crate) const EMBEDDED: &[&str] = &["memory", "sqlite"];
+pub(crate) const EMBEDDED: &[&str] = &["memory", "sqlite", "file"];
 
 /// The server kinds `--spawn` starts when `--backends` is not given: every
 /// single server, the Redis master/replica pair and Redlock (they start in
@@ -285,17 +285,21 @@ async fn candidate(name: &str) -> Result<Candidate, String> {
             target: Arc::new(MemoryTarget::new()),
             _keep: None,
         }),
-        "sqlite" => {
+        "sqlite" | "file" => {
             let dir = tempfile::Builder::new()
                 .prefix("distlock-compare-")
                 .tempdir()
                 .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-            let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+            let url = if name == "sqlite" {
+                format!("sqlite://{}", dir.path().join("locks.db").display())
+            } else {
+                format!("file://{}", dir.path().display())
+            };
             Ok(Candidate {
-                name: "sqlite".into(),
+                name: name.into(),
                 url: url.clone(),
                 target: Arc::new(UrlTarget {
-                    name: "sqlite".into(),
+                    name: name.into(),
                     url,
                 }),
                 _keep: Some(dir),
@@ -315,7 +319,7 @@ async fn candidate(name: &str) -> Result<Candidate, String> {
             })
         }
         other => Err(format!(
-            "unknown backend {other:?}; expected one of memory, sqlite, {}",
+            "unknown backend {other:?}; expected one of memory, sqlite, file, {}",
             deploy::kind_names().join(", ")
         )),
     }
