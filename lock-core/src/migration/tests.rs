@@ -397,6 +397,21 @@ fn phases(
     )
 }
 
+/// `acquire`s `key` for 1 s through `backend`, waiting up to 5 s: the
+/// lease and how long the grant took.
+async fn timed_acquire(backend: &MigrationBackend, key: &LockKey) -> (Lease, Duration) {
+    let started = Instant::now();
+    let lease = backend
+        .acquire(
+            key,
+            Duration::from_secs(1),
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    (lease, started.elapsed())
+}
+
 #[tokio::test]
 async fn a_waiting_old_straggler_is_refused_once_new_has_started() {
     let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
@@ -457,16 +472,7 @@ async fn new_waits_for_an_old_holder_until_the_wait_out() {
             .unwrap()
             .is_none()
     );
-    let started = Instant::now();
-    let lease = on_new
-        .acquire(
-            &key,
-            Duration::from_secs(1),
-            Instant::now() + Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-    let waited = started.elapsed();
+    let (lease, waited) = timed_acquire(&on_new, &key).await;
     assert!(
         waited >= Duration::from_millis(200),
         "granted beside an old holder after {waited:?}"
@@ -752,16 +758,7 @@ async fn the_wait_out_is_the_longest_recorded_old_ttl() {
     )
     .await;
     careful.release(&other).await.unwrap();
-    let started = Instant::now();
-    let lease = hasty
-        .acquire(
-            &key,
-            Duration::from_secs(1),
-            Instant::now() + Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-    let waited = started.elapsed();
+    let (lease, waited) = timed_acquire(&hasty, &key).await;
     assert!(
         waited >= Duration::from_millis(800),
         "granted beside an old holder after {waited:?}: the local 100 ms, not the recorded 1 s"
@@ -784,16 +781,7 @@ async fn a_longer_old_ttl_recorded_during_the_wait_out_extends_it() {
     let (_, _, careful) = phases(&old, &new, Duration::from_secs(1));
     let lease = grant(&careful, &other, Duration::from_secs(1)).await;
     careful.release(&lease).await.unwrap();
-    let started = Instant::now();
-    let lease = hasty
-        .acquire(
-            &key,
-            Duration::from_secs(1),
-            Instant::now() + Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-    let waited = started.elapsed();
+    let (lease, waited) = timed_acquire(&hasty, &key).await;
     assert!(
         waited >= Duration::from_millis(800),
         "granted beside an old holder after {waited:?}: the 1 s recorded during the wait-out was not read"
