@@ -7,7 +7,7 @@
 //! [`LockBackend::facets`] says which optional parts ([`Admin`],
 //! [`Listing`], [`Elections`], [`LockSets`], [`Downgrade`],
 //! [`HolderWatch`]) a backend has; a call of a facet it lacks answers
-//! [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
+//! [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported)(crate::ErrorKind::Unsupported).
 
 use std::sync::Arc;
 
@@ -31,7 +31,7 @@ pub fn drivers() -> &'static [&'static Driver] {
 ///
 /// # Errors
 ///
-/// [`ErrorKind::Config`] for an unknown scheme, listing the supported ones
+/// [`ErrorKind::Config`](crate::ErrorKind::Config) for an unknown scheme, listing the supported ones
 /// and the driver features this build was compiled without.
 pub fn driver_for(url: &str) -> Result<&'static Driver, LockError> {
     lock_core::driver::find(drivers(), url).ok_or_else(|| {
@@ -57,7 +57,7 @@ pub fn driver_for(url: &str) -> Result<&'static Driver, LockError> {
 ///
 /// # Errors
 ///
-/// [`ErrorKind::Config`] for a malformed URL or an unknown scheme (naming
+/// [`ErrorKind::Config`](crate::ErrorKind::Config) for a malformed URL or an unknown scheme (naming
 /// the cargo feature when the scheme's driver is not compiled in); the
 /// driver's connection errors, within its connect timeout.
 ///
@@ -73,7 +73,7 @@ pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>, LockError> {
 ///
 /// # Errors
 ///
-/// As [`open`], plus [`ErrorKind::Unsupported`] when the backend cannot
+/// As [`open`], plus [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) when the backend cannot
 /// meet the config's requirements.
 ///
 /// # Cancel safety

@@ -23,7 +23,7 @@
 //!
 //! | scheme | backend | cargo feature |
 //! |---|---|---|
-//! | `memory://[name]` | in-process ([`MemoryBackend`]); same name, same locks | always |
+//! | `memory://[name]` | in-process ([`MemoryBackend`](backend::MemoryBackend)); same name, same locks | always |
 //! | `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`, `redlock://` | [`lock_redis`] | `redis` |
 //! | `etcd://`, `etcds://` | [`lock_etcd`] | `etcd` |
 //! | `zk://`, `zookeeper://` | [`lock_zk`] | `zk` |

@@ -14,7 +14,7 @@
 //! | [`sql::SqlFence`] (PostgreSQL, MySQL/MariaDB, SQLite) | a `fences(resource, token)` table | the caller's transaction (row lock until commit) |
 //! | [`redis::RedisFence`] | `{key}:fence`, same Cluster slot | one script |
 //! | [`http::FencingLayer`] | the service, per resource | a per-resource lock around the handler |
-//! | [`file`] | `<file>.fence` beside the file | `flock` on the token file, then an atomic rename |
+//! | [`file`](mod@file) | `<file>.fence` beside the file | `flock` on the token file, then an atomic rename |
 //!
 //! The rule, the same everywhere: a token **below** the last accepted one
 //! is refused; an **equal** token is accepted (the same grant writing
