@@ -62,6 +62,31 @@ impl Grant<'_> {
     }
 }
 
+/// The mutex lease of a grant statement's answer (`None`: the lock is
+/// held), through [`Grant::lease_or_give_back`]: the row mode's and the
+/// ShedLock layout's grants end here.
+pub(crate) async fn mutex_lease<F: Future<Output = ()>>(
+    granted: Option<FencingToken>,
+    key: &LockKey,
+    owner: OwnerId,
+    ttl: Duration,
+    sent_at: Instant,
+    give_back: impl FnOnce(Lease) -> F,
+) -> Result<Option<Lease>, LockError> {
+    let Some(token) = granted else {
+        return Ok(None);
+    };
+    let grant = Grant {
+        key,
+        owner,
+        token,
+        kind: LeaseKind::Exclusive,
+        ttl,
+        sent_at,
+    };
+    grant.lease_or_give_back(give_back).await.map(Some)
+}
+
 /// The grants of a mode whose only shape is the mutex (session mode, the
 /// ShedLock layout): the kernel's `grant` and `holders` of such a backend
 /// are written once, here, over its three calls.
@@ -214,23 +239,17 @@ impl Grants {
         let sent_at = Instant::now();
         let grant = self.grant_row(key, owner, ttl, ahead);
         let granted = timed(&self.inner.config, operation, Some(key), grant).await?;
-        let Some(token) = granted else {
-            return Ok(None);
-        };
-        let grant = Grant {
+        mutex_lease(
+            granted.map(FencingToken::new),
             key,
             owner,
-            token: FencingToken::new(token),
-            kind: LeaseKind::Exclusive,
             ttl,
             sent_at,
-        };
-        grant
-            .lease_or_give_back(|stale| async move {
+            |stale| async move {
                 let _ = self.release(&stale).await;
-            })
-            .await
-            .map(Some)
+            },
+        )
+        .await
     }
 
     /// The try-once grant of a mutex.

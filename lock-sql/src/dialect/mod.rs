@@ -114,6 +114,81 @@ pub(crate) struct SharedNames {
     pub(crate) index_qualified: String,
 }
 
+/// The column types and table options of the shared tables in one
+/// dialect: their `CREATE TABLE` statements are written once, in
+/// [`shared_tables`], and each dialect gives only these words.
+pub(crate) struct SharedDdl {
+    /// The key's name (binary in MySQL, so that names compare byte for byte).
+    pub(crate) name: &'static str,
+    /// The `shape`, `owner` and `kind` columns.
+    pub(crate) shape: &'static str,
+    pub(crate) owner: &'static str,
+    pub(crate) kind: &'static str,
+    /// Counts, limits and tokens.
+    pub(crate) int: &'static str,
+    /// `expires_at`.
+    pub(crate) time: &'static str,
+    /// The nullable `details` column.
+    pub(crate) details: String,
+    /// The waiters' `id` column: an ever-growing key, so that arrival
+    /// order holds.
+    pub(crate) waiter_id: &'static str,
+    /// After the keys' and holders' column lists.
+    pub(crate) keyed_options: &'static str,
+    /// Inside the waiters' column list, after its columns (an inline index),
+    /// and after it.
+    pub(crate) waiters_extra: String,
+    pub(crate) waiters_options: &'static str,
+}
+
+/// The keys, holders and waiters tables' `CREATE TABLE IF NOT EXISTS`
+/// statements in the dialect that `ddl` describes.
+pub(crate) fn shared_tables(names: &SharedNames, ddl: &SharedDdl) -> [String; 3] {
+    let SharedNames {
+        keys,
+        holders,
+        waiters,
+        ..
+    } = names;
+    let SharedDdl {
+        name,
+        shape,
+        owner,
+        kind,
+        int,
+        time,
+        details,
+        waiter_id,
+        keyed_options,
+        waiters_extra,
+        waiters_options,
+    } = ddl;
+    [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {keys} (\
+             name {name} NOT NULL, shape {shape} NOT NULL, \
+             token {int} NOT NULL, epoch {int} NOT NULL, \
+             PRIMARY KEY (name, shape)){keyed_options}"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {holders} (\
+             name {name} NOT NULL, shape {shape} NOT NULL, \
+             owner {owner} NOT NULL, kind {kind} NOT NULL, \
+             cnt {int} NOT NULL, lim {int} NOT NULL, token {int} NOT NULL, \
+             expires_at {time} NOT NULL, details {details}, \
+             PRIMARY KEY (name, shape, owner)){keyed_options}"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {waiters} (\
+             id {waiter_id}, \
+             name {name} NOT NULL, shape {shape} NOT NULL, \
+             owner {owner} NOT NULL, kind {kind} NOT NULL, \
+             cnt {int} NOT NULL, lim {int} NOT NULL, \
+             expires_at {time} NOT NULL{waiters_extra}){waiters_options}"
+        ),
+    ]
+}
+
 /// What a dialect is, as data: its name, the SQL tokens the shared
 /// statements and the admin code splice in, its connection defaults, and
 /// how its lease statements bind their values and answer. The code that

@@ -15,8 +15,8 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::{
     Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile,
-    SessionDialect, SessionHolder, SessionListed, SessionProfile, SharedNames, UpsertBinds,
-    first_token, marks, parse_options, spliced_batch, wrong_conn,
+    SessionDialect, SessionHolder, SessionListed, SessionProfile, SharedDdl, SharedNames,
+    UpsertBinds, first_token, marks, parse_options, shared_tables, spliced_batch, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions};
@@ -256,33 +256,20 @@ impl Dialect for MySql {
     }
 
     fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
-        let (keys, holders, waiters) = (&names.keys, &names.holders, &names.waiters);
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {keys} (\
-                 name VARBINARY(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
-                 token BIGINT NOT NULL, epoch BIGINT NOT NULL, \
-                 PRIMARY KEY (name, shape)) ENGINE=InnoDB"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {holders} (\
-                 name VARBINARY(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
-                 owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
-                 cnt BIGINT NOT NULL, lim BIGINT NOT NULL, token BIGINT NOT NULL, \
-                 expires_at DATETIME(6) NOT NULL, details VARCHAR({DETAILS_LEN}) NULL, \
-                 PRIMARY KEY (name, shape, owner)) ENGINE=InnoDB"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {waiters} (\
-                 id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
-                 name VARBINARY(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
-                 owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
-                 cnt BIGINT NOT NULL, lim BIGINT NOT NULL, \
-                 expires_at DATETIME(6) NOT NULL, \
-                 INDEX {} (name, shape, id)) ENGINE=InnoDB",
-                names.index
-            ),
-        ]
+        let ddl = SharedDdl {
+            name: "VARBINARY(1024)",
+            shape: "VARCHAR(16)",
+            owner: "VARCHAR(64)",
+            kind: "VARCHAR(32)",
+            int: "BIGINT",
+            time: "DATETIME(6)",
+            details: format!("VARCHAR({DETAILS_LEN}) NULL"),
+            waiter_id: "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+            keyed_options: " ENGINE=InnoDB",
+            waiters_extra: format!(", INDEX {} (name, shape, id)", names.index),
+            waiters_options: " ENGINE=InnoDB",
+        };
+        shared_tables(names, &ddl).into()
     }
 
     /// The upsert takes the row's exclusive lock and bumps the counter; the

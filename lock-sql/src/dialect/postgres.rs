@@ -12,8 +12,8 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::{
     Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile,
-    Renewed, SessionDialect, SessionHolder, SessionProfile, SharedNames, first_token, lease_upsert,
-    micros, parse_options, text, token_of, wrong_conn,
+    Renewed, SessionDialect, SessionHolder, SessionProfile, SharedDdl, SharedNames, first_token,
+    lease_upsert, micros, parse_options, shared_tables, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions};
@@ -208,35 +208,25 @@ impl Dialect for Postgres {
     }
 
     fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
-        let (keys, holders, waiters) = (&names.keys, &names.holders, &names.waiters);
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {keys} (\
-                 name VARCHAR(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
-                 token BIGINT NOT NULL, epoch BIGINT NOT NULL, \
-                 PRIMARY KEY (name, shape))"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {holders} (\
-                 name VARCHAR(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
-                 owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
-                 cnt BIGINT NOT NULL, lim BIGINT NOT NULL, token BIGINT NOT NULL, \
-                 expires_at TIMESTAMPTZ NOT NULL, details VARCHAR({DETAILS_LEN}), \
-                 PRIMARY KEY (name, shape, owner))"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {waiters} (\
-                 id BIGSERIAL PRIMARY KEY, \
-                 name VARCHAR(1024) NOT NULL, shape VARCHAR(16) NOT NULL, \
-                 owner VARCHAR(64) NOT NULL, kind VARCHAR(32) NOT NULL, \
-                 cnt BIGINT NOT NULL, lim BIGINT NOT NULL, \
-                 expires_at TIMESTAMPTZ NOT NULL)"
-            ),
-            format!(
-                "CREATE INDEX IF NOT EXISTS {} ON {waiters} (name, shape, id)",
-                names.index
-            ),
-        ]
+        let ddl = SharedDdl {
+            name: "VARCHAR(1024)",
+            shape: "VARCHAR(16)",
+            owner: "VARCHAR(64)",
+            kind: "VARCHAR(32)",
+            int: "BIGINT",
+            time: "TIMESTAMPTZ",
+            details: format!("VARCHAR({DETAILS_LEN})"),
+            waiter_id: "BIGSERIAL PRIMARY KEY",
+            keyed_options: "",
+            waiters_extra: String::new(),
+            waiters_options: "",
+        };
+        let mut schema = Vec::from(shared_tables(names, &ddl));
+        schema.push(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (name, shape, id)",
+            names.index, names.waiters
+        ));
+        schema
     }
 
     /// `DO UPDATE` locks the row and bumps the counter, in one round trip.

@@ -6,8 +6,9 @@
 use lock_core::LockError;
 
 use super::{
-    Arg, Batch, Dialect, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile, SharedNames,
-    UpsertBinds, first_token, lease_upsert, parse_options, spliced_batch,
+    Arg, Batch, Dialect, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile, SharedDdl,
+    SharedNames, UpsertBinds, first_token, lease_upsert, parse_options, shared_tables,
+    spliced_batch,
 };
 use crate::config::SqlConfig;
 use crate::connection::DbOptions;
@@ -225,37 +226,27 @@ impl Dialect for Sqlite {
     }
 
     fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
-        let (keys, holders, waiters) = (&names.keys, &names.holders, &names.waiters);
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {keys} (\
-                 name TEXT NOT NULL, shape TEXT NOT NULL, \
-                 token INTEGER NOT NULL, epoch INTEGER NOT NULL, \
-                 PRIMARY KEY (name, shape)) WITHOUT ROWID"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {holders} (\
-                 name TEXT NOT NULL, shape TEXT NOT NULL, \
-                 owner TEXT NOT NULL, kind TEXT NOT NULL, \
-                 cnt INTEGER NOT NULL, lim INTEGER NOT NULL, token INTEGER NOT NULL, \
-                 expires_at INTEGER NOT NULL, details TEXT, \
-                 PRIMARY KEY (name, shape, owner)) WITHOUT ROWID"
-            ),
+        let ddl = SharedDdl {
+            name: "TEXT",
+            shape: "TEXT",
+            owner: "TEXT",
+            kind: "TEXT",
+            int: "INTEGER",
+            time: "INTEGER",
+            details: "TEXT".to_owned(),
             // AUTOINCREMENT: ids are never reused, so arrival order holds.
-            format!(
-                "CREATE TABLE IF NOT EXISTS {waiters} (\
-                 id INTEGER PRIMARY KEY AUTOINCREMENT, \
-                 name TEXT NOT NULL, shape TEXT NOT NULL, \
-                 owner TEXT NOT NULL, kind TEXT NOT NULL, \
-                 cnt INTEGER NOT NULL, lim INTEGER NOT NULL, \
-                 expires_at INTEGER NOT NULL)"
-            ),
-            // SQLite qualifies the index's name, not its table's.
-            format!(
-                "CREATE INDEX IF NOT EXISTS {} ON {} (name, shape, id)",
-                names.index_qualified, names.waiters_unqualified
-            ),
-        ]
+            waiter_id: "INTEGER PRIMARY KEY AUTOINCREMENT",
+            keyed_options: " WITHOUT ROWID",
+            waiters_extra: String::new(),
+            waiters_options: "",
+        };
+        let mut schema = Vec::from(shared_tables(names, &ddl));
+        // SQLite qualifies the index's name, not its table's.
+        schema.push(format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {} (name, shape, id)",
+            names.index_qualified, names.waiters_unqualified
+        ));
+        schema
     }
 
     fn lock_key_sql(&self, keys: &str) -> Vec<String> {

@@ -8,12 +8,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    ErrorKind, FencingToken, Lease, LeaseKind, LockError, LockInfo, LockKey, Operation, OwnerId,
-    check_ttl,
+    ErrorKind, FencingToken, Lease, LockError, LockInfo, LockKey, Operation, OwnerId, check_ttl,
 };
 use tokio::time::Instant;
 
-use super::{Grant, MutexOnly};
+use super::{MutexOnly, mutex_lease};
 use crate::config::{MIN_TTL, NAME};
 use crate::connection::shedlock::ShedTable;
 use crate::connection::{ConnSet, retry_once};
@@ -175,22 +174,10 @@ impl ShedGrants {
         let sent_at = Instant::now();
         let grant = self.grant_row(key, &locked_by, ttl);
         let granted = timed(&self.inner.config, operation, Some(key), grant).await?;
-        let Some(token) = granted else {
-            return Ok(None);
-        };
-        let grant = Grant {
-            key,
-            owner,
-            token: FencingToken::new(u64::try_from(token).unwrap_or(0)),
-            kind: LeaseKind::Exclusive,
-            ttl,
-            sent_at,
-        };
-        grant
-            .lease_or_give_back(|stale| async move {
-                let _ = self.release(&stale).await;
-            })
-            .await
-            .map(Some)
+        let token = granted.map(|token| FencingToken::new(u64::try_from(token).unwrap_or(0)));
+        mutex_lease(token, key, owner, ttl, sent_at, |stale| async move {
+            let _ = self.release(&stale).await;
+        })
+        .await
     }
 }
