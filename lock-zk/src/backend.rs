@@ -23,7 +23,7 @@ use crate::connection::Connection;
 use crate::elections::Elections;
 use crate::error::NAME;
 use crate::expiry::Expiry;
-use crate::grants::Grants;
+use crate::grants::{GrantParts, Grants};
 use crate::keys;
 use crate::renewal::Renewal;
 use crate::shared::SharedLocks;
@@ -71,18 +71,14 @@ impl Components {
         let cleanup = Cleanup::new(conn.clone());
         let expiry = Expiry::new(cleanup.clone());
         let waiting = Waiting::new(conn.clone(), expiry.clone(), cleanup.clone());
-        let grants = Grants::new(
-            conn.clone(),
-            expiry.clone(),
-            cleanup.clone(),
-            waiting.clone(),
-        );
-        let shared = SharedLocks::new(
-            conn.clone(),
-            expiry.clone(),
-            cleanup.clone(),
-            waiting.clone(),
-        );
+        let parts = GrantParts {
+            conn: conn.clone(),
+            expiry: expiry.clone(),
+            cleanup: cleanup.clone(),
+            waiting: waiting.clone(),
+        };
+        let grants = Grants::new(parts.clone());
+        let shared = SharedLocks::new(parts);
         let renewal = Renewal::new(conn.clone(), expiry.clone(), shared.clone());
         let elections = Elections::new(conn.clone(), expiry.clone(), waiting);
         let admin = Admin::new(

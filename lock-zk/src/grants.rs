@@ -25,28 +25,26 @@ pub(crate) struct Found {
     pub(crate) info: LockInfo,
 }
 
+/// What the grants of every recipe (the mutex, the read-write lock, the
+/// semaphore) run on: the connection, the expiry and cleanup services and
+/// the key queues.
+#[derive(Clone)]
+pub(crate) struct GrantParts {
+    pub(crate) conn: Arc<Connection>,
+    pub(crate) expiry: Expiry,
+    pub(crate) cleanup: Cleanup,
+    pub(crate) waiting: Waiting,
+}
+
 /// The mutex: grants, release, holder look-ups.
 #[derive(Clone)]
 pub(crate) struct Grants {
-    conn: Arc<Connection>,
-    expiry: Expiry,
-    cleanup: Cleanup,
-    waiting: Waiting,
+    parts: GrantParts,
 }
 
 impl Grants {
-    pub(crate) fn new(
-        conn: Arc<Connection>,
-        expiry: Expiry,
-        cleanup: Cleanup,
-        waiting: Waiting,
-    ) -> Self {
-        Self {
-            conn,
-            expiry,
-            cleanup,
-            waiting,
-        }
+    pub(crate) fn new(parts: GrantParts) -> Self {
+        Self { parts }
     }
 
     /// Tries once to take the mutex `key`.
@@ -56,7 +54,12 @@ impl Grants {
         ttl: Duration,
     ) -> Result<Option<Lease>, LockError> {
         // Boxed (see `take_waiting`).
-        Box::pin(self.waiting.lock_key(key, ttl, None, Operation::TryAcquire)).await
+        Box::pin(
+            self.parts
+                .waiting
+                .lock_key(key, ttl, None, Operation::TryAcquire),
+        )
+        .await
     }
 
     /// Takes the mutex `key`, waiting until `deadline`.
@@ -82,7 +85,8 @@ impl Grants {
             // cost of a cycle on the client (about 10,000 of 78,000
             // instructions).
             Box::pin(
-                self.waiting
+                self.parts
+                    .waiting
                     .lock_key(key, ttl, Some(deadline), Operation::Acquire),
             ),
         )
@@ -93,44 +97,51 @@ impl Grants {
     pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         // A lease whose node does not carry its owner id is not ours to act
         // on: another owner's node is never touched.
-        let Some(node) = keys::lease_node(self.conn.config(), lease) else {
+        let Some(node) = keys::lease_node(self.parts.conn.config(), lease) else {
             return Ok(false);
         };
         let (path, dir) = (node.path(), node.dir());
         let session = self
+            .parts
             .conn
             .session(Operation::Release)
             .await
             .map_err(|e| e.with_key(lease.key()))?;
-        let deleted =
-            match timed_resending(self.conn.op_timeout(), || session.client.delete(path, None))
-                .await
-            {
-                Ok(()) => true,
-                Err(err) if err.is(&zk::Error::NoNode) => false,
-                Err(err) => {
-                    // The local expiry stays armed: it deletes the node later.
-                    return Err(err
-                        .into_lock_error(Operation::Release)
-                        .with_key(lease.key()));
-                }
-            };
-        self.expiry.forget_expiry(lease.owner());
-        self.cleanup
+        let deleted = match timed_resending(self.parts.conn.op_timeout(), || {
+            session.client.delete(path, None)
+        })
+        .await
+        {
+            Ok(()) => true,
+            Err(err) if err.is(&zk::Error::NoNode) => false,
+            Err(err) => {
+                // The local expiry stays armed: it deletes the node later.
+                return Err(err
+                    .into_lock_error(Operation::Release)
+                    .with_key(lease.key()));
+            }
+        };
+        self.parts.expiry.forget_expiry(lease.owner());
+        self.parts
+            .cleanup
             .sweep_uncertain(&session.client, dir, lease.owner(), false)
             .await;
-        self.cleanup.remove_empty_dir(&session.client, dir).await;
+        self.parts
+            .cleanup
+            .remove_empty_dir(&session.client, dir)
+            .await;
         Ok(deleted)
     }
 
     /// Who holds the mutex `key`, without a `sync`.
     pub(crate) async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let session = self
+            .parts
             .conn
             .session(Operation::Inspect)
             .await
             .map_err(|e| e.with_key(key))?;
-        let dir = self.conn.checked_key_path(key, Operation::Inspect)?;
+        let dir = self.parts.conn.checked_key_path(key, Operation::Inspect)?;
         // One list and one `getData` (the holder details are the node's
         // data, read with its `czxid`), no `sync`: it decides nothing.
         Ok(self
@@ -152,18 +163,22 @@ impl Grants {
         let fail = |err: CallError| err.into_lock_error(operation).with_key(key);
         // The holder may release between the list and the read: look again.
         for _ in 0..LOOKS {
-            let children =
-                match timed(self.conn.op_timeout(), session.client.list_children(dir)).await {
-                    Ok(children) => children,
-                    Err(err) if err.is(&zk::Error::NoNode) => return Ok(None),
-                    Err(err) => return Err(fail(err)),
-                };
+            let children = match timed(
+                self.parts.conn.op_timeout(),
+                session.client.list_children(dir),
+            )
+            .await
+            {
+                Ok(children) => children,
+                Err(err) if err.is(&zk::Error::NoNode) => return Ok(None),
+                Err(err) => return Err(fail(err)),
+            };
             let Some((seq, name)) = keys::sorted_mutex_contenders(children).into_iter().next()
             else {
                 return Ok(None);
             };
             let path = format!("{dir}/{name}");
-            match timed(self.conn.op_timeout(), session.client.get_data(&path)).await {
+            match timed(self.parts.conn.op_timeout(), session.client.get_data(&path)).await {
                 Ok((data, stat)) => {
                     let info = self.holder_info(key, seq, name, &data, &stat);
                     return Ok(Some(Found { path, info }));
@@ -194,14 +209,15 @@ impl Grants {
         // The holder may be a kazoo lock: its node name is the holder, or
         // with `nodes=kazoo` (where ours have kazoo's names too) the 32-hex
         // id in it, as for ours.
-        let owner = match self.conn.config().node_names() {
+        let owner = match self.parts.conn.config().node_names() {
             crate::ZkNodeNames::Curator => owner_of(&name),
             crate::ZkNodeNames::Kazoo => owner_of(&name).or_else(|| kazoo_owner_of(&name)),
         };
         let seq = u32::try_from(seq).ok();
-        let clock = self.expiry.clock();
+        let clock = self.parts.expiry.clock();
         let remaining_ttl = owner.and_then(|owner| {
-            self.expiry
+            self.parts
+                .expiry
                 .tracked(owner, |node| {
                     (Some(node.seq) == seq).then(|| clock.remaining(node.due, Instant::now()))
                 })

@@ -28,13 +28,12 @@ use lock_core::{
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::cleanup::Cleanup;
 use crate::config::MIN_TTL;
-use crate::connection::{Connection, session_gone, synced};
+use crate::connection::{Session, session_gone, synced};
 use crate::error::{CallError, NAME, timed, timed_resending};
-use crate::expiry::Expiry;
+use crate::grants::GrantParts;
 use crate::keys::{self, LEASE_NAME, READ_NAME, WRITE_NAME};
-use crate::waiting::{AttemptError, Waiting, bounded_wait};
+use crate::waiting::{AttemptError, bounded_wait};
 
 // Listing the holders of read-write locks and semaphores.
 pub(crate) mod list;
@@ -54,42 +53,39 @@ use sem::Semaphores;
 /// holders.
 #[derive(Clone)]
 pub(crate) struct SharedLocks {
-    conn: Arc<Connection>,
-    expiry: Expiry,
-    cleanup: Cleanup,
-    waiting: Waiting,
+    parts: GrantParts,
     rw: RwLocks,
     sem: Semaphores,
     list: SharedListing,
 }
 
 impl SharedLocks {
-    pub(crate) fn new(
-        conn: Arc<Connection>,
-        expiry: Expiry,
-        cleanup: Cleanup,
-        waiting: Waiting,
-    ) -> Self {
-        let parts = (
-            conn.clone(),
-            expiry.clone(),
-            cleanup.clone(),
-            waiting.clone(),
-        );
+    pub(crate) fn new(parts: GrantParts) -> Self {
         Self {
-            rw: RwLocks::new(
-                parts.0.clone(),
-                parts.1.clone(),
-                parts.2.clone(),
-                parts.3.clone(),
-            ),
-            sem: Semaphores::new(parts.0, parts.1, parts.2, parts.3),
-            list: SharedListing::new(conn.clone(), expiry.clone()),
-            conn,
-            expiry,
-            cleanup,
-            waiting,
+            rw: RwLocks::new(parts.clone()),
+            sem: Semaphores::new(parts.clone()),
+            list: SharedListing::new(parts.conn.clone(), parts.expiry.clone()),
+            parts,
         }
+    }
+
+    /// The connection's session, to act on `lease` with: `NotHeld` when
+    /// the session that held it is gone.
+    async fn live_session(&self, lease: &Lease, op: Operation) -> Result<Arc<Session>, LockError> {
+        let key = lease.key();
+        if session_gone(lease) {
+            return Err(error(
+                ErrorKind::NotHeld,
+                op,
+                key,
+                "the ZooKeeper session that held this lease is gone".to_owned(),
+            ));
+        }
+        self.parts
+            .conn
+            .session(op)
+            .await
+            .map_err(|e| e.with_key(key))
     }
 
     /// The listing of read-write locks and semaphores.
@@ -109,7 +105,7 @@ impl SharedLocks {
     /// The nodes of a read, write or permit lease. Its data is
     /// `<seq>[,<seq>...];<czxid of the first node>`.
     fn shared_nodes(&self, lease: &Lease) -> Option<SharedNodes> {
-        let root = self.conn.config().root();
+        let root = self.parts.conn.config().root();
         let (seqs, czxid) = lease.backend_data().split_once(';')?;
         let czxid: i64 = czxid.parse().ok()?;
         let seqs: Vec<u32> = seqs
@@ -160,8 +156,9 @@ impl SharedLocks {
         kind.validate(operation)
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
         check_ttl(ttl, MIN_TTL, operation).map_err(|e| e.with_key(key).with_backend(NAME))?;
-        let root = self.conn.config().root();
-        self.waiting
+        let root = self.parts.conn.config().root();
+        self.parts
+            .waiting
             .retry_attempts(
                 key,
                 deadline,
@@ -227,19 +224,15 @@ impl SharedLocks {
                 "the lease does not name nodes of its key and owner",
             ));
         };
-        if session_gone(lease) {
-            return Err(not_held(
-                "the ZooKeeper session that held this lease is gone",
-            ));
-        }
-        let session = self.conn.session(op).await.map_err(|e| e.with_key(key))?;
+        let session = self.live_session(lease, op).await?;
         let sent = Instant::now();
         let ours = lease
             .session()
             .is_some_and(|s| s.same_channel(&session.state));
-        let clock = self.expiry.clock();
+        let clock = self.parts.expiry.clock();
         if ours
             && !self
+                .parts
                 .expiry
                 .tracked_shared(lease.owner(), |t| !clock.passed(t.due, sent))
                 .unwrap_or(false)
@@ -257,11 +250,11 @@ impl SharedLocks {
             }
             Ok::<_, zk::Error>(stats)
         };
-        let stats = synced(client.sync(&nodes.dir), self.conn.op_timeout(), read)
+        let stats = synced(client.sync(&nodes.dir), self.parts.conn.op_timeout(), read)
             .await
             .map_err(|err| err.into_lock_error(op).with_key(key))?;
         if stats.iter().any(Option::is_none) {
-            self.expiry.forget_shared(lease.owner());
+            self.parts.expiry.forget_shared(lease.owner());
             return Err(not_held(
                 "the lease's node is gone (released, expired, or deleted)",
             ));
@@ -281,6 +274,7 @@ impl SharedLocks {
         }
         let ttl = lease.ttl().min(session.timeout);
         let extended = self
+            .parts
             .expiry
             .tracked_shared(lease.owner(), |t| {
                 if clock.passed(t.due, sent) {
@@ -307,6 +301,7 @@ impl SharedLocks {
             return Ok(false);
         };
         let session = self
+            .parts
             .conn
             .session(op)
             .await
@@ -314,7 +309,11 @@ impl SharedLocks {
         let calls: Vec<_> = nodes
             .paths
             .iter()
-            .map(|p| timed_resending(self.conn.op_timeout(), || session.client.delete(p, None)))
+            .map(|p| {
+                timed_resending(self.parts.conn.op_timeout(), || {
+                    session.client.delete(p, None)
+                })
+            })
             .collect();
         let mut deleted = false;
         let mut failure = None;
@@ -329,8 +328,9 @@ impl SharedLocks {
             // The local expiry stays armed: it deletes the rest later.
             return Err(err.into_lock_error(op).with_key(lease.key()));
         }
-        self.expiry.forget_shared(lease.owner());
-        self.cleanup
+        self.parts.expiry.forget_shared(lease.owner());
+        self.parts
+            .cleanup
             .remove_empty_dir(&session.client, &nodes.dir)
             .await;
         Ok(deleted)
@@ -351,12 +351,7 @@ impl SharedLocks {
         let Some(nodes) = self.shared_nodes(lease) else {
             return Err(not_held("the lease does not name a write node of its key"));
         };
-        if session_gone(lease) {
-            return Err(not_held(
-                "the ZooKeeper session that held this lease is gone",
-            ));
-        }
-        let session = self.conn.session(op).await.map_err(|e| e.with_key(key))?;
+        let session = self.live_session(lease, op).await?;
         if !lease
             .session()
             .is_some_and(|s| s.same_channel(&session.state))
@@ -366,8 +361,9 @@ impl SharedLocks {
             ));
         }
         let sent = Instant::now();
-        let clock = self.expiry.clock();
+        let clock = self.parts.expiry.clock();
         if !self
+            .parts
             .expiry
             .tracked_shared(lease.owner(), |t| !clock.passed(t.due, sent))
             .unwrap_or(false)
@@ -380,24 +376,25 @@ impl SharedLocks {
             .split_once(';')
             .and_then(|(s, _)| s.parse::<u32>().ok())
             .ok_or_else(|| not_held("bad lease data"))?;
-        let owner = self.expiry.next_owner();
+        let owner = self.parts.expiry.next_owner();
         let read_path = keys::named_node_path(&nodes.dir, owner, READ_NAME, seq);
         let ttl = lease.ttl().min(session.timeout);
         // Tracked before the transaction is sent: if its outcome is
         // unknown, the read node is still deleted at its TTL.
-        self.expiry
+        self.parts
+            .expiry
             .schedule_shared(owner, vec![read_path.clone()], sent + ttl);
-        let options = zk::CreateMode::Ephemeral.with_acls(self.conn.acls());
+        let options = zk::CreateMode::Ephemeral.with_acls(self.parts.conn.acls());
         let mut writer = session.client.new_multi_writer();
         let data = keys::mutex_node_data(owner);
         let added = writer
             .add_create(&read_path, data.as_bytes(), &options)
             .and_then(|()| writer.add_delete(write_path, None));
         if let Err(err) = added {
-            self.expiry.forget_shared(owner);
+            self.parts.expiry.forget_shared(owner);
             return Err(CallError::Zk(err).into_lock_error(op).with_key(key));
         }
-        let timeout = self.conn.op_timeout();
+        let timeout = self.parts.conn.op_timeout();
         let results = match tokio::time::timeout(timeout, writer.commit()).await {
             Err(_) => {
                 return Err(CallError::TimedOut(timeout)
@@ -408,26 +405,26 @@ impl SharedLocks {
                 source: zk::Error::NoNode,
                 ..
             })) => {
-                self.expiry.forget_shared(owner);
+                self.parts.expiry.forget_shared(owner);
                 return Err(not_held("the write node is gone"));
             }
             Ok(Err(err)) => {
                 let err = CallError::Zk(zk::Error::from(err));
                 if !err.outcome_unknown() {
-                    self.expiry.forget_shared(owner);
+                    self.parts.expiry.forget_shared(owner);
                 }
                 return Err(err.into_lock_error(op).with_key(key));
             }
             Ok(Ok(results)) => results,
         };
         drop(results);
-        self.expiry.forget_shared(lease.owner());
+        self.parts.expiry.forget_shared(lease.owner());
         // A multi's create answers without a stat: read the node's czxid
         // (renewals confirm it).
         let czxid = match timed(timeout, session.client.check_stat(&read_path)).await {
             Ok(Some(stat)) => stat.czxid,
             Ok(None) => {
-                self.expiry.forget_shared(owner);
+                self.parts.expiry.forget_shared(owner);
                 return Err(not_held("the read node vanished right after the downgrade"));
             }
             Err(err) => return Err(err.into_lock_error(op).with_key(key)),

@@ -11,36 +11,22 @@ use zookeeper_client as zk;
 use super::nodes::{
     Pending, create_sequential, epoch_of, error, rw_blocker, seq_u32, sorted_rw_nodes, wait_watched,
 };
-use crate::cleanup::Cleanup;
-use crate::connection::{Connection, Session, synced};
+use crate::connection::{Session, synced};
 use crate::error::{CallError, timed};
-use crate::expiry::Expiry;
+use crate::grants::GrantParts;
 use crate::keys::{self, READ_NAME, WRITE_NAME};
-use crate::waiting::{self, AttemptError, Waiting, granted, to_token};
+use crate::waiting::{self, AttemptError, granted, to_token};
 
 /// Read-write locks in Curator's `InterProcessReadWriteLock` layout: one
 /// acquisition attempt.
 #[derive(Clone)]
 pub(crate) struct RwLocks {
-    conn: Arc<Connection>,
-    expiry: Expiry,
-    cleanup: Cleanup,
-    waiting: Waiting,
+    parts: GrantParts,
 }
 
 impl RwLocks {
-    pub(crate) fn new(
-        conn: Arc<Connection>,
-        expiry: Expiry,
-        cleanup: Cleanup,
-        waiting: Waiting,
-    ) -> Self {
-        Self {
-            conn,
-            expiry,
-            cleanup,
-            waiting,
-        }
+    pub(crate) fn new(parts: GrantParts) -> Self {
+        Self { parts }
     }
 
     /// One read or write acquisition with a fresh attempt id on `session`.
@@ -56,10 +42,10 @@ impl RwLocks {
         operation: Operation,
     ) -> Result<Option<Lease>, AttemptError> {
         let write = kind == LeaseKind::Write;
-        let epoch_path = keys::rw_epoch_path(self.conn.config().root(), key);
-        let owner = self.expiry.next_owner();
+        let epoch_path = keys::rw_epoch_path(self.parts.conn.config().root(), key);
+        let owner = self.parts.expiry.next_owner();
         let name = if write { WRITE_NAME } else { READ_NAME };
-        let mut pending = Pending::new(&self.cleanup, &session.client);
+        let mut pending = Pending::new(&self.parts.cleanup, &session.client);
         // Armed before the create: a future dropped while it is in flight
         // has its node found by the attempt id.
         pending.sweeps.push((dir.to_owned(), owner));
@@ -87,7 +73,7 @@ impl RwLocks {
             }
         };
         let (path, czxid, seq, first_read) = match create_sequential(
-            (&self.conn, &self.waiting),
+            (&self.parts.conn, &self.parts.waiting),
             session,
             dir,
             &prefix,
@@ -108,7 +94,7 @@ impl RwLocks {
         pending.nodes.push((dir.to_owned(), path.clone(), owner));
         let node_name = path[dir.len() + 1..].to_owned();
         let mut after_create = Some((created_at, first_read));
-        let timeout = self.conn.op_timeout();
+        let timeout = self.parts.conn.op_timeout();
         loop {
             let (sent, listed) = match after_create.take() {
                 Some((sent, first_read)) => (sent, timed(timeout, first_read).await),
@@ -156,7 +142,9 @@ impl RwLocks {
                     .with_kind(kind)
                     .with_session(session.state.clone());
                 pending.disarm();
-                self.expiry.schedule_shared(owner, vec![path], sent + ttl);
+                self.parts
+                    .expiry
+                    .schedule_shared(owner, vec![path], sent + ttl);
                 return Ok(Some(lease));
             };
             let Some(deadline) = deadline else {
@@ -198,8 +186,8 @@ impl RwLocks {
         token: u64,
     ) -> Result<(), CallError> {
         let value = token.to_string();
-        let timeout = self.conn.op_timeout();
-        let options = zk::CreateMode::Persistent.with_acls(self.conn.acls());
+        let timeout = self.parts.conn.op_timeout();
+        let options = zk::CreateMode::Persistent.with_acls(self.parts.conn.acls());
         let parent = &epoch_path[..epoch_path.rfind('/').unwrap_or(0)];
         let mut parent_made = false;
         loop {

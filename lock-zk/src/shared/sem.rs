@@ -12,36 +12,22 @@ use super::nodes::{
     LEASES, LOCKS, Pending, TRY_MUTEX_WAIT, create_sequential, error, limit_of, seq_u32,
     wait_watched,
 };
-use crate::cleanup::Cleanup;
-use crate::connection::{Connection, Session, synced};
+use crate::connection::{Session, synced};
 use crate::error::{CallError, timed};
-use crate::expiry::Expiry;
+use crate::grants::GrantParts;
 use crate::keys::{self, LEASE_NAME, sequence_named};
-use crate::waiting::{self, AttemptError, Queue, Recipe, Waiting, granted, to_token};
+use crate::waiting::{self, AttemptError, Queue, Recipe, granted, to_token};
 
 /// Semaphores in Curator's `InterProcessSemaphoreV2` layout: one
 /// acquisition attempt.
 #[derive(Clone)]
 pub(crate) struct Semaphores {
-    conn: Arc<Connection>,
-    expiry: Expiry,
-    cleanup: Cleanup,
-    waiting: Waiting,
+    parts: GrantParts,
 }
 
 impl Semaphores {
-    pub(crate) fn new(
-        conn: Arc<Connection>,
-        expiry: Expiry,
-        cleanup: Cleanup,
-        waiting: Waiting,
-    ) -> Self {
-        Self {
-            conn,
-            expiry,
-            cleanup,
-            waiting,
-        }
+    pub(crate) fn new(parts: GrantParts) -> Self {
+        Self { parts }
     }
 
     /// `count` lease nodes at `prefix`, created in one transaction (all or
@@ -58,8 +44,8 @@ impl Semaphores {
         operation: Operation,
         key: &LockKey,
     ) -> Result<(Vec<String>, i64), AttemptError> {
-        let timeout = self.conn.op_timeout();
-        let options = zk::CreateMode::EphemeralSequential.with_acls(self.conn.acls());
+        let timeout = self.parts.conn.op_timeout();
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.parts.conn.acls());
         let mut missing_dir = 0;
         let created = loop {
             let mut writer = session.client.new_multi_writer();
@@ -77,7 +63,8 @@ impl Semaphores {
             // limit was read.
             if err.is(&zk::Error::NoNode) && missing_dir < 3 {
                 missing_dir += 1;
-                self.waiting
+                self.parts
+                    .waiting
                     .ensure_dir(session, leases, operation, key)
                     .await?;
                 continue;
@@ -126,7 +113,7 @@ impl Semaphores {
     ) -> Result<Option<Lease>, AttemptError> {
         let leases = format!("{base}/{LEASES}");
         let locks = format!("{base}/{LOCKS}");
-        let timeout = self.conn.op_timeout();
+        let timeout = self.parts.conn.op_timeout();
         let mismatch = |theirs: u32| {
             AttemptError::Lock(error(
                 ErrorKind::InvalidArgument,
@@ -162,7 +149,7 @@ impl Semaphores {
             track: false,
             recipe: Recipe::Mutex,
         };
-        let mutex = match self.waiting.lock_in_recipe(queue).await {
+        let mutex = match self.parts.waiting.lock_in_recipe(queue).await {
             Ok(Some(mutex)) => mutex,
             Ok(None) => return Ok(None),
             Err(err) if err.kind() == ErrorKind::Contended && deadline.is_none() => {
@@ -173,11 +160,12 @@ impl Semaphores {
         // The mutex may have been granted on a newer session (the one this
         // attempt began on was lost): go on with the session that holds it.
         let session = &self
+            .parts
             .conn
             .session(operation)
             .await
             .map_err(AttemptError::Lock)?;
-        let mut pending = Pending::new(&self.cleanup, &session.client);
+        let mut pending = Pending::new(&self.parts.cleanup, &session.client);
         let mutex_path = mutex
             .backend_data()
             .parse::<u32>()
@@ -200,7 +188,8 @@ impl Semaphores {
         let (data, stat) = match timed(timeout, session.client.get_data(&leases)).await {
             Ok(found) => found,
             Err(err) if err.is(&zk::Error::NoNode) => {
-                self.waiting
+                self.parts
+                    .waiting
                     .ensure_dir(session, &leases, operation, key)
                     .await?;
                 match timed(timeout, session.client.get_data(&leases)).await {
@@ -230,7 +219,7 @@ impl Semaphores {
         }
         // Our lease nodes: one create (whose reply carries the czxid), or
         // several at once in one transaction.
-        let owner = self.expiry.next_owner();
+        let owner = self.parts.expiry.next_owner();
         pending.sweeps.push((leases.clone(), owner));
         let prefix = keys::named_prefix(&leases, owner, LEASE_NAME);
         // Each lease node's data: the owner hex and the holder details, as
@@ -243,7 +232,7 @@ impl Semaphores {
         // would leave a watch armed).
         let (ours, first_czxid, mut first_list) = if count == 1 {
             let (path, czxid, _, listed) = create_sequential(
-                (&self.conn, &self.waiting),
+                (&self.parts.conn, &self.parts.waiting),
                 session,
                 &leases,
                 &prefix,
@@ -331,7 +320,9 @@ impl Semaphores {
                 let lease = granted(key, owner, token, (ttl, sent), data)?
                     .with_kind(LeaseKind::Permits { count, limit })
                     .with_session(session.state.clone());
-                self.expiry.schedule_shared(owner, ours.clone(), sent + ttl);
+                self.parts
+                    .expiry
+                    .schedule_shared(owner, ours.clone(), sent + ttl);
                 // Only the mutex is left to delete.
                 pending.nodes.retain(|(dir, _, _)| *dir == locks);
                 pending.withdraw().await;
