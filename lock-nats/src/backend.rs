@@ -4,7 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::kv::Operation as KvOperation;
 use async_trait::async_trait;
 use lock_core::{
     Capabilities, Facets, FencingScope, FencingToken, GrantRequest, HolderInfo, Lease, LeaseKind,
@@ -209,12 +208,12 @@ impl LockBackend for NatsBackend {
         if shape != LockShape::Mutex {
             return Err(unsupported_shape(NAME, key, shape));
         }
-        let entry = self
+        let last = self
             .connection
-            .entry(lock_core::Operation::Inspect, key, &kv_key(key))
+            .last(lock_core::Operation::Inspect, key, &kv_key(key))
             .await?;
-        Ok(entry
-            .filter(|e| e.operation == KvOperation::Put)
+        Ok(last
+            .filter(|l| l.is_value)
             .map(|e| {
                 let value = Value::decode(&e.value);
                 HolderInfo {

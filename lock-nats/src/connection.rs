@@ -5,7 +5,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
-use async_nats::jetstream::kv::{self, Entry, Store, Watch};
+use async_nats::jetstream::kv::{self, Store, Watch};
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::stream::StorageType;
 use async_nats::{HeaderMap, HeaderValue, header};
 use bytes::Bytes;
@@ -153,16 +154,39 @@ impl Connection {
         }
     }
 
-    /// The key's last entry (a put, a delete or a purge marker), if any.
-    pub(crate) async fn entry(
+    /// The key's last message (a value, or a delete, purge or expiry
+    /// marker), if any, read from the stream's leader (`STREAM.MSG.GET`,
+    /// not a direct get, which any replica may answer from behind).
+    pub(crate) async fn last(
         &self,
         operation: Operation,
         key: &LockKey,
         kv_key: &str,
-    ) -> Result<Option<Entry>, LockError> {
-        self.bounded(operation, key, self.store.entry(kv_key))
-            .await?
-            .map_err(|e| client_error(operation, key, e))
+    ) -> Result<Option<Last>, LockError> {
+        let subject = format!("{}{kv_key}", self.store.prefix);
+        let got = self
+            .bounded(
+                operation,
+                key,
+                self.store.stream.get_last_raw_message_by_subject(&subject),
+            )
+            .await?;
+        match got {
+            Ok(message) => {
+                let marker = message
+                    .headers
+                    .get("KV-Operation")
+                    .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"))
+                    || message.headers.get(header::NATS_MARKER_REASON).is_some();
+                Ok(Some(Last {
+                    revision: message.sequence,
+                    is_value: !marker,
+                    value: message.payload,
+                }))
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(client_error(operation, key, e)),
+        }
     }
 
     /// A watch of the bucket's new entries (deletes, purges and expiry
@@ -190,6 +214,17 @@ fn is_wrong_last_sequence(error: &PublishError) -> bool {
         source = e.source();
     }
     false
+}
+
+/// A key's last message.
+#[derive(Debug)]
+pub(crate) struct Last {
+    /// Its revision (stream sequence).
+    pub(crate) revision: u64,
+    /// A value, not a delete, purge or expiry marker.
+    pub(crate) is_value: bool,
+    /// The value.
+    pub(crate) value: Bytes,
 }
 
 /// What a conditioned write stores.

@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_nats::jetstream::kv::Operation as KvOperation;
 use lock_core::{LockError, LockKey, Operation, OwnerId};
 
 use crate::connection::{Change, Connection, Write};
@@ -68,8 +67,8 @@ impl Grants {
         {
             return Ok(Some(revision));
         }
-        match c.entry(operation, key, kv_key).await? {
-            Some(entry) if entry.operation == KvOperation::Put => Ok(None),
+        match c.last(operation, key, kv_key).await? {
+            Some(last) if last.is_value => Ok(None),
             // A marker (released, deleted, expired): create over it.
             Some(marker) => match c
                 .write(operation, key, kv_key, put(), marker.revision, ttl)

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use async_nats::jetstream::kv::Operation as KvOperation;
 use lock_core::{ErrorKind, Lease, LockError, Operation, OwnerId, validity_deadline};
 use tokio::time::Instant;
 
@@ -69,15 +68,13 @@ impl Renewal {
 
     /// The key's current revision if it is still `lease`'s grant.
     async fn current(&self, operation: Operation, lease: &Lease) -> Result<Option<u64>, LockError> {
-        let entry = self
+        let last = self
             .connection
-            .entry(operation, lease.key(), &kv_key(lease.key()))
+            .last(operation, lease.key(), &kv_key(lease.key()))
             .await?;
-        Ok(entry
-            .filter(|e| {
-                e.operation == KvOperation::Put && Value::decode(&e.value).is(lease.owner())
-            })
-            .map(|e| e.revision))
+        Ok(last
+            .filter(|l| l.is_value && Value::decode(&l.value).is(lease.owner()))
+            .map(|l| l.revision))
     }
 
     /// Renews one lease for its TTL.

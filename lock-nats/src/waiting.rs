@@ -11,11 +11,15 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::NAME;
 use crate::connection::Connection;
+use crate::error::timed_out;
 use crate::grants::Grants;
 
 /// How long a waiter trusts the watch before it tries again anyway (a
 /// watch that a server restart or a leader change cut without a word).
 pub const RECHECK: Duration = Duration::from_millis(500);
+
+/// How long a try may take when the waiting deadline is due or past.
+const LAST_TRY: Duration = Duration::from_millis(250);
 
 /// How often the watch task checks whether anyone still waits; it ends
 /// (and its consumer with it) when nobody does.
@@ -119,11 +123,20 @@ impl Waiting {
         let mut freed: Option<broadcast::Receiver<Arc<str>>> = None;
         loop {
             let sent_at = Instant::now();
-            if let Some(revision) = self
-                .grants
-                .try_take(Operation::Acquire, key, kv_key, owner, ttl)
-                .await?
-            {
+            // A try answers by the deadline (or shortly after, for a
+            // deadline that is due): a server without a stream leader
+            // would otherwise hold it for the whole request timeout. A
+            // create cut off here may still land: its key then expires
+            // with its TTL.
+            let bound = deadline.max(sent_at + LAST_TRY);
+            let tried = tokio::time::timeout_at(
+                bound,
+                self.grants
+                    .try_take(Operation::Acquire, key, kv_key, owner, ttl),
+            )
+            .await
+            .map_err(|_| timed_out(Operation::Acquire, Some(key)))?;
+            if let Some(revision) = tried? {
                 return Ok((revision, sent_at));
             }
             if Instant::now() >= deadline {
