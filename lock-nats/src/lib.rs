@@ -41,6 +41,15 @@
 //!   consumers) and tries again on its key's delete, purge or expiry
 //!   marker, and every [`RECHECK`] at the latest (a watch cut by a leader
 //!   change). Not FIFO.
+//! - **Reads from the stream leader.** `inspect` and the owner checks of
+//!   renew and release read the key's last message with `STREAM.MSG.GET`,
+//!   which the stream's leader answers, not with `async-nats`'s direct
+//!   get, which any replica may answer from behind (it showed a held key
+//!   as free on the 3-node cluster).
+//! - A waiting try answers by the acquire's deadline (250 ms after it when
+//!   the deadline is due), not after the request timeout, while no leader
+//!   serves the stream; a create cut off that way may still land, and its
+//!   key then expires with its TTL.
 //! - Holder details (host, pid, program, label) are stored in the value
 //!   and reported by `inspect`; a value written by another client is
 //!   reported whole as the holder, with the entry's revision as token.
