@@ -220,11 +220,7 @@ impl Grants {
         lease: &Lease,
         op: Operation,
     ) -> Result<(String, i64, i64), LockError> {
-        let bad = |why: &str| {
-            LockError::invalid_argument(op, format!("not an etcd lease of this backend: {why}"))
-                .with_key(lease.key())
-                .with_backend(NAME)
-        };
+        let bad = |why: &str| not_our_lease(lease, op, why);
         let (key_prefix, data) = match lease.backend_data().strip_prefix(keys::ELECTION_DATA) {
             Some(leaf) => (
                 self.conn
@@ -245,11 +241,7 @@ impl Grants {
         lease: &Lease,
         op: Operation,
     ) -> Result<(String, i64, i64), LockError> {
-        let bad = |why: &str| {
-            LockError::invalid_argument(op, format!("not an etcd lease of this backend: {why}"))
-                .with_key(lease.key())
-                .with_backend(NAME)
-        };
+        let bad = |why: &str| not_our_lease(lease, op, why);
         let (leaf, revision) =
             parse_shared_lease_data(lease.backend_data()).ok_or_else(|| bad("entry"))?;
         let prefix = self.conn.shape_prefix(lease.key(), lease.kind().shape());
@@ -502,4 +494,12 @@ pub(crate) fn hand_out(
     let signal = session.mark_held(&pending.entry, revision, pending.owner, due);
     pending.armed = false;
     Ok(lease.with_session(signal))
+}
+
+/// The error for a lease this backend did not grant (or that was altered):
+/// `why` names the part that does not parse.
+fn not_our_lease(lease: &Lease, op: Operation, why: &str) -> LockError {
+    LockError::invalid_argument(op, format!("not an etcd lease of this backend: {why}"))
+        .with_key(lease.key())
+        .with_backend(NAME)
 }
