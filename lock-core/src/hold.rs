@@ -26,7 +26,7 @@ pub enum LockState {
     /// Fired no later than the local validity deadline, which comes before
     /// the server could give the key to anyone else.
     Lost(String),
-    /// Given back by [`LockGuard::release`].
+    /// Given back by [`LockGuard::release`](crate::LockGuard::release).
     Released,
 }
 
@@ -39,7 +39,7 @@ impl LockState {
 
 /// How the guard renews its lease.
 ///
-/// Any value is safe to hand to [`LockGuard::new`] (durations up to
+/// Any value is safe to hand to [`LockGuard::new`](crate::LockGuard::new) (durations up to
 /// `Duration::MAX` saturate to "never" instead of overflowing); lock
 /// requests additionally refuse nonsense with [`validate`](Self::validate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,7 +70,7 @@ impl RenewalPolicy {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidArgument`] naming the field.
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) naming the field.
     pub fn validate(&self, ttl: Duration) -> Result<(), LockError> {
         if let Some(interval) = self.interval {
             let validity = ttl.saturating_sub(clock_drift(ttl));

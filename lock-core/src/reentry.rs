@@ -1,6 +1,6 @@
 //! Reentrancy by scope, never by thread: a held guard hands out nested
-//! guards for its key ([`LockGuard::reenter`]), and code running inside
-//! [`LockGuard::scope`] that asks its client for the same lock again gets
+//! guards for its key ([`LockGuard::reenter`](crate::LockGuard::reenter)), and code running inside
+//! [`LockGuard::scope`](crate::LockGuard::scope) that asks its client for the same lock again gets
 //! a nested guard at once, with no round trip and no second grant.
 //!
 //! Thread-bound reentrancy (a count per thread id, as Redisson keeps it)

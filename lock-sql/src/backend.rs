@@ -99,12 +99,12 @@ impl SqlBackend {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Config`] for options the driver rejects, a dialect
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) for options the driver rejects, a dialect
     /// whose cargo feature is off, or `mode=session` (that is
     /// [`SqlSessionBackend`](crate::SqlSessionBackend));
-    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Timeout`] when the database
+    /// [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable) / [`ErrorKind::Timeout`](lock_core::ErrorKind::Timeout) when the database
     /// cannot be reached within the operation timeout;
-    /// [`ErrorKind::Backend`] when creating the table fails.
+    /// [`ErrorKind::Backend`](lock_core::ErrorKind::Backend) when creating the table fails.
     ///
     /// # Cancel safety
     ///
@@ -202,7 +202,7 @@ impl SqlBackend {
     }
 
     /// Closes the connections and the pool: later calls fail with
-    /// [`ErrorKind::Unavailable`].
+    /// [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable).
     ///
     /// # Errors
     ///

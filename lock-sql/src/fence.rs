@@ -68,7 +68,7 @@ pub struct SqlFence {
 
 impl SqlFence {
     /// The SQL condition, with three placeholders (key, owner, token)
-    /// numbered from the `first_param` given to [`SqlBackend::fence`] on
+    /// numbered from the `first_param` given to [`SqlBackend::fence`](crate::SqlBackend::fence) on
     /// PostgreSQL (`$n`) and SQLite (`?n`), positional `?` on MySQL.
     pub fn predicate(&self) -> &str {
         &self.predicate

@@ -7,7 +7,7 @@
 //!
 //! Every value (key, owner, token, TTL, time) is a bound parameter; the only
 //! text spliced into SQL is the table name, which
-//! [`validate_table`](crate::config::validate_table) restricted to
+//! `validate_table` restricted to
 //! `[A-Za-z_][A-Za-z0-9_]*` (optionally `schema.`) and which is quoted here.
 
 use std::sync::Arc;

@@ -17,7 +17,7 @@ pub fn election_key(name: &str) -> String {
 }
 
 /// The lock key of the election named `election` (a valid key itself):
-/// what [`LockBackendExt::campaign`]'s lease is
+/// what [`LockBackendExt::campaign`](crate::LockBackendExt::campaign)'s lease is
 /// keyed on.
 ///
 /// # Errors
