@@ -130,6 +130,9 @@ fn keep(plan: Plan) -> i32 {
             }
             1
         }
+        // The end-of-file thread reaped the command while it stopped
+        // everything below (distlock is gone): it ends this process.
+        Err(err) if err.raw_os_error() == Some(libc::ECHILD) => kill_everything_below(),
         Err(err) => {
             eprintln!("distlock: keeper: waiting for the command failed: {err}");
             kill_everything_below()
