@@ -292,6 +292,9 @@ pub(super) async fn holder_paused_inner(env: &ScenarioEnv) -> Result<ScenarioRep
     let (paused_at, renewal_lag) =
         stop_after_renewal(&holder, &*other, &key, token_a, holder_ttl).await?;
     holder.signal_children(&groups, libc::SIGSTOP);
+    if caps.ttl_model == lock_core::TtlModel::PerProcess {
+        return paused_per_process(&mut holder, &groups, &*other, &key, env.ttl, holder_ttl).await;
+    }
     let deadline_bound = holder_deadline_bound(paused_at, holder_ttl);
     let rec_a = history.process();
     let rec_b = history.process();
@@ -533,4 +536,48 @@ pub(super) async fn client_partitioned_inner(env: &ScenarioEnv) -> Result<Scenar
         },
         figures,
     ))
+}
+
+/// A paused holder where leases are per process (a file lock): the kernel
+/// keeps a stopped process's locks, so the key must stay taken however
+/// long the pause lasts (three of the holder's TTLs here: any grant
+/// meanwhile is a violation), and the holder goes on once resumed.
+async fn paused_per_process(
+    holder: &mut Holder,
+    groups: &[libc::pid_t],
+    other: &dyn LockBackend,
+    key: &LockKey,
+    ttl: Duration,
+    holder_ttl: Duration,
+) -> Result<ScenarioReport, String> {
+    let paused_for = holder_ttl * 3;
+    let asked = Instant::now();
+    let taken = other.acquire(key, ttl, asked + paused_for).await;
+    holder.signal_children(groups, libc::SIGCONT);
+    holder.signal(libc::SIGCONT);
+    let mut figures = BTreeMap::new();
+    figures.insert("paused_ms".into(), ms(asked.elapsed()));
+    match taken {
+        Err(e) if e.is_contended() => Ok(ScenarioReport::judged(
+            false,
+            false,
+            format!(
+                "leases are per process: the stopped holder kept its lock for {paused_for:?} (no grant to anyone else) and went on when resumed"
+            ),
+            figures,
+        )),
+        Ok(lease) => {
+            let _ = other.release(&lease).await;
+            Ok(ScenarioReport::judged(
+                false,
+                true,
+                format!(
+                    "token {} granted while the stopped holder still held its per-process lock",
+                    lease.token()
+                ),
+                figures,
+            ))
+        }
+        Err(e) => Err(format!("the other client's acquire failed: {e}")),
+    }
 }

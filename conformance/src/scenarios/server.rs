@@ -363,11 +363,18 @@ pub(super) async fn cancellation_storm_inner(env: &ScenarioEnv) -> Result<Scenar
             let ttl = env.ttl;
             let cut = Duration::from_micros(u64::try_from((done + i) % 40).unwrap_or(0) * 250);
             tasks.push(tokio::spawn(async move {
-                let _ = timeout(
+                // An acquire that completed before its cut is a grant like
+                // any other: given back, so that what is checked is what
+                // the cancelled ones left (where leases are per process,
+                // an unreleased grant would last with its client).
+                if let Ok(Ok(lease)) = timeout(
                     cut,
                     stormer.acquire(&key, ttl, Instant::now() + Duration::from_secs(5)),
                 )
-                .await;
+                .await
+                {
+                    let _ = stormer.release(&lease).await;
+                }
             }));
         }
         for t in tasks {
