@@ -130,9 +130,15 @@ fn keep(plan: Plan) -> i32 {
             }
             1
         }
-        // The end-of-file thread reaped the command while it stopped
-        // everything below (distlock is gone): it ends this process.
-        Err(err) if err.raw_os_error() == Some(libc::ECHILD) => kill_everything_below(),
+        // The end-of-file thread reaped the command while it stops
+        // everything below (distlock is gone), and it ends this process
+        // (within about 100 ms): a second killer beside it could end the
+        // keeper before the first has reached every process below. Should
+        // it not, this thread does the same, later.
+        Err(err) if err.raw_os_error() == Some(libc::ECHILD) => {
+            std::thread::sleep(std::time::Duration::from_secs(5));
+            kill_everything_below()
+        }
         Err(err) => {
             eprintln!("distlock: keeper: waiting for the command failed: {err}");
             kill_everything_below()
