@@ -206,8 +206,11 @@ pub trait FenceConnection: sealed::Sealed + Send {
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>>;
 }
 
+/// The [`FenceConnection`] of one database: its `CREATE TABLE` and
+/// current-token texts, and `$advance`, an async fn that checks and
+/// advances the token and answers the rows it accepted (0: refused).
 macro_rules! fence_connection {
-    ($conn:ty, create: $create:literal, advance: $advance:literal, current: $current:literal) => {
+    ($conn:ty, create: $create:literal, advance: $advance:path, current: $current:literal) => {
         impl sealed::Sealed for $conn {}
 
         impl FenceConnection for $conn {
@@ -227,13 +230,7 @@ macro_rules! fence_connection {
                 token: i64,
             ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
                 Box::pin(async move {
-                    let done = sqlx::query(AssertSqlSafe(format!($advance, t = table)))
-                        .bind(resource)
-                        .bind(token)
-                        .execute(&mut *self)
-                        .await?
-                        .rows_affected();
-                    if done > 0 {
+                    if $advance(&mut *self, table, resource, token).await? > 0 {
                         return Ok(None);
                     }
                     Ok(Some(self.current(table, resource).await?.unwrap_or(0)))
@@ -259,83 +256,87 @@ macro_rules! fence_connection {
 fence_connection!(
     PgConnection,
     create: "CREATE TABLE IF NOT EXISTS {t} (resource TEXT PRIMARY KEY, token BIGINT NOT NULL, writes BIGINT NOT NULL DEFAULT 0)",
-    advance: "INSERT INTO {t} AS f (resource, token, writes) VALUES ($1, $2, 1) \
-               ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, writes = f.writes + 1 \
-               WHERE f.token <= EXCLUDED.token",
+    advance: pg_advance,
     current: "SELECT token FROM {t} WHERE resource = $1"
 );
+
+/// One upsert.
+async fn pg_advance(
+    conn: &mut PgConnection,
+    table: &str,
+    resource: &str,
+    token: i64,
+) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} AS f (resource, token, writes) VALUES ($1, $2, 1) \
+         ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, writes = f.writes + 1 \
+         WHERE f.token <= EXCLUDED.token"
+    )))
+    .bind(resource)
+    .bind(token)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
 
 fence_connection!(
     SqliteConnection,
     create: "CREATE TABLE IF NOT EXISTS {t} (resource TEXT PRIMARY KEY, token INTEGER NOT NULL, writes INTEGER NOT NULL DEFAULT 0)",
-    advance: "INSERT INTO {t} (resource, token, writes) VALUES (?1, ?2, 1) \
-               ON CONFLICT (resource) DO UPDATE SET token = excluded.token, writes = {t}.writes + 1 \
-               WHERE {t}.token <= excluded.token",
+    advance: sqlite_advance,
     current: "SELECT token FROM {t} WHERE resource = ?1"
 );
 
-impl sealed::Sealed for MySqlConnection {}
+/// One upsert.
+async fn sqlite_advance(
+    conn: &mut SqliteConnection,
+    table: &str,
+    resource: &str,
+    token: i64,
+) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (resource, token, writes) VALUES (?1, ?2, 1) \
+         ON CONFLICT (resource) DO UPDATE SET token = excluded.token, writes = {table}.writes + 1 \
+         WHERE {table}.token <= excluded.token"
+    )))
+    .bind(resource)
+    .bind(token)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
 
-// Two statements: `ON DUPLICATE KEY UPDATE` alone cannot tell "refused"
-// from "unchanged" under the found-rows count sqlx asks for; `UPDATE`'s
-// matched rows can. The first statement makes the row exist and takes its
-// exclusive lock (`INSERT IGNORE` would take a shared one, and two writers
-// upgrading theirs deadlock).
-impl FenceConnection for MySqlConnection {
-    fn create<'a>(&'a mut self, table: &'a str) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(AssertSqlSafe(format!(
-                "CREATE TABLE IF NOT EXISTS {table} (resource VARCHAR(255) NOT NULL PRIMARY KEY, \
-                 token BIGINT NOT NULL, writes BIGINT NOT NULL DEFAULT 0)"
-            )))
-            .execute(&mut *self)
-            .await?;
-            Ok(())
-        })
-    }
+fence_connection!(
+    MySqlConnection,
+    create: "CREATE TABLE IF NOT EXISTS {t} (resource VARCHAR(255) NOT NULL PRIMARY KEY, token BIGINT NOT NULL, writes BIGINT NOT NULL DEFAULT 0)",
+    advance: mysql_advance,
+    current: "SELECT token FROM {t} WHERE resource = ?"
+);
 
-    fn advance<'a>(
-        &'a mut self,
-        table: &'a str,
-        resource: &'a str,
-        token: i64,
-    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {table} (resource, token, writes) VALUES (?, 0, 0) \
-                 ON DUPLICATE KEY UPDATE writes = writes"
-            )))
-            .bind(resource)
-            .execute(&mut *self)
-            .await?;
-            let done = sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {table} SET token = ?, writes = writes + 1 WHERE resource = ? AND token <= ?"
-            )))
-            .bind(token)
-            .bind(resource)
-            .bind(token)
-            .execute(&mut *self)
-            .await?
-            .rows_affected();
-            if done > 0 {
-                return Ok(None);
-            }
-            Ok(Some(self.current(table, resource).await?.unwrap_or(0)))
-        })
-    }
-
-    fn current<'a>(
-        &'a mut self,
-        table: &'a str,
-        resource: &'a str,
-    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query_scalar(AssertSqlSafe(format!(
-                "SELECT token FROM {table} WHERE resource = ?"
-            )))
-            .bind(resource)
-            .fetch_optional(&mut *self)
-            .await
-        })
-    }
+/// Two statements: `ON DUPLICATE KEY UPDATE` alone cannot tell "refused"
+/// from "unchanged" under the found-rows count sqlx asks for; `UPDATE`'s
+/// matched rows can. The first statement makes the row exist and takes its
+/// exclusive lock (`INSERT IGNORE` would take a shared one, and two writers
+/// upgrading theirs deadlock).
+async fn mysql_advance(
+    conn: &mut MySqlConnection,
+    table: &str,
+    resource: &str,
+    token: i64,
+) -> Result<u64, sqlx::Error> {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (resource, token, writes) VALUES (?, 0, 0) \
+         ON DUPLICATE KEY UPDATE writes = writes"
+    )))
+    .bind(resource)
+    .execute(&mut *conn)
+    .await?;
+    Ok(sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {table} SET token = ?, writes = writes + 1 WHERE resource = ? AND token <= ?"
+    )))
+    .bind(token)
+    .bind(resource)
+    .bind(token)
+    .execute(conn)
+    .await?
+    .rows_affected())
 }
