@@ -9,6 +9,8 @@
 //! **equal** token is accepted (the same grant writing again); a higher one
 //! is accepted and becomes the last. Resources are independent.
 
+pub mod guarded;
+
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -66,8 +66,10 @@ async fn a_leader_kill_keeps_an_unexpired_key() {
 
     // Left to expire on the new leader: freed after the TTL of its last
     // renewal (rounded up to whole seconds), plus the server's expiry lag.
+    // A request may still time out while the cluster settles after the
+    // election (seen once in CI): such an answer is retried, not a verdict.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let next = other.acquire(&key, TTL, deadline).await.expect("expired");
+    let (next, _) = first_answer(|| other.acquire(&key, TTL, deadline)).await;
     let freed_after = renewed_at.elapsed();
     assert!(next.token() > lease.token(), "tokens keep rising");
     assert!(
