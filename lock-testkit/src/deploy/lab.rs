@@ -9,6 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use super::nats::NatsCluster;
 use super::quorum::Fleet;
 use super::sentinel::{SENTINEL_MASTER, SentinelRedis};
 use super::single::Single;
@@ -16,8 +17,9 @@ use super::{Deployment, QUORUM_NODES, REDLOCK_NODES};
 use crate::netns::Lab;
 use crate::process::HarnessError;
 use crate::servers::{
-    etcd::EtcdServer, mariadb::MariaDbServer, postgres::PostgresServer, redis::RedisServer,
-    redis::SentinelGroup, zookeeper::ZkEnsemble, zookeeper::ZkServer,
+    etcd::EtcdServer, mariadb::MariaDbServer, nats::BUCKET, nats::NatsServer,
+    postgres::PostgresServer, redis::RedisServer, redis::SentinelGroup, zookeeper::ZkEnsemble,
+    zookeeper::ZkServer,
 };
 
 /// The host, right after the servers', from which the test kit reaches the
@@ -35,7 +37,7 @@ pub struct LabHosts {
     /// replica and sentinels.
     pub servers: Vec<String>,
     /// For a cluster whose members replicate to one another (etcd,
-    /// ZooKeeper): per member, in member order, a URL that reaches that
+    /// ZooKeeper, NATS JetStream): per member, in member order, a URL that reaches that
     /// member alone. Empty for the other kinds.
     pub member_urls: Vec<String>,
     /// Hosts for clients, `client0`, `client1`, ...: nothing else runs
@@ -81,10 +83,12 @@ static LAB_TABLE: &[LabKind] = &[
     lab_kind!("mariadb", 1, mariadb),
     lab_kind!("postgres-session", 1, postgres_session),
     lab_kind!("mariadb-session", 1, mariadb_session),
+    lab_kind!("nats", 1, nats),
     lab_kind!("redis-sentinel", SENTINEL_HOSTS, redis_sentinel),
     lab_kind!("redlock", REDLOCK_NODES, redlock),
     lab_kind!("etcd-cluster", QUORUM_NODES, etcd_cluster),
     lab_kind!("zookeeper-ensemble", QUORUM_NODES, zookeeper_ensemble),
+    lab_kind!("nats-cluster", QUORUM_NODES, nats_cluster),
 ];
 
 /// The names of the kinds [`start_in_lab`] can start.
@@ -213,4 +217,32 @@ async fn zookeeper_ensemble(lab: Arc<Lab>, hosts: Vec<String>) -> LabStarted {
         .map(|node| format!("zk://{}?session_timeout=2s", node.address()))
         .collect();
     Ok((Box::new(Fleet::new(servers)), member_urls))
+}
+
+async fn nats(lab: Arc<Lab>, hosts: Vec<String>) -> LabStarted {
+    single(
+        "nats",
+        NatsServer::start_in(&lab, &[hosts[0].as_str()]).await?,
+        "",
+    )
+}
+
+/// A NATS client given one node's address talks to that node only while
+/// its connection lasts: the server's INFO names the other nodes, which
+/// the client may reconnect to after a drop.
+async fn nats_cluster(lab: Arc<Lab>, hosts: Vec<String>) -> LabStarted {
+    let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
+    let servers = NatsServer::start_in(&lab, &hosts).await?;
+    let member_urls = servers
+        .nodes()
+        .iter()
+        .map(|node| {
+            format!(
+                "nats://{}/{BUCKET}?replicas={}",
+                node.address(),
+                hosts.len()
+            )
+        })
+        .collect();
+    Ok((Box::new(NatsCluster::new(servers)), member_urls))
 }

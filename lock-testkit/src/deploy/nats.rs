@@ -37,9 +37,9 @@ pub(super) async fn single(_peer_proxies: bool) -> Started {
 }
 
 pub(super) async fn cluster(_peer_proxies: bool) -> Started {
-    Ok(Box::new(NatsCluster {
-        servers: NatsServer::start_cluster(QUORUM_NODES).await?,
-    }))
+    Ok(Box::new(NatsCluster::new(
+        NatsServer::start_cluster(QUORUM_NODES).await?,
+    )))
 }
 
 /// Three nats-servers in one JetStream cluster; the bucket's stream has a
@@ -50,6 +50,11 @@ pub struct NatsCluster {
 }
 
 impl NatsCluster {
+    /// The deployment over started `servers` (on loopback or in a lab).
+    pub(super) fn new(servers: NatsServer) -> Self {
+        Self { servers }
+    }
+
     /// The servers.
     pub fn servers(&self) -> &NatsServer {
         &self.servers
@@ -139,10 +144,15 @@ impl Deployment for NatsCluster {
 
     fn member_url(&self, index: usize) -> Option<(u16, String)> {
         let node = self.servers.nodes().get(index)?;
+        // The node's own address: 127.0.0.1, or its lab host's.
+        let host = node
+            .address()
+            .rsplit_once(':')
+            .map_or_else(String::new, |(host, _)| host.to_owned());
         Some((
             node.client_port(),
             format!(
-                "nats://127.0.0.1:{{port}}/{BUCKET}?replicas={}",
+                "nats://{host}:{{port}}/{BUCKET}?replicas={}",
                 self.servers.nodes().len()
             ),
         ))

