@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::Client;
+use etcd_client::{Client, Compare, TxnOp};
 use lock_core::{
     Capabilities, Facets, FencingScope, GrantRequest, HolderInfo, Lease, LeaseKind, LockBackend,
     LockError, LockKey, LockShape, Operation, TtlModel, WaitStrategy,
@@ -19,6 +19,7 @@ use crate::connection::{Connection, ttl_secs};
 use crate::elections::Elections;
 use crate::error::NAME;
 use crate::grants::Grants;
+use crate::guarded::{EtcdGuardedOutcome, Guarded};
 use crate::renewal::Renewal;
 use crate::sets::Sets;
 use crate::shared::Shared;
@@ -44,6 +45,7 @@ struct Parts {
     sets: Sets,
     elections: Elections,
     admin: Admin,
+    guarded: Guarded,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -76,6 +78,7 @@ impl EtcdBackend {
         let shared = Shared::new(conn.clone(), grants.clone(), waiting.clone());
         let elections = Elections::new(conn.clone(), grants.clone(), waiting.clone());
         let parts = Parts {
+            guarded: Guarded::new(conn.clone(), grants.clone()),
             renewal: Renewal::new(conn.clone(), grants.clone()),
             sets: Sets::new(conn.clone(), grants.clone()),
             admin: Admin::new(
@@ -126,6 +129,111 @@ impl EtcdBackend {
     /// 20-byte keys); then another session is started.
     pub fn session_leases(&self, ttl: Duration) -> Vec<String> {
         self.parts.conn.session_leases(ttl_secs(ttl))
+    }
+
+    /// The compares that hold while `lease` holds its lock, for the
+    /// caller's own [`Txn::when`](etcd_client::Txn::when): writes of data
+    /// in this etcd, guarded by the lock without a fencing token.
+    ///
+    /// As Go's `concurrency.Mutex.IsOwner()`: the lease's entry still
+    /// exists with the create revision it was granted with (the lease's
+    /// token) and the lease's owner id in its value. A transaction with
+    /// them in its `when` runs its success branch only if, at its commit,
+    /// the lease still holds the key in etcd's order of events; a lease
+    /// that was released, taken over (`force_release`, `etcdctl del`) or
+    /// has expired (its entry deleted when its TTL ran out unrenewed, or
+    /// with its session) fails them, and the transaction runs its failure
+    /// branch instead. Concatenate them with your own compares (a
+    /// transaction takes one `when`), and count them (2 or 3) against
+    /// etcd's `--max-txn-ops`.
+    ///
+    /// What they do not promise: they look at etcd, not at the lease's
+    /// local validity deadline (an entry that outlives its TTL by the
+    /// moment its deletion takes still passes; nobody else can hold the
+    /// key meanwhile), and they guard only what is in the same
+    /// transaction (data elsewhere needs the fencing token). Do not write
+    /// under the lock's own prefix in such a transaction.
+    ///
+    /// For exclusive leases (a mutex, a member of a multi-lock, an
+    /// election's leadership). Cheap: no round trip for a lease of this
+    /// backend's live session; one read for a lease whose entry must be
+    /// looked up (its session replaced, or granted by another process).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`](lock_core::ErrorKind::Unsupported) for a
+    /// read, write or semaphore lease;
+    /// [`ErrorKind::InvalidArgument`](lock_core::ErrorKind::InvalidArgument)
+    /// for a lease this driver did not grant; the read's errors
+    /// (`Timeout`, `Unavailable`) when the entry must be looked up. These
+    /// errors report [`Operation::Inspect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: it writes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(backend: lock_etcd::EtcdBackend, lease: lock_core::Lease)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// use lock_etcd::etcd_client::{Txn, TxnOp};
+    ///
+    /// let txn = Txn::new()
+    ///     .when(backend.owner_compares(&lease).await?)
+    ///     .and_then([TxnOp::put("reports/nightly", "done", None)]);
+    /// let answer = backend.client().kv_client().txn(txn).await?;
+    /// if !answer.succeeded() {
+    ///     println!("the lock was lost: nothing written");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn owner_compares(&self, lease: &Lease) -> Result<Vec<Compare>, LockError> {
+        self.parts.guarded.owner_compares(lease).await
+    }
+
+    /// Runs `operations` in one transaction guarded by
+    /// [`owner_compares`](Self::owner_compares) of `lease`, on this
+    /// backend's client with its per-call timeout: they run only if the
+    /// lease still holds its lock at the commit, and the answer says which
+    /// ([`EtcdGuardedOutcome::Refused`] is not an error). What it promises
+    /// and what not: see [`owner_compares`](Self::owner_compares).
+    ///
+    /// # Errors
+    ///
+    /// As [`owner_compares`](Self::owner_compares); and the transaction's
+    /// errors: `Timeout` (the outcome is unknown: the operations may have
+    /// run), `Unavailable`, `Backend` (e.g. etcd refusing the operations:
+    /// a key put twice, more than `--max-txn-ops`). These errors report
+    /// [`Operation::Inspect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future once the transaction is sent leaves its outcome
+    /// unknown: it ran whole or not at all, and only if the lease held.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(backend: lock_etcd::EtcdBackend, lease: lock_core::Lease)
+    /// # -> Result<(), lock_core::LockError> {
+    /// use lock_etcd::etcd_client::TxnOp;
+    ///
+    /// let put = TxnOp::put("reports/nightly", "done", None);
+    /// if !backend.guarded_txn(&lease, [put]).await?.is_written() {
+    ///     println!("the lock was lost: nothing written");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn guarded_txn(
+        &self,
+        lease: &Lease,
+        operations: impl Into<Vec<TxnOp>>,
+    ) -> Result<EtcdGuardedOutcome, LockError> {
+        self.parts
+            .guarded
+            .guarded_txn(lease, operations.into())
+            .await
     }
 
     /// Revokes every session lease: every lock held through this backend is

@@ -38,6 +38,10 @@
 //!   client that granted it.
 //! - [x] Read-write locks, semaphores, multi-locks of up to 128 keys in one
 //!   transaction; holder details, `list`, `force_release`.
+//! - [x] Writes guarded by the store: data in the same etcd written in a
+//!   transaction that compares the lock's entry, as Go's `IsOwner()`
+//!   ([`EtcdBackend::owner_compares`], [`EtcdBackend::guarded_txn`]); the
+//!   write lands only if the lease still holds the key at the commit.
 //! - [x] Several endpoints (calls spread over the members that answer; a
 //!   member cut off from its peers is left until it answers again), TLS,
 //!   user/password authentication.
@@ -71,6 +75,7 @@ mod admin;
 mod backend;
 mod elections;
 mod grants;
+mod guarded;
 mod renewal;
 mod sets;
 mod shared;
@@ -81,6 +86,12 @@ pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_TTL, EtcdConfig, EtcdTls, MIN_TTL,
 };
 pub use descriptor::DRIVER;
+pub use guarded::EtcdGuardedOutcome;
+
+/// The etcd client this crate speaks through, for the types of its API
+/// ([`EtcdBackend::client`], the compares of
+/// [`EtcdBackend::owner_compares`]) at the same version.
+pub use etcd_client;
 
 use lock_core::LockError;
 

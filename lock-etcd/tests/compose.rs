@@ -12,6 +12,10 @@
 //! Multi-locks: `try_acquire_all` takes a set in one transaction, all or
 //! nothing; the check also runs on a broken variant that takes the keys
 //! one by one and keeps them when refused ([`OneByOne`]), and must fail.
+//!
+//! Writes guarded by the store (`guarded_txn`): the shared guarded-write
+//! cases on data in the same etcd, and on a store that writes without the
+//! ownership compares, which they must catch (`compose/guarded.rs`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -691,3 +695,7 @@ async fn withdrawn_campaigns_leave_no_candidacy() {
 // Multi-locks in one transaction.
 #[path = "compose/multi.rs"]
 mod multi;
+
+// Writes guarded by the lock's entry.
+#[path = "compose/guarded.rs"]
+mod guarded;
