@@ -24,6 +24,7 @@ use crate::elections::Elections;
 use crate::error::NAME;
 use crate::expiry::Expiry;
 use crate::grants::{GrantParts, Grants};
+use crate::guarded::{Guarded, ZkGuardedOutcome, ZkOwnerCheck};
 use crate::keys;
 use crate::renewal::Renewal;
 use crate::shared::SharedLocks;
@@ -63,6 +64,7 @@ struct Components {
     renewal: Renewal,
     elections: Elections,
     admin: Admin,
+    guarded: Guarded,
 }
 
 impl Components {
@@ -81,6 +83,7 @@ impl Components {
         let shared = SharedLocks::new(parts);
         let renewal = Renewal::new(conn.clone(), expiry.clone(), shared.clone());
         let elections = Elections::new(conn.clone(), expiry.clone(), waiting);
+        let guarded = Guarded::new(conn.clone(), expiry.clone());
         let admin = Admin::new(
             (conn.clone(), cleanup),
             grants.clone(),
@@ -94,6 +97,7 @@ impl Components {
             renewal,
             elections,
             admin,
+            guarded,
         }
     }
 }
@@ -174,6 +178,108 @@ impl ZkBackend {
     /// `None` when the lease is not a lock node of its key and owner.
     pub fn node_path(&self, lease: &Lease) -> Option<String> {
         keys::lease_node(self.inner.conn.config(), lease).map(|node| node.path)
+    }
+
+    /// The ownership check of a mutex `lease`, to add to a ZooKeeper
+    /// `multi` of any session (the backend's own through
+    /// [`guarded_multi`](Self::guarded_multi), or the application's own
+    /// client): the `multi` is applied only while the lease holds its
+    /// lock, atomically with that check. See [`ZkOwnerCheck`] for what it
+    /// promises and what the committing session needs.
+    ///
+    /// Sends nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`](lock_core::ErrorKind::Unsupported) for a
+    /// read, write or permit lease or an election's leadership (mutex
+    /// leases only);
+    /// [`ErrorKind::InvalidArgument`](lock_core::ErrorKind::InvalidArgument)
+    /// for a lease that names no lock node of this backend's root and
+    /// layout (another backend's).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use lock_zk::{ZkOwnerCheck, zookeeper_client as zk};
+    ///
+    /// # async fn run(backend: lock_zk::ZkBackend, guard: lock_core::LockGuard,
+    /// #     client: zk::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// // `client`: the application's own session, rooted at the same chroot.
+    /// let check = backend.owner_check(&guard.lease())?;
+    /// let mut writer = check.check_writer(&client)?;
+    /// writer.add_set_data("/app/config", b"v2", None)?;
+    /// match writer.commit().await {
+    ///     Ok(_) => println!("written under the lock"),
+    ///     Err(err) if ZkOwnerCheck::refused(&err) => println!("lock lost: nothing written"),
+    ///     Err(err) => return Err(err.into()),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn owner_check(&self, lease: &Lease) -> Result<ZkOwnerCheck, LockError> {
+        self.inner.guarded.owner_check(lease)
+    }
+
+    /// Runs the operations `build` adds, in one `multi` on this backend's
+    /// session whose first operation checks that the mutex `lease` holds
+    /// its lock ([`owner_check`](Self::owner_check)): all of them are
+    /// applied, atomically with the check, only while the lease's lock
+    /// node exists. Before sending, a lease this backend already knows lost
+    /// (its session gone, its TTL run out unrenewed) is refused.
+    ///
+    /// [`ZkGuardedOutcome::Refused`] says the lease did not hold its lock
+    /// and nothing was applied; [`ZkGuardedOutcome::OperationFailed`] that
+    /// one of the operations `build` added failed (nothing was applied).
+    ///
+    /// # Errors
+    ///
+    /// As [`owner_check`](Self::owner_check); the error `build` returns
+    /// (a path the client rejects:
+    /// [`ErrorKind::InvalidArgument`](lock_core::ErrorKind::InvalidArgument));
+    /// [`ErrorKind::Timeout`](lock_core::ErrorKind::Timeout) (no answer
+    /// within the operation timeout) and
+    /// [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable) (the
+    /// connection broke with the request in flight, or no session): the
+    /// `multi` may or may not have been applied, and is not sent again;
+    /// [`ErrorKind::Backend`](lock_core::ErrorKind::Backend) for any other
+    /// answer of ZooKeeper (e.g. `NoAuth` on the lock node).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the `multi` is sent (while a session opens), nothing
+    /// is written; dropped after, the `multi` may still be applied (all of
+    /// it or none, never a part).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use lock_zk::ZkGuardedOutcome;
+    ///
+    /// # async fn run(backend: lock_zk::ZkBackend, guard: lock_core::LockGuard)
+    /// #     -> Result<(), lock_core::LockError> {
+    /// let outcome = backend
+    ///     .guarded_multi(&guard.lease(), |multi| {
+    ///         multi.add_set_data("/app/config", b"v2", None)
+    ///     })
+    ///     .await?;
+    /// match outcome {
+    ///     ZkGuardedOutcome::Written(_) => println!("written under the lock"),
+    ///     ZkGuardedOutcome::Refused => println!("lock lost: nothing written"),
+    ///     ZkGuardedOutcome::OperationFailed { index, error } => {
+    ///         println!("operation {index} failed: {error}; nothing written")
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn guarded_multi<F>(
+        &self,
+        lease: &Lease,
+        build: F,
+    ) -> Result<ZkGuardedOutcome, LockError>
+    where
+        F: FnOnce(&mut zookeeper_client::CheckWriter<'_>) -> Result<(), zookeeper_client::Error>,
+    {
+        self.inner.guarded.guarded_multi(lease, build).await
     }
 
     /// The directory of `key`'s read-write lock (inside the chroot): point

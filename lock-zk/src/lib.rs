@@ -40,6 +40,9 @@
 //!   `Lock` too (see `layout` and `nodes`).
 //! - [x] Ensembles, chroot, digest authentication; holder details, `list`,
 //!   `force_release`, `gc`.
+//! - [x] Writes guarded by the store: a check on a mutex lease's lock node
+//!   first in your `multi`, on the backend's session
+//!   ([`ZkBackend::guarded_multi`]) or any other ([`ZkOwnerCheck`]).
 //!
 //! # Caveats
 //!
@@ -70,6 +73,7 @@ mod elections;
 mod error;
 mod expiry;
 mod grants;
+mod guarded;
 pub mod keys;
 mod renewal;
 mod shared;
@@ -78,6 +82,10 @@ mod waiting;
 pub use backend::{ZkBackend, capabilities};
 pub use config::{DEFAULT_ROOT, MIN_TTL, ZkConfig, ZkLayout, ZkNodeNames};
 pub use descriptor::DRIVER;
+pub use guarded::{ZkGuardedOutcome, ZkOwnerCheck};
+/// The ZooKeeper client library this driver speaks through, re-exported:
+/// the version [`ZkOwnerCheck`] and [`ZkBackend::guarded_multi`] take.
+pub use zookeeper_client;
 
 use lock_core::LockError;
 

@@ -2,6 +2,8 @@
 //! a standalone server, and a 3-member ensemble.
 
 mod common;
+#[path = "conformance/guarded.rs"]
+mod guarded;
 
 use std::sync::Arc;
 
