@@ -17,6 +17,7 @@ use crate::config::{MIN_TTL, RedisConfig, RedisTopology};
 use crate::connection::{EvictionCheck, Servers};
 use crate::error::NAME;
 use crate::grants::Grants;
+use crate::guarded::{RedisGuardedReply, RedisGuardedScript};
 use crate::renewal::{RedisRenewalStats, Renewal};
 use crate::sets::Sets;
 use crate::shared::Shared;
@@ -123,6 +124,111 @@ impl RedisBackend {
     /// legacy layouts (see the crate docs, *Legacy layouts*).
     pub fn redis_key(&self, key: &LockKey) -> String {
         self.servers.keys.layout_names(key).lock
+    }
+
+    /// The `{...}` hash tag of the lock `key`'s Redis name (braces
+    /// included), for naming data that a guarded script
+    /// ([`run_guarded`](Self::run_guarded)) writes beside the lock: in
+    /// Redis Cluster its keys must share the lock's slot, which any key
+    /// containing this tag does (`format!("{tag}:balance")`). Always
+    /// there in the native layout (`{<key>}`); in the legacy layouts only
+    /// when the key (or the prefix) has one of its own. Pick names that
+    /// are not the driver's own (`<prefix>{<key>}...`): without a
+    /// prefix (`prefix=`) a name that starts with the tag could be one.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let backend = lock_redis::connect("redis+cluster://127.0.0.1:7000").await?;
+    /// let key = lock_core::LockKey::new("accounts/7")?;
+    /// let tag = backend.hash_tag(&key).expect("the native layout tags every key");
+    /// assert_eq!(tag, "{accounts/7}");
+    /// let balance = format!("{tag}:balance");
+    /// # let _ = balance; Ok(()) }
+    /// ```
+    pub fn hash_tag(&self, key: &LockKey) -> Option<String> {
+        let lock = self.servers.keys.layout_names(key).lock;
+        crate::guarded::hash_tag(&lock).map(str::to_owned)
+    }
+
+    /// Runs `script` (a caller's Lua body, with its `keys` and `args` as
+    /// its `KEYS` and `ARGV`) on the lock's server only if `lease` still
+    /// holds its lock: the server checks that the lock key holds the
+    /// lease's owner, then runs the body, in one `EVALSHA` (atomic: no
+    /// other command runs in between), so a write made this way never
+    /// lands after the lease was released, expired or broken, and needs no
+    /// fencing token at the resource. The data must live in the same
+    /// Redis (in Cluster, in the lock's slot: see
+    /// [`hash_tag`](Self::hash_tag)).
+    ///
+    /// Mutex leases of every layout (native, fair, `plain`, `redisson`)
+    /// on one server, Sentinel and Cluster. What it does not promise: a
+    /// failover to a replica that missed the grant or the release can
+    /// admit a write the lock would refuse on the old master (as it can
+    /// grant the key twice: see the crate docs, *Caveats*); a body that
+    /// fails halfway keeps the writes it made before its error (Redis
+    /// does not roll a script back); and a call resent after a lost
+    /// answer (the Cluster client retries on a broken connection) can run
+    /// the body twice while the lease holds, so prefer idempotent writes
+    /// (`SET`, `HSET`) or guard them in the body.
+    ///
+    /// # Errors
+    ///
+    /// Before anything is sent ([`Operation::Validate`]):
+    /// [`ErrorKind::Unsupported`](lock_core::ErrorKind::Unsupported) on
+    /// Redlock (no one server can check a majority's lock in the same step
+    /// as a write) and for a read-write or semaphore lease;
+    /// [`ErrorKind::InvalidArgument`](lock_core::ErrorKind::InvalidArgument)
+    /// in Cluster for a key outside the lock's slot. Then
+    /// ([`Operation::Inspect`], the check being a read of the lock):
+    /// [`ErrorKind::Timeout`](lock_core::ErrorKind::Timeout) /
+    /// [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable) when
+    /// the server does not answer (whether the body ran is unknown);
+    /// [`ErrorKind::Backend`](lock_core::ErrorKind::Backend) for a Lua
+    /// error or an error reply of the body. A lease that no longer holds
+    /// its lock is not an error: [`RedisGuardedReply::NotHeld`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after the call was sent leaves it unknown
+    /// whether the body ran; either way the check and the body ran
+    /// together or not at all.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use lock_core::{LockBackend, LockBackendExt, LockKey};
+    /// use lock_redis::{RedisGuardedReply, RedisGuardedScript};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_core::LockError> {
+    /// let backend = lock_redis::connect("redis://127.0.0.1:6379").await?;
+    /// let key = LockKey::new("accounts/7")?;
+    /// let balance = format!("{}:balance", backend.hash_tag(&key).unwrap());
+    /// let set = RedisGuardedScript::new("return redis.call('SET', KEYS[1], ARGV[1])");
+    /// let lease = backend.try_acquire(&key, Duration::from_secs(5)).await?.unwrap();
+    /// let reply = backend.run_guarded(&lease, &set, &[&balance], &["40"]).await?;
+    /// assert!(reply.is_ran());
+    /// backend.release(&lease).await?;
+    /// let late = backend.run_guarded(&lease, &set, &[&balance], &["41"]).await?;
+    /// assert_eq!(late, RedisGuardedReply::NotHeld);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`Operation::Validate`]: lock_core::Operation::Validate
+    /// [`Operation::Inspect`]: lock_core::Operation::Inspect
+    /// [`RedisGuardedReply::NotHeld`]: crate::RedisGuardedReply::NotHeld
+    pub async fn run_guarded(
+        &self,
+        lease: &Lease,
+        script: &RedisGuardedScript,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<RedisGuardedReply, LockError> {
+        crate::guarded::run(&self.servers, lease, script, keys, args).await
     }
 }
 

@@ -46,6 +46,9 @@
 //!   script, elections over the renewed mutex.
 //! - [x] Renewals pipelined per node; holder details, `list`,
 //!   `force_release`, `gc` with a token floor.
+//! - [x] Writes guarded by the store: a caller's Lua script run only while
+//!   a mutex lease holds its lock, the owner check and the script in one
+//!   call ([`RedisBackend::run_guarded`]; not on Redlock).
 //!
 //! # Caveats
 //!
@@ -77,6 +80,7 @@ mod connection;
 mod descriptor;
 mod error;
 mod grants;
+mod guarded;
 pub mod keys;
 mod renewal;
 mod sets;
@@ -92,7 +96,11 @@ pub use config::{
 };
 pub use connection::eviction::EvictionCheck;
 pub use descriptor::DRIVER;
+pub use guarded::{RedisGuardedReply, RedisGuardedScript};
 pub use keys::layout::{DEFAULT_TOKEN_SUFFIX, RedisLayout};
+/// The redis crate's reply value, as a guarded script's body answers it
+/// ([`RedisGuardedReply::Ran`]).
+pub use redis::Value as RedisValue;
 pub use renewal::RedisRenewalStats;
 
 /// Connects to the Redis deployment a URL names (see [`RedisConfig`] for the

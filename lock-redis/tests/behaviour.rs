@@ -1,8 +1,12 @@
 //! Redis-specific behaviour on real servers: interop with plain `SET NX PX`
 //! clients, script-cache loss, restarts, Redlock with dead nodes, Sentinel
-//! failover, batched renewal, and the failover negative control.
+//! failover, batched renewal, and the failover negative control. Writes
+//! guarded by the store (`run_guarded`) are in `behaviour/guarded.rs`.
 
 mod common;
+
+#[path = "behaviour/guarded.rs"]
+mod guarded;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -78,13 +78,21 @@ impl Conn {
         keys: &[&str],
         args: &[&str],
     ) -> redis::RedisResult<Value> {
-        match self
-            .query(&script_cmd("EVALSHA", &script.hash, keys, args))
-            .await
-        {
+        self.eval_text(script.code, &script.hash, keys, args).await
+    }
+
+    /// [`eval`](Self::eval) of a script given as its text `code` and its
+    /// SHA1 `hash` (a script made at run time: a caller's guarded script).
+    pub(crate) async fn eval_text(
+        &mut self,
+        code: &str,
+        hash: &str,
+        keys: &[&str],
+        args: &[&str],
+    ) -> redis::RedisResult<Value> {
+        match self.query(&script_cmd("EVALSHA", hash, keys, args)).await {
             Err(err) if is_noscript(&err) => {
-                self.query(&script_cmd("EVAL", script.code, keys, args))
-                    .await
+                self.query(&script_cmd("EVAL", code, keys, args)).await
             }
             other => other,
         }
