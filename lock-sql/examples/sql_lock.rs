@@ -21,7 +21,8 @@ use lock_core::{FencingToken, LockClient, LockError};
 /// token above the last one it saw, so a holder that lost its lock (paused,
 /// cut off) cannot overwrite the work of the next one. In a database of
 /// your own, the same check is `UPDATE .. WHERE last_token < $token`, or
-/// `SqlBackend::fence` in the lock's own database.
+/// `SqlBackend::owner_predicate` in the lock's own database (see the
+/// `guarded_write` example).
 #[derive(Default)]
 struct Resource {
     last_token: AtomicU64,

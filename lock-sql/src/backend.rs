@@ -26,8 +26,8 @@ use crate::admin::Administration;
 use crate::config::{MIN_TTL, NAME, SqlConfig, SqlDialect};
 use crate::connection::DbPool;
 use crate::connection::table::Table;
-use crate::fence::SqlFence;
 use crate::grants::Grants;
+use crate::guarded::OwnerPredicate;
 use crate::renewal::Renewal;
 use crate::sets::Sets;
 use crate::shared::Shared;
@@ -217,11 +217,24 @@ impl SqlBackend {
         Ok(())
     }
 
-    /// A [`SqlFence`] for `lease`, whose placeholders start at
-    /// `first_param` (PostgreSQL `$n`, SQLite `?n`; ignored on MySQL, whose
-    /// placeholders are positional).
-    pub fn fence(&self, lease: &Lease, first_param: usize) -> SqlFence {
-        SqlFence::new(&self.inner.table, lease, first_param)
+    /// The [`OwnerPredicate`] of `lease` (a mutex lease of this backend,
+    /// `guard.lease()`), for a write guarded by the lease table itself:
+    /// its placeholders start at `first_placeholder` (PostgreSQL `$n`,
+    /// SQLite `?n`; MySQL's are positional `?`, whatever the number).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`](lock_core::ErrorKind::Unsupported) for a
+    /// read, write or semaphore lease (they have no row in the lease
+    /// table); [`ErrorKind::InvalidArgument`](lock_core::ErrorKind::InvalidArgument)
+    /// for `first_placeholder == 0` or a token above `i64::MAX`. Nothing is
+    /// sent to the database.
+    pub fn owner_predicate(
+        &self,
+        lease: &Lease,
+        first_placeholder: usize,
+    ) -> Result<OwnerPredicate, LockError> {
+        OwnerPredicate::new(&self.inner.table, lease, first_placeholder)
     }
 }
 

@@ -48,7 +48,9 @@
 //!   acquire+release on a free key.
 //! - [x] Notified waiting on PostgreSQL (`LISTEN/NOTIFY`); polling with
 //!   backoff elsewhere; FIFO with `fair=true`.
-//! - [x] Fenced writes to your own tables in the same database ([`SqlFence`]).
+//! - [x] Writes guarded by the lease table: an ownership predicate for
+//!   your own statement or transaction in the same database, row mode's
+//!   mutexes ([`OwnerPredicate`]).
 //! - [x] Read-write locks, semaphores and multi-locks in row mode; holder
 //!   details, `list`, `force_release`, `gc` with a token floor.
 //! - [x] Session mode ([`SqlSessionBackend`], PostgreSQL and MySQL/MariaDB)
@@ -91,8 +93,8 @@ mod connection;
 mod descriptor;
 mod dialect;
 mod error;
-mod fence;
 mod grants;
+mod guarded;
 pub mod keys;
 mod renewal;
 mod sets;
@@ -107,11 +109,11 @@ pub use config::{
     SHEDLOCK_TABLE, SqlConfig, SqlDialect, SqlLayout, SqlMode,
 };
 pub use descriptor::DRIVER;
-pub use fence::SqlFence;
+pub use guarded::OwnerPredicate;
 pub use keys::shedlock::SHEDLOCK_MAX_NAME;
 pub use renewal::RENEW_ROWS_PER_STATEMENT;
 
-/// The sqlx this crate uses, so fenced statements name the same types.
+/// The sqlx this crate uses, so guarded statements name the same types.
 pub use sqlx;
 
 /// URL schemes this crate accepts.

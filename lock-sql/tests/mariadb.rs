@@ -1,9 +1,11 @@
 //! MariaDB 10.11 started by the harness: the whole conformance suite, a
-//! killed holder and a restarted database, fencing (LOCK IN SHARE MODE).
+//! killed holder and a restarted database, writes guarded by the lease row
+//! (LOCK IN SHARE MODE).
 
 mod admin_checks;
 mod common;
 mod fair_checks;
+mod guarded_checks;
 mod multi_checks;
 mod server_checks;
 
@@ -58,8 +60,8 @@ async fn mariadb() {
             .is_some()
     );
 
-    // Fenced write in the same database.
-    common::fenced_write!(
+    // A write guarded by the lease row, in the same database.
+    common::guarded_write!(
         a,
         a,
         &next,
@@ -70,6 +72,8 @@ async fn mariadb() {
         ],
         "UPDATE ledger SET v = ? WHERE id = 1 AND {}"
     );
+
+    guarded_checks::guarded_checks(&url).await;
 
     common::holder_killed_and_deployment_restarted(&url, &target, "mariadb").await;
 }

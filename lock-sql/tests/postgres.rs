@@ -1,9 +1,11 @@
 //! PostgreSQL 15 started by the harness: the whole conformance suite, a
-//! killed holder and a restarted database, NOTIFY-driven waiting, fencing.
+//! killed holder and a restarted database, NOTIFY-driven waiting, writes
+//! guarded by the lease row.
 
 mod admin_checks;
 mod common;
 mod fair_checks;
+mod guarded_checks;
 mod multi_checks;
 mod server_checks;
 
@@ -56,8 +58,8 @@ async fn postgres() {
     );
     assert!(next.token() > lease.token());
 
-    // Fenced write in the same database.
-    common::fenced_write!(
+    // A write guarded by the lease row, in the same database.
+    common::guarded_write!(
         a,
         b,
         &next,
@@ -68,6 +70,8 @@ async fn postgres() {
         ],
         "UPDATE ledger SET v = $1 WHERE id = 1 AND {}"
     );
+
+    guarded_checks::guarded_checks(&url).await;
 
     common::holder_killed_and_deployment_restarted(&url, &target, "postgres").await;
 }

@@ -1,9 +1,11 @@
 //! SQLite: the whole conformance suite on a file, several child processes
-//! contending on one file, a holder process killed mid-hold, fenced writes.
+//! contending on one file, a holder process killed mid-hold, writes
+//! guarded by the lease row.
 
 mod admin_checks;
 mod common;
 mod fair_checks;
+mod guarded_checks;
 mod multi_checks;
 
 use std::process::{Command, Stdio};
@@ -13,7 +15,7 @@ use std::time::Duration;
 use conformance::{Harness, run_suite};
 use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockKey};
 use lock_sql::sqlx::{self, AssertSqlSafe};
-use lock_sql::{SqlBackend, SqlConfig, SqlFence};
+use lock_sql::{OwnerPredicate, SqlBackend, SqlConfig};
 use tokio::time::Instant;
 
 const CHILD_DB: &str = "LOCK_SQL_CHILD_DB";
@@ -43,6 +45,15 @@ async fn multi_lock_sets_on_a_sqlite_file() {
     let target = common::SqliteTarget::new();
     multi_checks::multi_checks(&target.url).await;
     multi_checks::broken_variant(&target.url).await;
+}
+
+/// Writes guarded by the lease table on a SQLite file: the guarded-write
+/// cases in the statement and transaction forms, and the unchecked write
+/// failing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_writes_on_a_sqlite_file() {
+    let target = common::SqliteTarget::new();
+    guarded_checks::guarded_checks(&target.url).await;
 }
 
 /// `fair=true` in session mode is refused before connecting
@@ -108,14 +119,11 @@ async fn read_counter(pool: &sqlx::SqlitePool) -> i64 {
         .unwrap()
 }
 
-/// Writes `value` to the counter under `fence`: the rows written (0 where
-/// the fence refuses an expired or released lease).
-async fn write_counter(pool: &sqlx::SqlitePool, fence: &SqlFence, value: i64) -> u64 {
-    let sql = format!(
-        "UPDATE counter SET v = ?1 WHERE id = 1 AND {}",
-        fence.predicate()
-    );
-    fence
+/// Writes `value` to the counter guarded by `owner`: the rows written (0
+/// where the predicate refuses an expired or released lease).
+async fn write_counter(pool: &sqlx::SqlitePool, owner: &OwnerPredicate, value: i64) -> u64 {
+    let sql = format!("UPDATE counter SET v = ?1 WHERE id = 1 AND {}", owner.sql());
+    owner
         .bind(sqlx::query(AssertSqlSafe(sql)).bind(value))
         .execute(pool)
         .await
@@ -124,7 +132,8 @@ async fn write_counter(pool: &sqlx::SqlitePool, fence: &SqlFence, value: i64) ->
 }
 
 /// One contender: `iterations` times acquire the shared key, read the
-/// counter, yield, write it back +1 under the fence, log the token, release.
+/// counter, yield, write it back +1 guarded by the lease row, log the
+/// token, release.
 /// A lost update or an out-of-order token shows in the checks afterwards.
 async fn contend(path: &std::path::Path, iterations: usize) {
     let backend = SqlBackend::connect_url(&url_for(path)).await.unwrap();
@@ -142,14 +151,14 @@ async fn contend(path: &std::path::Path, iterations: usize) {
             .unwrap();
         let v = read_counter(&pool).await;
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let fence = backend.fence(&lease, 2);
+        let owner = backend.owner_predicate(&lease, 2).unwrap();
         assert_eq!(
-            write_counter(&pool, &fence, v + 1).await,
+            write_counter(&pool, &owner, v + 1).await,
             1,
-            "fenced write refused while holding"
+            "guarded write refused while holding"
         );
         sqlx::query("INSERT INTO grants (token, pid) VALUES (?1, ?2)")
-            .bind(fence.token())
+            .bind(owner.token())
             .bind(i64::from(std::process::id()))
             .execute(&pool)
             .await
@@ -309,7 +318,7 @@ async fn killed_holder_process_frees_by_expiry() {
 }
 
 #[tokio::test]
-async fn fence_refuses_stale_writers() {
+async fn owner_predicate_refuses_stale_writers() {
     let backend = SqlBackend::connect_url("sqlite::memory:").await.unwrap();
     prepare_counter(&backend).await;
     let pool = backend.sqlite_pool().unwrap().clone();
@@ -326,8 +335,8 @@ async fn fence_refuses_stale_writers() {
         .unwrap()
         .unwrap();
     let write = |lease: &lock_core::Lease, value: i64| {
-        let (fence, pool) = (backend.fence(lease, 2), pool.clone());
-        async move { write_counter(&pool, &fence, value).await }
+        let (owner, pool) = (backend.owner_predicate(lease, 2).unwrap(), pool.clone());
+        async move { write_counter(&pool, &owner, value).await }
     };
     assert_eq!(
         write(&old, 1).await,

@@ -74,6 +74,30 @@ impl SqlAnyBackend {
         }
     }
 
+    /// The [`OwnerPredicate`](crate::OwnerPredicate) of a mutex `lease`
+    /// in row mode, as [`SqlBackend::owner_predicate`].
+    ///
+    /// # Errors
+    ///
+    /// As [`SqlBackend::owner_predicate`]; in session mode and on
+    /// ShedLock's layout (not offered there),
+    /// [`ErrorKind::Unsupported`](lock_core::ErrorKind::Unsupported).
+    pub fn owner_predicate(
+        &self,
+        lease: &Lease,
+        first_placeholder: usize,
+    ) -> Result<crate::OwnerPredicate, LockError> {
+        match self {
+            Self::Row(backend) => backend.owner_predicate(lease, first_placeholder),
+            Self::Session(backend) => backend.owner_predicate(lease, first_placeholder),
+            Self::ShedLock(_) => Err(crate::guarded::unsupported(
+                lease,
+                "an ownership predicate is offered on row mode's lease table, not on \
+                 ShedLock's layout: guard the write with the fencing token instead",
+            )),
+        }
+    }
+
     fn get(&self) -> &dyn LockBackend {
         match self {
             Self::Row(backend) => backend,

@@ -188,6 +188,29 @@ impl SqlSessionBackend {
         let slot = held.session.lock().await;
         slot.as_ref().map(|p| p.session.id)
     }
+
+    /// Always an error: session mode holds a server session lock (an
+    /// advisory lock, `GET_LOCK`) and no row with an owner and a token, so
+    /// no statement of another connection can check, atomically with its
+    /// write, that the lock is still held (`pg_locks` and `IS_USED_LOCK`
+    /// take no lock that a release or a killed session would wait for).
+    /// Guard such writes with the fencing token at the resource, or use
+    /// row mode ([`SqlBackend::owner_predicate`](crate::SqlBackend::owner_predicate)).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`], always.
+    pub fn owner_predicate(
+        &self,
+        lease: &Lease,
+        _first_placeholder: usize,
+    ) -> Result<crate::OwnerPredicate, LockError> {
+        Err(crate::guarded::unsupported(
+            lease,
+            "session mode has no lease row to check in a statement: an ownership predicate \
+             needs row mode (mode=row); guard the write with the fencing token instead",
+        ))
+    }
 }
 
 #[async_trait]

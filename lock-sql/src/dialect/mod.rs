@@ -342,8 +342,15 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// floor. Binds: token.
     fn raise_floor_sql(&self, floor: &str) -> String;
 
-    /// The fence predicate on `table` (quoted), placeholders from `first`.
-    fn fence_predicate(&self, table: &str, first: usize) -> String;
+    /// The ownership predicate on `table` (quoted), placeholders (key,
+    /// owner, token) from `first` (see `crate::guarded`).
+    fn owner_predicate(&self, table: &str, first: usize) -> String;
+
+    /// A statement that returns one row while the ownership predicate on
+    /// `table` (quoted, placeholders from 1) holds, none otherwise.
+    fn owner_check_sql(&self, table: &str) -> String {
+        format!("SELECT 1 WHERE {}", self.owner_predicate(table, 1))
+    }
 
     /// The batch renewal statement for `rows` leases (see `crate::renewal`).
     fn renew_batch_sql(&self, table: &str, rows: usize) -> String;

@@ -188,11 +188,16 @@ impl Dialect for MySql {
         )
     }
 
-    fn fence_predicate(&self, t: &str, _first: usize) -> String {
+    fn owner_predicate(&self, t: &str, _first: usize) -> String {
         format!(
             "EXISTS (SELECT 1 FROM {t} WHERE name = ? AND owner = ? AND token = ? \
              AND expires_at > UTC_TIMESTAMP(6) LOCK IN SHARE MODE)"
         )
+    }
+
+    // A WHERE needs a FROM on MySQL before 8.0.
+    fn owner_check_sql(&self, t: &str) -> String {
+        format!("SELECT 1 FROM DUAL WHERE {}", self.owner_predicate(t, 1))
     }
 
     fn renew_batch_sql(&self, table: &str, rows: usize) -> String {

@@ -132,7 +132,7 @@ impl Dialect for Postgres {
         )
     }
 
-    fn fence_predicate(&self, t: &str, n: usize) -> String {
+    fn owner_predicate(&self, t: &str, n: usize) -> String {
         format!(
             "EXISTS (SELECT 1 FROM {t} WHERE name = ${} AND owner = ${} AND token = ${} \
              AND expires_at > now() FOR SHARE)",

@@ -143,7 +143,7 @@ impl Dialect for Sqlite {
         )
     }
 
-    fn fence_predicate(&self, t: &str, n: usize) -> String {
+    fn owner_predicate(&self, t: &str, n: usize) -> String {
         format!(
             "EXISTS (SELECT 1 FROM {t} WHERE name = ?{} AND owner = ?{} AND token = ?{} \
              AND expires_at > CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER))",

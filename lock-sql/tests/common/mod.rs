@@ -212,28 +212,29 @@ pub async fn kill_other_sessions(killer: &SqlBackend) {
     }
 }
 
-/// The fenced write a server suite checks on the users' pool `$pool` of
+/// The guarded write a server suite checks on the users' pool `$pool` of
 /// `$holder` (`$setup`: the ledger table and its row): `$update` (a format
-/// string: `v` bound first, then `{}` the fence predicate from parameter 2)
+/// string: `v` bound first, then `{}` the ownership predicate from
+/// parameter 2)
 /// writes while `$lease` is held, and no more once `$releaser` released it.
 #[allow(unused_macros)] // only the server suites write
-macro_rules! fenced_write {
+macro_rules! guarded_write {
     ($holder:expr, $releaser:expr, $lease:expr, $pool:expr, $setup:expr, $update:literal) => {{
         use lock_sql::sqlx::{self, AssertSqlSafe};
         let pool = $pool;
         for statement in $setup {
             sqlx::query(statement).execute(&pool).await.unwrap();
         }
-        let fence = $holder.fence($lease, 2);
-        let sql = format!($update, fence.predicate());
-        let done = fence
+        let owner = $holder.owner_predicate($lease, 2).unwrap();
+        let sql = format!($update, owner.sql());
+        let done = owner
             .bind(sqlx::query(AssertSqlSafe(sql.clone())).bind(7_i64))
             .execute(&pool)
             .await
             .unwrap();
         assert_eq!(done.rows_affected(), 1);
         $releaser.release($lease).await.unwrap();
-        let stale = fence
+        let stale = owner
             .bind(sqlx::query(AssertSqlSafe(sql)).bind(8_i64))
             .execute(&pool)
             .await
@@ -242,7 +243,7 @@ macro_rules! fenced_write {
     }};
 }
 #[allow(unused_imports)]
-pub(crate) use fenced_write;
+pub(crate) use guarded_write;
 
 /// [`holder_killed_and_database_restarted`] on a harness deployment of
 /// `kind`, restarted by killing its server.
