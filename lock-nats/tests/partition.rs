@@ -7,7 +7,8 @@
 //! `DISTLOCK_PARTITIONS=all`, also a node (the stream's leader, then a
 //! follower) cut from its two peers while the holder is attached to it
 //! and another client to the others, and the holder cut from two of the
-//! three nodes: no grant to the other client before the holder is told.
+//! three nodes: no grant to the other client before the holder is told;
+//! and the `nats-cluster` lab kind the kernel-partition soak starts.
 
 mod common;
 
@@ -219,4 +220,92 @@ async fn a_holder_cut_from_two_nodes_fails_over_or_is_told_first() {
     // The nodes still reach one another; the holder reaches only n2.
     let cut = Cut::HolderFrom(vec![MEMBERS[0].to_owned(), MEMBERS[1].to_owned()]);
     assert_under_cut_safe(&env, &cut, "nats holder cut from two of three nodes").await;
+}
+
+/// The `nats-cluster` lab kind, as the kernel-partition soak uses it: a
+/// client on a client host takes a key through one node's member URL; the
+/// stream's leader is killed (the deployment's failover) and the key stays
+/// held; a node cut from its peers and healed, and the killed node
+/// restarted in its namespace, the cluster serves again and tokens keep
+/// rising. About 23 s: only with `DISTLOCK_PARTITIONS=all`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lab_cluster_keeps_a_key_through_a_leader_kill_a_cut_and_a_restart() {
+    use lock_core::{LockBackend, LockBackendExt};
+    if !all_partitions_selected() {
+        return;
+    }
+    let Some((mut deployment, hosts)) = conformance::deploy::start_in_lab("nats-cluster", 1)
+        .await
+        .or_skip()
+    else {
+        return;
+    };
+    assert_eq!(hosts.member_urls.len(), MEMBERS.len());
+    let (url, member_url) = (deployment.url(), hosts.member_urls[2].clone());
+    let (to_client, mut from_test) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let (to_test, mut from_client) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let client = hosts.lab.host(&hosts.clients[0]).netns().spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            let ttl = Duration::from_secs(30);
+            let holder = lock_nats::connect(&member_url).await.expect("holder");
+            let other = lock_nats::connect(&url).await.expect("other");
+            let key = common::key("lab");
+            let lease = holder.try_acquire(&key, ttl).await.unwrap().expect("free");
+            let _ = to_test.send(format!("held, token {}", lease.token()));
+            // After each fault: once the cluster answers, the key is still
+            // the holder's.
+            while let Some(fault) = from_test.recv().await {
+                let until = tokio::time::Instant::now() + Duration::from_secs(30);
+                let answer = loop {
+                    match other.try_acquire(&key, ttl).await {
+                        Ok(answer) => break answer,
+                        Err(e) if tokio::time::Instant::now() < until => {
+                            assert!(e.is_unavailable() || e.is_timeout(), "{fault}: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        Err(e) => panic!("{fault}: no answer in 30 s: {e}"),
+                    }
+                };
+                assert!(answer.is_none(), "{fault}: an unexpired key was freed");
+                let renewed = holder.renew(&lease).await.map(|_| "through");
+                let _ = to_test.send(format!("{fault}: still held, renewal {renewed:?}"));
+            }
+            assert!(holder.release(&lease).await.unwrap());
+            let next = other.try_acquire(&key, ttl).await.unwrap().expect("free");
+            assert!(next.token() > lease.token(), "tokens keep rising");
+            assert!(other.release(&next).await.unwrap());
+        });
+    });
+    let mut step = async |fault: &'static str| {
+        if !fault.is_empty() {
+            to_client.send(fault).expect("the client is gone");
+        }
+        let said = from_client.recv().await.expect("the client ended early");
+        eprintln!("lab nats-cluster: {said}");
+    };
+    step("").await;
+    assert!(deployment.fail_over().await.expect("a new stream leader"));
+    step("leader killed").await;
+    deployment
+        .restart_nodes()
+        .await
+        .expect("the killed node back");
+    step("killed node restarted").await;
+    // The first node cut from its peers for 8 s, then healed.
+    let servers: Vec<&str> = hosts.servers.iter().map(String::as_str).collect();
+    hosts.lab.cut_from(servers[0], &servers[1..]).expect("cut");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    hosts.lab.heal().expect("heal");
+    step("first node cut from its peers and healed").await;
+    drop(to_client);
+    tokio::task::spawn_blocking(move || client.join())
+        .await
+        .unwrap()
+        .expect("the client panicked")
+        .expect("the client entered its namespace");
 }
