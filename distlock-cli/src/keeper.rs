@@ -25,6 +25,12 @@ use std::ffi::OsString;
 use std::os::fd::RawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Set by the end-of-file thread before it kills anything: from then on
+/// that thread alone ends the keeper.
+static STOPPING: AtomicBool = AtomicBool::new(false);
 
 /// The first argument that makes `distlock` a keeper.
 pub(crate) const ARG: &str = "__distlock-keeper";
@@ -117,10 +123,20 @@ fn keep(plan: Plan) -> i32 {
     std::thread::spawn(move || {
         wait_for_eof(watch);
         // distlock is gone: nobody renews the lock any more.
+        STOPPING.store(true, Ordering::SeqCst);
         kill_everything_below();
     });
     let mut child = child;
-    match child.wait() {
+    let waited = child.wait();
+    if STOPPING.load(Ordering::SeqCst) {
+        // The end-of-file thread is stopping everything below (distlock is
+        // gone) and ends this process when it has: the command's end (or
+        // ECHILD, when that thread reaped it) must not end the keeper
+        // first, or a process that left the command's group (`setsid`)
+        // and was not yet reached would outlive it.
+        park_until_stopped();
+    }
+    match waited {
         Ok(status) => {
             if let Some(code) = status.code() {
                 return code;
@@ -130,20 +146,19 @@ fn keep(plan: Plan) -> i32 {
             }
             1
         }
-        // The end-of-file thread reaped the command while it stops
-        // everything below (distlock is gone), and it ends this process
-        // (within about 100 ms): a second killer beside it could end the
-        // keeper before the first has reached every process below. Should
-        // it not, this thread does the same, later.
-        Err(err) if err.raw_os_error() == Some(libc::ECHILD) => {
-            std::thread::sleep(std::time::Duration::from_secs(5));
-            kill_everything_below()
-        }
         Err(err) => {
             eprintln!("distlock: keeper: waiting for the command failed: {err}");
             kill_everything_below()
         }
     }
+}
+
+/// Leaves the end of the process to the end-of-file thread
+/// ([`kill_everything_below`] exits within about 100 ms). Should it not
+/// have within 5 s, does the same from here.
+fn park_until_stopped() -> ! {
+    std::thread::sleep(Duration::from_secs(5));
+    kill_everything_below()
 }
 
 /// A no-op handler for `sig` unless it is ignored (an ignored signal stays
@@ -217,7 +232,7 @@ fn kill_everything_below() -> ! {
         // Reap what died so it is not listed again.
         // SAFETY: waitpid with a null status pointer is allowed.
         while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(2));
     }
     // SAFETY: as above; 0 addresses our own process group.
     unsafe {
