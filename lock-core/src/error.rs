@@ -81,6 +81,10 @@ pub enum Operation {
     Inspect,
     /// Turning a write lease into a read lease.
     Downgrade,
+    /// A write in the lock's own store guarded by the lease's ownership
+    /// (an etcd transaction, a ZooKeeper `multi`, a Redis script, a SQL
+    /// statement).
+    GuardedWrite,
 }
 
 impl Operation {
@@ -95,6 +99,7 @@ impl Operation {
             Self::Release => "release",
             Self::Inspect => "inspect",
             Self::Downgrade => "downgrade",
+            Self::GuardedWrite => "guarded_write",
         }
     }
 }

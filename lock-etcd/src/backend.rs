@@ -166,7 +166,7 @@ impl EtcdBackend {
     /// [`ErrorKind::InvalidArgument`](lock_core::ErrorKind::InvalidArgument)
     /// for a lease this driver did not grant; the read's errors
     /// (`Timeout`, `Unavailable`) when the entry must be looked up. These
-    /// errors report [`Operation::Inspect`].
+    /// errors report [`Operation::GuardedWrite`].
     ///
     /// # Cancel safety
     ///
@@ -205,7 +205,7 @@ impl EtcdBackend {
     /// errors: `Timeout` (the outcome is unknown: the operations may have
     /// run), `Unavailable`, `Backend` (e.g. etcd refusing the operations:
     /// a key put twice, more than `--max-txn-ops`). These errors report
-    /// [`Operation::Inspect`].
+    /// [`Operation::GuardedWrite`].
     ///
     /// # Cancel safety
     ///

@@ -50,7 +50,7 @@ pub(crate) struct Guarded {
 
 /// The operation every error of a guarded write reports: lock-core has
 /// none of its own for it, and its first step reads who holds the key.
-const OP: Operation = Operation::Inspect;
+const OP: Operation = Operation::GuardedWrite;
 
 impl Guarded {
     pub(crate) fn new(conn: Arc<Connection>, grants: Grants) -> Self {

@@ -176,13 +176,13 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// Before anything is sent ([`Operation::Validate`]):
+    /// Every error reports [`Operation::GuardedWrite`]. Before anything is
+    /// sent:
     /// [`ErrorKind::Unsupported`](lock_core::ErrorKind::Unsupported) on
     /// Redlock (no one server can check a majority's lock in the same step
     /// as a write) and for a read-write or semaphore lease;
     /// [`ErrorKind::InvalidArgument`](lock_core::ErrorKind::InvalidArgument)
-    /// in Cluster for a key outside the lock's slot. Then
-    /// ([`Operation::Inspect`], the check being a read of the lock):
+    /// in Cluster for a key outside the lock's slot. Then:
     /// [`ErrorKind::Timeout`](lock_core::ErrorKind::Timeout) /
     /// [`ErrorKind::Unavailable`](lock_core::ErrorKind::Unavailable) when
     /// the server does not answer (whether the body ran is unknown);
@@ -218,8 +218,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     ///
-    /// [`Operation::Validate`]: lock_core::Operation::Validate
-    /// [`Operation::Inspect`]: lock_core::Operation::Inspect
+    /// [`Operation::GuardedWrite`]: lock_core::Operation::GuardedWrite
     /// [`RedisGuardedReply::NotHeld`]: crate::RedisGuardedReply::NotHeld
     pub async fn run_guarded(
         &self,

@@ -121,7 +121,7 @@ pub(crate) fn hash_tag(name: &str) -> Option<&str> {
 }
 
 fn refused(kind: ErrorKind, lease: &Lease, message: String) -> LockError {
-    LockError::new(kind, Operation::Validate, message)
+    LockError::new(kind, Operation::GuardedWrite, message)
         .with_backend(NAME)
         .with_key(lease.key())
 }
@@ -159,8 +159,8 @@ pub(crate) async fn run(
     }
     // A legacy key whose counter is in another Cluster slot: refused
     // before anything is sent, as its grant was.
-    let names = servers.keys.mutex(lease.key(), Operation::Validate)?;
-    let op = Operation::Inspect;
+    let names = servers.keys.mutex(lease.key(), Operation::GuardedWrite)?;
+    let op = Operation::GuardedWrite;
     if matches!(servers.config.topology, RedisTopology::Cluster(_)) {
         let slot = Slot::for_key(&names.lock);
         if let Some(key) = keys.iter().find(|k| Slot::for_key(k) != slot) {
@@ -213,10 +213,10 @@ fn parse_reply(value: Value) -> Result<RedisGuardedReply, LockError> {
                 };
                 return Ok(RedisGuardedReply::Ran(reply));
             }
-            _ => return Err(unexpected(Operation::Inspect, &items)),
+            _ => return Err(unexpected(Operation::GuardedWrite, &items)),
         }
     }
-    Err(unexpected(Operation::Inspect, &value))
+    Err(unexpected(Operation::GuardedWrite, &value))
 }
 
 #[cfg(test)]

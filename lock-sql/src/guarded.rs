@@ -152,14 +152,14 @@ impl OwnerPredicate {
         }
         if first_placeholder == 0 {
             return Err(LockError::invalid_argument(
-                Operation::Validate,
+                Operation::GuardedWrite,
                 "placeholders are numbered from 1: first_placeholder must be at least 1",
             )
             .with_backend(NAME));
         }
         let token = i64::try_from(lease.token().get()).map_err(|_| {
             LockError::invalid_argument(
-                Operation::Validate,
+                Operation::GuardedWrite,
                 "the lease's token does not fit the table's BIGINT: not a lease of this table",
             )
             .with_key(lease.key())
@@ -178,7 +178,7 @@ impl OwnerPredicate {
 
 /// The error of a lease or mode without a lease row to check.
 pub(crate) fn unsupported(lease: &Lease, why: impl Into<String>) -> LockError {
-    LockError::new(ErrorKind::Unsupported, Operation::Validate, why)
+    LockError::new(ErrorKind::Unsupported, Operation::GuardedWrite, why)
         .with_key(lease.key())
         .with_backend(NAME)
 }

@@ -27,7 +27,7 @@ use crate::keys::{self, LATCH_DATA};
 
 /// The operation errors of a guarded write report: lock-core has none of
 /// its own for it, and its check reads whether the lease holds its key.
-const OP: Operation = Operation::Inspect;
+const OP: Operation = Operation::GuardedWrite;
 
 /// What a guarded `multi`
 /// ([`ZkBackend::guarded_multi`](crate::ZkBackend::guarded_multi)) came to.

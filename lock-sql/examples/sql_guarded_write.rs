@@ -5,8 +5,8 @@
 //! released, expired or taken over changes no row.
 //!
 //! ```text
-//! cargo run -p lock-sql --example guarded_write
-//! DISTLOCK_SQL_URL=postgres://user:pw@localhost/app cargo run -p lock-sql --example guarded_write
+//! cargo run -p lock-sql --example sql_guarded_write
+//! DISTLOCK_SQL_URL=postgres://user:pw@localhost/app cargo run -p lock-sql --example sql_guarded_write
 //! ```
 //!
 //! `DISTLOCK_SQL_URL` names the database (`postgres://`, `mysql://`,

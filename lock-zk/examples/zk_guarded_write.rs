@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! DISTLOCK_ZK_URL='zk://127.0.0.1:2181/myapp?session_timeout=10s' \
-//!     cargo run -p lock-zk --example guarded_write
+//!     cargo run -p lock-zk --example zk_guarded_write
 //! ```
 
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! `NotHeld` instead of a write.
 //!
 //! ```text
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p lock-redis --example guarded_write
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p lock-redis --example redis_guarded_write
 //! ```
 //!
 //! `redis+sentinel://`, `redis+cluster://` (the data keys carry the

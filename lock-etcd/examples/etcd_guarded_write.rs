@@ -5,7 +5,7 @@
 //! fencing token.
 //!
 //! ```text
-//! ETCD_URL=etcd://127.0.0.1:2379/locks?ttl=10s cargo run -p lock-etcd --example guarded_write
+//! ETCD_URL=etcd://127.0.0.1:2379/locks?ttl=10s cargo run -p lock-etcd --example etcd_guarded_write
 //! ```
 //!
 //! `ETCD_URL` defaults to `etcd://127.0.0.1:2379/locks` (see the crate docs
