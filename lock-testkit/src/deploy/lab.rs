@@ -37,8 +37,9 @@ pub struct LabHosts {
     /// replica and sentinels.
     pub servers: Vec<String>,
     /// For a cluster whose members replicate to one another (etcd,
-    /// ZooKeeper, NATS JetStream): per member, in member order, a URL that reaches that
-    /// member alone. Empty for the other kinds.
+    /// ZooKeeper, NATS JetStream): per member, in member order, a URL that
+    /// reaches that member alone (a NATS client may move to another node
+    /// if its connection drops). Empty for the other kinds.
     pub member_urls: Vec<String>,
     /// Hosts for clients, `client0`, `client1`, ...: nothing else runs
     /// there.

@@ -145,14 +145,11 @@ impl Deployment for NatsCluster {
     fn member_url(&self, index: usize) -> Option<(u16, String)> {
         let node = self.servers.nodes().get(index)?;
         // The node's own address: 127.0.0.1, or its lab host's.
-        let host = node
-            .address()
-            .rsplit_once(':')
-            .map_or_else(String::new, |(host, _)| host.to_owned());
         Some((
             node.client_port(),
             format!(
-                "nats://{host}:{{port}}/{BUCKET}?replicas={}",
+                "nats://{}:{{port}}/{BUCKET}?replicas={}",
+                node.addr(),
                 self.servers.nodes().len()
             ),
         ))

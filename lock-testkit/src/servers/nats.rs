@@ -75,6 +75,11 @@ impl NatsNode {
         self.client_port
     }
 
+    /// Where it listens: 127.0.0.1, or its lab host's address.
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+
     /// `<address>:<client port>` (127.0.0.1 unless it runs in a lab).
     pub fn address(&self) -> String {
         format!("{}:{}", self.addr, self.client_port)
