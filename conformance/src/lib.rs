@@ -64,4 +64,4 @@ pub mod suite;
 
 pub use harness::{Harness, MemoryTarget, SuiteConfig, Target, UrlTarget};
 pub use lock_testkit::{HarnessError, OrSkip, link, netns, process, proxy, servers};
-pub use suite::{Case, CaseReport, SuiteReport, all_cases, run_cases, run_suite};
+pub use suite::{Case, CaseReport, SuiteReport, all_cases, run_cases, run_suite, short_cases};

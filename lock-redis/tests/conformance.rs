@@ -1,8 +1,9 @@
 //! The shared conformance suite against every Redis topology, on real
-//! servers started here: the `redis` and `redlock` deployments of
-//! `conformance::deploy`, and our own targets for Cluster and Sentinel
-//! (no deployment has them). The `_fair` targets open the same URLs with
-//! `fair=true` (FIFO mutexes; the shared FIFO case runs on them).
+//! servers started here: the `redis` deployment of `conformance::deploy`,
+//! and our own targets for Cluster and Sentinel (no deployment has them).
+//! Redlock's whole suite runs with one of its five nodes killed
+//! (`tests/behaviour.rs`), which also covers five live nodes' paths. The
+//! fair cases open the same URLs with `fair=true` (FIFO mutexes).
 
 mod common;
 
@@ -28,29 +29,36 @@ async fn suite_single_node() {
     run(target).await;
 }
 
-/// Fair mode (`fair=true`): the same suite, plus the FIFO case (the
-/// backend reports `fifo`).
+/// Fair mode (`fair=true`) on one server: the mutex cases that fair mode
+/// changes, the FIFO case among them (the backend reports `fifo`). The
+/// rest of the suite takes the same paths as without `fair`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn suite_single_node_fair() {
+async fn fair_mutex_cases_on_a_single_node() {
     let Some(target) = deployed_with("redis", "fair=true").await else {
-        return;
-    };
-    run(target).await;
-}
-
-/// Fair mode in Cluster: the mutex cases that fair mode changes (the
-/// single-node fair target runs the whole suite in fair mode).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fair_mutex_cases_in_cluster() {
-    let Some(target) = RedisTarget::cluster().await.or_skip() else {
         return;
     };
     run_fair_mutex_cases(target).await;
 }
 
-/// The mutex cases that fair mode changes, in fair mode on `target`.
-async fn run_fair_mutex_cases(target: RedisTarget) {
+/// Fair mode in Cluster: the mutex cases that fair mode changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_mutex_cases_in_cluster() {
+    let Some(target) = RedisTarget::cluster().await.or_skip() else {
+        return;
+    };
+    run_fair_mutex_cases(target.with_option("fair=true")).await;
+}
+
+/// The mutex cases that fair mode changes (waiting, its queue) or whose
+/// scripts it replaces (grant, renew, release, inspect, a forced
+/// release), on `target` (opened in fair mode).
+async fn run_fair_mutex_cases(target: impl Target + 'static) {
     let wanted = [
+        "inspect_reports_holder",
+        "stale_release_is_refused",
+        "renew_extends",
+        "expiry_frees_key",
+        "force_release_fences_the_old_holder",
         "mutual_exclusion",
         "waiters_are_served_in_order",
         "acquire_times_out_at_deadline",
@@ -64,7 +72,7 @@ async fn run_fair_mutex_cases(target: RedisTarget) {
         .collect();
     assert_eq!(cases.len(), wanted.len(), "a case was renamed");
     let _serial = SERIAL.lock().await;
-    let harness = Harness::new(Arc::new(target.with_option("fair=true")));
+    let harness = Harness::new(Arc::new(target));
     run_cases(&harness, &cases).await.assert_passed();
 }
 
@@ -91,15 +99,7 @@ async fn fair_mutex_cases_through_sentinel() {
     let Some(target) = RedisTarget::sentinel().await.or_skip() else {
         return;
     };
-    run_fair_mutex_cases(target).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn suite_redlock_five_nodes() {
-    let Some(target) = deployed("redlock").await else {
-        return;
-    };
-    run(target).await;
+    run_fair_mutex_cases(target.with_option("fair=true")).await;
 }
 
 /// The descriptor's capabilities (read from the URL alone) are what a

@@ -119,13 +119,13 @@ async fn guard_on(
         .map_err(fmt_err("acquire"))
 }
 
-/// The guard keeps a lock for more than 5x its TTL by renewing it.
+/// The guard keeps a lock for more than 3x its TTL (3.5 TTLs) by renewing it.
 pub async fn guard_keeps_lock_past_ttl(h: &Harness) -> CaseResult {
     let (a, b) = two_clients(h).await?;
     let ttl = h.ttl_for(&a.capabilities());
     let key = h.key("guard");
     let guard = guard_on(a, &key, ttl).await?;
-    let hold = ttl * 5 + ttl / 2;
+    let hold = ttl * 3 + ttl / 2;
     let until = Instant::now() + hold;
     while Instant::now() < until {
         sleep(ttl / 2).await;
