@@ -1,6 +1,7 @@
 //! The in-memory backend: a real lock service for one process.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -172,11 +173,7 @@ impl MemoryBackend {
     }
 
     fn keys(&self) -> MutexGuard<'_, HashMap<LockKey, KeyState>> {
-        // No code path panics while holding the lock; recover anyway.
-        self.inner
-            .keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        locked(&self.inner.keys)
     }
 
     async fn check_fault(&self, operation: Operation) -> Result<(), LockError> {
@@ -318,44 +315,120 @@ struct Pending {
     done: bool,
 }
 
-/// The waiting half of an `acquire` (mutex or share) whose waiter is queued
-/// with `pending`: sleeps until the grant, the next expiry or the deadline,
-/// then has `hand_off` run the queue under the store's lock (it returns the
-/// next expiry) and looks again. The caller takes a grant through
-/// [`arrived`]. Unless `pending.done` is set on return, the caller's
-/// registration still owns the waiter and withdraws it on drop.
-async fn wait_for_hand_off(
-    pending: &mut Pending,
-    key: &LockKey,
-    mut expiry: Option<Instant>,
-    deadline: Instant,
-    backend: &MemoryBackend,
-    mut hand_off: impl FnMut(Instant) -> Option<Instant>,
-    contended: impl FnOnce() -> String,
-) -> Result<Lease, LockError> {
-    loop {
-        let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
-        if let Some(granted) = granted_by(&mut pending.rx, wake_at, key).await {
-            pending.done = true;
-            return granted;
+/// A key's entry in one of the store's maps (mutexes, or read-write locks
+/// and semaphores) as its queued waiters see it.
+trait Queue: Default {
+    /// How the entry is found in its map.
+    type MapKey: Eq + Hash + Clone;
+
+    /// The map of `backend` the entry lives in.
+    fn map(backend: &MemoryBackend) -> &Mutex<HashMap<Self::MapKey, Self>>;
+
+    /// Hands the key on (to the head of the queue, as far as it fits) at
+    /// `now`, under the store's lock; returns the next holder expiry.
+    fn hand_off(&mut self, backend: &MemoryBackend, key: &LockKey, now: Instant)
+    -> Option<Instant>;
+
+    /// Removes waiter `id` from the queue; `raced` is a grant handed to it
+    /// that it never saw, whose hold is dropped too.
+    fn withdraw(&mut self, id: u64, raced: Option<Lease>);
+
+    /// Nothing held and nobody waiting: the entry can go.
+    fn is_idle(&self) -> bool;
+}
+
+/// The store's lock on one of its maps. No code path panics while holding
+/// it; recover anyway.
+fn locked<T>(map: &Mutex<T>) -> MutexGuard<'_, T> {
+    map.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waiter `id`, queued on `key` (entry `map_key` of its map) by a waiting
+/// `acquire` (mutex or share): removed on drop (cancellation or timeout),
+/// with a grant that raced with it given back.
+struct Registration<'a, S: Queue> {
+    backend: &'a MemoryBackend,
+    key: &'a LockKey,
+    map_key: S::MapKey,
+    id: u64,
+    pending: Pending,
+}
+
+impl<'a, S: Queue> Registration<'a, S> {
+    fn new(
+        backend: &'a MemoryBackend,
+        key: &'a LockKey,
+        map_key: S::MapKey,
+        id: u64,
+        rx: oneshot::Receiver<Lease>,
+    ) -> Self {
+        Self {
+            backend,
+            key,
+            map_key,
+            id,
+            pending: Pending { rx, done: false },
         }
-        if let Err(err) = backend.check_fault(Operation::Acquire).await {
-            return Err(err.with_key(key));
+    }
+
+    /// The waiting half of the acquire: sleeps until the grant, the next
+    /// `expiry` or the deadline, then runs the queue under the store's
+    /// lock and looks again. The caller takes a grant through [`arrived`].
+    /// Unless `pending.done` is set on return, the registration still owns
+    /// the waiter and withdraws it on drop.
+    async fn wait(
+        &mut self,
+        mut expiry: Option<Instant>,
+        deadline: Instant,
+        contended: impl FnOnce() -> String,
+    ) -> Result<Lease, LockError> {
+        let key = self.key;
+        loop {
+            let wake_at = expiry.map_or(deadline, |e| e.min(deadline));
+            if let Some(granted) = granted_by(&mut self.pending.rx, wake_at, key).await {
+                self.pending.done = true;
+                return granted;
+            }
+            if let Err(err) = self.backend.check_fault(Operation::Acquire).await {
+                return Err(err.with_key(key));
+            }
+            let now = Instant::now();
+            expiry = {
+                let mut map = locked(S::map(self.backend));
+                let state = map.entry(self.map_key.clone()).or_default();
+                state.hand_off(self.backend, key, now)
+            };
+            if let Ok(lease) = self.pending.rx.try_recv() {
+                self.pending.done = true;
+                return Ok(lease);
+            }
+            if now >= deadline {
+                // Leaving `done` unset: dropping the registration removes
+                // the waiter.
+                return Err(
+                    LockError::new(ErrorKind::Contended, Operation::Acquire, contended())
+                        .with_key(key)
+                        .with_backend(NAME),
+                );
+            }
+        }
+    }
+}
+
+impl<S: Queue> Drop for Registration<'_, S> {
+    fn drop(&mut self) {
+        if self.pending.done {
+            return;
         }
         let now = Instant::now();
-        expiry = hand_off(now);
-        if let Ok(lease) = pending.rx.try_recv() {
-            pending.done = true;
-            return Ok(lease);
-        }
-        if now >= deadline {
-            // Leaving `done` unset: dropping the registration removes the
-            // waiter.
-            return Err(
-                LockError::new(ErrorKind::Contended, Operation::Acquire, contended())
-                    .with_key(key)
-                    .with_backend(NAME),
-            );
+        let mut map = locked(S::map(self.backend));
+        if let Some(state) = map.get_mut(&self.map_key) {
+            // A grant made but never seen by the caller is released now.
+            state.withdraw(self.id, self.pending.rx.try_recv().ok());
+            state.hand_off(self.backend, self.key, now);
+            if state.is_idle() {
+                map.remove(&self.map_key);
+            }
         }
     }
 }
@@ -397,45 +470,39 @@ impl KeyState {
             self.holder = None;
         }
     }
+}
+
+impl Queue for KeyState {
+    type MapKey = LockKey;
+
+    fn map(backend: &MemoryBackend) -> &Mutex<HashMap<LockKey, Self>> {
+        &backend.inner.keys
+    }
+
+    fn hand_off(
+        &mut self,
+        backend: &MemoryBackend,
+        key: &LockKey,
+        now: Instant,
+    ) -> Option<Instant> {
+        backend.hand_off(key, self, now);
+        self.holder.as_ref().map(|h| h.expires_at)
+    }
+
+    fn withdraw(&mut self, id: u64, raced: Option<Lease>) {
+        self.waiters.retain(|w| w.id != id);
+        if let Some(lease) = raced
+            && self
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.owner == lease.owner())
+        {
+            self.holder = None;
+        }
+    }
 
     fn is_idle(&self) -> bool {
         self.holder.is_none() && self.waiters.is_empty()
-    }
-}
-
-/// Removes a waiter on drop (cancellation or timeout) and gives back a grant
-/// that raced with it.
-struct WaiterRegistration<'a> {
-    backend: &'a MemoryBackend,
-    key: &'a LockKey,
-    id: u64,
-    pending: Pending,
-}
-
-impl Drop for WaiterRegistration<'_> {
-    fn drop(&mut self) {
-        if self.pending.done {
-            return;
-        }
-        let now = Instant::now();
-        let mut keys = self.backend.keys();
-        if let Some(state) = keys.get_mut(self.key) {
-            state.waiters.retain(|w| w.id != self.id);
-            if let Ok(lease) = self.pending.rx.try_recv() {
-                // Granted but never seen by the caller: release it now.
-                if state
-                    .holder
-                    .as_ref()
-                    .is_some_and(|h| h.owner == lease.owner())
-                {
-                    state.holder = None;
-                }
-            }
-            self.backend.hand_off(self.key, state, now);
-            if state.is_idle() {
-                keys.remove(self.key);
-            }
-        }
     }
 }
 
@@ -478,12 +545,12 @@ impl LockBackend for MemoryBackend {
             (LeaseKind::Exclusive, Some(deadline)) => {
                 self.take_waiting(key, ttl, deadline).await.map(Some)
             }
-            (kind, deadline) => {
+            (_, deadline) => {
                 check_ttl(ttl, self.capabilities().min_ttl, request.operation())
                     .map_err(|e| Self::invalid(e, key))?;
                 match deadline {
-                    None => self.try_acquire_share(key, kind, ttl).await,
-                    Some(deadline) => self.acquire_share(key, kind, ttl, deadline).await.map(Some),
+                    None => self.try_acquire_share(request).await,
+                    Some(deadline) => self.acquire_share(request, deadline).await.map(Some),
                 }
             }
         }
@@ -685,27 +752,11 @@ impl MemoryBackend {
             self.hand_off(key, state, now);
             state.holder.as_ref().map(|h| h.expires_at)
         };
-        let mut registration = WaiterRegistration {
-            backend: self,
-            key,
-            id,
-            pending: Pending { rx, done: false },
-        };
-        let granted = wait_for_hand_off(
-            &mut registration.pending,
-            key,
-            expiry,
-            deadline,
-            self,
-            |now| {
-                let mut keys = self.keys();
-                let state = keys.entry(key.clone()).or_default();
-                self.hand_off(key, state, now);
-                state.holder.as_ref().map(|h| h.expires_at)
-            },
-            || "still held by another owner at the wait deadline".to_owned(),
-        )
-        .await?;
+        let granted = Registration::<KeyState>::new(self, key, key.clone(), id, rx)
+            .wait(expiry, deadline, || {
+                "still held by another owner at the wait deadline".to_owned()
+            })
+            .await?;
         arrived(granted, |lease| {
             self.give_back(lease);
         })

@@ -9,13 +9,15 @@
 //! queue fits.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{MemoryBackend, NAME, Pending};
+use super::{MemoryBackend, NAME, Queue, Registration};
+use crate::backend::GrantRequest;
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::holder::HolderDetails;
 use crate::key::LockKey;
@@ -73,10 +75,6 @@ impl SharedState {
         }
     }
 
-    fn is_idle(&self) -> bool {
-        self.holders.is_empty() && self.waiters.is_empty() && self.epoch == 0
-    }
-
     /// Whether `kind` fits beside the current holders (queue ignored).
     fn fits(&self, kind: LeaseKind) -> bool {
         match kind {
@@ -130,12 +128,39 @@ impl SharedState {
     }
 }
 
+impl Queue for SharedState {
+    type MapKey = (LockShape, LockKey);
+
+    fn map(backend: &MemoryBackend) -> &Mutex<SharedKeys> {
+        &backend.inner.shared
+    }
+
+    fn hand_off(
+        &mut self,
+        backend: &MemoryBackend,
+        key: &LockKey,
+        now: Instant,
+    ) -> Option<Instant> {
+        backend.hand_off_shares(key, self, now);
+        self.next_expiry()
+    }
+
+    fn withdraw(&mut self, id: u64, raced: Option<Lease>) {
+        self.waiters.retain(|w| w.id != id);
+        if let Some(lease) = raced {
+            self.holders
+                .retain(|h| !(h.owner == lease.owner() && h.kind == lease.kind()));
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty() && self.waiters.is_empty() && self.epoch == 0
+    }
+}
+
 impl MemoryBackend {
     fn shared_keys(&self) -> std::sync::MutexGuard<'_, SharedKeys> {
-        self.inner
-            .shared
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        super::locked(&self.inner.shared)
     }
 
     fn grant_share(
@@ -196,12 +221,12 @@ impl MemoryBackend {
             .map_err(|e| e.with_key(key).with_backend(NAME))
     }
 
+    /// A try of `request` (a read, write or permit grant).
     pub(super) async fn try_acquire_share(
         &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
+        request: GrantRequest<'_>,
     ) -> Result<Option<Lease>, LockError> {
+        let GrantRequest { key, kind, ttl, .. } = request;
         Self::check_kind(kind, key, Operation::TryAcquire)?;
         self.check_fault(Operation::TryAcquire).await?;
         let now = Instant::now();
@@ -215,13 +240,13 @@ impl MemoryBackend {
         Ok(Some(self.grant_share(key, state, kind, ttl, now)))
     }
 
+    /// `request` (a read, write or permit grant), waiting until `deadline`.
     pub(super) async fn acquire_share(
         &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
+        request: GrantRequest<'_>,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
+        let GrantRequest { key, kind, ttl, .. } = request;
         Self::check_kind(kind, key, Operation::Acquire)?;
         self.check_fault(Operation::Acquire).await?;
         let shape = kind.shape();
@@ -240,28 +265,11 @@ impl MemoryBackend {
             state.waiters.push_back(ShareWaiter { id, kind, ttl, tx });
             state.next_expiry()
         };
-        let mut registration = ShareRegistration {
-            backend: self,
-            key,
-            shape,
-            id,
-            pending: Pending { rx, done: false },
-        };
-        let granted = super::wait_for_hand_off(
-            &mut registration.pending,
-            key,
-            expiry,
-            deadline,
-            self,
-            |now| {
-                let mut keys = self.shared_keys();
-                let state = keys.entry((shape, key.clone())).or_default();
-                self.hand_off_shares(key, state, now);
-                state.next_expiry()
-            },
-            || format!("cannot take {kind} before the wait deadline"),
-        )
-        .await?;
+        let granted = Registration::<SharedState>::new(self, key, (shape, key.clone()), id, rx)
+            .wait(expiry, deadline, || {
+                format!("cannot take {kind} before the wait deadline")
+            })
+            .await?;
         super::arrived(granted, |lease| {
             self.release_share(lease);
         })
@@ -400,38 +408,5 @@ impl MemoryBackend {
             });
         }
         Ok(page)
-    }
-}
-
-/// Removes a waiter on drop (cancellation or timeout) and gives back a grant
-/// that raced with it.
-struct ShareRegistration<'a> {
-    backend: &'a MemoryBackend,
-    key: &'a LockKey,
-    shape: LockShape,
-    id: u64,
-    pending: Pending,
-}
-
-impl Drop for ShareRegistration<'_> {
-    fn drop(&mut self) {
-        if self.pending.done {
-            return;
-        }
-        let now = Instant::now();
-        let map_key = (self.shape, self.key.clone());
-        let mut keys = self.backend.shared_keys();
-        if let Some(state) = keys.get_mut(&map_key) {
-            state.waiters.retain(|w| w.id != self.id);
-            if let Ok(lease) = self.pending.rx.try_recv() {
-                state
-                    .holders
-                    .retain(|h| !(h.owner == lease.owner() && h.kind == lease.kind()));
-            }
-            self.backend.hand_off_shares(self.key, state, now);
-            if state.is_idle() {
-                keys.remove(&map_key);
-            }
-        }
     }
 }
