@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use lock_core::{
     Downgrade, ErrorKind, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape, Operation,
-    OwnerId, async_trait,
+    async_trait,
 };
 use redis::Value;
 use tokio::time::Instant;
 
 use crate::connection::{Conn, Servers};
 use crate::error::{NAME, unexpected};
-use crate::grants::attempt::{AcquireTexts, Attempt, granted};
+use crate::grants::attempt::{AcquireCall, Attempt, granted};
 use crate::grants::undo::Traces;
 use crate::grants::{Grants, check_ttl};
 use crate::keys::replies::{as_int, pair, token_of, ttl_ms};
@@ -119,23 +119,19 @@ impl Shared {
         Ok(())
     }
 
-    /// One acquire script call for a shared kind. `wait`: register as a
-    /// waiter for that long when refused (writers and permit requests of a
-    /// waiting acquire; `None` for a try). The same `owner` may be sent
-    /// again: the scripts return the grant they made.
-    #[allow(clippy::too_many_arguments)]
+    /// One acquire script call for a shared kind. `call.wait`: register
+    /// as a waiter for that long when refused (writers and permit requests
+    /// of a waiting acquire). The same owner may be sent again: the scripts
+    /// return the grant they made.
     async fn shared_attempt(
         &self,
-        key: &LockKey,
+        call: AcquireCall<'_>,
         kind: LeaseKind,
-        ttl: Duration,
-        owner: OwnerId,
         names: &SharedNames,
-        wait: Option<Duration>,
-        op: Operation,
         timeout: Duration,
     ) -> Result<Attempt, LockError> {
-        let texts = AcquireTexts::new(owner, ttl, wait);
+        let AcquireCall { key, op, .. } = call;
+        let texts = call.texts();
         let (owner_ref, ttl_ref) = (texts.owner.as_str(), texts.ttl.as_str());
         let (wait_flag, details) = (texts.wait.as_str(), texts.details.as_str());
         let sent_at = Instant::now();
@@ -191,8 +187,9 @@ impl Shared {
                 self.grants
                     .confirm_one_server_grant(names, &texts.owner, op, acked, key)
                     .await?;
-                let lease =
-                    granted(key, owner, token_of(n, op, &value)?, ttl, sent_at)?.with_kind(kind);
+                let lease = call
+                    .granted(token_of(n, op, &value)?, sent_at)?
+                    .with_kind(kind);
                 Ok(Attempt::Granted(lease))
             }
             // -1: a writer key without TTL (a foreign client).
@@ -214,16 +211,13 @@ impl Shared {
         kind: LeaseKind,
         ttl: Duration,
     ) -> Result<Option<Lease>, LockError> {
-        let op = Operation::TryAcquire;
-        check_shared(self.servers(), key, kind, ttl, op)?;
+        let call = AcquireCall::new(key, ttl, Operation::TryAcquire);
+        check_shared(self.servers(), key, kind, ttl, call.op)?;
         let names = self.servers().keys.shared(key, kind);
-        let owner = OwnerId::random();
         // Armed until the answer is seen: a lost answer may hide a grant.
-        let guard = self.grants.withdraw_guard(&names, owner);
+        let guard = self.grants.withdraw_guard(&names, call.owner);
         let timeout = self.servers().timeout();
-        let attempt = self
-            .shared_attempt(key, kind, ttl, owner, &names, None, op, timeout)
-            .await;
+        let attempt = self.shared_attempt(call, kind, &names, timeout).await;
         // A refused argument (a semaphore in use with another limit): the
         // script wrote nothing.
         guard.settle_try(attempt, |err| err.kind() == ErrorKind::InvalidArgument)
@@ -243,15 +237,11 @@ impl Shared {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Lease, LockError> {
-        let op = Operation::Acquire;
-        check_shared(self.servers(), key, kind, ttl, op)?;
+        let call = AcquireCall::new(key, ttl, Operation::Acquire);
+        check_shared(self.servers(), key, kind, ttl, call.op)?;
         let names = self.servers().keys.shared(key, kind);
-        let owner = OwnerId::random();
-        let guard = self.grants.withdraw_guard(&names, owner);
-        match self
-            .wait_shared(key, kind, ttl, deadline, owner, &names)
-            .await
-        {
+        let guard = self.grants.withdraw_guard(&names, call.owner);
+        match self.wait_shared(call, kind, deadline, &names).await {
             Ok(lease) => {
                 guard.disarm();
                 Ok(lease)
@@ -268,28 +258,26 @@ impl Shared {
 
     async fn wait_shared(
         &self,
-        key: &LockKey,
+        call: AcquireCall<'_>,
         kind: LeaseKind,
-        ttl: Duration,
         deadline: Instant,
-        owner: OwnerId,
         names: &SharedNames,
     ) -> Result<Lease, LockError> {
-        let op = Operation::Acquire;
         // Readers never queue. A waiting entry lives for a short time of
         // its own (at most the lease's TTL, about three re-check intervals)
         // and is refreshed by every attempt, at least every third of it:
         // a waiter that died stops blocking others soon, whatever its TTL.
         let registers = kind != LeaseKind::Read;
-        let entry = registers.then(|| entry_lease(&self.servers().config, ttl));
+        let entry = registers.then(|| entry_lease(&self.servers().config, call.ttl));
         let refresh = entry.map_or(Duration::MAX, |entry| entry / 3);
+        let call = call.waiting(entry);
         wait_one_server(
             self.servers(),
-            key,
+            call.key,
             names.channel(),
             deadline,
             refresh,
-            move |timeout| self.shared_attempt(key, kind, ttl, owner, names, entry, op, timeout),
+            move |timeout| self.shared_attempt(call, kind, names, timeout),
         )
         .await
     }

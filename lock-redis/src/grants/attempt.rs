@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_core::{FencingToken, Lease, LockError, LockKey, OwnerId};
+use lock_core::{FencingToken, Lease, LockError, LockKey, Operation, OwnerId};
 use tokio::time::Instant;
 
 use crate::error::NAME;
@@ -29,6 +29,56 @@ impl Attempt {
             retry_in: (ms != -1).then(|| pttl(ms).unwrap_or(Duration::ZERO)),
             split: false,
         }
+    }
+}
+
+/// One acquire script call on one server (fair mutex, shared kinds), as
+/// every attempt of an acquire sends it: the key, the lease TTL, the
+/// owner (the same for every attempt of one waiting acquire: it is the
+/// queue entry's id), the waiting entry's lease and the operation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AcquireCall<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) ttl: Duration,
+    pub(crate) owner: OwnerId,
+    /// Join the queue (or refresh our entry) with an entry lease that long
+    /// when refused; `None` for a try.
+    pub(crate) wait: Option<Duration>,
+    pub(crate) op: Operation,
+}
+
+impl<'a> AcquireCall<'a> {
+    /// A try (no waiting entry) by a new owner.
+    pub(crate) fn new(key: &'a LockKey, ttl: Duration, op: Operation) -> Self {
+        Self {
+            key,
+            ttl,
+            owner: OwnerId::random(),
+            wait: None,
+            op,
+        }
+    }
+
+    /// This call, registering a waiting entry of `entry` when refused.
+    pub(crate) fn waiting(self, entry: Option<Duration>) -> Self {
+        Self {
+            wait: entry,
+            ..self
+        }
+    }
+
+    /// The texts the script takes besides its key names.
+    pub(crate) fn texts(&self) -> AcquireTexts {
+        AcquireTexts::new(self.owner, self.ttl, self.wait)
+    }
+
+    /// The lease this call was granted with `token`, sent at `sent_at`.
+    pub(crate) fn granted(
+        &self,
+        token: FencingToken,
+        sent_at: Instant,
+    ) -> Result<Lease, LockError> {
+        granted(self.key, self.owner, token, self.ttl, sent_at)
     }
 }
 

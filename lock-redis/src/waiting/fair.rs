@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use lock_core::{FencingToken, Lease, LockError, LockKey, Operation, OwnerId};
+use lock_core::{FencingToken, Lease, LockError, LockKey, Operation};
 use tokio::time::Instant;
 
 use crate::connection::Servers;
 use crate::grants::Grants;
-use crate::grants::attempt::{AcquireTexts, Attempt, granted};
+use crate::grants::attempt::{AcquireCall, Attempt};
 use crate::grants::undo::Traces;
 use crate::keys::fair::{FAIR, FairNames};
 use crate::keys::replies::{NodeGrant, parse_grant};
@@ -38,22 +38,16 @@ impl Traces for FairNames {
     }
 }
 
-/// One fair acquire script call. `wait`: join the queue (or refresh our
-/// entry) with an entry lease that long when refused; `None` for a try.
-/// The same `owner` is sent by every attempt of one waiting acquire (it
-/// is the queue entry's id).
-#[allow(clippy::too_many_arguments)]
+/// One fair acquire script call: `call.wait` joins the queue (or
+/// refreshes our entry) when refused.
 async fn fair_attempt(
     grants: &Grants,
-    key: &LockKey,
-    ttl: Duration,
-    owner: OwnerId,
+    call: AcquireCall<'_>,
     names: &FairNames,
-    wait: Option<Duration>,
-    op: Operation,
     timeout: Duration,
 ) -> Result<Attempt, LockError> {
-    let texts = AcquireTexts::new(owner, ttl, wait);
+    let AcquireCall { key, op, .. } = call;
+    let texts = call.texts();
     let args = [
         texts.owner.as_str(),
         texts.ttl.as_str(),
@@ -80,7 +74,7 @@ async fn fair_attempt(
             grants
                 .confirm_one_server_grant(names, &texts.owner, op, acked, key)
                 .await?;
-            let lease = granted(key, owner, FencingToken::new(token), ttl, sent_at)?;
+            let lease = call.granted(FencingToken::new(token), sent_at)?;
             Ok(Attempt::Granted(lease))
         }
         NodeGrant::Held(ms) => Ok(Attempt::held(ms)),
@@ -94,13 +88,12 @@ pub(crate) async fn try_acquire(
     key: &LockKey,
     ttl: Duration,
 ) -> Result<Option<Lease>, LockError> {
-    let op = Operation::TryAcquire;
+    let call = AcquireCall::new(key, ttl, Operation::TryAcquire);
     let names = grants.servers().keys.fair(key);
-    let owner = OwnerId::random();
     // Armed until the answer is seen: a lost answer may hide a grant.
-    let guard = grants.withdraw_guard(&names, owner);
+    let guard = grants.withdraw_guard(&names, call.owner);
     let timeout = grants.servers().timeout();
-    let attempt = fair_attempt(grants, key, ttl, owner, &names, None, op, timeout).await;
+    let attempt = fair_attempt(grants, call, &names, timeout).await;
     guard.settle_try(attempt, |_| false)
 }
 
@@ -118,10 +111,10 @@ pub(crate) async fn acquire(
     ttl: Duration,
     deadline: Instant,
 ) -> Result<Lease, LockError> {
+    let call = AcquireCall::new(key, ttl, Operation::Acquire);
     let names = grants.servers().keys.fair(key);
-    let owner = OwnerId::random();
-    let guard = grants.withdraw_guard(&names, owner);
-    let result = wait_fair(grants, key, ttl, deadline, owner, &names).await;
+    let guard = grants.withdraw_guard(&names, call.owner);
+    let result = wait_fair(grants, call, deadline, &names).await;
     if result.is_ok() {
         guard.disarm();
     }
@@ -133,18 +126,21 @@ pub(crate) async fn acquire(
 
 async fn wait_fair(
     grants: &Grants,
-    key: &LockKey,
-    ttl: Duration,
+    call: AcquireCall<'_>,
     deadline: Instant,
-    owner: OwnerId,
     names: &FairNames,
 ) -> Result<Lease, LockError> {
-    let op = Operation::Acquire;
     let servers = grants.servers();
-    let entry = entry_lease(&servers.config, ttl);
+    let entry = entry_lease(&servers.config, call.ttl);
+    let call = call.waiting(Some(entry));
     let channel = &names.mutex.channel;
-    wait_one_server(servers, key, channel, deadline, entry / 3, move |timeout| {
-        fair_attempt(grants, key, ttl, owner, names, Some(entry), op, timeout)
-    })
+    wait_one_server(
+        servers,
+        call.key,
+        channel,
+        deadline,
+        entry / 3,
+        move |timeout| fair_attempt(grants, call, names, timeout),
+    )
     .await
 }
