@@ -106,8 +106,9 @@ impl Grants {
         ));
         let (my_revision, owner_revision) = pending.run_create(create, key, op).await?;
         if owner_revision == Some(my_revision) {
-            return self
-                .grant(key, layout, ttl, &session, pending, sent_at, op)
+            return pending
+                .granted(key, ttl, sent_at, op)
+                .exclusive(layout)
                 .map(Attempt::Granted);
         }
         Ok(Attempt::Queued {
@@ -138,33 +139,6 @@ impl Grants {
             let response = txn_on(&mut kv, op_timeout, op, txn).await?;
             Ok(Created::from_response(&response, owner))
         }
-    }
-
-    /// Turns our oldest entry into a lease; on failure the entry is removed.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn grant(
-        &self,
-        key: &LockKey,
-        layout: Layout,
-        ttl: Duration,
-        session: &Arc<Session>,
-        pending: PendingEntry<'_>,
-        sent_at: Instant,
-        op: Operation,
-    ) -> Result<Lease, LockError> {
-        let revision = pending.revision.unwrap_or(0);
-        let token =
-            u64::try_from(revision).map_err(|_| protocol_error(op, key, "negative revision"))?;
-        let data = match layout {
-            Layout::Mutex => lease_data(session.hex(), &pending.entry).to_owned(),
-            Layout::Election => election_lease_data(&pending.entry),
-        };
-        let grant = Grant {
-            kind: LeaseKind::Exclusive,
-            token,
-            data,
-        };
-        grant_entry(session, pending, grant, ttl, sent_at, key, op)
     }
 
     /// Releases a mutex lease: the guarded delete of its entry.
@@ -437,63 +411,108 @@ pub(crate) struct Grant {
     pub(crate) data: String,
 }
 
-/// Builds the lease `grant` describes for our `pending` entry and hands it
-/// out (see [`hand_out`]); fails if the session was lost meanwhile.
-pub(crate) fn grant_entry(
-    session: &Arc<Session>,
-    pending: PendingEntry<'_>,
-    grant: Grant,
-    ttl: Duration,
-    sent_at: Instant,
-    key: &LockKey,
-    op: Operation,
-) -> Result<Lease, LockError> {
-    let revision = pending.revision.unwrap_or(0);
-    session_alive(session, key, op)?;
-    let lease = Lease::granted(
-        key.clone(),
-        pending.owner,
-        FencingToken::new(grant.token),
-        ttl,
-        sent_at,
-        grant.data,
-    )
-    .map_err(|e| e.with_backend(NAME))?
-    .with_kind(grant.kind);
-    hand_out(session, pending, lease, revision, ttl, sent_at, key, op)
+/// Our entry `pending` under `key`, granted by the request sent at
+/// `sent_at`: what turning it into a lease of `ttl` takes. On failure the
+/// entry is removed (as `pending` drops).
+pub(crate) struct EntryGrant<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) pending: PendingEntry<'a>,
+    pub(crate) ttl: Duration,
+    pub(crate) sent_at: Instant,
+    pub(crate) op: Operation,
 }
 
-/// Hands out `lease` for our entry `pending` (a mutex, election or shared
-/// grant): its validity ends no later than the session's lease, which the
-/// entry lives by (`LeaseLost` when that has passed, the entry then
-/// removed), and the entry is marked held until `ttl` after `sent_at`
-/// (deleted then unless renewed, not kept as long as the session lives).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn hand_out(
-    session: &Arc<Session>,
-    mut pending: PendingEntry<'_>,
-    mut lease: Lease,
-    revision: i64,
-    ttl: Duration,
-    sent_at: Instant,
-    key: &LockKey,
-    op: Operation,
-) -> Result<Lease, LockError> {
-    let deadline = lease.validity_deadline().min(session.deadline());
-    if deadline <= Instant::now() {
-        return Err(LockError::new(
-            ErrorKind::LeaseLost,
+impl<'a> PendingEntry<'a> {
+    /// This entry, granted (for `key`, in `op`) by the request sent at
+    /// `sent_at`, to become a lease of `ttl`.
+    pub(crate) fn granted(
+        self,
+        key: &'a LockKey,
+        ttl: Duration,
+        sent_at: Instant,
+        op: Operation,
+    ) -> EntryGrant<'a> {
+        EntryGrant {
+            key,
+            pending: self,
+            ttl,
+            sent_at,
             op,
-            "the session's lease deadline passed before the grant",
-        )
-        .with_key(key)
-        .with_backend(NAME));
+        }
     }
-    lease.set_validity_deadline(deadline);
-    let due = sent_at.checked_add(ttl).unwrap_or(sent_at);
-    let signal = session.mark_held(&pending.entry, revision, pending.owner, due);
-    pending.armed = false;
-    Ok(lease.with_session(signal))
+}
+
+impl EntryGrant<'_> {
+    /// The mutex's (or an election's) lease of our oldest entry: its
+    /// token is the entry's create revision.
+    pub(super) fn exclusive(self, layout: Layout) -> Result<Lease, LockError> {
+        let revision = self.pending.revision.unwrap_or(0);
+        let token = u64::try_from(revision)
+            .map_err(|_| protocol_error(self.op, self.key, "negative revision"))?;
+        let entry = &self.pending.entry;
+        let data = match layout {
+            Layout::Mutex => lease_data(self.pending.session.hex(), entry).to_owned(),
+            Layout::Election => election_lease_data(entry),
+        };
+        let grant = Grant {
+            kind: LeaseKind::Exclusive,
+            token,
+            data,
+        };
+        self.lease(grant)
+    }
+
+    /// Builds the lease `grant` describes and hands it out (see
+    /// [`hand_out`](Self::hand_out)); fails if the session was lost
+    /// meanwhile.
+    pub(crate) fn lease(self, grant: Grant) -> Result<Lease, LockError> {
+        let revision = self.pending.revision.unwrap_or(0);
+        session_alive(&self.pending.session, self.key, self.op)?;
+        let lease = Lease::granted(
+            self.key.clone(),
+            self.pending.owner,
+            FencingToken::new(grant.token),
+            self.ttl,
+            self.sent_at,
+            grant.data,
+        )
+        .map_err(|e| e.with_backend(NAME))?
+        .with_kind(grant.kind);
+        self.hand_out(lease, revision)
+    }
+
+    /// Hands out `lease` for our entry (a mutex, election or shared
+    /// grant): its validity ends no later than the session's lease, which
+    /// the entry lives by (`LeaseLost` when that has passed, the entry then
+    /// removed), and the entry is marked held until `ttl` after `sent_at`
+    /// (deleted then unless renewed, not kept as long as the session
+    /// lives).
+    fn hand_out(self, mut lease: Lease, revision: i64) -> Result<Lease, LockError> {
+        let Self {
+            key,
+            mut pending,
+            ttl,
+            sent_at,
+            op,
+        } = self;
+        let deadline = lease.validity_deadline().min(pending.session.deadline());
+        if deadline <= Instant::now() {
+            return Err(LockError::new(
+                ErrorKind::LeaseLost,
+                op,
+                "the session's lease deadline passed before the grant",
+            )
+            .with_key(key)
+            .with_backend(NAME));
+        }
+        lease.set_validity_deadline(deadline);
+        let due = sent_at.checked_add(ttl).unwrap_or(sent_at);
+        let signal = pending
+            .session
+            .mark_held(&pending.entry, revision, pending.owner, due);
+        pending.armed = false;
+        Ok(lease.with_session(signal))
+    }
 }
 
 /// The error for a lease this backend did not grant (or that was altered):

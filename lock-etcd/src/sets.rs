@@ -140,9 +140,9 @@ impl Sets {
         let mut leases = Vec::with_capacity(keys.len());
         for (key, mut entry) in keys.iter().zip(pending) {
             entry.revision = Some(revision);
-            match self
-                .grants
-                .grant(key, Layout::Mutex, ttl, &session, entry, sent_at, op)
+            match entry
+                .granted(key, ttl, sent_at, op)
+                .exclusive(Layout::Mutex)
             {
                 Ok(lease) => leases.push(lease),
                 Err(err) => {

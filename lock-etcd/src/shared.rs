@@ -18,9 +18,9 @@ use lock_core::{
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::config::MIN_TTL;
-use crate::connection::{Connection, PendingEntry, Session, clean_up_later, lock, txn_on};
+use crate::connection::{Connection, Session, clean_up_later, lock, txn_on};
 use crate::error::{NAME, protocol_error};
-use crate::grants::{Grant, Grants, grant_entry};
+use crate::grants::{EntryGrant, Grant, Grants};
 use crate::keys::{
     Created, entry_value, epoch_key, parse_shared_value, shared_delete, shared_lease_data,
     shared_owner_compares,
@@ -237,8 +237,9 @@ impl Shared {
                 _ => None,
             };
             if let Some(token) = at_once {
-                return self
-                    .grant_shared(key, kind, ttl, &session, pending, token, sent_at, op)
+                return pending
+                    .granted(key, ttl, sent_at, op)
+                    .shared(kind, token)
                     .map(Some);
             }
             let Some(deadline) = deadline else {
@@ -260,8 +261,9 @@ impl Shared {
                 .await
             {
                 Ok(Ok((token, checked_at))) => {
-                    return self
-                        .grant_shared(key, kind, ttl, &session, pending, token, checked_at, op)
+                    return pending
+                        .granted(key, ttl, checked_at, op)
+                        .shared(kind, token)
                         .map(Some);
                 }
                 Ok(Err(reason)) => start_over(pending, key, &reason, deadline, op)?,
@@ -390,23 +392,14 @@ impl Shared {
             Ok(created)
         }
     }
+}
 
-    /// Turns our entry into a lease of `kind` with `token`.
-    #[allow(clippy::too_many_arguments)]
-    fn grant_shared(
-        &self,
-        key: &LockKey,
-        kind: LeaseKind,
-        ttl: Duration,
-        session: &Arc<Session>,
-        pending: PendingEntry<'_>,
-        token: u64,
-        sent_at: Instant,
-        op: Operation,
-    ) -> Result<Lease, LockError> {
-        let leaf = pending.entry.rsplit('/').next().unwrap_or_default();
-        let data = shared_lease_data(leaf, pending.revision.unwrap_or(0));
-        let grant = Grant { kind, token, data };
-        grant_entry(session, pending, grant, ttl, sent_at, key, op)
+impl EntryGrant<'_> {
+    /// A lease of `kind` with `token` for our entry of a read-write lock or
+    /// a semaphore.
+    fn shared(self, kind: LeaseKind, token: u64) -> Result<Lease, LockError> {
+        let leaf = self.pending.entry.rsplit('/').next().unwrap_or_default();
+        let data = shared_lease_data(leaf, self.pending.revision.unwrap_or(0));
+        self.lease(Grant { kind, token, data })
     }
 }

@@ -107,9 +107,7 @@ impl Waiting {
                 .await
             {
                 Ok(WaitEnd::Granted(checked_at)) => {
-                    return self
-                        .grants
-                        .grant(key, layout, ttl, &session, pending, checked_at, op);
+                    return pending.granted(key, ttl, checked_at, op).exclusive(layout);
                 }
                 Ok(WaitEnd::Deadline) => {
                     Box::pin(pending.remove_now()).await;
