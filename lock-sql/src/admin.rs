@@ -105,16 +105,32 @@ pub(crate) fn like_prefix(prefix: &str) -> String {
     out
 }
 
+/// A holder's token, time left and details from three columns (token,
+/// µs left, encoded details) as the holder statements read them.
+pub(crate) fn holder_columns(
+    columns: &[Value],
+) -> (
+    Option<FencingToken>,
+    Option<Duration>,
+    Option<HolderDetails>,
+) {
+    let token = u64::try_from(columns[0].int()).ok().map(FencingToken::new);
+    let remaining_ttl = Some(crate::dialect::remaining(columns[1].int()));
+    let details = match &columns[2] {
+        Value::Text(Some(text)) => HolderDetails::decode(text),
+        _ => None,
+    };
+    (token, remaining_ttl, details)
+}
+
 fn info(key: LockKey, row: &[Value]) -> LockInfo {
+    let (token, remaining_ttl, details) = holder_columns(&row[1..]);
     LockInfo {
         key,
         holder: row[0].text().to_owned(),
-        token: u64::try_from(row[1].int()).ok().map(FencingToken::new),
-        remaining_ttl: Some(crate::dialect::remaining(row[2].int())),
-        details: match &row[3] {
-            Value::Text(Some(text)) => HolderDetails::decode(text),
-            _ => None,
-        },
+        token,
+        remaining_ttl,
+        details,
     }
 }
 
@@ -172,20 +188,33 @@ pub(crate) async fn list_page(
     Ok((rows, cursor))
 }
 
+/// The statements of `force_release`'s transaction, each with its binds.
+pub(crate) struct ReadAndClear<'a> {
+    /// Opens the transaction.
+    pub(crate) begin: &'a Arc<str>,
+    /// Reads the holder's row, locked: holder, token, µs left, details.
+    pub(crate) read: (&'a Arc<str>, &'a [Bind<'a>]),
+    /// Frees the row; its rows are fetched when `clear_answers` (a
+    /// statement that notifies).
+    pub(crate) clear: (&'a Arc<str>, &'a [Bind<'a>]),
+    pub(crate) clear_answers: bool,
+}
+
 /// `force_release`'s transaction on `key`, within the operation timeout:
-/// `begin`, then `read` with its binds (the holder's row, locked: holder,
-/// token, µs left, details) and, only when there is one, `clear` with its
-/// binds (its rows fetched when `clear_answers`: a statement that
-/// notifies); COMMIT, or ROLLBACK after an error. The holder's row.
+/// `begin`, then `read` and, only when it found the holder's row, `clear`;
+/// COMMIT, or ROLLBACK after an error. The holder's row.
 pub(crate) async fn read_and_clear(
     conns: &ConnSet,
     config: &SqlConfig,
     key: &LockKey,
-    begin: &Arc<str>,
-    (read, read_binds): (&Arc<str>, &[Bind<'_>]),
-    (clear, clear_binds): (&Arc<str>, &[Bind<'_>]),
-    clear_answers: bool,
+    statements: ReadAndClear<'_>,
 ) -> Result<Option<Vec<Value>>, LockError> {
+    let ReadAndClear {
+        begin,
+        read: (read, read_binds),
+        clear: (clear, clear_binds),
+        clear_answers,
+    } = statements;
     timed(config, Operation::Release, Some(key), async {
         let mut checkout = conns.checkout(false).await?;
         let body = async {
@@ -269,6 +298,8 @@ impl Listing for Administration {
         self.list_rows(query).await
     }
 
+    /// The mutex from `list`, read-write locks and semaphores from the
+    /// holders table (`crate::admin::shared`).
     async fn list_shared(
         &self,
         shape: LockShape,
@@ -358,16 +389,13 @@ impl Administration {
         // The notifying statement also binds the channel.
         let clear_binds = [Bind::Text(name), Bind::Text(channel)];
         let clear_binds = &clear_binds[..if d.notified() { 2 } else { 1 }];
-        let found = read_and_clear(
-            &inner.conns,
-            &inner.config,
-            key,
-            &begin,
-            (&read, &read_binds),
-            (&clear, clear_binds),
-            d.notified(),
-        )
-        .await?;
+        let statements = ReadAndClear {
+            begin: &begin,
+            read: (&read, &read_binds),
+            clear: (&clear, clear_binds),
+            clear_answers: d.notified(),
+        };
+        let found = read_and_clear(&inner.conns, &inner.config, key, statements).await?;
         let Some(row) = found else {
             return Ok(None);
         };

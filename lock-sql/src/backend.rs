@@ -33,6 +33,26 @@ use crate::sets::Sets;
 use crate::shared::Shared;
 use crate::waiting::Waiting;
 
+/// What a lease row in a table guarantees, whichever layout holds it (the
+/// row mode's lease table, ShedLock's): a token per key bumped in the
+/// grant's committed statement, so durable across a restart; a TTL per
+/// lease; one primary ordering every grant of a row; the holder details
+/// the grant writes beside it. Waiting, fairness and the shared kinds are
+/// each layout's own; a field added to [`Capabilities`] later stays at its
+/// conservative default.
+pub(crate) fn lease_row_capabilities() -> Capabilities {
+    Capabilities {
+        fencing: FencingScope::PerKey,
+        fencing_survives_failover: true,
+        grants_survive_restart: true,
+        ttl_model: TtlModel::PerLease,
+        linearizable: true,
+        min_ttl: MIN_TTL,
+        holder_details: true,
+        ..Capabilities::minimal()
+    }
+}
+
 /// A lock service on a SQL table: PostgreSQL, MySQL/MariaDB or SQLite.
 ///
 /// Cheap to clone: clones share one set of connections. See the crate docs
@@ -244,18 +264,13 @@ impl LockBackend for SqlBackend {
         self.inner.table.dialect.name()
     }
 
-    // Every field is set today; `..minimal()` keeps a field added later
-    // at its conservative default.
-    #[allow(clippy::needless_update)]
+    // The token is bumped in the same committed statement as the grant,
+    // and a row `gc` deletes leaves its token in the floor that a new row
+    // starts above: a restart of the database keeps them (see the crate
+    // docs for asynchronous replicas). The `details` column is written by
+    // the grant (crate::admin).
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            fencing: FencingScope::PerKey,
-            // The token is bumped in the same committed statement as the
-            // grant, and a row `gc` deletes leaves its token in the floor
-            // that a new row starts above: a restart of the database keeps
-            // them (see the crate docs for asynchronous replicas).
-            fencing_survives_failover: true,
-            grants_survive_restart: true,
             waiting: if self.inner.table.dialect.notified() {
                 WaitStrategy::Notify
             } else {
@@ -263,16 +278,10 @@ impl LockBackend for SqlBackend {
             },
             // Fair mode queues mutex waiters by a database-assigned id.
             fifo: self.inner.table.config.fair,
-            ttl_model: TtlModel::PerLease,
-            // One primary orders every grant of a row.
-            linearizable: true,
-            min_ttl: MIN_TTL,
             // Table mode (crate::shared); session mode has neither.
             shared_locks: true,
             semaphores: true,
-            // The `details` column, written by the grant (crate::admin).
-            holder_details: true,
-            ..Capabilities::minimal()
+            ..lease_row_capabilities()
         }
     }
 

@@ -85,21 +85,21 @@ pub(crate) async fn timed<T>(
 
 /// Whether `err` says the probed column does not exist.
 pub(crate) fn is_missing_column(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("42703" | "42S22"))
-                || db.message().contains("no such column")
-        }
-        _ => false,
-    }
+    column_error(err, ["42703", "42S22"], "no such column")
 }
 
 /// Whether `err` says the column was added meanwhile (a concurrent connect).
 pub(crate) fn is_duplicate_column(err: &sqlx::Error) -> bool {
+    column_error(err, ["42701", "42S21"], "duplicate column")
+}
+
+/// Whether `err` is a database error with one of `codes` (PostgreSQL's
+/// and MySQL's SQLSTATE) or whose message says `message` (SQLite's).
+fn column_error(err: &sqlx::Error, codes: [&str; 2], message: &str) -> bool {
     match err {
         sqlx::Error::Database(db) => {
-            matches!(db.code().as_deref(), Some("42701" | "42S21"))
-                || db.message().contains("duplicate column")
+            db.code().is_some_and(|code| codes.contains(&code.as_ref()))
+                || db.message().contains(message)
         }
         _ => false,
     }

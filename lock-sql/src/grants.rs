@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::config::{MIN_TTL, NAME};
 use crate::connection::table::Table;
 use crate::connection::{ConnSet, retry_once};
-use crate::dialect::token_of;
+use crate::dialect::LeaseRow;
 use crate::error::timed;
 
 /// A grant the database confirmed: `token` for `key` and `owner`, asked
@@ -92,16 +92,10 @@ pub(crate) async fn mutex_lease<F: Future<Output = ()>>(
 /// are written once, here, over its three calls.
 #[async_trait]
 pub(crate) trait MutexOnly: Send + Sync {
-    /// One try: the lease, or `None` when held.
-    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError>;
-
-    /// A grant that waits until `deadline`.
-    async fn take_waiting(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError>;
+    /// A mutex grant: one try (the lease, or `None` when held) without a
+    /// deadline, else a wait until the deadline (a `Contended` error when
+    /// still held then).
+    async fn take(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError>;
 
     /// The key's holder.
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError>;
@@ -114,13 +108,7 @@ pub(crate) trait MutexOnly: Send + Sync {
         request: GrantRequest<'_>,
     ) -> Result<Option<Lease>, LockError> {
         request.mutex_only(name)?;
-        let GrantRequest {
-            key, ttl, deadline, ..
-        } = request;
-        match deadline {
-            None => self.try_take(key, ttl).await,
-            Some(deadline) => self.take_waiting(key, ttl, deadline).await.map(Some),
-        }
+        self.take(request).await
     }
 
     /// `holders` of backend `name`: the mutex's, the other shapes refused.
@@ -271,12 +259,12 @@ impl Grants {
         let key = lease.key();
         let statement = &inner.statements.release;
         let owner = lease.owner().to_hex();
-        let token = token_of(lease);
+        let row = LeaseRow::of(lease, &owner);
         let channel = &inner.channel;
         let dialect = inner.dialect;
         let released = timed(&inner.config, Operation::Release, Some(key), async {
             retry_once!(&inner.conns, |conn| dialect
-                .release(conn, statement, key, &owner, token, channel))
+                .release(conn, statement, row, channel))
         })
         .await?;
         if released && !dialect.notified() {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use lock_core::{LockError, Operation};
 
 use crate::config::{SqlConfig, SqlDialect};
-use crate::dialect::{Dialect, floor_table, quote_with};
+use crate::dialect::{Dialect, first_token, floor_table, quote_with};
 
 #[doc(hidden)]
 pub use crate::connection::{DbConn, DbOptions};
@@ -51,7 +51,7 @@ impl Statements {
     pub(crate) fn new(dialect: &dyn Dialect, table: &str) -> Self {
         let quoted_floor = quote_with(dialect.quote(), &format!("{table}_floor"));
         let quoted_table = quote_with(dialect.quote(), table);
-        let sql = dialect.statements(&quoted_table, &quoted_floor);
+        let sql = dialect.statements(&quoted_table, &first_token(&quoted_floor));
         Self {
             create: vec![sql.create.into(), floor_table(&quoted_floor).into()],
             grant: sql.grant.into(),

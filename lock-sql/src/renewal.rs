@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::config::{MIN_TTL, NAME};
 use crate::connection::table::Table;
 use crate::connection::{ConnSet, retry_once};
-use crate::dialect::token_of;
+use crate::dialect::{LeaseRow, token_of};
 use crate::error::{map_sqlx, timed};
 
 /// The most leases in one statement. Each pooled connection keeps the
@@ -157,12 +157,12 @@ impl Renewal {
         let inner = &self.inner;
         let statement = &inner.statements.renew;
         let owner = lease.owner().to_hex();
-        let token = token_of(lease);
+        let row = LeaseRow::of(lease, &owner);
         let dialect = inner.dialect;
         let sent_at = Instant::now();
         let renewed = timed(&inner.config, Operation::Renew, Some(key), async {
             retry_once!(&inner.conns, |conn| dialect
-                .renew(conn, statement, key, &owner, token, ttl))
+                .renew(conn, statement, row, ttl))
         })
         .await?;
         if renewed == 1 {

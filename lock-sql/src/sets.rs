@@ -18,7 +18,7 @@ use crate::config::{MIN_TTL, NAME};
 use crate::connection::DbConn;
 use crate::connection::table::Table;
 use crate::dialect::binds::{Bind, execute, fetch};
-use crate::dialect::{GrantAll, UpsertBinds, micros, unix_micros};
+use crate::dialect::{GrantAll, UpsertBinds, first_token, micros, unix_micros};
 use crate::error::timed;
 use crate::grants::Grants;
 
@@ -189,7 +189,7 @@ impl Sets {
             .then_some(inner.shared.waiters_table.as_str());
         let plan = inner.dialect.grant_all_sql(
             inner.quoted_table(),
-            inner.quoted_floor(),
+            &first_token(inner.quoted_floor()),
             waiters,
             keys.len(),
         );

@@ -82,7 +82,7 @@ use tokio::time::{Instant, timeout};
 
 use crate::admin::{encode_cursor, like_prefix, list_mutex_only, list_start};
 use crate::connection::session::Sessions;
-use crate::dialect::session::{KillTarget, Killed};
+use crate::dialect::session::{KillTarget, Killed, ListPage, SessionLock};
 use crate::grants::session::holder_info;
 
 /// Session mode's operating calls: the [`Admin`] facet, and the [`Listing`]
@@ -179,6 +179,16 @@ impl Listing for SessionAdmin {
     }
 }
 
+/// The Timeout error of an admin call (`what`) whose statement did not
+/// answer within the operation timeout.
+fn admin_timeout(what: &str) -> LockError {
+    LockError::new(
+        ErrorKind::Timeout,
+        Operation::Inspect,
+        format!("{what} did not answer within the operation timeout"),
+    )
+}
+
 impl SessionAdmin {
     pub(crate) fn new(inner: Arc<Sessions>) -> Self {
         Self { inner }
@@ -189,30 +199,19 @@ impl SessionAdmin {
         let (prefix, cursor, limit) = query.parts();
         let after = list_start(cursor, limit)?;
         let op_timeout = self.inner.config.op_timeout;
-        let timed_out = || {
-            LockError::new(
-                ErrorKind::Timeout,
-                Operation::Inspect,
-                "list did not answer within the operation timeout",
-            )
-        };
+        let timed_out = || admin_timeout("list");
         let mut pinned = self.inner.checkout(Instant::now() + op_timeout).await?;
-        let page = i64::try_from(limit).unwrap_or(i64::MAX);
         let pattern = like_prefix(prefix);
-        let dialect = self.inner.opts.dialect;
-        let rows = timeout(
-            op_timeout,
-            dialect.session_list(
-                &mut pinned.session.conn,
-                &self.inner.sql,
-                &pattern,
-                &after,
-                page,
-            ),
-        )
-        .await
-        .map_err(|_| timed_out())?
-        .map_err(|e| map_err(self, e))?;
+        let page = ListPage {
+            prefix: &pattern,
+            after: &after,
+            limit: i64::try_from(limit).unwrap_or(i64::MAX),
+        };
+        let (dialect, on) = pinned.session.on(&self.inner.sql);
+        let rows = timeout(op_timeout, dialect.session_list(on, page))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|e| map_err(self, e))?;
         self.inner.checkin(pinned);
         let Some(rows) = rows else {
             return Err(self.unsupported_admin(
@@ -244,24 +243,19 @@ impl SessionAdmin {
     async fn break_lock(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let op_timeout = self.inner.config.op_timeout;
         let server_key = self.inner.server_key(key);
-        let key_bytes = key.as_str().as_bytes();
-        let sql = &self.inner.sql;
-        let timed_out = || {
-            LockError::new(
-                ErrorKind::Timeout,
-                Operation::Inspect,
-                "force_release did not answer within the operation timeout",
-            )
+        let lock = SessionLock {
+            key: key.as_str().as_bytes(),
+            server_key: &server_key,
         };
+        let sql = &self.inner.sql;
+        let timed_out = || admin_timeout("force_release");
         let mut pinned = self.inner.checkout(Instant::now() + op_timeout).await?;
         for _ in 0..3 {
-            let found = timeout(
-                op_timeout,
-                pinned.session.inspect(sql, key_bytes, &server_key),
-            )
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(|e| self.inner.err(Operation::Inspect, key, e))?;
+            let (dialect, on) = pinned.session.on(sql);
+            let found = timeout(op_timeout, dialect.session_inspect(on, lock))
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(|e| self.inner.err(Operation::Inspect, key, e))?;
             let Some(holder) = found else {
                 self.inner.checkin(pinned);
                 return Ok(None);
@@ -279,18 +273,18 @@ impl SessionAdmin {
                     ),
                 ));
             };
+            let (dialect, on) = pinned.session.on(sql);
             let ended = timeout(
                 op_timeout.saturating_mul(2),
-                pinned.session.kill_holder(
-                    sql,
+                dialect.kill_holder(
+                    on,
                     KillTarget {
-                        key: key_bytes,
-                        server_key: &server_key,
+                        lock,
                         victim,
                         owner: &owner,
                         token,
+                        wait: op_timeout,
                     },
-                    op_timeout,
                 ),
             )
             .await

@@ -28,7 +28,9 @@ use lock_core::{
     LockShape, SharedPage,
 };
 
-use crate::admin::{like_prefix, list_mutex_only, list_page, list_start, read_and_clear};
+use crate::admin::{
+    ReadAndClear, like_prefix, list_mutex_only, list_page, list_start, read_and_clear,
+};
 use crate::config::SqlDialect;
 use crate::connection::shedlock::ShedTable;
 use crate::dialect::binds::{Bind, Value};
@@ -139,31 +141,9 @@ impl Admin for ShedAdmin {
 
 #[async_trait]
 impl Listing for ShedAdmin {
-    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        self.list_rows(query).await
-    }
-
-    async fn list_shared(
-        &self,
-        shape: LockShape,
-        query: &ListQuery,
-    ) -> Result<SharedPage, LockError> {
-        list_mutex_only(self, self.name, shape, query).await
-    }
-
-    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
-        lock_core::election::list_mutex_elections(self, query).await
-    }
-}
-
-impl ShedAdmin {
-    pub(crate) fn new(inner: Arc<ShedTable>, name: &'static str) -> Self {
-        Self { inner, name }
-    }
-
     /// [`Listing::list`](lock_core::Listing::list) on ShedLock's
     /// table (see the module docs).
-    async fn list_rows(&self, query: &ListQuery) -> Result<LockPage, LockError> {
+    async fn list(&self, query: &ListQuery) -> Result<LockPage, LockError> {
         let (prefix, cursor, limit) = query.parts();
         let after = list_start(cursor, limit)?;
         let inner = &self.inner;
@@ -193,6 +173,24 @@ impl ShedAdmin {
         Ok(LockPage { locks, cursor })
     }
 
+    async fn list_shared(
+        &self,
+        shape: LockShape,
+        query: &ListQuery,
+    ) -> Result<SharedPage, LockError> {
+        list_mutex_only(self, self.name, shape, query).await
+    }
+
+    async fn list_elections(&self, query: &ListQuery) -> Result<ElectionPage, LockError> {
+        lock_core::election::list_mutex_elections(self, query).await
+    }
+}
+
+impl ShedAdmin {
+    pub(crate) fn new(inner: Arc<ShedTable>, name: &'static str) -> Self {
+        Self { inner, name }
+    }
+
     /// [`Admin::force_release`](lock_core::Admin::force_release)
     /// on ShedLock's table (see the module docs).
     async fn force_release_row(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
@@ -217,16 +215,13 @@ impl ShedAdmin {
         let begin: Arc<str> = Arc::from(sp.begin);
         let name = key.as_str();
         let by_name = [Bind::Text(name)];
-        let found = read_and_clear(
-            &inner.conns,
-            &inner.config,
-            key,
-            &begin,
-            (&read, &by_name),
-            (&clear, &by_name),
-            false,
-        )
-        .await?;
+        let statements = ReadAndClear {
+            begin: &begin,
+            read: (&read, &by_name),
+            clear: (&clear, &by_name),
+            clear_answers: false,
+        };
+        let found = read_and_clear(&inner.conns, &inner.config, key, statements).await?;
         let Some(row) = found else {
             return Ok(None);
         };

@@ -15,6 +15,26 @@ use crate::{SqlBackend, SqlSessionBackend, SqlShedLockBackend};
 /// A call's future as `async_trait` boxes it.
 type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
 
+/// `renew_many`'s future as `async_trait` boxes it.
+type Renewals<'a> = Pin<Box<dyn Future<Output = Vec<Result<Instant, LockError>>> + Send + 'a>>;
+
+/// A kernel call of [`LockWrapper`] written as `async_trait` expands it,
+/// handing the held backend's boxed future back as it is: the signature
+/// (the call's name, its lifetimes besides `self`'s, its arguments and
+/// future) is all that differs from one call to the next.
+macro_rules! forward {
+    ($call:ident<$($life:lifetime),+>($($arg:ident: $ty:ty),+) -> $future:ty) => {
+        fn $call<'life0, $($life,)+ 'async_trait>(&'life0 self, $($arg: $ty),+) -> $future
+        where
+            'life0: 'async_trait,
+            $($life: 'async_trait,)+
+            Self: 'async_trait,
+        {
+            self.get().$call($($arg),+)
+        }
+    };
+}
+
 /// A SQL lock backend in either mode ([`SqlBackend`] for `mode=row`, the
 /// default; [`SqlSessionBackend`] for `mode=session`), or on ShedLock's
 /// table ([`SqlShedLockBackend`] for `layout=shedlock`).
@@ -121,53 +141,8 @@ impl LockWrapper for SqlAnyBackend {
     // it (an allocation and an indirect poll per call; the blanket
     // `LockBackend` impl of every wrapper boxes one around it already).
 
-    fn grant<'life0, 'life1, 'async_trait>(
-        &'life0 self,
-        request: GrantRequest<'life1>,
-    ) -> Call<'async_trait, Option<Lease>>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        Self: 'async_trait,
-    {
-        self.get().grant(request)
-    }
-
-    fn renew_many<'life0, 'life1, 'life2, 'async_trait>(
-        &'life0 self,
-        leases: &'life1 [&'life2 Lease],
-    ) -> Pin<Box<dyn Future<Output = Vec<Result<Instant, LockError>>> + Send + 'async_trait>>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        'life2: 'async_trait,
-        Self: 'async_trait,
-    {
-        self.get().renew_many(leases)
-    }
-
-    fn release<'life0, 'life1, 'async_trait>(
-        &'life0 self,
-        lease: &'life1 Lease,
-    ) -> Call<'async_trait, bool>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        Self: 'async_trait,
-    {
-        self.get().release(lease)
-    }
-
-    fn holders<'life0, 'life1, 'async_trait>(
-        &'life0 self,
-        key: &'life1 LockKey,
-        shape: LockShape,
-    ) -> Call<'async_trait, Vec<HolderInfo>>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        Self: 'async_trait,
-    {
-        self.get().holders(key, shape)
-    }
+    forward!(grant<'life1>(request: GrantRequest<'life1>) -> Call<'async_trait, Option<Lease>>);
+    forward!(renew_many<'life1, 'life2>(leases: &'life1 [&'life2 Lease]) -> Renewals<'async_trait>);
+    forward!(release<'life1>(lease: &'life1 Lease) -> Call<'async_trait, bool>);
+    forward!(holders<'life1>(key: &'life1 LockKey, shape: LockShape) -> Call<'async_trait, Vec<HolderInfo>>);
 }

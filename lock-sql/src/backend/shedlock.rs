@@ -14,13 +14,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, Facets, FencingScope, GrantRequest, HolderInfo, Lease, LockBackend,
-    LockError, LockKey, LockShape, Operation, TtlModel, WaitStrategy,
+    Capabilities, ErrorKind, Facets, GrantRequest, HolderInfo, Lease, LockBackend, LockError,
+    LockKey, LockShape, Operation, WaitStrategy,
 };
 use tokio::time::Instant;
 
 use crate::admin::shedlock::ShedAdmin;
-use crate::config::{MIN_TTL, NAME, SqlConfig, SqlDialect, SqlLayout};
+use crate::config::{NAME, SqlConfig, SqlDialect, SqlLayout};
 use crate::connection::shedlock::ShedTable;
 use crate::grants::MutexOnly;
 use crate::grants::shedlock::ShedGrants;
@@ -215,25 +215,16 @@ impl LockBackend for SqlShedLockBackend {
         backend_name(self.inner.table.config.dialect)
     }
 
-    // Every field is set today; `..minimal()` keeps a field added later
-    // at its conservative default.
-    #[allow(clippy::needless_update)]
+    // Fencing: our grants only, a ShedLock holder has no token (crate
+    // docs). Holder details: in the tokens table, beside ShedLock's row
+    // (`crate::admin::shedlock`).
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            // Our grants only: a ShedLock holder has no token (crate docs).
-            fencing: FencingScope::PerKey,
-            fencing_survives_failover: true,
-            grants_survive_restart: true,
             waiting: WaitStrategy::Poll,
             fifo: false,
-            ttl_model: TtlModel::PerLease,
-            linearizable: true,
-            min_ttl: MIN_TTL,
             shared_locks: false,
             semaphores: false,
-            // In the tokens table, beside ShedLock's row (`crate::admin::shedlock`).
-            holder_details: true,
-            ..Capabilities::minimal()
+            ..crate::backend::lease_row_capabilities()
         }
     }
 

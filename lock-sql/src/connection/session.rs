@@ -13,8 +13,8 @@ use crate::config::SqlConfig;
 use crate::connection::SchemaRace;
 use crate::connection::{DbConn, DbOptions};
 use crate::dialect::binds::fetch;
-use crate::dialect::session::{Granted, KillTarget, Killed, ServerKey, SessionSql};
-use crate::dialect::{SessionDialect, SessionHolder, session_of};
+use crate::dialect::session::{Granted, OnSession, ServerKey, SessionGrant, SessionSql};
+use crate::dialect::{SessionDialect, SqlxResult, session_of};
 use crate::error::map_sqlx;
 
 /// How to open a session: the database's session half and its connect
@@ -139,9 +139,9 @@ impl Sessions {
         // moment: the loser tries again (see `SchemaRace`).
         let mut race = SchemaRace::within(config.op_timeout);
         let verdict = loop {
-            match pinned
-                .session
-                .prepare_schema(&self.sql, config.create_table)
+            let (dialect, on) = pinned.session.on(&self.sql);
+            match dialect
+                .prepare_session_schema(on, config.create_table)
                 .await
             {
                 Err(err) if race.again(&err).await => {}
@@ -297,65 +297,47 @@ impl Session {
         })
     }
 
-    /// One grant statement: a try when `wait` is `None`, else a wait of up
-    /// to that long on the server. The token comes back in the same
-    /// statement. First makes the server end this session after `ttl` of
-    /// silence, no earlier (PostgreSQL does it inside the grant statement;
-    /// MySQL needs a `SET`, one round trip, only when the value changes).
+    /// Where this session's statements run, with the backend's `sql`, and
+    /// the dialect that runs them.
+    pub(crate) fn on<'a>(
+        &'a mut self,
+        sql: &'a SessionSql,
+    ) -> (&'static dyn SessionDialect, OnSession<'a>) {
+        let conn = &mut self.conn;
+        (self.dialect, OnSession { conn, sql })
+    }
+
+    /// One grant statement (see [`SessionGrant`]); the token comes back in
+    /// the same statement. First makes the server end this session after
+    /// the TTL of silence, no earlier (PostgreSQL does it inside the grant
+    /// statement; MySQL needs a `SET`, one round trip, only when the value
+    /// changes).
     pub(crate) async fn grant(
         &mut self,
         sql: &SessionSql,
-        key: &[u8],
-        server_key: &ServerKey,
-        owner: &str,
-        ttl: Duration,
-        wait: Option<Duration>,
-    ) -> Result<Granted, sqlx::Error> {
-        if let Some(secs) = self.dialect.idle_timeout_secs(ttl)
+        grant: &SessionGrant<'_>,
+    ) -> SqlxResult<Granted> {
+        if let Some(secs) = self.dialect.idle_timeout_secs(grant.ttl)
             && self.wait_timeout != Some(secs)
         {
             self.dialect.arm_idle_timeout(&mut self.conn, secs).await?;
             self.wait_timeout = Some(secs);
         }
-        self.dialect
-            .session_grant(&mut self.conn, sql, key, server_key, owner, ttl, wait)
-            .await
+        let (dialect, on) = self.on(sql);
+        dialect.session_grant(on, grant).await
     }
 
     /// Releases the lock; `true` when this session held it.
-    pub(crate) async fn release(
-        &mut self,
-        sql: &SessionSql,
-        server_key: &ServerKey,
-    ) -> Result<bool, sqlx::Error> {
-        self.dialect
-            .session_release(&mut self.conn, sql, server_key)
-            .await
+    pub(crate) async fn release(&mut self, sql: &SessionSql, key: &ServerKey) -> SqlxResult<bool> {
+        let (dialect, on) = self.on(sql);
+        dialect.session_release(on, key).await
     }
 
     /// The keep-alive: a cheap query that also tells whether this session
     /// still holds the lock.
-    pub(crate) async fn holds(
-        &mut self,
-        sql: &SessionSql,
-        server_key: &ServerKey,
-    ) -> Result<bool, sqlx::Error> {
-        self.dialect
-            .session_holds(&mut self.conn, sql, server_key)
-            .await
-    }
-
-    /// Who holds the lock: `(server session id, owner hex, token)`; owner
-    /// and token only when the holder is one of ours.
-    pub(crate) async fn inspect(
-        &mut self,
-        sql: &SessionSql,
-        key: &[u8],
-        server_key: &ServerKey,
-    ) -> Result<Option<SessionHolder>, sqlx::Error> {
-        self.dialect
-            .session_inspect(&mut self.conn, sql, key, server_key)
-            .await
+    pub(crate) async fn holds(&mut self, sql: &SessionSql, key: &ServerKey) -> SqlxResult<bool> {
+        let (dialect, on) = self.on(sql);
+        dialect.session_holds(on, key).await
     }
 
     /// Ends the session of a dropped waiting acquire on the server from
@@ -363,35 +345,9 @@ impl Session {
     /// freed. `owner` is the waiting acquire's owner, which identifies the
     /// session where the server can reuse ids (see
     /// [`SessionDialect::kill_session`]).
-    pub(crate) async fn kill(&mut self, victim: i64, owner: &str) -> Result<(), sqlx::Error> {
+    pub(crate) async fn kill(&mut self, victim: i64, owner: &str) -> SqlxResult<()> {
         self.dialect
             .kill_session(&mut self.conn, victim, owner)
-            .await
-    }
-
-    /// `force_release`: ends the target's session if it still holds the
-    /// lock as that grant (see [`SessionDialect::kill_holder`]).
-    pub(crate) async fn kill_holder(
-        &mut self,
-        sql: &SessionSql,
-        target: KillTarget<'_>,
-        wait: Duration,
-    ) -> Result<Killed, sqlx::Error> {
-        self.dialect
-            .kill_holder(&mut self.conn, sql, target, wait)
-            .await
-    }
-
-    /// Creates the token sequence / table and checks a PostgreSQL sequence
-    /// hands out strictly increasing values across sessions (no per-session
-    /// cache, no cycling).
-    pub(crate) async fn prepare_schema(
-        &mut self,
-        sql: &SessionSql,
-        create: bool,
-    ) -> Result<Option<String>, sqlx::Error> {
-        self.dialect
-            .prepare_session_schema(&mut self.conn, sql, create)
             .await
     }
 }

@@ -14,7 +14,7 @@ use crate::connection::wake::Waits;
 #[cfg(feature = "postgres")]
 use crate::connection::wake::run_listener;
 use crate::connection::{ConnSet, DbOptions, DbPool, SchemaRace, retry_once};
-use crate::dialect::{self, Dialect, pool_size};
+use crate::dialect::{self, Dialect, first_token, pool_size};
 use crate::error::{is_duplicate_column, is_missing_column, map_sqlx};
 use crate::keys::Statements;
 use crate::keys::shared::SharedSql;
@@ -55,7 +55,7 @@ impl Table {
             (!config.is_memory()).then(|| format!("{}\n{}", config.driver_url(), config.table));
         let fair_grant = Arc::from(dialect.fair_grant_sql(
             &statements.quoted_table,
-            &statements.quoted_floor,
+            &first_token(&statements.quoted_floor),
             &shared.waiters_table,
         ));
         let table = Arc::new(Self {

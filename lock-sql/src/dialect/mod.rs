@@ -24,7 +24,9 @@ use crate::config::NAME;
 use crate::config::{SqlConfig, SqlDialect};
 use crate::connection::{DbConn, DbOptions};
 use crate::dialect::session::SessionSql;
-use crate::dialect::session::{Granted, KillTarget, Killed, ServerKey};
+use crate::dialect::session::{
+    Granted, KillTarget, Killed, ListPage, OnSession, ServerKey, SessionGrant, SessionLock,
+};
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -35,6 +37,7 @@ pub(crate) mod sqlite;
 
 pub(crate) mod binds;
 mod run;
+pub(crate) use run::LeaseRow;
 pub(crate) mod session;
 
 /// Rows renewed by one batch statement: (name, owner, token).
@@ -117,6 +120,7 @@ pub(crate) struct SharedNames {
 /// The column types and table options of the shared tables in one
 /// dialect: their `CREATE TABLE` statements are written once, in
 /// [`shared_tables`], and each dialect gives only these words.
+#[derive(Debug)]
 pub(crate) struct SharedDdl {
     /// The key's name (binary in MySQL, so that names compare byte for byte).
     pub(crate) name: &'static str,
@@ -128,26 +132,49 @@ pub(crate) struct SharedDdl {
     pub(crate) int: &'static str,
     /// `expires_at`.
     pub(crate) time: &'static str,
-    /// The nullable `details` column.
-    pub(crate) details: String,
+    /// The nullable `details` column: `VARCHAR(`[`DETAILS_LEN`]`)` and
+    /// these words after it, or `TEXT` where text has no length (`None`).
+    pub(crate) details: Option<&'static str>,
     /// The waiters' `id` column: an ever-growing key, so that arrival
     /// order holds.
     pub(crate) waiter_id: &'static str,
     /// After the keys' and holders' column lists.
     pub(crate) keyed_options: &'static str,
-    /// Inside the waiters' column list, after its columns (an inline index),
-    /// and after it.
-    pub(crate) waiters_extra: String,
+    /// After the waiters' column list.
     pub(crate) waiters_options: &'static str,
+    /// Where the waiters' index on `(name, shape, id)` is declared.
+    pub(crate) waiters_index: WaitersIndex,
+}
+
+/// Where a dialect declares the waiters' index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitersIndex {
+    /// Inside the table's column list (MySQL's `INDEX name (...)`).
+    Inline,
+    /// A `CREATE INDEX` of its own, on the (schema-qualified) table.
+    Separate,
+    /// A `CREATE INDEX` whose name is schema-qualified, on the table's
+    /// last part (SQLite qualifies the index's name, not its table's).
+    QualifiedName,
+}
+
+/// How a dialect writes placeholders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Params {
+    /// Numbered after this prefix (`$1`, `?1`).
+    Numbered(&'static str),
+    /// `?`, bound in the order they appear.
+    Positional,
 }
 
 /// The keys, holders and waiters tables' `CREATE TABLE IF NOT EXISTS`
 /// statements in the dialect that `ddl` describes.
-pub(crate) fn shared_tables(names: &SharedNames, ddl: &SharedDdl) -> [String; 3] {
+pub(crate) fn shared_tables(names: &SharedNames, ddl: &SharedDdl) -> Vec<String> {
     let SharedNames {
         keys,
         holders,
         waiters,
+        index,
         ..
     } = names;
     let SharedDdl {
@@ -160,10 +187,18 @@ pub(crate) fn shared_tables(names: &SharedNames, ddl: &SharedDdl) -> [String; 3]
         details,
         waiter_id,
         keyed_options,
-        waiters_extra,
         waiters_options,
+        waiters_index,
     } = ddl;
-    [
+    let details = details.map_or_else(
+        || "TEXT".to_owned(),
+        |after| format!("VARCHAR({DETAILS_LEN}){after}"),
+    );
+    let waiters_extra = match waiters_index {
+        WaitersIndex::Inline => format!(", INDEX {index} (name, shape, id)"),
+        WaitersIndex::Separate | WaitersIndex::QualifiedName => String::new(),
+    };
+    let mut schema = vec![
         format!(
             "CREATE TABLE IF NOT EXISTS {keys} (\
              name {name} NOT NULL, shape {shape} NOT NULL, \
@@ -186,7 +221,16 @@ pub(crate) fn shared_tables(names: &SharedNames, ddl: &SharedDdl) -> [String; 3]
              cnt {int} NOT NULL, lim {int} NOT NULL, \
              expires_at {time} NOT NULL{waiters_extra}){waiters_options}"
         ),
-    ]
+    ];
+    let (index, on) = match waiters_index {
+        WaitersIndex::Inline => return schema,
+        WaitersIndex::Separate => (index, waiters),
+        WaitersIndex::QualifiedName => (&names.index_qualified, &names.waiters_unqualified),
+    };
+    schema.push(format!(
+        "CREATE INDEX IF NOT EXISTS {index} ON {on} (name, shape, id)"
+    ));
+    schema
 }
 
 /// What a dialect is, as data: its name, the SQL tokens the shared
@@ -233,6 +277,14 @@ pub(crate) struct Profile {
     pub(crate) binds_now: bool,
     /// The lease statements' binds, in the order each text numbers them.
     pub(crate) binds: LeaseBinds,
+    /// The shared statements' placeholders (every shared statement binds
+    /// its placeholders once each, in the order they appear).
+    pub(crate) params: Params,
+    /// The text before and after a placeholder of microseconds that makes
+    /// "now" plus that many microseconds.
+    pub(crate) micros_later: [&'static str; 2],
+    /// The shared tables' column types and options.
+    pub(crate) shared: SharedDdl,
 }
 
 /// One value a lease statement binds.
@@ -311,9 +363,9 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// What this dialect is, as data.
     fn profile(&self) -> &'static Profile;
 
-    /// The lease table's statements for `table` with its token floor
-    /// table `floor` (both already quoted).
-    fn statements(&self, table: &str, floor: &str) -> LeaseSql;
+    /// The lease table's statements for `table` (quoted), `first` the
+    /// token of a row the grant inserts ([`first_token`] of the floor).
+    fn statements(&self, table: &str, first: &str) -> LeaseSql;
 
     /// The lease table's `details` column, for a table created before it
     /// existed (run only when a probe found it missing).
@@ -360,29 +412,21 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
 
     /// How a set of `n` keys is taken all or nothing on lease table `table`
     /// (quoted); with `waiters` (quoted, fair mode) only while none of the
-    /// keys has a live mutex waiter. See [`GrantAll`].
-    fn grant_all_sql(&self, table: &str, floor: &str, waiters: Option<&str>, n: usize) -> GrantAll;
+    /// keys has a live mutex waiter; `first` as for [`statements`](Self::statements).
+    /// See [`GrantAll`].
+    fn grant_all_sql(&self, table: &str, first: &str, waiters: Option<&str>, n: usize) -> GrantAll;
 
     /// The fair grant on lease table `table` (quoted) with the waiters
     /// table `waiters` (quoted): the grant statement, gated on no live
     /// mutex waiter (`shape = 'mutex'`) of the key with a smaller id than
     /// the bound one. Binds as the grant's, with [`Arg::Ahead`] (and
-    /// [`Arg::AheadKeyBytes`]) where its [`LeaseBinds::grant`] puts them.
-    fn fair_grant_sql(&self, table: &str, floor: &str, waiters: &str) -> String;
+    /// [`Arg::AheadKeyBytes`]) where its [`LeaseBinds::grant`] puts them;
+    /// `first` as for [`statements`](Self::statements).
+    fn fair_grant_sql(&self, table: &str, first: &str, waiters: &str) -> String;
 
     // The read-write locks' and semaphores' tables (crate::shared): the
     // statements are written once there with the tokens below and in the
     // profile, which each dialect spells its own way.
-
-    /// The `n`th (1-based) placeholder; every shared statement binds its
-    /// placeholders once each, in the order they appear.
-    fn param(&self, n: usize) -> String;
-
-    /// `now` plus `micros` (a placeholder) microseconds.
-    fn plus_micros(&self, micros: &str) -> String;
-
-    /// The shared tables' `CREATE .. IF NOT EXISTS` statements.
-    fn shared_schema(&self, names: &SharedNames) -> Vec<String>;
 
     /// Makes sure the key's counter row exists, locks it for the
     /// transaction and adds a bump to its counter; the last statement
@@ -566,12 +610,13 @@ pub(crate) fn spliced_batch(
 /// fencing scope. Implemented by the same per-database types as
 /// [`Dialect`], in their modules.
 #[async_trait]
-pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
+pub(crate) trait SessionDialect: Dialect {
     /// What this dialect's session mode is, as data.
     fn session_profile(&self) -> &'static SessionProfile;
 
-    /// The session statements for lease table `table` (validated).
-    fn session_sql(&self, table: &str) -> SessionSql;
+    /// The session statements with the token counter `counter` (the lease
+    /// table's name with the profile's `counter_suffix`, quoted).
+    fn session_sql(&self, counter: &str) -> SessionSql;
 
     /// How to open a session: the driver URL plus the per-session settings
     /// that travel in the handshake.
@@ -587,83 +632,55 @@ pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
 
     /// Sets the idle timeout [`idle_timeout_secs`](Self::idle_timeout_secs)
     /// asked for (the caller skips it when the session has it already).
-    async fn arm_idle_timeout(&self, conn: &mut DbConn, secs: u64) -> Result<(), sqlx::Error>;
+    /// Never called where `idle_timeout_secs` is always `None` (the grant
+    /// statement sets it): there, nothing to do.
+    async fn arm_idle_timeout(&self, conn: &mut DbConn, secs: u64) -> SqlxResult<()> {
+        let _ = (conn, secs);
+        Ok(())
+    }
 
-    /// One grant statement: a try when `wait` is `None`, else a wait of up
-    /// to that long on the server; the token in the same statement.
-    #[allow(clippy::too_many_arguments)]
+    /// One grant statement (a try, or a wait on the server, as `grant`
+    /// says); the token in the same statement.
     async fn session_grant(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        key: &[u8],
-        server_key: &ServerKey,
-        owner: &str,
-        ttl: Duration,
-        wait: Option<Duration>,
-    ) -> Result<Granted, sqlx::Error>;
+        on: OnSession<'_>,
+        grant: &SessionGrant<'_>,
+    ) -> SqlxResult<Granted>;
 
     /// Releases the lock; `true` when this session held it.
-    async fn session_release(
-        &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        server_key: &ServerKey,
-    ) -> Result<bool, sqlx::Error>;
+    async fn session_release(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool>;
 
     /// The keep-alive: does this session still hold the lock?
-    async fn session_holds(
-        &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        server_key: &ServerKey,
-    ) -> Result<bool, sqlx::Error>;
+    async fn session_holds(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool>;
 
     /// Who holds the lock: `(server session id, owner hex, token)`; owner
     /// and token only when the holder is one of ours.
     async fn session_inspect(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        key: &[u8],
-        server_key: &ServerKey,
-    ) -> Result<Option<SessionHolder>, sqlx::Error>;
+        on: OnSession<'_>,
+        lock: SessionLock<'_>,
+    ) -> SqlxResult<Option<SessionHolder>>;
 
     /// Ends session `victim`, waiting for a grant to `owner`, on the server
     /// from `conn`. Where the server reuses session ids (PostgreSQL's are
     /// process ids) the session must also still show `owner` as waiting,
     /// so that a new session that took over the id is never ended.
-    async fn kill_session(
-        &self,
-        conn: &mut DbConn,
-        victim: i64,
-        owner: &str,
-    ) -> Result<(), sqlx::Error>;
+    async fn kill_session(&self, conn: &mut DbConn, victim: i64, owner: &str) -> SqlxResult<()>;
 
     /// `force_release`: ends the target's session only if it still holds
     /// the lock as the grant `inspect` reported and, where the server can
-    /// tell (PostgreSQL), holds no other lock; then waits (up to `wait`)
-    /// for the server to free the lock.
-    async fn kill_holder(
-        &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        target: KillTarget<'_>,
-        wait: Duration,
-    ) -> Result<Killed, sqlx::Error>;
+    /// tell (PostgreSQL), holds no other lock; then waits (up to the
+    /// target's `wait`) for the server to free the lock.
+    async fn kill_holder(&self, on: OnSession<'_>, target: KillTarget<'_>) -> SqlxResult<Killed>;
 
-    /// One `list` page: at most `limit` token rows whose key starts with
-    /// `prefix`, after `after`, in key order (see [`SessionListed`]);
-    /// `None` where the server keeps no per-key row to list (PostgreSQL).
+    /// One `list` page (see [`ListPage`] and [`SessionListed`]); `None`
+    /// where the server keeps no per-key row to list (PostgreSQL).
     async fn session_list(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        prefix: &str,
-        after: &str,
-        limit: i64,
-    ) -> Result<Option<Vec<SessionListed>>, sqlx::Error> {
-        let _ = (conn, sql, prefix, after, limit);
+        on: OnSession<'_>,
+        page: ListPage<'_>,
+    ) -> SqlxResult<Option<Vec<SessionListed>>> {
+        let _ = (on, page);
         Ok(None)
     }
 
@@ -671,11 +688,13 @@ pub(crate) trait SessionDialect: Send + Sync + std::fmt::Debug + 'static {
     /// found is returned as text.
     async fn prepare_session_schema(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
+        on: OnSession<'_>,
         create: bool,
-    ) -> Result<Option<String>, sqlx::Error>;
+    ) -> SqlxResult<Option<String>>;
 }
+
+/// What a sqlx call returns.
+pub(crate) type SqlxResult<T> = Result<T, sqlx::Error>;
 
 /// A dialect's session mode, as data.
 #[derive(Debug)]
@@ -689,6 +708,9 @@ pub(crate) struct SessionProfile {
     /// Whether the grant writes holder details that `session_inspect`
     /// reads back (MySQL/MariaDB: the token row).
     pub(crate) details: bool,
+    /// Appended to the lease table's name, the token counter's (a
+    /// sequence on PostgreSQL, a table on MySQL).
+    pub(crate) counter_suffix: &'static str,
 }
 
 impl dyn SessionDialect {

@@ -14,16 +14,17 @@ use lock_core::{FencingScope, HolderDetails, LockError};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile,
-    SessionDialect, SessionHolder, SessionListed, SessionProfile, SharedDdl, SharedNames,
-    UpsertBinds, first_token, marks, parse_options, shared_tables, spliced_batch, wrong_conn,
+    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Params,
+    Profile, SessionDialect, SessionHolder, SessionListed, SessionProfile, SharedDdl, SqlxResult,
+    UpsertBinds, WaitersIndex, marks, parse_options, spliced_batch, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions};
+use crate::dialect::session::SessionSql;
 use crate::dialect::session::{
-    Granted, KillTarget, Killed, ServerKey, mysql_wait_timeout, token_of as session_token,
+    Granted, KillTarget, Killed, ListPage, OnSession, ServerKey, SessionGrant, SessionLock,
+    mysql_wait_timeout, token_of as session_token,
 };
-use crate::dialect::session::{SessionSql, suffixed};
 use crate::error::{is_duplicate_column, is_missing_column};
 
 /// MySQL and MariaDB.
@@ -69,13 +70,16 @@ fn take_over_expired(reported: bool) -> String {
 /// A token row's details, only when written by its last grant.
 const DETAILS_OF_GRANT: &str = "CASE WHEN t.details_token = t.token THEN t.details END";
 
-fn my(conn: &mut DbConn) -> Result<&mut sqlx::MySqlConnection, sqlx::Error> {
-    #[allow(irrefutable_let_patterns)] // with only this dialect compiled in
-    let DbConn::MySql(c) = conn else {
-        return Err(wrong_conn("mysql"));
-    };
-    Ok(c)
-}
+/// What session mode is on this database, as data.
+static SESSION: SessionProfile = SessionProfile {
+    name: "mysql-session",
+    min_ttl: crate::config::MYSQL_SESSION_MIN_TTL,
+    // A counter row per key.
+    fencing: FencingScope::PerKey,
+    // The token row carries them.
+    details: true,
+    counter_suffix: "_session_tokens",
+};
 
 /// `UTC_TIMESTAMP(6)` in SQL, keys bound as bytes, the grant's token in
 /// the OK packet, a batch renewal that only says how many rows matched.
@@ -114,15 +118,25 @@ static PROFILE: Profile = Profile {
             returns: false,
         },
     },
+    params: Params::Positional,
+    micros_later: ["UTC_TIMESTAMP(6) + INTERVAL ", " MICROSECOND"],
+    shared: SharedDdl {
+        name: "VARBINARY(1024)",
+        shape: "VARCHAR(16)",
+        owner: "VARCHAR(64)",
+        kind: "VARCHAR(32)",
+        int: "BIGINT",
+        time: "DATETIME(6)",
+        details: Some(" NULL"),
+        waiter_id: "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+        keyed_options: " ENGINE=InnoDB",
+        waiters_options: " ENGINE=InnoDB",
+        waiters_index: WaitersIndex::Inline,
+    },
 };
 
 impl Dialect for MySql {
-    fn profile(&self) -> &'static Profile {
-        &PROFILE
-    }
-
-    fn statements(&self, t: &str, f: &str) -> LeaseSql {
-        let first = first_token(f);
+    fn statements(&self, t: &str, first: &str) -> LeaseSql {
         LeaseSql {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
@@ -212,8 +226,7 @@ impl Dialect for MySql {
     // No RETURNING: the upsert takes the free rows (and locks every row),
     // then a locking read says which are ours. The waiters check locks
     // their index range in share mode: no waiter registers meanwhile.
-    fn grant_all_sql(&self, t: &str, f: &str, w: Option<&str>, n: usize) -> GrantAll {
-        let first = first_token(f);
+    fn grant_all_sql(&self, t: &str, first: &str, w: Option<&str>, n: usize) -> GrantAll {
         let rows = vec![format!("(?, ?, {first}, {NOW} + INTERVAL ? MICROSECOND, ?)"); n];
         GrantAll::Transaction {
             begin: "BEGIN",
@@ -241,8 +254,7 @@ impl Dialect for MySql {
 
     // An earlier live waiter leaves the SELECT empty: nothing is inserted,
     // LAST_INSERT_ID(expr) never runs and the OK packet reports 0.
-    fn fair_grant_sql(&self, t: &str, f: &str, w: &str) -> String {
-        let first = first_token(f);
+    fn fair_grant_sql(&self, t: &str, first: &str, w: &str) -> String {
         format!(
             "INSERT INTO {t} (name, owner, token, expires_at, details) \
              SELECT ?, ?, LAST_INSERT_ID({first}), {NOW} + INTERVAL ? MICROSECOND, ? FROM DUAL \
@@ -250,31 +262,6 @@ impl Dialect for MySql {
              AND expires_at > {NOW} AND id < ?) {}",
             take_over_expired(true)
         )
-    }
-
-    fn param(&self, _n: usize) -> String {
-        "?".to_owned()
-    }
-
-    fn plus_micros(&self, micros: &str) -> String {
-        format!("UTC_TIMESTAMP(6) + INTERVAL {micros} MICROSECOND")
-    }
-
-    fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
-        let ddl = SharedDdl {
-            name: "VARBINARY(1024)",
-            shape: "VARCHAR(16)",
-            owner: "VARCHAR(64)",
-            kind: "VARCHAR(32)",
-            int: "BIGINT",
-            time: "DATETIME(6)",
-            details: format!("VARCHAR({DETAILS_LEN}) NULL"),
-            waiter_id: "BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
-            keyed_options: " ENGINE=InnoDB",
-            waiters_extra: format!(", INDEX {} (name, shape, id)", names.index),
-            waiters_options: " ENGINE=InnoDB",
-        };
-        shared_tables(names, &ddl).into()
     }
 
     /// The upsert takes the row's exclusive lock and bumps the counter; the
@@ -308,20 +295,17 @@ impl Dialect for MySql {
             "SELECT CAST(LAST_INSERT_ID() AS SIGNED)".to_owned(),
         ]
     }
+
+    fn profile(&self) -> &'static Profile {
+        &PROFILE
+    }
 }
 
 /// Session mode: `GET_LOCK`, tokens from a counter row per key.
+
 #[async_trait]
 impl SessionDialect for MySql {
     fn session_profile(&self) -> &'static SessionProfile {
-        static SESSION: SessionProfile = SessionProfile {
-            name: "mysql-session",
-            min_ttl: crate::config::MYSQL_SESSION_MIN_TTL,
-            // A counter row per key.
-            fencing: FencingScope::PerKey,
-            // The token row carries them.
-            details: true,
-        };
         &SESSION
     }
 
@@ -331,8 +315,7 @@ impl SessionDialect for MySql {
     // LAST_INSERT_ID(expr) carries the new token back in the OK packet; no
     // row is selected (and 0 reported) when GET_LOCK returned 0 (held until
     // the timeout) or NULL (error).
-    fn session_sql(&self, table: &str) -> SessionSql {
-        let tok = suffixed('`', table, "_session_tokens");
+    fn session_sql(&self, tok: &str) -> SessionSql {
         SessionSql {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {tok} (\
@@ -385,7 +368,7 @@ impl SessionDialect for MySql {
                  AND t.owner = ? AND t.conn = ? AND IS_USED_LOCK(?) = t.conn"
             ),
             session_id: Arc::from("SELECT CAST(CONNECTION_ID() AS SIGNED)"),
-            counter: tok,
+            counter: tok.to_owned(),
         }
     }
 
@@ -399,7 +382,7 @@ impl SessionDialect for MySql {
         Some(mysql_wait_timeout(ttl))
     }
 
-    async fn arm_idle_timeout(&self, conn: &mut DbConn, secs: u64) -> Result<(), sqlx::Error> {
+    async fn arm_idle_timeout(&self, conn: &mut DbConn, secs: u64) -> SqlxResult<()> {
         sqlx::query("SET SESSION wait_timeout = ?")
             .bind(secs)
             .execute(my(conn)?)
@@ -409,57 +392,41 @@ impl SessionDialect for MySql {
 
     async fn session_grant(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        key: &[u8],
-        server_key: &ServerKey,
-        owner: &str,
-        _ttl: Duration,
-        wait: Option<Duration>,
-    ) -> Result<Granted, sqlx::Error> {
+        on: OnSession<'_>,
+        grant: &SessionGrant<'_>,
+    ) -> SqlxResult<Granted> {
         // GET_LOCK(name, 0) tries; a positive timeout waits.
-        let seconds = wait.map_or(0.0, |w| w.as_secs_f64().max(0.001));
-        let done = sqlx::query(AssertSqlSafe(sql.grant.as_str()))
-            .bind(key)
-            .bind(owner)
-            .bind(server_key.mysql.as_str())
+        let seconds = grant.wait.map_or(0.0, |w| w.as_secs_f64().max(0.001));
+        let lock_name = grant.lock.server_key.mysql.as_str();
+        let done = sqlx::query(AssertSqlSafe(on.sql.grant.as_str()))
+            .bind(grant.lock.key)
+            .bind(grant.owner)
+            .bind(lock_name)
             .bind(HolderDetails::encode_current())
-            .bind(server_key.mysql.as_str())
+            .bind(lock_name)
             .bind(seconds)
-            .execute(my(conn)?)
+            .execute(my(on.conn)?)
             .await?;
         Ok(session_token(i64::try_from(done.last_insert_id()).ok()))
     }
 
-    async fn session_release(
-        &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        server_key: &ServerKey,
-    ) -> Result<bool, sqlx::Error> {
-        answers_one(conn, &sql.release, server_key).await
+    async fn session_release(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool> {
+        answers_one(on.conn, &on.sql.release, key).await
     }
 
-    async fn session_holds(
-        &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        server_key: &ServerKey,
-    ) -> Result<bool, sqlx::Error> {
-        answers_one(conn, &sql.holds, server_key).await
+    async fn session_holds(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool> {
+        answers_one(on.conn, &on.sql.holds, key).await
     }
 
     async fn session_inspect(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        key: &[u8],
-        server_key: &ServerKey,
-    ) -> Result<Option<SessionHolder>, sqlx::Error> {
-        let row = sqlx::query(AssertSqlSafe(sql.inspect.as_str()))
-            .bind(server_key.mysql.as_str())
-            .bind(key)
-            .fetch_one(my(conn)?)
+        on: OnSession<'_>,
+        lock: SessionLock<'_>,
+    ) -> SqlxResult<Option<SessionHolder>> {
+        let row = sqlx::query(AssertSqlSafe(on.sql.inspect.as_str()))
+            .bind(lock.server_key.mysql.as_str())
+            .bind(lock.key)
+            .fetch_one(my(on.conn)?)
             .await?;
         let Some(holder) = row.try_get::<Option<i64>, _>(0)? else {
             return Ok(None);
@@ -472,17 +439,14 @@ impl SessionDialect for MySql {
 
     async fn session_list(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        prefix: &str,
-        after: &str,
-        limit: i64,
-    ) -> Result<Option<Vec<SessionListed>>, sqlx::Error> {
-        let rows = sqlx::query(AssertSqlSafe(sql.list.as_str()))
-            .bind(prefix)
-            .bind(after.as_bytes())
-            .bind(limit)
-            .fetch_all(my(conn)?)
+        on: OnSession<'_>,
+        page: ListPage<'_>,
+    ) -> SqlxResult<Option<Vec<SessionListed>>> {
+        let rows = sqlx::query(AssertSqlSafe(on.sql.list.as_str()))
+            .bind(page.prefix)
+            .bind(page.after.as_bytes())
+            .bind(page.limit)
+            .fetch_all(my(on.conn)?)
             .await?;
         let mut page = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -499,12 +463,7 @@ impl SessionDialect for MySql {
     // KILL takes no placeholder; the id is our own integer. Connection ids
     // only grow while the server runs (never reused), so the id alone
     // names the waiting session.
-    async fn kill_session(
-        &self,
-        conn: &mut DbConn,
-        victim: i64,
-        _owner: &str,
-    ) -> Result<(), sqlx::Error> {
+    async fn kill_session(&self, conn: &mut DbConn, victim: i64, _owner: &str) -> SqlxResult<()> {
         sqlx::query(AssertSqlSafe(format!("KILL {victim}")))
             .execute(my(conn)?)
             .await
@@ -514,22 +473,16 @@ impl SessionDialect for MySql {
     // Two round trips: no statement both checks and kills. A holder that
     // releases and regrants another key on the same connection between
     // them loses that lock (crate docs, "Operating locks").
-    async fn kill_holder(
-        &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        target: KillTarget<'_>,
-        wait: Duration,
-    ) -> Result<Killed, sqlx::Error> {
+    async fn kill_holder(&self, on: OnSession<'_>, target: KillTarget<'_>) -> SqlxResult<Killed> {
         let KillTarget {
-            key,
-            server_key,
+            lock: SessionLock { key, server_key },
             victim,
             owner,
             token,
+            wait,
         } = target;
-        let conn = my(conn)?;
-        let still: i64 = sqlx::query_scalar(AssertSqlSafe(sql.kill_holder.as_str()))
+        let conn = my(on.conn)?;
+        let still: i64 = sqlx::query_scalar(AssertSqlSafe(on.sql.kill_holder.as_str()))
             .bind(key)
             .bind(i64::try_from(token).unwrap_or(i64::MAX))
             .bind(owner)
@@ -573,12 +526,11 @@ impl SessionDialect for MySql {
     // it first is not an error).
     async fn prepare_session_schema(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
+        on: OnSession<'_>,
         create: bool,
-    ) -> Result<Option<String>, sqlx::Error> {
+    ) -> SqlxResult<Option<String>> {
         if create {
-            let conn = my(conn)?;
+            let (conn, sql) = (my(on.conn)?, on.sql);
             sqlx::query(AssertSqlSafe(sql.create.as_str()))
                 .execute(&mut *conn)
                 .await?;
@@ -604,6 +556,14 @@ impl SessionDialect for MySql {
         }
         Ok(None)
     }
+}
+
+fn my(conn: &mut DbConn) -> Result<&mut sqlx::MySqlConnection, sqlx::Error> {
+    #[allow(irrefutable_let_patterns)] // with only this dialect compiled in
+    let DbConn::MySql(c) = conn else {
+        return Err(wrong_conn("mysql"));
+    };
+    Ok(c)
 }
 
 /// Runs `statement`, which binds the lock's name once: whether it answers

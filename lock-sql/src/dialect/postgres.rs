@@ -11,16 +11,17 @@ use lock_core::{FencingScope, Lease, LockError};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile,
-    Renewed, SessionDialect, SessionHolder, SessionProfile, SharedDdl, SharedNames, first_token,
-    lease_upsert, micros, parse_options, shared_tables, text, token_of, wrong_conn,
+    Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Params,
+    Profile, Renewed, SessionDialect, SessionHolder, SessionProfile, SharedDdl, SqlxResult,
+    WaitersIndex, lease_upsert, micros, parse_options, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions};
+use crate::dialect::session::SessionSql;
 use crate::dialect::session::{
-    Granted, KillTarget, Killed, ServerKey, pg_idle_timeout, token_of as session_token,
+    Granted, KillTarget, Killed, OnSession, ServerKey, SessionGrant, SessionLock, pg_idle_timeout,
+    token_of as session_token,
 };
-use crate::dialect::session::{SessionSql, suffixed};
 
 /// The `application_name` of a session-mode connection holding no grant
 /// of ours (a grant publishes `distlock <owner hex> <token>`).
@@ -30,13 +31,16 @@ const IDLE_MARKER: &str = "distlock";
 #[derive(Debug)]
 pub(crate) struct Postgres;
 
-fn pg(conn: &mut DbConn) -> Result<&mut sqlx::PgConnection, sqlx::Error> {
-    #[allow(irrefutable_let_patterns)] // with only this dialect compiled in
-    let DbConn::Postgres(c) = conn else {
-        return Err(wrong_conn("postgres"));
-    };
-    Ok(c)
-}
+/// What session mode is on this database, as data.
+static SESSION: SessionProfile = SessionProfile {
+    name: "postgres-session",
+    min_ttl: crate::config::PG_SESSION_MIN_TTL,
+    // One sequence for every key (nextval order is the order of grants).
+    fencing: FencingScope::Global,
+    // No per-key row to carry them (see the session module docs).
+    details: false,
+    counter_suffix: "_session_seq",
+};
 
 /// `now()` in SQL; the release notifies (and answers its row).
 static PROFILE: Profile = Profile {
@@ -62,15 +66,25 @@ static PROFILE: Profile = Profile {
         // One text for any batch size: the rows travel as three arrays.
         batch: Batch::Arrays,
     },
+    params: Params::Numbered("$"),
+    micros_later: ["now() + ", " * INTERVAL '1 microsecond'"],
+    shared: SharedDdl {
+        name: "VARCHAR(1024)",
+        shape: "VARCHAR(16)",
+        owner: "VARCHAR(64)",
+        kind: "VARCHAR(32)",
+        int: "BIGINT",
+        time: "TIMESTAMPTZ",
+        details: Some(""),
+        waiter_id: "BIGSERIAL PRIMARY KEY",
+        keyed_options: "",
+        waiters_options: "",
+        waiters_index: WaitersIndex::Separate,
+    },
 };
 
 impl Dialect for Postgres {
-    fn profile(&self) -> &'static Profile {
-        &PROFILE
-    }
-
-    fn statements(&self, t: &str, f: &str) -> LeaseSql {
-        let first = first_token(f);
+    fn statements(&self, t: &str, first: &str) -> LeaseSql {
         LeaseSql {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
@@ -159,8 +173,7 @@ impl Dialect for Postgres {
     // snapshot refuses the set before any write; a set only partly free
     // after all (a grant racing ours) divides by zero, which rolls the
     // whole statement back.
-    fn grant_all_sql(&self, t: &str, f: &str, w: Option<&str>, n: usize) -> GrantAll {
-        let first = first_token(f);
+    fn grant_all_sql(&self, t: &str, first: &str, w: Option<&str>, n: usize) -> GrantAll {
         let values: Vec<String> = (0..n)
             .map(|i| format!("(${}::varchar, {i})", i + 4))
             .collect();
@@ -189,44 +202,13 @@ impl Dialect for Postgres {
 
     // No row is inserted or taken over while an earlier live waiter is
     // queued: the SELECT yields nothing, so the conflict clause never runs.
-    fn fair_grant_sql(&self, t: &str, f: &str, w: &str) -> String {
-        let first = first_token(f);
+    fn fair_grant_sql(&self, t: &str, first: &str, w: &str) -> String {
         let source = format!(
             "SELECT $1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $5 \
              WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = $1 AND shape = 'mutex' \
              AND expires_at > now() AND id < $4)"
         );
         lease_upsert(t, &source, "now()", "token")
-    }
-
-    fn param(&self, n: usize) -> String {
-        format!("${n}")
-    }
-
-    fn plus_micros(&self, micros: &str) -> String {
-        format!("now() + {micros} * INTERVAL '1 microsecond'")
-    }
-
-    fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
-        let ddl = SharedDdl {
-            name: "VARCHAR(1024)",
-            shape: "VARCHAR(16)",
-            owner: "VARCHAR(64)",
-            kind: "VARCHAR(32)",
-            int: "BIGINT",
-            time: "TIMESTAMPTZ",
-            details: format!("VARCHAR({DETAILS_LEN})"),
-            waiter_id: "BIGSERIAL PRIMARY KEY",
-            keyed_options: "",
-            waiters_extra: String::new(),
-            waiters_options: "",
-        };
-        let mut schema = Vec::from(shared_tables(names, &ddl));
-        schema.push(format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {} (name, shape, id)",
-            names.index, names.waiters
-        ));
-        schema
     }
 
     /// `DO UPDATE` locks the row and bumps the counter, in one round trip.
@@ -263,6 +245,10 @@ impl Dialect for Postgres {
              SELECT pg_notify(${next}, name) FROM changed"
         ))
     }
+
+    fn profile(&self) -> &'static Profile {
+        &PROFILE
+    }
 }
 
 /// One batch renewal of `group` as three arrays (see
@@ -286,6 +272,14 @@ pub(super) async fn renew_arrays(
         renewed.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
     }
     Ok(Some(renewed))
+}
+
+fn pg(conn: &mut DbConn) -> Result<&mut sqlx::PgConnection, sqlx::Error> {
+    #[allow(irrefutable_let_patterns)] // with only this dialect compiled in
+    let DbConn::Postgres(c) = conn else {
+        return Err(wrong_conn("postgres"));
+    };
+    Ok(c)
 }
 
 /// How often a PostgreSQL backend running a statement checks that its
@@ -329,17 +323,10 @@ fn server_may_end_session_after(ttl: Duration) -> Duration {
 }
 
 /// Session mode: session-level advisory locks, tokens from one sequence.
+
 #[async_trait]
 impl SessionDialect for Postgres {
     fn session_profile(&self) -> &'static SessionProfile {
-        static SESSION: SessionProfile = SessionProfile {
-            name: "postgres-session",
-            min_ttl: crate::config::PG_SESSION_MIN_TTL,
-            // One sequence for every key (nextval order is the order of grants).
-            fencing: FencingScope::Global,
-            // No per-key row to carry them (see the session module docs).
-            details: false,
-        };
         &SESSION
     }
 
@@ -348,8 +335,7 @@ impl SessionDialect for Postgres {
     // token and the holder's identity are published in `application_name`
     // for `inspect`. OFFSET 0 keeps the subquery from being flattened into
     // the outer query, so the volatile lock call is evaluated exactly once.
-    fn session_sql(&self, table: &str) -> SessionSql {
-        let seq = suffixed('"', table, "_session_seq");
+    fn session_sql(&self, seq: &str) -> SessionSql {
         // With the grant, the server's own liveness checks move out to the
         // lease's TTL ($3, milliseconds): `idle_session_timeout` ends a
         // silent session no earlier than the TTL after its last statement,
@@ -408,7 +394,7 @@ impl SessionDialect for Postgres {
                 .to_owned(),
             session_id: Arc::from("SELECT CAST(pg_backend_pid() AS BIGINT)"),
             list: String::new(),
-            counter: seq,
+            counter: seq.to_owned(),
         }
     }
 
@@ -436,35 +422,25 @@ impl SessionDialect for Postgres {
         None
     }
 
-    /// Never asked for (see `idle_timeout_secs`): nothing to do.
-    async fn arm_idle_timeout(&self, _conn: &mut DbConn, _secs: u64) -> Result<(), sqlx::Error> {
-        Ok(())
-    }
-
     async fn session_grant(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        _key: &[u8],
-        server_key: &ServerKey,
-        owner: &str,
-        ttl: Duration,
-        wait: Option<Duration>,
-    ) -> Result<Granted, sqlx::Error> {
-        let statement = match wait {
-            None => &sql.grant,
-            Some(_) => &sql.wait,
+        on: OnSession<'_>,
+        grant: &SessionGrant<'_>,
+    ) -> SqlxResult<Granted> {
+        let statement = match grant.wait {
+            None => &on.sql.grant,
+            Some(_) => &on.sql.wait,
         };
         let mut query = sqlx::query(AssertSqlSafe(statement.as_str()))
-            .bind(server_key.pg)
-            .bind(owner)
-            .bind(pg_idle_timeout(ttl));
-        if let Some(wait) = wait {
+            .bind(grant.lock.server_key.pg)
+            .bind(grant.owner)
+            .bind(pg_idle_timeout(grant.ttl));
+        if let Some(wait) = grant.wait {
             // lock_timeout = 0 would mean "wait forever".
             let ms = wait.as_millis().max(1);
             query = query.bind(ms.to_string());
         }
-        match query.fetch_one(pg(conn)?).await {
+        match query.fetch_one(pg(on.conn)?).await {
             Ok(row) => Ok(session_token(row.try_get::<Option<i64>, _>(0)?)),
             // lock_not_available: lock_timeout ran out.
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
@@ -474,39 +450,28 @@ impl SessionDialect for Postgres {
         }
     }
 
-    async fn session_release(
-        &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        server_key: &ServerKey,
-    ) -> Result<bool, sqlx::Error> {
-        let row = sqlx::query(AssertSqlSafe(sql.release.as_str()))
-            .bind(server_key.pg)
-            .fetch_one(pg(conn)?)
+    async fn session_release(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool> {
+        let row = sqlx::query(AssertSqlSafe(on.sql.release.as_str()))
+            .bind(key.pg)
+            .fetch_one(pg(on.conn)?)
             .await?;
         row.try_get::<bool, _>(0)
     }
 
-    async fn session_holds(
-        &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        server_key: &ServerKey,
-    ) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar::<_, bool>(AssertSqlSafe(sql.holds.as_str()))
-            .bind(server_key.pg_halves.0)
-            .bind(server_key.pg_halves.1)
-            .fetch_one(pg(conn)?)
+    async fn session_holds(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool> {
+        sqlx::query_scalar::<_, bool>(AssertSqlSafe(on.sql.holds.as_str()))
+            .bind(key.pg_halves.0)
+            .bind(key.pg_halves.1)
+            .fetch_one(pg(on.conn)?)
             .await
     }
 
     async fn session_inspect(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        _key: &[u8],
-        server_key: &ServerKey,
-    ) -> Result<Option<SessionHolder>, sqlx::Error> {
+        on: OnSession<'_>,
+        lock: SessionLock<'_>,
+    ) -> SqlxResult<Option<SessionHolder>> {
+        let (sql, server_key) = (on.sql, lock.server_key);
         // `pg_locks` and `pg_stat_activity` are read one after the other,
         // and a session of ours shows the bare marker while holding only
         // inside one of its statements: between a grant's lock and its
@@ -518,7 +483,7 @@ impl SessionDialect for Postgres {
             let row = sqlx::query(AssertSqlSafe(sql.inspect.as_str()))
                 .bind(server_key.pg_halves.0)
                 .bind(server_key.pg_halves.1)
-                .fetch_optional(pg(conn)?)
+                .fetch_optional(pg(&mut *on.conn)?)
                 .await?;
             let Some(row) = row else { return Ok(None) };
             let pid: i32 = row.try_get(0)?;
@@ -546,12 +511,7 @@ impl SessionDialect for Postgres {
 
     // A backend's pid can be another backend's once it has exited: only
     // the session that still shows this waiting owner is ended.
-    async fn kill_session(
-        &self,
-        conn: &mut DbConn,
-        victim: i64,
-        owner: &str,
-    ) -> Result<(), sqlx::Error> {
+    async fn kill_session(&self, conn: &mut DbConn, victim: i64, owner: &str) -> SqlxResult<()> {
         sqlx::query(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
              WHERE pid = $1::int AND application_name = $2",
@@ -563,28 +523,22 @@ impl SessionDialect for Postgres {
         .map(drop)
     }
 
-    async fn kill_holder(
-        &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
-        target: KillTarget<'_>,
-        wait: Duration,
-    ) -> Result<Killed, sqlx::Error> {
+    async fn kill_holder(&self, on: OnSession<'_>, target: KillTarget<'_>) -> SqlxResult<Killed> {
         let KillTarget {
-            server_key,
+            lock,
             victim,
             owner,
             token,
-            ..
+            wait,
         } = target;
         let wait_ms = i64::try_from(wait.as_millis().max(1)).unwrap_or(i64::MAX);
-        let row = sqlx::query(AssertSqlSafe(sql.kill_holder.as_str()))
-            .bind(server_key.pg_halves.0)
-            .bind(server_key.pg_halves.1)
+        let row = sqlx::query(AssertSqlSafe(on.sql.kill_holder.as_str()))
+            .bind(lock.server_key.pg_halves.0)
+            .bind(lock.server_key.pg_halves.1)
             .bind(victim)
             .bind(format!("distlock {owner} {token}"))
             .bind(wait_ms)
-            .fetch_optional(pg(conn)?)
+            .fetch_optional(pg(on.conn)?)
             .await?;
         let Some(row) = row else {
             return Ok(Killed::Changed);
@@ -601,11 +555,10 @@ impl SessionDialect for Postgres {
 
     async fn prepare_session_schema(
         &self,
-        conn: &mut DbConn,
-        sql: &SessionSql,
+        on: OnSession<'_>,
         create: bool,
-    ) -> Result<Option<String>, sqlx::Error> {
-        let conn = pg(conn)?;
+    ) -> SqlxResult<Option<String>> {
+        let (conn, sql) = (pg(on.conn)?, on.sql);
         if create {
             sqlx::query(AssertSqlSafe(sql.create.as_str()))
                 .execute(&mut *conn)

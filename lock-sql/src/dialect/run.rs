@@ -7,10 +7,32 @@ use std::time::Duration;
 
 use lock_core::{HolderDetails, Lease, LockError, LockKey};
 
-use super::{Arg, Batch, Dialect, GrantReply, Holder, Renewed, micros, token_of, unix_micros};
+use super::{
+    Arg, Batch, Dialect, GrantReply, Holder, Params, Renewed, SharedNames, micros, token_of,
+    unix_micros,
+};
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions, DbPool};
 use crate::dialect::binds::{Bind, Value, execute, fetch, fetch_optional};
+
+/// The row a lease of ours matches: its key, owner (hex) and token.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeaseRow<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) owner: &'a str,
+    pub(crate) token: i64,
+}
+
+impl<'a> LeaseRow<'a> {
+    /// The row of `lease`, whose owner is `owner` in hex.
+    pub(crate) fn of(lease: &'a Lease, owner: &'a str) -> Self {
+        Self {
+            key: lease.key(),
+            owner,
+            token: token_of(lease),
+        }
+    }
+}
 
 /// The values one lease statement may bind, by [`Arg`].
 struct Values<'a> {
@@ -33,6 +55,13 @@ impl<'a> Values<'a> {
             details: "",
             channel: "",
             ahead: None,
+        }
+    }
+
+    fn of(row: LeaseRow<'a>) -> Self {
+        Self {
+            token: row.token,
+            ..Self::new(row.key.as_str(), row.owner)
         }
     }
 
@@ -135,6 +164,25 @@ impl dyn Dialect {
         self.profile().begin
     }
 
+    /// The `n`th (1-based) placeholder of a shared statement.
+    pub(crate) fn param(&self, n: usize) -> String {
+        match self.profile().params {
+            Params::Numbered(prefix) => format!("{prefix}{n}"),
+            Params::Positional => "?".to_owned(),
+        }
+    }
+
+    /// "Now" plus `micros` (a placeholder) microseconds.
+    pub(crate) fn plus_micros(&self, micros: &str) -> String {
+        let [before, after] = self.profile().micros_later;
+        format!("{before}{micros}{after}")
+    }
+
+    /// The shared tables' `CREATE .. IF NOT EXISTS` statements.
+    pub(crate) fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
+        super::shared_tables(names, &self.profile().shared)
+    }
+
     /// sqlx's connect options for `config` and the users' pool (opened
     /// lazily) on the same options.
     pub(crate) fn open(&self, config: &SqlConfig) -> Result<(DbOptions, DbPool), LockError> {
@@ -190,15 +238,12 @@ impl dyn Dialect {
         &self,
         conn: &mut DbConn,
         sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
+        row: LeaseRow<'_>,
         channel: &str,
     ) -> Result<bool, sqlx::Error> {
         let values = Values {
-            token,
             channel,
-            ..Values::new(key.as_str(), owner)
+            ..Values::of(row)
         };
         let binds = values.binds(self.profile().binds.release);
         if self.notified() {
@@ -213,15 +258,12 @@ impl dyn Dialect {
         &self,
         conn: &mut DbConn,
         sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        token: i64,
+        row: LeaseRow<'_>,
         ttl: Duration,
     ) -> Result<u64, sqlx::Error> {
         let values = Values {
-            token,
             ttl,
-            ..Values::new(key.as_str(), owner)
+            ..Values::of(row)
         };
         execute(conn, sql, &values.binds(self.profile().binds.renew)).await
     }

@@ -7,7 +7,42 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::SqlDialect;
+use crate::connection::DbConn;
 use crate::dialect::{SessionDialect, quote_with};
+
+/// Where a session statement runs: the session's connection and the
+/// backend's session statements.
+pub(crate) struct OnSession<'a> {
+    pub(crate) conn: &'a mut DbConn,
+    pub(crate) sql: &'a SessionSql,
+}
+
+/// A lock as session mode names it: the key as stored (MySQL's token row)
+/// and as the server's lock sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SessionLock<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) server_key: &'a ServerKey,
+}
+
+/// One grant statement: a try when `wait` is `None`, else a wait of up to
+/// that long on the server, for `owner` (hex) with a lease of `ttl`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SessionGrant<'a> {
+    pub(crate) lock: SessionLock<'a>,
+    pub(crate) owner: &'a str,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Option<Duration>,
+}
+
+/// One `list` page: at most `limit` token rows whose key matches the
+/// `LIKE` pattern `prefix`, after `after`, in key order.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ListPage<'a> {
+    pub(crate) prefix: &'a str,
+    pub(crate) after: &'a str,
+    pub(crate) limit: i64,
+}
 
 /// Session-mode SQL for one dialect.
 #[derive(Debug)]
@@ -51,7 +86,8 @@ pub(crate) fn suffixed(quote: char, table: &str, suffix: &str) -> String {
 impl SessionSql {
     /// The statements of `dialect` for lease table `table` (validated).
     pub(crate) fn new(dialect: &dyn SessionDialect, table: &str) -> Self {
-        dialect.session_sql(table)
+        let suffix = dialect.session_profile().counter_suffix;
+        dialect.session_sql(&suffixed(dialect.profile().quote, table, suffix))
     }
 }
 
@@ -125,15 +161,16 @@ pub(crate) enum Killed {
     HoldsOthers(i64),
 }
 
-/// The grant `force_release` ends: session `victim`, holding the lock of
-/// `server_key` (key `key`) as grant `owner`/`token` when `inspect` read it.
+/// The grant `force_release` ends: session `victim`, holding `lock` as
+/// grant `owner`/`token` when `inspect` read it; `wait` is how long to wait
+/// for the server to free the lock once the session is ended.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KillTarget<'a> {
-    pub(crate) key: &'a [u8],
-    pub(crate) server_key: &'a ServerKey,
+    pub(crate) lock: SessionLock<'a>,
     pub(crate) victim: i64,
     pub(crate) owner: &'a str,
     pub(crate) token: u64,
+    pub(crate) wait: Duration,
 }
 
 /// A grant statement's token: `Held` when none (or not positive).

@@ -6,9 +6,8 @@
 use lock_core::LockError;
 
 use super::{
-    Arg, Batch, Dialect, GrantAll, GrantReply, LeaseBinds, LeaseSql, Profile, SharedDdl,
-    SharedNames, UpsertBinds, first_token, lease_upsert, parse_options, shared_tables,
-    spliced_batch,
+    Arg, Batch, Dialect, GrantAll, GrantReply, LeaseBinds, LeaseSql, Params, Profile, SharedDdl,
+    UpsertBinds, WaitersIndex, lease_upsert, parse_options, spliced_batch,
 };
 use crate::config::SqlConfig;
 use crate::connection::DbOptions;
@@ -86,16 +85,31 @@ static PROFILE: Profile = Profile {
             returns: true,
         },
     },
+    params: Params::Numbered("?"),
+    // `({SQLITE_NOW} + micros)`.
+    micros_later: [
+        "(CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) + ",
+        ")",
+    ],
+    shared: SharedDdl {
+        name: "TEXT",
+        shape: "TEXT",
+        owner: "TEXT",
+        kind: "TEXT",
+        int: "INTEGER",
+        time: "INTEGER",
+        details: None,
+        // AUTOINCREMENT: ids are never reused, so arrival order holds.
+        waiter_id: "INTEGER PRIMARY KEY AUTOINCREMENT",
+        keyed_options: " WITHOUT ROWID",
+        waiters_options: "",
+        waiters_index: WaitersIndex::QualifiedName,
+    },
 };
 
 impl Dialect for Sqlite {
-    fn profile(&self) -> &'static Profile {
-        &PROFILE
-    }
-
     // "now" is bound as ?3 / ?4.
-    fn statements(&self, t: &str, f: &str) -> LeaseSql {
-        let first = first_token(f);
+    fn statements(&self, t: &str, first: &str) -> LeaseSql {
         LeaseSql {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
@@ -176,8 +190,7 @@ impl Dialect for Sqlite {
 
     // BEGIN IMMEDIATE holds the file's write lock: the check and the
     // upsert see one state.
-    fn grant_all_sql(&self, t: &str, f: &str, w: Option<&str>, n: usize) -> GrantAll {
-        let first = first_token(f);
+    fn grant_all_sql(&self, t: &str, first: &str, w: Option<&str>, n: usize) -> GrantAll {
         let names: Vec<String> = (0..n).map(|i| format!("?{}", i + 1)).collect();
         let details = n + 4;
         let rows: Vec<String> = (0..n)
@@ -207,46 +220,13 @@ impl Dialect for Sqlite {
     // As PostgreSQL's: an earlier live waiter leaves the SELECT empty.
     // SQLite's waiter rows expire by its own reading of the same host
     // clock (millisecond precision), compared with the bound now (?3).
-    fn fair_grant_sql(&self, t: &str, f: &str, w: &str) -> String {
-        let first = first_token(f);
+    fn fair_grant_sql(&self, t: &str, first: &str, w: &str) -> String {
         let source = format!(
             "SELECT ?1, ?2, {first}, ?3 + ?4, ?6 \
              WHERE NOT EXISTS (SELECT 1 FROM {w} WHERE name = ?1 AND shape = 'mutex' \
              AND expires_at > ?3 AND id < ?5)"
         );
         lease_upsert(t, &source, "?3", "token")
-    }
-
-    fn param(&self, n: usize) -> String {
-        format!("?{n}")
-    }
-
-    fn plus_micros(&self, micros: &str) -> String {
-        format!("({SQLITE_NOW} + {micros})")
-    }
-
-    fn shared_schema(&self, names: &SharedNames) -> Vec<String> {
-        let ddl = SharedDdl {
-            name: "TEXT",
-            shape: "TEXT",
-            owner: "TEXT",
-            kind: "TEXT",
-            int: "INTEGER",
-            time: "INTEGER",
-            details: "TEXT".to_owned(),
-            // AUTOINCREMENT: ids are never reused, so arrival order holds.
-            waiter_id: "INTEGER PRIMARY KEY AUTOINCREMENT",
-            keyed_options: " WITHOUT ROWID",
-            waiters_extra: String::new(),
-            waiters_options: "",
-        };
-        let mut schema = Vec::from(shared_tables(names, &ddl));
-        // SQLite qualifies the index's name, not its table's.
-        schema.push(format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {} (name, shape, id)",
-            names.index_qualified, names.waiters_unqualified
-        ));
-        schema
     }
 
     fn lock_key_sql(&self, keys: &str) -> Vec<String> {
@@ -262,5 +242,20 @@ impl Dialect for Sqlite {
             "INSERT INTO {waiters} (name, shape, owner, kind, cnt, lim, expires_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, {SQLITE_NOW} + ?7) RETURNING id"
         )]
+    }
+
+    fn profile(&self) -> &'static Profile {
+        &PROFILE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shared statements' "now plus µs" reads the clock as [`SQLITE_NOW`].
+    #[test]
+    fn micros_later_is_sqlite_now_plus() {
+        assert_eq!(PROFILE.micros_later[0], format!("({SQLITE_NOW} + "));
     }
 }

@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    ErrorKind, FencingToken, HolderDetails, Lease, LockError, LockInfo, LockKey, Operation,
-    OwnerId, RandomKeys, SessionState, check_ttl,
+    ErrorKind, FencingToken, GrantRequest, HolderDetails, Lease, LockError, LockInfo, LockKey,
+    Operation, OwnerId, RandomKeys, SessionState, check_ttl,
 };
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::connection::session::{Pinned, Sessions, is_broken};
 use crate::dialect::SessionHolder;
-use crate::dialect::session::{Granted, ServerKey};
+use crate::dialect::session::{Granted, ServerKey, SessionGrant, SessionLock};
 use crate::grants::MutexOnly;
 
 /// A held lock and its pinned session (whose channel its guard watches).
@@ -89,30 +89,25 @@ pub(crate) struct SessionGrants {
 
 #[async_trait]
 impl MutexOnly for SessionGrants {
-    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.grant_session(key, ttl, None, Operation::TryAcquire)
-            .await
-    }
-
-    async fn take_waiting(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
-        match self
-            .grant_session(key, ttl, Some(deadline), Operation::Acquire)
-            .await?
-        {
-            Some(lease) => Ok(lease),
-            None => Err(LockError::new(
+    /// One try, or a wait on the server until the request's deadline.
+    async fn take(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let GrantRequest {
+            key, ttl, deadline, ..
+        } = request;
+        let operation = match deadline {
+            None => Operation::TryAcquire,
+            Some(_) => Operation::Acquire,
+        };
+        let granted = self.grant_session(key, ttl, deadline, operation).await?;
+        if granted.is_none() && deadline.is_some() {
+            return Err(self.error(
                 ErrorKind::Contended,
                 Operation::Acquire,
+                key,
                 "still held by another session at the wait deadline",
-            )
-            .with_key(key)
-            .with_backend(self.inner.name)),
+            ));
         }
+        Ok(granted)
     }
 
     /// The key's holder as the server reports it.
@@ -124,32 +119,55 @@ impl MutexOnly for SessionGrants {
             .await
             .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
         let server_key = self.inner.server_key(key);
+        let (dialect, on) = pinned.session.on(&self.inner.sql);
         let found = timeout(
             op_timeout,
-            pinned
-                .session
-                .inspect(&self.inner.sql, key.as_str().as_bytes(), &server_key),
+            dialect.session_inspect(
+                on,
+                SessionLock {
+                    key: key.as_str().as_bytes(),
+                    server_key: &server_key,
+                },
+            ),
         )
         .await;
-        let found = match found {
-            Ok(Ok(found)) => found,
-            Ok(Err(e)) => return Err(self.inner.err(Operation::Inspect, key, e)),
-            Err(_) => {
-                return Err(LockError::new(
-                    ErrorKind::Timeout,
-                    Operation::Inspect,
-                    "inspect did not answer within the operation timeout",
-                )
-                .with_key(key)
-                .with_backend(self.inner.name));
-            }
-        };
+        let late = "inspect did not answer within the operation timeout";
+        let found = self.answer(Operation::Inspect, key, found, late)?;
         self.inner.checkin(pinned);
         Ok(found.map(|holder| holder_info(key.clone(), holder)))
     }
 }
 
 impl SessionGrants {
+    /// What a statement run under the operation timeout answered: its
+    /// value, its error, or a Timeout error saying `late`.
+    fn answer<T>(
+        &self,
+        operation: Operation,
+        key: &LockKey,
+        answer: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+        late: &str,
+    ) -> Result<T, LockError> {
+        match answer {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(self.inner.err(operation, key, e)),
+            Err(_) => Err(self.error(ErrorKind::Timeout, operation, key, late)),
+        }
+    }
+
+    /// A `kind` error of `operation` on `key`, from this backend.
+    fn error(
+        &self,
+        kind: ErrorKind,
+        operation: Operation,
+        key: &LockKey,
+        message: &str,
+    ) -> LockError {
+        LockError::new(kind, operation, message)
+            .with_key(key)
+            .with_backend(self.inner.name)
+    }
+
     pub(crate) fn new(inner: Arc<Sessions>, held: Arc<HeldLocks>) -> Self {
         Self { inner, held }
     }
@@ -185,14 +203,13 @@ impl SessionGrants {
             // The session is gone, and its lock with it.
             Ok(Err(e)) if is_broken(&e) => Ok(false),
             Ok(Err(e)) => Err(self.inner.err(Operation::Release, lease.key(), e)),
-            Err(_) => Err(LockError::new(
+            Err(_) => Err(self.error(
                 ErrorKind::Timeout,
                 Operation::Release,
+                lease.key(),
                 "the release did not answer within the operation timeout; its session was \
                  closed, so the server frees the lock when it notices (at the latest after the TTL)",
-            )
-            .with_key(lease.key())
-            .with_backend(self.inner.name)),
+            )),
         }
     }
 
@@ -214,7 +231,15 @@ impl SessionGrants {
         let owner_hex = owner.hex();
         let owner_hex = owner_hex.as_str();
         let server_key = self.inner.server_key(key);
-        let key_bytes = key.as_str().as_bytes();
+        let try_once = SessionGrant {
+            lock: SessionLock {
+                key: key.as_str().as_bytes(),
+                server_key: &server_key,
+            },
+            owner: owner_hex,
+            ttl,
+            wait: None,
+        };
         let sql = &self.inner.sql;
 
         // The try. A pooled connection found broken is replaced once: its
@@ -228,13 +253,7 @@ impl SessionGrants {
         let mut first = true;
         let granted = loop {
             sent_at = Instant::now();
-            let attempt = timeout(
-                op_timeout,
-                pinned
-                    .session
-                    .grant(sql, key_bytes, &server_key, owner_hex, ttl, None),
-            )
-            .await;
+            let attempt = timeout(op_timeout, pinned.session.grant(sql, &try_once)).await;
             match attempt {
                 Ok(Ok(granted)) => break granted,
                 Ok(Err(e)) if first && is_broken(&e) && !pinned.session.fresh => {
@@ -249,13 +268,12 @@ impl SessionGrants {
                 // never returned to the idle list.
                 Ok(Err(e)) => return Err(self.inner.err(operation, key, e)),
                 Err(_) => {
-                    return Err(LockError::new(
+                    return Err(self.error(
                         ErrorKind::Timeout,
                         operation,
+                        key,
                         "the grant did not answer within the operation timeout (its session was closed)",
-                    )
-                    .with_key(key)
-                    .with_backend(self.inner.name));
+                    ));
                 }
             }
         };
@@ -281,11 +299,10 @@ impl SessionGrants {
                     remaining + op_timeout,
                     pinned.session.grant(
                         sql,
-                        key_bytes,
-                        &server_key,
-                        owner_hex,
-                        ttl,
-                        Some(remaining),
+                        &SessionGrant {
+                            wait: Some(remaining),
+                            ..try_once
+                        },
                     ),
                 )
                 .await;
@@ -307,13 +324,12 @@ impl SessionGrants {
                         return Err(self.inner.err(operation, key, e));
                     }
                     Err(_) => {
-                        return Err(LockError::new(
+                        return Err(self.error(
                             ErrorKind::Timeout,
                             operation,
+                            key,
                             "the server-side wait did not end by the deadline (its session was killed)",
-                        )
-                        .with_key(key)
-                        .with_backend(self.inner.name));
+                        ));
                     }
                 }
             }
@@ -322,27 +338,15 @@ impl SessionGrants {
         // little: confirm with one keep-alive and date the lease from it.
         if sent_at.elapsed() > ttl / 3 {
             sent_at = Instant::now();
-            match timeout(op_timeout, pinned.session.holds(sql, &server_key)).await {
-                Ok(Ok(true)) => {}
-                Ok(Ok(false)) => {
-                    return Err(LockError::new(
-                        ErrorKind::LeaseLost,
-                        operation,
-                        "the session lost the lock right after the grant",
-                    )
-                    .with_key(key)
-                    .with_backend(self.inner.name));
-                }
-                Ok(Err(e)) => return Err(self.inner.err(operation, key, e)),
-                Err(_) => {
-                    return Err(LockError::new(
-                        ErrorKind::Timeout,
-                        operation,
-                        "the grant could not be confirmed within the operation timeout",
-                    )
-                    .with_key(key)
-                    .with_backend(self.inner.name));
-                }
+            let held = timeout(op_timeout, pinned.session.holds(sql, &server_key)).await;
+            let late = "the grant could not be confirmed within the operation timeout";
+            if !self.answer(operation, key, held, late)? {
+                return Err(self.error(
+                    ErrorKind::LeaseLost,
+                    operation,
+                    key,
+                    "the session lost the lock right after the grant",
+                ));
             }
         }
         let token = FencingToken::new(token);

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
-    ErrorKind, FencingToken, Lease, LockError, LockInfo, LockKey, Operation, OwnerId, check_ttl,
+    ErrorKind, FencingToken, GrantRequest, Lease, LockError, LockInfo, LockKey, Operation, OwnerId,
+    check_ttl,
 };
 use tokio::time::Instant;
 
@@ -26,23 +27,17 @@ pub(crate) struct ShedGrants {
 
 #[async_trait]
 impl MutexOnly for ShedGrants {
-    /// The try-once grant.
-    async fn try_take(&self, key: &LockKey, ttl: Duration) -> Result<Option<Lease>, LockError> {
-        self.try_once(key, ttl, Operation::TryAcquire).await
-    }
-
-    /// A grant that polls until `deadline`.
-    async fn take_waiting(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> Result<Lease, LockError> {
+    /// The try-once grant, or one that polls until the request's deadline.
+    async fn take(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
+        let (key, ttl) = (request.key, request.ttl);
+        let Some(deadline) = request.deadline else {
+            return self.try_once(key, ttl, Operation::TryAcquire).await;
+        };
         let poll = self.inner.config.poll;
         let mut backoff = poll.backoff();
         loop {
             if let Some(lease) = self.try_once(key, ttl, Operation::Acquire).await? {
-                return Ok(lease);
+                return Ok(Some(lease));
             }
             let now = Instant::now();
             if now >= deadline {

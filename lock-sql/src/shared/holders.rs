@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use lock_core::{
-    ErrorKind, FencingToken, HolderDetails, HolderInfo, Lease, LeaseKind, LockError, LockKey,
-    LockShape, Operation, check_ttl, validity_deadline,
+    ErrorKind, HolderInfo, Lease, LeaseKind, LockError, LockKey, LockShape, Operation, check_ttl,
+    validity_deadline,
 };
 use tokio::time::Instant;
 
@@ -44,6 +44,26 @@ impl Shared {
             })
         })
         .await
+    }
+
+    /// A statement that frees part of a key's holding (a release, a
+    /// downgrade), with `binds` and, where the shared statements notify,
+    /// the release channel after them (the statement then answers a row per
+    /// change, see [`Dialect::notifying`](crate::dialect::Dialect::notifying)):
+    /// the rows changed.
+    async fn freeing<'a>(
+        &'a self,
+        key: &LockKey,
+        statement: &Arc<str>,
+        mut binds: Vec<Bind<'a>>,
+        operation: Operation,
+    ) -> Result<u64, LockError> {
+        let notifies = self.inner.shared.notifies;
+        if notifies {
+            binds.push(Bind::Text(&self.inner.channel));
+        }
+        self.holder_statement(key, statement, &binds, notifies, operation)
+            .await
     }
 
     fn not_held(lease: &Lease, operation: Operation) -> LockError {
@@ -93,26 +113,16 @@ impl Shared {
     pub(crate) async fn release_share(&self, lease: &Lease) -> Result<bool, LockError> {
         let (key, kind) = (lease.key(), lease.kind());
         let (owner, code) = (lease.owner().to_hex(), kind.code());
-        let shared = &self.inner.shared;
-        let channel = &self.inner.channel;
-        let mut binds = vec![
+        let binds = vec![
             Bind::Text(key.as_str()),
             Bind::Text(kind.shape().as_str()),
             Bind::Text(&owner),
             Bind::Int(token_of(lease)),
             Bind::Text(&code),
         ];
-        if shared.notifies {
-            binds.push(Bind::Text(channel));
-        }
+        let release = &self.inner.shared.release;
         let released = self
-            .holder_statement(
-                key,
-                &shared.release,
-                &binds,
-                shared.notifies,
-                Operation::Release,
-            )
+            .freeing(key, release, binds, Operation::Release)
             .await?
             == 1;
         if released {
@@ -129,25 +139,15 @@ impl Shared {
             return Err(Self::not_held(lease, Operation::Downgrade));
         }
         let owner = lease.owner().to_hex();
-        let shared = &self.inner.shared;
-        let channel = &self.inner.channel;
-        let mut binds = vec![
+        let binds = vec![
             Bind::Text(key.as_str()),
             Bind::Text(LockShape::ReadWrite.as_str()),
             Bind::Text(&owner),
             Bind::Int(token_of(lease)),
         ];
-        if shared.notifies {
-            binds.push(Bind::Text(channel));
-        }
+        let downgrade = &self.inner.shared.downgrade;
         let changed = self
-            .holder_statement(
-                key,
-                &shared.downgrade,
-                &binds,
-                shared.notifies,
-                Operation::Downgrade,
-            )
+            .freeing(key, downgrade, binds, Operation::Downgrade)
             .await?;
         if changed != 1 {
             return Err(Self::not_held(lease, Operation::Downgrade));
@@ -191,14 +191,12 @@ impl Shared {
 ///
 /// `InvalidArgument` for a kind code this version does not know.
 pub(crate) fn holder_info(r: &[Value]) -> Result<HolderInfo, LockError> {
+    let (token, remaining_ttl, details) = crate::admin::holder_columns(&r[2..]);
     Ok(HolderInfo {
         kind: LeaseKind::from_code(r[1].text())?,
         holder: r[0].text().to_owned(),
-        token: u64::try_from(r[2].int()).ok().map(FencingToken::new),
-        remaining_ttl: Some(crate::dialect::remaining(r[3].int())),
-        details: match &r[4] {
-            Value::Text(Some(text)) => HolderDetails::decode(text),
-            _ => None,
-        },
+        token,
+        remaining_ttl,
+        details,
     })
 }
