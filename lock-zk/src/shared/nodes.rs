@@ -84,6 +84,27 @@ impl Pending {
         self.nodes.clear();
         self.sweeps.clear();
     }
+
+    /// Waits for `watcher`'s event (the caller then looks again); ends the
+    /// attempt when the session is lost, and at `deadline` withdraws these
+    /// nodes and fails `Contended` with `why` (for `key`, in `operation`).
+    pub(crate) async fn wait_watched(
+        &mut self,
+        session: &Session,
+        watcher: zk::OneshotWatcher,
+        deadline: Instant,
+        (operation, key, why): (Operation, &LockKey, &str),
+    ) -> Result<(), AttemptError> {
+        let mut state = session.state.clone();
+        tokio::select! {
+            _ = watcher.changed() => Ok(()),
+            () = wait_lost(&mut state) => Err(AttemptError::SessionLost),
+            () = sleep_until(deadline) => {
+                self.withdraw().await;
+                Err(AttemptError::Lock(error(ErrorKind::Contended, operation, key, why)))
+            }
+        }
+    }
 }
 
 impl Drop for Pending {
@@ -107,27 +128,6 @@ impl Drop for Pending {
                 cleanup.sweep_uncertain(&client, &dir, owner, true).await;
             }
         });
-    }
-}
-
-/// Waits for `watcher`'s event (the caller then looks again); ends the
-/// attempt when the session is lost, and at `deadline` withdraws `pending`
-/// and fails `Contended` with `why` (for `key`, in `operation`).
-pub(crate) async fn wait_watched(
-    session: &Session,
-    watcher: zk::OneshotWatcher,
-    deadline: Instant,
-    pending: &mut Pending,
-    (operation, key, why): (Operation, &LockKey, &str),
-) -> Result<(), AttemptError> {
-    let mut state = session.state.clone();
-    tokio::select! {
-        _ = watcher.changed() => Ok(()),
-        () = wait_lost(&mut state) => Err(AttemptError::SessionLost),
-        () = sleep_until(deadline) => {
-            pending.withdraw().await;
-            Err(AttemptError::Lock(error(ErrorKind::Contended, operation, key, why)))
-        }
     }
 }
 

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::nodes::{
-    Pending, create_sequential, epoch_of, error, rw_blocker, seq_u32, sorted_rw_nodes, wait_watched,
+    Pending, create_sequential, epoch_of, error, rw_blocker, seq_u32, sorted_rw_nodes,
 };
 use crate::connection::{Session, synced};
 use crate::error::{CallError, timed};
@@ -161,14 +161,9 @@ impl RwLocks {
                 continue;
             };
             let why = "still held by another owner at the wait deadline";
-            wait_watched(
-                session,
-                watcher,
-                deadline,
-                &mut pending,
-                (operation, key, why),
-            )
-            .await?;
+            pending
+                .wait_watched(session, watcher, deadline, (operation, key, why))
+                .await?;
         }
     }
 

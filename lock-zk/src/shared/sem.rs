@@ -10,7 +10,6 @@ use zookeeper_client as zk;
 
 use super::nodes::{
     LEASES, LOCKS, Pending, TRY_MUTEX_WAIT, create_sequential, error, limit_of, seq_u32,
-    wait_watched,
 };
 use crate::connection::{Session, synced};
 use crate::error::{CallError, timed};
@@ -337,14 +336,9 @@ impl Semaphores {
                 continue;
             };
             let why = "no permits free at the wait deadline";
-            wait_watched(
-                session,
-                watcher,
-                deadline,
-                &mut pending,
-                (operation, key, why),
-            )
-            .await?;
+            pending
+                .wait_watched(session, watcher, deadline, (operation, key, why))
+                .await?;
         }
     }
 }
