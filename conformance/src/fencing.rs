@@ -2,7 +2,7 @@
 //! only when its token is not below the last token it accepted for that
 //! resource. Any adapter (a SQL table, a Redis script, an HTTP service, a
 //! file) plugs in through [`FencedResource`]; [`run_fence_cases`] runs
-//! every case and [`FenceReport::assert_passed`] fails the test.
+//! every case and [`CasesReport::assert_passed`] fails the test.
 //!
 //! The rule the cases hold adapters to: a token **below** the last accepted
 //! one is refused with the current token (never reported as "0 rows"); an
@@ -51,25 +51,30 @@ pub trait FencedResource: Send + Sync {
 
 type CaseResult = Result<(), String>;
 
-/// One case's result.
+/// One case's result. `T` is what a case that did not fail says: `()`
+/// for the fencing cases; for the guarded writes, `Some(why)` when the
+/// case does not apply to the backend.
 #[derive(Clone, Debug)]
-pub struct FenceCaseResult {
+pub struct NamedCaseResult<T> {
     /// The case.
     pub name: &'static str,
     /// `Err` with what went wrong.
-    pub result: CaseResult,
+    pub result: Result<T, String>,
 }
 
-/// Every case's result against one resource.
+/// Every case's result against one resource or store.
 #[derive(Clone, Debug)]
-pub struct FenceReport {
-    /// The resource's name.
-    pub resource: String,
+pub struct CasesReport<T> {
+    /// The resource's or store's name.
+    pub subject: String,
+    /// What the cases check ("fencing", "guarded-write"), for the failure
+    /// message.
+    pub checks: &'static str,
     /// The cases, in order.
-    pub cases: Vec<FenceCaseResult>,
+    pub cases: Vec<NamedCaseResult<T>>,
 }
 
-impl FenceReport {
+impl<T> CasesReport<T> {
     /// The names of the failed cases.
     pub fn failed(&self) -> Vec<&'static str> {
         self.cases
@@ -88,11 +93,27 @@ impl FenceReport {
             .collect();
         assert!(
             failures.is_empty(),
-            "{}: fencing cases failed:\n{}",
-            self.resource,
+            "{}: {} cases failed:\n{}",
+            self.subject,
+            self.checks,
             failures.join("\n")
         );
     }
+}
+
+/// One fencing case's result.
+pub type FenceCaseResult = NamedCaseResult<()>;
+
+/// Every fencing case's result against one resource.
+pub type FenceReport = CasesReport<()>;
+
+/// A stamp for the names of one run's keys and resources (nanoseconds
+/// since the epoch), so that a store can be reused.
+fn run_stamp() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
 }
 
 /// The case names, in the order [`run_fence_cases`] runs them.
@@ -107,10 +128,7 @@ pub const FENCE_CASES: &[&str] = &[
 /// Runs every fencing case against `store`, each on resources of its own
 /// (named after the case and the time, so a store can be reused).
 pub async fn run_fence_cases(store: Arc<dyn FencedResource>) -> FenceReport {
-    let run = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
+    let run = run_stamp();
     let mut cases = Vec::new();
     for &name in FENCE_CASES {
         let resource = format!("fence-{run}-{name}");
@@ -124,7 +142,8 @@ pub async fn run_fence_cases(store: Arc<dyn FencedResource>) -> FenceReport {
         cases.push(FenceCaseResult { name, result });
     }
     FenceReport {
-        resource: store.name(),
+        subject: store.name(),
+        checks: "fencing",
         cases,
     }
 }

@@ -32,7 +32,7 @@ fn assert_unchecked_fails(report: &conformance::fencing::FenceReport) {
     assert!(
         failed.contains(&"stale_write_is_refused_with_the_current_token"),
         "{}: the unchecked variant passed the stale case: {report:?}",
-        report.resource
+        report.subject
     );
 }
 

@@ -6,17 +6,19 @@
 //!
 //! A store plugs in through [`GuardedStore`]; [`run_guarded_cases`] runs
 //! every case against it and a backend of the same store, and
-//! [`GuardedReport::assert_passed`] fails the test. The rule: a write made
+//! [`CasesReport::assert_passed`](super::CasesReport::assert_passed) fails the test. The rule: a write made
 //! with a lease that holds its lock lands; a write made with a lease that
 //! was released, taken over or has expired is refused (told apart from an
 //! error) and changes nothing.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::Lease;
 use lock_core::{LockBackend, LockBackendExt, LockKey, TtlModel};
+
+use super::{CaseResult, CasesReport, NamedCaseResult};
 
 /// What a guarded write answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,37 +56,13 @@ pub trait GuardedStore: Send + Sync {
     async fn read(&self, resource: &str) -> Result<Option<String>, String>;
 }
 
-type CaseResult = Result<(), String>;
+/// One guarded-write case's result: `Ok(Some(reason))` when skipped.
+pub type GuardedCaseResult = NamedCaseResult<Option<String>>;
 
-/// One case's result: `Ok(Some(reason))` when skipped.
-#[derive(Clone, Debug)]
-pub struct GuardedCaseResult {
-    /// The case.
-    pub name: &'static str,
-    /// `Err` with what went wrong; `Ok(Some(why))` when the case does not
-    /// apply to the backend.
-    pub result: Result<Option<String>, String>,
-}
+/// Every guarded-write case's result against one store.
+pub type GuardedReport = CasesReport<Option<String>>;
 
-/// Every case's result against one store.
-#[derive(Clone, Debug)]
-pub struct GuardedReport {
-    /// The store's name.
-    pub store: String,
-    /// The cases, in order.
-    pub cases: Vec<GuardedCaseResult>,
-}
-
-impl GuardedReport {
-    /// The names of the failed cases.
-    pub fn failed(&self) -> Vec<&'static str> {
-        self.cases
-            .iter()
-            .filter(|c| c.result.is_err())
-            .map(|c| c.name)
-            .collect()
-    }
-
+impl CasesReport<Option<String>> {
     /// The names of the cases that ran and passed.
     pub fn passed(&self) -> Vec<&'static str> {
         self.cases
@@ -92,21 +70,6 @@ impl GuardedReport {
             .filter(|c| matches!(c.result, Ok(None)))
             .map(|c| c.name)
             .collect()
-    }
-
-    /// Panics naming every failed case and why.
-    pub fn assert_passed(&self) {
-        let failures: Vec<String> = self
-            .cases
-            .iter()
-            .filter_map(|c| c.result.as_ref().err().map(|e| format!("{}: {e}", c.name)))
-            .collect();
-        assert!(
-            failures.is_empty(),
-            "{}: guarded-write cases failed:\n{}",
-            self.store,
-            failures.join("\n")
-        );
     }
 }
 
@@ -134,10 +97,7 @@ pub async fn run_guarded_cases(
     backend: Arc<dyn LockBackend>,
     store: Arc<dyn GuardedStore>,
 ) -> GuardedReport {
-    let run = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
+    let run = super::run_stamp();
     let mut cases = Vec::new();
     for &name in GUARDED_CASES {
         let resource = format!("guarded-{run}-{name}");
@@ -161,7 +121,8 @@ pub async fn run_guarded_cases(
         cases.push(GuardedCaseResult { name, result });
     }
     GuardedReport {
-        store: store.name(),
+        subject: store.name(),
+        checks: "guarded-write",
         cases,
     }
 }
@@ -369,7 +330,7 @@ pub async fn assert_unchecked_fails(
     assert!(
         failed.contains(&"released_lease_is_refused"),
         "{}: the cases did not catch a write without the check: {report:?}",
-        report.store
+        report.subject
     );
     report
 }
