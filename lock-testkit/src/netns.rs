@@ -145,6 +145,40 @@ impl Drop for Namespace {
     }
 }
 
+/// Runs the future `make` returns to its end on a new thread inside the
+/// network namespace at `path` (`/run/netns/NAME`, [`Namespace::path`]),
+/// on a runtime of its own (`workers` worker threads, in the namespace
+/// too; 0: a current-thread runtime): a client that does all its I/O from
+/// that host.
+///
+/// # Errors
+///
+/// The thread's result is an error when the namespace cannot be entered
+/// or the runtime cannot be built.
+pub fn spawn_runtime_in<F, Fut>(
+    path: PathBuf,
+    workers: usize,
+    make: F,
+) -> std::thread::JoinHandle<std::io::Result<Fut::Output>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future,
+    Fut::Output: Send + 'static,
+{
+    std::thread::spawn(move || {
+        enter(&path)?;
+        let mut builder = if workers == 0 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(workers);
+            builder
+        };
+        let runtime = builder.enable_all().build()?;
+        Ok(runtime.block_on(make()))
+    })
+}
+
 /// Runs `work` on a new thread inside the network namespace at `path`
 /// (`/run/netns/NAME`); see [`Namespace::spawn`].
 pub fn spawn_in<F, R>(path: PathBuf, work: F) -> std::thread::JoinHandle<std::io::Result<R>>

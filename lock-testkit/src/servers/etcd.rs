@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tempfile::TempDir;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
+use super::{LabNodes, http_get, ok_body};
 use crate::process::{
     HarnessError, ServerProcess, ServerSpec, find_binary, free_port, log_tail, temp_dir,
 };
@@ -28,15 +28,6 @@ pub struct EtcdTlsFiles {
     /// When set, clients must present a certificate signed by this CA
     /// (`--client-cert-auth --trusted-ca-file`).
     pub client_ca: Option<PathBuf>,
-}
-
-/// Where the members of a cluster in a lab run.
-#[derive(Debug)]
-struct Placement {
-    /// Member i's address and namespace.
-    hosts: Vec<(std::net::Ipv4Addr, PathBuf)>,
-    /// A namespace from which every member can be reached.
-    probe_from: PathBuf,
 }
 
 /// One member of an [`EtcdServer`].
@@ -86,21 +77,9 @@ impl EtcdMember {
     /// where it can be reached.
     async fn http_get(&self, path: &str) -> Option<String> {
         let port = self.metrics_port.unwrap_or(self.client_port);
-        let Some(probe) = self.probe_from.clone() else {
-            return http_get(std::net::Ipv4Addr::LOCALHOST, port, path).await;
-        };
-        let (addr, path) = (self.addr, path.to_owned());
-        let thread = crate::netns::spawn_in(probe, move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(http_get(addr, port, &path))
-        });
-        tokio::task::spawn_blocking(move || thread.join().ok()?.ok()?)
-            .await
-            .ok()
-            .flatten()
+        let from = self.probe_from.clone();
+        let response = http_get(from, self.addr, port, path, Duration::from_secs(1)).await?;
+        ok_body(&response).map(str::to_owned)
     }
 }
 
@@ -178,24 +157,7 @@ impl EtcdServer {
     /// As [`start_cluster`](Self::start_cluster); a setup error without a
     /// host to read health from.
     pub async fn start_in(lab: &crate::netns::Lab, hosts: &[&str]) -> Result<Self, HarnessError> {
-        let prober = lab
-            .hosts()
-            .iter()
-            .find(|h| !hosts.contains(&h.name()))
-            .ok_or_else(|| HarnessError::Setup {
-                what: "EtcdServer::start_in".into(),
-                output: "the lab needs a host that runs no member".into(),
-            })?;
-        let placement = Placement {
-            hosts: hosts
-                .iter()
-                .map(|name| {
-                    let host = lab.host(name);
-                    (host.addr(), host.netns().path())
-                })
-                .collect(),
-            probe_from: prober.netns().path(),
-        };
+        let placement = LabNodes::on(lab, hosts, "EtcdServer", "member")?;
         Self::start_members(hosts.len(), None, false, Some(placement)).await
     }
 
@@ -203,7 +165,7 @@ impl EtcdServer {
         size: usize,
         tls: Option<EtcdTlsFiles>,
         proxied_peers: bool,
-        placement: Option<Placement>,
+        placement: Option<LabNodes>,
     ) -> Result<Self, HarnessError> {
         let binary = find_binary("etcd", PACKAGE)?;
         // Data on tmpfs when there is one, for the functional tests: etcd
@@ -242,12 +204,7 @@ impl EtcdServer {
                 .get(index)
                 .map_or(peer, |p: &FaultProxy| p.port())
         };
-        let addr_of = |index: usize| {
-            placement
-                .as_ref()
-                .and_then(|p| p.hosts.get(index))
-                .map_or(std::net::Ipv4Addr::LOCALHOST, |(addr, _)| *addr)
-        };
+        let addr_of = |index: usize| LabNodes::addr(placement.as_ref(), index);
         let initial_cluster = ports
             .iter()
             .enumerate()
@@ -321,10 +278,7 @@ impl EtcdServer {
                 }
             };
             let mut spec = spec;
-            spec.netns = placement
-                .as_ref()
-                .and_then(|p| p.hosts.get(index))
-                .map(|(_, netns)| netns.clone());
+            spec.netns = LabNodes::netns(placement.as_ref(), index);
             let process = ServerProcess::start(spec).await?;
             members.push(EtcdMember {
                 name,
@@ -560,26 +514,4 @@ impl EtcdServer {
 /// [`HarnessError::MissingBinary`].
 pub fn etcdctl() -> Result<PathBuf, HarnessError> {
     find_binary("etcdctl", CLIENT_PACKAGE)
-}
-
-/// A plain HTTP/1.0 GET on loopback, returning the body; `None` on any
-/// failure or after 1 s.
-async fn http_get(addr: std::net::Ipv4Addr, port: u16, path: &str) -> Option<String> {
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect((addr, port)).await.ok()?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await.ok()?;
-        let text = String::from_utf8_lossy(&response).into_owned();
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        head.starts_with("HTTP/1.")
-            .then_some(())
-            .filter(|()| head.contains(" 200 "))?;
-        Some(body.to_owned())
-    };
-    tokio::time::timeout(Duration::from_secs(1), fetch)
-        .await
-        .ok()
-        .flatten()
 }

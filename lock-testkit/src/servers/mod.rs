@@ -15,13 +15,16 @@ pub mod redis;
 pub mod zookeeper;
 
 use std::marker::PhantomData;
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::netns::Placement;
-use crate::process::ServerProcess;
+use crate::netns::{Lab, Placement};
+use crate::process::{HarnessError, ServerProcess};
 
 /// How the servers started from now on treat durability.
 ///
@@ -82,6 +85,103 @@ fn fast_only(fast: &[&str]) -> Vec<String> {
         Durability::Fast => fast.iter().map(|a| (*a).to_owned()).collect(),
         Durability::ServerDefaults => Vec::new(),
     }
+}
+
+/// Where the nodes of a cluster started on a lab's hosts run: node `i` on
+/// the `i`-th host named (its address, in its namespace), checked from a
+/// host that runs none (a host cannot reach its own address). What the
+/// clustered servers ([`nats::NatsServer`], [`etcd::EtcdServer`]) share.
+#[derive(Debug)]
+struct LabNodes {
+    /// Node i's address and namespace.
+    hosts: Vec<(Ipv4Addr, PathBuf)>,
+    /// A namespace from which every node can be reached.
+    probe_from: PathBuf,
+}
+
+impl LabNodes {
+    /// A node on each of `lab`'s hosts named in `hosts`.
+    ///
+    /// # Errors
+    ///
+    /// A setup error, naming `spawner`, when every host of the lab runs a
+    /// `node` (nothing to check them from).
+    fn on(lab: &Lab, hosts: &[&str], spawner: &str, node: &str) -> Result<Self, HarnessError> {
+        let prober = lab
+            .hosts()
+            .iter()
+            .find(|h| !hosts.contains(&h.name()))
+            .ok_or_else(|| HarnessError::Setup {
+                what: format!("{spawner}::start_in"),
+                output: format!("the lab needs a host that runs no {node}"),
+            })?;
+        Ok(Self {
+            hosts: hosts
+                .iter()
+                .map(|name| {
+                    let host = lab.host(name);
+                    (host.addr(), host.netns().path())
+                })
+                .collect(),
+            probe_from: prober.netns().path(),
+        })
+    }
+
+    /// Node `index`'s address: 127.0.0.1 when the cluster is not in a lab.
+    fn addr(nodes: Option<&Self>, index: usize) -> Ipv4Addr {
+        nodes
+            .and_then(|p| p.hosts.get(index))
+            .map_or(Ipv4Addr::LOCALHOST, |(addr, _)| *addr)
+    }
+
+    /// Node `index`'s namespace: `None` (this process's) when the cluster
+    /// is not in a lab.
+    fn netns(nodes: Option<&Self>, index: usize) -> Option<PathBuf> {
+        nodes
+            .and_then(|p| p.hosts.get(index))
+            .map(|(_, netns)| netns.clone())
+    }
+}
+
+/// A plain HTTP/1.0 `GET path` of `addr:port` made from the namespace
+/// `from` (this process's when `None`): the whole response, `None` on any
+/// failure or after `timeout`. For the servers' monitoring endpoints.
+async fn http_get(
+    from: Option<PathBuf>,
+    addr: Ipv4Addr,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+) -> Option<String> {
+    let Some(from) = from else {
+        return http_get_here(addr, port, path, timeout).await;
+    };
+    let path = path.to_owned();
+    let thread = crate::netns::spawn_runtime_in(from, 0, move || async move {
+        http_get_here(addr, port, &path, timeout).await
+    });
+    tokio::task::spawn_blocking(move || thread.join().ok()?.ok()?)
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn http_get_here(addr: Ipv4Addr, port: u16, path: &str, timeout: Duration) -> Option<String> {
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect((addr, port)).await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.ok()?;
+        Some(String::from_utf8_lossy(&response).into_owned())
+    };
+    tokio::time::timeout(timeout, fetch).await.ok().flatten()
+}
+
+/// The body of an HTTP `200` response; `None` for any other.
+fn ok_body(response: &str) -> Option<&str> {
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    (head.starts_with("HTTP/1.") && head.contains(" 200 ")).then_some(body)
 }
 
 /// One server process of kind `K` on a free loopback port, in a temporary

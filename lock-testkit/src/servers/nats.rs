@@ -16,9 +16,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tempfile::TempDir;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
+use super::{LabNodes, http_get};
 use crate::process::{
     HarnessError, Ready, ServerProcess, ServerSpec, find_binary, free_port, temp_dir,
 };
@@ -96,16 +96,6 @@ impl NatsNode {
     }
 }
 
-/// Where the nodes of a server in a lab run.
-#[derive(Debug)]
-struct Placement {
-    /// Node i's address and namespace.
-    hosts: Vec<(Ipv4Addr, PathBuf)>,
-    /// A namespace from which every node can be reached (a host cannot
-    /// reach its own address).
-    probe_from: PathBuf,
-}
-
 /// One nats-server or a cluster of them with JetStream, on free loopback
 /// ports (or on lab hosts), each with its store under one temporary
 /// directory. Stopped on drop.
@@ -152,40 +142,18 @@ impl NatsServer {
     /// As [`start_cluster`](Self::start_cluster); a setup error without a
     /// host to read them from.
     pub async fn start_in(lab: &crate::netns::Lab, hosts: &[&str]) -> Result<Self, HarnessError> {
-        let prober = lab
-            .hosts()
-            .iter()
-            .find(|h| !hosts.contains(&h.name()))
-            .ok_or_else(|| HarnessError::Setup {
-                what: "NatsServer::start_in".into(),
-                output: "the lab needs a host that runs no node".into(),
-            })?;
-        let placement = Placement {
-            hosts: hosts
-                .iter()
-                .map(|name| {
-                    let host = lab.host(name);
-                    (host.addr(), host.netns().path())
-                })
-                .collect(),
-            probe_from: prober.netns().path(),
-        };
+        let placement = LabNodes::on(lab, hosts, "NatsServer", "node")?;
         Self::start_nodes(hosts.len(), Some(placement)).await
     }
 
-    async fn start_nodes(n: usize, placement: Option<Placement>) -> Result<Self, HarnessError> {
+    async fn start_nodes(n: usize, placement: Option<LabNodes>) -> Result<Self, HarnessError> {
         let binary = nats_server_binary()?;
         let dir = temp_dir("distlock-nats")?;
         let mut ports = Vec::with_capacity(n);
         for _ in 0..n {
             ports.push((free_port()?, free_port()?, free_port()?));
         }
-        let addr_of = |index: usize| {
-            placement
-                .as_ref()
-                .and_then(|p| p.hosts.get(index))
-                .map_or(Ipv4Addr::LOCALHOST, |(addr, _)| *addr)
-        };
+        let addr_of = |index: usize| LabNodes::addr(placement.as_ref(), index);
         let routes: Vec<String> = ports
             .iter()
             .enumerate()
@@ -228,10 +196,7 @@ impl NatsServer {
             .ready(ready(client))
             .ready(ready(monitor));
             spec.ready_timeout = Duration::from_secs(30);
-            spec.netns = placement
-                .as_ref()
-                .and_then(|p| p.hosts.get(i))
-                .map(|(_, netns)| netns.clone());
+            spec.netns = LabNodes::netns(placement.as_ref(), i);
             nodes.push(NatsNode {
                 name,
                 addr,
@@ -322,22 +287,8 @@ impl NatsServer {
     /// reached (this process's namespace on loopback, the probe host's in
     /// a lab).
     async fn http_get(&self, node: &NatsNode, path: &str) -> Option<String> {
-        let (addr, port) = (node.addr, node.monitor_port);
-        let Some(probe) = self.probe_from.clone() else {
-            return http_get(addr, port, path).await;
-        };
-        let path = path.to_owned();
-        let thread = crate::netns::spawn_in(probe, move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(http_get(addr, port, &path))
-        });
-        tokio::task::spawn_blocking(move || thread.join().ok()?.ok()?)
-            .await
-            .ok()
-            .flatten()
+        let (addr, port, from) = (node.addr, node.monitor_port, self.probe_from.clone());
+        http_get(from, addr, port, path, Duration::from_secs(2)).await
     }
 
     /// Kills node `index` (SIGKILL).
@@ -431,19 +382,4 @@ fn json_field_after(json: &str, marker: &str, field: &str) -> Option<String> {
         .trim_start()
         .strip_prefix('"')?;
     Some(rest.split('"').next()?.to_owned())
-}
-
-async fn http_get(addr: Ipv4Addr, port: u16, path: &str) -> Option<String> {
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect((addr, port)).await.ok()?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await.ok()?;
-        Some(String::from_utf8_lossy(&response).into_owned())
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .ok()
-        .flatten()
 }
