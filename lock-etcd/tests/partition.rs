@@ -13,8 +13,10 @@ use std::time::Duration;
 use common::suite_opener;
 use conformance::OrSkip;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
+use conformance::netns::spawn_runtime_in;
 use conformance::scenarios::{
-    Cut, PartitionEnv, Verdict, all_partitions_selected, assert_under_cut_safe, holder_cut_off,
+    ClusterCut, PartitionEnv, assert_cluster_cut_safe, assert_cut_off_safe,
+    assert_told_too_late_caught,
 };
 use conformance::servers::etcd::EtcdServer;
 
@@ -35,14 +37,7 @@ async fn cut_off(members: &[&str]) {
     let Some((env, _server)) = env(members, suite_opener()).await else {
         return;
     };
-    let report = holder_cut_off(&env).await;
-    eprintln!(
-        "{} members: {}: {:?}",
-        members.len(),
-        report.detail,
-        report.figures
-    );
-    assert_eq!(report.verdict, Verdict::Safe, "{}", report.detail);
+    assert_cut_off_safe(&env, &format!("etcd, {} members", members.len())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,28 +56,24 @@ async fn a_holder_told_too_late_is_caught() {
     let Some((env, _server)) = env(&["etcd"], flawed).await else {
         return;
     };
-    let report = holder_cut_off(&env).await;
-    assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
-    assert!(report.detail.contains("granted"), "{}", report.detail);
+    assert_told_too_late_caught(&env, "etcd").await;
 }
 
 /// The members of the clusters below.
 const MEMBERS: [&str; 3] = ["m0", "m1", "m2"];
 
-/// A three-member cluster on lab hosts. Once it has a leader, `attach`
-/// (given the leader's index) names the member the holder is attached to,
-/// or `None` for every member; the observer is attached to every other.
-/// Returns the env, the server, and the holder's member.
-async fn cluster_env(
-    attach: impl FnOnce(usize) -> Option<usize>,
-) -> Option<(PartitionEnv, EtcdServer, Option<usize>)> {
+/// A three-member cluster on lab hosts. Once it has a leader, the holder
+/// is attached where `which` says (one member, or every member); the
+/// observer is attached to every other. Returns the env, the server, and
+/// the holder's member.
+async fn cluster_env(which: ClusterCut) -> Option<(PartitionEnv, EtcdServer, Option<usize>)> {
     let lab = PartitionEnv::lab(&MEMBERS).or_skip()?;
     let server = EtcdServer::start_in(&lab, &MEMBERS).await.or_skip()?;
     let leader = server
         .wait_leader(Duration::from_secs(10))
         .await
         .expect("the cluster elected no leader");
-    let attached = attach(leader);
+    let attached = which.attach(leader, MEMBERS.len());
     let query = format!("ttl={}s", TTL.as_secs());
     let url_of = |members: &[String]| format!("etcd://{}/partition?{query}", members.join(","));
     let env = PartitionEnv::attached_to(
@@ -97,43 +88,29 @@ async fn cluster_env(
     Some((env, server, attached))
 }
 
-/// The holder is attached to one member only (chosen by `pick` from the
-/// leader's index), which is cut from the two others while every client
-/// still reaches it.
-async fn member_cut_from_peers(label: &str, pick: impl FnOnce(usize) -> usize) {
-    if !all_partitions_selected() {
-        return;
-    }
-    let Some((env, _server, Some(member))) = cluster_env(|leader| Some(pick(leader))).await else {
-        return;
-    };
-    assert_under_cut_safe(&env, &Cut::member_from_peers(&MEMBERS, member), label).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_on_a_leader_cut_from_its_peers_is_told_before_the_cluster_frees_its_lock() {
-    member_cut_from_peers("etcd leader cut from its peers", |leader| leader).await;
+    let label = "etcd leader cut from its peers";
+    assert_cluster_cut_safe(ClusterCut::LeaderFromPeers, &MEMBERS, label, cluster_env).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_on_a_follower_cut_from_its_peers_is_told_before_the_cluster_frees_its_lock() {
-    member_cut_from_peers("etcd follower cut from its peers", |leader| {
-        (leader + 1) % MEMBERS.len()
-    })
-    .await;
+    let label = "etcd follower cut from its peers";
+    assert_cluster_cut_safe(ClusterCut::FollowerFromPeers, &MEMBERS, label, cluster_env).await;
 }
 
+/// The members still reach one another; the holder reaches only m2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_from_two_members_fails_over_or_is_told_first() {
-    if !all_partitions_selected() {
-        return;
-    }
-    let Some((env, _server, _)) = cluster_env(|_| None).await else {
-        return;
-    };
-    // The members still reach one another; the holder reaches only m2.
-    let cut = Cut::HolderFrom(vec!["m0".to_owned(), "m1".to_owned()]);
-    assert_under_cut_safe(&env, &cut, "etcd holder cut from two of three members").await;
+    let label = "etcd holder cut from two of three members";
+    assert_cluster_cut_safe(
+        ClusterCut::HolderFromAllButOne,
+        &MEMBERS,
+        label,
+        cluster_env,
+    )
+    .await;
 }
 
 /// Acquires and releases `key` once with a 60 s TTL (the session's
@@ -178,45 +155,39 @@ async fn a_client_leaves_a_member_cut_from_its_peers() {
         .filter(|m| *m != MEMBERS[cut])
         .collect();
     let in_lab = lab.clone();
-    let outcome = lab
+    let observer = lab
         .host(conformance::scenarios::OBSERVER_HOST)
         .netns()
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async move {
-                let backend = lock_etcd::connect(&url).await.map_err(|e| e.to_string())?;
-                let key = lock_core::LockKey::new("k").unwrap();
-                cycle(&backend, &key).await?;
-                in_lab
-                    .cut_from(MEMBERS[cut], &peers)
-                    .map_err(|e| e.to_string())?;
-                // Every cycle is two calls: a transport that still sends a
-                // third of them to the cut member gets 20 cycles in a row
-                // through about once in 10^7 tries.
-                let until = tokio::time::Instant::now() + Duration::from_secs(20);
-                let (mut failures, mut in_a_row) = (Vec::new(), 0);
-                while in_a_row < 20 {
-                    match cycle(&backend, &key).await {
-                        Ok(()) => in_a_row += 1,
-                        Err(err) => {
-                            failures.push(err);
-                            in_a_row = 0;
-                        }
-                    }
-                    if tokio::time::Instant::now() >= until {
-                        return Err(format!(
-                            "no 20 cycles in a row within 20 s of the cut: {failures:?}"
-                        ));
-                    }
+        .path();
+    let outcome = spawn_runtime_in(observer, 2, move || async move {
+        let backend = lock_etcd::connect(&url).await.map_err(|e| e.to_string())?;
+        let key = lock_core::LockKey::new("k").unwrap();
+        cycle(&backend, &key).await?;
+        in_lab
+            .cut_from(MEMBERS[cut], &peers)
+            .map_err(|e| e.to_string())?;
+        // Every cycle is two calls: a transport that still sends a
+        // third of them to the cut member gets 20 cycles in a row
+        // through about once in 10^7 tries.
+        let until = tokio::time::Instant::now() + Duration::from_secs(20);
+        let (mut failures, mut in_a_row) = (Vec::new(), 0);
+        while in_a_row < 20 {
+            match cycle(&backend, &key).await {
+                Ok(()) => in_a_row += 1,
+                Err(err) => {
+                    failures.push(err);
+                    in_a_row = 0;
                 }
-                Ok::<_, String>(failures)
-            })
-        })
-        .join();
+            }
+            if tokio::time::Instant::now() >= until {
+                return Err(format!(
+                    "no 20 cycles in a row within 20 s of the cut: {failures:?}"
+                ));
+            }
+        }
+        Ok::<_, String>(failures)
+    })
+    .join();
     let _ = lab.heal();
     let failures = outcome
         .expect("the client thread panicked")

@@ -19,11 +19,11 @@ use conformance::OrSkip;
 use conformance::deploy::Opener;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
 use conformance::scenarios::{
-    Cut, OBSERVER_HOST, PartitionEnv, Verdict, all_partitions_selected, assert_under_cut_safe,
-    holder_cut_off,
+    ClusterCut, OBSERVER_HOST, PartitionEnv, all_partitions_selected, assert_cluster_cut_safe,
+    assert_cut_off_safe, assert_told_too_late_caught,
 };
 use conformance::servers::nats::NatsServer;
-use lock_testkit::netns::Lab;
+use lock_testkit::netns::{Lab, spawn_runtime_in};
 
 /// The holder's TTL when it is cut off: the key expires on the stream's
 /// leader, which keeps serving.
@@ -73,15 +73,7 @@ async fn cut_off(members: &[&str]) {
     let Some((env, _server)) = env(members, common::opener()).await else {
         return;
     };
-    let report = holder_cut_off(&env).await;
-    eprintln!(
-        "{} node(s): {:?}: {}: {:?}",
-        members.len(),
-        report.verdict,
-        report.detail,
-        report.figures
-    );
-    assert_eq!(report.verdict, Verdict::Safe, "{}", report.detail);
+    assert_cut_off_safe(&env, &format!("nats, {} node(s)", members.len())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,44 +95,35 @@ async fn a_holder_told_too_late_is_caught() {
     let Some((env, _server)) = env(&["nats"], flawed).await else {
         return;
     };
-    let report = holder_cut_off(&env).await;
-    eprintln!("broken holder: {:?}: {}", report.verdict, report.detail);
-    assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
-    assert!(report.detail.contains("granted"), "{}", report.detail);
+    assert_told_too_late_caught(&env, "nats").await;
 }
 
 /// Creates the bucket (its stream with replicas 3) from the observer's
 /// host, which reaches every node: the stream, and so its leader, exists
 /// only once a client has opened the bucket.
 fn create_bucket(lab: &Lab, url: String) {
-    lab.host(OBSERVER_HOST)
-        .netns()
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async move { lock_nats::connect(&url).await.map(drop) })
-        })
-        .join()
-        .expect("the bucket thread panicked")
-        .expect("the bucket thread entered the observer's namespace")
-        .expect("the bucket was created");
+    let observer = lab.host(OBSERVER_HOST).netns().path();
+    spawn_runtime_in(observer, 0, move || async move {
+        lock_nats::connect(&url).await.map(drop)
+    })
+    .join()
+    .expect("the bucket thread panicked")
+    .expect("the bucket thread entered the observer's namespace")
+    .expect("the bucket was created");
 }
 
 /// A three-node cluster on lab hosts with the bucket created. Once its
-/// stream has a leader, `attach` (given the leader's index) names the
-/// node the holder is attached to, or `None` for every node; the other
-/// client is attached to every other node. Returns the env, the server,
+/// stream has a leader, the holder is attached where `which` says (one
+/// node, or every node); the other client is attached to every other
+/// node. Prints which node leads the stream. Returns the env, the server,
 /// and the holder's node.
-async fn cluster_env(
-    attach: impl FnOnce(usize) -> Option<usize>,
-) -> Option<(PartitionEnv, NatsServer, Option<usize>)> {
+async fn cluster_env(which: ClusterCut) -> Option<(PartitionEnv, NatsServer, Option<usize>)> {
     let lab = PartitionEnv::lab(&MEMBERS).or_skip()?;
     let server = NatsServer::start_in(&lab, &MEMBERS).await.or_skip()?;
     create_bucket(&lab, server.url(BUCKET));
     let leader = stream_leader(&server).await;
-    let attached = attach(leader);
+    let attached = which.attach(leader, MEMBERS.len());
+    eprintln!("{which:?}: stream leader n{leader}, holder on {attached:?}");
     let addresses: Vec<String> = server.nodes().iter().map(|n| n.address()).collect();
     let env = PartitionEnv::attached_to(
         lab,
@@ -168,58 +151,46 @@ async fn stream_leader(server: &NatsServer) -> usize {
     }
 }
 
-/// The holder is attached to one node only (chosen by `pick` from the
-/// stream leader's index), which is cut from the two others while every
-/// client still reaches it. Prints which node leads the stream after the
-/// scenario.
-async fn node_cut_from_peers(label: &str, pick: impl FnOnce(usize) -> usize) {
-    if !all_partitions_selected() {
-        return;
-    }
-    let mut leader_before = None;
-    let Some((env, server, Some(node))) = cluster_env(|leader| {
-        leader_before = Some(leader);
-        Some(pick(leader))
-    })
-    .await
-    else {
-        return;
-    };
-    assert_under_cut_safe(&env, &Cut::member_from_peers(&MEMBERS, node), label).await;
-    eprintln!(
-        "{label}: stream leader n{} before, holder on n{node}, leader after the heal: {:?}",
-        leader_before.unwrap_or(usize::MAX),
-        server
+/// `which` on the cluster, printing which node leads the stream after the
+/// heal.
+async fn cluster_cut(which: ClusterCut, label: &str) {
+    if let Some((_, _env, server)) =
+        assert_cluster_cut_safe(which, &MEMBERS, label, cluster_env).await
+    {
+        let after = server
             .stream_leader(&stream())
             .await
-            .map(|i| format!("n{i}"))
-    );
+            .map(|i| format!("n{i}"));
+        eprintln!("{label}: stream leader after the heal: {after:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_on_the_stream_leader_cut_from_its_peers_is_told_before_another_is_granted() {
-    node_cut_from_peers("nats stream leader cut from its peers", |leader| leader).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_on_a_follower_cut_from_its_peers_is_told_before_another_is_granted() {
-    node_cut_from_peers("nats follower cut from its peers", |leader| {
-        (leader + 1) % MEMBERS.len()
-    })
+    cluster_cut(
+        ClusterCut::LeaderFromPeers,
+        "nats stream leader cut from its peers",
+    )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_follower_cut_from_its_peers_is_told_before_another_is_granted() {
+    cluster_cut(
+        ClusterCut::FollowerFromPeers,
+        "nats follower cut from its peers",
+    )
+    .await;
+}
+
+/// The nodes still reach one another; the holder reaches only n2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_from_two_nodes_fails_over_or_is_told_first() {
-    if !all_partitions_selected() {
-        return;
-    }
-    let Some((env, _server, _)) = cluster_env(|_| None).await else {
-        return;
-    };
-    // The nodes still reach one another; the holder reaches only n2.
-    let cut = Cut::HolderFrom(vec![MEMBERS[0].to_owned(), MEMBERS[1].to_owned()]);
-    assert_under_cut_safe(&env, &cut, "nats holder cut from two of three nodes").await;
+    cluster_cut(
+        ClusterCut::HolderFromAllButOne,
+        "nats holder cut from two of three nodes",
+    )
+    .await;
 }
 
 /// The `nats-cluster` lab kind, as the kernel-partition soak uses it: a
@@ -244,42 +215,36 @@ async fn the_lab_cluster_keeps_a_key_through_a_leader_kill_a_cut_and_a_restart()
     let (url, member_url) = (deployment.url(), hosts.member_urls[2].clone());
     let (to_client, mut from_test) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
     let (to_test, mut from_client) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let client = hosts.lab.host(&hosts.clients[0]).netns().spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async move {
-            let ttl = Duration::from_secs(30);
-            let holder = lock_nats::connect(&member_url).await.expect("holder");
-            let other = lock_nats::connect(&url).await.expect("other");
-            let key = common::key("lab");
-            let lease = holder.try_acquire(&key, ttl).await.unwrap().expect("free");
-            let _ = to_test.send(format!("held, token {}", lease.token()));
-            // After each fault: once the cluster answers, the key is still
-            // the holder's.
-            while let Some(fault) = from_test.recv().await {
-                let until = tokio::time::Instant::now() + Duration::from_secs(30);
-                let answer = loop {
-                    match other.try_acquire(&key, ttl).await {
-                        Ok(answer) => break answer,
-                        Err(e) if tokio::time::Instant::now() < until => {
-                            assert!(e.is_unavailable() || e.is_timeout(), "{fault}: {e}");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                        Err(e) => panic!("{fault}: no answer in 30 s: {e}"),
+    let client_host = hosts.lab.host(&hosts.clients[0]).netns().path();
+    let client = spawn_runtime_in(client_host, 2, move || async move {
+        let ttl = Duration::from_secs(30);
+        let holder = lock_nats::connect(&member_url).await.expect("holder");
+        let other = lock_nats::connect(&url).await.expect("other");
+        let key = common::key("lab");
+        let lease = holder.try_acquire(&key, ttl).await.unwrap().expect("free");
+        let _ = to_test.send(format!("held, token {}", lease.token()));
+        // After each fault: once the cluster answers, the key is still
+        // the holder's.
+        while let Some(fault) = from_test.recv().await {
+            let until = tokio::time::Instant::now() + Duration::from_secs(30);
+            let answer = loop {
+                match other.try_acquire(&key, ttl).await {
+                    Ok(answer) => break answer,
+                    Err(e) if tokio::time::Instant::now() < until => {
+                        assert!(e.is_unavailable() || e.is_timeout(), "{fault}: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
-                };
-                assert!(answer.is_none(), "{fault}: an unexpired key was freed");
-                let renewed = holder.renew(&lease).await.map(|_| "through");
-                let _ = to_test.send(format!("{fault}: still held, renewal {renewed:?}"));
-            }
-            assert!(holder.release(&lease).await.unwrap());
-            let next = other.try_acquire(&key, ttl).await.unwrap().expect("free");
-            assert!(next.token() > lease.token(), "tokens keep rising");
-            assert!(other.release(&next).await.unwrap());
-        });
+                    Err(e) => panic!("{fault}: no answer in 30 s: {e}"),
+                }
+            };
+            assert!(answer.is_none(), "{fault}: an unexpired key was freed");
+            let renewed = holder.renew(&lease).await.map(|_| "through");
+            let _ = to_test.send(format!("{fault}: still held, renewal {renewed:?}"));
+        }
+        assert!(holder.release(&lease).await.unwrap());
+        let next = other.try_acquire(&key, ttl).await.unwrap().expect("free");
+        assert!(next.token() > lease.token(), "tokens keep rising");
+        assert!(other.release(&next).await.unwrap());
     });
     let mut step = async |fault: &'static str| {
         if !fault.is_empty() {

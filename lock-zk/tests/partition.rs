@@ -26,8 +26,8 @@ use common::opener;
 use conformance::OrSkip;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
 use conformance::scenarios::{
-    Cut, PartitionEnv, all_partitions_selected, assert_cut_off_safe, assert_told_too_late_caught,
-    assert_under_cut_safe,
+    ClusterCut, PartitionEnv, all_partitions_selected, assert_cluster_cut_safe,
+    assert_cut_off_safe, assert_told_too_late_caught,
 };
 use conformance::servers::zookeeper::{TICK_MS, ZkEnsemble, ZkMode, ZkServer};
 use lock_core::{LockBackend, LockBackendExt, LockKey, OwnerId};
@@ -301,12 +301,10 @@ async fn a_holder_told_too_late_is_caught() {
 /// The members of the ensembles below.
 const MEMBERS: [&str; 3] = ["zk1", "zk2", "zk3"];
 
-/// A three-member ensemble on lab hosts. Once it has a leader, `attach`
-/// (given the leader's index) names the member the holder is attached to,
-/// or `None` for every member; the observer is attached to every other.
-async fn ensemble_env(
-    attach: impl FnOnce(usize) -> Option<usize>,
-) -> Option<(PartitionEnv, ZkEnsemble, Option<usize>)> {
+/// A three-member ensemble on lab hosts. Once it has a leader, the holder
+/// is attached where `which` says (one member, or every member); the
+/// observer is attached to every other.
+async fn ensemble_env(which: ClusterCut) -> Option<(PartitionEnv, ZkEnsemble, Option<usize>)> {
     let lab = PartitionEnv::lab(&MEMBERS).or_skip()?;
     let ensemble = ZkEnsemble::start_in(&lab, &MEMBERS).await.or_skip()?;
     let mut leader = None;
@@ -317,7 +315,8 @@ async fn ensemble_env(
         }
         sleep(Duration::from_millis(100)).await;
     }
-    let attached = attach(leader.expect("the ensemble elected no leader"));
+    let leader = leader.expect("the ensemble elected no leader");
+    let attached = which.attach(leader, MEMBERS.len());
     let addresses: Vec<String> = ensemble.nodes().iter().map(|n| n.address()).collect();
     let url_of = |members: &[String]| session_url(&format!("zk://{}", members.join(",")));
     let env = PartitionEnv::attached_to(
@@ -332,43 +331,31 @@ async fn ensemble_env(
     Some((env, ensemble, attached))
 }
 
-/// The holder is attached to one member only (chosen by `pick` from the
-/// leader's index), which is cut from the two others while every client
-/// still reaches it: a follower keeps its clients' connections a while
-/// from stale state, a leader loses its quorum.
-async fn member_cut_from_peers(label: &str, pick: impl FnOnce(usize) -> usize) {
-    if !all_partitions_selected() {
-        return;
-    }
-    let Some((env, _ensemble, Some(member))) = ensemble_env(|leader| Some(pick(leader))).await
-    else {
-        return;
-    };
-    assert_under_cut_safe(&env, &Cut::member_from_peers(&MEMBERS, member), label).await;
-}
-
+/// The holder attached to one member only, which is cut from the two
+/// others while every client still reaches it (a follower keeps its
+/// clients' connections a while from stale state, a leader loses its
+/// quorum); or attached to every member and cut from two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_on_a_leader_cut_from_its_peers_is_told_before_the_ensemble_frees_its_lock() {
-    member_cut_from_peers("zookeeper leader cut from its peers", |leader| leader).await;
+    let label = "zookeeper leader cut from its peers";
+    assert_cluster_cut_safe(ClusterCut::LeaderFromPeers, &MEMBERS, label, ensemble_env).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_on_a_follower_cut_from_its_peers_is_told_before_the_ensemble_frees_its_lock() {
-    member_cut_from_peers("zookeeper follower cut from its peers", |leader| {
-        (leader + 1) % MEMBERS.len()
-    })
-    .await;
+    let label = "zookeeper follower cut from its peers";
+    assert_cluster_cut_safe(ClusterCut::FollowerFromPeers, &MEMBERS, label, ensemble_env).await;
 }
 
+/// The members still reach one another; the holder reaches only zk3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_from_two_members_fails_over_or_is_told_first() {
-    if !all_partitions_selected() {
-        return;
-    }
-    let Some((env, _ensemble, _)) = ensemble_env(|_| None).await else {
-        return;
-    };
-    // The members still reach one another; the holder reaches only zk3.
-    let cut = Cut::HolderFrom(vec!["zk1".to_owned(), "zk2".to_owned()]);
-    assert_under_cut_safe(&env, &cut, "zookeeper holder cut from two of three members").await;
+    let label = "zookeeper holder cut from two of three members";
+    assert_cluster_cut_safe(
+        ClusterCut::HolderFromAllButOne,
+        &MEMBERS,
+        label,
+        ensemble_env,
+    )
+    .await;
 }

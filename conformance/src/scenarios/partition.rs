@@ -178,6 +178,32 @@ pub async fn assert_under_cut_safe(env: &PartitionEnv, cut: &Cut, label: &str) -
     report
 }
 
+/// The clustered backends' [`ClusterCut`] test, skipped unless
+/// [`all_partitions_selected`]: `start(which)` starts a cluster of
+/// `members` on lab hosts and attaches the holder as
+/// [`which.attach`](ClusterCut::attach) says, returning the env, what must
+/// live through the scenario (the server) and the holder's member (`None`
+/// from `start`: skipped); then [`assert_under_cut_safe`] with
+/// [`which.cut`](ClusterCut::cut), printed under `label`. Returns the
+/// report, the env (its lab's hosts live as long as it does) and what
+/// `start` kept, or `None` when skipped.
+pub async fn assert_cluster_cut_safe<S, Fut>(
+    which: ClusterCut,
+    members: &[&str],
+    label: &str,
+    start: impl FnOnce(ClusterCut) -> Fut,
+) -> Option<(ScenarioReport, PartitionEnv, S)>
+where
+    Fut: Future<Output = Option<(PartitionEnv, S, Option<usize>)>>,
+{
+    if !all_partitions_selected() {
+        return None;
+    }
+    let (env, kept, attached) = start(which).await?;
+    let report = assert_under_cut_safe(&env, &which.cut(members, attached), label).await;
+    Some((report, env, kept))
+}
+
 /// [`holder_cut_off`] on `env` whose holder is broken (told of its loss
 /// too late, e.g. [`crate::doubles::HourLongerLeases`]): panics unless the
 /// check catches it, by another client's grant before the holder was told.
@@ -331,6 +357,59 @@ impl Cut {
     /// holder can reach no server at all.
     fn must_free(&self) -> bool {
         matches!(self, Self::HolderIsolated)
+    }
+}
+
+/// The cuts every clustered backend's `tests/partition.rs` runs on a
+/// cluster on lab hosts (behind [`all_partitions_selected`]): the holder
+/// attached to one member that is cut from its peers (the leader, or a
+/// follower), or attached to every member and cut from all but the last.
+/// Each driver starts its cluster and attaches the holder where
+/// [`attach`](Self::attach) says, then runs [`cut`](Self::cut) with
+/// [`assert_under_cut_safe`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterCut {
+    /// The leader cut from its peers; the holder attached to it only.
+    LeaderFromPeers,
+    /// A follower (the member after the leader) cut from its peers; the
+    /// holder attached to it only.
+    FollowerFromPeers,
+    /// The holder cut from every member but the last; the members still
+    /// reach one another, so a client that fails over may keep its lock.
+    HolderFromAllButOne,
+}
+
+impl ClusterCut {
+    /// The index of the member the holder is attached to, given the
+    /// leader's among `members` members; `None`: every member.
+    pub fn attach(self, leader: usize, members: usize) -> Option<usize> {
+        match self {
+            Self::LeaderFromPeers => Some(leader),
+            Self::FollowerFromPeers => Some((leader + 1) % members),
+            Self::HolderFromAllButOne => None,
+        }
+    }
+
+    /// The cut among `members`, the holder being attached where
+    /// [`attach`](Self::attach) said (`attached`).
+    ///
+    /// # Panics
+    ///
+    /// A member cut from its peers without `attached` (the driver did not
+    /// attach the holder as told).
+    pub fn cut(self, members: &[&str], attached: Option<usize>) -> Cut {
+        match self {
+            Self::LeaderFromPeers | Self::FollowerFromPeers => {
+                let member = attached.expect("the holder is attached to the member cut");
+                Cut::member_from_peers(members, member)
+            }
+            Self::HolderFromAllButOne => Cut::HolderFrom(
+                members[..members.len().saturating_sub(1)]
+                    .iter()
+                    .map(|m| (*m).to_owned())
+                    .collect(),
+            ),
+        }
     }
 }
 
