@@ -2,7 +2,7 @@
 //! starts its server on free loopback ports in a temporary directory and
 //! stops it on drop; a missing binary is [`HarnessError::MissingBinary`]
 //! naming the Debian package. Each also has a `start_in` that puts it on
-//! hosts of a [`Lab`](crate::netns::Lab) (see
+//! hosts of a [`Lab`] (see
 //! [`netns::Placement`](crate::netns::Placement)), for real partitions.
 //!
 //! [`HarnessError::MissingBinary`]: crate::process::HarnessError::MissingBinary
