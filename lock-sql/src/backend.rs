@@ -10,6 +10,8 @@ pub(crate) mod session;
 pub(crate) mod shedlock;
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +34,35 @@ use crate::renewal::Renewal;
 use crate::sets::Sets;
 use crate::shared::Shared;
 use crate::waiting::Waiting;
+
+/// A kernel call's future as `async_trait` boxes it.
+pub(crate) type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
+
+/// `renew_many`'s future as `async_trait` boxes it.
+pub(crate) type Renewals<'a> =
+    Pin<Box<dyn Future<Output = Vec<Result<Instant, LockError>>> + Send + 'a>>;
+
+/// One kernel call of an `async_trait` impl written as `async_trait`
+/// expands it, so that it can hand back a boxed future it already has
+/// instead of boxing one more that only awaits it (an allocation and an
+/// indirect poll per call): `$call` with its lifetimes besides `self`'s,
+/// its arguments and its boxed future, and the expression that makes that
+/// future. `$this` is `self`, named by the caller so that the expression
+/// can use it.
+macro_rules! kernel_call {
+    ($this:ident, $call:ident<$($life:lifetime),+>($($arg:ident: $ty:ty),+ $(,)?)
+        -> $future:ty => $body:expr) => {
+        fn $call<'life0, $($life,)+ 'async_trait>(&'life0 $this, $($arg: $ty),+) -> $future
+        where
+            'life0: 'async_trait,
+            $($life: 'async_trait,)+
+            Self: 'async_trait,
+        {
+            $body
+        }
+    };
+}
+pub(crate) use kernel_call;
 
 /// What a lease row in a table guarantees, whichever layout holds it (the
 /// row mode's lease table, ShedLock's): a token per key bumped in the

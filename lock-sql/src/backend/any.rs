@@ -1,39 +1,13 @@
 //! The backend [`connect`](crate::connect) returns: row or session mode, as
 //! the URL's `mode` option says.
 
-use std::future::Future;
-use std::pin::Pin;
-
 use lock_core::{
     GrantRequest, HolderInfo, Lease, LockBackend, LockError, LockKey, LockShape, LockWrapper,
 };
-use tokio::time::Instant;
 
+use super::{Call, Renewals, kernel_call};
 use crate::config::{SqlConfig, SqlLayout, SqlMode};
 use crate::{SqlBackend, SqlSessionBackend, SqlShedLockBackend};
-
-/// A call's future as `async_trait` boxes it.
-type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
-
-/// `renew_many`'s future as `async_trait` boxes it.
-type Renewals<'a> = Pin<Box<dyn Future<Output = Vec<Result<Instant, LockError>>> + Send + 'a>>;
-
-/// A kernel call of [`LockWrapper`] written as `async_trait` expands it,
-/// handing the held backend's boxed future back as it is: the signature
-/// (the call's name, its lifetimes besides `self`'s, its arguments and
-/// future) is all that differs from one call to the next.
-macro_rules! forward {
-    ($call:ident<$($life:lifetime),+>($($arg:ident: $ty:ty),+) -> $future:ty) => {
-        fn $call<'life0, $($life,)+ 'async_trait>(&'life0 self, $($arg: $ty),+) -> $future
-        where
-            'life0: 'async_trait,
-            $($life: 'async_trait,)+
-            Self: 'async_trait,
-        {
-            self.get().$call($($arg),+)
-        }
-    };
-}
 
 /// A SQL lock backend in either mode ([`SqlBackend`] for `mode=row`, the
 /// default; [`SqlSessionBackend`] for `mode=session`), or on ShedLock's
@@ -141,8 +115,12 @@ impl LockWrapper for SqlAnyBackend {
     // it (an allocation and an indirect poll per call; the blanket
     // `LockBackend` impl of every wrapper boxes one around it already).
 
-    forward!(grant<'life1>(request: GrantRequest<'life1>) -> Call<'async_trait, Option<Lease>>);
-    forward!(renew_many<'life1, 'life2>(leases: &'life1 [&'life2 Lease]) -> Renewals<'async_trait>);
-    forward!(release<'life1>(lease: &'life1 Lease) -> Call<'async_trait, bool>);
-    forward!(holders<'life1>(key: &'life1 LockKey, shape: LockShape) -> Call<'async_trait, Vec<HolderInfo>>);
+    kernel_call!(self, grant<'life1>(request: GrantRequest<'life1>)
+        -> Call<'async_trait, Option<Lease>> => self.get().grant(request));
+    kernel_call!(self, renew_many<'life1, 'life2>(leases: &'life1 [&'life2 Lease])
+        -> Renewals<'async_trait> => self.get().renew_many(leases));
+    kernel_call!(self, release<'life1>(lease: &'life1 Lease)
+        -> Call<'async_trait, bool> => self.get().release(lease));
+    kernel_call!(self, holders<'life1>(key: &'life1 LockKey, shape: LockShape)
+        -> Call<'async_trait, Vec<HolderInfo>> => self.get().holders(key, shape));
 }

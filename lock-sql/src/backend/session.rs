@@ -57,15 +57,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, Facets, GrantRequest, HolderInfo, Lease, LockBackend, LockError,
-    LockKey, LockShape, Operation, TtlModel, WaitStrategy,
+    Capabilities, ErrorKind, Facets, Lease, LockBackend, LockError, Operation, TtlModel,
+    WaitStrategy,
 };
-use tokio::time::Instant;
 
 use crate::admin::session::SessionAdmin;
 use crate::config::{SqlConfig, SqlDialect};
 use crate::connection::session::Sessions;
-use crate::grants::MutexOnly;
+use crate::grants::mutex_only_kernel;
 use crate::grants::session::{HeldLocks, SessionGrants};
 use crate::renewal::session::SessionRenewal;
 
@@ -246,29 +245,9 @@ impl LockBackend for SqlSessionBackend {
         }
     }
 
-    /// Mutexes only: a server session lock has no shared kinds.
-    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
-        self.inner
-            .grants
-            .grant_mutex(self.inner.sessions.name, request)
-            .await
-    }
-
-    /// One keep-alive per lease, each on its own pinned session.
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        self.inner.renewal.renew(leases).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.grants.release(lease).await
-    }
-
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        self.inner
-            .grants
-            .mutex_holders(self.inner.sessions.name, key, shape)
-            .await
-    }
+    // Mutexes only (a server session lock has no shared kinds); one
+    // keep-alive per lease, each on its own pinned session.
+    mutex_only_kernel!();
 
     /// Elections are the default renewed mutex; holders are watched by
     /// polling. Listing on MySQL/MariaDB only (from the key's token row): a

@@ -14,15 +14,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::{
-    Capabilities, ErrorKind, Facets, GrantRequest, HolderInfo, Lease, LockBackend, LockError,
-    LockKey, LockShape, Operation, WaitStrategy,
+    Capabilities, ErrorKind, Facets, Lease, LockBackend, LockError, Operation, WaitStrategy,
 };
-use tokio::time::Instant;
 
 use crate::admin::shedlock::ShedAdmin;
 use crate::config::{NAME, SqlConfig, SqlDialect, SqlLayout};
 use crate::connection::shedlock::ShedTable;
-use crate::grants::MutexOnly;
+use crate::grants::mutex_only_kernel;
 use crate::grants::shedlock::ShedGrants;
 use crate::renewal::shedlock::ShedRenewal;
 
@@ -228,28 +226,8 @@ impl LockBackend for SqlShedLockBackend {
         }
     }
 
-    /// The mutex only: ShedLock's table has no shared kinds.
-    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
-        self.inner
-            .grants
-            .grant_mutex(LockBackend::name(self), request)
-            .await
-    }
-
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        self.inner.renewal.renew(leases).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        self.inner.grants.release(lease).await
-    }
-
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError> {
-        self.inner
-            .grants
-            .mutex_holders(LockBackend::name(self), key, shape)
-            .await
-    }
+    // The mutex only: ShedLock's table has no shared kinds.
+    mutex_only_kernel!();
 
     /// Elections are the default renewed mutex; holders are watched by
     /// polling.
