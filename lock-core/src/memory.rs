@@ -318,12 +318,6 @@ struct Pending {
 /// A key's entry in one of the store's maps (mutexes, or read-write locks
 /// and semaphores) as its queued waiters see it.
 trait Queue: Default {
-    /// How the entry is found in its map.
-    type MapKey: Eq + Hash + Clone;
-
-    /// The map of `backend` the entry lives in.
-    fn map(backend: &MemoryBackend) -> &Mutex<HashMap<Self::MapKey, Self>>;
-
     /// Hands the key on (to the head of the queue, as far as it fits) at
     /// `now`, under the store's lock; returns the next holder expiry.
     fn hand_off(&mut self, backend: &MemoryBackend, key: &LockKey, now: Instant)
@@ -343,28 +337,31 @@ fn locked<T>(map: &Mutex<T>) -> MutexGuard<'_, T> {
     map.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Waiter `id`, queued on `key` (entry `map_key` of its map) by a waiting
-/// `acquire` (mutex or share): removed on drop (cancellation or timeout),
-/// with a grant that raced with it given back.
-struct Registration<'a, S: Queue> {
+/// Waiter `id`, queued on `key` (entry `map_key` of `map`, one of
+/// `backend`'s maps) by a waiting `acquire` (mutex or share): removed on
+/// drop (cancellation or timeout), with a grant that raced with it given
+/// back.
+struct Registration<'a, K: Eq + Hash + Clone, S: Queue> {
     backend: &'a MemoryBackend,
     key: &'a LockKey,
-    map_key: S::MapKey,
+    map: &'a Mutex<HashMap<K, S>>,
+    map_key: K,
     id: u64,
     pending: Pending,
 }
 
-impl<'a, S: Queue> Registration<'a, S> {
+impl<'a, K: Eq + Hash + Clone, S: Queue> Registration<'a, K, S> {
     fn new(
         backend: &'a MemoryBackend,
         key: &'a LockKey,
-        map_key: S::MapKey,
+        (map, map_key): (&'a Mutex<HashMap<K, S>>, K),
         id: u64,
         rx: oneshot::Receiver<Lease>,
     ) -> Self {
         Self {
             backend,
             key,
+            map,
             map_key,
             id,
             pending: Pending { rx, done: false },
@@ -394,7 +391,7 @@ impl<'a, S: Queue> Registration<'a, S> {
             }
             let now = Instant::now();
             expiry = {
-                let mut map = locked(S::map(self.backend));
+                let mut map = locked(self.map);
                 let state = map.entry(self.map_key.clone()).or_default();
                 state.hand_off(self.backend, key, now)
             };
@@ -415,13 +412,13 @@ impl<'a, S: Queue> Registration<'a, S> {
     }
 }
 
-impl<S: Queue> Drop for Registration<'_, S> {
+impl<K: Eq + Hash + Clone, S: Queue> Drop for Registration<'_, K, S> {
     fn drop(&mut self) {
         if self.pending.done {
             return;
         }
         let now = Instant::now();
-        let mut map = locked(S::map(self.backend));
+        let mut map = locked(self.map);
         if let Some(state) = map.get_mut(&self.map_key) {
             // A grant made but never seen by the caller is released now.
             state.withdraw(self.id, self.pending.rx.try_recv().ok());
@@ -473,12 +470,6 @@ impl KeyState {
 }
 
 impl Queue for KeyState {
-    type MapKey = LockKey;
-
-    fn map(backend: &MemoryBackend) -> &Mutex<HashMap<LockKey, Self>> {
-        &backend.inner.keys
-    }
-
     fn hand_off(
         &mut self,
         backend: &MemoryBackend,
@@ -752,7 +743,7 @@ impl MemoryBackend {
             self.hand_off(key, state, now);
             state.holder.as_ref().map(|h| h.expires_at)
         };
-        let granted = Registration::<KeyState>::new(self, key, key.clone(), id, rx)
+        let granted = Registration::new(self, key, (&self.inner.keys, key.clone()), id, rx)
             .wait(expiry, deadline, || {
                 "still held by another owner at the wait deadline".to_owned()
             })

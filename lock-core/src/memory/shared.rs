@@ -9,7 +9,6 @@
 //! queue fits.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -129,12 +128,6 @@ impl SharedState {
 }
 
 impl Queue for SharedState {
-    type MapKey = (LockShape, LockKey);
-
-    fn map(backend: &MemoryBackend) -> &Mutex<SharedKeys> {
-        &backend.inner.shared
-    }
-
     fn hand_off(
         &mut self,
         backend: &MemoryBackend,
@@ -265,11 +258,17 @@ impl MemoryBackend {
             state.waiters.push_back(ShareWaiter { id, kind, ttl, tx });
             state.next_expiry()
         };
-        let granted = Registration::<SharedState>::new(self, key, (shape, key.clone()), id, rx)
-            .wait(expiry, deadline, || {
-                format!("cannot take {kind} before the wait deadline")
-            })
-            .await?;
+        let granted = Registration::new(
+            self,
+            key,
+            (&self.inner.shared, (shape, key.clone())),
+            id,
+            rx,
+        )
+        .wait(expiry, deadline, || {
+            format!("cannot take {kind} before the wait deadline")
+        })
+        .await?;
         super::arrived(granted, |lease| {
             self.release_share(lease);
         })
