@@ -4,28 +4,17 @@
 //! from its peers (found by the driver's member watch,
 //! `src/connection/members.rs`). Each test lists the bad member first.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::{cycle, twenty_cycles_in_a_row};
 use conformance::OrSkip;
 use conformance::proxy::FaultProxy;
 use conformance::servers::etcd::EtcdServer;
-use lock_core::LockBackendExt;
-use lock_core::{LockBackend, LockKey};
+use lock_core::LockKey;
 use tokio::time::{Instant, sleep};
-
-/// Acquires and releases `key` once with the URL's TTL (60 s: the
-/// session's keep-alives, every 20 s, make no call during a test), every
-/// call bounded by the URL's `timeout`; `Err` carries the error's text.
-async fn cycle(backend: &lock_etcd::EtcdBackend, key: &LockKey) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let lease = backend
-        .acquire(key, Duration::from_secs(60), deadline)
-        .await
-        .map_err(|e| e.to_string())?;
-    backend.release(&lease).await.map_err(|e| e.to_string())?;
-    Ok(())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_stops_answering_is_left_by_the_keep_alive() {
@@ -80,24 +69,10 @@ async fn a_member_cut_off_from_its_peers_is_left() {
     cycle(&backend, &key).await.unwrap();
     assert!(server.partition_member(cut));
     // The first calls may wait on the member and fail; within a bounded
-    // time cycles succeed again, and keep succeeding: 20 in a row (each
-    // cycle is two calls, so a client that still sent a third of them to
-    // the cut member would get there about once in 10^7 tries).
-    let until = Instant::now() + Duration::from_secs(20);
-    let (mut failures, mut in_a_row) = (Vec::new(), 0);
-    while in_a_row < 20 {
-        match cycle(&backend, &key).await {
-            Ok(()) => in_a_row += 1,
-            Err(err) => {
-                failures.push(err);
-                in_a_row = 0;
-            }
-        }
-        assert!(
-            Instant::now() < until,
-            "no 20 cycles in a row within 20 s of the partition: {failures:?}"
-        );
-    }
+    // time cycles succeed again, and keep succeeding.
+    let failures = twenty_cycles_in_a_row(&backend, &key)
+        .await
+        .unwrap_or_else(|why| panic!("after the partition: {why}"));
     println!("cycles failed before the client left the member: {failures:?}");
     server.heal_member(cut);
 }

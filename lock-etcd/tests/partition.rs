@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::suite_opener;
+use common::{cycle, suite_opener, twenty_cycles_in_a_row};
 use conformance::OrSkip;
 use conformance::doubles::{HourLongerLeases, flawed_opener};
 use conformance::netns::spawn_runtime_in;
@@ -113,20 +113,6 @@ async fn a_holder_cut_from_two_members_fails_over_or_is_told_first() {
     .await;
 }
 
-/// Acquires and releases `key` once with a 60 s TTL (the session's
-/// keep-alives make no call during the test), every call bounded by the
-/// URL's `timeout`; `Err` carries the error's text.
-async fn cycle(backend: &lock_etcd::EtcdBackend, key: &lock_core::LockKey) -> Result<(), String> {
-    use lock_core::{LockBackend, LockBackendExt};
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let lease = backend
-        .acquire(key, Duration::from_secs(60), deadline)
-        .await
-        .map_err(|e| e.to_string())?;
-    backend.release(&lease).await.map_err(|e| e.to_string())?;
-    Ok(())
-}
-
 /// A client that reaches every member of a three-member cluster, and lists
 /// first a follower that is then cut from its two peers (in the kernel,
 /// while the client still reaches it): within 20 s of the cut, 20 cycles
@@ -166,26 +152,7 @@ async fn a_client_leaves_a_member_cut_from_its_peers() {
         in_lab
             .cut_from(MEMBERS[cut], &peers)
             .map_err(|e| e.to_string())?;
-        // Every cycle is two calls: a transport that still sends a
-        // third of them to the cut member gets 20 cycles in a row
-        // through about once in 10^7 tries.
-        let until = tokio::time::Instant::now() + Duration::from_secs(20);
-        let (mut failures, mut in_a_row) = (Vec::new(), 0);
-        while in_a_row < 20 {
-            match cycle(&backend, &key).await {
-                Ok(()) => in_a_row += 1,
-                Err(err) => {
-                    failures.push(err);
-                    in_a_row = 0;
-                }
-            }
-            if tokio::time::Instant::now() >= until {
-                return Err(format!(
-                    "no 20 cycles in a row within 20 s of the cut: {failures:?}"
-                ));
-            }
-        }
-        Ok::<_, String>(failures)
+        twenty_cycles_in_a_row(&backend, &key).await
     })
     .join();
     let _ = lab.heal();

@@ -181,3 +181,42 @@ pub async fn await_grant_after(
         sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Acquires and releases `key` once with a 60 s TTL (the session's
+/// keep-alives, every 20 s, make no call during a test), every call
+/// bounded by the URL's `timeout`; `Err` carries the error's text.
+pub async fn cycle(backend: &EtcdBackend, key: &LockKey) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let lease = backend
+        .acquire(key, Duration::from_secs(60), deadline)
+        .await
+        .map_err(|e| e.to_string())?;
+    backend.release(&lease).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// [`cycle`]s until 20 in a row succeed, within 20 s: `Ok` with the
+/// failures before them, `Err` naming them when 20 s were not enough.
+/// Every cycle is two calls: a client that still sends a third of them to
+/// a member that cannot serve gets 20 cycles in a row through about once
+/// in 10^7 tries.
+pub async fn twenty_cycles_in_a_row(
+    backend: &EtcdBackend,
+    key: &LockKey,
+) -> Result<Vec<String>, String> {
+    let until = Instant::now() + Duration::from_secs(20);
+    let (mut failures, mut in_a_row) = (Vec::new(), 0);
+    while in_a_row < 20 {
+        match cycle(backend, key).await {
+            Ok(()) => in_a_row += 1,
+            Err(err) => {
+                failures.push(err);
+                in_a_row = 0;
+            }
+        }
+        if Instant::now() >= until {
+            return Err(format!("no 20 cycles in a row within 20 s: {failures:?}"));
+        }
+    }
+    Ok(failures)
+}
