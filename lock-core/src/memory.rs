@@ -319,9 +319,11 @@ struct Pending {
 /// and semaphores) as its queued waiters see it.
 trait Queue: Default {
     /// Hands the key on (to the head of the queue, as far as it fits) at
-    /// `now`, under the store's lock; returns the next holder expiry.
-    fn hand_off(&mut self, backend: &MemoryBackend, key: &LockKey, now: Instant)
-    -> Option<Instant>;
+    /// `now`, under the store's lock.
+    fn hand_off(&mut self, backend: &MemoryBackend, key: &LockKey, now: Instant);
+
+    /// When the first holder's lease runs out (`None`: nobody holds).
+    fn next_expiry(&self) -> Option<Instant>;
 
     /// Removes waiter `id` from the queue; `raced` is a grant handed to it
     /// that it never saw, whose hold is dropped too.
@@ -393,7 +395,8 @@ impl<'a, K: Eq + Hash + Clone, S: Queue> Registration<'a, K, S> {
             expiry = {
                 let mut map = locked(self.map);
                 let state = map.entry(self.map_key.clone()).or_default();
-                state.hand_off(self.backend, key, now)
+                state.hand_off(self.backend, key, now);
+                state.next_expiry()
             };
             if let Ok(lease) = self.pending.rx.try_recv() {
                 self.pending.done = true;
@@ -470,13 +473,11 @@ impl KeyState {
 }
 
 impl Queue for KeyState {
-    fn hand_off(
-        &mut self,
-        backend: &MemoryBackend,
-        key: &LockKey,
-        now: Instant,
-    ) -> Option<Instant> {
+    fn hand_off(&mut self, backend: &MemoryBackend, key: &LockKey, now: Instant) {
         backend.hand_off(key, self, now);
+    }
+
+    fn next_expiry(&self) -> Option<Instant> {
         self.holder.as_ref().map(|h| h.expires_at)
     }
 

@@ -121,21 +121,15 @@ impl SharedState {
             .iter_mut()
             .find(|h| h.owner == owner && h.kind == kind)
     }
-
-    fn next_expiry(&self) -> Option<Instant> {
-        self.holders.iter().map(|h| h.expires_at).min()
-    }
 }
 
 impl Queue for SharedState {
-    fn hand_off(
-        &mut self,
-        backend: &MemoryBackend,
-        key: &LockKey,
-        now: Instant,
-    ) -> Option<Instant> {
+    fn hand_off(&mut self, backend: &MemoryBackend, key: &LockKey, now: Instant) {
         backend.hand_off_shares(key, self, now);
-        self.next_expiry()
+    }
+
+    fn next_expiry(&self) -> Option<Instant> {
+        self.holders.iter().map(|h| h.expires_at).min()
     }
 
     fn withdraw(&mut self, id: u64, raced: Option<Lease>) {
