@@ -1,0 +1,226 @@
+//! Probe (not a test): where one Redis acquire+release cycle's time goes,
+//! one client, one connection per side, interleaved rounds, against a
+//! redis-server this process starts (issue #39: ours over the client
+//! crate alone, sending the same requests, at most 1.05x at p50; the hand
+//! floor beside it, the crate's share over it reported, not chased):
+//!
+//! - the hand floor ([`lock_bench::redis::RedisFloor`]: the driver's
+//!   acquire and release scripts by `EVALSHA`, RESP by hand on one bare
+//!   TCP connection);
+//! - redis-rs alone: exactly the two requests the driver sends for the
+//!   cycle on one server in the native layout, on the crate's multiplexed
+//!   connection opened with the driver's connection settings, with no
+//!   lock-redis code but its key names and script texts:
+//!   1. `EVALSHA <acquire> 4 <prefix>{<key>} <prefix>{<key>}:token
+//!      <prefix>{<key>}:holder distlock:token-floor <owner> <ttl ms>
+//!      <holder details>`;
+//!   2. `EVALSHA <release> 2 <prefix>{<key>} <prefix>{<key>}:holder
+//!      <owner> <prefix>{<key>}:released`;
+//! - the same through redis-rs with each request bounded by
+//!   `tokio::time::timeout` (the operation timeout), as the driver bounds
+//!   every call (`Node::run`): what that timer costs by itself;
+//! - `RedisBackend::acquire` (waiting) + `release` directly (no
+//!   `LockClient`, guard or renewal scheduler);
+//! - ours: `LockClient` with a waiting acquire, then `release`, as users
+//!   write it.
+//!
+//! The floor's acquire names three keys, the driver's four (the token
+//! floor key of `gc`, which the script reads only when a counter is new):
+//! the same work on the server for every cycle here.
+//!
+//! Per side: p50, p99 and mean wall time, CPU per cycle of this process and
+//! of redis-server; then ours / crate alone and crate alone / floor. With
+//! `RTT_US=<µs>` each side goes through a fault proxy of its own that adds
+//! that round-trip time (half each way) and counts its round trips per
+//! cycle (the proxies run in this process: client CPU includes them).
+//! Pin it to one CPU (the server inherits it) to take thread placement out:
+//!
+//! ```text
+//! cargo build --release -p lock-bench --example redis_parts
+//! taskset -c 0 target/release/examples/redis_parts 2000
+//! RTT_US=1000 taskset -c 0 target/release/examples/redis_parts 2000
+//! ```
+//!
+//! `ONLY=<0..4>` runs one side alone (for a profiler).
+
+mod parts_support;
+
+use std::time::Duration;
+
+use conformance::servers::redis::RedisServer;
+use lock_bench::redis::RedisFloor;
+use lock_core::{HolderDetails, LockBackend, LockBackendExt, LockClient, LockKey, OwnerId};
+use lock_redis::RedisConfig;
+use lock_redis::keys::{KeyNames, Scripts};
+use parts_support::BoxError;
+use redis::AsyncConnectionConfig;
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The token floor key the driver's acquire names on one server (its
+/// `KEYS[4]`; `lock_redis`'s `FLOOR_KEY`, which is not exported).
+const TOKEN_FLOOR_KEY: &str = "distlock:token-floor";
+
+const NAMES: [&str; 5] = [
+    "hand floor",
+    "redis-rs alone",
+    "redis-rs + timeout per call",
+    "RedisBackend direct",
+    "ours (LockClient)",
+];
+const CRATE_ALONE: usize = 1;
+const CRATE_TIMED: usize = 2;
+const DIRECT: usize = 3;
+const OURS: usize = 4;
+
+/// The driver's two requests of a cycle through redis-rs alone.
+struct CrateAlone {
+    conn: MultiplexedConnection,
+    scripts: Scripts,
+    prefix: String,
+    ttl_ms: String,
+    /// Each request under `tokio::time::timeout(bound, ..)`, as the driver.
+    bound: Option<Duration>,
+}
+
+/// `call`, under `tokio::time::timeout(bound, ..)` when bounded.
+async fn bounded<T>(
+    bound: Option<Duration>,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, BoxError> {
+    Ok(match bound {
+        Some(bound) => tokio::time::timeout(bound, call).await??,
+        None => call.await?,
+    })
+}
+
+impl CrateAlone {
+    /// The crate's multiplexed connection with the driver's settings (the
+    /// operation timeout to connect, no per-request timer), and the two
+    /// scripts loaded on it; with `timed`, each cycle's request bounded by
+    /// the operation timeout.
+    async fn connect(url: &str, timed: bool) -> Result<Self, BoxError> {
+        let config = RedisConfig::from_url(url)?;
+        let settings = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(config.timeout()))
+            .set_response_timeout(None);
+        let mut conn = redis::Client::open(url)?
+            .get_multiplexed_async_connection_with_config(&settings)
+            .await?;
+        let scripts = Scripts::new();
+        for code in [scripts.acquire.code, scripts.release.code] {
+            let _: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(code)
+                .query_async(&mut conn)
+                .await?;
+        }
+        Ok(Self {
+            conn,
+            scripts,
+            prefix: config.key_prefix().to_owned(),
+            ttl_ms: TTL.as_millis().to_string(),
+            bound: timed.then(|| config.timeout()),
+        })
+    }
+
+    /// The grant and the release of the free `key`, with a fresh owner and
+    /// the holder details, as the driver makes them per grant.
+    async fn cycle(&mut self, key: &LockKey) -> Result<(), BoxError> {
+        let names = KeyNames::new(&self.prefix, key);
+        let owner = OwnerId::random().to_hex();
+        let details = HolderDetails::encode_current();
+        let mut acquire = redis::cmd("EVALSHA");
+        acquire
+            .arg(&self.scripts.acquire.hash)
+            .arg(4)
+            .arg(&names.lock)
+            .arg(&names.counter)
+            .arg(&names.holder)
+            .arg(TOKEN_FLOOR_KEY)
+            .arg(&owner)
+            .arg(&self.ttl_ms)
+            .arg(&details);
+        let call = acquire.query_async(&mut self.conn);
+        let (granted, _token): (i64, i64) = bounded(self.bound, call).await?;
+        assert_eq!(granted, 1, "the key is free");
+        let mut release = redis::cmd("EVALSHA");
+        release
+            .arg(&self.scripts.release.hash)
+            .arg(2)
+            .arg(&names.lock)
+            .arg(&names.holder)
+            .arg(&owner)
+            .arg(&names.channel);
+        let call = release.query_async(&mut self.conn);
+        let released: i64 = bounded(self.bound, call).await?;
+        assert_eq!(released, 1, "the grant was still ours");
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let cycles = parts_support::cycles();
+    let rtt = parts_support::rtt();
+    let mut server = RedisServer::start().await?;
+    let server_pid = server.process().pid();
+    let proxies = parts_support::proxies(server.port(), NAMES.len(), rtt).await?;
+    let url = |side: usize| {
+        format!(
+            "redis://127.0.0.1:{}",
+            parts_support::port_of(&proxies, side, server.port())
+        )
+    };
+    let floor = RedisFloor::connect(&url(0)).await?;
+    let mut alone = CrateAlone::connect(&url(CRATE_ALONE), false).await?;
+    let mut timed = CrateAlone::connect(&url(CRATE_TIMED), true).await?;
+    let direct = lock_redis::connect(&url(DIRECT)).await?;
+    let ours = LockClient::new(lock_redis::connect(&url(OURS)).await?);
+    let crate_key = LockKey::new("parts-crate")?;
+    let timed_key = LockKey::new("parts-timed")?;
+    let direct_key = LockKey::new("parts-direct")?;
+    let measured = parts_support::interleaved(
+        &NAMES,
+        cycles,
+        server_pid,
+        &proxies,
+        async |side| -> Result<(), BoxError> {
+            match side {
+                0 => floor.cycle("parts-floor", TTL).await?,
+                CRATE_ALONE => alone.cycle(&crate_key).await?,
+                CRATE_TIMED => timed.cycle(&timed_key).await?,
+                DIRECT => {
+                    let deadline = Instant::now() + WAIT;
+                    let lease = direct.acquire(&direct_key, TTL, deadline).await?;
+                    assert!(direct.release(&lease).await?, "still ours");
+                }
+                _ => {
+                    let guard = ours
+                        .lock("parts-ours")
+                        .ttl(TTL)
+                        .wait(WAIT)
+                        .acquire()
+                        .await?;
+                    guard.release().await?;
+                }
+            }
+            Ok(())
+        },
+    )
+    .await?;
+    let rtt = rtt.map_or_else(|| "no injected RTT".to_owned(), |r| format!("{r:?} RTT"));
+    println!("Redis, 1 client, {cycles} cycles per side, {rtt}:");
+    measured.print(&[
+        (OURS, CRATE_ALONE),
+        (DIRECT, CRATE_ALONE),
+        (CRATE_TIMED, CRATE_ALONE),
+        (DIRECT, CRATE_TIMED),
+        (CRATE_ALONE, 0),
+        (OURS, 0),
+    ]);
+    Ok(())
+}
