@@ -14,7 +14,7 @@ use lock_core::election::ElectionPage;
 use lock_core::{
     Admin, Capabilities, Downgrade, Facets, GcReport, GrantRequest, HolderInfo, HolderWatch, Lease,
     LeaseKind, ListQuery, Listing, LockBackend, LockBackendExt, LockError, LockInfo, LockKey,
-    LockPage, LockShape, LockWrapper, MemoryBackend, OwnerId, SharedPage,
+    LockPage, LockShape, LockWrapper, MemoryBackend, OwnerId, SharedPage, WatchRequest,
 };
 use tokio::time::Instant;
 
@@ -376,17 +376,14 @@ impl<F: Flaw> Downgrade for Flawed<F> {
 impl<F: Flaw> HolderWatch for Flawed<F> {
     async fn watch_holder(
         &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError> {
         if self.flaw.watch_misses() {
-            tokio::time::sleep_until(deadline).await;
-            return Ok(seen.cloned());
+            tokio::time::sleep_until(request.deadline).await;
+            return Ok(request.seen.cloned());
         }
         // Polls this wrapper's `inspect`, so the flaw's answer is watched.
-        lock_core::poll_holder(self, key, seen, poll, deadline).await
+        lock_core::poll_holder(self, request).await
     }
 }
 

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use lock_core::election::Leader;
 use lock_core::{
     Downgrade, Elections, Facets, GrantRequest, Lease, LeaseKind, LockBackend, LockBackendExt,
-    LockClient, LockError, LockGuard, LockKey, LockSets, LockState, LockWrapper,
+    LockClient, LockError, LockGuard, LockKey, LockSets, LockState, LockWrapper, WatchRequest,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -215,14 +215,9 @@ impl Elections for RecordingBackend {
 
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
-        self.inner
-            .watch_leader(election, seen, poll, deadline)
-            .await
+        self.inner.watch_leader(request).await
     }
 }
 

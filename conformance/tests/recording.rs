@@ -12,7 +12,7 @@ use conformance::recording::{RecordingBackend, record_lost};
 use lock_core::election::{Leader, election_lock_key};
 use lock_core::{
     Downgrade, Elections, Facets, Lease, LeaseKind, LockBackend, LockBackendExt, LockClient,
-    LockError, LockKey, LockWrapper, MemoryBackend, async_trait, validity_deadline,
+    LockError, LockKey, LockWrapper, MemoryBackend, WatchRequest, async_trait, validity_deadline,
 };
 use tokio::time::{Instant, sleep};
 
@@ -231,12 +231,9 @@ impl Elections for WithElections {
     }
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
-        self.0.watch_leader(election, seen, poll, deadline).await
+        self.0.watch_leader(request).await
     }
 }
 

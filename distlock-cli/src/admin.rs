@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lock_core::{
     FencingToken, HolderDetails, HolderInfo, LockBackendExt, LockClient, LockError, LockInfo,
-    LockKey, LockShape, Operation,
+    LockKey, LockShape, Operation, WatchRequest,
 };
 use serde_json::{Value, json};
 
@@ -311,7 +311,7 @@ pub(crate) async fn watch(
         // silently stalled is replaced).
         let until = tokio::time::Instant::now() + interval.max(Duration::from_secs(30));
         let now = backend
-            .watch_holder(&lock_key, last.as_ref(), interval, until)
+            .watch_holder(WatchRequest::new(&lock_key, last.as_ref(), interval, until))
             .await?;
         if !LockInfo::same_holder(now.as_ref(), last.as_ref()) {
             print(&now);

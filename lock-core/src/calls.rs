@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::backend::{GrantRequest, LockBackend};
 use crate::election::record::{ElectionPage, Leader, election_lock_key};
 use crate::error::{ErrorKind, LockError, Operation};
+use crate::facets::WatchRequest;
 use crate::key::LockKey;
 use crate::kind::{LeaseKind, LockShape};
 use crate::types::{GcReport, Lease, ListQuery, LockInfo, LockPage, SharedPage};
@@ -252,14 +253,11 @@ pub trait LockBackendExt: LockBackend {
     /// Safe: read-only.
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
         match self.facets().elections {
-            Some(facet) => facet.watch_leader(election, seen, poll, deadline).await,
-            None => watch_mutex_leader(self, election, seen, poll, deadline).await,
+            Some(facet) => facet.watch_leader(request).await,
+            None => watch_mutex_leader(self, request).await,
         }
     }
 
@@ -276,14 +274,11 @@ pub trait LockBackendExt: LockBackend {
     /// Safe: read-only.
     async fn watch_holder(
         &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError> {
         match self.facets().holder_watch {
-            Some(facet) => facet.watch_holder(key, seen, poll, deadline).await,
-            None => poll_holder(self, key, seen, poll, deadline).await,
+            Some(facet) => facet.watch_holder(request).await,
+            None => poll_holder(self, request).await,
         }
     }
 
@@ -400,8 +395,8 @@ fn no_admin(backend: &'static str, what: &str) -> LockError {
 
 /// How a backend without a [`HolderWatch`](crate::HolderWatch) facet is
 /// watched: reads `backend`'s [`inspect`](LockBackendExt::inspect) every
-/// `poll` (at least 5 ms) until the holder is no longer `seen` or
-/// `deadline` passed.
+/// `request.poll` (at least 5 ms) until the holder is no longer
+/// `request.seen` or `request.deadline` passed.
 ///
 /// # Errors
 ///
@@ -412,20 +407,15 @@ fn no_admin(backend: &'static str, what: &str) -> LockError {
 /// Safe: read-only.
 pub async fn poll_holder<B: LockBackend + ?Sized>(
     backend: &B,
-    key: &LockKey,
-    seen: Option<&LockInfo>,
-    poll: Duration,
-    deadline: Instant,
+    request: WatchRequest<'_, LockInfo>,
 ) -> Result<Option<LockInfo>, LockError> {
-    watch_holder_with(backend, key, seen, poll, deadline, || {
-        std::future::pending()
-    })
-    .await
+    watch_holder_with(backend, request, std::future::pending).await
 }
 
 /// How an election without a notification is watched: reads `backend`'s
-/// [`leader`](LockBackendExt::leader) every `poll` (at least 5 ms) until
-/// the leader is no longer `seen` or `deadline` passed.
+/// [`leader`](LockBackendExt::leader) every `request.poll` (at least 5 ms)
+/// until the leader is no longer `request.seen` or `request.deadline`
+/// passed.
 ///
 /// # Errors
 ///
@@ -436,16 +426,12 @@ pub async fn poll_holder<B: LockBackend + ?Sized>(
 /// Safe: read-only.
 pub async fn poll_leader<B: LockBackend + ?Sized>(
     backend: &B,
-    election: &LockKey,
-    seen: Option<&Leader>,
-    poll: Duration,
-    deadline: Instant,
+    request: WatchRequest<'_, Leader>,
 ) -> Result<Option<Leader>, LockError> {
     watch_with(
-        || backend.leader(election),
-        |now| !Leader::same(now, seen),
-        poll,
-        deadline,
+        || backend.leader(request.key),
+        |now| !Leader::same(now, request.seen),
+        request,
         std::future::pending,
     )
     .await
@@ -467,10 +453,7 @@ pub async fn poll_leader<B: LockBackend + ?Sized>(
 /// Safe: read-only (what `arm` subscribed is dropped with its future).
 pub async fn watch_holder_with<B, A, F>(
     backend: &B,
-    key: &LockKey,
-    seen: Option<&LockInfo>,
-    poll: Duration,
-    deadline: Instant,
+    request: WatchRequest<'_, LockInfo>,
     arm: A,
 ) -> Result<Option<LockInfo>, LockError>
 where
@@ -479,10 +462,9 @@ where
     F: std::future::Future<Output = ()>,
 {
     watch_with(
-        || backend.inspect(key),
-        |now| !LockInfo::same_holder(now, seen),
-        poll,
-        deadline,
+        || backend.inspect(request.key),
+        |now| !LockInfo::same_holder(now, request.seen),
+        request,
         arm,
     )
     .await
@@ -495,8 +477,7 @@ where
 async fn watch_with<T, R, RF, A, F>(
     mut read: R,
     changed: impl Fn(Option<&T>) -> bool,
-    poll: Duration,
-    deadline: Instant,
+    request: WatchRequest<'_, T>,
     mut arm: A,
 ) -> Result<Option<T>, LockError>
 where
@@ -505,6 +486,7 @@ where
     A: FnMut() -> F,
     F: std::future::Future<Output = ()>,
 {
+    let WatchRequest { poll, deadline, .. } = request;
     let poll = poll.max(Duration::from_millis(5));
     loop {
         let woken = arm();
@@ -535,13 +517,10 @@ where
 /// Safe: read-only.
 pub async fn watch_mutex_leader<B: LockBackendExt + ?Sized>(
     backend: &B,
-    election: &LockKey,
-    seen: Option<&Leader>,
-    poll: Duration,
-    deadline: Instant,
+    request: WatchRequest<'_, Leader>,
 ) -> Result<Option<Leader>, LockError> {
-    let key = election_lock_key(election)?;
-    let seen = seen.map(|l| LockInfo {
+    let key = election_lock_key(request.key)?;
+    let seen = request.seen.map(|l| LockInfo {
         key: key.clone(),
         holder: l.holder.clone(),
         token: l.term,
@@ -549,7 +528,12 @@ pub async fn watch_mutex_leader<B: LockBackendExt + ?Sized>(
         details: l.details.clone(),
     });
     Ok(backend
-        .watch_holder(&key, seen.as_ref(), poll, deadline)
+        .watch_holder(WatchRequest::new(
+            &key,
+            seen.as_ref(),
+            request.poll,
+            request.deadline,
+        ))
         .await?
         .map(Leader::from_info))
 }

@@ -30,6 +30,7 @@ use tracing::Instrument;
 use crate::calls::LockBackendExt;
 use crate::client::LockClient;
 use crate::error::{LockError, Operation};
+use crate::facets::WatchRequest;
 use crate::guard::LockGuard;
 use crate::hold::LockState;
 use crate::key::LockKey;
@@ -303,7 +304,7 @@ impl LockClient {
                 let until = Instant::now() + every.max(Duration::from_secs(5));
                 let read = tokio::select! {
                     () = tx.closed() => return,
-                    read = backend.watch_leader(&name, seen.as_ref(), every, until) => read,
+                    read = backend.watch_leader(WatchRequest::new(&name, seen.as_ref(), every, until)) => read,
                 };
                 match read {
                     Ok(now) => {

@@ -22,6 +22,46 @@ use crate::key::LockKey;
 use crate::kind::LockShape;
 use crate::types::{GcReport, Lease, ListQuery, LockInfo, LockPage, SharedPage};
 
+/// What one watch asks for ([`Elections::watch_leader`],
+/// [`HolderWatch::watch_holder`]): wait until what `key` holds (its leader
+/// `T = Leader`, its holder `T = LockInfo`) is no longer `seen`, or until
+/// `deadline`, checking at least every `poll` where the store misses some
+/// changes.
+#[derive(Debug)]
+pub struct WatchRequest<'a, T> {
+    /// The key watched (the election's name for a leader).
+    pub key: &'a LockKey,
+    /// What the caller last saw (`None`: nobody); the watch returns once it
+    /// changes.
+    pub seen: Option<&'a T>,
+    /// The longest wait between checks.
+    pub poll: Duration,
+    /// When the watch returns whatever it reads.
+    pub deadline: Instant,
+}
+
+// Not derived: a derive would require `T: Copy`, and only references to `T`
+// are held.
+impl<T> Clone for WatchRequest<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for WatchRequest<'_, T> {}
+
+impl<'a, T> WatchRequest<'a, T> {
+    /// A watch of `key` past `seen`, checking every `poll`, until `deadline`.
+    pub fn new(key: &'a LockKey, seen: Option<&'a T>, poll: Duration, deadline: Instant) -> Self {
+        Self {
+            key,
+            seen,
+            poll,
+            deadline,
+        }
+    }
+}
+
 /// The facets a backend has (see the [module docs](self)); `None` for each
 /// it has not.
 #[derive(Clone, Copy, Default)]
@@ -228,9 +268,9 @@ pub trait Elections: Send + Sync {
     /// Safe: read-only.
     async fn leader(&self, election: &LockKey) -> Result<Option<Leader>, LockError>;
 
-    /// Waits until the leader of `election` is no longer `seen` (a
-    /// different holder or term, or none), or until `deadline`, and returns
-    /// the leader then, waking on the store's notification (`poll` bounds
+    /// Waits until the leader of the election `request.key` is no longer
+    /// `request.seen` (a different holder or term, or none), or until
+    /// `request.deadline`, and returns the leader then, waking on the store's notification (`request.poll` bounds
     /// the wait between checks where the store misses some changes).
     ///
     /// # Errors
@@ -242,10 +282,7 @@ pub trait Elections: Send + Sync {
     /// Safe: read-only (a watch it opened is closed when dropped).
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError>;
 }
 
@@ -306,10 +343,10 @@ pub trait Downgrade: Send + Sync {
 /// polls.
 #[async_trait]
 pub trait HolderWatch: Send + Sync {
-    /// Waits until the holder of the mutex `key` is no longer `seen` (a
-    /// different holder or token, or none; see [`LockInfo::same_holder`]),
-    /// or until `deadline`, and returns the holder then, as `inspect`
-    /// reports it (`poll` bounds the wait between checks where the store
+    /// Waits until the holder of the mutex `request.key` is no longer
+    /// `request.seen` (a different holder or token, or none; see
+    /// [`LockInfo::same_holder`]), or until `request.deadline`, and returns
+    /// the holder then, as `inspect` reports it (`request.poll` bounds the wait between checks where the store
     /// misses some changes, such as expiries).
     ///
     /// # Errors
@@ -321,9 +358,6 @@ pub trait HolderWatch: Send + Sync {
     /// Safe: read-only (a watch it opened is closed when dropped).
     async fn watch_holder(
         &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError>;
 }

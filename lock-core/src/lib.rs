@@ -118,7 +118,9 @@ pub use client::multi::{MAX_MULTI_KEYS, MultiGuard, MultiRequest, lock_order};
 pub use client::segments::{MAX_SEGMENTS, SegmentRequest};
 pub use client::{LockClient, LockDefaults, LockRequest};
 pub use error::{ErrorKind, LockError, Operation};
-pub use facets::{Admin, Downgrade, Elections, Facets, HolderWatch, Listing, LockSets};
+pub use facets::{
+    Admin, Downgrade, Elections, Facets, HolderWatch, Listing, LockSets, WatchRequest,
+};
 pub use guard::LockGuard;
 pub use hold::{LockState, RenewalPolicy};
 pub use holder::{HolderDetails, MAX_ENCODED_LEN, MAX_LABEL_LEN, holder_label, set_holder_label};

@@ -10,7 +10,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp, WatchOptions};
 use lock_core::election::ElectionPage;
 use lock_core::{
     ErrorKind, GcReport, ListQuery, LockError, LockInfo, LockKey, LockPage, LockShape, Operation,
-    SharedPage,
+    SharedPage, WatchRequest,
 };
 use tokio::time::{Instant, sleep_until};
 
@@ -75,12 +75,10 @@ impl lock_core::Listing for Admin {
 impl lock_core::HolderWatch for Admin {
     async fn watch_holder(
         &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        _poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError> {
-        self.watch_holder_of(key, seen, deadline).await
+        self.watch_holder_of(request.key, request.seen, request.deadline)
+            .await
     }
 }
 

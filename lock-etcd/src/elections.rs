@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{KeyValue, WatchFilterType, WatchOptions};
 use lock_core::election::{Leader, election_lock_key};
-use lock_core::{FencingToken, Lease, LockError, LockKey, Operation};
+use lock_core::{FencingToken, Lease, LockError, LockKey, Operation, WatchRequest};
 use tokio::time::{Instant, sleep_until};
 
 use crate::connection::Connection;
@@ -54,12 +54,10 @@ impl lock_core::Elections for Elections {
 
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        _poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
-        self.watch_election(election, seen, deadline).await
+        self.watch_election(request.key, request.seen, request.deadline)
+            .await
     }
 }
 

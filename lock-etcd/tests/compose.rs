@@ -29,7 +29,7 @@ use etcd_client::PutOptions;
 use lock_core::election::{Leader, election_lock_key};
 use lock_core::{
     ErrorKind, Facets, FencingToken, HolderDetails, Lease, LockBackend, LockBackendExt, LockClient,
-    LockError, LockKey, OwnerId,
+    LockError, LockKey, OwnerId, WatchRequest,
 };
 use lock_etcd::{EtcdBackend, EtcdConfig};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -184,12 +184,9 @@ impl lock_core::Elections for IgnoresOlder {
     }
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
-        LockBackendExt::watch_leader(&self.inner, election, seen, poll, deadline).await
+        LockBackendExt::watch_leader(&self.inner, request).await
     }
     async fn campaign(
         &self,
@@ -262,8 +259,13 @@ async fn waits_while_etcdctl_leads(
         tokio::spawn(async move {
             let until = Instant::now() + Duration::from_secs(20);
             // A long poll: an observer woken in time was woken by the watch.
-            ours.watch_leader(&election, Some(&seen), Duration::from_secs(30), until)
-                .await
+            ours.watch_leader(WatchRequest::new(
+                &election,
+                Some(&seen),
+                Duration::from_secs(30),
+                until,
+            ))
+            .await
         })
     };
     let campaign = {
@@ -603,12 +605,9 @@ impl lock_core::Elections for NeverWithdraws {
     }
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
-        LockBackendExt::watch_leader(&self.0, election, seen, poll, deadline).await
+        LockBackendExt::watch_leader(&self.0, request).await
     }
 }
 

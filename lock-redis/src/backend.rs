@@ -8,7 +8,7 @@ use std::time::Duration;
 use lock_core::{
     Capabilities, Facets, FencingScope, GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind,
     LockBackend, LockError, LockInfo, LockKey, LockSets, LockShape, Operation, TtlModel,
-    WaitStrategy, async_trait,
+    WaitStrategy, WatchRequest, async_trait,
 };
 use tokio::time::Instant;
 
@@ -363,17 +363,18 @@ impl HolderWatch for RedisBackend {
     /// new grant of a free key publishes nothing.
     async fn watch_holder(
         &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError> {
-        if seen.is_none() {
-            return lock_core::poll_holder(self, key, seen, poll, deadline).await;
+        if request.seen.is_none() {
+            return lock_core::poll_holder(self, request).await;
         }
-        let names = self.servers.keys.mutex(key, Operation::Inspect)?;
-        let watch = self.servers.notifier.watch(&names.channel, deadline).await;
-        lock_core::watch_holder_with(self, key, seen, poll, deadline, || {
+        let names = self.servers.keys.mutex(request.key, Operation::Inspect)?;
+        let watch = self
+            .servers
+            .notifier
+            .watch(&names.channel, request.deadline)
+            .await;
+        lock_core::watch_holder_with(self, request, || {
             // Registered before the read so a release in between wakes us.
             let mut notified = Box::pin(watch.notify().notified());
             notified.as_mut().enable();

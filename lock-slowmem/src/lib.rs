@@ -53,7 +53,7 @@ use lock_core::endpoint::Endpoint;
 use lock_core::{
     Admin, Downgrade, Elections, Facets, GcReport, GrantRequest, HolderInfo, HolderWatch, Lease,
     ListQuery, Listing, LockBackend, LockBackendExt, LockError, LockInfo, LockKey, LockPage,
-    LockSets, LockShape, LockWrapper, MemoryBackend, SharedPage,
+    LockSets, LockShape, LockWrapper, MemoryBackend, SharedPage, WatchRequest,
 };
 use tokio::time::{Instant, sleep};
 
@@ -261,15 +261,10 @@ impl Elections for SlowMemory {
 
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
         self.travel().await;
-        self.inner
-            .watch_leader(election, seen, poll, deadline)
-            .await
+        self.inner.watch_leader(request).await
     }
 }
 
@@ -297,13 +292,10 @@ impl Downgrade for SlowMemory {
 impl HolderWatch for SlowMemory {
     async fn watch_holder(
         &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError> {
         self.travel().await;
-        self.inner().watch_holder(key, seen, poll, deadline).await
+        self.inner().watch_holder(request).await
     }
 }
 

@@ -13,12 +13,11 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
     Capabilities, Facets, FencingScope, GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind,
-    LockBackend, LockError, LockInfo, LockKey, LockShape, TtlModel, WaitStrategy,
+    LockBackend, LockError, LockInfo, LockKey, LockShape, TtlModel, WaitStrategy, WatchRequest,
 };
 use tokio::time::Instant;
 
@@ -401,12 +400,9 @@ impl LockBackend for SqlBackend {
 impl HolderWatch for SqlBackend {
     async fn watch_holder(
         &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError> {
         let waiting = &self.inner.waiting;
-        waiting.watch_holder(self, key, seen, poll, deadline).await
+        waiting.watch_holder(self, request).await
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey, Operation, check_ttl,
+    ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey, Operation, WatchRequest, check_ttl,
 };
 use tokio::time::Instant;
 
@@ -136,30 +136,29 @@ impl Waiting {
     /// each read is preceded by a subscription to the process's release
     /// wake-ups (fed by PostgreSQL's `NOTIFY` from every process, and by
     /// this process's own releases on every database), so a release wakes
-    /// the watch at once; `poll` still bounds each wait (an expiry, a grant
+    /// the watch at once; `request.poll` still bounds each wait (an expiry, a grant
     /// of a free key and, on MariaDB/SQLite, another process's release are
     /// only seen by reading).
     pub(crate) async fn watch_holder<B: LockBackend>(
         &self,
         backend: &B,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError> {
-        if seen.is_none() {
-            return lock_core::poll_holder(backend, key, seen, poll, deadline).await;
+        if request.seen.is_none() {
+            return lock_core::poll_holder(backend, request).await;
         }
         if self.inner.dialect.notified() {
             self.inner.ensure_listener().await;
         }
-        lock_core::watch_holder_with(backend, key, seen, poll, deadline, || {
+        lock_core::watch_holder_with(backend, request, || {
             // Subscribed before the read so a release in between wakes us.
             let mut wakes = self.inner.waits.subscribe();
             async move {
                 loop {
                     match wakes.recv().await {
-                        Ok(Wake::Released(released)) if &*released == key.as_str() => return,
+                        Ok(Wake::Released(released)) if &*released == request.key.as_str() => {
+                            return;
+                        }
                         Ok(Wake::All) | Err(_) => return,
                         Ok(_) => {}
                     }

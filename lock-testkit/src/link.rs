@@ -28,7 +28,7 @@ use lock_core::{
     Admin, Downgrade, Elections, ErrorKind, Facets, GcReport, GrantRequest, HolderInfo,
     HolderWatch, Lease, ListQuery, Listing, LockBackend, LockBackendExt, LockError, LockInfo,
     LockKey, LockPage, LockSets, LockShape, LockWrapper, Operation, RENEW_CONCURRENCY, SharedPage,
-    renew_concurrently,
+    WatchRequest, renew_concurrently,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, timeout};
@@ -343,14 +343,19 @@ impl Elections for FaultLink {
 
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
-        let (inner, e, seen) = (self.inner.clone(), election.clone(), seen.cloned());
-        let call: Call<Option<Leader>> =
-            Box::pin(async move { inner.watch_leader(&e, seen.as_ref(), poll, deadline).await });
+        let WatchRequest {
+            key: election,
+            poll,
+            deadline,
+            ..
+        } = request;
+        let (inner, e, seen) = (self.inner.clone(), election.clone(), request.seen.cloned());
+        let call: Call<Option<Leader>> = Box::pin(async move {
+            let request = WatchRequest::new(&e, seen.as_ref(), poll, deadline);
+            inner.watch_leader(request).await
+        });
         let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
         self.call(Operation::Inspect, Some(election), budget, call)
             .await
@@ -403,14 +408,19 @@ impl Downgrade for FaultLink {
 impl HolderWatch for FaultLink {
     async fn watch_holder(
         &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError> {
-        let (inner, k, seen) = (self.inner.clone(), key.clone(), seen.cloned());
-        let call: Call<Option<LockInfo>> =
-            Box::pin(async move { inner.watch_holder(&k, seen.as_ref(), poll, deadline).await });
+        let WatchRequest {
+            key,
+            poll,
+            deadline,
+            ..
+        } = request;
+        let (inner, k, seen) = (self.inner.clone(), key.clone(), request.seen.cloned());
+        let call: Call<Option<LockInfo>> = Box::pin(async move {
+            let request = WatchRequest::new(&k, seen.as_ref(), poll, deadline);
+            inner.watch_holder(request).await
+        });
         let budget = deadline.saturating_duration_since(Instant::now()) + self.op_timeout;
         self.call(Operation::Inspect, Some(key), budget, call).await
     }

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use lock_core::election::ElectionPage;
 use lock_core::{
     ErrorKind, GcReport, ListQuery, LockError, LockInfo, LockKey, LockPage, LockShape, Operation,
-    SharedPage,
+    SharedPage, WatchRequest,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -345,12 +345,10 @@ impl lock_core::Listing for Admin {
 impl lock_core::HolderWatch for Admin {
     async fn watch_holder(
         &self,
-        key: &LockKey,
-        seen: Option<&LockInfo>,
-        _poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, LockInfo>,
     ) -> Result<Option<LockInfo>, LockError> {
         // A ZooKeeper watch, never polling.
-        self.watch_holder_in(key, seen, deadline).await
+        self.watch_holder_in(request.key, request.seen, request.deadline)
+            .await
     }
 }

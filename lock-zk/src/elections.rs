@@ -32,7 +32,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::election::{ElectionInfo, ElectionPage, Leader, election_lock_key};
 use lock_core::{
-    ErrorKind, FencingToken, Lease, ListQuery, LockError, LockKey, Operation, OwnerId, check_ttl,
+    ErrorKind, FencingToken, Lease, ListQuery, LockError, LockKey, Operation, OwnerId,
+    WatchRequest, check_ttl,
 };
 use tokio::time::{Instant, sleep_until};
 use zookeeper_client as zk;
@@ -330,12 +331,10 @@ impl lock_core::Elections for Elections {
 
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        _poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
         // A ZooKeeper watch, never polling.
-        self.watch_latch_leader(election, seen, deadline).await
+        self.watch_latch_leader(request.key, request.seen, request.deadline)
+            .await
     }
 }

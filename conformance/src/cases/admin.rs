@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_core::{ErrorKind, ListQuery};
+use lock_core::{ErrorKind, ListQuery, WatchRequest};
 
 use crate::harness::Harness;
 use crate::history::{FencedResource, History};
@@ -353,7 +353,12 @@ pub async fn watch_sees_changes(
     const LATE: Duration = Duration::from_secs(5);
     let quiet = Instant::now();
     let free = watcher
-        .watch_holder(key, None, poll, quiet + Duration::from_millis(300))
+        .watch_holder(WatchRequest::new(
+            key,
+            None,
+            poll,
+            quiet + Duration::from_millis(300),
+        ))
         .await
         .map_err(fmt_err("watch_holder"))?;
     ensure!(free.is_none(), "a free key watched as held by {free:?}");
@@ -369,7 +374,10 @@ pub async fn watch_sees_changes(
             let mut seen: Option<lock_core::LockInfo> = None;
             loop {
                 let until = Instant::now() + LATE + LATE;
-                match watcher.watch_holder(&key, seen.as_ref(), poll, until).await {
+                match watcher
+                    .watch_holder(WatchRequest::new(&key, seen.as_ref(), poll, until))
+                    .await
+                {
                     Ok(now) => {
                         if !lock_core::LockInfo::same_holder(now.as_ref(), seen.as_ref())
                             && tx.send(now.clone()).is_err()
@@ -462,7 +470,12 @@ pub async fn watch_across(
         tokio::spawn(async move {
             let started = Instant::now();
             let now = watcher
-                .watch_holder(&key, seen.as_ref(), poll, started + limit)
+                .watch_holder(WatchRequest::new(
+                    &key,
+                    seen.as_ref(),
+                    poll,
+                    started + limit,
+                ))
                 .await;
             (now, started.elapsed())
         })

@@ -13,7 +13,7 @@ use crate::calls::LockBackendExt;
 use crate::capabilities::{Capabilities, FencingScope, TtlModel, WaitStrategy};
 use crate::election::{Leader, election_lock_key};
 use crate::error::{LockError, Operation};
-use crate::facets::{Elections, Facets};
+use crate::facets::{Elections, Facets, WatchRequest};
 use crate::key::LockKey;
 use crate::kind::{HolderInfo, LockShape};
 use crate::types::Lease;
@@ -292,15 +292,12 @@ impl Elections for MigrationBackend {
     /// there).
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
         if self.phase == MigrationPhase::Old {
-            return self.old.watch_leader(election, seen, poll, deadline).await;
+            return self.old.watch_leader(request).await;
         }
-        crate::calls::poll_leader(self, election, seen, poll, deadline).await
+        crate::calls::poll_leader(self, request).await
     }
 
     /// The leader in the store the phase decides in (`dual`: the new

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use super::under_test::election::Leader;
 use super::under_test::{
     Capabilities, Elections, Facets, GrantRequest, HolderInfo, Lease, LockBackend, LockBackendExt,
-    LockClient, LockError, LockKey, LockShape, MemoryBackend, RENEW_CONCURRENCY, async_trait,
-    poll_leader, renew_concurrently,
+    LockClient, LockError, LockKey, LockShape, MemoryBackend, RENEW_CONCURRENCY, WatchRequest,
+    async_trait, poll_leader, renew_concurrently,
 };
 
 /// What a test double changes of the memory service it wraps.
@@ -177,12 +177,9 @@ impl<T: Twist> Elections for Double<T> {
 
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
-        poll_leader(self, election, seen, poll, deadline).await
+        poll_leader(self, request).await
     }
 }
 

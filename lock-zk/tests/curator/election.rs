@@ -12,6 +12,7 @@ use std::time::Duration;
 use lock_core::election::{Leader, election_lock_key};
 use lock_core::{
     ErrorKind, Lease, ListQuery, LockBackend, LockBackendExt, LockError, LockKey, OwnerId,
+    WatchRequest,
 };
 use lock_zk::ZkBackend;
 use tokio::time::{Instant, sleep, timeout};
@@ -52,7 +53,12 @@ where
         let (observer, election, seen) = (observer.clone(), election.clone(), seen.clone());
         tokio::spawn(async move {
             let now = observer
-                .watch_leader(&election, Some(&seen), Duration::from_secs(60), soon(4_000))
+                .watch_leader(WatchRequest::new(
+                    &election,
+                    Some(&seen),
+                    Duration::from_secs(60),
+                    soon(4_000),
+                ))
                 .await;
             (Instant::now(), now)
         })
@@ -374,12 +380,9 @@ impl lock_core::Elections for Defaults {
     /// The polling default: our `leader` (the latch's) read every `poll`.
     async fn watch_leader(
         &self,
-        election: &LockKey,
-        seen: Option<&Leader>,
-        poll: Duration,
-        deadline: Instant,
+        request: WatchRequest<'_, Leader>,
     ) -> Result<Option<Leader>, LockError> {
-        lock_core::poll_leader(&self.0, election, seen, poll, deadline).await
+        lock_core::poll_leader(&self.0, request).await
     }
 }
 
