@@ -125,40 +125,6 @@ pub(crate) trait MutexOnly: Send + Sync {
     }
 }
 
-/// The kernel calls of a backend whose only shape is the mutex (session
-/// mode, the ShedLock layout), written once: `grant` and `holders` by its
-/// grants' [`MutexOnly`] under the backend's name, `release` by its
-/// grants, `renew_many` by its renewal (the backend's `inner.grants` and
-/// `inner.renewal`). Placed in the backend's `#[async_trait] impl
-/// LockBackend` (see [`kernel_call`](crate::backend::kernel_call)): the
-/// grants' boxed futures go back as they are, the others are boxed once.
-macro_rules! mutex_only_kernel {
-    () => {
-        $crate::backend::kernel_call!(self, grant<'life1>(request: lock_core::GrantRequest<'life1>)
-            -> $crate::backend::Call<'async_trait, Option<lock_core::Lease>>
-            => {
-                let name = lock_core::LockBackend::name(self);
-                $crate::grants::MutexOnly::grant_mutex(&self.inner.grants, name, request)
-            });
-        $crate::backend::kernel_call!(self, renew_many<'life1, 'life2>(
-                leases: &'life1 [&'life2 lock_core::Lease]
-            ) -> $crate::backend::Renewals<'async_trait>
-            => Box::pin(self.inner.renewal.renew(leases)));
-        $crate::backend::kernel_call!(self, release<'life1>(lease: &'life1 lock_core::Lease)
-            -> $crate::backend::Call<'async_trait, bool>
-            => Box::pin(self.inner.grants.release(lease)));
-        $crate::backend::kernel_call!(self, holders<'life1>(
-                key: &'life1 lock_core::LockKey,
-                shape: lock_core::LockShape
-            ) -> $crate::backend::Call<'async_trait, Vec<lock_core::HolderInfo>>
-            => {
-                let name = lock_core::LockBackend::name(self);
-                $crate::grants::MutexOnly::mutex_holders(&self.inner.grants, name, key, shape)
-            });
-    };
-}
-pub(crate) use mutex_only_kernel;
-
 /// Row mode's try-once mutex grant, release and holder.
 #[derive(Clone)]
 pub(crate) struct Grants {

@@ -61,10 +61,10 @@ use lock_core::{
     WaitStrategy,
 };
 
+use super::mutex_only_kernel;
 use crate::admin::session::SessionAdmin;
 use crate::config::{SqlConfig, SqlDialect};
 use crate::connection::session::Sessions;
-use crate::grants::mutex_only_kernel;
 use crate::grants::session::{HeldLocks, SessionGrants};
 use crate::renewal::session::SessionRenewal;
 

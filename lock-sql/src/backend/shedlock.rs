@@ -17,10 +17,10 @@ use lock_core::{
     Capabilities, ErrorKind, Facets, Lease, LockBackend, LockError, Operation, WaitStrategy,
 };
 
+use super::mutex_only_kernel;
 use crate::admin::shedlock::ShedAdmin;
 use crate::config::{NAME, SqlConfig, SqlDialect, SqlLayout};
 use crate::connection::shedlock::ShedTable;
-use crate::grants::mutex_only_kernel;
 use crate::grants::shedlock::ShedGrants;
 use crate::renewal::shedlock::ShedRenewal;
 
