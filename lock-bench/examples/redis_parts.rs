@@ -49,16 +49,12 @@ use std::time::Duration;
 
 use conformance::servers::redis::RedisServer;
 use lock_bench::redis::RedisFloor;
-use lock_core::{HolderDetails, LockBackend, LockBackendExt, LockClient, LockKey, OwnerId};
+use lock_core::{HolderDetails, LockClient, LockKey, OwnerId};
 use lock_redis::RedisConfig;
 use lock_redis::keys::{KeyNames, Scripts};
-use parts_support::BoxError;
+use parts_support::{BoxError, TTL};
 use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
-use tokio::time::Instant;
-
-const TTL: Duration = Duration::from_secs(30);
-const WAIT: Duration = Duration::from_secs(60);
 
 /// The token floor key the driver's acquire names on one server (its
 /// `KEYS[4]`; `lock_redis`'s `FLOOR_KEY`, which is not exported).
@@ -193,20 +189,8 @@ async fn main() -> Result<(), BoxError> {
                 0 => floor.cycle("parts-floor", TTL).await?,
                 CRATE_ALONE => alone.cycle(&crate_key).await?,
                 CRATE_TIMED => timed.cycle(&timed_key).await?,
-                DIRECT => {
-                    let deadline = Instant::now() + WAIT;
-                    let lease = direct.acquire(&direct_key, TTL, deadline).await?;
-                    assert!(direct.release(&lease).await?, "still ours");
-                }
-                _ => {
-                    let guard = ours
-                        .lock("parts-ours")
-                        .ttl(TTL)
-                        .wait(WAIT)
-                        .acquire()
-                        .await?;
-                    guard.release().await?;
-                }
+                DIRECT => parts_support::direct_cycle(&direct, &direct_key).await?,
+                _ => parts_support::ours_cycle(&ours).await?,
             }
             Ok(())
         },

@@ -49,15 +49,11 @@ use conformance::proxy::FaultProxy;
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use lock_bench::sql::SqlFloor;
-use lock_core::{HolderDetails, LockBackend, LockBackendExt, LockClient, LockKey, OwnerId};
+use lock_core::{HolderDetails, LockClient, LockKey, OwnerId};
 use lock_sql::SqlConfig;
 use lock_sql::keys::DbOptions;
 use lock_sql::sqlx::{self, AssertSqlSafe, Row};
-use parts_support::BoxError;
-use tokio::time::Instant;
-
-const TTL: Duration = Duration::from_secs(30);
-const WAIT: Duration = Duration::from_secs(60);
+use parts_support::{BoxError, TTL};
 
 const NAMES: [&str; 4] = [
     "hand floor (sqlx, bare)",
@@ -248,20 +244,8 @@ async fn probe(db: Database<'_>, cycles: usize, rtt: Option<Duration>) -> Result
             match side {
                 FLOOR => floor.cycle("parts-floor", TTL).await?,
                 CRATE_ALONE => alone.cycle("parts-crate").await?,
-                DIRECT => {
-                    let deadline = Instant::now() + WAIT;
-                    let lease = direct.acquire(&direct_key, TTL, deadline).await?;
-                    assert!(direct.release(&lease).await?, "still ours");
-                }
-                _ => {
-                    let guard = ours
-                        .lock("parts-ours")
-                        .ttl(TTL)
-                        .wait(WAIT)
-                        .acquire()
-                        .await?;
-                    guard.release().await?;
-                }
+                DIRECT => parts_support::direct_cycle(&direct, &direct_key).await?,
+                _ => parts_support::ours_cycle(&ours).await?,
             }
             Ok(())
         },

@@ -210,3 +210,32 @@ impl Measured {
         }
     }
 }
+
+/// The TTL and wait every side's cycle uses.
+pub(crate) const TTL: Duration = Duration::from_secs(30);
+/// How long a waiting acquire may wait.
+pub(crate) const WAIT: Duration = Duration::from_secs(60);
+
+/// The backend's own acquire + release on `key` (no `LockClient`, guard or
+/// renewal scheduler).
+pub(crate) async fn direct_cycle(
+    backend: &dyn lock_core::LockBackend,
+    key: &lock_core::LockKey,
+) -> Result<(), BoxError> {
+    use lock_core::LockBackendExt;
+    let lease = backend.acquire(key, TTL, Instant::now() + WAIT).await?;
+    assert!(backend.release(&lease).await?, "still ours");
+    Ok(())
+}
+
+/// Ours as users write it: a waiting acquire, then release.
+pub(crate) async fn ours_cycle(client: &lock_core::LockClient) -> Result<(), BoxError> {
+    let guard = client
+        .lock("parts-ours")
+        .ttl(TTL)
+        .wait(WAIT)
+        .acquire()
+        .await?;
+    guard.release().await?;
+    Ok(())
+}
