@@ -35,6 +35,8 @@ checks=(
   "mariadbd:mariadb-server"
   "mariadb-install-db:mariadb-server"
   "/usr/lib/postgresql/15/bin/postgres:postgresql"
+  # lock-sql/tests/pgbouncer.rs runs the pooler in front of PostgreSQL.
+  "/usr/sbin/pgbouncer:pgbouncer"
   # The Curator interop tests (lock-zk/tests/curator.rs) compile a Java peer.
   "javac:default-jdk-headless"
   "/usr/share/java/curator-recipes.jar:libcurator-recipes-java"

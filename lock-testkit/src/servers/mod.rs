@@ -10,6 +10,7 @@
 pub mod etcd;
 pub mod mariadb;
 pub mod nats;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod redis;
 pub mod zookeeper;
