@@ -81,7 +81,9 @@ use lock_core::{
 use tokio::time::{Instant, timeout};
 
 use crate::admin::{encode_cursor, like_prefix, list_mutex_only, list_start};
-use crate::connection::session::Sessions;
+use crate::config::SqlDialect;
+use crate::connection::session::{ConnUse, Sessions};
+use crate::dialect::binds::{Bind, fetch};
 use crate::dialect::session::{KillTarget, Killed, ListPage, SessionLock};
 use crate::grants::session::holder_info;
 
@@ -200,19 +202,20 @@ impl SessionAdmin {
         let after = list_start(cursor, limit)?;
         let op_timeout = self.inner.config.op_timeout;
         let timed_out = || admin_timeout("list");
-        let mut pinned = self.inner.checkout(Instant::now() + op_timeout).await?;
+        let mut used = self.inner.any(Instant::now() + op_timeout).await?;
         let pattern = like_prefix(prefix);
         let page = ListPage {
             prefix: &pattern,
             after: &after,
             limit: i64::try_from(limit).unwrap_or(i64::MAX),
         };
-        let (dialect, on) = pinned.session.on(&self.inner.sql);
+        let session = used.session().ok_or_else(closed)?;
+        let (dialect, on) = session.on(&self.inner.sql);
         let rows = timeout(op_timeout, dialect.session_list(on, page))
             .await
             .map_err(|_| timed_out())?
             .map_err(|e| map_err(self, e))?;
-        self.inner.checkin(pinned);
+        drop(used);
         let Some(rows) = rows else {
             return Err(self.unsupported_admin(
                 "listing session locks: a PostgreSQL advisory lock is known to the server only \
@@ -249,31 +252,39 @@ impl SessionAdmin {
         };
         let sql = &self.inner.sql;
         let timed_out = || admin_timeout("force_release");
-        let mut pinned = self.inner.checkout(Instant::now() + op_timeout).await?;
+        let mut used = self.inner.any(Instant::now() + op_timeout).await?;
         for _ in 0..3 {
-            let (dialect, on) = pinned.session.on(sql);
+            let session = used.session().ok_or_else(closed)?;
+            let (dialect, on) = session.on(sql);
             let found = timeout(op_timeout, dialect.session_inspect(on, lock))
                 .await
                 .map_err(|_| timed_out())?
                 .map_err(|e| self.inner.err(Operation::Inspect, key, e))?;
             let Some(holder) = found else {
-                self.inner.checkin(pinned);
                 return Ok(None);
             };
             let victim = holder.session;
             let (Some(owner), Some(token)) = (holder.owner.clone(), holder.token) else {
-                self.inner.checkin(pinned);
                 return Err(LockError::new(
                     ErrorKind::Unsupported,
                     Operation::Inspect,
                     format!(
                         "{key} is held by server session {victim}, which is not a distlock \
-                         session-mode grant: ending it could break that client's other locks \
+                         session-mode grant alone on its session (another client's, or one of \
+                         several locks of one session): ending it could break other locks \
                          and transactions, so it is left alone (end it yourself if you must)"
                     ),
                 ));
             };
-            let (dialect, on) = pinned.session.on(sql);
+            // MySQL/MariaDB: the session's other locks, from their token
+            // rows (PostgreSQL counts them in the kill statement).
+            if let Some(others) = self.others_of(&mut used, key, victim).await?
+                && others > 0
+            {
+                return Err(holds_others(key, victim, others));
+            }
+            let session = used.session().ok_or_else(closed)?;
+            let (dialect, on) = session.on(sql);
             let ended = timeout(
                 op_timeout.saturating_mul(2),
                 dialect.kill_holder(
@@ -291,32 +302,48 @@ impl SessionAdmin {
             .map_err(|_| timed_out())?
             .map_err(|e| self.inner.err(Operation::Inspect, key, e))?;
             match ended {
-                Killed::Ended => {
-                    self.inner.checkin(pinned);
-                    return Ok(Some(holder_info(key.clone(), holder)));
-                }
-                Killed::HoldsOthers(others) => {
-                    self.inner.checkin(pinned);
-                    return Err(LockError::new(
-                        ErrorKind::Unsupported,
-                        Operation::Inspect,
-                        format!(
-                            "{key} is held by server session {victim}, which also holds {others} \
-                             other advisory lock(s) (not one of this crate's session-mode \
-                             backends, which hold one lock per session): ending it would break \
-                             those too, so it is left alone"
-                        ),
-                    ));
-                }
+                Killed::Ended => return Ok(Some(holder_info(key.clone(), holder))),
+                Killed::HoldsOthers(others) => return Err(holds_others(key, victim, others)),
                 Killed::Changed => {}
             }
         }
-        self.inner.checkin(pinned);
         Err(LockError::new(
             ErrorKind::Contended,
             Operation::Inspect,
             "the holder changed three times while force_release read it",
         ))
+    }
+
+    /// MySQL/MariaDB: how many other keys' locks session `victim` holds,
+    /// by their token rows (each names its `GET_LOCK` name and the session
+    /// of its last grant); `None` on PostgreSQL.
+    async fn others_of(
+        &self,
+        used: &mut ConnUse,
+        key: &LockKey,
+        victim: i64,
+    ) -> Result<Option<i64>, LockError> {
+        if self.inner.config.dialect != SqlDialect::MySql {
+            return Ok(None);
+        }
+        let statement = format!(
+            "SELECT COUNT(*) FROM {} WHERE conn = ? AND name <> ? AND lock_name IS NOT NULL \
+             AND IS_USED_LOCK(lock_name) = ?",
+            self.inner.sql.counter
+        );
+        let session = used.session().ok_or_else(closed)?;
+        let statement: std::sync::Arc<str> = statement.into();
+        let binds = [
+            Bind::Int(victim),
+            Bind::Bytes(key.as_str().as_bytes()),
+            Bind::Int(victim),
+        ];
+        let counted = fetch(&mut session.conn, &statement, &binds, "i");
+        let rows = timeout(self.inner.config.op_timeout, counted)
+            .await
+            .map_err(|_| admin_timeout("force_release"))?
+            .map_err(|e| self.inner.err(Operation::Inspect, key, e))?;
+        Ok(Some(rows.first().map_or(0, |row| row[0].int())))
     }
 
     fn unsupported_admin(&self, what: &str) -> LockError {
@@ -327,6 +354,27 @@ impl SessionAdmin {
         )
         .with_backend(self.inner.name)
     }
+}
+
+/// `force_release` refused: ending `victim` would break `others` more locks.
+fn holds_others(key: &LockKey, victim: i64, others: i64) -> LockError {
+    LockError::new(
+        ErrorKind::Unsupported,
+        Operation::Inspect,
+        format!(
+            "{key} is held by server session {victim}, which also holds {others} other lock(s) \
+             (a session-mode backend holds many locks per session): ending it would break \
+             those too, so it is left alone"
+        ),
+    )
+}
+
+fn closed() -> LockError {
+    LockError::new(
+        ErrorKind::Unavailable,
+        Operation::Inspect,
+        "the session closed",
+    )
 }
 
 fn map_err(backend: &SessionAdmin, err: sqlx::Error) -> LockError {

@@ -9,43 +9,58 @@
 //! / `RELEASE_LOCK`, each with a fencing token taken in the same statement.
 //! See the crate docs ("Session mode") for the trade-off.
 //!
-//! # One connection per held lock
+//! # Many locks per connection
 //!
-//! A grant pins the connection that took it until the lock is released on
-//! that same connection, which then goes back to this backend's idle list.
-//! A waiting acquire pins one too (the server does the waiting). So one
-//! backend holds or waits for at most `pool_size` locks at a time (default
-//! 10; more acquires wait for a connection until their deadline;
-//! [`Capabilities::max_held`](lock_core::Capabilities::max_held) says so),
-//! and the database needs one connection per held lock.
+//! A backend keeps a small set of server sessions (at most `pool_size`,
+//! opened as concurrent calls need them) and each holds any number of
+//! locks (see `crate::connection::session`): a thousand held locks can
+//! live on one or two connections. Each lock records the session that
+//! holds it; its release runs there (a server session lock is the
+//! session's own). A waiting acquire first tries; when the key is held it
+//! waits on the server on a session of its own that holds nothing (the
+//! server hands the lock over the moment it is freed), or, when all
+//! `pool_size` sessions hold locks, polls with tries. Server session
+//! locks are re-entrant, so a backend never sends a second grant of a key
+//! it holds: that grant waits locally for the release (`grants::session`).
+//! [`Capabilities::max_held`](lock_core::Capabilities::max_held) is `None`:
+//! MySQL/MariaDB have no per-session limit on `GET_LOCK` locks (10.0.2+,
+//! 5.7+); PostgreSQL keeps advisory locks in its shared lock table, sized
+//! `max_locks_per_transaction × (max_connections + max_prepared_transactions)`
+//! for the whole server (6,400 with the defaults), and a grant past it
+//! fails with the server's "out of shared memory" error.
 //!
 //! # Lease = session
 //!
 //! The server frees a lock only when its session ends. This backend makes
-//! the server end a silent session after the lease's TTL: PostgreSQL's
-//! `idle_session_timeout` (14+, set in the grant statement, in
-//! milliseconds rounded up, reset at release), MySQL/MariaDB's
-//! `wait_timeout` (whole seconds rounded up, set when it changes). A
-//! keep-alive ([`renew`](lock_core::LockBackendExt::renew)) is a query on the
-//! pinned connection that also checks the session still holds the lock;
-//! the lease's deadline is `sent_at + ttl - drift` from the send time of
-//! the last confirmed keep-alive, while the server's idle timer starts
-//! only when that query has run: the server never frees the lock before
-//! the holder's deadline has passed (a partition included), and frees it
-//! about `ttl` after the last keep-alive the server received. On
-//! MySQL/MariaDB that holds for a TTL within the server's own TCP
-//! keep-alive, a GLOBAL setting no session can change (see the crate's
-//! caveats and `dialect::mysql`'s liveness rule).
+//! the server end a silent session after the longest TTL of the locks it
+//! holds: PostgreSQL's `idle_session_timeout` (14+, set in the grant
+//! statement, in milliseconds rounded up, reset when the session's last
+//! lock is released), MySQL/MariaDB's `wait_timeout` (whole seconds rounded
+//! up, raised when a longer TTL is granted). A keep-alive
+//! ([`renew`](lock_core::LockBackendExt::renew)) is one query per session,
+//! whatever the number of locks on it, that also checks the session still
+//! holds one of them; a lease's deadline is `sent_at + ttl - drift` from
+//! the send time of its session's last confirmed keep-alive, while the
+//! server's idle timer starts only when that query has run: the server
+//! never frees a lock before the holder's deadline has passed (a
+//! partition included), and frees it about the longest TTL after the last
+//! statement the server received on the session. On MySQL/MariaDB that
+//! holds for a TTL within the server's own TCP keep-alive, a GLOBAL setting
+//! no session can change (see the crate's caveats and `dialect::mysql`'s
+//! liveness rule). When a session ends (killed, reset, timed out), every
+//! lock on it is lost, and the guards of all of them are told: one lost
+//! signal per session.
 //!
 //! # Breaking a lock
 //!
 //! [`force_release`](lock_core::Admin::force_release) ends the
-//! holder's server session, which frees that one lock: a session of this
-//! backend holds at most one (see above). It ends only a session that
-//! still holds the lock as the grant it read (PostgreSQL checks the pid,
-//! the grant's published owner and token, and that the session holds no
-//! other advisory lock, in the statement that terminates it); anything
-//! else is refused.
+//! holder's server session, which frees every lock on it: so it ends only
+//! a session that holds this lock alone, as the grant it read (PostgreSQL
+//! checks the pid, the grant's published owner and token, and that the
+//! session holds no other advisory lock, in the statement that terminates
+//! it; MySQL/MariaDB checks the key's token row and that no other token
+//! row names a lock this session holds). A session holding other locks is
+//! left alone (`Unsupported`).
 //!
 //! # Holder details and listing
 //!
@@ -72,7 +87,7 @@ use crate::renewal::session::SessionRenewal;
 /// MySQL/MariaDB `GET_LOCK`, with fencing tokens (see the crate docs,
 /// "Session mode").
 ///
-/// Cheap to clone: clones share the idle connections and the held locks.
+/// Cheap to clone: clones share the sessions and the held locks.
 /// A lease can be renewed and released only through the backend (or a
 /// clone) that granted it: the lock lives in that backend's connection.
 #[derive(Clone)]
@@ -174,18 +189,33 @@ impl SqlSessionBackend {
         &self.inner.sessions.sql.counter
     }
 
-    /// Locks held through this backend right now (each pins a connection).
+    /// Locks held through this backend right now.
     pub fn held_locks(&self) -> usize {
         self.inner.held.len()
+    }
+
+    /// Server sessions (connections) this backend has open now; at most
+    /// `pool_size`, however many locks it holds.
+    pub fn open_sessions(&self) -> usize {
+        self.inner.sessions.open_sessions()
     }
 
     /// The server-side session id (PostgreSQL backend pid, MySQL
     /// connection id) that holds `lease`, while this backend holds it:
     /// for operators (`pg_terminate_backend`, `KILL`) and fault tests.
-    pub async fn session_id(&self, lease: &Lease) -> Option<i64> {
+    pub fn session_id(&self, lease: &Lease) -> Option<i64> {
         let held = self.inner.held.find(lease)?;
-        let slot = held.session.lock().await;
-        slot.as_ref().map(|p| p.session.id)
+        (!held.conn.is_dead()).then_some(held.conn.id)
+    }
+
+    /// For tests of this crate's safety checks only: `false` turns off the
+    /// local table of held keys (see the crate docs, "Session mode"), so
+    /// that two grants of one key through this backend can reach the
+    /// server on one session, where a session lock is re-entrant and both
+    /// succeed. Never turn it off in use.
+    #[doc(hidden)]
+    pub fn set_local_exclusion(&self, on: bool) {
+        self.inner.held.set_exclusion(on);
     }
 
     /// Always an error: session mode holds a server session lock (an
@@ -240,13 +270,14 @@ impl LockBackend for SqlSessionBackend {
             holder_details: self.inner.sessions.opts.dialect.session_details(),
             shared_locks: false,
             semaphores: false,
-            // A connection per held or waiting lock.
-            max_held: Some(u32::try_from(self.inner.sessions.pool_size).unwrap_or(u32::MAX)),
+            // Many locks per session (see the module docs): the server's
+            // lock table is the limit (PostgreSQL), or memory (MySQL).
+            max_held: None,
         }
     }
 
     // Mutexes only (a server session lock has no shared kinds); one
-    // keep-alive per lease, each on its own pinned session.
+    // keep-alive per session, whatever the number of leases on it.
     mutex_only_kernel!();
 
     /// Elections are the default renewed mutex; holders are watched by

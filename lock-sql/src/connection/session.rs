@@ -1,15 +1,49 @@
-//! One server session: a bare sqlx connection, its server-side id and the
-//! settings that make the server free its locks no earlier than the
-//! holder's deadline.
+//! Session mode's connections: a small set of server sessions, each
+//! holding any number of locks, with the lost signal of every lock it
+//! holds; and one session, a bare sqlx connection with its server-side id
+//! and the settings that make the server free its locks no earlier than
+//! their holders' deadlines.
+//!
+//! # Which connection a call uses
+//!
+//! Every statement of a session runs under that session's async mutex
+//! (a connection runs one statement at a time). A try, a release, a
+//! keep-alive or an operator call takes the least-used live session that
+//! is not blocked in a server-side wait, preferring one nobody is using;
+//! while every session is in use and fewer than `pool_size` are open, a
+//! new one is opened. Locks therefore gather on few sessions when calls
+//! come one at a time, and spread over up to `pool_size` when many run at
+//! once. A waiting acquire that must wait on the server takes a session
+//! that holds no lock and is not in use (or opens one), so that the wait
+//! blocks nothing else; the lock it gets stays on that session, which
+//! then serves like any other.
+//!
+//! # Losing a session
+//!
+//! A session found broken (a statement fails with a connection error, a
+//! keep-alive finds it does not hold its lock) is closed and leaves the
+//! set, and its channel says `Lost` to the guard of every lock it held.
+//!
+//! # Abandoned statements
+//!
+//! A grant or release whose future is dropped (or times out) mid-statement
+//! leaves the server's answer unread: sqlx reads and discards it before
+//! the next statement on that connection, but whether the lock was taken
+//! is unknown. The key is then recorded as an orphan of that session, and
+//! the next call on the session first releases every orphan that no
+//! grant of ours holds there (an unlock of a lock not held is harmless),
+//! so an abandoned grant never leaves a lock behind, and never costs the
+//! session's other locks.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lock_core::{ErrorKind, LockError, LockKey, Operation, SessionState};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
-use tokio::time::{Instant, timeout, timeout_at};
+use tokio::sync::{OwnedMutexGuard, watch};
+use tokio::time::{Instant, sleep, timeout, timeout_at};
 
-use crate::config::SqlConfig;
+use crate::config::{SqlConfig, SqlDialect};
 use crate::connection::SchemaRace;
 use crate::connection::{DbConn, DbOptions};
 use crate::dialect::binds::fetch;
@@ -44,45 +78,192 @@ pub(crate) struct Session {
     /// The database's session half.
     pub(crate) dialect: &'static dyn SessionDialect,
     /// The server's id of this session: PostgreSQL backend pid, MySQL
-    /// connection id (for the background kill of a dropped wait).
+    /// connection id.
     pub(crate) id: i64,
     /// MySQL: the session's `wait_timeout` in seconds, once we set it.
     pub(crate) wait_timeout: Option<u64>,
-    /// When it went back to the idle list (kept only while `wait_timeout`
-    /// is set: nothing else reads it).
-    pub(crate) idle_since: Instant,
+    /// The longest TTL granted on this session since it last held nothing:
+    /// its idle timeout is armed to that, so the server ends it no earlier
+    /// than the deadline of any lock it holds.
+    pub(crate) armed_ttl: Option<Duration>,
+    /// When its last statement ended (read only under a server idle timer,
+    /// see [`Session::maybe_expired`]).
+    pub(crate) last_used: Instant,
     /// Opened for this call (a failure on it is not a stale pooled one).
     pub(crate) fresh: bool,
-    /// The session signal of the lock this session holds (`Lost` when it
-    /// is found not to hold it any more or has ended; closed when the
-    /// session is dropped). One channel per server session, not per
-    /// grant: a session holds one lock at a time, and successive grants on
-    /// it hand their guards the same channel, which the renewal scheduler
-    /// then watches once instead of arming a watcher (a wake-up of its
-    /// task) per grant. Nothing is sent at a release: the session lives on.
+}
+
+/// A session of the set and what the set knows of it.
+pub(crate) struct Conn {
+    /// The server's id of the session (see [`Session::id`]).
+    pub(crate) id: i64,
+    /// The session, `None` once it was closed (found broken, or abandoned
+    /// in an unknown state).
+    session: Arc<tokio::sync::Mutex<Option<Session>>>,
+    /// The lost signal of every lock on this session: `Lost` when the
+    /// session ends; closed when it is dropped. One channel per session,
+    /// watched once by the renewal scheduler however many locks it holds.
     pub(crate) state: watch::Sender<SessionState>,
+    /// Locks of ours held on it (changed under its mutex).
+    held: AtomicUsize,
+    /// Set when it was closed.
+    dead: AtomicBool,
+    /// Keys whose grant or release was abandoned mid-statement here (see
+    /// the module docs).
+    orphans: Mutex<Vec<ServerKey>>,
+}
+
+impl Conn {
+    /// Whether the session was closed (its locks are gone).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Locks of ours held on it.
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Marks it closed (its user's drop closes the socket).
+    pub(crate) fn mark_dead(&self) {
+        self.dead.store(true, Ordering::Release);
+        self.held.store(0, Ordering::Release);
+    }
+
+    /// A grant or release of `key` was abandoned mid-statement.
+    pub(crate) fn orphan(&self, key: ServerKey) {
+        self.orphans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(key);
+    }
+}
+
+/// One slot of the set.
+struct Slot {
+    conn: Arc<Conn>,
+    /// Calls using (or queued on) this session.
+    users: usize,
+    /// A server-side wait runs on it: nothing else may queue behind it.
+    waiting: bool,
+}
+
+/// The set's sessions and the ones being opened.
+#[derive(Default)]
+struct Pool {
+    slots: Vec<Slot>,
+    opening: usize,
+}
+
+impl Pool {
+    fn total(&self) -> usize {
+        self.slots.len() + self.opening
+    }
+
+    fn slot(&mut self, conn: &Arc<Conn>) -> Option<&mut Slot> {
+        self.slots.iter_mut().find(|s| Arc::ptr_eq(&s.conn, conn))
+    }
 }
 
 /// Session mode's connections: the database's session half, the
-/// statements, and the idle sessions not pinned by a lock, with one permit
-/// per connection in use (pinned by a lock or a call).
+/// statements, and the set of sessions (at most `pool_size`).
 pub(crate) struct Sessions {
     pub(crate) config: SqlConfig,
     pub(crate) opts: Opts,
     pub(crate) sql: SessionSql,
+    /// `sql` with the release that leaves the session's settings alone,
+    /// for a session that keeps other locks (see [`Sessions::release_sql`]).
+    kept_sql: SessionSql,
     /// The backend's name (`postgres-session`, `mysql-session`).
     pub(crate) name: &'static str,
-    /// Connections not pinned by a lock, most recently used last.
-    idle: Mutex<Vec<Session>>,
-    /// One permit per connection in use (pinned by a lock or a call).
-    in_use: Arc<Semaphore>,
+    pool: Arc<Mutex<Pool>>,
     pub(crate) pool_size: usize,
 }
 
-/// A session checked out of the idle list, with its permit.
-pub(crate) struct Pinned {
-    pub(crate) session: Session,
-    _permit: OwnedSemaphorePermit,
+/// A session in use by one call: its mutex held, counted as a user of its
+/// slot until dropped.
+pub(crate) struct ConnUse {
+    pub(crate) conn: Arc<Conn>,
+    guard: OwnedMutexGuard<Option<Session>>,
+    pool: Arc<Mutex<Pool>>,
+}
+
+impl Drop for ConnUse {
+    fn drop(&mut self) {
+        if self.conn.is_dead() {
+            *self.guard = None;
+        } else if let Some(session) = self.guard.as_mut() {
+            session.last_used = Instant::now();
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.conn.is_dead() {
+            pool.slots.retain(|s| !Arc::ptr_eq(&s.conn, &self.conn));
+        } else if let Some(slot) = pool.slot(&self.conn) {
+            slot.users = slot.users.saturating_sub(1);
+            slot.waiting = false;
+        }
+    }
+}
+
+impl ConnUse {
+    /// The session, `None` when it was closed.
+    pub(crate) fn session(&mut self) -> Option<&mut Session> {
+        self.guard.as_mut()
+    }
+
+    /// Closes the session (its socket with it) and tells the guard of every
+    /// lock it held that it is lost.
+    pub(crate) fn close(&mut self, reason: &str) {
+        self.conn.mark_dead();
+        *self.guard = None;
+        self.conn
+            .state
+            .send_replace(SessionState::Lost(reason.to_owned()));
+    }
+
+    /// One more lock of ours on this session.
+    pub(crate) fn add_held(&self) {
+        self.conn.held.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One lock fewer; the number left.
+    pub(crate) fn remove_held(&self) -> usize {
+        let left = self.conn.held.load(Ordering::Acquire).saturating_sub(1);
+        self.conn.held.store(left, Ordering::Release);
+        left
+    }
+
+    /// Releases the orphans of this session that no grant of ours holds
+    /// (see the module docs); `held_here` tells whether a key is held by a
+    /// grant of ours on this session. Closes the session when it fails.
+    pub(crate) async fn clean_orphans(
+        &mut self,
+        sessions: &Sessions,
+        held_here: impl Fn(&ServerKey) -> bool,
+    ) {
+        let orphans = std::mem::take(
+            &mut *self
+                .conn
+                .orphans
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for key in orphans {
+            if held_here(&key) {
+                continue;
+            }
+            let left = self.conn.held();
+            let Some(session) = self.session() else {
+                return;
+            };
+            let sql = sessions.release_sql(left);
+            let released = timeout(sessions.config.op_timeout, session.release(sql, &key)).await;
+            if !matches!(released, Ok(Ok(_))) {
+                self.close("an abandoned grant could not be undone on the lock's session");
+                return;
+            }
+        }
+    }
 }
 
 /// Whether the connection itself broke (its session, and any lock it held,
@@ -100,6 +281,13 @@ pub(crate) fn is_broken(err: &sqlx::Error) -> bool {
     }
 }
 
+/// What a pick found.
+enum Pick {
+    Use(Arc<Conn>),
+    Open,
+    Full,
+}
+
 impl Sessions {
     /// Opens one session, creates the token sequence (PostgreSQL, `CACHE 1
     /// NO CYCLE`) or token table (MySQL) if missing (unless
@@ -108,14 +296,18 @@ impl Sessions {
         let opts = Opts::new(&config)?;
         let name = opts.dialect.session_name();
         let sql = SessionSql::new(opts.dialect, &config.table);
-        let pool_size = usize::try_from(config.pool_size.unwrap_or(10)).unwrap_or(10);
+        let mut kept_sql = SessionSql::new(opts.dialect, &config.table);
+        kept_sql.release = kept_release(config.dialect, &sql.release);
+        let pool_size = usize::try_from(config.pool_size.unwrap_or(10))
+            .unwrap_or(10)
+            .max(1);
         let sessions = Arc::new(Self {
             config,
             opts,
             sql,
+            kept_sql,
             name,
-            idle: Mutex::new(Vec::new()),
-            in_use: Arc::new(Semaphore::new(pool_size)),
+            pool: Arc::new(Mutex::new(Pool::default())),
             pool_size,
         });
         let budget = sessions.config.op_timeout.saturating_mul(2);
@@ -134,12 +326,19 @@ impl Sessions {
 
     async fn prepare(&self) -> Result<(), LockError> {
         let config = &self.config;
-        let mut pinned = self.checkout(Instant::now() + config.op_timeout).await?;
+        let mut used = self.any(Instant::now() + config.op_timeout).await?;
         // Another client creating the same sequence or table at the same
         // moment: the loser tries again (see `SchemaRace`).
         let mut race = SchemaRace::within(config.op_timeout);
         let verdict = loop {
-            let (dialect, on) = pinned.session.on(&self.sql);
+            let Some(session) = used.session() else {
+                return Err(LockError::new(
+                    ErrorKind::Unavailable,
+                    Operation::Connect,
+                    "the session closed",
+                ));
+            };
+            let (dialect, on) = session.on(&self.sql);
             match dialect
                 .prepare_session_schema(on, config.create_table)
                 .await
@@ -151,7 +350,6 @@ impl Sessions {
         if let Some(problem) = verdict {
             return Err(LockError::config(problem));
         }
-        self.checkin(pinned);
         Ok(())
     }
 
@@ -165,57 +363,207 @@ impl Sessions {
             .with_backend(self.name)
     }
 
-    /// A session for one call: an idle one (dropping those the server may
-    /// have ended for silence) or a new one, waiting for a free connection
-    /// until `until`.
-    pub(crate) async fn checkout(&self, until: Instant) -> Result<Pinned, LockError> {
-        let closed = || LockError::new(ErrorKind::Unavailable, Operation::Connect, "closed");
-        // A free permit is taken without arming a timer (a `Sleep` costs a
-        // runtime handle and a timer entry even when it never waits). No
-        // queue jumping: a permit released while acquires wait goes to the
-        // first waiter, never back to the free count.
-        let permit = match Arc::clone(&self.in_use).try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(TryAcquireError::Closed) => return Err(closed()),
-            Err(TryAcquireError::NoPermits) => {
-                timeout_at(until, Arc::clone(&self.in_use).acquire_owned())
-                    .await
-                    .map_err(|_| {
-                        LockError::new(
-                            ErrorKind::Timeout,
-                            Operation::Connect,
-                            format!(
-                                "all {} session connections of this backend are in use (each held \
-                                 lock or waiting acquire pins one; raise pool_size)",
-                                self.pool_size
-                            ),
-                        )
-                    })?
-                    .map_err(|_| closed())?
-            }
-        };
-        let reused = {
-            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-            loop {
-                match idle.pop() {
-                    Some(session) if session.maybe_expired() => drop(session),
-                    other => break other,
+    /// The statements for a release that leaves `left` locks of ours on
+    /// the session: with none left, the release also resets the session's
+    /// settings (PostgreSQL: the published grant, the idle timeout); with
+    /// some left, only the lock goes.
+    pub(crate) fn release_sql(&self, left: usize) -> &SessionSql {
+        if left == 0 { &self.sql } else { &self.kept_sql }
+    }
+
+    /// How many sessions are open now.
+    pub(crate) fn open_sessions(&self) -> usize {
+        self.pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .slots
+            .len()
+    }
+
+    /// A session for one call (a try, an operator call): the least-used one
+    /// not blocked in a server-side wait, a new one while all are in use
+    /// and fewer than `pool_size` are open, waiting for one until `until`.
+    pub(crate) async fn any(&self, until: Instant) -> Result<ConnUse, LockError> {
+        loop {
+            let pick = {
+                let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+                pool.slots.retain(|s| !s.conn.is_dead());
+                let room = pool.total() < self.pool_size;
+                let least = pool
+                    .slots
+                    .iter_mut()
+                    .filter(|s| !s.waiting)
+                    .min_by_key(|s| s.users);
+                match least {
+                    Some(slot) if slot.users == 0 || !room => {
+                        slot.users += 1;
+                        Pick::Use(Arc::clone(&slot.conn))
+                    }
+                    _ if room => {
+                        pool.opening += 1;
+                        Pick::Open
+                    }
+                    _ => Pick::Full,
+                }
+            };
+            match pick {
+                Pick::Use(conn) => {
+                    let used = self.lock(conn, until).await?;
+                    if let Some(used) = self.unless_expired(used) {
+                        return Ok(used);
+                    }
+                }
+                Pick::Open => return self.open_slot(until, false).await,
+                Pick::Full => {
+                    // Every session is blocked in a server-side wait.
+                    if Instant::now() >= until {
+                        return Err(self.full());
+                    }
+                    sleep(Duration::from_millis(5)).await;
                 }
             }
-        };
-        let session = match reused {
-            Some(mut session) => {
-                session.fresh = false;
-                session
+        }
+    }
+
+    /// A session for a server-side wait: one that holds no lock and that
+    /// nobody uses, or a new one while fewer than `pool_size` are open;
+    /// `None` when there is none (the caller polls instead).
+    pub(crate) async fn for_wait(&self, until: Instant) -> Result<Option<ConnUse>, LockError> {
+        loop {
+            let pick = {
+                let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+                pool.slots.retain(|s| !s.conn.is_dead());
+                let room = pool.total() < self.pool_size;
+                let empty = pool
+                    .slots
+                    .iter_mut()
+                    .find(|s| !s.waiting && s.users == 0 && s.conn.held() == 0);
+                match empty {
+                    Some(slot) => {
+                        slot.users += 1;
+                        slot.waiting = true;
+                        Pick::Use(Arc::clone(&slot.conn))
+                    }
+                    None if room => {
+                        pool.opening += 1;
+                        Pick::Open
+                    }
+                    None => Pick::Full,
+                }
+            };
+            match pick {
+                Pick::Use(conn) => {
+                    let used = self.lock(conn, until).await?;
+                    if let Some(used) = self.unless_expired(used) {
+                        return Ok(Some(used));
+                    }
+                }
+                Pick::Open => return self.open_slot(until, true).await.map(Some),
+                Pick::Full => return Ok(None),
             }
-            None => self.open_session(until).await?,
+        }
+    }
+
+    /// `conn` for one call (a release, a keep-alive of its locks), waiting
+    /// for its mutex until `until`; `None` when it was closed.
+    pub(crate) async fn this(
+        &self,
+        conn: &Arc<Conn>,
+        until: Instant,
+    ) -> Result<Option<ConnUse>, LockError> {
+        {
+            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+            match pool.slot(conn) {
+                Some(slot) if !conn.is_dead() => slot.users += 1,
+                _ => return Ok(None),
+            }
+        }
+        let mut used = self.lock(Arc::clone(conn), until).await?;
+        Ok(used.session().is_some().then_some(used))
+    }
+
+    /// Takes `conn`'s mutex (counted as a user already) until `until`.
+    async fn lock(&self, conn: Arc<Conn>, until: Instant) -> Result<ConnUse, LockError> {
+        let mutex = Arc::clone(&conn.session);
+        let guard = match mutex.try_lock_owned() {
+            Ok(guard) => Ok(guard),
+            Err(_) => timeout_at(until, Arc::clone(&conn.session).lock_owned()).await,
         };
-        Ok(Pinned {
-            session,
-            _permit: permit,
+        // Counted as a user from here (the drop uncounts it).
+        let pool = Arc::clone(&self.pool);
+        match guard {
+            Ok(guard) => Ok(ConnUse { conn, guard, pool }),
+            Err(_) => {
+                let mut pool = pool.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(slot) = pool.slot(&conn) {
+                    slot.users = slot.users.saturating_sub(1);
+                }
+                Err(LockError::new(
+                    ErrorKind::Timeout,
+                    Operation::Connect,
+                    "the lock's session stayed busy until the operation timeout",
+                ))
+            }
+        }
+    }
+
+    /// `used`, unless it is an idle session the server may have ended for
+    /// silence (then closed, and `None`).
+    fn unless_expired(&self, mut used: ConnUse) -> Option<ConnUse> {
+        let expired = used.conn.held() == 0 && used.session().is_none_or(|s| s.maybe_expired());
+        if expired {
+            used.close("idle too long");
+            return None;
+        }
+        Some(used)
+    }
+
+    /// Opens a session into the set (a slot counted in `opening`), in use
+    /// by the caller (for a server-side wait when `waiting`).
+    async fn open_slot(&self, until: Instant, waiting: bool) -> Result<ConnUse, LockError> {
+        let opened = self.open_session(until).await;
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.opening = pool.opening.saturating_sub(1);
+        let session = opened?;
+        let conn = Arc::new(Conn {
+            id: session.id,
+            session: Arc::new(tokio::sync::Mutex::new(None)),
+            state: watch::channel(SessionState::Alive).0,
+            held: AtomicUsize::new(0),
+            dead: AtomicBool::new(false),
+            orphans: Mutex::new(Vec::new()),
+        });
+        let mut guard = Arc::clone(&conn.session)
+            .try_lock_owned()
+            .map_err(|_| LockError::new(ErrorKind::Backend, Operation::Connect, "new session"))?;
+        *guard = Some(session);
+        pool.slots.push(Slot {
+            conn: Arc::clone(&conn),
+            users: 1,
+            waiting,
+        });
+        Ok(ConnUse {
+            conn,
+            guard,
+            pool: Arc::clone(&self.pool),
         })
     }
 
+    fn full(&self) -> LockError {
+        LockError::new(
+            ErrorKind::Timeout,
+            Operation::Connect,
+            format!(
+                "all {} session connections of this backend are blocked in server-side waits \
+                 (raise pool_size)",
+                self.pool_size
+            ),
+        )
+    }
+
+    /// Opens a session outside the set (for a background kill, which must
+    /// not wait behind the set's calls), within `until` or the operation
+    /// timeout, whichever is later.
     pub(crate) async fn open_session(&self, until: Instant) -> Result<Session, LockError> {
         let config = &self.config;
         let until = until.max(Instant::now() + config.op_timeout);
@@ -230,40 +578,25 @@ impl Sessions {
         }
     }
 
-    pub(crate) fn checkin(&self, pinned: Pinned) {
-        let Pinned { mut session, .. } = pinned;
-        // Read only under a server idle timer (`Session::maybe_expired`);
-        // a PostgreSQL session has none while idle (reset at release).
-        if session.wait_timeout.is_some() {
-            session.idle_since = Instant::now();
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < self.pool_size {
-            idle.push(session);
-        }
-    }
-
     /// `key` as this database's server lock sees it.
     pub(crate) fn server_key(&self, key: &LockKey) -> ServerKey {
         ServerKey::of(self.config.dialect, &self.config.table, key.as_str())
     }
+}
 
-    /// An idle session outside the permits (for a background kill, which
-    /// must not wait behind held locks).
-    pub(crate) fn take_idle(&self) -> Option<Session> {
-        self.idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop()
-    }
-
-    /// Puts a session used outside the permits back on the idle list.
-    pub(crate) fn put_idle(&self, mut session: Session) {
-        session.idle_since = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < self.pool_size {
-            idle.push(session);
+/// The release of a session that keeps other locks of ours: the lock
+/// alone. PostgreSQL's full release also resets the published grant and
+/// the idle timeout, which the remaining locks still need; it publishes
+/// `distlock-multi` instead, so that `inspect` never shows the grant of
+/// another lock of the session (see `grants::session`, "Published
+/// grants"). MySQL's release is the lock alone already.
+fn kept_release(dialect: SqlDialect, full: &str) -> String {
+    match dialect {
+        SqlDialect::Postgres => {
+            "SELECT pg_advisory_unlock($1), set_config('application_name', 'distlock-multi', false)"
+                .to_owned()
         }
+        SqlDialect::MySql | SqlDialect::Sqlite => full.to_owned(),
     }
 }
 
@@ -282,18 +615,18 @@ impl Session {
             dialect: opts.dialect,
             id,
             wait_timeout: None,
-            idle_since: Instant::now(),
+            armed_ttl: None,
+            last_used: Instant::now(),
             fresh: true,
-            state: watch::channel(SessionState::Alive).0,
         })
     }
 
-    /// Whether an idle session may already have been ended by the server's
-    /// idle timeout (MySQL `wait_timeout`; PostgreSQL sessions are reset to
-    /// no idle timeout at release).
+    /// Whether a session that holds nothing may already have been ended by
+    /// the server's idle timeout (MySQL `wait_timeout`; PostgreSQL sessions
+    /// are reset to no idle timeout when their last lock is released).
     pub(crate) fn maybe_expired(&self) -> bool {
         self.wait_timeout.is_some_and(|secs| {
-            self.idle_since.elapsed() + Duration::from_millis(500) >= Duration::from_secs(secs)
+            self.last_used.elapsed() + Duration::from_millis(500) >= Duration::from_secs(secs)
         })
     }
 
@@ -309,22 +642,35 @@ impl Session {
 
     /// One grant statement (see [`SessionGrant`]); the token comes back in
     /// the same statement. First makes the server end this session after
-    /// the TTL of silence, no earlier (PostgreSQL does it inside the grant
-    /// statement; MySQL needs a `SET`, one round trip, only when the value
-    /// changes).
+    /// the longest TTL of the locks it holds of silence, no earlier
+    /// (PostgreSQL does it inside the grant statement, which is sent that
+    /// TTL; MySQL needs a `SET`, one round trip, only when the value
+    /// grows). `holds_others`: the session holds other locks of ours, so
+    /// their TTLs count too.
     pub(crate) async fn grant(
         &mut self,
         sql: &SessionSql,
         grant: &SessionGrant<'_>,
+        holds_others: bool,
     ) -> SqlxResult<Granted> {
-        if let Some(secs) = self.dialect.idle_timeout_secs(grant.ttl)
-            && self.wait_timeout != Some(secs)
+        let ttl = match self.armed_ttl {
+            Some(armed) if holds_others => armed.max(grant.ttl),
+            _ => grant.ttl,
+        };
+        if let Some(secs) = self.dialect.idle_timeout_secs(ttl)
+            && self.wait_timeout.is_none_or(|armed| armed < secs)
         {
             self.dialect.arm_idle_timeout(&mut self.conn, secs).await?;
             self.wait_timeout = Some(secs);
         }
         let (dialect, on) = self.on(sql);
-        dialect.session_grant(on, grant).await
+        let granted = dialect
+            .session_grant(on, &SessionGrant { ttl, ..*grant })
+            .await?;
+        if matches!(granted, Granted::Token(_)) {
+            self.armed_ttl = Some(ttl);
+        }
+        Ok(granted)
     }
 
     /// Releases the lock; `true` when this session held it.

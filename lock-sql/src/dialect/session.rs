@@ -92,7 +92,7 @@ impl SessionSql {
 }
 
 /// A key as the server's lock sees it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct ServerKey {
     /// PostgreSQL advisory-lock key.
     pub(crate) pg: i64,

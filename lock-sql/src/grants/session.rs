@@ -1,68 +1,210 @@
-//! Granting in session mode: the try on a pooled session, the server-side
-//! wait on a pinned one, and the kill of a session whose wait was
-//! abandoned.
+//! Granting in session mode: the local table of held keys, the try on a
+//! session of the set, the server-side wait on a session of its own (or,
+//! when none is free, polling), the release on the lock's own session, and
+//! the kill of a session whose wait was abandoned.
+//!
+//! # One grant of a key per backend
+//!
+//! PostgreSQL advisory locks and MySQL/MariaDB `GET_LOCK` locks are
+//! re-entrant per session: a second grant of a key the session holds
+//! succeeds. Since many grants share a session, a backend keeps a table of
+//! the server locks it holds or is taking, and a second grant of one of
+//! them waits here (or, for a try, fails at once with no round trip)
+//! until the first is released: two guards of one backend never both hold
+//! a key.
+//!
+//! # Published grants (PostgreSQL)
+//!
+//! A grant on a session that holds no other lock of ours publishes its
+//! owner and token in the session's `application_name`, which `inspect`
+//! and `force_release` read. A session holds one `application_name`, so a
+//! grant on a session that already holds locks publishes no owner, and a
+//! release that leaves locks publishes `distlock-multi`: `inspect` then
+//! shows the holding session without owner or token, and `force_release`
+//! refuses to end it (it holds other locks).
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::{
     ErrorKind, FencingToken, GrantRequest, HolderDetails, Lease, LockError, LockInfo, LockKey,
-    Operation, OwnerId, RandomKeys, SessionState, check_ttl,
+    Operation, OwnerId, RandomKeys, check_ttl,
 };
-use tokio::time::{Instant, timeout, timeout_at};
+use tokio::sync::Notify;
+use tokio::time::{Instant, sleep, timeout, timeout_at};
 
-use crate::connection::session::{Pinned, Sessions, is_broken};
+use crate::config::SqlDialect;
+use crate::connection::session::{Conn, ConnUse, Sessions, is_broken};
 use crate::dialect::SessionHolder;
 use crate::dialect::session::{Granted, ServerKey, SessionGrant, SessionLock};
 use crate::grants::MutexOnly;
 
-/// A held lock and its pinned session (whose channel its guard watches).
+/// A held lock and the session that holds it (whose channel its guard
+/// watches).
 pub(crate) struct Held {
     pub(crate) key: LockKey,
+    pub(crate) owner: OwnerId,
     pub(crate) token: FencingToken,
     pub(crate) server_key: ServerKey,
-    pub(crate) session: tokio::sync::Mutex<Option<Pinned>>,
+    pub(crate) conn: Arc<Conn>,
 }
 
-/// Held locks by owner id (random, this backend's own: hashed by
-/// folding).
+/// A server lock this backend holds or is taking, and the local waiters
+/// for it.
+struct KeyEntry {
+    freed: Arc<Notify>,
+    held: Option<Arc<Held>>,
+}
+
 #[derive(Default)]
-pub(crate) struct HeldLocks(Mutex<HashMap<OwnerId, Arc<Held>, RandomKeys>>);
+struct Tables {
+    /// Held locks by owner id (random, this backend's own: hashed by
+    /// folding).
+    by_owner: HashMap<OwnerId, Arc<Held>, RandomKeys>,
+    /// The server locks held or being taken (see the module docs).
+    keys: HashMap<ServerKey, KeyEntry>,
+}
+
+/// Held locks by owner, and the server locks held or being taken.
+pub(crate) struct HeldLocks {
+    tables: Mutex<Tables>,
+    /// Whether a second grant of a held server lock waits here (always, but
+    /// for the broken variant of the re-entrancy test).
+    exclusion: AtomicBool,
+}
+
+impl Default for HeldLocks {
+    fn default() -> Self {
+        Self {
+            tables: Mutex::new(Tables::default()),
+            exclusion: AtomicBool::new(true),
+        }
+    }
+}
+
+/// The right to take a server lock on this backend (see the module docs);
+/// dropped unused, it frees the key for the next local grant.
+struct Reservation {
+    locks: Arc<HeldLocks>,
+    key: Option<ServerKey>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            let mut tables = self.locks.lock();
+            if let Some(entry) = tables.keys.remove(&key) {
+                entry.freed.notify_waiters();
+            }
+        }
+    }
+}
 
 impl HeldLocks {
-    fn insert(&self, owner: OwnerId, held: Arc<Held>) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(owner, held);
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How many locks are held.
+    /// Turns the local table of held keys off or on (see
+    /// [`SqlSessionBackend::set_local_exclusion`](crate::SqlSessionBackend::set_local_exclusion)).
+    pub(crate) fn set_exclusion(&self, on: bool) {
+        self.exclusion.store(on, Ordering::Release);
+    }
+
+    /// Reserves `key`, or says what to wait on while this backend holds it
+    /// or is taking it. A key held on a session that has closed is freed.
+    fn reserve(self: &Arc<Self>, key: &ServerKey) -> Result<Reservation, Arc<Notify>> {
+        if !self.exclusion.load(Ordering::Acquire) {
+            return Ok(Reservation {
+                locks: Arc::clone(self),
+                key: None,
+            });
+        }
+        let mut tables = self.lock();
+        if let Some(entry) = tables.keys.get(key) {
+            match &entry.held {
+                Some(held) if held.conn.is_dead() => {
+                    let owner = held.owner;
+                    tables.by_owner.remove(&owner);
+                    if let Some(entry) = tables.keys.remove(key) {
+                        entry.freed.notify_waiters();
+                    }
+                }
+                _ => return Err(Arc::clone(&entry.freed)),
+            }
+        }
+        tables.keys.insert(
+            key.clone(),
+            KeyEntry {
+                freed: Arc::new(Notify::new()),
+                held: None,
+            },
+        );
+        Ok(Reservation {
+            locks: Arc::clone(self),
+            key: Some(key.clone()),
+        })
+    }
+
+    /// Records a grant made under `reservation`.
+    fn insert(&self, held: Arc<Held>, mut reservation: Reservation) {
+        let mut tables = self.lock();
+        if let Some(key) = reservation.key.take()
+            && let Some(entry) = tables.keys.get_mut(&key)
+        {
+            entry.held = Some(Arc::clone(&held));
+        }
+        tables.by_owner.insert(held.owner, held);
+    }
+
+    /// How many locks are held (on sessions still open).
     pub(crate) fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.lock()
+            .by_owner
+            .values()
+            .filter(|h| !h.conn.is_dead())
+            .count()
     }
 
     pub(crate) fn find(&self, lease: &Lease) -> Option<Arc<Held>> {
-        let held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        held.get(&lease.owner())
+        let tables = self.lock();
+        tables
+            .by_owner
+            .get(&lease.owner())
             .filter(|h| h.key == *lease.key() && h.token == lease.token())
             .cloned()
     }
 
-    pub(crate) fn forget(&self, lease: &Lease) -> Option<Arc<Held>> {
-        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        // One lookup: the entry is removed only when it is this grant.
-        match held.entry(lease.owner()) {
-            Entry::Occupied(found)
-                if found.get().key == *lease.key() && found.get().token == lease.token() =>
-            {
-                Some(found.remove())
-            }
-            _ => None,
+    /// Forgets `held` (released, or lost) and frees its key for the next
+    /// local grant.
+    pub(crate) fn forget(&self, held: &Arc<Held>) {
+        let mut tables = self.lock();
+        if tables
+            .by_owner
+            .get(&held.owner)
+            .is_some_and(|h| Arc::ptr_eq(h, held))
+        {
+            tables.by_owner.remove(&held.owner);
         }
+        let ours = tables
+            .keys
+            .get(&held.server_key)
+            .and_then(|e| e.held.as_ref())
+            .is_some_and(|h| Arc::ptr_eq(h, held));
+        if ours && let Some(entry) = tables.keys.remove(&held.server_key) {
+            entry.freed.notify_waiters();
+        }
+    }
+
+    /// Whether a grant of ours holds `key` on `conn`.
+    pub(crate) fn held_on(&self, conn: &Arc<Conn>, key: &ServerKey) -> bool {
+        self.lock()
+            .by_owner
+            .values()
+            .any(|h| Arc::ptr_eq(&h.conn, conn) && h.server_key == *key)
     }
 }
 
@@ -81,7 +223,7 @@ pub(crate) fn holder_info(key: LockKey, holder: SessionHolder) -> LockInfo {
 }
 
 /// Session mode's grants: the lock lives in the granting session, which
-/// stays pinned (in [`HeldLocks`]) until the release.
+/// [`HeldLocks`] records until the release.
 pub(crate) struct SessionGrants {
     inner: Arc<Sessions>,
     held: Arc<HeldLocks>,
@@ -89,7 +231,7 @@ pub(crate) struct SessionGrants {
 
 #[async_trait]
 impl MutexOnly for SessionGrants {
-    /// One try, or a wait on the server until the request's deadline.
+    /// One try, or a wait until the request's deadline.
     async fn take(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError> {
         let GrantRequest {
             key, ttl, deadline, ..
@@ -113,13 +255,16 @@ impl MutexOnly for SessionGrants {
     /// The key's holder as the server reports it.
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let op_timeout = self.inner.config.op_timeout;
-        let mut pinned = self
+        let mut used = self
             .inner
-            .checkout(Instant::now() + op_timeout)
+            .any(Instant::now() + op_timeout)
             .await
             .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
         let server_key = self.inner.server_key(key);
-        let (dialect, on) = pinned.session.on(&self.inner.sql);
+        let Some(session) = used.session() else {
+            return Err(self.closed(Operation::Inspect, key));
+        };
+        let (dialect, on) = session.on(&self.inner.sql);
         let found = timeout(
             op_timeout,
             dialect.session_inspect(
@@ -132,17 +277,46 @@ impl MutexOnly for SessionGrants {
         )
         .await;
         let late = "inspect did not answer within the operation timeout";
-        let found = self.answer(Operation::Inspect, key, found, late)?;
-        self.inner.checkin(pinned);
+        let found = self.answer(&mut used, Operation::Inspect, key, found, late)?;
         Ok(found.map(|holder| holder_info(key.clone(), holder)))
     }
 }
 
+/// Records the key of a grant or release as an orphan of its session when
+/// dropped armed: the statement was abandoned mid-way (see
+/// `connection::session`, "Abandoned statements").
+struct Abandon {
+    conn: Arc<Conn>,
+    key: Option<ServerKey>,
+}
+
+impl Abandon {
+    fn disarm(&mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.conn.orphan(key);
+        }
+    }
+}
+
+/// What one try found.
+enum Tried {
+    Granted(ConnUse, u64, Instant),
+    Held,
+}
+
 impl SessionGrants {
     /// What a statement run under the operation timeout answered: its
-    /// value, its error, or a Timeout error saying `late`.
+    /// value, its error (a broken session closed), or a Timeout error
+    /// saying `late`.
     fn answer<T>(
         &self,
+        used: &mut ConnUse,
         operation: Operation,
         key: &LockKey,
         answer: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
@@ -150,9 +324,22 @@ impl SessionGrants {
     ) -> Result<T, LockError> {
         match answer {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(self.inner.err(operation, key, e)),
+            Ok(Err(e)) => {
+                if is_broken(&e) {
+                    used.close(&self.ended(&e));
+                }
+                Err(self.inner.err(operation, key, e))
+            }
             Err(_) => Err(self.error(ErrorKind::Timeout, operation, key, late)),
         }
+    }
+
+    /// The lost reason of a session that broke with `err`.
+    fn ended(&self, err: &sqlx::Error) -> String {
+        format!(
+            "the lock's session ended: {}",
+            self.inner.config.scrub(&err.to_string())
+        )
     }
 
     /// A `kind` error of `operation` on `key`, from this backend.
@@ -168,53 +355,264 @@ impl SessionGrants {
             .with_backend(self.inner.name)
     }
 
+    fn closed(&self, operation: Operation, key: &LockKey) -> LockError {
+        self.error(ErrorKind::Unavailable, operation, key, "the session closed")
+    }
+
     pub(crate) fn new(inner: Arc<Sessions>, held: Arc<HeldLocks>) -> Self {
         Self { inner, held }
     }
 
-    /// The release on the lock's own session, which then goes back to the
-    /// idle list.
+    /// Releases every orphan of `used`'s session that no grant of ours
+    /// holds there.
+    async fn clean(&self, used: &mut ConnUse) {
+        let conn = Arc::clone(&used.conn);
+        used.clean_orphans(&self.inner, |key| self.held.held_on(&conn, key))
+            .await;
+    }
+
+    /// The release on the lock's own session.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        let Some(held) = self.held.forget(lease) else {
+        let Some(held) = self.held.find(lease) else {
             return Ok(false);
         };
-        // No signal on the session's channel: the session lives on (its
-        // guard deregistered before releasing).
-        let mut slot = held.session.lock().await;
-        // Taken out: if this future is dropped, the connection is closed
-        // with it and the server frees the lock.
-        let Some(mut pinned) = slot.take() else {
-            return Ok(false);
-        };
-        drop(slot);
-        let released = timeout(
-            self.inner.config.op_timeout,
-            pinned.session.release(&self.inner.sql, &held.server_key),
-        )
-        .await;
-        match released {
-            Ok(Ok(true)) => {
-                self.inner.checkin(pinned);
-                Ok(true)
+        let op_timeout = self.inner.config.op_timeout;
+        let used = self
+            .inner
+            .this(&held.conn, Instant::now() + op_timeout)
+            .await;
+        let mut used = match used {
+            Ok(Some(used)) => used,
+            Ok(None) => {
+                // The session closed: the server freed the lock with it.
+                self.held.forget(&held);
+                return Ok(false);
             }
-            // Not ours any more (someone ran pg_advisory_unlock_all?): the
-            // session's state is unclear, close it.
-            Ok(Ok(false)) => Ok(false),
+            Err(e) => return Err(e.with_key(lease.key()).with_backend(self.inner.name)),
+        };
+        self.clean(&mut used).await;
+        let left = used.conn.held().saturating_sub(1);
+        let sql = self.inner.release_sql(left);
+        let mut abandon = Abandon {
+            conn: Arc::clone(&used.conn),
+            key: Some(held.server_key.clone()),
+        };
+        let Some(session) = used.session() else {
+            abandon.disarm();
+            self.held.forget(&held);
+            return Ok(false);
+        };
+        let released = timeout(op_timeout, session.release(sql, &held.server_key)).await;
+        if released.is_ok() {
+            abandon.disarm();
+        }
+        // The grant is over whatever the answer: released, gone with its
+        // session, or left as an orphan that the next call on the session
+        // releases.
+        used.remove_held();
+        if left == 0
+            && let Some(session) = used.session()
+        {
+            session.armed_ttl = None;
+        }
+        self.held.forget(&held);
+        drop(abandon);
+        match released {
+            Ok(Ok(released)) => Ok(released),
             // The session is gone, and its lock with it.
-            Ok(Err(e)) if is_broken(&e) => Ok(false),
+            Ok(Err(e)) if is_broken(&e) => {
+                used.close(&self.ended(&e));
+                Ok(false)
+            }
             Ok(Err(e)) => Err(self.inner.err(Operation::Release, lease.key(), e)),
             Err(_) => Err(self.error(
                 ErrorKind::Timeout,
                 Operation::Release,
                 lease.key(),
-                "the release did not answer within the operation timeout; its session was \
-                 closed, so the server frees the lock when it notices (at the latest after the TTL)",
+                "the release did not answer within the operation timeout; the next call on its \
+                 session releases the lock, and the server frees it at the latest when the \
+                 session has been silent for the TTL",
             )),
         }
     }
 
-    /// One grant: a try, then (for `acquire`) one server-side wait until
-    /// `wait_until`.
+    /// The owner a grant on `used` publishes (see the module docs,
+    /// "Published grants"): none on a PostgreSQL session that holds other
+    /// locks (two words, which `inspect` does not read as an owner and a
+    /// token).
+    fn published<'a>(&self, used: &ConnUse, owner: &'a str) -> &'a str {
+        if self.inner.config.dialect == SqlDialect::Postgres && used.conn.held() > 0 {
+            "multi -"
+        } else {
+            owner
+        }
+    }
+
+    /// One try on a session of the set. A session found broken is closed
+    /// and the try made once more on another (its locks are gone on the
+    /// server already).
+    async fn try_once(
+        &self,
+        grant: &SessionGrant<'_>,
+        until: Instant,
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<Tried, LockError> {
+        let op_timeout = self.inner.config.op_timeout;
+        let sql = &self.inner.sql;
+        let mut again = true;
+        loop {
+            let mut used = self.inner.any(until).await.map_err(|e| e.with_key(key))?;
+            self.clean(&mut used).await;
+            let holds_others = used.conn.held() > 0;
+            let try_here = SessionGrant {
+                owner: self.published(&used, grant.owner),
+                ..*grant
+            };
+            let mut abandon = Abandon {
+                conn: Arc::clone(&used.conn),
+                key: Some(grant.lock.server_key.clone()),
+            };
+            let Some(session) = used.session() else {
+                abandon.disarm();
+                continue;
+            };
+            let fresh = session.fresh;
+            session.fresh = false;
+            let sent_at = Instant::now();
+            let attempt = timeout(op_timeout, session.grant(sql, &try_here, holds_others)).await;
+            match attempt {
+                Ok(Ok(Granted::Token(token))) => {
+                    abandon.disarm();
+                    used.add_held();
+                    return Ok(Tried::Granted(used, token, sent_at));
+                }
+                Ok(Ok(Granted::Held)) => {
+                    abandon.disarm();
+                    return Ok(Tried::Held);
+                }
+                Ok(Err(e)) => {
+                    // A failed statement took nothing.
+                    abandon.disarm();
+                    if is_broken(&e) {
+                        used.close(&self.ended(&e));
+                        if again && !fresh {
+                            again = false;
+                            continue;
+                        }
+                    }
+                    return Err(self.inner.err(operation, key, e));
+                }
+                Err(_) => {
+                    return Err(self.error(
+                        ErrorKind::Timeout,
+                        operation,
+                        key,
+                        "the grant did not answer within the operation timeout (the next call \
+                         on its session releases the lock if it was taken)",
+                    ));
+                }
+            }
+        }
+    }
+
+    /// One wait on the server, on a session that holds no lock (see
+    /// `connection::session`); `None` when no such session is free.
+    async fn wait_on_server(
+        &self,
+        grant: &SessionGrant<'_>,
+        until: Instant,
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<Option<Tried>, LockError> {
+        let op_timeout = self.inner.config.op_timeout;
+        let Some(mut used) = self
+            .inner
+            .for_wait(until)
+            .await
+            .map_err(|e| e.with_key(key))?
+        else {
+            return Ok(None);
+        };
+        self.clean(&mut used).await;
+        let remaining = until.saturating_duration_since(Instant::now());
+        // If this future is dropped mid-wait, the session is closed and, in
+        // the background, killed from another connection (the server may
+        // not notice the closed socket while it waits).
+        let mut kill = KillOnDrop {
+            sessions: Some(Arc::clone(&self.inner)),
+            conn: Arc::clone(&used.conn),
+            owner: grant.owner.to_owned(),
+        };
+        let Some(session) = used.session() else {
+            kill.sessions = None;
+            return Ok(None);
+        };
+        let sent_at = Instant::now();
+        let waited = timeout(
+            remaining + op_timeout,
+            session.grant(
+                &self.inner.sql,
+                &SessionGrant {
+                    wait: Some(remaining),
+                    ..*grant
+                },
+                false,
+            ),
+        )
+        .await;
+        match waited {
+            Ok(Ok(granted)) => {
+                kill.sessions = None;
+                match granted {
+                    Granted::Token(token) => {
+                        used.add_held();
+                        Ok(Some(Tried::Granted(used, token, sent_at)))
+                    }
+                    Granted::Held => Ok(Some(Tried::Held)),
+                }
+            }
+            Ok(Err(e)) => {
+                if is_broken(&e) {
+                    kill.sessions = None;
+                    used.close(&self.ended(&e));
+                }
+                Err(self.inner.err(operation, key, e))
+            }
+            Err(_) => Err(self.error(
+                ErrorKind::Timeout,
+                operation,
+                key,
+                "the server-side wait did not end by the deadline (its session was killed)",
+            )),
+        }
+    }
+
+    /// Waits until this backend no longer holds (or takes) `server_key`,
+    /// then reserves it; `None` at `until` (or at once, for a try).
+    async fn reserve(&self, server_key: &ServerKey, until: Option<Instant>) -> Option<Reservation> {
+        loop {
+            let freed = match self.held.reserve(server_key) {
+                Ok(reservation) => return Some(reservation),
+                Err(freed) => freed,
+            };
+            let until = until?;
+            let notified = freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Ok(reservation) = self.held.reserve(server_key) {
+                return Some(reservation);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            // Bounded, so a key held on a session that closed meanwhile
+            // (freed only when seen) is taken soon.
+            let _ = timeout_at(until.min(Instant::now() + LOCAL_RECHECK), notified).await;
+        }
+    }
+
+    /// One grant: a try, then (for `acquire`) a wait until `wait_until`.
     async fn grant_session(
         &self,
         key: &LockKey,
@@ -231,7 +629,10 @@ impl SessionGrants {
         let owner_hex = owner.hex();
         let owner_hex = owner_hex.as_str();
         let server_key = self.inner.server_key(key);
-        let try_once = SessionGrant {
+        let Some(reservation) = self.reserve(&server_key, wait_until).await else {
+            return Ok(None);
+        };
+        let grant = SessionGrant {
             lock: SessionLock {
                 key: key.as_str().as_bytes(),
                 server_key: &server_key,
@@ -240,107 +641,43 @@ impl SessionGrants {
             ttl,
             wait: None,
         };
+        let mut backoff = POLL_FIRST;
+        let mut tried = self.try_once(&grant, conn_until, operation, key).await?;
+        while matches!(tried, Tried::Held) {
+            let Some(until) = wait_until.filter(|until| Instant::now() < *until) else {
+                return Ok(None);
+            };
+            match self.wait_on_server(&grant, until, operation, key).await? {
+                Some(found) => tried = found,
+                None => {
+                    // Every session holds locks or is busy, and no more may
+                    // be opened: poll with tries (backoff with jitter).
+                    let jitter = Duration::from_micros(u64::from(owner_hex.as_bytes()[0]) * 20);
+                    sleep((backoff + jitter).min(until.saturating_duration_since(Instant::now())))
+                        .await;
+                    backoff = (backoff * 2).min(POLL_CAP);
+                    tried = self.try_once(&grant, until, operation, key).await?;
+                }
+            }
+            if matches!(tried, Tried::Held) && wait_until.is_some_and(|u| Instant::now() >= u) {
+                return Ok(None);
+            }
+        }
+        let Tried::Granted(mut used, token, mut sent_at) = tried else {
+            return Ok(None);
+        };
         let sql = &self.inner.sql;
-
-        // The try. A pooled connection found broken is replaced once: its
-        // session (and anything it held) is gone on the server already.
-        let mut pinned = self
-            .inner
-            .checkout(conn_until)
-            .await
-            .map_err(|e| e.with_key(key))?;
-        let mut sent_at;
-        let mut first = true;
-        let granted = loop {
-            sent_at = Instant::now();
-            let attempt = timeout(op_timeout, pinned.session.grant(sql, &try_once)).await;
-            match attempt {
-                Ok(Ok(granted)) => break granted,
-                Ok(Err(e)) if first && is_broken(&e) && !pinned.session.fresh => {
-                    first = false;
-                    pinned.session = self
-                        .inner
-                        .open_session(conn_until)
-                        .await
-                        .map_err(|e| e.with_key(key))?;
-                }
-                // The connection is in an unknown state: dropped (closed),
-                // never returned to the idle list.
-                Ok(Err(e)) => return Err(self.inner.err(operation, key, e)),
-                Err(_) => {
-                    return Err(self.error(
-                        ErrorKind::Timeout,
-                        operation,
-                        key,
-                        "the grant did not answer within the operation timeout (its session was closed)",
-                    ));
-                }
-            }
-        };
-        let token = match granted {
-            Granted::Token(token) => token,
-            Granted::Held => {
-                let Some(until) = wait_until.filter(|until| Instant::now() < *until) else {
-                    self.inner.checkin(pinned);
-                    return Ok(None);
-                };
-                // Wait on the server, on this connection. If this future is
-                // dropped meanwhile, the session is closed and, in the
-                // background, killed from another connection (the server
-                // may not notice the closed socket while it waits).
-                let remaining = until.saturating_duration_since(Instant::now());
-                let mut kill = KillOnDrop {
-                    sessions: Some(Arc::clone(&self.inner)),
-                    victim: pinned.session.id,
-                    owner: owner_hex.to_owned(),
-                };
-                sent_at = Instant::now();
-                let waited = timeout(
-                    remaining + op_timeout,
-                    pinned.session.grant(
-                        sql,
-                        &SessionGrant {
-                            wait: Some(remaining),
-                            ..try_once
-                        },
-                    ),
-                )
-                .await;
-                match waited {
-                    Ok(Ok(granted)) => {
-                        kill.sessions = None;
-                        match granted {
-                            Granted::Token(token) => token,
-                            Granted::Held => {
-                                self.inner.checkin(pinned);
-                                return Ok(None);
-                            }
-                        }
-                    }
-                    Ok(Err(e)) => {
-                        if is_broken(&e) {
-                            kill.sessions = None;
-                        }
-                        return Err(self.inner.err(operation, key, e));
-                    }
-                    Err(_) => {
-                        return Err(self.error(
-                            ErrorKind::Timeout,
-                            operation,
-                            key,
-                            "the server-side wait did not end by the deadline (its session was killed)",
-                        ));
-                    }
-                }
-            }
-        };
         // After a long server-side wait, the send time of the wait says
         // little: confirm with one keep-alive and date the lease from it.
         if sent_at.elapsed() > ttl / 3 {
             sent_at = Instant::now();
-            let held = timeout(op_timeout, pinned.session.holds(sql, &server_key)).await;
+            let Some(session) = used.session() else {
+                return Err(self.closed(operation, key));
+            };
+            let held = timeout(op_timeout, session.holds(sql, &server_key)).await;
             let late = "the grant could not be confirmed within the operation timeout";
-            if !self.answer(operation, key, held, late)? {
+            if !self.answer(&mut used, operation, key, held, late)? {
+                used.close("the session lost a lock right after its grant");
                 return Err(self.error(
                     ErrorKind::LeaseLost,
                     operation,
@@ -353,43 +690,53 @@ impl SessionGrants {
         let lease = match Lease::granted(key.clone(), owner, token, ttl, sent_at, String::new()) {
             Ok(lease) => lease,
             Err(err) => {
-                // Too late to be of use: give it back (or close it).
-                if let Ok(Ok(true)) =
-                    timeout(op_timeout, pinned.session.release(sql, &server_key)).await
+                // Too late to be of use: give it back (or leave it as an
+                // orphan for the session's next call).
+                let left = used.conn.held().saturating_sub(1);
+                let release_sql = self.inner.release_sql(left);
+                let mut abandon = Abandon {
+                    conn: Arc::clone(&used.conn),
+                    key: Some(server_key.clone()),
+                };
+                if let Some(session) = used.session()
+                    && timeout(op_timeout, session.release(release_sql, &server_key))
+                        .await
+                        .is_ok()
                 {
-                    self.inner.checkin(pinned);
+                    abandon.disarm();
                 }
+                used.remove_held();
                 return Err(err.with_backend(self.inner.name));
             }
         };
-        // The session's own channel (see `Session::state`): a grant on a
-        // session that is still open starts `Alive` (it always is: a
-        // session found lost is closed, not pooled). Sent only on a change:
-        // a send wakes whoever watches the channel.
-        pinned.session.state.send_if_modified(|state| {
-            let changed = *state != SessionState::Alive;
-            *state = SessionState::Alive;
-            changed
-        });
-        let rx = pinned.session.state.subscribe();
+        let rx = used.conn.state.subscribe();
         let held = Arc::new(Held {
             key: key.clone(),
+            owner,
             token,
-            server_key,
-            session: tokio::sync::Mutex::new(Some(pinned)),
+            server_key: server_key.clone(),
+            conn: Arc::clone(&used.conn),
         });
-        self.held.insert(owner, held);
+        self.held.insert(held, reservation);
         Ok(Some(lease.with_session(rx)))
     }
 }
 
+/// How long a local waiter sleeps at most before it looks again at a key
+/// this backend holds.
+const LOCAL_RECHECK: Duration = Duration::from_millis(100);
+/// The first and the longest pause between polling tries.
+const POLL_FIRST: Duration = Duration::from_millis(5);
+const POLL_CAP: Duration = Duration::from_millis(100);
+
 /// Kills a session from another connection when a server-side wait on it
-/// is abandoned (the future dropped, or our own timeout): closing the
-/// socket alone may go unnoticed by a server blocked in a lock wait, which
-/// would then take the lock for nobody until it tries to answer.
+/// is abandoned (the future dropped, or our own timeout), and closes it
+/// here: closing the socket alone may go unnoticed by a server blocked in
+/// a lock wait, which would then take the lock for nobody until it tries
+/// to answer.
 struct KillOnDrop {
     sessions: Option<Arc<Sessions>>,
-    victim: i64,
+    conn: Arc<Conn>,
     /// The waiting grant's owner (hex): the session is ended only while it
     /// still waits for this owner.
     owner: String,
@@ -400,23 +747,18 @@ impl Drop for KillOnDrop {
         let Some(sessions) = self.sessions.take() else {
             return;
         };
+        // Closed: it leaves the set with the drop of its use.
+        self.conn.mark_dead();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let victim = self.victim;
+        let victim = self.conn.id;
         let owner = std::mem::take(&mut self.owner);
         runtime.spawn(async move {
             let until = Instant::now() + sessions.config.op_timeout;
-            // Outside the permits: this must not wait behind held locks.
-            let session = match sessions.take_idle() {
-                Some(session) if !session.maybe_expired() => Some(session),
-                _ => sessions.open_session(until).await.ok(),
-            };
-            if let Some(mut session) = session {
-                let killed = timeout_at(until, session.kill(victim, &owner)).await;
-                if matches!(killed, Ok(Ok(()))) {
-                    sessions.put_idle(session);
-                }
+            // Outside the set: this must not wait behind its calls.
+            if let Ok(mut session) = sessions.open_session(until).await {
+                let _ = timeout_at(until, session.kill(victim, &owner)).await;
             }
         });
     }

@@ -1,16 +1,18 @@
-//! Session mode's keep-alives: a query on each lease's pinned session
-//! that also checks the session still holds the lock.
+//! Session mode's keep-alives: one query per session, however many locks
+//! it holds, that keeps the session from the server's idle timeout and
+//! checks that it still holds one of them (a live session keeps its
+//! locks: only its own unlock or its end frees them).
 
 use std::sync::Arc;
 
 use lock_core::{
-    ErrorKind, Lease, LockError, Operation, RENEW_CONCURRENCY, SessionState, check_ttl,
-    renew_concurrently, validity_deadline,
+    ErrorKind, Lease, LockError, Operation, RENEW_CONCURRENCY, check_ttl, renew_concurrently,
+    results_in_order, validity_deadline,
 };
 use tokio::time::{Instant, timeout};
 
 use crate::connection::session::{Sessions, is_broken};
-use crate::grants::session::HeldLocks;
+use crate::grants::session::{Held, HeldLocks};
 
 /// Session mode's renewals.
 pub(crate) struct SessionRenewal {
@@ -18,74 +20,155 @@ pub(crate) struct SessionRenewal {
     held: Arc<HeldLocks>,
 }
 
+/// The leases of one session: each one's index in the batch and its grant.
+type Group = Vec<(usize, Arc<Held>)>;
+
+/// What a session's keep-alive found, for each lease on it.
+enum Kept {
+    /// Alive: every lease's deadline counts from this send time.
+    Sent(Instant),
+    /// The session ended (or lost a lock): every lock on it is lost.
+    Lost(String),
+    /// No answer within the operation timeout, or a statement error: the
+    /// locks may still be held.
+    Failed(ErrorKind, String),
+}
+
 impl SessionRenewal {
     pub(crate) fn new(inner: Arc<Sessions>, held: Arc<HeldLocks>) -> Self {
         Self { inner, held }
     }
 
-    /// One keep-alive per lease, each on its own pinned session.
+    /// One keep-alive per session holding any of `leases`.
     pub(crate) async fn renew(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
-        renew_concurrently(leases, RENEW_CONCURRENCY, |lease| self.renew_one(lease)).await
+        let name = self.inner.name;
+        let mut results: Vec<Option<Result<Instant, LockError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        // Sessions in first-seen order, with the leases on each.
+        let mut groups: Vec<(Arc<Held>, Group)> = Vec::new();
+        for (index, lease) in leases.iter().enumerate() {
+            let key = lease.key();
+            if let Err(err) = check_ttl(lease.ttl(), self.inner.min_ttl(), Operation::Renew) {
+                results[index] = Some(Err(err.with_key(key).with_backend(name)));
+                continue;
+            }
+            let Some(held) = self.held.find(lease) else {
+                results[index] = Some(Err(self.not_held(
+                    lease,
+                    "not held by this backend (released, lost, another owner, or granted elsewhere)",
+                )));
+                continue;
+            };
+            match groups
+                .iter_mut()
+                .find(|(first, _)| Arc::ptr_eq(&first.conn, &held.conn))
+            {
+                Some((_, group)) => group.push((index, held)),
+                None => groups.push((Arc::clone(&held), vec![(index, held)])),
+            }
+        }
+        // One representative lease per session, kept alive concurrently.
+        let firsts: Vec<&Lease> = groups.iter().map(|(_, group)| leases[group[0].0]).collect();
+        let mut kept = Vec::with_capacity(groups.len());
+        let answers = renew_concurrently(&firsts, RENEW_CONCURRENCY, |lease| {
+            let first = groups
+                .iter()
+                .find(|(_, g)| std::ptr::eq(leases[g[0].0], lease))
+                .map(|(first, _)| Arc::clone(first));
+            async move {
+                match first {
+                    Some(first) => self.keep_alive(&first).await,
+                    None => Err(self.not_held(lease, "not held")),
+                }
+            }
+        })
+        .await;
+        for answer in answers {
+            kept.push(match answer {
+                Ok(sent_at) => Kept::Sent(sent_at),
+                Err(e) if e.is_lost() || e.is_not_held() => Kept::Lost(e.message().to_owned()),
+                Err(e) => Kept::Failed(e.kind(), e.message().to_owned()),
+            });
+        }
+        for ((_, group), kept) in groups.into_iter().zip(kept) {
+            for (index, held) in group {
+                let lease = leases[index];
+                results[index] = Some(match &kept {
+                    Kept::Sent(sent_at) => Ok(validity_deadline(*sent_at, lease.ttl())),
+                    Kept::Lost(reason) => {
+                        self.held.forget(&held);
+                        Err(
+                            LockError::new(ErrorKind::LeaseLost, Operation::Renew, reason.clone())
+                                .with_key(lease.key())
+                                .with_backend(name),
+                        )
+                    }
+                    Kept::Failed(kind, message) => {
+                        Err(LockError::new(*kind, Operation::Renew, message.clone())
+                            .with_key(lease.key())
+                            .with_backend(name))
+                    }
+                });
+            }
+        }
+        results_in_order(results, name)
     }
 
-    async fn renew_one(&self, lease: &Lease) -> Result<Instant, LockError> {
-        let key = lease.key();
+    fn not_held(&self, lease: &Lease, why: &str) -> LockError {
+        LockError::new(ErrorKind::NotHeld, Operation::Renew, why.to_owned())
+            .with_key(lease.key())
+            .with_backend(self.inner.name)
+    }
+
+    /// The keep-alive of `first`'s session: its send time, or why not.
+    async fn keep_alive(&self, first: &Held) -> Result<Instant, LockError> {
+        let key = &first.key;
         let name = self.inner.name;
-        let not_held = |why: &str| {
-            LockError::new(ErrorKind::NotHeld, Operation::Renew, why.to_owned())
+        let lost = |why: String| {
+            LockError::new(ErrorKind::LeaseLost, Operation::Renew, why)
                 .with_key(key)
                 .with_backend(name)
         };
-        check_ttl(lease.ttl(), self.inner.min_ttl(), Operation::Renew)
+        let op_timeout = self.inner.config.op_timeout;
+        let used = self
+            .inner
+            .this(&first.conn, Instant::now() + op_timeout)
+            .await
             .map_err(|e| e.with_key(key).with_backend(name))?;
-        let Some(held) = self.held.find(lease) else {
-            return Err(not_held(
-                "not held by this backend (released, lost, another owner, or granted elsewhere)",
-            ));
+        let Some(mut used) = used else {
+            return Err(lost("the lock's session has ended".to_owned()));
         };
-        let mut slot = held.session.lock().await;
-        let Some(pinned) = slot.as_mut() else {
-            drop(slot);
-            self.held.forget(lease);
-            return Err(not_held("the lock's session has ended"));
+        let conn = Arc::clone(&used.conn);
+        used.clean_orphans(&self.inner, |k| self.held.held_on(&conn, k))
+            .await;
+        let Some(session) = used.session() else {
+            return Err(lost("the lock's session has ended".to_owned()));
         };
         let sent_at = Instant::now();
-        // A dropped or timed-out keep-alive leaves the connection pinned:
+        // A dropped or timed-out keep-alive leaves the session in the set:
         // sqlx drains the late reply before the next statement, and the
-        // session (and the lock) lives on until the server's idle timeout.
+        // session (and its locks) lives on until the server's idle timeout.
         let confirmed = timeout(
-            self.inner.config.op_timeout,
-            pinned.session.holds(&self.inner.sql, &held.server_key),
+            op_timeout,
+            session.holds(&self.inner.sql, &first.server_key),
         )
         .await;
         match confirmed {
-            Ok(Ok(true)) => Ok(validity_deadline(sent_at, lease.ttl())),
+            Ok(Ok(true)) => Ok(sent_at),
             Ok(Ok(false)) => {
-                let _ = pinned.session.state.send(SessionState::Lost(
-                    "the session no longer holds the lock".into(),
-                ));
-                *slot = None;
-                drop(slot);
-                self.held.forget(lease);
-                Err(not_held("the session no longer holds the lock"))
+                // Not its lock any more, though alive: its state is not
+                // what we recorded, so none of its locks is trusted.
+                let why = "the session no longer holds the lock";
+                used.close(why);
+                Err(lost(why.to_owned()))
             }
             Ok(Err(e)) if is_broken(&e) => {
                 let reason = format!(
                     "the lock's session ended: {}",
                     self.inner.config.scrub(&e.to_string())
                 );
-                let _ = pinned
-                    .session
-                    .state
-                    .send(SessionState::Lost(reason.clone()));
-                *slot = None;
-                drop(slot);
-                self.held.forget(lease);
-                Err(
-                    LockError::new(ErrorKind::LeaseLost, Operation::Renew, reason)
-                        .with_key(key)
-                        .with_backend(name),
-                )
+                used.close(&reason);
+                Err(lost(reason))
             }
             Ok(Err(e)) => Err(self.inner.err(Operation::Renew, key, e)),
             Err(_) => Err(LockError::new(

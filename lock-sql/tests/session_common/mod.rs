@@ -287,6 +287,238 @@ pub async fn scenarios(target: &SessionTarget) {
     killed_session(target, false).await;
     killed_session(target, true).await;
     partition(target, Duration::from_secs(2)).await;
+    many_locks_on_two_sessions(target, 200).await;
+    killed_session_loses_only_its_locks(target).await;
+    waiting_blocks_no_other_lock(target).await;
+    one_grant_of_a_key_per_backend(target).await;
+}
+
+/// `n` locks held as guards by one backend of `pool_size=2`: at most two
+/// connections, all renewed (one keep-alive per connection), each key
+/// refused to another client, and all free after the releases.
+pub async fn many_locks_on_two_sessions(target: &SessionTarget, n: usize) {
+    let url = with_options(&target.url, "pool_size=2");
+    let holder = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let probe = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let client = LockClient::new(holder.clone());
+    let base = key("many");
+    let keys: Vec<LockKey> = (0..n).map(|i| key_n(&base, i as u64)).collect();
+    let ttl = Duration::from_secs(3);
+    let mut guards = Vec::new();
+    for chunk in keys.chunks(20) {
+        let taken = futures_join(chunk.iter().map(|k| {
+            let client = client.clone();
+            let k = k.clone();
+            async move { client.lock(k.as_str()).ttl(ttl).acquire().await.unwrap() }
+        }))
+        .await;
+        guards.extend(taken);
+    }
+    assert_eq!(holder.held_locks(), n);
+    let open = holder.open_sessions();
+    assert!(open <= 2, "{open} sessions for {n} locks");
+    next_renewal(&guards[0]).await;
+    next_renewal(&guards[n - 1]).await;
+    for (k, guard) in keys.iter().zip(&guards) {
+        assert!(guard.is_held(), "{k} lost");
+        assert!(
+            probe.try_acquire(k, ttl).await.unwrap().is_none(),
+            "{k} granted to another client while held"
+        );
+    }
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    assert_eq!(holder.held_locks(), 0);
+    for k in keys.iter().step_by(17) {
+        let lease = probe.try_acquire(k, ttl).await.unwrap().expect("freed");
+        probe.release(&lease).await.unwrap();
+    }
+    println!(
+        "{} {n} locks held on {open} session(s) of one backend, renewed, refused to others, freed",
+        target.name()
+    );
+}
+
+/// Runs the futures at once, answers in order.
+async fn futures_join<F: std::future::Future + Send + 'static>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let tasks: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for task in tasks {
+        out.push(task.await.unwrap());
+    }
+    out
+}
+
+/// Locks held on two sessions of one backend; the server ends one
+/// session: every lock on it goes Lost, and only those (the locks of the
+/// other session are renewed on).
+pub async fn killed_session_loses_only_its_locks(target: &SessionTarget) {
+    let url = with_options(&target.url, "pool_size=2");
+    let holder = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let client = LockClient::new(holder.clone());
+    let base = key("kill-some");
+    let ttl = Duration::from_secs(3);
+    // Taken at once, so both sessions are opened and used.
+    let guards = futures_join((0..40u64).map(|i| {
+        let client = client.clone();
+        let k = key_n(&base, i);
+        async move { client.lock(k.as_str()).ttl(ttl).acquire().await.unwrap() }
+    }))
+    .await;
+    let ids: Vec<i64> = guards
+        .iter()
+        .map(|g| holder.session_id(&g.lease()).unwrap())
+        .collect();
+    let victim = ids[0];
+    let on_victim = ids.iter().filter(|&&id| id == victim).count();
+    assert!(
+        on_victim < guards.len(),
+        "all 40 locks on one session: nothing to compare with"
+    );
+    target.kill_session(victim).await;
+    for (guard, id) in guards.iter().zip(&ids) {
+        if *id == victim {
+            timeout(ttl, guard.lost())
+                .await
+                .expect("a lock of the killed session was not reported lost");
+        }
+    }
+    // Two renewals later the others are still held.
+    let survivor = guards
+        .iter()
+        .zip(&ids)
+        .find(|(_, id)| **id != victim)
+        .unwrap()
+        .0;
+    next_renewal(survivor).await;
+    next_renewal(survivor).await;
+    for (guard, id) in guards.iter().zip(&ids) {
+        assert_eq!(
+            guard.is_held(),
+            *id != victim,
+            "session {id} (killed {victim}): held {}",
+            guard.is_held()
+        );
+    }
+    assert_eq!(holder.held_locks(), guards.len() - on_victim);
+    println!(
+        "{} killed one of two sessions: its {on_victim} locks lost, the other {} held",
+        target.name(),
+        guards.len() - on_victim
+    );
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+}
+
+/// A waiting acquire waits on a session of its own: while it waits, a
+/// release and a grant of the same backend complete (they would queue
+/// behind the wait on a shared session), then it is granted at the
+/// holder's release.
+pub async fn waiting_blocks_no_other_lock(target: &SessionTarget) {
+    let url = with_options(&target.url, "pool_size=2");
+    let backend = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let other = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let (held, contended, fresh) = (key("w-held"), key("w-contended"), key("w-fresh"));
+    let mine = backend.try_acquire(&held, ttl).await.unwrap().unwrap();
+    let theirs = other.try_acquire(&contended, ttl).await.unwrap().unwrap();
+    let waiter = {
+        let backend = backend.clone();
+        let contended = contended.clone();
+        tokio::spawn(async move {
+            backend
+                .acquire(&contended, ttl, Instant::now() + Duration::from_secs(30))
+                .await
+        })
+    };
+    // Until the server shows the wait.
+    let until = Instant::now() + Duration::from_secs(10);
+    while target.waiting_sessions().await == 0 {
+        assert!(Instant::now() < until, "the wait never reached the server");
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(backend.release(&mine).await.unwrap());
+    let next = backend.try_acquire(&fresh, ttl).await.unwrap().unwrap();
+    assert!(backend.renew(&next).await.is_ok());
+    assert!(
+        !waiter.is_finished(),
+        "the wait ended before the holder's release"
+    );
+    assert!(other.release(&theirs).await.unwrap());
+    let granted = waiter.await.unwrap().unwrap();
+    assert!(backend.session_id(&granted).is_some());
+    assert!(backend.release(&granted).await.unwrap());
+    assert!(backend.release(&next).await.unwrap());
+    println!(
+        "{} a release, a grant and a keep-alive ran while a wait of the same backend waited",
+        target.name()
+    );
+}
+
+/// Two tasks of one backend take one key: never both hold it (the local
+/// table of held keys; PostgreSQL and MySQL session locks are re-entrant
+/// per session). The broken variant (the table off, one connection) shows
+/// the double hold: the check can fail.
+pub async fn one_grant_of_a_key_per_backend(target: &SessionTarget) {
+    let url = with_options(&target.url, "pool_size=1");
+    let ttl = Duration::from_secs(10);
+    for exclusion in [true, false] {
+        let backend = SqlSessionBackend::connect_url(&url).await.unwrap();
+        backend.set_local_exclusion(exclusion);
+        let k = key("reentrant");
+        let first = backend.try_acquire(&k, ttl).await.unwrap();
+        let second = backend.try_acquire(&k, ttl).await.unwrap();
+        let both = first.is_some() && second.is_some();
+        // Two tasks, each acquiring with a wait.
+        let holding = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for lease in [&first, &second].into_iter().flatten() {
+            backend.release(lease).await.unwrap();
+        }
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let (backend, k) = (backend.clone(), k.clone());
+                let (holding, most) = (Arc::clone(&holding), Arc::clone(&most));
+                tokio::spawn(async move {
+                    let lease = backend
+                        .acquire(&k, ttl, Instant::now() + Duration::from_secs(10))
+                        .await
+                        .unwrap();
+                    let now = holding.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                    sleep(Duration::from_millis(100)).await;
+                    holding.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    backend.release(&lease).await.unwrap();
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let most = most.load(std::sync::atomic::Ordering::SeqCst);
+        if exclusion {
+            assert!(!both, "two tries of one backend both got the key");
+            assert_eq!(most, 1, "two tasks of one backend held the key at once");
+        } else {
+            assert!(
+                both && most == 2,
+                "broken variant (no local table): expected the double hold, saw tries {both}, \
+                 tasks {most}"
+            );
+        }
+    }
+    println!(
+        "{} one grant of a key per backend; without the local table, the session's re-entrant lock \
+         is granted twice",
+        target.name()
+    );
 }
 
 /// The holder's session is killed (by the server's admin command, or its
@@ -304,10 +536,7 @@ pub async fn killed_session(target: &SessionTarget, by_proxy_reset: bool) -> (Du
     let key = key("killed");
     let client = LockClient::new(holder.clone());
     let guard = client.lock(key.as_str()).ttl(ttl).acquire().await.unwrap();
-    let id = holder
-        .session_id(&guard.lease())
-        .await
-        .expect("pinned session");
+    let id = holder.session_id(&guard.lease()).expect("holding session");
     // Right after a keep-alive, so the next one is ttl/3 away.
     next_renewal(&guard).await;
     let killed_at = Instant::now();
@@ -526,9 +755,8 @@ pub async fn tokens_across_clients(target: &SessionTarget) {
     for _ in 0..3 {
         clients.push(SqlSessionBackend::connect_url(&target.url).await.unwrap());
     }
-    // A connection per held lock: the capabilities say how many (the
-    // client's pool_size=4), so a caller can tell before it runs out.
-    assert_eq!(clients[0].capabilities().max_held, Some(4));
+    // Many locks per connection: no per-backend limit to report.
+    assert_eq!(clients[0].capabilities().max_held, None);
     let key = key("tokens");
     let mut last = 0;
     for i in 0..60 {
@@ -674,9 +902,10 @@ pub async fn force_released(target: &SessionTarget) {
     assert_eq!(admin.force_release(&key).await.unwrap(), None, "free key");
     let client = LockClient::new(holder.clone());
     let guard = client.lock(key.as_str()).ttl(ttl).acquire().await.unwrap();
-    // A second lock of the holder's backend, on its own session: spared.
+    // A lock of another backend, on another session: spared.
+    let bystander = SqlSessionBackend::connect_url(&target.url).await.unwrap();
     let other = self::key("force-other");
-    let spared = client
+    let spared = LockClient::new(bystander.clone())
         .lock(other.as_str())
         .ttl(ttl)
         .acquire()
@@ -715,12 +944,26 @@ pub async fn force_released(target: &SessionTarget) {
         holder.renew(&guard.lease()).await.is_err(),
         "the broken lease renewed"
     );
-    assert!(spared.is_held(), "the holder's other lock was broken too");
+    assert!(spared.is_held(), "another session's lock was broken too");
     assert!(admin.inspect(&other).await.unwrap().is_some());
-    assert_eq!(holder.held_locks(), 1, "only the spared lock is left");
+    assert_eq!(holder.held_locks(), 0, "the broken lock is still listed");
+    assert_eq!(bystander.held_locks(), 1);
     assert!(admin.release(&next).await.unwrap());
     assert_eq!(admin.force_release(&key).await.unwrap(), None, "freed key");
     spared.release().await.unwrap();
+
+    // A session holding two locks (one connection) is not ended for one of
+    // them: both stay held.
+    let url = with_options(&target.url, "pool_size=1");
+    let shared = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let (a, b) = (self::key("force-a"), self::key("force-b"));
+    let la = shared.try_acquire(&a, ttl).await.unwrap().unwrap();
+    let lb = shared.try_acquire(&b, ttl).await.unwrap().unwrap();
+    assert_eq!(shared.session_id(&la), shared.session_id(&lb));
+    let err = admin.force_release(&b).await.unwrap_err();
+    assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
+    assert!(shared.renew(&la).await.is_ok() && shared.renew(&lb).await.is_ok());
+    assert!(shared.release(&la).await.unwrap() && shared.release(&lb).await.unwrap());
 }
 
 /// `admin`'s `force_release` of `key` is refused (Unsupported), then the
