@@ -12,8 +12,15 @@
 //! itself. Nothing else is in the keeper: it holds no lock and no
 //! connection, so it has nothing to wait for.
 //!
-//! The keeper ends with the command's own status (exit code, or the same
-//! signal), which `distlock` reports as the command's.
+//! When the command ends, the keeper waits for every process it left
+//! running below it (a background job, a `setsid` or double-forked one) to
+//! end as well, as `flock(1)`'s lock lasts while any process holds its
+//! descriptor: `distlock` keeps the lock meanwhile, so nothing the command
+//! started runs without it. Signals forwarded to the command's group
+//! afterwards also reach the leftovers that left the group.
+//!
+//! The keeper then ends with the command's own status (exit code, or the
+//! same signal), which `distlock` reports as the command's.
 //!
 //! With `--foreground` (stdin is a terminal and `distlock` was in its
 //! foreground process group) the keeper makes its group the terminal's
@@ -25,12 +32,16 @@ use std::ffi::OsString;
 use std::os::fd::RawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 /// Set by the end-of-file thread before it kills anything: from then on
 /// that thread alone ends the keeper.
 static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// The last forwarded signal the keeper received (0: none since it was
+/// last taken): passed on to the command's leftovers outside its group.
+static RECEIVED: AtomicI32 = AtomicI32::new(0);
 
 /// The first argument that makes `distlock` a keeper.
 pub(crate) const ARG: &str = "__distlock-keeper";
@@ -92,7 +103,10 @@ fn parse(args: Vec<OsString>) -> Option<Plan> {
     })
 }
 
-extern "C" fn ignore_signal(_: libc::c_int) {}
+extern "C" fn record_signal(sig: libc::c_int) {
+    // An atomic store is async-signal-safe.
+    RECEIVED.store(sig, Ordering::SeqCst);
+}
 
 fn keep(plan: Plan) -> i32 {
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer; no
@@ -138,6 +152,7 @@ fn keep(plan: Plan) -> i32 {
     }
     match waited {
         Ok(status) => {
+            wait_for_leftovers();
             if let Some(code) = status.code() {
                 return code;
             }
@@ -153,6 +168,45 @@ fn keep(plan: Plan) -> i32 {
     }
 }
 
+/// Waits until no process is left below the keeper (the command's
+/// leftovers, re-parented to it as a subreaper), reaping them; passes the
+/// forwarded signals received meanwhile on to those outside the keeper's
+/// process group (its members got them from `distlock` already). Should
+/// `distlock` end meanwhile, the end-of-file thread kills them all.
+fn wait_for_leftovers() {
+    RECEIVED.store(0, Ordering::SeqCst);
+    // SAFETY: getpgrp takes nothing and cannot fail.
+    let group = unsafe { libc::getpgrp() };
+    loop {
+        loop {
+            // SAFETY: waitpid with a null status pointer is allowed.
+            let reaped = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
+            if reaped > 0 {
+                continue;
+            }
+            if reaped < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                return;
+            }
+            break;
+        }
+        let sig = RECEIVED.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            for pid in descendants(std::process::id()) {
+                let Ok(pid) = libc::pid_t::try_from(pid) else {
+                    continue;
+                };
+                // SAFETY: getpgid and kill take integers only.
+                unsafe {
+                    if libc::getpgid(pid) != group {
+                        libc::kill(pid, sig);
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Leaves the end of the process to the end-of-file thread
 /// ([`kill_everything_below`] exits within about 100 ms). Should it not
 /// have within 5 s, does the same from here.
@@ -161,12 +215,12 @@ fn park_until_stopped() -> ! {
     kill_everything_below()
 }
 
-/// A no-op handler for `sig` unless it is ignored (an ignored signal stays
+/// A handler that only records `sig` unless it is ignored (an ignored signal stays
 /// ignored for the command, as `nohup` and background shells expect; a
 /// handler is reset to the default by `exec`).
 fn survive(sig: libc::c_int) {
     // SAFETY: sigaction reads and writes the two structs we own; the handler
-    // is an `extern "C"` function that does nothing.
+    // is an `extern "C"` function that only stores to an atomic.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
@@ -175,7 +229,7 @@ fn survive(sig: libc::c_int) {
             return;
         }
         let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = ignore_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        action.sa_sigaction = record_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
         action.sa_flags = libc::SA_RESTART;
         libc::sigemptyset(&mut action.sa_mask);
         libc::sigaction(sig, &action, std::ptr::null_mut());

@@ -214,7 +214,16 @@ pub(crate) async fn run(client: &LockClient, args: RunArgs) -> Result<u8, LockEr
             return Ok(exit::CANNOT_EXEC);
         }
     };
-    let outcome = supervise(&mut child, &guard, &args, kill_after, &mut signals).await;
+    let mut watch = Some(watch);
+    let outcome = supervise(
+        &mut child,
+        &guard,
+        &args,
+        kill_after,
+        &mut signals,
+        &mut watch,
+    )
+    .await;
     if foreground {
         take_terminal_back();
     }
@@ -332,6 +341,7 @@ async fn supervise(
     args: &RunArgs,
     kill_after: Duration,
     signals: &mut Signals,
+    watch: &mut Option<std::os::fd::OwnedFd>,
 ) -> Supervised {
     let pid = child.id().and_then(|p| libc::pid_t::try_from(p).ok());
     let margin = stop_margin(guard.lease().ttl());
@@ -394,9 +404,7 @@ async fn supervise(
                             millis(margin),
                         );
                     }
-                    if let Some(pid) = pid {
-                        signal_group(pid, libc::SIGKILL);
-                    }
+                    kill_everything(pid, watch);
                     kill_sent = true;
                     lost_reason.get_or_insert_with(|| "renewals did not succeed in time; the command was killed before the lock's deadline".to_owned());
                 }
@@ -420,9 +428,7 @@ async fn supervise(
                         };
                     }
                     OnLost::Kill => {
-                        if let Some(pid) = pid {
-                            signal_group(pid, libc::SIGKILL);
-                        }
+                        kill_everything(pid, watch);
                         kill_sent = true;
                     }
                     OnLost::Term => {
@@ -536,6 +542,18 @@ fn state_name(state: &LockState) -> &'static str {
         LockState::Suspect => "renewals failing",
         LockState::Lost(_) => "lost",
         LockState::Released => "released",
+    }
+}
+
+/// SIGKILL to everything the command started: closing the watch pipe makes
+/// the keeper kill every process below it (one that left the command's
+/// group with `setsid` included), then the group and itself; with the pipe
+/// already closed, SIGKILL to the command's group.
+fn kill_everything(pid: Option<libc::pid_t>, watch: &mut Option<std::os::fd::OwnedFd>) {
+    if watch.take().is_none()
+        && let Some(pid) = pid
+    {
+        signal_group(pid, libc::SIGKILL);
     }
 }
 
