@@ -123,7 +123,7 @@ fn lease_sql(dialect: SqlDialect, table: &str) -> ([Text; 2], Text, Text) {
             format!(
                 "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(1024) PRIMARY KEY, \
                  owner VARCHAR(64), token BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL, \
-                 details VARCHAR({DETAILS_LEN}))"
+                 details VARCHAR({DETAILS_LEN}), waiters_until TIMESTAMPTZ)"
             ),
             format!(
                 "INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
@@ -137,8 +137,8 @@ fn lease_sql(dialect: SqlDialect, table: &str) -> ([Text; 2], Text, Text) {
             format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, details = NULL, expires_at = now() \
                  WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now() \
-                 RETURNING name) \
-                 SELECT pg_notify($4, name) FROM r"
+                 RETURNING name, waiters_until) \
+                 SELECT CASE WHEN waiters_until > now() THEN pg_notify($4, name) END FROM r"
             ),
         ),
         SqlDialect::MySql => (

@@ -153,16 +153,19 @@ impl Grants {
         owner: &str,
         ttl: Duration,
         ahead: Option<i64>,
+        mark_for: Option<Duration>,
     ) -> Result<Option<i64>, sqlx::Error> {
         let statements = &self.inner.statements;
-        let grant = match ahead {
-            Some(_) => &self.inner.fair_grant,
-            None => &statements.grant,
+        let (grant, mark_for) = match (ahead, mark_for, &statements.waiting) {
+            (Some(_), _, _) => (&self.inner.fair_grant, None),
+            (None, Some(mark_for), Some(waiting)) => (&waiting.grant, Some(mark_for)),
+            (None, _, _) => (&statements.grant, None),
         };
         let (conns, dialect) = (&self.inner.conns, self.inner.dialect);
         let mut checkout = conns.checkout(false).await?;
         // Boxed, as in `retry_once!`: statement futures are kilobytes.
-        let result = Box::pin(dialect.grant(checkout.conn(), grant, key, owner, ttl, ahead)).await;
+        let result =
+            Box::pin(dialect.grant(checkout.conn(), grant, key, owner, ttl, ahead, mark_for)).await;
         if !checkout.finish(&result) {
             return result;
         }
@@ -173,7 +176,10 @@ impl Grants {
         let mut checkout = conns.checkout(true).await?;
         let result = Box::pin(async {
             let conn = checkout.conn();
-            if let Some(token) = dialect.grant(conn, grant, key, owner, ttl, ahead).await? {
+            if let Some(token) = dialect
+                .grant(conn, grant, key, owner, ttl, ahead, mark_for)
+                .await?
+            {
                 return Ok(Some(token));
             }
             let holder = dialect.inspect(conn, &statements.inspect, key).await?;
@@ -194,6 +200,7 @@ impl Grants {
         owner: OwnerId,
         ttl: Duration,
         ahead: Option<i64>,
+        mark_for: Option<Duration>,
     ) -> Result<Option<u64>, sqlx::Error> {
         let owner = owner.to_hex();
         // A statement that lost a deadlock or serialization conflict
@@ -201,7 +208,7 @@ impl Grants {
         // rolled back and changed nothing: run it again.
         let mut attempts = 0;
         let token = loop {
-            match self.grant_once(key, &owner, ttl, ahead).await {
+            match self.grant_once(key, &owner, ttl, ahead, mark_for).await {
                 Err(sqlx::Error::Database(db))
                     if attempts < 5 && matches!(db.code().as_deref(), Some("40001" | "40P01")) =>
                 {
@@ -223,9 +230,24 @@ impl Grants {
         operation: Operation,
         ahead: Option<i64>,
     ) -> Result<Option<Lease>, LockError> {
+        self.try_marking(key, ttl, operation, ahead, None).await
+    }
+
+    /// [`try_once`](Self::try_once); with `mark_for` (a waiter, on
+    /// PostgreSQL), a held row is marked waited for that long in the same
+    /// statement, so that its release notifies (see
+    /// [`WaitingSql`](crate::dialect::WaitingSql)).
+    pub(crate) async fn try_marking(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        operation: Operation,
+        ahead: Option<i64>,
+        mark_for: Option<Duration>,
+    ) -> Result<Option<Lease>, LockError> {
         let owner = OwnerId::random();
         let sent_at = Instant::now();
-        let grant = self.grant_row(key, owner, ttl, ahead);
+        let grant = self.grant_row(key, owner, ttl, ahead, mark_for);
         let granted = timed(&self.inner.config, operation, Some(key), grant).await?;
         mutex_lease(
             granted.map(FencingToken::new),
@@ -251,6 +273,27 @@ impl Grants {
         // Fair: not while anyone waits (every live waiter is ahead).
         let ahead = self.inner.config.fair.then_some(i64::MAX);
         self.try_once(key, ttl, Operation::TryAcquire, ahead).await
+    }
+
+    /// Marks `key`'s held row waited for during `mark_for`, so that its
+    /// release notifies (a holder watch on PostgreSQL, see
+    /// [`WaitingSql`](crate::dialect::WaitingSql)); nothing elsewhere. A
+    /// failure is ignored: the watch's poll still bounds its wait.
+    pub(crate) async fn mark_waited(&self, key: &LockKey, mark_for: Duration) {
+        let inner = &self.inner;
+        let Some(waiting) = &inner.statements.waiting else {
+            return;
+        };
+        let dialect = inner.dialect;
+        let _ = timed(&inner.config, Operation::Inspect, Some(key), async {
+            retry_once!(&inner.conns, |conn| dialect.mark_waited(
+                conn,
+                &waiting.mark,
+                key,
+                mark_for
+            ))
+        })
+        .await;
     }
 
     /// The guarded release of a mutex lease: whether it was still ours.

@@ -40,6 +40,9 @@ pub(crate) struct Statements {
     pub(crate) renew: Arc<str>,
     /// Reads the current unexpired holder.
     pub(crate) inspect: Arc<str>,
+    /// How waiters get the release that frees their key to notify them
+    /// (PostgreSQL).
+    pub(crate) waiting: Option<WaitingStatements>,
     /// The quoted table name.
     pub(crate) quoted_table: String,
     /// The quoted token floor table (`<table>_floor`, see crate::admin).
@@ -58,10 +61,26 @@ impl Statements {
             release: sql.release.into(),
             renew: sql.renew.into(),
             inspect: sql.inspect.into(),
+            waiting: sql.waiting.map(|w| WaitingStatements {
+                grant: w.grant.into(),
+                mark: w.mark.into(),
+                add_column: w.add_column.into(),
+            }),
             quoted_table,
             quoted_floor,
         }
     }
+}
+
+/// [`WaitingSql`](crate::dialect::WaitingSql) ready to send.
+#[derive(Debug)]
+pub(crate) struct WaitingStatements {
+    /// A waiter's grant: takes the row, or marks it waited for.
+    pub(crate) grant: Arc<str>,
+    /// Marks a held row waited for (a holder watch).
+    pub(crate) mark: Arc<str>,
+    /// Adds the mark's column to a table created before it.
+    pub(crate) add_column: Arc<str>,
 }
 
 /// The statement texts the driver sends for a table, as plain strings: what

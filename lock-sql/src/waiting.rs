@@ -61,6 +61,7 @@ impl Waiting {
         // to the row.
         let mut behind_waiters = waits.has_waiters(key.as_str());
         let mut waiting = None;
+        let mark_for = self.mark_for();
         loop {
             // Subscribe before trying, so a release between the failed try
             // and the wait is not missed.
@@ -77,7 +78,12 @@ impl Waiting {
                 )
                 .await;
             if !let_waiters_go || !taken {
-                let tried = self.grants.try_once(key, ttl, Operation::Acquire, None);
+                // After the first refusal, a try that marks the row
+                // waited for, so its release notifies (PostgreSQL).
+                let mark = (notified && waiting.is_some()).then_some(mark_for);
+                let tried = self
+                    .grants
+                    .try_marking(key, ttl, Operation::Acquire, None, mark);
                 if let Some(lease) = tried.await? {
                     if waiting.is_some() {
                         waits.taken(key.as_str());
@@ -119,6 +125,13 @@ impl Waiting {
         }
     }
 
+    /// How long a waiter's mark lasts: past its next try, which comes
+    /// within a re-check interval (and an operation's time) of the last.
+    pub(super) fn mark_for(&self) -> Duration {
+        let config = &self.inner.config;
+        config.recheck.saturating_mul(2) + config.op_timeout
+    }
+
     /// How long to sleep before re-trying, for a notified waiter: until the
     /// holder's expiry (read from the database clock), at most `recheck`.
     async fn recheck_delay(&self, key: &LockKey) -> Duration {
@@ -147,13 +160,22 @@ impl Waiting {
         if request.seen.is_none() {
             return lock_core::poll_holder(backend, request).await;
         }
+        // Marked waited for, like a waiting acquire's row, so that the
+        // release notifies; again before each wait, for as long as it may
+        // last.
+        let mark_for = request
+            .poll
+            .min(Duration::from_secs(3600))
+            .max(self.mark_for());
         if self.inner.dialect.notified() {
             self.inner.ensure_listener().await;
+            self.grants.mark_waited(request.key, mark_for).await;
         }
         lock_core::watch_holder_with(backend, request, || {
             // Subscribed before the read so a release in between wakes us.
             let mut wakes = self.inner.waits.subscribe();
             async move {
+                self.grants.mark_waited(request.key, mark_for).await;
                 loop {
                     match wakes.recv().await {
                         Ok(Wake::Released(released)) if &*released == request.key.as_str() => {

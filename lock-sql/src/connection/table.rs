@@ -167,23 +167,37 @@ impl Table {
         // The `details` column, for a lease table and a shared holders
         // table created before it.
         for table in [&self.statements.quoted_table, &self.shared.holders_table] {
-            self.ensure_details_of(table).await?;
+            let add = Arc::from(self.dialect.add_details_sql(table));
+            self.ensure_column(table, "details", &add).await?;
+        }
+        // The waiters' mark (PostgreSQL), likewise.
+        if let Some(waiting) = &self.statements.waiting {
+            let table = &self.statements.quoted_table;
+            self.ensure_column(table, "waiters_until", &waiting.add_column)
+                .await?;
         }
         Ok(())
     }
 
-    async fn ensure_details_of(&self, table: &str) -> Result<(), sqlx::Error> {
+    /// Adds `column` to `table` with `alter` when a probe finds it missing
+    /// (a table created by an older version); a probe first, as `ALTER
+    /// TABLE` would wait for every open transaction on the table.
+    async fn ensure_column(
+        &self,
+        table: &str,
+        column: &str,
+        alter: &Arc<str>,
+    ) -> Result<(), sqlx::Error> {
         let dialect = self.dialect;
-        let probe: Arc<str> = Arc::from(format!("SELECT details FROM {table} WHERE 1 = 0"));
+        let probe: Arc<str> = Arc::from(format!("SELECT {column} FROM {table} WHERE 1 = 0"));
         let mut checkout = self.conns.checkout(false).await?;
         let probed = dialect.plain(checkout.conn(), &probe).await;
         if !matches!(&probed, Err(e) if is_missing_column(e)) {
             checkout.finish(&probed);
             return probed;
         }
-        tracing::info!(table, "adding the holder details column");
-        let alter: Arc<str> = Arc::from(dialect.add_details_sql(table));
-        let added = match dialect.plain(checkout.conn(), &alter).await {
+        tracing::info!(table, column, "adding a column the driver needs");
+        let added = match dialect.plain(checkout.conn(), alter).await {
             Err(e) if is_duplicate_column(&e) => Ok(()),
             other => other,
         };

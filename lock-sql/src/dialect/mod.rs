@@ -92,6 +92,31 @@ pub(crate) struct LeaseSql {
     pub(crate) release: String,
     pub(crate) renew: String,
     pub(crate) inspect: String,
+    /// How waiters make the release that frees the key notify them
+    /// (PostgreSQL); `None` where waiters are not notified.
+    pub(crate) waiting: Option<WaitingSql>,
+}
+
+/// PostgreSQL's `NOTIFY` serialises the commits that send it (a lock on
+/// the notification queue held through the commit's WAL flush), so a
+/// release notifies only when someone waits for its key: a waiter retries
+/// with [`grant`](Self::grant), which either takes the row or marks it
+/// waited for (`waiters_until`) under the same row lock (a fair waiter
+/// marks it before its tries), and the release notifies when the mark is
+/// live. A release
+/// either commits before the waiter's statement (which then takes the
+/// row) or after it (and then sees the mark): none is missed.
+#[derive(Debug)]
+pub(crate) struct WaitingSql {
+    /// The waiter's grant: takes the row like the plain grant, or marks it
+    /// waited for until now plus [`Arg::MarkFor`]. Binds as the grant,
+    /// then [`Arg::MarkFor`].
+    pub(crate) grant: String,
+    /// Marks the row waited for (a holder watch): binds [`Arg::Key`],
+    /// [`Arg::MarkFor`].
+    pub(crate) mark: String,
+    /// Adds the `waiters_until` column to a table created before it.
+    pub(crate) add_column: String,
 }
 
 /// How `gc` keeps the lease table to itself while it raises the floor and
@@ -311,6 +336,9 @@ pub(crate) enum Arg {
     /// The key as bytes once more, bound only by the fair grant (MySQL's
     /// waiter gate names it again).
     AheadKeyBytes,
+    /// How long a waiter's mark lasts, in µs (bound only by a waiter's
+    /// grant and a watch's mark, see [`WaitingSql`]).
+    MarkFor,
 }
 
 /// How a dialect's lease statements bind ([`Dialect::statements`] texts;

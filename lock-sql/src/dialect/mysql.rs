@@ -163,6 +163,8 @@ impl Dialect for MySql {
                 "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), details \
                  FROM {t} WHERE name = ? AND owner IS NOT NULL AND expires_at > UTC_TIMESTAMP(6)"
             ),
+            // Waiters poll: nothing to notify.
+            waiting: None,
         }
     }
 

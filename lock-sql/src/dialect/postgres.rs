@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, Row};
 use super::{
     Arg, Batch, DETAILS_LEN, Dialect, GcLock, GrantAll, GrantReply, LeaseBinds, LeaseSql, Params,
     Profile, Renewed, SessionDialect, SessionHolder, SessionProfile, SharedDdl, SqlxResult,
-    WaitersIndex, lease_upsert, micros, parse_options, text, token_of, wrong_conn,
+    WaitersIndex, WaitingSql, lease_upsert, micros, parse_options, text, token_of, wrong_conn,
 };
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions};
@@ -83,6 +83,33 @@ static PROFILE: Profile = Profile {
     },
 };
 
+/// The waiters' statements of lease table `t` (see [`WaitingSql`]).
+fn waiting_sql(t: &str, first: &str) -> WaitingSql {
+    // Every `CASE` reads the row as it was before the statement (`l`).
+    let free = "l.expires_at <= now()";
+    WaitingSql {
+        grant: format!(
+            "WITH g AS (INSERT INTO {t} AS l (name, owner, token, expires_at, details) \
+             VALUES ($1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $4) \
+             ON CONFLICT (name) DO UPDATE SET \
+             owner = CASE WHEN {free} THEN excluded.owner ELSE l.owner END, \
+             token = CASE WHEN {free} THEN l.token + 1 ELSE l.token END, \
+             details = CASE WHEN {free} THEN excluded.details ELSE l.details END, \
+             waiters_until = CASE WHEN {free} THEN l.waiters_until \
+             ELSE GREATEST(l.waiters_until, now() + $5 * INTERVAL '1 microsecond') END, \
+             expires_at = CASE WHEN {free} THEN excluded.expires_at ELSE l.expires_at END \
+             RETURNING token, owner) \
+             SELECT token FROM g WHERE owner = $2"
+        ),
+        mark: format!(
+            "UPDATE {t} SET waiters_until = \
+             GREATEST(waiters_until, now() + $2 * INTERVAL '1 microsecond') \
+             WHERE name = $1 AND expires_at > now()"
+        ),
+        add_column: format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS waiters_until TIMESTAMPTZ"),
+    }
+}
+
 impl Dialect for Postgres {
     fn statements(&self, t: &str, first: &str) -> LeaseSql {
         LeaseSql {
@@ -92,7 +119,8 @@ impl Dialect for Postgres {
                  owner VARCHAR(64), \
                  token BIGINT NOT NULL, \
                  expires_at TIMESTAMPTZ NOT NULL, \
-                 details VARCHAR({DETAILS_LEN}))"
+                 details VARCHAR({DETAILS_LEN}), \
+                 waiters_until TIMESTAMPTZ)"
             ),
             grant: lease_upsert(
                 t,
@@ -100,12 +128,14 @@ impl Dialect for Postgres {
                 "now()",
                 "token",
             ),
-            // The notification is sent at commit, in the same statement.
+            // The notification is sent at commit, in the same statement,
+            // only when someone waits (see `WaitingSql`): one row when
+            // released either way.
             release: format!(
                 "WITH r AS (UPDATE {t} SET owner = NULL, details = NULL, expires_at = now() \
                  WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > now() \
-                 RETURNING name) \
-                 SELECT pg_notify($4, name) FROM r"
+                 RETURNING name, waiters_until) \
+                 SELECT CASE WHEN waiters_until > now() THEN pg_notify($4, name) END FROM r"
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = now() + $4 * INTERVAL '1 microsecond' \
@@ -116,6 +146,7 @@ impl Dialect for Postgres {
                  CAST(EXTRACT(EPOCH FROM (expires_at - now())) * 1000000 AS BIGINT), details \
                  FROM {t} WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()"
             ),
+            waiting: Some(waiting_sql(t, first)),
         }
     }
 

@@ -43,6 +43,7 @@ struct Values<'a> {
     details: &'a str,
     channel: &'a str,
     ahead: Option<i64>,
+    mark_for: Option<Duration>,
 }
 
 impl<'a> Values<'a> {
@@ -55,6 +56,7 @@ impl<'a> Values<'a> {
             details: "",
             channel: "",
             ahead: None,
+            mark_for: None,
         }
     }
 
@@ -87,6 +89,7 @@ impl<'a> Values<'a> {
                 self.ahead?;
                 Bind::Bytes(self.key.as_bytes())
             }
+            Arg::MarkFor => Bind::Int(micros(self.mark_for?)),
         })
     }
 }
@@ -199,7 +202,11 @@ impl dyn Dialect {
     /// The grant: `Some(token)` when the row was inserted or an expired one
     /// taken over, `None` when someone holds it. `ahead` is `Some(id)` for
     /// the fair statement ([`Dialect::fair_grant_sql`]): it grants only
-    /// when no live mutex waiter with an id below `id` waits for the key.
+    /// when no live mutex waiter with an id below `id` waits for the key;
+    /// `mark_for` is `Some` for a waiter's grant ([`WaitingSql::grant`]),
+    /// which marks a held row waited for that long.
+    ///
+    /// [`WaitingSql::grant`]: super::WaitingSql::grant
     pub(crate) async fn grant(
         &self,
         conn: &mut DbConn,
@@ -208,15 +215,19 @@ impl dyn Dialect {
         owner: &str,
         ttl: Duration,
         ahead: Option<i64>,
+        mark_for: Option<Duration>,
     ) -> Result<Option<i64>, sqlx::Error> {
         let details = HolderDetails::encode_current();
         let values = Values {
             ttl,
             ahead,
+            mark_for,
             details: &details,
             ..Values::new(key.as_str(), owner)
         };
-        let binds = values.binds(self.profile().binds.grant);
+        let mut binds = values.binds(self.profile().binds.grant);
+        // A waiter's grant (`WaitingSql::grant`) binds its mark last.
+        binds.extend(values.bind(Arg::MarkFor));
         match self.profile().binds.grant_reply {
             GrantReply::Returning => {
                 let row = fetch_optional(conn, sql, &binds, "i").await?;
@@ -232,8 +243,26 @@ impl dyn Dialect {
         }
     }
 
+    /// Marks `key`'s held row waited for during `mark_for`
+    /// ([`WaitingSql::mark`](super::WaitingSql::mark)).
+    pub(crate) async fn mark_waited(
+        &self,
+        conn: &mut DbConn,
+        sql: &Arc<str>,
+        key: &LockKey,
+        mark_for: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let values = Values {
+            mark_for: Some(mark_for),
+            ..Values::new(key.as_str(), "")
+        };
+        let binds = values.binds(&[Arg::Key, Arg::MarkFor]);
+        execute(conn, sql, &binds).await.map(|_| ())
+    }
+
     /// The guarded release: whether it matched our row (PostgreSQL
-    /// notifies `channel` in the same statement, which answers the row).
+    /// notifies `channel` in the same statement when someone waits, and
+    /// answers the row either way).
     pub(crate) async fn release(
         &self,
         conn: &mut DbConn,

@@ -137,6 +137,8 @@ impl Dialect for Sqlite {
                 "SELECT owner, token, expires_at - ?2, details \
                  FROM {t} WHERE name = ?1 AND owner IS NOT NULL AND expires_at > ?2"
             ),
+            // Waiters poll: nothing to notify.
+            waiting: None,
         }
     }
 

@@ -74,6 +74,11 @@ impl Waiting {
         let mut pacing = self.shared.pacing();
         let mut queued = Queued::new(&self.shared, key);
         let mut refreshed_at = Instant::now();
+        // The mutex row marked waited for, so that its release notifies
+        // (PostgreSQL; see `crate::dialect::WaitingSql`), before each try
+        // that follows a mark's third.
+        let mark_for = self.mark_for().max(waiter_ttl(ttl));
+        let mut marked_at: Option<Instant> = None;
         loop {
             // Subscribe before the attempt, so a release between a refusal
             // and the wait is not missed.
@@ -140,6 +145,10 @@ impl Waiting {
                     }
                 }
                 Some(_) => {}
+            }
+            if marked_at.is_none_or(|at| at.elapsed() >= mark_for / 3) {
+                marked_at = Some(Instant::now());
+                self.grants.mark_waited(key, mark_for).await;
             }
             self.shared
                 .pace(&mut pacing, &mut wakes, key, ttl, deadline)
