@@ -1,5 +1,31 @@
 //! The friendly API: `client.lock("key").ttl(..).wait(..).acquire().await`.
 
+/// The setters of a request for one lock and for a set
+/// ([`LockRequest`], [`MultiRequest`](multi::MultiRequest)): both keep a
+/// `ttl`, a `wait` and a `renewal` policy.
+macro_rules! lease_setters {
+    () => {
+        /// The TTL of each lease (renewed by the guard about every TTL/3).
+        pub fn ttl(mut self, ttl: Duration) -> Self {
+            self.ttl = ttl;
+            self
+        }
+
+        /// How long to wait while a key is held (0 = try once;
+        /// `Duration::MAX`: for ever).
+        pub fn wait(mut self, wait: Duration) -> Self {
+            self.wait = wait;
+            self
+        }
+
+        /// Do not renew: each lease is lost at its first deadline.
+        pub fn no_renewal(mut self) -> Self {
+            self.renewal.enabled = false;
+            self
+        }
+    };
+}
+
 pub(crate) mod multi;
 pub(crate) mod segments;
 
@@ -403,18 +429,7 @@ impl LockRequest<'_> {
         self.kind
     }
 
-    /// The lease TTL (renewed by the guard about every TTL/3).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long to wait for a held key (0 = try once; `Duration::MAX`:
-    /// for ever).
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
+    lease_setters!();
 
     /// Stop renewing after the lock has been held this long.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
@@ -425,12 +440,6 @@ impl LockRequest<'_> {
     /// Stop renewing after this many renewals.
     pub fn max_renewals(mut self, count: u64) -> Self {
         self.renewal.max_renewals = Some(count);
-        self
-    }
-
-    /// Do not renew: the lock is lost at its first deadline.
-    pub fn no_renewal(mut self) -> Self {
-        self.renewal.enabled = false;
         self
     }
 

@@ -115,23 +115,7 @@ impl<'a> MultiRequest<'a> {
         }
     }
 
-    /// The TTL of every key's lease.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long to wait for the whole set (0 = try once).
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Do not renew: every key is lost at its first deadline.
-    pub fn no_renewal(mut self) -> Self {
-        self.renewal.enabled = false;
-        self
-    }
+    lease_setters!();
 
     /// Takes every key or none, within the request's wait.
     ///
