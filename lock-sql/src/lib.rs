@@ -55,6 +55,10 @@
 //!   details, `list`, `force_release`, `gc` with a token floor.
 //! - [x] Session mode ([`SqlSessionBackend`], PostgreSQL and MySQL/MariaDB)
 //!   and ShedLock's table as a layout ([`SqlShedLockBackend`]).
+//! - [x] Transaction-scoped locks in a transaction of yours
+//!   ([`TransactionLocks`]): ended by its commit or rollback, the token
+//!   taken by the granting statement (PostgreSQL `pg_advisory_xact_lock`,
+//!   or row mode's row written in the transaction).
 //!
 //! # Caveats
 //!
@@ -99,6 +103,7 @@ pub mod keys;
 mod renewal;
 mod sets;
 mod shared;
+mod transaction;
 mod waiting;
 
 pub use backend::session::SqlSessionBackend;
@@ -112,6 +117,7 @@ pub use descriptor::DRIVER;
 pub use guarded::OwnerPredicate;
 pub use keys::shedlock::SHEDLOCK_MAX_NAME;
 pub use renewal::RENEW_ROWS_PER_STATEMENT;
+pub use transaction::{TransactionGuard, TransactionLockKind, TransactionLocks, TxDatabase};
 
 /// The sqlx this crate uses, so guarded statements name the same types.
 pub use sqlx;

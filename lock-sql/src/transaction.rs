@@ -1,0 +1,576 @@
+//! Transaction-scoped locks: a lock taken inside a transaction the caller
+//! owns (an sqlx [`Transaction`]), held until that transaction commits or
+//! rolls back, and never released by a call of ours.
+//!
+//! This is the form of DistributedLock's (.NET)
+//! `PostgresDistributedLock.AcquireWithTransaction` (`pg_advisory_xact_lock`)
+//! carried to the three databases: the caller begins a transaction,
+//! [`TransactionLocks::lock_in`] (or [`try_lock_in`](TransactionLocks::try_lock_in))
+//! takes the key's lock in it and hands back a [`TransactionGuard`] that
+//! borrows the transaction mutably. The caller does its work through the
+//! guard (it dereferences to the [`Transaction`]), drops it and commits or
+//! rolls back: the database ends the lock with the transaction. Since the
+//! guard borrows the transaction, it cannot outlive it: using it after
+//! `commit` or `rollback` (which take the transaction by value) does not
+//! compile. There is no TTL, no renewal and no release call: the lock
+//! lives exactly as long as the transaction, so a crashed holder's lock
+//! ends when the server ends its connection.
+//!
+//! What a transaction lock excludes follows the URL's `mode`, so that it
+//! and the backend [`crate::connect`] opens from the same URL exclude each
+//! other on the same key ([`TransactionLockKind`]):
+//!
+//! | database, mode | what is held | token |
+//! |---|---|---|
+//! | PostgreSQL, `mode=session` | `pg_advisory_xact_lock` on session mode's key ([`crate::keys::pg_lock_key`]) | session mode's sequence (`<table>_session_seq`, one for every key), `nextval` in the granting statement |
+//! | PostgreSQL, row mode | the same advisory key, and the lease row, written in the transaction (its row lock) | the row's counter, bumped by the granting statement |
+//! | MySQL/MariaDB, row mode | the lease row, written in the transaction (InnoDB's row lock) | the row's counter, bumped by the granting statement |
+//! | SQLite, row mode | the lease row, written in the transaction: the database file's write lock | the row's counter, bumped by the granting statement |
+//!
+//! MySQL/MariaDB session mode (`GET_LOCK`) has no transactional form
+//! (`GET_LOCK` belongs to the connection, not the transaction), so
+//! [`TransactionLocks::new`] refuses it.
+//!
+//! # The row in row mode
+//!
+//! The granting statement is row mode's own grant (the same upsert: it
+//! takes a key only when its row is free, bumping the row's token) with an
+//! expiry of "now": once the transaction commits, the row it wrote is
+//! already expired, so the key is free; a rollback undoes the write. While
+//! the transaction is open, the uncommitted write holds the row's lock,
+//! and every other writer of that row waits for the transaction to end:
+//! another transaction lock (which answers "held" at once, below) and row
+//! mode's grants alike. So a row-mode grant of a key a transaction lock
+//! holds waits for that transaction on the server, up to the backend's
+//! operation timeout (`timeout`, 5 s by default), and answers
+//! [`ErrorKind::Timeout`] past it (a `try_acquire` as much as an
+//! `acquire`; SQLite: its busy timeout, then [`ErrorKind::Unavailable`]),
+//! instead of "held" at once; row mode's `inspect` and `list`
+//! do not show a transaction lock (the committed row is free), and its
+//! waiters are not notified at the commit (they see the key free at
+//! their next try, or their grant in flight goes through). Keep these
+//! transactions well within the operation timeout. A row-mode lease that
+//! is live refuses a transaction lock, which waits for it by polling
+//! (PostgreSQL, MySQL/MariaDB) until its deadline.
+//!
+//! # Per database
+//!
+//! - **PostgreSQL.** A try is one statement
+//!   (`pg_try_advisory_xact_lock`, then the token or the row write). A
+//!   wait takes the lock with `pg_advisory_xact_lock` under `lock_timeout`
+//!   (the time left), inside a savepoint: a timeout (or a deadlock the
+//!   server detects) rolls back to the savepoint, so the caller's
+//!   transaction stays usable, and `lock_timeout` is set back to what it
+//!   was. In row mode, the row is written with `clock_timestamp()`, not the
+//!   transaction's `now()`, so a lease that expired after the transaction
+//!   began counts as expired; the row write needs `READ COMMITTED` (the
+//!   default) to see a row changed since the transaction's snapshot
+//!   (`REPEATABLE READ` answers a serialization error instead).
+//!   Every statement is sent unnamed (`persistent(false)`) or as simple
+//!   queries, so nothing depends on a prepared statement surviving between
+//!   transactions: it works behind PgBouncer's transaction pooling.
+//! - **MySQL/MariaDB.** The row write runs with `innodb_lock_wait_timeout`
+//!   0 (MariaDB's `SET STATEMENT ... FOR`; on MySQL, which has no such
+//!   form and whose minimum is 1 s, the session value is set to 1 around
+//!   it and put back): a row locked by another transaction answers "held"
+//!   at once (ER_LOCK_WAIT_TIMEOUT rolls back only the statement, unless
+//!   the server runs with `innodb_rollback_on_timeout`). A wait polls.
+//!   A deadlock InnoDB detects rolls back the **whole transaction**
+//!   ([`ErrorKind::WouldDeadlock`]).
+//! - **SQLite.** The row write takes the database file's write lock, which
+//!   the transaction then keeps: while it is open no other connection
+//!   writes anything, so a transaction lock excludes every other lock of
+//!   the file, not only its key. Begin the transaction with
+//!   `BEGIN IMMEDIATE` (`pool.begin_with("BEGIN IMMEDIATE")`): a deferred
+//!   transaction that has read cannot take the write lock once another
+//!   connection wrote. A key held by a live row-mode lease refuses a wait
+//!   at once (the holder could not release it while this transaction
+//!   holds the write lock); waiting for another writer is SQLite's busy
+//!   timeout, retried until the deadline.
+//!
+//! # Tokens
+//!
+//! A grant's fencing token is taken by the statement that takes the lock.
+//! Tokens of committed grants strictly increase per key (row mode: one
+//! counter per key, shared with row mode's leases) or across keys
+//! (PostgreSQL session mode: one sequence, shared with session mode's
+//! grants). A rolled-back grant's token is consumed on PostgreSQL session
+//! mode (a sequence is never rolled back) but handed out again in row mode
+//! (the bump rolls back with the transaction): in row mode, do not let a
+//! token leave the transaction before it commits. Taking the same key
+//! again in the same transaction is granted (the lock is the
+//! transaction's) with a new token.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{ErrorKind, FencingToken, LockError, LockKey, Operation, OwnerId};
+use sqlx::Transaction;
+use tokio::time::Instant;
+
+use crate::config::{NAME, SqlConfig, SqlDialect, SqlLayout, SqlMode};
+use crate::error::map_sqlx;
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// What a transaction lock takes, and so what it excludes (chosen by the
+/// URL's `mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TransactionLockKind {
+    /// PostgreSQL `pg_advisory_xact_lock` on session mode's advisory key,
+    /// the token from session mode's sequence: excludes
+    /// [`SqlSessionBackend`](crate::SqlSessionBackend)'s locks of the same
+    /// table (`mode=session`).
+    Advisory,
+    /// The lease table's row of the key, written in the transaction:
+    /// excludes row mode's leases ([`SqlBackend`](crate::SqlBackend)) of
+    /// the same table. On PostgreSQL, also the advisory key of
+    /// [`Advisory`](Self::Advisory).
+    Row,
+}
+
+/// The statement texts of one config.
+#[derive(Debug, Default)]
+struct TxSql {
+    /// Creates what the grants use (lease table and floor, or sequence).
+    create: Vec<String>,
+    /// One try.
+    try_grant: String,
+    /// PostgreSQL: the grant that waits under `lock_timeout`.
+    wait_grant: String,
+}
+
+/// Takes transaction-scoped locks: built once from the same URL or
+/// [`SqlConfig`] as the backend whose locks they must exclude.
+///
+/// ```
+/// use lock_core::LockKey;
+/// use lock_sql::TransactionLocks;
+/// use lock_sql::sqlx::SqlitePool;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let url = format!("sqlite://{}", dir.path().join("locks.db").display());
+/// let locks = TransactionLocks::from_url(&url)?;
+/// let pool = SqlitePool::connect(&format!("{url}?mode=rwc")).await?;
+/// locks.prepare(&pool).await?;
+///
+/// let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+/// let key = LockKey::new("invoices/42")?;
+/// let mut guard = locks.lock_in(&mut tx, &key, std::time::Duration::from_secs(5)).await?;
+/// let token = guard.token();
+/// sqlx::query("SELECT 1").execute(guard.conn()).await?;
+/// drop(guard);
+/// tx.commit().await?; // the lock ends here
+/// # let _ = token;
+/// # Ok(()) }
+/// ```
+///
+/// The guard cannot outlive its transaction:
+///
+/// ```compile_fail,E0505
+/// # use lock_sql::TransactionLocks;
+/// # async fn f(locks: TransactionLocks, pool: lock_sql::sqlx::SqlitePool, key: lock_core::LockKey)
+/// # -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// let guard = locks.try_lock_in(&mut tx, &key).await?.unwrap();
+/// tx.commit().await?;
+/// let _ = guard.token(); // error: `tx` was moved while borrowed
+/// # Ok(()) }
+/// ```
+pub struct TransactionLocks {
+    config: SqlConfig,
+    kind: TransactionLockKind,
+    sql: TxSql,
+    /// MySQL: whether the server is MariaDB (asked once).
+    mariadb: OnceLock<bool>,
+}
+
+impl std::fmt::Debug for TransactionLocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionLocks")
+            .field("dialect", &self.config.dialect)
+            .field("table", &self.config.table)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransactionLocks {
+    /// The transaction locks of `config`: its dialect, table and mode
+    /// (row mode: [`TransactionLockKind::Row`]; PostgreSQL session mode:
+    /// [`TransactionLockKind::Advisory`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] for MySQL/MariaDB session mode (`GET_LOCK`
+    /// is not transactional) and ShedLock's layout; [`ErrorKind::Config`]
+    /// for a dialect whose cargo feature is off.
+    pub fn new(config: &SqlConfig) -> Result<Self, LockError> {
+        let unsupported = |message: &str| {
+            LockError::new(ErrorKind::Unsupported, Operation::Connect, message).with_backend(NAME)
+        };
+        if config.layout == SqlLayout::ShedLock {
+            return Err(unsupported(
+                "transaction locks need the lease layout (layout=shedlock has no token counter)",
+            ));
+        }
+        let kind = match (config.dialect, config.mode) {
+            (SqlDialect::Postgres, SqlMode::Session) => TransactionLockKind::Advisory,
+            (_, SqlMode::Session) => {
+                return Err(unsupported(
+                    "MySQL/MariaDB session mode has no transaction-scoped form (GET_LOCK belongs \
+                     to the connection): take transaction locks with a row-mode URL",
+                ));
+            }
+            _ => TransactionLockKind::Row,
+        };
+        let sql = match config.dialect {
+            #[cfg(feature = "postgres")]
+            SqlDialect::Postgres => postgres::sql(kind, &config.table)?,
+            #[cfg(feature = "mysql")]
+            SqlDialect::MySql => mysql::sql(&config.table)?,
+            #[cfg(feature = "sqlite")]
+            SqlDialect::Sqlite => sqlite::sql(&config.table)?,
+            #[allow(unreachable_patterns)] // with every feature on
+            other => {
+                crate::dialect::of(other)?;
+                TxSql::default()
+            }
+        };
+        Ok(Self {
+            config: config.clone(),
+            kind,
+            sql,
+            mariadb: OnceLock::new(),
+        })
+    }
+
+    /// [`new`](Self::new) of a parsed URL (see the crate docs).
+    ///
+    /// # Errors
+    ///
+    /// As [`SqlConfig::from_url`] and [`new`](Self::new).
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        Self::new(&SqlConfig::from_url(url)?)
+    }
+
+    /// What these locks take and exclude.
+    pub fn kind(&self) -> TransactionLockKind {
+        self.kind
+    }
+
+    /// The database these locks are for: the `DB` of every call.
+    pub fn dialect(&self) -> SqlDialect {
+        self.config.dialect
+    }
+
+    /// Creates what the grants use, if missing (row mode: the lease table
+    /// and its token floor, as [`SqlBackend`](crate::SqlBackend) does;
+    /// PostgreSQL session mode: the token sequence, as
+    /// [`SqlSessionBackend`](crate::SqlSessionBackend) does), on a
+    /// connection of `pool`, outside any transaction of the caller's.
+    /// Connecting either backend with `create_table=true` (the default)
+    /// does the same.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`] when `DB` is not [`dialect`](Self::dialect);
+    /// [`ErrorKind::Timeout`] past the operation timeout; the database's
+    /// error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Each statement is idempotent: run it again.
+    pub async fn prepare<DB: TxDatabase>(&self, pool: &sqlx::Pool<DB>) -> Result<(), LockError> {
+        self.check::<DB>(Operation::Connect, None)?;
+        let budget = self.config.op_timeout;
+        let mut conn = self
+            .bounded(Operation::Connect, None, budget, pool.acquire())
+            .await?;
+        for statement in &self.sql.create {
+            let run = DB::run_create(&mut conn, statement);
+            self.bounded(Operation::Connect, None, budget, run).await?;
+        }
+        Ok(())
+    }
+
+    /// One try: the key's lock in `tx`, or `None` when another
+    /// transaction, session or live lease holds it.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`] when `DB` is not [`dialect`](Self::dialect);
+    /// [`ErrorKind::Timeout`] when the database did not answer within the
+    /// operation timeout (the transaction's state is then unknown: roll it
+    /// back); [`ErrorKind::WouldDeadlock`] for a deadlock the server broke
+    /// (MySQL/MariaDB: the whole transaction was rolled back); the
+    /// database's error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a dropped call may leave its statement running on
+    /// the transaction's connection; roll the transaction back.
+    pub async fn try_lock_in<'t, 'c, DB: TxDatabase>(
+        &self,
+        tx: &'t mut Transaction<'c, DB>,
+        key: &LockKey,
+    ) -> Result<Option<TransactionGuard<'t, 'c, DB>>, LockError> {
+        self.check::<DB>(Operation::TryAcquire, Some(key))?;
+        let owner = OwnerId::random().hex();
+        let granted = DB::grant(self, &mut **tx, key, owner.as_str(), None).await?;
+        Ok(granted.map(|token| TransactionGuard::new(tx, key, token)))
+    }
+
+    /// The key's lock in `tx`, waiting up to `wait` for it.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Contended`] when it is still held at the deadline (the
+    /// caller's transaction is still usable: PostgreSQL's wait ran in a
+    /// savepoint rolled back; SQLite answers it at once for a key a live
+    /// row-mode lease holds); otherwise as [`try_lock_in`](Self::try_lock_in).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock_in`](Self::try_lock_in).
+    pub async fn lock_in<'t, 'c, DB: TxDatabase>(
+        &self,
+        tx: &'t mut Transaction<'c, DB>,
+        key: &LockKey,
+        wait: Duration,
+    ) -> Result<TransactionGuard<'t, 'c, DB>, LockError> {
+        self.check::<DB>(Operation::Acquire, Some(key))?;
+        let owner = OwnerId::random().hex();
+        let deadline = Instant::now() + wait;
+        match DB::grant(self, &mut **tx, key, owner.as_str(), Some(deadline)).await? {
+            Some(token) => Ok(TransactionGuard::new(tx, key, token)),
+            None => Err(self.contended(key, "still held at the wait deadline")),
+        }
+    }
+
+    /// Refuses a `DB` of another dialect.
+    fn check<DB: TxDatabase>(
+        &self,
+        operation: Operation,
+        key: Option<&LockKey>,
+    ) -> Result<(), LockError> {
+        if DB::DIALECT == self.config.dialect {
+            return Ok(());
+        }
+        let err = LockError::new(
+            ErrorKind::InvalidArgument,
+            operation,
+            format!(
+                "these transaction locks are for {}, the transaction is {}",
+                self.config.dialect.as_str(),
+                DB::DIALECT.as_str()
+            ),
+        )
+        .with_backend(NAME);
+        Err(match key {
+            Some(key) => err.with_key(key),
+            None => err,
+        })
+    }
+
+    /// A Contended error of a wait on `key`.
+    fn contended(&self, key: &LockKey, message: &str) -> LockError {
+        LockError::new(ErrorKind::Contended, Operation::Acquire, message)
+            .with_key(key)
+            .with_backend(NAME)
+    }
+
+    /// A sqlx error of `operation` on `key`, mapped (a deadlock the server
+    /// broke is [`ErrorKind::WouldDeadlock`]).
+    fn failed(&self, operation: Operation, key: Option<&LockKey>, err: sqlx::Error) -> LockError {
+        let deadlock = matches!(&err, sqlx::Error::Database(db) if is_deadlock(db.as_ref()));
+        let mapped = if deadlock {
+            LockError::new(
+                ErrorKind::WouldDeadlock,
+                operation,
+                "the database broke a deadlock by failing this lock (on MySQL/MariaDB the whole \
+                 transaction was rolled back)",
+            )
+            .with_backend(NAME)
+        } else {
+            map_sqlx(&self.config, operation, err).with_backend(NAME)
+        };
+        match key {
+            Some(key) => mapped.with_key(key),
+            None => mapped,
+        }
+    }
+
+    /// `work` within `budget`, its sqlx error mapped.
+    async fn bounded<T>(
+        &self,
+        operation: Operation,
+        key: Option<&LockKey>,
+        budget: Duration,
+        work: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, LockError> {
+        match tokio::time::timeout(budget, work).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(self.failed(operation, key, e)),
+            Err(_) => {
+                let err = LockError::new(
+                    ErrorKind::Timeout,
+                    operation,
+                    "the database did not answer within the operation timeout; the \
+                     transaction's state is unknown: roll it back",
+                )
+                .with_backend(NAME);
+                Err(match key {
+                    Some(key) => err.with_key(key),
+                    None => err,
+                })
+            }
+        }
+    }
+}
+
+/// Whether a database error is a deadlock the server broke (PostgreSQL
+/// 40P01, MySQL/MariaDB 1213, whose SQLSTATE sqlx may report as 40001).
+fn is_deadlock(db: &dyn sqlx::error::DatabaseError) -> bool {
+    matches!(db.code().as_deref(), Some("40P01" | "1213"))
+        || (db.code().as_deref() == Some("40001")
+            && db.message().to_ascii_lowercase().contains("deadlock"))
+}
+
+/// The poll interval of waits that poll: doubling from 10 ms, at most
+/// 250 ms, never past `deadline`. `None` once the deadline has passed.
+fn next_poll(step: &mut Duration, deadline: Instant) -> Option<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return None;
+    }
+    let sleep = (*step).min(left);
+    *step = (*step * 2).min(Duration::from_millis(250));
+    Some(sleep)
+}
+
+/// A transaction-scoped lock, held until its transaction ends. It borrows
+/// the transaction mutably: do the transaction's work through it
+/// ([`conn`](Self::conn), or the transaction it dereferences to), drop it,
+/// then commit or roll back. Dropping it releases nothing.
+#[must_use = "the lock is the transaction's: do the work through the guard, then commit"]
+pub struct TransactionGuard<'t, 'c, DB: sqlx::Database> {
+    tx: &'t mut Transaction<'c, DB>,
+    key: LockKey,
+    token: FencingToken,
+}
+
+impl<'t, 'c, DB: sqlx::Database> TransactionGuard<'t, 'c, DB> {
+    fn new(tx: &'t mut Transaction<'c, DB>, key: &LockKey, token: u64) -> Self {
+        Self {
+            tx,
+            key: key.clone(),
+            token: FencingToken::new(token),
+        }
+    }
+
+    /// The locked key.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The grant's fencing token (see the module docs for how tokens
+    /// order).
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The transaction, for statements inside it.
+    pub fn transaction(&mut self) -> &mut Transaction<'c, DB> {
+        self.tx
+    }
+
+    /// The transaction's connection, the executor of the caller's
+    /// statements (`query.execute(guard.conn())`).
+    pub fn conn(&mut self) -> &mut DB::Connection {
+        self.tx
+    }
+}
+
+impl<'c, DB: sqlx::Database> std::ops::Deref for TransactionGuard<'_, 'c, DB> {
+    type Target = Transaction<'c, DB>;
+    fn deref(&self) -> &Self::Target {
+        self.tx
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::DerefMut for TransactionGuard<'_, '_, DB> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.tx
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for TransactionGuard<'_, '_, DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionGuard")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A database transaction locks work on: `sqlx::Postgres`,
+/// `sqlx::MySql`, `sqlx::Sqlite` (each with its cargo feature). Sealed.
+pub trait TxDatabase: sqlx::Database + sealed::Driver {}
+
+impl<DB: sqlx::Database + sealed::Driver> TxDatabase for DB {}
+
+mod sealed {
+    use super::{Instant, LockError, LockKey, TransactionLocks, async_trait};
+    use crate::config::SqlDialect;
+
+    /// The per-database grant (not nameable outside the crate).
+    #[async_trait]
+    pub trait Driver: sqlx::Database {
+        /// The dialect of this database.
+        const DIALECT: SqlDialect;
+
+        /// Runs one `CREATE ... IF NOT EXISTS`.
+        async fn run_create(conn: &mut Self::Connection, sql: &str) -> Result<(), sqlx::Error>;
+
+        /// A try (`deadline` `None`) or a wait until `deadline`: the token,
+        /// or `None` when still held.
+        async fn grant(
+            locks: &TransactionLocks,
+            conn: &mut Self::Connection,
+            key: &LockKey,
+            owner: &str,
+            deadline: Option<Instant>,
+        ) -> Result<Option<u64>, LockError>;
+    }
+}
+
+/// A statement's token: `None` when none or not positive.
+fn token_of(raw: Option<i64>) -> Option<u64> {
+    raw.and_then(|t| u64::try_from(t).ok()).filter(|t| *t > 0)
+}
+
+/// The operation of a grant with or without a deadline.
+fn operation_of(deadline: Option<Instant>) -> Operation {
+    match deadline {
+        None => Operation::TryAcquire,
+        Some(_) => Operation::Acquire,
+    }
+}
+
+/// A database error's code, if it is one.
+fn code_of(err: &sqlx::Error) -> Option<String> {
+    match err {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}

@@ -1,0 +1,147 @@
+//! MySQL/MariaDB's transaction locks: row mode's grant in the caller's
+//! transaction, refusing at once a row another transaction holds
+//! (`innodb_lock_wait_timeout` 0 for the statement on MariaDB, 1 s on
+//! MySQL), polled until a wait's deadline.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{HolderDetails, LockError, LockKey};
+use sqlx::{AssertSqlSafe, MySqlConnection};
+use tokio::time::Instant;
+
+use super::{TransactionLocks, TxSql, next_poll, operation_of, sealed};
+use crate::config::SqlDialect;
+
+/// The statements on `table` (validated): row mode's grant (binds: key
+/// bytes, owner, TTL µs, details; the token in `LAST_INSERT_ID`, 0 when
+/// held), given an expiry of now (TTL 0).
+pub(super) fn sql(table: &str) -> Result<TxSql, LockError> {
+    let statements = crate::keys::Statements::new(crate::dialect::of(SqlDialect::MySql)?, table);
+    Ok(TxSql {
+        create: statements.create.iter().map(|s| s.to_string()).collect(),
+        try_grant: statements.grant.to_string(),
+        wait_grant: String::new(),
+    })
+}
+
+/// What one try did.
+enum Tried {
+    Granted(u64),
+    /// Another transaction holds the row (or a live lease).
+    Held,
+}
+
+impl TransactionLocks {
+    /// Whether the server is MariaDB (asked once).
+    async fn is_mariadb(&self, conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
+        if let Some(known) = self.mariadb.get() {
+            return Ok(*known);
+        }
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&mut *conn)
+            .await?;
+        let mariadb = version.to_ascii_lowercase().contains("mariadb");
+        Ok(*self.mariadb.get_or_init(|| mariadb))
+    }
+
+    /// One try: row mode's grant, not waiting for another transaction's
+    /// row lock.
+    async fn mysql_try(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &LockKey,
+        owner: &str,
+        details: &str,
+    ) -> Result<Tried, sqlx::Error> {
+        let mariadb = self.is_mariadb(conn).await?;
+        let grant = &self.sql.try_grant;
+        let sql = if mariadb {
+            format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {grant}")
+        } else {
+            // MySQL: no per-statement form; its minimum is 1 s.
+            sqlx::query(
+                "SET @distlock_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
+                 SESSION innodb_lock_wait_timeout = 1",
+            )
+            .execute(&mut *conn)
+            .await?;
+            grant.clone()
+        };
+        let granted = sqlx::query(AssertSqlSafe(sql))
+            .bind(key.as_str().as_bytes())
+            .bind(owner)
+            .bind(0_i64)
+            .bind(details)
+            .execute(&mut *conn)
+            .await;
+        if !mariadb {
+            sqlx::query("SET SESSION innodb_lock_wait_timeout = @distlock_lock_wait")
+                .execute(&mut *conn)
+                .await?;
+        }
+        match granted {
+            Ok(done) => Ok(match done.last_insert_id() {
+                0 => Tried::Held,
+                token => Tried::Granted(token),
+            }),
+            // ER_LOCK_WAIT_TIMEOUT / ER_LOCK_NOWAIT: another transaction
+            // holds the row; only the statement was rolled back.
+            Err(err) if is_lock_wait(&err) => Ok(Tried::Held),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// Whether `err` is InnoDB's lock wait timeout (or NOWAIT refusal).
+fn is_lock_wait(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    let number = db
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(sqlx::mysql::MySqlDatabaseError::number);
+    matches!(number, Some(1205 | 3572))
+}
+
+#[async_trait]
+impl sealed::Driver for sqlx::MySql {
+    const DIALECT: SqlDialect = SqlDialect::MySql;
+
+    async fn run_create(conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn grant(
+        locks: &TransactionLocks,
+        conn: &mut MySqlConnection,
+        key: &LockKey,
+        owner: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<u64>, LockError> {
+        let operation = operation_of(deadline);
+        let op_timeout = locks.config.op_timeout;
+        let details = HolderDetails::encode_current();
+        let mut step = Duration::from_millis(10);
+        loop {
+            let tried = locks.mysql_try(conn, key, owner, &details);
+            match locks
+                .bounded(operation, Some(key), op_timeout, tried)
+                .await?
+            {
+                Tried::Granted(token) => return Ok(Some(token)),
+                Tried::Held => {}
+            }
+            let Some(deadline) = deadline else {
+                return Ok(None);
+            };
+            match next_poll(&mut step, deadline) {
+                Some(sleep) => tokio::time::sleep(sleep).await,
+                None => return Ok(None),
+            }
+        }
+    }
+}

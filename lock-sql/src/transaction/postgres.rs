@@ -1,0 +1,238 @@
+//! PostgreSQL's transaction locks: `pg_try_advisory_xact_lock` for a try,
+//! `pg_advisory_xact_lock` under `lock_timeout` inside a savepoint for a
+//! wait; session mode's sequence or row mode's lease row for the token,
+//! in the same statement.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{HolderDetails, LockError, LockKey};
+use sqlx::{AssertSqlSafe, PgConnection, Row};
+use tokio::time::Instant;
+
+use super::{
+    TransactionLockKind, TransactionLocks, TxSql, code_of, next_poll, operation_of, sealed,
+    token_of,
+};
+use crate::config::SqlDialect;
+use crate::dialect::{first_token, lease_upsert, quote_with};
+
+/// The savepoint a wait runs in.
+const SAVEPOINT: &str = "distlock_lock_wait";
+
+/// The statements of `kind` on `table` (validated).
+pub(super) fn sql(kind: TransactionLockKind, table: &str) -> Result<TxSql, LockError> {
+    Ok(match kind {
+        TransactionLockKind::Advisory => {
+            // Session mode's own sequence (its name and CREATE).
+            let session = crate::dialect::session::SessionSql::new(
+                crate::dialect::session_of(SqlDialect::Postgres)?,
+                table,
+            );
+            let seq = &session.counter;
+            // CASE evaluates its branches in order and only as needed:
+            // nextval runs only once the lock is held.
+            TxSql {
+                try_grant: format!(
+                    "SELECT CASE WHEN pg_try_advisory_xact_lock($1) THEN nextval('{seq}') END"
+                ),
+                wait_grant: format!(
+                    "SELECT CASE WHEN set_config('lock_timeout', $2, true) IS NULL THEN NULL \
+                     WHEN pg_advisory_xact_lock($1)::text IS NULL THEN NULL \
+                     ELSE nextval('{seq}') END"
+                ),
+                create: vec![session.create.clone()],
+            }
+        }
+        TransactionLockKind::Row => {
+            let statements =
+                crate::keys::Statements::new(crate::dialect::of(SqlDialect::Postgres)?, table);
+            let t = quote_with('"', table);
+            let first = first_token(&statements.quoted_floor);
+            // Row mode's upsert (a free row only, its token bumped), from
+            // a gate that took the key's advisory lock, with "now" read
+            // from the clock (not the transaction's start) and an expiry
+            // of now: the row is free once the transaction commits.
+            let upsert = lease_upsert(
+                &t,
+                &format!("SELECT $1, $2, {first}, clock_timestamp(), $3 FROM g WHERE g.ok"),
+                "clock_timestamp()",
+                "token",
+            );
+            let grant = |gate: &str| format!("WITH g AS (SELECT {gate} AS ok OFFSET 0) {upsert}");
+            TxSql {
+                // A key under a live lease is refused before the advisory
+                // lock is taken (a refused try holds nothing).
+                try_grant: grant(&format!(
+                    "CASE WHEN EXISTS (SELECT 1 FROM {t} WHERE name = $1 \
+                     AND expires_at > clock_timestamp()) THEN false \
+                     ELSE pg_try_advisory_xact_lock($4) END"
+                )),
+                wait_grant: grant(
+                    "CASE WHEN set_config('lock_timeout', $5, true) IS NULL THEN false \
+                     ELSE pg_advisory_xact_lock($4)::text IS NOT NULL END",
+                ),
+                create: statements.create.iter().map(|s| s.to_string()).collect(),
+            }
+        }
+    })
+}
+
+/// What one waiting statement did.
+enum Waited {
+    Granted(u64),
+    /// The advisory lock was had, but a live lease holds the row.
+    Leased,
+    /// `lock_timeout` ran out (the savepoint was rolled back).
+    TimedOut,
+}
+
+impl TransactionLocks {
+    /// The grant statement `sql` with its binds (`wait_ms` for the wait).
+    fn pg_grant<'q>(
+        &'q self,
+        sql: &'q str,
+        key: &'q LockKey,
+        owner: &'q str,
+        details: &'q str,
+        wait_ms: Option<String>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        let lock_key = crate::keys::pg_lock_key(&self.config.table, key.as_str());
+        let query = sqlx::query(AssertSqlSafe(sql)).persistent(false);
+        let query = match self.kind {
+            TransactionLockKind::Advisory => query.bind(lock_key),
+            TransactionLockKind::Row => query
+                .bind(key.as_str())
+                .bind(owner)
+                .bind(details)
+                .bind(lock_key),
+        };
+        match wait_ms {
+            Some(ms) => query.bind(ms),
+            None => query,
+        }
+    }
+
+    /// One waiting statement of at most `wait`, in a savepoint.
+    async fn pg_wait(
+        &self,
+        conn: &mut PgConnection,
+        key: &LockKey,
+        owner: &str,
+        details: &str,
+        wait: Duration,
+    ) -> Result<Waited, sqlx::Error> {
+        let rows = sqlx::raw_sql(AssertSqlSafe(format!(
+            "SAVEPOINT {SAVEPOINT}; SELECT current_setting('lock_timeout')"
+        )))
+        .fetch_all(&mut *conn)
+        .await?;
+        let before: String = match rows.last() {
+            Some(row) => row.try_get(0)?,
+            None => "0".to_owned(),
+        };
+        // lock_timeout = 0 would mean "wait forever".
+        let ms = wait.as_millis().max(1).to_string();
+        let granted = self
+            .pg_grant(&self.sql.wait_grant, key, owner, details, Some(ms))
+            .fetch_optional(&mut *conn)
+            .await;
+        match granted {
+            Ok(row) => {
+                let token = match row {
+                    Some(row) => token_of(row.try_get::<Option<i64>, _>(0)?),
+                    None => None,
+                };
+                // The lock (acquired in the savepoint) stays the
+                // transaction's; lock_timeout goes back to what it was.
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "SELECT set_config('lock_timeout', '{}', true); RELEASE SAVEPOINT {SAVEPOINT}",
+                    before.replace('\'', "''")
+                )))
+                .execute(&mut *conn)
+                .await?;
+                Ok(token.map_or(Waited::Leased, Waited::Granted))
+            }
+            Err(err @ sqlx::Error::Database(_)) => {
+                // The statement failed, the transaction with it: back to
+                // the savepoint (which also restores lock_timeout).
+                sqlx::raw_sql(AssertSqlSafe(format!(
+                    "ROLLBACK TO SAVEPOINT {SAVEPOINT}; RELEASE SAVEPOINT {SAVEPOINT}"
+                )))
+                .execute(&mut *conn)
+                .await?;
+                // lock_not_available: lock_timeout ran out.
+                if code_of(&err).as_deref() == Some("55P03") {
+                    Ok(Waited::TimedOut)
+                } else {
+                    Err(err)
+                }
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
+
+#[async_trait]
+impl sealed::Driver for sqlx::Postgres {
+    const DIALECT: SqlDialect = SqlDialect::Postgres;
+
+    async fn run_create(conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn grant(
+        locks: &TransactionLocks,
+        conn: &mut PgConnection,
+        key: &LockKey,
+        owner: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<u64>, LockError> {
+        let operation = operation_of(deadline);
+        let op_timeout = locks.config.op_timeout;
+        let details = HolderDetails::encode_current();
+        let tried = locks
+            .pg_grant(&locks.sql.try_grant, key, owner, &details, None)
+            .fetch_optional(&mut *conn);
+        let row = locks
+            .bounded(operation, Some(key), op_timeout, tried)
+            .await?;
+        let token = match row {
+            Some(row) => token_of(
+                row.try_get::<Option<i64>, _>(0)
+                    .map_err(|e| locks.failed(operation, Some(key), e))?,
+            ),
+            None => None,
+        };
+        if token.is_some() {
+            return Ok(token);
+        }
+        let Some(deadline) = deadline else {
+            return Ok(None);
+        };
+        let mut step = Duration::from_millis(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let waited = locks.pg_wait(conn, key, owner, &details, left);
+            match locks
+                .bounded(operation, Some(key), left + op_timeout, waited)
+                .await?
+            {
+                Waited::Granted(token) => return Ok(Some(token)),
+                Waited::TimedOut => return Ok(None),
+                // Row mode: a live lease; poll (the advisory lock is kept,
+                // so the next transaction lock waits behind this one).
+                Waited::Leased => match next_poll(&mut step, deadline) {
+                    Some(sleep) => tokio::time::sleep(sleep).await,
+                    None => return Ok(None),
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! SQLite's transaction locks: row mode's grant in the caller's
+//! transaction, which takes (and keeps) the database file's write lock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{HolderDetails, LockError, LockKey};
+use sqlx::{AssertSqlSafe, Row, SqliteConnection};
+use tokio::time::Instant;
+
+use super::{TransactionLocks, TxSql, code_of, next_poll, operation_of, sealed, token_of};
+use crate::config::SqlDialect;
+use crate::dialect::unix_micros;
+
+/// The statements on `table` (validated): row mode's grant (binds: key,
+/// owner, now µs, TTL µs, details; `RETURNING token`), given an expiry of
+/// now (TTL 0).
+pub(super) fn sql(table: &str) -> Result<TxSql, LockError> {
+    let statements = crate::keys::Statements::new(crate::dialect::of(SqlDialect::Sqlite)?, table);
+    Ok(TxSql {
+        create: statements.create.iter().map(|s| s.to_string()).collect(),
+        try_grant: statements.grant.to_string(),
+        wait_grant: String::new(),
+    })
+}
+
+/// What one try did.
+enum Tried {
+    Granted(u64),
+    /// A live lease holds the key's row.
+    Leased,
+    /// Another connection holds the file's write lock (past the busy
+    /// timeout).
+    Busy,
+}
+
+/// SQLITE_BUSY and its extended codes but `SQLITE_BUSY_SNAPSHOT` (517),
+/// and SQLITE_LOCKED.
+fn is_busy(err: &sqlx::Error) -> bool {
+    matches!(code_of(err).as_deref(), Some("5" | "6" | "261" | "262"))
+}
+
+impl TransactionLocks {
+    async fn sqlite_try(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &LockKey,
+        owner: &str,
+        details: &str,
+    ) -> Result<Tried, sqlx::Error> {
+        let granted = sqlx::query(AssertSqlSafe(self.sql.try_grant.as_str()))
+            .bind(key.as_str())
+            .bind(owner)
+            .bind(unix_micros())
+            .bind(0_i64)
+            .bind(details)
+            .fetch_optional(&mut *conn)
+            .await;
+        match granted {
+            Ok(Some(row)) => {
+                Ok(token_of(row.try_get::<Option<i64>, _>(0)?)
+                    .map_or(Tried::Leased, Tried::Granted))
+            }
+            Ok(None) => Ok(Tried::Leased),
+            Err(err) if is_busy(&err) => Ok(Tried::Busy),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+#[async_trait]
+impl sealed::Driver for sqlx::Sqlite {
+    const DIALECT: SqlDialect = SqlDialect::Sqlite;
+
+    async fn run_create(conn: &mut SqliteConnection, sql: &str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn grant(
+        locks: &TransactionLocks,
+        conn: &mut SqliteConnection,
+        key: &LockKey,
+        owner: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<u64>, LockError> {
+        let operation = operation_of(deadline);
+        // The busy timeout is the connection's: the budget must cover it.
+        let budget = locks.config.op_timeout + locks.config.busy_timeout;
+        let details = HolderDetails::encode_current();
+        let mut step = Duration::from_millis(10);
+        loop {
+            let tried = locks.sqlite_try(conn, key, owner, &details);
+            match locks.bounded(operation, Some(key), budget, tried).await? {
+                Tried::Granted(token) => return Ok(Some(token)),
+                // This transaction now holds the file's write lock: the
+                // lease's holder cannot release it before this
+                // transaction ends, so waiting here is pointless.
+                Tried::Leased if deadline.is_some() => {
+                    return Err(locks.contended(
+                        key,
+                        "a live row-mode lease holds the key; its holder cannot release it while \
+                         this transaction holds SQLite's write lock: retry in a new transaction",
+                    ));
+                }
+                Tried::Leased => return Ok(None),
+                Tried::Busy => {}
+            }
+            let Some(deadline) = deadline else {
+                return Ok(None);
+            };
+            match next_poll(&mut step, deadline) {
+                Some(sleep) => tokio::time::sleep(sleep).await,
+                None => return Ok(None),
+            }
+        }
+    }
+}
