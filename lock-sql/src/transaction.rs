@@ -51,7 +51,9 @@
 //! their next try, or their grant in flight goes through). Keep these
 //! transactions well within the operation timeout. A row-mode lease that
 //! is live refuses a transaction lock, which waits for it by polling
-//! (PostgreSQL, MySQL/MariaDB) until its deadline.
+//! (PostgreSQL, MySQL/MariaDB) until its deadline. Transaction locks do
+//! not join fair mode's queue (`fair=true`): they take a free key
+//! whoever waits for it.
 //!
 //! # Per database
 //!

@@ -2,7 +2,8 @@
 //! MariaDB started by the harness and a SQLite file: granted inside a
 //! transaction, held by it against other transactions until its commit or
 //! rollback, tokens that increase, tries that refuse, waits that end in
-//! `Contended` (PostgreSQL: leaving the caller's transaction usable), and
+//! `Contended` (PostgreSQL: leaving the caller's transaction usable), a
+//! deadlock broken by the server (PostgreSQL: `WouldDeadlock`), and
 //! exclusion with the backend of the same URL (PostgreSQL session mode's
 //! advisory locks, row mode's leases) both ways.
 //!
@@ -282,6 +283,49 @@ async fn waiting_checks<DB: TxDatabase>(
     assert!(caught.is_err(), "{name}: the broken variant went unseen");
 }
 
+/// Two transactions each holding one key and waiting for the other's: the
+/// server breaks the deadlock by failing one wait, answered
+/// `WouldDeadlock`, whose transaction stays usable (the wait's savepoint
+/// was rolled back); the other is granted once the first ends.
+async fn deadlock_is_broken(locks: &Arc<TransactionLocks>, pool: &sqlx::PgPool, name: &str) {
+    let (a, b) = (
+        key(&format!("tx/{name}/deadlock-a")),
+        key(&format!("tx/{name}/deadlock-b")),
+    );
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let run = |first: LockKey, second: LockKey| {
+        let (pool, locks, barrier) = (pool.clone(), Arc::clone(locks), Arc::clone(&barrier));
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            assert!(locks.try_lock_in(&mut tx, &first).await.unwrap().is_some());
+            barrier.wait().await;
+            let waited = locks
+                .lock_in(&mut tx, &second, Duration::from_secs(30))
+                .await
+                .map(|g| g.token());
+            if waited.is_ok() {
+                tx.commit().await.unwrap();
+            } else {
+                let one: i32 = sqlx::query_scalar("SELECT 1")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+                assert_eq!(one, 1, "the deadlock's victim cannot use its transaction");
+                tx.rollback().await.unwrap();
+            }
+            waited.map_err(|e| e.kind())
+        })
+    };
+    let first = run(a.clone(), b.clone());
+    let second = run(b, a);
+    let mut outcomes = [first.await.unwrap(), second.await.unwrap()];
+    outcomes.sort_by_key(Result::is_ok);
+    assert!(
+        matches!(outcomes, [Err(ErrorKind::WouldDeadlock), Ok(_)]),
+        "{name}: {outcomes:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres() {
     let Some(server) = PostgresServer::start().await.or_skip() else {
@@ -365,6 +409,8 @@ async fn postgres() {
         sqlx::query("SELECT 1").execute(guard.conn()).await.unwrap();
         drop(guard);
         tx.commit().await.unwrap();
+
+        deadlock_is_broken(&locks, &pool, &name).await;
     }
 
     // Session mode's advisory keys: a transaction lock and a session-mode
