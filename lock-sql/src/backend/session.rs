@@ -22,12 +22,14 @@
 //! `pool_size` sessions hold locks, polls with tries. Server session
 //! locks are re-entrant, so a backend never sends a second grant of a key
 //! it holds: that grant waits locally for the release (`grants::session`).
-//! [`Capabilities::max_held`](lock_core::Capabilities::max_held) is `None`:
+//! [`Capabilities::max_held`](lock_core::Capabilities::max_held) says the
+//! server's limit: PostgreSQL keeps advisory locks in its shared lock
+//! table, sized `max_locks_per_transaction × (max_connections +
+//! max_prepared_transactions)` for the whole server (6,400 with the
+//! defaults; read at connect), shared with every other session, and a
+//! grant past it fails with the server's "out of shared memory" error;
 //! MySQL/MariaDB have no per-session limit on `GET_LOCK` locks (10.0.2+,
-//! 5.7+); PostgreSQL keeps advisory locks in its shared lock table, sized
-//! `max_locks_per_transaction × (max_connections + max_prepared_transactions)`
-//! for the whole server (6,400 with the defaults), and a grant past it
-//! fails with the server's "out of shared memory" error.
+//! 5.7+): `None`.
 //!
 //! # Lease = session
 //!
@@ -204,7 +206,8 @@ impl SqlSessionBackend {
     /// connection id) that holds `lease`, while this backend holds it:
     /// for operators (`pg_terminate_backend`, `KILL`) and fault tests.
     pub fn session_id(&self, lease: &Lease) -> Option<i64> {
-        let held = self.inner.held.find(lease)?;
+        let id = self.inner.sessions.server_key(lease.key()).id();
+        let held = self.inner.held.find(id, lease)?;
         (!held.conn.is_dead()).then_some(held.conn.id)
     }
 
@@ -271,8 +274,9 @@ impl LockBackend for SqlSessionBackend {
             shared_locks: false,
             semaphores: false,
             // Many locks per session (see the module docs): the server's
-            // lock table is the limit (PostgreSQL), or memory (MySQL).
-            max_held: None,
+            // shared lock table is the limit (PostgreSQL, an upper bound
+            // shared with every other session), or memory (MySQL).
+            max_held: self.inner.sessions.server_lock_limit(),
         }
     }
 

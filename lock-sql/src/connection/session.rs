@@ -178,7 +178,17 @@ pub(crate) struct Sessions {
     pub(crate) name: &'static str,
     pool: Arc<Mutex<Pool>>,
     pub(crate) pool_size: usize,
+    /// PostgreSQL: the size of the server's shared lock table, read at
+    /// connect (see [`Sessions::server_lock_limit`]).
+    lock_table: std::sync::OnceLock<u32>,
 }
+
+/// PostgreSQL's shared lock table, which holds every session's advisory
+/// locks: `max_locks_per_transaction × (max_connections +
+/// max_prepared_transactions)` slots for the whole server.
+const PG_LOCK_TABLE: &str = "SELECT CAST(current_setting('max_locks_per_transaction')::bigint \
+     * (current_setting('max_connections')::bigint \
+        + current_setting('max_prepared_transactions')::bigint) AS BIGINT)";
 
 /// A session in use by one call: its mutex held, counted as a user of its
 /// slot until dropped.
@@ -309,8 +319,12 @@ impl Sessions {
             name,
             pool: Arc::new(Mutex::new(Pool::default())),
             pool_size,
+            lock_table: std::sync::OnceLock::new(),
         });
         let budget = sessions.config.op_timeout.saturating_mul(2);
+        crate::connection::refuse_transaction_pooling(&sessions.opts.options, budget)
+            .await
+            .map_err(|e| e.with_backend(name))?;
         let prepared = timeout(budget, sessions.prepare())
             .await
             .unwrap_or_else(|_| {
@@ -350,7 +364,27 @@ impl Sessions {
         if let Some(problem) = verdict {
             return Err(LockError::config(problem));
         }
+        if config.dialect == SqlDialect::Postgres
+            && let Some(session) = used.session()
+        {
+            let rows = fetch(&mut session.conn, &Arc::from(PG_LOCK_TABLE), &[], "i")
+                .await
+                .map_err(|e| map_sqlx(config, Operation::Connect, e))?;
+            if let Some(slots) = rows.first().map(|row| row[0].int()) {
+                let _ = self
+                    .lock_table
+                    .set(u32::try_from(slots.max(0)).unwrap_or(u32::MAX));
+            }
+        }
         Ok(())
+    }
+
+    /// The most locks the server can hold for all its sessions together
+    /// (PostgreSQL's shared lock table, read at connect; a grant past it
+    /// fails with "out of shared memory"); `None` where no such limit
+    /// exists (MySQL/MariaDB `GET_LOCK`: memory alone).
+    pub(crate) fn server_lock_limit(&self) -> Option<u32> {
+        self.lock_table.get().copied()
     }
 
     pub(crate) fn min_ttl(&self) -> Duration {

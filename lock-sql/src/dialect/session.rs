@@ -103,6 +103,17 @@ pub(crate) struct ServerKey {
 }
 
 impl ServerKey {
+    /// A 128-bit name of this server lock, for a backend's table of held
+    /// locks: the advisory key itself, or the hash of the `GET_LOCK` name
+    /// (two names with one hash would only wait for each other locally).
+    pub(crate) fn id(&self) -> u128 {
+        if self.mysql.is_empty() {
+            u128::from(u64::from_ne_bytes(self.pg.to_ne_bytes()))
+        } else {
+            crate::keys::session::fnv1a_128("", &self.mysql)
+        }
+    }
+
     /// `key`'s name on `dialect` only; the other database's fields stay
     /// empty (`0`, `""`): each [`SessionDialect`] reads only its own. The
     /// `GET_LOCK` name a PostgreSQL grant does not need cost a `format!`

@@ -31,7 +31,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::{
     ErrorKind, FencingToken, GrantRequest, HolderDetails, Lease, LockError, LockInfo, LockKey,
-    Operation, OwnerId, RandomKeys, check_ttl,
+    Operation, OwnerId, check_ttl,
 };
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout, timeout_at};
@@ -42,33 +42,51 @@ use crate::dialect::SessionHolder;
 use crate::dialect::session::{Granted, ServerKey, SessionGrant, SessionLock};
 use crate::grants::MutexOnly;
 
-/// A held lock and the session that holds it (whose channel its guard
-/// watches).
+/// A held lock: its grant and the session that holds it (whose channel
+/// its guard watches). The key is the lease's; its server lock is
+/// computed again from it when needed, so a held lock costs its entry in
+/// [`HeldLocks`] and little more.
+#[derive(Clone)]
 pub(crate) struct Held {
-    pub(crate) key: LockKey,
     pub(crate) owner: OwnerId,
     pub(crate) token: FencingToken,
-    pub(crate) server_key: ServerKey,
     pub(crate) conn: Arc<Conn>,
 }
 
-/// A server lock this backend holds or is taking, and the local waiters
-/// for it.
+impl Held {
+    fn is(&self, owner: OwnerId, token: FencingToken) -> bool {
+        self.owner == owner && self.token == token
+    }
+}
+
+/// A server lock this backend holds or is taking, and whether local
+/// grants wait for it.
 struct KeyEntry {
-    freed: Arc<Notify>,
-    held: Option<Arc<Held>>,
+    /// Created by the first local waiter; told at the release.
+    freed: Option<Arc<Notify>>,
+    /// `None` while the grant is being taken.
+    held: Option<Held>,
+}
+
+impl KeyEntry {
+    fn freed(self) {
+        if let Some(freed) = self.freed {
+            freed.notify_waiters();
+        }
+    }
 }
 
 #[derive(Default)]
 struct Tables {
-    /// Held locks by owner id (random, this backend's own: hashed by
-    /// folding).
-    by_owner: HashMap<OwnerId, Arc<Held>, RandomKeys>,
-    /// The server locks held or being taken (see the module docs).
-    keys: HashMap<ServerKey, KeyEntry>,
+    /// The server locks held or being taken, by [`ServerKey::id`] (see the
+    /// module docs).
+    keys: HashMap<u128, KeyEntry>,
+    /// Grants of a server lock held already, when the local exclusion is
+    /// off (the broken variant of the re-entrancy test only).
+    doubles: Vec<(u128, Held)>,
 }
 
-/// Held locks by owner, and the server locks held or being taken.
+/// The server locks this backend holds or is taking, with their grants.
 pub(crate) struct HeldLocks {
     tables: Mutex<Tables>,
     /// Whether a second grant of a held server lock waits here (always, but
@@ -89,15 +107,16 @@ impl Default for HeldLocks {
 /// dropped unused, it frees the key for the next local grant.
 struct Reservation {
     locks: Arc<HeldLocks>,
-    key: Option<ServerKey>,
+    /// `None` once used (or when the local exclusion is off).
+    id: Option<u128>,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            let mut tables = self.locks.lock();
-            if let Some(entry) = tables.keys.remove(&key) {
-                entry.freed.notify_waiters();
+        if let Some(id) = self.id.take() {
+            let removed = self.locks.lock().keys.remove(&id);
+            if let Some(entry) = removed {
+                entry.freed();
             }
         }
     }
@@ -114,97 +133,118 @@ impl HeldLocks {
         self.exclusion.store(on, Ordering::Release);
     }
 
-    /// Reserves `key`, or says what to wait on while this backend holds it
-    /// or is taking it. A key held on a session that has closed is freed.
-    fn reserve(self: &Arc<Self>, key: &ServerKey) -> Result<Reservation, Arc<Notify>> {
-        if !self.exclusion.load(Ordering::Acquire) {
-            return Ok(Reservation {
-                locks: Arc::clone(self),
-                key: None,
-            });
-        }
+    /// Reserves server lock `id`, or says what to wait on while this
+    /// backend holds it or is taking it. A lock held on a session that has
+    /// closed is freed.
+    fn reserve(self: &Arc<Self>, id: u128) -> Result<Reservation, Arc<Notify>> {
+        let exclusion = self.exclusion.load(Ordering::Acquire);
         let mut tables = self.lock();
-        if let Some(entry) = tables.keys.get(key) {
-            match &entry.held {
-                Some(held) if held.conn.is_dead() => {
-                    let owner = held.owner;
-                    tables.by_owner.remove(&owner);
-                    if let Some(entry) = tables.keys.remove(key) {
-                        entry.freed.notify_waiters();
-                    }
-                }
-                _ => return Err(Arc::clone(&entry.freed)),
+        if let Some(entry) = tables.keys.get_mut(&id) {
+            let dead = entry.held.as_ref().is_some_and(|h| h.conn.is_dead());
+            if !dead && exclusion {
+                return Err(Arc::clone(
+                    entry.freed.get_or_insert_with(|| Arc::new(Notify::new())),
+                ));
+            }
+            if dead && let Some(entry) = tables.keys.remove(&id) {
+                entry.freed();
             }
         }
+        if tables.keys.contains_key(&id) {
+            // Exclusion off and held: a double grant, recorded apart.
+            return Ok(Reservation {
+                locks: Arc::clone(self),
+                id: None,
+            });
+        }
         tables.keys.insert(
-            key.clone(),
+            id,
             KeyEntry {
-                freed: Arc::new(Notify::new()),
+                freed: None,
                 held: None,
             },
         );
         Ok(Reservation {
             locks: Arc::clone(self),
-            key: Some(key.clone()),
+            id: Some(id),
         })
     }
 
-    /// Records a grant made under `reservation`.
-    fn insert(&self, held: Arc<Held>, mut reservation: Reservation) {
+    /// Records a grant of server lock `id` made under `reservation`.
+    fn insert(&self, id: u128, held: Held, mut reservation: Reservation) {
         let mut tables = self.lock();
-        if let Some(key) = reservation.key.take()
-            && let Some(entry) = tables.keys.get_mut(&key)
-        {
-            entry.held = Some(Arc::clone(&held));
+        match reservation.id.take() {
+            Some(reserved) => {
+                if let Some(entry) = tables.keys.get_mut(&reserved) {
+                    entry.held = Some(held);
+                }
+            }
+            None => tables.doubles.push((id, held)),
         }
-        tables.by_owner.insert(held.owner, held);
     }
 
     /// How many locks are held (on sessions still open).
     pub(crate) fn len(&self) -> usize {
-        self.lock()
-            .by_owner
+        let tables = self.lock();
+        let alive = |h: &Held| !h.conn.is_dead();
+        tables
+            .keys
             .values()
-            .filter(|h| !h.conn.is_dead())
+            .filter_map(|e| e.held.as_ref())
+            .filter(|h| alive(h))
             .count()
+            + tables.doubles.iter().filter(|(_, h)| alive(h)).count()
     }
 
-    pub(crate) fn find(&self, lease: &Lease) -> Option<Arc<Held>> {
+    /// The grant of `lease`, whose server lock is `id`.
+    pub(crate) fn find(&self, id: u128, lease: &Lease) -> Option<Held> {
+        let (owner, token) = (lease.owner(), lease.token());
         let tables = self.lock();
         tables
-            .by_owner
-            .get(&lease.owner())
-            .filter(|h| h.key == *lease.key() && h.token == lease.token())
+            .keys
+            .get(&id)
+            .and_then(|e| e.held.as_ref())
+            .filter(|h| h.is(owner, token))
+            .or_else(|| {
+                tables
+                    .doubles
+                    .iter()
+                    .find(|(i, h)| *i == id && h.is(owner, token))
+                    .map(|(_, h)| h)
+            })
             .cloned()
     }
 
-    /// Forgets `held` (released, or lost) and frees its key for the next
-    /// local grant.
-    pub(crate) fn forget(&self, held: &Arc<Held>) {
+    /// Forgets `held`, the grant of server lock `id` (released, or lost),
+    /// and frees its key for the next local grant.
+    pub(crate) fn forget(&self, id: u128, held: &Held) {
         let mut tables = self.lock();
-        if tables
-            .by_owner
-            .get(&held.owner)
-            .is_some_and(|h| Arc::ptr_eq(h, held))
-        {
-            tables.by_owner.remove(&held.owner);
-        }
         let ours = tables
             .keys
-            .get(&held.server_key)
+            .get(&id)
             .and_then(|e| e.held.as_ref())
-            .is_some_and(|h| Arc::ptr_eq(h, held));
-        if ours && let Some(entry) = tables.keys.remove(&held.server_key) {
-            entry.freed.notify_waiters();
+            .is_some_and(|h| h.is(held.owner, held.token));
+        if ours {
+            if let Some(entry) = tables.keys.remove(&id) {
+                entry.freed();
+            }
+        } else {
+            tables
+                .doubles
+                .retain(|(i, h)| !(*i == id && h.is(held.owner, held.token)));
         }
     }
 
-    /// Whether a grant of ours holds `key` on `conn`.
-    pub(crate) fn held_on(&self, conn: &Arc<Conn>, key: &ServerKey) -> bool {
-        self.lock()
-            .by_owner
-            .values()
-            .any(|h| Arc::ptr_eq(&h.conn, conn) && h.server_key == *key)
+    /// Whether a grant of ours holds server lock `id` on `conn`.
+    pub(crate) fn held_on(&self, conn: &Arc<Conn>, id: u128) -> bool {
+        let tables = self.lock();
+        let here = |h: &Held| Arc::ptr_eq(&h.conn, conn);
+        tables
+            .keys
+            .get(&id)
+            .and_then(|e| e.held.as_ref())
+            .is_some_and(here)
+            || tables.doubles.iter().any(|(i, h)| *i == id && here(h))
     }
 }
 
@@ -367,13 +407,15 @@ impl SessionGrants {
     /// holds there.
     async fn clean(&self, used: &mut ConnUse) {
         let conn = Arc::clone(&used.conn);
-        used.clean_orphans(&self.inner, |key| self.held.held_on(&conn, key))
+        used.clean_orphans(&self.inner, |key| self.held.held_on(&conn, key.id()))
             .await;
     }
 
     /// The release on the lock's own session.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
-        let Some(held) = self.held.find(lease) else {
+        let server_key = self.inner.server_key(lease.key());
+        let id = server_key.id();
+        let Some(held) = self.held.find(id, lease) else {
             return Ok(false);
         };
         let op_timeout = self.inner.config.op_timeout;
@@ -385,7 +427,7 @@ impl SessionGrants {
             Ok(Some(used)) => used,
             Ok(None) => {
                 // The session closed: the server freed the lock with it.
-                self.held.forget(&held);
+                self.held.forget(id, &held);
                 return Ok(false);
             }
             Err(e) => return Err(e.with_key(lease.key()).with_backend(self.inner.name)),
@@ -395,14 +437,14 @@ impl SessionGrants {
         let sql = self.inner.release_sql(left);
         let mut abandon = Abandon {
             conn: Arc::clone(&used.conn),
-            key: Some(held.server_key.clone()),
+            key: Some(server_key.clone()),
         };
         let Some(session) = used.session() else {
             abandon.disarm();
-            self.held.forget(&held);
+            self.held.forget(id, &held);
             return Ok(false);
         };
-        let released = timeout(op_timeout, session.release(sql, &held.server_key)).await;
+        let released = timeout(op_timeout, session.release(sql, &server_key)).await;
         if released.is_ok() {
             abandon.disarm();
         }
@@ -415,7 +457,7 @@ impl SessionGrants {
         {
             session.armed_ttl = None;
         }
-        self.held.forget(&held);
+        self.held.forget(id, &held);
         drop(abandon);
         match released {
             Ok(Ok(released)) => Ok(released),
@@ -592,7 +634,7 @@ impl SessionGrants {
     /// then reserves it; `None` at `until` (or at once, for a try).
     async fn reserve(&self, server_key: &ServerKey, until: Option<Instant>) -> Option<Reservation> {
         loop {
-            let freed = match self.held.reserve(server_key) {
+            let freed = match self.held.reserve(server_key.id()) {
                 Ok(reservation) => return Some(reservation),
                 Err(freed) => freed,
             };
@@ -600,7 +642,7 @@ impl SessionGrants {
             let notified = freed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Ok(reservation) = self.held.reserve(server_key) {
+            if let Ok(reservation) = self.held.reserve(server_key.id()) {
                 return Some(reservation);
             }
             if Instant::now() >= until {
@@ -710,14 +752,12 @@ impl SessionGrants {
             }
         };
         let rx = used.conn.state.subscribe();
-        let held = Arc::new(Held {
-            key: key.clone(),
+        let held = Held {
             owner,
             token,
-            server_key: server_key.clone(),
             conn: Arc::clone(&used.conn),
-        });
-        self.held.insert(held, reservation);
+        };
+        self.held.insert(server_key.id(), held, reservation);
         Ok(Some(lease.with_session(rx)))
     }
 }

@@ -20,8 +20,9 @@ pub(crate) struct SessionRenewal {
     held: Arc<HeldLocks>,
 }
 
-/// The leases of one session: each one's index in the batch and its grant.
-type Group = Vec<(usize, Arc<Held>)>;
+/// The leases of one session: each one's index in the batch, its server
+/// lock's id and its grant.
+type Group = Vec<(usize, u128, Held)>;
 
 /// What a session's keep-alive found, for each lease on it.
 enum Kept {
@@ -45,14 +46,15 @@ impl SessionRenewal {
         let mut results: Vec<Option<Result<Instant, LockError>>> =
             std::iter::repeat_with(|| None).take(leases.len()).collect();
         // Sessions in first-seen order, with the leases on each.
-        let mut groups: Vec<(Arc<Held>, Group)> = Vec::new();
+        let mut groups: Vec<(Held, Group)> = Vec::new();
         for (index, lease) in leases.iter().enumerate() {
             let key = lease.key();
             if let Err(err) = check_ttl(lease.ttl(), self.inner.min_ttl(), Operation::Renew) {
                 results[index] = Some(Err(err.with_key(key).with_backend(name)));
                 continue;
             }
-            let Some(held) = self.held.find(lease) else {
+            let id = self.inner.server_key(key).id();
+            let Some(held) = self.held.find(id, lease) else {
                 results[index] = Some(Err(self.not_held(
                     lease,
                     "not held by this backend (released, lost, another owner, or granted elsewhere)",
@@ -63,8 +65,8 @@ impl SessionRenewal {
                 .iter_mut()
                 .find(|(first, _)| Arc::ptr_eq(&first.conn, &held.conn))
             {
-                Some((_, group)) => group.push((index, held)),
-                None => groups.push((Arc::clone(&held), vec![(index, held)])),
+                Some((_, group)) => group.push((index, id, held)),
+                None => groups.push((held.clone(), vec![(index, id, held)])),
             }
         }
         // One representative lease per session, kept alive concurrently.
@@ -74,10 +76,10 @@ impl SessionRenewal {
             let first = groups
                 .iter()
                 .find(|(_, g)| std::ptr::eq(leases[g[0].0], lease))
-                .map(|(first, _)| Arc::clone(first));
+                .map(|(first, _)| first.clone());
             async move {
                 match first {
-                    Some(first) => self.keep_alive(&first).await,
+                    Some(first) => self.keep_alive(lease, &first).await,
                     None => Err(self.not_held(lease, "not held")),
                 }
             }
@@ -91,12 +93,12 @@ impl SessionRenewal {
             });
         }
         for ((_, group), kept) in groups.into_iter().zip(kept) {
-            for (index, held) in group {
+            for (index, id, held) in group {
                 let lease = leases[index];
                 results[index] = Some(match &kept {
                     Kept::Sent(sent_at) => Ok(validity_deadline(*sent_at, lease.ttl())),
                     Kept::Lost(reason) => {
-                        self.held.forget(&held);
+                        self.held.forget(id, &held);
                         Err(
                             LockError::new(ErrorKind::LeaseLost, Operation::Renew, reason.clone())
                                 .with_key(lease.key())
@@ -120,9 +122,11 @@ impl SessionRenewal {
             .with_backend(self.inner.name)
     }
 
-    /// The keep-alive of `first`'s session: its send time, or why not.
-    async fn keep_alive(&self, first: &Held) -> Result<Instant, LockError> {
-        let key = &first.key;
+    /// The keep-alive of the session of `first`, the grant of `lease`: its
+    /// send time, or why not.
+    async fn keep_alive(&self, lease: &Lease, first: &Held) -> Result<Instant, LockError> {
+        let key = lease.key();
+        let server_key = self.inner.server_key(key);
         let name = self.inner.name;
         let lost = |why: String| {
             LockError::new(ErrorKind::LeaseLost, Operation::Renew, why)
@@ -139,7 +143,7 @@ impl SessionRenewal {
             return Err(lost("the lock's session has ended".to_owned()));
         };
         let conn = Arc::clone(&used.conn);
-        used.clean_orphans(&self.inner, |k| self.held.held_on(&conn, k))
+        used.clean_orphans(&self.inner, |k| self.held.held_on(&conn, k.id()))
             .await;
         let Some(session) = used.session() else {
             return Err(lost("the lock's session has ended".to_owned()));
@@ -148,11 +152,7 @@ impl SessionRenewal {
         // A dropped or timed-out keep-alive leaves the session in the set:
         // sqlx drains the late reply before the next statement, and the
         // session (and its locks) lives on until the server's idle timeout.
-        let confirmed = timeout(
-            op_timeout,
-            session.holds(&self.inner.sql, &first.server_key),
-        )
-        .await;
+        let confirmed = timeout(op_timeout, session.holds(&self.inner.sql, &server_key)).await;
         match confirmed {
             Ok(Ok(true)) => Ok(sent_at),
             Ok(Ok(false)) => {

@@ -1,0 +1,188 @@
+//! Probe (not a test): SQL session mode (`?mode=session`) against the
+//! server's own lock exchange (issue #43), on PostgreSQL and MariaDB
+//! servers this process starts. Three sides, each a waiting acquire +
+//! release cycle of one client:
+//!
+//! - **raw**: the bare advisory / `GET_LOCK` exchange written by hand on
+//!   one sqlx connection: `SELECT pg_try_advisory_lock($1)` +
+//!   `SELECT pg_advisory_unlock($1)` (MySQL/MariaDB `GET_LOCK(name, 0)` +
+//!   `RELEASE_LOCK(name)`); when the try fails, a blocking
+//!   `pg_advisory_lock` / `GET_LOCK(name, 60)`. No token.
+//! - **floor**: [`lock_bench::sql::SessionFloor`], the driver's own grant
+//!   statement (lock and fencing token in one statement: `nextval` of the
+//!   token sequence, MariaDB a token row written by `INSERT .. ON
+//!   DUPLICATE KEY UPDATE`) and release, by hand on one bare connection:
+//!   floor / raw is the cost of the fencing token.
+//! - **ours**: `LockClient` on `SqlSessionBackend`, waiting acquire then
+//!   release, as users write it (each client its own backend); and the 8
+//!   clients as 8 tasks sharing **one** backend (its sessions carry every
+//!   client's locks).
+//!
+//! Printed per database: [`conformance::bench::StandardFigures`] (1 client
+//! p50/p99, 8 clients on 8 keys throughput, 4 clients on one key
+//! handoffs) of floor vs raw, ours vs raw, ours (one shared backend) vs
+//! raw. Run it in release mode while nothing else builds:
+//!
+//! ```text
+//! cargo run --release -p lock-bench --example session_parts
+//! ```
+//!
+//! Environment: `BENCH_CYCLES` (1-client cycles per side, default 2000),
+//! `BENCH_ROUNDS` (default 6), `BENCH_HANDOFF_SECS` (default 2),
+//! `SQL_DATABASES` (`postgres,mariadb`, the default).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::bench::{Contender, FloorCycle, Ours, StandardRun, standard_figures};
+use conformance::servers::mariadb::MariaDbServer;
+use conformance::servers::postgres::PostgresServer;
+use lock_bench::sql::SessionFloor;
+use lock_core::{ErrorKind, LockClient, LockError, Operation};
+use lock_sql::SqlSessionBackend;
+use lock_sql::sqlx::{self, Connection};
+use tokio::sync::Mutex;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The raw exchange on one bare connection.
+enum Raw {
+    Pg(Mutex<sqlx::PgConnection>),
+    My(Mutex<sqlx::MySqlConnection>),
+}
+
+fn failed(e: sqlx::Error) -> LockError {
+    LockError::new(ErrorKind::Backend, Operation::Acquire, e.to_string())
+}
+
+/// The server lock of `key` (any fixed mapping does: the raw side only
+/// contends with itself).
+fn pg_key(key: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    i64::from_ne_bytes(h.to_ne_bytes())
+}
+
+impl Raw {
+    async fn connect(url: &str) -> Self {
+        if url.starts_with("postgres") {
+            Self::Pg(Mutex::new(
+                sqlx::PgConnection::connect(url).await.expect("pg"),
+            ))
+        } else {
+            Self::My(Mutex::new(
+                sqlx::MySqlConnection::connect(url).await.expect("mysql"),
+            ))
+        }
+    }
+}
+
+#[async_trait]
+impl Contender for Raw {
+    async fn cycle(&self, key: &str) -> Result<(), LockError> {
+        match self {
+            Self::Pg(conn) => {
+                let conn = &mut *conn.lock().await;
+                let k = pg_key(key);
+                let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                    .bind(k)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(failed)?;
+                if !got {
+                    sqlx::query("SELECT pg_advisory_lock($1)")
+                        .bind(k)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(failed)?;
+                }
+                let _: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                    .bind(k)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(failed)?;
+            }
+            Self::My(conn) => {
+                let conn = &mut *conn.lock().await;
+                let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                    .bind(key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(failed)?;
+                if got != Some(1) {
+                    sqlx::query("SELECT GET_LOCK(?, 60)")
+                        .bind(key)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(failed)?;
+                }
+                let _: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+                    .bind(key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(failed)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn run(name: &str, base: &str) {
+    let url = format!("{base}?mode=session");
+    let mut run = StandardRun::new(env("BENCH_CYCLES", 2000));
+    run.rounds = env("BENCH_ROUNDS", 6);
+    run.handoff_window =
+        Duration::from_secs(u64::try_from(env("BENCH_HANDOFF_SECS", 2)).unwrap_or(2));
+    let (mut raw, mut floors, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+    let shared = LockClient::new(SqlSessionBackend::connect_url(&url).await.expect("ours"));
+    let mut ours_shared = Vec::new();
+    for _ in 0..8 {
+        raw.push(Arc::new(Raw::connect(base).await) as Arc<dyn Contender>);
+        let floor = SessionFloor::connect(&url).await.expect("floor");
+        floors.push(Arc::new(FloorCycle::new(Box::new(floor), TTL)) as Arc<dyn Contender>);
+        let backend = SqlSessionBackend::connect_url(&url).await.expect("ours");
+        ours.push(Arc::new(Ours::new(LockClient::new(backend), TTL)) as Arc<dyn Contender>);
+        ours_shared.push(Arc::new(Ours::new(shared.clone(), TTL)) as Arc<dyn Contender>);
+    }
+    let sides: [(&str, &[Arc<dyn Contender>]); 3] = [
+        ("floor (grant with token, bare connection)", &floors),
+        ("ours (a backend per client)", &ours),
+        ("ours (8 clients on one backend)", &ours_shared),
+    ];
+    for (label, side) in sides {
+        let figures = standard_figures(side, &raw, &run).await.expect("figures");
+        figures.print(
+            &format!("{name}: {label}"),
+            label,
+            "raw exchange (no token)",
+        );
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let databases = std::env::var("SQL_DATABASES").unwrap_or_else(|_| "postgres,mariadb".into());
+    if databases.contains("postgres") {
+        match PostgresServer::start().await {
+            Ok(server) => run("postgres-session", &server.url()).await,
+            Err(e) => println!("postgres skipped: {e}"),
+        }
+    }
+    if databases.contains("mariadb") {
+        match MariaDbServer::start().await {
+            Ok(server) => run("mariadb-session", &server.url()).await,
+            Err(e) => println!("mariadb skipped: {e}"),
+        }
+    }
+}
