@@ -63,20 +63,26 @@
 //!   (the time left), inside a savepoint: a timeout (or a deadlock the
 //!   server detects) rolls back to the savepoint, so the caller's
 //!   transaction stays usable, and `lock_timeout` is set back to what it
-//!   was. In row mode, the row is written with `clock_timestamp()`, not the
-//!   transaction's `now()`, so a lease that expired after the transaction
-//!   began counts as expired; the row write needs `READ COMMITTED` (the
-//!   default) to see a row changed since the transaction's snapshot
-//!   (`REPEATABLE READ` answers a serialization error instead).
-//!   Every statement is sent unnamed (`persistent(false)`) or as simple
-//!   queries, so nothing depends on a prepared statement surviving between
-//!   transactions: it works behind PgBouncer's transaction pooling.
+//!   was. The try runs without a savepoint (one round trip): should it
+//!   fail (the table or sequence missing because
+//!   [`TransactionLocks::prepare`] never ran, a serialization failure),
+//!   PostgreSQL aborts the caller's transaction, as after any failed
+//!   statement. In row mode, the row is written with `clock_timestamp()`,
+//!   not the transaction's `now()`, so a lease that expired after the
+//!   transaction began counts as expired; the row write needs
+//!   `READ COMMITTED` (the default) to see a row changed since the
+//!   transaction's snapshot (`REPEATABLE READ` answers a serialization
+//!   error instead). Every statement is sent unnamed (`persistent(false)`)
+//!   or as simple queries, so nothing depends on a prepared statement
+//!   surviving between transactions: it works behind PgBouncer's
+//!   transaction pooling.
 //! - **MySQL/MariaDB.** The row write runs with `innodb_lock_wait_timeout`
 //!   0 (MariaDB's `SET STATEMENT ... FOR`; on MySQL, which has no such
 //!   form and whose minimum is 1 s, the session value is set to 1 around
-//!   it and put back): a row locked by another transaction answers "held"
-//!   at once (ER_LOCK_WAIT_TIMEOUT rolls back only the statement, unless
-//!   the server runs with `innodb_rollback_on_timeout`). A wait polls.
+//!   it and put back; only MariaDB is tested): a row locked by another
+//!   transaction answers "held" at once (ER_LOCK_WAIT_TIMEOUT rolls back
+//!   only the statement, unless the server runs with
+//!   `innodb_rollback_on_timeout`). A wait polls.
 //!   A deadlock InnoDB detects rolls back the **whole transaction**
 //!   ([`ErrorKind::WouldDeadlock`]).
 //! - **SQLite.** The row write takes the database file's write lock, which
