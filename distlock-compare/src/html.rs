@@ -153,6 +153,35 @@ fn histograms(results: &[BackendResult]) -> String {
     svg
 }
 
+/// What the summary's throughput columns measure, and the settings the
+/// benchmarked servers ran with.
+fn summary_notes(results: &[BackendResult]) -> String {
+    let mut html = String::from(
+        "<p><small><b>8 clients</b>: 8 clients in one process, each from \
+         <code>distlock::connect(url)</code>, one task each; <b>1 client / 8 tasks</b>: one client \
+         shared by 8 tasks; both on 8 keys, <code>lock(key).ttl(30s).wait(60s)</code> then release, \
+         in rounds interleaved with 8 hand-written floor connections in the same process; each \
+         figure is the median round, x floor the median of the rounds' ratios.</small></p>",
+    );
+    let with: Vec<&BackendResult> = results
+        .iter()
+        .filter(|r| r.bench.servers.is_some())
+        .collect();
+    if !with.is_empty() {
+        html.push_str("<p>The timed benchmarks ran on servers started again with their durable defaults:</p><ul>");
+        for r in with {
+            let _ = write!(
+                html,
+                "<li><b>{}</b>: {}</li>",
+                esc(&r.name),
+                esc(r.bench.servers.as_deref().unwrap_or(""))
+            );
+        }
+        html.push_str("</ul>");
+    }
+    html
+}
+
 /// Renders the report.
 pub(crate) fn render(results: &[BackendResult]) -> String {
     let mut html = String::from(
@@ -164,13 +193,13 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
 <p>Measured on this machine in one run. <b>safe</b>: nothing unsafe happened; <b>flagged</b>: a negative control, the unsafe outcome this backend cannot prevent was observed and reported; <b>VIOLATION</b>: unsafe where safety is promised, or a negative control that showed nothing.</p>"#,
     );
     // Summary table.
-    html.push_str("<h2>Summary</h2><table><tr><th>backend</th><th>url</th><th>conformance</th><th>cycle p50 µs</th><th>cycle p99 µs</th><th>x floor</th><th>8 clients ops/s</th><th>x floor</th><th>handoffs/s</th><th>x floor</th><th>round trips/cycle (floor)</th><th>bytes/lock</th></tr>");
+    html.push_str("<h2>Summary</h2><table><tr><th>backend</th><th>url</th><th>conformance</th><th>cycle p50 µs</th><th>cycle p99 µs</th><th>x floor</th><th>8 clients ops/s</th><th>x floor</th><th>1 client / 8 tasks ops/s</th><th>x floor</th><th>handoffs/s</th><th>x floor</th><th>round trips/cycle (floor)</th><th>bytes/lock</th></tr>");
     for r in results {
         let b = &r.bench;
         let f = |v: Option<f64>, d: usize| v.map_or("-".to_owned(), |v| format!("{v:.d$}"));
         let _ = write!(
             html,
-            "<tr><td>{}</td><td><small>{}</small></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td><small>{}</small></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td></tr>",
             esc(&r.name),
             esc(&r.url),
             esc(&r.error.clone().unwrap_or_else(|| r.verdict())),
@@ -179,6 +208,8 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
             f(b.cycle_ratio, 2),
             f(b.throughput_8x8, 0),
             f(b.throughput_ratio, 2),
+            f(b.throughput_shared_client, 0),
+            f(b.throughput_shared_client_ratio, 2),
             f(b.handoffs_per_s, 0),
             f(b.handoff_ratio, 2),
             f(b.round_trips_per_cycle, 1),
@@ -187,6 +218,7 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
         );
     }
     html.push_str("</table>");
+    html.push_str(&summary_notes(results));
     // Scenario matrix.
     let with: Vec<&BackendResult> = results.iter().filter(|r| !r.scenarios.is_empty()).collect();
     if !with.is_empty() {
@@ -250,6 +282,12 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
             if let Some(v) = b.throughput_8x8 {
                 s.push(("8 clients x 8 keys", v));
             }
+            if let Some(v) = b.throughput_shared_client {
+                s.push(("1 client, 8 tasks x 8 keys", v));
+            }
+            if let Some(v) = b.floor_throughput_8x8 {
+                s.push(("8 floor connections", v));
+            }
             if let Some(v) = b.handoffs_per_s {
                 s.push(("handoffs, 4 clients on 1 key", v));
             }
@@ -272,6 +310,13 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
             "<p><small>capabilities: {}</small></p>",
             esc(&r.capabilities.to_string())
         );
+        if let Some(servers) = &r.bench.servers {
+            let _ = write!(
+                html,
+                "<p>Benchmarks on servers started again with: {}</p>",
+                esc(servers)
+            );
+        }
         if !r.left_to_full_run.is_empty() {
             let _ = write!(
                 html,

@@ -153,6 +153,29 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Internal: one client shape of compare's benchmarks alone (8
+    /// clients, 1 client shared by 8 tasks, or 8 floor connections) on a
+    /// server kind it starts with its durable defaults, or on a URL;
+    /// prints the threads, then the window's cycles/s, CPU and context
+    /// switches per cycle as JSON. --pause leaves time to attach strace
+    /// or perf to this process.
+    #[command(hide = true)]
+    ClientShape {
+        /// Which side runs.
+        #[arg(long, value_enum)]
+        shape: compare::probe::Shape,
+        /// Clients or tasks.
+        #[arg(long, default_value_t = 8)]
+        tasks: usize,
+        /// How long it cycles.
+        #[arg(long, value_parser = duration_arg, default_value = "10s")]
+        window: Duration,
+        /// How long it waits, connected, before the window.
+        #[arg(long, value_parser = duration_arg, default_value = "0s")]
+        pause: Duration,
+        /// A server kind (postgres, redis, ...) or a backend URL.
+        target: String,
+    },
     /// Internal to compare: holds many locks on URL with one client in
     /// this process, counts the heap per held lock and the renewal round
     /// trips, and prints the report as JSON (compare runs it as a child,
@@ -280,6 +303,22 @@ async fn dispatch(cli: Cli) -> Result<u8, LockError> {
             key_prefix,
             url,
         } => compare::held_at_scale_child(&url, locks, &key_prefix).await,
+        Command::ClientShape {
+            shape,
+            tasks,
+            window,
+            pause,
+            target,
+        } => {
+            let opts = compare::probe::ProbeOptions {
+                target,
+                shape,
+                tasks,
+                window,
+                pause,
+            };
+            compare::probe::run(&opts).await
+        }
         Command::Check { json } => {
             let config = check_config(cli.url, cli.config)?;
             if config.migration.is_some() {

@@ -1,5 +1,6 @@
 //! `distlock-compare` as a process: usage errors before anything starts,
-//! the held-at-scale child, and help with examples.
+//! the held-at-scale child, the client-shape probe, and help with
+//! examples.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -120,6 +121,41 @@ fn held_at_scale_child_prints_its_report() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
+}
+
+/// The client-shape probe (`distlock-compare client-shape`, hidden): each
+/// side on SQLite names its threads and prints its window's figures as
+/// JSON, with cycles done in the window.
+#[test]
+fn client_shape_probe_prints_its_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    for shape in ["clients", "shared", "floor"] {
+        let out = output(distlock(
+            "memory://",
+            &[
+                "client-shape",
+                "--shape",
+                shape,
+                "--tasks",
+                "2",
+                "--window",
+                "200ms",
+                &url,
+            ],
+        ));
+        assert!(out.status.success(), "{shape}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("threads connected and warm:"),
+            "{}",
+            stderr(&out)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["shape"], shape, "{report}");
+        assert_eq!(report["tasks"], 2, "{report}");
+        assert!(report["cycles_per_s"].as_f64().unwrap() > 0.0, "{report}");
+        assert!(report["client_cpu_us_per_cycle"].is_number(), "{report}");
+    }
 }
 
 /// `compare --quick` checks the mutex and says which checks it left to

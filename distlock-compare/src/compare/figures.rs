@@ -86,13 +86,14 @@ async fn bench_into(
     let ours_client = |backend: Arc<dyn LockBackend>| -> Arc<dyn Contender> {
         Arc::new(Ours::new(LockClient::from_arc(backend), ttl))
     };
-    // Independent clients, as separate processes would have: each its own
-    // connection, ours and the floor's alike.
-    let mut ours = Vec::with_capacity(CLIENTS);
-    for _ in 0..CLIENTS {
+    // Independent clients for the latency and handoff figures, as separate
+    // processes would have: each its own connection, ours and the floor's
+    // alike.
+    let mut ours = Vec::with_capacity(HANDOFF_CLIENTS);
+    for _ in 0..HANDOFF_CLIENTS {
         ours.push(ours_client(target.client().await?));
     }
-    let floors = crate::floors::contenders(url, ttl, CLIENTS).await;
+    let floors = crate::floors::contenders(url, ttl, HANDOFF_CLIENTS).await;
     let (cycle_key, floor_key) = (format!("bench-{run}/cycle"), format!("floor-{run}/cycle"));
     // Warm up connections, scripts and statement caches.
     for _ in 0..20 {
@@ -162,52 +163,6 @@ async fn bench_into(
     out.cycle_p99_us = Some(cycle.p99_us);
     out.cycles_per_s = Some(cycle.per_sec);
     out.cycle_histogram = Some(cycle.histogram);
-    // Long enough that one scheduling hiccup does not decide a round (60
-    // cycles per client over 4 rounds, 10-20 ms a round, swung the ratio
-    // between 0.7 and 1.7 from one run to the next), and rounds enough
-    // that the median round is not a lucky one (8 rounds of 50 put
-    // PostgreSQL at 0.83x, 0.89x and 0.93x in three runs).
-    let (per_client, rounds) = match (full, quick) {
-        (true, _) => (4000, 20),
-        (false, false) => (1200, 24),
-        (false, true) => (600, 12),
-    };
-    let prefixes = (format!("bench-{run}/par"), format!("floor-{run}/par"));
-    let parallel = match &floors {
-        Some(floors) => {
-            let (parallel, floor) = bench::interleaved_throughput(
-                &ours,
-                floors,
-                (&prefixes.0, &prefixes.1),
-                per_client,
-                rounds,
-            )
-            .await?;
-            out.floor_throughput_8x8 = Some(floor.per_sec);
-            out.throughput_ratio = Some(bench::ratio(parallel.per_sec, floor.per_sec));
-            parallel
-        }
-        None => bench::concurrent_cycles(&ours, &prefixes.0, per_client).await?,
-    };
-    out.throughput_8x8 = Some(parallel.per_sec);
-    // The other shape services run: one client, many tasks.
-    if let Some(floors) = &floors {
-        let shared: Vec<Arc<dyn Contender>> = vec![ours[0].clone(); CLIENTS];
-        let prefixes = (format!("bench-{run}/one"), format!("floor-{run}/one"));
-        let (one, floor) = bench::interleaved_throughput(
-            &shared,
-            floors,
-            (&prefixes.0, &prefixes.1),
-            per_client,
-            rounds,
-        )
-        .await?;
-        out.throughput_shared_client = Some(one.per_sec);
-        out.floor_throughput_shared_client = Some(floor.per_sec);
-        out.throughput_shared_client_ratio = Some(bench::ratio(one.per_sec, floor.per_sec));
-    }
-    phases.record("bench throughput", phase.elapsed());
-    phase = Instant::now();
     let window = match (full, quick) {
         (true, _) => Duration::from_secs(5),
         (false, false) => Duration::from_millis(1500),
@@ -234,6 +189,15 @@ async fn bench_into(
     }
     drop((ours, floors));
     phases.record("bench handoff", phase.elapsed());
+    // The two shapes services run, on clients of their own (see
+    // [`super::shapes`]), with the clients above closed.
+    let plan = super::shapes::ShapePlan::of(full, quick);
+    phases
+        .time(
+            "bench throughput",
+            super::shapes::measure(out, url, &run, plan),
+        )
+        .await?;
     phases
         .time("bench round-trips", round_trips_into(out, url, ttl, &run))
         .await?;
@@ -284,7 +248,7 @@ pub(super) fn loopback_ports(url: &str) -> Vec<u16> {
 const ONE_CPU_CYCLES: usize = 2000;
 const ONE_CPU_ROUNDS: usize = 40;
 
-/// Independent clients in the throughput benchmark.
+/// Independent clients (or tasks) in the throughput benchmarks.
 pub(super) const CLIENTS: usize = 8;
 /// Independent clients contending on one key in the handoff benchmark.
 pub(super) const HANDOFF_CLIENTS: usize = 4;

@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 mod compose;
 mod figures;
 mod phases;
+pub(crate) mod probe;
+mod shapes;
 mod shared;
 mod soak_run;
 mod verdicts;
@@ -90,17 +92,29 @@ pub(crate) struct BenchFigures {
     pub(crate) one_cpu_cycle_p50_us: Option<f64>,
     pub(crate) one_cpu_floor_cycle_p50_us: Option<f64>,
     pub(crate) one_cpu_cycle_ratio: Option<f64>,
+    /// 8 clients in this process (`distlock::connect` each), one task
+    /// each on a key of its own, cycles/s: the median round
+    /// ([`shapes`]).
     pub(crate) throughput_8x8: Option<f64>,
+    /// 8 floor connections in this process, one task each, cycles/s: the
+    /// median round.
     pub(crate) floor_throughput_8x8: Option<f64>,
+    /// The median over the rounds of the 8 clients' rate over the floor's
+    /// in the same round.
     pub(crate) throughput_ratio: Option<f64>,
-    /// The 8-client shape with one client shared by 8 tasks (each on a key
-    /// of its own), cycles/s, against the same 8 floor connections,
-    /// interleaved in the same run.
+    /// One client shared by 8 tasks (each on a key of its own), cycles/s:
+    /// the median round, interleaved with the 8 clients and the floor.
     pub(crate) throughput_shared_client: Option<f64>,
-    /// The floor's figure in the rounds interleaved with the shared client.
+    /// The floor's median round (the same floor rounds as
+    /// `floor_throughput_8x8`).
     pub(crate) floor_throughput_shared_client: Option<f64>,
-    /// Ours (shared client) over the floor.
+    /// The median over the rounds of the shared client's rate over the
+    /// floor's in the same round.
     pub(crate) throughput_shared_client_ratio: Option<f64>,
+    /// The client shapes' rounds and window per side.
+    pub(crate) client_shape_plan: Option<shapes::ShapePlan>,
+    /// Every round of the client shapes: each side's rate.
+    pub(crate) client_shape_rounds: Vec<shapes::ShapeRound>,
     pub(crate) handoffs_per_s: Option<f64>,
     /// The busiest handoff client's grants over the least busy one's.
     pub(crate) handoff_spread: Option<f64>,
@@ -159,8 +173,8 @@ pub(crate) struct BenchFigures {
     pub(crate) fair_handoff_spread: Option<f64>,
     /// Why the composed-shapes figures failed, if they did.
     pub(crate) compose_error: Option<String>,
-    /// The servers' durability settings during the timed benchmarks
-    /// (`conformance::servers::Durability::describe`), for servers this
+    /// The settings the servers ran with during the timed benchmarks
+    /// (`conformance::servers::Durability::settings_of`), for servers this
     /// run started.
     pub(crate) servers: Option<String>,
     pub(crate) error: Option<String>,
@@ -556,8 +570,21 @@ async fn start_for_benchmarks(
     }
     let started = start(name, progress, phases, "start again").await;
     set_durability(Durability::Fast);
-    let servers = spawned.then(|| Durability::ServerDefaults.describe().to_owned());
+    let servers = spawned
+        .then(|| Durability::ServerDefaults.settings_of(server_of_kind(name)))
+        .flatten()
+        .map(str::to_owned);
     Ok((started?, servers))
+}
+
+/// The server a deployment kind runs (`redis-replica` and `redlock`:
+/// `redis`; `postgres-session`: `postgres`; ...), as
+/// `Durability::settings_of` names it.
+fn server_of_kind(kind: &str) -> &str {
+    match kind.split('-').next().unwrap_or(kind) {
+        "redlock" => "redis",
+        server => server,
+    }
 }
 
 /// Starts the backend `name` (a kind, an embedded backend, or a URL to
@@ -802,13 +829,11 @@ pub(crate) fn print_table(results: &[BackendResult]) {
             println!("{:<w$}   benchmark error: {e}", "");
         }
     }
-    if let Some(servers) = results.iter().find_map(|r| r.bench.servers.as_deref()) {
-        println!("benchmarks on servers started again with {servers}");
-    }
     println!(
         "(x floor: ours over the hand-written floor on one bare connection, interleaved in one run; \
-         8 clients on 8 keys and handoff (4 clients, 1 key) use independent clients with a waiting \
-         acquire; spread: busiest/least busy handoff client; RT/cycle ours/floor counted by a fault \
+         8 clients on 8 keys: in this process, each from distlock::connect, medians of interleaved \
+         rounds (the client shapes table below); handoff (4 clients, 1 key) uses independent clients \
+         with a waiting acquire; spread: busiest/least busy handoff client; RT/cycle ours/floor counted by a fault \
          proxy; B/lock and RT/period with {} locks held by one client)",
         results
             .iter()
@@ -827,6 +852,16 @@ pub(crate) fn print_table(results: &[BackendResult]) {
                  {ours:.1} µs, floor {floor:.1} µs, {ratio:.2}x",
                 r.name
             );
+        }
+    }
+    let with_servers: Vec<&BackendResult> = results
+        .iter()
+        .filter(|r| r.bench.servers.is_some())
+        .collect();
+    if !with_servers.is_empty() {
+        println!("benchmarks on servers started again with their durable defaults:");
+        for r in with_servers {
+            println!("  {}: {}", r.name, r.bench.servers.as_deref().unwrap_or(""));
         }
     }
     for r in results {
@@ -906,24 +941,30 @@ pub(crate) fn to_json(results: &[BackendResult]) -> Value {
 }
 
 /// The two ways a service runs 8 lockers in one process: 8 clients (each
-/// from its own connect) and one client shared by 8 tasks, each against 8
-/// floor connections.
+/// from its own `distlock::connect`) and one client shared by 8 tasks,
+/// each against the same 8 floor connections, interleaved ([`shapes`]).
 fn print_client_shapes_table(results: &[BackendResult]) {
+    let plan = results.iter().find_map(|r| r.bench.client_shape_plan);
+    let note = format!(
+        "(cycles/s in one process on its multi-thread runtime, 8 keys, lock(key).ttl(30s).wait(60s) \
+         then release; {} rounds of {} ms a side, the sides' order rotated each round; each figure \
+         the median round, x floor the median of the rounds' ratios)",
+        plan.map_or(0, |p| p.rounds),
+        plan.map_or(0, |p| p.window_ms),
+    );
     print_small_table(
         results,
         |b| b.throughput_shared_client.is_some(),
         &[
             Column("8 clients", 10, |b| b.throughput_8x8, 0),
-            Column("floor", 8, |b| b.floor_throughput_8x8, 0),
             Column("x floor", 7, |b| b.throughput_ratio, 2),
             Column("1 client/8 tasks", 16, |b| b.throughput_shared_client, 0),
-            Column("floor", 8, |b| b.floor_throughput_shared_client, 0),
             Column("x floor", 7, |b| b.throughput_shared_client_ratio, 2),
+            Column("8 floors", 9, |b| b.floor_throughput_8x8, 0),
         ],
         |_| None,
         "client shapes",
-        "(cycles/s, one process on its runtime, 8 keys; each shape interleaved in one run with 8 \
-         floor connections)",
+        &note,
     );
 }
 
@@ -945,6 +986,24 @@ mod tests {
         assert_eq!(loopback_ports("etcd://127.0.0.1:2379/prefix"), [2379]);
         assert!(loopback_ports("sqlite:///tmp/x.db").is_empty());
         assert!(loopback_ports("memory://").is_empty());
+    }
+
+    /// Every deployment kind's servers have their settings written down
+    /// for the report.
+    #[test]
+    fn every_kind_names_its_servers_settings() {
+        use conformance::servers::Durability;
+        for kind in deploy::KINDS {
+            for durability in [Durability::Fast, Durability::ServerDefaults] {
+                assert!(
+                    durability.settings_of(server_of_kind(kind.name)).is_some(),
+                    "{}: no settings",
+                    kind.name
+                );
+            }
+        }
+        assert_eq!(server_of_kind("redlock"), "redis");
+        assert_eq!(server_of_kind("postgres-session"), "postgres");
     }
 
     /// Every alias is a URL scheme some compiled-in driver handles, and

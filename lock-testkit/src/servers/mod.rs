@@ -61,6 +61,36 @@ impl Durability {
             }
         }
     }
+
+    /// What one server ran with under these settings, in a line (for
+    /// reports): `server` is `redis`, `etcd`, `zookeeper`, `postgres`,
+    /// `mariadb` or `nats`; `None` for any other name.
+    pub fn settings_of(self, server: &str) -> Option<&'static str> {
+        let fast = self == Self::Fast;
+        Some(match server {
+            "postgres" if fast => "PostgreSQL fsync=off, synchronous_commit=on, data on disk",
+            "postgres" => "PostgreSQL defaults: fsync=on, synchronous_commit=on, data on disk",
+            "mariadb" if fast => {
+                "MariaDB innodb_flush_log_at_trx_commit=2 (log flushed about once a second), \
+                 binary log off, data on disk"
+            }
+            "mariadb" => {
+                "MariaDB defaults: innodb_flush_log_at_trx_commit=1 (log flushed at each \
+                 commit), binary log off, data on disk"
+            }
+            "etcd" if fast => "etcd data and WAL on /dev/shm (its fsyncs reach memory only)",
+            "etcd" => "etcd defaults: data and WAL on disk, WAL fsynced at each write",
+            "zookeeper" => "ZooKeeper defaults: forceSync=yes, dataDir on disk",
+            "redis" if fast => "Redis with no snapshots and no AOF (--save '' --appendonly no)",
+            "redis" => {
+                "Redis defaults: RDB snapshots (save 3600 1 300 100 60 10000, a fork every \
+                 minute under load), appendonly no: a restart loses the grants since the last \
+                 snapshot"
+            }
+            "nats" => "NATS JetStream defaults: file store on disk, synced every 2 minutes",
+            _ => return None,
+        })
+    }
 }
 
 static SERVER_DEFAULTS: AtomicBool = AtomicBool::new(false);
