@@ -114,7 +114,9 @@ impl CrateAlone {
         let config = SqlConfig::from_url(url)?;
         let texts = lock_sql::keys::statement_texts(config.dialect(), config.table_name())?;
         let pool = match lock_sql::keys::connect_options(&config)? {
-            DbOptions::Postgres(o) => Pool::Postgres(pool_options().connect_with(o).await?),
+            DbOptions::Postgres(o) | DbOptions::PostgresPooled(o) => {
+                Pool::Postgres(pool_options().connect_with(o).await?)
+            }
             DbOptions::MySql(o) => Pool::MySql(pool_options().connect_with(o).await?),
             DbOptions::Sqlite(o) => Pool::Sqlite(pool_options().connect_with(o).await?),
         };

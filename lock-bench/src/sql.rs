@@ -255,6 +255,7 @@ impl SqlFloor {
     ) -> Result<Option<i64>, sqlx::Error> {
         let details = HolderDetails::encode_current();
         let row = match &mut *self.conn.lock().await {
+            Bare::PostgresPooled(_) => return Err(bare::pooled()),
             Bare::Postgres(c) => {
                 let q = sqlx::query(sql(&self.grant))
                     .bind(key)
@@ -285,6 +286,7 @@ impl SqlFloor {
     /// The guarded release statement: whether it matched our row.
     async fn release_row(&self, key: &str, owner: &str, token: i64) -> Result<bool, sqlx::Error> {
         Ok(match &mut *self.conn.lock().await {
+            Bare::PostgresPooled(_) => return Err(bare::pooled()),
             Bare::Postgres(c) => {
                 let q = sqlx::query(sql(&self.release))
                     .bind(key)

@@ -126,6 +126,7 @@ pub const MAX_TABLE_LEN: usize = 48;
 /// | `mode` | `row` (lease table) or `session` (server-session locks; PostgreSQL and MySQL/MariaDB only) | `row` |
 /// | `fair` | FIFO mutex waiting (`true`/`false`; row mode only, see the crate docs' "Fair mode") | `false` |
 /// | `layout` | `lease` (our table) or `shedlock` (ShedLock's table, mutex only; see the crate docs' "ShedLock layout") | `lease` |
+/// | `pooler` | `transaction`: PostgreSQL is reached through a pooler in transaction pooling (PgBouncer); each statement then runs unnamed inside a transaction of its own (row mode, lease layout only). `none`: no such pooler | `none` |
 ///
 /// With `layout=shedlock` the table defaults to `shedlock` (`table`
 /// overrides it).
@@ -152,6 +153,9 @@ pub struct SqlConfig {
     pub(crate) mode: SqlMode,
     pub(crate) fair: bool,
     pub(crate) layout: SqlLayout,
+    /// `pooler=transaction`: PostgreSQL through a pooler in transaction
+    /// pooling (see `connection::pooler`).
+    pub(crate) transaction_pooler: bool,
     /// Whether the table was named (`table=` or [`SqlConfig::table`]).
     table_explicit: bool,
 }
@@ -171,6 +175,7 @@ impl fmt::Debug for SqlConfig {
             .field("mode", &self.mode)
             .field("fair", &self.fair)
             .field("layout", &self.layout)
+            .field("transaction_pooler", &self.transaction_pooler)
             .finish_non_exhaustive()
     }
 }
@@ -261,6 +266,17 @@ impl SqlConfig {
         if let Some(layout) = options.text("layout")? {
             config = config.layout(parse_layout(&layout)?);
         }
+        if let Some(pooler) = options.text("pooler")? {
+            config.transaction_pooler = match pooler.as_str() {
+                "transaction" => true,
+                "none" => false,
+                other => {
+                    return Err(LockError::config(format!(
+                        "pooler must be transaction or none, not {other:?}"
+                    )));
+                }
+            };
+        }
         // On SQLite `mode` is SQLite's own option, except for our two values.
         let mut sqlite_mode = None;
         if let Some(mode) = options.text("mode")? {
@@ -323,6 +339,7 @@ impl SqlConfig {
             mode: SqlMode::Row,
             fair: false,
             layout: SqlLayout::Lease,
+            transaction_pooler: false,
             table_explicit: false,
         }
     }
@@ -335,7 +352,46 @@ impl SqlConfig {
                  mode=session (ShedLock locks are rows of its table, not server sessions)",
             ));
         }
+        if self.transaction_pooler {
+            let refused = if self.dialect != SqlDialect::Postgres {
+                Some("pooler=transaction is for PostgreSQL (PgBouncer and the like)")
+            } else if self.mode == SqlMode::Session {
+                Some(
+                    "pooler=transaction cannot be combined with mode=session: session mode holds \
+                     its locks on a server session, which a transaction pooler shares between \
+                     clients; use row mode (leave out mode=session) or transaction-scoped locks, \
+                     or point session mode at PostgreSQL itself or at a session-pooling port",
+                )
+            } else if self.layout == SqlLayout::ShedLock {
+                Some(
+                    "pooler=transaction is supported by the lease layout only, not layout=shedlock",
+                )
+            } else {
+                None
+            };
+            if let Some(refused) = refused {
+                return Err(LockError::config(refused));
+            }
+        }
         Ok(())
+    }
+
+    /// Says that PostgreSQL is reached through a pooler in transaction
+    /// pooling, such as PgBouncer with `pool_mode = transaction` (the
+    /// URL's `pooler=transaction`): each statement with parameters then
+    /// runs unnamed inside a transaction of its own (`BEGIN`, the
+    /// statement's two exchanges, `COMMIT`: four round trips where a
+    /// direct connection needs one), so that no prepared statement is
+    /// left on, or looked for on, a server connection another client
+    /// uses next. Waiters poll (every `recheck` at most) instead of
+    /// listening: `LISTEN` does not survive transaction pooling. For
+    /// PostgreSQL in row mode with the lease layout (a URL that combines
+    /// it with anything else is refused; session mode refuses a pooler it
+    /// detects at connect).
+    #[must_use]
+    pub fn transaction_pooler(mut self, through_pooler: bool) -> Self {
+        self.transaction_pooler = through_pooler;
+        self
     }
 
     /// Uses `table` as the lease table (validated: letters, digits and `_`,

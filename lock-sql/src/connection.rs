@@ -15,6 +15,8 @@
 //! cancelled or timed out mid-flight) drops its connection: the protocol
 //! state of a half-read reply is unknown, which is why sqlx pings there.
 
+#[cfg(feature = "postgres")]
+pub(crate) mod pooler;
 pub(crate) mod session;
 pub(crate) mod shedlock;
 pub(crate) mod table;
@@ -31,6 +33,10 @@ pub enum DbConn {
     /// PostgreSQL.
     #[cfg(feature = "postgres")]
     Postgres(sqlx::PgConnection),
+    /// PostgreSQL through a pooler in transaction pooling
+    /// (`pooler=transaction`): its statements run the pooler-safe way.
+    #[cfg(feature = "postgres")]
+    PostgresPooled(pooler::PooledPg),
     /// MySQL / MariaDB.
     #[cfg(feature = "mysql")]
     MySql(sqlx::MySqlConnection),
@@ -45,6 +51,10 @@ pub enum DbOptions {
     /// PostgreSQL.
     #[cfg(feature = "postgres")]
     Postgres(sqlx::postgres::PgConnectOptions),
+    /// PostgreSQL through a pooler in transaction pooling
+    /// (`pooler=transaction`).
+    #[cfg(feature = "postgres")]
+    PostgresPooled(sqlx::postgres::PgConnectOptions),
     /// MySQL / MariaDB.
     #[cfg(feature = "mysql")]
     MySql(sqlx::mysql::MySqlConnectOptions),
@@ -73,6 +83,10 @@ impl DbOptions {
             Self::Postgres(o) => {
                 DbConn::Postgres(Box::pin(sqlx::PgConnection::connect_with(o)).await?)
             }
+            #[cfg(feature = "postgres")]
+            Self::PostgresPooled(o) => DbConn::PostgresPooled(pooler::PooledPg::new(
+                Box::pin(sqlx::PgConnection::connect_with(o)).await?,
+            )),
             #[cfg(feature = "mysql")]
             Self::MySql(o) => {
                 DbConn::MySql(Box::pin(sqlx::MySqlConnection::connect_with(o)).await?)
@@ -98,7 +112,7 @@ impl DbOptions {
         }
         match self {
             #[cfg(feature = "postgres")]
-            Self::Postgres(o) => {
+            Self::Postgres(o) | Self::PostgresPooled(o) => {
                 DbPool::Postgres(options(size, acquire).connect_lazy_with(o.clone()))
             }
             #[cfg(feature = "mysql")]
@@ -106,6 +120,25 @@ impl DbOptions {
             #[cfg(feature = "sqlite")]
             Self::Sqlite(o) => DbPool::Sqlite(options(size, acquire).connect_lazy_with(o.clone())),
         }
+    }
+}
+
+/// Refuses session mode behind a pooler in transaction or statement
+/// pooling (PostgreSQL; see `pooler::refuse_transaction_pooling`).
+///
+/// # Errors
+///
+/// As `pooler::refuse_transaction_pooling`.
+pub(crate) async fn refuse_transaction_pooling(
+    config: &crate::config::SqlConfig,
+    budget: std::time::Duration,
+) -> Result<(), lock_core::LockError> {
+    #[cfg(feature = "postgres")]
+    return pooler::refuse_transaction_pooling(config, budget).await;
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = (config, budget);
+        Ok(())
     }
 }
 
@@ -117,6 +150,15 @@ macro_rules! on_conn {
         match $conn {
             #[cfg(feature = "postgres")]
             $crate::connection::DbConn::Postgres($c) => $body,
+            // Named statements, as on a direct connection: the callers a
+            // pooled connection reaches take it aside first (the binds'
+            // runners, `pooler::pg_fetch_all`); the ShedLock layout
+            // refuses `pooler=transaction`.
+            #[cfg(feature = "postgres")]
+            $crate::connection::DbConn::PostgresPooled(pooled) => {
+                let $c = &mut pooled.conn;
+                $body
+            }
             #[cfg(feature = "mysql")]
             $crate::connection::DbConn::MySql($c) => $body,
             #[cfg(feature = "sqlite")]
@@ -133,6 +175,8 @@ impl DbConn {
         let _ = match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(c) => c.close().await,
+            #[cfg(feature = "postgres")]
+            Self::PostgresPooled(p) => p.conn.close().await,
             #[cfg(feature = "mysql")]
             Self::MySql(c) => c.close().await,
             #[cfg(feature = "sqlite")]

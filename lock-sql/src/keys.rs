@@ -19,6 +19,9 @@ use crate::config::{SqlConfig, SqlDialect};
 use crate::dialect::{Dialect, first_token, floor_table, quote_with};
 
 #[doc(hidden)]
+#[cfg(feature = "postgres")]
+pub use crate::connection::pooler::PooledPg;
+#[doc(hidden)]
 pub use crate::connection::{DbConn, DbOptions};
 pub use session::{mysql_lock_name, pg_lock_key};
 

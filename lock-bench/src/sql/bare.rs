@@ -22,12 +22,24 @@ macro_rules! on_conn {
     ($conn:expr, |$c:ident| $body:expr) => {
         match $conn {
             lock_sql::keys::DbConn::Postgres($c) => $body,
+            lock_sql::keys::DbConn::PostgresPooled(pooled) => {
+                let $c = pooled.connection();
+                $body
+            }
             lock_sql::keys::DbConn::MySql($c) => $body,
             lock_sql::keys::DbConn::Sqlite($c) => $body,
         }
     };
 }
 pub(super) use on_conn;
+
+/// The floors run on direct connections: a URL with `pooler=transaction`
+/// (lock-sql's pooler-safe statements) has no bare floor here.
+pub(super) fn pooled() -> sqlx::Error {
+    sqlx::Error::Protocol(
+        "the bare floors run on direct connections (no pooler=transaction)".into(),
+    )
+}
 
 /// One bare connection, never pooled, never shared with the driver.
 pub(super) type Bare = DbConn;

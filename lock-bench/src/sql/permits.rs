@@ -380,6 +380,7 @@ impl SqlPermitFloor {
                     .bind(&self.channel);
                 q.fetch_all(c).await?.len() == 1
             }
+            Bare::PostgresPooled(_) => return Err(super::bare::pooled()),
             Bare::MySql(c) => {
                 let q = sqlx::query(sql(&self.sql.release)).bind(name).bind(shape);
                 let q = q.bind(owner).bind(token).bind(&self.code);

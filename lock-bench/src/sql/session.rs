@@ -150,6 +150,7 @@ impl SessionFloor {
     ) -> Result<Option<i64>, sqlx::Error> {
         let namespace = self.config.table_name();
         Ok(match &mut *self.conn.lock().await {
+            Bare::PostgresPooled(_) => return Err(super::bare::pooled()),
             Bare::Postgres(c) => {
                 let q = sqlx::query(sql(&self.grant))
                     .bind(pg_lock_key(namespace, key))
@@ -177,6 +178,7 @@ impl SessionFloor {
     async fn release_lock(&self, key: &str) -> Result<bool, sqlx::Error> {
         let namespace = self.config.table_name();
         Ok(match &mut *self.conn.lock().await {
+            Bare::PostgresPooled(_) => return Err(super::bare::pooled()),
             Bare::Postgres(c) => {
                 let q = sqlx::query(sql(&self.release)).bind(pg_lock_key(namespace, key));
                 q.fetch_one(c).await?.try_get::<bool, _>(0)?

@@ -322,7 +322,7 @@ impl Sessions {
             lock_table: std::sync::OnceLock::new(),
         });
         let budget = sessions.config.op_timeout.saturating_mul(2);
-        crate::connection::refuse_transaction_pooling(&sessions.opts.options, budget)
+        crate::connection::refuse_transaction_pooling(&sessions.config, budget)
             .await
             .map_err(|e| e.with_backend(name))?;
         let prepared = timeout(budget, sessions.prepare())

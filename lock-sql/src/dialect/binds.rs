@@ -87,6 +87,13 @@ pub(crate) async fn fetch(
     binds: &[Bind<'_>],
     spec: &str,
 ) -> Result<Vec<Vec<Value>>, sqlx::Error> {
+    #[cfg(feature = "postgres")]
+    if let DbConn::PostgresPooled(p) = conn {
+        let rows = p
+            .fetch_all(sql, binds.is_empty(), bound!(sql, binds))
+            .await?;
+        return rows.iter().map(|row| read!(row, spec)).collect();
+    }
     on_conn!(conn, |c| {
         let rows = bound!(sql, binds).fetch_all(&mut *c).await?;
         rows.iter().map(|row| read!(row, spec)).collect()
@@ -101,6 +108,13 @@ pub(crate) async fn fetch_optional(
     binds: &[Bind<'_>],
     spec: &str,
 ) -> Result<Option<Vec<Value>>, sqlx::Error> {
+    #[cfg(feature = "postgres")]
+    if let DbConn::PostgresPooled(p) = conn {
+        let rows = p
+            .fetch_all(sql, binds.is_empty(), bound!(sql, binds))
+            .await?;
+        return rows.first().map(|row| read!(row, spec)).transpose();
+    }
     on_conn!(conn, |c| {
         let row = bound!(sql, binds).fetch_optional(&mut *c).await?;
         row.map(|row| read!(row, spec)).transpose()
@@ -128,6 +142,10 @@ pub(crate) async fn execute(
     sql: &Arc<str>,
     binds: &[Bind<'_>],
 ) -> Result<u64, sqlx::Error> {
+    #[cfg(feature = "postgres")]
+    if let DbConn::PostgresPooled(p) = conn {
+        return p.execute(sql, binds.is_empty(), bound!(sql, binds)).await;
+    }
     on_conn!(conn, |c| {
         Ok(bound!(sql, binds).execute(&mut *c).await?.rows_affected())
     })

@@ -197,7 +197,12 @@ impl Dialect for Postgres {
     }
 
     fn connect_options(&self, config: &SqlConfig) -> Result<DbOptions, LockError> {
-        Ok(DbOptions::Postgres(parse_options(config)?))
+        let options = parse_options(config)?;
+        Ok(if config.transaction_pooler {
+            DbOptions::PostgresPooled(options)
+        } else {
+            DbOptions::Postgres(options)
+        })
     }
 
     // Every key in one statement. A held key found in the statement's
@@ -299,7 +304,7 @@ pub(super) async fn renew_arrays(
         .bind(owners)
         .bind(tokens);
     let mut renewed = Renewed::new();
-    for row in query.fetch_all(pg(conn)?).await? {
+    for row in crate::connection::pooler::pg_fetch_all(conn, sql, query).await? {
         renewed.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
     }
     Ok(Some(renewed))

@@ -380,6 +380,9 @@ impl ShedSql {
                     .fetch_optional(&mut *c)
                     .await
             }
+            // The layout refuses `pooler=transaction` (`SqlConfig`).
+            #[cfg(feature = "postgres")]
+            DbConn::PostgresPooled(_) => Err(crate::dialect::wrong_conn("direct postgres")),
             #[cfg(feature = "mysql")]
             DbConn::MySql(c) => self.grant_mysql(c, name, ttl, locked_by, details).await,
             #[cfg(feature = "sqlite")]
