@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::config::{MIN_TTL, NAME};
 use crate::connection::table::Table;
 use crate::connection::{ConnSet, retry_once};
-use crate::dialect::LeaseRow;
+use crate::dialect::{GrantValues, LeaseRow};
 use crate::error::timed;
 
 /// A grant the database confirmed: `token` for `key` and `owner`, asked
@@ -147,25 +147,21 @@ impl Grants {
     /// whether the holder is `owner`, in which case the first grant did
     /// commit and its token is ours. Without this the lost grant would hold
     /// the key for its whole TTL while its requester waited behind it.
-    async fn grant_once(
-        &self,
-        key: &LockKey,
-        owner: &str,
-        ttl: Duration,
-        ahead: Option<i64>,
-        mark_for: Option<Duration>,
-    ) -> Result<Option<i64>, sqlx::Error> {
+    async fn grant_once(&self, mut values: GrantValues<'_>) -> Result<Option<i64>, sqlx::Error> {
         let statements = &self.inner.statements;
-        let (grant, mark_for) = match (ahead, mark_for, &statements.waiting) {
-            (Some(_), _, _) => (&self.inner.fair_grant, None),
-            (None, Some(mark_for), Some(waiting)) => (&waiting.grant, Some(mark_for)),
-            (None, _, _) => (&statements.grant, None),
+        let grant = match (values.ahead, values.mark_for, &statements.waiting) {
+            (Some(_), _, _) => &self.inner.fair_grant,
+            (None, Some(_), Some(waiting)) => &waiting.grant,
+            (None, _, _) => &statements.grant,
         };
+        if values.ahead.is_some() || statements.waiting.is_none() {
+            values.mark_for = None;
+        }
+        let (key, owner) = (values.key, values.owner);
         let (conns, dialect) = (&self.inner.conns, self.inner.dialect);
         let mut checkout = conns.checkout(false).await?;
         // Boxed, as in `retry_once!`: statement futures are kilobytes.
-        let result =
-            Box::pin(dialect.grant(checkout.conn(), grant, key, owner, ttl, ahead, mark_for)).await;
+        let result = Box::pin(dialect.grant(checkout.conn(), grant, values)).await;
         if !checkout.finish(&result) {
             return result;
         }
@@ -176,10 +172,7 @@ impl Grants {
         let mut checkout = conns.checkout(true).await?;
         let result = Box::pin(async {
             let conn = checkout.conn();
-            if let Some(token) = dialect
-                .grant(conn, grant, key, owner, ttl, ahead, mark_for)
-                .await?
-            {
+            if let Some(token) = dialect.grant(conn, grant, values).await? {
                 return Ok(Some(token));
             }
             let holder = dialect.inspect(conn, &statements.inspect, key).await?;
@@ -203,12 +196,19 @@ impl Grants {
         mark_for: Option<Duration>,
     ) -> Result<Option<u64>, sqlx::Error> {
         let owner = owner.to_hex();
+        let values = GrantValues {
+            key,
+            owner: &owner,
+            ttl,
+            ahead,
+            mark_for,
+        };
         // A statement that lost a deadlock or serialization conflict
         // (InnoDB's gap locks on concurrent first inserts of one key) was
         // rolled back and changed nothing: run it again.
         let mut attempts = 0;
         let token = loop {
-            match self.grant_once(key, &owner, ttl, ahead, mark_for).await {
+            match self.grant_once(values).await {
                 Err(sqlx::Error::Database(db))
                     if attempts < 5 && matches!(db.code().as_deref(), Some("40001" | "40P01")) =>
                 {

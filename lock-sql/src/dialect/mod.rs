@@ -37,7 +37,7 @@ pub(crate) mod sqlite;
 
 pub(crate) mod binds;
 mod run;
-pub(crate) use run::LeaseRow;
+pub(crate) use run::{GrantValues, LeaseRow};
 pub(crate) mod session;
 
 /// Rows renewed by one batch statement: (name, owner, token).

@@ -46,6 +46,24 @@ struct Values<'a> {
     mark_for: Option<Duration>,
 }
 
+/// What one row-mode grant statement binds besides its holder details.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GrantValues<'a> {
+    pub(crate) key: &'a LockKey,
+    /// The owner, as hex.
+    pub(crate) owner: &'a str,
+    pub(crate) ttl: Duration,
+    /// `Some(id)` for the fair statement ([`Dialect::fair_grant_sql`]): it
+    /// grants only when no live mutex waiter with an id below `id` waits
+    /// for the key.
+    pub(crate) ahead: Option<i64>,
+    /// `Some` for a waiter's grant ([`WaitingSql::grant`]), which marks a
+    /// held row waited for that long.
+    ///
+    /// [`WaitingSql::grant`]: super::WaitingSql::grant
+    pub(crate) mark_for: Option<Duration>,
+}
+
 impl<'a> Values<'a> {
     fn new(key: &'a str, owner: &'a str) -> Self {
         Self {
@@ -200,30 +218,20 @@ impl dyn Dialect {
     }
 
     /// The grant: `Some(token)` when the row was inserted or an expired one
-    /// taken over, `None` when someone holds it. `ahead` is `Some(id)` for
-    /// the fair statement ([`Dialect::fair_grant_sql`]): it grants only
-    /// when no live mutex waiter with an id below `id` waits for the key;
-    /// `mark_for` is `Some` for a waiter's grant ([`WaitingSql::grant`]),
-    /// which marks a held row waited for that long.
-    ///
-    /// [`WaitingSql::grant`]: super::WaitingSql::grant
+    /// taken over, `None` when someone holds it.
     pub(crate) async fn grant(
         &self,
         conn: &mut DbConn,
         sql: &Arc<str>,
-        key: &LockKey,
-        owner: &str,
-        ttl: Duration,
-        ahead: Option<i64>,
-        mark_for: Option<Duration>,
+        grant: GrantValues<'_>,
     ) -> Result<Option<i64>, sqlx::Error> {
         let details = HolderDetails::encode_current();
         let values = Values {
-            ttl,
-            ahead,
-            mark_for,
+            ttl: grant.ttl,
+            ahead: grant.ahead,
+            mark_for: grant.mark_for,
             details: &details,
-            ..Values::new(key.as_str(), owner)
+            ..Values::new(grant.key.as_str(), grant.owner)
         };
         let mut binds = values.binds(self.profile().binds.grant);
         // A waiter's grant (`WaitingSql::grant`) binds its mark last.
