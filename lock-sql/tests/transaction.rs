@@ -20,7 +20,7 @@ use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
 use lock_core::{ErrorKind, LockBackend, LockBackendExt, LockKey};
 use lock_sql::sqlx::{self, Pool};
-use lock_sql::{TransactionLockKind, TransactionLocks, TxDatabase};
+use lock_sql::{SqlDialect, TransactionLockKind, TransactionLocks, TxDatabase};
 use tokio::time::Instant;
 
 /// A row-mode or session-mode lease's TTL in these checks.
@@ -156,11 +156,10 @@ async fn waiter_granted_after_commit<DB: TxDatabase>(
     Ok(())
 }
 
-/// Exclusion with `backend` (the backend of the same URL) both ways:
-/// a lease of the backend refuses the transaction lock (try and wait),
-/// and while a transaction lock holds the key the backend's try does not
-/// get it; each side gets the key once the other let go.
-async fn excludes_backend<DB: TxDatabase>(
+/// Exclusion with `backend` (the backend of the same URL), one way: a
+/// lease of the backend refuses the transaction lock (try and wait); the
+/// transaction gets the key once the lease is released.
+async fn lease_excludes_transaction<DB: TxDatabase>(
     locks: &TransactionLocks,
     backend: &dyn LockBackend,
     pool: &Pool<DB>,
@@ -193,11 +192,29 @@ async fn excludes_backend<DB: TxDatabase>(
         Some(Err(e)) if e.kind() == ErrorKind::Contended => {}
         other => return Err(format!("a wait on a leased key answered {other:?}")),
     }
-
     let mut tx = pool.begin().await.unwrap();
-    let held = locks.try_lock_in(&mut tx, key).await.unwrap();
-    let held = held.ok_or("the released key was refused to a transaction")?;
-    drop(held);
+    let held = locks.try_lock_in(&mut tx, key).await.unwrap().is_some();
+    tx.commit().await.unwrap();
+    if !held {
+        return Err("the released key was refused to a transaction".into());
+    }
+    Ok(())
+}
+
+/// Exclusion with `backend`, the other way: while a transaction lock
+/// (`take` locks the key in the transaction it is given) holds the key
+/// the backend's try does not get it; the backend gets it once the
+/// transaction committed.
+async fn transaction_excludes_backend<DB: TxDatabase>(
+    take: impl AsyncFnOnce(&mut sqlx::Transaction<'static, DB>) -> bool,
+    backend: &dyn LockBackend,
+    pool: &Pool<DB>,
+    key: &LockKey,
+) -> Result<(), String> {
+    let mut tx = pool.begin().await.unwrap();
+    if !take(&mut tx).await {
+        return Err("a free key was refused to a transaction".into());
+    }
     // The backend's try may wait for the transaction's row lock up to its
     // operation timeout (an error then) or answer "held": anything but a
     // grant.
@@ -215,6 +232,42 @@ async fn excludes_backend<DB: TxDatabase>(
         .map_err(|e| format!("the backend could not get the key after the commit: {e}"))?;
     backend.release(&after).await.unwrap();
     Ok(())
+}
+
+/// Both ways of exclusion with `backend`, on `locks` and (each caught) on
+/// `broken`; on SQLite, where any transaction lock holds the whole file,
+/// the transaction side's broken variant skips the lock instead.
+async fn backend_checks<DB: TxDatabase>(
+    locks: &TransactionLocks,
+    broken: &TransactionLocks,
+    backend: &dyn LockBackend,
+    pool: &Pool<DB>,
+    name: &str,
+) {
+    let k = |s: &str| key(&format!("tx/{name}/{s}"));
+    lease_excludes_transaction(locks, backend, pool, &k("lease"))
+        .await
+        .unwrap();
+    let caught = lease_excludes_transaction(broken, backend, pool, &k("lease-broken")).await;
+    assert!(caught.is_err(), "{name}: the broken variant went unseen");
+    let key_tx = k("tx");
+    let taken = async |tx: &mut sqlx::Transaction<'static, DB>| {
+        locks.try_lock_in(tx, &key_tx).await.unwrap().is_some()
+    };
+    transaction_excludes_backend(taken, backend, pool, &key_tx)
+        .await
+        .unwrap();
+    let key_broken = k("tx-broken");
+    let caught = if locks.dialect() == SqlDialect::Sqlite {
+        let skipped = async |_: &mut sqlx::Transaction<'static, DB>| true;
+        transaction_excludes_backend(skipped, backend, pool, &key_broken).await
+    } else {
+        let wrong = async |tx: &mut sqlx::Transaction<'static, DB>| {
+            broken.try_lock_in(tx, &key_broken).await.unwrap().is_some()
+        };
+        transaction_excludes_backend(wrong, backend, pool, &key_broken).await
+    };
+    assert!(caught.is_err(), "{name}: the broken variant went unseen");
 }
 
 /// The checks every database runs on `locks` (and `broken`, locks of
@@ -235,11 +288,7 @@ async fn common_checks<DB: TxDatabase>(
 
     rollback_frees(&locks, pool, &k("rollback")).await;
 
-    excludes_backend(&locks, backend, pool, &k("backend"))
-        .await
-        .unwrap();
-    let caught = excludes_backend(&broken, backend, pool, &k("backend-broken")).await;
-    assert!(caught.is_err(), "{name}: the broken variant went unseen");
+    backend_checks(&locks, &broken, backend, pool, name).await;
 
     // Tokens increase over grants (and the same transaction may take the
     // key again, with a new token).
@@ -502,18 +551,14 @@ async fn sqlite() {
     broken.prepare(&pool).await.unwrap();
     // A transaction lock on SQLite holds the file's write lock: the
     // "broken" locks of another table are still refused by it (there is
-    // no per-key exclusion to break between two transactions), so only the
-    // lease checks run on the broken variant here.
+    // no per-key exclusion to break between two transactions), so the
+    // transactions' check runs on the real locks only.
     let k = |s: &str| key(&format!("tx/sqlite/{s}"));
     transactions_exclude(&locks, &locks, &pool, &k("exclude"))
         .await
         .unwrap();
     rollback_frees(&locks, &pool, &k("rollback")).await;
-    excludes_backend(&locks, &backend, &pool, &k("backend"))
-        .await
-        .unwrap();
-    let caught = excludes_backend(&broken, &backend, &pool, &k("backend-broken")).await;
-    assert!(caught.is_err(), "sqlite: the broken variant went unseen");
+    backend_checks(&locks, &broken, &backend, &pool, "sqlite").await;
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     let a = locks
         .try_lock_in(&mut tx, &k("tokens"))
