@@ -589,6 +589,29 @@ async fn sqlite() {
         },
     )
     .await;
+    // A deferred transaction that read before another connection wrote
+    // cannot write: a typed error that names BEGIN IMMEDIATE.
+    let mut stale = pool.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM tx_locks")
+        .fetch_one(&mut *stale)
+        .await
+        .unwrap();
+    let mut writer = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert!(
+        locks
+            .try_lock_in(&mut writer, &k("stale-w"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    writer.commit().await.unwrap();
+    let err = locks
+        .try_lock_in(&mut stale, &k("stale"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("BEGIN IMMEDIATE"), "{err}");
+    stale.rollback().await.unwrap();
+
     // A live lease refuses a wait at once (its holder could not release
     // while this transaction holds the write lock).
     let lease = backend

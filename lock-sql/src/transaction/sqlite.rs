@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{HolderDetails, LockError, LockKey};
+use lock_core::{ErrorKind, HolderDetails, LockError, LockKey};
 use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 use tokio::time::Instant;
 
 use super::{TransactionLocks, TxSql, code_of, next_poll, operation_of, sealed, token_of};
-use crate::config::SqlDialect;
+use crate::config::{NAME, SqlDialect};
 use crate::dialect::unix_micros;
 
 /// The statements on `table` (validated): row mode's grant (binds: key,
@@ -32,6 +32,9 @@ enum Tried {
     /// Another connection holds the file's write lock (past the busy
     /// timeout).
     Busy,
+    /// `SQLITE_BUSY_SNAPSHOT`: the transaction read before another
+    /// connection wrote, so it can never write (no retry helps).
+    Stale,
 }
 
 /// SQLITE_BUSY and its extended codes but `SQLITE_BUSY_SNAPSHOT` (517),
@@ -63,6 +66,7 @@ impl TransactionLocks {
             }
             Ok(None) => Ok(Tried::Leased),
             Err(err) if is_busy(&err) => Ok(Tried::Busy),
+            Err(err) if code_of(&err).as_deref() == Some("517") => Ok(Tried::Stale),
             Err(err) => Err(err),
         }
     }
@@ -107,6 +111,17 @@ impl sealed::Driver for sqlx::Sqlite {
                 }
                 Tried::Leased => return Ok(None),
                 Tried::Busy => {}
+                Tried::Stale => {
+                    return Err(LockError::new(
+                        ErrorKind::Unavailable,
+                        operation,
+                        "the transaction read before another connection wrote, so SQLite will \
+                         not let it write: begin it with BEGIN IMMEDIATE \
+                         (pool.begin_with(\"BEGIN IMMEDIATE\"))",
+                    )
+                    .with_key(key)
+                    .with_backend(NAME));
+                }
             }
             let Some(deadline) = deadline else {
                 return Ok(None);
