@@ -142,7 +142,7 @@ async fn waiter_granted_after_commit<DB: TxDatabase>(
     };
     // Give the waiter time to start waiting, or (broken) to be granted:
     // it cannot finish before the commit unless it was granted.
-    let early = tokio::time::timeout(Duration::from_secs(1), &mut waiter).await;
+    let early = tokio::time::timeout(Duration::from_secs(2), &mut waiter).await;
     ending.store(true, Ordering::SeqCst);
     tx1.commit().await.unwrap();
     let (granted, ended_first) = match early {
