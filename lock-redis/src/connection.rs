@@ -155,17 +155,21 @@ impl Servers {
         &self.nodes[0]
     }
 
-    /// Runs `call` on every node: concurrently, or directly when there is
-    /// one.
-    pub(crate) async fn each_node<'a, F, Fut, T>(&'a self, mut call: F) -> Vec<T>
+    /// Runs `call` on every node (concurrently; directly when there is
+    /// one) and hands each result to `each`.
+    pub(crate) async fn each_node<'a, F, Fut, T>(&'a self, call: F, mut each: impl FnMut(T))
     where
         F: FnMut(&'a Arc<Node>) -> Fut,
         Fut: Future<Output = T>,
     {
         if let [node] = self.nodes.as_slice() {
-            vec![call(node).await]
+            // One server: no futures to join, no vector of results.
+            let mut call = call;
+            each(call(node).await);
         } else {
-            futures_util::future::join_all(self.nodes.iter().map(call)).await
+            for result in futures_util::future::join_all(self.nodes.iter().map(call)).await {
+                each(result);
+            }
         }
     }
 }

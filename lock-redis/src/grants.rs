@@ -46,15 +46,20 @@ async fn call_acquire(
     names: &KeyNames,
     grant: &GrantArgs<'_>,
 ) -> redis::RedisResult<Value> {
-    let mut keys = vec![
+    let keys = [
         names.lock.as_str(),
         names.counter.as_str(),
         names.holder.as_str(),
+        grant.floor.unwrap_or_default(),
     ];
-    keys.extend(grant.floor);
+    let keys = if grant.floor.is_some() {
+        &keys[..]
+    } else {
+        &keys[..3]
+    };
     conn.eval(
         &scripts.acquire,
-        &keys,
+        keys,
         &[grant.owner, grant.ttl_ms, grant.details],
     )
     .await
@@ -95,10 +100,12 @@ impl Grants {
     /// a majority (Redlock: any node, with no error) released it.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
         let servers = &self.servers;
-        let names = servers.keys.mutex(lease.key(), Operation::Release)?;
+        let names = servers
+            .keys
+            .release_names(lease.key(), Operation::Release)?;
         let owner = servers.keys.owner_value(lease.owner());
         let (released, _not_held, errors) =
-            release_everywhere(servers, &names, &owner, servers.timeout()).await;
+            release_everywhere(servers, names.keys(), &owner, servers.timeout()).await;
         let quorum = servers.quorum;
         if released >= quorum || (servers.redlock && released > 0 && errors.is_empty()) {
             return Ok(true);
@@ -152,45 +159,50 @@ impl Grants {
         } else {
             timeout
         };
-        let results = servers
-            .each_node(|node| {
-                let (names, grant) = (&names, &grant);
-                self.run_grant(
-                    node,
-                    op,
-                    per_node,
-                    move |mut conn| async move {
-                        call_acquire(&mut conn, &servers.scripts, names, grant).await
-                    },
-                    |value| matches!(parse_grant(value), Ok(NodeGrant::Granted(_))),
-                )
-            })
-            .await;
-        let mut tokens = Vec::new();
+        // Granted nodes and their highest token (Redlock: the highest node
+        // counter is a hint, not a safe token).
+        let (mut granted_on, mut token) = (0, 0);
         let mut held_pttl: Option<Duration> = None;
         let mut errors = Vec::new();
         let mut acked = None;
-        for result in results {
-            let result = result.and_then(|(value, replicas)| {
-                acked = acked.or(replicas);
-                parse_grant(&value)
-            });
-            match result {
-                Ok(NodeGrant::Granted(token)) => tokens.push(token),
-                Ok(NodeGrant::Held(ms)) => {
-                    let left = pttl(ms).unwrap_or(Duration::ZERO);
-                    held_pttl = Some(held_pttl.map_or(left, |p| p.min(left)));
-                    if ms == -1 {
-                        // A foreign holder without TTL: re-check at the interval.
-                        held_pttl = Some(servers.config.recheck);
+        servers
+            .each_node(
+                |node| {
+                    let (names, grant) = (&names, &grant);
+                    self.run_grant(
+                        node,
+                        op,
+                        per_node,
+                        move |mut conn| async move {
+                            call_acquire(&mut conn, &servers.scripts, names, grant).await
+                        },
+                        |value| matches!(parse_grant(value), Ok(NodeGrant::Granted(_))),
+                    )
+                },
+                |result| {
+                    let result = result.and_then(|(value, replicas)| {
+                        acked = acked.or(replicas);
+                        parse_grant(&value)
+                    });
+                    match result {
+                        Ok(NodeGrant::Granted(t)) => {
+                            granted_on += 1;
+                            token = token.max(t);
+                        }
+                        Ok(NodeGrant::Held(ms)) => {
+                            let left = pttl(ms).unwrap_or(Duration::ZERO);
+                            held_pttl = Some(held_pttl.map_or(left, |p| p.min(left)));
+                            if ms == -1 {
+                                // A foreign holder without TTL: re-check at the interval.
+                                held_pttl = Some(servers.config.recheck);
+                            }
+                        }
+                        Err(err) => errors.push(err),
                     }
-                }
-                Err(err) => errors.push(err),
-            }
-        }
-        if tokens.len() >= servers.quorum {
-            // Redlock: the highest node counter is a hint, not a safe token.
-            let token = tokens.iter().copied().max().unwrap_or(0);
+                },
+            )
+            .await;
+        if granted_on >= servers.quorum {
             if let Err(err) = self.replicas_acked(op, acked) {
                 // `pending` releases the grant on drop.
                 return Err(err.with_key(key));
@@ -199,14 +211,14 @@ impl Grants {
             pending.disarm();
             return Ok(Attempt::Granted(lease));
         }
-        let split = !tokens.is_empty();
-        if tokens.is_empty() && errors.is_empty() {
+        let split = granted_on > 0;
+        if granted_on == 0 && errors.is_empty() {
             // Nothing was set anywhere: nothing to undo.
             pending.disarm();
         } else {
             // Undo the partial grant now, on every node (also those whose
             // answer was lost), so no partial lock is left behind.
-            let _ = release_everywhere(servers, &names, &owner_hex, per_node).await;
+            let _ = release_everywhere(servers, names.release_keys(), &owner_hex, per_node).await;
             pending.disarm();
         }
         if errors.len() > servers.nodes.len() - servers.quorum {
@@ -260,17 +272,22 @@ impl Grants {
     {
         let config = &self.servers.config;
         let wanted = config.wait_replicas;
+        if wanted == 0 {
+            // No replicas to wait for: the script alone, on the handle the
+            // node lends (no second handle, no `WAIT` argument).
+            return node
+                .run(op, timeout, |conn| async move {
+                    Ok((script(conn).await?, None))
+                })
+                .await;
+        }
         let wait_ms = config.wait_timeout.as_millis().to_string();
         // `WAIT` blocks up to its own timeout on the server.
-        let bound = if wanted > 0 {
-            timeout.saturating_add(config.wait_timeout * 2)
-        } else {
-            timeout
-        };
+        let bound = timeout.saturating_add(config.wait_timeout * 2);
         node.run(op, bound, |mut conn| async move {
             // A clone of the handle: the same server connection.
             let value = script(conn.clone()).await?;
-            if wanted == 0 || !is_grant(&value) {
+            if !is_grant(&value) {
                 return Ok((value, None));
             }
             let acked = conn

@@ -45,7 +45,13 @@ impl Drop for PendingSet {
             let grants = std::mem::take(&mut self.grants);
             handle.spawn(async move {
                 for (names, owner) in &grants {
-                    let _ = release_everywhere(&servers, names, owner, servers.timeout()).await;
+                    let _ = release_everywhere(
+                        &servers,
+                        names.release_keys(),
+                        owner,
+                        servers.timeout(),
+                    )
+                    .await;
                 }
             });
         }

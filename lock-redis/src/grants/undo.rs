@@ -10,39 +10,39 @@ use redis::Value;
 
 use crate::connection::Servers;
 use crate::grants::attempt::Attempt;
-use crate::keys::names::KeyNames;
+use crate::keys::names::{KeyNames, ReleaseKeys};
 use crate::keys::replies::as_int;
 
 /// Compare-and-delete of `owner`'s grant under `names` on every node:
 /// `(released, not_held, errors)`.
 pub(crate) async fn release_everywhere(
     servers: &Servers,
-    names: &KeyNames,
+    names: ReleaseKeys<'_>,
     owner: &str,
     timeout: Duration,
 ) -> (usize, usize, Vec<LockError>) {
-    let results = servers
-        .each_node(|node| {
-            node.run(Operation::Release, timeout, move |mut conn| async move {
-                conn.eval(
-                    &servers.scripts.release,
-                    &[&names.lock, &names.holder],
-                    &[owner, &names.channel],
-                )
-                .await
-            })
-        })
-        .await;
     let mut released = 0;
     let mut not_held = 0;
     let mut errors = Vec::new();
-    for result in results {
-        match result.and_then(|v| as_int(&v, Operation::Release)) {
-            Ok(1) => released += 1,
-            Ok(_) => not_held += 1,
-            Err(err) => errors.push(err),
-        }
-    }
+    servers
+        .each_node(
+            |node| {
+                node.run(Operation::Release, timeout, move |mut conn| async move {
+                    conn.eval(
+                        &servers.scripts.release,
+                        &[names.lock, names.holder],
+                        &[owner, names.channel],
+                    )
+                    .await
+                })
+            },
+            |result| match result.and_then(|v| as_int(&v, Operation::Release)) {
+                Ok(1) => released += 1,
+                Ok(_) => not_held += 1,
+                Err(err) => errors.push(err),
+            },
+        )
+        .await;
     (released, not_held, errors)
 }
 
@@ -89,7 +89,8 @@ impl Drop for PendingGrant<'_> {
                 owner,
                 |servers, names, owner| async move {
                     let timeout = servers.timeout();
-                    let _ = release_everywhere(&servers, &names, &owner, timeout).await;
+                    let _ =
+                        release_everywhere(&servers, names.release_keys(), &owner, timeout).await;
                 },
             );
         }

@@ -74,8 +74,20 @@ impl TokenFloor {
 
 /// The side key that holds the holder details of the lock at `lock`.
 pub(crate) fn holder_key(lock: &str) -> String {
-    format!("{lock}{HOLDER_SUFFIX}")
+    with_suffix(lock, HOLDER_SUFFIX)
 }
+
+/// `name` followed by `suffix`, in one allocation of the exact size (names
+/// are made on every acquire and release: no formatting machinery).
+fn with_suffix(name: &str, suffix: &str) -> String {
+    let mut out = String::with_capacity(name.len() + suffix.len());
+    out.push_str(name);
+    out.push_str(suffix);
+    out
+}
+
+/// What follows a lock's Redis name in its release channel's name.
+const CHANNEL_SUFFIX: &str = ":released";
 
 /// What follows a lock's Redis name in its holder details' key.
 pub(crate) const HOLDER_SUFFIX: &str = ":holder";
@@ -84,14 +96,35 @@ pub(crate) const HOLDER_SUFFIX: &str = ":holder";
 /// percent-encoded (any prefix of a key escapes to a prefix of its escape).
 pub(crate) fn escape_tag(key: &str) -> String {
     let mut escaped = String::with_capacity(key.len());
+    push_escaped(&mut escaped, key);
+    escaped
+}
+
+/// Appends [`escape_tag`]`(key)` to `out`.
+fn push_escaped(out: &mut String, key: &str) {
+    if !key.contains(['%', '}']) {
+        out.push_str(key);
+        return;
+    }
     for c in key.chars() {
         match c {
-            '%' => escaped.push_str("%25"),
-            '}' => escaped.push_str("%7D"),
-            c => escaped.push(c),
+            '%' => out.push_str("%25"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
         }
     }
-    escaped
+}
+
+/// The native lock name `<prefix>{<escaped key>}` of `key`, in a string
+/// with room for `extra` more bytes.
+fn native_lock(prefix: &str, key: &LockKey, extra: usize) -> String {
+    let key = key.as_str();
+    let mut lock = String::with_capacity(prefix.len() + key.len() + 2 + extra);
+    lock.push_str(prefix);
+    lock.push('{');
+    push_escaped(&mut lock, key);
+    lock.push('}');
+    lock
 }
 
 /// The key back from [`escape_tag`]; `None` for text it never makes.
@@ -151,13 +184,81 @@ pub struct KeyNames {
 impl KeyNames {
     /// The names of `key`'s mutex under `prefix` in the native layout.
     pub fn new(prefix: &str, key: &LockKey) -> Self {
-        let escaped = escape_tag(key.as_str());
-        let lock = format!("{prefix}{{{escaped}}}");
+        let lock = native_lock(prefix, key, 0);
         Self {
-            counter: format!("{lock}:token"),
-            channel: format!("{lock}:released"),
+            counter: with_suffix(&lock, ":token"),
+            channel: with_suffix(&lock, CHANNEL_SUFFIX),
             holder: holder_key(&lock),
             lock,
+        }
+    }
+
+    /// The names a release sends.
+    pub(crate) fn release_keys(&self) -> ReleaseKeys<'_> {
+        ReleaseKeys {
+            lock: &self.lock,
+            holder: &self.holder,
+            channel: &self.channel,
+        }
+    }
+}
+
+/// The names a mutex release sends: the lock, its holder details' key
+/// (the script's keys) and the channel it publishes on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReleaseKeys<'a> {
+    pub(crate) lock: &'a str,
+    pub(crate) holder: &'a str,
+    pub(crate) channel: &'a str,
+}
+
+/// A mutex's [`ReleaseKeys`] in one allocation, `<lock>:holder<channel>`
+/// (a release builds no counter name and no string per name).
+#[derive(Clone, Debug)]
+pub(crate) struct ReleaseNames {
+    buf: String,
+    lock_end: usize,
+    holder_end: usize,
+}
+
+impl ReleaseNames {
+    /// The native layout's names of `key` under `prefix` (as
+    /// [`KeyNames::new`] makes them).
+    pub(crate) fn native(prefix: &str, key: &LockKey) -> Self {
+        let extra = HOLDER_SUFFIX.len() + CHANNEL_SUFFIX.len();
+        // Room for the lock name twice: the channel repeats it.
+        let mut buf = native_lock(prefix, key, extra + prefix.len() + key.as_str().len() + 8);
+        let lock_end = buf.len();
+        buf.push_str(HOLDER_SUFFIX);
+        let holder_end = buf.len();
+        buf.extend_from_within(..lock_end);
+        buf.push_str(CHANNEL_SUFFIX);
+        Self {
+            buf,
+            lock_end,
+            holder_end,
+        }
+    }
+
+    /// The same names as `names` (any layout).
+    pub(crate) fn of(names: &KeyNames) -> Self {
+        debug_assert!(names.holder.starts_with(&names.lock));
+        let mut buf = String::with_capacity(names.holder.len() + names.channel.len());
+        buf.push_str(&names.holder);
+        let holder_end = buf.len();
+        buf.push_str(&names.channel);
+        Self {
+            buf,
+            lock_end: names.lock.len(),
+            holder_end,
+        }
+    }
+
+    pub(crate) fn keys(&self) -> ReleaseKeys<'_> {
+        ReleaseKeys {
+            lock: &self.buf[..self.lock_end],
+            holder: &self.buf[..self.holder_end],
+            channel: &self.buf[self.holder_end..],
         }
     }
 }

@@ -8,7 +8,9 @@ use crate::keys::fair::FairNames;
 use crate::keys::layout::{
     LEGACY_OWNER_MARK, RedisLayout, check_cluster_slot, legacy_names, legacy_unsupported,
 };
-use crate::keys::names::{HOLDER_SUFFIX, KeyNames, escape_tag, glob_escape, unescape_tag};
+use crate::keys::names::{
+    HOLDER_SUFFIX, KeyNames, ReleaseNames, escape_tag, glob_escape, unescape_tag,
+};
 use crate::keys::shared::SharedNames;
 
 /// The names a backend gives its keys: its layout, prefix and (legacy
@@ -66,6 +68,20 @@ impl KeySpace {
             check_cluster_slot(&names, key, op)?;
         }
         Ok(names)
+    }
+
+    /// The names a release of `key`'s mutex sends (as
+    /// [`mutex`](Self::mutex) names them, refused alike), in one
+    /// allocation on the native layout.
+    pub(crate) fn release_names(
+        &self,
+        key: &LockKey,
+        op: Operation,
+    ) -> Result<ReleaseNames, LockError> {
+        if self.layout.is_legacy() {
+            return Ok(ReleaseNames::of(&self.mutex(key, op)?));
+        }
+        Ok(ReleaseNames::native(&self.prefix, key))
     }
 
     /// The names of `key`'s fair mutex (its queue beside the mutex's

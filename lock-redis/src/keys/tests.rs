@@ -6,8 +6,10 @@ use lock_core::LockKey;
 use redis::Value;
 use redis::cluster_routing::Slot;
 
+use super::layout::{RedisLayout, legacy_names};
 use super::names::{
-    FLOOR_KEY, KeyNames, SLOTS, TokenFloor, escape_tag, glob_escape, slot_floors, unescape_tag,
+    FLOOR_KEY, KeyNames, ReleaseNames, SLOTS, TokenFloor, escape_tag, glob_escape, slot_floors,
+    unescape_tag,
 };
 use super::replies::{NodeGrant, details_of, parse_grant};
 use super::scripts::Scripts;
@@ -41,6 +43,33 @@ fn lock_and_counter_share_a_hash_tag() {
         KeyNames::new("p:", &LockKey::new("x").unwrap()).lock,
         "p:{x}"
     );
+}
+
+#[test]
+fn release_names_are_the_mutex_names() {
+    for key in ["a", "jobs/7", "50%}off", "}{", "%25"] {
+        let key = LockKey::new(key).unwrap();
+        for prefix in ["", "app:", "x{y}:"] {
+            let names = KeyNames::new(prefix, &key);
+            for release in [ReleaseNames::native(prefix, &key), ReleaseNames::of(&names)] {
+                let got = release.keys();
+                assert_eq!(
+                    (got.lock, got.holder, got.channel),
+                    (&*names.lock, &*names.holder, &*names.channel),
+                    "{prefix:?} {key}"
+                );
+            }
+            for layout in [RedisLayout::Plain, RedisLayout::Redisson] {
+                let legacy = legacy_names(layout, prefix, ":token", &key);
+                let got = ReleaseNames::of(&legacy);
+                let got = got.keys();
+                assert_eq!(
+                    (got.lock, got.holder, got.channel),
+                    (&*legacy.lock, &*legacy.holder, &*legacy.channel)
+                );
+            }
+        }
+    }
 }
 
 #[test]
