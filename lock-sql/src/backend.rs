@@ -335,7 +335,10 @@ impl LockBackend for SqlBackend {
     // the grant (crate::admin).
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            waiting: if self.inner.table.dialect.notified() {
+            // Behind a transaction pooler no `LISTEN` runs: waiters poll.
+            waiting: if self.inner.table.dialect.notified()
+                && !self.inner.table.config.transaction_pooler
+            {
                 WaitStrategy::Notify
             } else {
                 WaitStrategy::Poll
