@@ -7,6 +7,9 @@
 //!   the same pooler: a second client finds "prepared statement
 //!   \"sqlx_s_1\" already exists" on the server connection the first one
 //!   left it on.
+//!   What the option costs, counted by a proxy: a try and a release take
+//!   four times the round trips of a direct connection (`BEGIN`, `Parse`,
+//!   `Bind`/`Execute`, `COMMIT` per statement).
 //! - Session mode is refused at connect through transaction and statement
 //!   pooling, with an error that names row mode and transaction-scoped
 //!   locks, and passes a short subset of the suite through session
@@ -23,6 +26,7 @@
 //!   through transaction pooling, in both modes.
 
 mod common;
+mod proxied;
 
 use std::sync::Arc;
 
@@ -112,6 +116,32 @@ async fn pgbouncer() {
     )
     .await
     .assert_passed();
+
+    // What the pooler-safe statements cost: round trips of a try and a
+    // release, counted by a proxy, directly and through the pooler.
+    let direct = proxied::proxy_to(postgres.port()).await;
+    let pooled = proxied::proxy_to(transaction.port()).await;
+    let direct_rt = try_cycle_round_trips(
+        &proxied::through(&postgres.url(), postgres.port(), &direct),
+        &direct,
+    )
+    .await;
+    let pooled_rt = try_cycle_round_trips(
+        &common::with_options(
+            &proxied::through(&tx_url, transaction.port(), &pooled),
+            ROW_OPTIONS,
+        ),
+        &pooled,
+    )
+    .await;
+    println!(
+        "round trips per try+release: {direct_rt} direct, {pooled_rt} with pooler=transaction"
+    );
+    assert_eq!(
+        pooled_rt,
+        4 * direct_rt,
+        "BEGIN, Parse, Bind/Execute, COMMIT for each statement"
+    );
 
     // Row mode through statement pooling: each statement's own
     // transaction is refused there, so its first grant fails.
@@ -256,4 +286,14 @@ async fn transaction_locks(url: &str) {
         );
     }
     pool.close().await;
+}
+
+/// Round trips per `try_acquire` + `release` of a free key at `url`
+/// (through `proxy`).
+async fn try_cycle_round_trips(url: &str, proxy: &conformance::proxy::FaultProxy) -> u64 {
+    let client = lock_core::LockClient::new(lock_sql::connect(url).await.unwrap());
+    proxied::per_cycle(proxy, 3, 20, async || {
+        conformance::bench::try_cycle(&client, "pgbouncer/round-trips", TTL).await;
+    })
+    .await
 }
