@@ -244,10 +244,14 @@ impl TransactionLocks {
         let sql = match config.dialect {
             #[cfg(feature = "postgres")]
             SqlDialect::Postgres => postgres::sql(kind, &config.table)?,
+            // Row mode's grant: binds key (bytes), owner, TTL µs, details;
+            // the token in `LAST_INSERT_ID`, 0 when held.
             #[cfg(feature = "mysql")]
-            SqlDialect::MySql => mysql::sql(&config.table)?,
+            SqlDialect::MySql => row_sql(SqlDialect::MySql, &config.table)?,
+            // Row mode's grant: binds key, owner, now µs, TTL µs, details;
+            // `RETURNING token`.
             #[cfg(feature = "sqlite")]
-            SqlDialect::Sqlite => sqlite::sql(&config.table)?,
+            SqlDialect::Sqlite => row_sql(SqlDialect::Sqlite, &config.table)?,
             #[allow(unreachable_patterns)] // with every feature on
             other => {
                 crate::dialect::of(other)?;
@@ -298,14 +302,17 @@ impl TransactionLocks {
     /// # Cancel safety
     ///
     /// Each statement is idempotent: run it again.
-    pub async fn prepare<DB: TxDatabase>(&self, pool: &sqlx::Pool<DB>) -> Result<(), LockError> {
+    pub async fn prepare<DB: TxDatabase>(&self, pool: &sqlx::Pool<DB>) -> Result<(), LockError>
+    where
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    {
         self.check::<DB>(Operation::Connect, None)?;
         let budget = self.config.op_timeout;
         let mut conn = self
             .bounded(Operation::Connect, None, budget, pool.acquire())
             .await?;
         for statement in &self.sql.create {
-            let run = DB::run_create(&mut conn, statement);
+            let run = sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string())).execute(&mut *conn);
             self.bounded(Operation::Connect, None, budget, run).await?;
         }
         Ok(())
@@ -547,9 +554,6 @@ mod sealed {
         /// The dialect of this database.
         const DIALECT: SqlDialect;
 
-        /// Runs one `CREATE ... IF NOT EXISTS`.
-        async fn run_create(conn: &mut Self::Connection, sql: &str) -> Result<(), sqlx::Error>;
-
         /// A try (`deadline` `None`) or a wait until `deadline`: the token,
         /// or `None` when still held.
         async fn grant(
@@ -560,6 +564,19 @@ mod sealed {
             deadline: Option<Instant>,
         ) -> Result<Option<u64>, LockError>;
     }
+}
+
+/// Row mode's own statements on `table` (validated) for `dialect`: its
+/// table's `CREATE`s and its grant, which the caller's transaction runs
+/// with an expiry of now (TTL 0), so the row lock is the lock.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn row_sql(dialect: SqlDialect, table: &str) -> Result<TxSql, LockError> {
+    let statements = crate::keys::Statements::new(crate::dialect::of(dialect)?, table);
+    Ok(TxSql {
+        create: statements.create.iter().map(|s| s.to_string()).collect(),
+        try_grant: statements.grant.to_string(),
+        wait_grant: String::new(),
+    })
 }
 
 /// A statement's token: `None` when none or not positive.

@@ -10,20 +10,8 @@ use lock_core::{HolderDetails, LockError, LockKey};
 use sqlx::{AssertSqlSafe, MySqlConnection};
 use tokio::time::Instant;
 
-use super::{TransactionLocks, TxSql, next_poll, operation_of, sealed};
+use super::{TransactionLocks, next_poll, operation_of, sealed};
 use crate::config::SqlDialect;
-
-/// The statements on `table` (validated): row mode's grant (binds: key
-/// bytes, owner, TTL µs, details; the token in `LAST_INSERT_ID`, 0 when
-/// held), given an expiry of now (TTL 0).
-pub(super) fn sql(table: &str) -> Result<TxSql, LockError> {
-    let statements = crate::keys::Statements::new(crate::dialect::of(SqlDialect::MySql)?, table);
-    Ok(TxSql {
-        create: statements.create.iter().map(|s| s.to_string()).collect(),
-        try_grant: statements.grant.to_string(),
-        wait_grant: String::new(),
-    })
-}
 
 /// What one try did.
 enum Tried {
@@ -107,13 +95,6 @@ fn is_lock_wait(err: &sqlx::Error) -> bool {
 #[async_trait]
 impl sealed::Driver for sqlx::MySql {
     const DIALECT: SqlDialect = SqlDialect::MySql;
-
-    async fn run_create(conn: &mut MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(conn)
-            .await
-            .map(drop)
-    }
 
     async fn grant(
         locks: &TransactionLocks,

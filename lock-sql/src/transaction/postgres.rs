@@ -177,13 +177,6 @@ impl TransactionLocks {
 impl sealed::Driver for sqlx::Postgres {
     const DIALECT: SqlDialect = SqlDialect::Postgres;
 
-    async fn run_create(conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
     async fn grant(
         locks: &TransactionLocks,
         conn: &mut PgConnection,

@@ -8,21 +8,9 @@ use lock_core::{ErrorKind, HolderDetails, LockError, LockKey};
 use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 use tokio::time::Instant;
 
-use super::{TransactionLocks, TxSql, code_of, next_poll, operation_of, sealed, token_of};
+use super::{TransactionLocks, code_of, next_poll, operation_of, sealed, token_of};
 use crate::config::{NAME, SqlDialect};
 use crate::dialect::unix_micros;
-
-/// The statements on `table` (validated): row mode's grant (binds: key,
-/// owner, now µs, TTL µs, details; `RETURNING token`), given an expiry of
-/// now (TTL 0).
-pub(super) fn sql(table: &str) -> Result<TxSql, LockError> {
-    let statements = crate::keys::Statements::new(crate::dialect::of(SqlDialect::Sqlite)?, table);
-    Ok(TxSql {
-        create: statements.create.iter().map(|s| s.to_string()).collect(),
-        try_grant: statements.grant.to_string(),
-        wait_grant: String::new(),
-    })
-}
 
 /// What one try did.
 enum Tried {
@@ -75,13 +63,6 @@ impl TransactionLocks {
 #[async_trait]
 impl sealed::Driver for sqlx::Sqlite {
     const DIALECT: SqlDialect = SqlDialect::Sqlite;
-
-    async fn run_create(conn: &mut SqliteConnection, sql: &str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(conn)
-            .await
-            .map(drop)
-    }
 
     async fn grant(
         locks: &TransactionLocks,
