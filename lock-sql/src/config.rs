@@ -784,4 +784,29 @@ mod tests {
             assert!(err.message().contains("layout"), "{url}: {err}");
         }
     }
+
+    #[test]
+    fn pooler_option() {
+        let config = SqlConfig::from_url("postgres://u@h/db?pooler=transaction").unwrap();
+        assert!(config.transaction_pooler);
+        assert!(!config.driver_url().contains("pooler"), "ours, not sqlx's");
+        let config = SqlConfig::from_url("postgres://u@h/db?pooler=none").unwrap();
+        assert!(!config.transaction_pooler);
+        for (url, says) in [
+            ("postgres://u@h/db?pooler=session", "transaction or none"),
+            (
+                "postgres://u@h/db?pooler=transaction&mode=session",
+                "row mode",
+            ),
+            (
+                "postgres://u@h/db?pooler=transaction&layout=shedlock",
+                "lease layout",
+            ),
+            ("mysql://u@h/db?pooler=transaction", "PostgreSQL"),
+        ] {
+            let err = SqlConfig::from_url(url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}");
+            assert!(err.message().contains(says), "{url}: {err}");
+        }
+    }
 }
