@@ -8,6 +8,13 @@
 //!   `SELECT pg_advisory_unlock($1)` (MySQL/MariaDB `GET_LOCK(name, 0)` +
 //!   `RELEASE_LOCK(name)`); when the try fails, a blocking
 //!   `pg_advisory_lock` / `GET_LOCK(name, 60)`. No token.
+//! - **raw + token**: the raw exchange with a fencing token taken in the
+//!   grant statement, nothing else: `SELECT CASE WHEN
+//!   pg_try_advisory_lock($1) THEN nextval(seq) END` (a `CACHE 1`
+//!   sequence, as the driver's); MariaDB `INSERT INTO t (name, token)
+//!   SELECT ?, LAST_INSERT_ID(1) FROM DUAL WHERE GET_LOCK(?, 0) = 1 ON
+//!   DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)` (a row per
+//!   key, as the driver's). raw + token / raw is the fencing token's cost.
 //! - **floor**: [`lock_bench::sql::SessionFloor`], the driver's own grant
 //!   statement (lock and fencing token in one statement: `nextval` of the
 //!   token sequence, MariaDB a token row written by `INSERT .. ON
@@ -20,8 +27,8 @@
 //!
 //! Printed per database: [`conformance::bench::StandardFigures`] (1 client
 //! p50/p99, 8 clients on 8 keys throughput, 4 clients on one key
-//! handoffs) of floor vs raw, ours vs raw, ours (one shared backend) vs
-//! raw. Run it in release mode while nothing else builds:
+//! handoffs) of raw + token vs raw, floor vs raw, ours vs raw, ours (one
+//! shared backend) vs raw, and ours vs raw + token. Run it in release mode while nothing else builds:
 //!
 //! ```text
 //! cargo run --release -p lock-bench --example session_parts
@@ -46,6 +53,9 @@ use tokio::sync::Mutex;
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// The 8 clients of one side.
+type Side = [Arc<dyn Contender>];
+
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -53,11 +63,15 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// The raw exchange on one bare connection.
+/// The raw exchange on one bare connection, with a token when `token`.
 enum Raw {
-    Pg(Mutex<sqlx::PgConnection>),
-    My(Mutex<sqlx::MySqlConnection>),
+    Pg(Mutex<sqlx::PgConnection>, bool),
+    My(Mutex<sqlx::MySqlConnection>, bool),
 }
+
+/// The raw + token side's sequence (PostgreSQL) and token table (MariaDB).
+const PG_SEQ: &str = "session_parts_seq";
+const MY_TOKENS: &str = "session_parts_tokens";
 
 fn failed(e: sqlx::Error) -> LockError {
     LockError::new(ErrorKind::Backend, Operation::Acquire, e.to_string())
@@ -75,15 +89,26 @@ fn pg_key(key: &str) -> i64 {
 }
 
 impl Raw {
-    async fn connect(url: &str) -> Self {
+    async fn connect(url: &str, token: bool) -> Self {
         if url.starts_with("postgres") {
-            Self::Pg(Mutex::new(
-                sqlx::PgConnection::connect(url).await.expect("pg"),
-            ))
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("pg");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "CREATE SEQUENCE IF NOT EXISTS {PG_SEQ} AS BIGINT CACHE 1"
+            )))
+            .execute(&mut conn)
+            .await
+            .expect("sequence");
+            Self::Pg(Mutex::new(conn), token)
         } else {
-            Self::My(Mutex::new(
-                sqlx::MySqlConnection::connect(url).await.expect("mysql"),
-            ))
+            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("mysql");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "CREATE TABLE IF NOT EXISTS {MY_TOKENS} (name VARBINARY(255) NOT NULL PRIMARY KEY, \
+                 token BIGINT NOT NULL) ENGINE=InnoDB"
+            )))
+            .execute(&mut conn)
+            .await
+            .expect("token table");
+            Self::My(Mutex::new(conn), token)
         }
     }
 }
@@ -92,16 +117,32 @@ impl Raw {
 impl Contender for Raw {
     async fn cycle(&self, key: &str) -> Result<(), LockError> {
         match self {
-            Self::Pg(conn) => {
+            Self::Pg(conn, token) => {
                 let conn = &mut *conn.lock().await;
                 let k = pg_key(key);
-                let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                let got = if *token {
+                    let t: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                        "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{PG_SEQ}') END"
+                    )))
                     .bind(k)
                     .fetch_one(&mut *conn)
                     .await
                     .map_err(failed)?;
+                    t.is_some()
+                } else {
+                    sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
+                        .bind(k)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(failed)?
+                };
                 if !got {
-                    sqlx::query("SELECT pg_advisory_lock($1)")
+                    let wait = if *token {
+                        format!("SELECT pg_advisory_lock($1), nextval('{PG_SEQ}')")
+                    } else {
+                        "SELECT pg_advisory_lock($1)".to_owned()
+                    };
+                    sqlx::query(sqlx::AssertSqlSafe(wait))
                         .bind(k)
                         .execute(&mut *conn)
                         .await
@@ -113,19 +154,45 @@ impl Contender for Raw {
                     .await
                     .map_err(failed)?;
             }
-            Self::My(conn) => {
+            Self::My(conn, token) => {
                 let conn = &mut *conn.lock().await;
-                let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-                    .bind(key)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(failed)?;
-                if got != Some(1) {
-                    sqlx::query("SELECT GET_LOCK(?, 60)")
+                let bump = format!(
+                    "INSERT INTO {MY_TOKENS} (name, token) SELECT ?, LAST_INSERT_ID(1) FROM DUAL \
+                     WHERE GET_LOCK(?, ?) = 1 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
+                );
+                let got = if *token {
+                    let done = sqlx::query(sqlx::AssertSqlSafe(bump.clone()))
                         .bind(key)
+                        .bind(key)
+                        .bind(0)
                         .execute(&mut *conn)
                         .await
                         .map_err(failed)?;
+                    done.rows_affected() > 0
+                } else {
+                    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                        .bind(key)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(failed)?;
+                    got == Some(1)
+                };
+                if !got {
+                    if *token {
+                        sqlx::query(sqlx::AssertSqlSafe(bump))
+                            .bind(key)
+                            .bind(key)
+                            .bind(60)
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(failed)?;
+                    } else {
+                        sqlx::query("SELECT GET_LOCK(?, 60)")
+                            .bind(key)
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(failed)?;
+                    }
                 }
                 let _: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
                     .bind(key)
@@ -145,27 +212,32 @@ async fn run(name: &str, base: &str) {
     run.handoff_window =
         Duration::from_secs(u64::try_from(env("BENCH_HANDOFF_SECS", 2)).unwrap_or(2));
     let (mut raw, mut floors, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+    let mut tokened = Vec::new();
     let shared = LockClient::new(SqlSessionBackend::connect_url(&url).await.expect("ours"));
     let mut ours_shared = Vec::new();
     for _ in 0..8 {
-        raw.push(Arc::new(Raw::connect(base).await) as Arc<dyn Contender>);
+        raw.push(Arc::new(Raw::connect(base, false).await) as Arc<dyn Contender>);
+        tokened.push(Arc::new(Raw::connect(base, true).await) as Arc<dyn Contender>);
         let floor = SessionFloor::connect(&url).await.expect("floor");
         floors.push(Arc::new(FloorCycle::new(Box::new(floor), TTL)) as Arc<dyn Contender>);
         let backend = SqlSessionBackend::connect_url(&url).await.expect("ours");
         ours.push(Arc::new(Ours::new(LockClient::new(backend), TTL)) as Arc<dyn Contender>);
         ours_shared.push(Arc::new(Ours::new(shared.clone(), TTL)) as Arc<dyn Contender>);
     }
-    let sides: [(&str, &[Arc<dyn Contender>]); 3] = [
-        ("floor (grant with token, bare connection)", &floors),
-        ("ours (a backend per client)", &ours),
-        ("ours (8 clients on one backend)", &ours_shared),
+    let (plain, with_token) = ("raw exchange (no token)", "raw exchange + token");
+    let sides: [(&str, &Side, &str, &Side); 5] = [
+        (with_token, &tokened, plain, &raw),
+        ("floor (driver's grant by hand)", &floors, plain, &raw),
+        ("ours (a backend per client)", &ours, plain, &raw),
+        ("ours (8 clients on one backend)", &ours_shared, plain, &raw),
+        ("ours (a backend per client)", &ours, with_token, &tokened),
     ];
-    for (label, side) in sides {
-        let figures = standard_figures(side, &raw, &run).await.expect("figures");
+    for (label, side, base_label, base) in sides {
+        let figures = standard_figures(side, base, &run).await.expect("figures");
         figures.print(
-            &format!("{name}: {label}"),
+            &format!("{name}: {label} vs {base_label}"),
             label,
-            "raw exchange (no token)",
+            base_label,
         );
     }
 }

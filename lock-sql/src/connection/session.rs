@@ -82,9 +82,10 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     /// MySQL: the session's `wait_timeout` in seconds, once we set it.
     pub(crate) wait_timeout: Option<u64>,
-    /// The longest TTL granted on this session since it last held nothing:
-    /// its idle timeout is armed to that, so the server ends it no earlier
-    /// than the deadline of any lock it holds.
+    /// The TTL the session's idle timeout is armed to (PostgreSQL: set by a
+    /// full grant, kept by the release; MySQL: the grants' TTLs, raised
+    /// while it holds locks): at least the TTL of every lock it holds, so
+    /// the server ends it no earlier than any of their deadlines.
     pub(crate) armed_ttl: Option<Duration>,
     /// When its last statement ended (read only under a server idle timer,
     /// see [`Session::maybe_expired`]).
@@ -174,6 +175,10 @@ pub(crate) struct Sessions {
     /// `sql` with the release that leaves the session's settings alone,
     /// for a session that keeps other locks (see [`Sessions::release_sql`]).
     kept_sql: SessionSql,
+    /// PostgreSQL: `sql` with the grant that leaves the session's idle
+    /// timeout and keep-alive as armed, and the release that keeps them
+    /// (see [`Session::grant`]); `None` elsewhere.
+    lean_sql: Option<SessionSql>,
     /// The backend's name (`postgres-session`, `mysql-session`).
     pub(crate) name: &'static str,
     pool: Arc<Mutex<Pool>>,
@@ -308,6 +313,12 @@ impl Sessions {
         let sql = SessionSql::new(opts.dialect, &config.table);
         let mut kept_sql = SessionSql::new(opts.dialect, &config.table);
         kept_sql.release = kept_release(config.dialect, &sql.release);
+        let lean_sql = (config.dialect == SqlDialect::Postgres).then(|| {
+            let mut lean = SessionSql::new(opts.dialect, &config.table);
+            lean.grant = pg_lean_grant(&sql.counter);
+            lean.release = PG_LEAN_RELEASE.to_owned();
+            lean
+        });
         let pool_size = usize::try_from(config.pool_size.unwrap_or(10))
             .unwrap_or(10)
             .max(1);
@@ -316,6 +327,7 @@ impl Sessions {
             opts,
             sql,
             kept_sql,
+            lean_sql,
             name,
             pool: Arc::new(Mutex::new(Pool::default())),
             pool_size,
@@ -402,7 +414,17 @@ impl Sessions {
     /// settings (PostgreSQL: the published grant, the idle timeout); with
     /// some left, only the lock goes.
     pub(crate) fn release_sql(&self, left: usize) -> &SessionSql {
-        if left == 0 { &self.sql } else { &self.kept_sql }
+        match &self.lean_sql {
+            _ if left > 0 => &self.kept_sql,
+            Some(lean) => lean,
+            None => &self.sql,
+        }
+    }
+
+    /// The statements a grant chooses from: the full ones, and on
+    /// PostgreSQL the lean ones (see [`Session::grant`]).
+    pub(crate) fn grant_sql(&self) -> (&SessionSql, Option<&SessionSql>) {
+        (&self.sql, self.lean_sql.as_ref())
     }
 
     /// How many sessions are open now.
@@ -618,6 +640,24 @@ impl Sessions {
     }
 }
 
+/// PostgreSQL's lean grant: the lock and its token, and the grant
+/// published, on a session whose idle timeout and TCP keep-alive are armed
+/// for the lease already (`$3`, the TTL, is bound and unused).
+fn pg_lean_grant(seq: &str) -> String {
+    format!(
+        "SELECT g.t, CASE WHEN g.t IS NOT NULL AND $3::text IS NOT NULL THEN \
+         set_config('application_name', 'distlock ' || $2 || ' ' || g.t, false) END \
+         FROM (SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{seq}') END AS t OFFSET 0) g"
+    )
+}
+
+/// PostgreSQL's release of a session's last lock that keeps its idle
+/// timeout and keep-alive armed (the next grant then needs no setting):
+/// the session is then treated as ending after that timeout of silence
+/// (see [`Session::maybe_expired`]).
+const PG_LEAN_RELEASE: &str =
+    "SELECT pg_advisory_unlock($1), set_config('application_name', 'distlock', false)";
+
 /// The release of a session that keeps other locks of ours: the lock
 /// alone. PostgreSQL's full release also resets the published grant and
 /// the idle timeout, which the remaining locks still need; it publishes
@@ -656,12 +696,14 @@ impl Session {
     }
 
     /// Whether a session that holds nothing may already have been ended by
-    /// the server's idle timeout (MySQL `wait_timeout`; PostgreSQL sessions
-    /// are reset to no idle timeout when their last lock is released).
+    /// the server's idle timeout (MySQL `wait_timeout`; PostgreSQL
+    /// `idle_session_timeout`, which stays armed after the last release).
     pub(crate) fn maybe_expired(&self) -> bool {
-        self.wait_timeout.is_some_and(|secs| {
-            self.last_used.elapsed() + Duration::from_millis(500) >= Duration::from_secs(secs)
-        })
+        let limit = match self.wait_timeout {
+            Some(secs) => Some(Duration::from_secs(secs)),
+            None => self.armed_ttl,
+        };
+        limit.is_some_and(|limit| self.last_used.elapsed() + Duration::from_millis(500) >= limit)
     }
 
     /// Where this session's statements run, with the backend's `sql`, and
@@ -683,7 +725,7 @@ impl Session {
     /// their TTLs count too.
     pub(crate) async fn grant(
         &mut self,
-        sql: &SessionSql,
+        (sql, lean): (&SessionSql, Option<&SessionSql>),
         grant: &SessionGrant<'_>,
         holds_others: bool,
     ) -> SqlxResult<Granted> {
@@ -697,11 +739,17 @@ impl Session {
             self.dialect.arm_idle_timeout(&mut self.conn, secs).await?;
             self.wait_timeout = Some(secs);
         }
-        let (dialect, on) = self.on(sql);
+        // PostgreSQL: a try on a session armed for this TTL already (and
+        // for at most twice it, so the server still frees a silent
+        // session's locks soon after their deadline) sets nothing.
+        let lean = lean.filter(|_| {
+            grant.wait.is_none() && self.armed_ttl.is_some_and(|a| a >= ttl && a <= ttl * 2)
+        });
+        let (dialect, on) = self.on(lean.unwrap_or(sql));
         let granted = dialect
             .session_grant(on, &SessionGrant { ttl, ..*grant })
             .await?;
-        if matches!(granted, Granted::Token(_)) {
+        if lean.is_none() && matches!(granted, Granted::Token(_)) {
             self.armed_ttl = Some(ttl);
         }
         Ok(granted)

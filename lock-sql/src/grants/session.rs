@@ -452,11 +452,6 @@ impl SessionGrants {
         // session, or left as an orphan that the next call on the session
         // releases.
         used.remove_held();
-        if left == 0
-            && let Some(session) = used.session()
-        {
-            session.armed_ttl = None;
-        }
         self.held.forget(id, &held);
         drop(abandon);
         match released {
@@ -501,7 +496,6 @@ impl SessionGrants {
         key: &LockKey,
     ) -> Result<Tried, LockError> {
         let op_timeout = self.inner.config.op_timeout;
-        let sql = &self.inner.sql;
         let mut again = true;
         loop {
             let mut used = self.inner.any(until).await.map_err(|e| e.with_key(key))?;
@@ -522,7 +516,11 @@ impl SessionGrants {
             let fresh = session.fresh;
             session.fresh = false;
             let sent_at = Instant::now();
-            let attempt = timeout(op_timeout, session.grant(sql, &try_here, holds_others)).await;
+            let attempt = timeout(
+                op_timeout,
+                session.grant(self.inner.grant_sql(), &try_here, holds_others),
+            )
+            .await;
             match attempt {
                 Ok(Ok(Granted::Token(token))) => {
                     abandon.disarm();
@@ -594,7 +592,7 @@ impl SessionGrants {
         let waited = timeout(
             remaining + op_timeout,
             session.grant(
-                &self.inner.sql,
+                self.inner.grant_sql(),
                 &SessionGrant {
                     wait: Some(remaining),
                     ..*grant

@@ -291,6 +291,42 @@ pub async fn scenarios(target: &SessionTarget) {
     killed_session_loses_only_its_locks(target).await;
     waiting_blocks_no_other_lock(target).await;
     one_grant_of_a_key_per_backend(target).await;
+    longer_ttl_rearms_a_reused_session(target).await;
+}
+
+/// A session whose idle timeout was armed for a short TTL (then released)
+/// takes a lock of a longer TTL: the server must not end it after the
+/// short TTL of silence (a grant that kept the old timeout would free the
+/// lock before its holder's deadline).
+pub async fn longer_ttl_rearms_a_reused_session(target: &SessionTarget) {
+    let url = with_options(&target.url, "pool_size=1");
+    let holder = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let probe = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let (short, long) = (key("arm-short"), key("arm-long"));
+    let first = holder
+        .try_acquire(&short, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(holder.release(&first).await.unwrap());
+    let lease = holder
+        .try_acquire(&long, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(holder.session_id(&first), None);
+    // Silent for longer than the short TTL, well within the long one.
+    sleep(Duration::from_millis(2500)).await;
+    assert!(
+        probe
+            .try_acquire(&long, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none(),
+        "the server freed a 5 s lease after 2.5 s of silence"
+    );
+    assert!(holder.renew(&lease).await.is_ok());
+    assert!(holder.release(&lease).await.unwrap());
 }
 
 /// `n` locks held as guards by one backend of `pool_size=2`: at most two
