@@ -28,8 +28,11 @@ const FIRST_POLL: Duration = Duration::from_millis(1);
 pub const MAX_POLL: Duration = Duration::from_millis(16);
 
 /// How many times `holders` reads an exclusive holder without a record
-/// before it names it as another program's.
-const HOLDER_LOOKS: usize = 5;
+/// before it names it as another program's: the pauses between looks
+/// double from 2 ms, about 125 ms in all, so a grant or release whose
+/// process was descheduled between its lock and its record (a loaded
+/// machine) is still seen as ours in passing.
+const HOLDER_LOOKS: u32 = 7;
 
 /// What this backend guarantees (see the crate docs for each field).
 pub const CAPABILITIES: Capabilities = Capabilities {
@@ -161,7 +164,8 @@ impl FileBackend {
     /// record, and a release truncates the record just before it unlocks:
     /// an exclusive holder without a matching record may be one of ours
     /// in passing, so the files are read again a few times (over about
-    /// 10 ms) before such a holder is reported as another program's.
+    /// 125 ms, see [`HOLDER_LOOKS`]) before such a holder is reported as
+    /// another program's.
     fn read_holders(files: &KeyFiles, shape: LockShape) -> std::io::Result<Vec<HolderInfo>> {
         let mut looks = 0;
         let (flocks, record) = loop {
@@ -177,7 +181,7 @@ impl FileBackend {
             if !unnamed || looks >= HOLDER_LOOKS {
                 break (flocks, record);
             }
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(Duration::from_millis(1 << looks));
         };
         let epoch = read_token(&files.token)?;
         let foreign = |h: &FlockHolder| format!("pid {}", h.pid);
