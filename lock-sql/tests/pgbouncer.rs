@@ -297,3 +297,37 @@ async fn try_cycle_round_trips(url: &str, proxy: &conformance::proxy::FaultProxy
     })
     .await
 }
+
+/// What the docs say of sqlx 0.9's `statement-cache-capacity=0`: it
+/// still names each statement it prepares (never reusing or closing it),
+/// so two client connections through transaction pooling collide on
+/// `sqlx_s_1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_without_statement_cache_still_names_statements() {
+    let Some(postgres) = PostgresServer::start().await.or_skip() else {
+        return;
+    };
+    let transaction = PgBouncerServer::start(&postgres, PoolMode::Transaction)
+        .await
+        .expect("pgbouncer in transaction pooling");
+    let url = common::with_options(&transaction.url(), "statement-cache-capacity=0");
+    let mut a = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut b = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut errors = Vec::new();
+    for _ in 0..3 {
+        for conn in [&mut a, &mut b] {
+            if let Err(err) = sqlx::query("SELECT $1::int8")
+                .bind(1_i64)
+                .fetch_one(&mut *conn)
+                .await
+            {
+                errors.push(err.to_string());
+            }
+        }
+    }
+    println!("statement-cache-capacity=0 through transaction pooling: {errors:?}");
+    assert!(
+        errors.iter().any(|e| e.contains("already exists")),
+        "{errors:?}"
+    );
+}
