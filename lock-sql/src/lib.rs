@@ -65,10 +65,12 @@
 //! - Tokens can go backwards only if committed rows are lost: failing over to
 //!   an asynchronous replica that missed the last grants, restoring a backup,
 //!   or SQLite with `synchronous=NORMAL` after a power loss.
-//! - Session mode holds a connection per held or waiting lock, and a killed
-//!   session or a server restart frees the lock at once while the holder
-//!   learns at its next keep-alive: only the fencing token protects the
-//!   resource then.
+//! - Session mode holds many locks per connection (at most `pool_size`
+//!   connections per backend); a killed session or a server restart frees
+//!   every lock of that session at once while their holders learn at the
+//!   session's next keep-alive: only the fencing token protects the
+//!   resource then. `force_release` ends only a session holding that one
+//!   lock.
 //! - Session mode on MySQL/MariaDB keeps a lock through a partition only
 //!   for a TTL within the server's TCP keep-alive (`tcp_keepalive_time` +
 //!   `_probes` × `_interval`, GLOBAL settings, 0 meaning the server host's:
