@@ -18,9 +18,8 @@ use lock_sql::SqlSessionBackend;
 /// Short operation timeouts so a cut-off session shows up quickly.
 pub const CLIENT_OPTIONS: &str = "mode=session&timeout=1s&pool_size=4";
 
-/// The suite's clients: [`CLIENT_OPTIONS`] with room for the 7 locks one
-/// client holds at once in `list_finds_held_locks` (a session lock pins a
-/// connection).
+/// The suite's clients: [`CLIENT_OPTIONS`] with more sessions, so the
+/// suite's concurrent cases rarely wait for a session's statement.
 pub const SUITE_OPTIONS: &str = "mode=session&timeout=1s&pool_size=16";
 
 /// The database behind a session target.
