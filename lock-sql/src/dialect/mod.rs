@@ -471,8 +471,10 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// Inserts a waiter row; the last statement returns its id. Binds: name,
-    /// shape, owner, kind, count, limit, TTL µs (first statement).
-    fn insert_waiter_sql(&self, waiters: &str) -> Vec<String>;
+    /// shape, owner, kind, count, limit, TTL µs (first statement). Where
+    /// waiters are notified ([`WaitingSql`]), it also marks the key's row
+    /// of lease table `lease` waited for during the waiter row's TTL.
+    fn insert_waiter_sql(&self, waiters: &str, lease: &str) -> Vec<String>;
 
     /// A statement that changes rows of `table` (`UPDATE`/`DELETE`),
     /// extended so that the database wakes waiters of the changed key

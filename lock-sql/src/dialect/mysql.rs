@@ -288,7 +288,7 @@ impl Dialect for MySql {
         ])
     }
 
-    fn insert_waiter_sql(&self, waiters: &str) -> Vec<String> {
+    fn insert_waiter_sql(&self, waiters: &str, _lease: &str) -> Vec<String> {
         vec![
             format!(
                 "INSERT INTO {waiters} (name, shape, owner, kind, cnt, lim, expires_at) \

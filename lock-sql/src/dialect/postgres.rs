@@ -266,9 +266,14 @@ impl Dialect for Postgres {
         ])
     }
 
-    fn insert_waiter_sql(&self, waiters: &str) -> Vec<String> {
+    // The lease row's mark (`WaitingSql`) in the same statement: a
+    // data-modifying `WITH` runs whether or not it is read.
+    fn insert_waiter_sql(&self, waiters: &str, lease: &str) -> Vec<String> {
         vec![format!(
-            "INSERT INTO {waiters} (name, shape, owner, kind, cnt, lim, expires_at) \
+            "WITH m AS (UPDATE {lease} SET waiters_until = \
+             GREATEST(waiters_until, now() + $7 * INTERVAL '1 microsecond') \
+             WHERE name = $1 AND expires_at > now()) \
+             INSERT INTO {waiters} (name, shape, owner, kind, cnt, lim, expires_at) \
              VALUES ($1, $2, $3, $4, $5, $6, now() + $7 * INTERVAL '1 microsecond') RETURNING id"
         )]
     }

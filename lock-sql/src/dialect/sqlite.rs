@@ -239,7 +239,7 @@ impl Dialect for Sqlite {
         )]
     }
 
-    fn insert_waiter_sql(&self, waiters: &str) -> Vec<String> {
+    fn insert_waiter_sql(&self, waiters: &str, _lease: &str) -> Vec<String> {
         vec![format!(
             "INSERT INTO {waiters} (name, shape, owner, kind, cnt, lim, expires_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, {SQLITE_NOW} + ?7) RETURNING id"

@@ -206,7 +206,7 @@ impl SharedSql {
                  VALUES ({{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{p}}, {{exp}}, {{p}})"
             )),
             insert_waiter: dialect
-                .insert_waiter_sql(waiters)
+                .insert_waiter_sql(waiters, &named(""))
                 .into_iter()
                 .map(arc)
                 .collect(),

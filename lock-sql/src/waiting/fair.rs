@@ -74,10 +74,12 @@ impl Waiting {
         let mut pacing = self.shared.pacing();
         let mut queued = Queued::new(&self.shared, key);
         let mut refreshed_at = Instant::now();
-        // The mutex row marked waited for, so that its release notifies
-        // (PostgreSQL; see `crate::dialect::WaitingSql`), before each try
-        // that follows a mark's third.
-        let mark_for = self.mark_for().max(waiter_ttl(ttl));
+        // The mutex row stays marked waited for, so that its release
+        // notifies (PostgreSQL; see `crate::dialect::WaitingSql`): the
+        // registration marks it for the waiter row's TTL, and a mark is
+        // sent again once a third of that has passed (the loop comes round
+        // at least that often).
+        let mark_for = waiter_ttl(ttl);
         let mut marked_at: Option<Instant> = None;
         loop {
             // Subscribe before the attempt, so a release between a refusal
@@ -120,6 +122,7 @@ impl Waiting {
                 None => {
                     refreshed_at = Instant::now();
                     queued.id = Some(self.register_fair(key, &owner, ttl).await?);
+                    marked_at = Some(refreshed_at);
                 }
                 Some(id) if refreshed_at.elapsed() >= waiter_ttl(ttl) / 3 => {
                     let sent_at = Instant::now();
@@ -142,6 +145,7 @@ impl Waiting {
                         queued.withdraw().await;
                         refreshed_at = Instant::now();
                         queued.id = Some(self.register_fair(key, &owner, ttl).await?);
+                        marked_at = Some(refreshed_at);
                     }
                 }
                 Some(_) => {}
