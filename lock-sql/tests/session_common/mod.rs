@@ -291,6 +291,60 @@ pub async fn scenarios(target: &SessionTarget) {
     waiting_blocks_no_other_lock(target).await;
     one_grant_of_a_key_per_backend(target).await;
     longer_ttl_rearms_a_reused_session(target).await;
+    abandoned_grant_is_undone(target).await;
+}
+
+/// A try whose future is dropped mid-statement (its request held by the
+/// proxy, then delivered: the server takes the lock for a grant nobody
+/// reads) leaves an orphan on the session, which holds another lock: the
+/// key stays held until the session's next call, which releases it, and
+/// the session's other lock is kept. The probe seeing the key held before
+/// that call is the broken variant (no clean-up): the check can fail.
+pub async fn abandoned_grant_is_undone(target: &SessionTarget) {
+    let (proxy, url) = target.proxy("pool_size=1").await;
+    let holder = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let probe = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let (kept, k) = (key("orphan-kept"), key("orphan"));
+    let other = holder.try_acquire(&kept, ttl).await.unwrap().unwrap();
+    // A grant on a session holding a lock once before, so its statement is
+    // prepared on the connection and the try sends it whole (an
+    // unprepared one would wait for the server's parse reply first, and
+    // never send the grant).
+    let warm = holder.try_acquire(&key("orphan-warm"), ttl).await.unwrap();
+    holder.release(&warm.unwrap()).await.unwrap();
+    proxy.partition();
+    let dropped = timeout(Duration::from_millis(300), holder.try_acquire(&k, ttl)).await;
+    assert!(dropped.is_err(), "the try answered through a partition");
+    proxy.heal();
+    // The held request reaches the server: the orphan takes the lock.
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut seen_held = false;
+    while Instant::now() < until {
+        if probe.inspect(&k).await.unwrap().is_some() {
+            seen_held = true;
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        seen_held,
+        "broken variant: the abandoned grant never took the lock, nothing to undo"
+    );
+    assert!(
+        probe.try_acquire(&k, ttl).await.unwrap().is_none(),
+        "the orphan's lock was free before any clean-up"
+    );
+    // The session's next call (a keep-alive) releases the orphan first.
+    assert!(holder.renew(&other).await.is_ok(), "the kept lock was lost");
+    let freed = probe.try_acquire(&k, ttl).await.unwrap();
+    assert!(freed.is_some(), "the abandoned grant's lock was left held");
+    probe.release(&freed.unwrap()).await.unwrap();
+    assert!(holder.release(&other).await.unwrap());
+    println!(
+        "{} an abandoned try's lock was held until the session's next call, which released it",
+        target.name()
+    );
 }
 
 /// A session whose idle timeout was armed for a short TTL (then released)
