@@ -104,7 +104,7 @@ fi
 # examples the tests run are built too, but are not tests.)
 grep '"profile":{[^}]*"test":true' "$logs/build.json" | grep '"executable":"/' |
   sed -E 's/.*"manifest_path":"([^"]*)\/Cargo.toml".*"executable":"([^"]*)".*/\1 \2/' |
-  awk '{ slow = ($2 ~ /\/(scenarios|conformance|etcd|soak|ensemble|migration_rollout|behaviour|security|shedlock|round_trips|legacy)-/) ? 0 : 1; print slow, $0 }' |
+  awk '{ slow = ($2 ~ /\/(scenarios|conformance|etcd|soak|ensemble|migration_rollout|behaviour|security|shedlock|round_trips|legacy|pgbouncer|session_postgres|session_mariadb|postgres|mariadb)-/) ? 0 : 1; print slow, $0 }' |
   sort -s -k1,1n | cut -d' ' -f2- >"$logs/jobs"
 echo "doc -" >>"$logs/jobs"
 total=$(wc -l <"$logs/jobs")
