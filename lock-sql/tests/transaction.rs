@@ -31,6 +31,16 @@ fn key(name: &str) -> LockKey {
 }
 
 /// `url` with our options added.
+/// The token of a try in `tx` that must be granted.
+async fn granted_token<DB: TxDatabase>(
+    locks: &TransactionLocks,
+    tx: &mut sqlx::Transaction<'static, DB>,
+    key: &LockKey,
+) -> lock_core::FencingToken {
+    let guard = locks.try_lock_in(tx, key).await.unwrap();
+    guard.expect("a free key is granted").token()
+}
+
 fn with(url: &str, options: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}{options}")
@@ -292,27 +302,13 @@ async fn common_checks<DB: TxDatabase>(
 
     // Tokens increase over grants (and the same transaction may take the
     // key again, with a new token).
+    let key = k("tokens");
     let mut tx = pool.begin().await.unwrap();
-    let a = locks
-        .try_lock_in(&mut tx, &k("tokens"))
-        .await
-        .unwrap()
-        .unwrap()
-        .token();
-    let b = locks
-        .try_lock_in(&mut tx, &k("tokens"))
-        .await
-        .unwrap()
-        .unwrap()
-        .token();
+    let a = granted_token(&locks, &mut tx, &key).await;
+    let b = granted_token(&locks, &mut tx, &key).await;
     tx.commit().await.unwrap();
     let mut tx = pool.begin().await.unwrap();
-    let c = locks
-        .try_lock_in(&mut tx, &k("tokens"))
-        .await
-        .unwrap()
-        .unwrap()
-        .token();
+    let c = granted_token(&locks, &mut tx, &key).await;
     tx.commit().await.unwrap();
     assert!(a < b && b < c, "{name}: tokens {a:?}, {b:?}, {c:?}");
 }
