@@ -429,6 +429,19 @@ pub async fn floor_cycles_in_parallel(
             })
         })
         .collect();
+    join_tasks(tasks).await
+}
+
+/// Waits for every task: the first error any of them returned.
+///
+/// # Errors
+///
+/// The first task's error, in the order given.
+///
+/// # Panics
+///
+/// If a task panicked (the panic is resumed).
+pub async fn join_tasks<E>(tasks: Vec<tokio::task::JoinHandle<Result<(), E>>>) -> Result<(), E> {
     for task in tasks {
         match task.await {
             Ok(result) => result?,

@@ -213,13 +213,18 @@ pub async fn assert_told_too_late_caught(env: &PartitionEnv, label: &str) {
         "{label} (broken holder): {:?}: {}",
         report.verdict, report.detail
     );
+    assert_caught(&report, label);
+}
+
+/// Panics unless `report` is a [`Verdict::Violation`] caught for the right
+/// reason: another client's grant came first (not an error).
+pub fn assert_caught(report: &ScenarioReport, label: &str) {
     assert_eq!(
         report.verdict,
         Verdict::Violation,
         "{label}: {}",
         report.detail
     );
-    // Caught for the right reason: the grant came first, not an error.
     assert!(report.detail.contains("granted"), "{}", report.detail);
 }
 

@@ -176,11 +176,6 @@ pub(super) async fn cycles_for(
             })
         })
         .collect();
-    for task in tasks {
-        match task.await {
-            Ok(result) => result?,
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
-        }
-    }
+    conformance::bench::join_tasks(tasks).await?;
     Ok((done.load(Ordering::Relaxed), started.elapsed()))
 }
