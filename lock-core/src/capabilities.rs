@@ -80,10 +80,12 @@ pub struct Capabilities {
     /// library reports who took it ([`LockInfo::details`](crate::LockInfo::details):
     /// host, process, program, label, time of the grant).
     pub holder_details: bool,
-    /// The most grants one backend value can hold at once, where each held
-    /// (or waiting) grant pins a connection of its own (SQL session mode:
-    /// its `pool_size`); one more waits for a connection and fails after
-    /// the operation timeout. `None` where only memory limits them.
+    /// The most grants one backend value can hold at once, where a server
+    /// limit applies (SQL session mode on PostgreSQL: the server's lock
+    /// table, `max_locks_per_transaction` × (`max_connections` +
+    /// `max_prepared_transactions`), read at connect); a grant past it
+    /// fails with the server's error. `None` where only memory limits
+    /// them.
     pub max_held: Option<u32>,
 }
 
