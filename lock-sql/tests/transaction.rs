@@ -555,21 +555,12 @@ async fn sqlite() {
         .unwrap();
     rollback_frees(&locks, &pool, &k("rollback")).await;
     backend_checks(&locks, &broken, &backend, &pool, "sqlite").await;
+    let key = k("tokens");
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let a = locks
-        .try_lock_in(&mut tx, &k("tokens"))
-        .await
-        .unwrap()
-        .unwrap()
-        .token();
+    let a = granted_token(&locks, &mut tx, &key).await;
     tx.commit().await.unwrap();
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let b = locks
-        .try_lock_in(&mut tx, &k("tokens"))
-        .await
-        .unwrap()
-        .unwrap()
-        .token();
+    let b = granted_token(&locks, &mut tx, &key).await;
     tx.commit().await.unwrap();
     assert!(a < b, "sqlite: tokens {a:?}, {b:?}");
     wait_times_out(

@@ -441,10 +441,7 @@ impl Sessions {
     /// and fewer than `pool_size` are open, waiting for one until `until`.
     pub(crate) async fn any(&self, until: Instant) -> Result<ConnUse, LockError> {
         loop {
-            let pick = {
-                let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-                pool.slots.retain(|s| !s.conn.is_dead());
-                let room = pool.total() < self.pool_size;
+            let picked = self.pick(until, false, |pool, room| {
                 let least = pool
                     .slots
                     .iter_mut()
@@ -455,29 +452,18 @@ impl Sessions {
                         slot.users += 1;
                         Pick::Use(Arc::clone(&slot.conn))
                     }
-                    _ if room => {
-                        pool.opening += 1;
-                        Pick::Open
-                    }
+                    _ if room => Pick::Open,
                     _ => Pick::Full,
                 }
-            };
-            match pick {
-                Pick::Use(conn) => {
-                    let used = self.lock(conn, until).await?;
-                    if let Some(used) = self.unless_expired(used) {
-                        return Ok(used);
-                    }
-                }
-                Pick::Open => return self.open_slot(until, false).await,
-                Pick::Full => {
-                    // Every session is blocked in a server-side wait.
-                    if Instant::now() >= until {
-                        return Err(self.full());
-                    }
-                    sleep(Duration::from_millis(5)).await;
-                }
+            });
+            if let Some(used) = picked.await? {
+                return Ok(used);
             }
+            // Every session is blocked in a server-side wait.
+            if Instant::now() >= until {
+                return Err(self.full());
+            }
+            sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -485,27 +471,45 @@ impl Sessions {
     /// nobody uses, or a new one while fewer than `pool_size` are open;
     /// `None` when there is none (the caller polls instead).
     pub(crate) async fn for_wait(&self, until: Instant) -> Result<Option<ConnUse>, LockError> {
+        self.pick(until, true, |pool, room| {
+            let empty = pool
+                .slots
+                .iter_mut()
+                .find(|s| !s.waiting && s.users == 0 && s.conn.held() == 0);
+            match empty {
+                Some(slot) => {
+                    slot.users += 1;
+                    slot.waiting = true;
+                    Pick::Use(Arc::clone(&slot.conn))
+                }
+                None if room => Pick::Open,
+                None => Pick::Full,
+            }
+        })
+        .await
+    }
+
+    /// The session `choose` picks (under the pool's mutex, dead sessions
+    /// dropped first; `room`: fewer than `pool_size` are open), locked for
+    /// one call until `until` (picked again when it expired meanwhile), or
+    /// a new one when it answers [`Pick::Open`] (`waiting`: for a
+    /// server-side wait); `None` for [`Pick::Full`].
+    async fn pick(
+        &self,
+        until: Instant,
+        waiting: bool,
+        choose: impl Fn(&mut Pool, bool) -> Pick,
+    ) -> Result<Option<ConnUse>, LockError> {
         loop {
             let pick = {
                 let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
                 pool.slots.retain(|s| !s.conn.is_dead());
                 let room = pool.total() < self.pool_size;
-                let empty = pool
-                    .slots
-                    .iter_mut()
-                    .find(|s| !s.waiting && s.users == 0 && s.conn.held() == 0);
-                match empty {
-                    Some(slot) => {
-                        slot.users += 1;
-                        slot.waiting = true;
-                        Pick::Use(Arc::clone(&slot.conn))
-                    }
-                    None if room => {
-                        pool.opening += 1;
-                        Pick::Open
-                    }
-                    None => Pick::Full,
+                let pick = choose(&mut pool, room);
+                if matches!(pick, Pick::Open) {
+                    pool.opening += 1;
                 }
+                pick
             };
             match pick {
                 Pick::Use(conn) => {
@@ -514,7 +518,7 @@ impl Sessions {
                         return Ok(Some(used));
                     }
                 }
-                Pick::Open => return self.open_slot(until, true).await.map(Some),
+                Pick::Open => return self.open_slot(until, waiting).await.map(Some),
                 Pick::Full => return Ok(None),
             }
         }
