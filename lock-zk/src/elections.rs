@@ -32,8 +32,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::election::{ElectionInfo, ElectionPage, Leader, election_lock_key};
 use lock_core::{
-    ErrorKind, FencingToken, Lease, ListQuery, LockError, LockKey, Operation, OwnerId,
-    WatchRequest, check_ttl,
+    ErrorKind, FencingToken, Lease, ListQuery, LockError, LockKey, Operation, WatchRequest,
+    check_ttl,
 };
 use tokio::time::{Instant, sleep_until};
 use zookeeper_client as zk;
@@ -295,15 +295,8 @@ impl Elections {
 
     /// The leader a latch node named `name` with `data` stands for.
     fn leader_of(&self, name: &str, data: &[u8], czxid: i64) -> Leader {
-        let clock = self.expiry.clock();
         let seq = sequence_named(name, LATCH_NAME).and_then(|seq| u32::try_from(seq).ok());
-        let remaining_ttl = owner_of(name).and_then(|owner: OwnerId| {
-            self.expiry
-                .tracked(owner, |node| {
-                    (Some(node.seq) == seq).then(|| clock.remaining(node.due, Instant::now()))
-                })
-                .flatten()
-        });
+        let remaining_ttl = owner_of(name).and_then(|owner| self.expiry.remaining(owner, seq));
         Leader {
             // In the name: the data is Curator's participant id, whole.
             details: crate::keys::holder_details(name),

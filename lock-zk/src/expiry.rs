@@ -274,10 +274,11 @@ impl Expiry {
     /// not run out by `at`.
     pub(crate) fn tracked_until(&self, lease: &Lease, seq: u32, at: Instant) -> bool {
         let clock = self.state.clock;
-        self.tracked(lease.owner(), |node| {
-            node.seq == seq && !clock.passed(node.due, at)
-        })
-        .unwrap_or(false)
+        self.nodes()
+            .tracked(lease.owner(), |node| {
+                node.seq == seq && !clock.passed(node.due, at)
+            })
+            .unwrap_or(false)
     }
 
     /// Moves the deadline of `lease`'s node to `sent + ttl` after a
@@ -286,16 +287,17 @@ impl Expiry {
     /// renewal must not be reported.
     pub(crate) fn extend(&self, lease: &Lease, seq: u32, sent: Instant, ttl: Duration) -> bool {
         let clock = self.state.clock;
-        self.tracked(lease.owner(), |node| {
-            if node.seq != seq || clock.passed(node.due, sent) {
-                return false;
-            }
-            if clock.passed(node.due, sent + ttl) {
-                node.due = clock.deadline(sent + ttl);
-            }
-            true
-        })
-        .unwrap_or(false)
+        self.nodes()
+            .tracked(lease.owner(), |node| {
+                if node.seq != seq || clock.passed(node.due, sent) {
+                    return false;
+                }
+                if clock.passed(node.due, sent + ttl) {
+                    node.due = clock.deadline(sent + ttl);
+                }
+                true
+            })
+            .unwrap_or(false)
     }
 
     /// Tracks a granted node (`key` is its lease's key, or [`LATCH_MARK`]
@@ -343,21 +345,32 @@ impl Expiry {
         self.arm(task, at);
     }
 
-    /// Stops enforcing the TTL of `owner`'s shared-lock nodes.
-    pub(crate) fn forget_shared(&self, owner: OwnerId) {
-        if let Some(slot) = self.state.owners.key(owner) {
-            lock(&self.state.shared).remove(&slot);
+    /// The shared-lock nodes whose TTL this backend enforces, by owner.
+    pub(crate) fn shared(&self) -> Tracking<'_, SharedTracked> {
+        Tracking {
+            owners: &self.state.owners,
+            map: &self.state.shared,
         }
     }
 
-    /// `owner`'s tracked shared-lock nodes, if any.
-    pub(crate) fn tracked_shared<T>(
-        &self,
-        owner: OwnerId,
-        f: impl FnOnce(&mut SharedTracked) -> T,
-    ) -> Option<T> {
-        let slot = self.state.owners.key(owner)?;
-        lock(&self.state.shared).get_mut(&slot).map(f)
+    /// The mutex and election nodes whose TTL this backend enforces, by
+    /// owner.
+    pub(crate) fn nodes(&self) -> Tracking<'_, Tracked> {
+        Tracking {
+            owners: &self.state.owners,
+            map: &self.state.expiries,
+        }
+    }
+
+    /// The remaining TTL of `owner`'s tracked node when it is the node of
+    /// sequence `seq` (what `inspect` and the election listing report).
+    pub(crate) fn remaining(&self, owner: OwnerId, seq: Option<u32>) -> Option<Duration> {
+        let clock = self.clock();
+        self.nodes()
+            .tracked(owner, |node| {
+                (Some(node.seq) == seq).then(|| clock.remaining(node.due, Instant::now()))
+            })
+            .flatten()
     }
 
     /// Makes sure the expiry task runs and scans by `at`.
@@ -378,24 +391,6 @@ impl Expiry {
             task.armed = Some(at);
             task.wake.notify_one();
         }
-    }
-
-    /// Stops enforcing the TTL of `owner`'s node (released, or found gone),
-    /// so no delete is ever sent for a node that no longer exists.
-    pub(crate) fn forget_expiry(&self, owner: OwnerId) {
-        if let Some(slot) = self.state.owners.key(owner) {
-            lock(&self.state.expiries).remove(&slot);
-        }
-    }
-
-    /// `owner`'s tracked node, if any.
-    pub(crate) fn tracked<T>(
-        &self,
-        owner: OwnerId,
-        f: impl FnOnce(&mut Tracked) -> T,
-    ) -> Option<T> {
-        let slot = self.state.owners.key(owner)?;
-        lock(&self.state.expiries).get_mut(&slot).map(f)
     }
 }
 
@@ -457,6 +452,29 @@ fn take_due(inner: &ExpiryState, config: &ZkConfig, now: Instant) -> Due {
 /// the earliest deadline, or until a grant with an earlier one wakes it
 /// (scanning no sooner than the scan gap after the last scan). Holds the
 /// backend only while it looks.
+/// One of the backend's maps of tracked nodes, keyed by owner (the attempt
+/// ids this backend hands out).
+pub(crate) struct Tracking<'a, V> {
+    owners: &'a Owners,
+    map: &'a Mutex<HashMap<u64, V>>,
+}
+
+impl<V> Tracking<'_, V> {
+    /// Stops enforcing the TTL of `owner`'s node(s) (released, or found
+    /// gone), so no delete is ever sent for a node that no longer exists.
+    pub(crate) fn forget(&self, owner: OwnerId) {
+        if let Some(slot) = self.owners.key(owner) {
+            lock(self.map).remove(&slot);
+        }
+    }
+
+    /// `f` applied to `owner`'s tracked entry, if it has one.
+    pub(crate) fn tracked<T>(&self, owner: OwnerId, f: impl FnOnce(&mut V) -> T) -> Option<T> {
+        let slot = self.owners.key(owner)?;
+        lock(self.map).get_mut(&slot).map(f)
+    }
+}
+
 async fn expiry_loop(inner: Weak<ExpiryState>, wake: Arc<Notify>, cleanup: Cleanup) {
     loop {
         let now = Instant::now();

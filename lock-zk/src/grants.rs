@@ -121,7 +121,7 @@ impl Grants {
                     .with_key(lease.key()));
             }
         };
-        self.parts.expiry.forget_expiry(lease.owner());
+        self.parts.expiry.nodes().forget(lease.owner());
         self.parts
             .cleanup
             .sweep_uncertain(&session.client, dir, lease.owner(), false)
@@ -214,15 +214,7 @@ impl Grants {
             crate::ZkNodeNames::Kazoo => owner_of(&name).or_else(|| kazoo_owner_of(&name)),
         };
         let seq = u32::try_from(seq).ok();
-        let clock = self.parts.expiry.clock();
-        let remaining_ttl = owner.and_then(|owner| {
-            self.parts
-                .expiry
-                .tracked(owner, |node| {
-                    (Some(node.seq) == seq).then(|| clock.remaining(node.due, Instant::now()))
-                })
-                .flatten()
-        });
+        let remaining_ttl = owner.and_then(|owner| self.parts.expiry.remaining(owner, seq));
         LockInfo {
             details: keys::details_of_data(data),
             key: key.clone(),

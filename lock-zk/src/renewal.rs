@@ -119,7 +119,7 @@ impl Renewal {
                                 Some(self.confirmed(leases[*index], node, &session, sent));
                         }
                         let (index, _) = &pending[failed];
-                        self.expiry.forget_expiry(leases[*index].owner());
+                        self.expiry.nodes().forget(leases[*index].owner());
                         results[*index] = Some(Err(not_held(
                             leases[*index],
                             "the lock node is gone (released, expired, or deleted)",
@@ -192,7 +192,7 @@ impl Renewal {
         .await
         {
             Ok(None) => {
-                self.expiry.forget_expiry(lease.owner());
+                self.expiry.nodes().forget(lease.owner());
                 Err(not_held(
                     "the lock node is gone (released, expired, or deleted)",
                 ))

@@ -234,7 +234,8 @@ impl SharedLocks {
             && !self
                 .parts
                 .expiry
-                .tracked_shared(lease.owner(), |t| !clock.passed(t.due, sent))
+                .shared()
+                .tracked(lease.owner(), |t| !clock.passed(t.due, sent))
                 .unwrap_or(false)
         {
             return Err(not_held(
@@ -254,7 +255,7 @@ impl SharedLocks {
             .await
             .map_err(|err| err.into_lock_error(op).with_key(key))?;
         if stats.iter().any(Option::is_none) {
-            self.parts.expiry.forget_shared(lease.owner());
+            self.parts.expiry.shared().forget(lease.owner());
             return Err(not_held(
                 "the lease's node is gone (released, expired, or deleted)",
             ));
@@ -276,7 +277,8 @@ impl SharedLocks {
         let extended = self
             .parts
             .expiry
-            .tracked_shared(lease.owner(), |t| {
+            .shared()
+            .tracked(lease.owner(), |t| {
                 if clock.passed(t.due, sent) {
                     return false;
                 }
@@ -328,7 +330,7 @@ impl SharedLocks {
             // The local expiry stays armed: it deletes the rest later.
             return Err(err.into_lock_error(op).with_key(lease.key()));
         }
-        self.parts.expiry.forget_shared(lease.owner());
+        self.parts.expiry.shared().forget(lease.owner());
         self.parts
             .cleanup
             .remove_empty_dir(&session.client, &nodes.dir)
@@ -365,7 +367,8 @@ impl SharedLocks {
         if !self
             .parts
             .expiry
-            .tracked_shared(lease.owner(), |t| !clock.passed(t.due, sent))
+            .shared()
+            .tracked(lease.owner(), |t| !clock.passed(t.due, sent))
             .unwrap_or(false)
         {
             return Err(not_held("the write lease's TTL ran out"));
@@ -391,7 +394,7 @@ impl SharedLocks {
             .add_create(&read_path, data.as_bytes(), &options)
             .and_then(|()| writer.add_delete(write_path, None));
         if let Err(err) = added {
-            self.parts.expiry.forget_shared(owner);
+            self.parts.expiry.shared().forget(owner);
             return Err(CallError::Zk(err).into_lock_error(op).with_key(key));
         }
         let timeout = self.parts.conn.op_timeout();
@@ -405,26 +408,26 @@ impl SharedLocks {
                 source: zk::Error::NoNode,
                 ..
             })) => {
-                self.parts.expiry.forget_shared(owner);
+                self.parts.expiry.shared().forget(owner);
                 return Err(not_held("the write node is gone"));
             }
             Ok(Err(err)) => {
                 let err = CallError::Zk(zk::Error::from(err));
                 if !err.outcome_unknown() {
-                    self.parts.expiry.forget_shared(owner);
+                    self.parts.expiry.shared().forget(owner);
                 }
                 return Err(err.into_lock_error(op).with_key(key));
             }
             Ok(Ok(results)) => results,
         };
         drop(results);
-        self.parts.expiry.forget_shared(lease.owner());
+        self.parts.expiry.shared().forget(lease.owner());
         // A multi's create answers without a stat: read the node's czxid
         // (renewals confirm it).
         let czxid = match timed(timeout, session.client.check_stat(&read_path)).await {
             Ok(Some(stat)) => stat.czxid,
             Ok(None) => {
-                self.parts.expiry.forget_shared(owner);
+                self.parts.expiry.shared().forget(owner);
                 return Err(not_held("the read node vanished right after the downgrade"));
             }
             Err(err) => return Err(err.into_lock_error(op).with_key(key)),

@@ -303,16 +303,8 @@ impl Admin {
     /// lease read per other process's lease among the holders (and one
     /// holder read when a single key's queue fills the whole scan).
     pub(super) async fn list_locks(&self, query: &ListQuery) -> Result<LockPage, LockError> {
-        let (prefix, cursor, limit) = query.parts();
         let op = Operation::Inspect;
-        let scan = self.scan_page(Listed::Mutex, prefix, cursor, limit).await?;
-        let holders: Vec<usize> = scan
-            .groups
-            .iter()
-            .filter(|g| !g.fills_scan)
-            .filter_map(|g| g.oldest(&scan.kvs).map(|(i, _)| i))
-            .collect();
-        let ttls = self.remaining_ttls(&holders, &scan.kvs, op).await;
+        let (scan, ttls) = self.scan_with_holder_ttls(Listed::Mutex, query).await?;
         let mut page = LockPage {
             locks: Vec::with_capacity(scan.groups.len()),
             cursor: scan.cursor,
@@ -421,18 +413,9 @@ impl Admin {
         &self,
         query: &ListQuery,
     ) -> Result<ElectionPage, LockError> {
-        let (prefix, cursor, limit) = query.parts();
-        let op = Operation::Inspect;
-        let scan = self
-            .scan_page(Listed::Election, prefix, cursor, limit)
+        let (scan, ttls) = self
+            .scan_with_holder_ttls(Listed::Election, query)
             .await?;
-        let leaders: Vec<usize> = scan
-            .groups
-            .iter()
-            .filter(|g| !g.fills_scan)
-            .filter_map(|g| g.oldest(&scan.kvs).map(|(i, _)| i))
-            .collect();
-        let ttls = self.remaining_ttls(&leaders, &scan.kvs, op).await;
         let mut page = ElectionPage {
             elections: Vec::with_capacity(scan.groups.len()),
             cursor: scan.cursor,
@@ -459,6 +442,28 @@ impl Admin {
     /// The remaining TTL of each listed holder, by its index in `kvs`: our
     /// own grants' deadlines, and one lease read per other lease
     /// ([`TTL_READS_AT_ONCE`] at a time).
+    /// One page of `listed` entries ([`scan_page`](Self::scan_page)) and
+    /// the remaining TTLs of each group's holder (its oldest entry), for
+    /// the groups that do not fill the whole scan.
+    async fn scan_with_holder_ttls(
+        &self,
+        listed: Listed,
+        query: &ListQuery,
+    ) -> Result<(Scan, HashMap<usize, Option<Duration>>), LockError> {
+        let (prefix, cursor, limit) = query.parts();
+        let scan = self.scan_page(listed, prefix, cursor, limit).await?;
+        let holders: Vec<usize> = scan
+            .groups
+            .iter()
+            .filter(|g| !g.fills_scan)
+            .filter_map(|g| g.oldest(&scan.kvs).map(|(i, _)| i))
+            .collect();
+        let ttls = self
+            .remaining_ttls(&holders, &scan.kvs, Operation::Inspect)
+            .await;
+        Ok((scan, ttls))
+    }
+
     async fn remaining_ttls(
         &self,
         holders: &[usize],

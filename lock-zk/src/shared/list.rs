@@ -179,7 +179,8 @@ impl SharedListing {
                 let now = Instant::now();
                 let remaining_ttl = owner.and_then(|o| {
                     self.expiry
-                        .tracked_shared(o, |t| clock.remaining(t.due, now))
+                        .shared()
+                        .tracked(o, |t| clock.remaining(t.due, now))
                 });
                 out.push(HolderInfo {
                     details: keys::details_of_data(&data),
