@@ -515,18 +515,7 @@ impl LockRequest<'_> {
             !self.wait.is_zero(),
             &result,
         );
-        if !span.is_disabled() {
-            match &result {
-                Ok(lease) => {
-                    span.record("token", lease.token().get());
-                    span.record("owner", tracing::field::display(lease.owner().to_hex()));
-                    span.record("outcome", "granted");
-                }
-                Err(e) => {
-                    span.record("outcome", tracing::field::display(e.kind()));
-                }
-            }
-        }
+        crate::telemetry::record_grant(&span, &result, "token", "granted");
         let lease = result?;
         Ok(match self.client.scheduler(&self.renewal_runtime) {
             Some((scheduler, handle)) => {

@@ -151,18 +151,7 @@ impl<'a> Campaign<'a> {
             .campaign(&name, ttl, deadline)
             .instrument(span.clone())
             .await;
-        if !span.is_disabled() {
-            match &result {
-                Ok(lease) => {
-                    span.record("term", lease.token().get());
-                    span.record("owner", tracing::field::display(lease.owner().to_hex()));
-                    span.record("outcome", "leading");
-                }
-                Err(e) => {
-                    span.record("outcome", tracing::field::display(e.kind()));
-                }
-            }
-        }
+        crate::telemetry::record_grant(&span, &result, "term", "leading");
         let lease = result?;
         Ok(Leadership {
             guard: self.client.guard_for(lease, &defaults.renewal),

@@ -211,6 +211,30 @@ pub(crate) fn acquire_ended<T>(
 
 /// A renewal returned: `margin` is the time that was left before the old
 /// deadline (for a success).
+/// Records a grant's outcome on its span (when enabled): the lease's
+/// token in `token_field` (`token`, an election's `term`), its owner and
+/// `granted` as the outcome, or the error's kind.
+pub(crate) fn record_grant(
+    span: &tracing::Span,
+    result: &Result<crate::Lease, LockError>,
+    token_field: &str,
+    granted: &str,
+) {
+    if span.is_disabled() {
+        return;
+    }
+    match result {
+        Ok(lease) => {
+            span.record(token_field, lease.token().get());
+            span.record("owner", tracing::field::display(lease.owner().to_hex()));
+            span.record("outcome", granted);
+        }
+        Err(e) => {
+            span.record("outcome", tracing::field::display(e.kind()));
+        }
+    }
+}
+
 pub(crate) fn renewal(backend: &'static str, key: &LockKey, ok: bool, margin: Duration) {
     if !metrics_enabled() {
         return;
