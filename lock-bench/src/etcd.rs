@@ -28,6 +28,7 @@
 //! example) can report "ours / floor" ratios measured in one run. It is not
 //! a lock API: use [`EtcdBackend`](lock_etcd::EtcdBackend) for that.
 
+mod crate_alone;
 mod wire;
 
 use std::fmt;
@@ -43,6 +44,8 @@ use lock_etcd::keys::{
 };
 use lock_etcd::{EtcdConfig, MIN_TTL};
 use wire::{Cmp, Compare, Op, TxnReply, Wire};
+
+pub use crate_alone::EtcdCrateAlone;
 
 /// The backend's name, as the driver's errors carry it.
 const NAME: &str = "etcd";

@@ -44,6 +44,7 @@ macro_rules! floor_fn {
 }
 pub(crate) use floor_fn;
 
+pub mod crate_alone;
 pub mod etcd;
 pub mod file;
 pub mod nats;

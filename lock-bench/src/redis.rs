@@ -36,6 +36,7 @@
 //!
 //! Not a lock API: use [`RedisBackend`] for that.
 
+mod crate_alone;
 mod permits;
 mod redlock;
 mod resp;
@@ -53,6 +54,7 @@ use lock_redis::{MIN_TTL, RedisBackend, RedisConfig, RedisNode, RedisTopology};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub use crate_alone::RedisCrateAlone;
 pub use permits::RedisPermitFloor;
 pub use redlock::RedlockFloor;
 use resp::Reply;

@@ -29,6 +29,7 @@
 
 mod bare;
 mod permits;
+mod raw;
 mod session;
 
 use std::time::Duration;
@@ -44,6 +45,7 @@ use tokio::sync::Mutex;
 use bare::{Bare, BareExt, Text, micros, quoted, sql, token_floor};
 
 pub use permits::SqlPermitFloor;
+pub use raw::{SqlRawLock, raw_lock_of_session_url};
 pub use session::SessionFloor;
 
 /// The driver's name, which the floors' errors carry.

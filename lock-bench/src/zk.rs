@@ -55,11 +55,14 @@ use tokio::sync::Mutex;
 
 // The bare connection: handshake, request exchange, keep-alive pings.
 mod conn;
+// The driver's requests through the client crate alone.
+mod crate_alone;
 // One permit of a semaphore, by hand on the same kind of connection.
 mod permit;
 // ZooKeeper's wire format (jute), as much of it as the floors speak.
 mod wire;
 use conn::{Conn, handshake, keep_alive};
+pub use crate_alone::ZkCrateAlone;
 pub use permit::ZkPermitFloor;
 
 use lock_zk::keys::{

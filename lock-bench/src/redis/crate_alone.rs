@@ -1,0 +1,198 @@
+//! redis-rs alone: the driver's two requests for a mutex acquire +
+//! release on a free key (one server, the native layout), sent through the
+//! client library the driver requires, with no lock-redis code on the
+//! path but its key names and script texts.
+//!
+//! [`RedisCrateAlone`] opens one multiplexed connection of the crate with
+//! the driver's data-connection settings as lock-redis writes them today
+//! (the URL's operation timeout to connect, no per-request response timer
+//! inside the connection; lock-redis keeps that function private, so it is
+//! written again here), loads the two scripts, and sends per cycle (the
+//! `redis_parts` probe's "redis-rs alone" side, written once here for
+//! `distlock-compare compare`):
+//!
+//! 1. `EVALSHA <acquire> 4 <prefix>{<key>} <prefix>{<key>}:token
+//!    <prefix>{<key>}:holder distlock:token-floor <owner> <ttl ms>
+//!    <holder details>`;
+//! 2. `EVALSHA <release> 2 <prefix>{<key>} <prefix>{<key>}:holder <owner>
+//!    <prefix>{<key>}:released`.
+//!
+//! The cycle is bounded by the operation timeout as a whole (one timer per
+//! cycle; the driver bounds each call). Between the hand floor
+//! ([`RedisFloor`](super::RedisFloor): RESP by hand on a bare socket) and
+//! the driver, this is the client library's share. Single-server
+//! `redis://` URLs only.
+
+use std::time::Duration;
+
+use ::redis::AsyncConnectionConfig;
+use ::redis::aio::MultiplexedConnection;
+use async_trait::async_trait;
+use conformance::bench::Contender;
+use lock_core::{ErrorKind, HolderDetails, LockError, LockKey, Operation, OwnerId, with_timeout};
+use lock_redis::keys::{KeyNames, Scripts};
+use lock_redis::{RedisConfig, RedisTopology};
+
+use super::{NAME, floor_config, unsupported};
+
+/// The token floor key the driver's acquire names on one server (its
+/// `KEYS[4]`; lock-redis's `FLOOR_KEY`, which is not exported).
+const TOKEN_FLOOR_KEY: &str = "distlock:token-floor";
+
+/// The driver's mutex cycle through redis-rs alone, on one multiplexed
+/// connection of its own; see the module docs.
+///
+/// Calls from several tasks share the connection (the crate pipelines
+/// them): eight independent clients are eight of these.
+pub struct RedisCrateAlone {
+    conn: MultiplexedConnection,
+    scripts: Scripts,
+    prefix: String,
+    timeout: Duration,
+    /// Every grant's TTL, in milliseconds as the script takes it.
+    ttl_ms: String,
+}
+
+impl std::fmt::Debug for RedisCrateAlone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCrateAlone")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A redis-rs error as a [`LockError`] of `operation` (its text only: the
+/// crate's errors never carry the password).
+fn crate_error(operation: Operation, err: &::redis::RedisError) -> LockError {
+    LockError::new(
+        ErrorKind::Backend,
+        operation,
+        format!("redis-rs alone: {err}"),
+    )
+    .with_backend(NAME)
+}
+
+/// `redis://[user:password@]host:port/db` for the one server of `config`.
+fn connection_url(config: &RedisConfig) -> Result<String, LockError> {
+    let RedisTopology::Single(node) = config.topology() else {
+        return Err(unsupported(
+            "Sentinel, Cluster or Redlock",
+            "redis-rs alone is measured on one server",
+        ));
+    };
+    let auth = match config.credentials() {
+        (user, Some(password)) => format!("{}:{password}@", user.unwrap_or_default()),
+        _ => String::new(),
+    };
+    Ok(format!("redis://{auth}{node}/{}", config.database()))
+}
+
+impl RedisCrateAlone {
+    /// Connects one multiplexed connection of the crate to the one server
+    /// of a `redis://` URL (same syntax and options as
+    /// [`lock_redis::connect`]; its prefix, database, credentials and
+    /// timeout are used) and loads the driver's two scripts; every grant
+    /// asks for `ttl`.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] for a bad URL; [`ErrorKind::Unsupported`] for
+    /// TLS, Sentinel, Cluster and Redlock URLs; [`ErrorKind::Backend`] when
+    /// the server refuses; `Timeout` past the operation timeout.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: dropping the future closes the half-made connection.
+    pub async fn connect(url: &str, ttl: Duration) -> Result<Self, LockError> {
+        let config = floor_config(url)?;
+        let op = Operation::Connect;
+        let client =
+            ::redis::Client::open(connection_url(&config)?).map_err(|e| crate_error(op, &e))?;
+        let settings = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(config.timeout()))
+            .set_response_timeout(None);
+        let scripts = Scripts::new();
+        let budget = config.timeout() * 2;
+        let conn = with_timeout(budget, op, async {
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&settings)
+                .await
+                .map_err(|e| crate_error(op, &e))?;
+            for code in [scripts.acquire.code, scripts.release.code] {
+                let _: String = ::redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(code)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| crate_error(op, &e))?;
+            }
+            Ok(conn)
+        })
+        .await?;
+        Ok(Self {
+            conn,
+            scripts,
+            prefix: config.key_prefix().to_owned(),
+            timeout: config.timeout(),
+            ttl_ms: ttl.as_millis().to_string(),
+        })
+    }
+
+    /// The grant and the release of the free `key`, with a fresh owner and
+    /// the holder details, as the driver makes them per grant.
+    async fn exchange(&self, key: &LockKey) -> Result<(), LockError> {
+        let names = KeyNames::new(&self.prefix, key);
+        let owner = OwnerId::random().to_hex();
+        let details = HolderDetails::encode_current();
+        let mut conn = self.conn.clone();
+        let (granted, _token): (i64, i64) = ::redis::cmd("EVALSHA")
+            .arg(&self.scripts.acquire.hash)
+            .arg(4)
+            .arg(&names.lock)
+            .arg(&names.counter)
+            .arg(&names.holder)
+            .arg(TOKEN_FLOOR_KEY)
+            .arg(&owner)
+            .arg(&self.ttl_ms)
+            .arg(&details)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| crate_error(Operation::Acquire, &e))?;
+        if granted != 1 {
+            return Err(LockError::new(
+                ErrorKind::Contended,
+                Operation::Acquire,
+                "redis-rs alone: the key was held",
+            ));
+        }
+        let released: i64 = ::redis::cmd("EVALSHA")
+            .arg(&self.scripts.release.hash)
+            .arg(2)
+            .arg(&names.lock)
+            .arg(&names.holder)
+            .arg(&owner)
+            .arg(&names.channel)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| crate_error(Operation::Release, &e))?;
+        if released != 1 {
+            return Err(LockError::new(
+                ErrorKind::NotHeld,
+                Operation::Release,
+                "redis-rs alone: the grant was gone at release",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Contender for RedisCrateAlone {
+    /// One acquire + release of the free `key`: two requests.
+    async fn cycle(&self, key: &str) -> Result<(), LockError> {
+        let key = LockKey::new(key)?;
+        with_timeout(self.timeout, Operation::Acquire, self.exchange(&key))
+            .await
+            .map_err(|e| e.with_key(&key).with_backend(NAME))
+    }
+}
