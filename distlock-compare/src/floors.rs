@@ -49,6 +49,61 @@ pub(crate) async fn contenders(
     Some(out)
 }
 
+/// `n` raw server locks (the bare advisory-lock / `GET_LOCK` exchange,
+/// no token, each on a connection of its own: `lock_bench::sql::SqlRawLock`)
+/// for a SQL session-mode URL; `None` for any other backend or mode, or
+/// when one cannot connect (said on stderr: the raw columns then stay
+/// empty).
+pub(crate) async fn raw_server_locks(url: &str, n: usize) -> Option<Vec<Arc<dyn Contender>>> {
+    if distlock::backend::driver_for(url).ok()?.name != "sql" {
+        return None;
+    }
+    let mut out: Vec<Arc<dyn Contender>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        match lock_bench::sql::raw_lock_of_session_url(url).await {
+            Ok(Some(raw)) => out.push(Arc::new(raw)),
+            Ok(None) => return None,
+            Err(err) => {
+                eprintln!(
+                    "raw server lock for {}: cannot connect ({err}); raw ratios left out",
+                    distlock::redact_url(url)
+                );
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// `n` clients of the driver's client library alone
+/// (`lock_bench::crate_alone`), each its own connection, every grant
+/// asking for `ttl`, and the library's name; `None` for a driver without
+/// one here or a URL form without one, or when one cannot connect (said
+/// on stderr: the crate-alone columns then stay empty).
+pub(crate) async fn crate_alone(
+    url: &str,
+    ttl: Duration,
+    n: usize,
+) -> Option<(&'static str, Vec<Arc<dyn Contender>>)> {
+    let alone = lock_bench::crate_alone::for_driver(distlock::backend::driver_for(url).ok()?.name)?;
+    let mut out: Vec<Arc<dyn Contender>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        match (alone.connect)(url, ttl).await {
+            Ok(Some(client)) => out.push(client),
+            Ok(None) => return None,
+            Err(err) => {
+                eprintln!(
+                    "{} alone for {}: cannot connect ({err}); crate-alone ratios left out",
+                    alone.library,
+                    distlock::redact_url(url)
+                );
+                return None;
+            }
+        }
+    }
+    Some((alone.library, out))
+}
+
 /// The default port of a scheme whose URL names servers (from the
 /// driver's descriptor).
 fn default_port(scheme: &str) -> Option<u16> {

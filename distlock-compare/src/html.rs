@@ -182,6 +182,57 @@ fn summary_notes(results: &[BackendResult]) -> String {
     html
 }
 
+/// The client shapes against the raw server lock (SQL session mode) and
+/// the client library alone (ZooKeeper, etcd, Redis), for the backends
+/// that have either.
+fn baselines_table(results: &[BackendResult]) -> String {
+    let rows: Vec<&BackendResult> = results
+        .iter()
+        .filter(|r| {
+            r.bench.raw_throughput_8x8.is_some() || r.bench.crate_alone_throughput_8x8.is_some()
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut html = String::from(
+        "<h3>Client shapes against the raw server lock and the client library alone</h3>\
+         <table><tr><th>backend</th><th>8 raw ops/s</th><th>8 clients / raw</th>\
+         <th>1 client / raw</th><th>floor / raw (token's cost)</th><th>library</th>\
+         <th>8 library alone ops/s</th><th>alone / floor</th><th>8 clients / alone</th>\
+         <th>1 client / alone</th></tr>",
+    );
+    let f = |v: Option<f64>, d: usize| v.map_or("-".to_owned(), |v| format!("{v:.d$}"));
+    for r in rows {
+        let b = &r.bench;
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&r.name),
+            f(b.raw_throughput_8x8, 0),
+            f(b.throughput_raw_ratio, 2),
+            f(b.throughput_shared_client_raw_ratio, 2),
+            f(b.token_cost_ratio, 2),
+            esc(b.crate_alone_library.as_deref().unwrap_or("-")),
+            f(b.crate_alone_throughput_8x8, 0),
+            f(b.crate_alone_floor_ratio, 2),
+            f(b.throughput_crate_alone_ratio, 2),
+            f(b.throughput_shared_client_crate_alone_ratio, 2),
+        );
+    }
+    html.push_str(
+        "</table><p><small>The same interleaved rounds as the client shapes. <b>raw</b>: the \
+         server's own lock taken by hand with no fencing token (SQL session mode: \
+         <code>pg_try_advisory_lock</code> / <code>GET_LOCK</code>, then unlock), one bare \
+         connection each; floor / raw is what the token costs. <b>library alone</b>: the \
+         driver's requests of a cycle through its required client library and nothing else; \
+         alone / floor is the library's share of a gap to the floor, 8 clients / alone the \
+         driver's own. Medians of the rounds' ratios.</small></p>",
+    );
+    html
+}
+
 /// Renders the report.
 pub(crate) fn render(results: &[BackendResult]) -> String {
     let mut html = String::from(
@@ -219,6 +270,7 @@ small{color:#555}</style></head><body><h1>distlock: backends compared</h1>
     }
     html.push_str("</table>");
     html.push_str(&summary_notes(results));
+    html.push_str(&baselines_table(results));
     // Scenario matrix.
     let with: Vec<&BackendResult> = results.iter().filter(|r| !r.scenarios.is_empty()).collect();
     if !with.is_empty() {

@@ -205,6 +205,31 @@ fn quick_names_what_it_left_to_the_full_run() {
     assert!(ran.contains(&"mutual_exclusion"), "{ran:?}");
     assert!(!ran.contains(&"readers_share_writers_exclude"), "{ran:?}");
     assert!(memory["bench"]["readers_8_per_s"].is_null(), "{memory:#}");
+    // The client shapes' baselines (raw server lock, client library alone)
+    // are there and null on a backend that has neither.
+    for field in [
+        "raw_throughput_8x8",
+        "throughput_raw_ratio",
+        "throughput_shared_client_raw_ratio",
+        "token_cost_ratio",
+        "crate_alone_library",
+        "crate_alone_throughput_8x8",
+        "crate_alone_floor_ratio",
+        "throughput_crate_alone_ratio",
+        "throughput_shared_client_crate_alone_ratio",
+    ] {
+        let value = memory["bench"].get(field);
+        assert!(
+            value.is_some_and(serde_json::Value::is_null),
+            "{field}: {memory:#}"
+        );
+    }
+    let rounds = memory["bench"]["client_shape_rounds"].as_array().unwrap();
+    assert!(!rounds.is_empty(), "{memory:#}");
+    assert!(
+        rounds[0]["raw"].is_null() && rounds[0]["crate_alone"].is_null(),
+        "{rounds:?}"
+    );
     // The facets the in-memory backend has, beside its capabilities and
     // in its suite report.
     let facets = serde_json::json!(["listing", "admin", "lock_sets", "downgrade"]);

@@ -115,6 +115,36 @@ pub(crate) struct BenchFigures {
     pub(crate) client_shape_plan: Option<shapes::ShapePlan>,
     /// Every round of the client shapes: each side's rate.
     pub(crate) client_shape_rounds: Vec<shapes::ShapeRound>,
+    /// SQL session mode: 8 connections taking the raw server lock by hand
+    /// (`pg_try_advisory_lock` / `GET_LOCK` + unlock, no token) in the
+    /// client shapes' rounds, cycles/s: the median round.
+    pub(crate) raw_throughput_8x8: Option<f64>,
+    /// The median over the rounds of the 8 clients' rate over the raw
+    /// server lock's in the same round.
+    pub(crate) throughput_raw_ratio: Option<f64>,
+    /// The median over the rounds of the shared client's rate over the raw
+    /// server lock's in the same round.
+    pub(crate) throughput_shared_client_raw_ratio: Option<f64>,
+    /// The median over the rounds of the floor's rate (the driver's grant
+    /// by hand, which takes the fencing token) over the raw server lock's:
+    /// below 1 by what the token costs.
+    pub(crate) token_cost_ratio: Option<f64>,
+    /// The client library measured alone in the client shapes' rounds
+    /// (`zookeeper-client`, `etcd-client`, `redis`), where the driver
+    /// speaks through one.
+    pub(crate) crate_alone_library: Option<String>,
+    /// 8 clients of that library alone, each sending the driver's requests
+    /// of a cycle, cycles/s: the median round.
+    pub(crate) crate_alone_throughput_8x8: Option<f64>,
+    /// The median over the rounds of the library alone's rate over the
+    /// floor's: the library's share of a gap to the floor.
+    pub(crate) crate_alone_floor_ratio: Option<f64>,
+    /// The median over the rounds of the 8 clients' rate over the library
+    /// alone's: the driver's own share.
+    pub(crate) throughput_crate_alone_ratio: Option<f64>,
+    /// The median over the rounds of the shared client's rate over the
+    /// library alone's.
+    pub(crate) throughput_shared_client_crate_alone_ratio: Option<f64>,
     pub(crate) handoffs_per_s: Option<f64>,
     /// The busiest handoff client's grants over the least busy one's.
     pub(crate) handoff_spread: Option<f64>,
@@ -966,6 +996,56 @@ fn print_client_shapes_table(results: &[BackendResult]) {
         "client shapes",
         &note,
     );
+    print_small_table(
+        results,
+        |b| b.raw_throughput_8x8.is_some() || b.crate_alone_throughput_8x8.is_some(),
+        &[
+            Column("8 raw", 8, |b| b.raw_throughput_8x8, 0),
+            Column("8 cl/raw", 8, |b| b.throughput_raw_ratio, 2),
+            Column("1 cl/raw", 8, |b| b.throughput_shared_client_raw_ratio, 2),
+            Column("floor/raw", 9, |b| b.token_cost_ratio, 2),
+            Column("8 crate alone", 13, |b| b.crate_alone_throughput_8x8, 0),
+            Column("alone/floor", 11, |b| b.crate_alone_floor_ratio, 2),
+            Column("8 cl/alone", 10, |b| b.throughput_crate_alone_ratio, 2),
+            Column(
+                "1 cl/alone",
+                10,
+                |b| b.throughput_shared_client_crate_alone_ratio,
+                2,
+            ),
+        ],
+        |_| None,
+        "client shapes' baselines",
+        &baselines_note(results),
+    );
+}
+
+/// What the baselines table's columns are, and which library each row's
+/// crate-alone side used.
+fn baselines_note(results: &[BackendResult]) -> String {
+    let libraries: Vec<String> = results
+        .iter()
+        .filter_map(|r| {
+            Some(format!(
+                "{} {}",
+                r.name,
+                r.bench.crate_alone_library.as_ref()?
+            ))
+        })
+        .collect();
+    format!(
+        "(the same rounds as the client shapes, two more sides of 8 connections where they apply: \
+         raw = the server's own lock by hand with no token (SQL session mode: \
+         pg_try_advisory_lock / GET_LOCK, then unlock), floor/raw = what the fencing token costs; \
+         crate alone = the driver's requests of a cycle through its required client library and \
+         nothing else ({}), alone/floor = the library's share, ours/alone = the driver's own; \
+         each the median of the rounds' ratios)",
+        if libraries.is_empty() {
+            "none here".to_owned()
+        } else {
+            libraries.join(", ")
+        }
+    )
 }
 
 #[cfg(test)]

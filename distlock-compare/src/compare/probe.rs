@@ -27,6 +27,12 @@ pub(crate) enum Shape {
     Shared,
     /// `tasks` hand-written floor connections, one task each.
     Floor,
+    /// `tasks` raw server-lock connections (SQL session mode), one task
+    /// each.
+    Raw,
+    /// `tasks` clients of the driver's client library alone (ZooKeeper,
+    /// etcd, Redis on one server), one task each.
+    CrateAlone,
 }
 
 /// The probe's settings (the hidden subcommand's arguments).
@@ -186,6 +192,15 @@ pub(crate) async fn run(opts: &ProbeOptions) -> Result<u8, LockError> {
         Shape::Floor => crate::floors::contenders(&url, SHAPE_TTL, opts.tasks)
             .await
             .ok_or_else(|| LockError::config("this backend has no floor"))?,
+        Shape::Raw => crate::floors::raw_server_locks(&url, opts.tasks)
+            .await
+            .ok_or_else(|| LockError::config("no raw server lock here (SQL session mode only)"))?,
+        Shape::CrateAlone => crate::floors::crate_alone(&url, SHAPE_TTL, opts.tasks)
+            .await
+            .map(|(_, alone)| alone)
+            .ok_or_else(|| {
+                LockError::config("no client library alone here (ZooKeeper, etcd, Redis only)")
+            })?,
     };
     let prefix = format!(
         "probe-{}/{:?}",
@@ -212,7 +227,8 @@ pub(crate) async fn run(opts: &ProbeOptions) -> Result<u8, LockError> {
     let per_cycle = |v: u64, scale: f64| v as f64 * scale / cycles.max(1) as f64;
     let report = serde_json::json!({
         "url": distlock::redact_url(&url),
-        "shape": format!("{:?}", opts.shape).to_lowercase(),
+        "shape": clap::ValueEnum::to_possible_value(&opts.shape)
+            .map(|v| v.get_name().to_owned()),
         "tasks": opts.tasks,
         "cycles_per_s": rate((cycles, wall)),
         "client_cpu_us_per_cycle": per_cycle(ours.ticks, 10_000.0),

@@ -8,11 +8,23 @@
 //!   tasks.
 //!
 //! Every task loops on a key of its own: `lock(key).ttl(30 s).wait(60 s)
-//! .acquire()`, then `release()`, for a fixed window. The three sides (8
+//! .acquire()`, then `release()`, for a fixed window. The sides (8
 //! clients, 1 client, the floors) run one after another in each round, the
 //! order rotated every round, on this process's multi-thread runtime; each
 //! round gives a ratio per shape (ours over the floor of the same round) and
-//! the report takes the median round.
+//! the report takes the median of the rounds' ratios.
+//!
+//! Where they apply, two more sides of 8 connections run in the same
+//! rounds:
+//!
+//! - **raw server lock** (SQL session mode): the bare advisory-lock /
+//!   `GET_LOCK` exchange with no token (`lock_bench::sql::SqlRawLock`):
+//!   ours over raw per shape, and the floor over raw (what the fencing
+//!   token costs, the floor's grant taking it in the same statement);
+//! - **crate alone** (ZooKeeper, etcd, Redis on one server): the driver's
+//!   requests through its required client library and nothing else
+//!   (`lock_bench::crate_alone`): the library over the floor (its share),
+//!   ours over it per shape (the driver's own).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +51,9 @@ pub(crate) struct ShapePlan {
 
 impl ShapePlan {
     /// 6 rounds of 0.4 s a side quick, 10 of 0.5 s by default, 20 of 1 s
-    /// with `--full` (three sides a round: 7 s, 15 s, 60 s).
+    /// with `--full` (three sides a round: 7 s, 15 s, 60 s; four where the
+    /// raw server lock or the client library alone applies: 10 s, 20 s,
+    /// 80 s).
     pub(super) fn of(full: bool, quick: bool) -> Self {
         match (full, quick) {
             (true, _) => Self {
@@ -63,7 +77,7 @@ impl ShapePlan {
 }
 
 /// One round's rates, cycles per second.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize)]
 pub(crate) struct ShapeRound {
     /// 8 clients, one task each.
     pub(crate) clients: f64,
@@ -71,16 +85,62 @@ pub(crate) struct ShapeRound {
     pub(crate) shared: f64,
     /// 8 floor connections, one task each (`None` without a floor).
     pub(crate) floor: Option<f64>,
+    /// 8 raw server-lock connections (SQL session mode only).
+    pub(crate) raw: Option<f64>,
+    /// 8 clients of the driver's client library alone (ZooKeeper, etcd,
+    /// Redis on one server only).
+    pub(crate) crate_alone: Option<f64>,
+}
+
+/// A side of the rounds: what it is and its 8 contenders.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Clients,
+    Shared,
+    Floor,
+    Raw,
+    CrateAlone,
+}
+
+impl Side {
+    /// Its keys' prefix part.
+    fn tag(self) -> &'static str {
+        match self {
+            Self::Clients => "clients",
+            Self::Shared => "shared",
+            Self::Floor => "floor",
+            Self::Raw => "raw",
+            Self::CrateAlone => "crate-alone",
+        }
+    }
+
+    /// Its rate into `round`.
+    fn record(self, round: &mut ShapeRound, rate: f64) {
+        match self {
+            Self::Clients => round.clients = rate,
+            Self::Shared => round.shared = rate,
+            Self::Floor => round.floor = Some(rate),
+            Self::Raw => round.raw = Some(rate),
+            Self::CrateAlone => round.crate_alone = Some(rate),
+        }
+    }
 }
 
 /// The two shapes into `out`: `throughput_8x8` (8 clients),
 /// `throughput_shared_client` (1 client / 8 tasks), each with the floor's
 /// median rate and the median of the rounds' ratios, and every round in
-/// `client_shape_rounds`. Without a floor (in-memory) ours only.
+/// `client_shape_rounds`; where they apply, the raw server lock's and the
+/// client library's figures (see the module docs). Without a floor
+/// (in-memory) ours only.
 ///
 /// # Errors
 ///
 /// Connecting a client or a floor, or a cycle failing.
+///
+/// # Cancel safety
+///
+/// Not a lock API: dropping the future mid-round may leave the round's
+/// keys held until their TTL.
 pub(super) async fn measure(
     out: &mut BenchFigures,
     url: &str,
@@ -95,48 +155,53 @@ pub(super) async fn measure(
         )));
     }
     let one: Arc<dyn Contender> = Arc::new(Ours::new(distlock::connect(url).await?, SHAPE_TTL));
-    let shared: Vec<Arc<dyn Contender>> = vec![one; CLIENTS];
-    let floors = crate::floors::contenders(url, SHAPE_TTL, CLIENTS).await;
-    let prefix = |side: &str| format!("bench-{run}/shape-{side}");
+    let mut sides: Vec<(Side, Vec<Arc<dyn Contender>>)> =
+        vec![(Side::Clients, clients), (Side::Shared, vec![one; CLIENTS])];
+    if let Some(floors) = crate::floors::contenders(url, SHAPE_TTL, CLIENTS).await {
+        sides.push((Side::Floor, floors));
+    }
+    if let Some(raw) = crate::floors::raw_server_locks(url, CLIENTS).await {
+        sides.push((Side::Raw, raw));
+    }
+    if let Some((library, alone)) = crate::floors::crate_alone(url, SHAPE_TTL, CLIENTS).await {
+        out.crate_alone_library = Some(library.to_owned());
+        sides.push((Side::CrateAlone, alone));
+    }
+    let prefix = |side: Side| format!("bench-{run}/shape-{}", side.tag());
     // Warm up every connection, script and statement cache.
     let warm = Duration::from_millis(100);
-    cycles_for(&clients, &prefix("clients"), warm).await?;
-    cycles_for(&shared, &prefix("shared"), warm).await?;
-    if let Some(floors) = &floors {
-        cycles_for(floors, &prefix("floor"), warm).await?;
+    for (side, contenders) in &sides {
+        cycles_for(contenders, &prefix(*side), warm).await?;
     }
     let mut rounds = Vec::with_capacity(plan.rounds);
     for round in 0..plan.rounds {
-        let mut rates = [0.0_f64; 3];
-        for step in 0..3 {
-            let side = (round + step) % 3;
-            rates[side] = match side {
-                0 => rate(cycles_for(&clients, &prefix("clients"), plan.window()).await?),
-                1 => rate(cycles_for(&shared, &prefix("shared"), plan.window()).await?),
-                _ => match &floors {
-                    Some(floors) => {
-                        rate(cycles_for(floors, &prefix("floor"), plan.window()).await?)
-                    }
-                    None => 0.0,
-                },
-            };
+        let mut rates = ShapeRound::default();
+        for step in 0..sides.len() {
+            let (side, contenders) = &sides[(round + step) % sides.len()];
+            let rate = rate(cycles_for(contenders, &prefix(*side), plan.window()).await?);
+            side.record(&mut rates, rate);
         }
-        rounds.push(ShapeRound {
-            clients: rates[0],
-            shared: rates[1],
-            floor: floors.is_some().then_some(rates[2]),
-        });
+        rounds.push(rates);
     }
-    let of = |pick: fn(&ShapeRound) -> Option<f64>| -> Option<f64> {
+    let of = |pick: &dyn Fn(&ShapeRound) -> Option<f64>| -> Option<f64> {
         let values: Vec<f64> = rounds.iter().filter_map(pick).collect();
         (!values.is_empty()).then(|| median(values))
     };
-    out.throughput_8x8 = of(|r| Some(r.clients));
-    out.throughput_shared_client = of(|r| Some(r.shared));
-    out.floor_throughput_8x8 = of(|r| r.floor);
+    out.throughput_8x8 = of(&|r| Some(r.clients));
+    out.throughput_shared_client = of(&|r| Some(r.shared));
+    out.floor_throughput_8x8 = of(&|r| r.floor);
     out.floor_throughput_shared_client = out.floor_throughput_8x8;
-    out.throughput_ratio = of(|r| Some(bench::ratio(r.clients, r.floor?)));
-    out.throughput_shared_client_ratio = of(|r| Some(bench::ratio(r.shared, r.floor?)));
+    out.throughput_ratio = of(&|r| Some(bench::ratio(r.clients, r.floor?)));
+    out.throughput_shared_client_ratio = of(&|r| Some(bench::ratio(r.shared, r.floor?)));
+    out.raw_throughput_8x8 = of(&|r| r.raw);
+    out.throughput_raw_ratio = of(&|r| Some(bench::ratio(r.clients, r.raw?)));
+    out.throughput_shared_client_raw_ratio = of(&|r| Some(bench::ratio(r.shared, r.raw?)));
+    out.token_cost_ratio = of(&|r| Some(bench::ratio(r.floor?, r.raw?)));
+    out.crate_alone_throughput_8x8 = of(&|r| r.crate_alone);
+    out.crate_alone_floor_ratio = of(&|r| Some(bench::ratio(r.crate_alone?, r.floor?)));
+    out.throughput_crate_alone_ratio = of(&|r| Some(bench::ratio(r.clients, r.crate_alone?)));
+    out.throughput_shared_client_crate_alone_ratio =
+        of(&|r| Some(bench::ratio(r.shared, r.crate_alone?)));
     out.client_shape_plan = Some(plan);
     out.client_shape_rounds = rounds;
     Ok(())
