@@ -11,14 +11,15 @@
 //! - **raw + token**: the raw exchange with a fencing token taken in the
 //!   grant statement, nothing else: `SELECT CASE WHEN
 //!   pg_try_advisory_lock($1) THEN nextval(seq) END` (a `CACHE 1`
-//!   sequence, as the driver's); MariaDB `INSERT INTO t (name, token)
-//!   SELECT ?, LAST_INSERT_ID(1) FROM DUAL WHERE GET_LOCK(?, 0) = 1 ON
-//!   DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)` (a row per
-//!   key, as the driver's). raw + token / raw is the fencing token's cost.
+//!   sequence, as the driver's); MariaDB `SELECT CASE WHEN GET_LOCK(?, 0) =
+//!   1 THEN NEXTVAL(seq) END` (a `CACHE 1000` sequence, as the driver's;
+//!   MySQL, with no sequences, would need the driver's token row). raw +
+//!   token / raw is the fencing token's cost.
 //! - **floor**: [`lock_bench::sql::SessionFloor`], the driver's own grant
 //!   statement (lock and fencing token in one statement: `nextval` of the
-//!   token sequence, MariaDB a token row written by `INSERT .. ON
-//!   DUPLICATE KEY UPDATE`) and release, by hand on one bare connection:
+//!   token sequence; MariaDB `NEXTVAL` of its sequence, the holder row
+//!   written to a `MEMORY` table by `INSERT .. ON DUPLICATE KEY UPDATE`)
+//!   and release, by hand on one bare connection:
 //!   floor / raw is the cost of the fencing token.
 //! - **ours**: `LockClient` on `SqlSessionBackend`, waiting acquire then
 //!   release, as users write it (each client its own backend); and the 8
@@ -36,7 +37,10 @@
 //!
 //! Environment: `BENCH_CYCLES` (1-client cycles per side, default 2000),
 //! `BENCH_ROUNDS` (default 6), `BENCH_HANDOFF_SECS` (default 2),
-//! `SQL_DATABASES` (`postgres,mariadb`, the default).
+//! `SQL_DATABASES` (`postgres,mariadb`, the default), `BENCH_DURABILITY`
+//! (`defaults`, the default: each server with its own durable settings,
+//! MariaDB flushing its log at each commit, PostgreSQL `fsync=on`; `fast`:
+//! the test kit's settings, where a write per grant costs little).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,6 +49,7 @@ use async_trait::async_trait;
 use conformance::bench::{Contender, FloorCycle, Ours, StandardRun, standard_figures};
 use conformance::servers::mariadb::MariaDbServer;
 use conformance::servers::postgres::PostgresServer;
+use conformance::servers::{Durability, set_durability};
 use lock_bench::sql::SessionFloor;
 use lock_core::{ErrorKind, LockClient, LockError, Operation};
 use lock_sql::SqlSessionBackend;
@@ -69,9 +74,9 @@ enum Raw {
     My(Mutex<sqlx::MySqlConnection>, bool),
 }
 
-/// The raw + token side's sequence (PostgreSQL) and token table (MariaDB).
+/// The raw + token side's sequences.
 const PG_SEQ: &str = "session_parts_seq";
-const MY_TOKENS: &str = "session_parts_tokens";
+const MY_SEQ: &str = "session_parts_seq";
 
 fn failed(e: sqlx::Error) -> LockError {
     LockError::new(ErrorKind::Backend, Operation::Acquire, e.to_string())
@@ -102,12 +107,12 @@ impl Raw {
         } else {
             let mut conn = sqlx::MySqlConnection::connect(url).await.expect("mysql");
             sqlx::query(sqlx::AssertSqlSafe(format!(
-                "CREATE TABLE IF NOT EXISTS {MY_TOKENS} (name VARBINARY(255) NOT NULL PRIMARY KEY, \
-                 token BIGINT NOT NULL) ENGINE=InnoDB"
+                "CREATE SEQUENCE IF NOT EXISTS {MY_SEQ} START WITH 1 MINVALUE 1 INCREMENT BY 1 \
+                 CACHE 1000 NOCYCLE"
             )))
             .execute(&mut conn)
             .await
-            .expect("token table");
+            .expect("sequence");
             Self::My(Mutex::new(conn), token)
         }
     }
@@ -156,19 +161,15 @@ impl Contender for Raw {
             }
             Self::My(conn, token) => {
                 let conn = &mut *conn.lock().await;
-                let bump = format!(
-                    "INSERT INTO {MY_TOKENS} (name, token) SELECT ?, LAST_INSERT_ID(1) FROM DUAL \
-                     WHERE GET_LOCK(?, ?) = 1 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)"
-                );
                 let got = if *token {
-                    let done = sqlx::query(sqlx::AssertSqlSafe(bump.clone()))
-                        .bind(key)
-                        .bind(key)
-                        .bind(0)
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(failed)?;
-                    done.rows_affected() > 0
+                    let t: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                        "SELECT CASE WHEN GET_LOCK(?, 0) = 1 THEN NEXTVAL({MY_SEQ}) END"
+                    )))
+                    .bind(key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(failed)?;
+                    t.is_some()
                 } else {
                     let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
                         .bind(key)
@@ -179,13 +180,13 @@ impl Contender for Raw {
                 };
                 if !got {
                     if *token {
-                        sqlx::query(sqlx::AssertSqlSafe(bump))
-                            .bind(key)
-                            .bind(key)
-                            .bind(60)
-                            .execute(&mut *conn)
-                            .await
-                            .map_err(failed)?;
+                        sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "SELECT GET_LOCK(?, 60), NEXTVAL({MY_SEQ})"
+                        )))
+                        .bind(key)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(failed)?;
                     } else {
                         sqlx::query("SELECT GET_LOCK(?, 60)")
                             .bind(key)
@@ -244,6 +245,12 @@ async fn run(name: &str, base: &str) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let durability = match std::env::var("BENCH_DURABILITY").as_deref() {
+        Ok("fast") => Durability::Fast,
+        _ => Durability::ServerDefaults,
+    };
+    set_durability(durability);
+    println!("servers: {}", durability.describe());
     let databases = std::env::var("SQL_DATABASES").unwrap_or_else(|_| "postgres,mariadb".into());
     if databases.contains("postgres") {
         match PostgresServer::start().await {

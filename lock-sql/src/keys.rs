@@ -112,6 +112,18 @@ pub struct StatementTexts {
     pub shared_release: String,
     /// Session mode's counter `CREATE`, grant and release (none on SQLite).
     pub session: Option<[String; 3]>,
+    /// MariaDB 10.3+ session mode (MySQL dialect only): the holder
+    /// table's, the sequence's, the run counter's and the run row's
+    /// `CREATE`s, the run's token base read, the try grant and the release.
+    pub session_mariadb: Option<[String; 7]>,
+}
+
+/// Whether the server `SELECT VERSION()` describes takes session tokens
+/// from a sequence (MariaDB 10.3 and later).
+#[doc(hidden)]
+#[cfg(feature = "mysql")]
+pub fn mariadb_has_sequences(version: &str) -> bool {
+    crate::dialect::mysql::has_sequences(version)
 }
 
 /// The statement texts of `dialect` on validated table `table`.
@@ -146,7 +158,29 @@ pub fn statement_texts(dialect: SqlDialect, table: &str) -> Result<StatementText
         shared_insert_holder: shared.insert_holder.to_string(),
         shared_release: shared.release.to_string(),
         session,
+        session_mariadb: mariadb_texts(dialect, table),
     })
+}
+
+/// [`StatementTexts::session_mariadb`].
+fn mariadb_texts(dialect: SqlDialect, table: &str) -> Option<[String; 7]> {
+    #[cfg(feature = "mysql")]
+    if dialect == SqlDialect::MySql {
+        let s = crate::dialect::session::SessionSql::mariadb(table);
+        let m = s.maria?;
+        let [seq, runs, run] = m.creates.clone();
+        return Some([
+            s.create,
+            seq,
+            runs,
+            run,
+            m.run_read().to_owned(),
+            s.grant,
+            s.release,
+        ]);
+    }
+    let _ = (dialect, table);
+    None
 }
 
 /// The connect options the driver opens its row-mode connections with

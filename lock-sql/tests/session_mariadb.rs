@@ -16,6 +16,5 @@ async fn mariadb_session() {
         .assert_passed();
     session_common::round_trips(&target).await;
     session_common::rows::mysql_token_rows(&target).await;
-    session_common::rows::mysql_old_token_table(&target).await;
     session_common::scenarios(&target).await;
 }

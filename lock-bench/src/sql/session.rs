@@ -10,9 +10,15 @@
 //!      sequence in one `SELECT`, which also publishes the owner and token
 //!      in `application_name` and arms `idle_session_timeout` and the
 //!      keep-alive idle time (the TTL), as the driver's grant does;
-//!    - MySQL/MariaDB: `INSERT .. SELECT .. WHERE GET_LOCK(name, 0) = 1 ON
-//!      DUPLICATE KEY UPDATE` on the per-key token row, the token in the OK
-//!      packet's `LAST_INSERT_ID`;
+//!    - MariaDB 10.3 and later (`SELECT VERSION()` at connect, as the
+//!      driver): `INSERT .. SELECT ?, LAST_INSERT_ID(? + NEXTVAL(seq)), ..
+//!      WHERE GET_LOCK(name, 0) = 1 ON DUPLICATE KEY UPDATE` on the key's
+//!      row of the `MEMORY` holder table, the token (the server run's base
+//!      plus the sequence's next value) in the OK packet's
+//!      `LAST_INSERT_ID`; the run's base is read once at connect (and the
+//!      run started by hand when no client started it yet);
+//!    - MySQL: the same `INSERT .. SELECT` on the per-key token row
+//!      (`token = LAST_INSERT_ID(token + 1)`);
 //! 2. the release, one round trip: `pg_advisory_unlock` (and the published
 //!    settings reset) / `RELEASE_LOCK`.
 //!
@@ -34,7 +40,9 @@ use async_trait::async_trait;
 use conformance::floor::{FloorGrant, RawFloor};
 use lock_core::{LockError, LockKey, Operation};
 use lock_sql::keys::{mysql_lock_name, pg_idle_timeout, pg_lock_key};
-use lock_sql::sqlx::{self, Row};
+use std::sync::Arc;
+
+use lock_sql::sqlx::{self, AssertSqlSafe, Row};
 use lock_sql::{SqlConfig, SqlDialect};
 use tokio::sync::Mutex;
 
@@ -51,6 +59,123 @@ pub struct SessionFloor {
     conn: Mutex<Bare>,
     grant: Text,
     release: Text,
+    /// MariaDB: the server run's token base the grant binds; `None` on
+    /// MySQL's token rows and on PostgreSQL.
+    run_base: Option<i64>,
+}
+
+/// MariaDB's session statements (10.3 and later): the `CREATE`s (holder
+/// table, sequence, run counter, run row), the run's token base, the
+/// grant and the release.
+struct MariaSql {
+    /// The quoted durable run counter and run row tables (setup only).
+    runs: String,
+    run: String,
+    creates: [Text; 4],
+    run_read: Text,
+    grant: Text,
+    release: Text,
+}
+
+/// [`MariaSql`] on validated table `table`.
+fn mariadb_sql(table: &str) -> MariaSql {
+    let q = |suffix: &str| quoted(SqlDialect::MySql, &format!("{table}{suffix}"));
+    let (seq, h, runs, run) = (
+        q("_session_seq"),
+        q("_session_holders"),
+        q("_session_runs"),
+        q("_session_run"),
+    );
+    MariaSql {
+        runs: runs.clone(),
+        run: run.clone(),
+        creates: [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {h} (name VARBINARY({}) NOT NULL, \
+                 token BIGINT NOT NULL, owner VARCHAR(64) CHARACTER SET ascii NOT NULL, \
+                 conn BIGINT NOT NULL, lock_name VARCHAR(64) CHARACTER SET ascii NOT NULL, \
+                 details VARCHAR({}) CHARACTER SET ascii NULL, \
+                 PRIMARY KEY USING BTREE (name)) ENGINE=MEMORY",
+                lock_core::MAX_KEY_LEN,
+                lock_core::MAX_ENCODED_LEN
+            )
+            .into(),
+            format!(
+                "CREATE SEQUENCE IF NOT EXISTS {seq} START WITH 1 MINVALUE 1 INCREMENT BY 1 \
+                 CACHE 1000 NOCYCLE"
+            )
+            .into(),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {runs} (id TINYINT NOT NULL PRIMARY KEY, \
+                 epoch BIGINT NOT NULL) ENGINE=InnoDB"
+            )
+            .into(),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {run} (id TINYINT NOT NULL PRIMARY KEY, \
+                 epoch BIGINT NOT NULL) ENGINE=MEMORY"
+            )
+            .into(),
+        ],
+        run_read: format!("SELECT epoch * 1099511627776 FROM {run} WHERE id = 1").into(),
+        grant: format!(
+            "INSERT INTO {h} (name, token, owner, conn, lock_name, details) \
+             SELECT ?, LAST_INSERT_ID(? + NEXTVAL({seq})), ?, CONNECTION_ID(), ?, ? FROM DUAL \
+             WHERE GET_LOCK(?, 0) = 1 \
+             ON DUPLICATE KEY UPDATE token = VALUES(token), owner = VALUES(owner), \
+             conn = VALUES(conn), lock_name = VALUES(lock_name), details = VALUES(details)"
+        )
+        .into(),
+        release: "SELECT RELEASE_LOCK(?)".into(),
+    }
+}
+
+/// The run's token base, `None` before the run was started.
+async fn run_base(
+    conn: &mut sqlx::MySqlConnection,
+    maria: &MariaSql,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(AssertSqlSafe(Arc::clone(&maria.run_read)))
+        .fetch_optional(conn)
+        .await
+}
+
+/// Setup on a MariaDB connection: the `CREATE`s (the holder table with
+/// the driver's `max_heap_table_size`) unless `create` is off, then the
+/// run's token base, starting the run by hand (the epoch bumped, its row
+/// written) when no client started it since the server started.
+async fn mariadb_setup(
+    conn: &mut sqlx::MySqlConnection,
+    maria: &MariaSql,
+    create: bool,
+) -> Result<i64, sqlx::Error> {
+    use sqlx::Executor;
+    if create {
+        conn.execute("SET SESSION max_heap_table_size = 268435456")
+            .await?;
+        for text in &maria.creates {
+            conn.execute(sql(text)).await?;
+        }
+    }
+    if let Some(base) = run_base(conn, maria).await? {
+        return Ok(base);
+    }
+    let bumped = sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (id, epoch) VALUES (1, LAST_INSERT_ID(1)) \
+         ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)",
+        maria.runs
+    )))
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT IGNORE INTO {} (id, epoch) VALUES (1, ?)",
+        maria.run
+    )))
+    .bind(i64::try_from(bumped.last_insert_id()).unwrap_or(i64::MAX))
+    .execute(&mut *conn)
+    .await?;
+    run_base(conn, maria)
+        .await?
+        .ok_or_else(|| sqlx::Error::Protocol("the server run was not started".into()))
 }
 
 /// Session mode's `CREATE` of the token counter, its grant and its release
@@ -131,6 +256,41 @@ impl SessionFloor {
                 LockError::config("session mode has no SQLite floor").with_backend(label.name)
             );
         };
+        if config.dialect() == SqlDialect::MySql {
+            let mut conn = Bare::open_with(&config, options, &[]).await?;
+            if let Bare::MySql(c) = &mut conn {
+                let failed = |e| lock_sql::keys::map_error(&config, Operation::Connect, e);
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&mut *c)
+                    .await
+                    .map_err(failed)?;
+                if lock_sql::keys::mariadb_has_sequences(&version) {
+                    let maria = mariadb_sql(config.table_name());
+                    let base = mariadb_setup(c, &maria, config.creates_table())
+                        .await
+                        .map_err(failed)?;
+                    return Ok(Self {
+                        label,
+                        conn: Mutex::new(conn),
+                        grant: maria.grant,
+                        release: maria.release,
+                        config,
+                        run_base: Some(base),
+                    });
+                }
+                if config.creates_table() {
+                    conn.run(&create).await.map_err(failed)?;
+                }
+            }
+            return Ok(Self {
+                label,
+                conn: Mutex::new(conn),
+                grant,
+                release,
+                config,
+                run_base: None,
+            });
+        }
         let conn = Bare::open_with(&config, options, &[create]).await?;
         Ok(Self {
             label,
@@ -138,6 +298,7 @@ impl SessionFloor {
             grant,
             release,
             config,
+            run_base: None,
         })
     }
 
@@ -157,6 +318,17 @@ impl SessionFloor {
                     .bind(owner)
                     .bind(pg_idle_timeout(ttl));
                 q.fetch_one(c).await?.try_get::<Option<i64>, _>(0)?
+            }
+            Bare::MySql(c) if let Some(run_base) = self.run_base => {
+                let lock_name = mysql_lock_name(namespace, key);
+                let q = sqlx::query(sql(&self.grant))
+                    .bind(key.as_bytes())
+                    .bind(run_base)
+                    .bind(owner)
+                    .bind(lock_name.as_str())
+                    .bind(lock_core::HolderDetails::encode_current())
+                    .bind(lock_name.as_str());
+                i64::try_from(q.execute(c).await?.last_insert_id()).ok()
             }
             Bare::MySql(c) => {
                 let lock_name = mysql_lock_name(namespace, key);
@@ -237,5 +409,22 @@ mod tests {
             }
         }
         assert!(session_sql(SqlDialect::Sqlite, "locks").is_none());
+        for table in ["locks", "app.locks"] {
+            let ours = lock_sql::keys::statement_texts(SqlDialect::MySql, table).expect("mysql");
+            let ours = ours.session_mariadb.expect("MariaDB session mode");
+            let m = mariadb_sql(table);
+            let floor = [
+                &m.creates[0],
+                &m.creates[1],
+                &m.creates[2],
+                &m.creates[3],
+                &m.run_read,
+                &m.grant,
+                &m.release,
+            ];
+            for (floor, ours) in floor.into_iter().zip(&ours) {
+                assert_eq!(&**floor, ours, "MariaDB {table}");
+            }
+        }
     }
 }

@@ -329,7 +329,7 @@ impl SessionAdmin {
         let statement = format!(
             "SELECT COUNT(*) FROM {} WHERE conn = ? AND name <> ? AND lock_name IS NOT NULL \
              AND IS_USED_LOCK(lock_name) = ?",
-            self.inner.sql.counter
+            self.inner.sql.holders
         );
         let session = used.session().ok_or_else(closed)?;
         let statement: std::sync::Arc<str> = statement.into();

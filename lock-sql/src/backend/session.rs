@@ -185,8 +185,8 @@ impl SqlSessionBackend {
         self.inner.sessions.config.dialect
     }
 
-    /// The quoted name of the token counter: the PostgreSQL sequence or
-    /// the MySQL/MariaDB token table.
+    /// The quoted name of the token counter: the PostgreSQL or MariaDB
+    /// sequence, or the MySQL token table.
     pub fn token_counter(&self) -> &str {
         &self.inner.sessions.sql.counter
     }
@@ -253,9 +253,10 @@ impl LockBackend for SqlSessionBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            // PostgreSQL: one sequence for every key (nextval order is the
-            // order of grants); MySQL/MariaDB: a counter row per key.
-            fencing: self.inner.sessions.opts.dialect.session_fencing(),
+            // PostgreSQL and MariaDB: one sequence for every key (nextval
+            // order is the order of grants; MariaDB's raised per server
+            // run); MySQL: a counter row per key.
+            fencing: self.inner.sessions.sql.fencing,
             // Sequences and rows are durable; see the crate docs for
             // asynchronous replicas.
             fencing_survives_failover: true,

@@ -92,6 +92,12 @@ pub(crate) struct Session {
     pub(crate) last_used: Instant,
     /// Opened for this call (a failure on it is not a stale pooled one).
     pub(crate) fresh: bool,
+    /// What this session adds to its tokens (MariaDB's run epoch), read
+    /// before its first grant (see [`Session::grant`]).
+    run_base: Option<i64>,
+    /// How it was opened (to start a server run on a connection of its
+    /// own, see [`Session::read_run`]).
+    opts: Opts,
 }
 
 /// A session of the set and what the set knows of it.
@@ -310,8 +316,22 @@ impl Sessions {
     pub(crate) async fn open(config: SqlConfig) -> Result<Arc<Self>, LockError> {
         let opts = Opts::new(&config)?;
         let name = opts.dialect.session_name();
-        let sql = SessionSql::new(opts.dialect, &config.table);
-        let mut kept_sql = SessionSql::new(opts.dialect, &config.table);
+        let budget = config.op_timeout.saturating_mul(2);
+        crate::connection::refuse_transaction_pooling(&config, budget)
+            .await
+            .map_err(|e| e.with_backend(name))?;
+        let (sql, first) = match timeout(budget, Self::statements(&config, &opts)).await {
+            Ok(found) => found.map_err(|e| e.with_backend(name))?,
+            Err(_) => {
+                return Err(LockError::new(
+                    ErrorKind::Timeout,
+                    Operation::Connect,
+                    "the database did not answer within twice the operation timeout",
+                )
+                .with_backend(name));
+            }
+        };
+        let mut kept_sql = sql.clone();
         kept_sql.release = kept_release(config.dialect, &sql.release);
         let lean_sql = (config.dialect == SqlDialect::Postgres).then(|| {
             let mut lean = SessionSql::new(opts.dialect, &config.table);
@@ -333,10 +353,9 @@ impl Sessions {
             pool_size,
             lock_table: std::sync::OnceLock::new(),
         });
-        let budget = sessions.config.op_timeout.saturating_mul(2);
-        crate::connection::refuse_transaction_pooling(&sessions.config, budget)
-            .await
-            .map_err(|e| e.with_backend(name))?;
+        if let Some(first) = first {
+            drop(sessions.insert_slot(first, false));
+        }
         let prepared = timeout(budget, sessions.prepare())
             .await
             .unwrap_or_else(|_| {
@@ -348,6 +367,42 @@ impl Sessions {
             });
         prepared.map_err(|e| e.with_backend(name))?;
         Ok(sessions)
+    }
+
+    /// The session statements for this server: on MySQL/MariaDB the
+    /// server's version is read on a first session (returned, for the
+    /// set): MariaDB 10.3 and later take tokens from a sequence (see
+    /// `dialect::mysql`, "Session tokens on MariaDB"), MySQL keeps the
+    /// token row per key.
+    async fn statements(
+        config: &SqlConfig,
+        opts: &Opts,
+    ) -> Result<(SessionSql, Option<Session>), LockError> {
+        let sql = SessionSql::new(opts.dialect, &config.table);
+        if config.dialect != SqlDialect::MySql {
+            return Ok((sql, None));
+        }
+        let failed = |e| map_sqlx(config, Operation::Connect, e);
+        let mut session = Session::open(opts, &sql).await.map_err(failed)?;
+        let rows = fetch(&mut session.conn, &Arc::from("SELECT VERSION()"), &[], "t")
+            .await
+            .map_err(failed)?;
+        let version = rows.first().map(|row| row[0].text()).unwrap_or_default();
+        #[cfg(feature = "mysql")]
+        let sql = if crate::dialect::mysql::has_sequences(version) {
+            let sql = SessionSql::mariadb(&config.table);
+            // The run's token base now, not in the first grant's time
+            // (unless the tables are still to be created).
+            match session.read_run(&sql).await {
+                Ok(base) => session.run_base = Some(base),
+                Err(e) if crate::dialect::mysql::is_missing_table(&e) => {}
+                Err(e) => return Err(failed(e)),
+            }
+            sql
+        } else {
+            sql
+        };
+        Ok((sql, Some(session)))
     }
 
     async fn prepare(&self) -> Result<(), LockError> {
@@ -582,9 +637,17 @@ impl Sessions {
     /// by the caller (for a server-side wait when `waiting`).
     async fn open_slot(&self, until: Instant, waiting: bool) -> Result<ConnUse, LockError> {
         let opened = self.open_session(until).await;
+        {
+            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+            pool.opening = pool.opening.saturating_sub(1);
+        }
+        self.insert_slot(opened?, waiting)
+    }
+
+    /// Puts an open session into the set, in use by the caller (for a
+    /// server-side wait when `waiting`).
+    fn insert_slot(&self, session: Session, waiting: bool) -> Result<ConnUse, LockError> {
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-        pool.opening = pool.opening.saturating_sub(1);
-        let session = opened?;
         let conn = Arc::new(Conn {
             id: session.id,
             session: Arc::new(tokio::sync::Mutex::new(None)),
@@ -683,12 +746,34 @@ impl Session {
     /// the handshake).
     pub(crate) async fn open(opts: &Opts, sql: &SessionSql) -> Result<Self, sqlx::Error> {
         let mut conn = opts.options.connect().await?;
-        let id = fetch(&mut conn, &sql.session_id, &[], "i")
-            .await?
-            .first()
-            .map(|row| row[0].int())
-            .ok_or_else(|| sqlx::Error::Protocol("no session id".into()))?;
-        Ok(Self {
+        // MariaDB: the run's token base in the same round trip; the run
+        // table missing (the first connect creates it after this session
+        // opens) or the run not started: read before the first grant.
+        let mut run_base = None;
+        let maria_id = match &sql.maria {
+            Some(maria) => match fetch(&mut conn, maria.open_id(), &[], "ii").await {
+                Ok(rows) => {
+                    let row = rows.first();
+                    if let Some(crate::dialect::binds::Value::Int(base)) = row.map(|r| &r[1]) {
+                        run_base = *base;
+                    }
+                    row.map(|row| row[0].int())
+                }
+                #[cfg(feature = "mysql")]
+                Err(e) if crate::dialect::mysql::is_missing_table(&e) => None,
+                Err(e) => return Err(e),
+            },
+            None => None,
+        };
+        let id = match maria_id {
+            Some(id) => id,
+            None => fetch(&mut conn, &sql.session_id, &[], "i")
+                .await?
+                .first()
+                .map(|row| row[0].int())
+                .ok_or_else(|| sqlx::Error::Protocol("no session id".into()))?,
+        };
+        let mut session = Self {
             conn,
             dialect: opts.dialect,
             id,
@@ -696,7 +781,36 @@ impl Session {
             armed_ttl: None,
             last_used: Instant::now(),
             fresh: true,
-        })
+            run_base,
+            opts: opts.clone(),
+        };
+        if maria_id.is_some() && run_base.is_none() {
+            session.run_base = Some(session.read_run(sql).await?);
+        }
+        Ok(session)
+    }
+
+    /// Reads [`Session::run_base`] (one round trip); when the server's
+    /// current run has not been started (MariaDB after a restart), starts
+    /// it on a connection opened for that alone, then reads again.
+    async fn read_run(&mut self, sql: &SessionSql) -> SqlxResult<i64> {
+        let (dialect, on) = self.on(sql);
+        if let Some(base) = dialect.session_run(on).await? {
+            return Ok(base);
+        }
+        let mut starter = self.opts.options.connect().await?;
+        let on = OnSession {
+            conn: &mut starter,
+            sql,
+            run_base: 0,
+        };
+        self.dialect.start_run(on).await?;
+        drop(starter);
+        let (dialect, on) = self.on(sql);
+        dialect
+            .session_run(on)
+            .await?
+            .ok_or_else(|| sqlx::Error::Protocol("the server run's tokens were not started".into()))
     }
 
     /// Whether a session that holds nothing may already have been ended by
@@ -717,7 +831,15 @@ impl Session {
         sql: &'a SessionSql,
     ) -> (&'static dyn SessionDialect, OnSession<'a>) {
         let conn = &mut self.conn;
-        (self.dialect, OnSession { conn, sql })
+        let run_base = self.run_base.unwrap_or(0);
+        (
+            self.dialect,
+            OnSession {
+                conn,
+                sql,
+                run_base,
+            },
+        )
     }
 
     /// One grant statement (see [`SessionGrant`]); the token comes back in
@@ -737,6 +859,9 @@ impl Session {
             Some(armed) if holds_others => armed.max(grant.ttl),
             _ => grant.ttl,
         };
+        if sql.maria.is_some() && self.run_base.is_none() {
+            self.run_base = Some(self.read_run(sql).await?);
+        }
         if let Some(secs) = self.dialect.idle_timeout_secs(ttl)
             && self.wait_timeout.is_none_or(|armed| armed < secs)
         {

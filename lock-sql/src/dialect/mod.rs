@@ -714,6 +714,22 @@ pub(crate) trait SessionDialect: Dialect {
         Ok(None)
     }
 
+    /// The base this session adds to its tokens, read once before its
+    /// first grant: MariaDB's run epoch (see `dialect::mysql`, "Session
+    /// tokens on MariaDB"), `None` when the server's current run has not
+    /// been started yet ([`start_run`](Self::start_run)); 0 elsewhere.
+    async fn session_run(&self, on: OnSession<'_>) -> SqlxResult<Option<i64>> {
+        let _ = on;
+        Ok(Some(0))
+    }
+
+    /// Starts the server's current run (MariaDB), on a connection the
+    /// caller opened for it alone and drops afterwards; nothing elsewhere.
+    async fn start_run(&self, on: OnSession<'_>) -> SqlxResult<()> {
+        let _ = on;
+        Ok(())
+    }
+
     /// Creates the token counter (when `create`) and checks it: a problem
     /// found is returned as text.
     async fn prepare_session_schema(
@@ -733,7 +749,9 @@ pub(crate) struct SessionProfile {
     pub(crate) name: &'static str,
     /// The shortest TTL the server's idle timeout can express.
     pub(crate) min_ttl: Duration,
-    /// Where the session tokens are counted.
+    /// Where the session tokens are counted (the statements'
+    /// [`SessionSql::fencing`](crate::dialect::session::SessionSql::fencing)
+    /// starts from it; MariaDB's sequence counts for every key).
     pub(crate) fencing: lock_core::FencingScope,
     /// Whether the grant writes holder details that `session_inspect`
     /// reads back (MySQL/MariaDB: the token row).
@@ -752,11 +770,6 @@ impl dyn SessionDialect {
     /// The shortest TTL the server's idle timeout can express.
     pub(crate) fn session_min_ttl(&self) -> Duration {
         self.session_profile().min_ttl
-    }
-
-    /// Where the session tokens are counted.
-    pub(crate) fn session_fencing(&self) -> lock_core::FencingScope {
-        self.session_profile().fencing
     }
 
     /// Whether the grant writes holder details that `session_inspect`

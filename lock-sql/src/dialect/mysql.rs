@@ -371,6 +371,9 @@ impl SessionDialect for MySql {
             ),
             session_id: Arc::from("SELECT CAST(CONNECTION_ID() AS SIGNED)"),
             counter: tok.to_owned(),
+            holders: tok.to_owned(),
+            fencing: SESSION.fencing,
+            maria: None,
         }
     }
 
@@ -399,6 +402,9 @@ impl SessionDialect for MySql {
     ) -> SqlxResult<Granted> {
         // GET_LOCK(name, 0) tries; a positive timeout waits.
         let seconds = grant.wait.map_or(0.0, |w| w.as_secs_f64().max(0.001));
+        if let Some(maria) = &on.sql.maria {
+            return maria_grant(on.conn, &on.sql.grant, maria, grant, on.run_base, seconds).await;
+        }
         let lock_name = grant.lock.server_key.mysql.as_str();
         let done = sqlx::query(AssertSqlSafe(on.sql.grant.as_str()))
             .bind(grant.lock.key)
@@ -523,6 +529,22 @@ impl SessionDialect for MySql {
         }
     }
 
+    async fn session_run(&self, on: OnSession<'_>) -> SqlxResult<Option<i64>> {
+        let Some(maria) = &on.sql.maria else {
+            return Ok(Some(0));
+        };
+        sqlx::query_scalar(AssertSqlSafe(maria.run_read.as_str()))
+            .fetch_optional(my(on.conn)?)
+            .await
+    }
+
+    async fn start_run(&self, on: OnSession<'_>) -> SqlxResult<()> {
+        let Some(maria) = &on.sql.maria else {
+            return Ok(());
+        };
+        start_run(my(on.conn)?, maria).await
+    }
+
     // A table created before the grant wrote them gets the columns here
     // (each probed, added only when missing; a concurrent connect adding
     // it first is not an error).
@@ -531,6 +553,31 @@ impl SessionDialect for MySql {
         on: OnSession<'_>,
         create: bool,
     ) -> SqlxResult<Option<String>> {
+        if let Some(maria) = &on.sql.maria {
+            if create {
+                let conn = my(on.conn)?;
+                sqlx::query(AssertSqlSafe(HOLDERS_HEAP_SIZE.as_str()))
+                    .execute(&mut *conn)
+                    .await?;
+                let created = async {
+                    sqlx::query(AssertSqlSafe(on.sql.create.as_str()))
+                        .execute(&mut *conn)
+                        .await?;
+                    for create in &maria.creates {
+                        sqlx::query(AssertSqlSafe(create.as_str()))
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    grow_holders(conn, maria).await
+                }
+                .await;
+                sqlx::query("SET SESSION max_heap_table_size = DEFAULT")
+                    .execute(&mut *conn)
+                    .await?;
+                created?;
+            }
+            return Ok(None);
+        }
         if create {
             let (conn, sql) = (my(on.conn)?, on.sql);
             sqlx::query(AssertSqlSafe(sql.create.as_str()))
@@ -558,6 +605,431 @@ impl SessionDialect for MySql {
         }
         Ok(None)
     }
+}
+
+/// # Session tokens on MariaDB
+///
+/// MariaDB 10.3 and later (`SELECT VERSION()` at connect, see
+/// [`has_sequences`]) take a session grant's token from a `SEQUENCE`
+/// instead of a per-key token row, and publish the holder in a `MEMORY`
+/// table: the grant writes nothing to InnoDB, so no log flush per grant.
+///
+/// - **Token**: `run_base + NEXTVAL(<table>_session_seq)`, evaluated only
+///   when `GET_LOCK` returned 1 (the `SELECT` produced a row). The
+///   sequence's cache (`CACHE 1000`) is server-wide, so its values rise in
+///   the order they are handed out, for every key. But MariaDB 10.11 does
+///   not flush a sequence's writes at commit: after a crash (SIGKILL
+///   tested) it resumes from its last value on disk, up to about a second
+///   of grants (and a cache) back, and a sequence created less than a
+///   second before the crash loses its row (`NEXTVAL` then fails, error
+///   1032). So the sequence alone can go backwards.
+/// - **Run epoch**: `run_base` is `epoch << 40`, where `epoch` counts the
+///   server's runs: a durable InnoDB row (`<table>_session_runs`, bumped
+///   once per run, a flushed commit) copied into a `MEMORY` row
+///   (`<table>_session_run`), which a restart empties. A session reads the
+///   `MEMORY` row before its first grant (a session cannot outlive the run
+///   it was opened in); the first reader of a run that finds it empty
+///   starts the run on a connection of its own under a `GET_LOCK` (see
+///   [`start_run`]): bump, sequence checked (and created again when it lost
+///   its row), row written. No grant of a run happens before its row
+///   exists, so every token of a run is above every token of the runs
+///   before, as long as the sequence falls back less than 2^40 at a crash.
+/// - **Holder**: the grant upserts the key's row of `<table>_session_holders`
+///   (`ENGINE=MEMORY`, emptied by a restart as the locks are). A `MEMORY`
+///   table is locked for a whole statement, so a statement that waits in
+///   `GET_LOCK` must not touch it: the waiting grant deletes its session's
+///   stale row of the key, waits in a `SELECT GET_LOCK(?, ?)` of its own,
+///   then publishes with the token (`WHERE IS_USED_LOCK(?) =
+///   CONNECTION_ID()`), three round trips instead of one.
+#[derive(Clone, Debug)]
+pub(crate) struct MariaSessionSql {
+    /// The `CREATE`s after the holder table's: the sequence, the durable
+    /// run counter, the run's `MEMORY` row.
+    pub(crate) creates: [String; 3],
+    /// The holder table's `MAX_DATA_LENGTH` (binds: schema or `NULL`, table).
+    heap_size: String,
+    /// The holder table's schema (`None`: the connection's database) and
+    /// name, for `heap_size`.
+    holders_name: (Option<String>, String),
+    /// Rebuilds the holder table with the session's `max_heap_table_size`.
+    heap_grow: String,
+    /// The run's token base (no row: the server restarted since the last
+    /// run was started).
+    run_read: String,
+    /// A new session's id and the run's token base (`NULL`: not started),
+    /// in one round trip.
+    open_id: Arc<str>,
+    /// The `GET_LOCK` name that serializes the start of a run.
+    run_lock: String,
+    /// The sequence probe, and its `DROP` (a sequence that lost its row).
+    sequence_probe: String,
+    sequence_drop: String,
+    /// The durable bump of the run counter (the new epoch in the OK packet).
+    run_bump: String,
+    /// Writes the run's epoch (the first writer of a run wins).
+    run_insert: String,
+    /// The waiting grant: its session's stale row of the key, the wait,
+    /// the publication.
+    unpublish: String,
+    wait_lock: String,
+    publish: String,
+    /// Deletes the rows whose lock is not held by the session they name.
+    pub(crate) collect: String,
+}
+
+/// The `max_heap_table_size` the holder table is created (and grown) with:
+/// 256 MiB, about 150,000 keys (a row is about 1.7 KB, fixed length).
+pub(crate) const HOLDERS_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Sets [`HOLDERS_MAX_BYTES`] for this session.
+static HOLDERS_HEAP_SIZE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("SET SESSION max_heap_table_size = {HOLDERS_MAX_BYTES}"));
+
+/// The sequence's cache: values handed out between two writes of the
+/// sequence's row (which MariaDB does not flush anyway, see
+/// [`MariaSessionSql`]).
+const SEQUENCE_CACHE: u32 = 1000;
+
+/// The base of the run's tokens in SQL: `epoch << 40`, signed (an
+/// overflow past `BIGINT` is an error, not a wrap).
+const RUN_BASE: &str = "epoch * 1099511627776";
+
+/// Whether the server `SELECT VERSION()` describes has sequences: MariaDB
+/// 10.3 or later (MySQL has none).
+pub(crate) fn has_sequences(version: &str) -> bool {
+    if !version.to_ascii_lowercase().contains("mariadb") {
+        return false;
+    }
+    let mut parts = version.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (10, 3)
+}
+
+impl MariaSessionSql {
+    /// The run's token base (no row: the run is not started).
+    pub(crate) fn run_read(&self) -> &str {
+        &self.run_read
+    }
+
+    /// A new session's id and the run's token base, in one statement.
+    pub(crate) fn open_id(&self) -> &Arc<str> {
+        &self.open_id
+    }
+}
+
+/// MariaDB's session statements for lease table `table` (validated).
+pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
+    use crate::dialect::session::suffixed;
+    let q = |suffix: &str| suffixed('`', table, suffix);
+    let (seq, h, runs, run) = (
+        q("_session_seq"),
+        q("_session_holders"),
+        q("_session_runs"),
+        q("_session_run"),
+    );
+    let holders_name = match format!("{table}_session_holders").split_once('.') {
+        Some((schema, name)) => (Some(schema.to_owned()), name.to_owned()),
+        None => (None, format!("{table}_session_holders")),
+    };
+    let upsert = |condition: &str| {
+        format!(
+            "INSERT INTO {h} (name, token, owner, conn, lock_name, details) \
+             SELECT ?, LAST_INSERT_ID(? + NEXTVAL({seq})), ?, CONNECTION_ID(), ?, ? FROM DUAL \
+             WHERE {condition} \
+             ON DUPLICATE KEY UPDATE token = VALUES(token), owner = VALUES(owner), \
+             conn = VALUES(conn), lock_name = VALUES(lock_name), details = VALUES(details)"
+        )
+    };
+    let create_sequence = format!(
+        "CREATE SEQUENCE IF NOT EXISTS {seq} START WITH 1 MINVALUE 1 INCREMENT BY 1 \
+         CACHE {SEQUENCE_CACHE} NOCYCLE"
+    );
+    let maria = MariaSessionSql {
+        creates: [
+            create_sequence,
+            format!(
+                "CREATE TABLE IF NOT EXISTS {runs} (id TINYINT NOT NULL PRIMARY KEY, \
+                 epoch BIGINT NOT NULL) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {run} (id TINYINT NOT NULL PRIMARY KEY, \
+                 epoch BIGINT NOT NULL) ENGINE=MEMORY"
+            ),
+        ],
+        heap_size: "SELECT CAST(MAX_DATA_LENGTH AS SIGNED) FROM information_schema.TABLES \
+                    WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?"
+            .to_owned(),
+        holders_name,
+        heap_grow: format!("ALTER TABLE {h} ENGINE=MEMORY"),
+        run_read: format!("SELECT {RUN_BASE} FROM {run} WHERE id = 1"),
+        open_id: Arc::from(format!(
+            "SELECT CAST(CONNECTION_ID() AS SIGNED), (SELECT {RUN_BASE} FROM {run} WHERE id = 1)"
+        )),
+        run_lock: format!("{table}!run"),
+        sequence_probe: format!("SELECT NEXTVAL({seq})"),
+        sequence_drop: format!("DROP SEQUENCE IF EXISTS {seq}"),
+        run_bump: format!(
+            "INSERT INTO {runs} (id, epoch) VALUES (1, LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)"
+        ),
+        run_insert: format!("INSERT IGNORE INTO {run} (id, epoch) VALUES (1, ?)"),
+        unpublish: format!("DELETE FROM {h} WHERE name = ? AND conn = CONNECTION_ID()"),
+        wait_lock: "SELECT GET_LOCK(?, ?)".to_owned(),
+        publish: upsert("IS_USED_LOCK(?) = CONNECTION_ID()"),
+        collect: format!("DELETE FROM {h} WHERE NOT (IS_USED_LOCK(lock_name) <=> conn)"),
+    };
+    SessionSql {
+        // Fixed-length rows (MEMORY): a key is at most 256 bytes, owners,
+        // lock names and encoded details are ASCII. A B-tree key, for
+        // `list`'s range scan in key order (MEMORY's default is a hash).
+        create: format!(
+            "CREATE TABLE IF NOT EXISTS {h} (\
+             name VARBINARY({key_len}) NOT NULL, \
+             token BIGINT NOT NULL, \
+             owner VARCHAR(64) CHARACTER SET ascii NOT NULL, \
+             conn BIGINT NOT NULL, \
+             lock_name VARCHAR(64) CHARACTER SET ascii NOT NULL, \
+             details VARCHAR({DETAILS_LEN}) CHARACTER SET ascii NULL, \
+             PRIMARY KEY USING BTREE (name)) ENGINE=MEMORY",
+            key_len = lock_core::MAX_KEY_LEN
+        ),
+        check: String::new(),
+        grant: upsert("GET_LOCK(?, 0) = 1"),
+        wait: String::new(),
+        release: "SELECT RELEASE_LOCK(?)".to_owned(),
+        holds: "SELECT IS_USED_LOCK(?) = CONNECTION_ID()".to_owned(),
+        // No locking read needed: a MEMORY table is locked for the whole
+        // statement, so a try's GET_LOCK and its row are seen together; a
+        // waiting grant between its GET_LOCK and its publication shows
+        // its lock with a row naming another connection (its own stale
+        // row was deleted before the wait): the holder without token.
+        inspect: format!(
+            "SELECT u.c, t.token, t.owner, t.conn, t.details \
+             FROM (SELECT IS_USED_LOCK(?) AS c) u LEFT JOIN {h} t ON t.name = ?"
+        ),
+        list: format!(
+            "SELECT p.name, p.token, p.owner, p.conn, p.details, IS_USED_LOCK(p.lock_name) \
+             FROM (SELECT name, token, owner, conn, lock_name, details \
+             FROM {h} t WHERE name LIKE ? ESCAPE '!' AND name > ? ORDER BY name LIMIT ?) p \
+             ORDER BY p.name"
+        ),
+        kill_holder: format!(
+            "SELECT COUNT(*) FROM {h} t WHERE t.name = ? AND t.token = ? \
+             AND t.owner = ? AND t.conn = ? AND IS_USED_LOCK(?) = t.conn"
+        ),
+        session_id: Arc::from("SELECT CAST(CONNECTION_ID() AS SIGNED)"),
+        counter: seq,
+        holders: h,
+        fencing: FencingScope::Global,
+        maria: Some(maria),
+    }
+}
+
+/// MariaDB's grant (see [`MariaSessionSql`]): a try in one statement; a
+/// wait as three (the session's stale row of the key deleted, the wait,
+/// the publication). `grant` is the try statement.
+async fn maria_grant(
+    conn: &mut DbConn,
+    try_statement: &str,
+    maria: &MariaSessionSql,
+    grant: &SessionGrant<'_>,
+    run_base: i64,
+    seconds: f64,
+) -> SqlxResult<Granted> {
+    let conn = my(conn)?;
+    let lock_name = grant.lock.server_key.mysql.as_str();
+    let details = HolderDetails::encode_current();
+    let row = HolderRow {
+        grant,
+        run_base,
+        details: &details,
+    };
+    if grant.wait.is_none() {
+        return upsert_holder(conn, try_statement, maria, &row, true).await;
+    }
+    sqlx::query(AssertSqlSafe(maria.unpublish.as_str()))
+        .bind(grant.lock.key)
+        .execute(&mut *conn)
+        .await?;
+    let got: Option<i64> = sqlx::query_scalar(AssertSqlSafe(maria.wait_lock.as_str()))
+        .bind(lock_name)
+        .bind(seconds)
+        .fetch_one(&mut *conn)
+        .await?;
+    if got != Some(1) {
+        return Ok(Granted::Held);
+    }
+    match upsert_holder(conn, &maria.publish, maria, &row, false).await? {
+        Granted::Token(token) => Ok(Granted::Token(token)),
+        // Published nothing: this connection does not hold the lock it
+        // was just granted. Never reported as held.
+        Granted::Held => {
+            release_lock(conn, lock_name).await?;
+            Err(sqlx::Error::Protocol(
+                "the lock was not held by its session right after GET_LOCK granted it".into(),
+            ))
+        }
+    }
+}
+
+/// A holder row's values.
+struct HolderRow<'a> {
+    grant: &'a SessionGrant<'a>,
+    run_base: i64,
+    details: &'a str,
+}
+
+/// Runs the try or publication `statement`. A full holder table (error
+/// 1114) is collected (rows whose lock their session no longer holds) and
+/// the statement sent once more; `takes_lock`: the statement's own
+/// `GET_LOCK` may have succeeded, so the lock is released first (a second
+/// `GET_LOCK` of a held name nests). Released too when it fails again.
+async fn upsert_holder(
+    conn: &mut sqlx::MySqlConnection,
+    statement: &str,
+    maria: &MariaSessionSql,
+    row: &HolderRow<'_>,
+    takes_lock: bool,
+) -> SqlxResult<Granted> {
+    let lock_name = row.grant.lock.server_key.mysql.as_str();
+    let mut collected = false;
+    loop {
+        let done = sqlx::query(AssertSqlSafe(statement))
+            .bind(row.grant.lock.key)
+            .bind(row.run_base)
+            .bind(row.grant.owner)
+            .bind(lock_name)
+            .bind(row.details)
+            .bind(lock_name)
+            .execute(&mut *conn)
+            .await;
+        match done {
+            Ok(done) => return Ok(session_token(i64::try_from(done.last_insert_id()).ok())),
+            Err(e) if is_table_full(&e) => {
+                if takes_lock || collected {
+                    release_lock(conn, lock_name).await?;
+                }
+                if collected {
+                    return Err(e);
+                }
+                collected = true;
+                let gone = sqlx::query(AssertSqlSafe(maria.collect.as_str()))
+                    .execute(&mut *conn)
+                    .await?;
+                tracing::warn!(
+                    rows = gone.rows_affected(),
+                    "session holder table full: collected the rows of free locks"
+                );
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn release_lock(conn: &mut sqlx::MySqlConnection, lock_name: &str) -> SqlxResult<()> {
+    sqlx::query("SELECT RELEASE_LOCK(?)")
+        .bind(lock_name)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+/// ER_RECORD_FILE_FULL: the `MEMORY` table reached its size.
+fn is_table_full(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| e.number() == 1114))
+}
+
+/// ER_NO_SUCH_TABLE: the run table is not created yet (the first connect).
+pub(crate) fn is_missing_table(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| e.number() == 1146))
+}
+
+/// ER_KEY_NOT_FOUND on a sequence: it lost its row in a crash.
+fn is_lost_sequence(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| e.number() == 1032))
+}
+
+/// Starts a server run's tokens (see [`MariaSessionSql`]) on `conn`, a
+/// connection of its own that the caller drops afterwards: dropped
+/// mid-way, it takes its `GET_LOCK` with it. Under the run lock, when no
+/// one started the run meanwhile: the sequence probed (created again when
+/// it lost its row), the durable run counter bumped, the `MEMORY` row
+/// written, and the holder table grown back to its size (a restart
+/// brings a `MEMORY` table down to the server's `max_heap_table_size`).
+async fn start_run(conn: &mut sqlx::MySqlConnection, maria: &MariaSessionSql) -> SqlxResult<()> {
+    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 10)")
+        .bind(maria.run_lock.as_str())
+        .fetch_one(&mut *conn)
+        .await?;
+    if got != Some(1) {
+        return Err(sqlx::Error::Protocol(
+            "another client held the start of the server run's tokens for 10 s".into(),
+        ));
+    }
+    let started: Option<i64> = sqlx::query_scalar(AssertSqlSafe(maria.run_read.as_str()))
+        .fetch_optional(&mut *conn)
+        .await?;
+    if started.is_none() {
+        if let Err(e) = sqlx::query(AssertSqlSafe(maria.sequence_probe.as_str()))
+            .execute(&mut *conn)
+            .await
+        {
+            if !is_lost_sequence(&e) {
+                return Err(e);
+            }
+            tracing::warn!("the session token sequence lost its row in a crash: created again");
+            sqlx::query(AssertSqlSafe(maria.sequence_drop.as_str()))
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query(AssertSqlSafe(maria.creates[0].as_str()))
+                .execute(&mut *conn)
+                .await?;
+        }
+        let bumped = sqlx::query(AssertSqlSafe(maria.run_bump.as_str()))
+            .execute(&mut *conn)
+            .await?;
+        let epoch = i64::try_from(bumped.last_insert_id())
+            .map_err(|_| sqlx::Error::Protocol("run epoch out of range".into()))?;
+        sqlx::query(AssertSqlSafe(maria.run_insert.as_str()))
+            .bind(epoch)
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(AssertSqlSafe(HOLDERS_HEAP_SIZE.as_str()))
+            .execute(&mut *conn)
+            .await?;
+        if let Err(e) = grow_holders(conn, maria).await {
+            tracing::warn!(error = %e, "could not grow the session holder table back");
+        }
+    }
+    release_lock(conn, &maria.run_lock).await
+}
+
+/// Rebuilds the holder table at this session's `max_heap_table_size`
+/// ([`HOLDERS_MAX_BYTES`]) when it is less than half that (a restart sets
+/// a `MEMORY` table's limit to the server's global value, 16 MiB by
+/// default: about 9,500 keys).
+async fn grow_holders(conn: &mut sqlx::MySqlConnection, maria: &MariaSessionSql) -> SqlxResult<()> {
+    let (schema, name) = &maria.holders_name;
+    let size: Option<i64> = sqlx::query_scalar(AssertSqlSafe(maria.heap_size.as_str()))
+        .bind(schema.as_deref())
+        .bind(name.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let wanted = i64::try_from(HOLDERS_MAX_BYTES / 2).unwrap_or(i64::MAX);
+    if size.is_some_and(|size| size < wanted) {
+        tracing::info!(table = name, "growing the session holder table");
+        sqlx::query(AssertSqlSafe(maria.heap_grow.as_str()))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
 }
 
 fn my(conn: &mut DbConn) -> Result<&mut sqlx::MySqlConnection, sqlx::Error> {
@@ -664,6 +1136,23 @@ mod tests {
                 "TTL {ttl:?}: the server may end the session after {:?}",
                 server_may_end_session_after(ttl, LINUX_KEEPALIVE)
             );
+        }
+    }
+
+    /// Sequences from MariaDB 10.3 on; never on MySQL.
+    #[test]
+    fn sequences_are_detected_from_the_version() {
+        for (version, expected) in [
+            ("10.11.19-MariaDB-0+deb12u1", true),
+            ("10.3.0-MariaDB", true),
+            ("11.4.2-MariaDB-log", true),
+            ("10.2.44-MariaDB", false),
+            ("5.5.5-10.11.6-MariaDB", false),
+            ("8.0.36", false),
+            ("8.4.0-commercial", false),
+            ("", false),
+        ] {
+            assert_eq!(has_sequences(version), expected, "{version}");
         }
     }
 

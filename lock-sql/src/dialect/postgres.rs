@@ -436,6 +436,9 @@ impl SessionDialect for Postgres {
             session_id: Arc::from("SELECT CAST(pg_backend_pid() AS BIGINT)"),
             list: String::new(),
             counter: seq.to_owned(),
+            holders: String::new(),
+            fencing: SESSION.fencing,
+            maria: None,
         }
     }
 

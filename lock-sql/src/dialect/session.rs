@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::FencingScope;
+
 use crate::config::SqlDialect;
 use crate::connection::DbConn;
 use crate::dialect::{SessionDialect, quote_with};
@@ -15,6 +17,11 @@ use crate::dialect::{SessionDialect, quote_with};
 pub(crate) struct OnSession<'a> {
     pub(crate) conn: &'a mut DbConn,
     pub(crate) sql: &'a SessionSql,
+    /// MariaDB's sequence tokens: the server run's epoch shifted above
+    /// the sequence's values, added to each `NEXTVAL` (see
+    /// `dialect::mysql`, "Session tokens on MariaDB"); 0 elsewhere, and
+    /// before the session read it.
+    pub(crate) run_base: i64,
 }
 
 /// A lock as session mode names it: the key as stored (MySQL's token row)
@@ -45,7 +52,7 @@ pub(crate) struct ListPage<'a> {
 }
 
 /// Session-mode SQL for one dialect.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct SessionSql {
     /// Creates the token sequence / table if missing (idempotent).
     pub(crate) create: String,
@@ -74,6 +81,32 @@ pub(crate) struct SessionSql {
     pub(crate) kill_holder: String,
     /// This session's server-side id (backend pid / connection id).
     pub(crate) session_id: Arc<str>,
+    /// The quoted table with a row per key naming the key's last grant
+    /// (MySQL: the token table; MariaDB: the `MEMORY` holder table);
+    /// empty on PostgreSQL.
+    pub(crate) holders: String,
+    /// Where the tokens are counted: per key (MySQL's token rows) or for
+    /// every key (a sequence).
+    pub(crate) fencing: FencingScope,
+    /// MariaDB 10.3 and later: the statements of the sequence token and
+    /// the `MEMORY` holder table; `None` elsewhere.
+    pub(crate) maria: Option<MariaSql>,
+}
+
+/// MariaDB's own session statements (see `dialect::mysql`).
+#[cfg(feature = "mysql")]
+pub(crate) type MariaSql = crate::dialect::mysql::MariaSessionSql;
+
+/// Without MySQL/MariaDB compiled in: none.
+#[cfg(not(feature = "mysql"))]
+#[derive(Clone, Debug)]
+pub(crate) enum MariaSql {}
+
+#[cfg(not(feature = "mysql"))]
+impl MariaSql {
+    pub(crate) fn open_id(&self) -> &Arc<str> {
+        match *self {}
+    }
 }
 
 /// `table` with `suffix` appended to its last part (`schema.t` ->
@@ -88,6 +121,13 @@ impl SessionSql {
     pub(crate) fn new(dialect: &dyn SessionDialect, table: &str) -> Self {
         let suffix = dialect.session_profile().counter_suffix;
         dialect.session_sql(&suffixed(dialect.profile().quote, table, suffix))
+    }
+
+    /// The statements of MariaDB 10.3 and later for lease table `table`
+    /// (validated): tokens from a sequence, holders in a `MEMORY` table.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mariadb(table: &str) -> Self {
+        crate::dialect::mysql::mariadb_session_sql(table)
     }
 }
 

@@ -1,6 +1,7 @@
-//! MySQL/MariaDB session mode: holder details and `list` from the token
-//! rows the grant writes (`<table>_session_tokens`), and PostgreSQL's
-//! refusal.
+//! MariaDB session mode: holder details and `list` from the holder rows
+//! the grant writes (`<table>_session_holders`, a `MEMORY` table), and
+//! PostgreSQL's refusal. (MySQL's token-row path, `<table>_session_tokens`,
+//! has no server here to run on.)
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use lock_core::{ErrorKind, ListQuery, LockBackend, LockBackendExt, LockKey};
 use lock_sql::SqlSessionBackend;
 use lock_sql::sqlx::{self, Connection};
 
-use super::{SessionTarget, key, mysql_name, with_options};
+use super::{SessionTarget, key, mysql_name};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -49,12 +50,11 @@ async fn listed(
 /// Hashed GET_LOCK names (a mixed-case and a long key) are listed by their
 /// key text with holder, token and this process's details; a row whose
 /// lock a foreign session holds now, and a released one, are not listed;
-/// an older client's grant (no details written) shows no stale details.
+/// tokens rise across keys (one sequence).
 pub async fn mysql_token_rows(target: &SessionTarget) {
     let backend = SqlSessionBackend::connect_url(&target.url).await.unwrap();
     assert!(backend.capabilities().holder_details);
     let table = backend.config().table_name().to_owned();
-    let tok = backend.token_counter().to_owned();
     let prefix = format!("{}/", key("rows").as_str());
     let at = |name: &str| LockKey::new(format!("{prefix}{name}")).unwrap();
     let (mixed, long, plain, gone) = (
@@ -117,35 +117,10 @@ pub async fn mysql_token_rows(target: &SessionTarget) {
         .await
         .unwrap();
 
-    // An older client's grant: the statement without the new columns. It
-    // bumps the token and leaves the previous grant's details behind.
-    let old_grant = format!(
-        "INSERT INTO {tok} (name, token, owner, conn) \
-         SELECT ?, LAST_INSERT_ID(1), ?, CONNECTION_ID() FROM DUAL WHERE GET_LOCK(?, 0) = 1 \
-         ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), owner = VALUES(owner), \
-         conn = VALUES(conn)"
-    );
-    let done = sqlx::query(sqlx::AssertSqlSafe(old_grant))
-        .bind(plain.as_str().as_bytes())
-        .bind("old-client")
-        .bind(mysql_name(&table, plain.as_str()))
-        .execute(&mut foreign)
-        .await
-        .unwrap();
-    assert_eq!(done.last_insert_id(), p.token().get() + 1);
-    let info = backend.inspect(&plain).await.unwrap().unwrap();
-    assert_eq!(info.holder, "old-client");
-    assert_eq!(info.token.map(|t| t.get()), Some(p.token().get() + 1));
-    assert!(
-        info.details.is_none(),
-        "an older client's grant shows the previous grant's details: {:?}",
-        info.details
-    );
-    let all = listed(&backend, &prefix).await;
-    assert_eq!(
-        all.get(plain.as_str()),
-        Some(&("old-client".to_owned(), Some(p.token().get() + 1), None))
-    );
+    // One sequence for every key: the four grants' tokens rise in grant
+    // order, across keys.
+    let tokens = [&m, &l, &p, &g].map(|lease| lease.token().get());
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
     drop(foreign);
     for lease in [&m, &l] {
         assert!(backend.release(lease).await.unwrap());
@@ -160,50 +135,6 @@ pub async fn mysql_token_rows(target: &SessionTarget) {
         .list(&ListQuery::new(&prefix, 2).after(Some("other:1")))
         .await;
     assert!(matches!(&bad, Err(e) if e.kind() == ErrorKind::InvalidArgument));
-}
-
-/// A token table created before the details columns (the old 4-column
-/// schema, with a row) gets them at connect; grants then report details
-/// and are listed, and the old row's token goes on from where it was.
-pub async fn mysql_old_token_table(target: &SessionTarget) {
-    let table = format!("old{}", &lock_core::OwnerId::random().to_hex()[..8]);
-    let tok = format!("`{table}_session_tokens`");
-    let raw = target.raw_url().await;
-    let mut conn = sqlx::MySqlConnection::connect(&raw).await.unwrap();
-    let k = key("old");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {tok} (name VARBINARY(1024) NOT NULL PRIMARY KEY, \
-         token BIGINT NOT NULL, owner VARCHAR(64) NOT NULL, conn BIGINT NOT NULL) ENGINE=InnoDB"
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {tok} VALUES (?, 41, 'before', 0)"
-    )))
-    .bind(k.as_str().as_bytes())
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    let url = with_options(&target.url, &format!("table={table}"));
-    // Two connects at once: one adds each column, the other finds it.
-    let (a, b) = tokio::join!(
-        SqlSessionBackend::connect_url(&url),
-        SqlSessionBackend::connect_url(&url)
-    );
-    let (a, b) = (a.unwrap(), b.unwrap());
-    let lease = a.try_acquire(&k, TTL).await.unwrap().unwrap();
-    assert_eq!(lease.token().get(), 42);
-    let info = b.inspect(&k).await.unwrap().unwrap();
-    assert_eq!(info.details.map(|d| d.pid), Some(std::process::id()));
-    let prefix = k.as_str().to_owned();
-    let page = b.list(&ListQuery::new(&prefix, 10)).await.unwrap();
-    assert_eq!(page.locks.len(), 1, "{page:?}");
-    assert!(a.release(&lease).await.unwrap());
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {tok}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
 }
 
 /// PostgreSQL session mode: no details, `list` refused as Unsupported.
