@@ -71,6 +71,13 @@
 //!   session's next keep-alive: only the fencing token protects the
 //!   resource then. `force_release` ends only a session holding that one
 //!   lock.
+//! - Session mode on MariaDB 10.3+ takes tokens from a sequence plus the
+//!   server run's epoch (global, rising across crashes: the sequence alone
+//!   falls back after a SIGKILL) and publishes holders in a `MEMORY`
+//!   table; MySQL (no sequences) keeps a token row per key, untested here.
+//!   Old-version (token-row) and new-version clients on one MariaDB
+//!   database exclude each other but are not fenced against each other:
+//!   stop the old ones first.
 //! - Session mode on MySQL/MariaDB keeps a lock through a partition only
 //!   for a TTL within the server's TCP keep-alive (`tcp_keepalive_time` +
 //!   `_probes` × `_interval`, GLOBAL settings, 0 meaning the server host's:

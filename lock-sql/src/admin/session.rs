@@ -1,6 +1,23 @@
 //! Holder details and `list` in session mode.
 //!
-//! # MySQL/MariaDB: the token row
+//! # MariaDB 10.3 and later: the holder table
+//!
+//! The grant writes the key's row of `<table>_session_holders`, a `MEMORY`
+//! table (see `dialect::mysql`, "Session tokens on MariaDB"), with the
+//! same columns as MySQL's token row below but no `details_token` (every
+//! grant writes its details). `inspect`, `list` and `force_release` read
+//! it as below, without a locking read: a `MEMORY` table is locked for a
+//! whole statement, so a try's `GET_LOCK` and its row are seen together. A
+//! waiting grant takes its lock in a statement of its own and publishes
+//! after it, having deleted its session's own row of the key first: in
+//! between, the key shows as held by `server session <id>`, without owner
+//! or token, and `force_release` leaves it alone. A release leaves the row
+//! (a row names its lock's holder only while `IS_USED_LOCK(lock_name) =
+//! conn`); when the table is full, the grant deletes the rows of free
+//! locks and tries again. The rows hold no token state (the sequence
+//! does), so deleting them is always safe.
+//!
+//! # MySQL: the token row
 //!
 //! The grant statement (`INSERT .. SELECT .. WHERE GET_LOCK(..) = 1 ON
 //! DUPLICATE KEY UPDATE`) already writes the key's row of
@@ -66,8 +83,9 @@
 //! locking reads) held during the wait would deadlock, across InnoDB and
 //! the user-lock manager, with a `gc` that holds the name and raises the
 //! floor. So `gc` collects nothing (an empty report) on either database:
-//! PostgreSQL's one sequence is not per key, and MySQL/MariaDB's token
-//! rows all stay.
+//! PostgreSQL's and MariaDB's sequences are not per key, MySQL's token
+//! rows all stay, and MariaDB's holder rows (no token state) are collected
+//! by a grant that finds their table full.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -315,7 +333,7 @@ impl SessionAdmin {
     }
 
     /// MySQL/MariaDB: how many other keys' locks session `victim` holds,
-    /// by their token rows (each names its `GET_LOCK` name and the session
+    /// by their holder (token) rows (each names its `GET_LOCK` name and the session
     /// of its last grant); `None` on PostgreSQL.
     async fn others_of(
         &self,

@@ -60,14 +60,15 @@
 //! a session that holds this lock alone, as the grant it read (PostgreSQL
 //! checks the pid, the grant's published owner and token, and that the
 //! session holds no other advisory lock, in the statement that terminates
-//! it; MySQL/MariaDB checks the key's token row and that no other token
+//! it; MySQL/MariaDB checks the key's holder row and that no other holder
 //! row names a lock this session holds). A session holding other locks is
 //! left alone (`Unsupported`).
 //!
 //! # Holder details and listing
 //!
-//! MySQL/MariaDB only, from the token row the grant writes anyway; none on
-//! PostgreSQL (see `crate::admin::session`'s module docs).
+//! MySQL/MariaDB only, from the row the grant writes anyway (MariaDB 10.3+:
+//! the `MEMORY` holder table; MySQL: the token row); none on PostgreSQL
+//! (see `crate::admin::session`'s module docs).
 
 use std::fmt;
 use std::sync::Arc;
@@ -270,7 +271,7 @@ impl LockBackend for SqlSessionBackend {
             ttl_model: TtlModel::PerSession,
             linearizable: true,
             min_ttl: self.inner.sessions.min_ttl(),
-            // MySQL/MariaDB: the token row the grant writes (module docs).
+            // MySQL/MariaDB: the holder row the grant writes (module docs).
             holder_details: self.inner.sessions.opts.dialect.session_details(),
             shared_locks: false,
             semaphores: false,
@@ -286,7 +287,7 @@ impl LockBackend for SqlSessionBackend {
     mutex_only_kernel!();
 
     /// Elections are the default renewed mutex; holders are watched by
-    /// polling. Listing on MySQL/MariaDB only (from the key's token row): a
+    /// polling. Listing on MySQL/MariaDB only (from the key's holder row): a
     /// PostgreSQL advisory lock is known to the server by a 64-bit hash of
     /// its key alone, so there is nothing to list there; breaking a lock
     /// (ending its holder's session) works on both.

@@ -152,3 +152,112 @@ pub async fn postgres_lists_nothing(target: &SessionTarget) {
     );
     assert!(backend.release(&lease).await.unwrap());
 }
+
+/// MariaDB's waiting grant between its `GET_LOCK` and its publication (the
+/// reply held by the proxy): the key's row is not the new holder's, so
+/// `inspect` shows the holding session without owner or token and
+/// `force_release` leaves it alone, although that session made the key's
+/// previous grant (its row was deleted before the wait). Then the reply
+/// arrives, the grant is published with a higher token. The broken
+/// variant writes the deleted row back by hand: `inspect` then reports
+/// the previous grant's owner and token for the new holder, which the
+/// check catches.
+pub async fn mariadb_waiting_grant_window(target: &SessionTarget) {
+    let (proxy, url) = target.proxy("pool_size=1").await;
+    let holder = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let probe = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let table = holder.config().table_name().to_owned();
+    let k = key("window");
+    let name = mysql_name(&table, k.as_str());
+    let first = holder.try_acquire(&k, TTL).await.unwrap().unwrap();
+    assert!(holder.release(&first).await.unwrap());
+    let raw = target.raw_url().await;
+    let mut foreign = sqlx::MySqlConnection::connect(&raw).await.unwrap();
+    let got: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        .bind(name.as_str())
+        .fetch_one(&mut foreign)
+        .await
+        .unwrap();
+    assert_eq!(got, 1);
+    let waiting = {
+        let holder = holder.clone();
+        let k = k.clone();
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + Duration::from_secs(20);
+            holder.acquire(&k, TTL, until).await
+        })
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while target.waiting_sessions().await < 1 {
+        assert!(tokio::time::Instant::now() < until, "no server-side wait");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.partition();
+    sqlx::query("SELECT RELEASE_LOCK(?)")
+        .bind(name.as_str())
+        .execute(&mut foreign)
+        .await
+        .unwrap();
+    let foreign_id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+        .fetch_one(&mut foreign)
+        .await
+        .unwrap();
+    let mut seen = None;
+    while tokio::time::Instant::now() < until {
+        match probe.inspect(&k).await.unwrap() {
+            Some(info) if info.holder != format!("server session {foreign_id}") => {
+                seen = Some(info);
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    let seen = seen.expect("the waiting session never got the lock");
+    assert!(seen.holder.starts_with("server session "), "{seen:?}");
+    assert_eq!(seen.token, None, "a token reported before the publication");
+    let session: i64 = seen.holder["server session ".len()..].parse().unwrap();
+    let refused = probe.force_release(&k).await;
+    assert!(
+        matches!(&refused, Err(e) if e.kind() == ErrorKind::Unsupported),
+        "{refused:?}"
+    );
+    // Broken variant: the row the waiting grant deleted, written back.
+    let holders = format!("`{table}_session_holders`");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {holders} (name, token, owner, conn, lock_name, details) \
+         VALUES (?, ?, ?, ?, ?, NULL)"
+    )))
+    .bind(k.as_str().as_bytes())
+    .bind(i64::try_from(first.token().get()).unwrap())
+    .bind(first.owner().to_hex())
+    .bind(session)
+    .bind(name.as_str())
+    .execute(&mut foreign)
+    .await
+    .unwrap();
+    let stale = probe.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(
+        stale.token,
+        Some(first.token()),
+        "broken variant: a stale row naming the waiting session was not read as its grant"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM {holders} WHERE name = ?"
+    )))
+    .bind(k.as_str().as_bytes())
+    .execute(&mut foreign)
+    .await
+    .unwrap();
+    proxy.heal();
+    let lease = waiting.await.unwrap().unwrap();
+    assert!(lease.token() > first.token());
+    let info = probe.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.token, Some(lease.token()));
+    assert!(holder.release(&lease).await.unwrap());
+    println!(
+        "{}: a waiting grant between its lock and its publication shows as server session \
+         {session} without token (a stale row would have shown token {})",
+        target.name(),
+        first.token()
+    );
+}
