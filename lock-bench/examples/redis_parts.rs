@@ -9,16 +9,20 @@
 //!   TCP connection);
 //! - redis-rs alone: exactly the two requests the driver sends for the
 //!   cycle on one server in the native layout, on the crate's multiplexed
-//!   connection opened with the driver's connection settings, with no
-//!   lock-redis code but its key names and script texts:
+//!   connection opened with the driver's connection settings
+//!   ([`RedisConfig::connection_config`]: the operation timeout to connect
+//!   and as the crate's own response timeout, one timer per request, as
+//!   the crate's defaults have too), with no lock-redis code but its key
+//!   names, script texts and those settings:
 //!   1. `EVALSHA <acquire> 4 <prefix>{<key>} <prefix>{<key>}:token
 //!      <prefix>{<key>}:holder distlock:token-floor <owner> <ttl ms>
 //!      <holder details>`;
 //!   2. `EVALSHA <release> 2 <prefix>{<key>} <prefix>{<key>}:holder
 //!      <owner> <prefix>{<key>}:released`;
-//! - the same through redis-rs with each request bounded by
-//!   `tokio::time::timeout` (the operation timeout), as the driver bounds
-//!   every call (`Node::run`): what that timer costs by itself;
+//! - the same through redis-rs with no response timeout (no timer at
+//!   all): what the crate's per-request timer costs by itself, the
+//!   library's share beside the floor's (the driver bounds a single
+//!   request with that timer alone, `Node::run_request`);
 //! - `RedisBackend::acquire` (waiting) + `release` directly (no
 //!   `LockClient`, guard or renewal scheduler);
 //! - ours: `LockClient` with a waiting acquire, then `release`, as users
@@ -45,15 +49,12 @@
 
 mod parts_support;
 
-use std::time::Duration;
-
 use conformance::servers::redis::RedisServer;
 use lock_bench::redis::RedisFloor;
 use lock_core::{HolderDetails, LockClient, LockKey, OwnerId};
 use lock_redis::RedisConfig;
 use lock_redis::keys::{KeyNames, Scripts};
 use parts_support::{BoxError, TTL};
-use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 
 /// The token floor key the driver's acquire names on one server (its
@@ -63,12 +64,12 @@ const TOKEN_FLOOR_KEY: &str = "distlock:token-floor";
 const NAMES: [&str; 5] = [
     "hand floor",
     "redis-rs alone",
-    "redis-rs + timeout per call",
+    "redis-rs, no timer",
     "RedisBackend direct",
     "ours (LockClient)",
 ];
 const CRATE_ALONE: usize = 1;
-const CRATE_TIMED: usize = 2;
+const CRATE_UNTIMED: usize = 2;
 const DIRECT: usize = 3;
 const OURS: usize = 4;
 
@@ -78,31 +79,18 @@ struct CrateAlone {
     scripts: Scripts,
     prefix: String,
     ttl_ms: String,
-    /// Each request under `tokio::time::timeout(bound, ..)`, as the driver.
-    bound: Option<Duration>,
-}
-
-/// `call`, under `tokio::time::timeout(bound, ..)` when bounded.
-async fn bounded<T>(
-    bound: Option<Duration>,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> Result<T, BoxError> {
-    Ok(match bound {
-        Some(bound) => tokio::time::timeout(bound, call).await??,
-        None => call.await?,
-    })
 }
 
 impl CrateAlone {
     /// The crate's multiplexed connection with the driver's settings (the
-    /// operation timeout to connect, no per-request timer), and the two
-    /// scripts loaded on it; with `timed`, each cycle's request bounded by
-    /// the operation timeout.
-    async fn connect(url: &str, timed: bool) -> Result<Self, BoxError> {
+    /// operation timeout to connect and per request), or, with `untimed`,
+    /// with no response timeout; and the two scripts loaded on it.
+    async fn connect(url: &str, untimed: bool) -> Result<Self, BoxError> {
         let config = RedisConfig::from_url(url)?;
-        let settings = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(config.timeout()))
-            .set_response_timeout(None);
+        let mut settings = config.connection_config();
+        if untimed {
+            settings = settings.set_response_timeout(None);
+        }
         let mut conn = redis::Client::open(url)?
             .get_multiplexed_async_connection_with_config(&settings)
             .await?;
@@ -119,7 +107,6 @@ impl CrateAlone {
             scripts,
             prefix: config.key_prefix().to_owned(),
             ttl_ms: TTL.as_millis().to_string(),
-            bound: timed.then(|| config.timeout()),
         })
     }
 
@@ -140,8 +127,7 @@ impl CrateAlone {
             .arg(&owner)
             .arg(&self.ttl_ms)
             .arg(&details);
-        let call = acquire.query_async(&mut self.conn);
-        let (granted, _token): (i64, i64) = bounded(self.bound, call).await?;
+        let (granted, _token): (i64, i64) = acquire.query_async(&mut self.conn).await?;
         assert_eq!(granted, 1, "the key is free");
         let mut release = redis::cmd("EVALSHA");
         release
@@ -151,8 +137,7 @@ impl CrateAlone {
             .arg(&names.holder)
             .arg(&owner)
             .arg(&names.channel);
-        let call = release.query_async(&mut self.conn);
-        let released: i64 = bounded(self.bound, call).await?;
+        let released: i64 = release.query_async(&mut self.conn).await?;
         assert_eq!(released, 1, "the grant was still ours");
         Ok(())
     }
@@ -173,11 +158,11 @@ async fn main() -> Result<(), BoxError> {
     };
     let floor = RedisFloor::connect(&url(0)).await?;
     let mut alone = CrateAlone::connect(&url(CRATE_ALONE), false).await?;
-    let mut timed = CrateAlone::connect(&url(CRATE_TIMED), true).await?;
+    let mut untimed = CrateAlone::connect(&url(CRATE_UNTIMED), true).await?;
     let direct = lock_redis::connect(&url(DIRECT)).await?;
     let ours = LockClient::new(lock_redis::connect(&url(OURS)).await?);
     let crate_key = LockKey::new("parts-crate")?;
-    let timed_key = LockKey::new("parts-timed")?;
+    let untimed_key = LockKey::new("parts-untimed")?;
     let direct_key = LockKey::new("parts-direct")?;
     let measured = parts_support::interleaved(
         &NAMES,
@@ -188,7 +173,7 @@ async fn main() -> Result<(), BoxError> {
             match side {
                 0 => floor.cycle("parts-floor", TTL).await?,
                 CRATE_ALONE => alone.cycle(&crate_key).await?,
-                CRATE_TIMED => timed.cycle(&timed_key).await?,
+                CRATE_UNTIMED => untimed.cycle(&untimed_key).await?,
                 DIRECT => parts_support::direct_cycle(&direct, &direct_key).await?,
                 _ => parts_support::ours_cycle(&ours).await?,
             }
@@ -201,9 +186,10 @@ async fn main() -> Result<(), BoxError> {
     measured.print(&[
         (OURS, CRATE_ALONE),
         (DIRECT, CRATE_ALONE),
-        (CRATE_TIMED, CRATE_ALONE),
-        (DIRECT, CRATE_TIMED),
+        (CRATE_ALONE, CRATE_UNTIMED),
+        (OURS, CRATE_UNTIMED),
         (CRATE_ALONE, 0),
+        (CRATE_UNTIMED, 0),
         (OURS, 0),
     ]);
     Ok(())

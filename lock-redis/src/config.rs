@@ -421,6 +421,17 @@ impl RedisConfig {
         self.tls
     }
 
+    /// The redis crate's settings of the data connection the driver opens
+    /// to one server: the operation timeout to connect, and as each
+    /// request's response timeout (the crate's own per-request bound: the
+    /// driver sets no timer of its own around a single request, see
+    /// `docs/backends/redis.md`). Public so that a comparison with the
+    /// redis crate alone (`lock-bench`, `distlock-compare`) opens the same
+    /// connection: `redis::Client::get_multiplexed_async_connection_with_config`.
+    pub fn connection_config(&self) -> redis::AsyncConnectionConfig {
+        crate::connection::node::conn_config(self.operation_timeout)
+    }
+
     /// The database number (`SELECT`) of the data connections.
     pub fn database(&self) -> i64 {
         self.db

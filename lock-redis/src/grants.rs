@@ -247,8 +247,8 @@ impl Grants {
         })
     }
 
-    /// Runs a grant script (`script`, on a handle of `node`'s connection)
-    /// and, with `replicas=N` configured, when the answer is a grant
+    /// Runs a grant script (`script`, one request on a handle of `node`'s
+    /// connection, see [`Node::run_request`]) and, with `replicas=N` configured, when the answer is a grant
     /// (`is_grant`), `WAIT`s for the replicas on the *same* connection
     /// right after it, within the same bounded call. `WAIT` counts the
     /// acknowledgements of the writes of the connection it runs on: sent on
@@ -273,10 +273,10 @@ impl Grants {
         let config = &self.servers.config;
         let wanted = config.wait_replicas;
         if wanted == 0 {
-            // No replicas to wait for: the script alone, on the handle the
-            // node lends (no second handle, no `WAIT` argument).
+            // No replicas to wait for: the script alone, one request, on
+            // the handle the node lends (no second handle, no `WAIT`).
             return node
-                .run(op, timeout, |conn| async move {
+                .run_request(op, timeout, |conn| async move {
                     Ok((script(conn).await?, None))
                 })
                 .await;

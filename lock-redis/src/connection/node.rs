@@ -30,6 +30,16 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
+    /// The handle with each request bounded by `timeout` inside the
+    /// connection (the redis crate's response timeout; a cluster
+    /// connection keeps the one its client was built with).
+    fn with_response_timeout(mut self, timeout: Duration) -> Self {
+        if let Self::Server(c) = &mut self {
+            c.set_response_timeout(timeout);
+        }
+        self
+    }
+
     pub(crate) async fn query<T: redis::FromRedisValue>(
         &mut self,
         cmd: &Cmd,
@@ -467,8 +477,12 @@ impl Node {
         }
     }
 
-    /// Runs `call` on the shared connection, bounded by `timeout`. Errors
-    /// that suggest a dead or demoted server drop the connection so the next
+    /// Runs `call` on the shared connection, bounded by `timeout` in all
+    /// (connecting first if needed; `call` may send several requests). Each
+    /// request is also bounded by `timeout` inside the connection (the
+    /// handle's response timeout, so that a request allowed longer than the
+    /// operation timeout, a grant's `WAIT`, is not cut short). Errors that
+    /// suggest a dead or demoted server drop the connection so the next
     /// call reconnects (re-resolving the master under Sentinel).
     pub(crate) async fn run<T, F, Fut>(
         &self,
@@ -484,26 +498,86 @@ impl Node {
         let attempt = async {
             let (g, conn) = self.connection().await?;
             generation = Some(g);
-            call(conn).await.map_err(|err| {
-                if needs_reconnect(&err) {
-                    self.invalidate(Some(g));
-                }
-                self.map_err(op, err)
-            })
+            call(conn.with_response_timeout(timeout))
+                .await
+                .map_err(|err| self.call_failed(op, timeout, g, err))
         };
         let result = tokio::time::timeout(timeout, attempt).await;
         match result {
             Ok(result) => result,
             Err(_) => {
                 self.invalidate(generation);
-                Err(LockError::new(
-                    ErrorKind::Timeout,
-                    op,
-                    format!("{} did not answer within {timeout:?}", self.label),
-                )
-                .with_backend(NAME))
+                Err(self.timed_out(op, timeout))
             }
         }
+    }
+
+    /// Runs `call`, which sends **one** request (an [`eval`](Conn::eval):
+    /// `EVALSHA`, and `EVAL` after a `NOSCRIPT` answer), on the shared
+    /// connection. On one server whose connection is open, the request is
+    /// bounded by the redis crate's response timeout alone, set to
+    /// `timeout` on the handle: one timer per request, as a user of the
+    /// crate alone has with its defaults, and none of ours around it (an
+    /// `EVAL` after `NOSCRIPT` is bounded the same, so such a call takes
+    /// at most one round trip plus `timeout`). Otherwise (no connection
+    /// yet, or a cluster, whose client retries) as [`run`](Self::run).
+    /// Errors drop the connection as `run` does; a timeout gives the same
+    /// [`ErrorKind::Timeout`] as `run`'s.
+    pub(crate) async fn run_request<T, F, Fut>(
+        &self,
+        op: Operation,
+        timeout: Duration,
+        call: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let Some((generation, conn)) = self.open_server_connection() else {
+            return self.run(op, timeout, call).await;
+        };
+        call(conn.with_response_timeout(timeout))
+            .await
+            .map_err(|err| self.call_failed(op, timeout, generation, err))
+    }
+
+    /// The shared connection when it is open and to one server.
+    fn open_server_connection(&self) -> Option<(u64, Conn)> {
+        let cached = self.cached();
+        let c = cached.as_ref()?;
+        matches!(c.conn, Conn::Server(_)).then(|| (c.generation, c.conn.clone()))
+    }
+
+    /// The error of a call on connection `generation` that failed with
+    /// `err`, dropping that connection when `err` suggests a dead or
+    /// demoted server; a request the connection timed out after `timeout`
+    /// as [`timed_out`](Self::timed_out).
+    fn call_failed(
+        &self,
+        op: Operation,
+        timeout: Duration,
+        generation: u64,
+        err: RedisError,
+    ) -> LockError {
+        if needs_reconnect(&err) {
+            self.invalidate(Some(generation));
+        }
+        if err.is_timeout() {
+            return self
+                .timed_out(op, timeout)
+                .with_source(Redacted::new(&err, &self.secrets));
+        }
+        self.map_err(op, err)
+    }
+
+    /// The node did not answer `op` within `timeout`.
+    fn timed_out(&self, op: Operation, timeout: Duration) -> LockError {
+        LockError::new(
+            ErrorKind::Timeout,
+            op,
+            format!("{} did not answer within {timeout:?}", self.label),
+        )
+        .with_backend(NAME)
     }
 
     /// A new pub/sub connection to where releases are published.
@@ -552,11 +626,12 @@ impl Node {
     }
 }
 
-/// The settings of every data connection: `timeout` to connect, and no
-/// per-request timer inside the connection (callers bound calls
-/// themselves).
+/// The settings of every data connection: `timeout` to connect and as
+/// each request's response timeout (the redis crate's own per-request
+/// bound, which it sets by default too, to 500 ms). [`Node::run`] and
+/// [`Node::run_request`] set the latter per call on their handle.
 pub(crate) fn conn_config(timeout: Duration) -> AsyncConnectionConfig {
     AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
-        .set_response_timeout(None)
+        .set_response_timeout(Some(timeout))
 }

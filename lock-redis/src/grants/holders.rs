@@ -45,7 +45,7 @@ pub(crate) async fn eval_on_every_node(
 ) -> Vec<Result<Value, LockError>> {
     let timeout = servers.timeout();
     let calls = servers.nodes.iter().map(|node| {
-        node.run(op, timeout, move |mut conn| async move {
+        node.run_request(op, timeout, move |mut conn| async move {
             conn.eval(script, &[&names.lock, &names.counter, &names.holder], args)
                 .await
         })

@@ -27,7 +27,7 @@ pub(crate) async fn release_everywhere(
     servers
         .each_node(
             |node| {
-                node.run(Operation::Release, timeout, move |mut conn| async move {
+                node.run_request(Operation::Release, timeout, move |mut conn| async move {
                     conn.eval(
                         &servers.scripts.release,
                         &[names.lock, names.holder],
