@@ -225,7 +225,8 @@ fn baselines_table(results: &[BackendResult]) -> String {
         "</table><p><small>The same interleaved rounds as the client shapes. <b>raw</b>: the \
          server's own lock taken by hand with no fencing token (SQL session mode: \
          <code>pg_try_advisory_lock</code> / <code>GET_LOCK</code>, then unlock), one bare \
-         connection each; floor / raw is what the token costs. <b>library alone</b>: the \
+         connection each; floor / raw is what the driver's grant adds to it (the fencing token and \
+         the holder it publishes). <b>library alone</b>: the \
          driver's requests of a cycle through its required client library and nothing else; \
          alone / floor is the library's share of a gap to the floor, 8 clients / alone the \
          driver's own. Medians of the rounds' ratios.</small></p>",

@@ -126,8 +126,9 @@ pub(crate) struct BenchFigures {
     /// server lock's in the same round.
     pub(crate) throughput_shared_client_raw_ratio: Option<f64>,
     /// The median over the rounds of the floor's rate (the driver's grant
-    /// by hand, which takes the fencing token) over the raw server lock's:
-    /// below 1 by what the token costs.
+    /// by hand, which takes the fencing token and publishes the holder in
+    /// the same statement) over the raw server lock's: below 1 by what the
+    /// token and the published holder cost.
     pub(crate) token_cost_ratio: Option<f64>,
     /// The client library measured alone in the client shapes' rounds
     /// (`zookeeper-client`, `etcd-client`, `redis`), where the driver
@@ -1036,7 +1037,7 @@ fn baselines_note(results: &[BackendResult]) -> String {
     format!(
         "(the same rounds as the client shapes, two more sides of 8 connections where they apply: \
          raw = the server's own lock by hand with no token (SQL session mode: \
-         pg_try_advisory_lock / GET_LOCK, then unlock), floor/raw = what the fencing token costs; \
+         pg_try_advisory_lock / GET_LOCK, then unlock), floor/raw = what the driver's grant adds to it (the fencing token, the holder published); \
          crate alone = the driver's requests of a cycle through its required client library and \
          nothing else ({}), alone/floor = the library's share, ours/alone = the driver's own; \
          each the median of the rounds' ratios)",

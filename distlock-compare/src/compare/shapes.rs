@@ -20,7 +20,8 @@
 //! - **raw server lock** (SQL session mode): the bare advisory-lock /
 //!   `GET_LOCK` exchange with no token (`lock_bench::sql::SqlRawLock`):
 //!   ours over raw per shape, and the floor over raw (what the fencing
-//!   token costs, the floor's grant taking it in the same statement);
+//!   token and the published holder cost, the floor's grant taking both
+//!   in the same statement);
 //! - **crate alone** (ZooKeeper, etcd, Redis on one server): the driver's
 //!   requests through its required client library and nothing else
 //!   (`lock_bench::crate_alone`): the library over the floor (its share),
