@@ -166,7 +166,7 @@ pub fn statement_texts(dialect: SqlDialect, table: &str) -> Result<StatementText
 fn mariadb_texts(dialect: SqlDialect, table: &str) -> Option<[String; 7]> {
     #[cfg(feature = "mysql")]
     if dialect == SqlDialect::MySql {
-        let s = crate::dialect::session::SessionSql::mariadb(table);
+        let s = crate::dialect::mysql::mariadb_session_sql(table);
         let m = s.maria?;
         let [seq, runs, run] = m.creates.clone();
         return Some([

@@ -390,7 +390,7 @@ impl Sessions {
         let version = rows.first().map(|row| row[0].text()).unwrap_or_default();
         #[cfg(feature = "mysql")]
         let sql = if crate::dialect::mysql::has_sequences(version) {
-            let sql = SessionSql::mariadb(&config.table);
+            let sql = crate::dialect::mysql::mariadb_session_sql(&config.table);
             // The run's token base now, not in the first grant's time
             // (unless the tables are still to be created).
             match session.read_run(&sql).await {

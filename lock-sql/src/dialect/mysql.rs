@@ -20,11 +20,11 @@ use super::{
 };
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions};
-use crate::dialect::session::SessionSql;
 use crate::dialect::session::{
     Granted, KillTarget, Killed, ListPage, OnSession, ServerKey, SessionGrant, SessionLock,
     mysql_wait_timeout, token_of as session_token,
 };
+use crate::dialect::session::{MariaSessionSql, SessionSql};
 use crate::error::{is_duplicate_column, is_missing_column};
 
 /// MySQL and MariaDB.
@@ -607,75 +607,8 @@ impl SessionDialect for MySql {
     }
 }
 
-/// # Session tokens on MariaDB
-///
-/// MariaDB 10.3 and later (`SELECT VERSION()` at connect, see
-/// [`has_sequences`]) take a session grant's token from a `SEQUENCE`
-/// instead of a per-key token row, and publish the holder in a `MEMORY`
-/// table: the grant writes nothing to InnoDB, so no log flush per grant.
-///
-/// - **Token**: `run_base + NEXTVAL(<table>_session_seq)`, evaluated only
-///   when `GET_LOCK` returned 1 (the `SELECT` produced a row). The
-///   sequence's cache (`CACHE 1000`) is server-wide, so its values rise in
-///   the order they are handed out, for every key. But MariaDB 10.11 does
-///   not flush a sequence's writes at commit: after a crash (SIGKILL
-///   tested) it resumes from its last value on disk, up to about a second
-///   of grants (and a cache) back, and a sequence created less than a
-///   second before the crash loses its row (`NEXTVAL` then fails, error
-///   1032). So the sequence alone can go backwards.
-/// - **Run epoch**: `run_base` is `epoch << 40`, where `epoch` counts the
-///   server's runs: a durable InnoDB row (`<table>_session_runs`, bumped
-///   once per run, a flushed commit) copied into a `MEMORY` row
-///   (`<table>_session_run`), which a restart empties. A session reads the
-///   `MEMORY` row before its first grant (a session cannot outlive the run
-///   it was opened in); the first reader of a run that finds it empty
-///   starts the run on a connection of its own under a `GET_LOCK` (see
-///   [`start_run`]): bump, sequence checked (and created again when it lost
-///   its row), row written. No grant of a run happens before its row
-///   exists, so every token of a run is above every token of the runs
-///   before, as long as the sequence falls back less than 2^40 at a crash.
-/// - **Holder**: the grant upserts the key's row of `<table>_session_holders`
-///   (`ENGINE=MEMORY`, emptied by a restart as the locks are). A `MEMORY`
-///   table is locked for a whole statement, so a statement that waits in
-///   `GET_LOCK` must not touch it: the waiting grant deletes its session's
-///   stale row of the key, waits in a `SELECT GET_LOCK(?, ?)` of its own,
-///   then publishes with the token (`WHERE IS_USED_LOCK(?) =
-///   CONNECTION_ID()`), three round trips instead of one.
-#[derive(Clone, Debug)]
-pub(crate) struct MariaSessionSql {
-    /// The `CREATE`s after the holder table's: the sequence, the durable
-    /// run counter, the run's `MEMORY` row.
-    pub(crate) creates: [String; 3],
-    /// The holder table's `MAX_DATA_LENGTH` (binds: schema or `NULL`, table).
-    heap_size: String,
-    /// The holder table's schema (`None`: the connection's database) and
-    /// name, for `heap_size`.
-    holders_name: (Option<String>, String),
-    /// Rebuilds the holder table with the session's `max_heap_table_size`.
-    heap_grow: String,
-    /// The run's token base (no row: the server restarted since the last
-    /// run was started).
-    run_read: String,
-    /// A new session's id and the run's token base (`NULL`: not started),
-    /// in one round trip.
-    open_id: Arc<str>,
-    /// The `GET_LOCK` name that serializes the start of a run.
-    run_lock: String,
-    /// The sequence probe, and its `DROP` (a sequence that lost its row).
-    sequence_probe: String,
-    sequence_drop: String,
-    /// The durable bump of the run counter (the new epoch in the OK packet).
-    run_bump: String,
-    /// Writes the run's epoch (the first writer of a run wins).
-    run_insert: String,
-    /// The waiting grant: its session's stale row of the key, the wait,
-    /// the publication.
-    unpublish: String,
-    wait_lock: String,
-    publish: String,
-    /// Deletes the rows whose lock is not held by the session they name.
-    pub(crate) collect: String,
-}
+// The MariaDB session statements (`MariaSessionSql`) are described
+// where they are declared, in `dialect::session`.
 
 /// The `max_heap_table_size` the holder table is created (and grown) with:
 /// 256 MiB, about 150,000 keys (a row is about 1.7 KB, fixed length).
@@ -704,18 +637,6 @@ pub(crate) fn has_sequences(version: &str) -> bool {
     let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     (major, minor) >= (10, 3)
-}
-
-impl MariaSessionSql {
-    /// The run's token base (no row: the run is not started).
-    pub(crate) fn run_read(&self) -> &str {
-        &self.run_read
-    }
-
-    /// A new session's id and the run's token base, in one statement.
-    pub(crate) fn open_id(&self) -> &Arc<str> {
-        &self.open_id
-    }
 }
 
 /// MariaDB's session statements for lease table `table` (validated).

@@ -90,22 +90,90 @@ pub(crate) struct SessionSql {
     pub(crate) fencing: FencingScope,
     /// MariaDB 10.3 and later: the statements of the sequence token and
     /// the `MEMORY` holder table; `None` elsewhere.
-    pub(crate) maria: Option<MariaSql>,
+    pub(crate) maria: Option<MariaSessionSql>,
 }
 
-/// MariaDB's own session statements (see `dialect::mysql`).
-#[cfg(feature = "mysql")]
-pub(crate) type MariaSql = crate::dialect::mysql::MariaSessionSql;
-
-/// Without MySQL/MariaDB compiled in: none.
-#[cfg(not(feature = "mysql"))]
+/// # Session tokens on MariaDB
+///
+/// MariaDB 10.3 and later (`SELECT VERSION()` at connect, see
+/// [`has_sequences`](crate::dialect::mysql::has_sequences)) take a session grant's token from a `SEQUENCE`
+/// instead of a per-key token row, and publish the holder in a `MEMORY`
+/// table: the grant writes nothing to InnoDB, so no log flush per grant.
+///
+/// - **Token**: `run_base + NEXTVAL(<table>_session_seq)`, evaluated only
+///   when `GET_LOCK` returned 1 (the `SELECT` produced a row). The
+///   sequence's cache (`CACHE 1000`) is server-wide, so its values rise in
+///   the order they are handed out, for every key. But MariaDB 10.11 does
+///   not flush a sequence's writes at commit: after a crash (SIGKILL
+///   tested) it resumes from its last value on disk, up to about a second
+///   of grants (and a cache) back, and a sequence created less than a
+///   second before the crash loses its row (`NEXTVAL` then fails, error
+///   1032). So the sequence alone can go backwards.
+/// - **Run epoch**: `run_base` is `epoch << 40`, where `epoch` counts the
+///   server's runs: a durable InnoDB row (`<table>_session_runs`, bumped
+///   once per run, a flushed commit) copied into a `MEMORY` row
+///   (`<table>_session_run`), which a restart empties. A session reads the
+///   `MEMORY` row before its first grant (a session cannot outlive the run
+///   it was opened in); the first reader of a run that finds it empty
+///   starts the run on a connection of its own under a `GET_LOCK` (see
+///   `dialect::mysql::start_run`): bump, sequence checked (and created again when it lost
+///   its row), row written. No grant of a run happens before its row
+///   exists, so every token of a run is above every token of the runs
+///   before, as long as the sequence falls back less than 2^40 at a crash.
+/// - **Holder**: the grant upserts the key's row of `<table>_session_holders`
+///   (`ENGINE=MEMORY`, emptied by a restart as the locks are). A `MEMORY`
+///   table is locked for a whole statement, so a statement that waits in
+///   `GET_LOCK` must not touch it: the waiting grant deletes its session's
+///   stale row of the key, waits in a `SELECT GET_LOCK(?, ?)` of its own,
+///   then publishes with the token (`WHERE IS_USED_LOCK(?) =
+///   CONNECTION_ID()`), three round trips instead of one.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 #[derive(Clone, Debug)]
-pub(crate) enum MariaSql {}
+pub(crate) struct MariaSessionSql {
+    /// The `CREATE`s after the holder table's: the sequence, the durable
+    /// run counter, the run's `MEMORY` row.
+    pub(crate) creates: [String; 3],
+    /// The holder table's `MAX_DATA_LENGTH` (binds: schema or `NULL`, table).
+    pub(crate) heap_size: String,
+    /// The holder table's schema (`None`: the connection's database) and
+    /// name, for `heap_size`.
+    pub(crate) holders_name: (Option<String>, String),
+    /// Rebuilds the holder table with the session's `max_heap_table_size`.
+    pub(crate) heap_grow: String,
+    /// The run's token base (no row: the server restarted since the last
+    /// run was started).
+    pub(crate) run_read: String,
+    /// A new session's id and the run's token base (`NULL`: not started),
+    /// in one round trip.
+    pub(crate) open_id: Arc<str>,
+    /// The `GET_LOCK` name that serializes the start of a run.
+    pub(crate) run_lock: String,
+    /// The sequence probe, and its `DROP` (a sequence that lost its row).
+    pub(crate) sequence_probe: String,
+    pub(crate) sequence_drop: String,
+    /// The durable bump of the run counter (the new epoch in the OK packet).
+    pub(crate) run_bump: String,
+    /// Writes the run's epoch (the first writer of a run wins).
+    pub(crate) run_insert: String,
+    /// The waiting grant: its session's stale row of the key, the wait,
+    /// the publication.
+    pub(crate) unpublish: String,
+    pub(crate) wait_lock: String,
+    pub(crate) publish: String,
+    /// Deletes the rows whose lock is not held by the session they name.
+    pub(crate) collect: String,
+}
 
-#[cfg(not(feature = "mysql"))]
-impl MariaSql {
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+impl MariaSessionSql {
+    /// The run's token base (no row: the run is not started).
+    pub(crate) fn run_read(&self) -> &str {
+        &self.run_read
+    }
+
+    /// A new session's id and the run's token base, in one statement.
     pub(crate) fn open_id(&self) -> &Arc<str> {
-        match *self {}
+        &self.open_id
     }
 }
 
@@ -121,13 +189,6 @@ impl SessionSql {
     pub(crate) fn new(dialect: &dyn SessionDialect, table: &str) -> Self {
         let suffix = dialect.session_profile().counter_suffix;
         dialect.session_sql(&suffixed(dialect.profile().quote, table, suffix))
-    }
-
-    /// The statements of MariaDB 10.3 and later for lease table `table`
-    /// (validated): tokens from a sequence, holders in a `MEMORY` table.
-    #[cfg(feature = "mysql")]
-    pub(crate) fn mariadb(table: &str) -> Self {
-        crate::dialect::mysql::mariadb_session_sql(table)
     }
 }
 
