@@ -4,11 +4,11 @@
 //! path but its key names and script texts.
 //!
 //! [`RedisCrateAlone`] opens one multiplexed connection of the crate with
-//! the driver's data-connection settings as lock-redis writes them today
-//! (the URL's operation timeout to connect, no per-request response timer
-//! inside the connection; lock-redis keeps that function private, so it is
-//! written again here), loads the two scripts, and sends per cycle (the
-//! `redis_parts` probe's "redis-rs alone" side, written once here for
+//! the driver's data-connection settings
+//! ([`RedisConfig::connection_config`](lock_redis::RedisConfig::connection_config):
+//! the URL's operation timeout to connect, and redis-rs's own per-request
+//! response timeout set to it), loads the two scripts, and sends per cycle
+//! (the `redis_parts` probe's "redis-rs alone" side, written once here for
 //! `distlock-compare compare`):
 //!
 //! 1. `EVALSHA <acquire> 4 <prefix>{<key>} <prefix>{<key>}:token
@@ -17,15 +17,14 @@
 //! 2. `EVALSHA <release> 2 <prefix>{<key>} <prefix>{<key>}:holder <owner>
 //!    <prefix>{<key>}:released`.
 //!
-//! The cycle is bounded by the operation timeout as a whole (one timer per
-//! cycle; the driver bounds each call). Between the hand floor
+//! Each request is bounded by the connection's response timeout, as the
+//! driver's are. Between the hand floor
 //! ([`RedisFloor`](super::RedisFloor): RESP by hand on a bare socket) and
 //! the driver, this is the client library's share. Single-server
 //! `redis://` URLs only.
 
 use std::time::Duration;
 
-use ::redis::AsyncConnectionConfig;
 use ::redis::aio::MultiplexedConnection;
 use async_trait::async_trait;
 use conformance::bench::Contender;
@@ -48,7 +47,6 @@ pub struct RedisCrateAlone {
     conn: MultiplexedConnection,
     scripts: Scripts,
     prefix: String,
-    timeout: Duration,
     /// Every grant's TTL, in milliseconds as the script takes it.
     ttl_ms: String,
 }
@@ -108,9 +106,9 @@ impl RedisCrateAlone {
         let op = Operation::Connect;
         let client =
             ::redis::Client::open(connection_url(&config)?).map_err(|e| crate_error(op, &e))?;
-        let settings = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(config.timeout()))
-            .set_response_timeout(None);
+        // The driver's own data-connection settings (its connect timeout
+        // and redis-rs's per-request response timeout).
+        let settings = config.connection_config();
         let scripts = Scripts::new();
         let budget = config.timeout() * 2;
         let conn = with_timeout(budget, op, async {
@@ -133,7 +131,6 @@ impl RedisCrateAlone {
             conn,
             scripts,
             prefix: config.key_prefix().to_owned(),
-            timeout: config.timeout(),
             ttl_ms: ttl.as_millis().to_string(),
         })
     }
@@ -191,7 +188,7 @@ impl Contender for RedisCrateAlone {
     /// One acquire + release of the free `key`: two requests.
     async fn cycle(&self, key: &str) -> Result<(), LockError> {
         let key = LockKey::new(key)?;
-        with_timeout(self.timeout, Operation::Acquire, self.exchange(&key))
+        self.exchange(&key)
             .await
             .map_err(|e| e.with_key(&key).with_backend(NAME))
     }
