@@ -25,6 +25,7 @@
 pub mod deploy;
 pub mod link;
 pub mod netns;
+mod netns_thread;
 pub mod process;
 pub mod proxy;
 pub mod servers;

@@ -510,7 +510,7 @@ async fn check_ready(check: &Ready) -> bool {
         .is_ok_and(|r| r.is_ok()),
         Ready::Reachable { addr, port, from } => {
             let (addr, port) = (*addr, *port);
-            let connected = crate::netns::spawn_in(from.clone(), move || {
+            let connected = crate::netns_thread::spawn_in(from.clone(), move || {
                 std::net::TcpStream::connect_timeout(
                     &SocketAddr::from((addr, port)),
                     Duration::from_millis(500),
