@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 pub mod deploy;
+mod faults;
 pub mod link;
 pub mod netns;
 mod netns_thread;

@@ -33,7 +33,7 @@ use lock_core::{
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::proxy::{Flow, State, delay_for};
+use crate::faults::{FaultState, Flow, delay_for};
 
 fn rng_seed() -> u64 {
     #[allow(clippy::cast_possible_truncation)] // low bits of a random value
@@ -53,7 +53,7 @@ type Call<T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send>>;
 #[derive(Debug)]
 pub struct FaultLink {
     inner: Arc<dyn LockBackend>,
-    state: watch::Receiver<State>,
+    state: watch::Receiver<FaultState>,
     op_timeout: Duration,
 }
 
@@ -68,7 +68,7 @@ enum Broken {
 impl FaultLink {
     pub(crate) fn new(
         inner: Arc<dyn LockBackend>,
-        state: watch::Receiver<State>,
+        state: watch::Receiver<FaultState>,
         op_timeout: Duration,
     ) -> Self {
         Self {
@@ -83,7 +83,7 @@ impl FaultLink {
     /// that latency too (`fixed`), so a call is slowed by the latency of
     /// the moment it was sent, whatever changes while it is in flight.
     async fn leg(
-        state: &mut watch::Receiver<State>,
+        state: &mut watch::Receiver<FaultState>,
         generation: u64,
         fixed: Option<(Duration, Duration)>,
     ) -> Result<(Duration, Duration), Broken> {

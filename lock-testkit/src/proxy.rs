@@ -23,39 +23,20 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
+pub use crate::faults::Flow;
+use crate::faults::{FaultState, delay_for};
 use crate::process::HarnessError;
 
 mod cycles;
 
 pub use cycles::{CycleCount, CyclePlan, count_cycles};
 
-/// How traffic flows right now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flow {
-    /// Forwarded (after the configured latency).
-    Pass,
-    /// Held: nothing is read or forwarded until healed; then it flows on.
-    Partition,
-    /// Read and thrown away; connections open during a blackhole are closed
-    /// when it ends.
-    Blackhole,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct State {
-    pub(crate) flow: Flow,
-    pub(crate) latency: Duration,
-    pub(crate) jitter: Duration,
-    /// Bumped to cut every open connection.
-    pub(crate) generation: u64,
-}
-
 /// A running proxy. Stops (and closes every connection) on drop.
 #[derive(Debug)]
 pub struct FaultProxy {
     addr: SocketAddr,
     upstream: SocketAddr,
-    state: watch::Sender<State>,
+    state: watch::Sender<FaultState>,
     accept: JoinHandle<()>,
     connections: Arc<AtomicU64>,
     counters: Arc<Counters>,
@@ -83,12 +64,7 @@ impl FaultProxy {
     pub async fn start(upstream: SocketAddr) -> Result<Self, HarnessError> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
-        let (state, state_rx) = watch::channel(State {
-            flow: Flow::Pass,
-            latency: Duration::ZERO,
-            jitter: Duration::ZERO,
-            generation: 0,
-        });
+        let (state, state_rx) = watch::channel(FaultState::PASSING);
         let connections = Arc::new(AtomicU64::new(0));
         let counters = Arc::new(Counters::default());
         let accept = tokio::spawn(accept_loop(
@@ -117,12 +93,7 @@ impl FaultProxy {
         inner: std::sync::Arc<dyn lock_core::LockBackend>,
         op_timeout: Duration,
     ) -> (std::sync::Arc<dyn lock_core::LockBackend>, Self) {
-        let (state, state_rx) = watch::channel(State {
-            flow: Flow::Pass,
-            latency: Duration::ZERO,
-            jitter: Duration::ZERO,
-            generation: 0,
-        });
+        let (state, state_rx) = watch::channel(FaultState::PASSING);
         let link = crate::link::FaultLink::new(inner, state_rx, op_timeout);
         let proxy = Self {
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
@@ -233,7 +204,7 @@ impl Drop for FaultProxy {
 async fn accept_loop(
     listener: TcpListener,
     upstream: SocketAddr,
-    state: watch::Receiver<State>,
+    state: watch::Receiver<FaultState>,
     connections: Arc<AtomicU64>,
     counters: Arc<Counters>,
 ) {
@@ -291,7 +262,7 @@ async fn accept_loop(
 }
 
 /// Waits until traffic may flow; `false` when the connection was cut.
-async fn wait_flowing(state: &mut watch::Receiver<State>, generation: u64) -> bool {
+async fn wait_flowing(state: &mut watch::Receiver<FaultState>, generation: u64) -> bool {
     loop {
         {
             let s = state.borrow_and_update();
@@ -336,7 +307,7 @@ impl Counting {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut state: watch::Receiver<State>,
+    mut state: watch::Receiver<FaultState>,
     generation: u64,
     counting: Counting,
 ) {
@@ -385,7 +356,7 @@ async fn pump(
 }
 
 /// Resolves when the connection is cut (generation changed).
-async fn cut(state: &mut watch::Receiver<State>, generation: u64) {
+async fn cut(state: &mut watch::Receiver<FaultState>, generation: u64) {
     loop {
         if state.borrow().generation != generation {
             return;
@@ -394,20 +365,6 @@ async fn cut(state: &mut watch::Receiver<State>, generation: u64) {
             return;
         }
     }
-}
-
-pub(crate) fn delay_for(latency: Duration, jitter: Duration, rng: &mut u64) -> Duration {
-    if jitter.is_zero() {
-        return latency;
-    }
-    *rng ^= *rng << 13;
-    *rng ^= *rng >> 7;
-    *rng ^= *rng << 17;
-    let span = u64::try_from(jitter.as_nanos())
-        .unwrap_or(u64::MAX)
-        .saturating_mul(2);
-    let offset = Duration::from_nanos(*rng % span.max(1));
-    (latency + offset).saturating_sub(jitter)
 }
 
 #[cfg(test)]
