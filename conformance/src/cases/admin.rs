@@ -5,20 +5,15 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use lock_core::{ErrorKind, ListQuery, WatchRequest};
 
 use crate::harness::Harness;
 use crate::history::{FencedResource, History};
 
+use super::holder_details::{check_details, now_ms};
 use super::*;
-
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// A backend that claims holder details (`Capabilities::holder_details`)
 /// shows, to another client, this process's host, pid and program and a
@@ -40,7 +35,7 @@ pub async fn holder_details_are_reported(h: &Harness) -> CaseResult {
         .await
         .map_err(fmt_err("inspect"))?
         .ok_or("inspect found no holder of a held key")?;
-    super::admin_shapes::check_details(info.details.as_ref(), before, after, "inspect")?;
+    check_details(info.details.as_ref(), before, after, "inspect")?;
     let details = info.details.ok_or("no details")?;
     ensure!(
         a.release(&lease).await.map_err(fmt_err("release"))?,

@@ -7,36 +7,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use lock_core::{
-    ErrorKind, HolderDetails, HolderInfo, LeaseKind, ListQuery, LockBackend, LockShape,
-};
+use lock_core::{ErrorKind, HolderInfo, LeaseKind, ListQuery, LockBackend, LockShape};
 
 use crate::harness::Harness;
 
-use super::admin::now_ms;
+use super::holder_details::{check_details, now_ms};
 use super::*;
-
-/// Checks that `details` name this process and a grant time within
-/// `[before, after]` (the granting process's clock, this one).
-pub(super) fn check_details(
-    details: Option<&HolderDetails>,
-    before: u64,
-    after: u64,
-    what: &str,
-) -> Result<(), String> {
-    let details = details.ok_or_else(|| format!("{what}: no holder details for our own grant"))?;
-    let here = HolderDetails::current();
-    ensure!(
-        details.host == here.host && details.pid == here.pid && details.program == here.program,
-        "{what}: the details name another process: {details:?}, this one is {here:?}"
-    );
-    ensure!(
-        (before..=after).contains(&details.granted_at_ms),
-        "{what}: grant time {} outside the acquire [{before}, {after}] ms",
-        details.granted_at_ms
-    );
-    Ok(())
-}
 
 /// `try_acquire_kind` that must grant, or `Ok(None)` where the backend
 /// does not claim the shape (its capabilities' `shared_locks` /

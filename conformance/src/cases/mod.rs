@@ -161,6 +161,7 @@ mod api;
 mod compose;
 mod elect;
 mod exclusion;
+mod holder_details;
 mod leases;
 mod shared;
 
