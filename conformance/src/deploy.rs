@@ -3,9 +3,7 @@
 //! [`Deployment`] trait, the table of kinds, [`start`]) are re-exported
 //! from the test kit.
 
-use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -13,6 +11,7 @@ use lock_core::{LockBackend, LockError};
 pub use lock_testkit::deploy::*;
 use tokio::sync::Mutex;
 
+pub use crate::harness::Opener;
 use crate::harness::Target;
 use crate::process::HarnessError;
 use crate::proxy::FaultProxy;
@@ -51,14 +50,6 @@ impl crate::soak::MemberFaults for DeployedTarget {
         Ok(Some((client, proxy)))
     }
 }
-
-/// Opens a backend from a URL (the facade's `distlock::backend::open`, injected so
-/// that this crate stays independent of the drivers).
-pub type Opener = Arc<
-    dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<Arc<dyn LockBackend>, LockError>> + Send>>
-        + Send
-        + Sync,
->;
 
 /// A started server as a [`Target`]: clients open its URL; "unreachable"
 /// pauses it; scenarios can also kill and restart it and reach it through a

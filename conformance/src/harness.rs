@@ -1,6 +1,8 @@
 //! What a case runs against: a target (a way to make clients and to break
 //! things) plus timing settings and a random key namespace.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -352,6 +354,14 @@ impl Target for MemoryTarget {
     }
 }
 
+/// Opens a backend from a URL (the facade's `distlock::backend::open`, injected so
+/// that this crate stays independent of the drivers).
+pub type Opener = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<Arc<dyn LockBackend>, LockError>> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// A suite target of clients opened on one URL, with no deployment to
 /// pause, restart or proxy (the cases needing one skip themselves): a
 /// server started by the test itself (in a lab's namespace, say), or a
@@ -362,7 +372,7 @@ pub struct UrlTarget {
     /// What every client is opened on.
     pub url: String,
     /// How each client is opened from `url`.
-    pub open: crate::deploy::Opener,
+    pub open: Opener,
 }
 
 #[async_trait]
