@@ -12,7 +12,7 @@ use conformance::bench::{self, Contender, Ours};
 use conformance::cpu::median;
 use lock_core::{LockBackend, LockClient, LockError};
 
-use super::figures::{Bench, Start};
+use super::bench_setup::{Bench, Start};
 use super::{BenchFigures, Column};
 
 /// Keys in the multi-lock cycle.

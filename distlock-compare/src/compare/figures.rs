@@ -10,6 +10,7 @@ use conformance::scale::{self, ScaleConfig, ScaleReport};
 use lock_core::{LockBackend, LockClient, LockError, OwnerId};
 use tokio::time::Instant;
 
+use super::bench_setup::{Bench, Start};
 use super::phases::Phases;
 
 use super::*;
@@ -35,38 +36,6 @@ pub(super) async fn benchmarks(
         out.error = Some(e.to_string());
     }
     out
-}
-
-/// What the measuring parts measure: the target, its URL, and whether the
-/// run is the long one (more cycles, longer windows) or the quick one
-/// (fewer rounds, the mutex only).
-#[derive(Clone, Copy)]
-pub(super) struct Bench<'a> {
-    pub(super) target: &'a dyn Target,
-    pub(super) url: &'a str,
-    pub(super) full: bool,
-    pub(super) quick: bool,
-}
-
-/// What each measuring part starts from: a client of the target (open while
-/// the part runs), the TTL of the part's locks (10 s, or the backend's
-/// minimum TTL if that is longer) and a fresh tag that keeps the part's keys
-/// apart from other runs'.
-pub(super) struct Start {
-    pub(super) probe: Arc<dyn LockBackend>,
-    pub(super) ttl: Duration,
-    pub(super) run: String,
-}
-
-impl Start {
-    /// Errors: the target's client could not be opened. Cancel safety:
-    /// dropping the future drops the client being opened.
-    pub(super) async fn of(target: &dyn Target) -> Result<Self, LockError> {
-        let probe = target.client().await?;
-        let ttl = Duration::from_secs(10).max(probe.capabilities().min_ttl);
-        let run = OwnerId::random().to_hex()[..8].to_owned();
-        Ok(Self { probe, ttl, run })
-    }
 }
 
 async fn bench_into(
@@ -248,8 +217,6 @@ pub(super) fn loopback_ports(url: &str) -> Vec<u16> {
 const ONE_CPU_CYCLES: usize = 2000;
 const ONE_CPU_ROUNDS: usize = 40;
 
-/// Independent clients (or tasks) in the throughput benchmarks.
-pub(super) const CLIENTS: usize = 8;
 /// Independent clients contending on one key in the handoff benchmark.
 pub(super) const HANDOFF_CLIENTS: usize = 4;
 

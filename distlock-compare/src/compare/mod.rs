@@ -14,6 +14,7 @@ use lock_core::{Capabilities, LockBackend, LockError};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+mod bench_setup;
 mod compose;
 mod figures;
 mod phases;

@@ -38,7 +38,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::BenchFigures;
-use super::figures::CLIENTS;
+use super::bench_setup::CLIENTS;
 
 /// The TTL every shape's grants ask for (the floors' too).
 pub(super) const SHAPE_TTL: Duration = Duration::from_secs(30);

@@ -10,7 +10,7 @@ use lock_core::{LeaseKind, LockBackend, LockClient, LockError};
 
 use conformance::cpu::median;
 
-use super::figures::{Bench, CLIENTS, Start};
+use super::bench_setup::{Bench, CLIENTS, Start};
 use super::{BenchFigures, Column};
 
 /// The permit floors' semaphore size (see `lock_bench::Floors::permit_floor`).
