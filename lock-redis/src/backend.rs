@@ -294,14 +294,16 @@ impl LockBackend for RedisBackend {
             (LeaseKind::Exclusive, Some(deadline)) => {
                 self.waiting.take(key, ttl, deadline).await.map(Some)
             }
+            // The shared kinds' futures boxed: larger than the mutex's,
+            // they would make every grant's future (copied whole into this
+            // call's box) as large as theirs.
             (kind, None) => {
                 keys.refuse_legacy(Operation::TryAcquire, shapes, key)?;
-                self.shared.try_acquire(key, kind, ttl).await
+                Box::pin(self.shared.try_acquire(key, kind, ttl)).await
             }
             (kind, Some(deadline)) => {
                 keys.refuse_legacy(Operation::Acquire, shapes, key)?;
-                self.shared
-                    .acquire(key, kind, ttl, deadline)
+                Box::pin(self.shared.acquire(key, kind, ttl, deadline))
                     .await
                     .map(Some)
             }

@@ -284,7 +284,9 @@ impl Grants {
         let wait_ms = config.wait_timeout.as_millis().to_string();
         // `WAIT` blocks up to its own timeout on the server.
         let bound = timeout.saturating_add(config.wait_timeout * 2);
-        node.run(op, bound, |mut conn| async move {
+        // Boxed: a call of two requests, larger than the one request
+        // above, would make every grant's future as large as its own.
+        Box::pin(node.run(op, bound, |mut conn| async move {
             // A clone of the handle: the same server connection.
             let value = script(conn.clone()).await?;
             if !is_grant(&value) {
@@ -294,7 +296,7 @@ impl Grants {
                 .query::<i64>(redis::cmd("WAIT").arg(wanted).arg(&wait_ms))
                 .await?;
             Ok((value, Some(acked)))
-        })
+        }))
         .await
     }
 

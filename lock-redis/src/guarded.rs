@@ -184,7 +184,7 @@ pub(crate) async fn run(
     all_keys.push(names.lock.as_str());
     all_keys.extend_from_slice(keys);
     let mut all_args = Vec::with_capacity(args.len() + 2);
-    all_args.push(owner.as_str());
+    all_args.push(&*owner);
     all_args.push(servers.keys.lock_type());
     all_args.extend_from_slice(args);
     let (all_keys, all_args) = (&all_keys, &all_args);

@@ -148,7 +148,7 @@ impl Renewal {
                     valid.push(index);
                     args.push([
                         keys.layout_names(lease.key()).lock,
-                        keys.owner_value(lease.owner()),
+                        keys.owner_value(lease.owner()).to_string(),
                         lease.ttl().as_millis().to_string(),
                     ]);
                 }

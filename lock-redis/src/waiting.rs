@@ -49,7 +49,9 @@ impl Waiting {
         check_ttl(ttl, op, key)?;
         let servers = self.grants.servers();
         if servers.config.fair {
-            return fair::acquire(&self.grants, key, ttl, deadline).await;
+            // Boxed: its future is larger than the unfair one's, which
+            // would carry its size (see `wait_for_release`).
+            return Box::pin(fair::acquire(&self.grants, key, ttl, deadline)).await;
         }
         let config = &servers.config;
         // The backoff after errors, made on the first error (it seeds itself
@@ -65,10 +67,27 @@ impl Waiting {
         if let Found::Granted(lease) = found(config, key, first, deadline, &mut errors)? {
             return Ok(lease);
         }
-        // Found held: subscribe to the release channel, then try again at
-        // once (the loop's first attempt), after the subscription is
-        // confirmed, so a release between the first try and the
-        // subscription is not missed.
+        // Boxed: the contended path (subscribing, the re-tries) is a large
+        // future, kept out of the size of every waiting acquire's future
+        // (copied whole into the box of `LockBackend::grant`).
+        Box::pin(self.wait_for_release(key, ttl, deadline, errors)).await
+    }
+
+    /// The rest of [`take`](Self::take) after a first try found `key`
+    /// held: subscribe to the release channel, then try again at once
+    /// (the loop's first attempt), after the subscription is confirmed, so
+    /// a release between the first try and the subscription is not
+    /// missed; then on every release and at the holder's expiry.
+    async fn wait_for_release(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+        mut errors: Option<lock_core::Backoff>,
+    ) -> Result<Lease, LockError> {
+        let op = Operation::Acquire;
+        let servers = self.grants.servers();
+        let config = &servers.config;
         let names = servers.keys.mutex(key, op)?;
         let watch = servers.notifier.watch(&names.channel, deadline).await;
         loop {

@@ -367,7 +367,11 @@ impl Node {
         if let Some(c) = &*self.cached() {
             return Ok((c.generation, c.conn.clone()));
         }
-        let (conn, pubsub) = self.connect().await?;
+        // Boxed: connecting (Sentinel's resolution above all) is a large
+        // future, and every call's future would carry its size (copied
+        // whole where a call is boxed, as `LockBackend`'s are) for what
+        // happens once per connection.
+        let (conn, pubsub) = Box::pin(self.connect()).await?;
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         *self.cached() = Some(Cached {
             generation,
@@ -534,7 +538,9 @@ impl Node {
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let Some((generation, conn)) = self.open_server_connection() else {
-            return self.run(op, timeout, call).await;
+            // Boxed: the rare path, kept out of the size of every call's
+            // future.
+            return Box::pin(self.run(op, timeout, call)).await;
         };
         call(conn.with_response_timeout(timeout))
             .await

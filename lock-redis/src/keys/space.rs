@@ -2,7 +2,7 @@
 //! layout and under its prefix, and the way back from a Redis name to the
 //! key (`list`, `gc`).
 
-use lock_core::{LeaseKind, LockError, LockKey, Operation, OwnerId};
+use lock_core::{LeaseKind, LockError, LockKey, Operation, OwnerHex, OwnerId};
 
 use crate::keys::fair::FairNames;
 use crate::keys::layout::{
@@ -12,6 +12,25 @@ use crate::keys::names::{
     HOLDER_SUFFIX, KeyNames, ReleaseNames, escape_tag, glob_escape, unescape_tag,
 };
 use crate::keys::shared::SharedNames;
+
+/// An owner's value in the lock key ([`KeySpace::owner_value`]), read as
+/// a `str`: on the stack in the native layout (no allocation per grant
+/// and release).
+pub(crate) enum OwnerValue {
+    Native(OwnerHex),
+    Legacy(String),
+}
+
+impl std::ops::Deref for OwnerValue {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            Self::Native(hex) => hex.as_str(),
+            Self::Legacy(value) => value,
+        }
+    }
+}
 
 /// The names a backend gives its keys: its layout, prefix and (legacy
 /// layouts) token suffix; in Cluster, a legacy key whose counter would land
@@ -101,11 +120,11 @@ impl KeySpace {
     /// hex digits of their own (redis-py's uuid, node-redlock's random
     /// bytes), so that `inspect` can tell our holders (and their token)
     /// from theirs.
-    pub(crate) fn owner_value(&self, owner: OwnerId) -> String {
+    pub(crate) fn owner_value(&self, owner: OwnerId) -> OwnerValue {
         if self.layout.is_legacy() {
-            format!("{LEGACY_OWNER_MARK}{}", owner.to_hex())
+            OwnerValue::Legacy(format!("{LEGACY_OWNER_MARK}{}", owner.hex()))
         } else {
-            owner.to_hex()
+            OwnerValue::Native(owner.hex())
         }
     }
 
