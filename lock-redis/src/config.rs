@@ -429,7 +429,7 @@ impl RedisConfig {
     /// redis crate alone (`lock-bench`, `distlock-compare`) opens the same
     /// connection: `redis::Client::get_multiplexed_async_connection_with_config`.
     pub fn connection_config(&self) -> redis::AsyncConnectionConfig {
-        crate::connection::node::conn_config(self.operation_timeout)
+        conn_config(self.operation_timeout)
     }
 
     /// The database number (`SELECT`) of the data connections.
@@ -802,6 +802,16 @@ impl EvictionMode {
             _ => None,
         }
     }
+}
+
+/// The settings of every data connection: `timeout` to connect and as
+/// each request's response timeout (the redis crate's own per-request
+/// bound, which it sets by default too, to 500 ms). `Node::run` and
+/// `Node::run_request` set the latter per call on their handle.
+pub(crate) fn conn_config(timeout: Duration) -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
 }
 
 #[cfg(test)]

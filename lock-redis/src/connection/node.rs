@@ -15,7 +15,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
 
-use crate::config::{RedisConfig, RedisNode};
+use crate::config::{RedisConfig, RedisNode, conn_config};
 use crate::error::{NAME, Redacted, map_redis_error, needs_reconnect};
 use crate::keys::scripts::LuaScript;
 
@@ -630,14 +630,4 @@ impl Node {
     pub(crate) fn map_err(&self, op: Operation, err: RedisError) -> LockError {
         map_redis_error(&self.label, &self.secrets, op, err)
     }
-}
-
-/// The settings of every data connection: `timeout` to connect and as
-/// each request's response timeout (the redis crate's own per-request
-/// bound, which it sets by default too, to 500 ms). [`Node::run`] and
-/// [`Node::run_request`] set the latter per call on their handle.
-pub(crate) fn conn_config(timeout: Duration) -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
 }
