@@ -413,9 +413,7 @@ impl Admin {
         &self,
         query: &ListQuery,
     ) -> Result<ElectionPage, LockError> {
-        let (scan, ttls) = self
-            .scan_with_holder_ttls(Listed::Election, query)
-            .await?;
+        let (scan, ttls) = self.scan_with_holder_ttls(Listed::Election, query).await?;
         let mut page = ElectionPage {
             elections: Vec::with_capacity(scan.groups.len()),
             cursor: scan.cursor,
