@@ -355,20 +355,8 @@ impl SessionDialect for MySql {
                  FROM (SELECT IS_USED_LOCK(?) AS c) u LEFT JOIN {tok} t ON t.name = ? \
                  LOCK IN SHARE MODE"
             ),
-            // At most `limit` token rows (the derived table), then who
-            // holds each one's lock now.
-            list: format!(
-                "SELECT p.name, p.token, p.owner, p.conn, p.details, IS_USED_LOCK(p.lock_name) \
-                 FROM (SELECT name, token, owner, conn, lock_name, {DETAILS_OF_GRANT} AS details \
-                 FROM {tok} t WHERE name LIKE ? ESCAPE '!' AND name > ? ORDER BY name LIMIT ?) p \
-                 ORDER BY p.name"
-            ),
-            // The grant inspect saw still holds it: the same connection
-            // holds the lock and made the key's last grant, this token.
-            kill_holder: format!(
-                "SELECT COUNT(*) FROM {tok} t WHERE t.name = ? AND t.token = ? \
-                 AND t.owner = ? AND t.conn = ? AND IS_USED_LOCK(?) = t.conn"
-            ),
+            list: list_holder_rows(tok, DETAILS_OF_GRANT),
+            kill_holder: kill_holder_check(tok),
             session_id: Arc::from("SELECT CAST(CONNECTION_ID() AS SIGNED)"),
             counter: tok.to_owned(),
             holders: tok.to_owned(),
@@ -639,6 +627,29 @@ pub(crate) fn has_sequences(version: &str) -> bool {
     (major, minor) >= (10, 3)
 }
 
+/// Session mode's listing on MySQL/MariaDB: at most `limit` rows of the
+/// holder (token) table `table` (the derived table), each with its
+/// details (`details`, an expression of the row `t`), then who holds each
+/// one's lock now.
+fn list_holder_rows(table: &str, details: &str) -> String {
+    format!(
+        "SELECT p.name, p.token, p.owner, p.conn, p.details, IS_USED_LOCK(p.lock_name) \
+         FROM (SELECT name, token, owner, conn, lock_name, {details} AS details \
+         FROM {table} t WHERE name LIKE ? ESCAPE '!' AND name > ? ORDER BY name LIMIT ?) p \
+         ORDER BY p.name"
+    )
+}
+
+/// The check before `KILL CONNECTION`: the grant inspect saw still holds
+/// it (the same connection holds the lock and made the key's last grant in
+/// holder table `table`, with this token).
+fn kill_holder_check(table: &str) -> String {
+    format!(
+        "SELECT COUNT(*) FROM {table} t WHERE t.name = ? AND t.token = ? \
+         AND t.owner = ? AND t.conn = ? AND IS_USED_LOCK(?) = t.conn"
+    )
+}
+
 /// MariaDB's session statements for lease table `table` (validated).
 pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
     use crate::dialect::session::suffixed;
@@ -729,16 +740,8 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
             "SELECT u.c, t.token, t.owner, t.conn, t.details \
              FROM (SELECT IS_USED_LOCK(?) AS c) u LEFT JOIN {h} t ON t.name = ?"
         ),
-        list: format!(
-            "SELECT p.name, p.token, p.owner, p.conn, p.details, IS_USED_LOCK(p.lock_name) \
-             FROM (SELECT name, token, owner, conn, lock_name, details \
-             FROM {h} t WHERE name LIKE ? ESCAPE '!' AND name > ? ORDER BY name LIMIT ?) p \
-             ORDER BY p.name"
-        ),
-        kill_holder: format!(
-            "SELECT COUNT(*) FROM {h} t WHERE t.name = ? AND t.token = ? \
-             AND t.owner = ? AND t.conn = ? AND IS_USED_LOCK(?) = t.conn"
-        ),
+        list: list_holder_rows(&h, "t.details"),
+        kill_holder: kill_holder_check(&h),
         session_id: Arc::from("SELECT CAST(CONNECTION_ID() AS SIGNED)"),
         counter: seq,
         holders: h,
