@@ -50,16 +50,12 @@
 mod parts_support;
 
 use conformance::servers::redis::RedisServer;
-use lock_bench::redis::RedisFloor;
+use lock_bench::redis::{RedisFloor, cycle_requests};
 use lock_core::{HolderDetails, LockClient, LockKey, OwnerId};
 use lock_redis::RedisConfig;
 use lock_redis::keys::{KeyNames, Scripts};
 use parts_support::{BoxError, TTL};
 use redis::aio::MultiplexedConnection;
-
-/// The token floor key the driver's acquire names on one server (its
-/// `KEYS[4]`; `lock_redis`'s `FLOOR_KEY`, which is not exported).
-const TOKEN_FLOOR_KEY: &str = "distlock:token-floor";
 
 const NAMES: [&str; 5] = [
     "hand floor",
@@ -116,27 +112,10 @@ impl CrateAlone {
         let names = KeyNames::new(&self.prefix, key);
         let owner = OwnerId::random().to_hex();
         let details = HolderDetails::encode_current();
-        let mut acquire = redis::cmd("EVALSHA");
-        acquire
-            .arg(&self.scripts.acquire.hash)
-            .arg(4)
-            .arg(&names.lock)
-            .arg(&names.counter)
-            .arg(&names.holder)
-            .arg(TOKEN_FLOOR_KEY)
-            .arg(&owner)
-            .arg(&self.ttl_ms)
-            .arg(&details);
+        let (acquire, release) =
+            cycle_requests(&self.scripts, &names, &owner, &self.ttl_ms, &details);
         let (granted, _token): (i64, i64) = acquire.query_async(&mut self.conn).await?;
         assert_eq!(granted, 1, "the key is free");
-        let mut release = redis::cmd("EVALSHA");
-        release
-            .arg(&self.scripts.release.hash)
-            .arg(2)
-            .arg(&names.lock)
-            .arg(&names.holder)
-            .arg(&owner)
-            .arg(&names.channel);
         let released: i64 = release.query_async(&mut self.conn).await?;
         assert_eq!(released, 1, "the grant was still ours");
         Ok(())

@@ -54,7 +54,7 @@ use lock_redis::{MIN_TTL, RedisBackend, RedisConfig, RedisNode, RedisTopology};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub use crate_alone::RedisCrateAlone;
+pub use crate_alone::{RedisCrateAlone, cycle_requests};
 pub use permits::RedisPermitFloor;
 pub use redlock::RedlockFloor;
 use resp::Reply;

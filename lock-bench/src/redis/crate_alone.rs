@@ -38,6 +38,39 @@ use super::{NAME, floor_config, unsupported};
 /// `KEYS[4]`; lock-redis's `FLOOR_KEY`, which is not exported).
 const TOKEN_FLOOR_KEY: &str = "distlock:token-floor";
 
+/// The driver's two requests of a mutex cycle on a free key (one server,
+/// native layout), as redis-rs commands: `EVALSHA <acquire> 4 <lock>
+/// <counter> <holder> <token floor> <owner> <ttl ms> <details>` and
+/// `EVALSHA <release> 2 <lock> <holder> <owner> <channel>`.
+pub fn cycle_requests(
+    scripts: &Scripts,
+    names: &KeyNames,
+    owner: &str,
+    ttl_ms: &str,
+    details: &str,
+) -> (::redis::Cmd, ::redis::Cmd) {
+    let mut acquire = ::redis::cmd("EVALSHA");
+    acquire
+        .arg(&scripts.acquire.hash)
+        .arg(4)
+        .arg(&names.lock)
+        .arg(&names.counter)
+        .arg(&names.holder)
+        .arg(TOKEN_FLOOR_KEY)
+        .arg(owner)
+        .arg(ttl_ms)
+        .arg(details);
+    let mut release = ::redis::cmd("EVALSHA");
+    release
+        .arg(&scripts.release.hash)
+        .arg(2)
+        .arg(&names.lock)
+        .arg(&names.holder)
+        .arg(owner)
+        .arg(&names.channel);
+    (acquire, release)
+}
+
 /// The driver's mutex cycle through redis-rs alone, on one multiplexed
 /// connection of its own; see the module docs.
 ///
@@ -142,16 +175,9 @@ impl RedisCrateAlone {
         let owner = OwnerId::random().to_hex();
         let details = HolderDetails::encode_current();
         let mut conn = self.conn.clone();
-        let (granted, _token): (i64, i64) = ::redis::cmd("EVALSHA")
-            .arg(&self.scripts.acquire.hash)
-            .arg(4)
-            .arg(&names.lock)
-            .arg(&names.counter)
-            .arg(&names.holder)
-            .arg(TOKEN_FLOOR_KEY)
-            .arg(&owner)
-            .arg(&self.ttl_ms)
-            .arg(&details)
+        let (acquire, release) =
+            cycle_requests(&self.scripts, &names, &owner, &self.ttl_ms, &details);
+        let (granted, _token): (i64, i64) = acquire
             .query_async(&mut conn)
             .await
             .map_err(|e| crate_error(Operation::Acquire, &e))?;
@@ -162,13 +188,7 @@ impl RedisCrateAlone {
                 "redis-rs alone: the key was held",
             ));
         }
-        let released: i64 = ::redis::cmd("EVALSHA")
-            .arg(&self.scripts.release.hash)
-            .arg(2)
-            .arg(&names.lock)
-            .arg(&names.holder)
-            .arg(&owner)
-            .arg(&names.channel)
+        let released: i64 = release
             .query_async(&mut conn)
             .await
             .map_err(|e| crate_error(Operation::Release, &e))?;
