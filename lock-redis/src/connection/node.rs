@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lock_core::{ErrorKind, LockError, Operation};
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, RedisError, Value};
@@ -44,10 +44,7 @@ impl Conn {
         &mut self,
         cmd: &Cmd,
     ) -> redis::RedisResult<T> {
-        match self {
-            Self::Server(c) => cmd.query_async(c).await,
-            Self::Cluster(c) => cmd.query_async(c).await,
-        }
+        cmd.query_async(self).await
     }
 
     /// `cmd` on the cluster master at `at` (Cluster: `SCAN` walks one
@@ -74,10 +71,7 @@ impl Conn {
         &mut self,
         pipe: &redis::Pipeline,
     ) -> redis::RedisResult<Vec<redis::RedisResult<Value>>> {
-        match self {
-            Self::Server(c) => pipe.query_async(c).await,
-            Self::Cluster(c) => pipe.query_async(c).await,
-        }
+        pipe.query_async(self).await
     }
 
     /// `EVALSHA`, falling back to `EVAL` (which also reloads the cache)
@@ -149,6 +143,36 @@ impl Conn {
                 });
                 Ok(futures_util::future::join_all(futures).await)
             }
+        }
+    }
+}
+
+/// The one place a request picks the connection kind: each arm hands back
+/// the redis crate's own boxed future, so nothing is boxed twice.
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Self::Server(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipe: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Server(c) => c.req_packed_commands(pipe, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipe, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
         }
     }
 }
