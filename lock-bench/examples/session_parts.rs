@@ -10,8 +10,8 @@
 //!   `pg_advisory_lock` / `GET_LOCK(name, 60)`. No token.
 //! - **raw + token**: the raw exchange with a fencing token taken in the
 //!   grant statement, nothing else: `SELECT CASE WHEN
-//!   pg_try_advisory_lock($1) THEN nextval(seq) END` (a `CACHE 1`
-//!   sequence, as the driver's); MariaDB `SELECT CASE WHEN GET_LOCK(?, 0) =
+//!   pg_try_advisory_lock($1) THEN nextval(seq) END` (an `UNLOGGED
+//!   CACHE 1` sequence, as the driver's); MariaDB `SELECT CASE WHEN GET_LOCK(?, 0) =
 //!   1 THEN NEXTVAL(seq) END` (a `CACHE 1000` sequence, as the driver's;
 //!   MySQL, with no sequences, would need the driver's token row). raw +
 //!   token / raw is the fencing token's cost.
@@ -75,7 +75,7 @@ enum Raw {
 }
 
 /// The raw + token side's sequences.
-const PG_SEQ: &str = "session_parts_seq";
+const PG_SEQ: &str = "session_parts_useq";
 const MY_SEQ: &str = "session_parts_seq";
 
 fn failed(e: sqlx::Error) -> LockError {
@@ -98,7 +98,7 @@ impl Raw {
         if url.starts_with("postgres") {
             let mut conn = sqlx::PgConnection::connect(url).await.expect("pg");
             sqlx::query(sqlx::AssertSqlSafe(format!(
-                "CREATE SEQUENCE IF NOT EXISTS {PG_SEQ} AS BIGINT CACHE 1"
+                "CREATE UNLOGGED SEQUENCE IF NOT EXISTS {PG_SEQ} AS BIGINT CACHE 1"
             )))
             .execute(&mut conn)
             .await

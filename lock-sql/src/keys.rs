@@ -112,6 +112,11 @@ pub struct StatementTexts {
     pub shared_release: String,
     /// Session mode's counter `CREATE`, grant and release (none on SQLite).
     pub session: Option<[String; 3]>,
+    /// Session mode's server run (PostgreSQL; MySQL dialect: the token
+    /// rows, none): the durable run counter's `CREATE`, the read of
+    /// whether the run is started, the counter's bump and the sequence's
+    /// raise.
+    pub session_run: Option<[String; 4]>,
     /// MariaDB 10.3+ session mode (MySQL dialect only): the holder
     /// table's, the sequence's, the run counter's and the run row's
     /// `CREATE`s, the run's token base read, the try grant and the release.
@@ -139,10 +144,14 @@ pub fn statement_texts(dialect: SqlDialect, table: &str) -> Result<StatementText
     let texts = |v: &[Arc<str>]| v.iter().map(|t| t.to_string()).collect::<Vec<_>>();
     let row = Statements::new(driver, table);
     let shared = crate::keys::shared::SharedSql::new(driver, table);
-    let session = crate::dialect::session_of(dialect).ok().map(|d| {
-        let s = crate::dialect::session::SessionSql::new(d, table);
-        [s.create, s.grant, s.release]
-    });
+    let session_sql = crate::dialect::session_of(dialect)
+        .map(|d| crate::dialect::session::SessionSql::new(d, table));
+    let session_run = session_sql
+        .as_ref()
+        .ok()
+        .and_then(|s| s.run.clone())
+        .map(|r| [r.create, r.read, r.bump, r.set]);
+    let session = session_sql.ok().map(|s| [s.create, s.grant, s.release]);
     Ok(StatementTexts {
         create: texts(&row.create),
         grant: row.grant.to_string(),
@@ -158,6 +167,7 @@ pub fn statement_texts(dialect: SqlDialect, table: &str) -> Result<StatementText
         shared_insert_holder: shared.insert_holder.to_string(),
         shared_release: shared.release.to_string(),
         session,
+        session_run,
         session_mariadb: mariadb_texts(dialect, table),
     })
 }
@@ -167,17 +177,9 @@ fn mariadb_texts(dialect: SqlDialect, table: &str) -> Option<[String; 7]> {
     #[cfg(feature = "mysql")]
     if dialect == SqlDialect::MySql {
         let s = crate::dialect::mysql::mariadb_session_sql(table);
-        let m = s.maria?;
-        let [seq, runs, run] = m.creates.clone();
-        return Some([
-            s.create,
-            seq,
-            runs,
-            run,
-            m.run_read().to_owned(),
-            s.grant,
-            s.release,
-        ]);
+        let (m, r) = (s.maria?, s.run?);
+        let [seq, run] = m.creates.clone();
+        return Some([s.create, seq, r.create, run, r.read, s.grant, s.release]);
     }
     let _ = (dialect, table);
     None

@@ -71,6 +71,12 @@
 //!   session's next keep-alive: only the fencing token protects the
 //!   resource then. `force_release` ends only a session holding that one
 //!   lock.
+//! - Session mode on PostgreSQL takes tokens from an `UNLOGGED` sequence
+//!   that the first client of each server run raises to the run's durable
+//!   epoch (global, rising across crashes, which reset the sequence).
+//!   Upgrading from the logged `<table>_session_seq`: the new tokens
+//!   start above it, but stop the old clients first (not fenced against
+//!   the new ones).
 //! - Session mode on MariaDB 10.3+ takes tokens from a sequence plus the
 //!   server run's epoch (global, rising across crashes: the sequence alone
 //!   falls back after a SIGKILL) and publishes holders in a `MEMORY`

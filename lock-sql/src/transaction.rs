@@ -22,7 +22,7 @@
 //!
 //! | database, mode | what is held | token |
 //! |---|---|---|
-//! | PostgreSQL, `mode=session` | `pg_advisory_xact_lock` on session mode's key ([`crate::keys::pg_lock_key`]) | session mode's sequence (`<table>_session_seq`, one for every key), `nextval` in the granting statement |
+//! | PostgreSQL, `mode=session` | `pg_advisory_xact_lock` on session mode's key ([`crate::keys::pg_lock_key`]) | session mode's sequence (`<table>_session_useq`, one for every key), `nextval` in the granting statement; while the server run is not started (after a crash) the statement takes nothing and the run is started on a connection of its own |
 //! | PostgreSQL, row mode | the same advisory key, and the lease row, written in the transaction (its row lock) | the row's counter, bumped by the granting statement |
 //! | MySQL/MariaDB, row mode | the lease row, written in the transaction (InnoDB's row lock) | the row's counter, bumped by the granting statement |
 //! | SQLite, row mode | the lease row, written in the transaction: the database file's write lock | the row's counter, bumped by the granting statement |
@@ -153,6 +153,9 @@ struct TxSql {
     try_grant: String,
     /// PostgreSQL: the grant that waits under `lock_timeout`.
     wait_grant: String,
+    /// PostgreSQL session mode: its statements, for the start of a server
+    /// run (see `dialect::session::RunSql`).
+    session: Option<crate::dialect::session::SessionSql>,
 }
 
 /// Takes transaction-scoped locks: built once from the same URL or
@@ -576,6 +579,7 @@ fn row_sql(dialect: SqlDialect, table: &str) -> Result<TxSql, LockError> {
         create: statements.create.iter().map(|s| s.to_string()).collect(),
         try_grant: statements.grant.to_string(),
         wait_grant: String::new(),
+        session: None,
     })
 }
 

@@ -6,8 +6,10 @@
 //! texts or retries) and sends two statements written here:
 //!
 //! 1. the grant, one round trip, the token in its answer:
-//!    - PostgreSQL: `pg_try_advisory_lock` and `nextval` of the token
-//!      sequence in one `SELECT`, which also publishes the owner and token
+//!    - PostgreSQL: `pg_try_advisory_lock` and `nextval` of the unlogged
+//!      token sequence in one `SELECT` (the server run started by hand at
+//!      connect when no client started it since the server's last crash:
+//!      the sequence raised to `epoch << 40`), which also publishes the owner and token
 //!      in `application_name` and arms `idle_session_timeout` and the
 //!      keep-alive idle time (the TTL), as the driver's grant does;
 //!    - MariaDB 10.3 and later (`SELECT VERSION()` at connect, as the
@@ -178,19 +180,78 @@ async fn mariadb_setup(
         .ok_or_else(|| sqlx::Error::Protocol("the server run was not started".into()))
 }
 
+/// PostgreSQL's server run of session tokens (see `lock_sql`'s session
+/// docs): the durable run counter's `CREATE`, the read of whether the run
+/// is started (the unlogged sequence at or above 2^40), the counter's
+/// bump and the sequence's raise to `epoch << 40`.
+fn postgres_run_sql(table: &str) -> [Text; 4] {
+    let q = |suffix: &str| quoted(SqlDialect::Postgres, &format!("{table}{suffix}"));
+    let (seq, runs, old) = (q("_session_useq"), q("_session_runs"), q("_session_seq"));
+    let unit = 1_u64 << 40;
+    [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {runs} (id SMALLINT PRIMARY KEY, epoch BIGINT NOT NULL)"
+        )
+        .into(),
+        format!("SELECT CAST(0 AS BIGINT) FROM {seq} WHERE last_value >= {unit}").into(),
+        format!(
+            "WITH s AS (SELECT 1 FROM {seq} WHERE last_value < {unit}) \
+             INSERT INTO {runs} AS r (id, epoch) \
+             SELECT 1, COALESCE(pg_sequence_last_value(to_regclass('{old}')), 0) / {unit} + 1 \
+             FROM s ON CONFLICT (id) DO UPDATE SET epoch = GREATEST(r.epoch + 1, excluded.epoch) \
+             RETURNING epoch"
+        )
+        .into(),
+        format!("SELECT setval('{seq}', $1) FROM {seq} WHERE last_value < $1").into(),
+    ]
+}
+
+/// Setup on a PostgreSQL connection: the run counter's `CREATE` unless
+/// `create` is off, then the server run started by hand when no client
+/// started it since the server's last crash (the bump with
+/// `synchronous_commit` on, then the raise).
+async fn postgres_setup(
+    conn: &mut sqlx::PgConnection,
+    run: &[Text; 4],
+    create: bool,
+) -> Result<(), sqlx::Error> {
+    use sqlx::Executor;
+    if create {
+        conn.execute(sql(&run[0])).await?;
+    }
+    let started: Option<i64> = sqlx::query_scalar(sql(&run[1]))
+        .fetch_optional(&mut *conn)
+        .await?;
+    if started.is_some() {
+        return Ok(());
+    }
+    conn.execute("SET synchronous_commit = on").await?;
+    let epoch: Option<i64> = sqlx::query_scalar(sql(&run[2]))
+        .fetch_optional(&mut *conn)
+        .await?;
+    if let Some(epoch) = epoch {
+        sqlx::query(sql(&run[3]))
+            .bind(epoch << 40)
+            .execute(&mut *conn)
+            .await?;
+    }
+    conn.execute("SET synchronous_commit = DEFAULT").await?;
+    Ok(())
+}
+
 /// Session mode's `CREATE` of the token counter, its grant and its release
 /// for `dialect` on validated table `table`; `None` on SQLite (no session
 /// locks).
 fn session_sql(dialect: SqlDialect, table: &str) -> Option<(Text, Text, Text)> {
     let (create, grant, release) = match dialect {
         SqlDialect::Postgres => {
-            let seq = quoted(dialect, &format!("{table}_session_seq"));
+            let seq = quoted(dialect, &format!("{table}_session_useq"));
             let publish = "CASE WHEN g.t IS NOT NULL THEN \
                  set_config('application_name', 'distlock ' || $2 || ' ' || g.t, false) \
                  || set_config('idle_session_timeout', $3, false) \
                  || set_config('tcp_keepalives_idle', ceil($3::numeric / 1000)::bigint::text, false) END";
             (
-                format!("CREATE SEQUENCE IF NOT EXISTS {seq} AS BIGINT CACHE 1 NO CYCLE"),
+                format!("CREATE UNLOGGED SEQUENCE IF NOT EXISTS {seq} AS BIGINT CACHE 1 NO CYCLE"),
                 format!(
                     "SELECT g.t, {publish} FROM (SELECT CASE WHEN pg_try_advisory_lock($1) \
                      THEN nextval('{seq}') END AS t OFFSET 0) g"
@@ -291,7 +352,16 @@ impl SessionFloor {
                 run_base: None,
             });
         }
-        let conn = Bare::open_with(&config, options, &[create]).await?;
+        let mut conn = Bare::open_with(&config, options, &[create]).await?;
+        if let Bare::Postgres(c) = &mut conn {
+            postgres_setup(
+                c,
+                &postgres_run_sql(config.table_name()),
+                config.creates_table(),
+            )
+            .await
+            .map_err(|e| lock_sql::keys::map_error(&config, Operation::Connect, e))?;
+        }
         Ok(Self {
             label,
             conn: Mutex::new(conn),
@@ -409,6 +479,13 @@ mod tests {
             }
         }
         assert!(session_sql(SqlDialect::Sqlite, "locks").is_none());
+        for table in ["locks", "app.locks"] {
+            let ours = lock_sql::keys::statement_texts(SqlDialect::Postgres, table).expect("pg");
+            let ours = ours.session_run.expect("PostgreSQL's server run");
+            for (floor, ours) in postgres_run_sql(table).iter().zip(&ours) {
+                assert_eq!(&**floor, ours, "PostgreSQL {table}");
+            }
+        }
         for table in ["locks", "app.locks"] {
             let ours = lock_sql::keys::statement_texts(SqlDialect::MySql, table).expect("mysql");
             let ours = ours.session_mariadb.expect("MariaDB session mode");

@@ -131,9 +131,13 @@ impl SqlSessionBackend {
         Self::connect(SqlConfig::from_url(url)?).await
     }
 
-    /// Opens one session, creates the token sequence (PostgreSQL, `CACHE 1
-    /// NO CYCLE`) or token table (MySQL) if missing (unless
-    /// `create_table=false`) and checks an existing sequence.
+    /// Opens one session, creates the token sequence (PostgreSQL:
+    /// `UNLOGGED`, `CACHE 1 NO CYCLE`, with the durable run counter
+    /// `<table>_session_runs`; MariaDB: see the crate docs) or token table
+    /// (MySQL) if missing (unless `create_table=false`) and checks an
+    /// existing sequence. The first session of a server run (after a
+    /// crash) starts the run's tokens above every earlier run's, on a
+    /// connection of its own, before its first grant.
     ///
     /// # Errors
     ///

@@ -92,8 +92,9 @@ pub(crate) struct Session {
     pub(crate) last_used: Instant,
     /// Opened for this call (a failure on it is not a stale pooled one).
     pub(crate) fresh: bool,
-    /// What this session adds to its tokens (MariaDB's run epoch), read
-    /// before its first grant (see [`Session::grant`]).
+    /// What this session adds to its tokens (MariaDB's run epoch; 0 on
+    /// PostgreSQL, whose sequence carries it), read before its first grant
+    /// (see [`Session::grant`]): `Some` once the server run is started.
     run_base: Option<i64>,
     /// How it was opened (to start a server run on a connection of its
     /// own, see [`Session::read_run`]).
@@ -746,12 +747,13 @@ impl Session {
     /// the handshake).
     pub(crate) async fn open(opts: &Opts, sql: &SessionSql) -> Result<Self, sqlx::Error> {
         let mut conn = opts.options.connect().await?;
-        // MariaDB: the run's token base in the same round trip; the run
-        // table missing (the first connect creates it after this session
-        // opens) or the run not started: read before the first grant.
+        // Whether the server run is started (its token base) in the same
+        // round trip (see `RunSql`); the run's objects missing (the first
+        // connect creates them after this session opens): read before the
+        // first grant; the run not started: started now.
         let mut run_base = None;
-        let maria_id = match &sql.maria {
-            Some(maria) => match fetch(&mut conn, maria.open_id(), &[], "ii").await {
+        let run_id = match &sql.run {
+            Some(run) => match fetch(&mut conn, &run.open_id, &[], "ii").await {
                 Ok(rows) => {
                     let row = rows.first();
                     if let Some(crate::dialect::binds::Value::Int(base)) = row.map(|r| &r[1]) {
@@ -759,13 +761,12 @@ impl Session {
                     }
                     row.map(|row| row[0].int())
                 }
-                #[cfg(feature = "mysql")]
-                Err(e) if crate::dialect::mysql::is_missing_table(&e) => None,
+                Err(e) if opts.dialect.is_missing_relation(&e) => None,
                 Err(e) => return Err(e),
             },
             None => None,
         };
-        let id = match maria_id {
+        let id = match run_id {
             Some(id) => id,
             None => fetch(&mut conn, &sql.session_id, &[], "i")
                 .await?
@@ -784,15 +785,15 @@ impl Session {
             run_base,
             opts: opts.clone(),
         };
-        if maria_id.is_some() && run_base.is_none() {
+        if run_id.is_some() && run_base.is_none() {
             session.run_base = Some(session.read_run(sql).await?);
         }
         Ok(session)
     }
 
     /// Reads [`Session::run_base`] (one round trip); when the server's
-    /// current run has not been started (MariaDB after a restart), starts
-    /// it on a connection opened for that alone, then reads again.
+    /// current run has not been started (after a crash, see `RunSql`),
+    /// starts it on a connection opened for that alone, then reads again.
     async fn read_run(&mut self, sql: &SessionSql) -> SqlxResult<i64> {
         let (dialect, on) = self.on(sql);
         if let Some(base) = dialect.session_run(on).await? {
@@ -859,7 +860,7 @@ impl Session {
             Some(armed) if holds_others => armed.max(grant.ttl),
             _ => grant.ttl,
         };
-        if sql.maria.is_some() && self.run_base.is_none() {
+        if sql.run.is_some() && self.run_base.is_none() {
             self.run_base = Some(self.read_run(sql).await?);
         }
         if let Some(secs) = self.dialect.idle_timeout_secs(ttl)

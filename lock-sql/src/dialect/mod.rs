@@ -644,9 +644,10 @@ pub(crate) trait SessionDialect: Dialect {
     /// What this dialect's session mode is, as data.
     fn session_profile(&self) -> &'static SessionProfile;
 
-    /// The session statements with the token counter `counter` (the lease
-    /// table's name with the profile's `counter_suffix`, quoted).
-    fn session_sql(&self, counter: &str) -> SessionSql;
+    /// The session statements of lease table `table` (validated, not
+    /// quoted); the token counter is named with the profile's
+    /// `counter_suffix`.
+    fn session_sql(&self, table: &str) -> SessionSql;
 
     /// How to open a session: the driver URL plus the per-session settings
     /// that travel in the handshake.
@@ -715,20 +716,20 @@ pub(crate) trait SessionDialect: Dialect {
     }
 
     /// The base this session adds to its tokens, read once before its
-    /// first grant: MariaDB's run epoch (see `dialect::mysql`, "Session
-    /// tokens on MariaDB"), `None` when the server's current run has not
-    /// been started yet ([`start_run`](Self::start_run)); 0 elsewhere.
-    async fn session_run(&self, on: OnSession<'_>) -> SqlxResult<Option<i64>> {
-        let _ = on;
-        Ok(Some(0))
-    }
+    /// first grant (see [`RunSql`](crate::dialect::session::RunSql)):
+    /// MariaDB's `epoch << 40`; 0 on PostgreSQL (the sequence carries the
+    /// epoch) and MySQL's token rows; `None` when the server's current run
+    /// has not been started yet ([`start_run`](Self::start_run)).
+    async fn session_run(&self, on: OnSession<'_>) -> SqlxResult<Option<i64>>;
 
-    /// Starts the server's current run (MariaDB), on a connection the
-    /// caller opened for it alone and drops afterwards; nothing elsewhere.
-    async fn start_run(&self, on: OnSession<'_>) -> SqlxResult<()> {
-        let _ = on;
-        Ok(())
-    }
+    /// Starts the server's current run, on a connection the caller opened
+    /// for it alone and drops afterwards; nothing without runs (MySQL's
+    /// token rows).
+    async fn start_run(&self, on: OnSession<'_>) -> SqlxResult<()>;
+
+    /// Whether `err` says a table or sequence does not exist (yet: the
+    /// first connect creates them after its first session opened).
+    fn is_missing_relation(&self, err: &sqlx::Error) -> bool;
 
     /// Creates the token counter (when `create`) and checks it: a problem
     /// found is returned as text.

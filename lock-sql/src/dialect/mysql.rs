@@ -24,7 +24,7 @@ use crate::dialect::session::{
     Granted, KillTarget, Killed, ListPage, OnSession, ServerKey, SessionGrant, SessionLock,
     mysql_wait_timeout, token_of as session_token,
 };
-use crate::dialect::session::{MariaSessionSql, SessionSql};
+use crate::dialect::session::{MariaSessionSql, RunSql, SessionSql};
 use crate::error::{is_duplicate_column, is_missing_column};
 
 /// MySQL and MariaDB.
@@ -317,7 +317,8 @@ impl SessionDialect for MySql {
     // LAST_INSERT_ID(expr) carries the new token back in the OK packet; no
     // row is selected (and 0 reported) when GET_LOCK returned 0 (held until
     // the timeout) or NULL (error).
-    fn session_sql(&self, tok: &str) -> SessionSql {
+    fn session_sql(&self, table: &str) -> SessionSql {
+        let tok = &crate::dialect::session::suffixed('`', table, SESSION.counter_suffix);
         SessionSql {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {tok} (\
@@ -362,6 +363,7 @@ impl SessionDialect for MySql {
             holders: tok.to_owned(),
             fencing: SESSION.fencing,
             maria: None,
+            run: None,
         }
     }
 
@@ -518,19 +520,23 @@ impl SessionDialect for MySql {
     }
 
     async fn session_run(&self, on: OnSession<'_>) -> SqlxResult<Option<i64>> {
-        let Some(maria) = &on.sql.maria else {
+        let Some(run) = &on.sql.run else {
             return Ok(Some(0));
         };
-        sqlx::query_scalar(AssertSqlSafe(maria.run_read.as_str()))
+        sqlx::query_scalar(AssertSqlSafe(run.read.as_str()))
             .fetch_optional(my(on.conn)?)
             .await
     }
 
     async fn start_run(&self, on: OnSession<'_>) -> SqlxResult<()> {
-        let Some(maria) = &on.sql.maria else {
+        let (Some(maria), Some(run)) = (&on.sql.maria, &on.sql.run) else {
             return Ok(());
         };
-        start_run(my(on.conn)?, maria).await
+        start_run(my(on.conn)?, maria, run).await
+    }
+
+    fn is_missing_relation(&self, err: &sqlx::Error) -> bool {
+        is_missing_table(err)
     }
 
     // A table created before the grant wrote them gets the columns here
@@ -551,7 +557,8 @@ impl SessionDialect for MySql {
                     sqlx::query(AssertSqlSafe(on.sql.create.as_str()))
                         .execute(&mut *conn)
                         .await?;
-                    for create in &maria.creates {
+                    let run = on.sql.run.iter().map(|run| &run.create);
+                    for create in maria.creates.iter().chain(run) {
                         sqlx::query(AssertSqlSafe(create.as_str()))
                             .execute(&mut *conn)
                             .await?;
@@ -677,13 +684,24 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
         "CREATE SEQUENCE IF NOT EXISTS {seq} START WITH 1 MINVALUE 1 INCREMENT BY 1 \
          CACHE {SEQUENCE_CACHE} NOCYCLE"
     );
+    let run_sql = RunSql {
+        create: format!(
+            "CREATE TABLE IF NOT EXISTS {runs} (id TINYINT NOT NULL PRIMARY KEY, \
+             epoch BIGINT NOT NULL) ENGINE=InnoDB"
+        ),
+        read: format!("SELECT {RUN_BASE} FROM {run} WHERE id = 1"),
+        open_id: Arc::from(format!(
+            "SELECT CAST(CONNECTION_ID() AS SIGNED), (SELECT {RUN_BASE} FROM {run} WHERE id = 1)"
+        )),
+        bump: format!(
+            "INSERT INTO {runs} (id, epoch) VALUES (1, LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)"
+        ),
+        set: format!("INSERT IGNORE INTO {run} (id, epoch) VALUES (1, ?)"),
+    };
     let maria = MariaSessionSql {
         creates: [
             create_sequence,
-            format!(
-                "CREATE TABLE IF NOT EXISTS {runs} (id TINYINT NOT NULL PRIMARY KEY, \
-                 epoch BIGINT NOT NULL) ENGINE=InnoDB"
-            ),
             format!(
                 "CREATE TABLE IF NOT EXISTS {run} (id TINYINT NOT NULL PRIMARY KEY, \
                  epoch BIGINT NOT NULL) ENGINE=MEMORY"
@@ -694,18 +712,9 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
             .to_owned(),
         holders_name,
         heap_grow: format!("ALTER TABLE {h} ENGINE=MEMORY"),
-        run_read: format!("SELECT {RUN_BASE} FROM {run} WHERE id = 1"),
-        open_id: Arc::from(format!(
-            "SELECT CAST(CONNECTION_ID() AS SIGNED), (SELECT {RUN_BASE} FROM {run} WHERE id = 1)"
-        )),
         run_lock: format!("{table}!run"),
         sequence_probe: format!("SELECT NEXTVAL({seq})"),
         sequence_drop: format!("DROP SEQUENCE IF EXISTS {seq}"),
-        run_bump: format!(
-            "INSERT INTO {runs} (id, epoch) VALUES (1, LAST_INSERT_ID(1)) \
-             ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)"
-        ),
-        run_insert: format!("INSERT IGNORE INTO {run} (id, epoch) VALUES (1, ?)"),
         unpublish: format!("DELETE FROM {h} WHERE name = ? AND conn = CONNECTION_ID()"),
         wait_lock: "SELECT GET_LOCK(?, ?)".to_owned(),
         publish: upsert("IS_USED_LOCK(?) = CONNECTION_ID()"),
@@ -747,6 +756,7 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
         holders: h,
         fencing: FencingScope::Global,
         maria: Some(maria),
+        run: Some(run_sql),
     }
 }
 
@@ -887,7 +897,11 @@ fn is_lost_sequence(err: &sqlx::Error) -> bool {
 /// it lost its row), the durable run counter bumped, the `MEMORY` row
 /// written, and the holder table grown back to its size (a restart
 /// brings a `MEMORY` table down to the server's `max_heap_table_size`).
-async fn start_run(conn: &mut sqlx::MySqlConnection, maria: &MariaSessionSql) -> SqlxResult<()> {
+async fn start_run(
+    conn: &mut sqlx::MySqlConnection,
+    maria: &MariaSessionSql,
+    run: &RunSql,
+) -> SqlxResult<()> {
     let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 10)")
         .bind(maria.run_lock.as_str())
         .fetch_one(&mut *conn)
@@ -897,7 +911,7 @@ async fn start_run(conn: &mut sqlx::MySqlConnection, maria: &MariaSessionSql) ->
             "another client held the start of the server run's tokens for 10 s".into(),
         ));
     }
-    let started: Option<i64> = sqlx::query_scalar(AssertSqlSafe(maria.run_read.as_str()))
+    let started: Option<i64> = sqlx::query_scalar(AssertSqlSafe(run.read.as_str()))
         .fetch_optional(&mut *conn)
         .await?;
     if started.is_none() {
@@ -916,12 +930,12 @@ async fn start_run(conn: &mut sqlx::MySqlConnection, maria: &MariaSessionSql) ->
                 .execute(&mut *conn)
                 .await?;
         }
-        let bumped = sqlx::query(AssertSqlSafe(maria.run_bump.as_str()))
+        let bumped = sqlx::query(AssertSqlSafe(run.bump.as_str()))
             .execute(&mut *conn)
             .await?;
         let epoch = i64::try_from(bumped.last_insert_id())
             .map_err(|_| sqlx::Error::Protocol("run epoch out of range".into()))?;
-        sqlx::query(AssertSqlSafe(maria.run_insert.as_str()))
+        sqlx::query(AssertSqlSafe(run.set.as_str()))
             .bind(epoch)
             .execute(&mut *conn)
             .await?;

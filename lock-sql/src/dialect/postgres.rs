@@ -19,8 +19,8 @@ use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions};
 use crate::dialect::session::SessionSql;
 use crate::dialect::session::{
-    Granted, KillTarget, Killed, OnSession, ServerKey, SessionGrant, SessionLock, pg_idle_timeout,
-    token_of as session_token,
+    Granted, KillTarget, Killed, OnSession, RUN_SHIFT, RunSql, ServerKey, SessionGrant,
+    SessionLock, pg_idle_timeout, suffixed, token_of as session_token,
 };
 
 /// The `application_name` of a session-mode connection holding no grant
@@ -39,8 +39,16 @@ static SESSION: SessionProfile = SessionProfile {
     fencing: FencingScope::Global,
     // No per-key row to carry them (see the session module docs).
     details: false,
-    counter_suffix: "_session_seq",
+    counter_suffix: "_session_useq",
 };
+
+/// The `LOGGED` token sequence of earlier versions (`CACHE 1`, its values
+/// the tokens): the first run's epoch starts above its last value, so the
+/// tokens of [`RunSql`] start above every token it handed out.
+const OLD_SEQUENCE_SUFFIX: &str = "_session_seq";
+
+/// `1 << RUN_SHIFT` in SQL: the first token of run 1, less one.
+const RUN_UNIT: &str = "1099511627776";
 
 /// `now()` in SQL; the release notifies (and answers its row).
 static PROFILE: Profile = Profile {
@@ -376,7 +384,14 @@ impl SessionDialect for Postgres {
     // token and the holder's identity are published in `application_name`
     // for `inspect`. OFFSET 0 keeps the subquery from being flattened into
     // the outer query, so the volatile lock call is evaluated exactly once.
-    fn session_sql(&self, seq: &str) -> SessionSql {
+    fn session_sql(&self, table: &str) -> SessionSql {
+        let q = |suffix: &str| suffixed('"', table, suffix);
+        let (seq, runs, old) = (
+            q(SESSION.counter_suffix),
+            q("_session_runs"),
+            q(OLD_SEQUENCE_SUFFIX),
+        );
+        let seq = seq.as_str();
         // With the grant, the server's own liveness checks move out to the
         // lease's TTL ($3, milliseconds): `idle_session_timeout` ends a
         // silent session no earlier than the TTL after its last statement,
@@ -388,8 +403,34 @@ impl SessionDialect for Postgres {
              set_config('application_name', 'distlock ' || $2 || ' ' || g.t, false) \
              || set_config('idle_session_timeout', $3, false) \
              || set_config('tcp_keepalives_idle', ceil($3::numeric / 1000)::bigint::text, false) END";
+        // The run is started when the sequence is at or above 2^40 (see
+        // `RunSql`): crash recovery resets it to 1.
+        let started = format!("SELECT CAST(0 AS BIGINT) FROM {seq} WHERE last_value >= {RUN_UNIT}");
+        let run = RunSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {runs} (id SMALLINT PRIMARY KEY, epoch BIGINT NOT NULL)"
+            ),
+            open_id: Arc::from(format!(
+                "SELECT CAST(pg_backend_pid() AS BIGINT), ({started})"
+            )),
+            read: started,
+            // Only while the run is not started (a client that started it
+            // meanwhile leaves nothing to do); above every epoch before and
+            // above the old logged sequence's tokens.
+            bump: format!(
+                "WITH s AS (SELECT 1 FROM {seq} WHERE last_value < {RUN_UNIT}) \
+                 INSERT INTO {runs} AS r (id, epoch) \
+                 SELECT 1, COALESCE(pg_sequence_last_value(to_regclass('{old}')), 0) / {RUN_UNIT} + 1 \
+                 FROM s ON CONFLICT (id) DO UPDATE SET epoch = GREATEST(r.epoch + 1, excluded.epoch) \
+                 RETURNING epoch"
+            ),
+            // Raises only (see `pg_start_run`).
+            set: format!("SELECT setval('{seq}', $1) FROM {seq} WHERE last_value < $1"),
+        };
         SessionSql {
-            create: format!("CREATE SEQUENCE IF NOT EXISTS {seq} AS BIGINT CACHE 1 NO CYCLE"),
+            create: format!(
+                "CREATE UNLOGGED SEQUENCE IF NOT EXISTS {seq} AS BIGINT CACHE 1 NO CYCLE"
+            ),
             check: "SELECT seqcache, seqcycle FROM pg_sequence WHERE seqrelid = $1::regclass"
                 .to_owned(),
             grant: format!(
@@ -439,6 +480,7 @@ impl SessionDialect for Postgres {
             holders: String::new(),
             fencing: SESSION.fencing,
             maria: None,
+            run: Some(run),
         }
     }
 
@@ -484,8 +526,28 @@ impl SessionDialect for Postgres {
             let ms = wait.as_millis().max(1);
             query = query.bind(ms.to_string());
         }
-        match query.fetch_one(pg(on.conn)?).await {
-            Ok(row) => Ok(session_token(row.try_get::<Option<i64>, _>(0)?)),
+        let conn = pg(on.conn)?;
+        match query.fetch_one(&mut *conn).await {
+            Ok(row) => match session_token(row.try_get::<Option<i64>, _>(0)?) {
+                // Only a crash resets the sequence below the run's base,
+                // and a crash ends every session: this one cannot have
+                // seen its run started (a pooler kept the client
+                // connection across a server restart, or someone set the
+                // sequence by hand). The lock just taken is given back and
+                // the session reported broken: the caller closes it, and
+                // the next session opened starts a new run.
+                Granted::Token(token) if token < RUN_FIRST => {
+                    sqlx::query("SELECT pg_advisory_unlock($1)")
+                        .bind(grant.lock.server_key.pg)
+                        .execute(&mut *conn)
+                        .await?;
+                    Err(sqlx::Error::Protocol(format!(
+                        "token {token} is below the server run's base: the token sequence was \
+                         reset (a server crash) while this session lived"
+                    )))
+                }
+                granted => Ok(granted),
+            },
             // lock_not_available: lock_timeout ran out.
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
                 Ok(Granted::Held)
@@ -597,6 +659,26 @@ impl SessionDialect for Postgres {
         })
     }
 
+    async fn session_run(&self, on: OnSession<'_>) -> SqlxResult<Option<i64>> {
+        let Some(run) = &on.sql.run else {
+            return Ok(Some(0));
+        };
+        sqlx::query_scalar(AssertSqlSafe(run.read.as_str()))
+            .fetch_optional(pg(on.conn)?)
+            .await
+    }
+
+    async fn start_run(&self, on: OnSession<'_>) -> SqlxResult<()> {
+        match &on.sql.run {
+            Some(run) => pg_start_run(pg(on.conn)?, run).await,
+            None => Ok(()),
+        }
+    }
+
+    fn is_missing_relation(&self, err: &sqlx::Error) -> bool {
+        is_undefined_table(err)
+    }
+
     async fn prepare_session_schema(
         &self,
         on: OnSession<'_>,
@@ -604,9 +686,12 @@ impl SessionDialect for Postgres {
     ) -> SqlxResult<Option<String>> {
         let (conn, sql) = (pg(on.conn)?, on.sql);
         if create {
-            sqlx::query(AssertSqlSafe(sql.create.as_str()))
-                .execute(&mut *conn)
-                .await?;
+            let run = sql.run.iter().map(|run| run.create.as_str());
+            for create in std::iter::once(sql.create.as_str()).chain(run) {
+                sqlx::query(AssertSqlSafe(create))
+                    .execute(&mut *conn)
+                    .await?;
+            }
         }
         let row = sqlx::query(AssertSqlSafe(sql.check.as_str()))
             .bind(sql.counter.as_str())
@@ -623,6 +708,73 @@ impl SessionDialect for Postgres {
         }
         Ok(None)
     }
+}
+
+/// The first token of run 1 (`1 << RUN_SHIFT`): a session-mode token
+/// below it comes from a sequence that crash recovery reset and no client
+/// started the run of (see [`RunSql`]).
+pub(crate) const RUN_FIRST: u64 = 1 << RUN_SHIFT;
+
+/// undefined_table: the sequence or run table is not created yet (the
+/// first connect creates them after its first session opened).
+pub(crate) fn is_undefined_table(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01"))
+}
+
+/// Starts the server run of session mode's tokens (see [`RunSql`]) on
+/// `conn`, a connection of its own, in two transactions (each works behind
+/// a transaction pooler):
+///
+/// 1. the durable run counter bumped, only while the sequence is below
+///    2^40 (not started), with `synchronous_commit` on whatever the
+///    server's default: the commit returns once the new epoch is on disk,
+///    so no crash can hand it out twice;
+/// 2. then, under a transaction-level advisory lock that serializes the
+///    clients starting the run, the sequence raised to `epoch << 40`, only
+///    if it is below (`setval` is not transactional: were it sent before
+///    the bump's commit, an aborted bump would leave the sequence in an
+///    epoch a later run gets again). Two clients starting the same run
+///    each bump the counter (one epoch is skipped); the lock makes the
+///    higher raise win, so the sequence never goes back.
+///
+/// A client that dies between the two leaves a bumped counter and the
+/// run not started: the next client bumps again.
+async fn pg_start_run(conn: &mut sqlx::PgConnection, run: &RunSql) -> SqlxResult<()> {
+    use sqlx::Connection;
+    let mut tx = conn.begin().await?;
+    sqlx::query("SET LOCAL synchronous_commit = on")
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    let epoch: Option<i64> = sqlx::query_scalar(AssertSqlSafe(run.bump.as_str()))
+        .persistent(false)
+        .fetch_optional(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let Some(epoch) = epoch else {
+        return Ok(());
+    };
+    let base = epoch
+        .checked_mul(1 << RUN_SHIFT)
+        .ok_or_else(|| sqlx::Error::Protocol(format!("run epoch {epoch} out of range")))?;
+    let mut tx = conn.begin().await?;
+    sqlx::query("SET LOCAL lock_timeout = '10s'")
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1), 0)")
+        .persistent(false)
+        .bind(run.create.as_str())
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(AssertSqlSafe(run.set.as_str()))
+        .persistent(false)
+        .bind(base)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    tracing::info!(epoch, "started the server run of session tokens");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -91,7 +91,58 @@ pub(crate) struct SessionSql {
     /// MariaDB 10.3 and later: the statements of the sequence token and
     /// the `MEMORY` holder table; `None` elsewhere.
     pub(crate) maria: Option<MariaSessionSql>,
+    /// The server run's statements where tokens come from a sequence that
+    /// a crash can take back (PostgreSQL, MariaDB 10.3+; see [`RunSql`]);
+    /// `None` on MySQL's per-key token rows.
+    pub(crate) run: Option<RunSql>,
 }
+
+/// # Server runs
+///
+/// Where a session grant's token comes from a sequence that a crash can
+/// take back (PostgreSQL's `UNLOGGED` sequence is reset to its start by
+/// crash recovery; MariaDB 10.11 does not flush a sequence's writes), the
+/// tokens of a server run are lifted above those of every run before by
+/// the run's **epoch**: a durable counter (`<table>_session_runs`, a
+/// logged / InnoDB row, one flushed commit per run) bumped by the first
+/// client of a run, before any grant of the run. What marks a run as
+/// started is emptied by the same crash that takes the sequence back, so
+/// a new run is always started anew:
+///
+/// - PostgreSQL: the sequence itself. The run starts with
+///   `setval(seq, epoch << 40)` (only ever raising it, under a
+///   transaction-level advisory lock), so a token is `nextval` alone, and a
+///   value below 2^40 means the crash reset it and no client started the
+///   run yet (`dialect::postgres`, `pg_start_run`);
+/// - MariaDB: a `MEMORY` row holding the epoch, which each session reads
+///   once and adds to `NEXTVAL` (see [`MariaSessionSql`]).
+///
+/// A session reads whether the run is started when it opens (in the same
+/// round trip as its server id, [`open_id`](Self::open_id)), and, when not,
+/// starts it on a connection of its own before its first grant: a session
+/// never outlives the run it was opened in (a crash ends every session).
+#[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]
+#[derive(Clone, Debug)]
+pub(crate) struct RunSql {
+    /// Creates the durable run counter (`<table>_session_runs`).
+    pub(crate) create: String,
+    /// The run's token base: one row when the run is started (PostgreSQL:
+    /// 0, the sequence carries the epoch; MariaDB: `epoch << 40`), none
+    /// before.
+    pub(crate) read: String,
+    /// A new session's id and [`read`](Self::read)'s base (`NULL`: not
+    /// started), in one round trip.
+    pub(crate) open_id: Arc<str>,
+    /// The durable bump of the run counter (flushed at commit).
+    pub(crate) bump: String,
+    /// Makes the bumped epoch the run's (PostgreSQL: raises the sequence
+    /// to `epoch << 40`; MariaDB: writes the `MEMORY` row).
+    pub(crate) set: String,
+}
+
+/// The first token of run `epoch`, less one: `epoch << 40`. A run hands
+/// out fewer than 2^40 tokens; 2^23 runs fit a signed `BIGINT`.
+pub(crate) const RUN_SHIFT: u32 = 40;
 
 /// # Session tokens on MariaDB
 ///
@@ -130,9 +181,9 @@ pub(crate) struct SessionSql {
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 #[derive(Clone, Debug)]
 pub(crate) struct MariaSessionSql {
-    /// The `CREATE`s after the holder table's: the sequence, the durable
-    /// run counter, the run's `MEMORY` row.
-    pub(crate) creates: [String; 3],
+    /// The `CREATE`s after the holder table's: the sequence and the run's
+    /// `MEMORY` row (the durable run counter's is [`RunSql::create`]).
+    pub(crate) creates: [String; 2],
     /// The holder table's `MAX_DATA_LENGTH` (binds: schema or `NULL`, table).
     pub(crate) heap_size: String,
     /// The holder table's schema (`None`: the connection's database) and
@@ -140,21 +191,11 @@ pub(crate) struct MariaSessionSql {
     pub(crate) holders_name: (Option<String>, String),
     /// Rebuilds the holder table with the session's `max_heap_table_size`.
     pub(crate) heap_grow: String,
-    /// The run's token base (no row: the server restarted since the last
-    /// run was started).
-    pub(crate) run_read: String,
-    /// A new session's id and the run's token base (`NULL`: not started),
-    /// in one round trip.
-    pub(crate) open_id: Arc<str>,
     /// The `GET_LOCK` name that serializes the start of a run.
     pub(crate) run_lock: String,
     /// The sequence probe, and its `DROP` (a sequence that lost its row).
     pub(crate) sequence_probe: String,
     pub(crate) sequence_drop: String,
-    /// The durable bump of the run counter (the new epoch in the OK packet).
-    pub(crate) run_bump: String,
-    /// Writes the run's epoch (the first writer of a run wins).
-    pub(crate) run_insert: String,
     /// The waiting grant: its session's stale row of the key, the wait,
     /// the publication.
     pub(crate) unpublish: String,
@@ -162,19 +203,6 @@ pub(crate) struct MariaSessionSql {
     pub(crate) publish: String,
     /// Deletes the rows whose lock is not held by the session they name.
     pub(crate) collect: String,
-}
-
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-impl MariaSessionSql {
-    /// The run's token base (no row: the run is not started).
-    pub(crate) fn run_read(&self) -> &str {
-        &self.run_read
-    }
-
-    /// A new session's id and the run's token base, in one statement.
-    pub(crate) fn open_id(&self) -> &Arc<str> {
-        &self.open_id
-    }
 }
 
 /// `table` with `suffix` appended to its last part (`schema.t` ->
@@ -187,8 +215,7 @@ pub(crate) fn suffixed(quote: char, table: &str, suffix: &str) -> String {
 impl SessionSql {
     /// The statements of `dialect` for lease table `table` (validated).
     pub(crate) fn new(dialect: &dyn SessionDialect, table: &str) -> Self {
-        let suffix = dialect.session_profile().counter_suffix;
-        dialect.session_sql(&suffixed(dialect.profile().quote, table, suffix))
+        dialect.session_sql(table)
     }
 }
 

@@ -15,6 +15,7 @@ use super::{
     token_of,
 };
 use crate::config::SqlDialect;
+use crate::dialect::postgres::RUN_FIRST;
 use crate::dialect::{first_token, lease_upsert, quote_with};
 
 /// The savepoint a wait runs in.
@@ -31,17 +32,27 @@ pub(super) fn sql(kind: TransactionLockKind, table: &str) -> Result<TxSql, LockE
             );
             let seq = &session.counter;
             // CASE evaluates its branches in order and only as needed:
-            // nextval runs only once the lock is held.
+            // nextval runs only once the lock is held, and nothing is
+            // locked while the server run is not started (the sequence
+            // below 2^40, see `RunSql`): -1 then. Checked in each
+            // statement, since a pooler may keep this connection across a
+            // server restart, and an xact lock cannot be given back.
+            let not_started = format!("WHEN (SELECT last_value FROM {seq}) < {RUN_FIRST} THEN -1");
+            let mut create = vec![session.create.clone()];
+            create.extend(session.run.iter().map(|run| run.create.clone()));
             TxSql {
                 try_grant: format!(
-                    "SELECT CASE WHEN pg_try_advisory_xact_lock($1) THEN nextval('{seq}') END"
+                    "SELECT CASE {not_started} \
+                     WHEN pg_try_advisory_xact_lock($1) THEN nextval('{seq}') END"
                 ),
                 wait_grant: format!(
-                    "SELECT CASE WHEN set_config('lock_timeout', $2, true) IS NULL THEN NULL \
+                    "SELECT CASE {not_started} \
+                     WHEN set_config('lock_timeout', $2, true) IS NULL THEN NULL \
                      WHEN pg_advisory_xact_lock($1)::text IS NULL THEN NULL \
                      ELSE nextval('{seq}') END"
                 ),
-                create: vec![session.create.clone()],
+                create,
+                session: Some(session),
             }
         }
         TransactionLockKind::Row => {
@@ -73,14 +84,21 @@ pub(super) fn sql(kind: TransactionLockKind, table: &str) -> Result<TxSql, LockE
                      ELSE pg_advisory_xact_lock($4)::text IS NOT NULL END",
                 ),
                 create: statements.create.iter().map(|s| s.to_string()).collect(),
+                session: None,
             }
         }
     })
 }
 
+/// A statement's answer when the server run of session mode's tokens is
+/// not started (nothing was locked).
+const NOT_STARTED: i64 = -1;
+
 /// What one waiting statement did.
 enum Waited {
     Granted(u64),
+    /// Session mode's server run is not started: nothing was locked.
+    NotStarted,
     /// The advisory lock was had, but a live lease holds the row.
     Leased,
     /// `lock_timeout` ran out (the savepoint was rolled back).
@@ -88,6 +106,46 @@ enum Waited {
 }
 
 impl TransactionLocks {
+    /// Starts the server run of session mode's tokens (see `RunSql`) on a
+    /// connection of its own (the caller's transaction cannot commit the
+    /// run's epoch), once per grant: `started` says it was done already,
+    /// and a grant that still finds the run not started fails (something
+    /// resets the sequence faster than it is started).
+    async fn start_run(
+        &self,
+        operation: lock_core::Operation,
+        key: &LockKey,
+        started: &mut bool,
+    ) -> Result<(), LockError> {
+        let not_started = || {
+            LockError::new(
+                lock_core::ErrorKind::Unavailable,
+                operation,
+                "the server run of the session tokens was started, yet the token sequence \
+                 is still below its base",
+            )
+            .with_key(key)
+            .with_backend(crate::config::NAME)
+        };
+        let Some(session) = self.sql.session.as_ref().filter(|_| !*started) else {
+            return Err(not_started());
+        };
+        *started = true;
+        let dialect = crate::dialect::session_of(SqlDialect::Postgres)?;
+        let options = crate::dialect::of(SqlDialect::Postgres)?.connect_options(&self.config)?;
+        let start = async {
+            let mut conn = options.connect().await?;
+            let on = crate::dialect::session::OnSession {
+                conn: &mut conn,
+                sql: session,
+                run_base: 0,
+            };
+            dialect.start_run(on).await
+        };
+        self.bounded(operation, Some(key), self.config.op_timeout * 2, start)
+            .await
+    }
+
     /// The grant statement `sql` with its binds (`wait_ms` for the wait).
     fn pg_grant<'q>(
         &'q self,
@@ -139,8 +197,8 @@ impl TransactionLocks {
             .await;
         match granted {
             Ok(row) => {
-                let token = match row {
-                    Some(row) => token_of(row.try_get::<Option<i64>, _>(0)?),
+                let raw = match row {
+                    Some(row) => row.try_get::<Option<i64>, _>(0)?,
                     None => None,
                 };
                 // The lock (acquired in the savepoint) stays the
@@ -151,7 +209,11 @@ impl TransactionLocks {
                 )))
                 .execute(&mut *conn)
                 .await?;
-                Ok(token.map_or(Waited::Leased, Waited::Granted))
+                Ok(match (raw, token_of(raw)) {
+                    (Some(NOT_STARTED), _) => Waited::NotStarted,
+                    (_, Some(token)) => Waited::Granted(token),
+                    (_, None) => Waited::Leased,
+                })
             }
             Err(err @ sqlx::Error::Database(_)) => {
                 // The statement failed, the transaction with it: back to
@@ -187,18 +249,24 @@ impl sealed::Driver for sqlx::Postgres {
         let operation = operation_of(deadline);
         let op_timeout = locks.config.op_timeout;
         let details = HolderDetails::encode_current();
-        let tried = locks
-            .pg_grant(&locks.sql.try_grant, key, owner, &details, None)
-            .fetch_optional(&mut *conn);
-        let row = locks
-            .bounded(operation, Some(key), op_timeout, tried)
-            .await?;
-        let token = match row {
-            Some(row) => token_of(
-                row.try_get::<Option<i64>, _>(0)
+        let mut started = false;
+        let token = loop {
+            let tried = locks
+                .pg_grant(&locks.sql.try_grant, key, owner, &details, None)
+                .fetch_optional(&mut *conn);
+            let row = locks
+                .bounded(operation, Some(key), op_timeout, tried)
+                .await?;
+            let raw = match row {
+                Some(row) => row
+                    .try_get::<Option<i64>, _>(0)
                     .map_err(|e| locks.failed(operation, Some(key), e))?,
-            ),
-            None => None,
+                None => None,
+            };
+            if raw != Some(NOT_STARTED) {
+                break token_of(raw);
+            }
+            locks.start_run(operation, key, &mut started).await?;
         };
         if token.is_some() {
             return Ok(token);
@@ -218,6 +286,7 @@ impl sealed::Driver for sqlx::Postgres {
                 .await?
             {
                 Waited::Granted(token) => return Ok(Some(token)),
+                Waited::NotStarted => locks.start_run(operation, key, &mut started).await?,
                 Waited::TimedOut => return Ok(None),
                 // Row mode: a live lease; poll (the advisory lock is kept,
                 // so the next transaction lock waits behind this one).
