@@ -26,7 +26,7 @@ async fn alone(url: &str) -> Arc<dyn Contender> {
     (alone.connect)(url, TTL)
         .await
         .unwrap()
-        .expect("one server")
+        .expect("a form with a library alone")
 }
 
 /// `baseline` cycles on a free key and is refused on a key the driver
@@ -79,6 +79,20 @@ async fn redis_rs_alone_takes_the_drivers_lock() {
         return;
     };
     let url = |prefix: &str| format!("{}?prefix={prefix}&timeout=2s", server.url());
+    let baseline = alone(&url("alone:")).await;
+    let wrong = alone(&url("elsewhere:")).await;
+    excludes_with_the_driver(&url("alone:"), &*baseline, &*wrong).await;
+}
+
+/// Redlock: redis-rs alone on five nodes takes the lock on a majority, as
+/// the driver does; refused while the driver holds the key on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_rs_alone_takes_the_redlock_drivers_lock() {
+    let Some(servers) = RedisServer::start_many(5).await.or_skip() else {
+        return;
+    };
+    let nodes = RedisServer::redlock_url(&servers);
+    let url = |prefix: &str| format!("{nodes}?prefix={prefix}&timeout=2s");
     let baseline = alone(&url("alone:")).await;
     let wrong = alone(&url("elsewhere:")).await;
     excludes_with_the_driver(&url("alone:"), &*baseline, &*wrong).await;

@@ -8,11 +8,12 @@
 //! One entry per driver that speaks through a client library in
 //! [`for_driver`]: ZooKeeper ([`zk::ZkCrateAlone`](crate::zk::ZkCrateAlone),
 //! `zookeeper-client`), etcd ([`etcd::EtcdCrateAlone`](crate::etcd::EtcdCrateAlone),
-//! `etcd-client`) and Redis on one server
-//! ([`redis::RedisCrateAlone`](crate::redis::RedisCrateAlone), redis-rs).
-//! The SQL drivers' library (sqlx) is the floors' own connection already,
-//! and Redlock's, Sentinel's and Cluster's cycles are more than one
-//! server's requests: none for them.
+//! `etcd-client`), Redis on one server
+//! ([`redis::RedisCrateAlone`](crate::redis::RedisCrateAlone), redis-rs)
+//! and Redlock ([`redis::RedlockCrateAlone`](crate::redis::RedlockCrateAlone),
+//! redis-rs, one connection per node). The SQL drivers' library (sqlx) is
+//! the floors' own connection already, and Sentinel's and Cluster's cycles
+//! go through the crate's discovery and routing: none for them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +25,7 @@ use crate::BoxFuture;
 
 /// Connects one crate-alone client for a URL, every grant asking for the
 /// given TTL where the backend's grants carry one: `Ok(None)` when this
-/// URL's form has none (Redlock, Sentinel, Cluster).
+/// URL's form has none (Sentinel, Cluster).
 pub type CrateAloneFn =
     for<'a> fn(&'a str, Duration) -> BoxFuture<'a, Result<Option<Arc<dyn Contender>>, LockError>>;
 
@@ -63,11 +64,17 @@ fn redis_alone(
 ) -> BoxFuture<'_, Result<Option<Arc<dyn Contender>>, LockError>> {
     Box::pin(async move {
         let config = lock_redis::RedisConfig::from_url(url)?;
-        if !matches!(config.topology(), lock_redis::RedisTopology::Single(_)) {
-            return Ok(None);
+        match config.topology() {
+            lock_redis::RedisTopology::Single(_) => {
+                let alone = crate::redis::RedisCrateAlone::connect(url, ttl).await?;
+                Ok(Some(Arc::new(alone) as Arc<dyn Contender>))
+            }
+            lock_redis::RedisTopology::Redlock(_) => {
+                let alone = crate::redis::RedlockCrateAlone::connect(url, ttl).await?;
+                Ok(Some(Arc::new(alone) as Arc<dyn Contender>))
+            }
+            _ => Ok(None),
         }
-        let alone = crate::redis::RedisCrateAlone::connect(url, ttl).await?;
-        Ok(Some(Arc::new(alone) as Arc<dyn Contender>))
     })
 }
 

@@ -39,6 +39,7 @@
 mod crate_alone;
 mod permits;
 mod redlock;
+mod redlock_alone;
 mod resp;
 
 use std::fmt;
@@ -57,6 +58,7 @@ use tokio::net::TcpStream;
 pub use crate_alone::{RedisCrateAlone, cycle_requests};
 pub use permits::RedisPermitFloor;
 pub use redlock::RedlockFloor;
+pub use redlock_alone::RedlockCrateAlone;
 use resp::Reply;
 
 /// The backend name the floors' errors carry (the driver's).

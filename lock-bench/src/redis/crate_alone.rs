@@ -30,7 +30,7 @@ use async_trait::async_trait;
 use conformance::bench::Contender;
 use lock_core::{ErrorKind, HolderDetails, LockError, LockKey, Operation, OwnerId, with_timeout};
 use lock_redis::keys::{KeyNames, Scripts};
-use lock_redis::{RedisConfig, RedisTopology};
+use lock_redis::{RedisConfig, RedisNode, RedisTopology};
 
 use super::{NAME, floor_config, unsupported};
 
@@ -94,7 +94,7 @@ impl std::fmt::Debug for RedisCrateAlone {
 
 /// A redis-rs error as a [`LockError`] of `operation` (its text only: the
 /// crate's errors never carry the password).
-fn crate_error(operation: Operation, err: &::redis::RedisError) -> LockError {
+pub(super) fn crate_error(operation: Operation, err: &::redis::RedisError) -> LockError {
     LockError::new(
         ErrorKind::Backend,
         operation,
@@ -111,11 +111,46 @@ fn connection_url(config: &RedisConfig) -> Result<String, LockError> {
             "redis-rs alone is measured on one server",
         ));
     };
+    Ok(node_url(config, node))
+}
+
+/// `redis://[user:password@]host:port/db` for `node` with `config`'s
+/// credentials and database.
+pub(super) fn node_url(config: &RedisConfig, node: &RedisNode) -> String {
     let auth = match config.credentials() {
         (user, Some(password)) => format!("{}:{password}@", user.unwrap_or_default()),
         _ => String::new(),
     };
-    Ok(format!("redis://{auth}{node}/{}", config.database()))
+    format!("redis://{auth}{node}/{}", config.database())
+}
+
+/// One multiplexed connection of the crate to `url` with the driver's
+/// data-connection settings (`settings`), the driver's two scripts
+/// loaded on it, within `budget`.
+pub(super) async fn connect_loaded(
+    url: String,
+    settings: &::redis::AsyncConnectionConfig,
+    scripts: &Scripts,
+    budget: Duration,
+) -> Result<MultiplexedConnection, LockError> {
+    let op = Operation::Connect;
+    let client = ::redis::Client::open(url).map_err(|e| crate_error(op, &e))?;
+    with_timeout(budget, op, async {
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(settings)
+            .await
+            .map_err(|e| crate_error(op, &e))?;
+        for code in [scripts.acquire.code, scripts.release.code] {
+            let _: String = ::redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(code)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| crate_error(op, &e))?;
+        }
+        Ok(conn)
+    })
+    .await
 }
 
 impl RedisCrateAlone {
@@ -136,30 +171,12 @@ impl RedisCrateAlone {
     /// Safe: dropping the future closes the half-made connection.
     pub async fn connect(url: &str, ttl: Duration) -> Result<Self, LockError> {
         let config = floor_config(url)?;
-        let op = Operation::Connect;
-        let client =
-            ::redis::Client::open(connection_url(&config)?).map_err(|e| crate_error(op, &e))?;
+        let url = connection_url(&config)?;
         // The driver's own data-connection settings (its connect timeout
         // and redis-rs's per-request response timeout).
         let settings = config.connection_config();
         let scripts = Scripts::new();
-        let budget = config.timeout() * 2;
-        let conn = with_timeout(budget, op, async {
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&settings)
-                .await
-                .map_err(|e| crate_error(op, &e))?;
-            for code in [scripts.acquire.code, scripts.release.code] {
-                let _: String = ::redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(code)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| crate_error(op, &e))?;
-            }
-            Ok(conn)
-        })
-        .await?;
+        let conn = connect_loaded(url, &settings, &scripts, config.timeout() * 2).await?;
         Ok(Self {
             conn,
             scripts,
