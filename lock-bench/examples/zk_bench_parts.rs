@@ -30,9 +30,12 @@ async fn main() -> Result<(), BoxError> {
         .unwrap_or(2000);
     let server = ZkServer::start().await?;
     let url = format!("{}?session_timeout=10s", server.url());
-    // The raw crate's client first: lock-zk's connect sets TCP_NODELAY on
-    // every socket of the process connected to the ensemble, so the raw
-    // client's gets it too and the two pipeline alike.
+    // Each zookeeper-client session writes the create and the list behind
+    // it in one write or in two (Nagle then holds the list for the create's
+    // reply: 3 round trips a cycle instead of 2), fixed per session by the
+    // crate's select order (see lock-zk's crate docs). A p50 ratio of two
+    // sessions is only like with like when both took the same branch:
+    // `zk_transport` (RTT_US=0) counts each side's round trips.
     let raw = zk::Client::connect(&server.connect_string()).await?;
     let floor = ZkFloor::connect(&url).await?;
     let backend = lock_zk::connect(&url).await?;

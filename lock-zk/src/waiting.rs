@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::{
-    ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, RetryPolicy,
+    Backoff, ErrorKind, FencingToken, Lease, LockError, LockKey, Operation, OwnerId, RetryPolicy,
     SessionState, check_ttl, saturating_add,
 };
 use tokio::sync::watch;
@@ -575,7 +575,16 @@ impl Waiting {
         F: FnMut(Arc<Session>) -> A,
         A: Future<Output = Result<Option<Lease>, AttemptError>>,
     {
-        let mut backoff = RetryPolicy::default().backoff();
+        // Made at the first retry: seeding it reads the OS's randomness
+        // (a system call), which an attempt that succeeds at once, nearly
+        // every acquire, has no use for.
+        let mut backoff: Option<Backoff> = None;
+        let mut next_delay = move || {
+            backoff
+                .get_or_insert_with(|| RetryPolicy::default().backoff())
+                .next_delay()
+                .unwrap_or(Duration::from_millis(100))
+        };
         let mut tries_left: u32 = 2;
         loop {
             let session = self
@@ -594,7 +603,7 @@ impl Waiting {
                             .is_some_and(|d| Instant::now() + Duration::from_millis(100) < d) =>
                 {
                     tracing::debug!(%key, %err, "{what} failed; retrying");
-                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
+                    let delay = next_delay();
                     tokio::time::sleep(delay).await;
                 }
                 Err(AttemptError::Lock(err)) => return Err(err),
@@ -602,7 +611,7 @@ impl Waiting {
                     // Our nodes went with the session. A new session may
                     // try again while the wait deadline allows.
                     tries_left = tries_left.saturating_sub(1);
-                    let delay = backoff.next_delay().unwrap_or(Duration::from_millis(100));
+                    let delay = next_delay();
                     let can_retry = match deadline {
                         Some(deadline) => Instant::now() + delay < deadline,
                         None => tries_left > 0,
