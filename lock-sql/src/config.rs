@@ -97,6 +97,14 @@ impl SqlLayout {
     }
 }
 
+/// Session mode on MariaDB: how long a grant is held before its holder
+/// row is written, by default (see `SqlConfig::publish_delay`).
+pub(crate) const DEFAULT_PUBLISH_DELAY: Duration = Duration::from_millis(10);
+
+/// The longest accepted `publish_delay` (`inspect` of a lock younger than
+/// it waits for its row).
+pub(crate) const MAX_PUBLISH_DELAY: Duration = Duration::from_secs(1);
+
 /// The default lease table name.
 pub const DEFAULT_TABLE: &str = "distlock_leases";
 
@@ -122,6 +130,7 @@ pub const MAX_TABLE_LEN: usize = 48;
 /// | `pool_size` | maximum pooled connections | 10 (SQLite file: 4, `:memory:`: 1) |
 /// | `busy_timeout` | SQLite busy timeout (waiting for another process's write lock) | `5s` |
 /// | `recheck` | PostgreSQL waiters' bounded re-check interval besides `NOTIFY` | `1s` |
+/// | `publish_delay` | session mode on MariaDB: how long a grant is held before its holder row is written (`0ms`: right after the grant, still off the caller's path; see the crate docs) | `10ms` |
 /// | `create_table` | create the table if missing (`true`/`false`) | `true` |
 /// | `mode` | `row` (lease table) or `session` (server-session locks; PostgreSQL and MySQL/MariaDB only) | `row` |
 /// | `fair` | FIFO mutex waiting (`true`/`false`; row mode only, see the crate docs' "Fair mode") | `false` |
@@ -148,6 +157,10 @@ pub struct SqlConfig {
     pub(crate) pool_size: Option<u32>,
     pub(crate) busy_timeout: Duration,
     pub(crate) recheck: Duration,
+    /// Session mode on MariaDB: a grant's holder row is written once the
+    /// lock has been held this long (see `grants::session`, "Lazy holder
+    /// rows").
+    pub(crate) publish_delay: Duration,
     pub(crate) create_table: bool,
     pub(crate) poll: RetryPolicy,
     pub(crate) mode: SqlMode,
@@ -171,6 +184,7 @@ impl fmt::Debug for SqlConfig {
             .field("pool_size", &self.pool_size)
             .field("busy_timeout", &self.busy_timeout)
             .field("recheck", &self.recheck)
+            .field("publish_delay", &self.publish_delay)
             .field("create_table", &self.create_table)
             .field("mode", &self.mode)
             .field("fair", &self.fair)
@@ -257,6 +271,9 @@ impl SqlConfig {
         if let Some(recheck) = positive("recheck", options.duration("recheck")?)? {
             config.recheck = recheck;
         }
+        if let Some(delay) = options.duration("publish_delay")? {
+            config = config.publish_delay(delay)?;
+        }
         if let Some(create) = options.flag("create_table")? {
             config.create_table = create;
         }
@@ -329,6 +346,7 @@ impl SqlConfig {
             pool_size: None,
             busy_timeout: Duration::from_secs(5),
             recheck: Duration::from_secs(1),
+            publish_delay: DEFAULT_PUBLISH_DELAY,
             create_table: true,
             poll: RetryPolicy {
                 initial: Duration::from_millis(5),
@@ -442,6 +460,25 @@ impl SqlConfig {
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self
+    }
+
+    /// Sets how long a session-mode grant on MariaDB is held before its
+    /// holder row (what `inspect`, `list` and `force_release` read) is
+    /// written, off the caller's path; a lock released sooner never writes
+    /// one.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) above 1 s
+    /// (`inspect` of a lock younger than the delay waits for its row).
+    pub fn publish_delay(mut self, delay: Duration) -> Result<Self, LockError> {
+        if delay > MAX_PUBLISH_DELAY {
+            return Err(LockError::config(format!(
+                "publish_delay must be at most {MAX_PUBLISH_DELAY:?} (inspect waits for it)"
+            )));
+        }
+        self.publish_delay = delay;
+        Ok(self)
     }
 
     /// Sets PostgreSQL waiters' re-check interval (a waiter re-tries at the

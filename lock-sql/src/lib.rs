@@ -80,7 +80,9 @@
 //! - Session mode on MariaDB 10.3+ takes tokens from a sequence plus the
 //!   server run's epoch (global, rising across crashes: the sequence alone
 //!   falls back after a SIGKILL) and publishes holders in a `MEMORY`
-//!   table; MySQL (no sequences) keeps a token row per key, untested here.
+//!   table, lazily: only for a lock held past `publish_delay` (10 ms), so
+//!   `inspect` of a younger lock waits for its row and `list` waits that
+//!   long first; MySQL (no sequences) keeps a token row per key, untested here.
 //!   Old-version (token-row) and new-version clients on one MariaDB
 //!   database exclude each other but are not fenced against each other:
 //!   stop the old ones first.

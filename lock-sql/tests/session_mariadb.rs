@@ -17,5 +17,6 @@ async fn mariadb_session() {
     session_common::round_trips(&target).await;
     session_common::rows::mysql_token_rows(&target).await;
     session_common::rows::mariadb_waiting_grant_window(&target).await;
+    session_common::rows::mariadb_publication_race(&target).await;
     session_common::scenarios(&target).await;
 }

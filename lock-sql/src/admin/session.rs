@@ -220,6 +220,10 @@ impl SessionAdmin {
         let after = list_start(cursor, limit)?;
         let op_timeout = self.inner.config.op_timeout;
         let timed_out = || admin_timeout("list");
+        // MariaDB: every lock granted before this call has its row.
+        if let Some(lag) = self.inner.publication_lag() {
+            tokio::time::sleep(lag).await;
+        }
         let mut used = self.inner.any(Instant::now() + op_timeout).await?;
         let pattern = like_prefix(prefix);
         let page = ListPage {
@@ -270,6 +274,12 @@ impl SessionAdmin {
         };
         let sql = &self.inner.sql;
         let timed_out = || admin_timeout("force_release");
+        // MariaDB: the holder's other locks granted before this call have
+        // their rows (twice the lag: the count of them is what spares a
+        // session holding more than this lock).
+        if let Some(lag) = self.inner.publication_lag() {
+            tokio::time::sleep(lag * 2).await;
+        }
         let mut used = self.inner.any(Instant::now() + op_timeout).await?;
         for _ in 0..3 {
             let session = used.session().ok_or_else(closed)?;

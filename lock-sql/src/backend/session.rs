@@ -226,6 +226,16 @@ impl SqlSessionBackend {
         self.inner.held.set_exclusion(on);
     }
 
+    /// For tests of this crate's safety checks only: `false` turns off the
+    /// check that a MariaDB grant is still held when its deferred holder
+    /// row is written (see the crate docs, "Lazy holder rows"), so that a
+    /// publication can write a released grant's row. Never turn it off in
+    /// use.
+    #[doc(hidden)]
+    pub fn set_publication_check(&self, on: bool) {
+        self.inner.held.set_publication_check(on);
+    }
+
     /// Always an error: session mode holds a server session lock (an
     /// advisory lock, `GET_LOCK`) and no row with an owner and a token, so
     /// no statement of another connection can check, atomically with its

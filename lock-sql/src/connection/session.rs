@@ -702,11 +702,26 @@ impl Sessions {
         }
     }
 
+    /// MariaDB, whose holder rows are written lazily (see
+    /// `grants::session`, "Lazy holder rows"): how long after a grant its
+    /// row is written at the latest, scheduling allowing; `None` where the
+    /// grant publishes itself.
+    pub(crate) fn publication_lag(&self) -> Option<Duration> {
+        self.sql
+            .maria
+            .as_ref()
+            .map(|_| self.config.publish_delay + PUBLISH_MARGIN)
+    }
+
     /// `key` as this database's server lock sees it.
     pub(crate) fn server_key(&self, key: &LockKey) -> ServerKey {
         ServerKey::of(self.config.dialect, &self.config.table, key.as_str())
     }
 }
+
+/// How much longer than the publication delay a holder row may take (the
+/// publication's task wakes, takes the session, writes).
+const PUBLISH_MARGIN: Duration = Duration::from_millis(50);
 
 /// PostgreSQL's lean grant: the lock and its token, and the grant
 /// published, on a session whose idle timeout and TCP keep-alive are armed
@@ -889,6 +904,28 @@ impl Session {
     pub(crate) async fn release(&mut self, sql: &SessionSql, key: &ServerKey) -> SqlxResult<bool> {
         let (dialect, on) = self.on(sql);
         dialect.session_release(on, key).await
+    }
+
+    /// Writes a grant's holder row (see [`SessionDialect::session_publish`]).
+    pub(crate) async fn publish(
+        &mut self,
+        sql: &SessionSql,
+        publication: &crate::dialect::session::Publication<'_>,
+    ) -> SqlxResult<bool> {
+        let (dialect, on) = self.on(sql);
+        dialect.session_publish(on, publication).await
+    }
+
+    /// Deletes the holder row a publication wrote (see
+    /// [`SessionDialect::session_withdraw`]).
+    pub(crate) async fn withdraw(
+        &mut self,
+        sql: &SessionSql,
+        key: &[u8],
+        token: u64,
+    ) -> SqlxResult<()> {
+        let (dialect, on) = self.on(sql);
+        dialect.session_withdraw(on, key, token).await
     }
 
     /// The keep-alive: a cheap query that also tells whether this session

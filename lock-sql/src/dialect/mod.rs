@@ -25,7 +25,8 @@ use crate::config::{SqlConfig, SqlDialect};
 use crate::connection::{DbConn, DbOptions};
 use crate::dialect::session::SessionSql;
 use crate::dialect::session::{
-    Granted, KillTarget, Killed, ListPage, OnSession, ServerKey, SessionGrant, SessionLock,
+    Granted, KillTarget, Killed, ListPage, OnSession, Publication, ServerKey, SessionGrant,
+    SessionLock,
 };
 
 #[cfg(feature = "mysql")]
@@ -680,6 +681,21 @@ pub(crate) trait SessionDialect: Dialect {
 
     /// Releases the lock; `true` when this session held it.
     async fn session_release(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool>;
+
+    /// Writes a grant's holder row once it has been held for the
+    /// publication delay (MariaDB, see `grants::session`, "Lazy holder
+    /// rows"), only while this session holds the lock: whether it was
+    /// written. Nothing where the grant publishes itself (PostgreSQL,
+    /// MySQL's token rows): `false`.
+    async fn session_publish(
+        &self,
+        on: OnSession<'_>,
+        publication: &Publication<'_>,
+    ) -> SqlxResult<bool>;
+
+    /// Deletes the holder row a publication wrote for the grant `token`
+    /// of `key` (run by its release, on the same session).
+    async fn session_withdraw(&self, on: OnSession<'_>, key: &[u8], token: u64) -> SqlxResult<()>;
 
     /// The keep-alive: does this session still hold the lock?
     async fn session_holds(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool>;

@@ -21,8 +21,8 @@ use super::{
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions};
 use crate::dialect::session::{
-    Granted, KillTarget, Killed, ListPage, OnSession, ServerKey, SessionGrant, SessionLock,
-    mysql_wait_timeout, token_of as session_token,
+    Granted, KillTarget, Killed, ListPage, OnSession, Publication, ServerKey, SessionGrant,
+    SessionLock, mysql_wait_timeout, token_of as session_token,
 };
 use crate::dialect::session::{MariaSessionSql, RunSql, SessionSql};
 use crate::error::{is_duplicate_column, is_missing_column};
@@ -412,6 +412,29 @@ impl SessionDialect for MySql {
         answers_one(on.conn, &on.sql.release, key).await
     }
 
+    async fn session_publish(
+        &self,
+        on: OnSession<'_>,
+        publication: &Publication<'_>,
+    ) -> SqlxResult<bool> {
+        match &on.sql.maria {
+            Some(maria) => publish_holder(my(on.conn)?, maria, publication).await,
+            None => Ok(false),
+        }
+    }
+
+    async fn session_withdraw(&self, on: OnSession<'_>, key: &[u8], token: u64) -> SqlxResult<()> {
+        let Some(maria) = &on.sql.maria else {
+            return Ok(());
+        };
+        sqlx::query(AssertSqlSafe(maria.withdraw.as_str()))
+            .bind(key)
+            .bind(i64::try_from(token).unwrap_or(i64::MAX))
+            .execute(my(on.conn)?)
+            .await
+            .map(drop)
+    }
+
     async fn session_holds(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool> {
         answers_one(on.conn, &on.sql.holds, key).await
     }
@@ -671,15 +694,15 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
         Some((schema, name)) => (Some(schema.to_owned()), name.to_owned()),
         None => (None, format!("{table}_session_holders")),
     };
-    let upsert = |condition: &str| {
-        format!(
-            "INSERT INTO {h} (name, token, owner, conn, lock_name, details) \
-             SELECT ?, LAST_INSERT_ID(? + NEXTVAL({seq})), ?, CONNECTION_ID(), ?, ? FROM DUAL \
-             WHERE {condition} \
-             ON DUPLICATE KEY UPDATE token = VALUES(token), owner = VALUES(owner), \
-             conn = VALUES(conn), lock_name = VALUES(lock_name), details = VALUES(details)"
-        )
-    };
+    // The token is the grant's (bound), written only while this
+    // connection holds the lock.
+    let publish = format!(
+        "INSERT INTO {h} (name, token, owner, conn, lock_name, details) \
+         SELECT ?, ?, ?, CONNECTION_ID(), ?, ? FROM DUAL \
+         WHERE IS_USED_LOCK(?) = CONNECTION_ID() \
+         ON DUPLICATE KEY UPDATE token = VALUES(token), owner = VALUES(owner), \
+         conn = VALUES(conn), lock_name = VALUES(lock_name), details = VALUES(details)"
+    );
     let create_sequence = format!(
         "CREATE SEQUENCE IF NOT EXISTS {seq} START WITH 1 MINVALUE 1 INCREMENT BY 1 \
          CACHE {SEQUENCE_CACHE} NOCYCLE"
@@ -717,7 +740,14 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
         sequence_drop: format!("DROP SEQUENCE IF EXISTS {seq}"),
         unpublish: format!("DELETE FROM {h} WHERE name = ? AND conn = CONNECTION_ID()"),
         wait_lock: "SELECT GET_LOCK(?, ?)".to_owned(),
-        publish: upsert("IS_USED_LOCK(?) = CONNECTION_ID()"),
+        wait_token: format!(
+            "SELECT CAST(? + NEXTVAL({seq}) AS SIGNED) FROM DUAL \
+             WHERE IS_USED_LOCK(?) = CONNECTION_ID()"
+        ),
+        publish,
+        withdraw: format!(
+            "DELETE FROM {h} WHERE name = ? AND conn = CONNECTION_ID() AND token = ?"
+        ),
         collect: format!("DELETE FROM {h} WHERE NOT (IS_USED_LOCK(lock_name) <=> conn)"),
     };
     SessionSql {
@@ -736,7 +766,10 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
             key_len = lock_core::MAX_KEY_LEN
         ),
         check: String::new(),
-        grant: upsert("GET_LOCK(?, 0) = 1"),
+        // NEXTVAL only when GET_LOCK returned 1 (CASE evaluates as needed).
+        grant: format!(
+            "SELECT CASE WHEN GET_LOCK(?, 0) = 1 THEN CAST(? + NEXTVAL({seq}) AS SIGNED) END"
+        ),
         wait: String::new(),
         release: "SELECT RELEASE_LOCK(?)".to_owned(),
         holds: "SELECT IS_USED_LOCK(?) = CONNECTION_ID()".to_owned(),
@@ -760,9 +793,10 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
     }
 }
 
-/// MariaDB's grant (see [`MariaSessionSql`]): a try in one statement; a
-/// wait as three (the session's stale row of the key deleted, the wait,
-/// the publication). `grant` is the try statement.
+/// MariaDB's grant (see [`MariaSessionSql`]): the lock and its token, no
+/// holder row (written later, see `grants::session`, "Lazy holder rows").
+/// A try is one statement; a wait three (the session's stale row of the
+/// key deleted, the wait, the token). `try_statement` is the try.
 async fn maria_grant(
     conn: &mut DbConn,
     try_statement: &str,
@@ -773,14 +807,13 @@ async fn maria_grant(
 ) -> SqlxResult<Granted> {
     let conn = my(conn)?;
     let lock_name = grant.lock.server_key.mysql.as_str();
-    let details = HolderDetails::encode_current();
-    let row = HolderRow {
-        grant,
-        run_base,
-        details: &details,
-    };
     if grant.wait.is_none() {
-        return upsert_holder(conn, try_statement, maria, &row, true).await;
+        let token: Option<i64> = sqlx::query_scalar(AssertSqlSafe(try_statement))
+            .bind(lock_name)
+            .bind(run_base)
+            .fetch_one(&mut *conn)
+            .await?;
+        return Ok(session_token(token));
     }
     sqlx::query(AssertSqlSafe(maria.unpublish.as_str()))
         .bind(grant.lock.key)
@@ -794,10 +827,16 @@ async fn maria_grant(
     if got != Some(1) {
         return Ok(Granted::Held);
     }
-    match upsert_holder(conn, &maria.publish, maria, &row, false).await? {
+    let token: Option<i64> = sqlx::query_scalar(AssertSqlSafe(maria.wait_token.as_str()))
+        .bind(run_base)
+        .bind(lock_name)
+        .fetch_optional(&mut *conn)
+        .await?
+        .flatten();
+    match session_token(token) {
         Granted::Token(token) => Ok(Granted::Token(token)),
-        // Published nothing: this connection does not hold the lock it
-        // was just granted. Never reported as held.
+        // No token: this connection does not hold the lock it was just
+        // granted. Never reported as held.
         Granted::Held => {
             release_lock(conn, lock_name).await?;
             Err(sqlx::Error::Protocol(
@@ -807,46 +846,32 @@ async fn maria_grant(
     }
 }
 
-/// A holder row's values.
-struct HolderRow<'a> {
-    grant: &'a SessionGrant<'a>,
-    run_base: i64,
-    details: &'a str,
-}
-
-/// Runs the try or publication `statement`. A full holder table (error
-/// 1114) is collected (rows whose lock their session no longer holds) and
-/// the statement sent once more; `takes_lock`: the statement's own
-/// `GET_LOCK` may have succeeded, so the lock is released first (a second
-/// `GET_LOCK` of a held name nests). Released too when it fails again.
-async fn upsert_holder(
+/// Writes a grant's holder row (see `grants::session`, "Lazy holder
+/// rows"), only while this connection holds the lock: whether it was
+/// written. A full holder table (error 1114) is collected (rows whose
+/// lock their session no longer holds) and the row written once more.
+async fn publish_holder(
     conn: &mut sqlx::MySqlConnection,
-    statement: &str,
     maria: &MariaSessionSql,
-    row: &HolderRow<'_>,
-    takes_lock: bool,
-) -> SqlxResult<Granted> {
-    let lock_name = row.grant.lock.server_key.mysql.as_str();
+    publication: &Publication<'_>,
+) -> SqlxResult<bool> {
+    let lock_name = publication.lock.server_key.mysql.as_str();
+    let token = i64::try_from(publication.token)
+        .map_err(|_| sqlx::Error::Protocol("token out of range".into()))?;
     let mut collected = false;
     loop {
-        let done = sqlx::query(AssertSqlSafe(statement))
-            .bind(row.grant.lock.key)
-            .bind(row.run_base)
-            .bind(row.grant.owner)
+        let done = sqlx::query(AssertSqlSafe(maria.publish.as_str()))
+            .bind(publication.lock.key)
+            .bind(token)
+            .bind(publication.owner)
             .bind(lock_name)
-            .bind(row.details)
+            .bind(publication.details)
             .bind(lock_name)
             .execute(&mut *conn)
             .await;
         match done {
-            Ok(done) => return Ok(session_token(i64::try_from(done.last_insert_id()).ok())),
-            Err(e) if is_table_full(&e) => {
-                if takes_lock || collected {
-                    release_lock(conn, lock_name).await?;
-                }
-                if collected {
-                    return Err(e);
-                }
+            Ok(done) => return Ok(done.rows_affected() > 0),
+            Err(e) if is_table_full(&e) && !collected => {
                 collected = true;
                 let gone = sqlx::query(AssertSqlSafe(maria.collect.as_str()))
                     .execute(&mut *conn)

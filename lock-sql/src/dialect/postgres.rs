@@ -19,8 +19,8 @@ use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions};
 use crate::dialect::session::SessionSql;
 use crate::dialect::session::{
-    Granted, KillTarget, Killed, OnSession, RUN_SHIFT, RunSql, ServerKey, SessionGrant,
-    SessionLock, pg_idle_timeout, suffixed, token_of as session_token,
+    Granted, KillTarget, Killed, OnSession, Publication, RUN_SHIFT, RunSql, ServerKey,
+    SessionGrant, SessionLock, pg_idle_timeout, suffixed, token_of as session_token,
 };
 
 /// The `application_name` of a session-mode connection holding no grant
@@ -562,6 +562,22 @@ impl SessionDialect for Postgres {
             .fetch_one(pg(on.conn)?)
             .await?;
         row.try_get::<bool, _>(0)
+    }
+
+    /// The grant publishes itself in `application_name` (see
+    /// `grants::session`, "Published grants"): nothing deferred.
+    async fn session_publish(
+        &self,
+        on: OnSession<'_>,
+        publication: &Publication<'_>,
+    ) -> SqlxResult<bool> {
+        let _ = (on, publication);
+        Ok(false)
+    }
+
+    async fn session_withdraw(&self, on: OnSession<'_>, key: &[u8], token: u64) -> SqlxResult<()> {
+        let _ = (on, key, token);
+        Ok(())
     }
 
     async fn session_holds(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool> {

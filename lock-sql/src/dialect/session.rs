@@ -42,6 +42,16 @@ pub(crate) struct SessionGrant<'a> {
     pub(crate) wait: Option<Duration>,
 }
 
+/// A grant's deferred holder row: its lock, owner (hex) and token.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Publication<'a> {
+    pub(crate) lock: SessionLock<'a>,
+    pub(crate) owner: &'a str,
+    pub(crate) token: u64,
+    /// The encoded holder details, as at the grant.
+    pub(crate) details: &'a str,
+}
+
 /// One `list` page: at most `limit` token rows whose key matches the
 /// `LIKE` pattern `prefix`, after `after`, in key order.
 #[derive(Clone, Copy, Debug)]
@@ -171,12 +181,15 @@ pub(crate) const RUN_SHIFT: u32 = 40;
 ///   its row), row written. No grant of a run happens before its row
 ///   exists, so every token of a run is above every token of the runs
 ///   before, as long as the sequence falls back less than 2^40 at a crash.
-/// - **Holder**: the grant upserts the key's row of `<table>_session_holders`
-///   (`ENGINE=MEMORY`, emptied by a restart as the locks are). A `MEMORY`
-///   table is locked for a whole statement, so a statement that waits in
-///   `GET_LOCK` must not touch it: the waiting grant deletes its session's
-///   stale row of the key, waits in a `SELECT GET_LOCK(?, ?)` of its own,
-///   then publishes with the token (`WHERE IS_USED_LOCK(?) =
+/// - **Holder**: the key's row of `<table>_session_holders`
+///   (`ENGINE=MEMORY`, emptied by a restart as the locks are), written
+///   only once the grant has been held for the publication delay, and
+///   deleted by its release (see `grants::session`, "Lazy holder rows"):
+///   the grant itself is `GET_LOCK` and `NEXTVAL` in one `SELECT`. A
+///   `MEMORY` table is locked for a whole statement, so a statement that
+///   waits in `GET_LOCK` must not touch it: the waiting grant deletes its
+///   session's stale row of the key, waits in a `SELECT GET_LOCK(?, ?)` of
+///   its own, then takes the token (`WHERE IS_USED_LOCK(?) =
 ///   CONNECTION_ID()`), three round trips instead of one.
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 #[derive(Clone, Debug)]
@@ -200,7 +213,15 @@ pub(crate) struct MariaSessionSql {
     /// the publication.
     pub(crate) unpublish: String,
     pub(crate) wait_lock: String,
+    /// The waiting grant's token, taken once `GET_LOCK` granted the lock
+    /// (binds: run base, lock name).
+    pub(crate) wait_token: String,
+    /// The deferred publication of a grant (see `grants::session`, "Lazy
+    /// holder rows"): the row written with the grant's token, only while
+    /// this connection holds the lock.
     pub(crate) publish: String,
+    /// The release's removal of a published row (binds: key, token).
+    pub(crate) withdraw: String,
     /// Deletes the rows whose lock is not held by the session they name.
     pub(crate) collect: String,
 }

@@ -13,6 +13,28 @@
 //! until the first is released: two guards of one backend never both hold
 //! a key.
 //!
+//! # Lazy holder rows (MariaDB)
+//!
+//! A MariaDB grant takes the lock and its token only (`GET_LOCK` and
+//! `NEXTVAL`, one statement); the holder row that `inspect`, `list` and
+//! `force_release` read (`<table>_session_holders`, a `MEMORY` table) is
+//! written later, off the caller's path, by a task that wakes once the
+//! grant has been held for `publish_delay` (10 ms by default): a lock
+//! released sooner never writes one. The task writes the row on the
+//! lock's own session, under the session's mutex, and only if this
+//! backend still holds that grant (checked under the mutex) and the
+//! session still holds the lock (`WHERE IS_USED_LOCK(..) =
+//! CONNECTION_ID()`); the grant is then marked published, and its release,
+//! under the same mutex, deletes the row after `RELEASE_LOCK`. A release
+//! and a publication of one grant are therefore never interleaved: either
+//! the release comes first (nothing is written) or the publication (the
+//! release deletes the row). A session that dies leaves rows naming a
+//! connection that holds nothing, which every reader ignores (connection
+//! ids are not reused while the server runs). Until its row is written a
+//! lock shows as held by its server session without owner or token, and
+//! `force_release` refuses it; `inspect` that finds a lock so waits
+//! `publish_delay` (and 50 ms more) and reads again, four times at most.
+//!
 //! # Published grants (PostgreSQL)
 //!
 //! A grant on a session that holds no other lock of ours publishes its
@@ -39,7 +61,7 @@ use tokio::time::{Instant, sleep, timeout, timeout_at};
 use crate::config::SqlDialect;
 use crate::connection::session::{Conn, ConnUse, Sessions, is_broken};
 use crate::dialect::SessionHolder;
-use crate::dialect::session::{Granted, ServerKey, SessionGrant, SessionLock};
+use crate::dialect::session::{Granted, Publication, ServerKey, SessionGrant, SessionLock};
 use crate::grants::MutexOnly;
 
 /// A held lock: its grant and the session that holds it (whose channel
@@ -51,6 +73,9 @@ pub(crate) struct Held {
     pub(crate) owner: OwnerId,
     pub(crate) token: FencingToken,
     pub(crate) conn: Arc<Conn>,
+    /// MariaDB: its holder row was written (see "Lazy holder rows"), so
+    /// its release deletes it. Set and read under the session's mutex.
+    published: Arc<AtomicBool>,
 }
 
 impl Held {
@@ -92,6 +117,9 @@ pub(crate) struct HeldLocks {
     /// Whether a second grant of a held server lock waits here (always, but
     /// for the broken variant of the re-entrancy test).
     exclusion: AtomicBool,
+    /// Whether a deferred publication checks that its grant is still held
+    /// (always, but for the broken variant of the publication race test).
+    publication_check: AtomicBool,
 }
 
 impl Default for HeldLocks {
@@ -99,6 +127,7 @@ impl Default for HeldLocks {
         Self {
             tables: Mutex::new(Tables::default()),
             exclusion: AtomicBool::new(true),
+            publication_check: AtomicBool::new(true),
         }
     }
 }
@@ -131,6 +160,20 @@ impl HeldLocks {
     /// [`SqlSessionBackend::set_local_exclusion`](crate::SqlSessionBackend::set_local_exclusion)).
     pub(crate) fn set_exclusion(&self, on: bool) {
         self.exclusion.store(on, Ordering::Release);
+    }
+
+    /// Turns the check that a grant is still held before its deferred
+    /// holder row is written off or on (off: the broken variant of the
+    /// publication race test only).
+    pub(crate) fn set_publication_check(&self, on: bool) {
+        self.publication_check.store(on, Ordering::Release);
+    }
+
+    /// Whether grant `owner`/`token` of server lock `id` is still held
+    /// (always `true` with the publication check off).
+    fn still_held(&self, id: u128, owner: OwnerId, token: FencingToken) -> bool {
+        !self.publication_check.load(Ordering::Acquire)
+            || self.find_grant(id, owner, token).is_some()
     }
 
     /// Reserves server lock `id`, or says what to wait on while this
@@ -198,7 +241,11 @@ impl HeldLocks {
 
     /// The grant of `lease`, whose server lock is `id`.
     pub(crate) fn find(&self, id: u128, lease: &Lease) -> Option<Held> {
-        let (owner, token) = (lease.owner(), lease.token());
+        self.find_grant(id, lease.owner(), lease.token())
+    }
+
+    /// The held grant `owner`/`token` of server lock `id`, if still held.
+    fn find_grant(&self, id: u128, owner: OwnerId, token: FencingToken) -> Option<Held> {
         let tables = self.lock();
         tables
             .keys
@@ -295,30 +342,40 @@ impl MutexOnly for SessionGrants {
     /// The key's holder as the server reports it.
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let op_timeout = self.inner.config.op_timeout;
-        let mut used = self
-            .inner
-            .any(Instant::now() + op_timeout)
-            .await
-            .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
         let server_key = self.inner.server_key(key);
-        let Some(session) = used.session() else {
-            return Err(self.closed(Operation::Inspect, key));
+        let lock = SessionLock {
+            key: key.as_str().as_bytes(),
+            server_key: &server_key,
         };
-        let (dialect, on) = session.on(&self.inner.sql);
-        let found = timeout(
-            op_timeout,
-            dialect.session_inspect(
-                on,
-                SessionLock {
-                    key: key.as_str().as_bytes(),
-                    server_key: &server_key,
-                },
-            ),
-        )
-        .await;
-        let late = "inspect did not answer within the operation timeout";
-        let found = self.answer(&mut used, Operation::Inspect, key, found, late)?;
-        Ok(found.map(|holder| holder_info(key.clone(), holder)))
+        // MariaDB: a lock younger than the publication delay has no row
+        // yet (see "Lazy holder rows"): read again after it (four times at
+        // most: a loaded machine can delay the publication's task), with
+        // no session in use meanwhile (the publication may need it).
+        let lag = self.inner.publication_lag();
+        let mut waits = if lag.is_some() { 4 } else { 0 };
+        loop {
+            let mut used = self
+                .inner
+                .any(Instant::now() + op_timeout)
+                .await
+                .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
+            let Some(session) = used.session() else {
+                return Err(self.closed(Operation::Inspect, key));
+            };
+            let (dialect, on) = session.on(&self.inner.sql);
+            let found = timeout(op_timeout, dialect.session_inspect(on, lock)).await;
+            let late = "inspect did not answer within the operation timeout";
+            let found = self.answer(&mut used, Operation::Inspect, key, found, late)?;
+            if let Some(wait) = lag.filter(|_| waits > 0)
+                && found.as_ref().is_some_and(|holder| holder.token.is_none())
+            {
+                waits -= 1;
+                drop(used);
+                sleep(wait).await;
+                continue;
+            }
+            return Ok(found.map(|holder| holder_info(key.clone(), holder)));
+        }
     }
 }
 
@@ -448,6 +505,19 @@ impl SessionGrants {
         if released.is_ok() {
             abandon.disarm();
         }
+        // Its holder row, if a publication wrote one (see "Lazy holder
+        // rows"): still under the session's mutex.
+        if matches!(released, Ok(Ok(_))) && held.published.load(Ordering::Acquire) {
+            let key_bytes = lease.key().as_str().as_bytes();
+            let withdrawn = timeout(
+                op_timeout,
+                session.withdraw(&self.inner.sql, key_bytes, held.token.get()),
+            )
+            .await;
+            if !matches!(withdrawn, Ok(Ok(()))) {
+                tracing::warn!(key = %lease.key(), "could not delete a released lock's holder row");
+            }
+        }
         // The grant is over whatever the answer: released, gone with its
         // session, or left as an orphan that the next call on the session
         // releases.
@@ -471,6 +541,63 @@ impl SessionGrants {
                  session has been silent for the TTL",
             )),
         }
+    }
+
+    /// Writes the holder row of grant `owner`/`token` of `key` once it has
+    /// been held for `publish_delay`, on a task of its own (see "Lazy
+    /// holder rows").
+    /// `details`: the holder details at the grant.
+    fn publish_later(&self, key: LockKey, server_key: ServerKey, grant: Held, details: String) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (inner, held) = (Arc::clone(&self.inner), Arc::clone(&self.held));
+        runtime.spawn(async move {
+            sleep(inner.config.publish_delay).await;
+            let (id, owner, token) = (server_key.id(), grant.owner, grant.token);
+            if !held.still_held(id, owner, token) {
+                return;
+            }
+            let op_timeout = inner.config.op_timeout;
+            let Ok(Some(mut used)) = inner.this(&grant.conn, Instant::now() + op_timeout).await
+            else {
+                return;
+            };
+            // Under the session's mutex, which the grant's release takes
+            // too: still held here means its release comes after.
+            if !held.still_held(id, owner, token) {
+                return;
+            }
+            let Some(session) = used.session() else {
+                return;
+            };
+            let owner_hex = owner.hex();
+            let publication = Publication {
+                lock: SessionLock {
+                    key: key.as_str().as_bytes(),
+                    server_key: &server_key,
+                },
+                owner: owner_hex.as_str(),
+                token: token.get(),
+                details: details.as_str(),
+            };
+            match timeout(op_timeout, session.publish(&inner.sql, &publication)).await {
+                Ok(Ok(written)) => {
+                    if written {
+                        grant.published.store(true, Ordering::Release);
+                    }
+                }
+                Ok(Err(e)) if is_broken(&e) => {
+                    used.close(&format!("the session ended: {e}"));
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(key = %key, error = %e, "could not write a session holder row");
+                }
+                // Abandoned mid-statement: written or not, its release
+                // deletes it.
+                Err(_) => grant.published.store(true, Ordering::Release),
+            }
+        });
     }
 
     /// The owner a grant on `used` publishes (see the module docs,
@@ -750,12 +877,25 @@ impl SessionGrants {
             }
         };
         let rx = used.conn.state.subscribe();
+        let published = Arc::new(AtomicBool::new(false));
         let held = Held {
             owner,
             token,
             conn: Arc::clone(&used.conn),
+            published: Arc::clone(&published),
         };
         self.held.insert(server_key.id(), held, reservation);
+        if self.inner.sql.maria.is_some() {
+            let grant = Held {
+                conn: Arc::clone(&used.conn),
+                published: Arc::clone(&published),
+                owner,
+                token,
+            };
+            drop(used);
+            let details = HolderDetails::encode_current();
+            self.publish_later(key.clone(), server_key, grant, details);
+        }
         Ok(Some(lease.with_session(rx)))
     }
 }

@@ -82,6 +82,9 @@ pub async fn mysql_token_rows(target: &SessionTarget) {
         .await
         .unwrap();
     assert_eq!(got, 1);
+    // Holder rows are written once a lock has been held for the
+    // publication delay (10 ms).
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let pid = std::process::id();
     let ours = |t: u64| (String::new(), Some(t), Some(pid));
     let strip = |all: BTreeMap<String, (String, Option<u64>, Option<u32>)>| {
@@ -260,4 +263,78 @@ pub async fn mariadb_waiting_grant_window(target: &SessionTarget) {
         target.name(),
         first.token()
     );
+}
+
+/// The deferred holder row (see the crate docs, "Lazy holder rows") races
+/// the release: a grant released before its publication is due, then the
+/// key granted again on the same connection (`pool_size=1`), which holds
+/// the lock when the first grant's publication comes due. Its release
+/// (before its own publication) and a third grant follow. Nothing may be
+/// left: no holder row for the key once all are released, and `inspect`
+/// of the third grant never shows the first grant's token. The broken
+/// variant turns off the check that a publication's grant is still held:
+/// the first grant's row is written for a lock it no longer holds, left
+/// behind, and read back as the third grant's holder (which
+/// `force_release` would have trusted).
+pub async fn mariadb_publication_race(target: &SessionTarget) {
+    for check in [true, false] {
+        let (_proxy, url) = target.proxy("pool_size=1&publish_delay=400ms").await;
+        let backend = SqlSessionBackend::connect_url(&url).await.unwrap();
+        backend.set_publication_check(check);
+        let table = backend.config().table_name().to_owned();
+        let k = key(if check { "race" } else { "race-broken" });
+        let mut raw = sqlx::MySqlConnection::connect(&target.raw_url().await)
+            .await
+            .unwrap();
+        let start = tokio::time::Instant::now();
+        let at = |ms: u64| tokio::time::sleep_until(start + Duration::from_millis(ms));
+        // First grant (publication due at 400 ms), released at once.
+        let first = backend.try_acquire(&k, TTL).await.unwrap().unwrap();
+        assert!(backend.release(&first).await.unwrap());
+        // Second grant on the same connection (due at 600 ms), released
+        // at 500 ms: after the first one's publication came due.
+        at(200).await;
+        let second = backend.try_acquire(&k, TTL).await.unwrap().unwrap();
+        at(500).await;
+        assert!(backend.release(&second).await.unwrap());
+        at(800).await;
+        let left = holder_row(&mut raw, &table, &k).await;
+        let third = backend.try_acquire(&k, TTL).await.unwrap().unwrap();
+        let seen = backend.inspect(&k).await.unwrap().unwrap();
+        assert!(backend.release(&third).await.unwrap());
+        let verdict = match (left, seen.token) {
+            (Some(token), _) => Err(format!(
+                "a holder row (token {token}) left behind once every grant was released"
+            )),
+            (None, Some(token)) if token != third.token() => Err(format!(
+                "inspect showed token {token} for the grant of token {}",
+                third.token()
+            )),
+            _ => Ok(()),
+        };
+        if check {
+            verdict.unwrap();
+            assert_eq!(seen.token, Some(third.token()), "{seen:?}");
+            // Its release deleted the third grant's row.
+            assert_eq!(
+                holder_row(&mut raw, &table, &k).await,
+                None,
+                "the released grant's row stayed"
+            );
+        } else {
+            let caught = verdict.expect_err("broken variant: the stale publication went unseen");
+            assert_eq!(left, Some(i64::try_from(first.token().get()).unwrap()));
+            println!("{}: broken variant caught: {caught}", target.name());
+        }
+    }
+}
+
+/// The token of `key`'s row in the holder table of `table`, if any.
+async fn holder_row(raw: &mut sqlx::MySqlConnection, table: &str, key: &LockKey) -> Option<i64> {
+    let statement = format!("SELECT token FROM `{table}_session_holders` WHERE name = ?");
+    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(statement))
+        .bind(key.as_str().as_bytes())
+        .fetch_optional(raw)
+        .await
+        .unwrap()
 }
