@@ -1,9 +1,10 @@
 //! One configuration struct, built from a URL or with a builder.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use lock_core::LockError;
 use lock_core::endpoint::{Endpoint, HostPort, Secret};
 
@@ -18,6 +19,11 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) const DEFAULT_PORT: u16 = 2379;
 /// The connect timeout used when none is configured.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The HTTP/2 keep-alive: a PING after this long without anything
+/// received (also while no call is in flight), and the connection dropped
+/// when its PONG takes longer.
+const KEEP_ALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(2));
 
 /// TLS settings for `etcds://` URLs.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -281,6 +287,72 @@ impl EtcdConfig {
         }
         Ok(())
     }
+
+    /// The endpoints as the driver hands them to `etcd-client`, with
+    /// their scheme (`https://` with TLS, else `http://`).
+    pub fn endpoint_urls(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        self.endpoints
+            .iter()
+            .map(|endpoint| format!("{scheme}://{endpoint}"))
+            .collect()
+    }
+
+    /// The `etcd-client` options the driver connects its client with:
+    /// leader required, the connect timeout, an HTTP/2 keep-alive (a PING
+    /// after 2 s without anything received, also while idle, 2 s to
+    /// answer it), the credentials and TLS. Public so that a comparison
+    /// with the client library alone (`lock-bench`, `distlock-compare`)
+    /// opens the same client: `Client::connect(config.endpoint_urls(),
+    /// Some(config.client_options()?))`.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) when a TLS file
+    /// cannot be read.
+    pub fn client_options(&self) -> Result<ConnectOptions, LockError> {
+        let (interval, timeout) = KEEP_ALIVE;
+        let mut options = ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(self.connect_timeout)
+            .with_keep_alive(interval, timeout)
+            .with_keep_alive_while_idle(true);
+        if let Some(user) = &self.user {
+            options = options.with_user(user.clone(), self.password.clone().unwrap_or_default());
+        }
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(tls_options(tls)?);
+        }
+        Ok(options)
+    }
+}
+
+/// The client's TLS from the configuration: the CA's certificates as the
+/// roots, the client certificate if given, the server name if given.
+fn tls_options(tls: &EtcdTls) -> Result<TlsOptions, LockError> {
+    let read = |path: &Path, what: &str| {
+        std::fs::read(path).map_err(|e| {
+            LockError::config(format!(
+                "cannot read the TLS {what} file {}",
+                path.display()
+            ))
+            .with_source(e)
+        })
+    };
+    let mut options = TlsOptions::new();
+    if let Some(ca) = &tls.ca_file {
+        options = options.ca_certificate(Certificate::from_pem(read(ca, "CA")?));
+    }
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        options = options.identity(Identity::from_pem(
+            read(cert, "certificate")?,
+            read(key, "key")?,
+        ));
+    }
+    if let Some(domain) = &tls.domain {
+        options = options.domain_name(domain.clone());
+    }
+    Ok(options)
 }
 
 #[cfg(test)]

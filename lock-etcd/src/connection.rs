@@ -5,18 +5,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{
-    Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, KvClient, TlsOptions,
-    Txn, TxnResponse,
-};
+use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, KvClient, Txn, TxnResponse};
 use lock_core::election::election_key;
 use lock_core::{ErrorKind, LockError, LockKey, LockShape, Operation, OwnerId, with_timeout};
 
-use crate::config::{EtcdConfig, EtcdTls};
+use crate::config::EtcdConfig;
 use crate::error::{NAME, from_etcd, relabel};
 use crate::keys::{election_prefix, key_prefix, shape_prefix};
 
@@ -27,11 +23,6 @@ mod session;
 
 pub(crate) use cleanup::{PendingEntry, clean_up_later};
 pub(crate) use session::{RenewRefused, Session, revoke_in_background, ttl_secs};
-
-/// The HTTP/2 keep-alive: a PING after this long without anything
-/// received (also while no call is in flight), and the connection dropped
-/// when its PONG takes longer.
-const KEEP_ALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(2));
 
 /// The client, the configuration and the sessions, shared by every
 /// component of one backend.
@@ -315,8 +306,9 @@ pub(crate) async fn txn_on(
 
 /// Validates `config` and connects an etcd client with it (no lease yet),
 /// on `etcd-client`'s own channel (tonic's, balanced over the endpoints),
-/// with an HTTP/2 keep-alive that also runs while idle, so that a
-/// connection that stops answering is dropped before a call waits on it.
+/// with the options of [`EtcdConfig::client_options`] (among them an
+/// HTTP/2 keep-alive that also runs while idle, so that a connection that
+/// stops answering is dropped before a call waits on it).
 ///
 /// Returns the client, the endpoints as it was given them (with their
 /// scheme, as `Client::remove_endpoint` needs them) and its options.
@@ -324,28 +316,8 @@ async fn connect_client(
     config: &EtcdConfig,
 ) -> Result<(Client, Vec<String>, ConnectOptions), LockError> {
     config.validate()?;
-    let (interval, timeout) = KEEP_ALIVE;
-    let mut options = ConnectOptions::new()
-        .with_require_leader(true)
-        .with_connect_timeout(config.connect_timeout)
-        .with_keep_alive(interval, timeout)
-        .with_keep_alive_while_idle(true);
-    if let Some(user) = &config.user {
-        options = options.with_user(user.clone(), config.password.clone().unwrap_or_default());
-    }
-    let scheme = if config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    if let Some(tls) = &config.tls {
-        options = options.with_tls(tls_options(tls)?);
-    }
-    let urls: Vec<String> = config
-        .endpoints
-        .iter()
-        .map(|endpoint| format!("{scheme}://{endpoint}"))
-        .collect();
+    let options = config.client_options()?;
+    let urls = config.endpoint_urls();
     let client = with_timeout(
         config.connect_timeout + config.op_timeout,
         Operation::Connect,
@@ -357,32 +329,4 @@ async fn connect_client(
     )
     .await?;
     Ok((client, urls, options))
-}
-
-/// The client's TLS from the configuration: the CA's certificates as the
-/// roots, the client certificate if given, the server name if given.
-fn tls_options(tls: &EtcdTls) -> Result<TlsOptions, LockError> {
-    let read = |path: &Path, what: &str| {
-        std::fs::read(path).map_err(|e| {
-            LockError::config(format!(
-                "cannot read the TLS {what} file {}",
-                path.display()
-            ))
-            .with_source(e)
-        })
-    };
-    let mut options = TlsOptions::new();
-    if let Some(ca) = &tls.ca_file {
-        options = options.ca_certificate(Certificate::from_pem(read(ca, "CA")?));
-    }
-    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
-        options = options.identity(Identity::from_pem(
-            read(cert, "certificate")?,
-            read(key, "key")?,
-        ));
-    }
-    if let Some(domain) = &tls.domain {
-        options = options.domain_name(domain.clone());
-    }
-    Ok(options)
 }

@@ -4,7 +4,9 @@
 //! same revision, and the guarded delete).
 //!
 //! The public items are the layout other clients (and the benchmark floor,
-//! which issues the same transactions by hand) need to take the same locks:
+//! which issues the same transactions by hand) need to take the same locks,
+//! and the mutex's two transactions ([`create_txn`], [`guarded_delete`]),
+//! for comparing the driver against `etcd-client` alone:
 //! a mutex on `key` under the prefix `locks` is the entry
 //! `locks/<escaped key>/<lease hex>` whose value starts with the owner's
 //! hex ([`key_prefix`], [`plain_entry`], [`mutex_value`]); read-write locks
@@ -183,7 +185,13 @@ pub(crate) fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {
 /// to `lease_id`) if it does not exist, and read the oldest entry under
 /// `key_prefix` in the same revision. On failure, read the existing entry
 /// and the oldest one instead.
-pub(crate) fn create_txn(key_prefix: &str, entry: &str, lease_id: i64, value: String) -> Txn {
+///
+/// The driver's acquire sends exactly this. Public for comparing against
+/// the client library alone: a benchmark sends the driver's requests
+/// through `etcd-client` with no other code of this crate (with
+/// [`key_prefix`], [`plain_entry`] and [`mutex_value`] for the arguments,
+/// and [`guarded_delete`] for the release).
+pub fn create_txn(key_prefix: &str, entry: &str, lease_id: i64, value: String) -> Txn {
     let get_owner = TxnOp::get(key_prefix, Some(oldest_entry()));
     Txn::new()
         .when([Compare::create_revision(entry, CompareOp::Equal, 0)])
@@ -237,15 +245,20 @@ fn owner_part_compares(entry: &str, part: &str) -> Vec<Compare> {
 }
 
 /// Deletes `entry` only if it is still the grant with this create revision
-/// and owner ([`owner_compares`]).
+/// and owner: its value above `<owner hex>` and below `<owner hex>!`, i.e.
+/// the owner followed by a space and the details ([`mutex_value`]).
 ///
-/// An entry of a read-write lock or a semaphore ([`is_shared_entry`])
-/// stores its kind beside the owner ([`entry_value`]), which the session's
-/// cleanups do not know: theirs is compared on the create revision alone
-/// (the name carries our lease id, and the create revision names one
-/// incarnation of it). An explicit release of such an entry compares the
-/// kind and owner too ([`shared_delete`]).
-pub(crate) fn guarded_delete(entry: &str, revision: i64, owner: OwnerId) -> Txn {
+/// An entry of a read-write lock or a semaphore (its prefix's last
+/// segment ends with a shape tag, see [`shape_prefix`]) stores its kind
+/// beside the owner ([`entry_value`]), which the session's cleanups do not
+/// know: theirs is compared on the create revision alone (the name carries
+/// our lease id, and the create revision names one incarnation of it). An
+/// explicit release of such an entry compares the kind and owner too
+/// (another transaction of the driver's).
+///
+/// The driver's release of a mutex sends exactly this. Public for
+/// comparing against the client library alone (see [`create_txn`]).
+pub fn guarded_delete(entry: &str, revision: i64, owner: OwnerId) -> Txn {
     if is_shared_entry(entry) {
         return Txn::new()
             .when([Compare::create_revision(entry, CompareOp::Equal, revision)])
