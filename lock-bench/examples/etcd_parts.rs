@@ -3,24 +3,27 @@
 //!
 //! - the hand floor ([`lock_bench::etcd::EtcdFloor`]: the driver's two
 //!   transactions, gRPC by hand on one bare HTTP/2 connection);
-//! - the same two transactions through `etcd-client` on its own tonic
-//!   channel, no lock-etcd code;
+//! - the driver's two transactions (lock-etcd's own builders, each bounded
+//!   by the operation timeout: [`lock_bench::etcd::EtcdCrateAlone`])
+//!   through `etcd-client` on its own tonic channel with default options,
+//!   no other lock-etcd code;
 //! - the same through `etcd-client` on one bare hyper HTTP/2 connection
 //!   (`Channel::Custom`, no tower buffer or balancer): what the client
 //!   library costs apart from its channel;
 //! - the same through the `etcd-client` a backend connected (its
-//!   [`client`](lock_etcd::EtcdBackend::client), no other lock-etcd
-//!   code): the transport the driver uses;
+//!   [`client`](lock_etcd::EtcdBackend::client)): the transport the
+//!   driver uses, and the "crate alone" that issue 39 compares ours with;
 //! - `EtcdBackend::acquire` + `release` directly (no `LockClient`, guard
 //!   or renewal scheduler);
 //! - ours: `LockClient` with a waiting acquire, then `release`.
 //!
 //! Per side: p50 and mean wall time, and CPU per cycle of this process and
-//! of the etcd server. Pin it to one CPU to take thread placement out:
+//! of the etcd server; last, ours and the backend over the driver's
+//! transport alone (p50). Pin it to one CPU to take thread placement out:
 //!
 //! ```text
 //! cargo build --release -p lock-bench --example etcd_parts
-//! taskset -c 0 target/release/examples/etcd_parts 2000
+//! taskset -c 0 target/release/examples/etcd_parts [<cycles>]
 //! ```
 //!
 //! `ONLY=<0..5>` runs one side alone (for a profiler).
@@ -29,8 +32,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use conformance::bench::Contender;
 use conformance::servers::etcd::EtcdServer;
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::Client;
+use lock_bench::etcd::EtcdCrateAlone;
 use lock_core::LockBackend;
 use lock_core::LockBackendExt;
 
@@ -62,48 +67,15 @@ impl tower::Service<http::Request<tonic::body::Body>> for H2 {
     }
 }
 
-async fn cycle(c: &mut Client, lease: i64, _i: u64) {
-    use etcd_client::{GetOptions, SortOrder, SortTarget};
-    let prefix = "probe/k/";
-    let entry = format!("{prefix}{lease:x}");
-    let owner = "0123456789abcdef0123456789abcdef";
-    let value = format!("{owner} some-host 1234 details");
-    let oldest = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1);
-    let t = Txn::new()
-        .when([Compare::create_revision(
-            entry.as_str(),
-            CompareOp::Equal,
-            0,
-        )])
-        .and_then([
-            TxnOp::put(
-                entry.as_str(),
-                value.as_str(),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::get(prefix, Some(oldest.clone())),
-        ])
-        .or_else([
-            TxnOp::get(entry.as_str(), None),
-            TxnOp::get(prefix, Some(oldest)),
-        ]);
-    let r = c.txn(t).await.unwrap();
-    let rev = r.header().unwrap().revision();
-    let d = Txn::new()
-        .when([
-            Compare::create_revision(entry.as_str(), CompareOp::Equal, rev),
-            Compare::value(entry.as_str(), CompareOp::Greater, owner),
-            Compare::value(entry.as_str(), CompareOp::Less, format!("{owner}!")),
-        ])
-        .and_then([TxnOp::delete(entry.as_str(), None)]);
-    assert!(c.txn(d).await.unwrap().succeeded());
-}
-
 #[tokio::main]
 async fn main() {
+    let n: u64 = match std::env::args().nth(1).map(|arg| arg.parse()) {
+        None => 2000,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return println!("usage: etcd_parts [<cycles, default 2000>]  (ONLY=<0..5>: one side)");
+        }
+    };
     let mut server = EtcdServer::start().await.unwrap();
     let spid = server.member(0).process().pid();
     let url = server.url("probe", "");
@@ -113,7 +85,11 @@ async fn main() {
         .next()
         .unwrap()
         .to_owned();
-    let mut tonic_client = Client::connect([format!("http://{endpoint}")], None)
+    let config = lock_etcd::EtcdConfig::from_url(&url).unwrap();
+    let tonic_client = Client::connect([format!("http://{endpoint}")], None)
+        .await
+        .unwrap();
+    let tonic_alone = EtcdCrateAlone::on_client(tonic_client, &config)
         .await
         .unwrap();
     let tcp = tokio::net::TcpStream::connect(&endpoint).await.unwrap();
@@ -129,9 +105,9 @@ async fn main() {
         send,
         authority: endpoint.clone(),
     }));
-    let mut h2_client = Client::from_channel(channel, None).await.unwrap();
+    let h2_client = Client::from_channel(channel, None).await.unwrap();
+    let h2_alone = EtcdCrateAlone::on_client(h2_client, &config).await.unwrap();
     let floor = lock_bench::etcd::EtcdFloor::connect(&url).await.unwrap();
-    let lease = tonic_client.lease_grant(30, None).await.unwrap().id();
     let backend = lock_etcd::EtcdBackend::connect(lock_etcd::EtcdConfig::from_url(&url).unwrap())
         .await
         .unwrap();
@@ -145,11 +121,9 @@ async fn main() {
     let lender = lock_etcd::EtcdBackend::connect(lock_etcd::EtcdConfig::from_url(&url).unwrap())
         .await
         .unwrap();
-    let mut channel_client = lender.client().clone();
-    let n: u64 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(2000);
+    let channel_alone = EtcdCrateAlone::on_client(lender.client().clone(), lender.config())
+        .await
+        .unwrap();
     const SIDES: usize = 6;
     let mut totals = [Duration::ZERO; SIDES];
     let mut cpu = [(0u64, 0u64); SIDES];
@@ -169,16 +143,16 @@ async fn main() {
                 conformance::cpu::self_cpu_ns(),
                 conformance::cpu::process_tree_cpu_ns(spid),
             );
-            for i in 0..n / 10 {
+            for _ in 0..n / 10 {
                 let at = Instant::now();
                 match side {
                     0 => floor
                         .cycle("probe-floor", Duration::from_secs(30))
                         .await
                         .unwrap(),
-                    1 => cycle(&mut tonic_client, lease, i).await,
-                    2 => cycle(&mut h2_client, lease, i).await,
-                    3 => cycle(&mut channel_client, lease, i).await,
+                    1 => tonic_alone.cycle("probe-tonic").await.unwrap(),
+                    2 => h2_alone.cycle("probe-h2").await.unwrap(),
+                    3 => channel_alone.cycle("probe-alone").await.unwrap(),
                     4 => {
                         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
                         let lease = direct
@@ -205,6 +179,7 @@ async fn main() {
             cpu[side].1 += conformance::cpu::process_tree_cpu_ns(spid) - s0;
         }
     }
+    let mut p50s = [0.0f64; SIDES];
     for (i, name) in [
         "hand floor",
         "etcd-client/tonic",
@@ -221,6 +196,7 @@ async fn main() {
         }
         samples[i].sort();
         let p50 = samples[i][samples[i].len() / 2];
+        p50s[i] = p50.as_secs_f64();
         println!(
             "{name:<20} p50 {:>8.1} us  mean {:>8.1} us  client cpu {:>6.1} us  server cpu {:>6.1} us",
             p50.as_secs_f64() * 1e6,
@@ -228,5 +204,12 @@ async fn main() {
             cpu[i].0 as f64 / 1e3 / n as f64,
             cpu[i].1 as f64 / 1e3 / n as f64
         );
+    }
+    if p50s[3] > 0.0 {
+        for (i, name) in [(4, "EtcdBackend direct"), (5, "ours (LockClient)")] {
+            if p50s[i] > 0.0 {
+                println!("{name} / etcd-client/ours p50: {:.3}", p50s[i] / p50s[3]);
+            }
+        }
     }
 }

@@ -3,8 +3,10 @@
 //! rounds, each side on a fault proxy of its own that adds the round-trip
 //! time (`RTT_US`, default 1000: 1 ms, half each way):
 //!
-//! - `etcd-client` on its own channel (`Client::connect`), sending the
-//!   driver's two transactions (the create and the guarded delete);
+//! - `etcd-client` on its own channel (`Client::connect` with the driver's
+//!   options), sending the driver's two transactions (the create and the
+//!   guarded delete, lock-etcd's own builders:
+//!   [`lock_bench::etcd::EtcdCrateAlone`]);
 //! - the same two transactions through the `etcd-client` a backend
 //!   connected ([`EtcdBackend::client`](lock_etcd::EtcdBackend::client)):
 //!   the transport the driver uses;
@@ -18,55 +20,20 @@
 #![allow(missing_docs)]
 use std::time::{Duration, Instant};
 
+use conformance::bench::Contender;
 use conformance::proxy::FaultProxy;
 use conformance::servers::etcd::EtcdServer;
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
-
-async fn cycle(c: &mut Client, lease: i64, prefix: &str) {
-    use etcd_client::{GetOptions, SortOrder, SortTarget};
-    let entry = format!("{prefix}{lease:x}");
-    let owner = "0123456789abcdef0123456789abcdef";
-    let value = format!("{owner} some-host 1234 details");
-    let oldest = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1);
-    let t = Txn::new()
-        .when([Compare::create_revision(
-            entry.as_str(),
-            CompareOp::Equal,
-            0,
-        )])
-        .and_then([
-            TxnOp::put(
-                entry.as_str(),
-                value.as_str(),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-            TxnOp::get(prefix, Some(oldest.clone())),
-        ])
-        .or_else([
-            TxnOp::get(entry.as_str(), None),
-            TxnOp::get(prefix, Some(oldest)),
-        ]);
-    let r = c.txn(t).await.unwrap();
-    let rev = r.header().unwrap().revision();
-    let d = Txn::new()
-        .when([
-            Compare::create_revision(entry.as_str(), CompareOp::Equal, rev),
-            Compare::value(entry.as_str(), CompareOp::Greater, owner),
-            Compare::value(entry.as_str(), CompareOp::Less, format!("{owner}!")),
-        ])
-        .and_then([TxnOp::delete(entry.as_str(), None)]);
-    assert!(c.txn(d).await.unwrap().succeeded());
-}
+use lock_bench::etcd::EtcdCrateAlone;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(1000);
+    let n: usize = match std::env::args().nth(1).map(|arg| arg.parse()) {
+        None => 1000,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return println!("usage: etcd_transport [<cycles, default 1000>]  (RTT_US: round trip)");
+        }
+    };
     let rtt = Duration::from_micros(
         std::env::var("RTT_US")
             .ok()
@@ -82,21 +49,12 @@ async fn main() {
         proxies.push(proxy);
     }
     let url = |p: &FaultProxy| format!("etcd://127.0.0.1:{}/probe?ttl=30s", p.port());
-    let mut library = Client::connect([format!("http://127.0.0.1:{}", proxies[0].port())], None)
+    let library = EtcdCrateAlone::connect(&url(&proxies[0])).await.unwrap();
+    let lender = lock_etcd::connect(&url(&proxies[1])).await.unwrap();
+    let driver_transport = EtcdCrateAlone::on_client(lender.client().clone(), lender.config())
         .await
         .unwrap();
-    let lender = lock_etcd::connect(&url(&proxies[1])).await.unwrap();
-    let mut driver_transport = lender.client().clone();
     let ours = lock_core::LockClient::new(lock_etcd::connect(&url(&proxies[2])).await.unwrap());
-    let lease = library.lease_grant(30, None).await.unwrap().id();
-    let mut keeper = library.clone();
-    tokio::spawn(async move {
-        let (mut keep, _stream) = keeper.lease_keep_alive(lease).await.unwrap();
-        loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            let _ = keep.keep_alive().await;
-        }
-    });
     const SIDES: usize = 3;
     let names = [
         "etcd-client, its own channel",
@@ -113,8 +71,8 @@ async fn main() {
             for _ in 0..n / rounds {
                 let at = Instant::now();
                 match side {
-                    0 => cycle(&mut library, lease, "probe/lib/").await,
-                    1 => cycle(&mut driver_transport, lease, "probe/drv/").await,
+                    0 => library.cycle("lib").await.unwrap(),
+                    1 => driver_transport.cycle("drv").await.unwrap(),
                     _ => {
                         let g = ours
                             .lock("ours")

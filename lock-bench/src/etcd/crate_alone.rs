@@ -1,29 +1,35 @@
 //! The `etcd-client` crate alone: the driver's two transactions for a
 //! mutex acquire + release on a free key, sent through the client library
-//! the driver requires, with no lock-etcd code on the path but its key
-//! layout.
+//! the driver requires, with no lock-etcd code on the path but what builds
+//! the requests.
 //!
 //! [`EtcdCrateAlone`] connects one `etcd_client::Client` on the crate's own
-//! tonic channel with the driver's connect options (leader required, the
-//! URL's connect timeout, an HTTP/2 keep-alive of 2 s that also runs while
-//! idle, the URL's credentials), grants one lease of the URL's TTL and
-//! keeps it alive on one stream (every TTL/3), as the driver's session.
-//! A cycle is the `etcd_parts` probe's crate side, written once here for
-//! `distlock-compare compare`:
+//! tonic channel with the driver's connect options
+//! ([`EtcdConfig::client_options`]: leader required, the URL's connect
+//! timeout, an HTTP/2 keep-alive that also runs while idle, the URL's
+//! credentials), or takes a client it is given
+//! ([`EtcdCrateAlone::on_client`]: the one a backend connected, or one on
+//! another channel), grants one lease of the URL's TTL and keeps it alive
+//! on one stream (every TTL/3), as the driver's session. A cycle, for
+//! `distlock-compare compare` and the `etcd_parts` and `etcd_transport`
+//! probes:
 //!
-//! 1. the create transaction of etcd's concurrency mutex: put
-//!    `<prefix>/<key>/<lease hex>` (value `<owner hex> <holder details>`)
-//!    with the lease if absent, and read the oldest entry under the key in
-//!    the same revision (the failure branch reads our entry and the same
-//!    oldest one); granted when the oldest is ours;
-//! 2. the guarded delete: delete the entry only while its create revision
-//!    and owner value are ours.
+//! 1. the create transaction of etcd's concurrency mutex
+//!    ([`keys::create_txn`]): put `<prefix>/<key>/<lease hex>` (value
+//!    `<owner hex> <holder details>`) with the lease if absent, and read the
+//!    oldest entry under the key in the same revision (the failure branch
+//!    reads our entry and the same oldest one); granted when the oldest is
+//!    ours;
+//! 2. the guarded delete ([`keys::guarded_delete`]): delete the entry only
+//!    while its create revision and owner value are ours.
 //!
-//! Each transaction is bounded by the URL's operation timeout, as the
-//! driver bounds each. Between the hand floor
-//! ([`EtcdFloor`](super::EtcdFloor): the same transactions in gRPC by hand
-//! on one bare HTTP/2 connection) and the driver, this is the client
-//! library's share. TLS URLs are refused (the floor beside it has none).
+//! Both requests are the driver's own builders, so they are the driver's
+//! requests to the byte (but the owner id and the details' time). Each
+//! transaction is bounded by the URL's operation timeout, as the driver
+//! bounds each. Between the hand floor ([`EtcdFloor`](super::EtcdFloor):
+//! the same transactions in gRPC by hand on one bare HTTP/2 connection)
+//! and the driver, this is the client library's share. TLS URLs are
+//! refused by [`EtcdCrateAlone::connect`] (the floor beside it has none).
 
 use std::time::Duration;
 
@@ -31,16 +37,10 @@ use async_trait::async_trait;
 use conformance::bench::Contender;
 use lock_core::{ErrorKind, LockError, LockKey, Operation, OwnerId, with_timeout};
 use lock_etcd::EtcdConfig;
-use lock_etcd::etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
-};
-use lock_etcd::keys::{key_prefix, mutex_value, plain_entry};
+use lock_etcd::etcd_client::{Client, KvClient, Txn, TxnOpResponse, TxnResponse};
+use lock_etcd::keys::{self, key_prefix, mutex_value, plain_entry};
 
 use super::{NAME, ttl_secs};
-
-/// The driver's HTTP/2 keep-alive: a ping every 2 s, 2 s to answer it.
-const KEEP_ALIVE: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(2));
 
 /// The driver's mutex cycle through `etcd-client` alone, on one client
 /// and lease of its own; see the module docs.
@@ -90,19 +90,10 @@ fn crate_error(operation: Operation, err: &lock_etcd::etcd_client::Error) -> Loc
     .with_backend(NAME)
 }
 
-/// The oldest entry under a key's prefix (the holder), as the driver reads
-/// it.
-fn oldest_entry() -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1)
-}
-
 impl EtcdCrateAlone {
     /// Parses `url` like [`lock_etcd::connect`], connects one client of the
-    /// crate with the driver's options and grants its lease, kept alive
-    /// until this is dropped.
+    /// crate with the driver's options ([`EtcdConfig::client_options`])
+    /// and grants its lease, kept alive until this is dropped.
     ///
     /// # Errors
     ///
@@ -124,27 +115,34 @@ impl EtcdCrateAlone {
             .with_backend(NAME));
         }
         let op = Operation::Connect;
-        let (interval, timeout) = KEEP_ALIVE;
-        let mut options = ConnectOptions::new()
-            .with_require_leader(true)
-            .with_connect_timeout(config.connect_timeout)
-            .with_keep_alive(interval, timeout)
-            .with_keep_alive_while_idle(true);
-        if let Some(user) = &config.user {
-            options = options.with_user(user.clone(), config.password.clone().unwrap_or_default());
-        }
-        let urls: Vec<String> = config
-            .endpoints
-            .iter()
-            .map(|endpoint| format!("http://{endpoint}"))
-            .collect();
+        let options = config.client_options()?;
+        let client = with_timeout(config.connect_timeout + config.op_timeout, op, async {
+            Client::connect(config.endpoint_urls(), Some(options))
+                .await
+                .map_err(|e| crate_error(op, &e))
+        })
+        .await?;
+        Self::on_client(client, &config).await
+    }
+
+    /// The same on `client` (say the one a backend connected,
+    /// [`EtcdBackend::client`](lock_etcd::EtcdBackend::client), or one on
+    /// another channel), with `config`'s prefix, TTL and operation timeout:
+    /// grants its lease there, kept alive until this is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Backend`] when etcd refuses the lease; `Timeout` past
+    /// the operation timeout.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`EtcdCrateAlone::connect`].
+    pub async fn on_client(mut client: Client, config: &EtcdConfig) -> Result<Self, LockError> {
+        let op = Operation::Connect;
         let ttl = i64::try_from(ttl_secs(config.ttl))
             .map_err(|_| LockError::invalid_argument(op, "TTL too large for an etcd lease"))?;
-        let budget = config.connect_timeout + config.op_timeout;
-        let (client, lease_id, granted, keep) = with_timeout(budget, op, async {
-            let mut client = Client::connect(&urls, Some(options))
-                .await
-                .map_err(|e| crate_error(op, &e))?;
+        let (lease_id, granted, keep) = with_timeout(config.op_timeout, op, async {
             let lease = client
                 .lease_grant(ttl, None)
                 .await
@@ -153,7 +151,7 @@ impl EtcdCrateAlone {
                 .lease_keep_alive(lease.id())
                 .await
                 .map_err(|e| crate_error(op, &e))?;
-            Ok((client, lease.id(), lease.ttl(), keep))
+            Ok((lease.id(), lease.ttl(), keep))
         })
         .await?;
         let every = Duration::from_secs(u64::try_from(granted).unwrap_or(1).max(1)) / 3;
@@ -195,22 +193,7 @@ impl EtcdCrateAlone {
         let prefix = key_prefix(&self.prefix, key);
         let entry = plain_entry(&prefix, &self.lease_hex);
         let owner = OwnerId::random();
-        let get_owner = TxnOp::get(prefix.as_str(), Some(oldest_entry()));
-        let create = Txn::new()
-            .when([Compare::create_revision(
-                entry.as_str(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([
-                TxnOp::put(
-                    entry.as_str(),
-                    mutex_value(owner),
-                    Some(PutOptions::new().with_lease(self.lease_id)),
-                ),
-                get_owner.clone(),
-            ])
-            .or_else([TxnOp::get(entry.as_str(), None), get_owner]);
+        let create = keys::create_txn(&prefix, &entry, self.lease_id, mutex_value(owner));
         let created = self.txn(op, create).await?;
         let revision = created.header().map_or(0, |h| h.revision());
         let oldest = match created.op_responses().get(1) {
@@ -224,15 +207,7 @@ impl EtcdCrateAlone {
                 "etcd-client alone: the key was held",
             ));
         }
-        let owner = owner.to_hex();
-        let above = format!("{owner}!");
-        let delete = Txn::new()
-            .when([
-                Compare::create_revision(entry.as_str(), CompareOp::Equal, revision),
-                Compare::value(entry.as_str(), CompareOp::Greater, owner.as_str()),
-                Compare::value(entry.as_str(), CompareOp::Less, above),
-            ])
-            .and_then([TxnOp::delete(entry.as_str(), None::<DeleteOptions>)]);
+        let delete = keys::guarded_delete(&entry, revision, owner);
         let deleted = self.txn(Operation::Release, delete).await?;
         if !deleted.succeeded() {
             return Err(LockError::new(
