@@ -12,6 +12,7 @@
 //!
 //! Only for loopback test servers: it listens on 127.0.0.1.
 
+use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -21,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep, sleep_until};
 
 pub use crate::faults::Flow;
 use crate::faults::{FaultState, delay_for};
@@ -313,21 +314,38 @@ async fn pump(
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     let mut rng = generation.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    // Chunks read and not yet due: each is delivered at its own arrival
+    // plus the delay, as a link with latency delivers packets, so chunks
+    // that arrive together (a request written in several writes) arrive
+    // together, not one delay after another. Never earlier than the chunk
+    // before it (TCP keeps order).
+    let mut in_flight: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
     loop {
         // Partitions stop reading, so bytes wait in the kernel buffers and
-        // flow on after the heal, as TCP would deliver them.
-        if state.borrow().flow == Flow::Partition && !wait_flowing(&mut state, generation).await {
+        // flow on after the heal, as TCP would deliver them. Chunks already
+        // in flight are still delivered.
+        if in_flight.is_empty()
+            && state.borrow().flow == Flow::Partition
+            && !wait_flowing(&mut state, generation).await
+        {
             return;
         }
+        let due = in_flight.front().map(|(at, _)| *at);
+        let reading = state.borrow().flow != Flow::Partition && in_flight.len() < MAX_IN_FLIGHT;
         let n = tokio::select! {
-            read = from.read(&mut buf) => match read {
+            read = from.read(&mut buf), if reading => match read {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             },
-            cut = cut(&mut state, generation) => {
-                let () = cut;
-                return;
+            () = sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                if let Some((_, chunk)) = in_flight.pop_front()
+                    && !deliver(&mut to, &chunk, &counting).await
+                {
+                    return;
+                }
+                continue;
             }
+            () = cut(&mut state, generation) => return,
         };
         let current = *state.borrow();
         if current.generation != generation {
@@ -343,16 +361,32 @@ async fn pump(
             Flow::Pass => {}
         }
         let delay = delay_for(current.latency, current.jitter, &mut rng);
-        if !delay.is_zero() {
-            sleep(delay).await;
+        if delay.is_zero() && in_flight.is_empty() {
+            if !deliver(&mut to, &buf[..n], &counting).await {
+                return;
+            }
+            continue;
         }
-        // Counted before the write: the other side may answer as soon as
-        // the bytes are out, and its reply must see this direction.
-        counting.forwarded(n);
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
+        let at = Instant::now() + delay;
+        let at = in_flight.back().map_or(at, |(last, _)| at.max(*last));
+        in_flight.push_back((at, buf[..n].to_vec()));
     }
+}
+
+/// The most chunks one direction holds in flight; past it, reading waits
+/// (the sender then sees TCP's back-pressure).
+const MAX_IN_FLIGHT: usize = 1024;
+
+/// Writes a chunk on; `false` once the other side is gone.
+async fn deliver(
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    chunk: &[u8],
+    counting: &Counting,
+) -> bool {
+    // Counted before the write: the other side may answer as soon as the
+    // bytes are out, and its reply must see this direction.
+    counting.forwarded(chunk.len());
+    to.write_all(chunk).await.is_ok()
 }
 
 /// Resolves when the connection is cut (generation changed).
@@ -421,6 +455,47 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(read, Ok(0) | Err(_)), "{survived}: {read:?}");
+    }
+
+    /// Chunks written one after another are each delayed from their own
+    /// arrival, as a link with latency delivers packets: a request written
+    /// in five writes 10 ms apart arrives about one delay after the last
+    /// write, not five delays after the first (the proxy once slept before
+    /// reading each next chunk, which charged clients that write a request
+    /// in several writes, HTTP/2 frames, one delay per write).
+    #[tokio::test]
+    async fn chunks_are_delayed_from_their_own_arrival() {
+        let (proxy, mut stream) = proxied_echo().await;
+        // Each write its own segment (no Nagle coalescing on the way in).
+        stream.set_nodelay(true).unwrap();
+        ping(&mut stream).await.unwrap();
+        let delay = Duration::from_millis(300);
+        proxy.set_latency(delay, Duration::ZERO);
+        let started = Instant::now();
+        for _ in 0..5 {
+            stream.write_all(b"x").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut echoed = [0u8; 5];
+        stream.read_exact(&mut echoed).await.unwrap();
+        let took = started.elapsed();
+        // Two legs of 300 ms after the last write: about 640 ms. One delay
+        // per chunk would take at least 5 x 300 ms up and 300 ms down.
+        assert!(took >= 2 * delay, "delivered early: {took:?}");
+        assert!(
+            took < 3 * delay,
+            "delays added up chunk after chunk: {took:?}"
+        );
+        // Order kept under jitter: each chunk's own delay varies, the
+        // stream does not reorder.
+        proxy.set_latency(Duration::from_millis(20), Duration::from_millis(15));
+        for b in b"abcdefgh" {
+            stream.write_all(&[*b]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut echoed = [0u8; 8];
+        stream.read_exact(&mut echoed).await.unwrap();
+        assert_eq!(&echoed, b"abcdefgh");
     }
 
     #[tokio::test]
