@@ -31,7 +31,9 @@ async fn main() {
         None => 1000,
         Some(Ok(n)) => n,
         Some(Err(_)) => {
-            return println!("usage: etcd_transport [<cycles, default 1000>]  (RTT_US: round trip)");
+            return println!(
+                "usage: etcd_transport [<cycles, default 1000>]  (RTT_US: round trip)"
+            );
         }
     };
     let rtt = Duration::from_micros(
