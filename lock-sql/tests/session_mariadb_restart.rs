@@ -13,40 +13,15 @@
 //! a crash cost it its row), and the sequence's own fall-back after the
 //! SIGKILL is printed.
 
-use std::time::Duration;
-
 use conformance::OrSkip;
 use conformance::servers::mariadb::MariaDbServer;
 use lock_core::{LockBackend, LockBackendExt, LockKey, OwnerId};
 use lock_sql::SqlSessionBackend;
 use lock_sql::sqlx::{self, Connection};
 
-const TTL: Duration = Duration::from_secs(30);
+mod restart_common;
 
-/// The monotonicity check: `after` (the first token of the new run) must
-/// be above every token of `before`.
-fn rises_above(before: &[u64], after: u64) -> Result<(), String> {
-    let highest = before.iter().copied().max().unwrap_or(0);
-    if after > highest {
-        Ok(())
-    } else {
-        Err(format!(
-            "token {after} after the restart is not above {highest} before it"
-        ))
-    }
-}
-
-/// `n` try + release cycles over 4 keys: the tokens.
-async fn grants(backend: &SqlSessionBackend, prefix: &str, n: usize) -> Vec<u64> {
-    let mut tokens = Vec::with_capacity(n);
-    for i in 0..n {
-        let key = LockKey::new(format!("{prefix}/{}", i % 4)).unwrap();
-        let lease = backend.try_acquire(&key, TTL).await.unwrap().unwrap();
-        tokens.push(lease.token().get());
-        assert!(backend.release(&lease).await.unwrap());
-    }
-    tokens
-}
+use restart_common::{TTL, grants, rises_above};
 
 /// The sequence alone: `n` values of `NEXTVAL` in one statement (with
 /// more than the cache's 1,000, the last ones from a refill just made).

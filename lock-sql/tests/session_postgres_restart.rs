@@ -22,31 +22,9 @@ use lock_core::{LockBackend, LockBackendExt, LockKey, OwnerId};
 use lock_sql::sqlx::{self, Connection};
 use lock_sql::{SqlSessionBackend, TransactionLocks};
 
-const TTL: Duration = Duration::from_secs(30);
+mod restart_common;
 
-/// The monotonicity check: `after` must be above every token of `before`.
-fn rises_above(before: &[u64], after: u64) -> Result<(), String> {
-    let highest = before.iter().copied().max().unwrap_or(0);
-    if after > highest {
-        Ok(())
-    } else {
-        Err(format!(
-            "token {after} after the crash is not above {highest} before it"
-        ))
-    }
-}
-
-/// `n` try + release cycles over 4 keys: the tokens.
-async fn grants(backend: &SqlSessionBackend, prefix: &str, n: usize) -> Vec<u64> {
-    let mut tokens = Vec::with_capacity(n);
-    for i in 0..n {
-        let key = LockKey::new(format!("{prefix}/{}", i % 4)).unwrap();
-        let lease = backend.try_acquire(&key, TTL).await.unwrap().unwrap();
-        tokens.push(lease.token().get());
-        assert!(backend.release(&lease).await.unwrap());
-    }
-    tokens
-}
+use restart_common::{TTL, grants, rises_above};
 
 /// A connection once the server accepts queries again (crash recovery
 /// takes a moment after the postmaster re-initialises).
