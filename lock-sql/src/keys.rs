@@ -121,6 +121,12 @@ pub struct StatementTexts {
     /// table's, the sequence's, the run counter's and the run row's
     /// `CREATE`s, the run's token base read, the try grant and the release.
     pub session_mariadb: Option<[String; 7]>,
+    /// PostgreSQL session mode's lean statements, for a session whose
+    /// idle timeout and keep-alive are armed for the TTL already: the
+    /// lean grant, the lean release (the session's last lock; the
+    /// settings stay armed) and the release of a session that keeps
+    /// other locks. `None` elsewhere.
+    pub session_lean: Option<[String; 3]>,
 }
 
 /// Whether the server `SELECT VERSION()` describes takes session tokens
@@ -151,6 +157,18 @@ pub fn statement_texts(dialect: SqlDialect, table: &str) -> Result<StatementText
         .ok()
         .and_then(|s| s.run.clone())
         .map(|r| [r.create, r.read, r.bump, r.set]);
+    let session_lean = session_sql
+        .as_ref()
+        .ok()
+        .filter(|_| dialect == SqlDialect::Postgres)
+        .map(|s| {
+            use crate::connection::session::{PG_LEAN_RELEASE, kept_release, pg_lean_grant};
+            [
+                pg_lean_grant(&s.counter),
+                PG_LEAN_RELEASE.to_owned(),
+                kept_release(dialect, &s.release),
+            ]
+        });
     let session = session_sql.ok().map(|s| [s.create, s.grant, s.release]);
     Ok(StatementTexts {
         create: texts(&row.create),
@@ -169,6 +187,7 @@ pub fn statement_texts(dialect: SqlDialect, table: &str) -> Result<StatementText
         session,
         session_run,
         session_mariadb: mariadb_texts(dialect, table),
+        session_lean,
     })
 }
 

@@ -726,7 +726,7 @@ const PUBLISH_MARGIN: Duration = Duration::from_millis(50);
 /// PostgreSQL's lean grant: the lock and its token, and the grant
 /// published, on a session whose idle timeout and TCP keep-alive are armed
 /// for the lease already (`$3`, the TTL, is bound and unused).
-fn pg_lean_grant(seq: &str) -> String {
+pub(crate) fn pg_lean_grant(seq: &str) -> String {
     format!(
         "SELECT g.t, CASE WHEN g.t IS NOT NULL AND $3::text IS NOT NULL THEN \
          set_config('application_name', 'distlock ' || $2 || ' ' || g.t, false) END \
@@ -738,7 +738,7 @@ fn pg_lean_grant(seq: &str) -> String {
 /// timeout and keep-alive armed (the next grant then needs no setting):
 /// the session is then treated as ending after that timeout of silence
 /// (see [`Session::maybe_expired`]).
-const PG_LEAN_RELEASE: &str =
+pub(crate) const PG_LEAN_RELEASE: &str =
     "SELECT pg_advisory_unlock($1), set_config('application_name', 'distlock', false)";
 
 /// The release of a session that keeps other locks of ours: the lock
@@ -747,7 +747,7 @@ const PG_LEAN_RELEASE: &str =
 /// `distlock-multi` instead, so that `inspect` never shows the grant of
 /// another lock of the session (see `grants::session`, "Published
 /// grants"). MySQL's release is the lock alone already.
-fn kept_release(dialect: SqlDialect, full: &str) -> String {
+pub(crate) fn kept_release(dialect: SqlDialect, full: &str) -> String {
     match dialect {
         SqlDialect::Postgres => {
             "SELECT pg_advisory_unlock($1), set_config('application_name', 'distlock-multi', false)"
