@@ -17,9 +17,10 @@
 //!   token / raw is the fencing token's cost.
 //! - **floor**: [`lock_bench::sql::SessionFloor`], the driver's own grant
 //!   statement (lock and fencing token in one statement: `nextval` of the
-//!   token sequence; MariaDB `NEXTVAL` of its sequence, the holder row
-//!   written to a `MEMORY` table by `INSERT .. ON DUPLICATE KEY UPDATE`)
-//!   and release, by hand on one bare connection:
+//!   token sequence, the lean grant once the connection's idle timeout is
+//!   armed for the TTL, as the driver's; MariaDB `NEXTVAL` of its
+//!   sequence, no holder row in a cycle shorter than the driver's
+//!   publication delay) and release, by hand on one bare connection:
 //!   floor / raw is the cost of the fencing token.
 //! - **ours**: `LockClient` on `SqlSessionBackend`, waiting acquire then
 //!   release, as users write it (each client its own backend); and the 8

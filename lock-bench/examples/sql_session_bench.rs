@@ -1,6 +1,7 @@
 //! Benchmark of session mode (`?mode=session`) against its floor
-//! ([`lock_bench::sql::SessionFloor`]: the same grant statement and release by
-//! hand on one bare connection), with row mode's own cycle for context.
+//! ([`lock_bench::sql::SessionFloor`]: the same grant statements and
+//! releases by hand on one bare connection), with row mode's own cycle for
+//! context.
 //!
 //! `cargo run --release -p lock-bench --example sql_session_bench`
 //!

@@ -9,9 +9,16 @@
 //!    - PostgreSQL: `pg_try_advisory_lock` and `nextval` of the unlogged
 //!      token sequence in one `SELECT` (the server run started by hand at
 //!      connect when no client started it since the server's last crash:
-//!      the sequence raised to `epoch << 40`), which also publishes the owner and token
-//!      in `application_name` and arms `idle_session_timeout` and the
-//!      keep-alive idle time (the TTL), as the driver's grant does;
+//!      the sequence raised to `epoch << 40`), which also publishes the
+//!      owner and token in `application_name`. As the driver's session
+//!      does, the connection's first grant (and any try whose TTL the
+//!      armed one is not within `ttl..=2*ttl` of) is the full grant, which
+//!      also arms `idle_session_timeout` and the keep-alive idle time for
+//!      the TTL; while they are armed, the lean grant (the lock, the
+//!      token, `application_name`) is sent. A connection idle (holding
+//!      nothing) for the armed TTL less half a second is replaced by a new
+//!      one before the grant, as the driver closes such a session (the
+//!      server may have ended it);
 //!    - MariaDB 10.3 and later (`SELECT VERSION()` at connect, as the
 //!      driver): `SELECT CASE WHEN GET_LOCK(name, 0) = 1 THEN ? +
 //!      NEXTVAL(seq) END`, the token the server run's base plus the
@@ -22,8 +29,10 @@
 //!      floor writes none;
 //!    - MySQL: the same `INSERT .. SELECT` on the per-key token row
 //!      (`token = LAST_INSERT_ID(token + 1)`);
-//! 2. the release, one round trip: `pg_advisory_unlock` (and the published
-//!    settings reset) / `RELEASE_LOCK`.
+//! 2. the release, one round trip: PostgreSQL `pg_advisory_unlock` and
+//!    `application_name` reset (the driver's lean release: the idle
+//!    timeout and keep-alive stay armed for the next grant; its release
+//!    that keeps other locks when the floor holds more) / `RELEASE_LOCK`.
 //!
 //! Two round trips per cycle. Unlike the backend, the floor never arms the
 //! MySQL/MariaDB session's `wait_timeout` (one more statement whenever the
@@ -45,9 +54,11 @@ use lock_core::{LockError, LockKey, Operation};
 use lock_sql::keys::{mysql_lock_name, pg_idle_timeout, pg_lock_key};
 use std::sync::Arc;
 
+use lock_sql::keys::DbOptions;
 use lock_sql::sqlx::{self, AssertSqlSafe, Row};
 use lock_sql::{SqlConfig, SqlDialect};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use super::bare::{self, Bare, BareExt, Label, Text, quoted, sql};
 
@@ -59,12 +70,63 @@ use super::bare::{self, Bare, BareExt, Label, Text, quoted, sql};
 pub struct SessionFloor {
     label: Label,
     config: SqlConfig,
-    conn: Mutex<Bare>,
+    conn: Mutex<FloorConn>,
+    /// The full grant (PostgreSQL), the grant (MySQL/MariaDB).
     grant: Text,
+    /// The release (PostgreSQL: the lean one, the session's last lock).
     release: Text,
     /// MariaDB: the server run's token base the grant binds; `None` on
     /// MySQL's token rows and on PostgreSQL.
     run_base: Option<i64>,
+    /// PostgreSQL: the lean statements and how to replace an expired
+    /// connection; `None` on MySQL/MariaDB.
+    lean: Option<PgLean>,
+}
+
+/// The floor's connection and, on PostgreSQL, what the driver's session
+/// keeps of it.
+#[derive(Debug)]
+struct FloorConn {
+    bare: Bare,
+    /// The TTL the session's idle timeout and keep-alive are armed for (a
+    /// full grant's), `None` before the first.
+    armed: Option<Duration>,
+    /// Locks the floor holds on it.
+    held: usize,
+    /// When its last statement ended.
+    last_used: Instant,
+}
+
+impl FloorConn {
+    fn new(bare: Bare) -> Mutex<Self> {
+        Mutex::new(Self {
+            bare,
+            armed: None,
+            held: 0,
+            last_used: Instant::now(),
+        })
+    }
+
+    /// Whether the server may have ended it for silence (armed, holding
+    /// nothing, idle for the armed TTL less half a second), as the
+    /// driver's `Session::maybe_expired`.
+    fn maybe_expired(&self) -> bool {
+        self.held == 0
+            && self
+                .armed
+                .is_some_and(|armed| self.last_used.elapsed() + Duration::from_millis(500) >= armed)
+    }
+}
+
+/// PostgreSQL's lean statements (see the module docs) and what replacing
+/// the connection takes.
+#[derive(Debug)]
+struct PgLean {
+    grant: Text,
+    /// The release of a lock while the floor holds others.
+    kept: Text,
+    options: DbOptions,
+    run: [Text; 4],
 }
 
 /// MariaDB's session statements (10.3 and later): the `CREATE`s (holder
@@ -238,7 +300,9 @@ async fn postgres_setup(
 
 /// Session mode's `CREATE` of the token counter, its grant and its release
 /// for `dialect` on validated table `table`; `None` on SQLite (no session
-/// locks).
+/// locks). PostgreSQL's are the full grant and release (the release
+/// checked against the driver's only: the driver, and so the floor, send
+/// the lean one, see [`postgres_lean_sql`]).
 fn session_sql(dialect: SqlDialect, table: &str) -> Option<(Text, Text, Text)> {
     let (create, grant, release) = match dialect {
         SqlDialect::Postgres => {
@@ -286,6 +350,27 @@ fn session_sql(dialect: SqlDialect, table: &str) -> Option<(Text, Text, Text)> {
     Some((create.into(), grant.into(), release.into()))
 }
 
+/// PostgreSQL's lean statements on validated table `table`, for a
+/// session armed for the TTL already: the grant (the lock, the token and
+/// `application_name`; `$3`, the TTL, bound and unused), the release of
+/// the session's last lock (the settings stay armed) and the release of a
+/// lock while the session keeps others (published as `distlock-multi`).
+fn postgres_lean_sql(table: &str) -> [Text; 3] {
+    let seq = quoted(SqlDialect::Postgres, &format!("{table}_session_useq"));
+    [
+        format!(
+            "SELECT g.t, CASE WHEN g.t IS NOT NULL AND $3::text IS NOT NULL THEN \
+             set_config('application_name', 'distlock ' || $2 || ' ' || g.t, false) END \
+             FROM (SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{seq}') END AS t \
+             OFFSET 0) g"
+        )
+        .into(),
+        "SELECT pg_advisory_unlock($1), set_config('application_name', 'distlock', false)".into(),
+        "SELECT pg_advisory_unlock($1), set_config('application_name', 'distlock-multi', false)"
+            .into(),
+    ]
+}
+
 impl SessionFloor {
     /// Opens one connection to `url` (same syntax as [`lock_sql::connect`];
     /// `mode` is ignored) and creates the token sequence or table if
@@ -329,11 +414,12 @@ impl SessionFloor {
                         .map_err(failed)?;
                     return Ok(Self {
                         label,
-                        conn: Mutex::new(conn),
+                        conn: FloorConn::new(conn),
                         grant: maria.grant,
                         release: maria.release,
                         config,
                         run_base: Some(base),
+                        lean: None,
                     });
                 }
                 if config.creates_table() {
@@ -342,31 +428,59 @@ impl SessionFloor {
             }
             return Ok(Self {
                 label,
-                conn: Mutex::new(conn),
+                conn: FloorConn::new(conn),
                 grant,
                 release,
                 config,
                 run_base: None,
+                lean: None,
             });
         }
-        let mut conn = Bare::open_with(&config, options, &[create]).await?;
+        let run = postgres_run_sql(config.table_name());
+        let mut conn = Bare::open_with(&config, options.clone(), &[create]).await?;
         if let Bare::Postgres(c) = &mut conn {
-            postgres_setup(
-                c,
-                &postgres_run_sql(config.table_name()),
-                config.creates_table(),
-            )
-            .await
-            .map_err(|e| lock_sql::keys::map_error(&config, Operation::Connect, e))?;
+            postgres_setup(c, &run, config.creates_table())
+                .await
+                .map_err(|e| lock_sql::keys::map_error(&config, Operation::Connect, e))?;
         }
+        let [lean_grant, lean_release, kept] = postgres_lean_sql(config.table_name());
         Ok(Self {
             label,
-            conn: Mutex::new(conn),
+            conn: FloorConn::new(conn),
             grant,
-            release,
+            release: lean_release,
             config,
             run_base: None,
+            lean: Some(PgLean {
+                grant: lean_grant,
+                kept,
+                options,
+                run,
+            }),
         })
+    }
+
+    /// PostgreSQL: replaces a connection the server may have ended for
+    /// silence with a new one (whose run is checked, as the driver's
+    /// session open does), not yet armed.
+    async fn renew_expired(&self, conn: &mut FloorConn) -> Result<(), sqlx::Error> {
+        let Some(lean) = &self.lean else {
+            return Ok(());
+        };
+        if !conn.maybe_expired() {
+            return Ok(());
+        }
+        let mut bare = lean.options.connect().await?;
+        if let Bare::Postgres(c) = &mut bare {
+            postgres_setup(c, &lean.run, false).await?;
+        }
+        *conn = FloorConn {
+            bare,
+            armed: None,
+            held: 0,
+            last_used: Instant::now(),
+        };
+        Ok(())
     }
 
     /// The grant statement: the token when granted, `None` when held.
@@ -377,14 +491,33 @@ impl SessionFloor {
         ttl: Duration,
     ) -> Result<Option<i64>, sqlx::Error> {
         let namespace = self.config.table_name();
-        Ok(match &mut *self.conn.lock().await {
+        let mut conn = self.conn.lock().await;
+        self.renew_expired(&mut conn).await?;
+        let conn = &mut *conn;
+        let token = match &mut conn.bare {
             Bare::PostgresPooled(_) => return Err(super::bare::pooled()),
             Bare::Postgres(c) => {
-                let q = sqlx::query(sql(&self.grant))
+                // The driver's choice (`Session::grant`): a session holding
+                // other locks stays armed for the longest TTL; a try on a
+                // session armed for ttl..=2*ttl sends the lean grant.
+                let ttl = match conn.armed {
+                    Some(armed) if conn.held > 0 => armed.max(ttl),
+                    _ => ttl,
+                };
+                let lean = self
+                    .lean
+                    .as_ref()
+                    .filter(|_| conn.armed.is_some_and(|a| a >= ttl && a <= ttl * 2));
+                let text = lean.map_or(&self.grant, |lean| &lean.grant);
+                let q = sqlx::query(sql(text))
                     .bind(pg_lock_key(namespace, key))
                     .bind(owner)
                     .bind(pg_idle_timeout(ttl));
-                q.fetch_one(c).await?.try_get::<Option<i64>, _>(0)?
+                let token = q.fetch_one(c).await?.try_get::<Option<i64>, _>(0)?;
+                if lean.is_none() && token.is_some_and(|t| t > 0) {
+                    conn.armed = Some(ttl);
+                }
+                token
             }
             Bare::MySql(c) if let Some(run_base) = self.run_base => {
                 let lock_name = mysql_lock_name(namespace, key);
@@ -406,16 +539,29 @@ impl SessionFloor {
             }
             Bare::Sqlite(_) => None,
         }
-        .filter(|token| *token > 0))
+        .filter(|token| *token > 0);
+        conn.last_used = Instant::now();
+        if token.is_some() {
+            conn.held += 1;
+        }
+        Ok(token)
     }
 
     /// The release statement: whether this session held the lock.
     async fn release_lock(&self, key: &str) -> Result<bool, sqlx::Error> {
         let namespace = self.config.table_name();
-        Ok(match &mut *self.conn.lock().await {
+        let mut conn = self.conn.lock().await;
+        let conn = &mut *conn;
+        let released = match &mut conn.bare {
             Bare::PostgresPooled(_) => return Err(super::bare::pooled()),
             Bare::Postgres(c) => {
-                let q = sqlx::query(sql(&self.release)).bind(pg_lock_key(namespace, key));
+                // The driver's `Sessions::release_sql`: the lean release
+                // for the session's last lock, the kept one otherwise.
+                let text = match &self.lean {
+                    Some(lean) if conn.held > 1 => &lean.kept,
+                    _ => &self.release,
+                };
+                let q = sqlx::query(sql(text)).bind(pg_lock_key(namespace, key));
                 q.fetch_one(c).await?.try_get::<bool, _>(0)?
             }
             Bare::MySql(c) => {
@@ -423,7 +569,12 @@ impl SessionFloor {
                 q.fetch_one(c).await?.try_get::<Option<i64>, _>(0)? == Some(1)
             }
             Bare::Sqlite(_) => false,
-        })
+        };
+        conn.last_used = Instant::now();
+        if released {
+            conn.held = conn.held.saturating_sub(1);
+        }
+        Ok(released)
     }
 }
 
@@ -474,6 +625,15 @@ mod tests {
         assert!(session_sql(SqlDialect::Sqlite, "locks").is_none());
         for table in ["locks", "app.locks"] {
             let ours = lock_sql::keys::statement_texts(SqlDialect::Postgres, table).expect("pg");
+            let lean = ours.session_lean.expect("PostgreSQL's lean statements");
+            for (floor, ours) in postgres_lean_sql(table).iter().zip(&lean) {
+                assert_eq!(&**floor, ours, "PostgreSQL lean {table}");
+            }
+            let mysql = lock_sql::keys::statement_texts(SqlDialect::MySql, table).expect("mysql");
+            assert!(
+                mysql.session_lean.is_none(),
+                "lean statements are PostgreSQL's"
+            );
             let ours = ours.session_run.expect("PostgreSQL's server run");
             for (floor, ours) in postgres_run_sql(table).iter().zip(&ours) {
                 assert_eq!(&**floor, ours, "PostgreSQL {table}");
