@@ -148,17 +148,10 @@ impl RedlockCrateAlone {
         let (acquire, release) =
             cycle_requests(&self.scripts, &names, &owner, &self.ttl_ms, &details);
         let sent_at = Instant::now();
-        let (mut granted, mut failed) = (0, 0);
-        for reply in self
-            .everywhere(&acquire, self.per_node, Operation::Acquire)
-            .await
-        {
-            match reply {
-                Ok(1) => granted += 1,
-                Ok(_) => {}
-                Err(_) => failed += 1,
-            }
-        }
+        let (granted, failed) = tally(
+            self.everywhere(&acquire, self.per_node, Operation::Acquire)
+                .await,
+        );
         let in_time = lock_core::validity_deadline(sent_at, self.ttl) > Instant::now();
         if granted < self.quorum || !in_time {
             // The driver's undo of a partial (or late) grant, on every
@@ -176,17 +169,10 @@ impl RedlockCrateAlone {
                 ),
             ));
         }
-        let (mut released, mut failed) = (0, 0);
-        for reply in self
-            .everywhere(&release, self.timeout, Operation::Release)
-            .await
-        {
-            match reply {
-                Ok(1) => released += 1,
-                Ok(_) => {}
-                Err(_) => failed += 1,
-            }
-        }
+        let (released, failed) = tally(
+            self.everywhere(&release, self.timeout, Operation::Release)
+                .await,
+        );
         // The driver's rule: a majority, or on Redlock any node with no
         // error.
         if released < self.quorum && (released == 0 || failed > 0) {
@@ -211,6 +197,18 @@ fn first_int(reply: &::redis::Value) -> Option<i64> {
         },
         _ => None,
     }
+}
+
+/// The nodes that answered 1 (granted, released) and the nodes that
+/// failed, of one request sent everywhere.
+fn tally<E>(replies: impl IntoIterator<Item = Result<i64, E>>) -> (usize, usize) {
+    replies
+        .into_iter()
+        .fold((0, 0), |(ok, failed), reply| match reply {
+            Ok(1) => (ok + 1, failed),
+            Ok(_) => (ok, failed),
+            Err(_) => (ok, failed + 1),
+        })
 }
 
 #[async_trait]
