@@ -113,12 +113,15 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{ErrorKind, FencingToken, LockError, LockKey, Operation, OwnerId};
+use lock_core::{
+    ErrorKind, FencingToken, HolderDetails, LockError, LockKey, Operation, OwnerHex, OwnerId,
+};
 use sqlx::Transaction;
 use tokio::time::Instant;
 
 use crate::config::{NAME, SqlConfig, SqlDialect, SqlLayout, SqlMode};
 use crate::error::map_sqlx;
+use sealed::{GrantRequest, Granted};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -343,8 +346,8 @@ impl TransactionLocks {
         key: &LockKey,
     ) -> Result<Option<TransactionGuard<'t, 'c, DB>>, LockError> {
         self.check::<DB>(Operation::TryAcquire, Some(key))?;
-        let owner = OwnerId::random().hex();
-        let granted = DB::grant(self, &mut **tx, key, owner.as_str(), None).await?;
+        let mut request = GrantRequest::new(self, key, None);
+        let granted = DB::grant(&mut **tx, &mut request).await?;
         Ok(granted.map(|token| TransactionGuard::new(tx, key, token)))
     }
 
@@ -367,9 +370,8 @@ impl TransactionLocks {
         wait: Duration,
     ) -> Result<TransactionGuard<'t, 'c, DB>, LockError> {
         self.check::<DB>(Operation::Acquire, Some(key))?;
-        let owner = OwnerId::random().hex();
-        let deadline = Instant::now() + wait;
-        match DB::grant(self, &mut **tx, key, owner.as_str(), Some(deadline)).await? {
+        let mut request = GrantRequest::new(self, key, Some(Instant::now() + wait));
+        match DB::grant(&mut **tx, &mut request).await? {
             Some(token) => Ok(TransactionGuard::new(tx, key, token)),
             None => Err(self.contended(key, "still held at the wait deadline")),
         }
@@ -464,18 +466,6 @@ fn is_deadlock(db: &dyn sqlx::error::DatabaseError) -> bool {
             && db.message().to_ascii_lowercase().contains("deadlock"))
 }
 
-/// The poll interval of waits that poll: doubling from 10 ms, at most
-/// 250 ms, never past `deadline`. `None` once the deadline has passed.
-fn next_poll(step: &mut Duration, deadline: Instant) -> Option<Duration> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return None;
-    }
-    let sleep = (*step).min(left);
-    *step = (*step * 2).min(Duration::from_millis(250));
-    Some(sleep)
-}
-
 /// A transaction-scoped lock, held until its transaction ends. It borrows
 /// the transaction mutably: do the transaction's work through it
 /// ([`conn`](Self::conn), or the transaction it dereferences to), drop it,
@@ -548,8 +538,14 @@ pub trait TxDatabase: sqlx::Database + sealed::Driver {}
 impl<DB: sqlx::Database + sealed::Driver> TxDatabase for DB {}
 
 mod sealed {
-    use super::{Instant, LockError, LockKey, TransactionLocks, async_trait};
+    use super::{
+        Duration, HolderDetails, Instant, LockError, LockKey, Operation, OwnerHex, OwnerId,
+        TransactionLocks, async_trait,
+    };
     use crate::config::SqlDialect;
+
+    /// A grant's token, or `None` when the key is still held.
+    pub(super) type Granted = Result<Option<u64>, LockError>;
 
     /// The per-database grant (not nameable outside the crate).
     #[async_trait]
@@ -557,15 +553,59 @@ mod sealed {
         /// The dialect of this database.
         const DIALECT: SqlDialect;
 
-        /// A try (`deadline` `None`) or a wait until `deadline`: the token,
-        /// or `None` when still held.
-        async fn grant(
-            locks: &TransactionLocks,
-            conn: &mut Self::Connection,
-            key: &LockKey,
-            owner: &str,
+        /// The request's try (no deadline) or wait until its deadline: the
+        /// token, or `None` when still held.
+        async fn grant(conn: &mut Self::Connection, request: &mut GrantRequest<'_>) -> Granted;
+    }
+
+    /// One grant of a transaction lock, as every database's grant takes it:
+    /// the key, a fresh owner, the holder details, and for a wait its
+    /// deadline and the polling step.
+    pub struct GrantRequest<'k> {
+        pub locks: &'k TransactionLocks,
+        pub key: &'k LockKey,
+        pub owner: OwnerHex,
+        pub details: String,
+        /// `None` for a try.
+        pub deadline: Option<Instant>,
+        pub operation: Operation,
+        step: Duration,
+    }
+
+    impl<'k> GrantRequest<'k> {
+        pub fn new(
+            locks: &'k TransactionLocks,
+            key: &'k LockKey,
             deadline: Option<Instant>,
-        ) -> Result<Option<u64>, LockError>;
+        ) -> Self {
+            Self {
+                locks,
+                key,
+                owner: OwnerId::random().hex(),
+                details: HolderDetails::encode_current(),
+                deadline,
+                operation: match deadline {
+                    None => Operation::TryAcquire,
+                    Some(_) => Operation::Acquire,
+                },
+                step: Duration::from_millis(10),
+            }
+        }
+
+        /// Sleeps before the next poll, doubling the step up to 250 ms and
+        /// never past the deadline: `false` for a try or at the deadline.
+        pub async fn pause(&mut self) -> bool {
+            let Some(deadline) = self.deadline else {
+                return false;
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            tokio::time::sleep(self.step.min(left)).await;
+            self.step = (self.step * 2).min(Duration::from_millis(250));
+            true
+        }
     }
 }
 
@@ -586,14 +626,6 @@ fn row_sql(dialect: SqlDialect, table: &str) -> Result<TxSql, LockError> {
 /// A statement's token: `None` when none or not positive.
 fn token_of(raw: Option<i64>) -> Option<u64> {
     raw.and_then(|t| u64::try_from(t).ok()).filter(|t| *t > 0)
-}
-
-/// The operation of a grant with or without a deadline.
-fn operation_of(deadline: Option<Instant>) -> Operation {
-    match deadline {
-        None => Operation::TryAcquire,
-        Some(_) => Operation::Acquire,
-    }
 }
 
 /// A database error's code, if it is one.

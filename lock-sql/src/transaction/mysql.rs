@@ -3,14 +3,11 @@
 //! (`innodb_lock_wait_timeout` 0 for the statement on MariaDB, 1 s on
 //! MySQL), polled until a wait's deadline.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use lock_core::{HolderDetails, LockError, LockKey};
+use lock_core::LockKey;
 use sqlx::{AssertSqlSafe, MySqlConnection};
-use tokio::time::Instant;
 
-use super::{TransactionLocks, next_poll, operation_of, sealed};
+use super::{GrantRequest, Granted, TransactionLocks, sealed};
 use crate::config::SqlDialect;
 
 /// What one try did.
@@ -96,32 +93,19 @@ fn is_lock_wait(err: &sqlx::Error) -> bool {
 impl sealed::Driver for sqlx::MySql {
     const DIALECT: SqlDialect = SqlDialect::MySql;
 
-    async fn grant(
-        locks: &TransactionLocks,
-        conn: &mut MySqlConnection,
-        key: &LockKey,
-        owner: &str,
-        deadline: Option<Instant>,
-    ) -> Result<Option<u64>, LockError> {
-        let operation = operation_of(deadline);
-        let op_timeout = locks.config.op_timeout;
-        let details = HolderDetails::encode_current();
-        let mut step = Duration::from_millis(10);
+    async fn grant(conn: &mut MySqlConnection, request: &mut GrantRequest<'_>) -> Granted {
+        let (locks, key, operation) = (request.locks, request.key, request.operation);
         loop {
-            let tried = locks.mysql_try(conn, key, owner, &details);
+            let tried = locks.mysql_try(conn, key, request.owner.as_str(), &request.details);
             match locks
-                .bounded(operation, Some(key), op_timeout, tried)
+                .bounded(operation, Some(key), locks.config.op_timeout, tried)
                 .await?
             {
                 Tried::Granted(token) => return Ok(Some(token)),
                 Tried::Held => {}
             }
-            let Some(deadline) = deadline else {
+            if !request.pause().await {
                 return Ok(None);
-            };
-            match next_poll(&mut step, deadline) {
-                Some(sleep) => tokio::time::sleep(sleep).await,
-                None => return Ok(None),
             }
         }
     }

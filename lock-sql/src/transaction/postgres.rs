@@ -6,13 +6,12 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{HolderDetails, LockError, LockKey};
+use lock_core::{LockError, LockKey};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 use tokio::time::Instant;
 
 use super::{
-    TransactionLockKind, TransactionLocks, TxSql, code_of, next_poll, operation_of, sealed,
-    token_of,
+    GrantRequest, Granted, TransactionLockKind, TransactionLocks, TxSql, code_of, sealed, token_of,
 };
 use crate::config::SqlDialect;
 use crate::dialect::postgres::RUN_FIRST;
@@ -103,6 +102,69 @@ enum Waited {
     Leased,
     /// `lock_timeout` ran out (the savepoint was rolled back).
     TimedOut,
+}
+
+#[async_trait]
+impl sealed::Driver for sqlx::Postgres {
+    const DIALECT: SqlDialect = SqlDialect::Postgres;
+
+    async fn grant(conn: &mut PgConnection, request: &mut GrantRequest<'_>) -> Granted {
+        let (locks, key, operation) = (request.locks, request.key, request.operation);
+        let op_timeout = locks.config.op_timeout;
+        let mut started = false;
+        let token = loop {
+            let tried = locks
+                .pg_grant(
+                    &locks.sql.try_grant,
+                    key,
+                    request.owner.as_str(),
+                    &request.details,
+                    None,
+                )
+                .fetch_optional(&mut *conn);
+            let row = locks
+                .bounded(operation, Some(key), op_timeout, tried)
+                .await?;
+            let raw = match row {
+                Some(row) => row
+                    .try_get::<Option<i64>, _>(0)
+                    .map_err(|e| locks.failed(operation, Some(key), e))?,
+                None => None,
+            };
+            if raw != Some(NOT_STARTED) {
+                break token_of(raw);
+            }
+            locks.start_run(operation, key, &mut started).await?;
+        };
+        if token.is_some() {
+            return Ok(token);
+        }
+        let Some(deadline) = request.deadline else {
+            return Ok(None);
+        };
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let waited = locks.pg_wait(conn, key, request.owner.as_str(), &request.details, left);
+            match locks
+                .bounded(operation, Some(key), left + op_timeout, waited)
+                .await?
+            {
+                Waited::Granted(token) => return Ok(Some(token)),
+                Waited::NotStarted => locks.start_run(operation, key, &mut started).await?,
+                Waited::TimedOut => return Ok(None),
+                // Row mode: a live lease; poll (the advisory lock is kept,
+                // so the next transaction lock waits behind this one).
+                Waited::Leased => {
+                    if !request.pause().await {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl TransactionLocks {
@@ -231,70 +293,6 @@ impl TransactionLocks {
                 }
             }
             Err(err) => Err(err),
-        }
-    }
-}
-
-#[async_trait]
-impl sealed::Driver for sqlx::Postgres {
-    const DIALECT: SqlDialect = SqlDialect::Postgres;
-
-    async fn grant(
-        locks: &TransactionLocks,
-        conn: &mut PgConnection,
-        key: &LockKey,
-        owner: &str,
-        deadline: Option<Instant>,
-    ) -> Result<Option<u64>, LockError> {
-        let operation = operation_of(deadline);
-        let op_timeout = locks.config.op_timeout;
-        let details = HolderDetails::encode_current();
-        let mut started = false;
-        let token = loop {
-            let tried = locks
-                .pg_grant(&locks.sql.try_grant, key, owner, &details, None)
-                .fetch_optional(&mut *conn);
-            let row = locks
-                .bounded(operation, Some(key), op_timeout, tried)
-                .await?;
-            let raw = match row {
-                Some(row) => row
-                    .try_get::<Option<i64>, _>(0)
-                    .map_err(|e| locks.failed(operation, Some(key), e))?,
-                None => None,
-            };
-            if raw != Some(NOT_STARTED) {
-                break token_of(raw);
-            }
-            locks.start_run(operation, key, &mut started).await?;
-        };
-        if token.is_some() {
-            return Ok(token);
-        }
-        let Some(deadline) = deadline else {
-            return Ok(None);
-        };
-        let mut step = Duration::from_millis(10);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            let waited = locks.pg_wait(conn, key, owner, &details, left);
-            match locks
-                .bounded(operation, Some(key), left + op_timeout, waited)
-                .await?
-            {
-                Waited::Granted(token) => return Ok(Some(token)),
-                Waited::NotStarted => locks.start_run(operation, key, &mut started).await?,
-                Waited::TimedOut => return Ok(None),
-                // Row mode: a live lease; poll (the advisory lock is kept,
-                // so the next transaction lock waits behind this one).
-                Waited::Leased => match next_poll(&mut step, deadline) {
-                    Some(sleep) => tokio::time::sleep(sleep).await,
-                    None => return Ok(None),
-                },
-            }
         }
     }
 }

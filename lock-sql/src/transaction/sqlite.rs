@@ -1,14 +1,11 @@
 //! SQLite's transaction locks: row mode's grant in the caller's
 //! transaction, which takes (and keeps) the database file's write lock.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use lock_core::{ErrorKind, HolderDetails, LockError, LockKey};
+use lock_core::{ErrorKind, LockError, LockKey};
 use sqlx::{AssertSqlSafe, Row, SqliteConnection};
-use tokio::time::Instant;
 
-use super::{TransactionLocks, code_of, next_poll, operation_of, sealed, token_of};
+use super::{GrantRequest, Granted, TransactionLocks, code_of, sealed, token_of};
 use crate::config::{NAME, SqlDialect};
 use crate::dialect::unix_micros;
 
@@ -64,26 +61,18 @@ impl TransactionLocks {
 impl sealed::Driver for sqlx::Sqlite {
     const DIALECT: SqlDialect = SqlDialect::Sqlite;
 
-    async fn grant(
-        locks: &TransactionLocks,
-        conn: &mut SqliteConnection,
-        key: &LockKey,
-        owner: &str,
-        deadline: Option<Instant>,
-    ) -> Result<Option<u64>, LockError> {
-        let operation = operation_of(deadline);
+    async fn grant(conn: &mut SqliteConnection, request: &mut GrantRequest<'_>) -> Granted {
+        let (locks, key, operation) = (request.locks, request.key, request.operation);
         // The busy timeout is the connection's: the budget must cover it.
         let budget = locks.config.op_timeout + locks.config.busy_timeout;
-        let details = HolderDetails::encode_current();
-        let mut step = Duration::from_millis(10);
         loop {
-            let tried = locks.sqlite_try(conn, key, owner, &details);
+            let tried = locks.sqlite_try(conn, key, request.owner.as_str(), &request.details);
             match locks.bounded(operation, Some(key), budget, tried).await? {
                 Tried::Granted(token) => return Ok(Some(token)),
                 // This transaction now holds the file's write lock: the
                 // lease's holder cannot release it before this
                 // transaction ends, so waiting here is pointless.
-                Tried::Leased if deadline.is_some() => {
+                Tried::Leased if request.deadline.is_some() => {
                     return Err(locks.contended(
                         key,
                         "a live row-mode lease holds the key; its holder cannot release it while \
@@ -104,12 +93,8 @@ impl sealed::Driver for sqlx::Sqlite {
                     .with_backend(NAME));
                 }
             }
-            let Some(deadline) = deadline else {
+            if !request.pause().await {
                 return Ok(None);
-            };
-            match next_poll(&mut step, deadline) {
-                Some(sleep) => tokio::time::sleep(sleep).await,
-                None => return Ok(None),
             }
         }
     }
