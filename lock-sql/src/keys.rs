@@ -59,7 +59,10 @@ impl Statements {
         let quoted_table = quote_with(dialect.quote(), table);
         let sql = dialect.statements(&quoted_table, &first_token(&quoted_floor));
         Self {
-            create: vec![sql.create.into(), floor_table(&quoted_floor).into()],
+            create: vec![
+                dialect.lease_create(&quoted_table).into(),
+                floor_table(&quoted_floor).into(),
+            ],
             grant: sql.grant.into(),
             release: sql.release.into(),
             renew: sql.renew.into(),

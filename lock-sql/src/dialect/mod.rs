@@ -87,8 +87,6 @@ pub(crate) fn floor_table(f: &str) -> String {
 /// floor table, the quoted names).
 #[derive(Debug)]
 pub(crate) struct LeaseSql {
-    /// Creates the lease table if missing.
-    pub(crate) create: String,
     pub(crate) grant: String,
     pub(crate) release: String,
     pub(crate) renew: String,
@@ -193,6 +191,39 @@ pub(crate) enum Params {
     Positional,
 }
 
+/// The nullable `details` column's type in `ddl`'s dialect.
+fn details_column(ddl: &SharedDdl) -> String {
+    ddl.details.map_or_else(
+        || "TEXT".to_owned(),
+        |after| format!("VARCHAR({DETAILS_LEN}){after}"),
+    )
+}
+
+/// The lease table `t`'s `CREATE TABLE IF NOT EXISTS` in the column types
+/// of `ddl` (MySQL/MariaDB and SQLite; PostgreSQL's lease table also
+/// keeps its waiters' deadline). `owner` is nullable, with the words
+/// `details` is declared nullable with.
+pub(crate) fn lease_table(t: &str, ddl: &SharedDdl) -> String {
+    let SharedDdl {
+        name,
+        owner,
+        int,
+        time,
+        keyed_options,
+        ..
+    } = ddl;
+    let nullable = ddl.details.unwrap_or("");
+    let details = details_column(ddl);
+    format!(
+        "CREATE TABLE IF NOT EXISTS {t} (\
+         name {name} NOT NULL PRIMARY KEY, \
+         owner {owner}{nullable}, \
+         token {int} NOT NULL, \
+         expires_at {time} NOT NULL, \
+         details {details}){keyed_options}"
+    )
+}
+
 /// The keys, holders and waiters tables' `CREATE TABLE IF NOT EXISTS`
 /// statements in the dialect that `ddl` describes.
 pub(crate) fn shared_tables(names: &SharedNames, ddl: &SharedDdl) -> Vec<String> {
@@ -210,16 +241,13 @@ pub(crate) fn shared_tables(names: &SharedNames, ddl: &SharedDdl) -> Vec<String>
         kind,
         int,
         time,
-        details,
         waiter_id,
         keyed_options,
         waiters_options,
         waiters_index,
+        details: _,
     } = ddl;
-    let details = details.map_or_else(
-        || "TEXT".to_owned(),
-        |after| format!("VARCHAR({DETAILS_LEN}){after}"),
-    );
+    let details = details_column(ddl);
     let waiters_extra = match waiters_index {
         WaitersIndex::Inline => format!(", INDEX {index} (name, shape, id)"),
         WaitersIndex::Separate | WaitersIndex::QualifiedName => String::new(),
@@ -395,6 +423,12 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug + 'static {
     /// The lease table's statements for `table` (quoted), `first` the
     /// token of a row the grant inserts ([`first_token`] of the floor).
     fn statements(&self, table: &str, first: &str) -> LeaseSql;
+
+    /// Creates the lease table `table` (quoted) if missing: the shared
+    /// column types' table, or a dialect's own.
+    fn lease_create(&self, table: &str) -> String {
+        lease_table(table, &self.profile().shared)
+    }
 
     /// The lease table's `details` column, for a table created before it
     /// existed (run only when a probe found it missing).

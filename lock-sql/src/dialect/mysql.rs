@@ -138,14 +138,6 @@ static PROFILE: Profile = Profile {
 impl Dialect for MySql {
     fn statements(&self, t: &str, first: &str) -> LeaseSql {
         LeaseSql {
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
-                 name VARBINARY(1024) NOT NULL PRIMARY KEY, \
-                 owner VARCHAR(64) NULL, \
-                 token BIGINT NOT NULL, \
-                 expires_at DATETIME(6) NOT NULL, \
-                 details VARCHAR({DETAILS_LEN}) NULL) ENGINE=InnoDB"
-            ),
             grant: format!(
                 "INSERT INTO {t} (name, owner, token, expires_at, details) \
                  VALUES (?, ?, LAST_INSERT_ID({first}), {NOW} + INTERVAL ? MICROSECOND, ?) {}",
@@ -1100,6 +1092,19 @@ mod tests {
                 server_may_end_session_after(ttl, LINUX_KEEPALIVE)
             );
         }
+    }
+
+    /// The lease table's schema text, as deployed tables were created.
+    #[test]
+    fn lease_table_text_is_unchanged() {
+        assert_eq!(
+            MySql.lease_create("t"),
+            format!(
+                "CREATE TABLE IF NOT EXISTS t (name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+                 owner VARCHAR(64) NULL, token BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
+                 details VARCHAR({DETAILS_LEN}) NULL) ENGINE=InnoDB"
+            )
+        );
     }
 
     /// Sequences from MariaDB 10.3 on; never on MySQL.

@@ -121,15 +121,6 @@ fn waiting_sql(t: &str, first: &str) -> WaitingSql {
 impl Dialect for Postgres {
     fn statements(&self, t: &str, first: &str) -> LeaseSql {
         LeaseSql {
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
-                 name VARCHAR(1024) PRIMARY KEY, \
-                 owner VARCHAR(64), \
-                 token BIGINT NOT NULL, \
-                 expires_at TIMESTAMPTZ NOT NULL, \
-                 details VARCHAR({DETAILS_LEN}), \
-                 waiters_until TIMESTAMPTZ)"
-            ),
             grant: lease_upsert(
                 t,
                 &format!("VALUES ($1, $2, {first}, now() + $3 * INTERVAL '1 microsecond', $4)"),
@@ -156,6 +147,19 @@ impl Dialect for Postgres {
             ),
             waiting: Some(waiting_sql(t, first)),
         }
+    }
+
+    fn lease_create(&self, t: &str) -> String {
+        // The waiters' deadline (see `WaitingSql`) is PostgreSQL's alone.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} (\
+             name VARCHAR(1024) PRIMARY KEY, \
+             owner VARCHAR(64), \
+             token BIGINT NOT NULL, \
+             expires_at TIMESTAMPTZ NOT NULL, \
+             details VARCHAR({DETAILS_LEN}), \
+             waiters_until TIMESTAMPTZ)"
+        )
     }
 
     fn add_details_sql(&self, t: &str) -> String {

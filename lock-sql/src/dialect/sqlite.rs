@@ -111,14 +111,6 @@ impl Dialect for Sqlite {
     // "now" is bound as ?3 / ?4.
     fn statements(&self, t: &str, first: &str) -> LeaseSql {
         LeaseSql {
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (\
-                 name TEXT NOT NULL PRIMARY KEY, \
-                 owner TEXT, \
-                 token INTEGER NOT NULL, \
-                 expires_at INTEGER NOT NULL, \
-                 details TEXT) WITHOUT ROWID"
-            ),
             grant: lease_upsert(
                 t,
                 &format!("VALUES (?1, ?2, {first}, ?3 + ?4, ?5)"),
@@ -259,5 +251,15 @@ mod tests {
     #[test]
     fn micros_later_is_sqlite_now_plus() {
         assert_eq!(PROFILE.micros_later[0], format!("({SQLITE_NOW} + "));
+    }
+
+    /// The lease table's schema text, as deployed tables were created.
+    #[test]
+    fn lease_table_text_is_unchanged() {
+        assert_eq!(
+            Sqlite.lease_create("t"),
+            "CREATE TABLE IF NOT EXISTS t (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+             token INTEGER NOT NULL, expires_at INTEGER NOT NULL, details TEXT) WITHOUT ROWID"
+        );
     }
 }
