@@ -554,24 +554,39 @@ mod tests {
 
     #[test]
     fn each_shape_lists_its_own_entries() {
-        let it =
-            |segment: &str, key: &str, epoch| Some((segment.to_owned(), key.to_owned(), epoch));
-        assert_eq!(
-            member(Listed::ReadWrite, "p/", b"p/a%2Fb%rw/1a"),
-            it("a%2Fb%rw", "a/b", false)
-        );
-        assert_eq!(
-            member(Listed::ReadWrite, "p/", b"p/a%rw-epoch"),
-            it("a%rw", "a", true)
-        );
-        assert_eq!(
-            member(Listed::Semaphore, "p/", b"p/a%sem/1a-2"),
-            it("a%sem", "a", false)
-        );
-        assert_eq!(
-            member(Listed::Election, "", b"a%25rw%elect/1a"),
-            it("a%25rw%elect", "a%rw", false)
-        );
+        for (listed, prefix, key, expected) in [
+            (
+                Listed::ReadWrite,
+                "p/",
+                &b"p/a%2Fb%rw/1a"[..],
+                ("a%2Fb%rw", "a/b", false),
+            ),
+            (
+                Listed::ReadWrite,
+                "p/",
+                b"p/a%rw-epoch",
+                ("a%rw", "a", true),
+            ),
+            (
+                Listed::Semaphore,
+                "p/",
+                b"p/a%sem/1a-2",
+                ("a%sem", "a", false),
+            ),
+            (
+                Listed::Election,
+                "",
+                b"a%25rw%elect/1a",
+                ("a%25rw%elect", "a%rw", false),
+            ),
+        ] {
+            let (segment, name, epoch) = expected;
+            assert_eq!(
+                member(listed, prefix, key),
+                Some((segment.to_owned(), name.to_owned(), epoch)),
+                "{key:?}"
+            );
+        }
         for (listed, other) in [
             (Listed::ReadWrite, &b"p/a/1a"[..]),
             (Listed::ReadWrite, b"p/a%sem/1a"),
