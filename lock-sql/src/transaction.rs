@@ -121,7 +121,7 @@ use tokio::time::Instant;
 
 use crate::config::{NAME, SqlConfig, SqlDialect, SqlLayout, SqlMode};
 use crate::error::map_sqlx;
-use sealed::{GrantRequest, Granted};
+use sealed::{Granted, TxGrantRequest};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -346,7 +346,7 @@ impl TransactionLocks {
         key: &LockKey,
     ) -> Result<Option<TransactionGuard<'t, 'c, DB>>, LockError> {
         self.check::<DB>(Operation::TryAcquire, Some(key))?;
-        let mut request = GrantRequest::new(self, key, None);
+        let mut request = TxGrantRequest::new(self, key, None);
         let granted = DB::grant(&mut **tx, &mut request).await?;
         Ok(granted.map(|token| TransactionGuard::new(tx, key, token)))
     }
@@ -370,7 +370,7 @@ impl TransactionLocks {
         wait: Duration,
     ) -> Result<TransactionGuard<'t, 'c, DB>, LockError> {
         self.check::<DB>(Operation::Acquire, Some(key))?;
-        let mut request = GrantRequest::new(self, key, Some(Instant::now() + wait));
+        let mut request = TxGrantRequest::new(self, key, Some(Instant::now() + wait));
         match DB::grant(&mut **tx, &mut request).await? {
             Some(token) => Ok(TransactionGuard::new(tx, key, token)),
             None => Err(self.contended(key, "still held at the wait deadline")),
@@ -555,13 +555,13 @@ mod sealed {
 
         /// The request's try (no deadline) or wait until its deadline: the
         /// token, or `None` when still held.
-        async fn grant(conn: &mut Self::Connection, request: &mut GrantRequest<'_>) -> Granted;
+        async fn grant(conn: &mut Self::Connection, request: &mut TxGrantRequest<'_>) -> Granted;
     }
 
     /// One grant of a transaction lock, as every database's grant takes it:
     /// the key, a fresh owner, the holder details, and for a wait its
     /// deadline and the polling step.
-    pub struct GrantRequest<'k> {
+    pub struct TxGrantRequest<'k> {
         pub locks: &'k TransactionLocks,
         pub key: &'k LockKey,
         pub owner: OwnerHex,
@@ -572,7 +572,7 @@ mod sealed {
         step: Duration,
     }
 
-    impl<'k> GrantRequest<'k> {
+    impl<'k> TxGrantRequest<'k> {
         pub fn new(
             locks: &'k TransactionLocks,
             key: &'k LockKey,

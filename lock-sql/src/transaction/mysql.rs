@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use lock_core::LockKey;
 use sqlx::{AssertSqlSafe, MySqlConnection};
 
-use super::{GrantRequest, Granted, TransactionLocks, sealed};
+use super::{Granted, TransactionLocks, TxGrantRequest, sealed};
 use crate::config::SqlDialect;
 
 /// What one try did.
@@ -93,7 +93,7 @@ fn is_lock_wait(err: &sqlx::Error) -> bool {
 impl sealed::Driver for sqlx::MySql {
     const DIALECT: SqlDialect = SqlDialect::MySql;
 
-    async fn grant(conn: &mut MySqlConnection, request: &mut GrantRequest<'_>) -> Granted {
+    async fn grant(conn: &mut MySqlConnection, request: &mut TxGrantRequest<'_>) -> Granted {
         let (locks, key, operation) = (request.locks, request.key, request.operation);
         loop {
             let tried = locks.mysql_try(conn, key, request.owner.as_str(), &request.details);

@@ -11,7 +11,8 @@ use sqlx::{AssertSqlSafe, PgConnection, Row};
 use tokio::time::Instant;
 
 use super::{
-    GrantRequest, Granted, TransactionLockKind, TransactionLocks, TxSql, code_of, sealed, token_of,
+    Granted, TransactionLockKind, TransactionLocks, TxGrantRequest, TxSql, code_of, sealed,
+    token_of,
 };
 use crate::config::SqlDialect;
 use crate::dialect::postgres::RUN_FIRST;
@@ -108,7 +109,7 @@ enum Waited {
 impl sealed::Driver for sqlx::Postgres {
     const DIALECT: SqlDialect = SqlDialect::Postgres;
 
-    async fn grant(conn: &mut PgConnection, request: &mut GrantRequest<'_>) -> Granted {
+    async fn grant(conn: &mut PgConnection, request: &mut TxGrantRequest<'_>) -> Granted {
         let (locks, key, operation) = (request.locks, request.key, request.operation);
         let op_timeout = locks.config.op_timeout;
         let mut started = false;

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use lock_core::{ErrorKind, LockError, LockKey};
 use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 
-use super::{GrantRequest, Granted, TransactionLocks, code_of, sealed, token_of};
+use super::{Granted, TransactionLocks, TxGrantRequest, code_of, sealed, token_of};
 use crate::config::{NAME, SqlDialect};
 use crate::dialect::unix_micros;
 
@@ -61,7 +61,7 @@ impl TransactionLocks {
 impl sealed::Driver for sqlx::Sqlite {
     const DIALECT: SqlDialect = SqlDialect::Sqlite;
 
-    async fn grant(conn: &mut SqliteConnection, request: &mut GrantRequest<'_>) -> Granted {
+    async fn grant(conn: &mut SqliteConnection, request: &mut TxGrantRequest<'_>) -> Granted {
         let (locks, key, operation) = (request.locks, request.key, request.operation);
         // The busy timeout is the connection's: the budget must cover it.
         let budget = locks.config.op_timeout + locks.config.busy_timeout;
