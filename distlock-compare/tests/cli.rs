@@ -216,6 +216,8 @@ fn quick_names_what_it_left_to_the_full_run() {
         "crate_alone_throughput_8x8",
         "crate_alone_floor_ratio",
         "throughput_crate_alone_ratio",
+        "crate_alone_throughput_shared_client",
+        "crate_alone_shared_client_floor_ratio",
         "throughput_shared_client_crate_alone_ratio",
     ] {
         let value = memory["bench"].get(field);
@@ -227,7 +229,9 @@ fn quick_names_what_it_left_to_the_full_run() {
     let rounds = memory["bench"]["client_shape_rounds"].as_array().unwrap();
     assert!(!rounds.is_empty(), "{memory:#}");
     assert!(
-        rounds[0]["raw"].is_null() && rounds[0]["crate_alone"].is_null(),
+        rounds[0]["raw"].is_null()
+            && rounds[0]["crate_alone"].is_null()
+            && rounds[0]["shared_crate_alone"].is_null(),
         "{rounds:?}"
     );
     // The facets the in-memory backend has, beside its capabilities and

@@ -144,8 +144,14 @@ pub(crate) struct BenchFigures {
     /// The median over the rounds of the 8 clients' rate over the library
     /// alone's: the driver's own share.
     pub(crate) throughput_crate_alone_ratio: Option<f64>,
+    /// 1 client of that library alone shared by 8 tasks, each sending the
+    /// driver's requests of a cycle, cycles/s: the median round.
+    pub(crate) crate_alone_throughput_shared_client: Option<f64>,
+    /// The median over the rounds of the shared library client's rate over
+    /// the floor's: the library's share of the shared shape's gap.
+    pub(crate) crate_alone_shared_client_floor_ratio: Option<f64>,
     /// The median over the rounds of the shared client's rate over the
-    /// library alone's.
+    /// shared library client's: the driver's own share in that shape.
     pub(crate) throughput_shared_client_crate_alone_ratio: Option<f64>,
     pub(crate) handoffs_per_s: Option<f64>,
     /// The busiest handoff client's grants over the least busy one's.
@@ -1010,8 +1016,14 @@ fn print_client_shapes_table(results: &[BackendResult]) {
             Column("alone/floor", 11, |b| b.crate_alone_floor_ratio, 2),
             Column("8 cl/alone", 10, |b| b.throughput_crate_alone_ratio, 2),
             Column(
-                "1 cl/alone",
-                10,
+                "1 alone/floor",
+                13,
+                |b| b.crate_alone_shared_client_floor_ratio,
+                2,
+            ),
+            Column(
+                "1 cl/1 alone",
+                12,
                 |b| b.throughput_shared_client_crate_alone_ratio,
                 2,
             ),
@@ -1041,6 +1053,7 @@ fn baselines_note(results: &[BackendResult]) -> String {
          pg_try_advisory_lock / GET_LOCK, then unlock), floor/raw = what the driver's grant adds to it (the fencing token, the holder published); \
          crate alone = the driver's requests of a cycle through its required client library and \
          nothing else ({}), alone/floor = the library's share, ours/alone = the driver's own; \
+         1 alone = one client of the library shared by 8 tasks, the shared shape's baseline; \
          each the median of the rounds' ratios)",
         if libraries.is_empty() {
             "none here".to_owned()

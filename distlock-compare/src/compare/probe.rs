@@ -31,8 +31,11 @@ pub(crate) enum Shape {
     /// each.
     Raw,
     /// `tasks` clients of the driver's client library alone (ZooKeeper,
-    /// etcd, Redis on one server), one task each.
+    /// etcd, Redis on one server, Redlock), one task each.
     CrateAlone,
+    /// One client of the driver's client library alone shared by `tasks`
+    /// tasks.
+    SharedCrateAlone,
 }
 
 /// The probe's settings (the hidden subcommand's arguments).
@@ -150,6 +153,10 @@ fn say_threads(when: &str) {
     eprintln!("threads {when}: {total} ({})", list.join(", "));
 }
 
+fn no_crate_alone() -> LockError {
+    LockError::config("no client library alone here (ZooKeeper, etcd, Redis, Redlock only)")
+}
+
 /// Runs the probe (see the module docs); prints its figures as JSON on
 /// stdout.
 ///
@@ -198,9 +205,14 @@ pub(crate) async fn run(opts: &ProbeOptions) -> Result<u8, LockError> {
         Shape::CrateAlone => crate::floors::crate_alone(&url, SHAPE_TTL, opts.tasks)
             .await
             .map(|(_, alone)| alone)
-            .ok_or_else(|| {
-                LockError::config("no client library alone here (ZooKeeper, etcd, Redis only)")
-            })?,
+            .ok_or_else(no_crate_alone)?,
+        Shape::SharedCrateAlone => {
+            let one = crate::floors::crate_alone(&url, SHAPE_TTL, 1)
+                .await
+                .and_then(|(_, mut alone)| alone.pop())
+                .ok_or_else(no_crate_alone)?;
+            vec![one; opts.tasks]
+        }
     };
     let prefix = format!(
         "probe-{}/{:?}",

@@ -22,10 +22,16 @@
 //!   ours over raw per shape, and the floor over raw (what the fencing
 //!   token and the published holder cost, the floor's grant taking both
 //!   in the same statement);
-//! - **crate alone** (ZooKeeper, etcd, Redis on one server): the driver's
-//!   requests through its required client library and nothing else
-//!   (`lock_bench::crate_alone`): the library over the floor (its share),
-//!   ours over it per shape (the driver's own).
+//! - **crate alone** (ZooKeeper, etcd, Redis on one server, Redlock): the
+//!   driver's requests through its required client library and nothing
+//!   else (`lock_bench::crate_alone`): the library over the floor (its
+//!   share), 8 clients of ours over it (the driver's own).
+//!
+//! With the crate-alone side comes its shared shape, **1 crate-alone
+//! client / 8 tasks** (one client of the library, e.g. one redis-rs
+//! multiplexed connection, shared by eight tasks): the library's share of
+//! the shared shape's gap (over the floor), and the shared client of ours
+//! over it (the driver's own there).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,8 +59,9 @@ pub(crate) struct ShapePlan {
 impl ShapePlan {
     /// 6 rounds of 0.4 s a side quick, 10 of 0.5 s by default, 20 of 1 s
     /// with `--full` (three sides a round: 7 s, 15 s, 60 s; four where the
-    /// raw server lock or the client library alone applies: 10 s, 20 s,
-    /// 80 s).
+    /// raw server lock applies: 10 s, 20 s, 80 s; five where the client
+    /// library alone does, its 8 clients and its shared client: 12 s,
+    /// 25 s, 100 s).
     pub(super) fn of(full: bool, quick: bool) -> Self {
         match (full, quick) {
             (true, _) => Self {
@@ -89,8 +96,11 @@ pub(crate) struct ShapeRound {
     /// 8 raw server-lock connections (SQL session mode only).
     pub(crate) raw: Option<f64>,
     /// 8 clients of the driver's client library alone (ZooKeeper, etcd,
-    /// Redis on one server only).
+    /// Redis on one server, Redlock only).
     pub(crate) crate_alone: Option<f64>,
+    /// 1 client of that library alone shared by 8 tasks (where
+    /// `crate_alone` is measured).
+    pub(crate) shared_crate_alone: Option<f64>,
 }
 
 /// A side of the rounds: what it is and its 8 contenders.
@@ -101,6 +111,7 @@ enum Side {
     Floor,
     Raw,
     CrateAlone,
+    SharedCrateAlone,
 }
 
 impl Side {
@@ -112,6 +123,7 @@ impl Side {
             Self::Floor => "floor",
             Self::Raw => "raw",
             Self::CrateAlone => "crate-alone",
+            Self::SharedCrateAlone => "shared-crate-alone",
         }
     }
 
@@ -123,6 +135,7 @@ impl Side {
             Self::Floor => round.floor = Some(rate),
             Self::Raw => round.raw = Some(rate),
             Self::CrateAlone => round.crate_alone = Some(rate),
+            Self::SharedCrateAlone => round.shared_crate_alone = Some(rate),
         }
     }
 }
@@ -167,6 +180,11 @@ pub(super) async fn measure(
     if let Some((library, alone)) = crate::floors::crate_alone(url, SHAPE_TTL, CLIENTS).await {
         out.crate_alone_library = Some(library.to_owned());
         sides.push((Side::CrateAlone, alone));
+        if let Some((_, mut one)) = crate::floors::crate_alone(url, SHAPE_TTL, 1).await
+            && let Some(one) = one.pop()
+        {
+            sides.push((Side::SharedCrateAlone, vec![one; CLIENTS]));
+        }
     }
     let prefix = |side: Side| format!("bench-{run}/shape-{}", side.tag());
     // Warm up every connection, script and statement cache.
@@ -201,8 +219,11 @@ pub(super) async fn measure(
     out.crate_alone_throughput_8x8 = of(&|r| r.crate_alone);
     out.crate_alone_floor_ratio = of(&|r| Some(bench::ratio(r.crate_alone?, r.floor?)));
     out.throughput_crate_alone_ratio = of(&|r| Some(bench::ratio(r.clients, r.crate_alone?)));
+    out.crate_alone_throughput_shared_client = of(&|r| r.shared_crate_alone);
+    out.crate_alone_shared_client_floor_ratio =
+        of(&|r| Some(bench::ratio(r.shared_crate_alone?, r.floor?)));
     out.throughput_shared_client_crate_alone_ratio =
-        of(&|r| Some(bench::ratio(r.shared, r.crate_alone?)));
+        of(&|r| Some(bench::ratio(r.shared, r.shared_crate_alone?)));
     out.client_shape_plan = Some(plan);
     out.client_shape_rounds = rounds;
     Ok(())
