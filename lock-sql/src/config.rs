@@ -130,7 +130,7 @@ pub const MAX_TABLE_LEN: usize = 48;
 /// | `pool_size` | maximum pooled connections | 10 (SQLite file: 4, `:memory:`: 1) |
 /// | `busy_timeout` | SQLite busy timeout (waiting for another process's write lock) | `5s` |
 /// | `recheck` | PostgreSQL waiters' bounded re-check interval besides `NOTIFY` | `1s` |
-/// | `publish_delay` | session mode on MariaDB: how long a grant is held before its holder row is written (`0ms`: right after the grant, still off the caller's path; see the crate docs) | `10ms` |
+/// | `publish_delay` | session mode on MariaDB: how long a grant is held before its holder row is written; on PostgreSQL, before a quiet grant is published in `application_name` (`0ms`: right after the grant, still off the caller's path; see the crate docs) | `10ms` |
 /// | `create_table` | create the table if missing (`true`/`false`) | `true` |
 /// | `mode` | `row` (lease table) or `session` (server-session locks; PostgreSQL and MySQL/MariaDB only) | `row` |
 /// | `fair` | FIFO mutex waiting (`true`/`false`; row mode only, see the crate docs' "Fair mode") | `false` |

@@ -127,9 +127,10 @@ pub struct StatementTexts {
     /// PostgreSQL session mode's lean statements, for a session whose
     /// idle timeout and keep-alive are armed for the TTL already: the
     /// lean grant, the lean release (the session's last lock; the
-    /// settings stay armed) and the release of a session that keeps
-    /// other locks. `None` elsewhere.
-    pub session_lean: Option<[String; 3]>,
+    /// settings stay armed), the release of a session that keeps other
+    /// locks, the quiet grant (nothing published) and the bare unlock of
+    /// a session that published nothing. `None` elsewhere.
+    pub session_lean: Option<[String; 5]>,
 }
 
 /// Whether the server `SELECT VERSION()` describes takes session tokens
@@ -165,11 +166,15 @@ pub fn statement_texts(dialect: SqlDialect, table: &str) -> Result<StatementText
         .ok()
         .filter(|_| dialect == SqlDialect::Postgres)
         .map(|s| {
-            use crate::connection::session::{PG_LEAN_RELEASE, kept_release, pg_lean_grant};
+            use crate::connection::session::{
+                PG_LEAN_RELEASE, PG_QUIET_RELEASE, kept_release, pg_lean_grant, pg_quiet_grant,
+            };
             [
                 pg_lean_grant(&s.counter),
                 PG_LEAN_RELEASE.to_owned(),
                 kept_release(dialect, &s.release),
+                pg_quiet_grant(&s.counter),
+                PG_QUIET_RELEASE.to_owned(),
             ]
         });
     let session = session_sql.ok().map(|s| [s.create, s.grant, s.release]);

@@ -76,7 +76,10 @@
 //!   epoch (global, rising across crashes, which reset the sequence).
 //!   Upgrading from the logged `<table>_session_seq`: the new tokens
 //!   start above it, but stop the old clients first (not fenced against
-//!   the new ones).
+//!   the new ones). A grant on a session holding nothing else publishes
+//!   its owner and token in `application_name` lazily, once held past
+//!   `publish_delay` (10 ms): `inspect` of a younger lock waits for it,
+//!   `force_release` waits that long first.
 //! - Session mode on MariaDB 10.3+ takes tokens from a sequence plus the
 //!   server run's epoch (global, rising across crashes: the sequence alone
 //!   falls back after a SIGKILL) and publishes holders in a `MEMORY`

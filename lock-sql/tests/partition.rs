@@ -185,13 +185,22 @@ fn holding_session_port(lab: Arc<Lab>, url: String) -> Locate {
                     let mut conn = sqlx::PgConnection::connect(&url)
                         .await
                         .map_err(|e| e.to_string())?;
-                    let ports: Vec<i32> = sqlx::query_scalar(
-                        "SELECT client_port FROM pg_stat_activity \
-                         WHERE application_name LIKE 'distlock %'",
-                    )
-                    .fetch_all(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    // A quiet grant is published after the publication
+                    // delay (10 ms; see lock-sql's "Published grants").
+                    let mut ports: Vec<i32> = Vec::new();
+                    for _ in 0..20 {
+                        ports = sqlx::query_scalar(
+                            "SELECT client_port FROM pg_stat_activity \
+                             WHERE application_name LIKE 'distlock %'",
+                        )
+                        .fetch_all(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                        if !ports.is_empty() {
+                            break;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
                     match ports.as_slice() {
                         [port] => u16::try_from(*port).map_err(|e| e.to_string()),
                         other => Err(format!(

@@ -16,5 +16,6 @@ async fn postgres_session() {
         .assert_passed();
     session_common::round_trips(&target).await;
     session_common::rows::postgres_lists_nothing(&target).await;
+    session_common::rows::postgres_quiet_publication(&target).await;
     session_common::scenarios(&target).await;
 }

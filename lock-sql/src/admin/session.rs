@@ -220,8 +220,11 @@ impl SessionAdmin {
         let after = list_start(cursor, limit)?;
         let op_timeout = self.inner.config.op_timeout;
         let timed_out = || admin_timeout("list");
-        // MariaDB: every lock granted before this call has its row.
-        if let Some(lag) = self.inner.publication_lag() {
+        // MariaDB: every lock granted before this call has its row
+        // (PostgreSQL lists nothing: no wait).
+        if let Some(lag) = self.inner.publication_lag()
+            && self.inner.sql.maria.is_some()
+        {
             tokio::time::sleep(lag).await;
         }
         let mut used = self.inner.any(Instant::now() + op_timeout).await?;
@@ -276,9 +279,12 @@ impl SessionAdmin {
         let timed_out = || admin_timeout("force_release");
         // MariaDB: the holder's other locks granted before this call have
         // their rows (twice the lag: the count of them is what spares a
-        // session holding more than this lock).
+        // session holding more than this lock). PostgreSQL: a quiet grant
+        // made before this call is published (the lag once: the kill
+        // statement counts the session's locks itself).
         if let Some(lag) = self.inner.publication_lag() {
-            tokio::time::sleep(lag * 2).await;
+            let factor = if self.inner.sql.maria.is_some() { 2 } else { 1 };
+            tokio::time::sleep(lag * factor).await;
         }
         let mut used = self.inner.any(Instant::now() + op_timeout).await?;
         for _ in 0..3 {

@@ -227,9 +227,11 @@ impl SqlSessionBackend {
     }
 
     /// For tests of this crate's safety checks only: `false` turns off the
-    /// check that a MariaDB grant is still held when its deferred holder
-    /// row is written (see the crate docs, "Lazy holder rows"), so that a
-    /// publication can write a released grant's row. Never turn it off in
+    /// checks before a deferred publication (see the crate docs, "Lazy
+    /// holder rows"): that the grant is still held (MariaDB's holder row,
+    /// PostgreSQL's quiet grant) and, on PostgreSQL, that its session holds
+    /// no other lock of ours, so that a publication can name a released
+    /// grant, or one of several locks of a session. Never turn it off in
     /// use.
     #[doc(hidden)]
     pub fn set_publication_check(&self, on: bool) {

@@ -92,6 +92,13 @@ pub(crate) struct Session {
     pub(crate) last_used: Instant,
     /// Opened for this call (a failure on it is not a stale pooled one).
     pub(crate) fresh: bool,
+    /// PostgreSQL: its `application_name` may show something other than
+    /// the idle marker (a grant, `distlock-multi`, a waiting owner): set
+    /// before any statement that may publish, cleared by a release that
+    /// resets it. While clear, a try on a session holding nothing else
+    /// sends the quiet grant and its release the bare unlock (see
+    /// `grants::session`, "Published grants").
+    pub(crate) published: bool,
     /// What this session adds to its tokens (MariaDB's run epoch; 0 on
     /// PostgreSQL, whose sequence carries it), read before its first grant
     /// (see [`Session::grant`]): `Some` once the server run is started.
@@ -186,6 +193,11 @@ pub(crate) struct Sessions {
     /// timeout and keep-alive as armed, and the release that keeps them
     /// (see [`Session::grant`]); `None` elsewhere.
     lean_sql: Option<SessionSql>,
+    /// PostgreSQL: `sql` with the quiet grant (the lock and its token,
+    /// nothing published) and the bare unlock, for a session whose
+    /// `application_name` is the idle marker (see [`Session::published`]);
+    /// `None` elsewhere.
+    quiet_sql: Option<SessionSql>,
     /// The backend's name (`postgres-session`, `mysql-session`).
     pub(crate) name: &'static str,
     pool: Arc<Mutex<Pool>>,
@@ -335,10 +347,16 @@ impl Sessions {
         let mut kept_sql = sql.clone();
         kept_sql.release = kept_release(config.dialect, &sql.release);
         let lean_sql = (config.dialect == SqlDialect::Postgres).then(|| {
-            let mut lean = SessionSql::new(opts.dialect, &config.table);
+            let mut lean = sql.clone();
             lean.grant = pg_lean_grant(&sql.counter);
             lean.release = PG_LEAN_RELEASE.to_owned();
             lean
+        });
+        let quiet_sql = (config.dialect == SqlDialect::Postgres).then(|| {
+            let mut quiet = sql.clone();
+            quiet.grant = pg_quiet_grant(&sql.counter);
+            quiet.release = PG_QUIET_RELEASE.to_owned();
+            quiet
         });
         let pool_size = usize::try_from(config.pool_size.unwrap_or(10))
             .unwrap_or(10)
@@ -349,6 +367,7 @@ impl Sessions {
             sql,
             kept_sql,
             lean_sql,
+            quiet_sql,
             name,
             pool: Arc::new(Mutex::new(Pool::default())),
             pool_size,
@@ -467,20 +486,37 @@ impl Sessions {
 
     /// The statements for a release that leaves `left` locks of ours on
     /// the session: with none left, the release also resets the session's
-    /// settings (PostgreSQL: the published grant, the idle timeout); with
-    /// some left, only the lock goes.
-    pub(crate) fn release_sql(&self, left: usize) -> &SessionSql {
+    /// published grant (PostgreSQL, when it may show one: see
+    /// [`Session::release`]); with some left, only the lock goes (and
+    /// PostgreSQL publishes `distlock-multi`).
+    pub(crate) fn release_sql(&self, left: usize) -> ReleaseSql<'_> {
         match &self.lean_sql {
-            _ if left > 0 => &self.kept_sql,
-            Some(lean) => lean,
-            None => &self.sql,
+            _ if left > 0 => ReleaseSql {
+                sql: &self.kept_sql,
+                quiet: None,
+                keeps: true,
+            },
+            Some(lean) => ReleaseSql {
+                sql: lean,
+                quiet: self.quiet_sql.as_ref(),
+                keeps: false,
+            },
+            None => ReleaseSql {
+                sql: &self.sql,
+                quiet: None,
+                keeps: false,
+            },
         }
     }
 
     /// The statements a grant chooses from: the full ones, and on
-    /// PostgreSQL the lean ones (see [`Session::grant`]).
-    pub(crate) fn grant_sql(&self) -> (&SessionSql, Option<&SessionSql>) {
-        (&self.sql, self.lean_sql.as_ref())
+    /// PostgreSQL the lean and quiet ones (see [`Session::grant`]).
+    pub(crate) fn grant_sql(&self) -> GrantSql<'_> {
+        GrantSql {
+            full: &self.sql,
+            lean: self.lean_sql.as_ref(),
+            quiet: self.quiet_sql.as_ref(),
+        }
     }
 
     /// How many sessions are open now.
@@ -703,14 +739,13 @@ impl Sessions {
     }
 
     /// MariaDB, whose holder rows are written lazily (see
-    /// `grants::session`, "Lazy holder rows"): how long after a grant its
-    /// row is written at the latest, scheduling allowing; `None` where the
-    /// grant publishes itself.
+    /// `grants::session`, "Lazy holder rows"), and PostgreSQL, whose quiet
+    /// grants are published lazily ("Published grants"): how long after a
+    /// grant it is published at the latest, scheduling allowing; `None`
+    /// where every grant publishes itself (MySQL's token rows).
     pub(crate) fn publication_lag(&self) -> Option<Duration> {
-        self.sql
-            .maria
-            .as_ref()
-            .map(|_| self.config.publish_delay + PUBLISH_MARGIN)
+        (self.sql.maria.is_some() || self.quiet_sql.is_some())
+            .then(|| self.config.publish_delay + PUBLISH_MARGIN)
     }
 
     /// `key` as this database's server lock sees it.
@@ -723,6 +758,30 @@ impl Sessions {
 /// publication's task wakes, takes the session, writes).
 const PUBLISH_MARGIN: Duration = Duration::from_millis(50);
 
+/// The statements a grant chooses from (see [`Session::grant`]).
+#[derive(Clone, Copy)]
+pub(crate) struct GrantSql<'a> {
+    /// Arms the session's idle timeout for the TTL and publishes the grant.
+    pub(crate) full: &'a SessionSql,
+    /// PostgreSQL: publishes the grant, the settings left as armed.
+    pub(crate) lean: Option<&'a SessionSql>,
+    /// PostgreSQL: the lock and its token only.
+    pub(crate) quiet: Option<&'a SessionSql>,
+}
+
+/// The statements a release chooses from (see [`Session::release`]).
+#[derive(Clone, Copy)]
+pub(crate) struct ReleaseSql<'a> {
+    /// The release that resets what the session published (or, when
+    /// `keeps`, publishes `distlock-multi`).
+    pub(crate) sql: &'a SessionSql,
+    /// PostgreSQL, the session's last lock: the bare unlock, for a
+    /// session that published nothing.
+    pub(crate) quiet: Option<&'a SessionSql>,
+    /// The session keeps other locks of ours.
+    pub(crate) keeps: bool,
+}
+
 /// PostgreSQL's lean grant: the lock and its token, and the grant
 /// published, on a session whose idle timeout and TCP keep-alive are armed
 /// for the lease already (`$3`, the TTL, is bound and unused).
@@ -733,6 +792,22 @@ pub(crate) fn pg_lean_grant(seq: &str) -> String {
          FROM (SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{seq}') END AS t OFFSET 0) g"
     )
 }
+
+/// PostgreSQL's quiet grant: the lock and its token, nothing published,
+/// on a session armed for the lease already that holds no other lock and
+/// shows the idle marker; the grant is published later if still held (see
+/// `grants::session`, "Published grants"). `$2` (the owner) and `$3` (the
+/// TTL) are bound and unused: a one-time filter, evaluated before the lock.
+pub(crate) fn pg_quiet_grant(seq: &str) -> String {
+    format!(
+        "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{seq}') END \
+         WHERE $2::text IS NOT NULL AND $3::text IS NOT NULL"
+    )
+}
+
+/// PostgreSQL's release of a session's last lock when the session
+/// published nothing (see [`Session::published`]): the unlock alone.
+pub(crate) const PG_QUIET_RELEASE: &str = "SELECT pg_advisory_unlock($1)";
 
 /// PostgreSQL's release of a session's last lock that keeps its idle
 /// timeout and keep-alive armed (the next grant then needs no setting):
@@ -797,6 +872,7 @@ impl Session {
             armed_ttl: None,
             last_used: Instant::now(),
             fresh: true,
+            published: false,
             run_base,
             opts: opts.clone(),
         };
@@ -865,9 +941,18 @@ impl Session {
     /// TTL; MySQL needs a `SET`, one round trip, only when the value
     /// grows). `holds_others`: the session holds other locks of ours, so
     /// their TTLs count too.
+    ///
+    /// PostgreSQL: a try on an armed session that holds no other lock and
+    /// published nothing sends the quiet grant, which leaves
+    /// [`Session::published`] clear (the caller publishes the grant later if
+    /// it is still held); any other grant may publish and sets it.
     pub(crate) async fn grant(
         &mut self,
-        (sql, lean): (&SessionSql, Option<&SessionSql>),
+        GrantSql {
+            full: sql,
+            lean,
+            quiet,
+        }: GrantSql<'_>,
         grant: &SessionGrant<'_>,
         holds_others: bool,
     ) -> SqlxResult<Granted> {
@@ -890,7 +975,11 @@ impl Session {
         let lean = lean.filter(|_| {
             grant.wait.is_none() && self.armed_ttl.is_some_and(|a| a >= ttl && a <= ttl * 2)
         });
-        let (dialect, on) = self.on(lean.unwrap_or(sql));
+        let quiet = quiet.filter(|_| lean.is_some() && !holds_others && !self.published);
+        if quiet.is_none() {
+            self.published = true;
+        }
+        let (dialect, on) = self.on(quiet.or(lean).unwrap_or(sql));
         let granted = dialect
             .session_grant(on, &SessionGrant { ttl, ..*grant })
             .await?;
@@ -900,10 +989,26 @@ impl Session {
         Ok(granted)
     }
 
-    /// Releases the lock; `true` when this session held it.
-    pub(crate) async fn release(&mut self, sql: &SessionSql, key: &ServerKey) -> SqlxResult<bool> {
-        let (dialect, on) = self.on(sql);
-        dialect.session_release(on, key).await
+    /// Releases the lock; `true` when this session held it. PostgreSQL:
+    /// the bare unlock when the session published nothing, else the
+    /// release that resets `application_name` (or, keeping other locks,
+    /// publishes `distlock-multi`).
+    pub(crate) async fn release(
+        &mut self,
+        sql: ReleaseSql<'_>,
+        key: &ServerKey,
+    ) -> SqlxResult<bool> {
+        let quiet = sql.quiet.filter(|_| !self.published);
+        if sql.keeps {
+            self.published = true;
+        }
+        let (dialect, on) = self.on(quiet.unwrap_or(sql.sql));
+        let released = dialect.session_release(on, key).await?;
+        if !sql.keeps {
+            // Reset (or never published): the idle marker.
+            self.published = false;
+        }
+        Ok(released)
     }
 
     /// Writes a grant's holder row (see [`SessionDialect::session_publish`]).
@@ -912,6 +1017,8 @@ impl Session {
         sql: &SessionSql,
         publication: &crate::dialect::session::Publication<'_>,
     ) -> SqlxResult<bool> {
+        // PostgreSQL: `application_name` shows it from now on.
+        self.published = true;
         let (dialect, on) = self.on(sql);
         dialect.session_publish(on, publication).await
     }

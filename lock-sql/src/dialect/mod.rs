@@ -716,11 +716,13 @@ pub(crate) trait SessionDialect: Dialect {
     /// Releases the lock; `true` when this session held it.
     async fn session_release(&self, on: OnSession<'_>, key: &ServerKey) -> SqlxResult<bool>;
 
-    /// Writes a grant's holder row once it has been held for the
-    /// publication delay (MariaDB, see `grants::session`, "Lazy holder
-    /// rows"), only while this session holds the lock: whether it was
-    /// written. Nothing where the grant publishes itself (PostgreSQL,
-    /// MySQL's token rows): `false`.
+    /// Publishes a grant once it has been held for the publication delay,
+    /// only while this session holds the lock: MariaDB writes its holder
+    /// row (see `grants::session`, "Lazy holder rows"; whether it was
+    /// written, for the release to delete), PostgreSQL sets
+    /// `application_name` for a quiet grant ("Published grants"; `false`).
+    /// Nothing where the grant publishes itself (MySQL's token rows):
+    /// `false`.
     async fn session_publish(
         &self,
         on: OnSession<'_>,
@@ -840,6 +842,10 @@ pub(crate) struct SessionHolder {
     pub(crate) token: Option<u64>,
     /// The encoded holder details its grant wrote (MySQL/MariaDB).
     pub(crate) details: Option<String>,
+    /// Held by a session that shows no grant of ours yet: a grant whose
+    /// publication is still to come (MariaDB's holder row, PostgreSQL's
+    /// quiet grant), or another client's lock.
+    pub(crate) unpublished: bool,
 }
 
 /// One token row of a session-mode `list` page: the key as stored, and

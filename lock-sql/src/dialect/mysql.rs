@@ -446,6 +446,7 @@ impl SessionDialect for MySql {
         };
         Ok(Some(ours(holder, &row, 1)?.unwrap_or(SessionHolder {
             session: holder,
+            unpublished: true,
             ..SessionHolder::default()
         })))
     }
@@ -1027,6 +1028,7 @@ fn ours(
         owner,
         token: token.and_then(|t| u64::try_from(t).ok()),
         details,
+        unpublished: false,
     }))
 }
 

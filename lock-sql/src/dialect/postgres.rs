@@ -375,6 +375,11 @@ fn server_may_end_session_after(ttl: Duration) -> Duration {
     idle_session.min(keepalive)
 }
 
+/// A quiet grant's deferred publication (`$1` owner hex, `$2` token): the
+/// text the publishing grants set.
+const PG_PUBLISH: &str =
+    "SELECT set_config('application_name', 'distlock ' || $1::text || ' ' || $2::bigint, false)";
+
 /// Session mode: session-level advisory locks, tokens from one sequence.
 
 #[async_trait]
@@ -568,14 +573,22 @@ impl SessionDialect for Postgres {
         row.try_get::<bool, _>(0)
     }
 
-    /// The grant publishes itself in `application_name` (see
-    /// `grants::session`, "Published grants"): nothing deferred.
+    /// A quiet grant's deferred publication in `application_name`, as
+    /// the publishing grants write it (see `grants::session`, "Published
+    /// grants"). The caller holds the session's mutex and checked that the
+    /// grant is still held: a session lock leaves only with its release or
+    /// its session. Answers `false`: nothing for the release to withdraw
+    /// (the release resets `application_name` itself).
     async fn session_publish(
         &self,
         on: OnSession<'_>,
         publication: &Publication<'_>,
     ) -> SqlxResult<bool> {
-        let _ = (on, publication);
+        sqlx::query(PG_PUBLISH)
+            .bind(publication.owner)
+            .bind(i64::try_from(publication.token).unwrap_or(i64::MAX))
+            .execute(pg(on.conn)?)
+            .await?;
         Ok(false)
     }
 
@@ -629,6 +642,7 @@ impl SessionDialect for Postgres {
         let (owner, token) = ours.map_or((None, None), |(o, t)| (Some(o), Some(t)));
         Ok(Some(SessionHolder {
             session: i64::from(pid),
+            unpublished: app.as_deref() == Some(IDLE_MARKER),
             owner,
             token,
             details: None,

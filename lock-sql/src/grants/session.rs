@@ -44,6 +44,24 @@
 //! release that leaves locks publishes `distlock-multi`: `inspect` then
 //! shows the holding session without owner or token, and `force_release`
 //! refuses to end it (it holds other locks).
+//!
+//! Setting `application_name` costs the server a `ParameterStatus` message
+//! and an update of `pg_stat_activity` per statement (about a tenth of a
+//! short cycle's server time), so, as MariaDB's holder rows, the common
+//! grant publishes lazily: a try on an armed session that holds nothing
+//! else and shows the idle marker sends the quiet grant (the lock and its
+//! token only), and a task publishes it once it has been held for
+//! `publish_delay`, on its own session under the session's mutex, only if
+//! this backend still holds that grant and the session holds no other lock
+//! of ours. The release of a session's last lock resets `application_name`
+//! only when the session published something ([`Session::published`],
+//! set before any statement that may publish); otherwise it is the bare
+//! unlock. Until published, a lock shows as held by its server session
+//! with the idle marker, without owner or token: `inspect` reads it again
+//! after `publish_delay` (as on MariaDB), and `force_release` waits that
+//! long before reading.
+//!
+//! [`Session::published`]: crate::connection::session::Session::published
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -162,9 +180,9 @@ impl HeldLocks {
         self.exclusion.store(on, Ordering::Release);
     }
 
-    /// Turns the check that a grant is still held before its deferred
-    /// holder row is written off or on (off: the broken variant of the
-    /// publication race test only).
+    /// Turns the checks before a deferred publication off or on: that its
+    /// grant is still held and, on PostgreSQL, alone on its session (off:
+    /// the broken variants of the publication race tests only).
     pub(crate) fn set_publication_check(&self, on: bool) {
         self.publication_check.store(on, Ordering::Release);
     }
@@ -174,6 +192,13 @@ impl HeldLocks {
     fn still_held(&self, id: u128, owner: OwnerId, token: FencingToken) -> bool {
         !self.publication_check.load(Ordering::Acquire)
             || self.find_grant(id, owner, token).is_some()
+    }
+
+    /// PostgreSQL: whether a publication may name its grant on a session
+    /// holding `held` locks of ours: only when it holds that one lock
+    /// (always with the publication check off).
+    fn alone(&self, held: usize) -> bool {
+        !self.publication_check.load(Ordering::Acquire) || held <= 1
     }
 
     /// Reserves server lock `id`, or says what to wait on while this
@@ -367,7 +392,7 @@ impl MutexOnly for SessionGrants {
             let late = "inspect did not answer within the operation timeout";
             let found = self.answer(&mut used, Operation::Inspect, key, found, late)?;
             if let Some(wait) = lag.filter(|_| waits > 0)
-                && found.as_ref().is_some_and(|holder| holder.token.is_none())
+                && found.as_ref().is_some_and(|holder| holder.unpublished)
             {
                 waits -= 1;
                 drop(used);
@@ -566,6 +591,12 @@ impl SessionGrants {
             // Under the session's mutex, which the grant's release takes
             // too: still held here means its release comes after.
             if !held.still_held(id, owner, token) {
+                return;
+            }
+            // PostgreSQL: a session holding more than this lock publishes
+            // no owner (the grant of the second one published
+            // `distlock multi`, see "Published grants").
+            if inner.config.dialect == SqlDialect::Postgres && !held.alone(used.conn.held()) {
                 return;
             }
             let Some(session) = used.session() else {
@@ -885,7 +916,11 @@ impl SessionGrants {
             published: Arc::clone(&published),
         };
         self.held.insert(server_key.id(), held, reservation);
-        if self.inner.sql.maria.is_some() {
+        // MariaDB's holder row, PostgreSQL's quiet grant: published later
+        // if still held.
+        let unpublished = self.inner.config.dialect == SqlDialect::Postgres
+            && used.session().is_some_and(|s| !s.published);
+        if self.inner.sql.maria.is_some() || unpublished {
             let grant = Held {
                 conn: Arc::clone(&used.conn),
                 published: Arc::clone(&published),

@@ -156,6 +156,62 @@ pub async fn postgres_lists_nothing(target: &SessionTarget) {
     assert!(backend.release(&lease).await.unwrap());
 }
 
+/// PostgreSQL's quiet grants (see the crate docs, "Published grants"), on
+/// one session (`pool_size=1`): the first grant arms the session and
+/// publishes itself; once released, a try sends the quiet grant, which a
+/// task publishes after `publish_delay`. A quiet grant released before its
+/// publication is due publishes nothing; a quiet grant of `a`, then `b` on
+/// the same session (which publishes `distlock multi`): once both
+/// publications are due, `inspect(b)` must not show `a`'s grant. A quiet
+/// grant held alone is shown with its owner and token, by `inspect` right
+/// after the grant too (it reads again after the publication delay). The
+/// broken variant turns the publication checks off (the grant still held,
+/// alone on its session): `a`'s publication then overwrites the multi
+/// marker, and `inspect(b)` reports `a`'s token, which the check catches.
+pub async fn postgres_quiet_publication(target: &SessionTarget) {
+    for check in [true, false] {
+        let (_proxy, url) = target.proxy("pool_size=1&publish_delay=200ms").await;
+        let backend = SqlSessionBackend::connect_url(&url).await.unwrap();
+        backend.set_publication_check(check);
+        let tag = if check { "quiet" } else { "quiet-broken" };
+        let (a, b) = (key(&format!("{tag}-a")), key(&format!("{tag}-b")));
+        let first = backend.try_acquire(&a, TTL).await.unwrap().unwrap();
+        assert!(backend.release(&first).await.unwrap());
+        let young = backend.try_acquire(&a, TTL).await.unwrap().unwrap();
+        assert!(backend.release(&young).await.unwrap());
+        let held_a = backend.try_acquire(&a, TTL).await.unwrap().unwrap();
+        let held_b = backend.try_acquire(&b, TTL).await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let seen_b = backend.inspect(&b).await.unwrap().unwrap();
+        assert!(backend.release(&held_b).await.unwrap());
+        assert!(backend.release(&held_a).await.unwrap());
+        let verdict = match seen_b.token {
+            Some(token) if token != held_b.token() => Err(format!(
+                "inspect(b) showed token {token} (a's is {}, b's {})",
+                held_a.token(),
+                held_b.token()
+            )),
+            _ => Ok(()),
+        };
+        if !check {
+            let caught = verdict.expect_err("broken variant: a's publication went unseen");
+            println!("{}: broken variant caught: {caught}", target.name());
+            continue;
+        }
+        verdict.unwrap();
+        assert_eq!(seen_b.token, None, "b shares its session: {seen_b:?}");
+        // Both released: nothing shown.
+        assert!(backend.inspect(&a).await.unwrap().is_none());
+        // A quiet grant alone: inspect right away waits for its publication.
+        let alone = backend.try_acquire(&a, TTL).await.unwrap().unwrap();
+        let seen = backend.inspect(&a).await.unwrap().unwrap();
+        assert_eq!(seen.token, Some(alone.token()), "{seen:?}");
+        assert_eq!(seen.holder, alone.owner().hex().as_str(), "{seen:?}");
+        assert!(backend.release(&alone).await.unwrap());
+        assert!(backend.inspect(&a).await.unwrap().is_none());
+    }
+}
+
 /// MariaDB's waiting grant between its `GET_LOCK` and its publication (the
 /// reply held by the proxy): the key's row is not the new holder's, so
 /// `inspect` shows the holding session without owner or token and
