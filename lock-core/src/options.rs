@@ -159,24 +159,31 @@ impl RetryPolicy {
     }
 
     /// A fresh backoff sequence following this policy.
+    ///
+    /// Its jitter is seeded from the OS (so that processes do not retry in
+    /// lock-step) at the first [`next_delay`](Backoff::next_delay), not
+    /// here: seeding is a system call, and the callers that make a backoff
+    /// up front (a waiting acquire) mostly succeed at their first try and
+    /// never ask for a delay.
     pub fn backoff(&self) -> Backoff {
-        // Seeded from the OS so that processes do not retry in lock-step.
-        let seed = OwnerId::random().as_u128();
-        #[allow(clippy::cast_possible_truncation)] // folding 128 bits into 64 on purpose
-        let state = (seed as u64) ^ ((seed >> 64) as u64) | 1;
         Backoff {
             policy: *self,
             attempt: 0,
-            state,
+            state: UNSEEDED,
         }
     }
 }
+
+/// [`Backoff::state`] before the first draw (a seeded state is odd, and
+/// xorshift never reaches 0 from a non-zero state).
+const UNSEEDED: u64 = 0;
 
 /// The delays of one retry sequence (see [`RetryPolicy`]).
 #[derive(Clone, Debug)]
 pub struct Backoff {
     policy: RetryPolicy,
     attempt: u32,
+    /// The jitter generator's state, [`UNSEEDED`] until the first draw.
     state: u64,
 }
 
@@ -223,6 +230,12 @@ impl Backoff {
     }
 
     fn next_random(&mut self) -> u64 {
+        if self.state == UNSEEDED {
+            let seed = OwnerId::random().as_u128();
+            #[allow(clippy::cast_possible_truncation)] // folding 128 bits into 64 on purpose
+            let state = (seed as u64) ^ ((seed >> 64) as u64) | 1;
+            self.state = state;
+        }
         // xorshift64*: jitter needs spread, not cryptographic strength.
         let mut x = self.state;
         x ^= x >> 12;
@@ -418,6 +431,17 @@ mod tests {
             saturating_add(now, Duration::from_secs(1)),
             now + Duration::from_secs(1)
         );
+    }
+
+    #[test]
+    fn backoff_seeds_its_jitter_at_the_first_delay() {
+        let mut backoff = RetryPolicy::default().backoff();
+        assert_eq!(
+            backoff.state, UNSEEDED,
+            "no system call before a delay is asked for"
+        );
+        backoff.next_delay().expect("no attempt limit");
+        assert_ne!(backoff.state, UNSEEDED);
     }
 
     #[test]
