@@ -43,6 +43,8 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
@@ -55,10 +57,21 @@ use crate::key::LockKey;
 use crate::kind::{HolderInfo, LockShape};
 use crate::types::Lease;
 
+/// A kernel call's future, as `async_trait` boxes it.
+type Call<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// Writes [`LockWrapper`] and its blanket [`LockBackend`] implementation
 /// from one list of the forwarded calls, so the two cannot drift apart.
+///
+/// Each call is written as `async_trait` expands `async fn $call(&self,
+/// ...)` (the lifetimes besides `self`'s named, in their order), so that
+/// implementors still write `async fn`, while the forwarding default and
+/// the blanket implementation hand back the boxed future they already
+/// have instead of boxing one more that only awaits it (an allocation, a
+/// copy of the future and an indirect poll per layer and call: a
+/// forwarded grant through a wrapper went through three boxes, now one).
 macro_rules! wrapper {
-    ($(async fn $call:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+    ($(fn $call:ident<$($life:lifetime),+>($($arg:ident: $ty:ty),+) -> $ret:ty;)*) => {
         /// A backend made of another one (see the [module docs](self)):
         /// each method defaults to the same call on [`inner`](Self::inner),
         /// and has the contract of the [`LockBackend`] method of the same
@@ -85,15 +98,22 @@ macro_rules! wrapper {
                 self.inner().facets()
             }
             $(
-                async fn $call(&self $(, $arg: $ty)*) -> $ret {
-                    self.inner().$call($($arg),*).await
+                fn $call<'life0, $($life,)+ 'async_trait>(
+                    &'life0 self $(, $arg: $ty)+
+                ) -> Call<'async_trait, $ret>
+                where
+                    'life0: 'async_trait,
+                    $($life: 'async_trait,)+
+                    Self: 'async_trait,
+                {
+                    self.inner().$call($($arg),+)
                 }
             )*
         }
 
         /// Every [`LockWrapper`] is a backend: each call goes to the
         /// wrapper's method of the same name (its override, or the
-        /// forwarding default).
+        /// forwarding default), whose future is handed back as it is.
         #[async_trait]
         impl<W: LockWrapper> LockBackend for W {
             fn name(&self) -> &'static str {
@@ -106,8 +126,15 @@ macro_rules! wrapper {
                 LockWrapper::facets(self)
             }
             $(
-                async fn $call(&self $(, $arg: $ty)*) -> $ret {
-                    LockWrapper::$call(self $(, $arg)*).await
+                fn $call<'life0, $($life,)+ 'async_trait>(
+                    &'life0 self $(, $arg: $ty)+
+                ) -> Call<'async_trait, $ret>
+                where
+                    'life0: 'async_trait,
+                    $($life: 'async_trait,)+
+                    Self: 'async_trait,
+                {
+                    LockWrapper::$call(self $(, $arg)+)
                 }
             )*
         }
@@ -115,10 +142,10 @@ macro_rules! wrapper {
 }
 
 wrapper! {
-    async fn grant(&self, request: GrantRequest<'_>) -> Result<Option<Lease>, LockError>;
-    async fn renew_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>>;
-    async fn release(&self, lease: &Lease) -> Result<bool, LockError>;
-    async fn holders(&self, key: &LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError>;
+    fn grant<'life1>(request: GrantRequest<'life1>) -> Result<Option<Lease>, LockError>;
+    fn renew_many<'life1, 'life2>(leases: &'life1 [&'life2 Lease]) -> Vec<Result<Instant, LockError>>;
+    fn release<'life1>(lease: &'life1 Lease) -> Result<bool, LockError>;
+    fn holders<'life1>(key: &'life1 LockKey, shape: LockShape) -> Result<Vec<HolderInfo>, LockError>;
 }
 
 #[cfg(test)]
