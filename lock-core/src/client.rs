@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::LockBackend;
+use crate::backend::{GrantRequest, LockBackend};
 use crate::calls::LockBackendExt;
 use crate::capabilities::{Capabilities, Requirements};
 use crate::error::{ErrorKind, LockError, Operation};
@@ -525,7 +525,10 @@ impl LockRequest<'_> {
         })
     }
 
-    /// The grant itself: one try, or a wait until the request's deadline.
+    /// The grant itself: one try, or a wait until the request's deadline,
+    /// asked of the kernel directly (the `LockBackendExt` conveniences
+    /// would box one more future around it per acquire); the errors are
+    /// theirs.
     async fn grant(
         backend: &Arc<dyn LockBackend>,
         key: &LockKey,
@@ -533,37 +536,23 @@ impl LockRequest<'_> {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Lease, LockError> {
-        let lease = if kind != LeaseKind::Exclusive {
-            let found = if wait.is_zero() {
-                backend.try_acquire_kind(key, kind, ttl).await?
-            } else {
-                let deadline = saturating_add(Instant::now(), wait);
-                Some(backend.acquire_kind(key, kind, ttl, deadline).await?)
-            };
-            found.ok_or_else(|| {
-                LockError::new(
-                    ErrorKind::Contended,
-                    Operation::TryAcquire,
-                    format!("cannot take {} now", kind),
-                )
-                .with_key(key)
-                .with_backend(backend.name())
-            })?
-        } else if wait.is_zero() {
-            backend.try_acquire(key, ttl).await?.ok_or_else(|| {
-                LockError::new(
-                    ErrorKind::Contended,
-                    Operation::TryAcquire,
-                    "held by another owner",
-                )
-                .with_key(key)
-                .with_backend(backend.name())
-            })?
+        let request = GrantRequest::mutex(key, ttl).kind(kind);
+        let (request, operation) = if wait.is_zero() {
+            (request, Operation::TryAcquire)
         } else {
             let deadline = saturating_add(Instant::now(), wait);
-            backend.acquire(key, ttl, deadline).await?
+            (request.until(deadline), Operation::Acquire)
         };
-        Ok(lease)
+        backend.grant(request).await?.ok_or_else(|| {
+            let message = match (operation, kind) {
+                (Operation::Acquire, _) => "the key was still held at the deadline".to_owned(),
+                (_, LeaseKind::Exclusive) => "held by another owner".to_owned(),
+                (_, kind) => format!("cannot take {kind} now"),
+            };
+            LockError::new(ErrorKind::Contended, operation, message)
+                .with_key(key)
+                .with_backend(backend.name())
+        })
     }
 
     /// Tries once; `Ok(None)` when the key is held.
