@@ -195,10 +195,10 @@ impl Grants {
         ahead: Option<i64>,
         mark_for: Option<Duration>,
     ) -> Result<Option<u64>, sqlx::Error> {
-        let owner = owner.to_hex();
+        let owner = owner.hex();
         let values = GrantValues {
             key,
-            owner: &owner,
+            owner: owner.as_str(),
             ttl,
             ahead,
             mark_for,
@@ -301,8 +301,8 @@ impl Grants {
         let inner = &self.inner;
         let key = lease.key();
         let statement = &inner.statements.release;
-        let owner = lease.owner().to_hex();
-        let row = LeaseRow::of(lease, &owner);
+        let owner = lease.owner().hex();
+        let row = LeaseRow::of(lease, owner.as_str());
         let channel = &inner.channel;
         let dialect = inner.dialect;
         let released = timed(&inner.config, Operation::Release, Some(key), async {
