@@ -9,9 +9,11 @@
 //! Every statement of a session runs under that session's async mutex
 //! (a connection runs one statement at a time). A try, a release, a
 //! keep-alive or an operator call takes the least-used live session that
-//! is not blocked in a server-side wait, preferring one nobody is using;
-//! while every session is in use and fewer than `pool_size` are open, a
-//! new one is opened. Locks therefore gather on few sessions when calls
+//! is not blocked in a server-side wait, preferring one nobody is using
+//! and, among those, one holding the fewest locks of ours (on PostgreSQL
+//! a grant on a session holding nothing else is the quiet one, see
+//! `grants::session`, "Published grants"); while every session is in use
+//! and fewer than `pool_size` are open, a new one is opened. Locks therefore gather on few sessions when calls
 //! come one at a time, and spread over up to `pool_size` when many run at
 //! once. A waiting acquire that must wait on the server takes a session
 //! that holds no lock and is not in use (or opens one), so that the wait
@@ -349,6 +351,10 @@ impl Sessions {
         let lean_sql = (config.dialect == SqlDialect::Postgres).then(|| {
             let mut lean = sql.clone();
             lean.grant = pg_lean_grant(&sql.counter);
+            #[cfg(feature = "postgres")]
+            {
+                lean.wait = crate::dialect::postgres::pg_lean_wait(&sql.counter);
+            }
             lean.release = PG_LEAN_RELEASE.to_owned();
             lean
         });
@@ -538,7 +544,7 @@ impl Sessions {
                     .slots
                     .iter_mut()
                     .filter(|s| !s.waiting)
-                    .min_by_key(|s| s.users);
+                    .min_by_key(|s| (s.users, s.conn.held()));
                 match least {
                     Some(slot) if slot.users == 0 || !room => {
                         slot.users += 1;
@@ -969,13 +975,12 @@ impl Session {
             self.dialect.arm_idle_timeout(&mut self.conn, secs).await?;
             self.wait_timeout = Some(secs);
         }
-        // PostgreSQL: a try on a session armed for this TTL already (and
+        // PostgreSQL: a grant on a session armed for this TTL already (and
         // for at most twice it, so the server still frees a silent
-        // session's locks soon after their deadline) sets nothing.
-        let lean = lean.filter(|_| {
-            grant.wait.is_none() && self.armed_ttl.is_some_and(|a| a >= ttl && a <= ttl * 2)
-        });
-        let quiet = quiet.filter(|_| lean.is_some() && !holds_others && !self.published);
+        // session's locks soon after their deadline) sets no timeout.
+        let lean = lean.filter(|_| self.armed_ttl.is_some_and(|a| a >= ttl && a <= ttl * 2));
+        let quiet = quiet
+            .filter(|_| lean.is_some() && grant.wait.is_none() && !holds_others && !self.published);
         if quiet.is_none() {
             self.published = true;
         }

@@ -380,6 +380,32 @@ fn server_may_end_session_after(ttl: Duration) -> Duration {
 const PG_PUBLISH: &str =
     "SELECT set_config('application_name', 'distlock ' || $1::text || ' ' || $2::bigint, false)";
 
+/// The waiting grant's subquery (`g.t`, the token): `lock_timeout` for
+/// the wait (`$4`), the waiting marker published with the owner (`$2`), the
+/// blocking lock (`$1`), the token of sequence `seq`.
+fn waiting_grant(seq: &str) -> String {
+    format!(
+        "(SELECT CASE \
+         WHEN set_config('lock_timeout', $4, false) IS NULL THEN NULL \
+         WHEN set_config('application_name', '{WAITING_MARKER} ' || $2, false) IS NULL THEN NULL \
+         WHEN pg_advisory_lock($1)::text IS NULL THEN NULL \
+         ELSE nextval('{seq}') END AS t OFFSET 0) g"
+    )
+}
+
+/// The waiting grant on a session armed for the lease already (see
+/// `connection::session`'s lean statements): the full one without
+/// setting `idle_session_timeout` and `tcp_keepalives_idle` (a
+/// `setsockopt`) again, as the lean try (`$3`, the TTL, bound and
+/// unused).
+pub(crate) fn pg_lean_wait(seq: &str) -> String {
+    format!(
+        "SELECT g.t, CASE WHEN g.t IS NOT NULL AND $3::text IS NOT NULL THEN \
+         set_config('application_name', 'distlock ' || $2 || ' ' || g.t, false) END FROM {}",
+        waiting_grant(seq)
+    )
+}
+
 /// Session mode: session-level advisory locks, tokens from one sequence.
 
 #[async_trait]
@@ -446,13 +472,7 @@ impl SessionDialect for Postgres {
                 "SELECT g.t, {publish} FROM (SELECT CASE WHEN pg_try_advisory_lock($1) \
                  THEN nextval('{seq}') END AS t OFFSET 0) g"
             ),
-            wait: format!(
-                "SELECT g.t, {publish} FROM (SELECT CASE \
-                 WHEN set_config('lock_timeout', $4, false) IS NULL THEN NULL \
-                 WHEN set_config('application_name', '{WAITING_MARKER} ' || $2, false) IS NULL THEN NULL \
-                 WHEN pg_advisory_lock($1)::text IS NULL THEN NULL \
-                 ELSE nextval('{seq}') END AS t OFFSET 0) g"
-            ),
+            wait: format!("SELECT g.t, {publish} FROM {}", waiting_grant(seq)),
             release: format!(
                 "SELECT pg_advisory_unlock($1), \
                  set_config('application_name', '{IDLE_MARKER}', false), \
