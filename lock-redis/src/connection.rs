@@ -21,7 +21,7 @@ use crate::keys::names::TokenFloor;
 use crate::keys::scripts::Scripts;
 use crate::keys::space::KeySpace;
 pub(crate) use eviction::EvictionCheck;
-pub(crate) use node::{Conn, Node};
+pub(crate) use node::{Conn, Node, ScriptCall};
 use pubsub::Notifier;
 
 /// One backend's deployment: its configuration and key names, the scripts,

@@ -14,11 +14,10 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::config::MIN_TTL;
-use crate::connection::{Conn, Node, Servers};
+use crate::connection::{Conn, Node, ScriptCall, Servers};
 use crate::error::NAME;
 use crate::keys::names::KeyNames;
 use crate::keys::replies::{NodeGrant, parse_grant, pttl, ttl_ms};
-use crate::keys::scripts::Scripts;
 use attempt::{Attempt, granted};
 use undo::{PendingGrant, Traces, Withdraw, release_everywhere};
 
@@ -36,33 +35,21 @@ struct GrantArgs<'a> {
     floor: Option<&'a str>,
 }
 
-/// The acquire script on one connection. `ttl_ms` comes from [`ttl_ms`];
-/// `details` is
-/// [`HolderDetails::encode_current`](lock_core::HolderDetails::encode_current);
-/// `floor` the token floor key where `gc` keeps one.
-async fn call_acquire(
-    conn: &mut Conn,
-    scripts: &Scripts,
-    names: &KeyNames,
-    grant: &GrantArgs<'_>,
-) -> redis::RedisResult<Value> {
-    let keys = [
-        names.lock.as_str(),
-        names.counter.as_str(),
-        names.holder.as_str(),
-        grant.floor.unwrap_or_default(),
-    ];
-    let keys = if grant.floor.is_some() {
-        &keys[..]
-    } else {
-        &keys[..3]
-    };
-    conn.eval(
-        &scripts.acquire,
-        keys,
-        &[grant.owner, grant.ttl_ms, grant.details],
-    )
-    .await
+impl GrantArgs<'_> {
+    /// The acquire script's keys under `names` (the floor key last, where
+    /// `gc` keeps one) and its ARGV. `ttl_ms` comes from [`ttl_ms`];
+    /// `details` is
+    /// [`HolderDetails::encode_current`](lock_core::HolderDetails::encode_current).
+    fn script_texts<'n>(&'n self, names: &'n KeyNames) -> ([&'n str; 4], usize, [&'n str; 3]) {
+        let keys = [
+            names.lock.as_str(),
+            names.counter.as_str(),
+            names.holder.as_str(),
+            self.floor.unwrap_or_default(),
+        ];
+        let count = if self.floor.is_some() { 4 } else { 3 };
+        (keys, count, [self.owner, self.ttl_ms, self.details])
+    }
 }
 
 /// The mutex's grants, releases and holders, and the grant machinery the
@@ -153,6 +140,9 @@ impl Grants {
             owner: &owner_hex,
             armed: true,
         };
+        let (keys, key_count, args) = grant.script_texts(&names);
+        // Built once for every node.
+        let call = ScriptCall::new(&servers.scripts.acquire, &keys[..key_count], &args);
         let sent_at = Instant::now();
         let per_node = if servers.redlock {
             timeout.min((ttl / 10).max(Duration::from_millis(100)))
@@ -168,14 +158,12 @@ impl Grants {
         servers
             .each_node(
                 |node| {
-                    let (names, grant) = (&names, &grant);
+                    let call = &call;
                     self.run_grant(
                         node,
                         op,
                         per_node,
-                        move |mut conn| async move {
-                            call_acquire(&mut conn, &servers.scripts, names, grant).await
-                        },
+                        move |mut conn| async move { conn.eval_call(call).await },
                         |value| matches!(parse_grant(value), Ok(NodeGrant::Granted(_))),
                     )
                 },

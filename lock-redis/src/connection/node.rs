@@ -94,7 +94,27 @@ impl Conn {
         keys: &[&str],
         args: &[&str],
     ) -> redis::RedisResult<Value> {
-        match self.query(&script_cmd("EVALSHA", hash, keys, args)).await {
+        let evalsha = script_cmd("EVALSHA", hash, keys, args);
+        self.eval_built(&evalsha, code, keys, args).await
+    }
+
+    /// [`eval`](Self::eval) of a [`ScriptCall`], whose `EVALSHA` request
+    /// is already built (one request sent to several nodes).
+    pub(crate) async fn eval_call(&mut self, call: &ScriptCall<'_>) -> redis::RedisResult<Value> {
+        self.eval_built(&call.evalsha, call.script.code, call.keys, call.args)
+            .await
+    }
+
+    /// `evalsha` (`EVALSHA` of `code` with `keys` and `args`), then `EVAL`
+    /// after a `NOSCRIPT` answer.
+    async fn eval_built(
+        &mut self,
+        evalsha: &Cmd,
+        code: &str,
+        keys: &[&str],
+        args: &[&str],
+    ) -> redis::RedisResult<Value> {
+        match self.query(evalsha).await {
             Err(err) if is_noscript(&err) => {
                 self.query(&script_cmd("EVAL", code, keys, args)).await
             }
@@ -185,9 +205,37 @@ impl ConnectionLike for Conn {
 /// costs one round trip.
 const PIPELINE_CHUNK: usize = 512;
 
+/// One call of a script, its `EVALSHA` request built once: a Redlock
+/// grant or release sends the same request to every node, which each
+/// node's call would otherwise build again (`Conn::eval`); the `EVAL` of a
+/// `NOSCRIPT` answer is built only then.
+pub(crate) struct ScriptCall<'a> {
+    script: &'a LuaScript,
+    keys: &'a [&'a str],
+    args: &'a [&'a str],
+    evalsha: Cmd,
+}
+
+impl<'a> ScriptCall<'a> {
+    pub(crate) fn new(script: &'a LuaScript, keys: &'a [&'a str], args: &'a [&'a str]) -> Self {
+        Self {
+            evalsha: script_cmd("EVALSHA", &script.hash, keys, args),
+            script,
+            keys,
+            args,
+        }
+    }
+}
+
+/// `<verb> <body> <numkeys> <keys...> <args...>`, its buffers sized once
+/// (the arguments' bytes, and up to 20 digits of `numkeys`).
 fn script_cmd(verb: &str, body: &str, keys: &[&str], args: &[&str]) -> Cmd {
-    let mut cmd = redis::cmd(verb);
-    cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+    let texts = keys.iter().chain(args).map(|t| t.len()).sum::<usize>();
+    let mut cmd = Cmd::with_capacity(
+        3 + keys.len() + args.len(),
+        verb.len() + body.len() + 20 + texts,
+    );
+    cmd.arg(verb).arg(body).arg(keys.len()).arg(keys).arg(args);
     cmd
 }
 

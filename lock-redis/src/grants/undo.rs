@@ -8,7 +8,7 @@ use std::time::Duration;
 use lock_core::{Lease, LockError, Operation};
 use redis::Value;
 
-use crate::connection::Servers;
+use crate::connection::{ScriptCall, Servers};
 use crate::grants::attempt::Attempt;
 use crate::keys::names::{KeyNames, ReleaseKeys};
 use crate::keys::replies::as_int;
@@ -24,16 +24,14 @@ pub(crate) async fn release_everywhere(
     let mut released = 0;
     let mut not_held = 0;
     let mut errors = Vec::new();
+    let (keys, args) = ([names.lock, names.holder], [owner, names.channel]);
+    // Built once for every node.
+    let call = &ScriptCall::new(&servers.scripts.release, &keys, &args);
     servers
         .each_node(
             |node| {
                 node.run_request(Operation::Release, timeout, move |mut conn| async move {
-                    conn.eval(
-                        &servers.scripts.release,
-                        &[names.lock, names.holder],
-                        &[owner, names.channel],
-                    )
-                    .await
+                    conn.eval_call(call).await
                 })
             },
             |result| match result.and_then(|v| as_int(&v, Operation::Release)) {
