@@ -18,9 +18,11 @@
 //! A MariaDB grant takes the lock and its token only (`GET_LOCK` and
 //! `NEXTVAL`, one statement); the holder row that `inspect`, `list` and
 //! `force_release` read (`<table>_session_holders`, a `MEMORY` table) is
-//! written later, off the caller's path, by a task that wakes once the
-//! grant has been held for `publish_delay` (10 ms by default): a lock
-//! released sooner never writes one. The task writes the row on the
+//! written later, off the caller's path, once the grant has been held for
+//! `publish_delay` (10 ms by default): a lock released sooner never writes
+//! one. The grant is queued for the backend's publisher task (one per
+//! backend, the queue in due order), which then spawns, for a grant still
+//! held, the publication. It writes the row on the
 //! lock's own session, under the session's mutex, and only if this
 //! backend still holds that grant (checked under the mutex) and the
 //! session still holds the lock (`WHERE IS_USED_LOCK(..) =
@@ -63,9 +65,9 @@
 //!
 //! [`Session::published`]: crate::connection::session::Session::published
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -74,7 +76,7 @@ use lock_core::{
     Operation, OwnerId, check_ttl,
 };
 use tokio::sync::Notify;
-use tokio::time::{Instant, sleep, timeout, timeout_at};
+use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 
 use crate::config::SqlDialect;
 use crate::connection::session::{Conn, ConnUse, Sessions, is_broken};
@@ -339,6 +341,21 @@ pub(crate) fn holder_info(key: LockKey, holder: SessionHolder) -> LockInfo {
 pub(crate) struct SessionGrants {
     inner: Arc<Sessions>,
     held: Arc<HeldLocks>,
+    publisher: Arc<Publisher>,
+}
+
+impl Drop for SessionGrants {
+    fn drop(&mut self) {
+        let task = self
+            .publisher
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
 }
 
 #[async_trait]
@@ -482,7 +499,11 @@ impl SessionGrants {
     }
 
     pub(crate) fn new(inner: Arc<Sessions>, held: Arc<HeldLocks>) -> Self {
-        Self { inner, held }
+        Self {
+            inner,
+            held,
+            publisher: Arc::default(),
+        }
     }
 
     /// Releases every orphan of `used`'s session that no grant of ours
@@ -568,67 +589,43 @@ impl SessionGrants {
         }
     }
 
-    /// Writes the holder row of grant `owner`/`token` of `key` once it has
-    /// been held for `publish_delay`, on a task of its own (see "Lazy
-    /// holder rows").
-    /// `details`: the holder details at the grant.
-    fn publish_later(&self, key: LockKey, server_key: ServerKey, grant: Held, details: String) {
+    /// Publishes grant `pending` once it has been held for
+    /// `publish_delay` (see "Lazy holder rows", "Published grants"): queued
+    /// for the backend's publisher task (started, or started again after
+    /// its runtime ended, here), which publishes it if still held then.
+    fn publish_later(&self, pending: Pending) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (inner, held) = (Arc::clone(&self.inner), Arc::clone(&self.held));
-        runtime.spawn(async move {
-            sleep(inner.config.publish_delay).await;
-            let (id, owner, token) = (server_key.id(), grant.owner, grant.token);
-            if !held.still_held(id, owner, token) {
-                return;
+        let publisher = &self.publisher;
+        let was_empty = {
+            let mut queue = publisher
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let was_empty = queue.is_empty();
+            queue.push_back(pending);
+            was_empty
+        };
+        {
+            let mut task = publisher
+                .task
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if task
+                .as_ref()
+                .is_none_or(tokio::task::JoinHandle::is_finished)
+            {
+                *task = Some(runtime.spawn(publications(
+                    Arc::downgrade(&self.inner),
+                    Arc::downgrade(&self.held),
+                    Arc::clone(publisher),
+                )));
             }
-            let op_timeout = inner.config.op_timeout;
-            let Ok(Some(mut used)) = inner.this(&grant.conn, Instant::now() + op_timeout).await
-            else {
-                return;
-            };
-            // Under the session's mutex, which the grant's release takes
-            // too: still held here means its release comes after.
-            if !held.still_held(id, owner, token) {
-                return;
-            }
-            // PostgreSQL: a session holding more than this lock publishes
-            // no owner (the grant of the second one published
-            // `distlock multi`, see "Published grants").
-            if inner.config.dialect == SqlDialect::Postgres && !held.alone(used.conn.held()) {
-                return;
-            }
-            let Some(session) = used.session() else {
-                return;
-            };
-            let owner_hex = owner.hex();
-            let publication = Publication {
-                lock: SessionLock {
-                    key: key.as_str().as_bytes(),
-                    server_key: &server_key,
-                },
-                owner: owner_hex.as_str(),
-                token: token.get(),
-                details: details.as_str(),
-            };
-            match timeout(op_timeout, session.publish(&inner.sql, &publication)).await {
-                Ok(Ok(written)) => {
-                    if written {
-                        grant.published.store(true, Ordering::Release);
-                    }
-                }
-                Ok(Err(e)) if is_broken(&e) => {
-                    used.close(&format!("the session ended: {e}"));
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(key = %key, error = %e, "could not write a session holder row");
-                }
-                // Abandoned mid-statement: written or not, its release
-                // deletes it.
-                Err(_) => grant.published.store(true, Ordering::Release),
-            }
-        });
+        }
+        if was_empty {
+            publisher.wake.notify_one();
+        }
     }
 
     /// The owner a grant on `used` publishes (see the module docs,
@@ -928,10 +925,138 @@ impl SessionGrants {
                 token,
             };
             drop(used);
-            let details = HolderDetails::encode_current();
-            self.publish_later(key.clone(), server_key, grant, details);
+            // Holder details: MariaDB's row only.
+            let details = if self.inner.sql.maria.is_some() {
+                HolderDetails::encode_current()
+            } else {
+                String::new()
+            };
+            self.publish_later(Pending {
+                due: Instant::now() + self.inner.config.publish_delay,
+                key: key.clone(),
+                server_key,
+                grant,
+                details,
+            });
         }
         Ok(Some(lease.with_session(rx)))
+    }
+}
+
+/// A grant whose publication is due at `due` (see "Lazy holder rows"):
+/// its key, server lock, grant and (MariaDB) holder details at the grant.
+struct Pending {
+    due: Instant,
+    key: LockKey,
+    server_key: ServerKey,
+    grant: Held,
+    details: String,
+}
+
+/// A backend's deferred publications, in due order (one delay for all),
+/// and the one task that takes them when due: a grant released sooner
+/// costs a push here, not a task and a timer of its own.
+#[derive(Default)]
+struct Publisher {
+    queue: Mutex<VecDeque<Pending>>,
+    /// Told when the queue stops being empty.
+    wake: Notify,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// The publisher task: waits for the first queued publication's due time,
+/// then publishes, each on a task of its own, the due ones still held.
+/// Ends when the backend is gone (and is aborted with it).
+async fn publications(inner: Weak<Sessions>, held: Weak<HeldLocks>, publisher: Arc<Publisher>) {
+    loop {
+        let next = publisher
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .front()
+            .map(|p| p.due);
+        match next {
+            None => publisher.wake.notified().await,
+            Some(due) => sleep_until(due).await,
+        }
+        let now = Instant::now();
+        let due: Vec<Pending> = {
+            let mut queue = publisher
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let mut due = Vec::new();
+            while queue.front().is_some_and(|p| p.due <= now) {
+                due.extend(queue.pop_front());
+            }
+            due
+        };
+        let (Some(inner), Some(held)) = (inner.upgrade(), held.upgrade()) else {
+            return;
+        };
+        for pending in due {
+            let grant = &pending.grant;
+            if held.still_held(pending.server_key.id(), grant.owner, grant.token) {
+                tokio::spawn(publish(Arc::clone(&inner), Arc::clone(&held), pending));
+            }
+        }
+    }
+}
+
+/// Publishes `pending` on its own session: MariaDB's holder row,
+/// PostgreSQL's `application_name` (see "Lazy holder rows").
+async fn publish(inner: Arc<Sessions>, held: Arc<HeldLocks>, pending: Pending) {
+    let Pending {
+        key,
+        server_key,
+        grant,
+        details,
+        ..
+    } = pending;
+    let (id, owner, token) = (server_key.id(), grant.owner, grant.token);
+    let op_timeout = inner.config.op_timeout;
+    let Ok(Some(mut used)) = inner.this(&grant.conn, Instant::now() + op_timeout).await else {
+        return;
+    };
+    // Under the session's mutex, which the grant's release takes
+    // too: still held here means its release comes after.
+    if !held.still_held(id, owner, token) {
+        return;
+    }
+    // PostgreSQL: a session holding more than this lock publishes
+    // no owner (the grant of the second one published
+    // `distlock multi`, see "Published grants").
+    if inner.config.dialect == SqlDialect::Postgres && !held.alone(used.conn.held()) {
+        return;
+    }
+    let Some(session) = used.session() else {
+        return;
+    };
+    let owner_hex = owner.hex();
+    let publication = Publication {
+        lock: SessionLock {
+            key: key.as_str().as_bytes(),
+            server_key: &server_key,
+        },
+        owner: owner_hex.as_str(),
+        token: token.get(),
+        details: details.as_str(),
+    };
+    match timeout(op_timeout, session.publish(&inner.sql, &publication)).await {
+        Ok(Ok(written)) => {
+            if written {
+                grant.published.store(true, Ordering::Release);
+            }
+        }
+        Ok(Err(e)) if is_broken(&e) => {
+            used.close(&format!("the session ended: {e}"));
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(key = %key, error = %e, "could not write a session holder row");
+        }
+        // Abandoned mid-statement: written or not, its release
+        // deletes it.
+        Err(_) => grant.published.store(true, Ordering::Release),
     }
 }
 
