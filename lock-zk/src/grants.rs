@@ -133,7 +133,7 @@ impl Grants {
         Ok(deleted)
     }
 
-    /// Who holds the mutex `key`, without a `sync`.
+    /// Who holds the mutex `key`, as of the leader's last commit.
     pub(crate) async fn inspect_mutex(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let session = self
             .parts
@@ -142,12 +142,23 @@ impl Grants {
             .await
             .map_err(|e| e.with_key(key))?;
         let dir = self.parts.conn.checked_key_path(key, Operation::Inspect)?;
-        // One list and one `getData` (the holder details are the node's
-        // data, read with its `czxid`), no `sync`: it decides nothing.
-        Ok(self
-            .holder_in(&session, key, &dir, Operation::Inspect)
-            .await?
-            .map(|found| found.info))
+        // A `sync` first, queued before the reads (the client sends a
+        // request when the call is made, the server answers a session's
+        // requests in order): a follower otherwise answers from before
+        // another client's release or grant that the leader has already
+        // committed, and an operator reads a lock freed a moment ago as
+        // held. Then one list and one `getData` (the holder details are the
+        // node's data, read with its `czxid`).
+        let sync = timed(self.parts.conn.op_timeout(), session.client.sync(&dir));
+        let (synced, found) = tokio::join!(
+            sync,
+            self.holder_in(&session, key, &dir, Operation::Inspect)
+        );
+        match synced {
+            Ok(()) | Err(CallError::Zk(zk::Error::NoNode)) => {}
+            Err(err) => return Err(err.into_lock_error(Operation::Inspect).with_key(key)),
+        }
+        Ok(found?.map(|found| found.info))
     }
 
     /// The holder of `key`'s mutex directory `dir`: the lowest contender,
