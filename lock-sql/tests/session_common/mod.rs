@@ -307,6 +307,19 @@ pub async fn abandoned_grant_is_undone(target: &SessionTarget) {
     let ttl = Duration::from_secs(10);
     let (kept, k) = (key("orphan-kept"), key("orphan"));
     let other = holder.try_acquire(&kept, ttl).await.unwrap().unwrap();
+    // The kept lock's deferred publication (after `publish_delay`) runs on
+    // the session under its mutex: once published, it cannot hold the
+    // session through the partition below and keep the try from being
+    // sent (seen on a loaded machine).
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = probe.inspect(&kept).await.unwrap();
+        if info.and_then(|i| i.token) == Some(other.token()) {
+            break;
+        }
+        assert!(Instant::now() < until, "the kept lock was never published");
+        sleep(Duration::from_millis(10)).await;
+    }
     // A grant on a session holding a lock once before, so its statement is
     // prepared on the connection and the try sends it whole (an
     // unprepared one would wait for the server's parse reply first, and
