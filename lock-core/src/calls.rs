@@ -373,7 +373,7 @@ impl<B: LockBackend + ?Sized> LockBackendExt for B {}
 
 /// A waiting grant's answer as a lease (a backend that answered "held"
 /// despite the deadline is read as contended at it).
-fn granted(
+pub(crate) fn granted(
     found: Result<Option<Lease>, LockError>,
     backend: &'static str,
     key: &LockKey,

@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{GrantRequest, LockBackend};
-use crate::calls::LockBackendExt;
+use crate::calls::{LockBackendExt, granted};
 use crate::capabilities::{Capabilities, Requirements};
 use crate::error::{ErrorKind, LockError, Operation};
 use crate::guard::LockGuard;
@@ -537,19 +537,17 @@ impl LockRequest<'_> {
         wait: Duration,
     ) -> Result<Lease, LockError> {
         let request = GrantRequest::mutex(key, ttl).kind(kind);
-        let (request, operation) = if wait.is_zero() {
-            (request, Operation::TryAcquire)
-        } else {
+        if !wait.is_zero() {
             let deadline = saturating_add(Instant::now(), wait);
-            (request.until(deadline), Operation::Acquire)
-        };
+            let found = backend.grant(request.until(deadline)).await;
+            return granted(found, backend.name(), key);
+        }
         backend.grant(request).await?.ok_or_else(|| {
-            let message = match (operation, kind) {
-                (Operation::Acquire, _) => "the key was still held at the deadline".to_owned(),
-                (_, LeaseKind::Exclusive) => "held by another owner".to_owned(),
-                (_, kind) => format!("cannot take {kind} now"),
+            let message = match kind {
+                LeaseKind::Exclusive => "held by another owner".to_owned(),
+                kind => format!("cannot take {kind} now"),
             };
-            LockError::new(ErrorKind::Contended, operation, message)
+            LockError::new(ErrorKind::Contended, Operation::TryAcquire, message)
                 .with_key(key)
                 .with_backend(backend.name())
         })
