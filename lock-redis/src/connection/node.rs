@@ -94,29 +94,18 @@ impl Conn {
         keys: &[&str],
         args: &[&str],
     ) -> redis::RedisResult<Value> {
-        let evalsha = script_cmd("EVALSHA", hash, keys, args);
-        self.eval_built(&evalsha, code, keys, args).await
-    }
-
-    /// [`eval`](Self::eval) of a [`ScriptCall`], whose `EVALSHA` request
-    /// is already built (one request sent to several nodes).
-    pub(crate) async fn eval_call(&mut self, call: &ScriptCall<'_>) -> redis::RedisResult<Value> {
-        self.eval_built(&call.evalsha, call.script.code, call.keys, call.args)
+        self.eval_call(&ScriptCall::of_text(code, hash, keys, args))
             .await
     }
 
-    /// `evalsha` (`EVALSHA` of `code` with `keys` and `args`), then `EVAL`
+    /// [`eval`](Self::eval) of a [`ScriptCall`], whose `EVALSHA` request
+    /// is already built (one request may go to several nodes); `EVAL`
     /// after a `NOSCRIPT` answer.
-    async fn eval_built(
-        &mut self,
-        evalsha: &Cmd,
-        code: &str,
-        keys: &[&str],
-        args: &[&str],
-    ) -> redis::RedisResult<Value> {
-        match self.query(evalsha).await {
+    pub(crate) async fn eval_call(&mut self, call: &ScriptCall<'_>) -> redis::RedisResult<Value> {
+        match self.query(&call.evalsha).await {
             Err(err) if is_noscript(&err) => {
-                self.query(&script_cmd("EVAL", code, keys, args)).await
+                let eval = script_cmd("EVAL", call.code, call.keys, call.args);
+                self.query(&eval).await
             }
             other => other,
         }
@@ -210,7 +199,8 @@ const PIPELINE_CHUNK: usize = 512;
 /// node's call would otherwise build again (`Conn::eval`); the `EVAL` of a
 /// `NOSCRIPT` answer is built only then.
 pub(crate) struct ScriptCall<'a> {
-    script: &'a LuaScript,
+    /// The script's text, for `EVAL`.
+    code: &'a str,
     keys: &'a [&'a str],
     args: &'a [&'a str],
     evalsha: Cmd,
@@ -218,9 +208,14 @@ pub(crate) struct ScriptCall<'a> {
 
 impl<'a> ScriptCall<'a> {
     pub(crate) fn new(script: &'a LuaScript, keys: &'a [&'a str], args: &'a [&'a str]) -> Self {
+        Self::of_text(script.code, &script.hash, keys, args)
+    }
+
+    /// A call of the script `code` whose SHA1 is `hash`.
+    fn of_text(code: &'a str, hash: &str, keys: &'a [&'a str], args: &'a [&'a str]) -> Self {
         Self {
-            evalsha: script_cmd("EVALSHA", &script.hash, keys, args),
-            script,
+            evalsha: script_cmd("EVALSHA", hash, keys, args),
+            code,
             keys,
             args,
         }
