@@ -21,7 +21,10 @@ use crate::keys::scripts::LuaScript;
 /// `sweep` (drop members whose expiry passed, and the same members from
 /// companion keys), `put_share` (a share's holder details in its shape's
 /// details hash; nothing without details) and `keep` (expire keys with the
-/// latest member).
+/// latest member: one absolute instant, `PEXPIREAT`, for every key; a
+/// relative `PEXPIRE` per key is counted from the server's clock at each
+/// call, which Redis 7.0 does not freeze inside a script, so a key set a
+/// millisecond later (a details hash after its readers set) outlived it).
 macro_rules! prelude {
     () => {
         r"
@@ -48,9 +51,9 @@ local function keep(z, keys)
     for _, k in ipairs(keys) do redis.call('DEL', k) end
     return
   end
-  local ms = tonumber(last[2]) - now
-  if ms < 1 then ms = 1 end
-  for _, k in ipairs(keys) do redis.call('PEXPIRE', k, fmt(ms)) end
+  local at = tonumber(last[2])
+  if at < now + 1 then at = now + 1 end
+  for _, k in ipairs(keys) do redis.call('PEXPIREAT', k, fmt(at)) end
 end
 "
     };
