@@ -19,4 +19,11 @@ async fn mariadb_session() {
     session_common::rows::mariadb_waiting_grant_window(&target).await;
     session_common::rows::mariadb_publication_race(&target).await;
     session_common::scenarios(&target).await;
+    // The torn-reply check's broken variant: sqlx's MySQL reader reads the
+    // rest of the dropped try's reply as the next call's.
+    let broken = session_common::torn_reply_leaves_no_half_read_session(&target, false).await;
+    assert!(
+        matches!(broken, session_common::Torn::Broken(_)),
+        "the torn-reply check's broken variant was not caught: {broken:?}"
+    );
 }

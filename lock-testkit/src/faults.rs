@@ -28,6 +28,10 @@ pub(crate) struct FaultState {
     pub(crate) jitter: Duration,
     /// Bumped to cut every open connection.
     pub(crate) generation: u64,
+    /// Replies torn in two: the first `.0` bytes of each chunk the server
+    /// sends are delivered, the rest `.1` later (see
+    /// `FaultProxy::tear_replies`).
+    pub(crate) torn: Option<(usize, Duration)>,
 }
 
 impl FaultState {
@@ -37,6 +41,7 @@ impl FaultState {
         latency: Duration::ZERO,
         jitter: Duration::ZERO,
         generation: 0,
+        torn: None,
     };
 }
 

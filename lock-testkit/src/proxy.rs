@@ -160,6 +160,14 @@ impl FaultProxy {
         });
     }
 
+    /// Tears every reply in two: of each chunk the server sends from now
+    /// on, the first `head` bytes are delivered (after the latency) and the
+    /// rest `pause` later, so that a client is caught mid-reply, with part
+    /// of a message read; `None` stops it. Requests are not torn.
+    pub fn tear_replies(&self, torn: Option<(usize, Duration)>) {
+        self.state.send_modify(|s| s.torn = torn);
+    }
+
     /// Holds all traffic until [`heal`](Self::heal).
     pub fn partition(&self) {
         self.state.send_modify(|s| s.flow = Flow::Partition);
@@ -361,6 +369,16 @@ async fn pump(
             Flow::Pass => {}
         }
         let delay = delay_for(current.latency, current.jitter, &mut rng);
+        if let Some((head, pause)) = current.torn
+            && counting.direction == DOWN
+            && n > head
+        {
+            let at = Instant::now() + delay;
+            let at = in_flight.back().map_or(at, |(last, _)| at.max(*last));
+            in_flight.push_back((at, buf[..head].to_vec()));
+            in_flight.push_back((at + pause, buf[head..n].to_vec()));
+            continue;
+        }
         if delay.is_zero() && in_flight.is_empty() {
             if !deliver(&mut to, &buf[..n], &counting).await {
                 return;
@@ -496,6 +514,33 @@ mod tests {
         let mut echoed = [0u8; 8];
         stream.read_exact(&mut echoed).await.unwrap();
         assert_eq!(&echoed, b"abcdefgh");
+    }
+
+    /// A torn reply arrives in two parts: its head at once, the rest one
+    /// pause later; requests pass whole.
+    #[tokio::test]
+    async fn torn_replies_arrive_in_two_parts() {
+        let (proxy, mut stream) = proxied_echo().await;
+        stream.set_nodelay(true).unwrap();
+        ping(&mut stream).await.unwrap();
+        let pause = Duration::from_millis(300);
+        proxy.tear_replies(Some((3, pause)));
+        let started = Instant::now();
+        stream.write_all(b"abcdefgh").await.unwrap();
+        let mut head = [0u8; 3];
+        timeout(pause / 2, stream.read_exact(&mut head))
+            .await
+            .expect("the head comes at once")
+            .unwrap();
+        assert_eq!(&head, b"abc");
+        let mut rest = [0u8; 5];
+        stream.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"defgh");
+        assert!(started.elapsed() >= pause, "the rest came early");
+        proxy.tear_replies(None);
+        let started = Instant::now();
+        ping(&mut stream).await.unwrap();
+        assert!(started.elapsed() < pause, "still torn after None");
     }
 
     #[tokio::test]

@@ -236,8 +236,9 @@ impl SessionAdmin {
         };
         let session = used.session().ok_or_else(closed)?;
         let (dialect, on) = session.on(&self.inner.sql);
-        let rows = timeout(op_timeout, dialect.session_list(on, page))
-            .await
+        let rows = timeout(op_timeout, dialect.session_list(on, page)).await;
+        let rows = session
+            .settled(rows)
             .map_err(|_| timed_out())?
             .map_err(|e| map_err(self, e))?;
         drop(used);
@@ -290,8 +291,9 @@ impl SessionAdmin {
         for _ in 0..3 {
             let session = used.session().ok_or_else(closed)?;
             let (dialect, on) = session.on(sql);
-            let found = timeout(op_timeout, dialect.session_inspect(on, lock))
-                .await
+            let found = timeout(op_timeout, dialect.session_inspect(on, lock)).await;
+            let found = session
+                .settled(found)
                 .map_err(|_| timed_out())?
                 .map_err(|e| self.inner.err(Operation::Inspect, key, e))?;
             let Some(holder) = found else {
@@ -332,9 +334,11 @@ impl SessionAdmin {
                     },
                 ),
             )
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(|e| self.inner.err(Operation::Inspect, key, e))?;
+            .await;
+            let ended = session
+                .settled(ended)
+                .map_err(|_| timed_out())?
+                .map_err(|e| self.inner.err(Operation::Inspect, key, e))?;
             match ended {
                 Killed::Ended => return Ok(Some(holder_info(key.clone(), holder))),
                 Killed::HoldsOthers(others) => return Err(holds_others(key, victim, others)),
@@ -372,9 +376,10 @@ impl SessionAdmin {
             Bind::Bytes(key.as_str().as_bytes()),
             Bind::Int(victim),
         ];
-        let counted = fetch(&mut session.conn, &statement, &binds, "i");
-        let rows = timeout(self.inner.config.op_timeout, counted)
-            .await
+        let counted = fetch(session.conn_for_statement(), &statement, &binds, "i");
+        let rows = timeout(self.inner.config.op_timeout, counted).await;
+        let rows = session
+            .settled(rows)
             .map_err(|_| admin_timeout("force_release"))?
             .map_err(|e| self.inner.err(Operation::Inspect, key, e))?;
         Ok(Some(rows.first().map_or(0, |row| row[0].int())))

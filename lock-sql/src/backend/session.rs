@@ -238,6 +238,17 @@ impl SqlSessionBackend {
         self.inner.held.set_publication_check(on);
     }
 
+    /// For tests of this crate's safety checks only: `false` turns off
+    /// what keeps an abandoned statement from leaving its reply half read
+    /// on a session that serves on (see "Abandoned
+    /// statements" in docs/backends/sql.md): the statement is dropped
+    /// where it stands and the session's next statement reads after it.
+    /// Never turn it off in use.
+    #[doc(hidden)]
+    pub fn set_abandon_check(&self, on: bool) {
+        self.inner.sessions.set_abandon_check(on);
+    }
+
     /// Always an error: session mode holds a server session lock (an
     /// advisory lock, `GET_LOCK`) and no row with an owner and a token, so
     /// no statement of another connection can check, atomically with its

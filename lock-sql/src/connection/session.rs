@@ -28,14 +28,24 @@
 //!
 //! # Abandoned statements
 //!
-//! A grant or release whose future is dropped (or times out) mid-statement
-//! leaves the server's answer unread: sqlx reads and discards it before
-//! the next statement on that connection, but whether the lock was taken
-//! is unknown. The key is then recorded as an orphan of that session, and
-//! the next call on the session first releases every orphan that no
-//! grant of ours holds there (an unlock of a lock not held is harmless),
-//! so an abandoned grant never leaves a lock behind, and never costs the
-//! session's other locks.
+//! A statement's reply must never be left half read on a session that
+//! serves on: sqlx's MySQL reader takes a packet's header and then awaits
+//! its payload, so a statement dropped between the two leaves the rest of
+//! that payload to be read as the next statement's reply (a panic, an
+//! error, or a wrong answer). So a grant, a release and a keep-alive run as
+//! a [`Finish`]: it owns the session's use, and when its caller stops
+//! waiting (the future dropped, or the operation timeout) it is finished
+//! in the background, under the session's mutex, within one more
+//! operation timeout. Any other statement abandoned mid-way (or one the
+//! background could not finish) leaves its session marked in flight, and
+//! the end of that use closes the session: its locks are lost, and their
+//! guards told.
+//!
+//! Whether an abandoned grant took the lock is unknown to its caller: the
+//! key is then recorded as an orphan of that session, and the next call on
+//! the session first releases every orphan that no grant of ours holds
+//! there (an unlock of a lock not held is harmless), so an abandoned grant
+//! never leaves a lock behind, and never costs the session's other locks.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -76,7 +86,7 @@ impl Opts {
 /// One open server session.
 #[derive(Debug)]
 pub(crate) struct Session {
-    pub(crate) conn: DbConn,
+    conn: DbConn,
     /// The database's session half.
     pub(crate) dialect: &'static dyn SessionDialect,
     /// The server's id of this session: PostgreSQL backend pid, MySQL
@@ -108,6 +118,10 @@ pub(crate) struct Session {
     /// How it was opened (to start a server run on a connection of its
     /// own, see [`Session::read_run`]).
     opts: Opts,
+    /// A statement was started on it and has not ended: when its use ends
+    /// so, the statement was abandoned mid-way, and its reply's state on
+    /// the connection is unknown (see "Abandoned statements").
+    in_flight: bool,
 }
 
 /// A session of the set and what the set knows of it.
@@ -166,10 +180,23 @@ struct Slot {
 }
 
 /// The set's sessions and the ones being opened.
-#[derive(Default)]
 struct Pool {
     slots: Vec<Slot>,
     opening: usize,
+    /// Whether a use that ends with a statement in flight closes its
+    /// session (see "Abandoned statements"); off only in this crate's
+    /// tests of that check.
+    abandon_check: bool,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Self {
+            slots: Vec::new(),
+            opening: 0,
+            abandon_check: true,
+        }
+    }
 }
 
 impl Pool {
@@ -207,6 +234,10 @@ pub(crate) struct Sessions {
     /// PostgreSQL: the size of the server's shared lock table, read at
     /// connect (see [`Sessions::server_lock_limit`]).
     lock_table: std::sync::OnceLock<u32>,
+    /// Whether an abandoned statement is finished in the background (see
+    /// [`Finish`]); off only in this crate's tests of that check, together
+    /// with the pool's `abandon_check`.
+    finish_abandoned: AtomicBool,
 }
 
 /// PostgreSQL's shared lock table, which holds every session's advisory
@@ -226,12 +257,26 @@ pub(crate) struct ConnUse {
 
 impl Drop for ConnUse {
     fn drop(&mut self) {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        if pool.abandon_check
+            && !self.conn.is_dead()
+            && self.guard.as_ref().is_some_and(Session::in_flight)
+        {
+            // A statement abandoned mid-way: its reply may be half read,
+            // and sqlx's MySQL reader does not recover from that (the
+            // next statement would read the rest as its own reply).
+            self.conn.mark_dead();
+            self.conn.state.send_replace(SessionState::Lost(
+                "a statement on the lock's session was abandoned mid-way (its caller stopped \
+                 waiting), so the session was closed"
+                    .to_owned(),
+            ));
+        }
         if self.conn.is_dead() {
             *self.guard = None;
         } else if let Some(session) = self.guard.as_mut() {
             session.last_used = Instant::now();
         }
-        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
         if self.conn.is_dead() {
             pool.slots.retain(|s| !Arc::ptr_eq(&s.conn, &self.conn));
         } else if let Some(slot) = pool.slot(&self.conn) {
@@ -298,6 +343,53 @@ impl ConnUse {
                 self.close("an abandoned grant could not be undone on the lock's session");
                 return;
             }
+        }
+    }
+}
+
+/// A statement future that owns its session's use ([`ConnUse`]) and runs
+/// to its end: dropped before then (its caller stopped waiting, or timed
+/// out), it is finished in the background, within `limit` more, so that
+/// a reply is never left half read and the session keeps its other
+/// locks (see "Abandoned statements"). Past `limit`, or with no runtime
+/// to finish it on, it is dropped mid-way, and the use's drop closes the
+/// session.
+pub(crate) struct Finish<F: Future + Send + 'static> {
+    run: Option<std::pin::Pin<Box<F>>>,
+    /// `None`: dropped where it stands (the check's broken variant).
+    limit: Option<Duration>,
+}
+
+impl<F> Future for Finish<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let Some(run) = self.run.as_mut() else {
+            // Polled after it finished: `timeout` and `.await` never do.
+            return std::task::Poll::Pending;
+        };
+        let out = std::task::ready!(run.as_mut().poll(cx));
+        self.run = None;
+        std::task::Poll::Ready(out)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for Finish<F> {
+    fn drop(&mut self) {
+        let (Some(run), Some(limit)) = (self.run.take(), self.limit) else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = timeout(limit, run).await;
+            });
         }
     }
 }
@@ -378,6 +470,7 @@ impl Sessions {
             pool: Arc::new(Mutex::new(Pool::default())),
             pool_size,
             lock_table: std::sync::OnceLock::new(),
+            finish_abandoned: AtomicBool::new(true),
         });
         if let Some(first) = first {
             drop(sessions.insert_slot(first, false));
@@ -749,6 +842,33 @@ impl Sessions {
     /// grants are published lazily ("Published grants"): how long after a
     /// grant it is published at the latest, scheduling allowing; `None`
     /// where every grant publishes itself (MySQL's token rows).
+    /// For tests of this crate's safety checks only: `false` drops an
+    /// abandoned statement where it stands and lets its session serve on
+    /// (the broken variant of "Abandoned statements").
+    pub(crate) fn set_abandon_check(&self, on: bool) {
+        self.finish_abandoned.store(on, Ordering::Release);
+        self.pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .abandon_check = on;
+    }
+
+    /// `statement` (which owns the session's use), run to its end even
+    /// when its caller stops waiting (see [`Finish`]).
+    pub(crate) fn finish<F>(&self, statement: F) -> Finish<F>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send,
+    {
+        Finish {
+            run: Some(Box::pin(statement)),
+            limit: self
+                .finish_abandoned
+                .load(Ordering::Acquire)
+                .then_some(self.config.op_timeout),
+        }
+    }
+
     pub(crate) fn publication_lag(&self) -> Option<Duration> {
         (self.sql.maria.is_some() || self.quiet_sql.is_some())
             .then(|| self.config.publish_delay + PUBLISH_MARGIN)
@@ -881,6 +1001,7 @@ impl Session {
             published: false,
             run_base,
             opts: opts.clone(),
+            in_flight: false,
         };
         if run_id.is_some() && run_base.is_none() {
             session.run_base = Some(session.read_run(sql).await?);
@@ -924,10 +1045,15 @@ impl Session {
 
     /// Where this session's statements run, with the backend's `sql`, and
     /// the dialect that runs them.
+    ///
+    /// Marks a statement started: the caller calls [`Session::settled`]
+    /// when it ended (answered or failed); a use of the session that ends
+    /// before then closes it (see "Abandoned statements").
     pub(crate) fn on<'a>(
         &'a mut self,
         sql: &'a SessionSql,
     ) -> (&'static dyn SessionDialect, OnSession<'a>) {
+        self.in_flight = true;
         let conn = &mut self.conn;
         let run_base = self.run_base.unwrap_or(0);
         (
@@ -938,6 +1064,33 @@ impl Session {
                 run_base,
             },
         )
+    }
+
+    /// The connection, for a statement of the caller's own: marked started
+    /// as by [`Session::on`].
+    pub(crate) fn conn_for_statement(&mut self) -> &mut DbConn {
+        self.in_flight = true;
+        &mut self.conn
+    }
+
+    /// The statement started by [`Session::on`] or
+    /// [`Session::conn_for_statement`] ended (answered, or failed with an
+    /// error): `answer`, when it is not the operation timeout's. A
+    /// statement stopped by the timeout stays started, so the session's use
+    /// closes it.
+    pub(crate) fn settled<T>(
+        &mut self,
+        answer: Result<T, tokio::time::error::Elapsed>,
+    ) -> Result<T, tokio::time::error::Elapsed> {
+        if answer.is_ok() {
+            self.in_flight = false;
+        }
+        answer
+    }
+
+    /// Whether a statement was started and has not ended.
+    pub(crate) fn in_flight(&self) -> bool {
+        self.in_flight
     }
 
     /// One grant statement (see [`SessionGrant`]); the token comes back in
@@ -953,6 +1106,19 @@ impl Session {
     /// [`Session::published`] clear (the caller publishes the grant later if
     /// it is still held); any other grant may publish and sets it.
     pub(crate) async fn grant(
+        &mut self,
+        sql: GrantSql<'_>,
+        grant: &SessionGrant<'_>,
+        holds_others: bool,
+    ) -> SqlxResult<Granted> {
+        self.in_flight = true;
+        let granted = self.grant_statements(sql, grant, holds_others).await;
+        self.in_flight = false;
+        granted
+    }
+
+    /// [`Session::grant`]'s statements.
+    async fn grant_statements(
         &mut self,
         GrantSql {
             full: sql,
@@ -1008,7 +1174,9 @@ impl Session {
             self.published = true;
         }
         let (dialect, on) = self.on(quiet.unwrap_or(sql.sql));
-        let released = dialect.session_release(on, key).await?;
+        let released = dialect.session_release(on, key).await;
+        self.in_flight = false;
+        let released = released?;
         if !sql.keeps {
             // Reset (or never published): the idle marker.
             self.published = false;
@@ -1025,7 +1193,9 @@ impl Session {
         // PostgreSQL: `application_name` shows it from now on.
         self.published = true;
         let (dialect, on) = self.on(sql);
-        dialect.session_publish(on, publication).await
+        let published = dialect.session_publish(on, publication).await;
+        self.in_flight = false;
+        published
     }
 
     /// Deletes the holder row a publication wrote (see
@@ -1037,14 +1207,18 @@ impl Session {
         token: u64,
     ) -> SqlxResult<()> {
         let (dialect, on) = self.on(sql);
-        dialect.session_withdraw(on, key, token).await
+        let withdrawn = dialect.session_withdraw(on, key, token).await;
+        self.in_flight = false;
+        withdrawn
     }
 
     /// The keep-alive: a cheap query that also tells whether this session
     /// still holds the lock.
     pub(crate) async fn holds(&mut self, sql: &SessionSql, key: &ServerKey) -> SqlxResult<bool> {
         let (dialect, on) = self.on(sql);
-        dialect.session_holds(on, key).await
+        let holds = dialect.session_holds(on, key).await;
+        self.in_flight = false;
+        holds
     }
 
     /// Ends the session of a dropped waiting acquire on the server from
@@ -1053,8 +1227,12 @@ impl Session {
     /// session where the server can reuse ids (see
     /// [`SessionDialect::kill_session`]).
     pub(crate) async fn kill(&mut self, victim: i64, owner: &str) -> SqlxResult<()> {
-        self.dialect
+        self.in_flight = true;
+        let killed = self
+            .dialect
             .kill_session(&mut self.conn, victim, owner)
-            .await
+            .await;
+        self.in_flight = false;
+        killed
     }
 }

@@ -42,6 +42,41 @@ pub(crate) struct SessionGrant<'a> {
     pub(crate) wait: Option<Duration>,
 }
 
+/// A [`SessionGrant`] owning its values, for a statement that may finish
+/// after its caller stopped waiting (see `connection::session::Finish`).
+#[derive(Debug)]
+pub(crate) struct OwnedGrant {
+    key: Vec<u8>,
+    server_key: ServerKey,
+    owner: String,
+    ttl: Duration,
+    wait: Option<Duration>,
+}
+
+impl OwnedGrant {
+    pub(crate) fn of(grant: &SessionGrant<'_>) -> Self {
+        Self {
+            key: grant.lock.key.to_vec(),
+            server_key: grant.lock.server_key.clone(),
+            owner: grant.owner.to_owned(),
+            ttl: grant.ttl,
+            wait: grant.wait,
+        }
+    }
+
+    pub(crate) fn grant(&self) -> SessionGrant<'_> {
+        SessionGrant {
+            lock: SessionLock {
+                key: &self.key,
+                server_key: &self.server_key,
+            },
+            owner: &self.owner,
+            ttl: self.ttl,
+            wait: self.wait,
+        }
+    }
+}
+
 /// A grant's deferred holder row: its lock, owner (hex) and token.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Publication<'a> {

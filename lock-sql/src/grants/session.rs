@@ -81,7 +81,9 @@ use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 use crate::config::SqlDialect;
 use crate::connection::session::{Conn, ConnUse, Sessions, is_broken};
 use crate::dialect::SessionHolder;
-use crate::dialect::session::{Granted, Publication, ServerKey, SessionGrant, SessionLock};
+use crate::dialect::session::{
+    Granted, OwnedGrant, Publication, ServerKey, SessionGrant, SessionLock,
+};
 use crate::grants::MutexOnly;
 
 /// A held lock: its grant and the session that holds it (whose channel
@@ -406,6 +408,7 @@ impl MutexOnly for SessionGrants {
             };
             let (dialect, on) = session.on(&self.inner.sql);
             let found = timeout(op_timeout, dialect.session_inspect(on, lock)).await;
+            let found = session.settled(found);
             let late = "inspect did not answer within the operation timeout";
             let found = self.answer(&mut used, Operation::Inspect, key, found, late)?;
             if let Some(wait) = lag.filter(|_| waits > 0)
@@ -537,55 +540,61 @@ impl SessionGrants {
         };
         self.clean(&mut used).await;
         let left = used.conn.held().saturating_sub(1);
-        let sql = self.inner.release_sql(left);
         let mut abandon = Abandon {
             conn: Arc::clone(&used.conn),
             key: Some(server_key.clone()),
         };
-        let Some(session) = used.session() else {
+        if used.session().is_none() {
             abandon.disarm();
             self.held.forget(id, &held);
             return Ok(false);
-        };
-        let released = timeout(op_timeout, session.release(sql, &server_key)).await;
-        if released.is_ok() {
-            abandon.disarm();
         }
-        // Its holder row, if a publication wrote one (see "Lazy holder
-        // rows"): still under the session's mutex.
-        if matches!(released, Ok(Ok(_))) && held.published.load(Ordering::Acquire) {
-            let key_bytes = lease.key().as_str().as_bytes();
-            let withdrawn = timeout(
-                op_timeout,
-                session.withdraw(&self.inner.sql, key_bytes, held.token.get()),
-            )
-            .await;
-            if !matches!(withdrawn, Ok(Ok(()))) {
-                tracing::warn!(key = %lease.key(), "could not delete a released lock's holder row");
+        // The release, then its holder row if a publication wrote one (see
+        // "Lazy holder rows"), under the session's mutex; run to its end
+        // even if this call is dropped (see `connection::session`,
+        // "Abandoned statements").
+        let inner = Arc::clone(&self.inner);
+        let published = Arc::clone(&held.published);
+        let (key_bytes, token) = (lease.key().as_str().as_bytes().to_vec(), held.token.get());
+        let statement = self.inner.finish(async move {
+            let mut used = used;
+            let Some(session) = used.session() else {
+                return (used, Ok(false));
+            };
+            let released = session.release(inner.release_sql(left), &server_key).await;
+            if released.is_ok() && published.load(Ordering::Acquire) {
+                let withdrawn = session.withdraw(&inner.sql, &key_bytes, token).await;
+                if withdrawn.is_err() {
+                    tracing::warn!("could not delete a released lock's holder row");
+                }
             }
-        }
-        // The grant is over whatever the answer: released, gone with its
-        // session, or left as an orphan that the next call on the session
-        // releases.
-        used.remove_held();
+            // The grant is over whatever the answer: released, or gone
+            // with its session.
+            used.remove_held();
+            (used, released)
+        });
+        let finished = timeout(op_timeout, statement).await;
         self.held.forget(id, &held);
-        drop(abandon);
-        match released {
-            Ok(Ok(released)) => Ok(released),
-            // The session is gone, and its lock with it.
-            Ok(Err(e)) if is_broken(&e) => {
-                used.close(&self.ended(&e));
-                Ok(false)
-            }
-            Ok(Err(e)) => Err(self.inner.err(Operation::Release, lease.key(), e)),
-            Err(_) => Err(self.error(
+        let Ok((mut used, released)) = finished else {
+            // Left as an orphan, which the session's next call releases.
+            return Err(self.error(
                 ErrorKind::Timeout,
                 Operation::Release,
                 lease.key(),
                 "the release did not answer within the operation timeout; the next call on its \
                  session releases the lock, and the server frees it at the latest when the \
                  session has been silent for the TTL",
-            )),
+            ));
+        };
+        abandon.disarm();
+        match released {
+            Ok(released) => Ok(released),
+            // The session is gone, and its lock with it.
+            Err(e) if is_broken(&e) => {
+                used.close(&self.ended(&e));
+                Ok(false)
+            }
+            Err(e) => Err(self.inner.err(Operation::Release, lease.key(), e)),
         }
     }
 
@@ -670,23 +679,35 @@ impl SessionGrants {
             };
             let fresh = session.fresh;
             session.fresh = false;
+            // Run to its end even if this call is dropped (see
+            // `connection::session`, "Abandoned statements").
+            let inner = Arc::clone(&self.inner);
+            let owned = OwnedGrant::of(&try_here);
+            let statement = self.inner.finish(async move {
+                let mut used = used;
+                let granted = match used.session() {
+                    Some(session) => {
+                        session
+                            .grant(inner.grant_sql(), &owned.grant(), holds_others)
+                            .await
+                    }
+                    None => Err(sqlx::Error::Protocol("the session closed".into())),
+                };
+                (used, granted)
+            });
             let sent_at = Instant::now();
-            let attempt = timeout(
-                op_timeout,
-                session.grant(self.inner.grant_sql(), &try_here, holds_others),
-            )
-            .await;
+            let attempt = timeout(op_timeout, statement).await;
             match attempt {
-                Ok(Ok(Granted::Token(token))) => {
+                Ok((used, Ok(Granted::Token(token)))) => {
                     abandon.disarm();
                     used.add_held();
                     return Ok(Tried::Granted(used, token, sent_at));
                 }
-                Ok(Ok(Granted::Held)) => {
+                Ok((_, Ok(Granted::Held))) => {
                     abandon.disarm();
                     return Ok(Tried::Held);
                 }
-                Ok(Err(e)) => {
+                Ok((mut used, Err(e))) => {
                     // A failed statement took nothing.
                     abandon.disarm();
                     if is_broken(&e) {

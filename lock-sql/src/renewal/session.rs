@@ -145,24 +145,44 @@ impl SessionRenewal {
         let conn = Arc::clone(&used.conn);
         used.clean_orphans(&self.inner, |k| self.held.held_on(&conn, k.id()))
             .await;
-        let Some(session) = used.session() else {
+        if used.session().is_none() {
             return Err(lost("the lock's session has ended".to_owned()));
-        };
+        }
         let sent_at = Instant::now();
-        // A dropped or timed-out keep-alive leaves the session in the set:
-        // sqlx drains the late reply before the next statement, and the
-        // session (and its locks) lives on until the server's idle timeout.
-        let confirmed = timeout(op_timeout, session.holds(&self.inner.sql, &server_key)).await;
+        // A dropped or timed-out keep-alive is finished in the background
+        // (see `connection::session`, "Abandoned statements"): the session
+        // (and its locks) lives on until the server's idle timeout.
+        let inner = Arc::clone(&self.inner);
+        let statement = self.inner.finish(async move {
+            let mut used = used;
+            let confirmed = match used.session() {
+                Some(session) => session.holds(&inner.sql, &server_key).await,
+                None => Err(sqlx::Error::Protocol("the session closed".into())),
+            };
+            (used, confirmed)
+        });
+        let (mut used, confirmed) = match timeout(op_timeout, statement).await {
+            Ok(finished) => finished,
+            Err(_) => {
+                return Err(LockError::new(
+                    ErrorKind::Timeout,
+                    Operation::Renew,
+                    "the keep-alive was not confirmed within the operation timeout",
+                )
+                .with_key(key)
+                .with_backend(name));
+            }
+        };
         match confirmed {
-            Ok(Ok(true)) => Ok(sent_at),
-            Ok(Ok(false)) => {
+            Ok(true) => Ok(sent_at),
+            Ok(false) => {
                 // Not its lock any more, though alive: its state is not
                 // what we recorded, so none of its locks is trusted.
                 let why = "the session no longer holds the lock";
                 used.close(why);
                 Err(lost(why.to_owned()))
             }
-            Ok(Err(e)) if is_broken(&e) => {
+            Err(e) if is_broken(&e) => {
                 let reason = format!(
                     "the lock's session ended: {}",
                     self.inner.config.scrub(&e.to_string())
@@ -170,14 +190,7 @@ impl SessionRenewal {
                 used.close(&reason);
                 Err(lost(reason))
             }
-            Ok(Err(e)) => Err(self.inner.err(Operation::Renew, key, e)),
-            Err(_) => Err(LockError::new(
-                ErrorKind::Timeout,
-                Operation::Renew,
-                "the keep-alive was not confirmed within the operation timeout",
-            )
-            .with_key(key)
-            .with_backend(name)),
+            Err(e) => Err(self.inner.err(Operation::Renew, key, e)),
         }
     }
 }

@@ -292,6 +292,99 @@ pub async fn scenarios(target: &SessionTarget) {
     one_grant_of_a_key_per_backend(target).await;
     longer_ttl_rearms_a_reused_session(target).await;
     abandoned_grant_is_undone(target).await;
+    let torn = torn_reply_leaves_no_half_read_session(target, true).await;
+    assert_eq!(torn, Torn::Served, "{}", target.name());
+}
+
+/// What a session's next call saw after a try was dropped with its reply
+/// half read (see [`torn_reply_leaves_no_half_read_session`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Torn {
+    /// The next call worked and the session's other lock was kept.
+    Served,
+    /// It failed, hung, panicked or lost the other lock: what.
+    Broken(String),
+}
+
+/// A try dropped while its reply is half read: the proxy delivers the
+/// reply's first 12 bytes (a whole first packet and part of the next: on
+/// MySQL, a header read and its payload awaited), the rest 300 ms later,
+/// and the try is dropped after 100 ms. The session holds another lock;
+/// its next call (a keep-alive of that lock) must work and keep it, and the
+/// dropped try's lock must be given back. With `check` off (the broken
+/// variant, [`SqlSessionBackend::set_abandon_check`]), the statement is
+/// dropped where it stands and the session serves on: sqlx's MySQL reader
+/// then reads the rest of the old reply as the new one's (a panic, an
+/// error or a hang), which this returns as [`Torn::Broken`].
+pub async fn torn_reply_leaves_no_half_read_session(target: &SessionTarget, check: bool) -> Torn {
+    let (proxy, url) = target.proxy("pool_size=1").await;
+    let holder = Arc::new(SqlSessionBackend::connect_url(&url).await.unwrap());
+    holder.set_abandon_check(check);
+    let probe = SqlSessionBackend::connect_url(&target.url).await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let suffix = if check { "" } else { "-broken" };
+    let (kept, k) = (
+        key(&format!("torn-kept{suffix}")),
+        key(&format!("torn{suffix}")),
+    );
+    let other = holder.try_acquire(&kept, ttl).await.unwrap().unwrap();
+    // Published (after `publish_delay`), so no publication runs on the
+    // session while its replies are torn.
+    let until = Instant::now() + Duration::from_secs(5);
+    while probe.inspect(&kept).await.unwrap().and_then(|i| i.token) != Some(other.token()) {
+        assert!(Instant::now() < until, "the kept lock was never published");
+        sleep(Duration::from_millis(10)).await;
+    }
+    // The try's statement prepared on the session: it is sent whole.
+    let warm = holder
+        .try_acquire(&key(&format!("torn-warm{suffix}")), ttl)
+        .await
+        .unwrap();
+    holder.release(&warm.unwrap()).await.unwrap();
+    proxy.tear_replies(Some((12, Duration::from_millis(300))));
+    let dropped = timeout(Duration::from_millis(100), holder.try_acquire(&k, ttl)).await;
+    assert!(
+        dropped.is_err(),
+        "the try answered whole through a torn reply"
+    );
+    proxy.tear_replies(None);
+    // The session's next call, on a task of its own (a panic is a verdict).
+    let renewing = {
+        let (holder, other) = (Arc::clone(&holder), other.clone());
+        tokio::spawn(async move { timeout(Duration::from_secs(10), holder.renew(&other)).await })
+    };
+    let torn = match renewing.await {
+        Err(panicked) => Torn::Broken(format!("the next call panicked: {panicked}")),
+        Ok(Err(_)) => Torn::Broken("the next call hung".to_owned()),
+        Ok(Ok(Err(e))) => Torn::Broken(format!("the next call failed: {e}")),
+        Ok(Ok(Ok(_))) => match holder
+            .try_acquire(&key(&format!("torn-after{suffix}")), ttl)
+            .await
+        {
+            Ok(Some(after)) => {
+                holder.release(&after).await.unwrap();
+                Torn::Served
+            }
+            other => Torn::Broken(format!("a try after the keep-alive: {other:?}")),
+        },
+    };
+    if torn == Torn::Served {
+        // The dropped try's lock, taken when its statement finished, was
+        // given back by the session's next call.
+        let freed = probe.try_acquire(&k, ttl).await.unwrap();
+        assert!(freed.is_some(), "the dropped try's lock was left held");
+        probe.release(&freed.unwrap()).await.unwrap();
+        assert!(
+            holder.release(&other).await.unwrap(),
+            "the kept lock was lost"
+        );
+    }
+    println!(
+        "{}{}: a try dropped with its reply half read: {torn:?}",
+        target.name(),
+        if check { "" } else { " (broken variant)" }
+    );
+    torn
 }
 
 /// A try whose future is dropped mid-statement (its request held by the
