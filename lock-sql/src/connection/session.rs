@@ -32,13 +32,14 @@
 //! serves on: sqlx's MySQL reader takes a packet's header and then awaits
 //! its payload, so a statement dropped between the two leaves the rest of
 //! that payload to be read as the next statement's reply (a panic, an
-//! error, or a wrong answer). So a grant, a release and a keep-alive run as
-//! a [`Finish`]: it owns the session's use, and when its caller stops
-//! waiting (the future dropped, or the operation timeout) it is finished
-//! in the background, under the session's mutex, within one more
-//! operation timeout. Any other statement abandoned mid-way (or one the
-//! background could not finish) leaves its session marked in flight, and
-//! the end of that use closes the session: its locks are lost, and their
+//! error, or a wrong answer). So a grant, a release, a keep-alive and an
+//! `inspect` run as a [`Finish`]: it owns the session's use, and when its
+//! caller stops waiting (the future dropped, or the operation timeout) it
+//! is finished in the background, under the session's mutex, within one
+//! more operation timeout (a publication gets as long). Any other
+//! statement abandoned mid-way (`list`, `force_release`), or one not
+//! finished in that time, leaves its session marked in flight, and the
+//! end of that use closes the session: its locks are lost, and their
 //! guards told.
 //!
 //! Whether an abandoned grant took the lock is unknown to its caller: the
@@ -59,8 +60,10 @@ use crate::config::{SqlConfig, SqlDialect};
 use crate::connection::SchemaRace;
 use crate::connection::{DbConn, DbOptions};
 use crate::dialect::binds::fetch;
-use crate::dialect::session::{Granted, OnSession, ServerKey, SessionGrant, SessionSql};
-use crate::dialect::{SessionDialect, SqlxResult, session_of};
+use crate::dialect::session::{
+    Granted, OnSession, ServerKey, SessionGrant, SessionLock, SessionSql,
+};
+use crate::dialect::{SessionDialect, SessionHolder, SqlxResult, session_of};
 use crate::error::map_sqlx;
 
 /// How to open a session: the database's session half and its connect
@@ -1219,6 +1222,19 @@ impl Session {
         let holds = dialect.session_holds(on, key).await;
         self.in_flight = false;
         holds
+    }
+
+    /// The holder of `lock` as the server reports it (see
+    /// [`SessionDialect::session_inspect`]).
+    pub(crate) async fn inspect(
+        &mut self,
+        sql: &SessionSql,
+        lock: SessionLock<'_>,
+    ) -> SqlxResult<Option<SessionHolder>> {
+        let (dialect, on) = self.on(sql);
+        let found = dialect.session_inspect(on, lock).await;
+        self.in_flight = false;
+        found
     }
 
     /// Ends the session of a dropped waiting acquire on the server from

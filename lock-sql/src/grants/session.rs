@@ -387,10 +387,6 @@ impl MutexOnly for SessionGrants {
     async fn inspect(&self, key: &LockKey) -> Result<Option<LockInfo>, LockError> {
         let op_timeout = self.inner.config.op_timeout;
         let server_key = self.inner.server_key(key);
-        let lock = SessionLock {
-            key: key.as_str().as_bytes(),
-            server_key: &server_key,
-        };
         // MariaDB: a lock younger than the publication delay has no row
         // yet (see "Lazy holder rows"): read again after it (four times at
         // most: a loaded machine can delay the publication's task), with
@@ -398,19 +394,36 @@ impl MutexOnly for SessionGrants {
         let lag = self.inner.publication_lag();
         let mut waits = if lag.is_some() { 4 } else { 0 };
         loop {
-            let mut used = self
+            let used = self
                 .inner
                 .any(Instant::now() + op_timeout)
                 .await
                 .map_err(|e| e.with_key(key).with_backend(self.inner.name))?;
-            let Some(session) = used.session() else {
-                return Err(self.closed(Operation::Inspect, key));
-            };
-            let (dialect, on) = session.on(&self.inner.sql);
-            let found = timeout(op_timeout, dialect.session_inspect(on, lock)).await;
-            let found = session.settled(found);
+            // Run to its end even if this call is dropped (see
+            // `connection::session`, "Abandoned statements").
+            let inner = Arc::clone(&self.inner);
+            let (key_bytes, server_key) = (key.as_str().as_bytes().to_vec(), server_key.clone());
+            let statement = self.inner.finish(async move {
+                let mut used = used;
+                let lock = SessionLock {
+                    key: &key_bytes,
+                    server_key: &server_key,
+                };
+                let found = match used.session() {
+                    Some(session) => Some(session.inspect(&inner.sql, lock).await),
+                    None => None,
+                };
+                (used, found)
+            });
             let late = "inspect did not answer within the operation timeout";
-            let found = self.answer(&mut used, Operation::Inspect, key, found, late)?;
+            let (mut used, found) = match timeout(op_timeout, statement).await {
+                Ok((used, Some(found))) => (used, found),
+                Ok((_, None)) => return Err(self.closed(Operation::Inspect, key)),
+                Err(_) => {
+                    return Err(self.error(ErrorKind::Timeout, Operation::Inspect, key, late));
+                }
+            };
+            let found = self.answer(&mut used, Operation::Inspect, key, Ok(found), late)?;
             if let Some(wait) = lag.filter(|_| waits > 0)
                 && found.as_ref().is_some_and(|holder| holder.unpublished)
             {
@@ -1063,7 +1076,12 @@ async fn publish(inner: Arc<Sessions>, held: Arc<HeldLocks>, pending: Pending) {
         token: token.get(),
         details: details.as_str(),
     };
-    match timeout(op_timeout, session.publish(&inner.sql, &publication)).await {
+    // Given the time a `Finish` gets (the operation timeout, and as much
+    // again): a publication stopped mid-way closes its session (see
+    // `connection::session`, "Abandoned statements"), so only a session
+    // that long silent is given up.
+    let limit = op_timeout.saturating_mul(2);
+    match timeout(limit, session.publish(&inner.sql, &publication)).await {
         Ok(Ok(written)) => {
             if written {
                 grant.published.store(true, Ordering::Release);
@@ -1075,9 +1093,9 @@ async fn publish(inner: Arc<Sessions>, held: Arc<HeldLocks>, pending: Pending) {
         Ok(Err(e)) => {
             tracing::warn!(key = %key, error = %e, "could not write a session holder row");
         }
-        // Abandoned mid-statement: written or not, its release
-        // deletes it.
-        Err(_) => grant.published.store(true, Ordering::Release),
+        // Stopped mid-statement: the use's drop closes the session, and
+        // its locks with it.
+        Err(_) => {}
     }
 }
 
