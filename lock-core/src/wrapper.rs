@@ -60,12 +60,28 @@ use crate::types::Lease;
 /// A kernel call's future, as `async_trait` boxes it.
 type Call<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Writes one call as `async_trait` expands `async fn $call(&self, ...)`
+/// (the lifetimes besides `self`'s named, in their order), with `body`
+/// handing back the boxed future it already has. `$this` is the `self` of
+/// the caller's tokens, so that `body` may use it.
+macro_rules! boxed_call {
+    ($this:ident, $call:ident, [$($life:lifetime),+], [$($arg:ident: $ty:ty),+], $ret:ty, $body:block) => {
+        fn $call<'life0, $($life,)+ 'async_trait>(
+            &'life0 $this $(, $arg: $ty)+
+        ) -> Call<'async_trait, $ret>
+        where
+            'life0: 'async_trait,
+            $($life: 'async_trait,)+
+            Self: 'async_trait,
+        $body
+    };
+}
+
 /// Writes [`LockWrapper`] and its blanket [`LockBackend`] implementation
 /// from one list of the forwarded calls, so the two cannot drift apart.
 ///
-/// Each call is written as `async_trait` expands `async fn $call(&self,
-/// ...)` (the lifetimes besides `self`'s named, in their order), so that
-/// implementors still write `async fn`, while the forwarding default and
+/// Each call is written by `boxed_call!`, so that implementors still
+/// write `async fn`, while the forwarding default and
 /// the blanket implementation hand back the boxed future they already
 /// have instead of boxing one more that only awaits it (an allocation, a
 /// copy of the future and an indirect poll per layer and call: a
@@ -98,16 +114,9 @@ macro_rules! wrapper {
                 self.inner().facets()
             }
             $(
-                fn $call<'life0, $($life,)+ 'async_trait>(
-                    &'life0 self $(, $arg: $ty)+
-                ) -> Call<'async_trait, $ret>
-                where
-                    'life0: 'async_trait,
-                    $($life: 'async_trait,)+
-                    Self: 'async_trait,
-                {
+                boxed_call!(self, $call, [$($life),+], [$($arg: $ty),+], $ret, {
                     self.inner().$call($($arg),+)
-                }
+                });
             )*
         }
 
@@ -126,16 +135,9 @@ macro_rules! wrapper {
                 LockWrapper::facets(self)
             }
             $(
-                fn $call<'life0, $($life,)+ 'async_trait>(
-                    &'life0 self $(, $arg: $ty)+
-                ) -> Call<'async_trait, $ret>
-                where
-                    'life0: 'async_trait,
-                    $($life: 'async_trait,)+
-                    Self: 'async_trait,
-                {
+                boxed_call!(self, $call, [$($life),+], [$($arg: $ty),+], $ret, {
                     LockWrapper::$call(self $(, $arg)+)
-                }
+                });
             )*
         }
     };
