@@ -122,7 +122,11 @@ async fn waiting_acquire_costs_what_the_floor_costs() {
         "a waiting acquire + release on a free key must cost what the floor's cycle costs"
     );
     // The notification machinery was never touched: no pub/sub connection.
-    assert_eq!(ours_proxy.connections(), 1, "only the data connection");
+    assert_eq!(
+        ours_proxy.connections(),
+        lanes(),
+        "only the data connections"
+    );
 
     let trying = per_cycle(&[&ours_proxy], async || try_cycle(&client, "t").await).await;
     assert_eq!(trying, floor_rt, "try_acquire + release");
@@ -185,8 +189,18 @@ async fn redlock_costs_two_round_trips_per_node_like_its_floor() {
     let trying = per_cycle(&ours_proxies, async || try_cycle(&client, "t").await).await;
     assert_eq!(trying, floor_rt, "try_acquire + release, per node");
     for proxy in &ours_proxies {
-        assert_eq!(proxy.connections(), 1, "no pub/sub connection on free keys");
+        assert_eq!(
+            proxy.connections(),
+            lanes(),
+            "no pub/sub connection on free keys"
+        );
     }
+}
+
+/// The data connections the driver opens to each server (its default
+/// `connections`, all opened at connect).
+fn lanes() -> u64 {
+    u64::try_from(lock_redis::DEFAULT_CONNECTIONS).expect("a few connections")
 }
 
 /// Subscribers of `channel` on the server, asked on a bare connection.
@@ -309,7 +323,11 @@ async fn fair_mode_costs_what_the_floor_costs_on_a_free_key() {
     assert_eq!(waiting, [2], "fair waiting acquire + release on a free key");
     let trying = per_cycle(&[&proxy], async || try_cycle(&client, "t").await).await;
     assert_eq!(trying, [2], "fair try_acquire + release on a free key");
-    assert_eq!(proxy.connections(), 1, "no pub/sub connection on free keys");
+    assert_eq!(
+        proxy.connections(),
+        lanes(),
+        "no pub/sub connection on free keys"
+    );
 }
 
 /// Round trips of one `lock_all` acquire of `keys`, counted on `proxy`

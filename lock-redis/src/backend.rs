@@ -26,8 +26,9 @@ use crate::waiting::Waiting;
 /// A lock service on Redis: one server, a Sentinel-managed master, a
 /// Cluster, or Redlock over independent servers (see the crate docs).
 ///
-/// Clones share one connection per node, one pub/sub connection per node
-/// and one renewal batcher per node.
+/// Clones share the data connections of each node
+/// ([`RedisConfig::connections`]), one pub/sub connection per node and
+/// one renewal batcher per node.
 ///
 /// # Examples
 ///
@@ -65,8 +66,8 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Connects with `config`: opens the shared connection of each node and
-    /// loads the scripts. Must be called within a Tokio runtime (the
+    /// Connects with `config`: opens the shared connections of each node
+    /// and loads the scripts. Must be called within a Tokio runtime (the
     /// backend runs its pub/sub and renewal-batching tasks on it). Redlock needs a majority of its nodes to answer;
     /// the others are connected later, when they come back.
     ///
@@ -116,6 +117,12 @@ impl RedisBackend {
     /// round trips (pipelines), summed over nodes.
     pub fn renewal_stats(&self) -> RedisRenewalStats {
         self.renewal.stats()
+    }
+
+    /// The deployment every component shares (the unit tests' switches).
+    #[cfg(test)]
+    pub(crate) fn servers(&self) -> &Arc<Servers> {
+        &self.servers
     }
 
     /// The Redis key that holds the lock `key`, for other clients that want

@@ -29,6 +29,14 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// release notification (a holder's expiry publishes nothing).
 pub const DEFAULT_RECHECK: Duration = Duration::from_millis(500);
 
+/// The default number of multiplexed connections to a `redis://` server
+/// ([`RedisConfig::connections`]; one per `redlock://` node).
+pub const DEFAULT_CONNECTIONS: usize = 2;
+
+/// The most multiplexed connections per server
+/// ([`RedisConfig::connections`]).
+pub const MAX_CONNECTIONS: usize = 64;
+
 /// One Redis server address (`host`, `port`; `Display` brackets IPv6).
 pub type RedisNode = HostPort;
 
@@ -76,8 +84,10 @@ pub enum RedisTopology {
 /// `maxmemory-policy` lets it evict keys, see
 /// [`eviction`](Self::eviction)), `fair=true` (FIFO mutexes, see
 /// [`fair`](Self::fair); not with `redlock://`), `layout=native|plain|redisson`
-/// (the mutex's key layout, see [`layout`](Self::layout)) and `token_suffix`
-/// (a legacy layout's counter suffix, see [`token_suffix`](Self::token_suffix)).
+/// (the mutex's key layout, see [`layout`](Self::layout)), `token_suffix`
+/// (a legacy layout's counter suffix, see [`token_suffix`](Self::token_suffix))
+/// and `connections` (multiplexed connections per server, see
+/// [`connections`](Self::connections)).
 /// Durations are `250ms`, `2s`, `1m` (a unit is required).
 ///
 /// TLS options (only with TLS, i.e. `rediss://`, `rediss+sentinel://` or
@@ -113,6 +123,9 @@ pub struct RedisConfig {
     pub(crate) fair: bool,
     pub(crate) layout: RedisLayout,
     pub(crate) token_suffix: String,
+    /// Chosen by `connections` (else the topology's default, see
+    /// [`connections_per_server`](RedisConfig::connections_per_server)).
+    pub(crate) connections: Option<usize>,
     /// Whether the prefix was chosen (else it follows the layout: `distlock:`
     /// for native, nothing for the legacy layouts).
     pub(crate) prefix_explicit: bool,
@@ -140,6 +153,7 @@ impl fmt::Debug for RedisConfig {
             .field("fair", &self.fair)
             .field("layout", &self.layout)
             .field("token_suffix", &self.token_suffix)
+            .field("connections", &self.connections)
             .finish()
     }
 }
@@ -165,6 +179,7 @@ impl RedisConfig {
             fair: false,
             layout: RedisLayout::Native,
             token_suffix: DEFAULT_TOKEN_SUFFIX.to_owned(),
+            connections: None,
             prefix_explicit: false,
         }
     }
@@ -381,6 +396,37 @@ impl RedisConfig {
         self
     }
 
+    /// Sets how many multiplexed connections the client keeps to each
+    /// server (the `connections` URL option; 1 to [`MAX_CONNECTIONS`]):
+    /// `redis://` by default [`DEFAULT_CONNECTIONS`], each `redlock://`
+    /// node by default 1 (its calls already go to several servers at
+    /// once, and more connections per node measured slower). The calls
+    /// about one grant go on the connection its owner value picks, in
+    /// order: the grant, its `WAIT`, the undo of a grant whose answer was
+    /// not seen (a cancelled or timed-out acquire), a waiter's withdrawal
+    /// and the release are processed in the order they were sent; other
+    /// calls go on the next connection in turn (renewal batches on the
+    /// first). Several connections let the server read several tasks'
+    /// requests at once where one connection alternates with the client
+    /// in waves. Sentinel and Cluster keep one connection (the cluster
+    /// client has its own per node; two connections must never end up
+    /// on two masters after a failover): more is a `Config` error there.
+    #[must_use]
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = Some(connections);
+        self
+    }
+
+    /// How many multiplexed connections the client keeps to each server
+    /// ([`connections`](Self::connections), else the topology's default).
+    pub fn connections_per_server(&self) -> usize {
+        match (&self.topology, self.connections) {
+            (_, Some(chosen)) => chosen,
+            (RedisTopology::Single(_), None) => DEFAULT_CONNECTIONS,
+            (_, None) => 1,
+        }
+    }
+
     /// Whether mutexes are fair ([`fair`](Self::fair)).
     pub fn is_fair(&self) -> bool {
         self.fair
@@ -501,6 +547,23 @@ impl RedisConfig {
         if self.tls_ca.is_some() && matches!(self.topology, RedisTopology::Cluster(_)) {
             return Err(LockError::config(
                 "the ca option is not supported for redis+cluster:// yet",
+            ));
+        }
+        let connections = self.connections_per_server();
+        if connections == 0 || connections > MAX_CONNECTIONS {
+            return Err(LockError::config(format!(
+                "connections must be 1 to {MAX_CONNECTIONS}, not {connections}"
+            )));
+        }
+        if connections > 1
+            && matches!(
+                self.topology,
+                RedisTopology::Sentinel { .. } | RedisTopology::Cluster(_)
+            )
+        {
+            return Err(LockError::config(
+                "connections above 1 are for redis:// and redlock:// only (Sentinel and Cluster \
+                 keep one connection)",
             ));
         }
         if self.wait_replicas > 0 && self.wait_timeout.is_zero() {
@@ -773,6 +836,9 @@ fn parse_url(mut url: Endpoint) -> Result<RedisConfig, LockError> {
     }
     if let Some(fair) = options.flag("fair")? {
         config.fair = fair;
+    }
+    if let Some(connections) = options.number("connections")? {
+        config.connections = Some(connections);
     }
     options.finish("redis")?;
     config.validate()?;

@@ -7,6 +7,8 @@
 pub(crate) mod eviction;
 pub(crate) mod node;
 pub(crate) mod pubsub;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +23,7 @@ use crate::keys::names::TokenFloor;
 use crate::keys::scripts::Scripts;
 use crate::keys::space::KeySpace;
 pub(crate) use eviction::EvictionCheck;
-pub(crate) use node::{Conn, Node, ScriptCall};
+pub(crate) use node::{Conn, Lane, Node, ScriptCall};
 use pubsub::Notifier;
 
 /// One backend's deployment: its configuration and key names, the scripts,
@@ -42,6 +44,26 @@ pub(crate) struct Servers {
     /// Cluster slot, or none.
     pub(crate) floor: TokenFloor,
     pub(crate) eviction: EvictionCheck,
+    /// The tests' deliberately broken variants of the lane pinning.
+    #[cfg(test)]
+    pub(crate) unpinned: Unpinned,
+}
+
+/// Switches of the unit tests' broken variants: an undo or withdrawal
+/// (`undo`) or a grant's `WAIT` (`wait`) sent on another lane than the
+/// grant's, so the checks of the pinning can be seen to fail.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct Unpinned {
+    pub(crate) undo: std::sync::atomic::AtomicBool,
+    pub(crate) wait: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(test)]
+impl Unpinned {
+    pub(crate) fn wait(&self) -> bool {
+        self.wait.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Servers {
@@ -89,6 +111,8 @@ impl Servers {
             notifier,
             redlock,
             eviction: EvictionCheck::NoEviction,
+            #[cfg(test)]
+            unpinned: Unpinned::default(),
             // One floor key per server (each Redlock node has its own, so
             // gc keeps each node's counter strictly increasing, as it was
             // without gc); in Cluster one per slot, where the layout is
@@ -105,7 +129,7 @@ impl Servers {
         servers.floor.prepare();
         // Connect and load the scripts (a cluster loads them per node on
         // first use, through the EVAL fallback).
-        let loads = servers.nodes.iter().map(|node| {
+        let loads = servers.nodes.iter().map(|node| async {
             let scripts = servers.scripts.clone();
             node.run(
                 Operation::Connect,
@@ -123,6 +147,10 @@ impl Servers {
                     Ok(())
                 },
             )
+            .await?;
+            // The other lanes too: a server that refuses more connections
+            // fails here, and no call later pays for connecting.
+            node.open_lanes().await
         });
         let results = futures_util::future::join_all(loads).await;
         let ok = results.iter().filter(|r| r.is_ok()).count();
@@ -142,6 +170,21 @@ impl Servers {
         servers.eviction = eviction::check(&servers.nodes, &live, config.operation_timeout).await;
         eviction::apply(&servers.eviction, config.eviction)?;
         Ok(servers)
+    }
+
+    /// The lane of the undo of a grant that went on `grant` (a grant whose
+    /// answer was not seen, a waiter's withdrawal): the same, so that each
+    /// node processes the undo after the grant (see [`Lane`]).
+    pub(crate) fn undo_lane(&self, grant: Lane) -> Lane {
+        #[cfg(test)]
+        if self
+            .unpinned
+            .undo
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return grant.next();
+        }
+        grant
     }
 
     /// The operation timeout of one call.

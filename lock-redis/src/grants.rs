@@ -14,7 +14,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::config::MIN_TTL;
-use crate::connection::{Conn, Node, ScriptCall, Servers};
+use crate::connection::{Conn, Lane, Node, ScriptCall, Servers};
 use crate::error::NAME;
 use crate::keys::names::KeyNames;
 use crate::keys::replies::{NodeGrant, parse_grant, pttl, ttl_ms};
@@ -91,8 +91,11 @@ impl Grants {
             .keys
             .release_names(lease.key(), Operation::Release)?;
         let owner = servers.keys.owner_value(lease.owner());
+        // The grant's lane: after a renewal of it or an undo, as on one
+        // connection (any lane would do: the grant's answer was seen).
+        let lane = Lane::of(&owner);
         let (released, _not_held, errors) =
-            release_everywhere(servers, names.keys(), &owner, servers.timeout()).await;
+            release_everywhere(servers, names.keys(), &owner, servers.timeout(), lane).await;
         let quorum = servers.quorum;
         if released >= quorum || (servers.redlock && released > 0 && errors.is_empty()) {
             return Ok(true);
@@ -155,12 +158,14 @@ impl Grants {
         let mut held_pttl: Option<Duration> = None;
         let mut errors = Vec::new();
         let mut acked = None;
+        let lane = Lane::of(&owner_hex);
         servers
             .each_node(
                 |node| {
                     let call = &call;
                     self.run_grant(
                         node,
+                        lane,
                         op,
                         per_node,
                         move |mut conn| async move { conn.eval_call(call).await },
@@ -206,7 +211,9 @@ impl Grants {
         } else {
             // Undo the partial grant now, on every node (also those whose
             // answer was lost), so no partial lock is left behind.
-            let _ = release_everywhere(servers, names.release_keys(), &owner_hex, per_node).await;
+            let undo = servers.undo_lane(lane);
+            let _ =
+                release_everywhere(servers, names.release_keys(), &owner_hex, per_node, undo).await;
             pending.disarm();
         }
         if errors.len() > servers.nodes.len() - servers.quorum {
@@ -236,12 +243,14 @@ impl Grants {
     }
 
     /// Runs a grant script (`script`, one request on a handle of `node`'s
-    /// connection, see [`Node::run_request`]) and, with `replicas=N` configured, when the answer is a grant
+    /// connection of `lane`, the grant owner's [`Lane::of`], see
+    /// [`Node::run_request_on`]) and, with `replicas=N` configured, when the answer is a grant
     /// (`is_grant`), `WAIT`s for the replicas on the *same* connection
-    /// right after it, within the same bounded call. `WAIT` counts the
+    /// (the same handle) right after it, within the same bounded call. `WAIT` counts the
     /// acknowledgements of the writes of the connection it runs on: sent on
-    /// another one (the shared connection re-established in between, after
-    /// some other call on it failed or timed out) it would confirm nothing.
+    /// another one (another lane, or the lane's connection re-established
+    /// in between, after some other call on it failed or timed out) it
+    /// would confirm nothing.
     /// If that connection breaks before `WAIT` answers, the call fails like
     /// a grant whose answer was lost (the caller undoes it). Returns the
     /// script's answer and how many replicas acknowledged it (`None`: no
@@ -249,6 +258,7 @@ impl Grants {
     pub(crate) async fn run_grant<F, Fut>(
         &self,
         node: &Node,
+        lane: Lane,
         op: Operation,
         timeout: Duration,
         script: F,
@@ -264,7 +274,7 @@ impl Grants {
             // No replicas to wait for: the script alone, one request, on
             // the handle the node lends (no second handle, no `WAIT`).
             return node
-                .run_request(op, timeout, |conn| async move {
+                .run_request_on(lane, op, timeout, |conn| async move {
                     Ok((script(conn).await?, None))
                 })
                 .await;
@@ -274,7 +284,13 @@ impl Grants {
         let bound = timeout.saturating_add(config.wait_timeout * 2);
         // Boxed: a call of two requests, larger than the one request
         // above, would make every grant's future as large as its own.
-        Box::pin(node.run(op, bound, |mut conn| async move {
+        #[cfg(test)]
+        if self.servers.unpinned.wait() {
+            return self
+                .unpinned_wait(node, lane, op, bound, script, is_grant)
+                .await;
+        }
+        Box::pin(node.run_on(lane, op, bound, |mut conn| async move {
             // A clone of the handle: the same server connection.
             let value = script(conn.clone()).await?;
             if !is_grant(&value) {
@@ -286,6 +302,37 @@ impl Grants {
             Ok((value, Some(acked)))
         }))
         .await
+    }
+
+    /// The tests' broken variant of [`run_grant`](Self::run_grant)'s
+    /// `WAIT`: sent on the next lane's connection instead of the grant's.
+    #[cfg(test)]
+    async fn unpinned_wait<F, Fut>(
+        &self,
+        node: &Node,
+        lane: Lane,
+        op: Operation,
+        bound: Duration,
+        script: F,
+        is_grant: impl FnOnce(&Value) -> bool,
+    ) -> Result<(Value, Option<i64>), LockError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<Value>>,
+    {
+        let config = &self.servers.config;
+        let (wanted, wait_ms) = (config.wait_replicas, config.wait_timeout.as_millis());
+        let value = node.run_on(lane, op, bound, script).await?;
+        if !is_grant(&value) {
+            return Ok((value, None));
+        }
+        let acked = node
+            .run_on(lane.next(), op, bound, |mut conn| async move {
+                conn.query::<i64>(redis::cmd("WAIT").arg(wanted).arg(wait_ms.to_string()))
+                    .await
+            })
+            .await?;
+        Ok((value, Some(acked)))
     }
 
     /// Whether a grant's `WAIT` (see [`run_grant`](Self::run_grant)) was

@@ -91,8 +91,8 @@ mod waiting;
 
 pub use backend::{RedisBackend, capabilities};
 pub use config::{
-    DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL, EvictionMode, MIN_TTL,
-    RedisConfig, RedisNode, RedisTopology,
+    DEFAULT_CONNECTIONS, DEFAULT_OPERATION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RECHECK, DEFAULT_TTL,
+    EvictionMode, MAX_CONNECTIONS, MIN_TTL, RedisConfig, RedisNode, RedisTopology,
 };
 pub use connection::eviction::EvictionCheck;
 pub use descriptor::DRIVER;

@@ -14,7 +14,7 @@ use redis::cluster_routing::Slot;
 use tokio::time::Instant;
 
 use crate::config::RedisTopology;
-use crate::connection::Servers;
+use crate::connection::{Lane, Servers};
 use crate::error::{NAME, unexpected};
 use crate::grants::undo::release_everywhere;
 use crate::grants::{Grants, check_ttl};
@@ -23,10 +23,12 @@ use crate::keys::names::KeyNames;
 use crate::keys::replies::ttl_ms;
 
 /// Releases every key of a set whose answer was not seen (timeout,
-/// dropped future, WAIT not satisfied) unless disarmed, in the background.
+/// dropped future, WAIT not satisfied) unless disarmed, in the background,
+/// on the connection the set's grant went on (`lane`, of its first owner).
 struct PendingSet {
     servers: Arc<Servers>,
     grants: Vec<(KeyNames, String)>,
+    lane: Lane,
 }
 
 impl PendingSet {
@@ -43,6 +45,7 @@ impl Drop for PendingSet {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let servers = self.servers.clone();
             let grants = std::mem::take(&mut self.grants);
+            let lane = servers.undo_lane(self.lane);
             handle.spawn(async move {
                 for (names, owner) in &grants {
                     let _ = release_everywhere(
@@ -50,6 +53,7 @@ impl Drop for PendingSet {
                         names.release_keys(),
                         owner,
                         servers.timeout(),
+                        lane,
                     )
                     .await;
                 }
@@ -126,7 +130,11 @@ impl Sets {
         };
         let owners: Vec<OwnerId> = keys.iter().map(|_| OwnerId::random()).collect();
         let owner_hex: Vec<String> = owners.iter().map(|o| o.to_hex()).collect();
+        // The set's one script goes on its first owner's lane, and so does
+        // its undo.
+        let lane = Lane::of(&owner_hex[0]);
         let pending = PendingSet {
+            lane,
             servers: servers.clone(),
             grants: names
                 .iter()
@@ -155,6 +163,7 @@ impl Sets {
             .grants
             .run_grant(
                 servers.first(),
+                lane,
                 op,
                 timeout,
                 move |mut conn| async move {

@@ -16,7 +16,7 @@ use lock_core::{
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::connection::{Conn, Servers};
+use crate::connection::{Conn, Lane, Servers};
 use crate::error::{NAME, unexpected};
 use crate::grants::attempt::{AcquireCall, Attempt, granted};
 use crate::grants::undo::Traces;
@@ -33,40 +33,45 @@ impl Traces for SharedNames {
         let timeout = servers.timeout();
         servers
             .first()
-            .run(Operation::Release, timeout, move |mut conn| async move {
-                match self {
-                    SharedNames::Rw(n) => {
-                        conn.eval(
-                            &SHARED.rw_abandon,
-                            &[
-                                &n.writer,
-                                &n.readers,
-                                &n.queue,
-                                &n.queue_expiry,
-                                &n.details,
-                                &n.writer_details,
-                            ],
-                            &[owner, &n.channel],
-                        )
-                        .await
+            .run_on(
+                servers.undo_lane(Lane::of(owner)),
+                Operation::Release,
+                timeout,
+                move |mut conn| async move {
+                    match self {
+                        SharedNames::Rw(n) => {
+                            conn.eval(
+                                &SHARED.rw_abandon,
+                                &[
+                                    &n.writer,
+                                    &n.readers,
+                                    &n.queue,
+                                    &n.queue_expiry,
+                                    &n.details,
+                                    &n.writer_details,
+                                ],
+                                &[owner, &n.channel],
+                            )
+                            .await
+                        }
+                        SharedNames::Sem(n) => {
+                            conn.eval(
+                                &SHARED.remove,
+                                &[
+                                    &n.holders,
+                                    &n.queue,
+                                    &n.queue_expiry,
+                                    &n.counts,
+                                    &n.tokens,
+                                    &n.details,
+                                ],
+                                &[owner, &n.channel, "3"],
+                            )
+                            .await
+                        }
                     }
-                    SharedNames::Sem(n) => {
-                        conn.eval(
-                            &SHARED.remove,
-                            &[
-                                &n.holders,
-                                &n.queue,
-                                &n.queue_expiry,
-                                &n.counts,
-                                &n.tokens,
-                                &n.details,
-                            ],
-                            &[owner, &n.channel, "3"],
-                        )
-                        .await
-                    }
-                }
-            })
+                },
+            )
             .await
     }
 }
@@ -178,9 +183,14 @@ impl Shared {
         };
         let (value, acked) = self
             .grants
-            .run_grant(self.servers().first(), op, timeout, script, |value| {
-                matches!(pair(value, op), Ok((1, _)))
-            })
+            .run_grant(
+                self.servers().first(),
+                Lane::of(&texts.owner),
+                op,
+                timeout,
+                script,
+                |value| matches!(pair(value, op), Ok((1, _))),
+            )
             .await?;
         match pair(&value, op)? {
             (1, n) => {

@@ -154,3 +154,34 @@ fn debug_never_shows_the_password() {
     assert!(text.contains("<redacted>"));
     assert_eq!(c.secrets().len(), 2);
 }
+
+#[test]
+fn connections_per_server() {
+    let per = |url: &str| RedisConfig::from_url(url).map(|c| c.connections_per_server());
+    assert_eq!(per("redis://h").unwrap(), DEFAULT_CONNECTIONS);
+    assert_eq!(per("redis://h?connections=1").unwrap(), 1);
+    assert_eq!(per("redis://h?connections=4").unwrap(), 4);
+    assert_eq!(per("redlock://a,b,c").unwrap(), 1);
+    assert_eq!(per("redlock://a,b,c?connections=2").unwrap(), 2);
+    assert_eq!(per("redis+sentinel://a/m").unwrap(), 1);
+    assert_eq!(per("redis+cluster://a,b").unwrap(), 1);
+    assert_eq!(per("redis+cluster://a,b?connections=1").unwrap(), 1);
+    for bad in [
+        "redis://h?connections=0",
+        "redis://h?connections=65",
+        "redis://h?connections=two",
+        "redis+sentinel://a/m?connections=2",
+        "redis+cluster://a,b?connections=2",
+    ] {
+        let err = RedisConfig::from_url(bad).unwrap_err();
+        assert_eq!(err.kind(), lock_core::ErrorKind::Config, "{bad}: {err}");
+    }
+    let built = RedisConfig::single("h", 1).connections(3);
+    assert_eq!(built.connections_per_server(), 3);
+    assert!(
+        RedisConfig::single("h", 1)
+            .connections(0)
+            .validate()
+            .is_err()
+    );
+}

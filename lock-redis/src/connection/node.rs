@@ -1,11 +1,12 @@
 //! One logical Redis endpoint (a server, a Sentinel-managed master, or a
-//! cluster) behind one shared, multiplexed, reconnecting connection: the
-//! redis crate's own (its multiplexed connection for one server, its
-//! cluster connection for a cluster).
+//! cluster) behind a small fixed set of shared, multiplexed, reconnecting
+//! connections (its lanes): the redis crate's own (its multiplexed
+//! connection for one server, its cluster connection for a cluster). A
+//! server has `connections` lanes; Sentinel and Cluster one.
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -252,6 +253,49 @@ enum Source {
     },
 }
 
+/// Which of a node's connections a call goes on. The calls about one
+/// grant take the lane of its owner value ([`Lane::of`]): the grant, its
+/// `WAIT`, the undo of a grant whose answer was not seen and a waiter's
+/// withdrawal then go on one connection, so the server processes them in
+/// the order they were sent, as it did with one connection per node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lane(usize);
+
+impl Lane {
+    /// The lane of the renewal batches: batches in flight together share
+    /// one connection's writes (one round trip), as with one connection.
+    pub(crate) const RENEWALS: Self = Self(0);
+
+    /// The lane of the owner value `owner` (FNV-1a of its text; owners are
+    /// random, so grants spread evenly over the lanes).
+    pub(crate) fn of(owner: &str) -> Self {
+        let hash = owner.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        // Any bits of the hash pick a lane as well as all of them.
+        #[allow(clippy::cast_possible_truncation)]
+        Self(hash as usize)
+    }
+
+    /// Lane `n` (the tests, which block one connection).
+    #[cfg(test)]
+    pub(crate) fn nth(n: usize) -> Self {
+        Self(n)
+    }
+
+    /// The lane after this one (the tests' deliberately unpinned calls).
+    #[cfg(test)]
+    pub(crate) fn next(self) -> Self {
+        Self(self.0.wrapping_add(1))
+    }
+}
+
+/// One lane's connection, made on first use and after a failure.
+struct Slot {
+    cached: Mutex<Option<Cached>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
 struct Cached {
     generation: u64,
     conn: Conn,
@@ -259,9 +303,9 @@ struct Cached {
     pubsub: Option<redis::Client>,
 }
 
-/// One endpoint behind one shared connection, re-established (and, for
-/// Sentinel, re-resolved) after a connection error, a timeout or a
-/// `READONLY` answer.
+/// One endpoint behind its lanes' shared connections, each re-established
+/// (and, for Sentinel, re-resolved) after a connection error, a timeout or
+/// a `READONLY` answer on it.
 pub(crate) struct Node {
     source: Source,
     label: String,
@@ -270,8 +314,9 @@ pub(crate) struct Node {
     /// Custom trust roots (the `ca` option), for clients made later
     /// (a master re-resolved through Sentinel).
     tls: Option<redis::TlsCertificates>,
-    cached: Mutex<Option<Cached>>,
-    connecting: tokio::sync::Mutex<()>,
+    lanes: Box<[Slot]>,
+    /// The lane of the next call that concerns no grant (round robin).
+    next_lane: AtomicUsize,
     generations: AtomicU64,
 }
 
@@ -326,6 +371,7 @@ impl Node {
             config,
             secrets,
             tls,
+            config.connections_per_server(),
         ))
     }
 
@@ -351,6 +397,7 @@ impl Node {
             config,
             secrets,
             tls,
+            1,
         ))
     }
 
@@ -384,6 +431,7 @@ impl Node {
             config,
             secrets,
             None,
+            1,
         ))
     }
 
@@ -393,6 +441,7 @@ impl Node {
         config: &RedisConfig,
         secrets: Arc<Vec<String>>,
         tls: Option<redis::TlsCertificates>,
+        lanes: usize,
     ) -> Self {
         if config.tls {
             ensure_crypto_provider();
@@ -403,8 +452,13 @@ impl Node {
             timeout: config.operation_timeout,
             secrets,
             tls,
-            cached: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            lanes: (0..lanes.max(1))
+                .map(|_| Slot {
+                    cached: Mutex::new(None),
+                    connecting: tokio::sync::Mutex::new(()),
+                })
+                .collect(),
+            next_lane: AtomicUsize::new(0),
             generations: AtomicU64::new(0),
         }
     }
@@ -417,21 +471,34 @@ impl Node {
         self.timeout
     }
 
-    fn cached(&self) -> std::sync::MutexGuard<'_, Option<Cached>> {
-        self.cached.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The slot of `lane` (lanes wrap around the node's count).
+    fn slot(&self, lane: Lane) -> &Slot {
+        &self.lanes[lane.0 % self.lanes.len()]
+    }
+
+    /// The lane of a call that concerns no grant: the next in turn.
+    pub(crate) fn any_lane(&self) -> Lane {
+        Lane(self.next_lane.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn cached(&self, lane: Lane) -> std::sync::MutexGuard<'_, Option<Cached>> {
+        self.slot(lane)
+            .cached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn conn_config(&self) -> AsyncConnectionConfig {
         conn_config(self.timeout)
     }
 
-    /// The shared connection, connecting first if there is none.
-    async fn connection(&self) -> Result<(u64, Conn), LockError> {
-        if let Some(c) = &*self.cached() {
+    /// The shared connection of `lane`, connecting first if there is none.
+    async fn connection(&self, lane: Lane) -> Result<(u64, Conn), LockError> {
+        if let Some(c) = &*self.cached(lane) {
             return Ok((c.generation, c.conn.clone()));
         }
-        let _connecting = self.connecting.lock().await;
-        if let Some(c) = &*self.cached() {
+        let _connecting = self.slot(lane).connecting.lock().await;
+        if let Some(c) = &*self.cached(lane) {
             return Ok((c.generation, c.conn.clone()));
         }
         // Boxed: connecting (Sentinel's resolution above all) is a large
@@ -440,13 +507,24 @@ impl Node {
         // happens once per connection.
         let (conn, pubsub) = Box::pin(self.connect()).await?;
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.cached() = Some(Cached {
+        *self.cached(lane) = Some(Cached {
             generation,
             conn: conn.clone(),
             pubsub,
         });
-        tracing::debug!(node = %self.label, generation, "connected");
+        tracing::debug!(node = %self.label, lane = lane.0, generation, "connected");
         Ok((generation, conn))
+    }
+
+    /// Opens every lane's connection that is not open yet, each bounded
+    /// by the operation timeout.
+    pub(crate) async fn open_lanes(&self) -> Result<(), LockError> {
+        for lane in 0..self.lanes.len() {
+            tokio::time::timeout(self.timeout, self.connection(Lane(lane)))
+                .await
+                .map_err(|_| self.timed_out(Operation::Connect, self.timeout))??;
+        }
+        Ok(())
     }
 
     async fn connect(&self) -> Result<(Conn, Option<redis::Client>), LockError> {
@@ -539,8 +617,8 @@ impl Node {
             .map_err(|e| self.map_err(Operation::Connect, e))
     }
 
-    fn invalidate(&self, generation: Option<u64>) {
-        let mut cached = self.cached();
+    fn invalidate(&self, lane: Lane, generation: Option<u64>) {
+        let mut cached = self.cached(lane);
         if let (Some(c), Some(generation)) = (&*cached, generation)
             && c.generation == generation
         {
@@ -548,13 +626,8 @@ impl Node {
         }
     }
 
-    /// Runs `call` on the shared connection, bounded by `timeout` in all
-    /// (connecting first if needed; `call` may send several requests). Each
-    /// request is also bounded by `timeout` inside the connection (the
-    /// handle's response timeout, so that a request allowed longer than the
-    /// operation timeout, a grant's `WAIT`, is not cut short). Errors that
-    /// suggest a dead or demoted server drop the connection so the next
-    /// call reconnects (re-resolving the master under Sentinel).
+    /// [`run_on`](Self::run_on) the next lane in turn: for calls that
+    /// concern no grant whose answer may still be on its way.
     pub(crate) async fn run<T, F, Fut>(
         &self,
         op: Operation,
@@ -565,35 +638,47 @@ impl Node {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        self.run_on(self.any_lane(), op, timeout, call).await
+    }
+
+    /// Runs `call` on the shared connection of `lane`, bounded by `timeout` in all
+    /// (connecting first if needed; `call` may send several requests). Each
+    /// request is also bounded by `timeout` inside the connection (the
+    /// handle's response timeout, so that a request allowed longer than the
+    /// operation timeout, a grant's `WAIT`, is not cut short). Errors that
+    /// suggest a dead or demoted server drop the connection so the next
+    /// call reconnects (re-resolving the master under Sentinel).
+    pub(crate) async fn run_on<T, F, Fut>(
+        &self,
+        lane: Lane,
+        op: Operation,
+        timeout: Duration,
+        call: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
         let mut generation = None;
         let attempt = async {
-            let (g, conn) = self.connection().await?;
+            let (g, conn) = self.connection(lane).await?;
             generation = Some(g);
             call(conn.with_response_timeout(timeout))
                 .await
-                .map_err(|err| self.call_failed(op, timeout, g, err))
+                .map_err(|err| self.call_failed(lane, op, timeout, g, err))
         };
         let result = tokio::time::timeout(timeout, attempt).await;
         match result {
             Ok(result) => result,
             Err(_) => {
-                self.invalidate(generation);
+                self.invalidate(lane, generation);
                 Err(self.timed_out(op, timeout))
             }
         }
     }
 
-    /// Runs `call`, which sends **one** request (an [`eval`](Conn::eval):
-    /// `EVALSHA`, and `EVAL` after a `NOSCRIPT` answer), on the shared
-    /// connection. On one server whose connection is open, the request is
-    /// bounded by the redis crate's response timeout alone, set to
-    /// `timeout` on the handle: one timer per request, as a user of the
-    /// crate alone has with its defaults, and none of ours around it (an
-    /// `EVAL` after `NOSCRIPT` is bounded the same, so such a call takes
-    /// at most one round trip plus `timeout`). Otherwise (no connection
-    /// yet, or a cluster, whose client retries) as [`run`](Self::run).
-    /// Errors drop the connection as `run` does; a timeout gives the same
-    /// [`ErrorKind::Timeout`] as `run`'s.
+    /// [`run_request_on`](Self::run_request_on) the next lane in turn: for
+    /// calls that concern no grant whose answer may still be on its way.
     pub(crate) async fn run_request<T, F, Fut>(
         &self,
         op: Operation,
@@ -604,19 +689,45 @@ impl Node {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let Some((generation, conn)) = self.open_server_connection() else {
+        self.run_request_on(self.any_lane(), op, timeout, call)
+            .await
+    }
+
+    /// Runs `call`, which sends **one** request (an [`eval`](Conn::eval):
+    /// `EVALSHA`, and `EVAL` after a `NOSCRIPT` answer), on the shared
+    /// connection of `lane`. On one server whose connection is open, the request is
+    /// bounded by the redis crate's response timeout alone, set to
+    /// `timeout` on the handle: one timer per request, as a user of the
+    /// crate alone has with its defaults, and none of ours around it (an
+    /// `EVAL` after `NOSCRIPT` is bounded the same, so such a call takes
+    /// at most one round trip plus `timeout`). Otherwise (no connection
+    /// yet, or a cluster, whose client retries) as [`run`](Self::run).
+    /// Errors drop the connection as `run` does; a timeout gives the same
+    /// [`ErrorKind::Timeout`] as `run`'s.
+    pub(crate) async fn run_request_on<T, F, Fut>(
+        &self,
+        lane: Lane,
+        op: Operation,
+        timeout: Duration,
+        call: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let Some((generation, conn)) = self.open_server_connection(lane) else {
             // Boxed: the rare path, kept out of the size of every call's
             // future.
-            return Box::pin(self.run(op, timeout, call)).await;
+            return Box::pin(self.run_on(lane, op, timeout, call)).await;
         };
         call(conn.with_response_timeout(timeout))
             .await
-            .map_err(|err| self.call_failed(op, timeout, generation, err))
+            .map_err(|err| self.call_failed(lane, op, timeout, generation, err))
     }
 
-    /// The shared connection when it is open and to one server.
-    fn open_server_connection(&self) -> Option<(u64, Conn)> {
-        let cached = self.cached();
+    /// The shared connection of `lane` when it is open and to one server.
+    fn open_server_connection(&self, lane: Lane) -> Option<(u64, Conn)> {
+        let cached = self.cached(lane);
         let c = cached.as_ref()?;
         matches!(c.conn, Conn::Server(_)).then(|| (c.generation, c.conn.clone()))
     }
@@ -627,13 +738,14 @@ impl Node {
     /// as [`timed_out`](Self::timed_out).
     fn call_failed(
         &self,
+        lane: Lane,
         op: Operation,
         timeout: Duration,
         generation: u64,
         err: RedisError,
     ) -> LockError {
         if needs_reconnect(&err) {
-            self.invalidate(Some(generation));
+            self.invalidate(lane, Some(generation));
         }
         if err.is_timeout() {
             return self
@@ -671,8 +783,10 @@ impl Node {
                         .unwrap_or_else(|| LockError::config("no seed node").with_backend(NAME)))
                 }
                 _ => {
-                    self.connection().await?;
-                    let client = self.cached().as_ref().and_then(|c| c.pubsub.clone());
+                    // Every lane's connection goes to the same server.
+                    let lane = Lane(0);
+                    self.connection(lane).await?;
+                    let client = self.cached(lane).as_ref().and_then(|c| c.pubsub.clone());
                     let client = client.ok_or_else(|| {
                         LockError::new(ErrorKind::Unavailable, op, "no connection")
                             .with_backend(NAME)

@@ -8,18 +8,21 @@ use std::time::Duration;
 use lock_core::{Lease, LockError, Operation};
 use redis::Value;
 
-use crate::connection::{ScriptCall, Servers};
+use crate::connection::{Lane, ScriptCall, Servers};
 use crate::grants::attempt::Attempt;
 use crate::keys::names::{KeyNames, ReleaseKeys};
 use crate::keys::replies::as_int;
 
-/// Compare-and-delete of `owner`'s grant under `names` on every node:
-/// `(released, not_held, errors)`.
+/// Compare-and-delete of `owner`'s grant under `names` on every node, on
+/// each node's connection of `lane`: `(released, not_held, errors)`. The
+/// undo of a grant whose answer was not seen passes the grant's lane
+/// ([`Servers::undo_lane`]), so that each node processes it after the grant.
 pub(crate) async fn release_everywhere(
     servers: &Servers,
     names: ReleaseKeys<'_>,
     owner: &str,
     timeout: Duration,
+    lane: Lane,
 ) -> (usize, usize, Vec<LockError>) {
     let mut released = 0;
     let mut not_held = 0;
@@ -30,9 +33,12 @@ pub(crate) async fn release_everywhere(
     servers
         .each_node(
             |node| {
-                node.run_request(Operation::Release, timeout, move |mut conn| async move {
-                    conn.eval_call(call).await
-                })
+                node.run_request_on(
+                    lane,
+                    Operation::Release,
+                    timeout,
+                    move |mut conn| async move { conn.eval_call(call).await },
+                )
             },
             |result| match result.and_then(|v| as_int(&v, Operation::Release)) {
                 Ok(1) => released += 1,
@@ -87,8 +93,10 @@ impl Drop for PendingGrant<'_> {
                 owner,
                 |servers, names, owner| async move {
                     let timeout = servers.timeout();
+                    let lane = servers.undo_lane(Lane::of(&owner));
                     let _ =
-                        release_everywhere(&servers, names.release_keys(), &owner, timeout).await;
+                        release_everywhere(&servers, names.release_keys(), &owner, timeout, lane)
+                            .await;
                 },
             );
         }
@@ -99,7 +107,9 @@ impl Drop for PendingGrant<'_> {
 /// waiting entry, a grant whose answer was lost), and their removal.
 pub(crate) trait Traces: Clone + Send + Sync + 'static {
     /// Removes every trace of `owner` under these names (and publishes, so
-    /// a waiter behind it goes on at once).
+    /// a waiter behind it goes on at once), on the connection of `owner`'s
+    /// grants ([`Servers::undo_lane`] of [`Lane::of`] `owner`): processed
+    /// after every attempt the acquire sent.
     fn abandon(
         &self,
         servers: &Servers,

@@ -16,7 +16,7 @@ use redis::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::connection::node::Node;
+use crate::connection::node::{Lane, Node};
 use crate::error::{NAME, copy_for_each};
 use crate::keys::names::holder_key;
 use crate::keys::scripts::Scripts;
@@ -184,9 +184,12 @@ pub(crate) async fn renew_pipeline(
         .collect();
     let calls = &calls;
     let replies = node
-        .run(Operation::Renew, timeout, |mut conn| async move {
-            conn.eval_many(&scripts.renew, calls).await
-        })
+        .run_on(
+            Lane::RENEWALS,
+            Operation::Renew,
+            timeout,
+            |mut conn| async move { conn.eval_many(&scripts.renew, calls).await },
+        )
         .await?;
     Ok(replies
         .into_iter()

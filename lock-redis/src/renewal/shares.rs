@@ -7,7 +7,7 @@ use lock_core::{ErrorKind, Lease, LeaseKind, LockError, Operation};
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::connection::Servers;
+use crate::connection::{Lane, Servers};
 use crate::error::{NAME, copy_for_each, renewed_until, unexpected};
 use crate::keys::replies::{as_int, ttl_ms};
 use crate::keys::shared::{SHARED, SharedNames};
@@ -114,7 +114,7 @@ pub(crate) async fn renew_shares(
         let sent_at = Instant::now();
         let args = &args;
         let answer = node
-            .run(op, timeout, move |mut conn| async move {
+            .run_on(Lane::RENEWALS, op, timeout, move |mut conn| async move {
                 conn.eval_many(&SHARED.zrenew, args).await
             })
             .await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use lock_core::{FencingToken, Lease, LockError, LockKey, Operation};
 use tokio::time::Instant;
 
-use crate::connection::Servers;
+use crate::connection::{Lane, Servers};
 use crate::grants::Grants;
 use crate::grants::attempt::{AcquireCall, Attempt};
 use crate::grants::undo::Traces;
@@ -22,7 +22,8 @@ impl Traces for FairNames {
     async fn abandon(&self, servers: &Servers, owner: &str) -> Result<redis::Value, LockError> {
         servers
             .first()
-            .run(
+            .run_on(
+                servers.undo_lane(Lane::of(owner)),
                 Operation::Release,
                 servers.timeout(),
                 move |mut conn| async move {
@@ -62,6 +63,7 @@ async fn fair_attempt(
     let (value, acked) = grants
         .run_grant(
             grants.servers().first(),
+            Lane::of(&texts.owner),
             op,
             timeout,
             |mut conn| async move { conn.eval(&FAIR.acquire, keys, &args).await },
