@@ -1,6 +1,6 @@
 //! Mapping sqlx errors onto [`LockError`] kinds, without passwords.
 
-use lock_core::{ErrorKind, LockError, LockKey, Operation, with_timeout};
+use lock_core::{ErrorKind, LockError, LockKey, Operation};
 
 use crate::config::NAME;
 use crate::config::SqlConfig;
@@ -73,11 +73,19 @@ pub(crate) async fn timed<T>(
     key: Option<&LockKey>,
     work: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, LockError> {
-    with_timeout(config.op_timeout, operation, async {
-        work.await.map_err(|e| map_sqlx(config, operation, e))
-    })
-    .await
-    .map_err(|e| match key {
+    // Tokio's timeout straight around the statement: through
+    // `with_timeout` and an async block mapping its error, the statement's
+    // future (over a kilobyte) was moved twice more per call.
+    let timeout = config.op_timeout;
+    let result = match tokio::time::timeout(timeout, work).await {
+        Ok(done) => done.map_err(|e| map_sqlx(config, operation, e)),
+        Err(_) => Err(LockError::new(
+            ErrorKind::Timeout,
+            operation,
+            format!("no answer within the operation timeout of {timeout:?}"),
+        )),
+    };
+    result.map_err(|e| match key {
         Some(key) => e.with_key(key).with_backend(NAME),
         None => e.with_backend(NAME),
     })
