@@ -286,9 +286,19 @@ impl Grants {
         // above, would make every grant's future as large as its own.
         #[cfg(test)]
         if self.servers.unpinned.wait() {
-            return self
-                .unpinned_wait(node, lane, op, bound, script, is_grant)
-                .await;
+            // The tests' broken variant: `WAIT` on the next lane's
+            // connection instead of the grant's.
+            let value = node.run_on(lane, op, bound, script).await?;
+            if !is_grant(&value) {
+                return Ok((value, None));
+            }
+            let acked = node
+                .run_on(lane.next(), op, bound, |mut conn| async move {
+                    conn.query::<i64>(redis::cmd("WAIT").arg(wanted).arg(&wait_ms))
+                        .await
+                })
+                .await?;
+            return Ok((value, Some(acked)));
         }
         Box::pin(node.run_on(lane, op, bound, |mut conn| async move {
             // A clone of the handle: the same server connection.
@@ -302,37 +312,6 @@ impl Grants {
             Ok((value, Some(acked)))
         }))
         .await
-    }
-
-    /// The tests' broken variant of [`run_grant`](Self::run_grant)'s
-    /// `WAIT`: sent on the next lane's connection instead of the grant's.
-    #[cfg(test)]
-    async fn unpinned_wait<F, Fut>(
-        &self,
-        node: &Node,
-        lane: Lane,
-        op: Operation,
-        bound: Duration,
-        script: F,
-        is_grant: impl FnOnce(&Value) -> bool,
-    ) -> Result<(Value, Option<i64>), LockError>
-    where
-        F: FnOnce(Conn) -> Fut,
-        Fut: std::future::Future<Output = redis::RedisResult<Value>>,
-    {
-        let config = &self.servers.config;
-        let (wanted, wait_ms) = (config.wait_replicas, config.wait_timeout.as_millis());
-        let value = node.run_on(lane, op, bound, script).await?;
-        if !is_grant(&value) {
-            return Ok((value, None));
-        }
-        let acked = node
-            .run_on(lane.next(), op, bound, |mut conn| async move {
-                conn.query::<i64>(redis::cmd("WAIT").arg(wanted).arg(wait_ms.to_string()))
-                    .await
-            })
-            .await?;
-        Ok((value, Some(acked)))
     }
 
     /// Whether a grant's `WAIT` (see [`run_grant`](Self::run_grant)) was

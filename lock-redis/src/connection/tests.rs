@@ -96,39 +96,29 @@ async fn cancelled_try_seen_held(server: &RedisServer, options: &str, unpinned: 
     seen
 }
 
-/// A cancelled try's undo goes on the connection of its grant, so the
+/// A cancelled try's cleanup goes on the connection of its grant, so the
 /// server runs it right after the grant: no look ever sees the lock held.
-/// The broken variant (the undo on the next lane) is caught.
+/// For a mutex the cleanup is the undo of the grant; for a fair mutex, the
+/// withdrawal of every trace of its owner. The broken variant (the cleanup
+/// on the next lane) is caught in both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn undo_of_a_cancelled_grant_goes_on_the_grants_connection() {
+async fn cleanup_of_a_cancelled_try_goes_on_the_grants_connection() {
     let Some(server) = server().await else {
         return;
     };
-    assert!(
-        !cancelled_try_seen_held(&server, "", false).await,
-        "the undo of a cancelled grant ran before the grant: the lock stays held until its TTL"
-    );
-    assert!(
-        cancelled_try_seen_held(&server, "", true).await,
-        "the broken variant (undo on another connection) was not caught"
-    );
-}
-
-/// The same for a fair mutex's try, whose cleanup is the withdrawal of
-/// every trace of its owner.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fair_withdrawal_goes_on_the_grants_connection() {
-    let Some(server) = server().await else {
-        return;
-    };
-    assert!(
-        !cancelled_try_seen_held(&server, "&fair=true", false).await,
-        "the withdrawal of a cancelled fair try ran before its grant"
-    );
-    assert!(
-        cancelled_try_seen_held(&server, "&fair=true", true).await,
-        "the broken variant (withdrawal on another connection) was not caught"
-    );
+    for (options, cleanup) in [
+        ("", "the undo of a cancelled grant"),
+        ("&fair=true", "the withdrawal of a cancelled fair try"),
+    ] {
+        assert!(
+            !cancelled_try_seen_held(&server, options, false).await,
+            "{cleanup} ran before its grant: the lock stays held until its TTL"
+        );
+        assert!(
+            cancelled_try_seen_held(&server, options, true).await,
+            "the broken variant ({cleanup} on another connection) was not caught"
+        );
+    }
 }
 
 /// With `replicas=1` and the replica frozen, a grant's `WAIT` on its own
