@@ -35,8 +35,10 @@
 //! error, or a wrong answer). So a grant, a release, a keep-alive and an
 //! `inspect` run as a [`Finish`]: it owns the session's use, and when its
 //! caller stops waiting (the future dropped, or the operation timeout) it
-//! is finished in the background, under the session's mutex, within one
-//! more operation timeout (a publication gets as long). Any other
+//! is finished in the background, under the session's mutex, within the
+//! operation timeout or the TTL the session's server idle timeout is
+//! armed to, if longer (until then the server keeps a silent session and
+//! its locks; a publication gets twice the operation timeout). Any other
 //! statement abandoned mid-way (`list`, `force_release`), or one not
 //! finished in that time, leaves its session marked in flight, and the
 //! end of that use closes the session: its locks are lost, and their
@@ -303,6 +305,12 @@ impl ConnUse {
         self.conn
             .state
             .send_replace(SessionState::Lost(reason.to_owned()));
+    }
+
+    /// The TTL the session's server idle timeout is armed to, if any (see
+    /// [`Session::armed_ttl`]).
+    pub(crate) fn armed_ttl(&self) -> Option<Duration> {
+        self.guard.as_ref().and_then(|session| session.armed_ttl)
     }
 
     /// One more lock of ours on this session.
@@ -857,18 +865,22 @@ impl Sessions {
     }
 
     /// `statement` (which owns the session's use), run to its end even
-    /// when its caller stops waiting (see [`Finish`]).
-    pub(crate) fn finish<F>(&self, statement: F) -> Finish<F>
+    /// when its caller stops waiting (see [`Finish`]): given the operation
+    /// timeout, or `armed` (the TTL the session's server idle timeout is
+    /// armed to, [`ConnUse::armed_ttl`]) if longer, since until then the
+    /// server keeps the session and its locks through a silent link.
+    pub(crate) fn finish<F>(&self, armed: Option<Duration>, statement: F) -> Finish<F>
     where
         F: Future + Send + 'static,
         F::Output: Send,
     {
+        let limit = self.config.op_timeout.max(armed.unwrap_or_default());
         Finish {
             run: Some(Box::pin(statement)),
             limit: self
                 .finish_abandoned
                 .load(Ordering::Acquire)
-                .then_some(self.config.op_timeout),
+                .then_some(limit),
         }
     }
 

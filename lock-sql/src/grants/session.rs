@@ -403,7 +403,7 @@ impl MutexOnly for SessionGrants {
             // `connection::session`, "Abandoned statements").
             let inner = Arc::clone(&self.inner);
             let (key_bytes, server_key) = (key.as_str().as_bytes().to_vec(), server_key.clone());
-            let statement = self.inner.finish(async move {
+            let statement = self.inner.finish(used.armed_ttl(), async move {
                 let mut used = used;
                 let lock = SessionLock {
                     key: &key_bytes,
@@ -569,7 +569,7 @@ impl SessionGrants {
         let inner = Arc::clone(&self.inner);
         let published = Arc::clone(&held.published);
         let (key_bytes, token) = (lease.key().as_str().as_bytes().to_vec(), held.token.get());
-        let statement = self.inner.finish(async move {
+        let statement = self.inner.finish(used.armed_ttl(), async move {
             let mut used = used;
             let Some(session) = used.session() else {
                 return (used, Ok(false));
@@ -696,7 +696,7 @@ impl SessionGrants {
             // `connection::session`, "Abandoned statements").
             let inner = Arc::clone(&self.inner);
             let owned = OwnedGrant::of(&try_here);
-            let statement = self.inner.finish(async move {
+            let statement = self.inner.finish(used.armed_ttl(), async move {
                 let mut used = used;
                 let granted = match used.session() {
                     Some(session) => {

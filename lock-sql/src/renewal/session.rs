@@ -153,7 +153,7 @@ impl SessionRenewal {
         // (see `connection::session`, "Abandoned statements"): the session
         // (and its locks) lives on until the server's idle timeout.
         let inner = Arc::clone(&self.inner);
-        let statement = self.inner.finish(async move {
+        let statement = self.inner.finish(used.armed_ttl(), async move {
             let mut used = used;
             let confirmed = match used.session() {
                 Some(session) => session.holds(&inner.sql, &server_key).await,
