@@ -15,7 +15,7 @@ use lock_core::{
 };
 use redis::Value;
 
-use crate::connection::Servers;
+use crate::connection::{Lane, Servers};
 use crate::error::NAME;
 use crate::grants::holders::{eval_on_every_node, majority_holder};
 use crate::keys::layout::RedisLayout;
@@ -142,9 +142,10 @@ impl Admin {
         // Cluster: a floor per slot, Redlock: one per node; no one value to
         // report.
         if floors == TokenFloor::Server && !servers.redlock {
+            let timeout = config.operation_timeout;
             let value = servers
                 .first()
-                .run(op, config.operation_timeout, |mut conn| async move {
+                .run_on(Lane::ANY, op, timeout, |mut conn| async move {
                     conn.query::<Option<u64>>(redis::cmd("GET").arg(FLOOR_KEY))
                         .await
                 })
@@ -189,7 +190,7 @@ impl Admin {
         let scripts = &servers.scripts;
         let node = &servers.nodes[target.0];
         let results = node
-            .run(op, servers.timeout(), |mut conn| {
+            .run_on(Lane::ANY, op, servers.timeout(), |mut conn| {
                 let calls = &calls;
                 async move { conn.eval_many(&scripts.gc_counter, calls).await }
             })

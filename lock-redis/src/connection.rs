@@ -131,7 +131,8 @@ impl Servers {
         // first use, through the EVAL fallback).
         let loads = servers.nodes.iter().map(|node| async {
             let scripts = servers.scripts.clone();
-            node.run(
+            node.run_on(
+                Lane::ANY,
                 Operation::Connect,
                 config.operation_timeout,
                 move |mut conn| async move {

@@ -14,7 +14,7 @@ use redis::Value;
 use redis::cluster_routing::Slot;
 
 use crate::config::RedisTopology;
-use crate::connection::Servers;
+use crate::connection::{Lane, Servers};
 use crate::error::{NAME, unexpected};
 
 /// A caller's Lua script for [`RedisBackend::run_guarded`]: its body,
@@ -190,7 +190,7 @@ pub(crate) async fn run(
     let (all_keys, all_args) = (&all_keys, &all_args);
     let value = servers
         .first()
-        .run(op, servers.timeout(), |mut conn| async move {
+        .run_on(Lane::ANY, op, servers.timeout(), |mut conn| async move {
             conn.eval_text(&script.code, &script.hash, all_keys, all_args)
                 .await
         })

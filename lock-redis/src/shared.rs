@@ -305,10 +305,11 @@ impl Shared {
         let names = self.servers().keys.shared(key, kind);
         let names = &names;
         let scripts = &self.servers().scripts;
+        let timeout = self.servers().timeout();
         let value = self
             .servers()
             .first()
-            .run(op, self.servers().timeout(), move |mut conn| async move {
+            .run_on(Lane::ANY, op, timeout, move |mut conn| async move {
                 match names {
                     // The writer: the mutex's compare-and-delete (its
                     // details with it) + publish.
@@ -367,10 +368,11 @@ impl Shared {
         let ttl_text = ttl_ms(lease.ttl());
         let (n, owner_ref, ttl_ref) = (&n, owner.as_str(), ttl_text.as_str());
         let sent_at = Instant::now();
+        let timeout = self.servers().timeout();
         let value = self
             .servers()
             .first()
-            .run(op, self.servers().timeout(), move |mut conn| async move {
+            .run_on(Lane::ANY, op, timeout, move |mut conn| async move {
                 conn.eval(
                     &SHARED.rw_downgrade,
                     &[

@@ -7,7 +7,7 @@ use lock_core::{LockError, LockKey, Operation};
 use redis::Value;
 
 use crate::config::RedisTopology;
-use crate::connection::Servers;
+use crate::connection::{Lane, Servers};
 use crate::error::{NAME, unexpected};
 use crate::keys::replies::text;
 
@@ -94,7 +94,7 @@ pub(crate) async fn scan_targets(servers: &Servers) -> Result<Vec<ScanTarget>, L
     let op = Operation::Inspect;
     let slots = servers
         .first()
-        .run(op, servers.timeout(), |mut conn| async move {
+        .run_on(Lane::ANY, op, servers.timeout(), |mut conn| async move {
             conn.query::<Value>(redis::cmd("CLUSTER").arg("SLOTS"))
                 .await
         })
@@ -140,7 +140,7 @@ pub(crate) async fn scan(
     }
     let (node, at) = target;
     let value = servers.nodes[*node]
-        .run(op, servers.timeout(), |mut conn| {
+        .run_on(Lane::ANY, op, servers.timeout(), |mut conn| {
             let cmd = &cmd;
             async move { conn.query_at(cmd, at.as_ref()).await }
         })

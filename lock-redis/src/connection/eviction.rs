@@ -10,7 +10,7 @@ use std::time::Duration;
 use lock_core::{LockError, Operation};
 
 use crate::config::EvictionMode;
-use crate::connection::node::Node;
+use crate::connection::node::{Lane, Node};
 use crate::error::NAME;
 
 /// What the connect-time check found ([`RedisBackend::eviction`](crate::RedisBackend::eviction)).
@@ -65,7 +65,8 @@ pub(crate) async fn check(nodes: &[Arc<Node>], live: &[bool], timeout: Duration)
 async fn check_node(node: &Node, timeout: Duration) -> EvictionCheck {
     let label = node.label().to_owned();
     let read = |name: &'static str| {
-        node.run(Operation::Connect, timeout, move |mut conn| async move {
+        let op = Operation::Connect;
+        node.run_on(Lane::ANY, op, timeout, move |mut conn| async move {
             conn.query::<HashMap<String, String>>(redis::cmd("CONFIG").arg("GET").arg(name))
                 .await
         })

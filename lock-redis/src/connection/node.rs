@@ -266,6 +266,11 @@ impl Lane {
     /// one connection's writes (one round trip), as with one connection.
     pub(crate) const RENEWALS: Self = Self(0);
 
+    /// No lane in particular: a call that concerns no grant whose answer
+    /// may still be on its way takes the next lane in turn (pass a
+    /// [`Lane`] to pin a call; `Some` is implied).
+    pub(crate) const ANY: Option<Self> = None;
+
     /// The lane of the owner value `owner` (FNV-1a of its text; owners are
     /// random, so grants spread evenly over the lanes).
     pub(crate) fn of(owner: &str) -> Self {
@@ -476,9 +481,10 @@ impl Node {
         &self.lanes[lane.0 % self.lanes.len()]
     }
 
-    /// The lane of a call that concerns no grant: the next in turn.
-    pub(crate) fn any_lane(&self) -> Lane {
-        Lane(self.next_lane.fetch_add(1, Ordering::Relaxed))
+    /// `lane`, or for [`Lane::ANY`] (a call that concerns no grant) the
+    /// next lane in turn.
+    fn lane(&self, lane: Option<Lane>) -> Lane {
+        lane.unwrap_or_else(|| Lane(self.next_lane.fetch_add(1, Ordering::Relaxed)))
     }
 
     fn cached(&self, lane: Lane) -> std::sync::MutexGuard<'_, Option<Cached>> {
@@ -626,23 +632,8 @@ impl Node {
         }
     }
 
-    /// [`run_on`](Self::run_on) the next lane in turn: for calls that
-    /// concern no grant whose answer may still be on its way.
-    pub(crate) async fn run<T, F, Fut>(
-        &self,
-        op: Operation,
-        timeout: Duration,
-        call: F,
-    ) -> Result<T, LockError>
-    where
-        F: FnOnce(Conn) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
-        self.run_on(self.any_lane(), op, timeout, call).await
-    }
-
-    /// Runs `call` on the shared connection of `lane`, bounded by `timeout` in all
-    /// (connecting first if needed; `call` may send several requests). Each
+    /// Runs `call` on the shared connection of `lane` ([`Lane::ANY`]: the
+    /// next in turn), bounded by `timeout` in all (connecting first if needed; `call` may send several requests). Each
     /// request is also bounded by `timeout` inside the connection (the
     /// handle's response timeout, so that a request allowed longer than the
     /// operation timeout, a grant's `WAIT`, is not cut short). Errors that
@@ -650,7 +641,7 @@ impl Node {
     /// call reconnects (re-resolving the master under Sentinel).
     pub(crate) async fn run_on<T, F, Fut>(
         &self,
-        lane: Lane,
+        lane: impl Into<Option<Lane>>,
         op: Operation,
         timeout: Duration,
         call: F,
@@ -659,6 +650,7 @@ impl Node {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        let lane = self.lane(lane.into());
         let mut generation = None;
         let attempt = async {
             let (g, conn) = self.connection(lane).await?;
@@ -677,36 +669,21 @@ impl Node {
         }
     }
 
-    /// [`run_request_on`](Self::run_request_on) the next lane in turn: for
-    /// calls that concern no grant whose answer may still be on its way.
-    pub(crate) async fn run_request<T, F, Fut>(
-        &self,
-        op: Operation,
-        timeout: Duration,
-        call: F,
-    ) -> Result<T, LockError>
-    where
-        F: FnOnce(Conn) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
-        self.run_request_on(self.any_lane(), op, timeout, call)
-            .await
-    }
-
     /// Runs `call`, which sends **one** request (an [`eval`](Conn::eval):
     /// `EVALSHA`, and `EVAL` after a `NOSCRIPT` answer), on the shared
-    /// connection of `lane`. On one server whose connection is open, the request is
+    /// connection of `lane` ([`Lane::ANY`]: the next in turn). On one
+    /// server whose connection is open, the request is
     /// bounded by the redis crate's response timeout alone, set to
     /// `timeout` on the handle: one timer per request, as a user of the
     /// crate alone has with its defaults, and none of ours around it (an
     /// `EVAL` after `NOSCRIPT` is bounded the same, so such a call takes
     /// at most one round trip plus `timeout`). Otherwise (no connection
-    /// yet, or a cluster, whose client retries) as [`run`](Self::run).
-    /// Errors drop the connection as `run` does; a timeout gives the same
-    /// [`ErrorKind::Timeout`] as `run`'s.
+    /// yet, or a cluster, whose client retries) as [`run_on`](Self::run_on).
+    /// Errors drop the connection as `run_on` does; a timeout gives the
+    /// same [`ErrorKind::Timeout`] as `run_on`'s.
     pub(crate) async fn run_request_on<T, F, Fut>(
         &self,
-        lane: Lane,
+        lane: impl Into<Option<Lane>>,
         op: Operation,
         timeout: Duration,
         call: F,
@@ -715,6 +692,7 @@ impl Node {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        let lane = self.lane(lane.into());
         let Some((generation, conn)) = self.open_server_connection(lane) else {
             // Boxed: the rare path, kept out of the size of every call's
             // future.

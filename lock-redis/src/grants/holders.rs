@@ -7,7 +7,7 @@ use std::time::Duration;
 use lock_core::{ErrorKind, FencingToken, LockError, LockInfo, LockKey, Operation};
 use redis::Value;
 
-use crate::connection::Servers;
+use crate::connection::{Lane, Servers};
 use crate::error::{NAME, unexpected};
 use crate::keys::names::KeyNames;
 use crate::keys::replies::{as_int, details_of, pttl, text};
@@ -45,7 +45,7 @@ pub(crate) async fn eval_on_every_node(
 ) -> Vec<Result<Value, LockError>> {
     let timeout = servers.timeout();
     let calls = servers.nodes.iter().map(|node| {
-        node.run_request(op, timeout, move |mut conn| async move {
+        node.run_request_on(Lane::ANY, op, timeout, move |mut conn| async move {
             conn.eval(script, &[&names.lock, &names.counter, &names.holder], args)
                 .await
         })

@@ -42,7 +42,7 @@ pub(crate) async fn renew_share(
             let names = &names;
             let value = servers
                 .first()
-                .run(op, timeout, move |mut conn| async move {
+                .run_on(Lane::ANY, op, timeout, move |mut conn| async move {
                     match names {
                         SharedNames::Rw(n) => {
                             conn.eval(

@@ -5,7 +5,7 @@
 use lock_core::{HolderInfo, LeaseKind, LockError, LockKey, LockShape, Operation};
 use redis::Value;
 
-use crate::connection::Servers;
+use crate::connection::{Lane, Servers};
 use crate::error::unexpected;
 use crate::keys::replies::{as_int, details_of, pttl, share_details, text, token_of};
 use crate::keys::shared::{RwNames, SHARED, SemNames};
@@ -24,9 +24,10 @@ pub(crate) async fn holders(
     let prefix = servers.keys.prefix();
     let (rw, sem) = (RwNames::new(prefix, key), SemNames::new(prefix, key));
     let (rw, sem) = (&rw, &sem);
+    let timeout = servers.timeout();
     let value = servers
         .first()
-        .run(op, servers.timeout(), move |mut conn| async move {
+        .run_on(Lane::ANY, op, timeout, move |mut conn| async move {
             if shape == LockShape::Semaphore {
                 conn.eval(
                     &SHARED.sem_holders,
