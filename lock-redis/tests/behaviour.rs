@@ -462,16 +462,10 @@ async fn many_held_locks_are_renewed_in_batches() {
 /// and the suite must not hide it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_control_failover_double_grant_is_detected() {
-    let Some(mut master) = RedisServer::start().await.or_skip() else {
+    let Some((mut master, mut replica)) = RedisServer::start_with_synced_replica().await.or_skip()
+    else {
         return;
     };
-    let Some(mut replica) = RedisServer::start_replica_of(&master).await.or_skip() else {
-        return;
-    };
-    replica
-        .wait_replica_synced(Duration::from_secs(20))
-        .await
-        .unwrap();
     let a = RedisBackend::connect(RedisConfig::from_url(&master.url()).unwrap())
         .await
         .unwrap();
@@ -608,14 +602,10 @@ async fn wait_for_replicas_undoes_unacknowledged_grants() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_for_replicas_confirms_on_the_grants_own_connection() {
     let _serial = SERIAL.lock().await;
-    let Some(master) = RedisServer::start().await.or_skip() else {
+    let Some((master, mut replica)) = RedisServer::start_with_synced_replica().await.or_skip()
+    else {
         return;
     };
-    let mut replica = RedisServer::start_replica_of(&master).await.unwrap();
-    replica
-        .wait_replica_synced(Duration::from_secs(20))
-        .await
-        .unwrap();
     let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], master.port()));
     let proxy = conformance::proxy::FaultProxy::start(upstream)
         .await

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use conformance::OrSkip;
 use conformance::servers::redis::RedisServer;
 use lock_core::{LockBackend, LockBackendExt, LockKey, Operation};
 use redis::Value;
@@ -127,14 +128,10 @@ async fn cleanup_of_a_cancelled_try_goes_on_the_grants_connection() {
 /// acknowledged before it froze: it confirms a grant no replica has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_runs_on_the_grants_connection() {
-    let Some(master) = server().await else {
+    let Some((master, mut replica)) = RedisServer::start_with_synced_replica().await.or_skip()
+    else {
         return;
     };
-    let mut replica = RedisServer::start_replica_of(&master).await.unwrap();
-    replica
-        .wait_replica_synced(Duration::from_secs(20))
-        .await
-        .unwrap();
     let url = format!(
         "redis://127.0.0.1:{}?connections={LANES}&replicas=1&wait_timeout=200ms",
         master.port()

@@ -73,12 +73,7 @@ pub async fn try_raw(port: u16) -> redis::RedisResult<redis::aio::MultiplexedCon
 /// grants wait for that replica (`replicas=1&wait_timeout=200ms`); `None`
 /// (skip) when redis-server is missing.
 pub async fn waiting_for_a_replica() -> Option<(RedisServer, RedisServer, RedisBackend)> {
-    let master = RedisServer::start().await.or_skip()?;
-    let replica = RedisServer::start_replica_of(&master).await.or_skip()?;
-    replica
-        .wait_replica_synced(std::time::Duration::from_secs(20))
-        .await
-        .unwrap();
+    let (master, replica) = RedisServer::start_with_synced_replica().await.or_skip()?;
     let url = format!("{}?replicas=1&wait_timeout=200ms", master.url());
     let backend = lock_redis::connect(&url).await.unwrap();
     Some((master, replica, backend))
@@ -145,11 +140,7 @@ impl RedisTarget {
     }
 
     pub async fn sentinel() -> Result<Self, HarnessError> {
-        let master = RedisServer::start().await?;
-        let replica = RedisServer::start_replica_of(&master).await?;
-        replica
-            .wait_replica_synced(std::time::Duration::from_secs(20))
-            .await?;
+        let (master, replica) = RedisServer::start_with_synced_replica().await?;
         let sentinel = RedisSentinel::start("locks", master.port()).await?;
         sentinel
             .wait_replica_known(std::time::Duration::from_secs(20))

@@ -205,6 +205,23 @@ impl RedisServer {
         Self::start_with(&["--replicaof", &master.addr().to_string(), &port]).await
     }
 
+    /// Starts a master and a replica of it (asynchronous replication),
+    /// and waits until the replica is in sync: the deployment of the
+    /// checks of `WAIT` and of failover losses.
+    ///
+    /// # Errors
+    ///
+    /// Missing binary, a server that does not start, or a replica that
+    /// does not sync within 20 s.
+    pub async fn start_with_synced_replica() -> Result<(Self, Self), HarnessError> {
+        let master = Self::start().await?;
+        let replica = Self::start_replica_of(&master).await?;
+        replica
+            .wait_replica_synced(std::time::Duration::from_secs(20))
+            .await?;
+        Ok((master, replica))
+    }
+
     /// As [`start_replica_of`](Self::start_replica_of), on `lab`'s host
     /// named `host` (see [`start_in`](Self::start_in)), for a `master` on
     /// another host of the same lab.
