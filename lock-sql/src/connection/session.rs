@@ -297,6 +297,21 @@ impl ConnUse {
         self.guard.as_mut()
     }
 
+    /// Runs `statement` on the session (`closed()` when it was closed) and
+    /// gives the use back with the answer: the body of a [`Finish`], which
+    /// owns the use so that it can run to its end.
+    pub(crate) async fn run<T>(
+        mut self,
+        closed: impl FnOnce() -> T,
+        statement: impl AsyncFnOnce(&mut Session) -> T,
+    ) -> (Self, T) {
+        let answer = match self.session() {
+            Some(session) => statement(session).await,
+            None => closed(),
+        };
+        (self, answer)
+    }
+
     /// Closes the session (its socket with it) and tells the guard of every
     /// lock it held that it is lost.
     pub(crate) fn close(&mut self, reason: &str) {
@@ -403,6 +418,12 @@ impl<F: Future + Send + 'static> Drop for Finish<F> {
             });
         }
     }
+}
+
+/// The answer of a statement whose session was closed before it ran (for
+/// [`ConnUse::run`]): a broken connection.
+pub(crate) fn closed_session<T>() -> SqlxResult<T> {
+    Err(sqlx::Error::Protocol("the session closed".into()))
 }
 
 /// Whether the connection itself broke (its session, and any lock it held,

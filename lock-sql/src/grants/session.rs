@@ -79,7 +79,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 
 use crate::config::SqlDialect;
-use crate::connection::session::{Conn, ConnUse, Sessions, is_broken};
+use crate::connection::session::{Conn, ConnUse, Session, Sessions, closed_session, is_broken};
 use crate::dialect::SessionHolder;
 use crate::dialect::session::{
     Granted, OwnedGrant, Publication, ServerKey, SessionGrant, SessionLock,
@@ -403,18 +403,20 @@ impl MutexOnly for SessionGrants {
             // `connection::session`, "Abandoned statements").
             let inner = Arc::clone(&self.inner);
             let (key_bytes, server_key) = (key.as_str().as_bytes().to_vec(), server_key.clone());
-            let statement = self.inner.finish(used.armed_ttl(), async move {
-                let mut used = used;
-                let lock = SessionLock {
-                    key: &key_bytes,
-                    server_key: &server_key,
-                };
-                let found = match used.session() {
-                    Some(session) => Some(session.inspect(&inner.sql, lock).await),
-                    None => None,
-                };
-                (used, found)
-            });
+            let armed = used.armed_ttl();
+            let statement = self.inner.finish(
+                armed,
+                used.run(
+                    || None,
+                    async move |session| {
+                        let lock = SessionLock {
+                            key: &key_bytes,
+                            server_key: &server_key,
+                        };
+                        Some(session.inspect(&inner.sql, lock).await)
+                    },
+                ),
+            );
             let late = "inspect did not answer within the operation timeout";
             let (mut used, found) = match timeout(op_timeout, statement).await {
                 Ok((used, Some(found))) => (used, found),
@@ -569,18 +571,19 @@ impl SessionGrants {
         let inner = Arc::clone(&self.inner);
         let published = Arc::clone(&held.published);
         let (key_bytes, token) = (lease.key().as_str().as_bytes().to_vec(), held.token.get());
-        let statement = self.inner.finish(used.armed_ttl(), async move {
-            let mut used = used;
-            let Some(session) = used.session() else {
-                return (used, Ok(false));
-            };
-            let released = session.release(inner.release_sql(left), &server_key).await;
-            if released.is_ok() && published.load(Ordering::Acquire) {
-                let withdrawn = session.withdraw(&inner.sql, &key_bytes, token).await;
-                if withdrawn.is_err() {
-                    tracing::warn!("could not delete a released lock's holder row");
+        let armed = used.armed_ttl();
+        let statement = self.inner.finish(armed, async move {
+            let released = async move |session: &mut Session| {
+                let released = session.release(inner.release_sql(left), &server_key).await;
+                if released.is_ok() && published.load(Ordering::Acquire) {
+                    let withdrawn = session.withdraw(&inner.sql, &key_bytes, token).await;
+                    if withdrawn.is_err() {
+                        tracing::warn!("could not delete a released lock's holder row");
+                    }
                 }
-            }
+                released
+            };
+            let (used, released) = used.run(|| Ok(false), released).await;
             // The grant is over whatever the answer: released, or gone
             // with its session.
             used.remove_held();
@@ -696,18 +699,15 @@ impl SessionGrants {
             // `connection::session`, "Abandoned statements").
             let inner = Arc::clone(&self.inner);
             let owned = OwnedGrant::of(&try_here);
-            let statement = self.inner.finish(used.armed_ttl(), async move {
-                let mut used = used;
-                let granted = match used.session() {
-                    Some(session) => {
-                        session
-                            .grant(inner.grant_sql(), &owned.grant(), holds_others)
-                            .await
-                    }
-                    None => Err(sqlx::Error::Protocol("the session closed".into())),
-                };
-                (used, granted)
-            });
+            let armed = used.armed_ttl();
+            let statement = self.inner.finish(
+                armed,
+                used.run(closed_session, async move |session| {
+                    session
+                        .grant(inner.grant_sql(), &owned.grant(), holds_others)
+                        .await
+                }),
+            );
             let sent_at = Instant::now();
             let attempt = timeout(op_timeout, statement).await;
             match attempt {

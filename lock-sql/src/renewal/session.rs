@@ -11,7 +11,7 @@ use lock_core::{
 };
 use tokio::time::{Instant, timeout};
 
-use crate::connection::session::{Sessions, is_broken};
+use crate::connection::session::{Sessions, closed_session, is_broken};
 use crate::grants::session::{Held, HeldLocks};
 
 /// Session mode's renewals.
@@ -153,14 +153,13 @@ impl SessionRenewal {
         // (see `connection::session`, "Abandoned statements"): the session
         // (and its locks) lives on until the server's idle timeout.
         let inner = Arc::clone(&self.inner);
-        let statement = self.inner.finish(used.armed_ttl(), async move {
-            let mut used = used;
-            let confirmed = match used.session() {
-                Some(session) => session.holds(&inner.sql, &server_key).await,
-                None => Err(sqlx::Error::Protocol("the session closed".into())),
-            };
-            (used, confirmed)
-        });
+        let armed = used.armed_ttl();
+        let statement = self.inner.finish(
+            armed,
+            used.run(closed_session, async move |session| {
+                session.holds(&inner.sql, &server_key).await
+            }),
+        );
         let (mut used, confirmed) = match timeout(op_timeout, statement).await {
             Ok(finished) => finished,
             Err(_) => {
