@@ -51,7 +51,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   if #head == 0 or head[1] == owner then
     redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
     local token = grant_token(KEYS[2], KEYS[7])
-    put_details(KEYS[6], owner, ARGV[5], ARGV[2])
+    put_details(KEYS[1], KEYS[6], owner, ARGV[5], ARGV[2])
     if #head > 0 then
       redis.call('ZREM', KEYS[3], owner)
       redis.call('ZREM', KEYS[4], owner)
@@ -112,7 +112,7 @@ if redis.pcall('GET', KEYS[1]) == ARGV[3] then
       return redis.error_reply('ERR distlock: a resent multi-lock found its set changed (evicted?)')
     end
     redis.call('PEXPIRE', KEYS[5 * i + 1], ttl)
-    put_details(KEYS[5 * i + 5], ARGV[3 + i], details, ttl)
+    put_details(KEYS[5 * i + 1], KEYS[5 * i + 5], ARGV[3 + i], details, ttl)
     out[#out + 1] = token
   end
   return out
@@ -128,7 +128,7 @@ local out = {1}
 for i = 0, n - 1 do
   redis.call('SET', KEYS[5 * i + 1], ARGV[3 + i], 'PX', ttl)
   out[#out + 1] = grant_token(KEYS[5 * i + 2], floor)
-  put_details(KEYS[5 * i + 5], ARGV[3 + i], details, ttl)
+  put_details(KEYS[5 * i + 1], KEYS[5 * i + 5], ARGV[3 + i], details, ttl)
 end
 return out
 "

@@ -145,7 +145,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local token = grant_token(KEYS[2], KEYS[4])
-  put_details(KEYS[3], ARGV[1], ARGV[3], ARGV[2])
+  put_details(KEYS[1], KEYS[3], ARGV[1], ARGV[3], ARGV[2])
   return {1, token}
 end
 if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) == 1 then
@@ -181,14 +181,17 @@ return 1
 
 /// Redisson layout, renew. KEYS: lock, [holder details]. ARGV: owner
 /// field, ttl ms. As Redisson's renewal (`LockTask`): `HEXISTS` before
-/// `PEXPIRE` (of the details too).
-const REDISSON_RENEW: &str = r"
+/// `PEXPIRE` (of the details too, at the same instant:
+/// `scripts::expiry_fns`).
+const REDISSON_RENEW: &str = concat!(
+    crate::keys::scripts::expiry_fns!(),
+    r"
 if redis.pcall('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  if KEYS[2] then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return expire_together(KEYS[1], KEYS[2], ARGV[2])
 end
 return 0
-";
+"
+);
 
 /// Redisson layout, inspect. KEYS: lock, counter, holder details. `{}`
 /// when free, else `{holder, pttl, counter, details}`: the hash's (first)

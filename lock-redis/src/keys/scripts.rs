@@ -27,9 +27,9 @@ impl LuaScript {
 /// (`floor`: the floor key, the server's or in Cluster the counter's
 /// slot's, each Redlock node's own; `nil` where there is none), so a key whose counter
 /// `gc` removed never hands out a token at or below one it handed out
-/// before. `put_details(side, owner, details,
-/// ttl)`: the holder details beside the lock (`<lock>:holder` =
-/// `<owner> <details>`), with the lock's TTL; nothing without a side key.
+/// before. `put_details(lock, side, owner, details, ttl)`: the holder
+/// details beside the lock (`<lock>:holder` = `<owner> <details>`),
+/// expiring with it ([`expiry_fns`]); nothing without a side key.
 /// `grant_again(lock, counter, side, owner, details, ttl, held_as)`: a
 /// resent acquire that found our owner in `lock` (as its `held_as`, value
 /// or field) returns the grant it made, the counter's token, with the TTL
@@ -37,7 +37,9 @@ impl LuaScript {
 /// than invent a token.
 macro_rules! grant_fns {
     () => {
-        r"
+        concat!(
+            $crate::keys::scripts::expiry_fns!(),
+            r"
 local function grant_token(counter, floor)
   local token = redis.call('INCR', counter)
   if token == 1 and floor then
@@ -46,9 +48,10 @@ local function grant_token(counter, floor)
   end
   return token
 end
-local function put_details(side, owner, details, ttl)
+local function put_details(lock, side, owner, details, ttl)
   if side and details and details ~= '' then
     redis.call('SET', side, owner .. ' ' .. details, 'PX', ttl)
+    expire_together(lock, side, ttl)
   end
 end
 local function grant_again(lock, counter, side, owner, details, ttl, held_as)
@@ -57,13 +60,38 @@ local function grant_again(lock, counter, side, owner, details, ttl, held_as)
     return redis.error_reply('ERR distlock: the lock holds our owner ' .. held_as .. ' but its token counter is gone (evicted?)')
   end
   redis.call('PEXPIRE', lock, ttl)
-  put_details(side, owner, details, ttl)
+  put_details(lock, side, owner, details, ttl)
   return {1, token}
+end
+"
+        )
+    };
+}
+pub(crate) use grant_fns;
+
+/// The Lua helper of every script that sets a mutex's TTL (grants and
+/// renewals). `expire_together(lock, side, ttl)`: `lock` expires in `ttl`
+/// ms and its holder details `side` (where given) at the same instant:
+/// one absolute `PEXPIREAT` from one `TIME` for both. A relative `PX` or
+/// `PEXPIRE` per key is counted from the server's clock at each call,
+/// which Redis 7.0 does not freeze inside a script, so details written a
+/// millisecond after their lock outlived it (as a share's did: see
+/// `keep` in `shared.rs`). Returns what the lock's expiry call returned
+/// (1: set, 0: no such key).
+macro_rules! expiry_fns {
+    () => {
+        r"
+local function expire_together(lock, side, ttl)
+  if not side then return redis.call('PEXPIRE', lock, ttl) end
+  local t = redis.call('TIME')
+  local at = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ttl))
+  redis.call('PEXPIREAT', side, at)
+  return redis.call('PEXPIREAT', lock, at)
 end
 "
     };
 }
-pub(crate) use grant_fns;
+pub(crate) use expiry_fns;
 
 /// KEYS: lock, counter, [holder details, [token floor]]. ARGV: owner,
 /// ttl ms, [holder details].
@@ -84,7 +112,7 @@ const ACQUIRE: &str = concat!(
     r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local token = grant_token(KEYS[2], KEYS[4])
-  put_details(KEYS[3], ARGV[1], ARGV[3], ARGV[2])
+  put_details(KEYS[1], KEYS[3], ARGV[1], ARGV[3], ARGV[2])
   return {1, token}
 end
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
@@ -107,14 +135,16 @@ return 0
 ";
 
 /// KEYS: lock, [holder details]. ARGV: owner, ttl ms. Compare-and-pexpire
-/// of the lock and its details.
-const RENEW: &str = r"
+/// of the lock and its details (at one instant: `expiry_fns`).
+const RENEW: &str = concat!(
+    expiry_fns!(),
+    r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if KEYS[2] then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return expire_together(KEYS[1], KEYS[2], ARGV[2])
 end
 return 0
-";
+"
+);
 
 /// KEYS: lock, counter, holder details. Returns `{}` when free, else
 /// `{holder, pttl, counter, details}` (`details`: the side key's text,

@@ -108,7 +108,7 @@ if kind == 'r' then
 end
 if writer == owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  put_details(KEYS[7], owner, ARGV[6], ARGV[2])
+  put_details(KEYS[1], KEYS[7], owner, ARGV[6], ARGV[2])
   return {1, epoch()}
 end
 local wait_ms
@@ -124,7 +124,7 @@ else
       local token = redis.call('HINCRBY', KEYS[5], 'token', 1)
       redis.call('HSET', KEYS[5], 'epoch', token)
       redis.call('SET', KEYS[1], owner, 'PX', ARGV[2])
-      put_details(KEYS[7], owner, ARGV[6], ARGV[2])
+      put_details(KEYS[1], KEYS[7], owner, ARGV[6], ARGV[2])
       if #head > 0 then
         redis.call('ZREM', KEYS[3], owner)
         redis.call('ZREM', KEYS[4], owner)

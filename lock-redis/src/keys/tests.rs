@@ -6,7 +6,7 @@ use lock_core::LockKey;
 use redis::Value;
 use redis::cluster_routing::Slot;
 
-use super::layout::{RedisLayout, legacy_names};
+use super::layout::{RedisLayout, legacy_names, scripts_for};
 use super::names::{
     FLOOR_KEY, KeyNames, ReleaseNames, SLOTS, TokenFloor, escape_tag, glob_escape, slot_floors,
     unescape_tag,
@@ -14,6 +14,7 @@ use super::names::{
 use super::replies::{NodeGrant, details_of, parse_grant};
 use super::scripts::Scripts;
 use crate::connection::Conn;
+use crate::test_redis::broken;
 
 fn slot_tag(key: &str) -> &str {
     // The cluster rule: the text between the first '{' and the next '}'.
@@ -196,4 +197,150 @@ async fn a_retried_acquire_returns_its_own_grant() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("counter"), "{err}");
+}
+
+/// Whether the holder details of `names` expire at another instant than
+/// the lock, and whether after it: `(misaligned, outlived)`, by their
+/// `PEXPIRETIME` (Redis 7.0+; absolute, so no clock passes between the
+/// two readings).
+async fn details_expiry_miss(conn: &mut Conn, names: &KeyNames) -> (bool, bool) {
+    let mut expires_at = async |key: &str| -> i64 {
+        conn.query(redis::cmd("PEXPIRETIME").arg(key))
+            .await
+            .unwrap()
+    };
+    let lock = expires_at(&names.lock).await;
+    let side = expires_at(&names.holder).await;
+    assert!(lock > 0 && side > 0, "lock at {lock}, details at {side}");
+    (side != lock, side > lock)
+}
+
+/// How many of `rounds` grants with holder details, and of their
+/// renewals, left the details of `names` expiring at another instant than
+/// the lock, and how many of those had the details outlive it: `[grants,
+/// renewals]`, each `(misaligned, outlived)`.
+async fn details_expiry_misses(
+    conn: &mut Conn,
+    scripts: &Scripts,
+    names: &KeyNames,
+    rounds: usize,
+) -> [(usize, usize); 2] {
+    let details = lock_core::HolderDetails::encode_current();
+    let mut misses = [(0, 0); 2];
+    let mut count = |at: usize, (misaligned, outlived): (bool, bool)| {
+        misses[at].0 += usize::from(misaligned);
+        misses[at].1 += usize::from(outlived);
+    };
+    for _ in 0..rounds {
+        let owner = lock_core::OwnerId::random().to_hex();
+        let granted = conn
+            .eval(
+                &scripts.acquire,
+                &[&names.lock, &names.counter, &names.holder],
+                &[&owner, "30000", &details],
+            )
+            .await
+            .unwrap();
+        assert!(grant(&granted).is_some(), "{granted:?}");
+        count(0, details_expiry_miss(conn, names).await);
+        let renewed = conn
+            .eval(
+                &scripts.renew,
+                &[&names.lock, &names.holder],
+                &[&owner, "30000"],
+            )
+            .await
+            .unwrap();
+        assert_eq!(renewed, Value::Int(1));
+        count(1, details_expiry_miss(conn, names).await);
+        let _: i64 = conn
+            .query(redis::cmd("DEL").arg(&names.lock).arg(&names.holder))
+            .await
+            .unwrap();
+    }
+    misses
+}
+
+/// Lua that spins until the server's clock has moved on by a millisecond:
+/// put between a lock's expiry and its details' in the scripts below, it
+/// makes every round show what a clock tick there does.
+const TICK: &str = r"
+local function tick()
+  local t = redis.call('TIME')
+  local from = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  repeat
+    t = redis.call('TIME')
+  until tonumber(t[1]) * 1000000 + tonumber(t[2]) - from >= 1000
+end
+";
+
+/// `scripts`' acquire and renew with a clock tick ([`TICK`]) between
+/// setting the lock's expiry and its details'; `relative`: with the
+/// details' expiry as it was, a relative `PX` / `PEXPIRE` per key.
+fn ticked(scripts: &Scripts, relative: bool) -> Scripts {
+    let define = "local function expire_together(";
+    let tick_fn = format!("{TICK}{define}");
+    let put = "local function put_details(lock, side, owner, details, ttl)\n";
+    let acquire = broken(scripts.acquire.code, put, &format!("{put}  tick()\n"));
+    let acquire = broken(acquire.code, define, &tick_fn);
+    let (acquire, renew) = if relative {
+        let acquire = broken(acquire.code, "    expire_together(lock, side, ttl)\n", "");
+        let renew = broken(
+            scripts.renew.code,
+            "  return expire_together(KEYS[1], KEYS[2], ARGV[2])",
+            "  redis.call('PEXPIRE', KEYS[2], ARGV[2])\n  tick()\n  return redis.call('PEXPIRE', KEYS[1], ARGV[2])",
+        );
+        (acquire, renew)
+    } else {
+        let side = "  redis.call('PEXPIREAT', side, at)\n";
+        let renew = broken(scripts.renew.code, side, &format!("{side}  tick()\n"));
+        (acquire, renew)
+    };
+    Scripts {
+        acquire,
+        renew: broken(renew.code, define, &tick_fn),
+        ..Scripts::new()
+    }
+}
+
+/// The mutex's holder details expire at their lock's own instant, after a
+/// grant and after a renewal, in the native and the Redisson layout (the
+/// fair, multi-key and writer grants call the same `put_details`): in
+/// plain rounds, and in rounds where the server's clock ticks between the
+/// lock's expiry and the details'. The broken variant (the scripts as they
+/// were: a relative `PX` / `PEXPIRE` per key, each counted from the
+/// server's clock at its own call, which Redis 7.0 does not freeze inside
+/// a script) has a grant's details outlive their lock, and a renewal's die
+/// before it, on such a tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_details_expire_with_their_lock() {
+    let Some((_server, mut conn)) = crate::test_redis::server_and_conn().await else {
+        return;
+    };
+    for layout in [RedisLayout::Native, RedisLayout::Redisson] {
+        let key = LockKey::new(format!("details-{}", layout.as_str())).unwrap();
+        let names = match layout {
+            RedisLayout::Native => KeyNames::new("t:", &key),
+            _ => legacy_names(layout, "t:", ":token", &key),
+        };
+        let real = scripts_for(layout);
+        for (what, scripts, rounds) in [
+            ("plain rounds", &real, 300),
+            ("rounds with a tick", &ticked(&real, false), 30),
+        ] {
+            let misses = details_expiry_misses(&mut conn, scripts, &names, rounds).await;
+            assert_eq!(
+                misses,
+                [(0, 0); 2],
+                "{layout:?}, {rounds} {what}: [grants, renewals] whose details expire \
+                 (apart from, after) their lock"
+            );
+        }
+        let misses = details_expiry_misses(&mut conn, &ticked(&real, true), &names, 30).await;
+        assert!(
+            misses[0].1 > 0 && misses[1].0 > 0,
+            "{layout:?}: the broken variant (relative expiries) was not caught: {misses:?}"
+        );
+        eprintln!("{layout:?}: the broken variant in 30 rounds with a tick: {misses:?}");
+    }
 }
