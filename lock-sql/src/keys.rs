@@ -121,9 +121,9 @@ pub struct StatementTexts {
     /// raise.
     pub session_run: Option<[String; 4]>,
     /// MariaDB 10.3+ session mode (MySQL dialect only): the holder
-    /// table's, the sequence's, the run counter's and the run row's
-    /// `CREATE`s, the run's token base read, the try grant and the release.
-    pub session_mariadb: Option<[String; 7]>,
+    /// table's, the run counter's and the run clock's `CREATE`s, the run's
+    /// token base read, the try grant and the release.
+    pub session_mariadb: Option<[String; 6]>,
     /// PostgreSQL session mode's lean statements, for a session whose
     /// idle timeout and keep-alive are armed for the TTL already: the
     /// lean grant, the lean release (the session's last lock; the
@@ -134,11 +134,11 @@ pub struct StatementTexts {
 }
 
 /// Whether the server `SELECT VERSION()` describes takes session tokens
-/// from a sequence (MariaDB 10.3 and later).
+/// from the run clock (MariaDB 10.3 and later).
 #[doc(hidden)]
 #[cfg(feature = "mysql")]
-pub fn mariadb_has_sequences(version: &str) -> bool {
-    crate::dialect::mysql::has_sequences(version)
+pub fn mariadb_has_run_clock(version: &str) -> bool {
+    crate::dialect::mysql::has_run_clock(version)
 }
 
 /// The statement texts of `dialect` on validated table `table`.
@@ -200,13 +200,19 @@ pub fn statement_texts(dialect: SqlDialect, table: &str) -> Result<StatementText
 }
 
 /// [`StatementTexts::session_mariadb`].
-fn mariadb_texts(dialect: SqlDialect, table: &str) -> Option<[String; 7]> {
+fn mariadb_texts(dialect: SqlDialect, table: &str) -> Option<[String; 6]> {
     #[cfg(feature = "mysql")]
     if dialect == SqlDialect::MySql {
         let s = crate::dialect::mysql::mariadb_session_sql(table);
         let (m, r) = (s.maria?, s.run?);
-        let [seq, run] = m.creates.clone();
-        return Some([s.create, seq, r.create, run, r.read, s.grant, s.release]);
+        return Some([
+            s.create,
+            r.create,
+            m.create_clock,
+            r.read,
+            s.grant,
+            s.release,
+        ]);
     }
     let _ = (dialect, table);
     None

@@ -80,15 +80,16 @@
 //!   its owner and token in `application_name` lazily, once held past
 //!   `publish_delay` (10 ms): `inspect` of a younger lock waits for it,
 //!   `force_release` waits that long first.
-//! - Session mode on MariaDB 10.3+ takes tokens from a sequence plus the
-//!   server run's epoch (global, rising across crashes: the sequence alone
-//!   falls back after a SIGKILL) and publishes holders in a `MEMORY`
-//!   table, lazily: only for a lock held past `publish_delay` (10 ms), so
+//! - Session mode on MariaDB 10.3+ takes tokens from the server's
+//!   `UUID_SHORT()` counter counted from the run's start, above the
+//!   server run's durable epoch (global, rising across crashes, which
+//!   restart the counter) and publishes holders in a `MEMORY` table,
+//!   lazily: only for a lock held past `publish_delay` (10 ms), so
 //!   `inspect` of a younger lock waits for its row and `list` waits that
-//!   long first; MySQL (no sequences) keeps a token row per key, untested here.
-//!   Old-version (token-row) and new-version clients on one MariaDB
-//!   database exclude each other but are not fenced against each other:
-//!   stop the old ones first.
+//!   long first; MySQL keeps a token row per key, untested here.
+//!   Old-version (token-row or sequence) and new-version clients on one
+//!   MariaDB database exclude each other but are not fenced against each
+//!   other: stop the old ones first (the new tokens start above theirs).
 //! - Session mode on MySQL/MariaDB keeps a lock through a partition only
 //!   for a TTL within the server's TCP keep-alive (`tcp_keepalive_time` +
 //!   `_probes` × `_interval`, GLOBAL settings, 0 meaning the server host's:

@@ -2,16 +2,12 @@
 //! again, the test kit's `restart`): the first token after the restart is
 //! above every token before it.
 //!
-//! MariaDB 10.11 does not flush a sequence's writes at commit: after a
-//! SIGKILL the sequence resumes from its last value on disk (up to about a
-//! second back), and one created less than a second before the crash
-//! loses its row. The driver's tokens add the server run's epoch (a
-//! durable counter bumped once per run) above the sequence, so they rise
-//! across the crash even when the sequence falls back, or is created
-//! again. The broken variant is the sequence alone: the same check fails
-//! on it after the sequence was created again (what the driver does when
-//! a crash cost it its row), and the sequence's own fall-back after the
-//! SIGKILL is printed.
+//! The driver's tokens are the server's `UUID_SHORT()` counter, counted
+//! from the run's origin, above the server run's epoch (a durable counter
+//! bumped once per run). The counter starts again at every start of the
+//! server; the epoch lifts the new run's tokens above the old. The broken
+//! variant is the count alone (the token less the run's epoch): the same
+//! check fails on it after the crash.
 
 use conformance::OrSkip;
 use conformance::servers::mariadb::MariaDbServer;
@@ -23,18 +19,27 @@ mod restart_common;
 
 use restart_common::{TTL, grants, rises_above};
 
-/// The sequence alone: `n` values of `NEXTVAL` in one statement (with
-/// more than the cache's 1,000, the last ones from a refill just made).
-async fn nextvals(conn: &mut sqlx::MySqlConnection, seq: &str, n: usize) -> Vec<u64> {
-    let rows: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT NEXTVAL({seq}) FROM seq_1_to_{n}"
+/// The broken token: the server's counter counted from the run's origin,
+/// without the run's epoch (what a token would be if the driver dropped
+/// the epoch), read from the run clock `clock`.
+async fn count_alone(conn: &mut sqlx::MySqlConnection, clock: &str) -> u64 {
+    let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) - origin FROM {clock} \
+         WHERE id = 1"
     )))
-    .fetch_all(conn)
+    .fetch_one(conn)
     .await
     .unwrap();
-    rows.into_iter()
-        .map(|v| u64::try_from(v).unwrap())
-        .collect()
+    u64::try_from(count).unwrap()
+}
+
+/// `UUID_SHORT()` itself, less its server-id byte.
+async fn counter(conn: &mut sqlx::MySqlConnection) -> u64 {
+    let value: i64 = sqlx::query_scalar("SELECT CAST(UUID_SHORT() & 72057594037927935 AS SIGNED)")
+        .fetch_one(conn)
+        .await
+        .unwrap();
+    u64::try_from(value).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,7 +50,7 @@ async fn tokens_rise_across_a_server_crash() {
     let url = format!("{}?mode=session&timeout=2s&pool_size=2", server.url());
     let prefix = format!("restart{}", &OwnerId::random().to_hex()[..8]);
     let backend = SqlSessionBackend::connect_url(&url).await.unwrap();
-    let seq = backend.token_counter().to_owned();
+    let clock = backend.token_counter().to_owned();
     assert_eq!(
         backend.capabilities().fencing,
         lock_core::FencingScope::Global
@@ -55,29 +60,41 @@ async fn tokens_rise_across_a_server_crash() {
         before.windows(2).all(|w| w[0] < w[1]),
         "tokens rise across keys: {before:?}"
     );
+    // Other clients of the server call UUID_SHORT() too: the counter
+    // runs ahead of the grants, and the tokens stay in order.
     let mut raw = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
-    let raw_before = nextvals(&mut raw, &seq, 1_100).await;
+    let mut counts = Vec::new();
+    for _ in 0..1_100 {
+        counts.push(count_alone(&mut raw, &clock).await);
+    }
+    let counter_before = counter(&mut raw).await;
     before.extend(grants(&backend, &prefix, 4).await);
+    assert!(
+        before.windows(2).all(|w| w[0] < w[1]),
+        "tokens rise past other callers of the counter: {before:?}"
+    );
     drop(raw);
 
-    // Crash 1: SIGKILL right after a refill of the sequence's cache.
     server.restart().await.unwrap();
     let after_backend = SqlSessionBackend::connect_url(&url).await.unwrap();
     let after = grants(&after_backend, &prefix, 1).await[0];
     rises_above(&before, after).unwrap();
     let mut raw = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
-    let raw_after = nextvals(&mut raw, &seq, 1).await[0];
+    let counter_after = counter(&mut raw).await;
     println!(
-        "sequence alone across the SIGKILL: {} before, {raw_after} after ({}); ours: {} before, \
-         {after} after",
-        raw_before.iter().max().unwrap(),
-        if rises_above(&raw_before, raw_after).is_ok() {
-            "rose"
-        } else {
-            "fell back"
-        },
+        "UUID_SHORT() across the SIGKILL: {counter_before} before, {counter_after} after \
+         (it restarts from the start time); ours: {} before, {after} after",
         before.iter().max().unwrap()
     );
+    // Broken variant: the count alone (no run epoch) starts again.
+    let alone = count_alone(&mut raw, &clock).await;
+    let caught = rises_above(&counts, alone);
+    assert!(
+        caught.is_err(),
+        "the check passed the count alone ({alone}) after the crash"
+    );
+    println!("broken variant caught: {}", caught.unwrap_err());
+
     let mut all = before.clone();
     all.extend(grants(&after_backend, &prefix, 8).await);
     // The old backend's sessions died with the server: its first calls
@@ -105,38 +122,12 @@ async fn tokens_rise_across_a_server_crash() {
         "holder table limit {size} after the restart"
     );
     assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
-
-    // Crash 2, and the sequence created again before the run's first
-    // grant (as the driver does when a crash cost the sequence its row).
-    drop((raw, backend, after_backend));
-    server.restart().await.unwrap();
-    let mut raw = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
-    for statement in [
-        format!("DROP SEQUENCE {seq}"),
-        format!("CREATE SEQUENCE {seq} START WITH 1 MINVALUE 1 INCREMENT BY 1 CACHE 1000 NOCYCLE"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(statement))
-            .execute(&mut raw)
-            .await
-            .unwrap();
-    }
-    let backend = SqlSessionBackend::connect_url(&url).await.unwrap();
-    let after = grants(&backend, &prefix, 1).await[0];
-    rises_above(&all, after).unwrap();
-    // Broken variant: a token from the sequence alone (no run epoch).
-    let alone = nextvals(&mut raw, &seq, 1).await[0];
-    let caught = rises_above(&all, alone);
-    assert!(
-        caught.is_err(),
-        "the check passed a token of the sequence alone ({alone}) after it was created again"
-    );
-    println!("broken variant caught: {}", caught.unwrap_err());
 }
 
 /// An existing deployment's per-key token table (the token-row schema of
-/// earlier versions, a key at token 41): the sequence's tokens start above
-/// it with no migration (the run's base, 2^40, is above any per-key
-/// count). The broken variant, the sequence alone, starts below it.
+/// earlier versions, a key at token 41): the run clock's tokens start
+/// above it with no migration (the run's base, 2^40, is above any per-key
+/// count). The broken variant, the count alone, starts below it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_start_above_an_old_token_table() {
     let Some(server) = MariaDbServer::start().await.or_skip() else {
@@ -162,10 +153,66 @@ async fn tokens_start_above_an_old_token_table() {
     let backend = SqlSessionBackend::connect_url(&url).await.unwrap();
     let lease = backend.try_acquire(&key, TTL).await.unwrap().unwrap();
     rises_above(&[41], lease.token().get()).unwrap();
-    let alone = nextvals(&mut raw, backend.token_counter(), 1).await[0];
+    let alone = count_alone(&mut raw, backend.token_counter()).await;
     assert!(
         rises_above(&[41], alone).is_err(),
-        "the sequence alone ({alone}) is above the old token table's 41"
+        "the count alone ({alone}) is above the old token table's 41"
     );
     assert!(backend.release(&lease).await.unwrap());
+}
+
+/// An existing deployment of the sequence tokens (earlier versions:
+/// `run_base + NEXTVAL(<table>_session_seq)`, the run's epoch in
+/// `<table>_session_run`), here in its fifth run with a million grants:
+/// the first client of this version starts a run of its own (the durable
+/// epoch bumped to 6), so its tokens start above every old one. The
+/// broken variant, the old run's epoch read again with the new count,
+/// starts below them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_start_above_the_sequence_tokens() {
+    let Some(server) = MariaDbServer::start().await.or_skip() else {
+        return;
+    };
+    let table = format!("seq{}", &OwnerId::random().to_hex()[..8]);
+    let mut raw = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
+    let old_token: u64 = (5 << 40) + 1_000_000;
+    for statement in [
+        format!(
+            "CREATE TABLE `{table}_session_runs` (id TINYINT NOT NULL PRIMARY KEY, \
+             epoch BIGINT NOT NULL) ENGINE=InnoDB"
+        ),
+        format!("INSERT INTO `{table}_session_runs` VALUES (1, 5)"),
+        format!(
+            "CREATE TABLE `{table}_session_run` (id TINYINT NOT NULL PRIMARY KEY, \
+             epoch BIGINT NOT NULL) ENGINE=MEMORY"
+        ),
+        format!("INSERT INTO `{table}_session_run` VALUES (1, 5)"),
+        format!(
+            "CREATE SEQUENCE `{table}_session_seq` START WITH 1000000 MINVALUE 1 \
+             INCREMENT BY 1 CACHE 1000 NOCYCLE"
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&mut raw)
+            .await
+            .unwrap();
+    }
+    let url = format!("{}?mode=session&timeout=2s&table={table}", server.url());
+    let backend = SqlSessionBackend::connect_url(&url).await.unwrap();
+    let tokens = grants(&backend, "upgraded", 4).await;
+    rises_above(&[old_token], tokens[0]).unwrap();
+    let epoch: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT epoch FROM `{table}_session_runs` WHERE id = 1"
+    )))
+    .fetch_one(&mut raw)
+    .await
+    .unwrap();
+    assert_eq!(epoch, 6, "the first client of this version started a run");
+    let broken = (5 << 40) + count_alone(&mut raw, backend.token_counter()).await;
+    let caught = rises_above(&[old_token], broken);
+    assert!(
+        caught.is_err(),
+        "the old run's epoch with the new count ({broken}) is above the old tokens"
+    );
+    println!("broken variant caught: {}", caught.unwrap_err());
 }

@@ -26,9 +26,10 @@
 //!      server may have ended it);
 //!    - MariaDB 10.3 and later (`SELECT VERSION()` at connect, as the
 //!      driver): `SELECT CASE WHEN GET_LOCK(name, 0) = 1 THEN ? +
-//!      NEXTVAL(seq) END`, the token the server run's base plus the
-//!      sequence's next value; the run's base is read once at connect (and
-//!      the run started by hand when no client started it yet). The
+//!      CAST(UUID_SHORT() & (2^56 - 1) AS SIGNED) END`, the token the
+//!      server run's base plus the server's counter; the run's base is
+//!      read once at connect (and the run started by hand when no client
+//!      started it yet). The
 //!      driver writes the holder row only for a lock held past its
 //!      publication delay (10 ms), which a benchmark cycle is not: the
 //!      floor writes none;
@@ -144,13 +145,13 @@ struct PgLean {
 }
 
 /// MariaDB's session statements (10.3 and later): the `CREATE`s (holder
-/// table, sequence, run counter, run row), the run's token base, the
-/// grant and the release.
+/// table, run counter, run clock), the run's token base, the grant and
+/// the release.
 struct MariaSql {
-    /// The quoted durable run counter and run row tables (setup only).
+    /// The quoted durable run counter and run clock tables (setup only).
     runs: String,
-    run: String,
-    creates: [Text; 4],
+    clock: String,
+    creates: [Text; 3],
     run_read: Text,
     grant: Text,
     release: Text,
@@ -159,15 +160,14 @@ struct MariaSql {
 /// [`MariaSql`] on validated table `table`.
 fn mariadb_sql(table: &str) -> MariaSql {
     let q = |suffix: &str| quoted(SqlDialect::MySql, &format!("{table}{suffix}"));
-    let (seq, h, runs, run) = (
-        q("_session_seq"),
+    let (h, runs, clock) = (
         q("_session_holders"),
         q("_session_runs"),
-        q("_session_run"),
+        q("_session_clock"),
     );
     MariaSql {
         runs: runs.clone(),
-        run: run.clone(),
+        clock: clock.clone(),
         creates: [
             format!(
                 "CREATE TABLE IF NOT EXISTS {h} (name VARBINARY({}) NOT NULL, \
@@ -180,26 +180,20 @@ fn mariadb_sql(table: &str) -> MariaSql {
             )
             .into(),
             format!(
-                "CREATE SEQUENCE IF NOT EXISTS {seq} START WITH 1 MINVALUE 1 INCREMENT BY 1 \
-                 CACHE 1000 NOCYCLE"
-            )
-            .into(),
-            format!(
                 "CREATE TABLE IF NOT EXISTS {runs} (id TINYINT NOT NULL PRIMARY KEY, \
                  epoch BIGINT NOT NULL) ENGINE=InnoDB"
             )
             .into(),
             format!(
-                "CREATE TABLE IF NOT EXISTS {run} (id TINYINT NOT NULL PRIMARY KEY, \
-                 epoch BIGINT NOT NULL) ENGINE=MEMORY"
+                "CREATE TABLE IF NOT EXISTS {clock} (id TINYINT NOT NULL PRIMARY KEY, \
+                 epoch BIGINT NOT NULL, origin BIGINT NOT NULL) ENGINE=MEMORY"
             )
             .into(),
         ],
-        run_read: format!("SELECT epoch * 1099511627776 FROM {run} WHERE id = 1").into(),
-        grant: format!(
-            "SELECT CASE WHEN GET_LOCK(?, 0) = 1 THEN CAST(? + NEXTVAL({seq}) AS SIGNED) END"
-        )
-        .into(),
+        run_read: format!("SELECT epoch * 1099511627776 - origin FROM {clock} WHERE id = 1").into(),
+        grant: "SELECT CASE WHEN GET_LOCK(?, 0) = 1 \
+                THEN ? + CAST(UUID_SHORT() & 72057594037927935 AS SIGNED) END"
+            .into(),
         release: "SELECT RELEASE_LOCK(?)".into(),
     }
 }
@@ -242,8 +236,9 @@ async fn mariadb_setup(
     .execute(&mut *conn)
     .await?;
     sqlx::query(AssertSqlSafe(format!(
-        "INSERT IGNORE INTO {} (id, epoch) VALUES (1, ?)",
-        maria.run
+        "INSERT IGNORE INTO {} (id, epoch, origin) \
+         VALUES (1, ?, CAST(UUID_SHORT() & 72057594037927935 AS SIGNED))",
+        maria.clock
     )))
     .bind(i64::try_from(bumped.last_insert_id()).unwrap_or(i64::MAX))
     .execute(&mut *conn)
@@ -429,7 +424,7 @@ impl SessionFloor {
                     .fetch_one(&mut *c)
                     .await
                     .map_err(failed)?;
-                if lock_sql::keys::mariadb_has_sequences(&version) {
+                if lock_sql::keys::mariadb_has_run_clock(&version) {
                     let maria = mariadb_sql(config.table_name());
                     let base = mariadb_setup(c, &maria, config.creates_table())
                         .await
@@ -691,7 +686,6 @@ mod tests {
                 &m.creates[0],
                 &m.creates[1],
                 &m.creates[2],
-                &m.creates[3],
                 &m.run_read,
                 &m.grant,
                 &m.release,

@@ -190,8 +190,9 @@ impl SqlSessionBackend {
         self.inner.sessions.config.dialect
     }
 
-    /// The quoted name of the token counter: the PostgreSQL or MariaDB
-    /// sequence, or the MySQL token table.
+    /// The quoted name of the token counter: the PostgreSQL sequence, the
+    /// MariaDB run clock (the `MEMORY` row holding the run's epoch and
+    /// `UUID_SHORT()` origin), or the MySQL token table.
     pub fn token_counter(&self) -> &str {
         &self.inner.sessions.sql.counter
     }

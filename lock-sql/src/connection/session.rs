@@ -540,7 +540,7 @@ impl Sessions {
             .map_err(failed)?;
         let version = rows.first().map(|row| row[0].text()).unwrap_or_default();
         #[cfg(feature = "mysql")]
-        let sql = if crate::dialect::mysql::has_sequences(version) {
+        let sql = if crate::dialect::mysql::has_run_clock(version) {
             let sql = crate::dialect::mysql::mariadb_session_sql(&config.table);
             // The run's token base now, not in the first grant's time
             // (unless the tables are still to be created).

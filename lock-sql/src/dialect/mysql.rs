@@ -574,7 +574,7 @@ impl SessionDialect for MySql {
                         .execute(&mut *conn)
                         .await?;
                     let run = on.sql.run.iter().map(|run| &run.create);
-                    for create in maria.creates.iter().chain(run) {
+                    for create in std::iter::once(&maria.create_clock).chain(run) {
                         sqlx::query(AssertSqlSafe(create.as_str()))
                             .execute(&mut *conn)
                             .await?;
@@ -629,18 +629,19 @@ pub(crate) const HOLDERS_MAX_BYTES: u64 = 256 * 1024 * 1024;
 static HOLDERS_HEAP_SIZE: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("SET SESSION max_heap_table_size = {HOLDERS_MAX_BYTES}"));
 
-/// The sequence's cache: values handed out between two writes of the
-/// sequence's row (which MariaDB does not flush anyway, see
-/// [`MariaSessionSql`]).
-const SEQUENCE_CACHE: u32 = 1000;
+/// The base of the run's tokens in SQL: `epoch << 40` less the run's
+/// clock origin, signed (an overflow past `BIGINT` is an error, not a
+/// wrap). See [`MariaSessionSql`].
+const RUN_BASE: &str = "epoch * 1099511627776 - origin";
 
-/// The base of the run's tokens in SQL: `epoch << 40`, signed (an
-/// overflow past `BIGINT` is an error, not a wrap).
-const RUN_BASE: &str = "epoch * 1099511627776";
+/// `UUID_SHORT()` without its server-id byte, as a signed `BIGINT` (below
+/// 2^56): the run clock's reading (see [`MariaSessionSql`]).
+const RUN_CLOCK: &str = "CAST(UUID_SHORT() & 72057594037927935 AS SIGNED)";
 
-/// Whether the server `SELECT VERSION()` describes has sequences: MariaDB
-/// 10.3 or later (MySQL has none).
-pub(crate) fn has_sequences(version: &str) -> bool {
+/// Whether the server `SELECT VERSION()` describes takes session tokens
+/// from the run clock ([`MariaSessionSql`]): MariaDB 10.3 or later, the
+/// layout tested here; MySQL and earlier MariaDB keep a token row per key.
+pub(crate) fn has_run_clock(version: &str) -> bool {
     if !version.to_ascii_lowercase().contains("mariadb") {
         return false;
     }
@@ -677,11 +678,10 @@ fn kill_holder_check(table: &str) -> String {
 pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
     use crate::dialect::session::suffixed;
     let q = |suffix: &str| suffixed('`', table, suffix);
-    let (seq, h, runs, run) = (
-        q("_session_seq"),
+    let (h, runs, clock) = (
         q("_session_holders"),
         q("_session_runs"),
-        q("_session_run"),
+        q("_session_clock"),
     );
     let holders_name = match format!("{table}_session_holders").split_once('.') {
         Some((schema, name)) => (Some(schema.to_owned()), name.to_owned()),
@@ -696,46 +696,36 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
          ON DUPLICATE KEY UPDATE token = VALUES(token), owner = VALUES(owner), \
          conn = VALUES(conn), lock_name = VALUES(lock_name), details = VALUES(details)"
     );
-    let create_sequence = format!(
-        "CREATE SEQUENCE IF NOT EXISTS {seq} START WITH 1 MINVALUE 1 INCREMENT BY 1 \
-         CACHE {SEQUENCE_CACHE} NOCYCLE"
-    );
     let run_sql = RunSql {
         create: format!(
             "CREATE TABLE IF NOT EXISTS {runs} (id TINYINT NOT NULL PRIMARY KEY, \
              epoch BIGINT NOT NULL) ENGINE=InnoDB"
         ),
-        read: format!("SELECT {RUN_BASE} FROM {run} WHERE id = 1"),
+        read: format!("SELECT {RUN_BASE} FROM {clock} WHERE id = 1"),
         open_id: Arc::from(format!(
-            "SELECT CAST(CONNECTION_ID() AS SIGNED), (SELECT {RUN_BASE} FROM {run} WHERE id = 1)"
+            "SELECT CAST(CONNECTION_ID() AS SIGNED), (SELECT {RUN_BASE} FROM {clock} WHERE id = 1)"
         )),
         bump: format!(
             "INSERT INTO {runs} (id, epoch) VALUES (1, LAST_INSERT_ID(1)) \
              ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)"
         ),
-        set: format!("INSERT IGNORE INTO {run} (id, epoch) VALUES (1, ?)"),
+        set: format!("INSERT IGNORE INTO {clock} (id, epoch, origin) VALUES (1, ?, {RUN_CLOCK})"),
     };
     let maria = MariaSessionSql {
-        creates: [
-            create_sequence,
-            format!(
-                "CREATE TABLE IF NOT EXISTS {run} (id TINYINT NOT NULL PRIMARY KEY, \
-                 epoch BIGINT NOT NULL) ENGINE=MEMORY"
-            ),
-        ],
+        create_clock: format!(
+            "CREATE TABLE IF NOT EXISTS {clock} (id TINYINT NOT NULL PRIMARY KEY, \
+             epoch BIGINT NOT NULL, origin BIGINT NOT NULL) ENGINE=MEMORY"
+        ),
         heap_size: "SELECT CAST(MAX_DATA_LENGTH AS SIGNED) FROM information_schema.TABLES \
                     WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?"
             .to_owned(),
         holders_name,
         heap_grow: format!("ALTER TABLE {h} ENGINE=MEMORY"),
         run_lock: format!("{table}!run"),
-        sequence_probe: format!("SELECT NEXTVAL({seq})"),
-        sequence_drop: format!("DROP SEQUENCE IF EXISTS {seq}"),
         unpublish: format!("DELETE FROM {h} WHERE name = ? AND conn = CONNECTION_ID()"),
         wait_lock: "SELECT GET_LOCK(?, ?)".to_owned(),
         wait_token: format!(
-            "SELECT CAST(? + NEXTVAL({seq}) AS SIGNED) FROM DUAL \
-             WHERE IS_USED_LOCK(?) = CONNECTION_ID()"
+            "SELECT ? + {RUN_CLOCK} FROM DUAL WHERE IS_USED_LOCK(?) = CONNECTION_ID()"
         ),
         publish,
         withdraw: format!(
@@ -759,10 +749,9 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
             key_len = lock_core::MAX_KEY_LEN
         ),
         check: String::new(),
-        // NEXTVAL only when GET_LOCK returned 1 (CASE evaluates as needed).
-        grant: format!(
-            "SELECT CASE WHEN GET_LOCK(?, 0) = 1 THEN CAST(? + NEXTVAL({seq}) AS SIGNED) END"
-        ),
+        // The clock read only when GET_LOCK returned 1 (CASE evaluates as
+        // needed).
+        grant: format!("SELECT CASE WHEN GET_LOCK(?, 0) = 1 THEN ? + {RUN_CLOCK} END"),
         wait: String::new(),
         release: "SELECT RELEASE_LOCK(?)".to_owned(),
         holds: "SELECT IS_USED_LOCK(?) = CONNECTION_ID()".to_owned(),
@@ -778,7 +767,7 @@ pub(crate) fn mariadb_session_sql(table: &str) -> SessionSql {
         list: list_holder_rows(&h, "t.details"),
         kill_holder: kill_holder_check(&h),
         session_id: Arc::from("SELECT CAST(CONNECTION_ID() AS SIGNED)"),
-        counter: seq,
+        counter: clock,
         holders: h,
         fencing: FencingScope::Global,
         maria: Some(maria),
@@ -901,20 +890,13 @@ pub(crate) fn is_missing_table(err: &sqlx::Error) -> bool {
             .is_some_and(|e| e.number() == 1146))
 }
 
-/// ER_KEY_NOT_FOUND on a sequence: it lost its row in a crash.
-fn is_lost_sequence(err: &sqlx::Error) -> bool {
-    matches!(err, sqlx::Error::Database(db)
-        if db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .is_some_and(|e| e.number() == 1032))
-}
-
 /// Starts a server run's tokens (see [`MariaSessionSql`]) on `conn`, a
 /// connection of its own that the caller drops afterwards: dropped
 /// mid-way, it takes its `GET_LOCK` with it. Under the run lock, when no
-/// one started the run meanwhile: the sequence probed (created again when
-/// it lost its row), the durable run counter bumped, the `MEMORY` row
-/// written, and the holder table grown back to its size (a restart
-/// brings a `MEMORY` table down to the server's `max_heap_table_size`).
+/// one started the run meanwhile: the durable run counter bumped, the
+/// `MEMORY` row written with the epoch and the clock's origin, and the
+/// holder table grown back to its size (a restart brings a `MEMORY`
+/// table down to the server's `max_heap_table_size`).
 async fn start_run(
     conn: &mut sqlx::MySqlConnection,
     maria: &MariaSessionSql,
@@ -933,21 +915,6 @@ async fn start_run(
         .fetch_optional(&mut *conn)
         .await?;
     if started.is_none() {
-        if let Err(e) = sqlx::query(AssertSqlSafe(maria.sequence_probe.as_str()))
-            .execute(&mut *conn)
-            .await
-        {
-            if !is_lost_sequence(&e) {
-                return Err(e);
-            }
-            tracing::warn!("the session token sequence lost its row in a crash: created again");
-            sqlx::query(AssertSqlSafe(maria.sequence_drop.as_str()))
-                .execute(&mut *conn)
-                .await?;
-            sqlx::query(AssertSqlSafe(maria.creates[0].as_str()))
-                .execute(&mut *conn)
-                .await?;
-        }
         let bumped = sqlx::query(AssertSqlSafe(run.bump.as_str()))
             .execute(&mut *conn)
             .await?;
@@ -1109,9 +1076,9 @@ mod tests {
         );
     }
 
-    /// Sequences from MariaDB 10.3 on; never on MySQL.
+    /// The run clock from MariaDB 10.3 on; never on MySQL.
     #[test]
-    fn sequences_are_detected_from_the_version() {
+    fn the_run_clock_is_detected_from_the_version() {
         for (version, expected) in [
             ("10.11.19-MariaDB-0+deb12u1", true),
             ("10.3.0-MariaDB", true),
@@ -1122,7 +1089,7 @@ mod tests {
             ("8.4.0-commercial", false),
             ("", false),
         ] {
-            assert_eq!(has_sequences(version), expected, "{version}");
+            assert_eq!(has_run_clock(version), expected, "{version}");
         }
     }
 

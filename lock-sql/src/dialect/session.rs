@@ -17,9 +17,9 @@ use crate::dialect::{SessionDialect, quote_with};
 pub(crate) struct OnSession<'a> {
     pub(crate) conn: &'a mut DbConn,
     pub(crate) sql: &'a SessionSql,
-    /// MariaDB's sequence tokens: the server run's epoch shifted above
-    /// the sequence's values, added to each `NEXTVAL` (see
-    /// `dialect::mysql`, "Session tokens on MariaDB"); 0 elsewhere, and
+    /// MariaDB's run-clock tokens: the server run's epoch shifted above
+    /// the run's `UUID_SHORT()` count, less the run's origin, added to
+    /// each `UUID_SHORT()` (see [`MariaSessionSql`]); 0 elsewhere, and
     /// before the session read it.
     pub(crate) run_base: i64,
 }
@@ -159,8 +159,8 @@ pub(crate) struct SessionSql {
 ///   transaction-level advisory lock), so a token is `nextval` alone, and a
 ///   value below 2^40 means the crash reset it and no client started the
 ///   run yet (`dialect::postgres`, `pg_start_run`);
-/// - MariaDB: a `MEMORY` row holding the epoch, which each session reads
-///   once and adds to `NEXTVAL` (see [`MariaSessionSql`]).
+/// - MariaDB: a `MEMORY` row holding the epoch and the run's clock
+///   origin, which each session reads once (see [`MariaSessionSql`]).
 ///
 /// A session reads whether the run is started when it opens (in the same
 /// round trip as its server id, [`open_id`](Self::open_id)), and, when not,
@@ -172,8 +172,8 @@ pub(crate) struct RunSql {
     /// Creates the durable run counter (`<table>_session_runs`).
     pub(crate) create: String,
     /// The run's token base: one row when the run is started (PostgreSQL:
-    /// 0, the sequence carries the epoch; MariaDB: `epoch << 40`), none
-    /// before.
+    /// 0, the sequence carries the epoch; MariaDB: `epoch << 40` less the
+    /// run's clock origin), none before.
     pub(crate) read: String,
     /// A new session's id and [`read`](Self::read)'s base (`NULL`: not
     /// started), in one round trip.
@@ -181,7 +181,8 @@ pub(crate) struct RunSql {
     /// The durable bump of the run counter (flushed at commit).
     pub(crate) bump: String,
     /// Makes the bumped epoch the run's (PostgreSQL: raises the sequence
-    /// to `epoch << 40`; MariaDB: writes the `MEMORY` row).
+    /// to `epoch << 40`; MariaDB: writes the `MEMORY` row, with
+    /// `UUID_SHORT()`'s value now as the run's origin).
     pub(crate) set: String,
 }
 
@@ -192,46 +193,63 @@ pub(crate) const RUN_SHIFT: u32 = 40;
 /// # Session tokens on MariaDB
 ///
 /// MariaDB 10.3 and later (`SELECT VERSION()` at connect, see
-/// [`has_sequences`](crate::dialect::mysql::has_sequences)) take a session grant's token from a `SEQUENCE`
-/// instead of a per-key token row, and publish the holder in a `MEMORY`
-/// table: the grant writes nothing to InnoDB, so no log flush per grant.
+/// [`has_run_clock`](crate::dialect::mysql::has_run_clock)) take a session
+/// grant's token from the server's `UUID_SHORT()` counter instead of a
+/// per-key token row, and publish the holder in a `MEMORY` table: the
+/// grant writes nothing at all, so no log flush and no table opened per
+/// grant.
 ///
-/// - **Token**: `run_base + NEXTVAL(<table>_session_seq)`, evaluated only
-///   when `GET_LOCK` returned 1 (the `SELECT` produced a row). The
-///   sequence's cache (`CACHE 1000`) is server-wide, so its values rise in
-///   the order they are handed out, for every key. But MariaDB 10.11 does
-///   not flush a sequence's writes at commit: after a crash (SIGKILL
-///   tested) it resumes from its last value on disk, up to about a second
-///   of grants (and a cache) back, and a sequence created less than a
-///   second before the crash loses its row (`NEXTVAL` then fails, error
-///   1032). So the sequence alone can go backwards.
-/// - **Run epoch**: `run_base` is `epoch << 40`, where `epoch` counts the
-///   server's runs: a durable InnoDB row (`<table>_session_runs`, bumped
-///   once per run, a flushed commit) copied into a `MEMORY` row
-///   (`<table>_session_run`), which a restart empties. A session reads the
-///   `MEMORY` row before its first grant (a session cannot outlive the run
-///   it was opened in); the first reader of a run that finds it empty
-///   starts the run on a connection of its own under a `GET_LOCK` (see
-///   `dialect::mysql::start_run`): bump, sequence checked (and created again when it lost
-///   its row), row written. No grant of a run happens before its row
+/// - **Token**: `run_base + (UUID_SHORT() & (2^56 - 1))`, evaluated only
+///   when `GET_LOCK` returned 1 (the `SELECT` produced a row).
+///   `UUID_SHORT()` is one counter for the whole server, bumped under a
+///   mutex at each call (server id in the top byte, the start time in
+///   seconds above the low 24 bits, then the count), so its values rise
+///   in the order they are handed out, for every key and every
+///   connection; it starts again from the start time at every start of
+///   the server. The run's origin is the counter's value (less the
+///   server-id byte) when the run was started, and `run_base` is
+///   `epoch << 40` less that origin: a run's tokens count the calls since
+///   its start above the run's epoch.
+/// - **Run epoch**: `epoch` counts the server's runs: a durable InnoDB
+///   row (`<table>_session_runs`, bumped once per run, a flushed commit)
+///   copied with the origin into a `MEMORY` row (`<table>_session_clock`),
+///   which a restart empties. A session reads the `MEMORY` row before its
+///   first grant (a session cannot outlive the run it was opened in); the
+///   first reader of a run that finds it empty starts the run on a
+///   connection of its own under a `GET_LOCK` (see
+///   `dialect::mysql::start_run`): bump, then the row written with the
+///   counter's value as origin. No grant of a run happens before its row
 ///   exists, so every token of a run is above every token of the runs
-///   before, as long as the sequence falls back less than 2^40 at a crash.
+///   before, as long as a run makes fewer than 2^40 `UUID_SHORT()` calls
+///   (any client's on that server: 34 years at 1,000 a second, 3.5
+///   at 10,000). Neither the wall clock
+///   nor the server id is relied on.
 /// - **Holder**: the key's row of `<table>_session_holders`
 ///   (`ENGINE=MEMORY`, emptied by a restart as the locks are), written
 ///   only once the grant has been held for the publication delay, and
 ///   deleted by its release (see `grants::session`, "Lazy holder rows"):
-///   the grant itself is `GET_LOCK` and `NEXTVAL` in one `SELECT`. A
+///   the grant itself is `GET_LOCK` and `UUID_SHORT()` in one `SELECT`. A
 ///   `MEMORY` table is locked for a whole statement, so a statement that
 ///   waits in `GET_LOCK` must not touch it: the waiting grant deletes its
 ///   session's stale row of the key, waits in a `SELECT GET_LOCK(?, ?)` of
 ///   its own, then takes the token (`WHERE IS_USED_LOCK(?) =
 ///   CONNECTION_ID()`), three round trips instead of one.
+///
+/// Earlier versions took the token from a cached `SEQUENCE`
+/// (`<table>_session_seq`, `NEXTVAL`), which opens the sequence's table at
+/// every grant (3-5% of the throughput of a grant-and-release cycle, 8
+/// clients, measured) and which MariaDB does not flush at commit (after a
+/// SIGKILL it fell back and could lose its row). Their run row (`<table>_session_run`) is not
+/// read any more: the first client of this version starts a new run,
+/// whose epoch is above theirs, so its tokens are above every earlier
+/// one; old clients still running then are not fenced against new ones
+/// (stop them first).
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 #[derive(Clone, Debug)]
 pub(crate) struct MariaSessionSql {
-    /// The `CREATE`s after the holder table's: the sequence and the run's
-    /// `MEMORY` row (the durable run counter's is [`RunSql::create`]).
-    pub(crate) creates: [String; 2],
+    /// The `CREATE` after the holder table's: the run clock's `MEMORY`
+    /// row (the durable run counter's is [`RunSql::create`]).
+    pub(crate) create_clock: String,
     /// The holder table's `MAX_DATA_LENGTH` (binds: schema or `NULL`, table).
     pub(crate) heap_size: String,
     /// The holder table's schema (`None`: the connection's database) and
@@ -241,9 +259,6 @@ pub(crate) struct MariaSessionSql {
     pub(crate) heap_grow: String,
     /// The `GET_LOCK` name that serializes the start of a run.
     pub(crate) run_lock: String,
-    /// The sequence probe, and its `DROP` (a sequence that lost its row).
-    pub(crate) sequence_probe: String,
-    pub(crate) sequence_drop: String,
     /// The waiting grant: its session's stale row of the key, the wait,
     /// the publication.
     pub(crate) unpublish: String,
