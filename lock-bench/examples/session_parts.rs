@@ -11,15 +11,16 @@
 //! - **raw + token**: the raw exchange with a fencing token taken in the
 //!   grant statement, nothing else: `SELECT CASE WHEN
 //!   pg_try_advisory_lock($1) THEN nextval(seq) END` (an `UNLOGGED
-//!   CACHE 1` sequence, as the driver's); MariaDB `SELECT CASE WHEN GET_LOCK(?, 0) =
-//!   1 THEN NEXTVAL(seq) END` (a `CACHE 1000` sequence, as the driver's;
-//!   MySQL, with no sequences, would need the driver's token row). raw +
+//!   CACHE 1` sequence, as the driver's); MariaDB `SELECT CASE WHEN
+//!   GET_LOCK(?, 0) = 1 THEN CAST(UUID_SHORT() & (2^56 - 1) AS SIGNED)
+//!   END` (the server's counter, as the driver's; MySQL would need the
+//!   driver's token row). raw +
 //!   token / raw is the fencing token's cost.
 //! - **floor**: [`lock_bench::sql::SessionFloor`], the driver's own grant
 //!   statement (lock and fencing token in one statement: `nextval` of the
 //!   token sequence, the lean grant once the connection's idle timeout is
-//!   armed for the TTL, as the driver's; MariaDB `NEXTVAL` of its
-//!   sequence, no holder row in a cycle shorter than the driver's
+//!   armed for the TTL, as the driver's; MariaDB the server's
+//!   `UUID_SHORT()` above the run's base, no holder row in a cycle shorter than the driver's
 //!   publication delay) and release, by hand on one bare connection:
 //!   floor / raw is the cost of the fencing token.
 //! - **ours**: `LockClient` on `SqlSessionBackend`, waiting acquire then
@@ -75,9 +76,9 @@ enum Raw {
     My(Mutex<sqlx::MySqlConnection>, bool),
 }
 
-/// The raw + token side's sequences.
+/// The raw + token side's sequence (PostgreSQL) and counter (MariaDB).
 const PG_SEQ: &str = "session_parts_useq";
-const MY_SEQ: &str = "session_parts_seq";
+const MY_TOKEN: &str = "CAST(UUID_SHORT() & 72057594037927935 AS SIGNED)";
 
 fn failed(e: sqlx::Error) -> LockError {
     LockError::new(ErrorKind::Backend, Operation::Acquire, e.to_string())
@@ -106,14 +107,7 @@ impl Raw {
             .expect("sequence");
             Self::Pg(Mutex::new(conn), token)
         } else {
-            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("mysql");
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "CREATE SEQUENCE IF NOT EXISTS {MY_SEQ} START WITH 1 MINVALUE 1 INCREMENT BY 1 \
-                 CACHE 1000 NOCYCLE"
-            )))
-            .execute(&mut conn)
-            .await
-            .expect("sequence");
+            let conn = sqlx::MySqlConnection::connect(url).await.expect("mysql");
             Self::My(Mutex::new(conn), token)
         }
     }
@@ -164,7 +158,7 @@ impl Contender for Raw {
                 let conn = &mut *conn.lock().await;
                 let got = if *token {
                     let t: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                        "SELECT CASE WHEN GET_LOCK(?, 0) = 1 THEN NEXTVAL({MY_SEQ}) END"
+                        "SELECT CASE WHEN GET_LOCK(?, 0) = 1 THEN {MY_TOKEN} END"
                     )))
                     .bind(key)
                     .fetch_one(&mut *conn)
@@ -182,7 +176,7 @@ impl Contender for Raw {
                 if !got {
                     if *token {
                         sqlx::query(sqlx::AssertSqlSafe(format!(
-                            "SELECT GET_LOCK(?, 60), NEXTVAL({MY_SEQ})"
+                            "SELECT GET_LOCK(?, 60), {MY_TOKEN}"
                         )))
                         .bind(key)
                         .execute(&mut *conn)
