@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures_util::FutureExt;
 use lock_core::{
     Capabilities, Facets, FencingScope, GrantRequest, HolderInfo, HolderWatch, Lease, LeaseKind,
     LockBackend, LockError, LockInfo, LockKey, LockShape, TtlModel, WaitStrategy, WatchRequest,
@@ -369,9 +370,14 @@ impl LockBackend for SqlBackend {
         let parts = &self.inner;
         match (kind, deadline) {
             (LeaseKind::Exclusive, None) => Box::pin(parts.grants.try_take(key, ttl)),
-            (LeaseKind::Exclusive, Some(deadline)) => Box::pin(async move {
-                parts.waiting.take_waiting(key, ttl, deadline).await.map(Some)
-            }),
+            (LeaseKind::Exclusive, Some(deadline)) => Box::pin(
+                // Mapped in place, not awaited in an async block: that
+                // block's future would hold the grant's and its own state.
+                parts
+                    .waiting
+                    .take_waiting(key, ttl, deadline)
+                    .map(|granted| granted.map(Some)),
+            ),
             (kind, None) => Box::pin(parts.shared.try_share(key, kind, ttl)),
             (kind, Some(deadline)) => Box::pin(async move {
                 parts

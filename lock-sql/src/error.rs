@@ -1,5 +1,6 @@
 //! Mapping sqlx errors onto [`LockError`] kinds, without passwords.
 
+use futures_util::FutureExt;
 use lock_core::{ErrorKind, LockError, LockKey, Operation};
 
 use crate::config::NAME;
@@ -67,27 +68,31 @@ pub(crate) fn map_sqlx(config: &SqlConfig, operation: Operation, err: sqlx::Erro
 /// `key` (when there is one) and the backend ([`NAME`]).
 ///
 /// Cancel safety: that of `work` (dropped with it).
-pub(crate) async fn timed<T>(
+pub(crate) fn timed<T>(
     config: &SqlConfig,
     operation: Operation,
     key: Option<&LockKey>,
     work: impl Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, LockError> {
-    // Tokio's timeout straight around the statement: through
-    // `with_timeout` and an async block mapping its error, the statement's
-    // future (over a kilobyte) was moved twice more per call.
+) -> impl Future<Output = Result<T, LockError>> {
+    // Tokio's timeout straight around the statement, its answer mapped in
+    // place: an `async fn` keeps `work` as an argument beside the timeout it
+    // was moved into (the statement's future, most of a kilobyte, twice in
+    // every caller's future); through `with_timeout` and an async block
+    // mapping its error, it was moved twice more per call.
     let timeout = config.op_timeout;
-    let result = match tokio::time::timeout(timeout, work).await {
-        Ok(done) => done.map_err(|e| map_sqlx(config, operation, e)),
-        Err(_) => Err(LockError::new(
-            ErrorKind::Timeout,
-            operation,
-            format!("no answer within the operation timeout of {timeout:?}"),
-        )),
-    };
-    result.map_err(|e| match key {
-        Some(key) => e.with_key(key).with_backend(NAME),
-        None => e.with_backend(NAME),
+    tokio::time::timeout(timeout, work).map(move |answer| {
+        let result = match answer {
+            Ok(done) => done.map_err(|e| map_sqlx(config, operation, e)),
+            Err(_) => Err(LockError::new(
+                ErrorKind::Timeout,
+                operation,
+                format!("no answer within the operation timeout of {timeout:?}"),
+            )),
+        };
+        result.map_err(|e| match key {
+            Some(key) => e.with_key(key).with_backend(NAME),
+            None => e.with_backend(NAME),
+        })
     })
 }
 

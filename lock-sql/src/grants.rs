@@ -55,7 +55,9 @@ impl Grant<'_> {
             Err(err) => {
                 let stale =
                     Lease::from_parts(key.clone(), owner, token, ttl, sent_at, String::new());
-                give_back(stale.with_kind(kind)).await;
+                // Boxed: a rare path whose future (a release) would
+                // otherwise make every grant's future that much larger.
+                Box::pin(give_back(stale.with_kind(kind))).await;
                 Err(err.with_backend(NAME))
             }
         }
@@ -272,7 +274,8 @@ impl Grants {
             .map_err(|e| e.with_key(key).with_backend(NAME))?;
         // Fair: not while anyone waits (every live waiter is ahead).
         let ahead = self.inner.config.fair.then_some(i64::MAX);
-        self.try_once(key, ttl, Operation::TryAcquire, ahead).await
+        self.try_marking(key, ttl, Operation::TryAcquire, ahead, None)
+            .await
     }
 
     /// Marks `key`'s held row waited for during `mark_for`, so that its

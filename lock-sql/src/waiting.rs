@@ -12,6 +12,7 @@ use std::time::Duration;
 use lock_core::{
     ErrorKind, Lease, LockBackend, LockError, LockInfo, LockKey, Operation, WatchRequest, check_ttl,
 };
+use tokio::sync::broadcast::Receiver;
 use tokio::time::Instant;
 
 use crate::config::{MIN_TTL, NAME};
@@ -19,6 +20,17 @@ use crate::connection::table::Table;
 use crate::connection::wake::{Wake, released_within, taken_within};
 use crate::grants::Grants;
 use crate::shared::Shared;
+
+/// The error of a waiting grant that found the key held at its deadline.
+fn still_held(key: &LockKey) -> LockError {
+    LockError::new(
+        ErrorKind::Contended,
+        Operation::Acquire,
+        "still held by another owner at the wait deadline",
+    )
+    .with_key(key)
+    .with_backend(NAME)
+}
 
 /// Row mode's waiting mutex grants.
 pub(crate) struct Waiting {
@@ -38,6 +50,10 @@ impl Waiting {
     }
 
     /// A mutex grant that waits until `deadline`.
+    ///
+    /// The first try is made here and the waiting, when it is refused, in
+    /// a boxed future of its own: most acquires are granted at once, and
+    /// their future then does not carry the waiting's state.
     pub(crate) async fn take_waiting(
         &self,
         key: &LockKey,
@@ -50,62 +66,90 @@ impl Waiting {
             // Boxed: fair mode's future is large.
             return Box::pin(self.acquire_fair(key, ttl, deadline)).await;
         }
+        // Waiters first (see `crate::connection::wake`): while clients of
+        // this process wait for the key, a newcomer (typically the holder
+        // that just released it) lets them go first instead of racing them
+        // to the row.
+        if self.inner.waits.has_waiters(key.as_str()) {
+            return Box::pin(self.wait_for_grant(key, ttl, deadline, None)).await;
+        }
+        // Subscribed before trying, so a release between the refused try
+        // and the wait is not missed.
+        let wakes = self.inner.waits.subscribe();
+        let tried = self
+            .grants
+            .try_marking(key, ttl, Operation::Acquire, None, None);
+        if let Some(lease) = tried.await? {
+            return Ok(lease);
+        }
+        if Instant::now() >= deadline {
+            return Err(still_held(key));
+        }
+        Box::pin(self.wait_for_grant(key, ttl, deadline, Some(wakes))).await
+    }
+
+    /// The waiting of [`take_waiting`](Self::take_waiting): after a refused
+    /// first try when `refused` holds the wake-ups subscribed before it;
+    /// else (others of the process wait for the key) letting them go first.
+    async fn wait_for_grant(
+        &self,
+        key: &LockKey,
+        ttl: Duration,
+        deadline: Instant,
+        mut refused: Option<Receiver<Wake>>,
+    ) -> Result<Lease, LockError> {
         let notified = self.inner.dialect.notified();
         let waits = &self.inner.waits;
         let poll = self.inner.config.poll;
         let mut backoff = poll.backoff();
         let mut started_listener = false;
-        // Waiters first (see `crate::connection::wake`): while clients of
-        // this process wait for the key, a newcomer (typically the holder
-        // that just released it) lets them go first instead of racing them
-        // to the row.
-        let mut behind_waiters = waits.has_waiters(key.as_str());
+        let mut behind_waiters = refused.is_none();
         let mut waiting = None;
         let mark_for = self.mark_for();
         loop {
-            // Subscribe before trying, so a release between the failed try
-            // and the wait is not missed.
-            let mut wakes = waits.subscribe();
-            let let_waiters_go = behind_waiters;
-            behind_waiters = false;
-            // Until one of them takes the key (then no try: wait for its
-            // release like them), or one initial poll interval.
-            let taken = let_waiters_go
-                && taken_within(
-                    &mut wakes,
-                    key,
-                    (Instant::now() + poll.initial).min(deadline),
-                )
-                .await;
-            if !let_waiters_go || !taken {
-                // After the first refusal, a try that marks the row
-                // waited for, so its release notifies (PostgreSQL).
-                let mark = (notified && waiting.is_some()).then_some(mark_for);
-                let tried = self
-                    .grants
-                    .try_marking(key, ttl, Operation::Acquire, None, mark);
-                if let Some(lease) = tried.await? {
-                    if waiting.is_some() {
-                        waits.taken(key.as_str());
+            let (mut wakes, taken) = match refused.take() {
+                Some(wakes) => (wakes, false),
+                None => {
+                    // Subscribe before trying, so a release between the
+                    // failed try and the wait is not missed.
+                    let mut wakes = waits.subscribe();
+                    let let_waiters_go = behind_waiters;
+                    behind_waiters = false;
+                    // Until one of them takes the key (then no try: wait for
+                    // its release like them), or one initial poll interval.
+                    let taken = let_waiters_go
+                        && taken_within(
+                            &mut wakes,
+                            key,
+                            (Instant::now() + poll.initial).min(deadline),
+                        )
+                        .await;
+                    if !let_waiters_go || !taken {
+                        // After the first refusal, a try that marks the row
+                        // waited for, so its release notifies (PostgreSQL).
+                        let mark = (notified && waiting.is_some()).then_some(mark_for);
+                        let tried =
+                            self.grants
+                                .try_marking(key, ttl, Operation::Acquire, None, mark);
+                        if let Some(lease) = tried.await? {
+                            if waiting.is_some() {
+                                waits.taken(key.as_str());
+                            }
+                            return Ok(lease);
+                        }
+                        if Instant::now() >= deadline {
+                            return Err(still_held(key));
+                        }
                     }
-                    return Ok(lease);
+                    (wakes, taken)
                 }
-                if Instant::now() >= deadline {
-                    return Err(LockError::new(
-                        ErrorKind::Contended,
-                        Operation::Acquire,
-                        "still held by another owner at the wait deadline",
-                    )
-                    .with_key(key)
-                    .with_backend(NAME));
-                }
-            }
+            };
             // Counted as waiting from the first failed try on.
             waiting.get_or_insert_with(|| waits.wait_for(key.as_str()));
             let delay = if notified {
                 if !started_listener {
                     // Boxed: starting the listener is a rare path with a
-                    // large future, which would make every acquire's large.
+                    // large future, which would make every wait's large.
                     Box::pin(self.inner.ensure_listener()).await;
                     started_listener = true;
                     // Releases before the listener ran were not heard.
