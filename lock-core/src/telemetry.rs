@@ -289,6 +289,17 @@ fn lost_class(reason: &str) -> &'static str {
     }
 }
 
+/// Whether a `debug` span of ours can reach anyone: a `tracing`
+/// subscriber that wants `debug`, or, while no subscriber was ever set,
+/// a `log` logger at `debug` (tracing's `log` fallback, which sqlx turns
+/// on). Otherwise the hot calls use [`tracing::Span::none`]: a disabled
+/// span from the macro still builds its fields and, through that fallback,
+/// records them and asks `log` twice (about 180 instructions a span).
+pub(crate) fn debug_spans() -> bool {
+    tracing::level_enabled!(tracing::Level::DEBUG)
+        || (!tracing::dispatcher::has_been_set() && log::max_level() >= log::LevelFilter::Debug)
+}
+
 /// `work` inside `span`, or bare when the span is disabled (no subscriber
 /// wants it): an instrumented future enters and exits its span at every
 /// poll, disabled or not (with tracing's `log` fallback compiled in, each
