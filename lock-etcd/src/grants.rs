@@ -274,6 +274,19 @@ impl Grants {
             entry.push_str(session.hex());
             return Ok(Some((entry, revision, session.lease_id())));
         }
+        // Boxed: rare, and inline the read would enlarge every release.
+        Box::pin(self.look_up_entry(lease, entry, revision, op)).await
+    }
+
+    /// [`Self::resolve_lease`]'s read of a lease's `entry` by its create
+    /// `revision`, for a lease of no session of this backend.
+    async fn look_up_entry(
+        &self,
+        lease: &Lease,
+        entry: String,
+        revision: i64,
+        op: Operation,
+    ) -> Result<Option<(String, i64, i64)>, LockError> {
         let mut kv = self.conn.client.kv_client();
         let response = with_timeout(self.conn.config.op_timeout, op, async {
             kv.get(entry.as_str(), Some(keys::created_at(revision)))

@@ -591,7 +591,11 @@ impl Session {
             *slot = None;
             expired.push((key, revision, owner));
         }
-        let next = (next != Ticks::MAX).then(|| next.max(self.ticks(now + EXPIRY_SCAN_GAP)));
+        let next = if next == Ticks::MAX {
+            self.idle_horizon(now)
+        } else {
+            Some(next.max(self.ticks(now + EXPIRY_SCAN_GAP)))
+        };
         entries.planned = next.unwrap_or(Ticks::MAX);
         drop(guard);
         let expired = expired
@@ -603,6 +607,26 @@ impl Session {
             })
             .collect();
         (expired, next.map(|at| self.instant(at)))
+    }
+
+    /// When the expiry task looks next while no grant is held: a second
+    /// less than the session's TTL from `now` (`None`, not before it is
+    /// woken, for a TTL under 2 s).
+    ///
+    /// Any time is safe here: a grant due before it wakes the task
+    /// ([`Self::mark_held`]), one due after it is found when the task
+    /// looks then. Sleeping until woken would make the next grant wake the
+    /// task; and a grant is mostly released before the task has run (a
+    /// release forgets its grant before its delete is sent), so the task
+    /// found nothing held again and every acquire+release cycle woke it
+    /// once. A grant of this session asks for more than the session's TTL
+    /// less a second (the session's is the grant's rounded up to whole
+    /// seconds), so a grant made after `now` is due after the horizon and
+    /// wakes nobody (where the server raised a short TTL, some still wake
+    /// the task, as before).
+    fn idle_horizon(&self, now: Instant) -> Option<Ticks> {
+        let horizon = self.server_ttl.saturating_sub(Duration::from_secs(1));
+        (horizon >= Duration::from_secs(1)).then(|| self.ticks(now + horizon))
     }
 
     /// Forgets a grant; returns whether it was held with this revision and
