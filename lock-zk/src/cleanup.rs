@@ -155,6 +155,14 @@ impl Cleanup {
                 return;
             }
         }
+        // Boxed: rare, and inline its futures would enlarge every
+        // release's future.
+        Box::pin(self.sweep_owner(client, dir, owner, patient)).await;
+    }
+
+    /// [`Self::sweep_uncertain`] of `owner`, known uncertain: lists `dir`
+    /// and deletes the owner's nodes there.
+    async fn sweep_owner(&self, client: &zk::Client, dir: &str, owner: OwnerId, patient: bool) {
         let give_up = Instant::now() + CLEANUP_PATIENCE;
         let mut backoff = CLEANUP_RETRY.backoff();
         let children = loop {
@@ -192,7 +200,8 @@ impl Cleanup {
             && !crate::keys::is_rw_dir(self.conn.config().root(), dir)
             && !self.conn.is_foreign_dir(dir)
         {
-            let _ = timed(self.op_timeout(), client.delete(dir, None)).await;
+            // Boxed: only on servers without containers.
+            let _ = Box::pin(timed(self.op_timeout(), client.delete(dir, None))).await;
         }
     }
 

@@ -234,6 +234,15 @@ impl Connection {
         if let Some(session) = self.current().filter(|s| !s.is_lost()) {
             return Ok(session);
         }
+        // Boxed: opening a session is rare, and its futures inline would
+        // enlarge every grant's and release's future (copied into
+        // async_trait's box at each call).
+        Box::pin(self.reopen(operation)).await
+    }
+
+    /// [`Self::session`]'s slow path: a new session, unless another caller
+    /// opened one meanwhile.
+    async fn reopen(&self, operation: Operation) -> Result<Arc<Session>, LockError> {
         let _connecting = self.connecting.lock().await;
         if let Some(session) = self.current().filter(|s| !s.is_lost()) {
             return Ok(session);
