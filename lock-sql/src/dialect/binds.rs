@@ -19,6 +19,57 @@ pub(crate) enum Bind<'a> {
     Bytes(&'a [u8]),
 }
 
+/// The binds of one statement, kept inline up to [`Binds::INLINE`] (every
+/// lease statement's: no allocation per statement), else in a `Vec` (a
+/// batch's rows).
+#[derive(Clone, Debug)]
+pub(crate) enum Binds<'a> {
+    Inline([Bind<'a>; Binds::INLINE], usize),
+    Spilled(Vec<Bind<'a>>),
+}
+
+impl<'a> Binds<'a> {
+    const INLINE: usize = 8;
+
+    pub(crate) fn new() -> Self {
+        Self::Inline([Bind::Int(0); Self::INLINE], 0)
+    }
+
+    pub(crate) fn push(&mut self, bind: Bind<'a>) {
+        match self {
+            Self::Inline(items, len) if *len < Self::INLINE => {
+                items[*len] = bind;
+                *len += 1;
+            }
+            Self::Inline(items, len) => {
+                let mut spilled = items[..*len].to_vec();
+                spilled.push(bind);
+                *self = Self::Spilled(spilled);
+            }
+            Self::Spilled(items) => items.push(bind),
+        }
+    }
+}
+
+impl<'a> Extend<Bind<'a>> for Binds<'a> {
+    fn extend<I: IntoIterator<Item = Bind<'a>>>(&mut self, binds: I) {
+        for bind in binds {
+            self.push(bind);
+        }
+    }
+}
+
+impl<'a> std::ops::Deref for Binds<'a> {
+    type Target = [Bind<'a>];
+
+    fn deref(&self) -> &[Bind<'a>] {
+        match self {
+            Self::Inline(items, len) => &items[..*len],
+            Self::Spilled(items) => items,
+        }
+    }
+}
+
 /// One column read back: `Int` for `i` in the spec, `Text` for `t`.
 #[derive(Clone, Debug)]
 pub(crate) enum Value {
@@ -121,6 +172,31 @@ pub(crate) async fn fetch_optional(
     })
 }
 
+/// [`fetch_optional`] of a statement that answers one integer column (a
+/// grant's token), read without a row vector (`NULL` reads as 0, as
+/// [`Value::int`]).
+pub(crate) async fn fetch_optional_int(
+    conn: &mut DbConn,
+    sql: &Arc<str>,
+    binds: &[Bind<'_>],
+) -> Result<Option<i64>, sqlx::Error> {
+    #[cfg(feature = "postgres")]
+    if let DbConn::PostgresPooled(p) = conn {
+        let rows = p
+            .fetch_all(sql, binds.is_empty(), bound!(sql, binds))
+            .await?;
+        return rows
+            .first()
+            .map(|row| Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0)))
+            .transpose();
+    }
+    on_conn!(conn, |c| {
+        let row = bound!(sql, binds).fetch_optional(&mut *c).await?;
+        row.map(|row| Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0)))
+            .transpose()
+    })
+}
+
 /// Runs `sql` on MySQL/MariaDB: the `LAST_INSERT_ID(expr)` its OK packet
 /// carries.
 #[cfg(feature = "mysql")]
@@ -149,4 +225,28 @@ pub(crate) async fn execute(
     on_conn!(conn, |c| {
         Ok(bound!(sql, binds).execute(&mut *c).await?.rows_affected())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Bind, Binds};
+
+    #[test]
+    fn binds_keep_their_order_inline_and_past_it() {
+        let mut binds = Binds::new();
+        binds.extend((0..20).map(Bind::Int));
+        let read: Vec<i64> = binds
+            .iter()
+            .map(|b| match b {
+                Bind::Int(v) => *v,
+                _ => -1,
+            })
+            .collect();
+        assert_eq!(read, (0..20).collect::<Vec<i64>>());
+        assert!(matches!(binds, Binds::Spilled(_)));
+        let mut few = Binds::new();
+        few.push(Bind::Text("key"));
+        assert!(matches!(few, Binds::Inline(_, 1)));
+        assert!(matches!(*few, [Bind::Text("key")]));
+    }
 }

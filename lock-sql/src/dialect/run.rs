@@ -13,7 +13,9 @@ use super::{
 };
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions, DbPool};
-use crate::dialect::binds::{Bind, Value, execute, fetch, fetch_optional};
+use crate::dialect::binds::{
+    Bind, Binds, Value, execute, fetch, fetch_optional, fetch_optional_int,
+};
 
 /// The row a lease of ours matches: its key, owner (hex) and token.
 #[derive(Clone, Copy, Debug)]
@@ -87,8 +89,10 @@ impl<'a> Values<'a> {
 
     /// The binds of `args`, in their order (the fair grant's only when it
     /// is one).
-    fn binds(&self, args: &[Arg]) -> Vec<Bind<'a>> {
-        args.iter().filter_map(|arg| self.bind(*arg)).collect()
+    fn binds(&self, args: &[Arg]) -> Binds<'a> {
+        let mut binds = Binds::new();
+        binds.extend(args.iter().filter_map(|arg| self.bind(*arg)));
+        binds
     }
 
     fn bind(&self, arg: Arg) -> Option<Bind<'a>> {
@@ -237,10 +241,7 @@ impl dyn Dialect {
         // A waiter's grant (`WaitingSql::grant`) binds its mark last.
         binds.extend(values.bind(Arg::MarkFor));
         match self.profile().binds.grant_reply {
-            GrantReply::Returning => {
-                let row = fetch_optional(conn, sql, &binds, "i").await?;
-                Ok(row.map(|row| row[0].int()))
-            }
+            GrantReply::Returning => fetch_optional_int(conn, sql, &binds).await,
             #[cfg(feature = "mysql")]
             GrantReply::LastInsertId => {
                 let token = crate::dialect::binds::last_insert_id(conn, sql, &binds).await?;
