@@ -490,21 +490,17 @@ impl LockRequest<'_> {
             return Ok(LockGuard::nested(shared, scheduler));
         }
         let shape = self.kind.shape();
-        let span = if !crate::telemetry::debug_spans() {
-            tracing::Span::none()
-        } else {
-            tracing::debug_span!(
-                "distlock.acquire",
-                backend = backend.name(),
-                key = %key,
-                kind = %self.kind,
-                ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX),
-                wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX),
-                token = tracing::field::Empty,
-                owner = tracing::field::Empty,
-                outcome = tracing::field::Empty,
-            )
-        };
+        let span = crate::telemetry::hot_span!(
+            "distlock.acquire",
+            backend = backend.name(),
+            key = %key,
+            kind = %self.kind,
+            ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX),
+            wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX),
+            token = tracing::field::Empty,
+            owner = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
         let started = crate::telemetry::acquire_started(backend.name(), &key, shape);
         let result = crate::telemetry::in_span(
             &span,

@@ -368,17 +368,13 @@ impl LockGuard {
         self.scheduler.deregister(self.registration);
         self.registration = Registration::RELEASED;
         let lease = self.shared.original();
-        let span = if !crate::telemetry::debug_spans() {
-            tracing::Span::none()
-        } else {
-            tracing::debug_span!(
-                "distlock.release",
-                backend = self.shared.backend_name(),
-                key = %lease.key(),
-                token = lease.token().get(),
-                outcome = tracing::field::Empty,
-            )
-        };
+        let span = crate::telemetry::hot_span!(
+            "distlock.release",
+            backend = self.shared.backend_name(),
+            key = %lease.key(),
+            token = lease.token().get(),
+            outcome = tracing::field::Empty,
+        );
         let result =
             crate::telemetry::in_span(&span, self.scheduler.backend().release(lease)).await;
         if !span.is_disabled() {

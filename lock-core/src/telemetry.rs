@@ -300,6 +300,20 @@ pub(crate) fn debug_spans() -> bool {
         || (!tracing::dispatcher::has_been_set() && log::max_level() >= log::LevelFilter::Debug)
 }
 
+/// A `tracing::debug_span!` of `name` and its fields when someone can see
+/// it ([`debug_spans`]), else [`tracing::Span::none`] (the fields not
+/// evaluated): the hot calls' spans.
+macro_rules! hot_span {
+    ($name:literal, $($fields:tt)*) => {
+        if $crate::telemetry::debug_spans() {
+            tracing::debug_span!($name, $($fields)*)
+        } else {
+            tracing::Span::none()
+        }
+    };
+}
+pub(crate) use hot_span;
+
 /// `work` inside `span`, or bare when the span is disabled (no subscriber
 /// wants it): an instrumented future enters and exits its span at every
 /// poll, disabled or not (with tracing's `log` fallback compiled in, each
