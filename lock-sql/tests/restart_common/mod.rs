@@ -23,6 +23,15 @@ pub(crate) fn rises_above(before: &[u64], after: u64) -> Result<(), String> {
     }
 }
 
+/// The broken variant's side of the check: [`rises_above`] must refuse
+/// `broken` (the token a broken variant hands out after `before`), else
+/// the test fails with `passed`; prints what it caught after `label`.
+pub(crate) fn caught_going_back(label: &str, before: &[u64], broken: u64, passed: &str) {
+    let caught = rises_above(before, broken);
+    assert!(caught.is_err(), "{passed}");
+    println!("{label}broken variant caught: {}", caught.unwrap_err());
+}
+
 /// `n` try + release cycles over 4 keys: the tokens.
 pub(crate) async fn grants(backend: &SqlSessionBackend, prefix: &str, n: usize) -> Vec<u64> {
     let mut tokens = Vec::with_capacity(n);
