@@ -306,6 +306,19 @@ impl EtcdConfig {
     /// opens the same client: `Client::connect(config.endpoint_urls(),
     /// Some(config.client_options()?))`.
     ///
+    /// What these options cost a cycle, measured: `etcd-client` on its own
+    /// channel with these options against the same with none
+    /// (`etcd_parts`, `taskset -c 0`, 2,000 cycles, 4 runs): client CPU
+    /// about 3 µs (1.5%) of about 215 µs a cycle, p50 about 8 µs (under
+    /// 2%); with the keep-alive or the leader requirement turned off, about
+    /// half that each. They buy the failure behaviour (a dead connection
+    /// dropped within 4 s, an error at once from a member without a
+    /// leader instead of a wait), so they stay. No option `etcd-client` exposes makes a cycle cheaper:
+    /// `TCP_NODELAY` is already tonic's default, the rest (a request
+    /// timeout, TCP keep-alive, credentials, TLS) add work or none; tonic's
+    /// window and buffer settings are not reachable through
+    /// `ConnectOptions` (only through a channel of one's own).
+    ///
     /// # Errors
     ///
     /// [`ErrorKind::Config`](lock_core::ErrorKind::Config) when a TLS file
