@@ -105,7 +105,7 @@ impl LockGuard {
         lease: Lease,
         policy: &RenewalPolicy,
     ) -> Self {
-        let shared = Arc::new(Shared::new(lease, scheduler.backend().name()));
+        let shared = Arc::new(scheduler.hold(lease));
         let registration = scheduler.register(&shared, policy, handle);
         Self {
             shared,
@@ -219,13 +219,13 @@ impl LockGuard {
         let read = backend.downgrade(&self.shared.lease()).await?;
         let policy = self
             .scheduler
-            .policy_for(self.registration)
+            .policy_for(self.registration, &self.shared)
             .unwrap_or_default();
         let handle = self
             .scheduler
             .handle()
             .or_else(|| Handle::try_current().ok());
-        let shared = Arc::new(Shared::new(read, self.scheduler.backend().name()));
+        let shared = Arc::new(self.scheduler.hold(read));
         let registration = match handle {
             Some(handle) => self.scheduler.register(&shared, &policy, &handle),
             None => {
@@ -235,7 +235,7 @@ impl LockGuard {
                 Registration::NONE
             }
         };
-        self.scheduler.deregister(self.registration);
+        self.scheduler.deregister(self.registration, &self.shared);
         self.shared.set_state(LockState::Released);
         self.shared = shared;
         self.registration = registration;
@@ -365,7 +365,7 @@ impl LockGuard {
             self.registration = Registration::RELEASED;
             return Ok(self.shared.is_held());
         }
-        self.scheduler.deregister(self.registration);
+        self.scheduler.deregister(self.registration, &self.shared);
         self.registration = Registration::RELEASED;
         let lease = self.shared.original();
         let span = crate::telemetry::hot_span!(
@@ -394,7 +394,7 @@ impl Drop for LockGuard {
         if self.registration == Registration::RELEASED || self.is_nested() {
             return;
         }
-        self.scheduler.deregister(self.registration);
+        self.scheduler.deregister(self.registration, &self.shared);
         self.shared.set_state(LockState::Released);
         if let Some(handle) = Handle::try_current()
             .ok()

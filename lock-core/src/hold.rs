@@ -2,7 +2,7 @@
 //! where the lock stands ([`LockState`]), how it is renewed
 //! ([`RenewalPolicy`]), and the compact deadline both read and write.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -120,6 +120,10 @@ pub(crate) struct Shared {
     /// the state carries the same reason as one declared by the scheduler.
     hint: AtomicU8,
     signal: Mutex<Option<Box<Signal>>>,
+    /// The scheduler slot this hold was admitted to from its scheduler's
+    /// pending registrations (`u32::MAX` before; written and read under
+    /// the scheduler's state lock; 4 bytes where the struct had padding).
+    slot: AtomicU32,
     /// The backend's name, for the metrics' `backend` label (interned:
     /// one byte, where the struct had padding).
     backend: u8,
@@ -144,14 +148,30 @@ pub(crate) const HINT_NOT_RENEWED: u8 = 2;
 
 impl Shared {
     pub(crate) fn new(lease: Lease, backend: &'static str) -> Self {
+        Self::interned(lease, crate::telemetry::intern(backend))
+    }
+
+    /// [`new`](Self::new) with the backend's name interned already.
+    pub(crate) fn interned(lease: Lease, backend: u8) -> Self {
         Self {
             deadline: AtomicU64::new(to_ns(lease.validity_deadline())),
             lease,
             state: AtomicU8::new(HELD),
             hint: AtomicU8::new(0),
             signal: Mutex::new(None),
-            backend: crate::telemetry::intern(backend),
+            slot: AtomicU32::new(u32::MAX),
+            backend,
         }
+    }
+
+    /// The scheduler slot this hold was admitted to (`u32::MAX`: none);
+    /// see [`Scheduler`](crate::scheduler::Scheduler)'s admission.
+    pub(crate) fn admitted_slot(&self) -> u32 {
+        self.slot.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_admitted_slot(&self, slot: u32) {
+        self.slot.store(slot, Ordering::Relaxed);
     }
 
     /// When the grant was made: the request's send time, as the lease's

@@ -54,7 +54,9 @@ impl LockKey {
                 name.len()
             ));
         }
-        if let Some(c) = name.chars().find(|c| c.is_control()) {
+        if !printable_ascii(&name)
+            && let Some(c) = name.chars().find(|c| c.is_control())
+        {
             return invalid(format!("lock key contains the control character {:?}", c));
         }
         // Boxed: no spare capacity kept per key (many keys are held at once).
@@ -71,6 +73,13 @@ impl LockKey {
     pub fn is_reserved(&self) -> bool {
         self.0.starts_with(RESERVED_KEY_PREFIX)
     }
+}
+
+/// Whether `name` is printable ASCII only (the usual key), which holds no
+/// control character: read a byte at a time, where looking for one decodes
+/// each character (every key of every request is checked).
+fn printable_ascii(name: &str) -> bool {
+    name.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
 impl fmt::Debug for LockKey {
@@ -131,6 +140,23 @@ mod tests {
         }
     }
 
+    /// What the byte scan lets through holds no control character.
+    #[test]
+    fn printable_ascii_holds_no_control_character() {
+        let samples = (0u32..0x300)
+            .chain([0x2028, 0xfeff, 0x1_0000])
+            .filter_map(char::from_u32);
+        for c in samples {
+            for name in [c.to_string(), format!("a{c}b")] {
+                if printable_ascii(&name) {
+                    assert!(!name.chars().any(char::is_control), "{name:?}");
+                }
+            }
+        }
+        assert!(printable_ascii("jobs/nightly 1"));
+        assert!(!printable_ascii("ünïcode"));
+    }
+
     #[test]
     fn rejects_bad_names_with_a_typed_error() {
         for name in [
@@ -139,6 +165,8 @@ mod tests {
             "tab\there",
             "new\nline",
             "\u{7f}",
+            "c1 \u{85} next line",
+            "\u{9f}",
             &"x".repeat(MAX_KEY_LEN + 1),
         ] {
             let err = LockKey::new(name).unwrap_err();

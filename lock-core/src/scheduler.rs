@@ -52,6 +52,16 @@
 //!   does not tick;
 //! - deregistration (release, drop) never wakes it; a timer of a guard
 //!   that is gone is simply no longer in the queue;
+//! - a registration whose first timer is not earlier than the task's
+//!   planned wake-up (and whose lease has no session) is not put in the
+//!   queue at once: it is kept as pending, and the task admits every
+//!   pending registration at the start of its next pass, which comes no
+//!   later than that first timer (the renewal or the local deadline). A
+//!   guard released before then only leaves the pending list: a hot
+//!   acquire+release loop of long-TTL locks touches neither the queue nor
+//!   the per-guard tables. Until admitted, a guard's state is kept as
+//!   before (a look at it past the deadline reads `Lost`, see
+//!   [`Shared::checked_state`]);
 //! - a guard on a session the task does not watch yet wakes it to arm a
 //!   watcher. A session whose last guard is gone keeps its slot and armed
 //!   watcher (a few such idle sessions, [`IDLE_SESSIONS`]), so the next
@@ -143,6 +153,23 @@ impl Registration {
         slot: u32::MAX,
         generation: u32::MAX - 1,
     };
+
+    /// Registered as pending (module docs, "Wake-ups"): found in the
+    /// pending list by its hold, or, once admitted, in the slot its hold
+    /// records ([`Shared::admitted_slot`]).
+    pub(crate) const PENDING: Self = Self {
+        slot: u32::MAX,
+        generation: u32::MAX - 2,
+    };
+}
+
+/// A registration the task has not admitted to the queue yet.
+struct Pending {
+    shared: Arc<Shared>,
+    policy: RenewalPolicy,
+    /// The first renewal, as the registration computed it.
+    due: u64,
+    hold_until: u64,
 }
 
 const NO_SESSION: u32 = u32::MAX;
@@ -252,6 +279,8 @@ struct State {
     /// `IDLE_SESSIONS`; a test knob (0: the previous behaviour, a session
     /// slot freed with its last user).
     idle_limit: usize,
+    /// Registrations the task admits to the queue at its next pass.
+    pending: Vec<Pending>,
     /// When the task means to wake next: a registration due earlier wakes it.
     planned_wake: u64,
     /// The widest early-renewal window of any registered guard.
@@ -270,6 +299,10 @@ struct State {
     /// notify the task.
     #[cfg(test)]
     never_notify: bool,
+    /// Test knob, a deliberately broken variant: pending registrations
+    /// are never admitted to the queue.
+    #[cfg(test)]
+    never_admit: bool,
 }
 
 impl State {
@@ -295,6 +328,8 @@ impl State {
 /// The renewal scheduler of one backend on one runtime.
 pub(crate) struct Scheduler {
     backend: Arc<dyn LockBackend>,
+    /// The backend's name, interned for its holds' metrics labels.
+    backend_tag: u8,
     runtime: Option<tokio::runtime::Id>,
     state: Mutex<State>,
     wake: Arc<Notify>,
@@ -333,6 +368,7 @@ impl Scheduler {
     /// nothing can be registered).
     pub(crate) fn new(backend: Arc<dyn LockBackend>, handle: Option<Handle>) -> Arc<Self> {
         Arc::new(Self {
+            backend_tag: crate::telemetry::intern(backend.name()),
             backend,
             runtime: handle.as_ref().map(Handle::id),
             state: Mutex::new(State {
@@ -348,6 +384,7 @@ impl Scheduler {
                 recent_sessions: Vec::new(),
                 idle_sessions: Vec::new(),
                 idle_limit: IDLE_SESSIONS,
+                pending: Vec::new(),
                 planned_wake: NEVER,
                 max_slack: 0,
                 live: 0,
@@ -357,6 +394,8 @@ impl Scheduler {
                 linger: duration_ns(LINGER),
                 #[cfg(test)]
                 never_notify: false,
+                #[cfg(test)]
+                never_admit: false,
             }),
             wake: Arc::new(Notify::new()),
             permits: Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT)),
@@ -401,6 +440,11 @@ impl Scheduler {
         &self.backend
     }
 
+    /// The hold of a fresh `lease` of this scheduler's backend.
+    pub(crate) fn hold(&self, lease: crate::types::Lease) -> Shared {
+        Shared::interned(lease, self.backend_tag)
+    }
+
     /// The runtime handle renewals run on, if any.
     pub(crate) fn handle(&self) -> Option<Handle> {
         self.lock().handle.clone()
@@ -428,6 +472,11 @@ impl Scheduler {
     ) -> Registration {
         let now_at = Instant::now();
         let lease = shared.original();
+        if lease.session().is_none()
+            && let Some(registration) = self.register_pending(shared, policy, now_at)
+        {
+            return registration;
+        }
         let ttl = lease.ttl();
         let interval = interval_of(policy, ttl);
         let mut session_suspect = false;
@@ -523,32 +572,121 @@ impl Scheduler {
         registration
     }
 
-    /// The policy `registration` renews by, with what is left of its hold
-    /// limit as `max_hold` (for a guard that swaps its lease, e.g. on a
-    /// downgrade). `None` once it is no longer registered.
-    pub(crate) fn policy_for(&self, registration: Registration) -> Option<RenewalPolicy> {
-        let st = self.lock();
-        if !st.is_current(registration) {
+    /// The pending registration of `shared` (module docs, "Wake-ups"),
+    /// when the task runs and plans to wake no later than the guard's
+    /// first timer; `None`: register it in the queue now.
+    fn register_pending(
+        &self,
+        shared: &Arc<Shared>,
+        policy: &RenewalPolicy,
+        now_at: Instant,
+    ) -> Option<Registration> {
+        let now = to_ns(now_at);
+        let deadline = shared.deadline_ns();
+        let due = if policy.enabled {
+            let ttl = shared.original().ttl();
+            // `renewal_at` of the lease's deadline, in compact time.
+            let at = match ttl.checked_sub(interval_of(policy, ttl)) {
+                Some(ahead) => deadline.saturating_sub(duration_ns(ahead)),
+                None => deadline.saturating_add(duration_ns(interval_of(policy, ttl) - ttl)),
+            };
+            at.max(now)
+        } else {
+            NEVER
+        };
+        // Caps only ever stop renewal: the first timer is no earlier.
+        let timer = due.min(deadline);
+        let hold_until = policy
+            .max_hold
+            .map_or(NEVER, |max| to_ns(saturating_add(now_at, max)));
+        let mut st = self.lock();
+        if !st.alive || timer < st.planned_wake {
             return None;
         }
-        let slot = &st.slots[registration.slot as usize];
-        let mut policy = st.policy_of(slot);
-        if slot.hold_until != NEVER {
-            policy.max_hold =
-                Some(from_ns(slot.hold_until).saturating_duration_since(Instant::now()));
+        st.note_registration(now, timer);
+        st.live += 1;
+        st.pending.push(Pending {
+            shared: shared.clone(),
+            policy: *policy,
+            due,
+            hold_until,
+        });
+        drop(st);
+        if !policy.enabled {
+            shared.set_hint(HINT_NOT_RENEWED);
         }
+        Some(Registration::PENDING)
+    }
+
+    /// Where `shared`'s `registration` sits now: a pending registration
+    /// admitted since is found in the slot its hold records.
+    fn current(st: &State, registration: Registration, shared: &Arc<Shared>) -> Registration {
+        if registration != Registration::PENDING {
+            return registration;
+        }
+        let slot = shared.admitted_slot();
+        match st.slots.get(slot as usize) {
+            Some(entry)
+                if entry
+                    .shared
+                    .as_ref()
+                    .is_some_and(|s| Arc::ptr_eq(s, shared)) =>
+            {
+                Registration {
+                    slot,
+                    generation: entry.generation,
+                }
+            }
+            _ => Registration::NONE,
+        }
+    }
+
+    /// The policy `registration` (of `shared`) renews by, with what is
+    /// left of its hold limit as `max_hold` (for a guard that swaps its
+    /// lease, e.g. on a downgrade). `None` once it is no longer registered.
+    pub(crate) fn policy_for(
+        &self,
+        registration: Registration,
+        shared: &Arc<Shared>,
+    ) -> Option<RenewalPolicy> {
+        let st = self.lock();
+        let (mut policy, hold_until) = match st.pending_index(registration, shared) {
+            Some(index) => {
+                let pending = &st.pending[index];
+                (pending.policy, pending.hold_until)
+            }
+            None => {
+                let registration = Self::current(&st, registration, shared);
+                if !st.is_current(registration) {
+                    return None;
+                }
+                let slot = &st.slots[registration.slot as usize];
+                (st.policy_of(slot), slot.hold_until)
+            }
+        };
+        policy.max_hold = (hold_until != NEVER)
+            .then(|| from_ns(hold_until).saturating_duration_since(Instant::now()));
         Some(policy)
     }
 
-    /// Stops renewing the guard at `registration` (release, drop). Never
-    /// wakes the task: its timers leave the queue, and a wake-up planned
-    /// for them finds nothing to do.
-    pub(crate) fn deregister(&self, registration: Registration) {
-        if registration.slot == u32::MAX {
-            // NONE or RELEASED: nothing registered.
+    /// Stops renewing the guard at `registration` (release, drop) whose
+    /// hold is `shared`. Never wakes the task: a pending registration
+    /// leaves the pending list, a registered one's timers leave the queue,
+    /// and a wake-up planned for them finds nothing to do.
+    pub(crate) fn deregister(&self, registration: Registration, shared: &Arc<Shared>) {
+        if registration.slot == u32::MAX && registration != Registration::PENDING {
+            // NONE, RELEASED or NESTED: nothing registered.
             return;
         }
         let mut st = self.lock();
+        if let Some(index) = st.pending_index(registration, shared) {
+            let pending = st.pending.swap_remove(index);
+            st.live -= 1;
+            drop(st);
+            drop(pending);
+            return;
+        }
+        let registration = Self::current(&st, registration, shared);
         if st.is_current(registration) {
             st.free_slot(registration.slot);
         }

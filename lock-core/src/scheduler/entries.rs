@@ -4,12 +4,14 @@
 use tokio::time::Instant;
 
 use super::timers::reserve_one;
+use std::sync::Arc;
+
 use super::{
-    IN_FLIGHT, NEVER, NO_SESSION, POLICY_MASK, PolicySlot, Registration, SESSION_SUSPECT, Slot,
-    State, duration_ns, interval_of, renewal_at, to_ns,
+    IN_FLIGHT, NEVER, NO_SESSION, POLICY_MASK, Pending, PolicySlot, Registration, SESSION_SUSPECT,
+    Slot, State, duration_ns, interval_of, renewal_at, to_ns,
 };
 use crate::error::{ErrorKind, LockError};
-use crate::hold::{HINT_HOLD_LIMIT, LockState, RenewalPolicy};
+use crate::hold::{HINT_HOLD_LIMIT, LockState, RenewalPolicy, Shared};
 use crate::options::saturating_add;
 use crate::telemetry::{HOLD_LIMIT, NOT_RENEWED, RENEWAL_FAILED};
 
@@ -18,6 +20,71 @@ impl State {
         self.slots
             .get(registration.slot as usize)
             .is_some_and(|s| s.generation == registration.generation && s.shared.is_some())
+    }
+
+    /// Where `shared`'s pending `registration` waits, if it still does
+    /// (most recent last: a hot loop releases what it registered last).
+    pub(super) fn pending_index(
+        &self,
+        registration: Registration,
+        shared: &Arc<Shared>,
+    ) -> Option<usize> {
+        if registration != Registration::PENDING {
+            return None;
+        }
+        self.pending
+            .iter()
+            .rposition(|p| Arc::ptr_eq(&p.shared, shared))
+    }
+
+    /// Puts every pending registration in the queue, as a registration
+    /// straight into the queue would have (the task's pass, before it
+    /// looks at its timers).
+    pub(super) fn admit_pending(&mut self) {
+        #[cfg(test)]
+        if self.never_admit {
+            return;
+        }
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        for entry in pending.drain(..) {
+            self.admit(entry);
+        }
+        // The list keeps its room for the next registrations.
+        self.pending = pending;
+    }
+
+    fn admit(&mut self, pending: Pending) {
+        let Pending {
+            shared,
+            policy,
+            due,
+            hold_until,
+        } = pending;
+        let interval = interval_of(&policy, shared.original().ttl());
+        let policy_index = self.policy_index(&policy);
+        self.max_slack = self.max_slack.max(duration_ns(interval / 4));
+        let mut slot = Slot {
+            shared: Some(shared.clone()),
+            due,
+            not_before: 0,
+            hold_until,
+            generation: 0,
+            policy: policy_index,
+            session: NO_SESSION,
+            renewals: 0,
+        };
+        if self.apply_caps(&mut slot) {
+            shared.set_hint(HINT_HOLD_LIMIT);
+        }
+        let timer = slot.due.min(shared.deadline_ns());
+        // Counted as live since it was registered.
+        self.live -= 1;
+        let index = self.insert(slot);
+        self.set_timer(index, timer);
+        shared.set_admitted_slot(index);
     }
 
     pub(super) fn insert(&mut self, mut slot: Slot) -> u32 {

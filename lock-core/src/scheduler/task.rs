@@ -43,6 +43,7 @@ impl Scheduler {
         self.wakeups.fetch_add(1, Ordering::Relaxed);
         let now = to_ns(Instant::now());
         let mut st = self.lock();
+        st.admit_pending();
         batches.retain_mut(|batch| {
             if batch.min_deadline <= now {
                 batch.min_deadline = st.expire_members(&batch.members, now);
@@ -126,6 +127,9 @@ impl Scheduler {
                 session.watched = false;
             }
             let mut lost = Vec::with_capacity(st.live);
+            let pending = std::mem::take(&mut st.pending);
+            st.live -= pending.len();
+            lost.extend(pending.into_iter().map(|p| p.shared));
             for slot in 0..st.slots.len() {
                 if let Some(shared) = st.slots[slot].shared.clone() {
                     lost.push(shared);

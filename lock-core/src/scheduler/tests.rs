@@ -396,3 +396,79 @@ async fn a_short_ttl_lock_registered_between_ticks_is_renewed_and_idle_stops_tic
     settle_until(|| scheduler.wakeups.load(Ordering::Relaxed) > wakeups).await;
     assert!(again.release().await.unwrap());
 }
+
+/// While the task ticks, takes a 600 ms lock that renews (first renewal
+/// due at about 200 ms, beyond the tick) and one that does not, both kept
+/// pending instead of queued, and watches them for 1.2 s. Returns whether
+/// the renewed one was held throughout, its renewals, whether the task
+/// announced the unrenewed one `Lost` on its channel (not a look at its
+/// state past the deadline), and the notifications the two sent.
+async fn pending_registrations(never_admit: bool) -> (bool, u32, bool, u64) {
+    let (client, scheduler) = setup();
+    let long = held(&client, "long", Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    scheduler.lock().never_admit = never_admit;
+    let notifications = scheduler.notifications.load(Ordering::Relaxed);
+    let ttl = Duration::from_millis(600);
+    let renewed = held(&client, "renewed", ttl).await;
+    let unrenewed = client
+        .lock("unrenewed")
+        .ttl(ttl)
+        .no_renewal()
+        .acquire()
+        .await
+        .unwrap();
+    let notifications = scheduler.notifications.load(Ordering::Relaxed) - notifications;
+    let mut states = unrenewed.subscribe();
+    let announced = tokio::spawn(async move {
+        loop {
+            if matches!(*states.borrow_and_update(), LockState::Lost(_)) {
+                return true;
+            }
+            if states.changed().await.is_err() {
+                return false;
+            }
+        }
+    });
+    let mut renewals = 0;
+    let mut deadline = renewed.validity_deadline();
+    let until = Instant::now() + Duration::from_millis(1200);
+    let mut held_throughout = true;
+    while Instant::now() < until {
+        if !renewed.is_held() {
+            held_throughout = false;
+            break;
+        }
+        let now = renewed.validity_deadline();
+        if now > deadline {
+            renewals += 1;
+            deadline = now;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    announced.abort();
+    let lost = matches!(announced.await, Ok(true));
+    drop((renewed, unrenewed));
+    assert!(long.release().await.unwrap());
+    (held_throughout, renewals, lost, notifications)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_registrations_are_renewed_and_lost_on_time() {
+    let _timing = TIMING.lock().await;
+    let (held, renewals, lost, notifications) = pending_registrations(false).await;
+    assert_eq!(notifications, 0, "both were kept pending, nobody woken");
+    assert!(
+        held,
+        "the renewed 600 ms lock was lost ({renewals} renewals)"
+    );
+    assert!(renewals >= 3, "only {renewals} renewals in 1.2 s");
+    assert!(lost, "the task did not announce the unrenewed lock lost");
+
+    // Control: pending registrations never admitted (the deliberately
+    // broken variant): the renewed lock runs out, and nobody announces
+    // the unrenewed one.
+    let (held, renewals, lost, _) = pending_registrations(true).await;
+    println!("never admitted: held {held}, {renewals} renewals, announced lost {lost}");
+    assert!(!held && renewals == 0 && !lost);
+}
