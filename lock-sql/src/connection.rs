@@ -378,8 +378,10 @@ impl ConnSet {
         let epoch = self.epoch.load(Ordering::Acquire);
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         // Older than the last breakage: probably dead too (dropped here,
-        // outside any await).
-        idle.retain(|c| c.epoch >= epoch);
+        // outside any await). Looked for first: there rarely are any.
+        if idle.iter().any(|c| c.epoch < epoch) {
+            idle.retain(|c| c.epoch >= epoch);
+        }
         idle.pop()
     }
 

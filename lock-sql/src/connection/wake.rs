@@ -24,6 +24,7 @@
 //! databases are private to their client and share nothing.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 #[cfg(feature = "postgres")]
 use std::time::Duration;
@@ -53,6 +54,9 @@ pub(crate) struct Waits {
     wakes: broadcast::Sender<Wake>,
     /// Waiting acquires per key, in this process.
     waiting: Mutex<HashMap<Arc<str>, usize>>,
+    /// Waiting acquires of any key, in this process: an acquire when
+    /// nobody waits (the common case) asks no lock and hashes no key.
+    waiting_any: AtomicUsize,
     /// The PostgreSQL listener task, started by the first waiter.
     pub(crate) listener: tokio::sync::OnceCell<()>,
     pub(crate) listener_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -82,6 +86,7 @@ impl Waits {
         Self {
             wakes,
             waiting: Mutex::default(),
+            waiting_any: AtomicUsize::new(0),
             listener: tokio::sync::OnceCell::new(),
             listener_task: Mutex::new(None),
         }
@@ -128,6 +133,11 @@ impl Waits {
 
     /// Whether clients of this process wait for `key` now.
     pub(crate) fn has_waiters(&self, key: &str) -> bool {
+        // A waiter counted at this moment could as well have come just
+        // after a look under the lock: the order is the same race.
+        if self.waiting_any.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         self.waiting
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -138,12 +148,10 @@ impl Waits {
     /// dropped (cancel safe: a dropped acquire stops counting).
     pub(crate) fn wait_for(self: &Arc<Self>, key: &str) -> Waiting {
         let key: Arc<str> = Arc::from(key);
-        *self
-            .waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(key.clone())
-            .or_insert(0) += 1;
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        *waiting.entry(key.clone()).or_insert(0) += 1;
+        self.waiting_any.fetch_add(1, Ordering::AcqRel);
+        drop(waiting);
         Waiting {
             waits: self.clone(),
             key,
@@ -171,6 +179,7 @@ impl Drop for Waiting {
                 waiting.remove(&self.key);
             }
         }
+        self.waits.waiting_any.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -273,5 +282,23 @@ mod tests {
         a.taken("k");
         assert!(matches!(rx.try_recv().unwrap(), Wake::Released(k) if &*k == "k"));
         assert!(matches!(rx.try_recv().unwrap(), Wake::Taken(k) if &*k == "k"));
+    }
+
+    /// The count of any waiter answers for the map only while nobody waits:
+    /// a waiter for one key is seen for that key alone, and gone with its
+    /// guard value.
+    #[test]
+    fn waiters_are_seen_per_key_and_forgotten() {
+        let waits = Arc::new(Waits::new());
+        assert!(!waits.has_waiters("k"));
+        let first = waits.wait_for("k");
+        let second = waits.wait_for("k");
+        assert!(waits.has_waiters("k"));
+        assert!(!waits.has_waiters("other"));
+        drop(first);
+        assert!(waits.has_waiters("k"));
+        drop(second);
+        assert!(!waits.has_waiters("k"));
+        assert_eq!(waits.waiting_any.load(Ordering::Acquire), 0);
     }
 }
