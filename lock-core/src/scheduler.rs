@@ -103,6 +103,12 @@ const LINGER: Duration = Duration::from_secs(1);
 /// The longest tick while registrations are recent.
 const MAX_TICK: Duration = Duration::from_millis(100);
 
+/// How many registrations wait as pending at most (module docs,
+/// "Wake-ups"); more go straight into the queue. A release finds its
+/// pending registration by a scan of the list, so a burst of grants
+/// released in grant order stays linear, not quadratic.
+const MAX_PENDING: usize = 64;
+
 fn duration_ns(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(NEVER)
 }
@@ -281,6 +287,9 @@ struct State {
     idle_limit: usize,
     /// Registrations the task admits to the queue at its next pass.
     pending: Vec<Pending>,
+    /// How many may wait as pending, `MAX_PENDING`; a test knob (no limit:
+    /// the deliberately broken variant).
+    pending_limit: usize,
     /// When the task means to wake next: a registration due earlier wakes it.
     planned_wake: u64,
     /// The widest early-renewal window of any registered guard.
@@ -385,6 +394,7 @@ impl Scheduler {
                 idle_sessions: Vec::new(),
                 idle_limit: IDLE_SESSIONS,
                 pending: Vec::new(),
+                pending_limit: MAX_PENDING,
                 planned_wake: NEVER,
                 max_slack: 0,
                 live: 0,
@@ -600,7 +610,7 @@ impl Scheduler {
             .max_hold
             .map_or(NEVER, |max| to_ns(saturating_add(now_at, max)));
         let mut st = self.lock();
-        if !st.alive || timer < st.planned_wake {
+        if !st.alive || timer < st.planned_wake || st.pending.len() >= st.pending_limit {
             return None;
         }
         st.note_registration(now, timer);

@@ -472,3 +472,55 @@ async fn pending_registrations_are_renewed_and_lost_on_time() {
     println!("never admitted: held {held}, {renewals} renewals, announced lost {lost}");
     assert!(!held && renewals == 0 && !lost);
 }
+
+/// A burst of long grants keeps at most `MAX_PENDING` of them pending (the
+/// rest go straight into the queue), and every one of them, pending or
+/// queued, is released. Control: with no limit (the deliberately broken
+/// variant) the same burst leaves more than `MAX_PENDING` pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_grants_keeps_the_pending_list_short() {
+    let _timing = TIMING.lock().await;
+    let longest = longest_pending(MAX_PENDING).await;
+    println!(
+        "longest pending list: {longest} of {} grants",
+        3 * MAX_PENDING
+    );
+    assert!(
+        longest > 0,
+        "no grant was kept pending: the check sees nothing"
+    );
+    assert!(longest <= MAX_PENDING, "{longest} pending registrations");
+
+    let unlimited = longest_pending(usize::MAX).await;
+    println!("with no limit: {unlimited} pending");
+    assert!(unlimited > MAX_PENDING, "the broken variant was not caught");
+}
+
+/// The longest pending list while a burst of `3 * MAX_PENDING` grants of
+/// 30 s is taken with `limit`; then releases them all and checks nothing
+/// stays registered.
+async fn longest_pending(limit: usize) -> usize {
+    let (client, scheduler) = setup();
+    // Wake the task first so that it ticks and plans to wake before the
+    // burst's first timers.
+    let first = held(&client, "first", Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    scheduler.lock().pending_limit = limit;
+    let burst = 3 * MAX_PENDING;
+    let mut guards = Vec::with_capacity(burst);
+    let mut longest = 0;
+    for i in 0..burst {
+        guards.push(held(&client, &format!("burst-{i}"), Duration::from_secs(30)).await);
+        longest = longest.max(scheduler.lock().pending.len());
+    }
+    for guard in guards {
+        assert!(guard.release().await.unwrap());
+    }
+    assert!(first.release().await.unwrap());
+    let st = scheduler.lock();
+    assert!(
+        st.pending.is_empty() && st.live == 0,
+        "a released grant stayed registered"
+    );
+    longest
+}
