@@ -19,7 +19,7 @@ use zookeeper_client as zk;
 use crate::cleanup::{Cleanup, NodeCleanup};
 use crate::config::MIN_TTL;
 use crate::connection::{Connection, Session, synced};
-use crate::error::{CallError, NAME, timed};
+use crate::error::{CallError, NAME, timed, timed_pair};
 use crate::expiry::Expiry;
 use crate::keys::{self, mutex_owner_of};
 
@@ -233,13 +233,12 @@ impl Waiting {
             let sent = Instant::now();
             // Both requests are made now, in this order, and awaited together
             // (the list's reply is dropped unless the create succeeded).
-            let (created, listed) = tokio::join!(
-                timed(
-                    self.conn.op_timeout(),
-                    session.client.create(&prefix, data.as_bytes(), &options),
-                ),
-                timed(self.conn.op_timeout(), session.client.list_children(dir)),
-            );
+            let (created, listed) = timed_pair(
+                self.conn.op_timeout(),
+                session.client.create(&prefix, data.as_bytes(), &options),
+                session.client.list_children(dir),
+            )
+            .await;
             match created {
                 Ok((stat, sequence)) => {
                     // The prefix has room for the sequence number.
