@@ -294,8 +294,11 @@ impl LockBackend for RedisBackend {
         let keys = &self.servers.keys;
         let shapes = "read-write locks and semaphores";
         match (kind, deadline) {
+            // Boxed: the fair try's future is the largest of the mutex's,
+            // and would set the size of every grant's future (the box of
+            // this call, allocated and written on every grant).
             (LeaseKind::Exclusive, None) if self.servers.config.fair => {
-                self.waiting.try_fair(key, ttl).await
+                Box::pin(self.waiting.try_fair(key, ttl)).await
             }
             (LeaseKind::Exclusive, None) => self.grants.try_take(key, ttl).await,
             (LeaseKind::Exclusive, Some(deadline)) => {
@@ -325,7 +328,9 @@ impl LockBackend for RedisBackend {
         if lease.kind() == LeaseKind::Exclusive {
             self.grants.release(lease).await
         } else {
-            self.shared.release(lease).await
+            // Boxed: larger than the mutex's, it would set the size of
+            // every release's future (the box of this call).
+            Box::pin(self.shared.release(lease)).await
         }
     }
 

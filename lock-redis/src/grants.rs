@@ -90,12 +90,14 @@ impl Grants {
         let names = servers
             .keys
             .release_names(lease.key(), Operation::Release)?;
-        let owner = servers.keys.owner_value(lease.owner());
+        let owner_value = servers.keys.owner_value(lease.owner());
+        // Read once: each read of a native value checks its digits again.
+        let owner: &str = &owner_value;
         // The grant's lane: after a renewal of it or an undo, as on one
         // connection (any lane would do: the grant's answer was seen).
-        let lane = Lane::of(&owner);
+        let lane = Lane::of(owner);
         let (released, _not_held, errors) =
-            release_everywhere(servers, names.keys(), &owner, servers.timeout(), lane).await;
+            release_everywhere(servers, names.keys(), owner, servers.timeout(), lane).await;
         let quorum = servers.quorum;
         if released >= quorum || (servers.redlock && released > 0 && errors.is_empty()) {
             return Ok(true);
@@ -128,11 +130,13 @@ impl Grants {
         let servers = &self.servers;
         let names = servers.keys.mutex(key, op)?;
         let owner = OwnerId::random();
-        let owner_hex = servers.keys.owner_value(owner);
+        let owner_value = servers.keys.owner_value(owner);
+        // Read once: each read of a native value checks its digits again.
+        let owner_hex: &str = &owner_value;
         let ttl_ms = ttl_ms(ttl);
         let details = lock_core::HolderDetails::encode_current();
         let grant = GrantArgs {
-            owner: &owner_hex,
+            owner: owner_hex,
             ttl_ms: &ttl_ms,
             details: &details,
             floor: servers.floor.key_for(&names.counter),
@@ -140,7 +144,7 @@ impl Grants {
         let pending = PendingGrant {
             servers,
             names: &names,
-            owner: &owner_hex,
+            owner: owner_hex,
             armed: true,
         };
         let (keys, key_count, args) = grant.script_texts(&names);
@@ -158,7 +162,7 @@ impl Grants {
         let mut held_pttl: Option<Duration> = None;
         let mut errors = Vec::new();
         let mut acked = None;
-        let lane = Lane::of(&owner_hex);
+        let lane = Lane::of(owner_hex);
         servers
             .each_node(
                 |node| {
@@ -212,8 +216,17 @@ impl Grants {
             // Undo the partial grant now, on every node (also those whose
             // answer was lost), so no partial lock is left behind.
             let undo = servers.undo_lane(lane);
-            let _ =
-                release_everywhere(servers, names.release_keys(), &owner_hex, per_node, undo).await;
+            // Boxed: the rare path, kept out of the size of every
+            // attempt's future (moved whole into the waiting acquire's,
+            // and that into the box of `LockBackend::grant`).
+            let undo = Box::pin(release_everywhere(
+                servers,
+                names.release_keys(),
+                owner_hex,
+                per_node,
+                undo,
+            ));
+            let _ = undo.await;
             pending.disarm();
         }
         if errors.len() > servers.nodes.len() - servers.quorum {

@@ -105,8 +105,16 @@ impl Conn {
     pub(crate) async fn eval_call(&mut self, call: &ScriptCall<'_>) -> redis::RedisResult<Value> {
         match self.query(&call.evalsha).await {
             Err(err) if is_noscript(&err) => {
-                let eval = script_cmd("EVAL", call.code, call.keys, call.args);
-                self.query(&eval).await
+                // Boxed: the rare path (after a restart or a script
+                // flush), whose request is held across its wait; inline it
+                // would add its size to every script call's future (moved
+                // whole into each caller's, and into the boxes of the
+                // `LockBackend` calls).
+                Box::pin(async move {
+                    let eval = script_cmd("EVAL", call.code, call.keys, call.args);
+                    self.query(&eval).await
+                })
+                .await
             }
             other => other,
         }
