@@ -12,8 +12,11 @@
 //! is not blocked in a server-side wait, preferring one nobody is using
 //! and, among those, one holding the fewest locks of ours (on PostgreSQL
 //! a grant on a session holding nothing else is the quiet one, see
-//! `grants::session`, "Published grants"); while every session is in use
-//! and fewer than `pool_size` are open, a new one is opened. Locks therefore gather on few sessions when calls
+//! `grants::session`, "Published grants"), and among those, for a try,
+//! the one whose last try was for the same key (a task cycling one key
+//! keeps to one session, as it would with a connection of its own);
+//! while every session is in use and fewer than `pool_size` are open, a
+//! new one is opened. Locks therefore gather on few sessions when calls
 //! come one at a time, and spread over up to `pool_size` when many run at
 //! once. A waiting acquire that must wait on the server takes a session
 //! that holds no lock and is not in use (or opens one), so that the wait
@@ -147,6 +150,10 @@ pub(crate) struct Conn {
     /// Keys whose grant or release was abandoned mid-statement here (see
     /// the module docs).
     orphans: Mutex<Vec<ServerKey>>,
+    /// Set after a key is added to `orphans`, cleared before they are
+    /// taken: a call on a session with none reads this flag and leaves
+    /// the mutex alone.
+    orphaned: AtomicBool,
 }
 
 impl Conn {
@@ -172,6 +179,7 @@ impl Conn {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(key);
+        self.orphaned.store(true, Ordering::Release);
     }
 }
 
@@ -182,6 +190,17 @@ struct Slot {
     users: usize,
     /// A server-side wait runs on it: nothing else may queue behind it.
     waiting: bool,
+    /// Its locks of ours when its last use ended (exact while `users` is
+    /// 0: they change only under a use). A pick reads this, not the
+    /// session's own counter, so that it does not read every session's
+    /// line, which the calls on them write, from under the pool's mutex.
+    held: usize,
+    /// The server lock its last try was for: a try of that key prefers
+    /// this session among equally free ones, so that a task cycling one
+    /// key keeps to one session, as a connection of its own would (with
+    /// many tasks sharing a backend, a session passed from task to task
+    /// moved its connection's state between CPUs at every call).
+    last_key: Option<u128>,
 }
 
 /// The set's sessions and the ones being opened.
@@ -287,6 +306,7 @@ impl Drop for ConnUse {
         } else if let Some(slot) = pool.slot(&self.conn) {
             slot.users = slot.users.saturating_sub(1);
             slot.waiting = false;
+            slot.held = self.conn.held();
         }
     }
 }
@@ -348,6 +368,11 @@ impl ConnUse {
         sessions: &Sessions,
         held_here: impl Fn(&ServerKey) -> bool,
     ) {
+        if !self.conn.orphaned.load(Ordering::Acquire)
+            || !self.conn.orphaned.swap(false, Ordering::AcqRel)
+        {
+            return;
+        }
         let orphans = std::mem::take(
             &mut *self
                 .conn
@@ -663,16 +688,30 @@ impl Sessions {
     /// not blocked in a server-side wait, a new one while all are in use
     /// and fewer than `pool_size` are open, waiting for one until `until`.
     pub(crate) async fn any(&self, until: Instant) -> Result<ConnUse, LockError> {
+        self.any_for(until, None).await
+    }
+
+    /// As [`Sessions::any`], for a try of server lock `key` (its
+    /// [`ServerKey::id`]): among equally used sessions holding equally
+    /// many locks, the one whose last try was for `key`.
+    pub(crate) async fn any_for(
+        &self,
+        until: Instant,
+        key: Option<u128>,
+    ) -> Result<ConnUse, LockError> {
         loop {
             let picked = self.pick(until, false, |pool, room| {
                 let least = pool
                     .slots
                     .iter_mut()
                     .filter(|s| !s.waiting)
-                    .min_by_key(|s| (s.users, s.conn.held()));
+                    .min_by_key(|s| (s.users, s.held, key.is_none() || s.last_key != key));
                 match least {
                     Some(slot) if slot.users == 0 || !room => {
                         slot.users += 1;
+                        if key.is_some() {
+                            slot.last_key = key;
+                        }
                         Pick::Use(Arc::clone(&slot.conn))
                     }
                     _ if room => Pick::Open,
@@ -698,7 +737,7 @@ impl Sessions {
             let empty = pool
                 .slots
                 .iter_mut()
-                .find(|s| !s.waiting && s.users == 0 && s.conn.held() == 0);
+                .find(|s| !s.waiting && s.users == 0 && s.held == 0);
             match empty {
                 Some(slot) => {
                     slot.users += 1;
@@ -712,8 +751,9 @@ impl Sessions {
         .await
     }
 
-    /// The session `choose` picks (under the pool's mutex, dead sessions
-    /// dropped first; `room`: fewer than `pool_size` are open), locked for
+    /// The session `choose` picks (under the pool's mutex; `room`: fewer
+    /// than `pool_size` are open; a closed one it picks is dropped from
+    /// the set and the pick made again), locked for
     /// one call until `until` (picked again when it expired meanwhile), or
     /// a new one when it answers [`Pick::Open`] (`waiting`: for a
     /// server-side wait); `None` for [`Pick::Full`].
@@ -726,9 +766,17 @@ impl Sessions {
         loop {
             let pick = {
                 let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-                pool.slots.retain(|s| !s.conn.is_dead());
-                let room = pool.total() < self.pool_size;
-                let pick = choose(&mut pool, room);
+                let pick = loop {
+                    let room = pool.total() < self.pool_size;
+                    match choose(&mut pool, room) {
+                        // Closed by a call still using it (whose end drops
+                        // it from the set): not one to queue behind.
+                        Pick::Use(conn) if conn.is_dead() => {
+                            pool.slots.retain(|s| !s.conn.is_dead());
+                        }
+                        pick => break pick,
+                    }
+                };
                 if matches!(pick, Pick::Open) {
                     pool.opening += 1;
                 }
@@ -823,6 +871,7 @@ impl Sessions {
             held: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
             orphans: Mutex::new(Vec::new()),
+            orphaned: AtomicBool::new(false),
         });
         let mut guard = Arc::clone(&conn.session)
             .try_lock_owned()
@@ -832,6 +881,8 @@ impl Sessions {
             conn: Arc::clone(&conn),
             users: 1,
             waiting,
+            held: 0,
+            last_key: None,
         });
         Ok(ConnUse {
             conn,

@@ -679,7 +679,11 @@ impl SessionGrants {
         let op_timeout = self.inner.config.op_timeout;
         let mut again = true;
         loop {
-            let mut used = self.inner.any(until).await.map_err(|e| e.with_key(key))?;
+            let mut used = self
+                .inner
+                .any_for(until, Some(grant.lock.server_key.id()))
+                .await
+                .map_err(|e| e.with_key(key))?;
             self.clean(&mut used).await;
             let holds_others = used.conn.held() > 0;
             let try_here = SessionGrant {
