@@ -332,17 +332,64 @@ impl ConnSet {
     /// `fresh`, else a newly opened one. Waits while `size` connections are
     /// checked out, and on SQLite for the writer turn (callers bound the
     /// wait with their operation timeout).
+    ///
+    /// When nothing has to wait (an idle connection, a free permit and
+    /// writer turn: the usual case) the checkout is taken at once, without
+    /// the futures of the semaphore and the lock; the waiting (and opening)
+    /// is a boxed future of its own, so that every statement's future does
+    /// not carry its state (callgrind of sql_parts' SqlBackend side: the
+    /// waiting grant's boxed future above the allocator's 1,032-byte
+    /// per-thread cache, each one taking its slow path).
     pub(crate) async fn checkout(&self, fresh: bool) -> Result<Checkout<'_>, sqlx::Error> {
-        let writer = match &self.writer {
-            Some(turn) => Some(turn.lock().await),
-            None => None,
-        };
-        self.checkout_with(fresh, writer).await
+        match self.checkout_now(fresh, true) {
+            Some(checkout) => Ok(checkout),
+            None => Box::pin(self.checkout_waiting(fresh, true)).await,
+        }
     }
 
     /// A connection for a statement that only reads (no writer turn).
     pub(crate) async fn checkout_reader(&self, fresh: bool) -> Result<Checkout<'_>, sqlx::Error> {
-        self.checkout_with(fresh, None).await
+        match self.checkout_now(fresh, false) {
+            Some(checkout) => Ok(checkout),
+            None => Box::pin(self.checkout_waiting(fresh, false)).await,
+        }
+    }
+
+    /// The checkout when it needs no wait: not `fresh`, the writer turn
+    /// free (when `writes` on SQLite), a permit free and an idle
+    /// connection. As fair as waiting: tokio's semaphore and lock hand a
+    /// release to a queued waiter before counting it free.
+    pub(crate) fn checkout_now(&self, fresh: bool, writes: bool) -> Option<Checkout<'_>> {
+        if fresh {
+            return None;
+        }
+        let writer = match &self.writer {
+            Some(turn) if writes => Some(turn.try_lock().ok()?),
+            _ => None,
+        };
+        let permit = self.permits.try_acquire().ok()?;
+        let conn = self.pop_idle()?;
+        Some(Checkout {
+            set: self,
+            conn: Some(conn),
+            _permit: permit,
+            _writer: writer,
+        })
+    }
+
+    /// The checkout that waits: for the writer turn (when `writes` on
+    /// SQLite), for a permit, then opens a connection when none is idle
+    /// or `fresh`.
+    pub(crate) async fn checkout_waiting(
+        &self,
+        fresh: bool,
+        writes: bool,
+    ) -> Result<Checkout<'_>, sqlx::Error> {
+        let writer = match &self.writer {
+            Some(turn) if writes => Some(turn.lock().await),
+            _ => None,
+        };
+        self.checkout_with(fresh, writer).await
     }
 
     async fn checkout_with<'a>(

@@ -149,7 +149,34 @@ impl Grants {
     /// whether the holder is `owner`, in which case the first grant did
     /// commit and its token is ours. Without this the lost grant would hold
     /// the key for its whole TTL while its requester waited behind it.
-    async fn grant_once(&self, mut values: GrantValues<'_>) -> Result<Option<i64>, sqlx::Error> {
+    ///
+    /// `values` by reference, and the statement's own values made after
+    /// each await: a copy of them kept across an await made every grant's
+    /// future larger (the waiting grant's boxed future was past the
+    /// allocator's 1,032-byte per-thread cache).
+    async fn grant_once(&self, values: &GrantValues<'_>) -> Result<Option<i64>, sqlx::Error> {
+        let (conns, dialect) = (&self.inner.conns, self.inner.dialect);
+        // `ConnSet::checkout` written out: its future holds the checkout it
+        // answers at once, which would make every grant's future larger.
+        let mut checkout = match conns.checkout_now(false, true) {
+            Some(checkout) => checkout,
+            None => Box::pin(conns.checkout_waiting(false, true)).await?,
+        };
+        let (grant, bound) = self.grant_statement(*values);
+        // Boxed, as in `retry_once!`: statement futures are kilobytes.
+        let result = Box::pin(dialect.grant(checkout.conn(), grant, bound)).await;
+        if !checkout.finish(&result) {
+            return result;
+        }
+        // Boxed: a rare path, whose state would make every grant's future
+        // larger.
+        let (grant, bound) = self.grant_statement(*values);
+        Box::pin(self.grant_again(grant, bound)).await
+    }
+
+    /// The grant statement for `values`, and the values it binds (a mark
+    /// only for the waiter's statement, where the dialect has one).
+    fn grant_statement<'v>(&self, mut values: GrantValues<'v>) -> (&Arc<str>, GrantValues<'v>) {
         let statements = &self.inner.statements;
         let grant = match (values.ahead, values.mark_for, &statements.waiting) {
             (Some(_), _, _) => &self.inner.fair_grant,
@@ -159,14 +186,19 @@ impl Grants {
         if values.ahead.is_some() || statements.waiting.is_none() {
             values.mark_for = None;
         }
+        (grant, values)
+    }
+
+    /// [`grant_once`](Self::grant_once)'s second run, on a fresh connection
+    /// after the first one broke under statement `grant`.
+    async fn grant_again(
+        &self,
+        grant: &Arc<str>,
+        values: GrantValues<'_>,
+    ) -> Result<Option<i64>, sqlx::Error> {
         let (key, owner) = (values.key, values.owner);
         let (conns, dialect) = (&self.inner.conns, self.inner.dialect);
-        let mut checkout = conns.checkout(false).await?;
-        // Boxed, as in `retry_once!`: statement futures are kilobytes.
-        let result = Box::pin(dialect.grant(checkout.conn(), grant, values)).await;
-        if !checkout.finish(&result) {
-            return result;
-        }
+        let statements = &self.inner.statements;
         tracing::debug!(
             key = key.as_str(),
             "database connection broke under a grant; retrying on a fresh one"
@@ -210,7 +242,7 @@ impl Grants {
         // rolled back and changed nothing: run it again.
         let mut attempts = 0;
         let token = loop {
-            match self.grant_once(values).await {
+            match self.grant_once(&values).await {
                 Err(sqlx::Error::Database(db))
                     if attempts < 5 && matches!(db.code().as_deref(), Some("40001" | "40P01")) =>
                 {
