@@ -517,18 +517,7 @@ impl Scheduler {
             .map_or(NEVER, |max| to_ns(saturating_add(now_at, max)));
         let (registration, spawn, notify) = {
             let mut st = self.lock();
-            let policy_index = st.policy_index(policy);
-            st.max_slack = st.max_slack.max(duration_ns(interval / 4));
-            let mut slot = Slot {
-                shared: Some(shared.clone()),
-                due,
-                not_before: 0,
-                hold_until,
-                generation: 0,
-                policy: policy_index,
-                session: NO_SESSION,
-                renewals: 0,
-            };
+            let mut slot = st.slot_for(shared, policy, interval, due, hold_until);
             slot.set_flag(SESSION_SUSPECT, session_suspect);
             if st.apply_caps(&mut slot) {
                 hint = Some(HINT_HOLD_LIMIT);

@@ -5,6 +5,7 @@ use tokio::time::Instant;
 
 use super::timers::reserve_one;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{
     IN_FLIGHT, NEVER, NO_SESSION, POLICY_MASK, Pending, PolicySlot, Registration, SESSION_SUSPECT,
@@ -64,18 +65,7 @@ impl State {
             hold_until,
         } = pending;
         let interval = interval_of(&policy, shared.original().ttl());
-        let policy_index = self.policy_index(&policy);
-        self.max_slack = self.max_slack.max(duration_ns(interval / 4));
-        let mut slot = Slot {
-            shared: Some(shared.clone()),
-            due,
-            not_before: 0,
-            hold_until,
-            generation: 0,
-            policy: policy_index,
-            session: NO_SESSION,
-            renewals: 0,
-        };
+        let mut slot = self.slot_for(&shared, &policy, interval, due, hold_until);
         if self.apply_caps(&mut slot) {
             shared.set_hint(HINT_HOLD_LIMIT);
         }
@@ -85,6 +75,32 @@ impl State {
         let index = self.insert(slot);
         self.set_timer(index, timer);
         shared.set_admitted_slot(index);
+    }
+
+    /// A slot for `shared`, renewed by `policy` every `interval`, first due
+    /// at `due`, held until `hold_until` at most (not in the table yet:
+    /// see [`insert`](Self::insert)); the policy is counted in the policy
+    /// table and its early-renewal window in `max_slack`.
+    pub(super) fn slot_for(
+        &mut self,
+        shared: &Arc<Shared>,
+        policy: &RenewalPolicy,
+        interval: Duration,
+        due: u64,
+        hold_until: u64,
+    ) -> Slot {
+        let policy_index = self.policy_index(policy);
+        self.max_slack = self.max_slack.max(duration_ns(interval / 4));
+        Slot {
+            shared: Some(shared.clone()),
+            due,
+            not_before: 0,
+            hold_until,
+            generation: 0,
+            policy: policy_index,
+            session: NO_SESSION,
+            renewals: 0,
+        }
     }
 
     pub(super) fn insert(&mut self, mut slot: Slot) -> u32 {
