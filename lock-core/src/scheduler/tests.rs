@@ -314,6 +314,26 @@ async fn settle_until(what: impl Fn() -> bool) {
     assert!(what(), "condition not reached");
 }
 
+/// Watches `guard` for `span`, looking every `step`: whether it was held
+/// throughout, and how many times its validity deadline moved (renewals).
+async fn watch_renewals(guard: &LockGuard, span: Duration, step: Duration) -> (bool, u32) {
+    let mut renewals = 0;
+    let mut deadline = guard.validity_deadline();
+    let until = Instant::now() + span;
+    while Instant::now() < until {
+        if !guard.is_held() {
+            return (false, renewals);
+        }
+        let now = guard.validity_deadline();
+        if now > deadline {
+            renewals += 1;
+            deadline = now;
+        }
+        tokio::time::sleep(step).await;
+    }
+    (true, renewals)
+}
+
 /// Holds a 10 s-TTL lock, lets registrations grow old (past the linger,
 /// so the task sleeps until that lock's renewal, seconds away), then
 /// takes a 30 ms-TTL lock and watches it for 300 ms. Returns whether it
@@ -328,22 +348,8 @@ async fn short_ttl_after_a_long_sleep(never_notify: bool) -> (bool, u32) {
     assert_sleeps_long(&scheduler);
     scheduler.lock().never_notify = never_notify;
     let short = held(&client, "short", Duration::from_millis(30)).await;
-    let mut renewals = 0;
-    let mut deadline = short.validity_deadline();
-    let until = Instant::now() + Duration::from_millis(300);
-    let mut held = true;
-    while Instant::now() < until {
-        if !short.is_held() {
-            held = false;
-            break;
-        }
-        let now = short.validity_deadline();
-        if now > deadline {
-            renewals += 1;
-            deadline = now;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let (held, renewals) =
+        watch_renewals(&short, Duration::from_millis(300), Duration::from_millis(1)).await;
     drop(short);
     assert!(long.release().await.unwrap());
     (held, renewals)
@@ -430,22 +436,12 @@ async fn pending_registrations(never_admit: bool) -> (bool, u32, bool, u64) {
             }
         }
     });
-    let mut renewals = 0;
-    let mut deadline = renewed.validity_deadline();
-    let until = Instant::now() + Duration::from_millis(1200);
-    let mut held_throughout = true;
-    while Instant::now() < until {
-        if !renewed.is_held() {
-            held_throughout = false;
-            break;
-        }
-        let now = renewed.validity_deadline();
-        if now > deadline {
-            renewals += 1;
-            deadline = now;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (held_throughout, renewals) = watch_renewals(
+        &renewed,
+        Duration::from_millis(1200),
+        Duration::from_millis(5),
+    )
+    .await;
     announced.abort();
     let lost = matches!(announced.await, Ok(true));
     drop((renewed, unrenewed));
