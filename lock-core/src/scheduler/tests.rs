@@ -412,7 +412,7 @@ async fn a_short_ttl_lock_registered_between_ticks_is_renewed_and_idle_stops_tic
 async fn pending_registrations(never_admit: bool) -> (bool, u32, bool, u64) {
     let (client, scheduler) = setup();
     let long = held(&client, "long", Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    settle_until(|| scheduler.lock().planned_wake != NEVER).await;
     scheduler.lock().never_admit = never_admit;
     let notifications = scheduler.notifications.load(Ordering::Relaxed);
     let ttl = Duration::from_millis(600);
@@ -498,9 +498,10 @@ async fn a_burst_of_grants_keeps_the_pending_list_short() {
 async fn longest_pending(limit: usize) -> usize {
     let (client, scheduler) = setup();
     // Wake the task first so that it ticks and plans to wake before the
-    // burst's first timers.
+    // burst's first timers (its first pass may come late on a busy
+    // machine: until then every registration goes into the queue).
     let first = held(&client, "first", Duration::from_secs(30)).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    settle_until(|| scheduler.lock().planned_wake != NEVER).await;
     scheduler.lock().pending_limit = limit;
     let burst = 3 * MAX_PENDING;
     let mut guards = Vec::with_capacity(burst);
