@@ -115,11 +115,12 @@ fn duration_ns(duration: Duration) -> u64 {
 
 /// When to renew a lease valid until `deadline`: once `interval` of its
 /// `ttl` has passed since the request that set the deadline, i.e. at
-/// `deadline - (ttl - interval)`, never earlier than `now`. Saturates.
-fn renewal_at(deadline: Instant, ttl: Duration, interval: Duration, now: Instant) -> Instant {
+/// `deadline - (ttl - interval)`, never earlier than `now`; all in compact
+/// time ([`to_ns`]). Saturates.
+fn renewal_at(deadline: u64, ttl: Duration, interval: Duration, now: u64) -> u64 {
     let at = match ttl.checked_sub(interval) {
-        Some(ahead) => deadline.checked_sub(ahead).unwrap_or(now),
-        None => saturating_add(deadline, interval - ttl),
+        Some(ahead) => deadline.saturating_sub(duration_ns(ahead)),
+        None => deadline.saturating_add(duration_ns(interval - ttl)),
     };
     at.max(now)
 }
@@ -507,7 +508,12 @@ impl Scheduler {
         let deadline = shared.deadline_ns();
         let mut hint = None;
         let due = if policy.enabled {
-            to_ns(renewal_at(lease.validity_deadline(), ttl, interval, now_at))
+            renewal_at(
+                to_ns(lease.validity_deadline()),
+                ttl,
+                interval,
+                to_ns(now_at),
+            )
         } else {
             hint = Some(HINT_NOT_RENEWED);
             NEVER
@@ -584,12 +590,7 @@ impl Scheduler {
         let deadline = shared.deadline_ns();
         let due = if policy.enabled {
             let ttl = shared.original().ttl();
-            // `renewal_at` of the lease's deadline, in compact time.
-            let at = match ttl.checked_sub(interval_of(policy, ttl)) {
-                Some(ahead) => deadline.saturating_sub(duration_ns(ahead)),
-                None => deadline.saturating_add(duration_ns(interval_of(policy, ttl) - ttl)),
-            };
-            at.max(now)
+            renewal_at(deadline, ttl, interval_of(policy, ttl), now)
         } else {
             NEVER
         };

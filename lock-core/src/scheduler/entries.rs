@@ -353,7 +353,8 @@ impl State {
                 // the time left.
                 let gap = (interval / 4).min(new_deadline.saturating_duration_since(now_at) / 2);
                 let earliest = saturating_add(now_at, gap);
-                entry.due = to_ns(renewal_at(new_deadline, ttl, interval, now_at).max(earliest));
+                entry.due = renewal_at(to_ns(new_deadline), ttl, interval, to_ns(now_at))
+                    .max(to_ns(earliest));
                 entry.not_before = to_ns(earliest);
             }
             Err(err) if matches!(err.kind(), ErrorKind::NotHeld | ErrorKind::LeaseLost) => {
