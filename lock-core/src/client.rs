@@ -30,7 +30,7 @@ pub(crate) mod multi;
 pub(crate) mod segments;
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -106,7 +106,19 @@ pub struct LockClient {
     /// (shared by clones). Held here so that a scheduler and its task
     /// outlive the guards: acquiring never starts a task, releasing never
     /// stops one.
-    schedulers: Arc<Mutex<Vec<Arc<Scheduler>>>>,
+    schedulers: Arc<Schedulers>,
+}
+
+/// A client's renewal schedulers.
+#[derive(Debug, Default)]
+struct Schedulers {
+    /// The one on the dedicated renewal runtime (the default), with that
+    /// runtime's handle, once a guard needed it; `None` when the renewal
+    /// thread could not start. That runtime never stops, so its scheduler
+    /// is found without a lock, a look-up or a handle clone per guard.
+    dedicated: OnceLock<Option<(Arc<Scheduler>, tokio::runtime::Handle)>>,
+    /// Those on other runtimes.
+    others: Mutex<Vec<Arc<Scheduler>>>,
 }
 
 impl LockClient {
@@ -121,7 +133,7 @@ impl LockClient {
             backend,
             defaults: LockDefaults::default(),
             renewal_runtime: RenewalRuntime::default(),
-            schedulers: Arc::new(Mutex::new(Vec::new())),
+            schedulers: Arc::default(),
         }
     }
 
@@ -135,6 +147,7 @@ impl LockClient {
         let id = handle.id();
         let mut schedulers = self
             .schedulers
+            .others
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(found) = schedulers.iter().find(|s| s.runtime_id() == Some(id)) {
@@ -240,7 +253,7 @@ impl LockClient {
     fn request(&self, key: &str, kind: LeaseKind) -> LockRequest<'_> {
         LockRequest {
             client: self,
-            key: LockKey::new(key),
+            key: LockKey::new(key).map_err(Box::new),
             kind,
             ttl: self.defaults.ttl,
             wait: self.defaults.wait,
@@ -261,12 +274,40 @@ impl LockClient {
 
     /// Wraps a fresh lease in a guard renewed by this client's scheduler.
     pub(crate) fn guard_for(&self, lease: crate::Lease, policy: &RenewalPolicy) -> LockGuard {
-        match self.scheduler(&self.renewal_runtime) {
-            Some((scheduler, handle)) => LockGuard::register(scheduler, &handle, lease, policy),
-            None => {
-                LockGuard::with_runtime(self.backend.clone(), lease, *policy, &self.renewal_runtime)
-            }
+        self.guard_on(&self.renewal_runtime, lease, policy)
+    }
+
+    /// Wraps a fresh lease in a guard renewed by this client's scheduler
+    /// on `runtime`.
+    fn guard_on(
+        &self,
+        runtime: &RenewalRuntime,
+        lease: crate::Lease,
+        policy: &RenewalPolicy,
+    ) -> LockGuard {
+        if runtime.is_dedicated()
+            && let Some((scheduler, handle)) = self.dedicated_scheduler()
+        {
+            return LockGuard::register(scheduler.clone(), handle, lease, policy);
         }
+        match self.scheduler(runtime) {
+            Some((scheduler, handle)) => LockGuard::register(scheduler, &handle, lease, policy),
+            None => LockGuard::with_runtime(self.backend.clone(), lease, *policy, runtime),
+        }
+    }
+
+    /// The scheduler renewing this client's guards on the dedicated
+    /// renewal runtime, with its handle (`None`: the renewal thread could
+    /// not start; [`RenewalRuntime::handle`] then falls back to the
+    /// current runtime, found by [`scheduler`](Self::scheduler)).
+    fn dedicated_scheduler(&self) -> Option<&(Arc<Scheduler>, tokio::runtime::Handle)> {
+        self.schedulers
+            .dedicated
+            .get_or_init(|| {
+                let handle = crate::runtime::dedicated_handle()?;
+                Some((Scheduler::shared_for(&self.backend, &handle), handle))
+            })
+            .as_ref()
     }
 
     /// Starts a request for any one of `segments` locks that together
@@ -398,7 +439,9 @@ impl LockClient {
 #[must_use = "a lock request does nothing until acquired"]
 pub struct LockRequest<'a> {
     client: &'a LockClient,
-    key: Result<LockKey, LockError>,
+    /// The key, or why the request is refused (boxed: the request and the
+    /// acquire future that holds it stay small).
+    key: Result<LockKey, Box<LockError>>,
     kind: LeaseKind,
     ttl: Duration,
     wait: Duration,
@@ -406,7 +449,7 @@ pub struct LockRequest<'a> {
     renewal_runtime: RenewalRuntime,
 }
 
-impl LockRequest<'_> {
+impl<'a> LockRequest<'a> {
     /// For a [semaphore](LockClient::semaphore) request: take `count`
     /// permits at once, atomically (all or none). On any other request,
     /// acquiring fails with [`ErrorKind::InvalidArgument`].
@@ -414,10 +457,10 @@ impl LockRequest<'_> {
         self.kind = match self.kind {
             LeaseKind::Permits { limit, .. } => LeaseKind::Permits { count, limit },
             _ => {
-                self.key = Err(LockError::invalid_argument(
+                self.key = Err(Box::new(LockError::invalid_argument(
                     Operation::Validate,
                     "permits() applies to semaphore requests only",
-                ));
+                )));
                 self.kind
             }
         };
@@ -470,86 +513,101 @@ impl LockRequest<'_> {
     /// # Cancel safety
     ///
     /// See [`LockBackendExt::acquire`](crate::LockBackendExt::acquire): dropping withdraws the request and
-    /// leaves nothing held past its TTL.
-    pub async fn acquire(self) -> Result<LockGuard, LockError> {
-        let backend = self.client.backend.clone();
-        let key = self.key?;
-        check_ttl(self.ttl, backend.capabilities().min_ttl, Operation::Acquire)
-            .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
-        self.renewal
-            .validate(self.ttl)
-            .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
-        self.kind
-            .validate(Operation::Acquire)
-            .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
-        // Inside the scope of a guard of this lock: a nested guard, no
-        // second grant (see `reentry`).
-        if let Some((shared, scheduler)) =
-            crate::reentry::find(crate::reentry::backend_id(&backend), &key, self.kind)
-        {
-            return Ok(LockGuard::nested(shared, scheduler));
-        }
-        let shape = self.kind.shape();
-        let span = crate::telemetry::hot_span!(
-            "distlock.acquire",
-            backend = backend.name(),
-            key = %key,
-            kind = %self.kind,
-            ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX),
-            wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX),
-            token = tracing::field::Empty,
-            owner = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-        );
-        let started = crate::telemetry::acquire_started(backend.name(), &key, shape);
-        let result = crate::telemetry::in_span(
-            &span,
-            Self::grant(&backend, &key, self.kind, self.ttl, self.wait),
-        )
-        .await;
-        crate::telemetry::acquire_ended(
-            started,
-            backend.name(),
-            &key,
-            shape,
-            !self.wait.is_zero(),
-            &result,
-        );
-        crate::telemetry::record_grant(&span, &result, "token", "granted");
-        let lease = result?;
-        Ok(match self.client.scheduler(&self.renewal_runtime) {
-            Some((scheduler, handle)) => {
-                LockGuard::register(scheduler, &handle, lease, &self.renewal)
+    /// leaves nothing held past its TTL. Nothing is checked or sent before
+    /// the future is first polled.
+    pub fn acquire(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send + 'a {
+        // A plain function returning the future, not an `async fn`: the
+        // future holds the request's parts once, where an `async fn` keeps
+        // its argument twice (as passed, and as moved into its body).
+        let LockRequest {
+            client,
+            key,
+            kind,
+            ttl,
+            wait,
+            renewal,
+            renewal_runtime,
+        } = self;
+        async move {
+            let backend = &client.backend;
+            let key = key.map_err(|e| *e)?;
+            check_ttl(ttl, backend.capabilities().min_ttl, Operation::Acquire)
+                .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
+            renewal
+                .validate(ttl)
+                .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
+            kind.validate(Operation::Acquire)
+                .map_err(|e| e.with_key(&key).with_backend(backend.name()))?;
+            // Inside the scope of a guard of this lock: a nested guard, no
+            // second grant (see `reentry`).
+            if let Some((shared, scheduler)) =
+                crate::reentry::find(crate::reentry::backend_id(backend), &key, kind)
+            {
+                return Ok(LockGuard::nested(shared, scheduler));
             }
-            None => LockGuard::with_runtime(backend, lease, self.renewal, &self.renewal_runtime),
-        })
+            let shape = kind.shape();
+            let span = crate::telemetry::hot_span!(
+                "distlock.acquire",
+                backend = backend.name(),
+                key = %key,
+                kind = %kind,
+                ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                token = tracing::field::Empty,
+                owner = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            );
+            let started = crate::telemetry::acquire_started(backend.name(), &key, shape);
+            // The backend's future awaited here, not inside helpers of our
+            // own: each would add its state (and a copy of the request) to
+            // this future.
+            let request = GrantRequest::mutex(&key, ttl).kind(kind);
+            let request = if wait.is_zero() {
+                request
+            } else {
+                request.until(saturating_add(Instant::now(), wait))
+            };
+            let found = if span.is_disabled() {
+                backend.grant(request).await
+            } else {
+                backend.grant(request).instrument(span.clone()).await
+            };
+            let result = Self::granted(found, backend.name(), &key, kind, wait);
+            crate::telemetry::acquire_ended(
+                started,
+                backend.name(),
+                &key,
+                shape,
+                !wait.is_zero(),
+                &result,
+            );
+            crate::telemetry::record_grant(&span, &result, "token", "granted");
+            let lease = result?;
+            Ok(client.guard_on(&renewal_runtime, lease, &renewal))
+        }
     }
 
-    /// The grant itself: one try, or a wait until the request's deadline,
-    /// asked of the kernel directly (the `LockBackendExt` conveniences
-    /// would box one more future around it per acquire); the errors are
-    /// theirs.
-    async fn grant(
-        backend: &Arc<dyn LockBackend>,
+    /// The backend's answer to the grant as the request's result: a
+    /// waiting grant's as [`LockBackendExt::acquire`](crate::LockBackendExt::acquire)
+    /// reads it, a single try's "held" as [`ErrorKind::Contended`].
+    fn granted(
+        found: Result<Option<Lease>, LockError>,
+        backend: &'static str,
         key: &LockKey,
         kind: LeaseKind,
-        ttl: Duration,
         wait: Duration,
     ) -> Result<Lease, LockError> {
-        let request = GrantRequest::mutex(key, ttl).kind(kind);
         if !wait.is_zero() {
-            let deadline = saturating_add(Instant::now(), wait);
-            let found = backend.grant(request.until(deadline)).await;
-            return granted(found, backend.name(), key);
+            return granted(found, backend, key);
         }
-        backend.grant(request).await?.ok_or_else(|| {
+        found?.ok_or_else(|| {
             let message = match kind {
                 LeaseKind::Exclusive => "held by another owner".to_owned(),
                 kind => format!("cannot take {kind} now"),
             };
             LockError::new(ErrorKind::Contended, Operation::TryAcquire, message)
                 .with_key(key)
-                .with_backend(backend.name())
+                .with_backend(backend)
         })
     }
 

@@ -201,7 +201,7 @@ impl RenewalRuntime {
 }
 
 /// The process-wide renewal runtime's handle, started on first call.
-fn dedicated_handle() -> Option<Handle> {
+pub(crate) fn dedicated_handle() -> Option<Handle> {
     static DEDICATED: OnceLock<Option<Handle>> = OnceLock::new();
     DEDICATED.get_or_init(start_dedicated).clone()
 }
