@@ -567,10 +567,9 @@ impl<'a> LockRequest<'a> {
             } else {
                 request.until(saturating_add(Instant::now(), wait))
             };
-            let found = if span.is_disabled() {
-                backend.grant(request).await
-            } else {
-                backend.grant(request).instrument(span.clone()).await
+            let found = match &span {
+                None => backend.grant(request).await,
+                Some(span) => backend.grant(request).instrument(span.clone()).await,
             };
             let result = Self::granted(found, backend.name(), &key, kind, wait);
             crate::telemetry::acquire_ended(
@@ -581,7 +580,9 @@ impl<'a> LockRequest<'a> {
                 !wait.is_zero(),
                 &result,
             );
-            crate::telemetry::record_grant(&span, &result, "token", "granted");
+            if let Some(span) = &span {
+                crate::telemetry::record_grant(span, &result, "token", "granted");
+            }
             let lease = result?;
             Ok(client.guard_on(&renewal_runtime, lease, &renewal))
         }

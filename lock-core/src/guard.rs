@@ -375,9 +375,19 @@ impl LockGuard {
             token = lease.token().get(),
             outcome = tracing::field::Empty,
         );
-        let result =
-            crate::telemetry::in_span(&span, self.scheduler.backend().release(lease)).await;
-        if !span.is_disabled() {
+        // The backend's future awaited here (a helper of our own around it
+        // would add its state to this future).
+        let result = match &span {
+            None => self.scheduler.backend().release(lease).await,
+            Some(span) => {
+                tracing::Instrument::instrument(
+                    self.scheduler.backend().release(lease),
+                    span.clone(),
+                )
+                .await
+            }
+        };
+        if let Some(span) = &span {
             match &result {
                 Ok(true) => span.record("outcome", "released"),
                 Ok(false) => span.record("outcome", "not held"),
