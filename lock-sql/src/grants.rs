@@ -150,11 +150,16 @@ impl Grants {
     /// commit and its token is ours. Without this the lost grant would hold
     /// the key for its whole TTL while its requester waited behind it.
     ///
-    /// `values` by reference, and the statement's own values made after
-    /// each await: a copy of them kept across an await made every grant's
-    /// future larger (the waiting grant's boxed future was past the
-    /// allocator's 1,032-byte per-thread cache).
-    async fn grant_once(&self, values: &GrantValues<'_>) -> Result<Option<i64>, sqlx::Error> {
+    /// `grant` is the statement and `values` its values (see
+    /// [`grant_statement`](Self::grant_statement)), both by reference: a
+    /// copy kept across an await, here or in the statement's boxed future,
+    /// made the futures larger (each past the allocator's 1,032-byte
+    /// per-thread cache in turn).
+    async fn grant_once(
+        &self,
+        grant: &Arc<str>,
+        values: &GrantValues<'_>,
+    ) -> Result<Option<i64>, sqlx::Error> {
         let (conns, dialect) = (&self.inner.conns, self.inner.dialect);
         // `ConnSet::checkout` written out: its future holds the checkout it
         // answers at once, which would make every grant's future larger.
@@ -162,16 +167,14 @@ impl Grants {
             Some(checkout) => checkout,
             None => Box::pin(conns.checkout_waiting(false, true)).await?,
         };
-        let (grant, bound) = self.grant_statement(*values);
         // Boxed, as in `retry_once!`: statement futures are kilobytes.
-        let result = Box::pin(dialect.grant(checkout.conn(), grant, bound)).await;
+        let result = Box::pin(dialect.grant(checkout.conn(), grant, values)).await;
         if !checkout.finish(&result) {
             return result;
         }
         // Boxed: a rare path, whose state would make every grant's future
         // larger.
-        let (grant, bound) = self.grant_statement(*values);
-        Box::pin(self.grant_again(grant, bound)).await
+        Box::pin(self.grant_again(grant, *values)).await
     }
 
     /// The grant statement for `values`, and the values it binds (a mark
@@ -206,7 +209,7 @@ impl Grants {
         let mut checkout = conns.checkout(true).await?;
         let result = Box::pin(async {
             let conn = checkout.conn();
-            if let Some(token) = dialect.grant(conn, grant, values).await? {
+            if let Some(token) = dialect.grant(conn, grant, &values).await? {
                 return Ok(Some(token));
             }
             let holder = dialect.inspect(conn, &statements.inspect, key).await?;
@@ -230,19 +233,19 @@ impl Grants {
         mark_for: Option<Duration>,
     ) -> Result<Option<u64>, sqlx::Error> {
         let owner = owner.hex();
-        let values = GrantValues {
+        let (grant, values) = self.grant_statement(GrantValues {
             key,
             owner: owner.as_str(),
             ttl,
             ahead,
             mark_for,
-        };
+        });
         // A statement that lost a deadlock or serialization conflict
         // (InnoDB's gap locks on concurrent first inserts of one key) was
         // rolled back and changed nothing: run it again.
         let mut attempts = 0;
         let token = loop {
-            match self.grant_once(&values).await {
+            match self.grant_once(grant, &values).await {
                 Err(sqlx::Error::Database(db))
                     if attempts < 5 && matches!(db.code().as_deref(), Some("40001" | "40P01")) =>
                 {
@@ -342,7 +345,7 @@ impl Grants {
         let dialect = inner.dialect;
         let released = timed(&inner.config, Operation::Release, Some(key), async {
             retry_once!(&inner.conns, |conn| dialect
-                .release(conn, statement, row, channel))
+                .release(conn, statement, &row, channel))
         })
         .await?;
         if released && !dialect.notified() {
