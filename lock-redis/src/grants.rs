@@ -9,8 +9,6 @@ pub(crate) mod undo;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
-use futures_util::future::Either;
 use lock_core::{ErrorKind, FencingToken, Lease, LockError, LockInfo, LockKey, Operation, OwnerId};
 use redis::Value;
 use tokio::time::Instant;
@@ -122,34 +120,19 @@ impl Grants {
 
     /// One acquire attempt of the mutex on every node (see the crate docs:
     /// a majority for Redlock, whose partial grants are undone at once).
-    ///
-    /// Not an `async fn`: on one server, Sentinel or Cluster its future is
-    /// [`attempt_one`](Self::attempt_one)'s (no state of its own around
-    /// it); Redlock's is boxed.
-    pub(crate) fn attempt<'a>(
-        &'a self,
-        key: &'a LockKey,
+    pub(crate) async fn attempt(
+        &self,
+        key: &LockKey,
         ttl: Duration,
         op: Operation,
         timeout: Duration,
-    ) -> impl Future<Output = Result<Attempt, LockError>> + 'a {
-        if self.servers.redlock {
-            // Boxed: the work over several nodes (their futures joined, the
-            // tally of their answers) would make every attempt's future as
-            // large as its own (moved whole into the waiting acquire's, and
-            // that into the box of `LockBackend::grant`).
-            Either::Right(Box::pin(self.attempt_quorum(key, ttl, op, timeout)))
-        } else {
-            Either::Left(self.attempt_one(key, ttl, op, timeout))
-        }
-    }
-
-    /// The acquire script's call for the grant of `ttl` to `owner_hex`
-    /// under `names` (with the holder details, and the floor key where
-    /// `gc` keeps one). Its texts are copied into the request: none is
-    /// kept across the call's wait.
-    fn grant_call(&self, names: &KeyNames, owner_hex: &str, ttl: Duration) -> ScriptCall<'_> {
+    ) -> Result<Attempt, LockError> {
         let servers = &self.servers;
+        let names = servers.keys.mutex(key, op)?;
+        let owner = OwnerId::random();
+        let owner_value = servers.keys.owner_value(owner);
+        // Read once: each read of a native value checks its digits again.
+        let owner_hex: &str = &owner_value;
         let ttl_ms = ttl_ms(ttl);
         let details = lock_core::HolderDetails::encode_current();
         let grant = GrantArgs {
@@ -158,114 +141,15 @@ impl Grants {
             details: &details,
             floor: servers.floor.key_for(&names.counter),
         };
-        let (keys, key_count, args) = grant.script_texts(names);
-        ScriptCall::new(&servers.scripts.acquire, &keys[..key_count], &args)
-    }
-
-    /// [`attempt`](Self::attempt) on the one node of a server, Sentinel or
-    /// Cluster: the script's one request (and `WAIT` with `replicas=N`),
-    /// its answer read directly. As on every node: a grant whose answer
-    /// is lost is undone at once (in the background when the future is
-    /// dropped before the answer).
-    async fn attempt_one(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        op: Operation,
-        timeout: Duration,
-    ) -> Result<Attempt, LockError> {
-        let servers = &self.servers;
-        let names = servers.keys.mutex(key, op)?;
-        let owner = OwnerId::random();
-        let owner_value = servers.keys.owner_value(owner);
-        // Read once: each read of a native value checks its digits again.
-        let owner_hex: &str = &owner_value;
-        let call = &self.grant_call(&names, owner_hex, ttl);
         let pending = PendingGrant {
             servers,
             names: &names,
             owner: owner_hex,
             armed: true,
         };
-        let lane = Lane::of(owner_hex);
-        let sent_at = Instant::now();
-        let answer = self
-            .run_grant(
-                servers.first(),
-                lane,
-                op,
-                timeout,
-                move |mut conn| async move { conn.eval_call(call).await },
-                |value| matches!(parse_grant(value), Ok(NodeGrant::Granted(_))),
-            )
-            .await;
-        match answer.and_then(|(value, acked)| Ok((parse_grant(&value)?, acked))) {
-            Ok((NodeGrant::Granted(token), acked)) => {
-                if let Err(err) = self.replicas_acked(op, acked) {
-                    // `pending` releases the grant on drop.
-                    return Err(err.with_key(key));
-                }
-                let lease = granted(key, owner, FencingToken::new(token), ttl, sent_at)?;
-                pending.disarm();
-                Ok(Attempt::Granted(lease))
-            }
-            Ok((NodeGrant::Held(ms), _)) => {
-                // Nothing was set: nothing to undo.
-                pending.disarm();
-                let retry_in = if ms == -1 {
-                    // A foreign holder without TTL: re-check at the interval.
-                    servers.config.recheck
-                } else {
-                    pttl(ms).unwrap_or(Duration::ZERO)
-                };
-                Ok(Attempt::Held {
-                    retry_in: Some(retry_in),
-                    split: false,
-                })
-            }
-            Err(err) => {
-                // The answer was lost (or unreadable): undo the grant it
-                // may have hidden now, on the grant's connection. Boxed:
-                // the rare path, kept out of the size of every attempt's
-                // future.
-                let undo = servers.undo_lane(lane);
-                let undo = Box::pin(release_everywhere(
-                    servers,
-                    names.release_keys(),
-                    owner_hex,
-                    timeout,
-                    undo,
-                ));
-                let _ = undo.await;
-                pending.disarm();
-                Err(err.with_key(key))
-            }
-        }
-    }
-
-    /// [`attempt`](Self::attempt) on Redlock's nodes: a grant needs a
-    /// majority; a partial grant is undone at once.
-    async fn attempt_quorum(
-        &self,
-        key: &LockKey,
-        ttl: Duration,
-        op: Operation,
-        timeout: Duration,
-    ) -> Result<Attempt, LockError> {
-        let servers = &self.servers;
-        let names = servers.keys.mutex(key, op)?;
-        let owner = OwnerId::random();
-        let owner_value = servers.keys.owner_value(owner);
-        // Read once: each read of a native value checks its digits again.
-        let owner_hex: &str = &owner_value;
-        let pending = PendingGrant {
-            servers,
-            names: &names,
-            owner: owner_hex,
-            armed: true,
-        };
+        let (keys, key_count, args) = grant.script_texts(&names);
         // Built once for every node.
-        let call = self.grant_call(&names, owner_hex, ttl);
+        let call = ScriptCall::new(&servers.scripts.acquire, &keys[..key_count], &args);
         let sent_at = Instant::now();
         let per_node = if servers.redlock {
             timeout.min((ttl / 10).max(Duration::from_millis(100)))
@@ -384,42 +268,7 @@ impl Grants {
     /// a grant whose answer was lost (the caller undoes it). Returns the
     /// script's answer and how many replicas acknowledged it (`None`: no
     /// `WAIT` was sent).
-    ///
-    /// Not an `async fn`: without replicas to wait for, its future is the
-    /// node's request itself (no state of its own around it, which every
-    /// grant's future would carry).
-    pub(crate) fn run_grant<'a, F, Fut>(
-        &'a self,
-        node: &'a Node,
-        lane: Lane,
-        op: Operation,
-        timeout: Duration,
-        script: F,
-        is_grant: impl FnOnce(&Value) -> bool + 'a,
-    ) -> impl Future<Output = Result<(Value, Option<i64>), LockError>> + 'a
-    where
-        F: FnOnce(Conn) -> Fut + 'a,
-        Fut: Future<Output = redis::RedisResult<Value>> + 'a,
-    {
-        if self.servers.config.wait_replicas == 0 {
-            // No replicas to wait for: the script alone, one request, on
-            // the handle the node lends (no second handle, no `WAIT`).
-            Either::Left(
-                node.run_request_on(lane, op, timeout, script)
-                    .map(|answer| answer.map(|value| (value, None))),
-            )
-        } else {
-            // Boxed: a call of two requests, larger than the one request
-            // above, would make every grant's future as large as its own.
-            Either::Right(Box::pin(
-                self.run_grant_and_wait(node, lane, op, timeout, script, is_grant),
-            ))
-        }
-    }
-
-    /// [`run_grant`](Self::run_grant) with replicas to wait for: the
-    /// script, then (after a grant) `WAIT` on the same handle.
-    async fn run_grant_and_wait<F, Fut>(
+    pub(crate) async fn run_grant<F, Fut>(
         &self,
         node: &Node,
         lane: Lane,
@@ -430,13 +279,24 @@ impl Grants {
     ) -> Result<(Value, Option<i64>), LockError>
     where
         F: FnOnce(Conn) -> Fut,
-        Fut: Future<Output = redis::RedisResult<Value>>,
+        Fut: std::future::Future<Output = redis::RedisResult<Value>>,
     {
         let config = &self.servers.config;
         let wanted = config.wait_replicas;
+        if wanted == 0 {
+            // No replicas to wait for: the script alone, one request, on
+            // the handle the node lends (no second handle, no `WAIT`).
+            return node
+                .run_request_on(lane, op, timeout, |conn| async move {
+                    Ok((script(conn).await?, None))
+                })
+                .await;
+        }
         let wait_ms = config.wait_timeout.as_millis().to_string();
         // `WAIT` blocks up to its own timeout on the server.
         let bound = timeout.saturating_add(config.wait_timeout * 2);
+        // Boxed: a call of two requests, larger than the one request
+        // above, would make every grant's future as large as its own.
         #[cfg(test)]
         if self.servers.unpinned.wait() {
             // The tests' broken variant: `WAIT` on the next lane's
@@ -453,7 +313,7 @@ impl Grants {
                 .await?;
             return Ok((value, Some(acked)));
         }
-        node.run_on(lane, op, bound, |mut conn| async move {
+        Box::pin(node.run_on(lane, op, bound, |mut conn| async move {
             // A clone of the handle: the same server connection.
             let value = script(conn.clone()).await?;
             if !is_grant(&value) {
@@ -463,7 +323,7 @@ impl Grants {
                 .query::<i64>(redis::cmd("WAIT").arg(wanted).arg(&wait_ms))
                 .await?;
             Ok((value, Some(acked)))
-        })
+        }))
         .await
     }
 

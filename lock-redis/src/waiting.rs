@@ -54,6 +54,9 @@ impl Waiting {
             return Box::pin(fair::acquire(&self.grants, key, ttl, deadline)).await;
         }
         let config = &servers.config;
+        // The backoff after errors, made on the first error (it seeds itself
+        // from the OS generator: nothing to pay on the common path).
+        let mut errors = None;
         // First try without the notification machinery: on a free key (the
         // common case) the waiting acquire costs what a single try costs,
         // one round trip, with no SUBSCRIBE before it nor UNSUBSCRIBE after.
@@ -61,10 +64,6 @@ impl Waiting {
             .grants
             .attempt(key, ttl, op, attempt_timeout(config, deadline))
             .await;
-        // The backoff after errors, made on the first error (it seeds itself
-        // from the OS generator: nothing to pay on the common path); made
-        // after the first try, so its place is not in that try's future.
-        let mut errors = None;
         if let Found::Granted(lease) = found(config, key, first, deadline, &mut errors)? {
             return Ok(lease);
         }

@@ -103,20 +103,21 @@ impl Conn {
     /// is already built (one request may go to several nodes); `EVAL`
     /// after a `NOSCRIPT` answer.
     pub(crate) async fn eval_call(&mut self, call: &ScriptCall<'_>) -> redis::RedisResult<Value> {
-        {
-            // In a block of its own: the first answer is not kept across
-            // the `EVAL` below (it would add its size to every script
-            // call's future).
-            match self.query(&call.evalsha).await {
-                Err(err) if is_noscript(&err) => {}
-                other => return other,
+        match self.query(&call.evalsha).await {
+            Err(err) if is_noscript(&err) => {
+                // Boxed: the rare path (after a restart or a script
+                // flush), whose request is held across its wait; inline it
+                // would add its size to every script call's future (moved
+                // whole into each caller's, and into the boxes of the
+                // `LockBackend` calls).
+                Box::pin(async move {
+                    let eval = script_cmd("EVAL", call.code, call.keys, call.args);
+                    self.query(&eval).await
+                })
+                .await
             }
+            other => other,
         }
-        // Boxed: the rare path (after a restart or a script flush), whose
-        // request is held across its wait; inline it would add its size to
-        // every script call's future (moved whole into each caller's, and
-        // into the boxes of the `LockBackend` calls).
-        Box::pin(async move { self.query(&call.eval()).await }).await
     }
 
     /// Many calls of one script. On one server they go as pipelines of at
@@ -205,52 +206,28 @@ const PIPELINE_CHUNK: usize = 512;
 /// One call of a script, its `EVALSHA` request built once: a Redlock
 /// grant or release sends the same request to every node, which each
 /// node's call would otherwise build again (`Conn::eval`); the `EVAL` of a
-/// `NOSCRIPT` answer is built only then, from the `EVALSHA` request's own
-/// arguments (the call keeps no borrow of the keys and arguments it was
-/// made of, which need not outlive it).
+/// `NOSCRIPT` answer is built only then.
 pub(crate) struct ScriptCall<'a> {
     /// The script's text, for `EVAL`.
     code: &'a str,
+    keys: &'a [&'a str],
+    args: &'a [&'a str],
     evalsha: Cmd,
 }
 
 impl<'a> ScriptCall<'a> {
-    pub(crate) fn new(script: &'a LuaScript, keys: &[&str], args: &[&str]) -> Self {
+    pub(crate) fn new(script: &'a LuaScript, keys: &'a [&'a str], args: &'a [&'a str]) -> Self {
         Self::of_text(script.code, &script.hash, keys, args)
     }
 
     /// A call of the script `code` whose SHA1 is `hash`.
-    fn of_text(code: &'a str, hash: &str, keys: &[&str], args: &[&str]) -> Self {
+    fn of_text(code: &'a str, hash: &str, keys: &'a [&'a str], args: &'a [&'a str]) -> Self {
         Self {
             evalsha: script_cmd("EVALSHA", hash, keys, args),
             code,
+            keys,
+            args,
         }
-    }
-
-    /// The `EVAL` of this call: the script's text, then the `EVALSHA`
-    /// request's key count, keys and arguments as they are.
-    fn eval(&self) -> Cmd {
-        // `EVALSHA <sha1> <numkeys> <keys...> <args...>`: all but the
-        // first two.
-        let rest = self
-            .evalsha
-            .args_iter()
-            .skip(2)
-            .filter_map(|arg| match arg {
-                redis::Arg::Simple(bytes) => Some(bytes),
-                // `script_cmd` makes no cursor argument.
-                _ => None,
-            });
-        let size = rest.clone().map(<[u8]>::len).sum::<usize>();
-        let mut cmd = Cmd::with_capacity(
-            self.evalsha.args_iter().len(),
-            "EVAL".len() + self.code.len() + size,
-        );
-        cmd.arg("EVAL").arg(self.code);
-        for bytes in rest {
-            cmd.arg(bytes);
-        }
-        cmd
     }
 }
 
@@ -819,30 +796,5 @@ impl Node {
 
     pub(crate) fn map_err(&self, op: Operation, err: RedisError) -> LockError {
         map_redis_error(&self.label, &self.secrets, op, err)
-    }
-}
-
-#[cfg(test)]
-mod script_call_tests {
-    use super::*;
-
-    /// The `EVAL` of a `NOSCRIPT` answer, made from the `EVALSHA`
-    /// request's arguments, is the request made from the texts themselves.
-    #[test]
-    fn eval_after_noscript_sends_the_same_keys_and_arguments() {
-        let code = "return {KEYS[1], ARGV[2]}";
-        let keys = ["lock{k}", "lock{k}:token", ""];
-        let args = ["0123abcd", "30000", "host 42 \u{e9}t\u{e9}"];
-        let call = ScriptCall::of_text(code, "a-sha1", &keys, &args);
-        let expected = script_cmd("EVAL", code, &keys, &args);
-        assert_eq!(
-            call.eval().get_packed_command(),
-            expected.get_packed_command()
-        );
-        let none = ScriptCall::of_text(code, "a-sha1", &[], &[]);
-        assert_eq!(
-            none.eval().get_packed_command(),
-            script_cmd("EVAL", code, &[], &[]).get_packed_command()
-        );
     }
 }

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::Either;
 use lock_core::{Lease, LockError, Operation};
 use redis::Value;
 
@@ -18,77 +17,19 @@ use crate::keys::replies::as_int;
 /// each node's connection of `lane`: `(released, not_held, errors)`. The
 /// undo of a grant whose answer was not seen passes the grant's lane
 /// ([`Servers::undo_lane`]), so that each node processes it after the grant.
-///
-/// Not an `async fn`: on one server, Sentinel or Cluster its future is
-/// the one request's (no per-node machinery around it, which every
-/// release's future would carry); Redlock's is boxed.
-pub(crate) fn release_everywhere<'a>(
-    servers: &'a Servers,
-    names: ReleaseKeys<'a>,
-    owner: &'a str,
+pub(crate) async fn release_everywhere(
+    servers: &Servers,
+    names: ReleaseKeys<'_>,
+    owner: &str,
     timeout: Duration,
     lane: Lane,
-) -> impl Future<Output = (usize, usize, Vec<LockError>)> + 'a {
-    if servers.redlock {
-        Either::Right(Box::pin(release_on_nodes(
-            servers, names, owner, timeout, lane,
-        )))
-    } else {
-        Either::Left(release_one(servers, names, owner, timeout, lane))
-    }
-}
-
-/// The release script's call for `owner`'s grant under `names`.
-fn release_call<'a>(servers: &'a Servers, names: ReleaseKeys<'_>, owner: &str) -> ScriptCall<'a> {
+) -> (usize, usize, Vec<LockError>) {
+    let mut released = 0;
+    let mut not_held = 0;
+    let mut errors = Vec::new();
     let (keys, args) = ([names.lock, names.holder], [owner, names.channel]);
-    ScriptCall::new(&servers.scripts.release, &keys, &args)
-}
-
-/// What one node's answer to a release adds to `(released, not_held,
-/// errors)`.
-fn tally(result: Result<Value, LockError>, tally: &mut (usize, usize, Vec<LockError>)) {
-    match result.and_then(|v| as_int(&v, Operation::Release)) {
-        Ok(1) => tally.0 += 1,
-        Ok(_) => tally.1 += 1,
-        Err(err) => tally.2.push(err),
-    }
-}
-
-/// [`release_everywhere`] on the one node of a server, Sentinel or
-/// Cluster.
-async fn release_one(
-    servers: &Servers,
-    names: ReleaseKeys<'_>,
-    owner: &str,
-    timeout: Duration,
-    lane: Lane,
-) -> (usize, usize, Vec<LockError>) {
-    let call = &release_call(servers, names, owner);
-    let result = servers
-        .first()
-        .run_request_on(
-            lane,
-            Operation::Release,
-            timeout,
-            move |mut conn| async move { conn.eval_call(call).await },
-        )
-        .await;
-    let mut counts = (0, 0, Vec::new());
-    tally(result, &mut counts);
-    counts
-}
-
-/// [`release_everywhere`] on Redlock's nodes, concurrently.
-async fn release_on_nodes(
-    servers: &Servers,
-    names: ReleaseKeys<'_>,
-    owner: &str,
-    timeout: Duration,
-    lane: Lane,
-) -> (usize, usize, Vec<LockError>) {
-    let mut counts = (0, 0, Vec::new());
     // Built once for every node.
-    let call = &release_call(servers, names, owner);
+    let call = &ScriptCall::new(&servers.scripts.release, &keys, &args);
     servers
         .each_node(
             |node| {
@@ -99,10 +40,14 @@ async fn release_on_nodes(
                     move |mut conn| async move { conn.eval_call(call).await },
                 )
             },
-            |result| tally(result, &mut counts),
+            |result| match result.and_then(|v| as_int(&v, Operation::Release)) {
+                Ok(1) => released += 1,
+                Ok(_) => not_held += 1,
+                Err(err) => errors.push(err),
+            },
         )
         .await;
-    counts
+    (released, not_held, errors)
 }
 
 /// The cleanup of a guard dropped armed, in the background on the current
