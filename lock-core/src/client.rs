@@ -115,7 +115,7 @@ struct Schedulers {
     /// The one on the dedicated renewal runtime (the default), with that
     /// runtime's handle, once a guard needed it; `None` when the renewal
     /// thread could not start. That runtime never stops, so its scheduler
-    /// is found without a lock, a look-up or a handle clone per guard.
+    /// is found without a lock or a look-up per guard.
     dedicated: OnceLock<Option<(Arc<Scheduler>, tokio::runtime::Handle)>>,
     /// Those on other runtimes.
     others: Mutex<Vec<Arc<Scheduler>>>,
@@ -143,6 +143,11 @@ impl LockClient {
         &self,
         runtime: &RenewalRuntime,
     ) -> Option<(Arc<Scheduler>, tokio::runtime::Handle)> {
+        if runtime.is_dedicated()
+            && let Some((scheduler, handle)) = self.dedicated_scheduler()
+        {
+            return Some((scheduler.clone(), handle.clone()));
+        }
         let handle = runtime.handle()?;
         let id = handle.id();
         let mut schedulers = self
@@ -285,11 +290,6 @@ impl LockClient {
         lease: crate::Lease,
         policy: &RenewalPolicy,
     ) -> LockGuard {
-        if runtime.is_dedicated()
-            && let Some((scheduler, handle)) = self.dedicated_scheduler()
-        {
-            return LockGuard::register(scheduler.clone(), handle, lease, policy);
-        }
         match self.scheduler(runtime) {
             Some((scheduler, handle)) => LockGuard::register(scheduler, &handle, lease, policy),
             None => LockGuard::with_runtime(self.backend.clone(), lease, *policy, runtime),

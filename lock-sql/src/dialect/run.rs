@@ -228,6 +228,14 @@ impl dyn Dialect {
         Ok((options, pool))
     }
 
+    /// The grant's binds of `values`, in the dialect's order; a waiter's
+    /// grant (`WaitingSql::grant`) binds its mark last.
+    fn grant_binds<'a>(&self, values: &Values<'a>) -> Binds<'a> {
+        let mut binds = values.binds(self.profile().binds.grant);
+        binds.extend(values.bind(Arg::MarkFor));
+        binds
+    }
+
     /// The grant: `Some(token)` when the row was inserted or an expired one
     /// taken over, `None` when someone holds it.
     pub(crate) async fn grant(
@@ -247,10 +255,7 @@ impl dyn Dialect {
                 details: &details,
                 ..Values::new(grant.key.as_str(), grant.owner)
             };
-            let mut binds = values.binds(self.profile().binds.grant);
-            // A waiter's grant (`WaitingSql::grant`) binds its mark last.
-            binds.extend(values.bind(Arg::MarkFor));
-            binds
+            self.grant_binds(&values)
         };
         match self.profile().binds.grant_reply {
             GrantReply::Returning => fetch_optional_int(conn, sql, &binds).await,
@@ -423,7 +428,7 @@ impl dyn Dialect {
 
 #[cfg(test)]
 mod tests {
-    use super::{Arg, Binds, Values};
+    use super::{Binds, Values};
     use crate::config::SqlDialect;
     use std::time::Duration;
 
@@ -450,15 +455,9 @@ mod tests {
                 ..values
             };
             let binds = &dialect.profile().binds;
-            // As `Dialect::grant` binds them.
-            fn grant<'a>(values: &Values<'a>, args: &[Arg]) -> Binds<'a> {
-                let mut grant = values.binds(args);
-                grant.extend(values.bind(Arg::MarkFor));
-                grant
-            }
             for (statement, bound) in [
-                ("fair grant", grant(&values, binds.grant)),
-                ("waiter's grant", grant(&waiter, binds.grant)),
+                ("fair grant", dialect.grant_binds(&values)),
+                ("waiter's grant", dialect.grant_binds(&waiter)),
                 ("release", values.binds(binds.release)),
                 ("renew", values.binds(binds.renew)),
                 ("inspect", values.binds(binds.inspect)),
