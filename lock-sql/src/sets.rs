@@ -109,7 +109,7 @@ impl Sets {
                 read,
             } => {
                 let arc = |s: &str| -> std::sync::Arc<str> { std::sync::Arc::from(s) };
-                execute(conn, &arc(begin), &[]).await?;
+                execute(conn, &arc(begin), std::iter::empty::<Bind<'_>>()).await?;
                 let body = async {
                     let names: Vec<Bind<'_>> = names.collect();
                     if let Some(check) = check {
@@ -164,7 +164,7 @@ impl Sets {
                     Ok(Some(_)) => "COMMIT",
                     _ => "ROLLBACK",
                 };
-                match execute(conn, &arc(end), &[]).await {
+                match execute(conn, &arc(end), std::iter::empty::<Bind<'_>>()).await {
                     Ok(_) => outcome,
                     // A failed rollback after an error: the error says more.
                     Err(e) => outcome.and(Err(e)),

@@ -2,7 +2,13 @@
 //! dialect: the statements are the same text with the same binds (keys,
 //! owners, kinds as text; counts, tokens, TTLs, ids as `BIGINT`), so one
 //! body serves every connection type.
+//!
+//! A statement's binds are any sequence of [`Bind`]s (or references to
+//! them): a slice, [`Binds`], or an iterator that makes each as it is
+//! bound (the lease statements', `Dialect::grant` and `release`: no
+//! [`Binds`] in between).
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 
 use sqlx::Row;
@@ -19,18 +25,13 @@ pub(crate) enum Bind<'a> {
     Bytes(&'a [u8]),
 }
 
-/// The binds of one statement, kept inline up to [`Binds::INLINE`] (every
-/// lease statement's: no allocation per statement), else in a `Vec` (a
-/// batch's rows).
+/// The binds of one statement, kept inline up to [`Binds::INLINE`] (the
+/// renewal's, the inspect's, a mark's: no allocation per statement), else
+/// in a `Vec` (a batch's rows).
 ///
 /// Six inline, the most a lease statement binds (checked by
 /// `lease_statements_bind_inline`): the binds are kept across the
-/// statement in its boxed future, and with eight slots the grant's and the
-/// release's futures were larger than the allocator's 1,032-byte
-/// per-thread cache, each box allocated and freed through malloc's slow
-/// path (sql_parts' SqlBackend side on PostgreSQL: 1,192 and 1,208 bytes;
-/// 976 and 1,000 with six slots and the values out of the futures, see
-/// `Dialect::grant`).
+/// statement in its future.
 #[derive(Clone, Debug)]
 pub(crate) enum Binds<'a> {
     Inline([Bind<'a>; Binds::INLINE], usize),
@@ -75,6 +76,15 @@ impl<'a> Extend<Bind<'a>> for Binds<'a> {
         for bind in binds {
             self.push(bind);
         }
+    }
+}
+
+impl<'s, 'a> IntoIterator for &'s Binds<'a> {
+    type Item = &'s Bind<'a>;
+    type IntoIter = std::slice::Iter<'s, Bind<'a>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
     }
 }
 
@@ -124,7 +134,7 @@ macro_rules! bound {
     ($sql:expr, $binds:expr) => {{
         let mut query = sqlx::query(text($sql));
         for bind in $binds {
-            query = match *bind {
+            query = match *bind.borrow() {
                 Bind::Text(v) => query.bind(v),
                 Bind::Int(v) => query.bind(v),
                 Bind::Bytes(v) => query.bind(v),
@@ -132,6 +142,23 @@ macro_rules! bound {
         }
         query
     }};
+}
+
+/// The pooled connection's query of `sql` with `binds`, and whether it
+/// binds nothing (see `PooledPg::fetch_all`).
+#[cfg(feature = "postgres")]
+fn pooled<'a, B>(
+    sql: &Arc<str>,
+    binds: B,
+) -> (
+    bool,
+    sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments>,
+)
+where
+    B: IntoIterator<Item: Borrow<Bind<'a>>>,
+{
+    let mut binds = binds.into_iter().peekable();
+    (binds.peek().is_none(), bound!(sql, binds))
 }
 
 /// One row read as `spec` says (`i` integer, `t` text).
@@ -151,17 +178,16 @@ macro_rules! read {
 }
 
 /// Runs `sql` and reads every row as `spec` says (`i` integer, `t` text).
-pub(crate) async fn fetch(
+pub(crate) async fn fetch<'a>(
     conn: &mut DbConn,
     sql: &Arc<str>,
-    binds: &[Bind<'_>],
+    binds: impl IntoIterator<Item: Borrow<Bind<'a>>>,
     spec: &str,
 ) -> Result<Vec<Vec<Value>>, sqlx::Error> {
     #[cfg(feature = "postgres")]
     if let DbConn::PostgresPooled(p) = conn {
-        let rows = p
-            .fetch_all(sql, binds.is_empty(), bound!(sql, binds))
-            .await?;
+        let (unbound, query) = pooled(sql, binds);
+        let rows = p.fetch_all(sql, unbound, query).await?;
         return rows.iter().map(|row| read!(row, spec)).collect();
     }
     on_conn!(conn, |c| {
@@ -172,17 +198,16 @@ pub(crate) async fn fetch(
 
 /// Runs `sql` and reads its first row, if any, as `spec` says (sqlx's
 /// `fetch_optional`: a statement that answers at most one row).
-pub(crate) async fn fetch_optional(
+pub(crate) async fn fetch_optional<'a>(
     conn: &mut DbConn,
     sql: &Arc<str>,
-    binds: &[Bind<'_>],
+    binds: impl IntoIterator<Item: Borrow<Bind<'a>>>,
     spec: &str,
 ) -> Result<Option<Vec<Value>>, sqlx::Error> {
     #[cfg(feature = "postgres")]
     if let DbConn::PostgresPooled(p) = conn {
-        let rows = p
-            .fetch_all(sql, binds.is_empty(), bound!(sql, binds))
-            .await?;
+        let (unbound, query) = pooled(sql, binds);
+        let rows = p.fetch_all(sql, unbound, query).await?;
         return rows.first().map(|row| read!(row, spec)).transpose();
     }
     on_conn!(conn, |c| {
@@ -194,16 +219,15 @@ pub(crate) async fn fetch_optional(
 /// [`fetch_optional`] of a statement that answers one integer column (a
 /// grant's token), read without a row vector (`NULL` reads as 0, as
 /// [`Value::int`]).
-pub(crate) async fn fetch_optional_int(
+pub(crate) async fn fetch_optional_int<'a>(
     conn: &mut DbConn,
     sql: &Arc<str>,
-    binds: &[Bind<'_>],
+    binds: impl IntoIterator<Item: Borrow<Bind<'a>>>,
 ) -> Result<Option<i64>, sqlx::Error> {
     #[cfg(feature = "postgres")]
     if let DbConn::PostgresPooled(p) = conn {
-        let rows = p
-            .fetch_all(sql, binds.is_empty(), bound!(sql, binds))
-            .await?;
+        let (unbound, query) = pooled(sql, binds);
+        let rows = p.fetch_all(sql, unbound, query).await?;
         return rows
             .first()
             .map(|row| Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0)))
@@ -219,10 +243,10 @@ pub(crate) async fn fetch_optional_int(
 /// Runs `sql` on MySQL/MariaDB: the `LAST_INSERT_ID(expr)` its OK packet
 /// carries.
 #[cfg(feature = "mysql")]
-pub(crate) async fn last_insert_id(
+pub(crate) async fn last_insert_id<'a>(
     conn: &mut DbConn,
     sql: &Arc<str>,
-    binds: &[Bind<'_>],
+    binds: impl IntoIterator<Item: Borrow<Bind<'a>>>,
 ) -> Result<u64, sqlx::Error> {
     #[allow(irrefutable_let_patterns)] // with only MySQL compiled in
     let DbConn::MySql(c) = conn else {
@@ -232,14 +256,15 @@ pub(crate) async fn last_insert_id(
 }
 
 /// Runs `sql`: the rows it changed (MySQL: matched).
-pub(crate) async fn execute(
+pub(crate) async fn execute<'a>(
     conn: &mut DbConn,
     sql: &Arc<str>,
-    binds: &[Bind<'_>],
+    binds: impl IntoIterator<Item: Borrow<Bind<'a>>>,
 ) -> Result<u64, sqlx::Error> {
     #[cfg(feature = "postgres")]
     if let DbConn::PostgresPooled(p) = conn {
-        return p.execute(sql, binds.is_empty(), bound!(sql, binds)).await;
+        let (unbound, query) = pooled(sql, binds);
+        return p.execute(sql, unbound, query).await;
     }
     on_conn!(conn, |c| {
         Ok(bound!(sql, binds).execute(&mut *c).await?.rows_affected())

@@ -88,18 +88,21 @@ impl<'a> Values<'a> {
     }
 
     /// The binds of `args`, in their order (the fair grant's only when it
-    /// is one).
-    fn binds(&self, args: &[Arg]) -> Binds<'a> {
+    /// is one), made as they are bound: the grant and the release bind
+    /// them straight onto their query.
+    fn each(&self, args: &'static [Arg]) -> impl Iterator<Item = Bind<'a>> {
+        args.iter().filter_map(|arg| self.bind(*arg))
+    }
+
+    /// [`each`](Self::each) kept (a statement whose binds are not made as
+    /// it runs).
+    fn binds(&self, args: &'static [Arg]) -> Binds<'a> {
         let mut binds = Binds::new();
-        for arg in args {
-            if let Some(bind) = self.bind(*arg) {
-                binds.push(bind);
-            }
-        }
+        binds.extend(self.each(args));
         binds
     }
 
-    /// Inlined into [`binds`](Self::binds): a call per bind cost more than
+    /// Inlined into [`each`](Self::each): a call per bind cost more than
     /// the match (callgrind of sql_parts' SqlBackend side).
     #[inline]
     fn bind(&self, arg: Arg) -> Option<Bind<'a>> {
@@ -230,10 +233,8 @@ impl dyn Dialect {
 
     /// The grant's binds of `values`, in the dialect's order; a waiter's
     /// grant (`WaitingSql::grant`) binds its mark last.
-    fn grant_binds<'a>(&self, values: &Values<'a>) -> Binds<'a> {
-        let mut binds = values.binds(self.profile().binds.grant);
-        binds.extend(values.bind(Arg::MarkFor));
-        binds
+    fn grant_binds<'a>(&self, values: &Values<'a>) -> impl Iterator<Item = Bind<'a>> {
+        (values.each(self.profile().binds.grant)).chain(values.bind(Arg::MarkFor))
     }
 
     /// The grant: `Some(token)` when the row was inserted or an expired one
@@ -245,23 +246,20 @@ impl dyn Dialect {
         grant: &GrantValues<'_>,
     ) -> Result<Option<i64>, sqlx::Error> {
         let details = HolderDetails::encode_current();
-        // The values in a block of their own: they are not kept in the
-        // future (boxed by the caller) across the statement.
-        let binds = {
-            let values = Values {
-                ttl: grant.ttl,
-                ahead: grant.ahead,
-                mark_for: grant.mark_for,
-                details: &details,
-                ..Values::new(grant.key.as_str(), grant.owner)
-            };
-            self.grant_binds(&values)
+        let values = Values {
+            ttl: grant.ttl,
+            ahead: grant.ahead,
+            mark_for: grant.mark_for,
+            details: &details,
+            ..Values::new(grant.key.as_str(), grant.owner)
         };
+        // Bound straight onto the connection's query (no `Binds` between).
+        let binds = self.grant_binds(&values);
         match self.profile().binds.grant_reply {
-            GrantReply::Returning => fetch_optional_int(conn, sql, &binds).await,
+            GrantReply::Returning => fetch_optional_int(conn, sql, binds).await,
             #[cfg(feature = "mysql")]
             GrantReply::LastInsertId => {
-                let token = crate::dialect::binds::last_insert_id(conn, sql, &binds).await?;
+                let token = crate::dialect::binds::last_insert_id(conn, sql, binds).await?;
                 Ok((token != 0).then(|| i64::try_from(token).unwrap_or(i64::MAX)))
             }
             #[cfg(not(feature = "mysql"))]
@@ -296,19 +294,17 @@ impl dyn Dialect {
         row: &LeaseRow<'_>,
         channel: &str,
     ) -> Result<bool, sqlx::Error> {
-        // As in `grant`: the values are not kept across the statement (and
-        // the row is taken by reference: the future keeps its arguments).
-        let binds = {
-            let values = Values {
-                channel,
-                ..Values::of(*row)
-            };
-            values.binds(self.profile().binds.release)
+        // As in `grant` (the row is taken by reference: the future keeps
+        // its arguments).
+        let values = Values {
+            channel,
+            ..Values::of(*row)
         };
+        let binds = values.each(self.profile().binds.release);
         if self.notified() {
-            Ok(fetch_optional(conn, sql, &binds, "").await?.is_some())
+            Ok(fetch_optional(conn, sql, binds, "").await?.is_some())
         } else {
-            Ok(execute(conn, sql, &binds).await? == 1)
+            Ok(execute(conn, sql, binds).await? == 1)
         }
     }
 
@@ -422,20 +418,21 @@ impl dyn Dialect {
 
     /// Runs one statement without binds (schema creation, `SELECT 1`).
     pub(crate) async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
-        execute(conn, sql, &[]).await.map(drop)
+        execute(conn, sql, std::iter::empty::<Bind<'_>>())
+            .await
+            .map(drop)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Binds, Values};
+    use super::{Arg, Binds, Values};
     use crate::config::SqlDialect;
     use std::time::Duration;
 
-    /// Every lease statement's binds stay inline (no allocation per
-    /// statement; see [`Binds`]), the grant's with either optional value
-    /// bound: a fair grant's waiter id, or a waiter's mark (never both:
-    /// `Grants::grant_statement`).
+    /// Every lease statement's binds kept in [`Binds`] stay inline (no
+    /// allocation per statement); the grant's and the release's are made
+    /// as they are bound (`Values::each`), kept nowhere.
     #[test]
     fn lease_statements_bind_inline() {
         for dialect in [SqlDialect::Postgres, SqlDialect::MySql, SqlDialect::Sqlite] {
@@ -444,21 +441,12 @@ mod tests {
             };
             let values = Values {
                 ttl: Duration::from_secs(30),
-                details: "details",
-                channel: "channel",
-                ahead: Some(7),
-                ..Values::new("key", "owner")
-            };
-            let waiter = Values {
-                ahead: None,
                 mark_for: Some(Duration::from_secs(1)),
-                ..values
+                ..Values::new("key", "owner")
             };
             let binds = &dialect.profile().binds;
             for (statement, bound) in [
-                ("fair grant", dialect.grant_binds(&values)),
-                ("waiter's grant", dialect.grant_binds(&waiter)),
-                ("release", values.binds(binds.release)),
+                ("mark", values.binds(&[Arg::Key, Arg::MarkFor])),
                 ("renew", values.binds(binds.renew)),
                 ("inspect", values.binds(binds.inspect)),
             ] {
