@@ -45,7 +45,9 @@
 //! RTT_US=1000 taskset -c 0 target/release/examples/redis_parts 2000
 //! ```
 //!
-//! `ONLY=<0..4>` runs one side alone (for a profiler).
+//! `ONLY=<0..4>` runs one side alone (for a profiler). `CONNECTIONS=<n>`
+//! gives the driver's sides (direct and ours) `n` connections to the
+//! server instead of the default (what the lanes cost one client).
 
 mod parts_support;
 
@@ -138,8 +140,12 @@ async fn main() -> Result<(), BoxError> {
     let floor = RedisFloor::connect(&url(0)).await?;
     let mut alone = CrateAlone::connect(&url(CRATE_ALONE), false).await?;
     let mut untimed = CrateAlone::connect(&url(CRATE_UNTIMED), true).await?;
-    let direct = lock_redis::connect(&url(DIRECT)).await?;
-    let ours = LockClient::new(lock_redis::connect(&url(OURS)).await?);
+    let driver_url = |side: usize| match std::env::var("CONNECTIONS") {
+        Ok(n) => format!("{}?connections={n}", url(side)),
+        Err(_) => url(side),
+    };
+    let direct = lock_redis::connect(&driver_url(DIRECT)).await?;
+    let ours = LockClient::new(lock_redis::connect(&driver_url(OURS)).await?);
     let crate_key = LockKey::new("parts-crate")?;
     let untimed_key = LockKey::new("parts-untimed")?;
     let direct_key = LockKey::new("parts-direct")?;
