@@ -230,7 +230,7 @@ pub(crate) fn is_broken(err: &sqlx::Error) -> bool {
 /// than risk a deadlock: SQLITE_BUSY, SQLITE_LOCKED and their extended
 /// codes).
 ///
-/// ```ignore
+/// ```text
 /// let mut race = SchemaRace::within(budget);
 /// let done = loop {
 ///     match create().await {
