@@ -29,9 +29,10 @@ pub(crate) enum Bind<'a> {
 /// renewal's, the inspect's, a mark's: no allocation per statement), else
 /// in a `Vec` (a batch's rows).
 ///
-/// Six inline, the most a lease statement binds (checked by
-/// `lease_statements_bind_inline`): the binds are kept across the
-/// statement in its future.
+/// Five inline, the most a statement kept in `Binds` binds for one lease
+/// (the renewal on SQLite; checked by `lease_statements_bind_inline`): the
+/// binds are kept across the statement in its future. The grant and the
+/// release, with up to six, make theirs as they are bound.
 #[derive(Clone, Debug)]
 pub(crate) enum Binds<'a> {
     Inline([Bind<'a>; Binds::INLINE], usize),
@@ -39,7 +40,7 @@ pub(crate) enum Binds<'a> {
 }
 
 impl<'a> Binds<'a> {
-    pub(crate) const INLINE: usize = 6;
+    pub(crate) const INLINE: usize = 5;
 
     pub(crate) fn new() -> Self {
         Self::Inline([Bind::Int(0); Self::INLINE], 0)

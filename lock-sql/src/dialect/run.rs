@@ -126,6 +126,9 @@ impl<'a> Values<'a> {
     }
 }
 
+/// The waiting mark's binds (the same on every database).
+const MARK_BINDS: &[Arg] = &[Arg::Key, Arg::MarkFor];
+
 impl dyn Dialect {
     /// The backend's name (`"postgres"`, `"mysql"`, `"sqlite"`).
     pub(crate) fn name(&self) -> &'static str {
@@ -280,7 +283,7 @@ impl dyn Dialect {
             mark_for: Some(mark_for),
             ..Values::new(key.as_str(), "")
         };
-        let binds = values.binds(&[Arg::Key, Arg::MarkFor]);
+        let binds = values.binds(MARK_BINDS);
         execute(conn, sql, &binds).await.map(|_| ())
     }
 
@@ -426,7 +429,7 @@ impl dyn Dialect {
 
 #[cfg(test)]
 mod tests {
-    use super::{Arg, Binds, Values};
+    use super::{Binds, Values};
     use crate::config::SqlDialect;
     use std::time::Duration;
 
@@ -446,7 +449,7 @@ mod tests {
             };
             let binds = &dialect.profile().binds;
             for (statement, bound) in [
-                ("mark", values.binds(&[Arg::Key, Arg::MarkFor])),
+                ("mark", values.binds(super::MARK_BINDS)),
                 ("renew", values.binds(binds.renew)),
                 ("inspect", values.binds(binds.inspect)),
             ] {
