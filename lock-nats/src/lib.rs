@@ -58,16 +58,17 @@
 //!
 //! With `replicas=3` the bucket is a Raft group of three servers. What
 //! killing the stream leader (SIGKILL) does to an unexpired key, measured
-//! by `tests/cluster.rs` (4 s TTL, nats-server 2.15.1 on loopback): the
-//! key **survives** with its value and revision (it was committed on a
-//! majority before the grant was acknowledged); after the election (4.4 s
-//! in that run) another client's create is still refused, `inspect` shows
-//! the same holder and token, the holder's renewal (conditioned on the
-//! same revision) succeeds on the new leader, and the key then expires one
-//! TTL after that renewal (4.0 s): the new leader neither frees it early
-//! nor keeps it longer. During the election requests fail with
-//! `Unavailable` or `Timeout`; a holder whose renewals fail for longer than
-//! its validity reports `Lost`, the safe side. Details in
+//! by `tests/cluster.rs` (15 s TTL, longer than the election; nats-server
+//! 2.15.1 on loopback): the key **survives** with its value and revision
+//! (it was committed on a majority before the grant was acknowledged);
+//! after the election (4.6 s and 7.1 s in two runs) another client's
+//! create is still refused, `inspect` shows the same holder and token, the
+//! holder's renewal (conditioned on the same revision) succeeds on the new
+//! leader, and the key then expires one TTL after that renewal (15.0 s):
+//! the new leader neither frees it early nor keeps it longer. During the
+//! election requests fail with `Unavailable` or `Timeout`; a holder whose
+//! renewals fail for longer than its validity reports `Lost`, the safe
+//! side. Details in
 //! `docs/backends/nats.md`.
 //!
 //! # What it cannot do
