@@ -10,7 +10,7 @@ use conformance::servers::nats::{BUCKET, NatsServer};
 use lock_core::{LockBackend, LockBackendExt, LockError};
 use tokio::time::{Instant, sleep};
 
-/// Longer than an election (4.4-6.8 s measured, see
+/// Longer than an election (4.4-7.1 s measured, see
 /// `docs/backends/nats.md`): the key must still be unexpired when the new
 /// leader answers, or a refused create shows nothing.
 const TTL: Duration = Duration::from_secs(15);

@@ -30,7 +30,7 @@ use lock_testkit::netns::{Lab, spawn_runtime_in};
 const TTL: Duration = Duration::from_secs(4);
 
 /// The TTL when a node is cut from its peers: a stream leader cut off
-/// loses its quorum, and the two others elect a new one (4.4-6.8 s after
+/// loses its quorum, and the two others elect a new one (4.4-7.1 s after
 /// a leader kill, see docs/backends/nats.md) before the key can expire
 /// there; the other client waits at most twice the TTL and 5 s.
 const ELECTION_TTL: Duration = Duration::from_secs(6);
