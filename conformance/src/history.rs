@@ -304,8 +304,13 @@ pub struct CheckReport {
     /// Writes a token-checking resource would reject (token below the last
     /// accepted one): expected from holders that lost their lock.
     pub writes_rejected: usize,
-    /// Rejected writes whose writer was still inside its promised window:
-    /// a current holder's token was below an earlier one.
+    /// Rejected writes of a grant newer than the one whose token refused
+    /// them: a current holder's token was below an earlier holder's (token
+    /// order disagreed with grant order). A write of an older grant refused
+    /// by a newer grant's token is fencing at work, whether or not the
+    /// older grant's promised window was still open (an upper bound of a
+    /// paused holder's deadline overlaps the next grant when it cannot be
+    /// aligned to a renewal; the overlap is judged on its own).
     pub current_holder_writes_rejected: usize,
     /// Writes made outside the writer's promised window (after it ended,
     /// or with no grant of the writer in the history).
@@ -518,6 +523,8 @@ fn judge_writes(events: &[Event], windows: &[Window], report: &mut CheckReport) 
     #[derive(Default)]
     struct KeyState {
         last_token: Option<u64>,
+        /// Start of the grant whose write set `last_token`.
+        last_token_grant: Option<Duration>,
         /// Start of the latest grant whose write was accepted.
         newest_grant: Option<Duration>,
     }
@@ -545,13 +552,20 @@ fn judge_writes(events: &[Event], windows: &[Window], report: &mut CheckReport) 
         };
         if !accepted {
             report.writes_rejected += 1;
-            if inside {
+            let refused_by_older = match (grant, state.last_token_grant) {
+                (Some(w), Some(refusing)) => w.start > refusing,
+                _ => false,
+            };
+            if refused_by_older {
                 report.current_holder_writes_rejected += 1;
             }
             continue;
         }
-        if let Some(token) = event.token {
-            state.last_token = Some(state.last_token.map_or(token, |l| l.max(token)));
+        if let Some(token) = event.token
+            && state.last_token.is_none_or(|last| token >= last)
+        {
+            state.last_token = Some(token);
+            state.last_token_grant = grant.map(|w| w.start);
         }
         if let Some(w) = grant {
             match state.newest_grant {

@@ -116,12 +116,31 @@ fn figure(report: &ScenarioReport, name: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no figure {name}: {}", report.detail))
 }
 
+/// No grant inside the paused holder's window, where the scenario could
+/// judge it: a stop it could not align to a renewal (a loaded machine
+/// delays the stop past its budget) leaves the window an upper bound that
+/// the next grant may overlap on a correct backend, and the scenario says
+/// so instead of judging.
+fn assert_no_judged_overlap(report: &ScenarioReport) {
+    if figure(report, "exclusion_judged") == true {
+        assert_eq!(
+            figure(report, "overlapping_grants"),
+            0,
+            "{}\n{:?}",
+            report.detail,
+            report.figures
+        );
+    } else {
+        println!("exclusion not judged: {}", report.detail);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_paused_holders_late_write_is_refused_by_token_order() {
     let report = scenarios::holder_paused(&env(HOLDER_WORK.to_owned())).await;
     println!("{}\n{:?}", report.detail, report.figures);
     assert_eq!(report.verdict, Verdict::Safe, "{}", report.detail);
-    assert_eq!(figure(&report, "overlapping_grants"), 0);
+    assert_no_judged_overlap(&report);
     assert_eq!(figure(&report, "lost_signal_reported"), true);
     let late = report.figures["writes_after_resume"].as_u64().unwrap_or(0);
     assert!(late > 0, "{}", report.detail);
@@ -190,10 +209,15 @@ async fn a_holder_that_never_reports_its_loss_is_caught_even_when_fenced() {
     };
     let report = scenarios::holder_paused(&env).await;
     assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
-    assert_eq!(figure(&report, "lost_signal_reported"), false);
-    assert_eq!(figure(&report, "stale_writes_accepted"), 0);
-    assert_eq!(figure(&report, "current_holder_writes_rejected"), 0);
-    assert_eq!(figure(&report, "overlapping_grants"), 0);
+    let all = format!("{}\n{:?}", report.detail, report.figures);
+    assert_eq!(figure(&report, "lost_signal_reported"), false, "{all}");
+    assert_eq!(figure(&report, "stale_writes_accepted"), 0, "{all}");
+    assert_eq!(
+        figure(&report, "current_holder_writes_rejected"),
+        0,
+        "{all}"
+    );
+    assert_no_judged_overlap(&report);
     assert!(
         report.detail.contains("did NOT report"),
         "{}",

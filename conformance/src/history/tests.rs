@@ -146,6 +146,34 @@ fn a_paused_holders_late_write_is_judged_by_grant_order() {
 }
 
 #[test]
+fn an_older_grants_write_refused_inside_its_window_is_fencing_at_work() {
+    use EventKind::*;
+    // Process 1's promised window (an upper bound of a paused holder's
+    // deadline, not aligned to a renewal) runs to 200; process 2 is granted
+    // at 100 and writes; a write process 1 made before its pause is
+    // recorded at 120, after process 2's: refused by the newer token, as
+    // fencing should, although process 1's window is still open.
+    let events = vec![
+        ev(0, 1, Ok, Op::Acquire, 1, Some(200)),
+        write(10, 1, Some(1)),
+        ev(100, 2, Ok, Op::Acquire, 2, Some(300)),
+        write(110, 2, Some(2)),
+        write(120, 1, Some(1)),
+    ];
+    let report = check(&events);
+    assert_eq!(report.overlap_count, 1, "{}", report.summary());
+    assert_eq!(report.writes_rejected, 1);
+    assert_eq!(report.writes_outside_window, 0);
+    assert_eq!(
+        report.current_holder_writes_rejected,
+        0,
+        "{}",
+        report.summary()
+    );
+    assert_eq!(report.stale_writes_accepted, 0);
+}
+
+#[test]
 fn a_token_that_went_backwards_lets_the_stale_write_in() {
     use EventKind::*;
     // The later grant got a lower token: its own write is accepted
