@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::config::{MIN_TTL, NAME};
 use crate::connection::DbConn;
 use crate::connection::table::Table;
-use crate::dialect::binds::{Bind, execute, fetch};
+use crate::dialect::binds::{Bind, NO_BINDS, execute, fetch};
 use crate::dialect::{GrantAll, UpsertBinds, first_token, micros, unix_micros};
 use crate::error::timed;
 use crate::grants::Grants;
@@ -109,7 +109,7 @@ impl Sets {
                 read,
             } => {
                 let arc = |s: &str| -> std::sync::Arc<str> { std::sync::Arc::from(s) };
-                execute(conn, &arc(begin), std::iter::empty::<Bind<'_>>()).await?;
+                execute(conn, &arc(begin), NO_BINDS).await?;
                 let body = async {
                     let names: Vec<Bind<'_>> = names.collect();
                     if let Some(check) = check {
@@ -164,7 +164,7 @@ impl Sets {
                     Ok(Some(_)) => "COMMIT",
                     _ => "ROLLBACK",
                 };
-                match execute(conn, &arc(end), std::iter::empty::<Bind<'_>>()).await {
+                match execute(conn, &arc(end), NO_BINDS).await {
                     Ok(_) => outcome,
                     // A failed rollback after an error: the error says more.
                     Err(e) => outcome.and(Err(e)),

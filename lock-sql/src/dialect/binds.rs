@@ -162,6 +162,9 @@ where
     (binds.peek().is_none(), bound!(sql, binds))
 }
 
+/// No binds: a statement without parameters (schema set-up, `BEGIN`).
+pub(crate) const NO_BINDS: [Bind<'static>; 0] = [];
+
 /// One row read as `spec` says (`i` integer, `t` text).
 macro_rules! read {
     ($row:expr, $spec:expr) => {

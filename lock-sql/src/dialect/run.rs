@@ -14,7 +14,7 @@ use super::{
 use crate::config::SqlConfig;
 use crate::connection::{DbConn, DbOptions, DbPool};
 use crate::dialect::binds::{
-    Bind, Binds, Value, execute, fetch, fetch_optional, fetch_optional_int,
+    Bind, Binds, NO_BINDS, Value, execute, fetch, fetch_optional, fetch_optional_int,
 };
 
 /// The row a lease of ours matches: its key, owner (hex) and token.
@@ -421,9 +421,7 @@ impl dyn Dialect {
 
     /// Runs one statement without binds (schema creation, `SELECT 1`).
     pub(crate) async fn plain(&self, conn: &mut DbConn, sql: &Arc<str>) -> Result<(), sqlx::Error> {
-        execute(conn, sql, std::iter::empty::<Bind<'_>>())
-            .await
-            .map(drop)
+        execute(conn, sql, NO_BINDS).await.map(drop)
     }
 }
 
