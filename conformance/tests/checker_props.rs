@@ -3,7 +3,9 @@
 //! serial schedule (each grant of a key starts after the previous one's
 //! promised window ended, tokens grow, each holder writes inside its
 //! window) is always reported clean; the same history with one injected
-//! overlapping grant is always reported.
+//! overlapping grant is always reported; a late write of an older grant
+//! whose window was stretched over it is refused by the newer tokens and
+//! never blamed on a current holder.
 
 use std::time::Duration;
 
@@ -249,5 +251,35 @@ proptest! {
         prop_assert!(!report.is_exclusive());
         prop_assert!(report.max_concurrent_holders >= 2);
         let _ = victim.process + victim.token;
+    }
+
+    /// A paused holder's promised window, known only as an upper bound,
+    /// may run past the next grants; its write stamped late is refused by
+    /// their tokens, which is fencing at work: never counted as a current
+    /// holder's write refused, never a stale write accepted, whatever the
+    /// overlap (judged on its own).
+    #[test]
+    fn a_late_write_of_an_older_grant_is_refused_not_blamed(
+        plans in proptest::collection::vec(grant_plan(), 2..8),
+        pick in any::<prop::sample::Index>(),
+        late in 0u64..400,
+    ) {
+        // One process per grant (a write is the writer's latest grant's),
+        // each lapsing at its deadline (a release would cut the window).
+        let plans: Vec<GrantPlan> = plans
+            .into_iter()
+            .zip(0u64..)
+            .map(|(plan, process)| (process, plan.1, plan.2, plan.3, 2, plan.5, plan.6))
+            .collect();
+        let (mut events, grants) = serial("a", &plans, 0);
+        let older = &grants[pick.index(grants.len())];
+        let at = older.start + late;
+        // Its window stretched over the write (a bound, not a renewal the
+        // server saw), and the write.
+        events.push(event(older.start, older.process, EventKind::Ok, Op::Renew, "a", Some(older.token), Some(at + 1)));
+        events.push(event(at, older.process, EventKind::Ok, Op::Write, "a", Some(older.token), None));
+        let report = check(&events);
+        prop_assert_eq!(report.current_holder_writes_rejected, 0, "{} (older {:?}, write at {})", report.summary(), older, at);
+        prop_assert_eq!(report.stale_writes_accepted, 0, "{}", report.summary());
     }
 }
