@@ -187,9 +187,10 @@ pub fn holder_deadline_bound(stopped_at: Instant, ttl: Duration) -> Instant {
 /// round trip, the scheduler) is undone (SIGCONT: the holder lost a few
 /// milliseconds) and the next renewal is awaited, for at most eight times
 /// the TTL (some 24 renewal intervals: on a loaded machine most stops miss
-/// the budget: 20 of 28 tries in 8 runs with four busy loops on two CPUs
+/// the budget, 20 of 28 tries in 8 runs with four busy loops on two CPUs
 /// and a 1 s TTL, where six intervals left runs unaligned); then, or
-/// without a remaining TTL to read, the holder is stopped where it is. Only the tightness of
+/// without a remaining TTL to read, the holder is stopped where it is.
+/// Only the tightness of
 /// [`holder_deadline_bound`] depends on this, never its soundness: on a
 /// correct backend the other half of the drift allowance keeps the bound
 /// before the server's expiry.
