@@ -116,6 +116,11 @@ fn figure(report: &ScenarioReport, name: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no figure {name}: {}", report.detail))
 }
 
+/// The report whole, for an assertion's message.
+fn described(report: &ScenarioReport) -> String {
+    format!("{}\n{:?}", report.detail, report.figures)
+}
+
 /// No grant inside the paused holder's window, where the scenario could
 /// judge it: a stop it could not align to a renewal (a loaded machine
 /// delays the stop past its budget) leaves the window an upper bound that
@@ -126,9 +131,8 @@ fn assert_no_judged_overlap(report: &ScenarioReport) {
         assert_eq!(
             figure(report, "overlapping_grants"),
             0,
-            "{}\n{:?}",
-            report.detail,
-            report.figures
+            "{}",
+            described(report)
         );
     } else {
         println!("exclusion not judged: {}", report.detail);
@@ -209,7 +213,7 @@ async fn a_holder_that_never_reports_its_loss_is_caught_even_when_fenced() {
     };
     let report = scenarios::holder_paused(&env).await;
     assert_eq!(report.verdict, Verdict::Violation, "{}", report.detail);
-    let all = format!("{}\n{:?}", report.detail, report.figures);
+    let all = described(&report);
     assert_eq!(figure(&report, "lost_signal_reported"), false, "{all}");
     assert_eq!(figure(&report, "stale_writes_accepted"), 0, "{all}");
     assert_eq!(
